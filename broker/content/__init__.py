@@ -1,0 +1,1 @@
+"""The content store: content-addressed blobs, cached per rank, backed by SQLite on rank 0."""

@@ -1,0 +1,40 @@
+"""Blobrefs: ``<hash>-<hexdigest>`` names of content-addressed blobs.
+
+The hash is the instance attribute ``content.hash`` (``sha256`` by default,
+``sha1`` allowed), as in Flux RFC 10.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import re
+
+from broker.errors import ErrnoError
+
+HASHES = {"sha1": 40, "sha256": 64}
+DEFAULT_HASH = "sha256"
+
+_BLOBREF_RE = re.compile(r"^(sha1|sha256)-([0-9a-f]+)$")
+
+
+def hash_blob(data: bytes | bytearray | memoryview, hash_name: str = DEFAULT_HASH) -> str:
+    """Return the blobref of ``data`` under ``hash_name``."""
+    if hash_name not in HASHES:
+        raise ValueError(f"unsupported content hash {hash_name!r}")
+    return f"{hash_name}-{hashlib.new(hash_name, data).hexdigest()}"
+
+
+def is_valid(ref: object) -> bool:
+    """True when ``ref`` is a well-formed blobref string."""
+    if not isinstance(ref, str):
+        return False
+    m = _BLOBREF_RE.match(ref)
+    return bool(m) and len(m.group(2)) == HASHES[m.group(1)]
+
+
+def check(ref: object) -> str:
+    """Return ``ref`` if it is a well-formed blobref, else raise ``EINVAL``."""
+    if not is_valid(ref):
+        raise ErrnoError(errno.EINVAL, f"invalid blobref: {ref!r}")
+    return ref  # type: ignore[return-value]

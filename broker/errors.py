@@ -1,0 +1,53 @@
+"""One error tree that says whose fault it is.
+
+* :class:`ErrnoError` -- a failure with a POSIX errno.  Services raise it to
+  answer a request with an error response; clients get it back (as
+  :class:`RemoteError`) when a response carries an errnum.
+* :class:`ProtocolError` -- a malformed frame or payload (``EPROTO``).
+* API misuse on the client side raises ordinary ``ValueError``/``TypeError``.
+"""
+
+from __future__ import annotations
+
+import errno as _errno
+import os
+
+
+class KvbrokerError(Exception):
+    """Base class of every error kvbroker raises on purpose."""
+
+
+class ErrnoError(KvbrokerError):
+    """An error that carries a POSIX errno and a human message.
+
+    Raised inside a service handler, it becomes the error response
+    ``{errnum, errstr}`` of the request being handled.
+    """
+
+    def __init__(self, errnum: int, errstr: str | None = None) -> None:
+        self.errnum = int(errnum)
+        self.errstr = errstr or os.strerror(self.errnum)
+        super().__init__(self.errnum, self.errstr)
+
+    def __str__(self) -> str:
+        return self.errstr
+
+    @property
+    def errname(self) -> str:
+        return _errno.errorcode.get(self.errnum, str(self.errnum))
+
+
+class RemoteError(ErrnoError):
+    """An error response received from a service (client side)."""
+
+
+class ProtocolError(ErrnoError):
+    """Malformed input: bad frames, bad msgpack, fields of the wrong type."""
+
+    def __init__(self, errstr: str = "protocol error") -> None:
+        super().__init__(_errno.EPROTO, errstr)
+
+
+def strerror(errnum: int) -> str:
+    """``os.strerror`` for the CLI's ``kvbroker: <what>: <strerror>`` lines."""
+    return os.strerror(errnum)

@@ -1,0 +1,140 @@
+"""The Message type shared by clients, modules and the overlay.
+
+A message is a request, response, event or control.  Requests are routed by
+``topic`` (service = the topic up to the first ``.``) and ``nodeid``;
+responses retrace the request's ``route`` stack; events carry a global
+``seq`` assigned by rank 0.  See docs/protocol.md section "Messages".
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum, IntFlag
+from typing import Any
+
+NODEID_ANY = 0xFFFFFFFF
+"""Deliver to the nearest rank that provides the service (local first)."""
+NODEID_UPSTREAM = 0xFFFFFFFE
+"""Deliver to the nearest provider strictly above the sending rank."""
+
+
+class MsgType(IntEnum):
+    REQUEST = 1
+    RESPONSE = 2
+    EVENT = 4
+    CONTROL = 8
+
+
+class MsgFlags(IntFlag):
+    NONE = 0
+    STREAMING = 1
+    NORESPONSE = 2
+    UPSTREAM = 4
+    PRIVATE = 8
+
+
+class Role(IntFlag):
+    NONE = 0
+    OWNER = 1
+    USER = 2
+
+
+class Message:
+    """One broker message.
+
+    ``payload`` is any msgpack-able value (usually a dict) or ``None``.
+    ``route`` is the stack of hops a request took (pushed on the way in,
+    popped by its responses).  ``userid``/``rolemask`` are stamped by the
+    broker from the OS credentials of the connection, never trusted from a
+    client.
+    """
+
+    __slots__ = (
+        "type",
+        "topic",
+        "payload",
+        "matchtag",
+        "nodeid",
+        "flags",
+        "userid",
+        "rolemask",
+        "route",
+        "errnum",
+        "errstr",
+        "seq",
+    )
+
+    def __init__(
+        self,
+        type: MsgType | int,
+        topic: str,
+        payload: Any = None,
+        *,
+        matchtag: int = 0,
+        nodeid: int = NODEID_ANY,
+        flags: int = 0,
+        userid: int = -1,
+        rolemask: int = 0,
+        route: list[str] | None = None,
+        errnum: int = 0,
+        errstr: str | None = None,
+        seq: int = 0,
+    ) -> None:
+        self.type = int(type)
+        self.topic = topic
+        self.payload = payload
+        self.matchtag = matchtag
+        self.nodeid = nodeid
+        self.flags = flags
+        self.userid = userid
+        self.rolemask = rolemask
+        self.route = route if route is not None else []
+        self.errnum = errnum
+        self.errstr = errstr
+        self.seq = seq
+
+    @property
+    def service(self) -> str:
+        """The topic up to the first ``.`` (``kvs.lookup`` -> ``kvs``)."""
+        return self.topic.partition(".")[0]
+
+    @property
+    def is_request(self) -> bool:
+        return self.type == MsgType.REQUEST
+
+    @property
+    def streaming(self) -> bool:
+        return bool(self.flags & MsgFlags.STREAMING)
+
+    @property
+    def noresponse(self) -> bool:
+        return bool(self.flags & MsgFlags.NORESPONSE)
+
+    @property
+    def is_owner(self) -> bool:
+        return bool(self.rolemask & Role.OWNER)
+
+    def response(
+        self, payload: Any = None, errnum: int = 0, errstr: str | None = None
+    ) -> Message:
+        """A response to this request, addressed back along its route."""
+        return Message(
+            MsgType.RESPONSE,
+            self.topic,
+            payload,
+            matchtag=self.matchtag,
+            nodeid=self.nodeid,
+            flags=self.flags & MsgFlags.STREAMING,
+            userid=self.userid,
+            rolemask=self.rolemask,
+            route=list(self.route),
+            errnum=errnum,
+            errstr=errstr,
+        )
+
+    def __repr__(self) -> str:
+        kind = MsgType(self.type).name.lower()
+        extra = f" errnum={self.errnum}" if self.errnum else ""
+        return (
+            f"<Message {kind} {self.topic!r} tag={self.matchtag} "
+            f"nodeid={self.nodeid:#x} route={self.route}{extra}>"
+        )
