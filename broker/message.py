@@ -38,6 +38,23 @@ class Role(IntFlag):
     USER = 2
 
 
+class RawPayload:
+    """A payload still in wire form (msgpack frames), unpacked on first access.
+
+    A rank that only forwards a message never unpacks or re-packs it.
+    """
+
+    __slots__ = ("frames",)
+
+    def __init__(self, frames: list) -> None:
+        self.frames = frames
+
+    def decode(self) -> Any:
+        from broker.codec import decode_payload
+
+        return decode_payload(self.frames)
+
+
 class Message:
     """One broker message.
 
@@ -51,7 +68,7 @@ class Message:
     __slots__ = (
         "type",
         "topic",
-        "payload",
+        "_payload",
         "matchtag",
         "nodeid",
         "flags",
@@ -61,6 +78,7 @@ class Message:
         "errnum",
         "errstr",
         "seq",
+        "wire",
     )
 
     def __init__(
@@ -81,7 +99,7 @@ class Message:
     ) -> None:
         self.type = int(type)
         self.topic = topic
-        self.payload = payload
+        self._payload = payload
         self.matchtag = matchtag
         self.nodeid = nodeid
         self.flags = flags
@@ -91,6 +109,24 @@ class Message:
         self.errnum = errnum
         self.errstr = errstr
         self.seq = seq
+        self.wire: list | None = None  # cached encoded frames (events sent to many peers)
+
+    @property
+    def payload(self) -> Any:
+        """The decoded payload; raises ``ProtocolError`` if the wire form is garbage."""
+        p = self._payload
+        if type(p) is RawPayload:
+            p = self._payload = p.decode()
+        return p
+
+    @payload.setter
+    def payload(self, value: Any) -> None:
+        self._payload = value
+
+    @property
+    def wire_payload(self) -> Any:
+        """The payload as held: a :class:`RawPayload` if never decoded."""
+        return self._payload
 
     @property
     def service(self) -> str:

@@ -1,0 +1,141 @@
+"""One rank: wires the router, the overlay, the local connector and the modules."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import resource
+from typing import Any
+
+from broker import __version__, plugins
+from broker.connector import Connector
+from broker.loops import loop_name
+from broker.module import Module, ModuleContext, ModuleHandle
+from broker.overlay import Overlay
+from broker.router import Router
+from broker.services import BrokerServices
+
+log = logging.getLogger("kvbroker")
+
+
+def attr_true(value: Any) -> bool:
+    return str(value).lower() in ("1", "true", "yes", "on")
+
+
+def local_socket_path(rundir: str, rank: int) -> str:
+    return os.path.join(rundir, f"local-{rank}")
+
+
+class Broker:
+    """A broker rank.  ``await run()`` serves until :meth:`request_stop`."""
+
+    def __init__(
+        self,
+        rank: int,
+        size: int,
+        fanout: int,
+        rundir: str,
+        *,
+        statedir: str | None = None,
+        attrs: dict[str, Any] | None = None,
+        owner_uid: int | None = None,
+        endpoints: dict[int, str] | None = None,
+        curve: tuple[bytes, bytes] | None = None,
+    ) -> None:
+        self.rank = rank
+        self.size = size
+        self.fanout = fanout
+        self.rundir = rundir
+        self.owner_uid = os.getuid() if owner_uid is None else owner_uid
+        self.router = Router(rank, size, fanout, self.owner_uid)
+        self.endpoints = endpoints
+        self.curve = curve
+        self.attrs: dict[str, Any] = {
+            "content.hash": "sha256",
+            "access.allow-guest-user": "false",
+            "broker.modules": ",".join(plugins.DEFAULT_MODULES),
+        }
+        self.attrs.update(attrs or {})
+        self.attrs.update({
+            "rank": rank,
+            "size": size,
+            "fanout": fanout,
+            "rundir": rundir,
+            "statedir": statedir or "",
+            "version": __version__,
+            "local-uri": f"local://{local_socket_path(rundir, rank)}",
+            "broker.pid": os.getpid(),
+            "security.owner": self.owner_uid,
+        })
+        self.modules: list[Module] = []
+        self.overlay: Overlay | None = None
+        self.connector: Connector | None = None
+        self._stop = asyncio.Event()
+
+    @property
+    def uri(self) -> str:
+        return str(self.attrs["local-uri"])
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def _context(self) -> ModuleContext:
+        return ModuleContext(rank=self.rank, size=self.size, fanout=self.fanout,
+                             attrs=self.attrs, owner_uid=self.owner_uid, log=log)
+
+    async def load_module(self, module: Module) -> None:
+        handle = ModuleHandle(self.router, module)
+        module._bind(handle)
+        self.router.add_peer(handle, module.service_names())
+        self.modules.append(module)
+        await module.start()
+
+    async def start(self) -> None:
+        """Bring up connector, overlay and modules; return once this rank's
+        whole subtree is connected (rank 0: the whole instance)."""
+        self.attrs["event-loop"] = loop_name(asyncio.get_running_loop())
+        self.connector = Connector(
+            self.router,
+            local_socket_path(self.rundir, self.rank),
+            owner_uid=self.owner_uid,
+            allow_guest=attr_true(self.attrs["access.allow-guest-user"]),
+        )
+        self.overlay = Overlay(self.router, self.rundir, endpoints=self.endpoints,
+                               curve=self.curve)
+        self.overlay.start()
+        await self.load_module(BrokerServices(self._context(), self))
+        for name in [n for n in str(self.attrs["broker.modules"]).split(",") if n]:
+            try:
+                cls = plugins.load_module_class(name)
+            except (ImportError, LookupError) as exc:
+                log.warning("module %s not loaded: %s", name, exc)
+                continue
+            await self.load_module(cls(self._context()))
+        await self.connector.start()
+        await self.overlay.ready
+
+    async def run(self) -> None:
+        await self._stop.wait()
+
+    async def stop(self) -> None:
+        for module in reversed(self.modules):
+            try:
+                await module._shutdown()
+            except Exception:
+                log.exception("module %s failed to stop", module.name)
+        if self.connector is not None:
+            await self.connector.close()
+        if self.overlay is not None:
+            self.overlay.close()
+
+    def stats(self) -> dict[str, Any]:
+        out = self.router.stats()
+        if self.connector is not None:
+            out["connector"] = dict(self.connector.counts)
+        if self.overlay is not None:
+            out["overlay"] = {"dropped": self.overlay.dropped,
+                              "children": sorted(self.overlay.hello_from)}
+        out["modules"] = {m.name: m.h.subscribe_calls for m in self.modules}
+        out["rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        return out

@@ -1,0 +1,372 @@
+"""The ``kvbroker`` command line (mirrors ``flux start``, ``flux ping``, ...).
+
+Subcommands of plugins (e.g. ``kvs``) are found through the
+``kvbroker.commands`` entry-point group; see :mod:`broker.plugins`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import errno
+import os
+import signal
+import sys
+import time
+
+from broker import __version__, plugins
+from broker.cliutil import CLIError, dumps, parse_json_arg, print_err, run_async
+from broker.errors import ErrnoError
+from broker.handle import Handle
+from broker.launch import Instance, StartError
+from broker.loops import LOOP_NAMES, loop_factory
+from broker.message import NODEID_ANY
+
+
+def parse_attr(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected ATTR=VALUE, got {text!r}")
+    return name, value
+
+
+# ------------------------------------------------------------------ start
+
+
+def cmd_start(args: argparse.Namespace) -> int:
+    command = list(args.command or [])
+    if command and command[0] == "--":
+        command = command[1:]
+    attrs = dict(args.setattr or [])
+    if args.fanout < 1 or args.size < 1:
+        raise CLIError("start", errno.EINVAL, "size and fanout must be at least 1")
+    try:
+        factory = loop_factory(args.event_loop)
+    except ValueError as exc:
+        raise CLIError("start", detail=str(exc)) from None
+
+    async def main() -> int:
+        inst = Instance(args.size, args.fanout, event_loop=args.event_loop,
+                        statedir=args.statedir, attrs=attrs)
+        try:
+            await inst.start()
+        except (StartError, OSError) as exc:
+            print_err(f"start: {exc}")
+            return 2
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        signals = (signal.SIGINT, signal.SIGTERM)
+        try:
+            if command:
+                env = dict(os.environ, KVBROKER_URI=inst.uri(0))
+                try:
+                    proc = await asyncio.create_subprocess_exec(*command, env=env)
+                except OSError as exc:
+                    print_err(f"{command[0]}: {exc.strerror}")
+                    return 127
+                for sig in signals:  # the command handles ^C itself; we wait for it
+                    loop.add_signal_handler(sig, lambda: None)
+                waiter = loop.create_task(proc.wait())
+                assert inst.failed is not None
+                done, _ = await asyncio.wait({waiter, inst.failed},
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if waiter in done:
+                    rc = waiter.result()
+                    return rc if rc >= 0 else 128 - rc
+                rank, code = inst.failed.result()
+                print_err(f"rank {rank} exited unexpectedly (status {code}); stopping")
+                with contextlib.suppress(ProcessLookupError):
+                    proc.terminate()
+                await proc.wait()
+                return 1
+            print(inst.uri(0), flush=True)
+            for sig in signals:
+                loop.add_signal_handler(sig, stop.set)
+            stopper = loop.create_task(stop.wait())
+            assert inst.failed is not None
+            done, _ = await asyncio.wait({stopper, inst.failed},
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if inst.failed in done:
+                rank, code = inst.failed.result()
+                print_err(f"rank {rank} exited unexpectedly (status {code}); stopping")
+                return 1
+            return 0
+        finally:
+            for sig in signals:
+                loop.remove_signal_handler(sig)
+            await inst.stop()
+
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(main())
+
+
+# ------------------------------------------------------------------ exec
+
+
+def cmd_exec(args: argparse.Namespace) -> int:
+    command = [c for c in args.command if c != "--"][:]
+    if args.command and args.command[0] == "--":
+        command = args.command[1:]
+    if not command:
+        raise CLIError("exec", errno.EINVAL, "no command given")
+
+    async def main() -> str:
+        async with await Handle.connect() as h:
+            return str(await h.attr_get("local-uri", nodeid=args.rank))
+
+    uri = ""
+
+    async def go() -> int:
+        nonlocal uri
+        uri = await main()
+        return 0
+
+    run_async(args, go)
+    env = dict(os.environ, KVBROKER_URI=uri)
+    try:
+        os.execvpe(command[0], command, env)
+    except OSError as exc:
+        raise CLIError(command[0], exc.errno) from None
+    return 127  # not reached
+
+
+# ------------------------------------------------------------------ client commands
+
+
+def _nodeid(rank: int | None) -> int:
+    return NODEID_ANY if rank is None else rank
+
+
+def cmd_rpc(args: argparse.Namespace) -> int:
+    payload = parse_json_arg(args.payload)
+    args.what = args.topic
+
+    async def main() -> int:
+        async with await Handle.connect() as h:
+            if args.stream:
+                async for resp in h.rpc_stream(args.topic, payload, nodeid=_nodeid(args.rank)):
+                    print(dumps(resp), flush=True)
+            else:
+                print(dumps(await h.rpc(args.topic, payload, nodeid=_nodeid(args.rank))))
+        return 0
+
+    return run_async(args, main)
+
+
+def cmd_ping(args: argparse.Namespace) -> int:
+    target = NODEID_ANY if args.rank is None else args.rank
+    args.what = "ping"
+
+    async def main() -> int:
+        async with await Handle.connect() as h:
+            for i in range(args.count):
+                t0 = time.perf_counter()
+                resp = await h.rpc("broker.ping", {"seq": i, "pad": "x" * args.pad},
+                                   nodeid=target)
+                ms = (time.perf_counter() - t0) * 1000
+                print(f"rank={resp['rank']} route={'!'.join(resp['route'])} seq={i} "
+                      f"time={ms:.3f} ms", flush=True)
+        return 0
+
+    return run_async(args, main)
+
+
+def cmd_event(args: argparse.Namespace) -> int:
+    args.what = f"event {args.event_cmd}"
+
+    async def main() -> int:
+        async with await Handle.connect() as h:
+            if args.event_cmd == "pub":
+                seq = await h.publish(args.topic, parse_json_arg(args.payload),
+                                      private=args.private)
+                if args.verbose:
+                    print(seq)
+                return 0
+            for prefix in args.prefixes or [""]:
+                await h.subscribe(prefix)
+            n = 0
+            while args.count is None or n < args.count:
+                ev = await h.recv_event()
+                print(f"{ev.topic}\t{dumps(ev.payload)}", flush=True)
+                n += 1
+        return 0
+
+    return run_async(args, main)
+
+
+def cmd_attr(args: argparse.Namespace) -> int:
+    args.what = f"attr {args.attr_cmd}"
+
+    async def main() -> int:
+        async with await Handle.connect() as h:
+            nodeid = _nodeid(args.rank)
+            if args.attr_cmd == "get":
+                print(await h.attr_get(args.name, nodeid=nodeid))
+            else:
+                names = (await h.rpc("attr.list", {}, nodeid=nodeid))["names"]
+                for name in names:
+                    value = await h.attr_get(name, nodeid=nodeid)
+                    print(f"{name:24} {value}")
+        return 0
+
+    return run_async(args, main)
+
+
+def cmd_module(args: argparse.Namespace) -> int:
+    args.what = "module list"
+
+    async def main() -> int:
+        async with await Handle.connect() as h:
+            resp = await h.rpc("module.list", {}, nodeid=_nodeid(args.rank))
+            if args.json:
+                print(dumps(resp))
+                return 0
+            print(f"{'Module':16} {'Requests':>9}  Services")
+            for m in resp["modules"]:
+                print(f"{m['name']:16} {m['requests']:>9}  {', '.join(m['services'])}")
+        return 0
+
+    return run_async(args, main)
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    args.what = f"stats {args.module}"
+
+    async def main() -> int:
+        async with await Handle.connect() as h:
+            resp = await h.rpc(f"{args.module}.stats-get", {}, nodeid=_nodeid(args.rank))
+            print(dumps(resp, pretty=True))
+        return 0
+
+    return run_async(args, main)
+
+
+def cmd_content(args: argparse.Namespace) -> int:
+    args.what = f"content {args.content_cmd}"
+
+    async def main() -> int:
+        async with await Handle.connect() as h:
+            if args.content_cmd == "load":
+                resp = await h.rpc("content.load", {"blobref": args.blobref})
+                sys.stdout.buffer.write(resp["data"])
+            else:
+                data = sys.stdin.buffer.read()
+                resp = await h.rpc("content.store", {"data": data})
+                print(resp["blobref"])
+        return 0
+
+    return run_async(args, main)
+
+
+# ------------------------------------------------------------------ parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kvbroker", description="kvbroker: a message broker "
+                                "and key-value store in the manner of Flux")
+    p.add_argument("--version", action="version", version=f"kvbroker {__version__}")
+    p.add_argument("--event-loop", choices=LOOP_NAMES, default=None,
+                   help="event loop for client commands (default: $KVBROKER_EVENT_LOOP "
+                        "or auto)")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    s = sub.add_parser("start", help="start an instance of N ranks on this host")
+    s.add_argument("--size", "-s", type=int, default=1)
+    s.add_argument("--fanout", "-k", type=int, default=32)
+    s.add_argument("--event-loop", choices=LOOP_NAMES, default="auto", dest="event_loop")
+    s.add_argument("--statedir")
+    s.add_argument("-S", "--setattr", action="append", type=parse_attr, metavar="ATTR=VAL")
+    s.add_argument("command", nargs=argparse.REMAINDER)
+    s.set_defaults(func=cmd_start)
+
+    s = sub.add_parser("exec", help="run COMMAND attached to rank RANK")
+    s.add_argument("-r", "--rank", type=int, default=0)
+    s.add_argument("command", nargs=argparse.REMAINDER)
+    s.set_defaults(func=cmd_exec)
+
+    s = sub.add_parser("rpc", help="send one request and print the response(s)")
+    s.add_argument("topic")
+    s.add_argument("payload", nargs="?")
+    s.add_argument("--rank", "-r", type=int)
+    s.add_argument("--stream", action="store_true")
+    s.set_defaults(func=cmd_rpc)
+
+    s = sub.add_parser("ping", help="ping a rank's broker service")
+    s.add_argument("rank", nargs="?", type=int)
+    s.add_argument("--count", "-c", type=int, default=1)
+    s.add_argument("--pad", "-p", type=int, default=0)
+    s.set_defaults(func=cmd_ping)
+
+    s = sub.add_parser("event", help="publish or subscribe to events")
+    esub = s.add_subparsers(dest="event_cmd", required=True)
+    e = esub.add_parser("pub")
+    e.add_argument("topic")
+    e.add_argument("payload", nargs="?")
+    e.add_argument("--private", action="store_true")
+    e.add_argument("-v", "--verbose", action="store_true", help="print the sequence number")
+    e = esub.add_parser("sub")
+    e.add_argument("--count", "-c", type=int)
+    e.add_argument("prefixes", nargs="*")
+    s.set_defaults(func=cmd_event)
+
+    s = sub.add_parser("attr", help="read broker attributes")
+    asub = s.add_subparsers(dest="attr_cmd", required=True)
+    a = asub.add_parser("get")
+    a.add_argument("name")
+    a.add_argument("--rank", "-r", type=int)
+    a = asub.add_parser("list")
+    a.add_argument("--rank", "-r", type=int)
+    s.set_defaults(func=cmd_attr)
+
+    s = sub.add_parser("module", help="list loaded modules")
+    msub = s.add_subparsers(dest="module_cmd", required=True)
+    m = msub.add_parser("list")
+    m.add_argument("--rank", "-r", type=int)
+    m.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_module)
+
+    s = sub.add_parser("stats", help="print a module's stats (broker, content, kvs, ...)")
+    s.add_argument("module")
+    s.add_argument("--rank", "-r", type=int)
+    s.set_defaults(func=cmd_stats)
+
+    s = sub.add_parser("content", help="load or store raw blobs")
+    csub = s.add_subparsers(dest="content_cmd", required=True)
+    c = csub.add_parser("load")
+    c.add_argument("blobref")
+    csub.add_parser("store")
+    s.set_defaults(func=cmd_content)
+
+    for _name, register in plugins.command_registrars().items():
+        register(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except CLIError as exc:
+        print_err(str(exc))
+        return 1
+    except ErrnoError as exc:
+        print_err(f"{args.command}: {exc.errstr}")
+        return 1
+    except (OSError, ValueError) as exc:
+        what = getattr(args, "what", args.command)
+        detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        if isinstance(exc, (ConnectionRefusedError, FileNotFoundError)):
+            detail = f"cannot connect to broker: {detail}"
+        print_err(f"{what}: {detail}")
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+
+
+if __name__ == "__main__":
+    sys.exit(main())

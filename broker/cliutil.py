@@ -1,0 +1,75 @@
+"""Helpers shared by every CLI subcommand (broker's and the plugins')."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from broker.errors import ErrnoError
+from broker.loops import loop_factory
+
+
+class CLIError(Exception):
+    """``kvbroker: <what>: <strerror>`` and exit status 1."""
+
+    def __init__(self, what: str, errnum: int | None = None, detail: str | None = None) -> None:
+        self.what = what
+        self.detail = detail or (os.strerror(errnum) if errnum else None)
+        super().__init__(what)
+
+    def __str__(self) -> str:
+        return f"{self.what}: {self.detail}" if self.detail else self.what
+
+
+def jsonable(value: Any) -> Any:
+    """Make a payload printable as JSON: bytes as UTF-8 text, else base64."""
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        b = bytes(value)
+        try:
+            return b.decode()
+        except UnicodeDecodeError:
+            return base64.b64encode(b).decode()
+    return value
+
+
+def dumps(value: Any, pretty: bool = False) -> str:
+    return json.dumps(jsonable(value), indent=2 if pretty else None, sort_keys=pretty)
+
+
+def parse_json_arg(text: str | None, what: str = "payload") -> Any:
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CLIError(f"{what} is not valid JSON", detail=str(exc)) from None
+
+
+def run_async(args: argparse.Namespace, coro_fn: Callable[[], Awaitable[int | None]]) -> int:
+    """Run a client command on the loop the user chose (``--event-loop``)."""
+    name = getattr(args, "event_loop", None) or os.environ.get("KVBROKER_EVENT_LOOP") or "auto"
+
+    async def main() -> int | None:
+        return await coro_fn()
+
+    try:
+        with asyncio.Runner(loop_factory=loop_factory(name)) as runner:
+            rc = runner.run(main())
+    except ErrnoError as exc:
+        what = getattr(args, "what", None) or args.command
+        raise CLIError(what, exc.errnum, exc.errstr) from None
+    return int(rc or 0)
+
+
+def print_err(msg: str) -> None:
+    print(f"kvbroker: {msg}", file=sys.stderr)

@@ -1,0 +1,267 @@
+"""Sans-IO wire codec: Message <-> frames, frames <-> a byte stream.
+
+A message travels as a list of frames::
+
+    [header, payload?, blob...]
+
+* ``header`` -- msgpack array ``[type, topic, matchtag, nodeid, flags, userid,
+  rolemask, route, errnum, errstr, seq]``.
+* ``payload`` -- msgpack of the payload (absent when the payload is ``None``).
+  Byte strings of ``OOB_THRESHOLD`` bytes or more found in the payload (at the
+  top level, or one level down in a map or list) are not copied into the map:
+  each is replaced by msgpack ext type ``OOB_EXT`` holding its frame index and
+  travels as its own ``blob`` frame.
+
+Payloads are decoded lazily (:class:`RawPayload`): a rank that only forwards a
+message never unpacks or re-packs its payload.
+
+On a byte stream (the local connector) a message is ``u32 nframes`` followed
+by ``u32 length`` per frame, then the frames' bytes; see :class:`StreamDecoder`.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+import msgpack
+
+from broker.errors import ProtocolError
+from broker.message import Message, MsgType, RawPayload
+
+OOB_EXT = 1
+OOB_THRESHOLD = 4096
+MAX_FRAMES = 64
+DEFAULT_MAX_MESSAGE = 1 << 30
+
+Frame = bytes | bytearray | memoryview
+
+_U32 = struct.Struct("<I")
+_VALID_TYPES = frozenset(int(t) for t in MsgType)
+
+
+# ---------------------------------------------------------------- payloads
+
+_packb = msgpack.Packer(use_bin_type=True, autoreset=True).pack
+
+
+def _extract(value: Any, blobs: list[Frame]) -> Any:
+    if isinstance(value, (bytes, bytearray, memoryview)) and len(value) >= OOB_THRESHOLD:
+        blobs.append(value)
+        return msgpack.ExtType(OOB_EXT, _U32.pack(len(blobs)))
+    return value
+
+
+def encode_payload(payload: Any) -> list[Frame]:
+    """Frames for ``payload``: ``[]`` for None, else ``[packed, *blobs]``."""
+    if payload is None:
+        return []
+    if type(payload) is RawPayload:
+        return payload.frames
+    blobs: list[Frame] = []
+    if isinstance(payload, dict):
+        out: Any = {}
+        for k, v in payload.items():
+            if type(v) is dict:
+                v = {k2: _extract(v2, blobs) for k2, v2 in v.items()}
+            elif type(v) is list:
+                v = [_extract(x, blobs) for x in v]
+            else:
+                v = _extract(v, blobs)
+            out[k] = v
+    else:
+        out = _extract(payload, blobs)
+    try:
+        packed = _packb(out)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise TypeError(f"payload is not msgpack-able: {exc}") from exc
+    return [packed, *blobs]
+
+
+def decode_payload(frames: Sequence[Frame]) -> Any:
+    """Inverse of :func:`encode_payload`; raise :class:`ProtocolError` on garbage."""
+    if not frames:
+        return None
+    ext_hook = None
+    if len(frames) > 1:
+
+        def ext_hook(code: int, data: bytes) -> Any:
+            if code != OOB_EXT or len(data) != 4:
+                raise ProtocolError(f"unknown msgpack ext type {code}")
+            (index,) = _U32.unpack(data)
+            if not 1 <= index < len(frames):
+                raise ProtocolError(f"payload names missing frame {index}")
+            frame = frames[index]
+            return frame if isinstance(frame, bytes) else bytes(frame)
+
+    try:
+        return msgpack.unpackb(
+            frames[0], raw=False, strict_map_key=False, ext_hook=ext_hook or _no_ext
+        )
+    except ProtocolError:
+        raise
+    except Exception as exc:
+        raise ProtocolError(f"malformed payload: {exc}") from None
+
+
+def _no_ext(code: int, data: bytes) -> Any:
+    raise ProtocolError(f"unexpected msgpack ext type {code}")
+
+
+# ---------------------------------------------------------------- messages
+
+
+def encode_header(msg: Message) -> bytes:
+    return _packb(
+        (
+            msg.type,
+            msg.topic,
+            msg.matchtag,
+            msg.nodeid,
+            msg.flags,
+            msg.userid,
+            msg.rolemask,
+            msg.route,
+            msg.errnum,
+            msg.errstr,
+            msg.seq,
+        )
+    )
+
+
+def encode(msg: Message) -> list[Frame]:
+    """Frames for ``msg`` (header first).  Raises ``TypeError`` for an un-packable payload."""
+    return [encode_header(msg), *encode_payload(msg.wire_payload)]
+
+
+def decode(frames: Sequence[Frame]) -> Message:
+    """Parse frames into a Message whose payload is a lazy :class:`RawPayload`.
+
+    Raises :class:`ProtocolError` when the header is malformed.
+    """
+    if not frames:
+        raise ProtocolError("empty message")
+    if len(frames) > MAX_FRAMES:
+        raise ProtocolError(f"too many frames ({len(frames)})")
+    try:
+        h = msgpack.unpackb(frames[0], raw=False, use_list=True)
+    except Exception as exc:
+        raise ProtocolError(f"malformed header: {exc}") from None
+    if type(h) is not list or len(h) != 11:
+        raise ProtocolError("malformed header: expected an array of 11 fields")
+    mtype, topic, matchtag, nodeid, flags, userid, rolemask, route, errnum, errstr, seq = h
+    if (
+        mtype not in _VALID_TYPES
+        or type(topic) is not str
+        or type(matchtag) is not int
+        or type(nodeid) is not int
+        or type(flags) is not int
+        or type(userid) is not int
+        or type(rolemask) is not int
+        or type(route) is not list
+        or type(errnum) is not int
+        or (errstr is not None and type(errstr) is not str)
+        or type(seq) is not int
+        or not all(type(r) is str for r in route)
+    ):
+        raise ProtocolError("malformed header: a field has the wrong type")
+    payload = RawPayload(list(frames[1:])) if len(frames) > 1 else None
+    return Message(
+        mtype,
+        topic,
+        payload,
+        matchtag=matchtag,
+        nodeid=nodeid,
+        flags=flags,
+        userid=userid,
+        rolemask=rolemask,
+        route=route,
+        errnum=errnum,
+        errstr=errstr,
+        seq=seq,
+    )
+
+
+def peek_matchtag(frames: Sequence[Frame]) -> tuple[int, str] | None:
+    """Best effort (matchtag, topic) of a request whose full decode failed."""
+    try:
+        h = msgpack.unpackb(frames[0], raw=False)
+        if h[0] == MsgType.REQUEST and type(h[2]) is int and type(h[1]) is str:
+            return h[2], h[1]
+    except Exception:
+        pass
+    return None
+
+
+# ---------------------------------------------------------------- streams
+
+
+def stream_prefix(frames: Sequence[Frame]) -> bytes:
+    """The length prefix that precedes ``frames`` on a byte stream."""
+    return struct.pack(f"<{len(frames) + 1}I", len(frames), *(len(f) for f in frames))
+
+
+def to_stream(frames: Sequence[Frame]) -> bytes:
+    """Serialise one message's frames for a byte stream (tests, small messages)."""
+    return stream_prefix(frames) + b"".join(bytes(f) for f in frames)
+
+
+class StreamDecoder:
+    """Incremental parser of the connector's byte stream.
+
+    ``feed(data)`` returns the complete messages (as frame lists) found so far.
+    A message whose total size exceeds ``max_message`` is skipped (its bytes
+    are discarded as they arrive) and reported once through ``oversized``.
+    Raises :class:`ProtocolError` when the stream cannot be resynchronised
+    (too many frames): the caller must close the connection.
+    """
+
+    def __init__(self, max_message: int = DEFAULT_MAX_MESSAGE) -> None:
+        self.max_message = max_message
+        self._buf = bytearray()
+        self._skip = 0
+        self.oversized = 0
+
+    def feed(self, data: bytes) -> list[list[bytes]]:
+        if self._skip:
+            n = min(self._skip, len(data))
+            self._skip -= n
+            data = data[n:]
+            if not data:
+                return []
+        buf = self._buf
+        buf += data
+        out: list[list[bytes]] = []
+        pos = 0
+        end = len(buf)
+        while end - pos >= 4:
+            (nframes,) = _U32.unpack_from(buf, pos)
+            if nframes == 0 or nframes > MAX_FRAMES:
+                raise ProtocolError(f"bad frame count {nframes} on stream")
+            hdr = 4 + 4 * nframes
+            if end - pos < hdr:
+                break
+            lengths = struct.unpack_from(f"<{nframes}I", buf, pos + 4)
+            total = sum(lengths)
+            if total > self.max_message:
+                self.oversized += 1
+                avail = end - pos - hdr
+                if avail >= total:
+                    pos += hdr + total
+                    continue
+                self._skip = total - avail
+                pos = end
+                break
+            if end - pos < hdr + total:
+                break
+            p = pos + hdr
+            frames = []
+            for n in lengths:
+                frames.append(bytes(buf[p : p + n]))
+                p += n
+            out.append(frames)
+            pos = p
+        if pos:
+            del buf[:pos]
+        return out

@@ -1,0 +1,186 @@
+"""The local connector: a Unix-domain socket through which clients reach a rank.
+
+The client's uid comes from the kernel (``SO_PEERCRED``), never from what
+the client says: the instance owner gets role OWNER, anyone else role USER --
+and only when the instance allows guests (``access.allow-guest-user``);
+otherwise the socket is owner-only and other users are refused.
+
+Back-pressure: when a client stops reading and its unsent output passes
+``MAX_BACKLOG`` bytes the connection is closed (slow-consumer policy), so a
+stuck client cannot make the broker's memory grow without bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import struct
+from typing import TYPE_CHECKING
+
+from broker import codec
+from broker.errors import ProtocolError
+from broker.message import Message, MsgType, Role
+
+if TYPE_CHECKING:
+    from broker.router import Router
+
+log = logging.getLogger("kvbroker.connector")
+
+MAX_BACKLOG = 256 << 20
+_UCRED = struct.Struct("3i")
+
+
+def peer_uid(sock: socket.socket) -> int:
+    """The uid of the process at the other end of a Unix socket."""
+    data = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+    _pid, uid, _gid = _UCRED.unpack(data)
+    return uid
+
+
+class ClientConnection(asyncio.Protocol):
+    """One client's connection; a router peer with id ``c<N>``."""
+
+    def __init__(self, server: Connector, peer_id: str) -> None:
+        self.server = server
+        self.router = server.router
+        self.peer_id = peer_id
+        self.userid = -1
+        self.rolemask = 0
+        self.decoder = codec.StreamDecoder(server.max_message)
+        self.transport: asyncio.Transport | None = None
+        self.registered = False
+
+    # -- asyncio.Protocol
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        try:
+            uid = peer_uid(sock)
+        except OSError as exc:
+            log.warning("cannot read peer credentials: %s", exc)
+            transport.close()
+            return
+        if uid == self.server.owner_uid:
+            self.rolemask = int(Role.OWNER)
+        elif self.server.allow_guest:
+            self.rolemask = int(Role.USER)
+        else:
+            log.warning("refusing connection from uid %d (guests not allowed)", uid)
+            transport.close()
+            return
+        self.userid = uid
+        self.router.add_peer(self)
+        self.registered = True
+        self.server.connections[self.peer_id] = self
+
+    def data_received(self, data: bytes) -> None:
+        if not self.registered:
+            return
+        try:
+            messages = self.decoder.feed(data)
+        except ProtocolError as exc:
+            log.warning("%s: unreadable stream (%s); closing", self.peer_id, exc)
+            self.server.counts["garbage"] += 1
+            self.transport.close()  # type: ignore[union-attr]
+            return
+        if self.decoder.oversized:
+            self.server.counts["oversized"] += self.decoder.oversized
+            log.warning("%s: dropped %d oversized message(s)", self.peer_id,
+                        self.decoder.oversized)
+            self.decoder.oversized = 0
+        for frames in messages:
+            try:
+                msg = codec.decode(frames)
+            except ProtocolError as exc:
+                self.server.counts["malformed"] += 1
+                self._answer_malformed(frames, exc)
+                continue
+            if msg.type != MsgType.REQUEST:
+                # Clients only send requests: a forged response or event
+                # could otherwise be routed to another client.
+                self.server.counts["malformed"] += 1
+                log.warning("%s: dropping %s (clients send requests only)", self.peer_id, msg)
+                continue
+            self.router.from_local(self, msg)
+
+    def _answer_malformed(self, frames: list[bytes], exc: ProtocolError) -> None:
+        peek = codec.peek_matchtag(frames)
+        if peek is None:
+            log.warning("%s: dropping malformed message: %s", self.peer_id, exc)
+            return
+        matchtag, topic = peek
+        self.deliver(Message(MsgType.RESPONSE, topic, matchtag=matchtag,
+                             errnum=exc.errnum, errstr=exc.errstr))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.registered:
+            self.registered = False
+            self.server.connections.pop(self.peer_id, None)
+            self.router.remove_peer(self)
+
+    # -- router peer
+    def deliver(self, msg: Message) -> None:
+        t = self.transport
+        if t is None or t.is_closing():
+            return
+        frames = msg.wire if msg.type == MsgType.EVENT else None
+        if frames is None:
+            try:
+                frames = codec.encode(msg)
+            except TypeError as exc:
+                log.error("cannot encode %s: %s", msg, exc)
+                return
+            if msg.type == MsgType.EVENT:
+                msg.wire = frames
+        t.writelines([codec.stream_prefix(frames), *frames])
+        if t.get_write_buffer_size() > MAX_BACKLOG:
+            log.warning("%s: slow consumer (%d bytes queued); disconnecting", self.peer_id,
+                        t.get_write_buffer_size())
+            self.server.counts["slow-consumers"] += 1
+            t.abort()
+
+
+class Connector:
+    """The rank's Unix-socket server."""
+
+    def __init__(self, router: Router, path: str, *, owner_uid: int, allow_guest: bool,
+                 max_message: int = codec.DEFAULT_MAX_MESSAGE) -> None:
+        from collections import Counter
+
+        self.router = router
+        self.path = path
+        self.owner_uid = owner_uid
+        self.allow_guest = allow_guest
+        self.max_message = max_message
+        self.connections: dict[str, ClientConnection] = {}
+        self.counts: Counter[str] = Counter()
+        self._next = 0
+        self._server: asyncio.AbstractServer | None = None
+
+    @property
+    def uri(self) -> str:
+        return f"local://{self.path}"
+
+    def _factory(self) -> ClientConnection:
+        self._next += 1
+        return ClientConnection(self, f"c{self._next}")
+
+    async def start(self) -> None:
+        if os.path.exists(self.path):
+            os.unlink(self.path)
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_unix_server(self._factory, self.path)
+        os.chmod(self.path, 0o777 if self.allow_guest else 0o700)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            for conn in list(self.connections.values()):
+                if conn.transport is not None:
+                    conn.transport.abort()
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass

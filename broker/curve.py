@@ -1,0 +1,47 @@
+"""The instance's CURVE key pair for a ``tcp://`` overlay.
+
+Every rank of an instance holds the same key pair (as Flux ranks share one
+instance certificate).  The ROUTER side is a CURVE server and only admits
+clients whose public key is the instance's: a ZAP handler (pyzmq's
+``ThreadAuthenticator``) checks each connecting key.
+"""
+
+from __future__ import annotations
+
+import os
+
+import zmq
+import zmq.auth.thread
+
+
+def generate_keys(path: str) -> tuple[bytes, bytes]:
+    """Create the key pair file (mode 0600) and return ``(public, secret)``."""
+    public, secret = zmq.curve_keypair()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(public + b"\n" + secret + b"\n")
+    return public, secret
+
+
+def load_keys(path: str) -> tuple[bytes, bytes]:
+    with open(path, "rb") as f:
+        public, secret = f.read().split()[:2]
+    return public, secret
+
+
+class _InstanceKeyOnly:
+    """ZAP credentials callback: admit only the instance's own public key."""
+
+    def __init__(self, public: bytes) -> None:
+        self.public_z85 = public
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        return zmq.utils.z85.encode(key) == self.public_z85 if len(key) == 32 else False
+
+
+def start_authenticator(ctx: zmq.Context, public: bytes) -> zmq.auth.thread.ThreadAuthenticator:
+    """Run a ZAP handler in ``ctx`` that admits only the instance's key."""
+    auth = zmq.auth.thread.ThreadAuthenticator(ctx)
+    auth.start()
+    auth.configure_curve_callback(domain="*", credentials_provider=_InstanceKeyOnly(public))
+    return auth

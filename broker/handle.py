@@ -1,0 +1,181 @@
+"""The client API: an async :class:`Handle` attached to one rank's local connector.
+
+    async with await Handle.connect() as h:          # KVBROKER_URI
+        print(await h.rpc("broker.ping", {"hi": 1}, nodeid=3))
+        await h.subscribe("test.")
+        await h.publish("test.x", {"n": 1})
+        ev = await h.recv_event()
+
+See docs/api.md.  A synchronous facade lives in :mod:`broker.sync`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+from collections import deque
+from collections.abc import AsyncIterator
+from typing import Any
+
+from broker import codec
+from broker.errors import ProtocolError, RemoteError
+from broker.message import NODEID_ANY, Message, MsgFlags, MsgType
+from broker.rpc import HandleCore, Stream
+
+URI_ENV = "KVBROKER_URI"
+
+__all__ = ["Handle", "Stream", "Event", "parse_uri", "URI_ENV"]
+
+Event = Message
+"""Events are delivered as :class:`Message` objects (``topic``, ``payload``, ``seq``)."""
+
+
+def parse_uri(uri: str | None) -> str:
+    """``local:///path/to/socket`` (or a bare path) -> the socket path."""
+    uri = uri or os.environ.get(URI_ENV)
+    if not uri:
+        raise ValueError(f"no broker URI given and {URI_ENV} is not set")
+    if uri.startswith("local://"):
+        return uri[len("local://"):]
+    if "://" in uri:
+        raise ValueError(f"unsupported broker URI scheme: {uri!r}")
+    return uri
+
+
+class _ClientProtocol(asyncio.Protocol):
+    def __init__(self, handle: Handle) -> None:
+        self.handle = handle
+        self.decoder = codec.StreamDecoder()
+        self.transport: asyncio.Transport | None = None
+        self.closed = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            messages = self.decoder.feed(data)
+        except ProtocolError:
+            self.transport.close()  # type: ignore[union-attr]
+            return
+        h = self.handle
+        for frames in messages:
+            try:
+                msg = codec.decode(frames)
+            except ProtocolError:
+                continue
+            if msg.type == MsgType.RESPONSE:
+                h._on_response(msg)
+            elif msg.type == MsgType.EVENT:
+                h._on_event(msg)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.handle._fail_all(errno.ECONNRESET, "connection to broker lost")
+        self.handle._wake_event_waiter()
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+
+class Handle(HandleCore):
+    """An async connection to a broker rank (use :meth:`connect`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._proto: _ClientProtocol | None = None
+        self._events: deque[Message] = deque()
+        self._event_waiter: asyncio.Future[None] | None = None
+        self.uri = ""
+
+    @classmethod
+    async def connect(cls, uri: str | None = None) -> Handle:
+        """Attach to the rank at ``uri`` (default: ``$KVBROKER_URI``).
+
+        Raises ``OSError`` (e.g. ``ENOENT``, ``ECONNREFUSED``) if the broker
+        is not there.
+        """
+        path = parse_uri(uri)
+        self = cls()
+        self.uri = f"local://{path}"
+        loop = asyncio.get_running_loop()
+        _, proto = await loop.create_unix_connection(lambda: _ClientProtocol(self), path)
+        self._proto = proto
+        return self
+
+    async def __aenter__(self) -> Handle:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        proto = self._proto
+        if proto is not None and proto.transport is not None:
+            proto.transport.close()
+            await proto.closed
+
+    def _send(self, msg: Message) -> None:
+        proto = self._proto
+        if proto is None or proto.transport is None or proto.transport.is_closing():
+            raise RemoteError(errno.ECONNRESET, "not connected to a broker")
+        frames = codec.encode(msg)
+        proto.transport.writelines([codec.stream_prefix(frames), *frames])
+
+    # ---------------------------------------------------------------- events
+
+    async def subscribe(self, prefix: str) -> None:
+        """Receive events whose topic starts with ``prefix``."""
+        await self.rpc("event.subscribe", {"topic": prefix})
+
+    async def unsubscribe(self, prefix: str) -> None:
+        await self.rpc("event.unsubscribe", {"topic": prefix})
+
+    async def publish(
+        self, topic: str, payload: Any = None, *, private: bool = False
+    ) -> int:
+        """Publish an event (sequenced by rank 0); returns its sequence number."""
+        body: dict[str, Any] = {"topic": topic, "payload": payload}
+        if private:
+            body["flags"] = int(MsgFlags.PRIVATE)
+        resp = await self.rpc("event.pub", body)
+        return int(resp["seq"])
+
+    def publish_nowait(self, topic: str, payload: Any = None) -> None:
+        """Publish without waiting for the sequence number (no response)."""
+        self._check_open()
+        self._send(Message(MsgType.REQUEST, "event.pub", {"topic": topic, "payload": payload},
+                           flags=MsgFlags.NORESPONSE))
+
+    def _on_event(self, msg: Message) -> None:
+        self._events.append(msg)
+        self._wake_event_waiter()
+
+    def _wake_event_waiter(self) -> None:
+        w = self._event_waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    async def recv_event(self) -> Message:
+        """The next event received (raises ``RemoteError`` once disconnected)."""
+        while not self._events:
+            self._check_open()
+            self._event_waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._event_waiter
+            finally:
+                self._event_waiter = None
+        return self._events.popleft()
+
+    async def events(self) -> AsyncIterator[Message]:
+        """Async iterator over received events."""
+        while True:
+            yield await self.recv_event()
+
+    # ---------------------------------------------------------------- helpers
+
+    async def ping(self, nodeid: int = NODEID_ANY, payload: Any = None) -> dict[str, Any]:
+        return await self.rpc("broker.ping", payload if payload is not None else {},
+                              nodeid=nodeid)
+
+    async def attr_get(self, name: str, nodeid: int = NODEID_ANY) -> Any:
+        return (await self.rpc("attr.get", {"name": name}, nodeid=nodeid))["value"]

@@ -1,0 +1,199 @@
+"""Start an instance: N rank processes on this host (``kvbroker start``).
+
+:class:`Instance` is also the harness tests and benchmarks use: it learns
+readiness from each rank's ``ready`` line (never a sleep), notices a rank
+that dies, and on stop sends SIGTERM, waits, then SIGKILLs -- so no process
+or socket is left behind.  Its run directory is private (mode 0700 unless
+guests are allowed) and removed on stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+from typing import Any
+
+import zmq
+
+from broker.broker import attr_true, local_socket_path
+from broker.topology import children_of
+
+START_TIMEOUT = 60.0
+STOP_TIMEOUT = 15.0
+
+
+class StartError(RuntimeError):
+    """The instance could not be brought up."""
+
+
+def make_rundir() -> str:
+    """A private, short directory for sockets (AF_UNIX paths are ~107 bytes max)."""
+    base = os.environ.get("TMPDIR") or "/tmp"
+    if len(base) > 60:
+        base = "/tmp"
+    path = tempfile.mkdtemp(prefix="kvb-", dir=base)
+    if len(local_socket_path(path, 99999)) + 6 > min(zmq.IPC_PATH_MAX_LEN, 100):
+        raise StartError(f"run directory path too long for sockets: {path}")
+    return path
+
+
+def _free_tcp_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Instance:
+    """An instance of ``size`` ranks on this host.
+
+    ``async with Instance(size=4, fanout=2) as inst: inst.uri(3)``
+    """
+
+    def __init__(
+        self,
+        size: int = 1,
+        fanout: int = 32,
+        *,
+        event_loop: str = "auto",
+        statedir: str | None = None,
+        attrs: dict[str, Any] | None = None,
+        stderr_path: str | None = None,
+        python: str = sys.executable,
+    ) -> None:
+        if size < 1:
+            raise ValueError("size must be at least 1")
+        if fanout < 1:
+            raise ValueError("fanout must be at least 1")
+        self.size = size
+        self.fanout = fanout
+        self.event_loop = event_loop
+        self.statedir = os.path.abspath(statedir) if statedir else None
+        self.attrs = dict(attrs or {})
+        self.stderr_path = stderr_path
+        self.python = python
+        self.rundir = ""
+        self.procs: list[asyncio.subprocess.Process] = []
+        self.failed: asyncio.Future[tuple[int, int]] | None = None
+        self._watch_w: int | None = None
+        self._waiters: list[asyncio.Task[None]] = []
+        self._stopping = False
+
+    def uri(self, rank: int = 0) -> str:
+        return f"local://{local_socket_path(self.rundir, rank)}"
+
+    async def __aenter__(self) -> Instance:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def start(self, timeout: float = START_TIMEOUT) -> None:
+        loop = asyncio.get_running_loop()
+        self.failed = loop.create_future()
+        self.rundir = make_rundir()
+        if attr_true(self.attrs.get("access.allow-guest-user", "false")):
+            os.chmod(self.rundir, 0o755)
+        if self.statedir:
+            os.makedirs(self.statedir, exist_ok=True)
+        endpoints: dict[int, str] = {}
+        curve_args: list[str] = []
+        if self.attrs.get("tbon.transport", "ipc") == "tcp":
+            from broker.curve import generate_keys
+
+            for r in range(self.size):
+                if children_of(r, self.fanout, self.size):
+                    endpoints[r] = f"tcp://127.0.0.1:{_free_tcp_port()}"
+            keyfile = os.path.join(self.rundir, "curve.key")
+            generate_keys(keyfile)
+            curve_args = ["--curve-keys", keyfile]
+        watch_r, self._watch_w = os.pipe()
+        stderr = None
+        if self.stderr_path:
+            stderr = open(self.stderr_path, "ab")  # noqa: SIM115
+        try:
+            for rank in range(self.size):
+                args = [
+                    self.python, "-m", "broker.rank",
+                    "--rank", str(rank), "--size", str(self.size),
+                    "--fanout", str(self.fanout), "--rundir", self.rundir,
+                    "--event-loop", self.event_loop,
+                    "--attrs", json.dumps(self.attrs),
+                    "--endpoints", json.dumps(endpoints),
+                    "--watch-fd", str(watch_r), *curve_args,
+                ]
+                if self.statedir:
+                    args += ["--statedir", self.statedir]
+                env = dict(os.environ)
+                env.pop("KVBROKER_URI", None)
+                proc = await asyncio.create_subprocess_exec(
+                    *args, stdout=asyncio.subprocess.PIPE, stderr=stderr,
+                    stdin=asyncio.subprocess.DEVNULL, pass_fds=(watch_r,), env=env,
+                    start_new_session=True,
+                )
+                self.procs.append(proc)
+        finally:
+            os.close(watch_r)
+            if stderr is not None:
+                stderr.close()
+        try:
+            async with asyncio.timeout(timeout):
+                await asyncio.gather(*(self._await_ready(r, p) for r, p in enumerate(self.procs)))
+        except BaseException as exc:
+            await self.stop()
+            if isinstance(exc, TimeoutError):
+                msg = f"instance of size {self.size} did not start in {timeout}s"
+                raise StartError(msg) from None
+            raise
+        for rank, proc in enumerate(self.procs):
+            self._waiters.append(loop.create_task(self._watch(rank, proc)))
+
+    async def _await_ready(self, rank: int, proc: asyncio.subprocess.Process) -> None:
+        assert proc.stdout is not None
+        line = await proc.stdout.readline()
+        if not line.startswith(b"ready"):
+            code = await proc.wait()
+            raise StartError(f"rank {rank} exited with status {code} during start-up")
+
+    async def _watch(self, rank: int, proc: asyncio.subprocess.Process) -> None:
+        code = await proc.wait()
+        if not self._stopping and self.failed is not None and not self.failed.done():
+            self.failed.set_result((rank, code))
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    async def stop(self, timeout: float = STOP_TIMEOUT) -> list[int | None]:
+        """Stop every rank (TERM, wait, KILL); remove the run directory.
+
+        Returns each rank's exit status.
+        """
+        self._stopping = True
+        for proc in self.procs:
+            if proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(signal.SIGTERM)
+        try:
+            async with asyncio.timeout(timeout):
+                await asyncio.gather(*(p.wait() for p in self.procs))
+        except TimeoutError:
+            for proc in self.procs:
+                if proc.returncode is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        proc.kill()
+            await asyncio.gather(*(p.wait() for p in self.procs))
+        for task in self._waiters:
+            task.cancel()
+        if self._watch_w is not None:
+            os.close(self._watch_w)
+            self._watch_w = None
+        if self.rundir:
+            shutil.rmtree(self.rundir, ignore_errors=True)
+        return [p.returncode for p in self.procs]

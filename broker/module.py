@@ -1,0 +1,225 @@
+"""The in-process module interface.
+
+A module is a named service living inside a rank.  It talks to the broker
+through a :class:`ModuleHandle` -- the same request/response/event interface
+a client has -- and receives:
+
+* requests for its service, dispatched by exact topic to the handlers it
+  returns from :meth:`Module.handlers` (sync functions, or coroutines that
+  run as tasks);
+* responses to its own requests (through its handle);
+* events matching the prefixes it subscribed (:meth:`Module.on_event`).
+
+Modules are found by name through the ``kvbroker.modules`` entry-point group
+(see :mod:`broker.plugins`), so the broker core never imports them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import inspect
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from broker.errors import ErrnoError
+from broker.message import Message, MsgFlags, MsgType, Role
+from broker.rpc import HandleCore
+
+if TYPE_CHECKING:
+    from broker.router import Router
+
+Handler = Callable[[Message], Awaitable[None] | None]
+
+
+@dataclass
+class ModuleContext:
+    """What a module may know about its rank."""
+
+    rank: int
+    size: int
+    fanout: int
+    attrs: dict[str, Any]
+    owner_uid: int
+    log: logging.Logger
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class ModuleHandle(HandleCore):
+    """A module's connection to its rank's router (no serialisation)."""
+
+    def __init__(self, router: Router, module: Module) -> None:
+        super().__init__()
+        self._router = router
+        self._module = module
+        self.peer_id = f"m:{module.name}"
+        self.userid = router.owner_uid
+        self.rolemask = int(Role.OWNER)
+        self.subscribe_calls = 0
+
+    def _send(self, msg: Message) -> None:
+        self._router.from_local(self, msg)
+
+    # The router calls this to deliver anything addressed to the module.
+    def deliver(self, msg: Message) -> None:
+        t = msg.type
+        if t == MsgType.REQUEST:
+            self._module._dispatch(msg)
+        elif t == MsgType.RESPONSE:
+            self._on_response(msg)
+        elif t == MsgType.EVENT:
+            self._module._receive_event(msg)
+
+    # -- responding
+    def respond(self, request: Message, payload: Any = None) -> None:
+        if request.flags & MsgFlags.NORESPONSE:
+            return
+        self._router.route_response(request.response(payload))
+
+    def respond_error(self, request: Message, errnum: int, errstr: str | None = None) -> None:
+        if request.flags & MsgFlags.NORESPONSE:
+            return
+        self._router.route_response(request.response(None, errnum, errstr))
+
+    # -- events: direct calls into the rank's subscription table (never block)
+    def subscribe(self, prefix: str) -> None:
+        self.subscribe_calls += 1
+        self._router.subscribe(self, prefix)
+
+    def unsubscribe(self, prefix: str) -> None:
+        self._router.unsubscribe(self, prefix)
+
+    async def publish(self, topic: str, payload: Any = None, *, private: bool = False,
+                      userid: int | None = None) -> int:
+        body: dict[str, Any] = {"topic": topic, "payload": payload}
+        if private:
+            body["flags"] = int(MsgFlags.PRIVATE)
+        if userid is not None:
+            body["userid"] = userid
+        return int((await self.rpc("event.pub", body))["seq"])
+
+    def publish_nowait(self, topic: str, payload: Any = None) -> None:
+        self.send_noresponse("event.pub", {"topic": topic, "payload": payload})
+
+
+class Module:
+    """Base class of in-process modules.
+
+    Subclasses set ``name`` (the service), implement :meth:`handlers`, and
+    may override :meth:`start`, :meth:`stop`, :meth:`on_event`, :meth:`stats`.
+    ``<name>.stats-get`` is answered here from :meth:`stats`.
+    """
+
+    name: ClassVar[str] = ""
+    services: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, ctx: ModuleContext, handle: ModuleHandle | None = None) -> None:
+        self.ctx = ctx
+        self.log = ctx.log.getChild(self.name)
+        self.h: ModuleHandle = handle  # type: ignore[assignment]
+        self._handlers: dict[str, Handler] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.requests = 0
+        self.events_received = 0
+
+    # -- to override
+    def handlers(self) -> dict[str, Handler]:
+        return {}
+
+    async def start(self) -> None:
+        """Called once the module is registered with the router."""
+
+    async def stop(self) -> None:
+        """Called at shutdown, before the router goes away."""
+
+    def on_event(self, msg: Message) -> None:
+        """Called for each event matching one of the module's subscriptions."""
+
+    def stats(self) -> dict[str, Any]:
+        return {}
+
+    # -- plumbing
+    def service_names(self) -> tuple[str, ...]:
+        return self.services or (self.name,)
+
+    def _bind(self, handle: ModuleHandle) -> None:
+        self.h = handle
+        self._handlers = dict(self.handlers())
+        self._handlers.setdefault(f"{self.name}.stats-get", self._stats_get)
+
+    def _stats_get(self, msg: Message) -> None:
+        self.h.respond(msg, self.stats())
+
+    def _receive_event(self, msg: Message) -> None:
+        self.events_received += 1
+        try:
+            self.on_event(msg)
+        except Exception:
+            self.log.exception("event handler failed for %s", msg.topic)
+
+    def _dispatch(self, msg: Message) -> None:
+        self.requests += 1
+        handler = self._handlers.get(msg.topic)
+        if handler is None:
+            if not msg.topic.endswith(".disconnect"):
+                self.h.respond_error(msg, errno.ENOSYS, f"unknown topic {msg.topic}")
+            return
+        try:
+            result = handler(msg)
+        except ErrnoError as exc:
+            self.h.respond_error(msg, exc.errnum, exc.errstr)
+            return
+        except Exception as exc:
+            self.log.exception("handler %s failed", msg.topic)
+            self.h.respond_error(msg, errno.EIO, f"internal error: {exc}")
+            return
+        if result is not None and inspect.isawaitable(result):
+            self.spawn(self._finish(msg, result))
+
+    async def _finish(self, msg: Message, aw: Awaitable[None]) -> None:
+        try:
+            await aw
+        except ErrnoError as exc:
+            self.h.respond_error(msg, exc.errnum, exc.errstr)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.log.exception("handler %s failed", msg.topic)
+            self.h.respond_error(msg, errno.EIO, f"internal error: {exc}")
+
+    def spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
+        """Run ``coro`` as a task owned by the module (cancelled at stop)."""
+        task = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _shutdown(self) -> None:
+        try:
+            await self.stop()
+        finally:
+            for task in list(self._tasks):
+                task.cancel()
+            if self._tasks:
+                await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def require(payload: Any, **fields: type | tuple[type, ...]) -> dict[str, Any]:
+    """Check a request payload: a map holding ``fields`` of the given types.
+
+    Missing or mistyped fields raise ``EPROTO`` (``ProtocolError``), as Flux
+    answers an unpackable request.  Returns the payload.
+    """
+    from broker.errors import ProtocolError
+
+    if not isinstance(payload, dict):
+        raise ProtocolError("request payload must be a map")
+    for name, types in fields.items():
+        if name not in payload:
+            raise ProtocolError(f"request is missing field {name!r}")
+        value = payload[name]
+        if not isinstance(value, types) or (isinstance(value, bool) and types is int):
+            raise ProtocolError(f"field {name!r} has the wrong type")
+    return payload

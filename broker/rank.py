@@ -1,0 +1,81 @@
+"""Entry point of one rank process (started by :mod:`broker.launch`).
+
+``python -m broker.rank --rank R --size N --fanout K --rundir DIR [...]``
+
+The rank prints ``ready <uri>`` on stdout once its whole subtree is up
+(for rank 0: the whole instance), then serves until SIGTERM/SIGINT, or until
+the ``--watch-fd`` pipe from its launcher closes (the launcher died), so no
+rank outlives the instance.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+
+from broker.broker import Broker
+from broker.loops import loop_factory
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m broker.rank")
+    p.add_argument("--rank", type=int, required=True)
+    p.add_argument("--size", type=int, required=True)
+    p.add_argument("--fanout", type=int, default=32)
+    p.add_argument("--rundir", required=True)
+    p.add_argument("--statedir")
+    p.add_argument("--event-loop", default="auto")
+    p.add_argument("--attrs", default="{}", help="JSON map of attributes")
+    p.add_argument("--endpoints", default="{}", help="JSON map rank -> overlay endpoint")
+    p.add_argument("--curve-keys", help="file holding the instance's CURVE key pair")
+    p.add_argument("--watch-fd", type=int, help="exit when this pipe closes")
+    return p.parse_args(argv)
+
+
+async def serve(args: argparse.Namespace) -> int:
+    loop = asyncio.get_running_loop()
+    curve = None
+    if args.curve_keys:
+        from broker.curve import load_keys
+
+        curve = load_keys(args.curve_keys)
+    b = Broker(
+        args.rank, args.size, args.fanout, args.rundir,
+        statedir=args.statedir,
+        attrs=json.loads(args.attrs),
+        endpoints={int(k): v for k, v in json.loads(args.endpoints).items()},
+        curve=curve,
+    )
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, b.request_stop)
+    if args.watch_fd is not None:
+        def on_launcher_gone() -> None:
+            loop.remove_reader(args.watch_fd)
+            b.request_stop()
+        loop.add_reader(args.watch_fd, on_launcher_gone)
+    try:
+        await b.start()
+        print(f"ready {b.uri}", flush=True)
+        await b.run()
+    finally:
+        await b.stop()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    level = json.loads(args.attrs).get("log.level", "WARNING")
+    logging.basicConfig(level=str(level).upper(), stream=sys.stderr,
+                        format=f"kvbroker[{args.rank}]: %(levelname)s %(name)s: %(message)s")
+    os.environ.pop("KVBROKER_URI", None)
+    with asyncio.Runner(loop_factory=loop_factory(args.event_loop)) as runner:
+        return runner.run(serve(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,258 @@
+"""Routing of requests, responses and events inside one rank.
+
+* A request entering the rank (from a local client or module, or from a
+  neighbouring rank) gets its sender pushed on its ``route`` stack, then goes
+  to the local service (nodeid ANY with a local provider, or this rank), up
+  to the parent, or down towards the target rank.
+* A response pops the top of its route stack and goes to that hop.
+* An event is delivered to every local subscriber whose prefix matches and
+  forwarded to every child rank.
+
+Route hops are strings: ``c<N>`` a local client connection, ``m:<name>`` a
+module, ``r<rank>`` a neighbouring rank.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+from collections import Counter, defaultdict
+from typing import TYPE_CHECKING, Any, Protocol
+
+from broker import topology
+from broker.events import SeqTracker, SubscriptionTable
+from broker.message import (
+    NODEID_ANY,
+    NODEID_UPSTREAM,
+    Message,
+    MsgFlags,
+    MsgType,
+    Role,
+)
+
+if TYPE_CHECKING:
+    from broker.overlay import Overlay
+
+log = logging.getLogger("kvbroker.router")
+
+
+class Peer(Protocol):
+    """Anything local that can receive messages: a client connection or a module."""
+
+    peer_id: str
+    userid: int
+    rolemask: int
+
+    def deliver(self, msg: Message) -> None: ...
+
+
+class Router:
+    def __init__(self, rank: int, size: int, fanout: int, owner_uid: int) -> None:
+        self.rank = rank
+        self.size = size
+        self.fanout = fanout
+        self.owner_uid = owner_uid
+        self.overlay: Overlay | None = None
+        self.peers: dict[str, Peer] = {}
+        self.services: dict[str, Peer] = {}
+        self.subs = SubscriptionTable()
+        self._peer_prefixes: dict[str, Counter[str]] = defaultdict(Counter)
+        self._used_services: dict[str, set[tuple[str, int]]] = {}
+        self.seq = 0  # rank 0: last sequence number assigned
+        self.seq_tracker = SeqTracker(f"rank {rank}")
+        self.counts: Counter[str] = Counter()
+
+    # ------------------------------------------------------------ peers
+
+    def add_peer(self, peer: Peer, services: tuple[str, ...] = ()) -> None:
+        self.peers[peer.peer_id] = peer
+        for name in services:
+            if name in self.services:
+                raise ValueError(f"service {name!r} is already registered")
+            self.services[name] = peer
+
+    def remove_peer(self, peer: Peer) -> None:
+        """Forget a peer; send ``<service>.disconnect`` for every service it used."""
+        pid = peer.peer_id
+        self.peers.pop(pid, None)
+        for name in [n for n, p in self.services.items() if p is peer]:
+            del self.services[name]
+        prefixes = self._peer_prefixes.pop(pid, None)
+        if prefixes:
+            self.subs.unsubscribe_all(pid, prefixes)
+        for service, nodeid in self._used_services.pop(pid, ()):
+            msg = Message(MsgType.REQUEST, f"{service}.disconnect", None, nodeid=nodeid,
+                          flags=MsgFlags.NORESPONSE, userid=peer.userid,
+                          rolemask=peer.rolemask, route=[pid])
+            self.counts["disconnects-sent"] += 1
+            self.route_request(msg)
+
+    # ------------------------------------------------------------ requests
+
+    def from_local(self, peer: Peer, msg: Message) -> None:
+        """A message sent by a local client or module."""
+        t = msg.type
+        if t == MsgType.REQUEST:
+            msg.userid = peer.userid
+            msg.rolemask = peer.rolemask
+            msg.route.append(peer.peer_id)
+            if peer.peer_id[0] == "c":
+                used = self._used_services.get(peer.peer_id)
+                if used is None:
+                    used = self._used_services[peer.peer_id] = set()
+                key = (msg.service, msg.nodeid)
+                if key not in used and not msg.topic.endswith(".disconnect"):
+                    used.add(key)
+            self.route_request(msg)
+        elif t == MsgType.RESPONSE:
+            self.route_response(msg)
+        else:
+            self.counts["dropped-local"] += 1
+            log.warning("dropping %s from local peer %s", msg, peer.peer_id)
+
+    def from_rank(self, sender: int, msg: Message) -> None:
+        """A message received over the overlay from a neighbouring rank."""
+        t = msg.type
+        if t == MsgType.REQUEST:
+            msg.route.append(f"r{sender}")
+            self.route_request(msg)
+        elif t == MsgType.RESPONSE:
+            self.route_response(msg)
+        elif t == MsgType.EVENT:
+            if sender != topology.parent_of(self.rank, self.fanout):
+                self.counts["dropped-events"] += 1
+                log.warning("dropping event %s from non-parent rank %d", msg.topic, sender)
+                return
+            self.seq_tracker.see(msg.seq)
+            self.distribute_event(msg)
+        else:
+            self.counts["dropped-control"] += 1
+
+    def route_request(self, msg: Message) -> None:
+        self.counts["requests"] += 1
+        nodeid = msg.nodeid
+        if nodeid == NODEID_ANY:
+            peer = self.services.get(msg.service)
+            if peer is not None:
+                peer.deliver(msg)
+            elif self.rank == 0:
+                self.respond_error(msg, errno.ENOSYS, f"no service matching {msg.topic}")
+            else:
+                self._send_up(msg)
+        elif nodeid == NODEID_UPSTREAM:
+            if self.rank == 0:
+                self.respond_error(msg, errno.EHOSTUNREACH, "rank 0 has no upstream")
+            else:
+                msg.nodeid = NODEID_ANY
+                self._send_up(msg)
+        elif nodeid == self.rank:
+            peer = self.services.get(msg.service)
+            if peer is not None:
+                peer.deliver(msg)
+            else:
+                self.respond_error(msg, errno.ENOSYS, f"no service matching {msg.topic}")
+        elif not 0 <= nodeid < self.size:
+            self.respond_error(msg, errno.EHOSTUNREACH, f"no route to rank {nodeid}")
+        else:
+            child = topology.child_toward(self.rank, nodeid, self.fanout)
+            if child is not None:
+                self._send_down(child, msg)
+            else:
+                self._send_up(msg)
+
+    def respond_error(self, req: Message, errnum: int, errstr: str | None = None) -> None:
+        if req.flags & MsgFlags.NORESPONSE:
+            return
+        self.route_response(req.response(None, errnum, errstr))
+
+    # ------------------------------------------------------------ responses
+
+    def route_response(self, msg: Message) -> None:
+        self.counts["responses"] += 1
+        if not msg.route:
+            self.counts["dropped-responses"] += 1
+            return
+        hop = msg.route.pop()
+        if hop[0] == "r":
+            self._send_rank(int(hop[1:]), msg)
+            return
+        peer = self.peers.get(hop)
+        if peer is None:
+            self.counts["dropped-responses"] += 1  # the client went away
+            return
+        peer.deliver(msg)
+
+    # ------------------------------------------------------------ overlay
+
+    def _send_up(self, msg: Message) -> None:
+        parent = topology.parent_of(self.rank, self.fanout)
+        assert parent is not None
+        self._send_rank(parent, msg)
+
+    def _send_down(self, child: int, msg: Message) -> None:
+        self._send_rank(child, msg)
+
+    def _send_rank(self, rank: int, msg: Message) -> None:
+        ov = self.overlay
+        if ov is None or not ov.send(rank, msg):
+            self.counts["unroutable"] += 1
+            if msg.type == MsgType.REQUEST:
+                self.respond_error(msg, errno.EHOSTUNREACH, f"rank {rank} is unreachable")
+
+    # ------------------------------------------------------------ events
+
+    def subscribe(self, peer: Peer, prefix: str) -> None:
+        self._peer_prefixes[peer.peer_id][prefix] += 1
+        self.subs.subscribe(peer.peer_id, prefix)
+
+    def unsubscribe(self, peer: Peer, prefix: str) -> bool:
+        counts = self._peer_prefixes.get(peer.peer_id)
+        if not counts or not counts[prefix]:
+            return False
+        counts[prefix] -= 1
+        if not counts[prefix]:
+            del counts[prefix]
+        return self.subs.unsubscribe(peer.peer_id, prefix)
+
+    def sequence_event(self, topic: str, payload: Any, flags: int, userid: int) -> int:
+        """Rank 0: give an event the next sequence number and send it everywhere."""
+        assert self.rank == 0
+        self.seq += 1
+        msg = Message(MsgType.EVENT, topic, payload, flags=flags & MsgFlags.PRIVATE,
+                      userid=userid, seq=self.seq)
+        self.counts["events-sequenced"] += 1
+        self.seq_tracker.see(self.seq)
+        self.distribute_event(msg)
+        return self.seq
+
+    def distribute_event(self, msg: Message) -> None:
+        """Deliver to matching local subscribers, then forward to the children."""
+        if self.overlay is not None:
+            self.overlay.broadcast_down(msg)
+        private = msg.flags & MsgFlags.PRIVATE
+        for pid in self.subs.match(msg.topic):
+            peer = self.peers.get(pid)  # type: ignore[call-overload]
+            if peer is None:
+                continue
+            if private and not (peer.rolemask & Role.OWNER or peer.userid == msg.userid):
+                continue
+            self.counts["events-delivered"] += 1
+            peer.deliver(msg)
+
+    # ------------------------------------------------------------ stats
+
+    def stats(self) -> dict[str, Any]:
+        subs = {pid: sum(c.values()) for pid, c in self._peer_prefixes.items() if c}
+        return {
+            "rank": self.rank,
+            "messages": dict(self.counts),
+            "events": {
+                "sequenced": self.counts["events-sequenced"],
+                "delivered": self.counts["events-delivered"],
+                "last-seq": self.seq_tracker.last,
+                "gaps": self.seq_tracker.gaps,
+                "prefixes": self.subs.prefixes(),
+            },
+            "subscriptions": subs,
+            "clients": sum(1 for p in self.peers if p[0] == "c"),
+        }

@@ -1,0 +1,174 @@
+"""The request/response machinery shared by client handles and module handles.
+
+A handle sends requests with a fresh ``matchtag`` and matches responses back
+to the waiting future (one answer) or :class:`Stream` (many answers ending
+with an error response; ``ENODATA`` is the normal end).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+from collections import deque
+from collections.abc import AsyncIterator
+from typing import Any
+
+from broker.errors import RemoteError
+from broker.message import NODEID_ANY, Message, MsgFlags, MsgType
+
+
+class Stream:
+    """The answers of a streaming RPC, as an async iterator of payloads.
+
+    Iteration ends on ``ENODATA``; any other error response raises
+    :class:`RemoteError`.  ``matchtag`` identifies the request (e.g. for
+    ``kvs-watch.cancel``).
+    """
+
+    def __init__(self, core: HandleCore, matchtag: int, topic: str) -> None:
+        self._core = core
+        self.matchtag = matchtag
+        self.topic = topic
+        self._items: deque[Message] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self.done = False
+
+    def _push(self, msg: Message) -> None:
+        self._items.append(msg)
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        return self
+
+    async def __anext__(self) -> Any:
+        msg = await self.next_message()
+        if msg is None:
+            raise StopAsyncIteration
+        return msg.payload
+
+    async def next_message(self) -> Message | None:
+        """The next success response, or None at the end of the stream."""
+        while not self._items:
+            if self.done:
+                return None
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        msg = self._items.popleft()
+        if msg.errnum:
+            self.done = True
+            self._items.clear()
+            if msg.errnum == errno.ENODATA:
+                return None
+            raise RemoteError(msg.errnum, msg.errstr)
+        return msg
+
+
+class HandleCore:
+    """Matchtags, pending futures and streams; subclasses provide ``_send``."""
+
+    def __init__(self) -> None:
+        self._next_tag = 1
+        self._pending: dict[int, asyncio.Future[Any] | Stream] = {}
+        self._closed_error: RemoteError | None = None
+
+    # -- transport, provided by subclasses
+    def _send(self, msg: Message) -> None:
+        raise NotImplementedError
+
+    # -- requests
+    def _alloc_tag(self) -> int:
+        tag = self._next_tag
+        self._next_tag = tag + 1 if tag < 0x7FFFFFFF else 1
+        return tag
+
+    def _check_open(self) -> None:
+        if self._closed_error is not None:
+            raise self._closed_error
+
+    def rpc(
+        self,
+        topic: str,
+        payload: Any = None,
+        *,
+        nodeid: int = NODEID_ANY,
+        flags: int = 0,
+    ) -> asyncio.Future[Any]:
+        """Send a request; the returned future resolves to the response payload
+        or raises :class:`RemoteError`."""
+        self._check_open()
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        tag = self._alloc_tag()
+        self._pending[tag] = fut
+        try:
+            self._send(Message(MsgType.REQUEST, topic, payload, matchtag=tag, nodeid=nodeid,
+                               flags=flags))
+        except BaseException:
+            del self._pending[tag]
+            raise
+        return fut
+
+    def rpc_stream(
+        self,
+        topic: str,
+        payload: Any = None,
+        *,
+        nodeid: int = NODEID_ANY,
+        flags: int = 0,
+    ) -> Stream:
+        """Send a streaming request; iterate the returned :class:`Stream`."""
+        self._check_open()
+        tag = self._alloc_tag()
+        stream = Stream(self, tag, topic)
+        self._pending[tag] = stream
+        try:
+            self._send(Message(MsgType.REQUEST, topic, payload, matchtag=tag, nodeid=nodeid,
+                               flags=flags | MsgFlags.STREAMING))
+        except BaseException:
+            del self._pending[tag]
+            raise
+        return stream
+
+    def send_noresponse(
+        self, topic: str, payload: Any = None, *, nodeid: int = NODEID_ANY
+    ) -> None:
+        """Send a request that gets no response (``matchtag`` 0)."""
+        self._check_open()
+        self._send(Message(MsgType.REQUEST, topic, payload, nodeid=nodeid,
+                           flags=MsgFlags.NORESPONSE))
+
+    # -- responses
+    def _on_response(self, msg: Message) -> None:
+        waiter = self._pending.get(msg.matchtag)
+        if waiter is None:
+            return
+        if type(waiter) is Stream:
+            if msg.errnum:
+                del self._pending[msg.matchtag]
+            waiter._push(msg)
+            return
+        del self._pending[msg.matchtag]
+        if waiter.done():
+            return
+        if msg.errnum:
+            waiter.set_exception(RemoteError(msg.errnum, msg.errstr))
+        else:
+            try:
+                waiter.set_result(msg.payload)
+            except Exception as exc:  # malformed payload
+                waiter.set_exception(exc)
+
+    def _fail_all(self, errnum: int, errstr: str) -> None:
+        """Fail every pending request (the connection is gone)."""
+        self._closed_error = RemoteError(errnum, errstr)
+        pending, self._pending = self._pending, {}
+        for tag, waiter in pending.items():
+            if type(waiter) is Stream:
+                waiter._push(Message(MsgType.RESPONSE, waiter.topic, matchtag=tag,
+                                     errnum=errnum, errstr=errstr))
+            elif not waiter.done():
+                waiter.set_exception(RemoteError(errnum, errstr))

@@ -1,0 +1,107 @@
+"""The broker's built-in services: ``broker``, ``attr``, ``event``, ``module``."""
+
+from __future__ import annotations
+
+import errno
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from broker.errors import ErrnoError
+from broker.message import Message, MsgFlags
+from broker.module import Handler, Module, require
+
+if TYPE_CHECKING:
+    from broker.broker import Broker
+
+RESTRICTED_EVENT_PREFIXES = ("kvs.", "broker.", "overlay.", "content.")
+"""Topics only the instance owner may publish (guests could forge KVS events)."""
+
+
+class BrokerServices(Module):
+    name: ClassVar[str] = "broker"
+    services: ClassVar[tuple[str, ...]] = ("broker", "attr", "event", "module")
+
+    def __init__(self, ctx: Any, broker: Broker) -> None:
+        super().__init__(ctx)
+        self.broker = broker
+        self.router = broker.router
+
+    def handlers(self) -> dict[str, Handler]:
+        return {
+            "broker.ping": self.ping,
+            "broker.stats-get": self.broker_stats,
+            "attr.get": self.attr_get,
+            "attr.list": self.attr_list,
+            "event.pub": self.event_pub,
+            "event.subscribe": self.event_subscribe,
+            "event.unsubscribe": self.event_unsubscribe,
+            "module.list": self.module_list,
+            "module.stats-get": self.broker_stats,
+            "attr.stats-get": self.broker_stats,
+            "event.stats-get": self.broker_stats,
+        }
+
+    # -- broker
+    def ping(self, msg: Message) -> None:
+        payload = msg.payload
+        out = dict(payload) if isinstance(payload, dict) else {}
+        out["route"] = [*msg.route, f"r{self.ctx.rank}"]
+        out["rank"] = self.ctx.rank
+        self.h.respond(msg, out)
+
+    def broker_stats(self, msg: Message) -> None:
+        self.h.respond(msg, self.broker.stats())
+
+    # -- attr
+    def attr_get(self, msg: Message) -> None:
+        name = require(msg.payload, name=str)["name"]
+        attrs = self.broker.attrs
+        if name not in attrs:
+            raise ErrnoError(errno.ENOENT, f"unknown attribute {name!r}")
+        self.h.respond(msg, {"value": attrs[name]})
+
+    def attr_list(self, msg: Message) -> None:
+        self.h.respond(msg, {"names": sorted(self.broker.attrs)})
+
+    # -- event
+    def event_pub(self, msg: Message) -> None:
+        body = require(msg.payload, topic=str)
+        topic = body["topic"]
+        flags = body.get("flags", 0)
+        if not topic or not isinstance(flags, int):
+            raise ErrnoError(errno.EPROTO, "event.pub needs a topic and integer flags")
+        if not msg.is_owner and topic.startswith(RESTRICTED_EVENT_PREFIXES):
+            raise ErrnoError(errno.EPERM, f"only the instance owner may publish {topic}")
+        if self.ctx.rank != 0:
+            msg.nodeid = 0  # rank 0 sequences every event
+            self.router.route_request(msg)
+            return
+        userid = msg.userid
+        if msg.is_owner and isinstance(body.get("userid"), int):
+            userid = body["userid"]
+        seq = self.router.sequence_event(topic, body.get("payload"),
+                                         flags & MsgFlags.PRIVATE, userid)
+        self.h.respond(msg, {"seq": seq})
+
+    def _local_peer(self, msg: Message) -> Any:
+        peer = self.router.peers.get(msg.route[-1]) if len(msg.route) == 1 else None
+        if peer is None:
+            raise ErrnoError(errno.EINVAL, "subscriptions are made on the subscriber's own rank")
+        return peer
+
+    def event_subscribe(self, msg: Message) -> None:
+        topic = require(msg.payload, topic=str)["topic"]
+        self.router.subscribe(self._local_peer(msg), topic)
+        self.h.respond(msg, {})
+
+    def event_unsubscribe(self, msg: Message) -> None:
+        topic = require(msg.payload, topic=str)["topic"]
+        if not self.router.unsubscribe(self._local_peer(msg), topic):
+            raise ErrnoError(errno.ENOENT, f"not subscribed to {topic!r}")
+        self.h.respond(msg, {})
+
+    # -- module
+    def module_list(self, msg: Message) -> None:
+        self.h.respond(msg, {"modules": [
+            {"name": m.name, "services": list(m.service_names()), "requests": m.requests}
+            for m in self.broker.modules
+        ]})
