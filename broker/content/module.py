@@ -1,0 +1,245 @@
+"""The ``content`` module: content-addressed blobs, cached on every rank.
+
+* ``content.store`` ``{data}`` -> ``{blobref}`` (or ``{blobs: [data...]}`` ->
+  ``{blobrefs}``): the blob enters this rank's cache and is written through
+  to the parent before the answer, so rank 0 always holds every blob.
+* ``content.load`` ``{blobref}`` -> ``{data}``: from the cache, else from
+  upstream (rank != 0) or the SQLite backing store (rank 0); ``ENOENT`` if
+  no one has it.
+* Rank 0 writes new blobs back to SQLite in batches (``FLUSH_DELAY``);
+  ``content.flush`` forces the batch out and makes it durable.
+* ``content.checkpoint-put`` / ``-get`` ``{key, value}``: small named roots
+  kept by rank 0 (KVS uses them to resume after a restart).
+* ``content.dropcache`` drops clean cache entries; ``content.stats-get``.
+
+Blobs larger than ``content.blob-size-limit`` bytes are refused with EFBIG.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+from collections import Counter, OrderedDict
+from typing import Any, ClassVar
+
+from broker.content import blobref
+from broker.content.sqlite import SqliteStore
+from broker.errors import ErrnoError
+from broker.message import NODEID_UPSTREAM, Message
+from broker.module import Handler, Module, require
+
+DEFAULT_BLOB_LIMIT = 512 << 20
+DEFAULT_CACHE_BYTES = 256 << 20
+FLUSH_DELAY = 0.02
+
+
+class ContentModule(Module):
+    name: ClassVar[str] = "content"
+
+    def __init__(self, ctx: Any) -> None:
+        super().__init__(ctx)
+        attrs = ctx.attrs
+        self.hash_name = str(attrs.get("content.hash", blobref.DEFAULT_HASH))
+        if self.hash_name not in blobref.HASHES:
+            raise ValueError(f"unsupported content.hash {self.hash_name!r}")
+        self.blob_limit = int(attrs.get("content.blob-size-limit", DEFAULT_BLOB_LIMIT))
+        self.cache_limit = int(attrs.get("content.cache-bytes", DEFAULT_CACHE_BYTES))
+        self.cache: OrderedDict[str, bytes] = OrderedDict()
+        self.cache_bytes = 0
+        self.dirty: dict[str, bytes] = {}
+        self.counts: Counter[str] = Counter()
+        self.backing: SqliteStore | None = None
+        self._flush_handle: asyncio.TimerHandle | None = None
+        self._loading: dict[str, asyncio.Future[bytes]] = {}
+
+    def handlers(self) -> dict[str, Handler]:
+        return {
+            "content.store": self.store,
+            "content.load": self.load,
+            "content.flush": self.flush,
+            "content.dropcache": self.dropcache,
+            "content.checkpoint-put": self.checkpoint_put,
+            "content.checkpoint-get": self.checkpoint_get,
+        }
+
+    async def start(self) -> None:
+        if self.ctx.rank == 0:
+            statedir = self.ctx.attrs.get("statedir") or ""
+            directory = statedir or self.ctx.attrs["rundir"]
+            self.backing = SqliteStore(os.path.join(directory, "content.sqlite"))
+
+    async def stop(self) -> None:
+        if self.backing is not None:
+            self._write_back()
+            self.backing.sync()
+            self.backing.close()
+
+    # ------------------------------------------------------------ cache
+
+    def _cache_put(self, ref: str, data: bytes) -> None:
+        if ref in self.cache:
+            self.cache.move_to_end(ref)
+            return
+        self.cache[ref] = data
+        self.cache_bytes += len(data)
+        while self.cache_bytes > self.cache_limit and len(self.cache) > 1:
+            old, blob = next(iter(self.cache.items()))
+            if old in self.dirty:
+                break  # never evict what rank 0 has not written back yet
+            del self.cache[old]
+            self.cache_bytes -= len(blob)
+
+    def _schedule_write_back(self) -> None:
+        if self._flush_handle is None:
+            loop = asyncio.get_running_loop()
+            self._flush_handle = loop.call_later(FLUSH_DELAY, self._write_back)
+
+    def _write_back(self) -> None:
+        self._flush_handle = None
+        if self.dirty and self.backing is not None:
+            batch, self.dirty = self.dirty, {}
+            self.backing.put_many(batch.items())
+            self.counts["written"] += len(batch)
+
+    # ------------------------------------------------------------ store
+
+    def _check_blob(self, data: Any) -> bytes:
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise ErrnoError(errno.EPROTO, "blob data must be bytes")
+        if len(data) > self.blob_limit:
+            raise ErrnoError(errno.EFBIG, f"blob of {len(data)} bytes exceeds the "
+                                          f"limit of {self.blob_limit}")
+        return bytes(data)
+
+    def store_local(self, blobs: list[bytes]) -> list[str]:
+        """Hash and cache blobs on this rank (rank 0: queue the write-back)."""
+        refs = []
+        for data in blobs:
+            ref = blobref.hash_blob(data, self.hash_name)
+            self._cache_put(ref, data)
+            if self.backing is not None:
+                self.dirty[ref] = data
+            refs.append(ref)
+        self.counts["stored"] += len(blobs)
+        if self.backing is not None and self.dirty:
+            self._schedule_write_back()
+        return refs
+
+    async def store(self, msg: Message) -> None:
+        p = msg.payload
+        if not isinstance(p, dict) or ("data" not in p and "blobs" not in p):
+            raise ErrnoError(errno.EPROTO, "content.store needs data or blobs")
+        single = "data" in p
+        raw = [p["data"]] if single else p["blobs"]
+        if not isinstance(raw, list):
+            raise ErrnoError(errno.EPROTO, "blobs must be a list")
+        blobs = [self._check_blob(d) for d in raw]
+        refs = self.store_local(blobs)
+        if self.ctx.rank != 0:
+            await self.h.rpc("content.store", {"blobs": blobs}, nodeid=NODEID_UPSTREAM)
+        self.h.respond(msg, {"blobref": refs[0]} if single else {"blobrefs": refs})
+
+    # ------------------------------------------------------------ load
+
+    async def load_blob(self, ref: str) -> bytes:
+        data = self.cache.get(ref)
+        if data is not None:
+            self.counts["hits"] += 1
+            return data
+        pending = self._loading.get(ref)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        fut: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self._loading[ref] = fut
+        try:
+            self.counts["misses"] += 1
+            if self.backing is not None:
+                found = self.backing.get(ref)
+                if found is None:
+                    raise ErrnoError(errno.ENOENT, f"unknown blob {ref}")
+                data = found
+            else:
+                resp = await self.h.rpc("content.load", {"blobref": ref},
+                                        nodeid=NODEID_UPSTREAM)
+                data = resp["data"]
+            self._cache_put(ref, data)
+            fut.set_result(data)
+            return data
+        except BaseException as exc:
+            fut.set_exception(exc)
+            fut.exception()  # mark retrieved
+            raise
+        finally:
+            del self._loading[ref]
+
+    async def load(self, msg: Message) -> None:
+        ref = blobref.check(require(msg.payload, blobref=str)["blobref"])
+        data = self.cache.get(ref)
+        if data is None:
+            data = await self.load_blob(ref)
+        else:
+            self.counts["hits"] += 1
+        self.h.respond(msg, {"data": data})
+
+    # ------------------------------------------------------------ misc
+
+    async def flush(self, msg: Message) -> None:
+        if self.ctx.rank != 0:
+            await self.h.rpc("content.flush", {}, nodeid=NODEID_UPSTREAM)
+        elif self.backing is not None:
+            if self._flush_handle is not None:
+                self._flush_handle.cancel()
+            self._write_back()
+            self.backing.sync()
+        self.h.respond(msg, {})
+
+    def dropcache(self, msg: Message) -> None:
+        for ref in [r for r in self.cache if r not in self.dirty]:
+            self.cache_bytes -= len(self.cache.pop(ref))
+        self.h.respond(msg, {})
+
+    async def checkpoint_put(self, msg: Message) -> None:
+        body = require(msg.payload, key=str)
+        if not msg.is_owner:
+            raise ErrnoError(errno.EPERM, "checkpoints are for the instance owner")
+        value = body.get("value")
+        if self.ctx.rank != 0:
+            await self.h.rpc("content.checkpoint-put", body, nodeid=NODEID_UPSTREAM)
+        else:
+            assert self.backing is not None
+            self._write_back()
+            self.backing.checkpoint_put(body["key"], _checkpoint_bytes(value))
+        self.h.respond(msg, {})
+
+    async def checkpoint_get(self, msg: Message) -> None:
+        body = require(msg.payload, key=str)
+        if self.ctx.rank != 0:
+            resp = await self.h.rpc("content.checkpoint-get", body, nodeid=NODEID_UPSTREAM)
+            self.h.respond(msg, resp)
+            return
+        assert self.backing is not None
+        value = self.backing.checkpoint_get(body["key"])
+        if value is None:
+            raise ErrnoError(errno.ENOENT, f"no checkpoint {body['key']!r}")
+        import msgpack
+
+        self.h.respond(msg, {"value": msgpack.unpackb(value, raw=False)})
+
+    def stats(self) -> dict[str, Any]:
+        out: dict[str, Any] = dict(self.counts)
+        out.update({
+            "hash": self.hash_name,
+            "count": len(self.cache),
+            "cache-bytes": self.cache_bytes,
+            "dirty": len(self.dirty),
+        })
+        if self.backing is not None:
+            out["backing-count"] = self.backing.count()
+        return out
+
+
+def _checkpoint_bytes(value: Any) -> bytes:
+    import msgpack
+
+    return msgpack.packb(value, use_bin_type=True)
