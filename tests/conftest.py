@@ -1,0 +1,110 @@
+"""Test harness: real broker processes, real sockets, time-boxed awaits.
+
+Fixtures
+--------
+``start_instance(size=1, fanout=2, **kw)``
+    Start an :class:`broker.launch.Instance` (rank processes) on the same
+    event loop kind as the test; stopped at teardown, and its ranks' stderr
+    is shown if the test failed.
+``connect(inst, rank=0)``
+    An async :class:`broker.handle.Handle` attached to ``rank``; closed at
+    teardown.
+
+Async tests run on uvloop; tests marked ``both_loops`` run on uvloop and on
+the stock asyncio loop (pytest-asyncio's ``pytest_asyncio_loop_factories``
+hook -- no loop policy is touched).  An exception left unhandled in the test's
+event loop fails the test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from broker.handle import Handle
+from broker.launch import Instance
+from broker.loops import loop_factory, loop_name
+
+BOTH = {"uvloop": loop_factory("uvloop"), "asyncio": loop_factory("asyncio")}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "both_loops: run on uvloop and on asyncio")
+
+
+def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict[str, Any]:
+    if item.get_closest_marker("both_loops"):
+        return BOTH
+    return {"uvloop": BOTH["uvloop"]}
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report = yield
+    setattr(item, f"rep_{report.when}", report)
+    return report
+
+
+@pytest.fixture(autouse=True)
+async def _fail_on_loop_exceptions() -> AsyncIterator[None]:
+    loop = asyncio.get_running_loop()
+    errors: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _loop, ctx: errors.append(ctx))
+    yield
+    loop.set_exception_handler(None)
+    if errors:
+        pytest.fail(f"unhandled exceptions in the event loop: {errors}")
+
+
+@pytest.fixture
+async def start_instance(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> AsyncIterator[Callable[..., Any]]:
+    instances: list[Instance] = []
+    logs: list[Path] = []
+    loop = loop_name(asyncio.get_running_loop())
+
+    async def start(size: int = 1, fanout: int = 2, **kw: Any) -> Instance:
+        log = tmp_path / f"broker-{len(instances)}.log"
+        logs.append(log)
+        kw.setdefault("event_loop", loop)
+        inst = Instance(size, fanout, stderr_path=str(log), **kw)
+        await asyncio.wait_for(inst.start(), 60)
+        instances.append(inst)
+        return inst
+
+    yield start
+    for inst in instances:
+        await inst.stop()
+    rep = getattr(request.node, "rep_call", None)
+    if rep is not None and rep.failed:
+        for log in logs:
+            if log.exists() and log.stat().st_size:
+                print(f"--- {log.name} ---\n{log.read_text()[-20000:]}")
+
+
+@pytest.fixture
+async def connect() -> AsyncIterator[Callable[..., Any]]:
+    handles: list[Handle] = []
+
+    async def attach(inst: Instance, rank: int = 0) -> Handle:
+        h = await asyncio.wait_for(Handle.connect(inst.uri(rank)), 10)
+        handles.append(h)
+        return h
+
+    yield attach
+    for h in handles:
+        await h.close()
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
