@@ -1,0 +1,244 @@
+"""The lookup engine: resolve a key in a KVS root, without doing any I/O.
+
+Like Flux's ``lookup.c`` this is a resumable engine, but the resumption is
+"call again from scratch": when a blob is not in the store, :func:`lookup`
+raises :class:`NeedBlobs` naming every blob it can tell is missing; when a
+symlink leads into a namespace whose root it does not know, it raises
+:class:`NeedNamespace`.  The caller (the kvs module) fetches what is missing
+and calls again.  With a shared :class:`~kvs.treeobj.BlobCache` the retry
+costs only dict lookups.
+
+Semantics follow Flux (``t/t1000-kvs.t``):
+
+* The key is normalised; ``"."`` is the root directory.
+* Symlinks in the middle of a path are always followed; the final
+  component is followed unless ``READLINK`` or ``TREEOBJ`` is given.  A
+  chain of more than 10 links gives ``ELOOP``.  A link's target resolves
+  from the root of the namespace the link lives in, unless the link names a
+  namespace (``{"target", "namespace"}`` or a target ``"NS::key"``); then it
+  resolves from that namespace's root, obtained from ``ns_roots(ns)``.
+  ``ns_roots`` may raise ``ErrnoError`` (e.g. ``EPERM`` for a guest).
+* A missing key, or a path through a value, gives ``None``; the module
+  answers ``ENOENT`` (or "no value" for lookup-plus / waitcreate), as Flux
+  does for both cases.
+* ``TREEOBJ``: the entry's tree object as stored (``val``, ``valref``,
+  ``dirref``, ``symlink``; ``"."`` gives ``dirref(root_ref)``).  Hashed
+  directories are reached only through ``dirref`` entries, so an ``hdir``
+  is never returned.
+* ``READLINK``: the final entry must be a symlink (else ``EINVAL``).
+* ``READDIR``: the entry must be a directory (else ``ENOTDIR``); the result
+  is a ``dir`` whose data maps every name to its stored entry (not
+  expanded).  The shards of a hashed directory are merged, so ``hdir`` is
+  invisible.
+* no flag: the entry must be a value (else ``EISDIR``); the result is a
+  ``val`` with the full bytes (the blobs of a ``valref`` concatenated).
+
+Returned objects may share sub-objects with the cache: treat them as
+read-only.
+"""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import Callable
+
+from broker.content import blobref
+from broker.errors import ErrnoError, KvbrokerError
+from kvs import shards
+from kvs.keys import check_key, parse_ns_target, split
+from kvs.treeobj import (
+    BlobCache,
+    BlobStore,
+    NeedBlobs,
+    TreeObj,
+    as_cache,
+    dir_,
+    dirref,
+    symlink_target,
+    val,
+)
+
+__all__ = [
+    "READDIR",
+    "READLINK",
+    "TREEOBJ",
+    "SYMLINK_MAX",
+    "NeedBlobs",
+    "NeedNamespace",
+    "lookup",
+    "read_dir",
+    "read_value",
+]
+
+READDIR = 1
+READLINK = 2
+TREEOBJ = 16
+
+SYMLINK_MAX = 10
+"""Longest chain of symlinks followed; one more gives ``ELOOP`` (as Flux)."""
+
+NsRoots = Callable[[str], "str | None"]
+
+
+class NeedNamespace(KvbrokerError):
+    """A symlink leads into ``namespace``, whose rootref the caller must supply."""
+
+    def __init__(self, namespace: str) -> None:
+        self.namespace = namespace
+        super().__init__(f"need root of namespace {namespace!r}")
+
+
+def _load_dir(cache: BlobCache, ref: str, *, is_root: bool) -> TreeObj:
+    """The ``dir``/``hdir`` object in blob ``ref``.
+
+    A bad root is the user's fault (``EINVAL``, e.g. a bogus ``--at``
+    treeobj); a bad directory inside the tree is corruption.
+    """
+    errnum = errno.EINVAL if is_root else errno.ENOTRECOVERABLE
+    try:
+        obj = cache.get_obj(ref)
+    except ErrnoError:
+        raise ErrnoError(errnum, f"{ref} is not a tree object") from None
+    if obj is None:
+        raise NeedBlobs((ref,))
+    if obj["type"] not in ("dir", "hdir"):
+        raise ErrnoError(errnum, f"{ref} is not a directory")
+    return obj
+
+
+def read_dir(store: BlobStore | BlobCache, ref: str) -> TreeObj:
+    """The directory in blob ``ref`` as one plain ``dir`` (hdir shards merged)."""
+    cache = as_cache(store)
+    return dir_(shards.entries(cache, _load_dir(cache, ref, is_root=True)))
+
+
+def read_value(store: BlobStore | BlobCache, entry: TreeObj) -> bytes:
+    """The bytes of a ``val``/``valref`` entry; :class:`NeedBlobs` lists all missing."""
+    if entry["type"] == "val":
+        return entry["data"]
+    refs = entry["data"]
+    chunks = [store.get(ref) for ref in refs]
+    need = {ref for ref, chunk in zip(refs, chunks, strict=True) if chunk is None}
+    if need:
+        raise NeedBlobs(need)
+    return b"".join(chunks)  # type: ignore[arg-type]
+
+
+class _Walker:
+    """Resolves paths, following symlinks across namespaces."""
+
+    def __init__(self, cache: BlobCache, ns_roots: NsRoots | None) -> None:
+        self.cache = cache
+        self.ns_roots = ns_roots
+
+    def ns_root(self, ns: str) -> str:
+        ref = self.ns_roots(ns) if self.ns_roots is not None else None
+        if ref is None:
+            raise NeedNamespace(ns)
+        return ref
+
+    def resolve(
+        self,
+        root_ref: str,
+        ns: str | None,
+        parts: list[str],
+        follow_final: bool,
+        depth: int = 0,
+    ) -> tuple[TreeObj, str, str | None] | None:
+        """The entry at ``parts`` below ``root_ref`` (``parts`` non-empty).
+
+        Also returns the root and namespace the entry was found in: after a
+        link into another namespace, later components (and links met there)
+        resolve in that namespace.
+        """
+        cur = dirref(root_ref)
+        last = len(parts) - 1
+        for i, name in enumerate(parts):
+            t = cur["type"]
+            if t == "dirref":
+                d = _load_dir(self.cache, cur["data"][0], is_root=i == 0)
+            elif t == "dir":
+                d = cur
+            else:  # a value in the middle of the path
+                return None
+            entry = shards.get(self.cache, d, name)
+            if entry is None:
+                return None
+            if entry["type"] == "symlink" and (i < last or follow_final):
+                if depth >= SYMLINK_MAX:
+                    raise ErrnoError(errno.ELOOP, "too many levels of symbolic links")
+                link_ns, target = symlink_target(entry)
+                if link_ns is None:
+                    link_ns, target = parse_ns_target(target)
+                if link_ns is not None and link_ns != ns:
+                    root_ref, ns = self.ns_root(link_ns), link_ns
+                tparts = split(target)
+                if not tparts:
+                    entry = dirref(root_ref)
+                else:
+                    found = self.resolve(root_ref, ns, tparts, True, depth + 1)
+                    if found is None:
+                        return None
+                    entry, root_ref, ns = found
+            cur = entry
+        return cur, root_ref, ns
+
+
+def lookup(
+    store: BlobStore | BlobCache,
+    root_ref: str,
+    key: str,
+    flags: int,
+    *,
+    namespace: str | None = None,
+    ns_roots: NsRoots | None = None,
+) -> TreeObj | None:
+    """Look ``key`` up in the tree whose root directory is blob ``root_ref``.
+
+    ``namespace`` is the namespace ``root_ref`` belongs to (so a symlink
+    naming it is not treated as foreign).  Returns the result tree object
+    described in the module docstring, or ``None`` when the key does not
+    exist.  Raises ``ErrnoError`` (EISDIR, ENOTDIR, EINVAL, ELOOP, ...),
+    :class:`NeedBlobs` or :class:`NeedNamespace`.
+    """
+    cache = as_cache(store)
+    if not blobref.is_valid(root_ref):
+        raise ErrnoError(errno.EINVAL, f"invalid root blobref {root_ref!r}")
+    parts = split(check_key(key))
+    if not parts:
+        if flags & TREEOBJ:
+            return dirref(root_ref)
+        if flags & READLINK:
+            raise ErrnoError(errno.EINVAL, "the root is not a symlink")
+        if not flags & READDIR:
+            raise ErrnoError(errno.EISDIR, "the root is a directory")
+        return dir_(shards.entries(cache, _load_dir(cache, root_ref, is_root=True)))
+
+    follow_final = not flags & (READLINK | TREEOBJ)
+    found = _Walker(cache, ns_roots).resolve(root_ref, namespace, parts, follow_final)
+    if found is None:
+        return None
+    entry = found[0]
+    if flags & TREEOBJ:
+        return entry
+    t = entry["type"]
+    if t == "dirref" or t == "dir":
+        if flags & READLINK:
+            raise ErrnoError(errno.EINVAL, f"{key}: not a symlink")
+        if not flags & READDIR:
+            raise ErrnoError(errno.EISDIR, f"{key}: is a directory")
+        d = entry if t == "dir" else _load_dir(cache, entry["data"][0], is_root=False)
+        return dir_(shards.entries(cache, d))
+    if t == "val" or t == "valref":
+        if flags & READLINK:
+            raise ErrnoError(errno.EINVAL, f"{key}: not a symlink")
+        if flags & READDIR:
+            raise ErrnoError(errno.ENOTDIR, f"{key}: not a directory")
+        if t == "val":
+            return entry
+        return val(read_value(cache, entry))
+    if t == "symlink":  # reached only with READLINK
+        if flags & READDIR:
+            raise ErrnoError(errno.ENOTDIR, f"{key}: not a directory")
+        return entry
+    raise ErrnoError(errno.ENOTRECOVERABLE, f"{key}: unexpected {t} entry")

@@ -1,0 +1,417 @@
+"""Tree objects: the nodes of the KVS hash tree (Flux RFC 11), as plain dicts.
+
+A tree object is ``{"ver": 1, "type": T, "data": D}``:
+
+============  ==============================================================
+``val``       ``data`` is ``bytes`` (the value itself, stored inline)
+``valref``    ``data`` is a non-empty list of blobrefs; the value is the
+              concatenation of those blobs (this is how APPEND stays cheap)
+``dir``       ``data`` maps an entry name to a tree object
+``dirref``    ``data`` is a list of exactly one blobref naming a directory
+``symlink``   ``data`` is ``{"target": str}`` or
+              ``{"target": str, "namespace": str}``
+``hdir``      kvbroker extension for big directories, see below
+============  ==============================================================
+
+Blobs hold tree objects in *canonical* msgpack (bin type for bytes, map keys
+sorted at every level), so equal objects always hash to the same blobref.
+JSON is only for people and the CLI: there ``val`` data is base64, as in Flux.
+
+``hdir`` -- hashed directory (never visible to users)
+-----------------------------------------------------
+Flux rewrites a whole directory blob on every commit that touches it, so a
+commit into a 100,000-entry directory costs O(n).  kvbroker stores a directory
+with more than ``kvs.shards.SHARD_THRESHOLD`` entries as a hash-array-mapped
+trie instead::
+
+    {"ver": 1, "type": "hdir",
+     "data": {"depth": d, "count": n, "shards": {"<hex digit>": blobref, ...}}}
+
+* ``H(name)`` is ``blake2b(name as UTF-8, digest_size=8)`` as 16 lowercase
+  hex digits.  A node at ``depth`` d sends ``name`` to ``shards[H(name)[d]]``;
+  empty buckets are absent.  The top node of a directory has depth 0.
+* A shard blob is either a *leaf* -- an ordinary ``dir`` object holding the
+  entries of that bucket -- or an ``hdir`` node of depth ``d + 1``.
+* ``count`` is the number of entries below the node.
+* Only a blob may be an ``hdir``: a parent directory (or a namespace's
+  rootref) points at it through an ordinary ``dirref``.  It never appears as
+  an entry inside a ``dir``, is never returned by a lookup, and is refused
+  as a commit dirent -- so users only ever see ``dir``/``dirref``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import errno
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol
+
+import msgpack
+
+from broker.content import blobref
+from broker.errors import ErrnoError, KvbrokerError
+
+VER = 1
+INLINE_MAX = 64
+"""Values longer than this many bytes are stored as blobs on commit ("unroll")."""
+
+TYPES = frozenset({"val", "valref", "dir", "dirref", "symlink", "hdir"})
+HDIR_MAX_DEPTH = 16  # one hex digit of the 64-bit name hash per level
+_HEX = frozenset("0123456789abcdef")
+
+TreeObj = dict[str, Any]
+
+
+# --------------------------------------------------------------------------
+# Constructors
+
+
+def val(data: bytes | bytearray | memoryview) -> TreeObj:
+    """A value stored inline."""
+    return {"data": bytes(data), "type": "val", "ver": VER}
+
+
+def valref(refs: Iterable[str]) -> TreeObj:
+    """A value stored as the concatenation of blobs ``refs``."""
+    refs = list(refs)
+    if not refs:
+        raise ErrnoError(errno.EINVAL, "valref needs at least one blobref")
+    for ref in refs:
+        blobref.check(ref)
+    return {"data": refs, "type": "valref", "ver": VER}
+
+
+def dir_(entries: Mapping[str, TreeObj] | None = None) -> TreeObj:
+    """A directory held inline; ``entries`` is copied (not validated)."""
+    return {"data": dict(entries) if entries else {}, "type": "dir", "ver": VER}
+
+
+def dirref(ref: str) -> TreeObj:
+    """A directory stored as blob ``ref`` (a ``dir`` or an ``hdir``)."""
+    return {"data": [blobref.check(ref)], "type": "dirref", "ver": VER}
+
+
+def symlink(target: str, namespace: str | None = None) -> TreeObj:
+    """A symbolic link to ``target``, optionally in another ``namespace``."""
+    if not isinstance(target, str) or not target:
+        raise ErrnoError(errno.EINVAL, "symlink target must be a non-empty string")
+    data: dict[str, str] = {"target": target}
+    if namespace is not None:
+        if not isinstance(namespace, str) or not namespace:
+            raise ErrnoError(errno.EINVAL, "symlink namespace must be a non-empty string")
+        data = {"namespace": namespace, "target": target}
+    return {"data": data, "type": "symlink", "ver": VER}
+
+
+def hdir(depth: int, count: int, shards: Mapping[str, str]) -> TreeObj:
+    """An interior node of a hashed directory (see the module docstring)."""
+    return {
+        "data": {"count": count, "depth": depth, "shards": dict(shards)},
+        "type": "hdir",
+        "ver": VER,
+    }
+
+
+# --------------------------------------------------------------------------
+# Inspection
+
+
+def typeof(obj: object) -> str:
+    """The type of tree object ``obj`` (``EINVAL`` when it is not one)."""
+    if isinstance(obj, dict):
+        t = obj.get("type")
+        if t in TYPES:
+            return t  # type: ignore[return-value]
+    raise ErrnoError(errno.EINVAL, "not a tree object")
+
+
+def symlink_target(obj: TreeObj) -> tuple[str | None, str]:
+    """``(namespace or None, target)`` of a symlink tree object."""
+    data = obj["data"]
+    return data.get("namespace"), data["target"]
+
+
+def _inval(msg: str) -> ErrnoError:
+    return ErrnoError(errno.EINVAL, f"invalid tree object: {msg}")
+
+
+def validate(obj: object, *, dirent: bool = False) -> TreeObj:
+    """Return ``obj`` if it is a well-formed tree object, else raise ``EINVAL``.
+
+    Directory entries are checked recursively.  Blobrefs are checked for
+    form only; whether the blobs exist is the caller's business.  An
+    ``hdir`` is a blob, never a directory entry: with ``dirent=True`` (for
+    commit dirents) it is refused at top level too.
+    """
+    if not isinstance(obj, dict):
+        raise _inval("not a map")
+    if len(obj) != 3 or "ver" not in obj or "type" not in obj or "data" not in obj:
+        raise _inval("expected exactly the fields ver, type, data")
+    ver = obj["ver"]
+    if type(ver) is not int or ver != VER:
+        raise _inval(f"unsupported version {ver!r}")
+    t = obj["type"]
+    data = obj["data"]
+    if t == "val":
+        if not isinstance(data, bytes):
+            raise _inval("val data must be bytes")
+    elif t == "valref" or t == "dirref":
+        if not isinstance(data, list) or not data:
+            raise _inval(f"{t} data must be a non-empty list of blobrefs")
+        if t == "dirref" and len(data) != 1:
+            raise _inval("dirref must hold exactly one blobref")
+        for ref in data:
+            if not blobref.is_valid(ref):
+                raise _inval(f"bad blobref {ref!r}")
+    elif t == "dir":
+        if not isinstance(data, dict):
+            raise _inval("dir data must be a map")
+        for name, entry in data.items():
+            if not isinstance(name, str) or not name or "." in name:
+                raise _inval(f"bad directory entry name {name!r}")
+            validate(entry, dirent=True)
+    elif t == "symlink":
+        if not isinstance(data, dict) or "target" not in data:
+            raise _inval("symlink data must be a map with a target")
+        if not (data.keys() <= {"target", "namespace"}):
+            raise _inval("symlink data has unknown fields")
+        if not isinstance(data["target"], str) or not data["target"]:
+            raise _inval("symlink target must be a non-empty string")
+        ns = data.get("namespace", "x")
+        if not isinstance(ns, str) or not ns:
+            raise _inval("symlink namespace must be a non-empty string")
+    elif t == "hdir":
+        if dirent:
+            raise _inval("hdir cannot be a directory entry")
+        _validate_hdir(data)
+    else:
+        raise _inval(f"unknown type {t!r}")
+    return obj
+
+
+def _validate_hdir(data: object) -> None:
+    if not isinstance(data, dict) or data.keys() != {"count", "depth", "shards"}:
+        raise _inval("hdir data must be a map of count, depth, shards")
+    depth, count, shards = data["depth"], data["count"], data["shards"]
+    if type(depth) is not int or not 0 <= depth < HDIR_MAX_DEPTH:
+        raise _inval(f"bad hdir depth {depth!r}")
+    if type(count) is not int or count < 0:
+        raise _inval(f"bad hdir count {count!r}")
+    if not isinstance(shards, dict):
+        raise _inval("hdir shards must be a map")
+    for key, ref in shards.items():
+        if not isinstance(key, str) or len(key) != 1 or key not in _HEX:
+            raise _inval(f"bad hdir shard key {key!r}")
+        if not blobref.is_valid(ref):
+            raise _inval(f"bad blobref {ref!r}")
+
+
+# --------------------------------------------------------------------------
+# Canonical msgpack
+
+
+def _canon(obj: TreeObj) -> TreeObj:
+    """A copy of ``obj`` whose maps have their keys in sorted order."""
+    t = obj["type"]
+    data = obj["data"]
+    if t == "dir":
+        data = {k: _canon(data[k]) for k in sorted(data)}
+    elif t == "symlink":
+        if len(data) > 1:
+            data = {k: data[k] for k in sorted(data)}
+    elif t == "hdir":
+        shards = data["shards"]
+        data = {
+            "count": data["count"],
+            "depth": data["depth"],
+            "shards": {k: shards[k] for k in sorted(shards)},
+        }
+    return {"data": data, "type": t, "ver": obj["ver"]}
+
+
+def copy(obj: TreeObj) -> TreeObj:
+    """A deep copy of a tree object (bytes are immutable and shared)."""
+    t = obj["type"]
+    data = obj["data"]
+    if t == "dir":
+        data = {k: copy(v) for k, v in data.items()}
+    elif t == "hdir":
+        data = {"count": data["count"], "depth": data["depth"], "shards": dict(data["shards"])}
+    elif t != "val":
+        data = list(data) if isinstance(data, list) else dict(data)
+    return {"data": data, "type": t, "ver": obj["ver"]}
+
+
+def encode(obj: TreeObj) -> bytes:
+    """Canonical msgpack of a (valid) tree object: equal objects, equal bytes."""
+    return msgpack.packb(_canon(obj), use_bin_type=True)
+
+
+def decode(data: bytes | bytearray | memoryview) -> TreeObj:
+    """Decode and validate a tree-object blob.
+
+    Raises ``EPROTO`` when ``data`` is not msgpack, ``EINVAL`` when it is
+    msgpack but not a valid tree object.
+    """
+    try:
+        obj = msgpack.unpackb(data, raw=False, strict_map_key=True, use_list=True)
+    except (ValueError, TypeError, msgpack.UnpackException, RecursionError) as e:
+        raise ErrnoError(errno.EPROTO, f"tree object is not msgpack: {e}") from None
+    return validate(obj)
+
+
+# --------------------------------------------------------------------------
+# JSON (CLI ``-t``, ``--at``, ``getroot``)
+
+
+def to_jsonable(obj: TreeObj) -> dict[str, Any]:
+    """A JSON-ready copy of ``obj``: ``val`` data becomes base64 text, as in Flux."""
+    t = obj["type"]
+    data = obj["data"]
+    if t == "val":
+        data = base64.b64encode(data).decode("ascii")
+    elif t == "dir":
+        data = {k: to_jsonable(v) for k, v in data.items()}
+    elif t == "hdir":
+        data = {"count": data["count"], "depth": data["depth"], "shards": dict(data["shards"])}
+    elif t == "symlink":
+        data = dict(data)
+    else:
+        data = list(data)
+    return {"data": data, "type": t, "ver": obj["ver"]}
+
+
+def to_json(obj: TreeObj) -> str:
+    """Compact JSON text of ``obj`` with sorted keys."""
+    return json.dumps(to_jsonable(obj), sort_keys=True, separators=(",", ":"))
+
+
+def _from_jsonable(obj: Any) -> Any:
+    if not isinstance(obj, dict) or "type" not in obj or "data" not in obj:
+        return obj  # let validate() produce the error
+    t = obj["type"]
+    data = obj["data"]
+    if t == "val":
+        if not isinstance(data, str):
+            raise _inval("val data must be base64 text")
+        try:
+            data = base64.b64decode(data.encode("ascii"), validate=True)
+        except (binascii.Error, UnicodeEncodeError):
+            raise _inval("val data is not valid base64") from None
+    elif t == "dir" and isinstance(data, dict):
+        data = {k: _from_jsonable(v) for k, v in data.items()}
+    out = dict(obj)
+    out["data"] = data
+    return out
+
+
+def from_json(text_or_obj: str | bytes | Mapping[str, Any]) -> TreeObj:
+    """Parse JSON text (or an already-parsed object) into a validated tree object."""
+    obj: Any = text_or_obj
+    if isinstance(text_or_obj, str | bytes):
+        try:
+            obj = json.loads(text_or_obj)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise _inval(f"not JSON: {e}") from None
+    return validate(_from_jsonable(obj))
+
+
+# --------------------------------------------------------------------------
+# Blob access for the I/O-free engines
+
+
+class NeedBlobs(KvbrokerError):
+    """An engine needs blobs it does not have; fetch ``refs`` and call it again."""
+
+    def __init__(self, refs: Iterable[str]) -> None:
+        self.refs: set[str] = set(refs)
+        super().__init__(f"missing {len(self.refs)} blob(s)")
+
+
+class BlobStore(Protocol):
+    """What the engines read: raw blob bytes by blobref, ``None`` if absent."""
+
+    def get(self, ref: str, /) -> bytes | None: ...
+
+
+class BlobCache:
+    """A decoded-object memo in front of a :class:`BlobStore`.
+
+    Directory blobs are decoded (and validated) once and then shared, so a
+    commit into a big directory does not re-decode its unchanged shards.
+    Objects returned by :meth:`get_obj` are shared: treat them as immutable.
+    The memo is a bounded LRU; blobs are content-addressed, so it never needs
+    invalidating.  The kvs module should keep one per content cache.
+    """
+
+    def __init__(self, store: BlobStore, max_objects: int = 8192) -> None:
+        self.store = store
+        self.max_objects = max_objects
+        self._objs: dict[str, TreeObj] = {}
+
+    def get(self, ref: str) -> bytes | None:
+        """Raw blob bytes, or ``None`` when the store lacks them."""
+        return self.store.get(ref)
+
+    def get_obj(self, ref: str) -> TreeObj | None:
+        """The decoded tree object in blob ``ref``, or ``None`` if missing.
+
+        Raises ``EPROTO``/``EINVAL`` when the blob is not a tree object.
+        """
+        objs = self._objs
+        obj = objs.pop(ref, None)
+        if obj is None:
+            raw = self.store.get(ref)
+            if raw is None:
+                return None
+            obj = decode(raw)
+            if len(objs) >= self.max_objects:
+                del objs[next(iter(objs))]
+        objs[ref] = obj  # (re)insert as most recently used
+        return obj
+
+    def need_obj(self, ref: str) -> TreeObj:
+        """Like :meth:`get_obj` but raises :class:`NeedBlobs` when missing."""
+        obj = self.get_obj(ref)
+        if obj is None:
+            raise NeedBlobs((ref,))
+        return obj
+
+    def remember(self, objs: Mapping[str, TreeObj]) -> None:
+        """Memoize objects whose blobs were just created (they are immutable now)."""
+        for ref, obj in objs.items():
+            self._objs.pop(ref, None)
+            self._objs[ref] = obj
+        while len(self._objs) > self.max_objects:
+            del self._objs[next(iter(self._objs))]
+
+
+def as_cache(store: BlobStore | BlobCache) -> BlobCache:
+    """``store`` itself if it is a :class:`BlobCache`, else a fresh one around it."""
+    return store if isinstance(store, BlobCache) else BlobCache(store)
+
+
+class BlobWriter:
+    """Collects the blobs an engine creates: ``blobs`` for the caller to store,
+    ``objs`` (decoded dir/hdir objects) to memoize in the :class:`BlobCache`."""
+
+    def __init__(self, hash_name: str = blobref.DEFAULT_HASH) -> None:
+        self.hash_name = hash_name
+        self.blobs: dict[str, bytes] = {}
+        self.objs: dict[str, TreeObj] = {}
+
+    def put_obj(self, obj: TreeObj) -> str:
+        """Encode ``obj`` as a blob and return its blobref; ``obj`` is now frozen."""
+        data = encode(obj)
+        ref = blobref.hash_blob(data, self.hash_name)
+        self.blobs[ref] = data
+        self.objs[ref] = obj
+        return ref
+
+    def put_raw(self, data: bytes) -> str:
+        """Store raw value bytes as a blob and return its blobref."""
+        ref = blobref.hash_blob(data, self.hash_name)
+        self.blobs[ref] = data
+        return ref

@@ -1,0 +1,352 @@
+"""The commit engine: apply a transaction's ops to a root, without any I/O.
+
+:func:`apply` takes a root blobref and a list of ops ``{"key", "flags",
+"dirent"}`` and returns the new rootref plus every blob it created.  Like
+:mod:`kvs.lookup` it never fetches anything: a missing blob raises
+:class:`NeedBlobs` (gathering the first missing blob of every op), and the
+caller retries from scratch once it has them.  Merging transactions is just
+concatenating their ops.
+
+Semantics follow Flux's ``kvstxn.c``:
+
+* Keys are normalised; writing or unlinking ``"."`` is ``EINVAL``.
+* Putting ``a.b.c`` creates the missing directories ``a`` and ``a.b``.  A
+  *value* met in the middle of the path is replaced by a new directory (as
+  Flux does); unlinking below a value or a missing directory succeeds and
+  changes nothing.
+* A *symlink* met in the middle of the path is followed (the write goes
+  where the link points, resolved from the root); a link into another
+  namespace is ``EINVAL`` (writes never cross namespaces), and a chain of
+  more than 10 links is ``ELOOP``.  The final component is never followed:
+  a put replaces a symlink, an unlink removes it.
+* Unlinking a missing key succeeds.
+* ``APPEND``: the dirent must be a ``val`` (else ``EPROTO``).  A missing key
+  is created; a ``valref`` gets one more blobref; a ``val`` becomes a
+  ``valref`` of its old bytes and the new bytes (old bytes are never copied
+  into a new blob with the appended data).  A directory gives ``EISDIR``, a
+  symlink ``EOPNOTSUPP``.
+* A dirent may be any valid tree object except ``hdir`` (``EINVAL``
+  otherwise); blobrefs in it are checked for form only -- the caller checks
+  that they exist.
+
+Afterwards every modified directory is "unrolled": stored as a blob and
+replaced by a ``dirref`` (the root's blobref is the new rootref), and every
+``val`` longer than :data:`~kvs.treeobj.INLINE_MAX` bytes becomes a
+``valref``.  Directories bigger than :data:`kvs.shards.SHARD_THRESHOLD`
+become ``hdir`` tries, so a change rewrites O(log n) small blobs.  Only the
+directories on the paths of the ops are copied or re-encoded; a directory
+reached but left unchanged keeps its blobref.
+"""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from broker.content import blobref
+from broker.errors import ErrnoError
+from kvs import shards
+from kvs.keys import normalize, parse_ns_target, split
+from kvs.lookup import SYMLINK_MAX
+from kvs.treeobj import (
+    INLINE_MAX,
+    VER,
+    BlobCache,
+    BlobStore,
+    BlobWriter,
+    NeedBlobs,
+    TreeObj,
+    as_cache,
+    copy,
+    dirref,
+    encode,
+    symlink_target,
+    validate,
+)
+
+__all__ = ["APPEND", "NO_MERGE", "SYNC", "TxnResult", "apply", "empty_root", "NeedBlobs"]
+
+# op flag
+APPEND = 32
+# commit flags (interpreted by the kvs module, not by this engine)
+NO_MERGE = 1
+SYNC = 4
+
+
+@dataclass(slots=True)
+class TxnResult:
+    """Outcome of :func:`apply`.
+
+    ``new_blobs`` holds every blob the transaction created (the store may
+    already have some); the caller must store them before publishing
+    ``rootref``.  ``keys`` lists the normalised keys named by the ops, in
+    order and without duplicates, for the setroot event.
+    """
+
+    rootref: str
+    new_blobs: dict[str, bytes] = field(default_factory=dict)
+    keys: list[str] = field(default_factory=list)
+
+
+def empty_root(hash_name: str = blobref.DEFAULT_HASH) -> tuple[str, bytes]:
+    """Blobref and blob of an empty directory: the root of a new namespace."""
+    data = encode({"data": {}, "type": "dir", "ver": VER})
+    return blobref.hash_blob(data, hash_name), data
+
+
+class _WDir:
+    """A directory being changed by a transaction (the copy-on-write copy).
+
+    A plain directory keeps a full copy of its entries; a hashed one keeps
+    only an overlay of changed names (``None`` = deleted) over its ``hdir``
+    base, so nothing is copied in proportion to its size.  Values are
+    stored entries, raw dirents, or nested ``_WDir`` s.  ``dirty`` names
+    need unrolling; ``changed`` says whether an op modified this directory
+    itself (merely walking through it does not).
+    """
+
+    __slots__ = ("orig", "hashed", "entries", "dirty", "changed")
+
+    def __init__(
+        self,
+        entries: dict[str, Any],
+        *,
+        orig: TreeObj | None = None,
+        hashed: TreeObj | None = None,
+        dirty: set[str] | None = None,
+    ) -> None:
+        self.orig = orig
+        self.hashed = hashed
+        self.entries = entries
+        self.dirty = dirty if dirty is not None else set()
+        self.changed = orig is None
+
+    @classmethod
+    def load(cls, cache: BlobCache, entry: TreeObj, *, is_root: bool = False) -> _WDir:
+        ref = entry["data"][0]
+        errnum = errno.EINVAL if is_root else errno.ENOTRECOVERABLE
+        try:
+            obj = cache.get_obj(ref)
+        except ErrnoError:
+            raise ErrnoError(errnum, f"{ref} is not a tree object") from None
+        if obj is None:
+            raise NeedBlobs((ref,))
+        if obj["type"] == "hdir":
+            return cls({}, orig=entry, hashed=obj)
+        if obj["type"] != "dir":
+            raise ErrnoError(errnum, f"{ref} is not a directory")
+        return cls(dict(obj["data"]), orig=entry)
+
+    @classmethod
+    def inline(cls, obj: TreeObj) -> _WDir:
+        """From a ``dir`` dirent: its entries may hold big vals and inline dirs."""
+        return cls(dict(obj["data"]), dirty=set(obj["data"]))
+
+    def get(self, cache: BlobCache, name: str) -> Any:
+        if self.hashed is None:
+            return self.entries.get(name)
+        if name in self.entries:
+            return self.entries[name]
+        return shards.get(cache, self.hashed, name)
+
+    def adopt(self, name: str, sub: _WDir) -> None:
+        """Replace entry ``name`` by its working copy (not a change by itself)."""
+        self.entries[name] = sub
+        self.dirty.add(name)
+
+    def set(self, name: str, value: Any) -> None:
+        self.entries[name] = value
+        self.dirty.add(name)
+        self.changed = True
+
+    def delete(self, name: str) -> None:
+        if self.hashed is None:
+            del self.entries[name]
+        else:
+            self.entries[name] = None
+        self.dirty.discard(name)
+        self.changed = True
+
+
+def _check_op(op: object) -> tuple[str, list[str], int, TreeObj | None]:
+    if not isinstance(op, dict):
+        raise ErrnoError(errno.EPROTO, "op must be a map")
+    key = op.get("key")
+    flags = op.get("flags", 0)
+    if not isinstance(key, str) or type(flags) is not int or "dirent" not in op:
+        raise ErrnoError(errno.EPROTO, "op needs key (str), flags (int) and dirent")
+    norm = normalize(key)
+    if norm == ".":
+        raise ErrnoError(errno.EINVAL, "cannot write or unlink the root directory")
+    dirent = op["dirent"]
+    if dirent is not None:
+        validate(dirent, dirent=True)
+        if flags & APPEND and dirent["type"] != "val":
+            raise ErrnoError(errno.EPROTO, f"{norm}: append needs a val dirent")
+        dirent = copy(dirent)  # never alias the caller's objects into stored trees
+    return norm, split(norm), flags, dirent
+
+
+class _Txn:
+    def __init__(self, cache: BlobCache, writer: BlobWriter, namespace: str | None) -> None:
+        self.cache = cache
+        self.writer = writer
+        self.namespace = namespace
+
+    # -- applying ops ------------------------------------------------------
+
+    def link(
+        self, root: _WDir, parts: list[str], dirent: TreeObj | None, flags: int, depth: int = 0
+    ) -> None:
+        cache = self.cache
+        d = root
+        for i in range(len(parts) - 1):
+            name = parts[i]
+            e = d.get(cache, name)
+            if isinstance(e, _WDir):
+                d = e
+                continue
+            t = e["type"] if e is not None else None
+            if t == "dirref":
+                sub = _WDir.load(cache, e)
+                d.adopt(name, sub)
+            elif t == "dir":
+                sub = _WDir.inline(e)  # a dirent not stored yet: counts as changed
+                d.adopt(name, sub)
+            elif t == "symlink":
+                if depth >= SYMLINK_MAX:
+                    raise ErrnoError(errno.ELOOP, "too many levels of symbolic links")
+                ns, target = symlink_target(e)
+                if ns is None:
+                    ns, target = parse_ns_target(target)
+                if ns is not None and ns != self.namespace:
+                    raise ErrnoError(
+                        errno.EINVAL, "cannot write through a link into another namespace"
+                    )
+                self.link(root, split(target) + parts[i + 1 :], dirent, flags, depth + 1)
+                return
+            else:  # missing, or a value: (re)place with a new directory
+                if dirent is None:
+                    return
+                sub = _WDir({})
+                d.set(name, sub)
+            d = sub
+        name = parts[-1]
+        if dirent is None:
+            if d.get(cache, name) is not None:
+                d.delete(name)
+        elif flags & APPEND:
+            self.append(d, name, dirent)
+        else:
+            if d.hashed is not None:
+                d.get(cache, name)  # load the shard path now, so NeedBlobs comes early
+            d.set(name, dirent)
+
+    def append(self, d: _WDir, name: str, dirent: TreeObj) -> None:
+        cur = d.get(self.cache, name)
+        if cur is None:
+            d.set(name, dirent)
+            return
+        t = "dir" if isinstance(cur, _WDir) else cur["type"]
+        put = self.writer.put_raw
+        if t == "valref":
+            refs = [*cur["data"], put(dirent["data"])]
+        elif t == "val":
+            refs = [put(cur["data"]), put(dirent["data"])]
+        elif t == "symlink":
+            raise ErrnoError(errno.EOPNOTSUPP, f"{name}: cannot append to a symlink")
+        else:
+            raise ErrnoError(errno.EISDIR, f"{name}: cannot append to a directory")
+        d.set(name, {"data": refs, "type": "valref", "ver": VER})
+
+    # -- unrolling ---------------------------------------------------------
+
+    def unroll_entry(self, v: Any) -> tuple[TreeObj, bool]:
+        """Stored form of a working entry, and whether it differs from before."""
+        if isinstance(v, _WDir):
+            return self.unroll_dir(v)
+        t = v["type"]
+        if t == "val" and len(v["data"]) > INLINE_MAX:
+            return {"data": [self.writer.put_raw(v["data"])], "type": "valref", "ver": VER}, True
+        if t == "dir":
+            return self.unroll_dir(_WDir.inline(v))
+        return v, True
+
+    def unroll_dir(self, w: _WDir) -> tuple[TreeObj, bool]:
+        """Store ``w`` (if changed) and return its ``dirref``."""
+        changed = w.changed
+        if w.hashed is None:
+            ents = w.entries
+            for name in w.dirty:
+                new, ch = self.unroll_entry(ents[name])
+                ents[name] = new
+                changed = changed or ch
+            if not changed:
+                return w.orig, False  # type: ignore[return-value]
+            obj = shards.make_dir(ents, self.writer)
+        else:
+            changes: dict[str, TreeObj | None] = {}
+            for name, v in w.entries.items():
+                if v is None:
+                    changes[name] = None
+                    continue
+                new, ch = self.unroll_entry(v)
+                if ch:
+                    changes[name] = new
+            if not changes and not w.changed:
+                return w.orig, False  # type: ignore[return-value]
+            obj = shards.update(self.cache, w.hashed, changes, self.writer)
+        return dirref(self.writer.put_obj(obj)), True
+
+
+def apply(
+    store: BlobStore | BlobCache,
+    root_ref: str,
+    ops: list[dict[str, Any]],
+    *,
+    hash_name: str = blobref.DEFAULT_HASH,
+    namespace: str | None = None,
+    ns_roots: Callable[[str], str | None] | None = None,
+) -> TxnResult:
+    """Apply ``ops`` in order to the tree rooted at blob ``root_ref``.
+
+    ``namespace`` names the namespace being written, so that a symlink
+    naming that same namespace may be followed; links to any other
+    namespace give ``EINVAL``.  ``ns_roots`` is accepted for symmetry with
+    :func:`kvs.lookup.lookup` and unused, since writes never cross
+    namespaces.  Pass a long-lived :class:`~kvs.treeobj.BlobCache` as
+    ``store`` so unchanged directories are not decoded again on every commit.
+
+    Raises ``ErrnoError`` (EPROTO for malformed ops, EINVAL, EISDIR, ELOOP,
+    EOPNOTSUPP, ...) or :class:`NeedBlobs`.  Nothing is modified on error.
+    """
+    del ns_roots
+    cache = as_cache(store)
+    if not blobref.is_valid(root_ref):
+        raise ErrnoError(errno.EINVAL, f"invalid root blobref {root_ref!r}")
+    checked = [_check_op(op) for op in ops]
+    keys = list(dict.fromkeys(norm for norm, _, _, _ in checked))
+    if not checked:
+        return TxnResult(root_ref, {}, keys)
+
+    writer = BlobWriter(hash_name)
+    root = _WDir.load(cache, dirref(root_ref), is_root=True)
+    txn = _Txn(cache, writer, namespace)
+    missing: set[str] = set()
+    for _, parts, flags, dirent in checked:
+        try:
+            txn.link(root, parts, dirent, flags)
+        except NeedBlobs as e:
+            missing |= e.refs
+        except ErrnoError:
+            if missing:  # may be an artefact of an op skipped for want of blobs
+                break
+            raise
+    if missing:
+        raise NeedBlobs(missing)
+
+    entry, _ = txn.unroll_dir(root)
+    cache.remember(writer.objs)
+    return TxnResult(entry["data"][0], writer.blobs, keys)

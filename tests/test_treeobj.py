@@ -1,0 +1,193 @@
+"""Tree objects: constructors, validation, canonical msgpack, JSON, blob cache."""
+
+import errno
+import json
+
+import msgpack
+import pytest
+
+from broker.content.blobref import hash_blob
+from broker.errors import ErrnoError
+from kvs import treeobj as T
+
+REF1 = hash_blob(b"one")
+REF2 = hash_blob(b"two")
+SHA1REF = hash_blob(b"one", "sha1")
+
+
+def all_kinds() -> list[dict]:
+    return [
+        T.val(b"hello"),
+        T.val(b""),
+        T.valref([REF1, REF2]),
+        T.valref([SHA1REF]),
+        T.dirref(REF1),
+        T.dir_(),
+        T.dir_({"a": T.val(b"x"), "b": T.dir_({"c": T.symlink("a")})}),
+        T.symlink("a.b"),
+        T.symlink("a.b", "ns1"),
+        T.hdir(0, 300, {"0": REF1, "f": REF2}),
+    ]
+
+
+@pytest.mark.parametrize("obj", all_kinds(), ids=lambda o: o["type"])
+def test_valid_objects_round_trip(obj: dict) -> None:
+    assert T.validate(obj) is obj
+    assert T.typeof(obj) == obj["type"]
+    blob = T.encode(obj)
+    assert T.decode(blob) == obj
+    assert T.from_json(T.to_json(obj)) == obj
+    assert T.from_json(T.to_jsonable(obj)) == obj
+    assert T.copy(obj) == obj
+
+
+def test_val_json_is_base64_as_in_flux() -> None:
+    assert json.loads(T.to_json(T.val(b"hello"))) == {"data": "aGVsbG8=", "type": "val", "ver": 1}
+    nested = json.loads(T.to_json(T.dir_({"k": T.val(b"\x00\xff")})))
+    assert nested["data"]["k"]["data"] == "AP8="
+
+
+def test_encode_is_canonical() -> None:
+    a = T.dir_({"x": T.val(b"1"), "y": T.symlink("t", "ns")})
+    b = T.dir_({"y": {"ver": 1, "data": {"target": "t", "namespace": "ns"}, "type": "symlink"}})
+    b["data"]["x"] = {"type": "val", "ver": 1, "data": b"1"}
+    assert a == b
+    assert T.encode(a) == T.encode(b)
+    assert hash_blob(T.encode(a)) == hash_blob(T.encode(b))
+    # bytes travel as msgpack bin, not str
+    raw = msgpack.unpackb(T.encode(T.val(b"abc")), raw=True)
+    assert raw[b"data"] == b"abc"
+
+
+def test_copy_is_deep() -> None:
+    orig = T.dir_({"v": T.valref([REF1]), "d": T.dir_({"s": T.symlink("x")})})
+    cp = T.copy(orig)
+    cp["data"]["v"]["data"].append(REF2)
+    cp["data"]["d"]["data"]["s"]["data"]["target"] = "y"
+    assert orig["data"]["v"]["data"] == [REF1]
+    assert orig["data"]["d"]["data"]["s"]["data"]["target"] == "x"
+
+
+BAD = [
+    ("not a map", "val"),
+    ({"ver": 1, "type": "val"}, "missing data"),
+    ({"ver": 1, "type": "val", "data": b"", "extra": 1}, "extra field"),
+    ({"ver": 2, "type": "val", "data": b""}, "version"),
+    ({"ver": True, "type": "val", "data": b""}, "bool version"),
+    ({"ver": "1", "type": "val", "data": b""}, "str version"),
+    ({"ver": 1, "type": "file", "data": b""}, "unknown type"),
+    ({"ver": 1, "type": "val", "data": "text"}, "val str"),
+    ({"ver": 1, "type": "valref", "data": []}, "empty valref"),
+    ({"ver": 1, "type": "valref", "data": REF1}, "valref not list"),
+    ({"ver": 1, "type": "valref", "data": ["sha256-xyz"]}, "bad blobref"),
+    ({"ver": 1, "type": "valref", "data": [REF1[:-1]]}, "short blobref"),
+    ({"ver": 1, "type": "dirref", "data": [REF1, REF2]}, "two dirrefs"),
+    ({"ver": 1, "type": "dirref", "data": ["md5-00"]}, "bad hash"),
+    ({"ver": 1, "type": "dir", "data": []}, "dir not map"),
+    ({"ver": 1, "type": "dir", "data": {"": T.val(b"")}}, "empty name"),
+    ({"ver": 1, "type": "dir", "data": {"a.b": T.val(b"")}}, "dotted name"),
+    ({"ver": 1, "type": "dir", "data": {"a": {"ver": 1}}}, "bad nested entry"),
+    ({"ver": 1, "type": "dir", "data": {"a": T.dir_({"b": 5})}}, "bad deep entry"),
+    ({"ver": 1, "type": "dir", "data": {"h": T.hdir(0, 0, {})}}, "hdir as entry"),
+    ({"ver": 1, "type": "symlink", "data": "a.b"}, "flux-v0 string symlink"),
+    ({"ver": 1, "type": "symlink", "data": {}}, "no target"),
+    ({"ver": 1, "type": "symlink", "data": {"target": ""}}, "empty target"),
+    ({"ver": 1, "type": "symlink", "data": {"target": 1}}, "int target"),
+    ({"ver": 1, "type": "symlink", "data": {"target": "a", "namespace": ""}}, "empty ns"),
+    ({"ver": 1, "type": "symlink", "data": {"target": "a", "x": "y"}}, "extra symlink field"),
+    ({"ver": 1, "type": "hdir", "data": {"depth": 0, "count": 1}}, "hdir no shards"),
+    ({"ver": 1, "type": "hdir", "data": {"depth": -1, "count": 1, "shards": {}}}, "depth"),
+    ({"ver": 1, "type": "hdir", "data": {"depth": 16, "count": 1, "shards": {}}}, "deep"),
+    ({"ver": 1, "type": "hdir", "data": {"depth": 0, "count": -1, "shards": {}}}, "count"),
+    ({"ver": 1, "type": "hdir", "data": {"depth": 0, "count": 1, "shards": {"g": REF1}}}, "key"),
+    ({"ver": 1, "type": "hdir", "data": {"depth": 0, "count": 1, "shards": {"0": "x"}}}, "ref"),
+]
+
+
+@pytest.mark.parametrize(("obj", "why"), BAD, ids=[why for _, why in BAD])
+def test_validate_rejects(obj: object, why: str) -> None:
+    with pytest.raises(ErrnoError) as e:
+        T.validate(obj)
+    assert e.value.errnum == errno.EINVAL, why
+
+
+def test_constructors_reject_bad_input() -> None:
+    for fn in (
+        lambda: T.valref([]),
+        lambda: T.valref(["nope"]),
+        lambda: T.dirref("nope"),
+        lambda: T.symlink(""),
+        lambda: T.symlink("a", ""),
+        lambda: T.typeof({"type": "bogus"}),
+        lambda: T.typeof(None),
+    ):
+        with pytest.raises(ErrnoError) as e:
+            fn()
+        assert e.value.errnum == errno.EINVAL
+
+
+@pytest.mark.parametrize("garbage", [b"", b"\xc1", b"\x92\x01", T.encode(T.val(b"x")) + b"\x00"])
+def test_decode_garbage_is_eproto(garbage: bytes) -> None:
+    with pytest.raises(ErrnoError) as e:
+        T.decode(garbage)
+    assert e.value.errnum == errno.EPROTO
+
+
+@pytest.mark.parametrize(
+    "obj", [{"ver": 1, "type": "val", "data": "str"}, [1, 2], {"a": 1}, 7], ids=repr
+)
+def test_decode_msgpack_non_treeobj_is_einval(obj: object) -> None:
+    with pytest.raises(ErrnoError) as e:
+        T.decode(msgpack.packb(obj))
+    assert e.value.errnum in (errno.EINVAL, errno.EPROTO)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "not json",
+        '{"ver":1,"type":"val","data":"!!!"}',
+        '{"ver":1,"type":"val","data":5}',
+        '{"ver":1,"type":"dir","data":{"a":{"ver":1,"type":"val","data":"@"}}}',
+        '{"ver":1,"type":"nope","data":1}',
+        "[]",
+    ],
+)
+def test_from_json_rejects(text: str) -> None:
+    with pytest.raises(ErrnoError) as e:
+        T.from_json(text)
+    assert e.value.errnum == errno.EINVAL
+
+
+def test_blob_cache_memoizes_and_bounds() -> None:
+    store: dict[str, bytes] = {}
+    objs = [T.dir_({f"k{i}": T.val(b"v")}) for i in range(5)]
+    refs = []
+    for obj in objs:
+        blob = T.encode(obj)
+        refs.append(hash_blob(blob))
+        store[refs[-1]] = blob
+    cache = T.BlobCache(store, max_objects=3)
+    first = cache.get_obj(refs[0])
+    assert first == objs[0]
+    assert cache.get_obj(refs[0]) is first  # decoded once
+    for ref in refs[1:]:
+        cache.get_obj(ref)
+    assert len(cache._objs) == 3
+    assert cache.get_obj(refs[0]) == objs[0]  # evicted, decoded again
+    assert cache.get_obj(hash_blob(b"absent")) is None
+    with pytest.raises(T.NeedBlobs) as e:
+        cache.need_obj(hash_blob(b"absent"))
+    assert e.value.refs == {hash_blob(b"absent")}
+    assert T.as_cache(cache) is cache
+    assert isinstance(T.as_cache(store), T.BlobCache)
+
+
+def test_blob_writer() -> None:
+    w = T.BlobWriter("sha1")
+    ref = w.put_obj(T.dir_())
+    assert ref.startswith("sha1-")
+    assert T.decode(w.blobs[ref]) == T.dir_()
+    assert w.objs[ref] == T.dir_()
+    raw = w.put_raw(b"data")
+    assert w.blobs[raw] == b"data" and raw not in w.objs

@@ -1,0 +1,296 @@
+"""The commit engine: puts, unlinks, mkdir, symlinks, append, unroll, NeedBlobs.
+
+Flux's src/modules/kvs/kvstxn.c and t/t1000-kvs.t are the reference.
+"""
+
+import errno
+
+import pytest
+
+from broker.content.blobref import hash_blob
+from broker.errors import ErrnoError
+from kvs import treeobj as T
+from kvs.lookup import READDIR, TREEOBJ, lookup
+from kvs.txn import APPEND, NeedBlobs, apply, empty_root
+
+
+class Kvs:
+    """One namespace over a dict store, driven through the engines."""
+
+    def __init__(self) -> None:
+        self.store: dict[str, bytes] = {}
+        self.root, blob = empty_root()
+        self.store[self.root] = blob
+        self.cache = T.BlobCache(self.store)
+
+    def commit(self, *ops: dict, **kw):
+        res = apply(self.cache, self.root, list(ops), **kw)
+        self.store.update(res.new_blobs)
+        self.root = res.rootref
+        return res
+
+    def get(self, key: str, flags: int = 0) -> dict | None:
+        return lookup(self.cache, self.root, key, flags)
+
+    def ref(self, key: str) -> str:
+        return self.get(key, TREEOBJ)["data"][0]
+
+
+def put(key: str, value: bytes | dict | None, flags: int = 0) -> dict:
+    dirent = T.val(value) if isinstance(value, bytes) else value
+    return {"key": key, "flags": flags, "dirent": dirent}
+
+
+def unlink(key: str) -> dict:
+    return {"key": key, "flags": 0, "dirent": None}
+
+
+def errnum(fn) -> int:
+    with pytest.raises(ErrnoError) as e:
+        fn()
+    return e.value.errnum
+
+
+@pytest.fixture
+def kvs() -> Kvs:
+    return Kvs()
+
+
+def test_empty_root_is_an_empty_dir() -> None:
+    ref, blob = empty_root()
+    assert T.decode(blob) == T.dir_() and ref == hash_blob(blob)
+    assert empty_root("sha1")[0].startswith("sha1-")
+
+
+def test_put_creates_directories(kvs: Kvs) -> None:
+    res = kvs.commit(put("a.b.c", b"1"), put("..a.x.", b"2"), put("a.b.c", b"3"))
+    assert res.keys == ["a.b.c", "a.x"]
+    assert kvs.get("a.b.c") == T.val(b"3")
+    assert kvs.get("a.x") == T.val(b"2")
+    assert kvs.get("a", TREEOBJ)["type"] == "dirref"
+    assert set(kvs.get("a", READDIR)["data"]) == {"b", "x"}
+
+
+def test_no_ops_keeps_root(kvs: Kvs) -> None:
+    before = kvs.root
+    res = kvs.commit()
+    assert res.rootref == before and res.new_blobs == {} and res.keys == []
+
+
+@pytest.mark.parametrize("key", [".", "", "..."])
+def test_root_cannot_be_written(kvs: Kvs, key: str) -> None:
+    assert errnum(lambda: kvs.commit(put(key, b"x"))) == errno.EINVAL
+    assert errnum(lambda: kvs.commit(unlink(key))) == errno.EINVAL
+    assert errnum(lambda: kvs.commit(put(key, T.dir_()))) == errno.EINVAL
+
+
+def test_unlink(kvs: Kvs) -> None:
+    kvs.commit(put("a.b", b"1"), put("a.c", b"2"))
+    before = kvs.root
+    res = kvs.commit(unlink("nope"), unlink("a.nope"), unlink("x.y.z"), unlink("a.b.deeper"))
+    assert res.rootref == before and res.new_blobs == {}  # nothing changed, nothing written
+    kvs.commit(unlink("a.b"))
+    assert kvs.get("a.b") is None and kvs.get("a.c") == T.val(b"2")
+    kvs.commit(unlink("a"))
+    assert kvs.get("a.c") is None and kvs.get(".", READDIR) == T.dir_()
+
+
+def test_mkdir_and_replace(kvs: Kvs) -> None:
+    kvs.commit(put("d", T.dir_()))
+    assert kvs.get("d", READDIR) == T.dir_()
+    kvs.commit(put("d.k", b"v"))
+    kvs.commit(put("d", T.dir_()))  # mkdir over a directory empties it, as in Flux
+    assert kvs.get("d", READDIR) == T.dir_()
+    kvs.commit(put("d", b"now a value"))
+    assert kvs.get("d") == T.val(b"now a value")
+
+
+def test_value_in_path_is_replaced_by_directory(kvs: Kvs) -> None:
+    kvs.commit(put("a", b"value"))
+    kvs.commit(put("a.b", b"under"))
+    assert kvs.get("a.b") == T.val(b"under")
+    assert kvs.get("a", TREEOBJ)["type"] == "dirref"
+
+
+def test_symlinks(kvs: Kvs) -> None:
+    kvs.commit(put("real.x", b"1"), put("ln", T.symlink("real")))
+    kvs.commit(put("ln.y", b"2"))  # writes through an intermediate link
+    assert kvs.get("real.y") == T.val(b"2")
+    assert kvs.get("ln", TREEOBJ) == T.symlink("real")
+    kvs.commit(unlink("ln.x"))
+    assert kvs.get("real.x") is None
+    kvs.commit(put("ln", b"replaced"))  # the final component is never followed
+    assert kvs.get("ln") == T.val(b"replaced")
+    assert kvs.get("real.y") == T.val(b"2")
+    kvs.commit(put("rl", T.symlink(".")), put("rl.top", b"t"))
+    assert kvs.get("top") == T.val(b"t")
+
+
+def test_symlink_namespaces_and_loops(kvs: Kvs) -> None:
+    kvs.commit(
+        put("far", T.symlink("x", "other")),
+        put("far2", T.symlink("other::x")),
+        put("mine", T.symlink("d", "primary")),
+        put("loop", T.symlink("loop")),
+    )
+    assert errnum(lambda: kvs.commit(put("far.k", b"v"))) == errno.EINVAL
+    assert errnum(lambda: kvs.commit(put("far2.k", b"v"), namespace="primary")) == errno.EINVAL
+    assert errnum(lambda: kvs.commit(put("mine.k", b"v"))) == errno.EINVAL  # unknown ns
+    kvs.commit(put("mine.k", b"v"), namespace="primary")
+    assert kvs.get("d.k") == T.val(b"v")
+    assert errnum(lambda: kvs.commit(put("loop.k", b"v"))) == errno.ELOOP
+
+
+def test_big_values_are_unrolled(kvs: Kvs) -> None:
+    small, big = b"s" * T.INLINE_MAX, b"b" * (T.INLINE_MAX + 1)
+    res = kvs.commit(put("small", small), put("big", big))
+    assert kvs.get("small", TREEOBJ) == T.val(small)
+    entry = kvs.get("big", TREEOBJ)
+    assert entry == T.valref([hash_blob(big)])
+    assert res.new_blobs[hash_blob(big)] == big
+    assert kvs.get("big") == T.val(big)
+
+
+def test_nested_dir_dirent_is_unrolled(kvs: Kvs) -> None:
+    big = b"B" * 100
+    tree = T.dir_({"v": T.val(big), "sub": T.dir_({"w": T.val(b"w")}), "e": T.dir_()})
+    kvs.commit(put("t", tree))
+    assert kvs.get("t", TREEOBJ)["type"] == "dirref"
+    listing = kvs.get("t", READDIR)["data"]
+    assert listing["v"] == T.valref([hash_blob(big)])
+    assert listing["sub"]["type"] == "dirref"
+    assert kvs.get("t.sub.w") == T.val(b"w")
+    assert kvs.get("t.e", READDIR) == T.dir_()
+    # the caller's dirent is not modified
+    assert tree["data"]["v"] == T.val(big)
+    kvs.commit(put("u", T.dir_({"x": T.val(b"1")})), put("u.y", b"2"))
+    assert set(kvs.get("u", READDIR)["data"]) == {"x", "y"}
+
+
+def test_dirents_of_every_kind(kvs: Kvs) -> None:
+    blob = b"external blob"
+    kvs.store[hash_blob(blob)] = blob
+    kvs.commit(put("d", T.dir_({"k": T.val(b"v")})))
+    dref = kvs.get("d", TREEOBJ)
+    kvs.commit(put("vr", T.valref([hash_blob(blob)])), put("copy", dref))
+    assert kvs.get("vr") == T.val(blob)
+    assert kvs.get("copy.k") == T.val(b"v")  # `kvs copy` is a dirref put
+
+
+@pytest.mark.parametrize(
+    "dirent",
+    [
+        {"ver": 1, "type": "val", "data": "str"},
+        {"ver": 1, "type": "valref", "data": ["sha256-bad"]},
+        {"ver": 1, "type": "dirref", "data": []},
+        {"ver": 1, "type": "symlink", "data": {}},
+        {"ver": 1, "type": "nope", "data": 1},
+        T.hdir(0, 1, {"0": hash_blob(b"x")}),
+        "a string",
+    ],
+)
+def test_invalid_dirent_is_einval(kvs: Kvs, dirent: object) -> None:
+    assert errnum(lambda: kvs.commit({"key": "k", "flags": 0, "dirent": dirent})) == errno.EINVAL
+
+
+@pytest.mark.parametrize(
+    "op", [None, "k", {"key": 1, "flags": 0, "dirent": None}, {"key": "k", "flags": "0"}, {}]
+)
+def test_malformed_op_is_eproto(kvs: Kvs, op: object) -> None:
+    assert errnum(lambda: kvs.commit(op)) == errno.EPROTO
+
+
+def test_append(kvs: Kvs) -> None:
+    kvs.commit(put("log", b"one,", APPEND))  # append to a missing key creates it
+    assert kvs.get("log") == T.val(b"one,")
+    res = kvs.commit(put("log", b"two,", APPEND))
+    entry = kvs.get("log", TREEOBJ)
+    assert entry == T.valref([hash_blob(b"one,"), hash_blob(b"two,")])
+    assert set(res.new_blobs) >= {hash_blob(b"one,"), hash_blob(b"two,")}
+    res = kvs.commit(put("log", b"three", APPEND))
+    refs = kvs.get("log", TREEOBJ)["data"]
+    assert refs[:2] == entry["data"] and refs[2] == hash_blob(b"three")
+    assert res.new_blobs[hash_blob(b"three")] == b"three"  # old bytes not copied
+    assert all(b"one" not in blob for blob in res.new_blobs.values())
+    assert kvs.get("log") == T.val(b"one,two,three")
+
+
+def test_append_within_one_transaction(kvs: Kvs) -> None:
+    kvs.commit(put("k", b"a"), put("k", b"b", APPEND), put("k", b"c", APPEND))
+    assert kvs.get("k") == T.val(b"abc")
+    kvs.commit(put("big", b"x" * 100), put("big", b"y", APPEND))
+    assert kvs.get("big") == T.val(b"x" * 100 + b"y")
+
+
+def test_append_errors(kvs: Kvs) -> None:
+    kvs.commit(put("d.k", b"v"), put("ln", T.symlink("d.k")))
+    assert errnum(lambda: kvs.commit(put("d", b"x", APPEND))) == errno.EISDIR
+    assert errnum(lambda: kvs.commit(put("new.dir", T.dir_()), put("new", b"x", APPEND))) == (
+        errno.EISDIR
+    )
+    assert errnum(lambda: kvs.commit(put("ln", b"x", APPEND))) == errno.EOPNOTSUPP
+    assert errnum(lambda: kvs.commit(put("k", T.dir_(), APPEND))) == errno.EPROTO
+    assert errnum(lambda: kvs.commit(put("k", T.symlink("x"), APPEND))) == errno.EPROTO
+
+
+def test_copy_on_write_touches_only_the_path(kvs: Kvs) -> None:
+    kvs.commit(put("a.x", b"1"), put("b.y", b"2"), put("c.d.e", b"3"))
+    b_ref, cd_ref = kvs.ref("b"), kvs.ref("c.d")
+    old_root_obj = kvs.cache.get_obj(kvs.root)
+    old_root_copy = T.copy(old_root_obj)
+    res = kvs.commit(put("a.z", b"4"))
+    assert len(res.new_blobs) == 2  # new "a" and new root, nothing else
+    assert kvs.ref("b") == b_ref and kvs.ref("c.d") == cd_ref
+    assert old_root_obj == old_root_copy  # cached objects are never mutated
+    # walking through c.d without changing anything keeps its blobs
+    res = kvs.commit(unlink("c.d.nope"), put("a.z", b"5"))
+    assert kvs.ref("c.d") == cd_ref and len(res.new_blobs) == 2
+
+
+def test_need_blobs_gathered_across_ops() -> None:
+    full = Kvs()
+    full.commit(put("p.k", b"1"), put("q.k", b"2"), put("r.s.k", b"3"))
+    p, q, r, rs = full.ref("p"), full.ref("q"), full.ref("r"), full.ref("r.s")
+    partial = {ref: blob for ref, blob in full.store.items() if ref not in (p, q, r, rs)}
+    ops = [put("p.new", b"x"), put("q.new", b"y", APPEND), unlink("r.s.k"), put("t", b"z")]
+    with pytest.raises(NeedBlobs) as e:
+        apply(partial, full.root, ops)
+    assert e.value.refs == {p, q, r}
+    partial.update({ref: full.store[ref] for ref in e.value.refs})
+    with pytest.raises(NeedBlobs) as e:
+        apply(partial, full.root, ops)
+    assert e.value.refs == {rs}
+    partial[rs] = full.store[rs]
+    res = apply(partial, full.root, ops)
+    partial.update(res.new_blobs)
+    assert lookup(partial, res.rootref, "p.new", 0) == T.val(b"x")
+    assert lookup(partial, res.rootref, "r.s.k", 0) is None
+    with pytest.raises(NeedBlobs) as e:
+        apply({}, full.root, ops)
+    assert e.value.refs == {full.root}
+
+
+def test_error_is_reported_only_when_no_blobs_missing() -> None:
+    full = Kvs()
+    full.commit(put("p.k", b"1"), put("d.x", b"v"))
+    p = full.ref("p")
+    partial = {ref: blob for ref, blob in full.store.items() if ref != p}
+    ops = [put("p.new", b"x"), put("d", b"x", APPEND)]
+    with pytest.raises(NeedBlobs):
+        apply(partial, full.root, ops)
+    partial[p] = full.store[p]
+    assert errnum(lambda: apply(partial, full.root, ops)) == errno.EISDIR
+
+
+def test_bad_root(kvs: Kvs) -> None:
+    assert errnum(lambda: apply(kvs.store, "nope", [put("a", b"1")])) == errno.EINVAL
+    blob = T.encode(T.val(b"x"))
+    kvs.store[hash_blob(blob)] = blob
+    assert errnum(lambda: apply(kvs.store, hash_blob(blob), [put("a", b"1")])) == errno.EINVAL
+
+
+def test_hash_name(kvs: Kvs) -> None:
+    res = kvs.commit(put("a.b", b"x" * 100), hash_name="sha1")
+    assert res.rootref.startswith("sha1-")
+    assert all(ref.startswith("sha1-") for ref in res.new_blobs)
+    assert kvs.get("a.b") == T.val(b"x" * 100)
