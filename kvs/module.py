@@ -1,0 +1,554 @@
+"""The ``kvs`` module: the key-value store on every rank, rank 0 the leader.
+
+Reads (``kvs.lookup``, ``kvs.lookup-plus``, ``kvs.getroot``) are served by
+the client's own rank from its namespace roots and blob cache; missing blobs
+come from the ``content`` module.  Writes (``kvs.commit``) travel to rank 0
+(``kvs.relaycommit``), which queues them per namespace, **merges** adjacent
+ready transactions with equal flags (a failed merge is split and replayed),
+applies them with the I/O-free engine :mod:`kvs.txn`, stores the new blobs,
+and publishes ``kvs.namespace-<NS>-setroot``.  A follower answers its client
+once it has applied that root itself (read-your-writes).
+
+Events (DESIGN.md section 7): rank 0 subscribes once to ``kvs.namespace``;
+a follower subscribes once per namespace it has loaded, to
+``kvs.namespace-<NS>``.  The module handles setroot, removed and error,
+drops created, and drops events of other namespaces that share the prefix
+(``job-1`` vs ``job-10``); all of it is counted in ``kvs.stats-get``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+from collections import Counter, OrderedDict
+from typing import Any, ClassVar
+
+from broker.content import blobref
+from broker.errors import ErrnoError, RemoteError
+from broker.message import Message
+from broker.module import Handler, Module, require
+from kvs import lookup as lookup_engine
+from kvs import treeobj, txn
+from kvs.namespaces import PRIMARY, Namespace, Pending, check_name, event_prefix
+
+CHECKPOINT_KEY = "kvs-primary"
+EVENT_KINDS = ("setroot", "removed", "error", "created")
+BLOB_CACHE_BYTES = 512 << 20
+MAX_OPS = 100_000
+
+
+class BlobStore:
+    """This rank's blobs (ref -> bytes), a byte-bounded LRU."""
+
+    def __init__(self, limit: int = BLOB_CACHE_BYTES) -> None:
+        self.limit = limit
+        self.size = 0
+        self._blobs: OrderedDict[str, bytes] = OrderedDict()
+
+    def get(self, ref: str) -> bytes | None:
+        return self._blobs.get(ref)
+
+    def put(self, ref: str, data: bytes) -> None:
+        if ref in self._blobs:
+            return
+        self._blobs[ref] = data
+        self.size += len(data)
+        while self.size > self.limit and len(self._blobs) > 1:
+            _, old = self._blobs.popitem(last=False)
+            self.size -= len(old)
+
+    def __len__(self) -> int:
+        return len(self._blobs)
+
+
+def _check_ops(ops: Any) -> list[dict[str, Any]]:
+    if not isinstance(ops, list):
+        raise ErrnoError(errno.EPROTO, "ops must be a list")
+    if len(ops) > MAX_OPS:
+        raise ErrnoError(errno.E2BIG, f"too many ops ({len(ops)} > {MAX_OPS})")
+    for op in ops:
+        if (
+            not isinstance(op, dict)
+            or not isinstance(op.get("key"), str)
+            or not isinstance(op.get("flags", 0), int)
+            or not (op.get("dirent") is None or isinstance(op.get("dirent"), dict))
+        ):
+            raise ErrnoError(errno.EPROTO, "each op must be {key: str, flags: int, "
+                                           "dirent: treeobj|null}")
+    return ops
+
+
+def _check_guest_ops(ops: list[dict[str, Any]]) -> None:
+    """Guests may commit values, unlinks and empty directories only."""
+    for op in ops:
+        d = op.get("dirent")
+        if d is None or d.get("type") == "val":
+            continue
+        if d.get("type") == "dir" and not d.get("data"):
+            continue
+        raise ErrnoError(errno.EPERM, "guests may only commit values, unlinks and empty "
+                                      "directories")
+
+
+class KvsModule(Module):
+    name: ClassVar[str] = "kvs"
+
+    def __init__(self, ctx: Any) -> None:
+        super().__init__(ctx)
+        self.rank = ctx.rank
+        self.leader = ctx.rank == 0
+        self.hash_name = str(ctx.attrs.get("content.hash", blobref.DEFAULT_HASH))
+        self.statedir = str(ctx.attrs.get("statedir") or "")
+        self.blobs = BlobStore(int(ctx.attrs.get("kvs.cache-bytes", BLOB_CACHE_BYTES)))
+        self.cache = treeobj.BlobCache(self.blobs, max_objects=16384)
+        self.namespaces: dict[str, Namespace] = {}
+        self._loading: dict[str, asyncio.Future[Namespace]] = {}
+        self._fetching: dict[str, asyncio.Future[None]] = {}
+        self._txn_counter = 0
+        self.counts: Counter[str] = Counter()
+        self.ev_received = 0
+        self.ev_handled = 0
+        self.ev_dropped: Counter[str] = Counter()
+
+    # ================================================================ life cycle
+
+    def handlers(self) -> dict[str, Handler]:
+        return {
+            "kvs.lookup": self.lookup,
+            "kvs.lookup-plus": self.lookup_plus,
+            "kvs.commit": self.commit,
+            "kvs.relaycommit": self.relaycommit,
+            "kvs.getroot": self.getroot,
+            "kvs.wait-version": self.wait_version,
+            "kvs.namespace-create": self.namespace_create,
+            "kvs.namespace-remove": self.namespace_remove,
+            "kvs.namespace-list": self.namespace_list,
+            "kvs.dropcache": self.dropcache,
+            "kvs.disconnect": lambda msg: None,
+        }
+
+    async def start(self) -> None:
+        if not self.leader:
+            return
+        self.h.subscribe("kvs.namespace")
+        rootref, rootseq = "", 0
+        if self.statedir:
+            try:
+                cp = (await self.h.rpc("content.checkpoint-get", {"key": CHECKPOINT_KEY}))
+                rootref, rootseq = cp["value"]["rootref"], int(cp["value"]["rootseq"])
+            except RemoteError as exc:
+                if exc.errnum != errno.ENOENT:
+                    raise
+        if not rootref:
+            rootref = await self._store_empty_root()
+        self.namespaces[PRIMARY] = Namespace(PRIMARY, self.ctx.owner_uid, rootref, rootseq)
+
+    async def stop(self) -> None:
+        if self.leader and self.statedir:
+            await self._checkpoint()
+
+    async def _checkpoint(self) -> None:
+        ns = self.namespaces.get(PRIMARY)
+        if ns is not None:
+            await self.h.rpc("content.checkpoint-put", {
+                "key": CHECKPOINT_KEY,
+                "value": {"rootref": ns.rootref, "rootseq": ns.rootseq},
+            })
+
+    async def _store_empty_root(self) -> str:
+        ref, data = txn.empty_root(self.hash_name)
+        self.blobs.put(ref, data)
+        await self.h.rpc("content.store", {"blobs": [data]})
+        return ref
+
+    # ================================================================ blobs
+
+    async def fetch(self, refs: set[str]) -> None:
+        """Load missing blobs from the content module (in parallel)."""
+        waits = []
+        for ref in refs:
+            if self.blobs.get(ref) is not None:
+                continue
+            fut = self._fetching.get(ref)
+            if fut is None:
+                fut = asyncio.ensure_future(self._fetch_one(ref))
+                self._fetching[ref] = fut
+                fut.add_done_callback(lambda _f, r=ref: self._fetching.pop(r, None))
+            waits.append(fut)
+        if waits:
+            self.counts["blob-fetches"] += len(waits)
+            await asyncio.gather(*waits)
+
+    async def _fetch_one(self, ref: str) -> None:
+        try:
+            resp = await self.h.rpc("content.load", {"blobref": ref})
+        except RemoteError as exc:
+            if exc.errnum == errno.ENOENT:
+                raise ErrnoError(errno.ENOENT, f"blob {ref} is not in the content store") \
+                    from None
+            raise
+        self.blobs.put(ref, resp["data"])
+
+    # ================================================================ namespaces
+
+    async def get_ns(self, name: Any, msg: Message | None = None) -> Namespace:
+        """The namespace ``name`` on this rank, loading it from rank 0 if needed.
+
+        Raises ENOTSUP for an unknown namespace, EPERM if ``msg``'s sender may
+        not use it.
+        """
+        if not isinstance(name, str):
+            raise ErrnoError(errno.EPROTO, "namespace must be a string")
+        ns = self.namespaces.get(name)
+        if ns is None or ns.rootseq < 0:
+            if self.leader:
+                raise ErrnoError(errno.ENOTSUP, f"namespace {name} does not exist")
+            ns = await self._load_ns(name)
+        if msg is not None:
+            ns.check_access(msg)
+        return ns
+
+    async def _load_ns(self, name: str) -> Namespace:
+        fut = self._loading.get(name)
+        if fut is not None:
+            return await asyncio.shield(fut)
+        check_name(name)
+        fut = asyncio.get_running_loop().create_future()
+        self._loading[name] = fut
+        # Subscribe first, then ask for the root: a setroot that overtakes
+        # the answer is applied to the placeholder, and the newer one wins.
+        placeholder = Namespace(name, owner=-1)
+        self.namespaces[name] = placeholder
+        self.h.subscribe(event_prefix(name))
+        try:
+            resp = await self.h.rpc("kvs.getroot", {"namespace": name}, nodeid=0)
+            if placeholder.removed:
+                raise ErrnoError(errno.ENOTSUP, f"namespace {name} was removed")
+            placeholder.owner = int(resp["owner"])
+            placeholder.flags = int(resp.get("flags", 0))
+            placeholder.set_root(int(resp["rootseq"]), resp["rootref"])
+            fut.set_result(placeholder)
+            self.counts["namespaces-loaded"] += 1
+            return placeholder
+        except BaseException as exc:
+            self._forget_ns(name)
+            err = exc
+            if isinstance(exc, RemoteError):
+                err = ErrnoError(exc.errnum, exc.errstr)
+            fut.set_exception(err)
+            fut.exception()
+            raise err from None
+        finally:
+            del self._loading[name]
+
+    def _forget_ns(self, name: str) -> None:
+        """A follower drops a namespace and its one subscription."""
+        ns = self.namespaces.pop(name, None)
+        if ns is not None:
+            ns.remove()
+            if not self.leader:
+                self.h.unsubscribe(event_prefix(name))
+
+    # ================================================================ events
+
+    def on_event(self, msg: Message) -> None:
+        self.ev_received += 1
+        payload = msg.payload
+        name = payload.get("namespace") if isinstance(payload, dict) else None
+        kind = None
+        if isinstance(name, str) and msg.topic.startswith(f"kvs.namespace-{name}-"):
+            kind = msg.topic[len(name) + 15:]
+        if kind not in EVENT_KINDS or msg.userid != self.ctx.owner_uid:
+            self.ev_dropped["foreign"] += 1
+            return
+        if kind == "created":
+            self.ev_dropped["created"] += 1
+            return
+        if self.leader:  # rank 0 made this event: its state is already current
+            self.ev_handled += 1
+            return
+        ns = self.namespaces.get(name)  # type: ignore[arg-type]
+        if ns is None:  # e.g. job-10's event seen through the job-1 subscription
+            self.ev_dropped["foreign"] += 1
+            return
+        self.ev_handled += 1
+        if kind == "setroot":
+            ns.set_root(int(payload["rootseq"]), payload["rootref"])
+        elif kind == "removed":
+            self._forget_ns(ns.name)
+        else:  # error: the requester already has its answer; log for operators
+            self.log.debug("commit(s) %s failed in %s: errno %s", payload.get("names"),
+                           name, payload.get("errnum"))
+
+    # ================================================================ reads
+
+    async def _lookup(self, msg: Message, plus: bool) -> None:
+        p = require(msg.payload, key=str)
+        flags = p.get("flags", 0)
+        if not isinstance(flags, int):
+            raise ErrnoError(errno.EPROTO, "flags must be an integer")
+        ns: Namespace | None = None
+        name = p.get("namespace") or PRIMARY
+        rootdir = p.get("rootdir")
+        if rootdir is not None:
+            root = treeobj.validate(rootdir)
+            if root["type"] != "dirref":
+                raise ErrnoError(errno.EINVAL, "rootdir must be a dirref tree object")
+            rootref = root["data"][0]
+            if not msg.is_owner:
+                (await self.get_ns(name, msg))
+            seq = -1
+        else:
+            ns = await self.get_ns(name, msg)
+            rootref, seq = ns.rootref, ns.rootseq
+        val = await self.run_lookup(msg, rootref, p["key"], flags, name)
+        if plus:
+            self.h.respond(msg, {"val": val, "rootref": rootref, "rootseq": seq,
+                                 "namespace": name})
+            return
+        if val is None:
+            raise ErrnoError(errno.ENOENT, f"{p['key']}: no such key")
+        self.h.respond(msg, {"val": val})
+
+    async def run_lookup(
+        self, msg: Message, rootref: str, key: str, flags: int, namespace: str
+    ) -> dict[str, Any] | None:
+        """Run the lookup engine, fetching blobs and namespaces until it is done."""
+        def ns_root(other: str) -> str | None:
+            ns = self.namespaces.get(other)
+            if ns is None or ns.rootseq < 0:
+                return None
+            ns.check_access(msg)
+            return ns.rootref
+
+        self.counts["lookups"] += 1
+        while True:
+            try:
+                return lookup_engine.lookup(self.cache, rootref, key, flags,
+                                            namespace=namespace, ns_roots=ns_root)
+            except treeobj.NeedBlobs as need:
+                await self.fetch(need.refs)
+            except lookup_engine.NeedNamespace as need:
+                await self.get_ns(need.namespace, msg)
+
+    async def lookup(self, msg: Message) -> None:
+        await self._lookup(msg, plus=False)
+
+    async def lookup_plus(self, msg: Message) -> None:
+        await self._lookup(msg, plus=True)
+
+    async def getroot(self, msg: Message) -> None:
+        p = require(msg.payload)
+        ns = await self.get_ns(p.get("namespace") or PRIMARY, msg)
+        self.h.respond(msg, ns.describe())
+
+    async def wait_version(self, msg: Message) -> None:
+        p = require(msg.payload, rootseq=int)
+        ns = await self.get_ns(p.get("namespace") or PRIMARY, msg)
+        await ns.wait_version(p["rootseq"])
+        self.h.respond(msg, {"rootseq": ns.rootseq, "rootref": ns.rootref})
+
+    def dropcache(self, msg: Message) -> None:
+        if not msg.is_owner:
+            raise ErrnoError(errno.EPERM, "only the instance owner may drop caches")
+        self.blobs = BlobStore(self.blobs.limit)
+        self.cache = treeobj.BlobCache(self.blobs, max_objects=self.cache.max_objects)
+        self.h.respond(msg, {})
+
+    # ================================================================ writes
+
+    async def commit(self, msg: Message) -> None:
+        p = require(msg.payload, ops=list)
+        ops = _check_ops(p["ops"])
+        flags = p.get("flags", 0)
+        if not isinstance(flags, int):
+            raise ErrnoError(errno.EPROTO, "flags must be an integer")
+        ns = await self.get_ns(p.get("namespace") or PRIMARY, msg)
+        if not msg.is_owner:
+            _check_guest_ops(ops)
+        self._txn_counter += 1
+        name = f"{self.rank}.{self._txn_counter}"
+        self.counts["commits"] += 1
+        if self.leader:
+            rootseq, rootref = await self._enqueue(ns, ops, flags, name)
+        else:
+            resp = await self.h.rpc("kvs.relaycommit", {
+                "namespace": ns.name, "flags": flags, "ops": ops, "name": name,
+            }, nodeid=0)
+            rootseq, rootref = int(resp["rootseq"]), resp["rootref"]
+            await ns.wait_version(rootseq)  # read-your-writes on this rank
+        self.h.respond(msg, {"rootref": rootref, "rootseq": rootseq})
+
+    async def relaycommit(self, msg: Message) -> None:
+        """Rank 0: a commit relayed by a follower's kvs (already access-checked)."""
+        if not self.leader or not msg.is_owner:
+            raise ErrnoError(errno.EPERM, "kvs.relaycommit is internal to the kvs module")
+        p = require(msg.payload, namespace=str, ops=list, name=str)
+        ops = _check_ops(p["ops"])
+        ns = await self.get_ns(p["namespace"])
+        rootseq, rootref = await self._enqueue(ns, ops, int(p.get("flags", 0)), p["name"])
+        self.h.respond(msg, {"rootref": rootref, "rootseq": rootseq})
+
+    def _enqueue(self, ns: Namespace, ops: list[dict[str, Any]], flags: int,
+                 name: str) -> asyncio.Future[tuple[int, str]]:
+        fut: asyncio.Future[tuple[int, str]] = asyncio.get_running_loop().create_future()
+        ns.queue.append(Pending(ops, flags, name, fut))
+        if not ns.committing:
+            ns.committing = True
+            self.spawn(self._run_queue(ns))
+        return fut
+
+    async def _run_queue(self, ns: Namespace) -> None:
+        """Rank 0: apply a namespace's queued transactions, merging adjacent ones."""
+        try:
+            while ns.queue and not ns.removed:
+                first = ns.queue.popleft()
+                batch = [first]
+                if not first.flags & txn.NO_MERGE:
+                    while (ns.queue and ns.queue[0].flags == first.flags):
+                        batch.append(ns.queue.popleft())
+                await self._apply_batch(ns, batch)
+        finally:
+            ns.committing = False
+
+    async def _apply_batch(self, ns: Namespace, batch: list[Pending]) -> None:
+        ops = batch[0].ops if len(batch) == 1 else [op for p in batch for op in p.ops]
+        try:
+            result = await self._apply(ns, ops)
+        except ErrnoError as exc:
+            if len(batch) > 1:
+                self.counts["merges-split"] += 1
+                for p in batch:  # replay one by one: only the faulty one fails
+                    await self._apply_batch(ns, [p])
+                return
+            self.counts["commits-failed"] += 1
+            p = batch[0]
+            if not p.future.done():
+                p.future.set_exception(exc)
+            self.h.publish_nowait(f"kvs.namespace-{ns.name}-error", {
+                "namespace": ns.name, "names": [p.name], "errnum": exc.errnum})
+            return
+        if ns.removed:
+            return
+        if result.new_blobs:
+            await self.h.rpc("content.store", {"blobs": list(result.new_blobs.values())})
+        sync = any(p.flags & txn.SYNC for p in batch)
+        if sync:
+            await self.h.rpc("content.flush", {})
+        ns.set_root(ns.rootseq + 1, result.rootref)
+        if sync and ns.name == PRIMARY and self.statedir:
+            await self._checkpoint()
+        self.counts["batches"] += 1
+        if len(batch) > 1:
+            self.counts["merged"] += len(batch)
+        self.h.publish_nowait(f"kvs.namespace-{ns.name}-setroot", {
+            "namespace": ns.name, "rootseq": ns.rootseq, "rootref": ns.rootref,
+            "names": [p.name for p in batch], "keys": result.keys, "owner": ns.owner,
+        })
+        answer = (ns.rootseq, ns.rootref)
+        for p in batch:
+            if not p.future.done():
+                p.future.set_result(answer)
+
+    async def _apply(self, ns: Namespace, ops: list[dict[str, Any]]) -> txn.TxnResult:
+        while True:
+            try:
+                result = txn.apply(self.cache, ns.rootref, ops, hash_name=self.hash_name)
+            except treeobj.NeedBlobs as need:
+                await self.fetch(need.refs)
+                continue
+            for ref, data in result.new_blobs.items():
+                self.blobs.put(ref, data)
+            await self._check_refs(ops)
+            return result
+
+    async def _check_refs(self, ops: list[dict[str, Any]]) -> None:
+        """Blobrefs named by dirents (valref/dirref) must exist: fail fast if not."""
+        refs: set[str] = set()
+        for op in ops:
+            d = op.get("dirent")
+            if d and d.get("type") in ("valref", "dirref"):
+                refs.update(r for r in d["data"] if self.blobs.get(r) is None)
+        if refs:
+            await self.fetch(refs)  # raises ENOENT for an unknown blob
+
+    # ================================================================ namespace admin
+
+    def _owner_only(self, msg: Message, what: str) -> None:
+        if not msg.is_owner:
+            raise ErrnoError(errno.EPERM, f"{what} requires the instance owner")
+
+    async def namespace_create(self, msg: Message) -> None:
+        self._owner_only(msg, "namespace-create")
+        p = require(msg.payload, namespace=str)
+        name = check_name(p["namespace"])
+        if not self.leader:
+            self.h.respond(msg, await self.h.rpc("kvs.namespace-create", p, nodeid=0))
+            return
+        owner = p.get("owner", self.ctx.owner_uid)
+        if not isinstance(owner, int) or owner < -1:
+            raise ErrnoError(errno.EPROTO, "owner must be a uid")
+        if owner == -1:
+            owner = self.ctx.owner_uid
+        if name in self.namespaces:
+            raise ErrnoError(errno.EEXIST, f"namespace {name} already exists")
+        rootref = p.get("rootref")
+        if rootref is None:
+            rootref, data = txn.empty_root(self.hash_name)
+            if self.blobs.get(rootref) is None:
+                rootref = await self._store_empty_root()
+        else:
+            blobref.check(rootref)
+            await self.fetch({rootref})
+        if name in self.namespaces:  # raced with another create while storing
+            raise ErrnoError(errno.EEXIST, f"namespace {name} already exists")
+        ns = Namespace(name, owner, rootref, 0, int(p.get("flags", 0)))
+        self.namespaces[name] = ns
+        self.counts["namespaces-created"] += 1
+        self.h.publish_nowait(f"kvs.namespace-{name}-created", {
+            "namespace": name, "rootseq": 0, "rootref": rootref, "owner": owner})
+        self.h.respond(msg, {})
+
+    async def namespace_remove(self, msg: Message) -> None:
+        self._owner_only(msg, "namespace-remove")
+        p = require(msg.payload, namespace=str)
+        name = p["namespace"]
+        if name == PRIMARY:
+            raise ErrnoError(errno.ENOTSUP, "the primary namespace cannot be removed")
+        if not self.leader:
+            self.h.respond(msg, await self.h.rpc("kvs.namespace-remove", p, nodeid=0))
+            return
+        ns = self.namespaces.pop(name, None)
+        if ns is not None:
+            ns.remove()
+            self.counts["namespaces-removed"] += 1
+            self.h.publish_nowait(f"kvs.namespace-{name}-removed", {"namespace": name})
+        self.h.respond(msg, {})
+
+    async def namespace_list(self, msg: Message) -> None:
+        self._owner_only(msg, "namespace-list")
+        if not self.leader:
+            self.h.respond(msg, await self.h.rpc("kvs.namespace-list", {}, nodeid=0))
+            return
+        self.h.respond(msg, {"namespaces": [
+            ns.describe() for ns in self.namespaces.values() if ns.rootseq >= 0]})
+
+    # ================================================================ stats
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "namespace-count": len(self.namespaces),
+            "namespaces": {name: {"rootseq": ns.rootseq, "owner": ns.owner}
+                           for name, ns in list(self.namespaces.items())[:100]},
+            "cache": {"blobs": len(self.blobs), "bytes": self.blobs.size},
+            "counts": dict(self.counts),
+            "events": {
+                "subscribe_calls": self.h.subscribe_calls,
+                "received": self.ev_received,
+                "handled": self.ev_handled,
+                "dropped": {k: self.ev_dropped[k] for k in ("created", "error", "foreign")},
+            },
+            "pid": os.getpid(),
+        }

@@ -1,0 +1,115 @@
+"""Namespace state held by each rank's kvs module.
+
+A :class:`Namespace` is a named root (``rootref`` at version ``rootseq``)
+with an owner.  Rank 0 (the leader) also queues the namespace's pending
+transactions.  Every rank keeps waiters for versions (``kvs.wait-version``,
+read-your-writes after a commit relayed to rank 0).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import heapq
+import itertools
+import re
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from broker.errors import ErrnoError
+from broker.message import Message
+
+PRIMARY = "primary"
+_NAME_RE = re.compile(r"^[A-Za-z0-9_.+@=%,-]{1,255}$")
+_tiebreak = itertools.count()
+
+
+def check_name(name: object) -> str:
+    """A namespace name: 1-255 characters, no spaces, slashes or colons."""
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise ErrnoError(errno.EINVAL, f"invalid namespace name {name!r}")
+    return name
+
+
+def event_prefix(name: str) -> str:
+    """The one subscription a rank needs for a namespace: ``kvs.namespace-<NS>``."""
+    return f"kvs.namespace-{name}"
+
+
+@dataclass(slots=True)
+class Pending:
+    """A transaction waiting in the leader's queue."""
+
+    ops: list[dict[str, Any]]
+    flags: int
+    name: str
+    future: asyncio.Future[tuple[int, str]]
+
+
+@dataclass(slots=True)
+class Namespace:
+    name: str
+    owner: int
+    rootref: str = ""
+    rootseq: int = -1  # -1: not loaded yet (a follower waiting for getroot)
+    flags: int = 0
+    removed: bool = False
+    # leader only
+    queue: deque[Pending] = field(default_factory=deque)
+    committing: bool = False
+    # version waiters: (rootseq, tiebreak, future)
+    _waiters: list[tuple[int, int, asyncio.Future[None]]] = field(default_factory=list)
+
+    def may_access(self, msg: Message) -> bool:
+        """The instance owner sees every namespace; a guest only its own."""
+        return msg.is_owner or msg.userid == self.owner
+
+    def check_access(self, msg: Message) -> None:
+        if not self.may_access(msg):
+            raise ErrnoError(errno.EPERM, f"namespace {self.name} belongs to another user")
+
+    def set_root(self, rootseq: int, rootref: str) -> bool:
+        """Adopt a newer root; wake the waiters it satisfies.  False if stale."""
+        if rootseq <= self.rootseq:
+            return False
+        self.rootseq = rootseq
+        self.rootref = rootref
+        w = self._waiters
+        while w and w[0][0] <= rootseq:
+            fut = heapq.heappop(w)[2]
+            if not fut.done():
+                fut.set_result(None)
+        return True
+
+    async def wait_version(self, rootseq: int) -> None:
+        """Return once this rank has applied version ``rootseq`` (ENOTSUP if removed)."""
+        if self.removed:
+            raise ErrnoError(errno.ENOTSUP, f"namespace {self.name} was removed")
+        if self.rootseq >= rootseq:
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._waiters, (rootseq, next(_tiebreak), fut))
+        await fut
+
+    def remove(self) -> None:
+        """Mark removed; every waiter and queued transaction fails with ENOTSUP."""
+        self.removed = True
+        err = ErrnoError(errno.ENOTSUP, f"namespace {self.name} was removed")
+        for _, _, fut in self._waiters:
+            if not fut.done():
+                fut.set_exception(err)
+        self._waiters.clear()
+        while self.queue:
+            p = self.queue.popleft()
+            if not p.future.done():
+                p.future.set_exception(err)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "namespace": self.name,
+            "owner": self.owner,
+            "rootseq": self.rootseq,
+            "rootref": self.rootref,
+            "flags": self.flags,
+        }
