@@ -454,7 +454,8 @@ class KvsModule(Module):
     async def _apply(self, ns: Namespace, ops: list[dict[str, Any]]) -> txn.TxnResult:
         while True:
             try:
-                result = txn.apply(self.cache, ns.rootref, ops, hash_name=self.hash_name)
+                result = txn.apply(self.cache, ns.rootref, ops, hash_name=self.hash_name,
+                                   namespace=ns.name)
             except treeobj.NeedBlobs as need:
                 await self.fetch(need.refs)
                 continue
