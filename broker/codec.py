@@ -152,7 +152,8 @@ def decode(frames: Sequence[Frame]) -> Message:
         raise ProtocolError("malformed header: expected an array of 11 fields")
     mtype, topic, matchtag, nodeid, flags, userid, rolemask, route, errnum, errstr, seq = h
     if (
-        mtype not in _VALID_TYPES
+        type(mtype) is not int
+        or mtype not in _VALID_TYPES
         or type(topic) is not str
         or type(matchtag) is not int
         or type(nodeid) is not int
