@@ -46,6 +46,8 @@ class BrokerServices(Module):
         out = dict(payload) if isinstance(payload, dict) else {}
         out["route"] = [*msg.route, f"r{self.ctx.rank}"]
         out["rank"] = self.ctx.rank
+        out["userid"] = msg.userid
+        out["rolemask"] = msg.rolemask
         self.h.respond(msg, out)
 
     def broker_stats(self, msg: Message) -> None:
