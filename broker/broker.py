@@ -8,7 +8,7 @@ import os
 import resource
 from typing import Any
 
-from broker import __version__, plugins
+from broker import __version__, codec, plugins
 from broker.connector import Connector
 from broker.loops import loop_name
 from broker.module import Module, ModuleContext, ModuleHandle
@@ -100,6 +100,7 @@ class Broker:
             local_socket_path(self.rundir, self.rank),
             owner_uid=self.owner_uid,
             allow_guest=attr_true(self.attrs["access.allow-guest-user"]),
+            max_message=int(self.attrs.get("broker.max-message", codec.DEFAULT_MAX_MESSAGE)),
         )
         self.overlay = Overlay(self.router, self.rundir, endpoints=self.endpoints,
                                curve=self.curve)
