@@ -79,6 +79,8 @@ class Instance:
         self.stderr_path = stderr_path
         self.python = python
         self.rundir = ""
+        self.endpoints: dict[int, str] = {}
+        """Overlay endpoints of ranks with children, when not the default ``ipc://``."""
         self.procs: list[asyncio.subprocess.Process] = []
         self.failed: asyncio.Future[tuple[int, int]] | None = None
         self._watch_w: int | None = None
@@ -114,6 +116,7 @@ class Instance:
             keyfile = os.path.join(self.rundir, "curve.key")
             generate_keys(keyfile)
             curve_args = ["--curve-keys", keyfile]
+        self.endpoints = endpoints
         watch_r, self._watch_w = os.pipe()
         stderr = None
         if self.stderr_path:
