@@ -13,6 +13,9 @@
 * ``content.dropcache`` drops clean cache entries; ``content.stats-get``.
 
 Blobs larger than ``content.blob-size-limit`` bytes are refused with EFBIG.
+As in Flux, every request but ``content.stats-get`` is for the instance owner
+(and modules) only: a guest could otherwise load any blob by its blobref and
+read every namespace.  Others get EPERM.
 """
 
 from __future__ import annotations
@@ -127,6 +130,7 @@ class ContentModule(Module):
         return refs
 
     async def store(self, msg: Message) -> None:
+        _owner_only(msg)
         p = msg.payload
         if not isinstance(p, dict) or ("data" not in p and "blobs" not in p):
             raise ErrnoError(errno.EPROTO, "content.store needs data or blobs")
@@ -174,6 +178,7 @@ class ContentModule(Module):
             del self._loading[ref]
 
     async def load(self, msg: Message) -> None:
+        _owner_only(msg)
         ref = blobref.check(require(msg.payload, blobref=str)["blobref"])
         data = self.cache.get(ref)
         if data is None:
@@ -185,6 +190,7 @@ class ContentModule(Module):
     # ------------------------------------------------------------ misc
 
     async def flush(self, msg: Message) -> None:
+        _owner_only(msg)
         if self.ctx.rank != 0:
             await self.h.rpc("content.flush", {}, nodeid=NODEID_UPSTREAM)
         elif self.backing is not None:
@@ -195,6 +201,7 @@ class ContentModule(Module):
         self.h.respond(msg, {})
 
     def dropcache(self, msg: Message) -> None:
+        _owner_only(msg)
         for ref in [r for r in self.cache if r not in self.dirty]:
             self.cache_bytes -= len(self.cache.pop(ref))
         self.h.respond(msg, {})
@@ -213,6 +220,7 @@ class ContentModule(Module):
         self.h.respond(msg, {})
 
     async def checkpoint_get(self, msg: Message) -> None:
+        _owner_only(msg)
         body = require(msg.payload, key=str)
         if self.ctx.rank != 0:
             resp = await self.h.rpc("content.checkpoint-get", body, nodeid=NODEID_UPSTREAM)
@@ -237,6 +245,11 @@ class ContentModule(Module):
         if self.backing is not None:
             out["backing-count"] = self.backing.count()
         return out
+
+
+def _owner_only(msg: Message) -> None:
+    if not msg.is_owner:
+        raise ErrnoError(errno.EPERM, f"{msg.topic} is for the instance owner")
 
 
 def _checkpoint_bytes(value: Any) -> bytes:
