@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from collections.abc import Iterable
 
@@ -15,6 +16,10 @@ class SqliteStore:
 
     def __init__(self, path: str) -> None:
         self.path = path
+        # Owner-only, whatever the umask: the run directory is world-readable
+        # when guests are allowed (SQLite gives -wal/-shm the same mode).
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+        os.chmod(path, 0o600)
         self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
