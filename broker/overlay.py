@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -166,7 +167,12 @@ class Overlay:
                 s.curve_server = True
                 s.curve_secretkey = secret
                 s.curve_publickey = public
-            s.bind(self.endpoint(self.rank))
+            endpoint = self.endpoint(self.rank)
+            s.bind(endpoint)
+            if endpoint.startswith("ipc://"):
+                # Only the owner's ranks may connect, whatever the umask (the
+                # run directory is world-searchable when guests are allowed).
+                os.chmod(endpoint[len("ipc://"):], 0o700)
             self._down = _Sock(s, self._from_child)
         if self.parent is not None:
             s = self.ctx.socket(zmq.DEALER)
