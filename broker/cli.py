@@ -16,7 +16,7 @@ import sys
 import time
 
 from broker import __version__, plugins
-from broker.cliutil import CLIError, dumps, parse_json_arg, print_err, run_async
+from broker.cliutil import CLIError, dumps, errno_detail, parse_json_arg, print_err, run_async
 from broker.errors import ErrnoError
 from broker.handle import Handle
 from broker.launch import Instance, StartError
@@ -353,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
         print_err(str(exc))
         return 1
     except ErrnoError as exc:
-        print_err(f"{args.command}: {exc.errstr}")
+        print_err(f"{args.command}: {errno_detail(exc)}")
         return 1
     except (OSError, ValueError) as exc:
         what = getattr(args, "what", args.command)

@@ -27,6 +27,15 @@ class CLIError(Exception):
         return f"{self.what}: {self.detail}" if self.detail else self.what
 
 
+def errno_detail(exc: ErrnoError) -> str:
+    """``strerror`` of ``exc``'s errno, followed by the service's own message
+    in parentheses when it says more (``No route to host (no route to rank 99)``)."""
+    text = os.strerror(exc.errnum)
+    if exc.errstr and exc.errstr != text:
+        text = f"{text} ({exc.errstr})"
+    return text
+
+
 def jsonable(value: Any) -> Any:
     """Make a payload printable as JSON: bytes as UTF-8 text, else base64."""
     if isinstance(value, dict):
@@ -67,7 +76,7 @@ def run_async(args: argparse.Namespace, coro_fn: Callable[[], Awaitable[int | No
             rc = runner.run(main())
     except ErrnoError as exc:
         what = getattr(args, "what", None) or args.command
-        raise CLIError(what, exc.errnum, exc.errstr) from None
+        raise CLIError(what, exc.errnum, errno_detail(exc)) from None
     return int(rc or 0)
 
 
