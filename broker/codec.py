@@ -38,7 +38,7 @@ DEFAULT_MAX_MESSAGE = 1 << 30
 Frame = bytes | bytearray | memoryview
 
 _U32 = struct.Struct("<I")
-_VALID_TYPES = frozenset(int(t) for t in MsgType)
+_VALID_TYPES = frozenset(MsgType.NAMES)
 
 
 # ---------------------------------------------------------------- payloads

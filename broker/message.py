@@ -8,7 +8,6 @@ responses retrace the request's ``route`` stack; events carry a global
 
 from __future__ import annotations
 
-from enum import IntEnum, IntFlag
 from typing import Any
 
 NODEID_ANY = 0xFFFFFFFF
@@ -17,14 +16,19 @@ NODEID_UPSTREAM = 0xFFFFFFFE
 """Deliver to the nearest provider strictly above the sending rank."""
 
 
-class MsgType(IntEnum):
+class MsgType:
+    """Message types (plain ints: enum arithmetic is too slow for the hot path)."""
+
     REQUEST = 1
     RESPONSE = 2
     EVENT = 4
     CONTROL = 8
+    NAMES = {1: "request", 2: "response", 4: "event", 8: "control"}
 
 
-class MsgFlags(IntFlag):
+class MsgFlags:
+    """Message flag bits."""
+
     NONE = 0
     STREAMING = 1
     NORESPONSE = 2
@@ -32,7 +36,9 @@ class MsgFlags(IntFlag):
     PRIVATE = 8
 
 
-class Role(IntFlag):
+class Role:
+    """Role bits stamped on a message from the sender's OS credentials."""
+
     NONE = 0
     OWNER = 1
     USER = 2
@@ -83,7 +89,7 @@ class Message:
 
     def __init__(
         self,
-        type: MsgType | int,
+        type: int,
         topic: str,
         payload: Any = None,
         *,
@@ -168,7 +174,7 @@ class Message:
         )
 
     def __repr__(self) -> str:
-        kind = MsgType(self.type).name.lower()
+        kind = MsgType.NAMES.get(self.type, str(self.type))
         extra = f" errnum={self.errnum}" if self.errnum else ""
         return (
             f"<Message {kind} {self.topic!r} tag={self.matchtag} "
