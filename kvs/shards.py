@@ -39,7 +39,7 @@ from kvs.treeobj import (
     hdir,
 )
 
-SHARD_THRESHOLD = 256
+SHARD_THRESHOLD = 128
 """Most entries a plain ``dir`` (or a leaf shard) holds before it is sharded.
 
 Read at call time, so tests may monkeypatch it to exercise deep tries.
