@@ -1,0 +1,1 @@
+"""kvbroker benchmarks: ``python benchmarks/run.py --help`` (see README.md)."""

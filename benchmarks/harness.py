@@ -1,0 +1,480 @@
+"""The measuring instrument: instances, timing, peak RSS, records and tables.
+
+A *workload* is an ``async def run(ctx) -> list[Sample]`` plus a little
+metadata (:class:`Workload`).  One *rep* of a workload runs in a fresh
+``asyncio.Runner`` whose loop is the rep's loop (uvloop or asyncio); the
+ranks it starts through :meth:`RepContext.instance` run on the same kind of
+loop.  Before an instance is stopped, each rank's peak RSS (``VmHWM``) is
+read from ``/proc``.
+
+Samples of all reps are folded into records::
+
+    {workload, variant, loop, size, metric, value, unit, reps: [...],
+     commit, rss_mb: {rank: MB}, fanout, cores}
+
+``value`` is the median of ``reps``.  With two loops, extra records with
+``loop = "uvloop/asyncio"`` hold the ratio of the two medians.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from broker.handle import Handle
+from broker.launch import Instance
+from broker.loops import loop_factory
+
+REPO = Path(__file__).resolve().parent.parent
+LOOP_RATIO = "uvloop/asyncio"
+
+
+class Skip(Exception):
+    """The workload cannot run here (e.g. a module is not loaded yet)."""
+
+
+# ---------------------------------------------------------------- settings
+
+
+@dataclass
+class Settings:
+    size: int = 4
+    fanout: int = 2
+    loops: list[str] = field(default_factory=lambda: ["uvloop"])
+    reps: int = 3
+    quick: bool = False
+    n_iter: int | None = None
+    msg_sizes: list[int] | None = None
+    timeout: float = 1800.0
+    verbose: bool = False
+
+
+@dataclass
+class Sample:
+    """One measured figure of one rep.
+
+    ``better`` is ``"higher"`` (rates), ``"lower"`` (latencies, cost ratios)
+    or ``""`` (informational).  ``rss_mb`` overrides the instance's peak RSS
+    for this sample (e.g. RSS read at one level of W5x).
+    """
+
+    variant: str
+    metric: str
+    value: float
+    unit: str
+    better: str = "higher"
+    rss_mb: dict[str, float] | None = None
+
+
+@dataclass
+class Workload:
+    id: str
+    title: str
+    payload: str | Callable[[Settings], str]
+    run: Callable[[RepContext], Awaitable[list[Sample]]]
+    needs: tuple[str, ...] = ()
+
+    def describe_payload(self, settings: Settings) -> str:
+        return self.payload if isinstance(self.payload, str) else self.payload(settings)
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def git_commit() -> str:
+    """``git rev-parse --short HEAD``, with ``+dirty`` if the measured code
+    (broker/, kvs/, kvs_watch/) differs from it."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
+                              capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    try:
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "broker", "kvs", "kvs_watch"],
+            cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        dirty = ""
+    return f"{head}+dirty" if dirty else head
+
+
+def peak_rss_mb(pid: int) -> float | None:
+    """Peak resident set size of ``pid`` in MB (``VmHWM``), None if gone."""
+    return _proc_status_mb(pid, "VmHWM:")
+
+
+def current_rss_mb(pid: int) -> float | None:
+    return _proc_status_mb(pid, "VmRSS:")
+
+
+def _proc_status_mb(pid: int, field_name: str) -> float | None:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(field_name):
+                    return round(int(line.split()[1]) / 1024, 2)
+    except OSError:
+        return None
+    return None
+
+
+def child_env() -> dict[str, str]:
+    """Environment for client processes: ``benchmarks`` importable."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    env.pop("KVBROKER_URI", None)
+    return env
+
+
+def rate(n: int, seconds: float) -> float:
+    return n / seconds if seconds > 0 else float("inf")
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100) of a non-empty list."""
+    s = sorted(values)
+    k = max(0, min(len(s) - 1, math.ceil(q / 100 * len(s)) - 1))
+    return s[k]
+
+
+def parse_size(text: str) -> int:
+    """``1024``, ``1K``, ``1KiB``, ``64k``, ``1M``, ``16MiB`` -> bytes."""
+    t = text.strip().lower().removesuffix("ib").removesuffix("b")
+    mult = 1
+    if t and t[-1] in "kmg":
+        mult = 1 << {"k": 10, "m": 20, "g": 30}[t[-1]]
+        t = t[:-1]
+    try:
+        n = int(float(t) * mult)
+    except ValueError:
+        raise ValueError(f"not a size: {text!r}") from None
+    if n <= 0:
+        raise ValueError(f"size must be positive: {text!r}")
+    return n
+
+
+def fmt_size(n: int) -> str:
+    for unit, shift in (("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift}{unit}"
+    return f"{n}B"
+
+
+def fmt_value(v: float) -> str:
+    if v != v or v in (float("inf"), float("-inf")):
+        return str(v)
+    a = abs(v)
+    if a >= 1000:
+        return f"{v:,.0f}"
+    if a >= 100:
+        return f"{v:.1f}"
+    if a >= 1:
+        return f"{v:.2f}"
+    if a == 0:
+        return "0"
+    return f"{v:.3g}"
+
+
+# ---------------------------------------------------------------- one rep
+
+
+class RepContext:
+    """What a workload's ``run`` gets: settings, the loop, instance helpers."""
+
+    def __init__(self, settings: Settings, workload: Workload, loop: str, rep: int,
+                 logdir: Path) -> None:
+        self.settings = settings
+        self.workload = workload
+        self.loop = loop
+        self.rep = rep
+        self.logdir = logdir
+        self.size = settings.size
+        self.fanout = settings.fanout
+        self.quick = settings.quick
+        self.instances: list[Instance] = []
+        self.handles: list[Handle] = []
+        self.rss_mb: dict[str, float] = {}
+        self.logs: list[Path] = []
+        self.notes: list[str] = []
+
+    def n(self, full: int, quick: int) -> int:
+        """The iteration count: ``--n-iter`` if given, else by mode."""
+        if self.settings.n_iter:
+            return self.settings.n_iter
+        return quick if self.quick else full
+
+    def note(self, text: str) -> None:
+        """A line printed under the workload's table (once per distinct text)."""
+        if text not in self.notes:
+            self.notes.append(text)
+
+    async def instance(self, size: int | None = None, **kw: Any) -> Instance:
+        """Start a fresh instance on this rep's loop; stopped by :meth:`close`."""
+        log = self.logdir / f"{self.workload.id}-{self.loop}-rep{self.rep}-{len(self.logs)}.log"
+        self.logs.append(log)
+        kw.setdefault("fanout", self.fanout)
+        inst = Instance(size or self.size, event_loop=self.loop, stderr_path=str(log), **kw)
+        await inst.start()
+        self.instances.append(inst)
+        return inst
+
+    async def connect(self, inst: Instance, rank: int = 0) -> Handle:
+        h = await Handle.connect(inst.uri(rank))
+        self.handles.append(h)
+        return h
+
+    def rss_now(self, inst: Instance, peak: bool = True) -> dict[str, float]:
+        read = peak_rss_mb if peak else current_rss_mb
+        out = {}
+        for rank, pid in enumerate(inst.pids()):
+            mb = read(pid)
+            if mb is not None:
+                out[str(rank)] = mb
+        return out
+
+    async def close(self) -> None:
+        for h in self.handles:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(h.close(), 5)
+        self.handles.clear()
+        for inst in self.instances:
+            for rank, mb in self.rss_now(inst).items():
+                self.rss_mb[rank] = max(mb, self.rss_mb.get(rank, 0.0))
+            await inst.stop()
+        self.instances.clear()
+
+    def log_tail(self, lines: int = 30) -> str:
+        out = []
+        for log in self.logs:
+            try:
+                text = log.read_text(errors="replace").splitlines()
+            except OSError:
+                continue
+            if text:
+                out.append(f"--- {log} (last {min(lines, len(text))} lines)")
+                out.extend(text[-lines:])
+        return "\n".join(out)
+
+
+async def require_modules(h: Handle, *names: str) -> None:
+    """Raise :class:`Skip` unless ``module.list`` on h's rank shows ``names``."""
+    resp = await asyncio.wait_for(h.rpc("module.list"), 10)
+    loaded = [m.get("name") for m in resp.get("modules", [])]
+    missing = [n for n in names if n not in loaded]
+    if missing:
+        raise Skip(f"module {', '.join(missing)} not loaded "
+                   f"(module.list shows: {', '.join(map(str, loaded))})")
+
+
+@dataclass
+class RepResult:
+    loop: str
+    rep: int
+    samples: list[Sample]
+    rss_mb: dict[str, float]
+    seconds: float
+    notes: list[str]
+
+
+def run_rep(settings: Settings, workload: Workload, loop: str, rep: int,
+            logdir: Path) -> RepResult:
+    """One rep on a fresh event loop of kind ``loop`` (raises Skip / errors)."""
+    ctx = RepContext(settings, workload, loop, rep, logdir)
+
+    async def main() -> list[Sample]:
+        try:
+            async with asyncio.timeout(settings.timeout):
+                return await workload.run(ctx)
+        except BaseException as exc:
+            if not isinstance(exc, Skip):
+                tail = ctx.log_tail()
+                if tail:
+                    print(tail, file=sys.stderr)
+            raise
+        finally:
+            await ctx.close()
+
+    t0 = time.perf_counter()
+    with asyncio.Runner(loop_factory=loop_factory(loop)) as runner:
+        samples = runner.run(main())
+    return RepResult(loop, rep, samples, ctx.rss_mb, time.perf_counter() - t0, ctx.notes)
+
+
+# ---------------------------------------------------------------- records
+
+
+@dataclass
+class Series:
+    variant: str
+    metric: str
+    unit: str
+    better: str
+    loop: str
+    values: list[float] = field(default_factory=list)
+    rss_mb: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.values)
+
+
+def fold(results: Iterable[RepResult]) -> list[Series]:
+    """Group samples by (loop, variant, metric), keeping first-seen order."""
+    series: dict[tuple[str, str, str], Series] = {}
+    for res in results:
+        for s in res.samples:
+            key = (res.loop, s.variant, s.metric)
+            ser = series.get(key)
+            if ser is None:
+                ser = series[key] = Series(s.variant, s.metric, s.unit, s.better, res.loop)
+            ser.values.append(s.value)
+            for rank, mb in (s.rss_mb if s.rss_mb is not None else res.rss_mb).items():
+                ser.rss_mb[rank] = max(mb, ser.rss_mb.get(rank, 0.0))
+    return list(series.values())
+
+
+def loop_ratios(series: list[Series]) -> list[Series]:
+    """uvloop/asyncio ratio of each figure measured on both loops (per rep pair)."""
+    by_key = {(s.loop, s.variant, s.metric): s for s in series}
+    out = []
+    for s in series:
+        if s.loop != "uvloop" or not s.better:
+            continue
+        other = by_key.get(("asyncio", s.variant, s.metric))
+        if other is None:
+            continue
+        pairs = [u / a for u, a in zip(s.values, other.values, strict=False) if a]
+        if not pairs:
+            continue
+        r = Series(s.variant, s.metric, "x", s.better, LOOP_RATIO, pairs)
+        out.append(r)
+    return out
+
+
+def records(workload: Workload, series: list[Series], settings: Settings,
+            commit: str) -> list[dict[str, Any]]:
+    return [
+        {
+            "workload": workload.id,
+            "variant": s.variant,
+            "loop": s.loop,
+            "size": settings.size,
+            "metric": s.metric,
+            "value": s.median,
+            "unit": s.unit,
+            "reps": list(s.values),
+            "commit": commit,
+            "rss_mb": dict(s.rss_mb),
+            "fanout": settings.fanout,
+            "cores": cores(),
+        }
+        for s in series
+    ]
+
+
+# ---------------------------------------------------------------- tables
+
+
+def header(workload: Workload, settings: Settings, loop: str, commit: str, n_reps: int) -> str:
+    return (
+        f"\n{workload.id}  {workload.title}\n"
+        f"  size={settings.size} fanout={settings.fanout} loop={loop} "
+        f"payload={workload.describe_payload(settings)} cores={cores()} reps={n_reps}"
+        f"{' quick' if settings.quick else ''} commit={commit} "
+        f"python={platform.python_version()}"
+    )
+
+
+def table(series: list[Series]) -> Iterator[str]:
+    """One row per figure: median/min/max, then each rep's value."""
+    if not series:
+        return
+    vw = max(12, *(len(s.variant) for s in series)) + 1
+    mw = max(6, *(len(s.metric) for s in series)) + 1
+    uw = max(5, *(len(s.unit) for s in series)) + 1
+    nreps = max(len(s.values) for s in series)
+    reps_hdr = " ".join(f"{'rep' + str(i + 1):>10}" for i in range(nreps))
+    yield (f"  {'variant':<{vw}}{'metric':<{mw}}{'unit':<{uw}}"
+           f"{'median':>11}{'min':>11}{'max':>11}   {reps_hdr}")
+    for s in series:
+        reps = " ".join(f"{fmt_value(v):>10}" for v in s.values)
+        yield (f"  {s.variant:<{vw}}{s.metric:<{mw}}{s.unit:<{uw}}"
+               f"{fmt_value(s.median):>11}{fmt_value(min(s.values)):>11}"
+               f"{fmt_value(max(s.values)):>11}   {reps}")
+
+
+def rss_line(series: list[Series]) -> str:
+    peak: dict[str, float] = {}
+    for s in series:
+        for rank, mb in s.rss_mb.items():
+            peak[rank] = max(mb, peak.get(rank, 0.0))
+    if not peak:
+        return ""
+    ranks = sorted(peak, key=lambda r: (len(r), r))
+    return "  peak RSS MB: " + " ".join(f"r{r}={peak[r]:.1f}" for r in ranks)
+
+
+def print_failure(workload: Workload, loop: str, rep: int, exc: BaseException) -> None:
+    print(f"\n{workload.id}: FAILED on {loop} rep {rep + 1}: {exc!r}", file=sys.stderr)
+    traceback.print_exception(exc, file=sys.stderr)
+
+
+def make_logdir() -> Path:
+    return Path(tempfile.mkdtemp(prefix="kvb-bench-"))
+
+
+# ---------------------------------------------------------------- client processes
+
+
+async def spawn(module: str, *args: str, stdin: bool = False,
+                ready_timeout: float = 30.0) -> asyncio.subprocess.Process:
+    """Start ``python -m <module> ARGS`` and wait for its ``ready`` line."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", module, *args,
+        stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, env=child_env(), cwd=str(REPO),
+    )
+    assert proc.stdout is not None
+    try:
+        line = await asyncio.wait_for(proc.stdout.readline(), ready_timeout)
+    except BaseException:
+        await reap(proc)
+        raise
+    if not line.startswith(b"ready"):
+        await reap(proc)
+        raise RuntimeError(f"{module} did not start (said {line[:200]!r}, "
+                           f"status {proc.returncode})")
+    return proc
+
+
+async def reap(proc: asyncio.subprocess.Process, timeout: float = 5.0) -> int | None:
+    """Wait for a helper to exit; terminate, then kill, if it lingers."""
+    for action in (None, proc.terminate, proc.kill):
+        if action is not None and proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                action()
+        try:
+            return await asyncio.wait_for(proc.wait(), timeout)
+        except TimeoutError:
+            continue
+    return proc.returncode

@@ -1,0 +1,210 @@
+"""Run the kvbroker benchmarks (../shared/BENCHMARKS.md); see benchmarks/README.md.
+
+    python benchmarks/run.py [WORKLOAD...] [--size N] [--fanout K]
+        [--event-loop uvloop|asyncio|both] [--reps R] [--quick]
+        [--json out.json] [--n-iter N] [-n SIZE]
+
+Every rep of every workload starts its own instance on the rep's event loop
+and runs its client side on a loop of the same kind.  With ``--event-loop
+both`` reps alternate uvloop, asyncio, uvloop, asyncio... and the
+uvloop/asyncio ratio of each figure is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks import harness  # noqa: E402
+from benchmarks.harness import (  # noqa: E402
+    LOOP_RATIO,
+    RepResult,
+    Settings,
+    Skip,
+    Workload,
+)
+from benchmarks.workloads import ALL, BY_ID  # noqa: E402
+from broker.loops import resolve  # noqa: E402
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python benchmarks/run.py",
+        description="kvbroker benchmarks: " + ", ".join(w.id for w in ALL),
+    )
+    p.add_argument("workloads", nargs="*", metavar="WORKLOAD",
+                   help="workloads to run (default: all), e.g. W0 W1 W6")
+    p.add_argument("--size", type=int, default=4, help="ranks per instance (default 4)")
+    p.add_argument("--fanout", type=int, default=2, help="tree fanout (default 2)")
+    p.add_argument("--event-loop", default="auto",
+                   choices=("auto", "uvloop", "asyncio", "both"),
+                   help="loop of the ranks and of the client side (default: auto)")
+    p.add_argument("--reps", type=int, help="repetitions per loop (default 3, --quick 1)")
+    p.add_argument("--quick", action="store_true",
+                   help="small counts: every workload together in under two minutes")
+    p.add_argument("--json", metavar="FILE", help="write the records to FILE")
+    p.add_argument("--n-iter", type=int,
+                   help="override the main iteration count of every workload")
+    p.add_argument("-n", "--msg-size", action="append", default=[], metavar="SIZE",
+                   help="W1b payload size(s), e.g. -n 64K -n 1MiB (repeatable, or a,b,c)")
+    p.add_argument("--timeout", type=float, default=1800.0,
+                   help="seconds allowed for one rep (default 1800)")
+    p.add_argument("--list", action="store_true", help="list the workloads and exit")
+    args = p.parse_args(argv)
+    if args.size < 1 or args.fanout < 1:
+        p.error("--size and --fanout must be at least 1")
+    if args.reps is not None and args.reps < 1:
+        p.error("--reps must be at least 1")
+    if args.n_iter is not None and args.n_iter < 1:
+        p.error("--n-iter must be at least 1")
+    unknown = [w for w in args.workloads if w.lower() not in BY_ID and w.lower() != "all"]
+    if unknown:
+        p.error(f"unknown workload(s) {', '.join(unknown)}; "
+                f"choose from {', '.join(w.id for w in ALL)}")
+    try:
+        args.msg_sizes = [harness.parse_size(x) for arg in args.msg_size
+                          for x in arg.split(",") if x]
+        args.loops = (["uvloop", "asyncio"] if args.event_loop == "both"
+                      else [resolve(args.event_loop)])
+    except ValueError as exc:
+        p.error(str(exc))
+    return args
+
+
+def select(names: list[str]) -> list[Workload]:
+    if not names or any(n.lower() == "all" for n in names):
+        return list(ALL)
+    wanted = {n.lower() for n in names}
+    return [w for w in ALL if w.id.lower() in wanted]
+
+
+def run_workload(w: Workload, settings: Settings, logdir: Path,
+                 commit: str) -> tuple[list[dict], bool]:
+    """All reps of one workload; print its tables; (records, ok)."""
+    results: list[RepResult] = []
+    for rep in range(settings.reps):
+        for loop in settings.loops:
+            print(f"[{w.id}] rep {rep + 1}/{settings.reps} {loop} ...",
+                  end="", file=sys.stderr, flush=True)
+            try:
+                res = harness.run_rep(settings, w, loop, rep, logdir)
+            except Skip as exc:
+                print(" skipped", file=sys.stderr)
+                print(f"\n{w.id}  {w.title}\n  SKIPPED: {exc}")
+                return [], True
+            except Exception as exc:
+                print(" failed", file=sys.stderr)
+                harness.print_failure(w, loop, rep, exc)
+                print(f"\n{w.id}  {w.title}\n  FAILED: {exc!r} (see stderr)")
+                return [], False
+            print(f" {res.seconds:.1f}s", file=sys.stderr)
+            results.append(res)
+    series = harness.fold(results)
+    for loop in settings.loops:
+        mine = [s for s in series if s.loop == loop]
+        print(harness.header(w, settings, loop, commit, settings.reps))
+        for line in harness.table(mine):
+            print(line)
+        rss = harness.rss_line(mine)
+        if rss:
+            print(rss)
+    notes = list(dict.fromkeys(n for r in results for n in r.notes))
+    for note in notes:
+        print(f"  note: {note}")
+    ratios = harness.loop_ratios(series) if len(settings.loops) == 2 else []
+    if ratios:
+        print(f"  {LOOP_RATIO} (>1 = uvloop higher; for 'lower is better' figures "
+              "<1 = uvloop better):")
+        for line in harness.table(ratios):
+            print(line)
+    return harness.records(w, series + ratios, settings, commit), True
+
+
+# (workload, variant, metric, comparison, target, what)
+TARGETS = [
+    ("W1", "rank3/rank0", "cost_ratio", "<", 2.0, "W1 hop cost rank3/rank0"),
+    ("W2", "rank0 b10/b01", "block_ratio", ">=", 0.8, "W2 block10/block1"),
+    ("W2p", "8 clients all r0 / 1 client", "ratio", ">=", 3.0, "W2p all-on-r0 / W2"),
+    ("W2p", "8 clients spread r0-3 / 1 client", "ratio", ">=", 3.0, "W2p spread / W2"),
+    ("W4", "r0->r3", "p50", "<=", 1.0, "W4 watch latency p50 ms"),
+    ("W5", "watch r3", "rate", ">=", 700.0, "W5 namespaces/s"),
+    ("W5x", "16K/1K", "ratio", ">=", 0.8, "W5x 16K/1K"),
+    ("W5x", "levels completed", "count", ">=", 4.0, "W5x levels completed (64K)"),
+    ("W6", "r0->r3", "rate", ">=", 20_000.0, "W6 events/s to rank 3"),
+    ("W6", "r0->r3", "lost", "<=", 0.0, "W6 events lost"),
+]
+
+
+def target_lines(records: list[dict], loops: list[str]) -> list[str]:
+    def get(wl: str, variant: str, metric: str, loop: str) -> float | None:
+        for r in records:
+            if (r["workload"], r["variant"], r["metric"], r["loop"]) == (wl, variant, metric,
+                                                                          loop):
+                return float(r["value"])
+        return None
+
+    lines = []
+    for loop in loops:
+        w1 = get("W1", "rank0", "rate", loop)
+        for yard in ("zmq-blocking", "zmq-asyncio"):
+            w0 = get("W0", yard, "rate", loop)
+            if w1 is not None and w0:
+                ok = w1 / w0 >= 0.6
+                lines.append(f"  [{loop}] W1 local / W0 {yard}: {w1 / w0:.2f} "
+                             f"(target >= 0.6) {'ok' if ok else 'MISS'}")
+        for wl, variant, metric, op, target, what in TARGETS:
+            v = get(wl, variant, metric, loop)
+            if v is None:
+                continue
+            ok = v < target if op == "<" else v >= target if op == ">=" else v <= target
+            lines.append(f"  [{loop}] {what}: {harness.fmt_value(v)} "
+                         f"(target {op} {harness.fmt_value(target)}) {'ok' if ok else 'MISS'}")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.list:
+        for w in ALL:
+            print(f"{w.id:<5} {w.title}")
+        return 0
+    settings = Settings(
+        size=args.size, fanout=args.fanout, loops=args.loops,
+        reps=args.reps or (1 if args.quick else 3), quick=args.quick,
+        n_iter=args.n_iter, msg_sizes=args.msg_sizes or None, timeout=args.timeout,
+    )
+    commit = harness.git_commit()
+    logdir = harness.make_logdir()
+    print(f"kvbroker benchmarks: commit {commit}, {harness.cores()} cores, "
+          f"loops {'/'.join(settings.loops)}, size {settings.size}, fanout {settings.fanout}"
+          f"{', quick' if settings.quick else ''}; rank logs in {logdir}")
+    t0 = time.perf_counter()
+    all_records: list[dict] = []
+    failed = []
+    for w in select(args.workloads):
+        recs, ok = run_workload(w, settings, logdir, commit)
+        all_records.extend(recs)
+        if not ok:
+            failed.append(w.id)
+        if args.json:  # keep what we have even if a later workload hangs
+            Path(args.json).write_text(json.dumps(all_records, indent=1) + "\n")
+    lines = target_lines(all_records, settings.loops)
+    if lines:
+        print("\nTargets (issue 5), from this run:")
+        print("\n".join(lines))
+    print(f"\ndone in {time.perf_counter() - t0:.1f}s"
+          f"{'; FAILED: ' + ', '.join(failed) if failed else ''}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(all_records, indent=1) + "\n")
+        print(f"records written to {args.json}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""W2, W2s, W2p: KVS commit rates.
+
+* W2 -- N sequential commits of one put each into one flat directory
+  (``w2.seq.r<rank>.k<i>`` = ``str(i)``), client on rank 0 and on rank 3.
+  The rate of each tenth of the run is reported too (``b01``..``b10``) and
+  ``b10/b01``: a rate that falls as the directory grows means every commit
+  rewrites the whole directory.
+* W2s -- the same with keys spread over directories of 100 entries
+  (``w2.sh.d<i//100>.k<i>``; the rank-3 client uses ``w2.sh-r3.d...``).
+* W2p -- 8 client processes x N commits (one put each), all on rank 0, then
+  spread over ranks 0-3; total commits/s, and the ratio to one sequential
+  client measured in the same instance (commit merging must pay).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+
+from benchmarks.harness import (
+    RepContext,
+    Sample,
+    Workload,
+    rate,
+    reap,
+    require_modules,
+    spawn,
+)
+from benchmarks.workloads import kvsops
+from broker.handle import Handle
+
+BLOCKS = 10
+WARMUP = 20
+W2P_CLIENTS = 8
+
+
+async def sequential_commits(h: Handle, keys: list[str]) -> tuple[float, list[float]]:
+    """Commit ``keys`` one by one; total seconds and the rate of each block."""
+    n = len(keys)
+    bounds = {n * (b + 1) // BLOCKS for b in range(BLOCKS)}
+    marks = [time.perf_counter()]
+    commit, put_op = kvsops.commit, kvsops.put_op
+    for i, key in enumerate(keys):
+        await commit(h, [put_op(key, str(i).encode())])
+        if i + 1 in bounds:
+            marks.append(time.perf_counter())
+    sizes = [n * (b + 1) // BLOCKS - n * b // BLOCKS for b in range(BLOCKS)]
+    blocks = [rate(k, t1 - t0) for k, t0, t1 in zip(sizes, marks, marks[1:], strict=False)]
+    return marks[-1] - marks[0], blocks
+
+
+async def _warm(h: Handle, tag: str) -> None:
+    for i in range(WARMUP):
+        await kvsops.commit(h, [kvsops.put_op(f"w2.warm.{tag}.k{i}", b"x")])
+
+
+async def _commit_series(ctx: RepContext, key: Callable[[int, int], str]) -> list[Sample]:
+    n = ctx.n(5_000, 1_000)
+    inst = await ctx.instance()
+    h0 = await ctx.connect(inst, 0)
+    await require_modules(h0, "kvs")
+    ranks = [0] + ([3] if ctx.size >= 4 else [])
+    if ctx.size < 4:
+        ctx.note("size < 4: the rank-3 client is skipped")
+    out = []
+    for rank in ranks:
+        h = h0 if rank == 0 else await ctx.connect(inst, rank)
+        await _warm(h, f"r{rank}")
+        elapsed, blocks = await sequential_commits(h, [key(rank, i) for i in range(n)])
+        v = f"rank{rank}"
+        out.append(Sample(v, "rate", rate(n, elapsed), "commits/s"))
+        out.extend(Sample(f"{v} b{b + 1:02d}", "rate", r, "commits/s")
+                   for b, r in enumerate(blocks))
+        out.append(Sample(f"{v} b{BLOCKS}/b01", "block_ratio", blocks[-1] / blocks[0], "x"))
+    return out
+
+
+async def run_w2(ctx: RepContext) -> list[Sample]:
+    return await _commit_series(ctx, lambda rank, i: f"w2.seq.r{rank}.k{i}")
+
+
+async def run_w2s(ctx: RepContext) -> list[Sample]:
+    def key(rank: int, i: int) -> str:
+        top = "w2.sh" if rank == 0 else f"w2.sh-r{rank}"
+        return f"{top}.d{i // 100}.k{i}"
+
+    return await _commit_series(ctx, key)
+
+
+async def parallel_clients(ctx: RepContext, uris: list[str], n: int,
+                           prefix: str) -> tuple[float, int, str]:
+    """Run one kvs_client process per URI; (seconds, errors, first error)."""
+    procs = await asyncio.gather(*(
+        spawn("benchmarks.workloads.kvs_client", uri, ctx.loop, str(n), f"{prefix}.c{j}",
+              stdin=True)
+        for j, uri in enumerate(uris)))
+    try:
+        for p in procs:
+            assert p.stdin is not None
+            p.stdin.write(b"go\n")
+        await asyncio.gather(*(p.stdin.drain() for p in procs if p.stdin))
+        lines = await asyncio.gather(*(p.stdout.readline() for p in procs if p.stdout))
+    finally:
+        await asyncio.gather(*(reap(p) for p in procs))
+    if not all(lines):
+        raise RuntimeError("a W2p client exited without a result (see its stderr above)")
+    results = [json.loads(line) for line in lines]
+    start = min(r["start"] for r in results)
+    end = max(r["end"] for r in results)
+    errors = sum(r["errors"] for r in results)
+    first = next((r["error"] for r in results if r["error"]), "")
+    return end - start, errors, first
+
+
+async def run_w2p(ctx: RepContext) -> list[Sample]:
+    n = ctx.n(1_000, 200)
+    inst = await ctx.instance()
+    h0 = await ctx.connect(inst, 0)
+    await require_modules(h0, "kvs")
+    await _warm(h0, "p")
+    base_elapsed, _ = await sequential_commits(h0, [f"w2p.base.k{i}" for i in range(n)])
+    base = rate(n, base_elapsed)
+    out = [Sample("1 client r0", "rate", base, "commits/s")]
+    spread = min(4, ctx.size)
+    variants = [("all r0", [inst.uri(0)] * W2P_CLIENTS)]
+    if spread > 1:
+        variants.append((f"spread r0-{spread - 1}",
+                         [inst.uri(j % spread) for j in range(W2P_CLIENTS)]))
+    for name, uris in variants:
+        elapsed, errors, first = await parallel_clients(
+            ctx, uris, n, f"w2p.{name.split()[0]}")
+        if errors:
+            ctx.note(f"W2p {name}: {errors} commits failed, first: {first}")
+        total = rate(W2P_CLIENTS * n - errors, elapsed)
+        label = f"{W2P_CLIENTS} clients {name}"
+        out.append(Sample(label, "rate", total, "commits/s"))
+        out.append(Sample(f"{label} / 1 client", "ratio", total / base, "x"))
+    return out
+
+
+WORKLOADS = [
+    Workload("W2", "sequential commits (one put each) into one flat directory",
+             "one put, str(i)", run_w2, ("kvs",)),
+    Workload("W2s", "sequential commits, keys spread over directories of 100",
+             "one put, str(i)", run_w2s, ("kvs",)),
+    Workload("W2p", f"{W2P_CLIENTS} client processes committing concurrently",
+             "one put, str(i)", run_w2p, ("kvs",)),
+]

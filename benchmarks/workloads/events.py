@@ -1,0 +1,77 @@
+"""W6: event throughput from a publisher on rank 0 to a subscriber on rank 3.
+
+The subscriber subscribes ``test.x`` on rank 3 (or the highest rank below
+4 when the instance is smaller); the publisher sends N events ``test.x``
+``{seq: i}`` with ``publish_nowait`` (no acks), in bursts with a yield in
+between so the subscriber's handle gets to read.  Rate = N / (last receipt
+- first publish).  Every event must arrive, in order: losses, reorders and
+gaps in the broker's global ``seq`` are reported as their own figures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from benchmarks.harness import RepContext, Sample, Workload, rate
+
+TOPIC = "test.x"
+BURST = 256
+IDLE_TIMEOUT = 10.0
+
+
+async def run(ctx: RepContext) -> list[Sample]:
+    n = ctx.n(10_000, 10_000)
+    inst = await ctx.instance()
+    sub_rank = min(3, ctx.size - 1)
+    sub = await ctx.connect(inst, sub_rank)
+    pub = await ctx.connect(inst, 0)
+    await sub.subscribe(TOPIC)
+    # warm-up: one acknowledged event, so the path is up when timing starts
+    await pub.publish(TOPIC, {"seq": -1})
+    first = await asyncio.wait_for(sub.recv_event(), IDLE_TIMEOUT)
+    last_seq = first.seq
+
+    received = 0
+    misordered = 0
+    gaps = 0
+    t_last = 0.0
+
+    async def consume() -> None:
+        nonlocal received, misordered, gaps, t_last, last_seq
+        while received < n:
+            ev = await asyncio.wait_for(sub.recv_event(), IDLE_TIMEOUT)
+            t_last = time.perf_counter()
+            if ev.topic != TOPIC:
+                continue
+            if ev.payload.get("seq") != received:
+                misordered += 1
+            if ev.seq != last_seq + 1:
+                gaps += 1
+            last_seq = ev.seq
+            received += 1
+
+    consumer = asyncio.get_running_loop().create_task(consume())
+    publish = pub.publish_nowait
+    t0 = time.perf_counter()
+    for start in range(0, n, BURST):
+        for i in range(start, min(n, start + BURST)):
+            publish(TOPIC, {"seq": i})
+        await asyncio.sleep(0)
+    try:
+        await consumer
+    except TimeoutError:
+        ctx.note(f"subscriber heard nothing for {IDLE_TIMEOUT}s: {n - received} events lost")
+    variant = f"r0->r{sub_rank}"
+    elapsed = t_last - t0
+    return [
+        Sample(variant, "rate", rate(received, elapsed) if received else 0.0, "events/s"),
+        Sample(variant, "lost", float(n - received), "events", "lower"),
+        Sample(variant, "misordered", float(misordered + gaps), "events", "lower"),
+    ]
+
+
+WORKLOADS = [
+    Workload("W6", "event throughput, publisher on rank 0 -> subscriber on rank 3",
+             "test.x {seq: i}", run),
+]

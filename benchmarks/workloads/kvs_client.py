@@ -1,0 +1,48 @@
+"""A W2p commit client: ``python -m benchmarks.workloads.kvs_client URI LOOP N PREFIX``.
+
+Connects to URI on its own event loop (LOOP), prints ``ready``, waits for a
+``go`` line on stdin, then makes N sequential commits of one put each
+(``<PREFIX>.k<i>`` = ``str(i)``) and prints one JSON line
+``{"start", "end", "n", "errors", "error"}`` (``time.perf_counter`` stamps,
+comparable across processes on Linux: CLOCK_MONOTONIC).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+
+from benchmarks.workloads import kvsops
+from broker.errors import RemoteError
+from broker.handle import Handle
+from broker.loops import loop_factory
+
+
+async def main(uri: str, n: int, prefix: str) -> dict:
+    h = await Handle.connect(uri)
+    print("ready", flush=True)
+    loop = asyncio.get_running_loop()
+    line = await loop.run_in_executor(None, sys.stdin.readline)
+    if line.strip() != "go":
+        await h.close()
+        return {"start": 0.0, "end": 0.0, "n": 0, "errors": 0, "error": "not started"}
+    errors, first_error = 0, ""
+    t0 = time.perf_counter()
+    for i in range(n):
+        try:
+            await kvsops.commit(h, [kvsops.put_op(f"{prefix}.k{i}", str(i).encode())])
+        except RemoteError as exc:
+            errors += 1
+            first_error = first_error or f"{exc.errname}: {exc}"
+    t1 = time.perf_counter()
+    await h.close()
+    return {"start": t0, "end": t1, "n": n, "errors": errors, "error": first_error}
+
+
+if __name__ == "__main__":
+    uri, loop_kind, count, key_prefix = sys.argv[1:5]
+    with asyncio.Runner(loop_factory=loop_factory(loop_kind)) as runner:
+        result = runner.run(main(uri, int(count), key_prefix))
+    print(json.dumps(result), flush=True)

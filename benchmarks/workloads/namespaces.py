@@ -1,0 +1,181 @@
+"""W5 and W5x: the job-like namespace lifecycle, alone and among many live ones.
+
+One lifecycle (DESIGN.md sections 6-8):
+
+1. ``kvs.namespace-create {namespace: w5-<i>, owner: uid}`` (rank 0);
+2. a WAITCREATE watch ``kvs-watch.lookup {key: eventlog, flags: WATCH|WAITCREATE}``
+   from the watcher's rank (rank 3 is the headline variant, rank 0 the other);
+3. one commit of 3 ops: put ``jobspec``, put ``R``, APPEND a line to ``eventlog``;
+4. the watcher receives the eventlog;
+5. ``kvs-watch.cancel {matchtag}`` on the watcher's handle; the stream ends;
+6. ``kvs.namespace-remove``.
+
+W5x repeats W5 while 1K, 4K, 16K and 64K other namespaces stay alive, each
+with one idle WAITCREATE watcher on rank 3, and reports the rate at each
+level, its ratio to the first level, each rank's peak RSS at each level, and
+the memory each extra live namespace (+ watcher) costs per rank, in bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+import os
+import time
+
+from benchmarks.harness import (
+    RepContext,
+    Sample,
+    Workload,
+    current_rss_mb,
+    rate,
+    require_modules,
+)
+from benchmarks.workloads import kvsops
+from broker.errors import RemoteError
+from broker.handle import Handle, Stream
+
+WAIT = 10.0
+JOBSPEC = json.dumps({"version": 1, "resources": [{"type": "slot", "count": 1,
+                      "with": [{"type": "core", "count": 1}]}],
+                      "tasks": [{"command": ["true"], "slot": "task",
+                                 "count": {"per_slot": 1}}],
+                      "attributes": {"system": {"duration": 0}}}).encode()
+R_OBJ = json.dumps({"version": 1, "execution": {"R_lite": [
+    {"rank": "0", "children": {"core": "0"}}], "starttime": 0, "expiration": 0}}).encode()
+W5X_LEVELS = (1024, 4096, 16384, 65536)
+W5X_QUICK_LEVELS = (64, 256, 1024)
+CREATE_WINDOW = 64
+
+
+def eventlog_line(name: str) -> bytes:
+    return (json.dumps({"timestamp": time.time(), "name": name, "context": {}}) + "\n").encode()
+
+
+async def lifecycle(h0: Handle, hw: Handle, ns: str, uid: int) -> None:
+    """One job-like namespace lifecycle (see the module docstring)."""
+    await h0.rpc("kvs.namespace-create", {"namespace": ns, "owner": uid})
+    stream = kvsops.watch(hw, "eventlog", ns, kvsops.WATCH | kvsops.WAITCREATE)
+    line = eventlog_line("submit")
+    await kvsops.commit(h0, [
+        kvsops.put_op("jobspec", JOBSPEC),
+        kvsops.put_op("R", R_OBJ),
+        kvsops.put_op("eventlog", line, kvsops.APPEND),
+    ], namespace=ns)
+    msg = await asyncio.wait_for(stream.next_message(), WAIT)
+    if msg is None:
+        raise RemoteError(errno.ENODATA, f"{ns}: watch ended before the eventlog arrived")
+    got = kvsops.value_of(msg.payload)
+    if got is None or not got.startswith(line):
+        raise RemoteError(errno.EIO, f"{ns}: watcher got {got!r}, wanted the eventlog line")
+    await end_watch(hw, stream)
+    await h0.rpc("kvs.namespace-remove", {"namespace": ns})
+
+
+async def end_watch(h: Handle, stream: Stream) -> None:
+    kvsops.cancel(h, stream)
+    while await asyncio.wait_for(stream.next_message(), WAIT) is not None:
+        pass
+
+
+async def lifecycles(h0: Handle, hw: Handle, names: list[str]) -> float:
+    """Seconds for sequential lifecycles of ``names``."""
+    uid = os.getuid()
+    t0 = time.perf_counter()
+    for ns in names:
+        await lifecycle(h0, hw, ns, uid)
+    return time.perf_counter() - t0
+
+
+async def run_w5(ctx: RepContext) -> list[Sample]:
+    n = ctx.n(1_024, 128)
+    inst = await ctx.instance()
+    h0 = await ctx.connect(inst, 0)
+    await require_modules(h0, "kvs", "kvs-watch")
+    watch_rank = min(3, ctx.size - 1)
+    hw = h0 if watch_rank == 0 else await ctx.connect(inst, watch_rank)
+    await lifecycles(h0, hw, [f"w5-warm-{i}" for i in range(16)])
+    out = []
+    base = 0
+    # the headline variant first: watcher on rank 3; then the watcher on rank 0
+    for rank, handle in [(watch_rank, hw)] + ([(0, h0)] if watch_rank else []):
+        names = [f"w5-{base + i}" for i in range(n)]
+        base += n
+        elapsed = await lifecycles(h0, handle, names)
+        out.append(Sample(f"watch r{rank}", "rate", rate(n, elapsed), "ns/s"))
+    return out
+
+
+async def add_idle(h0: Handle, hw: Handle, start: int, stop: int,
+                   streams: list[Stream]) -> None:
+    """Create namespaces ``w5x-idle-<k>`` and one idle WAITCREATE watcher in each."""
+    uid = os.getuid()
+
+    async def one(k: int) -> None:
+        ns = f"w5x-idle-{k}"
+        await h0.rpc("kvs.namespace-create", {"namespace": ns, "owner": uid})
+        streams.append(kvsops.watch(hw, "eventlog", ns, kvsops.WATCH | kvsops.WAITCREATE))
+
+    await kvsops.window((one(k) for k in range(start, stop)), CREATE_WINDOW)
+    # Let the watchers register before timing: a stats RPC to each module
+    # queues behind the watch requests already sent on these handles.
+    await hw.rpc("kvs-watch.stats-get")
+    await h0.rpc("kvs.stats-get")
+    await asyncio.sleep(0.2)
+
+
+def _label(level: int) -> str:
+    return f"{level // 1024}K" if level % 1024 == 0 else str(level)
+
+
+async def run_w5x(ctx: RepContext) -> list[Sample]:
+    levels = W5X_QUICK_LEVELS if ctx.quick else W5X_LEVELS
+    n = ctx.n(1_024, 64)
+    inst = await ctx.instance()
+    h0 = await ctx.connect(inst, 0)
+    await require_modules(h0, "kvs", "kvs-watch")
+    watch_rank = min(3, ctx.size - 1)
+    hw = h0 if watch_rank == 0 else await ctx.connect(inst, watch_rank)
+    await lifecycles(h0, hw, [f"w5x-warm-{i}" for i in range(16)])
+    streams: list[Stream] = []
+    out: list[Sample] = []
+    rates: dict[int, float] = {}
+    rss_at: dict[int, dict[str, float]] = {}
+    live = 0
+    for level in levels:
+        try:
+            t0 = time.perf_counter()
+            await add_idle(h0, hw, live, level, streams)
+            live = level
+            ctx.note(f"{_label(level)} idle namespaces + watchers set up in "
+                     f"{time.perf_counter() - t0:.1f}s")
+            names = [f"w5x-{level}-{i}" for i in range(n)]
+            rates[level] = rate(n, await lifecycles(h0, hw, names))
+        except Exception as exc:
+            ctx.note(f"W5x level {_label(level)} failed: {exc!r}")
+            break
+        rss_at[level] = {str(r): mb for r, pid in enumerate(inst.pids())
+                         if (mb := current_rss_mb(pid)) is not None}
+        v = f"{_label(level)} live"
+        out.append(Sample(v, "rate", rates[level], "ns/s", rss_mb=ctx.rss_now(inst)))
+        if level != levels[0] and levels[0] in rates:
+            out.append(Sample(f"{_label(level)}/{_label(levels[0])}", "ratio",
+                              rates[level] / rates[levels[0]], "x"))
+    out.append(Sample("levels completed", "count", float(len(rates)), "levels"))
+    done = [lv for lv in levels if lv in rss_at]
+    if len(done) >= 2:
+        lo, hi = done[0], done[-1]
+        for rank in rss_at[hi]:
+            grown = (rss_at[hi][rank] - rss_at[lo].get(rank, 0.0)) * (1 << 20)
+            out.append(Sample(f"mem r{rank} per live ns", "bytes", grown / (hi - lo), "B",
+                              "lower"))
+    return out
+
+
+WORKLOADS = [
+    Workload("W5", "job-like namespace lifecycle (create, watch, commit, cancel, remove)",
+             "jobspec + R + 1 eventlog line", run_w5, ("kvs", "kvs-watch")),
+    Workload("W5x", "W5 while 1K..64K other namespaces with idle watchers stay alive",
+             "as W5", run_w5x, ("kvs", "kvs-watch")),
+]
