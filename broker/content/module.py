@@ -6,8 +6,9 @@
 * ``content.load`` ``{blobref}`` -> ``{data}``: from the cache, else from
   upstream (rank != 0) or the SQLite backing store (rank 0); ``ENOENT`` if
   no one has it.
-* Rank 0 writes new blobs back to SQLite in batches (``FLUSH_DELAY``);
-  ``content.flush`` forces the batch out and makes it durable.
+* Rank 0 writes new blobs back to SQLite in batches (``FLUSH_DELAY``), on a
+  worker thread so the event loop never waits for the disk (SQLite releases
+  the GIL); ``content.flush`` forces the batches out and makes them durable.
 * ``content.checkpoint-put`` / ``-get`` ``{key, value}``: small named roots
   kept by rank 0 (KVS uses them to resume after a restart).
 * ``content.dropcache`` drops clean cache entries; ``content.stats-get``.
@@ -22,8 +23,10 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import logging
 import os
 from collections import Counter, OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
 
 from broker.content import blobref
@@ -55,6 +58,9 @@ class ContentModule(Module):
         self.backing: SqliteStore | None = None
         self._flush_handle: asyncio.TimerHandle | None = None
         self._loading: dict[str, asyncio.Future[bytes]] = {}
+        self._inflight: dict[str, bytes] = {}  # handed to the writer, not yet written
+        self._writes: set[asyncio.Future[None]] = set()
+        self._executor: ThreadPoolExecutor | None = None
 
     def handlers(self) -> dict[str, Handler]:
         return {
@@ -64,19 +70,27 @@ class ContentModule(Module):
             "content.dropcache": self.dropcache,
             "content.checkpoint-put": self.checkpoint_put,
             "content.checkpoint-get": self.checkpoint_get,
+            "content.stats-get": self.stats_get,
         }
 
     async def start(self) -> None:
         if self.ctx.rank == 0:
             statedir = self.ctx.attrs.get("statedir") or ""
             directory = statedir or self.ctx.attrs["rundir"]
-            self.backing = SqliteStore(os.path.join(directory, "content.sqlite"))
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="content-sqlite")
+            self.backing = await self._db(SqliteStore, os.path.join(directory, "content.sqlite"))
 
     async def stop(self) -> None:
         if self.backing is not None:
-            self._write_back()
-            self.backing.sync()
-            self.backing.close()
+            await self._drain()
+            await self._db(self.backing.sync)
+            await self._db(self.backing.close)
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+
+    async def _db(self, fn: Any, *args: Any) -> Any:
+        """Run a backing-store call on the one SQLite thread (calls stay in order)."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
     # ------------------------------------------------------------ cache
 
@@ -88,7 +102,7 @@ class ContentModule(Module):
         self.cache_bytes += len(data)
         while self.cache_bytes > self.cache_limit and len(self.cache) > 1:
             old, blob = next(iter(self.cache.items()))
-            if old in self.dirty:
+            if old in self.dirty or old in self._inflight:
                 break  # never evict what rank 0 has not written back yet
             del self.cache[old]
             self.cache_bytes -= len(blob)
@@ -99,11 +113,37 @@ class ContentModule(Module):
             self._flush_handle = loop.call_later(FLUSH_DELAY, self._write_back)
 
     def _write_back(self) -> None:
+        """Hand the dirty blobs to the SQLite thread as one transaction."""
         self._flush_handle = None
-        if self.dirty and self.backing is not None:
-            batch, self.dirty = self.dirty, {}
-            self.backing.put_many(batch.items())
-            self.counts["written"] += len(batch)
+        if not self.dirty or self.backing is None:
+            return
+        batch, self.dirty = self.dirty, {}
+        self._inflight.update(batch)
+        loop = asyncio.get_running_loop()
+        fut = loop.run_in_executor(self._executor, self.backing.put_many, list(batch.items()))
+        self._writes.add(fut)
+
+        def done(f: asyncio.Future[None]) -> None:
+            self._writes.discard(f)
+            for ref in batch:
+                self._inflight.pop(ref, None)
+            if f.exception() is not None:
+                logging.getLogger("kvbroker.content").error(
+                    "writing %d blobs to SQLite failed: %s", len(batch), f.exception())
+                for ref, data in batch.items():  # keep them; retry on the next batch
+                    self.dirty.setdefault(ref, data)
+            else:
+                self.counts["written"] += len(batch)
+
+        fut.add_done_callback(done)
+
+    async def _drain(self) -> None:
+        """Write every dirty blob now and wait until all writes are done."""
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+        self._write_back()
+        while self._writes:
+            await asyncio.gather(*list(self._writes), return_exceptions=True)
 
     # ------------------------------------------------------------ store
 
@@ -159,7 +199,7 @@ class ContentModule(Module):
         try:
             self.counts["misses"] += 1
             if self.backing is not None:
-                found = self.backing.get(ref)
+                found = await self._db(self.backing.get, ref)
                 if found is None:
                     raise ErrnoError(errno.ENOENT, f"unknown blob {ref}")
                 data = found
@@ -194,10 +234,8 @@ class ContentModule(Module):
         if self.ctx.rank != 0:
             await self.h.rpc("content.flush", {}, nodeid=NODEID_UPSTREAM)
         elif self.backing is not None:
-            if self._flush_handle is not None:
-                self._flush_handle.cancel()
-            self._write_back()
-            self.backing.sync()
+            await self._drain()
+            await self._db(self.backing.sync)
         self.h.respond(msg, {})
 
     def dropcache(self, msg: Message) -> None:
@@ -215,8 +253,8 @@ class ContentModule(Module):
             await self.h.rpc("content.checkpoint-put", body, nodeid=NODEID_UPSTREAM)
         else:
             assert self.backing is not None
-            self._write_back()
-            self.backing.checkpoint_put(body["key"], _checkpoint_bytes(value))
+            await self._drain()
+            await self._db(self.backing.checkpoint_put, body["key"], _checkpoint_bytes(value))
         self.h.respond(msg, {})
 
     async def checkpoint_get(self, msg: Message) -> None:
@@ -227,12 +265,18 @@ class ContentModule(Module):
             self.h.respond(msg, resp)
             return
         assert self.backing is not None
-        value = self.backing.checkpoint_get(body["key"])
+        value = await self._db(self.backing.checkpoint_get, body["key"])
         if value is None:
             raise ErrnoError(errno.ENOENT, f"no checkpoint {body['key']!r}")
         import msgpack
 
         self.h.respond(msg, {"value": msgpack.unpackb(value, raw=False)})
+
+    async def stats_get(self, msg: Message) -> None:
+        out = self.stats()
+        if self.backing is not None:
+            out["backing-count"] = await self._db(self.backing.count)
+        self.h.respond(msg, out)
 
     def stats(self) -> dict[str, Any]:
         out: dict[str, Any] = dict(self.counts)
@@ -242,8 +286,6 @@ class ContentModule(Module):
             "cache-bytes": self.cache_bytes,
             "dirty": len(self.dirty),
         })
-        if self.backing is not None:
-            out["backing-count"] = self.backing.count()
         return out
 
 
