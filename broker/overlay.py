@@ -290,6 +290,8 @@ class Overlay:
                 self._check_ready()
             return
         assert self.parent is not None
+        if msg.type == MsgType.EVENT:
+            msg.wire = parts  # forwarded to children and local clients as received
         self.router.from_rank(self.parent, msg)
 
     def _check_ready(self) -> None:
