@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from broker.errors import ErrnoError
-from broker.message import Message, MsgFlags, MsgType, Role
+from broker.message import NODEID_ANY, Message, MsgFlags, MsgType, Role
 from broker.rpc import HandleCore
 
 if TYPE_CHECKING:
@@ -58,9 +58,24 @@ class ModuleHandle(HandleCore):
         self.userid = router.owner_uid
         self.rolemask = int(Role.OWNER)
         self.subscribe_calls = 0
+        self._cred: tuple[int, int] | None = None
 
     def _send(self, msg: Message) -> None:
+        cred = self._cred
+        if cred is not None:
+            msg.userid, msg.rolemask = cred
         self._router.from_local(self, msg)
+
+    def rpc_as(self, requester: Message, topic: str, payload: Any = None, *,
+               nodeid: int = NODEID_ANY) -> asyncio.Future[Any]:
+        """:meth:`rpc` carrying the credentials (userid, rolemask) of ``requester``,
+        a request this module is serving, so that the service checks *that*
+        client's access (Flux's ``flux_msg_set_cred``)."""
+        self._cred = (requester.userid, requester.rolemask)
+        try:
+            return self.rpc(topic, payload, nodeid=nodeid)
+        finally:
+            self._cred = None
 
     # The router calls this to deliver anything addressed to the module.
     def deliver(self, msg: Message) -> None:

@@ -93,8 +93,12 @@ class Router:
         """A message sent by a local client or module."""
         t = msg.type
         if t == MsgType.REQUEST:
-            msg.userid = peer.userid
-            msg.rolemask = peer.rolemask
+            # A module (in-process, OWNER) may send a request carrying the
+            # credentials of a client it serves (ModuleHandle.rpc_as), as Flux
+            # modules do with flux_msg_set_cred; everyone else is stamped.
+            if msg.userid < 0 or peer.peer_id[:2] != "m:" or not peer.rolemask & Role.OWNER:
+                msg.userid = peer.userid
+                msg.rolemask = peer.rolemask
             msg.route.append(peer.peer_id)
             if peer.peer_id[0] == "c":
                 used = self._used_services.get(peer.peer_id)
