@@ -148,13 +148,17 @@ class KvsModule(Module):
         if self.leader and self.statedir:
             await self._checkpoint()
 
-    async def _checkpoint(self) -> None:
-        ns = self.namespaces.get(PRIMARY)
-        if ns is not None:
-            await self.h.rpc("content.checkpoint-put", {
-                "key": CHECKPOINT_KEY,
-                "value": {"rootref": ns.rootref, "rootseq": ns.rootseq},
-            })
+    async def _checkpoint(self, rootref: str | None = None, rootseq: int = 0) -> None:
+        """Record the primary root (default: the current one) in the content store."""
+        if rootref is None:
+            ns = self.namespaces.get(PRIMARY)
+            if ns is None:
+                return
+            rootref, rootseq = ns.rootref, ns.rootseq
+        await self.h.rpc("content.checkpoint-put", {
+            "key": CHECKPOINT_KEY,
+            "value": {"rootref": rootref, "rootseq": rootseq},
+        })
 
     async def _store_empty_root(self) -> str:
         ref, data = txn.empty_root(self.hash_name)
@@ -408,14 +412,33 @@ class KvsModule(Module):
                 if not first.flags & txn.NO_MERGE:
                     while (ns.queue and ns.queue[0].flags == first.flags):
                         batch.append(ns.queue.popleft())
-                await self._apply_batch(ns, batch)
+                try:
+                    await self._apply_batch(ns, batch)
+                except Exception as exc:  # a bug: fail the batch, never leave it hanging
+                    self.log.exception("commit batch in %s failed", ns.name)
+                    for p in batch:
+                        if not p.future.done():
+                            p.future.set_exception(
+                                ErrnoError(errno.EIO, f"internal error: {exc}"))
         finally:
             ns.committing = False
 
     async def _apply_batch(self, ns: Namespace, batch: list[Pending]) -> None:
         ops = batch[0].ops if len(batch) == 1 else [op for p in batch for op in p.ops]
+        sync = any(p.flags & txn.SYNC for p in batch)
         try:
             result = await self._apply(ns, ops)
+            # Storing may fail too (EFBIG over content.blob-size-limit): that
+            # fails the transaction like any other error, before the new root
+            # exists anywhere.
+            if result.new_blobs:
+                await self.h.rpc("content.store", {"blobs": list(result.new_blobs.values())})
+            for ref, data in result.new_blobs.items():
+                self.blobs.put(ref, data)
+            if sync:
+                await self.h.rpc("content.flush", {})
+                if ns.name == PRIMARY and self.statedir and not ns.removed:
+                    await self._checkpoint(result.rootref, ns.rootseq + 1)
         except ErrnoError as exc:
             if len(batch) > 1:
                 self.counts["merges-split"] += 1
@@ -431,14 +454,7 @@ class KvsModule(Module):
             return
         if ns.removed:
             return
-        if result.new_blobs:
-            await self.h.rpc("content.store", {"blobs": list(result.new_blobs.values())})
-        sync = any(p.flags & txn.SYNC for p in batch)
-        if sync:
-            await self.h.rpc("content.flush", {})
         ns.set_root(ns.rootseq + 1, result.rootref)
-        if sync and ns.name == PRIMARY and self.statedir:
-            await self._checkpoint()
         self.counts["batches"] += 1
         if len(batch) > 1:
             self.counts["merged"] += len(batch)
@@ -459,18 +475,17 @@ class KvsModule(Module):
             except treeobj.NeedBlobs as need:
                 await self.fetch(need.refs)
                 continue
-            for ref, data in result.new_blobs.items():
-                self.blobs.put(ref, data)
-            await self._check_refs(ops)
+            await self._check_refs(ops, result.new_blobs)
             return result
 
-    async def _check_refs(self, ops: list[dict[str, Any]]) -> None:
+    async def _check_refs(self, ops: list[dict[str, Any]], new_blobs: dict[str, bytes]) -> None:
         """Blobrefs named by dirents (valref/dirref) must exist: fail fast if not."""
         refs: set[str] = set()
         for op in ops:
             d = op.get("dirent")
             if d and d.get("type") in ("valref", "dirref"):
-                refs.update(r for r in d["data"] if self.blobs.get(r) is None)
+                refs.update(r for r in d["data"]
+                            if r not in new_blobs and self.blobs.get(r) is None)
         if refs:
             await self.fetch(refs)  # raises ENOENT for an unknown blob
 
