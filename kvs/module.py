@@ -452,7 +452,11 @@ class KvsModule(Module):
             self.h.publish_nowait(f"kvs.namespace-{ns.name}-error", {
                 "namespace": ns.name, "names": [p.name], "errnum": exc.errnum})
             return
-        if ns.removed:
+        if ns.removed:  # removed while this batch was being applied
+            err = ErrnoError(errno.ENOTSUP, f"namespace {ns.name} was removed")
+            for p in batch:
+                if not p.future.done():
+                    p.future.set_exception(err)
             return
         ns.set_root(ns.rootseq + 1, result.rootref)
         self.counts["batches"] += 1
