@@ -483,15 +483,36 @@ class KvsModule(Module):
             return result
 
     async def _check_refs(self, ops: list[dict[str, Any]], new_blobs: dict[str, bytes]) -> None:
-        """Blobrefs named by dirents (valref/dirref) must exist: fail fast if not."""
-        refs: set[str] = set()
-        for op in ops:
-            d = op.get("dirent")
-            if d and d.get("type") in ("valref", "dirref"):
-                refs.update(r for r in d["data"]
-                            if r not in new_blobs and self.blobs.get(r) is None)
+        """Blobrefs named by dirents must exist, and a dirref must name a
+        directory: fail fast (ENOENT, EINVAL) rather than store a tree that
+        cannot be read.  Entries of ``dir`` dirents are checked too."""
+        valrefs: set[str] = set()
+        dirrefs: set[str] = set()
+        todo = [op.get("dirent") for op in ops]
+        while todo:
+            d = todo.pop()
+            if not d:
+                continue
+            t = d.get("type")
+            if t == "valref":
+                valrefs.update(d["data"])
+            elif t == "dirref":
+                dirrefs.update(d["data"])
+            elif t == "dir":
+                todo.extend(d["data"].values())
+        refs = {r for r in valrefs | dirrefs if r not in new_blobs}
         if refs:
             await self.fetch(refs)  # raises ENOENT for an unknown blob
+        for ref in dirrefs:
+            try:
+                obj = self.cache.get_obj(ref)
+            except ErrnoError:
+                obj = None
+            if obj is None and ref in new_blobs:
+                continue  # made by this very transaction
+            if obj is None or obj["type"] not in ("dir", "hdir") or (
+                    obj["type"] == "hdir" and obj["data"]["depth"] != 0):
+                raise ErrnoError(errno.EINVAL, f"dirref {ref} does not name a directory")
 
     # ================================================================ namespace admin
 
