@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 
 from broker.content import blobref
 from broker.errors import ErrnoError, RemoteError
-from broker.message import Message
+from broker.message import Message, MsgFlags
 from broker.module import Handler, Module, require
 from kvs import lookup as lookup_engine
 from kvs import treeobj, txn
@@ -256,6 +256,13 @@ class KvsModule(Module):
 
     # ================================================================ events
 
+    def _publish(self, topic: str, payload: dict[str, Any]) -> None:
+        """Publish a namespace event (rank 0), private to the instance owner
+        as in Flux: guests must not learn other namespaces' roots, keys or
+        transaction names.  Modules (kvs-watch) are owners and receive them."""
+        self.h.send_noresponse("event.pub", {"topic": topic, "payload": payload,
+                                             "flags": int(MsgFlags.PRIVATE)})
+
     def on_event(self, msg: Message) -> None:
         self.ev_received += 1
         payload = msg.payload
@@ -449,7 +456,7 @@ class KvsModule(Module):
             p = batch[0]
             if not p.future.done():
                 p.future.set_exception(exc)
-            self.h.publish_nowait(f"kvs.namespace-{ns.name}-error", {
+            self._publish(f"kvs.namespace-{ns.name}-error", {
                 "namespace": ns.name, "names": [p.name], "errnum": exc.errnum})
             return
         if ns.removed:  # removed while this batch was being applied
@@ -462,7 +469,7 @@ class KvsModule(Module):
         self.counts["batches"] += 1
         if len(batch) > 1:
             self.counts["merged"] += len(batch)
-        self.h.publish_nowait(f"kvs.namespace-{ns.name}-setroot", {
+        self._publish(f"kvs.namespace-{ns.name}-setroot", {
             "namespace": ns.name, "rootseq": ns.rootseq, "rootref": ns.rootref,
             "names": [p.name for p in batch], "keys": result.keys, "owner": ns.owner,
         })
@@ -547,7 +554,7 @@ class KvsModule(Module):
         ns = Namespace(name, owner, rootref, 0, int(p.get("flags", 0)))
         self.namespaces[name] = ns
         self.counts["namespaces-created"] += 1
-        self.h.publish_nowait(f"kvs.namespace-{name}-created", {
+        self._publish(f"kvs.namespace-{name}-created", {
             "namespace": name, "rootseq": 0, "rootref": rootref, "owner": owner})
         self.h.respond(msg, {})
 
@@ -564,7 +571,7 @@ class KvsModule(Module):
         if ns is not None:
             ns.remove()
             self.counts["namespaces-removed"] += 1
-            self.h.publish_nowait(f"kvs.namespace-{name}-removed", {"namespace": name})
+            self._publish(f"kvs.namespace-{name}-removed", {"namespace": name})
         self.h.respond(msg, {})
 
     async def namespace_list(self, msg: Message) -> None:
