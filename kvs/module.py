@@ -306,9 +306,11 @@ class KvsModule(Module):
             root = treeobj.validate(rootdir)
             if root["type"] != "dirref":
                 raise ErrnoError(errno.EINVAL, "rootdir must be a dirref tree object")
+            # As in Flux (t1005 "get works (wrong user, but with at
+            # reference)"): a root reference is a capability, so the
+            # namespace is neither loaded nor access-checked; links into
+            # other namespaces still are.
             rootref = root["data"][0]
-            if not msg.is_owner:
-                (await self.get_ns(name, msg))
             seq = -1
         else:
             ns = await self.get_ns(name, msg)
