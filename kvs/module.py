@@ -76,7 +76,28 @@ def _check_ops(ops: Any) -> list[dict[str, Any]]:
         ):
             raise ErrnoError(errno.EPROTO, "each op must be {key: str, flags: int, "
                                            "dirent: treeobj|null}")
+        if "\0" in op["key"]:
+            raise ErrnoError(errno.EINVAL, "key contains a NUL character")
     return ops
+
+
+def _ns_name(p: dict[str, Any]) -> str:
+    """The namespace a request names: absent, null or ``""`` mean primary;
+    anything but a string is EPROTO (``0`` must not silently mean primary)."""
+    name = p.get("namespace")
+    if name is None or name == "":
+        return PRIMARY
+    if not isinstance(name, str):
+        raise ErrnoError(errno.EPROTO, "namespace must be a string")
+    return name
+
+
+def _valid_name(name: str) -> bool:
+    try:
+        check_name(name)
+    except ErrnoError:
+        return False
+    return True
 
 
 def _check_guest_ops(ops: list[dict[str, Any]]) -> None:
@@ -206,8 +227,9 @@ class KvsModule(Module):
             raise ErrnoError(errno.EPROTO, "namespace must be a string")
         ns = self.namespaces.get(name)
         if ns is None or ns.rootseq < 0:
-            if self.leader:
-                raise ErrnoError(errno.ENOTSUP, f"namespace {name} does not exist")
+            # (a name that cannot exist gets the same answer on every rank)
+            if self.leader or not _valid_name(name):
+                raise ErrnoError(errno.ENOTSUP, f"namespace {name!r} does not exist")
             ns = await self._load_ns(name)
         if msg is not None:
             ns.check_access(msg)
@@ -300,7 +322,7 @@ class KvsModule(Module):
         if not isinstance(flags, int):
             raise ErrnoError(errno.EPROTO, "flags must be an integer")
         ns: Namespace | None = None
-        name = p.get("namespace") or PRIMARY
+        name = _ns_name(p)
         rootdir = p.get("rootdir")
         if rootdir is not None:
             root = treeobj.validate(rootdir)
@@ -353,12 +375,12 @@ class KvsModule(Module):
 
     async def getroot(self, msg: Message) -> None:
         p = require(msg.payload)
-        ns = await self.get_ns(p.get("namespace") or PRIMARY, msg)
+        ns = await self.get_ns(_ns_name(p), msg)
         self.h.respond(msg, ns.describe())
 
     async def wait_version(self, msg: Message) -> None:
         p = require(msg.payload, rootseq=int)
-        ns = await self.get_ns(p.get("namespace") or PRIMARY, msg)
+        ns = await self.get_ns(_ns_name(p), msg)
         await ns.wait_version(p["rootseq"])
         self.h.respond(msg, {"rootseq": ns.rootseq, "rootref": ns.rootref})
 
@@ -377,7 +399,7 @@ class KvsModule(Module):
         flags = p.get("flags", 0)
         if not isinstance(flags, int):
             raise ErrnoError(errno.EPROTO, "flags must be an integer")
-        ns = await self.get_ns(p.get("namespace") or PRIMARY, msg)
+        ns = await self.get_ns(_ns_name(p), msg)
         if not msg.is_owner:
             _check_guest_ops(ops)
         self._txn_counter += 1
