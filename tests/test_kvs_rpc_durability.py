@@ -1,0 +1,133 @@
+"""KVS durability over raw RPCs: restart from a statedir, SYNC commits, content.hash,
+and EFBIG for a blob over content.blob-size-limit.
+
+Reference: flux-core t/t2010-kvs-snapshot-restore.t / t1000-kvs.t (``put --sync``)
+and DESIGN.md section 6 "Durability".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import signal
+
+import pytest
+from test_kvs_rpc_helpers import (
+    SYNC,
+    TREEOBJ,
+    commit,
+    errnum,
+    get,
+    getroot,
+    lookup,
+    put,
+    stats,
+)
+
+BIG = bytes(range(256)) * 1024  # 256 KiB
+
+
+@pytest.mark.parametrize("size", [1, 4])
+async def test_restart_resumes_root_and_version(start_instance, connect, tmp_path,
+                                                size) -> None:
+    statedir = tmp_path / "state"
+    inst = await start_instance(size=size, fanout=2, statedir=str(statedir))
+    h = await connect(inst, size - 1)
+    for i in range(5):
+        await commit(h, put(f"k{i}", str(i)), put("big", BIG + bytes([i])))
+    await commit(h, put("d.e.f", "deep"))
+    root = await getroot(h)
+    assert root["rootseq"] == 6
+    await h.close()
+    assert await inst.stop() == [0] * size  # clean stop
+    assert (statedir / "content.sqlite").exists()
+
+    inst2 = await start_instance(size=size, fanout=2, statedir=str(statedir))
+    for rank in range(size):
+        h2 = await connect(inst2, rank)
+        again = await getroot(h2)
+        assert (again["rootref"], again["rootseq"]) == (root["rootref"], root["rootseq"])
+        assert await get(h2, "k3") == b"3"
+        assert await get(h2, "big") == BIG + bytes([4])
+        assert await get(h2, "d.e.f") == b"deep"
+    # and it goes on from there
+    resp = await commit(h2, put("after", "restart"))
+    assert resp["rootseq"] == 7
+
+
+async def test_without_statedir_nothing_persists(start_instance, connect, tmp_path) -> None:
+    inst = await start_instance(size=1)
+    rundir = inst.rundir
+    h = await connect(inst)
+    await commit(h, put("k", "v"))
+    assert os.path.exists(os.path.join(rundir, "content.sqlite"))
+    await h.close()
+    await inst.stop()
+    assert not os.path.exists(rundir)
+    inst2 = await start_instance(size=1)
+    assert (await getroot(await connect(inst2)))["rootseq"] == 0
+
+
+@pytest.mark.parametrize("size", [1, 4])
+async def test_sync_commit_survives_sigkill(start_instance, connect, tmp_path, size) -> None:
+    statedir = tmp_path / "state"
+    inst = await start_instance(size=size, fanout=2, statedir=str(statedir))
+    h = await connect(inst, size - 1)
+    await commit(h, put("a", "1"), put("big", BIG))
+    resp = await commit(h, put("b", "2"), flags=SYNC)
+    # the process dies without any chance to checkpoint
+    for pid in inst.pids():
+        os.kill(pid, signal.SIGKILL)
+    await h.close()
+    await inst.stop()
+
+    inst2 = await start_instance(size=size, fanout=2, statedir=str(statedir))
+    h2 = await connect(inst2, size - 1)
+    root = await getroot(h2)
+    assert (root["rootref"], root["rootseq"]) == (resp["rootref"], resp["rootseq"])
+    assert await get(h2, "a") == b"1"
+    assert await get(h2, "b") == b"2"
+    assert await get(h2, "big") == BIG
+
+
+async def test_content_hash_sha1(start_instance, connect) -> None:
+    inst = await start_instance(size=4, fanout=2, attrs={"content.hash": "sha1"})
+    h = await connect(inst, 3)
+    resp = await commit(h, put("big", BIG), put("small", "s"))
+    assert resp["rootref"].startswith("sha1-") and len(resp["rootref"]) == 45
+    obj = await lookup(h, "big", TREEOBJ)
+    assert obj["type"] == "valref" and all(r.startswith("sha1-") for r in obj["data"])
+    assert await get(h, "big") == BIG
+    assert (await getroot(h))["rootref"].startswith("sha1-")
+    ref = (await asyncio.wait_for(h.rpc("content.store", {"data": b"abc"}), 10))["blobref"]
+    assert ref == "sha1-a9993e364706816aba3e25717850c26c9cd0d89d"
+    assert (await stats(h, "content"))["hash"] == "sha1"
+
+
+@pytest.mark.parametrize("size", [1, 4])
+async def test_blob_over_limit_fails_commit_with_efbig(start_instance, connect, size) -> None:
+    limit = 1 << 20
+    inst = await start_instance(size=size, fanout=2,
+                                attrs={"content.blob-size-limit": str(limit)})
+    h = await connect(inst, size - 1)
+    await commit(h, put("ok", b"x" * limit))  # at the limit: fine
+    before = await getroot(h)
+    assert await errnum(commit(h, put("huge", b"y" * (limit + 1))), 20) == errno.EFBIG
+    assert await getroot(h) == before
+    assert await errnum(get(h, "huge")) == errno.ENOENT
+    # the namespace is not wedged: later commits work
+    resp = await commit(h, put("after", "1"))
+    assert resp["rootseq"] == before["rootseq"] + 1
+    # in a merged batch only the big one fails
+    futs = [asyncio.ensure_future(commit(h, put(f"m{i}", str(i)), timeout=20))
+            for i in range(10)]
+    futs.insert(5, asyncio.ensure_future(commit(h, put("huge2", b"z" * (2 * limit)),
+                                                timeout=20)))
+    results = await asyncio.gather(*futs, return_exceptions=True)
+    failed = [r for r in results if isinstance(r, BaseException)]
+    assert len(failed) == 1 and failed[0].errnum == errno.EFBIG, results
+    for i in range(10):
+        assert await get(h, f"m{i}") == str(i).encode()
+    # content.store itself refuses it too, on any rank
+    assert await errnum(h.rpc("content.store", {"data": b"q" * (limit + 1)})) == errno.EFBIG

@@ -1,0 +1,212 @@
+"""KVS namespaces over raw RPCs: create, remove, list, isolation, rootref, removal.
+
+Reference: flux-core t/t1004-kvs-namespace.t and src/modules/kvs/kvs.c.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+
+import pytest
+from test_kvs_rpc_helpers import (
+    READDIR,
+    TREEOBJ,
+    T,
+    commit,
+    errnum,
+    get,
+    getroot,
+    lookup,
+    put,
+)
+
+SIZES = pytest.mark.parametrize("size", [1, 4])
+
+
+def ns_create(h, name: str, owner: int = -1, **extra):
+    return asyncio.wait_for(
+        h.rpc("kvs.namespace-create", {"namespace": name, "owner": owner, **extra}), T)
+
+
+def ns_remove(h, name: str):
+    return asyncio.wait_for(h.rpc("kvs.namespace-remove", {"namespace": name}), T)
+
+
+async def ns_list(h) -> dict[str, dict]:
+    resp = await asyncio.wait_for(h.rpc("kvs.namespace-list", {}), T)
+    return {d["namespace"]: d for d in resp["namespaces"]}
+
+
+async def barrier(writer, followers) -> None:
+    """Every event rank 0 published so far has reached ``followers``' kvs:
+    a new primary version is published after them (events are ordered)."""
+    resp = await commit(writer, put("barrier", "x"))
+    for h in followers:
+        await asyncio.wait_for(h.rpc("kvs.wait-version", {
+            "namespace": "primary", "rootseq": resp["rootseq"]}), T)
+
+
+@SIZES
+async def test_create_list_remove(start_instance, connect, size) -> None:
+    inst = await start_instance(size=size, fanout=2)
+    h0 = await connect(inst, 0)
+    hl = await connect(inst, size - 1)
+    owner = await h0.attr_get("security.owner")
+    listed = await ns_list(hl)
+    assert set(listed) == {"primary"}
+    assert listed["primary"]["owner"] == owner
+    await ns_create(h0, "ns-a")
+    await ns_create(hl, "ns-b", owner=4242)
+    listed = await ns_list(h0)
+    assert set(listed) == {"primary", "ns-a", "ns-b"}
+    assert listed["ns-a"]["owner"] == owner and listed["ns-a"]["rootseq"] == 0
+    assert listed["ns-b"]["owner"] == 4242
+    assert (await getroot(hl, "ns-b"))["owner"] == 4242
+    # EEXIST, from any rank, including for primary
+    for h in (h0, hl):
+        assert await errnum(ns_create(h, "ns-a")) == errno.EEXIST
+        assert await errnum(ns_create(h, "primary")) == errno.EEXIST
+        # primary cannot be removed; removing an unknown namespace succeeds
+        assert await errnum(ns_remove(h, "primary")) == errno.ENOTSUP
+        await ns_remove(h, "never-existed")
+    await ns_remove(hl, "ns-a")
+    assert set(await ns_list(hl)) == {"primary", "ns-b"}
+    # re-created after remove: a fresh, empty namespace
+    await ns_create(h0, "ns-a")
+    assert (await getroot(hl, "ns-a"))["rootseq"] == 0
+
+
+@SIZES
+async def test_namespaces_are_isolated(start_instance, connect, size) -> None:
+    inst = await start_instance(size=size, fanout=2)
+    h0 = await connect(inst, 0)
+    hs = [await connect(inst, r) for r in range(size)]
+    await ns_create(h0, "one")
+    await ns_create(h0, "two")
+    await commit(hs[-1], put("k", "p"))
+    await commit(hs[-1], put("k", "1"), ns="one")
+    r2 = await commit(hs[-1], put("k", "2"), put("only.two", "x"), ns="two")
+    assert r2["rootseq"] == 1  # versions are per namespace
+    for h in hs:
+        await asyncio.wait_for(h.rpc("kvs.wait-version",
+                                     {"namespace": "two", "rootseq": 1}), T)
+        assert await get(h, "k") == b"p"
+        assert await get(h, "k", ns="one") == b"1"
+        assert await get(h, "k", ns="two") == b"2"
+        assert await errnum(lookup(h, "only")) == errno.ENOENT
+        assert set((await lookup(h, ".", READDIR, ns="two"))["data"]) == {"k", "only"}
+    assert (await getroot(hs[0], "one"))["rootseq"] == 1
+    assert (await getroot(hs[0]))["rootseq"] == 1
+
+
+@SIZES
+async def test_unknown_namespace_is_enotsup(start_instance, connect, size) -> None:
+    inst = await start_instance(size=size, fanout=2)
+    for rank in {0, size - 1}:
+        h = await connect(inst, rank)
+        assert await errnum(lookup(h, "k", ns="nosuch")) == errno.ENOTSUP
+        assert await errnum(commit(h, put("k", "v"), ns="nosuch")) == errno.ENOTSUP
+        assert await errnum(getroot(h, "nosuch")) == errno.ENOTSUP
+        assert await errnum(h.rpc("kvs.wait-version", {
+            "namespace": "nosuch", "rootseq": 1})) == errno.ENOTSUP
+        assert await errnum(h.rpc("kvs.lookup-plus", {
+            "key": "k", "flags": 0, "namespace": "nosuch"})) == errno.ENOTSUP
+
+
+@SIZES
+async def test_removed_namespace_on_every_rank(start_instance, connect, size) -> None:
+    inst = await start_instance(size=size, fanout=2)
+    h0 = await connect(inst, 0)
+    hs = [await connect(inst, r) for r in range(size)]
+    await ns_create(h0, "gone")
+    resp = await commit(hs[-1], put("k", "v"), ns="gone")
+    for h in hs:  # every rank has loaded "gone" (and primary, for the barrier)
+        await asyncio.wait_for(h.rpc("kvs.wait-version", {
+            "namespace": "gone", "rootseq": resp["rootseq"]}), T)
+        assert await get(h, "k", ns="gone") == b"v"
+        await getroot(h)
+    await ns_remove(hs[-1], "gone")
+    await barrier(h0, hs)
+    for h in hs:
+        assert await errnum(get(h, "k", ns="gone")) == errno.ENOTSUP
+        assert await errnum(commit(h, put("k", "w"), ns="gone")) == errno.ENOTSUP
+        assert await errnum(getroot(h, "gone")) == errno.ENOTSUP
+    assert "gone" not in await ns_list(h0)
+    # re-created: every rank sees the new, empty namespace, not the old root
+    await ns_create(h0, "gone")
+    for h in hs:
+        root = await getroot(h, "gone")
+        assert root["rootseq"] == 0
+        assert await errnum(get(h, "k", ns="gone")) == errno.ENOENT
+    resp = await commit(hs[0], put("k2", "new"), ns="gone")
+    for h in hs:
+        await asyncio.wait_for(h.rpc("kvs.wait-version", {
+            "namespace": "gone", "rootseq": resp["rootseq"]}), T)
+        assert await get(h, "k2", ns="gone") == b"new"
+
+
+async def test_create_with_rootref(start_instance, connect) -> None:
+    inst = await start_instance(size=4, fanout=2)
+    h0 = await connect(inst, 0)
+    h3 = await connect(inst, 3)
+    await ns_create(h0, "src")
+    await commit(h3, put("d.v", "foobar"), ns="src")
+    rootref = (await getroot(h3, "src"))["rootref"]
+    await ns_create(h3, "copy", rootref=rootref)
+    root = await getroot(h3, "copy")
+    assert (root["rootref"], root["rootseq"]) == (rootref, 0)
+    assert await get(h3, "d.v", ns="copy") == b"foobar"
+    # they do not clobber each other
+    await commit(h3, put("d.v", "42"), ns="src")
+    await commit(h3, put("d.v", "43"), ns="copy")
+    assert await get(h3, "d.v", ns="src") == b"42"
+    assert await get(h3, "d.v", ns="copy") == b"43"
+    # a dirref of a subdirectory works as an initial root too
+    sub = await lookup(h3, "d", TREEOBJ, ns="src")
+    await ns_create(h0, "subcopy", rootref=sub["data"][0])
+    assert await get(h0, "v", ns="subcopy") == b"42"
+    # a malformed rootref is EINVAL; a well-formed one naming no blob is
+    # refused with ENOENT (Flux accepts it and fails later lookups instead)
+    assert await errnum(ns_create(h0, "bad1", rootref="sha256-zz")) == errno.EINVAL
+    assert await errnum(ns_create(h3, "bad2", rootref="sha256-" + "0" * 64)) == errno.ENOENT
+    assert set(await ns_list(h0)) == {"primary", "src", "copy", "subcopy"}
+
+
+async def test_bad_namespace_requests(start_instance, connect) -> None:
+    inst = await start_instance(size=4, fanout=2)
+    for rank in (0, 2):
+        h = await connect(inst, rank)
+        for name in ("", "has space", "a/b", "a::b", "x" * 300):
+            assert await errnum(ns_create(h, name)) == errno.EINVAL, name
+        assert await errnum(h.rpc("kvs.namespace-create", {"owner": -1})) == errno.EPROTO
+        assert await errnum(h.rpc("kvs.namespace-create",
+                                  {"namespace": 7, "owner": -1})) == errno.EPROTO
+        assert await errnum(h.rpc("kvs.namespace-create",
+                                  {"namespace": "ok", "owner": "me"})) == errno.EPROTO
+        assert await errnum(h.rpc("kvs.namespace-remove", {})) == errno.EPROTO
+        assert await errnum(h.rpc("kvs.namespace-remove", None)) == errno.EPROTO
+    assert set(await ns_list(h)) == {"primary"}
+
+
+async def test_remove_while_commits_are_in_flight(start_instance, connect) -> None:
+    inst = await start_instance(size=4, fanout=2)
+    h0 = await connect(inst, 0)
+    h3 = await connect(inst, 3)
+    await ns_create(h0, "busy")
+    # a slow commit being applied, and more queued behind it, from rank 0 and 3
+    futs = [asyncio.ensure_future(commit(h0, put("big", b"b" * (8 << 20)), ns="busy",
+                                         timeout=30))]
+    futs += [asyncio.ensure_future(commit(h, put(f"k{i}", "v"), ns="busy", timeout=30))
+             for i, h in enumerate([h0, h3] * 5)]
+    await asyncio.sleep(0)
+    await ns_remove(h0, "busy")
+    results = await asyncio.gather(*futs, return_exceptions=True)
+    for r in results:  # each one answered: applied before the removal, or ENOTSUP
+        assert not isinstance(r, TimeoutError), results
+        if isinstance(r, BaseException):
+            assert getattr(r, "errnum", None) == errno.ENOTSUP, results
+    assert await errnum(getroot(h3, "busy")) == errno.ENOTSUP
+    # the name is free again
+    await ns_create(h0, "busy")
+    assert (await getroot(h3, "busy"))["rootseq"] == 0

@@ -1,0 +1,212 @@
+"""KVS security with a real guest: a client process running under another uid.
+
+The broker learns the uid from SO_PEERCRED, so the guest is a child process
+that drops to uid/gid 65534 before it connects (see ``run_guest``).
+Reference: flux-core t/t1005-kvs-security.t; DESIGN.md section 6.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+
+import pytest
+from test_kvs_rpc_helpers import (
+    GUEST_UID,
+    TREEOBJ,
+    commit,
+    get,
+    getroot,
+    lookup,
+    put,
+    run_guest,
+    symlink,
+)
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a guest")
+GUEST_ATTRS = {"access.allow-guest-user": "true"}
+
+
+def guest(uri: str, body: str):
+    return asyncio.to_thread(run_guest, uri, body)
+
+
+async def test_guests_refused_unless_allowed(start_instance) -> None:
+    inst = await start_instance(size=1)
+    with pytest.raises(AssertionError):
+        await guest(inst.uri(0), """
+            async def body(h):
+                return await call(h, "kvs.getroot", {"namespace": "primary"})
+        """)
+
+
+@pytest.mark.parametrize("size", [1, 4])
+async def test_guest_in_primary_and_foreign_namespaces(start_instance, connect, size) -> None:
+    inst = await start_instance(size=size, fanout=2, attrs=GUEST_ATTRS)
+    h = await connect(inst, 0)
+    await commit(h, put("secret", "s"))
+    await asyncio.wait_for(h.rpc("kvs.namespace-create",
+                                 {"namespace": "theirs", "owner": 4242}), 10)
+    await asyncio.wait_for(h.rpc("kvs.namespace-create",
+                                 {"namespace": "owned-by-owner", "owner": -1}), 10)
+    await commit(h, put("k", "v"), ns="theirs")
+    out = await guest(inst.uri(size - 1), """
+        async def body(h):
+            r = {}
+            ping = await call(h, "broker.ping", {})
+            r["userid"] = ping["ok"]["userid"]
+            for ns in ("primary", "theirs", "owned-by-owner"):
+                r[ns] = [
+                    await call(h, "kvs.lookup", {"key": "secret", "flags": 0, "namespace": ns}),
+                    await call(h, "kvs.lookup-plus", {"key": "k", "flags": 0,
+                                                      "namespace": ns}),
+                    await commit(h, ns, put("x", val("1"))),
+                    await call(h, "kvs.getroot", {"namespace": ns}),
+                    await call(h, "kvs.wait-version", {"namespace": ns, "rootseq": 0}),
+                ]
+            r["admin"] = [
+                await call(h, "kvs.namespace-create", {"namespace": "mine", "owner": 65534}),
+                await call(h, "kvs.namespace-remove", {"namespace": "theirs"}),
+                await call(h, "kvs.namespace-list", {}),
+                await call(h, "kvs.dropcache", {}),
+                await call(h, "kvs.relaycommit", {"namespace": "primary", "ops": [],
+                                                  "name": "forged"}, nodeid=0),
+            ]
+            r["stats"] = "ok" in await call(h, "kvs.stats-get", {})
+            return r
+    """)
+    assert out["userid"] == GUEST_UID
+    for ns in ("primary", "theirs", "owned-by-owner"):
+        assert out[ns] == [{"errnum": errno.EPERM}] * 5, (ns, out[ns])
+    assert out["admin"] == [{"errnum": errno.EPERM}] * 5, out["admin"]
+    assert out["stats"] is True
+    assert (await getroot(h))["rootseq"] == 1  # the guest changed nothing
+    assert (await getroot(h, "theirs"))["rootseq"] == 1
+
+
+@pytest.mark.parametrize("size", [1, 4])
+async def test_guest_in_its_own_namespace(start_instance, connect, size) -> None:
+    inst = await start_instance(size=size, fanout=2, attrs=GUEST_ATTRS)
+    h = await connect(inst, 0)
+    await asyncio.wait_for(h.rpc("kvs.namespace-create",
+                                 {"namespace": "mine", "owner": GUEST_UID}), 10)
+    await commit(h, put("ownerlink", symlink("a")), ns="mine")  # the owner may
+    await commit(h, put("p", "primary-value"))
+    out = await guest(inst.uri(size - 1), """
+        async def body(h):
+            ns = "mine"
+            r = {}
+            r["put"] = await commit(h, ns, put("a", val("42")), put("big", val("b" * 5000)))
+            r["get"] = await call(h, "kvs.lookup", {"key": "a", "flags": 0, "namespace": ns})
+            r["big"] = await call(h, "kvs.lookup", {"key": "big", "flags": 0,
+                                                    "namespace": ns})
+            r["append"] = await commit(h, ns, put("a", val("43"), 32))
+            r["mkdir"] = await commit(h, ns, put("d", {"ver": 1, "type": "dir", "data": {}}))
+            r["unlink"] = await commit(h, ns, put("d", None))
+            r["readlink"] = await call(h, "kvs.lookup", {"key": "ownerlink", "flags": 2,
+                                                         "namespace": ns})
+            r["getroot"] = await call(h, "kvs.getroot", {"namespace": ns})
+            seq = r["getroot"]["ok"]["rootseq"]
+            r["wait"] = await call(h, "kvs.wait-version", {"namespace": ns, "rootseq": seq})
+            r["treeobj"] = await call(h, "kvs.lookup", {"key": ".", "flags": 16,
+                                                        "namespace": ns})
+            bad = {
+                "symlink": {"ver": 1, "type": "symlink", "data": {"target": "a"}},
+                "symlink-ns": {"ver": 1, "type": "symlink",
+                               "data": {"target": "p", "namespace": "primary"}},
+                "valref": {"ver": 1, "type": "valref", "data": ["sha256-" + "0" * 64]},
+                "dirref": {"ver": 1, "type": "dirref", "data": ["sha256-" + "0" * 64]},
+                "nonempty-dir": {"ver": 1, "type": "dir", "data": {"b": val("1")}},
+                "dir-with-link": {"ver": 1, "type": "dir", "data": {
+                    "b": {"ver": 1, "type": "symlink", "data": {"target": "x"}}}},
+            }
+            r["refused"] = {k: await commit(h, ns, put("bad", v)) for k, v in bad.items()}
+            r["mixed"] = await commit(h, ns, put("ok", val("1")), put("bad", bad["symlink"]))
+            return r
+    """)
+    assert "ok" in out["put"], out
+    assert out["get"]["ok"]["val"]["data"] == "42"
+    assert out["big"]["ok"]["val"]["data"] == "b" * 5000
+    assert "ok" in out["append"] and "ok" in out["mkdir"] and "ok" in out["unlink"], out
+    assert out["readlink"]["ok"]["val"]["type"] == "symlink"
+    assert out["getroot"]["ok"]["owner"] == GUEST_UID
+    assert out["wait"]["ok"]["rootseq"] == out["getroot"]["ok"]["rootseq"]
+    assert out["treeobj"]["ok"]["val"]["type"] == "dirref"
+    assert out["refused"] == {k: {"errnum": errno.EPERM} for k in out["refused"]}, out
+    assert out["mixed"] == {"errnum": errno.EPERM}
+    assert await get(h, "a", ns="mine") == b"4243"
+    assert await get(h, "big", ns="mine") == b"b" * 5000
+    assert (await lookup(h, ".", 1, ns="mine"))["data"].keys() == {"a", "big", "ownerlink"}
+
+
+async def test_guest_cross_namespace_links_and_rootdir(start_instance, connect) -> None:
+    inst = await start_instance(size=4, fanout=2, attrs=GUEST_ATTRS)
+    h = await connect(inst, 0)
+    for name, owner in (("mine", GUEST_UID), ("theirs", 4242)):
+        await asyncio.wait_for(h.rpc("kvs.namespace-create",
+                                     {"namespace": name, "owner": owner}), 10)
+    await commit(h, put("v", "theirs-value"), ns="theirs")
+    await commit(h, put("v", "mine-value"), ns="mine")
+    await commit(h, put("to-theirs", symlink("theirs::v")), put("to-primary", symlink(
+        "p", "primary")), put("to-self", symlink("mine::v")), ns="mine")
+    await commit(h, put("p", "primary-value"))
+    theirs_root = await lookup(h, ".", TREEOBJ, ns="theirs")
+    out = await guest(inst.uri(3), f"""
+        async def body(h):
+            q = lambda key, **kw: call(h, "kvs.lookup", {{"key": key, "flags": 0,
+                                                        "namespace": "mine", **kw}})
+            return {{
+                "theirs": await q("to-theirs"),
+                "primary": await q("to-primary"),
+                "self": await q("to-self"),
+                # a root reference works as a capability, as in Flux:
+                # "get works (wrong user, but with at reference)"
+                "at": await q("v", rootdir={theirs_root!r}),
+                "at-theirs": await call(h, "kvs.lookup", {{"key": "v", "flags": 0,
+                                        "namespace": "theirs", "rootdir": {theirs_root!r}}}),
+            }}
+    """)
+    assert out["theirs"] == {"errnum": errno.EPERM}
+    assert out["primary"] == {"errnum": errno.EPERM}
+    assert out["self"]["ok"]["val"]["data"] == "mine-value"
+    assert out["at"]["ok"]["val"]["data"] == "theirs-value"
+    assert out["at-theirs"]["ok"]["val"]["data"] == "theirs-value"
+
+
+async def test_guest_events_and_content(start_instance, connect) -> None:
+    inst = await start_instance(size=4, fanout=2, attrs=GUEST_ATTRS)
+    h = await connect(inst, 0)
+    await asyncio.wait_for(h.rpc("kvs.namespace-create",
+                                 {"namespace": "mine", "owner": GUEST_UID}), 10)
+    ref = (await asyncio.wait_for(h.rpc("content.store", {"data": b"x" * 100}), 10))["blobref"]
+    out = await guest(inst.uri(2), f"""
+        async def body(h):
+            r = {{}}
+            r["pub"] = [await call(h, "event.pub", {{"topic": t, "payload": {{
+                "namespace": "primary", "rootseq": 99, "rootref": "sha256-" + "0" * 64,
+                "names": [], "keys": [], "owner": 0}}}})
+                for t in ("kvs.namespace-primary-setroot", "kvs.namespace-mine-removed",
+                          "kvs.anything", "content.x")]
+            r["pub-other"] = await call(h, "event.pub", {{"topic": "guest.hello"}})
+            # guests do not see the kvs namespace events (private, as in Flux)
+            await h.subscribe("kvs.namespace")
+            r["commit"] = await commit(h, "mine", put("a", val("1")))
+            r["content"] = [
+                await call(h, "content.load", {{"blobref": {ref!r}}}),
+                await call(h, "content.store", {{"data": b"y"}}),
+                await call(h, "content.flush", {{}}),
+                await call(h, "content.checkpoint-get", {{"key": "kvs-primary"}}),
+                await call(h, "content.checkpoint-put", {{"key": "k", "value": 1}}),
+            ]
+            await call(h, "broker.ping", {{}}, nodeid=0)
+            r["events"] = [e.topic for e in h._events]
+            return r
+    """)
+    assert out["pub"][:4] == [{"errnum": errno.EPERM}] * 4, out["pub"]
+    assert "ok" in out["pub-other"]
+    assert "ok" in out["commit"]
+    assert out["content"] == [{"errnum": errno.EPERM}] * 5
+    assert out["events"] == [], out["events"]
+    root = await getroot(h)
+    assert root["rootseq"] == 0  # the forged setroot had no effect
