@@ -559,23 +559,32 @@ class KvsModule(Module):
             self.h.respond(msg, await self.h.rpc("kvs.namespace-create", p, nodeid=0))
             return
         owner = p.get("owner", self.ctx.owner_uid)
-        if not isinstance(owner, int) or owner < -1:
+        if type(owner) is not int or not -1 <= owner < 2**32:
             raise ErrnoError(errno.EPROTO, "owner must be a uid")
         if owner == -1:
             owner = self.ctx.owner_uid
+        flags = p.get("flags", 0)
+        rootref = p.get("rootref")
+        if type(flags) is not int or not (rootref is None or isinstance(rootref, str)):
+            raise ErrnoError(errno.EPROTO, "flags must be an integer, rootref a string")
         if name in self.namespaces:
             raise ErrnoError(errno.EEXIST, f"namespace {name} already exists")
-        rootref = p.get("rootref")
         if rootref is None:
             rootref, data = txn.empty_root(self.hash_name)
             if self.blobs.get(rootref) is None:
                 rootref = await self._store_empty_root()
         else:
             blobref.check(rootref)
-            await self.fetch({rootref})
+            await self.fetch({rootref})  # ENOENT if there is no such blob
+            try:
+                obj = self.cache.get_obj(rootref)
+            except ErrnoError:
+                obj = None
+            if obj is None or obj["type"] not in ("dir", "hdir"):
+                raise ErrnoError(errno.EINVAL, f"rootref {rootref} is not a directory")
         if name in self.namespaces:  # raced with another create while storing
             raise ErrnoError(errno.EEXIST, f"namespace {name} already exists")
-        ns = Namespace(name, owner, rootref, 0, int(p.get("flags", 0)))
+        ns = Namespace(name, owner, rootref, 0, flags)
         self.namespaces[name] = ns
         self.counts["namespaces-created"] += 1
         self._publish(f"kvs.namespace-{name}-created", {
