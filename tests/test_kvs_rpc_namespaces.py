@@ -170,6 +170,10 @@ async def test_create_with_rootref(start_instance, connect) -> None:
     # refused with ENOENT (Flux accepts it and fails later lookups instead)
     assert await errnum(ns_create(h0, "bad1", rootref="sha256-zz")) == errno.EINVAL
     assert await errnum(ns_create(h3, "bad2", rootref="sha256-" + "0" * 64)) == errno.ENOENT
+    # a blob that is not a directory cannot be a root
+    await commit(h3, put("big", b"v" * 100), ns="src")
+    value_blob = (await lookup(h3, "big", TREEOBJ, ns="src"))["data"][0]
+    assert await errnum(ns_create(h3, "bad3", rootref=value_blob)) == errno.EINVAL
     assert set(await ns_list(h0)) == {"primary", "src", "copy", "subcopy"}
 
 
@@ -182,8 +186,11 @@ async def test_bad_namespace_requests(start_instance, connect) -> None:
         assert await errnum(h.rpc("kvs.namespace-create", {"owner": -1})) == errno.EPROTO
         assert await errnum(h.rpc("kvs.namespace-create",
                                   {"namespace": 7, "owner": -1})) == errno.EPROTO
-        assert await errnum(h.rpc("kvs.namespace-create",
-                                  {"namespace": "ok", "owner": "me"})) == errno.EPROTO
+        for bad in ({"owner": "me"}, {"owner": True}, {"owner": -2}, {"owner": 2**40},
+                    {"owner": -1, "flags": "x"}, {"owner": -1, "flags": None},
+                    {"owner": -1, "rootref": 5}):
+            n = await errnum(h.rpc("kvs.namespace-create", {"namespace": "ok", **bad}))
+            assert n == errno.EPROTO, (bad, n)
         assert await errnum(h.rpc("kvs.namespace-remove", {})) == errno.EPROTO
         assert await errnum(h.rpc("kvs.namespace-remove", None)) == errno.EPROTO
     assert set(await ns_list(h)) == {"primary"}

@@ -1,0 +1,176 @@
+"""Namespace events (DESIGN.md section 7) as the kvs module sees and counts them.
+
+Rank 0 subscribes once to ``kvs.namespace``; a follower once per namespace it
+loaded, to ``kvs.namespace-<NS>``, and drops it when the namespace goes.  The
+kvs handles setroot, removed and error, drops created, and drops ``job-10``'s
+events arriving through its ``job-1`` subscription (``foreign``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+
+from test_kvs_rpc_helpers import APPEND, T, commit, errnum, get, getroot, put, stats
+
+
+def ns_create(h, name: str):
+    return asyncio.wait_for(
+        h.rpc("kvs.namespace-create", {"namespace": name, "owner": -1}), T)
+
+
+def ns_remove(h, name: str):
+    return asyncio.wait_for(h.rpc("kvs.namespace-remove", {"namespace": name}), T)
+
+
+async def wait_version(h, ns: str, rootseq: int) -> None:
+    await asyncio.wait_for(h.rpc("kvs.wait-version", {"namespace": ns, "rootseq": rootseq}), T)
+
+
+async def ev(h) -> dict:
+    return (await stats(h))["events"]
+
+
+async def kvs_subscriptions(h, rank: int) -> int:
+    st = await asyncio.wait_for(h.rpc("broker.stats-get", {}, nodeid=rank), T)
+    return st["subscriptions"].get("m:kvs", 0)
+
+
+async def test_rank0_subscribes_once(start_instance, connect) -> None:
+    inst = await start_instance(size=4, fanout=2)
+    h0 = await connect(inst, 0)
+    h3 = await connect(inst, 3)
+    before = await ev(h0)
+    assert before["subscribe_calls"] == 1
+    for i in range(6):
+        await ns_create(h3 if i % 2 else h0, f"ns{i}")
+        await commit(h3, put("k", str(i)), ns=f"ns{i}")
+        await commit(h0, put("k", str(i)), ns=f"ns{i}")
+        assert await get(h3, "k", ns=f"ns{i}") == str(i).encode()
+    await commit(h0, put("p", "1"))
+    after = await ev(h0)
+    assert after["subscribe_calls"] == 1
+    assert await kvs_subscriptions(h0, 0) == 1
+    # rank 0 saw its own events: created dropped, setroot handled
+    assert after["dropped"]["created"] - before["dropped"]["created"] == 6
+    assert after["handled"] - before["handled"] >= 13
+    assert after["dropped"]["foreign"] == 0
+    assert after["received"] >= after["handled"] + after["dropped"]["created"]
+
+
+async def test_follower_subscribes_per_loaded_namespace(start_instance, connect) -> None:
+    inst = await start_instance(size=4, fanout=2)
+    h0 = await connect(inst, 0)
+    h1 = await connect(inst, 1)
+    await ns_create(h0, "job-1")
+    await ns_create(h0, "job-10")
+    base = await ev(h1)
+    base_subs = await kvs_subscriptions(h0, 1)
+    assert base["subscribe_calls"] == base_subs  # nothing loaded but what is subscribed
+
+    # rank 1 uses job-1 only
+    resp = await commit(h1, put("a", "1"), ns="job-1")
+    assert await get(h1, "a", ns="job-1") == b"1"
+    st = await ev(h1)
+    assert st["subscribe_calls"] == base["subscribe_calls"] + 1
+    assert await kvs_subscriptions(h0, 1) == base_subs + 1
+
+    # job-10's events reach rank 1 through the job-1 prefix: dropped as foreign
+    for i in range(3):
+        await commit(h0, put("b", str(i)), ns="job-10")
+    resp = await commit(h0, put("a", "2"), ns="job-1")
+    await wait_version(h1, "job-1", resp["rootseq"])  # job-1's later event arrived
+    st = await ev(h1)
+    assert st["dropped"]["foreign"] - base["dropped"]["foreign"] == 3
+    assert await get(h1, "a", ns="job-1") == b"2"
+
+    # now rank 1 uses job-10 too: one more subscription, its events handled
+    assert await get(h1, "b", ns="job-10") == b"2"
+    st = await ev(h1)
+    assert st["subscribe_calls"] == base["subscribe_calls"] + 2
+    handled = st["handled"]
+    for i in range(4):
+        await commit(h0, put("b", f"x{i}"), ns="job-10")
+        await commit(h0, put("a", f"y{i}"), ns="job-1")
+    await wait_version(h1, "job-1", (await getroot(h0, "job-1"))["rootseq"])
+    st2 = await ev(h1)
+    assert st2["handled"] - handled == 8
+    assert st2["dropped"]["foreign"] == st["dropped"]["foreign"]
+    assert await get(h1, "b", ns="job-10") == b"x3"
+    # repeated use does not subscribe again
+    for _ in range(3):
+        await get(h1, "a", ns="job-1")
+        await commit(h1, put("c", "1"), ns="job-10")
+    assert (await ev(h1))["subscribe_calls"] == base["subscribe_calls"] + 2
+
+    # an error event (failed commit) is handled, not dropped
+    await commit(h0, put("dir.x", "1"), ns="job-1")
+    st = await ev(h1)
+    assert await errnum(commit(h1, put("dir", "z", APPEND), ns="job-1")) == errno.EISDIR
+    resp = await commit(h0, put("after-error", "1"), ns="job-1")
+    await wait_version(h1, "job-1", resp["rootseq"])
+    st2 = await ev(h1)
+    assert st2["handled"] - st["handled"] == 2  # the error and the setroot
+    assert st2["dropped"]["error"] == 0
+
+    # removal: rank 1 handles it and drops its job-10 subscription
+    subs = await kvs_subscriptions(h0, 1)
+    await ns_remove(h0, "job-10")
+    resp = await commit(h0, put("a", "after-remove"), ns="job-1")
+    await wait_version(h1, "job-1", resp["rootseq"])
+    assert await kvs_subscriptions(h0, 1) == subs - 1
+    assert await errnum(get(h1, "b", ns="job-10")) == errno.ENOTSUP
+    assert await kvs_subscriptions(h0, 1) == subs - 1  # the failed load left nothing
+    # job-10 created again: its created event comes through job-1, dropped
+    st = await ev(h1)
+    await ns_create(h0, "job-10")
+    await commit(h0, put("b", "new"), ns="job-10")
+    resp = await commit(h0, put("a", "3"), ns="job-1")
+    await wait_version(h1, "job-1", resp["rootseq"])
+    st2 = await ev(h1)
+    assert st2["dropped"]["created"] - st["dropped"]["created"] == 1
+    assert st2["dropped"]["foreign"] - st["dropped"]["foreign"] == 1  # job-10's setroot
+    assert await get(h1, "b", ns="job-10") == b"new"
+
+
+async def test_unknown_namespace_leaves_no_subscription(start_instance, connect) -> None:
+    inst = await start_instance(size=4, fanout=2)
+    h3 = await connect(inst, 3)
+    subs = await kvs_subscriptions(h3, 3)
+    for _ in range(3):
+        assert await errnum(get(h3, "k", ns="nope")) == errno.ENOTSUP
+        assert await errnum(commit(h3, put("k", "v"), ns="nope")) == errno.ENOTSUP
+    assert await kvs_subscriptions(h3, 3) == subs
+
+
+async def test_event_payloads(start_instance, connect) -> None:
+    inst = await start_instance(size=4, fanout=2)
+    h0 = await connect(inst, 0)
+    h2 = await connect(inst, 2)
+    owner = await h0.attr_get("security.owner")
+    await h2.subscribe("kvs.namespace-evns")
+    await ns_create(h0, "evns")
+    resp = await commit(h2, put("a.b", "1"), put("..c.", "2"), put("a.b", "3"), ns="evns")
+    assert await errnum(commit(h2, put("a", "z", APPEND), ns="evns")) == errno.EISDIR
+    await ns_remove(h0, "evns")
+    got = []
+    async with asyncio.timeout(T):
+        while len(got) < 4:
+            got.append(await h2.recv_event())
+    topics = [e.topic for e in got]
+    assert topics == ["kvs.namespace-evns-created", "kvs.namespace-evns-setroot",
+                      "kvs.namespace-evns-error", "kvs.namespace-evns-removed"]
+    created, setroot, error, removed = (e.payload for e in got)
+    assert created == {"namespace": "evns", "rootseq": 0,
+                       "rootref": created["rootref"], "owner": owner}
+    assert created["rootref"].startswith("sha256-")
+    assert set(setroot) == {"namespace", "rootseq", "rootref", "names", "keys", "owner"}
+    assert setroot["namespace"] == "evns" and setroot["owner"] == owner
+    assert (setroot["rootseq"], setroot["rootref"]) == (resp["rootseq"], resp["rootref"])
+    assert setroot["keys"] == ["a.b", "c"]
+    assert len(setroot["names"]) == 1 and isinstance(setroot["names"][0], str)
+    assert set(error) == {"namespace", "names", "errnum"}
+    assert error["namespace"] == "evns" and error["errnum"] == errno.EISDIR
+    assert len(error["names"]) == 1 and error["names"] != setroot["names"]
+    assert removed == {"namespace": "evns"}
+    assert all(e.userid == owner for e in got)
