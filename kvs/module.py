@@ -226,7 +226,9 @@ class KvsModule(Module):
         if not isinstance(name, str):
             raise ErrnoError(errno.EPROTO, "namespace must be a string")
         ns = self.namespaces.get(name)
-        if ns is None or ns.rootseq < 0:
+        # While a follower loads a namespace, a setroot event may already have
+        # given the placeholder a root, but not its owner: wait for the load.
+        if ns is None or ns.rootseq < 0 or name in self._loading:
             # (a name that cannot exist gets the same answer on every rank)
             if self.leader or not _valid_name(name):
                 raise ErrnoError(errno.ENOTSUP, f"namespace {name!r} does not exist")
