@@ -217,3 +217,21 @@ async def test_remove_while_commits_are_in_flight(start_instance, connect) -> No
     # the name is free again
     await ns_create(h0, "busy")
     assert (await getroot(h3, "busy"))["rootseq"] == 0
+
+
+async def test_follower_loading_a_namespace_under_commits(start_instance, connect) -> None:
+    """Requests racing a follower's first load of a namespace, while setroot
+    events overtake its getroot: every answer carries the real owner."""
+    inst = await start_instance(size=4, fanout=2)
+    h0 = await connect(inst, 0)
+    h3 = await connect(inst, 3)
+    for i in range(15):
+        name = f"race{i}"
+        await ns_create(h0, name, owner=4242)
+        commits = [asyncio.ensure_future(commit(h0, put(f"k{j}", "v"), ns=name))
+                   for j in range(20)]
+        await asyncio.sleep(0.001 * (i % 5))
+        roots = await asyncio.gather(*[getroot(h3, name) for _ in range(20)])
+        await asyncio.gather(*commits)
+        assert {r["owner"] for r in roots} == {4242}, roots
+        assert all(r["namespace"] == name for r in roots)
