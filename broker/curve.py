@@ -13,6 +13,10 @@ import os
 import zmq
 import zmq.auth.thread
 
+ZAP_DOMAIN = "kvbroker"
+"""The ZAP domain of every overlay ROUTER (pyzmq matches it exactly; ``*``
+only stands for sockets that set no domain)."""
+
 
 def generate_keys(path: str) -> tuple[bytes, bytes]:
     """Create the key pair file (mode 0600) and return ``(public, secret)``."""
@@ -36,12 +40,16 @@ class _InstanceKeyOnly:
         self.public_z85 = public
 
     def callback(self, domain: str, key: bytes) -> bool:
-        return zmq.utils.z85.encode(key) == self.public_z85 if len(key) == 32 else False
+        # pyzmq hands the client's key over z85-encoded (40 bytes).
+        if len(key) == 32:
+            key = zmq.utils.z85.encode(key)
+        return key == self.public_z85
 
 
 def start_authenticator(ctx: zmq.Context, public: bytes) -> zmq.auth.thread.ThreadAuthenticator:
     """Run a ZAP handler in ``ctx`` that admits only the instance's key."""
     auth = zmq.auth.thread.ThreadAuthenticator(ctx)
     auth.start()
-    auth.configure_curve_callback(domain="*", credentials_provider=_InstanceKeyOnly(public))
+    auth.configure_curve_callback(domain=ZAP_DOMAIN,
+                                  credentials_provider=_InstanceKeyOnly(public))
     return auth

@@ -159,11 +159,11 @@ class Overlay:
             s.setsockopt(zmq.LINGER, 0)
             s.setsockopt(zmq.MAXMSGSIZE, codec.DEFAULT_MAX_MESSAGE)
             if self.curve is not None:
-                from broker.curve import start_authenticator
+                from broker.curve import ZAP_DOMAIN, start_authenticator
 
                 public, secret = self.curve
                 self._auth = start_authenticator(self.ctx, public)
-                s.zap_domain = b"kvbroker"
+                s.zap_domain = ZAP_DOMAIN.encode()
                 s.curve_server = True
                 s.curve_secretkey = secret
                 s.curve_publickey = public
