@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -58,11 +59,22 @@ async def serve(args: argparse.Namespace) -> int:
             loop.remove_reader(args.watch_fd)
             b.request_stop()
         loop.add_reader(args.watch_fd, on_launcher_gone)
+    # A stop (signal, launcher gone) must also end a start-up that waits for
+    # a tree that may never come up, or the rank would outlive its instance.
+    running = loop.create_task(b.run())
     try:
-        await b.start()
+        starting = loop.create_task(b.start())
+        await asyncio.wait({starting, running}, return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done():
+            starting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await starting
+            return 1
+        starting.result()
         print(f"ready {b.uri}", flush=True)
-        await b.run()
+        await running
     finally:
+        running.cancel()
         await b.stop()
     return 0
 
