@@ -1,0 +1,781 @@
+"""``kvbroker kvs ...``: the KVS command line, mirroring ``flux kvs``.
+
+Registered through the ``kvbroker.commands`` entry point (``register``).
+Options and output formats follow flux-core's ``flux-kvs``; see docs/cli.md.
+The namespace is ``-N/--namespace``, else ``$KVBROKER_NAMESPACE``, else
+``primary``.  Errors print ``kvbroker: <key or what>: <strerror>`` (plus the
+service's own explanation in parentheses when it adds something) and exit 1.
+
+Watching (``get -w/-W/-S``, ``eventlog get -w/-W/-S``, ``eventlog
+wait-event``) is delegated to :mod:`kvs_watch.cli` (functions
+``watch_get``, ``eventlog_get`` and ``eventlog_wait_event``, each taking the
+parsed ``args`` and returning the exit status); ``args.namespace`` is
+already resolved when they are called, and :func:`render_value` and
+:func:`make_formatter` give them this module's output formats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import importlib
+import json
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from broker.cliutil import CLIError, run_async
+from broker.errors import ErrnoError
+from broker.handle import Handle
+from kvs import eventlog, treeobj
+from kvs.client import (
+    KVS,
+    NO_MERGE,
+    READDIR,
+    SYNC,
+    TREEOBJ,
+    CommitResult,
+    Dir,
+    TxnOps,
+    default_namespace,
+    kind,
+)
+from kvs.treeobj import TreeObj
+
+__all__ = ["register", "render_value", "make_formatter"]
+
+_TRIVIAL = {"no such key", "is a directory", "not a directory", "not a symlink"}
+
+
+# ---------------------------------------------------------------- plumbing
+
+
+def _detail(exc: ErrnoError, key: str | None = None) -> str:
+    """``strerror``, plus the service's message when it says more than that."""
+    text = os.strerror(exc.errnum)
+    msg = exc.errstr or ""
+    if key is not None and msg.startswith(f"{key}: "):
+        msg = msg[len(key) + 2:]
+    if msg and msg.lower() != text.lower() and msg.lower() not in _TRIVIAL:
+        text = f"{text} ({msg})"
+    return text
+
+
+def _fail(what: str, exc: ErrnoError, key: str | None = None) -> CLIError:
+    return CLIError(what, detail=_detail(exc, key if key is not None else what))
+
+
+def _emit(text: str | bytes, end: bytes = b"\n") -> None:
+    out = sys.stdout.buffer
+    out.write(text if isinstance(text, bytes) else text.encode("utf-8", "surrogateescape"))
+    out.write(end)
+
+
+def _warn(text: str) -> None:
+    sys.stdout.flush()
+    sys.stdout.buffer.flush()
+    print(f"kvbroker: {text}", file=sys.stderr, flush=True)
+
+
+def _run(args: argparse.Namespace, body: Callable[[KVS], Awaitable[int | None]]) -> int:
+    """Connect (``$KVBROKER_URI``), run ``body(kvs)`` on the chosen loop, flush."""
+    args.what = getattr(args, "what", None) or f"kvs {args.kvs_cmd}"
+
+    async def main() -> int | None:
+        async with await Handle.connect() as h:
+            return await body(KVS(h, getattr(args, "namespace", None)))
+
+    try:
+        return run_async(args, main)
+    finally:
+        sys.stdout.buffer.flush()
+
+
+def _delegate(name: str, args: argparse.Namespace) -> int:
+    """Hand a watching command to :mod:`kvs_watch.cli`."""
+    args.namespace = default_namespace(getattr(args, "namespace", None))
+    args.what = f"kvs {args.kvs_cmd}"
+    try:
+        fn = getattr(importlib.import_module("kvs_watch.cli"), name)
+    except (ImportError, AttributeError):
+        raise CLIError(args.what, errno.ENOSYS,
+                       f"{os.strerror(errno.ENOSYS)} (watching needs kvs_watch.cli.{name})"
+                       ) from None
+    return int(fn(args) or 0)
+
+
+def _window_width(args: argparse.Namespace) -> int:
+    """``-w COLS``, else the terminal's width, else ``$COLUMNS``, else 80 (0 = no limit)."""
+    if args.width is not None and args.width >= 0:
+        return int(args.width)
+    try:
+        return os.get_terminal_size(sys.stdout.fileno()).columns
+    except (OSError, ValueError):
+        pass
+    try:
+        cols = int(os.environ.get("COLUMNS", ""))
+        if cols >= 0:
+            return cols
+    except ValueError:
+        pass
+    return 80
+
+
+def _commit_finish(args: argparse.Namespace, result: CommitResult) -> None:
+    """``-O`` root tree object, ``-b`` root blobref or ``-s`` root version."""
+    if getattr(args, "treeobj_root", False):
+        _emit(treeobj.to_json(result.treeobj))
+    elif getattr(args, "blobref", False):
+        _emit(result.rootref)
+    elif getattr(args, "sequence", False):
+        _emit(str(result.rootseq))
+
+
+async def _commit(kvs: KVS, ops: TxnOps, what: str, flags: int = 0) -> CommitResult:
+    try:
+        return await kvs.commit(ops, flags)
+    except ErrnoError as exc:
+        raise _fail(what, exc) from None
+
+
+def render_value(key: str, obj: TreeObj, *, raw: bool = False, as_treeobj: bool = False,
+                 label: bool = False) -> bytes:
+    """What ``kvs get`` prints for one lookup answer ``obj``.
+
+    ``-t``: the tree object as JSON; ``-r``: the bytes as they are; else the
+    value up to its first NUL byte and a newline (nothing for an empty
+    value, as ``flux kvs get``).  ``-l`` puts ``key=`` first.
+    """
+    head = f"{key}=".encode("utf-8", "surrogateescape") if label else b""
+    if as_treeobj:
+        return head + treeobj.to_json(obj).encode() + b"\n"
+    data = bytes(obj["data"])
+    if raw:
+        return head + data
+    data = data.split(b"\0", 1)[0]
+    return head + (data + b"\n" if obj["data"] else b"")
+
+
+def make_formatter(args: argparse.Namespace) -> eventlog.Formatter:
+    """The eventlog :class:`~kvs.eventlog.Formatter` for ``-u``, ``-H``, ``-L``/``--color``."""
+    when = args.color
+    if when not in ("auto", "always", "never"):
+        raise CLIError(args.what, errno.EINVAL,
+                       f"invalid --color value {when!r} (use auto, always or never)")
+    if args.unformatted and (args.human or when == "always"):
+        raise CLIError(args.what, detail="do not specify --unformatted with --human or "
+                                         "--color=always")
+    color = when == "always" or (when == "auto" and not args.unformatted
+                                 and sys.stdout.isatty())
+    return eventlog.Formatter(unformatted=args.unformatted, human=args.human, color=color)
+
+
+# ---------------------------------------------------------------- get / put
+
+
+def cmd_get(args: argparse.Namespace) -> int:
+    if args.watch or args.waitcreate or args.stream:
+        return _delegate("watch_get", args)
+
+    async def body(kvs: KVS) -> int:
+        flags = TREEOBJ if args.treeobj else 0
+        for key in args.keys:
+            try:
+                obj = await kvs.lookup(key, flags, at=args.at)
+            except ErrnoError as exc:
+                raise _fail(key, exc) from None
+            _emit(render_value(key, obj, raw=args.raw, as_treeobj=args.treeobj,
+                               label=args.label), end=b"")
+        return 0
+
+    return _run(args, body)
+
+
+def _read_stdin() -> bytes:
+    return sys.stdin.buffer.read()
+
+
+def cmd_put(args: argparse.Namespace) -> int:
+    ops = TxnOps()
+    keys = []
+    for pair in args.pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise CLIError("put", detail="you must specify a value as key=value")
+        keys.append(key)
+        try:
+            if args.treeobj:
+                ops.put_treeobj(key, _read_stdin() if value == "-" else value)
+                continue
+            data = _read_stdin() if args.raw and value == "-" else os.fsencode(value)
+            if args.append:
+                ops.append(key, data)
+            else:
+                ops.put_raw(key, data)
+        except ErrnoError as exc:
+            raise _fail(key, exc) from None
+    flags = (NO_MERGE if args.no_merge else 0) | (SYNC if args.sync else 0)
+
+    async def body(kvs: KVS) -> int:
+        result = await _commit(kvs, ops, keys[0] if len(keys) == 1 else "put", flags)
+        _commit_finish(args, result)
+        return 0
+
+    return _run(args, body)
+
+
+# ---------------------------------------------------------------- dir / ls
+
+
+def _kv_line(key: str, value: bytes, maxcol: int) -> str:
+    """``key = value`` fitted to ``maxcol`` columns with ``...``, as ``flux kvs dir``."""
+    if 0 < maxcol <= 3:
+        maxcol = 0
+    text = value.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+    line = f"{key} = {text}"
+    overflow = False
+    if maxcol:
+        if len(line) > maxcol - 3:
+            line, overflow = line[: maxcol - 3], True
+        head, nl, rest = line.partition("\n")
+        if nl:
+            line, overflow = head, overflow or bool(rest)
+    return line + ("..." if overflow else "")
+
+
+async def _dump_dir(d: Dir, maxcol: int, recursive: bool, only_keys: bool) -> None:
+    for name in d:
+        key = d.path(name)
+        try:
+            k = d.kind(name)
+            if k == "symlink":
+                _emit(f"{key} -> {d.link(name)}")
+            elif k == "dir":
+                if not recursive:
+                    _emit(f"{key}.")
+                    continue
+                sub = await d.subdir(name)
+                if len(sub):
+                    await _dump_dir(sub, maxcol, recursive, only_keys)
+                else:
+                    _emit(f"{key}.")
+            elif only_keys:
+                _emit(key)
+            else:
+                _emit(_kv_line(key, await d.read(name), maxcol))
+        except ErrnoError as exc:
+            raise _fail(key, exc) from None
+
+
+def cmd_dir(args: argparse.Namespace) -> int:
+    maxcol = _window_width(args)
+
+    async def body(kvs: KVS) -> int:
+        try:
+            d = await kvs.dir(args.key, at=args.at)
+        except ErrnoError as exc:
+            raise _fail(args.key, exc) from None
+        await _dump_dir(d, maxcol, args.recursive, args.directory)
+        return 0
+
+    return _run(args, body)
+
+
+def _columns(names: list[str], col_width: int, win: int) -> list[str]:
+    """Lay ``names`` out in columns ``col_width`` wide within ``win`` (0: no limit)."""
+    lines: list[str] = []
+    cur, col, last = "", 0, 0
+    for name in names:
+        if win != 0 and col + col_width > win and col > 0:
+            lines.append(cur)
+            cur, col = "", 0
+        elif last > 0:
+            cur += " " * (col_width - last)
+        cur += name
+        last = len(name)
+        col += col_width
+    if col > 0:
+        lines.append(cur)
+    return lines
+
+
+def _decorate(d: Dir, name: str, classify: bool) -> str:
+    if classify:
+        k = d.kind(name)
+        if k == "dir":
+            return name + "."
+        if k == "symlink":
+            return name + "@"
+    return name
+
+
+class _Lister:
+    """``kvs ls``: collects text lines, or a JSON document with ``--json``."""
+
+    def __init__(self, kvs: KVS, args: argparse.Namespace) -> None:
+        self.kvs = kvs
+        self.args = args
+        self.win = 1 if args.one else _window_width(args)
+        self.doc: dict[str, Any] = {"keys": [], "dirs": {}}
+
+    async def categorize(self, key: str, dirs: list[str], singles: list[str]) -> bool:
+        args = self.args
+        nkey, require_dir = key, False
+        while len(nkey) > 1 and nkey.endswith("."):
+            nkey, require_dir = nkey[:-1], True
+        try:
+            obj = await self.kvs.get_treeobj(nkey)
+        except ErrnoError as exc:
+            _warn(f"{nkey}: {_detail(exc, nkey)}")
+            return False
+        k = kind(obj)
+        if k != "dir" and require_dir:
+            _warn(f"{nkey}: {os.strerror(errno.ENOTDIR)}")
+            return False
+        if k == "dir":
+            if args.directory:
+                singles.append(nkey + ("." if args.classify else ""))
+                self.doc["keys"].append({"key": nkey, "kind": k})
+            else:
+                dirs.append(nkey)
+        elif k == "value":
+            singles.append(nkey)
+            self.doc["keys"].append({"key": nkey, "kind": k})
+        elif args.classify or args.directory:
+            singles.append(nkey + ("@" if args.classify else ""))
+            self.doc["keys"].append({"key": nkey, "kind": k})
+        else:  # a link: list the directory it points to, else its own name
+            try:
+                await self.kvs.lookup(nkey, READDIR)
+                dirs.append(nkey)
+            except ErrnoError as exc:
+                if exc.errnum not in (errno.ENOENT, errno.ENOTDIR):
+                    raise _fail(nkey, exc) from None
+                singles.append(nkey)
+                self.doc["keys"].append({"key": nkey, "kind": k})
+        return True
+
+    async def list_dir(self, key: str, label: bool, vspace: bool, d: Dir | None = None) -> None:
+        args = self.args
+        try:
+            if d is None:
+                d = await self.kvs.dir(key)
+            if label and not args.json:
+                _emit(("\n" if vspace else "") + f"{key}:")
+            self.doc["dirs"][key] = [{"name": n, "kind": d.kind(n)} for n in d]
+            if not args.json and len(d):
+                width = max(len(n) for n in d) + 4
+                for line in _columns([_decorate(d, n, args.classify) for n in d], width,
+                                     self.win):
+                    _emit(line)
+            if args.recursive:
+                for name in d:
+                    if d.is_dir(name):
+                        await self.list_dir(d.path(name), label, True, await d.subdir(name))
+        except ErrnoError as exc:
+            raise _fail(key, exc) from None
+
+    async def run(self) -> int:
+        args = self.args
+        dirs: list[str] = []
+        singles: list[str] = []
+        ok = True
+        for key in args.keys or ["."]:
+            ok = await self.categorize(key, dirs, singles) and ok
+        singles.sort()
+        dirs.sort()
+        label = vspace = False
+        if singles:
+            if not args.json:
+                for line in _columns(singles, max(map(len, singles)) + 4, self.win):
+                    _emit(line)
+            label = vspace = True
+        if args.recursive or len(dirs) > 1:
+            label = True
+        for key in dirs:
+            await self.list_dir(key, label, vspace)
+            vspace = True
+        if args.json:
+            _emit(json.dumps(self.doc))
+        return 0 if ok else 1
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    return _run(args, lambda kvs: _Lister(kvs, args).run())
+
+
+# ---------------------------------------------------------------- other writes
+
+
+def cmd_unlink(args: argparse.Namespace) -> int:
+    async def body(kvs: KVS) -> int:
+        ops = TxnOps()
+        for key in args.keys:
+            try:
+                if await kvs.unlinkable(key, recursive=args.recursive, force=args.force):
+                    ops.unlink(key)
+            except ErrnoError as exc:
+                raise CLIError(f"cannot unlink '{key}'", detail=_detail(exc, key)) from None
+        _commit_finish(args, await _commit(kvs, ops, "unlink"))
+        return 0
+
+    return _run(args, body)
+
+
+def cmd_mkdir(args: argparse.Namespace) -> int:
+    ops = TxnOps()
+    for key in args.keys:
+        ops.mkdir(key)
+
+    async def body(kvs: KVS) -> int:
+        what = args.keys[0] if len(args.keys) == 1 else "mkdir"
+        _commit_finish(args, await _commit(kvs, ops, what))
+        return 0
+
+    return _run(args, body)
+
+
+def cmd_link(args: argparse.Namespace) -> int:
+    try:
+        ops = TxnOps().symlink(args.linkname, args.target, args.target_namespace)
+    except ErrnoError as exc:
+        raise _fail(args.linkname, exc) from None
+
+    async def body(kvs: KVS) -> int:
+        _commit_finish(args, await _commit(kvs, ops, args.linkname))
+        return 0
+
+    return _run(args, body)
+
+
+def cmd_readlink(args: argparse.Namespace) -> int:
+    async def body(kvs: KVS) -> int:
+        for key in args.keys:
+            try:
+                link = await kvs.readlink(key, at=args.at)
+            except ErrnoError as exc:
+                raise _fail(key, exc) from None
+            if args.namespace_only and link.namespace:
+                _emit(link.namespace)
+            elif args.key_only:
+                _emit(link.target)
+            else:
+                _emit(str(link))
+        return 0
+
+    return _run(args, body)
+
+
+def cmd_copy(args: argparse.Namespace) -> int:
+    async def body(kvs: KVS) -> int:
+        op = kvs.move if args.kvs_cmd == "move" else kvs.copy
+        try:
+            await op(args.src, args.dst, src_namespace=args.src_namespace,
+                     dst_namespace=args.dst_namespace)
+        except ErrnoError as exc:
+            raise CLIError(args.kvs_cmd, detail=_detail(exc)) from None
+        return 0
+
+    return _run(args, body)
+
+
+# ---------------------------------------------------------------- versions and roots
+
+
+def cmd_version(args: argparse.Namespace) -> int:
+    async def body(kvs: KVS) -> int:
+        _emit(str(await kvs.version()))
+        return 0
+
+    return _run(args, body)
+
+
+def cmd_wait(args: argparse.Namespace) -> int:
+    async def body(kvs: KVS) -> int:
+        await kvs.wait_version(args.version)
+        return 0
+
+    return _run(args, body)
+
+
+def cmd_getroot(args: argparse.Namespace) -> int:
+    async def body(kvs: KVS) -> int:
+        root = await kvs.getroot()
+        if args.json:
+            _emit(json.dumps(root.as_dict()))
+        elif args.owner:
+            _emit(str(root.owner))
+        elif args.sequence:
+            _emit(str(root.rootseq))
+        elif args.blobref:
+            _emit(root.rootref)
+        else:
+            _emit(treeobj.to_json(root.treeobj))
+        return 0
+
+    return _run(args, body)
+
+
+# ---------------------------------------------------------------- namespaces
+
+
+def cmd_namespace(args: argparse.Namespace) -> int:
+    args.what = f"kvs namespace {args.ns_cmd}"
+
+    async def body(kvs: KVS) -> int:
+        if args.ns_cmd == "list":
+            roots = await kvs.namespace_list()
+            if args.json:
+                _emit(json.dumps([r.as_dict() for r in roots]))
+                return 0
+            _emit("NAMESPACE                                 OWNER      FLAGS")
+            for r in roots:
+                _emit(f"{r.namespace:<36} {r.owner & 0xFFFFFFFF:>10} 0x{r.flags:08X}")
+            return 0
+        for name in args.names:
+            try:
+                if args.ns_cmd == "create":
+                    await kvs.namespace_create(name, args.owner, args.rootref)
+                else:
+                    await kvs.namespace_remove(name)
+            except ErrnoError as exc:
+                raise _fail(name, exc) from None
+        return 0
+
+    return _run(args, body)
+
+
+# ---------------------------------------------------------------- eventlogs
+
+
+def cmd_eventlog(args: argparse.Namespace) -> int:
+    args.what = f"kvs eventlog {args.ev_cmd}"
+    if args.ev_cmd == "wait-event":
+        return _delegate("eventlog_wait_event", args)
+    if args.ev_cmd == "get":
+        if args.watch or args.waitcreate or args.stream:
+            return _delegate("eventlog_get", args)
+        fmt = make_formatter(args)
+
+        async def get(kvs: KVS) -> int:
+            try:
+                entries = await eventlog.get(kvs, args.key)
+            except ErrnoError as exc:
+                raise _fail(args.key, exc) from None
+            for e in entries:
+                _emit(fmt.format(e))
+            return 0
+
+        return _run(args, get)
+
+    context = " ".join(args.context) if args.context else None
+    try:
+        entry = eventlog.entry(args.name, context, args.timestamp)
+    except ErrnoError as exc:
+        raise _fail(args.key, exc) from None
+
+    async def append(kvs: KVS) -> int:
+        await _commit(kvs, kvs.txn().append(args.key, eventlog.encode_entry(entry)), args.key)
+        return 0
+
+    return _run(args, append)
+
+
+# ---------------------------------------------------------------- parser
+
+
+def _ns(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-N", "--namespace", metavar="NS",
+                   help="KVS namespace (default: $KVBROKER_NAMESPACE or primary)")
+
+
+def _root_out(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("-O", "--treeobj-root", action="store_true",
+                   help=f"print the resulting root (a dirref tree object) containing {what}")
+    p.add_argument("-b", "--blobref", action="store_true",
+                   help=f"print the blobref of the root containing {what}")
+    p.add_argument("-s", "--sequence", action="store_true",
+                   help=f"print the version (root sequence) containing {what}")
+
+
+def _eventlog_format(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-u", "--unformatted", action="store_true",
+                   help="print events in RFC 18 form (one JSON object a line)")
+    p.add_argument("-H", "--human", action="store_true", help="human-readable timestamps")
+    p.add_argument("--color", nargs="?", const="always", default="auto", metavar="WHEN",
+                   help="colorize: always (if WHEN is omitted), never, auto (the default); "
+                        "write --color=WHEN")
+    p.add_argument("-L", dest="color", action="store_const", const="always",
+                   help="same as --color=always")
+
+
+def register(subparsers: Any) -> None:
+    """Add ``kvs`` and its subcommands to the ``kvbroker`` parser."""
+    top = subparsers.add_parser("kvs", help="the key-value store (as flux kvs)",
+                                description="Read and write the KVS (mirrors flux kvs).")
+    sub = top.add_subparsers(dest="kvs_cmd", metavar="SUBCOMMAND", required=True)
+
+    p = sub.add_parser("get", help="print the value(s) stored under KEY(s)")
+    _ns(p)
+    p.add_argument("-r", "--raw", action="store_true", help="print value(s) as raw bytes")
+    p.add_argument("-t", "--treeobj", action="store_true", help="print the RFC 11 tree object")
+    p.add_argument("-a", "--at", metavar="TREEOBJ", help="look up relative to this root "
+                   "(a dirref tree object, e.g. from getroot or get -t)")
+    p.add_argument("-l", "--label", action="store_true", help="print KEY= before the value")
+    p.add_argument("-w", "--watch", action="store_true", help="print the value and its changes")
+    p.add_argument("-W", "--waitcreate", action="store_true", help="wait for KEY to be created")
+    p.add_argument("-c", "--count", type=int, default=0, metavar="COUNT",
+                   help="with --watch, stop after COUNT values")
+    p.add_argument("-u", "--uniq", action="store_true",
+                   help="with --watch, print only values that changed")
+    p.add_argument("-A", "--append", action="store_true",
+                   help="with --watch, print only what was appended")
+    p.add_argument("-f", "--full", action="store_true",
+                   help="with --watch, also notice changes of parent directories")
+    p.add_argument("-S", "--stream", action="store_true",
+                   help="return a large value in several answers")
+    p.add_argument("keys", nargs="+", metavar="KEY")
+    p.set_defaults(func=cmd_get)
+
+    p = sub.add_parser("put", help="store KEY=VALUE pairs in one transaction")
+    _ns(p)
+    _root_out(p, "the puts")
+    p.add_argument("-r", "--raw", action="store_true",
+                   help="store values as bytes; VALUE - reads standard input")
+    p.add_argument("-t", "--treeobj", action="store_true",
+                   help="VALUE is an RFC 11 tree object (- reads standard input)")
+    p.add_argument("-n", "--no-merge", action="store_true",
+                   help="never merge this commit with others")
+    p.add_argument("-A", "--append", action="store_true", help="append to the current value(s)")
+    p.add_argument("-S", "--sync", action="store_true",
+                   help="return once the change is on stable storage")
+    p.add_argument("pairs", nargs="+", metavar="KEY=VALUE")
+    p.set_defaults(func=cmd_put)
+
+    p = sub.add_parser("dir", help="print every key (and value) under a directory")
+    _ns(p)
+    p.add_argument("-R", "--recursive", action="store_true", help="descend into subdirectories")
+    p.add_argument("-d", "--directory", action="store_true", help="print keys, not values")
+    p.add_argument("-w", "--width", type=int, metavar="COLS",
+                   help="truncate lines to COLS columns (0: no limit)")
+    p.add_argument("-a", "--at", metavar="TREEOBJ", help="read at this root")
+    p.add_argument("key", nargs="?", default=".", metavar="KEY")
+    p.set_defaults(func=cmd_dir)
+
+    p = sub.add_parser("ls", help="list directories, like ls(1)")
+    _ns(p)
+    p.add_argument("-R", "--recursive", action="store_true", help="list subdirectories too")
+    p.add_argument("-d", "--directory", action="store_true",
+                   help="list directories themselves, not their contents")
+    p.add_argument("-w", "--width", type=int, metavar="COLS",
+                   help="output width (0: no limit)")
+    p.add_argument("-1", dest="one", action="store_true", help="one entry a line")
+    p.add_argument("-F", "--classify", action="store_true",
+                   help="mark directories with . and links with @")
+    p.add_argument("--json", action="store_true", help="print the listing as JSON")
+    p.add_argument("keys", nargs="*", metavar="KEY")
+    p.set_defaults(func=cmd_ls)
+
+    p = sub.add_parser("unlink", help="remove keys")
+    _ns(p)
+    _root_out(p, "the unlinks")
+    p.add_argument("-R", "--recursive", action="store_true",
+                   help="remove non-empty directories too")
+    p.add_argument("-f", "--force", action="store_true", help="ignore missing keys")
+    p.add_argument("keys", nargs="+", metavar="KEY")
+    p.set_defaults(func=cmd_unlink)
+
+    p = sub.add_parser("link", help="make LINKNAME a symlink to TARGET")
+    p.add_argument("-N", "--namespace", metavar="NS", help="the link's namespace")
+    p.add_argument("-T", "--target-namespace", metavar="NS", help="the target's namespace")
+    _root_out(p, "the link")
+    p.add_argument("target", metavar="TARGET")
+    p.add_argument("linkname", metavar="LINKNAME")
+    p.set_defaults(func=cmd_link)
+
+    p = sub.add_parser("readlink", help="print the target of symlinks")
+    _ns(p)
+    p.add_argument("-a", "--at", metavar="TREEOBJ", help="read at this root")
+    p.add_argument("-o", "--namespace-only", action="store_true",
+                   help="print only the namespace of a link that names one")
+    p.add_argument("-k", "--key-only", action="store_true",
+                   help="print only the key of a link that names a namespace")
+    p.add_argument("keys", nargs="+", metavar="KEY")
+    p.set_defaults(func=cmd_readlink)
+
+    p = sub.add_parser("mkdir", help="create empty directories")
+    _ns(p)
+    _root_out(p, "the new directories")
+    p.add_argument("keys", nargs="+", metavar="KEY")
+    p.set_defaults(func=cmd_mkdir)
+
+    for name, text in (("copy", "copy SRC to DST (a directory in O(1))"),
+                       ("move", "move SRC to DST")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("-S", "--src-namespace", metavar="NS", help="SRC's namespace")
+        p.add_argument("-D", "--dst-namespace", metavar="NS", help="DST's namespace")
+        p.add_argument("src", metavar="SRC")
+        p.add_argument("dst", metavar="DST")
+        p.set_defaults(func=cmd_copy)
+
+    p = sub.add_parser("version", help="print the namespace's version")
+    _ns(p)
+    p.set_defaults(func=cmd_version)
+
+    p = sub.add_parser("wait", help="wait until this rank reaches VERSION")
+    _ns(p)
+    p.add_argument("version", type=int, metavar="VERSION")
+    p.set_defaults(func=cmd_wait)
+
+    p = sub.add_parser("getroot", help="print the namespace's root")
+    _ns(p)
+    p.add_argument("-s", "--sequence", action="store_true", help="print the version")
+    p.add_argument("-o", "--owner", action="store_true", help="print the owner's uid")
+    p.add_argument("-b", "--blobref", action="store_true", help="print the root blobref")
+    p.add_argument("--json", action="store_true", help="print everything as JSON")
+    p.set_defaults(func=cmd_getroot)
+
+    p = sub.add_parser("namespace", help="create, remove or list namespaces")
+    nsub = p.add_subparsers(dest="ns_cmd", metavar="SUBCOMMAND", required=True)
+    c = nsub.add_parser("create", help="create namespaces")
+    c.add_argument("-o", "--owner", type=int, metavar="UID", help="owner (default: you)")
+    c.add_argument("-r", "--rootref", metavar="BLOBREF", help="start at this root")
+    c.add_argument("names", nargs="+", metavar="NS")
+    c = nsub.add_parser("remove", help="remove namespaces")
+    c.add_argument("names", nargs="+", metavar="NS")
+    c = nsub.add_parser("list", help="list namespaces")
+    c.add_argument("--json", action="store_true", help="print the list as JSON")
+    p.set_defaults(func=cmd_namespace)
+
+    p = sub.add_parser("eventlog", help="append to, print or wait on an eventlog")
+    esub = p.add_subparsers(dest="ev_cmd", metavar="SUBCOMMAND", required=True)
+    e = esub.add_parser("append", help="append event NAME [CONTEXT-JSON] to KEY")
+    _ns(e)
+    e.add_argument("-t", "--timestamp", type=float, metavar="SECONDS",
+                   help="event time in seconds since the epoch (default: now)")
+    e.add_argument("key", metavar="KEY")
+    e.add_argument("name", metavar="NAME")
+    e.add_argument("context", nargs="*", metavar="CONTEXT",
+                   help="a JSON object (words are joined with spaces)")
+    e = esub.add_parser("get", help="print the events of KEY")
+    _ns(e)
+    e.add_argument("-W", "--waitcreate", action="store_true", help="wait for KEY to exist")
+    e.add_argument("-w", "--watch", action="store_true", help="print new events as they come")
+    e.add_argument("-c", "--count", type=int, default=0, metavar="COUNT",
+                   help="with --watch, stop after COUNT events")
+    e.add_argument("-S", "--stream", action="store_true",
+                   help="return a large eventlog in several answers")
+    _eventlog_format(e)
+    e.add_argument("key", metavar="KEY")
+    e = esub.add_parser("wait-event", help="wait for event NAME in KEY")
+    _ns(e)
+    e.add_argument("-W", "--waitcreate", action="store_true", help="wait for KEY to exist")
+    e.add_argument("-t", "--timeout", type=float, metavar="SECONDS", help="give up after this")
+    e.add_argument("-q", "--quiet", action="store_true", help="do not print the event")
+    e.add_argument("-v", "--verbose", action="store_true",
+                   help="print every event up to the one awaited")
+    _eventlog_format(e)
+    e.add_argument("key", metavar="KEY")
+    e.add_argument("event", metavar="NAME")
+    p.set_defaults(func=cmd_eventlog)

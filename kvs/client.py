@@ -1,0 +1,755 @@
+"""The KVS client API: :class:`KVS` (async) and :class:`SyncKVS` (blocking).
+
+    from broker.handle import Handle
+    from kvs.client import KVS
+
+    async with await Handle.connect() as h:          # $KVBROKER_URI
+        kvs = KVS(h)                                  # $KVBROKER_NAMESPACE or "primary"
+        await kvs.put("a.b", {"x": 1})                # JSON; str is UTF-8; bytes raw
+        print(await kvs.get_json("a.b"))
+        async with kvs.txn() as t:                    # one transaction, committed on exit
+            t.put("a.c", "hello").mkdir("a.d").symlink("a.e", "a.c")
+        d = await kvs.dir("a")                        # a read-only mapping of entries
+        print(sorted(d), d.kind("a.d"))
+
+Values travel as bytes.  :meth:`KVS.put` stores ``bytes`` as is, ``str``
+as UTF-8 and anything else as compact JSON; :meth:`KVS.get` returns bytes,
+:meth:`KVS.get_str` / :meth:`KVS.get_json` decode them.
+
+Every method works in the handle's namespace given at construction
+(``namespace=None`` means ``$KVBROKER_NAMESPACE``, else ``primary``);
+:meth:`KVS.with_namespace` gives a sibling bound to another one.
+
+Errors: a failure reported by the kvs module raises
+:class:`~broker.errors.RemoteError` with Flux's errno (``ENOENT`` for a
+missing key, ``EISDIR`` for a directory read as a value, ``ENOTSUP`` for an
+unknown namespace, ...).  Bad input caught before sending (a malformed tree
+object or root reference) raises :class:`~broker.errors.ErrnoError` with
+``EINVAL``; both are ``ErrnoError``.
+
+Watching keys is the business of :mod:`kvs_watch.client`.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from broker.errors import ErrnoError, RemoteError
+from kvs import treeobj
+from kvs.keys import join, normalize, split
+from kvs.lookup import READDIR, READLINK, TREEOBJ
+from kvs.namespaces import PRIMARY
+from kvs.treeobj import TreeObj
+from kvs.txn import APPEND, NO_MERGE, SYNC
+
+if TYPE_CHECKING:
+    from broker.handle import Handle
+    from broker.sync import SyncHandle
+
+__all__ = [
+    "APPEND",
+    "NAMESPACE_ENV",
+    "NO_MERGE",
+    "READDIR",
+    "READLINK",
+    "SYNC",
+    "TREEOBJ",
+    "CommitResult",
+    "Dir",
+    "KVS",
+    "Link",
+    "Root",
+    "SyncKVS",
+    "SyncTxn",
+    "Txn",
+    "TxnOps",
+    "default_namespace",
+    "encode_value",
+    "kind",
+]
+
+NAMESPACE_ENV = "KVBROKER_NAMESPACE"
+
+
+def default_namespace(namespace: str | None = None) -> str:
+    """``namespace``, else ``$KVBROKER_NAMESPACE``, else ``"primary"``."""
+    return namespace or os.environ.get(NAMESPACE_ENV) or PRIMARY
+
+
+def encode_value(value: Any) -> bytes:
+    """The bytes :meth:`KVS.put` stores for ``value``.
+
+    ``bytes``-like values as they are, ``str`` as UTF-8, anything else as
+    compact JSON (``42`` -> ``b"42"``, ``{"a": 1}`` -> ``b'{"a":1}'``).
+    """
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value)
+    if isinstance(value, str):
+        return value.encode("utf-8", "surrogateescape")
+    try:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"cannot store a {type(value).__name__} value: {exc}") from None
+
+
+def kind(obj: TreeObj) -> str:
+    """What a directory entry is: ``"dir"``, ``"symlink"`` or ``"value"``."""
+    t = obj["type"]
+    if t in ("dir", "dirref", "hdir"):
+        return "dir"
+    if t == "symlink":
+        return "symlink"
+    return "value"
+
+
+# ---------------------------------------------------------------- results
+
+
+@dataclass(frozen=True, slots=True)
+class CommitResult:
+    """The root a commit produced: ``rootref`` (a blobref) at version ``rootseq``."""
+
+    rootref: str
+    rootseq: int
+
+    @property
+    def treeobj(self) -> TreeObj:
+        """The root as a ``dirref`` tree object (usable as ``at=``)."""
+        return treeobj.dirref(self.rootref)
+
+
+@dataclass(frozen=True, slots=True)
+class Root:
+    """A namespace's current root, as ``kvs.getroot`` / ``kvs.namespace-list`` describe it."""
+
+    namespace: str
+    owner: int
+    rootseq: int
+    rootref: str
+    flags: int = 0
+
+    @classmethod
+    def from_payload(cls, p: Mapping[str, Any]) -> Root:
+        return cls(str(p["namespace"]), int(p["owner"]), int(p["rootseq"]),
+                   str(p["rootref"]), int(p.get("flags", 0)))
+
+    @property
+    def treeobj(self) -> TreeObj:
+        """The root as a ``dirref`` tree object (usable as ``at=``)."""
+        return treeobj.dirref(self.rootref)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"namespace": self.namespace, "owner": self.owner, "rootseq": self.rootseq,
+                "rootref": self.rootref, "flags": self.flags}
+
+
+class Link(NamedTuple):
+    """A symlink's target; ``str(link)`` is ``NS::target`` when it names a namespace."""
+
+    target: str
+    namespace: str | None = None
+
+    def __str__(self) -> str:
+        return f"{self.namespace}::{self.target}" if self.namespace else self.target
+
+    @classmethod
+    def from_treeobj(cls, obj: TreeObj) -> Link:
+        ns, target = treeobj.symlink_target(obj)
+        return cls(target, ns)
+
+
+RootSpec = str | Mapping[str, Any] | CommitResult | Root
+"""What ``at=`` accepts: a blobref, a ``dirref`` tree object (dict or JSON
+text, e.g. the output of ``kvbroker kvs getroot`` or ``get -t``), or a
+:class:`CommitResult` / :class:`Root`."""
+
+
+def as_root(at: RootSpec) -> TreeObj:
+    """The ``dirref`` tree object named by ``at`` (``EINVAL`` if it is not one)."""
+    if isinstance(at, CommitResult | Root):
+        return treeobj.dirref(at.rootref)
+    if isinstance(at, str):
+        text = at.strip()
+        if not text.startswith("{"):
+            return treeobj.dirref(text)  # a bare blobref (EINVAL if malformed)
+        obj = treeobj.from_json(text)
+    else:
+        obj = _as_treeobj(at)
+    if obj["type"] != "dirref":
+        raise ErrnoError(errno.EINVAL, f"a root must be a dirref tree object, not {obj['type']}")
+    return obj
+
+
+def _as_treeobj(obj: str | bytes | Mapping[str, Any]) -> TreeObj:
+    """A validated tree object from JSON text, a JSON-style dict (base64 ``val``
+    data, as ``get -t`` prints) or a native dict (``bytes`` ``val`` data, as
+    :meth:`KVS.get_treeobj` returns)."""
+    if isinstance(obj, str | bytes):
+        return treeobj.from_json(obj)
+    native = dict(obj)
+    try:
+        return treeobj.copy(treeobj.validate(native))
+    except ErrnoError:
+        return treeobj.from_json(native)
+
+
+# ---------------------------------------------------------------- transactions
+
+
+class TxnOps:
+    """An ordered list of KVS operations, built without any I/O.
+
+    Each method appends one op ``{key, flags, dirent}`` (the ``kvs.commit``
+    wire form) and returns ``self``, so calls chain.  Ops apply in order,
+    atomically, when the transaction is committed.
+    """
+
+    def __init__(self) -> None:
+        self.ops: list[dict[str, Any]] = []
+
+    def __len__(self) -> int:
+        return len(self.ops)
+
+    def _op(self, key: str, dirent: TreeObj | None, flags: int = 0) -> TxnOps:
+        if not isinstance(key, str):
+            raise TypeError(f"key must be a str, not {type(key).__name__}")
+        self.ops.append({"key": key, "flags": flags, "dirent": dirent})
+        return self
+
+    def put(self, key: str, value: Any) -> TxnOps:
+        """Store ``value`` (bytes raw, str UTF-8, else JSON; see :func:`encode_value`)."""
+        return self._op(key, treeobj.val(encode_value(value)))
+
+    def put_raw(self, key: str, data: bytes | bytearray | memoryview) -> TxnOps:
+        """Store ``data`` exactly."""
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise TypeError("put_raw needs bytes")
+        return self._op(key, treeobj.val(data))
+
+    def put_treeobj(self, key: str, obj: str | bytes | Mapping[str, Any]) -> TxnOps:
+        """Store a tree object (JSON text or dict) as ``key``'s entry -- e.g. a
+        ``dirref`` from :meth:`KVS.get_treeobj` makes ``key`` a snapshot of
+        that directory.  Raises ``EINVAL`` for a malformed object."""
+        return self._op(key, treeobj.validate(_as_treeobj(obj), dirent=True))
+
+    def append(self, key: str, value: Any) -> TxnOps:
+        """Append ``value`` (encoded as by :meth:`put`) to ``key``'s value,
+        creating it if missing."""
+        return self._op(key, treeobj.val(encode_value(value)), APPEND)
+
+    def mkdir(self, key: str) -> TxnOps:
+        """Make ``key`` an empty directory (replacing what was there)."""
+        return self._op(key, treeobj.dir_())
+
+    def unlink(self, key: str) -> TxnOps:
+        """Remove ``key`` (and everything under it); a missing key is not an error."""
+        return self._op(key, None)
+
+    def symlink(self, key: str, target: str, namespace: str | None = None) -> TxnOps:
+        """Make ``key`` a link to ``target`` (in namespace ``namespace`` if given)."""
+        return self._op(key, treeobj.symlink(target, namespace))
+
+
+class Txn(TxnOps):
+    """A transaction bound to a :class:`KVS` (from :meth:`KVS.txn`).
+
+    ``await t.commit()`` sends it; as an async context manager it commits on
+    a clean exit and sends nothing if the block raises.  ``result`` holds the
+    :class:`CommitResult` once committed.
+    """
+
+    def __init__(self, kvs: KVS, flags: int = 0) -> None:
+        super().__init__()
+        self.kvs = kvs
+        self.flags = flags
+        self.result: CommitResult | None = None
+
+    async def commit(self, flags: int | None = None) -> CommitResult:
+        """Commit the ops (``flags``: :data:`SYNC`, :data:`NO_MERGE`; default
+        the ones given to :meth:`KVS.txn`)."""
+        self.result = await self.kvs.commit(self, self.flags if flags is None else flags)
+        return self.result
+
+    async def __aenter__(self) -> Txn:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        if exc_type is None and self.result is None:
+            await self.commit()
+
+
+# ---------------------------------------------------------------- directories
+
+
+class Dir(Mapping[str, TreeObj]):
+    """A read-only snapshot of one directory: entry name -> stored tree object.
+
+    Iterates names in sorted order.  Entries are as stored (``val``,
+    ``valref``, ``dirref``, ``symlink``): use :meth:`kind`, :meth:`is_dir`,
+    :meth:`is_symlink`, :meth:`link`.  :meth:`read` and :meth:`subdir` look
+    further *at the same root* the directory was read from, so a recursive
+    walk sees one consistent version even while others commit.
+    """
+
+    def __init__(self, kvs: KVS, key: str, entries: Mapping[str, TreeObj],
+                 rootref: str) -> None:
+        self.kvs = kvs
+        self.key = normalize(key)
+        self.rootref = rootref
+        self._entries = dict(entries)
+        self._names = sorted(self._entries)
+
+    def __getitem__(self, name: str) -> TreeObj:
+        return self._entries[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def __repr__(self) -> str:
+        return f"<Dir {self.key!r} {len(self)} entries at {self.rootref}>"
+
+    def kind(self, name: str) -> str:
+        """``"dir"``, ``"symlink"`` or ``"value"``."""
+        return kind(self._entries[name])
+
+    def is_dir(self, name: str) -> bool:
+        return self.kind(name) == "dir"
+
+    def is_symlink(self, name: str) -> bool:
+        return self.kind(name) == "symlink"
+
+    def path(self, name: str) -> str:
+        """The full key of entry ``name`` (``name`` itself in the root directory)."""
+        return join([*split(self.key), name])
+
+    def link(self, name: str) -> Link:
+        """The target of symlink entry ``name`` (``EINVAL`` if it is not one)."""
+        obj = self._entries[name]
+        if obj["type"] != "symlink":
+            raise ErrnoError(errno.EINVAL, f"{self.path(name)}: not a symlink")
+        return Link.from_treeobj(obj)
+
+    async def read(self, name: str) -> bytes:
+        """The value of entry ``name`` (a link is followed)."""
+        obj = self._entries[name]
+        if obj["type"] == "val":
+            return bytes(obj["data"])
+        return (await self.kvs.lookup(self.path(name), 0, at=self.rootref))["data"]
+
+    async def subdir(self, name: str) -> Dir:
+        """Directory entry ``name`` (a link is followed), at the same root."""
+        val = await self.kvs.lookup(self.path(name), READDIR, at=self.rootref)
+        return Dir(self.kvs, self.path(name), val["data"], self.rootref)
+
+    async def walk(self) -> AsyncIterator[tuple[str, TreeObj]]:
+        """Every non-directory entry below this one, depth first, as ``(key, entry)``."""
+        for name in self:
+            if self.is_dir(name):
+                async for item in (await self.subdir(name)).walk():
+                    yield item
+            else:
+                yield self.path(name), self._entries[name]
+
+
+# ---------------------------------------------------------------- the client
+
+
+class KVS:
+    """The key-value store seen through a :class:`~broker.handle.Handle`."""
+
+    def __init__(self, handle: Handle, namespace: str | None = None) -> None:
+        self.handle = handle
+        self.namespace = default_namespace(namespace)
+        self._owns_handle = False
+
+    @classmethod
+    async def connect(cls, uri: str | None = None, namespace: str | None = None) -> KVS:
+        """Attach to a rank (default ``$KVBROKER_URI``); :meth:`close` detaches."""
+        from broker.handle import Handle
+
+        self = cls(await Handle.connect(uri), namespace)
+        self._owns_handle = True
+        return self
+
+    async def close(self) -> None:
+        """Close the handle if :meth:`connect` opened it."""
+        if self._owns_handle:
+            await self.handle.close()
+
+    async def __aenter__(self) -> KVS:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def with_namespace(self, namespace: str | None) -> KVS:
+        """A :class:`KVS` on the same handle working in ``namespace``."""
+        return KVS(self.handle, namespace)
+
+    def __repr__(self) -> str:
+        return f"<KVS {self.namespace!r} on {getattr(self.handle, 'uri', '?')}>"
+
+    # ------------------------------------------------------------ reads
+
+    async def lookup(self, key: str, flags: int = 0, *, at: RootSpec | None = None) -> TreeObj:
+        """``kvs.lookup``: the result tree object for ``key`` with lookup ``flags``
+        (:data:`READDIR`, :data:`READLINK`, :data:`TREEOBJ`), at the current
+        root or at root ``at``.  Raises ``ENOENT`` if there is no such key."""
+        payload: dict[str, Any] = {"key": key, "flags": flags, "namespace": self.namespace}
+        if at is not None:
+            payload["rootdir"] = as_root(at)
+        resp = await self.handle.rpc("kvs.lookup", payload)
+        return resp["val"]
+
+    async def lookup_at(self, at: RootSpec, key: str, flags: int = 0) -> TreeObj:
+        """:meth:`lookup` at an older (or foreign) root ``at``."""
+        return await self.lookup(key, flags, at=at)
+
+    async def get(self, key: str, *, at: RootSpec | None = None) -> bytes:
+        """The value of ``key`` (``EISDIR`` for a directory, ``ENOENT`` if missing)."""
+        return bytes((await self.lookup(key, 0, at=at))["data"])
+
+    async def get_str(self, key: str, *, at: RootSpec | None = None) -> str:
+        """The value of ``key`` decoded as UTF-8."""
+        return (await self.get(key, at=at)).decode("utf-8")
+
+    async def get_json(self, key: str, *, at: RootSpec | None = None) -> Any:
+        """The value of ``key`` parsed as JSON (``ValueError`` if it is not JSON)."""
+        return json.loads(await self.get(key, at=at))
+
+    async def get_treeobj(self, key: str, *, at: RootSpec | None = None) -> TreeObj:
+        """The stored tree object of ``key``, links not followed (``"."`` gives
+        the root's ``dirref``).  Render it with :func:`kvs.treeobj.to_json`."""
+        return await self.lookup(key, TREEOBJ, at=at)
+
+    async def readlink(self, key: str, *, at: RootSpec | None = None) -> Link:
+        """The target of symlink ``key`` (``EINVAL`` if it is not a symlink)."""
+        return Link.from_treeobj(await self.lookup(key, READLINK, at=at))
+
+    async def dir(self, key: str = ".", *, at: RootSpec | None = None) -> Dir:
+        """Directory ``key`` as a :class:`Dir` snapshot (``ENOTDIR`` for a value)."""
+        payload: dict[str, Any] = {"key": key, "flags": READDIR, "namespace": self.namespace}
+        if at is not None:
+            payload["rootdir"] = as_root(at)
+        resp = await self.handle.rpc("kvs.lookup-plus", payload)
+        if resp.get("val") is None:
+            raise RemoteError(errno.ENOENT, f"{key}: no such key")
+        return Dir(self, key, resp["val"]["data"], resp["rootref"])
+
+    async def exists(self, key: str) -> bool:
+        """Whether ``key`` names anything (a link counts, even a dangling one)."""
+        try:
+            await self.lookup(key, TREEOBJ)
+        except RemoteError as exc:
+            if exc.errnum == errno.ENOENT:
+                return False
+            raise
+        return True
+
+    # ------------------------------------------------------------ writes
+
+    def txn(self, flags: int = 0) -> Txn:
+        """A new transaction in this namespace (see :class:`Txn`)."""
+        return Txn(self, flags)
+
+    async def commit(self, ops: TxnOps | Iterable[dict[str, Any]], flags: int = 0) -> CommitResult:
+        """``kvs.commit``: apply ``ops`` atomically; returns the new root.
+
+        ``flags``: :data:`SYNC` (durable before the answer), :data:`NO_MERGE`
+        (never merged with other transactions).
+        """
+        op_list = ops.ops if isinstance(ops, TxnOps) else list(ops)
+        resp = await self.handle.rpc("kvs.commit", {
+            "namespace": self.namespace, "flags": flags, "ops": op_list})
+        return CommitResult(resp["rootref"], int(resp["rootseq"]))
+
+    @staticmethod
+    def _flags(sync: bool, no_merge: bool = False) -> int:
+        return (SYNC if sync else 0) | (NO_MERGE if no_merge else 0)
+
+    async def put(self, key: str, value: Any, *, sync: bool = False) -> CommitResult:
+        """Store ``value`` under ``key`` (bytes raw, str UTF-8, else JSON)."""
+        return await self.commit(TxnOps().put(key, value), self._flags(sync))
+
+    async def put_treeobj(self, key: str, obj: str | bytes | Mapping[str, Any], *,
+                          sync: bool = False) -> CommitResult:
+        """Store a tree object as ``key``'s entry (see :meth:`TxnOps.put_treeobj`)."""
+        return await self.commit(TxnOps().put_treeobj(key, obj), self._flags(sync))
+
+    async def append(self, key: str, value: Any, *, sync: bool = False) -> CommitResult:
+        """Append ``value`` to ``key``'s value (created if missing)."""
+        return await self.commit(TxnOps().append(key, value), self._flags(sync))
+
+    async def mkdir(self, *keys: str) -> CommitResult:
+        """Make each key an empty directory, in one transaction."""
+        t = TxnOps()
+        for key in keys:
+            t.mkdir(key)
+        return await self.commit(t)
+
+    async def symlink(self, key: str, target: str, namespace: str | None = None) -> CommitResult:
+        """Make ``key`` a link to ``target`` (in namespace ``namespace`` if given)."""
+        return await self.commit(TxnOps().symlink(key, target, namespace))
+
+    async def unlinkable(self, key: str, *, recursive: bool = False, force: bool = False) -> bool:
+        """The checks of ``unlink`` (as ``flux kvs unlink``): ``False`` if ``key``
+        is missing and ``force``; raises ``ENOENT`` if missing, ``ENOTEMPTY``
+        for a non-empty directory unless ``recursive``."""
+        try:
+            obj = await self.lookup(key, TREEOBJ)
+        except RemoteError as exc:
+            if exc.errnum == errno.ENOENT and force:
+                return False
+            raise
+        if not recursive and kind(obj) == "dir":
+            entries = obj["data"] if obj["type"] == "dir" else \
+                (await self.lookup(key, READDIR))["data"]
+            if entries:
+                raise RemoteError(errno.ENOTEMPTY, f"{key}: directory not empty")
+        return True
+
+    async def unlink(self, *keys: str, recursive: bool = False,
+                     force: bool = False) -> CommitResult:
+        """Remove keys in one transaction.
+
+        Like ``flux kvs unlink``: a missing key is ``ENOENT`` unless ``force``;
+        a non-empty directory is ``ENOTEMPTY`` unless ``recursive``.  Use
+        :meth:`TxnOps.unlink` for the unchecked operation.
+        """
+        t = TxnOps()
+        for key in keys:
+            if await self.unlinkable(key, recursive=recursive, force=force):
+                t.unlink(key)
+        return await self.commit(t)
+
+    async def copy(self, src: str, dst: str, *, src_namespace: str | None = None,
+                   dst_namespace: str | None = None) -> CommitResult:
+        """Make ``dst`` a copy of ``src`` (links not followed; a directory is
+        copied by reference, in O(1)).  Namespaces default to this one."""
+        obj = await self._src(src_namespace).lookup(src, TREEOBJ)
+        return await self._src(dst_namespace).commit(TxnOps().put_treeobj(dst, obj))
+
+    async def move(self, src: str, dst: str, *, src_namespace: str | None = None,
+                   dst_namespace: str | None = None) -> CommitResult:
+        """Copy ``src`` to ``dst``, then unlink ``src``.  Within one namespace
+        both happen in a single transaction."""
+        s, d = self._src(src_namespace), self._src(dst_namespace)
+        if s.namespace == d.namespace and normalize(src) == normalize(dst):
+            raise ErrnoError(errno.EINVAL, f"{src}: source and destination are the same")
+        obj = await s.lookup(src, TREEOBJ)
+        if s.namespace == d.namespace:
+            return await s.commit(TxnOps().put_treeobj(dst, obj).unlink(src))
+        await d.commit(TxnOps().put_treeobj(dst, obj))
+        return await s.commit(TxnOps().unlink(src))
+
+    def _src(self, namespace: str | None) -> KVS:
+        return self if namespace is None else self.with_namespace(namespace)
+
+    # ------------------------------------------------------------ versions and roots
+
+    async def getroot(self) -> Root:
+        """``kvs.getroot``: this namespace's current root, version and owner."""
+        return Root.from_payload(await self.handle.rpc(
+            "kvs.getroot", {"namespace": self.namespace}))
+
+    async def version(self) -> int:
+        """The namespace's current version (``rootseq``) on this rank."""
+        return (await self.getroot()).rootseq
+
+    async def wait_version(self, version: int) -> int:
+        """Return once this rank has reached ``version``; returns the version
+        it is at (``ENOTSUP`` if the namespace is removed meanwhile)."""
+        resp = await self.handle.rpc("kvs.wait-version",
+                                     {"namespace": self.namespace, "rootseq": int(version)})
+        return int(resp["rootseq"])
+
+    # ------------------------------------------------------------ namespaces
+
+    async def namespace_create(self, name: str, owner: int | None = None,
+                               rootref: str | None = None) -> None:
+        """Create namespace ``name`` (owned by uid ``owner``, default the
+        instance owner), empty or starting at blob ``rootref``.
+        ``EEXIST`` if it exists; instance owner only."""
+        payload: dict[str, Any] = {"namespace": name}
+        if owner is not None:
+            payload["owner"] = int(owner)
+        if rootref is not None:
+            payload["rootref"] = rootref
+        await self.handle.rpc("kvs.namespace-create", payload)
+
+    async def namespace_remove(self, name: str) -> None:
+        """Remove namespace ``name`` (no error if it does not exist;
+        ``ENOTSUP`` for ``primary``)."""
+        await self.handle.rpc("kvs.namespace-remove", {"namespace": name})
+
+    async def namespace_list(self) -> list[Root]:
+        """Every namespace, with its owner, version and root."""
+        resp = await self.handle.rpc("kvs.namespace-list", {})
+        return [Root.from_payload(p) for p in resp["namespaces"]]
+
+
+# ---------------------------------------------------------------- blocking facade
+
+
+class SyncTxn(TxnOps):
+    """A transaction of a :class:`SyncKVS`; a ``with`` block commits on clean exit."""
+
+    def __init__(self, kvs: SyncKVS, flags: int = 0) -> None:
+        super().__init__()
+        self.kvs = kvs
+        self.flags = flags
+        self.result: CommitResult | None = None
+
+    def commit(self, flags: int | None = None) -> CommitResult:
+        self.result = self.kvs.commit(self, self.flags if flags is None else flags)
+        return self.result
+
+    def __enter__(self) -> SyncTxn:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        if exc_type is None and self.result is None:
+            self.commit()
+
+
+class SyncKVS:
+    """Blocking twin of :class:`KVS`, on a :class:`broker.sync.SyncHandle`.
+
+        from kvs.client import SyncKVS
+        with SyncKVS() as kvs:                   # connects to $KVBROKER_URI
+            kvs.put("a", 1)
+            with kvs.txn() as t:
+                t.put("b", "x").unlink("a")
+            print(kvs.get_json("b"))
+
+    ``aio`` is the underlying :class:`KVS`; ``run(coro)`` runs any of its
+    coroutines (e.g. :func:`kvs.eventlog.append`) on the facade's loop.
+    """
+
+    def __init__(self, handle: SyncHandle | None = None, namespace: str | None = None, *,
+                 uri: str | None = None, event_loop: str | None = None) -> None:
+        from broker.sync import SyncHandle
+
+        self._owns_handle = handle is None
+        self.sync_handle = handle if handle is not None else SyncHandle(uri, event_loop=event_loop)
+        self.aio = KVS(self.sync_handle.aio, namespace)
+
+    @property
+    def namespace(self) -> str:
+        return self.aio.namespace
+
+    def run(self, aw: Any, timeout: float | None = None) -> Any:
+        """Run an awaitable of the async API on this facade's loop."""
+        return self.sync_handle.run(aw, timeout)
+
+    def with_namespace(self, namespace: str | None) -> SyncKVS:
+        """A facade on the same handle working in ``namespace``."""
+        other = SyncKVS.__new__(SyncKVS)
+        other._owns_handle = False
+        other.sync_handle = self.sync_handle
+        other.aio = self.aio.with_namespace(namespace)
+        return other
+
+    def close(self) -> None:
+        if self._owns_handle:
+            self.sync_handle.close()
+
+    def __enter__(self) -> SyncKVS:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # reads
+    def lookup(self, key: str, flags: int = 0, *, at: RootSpec | None = None) -> TreeObj:
+        return self.run(self.aio.lookup(key, flags, at=at))
+
+    def lookup_at(self, at: RootSpec, key: str, flags: int = 0) -> TreeObj:
+        return self.run(self.aio.lookup_at(at, key, flags))
+
+    def get(self, key: str, *, at: RootSpec | None = None) -> bytes:
+        return self.run(self.aio.get(key, at=at))
+
+    def get_str(self, key: str, *, at: RootSpec | None = None) -> str:
+        return self.run(self.aio.get_str(key, at=at))
+
+    def get_json(self, key: str, *, at: RootSpec | None = None) -> Any:
+        return self.run(self.aio.get_json(key, at=at))
+
+    def get_treeobj(self, key: str, *, at: RootSpec | None = None) -> TreeObj:
+        return self.run(self.aio.get_treeobj(key, at=at))
+
+    def readlink(self, key: str, *, at: RootSpec | None = None) -> Link:
+        return self.run(self.aio.readlink(key, at=at))
+
+    def dir(self, key: str = ".", *, at: RootSpec | None = None) -> Dir:
+        """A :class:`Dir` (its mapping part is synchronous; for
+        ``read``/``subdir`` use ``kvs.run(d.read(name))``)."""
+        return self.run(self.aio.dir(key, at=at))
+
+    def exists(self, key: str) -> bool:
+        return self.run(self.aio.exists(key))
+
+    # writes
+    def txn(self, flags: int = 0) -> SyncTxn:
+        return SyncTxn(self, flags)
+
+    def commit(self, ops: TxnOps | Iterable[dict[str, Any]], flags: int = 0) -> CommitResult:
+        return self.run(self.aio.commit(ops, flags))
+
+    def put(self, key: str, value: Any, *, sync: bool = False) -> CommitResult:
+        return self.run(self.aio.put(key, value, sync=sync))
+
+    def put_treeobj(self, key: str, obj: str | bytes | Mapping[str, Any], *,
+                    sync: bool = False) -> CommitResult:
+        return self.run(self.aio.put_treeobj(key, obj, sync=sync))
+
+    def append(self, key: str, value: Any, *, sync: bool = False) -> CommitResult:
+        return self.run(self.aio.append(key, value, sync=sync))
+
+    def mkdir(self, *keys: str) -> CommitResult:
+        return self.run(self.aio.mkdir(*keys))
+
+    def symlink(self, key: str, target: str, namespace: str | None = None) -> CommitResult:
+        return self.run(self.aio.symlink(key, target, namespace))
+
+    def unlink(self, *keys: str, recursive: bool = False, force: bool = False) -> CommitResult:
+        return self.run(self.aio.unlink(*keys, recursive=recursive, force=force))
+
+    def copy(self, src: str, dst: str, *, src_namespace: str | None = None,
+             dst_namespace: str | None = None) -> CommitResult:
+        return self.run(self.aio.copy(src, dst, src_namespace=src_namespace,
+                                      dst_namespace=dst_namespace))
+
+    def move(self, src: str, dst: str, *, src_namespace: str | None = None,
+             dst_namespace: str | None = None) -> CommitResult:
+        return self.run(self.aio.move(src, dst, src_namespace=src_namespace,
+                                      dst_namespace=dst_namespace))
+
+    # versions, roots, namespaces
+    def getroot(self) -> Root:
+        return self.run(self.aio.getroot())
+
+    def version(self) -> int:
+        return self.run(self.aio.version())
+
+    def wait_version(self, version: int, timeout: float | None = None) -> int:
+        return self.run(self.aio.wait_version(version), timeout)
+
+    def namespace_create(self, name: str, owner: int | None = None,
+                         rootref: str | None = None) -> None:
+        self.run(self.aio.namespace_create(name, owner, rootref))
+
+    def namespace_remove(self, name: str) -> None:
+        self.run(self.aio.namespace_remove(name))
+
+    def namespace_list(self) -> list[Root]:
+        return self.run(self.aio.namespace_list())

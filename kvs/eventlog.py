@@ -1,0 +1,206 @@
+"""Eventlogs: append-only logs of events kept in one KVS value (Flux RFC 18).
+
+An eventlog is a sequence of lines, each one compact JSON object followed by
+``\\n``::
+
+    {"timestamp":1700000000.25,"name":"submit","context":{"userid":1000}}
+
+``timestamp`` is seconds since the epoch (a number), ``name`` a non-empty
+string, ``context`` an optional JSON object.  Events are added with the KVS
+``APPEND`` operation, so adding one never rewrites the log, and a watcher
+(``kvbroker kvs eventlog get --watch``) receives only the new lines.
+
+Everything here but :func:`append` and :func:`get` is pure.  :class:`Formatter`
+renders entries the way ``flux kvs eventlog get`` does: ``%f`` timestamp,
+name, then ``key=<json>`` per context entry; ``unformatted`` prints the RFC 18
+JSON; ``human`` prints ``[Mon DD HH:MM]`` at each new minute and ``[ +s.ssssss]``
+offsets within it.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import math
+import time
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from broker.errors import ErrnoError
+
+if TYPE_CHECKING:
+    from kvs.client import KVS, CommitResult
+
+__all__ = [
+    "EventlogError",
+    "Formatter",
+    "append",
+    "decode",
+    "decode_entry",
+    "encode",
+    "encode_entry",
+    "entry",
+    "get",
+]
+
+Entry = dict[str, Any]
+
+
+class EventlogError(ErrnoError):
+    """Malformed eventlog or entry (``EINVAL``)."""
+
+    def __init__(self, errstr: str = "cannot decode improperly formatted eventlog") -> None:
+        super().__init__(errno.EINVAL, errstr)
+
+
+def _check(e: object) -> Entry:
+    if not isinstance(e, dict):
+        raise EventlogError("an eventlog entry must be a JSON object")
+    ts, name = e.get("timestamp"), e.get("name")
+    if isinstance(ts, bool) or not isinstance(ts, int | float) or not math.isfinite(ts):
+        raise EventlogError("an eventlog entry needs a numeric timestamp")
+    if not isinstance(name, str) or not name:
+        raise EventlogError("an eventlog entry needs a non-empty name")
+    if "context" in e and not isinstance(e["context"], dict):
+        raise EventlogError("an eventlog entry's context must be a JSON object")
+    return e
+
+
+def entry(name: str, context: Mapping[str, Any] | str | None = None,
+          timestamp: float | None = None) -> Entry:
+    """A new entry; ``timestamp`` ``None`` or ``0`` means now.
+
+    ``context`` may be a mapping or JSON text of an object.  Raises
+    :class:`EventlogError` (``EINVAL``) for an empty name, a negative
+    timestamp or a context that is not an object.
+    """
+    if timestamp is None or timestamp == 0:
+        timestamp = time.time()
+    if timestamp < 0:
+        raise EventlogError("timestamp must not be negative")
+    if isinstance(context, str):
+        try:
+            context = json.loads(context)
+        except ValueError:
+            raise EventlogError("context is not valid JSON") from None
+    e: Entry = {"timestamp": float(timestamp), "name": name}
+    if context is not None:
+        e["context"] = dict(context) if isinstance(context, Mapping) else context
+    return _check(e)
+
+
+def encode_entry(e: Mapping[str, Any]) -> bytes:
+    """One RFC 18 line: compact JSON (``timestamp``, ``name``, ``context``) and ``\\n``."""
+    e = _check(dict(e))
+    ordered = {"timestamp": e["timestamp"], "name": e["name"]}
+    if "context" in e:
+        ordered["context"] = e["context"]
+    for k, v in e.items():  # keep any extra fields, after the standard ones
+        ordered.setdefault(k, v)
+    return json.dumps(ordered, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+
+
+def encode(entries: Iterable[Mapping[str, Any]]) -> bytes:
+    """A whole eventlog (``b""`` for no entries)."""
+    return b"".join(encode_entry(e) for e in entries)
+
+
+def decode_entry(line: str | bytes) -> Entry:
+    """Parse one line (without its ``\\n``); :class:`EventlogError` if malformed."""
+    try:
+        obj = json.loads(line)
+    except (ValueError, UnicodeDecodeError):
+        raise EventlogError() from None
+    return _check(obj)
+
+
+def decode(data: str | bytes) -> list[Entry]:
+    """Parse an eventlog: every line must be a valid entry ending in ``\\n``.
+
+    The empty log is ``[]``; anything else malformed (no final newline, an
+    empty line, bad JSON, a missing field) raises :class:`EventlogError`.
+    """
+    if isinstance(data, bytes | bytearray):
+        try:
+            data = bytes(data).decode("utf-8")
+        except UnicodeDecodeError:
+            raise EventlogError() from None
+    if not data:
+        return []
+    if not data.endswith("\n"):
+        raise EventlogError()
+    try:
+        return [decode_entry(line) for line in data[:-1].split("\n")]
+    except EventlogError:
+        raise EventlogError() from None
+
+
+# ---------------------------------------------------------------- output
+
+_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun",
+           "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+_GREEN, _YELLOW, _BLUE, _MAGENTA, _GRAY = (f"\x1b[{n}m" for n in (32, 33, 34, 35, 37))
+_BOLD, _RED, _RESET = "\x1b[1m", "\x1b[31m", "\x1b[0m"
+
+
+class Formatter:
+    """Renders entries as ``flux kvs eventlog get`` does (see module docstring).
+
+    ``human`` keeps state (the minute last printed), so use one formatter
+    per output stream.
+    """
+
+    def __init__(self, *, unformatted: bool = False, human: bool = False,
+                 color: bool = False) -> None:
+        if unformatted and (human or color):
+            raise ValueError("unformatted output cannot be human-readable or colored")
+        self.unformatted = unformatted
+        self.human = human
+        self.color = color
+        self._last_minute: tuple[int, ...] | None = None
+        self._last_ts = 0.0
+
+    def _c(self, code: str, text: str) -> str:
+        return f"{code}{text}{_RESET}" if self.color else text
+
+    def _timestamp(self, ts: float) -> str:
+        if not self.human:
+            return self._c(_GREEN, f"{ts:f}")
+        tm = time.localtime(int(ts))
+        minute = tm[:5]
+        if minute == self._last_minute:
+            return self._c(_GREEN, f"[{ts - self._last_ts:+11.6f}]")
+        self._last_minute, self._last_ts = minute, ts
+        stamp = f"[{_MONTHS[tm.tm_mon - 1]}{tm.tm_mday:02d} {tm.tm_hour:02d}:{tm.tm_min:02d}]"
+        return self._c(_BOLD + _GREEN, stamp)
+
+    def format(self, e: Mapping[str, Any]) -> str:
+        """One entry as a line of text (without the newline)."""
+        e = _check(dict(e))
+        if self.unformatted:
+            return encode_entry(e)[:-1].decode()
+        name = e["name"]
+        parts = [self._timestamp(e["timestamp"]),
+                 self._c(_BOLD + _RED if name == "exception" else _YELLOW, name)]
+        for key, value in e.get("context", {}).items():
+            text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+            is_num = isinstance(value, int | float) and not isinstance(value, bool)
+            parts.append(f"{self._c(_BLUE, key)}={self._c(_GRAY if is_num else _MAGENTA, text)}")
+        return " ".join(parts)
+
+
+# ---------------------------------------------------------------- KVS access
+
+
+async def append(kvs: KVS, key: str, name: str,
+                 context: Mapping[str, Any] | str | None = None, *,
+                 timestamp: float | None = None, flags: int = 0) -> CommitResult:
+    """Append one event to the eventlog at ``key`` (created if missing)."""
+    return await kvs.commit(kvs.txn().append(key, encode_entry(entry(name, context, timestamp))),
+                            flags)
+
+
+async def get(kvs: KVS, key: str) -> list[Entry]:
+    """The entries of the eventlog at ``key`` (``ENOENT`` if missing,
+    :class:`EventlogError` if the value is not an eventlog)."""
+    return decode(await kvs.get(key))

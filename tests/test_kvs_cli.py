@@ -1,0 +1,1060 @@
+# ruff: noqa: E501  (expected transcripts keep the commands' long lines whole)
+"""``kvbroker kvs ...`` against real instances (flux-core t1000/t1001/t1004/t1008 shapes).
+
+Most checks run a shell script of many ``kvbroker kvs`` commands in one
+``sh -c`` and compare its transcript: ``t CMD...`` prints ``$ CMD``, then the
+command's stdout and stderr, then ``[rc=N]`` when it failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import sys
+import tempfile
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvs import treeobj
+
+BIN = Path(sys.executable).parent
+KVB = str(BIN / "kvbroker")
+T = 60  # seconds: bound on one script
+
+PRELUDE = r"""
+on() { _r=$1; shift; eval "_u=\$U$_r"; KVBROKER_URI=$_u "$@"; }
+t() { printf '$ %s\n' "$*"; "$@" 2>&1; rc=$?; [ $rc -eq 0 ] || printf '[rc=%s]\n' $rc; }
+"""
+
+
+@dataclass
+class Result:
+    rc: int
+    out: bytes
+    err: str
+
+    @property
+    def text(self) -> str:
+        return self.out.decode("utf-8", "replace")
+
+
+def client_env(uri: str, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("KVBROKER_NAMESPACE", "COLUMNS", "PYTHONPATH")}
+    env.update(KVBROKER_URI=uri, PATH=f"{BIN}:{env.get('PATH', '/usr/bin:/bin')}", TZ="UTC")
+    env.update(extra)
+    return env
+
+
+async def run(argv: list[str], env: dict[str, str], stdin: bytes = b"",
+              cwd: str | None = None) -> Result:
+    proc = await asyncio.create_subprocess_exec(
+        *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, env=env, cwd=cwd)
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(stdin), T)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise
+    assert proc.returncode is not None
+    return Result(proc.returncode, out, err.decode("utf-8", "replace"))
+
+
+async def kvs(inst, *args: str, rank: int = 0, stdin: bytes = b"", **env: str) -> Result:
+    """One ``kvbroker kvs ARGS`` attached to ``rank``."""
+    return await run([KVB, "kvs", *args], client_env(inst.uri(rank), **env), stdin)
+
+
+async def sh(inst, script: str, rank: int = 0, **env: str) -> str:
+    """Run ``script`` and return its transcript.  ``on R CMD...`` runs CMD
+    attached to rank R; ``t CMD...`` records CMD's output (see module docstring)."""
+    env.update({f"U{r}": inst.uri(r) for r in range(inst.size)})
+    with tempfile.TemporaryDirectory() as cwd:  # scripts may write scratch files
+        res = await run(["sh", "-c", PRELUDE + textwrap.dedent(script)],
+                        client_env(inst.uri(rank), **env), cwd=cwd)
+    assert res.rc == 0, res.text + res.err
+    return norm(res.text)
+
+
+def expect(text: str) -> str:
+    return textwrap.dedent(text).lstrip("\n")
+
+
+def norm(text: str) -> str:
+    """Make a transcript comparable: blobrefs vary from run to run (``REF``); the
+    kvs module's own explanation after ``<strerror>`` is its business (``(...)``);
+    a trailing space is shown as ``<sp>``."""
+    text = re.sub(r"sha1-[0-9a-f]{40}|sha256-[0-9a-f]{64}", "REF", text)
+    text = re.sub(r"^(kvbroker: .+?: [A-Z][^(]*?) \(.*\)$", r"\1 (...)", text, flags=re.M)
+    return re.sub(r" $", "<sp>", text, flags=re.M)
+
+
+# ================================================================ get / put
+
+
+async def test_put_get_across_ranks(start_instance) -> None:
+    inst = await start_instance(size=4, fanout=2)
+    out = await sh(inst, """
+        D=test.a.b
+        t kvbroker kvs put $D.i=42 $D.d=3.14 $D.s=foo $D.t=true $D.a='[1,3,5]' $D.o='{"a":42}'
+        V=$(kvbroker kvs version)
+        t on 3 kvbroker kvs wait $V
+        t on 3 kvbroker kvs get $D.i $D.d $D.s $D.t $D.a $D.o
+        t on 2 sh -c "kvbroker kvs wait $V && kvbroker kvs get -l $D.s"
+        t kvbroker kvs get ......$D...i.
+        t kvbroker kvs put ..$D.....n...=7
+        t kvbroker kvs get $D.n
+        t kvbroker kvs get test.nope
+        t kvbroker kvs get $D
+        t kvbroker kvs get $D.s.x
+        t kvbroker kvs put NOVALUE
+        t kvbroker kvs put .=1
+        t kvbroker kvs get $D.s test.nope $D.i
+        """, rank=1)
+    assert out == expect("""
+        $ kvbroker kvs put test.a.b.i=42 test.a.b.d=3.14 test.a.b.s=foo test.a.b.t=true test.a.b.a=[1,3,5] test.a.b.o={"a":42}
+        $ on 3 kvbroker kvs wait 1
+        $ on 3 kvbroker kvs get test.a.b.i test.a.b.d test.a.b.s test.a.b.t test.a.b.a test.a.b.o
+        42
+        3.14
+        foo
+        true
+        [1,3,5]
+        {"a":42}
+        $ on 2 sh -c kvbroker kvs wait 1 && kvbroker kvs get -l test.a.b.s
+        test.a.b.s=foo
+        $ kvbroker kvs get ......test.a.b...i.
+        42
+        $ kvbroker kvs put ..test.a.b.....n...=7
+        $ kvbroker kvs get test.a.b.n
+        7
+        $ kvbroker kvs get test.nope
+        kvbroker: test.nope: No such file or directory
+        [rc=1]
+        $ kvbroker kvs get test.a.b
+        kvbroker: test.a.b: Is a directory
+        [rc=1]
+        $ kvbroker kvs get test.a.b.s.x
+        kvbroker: test.a.b.s.x: No such file or directory
+        [rc=1]
+        $ kvbroker kvs put NOVALUE
+        kvbroker: put: you must specify a value as key=value
+        [rc=1]
+        $ kvbroker kvs put .=1
+        kvbroker: .: Invalid argument (...)
+        [rc=1]
+        $ kvbroker kvs get test.a.b.s test.nope test.a.b.i
+        foo
+        kvbroker: test.nope: No such file or directory
+        [rc=1]
+        """)
+
+
+async def test_put_raw_stdin_append_and_flags(start_instance) -> None:
+    inst = await start_instance(size=2)
+    out = await sh(inst, """
+        D=x
+        printf abc | kvbroker kvs put -r $D.a=- $D.b=42
+        t kvbroker kvs get -r $D.a $D.b; echo
+        printf abc | kvbroker kvs put --raw $D.a=- $D.b=-
+        t kvbroker kvs get -r $D.b; echo '|'
+        t kvbroker kvs put $D.e=
+        t kvbroker kvs get $D.e
+        t kvbroker kvs get -r $D.e
+        t kvbroker kvs put $D.z=abc
+        t kvbroker kvs put -A $D.z=def
+        t kvbroker kvs put --append $D.z=ghi $D.new=n
+        t kvbroker kvs get $D.z $D.new
+        echo abc | kvbroker kvs put -r $D.nl=-
+        echo def | kvbroker kvs put -A -r $D.nl=-
+        t kvbroker kvs get -r $D.nl
+        t kvbroker kvs put --no-merge $D.nm=1
+        t kvbroker kvs put -S $D.sync=1
+        t kvbroker kvs put -n -S --sync $D.both=1
+        t kvbroker kvs get $D.nm $D.sync $D.both
+        V=$(kvbroker kvs version)
+        S=$(kvbroker kvs put -s $D.seq=1)
+        [ "$S" -eq $((V + 1)) ] && echo seq ok
+        B=$(kvbroker kvs put -b $D.seq=2)
+        [ "$B" = "$(kvbroker kvs getroot -b)" ] && echo blobref ok
+        O=$(kvbroker kvs put -O $D.seq=3)
+        [ "$O" = "$(kvbroker kvs getroot)" ] && echo treeobj-root ok
+        """, rank=1)
+    assert out == expect("""
+        $ kvbroker kvs get -r x.a x.b
+        abc42
+        $ kvbroker kvs get -r x.b
+        |
+        $ kvbroker kvs put x.e=
+        $ kvbroker kvs get x.e
+        $ kvbroker kvs get -r x.e
+        $ kvbroker kvs put x.z=abc
+        $ kvbroker kvs put -A x.z=def
+        $ kvbroker kvs put --append x.z=ghi x.new=n
+        $ kvbroker kvs get x.z x.new
+        abcdefghi
+        n
+        $ kvbroker kvs get -r x.nl
+        abc
+        def
+        $ kvbroker kvs put --no-merge x.nm=1
+        $ kvbroker kvs put -S x.sync=1
+        $ kvbroker kvs put -n -S --sync x.both=1
+        $ kvbroker kvs get x.nm x.sync x.both
+        1
+        1
+        1
+        seq ok
+        blobref ok
+        treeobj-root ok
+        """)
+    # binary values round-trip through stdin; big ones are stored as valrefs
+    data = os.urandom(4096) + b"\0\n\xff"
+    assert (await kvs(inst, "put", "-r", "bin=-", stdin=data)).rc == 0
+    got = await kvs(inst, "get", "-r", "bin", rank=1)
+    assert got.rc == 0 and got.out == data
+    tobj = json.loads((await kvs(inst, "get", "-t", "bin")).out)
+    assert tobj["type"] == "valref"
+    labelled = await kvs(inst, "get", "-r", "-l", "bin")
+    assert labelled.out == b"bin=" + data
+    # a non-raw get prints a value up to its first NUL byte (C string), then a newline
+    assert (await kvs(inst, "put", "-r", "nul=-", stdin=b"ab\0cd")).rc == 0
+    assert (await kvs(inst, "get", "nul")).out == b"ab\n"
+
+
+async def test_treeobj_and_at(start_instance) -> None:
+    inst = await start_instance(size=2)
+    out = await sh(inst, """
+        D=t
+        t kvbroker kvs put -t $D.val='{"data":"YgA=","type":"val","ver":1}'
+        t kvbroker kvs get $D.val
+        t kvbroker kvs get -t $D.val
+        t kvbroker kvs put $D.v=hello
+        t kvbroker kvs get --treeobj $D.v
+        kvbroker kvs get --treeobj . | grep -q '"dirref"' && echo root is a dirref
+        kvbroker kvs get -t . > snap
+        t kvbroker kvs put --treeobj $D.snap=- < snap
+        [ "$(kvbroker kvs get -t $D.snap)" = "$(cat snap)" ] && echo snapshot ok
+        kvbroker kvs put $D.a.a=hello $D.a.b=goodbye
+        t kvbroker kvs put --treeobj $D.b="$(kvbroker kvs get --treeobj $D.a)"
+        t kvbroker kvs get $D.b.a $D.b.b
+        t kvbroker kvs put --treeobj $D.bad=xyz
+        t kvbroker kvs put -t $D.bad='{"data":"MQA=","type":"FOO","ver":1}'
+        t kvbroker kvs put -t $D.bad='{"data":["sha1-aaa"],"type":"dirref","ver":1}'
+        kvbroker kvs put $D.c.d=42
+        ROOT=$(kvbroker kvs getroot)
+        SUB=$(kvbroker kvs get -t $D.c)
+        kvbroker kvs put $D.c.d=43
+        t kvbroker kvs get --at "$ROOT" $D.c.d
+        t kvbroker kvs get -a "$SUB" d
+        t on 1 kvbroker kvs get --at "$ROOT" $D.c.d
+        t kvbroker kvs get $D.c.d
+        t kvbroker kvs get --at 42 $D.c.d
+        t kvbroker kvs get --at '{"data":42,"type":"dirref","ver":1}' $D.c.d
+        """)
+    assert out == expect("""
+        $ kvbroker kvs put -t t.val={"data":"YgA=","type":"val","ver":1}
+        $ kvbroker kvs get t.val
+        b
+        $ kvbroker kvs get -t t.val
+        {"data":"YgA=","type":"val","ver":1}
+        $ kvbroker kvs put t.v=hello
+        $ kvbroker kvs get --treeobj t.v
+        {"data":"aGVsbG8=","type":"val","ver":1}
+        root is a dirref
+        $ kvbroker kvs put --treeobj t.snap=-
+        snapshot ok
+        $ kvbroker kvs put --treeobj t.b={"data":["REF"],"type":"dirref","ver":1}
+        $ kvbroker kvs get t.b.a t.b.b
+        hello
+        goodbye
+        $ kvbroker kvs put --treeobj t.bad=xyz
+        kvbroker: t.bad: Invalid argument (...)
+        [rc=1]
+        $ kvbroker kvs put -t t.bad={"data":"MQA=","type":"FOO","ver":1}
+        kvbroker: t.bad: Invalid argument (...)
+        [rc=1]
+        $ kvbroker kvs put -t t.bad={"data":["sha1-aaa"],"type":"dirref","ver":1}
+        kvbroker: t.bad: Invalid argument (...)
+        [rc=1]
+        $ kvbroker kvs get --at {"data":["REF"],"type":"dirref","ver":1} t.c.d
+        42
+        $ kvbroker kvs get -a {"data":["REF"],"type":"dirref","ver":1} d
+        42
+        $ on 1 kvbroker kvs get --at {"data":["REF"],"type":"dirref","ver":1} t.c.d
+        42
+        $ kvbroker kvs get t.c.d
+        43
+        $ kvbroker kvs get --at 42 t.c.d
+        kvbroker: t.c.d: Invalid argument (...)
+        [rc=1]
+        $ kvbroker kvs get --at {"data":42,"type":"dirref","ver":1} t.c.d
+        kvbroker: t.c.d: Invalid argument (...)
+        [rc=1]
+        """)
+
+
+# ================================================================ dir / ls
+
+
+async def test_dir(start_instance) -> None:
+    inst = await start_instance(size=1)
+    out = await sh(inst, """
+        D=test.a.b
+        t kvbroker kvs mkdir $D
+        t kvbroker kvs dir $D
+        t kvbroker kvs mkdir $D.d
+        t kvbroker kvs dir -R $D
+        kvbroker kvs put $D.a=42 $D.b=3.14 $D.c=foo $D.e='[1,3,5]' $D.f.g.h=deep
+        kvbroker kvs link $D.a $D.l
+        kvbroker kvs link -T other x.y $D.m
+        t kvbroker kvs dir $D
+        t kvbroker kvs dir -R $D.
+        t kvbroker kvs dir -R -d .
+        t kvbroker kvs dir -R --at "$(kvbroker kvs get -t $D)"
+        t kvbroker kvs dir $D.a
+        t kvbroker kvs dir test.nope
+        kvbroker kvs put long.v=0123456789012345678901234567890123456789 long.n="$(printf 'one\\ntwo')"
+        kvbroker kvs put long.e=
+        printf 'end\\n' | kvbroker kvs put -r long.t=-
+        t kvbroker kvs dir -w 20 long
+        t kvbroker kvs dir long
+        t kvbroker kvs dir -w 0 long
+        """)
+    assert out == expect("""
+        $ kvbroker kvs mkdir test.a.b
+        $ kvbroker kvs dir test.a.b
+        $ kvbroker kvs mkdir test.a.b.d
+        $ kvbroker kvs dir -R test.a.b
+        test.a.b.d.
+        $ kvbroker kvs dir test.a.b
+        test.a.b.a = 42
+        test.a.b.b = 3.14
+        test.a.b.c = foo
+        test.a.b.d.
+        test.a.b.e = [1,3,5]
+        test.a.b.f.
+        test.a.b.l -> test.a.b.a
+        test.a.b.m -> other::x.y
+        $ kvbroker kvs dir -R test.a.b.
+        test.a.b.a = 42
+        test.a.b.b = 3.14
+        test.a.b.c = foo
+        test.a.b.d.
+        test.a.b.e = [1,3,5]
+        test.a.b.f.g.h = deep
+        test.a.b.l -> test.a.b.a
+        test.a.b.m -> other::x.y
+        $ kvbroker kvs dir -R -d .
+        test.a.b.a
+        test.a.b.b
+        test.a.b.c
+        test.a.b.d.
+        test.a.b.e
+        test.a.b.f.g.h
+        test.a.b.l -> test.a.b.a
+        test.a.b.m -> other::x.y
+        $ kvbroker kvs dir -R --at {"data":["REF"],"type":"dirref","ver":1}
+        a = 42
+        b = 3.14
+        c = foo
+        d.
+        e = [1,3,5]
+        f.g.h = deep
+        l -> test.a.b.a
+        m -> other::x.y
+        $ kvbroker kvs dir test.a.b.a
+        kvbroker: test.a.b.a: Not a directory
+        [rc=1]
+        $ kvbroker kvs dir test.nope
+        kvbroker: test.nope: No such file or directory
+        [rc=1]
+        $ kvbroker kvs dir -w 20 long
+        long.e =<sp>
+        long.n = one...
+        long.t = end
+        long.v = 01234567...
+        $ kvbroker kvs dir long
+        long.e =<sp>
+        long.n = one...
+        long.t = end
+        long.v = 0123456789012345678901234567890123456789
+        $ kvbroker kvs dir -w 0 long
+        long.e =<sp>
+        long.n = one
+        two
+        long.t = end
+
+        long.v = 0123456789012345678901234567890123456789
+        """)
+
+
+async def test_ls(start_instance) -> None:
+    inst = await start_instance(size=1)
+    names = " ".join(f"w.{i:04d}=x" for i in range(50))
+    out = await sh(inst, f"""
+        D=test.a.b
+        kvbroker kvs mkdir $D
+        t kvbroker kvs ls -1F
+        t kvbroker kvs ls -1F .
+        kvbroker kvs put $D.a=69
+        kvbroker kvs mkdir $D.b
+        kvbroker kvs link b $D.c
+        kvbroker kvs link --target-namespace=foo c $D.d
+        t kvbroker kvs ls -1F $D
+        t kvbroker kvs ls -1F $D.
+        t kvbroker kvs ls -1Fd $D.a $D.b $D.c $D.d
+        t kvbroker kvs ls $D
+        t kvbroker kvs ls -R test
+        kvbroker kvs put {names}
+        kvbroker kvs ls w | wc -wl | tr -s ' '
+        kvbroker kvs ls -w40 w | wc -wl | tr -s ' '
+        COLUMNS=20 kvbroker kvs ls w | wc -wl | tr -s ' '
+        kvbroker kvs ls -w0 w | wc -wl | tr -s ' '
+        kvbroker kvs ls -1 w | wc -wl | tr -s ' '
+        kvbroker kvs put deep.0000.0000.0000=1
+        t kvbroker kvs ls -R deep
+        t kvbroker kvs ls -d $D.b.
+        t kvbroker kvs ls -d $D.a.
+        t kvbroker kvs ls $D.nope
+        t kvbroker kvs ls $D.a $D.nope $D.b
+        kvbroker kvs put L.foo=1 L.dir.b=1
+        kvbroker kvs link L.foo L.tovalue
+        kvbroker kvs link invalid L.dangling
+        kvbroker kvs link L.dir L.todir
+        t kvbroker kvs ls -d L.tovalue
+        t kvbroker kvs ls -F L.tovalue
+        t kvbroker kvs ls L.tovalue L.dangling
+        t kvbroker kvs ls L.todir
+        t kvbroker kvs ls -R L.todir
+        t kvbroker kvs ls L.foo L.dir L.todir
+        t kvbroker kvs ls --json L
+        """)
+    assert out == expect("""
+        $ kvbroker kvs ls -1F
+        test.
+        $ kvbroker kvs ls -1F .
+        test.
+        $ kvbroker kvs ls -1F test.a.b
+        a
+        b.
+        c@
+        d@
+        $ kvbroker kvs ls -1F test.a.b.
+        a
+        b.
+        c@
+        d@
+        $ kvbroker kvs ls -1Fd test.a.b.a test.a.b.b test.a.b.c test.a.b.d
+        test.a.b.a
+        test.a.b.b.
+        test.a.b.c@
+        test.a.b.d@
+        $ kvbroker kvs ls test.a.b
+        a    b    c    d
+        $ kvbroker kvs ls -R test
+        test:
+        a
+
+        test.a:
+        b
+
+        test.a.b:
+        a    b    c    d
+
+        test.a.b.b:
+         5 50
+         10 50
+         25 50
+         1 50
+         50 50
+        $ kvbroker kvs ls -R deep
+        deep:
+        0000
+
+        deep.0000:
+        0000
+
+        deep.0000.0000:
+        0000
+        $ kvbroker kvs ls -d test.a.b.b.
+        test.a.b.b
+        $ kvbroker kvs ls -d test.a.b.a.
+        kvbroker: test.a.b.a: Not a directory
+        [rc=1]
+        $ kvbroker kvs ls test.a.b.nope
+        kvbroker: test.a.b.nope: No such file or directory
+        [rc=1]
+        $ kvbroker kvs ls test.a.b.a test.a.b.nope test.a.b.b
+        kvbroker: test.a.b.nope: No such file or directory
+        test.a.b.a
+
+        test.a.b.b:
+        [rc=1]
+        $ kvbroker kvs ls -d L.tovalue
+        L.tovalue
+        $ kvbroker kvs ls -F L.tovalue
+        L.tovalue@
+        $ kvbroker kvs ls L.tovalue L.dangling
+        L.dangling    L.tovalue
+        $ kvbroker kvs ls L.todir
+        b
+        $ kvbroker kvs ls -R L.todir
+        L.todir:
+        b
+        $ kvbroker kvs ls L.foo L.dir L.todir
+        L.foo
+
+        L.dir:
+        b
+
+        L.todir:
+        b
+        $ kvbroker kvs ls --json L
+        {"keys": [], "dirs": {"L": [{"name": "dangling", "kind": "symlink"}, {"name": "dir", "kind": "dir"}, {"name": "foo", "kind": "value"}, {"name": "todir", "kind": "symlink"}, {"name": "tovalue", "kind": "symlink"}]}}
+        """)
+
+
+# ================================================================ other writes
+
+
+async def test_unlink_mkdir_link_readlink(start_instance) -> None:
+    inst = await start_instance(size=1)
+    out = await sh(inst, """
+        D=u
+        t kvbroker kvs unlink NOT.A.KEY
+        t kvbroker kvs unlink -f NOT.A.KEY
+        t kvbroker kvs unlink -Rf NOT.A.KEY
+        t kvbroker kvs mkdir $D.d1 $D.d2
+        kvbroker kvs put $D.d1.x=1
+        t kvbroker kvs unlink $D
+        t kvbroker kvs unlink $D.d2
+        t kvbroker kvs unlink -R $D
+        t kvbroker kvs dir $D
+        kvbroker kvs link invalid $D.l1
+        kvbroker kvs link $D.b $D.a
+        kvbroker kvs link $D.a $D.b
+        t kvbroker kvs get $D.a
+        t kvbroker kvs unlink $D.l1 $D.a $D.b
+        t kvbroker kvs dir $D
+        V=$(kvbroker kvs version)
+        [ "$(kvbroker kvs mkdir -s $D.m)" -eq $((V + 1)) ] && echo mkdir -s ok
+        [ "$(kvbroker kvs link -s $D.m $D.ml)" -eq $((V + 2)) ] && echo link -s ok
+        [ "$(kvbroker kvs unlink -s $D.ml)" -eq $((V + 3)) ] && echo unlink -s ok
+        [ "$(kvbroker kvs mkdir -b $D.m2)" = "$(kvbroker kvs getroot -b)" ] && echo mkdir -b ok
+        [ "$(kvbroker kvs link -O $D.m2 $D.ml)" = "$(kvbroker kvs getroot)" ] && echo link -O ok
+        [ "$(kvbroker kvs unlink -O $D.ml)" = "$(kvbroker kvs getroot)" ] && echo unlink -O ok
+        kvbroker kvs put $D.target=foo $D.t2=bar
+        t kvbroker kvs link $D.target $D.link
+        t kvbroker kvs link $D.t2 $D.link2
+        t kvbroker kvs get $D.link
+        t kvbroker kvs readlink $D.link $D.link2
+        t kvbroker kvs link -T nsx $D.target $D.nslink
+        t kvbroker kvs readlink $D.nslink
+        t kvbroker kvs readlink -o $D.nslink $D.link
+        t kvbroker kvs readlink -k $D.nslink
+        t kvbroker kvs readlink $D.target
+        t kvbroker kvs readlink $D.m.
+        t kvbroker kvs get $D.nslink
+        kvbroker kvs put $D.p.q.r=42
+        kvbroker kvs link $D.p.q $D.Z.Y
+        kvbroker kvs link $D.Z.Y $D.X.W
+        t kvbroker kvs get $D.Z.Y.r $D.X.W.r
+        t kvbroker kvs put $D.Z.Y.new=1
+        t kvbroker kvs get $D.p.q.new
+        ROOT=$(kvbroker kvs getroot)
+        kvbroker kvs unlink -R $D.Z
+        t kvbroker kvs readlink --at "$ROOT" $D.Z.Y
+        L='loop.a={"data":"MQ==","type":"val","ver":1}'; p=a
+        for i in b c d e f g h i j k l; do
+            L="$L loop.$i="'{"data":{"target":"'loop.$p'"},"type":"symlink","ver":1}'; p=$i
+        done
+        kvbroker kvs put -t $L
+        t kvbroker kvs get loop.k
+        t kvbroker kvs get loop.l
+        t kvbroker kvs link only-one
+        """)
+    assert out == expect("""
+        $ kvbroker kvs unlink NOT.A.KEY
+        kvbroker: cannot unlink 'NOT.A.KEY': No such file or directory
+        [rc=1]
+        $ kvbroker kvs unlink -f NOT.A.KEY
+        $ kvbroker kvs unlink -Rf NOT.A.KEY
+        $ kvbroker kvs mkdir u.d1 u.d2
+        $ kvbroker kvs unlink u
+        kvbroker: cannot unlink 'u': Directory not empty
+        [rc=1]
+        $ kvbroker kvs unlink u.d2
+        $ kvbroker kvs unlink -R u
+        $ kvbroker kvs dir u
+        kvbroker: u: No such file or directory
+        [rc=1]
+        $ kvbroker kvs get u.a
+        kvbroker: u.a: Too many levels of symbolic links
+        [rc=1]
+        $ kvbroker kvs unlink u.l1 u.a u.b
+        $ kvbroker kvs dir u
+        mkdir -s ok
+        link -s ok
+        unlink -s ok
+        mkdir -b ok
+        link -O ok
+        unlink -O ok
+        $ kvbroker kvs link u.target u.link
+        $ kvbroker kvs link u.t2 u.link2
+        $ kvbroker kvs get u.link
+        foo
+        $ kvbroker kvs readlink u.link u.link2
+        u.target
+        u.t2
+        $ kvbroker kvs link -T nsx u.target u.nslink
+        $ kvbroker kvs readlink u.nslink
+        nsx::u.target
+        $ kvbroker kvs readlink -o u.nslink u.link
+        nsx
+        u.target
+        $ kvbroker kvs readlink -k u.nslink
+        u.target
+        $ kvbroker kvs readlink u.target
+        kvbroker: u.target: Invalid argument
+        [rc=1]
+        $ kvbroker kvs readlink u.m.
+        kvbroker: u.m.: Invalid argument
+        [rc=1]
+        $ kvbroker kvs get u.nslink
+        kvbroker: u.nslink: Operation not supported (...)
+        [rc=1]
+        $ kvbroker kvs get u.Z.Y.r u.X.W.r
+        42
+        42
+        $ kvbroker kvs put u.Z.Y.new=1
+        $ kvbroker kvs get u.p.q.new
+        1
+        $ kvbroker kvs readlink --at {"data":["REF"],"type":"dirref","ver":1} u.Z.Y
+        u.p.q
+        $ kvbroker kvs get loop.k
+        1
+        $ kvbroker kvs get loop.l
+        kvbroker: loop.l: Too many levels of symbolic links
+        [rc=1]
+        $ kvbroker kvs link only-one
+        """) + _usage_tail(out)
+
+
+def _usage_tail(out: str) -> str:
+    """argparse's usage error for ``link only-one`` (exit status 2)."""
+    tail = out.split("$ kvbroker kvs link only-one\n", 1)[1]
+    assert "usage: kvbroker kvs link" in tail and tail.endswith("[rc=2]\n"), tail
+    return tail
+
+
+async def test_copy_move(start_instance) -> None:
+    inst = await start_instance(size=1)
+    out = await sh(inst, """
+        D=c
+        kvbroker kvs mkdir $D.a
+        kvbroker kvs link $D.a $D.link
+        kvbroker kvs put $D.a.X=42
+        t kvbroker kvs copy $D.a $D.link
+        t kvbroker kvs readlink $D.link
+        t kvbroker kvs get $D.link.X
+        t kvbroker kvs unlink -R $D.link
+        kvbroker kvs link $D.a $D.link
+        t kvbroker kvs move $D.a $D.link
+        t kvbroker kvs get $D.link.X
+        t kvbroker kvs dir $D.a
+        kvbroker kvs put $D.b.X=1
+        kvbroker kvs link $D.b $D.bl
+        t kvbroker kvs copy $D.bl $D.copy
+        t kvbroker kvs readlink $D.copy
+        t kvbroker kvs namespace create other
+        t kvbroker kvs copy -D other $D.b in.other
+        t kvbroker kvs get -N other in.other.X
+        t kvbroker kvs move -S other -D primary in.other $D.back
+        t kvbroker kvs get $D.back.X
+        t kvbroker kvs get -N other in.other
+        t kvbroker kvs copy $D.nope $D.x
+        t kvbroker kvs move $D.b $D.b
+        """)
+    assert out == expect("""
+        $ kvbroker kvs copy c.a c.link
+        $ kvbroker kvs readlink c.link
+        kvbroker: c.link: Invalid argument
+        [rc=1]
+        $ kvbroker kvs get c.link.X
+        42
+        $ kvbroker kvs unlink -R c.link
+        $ kvbroker kvs move c.a c.link
+        $ kvbroker kvs get c.link.X
+        42
+        $ kvbroker kvs dir c.a
+        kvbroker: c.a: No such file or directory
+        [rc=1]
+        $ kvbroker kvs copy c.bl c.copy
+        $ kvbroker kvs readlink c.copy
+        c.b
+        $ kvbroker kvs namespace create other
+        $ kvbroker kvs copy -D other c.b in.other
+        $ kvbroker kvs get -N other in.other.X
+        1
+        $ kvbroker kvs move -S other -D primary in.other c.back
+        $ kvbroker kvs get c.back.X
+        1
+        $ kvbroker kvs get -N other in.other
+        kvbroker: in.other: No such file or directory
+        [rc=1]
+        $ kvbroker kvs copy c.nope c.x
+        kvbroker: copy: No such file or directory (...)
+        [rc=1]
+        $ kvbroker kvs move c.b c.b
+        kvbroker: move: Invalid argument (...)
+        [rc=1]
+        """)
+
+
+# ================================================================ versions, roots, namespaces
+
+
+async def test_version_wait_getroot(start_instance) -> None:
+    inst = await start_instance(size=4, fanout=2)
+    v0 = int((await kvs(inst, "version")).out)
+    waiter = asyncio.ensure_future(kvs(inst, "wait", str(v0 + 2), rank=3))
+    assert (await kvs(inst, "put", "w.a=1", rank=2)).rc == 0
+    assert not waiter.done()  # still one version short (never a false failure)
+    assert (await kvs(inst, "put", "w.a=2", rank=1)).rc == 0
+    assert (await waiter).rc == 0
+    out = await sh(inst, f"""
+        for r in 1 2 3; do on $r kvbroker kvs wait {v0 + 2} && on $r kvbroker kvs get w.a; done
+        ROOT=$(kvbroker kvs getroot)
+        kvbroker kvs put w.a=3
+        t kvbroker kvs get --at "$ROOT" w.a
+        S1=$(kvbroker kvs getroot --sequence); B1=$(kvbroker kvs getroot -b)
+        kvbroker kvs put w.b=1
+        S2=$(kvbroker kvs getroot -s); B2=$(kvbroker kvs getroot --blobref)
+        [ $S1 -lt $S2 ] && [ $B1 != $B2 ] && echo getroot changes
+        [ "$(kvbroker kvs getroot -o)" -eq "$(id -u)" ] && echo owner ok
+        [ "$(kvbroker kvs getroot)" = '{{"data":["'$B2'"],"type":"dirref","ver":1}}' ] &&
+            echo treeobj ok
+        [ "$(kvbroker kvs getroot -b)" = "$(kvbroker kvs get -t . | cut -d'"' -f4)" ] &&
+            echo get -t . ok
+        t kvbroker kvs namespace create ns1
+        t kvbroker kvs getroot -N ns1 -s
+        t kvbroker kvs version -N ns1
+        t kvbroker kvs put -N ns1 k=v
+        t kvbroker kvs getroot --namespace=ns1 --sequence
+        t kvbroker kvs version -N nsbad
+        t kvbroker kvs wait -N nsbad 1
+        t kvbroker kvs getroot -N nsbad
+        """)
+    assert out.startswith("2\n2\n2\n")
+    assert out[6:] == expect("""
+        $ kvbroker kvs get --at {"data":["REF"],"type":"dirref","ver":1} w.a
+        2
+        getroot changes
+        owner ok
+        treeobj ok
+        get -t . ok
+        $ kvbroker kvs namespace create ns1
+        $ kvbroker kvs getroot -N ns1 -s
+        0
+        $ kvbroker kvs version -N ns1
+        0
+        $ kvbroker kvs put -N ns1 k=v
+        $ kvbroker kvs getroot --namespace=ns1 --sequence
+        1
+        $ kvbroker kvs version -N nsbad
+        kvbroker: kvs version: Operation not supported (...)
+        [rc=1]
+        $ kvbroker kvs wait -N nsbad 1
+        kvbroker: kvs wait: Operation not supported (...)
+        [rc=1]
+        $ kvbroker kvs getroot -N nsbad
+        kvbroker: kvs getroot: Operation not supported (...)
+        [rc=1]
+        """)
+    js = json.loads((await kvs(inst, "getroot", "--json", rank=2)).out)
+    assert set(js) == {"namespace", "owner", "rootseq", "rootref", "flags"}
+    assert js["namespace"] == "primary" and js["rootseq"] == v0 + 4
+    assert treeobj.dirref(js["rootref"])  # a well-formed blobref
+
+
+def ns_row(name: str, owner: int) -> str:
+    """A ``namespace list`` row, as flux's ``%-36s %10u 0x%08X``."""
+    return f"{name:<36} {owner:>10} 0x00000000"
+
+
+async def test_namespaces(start_instance) -> None:
+    inst = await start_instance(size=4, fanout=2)
+    out = await sh(inst, """
+        t kvbroker kvs namespace create nsA nsB
+        t on 1 kvbroker kvs namespace create nsR1
+        t kvbroker kvs namespace create -o 9999 nsU
+        t kvbroker kvs namespace create nsA
+        t on 2 kvbroker kvs namespace create nsA
+        t kvbroker kvs namespace create primary
+        t kvbroker kvs namespace remove primary
+        t kvbroker kvs namespace remove never-made
+        t kvbroker kvs namespace create 'bad name'
+        t kvbroker kvs namespace list
+        kvbroker kvs put k=primary
+        kvbroker kvs put -N nsA k=A
+        KVBROKER_NAMESPACE=nsB kvbroker kvs put k=B
+        t kvbroker kvs get k
+        t kvbroker kvs get -N nsA k
+        t kvbroker kvs get -N nsB k
+        t env KVBROKER_NAMESPACE=nsA kvbroker kvs get k
+        t env KVBROKER_NAMESPACE=nsBAD kvbroker kvs get -N nsB k
+        t env KVBROKER_NAMESPACE=nsBAD kvbroker kvs get k
+        t on 3 kvbroker kvs get -N nsA k
+        t kvbroker kvs put -N nsBAD k=1
+        t on 1 kvbroker kvs put -N nsBAD k=1
+        t kvbroker kvs namespace create -r "$(kvbroker kvs getroot -b -N nsA)" nsC
+        t kvbroker kvs get -N nsC k
+        kvbroker kvs mkdir -N nsA L.b
+        kvbroker kvs link -N nsA b L.c
+        kvbroker kvs link -N nsA -T foo c L.d
+        t kvbroker kvs ls -N nsA -1F L
+        t kvbroker kvs namespace remove nsA nsB nsR1 nsC
+        t kvbroker kvs get -N nsA k
+        # rank 0 published "removed" before this setroot: once rank 3 has the
+        # setroot, it has dropped nsA too
+        V=$(kvbroker kvs put -s sync=1)
+        on 3 kvbroker kvs wait $V
+        t on 3 kvbroker kvs get -N nsA k
+        t kvbroker kvs namespace list
+        """)
+    uid = os.getuid()
+    assert out == expect(f"""
+        $ kvbroker kvs namespace create nsA nsB
+        $ on 1 kvbroker kvs namespace create nsR1
+        $ kvbroker kvs namespace create -o 9999 nsU
+        $ kvbroker kvs namespace create nsA
+        kvbroker: nsA: File exists (...)
+        [rc=1]
+        $ on 2 kvbroker kvs namespace create nsA
+        kvbroker: nsA: File exists (...)
+        [rc=1]
+        $ kvbroker kvs namespace create primary
+        kvbroker: primary: File exists (...)
+        [rc=1]
+        $ kvbroker kvs namespace remove primary
+        kvbroker: primary: Operation not supported (...)
+        [rc=1]
+        $ kvbroker kvs namespace remove never-made
+        $ kvbroker kvs namespace create bad name
+        kvbroker: bad name: Invalid argument (...)
+        [rc=1]
+        $ kvbroker kvs namespace list
+        NAMESPACE                                 OWNER      FLAGS
+        {ns_row("primary", uid)}
+        {ns_row("nsA", uid)}
+        {ns_row("nsB", uid)}
+        {ns_row("nsR1", uid)}
+        {ns_row("nsU", 9999)}
+        $ kvbroker kvs get k
+        primary
+        $ kvbroker kvs get -N nsA k
+        A
+        $ kvbroker kvs get -N nsB k
+        B
+        $ env KVBROKER_NAMESPACE=nsA kvbroker kvs get k
+        A
+        $ env KVBROKER_NAMESPACE=nsBAD kvbroker kvs get -N nsB k
+        B
+        $ env KVBROKER_NAMESPACE=nsBAD kvbroker kvs get k
+        kvbroker: k: Operation not supported (...)
+        [rc=1]
+        $ on 3 kvbroker kvs get -N nsA k
+        A
+        $ kvbroker kvs put -N nsBAD k=1
+        kvbroker: k: Operation not supported (...)
+        [rc=1]
+        $ on 1 kvbroker kvs put -N nsBAD k=1
+        kvbroker: k: Operation not supported (...)
+        [rc=1]
+        $ kvbroker kvs namespace create -r REF nsC
+        $ kvbroker kvs get -N nsC k
+        A
+        $ kvbroker kvs ls -N nsA -1F L
+        b.
+        c@
+        d@
+        $ kvbroker kvs namespace remove nsA nsB nsR1 nsC
+        $ kvbroker kvs get -N nsA k
+        kvbroker: k: Operation not supported (...)
+        [rc=1]
+        $ on 3 kvbroker kvs get -N nsA k
+        kvbroker: k: Operation not supported (...)
+        [rc=1]
+        $ kvbroker kvs namespace list
+        NAMESPACE                                 OWNER      FLAGS
+        {ns_row("primary", uid)}
+        {ns_row("nsU", 9999)}
+        """)
+    listed = json.loads((await kvs(inst, "namespace", "list", "--json")).out)
+    assert [(n["namespace"], n["owner"]) for n in listed] == [("primary", uid), ("nsU", 9999)]
+
+
+# ================================================================ eventlogs
+
+
+async def test_eventlog(start_instance) -> None:
+    inst = await start_instance(size=2)
+    out = await sh(inst, """
+        t kvbroker kvs eventlog append --timestamp=1 test.a name '{"data":"foo"}'
+        t kvbroker kvs eventlog get --unformatted test.a
+        t kvbroker kvs eventlog get test.a
+        t kvbroker kvs get test.a
+        t kvbroker kvs eventlog wait-event -u test.a name
+        t kvbroker kvs get -W test.a
+        t kvbroker kvs eventlog append test.b foo
+        kvbroker kvs eventlog get test.b | grep -q '^[0-9]*\\.[0-9]\\{6\\} foo$' && echo now ok
+        t kvbroker kvs eventlog append -t 120 test.human primus
+        t kvbroker kvs eventlog append -t 121 test.human secondus '{"n":' 1 '}'
+        t on 1 kvbroker kvs eventlog get --human test.human
+        t kvbroker kvs eventlog get -Hu test.human
+        t kvbroker kvs eventlog get --color=foo test.human
+        kvbroker kvs eventlog get -L test.human | grep -q "$(printf '\\033\\[')" && echo color ok
+        kvbroker kvs eventlog get --color=never test.human | grep -q "$(printf '\\033')" ||
+            echo no color ok
+        t kvbroker kvs eventlog append test.bad foo not_a_object
+        t kvbroker kvs eventlog append test.bad foo '[1]'
+        t kvbroker kvs eventlog append test.bad ''
+        t kvbroker kvs put test.noteventlog=foo
+        t kvbroker kvs eventlog get test.noteventlog
+        kvbroker kvs eventlog get test.noteventlog 2>&1 | grep -c 'cannot decode improperly'
+        t kvbroker kvs eventlog get test.missing
+        t kvbroker kvs namespace create EVNS
+        t kvbroker kvs eventlog append test.ns main
+        t kvbroker kvs eventlog append --namespace=EVNS test.ns guest
+        kvbroker kvs eventlog get test.ns | grep -c main
+        kvbroker kvs eventlog get -N EVNS test.ns | grep -c guest
+        t kvbroker kvs eventlog get
+        """)
+    assert out == expect("""
+        $ kvbroker kvs eventlog append --timestamp=1 test.a name {"data":"foo"}
+        $ kvbroker kvs eventlog get --unformatted test.a
+        {"timestamp":1.0,"name":"name","context":{"data":"foo"}}
+        $ kvbroker kvs eventlog get test.a
+        1.000000 name data="foo"
+        $ kvbroker kvs get test.a
+        {"timestamp":1.0,"name":"name","context":{"data":"foo"}}
+
+        $ kvbroker kvs eventlog wait-event -u test.a name
+        {"timestamp":1.0,"name":"name","context":{"data":"foo"}}
+        $ kvbroker kvs get -W test.a
+        {"timestamp":1.0,"name":"name","context":{"data":"foo"}}
+
+        $ kvbroker kvs eventlog append test.b foo
+        now ok
+        $ kvbroker kvs eventlog append -t 120 test.human primus
+        $ kvbroker kvs eventlog append -t 121 test.human secondus {"n": 1 }
+        $ on 1 kvbroker kvs eventlog get --human test.human
+        [Jan01 00:02] primus
+        [  +1.000000] secondus n=1
+        $ kvbroker kvs eventlog get -Hu test.human
+        kvbroker: kvs eventlog get: do not specify --unformatted with --human or --color=always
+        [rc=1]
+        $ kvbroker kvs eventlog get --color=foo test.human
+        kvbroker: kvs eventlog get: invalid --color value 'foo' (use auto, always or never)
+        [rc=1]
+        color ok
+        no color ok
+        $ kvbroker kvs eventlog append test.bad foo not_a_object
+        kvbroker: test.bad: Invalid argument (...)
+        [rc=1]
+        $ kvbroker kvs eventlog append test.bad foo [1]
+        kvbroker: test.bad: Invalid argument (...)
+        [rc=1]
+        $ kvbroker kvs eventlog append test.bad<sp>
+        kvbroker: test.bad: Invalid argument (...)
+        [rc=1]
+        $ kvbroker kvs put test.noteventlog=foo
+        $ kvbroker kvs eventlog get test.noteventlog
+        kvbroker: test.noteventlog: Invalid argument (...)
+        [rc=1]
+        1
+        $ kvbroker kvs eventlog get test.missing
+        kvbroker: test.missing: No such file or directory
+        [rc=1]
+        $ kvbroker kvs namespace create EVNS
+        $ kvbroker kvs eventlog append test.ns main
+        $ kvbroker kvs eventlog append --namespace=EVNS test.ns guest
+        1
+        1
+        $ kvbroker kvs eventlog get
+        """) + _eventlog_usage(out)
+
+
+def _eventlog_usage(out: str) -> str:
+    tail = out.split("$ kvbroker kvs eventlog get\n", 1)[1]
+    assert "usage: kvbroker kvs eventlog get" in tail and tail.endswith("[rc=2]\n"), tail
+    return tail
+
+
+# ================================================================ delegation and plumbing
+
+
+FAKE_WATCH = '''
+import json
+def _show(name, args):
+    print(name, json.dumps({k: v for k, v in sorted(vars(args).items())
+                            if not callable(v)}, sort_keys=True))
+    return 3
+def watch_get(args): return _show("watch_get", args)
+def eventlog_get(args): return _show("eventlog_get", args)
+def eventlog_wait_event(args): return _show("eventlog_wait_event", args)
+'''
+
+
+async def test_watch_options_are_delegated(start_instance, tmp_path: Path) -> None:
+    """get -w/-W/-S and eventlog get -w / wait-event go to kvs_watch.cli."""
+    inst = await start_instance(size=1)
+    fake = tmp_path / "kvs_watch"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("")
+    (fake / "cli.py").write_text(FAKE_WATCH)
+    env = {"PYTHONPATH": str(tmp_path), "KVBROKER_NAMESPACE": "envns"}
+
+    res = await kvs(inst, "get", "-w", "-c", "2", "-u", "-A", "-f", "-l", "a", "b", **env)
+    name, _, doc = res.text.partition(" ")
+    args = json.loads(doc)
+    assert res.rc == 3 and name == "watch_get"
+    assert args["keys"] == ["a", "b"] and args["namespace"] == "envns"
+    assert (args["watch"], args["count"], args["uniq"], args["append"], args["full"],
+            args["label"], args["waitcreate"], args["stream"]) == \
+        (True, 2, True, True, True, True, False, False)
+    for opt in ("-W", "-S"):
+        res = await kvs(inst, "get", opt, "-N", "x", "k", **env)
+        assert res.text.startswith("watch_get ") and json.loads(res.text[10:])["namespace"] == "x"
+    res = await kvs(inst, "eventlog", "get", "-w", "-c", "1", "-u", "log", **env)
+    assert res.text.startswith("eventlog_get ")
+    args = json.loads(res.text.split(" ", 1)[1])
+    assert (args["key"], args["count"], args["unformatted"]) == ("log", 1, True)
+    res = await kvs(inst, "eventlog", "wait-event", "-t", "0.5", "-W", "-v", "log", "done",
+                    **env)
+    args = json.loads(res.text.split(" ", 1)[1])
+    assert res.text.startswith("eventlog_wait_event ")
+    assert (args["key"], args["event"], args["timeout"], args["waitcreate"],
+            args["verbose"], args["quiet"]) == ("log", "done", 0.5, True, True, False)
+
+
+async def test_errors_without_a_broker(tmp_path: Path) -> None:
+    env = client_env(str(tmp_path / "no-such-socket"))
+    res = await run([KVB, "kvs", "get", "a"], env)
+    assert res.rc == 1
+    assert res.err.startswith("kvbroker: kvs get: cannot connect to broker: ")
+    del env["KVBROKER_URI"]
+    res = await run([KVB, "kvs", "version"], env)
+    assert res.rc == 1 and res.err.startswith("kvbroker: kvs version: no broker URI")
+    res = await run([KVB, "kvs"], env)
+    assert res.rc == 2 and "SUBCOMMAND" in res.err
+    res = await run([KVB, "kvs", "--help"], env)
+    assert res.rc == 0
+    for sub in ("get", "put", "ls", "dir", "unlink", "mkdir", "link", "readlink", "copy",
+                "move", "version", "wait", "getroot", "namespace", "eventlog"):
+        assert sub in res.text

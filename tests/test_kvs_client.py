@@ -1,0 +1,486 @@
+"""The KVS Python API (kvs.client, kvs.eventlog): pure parts, then real instances."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+
+import pytest
+
+from broker.errors import ErrnoError, RemoteError
+from kvs import eventlog, treeobj
+from kvs.client import (
+    APPEND,
+    KVS,
+    NO_MERGE,
+    READDIR,
+    SYNC,
+    CommitResult,
+    Dir,
+    Link,
+    Root,
+    SyncKVS,
+    TxnOps,
+    as_root,
+    default_namespace,
+    encode_value,
+    kind,
+)
+
+T = 20  # seconds: bound on every await against a broker
+REF = "sha256-" + "a" * 64
+
+
+def errnum(excinfo: pytest.ExceptionInfo[ErrnoError]) -> int:
+    return excinfo.value.errnum
+
+
+# ================================================================ pure: values, ops, roots
+
+
+def test_encode_value() -> None:
+    assert encode_value(b"\x00\xff") == b"\x00\xff"
+    assert encode_value(bytearray(b"ab")) == b"ab"
+    assert encode_value("ƒoo") == "ƒoo".encode()
+    assert encode_value(42) == b"42"
+    assert encode_value(3.5) == b"3.5"
+    assert encode_value(True) == b"true"
+    assert encode_value(None) == b"null"
+    assert encode_value({"a": [1, "ƒ"]}) == '{"a":[1,"ƒ"]}'.encode()
+    with pytest.raises(TypeError):
+        encode_value(object())
+
+
+def test_txn_ops_are_pure_and_ordered() -> None:
+    t = TxnOps()
+    assert t.put("a", 1).put_raw("b", b"\x00").append("c", "x").mkdir("d") is t
+    t.unlink("e").symlink("f", "a").symlink("g", "k", "other")
+    assert len(t) == 7
+    assert [op["key"] for op in t.ops] == list("abcdefg")
+    assert t.ops[0] == {"key": "a", "flags": 0, "dirent": treeobj.val(b"1")}
+    assert t.ops[1]["dirent"] == treeobj.val(b"\x00")
+    assert t.ops[2] == {"key": "c", "flags": APPEND, "dirent": treeobj.val(b"x")}
+    assert t.ops[3]["dirent"] == treeobj.dir_()
+    assert t.ops[4] == {"key": "e", "flags": 0, "dirent": None}
+    assert t.ops[5]["dirent"] == treeobj.symlink("a")
+    assert t.ops[6]["dirent"]["data"] == {"namespace": "other", "target": "k"}
+    with pytest.raises(TypeError):
+        t.put(42, "x")  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        t.put_raw("x", "not bytes")  # type: ignore[arg-type]
+
+
+def test_put_treeobj_accepts_json_and_native_forms() -> None:
+    text = '{"data":"YgA=","type":"val","ver":1}'
+    t = TxnOps().put_treeobj("a", text).put_treeobj("b", json.loads(text))
+    t.put_treeobj("c", treeobj.val(b"b\0")).put_treeobj("d", treeobj.dirref(REF))
+    assert [op["dirent"] for op in t.ops[:3]] == [treeobj.val(b"b\0")] * 3
+    assert t.ops[3]["dirent"] == treeobj.dirref(REF)
+    bad = ['xyz', '{"data":"MQA=","type":"FOO","ver":1}', '{"data":42,"type":"symlink","ver":1}',
+           '{"data":42,"type":"dirref","ver":1}', '{"data":["sha1-aaa"],"type":"dirref","ver":1}',
+           '{"data":{"count":0,"depth":0,"shards":{}},"type":"hdir","ver":1}']
+    for text in bad:
+        with pytest.raises(ErrnoError) as ei:
+            TxnOps().put_treeobj("a", text)
+        assert errnum(ei) == errno.EINVAL, text
+
+
+def test_as_root_and_results() -> None:
+    d = treeobj.dirref(REF)
+    assert as_root(REF) == d
+    assert as_root(treeobj.to_json(d)) == d
+    assert as_root(" " + treeobj.to_json(d) + "\n") == d
+    assert as_root(d) == d
+    assert as_root(CommitResult(REF, 3)) == d
+    root = Root("primary", 1000, 3, REF)
+    assert as_root(root) == d and root.treeobj == d and CommitResult(REF, 1).treeobj == d
+    assert root.as_dict() == {"namespace": "primary", "owner": 1000, "rootseq": 3,
+                              "rootref": REF, "flags": 0}
+    assert Root.from_payload(root.as_dict()) == root
+    for bad in ("42", "sha1-aaa", '{"data":42,"type":"dirref","ver":1}',
+                treeobj.to_json(treeobj.val(b"x")), "{not json"):
+        with pytest.raises(ErrnoError) as ei:
+            as_root(bad)
+        assert errnum(ei) == errno.EINVAL, bad
+
+
+def test_link_kind_and_namespace_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert str(Link("a.b")) == "a.b" and str(Link("a.b", "ns")) == "ns::a.b"
+    assert Link.from_treeobj(treeobj.symlink("x", "y")) == Link("x", "y")
+    assert [kind(o) for o in (treeobj.val(b""), treeobj.valref([REF]), treeobj.dir_(),
+                              treeobj.dirref(REF), treeobj.symlink("x"))] == \
+        ["value", "value", "dir", "dir", "symlink"]
+    monkeypatch.delenv("KVBROKER_NAMESPACE", raising=False)
+    assert default_namespace() == "primary"
+    monkeypatch.setenv("KVBROKER_NAMESPACE", "job-1")
+    assert default_namespace() == "job-1" and default_namespace("x") == "x"
+
+
+def test_dir_mapping_view() -> None:
+    entries = {"v": treeobj.val(b"1"), "d": treeobj.dirref(REF), "l": treeobj.symlink("v", "n")}
+    d = Dir(None, "a..b.", entries, REF)  # type: ignore[arg-type]
+    assert d.key == "a.b" and list(d) == ["d", "l", "v"] and len(d) == 3
+    assert d["v"] == treeobj.val(b"1") and "x" not in d and d.get("x") is None
+    assert [d.kind(n) for n in d] == ["dir", "symlink", "value"]
+    assert d.is_dir("d") and d.is_symlink("l") and not d.is_dir("v")
+    assert d.path("v") == "a.b.v"
+    assert Dir(None, ".", {}, REF).path("x") == "x"  # type: ignore[arg-type]
+    assert d.link("l") == Link("v", "n")
+    with pytest.raises(ErrnoError) as ei:
+        d.link("v")
+    assert errnum(ei) == errno.EINVAL
+
+
+# ================================================================ pure: eventlogs
+
+
+def test_eventlog_encode_decode() -> None:
+    e = eventlog.entry("submit", {"userid": 1}, 1)
+    assert eventlog.encode_entry(e) == b'{"timestamp":1.0,"name":"submit","context":{"userid":1}}\n'
+    assert eventlog.encode_entry({"name": "x", "timestamp": 2}) == \
+        b'{"timestamp":2,"name":"x"}\n'
+    assert eventlog.entry("x", '{"a": 1}', 5)["context"] == {"a": 1}
+    now = eventlog.entry("x")["timestamp"]
+    assert now > 1e9 and eventlog.entry("x", timestamp=0)["timestamp"] >= now
+    log = eventlog.encode([e, eventlog.entry("done", timestamp=2.5)])
+    assert eventlog.decode(log) == [e, {"timestamp": 2.5, "name": "done"}]
+    assert eventlog.decode(log.decode()) == eventlog.decode(log)
+    assert eventlog.decode(b"") == [] and eventlog.encode([]) == b""
+    for bad in (b"foo", b'{"timestamp":1,"name":"x"}', b'{"timestamp":1,"name":"x"}\n\n',
+                b'{"name":"x"}\n', b'{"timestamp":1,"name":""}\n', b'[1]\n',
+                b'{"timestamp":1,"name":"x","context":3}\n', b"\xff\n",
+                b'{"timestamp":true,"name":"x"}\n'):
+        with pytest.raises(eventlog.EventlogError) as ei:
+            eventlog.decode(bad)
+        assert errnum(ei) == errno.EINVAL, bad
+        assert "cannot decode" in str(ei.value)
+    for name, ctx, ts in (("", None, 1), ("x", "not_a_object", 1), ("x", "[1]", 1),
+                          ("x", None, -1)):
+        with pytest.raises(eventlog.EventlogError):
+            eventlog.entry(name, ctx, ts)
+
+
+def test_eventlog_formatter(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TZ", "UTC")
+    import time
+    time.tzset()
+    try:
+        e1 = eventlog.entry("primus", {"data": "bar", "n": 3}, 120)
+        e2 = eventlog.entry("secondus", None, 121)
+        e3 = eventlog.entry("tertius", None, 200)
+        assert eventlog.Formatter().format(e1) == '120.000000 primus data="bar" n=3'
+        assert eventlog.Formatter(unformatted=True).format(e2) == \
+            '{"timestamp":121.0,"name":"secondus"}'
+        h = eventlog.Formatter(human=True)
+        assert [h.format(e) for e in (e1, e2, e3)] == [
+            '[Jan01 00:02] primus data="bar" n=3', "[  +1.000000] secondus",
+            "[Jan01 00:03] tertius"]
+        colored = eventlog.Formatter(color=True).format(e1)
+        assert "\x1b[" in colored and "primus" in colored
+        with pytest.raises(ValueError):
+            eventlog.Formatter(unformatted=True, human=True)
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
+
+
+# ================================================================ against real instances
+
+
+async def kvs_on(connect, inst, rank: int = 0, namespace: str | None = None) -> KVS:
+    return KVS(await connect(inst, rank), namespace)
+
+
+@pytest.mark.both_loops
+async def test_put_get_across_ranks(start_instance, connect, monkeypatch) -> None:
+    monkeypatch.delenv("KVBROKER_NAMESPACE", raising=False)
+    inst = await start_instance(size=4, fanout=2)
+    k1, k3 = await kvs_on(connect, inst, 1), await kvs_on(connect, inst, 3)
+    assert k1.namespace == "primary"
+    async with asyncio.timeout(T):
+        res = await k1.put("a.s", "ƒoo")
+        assert isinstance(res, CommitResult) and res.rootseq >= 1
+        await k1.put("a.b", b"\x00\xffraw")
+        await k1.put("a.j", {"x": [1, 2]})
+        big = bytes(range(256)) * 8
+        res = await k1.put("a.big", big)
+        # rank 1 answered after applying the root; rank 3 catches up on wait
+        assert await k3.wait_version(res.rootseq) >= res.rootseq
+        assert await k3.get_str("a.s") == "ƒoo"
+        assert await k3.get("a.b") == b"\x00\xffraw"
+        assert await k3.get_json("a.j") == {"x": [1, 2]}
+        assert await k3.get("a.big") == big
+        assert (await k3.get_treeobj("a.big"))["type"] == "valref"
+        assert await k3.get_treeobj("a.s") == treeobj.val("ƒoo".encode())
+        assert (await k3.get_treeobj("."))["type"] == "dirref"
+        assert await k3.get_str("..a...s.") == "ƒoo"  # keys are normalised
+        assert await k3.exists("a.s") and not await k3.exists("a.nope")
+        for key, code in (("a.nope", errno.ENOENT), ("a", errno.EISDIR),
+                          ("a.s.x", errno.ENOENT)):
+            with pytest.raises(RemoteError) as ei:
+                await k3.get(key)
+            assert errnum(ei) == code, key
+        with pytest.raises(RemoteError) as ei:
+            await k3.dir("a.s")
+        assert errnum(ei) == errno.ENOTDIR
+        with pytest.raises(RemoteError) as ei:
+            await k3.readlink("a.s")
+        assert errnum(ei) == errno.EINVAL
+        with pytest.raises(RemoteError) as ei:
+            await k1.put(".", 1)
+        assert errnum(ei) == errno.EINVAL
+        with pytest.raises(ValueError):
+            await k3.get_json("a.b")
+
+
+async def test_txn_commit_and_context_manager(start_instance, connect) -> None:
+    inst = await start_instance(size=1)
+    kvs = await kvs_on(connect, inst)
+    async with asyncio.timeout(T):
+        v0 = await kvs.version()
+        t = kvs.txn()
+        t.put("t.a", 1).mkdir("t.d").symlink("t.l", "t.a").append("t.log", "x")
+        res = await t.commit()
+        assert t.result == res and res.rootseq == v0 + 1 == await kvs.version()
+        assert await kvs.get_json("t.l") == 1  # the link is followed
+        assert await kvs.readlink("t.l") == Link("t.a")
+        assert len(await kvs.dir("t.d")) == 0
+
+        async with kvs.txn(SYNC) as t2:
+            t2.append("t.log", b"y").unlink("t.a")
+        assert t2.result is not None and t2.result.rootseq == v0 + 2
+        assert await kvs.get("t.log") == b"xy"
+        assert not await kvs.exists("t.a")
+
+        with pytest.raises(RuntimeError):
+            async with kvs.txn() as t3:
+                t3.put("t.never", 1)
+                raise RuntimeError("boom")
+        assert t3.result is None and not await kvs.exists("t.never")
+        assert await kvs.version() == v0 + 2
+
+        async with kvs.txn() as t4:  # an explicit commit is not repeated on exit
+            await t4.commit(NO_MERGE)
+        assert await kvs.version() == v0 + 3
+
+        r = await kvs.commit([{"key": "t.raw", "flags": 0, "dirent": treeobj.val(b"r")}])
+        assert r.rootseq == v0 + 4 and await kvs.get("t.raw") == b"r"
+        await kvs.append("t.raw", "s")
+        await kvs.put_treeobj("t.snap", await kvs.get_treeobj("t"), sync=True)
+        assert await kvs.get("t.snap.raw") == b"rs"
+        await kvs.mkdir("m1", "m2")
+        await kvs.symlink("m3", "x", "otherns")
+        assert await kvs.readlink("m3") == Link("x", "otherns")
+        with pytest.raises(RemoteError) as ei:  # a failed commit changes nothing
+            await kvs.commit(TxnOps().put("ok", 1).append("m1", "x"))
+        assert errnum(ei) == errno.EISDIR and not await kvs.exists("ok")
+
+
+async def test_dir_snapshot_and_walk(start_instance, connect) -> None:
+    inst = await start_instance(size=2)
+    kvs = await kvs_on(connect, inst, 1)
+    async with asyncio.timeout(T):
+        big = b"B" * 200
+        await kvs.commit(TxnOps().put("d.a", 1).put("d.big", big).mkdir("d.e")
+                         .put("d.s.x", "y").symlink("d.l", "d.s").symlink("d.n", "zz", "ns"))
+        d = await kvs.dir("d")
+        assert list(d) == ["a", "big", "e", "l", "n", "s"]
+        assert [d.kind(n) for n in d] == ["value", "value", "dir", "symlink", "symlink", "dir"]
+        assert d.link("n") == Link("zz", "ns") and str(d.link("n")) == "ns::zz"
+        assert await d.read("a") == b"1" and await d.read("big") == big
+        s = await d.subdir("s")
+        assert s.key == "d.s" and dict(s) == {"x": treeobj.val(b"y")}
+        assert list(await d.subdir("l")) == ["x"]
+        root = await kvs.dir()
+        assert "d" in root and root.path("d") == "d"
+        # the view stays on its root while others commit
+        await kvs.put("d.a", 2)
+        await kvs.put("d.s.x", "z")
+        assert await d.read("a") == b"1" and dict(await d.subdir("s"))["x"] == treeobj.val(b"y")
+        assert [k async for k, _ in d.walk()] == ["d.a", "d.big", "d.l", "d.n", "d.s.x"]
+        old = await kvs.dir("d", at=d.rootref)
+        assert old.rootref == d.rootref and dict(old) == dict(d)
+        with pytest.raises(RemoteError) as ei:
+            await kvs.dir("d.nope")
+        assert errnum(ei) == errno.ENOENT
+
+
+async def test_unlink_checks(start_instance, connect) -> None:
+    inst = await start_instance(size=1)
+    kvs = await kvs_on(connect, inst)
+    async with asyncio.timeout(T):
+        await kvs.commit(TxnOps().put("u.a", 1).put("u.full.x", 1).mkdir("u.empty")
+                         .symlink("u.dangling", "nowhere"))
+        with pytest.raises(RemoteError) as ei:
+            await kvs.unlink("u.missing")
+        assert errnum(ei) == errno.ENOENT
+        with pytest.raises(RemoteError) as ei:
+            await kvs.unlink("u.full")
+        assert errnum(ei) == errno.ENOTEMPTY
+        assert await kvs.unlinkable("u.missing", force=True) is False
+        v = await kvs.version()
+        res = await kvs.unlink("u.a", "u.empty", "u.dangling", "u.missing", force=True)
+        assert res.rootseq == v + 1  # one transaction
+        await kvs.unlink("u.full", recursive=True)
+        assert list(await kvs.dir("u")) == []
+
+
+async def test_copy_move_across_namespaces(start_instance, connect) -> None:
+    inst = await start_instance(size=4, fanout=2)
+    kvs = await kvs_on(connect, inst, 2)
+    async with asyncio.timeout(T):
+        await kvs.namespace_create("cm")
+        other = kvs.with_namespace("cm")
+        assert other.namespace == "cm" and other.handle is kvs.handle
+        await kvs.commit(TxnOps().put("c.a.x", 1).put("c.a.y", "two").symlink("c.l", "c.a"))
+        await kvs.copy("c.a", "c.b")
+        assert await kvs.get("c.b.y") == b"two"
+        await kvs.copy("c.l", "c.l2")  # links are copied, not followed
+        assert await kvs.readlink("c.l2") == Link("c.a")
+        await kvs.copy("c.a", "in.other", dst_namespace="cm")
+        assert await other.get("in.other.x") == b"1"
+        await other.move("in.other", "c.moved", dst_namespace="primary")
+        assert await kvs.get("c.moved.y") == b"two" and not await other.exists("in.other")
+        v = await kvs.version()
+        res = await kvs.move("c.b", "c.c")
+        assert res.rootseq == v + 1  # one transaction within a namespace
+        assert await kvs.get("c.c.x") == b"1" and not await kvs.exists("c.b")
+        with pytest.raises(ErrnoError) as ei:
+            await kvs.move("c.c", "c..c")
+        assert errnum(ei) == errno.EINVAL
+        with pytest.raises(RemoteError) as ei:
+            await kvs.copy("c.nope", "c.d")
+        assert errnum(ei) == errno.ENOENT
+
+
+async def test_roots_versions_and_lookup_at(start_instance, connect) -> None:
+    inst = await start_instance(size=4, fanout=2)
+    k0, k3 = await kvs_on(connect, inst, 0), await kvs_on(connect, inst, 3)
+    async with asyncio.timeout(T):
+        r0 = await k0.put("r.a", "old")
+        root = await k0.getroot()
+        assert root.rootref == r0.rootref and root.rootseq == r0.rootseq
+        assert root.namespace == "primary" and root.owner >= 0
+        waiter = asyncio.ensure_future(k3.wait_version(r0.rootseq + 2))
+        await k0.put("r.a", "mid")
+        assert not waiter.done()
+        r2 = await k0.put("r.a", "new")
+        assert await waiter >= r2.rootseq
+        assert await k3.get("r.a") == b"new"
+        for at in (r0, root, r0.rootref, treeobj.to_json(r0.treeobj), r0.treeobj):
+            assert await k3.get("r.a", at=at) == b"old"
+        sub = await k0.get_treeobj("r")  # a subdirectory's dirref works as a root too
+        assert await k3.get("a", at=sub) == b"new"
+        assert (await k3.lookup_at(r0, "r", READDIR))["type"] == "dir"
+        with pytest.raises(ErrnoError) as ei:
+            await k3.get("r.a", at='{"data":["sha1-aaa"],"type":"dirref","ver":1}')
+        assert errnum(ei) == errno.EINVAL
+
+
+async def test_namespaces(start_instance, connect, monkeypatch) -> None:
+    inst = await start_instance(size=4, fanout=2)
+    kvs = await kvs_on(connect, inst, 1)
+    async with asyncio.timeout(T):
+        await kvs.namespace_create("ns-a")
+        await kvs.namespace_create("ns-b", owner=4242)
+        with pytest.raises(RemoteError) as ei:
+            await kvs.namespace_create("ns-a")
+        assert errnum(ei) == errno.EEXIST
+        roots = {r.namespace: r for r in await kvs.namespace_list()}
+        assert {"primary", "ns-a", "ns-b"} <= set(roots)
+        assert roots["ns-b"].owner == 4242 and roots["ns-a"].rootseq == 0
+        a = kvs.with_namespace("ns-a")
+        await a.put("k", "in-a")
+        assert await a.version() == 1 and not await kvs.exists("k")
+        await kvs.symlink("to-a", "k", "ns-a")
+        assert await kvs.get("to-a") == b"in-a"
+        await kvs.symlink("to-a2", "ns-a::k")
+        assert await kvs.get("to-a2") == b"in-a"
+        start = await a.getroot()
+        await kvs.namespace_create("ns-c", rootref=start.rootref)  # a namespace from a root
+        assert await kvs.with_namespace("ns-c").get("k") == b"in-a"
+        monkeypatch.setenv("KVBROKER_NAMESPACE", "ns-a")
+        assert await KVS(kvs.handle).get("k") == b"in-a"
+        await kvs.namespace_remove("ns-a")
+        await kvs.namespace_remove("never-existed")
+        with pytest.raises(RemoteError) as ei:
+            await a.get("k")
+        assert errnum(ei) == errno.ENOTSUP
+        with pytest.raises(RemoteError) as ei:
+            await kvs.namespace_remove("primary")
+        assert errnum(ei) == errno.ENOTSUP
+        assert "ns-a" not in {r.namespace for r in await kvs.namespace_list()}
+
+
+async def test_eventlog_append_get(start_instance, connect) -> None:
+    inst = await start_instance(size=2)
+    kvs = await kvs_on(connect, inst, 1)
+    async with asyncio.timeout(T):
+        await eventlog.append(kvs, "ev", "start", {"n": 1}, timestamp=1)
+        await eventlog.append(kvs, "ev", "finish", '{"ok": true}', timestamp=2)
+        assert await eventlog.get(kvs, "ev") == [
+            {"timestamp": 1.0, "name": "start", "context": {"n": 1}},
+            {"timestamp": 2.0, "name": "finish", "context": {"ok": True}}]
+        assert (await kvs.get_treeobj("ev"))["type"] == "valref"  # appended, not rewritten
+        await kvs.put("notlog", "foo")
+        with pytest.raises(eventlog.EventlogError):
+            await eventlog.get(kvs, "notlog")
+
+
+async def test_sync_facade(start_instance) -> None:
+    inst = await start_instance(size=2)
+
+    def script() -> list:
+        seen: list = []
+        with SyncKVS(uri=inst.uri(1)) as kvs:
+            r = kvs.put("s.a", {"v": 1}, sync=True)
+            seen.append(kvs.get_json("s.a") == {"v": 1} and kvs.version() == r.rootseq)
+            with kvs.txn() as t:
+                t.put("s.b", "x").symlink("s.l", "s.b").mkdir("s.d")
+            seen.append(t.result is not None)
+            try:
+                with kvs.txn() as t2:
+                    t2.put("s.never", 1)
+                    raise KeyError("x")
+            except KeyError:
+                seen.append(not kvs.exists("s.never"))
+            kvs.append("s.b", "y")
+            seen.append(kvs.get("s.b") == b"xy" and kvs.get_str("s.l") == "xy")
+            seen.append(str(kvs.readlink("s.l")) == "s.b")
+            seen.append(kvs.get_treeobj("s.d") == kvs.lookup("s.d", 16))
+            d = kvs.dir("s")
+            seen.append(list(d) == ["a", "b", "d", "l"] and kvs.run(d.read("b")) == b"xy")
+            kvs.copy("s.b", "s.c")
+            kvs.move("s.c", "s.e")
+            kvs.mkdir("s.f")
+            kvs.put_treeobj("s.g", kvs.get_treeobj("s.b"))
+            kvs.unlink("s.f")
+            seen.append(kvs.get("s.e") == b"xy" == kvs.get("s.g"))
+            kvs.namespace_create("sync-ns")
+            other = kvs.with_namespace("sync-ns")
+            other.symlink("back", "s.b", "primary")
+            seen.append(other.get("back") == b"xy" and other.namespace == "sync-ns")
+            seen.append("sync-ns" in {r.namespace for r in kvs.namespace_list()})
+            root = kvs.getroot()
+            seen.append(kvs.wait_version(root.rootseq, timeout=5) >= root.rootseq)
+            seen.append(kvs.lookup_at(root, "s.b")["data"] == b"xy")
+            kvs.run(eventlog.append(kvs.aio, "s.ev", "hi", timestamp=3))
+            seen.append(kvs.run(eventlog.get(kvs.aio, "s.ev"))[0]["name"] == "hi")
+            kvs.namespace_remove("sync-ns")
+            other.close()  # does not own the handle
+            seen.append(kvs.get("s.b") == b"xy")
+        return seen
+
+    results = await asyncio.wait_for(asyncio.to_thread(script), 60)
+    assert results == [True] * 14
+
+
+async def test_connect_owns_its_handle(start_instance) -> None:
+    inst = await start_instance(size=1)
+    async with asyncio.timeout(T):
+        async with await KVS.connect(inst.uri(0), namespace="primary") as kvs:
+            await kvs.put("c", 1)
+            assert "primary" in repr(kvs)
+        with pytest.raises(RemoteError):  # closed with the context
+            await kvs.get("c")
