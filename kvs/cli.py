@@ -25,7 +25,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from broker.cliutil import CLIError, run_async
+from broker.cliutil import CLIError, errno_detail, run_async
 from broker.errors import ErrnoError
 from broker.handle import Handle
 from kvs import eventlog, treeobj
@@ -52,14 +52,14 @@ _TRIVIAL = {"no such key", "is a directory", "not a directory", "not a symlink"}
 
 
 def _detail(exc: ErrnoError, key: str | None = None) -> str:
-    """``strerror``, plus the service's message when it says more than that."""
-    text = os.strerror(exc.errnum)
+    """:func:`~broker.cliutil.errno_detail`, without the message when it only
+    restates the key and the errno (``a.b: no such key``)."""
     msg = exc.errstr or ""
     if key is not None and msg.startswith(f"{key}: "):
         msg = msg[len(key) + 2:]
-    if msg and msg.lower() != text.lower() and msg.lower() not in _TRIVIAL:
-        text = f"{text} ({msg})"
-    return text
+    if msg.lower() in _TRIVIAL or msg.lower() == os.strerror(exc.errnum).lower():
+        msg = ""
+    return errno_detail(ErrnoError(exc.errnum, msg or None))
 
 
 def _fail(what: str, exc: ErrnoError, key: str | None = None) -> CLIError:

@@ -100,7 +100,7 @@ def encode_value(value: Any) -> bytes:
 def kind(obj: TreeObj) -> str:
     """What a directory entry is: ``"dir"``, ``"symlink"`` or ``"value"``."""
     t = obj["type"]
-    if t in ("dir", "dirref", "hdir"):
+    if t in ("dir", "dirref"):
         return "dir"
     if t == "symlink":
         return "symlink"
@@ -471,22 +471,18 @@ class KVS:
             "namespace": self.namespace, "flags": flags, "ops": op_list})
         return CommitResult(resp["rootref"], int(resp["rootseq"]))
 
-    @staticmethod
-    def _flags(sync: bool, no_merge: bool = False) -> int:
-        return (SYNC if sync else 0) | (NO_MERGE if no_merge else 0)
-
     async def put(self, key: str, value: Any, *, sync: bool = False) -> CommitResult:
         """Store ``value`` under ``key`` (bytes raw, str UTF-8, else JSON)."""
-        return await self.commit(TxnOps().put(key, value), self._flags(sync))
+        return await self.commit(TxnOps().put(key, value), SYNC if sync else 0)
 
     async def put_treeobj(self, key: str, obj: str | bytes | Mapping[str, Any], *,
                           sync: bool = False) -> CommitResult:
         """Store a tree object as ``key``'s entry (see :meth:`TxnOps.put_treeobj`)."""
-        return await self.commit(TxnOps().put_treeobj(key, obj), self._flags(sync))
+        return await self.commit(TxnOps().put_treeobj(key, obj), SYNC if sync else 0)
 
     async def append(self, key: str, value: Any, *, sync: bool = False) -> CommitResult:
         """Append ``value`` to ``key``'s value (created if missing)."""
-        return await self.commit(TxnOps().append(key, value), self._flags(sync))
+        return await self.commit(TxnOps().append(key, value), SYNC if sync else 0)
 
     async def mkdir(self, *keys: str) -> CommitResult:
         """Make each key an empty directory, in one transaction."""
@@ -652,11 +648,7 @@ class SyncKVS:
 
     def with_namespace(self, namespace: str | None) -> SyncKVS:
         """A facade on the same handle working in ``namespace``."""
-        other = SyncKVS.__new__(SyncKVS)
-        other._owns_handle = False
-        other.sync_handle = self.sync_handle
-        other.aio = self.aio.with_namespace(namespace)
-        return other
+        return SyncKVS(self.sync_handle, namespace)
 
     def close(self) -> None:
         if self._owns_handle:
