@@ -12,11 +12,14 @@ import asyncio
 import json
 import os
 import re
+import shutil
 import sys
 import tempfile
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 from kvs import treeobj
 
@@ -897,6 +900,81 @@ async def test_namespaces(start_instance) -> None:
         """)
     listed = json.loads((await kvs(inst, "namespace", "list", "--json")).out)
     assert [(n["namespace"], n["owner"]) for n in listed] == [("primary", uid), ("nsU", 9999)]
+
+
+GUEST = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
+                    reason="needs root and setpriv to run a guest")
+async def test_guest(start_instance) -> None:
+    """A client under another uid (flux-core t1005-kvs-security.t shapes)."""
+    inst = await start_instance(size=2, attrs={"access.allow-guest-user": "true"})
+    out = await sh(inst, f"""
+        g() {{ {" ".join(GUEST)} "$@"; }}
+        kvbroker kvs namespace create -o 65534 gns
+        kvbroker kvs namespace create ownerns
+        kvbroker kvs put -N ownerns k=1
+        t g kvbroker kvs namespace create x
+        t g kvbroker kvs namespace remove gns
+        t g kvbroker kvs namespace list
+        t g kvbroker kvs put -N ownerns k=2
+        t g kvbroker kvs get -N ownerns k
+        t g kvbroker kvs version -N ownerns
+        t g kvbroker kvs get k
+        t g kvbroker kvs put -N gns k=mine
+        t g kvbroker kvs get -N gns k
+        t g kvbroker kvs mkdir -N gns d
+        t g kvbroker kvs link -N gns k l
+        t g kvbroker kvs eventlog append -N gns -t 1 log hello
+        t g kvbroker kvs eventlog get -N gns log
+        t g kvbroker kvs unlink -N gns d
+        t g kvbroker kvs dir -N gns
+        t kvbroker kvs get -N gns k
+        """)
+    assert out == expect("""
+        $ g kvbroker kvs namespace create x
+        kvbroker: x: Operation not permitted (...)
+        [rc=1]
+        $ g kvbroker kvs namespace remove gns
+        kvbroker: gns: Operation not permitted (...)
+        [rc=1]
+        $ g kvbroker kvs namespace list
+        kvbroker: kvs namespace list: Operation not permitted (...)
+        [rc=1]
+        $ g kvbroker kvs put -N ownerns k=2
+        kvbroker: k: Operation not permitted (...)
+        [rc=1]
+        $ g kvbroker kvs get -N ownerns k
+        kvbroker: k: Operation not permitted (...)
+        [rc=1]
+        $ g kvbroker kvs version -N ownerns
+        kvbroker: kvs version: Operation not permitted (...)
+        [rc=1]
+        $ g kvbroker kvs get k
+        kvbroker: k: Operation not permitted (...)
+        [rc=1]
+        $ g kvbroker kvs put -N gns k=mine
+        $ g kvbroker kvs get -N gns k
+        mine
+        $ g kvbroker kvs mkdir -N gns d
+        $ g kvbroker kvs link -N gns k l
+        kvbroker: l: Operation not permitted (...)
+        [rc=1]
+        $ g kvbroker kvs eventlog append -N gns -t 1 log hello
+        $ g kvbroker kvs eventlog get -N gns log
+        1.000000 hello
+        $ g kvbroker kvs unlink -N gns d
+        $ g kvbroker kvs dir -N gns
+        k = mine
+        log = {"timestamp":1.0,"name":"hello"}
+        $ kvbroker kvs get -N gns k
+        mine
+        """)
+    res = await run([*GUEST, KVB, "kvs", "get", "-N", "gns", "k"], client_env(inst.uri(1)))
+    assert (res.rc, res.out) == (0, b"mine\n")
+    res = await run([*GUEST, KVB, "kvs", "get", "-N", "ownerns", "k"], client_env(inst.uri(1)))
+    assert res.rc == 1 and "Operation not permitted" in res.err
 
 
 # ================================================================ eventlogs
