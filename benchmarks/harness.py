@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks.profiles import Profiler
 from broker.handle import Handle
 from broker.launch import Instance
 from broker.loops import loop_factory
@@ -59,7 +60,7 @@ class Settings:
     n_iter: int | None = None
     msg_sizes: list[int] | None = None
     timeout: float = 1800.0
-    verbose: bool = False
+    py_spy: Path | None = None
 
 
 @dataclass
@@ -136,6 +137,26 @@ def _proc_status_mb(pid: int, field_name: str) -> float | None:
     except OSError:
         return None
     return None
+
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def proc_usage(pid: int) -> tuple[float, float, int] | None:
+    """(user s, system s, context switches) of ``pid`` over all its threads
+    (ZeroMQ's I/O thread included), None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+        switches = 0
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                for line in f:
+                    if line.endswith("ctxt_switches:", 0, line.find(":") + 1):
+                        switches += int(line.split()[1])
+    except OSError:
+        return None
+    return int(fields[11]) / _CLK_TCK, int(fields[12]) / _CLK_TCK, switches
 
 
 def child_env() -> dict[str, str]:
@@ -216,6 +237,8 @@ class RepContext:
         self.rss_mb: dict[str, float] = {}
         self.logs: list[Path] = []
         self.notes: list[str] = []
+        self.profiler: Profiler | None = None
+        self.profiles: list[Path] = []
 
     def n(self, full: int, quick: int) -> int:
         """The iteration count: ``--n-iter`` if given, else by mode."""
@@ -236,12 +259,47 @@ class RepContext:
         inst = Instance(size or self.size, event_loop=self.loop, stderr_path=str(log), **kw)
         await inst.start()
         self.instances.append(inst)
+        if self.settings.py_spy is not None:
+            if self.profiler is None:
+                stem = f"{self.workload.id}-{self.loop}-rep{self.rep + 1}"
+                self.profiler = Profiler(self.settings.py_spy, stem)
+                await self.profiler.attach(os.getpid(), "client")
+            n = len(self.instances) - 1
+            for rank, pid in enumerate(inst.pids()):
+                await self.profiler.attach(pid, f"r{rank}" if not n else f"i{n}r{rank}")
         return inst
 
     async def connect(self, inst: Instance, rank: int = 0) -> Handle:
         h = await Handle.connect(inst.uri(rank))
         self.handles.append(h)
         return h
+
+    def cpu_snapshot(self, inst: Instance) -> dict[str, tuple[float, float, int]]:
+        """Usage so far of each rank (``r<N>``) and of this process (``client``)."""
+        out = {}
+        for rank, pid in enumerate(inst.pids()):
+            use = proc_usage(pid)
+            if use is not None:
+                out[f"r{rank}"] = use
+        out["client"] = proc_usage(os.getpid()) or (0.0, 0.0, 0)
+        return out
+
+    def cpu_samples(self, inst: Instance, variant: str,
+                    before: dict[str, tuple[float, float, int]], n: int) -> list[Sample]:
+        """Per operation since ``before``, for each process: user and system
+        CPU microseconds and context switches (``kind:who`` metrics, shown
+        as a matrix under the table).  Where the time goes, without a
+        profiler's distortion; CPU has 10 ms ticks, so use long runs."""
+        after = self.cpu_snapshot(inst)
+        out = []
+        for who, (u0, s0, c0) in before.items():
+            if who not in after:
+                continue
+            u1, s1, c1 = after[who]
+            out.append(Sample(variant, f"user_us:{who}", (u1 - u0) / n * 1e6, "us/op", "lower"))
+            out.append(Sample(variant, f"sys_us:{who}", (s1 - s0) / n * 1e6, "us/op", "lower"))
+            out.append(Sample(variant, f"ctxsw:{who}", (c1 - c0) / n, "switches/op", "lower"))
+        return out
 
     def rss_now(self, inst: Instance, peak: bool = True) -> dict[str, float]:
         read = peak_rss_mb if peak else current_rss_mb
@@ -262,6 +320,9 @@ class RepContext:
                 self.rss_mb[rank] = max(mb, self.rss_mb.get(rank, 0.0))
             await inst.stop()
         self.instances.clear()
+        if self.profiler is not None:
+            self.profiles = await self.profiler.stop()
+            self.profiler = None
 
     def log_tail(self, lines: int = 30) -> str:
         out = []
@@ -294,6 +355,7 @@ class RepResult:
     rss_mb: dict[str, float]
     seconds: float
     notes: list[str]
+    profiles: list[Path] = field(default_factory=list)
 
 
 def run_rep(settings: Settings, workload: Workload, loop: str, rep: int,
@@ -317,7 +379,8 @@ def run_rep(settings: Settings, workload: Workload, loop: str, rep: int,
     t0 = time.perf_counter()
     with asyncio.Runner(loop_factory=loop_factory(loop)) as runner:
         samples = runner.run(main())
-    return RepResult(loop, rep, samples, ctx.rss_mb, time.perf_counter() - t0, ctx.notes)
+    return RepResult(loop, rep, samples, ctx.rss_mb, time.perf_counter() - t0, ctx.notes,
+                     ctx.profiles)
 
 
 # ---------------------------------------------------------------- records
@@ -406,7 +469,34 @@ def header(workload: Workload, settings: Settings, loop: str, commit: str, n_rep
 
 
 def table(series: list[Series]) -> Iterator[str]:
-    """One row per figure: median/min/max, then each rep's value."""
+    """One row per figure: median/min/max, then each rep's value; then the
+    per-process ``kind:who`` figures as a compact matrix of medians."""
+    matrix = [s for s in series if ":" in s.metric]
+    series = [s for s in series if ":" not in s.metric]
+    yield from _main_rows(series)
+    yield from _matrix_rows(matrix)
+
+
+def _matrix_rows(series: list[Series]) -> Iterator[str]:
+    if not series:
+        return
+    cols = list(dict.fromkeys(s.metric.partition(":")[2] for s in series))
+    rows: dict[str, dict[str, float]] = {}
+    units: dict[str, str] = {}
+    for s in series:
+        kind, _, who = s.metric.partition(":")
+        label = f"{s.variant} {kind}"
+        rows.setdefault(label, {})[who] = s.median
+        units[label] = s.unit
+    lw = max(22, *(len(k) for k in rows)) + 2
+    yield (f"  {'per process, median':<{lw}}{'unit':<13}"
+           + "".join(f"{c:>9}" for c in cols))
+    for label, vals in rows.items():
+        yield (f"  {label:<{lw}}{units[label]:<13}"
+               + "".join(f"{fmt_value(vals[c]) if c in vals else '-':>9}" for c in cols))
+
+
+def _main_rows(series: list[Series]) -> Iterator[str]:
     if not series:
         return
     vw = max(12, *(len(s.variant) for s in series)) + 1

@@ -68,12 +68,15 @@ async def _commit_series(ctx: RepContext, key: Callable[[int, int], str]) -> lis
     for rank in ranks:
         h = h0 if rank == 0 else await ctx.connect(inst, rank)
         await _warm(h, f"r{rank}")
+        before = ctx.cpu_snapshot(inst)
         elapsed, blocks = await sequential_commits(h, [key(rank, i) for i in range(n)])
         v = f"rank{rank}"
+        cpu = ctx.cpu_samples(inst, v, before, n)
         out.append(Sample(v, "rate", rate(n, elapsed), "commits/s"))
         out.extend(Sample(f"{v} b{b + 1:02d}", "rate", r, "commits/s")
                    for b, r in enumerate(blocks))
         out.append(Sample(f"{v} b{BLOCKS}/b01", "block_ratio", blocks[-1] / blocks[0], "x"))
+        out.extend(cpu)
     return out
 
 

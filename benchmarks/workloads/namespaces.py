@@ -102,8 +102,10 @@ async def run_w5(ctx: RepContext) -> list[Sample]:
     for rank, handle in [(watch_rank, hw)] + ([(0, h0)] if watch_rank else []):
         names = [f"w5-{base + i}" for i in range(n)]
         base += n
+        before = ctx.cpu_snapshot(inst)
         elapsed = await lifecycles(h0, handle, names)
         out.append(Sample(f"watch r{rank}", "rate", rate(n, elapsed), "ns/s"))
+        out.extend(ctx.cpu_samples(inst, f"watch r{rank}", before, n))
     return out
 
 
@@ -162,7 +164,8 @@ async def run_w5x(ctx: RepContext) -> list[Sample]:
         if level != levels[0] and levels[0] in rates:
             out.append(Sample(f"{_label(level)}/{_label(levels[0])}", "ratio",
                               rates[level] / rates[levels[0]], "x"))
-    out.append(Sample("levels completed", "count", float(len(rates)), "levels"))
+    top = levels[-1]
+    out.append(Sample(f"{_label(top)} level", "completed", float(top in rates), "bool"))
     done = [lv for lv in levels if lv in rss_at]
     if len(done) >= 2:
         lo, hi = done[0], done[-1]

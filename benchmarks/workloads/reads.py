@@ -34,10 +34,12 @@ async def run(ctx: RepContext) -> list[Sample]:
         lookup = kvsops.lookup
         for _ in range(WARMUP):
             await lookup(h, KEY)
+        before = ctx.cpu_snapshot(inst)
         t0 = time.perf_counter()
         for _ in range(n):
             await lookup(h, KEY)
         out.append(Sample(f"rank{rank}", "rate", rate(n, time.perf_counter() - t0), "gets/s"))
+        out.extend(ctx.cpu_samples(inst, f"rank{rank}", before, n))
     return out
 
 

@@ -43,14 +43,17 @@ async def run_w1(ctx: RepContext) -> list[Sample]:
     if ctx.size < 4:
         ctx.note("size < 4: the rank-3 variant is skipped")
     rates = {}
+    cpu: list[Sample] = []
     for rank in targets:
         await ping_loop(h, rank, WARMUP)
+        before = ctx.cpu_snapshot(inst)
         rates[rank] = rate(n, await ping_loop(h, rank, n))
+        cpu.extend(ctx.cpu_samples(inst, f"rank{rank}", before, n))
     out = [Sample(f"rank{r}", "rate", v, "rt/s") for r, v in rates.items()]
     if 3 in rates:
         # Time per RPC through the tree (0->1->3 and back) over a local one.
         out.append(Sample("rank3/rank0", "cost_ratio", rates[0] / rates[3], "x", "lower"))
-    return out
+    return out + cpu
 
 
 def w1b_sizes(settings: Settings) -> list[int]:

@@ -40,6 +40,7 @@ async def run(ctx: RepContext) -> list[Sample]:
         raise RemoteError(errno.ENODATA, "watch ended before its first answer")
     stale = 0
     lat: list[float] = []
+    before = ctx.cpu_snapshot(inst)
     for i in range(n):
         want = str(i).encode()
         t0 = time.perf_counter()
@@ -54,6 +55,7 @@ async def run(ctx: RepContext) -> list[Sample]:
             stale += 1
         lat.append((t1 - t0) * 1e3)
         await fut
+    cpu = ctx.cpu_samples(inst, f"r0->r{watch_rank}", before, n)
     kvsops.cancel(watcher, stream)
     while await asyncio.wait_for(stream.next_message(), WAIT) is not None:
         pass
@@ -64,6 +66,7 @@ async def run(ctx: RepContext) -> list[Sample]:
         Sample(v, "p50", percentile(lat, 50), "ms", "lower"),
         Sample(v, "p99", percentile(lat, 99), "ms", "lower"),
         Sample(v, "mean", sum(lat) / len(lat), "ms", "lower"),
+        *cpu,
     ]
 
 
