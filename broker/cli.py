@@ -35,12 +35,14 @@ def parse_attr(text: str) -> tuple[str, str]:
 
 
 def cmd_start(args: argparse.Namespace) -> int:
+    args.what = "start"  # args.command is the command line here, not "start"
     command = list(args.command or [])
     if command and command[0] == "--":
         command = command[1:]
     attrs = dict(args.setattr or [])
     if args.fanout < 1 or args.size < 1:
-        raise CLIError("start", errno.EINVAL, "size and fanout must be at least 1")
+        raise CLIError("start", detail=errno_detail(
+            ErrnoError(errno.EINVAL, "size and fanout must be at least 1")))
     try:
         factory = loop_factory(args.event_loop)
     except ValueError as exc:
@@ -105,11 +107,12 @@ def cmd_start(args: argparse.Namespace) -> int:
 
 
 def cmd_exec(args: argparse.Namespace) -> int:
+    args.what = "exec"  # args.command is the command line here, not "exec"
     command = [c for c in args.command if c != "--"][:]
     if args.command and args.command[0] == "--":
         command = args.command[1:]
     if not command:
-        raise CLIError("exec", errno.EINVAL, "no command given")
+        raise CLIError("exec", detail=errno_detail(ErrnoError(errno.EINVAL, "no command given")))
 
     async def main() -> str:
         async with await Handle.connect() as h:
