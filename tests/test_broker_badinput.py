@@ -1,0 +1,321 @@
+"""Malformed input never stops a broker: EPROTO where a response is possible,
+otherwise dropped (and counted), and every other client keeps being served."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import shutil
+import struct
+
+import msgpack
+import pytest
+import zmq
+import zmq.asyncio
+from test_broker_support import RawClient, stats, wait_until
+
+from broker import codec
+from broker.handle import Handle
+from broker.launch import make_rundir
+from broker.message import Message, MsgType
+from broker.overlay import Overlay, ipc_endpoint
+from broker.router import Router
+
+
+async def still_serving(h: Handle, size: int) -> None:
+    for rank in range(size):
+        assert (await h.ping(rank))["rank"] == rank
+
+
+# ---------------------------------------------------------------- the connector
+
+
+@pytest.mark.both_loops
+async def test_garbage_bytes_close_that_connection_only(start_instance, connect) -> None:
+    inst = await start_instance(size=2, fanout=2)
+    async with asyncio.timeout(15):
+        good = await connect(inst, 1)
+        for garbage in (
+            b"GARBAGE!" * 10,
+            struct.pack("<I", 0) + b"\x00" * 8,
+            struct.pack("<I", codec.MAX_FRAMES + 1) + b"\x01" * 300,
+        ):
+            raw = await RawClient.connect(inst, 1)
+            raw.send_bytes(garbage)
+            await raw.wait_closed_by_peer()
+            await raw.close()
+            await still_serving(good, 2)
+        assert (await stats(good))["connector"]["garbage"] == 3
+
+
+async def test_garbage_header_is_dropped(start_instance, connect) -> None:
+    inst = await start_instance(size=1)
+    raw = await RawClient.connect(inst)
+    try:
+        async with asyncio.timeout(10):
+            raw.send_frames([b"\xc1\xc1garbage"])
+            raw.send_frames([msgpack.packb({"not": "a header"})])
+            raw.send_frames([msgpack.packb([2, "x"])])
+            # the same connection is still served, and nothing came back for the above
+            msg = await raw.rpc("broker.ping", {}, matchtag=11)
+            assert msg.errnum == 0
+            h = await connect(inst)
+            assert (await stats(h))["connector"]["malformed"] == 3
+    finally:
+        await raw.close()
+
+
+@pytest.mark.both_loops
+async def test_garbage_payload_gets_eproto_with_its_matchtag(start_instance) -> None:
+    inst = await start_instance(size=2, fanout=2)
+    raw = await RawClient.connect(inst, 1)
+    try:
+        async with asyncio.timeout(10):
+            req = Message(MsgType.REQUEST, "attr.get", matchtag=4242)
+            for tag, frames in enumerate(
+                [[b"\xc1"], [b"\x92\x01"], [msgpack.packb(msgpack.ExtType(7, b"x"))]], 100
+            ):
+                req.matchtag = tag
+                raw.send_frames([codec.encode_header(req), *frames])
+                msg = await raw.recv()
+                assert msg.type == MsgType.RESPONSE
+                assert (msg.matchtag, msg.errnum) == (tag, errno.EPROTO)
+            # the same on another rank: the payload is only unpacked where it is served
+            req.matchtag, req.nodeid = 7, 0
+            raw.send_frames([codec.encode_header(req), b"\xc1"])
+            msg = await raw.recv()
+            assert (msg.matchtag, msg.errnum) == (7, errno.EPROTO)
+    finally:
+        await raw.close()
+
+
+async def test_wrong_field_types_get_eproto(start_instance) -> None:
+    inst = await start_instance(size=1)
+    raw = await RawClient.connect(inst)
+    try:
+        async with asyncio.timeout(10):
+            # payload fields of the wrong type
+            for tag, payload in enumerate([{"name": 5}, {"name": None}, ["rank"], "rank"], 1):
+                msg = await raw.rpc("attr.get", payload, matchtag=tag)
+                assert msg.errnum == errno.EPROTO
+            # header fields of the wrong type: answered when matchtag and topic are readable
+            h = [MsgType.REQUEST, "attr.get", 55, "ANY", 0, 0, 0, [], 0, None, 0]
+            raw.send_frames([msgpack.packb(h), msgpack.packb({"name": "rank"})])
+            msg = await raw.recv()
+            assert (msg.matchtag, msg.errnum, msg.topic) == (55, errno.EPROTO, "attr.get")
+            h = [MsgType.REQUEST, "attr.get", 56, 0, 0, 0, 0, [1, 2], 0, None, 0]
+            raw.send_frames([msgpack.packb(h)])
+            msg = await raw.recv()
+            assert (msg.matchtag, msg.errnum) == (56, errno.EPROTO)
+            assert (await raw.rpc("attr.get", {"name": "rank"}, matchtag=57)).payload == {
+                "value": 0
+            }
+    finally:
+        await raw.close()
+
+
+@pytest.mark.both_loops
+async def test_clients_cannot_send_responses_or_events(start_instance) -> None:
+    inst = await start_instance(size=2, fanout=2)
+    victim = await RawClient.connect(inst, 1)
+    forger = await RawClient.connect(inst, 1)
+    try:
+        async with asyncio.timeout(10):
+            victim_id = (await victim.rpc("broker.ping", {}, matchtag=1)).payload["route"][0]
+            victim.request("event.subscribe", {"topic": "forged."}, matchtag=2)
+            assert (await victim.recv()).matchtag == 2
+            forger.send(
+                Message(
+                    MsgType.RESPONSE, "broker.ping", {"fake": True}, matchtag=999, route=[victim_id]
+                )
+            )
+            forger.send(Message(MsgType.EVENT, "forged.event", {"fake": True}, seq=1))
+            forger.send(Message(MsgType.CONTROL, "overlay.hello", {"rank": 0}))
+            # once the forger's next request is answered, its forgeries were handled
+            assert (await forger.rpc("broker.ping", {}, matchtag=3)).errnum == 0
+            forger.request("event.pub", {"topic": "forged.real"}, matchtag=4)
+            assert (await forger.recv()).matchtag == 4
+            # the victim's next message is the real event, not a forgery
+            msg = await victim.recv()
+            assert (msg.type, msg.topic) == (MsgType.EVENT, "forged.real")
+            reply = await victim.rpc("broker.stats-get", {}, matchtag=5)
+            assert reply.payload["connector"]["malformed"] == 3
+    finally:
+        await victim.close()
+        await forger.close()
+
+
+@pytest.mark.both_loops
+@pytest.mark.parametrize("chunk", [None, 1000])
+async def test_oversized_messages_are_dropped(start_instance, chunk: int | None) -> None:
+    inst = await start_instance(size=2, fanout=2, attrs={"broker.max-message": "4096"})
+    raw = await RawClient.connect(inst, 1)
+    try:
+        async with asyncio.timeout(10):
+            assert (
+                await raw.rpc("attr.get", {"name": "broker.max-message"}, matchtag=1)
+            ).payload == {"value": "4096"}
+            big = codec.to_stream(
+                codec.encode(
+                    Message(  # type: ignore[arg-type]
+                        MsgType.REQUEST, "broker.ping", {"pad": b"x" * 10000}, matchtag=2
+                    )
+                )
+            )
+            data = big + codec.to_stream(
+                codec.encode(  # type: ignore[arg-type]
+                    Message(MsgType.REQUEST, "broker.ping", {"n": 3}, matchtag=3, nodeid=0)
+                )
+            )
+            if chunk is None:
+                raw.send_bytes(data)
+            else:  # the oversized one arrives in pieces: skipped as it comes
+                for pos in range(0, len(data), chunk):
+                    raw.send_bytes(data[pos : pos + chunk])
+                    await raw.writer.drain()
+            msg = await raw.recv()  # the oversized request got nothing
+            assert (msg.matchtag, msg.payload["n"]) == (3, 3)
+            msg = await raw.rpc("broker.stats-get", {}, matchtag=4)
+            assert msg.payload["connector"]["oversized"] == 1
+            # just under the limit is fine
+            msg = await raw.rpc("broker.ping", {"pad": b"y" * 3000}, matchtag=5)
+            assert msg.errnum == 0
+    finally:
+        await raw.close()
+
+
+# ---------------------------------------------------------------- the overlay
+
+
+@pytest.mark.both_loops
+async def test_rogue_peers_on_a_ranks_router_are_dropped(start_instance, connect) -> None:
+    inst = await start_instance(size=4, fanout=2)
+    ctx = zmq.asyncio.Context()
+    socks = []
+    try:
+        async with asyncio.timeout(15):
+            h = await connect(inst, 0)
+            before = (await stats(h, 1))["overlay"]["dropped"]
+            ping = codec.encode(
+                Message(MsgType.REQUEST, "broker.ping", {}, matchtag=1, route=["c1"])
+            )
+            hello = codec.encode(Message(MsgType.CONTROL, "overlay.hello", {"rank": 9}))
+            # rank 1's children are 3 (and 4, absent in a size-4 instance)
+            sent = 0
+            for ident in (b"9", b"0", b"2", b"4", b"rogue", None):
+                s = ctx.socket(zmq.DEALER)
+                s.linger = 0
+                if ident is not None:
+                    s.setsockopt(zmq.IDENTITY, ident)
+                s.connect(ipc_endpoint(inst.rundir, 1))
+                socks.append(s)
+                for frames in (hello, ping, [b"\xc1garbage"]):
+                    await s.send_multipart(frames)
+                    sent += 1
+
+            async def all_dropped() -> bool:
+                return (await stats(h, 1))["overlay"]["dropped"] >= before + sent
+
+            await wait_until(all_dropped, "rank 1 to drop every rogue message")
+            for s in socks:
+                assert not await s.poll(0), "a rogue peer got an answer"
+            await still_serving(h, 4)
+            assert (await stats(h, 1))["overlay"]["children"] == [3]
+    finally:
+        for s in socks:
+            s.close(0)
+        ctx.term()
+
+
+@pytest.mark.both_loops
+async def test_overlay_handshake() -> None:
+    """Rank 0's side of the overlay in-process, with test DEALERs as ranks 1 and 2."""
+    rundir = make_rundir()
+    router = Router(rank=0, size=3, fanout=2, owner_uid=os.getuid())
+    overlay = Overlay(router, rundir)
+    overlay.start()
+    assert oct(os.stat(os.path.join(rundir, "tbon-0")).st_mode & 0o777) == "0o700"
+    ctx = zmq.asyncio.Context()
+    socks: dict[bytes, zmq.asyncio.Socket] = {}
+
+    def dealer(ident: bytes) -> zmq.asyncio.Socket:
+        s = ctx.socket(zmq.DEALER)
+        s.linger = 0
+        s.setsockopt(zmq.IDENTITY, ident)
+        s.connect(ipc_endpoint(rundir, 0))
+        socks[ident] = s
+        return s
+
+    async def dropped(n: int) -> None:
+        async def check() -> bool:
+            return overlay.dropped == n
+
+        await wait_until(check, f"{n} dropped overlay messages")
+
+    def control(topic: str, rank: int) -> list[bytes]:
+        return codec.encode(Message(MsgType.CONTROL, topic, {"rank": rank}))  # type: ignore
+
+    try:
+        async with asyncio.timeout(15):
+            # not a child of rank 0: its hello is dropped, never answered
+            rogue = dealer(b"5")
+            await rogue.send_multipart(control("overlay.hello", 5))
+            await dropped(1)
+            # a child that talks before its hello
+            one = dealer(b"1")
+            req = Message(MsgType.REQUEST, "nosuch.method", matchtag=9, route=["c1"])
+            await one.send_multipart(codec.encode(req))
+            await dropped(2)
+            await one.send_multipart([b"\xc1garbage"])
+            await dropped(3)
+            # the hello is answered with the parent's rank and the size
+            await one.send_multipart(control("overlay.hello", 1))
+            msg = codec.decode(await one.recv_multipart())
+            assert (msg.type, msg.topic, msg.payload) == (
+                MsgType.CONTROL,
+                "overlay.hello",
+                {"rank": 0, "size": 3},
+            )
+            # now its requests are routed: no such service on rank 0 -> ENOSYS,
+            # sent back down to rank 1 with rank 1's part of the route left
+            await one.send_multipart(codec.encode(req))
+            msg = codec.decode(await one.recv_multipart())
+            assert (msg.type, msg.matchtag, msg.errnum, msg.route) == (
+                MsgType.RESPONSE,
+                9,
+                errno.ENOSYS,
+                ["c1"],
+            )
+            # events only come down the tree: one sent up by a child is dropped
+            await one.send_multipart(codec.encode(Message(MsgType.EVENT, "up.event", seq=1)))
+            await one.send_multipart(control("overlay.ready", 1))
+
+            async def counted() -> bool:
+                return router.counts["dropped-events"] == 1
+
+            await wait_until(counted, "the upward event to be dropped")
+            assert not overlay.ready.done()  # rank 2 is not there yet
+            two = dealer(b"2")
+            await two.send_multipart(control("overlay.hello", 2))
+            assert codec.decode(await two.recv_multipart()).topic == "overlay.hello"
+            await two.send_multipart(control("overlay.ready", 2))
+            await asyncio.wait_for(overlay.ready, 5)
+            # a sequenced event goes to both children, once each
+            router.sequence_event("down.event", {"x": 1}, 0, os.getuid())
+            for s in (one, two):
+                msg = codec.decode(await s.recv_multipart())
+                assert (msg.type, msg.topic, msg.seq, msg.payload) == (
+                    MsgType.EVENT,
+                    "down.event",
+                    1,
+                    {"x": 1},
+                )
+            assert not await rogue.poll(0)
+            assert overlay.dropped == 3
+    finally:
+        for s in socks.values():
+            s.close(0)
+        ctx.term()
+        overlay.close()
+        shutil.rmtree(rundir, ignore_errors=True)

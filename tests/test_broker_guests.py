@@ -1,0 +1,120 @@
+"""Other users ("guests"): refused unless the instance allows them, then role USER.
+
+The guest clients are real processes whose uid is not ours: they start as
+root (to import the package) and drop to the guest uid before connecting,
+so the broker's SO_PEERCRED check sees the guest (see GUEST_SCRIPT).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import stat
+
+import pytest
+from test_broker_support import GUEST_UID, OTHER_GUEST_UID, run_guest, stats, wait_until
+
+from broker.loops import loop_name
+from broker.message import MsgFlags, Role
+
+pytestmark = pytest.mark.skipif(os.getuid() != 0, reason="needs root to run as another uid")
+
+ALLOW = {"access.allow-guest-user": "true"}
+
+
+def mode(path: str) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+async def test_guests_refused_by_default(start_instance, connect) -> None:
+    inst = await start_instance(size=2, fanout=2)
+    async with asyncio.timeout(20):
+        rundir = inst.rundir
+        assert mode(rundir) == 0o700
+        for name in ("local-0", "local-1", "tbon-0"):
+            assert mode(os.path.join(rundir, name)) == 0o700
+        assert mode(os.path.join(rundir, "content.sqlite")) == 0o600
+        # the file system keeps the guest out...
+        guest = await run_guest(inst.uri(1), "identity")
+        assert await guest.lines() == [{"connect": errno.EACCES}]
+
+        # ...and so does the broker itself, were the permissions opened
+        h = await connect(inst, 1)
+        os.chmod(rundir, 0o755)
+        os.chmod(os.path.join(rundir, "local-1"), 0o777)
+        guest = await run_guest(inst.uri(1), "identity")
+        assert await guest.lines() == [{"error": errno.ECONNRESET}]
+        assert (await stats(h))["clients"] == 1
+        assert (await h.ping(0))["rank"] == 0
+
+
+@pytest.mark.both_loops
+async def test_allowed_guest_is_a_user(start_instance, connect) -> None:
+    inst = await start_instance(size=4, fanout=2, attrs=ALLOW)
+    loop = loop_name(asyncio.get_running_loop())
+    async with asyncio.timeout(20):
+        assert mode(inst.rundir) == 0o755
+        assert mode(os.path.join(inst.rundir, "local-3")) == 0o777
+        assert mode(os.path.join(inst.rundir, "tbon-0")) == 0o700
+        assert mode(os.path.join(inst.rundir, "content.sqlite")) == 0o600
+        guest = await run_guest(inst.uri(3), "identity", loop=loop)
+        lines = await guest.lines()
+        assert lines[0] == {"userid": GUEST_UID, "rolemask": Role.USER, "rank": 3}
+        # guests may not publish what only the owner's services should say
+        assert lines[1] == {"topic": "kvs.namespace-primary-setroot", "errnum": errno.EPERM}
+        assert lines[2] == {"topic": "broker.fake", "errnum": errno.EPERM}
+        assert lines[3]["topic"] == "guest.hello" and lines[3]["seq"] > 0
+        # the content store is the owner's (as in Flux)
+        assert lines[4] == {"content": errno.EPERM}
+        # and the overlay socket is out of reach
+        assert lines[5] == {"tbon": errno.EACCES}
+        # the owner is still the owner
+        h = await connect(inst, 3)
+        resp = await h.ping()
+        assert (resp["userid"], resp["rolemask"]) == (os.getuid(), Role.OWNER)
+
+
+async def test_private_events_reach_owner_and_their_user_only(start_instance, connect) -> None:
+    inst = await start_instance(size=4, fanout=2, attrs=ALLOW)
+    async with asyncio.timeout(30):
+        owner = await connect(inst, 3)
+        await owner.subscribe("priv.")
+        a = await run_guest(inst.uri(1), "private", "publish", uid=GUEST_UID)
+        b = await run_guest(inst.uri(2), "private", "quiet", uid=OTHER_GUEST_UID)
+        assert await a.line() == {"subscribed": True}
+        assert await b.line() == {"subscribed": True}
+
+        async def pub(topic: str, userid: int | None = None) -> None:
+            body: dict[str, object] = {"topic": topic}
+            if userid is not None:
+                body.update(flags=MsgFlags.PRIVATE, userid=userid)
+            await owner.rpc("event.pub", body)
+
+        await pub("priv.a", GUEST_UID)
+        await pub("priv.b", OTHER_GUEST_UID)
+        await pub("priv.owner", os.getuid())
+        await pub("priv.public")
+        await pub("priv.go")  # guest A then publishes a private event of its own
+        seen = []
+        while not seen or seen[-1] != "priv.from-guest":
+            seen.append((await owner.recv_event()).topic)
+        await pub("priv.end")
+
+        a_topics = [x["topic"] for x in await a.lines()]
+        b_topics = [x["topic"] for x in await b.lines()]
+        assert a_topics == ["priv.a", "priv.public", "priv.go", "priv.from-guest", "priv.end"]
+        assert b_topics == ["priv.b", "priv.public", "priv.go", "priv.end"]
+        assert seen == [
+            "priv.a",
+            "priv.b",
+            "priv.owner",
+            "priv.public",
+            "priv.go",
+            "priv.from-guest",
+        ]
+
+        async def guests_gone() -> bool:
+            return (await stats(owner, 1))["clients"] == 0
+
+        await wait_until(guests_gone, "the guests to disconnect")

@@ -1,0 +1,281 @@
+"""Clients coming and going, ranks starting, stopping and dying; imports have no side effects."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from conftest import pid_alive
+from test_broker_support import stats, wait_until
+
+from broker.errors import RemoteError
+from broker.handle import Handle
+from broker.launch import make_rundir
+
+
+async def module_requests(h: Handle, rank: int, module: str = "broker") -> int:
+    mods = (await h.rpc("module.list", {}, nodeid=rank))["modules"]
+    return next(m["requests"] for m in mods if m["name"] == module)
+
+
+@pytest.mark.both_loops
+async def test_clean_disconnect_drops_subscriptions_and_notifies(start_instance, connect) -> None:
+    inst = await start_instance(size=4, fanout=2)
+    async with asyncio.timeout(20):
+        watcher = await connect(inst, 2)
+        h = await Handle.connect(inst.uri(2))  # not the fixture's: this test closes it
+        me = (await h.ping())["route"][0]
+        await h.subscribe("a.")
+        await h.subscribe("a.")
+        await h.subscribe("b.")
+        await h.ping(3)  # services used: event (ANY), broker (ANY), broker (rank 3)
+        s = await stats(watcher)
+        assert s["subscriptions"][me] == 3 and s["clients"] == 2
+        sent_before = s["messages"].get("disconnects-sent", 0)
+        on_rank3 = await module_requests(watcher, 3)
+
+        await h.close()
+
+        async def gone() -> bool:
+            s = await stats(watcher)
+            return me not in s["subscriptions"] and s["clients"] == 1
+
+        await wait_until(gone, "the closed client's subscriptions to go")
+        s = await stats(watcher)
+        assert s["messages"]["disconnects-sent"] == sent_before + 3
+
+        # rank 3's broker module got broker.disconnect (no response).  Each
+        # module.list is itself one request, hence the running count.
+        polls = 0
+
+        async def notified() -> bool:
+            nonlocal polls
+            polls += 1
+            return await module_requests(watcher, 3) == on_rank3 + polls + 1
+
+        await wait_until(notified, "broker.disconnect on rank 3")
+        # and everything else still works
+        for rank in range(4):
+            assert (await watcher.ping(rank))["rank"] == rank
+        with pytest.raises(RemoteError) as info:
+            await h.ping()
+        assert info.value.errnum == errno.ECONNRESET
+
+
+KILLED_CLIENT = textwrap.dedent(
+    """
+    import asyncio, os, signal, sys
+    from broker import codec
+    from broker.handle import Handle
+
+    async def main():
+        h = await Handle.connect(sys.argv[1])
+        target = int(sys.argv[2])
+        await h.subscribe("gone.")
+        await h.subscribe("gone.too")
+        print((await h.ping(target))["route"][0], flush=True)
+        sys.stdin.readline()
+        for _ in range(200):  # requests in flight when we die
+            h.rpc("broker.ping", {"pad": "x" * 1000}, nodeid=target)
+        # and half of one more message
+        h._proto.transport.write(codec.stream_prefix([b"x" * 100]) + b"partial")
+        await asyncio.sleep(0)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    asyncio.run(main())
+    """
+)
+
+
+@pytest.mark.both_loops
+async def test_client_killed_mid_request_leaves_nothing_behind(start_instance, connect) -> None:
+    inst = await start_instance(size=8, fanout=2)
+    async with asyncio.timeout(30):
+        watcher = await connect(inst, 1)
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            KILLED_CLIENT,
+            inst.uri(1),
+            "7",
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        assert proc.stdin is not None and proc.stdout is not None
+        victim = (await proc.stdout.readline()).decode().strip()
+        assert victim.startswith("c")
+        assert (await stats(watcher))["subscriptions"][victim] == 2
+        proc.stdin.write(b"go\n")
+        assert await proc.wait() == -signal.SIGKILL
+
+        async def gone() -> bool:
+            s = await stats(watcher)
+            return victim not in s["subscriptions"] and s["clients"] == 1
+
+        await wait_until(gone, "the killed client's state to go")
+        # every rank still answers, through rank 1 too
+        for rank in range(8):
+            assert (await watcher.ping(rank))["rank"] == rank
+        await watcher.subscribe("after.")
+        seq = await watcher.publish("after.kill")
+        assert (await watcher.recv_event()).seq == seq
+
+
+async def test_many_clients_come_and_go(start_instance, connect) -> None:
+    inst = await start_instance(size=2, fanout=2)
+    async with asyncio.timeout(20):
+        watcher = await connect(inst, 1)
+        for _ in range(3):
+            hs = [await Handle.connect(inst.uri(1)) for _ in range(20)]
+            await asyncio.gather(*(h.subscribe("churn.") for h in hs))
+            await asyncio.gather(*(h.ping(0) for h in hs))
+            assert (await stats(watcher))["clients"] == 21
+            await asyncio.gather(*(h.close() for h in hs))
+
+            async def gone() -> bool:
+                s = await stats(watcher)
+                return s["clients"] == 1 and not s["subscriptions"]
+
+            await wait_until(gone, "20 closed clients to go")
+
+
+@pytest.mark.both_loops
+async def test_clean_shutdown_leaves_nothing(start_instance, connect) -> None:
+    inst = await start_instance(size=4, fanout=2)
+    h = await connect(inst, 3)
+    async with asyncio.timeout(30):
+        await h.subscribe("x.")
+        pids, rundir = inst.pids(), inst.rundir
+        assert all(pid_alive(p) for p in pids) and os.path.isdir(rundir)
+        assert await inst.stop() == [0, 0, 0, 0]  # SIGTERM: every rank exits cleanly
+        assert not any(pid_alive(p) for p in pids)
+        assert not os.path.exists(rundir)
+        with pytest.raises(RemoteError) as info:  # the client learns its broker is gone
+            await h.ping()
+        assert info.value.errnum == errno.ECONNRESET
+
+
+async def test_a_killed_rank_resolves_failed(start_instance, connect) -> None:
+    inst = await start_instance(size=4, fanout=2)
+    async with asyncio.timeout(30):
+        h = await connect(inst, 0)
+        assert inst.failed is not None and not inst.failed.done()
+        os.kill(inst.pids()[3], signal.SIGKILL)
+        assert await asyncio.shield(inst.failed) == (3, -signal.SIGKILL)
+        # the others keep serving; rank 3 is unreachable (not a hang)
+        assert (await h.ping(1))["rank"] == 1
+        while True:
+            try:
+                await asyncio.wait_for(h.ping(3), 1)
+            except TimeoutError:
+                continue  # sent before rank 1 noticed the loss: lost with it
+            except RemoteError as exc:
+                assert exc.errnum == errno.EHOSTUNREACH
+                break
+        pids, rundir = inst.pids(), inst.rundir
+        codes = await inst.stop()
+        assert codes[:3] == [0, 0, 0] and codes[3] == -signal.SIGKILL
+        assert not any(pid_alive(p) for p in pids) and not os.path.exists(rundir)
+
+
+async def wait_for_rank(uri: str) -> Handle:
+    """Connect once the rank's socket is there (it has no 'ready' line yet)."""
+    while True:
+        try:
+            return await Handle.connect(uri)
+        except (FileNotFoundError, ConnectionRefusedError):
+            await asyncio.sleep(0.01)
+
+
+@pytest.mark.parametrize("how", ["launcher-gone", "sigterm"])
+async def test_a_rank_stopped_during_start_up_exits(how: str) -> None:
+    """Rank 0 of a 2-rank instance whose rank 1 never comes waits for it -- and
+    must still stop on SIGTERM or when its launcher goes away."""
+    rundir = make_rundir()
+    r, w = os.pipe()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "broker.rank",
+        "--rank",
+        "0",
+        "--size",
+        "2",
+        "--rundir",
+        rundir,
+        "--watch-fd",
+        str(r),
+        "--attrs",
+        '{"broker.modules": ""}',
+        pass_fds=(r,),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    os.close(r)
+    try:
+        async with asyncio.timeout(15):
+            h = await wait_for_rank(f"local://{rundir}/local-0")
+            async with h:
+                assert (await h.ping())["rank"] == 0  # up, but the tree is not
+                if how == "sigterm":
+                    proc.send_signal(signal.SIGTERM)
+                else:
+                    os.close(w)
+                    w = -1
+                assert await proc.wait() != 0
+            assert proc.stdout is not None
+            assert await proc.stdout.read() == b""  # it never claimed to be ready
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        if w >= 0:
+            os.close(w)
+        shutil.rmtree(rundir, ignore_errors=True)
+
+
+def test_imports_leave_the_event_loop_policy_alone() -> None:
+    code = textwrap.dedent(
+        """
+        import asyncio, importlib, importlib.util, pkgutil, sys
+        before = type(asyncio.get_event_loop_policy())
+        names = []
+        for top in ("broker", "kvs", "kvs_watch"):
+            if importlib.util.find_spec(top) is None:
+                continue
+            pkg = importlib.import_module(top)
+            names.append(top)
+            for info in pkgutil.walk_packages(pkg.__path__, top + "."):
+                try:
+                    importlib.import_module(info.name)
+                except ImportError:
+                    if top == "broker":
+                        raise
+                    continue  # another package still being written
+                names.append(info.name)
+        after = type(asyncio.get_event_loop_policy())
+        assert after is before, (before, after)
+        assert "uvloop" not in after.__module__
+        assert asyncio.events._get_running_loop() is None
+        print(" ".join(names))
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    imported = out.stdout.split()
+    for name in (
+        "broker.broker",
+        "broker.handle",
+        "broker.loops",
+        "broker.cli",
+        "broker.content.module",
+        "broker.sync",
+    ):
+        assert name in imported

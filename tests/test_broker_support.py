@@ -1,0 +1,284 @@
+"""Helpers shared by the broker tests (this module holds no tests).
+
+* :class:`RawClient` speaks the connector's byte stream directly, so tests
+  can send what no :class:`~broker.handle.Handle` would: garbage, forged
+  message types, oversized frames.
+* :func:`wait_until` polls a condition the broker has no notification for
+  (a counter in ``broker.stats-get``), bounded by a timeout.
+* :func:`tree_path` is the list of ranks a request crosses in the TBON.
+* :func:`run_guest` runs a client as another uid; :func:`run_cli` runs the
+  ``kvbroker`` command.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from broker import codec
+from broker.handle import Handle, parse_uri
+from broker.launch import Instance
+from broker.message import NODEID_ANY, Message, MsgType
+
+KVBROKER = os.path.join(os.path.dirname(sys.executable), "kvbroker")
+GUEST_UID = 65534
+OTHER_GUEST_UID = 65533
+
+
+async def wait_until(
+    predicate: Callable[[], Awaitable[bool]], what: str, timeout: float = 10.0
+) -> None:
+    """Re-check ``predicate`` until it holds; fail after ``timeout`` seconds."""
+    try:
+        async with asyncio.timeout(timeout):
+            while not await predicate():
+                await asyncio.sleep(0.005)
+    except TimeoutError:
+        raise AssertionError(f"timed out waiting for {what}") from None
+
+
+async def stats(h: Handle, rank: int = NODEID_ANY) -> dict[str, Any]:
+    return await asyncio.wait_for(h.rpc("broker.stats-get", {}, nodeid=rank), 5)
+
+
+def ancestors(rank: int, fanout: int) -> list[int]:
+    """``rank`` and every rank above it, up to 0."""
+    out = [rank]
+    while rank != 0:
+        rank = (rank - 1) // fanout
+        out.append(rank)
+    return out
+
+
+def tree_path(src: int, dst: int, fanout: int) -> list[int]:
+    """Every rank a request crosses from ``src`` to ``dst``, both included."""
+    up, down = ancestors(src, fanout), ancestors(dst, fanout)
+    common = next(r for r in up if r in down)
+    return up[: up.index(common) + 1] + list(reversed(down[: down.index(common)]))
+
+
+# ---------------------------------------------------------------- raw client
+
+
+class RawClient:
+    """A connection to a rank's local connector, without the Handle's manners."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.decoder = codec.StreamDecoder()
+        self.pending: deque[list[bytes]] = deque()
+
+    @classmethod
+    async def connect(cls, inst: Instance, rank: int = 0) -> RawClient:
+        path = parse_uri(inst.uri(rank))
+        reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(path), 5)
+        return cls(reader, writer)
+
+    def send_bytes(self, data: bytes) -> None:
+        self.writer.write(data)
+
+    def send_frames(self, frames: list[bytes]) -> None:
+        self.writer.write(codec.to_stream(frames))
+
+    def send(self, msg: Message) -> None:
+        self.send_frames(codec.encode(msg))  # type: ignore[arg-type]
+
+    def request(
+        self,
+        topic: str,
+        payload: Any = None,
+        *,
+        matchtag: int,
+        nodeid: int = NODEID_ANY,
+        flags: int = 0,
+    ) -> None:
+        self.send(
+            Message(MsgType.REQUEST, topic, payload, matchtag=matchtag, nodeid=nodeid, flags=flags)
+        )
+
+    async def recv_frames(self, timeout: float = 5.0) -> list[bytes]:
+        async with asyncio.timeout(timeout):
+            while not self.pending:
+                data = await self.reader.read(1 << 16)
+                if not data:
+                    raise EOFError("the broker closed the connection")
+                self.pending.extend(self.decoder.feed(data))
+        return self.pending.popleft()
+
+    async def recv(self, timeout: float = 5.0) -> Message:
+        return codec.decode(await self.recv_frames(timeout))
+
+    async def rpc(
+        self, topic: str, payload: Any = None, *, matchtag: int, nodeid: int = NODEID_ANY
+    ) -> Message:
+        """Send a request and return the next message, which must answer it."""
+        self.request(topic, payload, matchtag=matchtag, nodeid=nodeid)
+        msg = await self.recv()
+        assert msg.type == MsgType.RESPONSE and msg.matchtag == matchtag, msg
+        return msg
+
+    async def wait_closed_by_peer(self, timeout: float = 5.0) -> None:
+        """Read (and discard) until the broker closes the connection."""
+        async with asyncio.timeout(timeout):
+            while await self.reader.read(1 << 16):
+                pass
+
+    async def close(self) -> None:
+        self.writer.close()
+        try:
+            await asyncio.wait_for(self.writer.wait_closed(), 5)
+        except (ConnectionError, BrokenPipeError):
+            pass
+
+
+# ---------------------------------------------------------------- other users
+
+# Runs as root long enough to import everything (the interpreter lives under
+# /root, which other users cannot read), then drops to the guest uid *before*
+# connecting: SO_PEERCRED reports the credentials of connect() time.
+GUEST_SCRIPT = r"""
+import asyncio, json, os, socket, sys
+from broker.errors import RemoteError
+from broker.handle import Handle
+from broker.loops import loop_factory
+
+def out(**kw):
+    print(json.dumps(kw), flush=True)
+
+async def scenario_identity(h):
+    r = await h.ping()
+    out(userid=r["userid"], rolemask=r["rolemask"], rank=r["rank"])
+    for topic in ("kvs.namespace-primary-setroot", "broker.fake", "guest.hello"):
+        try:
+            out(topic=topic, seq=await h.publish(topic, {}))
+        except RemoteError as e:
+            out(topic=topic, errnum=e.errnum)
+    try:
+        await h.rpc("content.store", {"data": b"guest"})
+        out(content=0)
+    except RemoteError as e:
+        out(content=e.errnum)
+    rundir = os.path.dirname(h.uri[len("local://"):])
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.connect(os.path.join(rundir, "tbon-0"))
+        out(tbon=0)
+    except OSError as e:
+        out(tbon=e.errno)
+    finally:
+        s.close()
+
+async def scenario_private(h):
+    await h.subscribe("priv.")
+    out(subscribed=True)
+    while True:
+        ev = await h.recv_event()
+        out(topic=ev.topic, seq=ev.seq)
+        if ev.topic == "priv.go" and sys.argv[5] == "publish":
+            await h.publish("priv.from-guest", {}, private=True)
+        if ev.topic == "priv.end":
+            return
+
+async def main(uri, name):
+    try:
+        h = await Handle.connect(uri)
+    except OSError as e:
+        out(connect=e.errno)
+        return
+    try:
+        async with h:
+            await globals()["scenario_" + name](h)
+    except RemoteError as e:
+        out(error=e.errnum)
+
+uri, uid, loop, name = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+runner = asyncio.Runner(loop_factory=loop_factory(loop))
+runner.get_loop()
+os.setgroups([])
+os.setgid(uid)
+os.setuid(uid)
+with runner:
+    runner.run(asyncio.wait_for(main(uri, name), 30))
+"""
+
+
+class Guest:
+    """A client process running as another user; its output is JSON lines."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+
+    async def line(self, timeout: float = 10.0) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        raw = await asyncio.wait_for(self.proc.stdout.readline(), timeout)
+        if not raw:
+            err = b""
+            if self.proc.stderr is not None:
+                err = await asyncio.wait_for(self.proc.stderr.read(), timeout)
+            raise AssertionError(f"guest exited early: {err.decode()[-2000:]}")
+        return json.loads(raw)
+
+    async def lines(self, timeout: float = 10.0) -> list[dict[str, Any]]:
+        """Every remaining line, once the guest exits (must exit 0)."""
+        out, err = await asyncio.wait_for(self.proc.communicate(), timeout)
+        assert self.proc.returncode == 0, err.decode()[-2000:]
+        return [json.loads(x) for x in out.decode().splitlines()]
+
+
+async def run_guest(
+    uri: str, scenario: str, *args: str, uid: int = GUEST_UID, loop: str = "asyncio"
+) -> Guest:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        GUEST_SCRIPT,
+        uri,
+        str(uid),
+        loop,
+        scenario,
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        cwd="/",
+    )
+    return Guest(proc)
+
+
+# ---------------------------------------------------------------- the CLI
+
+
+async def run_cli(
+    *args: str,
+    uri: str | None = None,
+    timeout: float = 60.0,
+    env: dict[str, str] | None = None,
+    input: bytes | None = None,
+) -> tuple[int, str, str]:
+    """Run ``kvbroker ARGS`` (with ``KVBROKER_URI=uri`` when given); return
+    (exit status, stdout, stderr)."""
+    e = dict(os.environ if env is None else env)
+    e.pop("KVBROKER_URI", None)
+    if uri is not None:
+        e["KVBROKER_URI"] = uri
+    proc = await asyncio.create_subprocess_exec(
+        KVBROKER,
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        stdin=asyncio.subprocess.DEVNULL if input is None else asyncio.subprocess.PIPE,
+        env=e,
+    )
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(input), timeout)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()

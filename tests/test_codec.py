@@ -1,0 +1,340 @@
+"""The sans-IO codec: Message <-> frames <-> byte stream (docs/protocol.md, "Frames")."""
+
+from __future__ import annotations
+
+import random
+import struct
+
+import msgpack
+import pytest
+
+from broker import codec
+from broker.errors import ProtocolError
+from broker.message import (
+    NODEID_ANY,
+    NODEID_UPSTREAM,
+    Message,
+    MsgFlags,
+    MsgType,
+    RawPayload,
+    Role,
+)
+
+HEADER = [1, "kvs.lookup", 7, 3, 0, 1000, 2, ["c1", "r3"], 0, None, 0]
+"""A well-formed header (as a list) that tests spoil one field at a time."""
+
+
+def header(**changes: object) -> list[object]:
+    names = [
+        "type",
+        "topic",
+        "matchtag",
+        "nodeid",
+        "flags",
+        "userid",
+        "rolemask",
+        "route",
+        "errnum",
+        "errstr",
+        "seq",
+    ]
+    h = list(HEADER)
+    for name, value in changes.items():
+        h[names.index(name)] = value
+    return h
+
+
+def roundtrip(msg: Message) -> Message:
+    return codec.decode([bytes(f) for f in codec.encode(msg)])
+
+
+# ---------------------------------------------------------------- messages
+
+
+def test_header_fields_round_trip() -> None:
+    msg = Message(
+        MsgType.RESPONSE,
+        "kvs.lookup",
+        {"val": "x"},
+        matchtag=42,
+        nodeid=5,
+        flags=MsgFlags.STREAMING | MsgFlags.PRIVATE,
+        userid=1234,
+        rolemask=Role.USER,
+        route=["c7", "r2", "r0"],
+        errnum=2,
+        errstr="No such file",
+        seq=99,
+    )
+    out = roundtrip(msg)
+    for field in (
+        "type",
+        "topic",
+        "matchtag",
+        "nodeid",
+        "flags",
+        "userid",
+        "rolemask",
+        "route",
+        "errnum",
+        "errstr",
+        "seq",
+    ):
+        assert getattr(out, field) == getattr(msg, field), field
+    assert out.payload == {"val": "x"}
+
+
+@pytest.mark.parametrize("nodeid", [NODEID_ANY, NODEID_UPSTREAM, 0, 7])
+def test_nodeids_round_trip(nodeid: int) -> None:
+    assert roundtrip(Message(MsgType.REQUEST, "a.b", nodeid=nodeid)).nodeid == nodeid
+
+
+@pytest.mark.parametrize("mtype", sorted(MsgType.NAMES))
+def test_every_type_round_trips(mtype: int) -> None:
+    assert roundtrip(Message(mtype, "t.x", [1, 2])).type == mtype
+
+
+def test_no_payload_is_one_frame() -> None:
+    frames = codec.encode(Message(MsgType.REQUEST, "broker.ping"))
+    assert len(frames) == 1
+    assert codec.decode(frames).payload is None
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [{"a": 1, "b": [1, "two", None], "c": {"d": 1.5}}, [1, 2, 3], "text", 17, b"small", True],
+)
+def test_payload_round_trip(payload: object) -> None:
+    frames = codec.encode(Message(MsgType.REQUEST, "x.y", payload))
+    assert len(frames) == 2
+    assert codec.decode(frames).payload == payload
+
+
+def test_large_bytes_travel_as_their_own_frames() -> None:
+    big1, big2, big3 = b"a" * 5000, bytearray(b"b" * 10000), b"c" * codec.OOB_THRESHOLD
+    payload = {"data": big1, "blobs": [big2, b"tiny"], "nested": {"x": big3, "n": 1}}
+    frames = codec.encode(Message(MsgType.REQUEST, "content.store", payload))
+    # header, the msgpack map, then one frame per large value -- not copied
+    assert len(frames) == 5
+    assert frames[2] is big1 and frames[3] is big2 and frames[4] is big3
+    assert len(frames[1]) < 200
+    out = codec.decode([bytes(f) for f in frames]).payload
+    assert out == {"data": big1, "blobs": [bytes(big2), b"tiny"], "nested": {"x": big3, "n": 1}}
+
+
+def test_large_bytes_at_top_level() -> None:
+    blob = b"z" * 8192
+    frames = codec.encode(Message(MsgType.RESPONSE, "content.load", blob))
+    assert len(frames) == 3 and frames[2] is blob
+    assert codec.decode(frames).payload == blob
+
+
+def test_oob_threshold_boundary_and_depth() -> None:
+    below = b"x" * (codec.OOB_THRESHOLD - 1)
+    assert len(codec.encode(Message(MsgType.REQUEST, "t", {"v": below}))) == 2
+    # only the top level and one level down are scanned: deeper bytes stay inline
+    deep = {"a": {"b": {"c": b"y" * 10000}}}
+    frames = codec.encode(Message(MsgType.REQUEST, "t", deep))
+    assert len(frames) == 2
+    assert codec.decode(frames).payload == deep
+
+
+def test_forwarding_does_not_repack_the_payload() -> None:
+    frames = [bytes(f) for f in codec.encode(Message(MsgType.REQUEST, "t", {"k": b"v" * 9000}))]
+    msg = codec.decode(frames)
+    assert isinstance(msg.wire_payload, RawPayload)
+    msg.route.append("r1")  # a hop changes the header only
+    again = codec.encode(msg)
+    assert again[1] is frames[1] and again[2] is frames[2]
+    assert codec.decode(again).route == ["r1"]
+
+
+def test_unpackable_payload_raises_type_error() -> None:
+    with pytest.raises(TypeError):
+        codec.encode(Message(MsgType.REQUEST, "t", {"x": object()}))
+
+
+# ---------------------------------------------------------------- bad headers
+
+
+@pytest.mark.parametrize(
+    "frames",
+    [
+        [],
+        [b""],
+        [b"\xc1"],  # a byte msgpack never uses
+        [b"\x9b"],  # an array of 11 with nothing in it
+        [msgpack.packb({"type": 1})],
+        [msgpack.packb("request")],
+        [msgpack.packb(HEADER[:10])],
+        [msgpack.packb([*HEADER, 0])],
+        [msgpack.packb(HEADER)] + [b"x"] * codec.MAX_FRAMES,
+    ],
+    ids=[
+        "empty",
+        "blank",
+        "bad-byte",
+        "truncated",
+        "map",
+        "string",
+        "10-fields",
+        "12-fields",
+        "too-many-frames",
+    ],
+)
+def test_garbage_headers(frames: list[bytes]) -> None:
+    with pytest.raises(ProtocolError) as info:
+        codec.decode(frames)
+    assert info.value.errnum == 71  # EPROTO
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"type": 3},
+        {"type": 0},
+        {"type": "request"},
+        {"type": [1]},
+        {"type": {}},
+        {"type": True},
+        {"type": 1.0},
+        {"type": None},
+        {"topic": 5},
+        {"topic": b"bytes"},
+        {"topic": None},
+        {"matchtag": "7"},
+        {"matchtag": 1.5},
+        {"nodeid": "any"},
+        {"nodeid": None},
+        {"flags": [1]},
+        {"userid": "root"},
+        {"rolemask": None},
+        {"route": "c1"},
+        {"route": [1, 2]},
+        {"route": [b"c1"]},
+        {"route": None},
+        {"errnum": "ENOENT"},
+        {"errstr": 5},
+        {"seq": -0.5},
+    ],
+    ids=repr,
+)
+def test_wrong_field_types(changes: dict[str, object]) -> None:
+    with pytest.raises(ProtocolError):
+        codec.decode([msgpack.packb(header(**changes))])
+
+
+def test_peek_matchtag_of_a_spoiled_request() -> None:
+    assert codec.peek_matchtag([msgpack.packb(header(route="bad"))]) == (7, "kvs.lookup")
+    assert codec.peek_matchtag([msgpack.packb(header(type=2, route="bad"))]) is None
+    assert codec.peek_matchtag([msgpack.packb(header(matchtag="7"))]) is None
+    assert codec.peek_matchtag([b"\xc1"]) is None
+    assert codec.peek_matchtag([msgpack.packb({"a": 1})]) is None
+
+
+# ---------------------------------------------------------------- bad payloads
+
+
+@pytest.mark.parametrize(
+    "payload_frames",
+    [
+        [b"\xc1"],
+        [b"\x92\x01"],  # truncated array
+        [msgpack.packb(msgpack.ExtType(9, b"abcd")), b"blob"],  # unknown ext type
+        [msgpack.packb(msgpack.ExtType(codec.OOB_EXT, struct.pack("<I", 5))), b"blob"],
+        [msgpack.packb(msgpack.ExtType(codec.OOB_EXT, struct.pack("<I", 0))), b"blob"],
+        [msgpack.packb(msgpack.ExtType(codec.OOB_EXT, b"\x01")), b"blob"],
+        [msgpack.packb(msgpack.ExtType(codec.OOB_EXT, struct.pack("<I", 1)))],  # no blob
+    ],
+    ids=[
+        "bad-byte",
+        "truncated",
+        "unknown-ext",
+        "missing-frame",
+        "frame-0",
+        "short-ext",
+        "ext-without-frames",
+    ],
+)
+def test_garbage_payload_fails_lazily(payload_frames: list[bytes]) -> None:
+    msg = codec.decode([msgpack.packb(HEADER), *payload_frames])  # the header is fine
+    with pytest.raises(ProtocolError):
+        _ = msg.payload
+
+
+# ---------------------------------------------------------------- the byte stream
+
+
+def messages(n: int) -> list[list[bytes]]:
+    rng = random.Random(n)
+    out = []
+    for i in range(n):
+        payload = {"i": i, "blob": rng.randbytes(rng.choice([0, 10, 5000]))}
+        out.append(
+            [
+                bytes(f)
+                for f in codec.encode(Message(MsgType.REQUEST, f"t.{i}", payload, matchtag=i))
+            ]
+        )
+    out.append([b"", b"zero-length frames are fine", b""])
+    return out
+
+
+def test_stream_prefix_layout() -> None:
+    frames = [b"abc", b"", b"defgh"]
+    assert codec.stream_prefix(frames) == struct.pack("<4I", 3, 3, 0, 5)
+    assert codec.to_stream(frames) == struct.pack("<4I", 3, 3, 0, 5) + b"abcdefgh"
+
+
+def test_stream_fed_whole() -> None:
+    msgs = messages(5)
+    data = b"".join(codec.to_stream(m) for m in msgs)
+    assert codec.StreamDecoder().feed(data) == msgs
+
+
+def test_stream_fed_byte_by_byte() -> None:
+    msgs = messages(4)
+    data = b"".join(codec.to_stream(m) for m in msgs)
+    d = codec.StreamDecoder()
+    got = []
+    for i in range(len(data)):
+        got += d.feed(data[i : i + 1])
+    assert got == msgs
+
+
+def test_stream_fed_in_random_chunks() -> None:
+    msgs = messages(20)
+    data = b"".join(codec.to_stream(m) for m in msgs)
+    rng = random.Random(1)
+    d = codec.StreamDecoder()
+    got, pos = [], 0
+    while pos < len(data):
+        n = rng.randint(1, 3000)
+        got += d.feed(data[pos : pos + n])
+        pos += n
+    assert got == msgs
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 100, 1 << 20])
+def test_stream_skips_oversized_messages(chunk: int) -> None:
+    small1, big, small2 = [b"one"], [b"h", b"x" * 500], [b"two", b"2"]
+    data = codec.to_stream(small1) + codec.to_stream(big) + codec.to_stream(small2)
+    d = codec.StreamDecoder(max_message=100)
+    got = []
+    for pos in range(0, len(data), chunk):
+        got += d.feed(data[pos : pos + chunk])
+    assert got == [small1, small2]
+    assert d.oversized == 1
+
+
+@pytest.mark.parametrize("nframes", [0, codec.MAX_FRAMES + 1, 0xFFFFFFFF])
+def test_stream_bad_frame_count(nframes: int) -> None:
+    d = codec.StreamDecoder()
+    with pytest.raises(ProtocolError):
+        d.feed(struct.pack("<I", nframes) + b"\x00" * 16)
+
+
+def test_stream_garbage_after_a_good_message() -> None:
+    d = codec.StreamDecoder()
+    with pytest.raises(ProtocolError):
+        d.feed(codec.to_stream([b"ok"]) + b"GARBAGE!")
