@@ -1,0 +1,130 @@
+"""Third-party modules and CLI commands plug in by entry point (docs/api.md).
+
+The example module and command of docs/api.md are installed for the test only:
+their code is copied from the docs into a temporary directory with a
+``.dist-info`` declaring the entry points, put on ``PYTHONPATH`` of the rank
+processes.  This also gives the broker a streaming service to test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import re
+from pathlib import Path
+
+import pytest
+from test_broker_support import run_cli, wait_until
+
+from broker.errors import RemoteError
+from broker.handle import Handle
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "api.md"
+
+
+def doc_block(first_line: str) -> str:
+    """The fenced Python block of docs/api.md that starts with ``first_line``."""
+    for block in re.findall(r"```python\n(.*?)```", DOCS.read_text(), re.S):
+        if block.startswith(first_line):
+            return block
+    raise AssertionError(f"no code block starting with {first_line!r} in {DOCS}")
+
+
+@pytest.fixture
+def echo_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    pkg = tmp_path / "mypkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "echo.py").write_text(doc_block("# mypkg/echo.py"))
+    (pkg / "echo_cli.py").write_text(doc_block("# mypkg/echo_cli.py"))
+    info = tmp_path / "echo_plugin-0.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: echo-plugin\nVersion: 0.0\n")
+    (info / "entry_points.txt").write_text(
+        "[kvbroker.modules]\necho = mypkg.echo:EchoModule\n\n"
+        "[kvbroker.commands]\necho = mypkg.echo_cli:register\n"
+    )
+    path = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p)
+    monkeypatch.setenv("PYTHONPATH", path)  # inherited by the rank processes
+    return str(tmp_path)
+
+
+MODULES = {"broker.modules": "content,echo"}
+
+
+@pytest.mark.both_loops
+async def test_a_module_found_by_entry_point(echo_plugin, start_instance, connect) -> None:
+    inst = await start_instance(size=4, fanout=2, attrs=MODULES)
+    async with asyncio.timeout(20):
+        h = await connect(inst, 3)
+        names = [m["name"] for m in (await h.rpc("module.list", {}, nodeid=2))["modules"]]
+        assert names == ["broker", "content", "echo"]
+        for rank in range(4):  # a module runs in every rank
+            resp = await h.rpc("echo.hello", {"name": "x"}, nodeid=rank)
+            assert resp == {"hello": "x", "rank": rank, "from": os.getuid()}
+        with pytest.raises(RemoteError) as info:
+            await h.rpc("echo.hello", {"name": 5})
+        assert info.value.errnum == errno.EPROTO
+        with pytest.raises(RemoteError) as info:
+            await h.rpc("echo.nosuch", {})
+        assert info.value.errnum == errno.ENOSYS
+        # its events: subscribed at start, with a direct call
+        stats = await h.rpc("echo.stats-get", {})
+        assert stats == {"clients": 1, "events": 0}
+        await h.publish("echo.ping")
+        await h.publish("other.ping")
+
+        async def one_event() -> bool:
+            return (await h.rpc("echo.stats-get", {}, nodeid=1))["events"] == 1
+
+        await wait_until(one_event, "rank 1's echo module to see the event")
+
+
+@pytest.mark.both_loops
+async def test_streaming_rpc(echo_plugin, start_instance, connect) -> None:
+    inst = await start_instance(size=2, fanout=2, attrs=MODULES)
+    async with asyncio.timeout(20):
+        h = await connect(inst, 1)
+        assert [a async for a in h.rpc_stream("echo.count", {"n": 5}, nodeid=0)] == [
+            {"i": i} for i in range(5)
+        ]
+        assert [a async for a in h.rpc_stream("echo.count", {"n": 0})] == []
+        # several streams at once, interleaved on one connection
+        streams = [h.rpc_stream("echo.count", {"n": n}, nodeid=n % 2) for n in range(1, 20)]
+        assert len({stream.matchtag for stream in streams}) == len(streams)
+        for n, stream in enumerate(streams, 1):
+            assert [a["i"] async for a in stream] == list(range(n))
+        # a streaming service refuses a plain request; errors end a stream
+        with pytest.raises(RemoteError) as info:
+            await h.rpc("echo.count", {"n": 1})
+        assert info.value.errnum == errno.EPROTO
+        stream = h.rpc_stream("echo.count", {"n": "many"})
+        with pytest.raises(RemoteError) as info:
+            await stream.next_message()
+        assert info.value.errnum == errno.EPROTO
+        assert await stream.next_message() is None
+
+
+async def test_module_hears_disconnect(echo_plugin, start_instance, connect) -> None:
+    inst = await start_instance(size=4, fanout=2, attrs=MODULES)
+    async with asyncio.timeout(20):
+        watcher = await connect(inst, 0)
+        h = await Handle.connect(inst.uri(3))
+        await h.rpc("echo.hello", {"name": "a"}, nodeid=1)  # served on rank 1
+        assert (await watcher.rpc("echo.stats-get", {}, nodeid=1))["clients"] == 1
+        await h.close()
+
+        async def forgotten() -> bool:
+            return (await watcher.rpc("echo.stats-get", {}, nodeid=1))["clients"] == 0
+
+        await wait_until(forgotten, "echo.disconnect on rank 1")
+
+
+async def test_a_cli_command_found_by_entry_point(echo_plugin, start_instance) -> None:
+    inst = await start_instance(size=2, fanout=2, attrs=MODULES)
+    rc, out, err = await run_cli("echo", "bob", uri=inst.uri(1))
+    assert rc == 0, err
+    assert out.strip() == f'{{"hello": "bob", "rank": 1, "from": {os.getuid()}}}'
+    rc, out, err = await run_cli("--help")
+    assert rc == 0 and "echo" in out
