@@ -127,6 +127,8 @@ class KvsModule(Module):
         self._loading: dict[str, asyncio.Future[Namespace]] = {}
         self._fetching: dict[str, asyncio.Future[None]] = {}
         self._txn_counter = 0
+        # kvs.wait-version requests still waiting, by request route (the client)
+        self._version_waits: dict[tuple[str, ...], set[asyncio.Task[Any]]] = {}
         self.counts: Counter[str] = Counter()
         self.ev_received = 0
         self.ev_handled = 0
@@ -146,7 +148,7 @@ class KvsModule(Module):
             "kvs.namespace-remove": self.namespace_remove,
             "kvs.namespace-list": self.namespace_list,
             "kvs.dropcache": self.dropcache,
-            "kvs.disconnect": lambda msg: None,
+            "kvs.disconnect": self.disconnect,
         }
 
     async def start(self) -> None:
@@ -383,8 +385,25 @@ class KvsModule(Module):
     async def wait_version(self, msg: Message) -> None:
         p = require(msg.payload, rootseq=int)
         ns = await self.get_ns(_ns_name(p), msg)
-        await ns.wait_version(p["rootseq"])
+        if ns.rootseq < p["rootseq"]:
+            # Remember who waits, so kvs.disconnect can drop the wait (as Flux).
+            key = tuple(msg.route)
+            task = asyncio.current_task()
+            assert task is not None
+            waits = self._version_waits.setdefault(key, set())
+            waits.add(task)
+            try:
+                await ns.wait_version(p["rootseq"])
+            finally:
+                waits.discard(task)
+                if not waits and self._version_waits.get(key) is waits:
+                    del self._version_waits[key]
         self.h.respond(msg, {"rootseq": ns.rootseq, "rootref": ns.rootref})
+
+    def disconnect(self, msg: Message) -> None:
+        """A client went away: cancel its pending ``kvs.wait-version`` requests."""
+        for task in self._version_waits.pop(tuple(msg.route), ()):
+            task.cancel()
 
     def dropcache(self, msg: Message) -> None:
         if not msg.is_owner:
@@ -623,7 +642,8 @@ class KvsModule(Module):
         return {
             "rank": self.rank,
             "namespace-count": len(self.namespaces),
-            "namespaces": {name: {"rootseq": ns.rootseq, "owner": ns.owner}
+            "namespaces": {name: {"rootseq": ns.rootseq, "owner": ns.owner,
+                                  "waiters": ns.waiters}
                            for name, ns in list(self.namespaces.items())[:100]},
             "cache": {"blobs": len(self.blobs), "bytes": self.blobs.size},
             "counts": dict(self.counts),

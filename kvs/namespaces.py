@@ -90,7 +90,17 @@ class Namespace:
             return
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         heapq.heappush(self._waiters, (rootseq, next(_tiebreak), fut))
-        await fut
+        try:
+            await fut
+        except asyncio.CancelledError:  # e.g. the client went away: forget it
+            self._waiters = [w for w in self._waiters if w[2] is not fut]
+            heapq.heapify(self._waiters)
+            raise
+
+    @property
+    def waiters(self) -> int:
+        """Number of version waiters (``kvs.stats-get``)."""
+        return len(self._waiters)
 
     def remove(self) -> None:
         """Mark removed; every waiter and queued transaction fails with ENOTSUP."""
