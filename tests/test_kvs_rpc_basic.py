@@ -63,8 +63,10 @@ async def test_lookup_flags_and_errnos(start_instance, connect, size) -> None:
     inst = await start_instance(size=size, fanout=2)
     w = await connect(inst, 0)
     r = await connect(inst, size - 1)
-    await commit(w, put("d.v", "x"), put("d.sub.w", "y"), put("d.link", symlink("d.v")),
-                 put("d.dlink", symlink("d.sub")))
+    resp = await commit(w, put("d.v", "x"), put("d.sub.w", "y"),
+                        put("d.link", symlink("d.v")), put("d.dlink", symlink("d.sub")))
+    await asyncio.wait_for(r.rpc("kvs.wait-version", {"namespace": "primary",
+                                                     "rootseq": resp["rootseq"]}), 10)
     # a directory read as a value, a value read as a directory
     assert await errnum(lookup(r, "d")) == errno.EISDIR
     assert await errnum(lookup(r, ".")) == errno.EISDIR

@@ -163,6 +163,7 @@ async def test_bad_transaction_in_merged_batch_fails_alone(start_instance, conne
     assert st["counts"].get("merged", 0) > 0
     after = (await getroot(hs[0]))["rootseq"]
     assert after - before <= 21
+    await wait_version(hs[3], after)  # the commits were answered on their own ranks
     for i in range(20):
         assert await get(hs[3], f"good.k{i}", timeout=10) == str(i).encode()
     assert await errnum(get(hs[3], "ghost")) == errno.ENOENT
@@ -180,3 +181,41 @@ async def test_failed_commit_changes_nothing(start_instance, connect) -> None:
     assert await getroot(h) == root
     assert await getroot(await connect(inst, 0)) == root
     assert await errnum(get(h, "new")) == errno.ENOENT
+
+
+async def test_wait_version_dropped_when_client_disconnects(start_instance, connect) -> None:
+    inst = await start_instance(size=4, fanout=2)
+    keep = await connect(inst, 3)
+    gone = await connect(inst, 3)
+    far = await connect(inst, 3)
+    kept = asyncio.ensure_future(wait_version(keep, 2))
+    for _ in range(3):
+        asyncio.ensure_future(wait_version(gone, 100)).add_done_callback(
+            lambda f: f.cancelled() or f.exception())
+    asyncio.ensure_future(far.rpc("kvs.wait-version", {
+        "namespace": "primary", "rootseq": 100}, nodeid=0)).add_done_callback(
+        lambda f: f.cancelled() or f.exception())
+
+    async def waiters(h, nodeid):
+        st = await asyncio.wait_for(h.rpc("kvs.stats-get", {}, nodeid=nodeid), 10)
+        return st["namespaces"].get("primary", {}).get("waiters", 0)
+
+    async def until(pred):
+        async with asyncio.timeout(10):
+            while not await pred():
+                await asyncio.sleep(0.01)
+
+    await until(lambda: _eq(waiters(keep, 3), 4))
+    await until(lambda: _eq(waiters(keep, 0), 1))
+    await gone.close()
+    await far.close()
+    await until(lambda: _eq(waiters(keep, 3), 1))
+    await until(lambda: _eq(waiters(keep, 0), 0))
+    await commit(keep, put("a", "1"))
+    await commit(keep, put("a", "2"))
+    assert (await asyncio.wait_for(kept, 10))["rootseq"] == 2
+    assert await waiters(keep, 3) == 0
+
+
+async def _eq(aw, want) -> bool:
+    return (await aw) == want

@@ -201,6 +201,7 @@ async def test_remove_while_commits_are_in_flight(start_instance, connect) -> No
     h0 = await connect(inst, 0)
     h3 = await connect(inst, 3)
     await ns_create(h0, "busy")
+    await getroot(h3)  # rank 3 follows primary (for the barrier below)
     # a slow commit being applied, and more queued behind it, from rank 0 and 3
     futs = [asyncio.ensure_future(commit(h0, put("big", b"b" * (8 << 20)), ns="busy",
                                          timeout=30))]
@@ -213,6 +214,7 @@ async def test_remove_while_commits_are_in_flight(start_instance, connect) -> No
         assert not isinstance(r, TimeoutError), results
         if isinstance(r, BaseException):
             assert getattr(r, "errnum", None) == errno.ENOTSUP, results
+    await barrier(h0, [h3])
     assert await errnum(getroot(h3, "busy")) == errno.ENOTSUP
     # the name is free again
     await ns_create(h0, "busy")
