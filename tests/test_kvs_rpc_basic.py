@@ -268,3 +268,56 @@ async def test_empty_dir_and_unlink(start_instance, connect, size) -> None:
     await commit(h, put("whole", dir_({"a": val("1"), "b": dir_({"c": val("2")})})))
     assert await get(h, "whole.b.c") == b"2"
     assert (await lookup(h, "whole.b", TREEOBJ))["type"] == "dirref"
+
+
+@SIZES
+async def test_snapshots_copies_and_links(start_instance, connect, size) -> None:
+    """t1000 'put --treeobj' snapshots, 'link' corner cases and t1009 copies,
+    expressed as TREEOBJ lookups and dirent commits."""
+    inst = await start_instance(size=size, fanout=2)
+    h = await connect(inst, size - 1)
+    h0 = await connect(inst, 0)
+    await commit(h, put("dir.a.a", "hello"), put("dir.a.b", "goodbye"),
+                 put("dir.a.big", b"B" * 500), put("dir.a.lnk", symlink("dir.a.a")),
+                 put("empty", ""))
+    assert await get(h, "empty") == b""
+    # snapshot of the root (a dirref put under a key), and of a subdirectory
+    root = await lookup(h, ".", TREEOBJ)
+    await commit(h, put("snap", root), put("dir.b", await lookup(h, "dir.a", TREEOBJ)))
+    assert await lookup(h, "snap", TREEOBJ) == root
+    assert await get(h, "snap.dir.a.a") == b"hello"
+    assert await get(h, "dir.b.b") == b"goodbye"
+    assert await get(h, "dir.b.big") == b"B" * 500
+    # a copy keeps links as links (copy does not follow them)
+    assert await lookup(h, "dir.b.lnk", READLINK) == symlink("dir.a.a")
+    # the copy is independent of the original
+    await commit(h, put("dir.b.a", "changed"))
+    assert await get(h, "dir.a.a") == b"hello"
+    # a treeobj put clobbers the destination
+    await commit(h, put("dir.v", "42"))
+    await commit(h, put("dir.v", root))
+    assert await errnum(lookup(h, "dir.v")) == errno.EISDIR
+    # intermediate links are followed by put; the link itself stays
+    await commit(h, put("real", dir_()), put("via", symlink("real")))
+    await commit(h, put("via.X", "42"))
+    assert await lookup(h, "via", READLINK) == symlink("real")
+    assert await get(h, "real.X") == b"42"
+    assert await get(h, "via.X") == b"42"
+    # links to nowhere, to an unknown namespace, in a cycle: all unlinkable
+    await commit(h, put("l1", symlink("invalid")), put("l2", symlink("x", "nosuchns")),
+                 put("c1", symlink("c2")), put("c2", symlink("c1")))
+    await commit(h, unlink("l1"), unlink("l2"), unlink("c1"), unlink("c2"))
+    names = set((await lookup(h, ".", READDIR))["data"])
+    assert not names & {"l1", "l2", "c1", "c2"}
+    # copy across namespaces (t1009): a dirref and a valref from primary
+    await asyncio.wait_for(h0.rpc("kvs.namespace-create", {"namespace": "dst", "owner": -1}),
+                           10)
+    obj = await lookup(h, "dir.a", TREEOBJ)
+    big = await lookup(h, "dir.a.big", TREEOBJ)
+    await commit(h, put("copy", obj), put("bigcopy", big), ns="dst")
+    assert await get(h, "copy.b", ns="dst") == b"goodbye"
+    assert await get(h, "bigcopy", ns="dst") == b"B" * 500
+    # move = copy + unlink in one transaction
+    await commit(h, put("moved", await lookup(h, "dir.b", TREEOBJ)), unlink("dir.b"))
+    assert await get(h, "moved.a") == b"changed"
+    assert await errnum(lookup(h, "dir.b")) == errno.ENOENT

@@ -34,6 +34,9 @@ async def test_restart_resumes_root_and_version(start_instance, connect, tmp_pat
     statedir = tmp_path / "state"
     inst = await start_instance(size=size, fanout=2, statedir=str(statedir))
     h = await connect(inst, size - 1)
+    await asyncio.wait_for(h.rpc("kvs.namespace-create", {"namespace": "tmp", "owner": -1}),
+                           10)
+    await commit(h, put("k", "v"), ns="tmp")
     for i in range(5):
         await commit(h, put(f"k{i}", str(i)), put("big", BIG + bytes([i])))
     await commit(h, put("d.e.f", "deep"))
@@ -51,7 +54,9 @@ async def test_restart_resumes_root_and_version(start_instance, connect, tmp_pat
         assert await get(h2, "k3") == b"3"
         assert await get(h2, "big") == BIG + bytes([4])
         assert await get(h2, "d.e.f") == b"deep"
-    # and it goes on from there
+    # only primary is restored (as in Flux); it goes on from where it was
+    listed = await asyncio.wait_for(h2.rpc("kvs.namespace-list", {}), 10)
+    assert [d["namespace"] for d in listed["namespaces"]] == ["primary"]
     resp = await commit(h2, put("after", "restart"))
     assert resp["rootseq"] == 7
 
