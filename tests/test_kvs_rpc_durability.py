@@ -136,3 +136,28 @@ async def test_blob_over_limit_fails_commit_with_efbig(start_instance, connect, 
         assert await get(h, f"m{i}") == str(i).encode()
     # content.store itself refuses it too, on any rank
     assert await errnum(h.rpc("content.store", {"data": b"q" * (limit + 1)})) == errno.EFBIG
+
+
+async def test_dropped_caches_are_refilled(start_instance, connect) -> None:
+    """After kvs.dropcache and content.dropcache, reads and commits fetch what
+    they need again (the engines' NeedBlobs path), on rank 0 and a leaf."""
+    inst = await start_instance(size=4, fanout=2)
+    h0 = await connect(inst, 0)
+    h3 = await connect(inst, 3)
+    ops = [put(f"d{i % 7}.sub.k{i}", str(i) * 30) for i in range(300)]
+    resp = await commit(h3, put("big", BIG), *ops)
+    await asyncio.wait_for(h0.rpc("content.flush", {}), 10)
+    for h in (h0, h3):
+        await asyncio.wait_for(h.rpc("kvs.dropcache", {}), 10)
+        await asyncio.wait_for(h.rpc("content.dropcache", {}), 10)
+        assert (await stats(h))["cache"]["blobs"] == 0
+    assert await get(h3, "big") == BIG
+    assert await get(h3, "d3.sub.k10") == b"10" * 30
+    before = (await stats(h0))["counts"].get("blob-fetches", 0)
+    # a commit on rank 0 into directories it no longer has in memory
+    resp = await commit(h3, put("d5.sub.new", "n"), put("big", "x", 32))
+    assert (await stats(h0))["counts"].get("blob-fetches", 0) > before
+    assert await get(h3, "d5.sub.new") == b"n"
+    assert await get(h0, "big") == BIG + b"x"
+    assert await get(h0, "d5.sub.k5") == b"5" * 30
+    assert resp["rootseq"] == 2

@@ -147,8 +147,8 @@ async def test_event_payloads(start_instance, connect) -> None:
     inst = await start_instance(size=4, fanout=2)
     h0 = await connect(inst, 0)
     h2 = await connect(inst, 2)
-    owner = await h0.attr_get("security.owner")
-    await h2.subscribe("kvs.namespace-evns")
+    owner = await asyncio.wait_for(h0.attr_get("security.owner"), T)
+    await asyncio.wait_for(h2.subscribe("kvs.namespace-evns"), T)
     await ns_create(h0, "evns")
     resp = await commit(h2, put("a.b", "1"), put("..c.", "2"), put("a.b", "3"), ns="evns")
     assert await errnum(commit(h2, put("a", "z", APPEND), ns="evns")) == errno.EISDIR

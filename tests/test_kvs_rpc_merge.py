@@ -40,7 +40,7 @@ async def test_rootseq_counts_commits_and_getroot_fields(start_instance, connect
     root = await getroot(h)
     assert set(root) >= {"owner", "rootseq", "rootref", "flags", "namespace"}
     assert root["namespace"] == "primary" and root["rootseq"] == 0
-    assert root["owner"] == await h.attr_get("security.owner")
+    assert root["owner"] == await asyncio.wait_for(h.attr_get("security.owner"), 10)
     assert isinstance(root["flags"], int)
     refs = {root["rootref"]}
     for i in range(1, 6):

@@ -52,7 +52,7 @@ async def test_create_list_remove(start_instance, connect, size) -> None:
     inst = await start_instance(size=size, fanout=2)
     h0 = await connect(inst, 0)
     hl = await connect(inst, size - 1)
-    owner = await h0.attr_get("security.owner")
+    owner = await asyncio.wait_for(h0.attr_get("security.owner"), T)
     listed = await ns_list(hl)
     assert set(listed) == {"primary"}
     assert listed["primary"]["owner"] == owner
