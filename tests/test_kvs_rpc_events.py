@@ -104,7 +104,8 @@ async def test_follower_subscribes_per_loaded_namespace(start_instance, connect)
     assert (await ev(h1))["subscribe_calls"] == base["subscribe_calls"] + 2
 
     # an error event (failed commit) is handled, not dropped
-    await commit(h0, put("dir.x", "1"), ns="job-1")
+    resp = await commit(h0, put("dir.x", "1"), ns="job-1")
+    await wait_version(h1, "job-1", resp["rootseq"])
     st = await ev(h1)
     assert await errnum(commit(h1, put("dir", "z", APPEND), ns="job-1")) == errno.EISDIR
     resp = await commit(h0, put("after-error", "1"), ns="job-1")
