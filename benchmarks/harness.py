@@ -10,7 +10,7 @@ read from ``/proc``.
 Samples of all reps are folded into records::
 
     {workload, variant, loop, size, metric, value, unit, reps: [...],
-     commit, rss_mb: {rank: MB}, fanout, cores}
+     commit, rss_mb: {rank: MB}, fanout, cores, loadavg}
 
 ``value`` is the median of ``reps``.  With two loops, extra records with
 ``loop = "uvloop/asyncio"`` hold the ratio of the two medians.
@@ -100,6 +100,14 @@ def cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
         return os.cpu_count() or 1
+
+
+def loadavg() -> float:
+    """The host's 1-minute load average (how shared the machine was)."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:  # pragma: no cover
+        return -1.0
 
 
 def git_commit() -> str:
@@ -436,6 +444,7 @@ def loop_ratios(series: list[Series]) -> list[Series]:
 
 def records(workload: Workload, series: list[Series], settings: Settings,
             commit: str) -> list[dict[str, Any]]:
+    load = loadavg()
     return [
         {
             "workload": workload.id,
@@ -450,6 +459,7 @@ def records(workload: Workload, series: list[Series], settings: Settings,
             "rss_mb": dict(s.rss_mb),
             "fanout": settings.fanout,
             "cores": cores(),
+            "loadavg": load,
         }
         for s in series
     ]
@@ -462,7 +472,8 @@ def header(workload: Workload, settings: Settings, loop: str, commit: str, n_rep
     return (
         f"\n{workload.id}  {workload.title}\n"
         f"  size={settings.size} fanout={settings.fanout} loop={loop} "
-        f"payload={workload.describe_payload(settings)} cores={cores()} reps={n_reps}"
+        f"payload={workload.describe_payload(settings)} cores={cores()} load={loadavg()} "
+        f"reps={n_reps}"
         f"{' quick' if settings.quick else ''} commit={commit} "
         f"python={platform.python_version()}"
     )
@@ -480,7 +491,10 @@ def table(series: list[Series]) -> Iterator[str]:
 def _matrix_rows(series: list[Series]) -> Iterator[str]:
     if not series:
         return
-    cols = list(dict.fromkeys(s.metric.partition(":")[2] for s in series))
+    def order(who: str) -> tuple[int, str]:  # r0, r1, ..., then client
+        return (int(who[1:]), "") if who[:1] == "r" and who[1:].isdigit() else (1 << 30, who)
+
+    cols = sorted({s.metric.partition(":")[2] for s in series}, key=order)
     rows: dict[str, dict[str, float]] = {}
     units: dict[str, str] = {}
     for s in series:

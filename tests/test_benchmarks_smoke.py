@@ -42,6 +42,7 @@ def test_quick_run_writes_records(tmp_path: Path) -> None:
             assert key in rec, (key, rec)
             assert isinstance(rec[key], types), (key, rec)
         assert rec["size"] == 1
+        assert isinstance(rec.get("loadavg"), (int, float))
         assert rec["loop"] in ("uvloop", "asyncio", "uvloop/asyncio")
         assert rec["reps"] and all(isinstance(v, (int, float)) for v in rec["reps"])
         assert all(isinstance(k, str) and isinstance(v, (int, float))
