@@ -1,0 +1,274 @@
+"""The watching side of ``kvbroker kvs`` (``get -w/-W/-S``, ``eventlog get -w/-W/-S``,
+``eventlog wait-event``), as ``flux kvs`` does it.
+
+:mod:`kvs.cli` parses the command line and calls, with the parsed ``args``
+(``args.namespace`` already resolved, ``args.what`` set):
+
+* :func:`watch_get` -- ``kvs get [-w] [-W] [-c N] [-u] [-A] [-f] [-S] [-r] [-t] [-l] KEY...``
+* :func:`eventlog_get` -- ``kvs eventlog get [-w] [-W] [-c N] [-S] [-u|-H|-L] KEY``
+* :func:`eventlog_wait_event` -- ``kvs eventlog wait-event [-W] [-t SECS] [-q|-v] KEY NAME``
+
+Each connects to ``$KVBROKER_URI``, runs on the loop the user chose and
+returns the exit status; errors raise :class:`broker.cliutil.CLIError`
+(``kvbroker: KEY: <strerror>``).  Output is flushed after every answer.
+Ctrl-C (the runner cancels the command) cancels the watch on the broker
+before the command exits (status 130).  The ``*_async`` variants take a
+connected handle and an output stream (bytes), for reuse and tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import errno
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from typing import IO, Any
+
+from broker.cliutil import CLIError, run_async
+from broker.errors import ErrnoError
+from broker.handle import Handle
+from broker.rpc import HandleCore
+from kvs_watch import flags as F
+from kvs_watch.client import (
+    BAD_EVENTLOG,
+    INITIAL_DONE,
+    EventlogParser,
+    Watch,
+    WatchEntry,
+    default_namespace,
+    watch_eventlog,
+)
+
+__all__ = [
+    "eventlog_get",
+    "eventlog_get_async",
+    "eventlog_wait_event",
+    "eventlog_wait_event_async",
+    "get_flags",
+    "watch_get",
+    "watch_get_async",
+]
+
+_TRIVIAL = {"no such key", "is a directory", "not a directory"}
+
+
+def _detail(exc: ErrnoError, key: str) -> str:
+    """``strerror``, plus the service's message when it says more."""
+    text = os.strerror(exc.errnum)
+    msg = exc.errstr or ""
+    if msg.startswith(f"{key}: "):
+        msg = msg[len(key) + 2:]
+    if msg and msg.lower() != text.lower() and msg.lower() not in _TRIVIAL:
+        text = f"{text} ({msg})"
+    return text
+
+
+def _run(args: argparse.Namespace, body: Callable[[Handle], Awaitable[int]]) -> int:
+    async def main() -> int:
+        async with await Handle.connect() as h:
+            return await body(h)
+
+    try:
+        return run_async(args, main)
+    finally:
+        sys.stdout.flush()
+        sys.stdout.buffer.flush()
+
+
+def _out(out: IO[bytes] | None) -> IO[bytes]:
+    return out if out is not None else sys.stdout.buffer
+
+
+def _ns(args: argparse.Namespace) -> str:
+    return default_namespace(getattr(args, "namespace", None))
+
+
+# ---------------------------------------------------------------- kvs get
+
+
+def get_flags(args: argparse.Namespace) -> int:
+    """The kvs-watch flags of ``kvs get`` options, as ``flux kvs get`` sets them
+    (``-u``, ``-A``, ``-f`` only count with ``-w``)."""
+    flags = F.TREEOBJ if getattr(args, "treeobj", False) else 0
+    if getattr(args, "watch", False):
+        flags |= F.WATCH
+        if getattr(args, "full", False):
+            flags |= F.FULL
+        if getattr(args, "uniq", False):
+            flags |= F.UNIQ
+        if getattr(args, "append", False):
+            flags |= F.APPEND
+    if getattr(args, "waitcreate", False):
+        flags |= F.WAITCREATE
+    if getattr(args, "stream", False):
+        flags |= F.STREAM
+    return flags
+
+
+def watch_get(args: argparse.Namespace) -> int:
+    """``kvbroker kvs get`` with ``--watch``, ``--waitcreate`` or ``--stream``."""
+    return _run(args, lambda h: watch_get_async(h, args))
+
+
+async def watch_get_async(h: HandleCore, args: argparse.Namespace,
+                          out: IO[bytes] | None = None) -> int:
+    """Print each answer for every key in ``args.keys``.
+
+    With ``--watch`` the keys are watched together (as ``flux kvs get``);
+    otherwise one after the other, in command-line order.
+    """
+    if getattr(args, "at", None):
+        raise CLIError(getattr(args, "what", "kvs get"),
+                       detail="--at cannot be combined with --watch, --waitcreate or --stream")
+    keys = list(getattr(args, "keys", None) or [args.key])
+    flags = get_flags(args)
+    try:
+        F.check(flags, streaming=True)
+    except ErrnoError as exc:
+        raise CLIError(getattr(args, "what", "kvs get"), detail=_detail(exc, "")) from None
+    if flags & F.WATCH and len(keys) > 1:
+        try:
+            async with asyncio.TaskGroup() as tg:
+                for key in keys:
+                    tg.create_task(_get_one(h, key, flags, args, out))
+        except ExceptionGroup as eg:
+            raise eg.exceptions[0] from None
+    else:
+        for key in keys:
+            await _get_one(h, key, flags, args, out)
+    return 0
+
+
+async def _get_one(h: HandleCore, key: str, flags: int, args: argparse.Namespace,
+                   out: IO[bytes] | None) -> None:
+    from kvs.cli import render_value  # the caller's output format
+
+    o = _out(out)
+    raw = getattr(args, "raw", False)
+    as_treeobj = getattr(args, "treeobj", False)
+    label = getattr(args, "label", False)
+    count = getattr(args, "count", 0) or 0
+    streaming = bool(flags & F.STREAM)
+    seen = 0
+    wrote = False
+    try:
+        async with Watch(h, key, flags, namespace=_ns(args)) as w:
+            async for entry in w:
+                if not isinstance(entry, WatchEntry):
+                    continue
+                if streaming and not as_treeobj and not raw:
+                    data = entry.value or b""  # chunks of one value: no newline between
+                    o.write(data)
+                    wrote = wrote or bool(data)
+                else:
+                    o.write(render_value(key, entry.treeobj, raw=raw, as_treeobj=as_treeobj,
+                                         label=label))
+                o.flush()
+                seen += 1
+                if flags & F.WATCH and count and seen >= count:
+                    break
+    except ErrnoError as exc:
+        raise CLIError(key, detail=_detail(exc, key)) from None
+    finally:
+        if wrote:
+            o.write(b"\n")
+            o.flush()
+
+
+# ---------------------------------------------------------------- eventlog get
+
+
+def eventlog_get(args: argparse.Namespace) -> int:
+    """``kvbroker kvs eventlog get`` with ``--watch``, ``--waitcreate`` or ``--stream``."""
+    from kvs.cli import make_formatter
+
+    fmt = make_formatter(args)
+    return _run(args, lambda h: eventlog_get_async(h, args, fmt))
+
+
+async def eventlog_get_async(h: HandleCore, args: argparse.Namespace, fmt: Any,
+                             out: IO[bytes] | None = None) -> int:
+    """Print the events of ``args.key`` (``fmt``: a :class:`kvs.eventlog.Formatter`).
+
+    ``--watch`` keeps printing appended events (``--count N``: stop after N
+    events); without it the current eventlog is printed once (waiting for it
+    with ``--waitcreate``; fetched in chunks with ``--stream``).
+    """
+    o = _out(out)
+    key = args.key
+    flags = 0
+    if args.watch:
+        flags |= F.WATCH | F.APPEND
+    if args.waitcreate:
+        flags |= F.WAITCREATE
+    if getattr(args, "stream", False):
+        flags |= F.STREAM
+    count = getattr(args, "count", 0) or 0
+    parser = EventlogParser()
+    seen = 0
+    try:
+        async with Watch(h, key, flags, namespace=_ns(args)) as w:
+            async for entry in w:
+                if entry is INITIAL_DONE or not isinstance(entry, WatchEntry):
+                    continue
+                for e in parser.feed(entry.value or b""):
+                    if not count or seen < count:
+                        o.write(fmt.format(e).encode() + b"\n")
+                    seen += 1
+                o.flush()
+                if args.watch and count and seen >= count:
+                    return 0
+            parser.close()
+    except ErrnoError as exc:
+        raise CLIError(key, detail=_detail(exc, key)) from None
+    except ValueError:
+        raise CLIError(key, detail=BAD_EVENTLOG) from None
+    return 0
+
+
+# ---------------------------------------------------------------- eventlog wait-event
+
+
+def eventlog_wait_event(args: argparse.Namespace) -> int:
+    """``kvbroker kvs eventlog wait-event [-W] [-t SECS] [-q|-v] KEY NAME``."""
+    from kvs.cli import make_formatter
+
+    fmt = make_formatter(args)
+    return _run(args, lambda h: eventlog_wait_event_async(
+        h, args.key, args.event, fmt, namespace=_ns(args),
+        timeout=getattr(args, "timeout", None), waitcreate=args.waitcreate,
+        quiet=getattr(args, "quiet", False), verbose=getattr(args, "verbose", False)))
+
+
+async def eventlog_wait_event_async(
+    h: HandleCore, key: str, name: str, fmt: Any, *, namespace: str | None = None,
+    timeout: float | None = None, waitcreate: bool = False, quiet: bool = False,
+    verbose: bool = False, out: IO[bytes] | None = None,
+) -> int:
+    """Wait until eventlog ``key`` has an event ``name``; print it (``-v``: and
+    every event before it; ``-q``: nothing).  Errors as ``flux kvs eventlog
+    wait-event``: a timeout, a missing eventlog (without ``waitcreate``)."""
+    o = _out(out)
+    try:
+        async with asyncio.timeout(timeout):
+            async with watch_eventlog(h, key, namespace=namespace, waitcreate=waitcreate) as log:
+                async for e in log:
+                    if e["name"] == name:
+                        if not quiet:
+                            o.write(fmt.format(e).encode() + b"\n")
+                            o.flush()
+                        return 0
+                    if verbose:
+                        o.write(fmt.format(e).encode() + b"\n")
+                        o.flush()
+    except TimeoutError:
+        raise CLIError(f"wait-event timeout on event '{name}'") from None
+    except ErrnoError as exc:
+        if exc.errnum == errno.ENOENT:
+            raise CLIError(f"eventlog path {key} not found") from None
+        raise CLIError(key, detail=_detail(exc, key)) from None
+    except ValueError:
+        raise CLIError(key, detail=BAD_EVENTLOG) from None
+    raise CLIError(f"event '{name}' never received")

@@ -1,0 +1,397 @@
+"""Watching KVS keys from Python (the client side of ``kvs-watch``).
+
+    from kvs_watch.client import watch
+
+    async with watch(h, "job.state", waitcreate=True) as w:   # cancels on exit
+        async for entry in w:                                  # WatchEntry
+            print(entry.rootseq, entry.value)
+            if entry.value == b"done":
+                break
+
+A :class:`Watch` is both an async iterator and an async context manager:
+leaving the ``async with`` block sends ``kvs-watch.cancel`` and drains the
+stream to its ``ENODATA`` end, so no watcher is left behind on the broker.
+Errors that end a watch (``ENOENT`` key removed, ``ENOTSUP`` namespace
+removed, ``EPERM``, ``EINVAL``, ``EOVERFLOW`` fell too far behind) are raised
+from the iteration as :class:`broker.errors.RemoteError`.
+
+With ``initial_sentinel=True`` (needs ``append=True``, as in Flux) the
+iterator yields :data:`INITIAL_DONE` once the initial value has been
+delivered -- right away if the key does not exist yet (``waitcreate``).
+
+Helpers: :func:`stream` (a value in chunks), :func:`wait_create` (one value,
+waiting for the key), :func:`watch_eventlog` / :func:`wait_event` (RFC 18
+eventlogs, entries as the plain dicts of :mod:`kvs.eventlog`), and
+:class:`SyncWatch` for the blocking facade (:class:`broker.sync.SyncHandle`).
+See docs/api.md, "Watching keys".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+import math
+import os
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from broker.errors import RemoteError
+from broker.message import NODEID_ANY
+from broker.rpc import HandleCore, Stream
+from kvs_watch import flags as F
+
+NAMESPACE_ENV = "KVBROKER_NAMESPACE"
+DEFAULT_NAMESPACE = "primary"
+CANCEL_TIMEOUT = 10.0
+"""How long :meth:`Watch.cancel` waits for the broker's ``ENODATA``."""
+
+
+def default_namespace(namespace: str | None = None) -> str:
+    """``namespace``, else ``$KVBROKER_NAMESPACE``, else ``"primary"``."""
+    return namespace or os.environ.get(NAMESPACE_ENV) or DEFAULT_NAMESPACE
+
+
+@dataclass(frozen=True, slots=True)
+class WatchEntry:
+    """One answer of a watch.
+
+    ``value`` is the bytes of a ``val`` tree object (``None`` for a
+    directory, symlink, ... -- see ``treeobj``); ``rootseq`` is the version
+    of the namespace the answer was looked up at.  With APPEND, ``value``
+    holds only the bytes appended since the previous entry.
+    """
+
+    key: str
+    value: bytes | None
+    treeobj: dict[str, Any] = field(repr=False)
+    rootseq: int
+    namespace: str
+
+    def text(self, encoding: str = "utf-8") -> str:
+        """``value`` decoded (``""`` for a non-value)."""
+        return (self.value or b"").decode(encoding, errors="replace")
+
+    def json(self) -> Any:
+        """``value`` parsed as JSON."""
+        return json.loads(self.value or b"")
+
+
+class InitialDone:
+    """The marker yielded once the initial value is delivered (INITIAL_SENTINEL)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "INITIAL_DONE"
+
+
+INITIAL_DONE = InitialDone()
+
+
+def _entry(key: str, payload: Any) -> WatchEntry:
+    obj = payload["val"]
+    value = obj["data"] if obj.get("type") == "val" else None
+    return WatchEntry(key, value, obj, int(payload.get("rootseq", -1)),
+                      str(payload.get("namespace", "")))
+
+
+class Watch:
+    """A ``kvs-watch.lookup`` request and its answers (see the module docstring).
+
+    The request is sent by :meth:`start` -- called for you by ``async with``
+    or the first ``__anext__``.
+    """
+
+    def __init__(self, h: HandleCore, key: str, flags: int, *, namespace: str | None = None,
+                 nodeid: int = NODEID_ANY) -> None:
+        F.check(flags, streaming=True)  # misuse is a ValueError-like error here already
+        self.h = h
+        self.key = key
+        self.flags = flags
+        self.namespace = default_namespace(namespace)
+        self.nodeid = nodeid
+        self._stream: Stream | None = None
+
+    def __repr__(self) -> str:
+        return f"<Watch {self.namespace}:{self.key} flags={self.flags:#x}>"
+
+    @property
+    def matchtag(self) -> int | None:
+        return self._stream.matchtag if self._stream is not None else None
+
+    @property
+    def done(self) -> bool:
+        """The stream has ended (or was never started)."""
+        return self._stream is None or self._stream.done
+
+    def start(self) -> Watch:
+        """Send the request (once); needs a running event loop."""
+        if self._stream is None:
+            self._stream = self.h.rpc_stream(
+                "kvs-watch.lookup",
+                {"namespace": self.namespace, "key": self.key, "flags": self.flags},
+                nodeid=self.nodeid)
+        return self
+
+    async def __aenter__(self) -> Watch:
+        return self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.cancel()
+
+    def __aiter__(self) -> Watch:
+        return self
+
+    async def __anext__(self) -> WatchEntry | InitialDone:
+        stream = self.start()._stream
+        assert stream is not None
+        msg = await stream.next_message()
+        if msg is None:
+            raise StopAsyncIteration
+        payload = msg.payload
+        if payload is None:
+            return INITIAL_DONE
+        return _entry(self.key, payload)
+
+    async def cancel(self, timeout: float | None = CANCEL_TIMEOUT) -> None:
+        """Stop the watch: ``kvs-watch.cancel``, then drain to the end of the stream.
+
+        Idempotent.  Answers still in flight are discarded; an error ending
+        the stream meanwhile (or a lost connection) is not raised.
+        """
+        stream = self._stream
+        if stream is None or stream.done:
+            return
+        try:
+            self.h.send_noresponse("kvs-watch.cancel", {"matchtag": stream.matchtag},
+                                   nodeid=self.nodeid)
+            async with asyncio.timeout(timeout):
+                while await stream.next_message() is not None:
+                    pass
+        except (RemoteError, TimeoutError):
+            pass
+
+
+def watch(
+    h: HandleCore,
+    key: str,
+    *,
+    namespace: str | None = None,
+    waitcreate: bool = False,
+    uniq: bool = False,
+    append: bool = False,
+    full: bool = False,
+    initial_sentinel: bool = False,
+    treeobj: bool = False,
+    readdir: bool = False,
+    readlink: bool = False,
+    nodeid: int = NODEID_ANY,
+) -> Watch:
+    """Watch ``key``: its current value, then one entry per commit naming it.
+
+    * ``waitcreate``: a missing key (or namespace) is waited for instead of
+      raising ``ENOENT`` (``ENOTSUP``);
+    * ``uniq``: only entries whose value changed;
+    * ``full``: look the key up on every commit of the namespace, so a
+      replaced parent directory or symlink target is noticed (entries only
+      on change);
+    * ``append``: the first entry is the whole value, then only appended
+      bytes (``EINVAL`` if the value is replaced or shortened);
+    * ``initial_sentinel``: yield :data:`INITIAL_DONE` after the initial
+      value (with ``append``);
+    * ``treeobj`` / ``readdir`` / ``readlink``: as for a lookup;
+    * ``nodeid``: the rank whose kvs-watch serves the watch (default: ours).
+
+    ``namespace`` defaults to ``$KVBROKER_NAMESPACE``, then ``primary``.
+    Raises ``ErrnoError(EINVAL)`` at once for an invalid combination.
+    """
+    flags = F.WATCH
+    for on, bit in ((waitcreate, F.WAITCREATE), (uniq, F.UNIQ), (append, F.APPEND),
+                    (full, F.FULL), (initial_sentinel, F.INITIAL_SENTINEL),
+                    (treeobj, F.TREEOBJ), (readdir, F.READDIR), (readlink, F.READLINK)):
+        if on:
+            flags |= bit
+    return Watch(h, key, flags, namespace=namespace, nodeid=nodeid)
+
+
+def stream(h: HandleCore, key: str, *, namespace: str | None = None,
+           waitcreate: bool = False, nodeid: int = NODEID_ANY) -> Watch:
+    """Read a (large) value in chunks: one entry per stored blob, then the end.
+
+    Flux's ``FLUX_KVS_STREAM``: the value is never assembled in one message.
+    With ``waitcreate`` a missing key is waited for.
+    """
+    flags = F.STREAM | (F.WAITCREATE if waitcreate else 0)
+    return Watch(h, key, flags, namespace=namespace, nodeid=nodeid)
+
+
+async def wait_create(h: HandleCore, key: str, *, namespace: str | None = None,
+                      treeobj: bool = False, readdir: bool = False, readlink: bool = False,
+                      nodeid: int = NODEID_ANY) -> WatchEntry:
+    """The value of ``key``, waiting until it (and its namespace) exists.
+
+    Time-box it with ``asyncio.timeout``: cancelling it cancels the watch.
+    """
+    flags = F.WAITCREATE
+    for on, bit in ((treeobj, F.TREEOBJ), (readdir, F.READDIR), (readlink, F.READLINK)):
+        if on:
+            flags |= bit
+    async with Watch(h, key, flags, namespace=namespace, nodeid=nodeid) as w:
+        async for entry in w:
+            if isinstance(entry, WatchEntry):
+                return entry
+    raise RemoteError(errno.ENODATA, f"{key}: watch ended without a value")
+
+
+# ---------------------------------------------------------------- eventlogs
+
+EventlogEntry = dict[str, Any]
+"""An RFC 18 entry ``{"timestamp": float, "name": str, "context"?: {...}}``, the
+same plain dict :func:`kvs.eventlog.get` returns."""
+
+BAD_EVENTLOG = "cannot decode improperly formatted eventlog"
+
+
+def parse_eventlog_entry(line: str | bytes) -> EventlogEntry:
+    """Parse one eventlog line; ``ValueError`` if it is not an RFC 18 entry."""
+    try:
+        obj = json.loads(line)
+    except (ValueError, UnicodeDecodeError):
+        raise ValueError(BAD_EVENTLOG) from None
+    ts = obj.get("timestamp") if isinstance(obj, dict) else None
+    if (
+        not isinstance(obj, dict)
+        or not isinstance(obj.get("name"), str)
+        or not obj["name"]
+        or isinstance(ts, bool)
+        or not isinstance(ts, (int, float))
+        or not math.isfinite(ts)
+        or not isinstance(obj.get("context", {}), dict)
+    ):
+        raise ValueError(BAD_EVENTLOG)
+    return obj
+
+
+class EventlogParser:
+    """Turns eventlog bytes, split anywhere, into entries (one per complete line)."""
+
+    def __init__(self) -> None:
+        self._buf = b""
+
+    def feed(self, data: bytes) -> list[EventlogEntry]:
+        self._buf += data
+        *lines, self._buf = self._buf.split(b"\n")
+        return [parse_eventlog_entry(line) for line in lines]
+
+    def close(self) -> None:
+        """Raise ``ValueError`` if an incomplete entry is left over."""
+        if self._buf:
+            raise ValueError(BAD_EVENTLOG)
+
+
+class EventlogWatch:
+    """An APPEND watch of an eventlog, yielding its entries (async iterator and
+    async context manager, like :class:`Watch`).  A malformed entry raises
+    ``ValueError``."""
+
+    def __init__(self, w: Watch) -> None:
+        self.watch = w
+        self._parser = EventlogParser()
+        self._ready: deque[EventlogEntry] = deque()
+
+    async def __aenter__(self) -> EventlogWatch:
+        self.watch.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.watch.cancel()
+
+    def __aiter__(self) -> EventlogWatch:
+        return self
+
+    async def __anext__(self) -> EventlogEntry:
+        while not self._ready:
+            try:
+                entry = await self.watch.__anext__()
+            except StopAsyncIteration:
+                self._parser.close()
+                raise
+            if isinstance(entry, WatchEntry):
+                self._ready.extend(self._parser.feed(entry.value or b""))
+        return self._ready.popleft()
+
+    async def cancel(self) -> None:
+        await self.watch.cancel()
+
+
+def watch_eventlog(h: HandleCore, key: str, *, namespace: str | None = None,
+                   waitcreate: bool = False, nodeid: int = NODEID_ANY) -> EventlogWatch:
+    """Every entry of eventlog ``key``, then each new one as it is appended."""
+    return EventlogWatch(watch(h, key, namespace=namespace, waitcreate=waitcreate,
+                               append=True, nodeid=nodeid))
+
+
+async def wait_event(h: HandleCore, key: str, name: str, *, namespace: str | None = None,
+                     waitcreate: bool = False, timeout: float | None = None,
+                     nodeid: int = NODEID_ANY) -> EventlogEntry:
+    """The first entry of eventlog ``key`` named ``name`` (waiting for it).
+
+    Raises ``TimeoutError`` after ``timeout`` seconds (the watch is cancelled),
+    ``RemoteError`` (``ENOENT`` without ``waitcreate``...) if the watch fails.
+    """
+    async with asyncio.timeout(timeout):
+        async with watch_eventlog(h, key, namespace=namespace, waitcreate=waitcreate,
+                                  nodeid=nodeid) as log:
+            async for entry in log:
+                if entry["name"] == name:
+                    return entry
+    raise RemoteError(errno.ENODATA, f"{key}: event {name!r} never received")
+
+
+# ---------------------------------------------------------------- blocking facade
+
+
+class SyncWatch:
+    """A :class:`Watch` driven through :class:`broker.sync.SyncHandle`.
+
+        with connect() as sh, SyncWatch(sh, watch(sh.aio, "a.b")) as w:
+            for entry in w:
+                ...
+    """
+
+    def __init__(self, sh: Any, w: Watch | EventlogWatch, *,
+                 timeout: float | None = None) -> None:
+        self.sh = sh
+        self.watch = w
+        self.timeout = timeout
+        """Seconds each ``next()`` may wait (``TimeoutError``; the watch goes on)."""
+
+    def __enter__(self) -> SyncWatch:
+        self.sh.run(self.watch.__aenter__())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.cancel()
+
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def __next__(self) -> Any:
+        async def step() -> Any:
+            try:
+                return await self.watch.__anext__()
+            except StopAsyncIteration:
+                return _END
+        item = self.sh.run(step(), self.timeout)
+        if item is _END:
+            raise StopIteration
+        return item
+
+    def cancel(self) -> None:
+        self.sh.run(self.watch.cancel())
+
+
+_END = object()

@@ -1,0 +1,64 @@
+"""``kvs-watch.lookup`` flags (Flux's ``FLUX_KVS_*`` values) and their rules.
+
+The lookup flags ``READDIR``, ``READLINK`` and ``TREEOBJ`` are passed through
+to ``kvs.lookup``; the others are interpreted by the kvs-watch module.  See
+docs/protocol.md, section "kvs-watch".
+"""
+
+from __future__ import annotations
+
+import errno
+
+from broker.errors import ErrnoError
+
+READDIR = 1
+READLINK = 2
+WATCH = 4
+WAITCREATE = 8
+TREEOBJ = 16
+WATCH_FULL = 64
+WATCH_UNIQ = 128
+WATCH_APPEND = 256
+STREAM = 512
+WATCH_INITIAL_SENTINEL = 1024
+
+# Short names, as in DESIGN.md section 8.
+FULL = WATCH_FULL
+UNIQ = WATCH_UNIQ
+APPEND = WATCH_APPEND
+INITIAL_SENTINEL = WATCH_INITIAL_SENTINEL
+
+LOOKUP_FLAGS = READDIR | READLINK | TREEOBJ
+"""Flags that only shape the value returned (passed to ``kvs.lookup``)."""
+
+WATCH_ONLY = WATCH_FULL | WATCH_UNIQ | WATCH_APPEND | WATCH_INITIAL_SENTINEL
+"""Flags that make sense only together with ``WATCH``."""
+
+ALL = LOOKUP_FLAGS | WATCH | WAITCREATE | WATCH_ONLY | STREAM
+
+
+def check(flags: object, streaming: bool) -> int:
+    """Validate the flags of a ``kvs-watch.lookup`` request; return them.
+
+    Raises ``EPROTO`` for a non-integer, or for ``WATCH``/``STREAM`` in a
+    request that was not sent as a streaming RPC; ``EINVAL`` (with a message
+    saying why) for unknown bits and for combinations Flux refuses.
+    """
+    if type(flags) is not int:
+        raise ErrnoError(errno.EPROTO, "flags must be an integer")
+    if flags & ~ALL or flags < 0:
+        raise ErrnoError(errno.EINVAL, f"unknown kvs-watch flags {flags & ~ALL:#x}")
+    if flags & WATCH and not streaming:
+        raise ErrnoError(errno.EPROTO, "a WATCH request must be a streaming RPC")
+    if flags & STREAM and not streaming:
+        raise ErrnoError(errno.EPROTO, "a STREAM request must be a streaming RPC")
+    if flags & WATCH and flags & STREAM:
+        raise ErrnoError(errno.EINVAL, "WATCH and STREAM cannot be combined")
+    if flags & WATCH_ONLY and not flags & WATCH:
+        raise ErrnoError(errno.EINVAL, "FULL, UNIQ, APPEND and INITIAL_SENTINEL need WATCH")
+    if flags & WATCH_INITIAL_SENTINEL and not flags & WATCH_APPEND:
+        raise ErrnoError(errno.EINVAL, "INITIAL_SENTINEL needs APPEND")
+    if flags & (WATCH_APPEND | STREAM) and flags & (READDIR | READLINK):
+        raise ErrnoError(errno.EINVAL, "APPEND and STREAM return values: READDIR and "
+                                       "READLINK do not apply")
+    return flags

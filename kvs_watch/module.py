@@ -1,0 +1,295 @@
+"""The ``kvs-watch`` module: watches KVS keys on every rank, fed by namespace events.
+
+Requests (docs/protocol.md, section "kvs-watch"):
+
+* ``kvs-watch.lookup`` ``{namespace, key, flags}`` -- streaming.  The first
+  answer is the key's current value; with ``WATCH``, one answer per later
+  commit that concerns the key (see :mod:`kvs_watch.monitor`), in commit
+  order, each ``{"val", "rootseq", "namespace"}``.  Flags and their rules:
+  :mod:`kvs_watch.flags`; answering: :mod:`kvs_watch.watcher`.
+* ``kvs-watch.cancel`` ``{matchtag}`` -- the watcher started by the same
+  client (same route) with that matchtag ends with ``ENODATA``.  Usually
+  sent without response; answered ``{}`` if a response is wanted.
+* ``kvs-watch.disconnect`` -- the router's notice that a client went away:
+  its watchers are dropped silently.
+* ``kvs-watch.stats-get`` -- watchers, namespaces, event counters.
+
+Events (DESIGN.md section 7): one :class:`~kvs_watch.monitor.Monitor` per
+watched namespace subscribes once (``self.h.subscribe``, a direct call that
+never waits) to ``kvs.namespace-<NS>`` and unsubscribes with its last
+watcher.  It handles ``setroot``, ``removed`` and ``created``, drops
+``error``, and drops as *foreign* any event that is not from the instance
+owner, whose topic is not exactly ``kvs.namespace-<NS>-<kind>`` for a
+monitored ``NS``, or whose ``namespace`` field disagrees with the topic
+(``job-1``'s subscription also receives ``job-10``'s events).  An event for
+a namespace this rank does not watch costs one dict look-up.
+
+Access: a guest may watch only a namespace it owns (``EPERM``), checked
+against the owner that ``kvs.getroot``/``created``/``setroot`` report; the
+pinned lookups carry the watcher's credentials (``rpc_as``) so kvs checks
+any namespace a symlink leads into.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+from collections import Counter
+from typing import Any, ClassVar
+
+from broker.content import blobref
+from broker.errors import ErrnoError, ProtocolError
+from broker.message import Message
+from broker.module import Handler, Module, require
+from kvs.keys import check_key
+from kvs.namespaces import PRIMARY, check_name
+from kvs_watch import flags as F
+from kvs_watch.monitor import INIT, MISSING, READY, Monitor
+from kvs_watch.watcher import DEFAULT_MAX_BACKLOG, Watcher
+
+log = logging.getLogger("kvbroker.kvs-watch")
+
+EVENT_PREFIX = "kvs.namespace-"
+EVENT_KINDS = frozenset({"setroot", "removed", "created", "error"})
+STATS_NAMESPACES = 100
+"""At most this many namespaces are detailed in ``stats-get``."""
+
+Route = tuple[str, ...]
+
+
+class KvsWatchModule(Module):
+    name: ClassVar[str] = "kvs-watch"
+
+    def __init__(self, ctx: Any) -> None:
+        super().__init__(ctx)
+        attrs = ctx.attrs
+        self.max_backlog = int(attrs.get("kvs-watch.max-backlog", DEFAULT_MAX_BACKLOG))
+        if self.max_backlog < 1:
+            raise ValueError("kvs-watch.max-backlog must be at least 1")
+        self.hash_name = str(attrs.get("content.hash", blobref.DEFAULT_HASH))
+        self.monitors: dict[str, Monitor] = {}
+        self.clients: dict[Route, dict[int, Watcher]] = {}
+        """Watchers by the route of their request, then matchtag (cancel, disconnect)."""
+        self.nwatchers = 0
+        self.counts: Counter[str] = Counter()
+        self.ev_received = 0
+        self.ev_handled = 0
+        self.ev_dropped: Counter[str] = Counter()
+
+    def handlers(self) -> dict[str, Handler]:
+        return {
+            "kvs-watch.lookup": self.lookup,
+            "kvs-watch.cancel": self.cancel,
+            "kvs-watch.disconnect": self.disconnect,
+        }
+
+    async def stop(self) -> None:
+        for mon in list(self.monitors.values()):
+            for w in list(mon.watchers):
+                w.fail(errno.ENOSYS, "the kvs-watch module is unloading")
+
+    # ================================================================ requests
+
+    def lookup(self, msg: Message) -> None:
+        p = require(msg.payload, key=str, flags=int)
+        name = p.get("namespace")
+        if name is None:
+            name = PRIMARY
+        elif not isinstance(name, str):
+            raise ProtocolError("field 'namespace' has the wrong type")
+        if msg.noresponse:
+            raise ProtocolError("kvs-watch.lookup needs a response")
+        flags = F.check(p["flags"], msg.streaming)
+        key = check_key(p["key"])
+        check_name(name)
+        route = tuple(msg.route)
+        tags = self.clients.get(route)
+        if tags is not None and msg.matchtag in tags:
+            raise ProtocolError(f"matchtag {msg.matchtag} is already watching")
+        msg.payload = None  # parsed: keep only the envelope
+        w = Watcher(self, msg, key, flags, name)
+        if tags is None:
+            tags = self.clients[route] = {}
+        tags[msg.matchtag] = w
+        self.nwatchers += 1
+        self.counts["watchers-created"] += 1
+        mon = self.monitors.get(name)
+        if mon is None:
+            mon = self._new_monitor(name)
+        mon.add(w)
+        if mon.state == MISSING and not flags & F.WAITCREATE:
+            w.fail(errno.ENOTSUP, f"namespace {name} does not exist")
+
+    def cancel(self, msg: Message) -> None:
+        tag = require(msg.payload, matchtag=int)["matchtag"]
+        tags = self.clients.get(tuple(msg.route))
+        w = tags.get(tag) if tags else None
+        if w is not None:
+            self.counts["cancelled"] += 1
+            w.fail(errno.ENODATA)
+        self.h.respond(msg, {})
+
+    def disconnect(self, msg: Message) -> None:
+        tags = self.clients.pop(tuple(msg.route), None)
+        if tags:
+            self.counts["disconnected"] += len(tags)
+            for w in list(tags.values()):
+                w.finish()
+
+    # ================================================================ monitors
+
+    def _new_monitor(self, name: str) -> Monitor:
+        mon = self.monitors[name] = Monitor(name)
+        self.h.subscribe(mon.prefix)  # before getroot: no commit can slip between
+        fut = self.h.rpc("kvs.getroot", {"namespace": name})
+        fut.add_done_callback(lambda f: self._getroot_done(mon, f))
+        return mon
+
+    def _drop_monitor(self, mon: Monitor) -> None:
+        if self.monitors.get(mon.name) is mon:
+            del self.monitors[mon.name]
+            self.h.unsubscribe(mon.prefix)
+
+    def _getroot_done(self, mon: Monitor, fut: Any) -> None:
+        if fut.cancelled():
+            return
+        exc = fut.exception()
+        if self.monitors.get(mon.name) is not mon or mon.state != INIT:
+            return  # gone, or an event already gave us a root
+        try:
+            if exc is None:
+                r = fut.result()
+                self._start(mon, mon.set_root(int(r["rootseq"]), str(r["rootref"]),
+                                              r.get("owner")))
+            elif isinstance(exc, ErrnoError) and exc.errnum == errno.ENOTSUP:
+                mon.state = MISSING  # WAITCREATE watchers wait for the created event
+                for w in list(mon.waiting):
+                    if not w.flags & F.WAITCREATE:
+                        w.fail(errno.ENOTSUP, f"namespace {mon.name} does not exist")
+            else:
+                errnum = exc.errnum if isinstance(exc, ErrnoError) else errno.EIO
+                for w in list(mon.watchers):
+                    w.fail(errnum, f"kvs.getroot {mon.name}: {exc}")
+        except (KeyError, TypeError, ValueError) as e:
+            log.error("bad kvs.getroot answer for %s: %s", mon.name, e)
+            for w in list(mon.watchers):
+                w.fail(errno.EPROTO, "malformed kvs.getroot answer")
+
+    def _start(self, mon: Monitor, watchers: list[Watcher]) -> None:
+        for w in watchers:
+            if not w.done:
+                mon.start(w)
+
+    # ================================================================ events
+
+    def on_event(self, msg: Message) -> None:
+        self.ev_received += 1
+        topic = msg.topic
+        mon = None
+        kind = ""
+        if topic.startswith(EVENT_PREFIX):
+            name, sep, kind = topic[len(EVENT_PREFIX):].rpartition("-")
+            if sep:
+                mon = self.monitors.get(name)
+        if mon is None or kind not in EVENT_KINDS or msg.userid != self.ctx.owner_uid:
+            self.ev_dropped["foreign"] += 1
+            return
+        if kind == "error":
+            self.ev_dropped["error"] += 1
+            return
+        try:
+            p = msg.payload
+        except ProtocolError:
+            p = None
+        if not isinstance(p, dict) or p.get("namespace") != mon.name:
+            self.ev_dropped["foreign"] += 1
+            return
+        try:
+            if kind == "setroot":
+                self._setroot(mon, int(p["rootseq"]), str(p["rootref"]), p)
+            elif kind == "created":
+                if mon.state != READY:
+                    self._start(mon, mon.set_root(int(p["rootseq"]), str(p["rootref"]),
+                                                  p.get("owner")))
+            else:
+                self._removed(mon)
+        except (KeyError, TypeError, ValueError) as exc:
+            log.warning("malformed %s event: %s", topic, exc)
+            self.ev_dropped["foreign"] += 1
+            return
+        self.ev_handled += 1
+
+    def _setroot(self, mon: Monitor, seq: int, ref: str, p: dict[str, Any]) -> None:
+        if mon.state == READY and seq <= mon.rootseq:
+            return  # older than what getroot told us
+        started = mon.set_root(seq, ref, p.get("owner"))
+        if started:  # the first root this monitor sees: everyone starts here
+            self._start(mon, started)
+            return
+        for w in mon.concerned(p.get("keys")):
+            w.push(seq, ref)
+
+    def _removed(self, mon: Monitor) -> None:
+        self.counts["namespaces-removed"] += 1
+        for w in list(mon.watchers):
+            w.fail(errno.ENOTSUP, f"namespace {mon.name} was removed")
+        self._drop_monitor(mon)
+
+    # ================================================================ watcher backend
+
+    def lookup_at(self, w: Watcher, rootref: str, flags: int) -> Any:
+        self.counts["lookups"] += 1
+        payload = {"key": w.key, "flags": flags, "namespace": w.namespace,
+                   "rootdir": {"ver": 1, "type": "dirref", "data": [rootref]}}
+        if w.msg.is_owner:
+            return self.h.rpc("kvs.lookup", payload)
+        return self.h.rpc_as(w.msg, "kvs.lookup", payload)
+
+    def load(self, ref: str) -> Any:
+        self.counts["blob-loads"] += 1
+        return self.h.rpc("content.load", {"blobref": ref})
+
+    def respond(self, w: Watcher, payload: Any) -> None:
+        self.counts["answers"] += 1
+        self.h.respond(w.msg, payload)
+
+    def respond_error(self, w: Watcher, errnum: int, errstr: str | None) -> None:
+        self.h.respond_error(w.msg, errnum, errstr)
+
+    def ended(self, w: Watcher) -> None:
+        msg = w.msg
+        route = tuple(msg.route)
+        tags = self.clients.get(route)
+        if tags is not None and tags.get(msg.matchtag) is w:
+            del tags[msg.matchtag]
+            if not tags:
+                del self.clients[route]
+        self.nwatchers -= 1
+        mon = w.monitor
+        if mon is not None:
+            mon.remove(w)
+            if not mon.watchers:
+                self._drop_monitor(mon)
+
+    def hash_blob(self, data: bytes) -> str:
+        return blobref.hash_blob(data, self.hash_name)
+
+    # ================================================================ stats
+
+    def stats(self) -> dict[str, Any]:
+        shown = list(self.monitors.items())[:STATS_NAMESPACES]
+        return {
+            "rank": self.ctx.rank,
+            "watchers": self.nwatchers,
+            "namespace-count": len(self.monitors),
+            "namespaces": {name: mon.describe() for name, mon in shown},
+            "clients": len(self.clients),
+            "max-backlog": self.max_backlog,
+            "counts": dict(self.counts),
+            "events": {
+                "subscribe_calls": self.h.subscribe_calls,
+                "received": self.ev_received,
+                "handled": self.ev_handled,
+                "dropped": {k: self.ev_dropped[k] for k in ("created", "error", "foreign")},
+            },
+        }

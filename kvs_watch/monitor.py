@@ -1,0 +1,148 @@
+"""Per-namespace monitor state: the current root and the watchers, indexed by key.
+
+One :class:`Monitor` exists per namespace that has at least one watcher on
+this rank.  The module creates it (subscribing once to ``kvs.namespace-<NS>``
+and asking ``kvs.getroot``) and destroys it with its last watcher.
+
+Which commits concern a watcher (the key index)
+-----------------------------------------------
+A setroot event lists the normalised ``keys`` its ops named.  A watcher of
+key ``K`` gets that root when
+
+* ``K`` is one of the keys (as in Flux), or
+* a key lies *below* ``K`` (``K.x.y``): ``K`` is a directory whose content
+  changed -- or a value the commit replaced by a directory, which the
+  watcher must hear about (``EISDIR``) rather than miss, or
+* ``K`` is ``.`` (the root changes with every commit).
+
+A commit naming an *ancestor* of ``K`` (replacing directory ``a`` while
+``a.b`` is watched), or a symlink's target, is seen only with ``FULL``,
+exactly as in Flux: ``FULL`` watchers get every root and answer when the
+value changed.  Finding the watchers of a setroot costs, per committed key,
+one dict probe per path component -- independent of the number of watchers,
+so a watch costs nothing for commits that do not name its key.
+"""
+
+from __future__ import annotations
+
+import errno
+from typing import Any
+
+from kvs_watch.watcher import Watcher
+
+INIT, READY, MISSING = "init", "ready", "missing"
+
+
+class Monitor:
+    """A watched namespace: its latest root, owner and watchers."""
+
+    __slots__ = ("name", "prefix", "owner", "rootseq", "rootref", "state", "watchers",
+                 "by_key", "full", "waiting")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.prefix = f"kvs.namespace-{name}"
+        self.owner = -1
+        self.rootseq = -1
+        self.rootref = ""
+        self.state = INIT
+        """INIT: getroot pending; READY: root known; MISSING: no such namespace yet."""
+        self.watchers: dict[Watcher, None] = {}
+        self.by_key: dict[str, Watcher | dict[Watcher, None]] = {}
+        """Key -> its watcher, or a dict of them when there are several (most keys
+        have one watcher: no dict per key)."""
+        self.full: dict[Watcher, None] = {}
+        self.waiting: dict[Watcher, None] = {}
+        """Watchers that have not had their initial root yet."""
+
+    def __len__(self) -> int:
+        return len(self.watchers)
+
+    # ------------------------------------------------------------ watchers
+
+    def add(self, w: Watcher) -> None:
+        """Take ``w`` in: start it now if the root is known, else park it."""
+        w.monitor = self
+        self.watchers[w] = None
+        if self.state == READY:
+            self.start(w)
+        else:
+            self.waiting[w] = None
+
+    def start(self, w: Watcher) -> None:
+        """Give ``w`` the current root as its initial one, and index it."""
+        if not w.may_access(self.owner):
+            w.fail(errno.EPERM, f"namespace {self.name} belongs to another user")
+            return
+        if w.wants_updates:
+            if w.full:
+                self.full[w] = None
+            else:
+                ws = self.by_key.get(w.key)
+                if ws is None:
+                    self.by_key[w.key] = w
+                elif type(ws) is dict:
+                    ws[w] = None
+                else:
+                    self.by_key[w.key] = {ws: None, w: None}
+        w.push(self.rootseq, self.rootref, initial=True)
+
+    def remove(self, w: Watcher) -> None:
+        self.watchers.pop(w, None)
+        self.waiting.pop(w, None)
+        if w.full:
+            self.full.pop(w, None)
+        else:
+            ws = self.by_key.get(w.key)
+            if ws is w:
+                del self.by_key[w.key]
+            elif type(ws) is dict:
+                ws.pop(w, None)
+                if len(ws) == 1:
+                    self.by_key[w.key] = next(iter(ws))
+
+    # ------------------------------------------------------------ roots
+
+    def set_root(self, rootseq: int, rootref: str, owner: Any) -> list[Watcher]:
+        """Adopt a root; returns the parked watchers to start (if it is the first)."""
+        self.rootseq = rootseq
+        self.rootref = rootref
+        if self.owner < 0 and isinstance(owner, int):
+            self.owner = owner
+        if self.state == READY:
+            return []
+        self.state = READY
+        started = list(self.waiting)
+        self.waiting.clear()
+        return started
+
+    def concerned(self, keys: Any) -> list[Watcher]:
+        """The indexed watchers a commit naming ``keys`` concerns (see module doc)."""
+        by_key = self.by_key
+        hit: dict[Watcher, None] = dict(self.full)
+        if not by_key:
+            return list(hit)
+
+        def add(ws: Watcher | dict[Watcher, None] | None) -> None:
+            if ws is None:
+                return
+            if type(ws) is dict:
+                hit.update(ws)
+            else:
+                hit[ws] = None  # type: ignore[index]
+
+        add(by_key.get("."))
+        if isinstance(keys, list):
+            for k in keys:
+                if not isinstance(k, str):
+                    continue
+                add(by_key.get(k))
+                i = k.find(".")
+                while i > 0:  # the directories above k
+                    add(by_key.get(k[:i]))
+                    i = k.find(".", i + 1)
+        return list(hit)
+
+    def describe(self) -> dict[str, Any]:
+        return {"owner": self.owner, "rootseq": self.rootseq, "rootref": self.rootref,
+                "state": self.state, "watchers": len(self.watchers)}

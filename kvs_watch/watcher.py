@@ -1,0 +1,362 @@
+"""One watch: the answers to one ``kvs-watch.lookup`` request, in commit order.
+
+A :class:`Watcher` is fed roots by its namespace monitor -- ``push(rootseq,
+rootref)`` for its initial root and for every later commit that concerns its
+key -- and answers the request once per root, strictly in commit order:
+
+* each root becomes a *slot* in a FIFO; the watcher keeps up to
+  :data:`LOOKUP_WINDOW` ``kvs.lookup`` requests in flight, each **pinned** to
+  its slot's root (``rootdir``), and answers from the head of the FIFO only,
+  so a fast lookup never overtakes a slow one;
+* APPEND and STREAM look the key up as a tree object and answer with the
+  contents of the *new* blobrefs (``content.load``, at most
+  :data:`LOAD_WINDOW` in flight, answered in blobref order) before the next
+  slot is considered;
+* the FIFO is bounded (``max_backlog`` roots): a watcher that falls that far
+  behind is ended with ``EOVERFLOW``.
+
+There is no task per watcher: everything runs from the completion callbacks
+of the futures :class:`Backend` returns, so an idle watcher costs only its
+object and its index entries.  The watcher does no I/O itself; the module
+(or a test) provides a :class:`Backend`.
+
+Answers are ``{"val": treeobj, "rootseq": n, "namespace": ns}``; the
+INITIAL_SENTINEL answer has no payload; the stream ends with an error
+response (``ENODATA`` for a normal end: cancel, end of STREAM).  See
+docs/protocol.md, section "kvs-watch".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import hashlib
+import logging
+from collections import deque
+from typing import TYPE_CHECKING, Any, Protocol
+
+from broker.errors import ErrnoError
+from broker.message import Message
+from kvs import treeobj
+from kvs_watch.flags import (
+    LOOKUP_FLAGS,
+    STREAM,
+    TREEOBJ,
+    WAITCREATE,
+    WATCH,
+    WATCH_APPEND,
+    WATCH_FULL,
+    WATCH_INITIAL_SENTINEL,
+    WATCH_UNIQ,
+)
+
+if TYPE_CHECKING:
+    from kvs_watch.monitor import Monitor
+
+log = logging.getLogger("kvbroker.kvs-watch")
+
+LOOKUP_WINDOW = 8
+"""Lookups a watcher keeps in flight (for successive roots)."""
+LOAD_WINDOW = 16
+"""Blob loads a watcher keeps in flight (APPEND / STREAM)."""
+DEFAULT_MAX_BACKLOG = 1000
+"""Roots a watcher may have pending before it is ended with ``EOVERFLOW``."""
+
+
+class Backend(Protocol):
+    """What a watcher needs from its module (a fake one in unit tests)."""
+
+    max_backlog: int
+
+    def lookup_at(self, w: Watcher, rootref: str, flags: int) -> asyncio.Future[Any]:
+        """``kvs.lookup`` of ``w.key`` pinned at ``rootref`` -> ``{"val": treeobj}``."""
+
+    def load(self, blobref: str) -> asyncio.Future[Any]:
+        """``content.load`` -> ``{"data": bytes}``."""
+
+    def respond(self, w: Watcher, payload: Any) -> None: ...
+
+    def respond_error(self, w: Watcher, errnum: int, errstr: str | None) -> None: ...
+
+    def ended(self, w: Watcher) -> None:
+        """``w`` is finished: forget it (indexes, monitor)."""
+
+    def hash_blob(self, data: bytes) -> str:
+        """The blobref the content store gives ``data``."""
+
+
+class _Slot:
+    """One root to answer for: its lookup, then (APPEND/STREAM) its blob loads."""
+
+    __slots__ = ("seq", "ref", "initial", "fut", "refs", "next", "loads")
+
+    def __init__(self, seq: int, ref: str, initial: bool) -> None:
+        self.seq = seq
+        self.ref = ref
+        self.initial = initial
+        self.fut: asyncio.Future[Any] | None = None
+        self.refs: list[str] | None = None
+        self.next = 0
+        self.loads: deque[asyncio.Future[Any]] | None = None
+
+
+class Watcher:
+    """The state of one watch request (see the module docstring)."""
+
+    __slots__ = (
+        "backend", "msg", "key", "flags", "namespace", "monitor", "seq", "queue",
+        "issued", "responded", "done", "sentinel_sent", "prev", "count", "last_ref",
+    )
+
+    def __init__(self, backend: Backend, msg: Message, key: str, flags: int,
+                 namespace: str) -> None:
+        self.backend = backend
+        self.msg = msg
+        """The request: route, matchtag and credentials of the watcher."""
+        self.key = key
+        self.flags = flags
+        self.namespace = namespace
+        self.monitor: Monitor | None = None
+        self.seq = -1
+        """Root sequence number of the last root queued (-1: none yet)."""
+        self.queue: deque[_Slot] | None = None  # None while idle (saves memory)
+        self.issued = 0  # the first `issued` slots have their lookup sent
+        self.responded = False
+        self.done = False
+        self.sentinel_sent = False
+        self.prev: bytes | None = None  # UNIQ/FULL: digest of the last value sent
+        self.count = -1  # APPEND/STREAM: number of blobs already answered (-1: none)
+        self.last_ref: str | None = None  # APPEND: blobref of the last blob answered
+
+    def __repr__(self) -> str:
+        return (f"<Watcher {self.namespace}:{self.key} flags={self.flags:#x} "
+                f"tag={self.msg.matchtag} seq={self.seq}{' done' if self.done else ''}>")
+
+    # ------------------------------------------------------------ properties
+
+    @property
+    def full(self) -> bool:
+        """Looks the key up on every commit of the namespace."""
+        return bool(self.flags & WATCH_FULL)
+
+    @property
+    def wants_updates(self) -> bool:
+        """Needs the roots of later commits (WATCH, or WAITCREATE still waiting)."""
+        return bool(self.flags & (WATCH | WAITCREATE))
+
+    def may_access(self, owner: int) -> bool:
+        """The instance owner, or the namespace's owner (Flux's cred_authorize)."""
+        return self.msg.is_owner or (owner >= 0 and self.msg.userid == owner)
+
+    @property
+    def lookup_flags(self) -> int:
+        if self.flags & (WATCH_APPEND | STREAM):
+            return TREEOBJ
+        return self.flags & LOOKUP_FLAGS
+
+    @property
+    def backlog(self) -> int:
+        q = self.queue
+        return len(q) if q is not None else 0
+
+    # ------------------------------------------------------------ life cycle
+
+    def push(self, seq: int, rootref: str, initial: bool = False) -> None:
+        """Answer for root ``seq`` (after every root pushed before it)."""
+        if self.done or seq <= self.seq:
+            return
+        q = self.queue
+        if q is None:
+            q = self.queue = deque()
+        if len(q) >= self.backend.max_backlog:
+            self.fail(errno.EOVERFLOW, f"{self.key}: watcher fell more than "
+                                       f"{self.backend.max_backlog} commits behind")
+            return
+        self.seq = seq
+        q.append(_Slot(seq, rootref, initial))
+        self._issue()
+
+    def fail(self, errnum: int, errstr: str | None = None) -> None:
+        """End the watch with an error response (``ENODATA``: normal end)."""
+        if self.done:
+            return
+        self.backend.respond_error(self, errnum, errstr)
+        self._end()
+
+    def finish(self) -> None:
+        """End the watch without a response (disconnect, one-shot request done)."""
+        if not self.done:
+            self._end()
+
+    def _end(self) -> None:
+        self.done = True
+        self.queue = None
+        self.issued = 0
+        self.backend.ended(self)
+
+    # ------------------------------------------------------------ pipeline
+
+    def _issue(self) -> None:
+        q = self.queue
+        assert q is not None
+        n = len(q)
+        while self.issued < n and self.issued < LOOKUP_WINDOW:
+            slot = q[self.issued]
+            self.issued += 1
+            fut = self.backend.lookup_at(self, slot.ref, self.lookup_flags)
+            slot.fut = fut
+            fut.add_done_callback(self._wake)
+
+    def _wake(self, _fut: asyncio.Future[Any]) -> None:
+        if self.done:
+            return
+        try:
+            self._pump()
+        except Exception as exc:  # a bug: end this watch, keep the module alive
+            log.exception("watcher %r failed", self)
+            self.fail(errno.EIO, f"kvs-watch internal error: {exc}")
+
+    def _pump(self) -> None:
+        """Answer from the head of the FIFO for as long as results are ready."""
+        q = self.queue
+        while q and not self.done:
+            slot = q[0]
+            fut = slot.fut
+            if fut is not None:  # stage 1: the pinned lookup
+                if not fut.done():
+                    return
+                slot.fut = None
+                self._lookup_done(slot, fut)
+                if self.done:
+                    return
+            if slot.refs is not None and not self._load_some(slot):  # stage 2: blobs
+                return
+            q.popleft()
+            self.issued -= 1
+            self._slot_done(slot)
+            if self.done:
+                return
+            self._issue()
+        if q is not None and not q and self.queue is q:
+            self.queue = None
+
+    def _slot_done(self, slot: _Slot) -> None:
+        if slot.initial:
+            self._send_sentinel()
+        if not self.flags & WATCH and self.responded:
+            # STREAM, or a lookup (WAITCREATE): one value, then done.
+            if self.msg.streaming:
+                self.fail(errno.ENODATA)
+            else:
+                self.finish()
+
+    def _send_sentinel(self) -> None:
+        if self.flags & WATCH_INITIAL_SENTINEL and not self.sentinel_sent:
+            self.sentinel_sent = True
+            self.backend.respond(self, None)
+
+    def _answer(self, obj: Any, seq: int) -> None:
+        self.responded = True
+        self.backend.respond(self, {"val": obj, "rootseq": seq, "namespace": self.namespace})
+
+    # ------------------------------------------------------------ results
+
+    def _lookup_done(self, slot: _Slot, fut: asyncio.Future[Any]) -> None:
+        if fut.cancelled():
+            self.fail(errno.ECANCELED, f"{self.key}: lookup cancelled")
+            return
+        exc = fut.exception()
+        if exc is not None:
+            if not isinstance(exc, ErrnoError):
+                self.fail(errno.EIO, f"{self.key}: lookup failed: {exc}")
+            elif exc.errnum == errno.ENOENT and self.flags & WAITCREATE and not self.responded:
+                return  # not created yet: keep waiting
+            else:
+                self.fail(exc.errnum, exc.errstr)
+            return
+        try:
+            obj = fut.result()["val"]
+            kind = obj["type"]
+        except (KeyError, TypeError):
+            self.fail(errno.EPROTO, f"{self.key}: malformed kvs.lookup response")
+            return
+        flags = self.flags
+        if flags & (WATCH_APPEND | STREAM):
+            self._append(slot, obj, kind)
+        elif flags & (WATCH_UNIQ | WATCH_FULL):
+            digest = hashlib.blake2b(treeobj.encode(obj), digest_size=16).digest()
+            if self.responded and digest == self.prev:
+                return
+            self.prev = digest
+            self._answer(obj, slot.seq)
+        else:
+            self._answer(obj, slot.seq)
+
+    def _append(self, slot: _Slot, obj: dict[str, Any], kind: str) -> None:
+        """APPEND / STREAM: answer with the blobs not answered yet."""
+        what = "streamed" if self.flags & STREAM else "watched with APPEND"
+        if self.count < 0:  # the first value
+            if kind == "val":
+                self.count = 1
+                if self.flags & WATCH_APPEND:
+                    # An append turns a val into [blob(old bytes), blob(new)].
+                    self.last_ref = self.backend.hash_blob(obj["data"])
+                self._answer(obj, slot.seq)
+            elif kind == "valref":
+                refs = obj["data"]
+                self.count = len(refs)
+                self.last_ref = refs[-1]
+                self._load(slot, refs)
+            else:
+                errnum = errno.EISDIR if kind in ("dir", "dirref") else errno.EINVAL
+                self.fail(errnum, f"{self.key}: a {kind} cannot be {what}")
+            return
+        # A later commit named the key: it must have grown by appends only.
+        if kind != "valref":
+            self.fail(errno.EINVAL, f"{self.key}: value {what} was overwritten")
+            return
+        refs = obj["data"]
+        n = len(refs)
+        if n < self.count:
+            self.fail(errno.EINVAL, f"{self.key}: value {what} was shortened")
+        elif refs[self.count - 1] != self.last_ref:
+            self.fail(errno.EINVAL, f"{self.key}: value {what} was overwritten")
+        elif n > self.count:
+            new = refs[self.count:]
+            self.count = n
+            self.last_ref = refs[-1]
+            self._load(slot, new)
+
+    def _load(self, slot: _Slot, refs: list[str]) -> None:
+        slot.refs = refs
+        slot.next = 0
+        slot.loads = deque()
+
+    def _load_some(self, slot: _Slot) -> bool:
+        """Answer loaded blobs in order; True once every blob of ``slot`` is answered."""
+        refs = slot.refs
+        loads = slot.loads
+        assert refs is not None and loads is not None
+        while True:
+            while slot.next < len(refs) and len(loads) < LOAD_WINDOW:
+                fut = self.backend.load(refs[slot.next])
+                slot.next += 1
+                loads.append(fut)
+                fut.add_done_callback(self._wake)
+            if not loads:
+                return True
+            fut = loads[0]
+            if not fut.done():
+                return False
+            loads.popleft()
+            exc = None if fut.cancelled() else fut.exception()
+            if fut.cancelled() or exc is not None:
+                errnum = exc.errnum if isinstance(exc, ErrnoError) else errno.EIO
+                self.fail(errnum, f"{self.key}: cannot load a blob of the value: {exc}")
+                return False
+            try:
+                data = fut.result()["data"]
+            except (KeyError, TypeError):
+                self.fail(errno.EPROTO, f"{self.key}: malformed content.load response")
+                return False
+            self._answer(treeobj.val(data), slot.seq)
