@@ -1,0 +1,238 @@
+"""kvs-watch on a 4-rank instance (fanout 2): first answer, one answer per commit
+naming the key, UNIQ, FULL, key matching, errors, cancel and disconnect.
+
+Mirrors flux-core t/t1007-kvs-lookup-watch.t where it applies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+
+import pytest
+from test_watch_helpers import (
+    FULL,
+    NO_MERGE,
+    READDIR,
+    STREAM,
+    TREEOBJ,
+    UNIQ,
+    WAITCREATE,
+    WATCH,
+    answer,
+    cancel,
+    commit,
+    end_errnum,
+    errname,
+    errnum,
+    lookup,
+    put,
+    stats,
+    unlink,
+    value,
+    wait_watchers,
+    watch_stream,
+)
+
+from broker.message import NODEID_ANY
+
+
+@pytest.mark.both_loops
+async def test_watch_from_every_rank_sees_every_commit_in_order(start_instance, connect):
+    inst = await start_instance(size=4, fanout=2)
+    hs = [await connect(inst, r) for r in range(4)]
+    first = await commit(hs[0], put("test.a", "1"), sync=hs)
+    streams = [watch_stream(h, "test.a") for h in hs]
+    for s in streams:
+        p = await answer(s)
+        assert p == {"val": {"ver": 1, "type": "val", "data": b"1"},
+                     "rootseq": first["rootseq"], "namespace": "primary"}
+    seqs = []
+    for v in ("2", "2", "3"):  # a duplicate value is still a new answer (no UNIQ)
+        seqs.append((await commit(hs[3], put("test.a", v), flags=NO_MERGE))["rootseq"])
+    for s in streams:
+        got = [await answer(s) for _ in range(3)]
+        assert [(g["val"]["data"], g["rootseq"]) for g in got] == list(
+            zip([b"2", b"2", b"3"], seqs, strict=True))
+    # one monitor per rank, one subscription each
+    for r in range(4):
+        st = await stats(hs[0], r)
+        assert st["watchers"] == 1 and st["namespace-count"] == 1
+        assert st["namespaces"]["primary"]["watchers"] == 1
+        assert st["events"]["subscribe_calls"] == 1
+    for h, s in zip(hs, streams, strict=True):
+        cancel(h, s)
+        assert await end_errnum(s) == 0  # ENODATA: the normal end
+    for r in range(4):
+        await wait_watchers(hs[0], 0, nodeid=r)
+        assert (await stats(hs[0], r))["namespace-count"] == 0
+
+
+async def test_many_watchers_one_subscription(start_instance, connect):
+    inst = await start_instance(size=4, fanout=2)
+    h = await connect(inst, 3)
+    await commit(h, put("k", "0"))
+    streams = [watch_stream(h, f"k{'.' * (i % 3)}") for i in range(20)]  # normalised keys
+    for s in streams:
+        assert await value(s) == b"0"
+    await commit(h, put("..k..", "1"))
+    for s in streams:
+        assert await value(s) == b"1"
+    st = await stats(h)
+    assert st["watchers"] == 20 and st["events"]["subscribe_calls"] == 1
+    # commits elsewhere in the namespace cost the watchers nothing
+    lookups = st["counts"]["lookups"]
+    for i in range(5):
+        await commit(h, put(f"other.{i}", "x"))
+    await commit(h, put("k", "2"))
+    for s in streams:
+        assert await value(s) == b"2"
+    st = await stats(h)
+    assert st["counts"]["lookups"] == lookups + 20
+    assert st["events"]["handled"] >= 7
+
+
+async def test_errors_without_waitcreate_and_flag_misuse(start_instance, connect):
+    inst = await start_instance(size=4, fanout=2)
+    h = await connect(inst, 2)
+    await commit(h, put("test.v", "1"))
+    assert await end_errnum(watch_stream(h, "test.noexist")) == errno.ENOENT
+    assert await end_errnum(watch_stream(h, "test.v", ns="noexist")) == errno.ENOTSUP
+    # misuse: EPROTO for non-streaming WATCH/STREAM and malformed payloads, EINVAL else
+    for flags in (WATCH, STREAM):
+        assert await errnum(h.rpc("kvs-watch.lookup", {"namespace": "primary", "key": "test.v",
+                                                       "flags": flags})) == errno.EPROTO
+    for payload in (None, {}, {"key": 1, "flags": WATCH}, {"key": "a", "flags": "4"},
+                    {"key": "a", "flags": WATCH, "namespace": 3}):
+        s = h.rpc_stream("kvs-watch.lookup", payload)
+        assert await end_errnum(s) == errno.EPROTO, payload
+    for flags in (WATCH | STREAM, FULL, UNIQ, 256, WATCH | 1024, WATCH | 1 << 16,
+                  WATCH | 256 | READDIR):
+        s = watch_stream(h, "test.v", flags)
+        n = await end_errnum(s)
+        assert n == errno.EINVAL, (flags, errname(n))
+    assert await end_errnum(watch_stream(h, "k", ns="bad/name")) == errno.EINVAL
+    assert (await stats(h))["watchers"] == 0
+
+
+async def test_key_removed_ends_watch_and_value_turned_directory(start_instance, connect):
+    inst = await start_instance(size=4, fanout=2)
+    h0, h3 = await connect(inst, 0), await connect(inst, 3)
+    await commit(h0, put("test.e", "1"), put("test.f", "1"), sync=h3)
+    se, sf = watch_stream(h3, "test.e"), watch_stream(h3, "test.f")
+    assert await value(se) == b"1" and await value(sf) == b"1"
+    await commit(h0, unlink("test.e"))
+    assert await end_errnum(se) == errno.ENOENT
+    # a key below a watched value turns it into a directory: the watcher hears of it
+    await commit(h0, put("test.f.sub", "x"))
+    assert await end_errnum(sf) == errno.EISDIR
+
+
+async def test_directory_and_root_watches_see_changes_below(start_instance, connect):
+    inst = await start_instance(size=4, fanout=2)
+    h = await connect(inst, 1)
+    await commit(h, put("d.a", "1"))
+    sd = watch_stream(h, "d", WATCH | READDIR)
+    sr = watch_stream(h, ".", WATCH | TREEOBJ)
+    assert set((await answer(sd))["val"]["data"]) == {"a"}
+    r0 = await answer(sr)
+    assert r0["val"]["type"] == "dirref"
+    await commit(h, put("d.b.c", "2"))
+    assert set((await answer(sd))["val"]["data"]) == {"a", "b"}
+    r1 = await answer(sr)
+    assert r1["rootseq"] == r0["rootseq"] + 1 and r1["val"] != r0["val"]
+    await commit(h, put("elsewhere", "3"))  # not below d: only the root watch answers
+    assert (await answer(sr))["rootseq"] == r0["rootseq"] + 2
+    await commit(h, put("d.a", "4"))
+    p = await answer(sd)
+    assert p["rootseq"] == r0["rootseq"] + 3
+
+
+async def test_uniq_answers_only_changed_values(start_instance, connect):
+    inst = await start_instance(size=4, fanout=2)
+    h = await connect(inst, 3)
+    await commit(h, put("test.f", "1"))
+    s = watch_stream(h, "test.f", WATCH | UNIQ)
+    assert await value(s) == b"1"
+    for v in ("1", "1", "2", "2", "3", "3"):
+        await commit(h, put("test.f", v), flags=NO_MERGE)
+    assert [await value(s) for _ in range(2)] == [b"2", b"3"]
+    await commit(h, put("test.f", "4"))
+    assert await value(s) == b"4"  # nothing else was queued before it
+
+
+async def test_full_sees_parent_directory_replacement(start_instance, connect):
+    inst = await start_instance(size=4, fanout=2)
+    h0, h2 = await connect(inst, 0), await connect(inst, 2)
+    await commit(h0, put("test.dir_orig.a", "abc"), put("test.dir_new.a", "xyz"),
+                 put("test.dir_b.b", "xyz"), sync=h2)
+    plain = watch_stream(h2, "test.dir_orig.a")
+    full = watch_stream(h2, "test.dir_orig.a", WATCH | FULL)
+    full2 = watch_stream(h2, "test.dir_orig.a", WATCH | FULL)
+    for s in (plain, full, full2):
+        assert await value(s) == b"abc"
+    dirref = await lookup(h0, "test.dir_new", TREEOBJ)
+    await commit(h0, put("test.dir_orig", dirref))
+    assert await value(full) == b"xyz"  # only FULL notices the replaced parent
+    assert await value(full2) == b"xyz"
+    await commit(h0, put("test.other", "1"))  # unchanged value: FULL stays quiet
+    await commit(h0, put("test.dir_orig.a", "def"))
+    assert await value(plain) == b"def"  # the plain watch saw only this one
+    assert await value(full) == b"def"
+    assert await value(full2) == b"def"
+    cancel(h2, full2)
+    assert await end_errnum(full2) == 0
+    await commit(h0, put("test.dir_orig", await lookup(h0, "test.dir_b", TREEOBJ)))
+    assert await end_errnum(full) == errno.ENOENT  # FULL detects the key vanishing
+
+
+async def test_full_and_waitcreate_with_changing_sizes(start_instance, connect):
+    inst = await start_instance(size=4, fanout=2)
+    h = await connect(inst, 1)
+    s = watch_stream(h, "test.dir.a", WATCH | FULL | WAITCREATE)
+    await wait_watchers(h, 1)
+    big = "abcdefghijklmnopqrstuvwxyz" * 4
+    for v in ("abc", "abc", big, big, "xyz", big):
+        await commit(h, put("test.dir.a", v), flags=NO_MERGE)
+    got = [await value(s) for _ in range(4)]
+    assert got == [b"abc", big.encode(), b"xyz", big.encode()]
+
+
+async def test_cancel_needs_the_same_client(start_instance, connect):
+    inst = await start_instance(size=4, fanout=2)
+    a, b, h0 = await connect(inst, 3), await connect(inst, 3), await connect(inst, 0)
+    await commit(h0, put("k", "1"), sync=(h0, 3))  # not via a or b: keep their tags equal
+    sa, sb = watch_stream(a, "k"), watch_stream(b, "k")
+    assert sa.matchtag == sb.matchtag  # same tag, different clients
+    assert await value(sa) == b"1" and await value(sb) == b"1"
+    cancel(b, sb)
+    assert await end_errnum(sb) == 0
+    await commit(h0, put("k", "2"), sync=(a, 1))
+    assert await value(sa) == b"2"  # a's watch was not cancelled
+    # a cancel for an unknown matchtag is harmless, and answered when asked
+    assert await asyncio.wait_for(b.rpc("kvs-watch.cancel", {"matchtag": 999}), 10) == {}
+    # a watch served by another rank is cancelled there (same route)
+    sr = watch_stream(a, "k", nodeid=1)
+    assert await value(sr) == b"2"
+    assert (await stats(a, 1))["watchers"] == 1
+    cancel(a, sr, nodeid=1)
+    assert await end_errnum(sr) == 0
+    await wait_watchers(a, 0, nodeid=1)
+
+
+async def test_client_close_drops_its_watchers_everywhere(start_instance, connect):
+    inst = await start_instance(size=4, fanout=2)
+    h = await connect(inst, 0)
+    c = await connect(inst, 1)
+    await commit(h, put("k", "1"), sync=[(h, r) for r in range(4)])
+    streams = [watch_stream(c, "k", nodeid=r) for r in (NODEID_ANY, 0, 2, 3)]
+    waiting = watch_stream(c, "nokey", WATCH | WAITCREATE, nodeid=3)
+    for s in streams:
+        assert await value(s) == b"1"
+    await wait_watchers(h, 2, nodeid=3)
+    await c.close()
+    for r in range(4):
+        await wait_watchers(h, 0, nodeid=r)
+    st = await stats(h, 3)
+    assert st["counts"]["disconnected"] == 2 and "cancelled" not in st["counts"]
+    del waiting

@@ -1,0 +1,304 @@
+"""The watcher and monitor engines, without a broker: a fake backend whose
+lookups and loads the test completes by hand, in any order."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+from typing import Any
+
+import pytest
+
+from broker.content import blobref
+from broker.errors import ErrnoError
+from broker.message import Message, MsgFlags, MsgType, Role
+from kvs_watch import flags as F
+from kvs_watch.monitor import Monitor
+from kvs_watch.watcher import LOOKUP_WINDOW, Watcher
+
+
+class FakeBackend:
+    def __init__(self, max_backlog: int = 1000) -> None:
+        self.max_backlog = max_backlog
+        self.lookups: list[tuple[str, int, asyncio.Future[Any]]] = []
+        self.loads: dict[str, list[asyncio.Future[Any]]] = {}
+        self.answers: list[Any] = []
+        self.error: tuple[int, str | None] | None = None
+        self.ended_watchers: list[Watcher] = []
+
+    def lookup_at(self, w: Watcher, rootref: str, flags: int) -> asyncio.Future[Any]:
+        fut = asyncio.get_running_loop().create_future()
+        self.lookups.append((rootref, flags, fut))
+        return fut
+
+    def load(self, ref: str) -> asyncio.Future[Any]:
+        fut = asyncio.get_running_loop().create_future()
+        self.loads.setdefault(ref, []).append(fut)
+        return fut
+
+    def respond(self, w: Watcher, payload: Any) -> None:
+        self.answers.append(payload)
+
+    def respond_error(self, w: Watcher, errnum: int, errstr: str | None) -> None:
+        self.error = (errnum, errstr)
+
+    def ended(self, w: Watcher) -> None:
+        self.ended_watchers.append(w)
+
+    def hash_blob(self, data: bytes) -> str:
+        return blobref.hash_blob(data)
+
+    # -- test side
+    def resolve(self, i: int, obj: Any = None, errnum: int = 0) -> None:
+        fut = self.lookups[i][2]
+        if errnum:
+            fut.set_exception(ErrnoError(errnum, f"lookup failed ({errno.errorcode[errnum]})"))
+        else:
+            fut.set_result({"val": obj})
+
+    def values(self) -> list[Any]:
+        return [None if a is None else a["val"]["data"] for a in self.answers]
+
+
+def request(flags: int = F.WATCH, userid: int = 0, owner: bool = True) -> Message:
+    return Message(MsgType.REQUEST, "kvs-watch.lookup", None, matchtag=7,
+                   flags=int(MsgFlags.STREAMING), userid=userid,
+                   rolemask=int(Role.OWNER if owner else Role.USER), route=["c1"])
+
+
+def val(data: bytes) -> dict[str, Any]:
+    return {"ver": 1, "type": "val", "data": data}
+
+
+def valref(*refs: str) -> dict[str, Any]:
+    return {"ver": 1, "type": "valref", "data": list(refs)}
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+def ref(i: int) -> str:
+    return blobref.hash_blob(str(i).encode())
+
+
+async def test_answers_in_commit_order_when_lookups_complete_out_of_order() -> None:
+    be = FakeBackend()
+    w = Watcher(be, request(), "k", F.WATCH, "primary")
+    for seq in range(1, 21):
+        w.push(seq, ref(seq), initial=seq == 1)
+    # a bounded window of lookups in flight, pinned to each root
+    assert len(be.lookups) == LOOKUP_WINDOW
+    assert [r for r, _, _ in be.lookups] == [ref(s) for s in range(1, LOOKUP_WINDOW + 1)]
+    for i in reversed(range(1, LOOKUP_WINDOW)):  # all but the head
+        be.resolve(i, val(str(i + 1).encode()))
+    await settle()
+    assert be.answers == []  # the head is not done: nothing may overtake it
+    be.resolve(0, val(b"1"))
+    await settle()
+    while len(be.answers) < 20:
+        for i, (_, _, fut) in enumerate(be.lookups):
+            if not fut.done():
+                be.resolve(i, val(str(i + 1).encode()))
+        await settle()
+    assert [a["rootseq"] for a in be.answers] == list(range(1, 21))
+    assert be.values() == [str(i).encode() for i in range(1, 21)]
+    assert w.queue is None  # idle watchers hold no queue
+
+
+async def test_backlog_bound_ends_the_watcher_with_eoverflow() -> None:
+    be = FakeBackend(max_backlog=5)
+    w = Watcher(be, request(), "k", F.WATCH, "primary")
+    for seq in range(1, 7):
+        w.push(seq, ref(seq))
+    assert be.error is not None and be.error[0] == errno.EOVERFLOW
+    assert w.done and be.ended_watchers == [w]
+    for i in range(len(be.lookups)):  # late lookups are ignored
+        be.resolve(i, val(b"x"))
+    await settle()
+    assert be.answers == []
+
+
+async def test_uniq_answers_only_changes() -> None:
+    be = FakeBackend()
+    w = Watcher(be, request(), "k", F.WATCH | F.UNIQ, "primary")
+    for seq, v in enumerate([b"1", b"1", b"2", b"2", b"1"], start=1):
+        w.push(seq, ref(seq))
+        be.resolve(seq - 1, val(v))
+        await settle()
+    assert be.values() == [b"1", b"2", b"1"]
+
+
+async def test_waitcreate_keeps_waiting_on_enoent_until_a_value() -> None:
+    be = FakeBackend()
+    w = Watcher(be, request(), "k", F.WATCH | F.WAITCREATE, "primary")
+    w.push(1, ref(1), initial=True)
+    be.resolve(0, errnum=errno.ENOENT)
+    w.push(2, ref(2))
+    be.resolve(1, errnum=errno.ENOENT)
+    w.push(3, ref(3))
+    be.resolve(2, val(b"v"))
+    await settle()
+    assert be.values() == [b"v"] and not w.done
+    w.push(4, ref(4))
+    be.resolve(3, errnum=errno.ENOENT)  # removed after creation: the end
+    await settle()
+    assert be.error is not None and be.error[0] == errno.ENOENT
+
+
+async def test_append_answers_new_blobs_and_detects_rewrites() -> None:
+    be = FakeBackend()
+    w = Watcher(be, request(), "log", F.WATCH | F.APPEND | F.INITIAL_SENTINEL, "primary")
+    assert w.lookup_flags == F.TREEOBJ
+    w.push(1, ref(1), initial=True)
+    be.resolve(0, val(b"a"))
+    await settle()
+    assert be.answers[-1] is None  # sentinel after the initial value
+    # an append turned the val into [blob("a"), blob("b")]
+    a, b, c = blobref.hash_blob(b"a"), blobref.hash_blob(b"b"), blobref.hash_blob(b"c")
+    w.push(2, ref(2))
+    be.resolve(1, valref(a, b))
+    await settle()
+    be.loads[b][0].set_result({"data": b"b"})
+    await settle()
+    w.push(3, ref(3))
+    be.resolve(2, valref(a, b, c))
+    await settle()
+    be.loads[c][0].set_result({"data": b"c"})
+    await settle()
+    assert be.values() == [b"a", None, b"b", b"c"]
+    assert a not in be.loads  # the initial val was not loaded again
+    w.push(4, ref(4))
+    be.resolve(3, valref(a, c, b))  # same length, rewritten
+    await settle()
+    assert be.error is not None and be.error[0] == errno.EINVAL
+
+
+@pytest.mark.parametrize("new, what", [
+    (lambda refs: valref(refs[0]), "shortened"),
+    (lambda refs: val(b"abc"), "overwritten"),
+    (lambda refs: {"ver": 1, "type": "dirref", "data": [refs[0]]}, "overwritten"),
+])
+async def test_append_rejects_values_not_grown_by_appends(new: Any, what: str) -> None:
+    be = FakeBackend()
+    w = Watcher(be, request(), "log", F.WATCH | F.APPEND, "primary")
+    refs = [ref(1), ref(2)]
+    w.push(1, ref(1), initial=True)
+    be.resolve(0, valref(*refs))
+    await settle()
+    for r in refs:
+        be.loads[r][0].set_result({"data": r.encode()})
+    await settle()
+    w.push(2, ref(2))
+    be.resolve(1, new(refs))
+    await settle()
+    assert be.error is not None and be.error[0] == errno.EINVAL and what in be.error[1]
+
+
+async def test_append_loads_are_windowed_and_answered_in_order() -> None:
+    be = FakeBackend()
+    w = Watcher(be, request(), "log", F.WATCH | F.APPEND, "primary")
+    refs = [ref(i) for i in range(100)]
+    w.push(1, ref(1000), initial=True)
+    be.resolve(0, valref(*refs))
+    await settle()
+    assert len(be.loads) == 16  # LOAD_WINDOW
+    while len(be.answers) < len(refs):
+        pending = [r for r, futs in be.loads.items() if not futs[0].done()]
+        assert 0 < len(pending) <= 16
+        for r in reversed(pending):  # complete each window back to front
+            be.loads[r][0].set_result({"data": r.encode()})
+        await settle()
+    assert be.values() == [r.encode() for r in refs]
+
+
+async def test_stream_ends_after_the_value_and_one_shot_after_one_answer() -> None:
+    be = FakeBackend()
+    w = Watcher(be, request(), "big", F.STREAM, "primary")
+    w.push(1, ref(1), initial=True)
+    be.resolve(0, valref(ref(5), ref(6)))
+    await settle()
+    be.loads[ref(6)][0].set_result({"data": b"6"})
+    be.loads[ref(5)][0].set_result({"data": b"5"})
+    await settle()
+    assert be.values() == [b"5", b"6"] and be.error == (errno.ENODATA, None)
+    be2 = FakeBackend()
+    w2 = Watcher(be2, request(), "k", F.WAITCREATE, "primary")
+    w2.push(1, ref(1), initial=True)
+    be2.resolve(0, val(b"x"))
+    await settle()
+    assert be2.values() == [b"x"] and w2.done and be2.error == (errno.ENODATA, None)
+
+
+async def test_monitor_key_index_matches_key_descendants_and_root() -> None:
+    be = FakeBackend()
+    mon = Monitor("ns")
+    mon.set_root(0, ref(0), 0)
+    ws = {k: Watcher(be, request(), k, F.WATCH, "ns") for k in ("a", "a.b", "a.bc", ".", "x")}
+    full = Watcher(be, request(), "zz", F.WATCH | F.FULL, "ns")
+    for w in [*ws.values(), full]:
+        mon.add(w)
+    got = mon.concerned(["a.b.c"])
+    assert set(got) == {ws["a"], ws["a.b"], ws["."], full}
+    assert set(mon.concerned(["a.bcd"])) == {ws["a"], ws["."], full}
+    assert set(mon.concerned(["y"])) == {ws["."], full}
+    mon.remove(ws["."])
+    assert set(mon.concerned(["q"])) == {full}
+    assert len(mon) == 5
+
+
+async def test_monitor_index_several_watchers_of_one_key() -> None:
+    be = FakeBackend()
+    mon = Monitor("ns")
+    mon.set_root(0, ref(0), 0)
+    a, b, c = (Watcher(be, request(), "k", F.WATCH, "ns") for _ in range(3))
+    for w in (a, b, c):
+        mon.add(w)
+    assert set(mon.concerned(["k"])) == {a, b, c}
+    mon.remove(b)
+    assert set(mon.concerned(["k"])) == {a, c}
+    mon.remove(a)
+    assert mon.concerned(["k"]) == [c] and mon.by_key["k"] is c
+    mon.remove(c)
+    assert mon.concerned(["k"]) == [] and not mon.by_key and not mon.watchers
+    once = Watcher(be, request(), "k", F.STREAM, "ns")  # no updates wanted: not indexed
+    mon.add(once)
+    assert mon.concerned(["k"]) == [] and len(mon) == 1
+
+
+async def test_guest_needs_the_namespace_owner() -> None:
+    be = FakeBackend()
+    mon = Monitor("ns")
+    guest = Watcher(be, request(userid=1234, owner=False), "k", F.WATCH, "ns")
+    mon.add(guest)
+    mon.set_root(1, ref(1), 99)
+    mon.start(guest)
+    assert be.error is not None and be.error[0] == errno.EPERM
+    be2 = FakeBackend()
+    mine = Watcher(be2, request(userid=99, owner=False), "k", F.WATCH, "ns")
+    mon.add(mine)
+    assert be2.error is None and len(be2.lookups) == 1
+
+
+@pytest.mark.parametrize("flags, streaming, expect", [
+    (F.WATCH, False, errno.EPROTO),
+    (F.STREAM, False, errno.EPROTO),
+    (F.WATCH | F.STREAM, True, errno.EINVAL),
+    (F.FULL, True, errno.EINVAL),
+    (F.UNIQ, True, errno.EINVAL),
+    (F.APPEND, True, errno.EINVAL),
+    (F.WATCH | F.INITIAL_SENTINEL, True, errno.EINVAL),
+    (F.WATCH | F.APPEND | F.READDIR, True, errno.EINVAL),
+    (1 << 20, True, errno.EINVAL),
+    (F.WAITCREATE, False, 0),
+    (F.WATCH | F.APPEND | F.INITIAL_SENTINEL | F.WAITCREATE, True, 0),
+])
+async def test_flag_rules(flags: int, streaming: bool, expect: int) -> None:
+    try:
+        F.check(flags, streaming)
+    except ErrnoError as exc:
+        assert exc.errnum == expect, exc
+        assert exc.errstr
+    else:
+        assert expect == 0

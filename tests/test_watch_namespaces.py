@@ -1,0 +1,150 @@
+"""Namespaces and kvs-watch: the job-1 / job-10 prefix case, removal (ENOTSUP for
+every watcher), WAITCREATE on a namespace created later, and guests."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+
+from test_watch_helpers import (
+    GUEST_UID,
+    NO_MERGE,
+    WAITCREATE,
+    WATCH,
+    answer,
+    commit,
+    end_errnum,
+    ns_create,
+    ns_remove,
+    put,
+    run_guest,
+    stats,
+    value,
+    wait_watchers,
+    watch_stream,
+)
+
+
+async def test_job1_job10_prefix_no_cross_talk(start_instance, connect):
+    inst = await start_instance(size=4, fanout=2)
+    h0, h1, h2 = await connect(inst, 0), await connect(inst, 1), await connect(inst, 2)
+    for ns in ("job-1", "job-10"):
+        await ns_create(h0, ns)
+        await commit(h0, put("k", f"{ns}:0"), ns=ns, sync=[h1, h2])
+    only1 = watch_stream(h1, "k", ns="job-1")  # rank 1 watches job-1 only
+    both1 = watch_stream(h2, "k", ns="job-1")  # rank 2 watches both
+    both10 = watch_stream(h2, "k", ns="job-10")
+    assert await value(only1) == b"job-1:0" and await value(both1) == b"job-1:0"
+    assert await value(both10) == b"job-10:0"
+    before1 = await stats(h1)
+    before2 = await stats(h2)
+    n = 5
+    for i in range(1, n + 1):
+        await commit(h0, put("k", f"job-10:{i}"), ns="job-10", flags=NO_MERGE)
+    assert [await value(both10) for _ in range(n)] == [f"job-10:{i}".encode()
+                                                       for i in range(1, n + 1)]
+    await commit(h0, put("k", "job-1:1"), ns="job-1")
+    for s in (only1, both1):  # the next job-1 answer is job-1's own commit
+        p = await answer(s)
+        assert (p["val"]["data"], p["rootseq"], p["namespace"]) == (b"job-1:1", 2, "job-1")
+    after1 = await stats(h1)
+    after2 = await stats(h2)
+    dropped1 = after1["events"]["dropped"]["foreign"] - before1["events"]["dropped"]["foreign"]
+    assert dropped1 == n  # job-10's setroots reached rank 1 through job-1's prefix
+    assert after1["events"]["handled"] - before1["events"]["handled"] == 1
+    assert after2["events"]["dropped"] == before2["events"]["dropped"]  # delivered once each
+    assert after2["events"]["handled"] - before2["events"]["handled"] == n + 1
+    assert after1["events"]["subscribe_calls"] == 1 and after2["events"]["subscribe_calls"] == 2
+    assert after1["namespace-count"] == 1 and after2["namespace-count"] == 2
+
+
+async def test_namespace_removed_ends_every_watcher_with_enotsup(start_instance, connect):
+    inst = await start_instance(size=4, fanout=2)
+    h0, h3 = await connect(inst, 0), await connect(inst, 3)
+    await ns_create(h0, "testns2")
+    await commit(h0, put("meep", "1"), ns="testns2", sync=h3)
+    active = watch_stream(h3, "meep", ns="testns2")
+    assert await value(active) == b"1"
+    waiting_key = watch_stream(h3, "nokey", WATCH | WAITCREATE, ns="testns2")
+    await wait_watchers(h0, 2, nodeid=3, ns="testns2")
+    await ns_remove(h0, "testns2")
+    assert await end_errnum(active) == errno.ENOTSUP
+    assert await end_errnum(waiting_key) == errno.ENOTSUP
+    await wait_watchers(h0, 0, nodeid=3)
+    assert (await stats(h3))["namespace-count"] == 0
+
+
+async def test_waitcreate_namespace_created_later_then_removed(start_instance, connect):
+    inst = await start_instance(size=4, fanout=2)
+    h0, h2 = await connect(inst, 0), await connect(inst, 2)
+    ns = "ns_create_and_remove"
+    s = watch_stream(h2, "test.k", WATCH | WAITCREATE, ns=ns)
+    plain = watch_stream(h2, "test.k", WATCH, ns=ns)  # no WAITCREATE: ENOTSUP now
+    assert await end_errnum(plain) == errno.ENOTSUP
+    await wait_watchers(h0, 1, nodeid=2, ns=ns)
+    await ns_create(h0, ns)
+    await commit(h0, put("test.k", "0"), ns=ns)
+    p = await answer(s)
+    assert (p["val"]["data"], p["namespace"]) == (b"0", ns)
+    await ns_remove(h0, ns)
+    assert await end_errnum(s) == errno.ENOTSUP
+    # a WAITCREATE watcher still waiting for its namespace also gets ENOTSUP on removal
+    await ns_create(h0, "ns_remove")
+    s2 = watch_stream(h2, "test.k", WATCH | WAITCREATE, ns="ns_remove")
+    await wait_watchers(h0, 1, nodeid=2, ns="ns_remove")
+    await ns_remove(h0, "ns_remove")
+    assert await end_errnum(s2) == errno.ENOTSUP
+    await wait_watchers(h0, 0, nodeid=2)
+
+
+async def test_guests_watch_only_namespaces_they_own(start_instance, connect):
+    inst = await start_instance(size=4, fanout=2, attrs={"access.allow-guest-user": "true"})
+    h0 = await connect(inst, 0)
+    await commit(h0, put("test.g", "42"), put("secret", "s3cr3t"))
+    await ns_create(h0, "guestns", owner=GUEST_UID)
+    await ns_create(h0, "otherns", owner=GUEST_UID - 1)
+    await commit(h0, put("test.i", "69"), put("link", {"ver": 1, "type": "symlink", "data": {
+        "target": "secret", "namespace": "primary"}}), ns="guestns")
+    await commit(h0, put("test.j", "102"), ns="otherns")
+    result = await asyncio.to_thread(run_guest, inst.uri(3), """
+        async def body(h):
+            out = {
+                "own": await first(h, "test.i", "guestns"),
+                "primary": await first(h, "test.g", "primary"),
+                "other": await first(h, "test.j", "otherns"),
+                "link": await first(h, "link", "guestns"),
+                "readlink": await first(h, "link", "guestns", 4 | 2),
+            }
+            return out
+    """)
+    assert result["own"] == {"val": "69"}
+    assert result["primary"] == {"errnum": errno.EPERM}
+    assert result["other"] == {"errnum": errno.EPERM}
+    assert result["link"] == {"errnum": errno.EPERM}  # kvs checked the guest's access
+    assert result["readlink"] == {"val": "symlink"}  # the link itself is the guest's
+
+
+async def test_guest_waitcreate_namespace_owned_later(start_instance, connect):
+    inst = await start_instance(size=4, fanout=2, attrs={"access.allow-guest-user": "true"})
+    h0 = await connect(inst, 0)
+    guest = asyncio.ensure_future(asyncio.to_thread(run_guest, inst.uri(1), """
+        async def body(h):
+            out = {}
+            for ns in ("mine", "notmine"):
+                s = h.rpc_stream("kvs-watch.lookup",
+                                 {"namespace": ns, "key": "k", "flags": 4 | 8})
+                try:
+                    msg = await asyncio.wait_for(s.next_message(), 20)
+                    out[ns] = msg.payload["val"]["data"].decode()
+                except RemoteError as exc:
+                    out[ns] = exc.errnum
+            return out
+    """))
+    await wait_watchers(h0, 1, nodeid=1, ns="mine", timeout=20)
+    await ns_create(h0, "mine", owner=GUEST_UID)
+    await commit(h0, put("k", "yes"), ns="mine")
+    await wait_watchers(h0, 1, nodeid=1, ns="notmine", timeout=20)
+    await ns_create(h0, "notmine")
+    await commit(h0, put("k", "no"), ns="notmine")
+    assert await asyncio.wait_for(guest, 30) == {"mine": "yes", "notmine": errno.EPERM}
+

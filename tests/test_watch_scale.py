@@ -1,0 +1,190 @@
+"""kvs-watch under load: commit order with 16 commits in flight, 1,000 watchers
+across 100 namespaces on one rank, the slow-reader bound, and clients killed
+with SIGKILL mid-watch (flux-core t/t1103-apidisconnect.t)."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import signal
+import sys
+import textwrap
+
+from test_watch_helpers import (
+    FULL,
+    NO_MERGE,
+    WATCH,
+    answer,
+    commit,
+    end_errnum,
+    ns_create,
+    put,
+    stats,
+    value,
+    wait_watchers,
+    watch_stream,
+)
+
+from broker import codec
+from broker.message import Message, MsgFlags, MsgType
+
+
+async def _commit_all(h, n: int, in_flight: int, flags: int) -> dict[int, list[bytes]]:
+    """Commit values 1..n to ``test.d``, ``in_flight`` at a time; rootseq -> values."""
+    sem = asyncio.Semaphore(in_flight)
+    by_seq: dict[int, list[bytes]] = {}
+
+    async def one(i: int) -> None:
+        async with sem:
+            r = await commit(h, put("test.d", str(i)), flags=flags, timeout=30)
+            by_seq.setdefault(r["rootseq"], []).append(str(i).encode())
+
+    await asyncio.gather(*(one(i) for i in range(1, n + 1)))
+    return by_seq
+
+
+async def _collect(s, n: int) -> list[dict]:
+    async with asyncio.timeout(60):
+        return [await answer(s, timeout=60) for _ in range(n)]
+
+
+async def test_commit_order_1000_commits_16_in_flight(start_instance, connect):
+    inst = await start_instance(size=4, fanout=2)
+    h0, h2, h3 = await connect(inst, 0), await connect(inst, 2), await connect(inst, 3)
+    base = (await commit(h0, put("test.d", "0"), sync=[h3, (h3, 1)]))["rootseq"]
+    local = watch_stream(h3, "test.d")  # served by rank 3
+    remote = watch_stream(h3, "test.d", nodeid=1)  # served by rank 1, answered via rank 0
+    for s in (local, remote):
+        assert (await answer(s))["rootseq"] == base
+    # NO_MERGE: one version per commit, so every commit must be seen, in order
+    by_seq = await _commit_all(h2, 1000, 16, NO_MERGE)
+    assert sorted(by_seq) == list(range(base + 1, base + 1001))
+    for s in (local, remote):
+        got = await _collect(s, 1000)
+        assert [g["rootseq"] for g in got] == sorted(by_seq)
+        assert all([g["val"]["data"]] == by_seq[g["rootseq"]] for g in got)
+    # merged commits: one answer per version, versions strictly increasing
+    by_seq = await _commit_all(h2, 300, 16, 0)
+    for s in (local, remote):
+        got = await _collect(s, len(by_seq))
+        assert [g["rootseq"] for g in got] == sorted(by_seq)
+        assert all(g["val"]["data"] in by_seq[g["rootseq"]] for g in got)
+
+
+async def test_1000_watchers_across_100_namespaces_on_one_rank(start_instance, connect):
+    inst = await start_instance(size=4, fanout=2)
+    h0, h3 = await connect(inst, 0), await connect(inst, 3)
+    names = [f"ns-{i}" for i in range(100)]
+    async with asyncio.timeout(60):
+        await asyncio.gather(*(ns_create(h0, ns) for ns in names))
+        await asyncio.gather(*(commit(h0, *(put(f"k.{j}", "0") for j in range(10)), ns=ns)
+                               for ns in names))
+    streams = [(ns, j, watch_stream(h3, f"k.{j}", ns=ns)) for ns in names for j in range(10)]
+    async with asyncio.timeout(60):
+        firsts = await asyncio.gather(*(value(s, 60) for _, _, s in streams))
+    assert firsts == [b"0"] * 1000
+    st = await stats(h3)
+    assert st["watchers"] == 1000 and st["namespace-count"] == 100
+    assert st["events"]["subscribe_calls"] == 100
+    assert len(st["namespaces"]) == 100
+    async with asyncio.timeout(60):
+        await asyncio.gather(*(commit(h0, *(put(f"k.{j}", f"{ns}.{j}") for j in range(10)),
+                                      ns=ns) for ns in names))
+        updates = await asyncio.gather(*(answer(s, 60) for _, _, s in streams))
+    for (ns, j, _), p in zip(streams, updates, strict=True):
+        assert (p["val"]["data"], p["namespace"], p["rootseq"]) == (f"{ns}.{j}".encode(), ns, 2)
+    await h3.close()
+    await wait_watchers(h0, 0, nodeid=3, timeout=30)
+    st = await stats(h0, 3)
+    assert st["namespace-count"] == 0 and st["clients"] == 0
+
+
+async def test_slow_reader_is_bounded(start_instance, connect):
+    """A watcher more than ``kvs-watch.max-backlog`` roots behind ends with EOVERFLOW.
+
+    To make it fall behind deterministically, the test (the instance owner)
+    sends 300 setroot events for the watched key in ONE write: rank 0
+    sequences and delivers them in one go, before any lookup can complete.
+    """
+    inst = await start_instance(size=4, fanout=2, attrs={"kvs-watch.max-backlog": "4"})
+    h0 = await connect(inst, 0)
+    await ns_create(h0, "slow")
+    first = await commit(h0, put("k", "0"), ns="slow")
+    steady = watch_stream(h0, "k", ns="slow")
+    full = watch_stream(h0, "k", WATCH | FULL, ns="slow")
+    assert await value(steady) == b"0" and await value(full) == b"0"
+    for i in range(1, 21):  # commits at the speed of a round trip never overflow
+        await commit(h0, put("k", str(i)), ns="slow")
+        assert await value(steady) == str(i).encode()
+    assert [await value(full) for _ in range(20)] == [str(i).encode() for i in range(1, 21)]
+    root = await asyncio.wait_for(h0.rpc("kvs.getroot", {"namespace": "slow"}), 10)
+    frames = []
+    for i in range(1, 301):
+        msg = Message(MsgType.REQUEST, "event.pub", {
+            "topic": "kvs.namespace-slow-setroot",
+            "payload": {"namespace": "slow", "rootseq": root["rootseq"] + i,
+                        "rootref": root["rootref"], "names": [], "keys": ["k"],
+                        "owner": root["owner"]}}, flags=int(MsgFlags.NORESPONSE))
+        f = codec.encode(msg)
+        frames += [codec.stream_prefix(f), *f]
+    h0._proto.transport.write(b"".join(bytes(x) for x in frames))  # one write
+    assert await end_errnum(steady) == errno.EOVERFLOW
+    assert await end_errnum(full) == errno.EOVERFLOW
+    await wait_watchers(h0, 0, nodeid=0)
+    assert first["rootseq"] == 1
+
+
+_CHILD = textwrap.dedent("""
+    import asyncio, sys
+    from broker.handle import Handle
+
+    async def main(uri, size):
+        h = await Handle.connect(uri)
+        streams = [h.rpc_stream("kvs-watch.lookup", {"namespace": "primary",
+                                "key": "k", "flags": 4}, nodeid=r) for r in range(size)]
+        streams.append(h.rpc_stream("kvs-watch.lookup", {"namespace": "primary",
+                                    "key": "k", "flags": 4}))
+        for s in streams:
+            await asyncio.wait_for(s.next_message(), 10)
+        h.rpc_stream("kvs-watch.lookup", {"namespace": "primary", "key": "nokey",
+                     "flags": 4 | 8}, nodeid=size - 1)
+        print("ready", flush=True)
+        await asyncio.sleep(3600)
+
+    asyncio.run(main(sys.argv[1], int(sys.argv[2])))
+""")
+
+
+async def test_sigkill_client_leaves_no_watcher_on_any_rank(start_instance, connect):
+    inst = await start_instance(size=4, fanout=2)
+    h0 = await connect(inst, 0)
+    await commit(h0, put("k", "1"))
+    env = dict(os.environ)
+    env.pop("KVBROKER_URI", None)
+    children = []
+    for rank in (1, 3):
+        children.append(await asyncio.create_subprocess_exec(
+            sys.executable, "-c", _CHILD, inst.uri(rank), "4", stdout=asyncio.subprocess.PIPE,
+            env=env))
+    try:
+        for child in children:
+            assert child.stdout is not None
+            line = await asyncio.wait_for(child.stdout.readline(), 20)
+            assert line == b"ready\n"
+        counts = [(await stats(h0, r))["watchers"] for r in range(4)]
+        # each child: one watch served by every rank, one local, one WAITCREATE on rank 3
+        assert counts == [2, 3, 2, 5], counts
+        for child in children:
+            child.send_signal(signal.SIGKILL)
+        for r in range(4):
+            await wait_watchers(h0, 0, nodeid=r)
+            st = await stats(h0, r)
+            assert st["namespace-count"] == 0 and st["clients"] == 0
+    finally:
+        for child in children:
+            if child.returncode is None:
+                child.kill()
+            await asyncio.wait_for(child.wait(), 10)
+
+
