@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -57,6 +58,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="seconds allowed for one rep (default 1800)")
     p.add_argument("--py-spy", metavar="DIR", type=Path,
                    help="record py-spy profiles of every rank and the client into DIR")
+    p.add_argument("--keep-logs", action="store_true",
+                   help="keep the ranks' stderr logs (kept anyway when a workload fails)")
     p.add_argument("--list", action="store_true", help="list the workloads and exit")
     args = p.parse_args(argv)
     if args.size < 1 or args.fanout < 1:
@@ -103,7 +106,10 @@ def run_workload(w: Workload, settings: Settings, logdir: Path,
             except Exception as exc:
                 print(" failed", file=sys.stderr)
                 harness.print_failure(w, loop, rep, exc)
-                print(f"\n{w.id}  {w.title}\n  FAILED: {exc!r} (see stderr)")
+                why = (f"timed out after {settings.timeout:g}s (--timeout)"
+                       if isinstance(exc, TimeoutError) else repr(exc))
+                print(f"\n{w.id}  {w.title}\n  FAILED on {loop} rep {rep + 1}: {why} "
+                      "(traceback and rank logs on stderr)")
                 return [], False
             print(f" {res.seconds:.1f}s", file=sys.stderr)
             results.append(res)
@@ -189,8 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     commit = harness.git_commit()
     logdir = harness.make_logdir()
     print(f"kvbroker benchmarks: commit {commit}, {harness.cores()} cores, "
-          f"loops {'/'.join(settings.loops)}, size {settings.size}, fanout {settings.fanout}"
-          f"{', quick' if settings.quick else ''}; rank logs in {logdir}")
+          f"load {harness.loadavg()}, loops {'/'.join(settings.loops)}, size {settings.size}, "
+          f"fanout {settings.fanout}{', quick' if settings.quick else ''}")
     t0 = time.perf_counter()
     all_records: list[dict] = []
     failed = []
@@ -207,6 +213,10 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(lines))
     print(f"\ndone in {time.perf_counter() - t0:.1f}s"
           f"{'; FAILED: ' + ', '.join(failed) if failed else ''}")
+    if failed or args.keep_logs:
+        print(f"rank logs kept in {logdir}")
+    else:
+        shutil.rmtree(logdir, ignore_errors=True)
     if args.json:
         Path(args.json).write_text(json.dumps(all_records, indent=1) + "\n")
         print(f"records written to {args.json}")
