@@ -15,11 +15,12 @@ from benchmarks.harness import (
     rate,
     require_modules,
 )
-from benchmarks.workloads import kvsops
+from benchmarks.workloads import kvsops, w0_raw
 from broker.errors import RemoteError
 from broker.handle import Handle
 
 WARMUP = 200
+YARDSTICKS = ("zmq-blocking", "zmq-asyncio")
 W1B_SIZES = (1 << 10, 64 << 10, 1 << 20, 16 << 20)
 W1B_QUICK_SIZES = (1 << 10, 64 << 10, 1 << 20)
 MiB = float(1 << 20)
@@ -43,13 +44,22 @@ async def run_w1(ctx: RepContext) -> list[Sample]:
     if ctx.size < 4:
         ctx.note("size < 4: the rank-3 variant is skipped")
     rates = {}
+    yard: dict[str, float] = {}
     cpu: list[Sample] = []
     for rank in targets:
         await ping_loop(h, rank, WARMUP)
         before = ctx.cpu_snapshot(inst)
         rates[rank] = rate(n, await ping_loop(h, rank, n))
         cpu.extend(ctx.cpu_samples(inst, f"rank{rank}", before, n))
+        if rank == 0:
+            # The W0 yardsticks, measured right here so that the ratio the
+            # target is about compares figures taken at the same moment.
+            for mode in YARDSTICKS:
+                yard[mode] = rate(n, await w0_raw.round_trips(mode, n, ctx.loop))
     out = [Sample(f"rank{r}", "rate", v, "rt/s") for r, v in rates.items()]
+    for mode, v in yard.items():
+        out.append(Sample(f"W0 {mode}", "rate", v, "rt/s"))
+        out.append(Sample(f"rank0/{mode}", "ratio", rates[0] / v, "x"))
     if 3 in rates:
         # Time per RPC through the tree (0->1->3 and back) over a local one.
         out.append(Sample("rank3/rank0", "cost_ratio", rates[0] / rates[3], "x", "lower"))

@@ -168,30 +168,31 @@ async def unix_asyncio_client(path: str, n: int) -> float:
     return elapsed
 
 
-async def run(ctx: RepContext) -> list[Sample]:
-    n = ctx.n(10_000, 2_000)
-    out = []
+async def round_trips(mode: str, n: int, loop: str) -> float:
+    """Seconds for ``n`` raw round trips of ``mode`` against a fresh peer process
+    (the peer's asyncio side runs on ``loop``)."""
     tmp = tempfile.mkdtemp(prefix="kvb-w0-", dir="/tmp")
     try:
-        for mode in MODES:
-            address = (f"ipc://{tmp}/{mode}" if mode.startswith("zmq")
-                       else os.path.join(tmp, mode))
-            peer = await spawn("benchmarks.workloads.w0_peer", mode, address, ctx.loop)
-            try:
-                if mode == "zmq-blocking":
-                    elapsed = zmq_blocking_client(address, n)
-                elif mode == "zmq-asyncio":
-                    elapsed = await zmq_asyncio_client(address, n)
-                elif mode == "unix-blocking":
-                    elapsed = unix_blocking_client(address, n)
-                else:
-                    elapsed = await unix_asyncio_client(address, n)
-            finally:
-                await reap(peer)
-            out.append(Sample(mode, "rate", rate(n, elapsed), "rt/s"))
+        address = f"ipc://{tmp}/{mode}" if mode.startswith("zmq") else os.path.join(tmp, mode)
+        peer = await spawn("benchmarks.workloads.w0_peer", mode, address, loop)
+        try:
+            if mode == "zmq-blocking":
+                return zmq_blocking_client(address, n)
+            if mode == "zmq-asyncio":
+                return await zmq_asyncio_client(address, n)
+            if mode == "unix-blocking":
+                return unix_blocking_client(address, n)
+            return await unix_asyncio_client(address, n)
+        finally:
+            await reap(peer)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return out
+
+
+async def run(ctx: RepContext) -> list[Sample]:
+    n = ctx.n(10_000, 2_000)
+    return [Sample(mode, "rate", rate(n, await round_trips(mode, n, ctx.loop)), "rt/s")
+            for mode in MODES]
 
 
 WORKLOADS = [
