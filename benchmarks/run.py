@@ -30,8 +30,11 @@ from benchmarks.harness import (  # noqa: E402
     Skip,
     Workload,
 )
-from benchmarks.workloads import ALL, BY_ID  # noqa: E402
+from benchmarks.workloads import all_workloads  # noqa: E402
 from broker.loops import resolve  # noqa: E402
+
+ALL = all_workloads()
+BY_ID = {w.id.lower(): w for w in ALL}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -1,22 +1,24 @@
 """The workloads of ../shared/BENCHMARKS.md, one module per group.
 
 Each module exports ``WORKLOADS``, a list of :class:`benchmarks.harness.Workload`;
-:data:`ALL` keeps them in the order of BENCHMARKS.md.
+:func:`all_workloads` lists them in the order of BENCHMARKS.md.  Nothing is
+imported here eagerly: the helper processes (``w0_peer``, ``kvs_client``)
+live in this package and should start fast.
 """
 
 from __future__ import annotations
 
-from benchmarks.harness import Workload
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from benchmarks.harness import Workload
+
+ORDER = ("W0", "W1", "W1b", "W2", "W2s", "W2p", "W3", "W4", "W5", "W5x", "W6")
 
 
-def _all() -> list[Workload]:
+def all_workloads() -> list[Workload]:
     from benchmarks.workloads import commits, events, namespaces, reads, rpc, w0_raw, watch
 
     found = [w for mod in (w0_raw, rpc, commits, reads, watch, namespaces, events)
              for w in mod.WORKLOADS]
-    order = ["W0", "W1", "W1b", "W2", "W2s", "W2p", "W3", "W4", "W5", "W5x", "W6"]
-    return sorted(found, key=lambda w: order.index(w.id) if w.id in order else len(order))
-
-
-ALL: list[Workload] = _all()
-BY_ID: dict[str, Workload] = {w.id.lower(): w for w in ALL}
+    return sorted(found, key=lambda w: ORDER.index(w.id) if w.id in ORDER else len(ORDER))
