@@ -9,7 +9,7 @@ import pytest
 
 from broker.errors import RemoteError
 from broker.handle import Handle
-from broker.message import MsgFlags
+from broker.message import Message, MsgFlags
 
 
 async def topics_until(h: Handle, last: str) -> list[str]:
@@ -20,6 +20,13 @@ async def topics_until(h: Handle, last: str) -> list[str]:
         out.append(ev.topic)
         if ev.topic == last:
             return out
+
+
+async def next_not_kvs(h: Handle) -> Message:
+    while True:
+        ev = await h.recv_event()
+        if not ev.topic.startswith("kvs."):
+            return ev
 
 
 @pytest.mark.both_loops
@@ -49,13 +56,13 @@ async def test_payloads_and_empty_prefix(start_instance, connect) -> None:
     inst = await start_instance(size=2, fanout=2)
     async with asyncio.timeout(10):
         sub = await connect(inst, 1)
-        await sub.subscribe("")  # everything
+        await sub.subscribe("")  # everything (the modules' own kvs.* events too)
         big = bytes(range(256)) * 40
         seq = await sub.publish("any.thing", {"n": 1, "blob": big})
-        ev = await sub.recv_event()
+        ev = await next_not_kvs(sub)
         assert (ev.topic, ev.seq, ev.payload) == ("any.thing", seq, {"n": 1, "blob": big})
         await sub.publish("no.payload")
-        ev = await sub.recv_event()
+        ev = await next_not_kvs(sub)
         assert ev.topic == "no.payload" and ev.payload is None
 
 
@@ -100,7 +107,7 @@ async def test_every_rank_sees_the_same_order(start_instance, connect) -> None:
             seen.append([(e.seq, e.topic, e.payload["n"]) for e in events])
         assert all(s == seen[0] for s in seen)
         numbers = [s for s, _, _ in seen[0]]
-        assert numbers == list(range(numbers[0], numbers[0] + total))  # no gaps
+        assert numbers == sorted(set(numbers))  # strictly increasing
         for i in range(len(publishers)):  # each publisher's events in its own order
             assert [n for _, t, n in seen[0] if t == f"ord.p{i}"] == list(range(per_publisher))
 
@@ -110,10 +117,10 @@ async def test_publish_gives_increasing_seq(start_instance, connect) -> None:
     async with asyncio.timeout(10):
         hs = [await connect(inst, r) for r in (3, 0, 2, 1)]
         seqs = [await hs[i % 4].publish("inc.x") for i in range(12)]
-        assert seqs == list(range(seqs[0], seqs[0] + 12))
+        assert seqs == sorted(set(seqs))  # strictly increasing, whichever rank published
         # publish without waiting for the seq (no response), then one that waits
         hs[0].publish_nowait("inc.y")
-        assert await hs[0].publish("inc.z") == seqs[-1] + 2
+        assert await hs[0].publish("inc.z") > seqs[-1] + 1
 
 
 async def test_bad_publish_requests(start_instance, connect) -> None:

@@ -264,7 +264,7 @@ async def test_event_pub_and_sub(start_instance, connect) -> None:
             rc, out, err = await run_cli(
                 "event", "pub", "-v", "--private", "cli.b", uri=inst.uri(0)
             )
-            assert rc == 0 and int(out) == first + 2, err
+            assert rc == 0 and int(out) > first, err
             out_b, err_b = await sub.communicate()
             assert sub.returncode == 0, err_b
             assert out_b.decode().splitlines() == ['cli.a.x\t{"n": 1}', "cli.b\tnull"]
