@@ -55,6 +55,7 @@ class Broker:
             "content.hash": "sha256",
             "access.allow-guest-user": "false",
             "broker.modules": ",".join(plugins.DEFAULT_MODULES),
+            "tbon.transport": "unix",
         }
         self.attrs.update(attrs or {})
         self.attrs.update({
@@ -103,8 +104,9 @@ class Broker:
             max_message=int(self.attrs.get("broker.max-message", codec.DEFAULT_MAX_MESSAGE)),
         )
         self.overlay = Overlay(self.router, self.rundir, endpoints=self.endpoints,
-                               curve=self.curve)
-        self.overlay.start()
+                               curve=self.curve,
+                               transport=str(self.attrs.get("tbon.transport", "unix")))
+        await self.overlay.start()
         await self.load_module(BrokerServices(self._context(), self))
         for name in [n for n in str(self.attrs["broker.modules"]).split(",") if n]:
             try:

@@ -1,7 +1,12 @@
-"""The tree-based overlay network (TBON) between ranks, over ZeroMQ.
+"""The tree-based overlay network (TBON) between ranks.
 
-Each rank binds a ROUTER socket for its children and connects a DEALER to
-its parent's ROUTER (identity = the rank number).  Sockets are plain pyzmq
+Links come in two transports, chosen by the attribute ``tbon.transport``:
+
+* ``unix`` (default inside one host): Unix-domain stream sockets read by the
+  event loop directly -- see :mod:`broker.overlay_stream`.
+* ``ipc`` / ``tcp``: ZeroMQ.  Each rank binds a ROUTER socket for its
+  children and connects a DEALER to its parent's ROUTER (identity = the rank
+  number); ``tcp`` adds CURVE (below).  Sockets are plain pyzmq
 sockets driven by the asyncio loop's reader callback on the ZeroMQ FD: each
 wake-up drains every message that is ready (ZeroMQ's FD is edge-triggered,
 so the socket is re-checked after every send too).
@@ -32,6 +37,7 @@ import zmq
 from broker import codec, topology
 from broker.errors import ProtocolError
 from broker.message import Message, MsgType
+from broker.overlay_stream import StreamLinks, _Conn
 
 if TYPE_CHECKING:
     from broker.router import Router
@@ -40,6 +46,8 @@ log = logging.getLogger("kvbroker.overlay")
 
 BATCH = 512
 HWM = 100_000
+TRANSPORTS = ("unix", "ipc", "tcp")
+DEFAULT_TRANSPORT = "unix"
 
 
 def ipc_endpoint(rundir: str, rank: int) -> str:
@@ -125,7 +133,13 @@ class Overlay:
         *,
         endpoints: dict[int, str] | None = None,
         curve: tuple[bytes, bytes] | None = None,
+        transport: str = DEFAULT_TRANSPORT,
     ) -> None:
+        if transport not in TRANSPORTS:
+            raise ValueError(f"unknown tbon.transport {transport!r}")
+        if transport == "unix" and (endpoints or curve):
+            transport = "tcp"  # endpoints/keys given: the launcher chose ZeroMQ
+        self.transport = transport
         self.router = router
         self.rank = router.rank
         self.size = router.size
@@ -133,7 +147,9 @@ class Overlay:
         self.rundir = rundir
         self.endpoints = endpoints or {}
         self.curve = curve
-        self.ctx = zmq.Context()
+        self.ctx: zmq.Context | None = None
+        self._streams: StreamLinks | None = None
+        self._child_conns: dict[int, _Conn] = {}
         self.children = set(topology.children_of(self.rank, self.fanout, self.size))
         self.parent = topology.parent_of(self.rank, self.fanout)
         self.hello_from: set[int] = set()
@@ -150,7 +166,25 @@ class Overlay:
     def endpoint(self, rank: int) -> str:
         return self.endpoints.get(rank) or ipc_endpoint(self.rundir, rank)
 
-    def start(self) -> None:
+    async def start(self) -> None:
+        if self.transport == "unix":
+            await self._start_streams()
+        else:
+            self._start_zmq()
+        self._check_ready()
+
+    async def _start_streams(self) -> None:
+        links = self._streams = StreamLinks(
+            lambda r: self.endpoint(r)[len("ipc://"):], self.router.owner_uid,
+            self._from_child_conn, self._from_parent, self._child_lost)
+        if self.children:
+            await links.listen(self.rank)
+        if self.parent is not None:
+            await links.connect(self.parent)
+            self._control_up("overlay.hello", {"rank": self.rank})
+
+    def _start_zmq(self) -> None:
+        self.ctx = zmq.Context()
         if self.children:
             s = self.ctx.socket(zmq.ROUTER)
             s.setsockopt(zmq.ROUTER_MANDATORY, 1)
@@ -190,15 +224,39 @@ class Overlay:
             s.connect(self.endpoint(self.parent))
             self._up = _Sock(s, self._from_parent)
             self._control_up("overlay.hello", {"rank": self.rank})
-        self._check_ready()
 
     def close(self) -> None:
+        if self._streams is not None:
+            self._streams.close()
         for s in (self._down, self._up):
             if s is not None:
                 s.close()
         if self._auth is not None:
             self._auth.stop()
-        self.ctx.term()
+        if self.ctx is not None:
+            self.ctx.term()
+
+    # ------------------------------------------------------------ links
+
+    def _send_parent(self, frames: list[codec.Frame]) -> None:
+        if self._up is not None:
+            self._up.send(frames)
+        elif self._streams is not None and self._streams.up is not None:
+            self._streams.up.send(frames)
+
+    def _send_child(self, child: int, frames: list[codec.Frame]) -> bool:
+        if self._down is not None:
+            try:
+                self._down.send([str(child).encode(), *frames])
+            except zmq.ZMQError as exc:  # EHOSTUNREACH: the child is gone
+                log.warning("cannot send to rank %d: %s", child, exc)
+                return False
+            return True
+        conn = self._child_conns.get(child)
+        if conn is None or conn.transport is None or conn.transport.is_closing():
+            return False
+        conn.send(frames)
+        return True
 
     # ------------------------------------------------------------ sending
 
@@ -209,34 +267,25 @@ class Overlay:
         except TypeError as exc:
             log.error("cannot encode %s: %s", msg, exc)
             return False
-        if rank == self.parent and self._up is not None:
-            self._up.send(frames)
+        if rank == self.parent:
+            self._send_parent(frames)
             return True
-        if rank in self.hello_from and self._down is not None:
-            try:
-                self._down.send([str(rank).encode(), *frames])
-            except zmq.ZMQError as exc:  # EHOSTUNREACH: the child is gone
-                log.warning("cannot send to rank %d: %s", rank, exc)
-                return False
-            return True
+        if rank in self.hello_from:
+            return self._send_child(rank, frames)
         return False
 
     def broadcast_down(self, msg: Message) -> None:
         """Forward an event to every child, encoding it once."""
-        if not self.hello_from or self._down is None:
+        if not self.hello_from:
             return
         frames = msg.wire
         if frames is None:
             frames = msg.wire = codec.encode(msg)
         for child in self.hello_from:
-            try:
-                self._down.send([str(child).encode(), *frames])
-            except zmq.ZMQError as exc:
-                log.warning("cannot send event to rank %d: %s", child, exc)
+            self._send_child(child, frames)
 
     def _control_up(self, topic: str, payload: dict) -> None:
-        assert self._up is not None
-        self._up.send(codec.encode(Message(MsgType.CONTROL, topic, payload)))
+        self._send_parent(codec.encode(Message(MsgType.CONTROL, topic, payload)))
 
     # ------------------------------------------------------------ receiving
 
@@ -258,6 +307,33 @@ class Overlay:
             self.dropped += 1
             log.warning("dropping message from unknown peer %r", ident[:32])
             return
+        self._child_frames(child, frames)
+
+    def _from_child_conn(self, conn: _Conn, frames: list[bytes]) -> None:
+        """A stream link: the first message must be the hello of one of our children."""
+        if conn.rank is None:
+            msg = self._decode(frames, "an unidentified peer")  # counts garbage
+            rank = msg.payload.get("rank") if msg is not None and msg.type == MsgType.CONTROL \
+                and msg.topic == "overlay.hello" and isinstance(msg.payload, dict) else None
+            if rank not in self.children or rank in self._child_conns:
+                if msg is not None:
+                    self.dropped += 1
+                    log.warning("refusing overlay peer: its first message is not a child's "
+                                "hello")
+                if conn.transport is not None:
+                    conn.transport.close()
+                return
+            conn.rank = rank
+            self._child_conns[rank] = conn
+        self._child_frames(conn.rank, frames)
+
+    def _child_lost(self, conn: _Conn) -> None:
+        if conn.rank is not None and self._child_conns.get(conn.rank) is conn:
+            del self._child_conns[conn.rank]
+            self.hello_from.discard(conn.rank)
+            log.info("lost the connection to child rank %d", conn.rank)
+
+    def _child_frames(self, child: int, frames: list[bytes]) -> None:
         msg = self._decode(frames, f"rank {child}")
         if msg is None:
             return
@@ -272,10 +348,9 @@ class Overlay:
     def _child_control(self, child: int, msg: Message) -> None:
         if msg.topic == "overlay.hello":
             self.hello_from.add(child)
-            assert self._down is not None
             reply = Message(MsgType.CONTROL, "overlay.hello", {"rank": self.rank,
                                                                 "size": self.size})
-            self._down.send([str(child).encode(), *codec.encode(reply)])
+            self._send_child(child, codec.encode(reply))
         elif msg.topic == "overlay.ready":
             self.ready_from.add(child)
             self._check_ready()
@@ -298,7 +373,7 @@ class Overlay:
         if self._sent_ready or not self.parent_acked or self.ready_from != self.children:
             return
         self._sent_ready = True
-        if self._up is not None:
+        if self.parent is not None:
             self._control_up("overlay.ready", {"rank": self.rank})
         if not self.ready.done():
             self.ready.set_result(None)

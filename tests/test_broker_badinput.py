@@ -190,7 +190,7 @@ async def test_oversized_messages_are_dropped(start_instance, chunk: int | None)
 
 @pytest.mark.both_loops
 async def test_rogue_peers_on_a_ranks_router_are_dropped(start_instance, connect) -> None:
-    inst = await start_instance(size=4, fanout=2)
+    inst = await start_instance(size=4, fanout=2, attrs={"tbon.transport": "ipc"})
     ctx = zmq.asyncio.Context()
     socks = []
     try:
@@ -228,13 +228,44 @@ async def test_rogue_peers_on_a_ranks_router_are_dropped(start_instance, connect
         ctx.term()
 
 
+async def test_rogue_peers_on_a_stream_overlay_are_refused(start_instance, connect) -> None:
+    """The default unix-stream overlay: a peer whose first message is not one of
+    the rank's children's hello is dropped and disconnected; the tree keeps going."""
+    inst = await start_instance(size=4, fanout=2)
+    h = await connect(inst, 0)
+    before = (await stats(h, 1))["overlay"]["dropped"]
+    path = os.path.join(inst.rundir, "tbon-1")
+    ping = codec.encode(Message(MsgType.REQUEST, "broker.ping", {}, matchtag=1, route=["c1"]))
+    firsts = [
+        codec.encode(Message(MsgType.CONTROL, "overlay.hello", {"rank": 9})),  # not a child
+        codec.encode(Message(MsgType.CONTROL, "overlay.hello", {"rank": 3})),  # taken
+        ping,  # talk before hello
+        [b"\xc1garbage"],
+    ]
+    async with asyncio.timeout(15):
+        for frames in firsts:
+            reader, writer = await asyncio.open_unix_connection(path)
+            writer.write(codec.to_stream(frames) + codec.to_stream(ping))
+            await writer.drain()
+            assert await reader.read() == b"", "a rogue peer got an answer"
+            writer.close()
+        assert (await stats(h, 1))["overlay"]["dropped"] == before + len(firsts)
+        # garbage framing closes the connection too
+        reader, writer = await asyncio.open_unix_connection(path)
+        writer.write(b"\xff" * 64)
+        assert await reader.read() == b""
+        writer.close()
+        await still_serving(h, 4)
+        assert (await stats(h, 1))["overlay"]["children"] == [3]
+
+
 @pytest.mark.both_loops
 async def test_overlay_handshake() -> None:
     """Rank 0's side of the overlay in-process, with test DEALERs as ranks 1 and 2."""
     rundir = make_rundir()
     router = Router(rank=0, size=3, fanout=2, owner_uid=os.getuid())
-    overlay = Overlay(router, rundir)
-    overlay.start()
+    overlay = Overlay(router, rundir, transport="ipc")
+    await overlay.start()
     assert oct(os.stat(os.path.join(rundir, "tbon-0")).st_mode & 0o777) == "0o700"
     ctx = zmq.asyncio.Context()
     socks: dict[bytes, zmq.asyncio.Socket] = {}

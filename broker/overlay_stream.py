@@ -1,0 +1,143 @@
+"""Overlay links over Unix-domain stream sockets (``tbon.transport=unix``).
+
+The same tree, handshake and framing as the ZeroMQ links, without ZeroMQ's
+I/O threads: a message crosses a hop as one ``write`` on a Unix socket that
+the peer's event loop reads directly.  On this class of machine a ZeroMQ
+``ipc://`` hop costs three thread wake-ups per message (application thread
+-> ZeroMQ I/O thread -> the peer's I/O thread -> the peer's application
+thread); a stream hop costs one.  See docs/performance.md for the figures
+that made this the default inside one host.  ``tcp://`` between hosts stays
+on ZeroMQ with CURVE.
+
+Admission: the listening socket lives in the private run directory with
+mode 0700, and every connection's peer uid (``SO_PEERCRED``) must be the
+instance owner's; the first message must be ``overlay.hello`` from one of
+this rank's children.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+from broker import codec
+from broker.connector import peer_uid
+from broker.errors import ProtocolError
+
+log = logging.getLogger("kvbroker.overlay")
+
+CONNECT_RETRY = 0.01
+
+
+class _Conn(asyncio.Protocol):
+    """One stream connection; hands each complete message's frames to ``on_frames``."""
+
+    def __init__(self, on_frames: Callable[[_Conn, list[bytes]], None],
+                 on_lost: Callable[[_Conn], None], owner_uid: int | None) -> None:
+        self.on_frames = on_frames
+        self.on_lost = on_lost
+        self.owner_uid = owner_uid
+        self.decoder = codec.StreamDecoder()
+        self.transport: asyncio.Transport | None = None
+        self.rank: int | None = None  # set by the overlay once the peer said hello
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        if self.owner_uid is not None:
+            try:
+                uid = peer_uid(transport.get_extra_info("socket"))
+            except OSError:
+                uid = -1
+            if uid != self.owner_uid:
+                log.warning("refusing overlay connection from uid %d", uid)
+                transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            messages = self.decoder.feed(data)
+        except ProtocolError as exc:
+            log.warning("unreadable overlay stream (%s); closing", exc)
+            self.transport.close()  # type: ignore[union-attr]
+            return
+        for frames in messages:
+            if self.transport.is_closing():  # type: ignore[union-attr]
+                return  # refused: ignore whatever else it sent
+            try:
+                self.on_frames(self, frames)
+            except Exception:
+                log.exception("error handling an overlay message")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.on_lost(self)
+
+    def send(self, frames: list[Any]) -> None:
+        t = self.transport
+        if t is not None and not t.is_closing():
+            t.writelines([codec.stream_prefix(frames), *frames])
+
+
+class StreamLinks:
+    """A listening socket for the children, a connection to the parent."""
+
+    def __init__(self, path_of: Callable[[int], str], owner_uid: int,
+                 on_child: Callable[[_Conn, list[bytes]], None],
+                 on_parent: Callable[[list[bytes]], None],
+                 on_child_lost: Callable[[_Conn], None]) -> None:
+        self.path_of = path_of
+        self.owner_uid = owner_uid
+        self.on_child = on_child
+        self.on_parent = on_parent
+        self.on_child_lost = on_child_lost
+        self.server: asyncio.AbstractServer | None = None
+        self.up: _Conn | None = None
+        self.conns: set[_Conn] = set()
+        self.closing = False
+
+    async def listen(self, rank: int) -> None:
+        path = self.path_of(rank)
+        loop = asyncio.get_running_loop()
+
+        def factory() -> _Conn:
+            conn = _Conn(self.on_child, self._lost, self.owner_uid)
+            self.conns.add(conn)
+            return conn
+
+        self.server = await loop.create_unix_server(factory, path)
+        os.chmod(path, 0o700)
+
+    def _lost(self, conn: _Conn) -> None:
+        self.conns.discard(conn)
+        if not self.closing:
+            self.on_child_lost(conn)
+
+    async def connect(self, parent: int, timeout: float = 60.0) -> None:
+        """Connect to the parent, retrying while it is not listening yet."""
+        path = self.path_of(parent)
+        loop = asyncio.get_running_loop()
+
+        def on_lost(_conn: _Conn) -> None:
+            if not self.closing:
+                log.info("lost the connection to the parent rank %d", parent)
+
+        async with asyncio.timeout(timeout):
+            while True:
+                try:
+                    _, conn = await loop.create_unix_connection(
+                        lambda: _Conn(lambda _c, f: self.on_parent(f), on_lost, None), path)
+                    break
+                except (FileNotFoundError, ConnectionRefusedError):
+                    await asyncio.sleep(CONNECT_RETRY)
+        self.up = conn
+
+    def close(self) -> None:
+        self.closing = True
+        if self.server is not None:
+            self.server.close()
+        for conn in list(self.conns):
+            if conn.transport is not None:
+                conn.transport.abort()
+        if self.up is not None and self.up.transport is not None:
+            self.up.transport.abort()
