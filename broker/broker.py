@@ -109,11 +109,9 @@ class Broker:
         await self.overlay.start()
         await self.load_module(BrokerServices(self._context(), self))
         for name in [n for n in str(self.attrs["broker.modules"]).split(",") if n]:
-            try:
-                cls = plugins.load_module_class(name)
-            except (ImportError, LookupError) as exc:
-                log.warning("module %s not loaded: %s", name, exc)
-                continue
+            # A module that cannot load is a start-up failure, as in Flux: an
+            # instance silently missing kvs-watch would only fail later.
+            cls = plugins.load_module_class(name)
             await self.load_module(cls(self._context()))
         await self.connector.start()
         await self.overlay.ready

@@ -70,7 +70,11 @@ async def serve(args: argparse.Namespace) -> int:
             with contextlib.suppress(asyncio.CancelledError):
                 await starting
             return 1
-        starting.result()
+        try:
+            starting.result()
+        except (LookupError, ImportError, OSError, ValueError) as exc:
+            logging.getLogger("kvbroker").error("start-up failed: %s", exc)
+            return 1
         print(f"ready {b.uri}", flush=True)
         await running
     finally:
