@@ -36,6 +36,8 @@ CHECKPOINT_KEY = "kvs-primary"
 EVENT_KINDS = ("setroot", "removed", "error", "created")
 BLOB_CACHE_BYTES = 512 << 20
 MAX_OPS = 100_000
+SETROOT_BLOB_LIMIT = 64 << 10
+"""A setroot event carries the commit's new blobs when they total at most this."""
 
 
 class BlobStore:
@@ -123,6 +125,7 @@ class KvsModule(Module):
         self.statedir = str(ctx.attrs.get("statedir") or "")
         self.blobs = BlobStore(int(ctx.attrs.get("kvs.cache-bytes", BLOB_CACHE_BYTES)))
         self.cache = treeobj.BlobCache(self.blobs, max_objects=16384)
+        self.prime_limit = int(ctx.attrs.get("kvs.setroot-blob-limit", SETROOT_BLOB_LIMIT))
         self.namespaces: dict[str, Namespace] = {}
         self._loading: dict[str, asyncio.Future[Namespace]] = {}
         self._fetching: dict[str, asyncio.Future[None]] = {}
@@ -311,6 +314,11 @@ class KvsModule(Module):
             return
         self.ev_handled += 1
         if kind == "setroot":
+            blobs = payload.get("blobs")
+            if isinstance(blobs, dict):
+                for ref, data in blobs.items():
+                    if isinstance(ref, str) and isinstance(data, bytes):
+                        self.blobs.put(ref, data)
             ns.set_root(int(payload["rootseq"]), payload["rootref"])
         elif kind == "removed":
             self._forget_ns(ns.name)
@@ -514,10 +522,16 @@ class KvsModule(Module):
         self.counts["batches"] += 1
         if len(batch) > 1:
             self.counts["merged"] += len(batch)
-        self._publish(f"kvs.namespace-{ns.name}-setroot", {
+        setroot: dict[str, Any] = {
             "namespace": ns.name, "rootseq": ns.rootseq, "rootref": ns.rootref,
             "names": [p.name for p in batch], "keys": result.keys, "owner": ns.owner,
-        })
+        }
+        # Prime the followers' caches: a commit's new blobs are few and small
+        # (O(log n) shards), so carrying them in the event saves every rank
+        # that watches this namespace a content.load round trip per tree level.
+        if result.new_blobs and sum(map(len, result.new_blobs.values())) <= self.prime_limit:
+            setroot["blobs"] = result.new_blobs
+        self._publish(f"kvs.namespace-{ns.name}-setroot", setroot)
         answer = (ns.rootseq, ns.rootref)
         for p in batch:
             if not p.future.done():

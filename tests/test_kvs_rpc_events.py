@@ -165,7 +165,11 @@ async def test_event_payloads(start_instance, connect) -> None:
     assert created == {"namespace": "evns", "rootseq": 0,
                        "rootref": created["rootref"], "owner": owner}
     assert created["rootref"].startswith("sha256-")
-    assert set(setroot) == {"namespace", "rootseq", "rootref", "names", "keys", "owner"}
+    assert set(setroot) == {"namespace", "rootseq", "rootref", "names", "keys", "owner",
+                            "blobs"}
+    # the commit's new blobs ride along to prime followers' caches
+    assert setroot["rootref"] in setroot["blobs"]
+    assert all(isinstance(b, bytes) for b in setroot["blobs"].values())
     assert setroot["namespace"] == "evns" and setroot["owner"] == owner
     assert (setroot["rootseq"], setroot["rootref"]) == (resp["rootseq"], resp["rootref"])
     assert setroot["keys"] == ["a.b", "c"]
