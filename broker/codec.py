@@ -53,30 +53,52 @@ def _extract(value: Any, blobs: list[Frame]) -> Any:
     return value
 
 
+def _pack(value: Any) -> bytes:
+    try:
+        return _packb(value)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise TypeError(f"payload is not msgpack-able: {exc}") from exc
+
+
 def encode_payload(payload: Any) -> list[Frame]:
     """Frames for ``payload``: ``[]`` for None, else ``[packed, *blobs]``."""
     if payload is None:
         return []
+    if isinstance(payload, dict):
+        return _encode_map(payload)
     if type(payload) is RawPayload:
         return payload.frames
-    blobs: list[Frame] = []
-    if isinstance(payload, dict):
-        out: Any = {}
-        for k, v in payload.items():
-            if type(v) is dict:
-                v = {k2: _extract(v2, blobs) for k2, v2 in v.items()}
-            elif type(v) is list:
-                v = [_extract(x, blobs) for x in v]
-            else:
-                v = _extract(v, blobs)
-            out[k] = v
+    if isinstance(payload, (bytes, bytearray, memoryview)) and len(payload) >= OOB_THRESHOLD:
+        return [_packb(msgpack.ExtType(OOB_EXT, _U32.pack(1))), payload]
+    return [_pack(payload)]
+
+
+def _encode_map(payload: dict[Any, Any]) -> list[Frame]:
+    # Pack first: a map that packs small holds no large byte string, and most
+    # payloads are small, so only big ones pay for the walk below.  A large
+    # byte string at the top ({data: blob}) skips the trial pack and its copy
+    # of the blob.
+    packed = None
+    for v in payload.values():
+        if type(v) is bytes and len(v) >= OOB_THRESHOLD:
+            break
     else:
-        out = _extract(payload, blobs)
-    try:
-        packed = _packb(out)
-    except (TypeError, ValueError, OverflowError) as exc:
-        raise TypeError(f"payload is not msgpack-able: {exc}") from exc
-    return [packed, *blobs]
+        packed = _pack(payload)
+        if len(packed) < OOB_THRESHOLD:
+            return [packed]
+    blobs: list[Frame] = []
+    out: dict[Any, Any] = {}
+    for k, v in payload.items():
+        if type(v) is dict:
+            v = {k2: _extract(v2, blobs) for k2, v2 in v.items()}
+        elif type(v) is list:
+            v = [_extract(x, blobs) for x in v]
+        else:
+            v = _extract(v, blobs)
+        out[k] = v
+    if not blobs:
+        return [packed if packed is not None else _pack(payload)]
+    return [_pack(out), *blobs]
 
 
 def decode_payload(frames: Sequence[Frame]) -> Any:
