@@ -220,9 +220,15 @@ def peek_matchtag(frames: Sequence[Frame]) -> tuple[int, str] | None:
 # ---------------------------------------------------------------- streams
 
 
+_PREFIX = [struct.Struct(f"<{n + 1}I") for n in range(MAX_FRAMES + 1)]
+
+
 def stream_prefix(frames: Sequence[Frame]) -> bytes:
     """The length prefix that precedes ``frames`` on a byte stream."""
-    return struct.pack(f"<{len(frames) + 1}I", len(frames), *(len(f) for f in frames))
+    n = len(frames)
+    if n == 2:
+        return _PREFIX[2].pack(2, len(frames[0]), len(frames[1]))
+    return _PREFIX[n].pack(n, *[len(f) for f in frames])
 
 
 def to_stream(frames: Sequence[Frame]) -> bytes:
