@@ -221,6 +221,7 @@ def peek_matchtag(frames: Sequence[Frame]) -> tuple[int, str] | None:
 
 
 _PREFIX = [struct.Struct(f"<{n + 1}I") for n in range(MAX_FRAMES + 1)]
+_LENGTHS = [struct.Struct(f"<{n}I") for n in range(MAX_FRAMES + 1)]
 
 
 def stream_prefix(frames: Sequence[Frame]) -> bytes:
@@ -260,18 +261,33 @@ class StreamDecoder:
             if not data:
                 return []
         buf = self._buf
+        if not buf:
+            # Fast path: nothing buffered, so parse the chunk itself (one copy
+            # per frame) and keep only an incomplete tail.
+            out, pos = self._parse(data)
+            if pos < len(data):
+                buf += memoryview(data)[pos:] if pos else data
+            return out
         buf += data
+        with memoryview(buf) as view:
+            out, pos = self._parse(view)
+        del buf[:pos]
+        return out
+
+    def _parse(self, view: bytes | memoryview) -> tuple[list[list[bytes]], int]:
+        """Complete messages in ``view`` and the offset where parsing stopped."""
         out: list[list[bytes]] = []
         pos = 0
-        end = len(buf)
+        end = len(view)
+        unpack_u32 = _U32.unpack_from
         while end - pos >= 4:
-            (nframes,) = _U32.unpack_from(buf, pos)
+            (nframes,) = unpack_u32(view, pos)
             if nframes == 0 or nframes > MAX_FRAMES:
                 raise ProtocolError(f"bad frame count {nframes} on stream")
             hdr = 4 + 4 * nframes
             if end - pos < hdr:
                 break
-            lengths = struct.unpack_from(f"<{nframes}I", buf, pos + 4)
+            lengths = _LENGTHS[nframes].unpack_from(view, pos + 4)
             total = sum(lengths)
             if total > self.max_message:
                 self.oversized += 1
@@ -287,10 +303,8 @@ class StreamDecoder:
             p = pos + hdr
             frames = []
             for n in lengths:
-                frames.append(bytes(buf[p : p + n]))
+                frames.append(bytes(view[p : p + n]))
                 p += n
             out.append(frames)
             pos = p
-        if pos:
-            del buf[:pos]
-        return out
+        return out, pos
