@@ -44,6 +44,7 @@ _VALID_TYPES = frozenset(MsgType.NAMES)
 # ---------------------------------------------------------------- payloads
 
 _packb = msgpack.Packer(use_bin_type=True, autoreset=True).pack
+_unpackb = msgpack.unpackb
 
 
 def _extract(value: Any, blobs: list[Frame]) -> Any:
@@ -167,7 +168,7 @@ def decode(frames: Sequence[Frame]) -> Message:
     if len(frames) > MAX_FRAMES:
         raise ProtocolError(f"too many frames ({len(frames)})")
     try:
-        h = msgpack.unpackb(frames[0], raw=False, use_list=True)
+        h = _unpackb(frames[0])  # msgpack >= 1.0: str as str, arrays as lists
     except Exception as exc:
         raise ProtocolError(f"malformed header: {exc}") from None
     if type(h) is not list or len(h) != 11:
@@ -186,24 +187,14 @@ def decode(frames: Sequence[Frame]) -> Message:
         or type(errnum) is not int
         or (errstr is not None and type(errstr) is not str)
         or type(seq) is not int
-        or not all(type(r) is str for r in route)
     ):
         raise ProtocolError("malformed header: a field has the wrong type")
+    for hop in route:
+        if type(hop) is not str:
+            raise ProtocolError("malformed header: a field has the wrong type")
     payload = RawPayload(list(frames[1:])) if len(frames) > 1 else None
-    return Message(
-        mtype,
-        topic,
-        payload,
-        matchtag=matchtag,
-        nodeid=nodeid,
-        flags=flags,
-        userid=userid,
-        rolemask=rolemask,
-        route=route,
-        errnum=errnum,
-        errstr=errstr,
-        seq=seq,
-    )
+    return Message.from_fields(mtype, topic, payload, matchtag, nodeid, flags, userid,
+                               rolemask, route, errnum, errstr, seq)
 
 
 def peek_matchtag(frames: Sequence[Frame]) -> tuple[int, str] | None:
