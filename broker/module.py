@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from broker.errors import ErrnoError
+from broker.errors import ErrnoError, ProtocolError
 from broker.message import NODEID_ANY, Message, MsgFlags, MsgType, Role
 from broker.rpc import HandleCore
 
@@ -227,14 +227,17 @@ def require(payload: Any, **fields: type | tuple[type, ...]) -> dict[str, Any]:
     Missing or mistyped fields raise ``EPROTO`` (``ProtocolError``), as Flux
     answers an unpackable request.  Returns the payload.
     """
-    from broker.errors import ProtocolError
-
     if not isinstance(payload, dict):
         raise ProtocolError("request payload must be a map")
     for name, types in fields.items():
-        if name not in payload:
+        value = payload.get(name, _MISSING)
+        if type(value) is types:  # the usual case: exactly the type asked for
+            continue
+        if value is _MISSING:
             raise ProtocolError(f"request is missing field {name!r}")
-        value = payload[name]
         if not isinstance(value, types) or (isinstance(value, bool) and types is int):
             raise ProtocolError(f"field {name!r} has the wrong type")
     return payload
+
+
+_MISSING = object()
