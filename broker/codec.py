@@ -45,10 +45,12 @@ _VALID_TYPES = frozenset(MsgType.NAMES)
 
 _packb = msgpack.Packer(use_bin_type=True, autoreset=True).pack
 _unpackb = msgpack.unpackb
+_BYTES = (bytes, bytearray, memoryview)
+_SCALARS = frozenset({str, int, float, bool, type(None)})
 
 
 def _extract(value: Any, blobs: list[Frame]) -> Any:
-    if isinstance(value, (bytes, bytearray, memoryview)) and len(value) >= OOB_THRESHOLD:
+    if isinstance(value, _BYTES) and len(value) >= OOB_THRESHOLD:
         blobs.append(value)
         return msgpack.ExtType(OOB_EXT, _U32.pack(len(blobs)))
     return value
@@ -69,24 +71,31 @@ def encode_payload(payload: Any) -> list[Frame]:
         return _encode_map(payload)
     if type(payload) is RawPayload:
         return payload.frames
-    if isinstance(payload, (bytes, bytearray, memoryview)) and len(payload) >= OOB_THRESHOLD:
+    if isinstance(payload, _BYTES) and len(payload) >= OOB_THRESHOLD:
         return [_packb(msgpack.ExtType(OOB_EXT, _U32.pack(1))), payload]
     return [_pack(payload)]
 
 
-def _encode_map(payload: dict[Any, Any]) -> list[Frame]:
-    # Pack first: a map that packs small holds no large byte string, and most
-    # payloads are small, so only big ones pay for the walk below.  A large
-    # byte string at the top ({data: blob}) skips the trial pack and its copy
-    # of the blob.
-    packed = None
+def _holds_large(payload: dict[Any, Any]) -> bool:
+    """Whether ``payload`` has a large byte string at the top or one level down."""
     for v in payload.values():
-        if type(v) is bytes and len(v) >= OOB_THRESHOLD:
-            break
-    else:
-        packed = _pack(payload)
-        if len(packed) < OOB_THRESHOLD:
-            return [packed]
+        t = type(v)
+        if t in _SCALARS:
+            continue
+        if t is dict or t is list:
+            for x in v.values() if t is dict else v:
+                if isinstance(x, _BYTES) and len(x) >= OOB_THRESHOLD:
+                    return True
+        elif isinstance(v, _BYTES) and len(v) >= OOB_THRESHOLD:
+            return True
+    return False
+
+
+def _encode_map(payload: dict[Any, Any]) -> list[Frame]:
+    # Most payloads hold no large byte string: a scan that allocates nothing
+    # finds out, and only the others are rebuilt around their blobs.
+    if not _holds_large(payload):
+        return [_pack(payload)]
     blobs: list[Frame] = []
     out: dict[Any, Any] = {}
     for k, v in payload.items():
@@ -97,8 +106,6 @@ def _encode_map(payload: dict[Any, Any]) -> list[Frame]:
         else:
             v = _extract(v, blobs)
         out[k] = v
-    if not blobs:
-        return [packed if packed is not None else _pack(payload)]
     return [_pack(out), *blobs]
 
 
