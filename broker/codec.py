@@ -43,7 +43,16 @@ _VALID_TYPES = frozenset(MsgType.NAMES)
 
 # ---------------------------------------------------------------- payloads
 
-_packb = msgpack.Packer(use_bin_type=True, autoreset=True).pack
+PACKER_KEEP = 1 << 20
+"""Packing a payload bigger than this grows the shared packer's buffer to its
+size for good; the packer is then replaced so the process does not keep it."""
+
+
+def _new_packer() -> Any:
+    return msgpack.Packer(use_bin_type=True, autoreset=True).pack
+
+
+_packb = _new_packer()
 _unpackb = msgpack.unpackb
 _BYTES = (bytes, bytearray, memoryview)
 _SCALARS = frozenset({str, int, float, bool, type(None)})
@@ -57,10 +66,14 @@ def _extract(value: Any, blobs: list[Frame]) -> Any:
 
 
 def _pack(value: Any) -> bytes:
+    global _packb
     try:
-        return _packb(value)
+        packed: bytes = _packb(value)
     except (TypeError, ValueError, OverflowError) as exc:
         raise TypeError(f"payload is not msgpack-able: {exc}") from exc
+    if len(packed) > PACKER_KEEP:
+        _packb = _new_packer()
+    return packed
 
 
 def encode_payload(payload: Any) -> list[Frame]:
