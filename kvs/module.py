@@ -34,7 +34,10 @@ from kvs.namespaces import PRIMARY, Namespace, Pending, check_name, event_prefix
 
 CHECKPOINT_KEY = "kvs-primary"
 EVENT_KINDS = ("setroot", "removed", "error", "created")
-BLOB_CACHE_BYTES = 512 << 20
+BLOB_CACHE_BYTES = 64 << 20
+"""The kvs module's blob LRU (attr ``kvs.cache-bytes``).  Its blobs are mostly
+the very objects the content cache holds (in-process RPCs copy nothing); a
+miss costs one ``content.load``."""
 MAX_OPS = 100_000
 SETROOT_BLOB_LIMIT = 64 << 10
 """A setroot event carries the commit's new blobs when they total at most this."""

@@ -36,7 +36,9 @@ from broker.message import NODEID_UPSTREAM, Message
 from broker.module import Handler, Module, require
 
 DEFAULT_BLOB_LIMIT = 512 << 20
-DEFAULT_CACHE_BYTES = 256 << 20
+DEFAULT_CACHE_BYTES = 64 << 20
+"""Per-rank cache of blobs (attr ``content.cache-bytes``); blobs not yet written
+back are never evicted."""
 FLUSH_DELAY = 0.02
 
 
