@@ -1,0 +1,98 @@
+"""Plot the main figures of a benchmark run: ``python benchmarks/plot.py RUN.json OUT.png``.
+
+Needs matplotlib (``pip install -e '.[bench]'``).  One PNG with four panels:
+RPC round trips against the raw ZeroMQ / Unix-socket yardsticks (W0, W1),
+commit rates per block of 500 as the directory grows (W2), the uvloop /
+asyncio ratio per workload, and the namespace lifecycle rate as live
+namespaces grow (W5x).  Panels without data in the JSON are left out.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+
+def _index(records: list[dict[str, Any]]) -> dict[tuple[str, str, str, str], float]:
+    return {(r["workload"], r["variant"], r["metric"], r["loop"]): r["value"] for r in records}
+
+
+def plot(records: list[dict[str, Any]], out: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    idx = _index(records)
+    loops = sorted({r["loop"] for r in records if "/" not in r["loop"]})
+    loop = "uvloop" if "uvloop" in loops else (loops[0] if loops else "uvloop")
+    panels: list[tuple[str, Any]] = []
+
+    rpc = [(label, idx.get(key)) for label, key in (
+        ("raw zmq\n(blocking)", ("W0", "zmq-blocking", "rate", loop)),
+        ("raw zmq\n(asyncio)", ("W0", "zmq-asyncio", "rate", loop)),
+        ("raw unix\n(asyncio)", ("W0", "unix-asyncio", "rate", loop)),
+        ("ping\nrank 0", ("W1", "rank0", "rate", loop)),
+        ("ping\nrank 3", ("W1", "rank3", "rate", loop)),
+    ) if idx.get(key)]
+    if rpc:
+        panels.append(("W0/W1 round trips per second", lambda ax: (
+            ax.bar([x for x, _ in rpc], [y for _, y in rpc], color="tab:blue"))))
+
+    blocks = sorted((r["variant"], r["value"]) for r in records
+                    if r["workload"] == "W2" and r["loop"] == loop and r["metric"] == "rate"
+                    and " b" in r["variant"] and r["variant"].startswith("rank0"))
+    if blocks:
+        panels.append(("W2 commits/s per block of 500 keys (rank 0)", lambda ax: (
+            ax.plot(range(1, len(blocks) + 1), [v for _, v in blocks], marker="o"),
+            ax.set_xlabel("block (directory grows by 500 keys each)"),
+            ax.set_ylim(bottom=0))))
+
+    ratios: dict[str, float] = {}
+    for r in records:
+        if r["loop"] == "uvloop/asyncio" and r["metric"] in ("rate", "p50"):
+            ratios.setdefault(f"{r['workload']}\n{r['variant']}"[:24], r["value"])
+    if ratios:
+        panels.append(("uvloop / asyncio (rate ratio; >1: uvloop faster)", lambda ax: (
+            ax.bar(list(ratios), list(ratios.values()), color="tab:green"),
+            ax.axhline(1.0, color="grey", lw=1),
+            ax.tick_params(axis="x", labelsize=6))))
+
+    levels: dict[int, float] = defaultdict(float)
+    for r in records:
+        if r["workload"] == "W5x" and r["loop"] == loop and r["metric"] == "rate":
+            digits = "".join(c for c in r["variant"] if c.isdigit())
+            if digits:
+                levels[int(digits)] = r["value"]
+    if levels:
+        xs = sorted(levels)
+        panels.append(("W5x namespaces/s vs live namespaces", lambda ax: (
+            ax.plot(xs, [levels[x] for x in xs], marker="o"), ax.set_xscale("log"),
+            ax.set_ylim(bottom=0), ax.set_xlabel("live namespaces (each with a watcher)"))))
+
+    if not panels:
+        raise SystemExit("no plottable records in the JSON")
+    fig, axes = plt.subplots(len(panels), 1, figsize=(8, 3.2 * len(panels)))
+    for ax, (title, draw) in zip(axes if len(panels) > 1 else [axes], panels, strict=True):
+        ax.set_title(title, fontsize=10)
+        draw(ax)
+    commit = records[0].get("commit", "?")
+    fig.suptitle(f"kvbroker benchmarks ({loop}, commit {commit}, {records[0].get('cores')} "
+                 f"cores)", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print(__doc__.splitlines()[0], file=sys.stderr)
+        return 2
+    plot(json.loads(Path(argv[0]).read_text()), argv[1])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
