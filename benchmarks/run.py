@@ -143,7 +143,7 @@ def run_workload(w: Workload, settings: Settings, logdir: Path,
 
 # (workload, variant, metric, comparison, target, what)
 TARGETS = [
-    ("W1", "rank3/rank0", "cost_ratio", "<", 2.0, "W1 hop cost rank3/rank0"),
+    ("W1", "per hop/local", "hop_cost", "<", 2.0, "W1 one hop's cost / a local RPC"),
     ("W2", "rank0 b10/b01", "block_ratio", ">=", 0.8, "W2 block10/block1"),
     ("W2p", "8 clients all r0 / 1 client", "ratio", ">=", 3.0, "W2p all-on-r0 / W2"),
     ("W2p", "8 clients spread r0-3 / 1 client", "ratio", ">=", 3.0, "W2p spread / W2"),

@@ -61,9 +61,22 @@ async def run_w1(ctx: RepContext) -> list[Sample]:
         out.append(Sample(f"W0 {mode}", "rate", v, "rt/s"))
         out.append(Sample(f"rank0/{mode}", "ratio", rates[0] / v, "x"))
     if 3 in rates:
-        # Time per RPC through the tree (0->1->3 and back) over a local one.
-        out.append(Sample("rank3/rank0", "cost_ratio", rates[0] / rates[3], "x", "lower"))
+        # Time per RPC through the tree (0->1->3 and back) over a local one,
+        # and what one hop adds, in units of a local RPC.
+        hops = topology_hops(3, ctx.fanout)
+        t0, t3 = 1 / rates[0], 1 / rates[3]
+        out.append(Sample("rank3/rank0", "cost_ratio", t3 / t0, "x", "lower"))
+        out.append(Sample("per hop/local", "hop_cost", (t3 - t0) / hops / t0, "x", "lower"))
     return out + cpu
+
+
+def topology_hops(rank: int, fanout: int) -> int:
+    """Overlay hops between rank 0 and ``rank``."""
+    hops = 0
+    while rank:
+        rank = (rank - 1) // fanout
+        hops += 1
+    return hops
 
 
 def w1b_sizes(settings: Settings) -> list[int]:
