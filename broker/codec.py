@@ -265,57 +265,74 @@ class StreamDecoder:
         self.oversized = 0
 
     def feed(self, data: bytes) -> list[list[bytes]]:
+        start = 0
         if self._skip:
-            n = min(self._skip, len(data))
-            self._skip -= n
-            data = data[n:]
-            if not data:
+            start = min(self._skip, len(data))
+            self._skip -= start
+            if start == len(data):
                 return []
+        out: list[list[bytes]] = []
         buf = self._buf
-        if not buf:
-            # Fast path: nothing buffered, so parse the chunk itself (one copy
-            # per frame) and keep only an incomplete tail.
-            out, pos = self._parse(data)
-            if pos < len(data):
-                buf += memoryview(data)[pos:] if pos else data
-            return out
-        buf += data
-        with memoryview(buf) as view:
-            out, pos = self._parse(view)
-        del buf[:pos]
+        if buf:
+            # The buffer holds the start of one message: complete it, then go
+            # on with the rest of the chunk in place.
+            held = len(buf)
+            buf += memoryview(data)[start:]
+            with memoryview(buf) as view:
+                out, pos = self._parse(view, 0, held)
+            if not pos:
+                return out  # still incomplete
+            del buf[:]
+            start += pos - held
+            if start >= len(data):
+                return out
+        # One copy per frame (a slice of the chunk); only an incomplete tail
+        # is buffered.
+        more, pos = self._parse(data, start, len(data))
+        out += more
+        if pos < len(data):
+            buf += memoryview(data)[pos:] if pos else data
         return out
 
-    def _parse(self, view: bytes | memoryview) -> tuple[list[list[bytes]], int]:
-        """Complete messages in ``view`` and the offset where parsing stopped."""
+    def _parse(
+        self, data: bytes | memoryview, pos: int, until: int
+    ) -> tuple[list[list[bytes]], int]:
+        """The complete messages of ``data`` that start at ``pos`` or later and
+        before ``until``, and the offset where parsing stopped.
+
+        Frames are slices of ``data``: bytes when ``data`` is bytes, else
+        copied out of the view.
+        """
         out: list[list[bytes]] = []
-        pos = 0
-        end = len(view)
+        end = len(data)
         unpack_u32 = _U32.unpack_from
-        while end - pos >= 4:
-            (nframes,) = unpack_u32(view, pos)
+        copy = type(data) is not bytes
+        while pos < until and end - pos >= 4:
+            (nframes,) = unpack_u32(data, pos)
             if nframes == 0 or nframes > MAX_FRAMES:
                 raise ProtocolError(f"bad frame count {nframes} on stream")
-            hdr = 4 + 4 * nframes
-            if end - pos < hdr:
+            p = pos + 4 + 4 * nframes
+            if p > end:
                 break
-            lengths = _LENGTHS[nframes].unpack_from(view, pos + 4)
+            lengths = _LENGTHS[nframes].unpack_from(data, pos + 4)
             total = sum(lengths)
             if total > self.max_message:
                 self.oversized += 1
-                avail = end - pos - hdr
-                if avail >= total:
-                    pos += hdr + total
+                if end - p >= total:
+                    pos = p + total
                     continue
-                self._skip = total - avail
+                self._skip = total - (end - p)
                 pos = end
                 break
-            if end - pos < hdr + total:
+            if end - p < total:
                 break
-            p = pos + hdr
             frames = []
             for n in lengths:
-                frames.append(bytes(view[p : p + n]))
-                p += n
+                q = p + n
+                frames.append(data[p:q])
+                p = q
+            if copy:
+                frames = [bytes(f) for f in frames]
             out.append(frames)
             pos = p
         return out, pos
