@@ -6,7 +6,8 @@ so subscribers check payload fields where that matters (DESIGN.md section 7).
 
 Matching cost does not grow with the number of subscriptions: for a topic of
 length n we probe the dict of prefixes once per *distinct subscribed prefix
-length* <= n.  Subscribing is a dict insert; it never blocks.
+length* <= n, and the answer is remembered per topic until the subscriptions
+change.  Subscribing is a dict insert; it never blocks.
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ from collections.abc import Hashable, Iterable
 
 log = logging.getLogger("kvbroker.events")
 
+MATCH_CACHE = 1024
+"""Topics whose subscribers are remembered (all forgotten when it fills up)."""
+
 
 class SubscriptionTable:
     """Prefix -> subscribers, with per-(subscriber, prefix) reference counts."""
@@ -25,8 +29,10 @@ class SubscriptionTable:
         self._by_prefix: dict[str, dict[Hashable, int]] = {}
         self._length_refs: Counter[int] = Counter()
         self._lengths: list[int] = []
+        self._matches: dict[str, list[Hashable]] = {}  # topic -> match(topic)
 
     def subscribe(self, subscriber: Hashable, prefix: str) -> None:
+        self._matches.clear()
         subs = self._by_prefix.get(prefix)
         if subs is None:
             subs = self._by_prefix[prefix] = {}
@@ -40,6 +46,7 @@ class SubscriptionTable:
         subs = self._by_prefix.get(prefix)
         if not subs or subscriber not in subs:
             return False
+        self._matches.clear()
         subs[subscriber] -= 1
         if subs[subscriber] == 0:
             del subs[subscriber]
@@ -48,6 +55,7 @@ class SubscriptionTable:
         return True
 
     def unsubscribe_all(self, subscriber: Hashable, prefixes: Iterable[str]) -> None:
+        self._matches.clear()
         for prefix in list(prefixes):
             subs = self._by_prefix.get(prefix)
             if subs and subs.pop(subscriber, None) is not None and not subs:
@@ -62,7 +70,18 @@ class SubscriptionTable:
             self._lengths = sorted(self._length_refs)
 
     def match(self, topic: str) -> list[Hashable]:
-        """Subscribers with at least one prefix of ``topic`` (each listed once)."""
+        """Subscribers with at least one prefix of ``topic`` (each listed once).
+
+        The list is shared with later calls: do not modify it.
+        """
+        found = self._matches.get(topic)
+        if found is None:
+            if len(self._matches) >= MATCH_CACHE:
+                self._matches.clear()
+            found = self._matches[topic] = self._match(topic)
+        return found
+
+    def _match(self, topic: str) -> list[Hashable]:
         by_prefix = self._by_prefix
         tlen = len(topic)
         found: list[Hashable] = []
