@@ -142,9 +142,7 @@ class Handle(HandleCore):
 
     def publish_nowait(self, topic: str, payload: Any = None) -> None:
         """Publish without waiting for the sequence number (no response)."""
-        self._check_open()
-        self._send(Message(MsgType.REQUEST, "event.pub", {"topic": topic, "payload": payload},
-                           flags=MsgFlags.NORESPONSE))
+        self.send_noresponse("event.pub", {"topic": topic, "payload": payload})
 
     def _on_event(self, msg: Message) -> None:
         self._events.append(msg)

@@ -142,8 +142,7 @@ class HandleCore:
     ) -> None:
         """Send a request that gets no response (``matchtag`` 0)."""
         self._check_open()
-        self._send(Message(MsgType.REQUEST, topic, payload, nodeid=nodeid,
-                           flags=MsgFlags.NORESPONSE))
+        self._send(_request(topic, payload, 0, nodeid, MsgFlags.NORESPONSE))
 
     # -- responses
     def _on_response(self, msg: Message) -> None:
