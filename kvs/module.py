@@ -22,6 +22,7 @@ import asyncio
 import errno
 import os
 from collections import Counter, OrderedDict
+from itertools import islice
 from typing import Any, ClassVar
 
 from broker.content import blobref
@@ -661,7 +662,7 @@ class KvsModule(Module):
             "namespace-count": len(self.namespaces),
             "namespaces": {name: {"rootseq": ns.rootseq, "owner": ns.owner,
                                   "waiters": ns.waiters}
-                           for name, ns in list(self.namespaces.items())[:100]},
+                           for name, ns in islice(self.namespaces.items(), 100)},
             "cache": {"blobs": len(self.blobs), "bytes": self.blobs.size},
             "counts": dict(self.counts),
             "events": {
