@@ -37,7 +37,7 @@ import zmq
 from broker import codec, topology
 from broker.errors import ProtocolError
 from broker.message import Message, MsgType
-from broker.overlay_stream import StreamLinks, _Conn
+from broker.overlay_stream import StreamConn, StreamLinks
 
 if TYPE_CHECKING:
     from broker.router import Router
@@ -149,7 +149,7 @@ class Overlay:
         self.curve = curve
         self.ctx: zmq.Context | None = None
         self._streams: StreamLinks | None = None
-        self._child_conns: dict[int, _Conn] = {}
+        self._child_conns: dict[int, StreamConn] = {}
         self.children = set(topology.children_of(self.rank, self.fanout, self.size))
         self.parent = topology.parent_of(self.rank, self.fanout)
         self.hello_from: set[int] = set()
@@ -309,7 +309,7 @@ class Overlay:
             return
         self._child_frames(child, frames)
 
-    def _from_child_conn(self, conn: _Conn, frames: list[bytes]) -> None:
+    def _from_child_conn(self, conn: StreamConn, frames: list[bytes]) -> None:
         """A stream link: the first message must be the hello of one of our children."""
         if conn.rank is None:
             msg = self._decode(frames, "an unidentified peer")  # counts garbage
@@ -327,7 +327,7 @@ class Overlay:
             self._child_conns[rank] = conn
         self._child_frames(conn.rank, frames)
 
-    def _child_lost(self, conn: _Conn) -> None:
+    def _child_lost(self, conn: StreamConn) -> None:
         if conn.rank is not None and self._child_conns.get(conn.rank) is conn:
             del self._child_conns[conn.rank]
             self.hello_from.discard(conn.rank)

@@ -32,11 +32,11 @@ log = logging.getLogger("kvbroker.overlay")
 CONNECT_RETRY = 0.01
 
 
-class _Conn(asyncio.Protocol):
+class StreamConn(asyncio.Protocol):
     """One stream connection; hands each complete message's frames to ``on_frames``."""
 
-    def __init__(self, on_frames: Callable[[_Conn, list[bytes]], None],
-                 on_lost: Callable[[_Conn], None], owner_uid: int | None) -> None:
+    def __init__(self, on_frames: Callable[[StreamConn, list[bytes]], None],
+                 on_lost: Callable[[StreamConn], None], owner_uid: int | None) -> None:
         self.on_frames = on_frames
         self.on_lost = on_lost
         self.owner_uid = owner_uid
@@ -83,32 +83,32 @@ class StreamLinks:
     """A listening socket for the children, a connection to the parent."""
 
     def __init__(self, path_of: Callable[[int], str], owner_uid: int,
-                 on_child: Callable[[_Conn, list[bytes]], None],
+                 on_child: Callable[[StreamConn, list[bytes]], None],
                  on_parent: Callable[[list[bytes]], None],
-                 on_child_lost: Callable[[_Conn], None]) -> None:
+                 on_child_lost: Callable[[StreamConn], None]) -> None:
         self.path_of = path_of
         self.owner_uid = owner_uid
         self.on_child = on_child
         self.on_parent = on_parent
         self.on_child_lost = on_child_lost
         self.server: asyncio.AbstractServer | None = None
-        self.up: _Conn | None = None
-        self.conns: set[_Conn] = set()
+        self.up: StreamConn | None = None
+        self.conns: set[StreamConn] = set()
         self.closing = False
 
     async def listen(self, rank: int) -> None:
         path = self.path_of(rank)
         loop = asyncio.get_running_loop()
 
-        def factory() -> _Conn:
-            conn = _Conn(self.on_child, self._lost, self.owner_uid)
+        def factory() -> StreamConn:
+            conn = StreamConn(self.on_child, self._lost, self.owner_uid)
             self.conns.add(conn)
             return conn
 
         self.server = await loop.create_unix_server(factory, path)
         os.chmod(path, 0o700)
 
-    def _lost(self, conn: _Conn) -> None:
+    def _lost(self, conn: StreamConn) -> None:
         self.conns.discard(conn)
         if not self.closing:
             self.on_child_lost(conn)
@@ -118,7 +118,7 @@ class StreamLinks:
         path = self.path_of(parent)
         loop = asyncio.get_running_loop()
 
-        def on_lost(_conn: _Conn) -> None:
+        def on_lost(_conn: StreamConn) -> None:
             if not self.closing:
                 log.info("lost the connection to the parent rank %d", parent)
 
@@ -126,7 +126,7 @@ class StreamLinks:
             while True:
                 try:
                     _, conn = await loop.create_unix_connection(
-                        lambda: _Conn(lambda _c, f: self.on_parent(f), on_lost, None), path)
+                        lambda: StreamConn(lambda _c, f: self.on_parent(f), on_lost, None), path)
                     break
                 except (FileNotFoundError, ConnectionRefusedError):
                     await asyncio.sleep(CONNECT_RETRY)
