@@ -51,7 +51,7 @@ _TRIVIAL = {"no such key", "is a directory", "not a directory", "not a symlink"}
 # ---------------------------------------------------------------- plumbing
 
 
-def _detail(exc: ErrnoError, key: str | None = None) -> str:
+def error_detail(exc: ErrnoError, key: str | None = None) -> str:
     """:func:`~broker.cliutil.errno_detail`, without the message when it only
     restates the key and the errno (``a.b: no such key``)."""
     msg = exc.errstr or ""
@@ -63,7 +63,7 @@ def _detail(exc: ErrnoError, key: str | None = None) -> str:
 
 
 def _fail(what: str, exc: ErrnoError, key: str | None = None) -> CLIError:
-    return CLIError(what, detail=_detail(exc, key if key is not None else what))
+    return CLIError(what, detail=error_detail(exc, key if key is not None else what))
 
 
 def _emit(text: str | bytes, end: bytes = b"\n") -> None:
@@ -327,7 +327,7 @@ class _Lister:
         try:
             obj = await self.kvs.get_treeobj(nkey)
         except ErrnoError as exc:
-            _warn(f"{nkey}: {_detail(exc, nkey)}")
+            _warn(f"{nkey}: {error_detail(exc, nkey)}")
             return False
         k = kind(obj)
         if k != "dir" and require_dir:
@@ -416,7 +416,7 @@ def cmd_unlink(args: argparse.Namespace) -> int:
                 if await kvs.unlinkable(key, recursive=args.recursive, force=args.force):
                     ops.unlink(key)
             except ErrnoError as exc:
-                raise CLIError(f"cannot unlink '{key}'", detail=_detail(exc, key)) from None
+                raise CLIError(f"cannot unlink '{key}'", detail=error_detail(exc, key)) from None
         _commit_finish(args, await _commit(kvs, ops, "unlink"))
         return 0
 
@@ -474,7 +474,7 @@ def cmd_copy(args: argparse.Namespace) -> int:
             await op(args.src, args.dst, src_namespace=args.src_namespace,
                      dst_namespace=args.dst_namespace)
         except ErrnoError as exc:
-            raise CLIError(args.kvs_cmd, detail=_detail(exc)) from None
+            raise CLIError(args.kvs_cmd, detail=error_detail(exc)) from None
         return 0
 
     return _run(args, body)

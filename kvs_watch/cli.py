@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import errno
-import os
 import sys
 from collections.abc import Awaitable, Callable
 from typing import IO, Any
@@ -30,6 +29,7 @@ from broker.cliutil import CLIError, run_async
 from broker.errors import ErrnoError
 from broker.handle import Handle
 from broker.rpc import HandleCore
+from kvs.cli import error_detail
 from kvs_watch import flags as F
 from kvs_watch.client import (
     BAD_EVENTLOG,
@@ -51,18 +51,6 @@ __all__ = [
     "watch_get_async",
 ]
 
-_TRIVIAL = {"no such key", "is a directory", "not a directory"}
-
-
-def _detail(exc: ErrnoError, key: str) -> str:
-    """``strerror``, plus the service's message when it says more."""
-    text = os.strerror(exc.errnum)
-    msg = exc.errstr or ""
-    if msg.startswith(f"{key}: "):
-        msg = msg[len(key) + 2:]
-    if msg and msg.lower() != text.lower() and msg.lower() not in _TRIVIAL:
-        text = f"{text} ({msg})"
-    return text
 
 
 def _run(args: argparse.Namespace, body: Callable[[Handle], Awaitable[int]]) -> int:
@@ -127,7 +115,7 @@ async def watch_get_async(h: HandleCore, args: argparse.Namespace,
     try:
         F.check(flags, streaming=True)
     except ErrnoError as exc:
-        raise CLIError(getattr(args, "what", "kvs get"), detail=_detail(exc, "")) from None
+        raise CLIError(getattr(args, "what", "kvs get"), detail=error_detail(exc, "")) from None
     if flags & F.WATCH and len(keys) > 1:
         try:
             async with asyncio.TaskGroup() as tg:
@@ -170,7 +158,7 @@ async def _get_one(h: HandleCore, key: str, flags: int, args: argparse.Namespace
                 if flags & F.WATCH and count and seen >= count:
                     break
     except ErrnoError as exc:
-        raise CLIError(key, detail=_detail(exc, key)) from None
+        raise CLIError(key, detail=error_detail(exc, key)) from None
     finally:
         if wrote:
             o.write(b"\n")
@@ -222,7 +210,7 @@ async def eventlog_get_async(h: HandleCore, args: argparse.Namespace, fmt: Any,
                     return 0
             parser.close()
     except ErrnoError as exc:
-        raise CLIError(key, detail=_detail(exc, key)) from None
+        raise CLIError(key, detail=error_detail(exc, key)) from None
     except ValueError:
         raise CLIError(key, detail=BAD_EVENTLOG) from None
     return 0
@@ -268,7 +256,7 @@ async def eventlog_wait_event_async(
     except ErrnoError as exc:
         if exc.errnum == errno.ENOENT:
             raise CLIError(f"eventlog path {key} not found") from None
-        raise CLIError(key, detail=_detail(exc, key)) from None
+        raise CLIError(key, detail=error_detail(exc, key)) from None
     except ValueError:
         raise CLIError(key, detail=BAD_EVENTLOG) from None
     raise CLIError(f"event '{name}' never received")

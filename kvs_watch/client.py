@@ -32,7 +32,6 @@ import asyncio
 import errno
 import json
 import math
-import os
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -41,17 +40,11 @@ from typing import Any
 from broker.errors import RemoteError
 from broker.message import NODEID_ANY
 from broker.rpc import HandleCore, Stream
+from kvs.client import default_namespace
 from kvs_watch import flags as F
 
-NAMESPACE_ENV = "KVBROKER_NAMESPACE"
-DEFAULT_NAMESPACE = "primary"
 CANCEL_TIMEOUT = 10.0
 """How long :meth:`Watch.cancel` waits for the broker's ``ENODATA``."""
-
-
-def default_namespace(namespace: str | None = None) -> str:
-    """``namespace``, else ``$KVBROKER_NAMESPACE``, else ``"primary"``."""
-    return namespace or os.environ.get(NAMESPACE_ENV) or DEFAULT_NAMESPACE
 
 
 @dataclass(frozen=True, slots=True)
