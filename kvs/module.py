@@ -22,6 +22,7 @@ import asyncio
 import errno
 import os
 from collections import Counter, OrderedDict
+from collections.abc import Awaitable
 from itertools import islice
 from typing import Any, ClassVar
 
@@ -426,18 +427,50 @@ class KvsModule(Module):
 
     # ================================================================ writes
 
-    async def commit(self, msg: Message) -> None:
+    def commit(self, msg: Message) -> Awaitable[None] | None:
+        """``kvs.commit``.  On rank 0 with the namespace at hand (the hot path)
+        no task is created: the answer is sent by the transaction's future."""
         p = require(msg.payload, ops=list)
         ops = _check_ops(p["ops"])
         flags = p.get("flags", 0)
         if not isinstance(flags, int):
             raise ErrnoError(errno.EPROTO, "flags must be an integer")
+        ns = self.namespaces.get(_ns_name(p)) if self.leader else None
+        if ns is None:
+            return self._commit(msg, p, ops, flags)
+        ns.check_access(msg)
+        if not msg.is_owner:
+            _check_guest_ops(ops)
+        fut = self._enqueue(ns, ops, flags, self._txn_name())
+        fut.add_done_callback(lambda f: self._answer_commit(msg, f))
+        return None
+
+    def _txn_name(self) -> str:
+        self._txn_counter += 1
+        self.counts["commits"] += 1
+        return f"{self.rank}.{self._txn_counter}"
+
+    def _answer_commit(self, msg: Message, fut: asyncio.Future[tuple[int, str]]) -> None:
+        if fut.cancelled():
+            self.h.respond_error(msg, errno.ECANCELED, "commit cancelled")
+            return
+        exc = fut.exception()
+        if exc is None:
+            rootseq, rootref = fut.result()
+            self.h.respond(msg, {"rootref": rootref, "rootseq": rootseq})
+        elif isinstance(exc, ErrnoError):
+            self.h.respond_error(msg, exc.errnum, exc.errstr)
+        else:
+            self.log.error("commit failed: %r", exc)
+            self.h.respond_error(msg, errno.EIO, f"internal error: {exc}")
+
+    async def _commit(self, msg: Message, p: dict[str, Any], ops: list[dict[str, Any]],
+                      flags: int) -> None:
+        """The general path: a follower relays to rank 0, or the namespace is unknown."""
         ns = await self.get_ns(_ns_name(p), msg)
         if not msg.is_owner:
             _check_guest_ops(ops)
-        self._txn_counter += 1
-        name = f"{self.rank}.{self._txn_counter}"
-        self.counts["commits"] += 1
+        name = self._txn_name()
         if self.leader:
             rootseq, rootref = await self._enqueue(ns, ops, flags, name)
         else:
