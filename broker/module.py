@@ -20,6 +20,7 @@ import asyncio
 import errno
 import inspect
 import logging
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -32,6 +33,29 @@ if TYPE_CHECKING:
     from broker.router import Router
 
 Handler = Callable[[Message], Awaitable[None] | None]
+
+
+class EventCounts:
+    """What a module did with the events its subscriptions brought: the
+    ``events`` section of its stats (DESIGN.md section 7).  ``received`` is
+    counted by :class:`Module`; the module counts ``handled`` and calls
+    :meth:`drop` with the reason for everything else."""
+
+    DROP_KINDS = ("created", "error", "foreign")
+    __slots__ = ("received", "handled", "dropped")
+
+    def __init__(self) -> None:
+        self.received = 0
+        self.handled = 0
+        self.dropped: Counter[str] = Counter()
+
+    def drop(self, kind: str) -> None:
+        self.dropped[kind] += 1
+
+    def stats(self, subscribe_calls: int) -> dict[str, Any]:
+        kinds = dict.fromkeys(self.DROP_KINDS, 0) | dict(self.dropped)
+        return {"subscribe_calls": subscribe_calls, "received": self.received,
+                "handled": self.handled, "dropped": kinds}
 
 
 @dataclass
@@ -137,7 +161,7 @@ class Module:
         self._handlers: dict[str, Handler] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self.requests = 0
-        self.events_received = 0
+        self.events = EventCounts()
 
     # -- to override
     def handlers(self) -> dict[str, Handler]:
@@ -164,11 +188,15 @@ class Module:
         self._handlers = dict(self.handlers())
         self._handlers.setdefault(f"{self.name}.stats-get", self._stats_get)
 
+    def event_stats(self) -> dict[str, Any]:
+        """The ``events`` section of this module's stats."""
+        return self.events.stats(self.h.subscribe_calls)
+
     def _stats_get(self, msg: Message) -> None:
         self.h.respond(msg, self.stats())
 
     def _receive_event(self, msg: Message) -> None:
-        self.events_received += 1
+        self.events.received += 1
         try:
             self.on_event(msg)
         except Exception:

@@ -138,9 +138,6 @@ class KvsModule(Module):
         # kvs.wait-version requests still waiting, by request route (the client)
         self._version_waits: dict[tuple[str, ...], set[asyncio.Task[Any]]] = {}
         self.counts: Counter[str] = Counter()
-        self.ev_received = 0
-        self.ev_handled = 0
-        self.ev_dropped: Counter[str] = Counter()
 
     # ================================================================ life cycle
 
@@ -298,26 +295,25 @@ class KvsModule(Module):
                                              "flags": int(MsgFlags.PRIVATE)})
 
     def on_event(self, msg: Message) -> None:
-        self.ev_received += 1
         payload = msg.payload
         name = payload.get("namespace") if isinstance(payload, dict) else None
         kind = None
         if isinstance(name, str) and msg.topic.startswith(f"kvs.namespace-{name}-"):
             kind = msg.topic[len(name) + 15:]
         if kind not in EVENT_KINDS or msg.userid != self.ctx.owner_uid:
-            self.ev_dropped["foreign"] += 1
+            self.events.drop("foreign")
             return
         if kind == "created":
-            self.ev_dropped["created"] += 1
+            self.events.drop("created")
             return
         if self.leader:  # rank 0 made this event: its state is already current
-            self.ev_handled += 1
+            self.events.handled += 1
             return
         ns = self.namespaces.get(name)  # type: ignore[arg-type]
         if ns is None:  # e.g. job-10's event seen through the job-1 subscription
-            self.ev_dropped["foreign"] += 1
+            self.events.drop("foreign")
             return
-        self.ev_handled += 1
+        self.events.handled += 1
         if kind == "setroot":
             blobs = payload.get("blobs")
             if isinstance(blobs, dict):
@@ -698,11 +694,6 @@ class KvsModule(Module):
                            for name, ns in islice(self.namespaces.items(), 100)},
             "cache": {"blobs": len(self.blobs), "bytes": self.blobs.size},
             "counts": dict(self.counts),
-            "events": {
-                "subscribe_calls": self.h.subscribe_calls,
-                "received": self.ev_received,
-                "handled": self.ev_handled,
-                "dropped": {k: self.ev_dropped[k] for k in ("created", "error", "foreign")},
-            },
+            "events": self.event_stats(),
             "pid": os.getpid(),
         }

@@ -72,9 +72,6 @@ class KvsWatchModule(Module):
         """Watchers by the route of their request, then matchtag (cancel, disconnect)."""
         self.nwatchers = 0
         self.counts: Counter[str] = Counter()
-        self.ev_received = 0
-        self.ev_handled = 0
-        self.ev_dropped: Counter[str] = Counter()
 
     def handlers(self) -> dict[str, Handler]:
         return {
@@ -183,7 +180,6 @@ class KvsWatchModule(Module):
     # ================================================================ events
 
     def on_event(self, msg: Message) -> None:
-        self.ev_received += 1
         topic = msg.topic
         mon = None
         kind = ""
@@ -192,17 +188,17 @@ class KvsWatchModule(Module):
             if sep:
                 mon = self.monitors.get(name)
         if mon is None or kind not in EVENT_KINDS or msg.userid != self.ctx.owner_uid:
-            self.ev_dropped["foreign"] += 1
+            self.events.drop("foreign")
             return
         if kind == "error":
-            self.ev_dropped["error"] += 1
+            self.events.drop("error")
             return
         try:
             p = msg.payload
         except ProtocolError:
             p = None
         if not isinstance(p, dict) or p.get("namespace") != mon.name:
-            self.ev_dropped["foreign"] += 1
+            self.events.drop("foreign")
             return
         try:
             if kind == "setroot":
@@ -215,9 +211,9 @@ class KvsWatchModule(Module):
                 self._removed(mon)
         except (KeyError, TypeError, ValueError) as exc:
             log.warning("malformed %s event: %s", topic, exc)
-            self.ev_dropped["foreign"] += 1
+            self.events.drop("foreign")
             return
-        self.ev_handled += 1
+        self.events.handled += 1
 
     def _setroot(self, mon: Monitor, seq: int, ref: str, p: dict[str, Any]) -> None:
         if mon.state == READY and seq <= mon.rootseq:
@@ -286,10 +282,5 @@ class KvsWatchModule(Module):
             "clients": len(self.clients),
             "max-backlog": self.max_backlog,
             "counts": dict(self.counts),
-            "events": {
-                "subscribe_calls": self.h.subscribe_calls,
-                "received": self.ev_received,
-                "handled": self.ev_handled,
-                "dropped": {k: self.ev_dropped[k] for k in ("created", "error", "foreign")},
-            },
+            "events": self.event_stats(),
         }
