@@ -70,6 +70,7 @@ class Broker:
             "security.owner": self.owner_uid,
         })
         self.modules: list[Module] = []
+        self._by_name: dict[str, Module] = {}
         self.overlay: Overlay | None = None
         self.connector: Connector | None = None
         self._stop = asyncio.Event()
@@ -83,13 +84,15 @@ class Broker:
 
     def _context(self) -> ModuleContext:
         return ModuleContext(rank=self.rank, size=self.size, fanout=self.fanout,
-                             attrs=self.attrs, owner_uid=self.owner_uid, log=log)
+                             attrs=self.attrs, owner_uid=self.owner_uid, log=log,
+                             siblings=self._by_name)
 
     async def load_module(self, module: Module) -> None:
         handle = ModuleHandle(self.router, module)
         module._bind(handle)
         self.router.add_peer(handle, module.service_names())
         self.modules.append(module)
+        self._by_name[module.name] = module
         await module.start()
 
     async def start(self) -> None:

@@ -136,10 +136,6 @@ class Instance:
                     args += ["--statedir", self.statedir]
                 env = dict(os.environ)
                 env.pop("KVBROKER_URI", None)
-                # Big blobs (up to the message limit) come and go: with glibc's
-                # dynamic mmap threshold freed ones stay in the heap, so a rank
-                # that saw a few 16 MiB values kept ~100 MB it no longer used.
-                env.setdefault("MALLOC_MMAP_THRESHOLD_", str(1 << 20))
                 proc = await asyncio.create_subprocess_exec(
                     *args, stdout=asyncio.subprocess.PIPE, stderr=stderr,
                     stdin=asyncio.subprocess.DEVNULL, pass_fds=(watch_r,), env=env,

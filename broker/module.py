@@ -69,6 +69,10 @@ class ModuleContext:
     owner_uid: int
     log: logging.Logger
     extra: dict[str, Any] = field(default_factory=dict)
+    siblings: dict[str, Module] = field(default_factory=dict)
+    """The modules loaded in this rank by name (filled as they load): for a
+    module that may call a sibling's Python API directly instead of through
+    an RPC, as the kvs module stores its new blobs into ``content``."""
 
 
 class ModuleHandle(HandleCore):

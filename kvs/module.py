@@ -27,6 +27,7 @@ from itertools import islice
 from typing import Any, ClassVar
 
 from broker.content import blobref
+from broker.content.module import ContentModule
 from broker.errors import ErrnoError, RemoteError
 from broker.message import Message, MsgFlags
 from broker.module import Handler, Module, require
@@ -138,6 +139,9 @@ class KvsModule(Module):
         # kvs.wait-version requests still waiting, by request route (the client)
         self._version_waits: dict[tuple[str, ...], set[asyncio.Task[Any]]] = {}
         self.counts: Counter[str] = Counter()
+        # Rank 0's content module when it is in this process with our hash:
+        # new blobs go to it by a call instead of a content.store request.
+        self._content: ContentModule | None = None
 
     # ================================================================ life cycle
 
@@ -159,6 +163,10 @@ class KvsModule(Module):
     async def start(self) -> None:
         if not self.leader:
             return
+        content = self.ctx.siblings.get("content")
+        if (isinstance(content, ContentModule) and content.backing is not None
+                and content.hash_name == self.hash_name):
+            self._content = content
         self.h.subscribe("kvs.namespace")
         rootref, rootseq = "", 0
         if self.statedir:
@@ -525,7 +533,11 @@ class KvsModule(Module):
             # fails the transaction like any other error, before the new root
             # exists anywhere.
             if result.new_blobs:
-                await self.h.rpc("content.store", {"blobs": list(result.new_blobs.values())})
+                if self._content is not None:
+                    self._content.store_hashed(result.new_blobs)
+                else:
+                    await self.h.rpc("content.store",
+                                     {"blobs": list(result.new_blobs.values())})
             for ref, data in result.new_blobs.items():
                 self.blobs.put(ref, data)
             if sync:

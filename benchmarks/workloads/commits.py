@@ -93,8 +93,9 @@ async def run_w2s(ctx: RepContext) -> list[Sample]:
 
 
 async def parallel_clients(ctx: RepContext, uris: list[str], n: int,
-                           prefix: str) -> tuple[float, int, str]:
-    """Run one kvs_client process per URI; (seconds, errors, first error)."""
+                           prefix: str) -> tuple[float, int, str, tuple[float, float, int]]:
+    """Run one kvs_client process per URI; (seconds, errors, first error,
+    the clients' summed (user s, system s, context switches))."""
     procs = await asyncio.gather(*(
         spawn("benchmarks.workloads.kvs_client", uri, ctx.loop, str(n), f"{prefix}.c{j}",
               stdin=True)
@@ -114,7 +115,9 @@ async def parallel_clients(ctx: RepContext, uris: list[str], n: int,
     end = max(r["end"] for r in results)
     errors = sum(r["errors"] for r in results)
     first = next((r["error"] for r in results if r["error"]), "")
-    return end - start, errors, first
+    usage = (sum(r["user"] for r in results), sum(r["sys"] for r in results),
+             sum(r["ctxsw"] for r in results))
+    return end - start, errors, first, usage
 
 
 async def run_w2p(ctx: RepContext) -> list[Sample]:
@@ -132,7 +135,8 @@ async def run_w2p(ctx: RepContext) -> list[Sample]:
         variants.append((f"spread r0-{spread - 1}",
                          [inst.uri(j % spread) for j in range(W2P_CLIENTS)]))
     for name, uris in variants:
-        elapsed, errors, first = await parallel_clients(
+        before = ctx.cpu_snapshot(inst)
+        elapsed, errors, first, (user, sys_, switches) = await parallel_clients(
             ctx, uris, n, f"w2p.{name.split()[0]}")
         if errors:
             ctx.note(f"W2p {name}: {errors} commits failed, first: {first}")
@@ -140,6 +144,14 @@ async def run_w2p(ctx: RepContext) -> list[Sample]:
         label = f"{W2P_CLIENTS} clients {name}"
         out.append(Sample(label, "rate", total, "commits/s"))
         out.append(Sample(f"{label} / 1 client", "ratio", total / base, "x"))
+        # Where the two cores go: each rank, and the 8 client processes summed
+        # (this process only waits, so its own ``client`` column is dropped).
+        ops = W2P_CLIENTS * n
+        out.extend(s for s in ctx.cpu_samples(inst, label, before, ops)
+                   if not s.metric.endswith(":client"))
+        out.append(Sample(label, "user_us:clients", user / ops * 1e6, "us/op", "lower"))
+        out.append(Sample(label, "sys_us:clients", sys_ / ops * 1e6, "us/op", "lower"))
+        out.append(Sample(label, "ctxsw:clients", switches / ops, "switches/op", "lower"))
     return out
 
 

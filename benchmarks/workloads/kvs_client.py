@@ -3,14 +3,16 @@
 Connects to URI on its own event loop (LOOP), prints ``ready``, waits for a
 ``go`` line on stdin, then makes N sequential commits of one put each
 (``<PREFIX>.k<i>`` = ``str(i)``) and prints one JSON line
-``{"start", "end", "n", "errors", "error"}`` (``time.perf_counter`` stamps,
-comparable across processes on Linux: CLOCK_MONOTONIC).
+``{"start", "end", "n", "errors", "error", "user", "sys", "ctxsw"}``
+(``time.perf_counter`` stamps, comparable across processes on Linux:
+CLOCK_MONOTONIC; CPU seconds and context switches spent between them).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import resource
 import sys
 import time
 
@@ -29,6 +31,7 @@ async def main(uri: str, n: int, prefix: str) -> dict:
         await h.close()
         return {"start": 0.0, "end": 0.0, "n": 0, "errors": 0, "error": "not started"}
     errors, first_error = 0, ""
+    r0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
     for i in range(n):
         try:
@@ -37,8 +40,11 @@ async def main(uri: str, n: int, prefix: str) -> dict:
             errors += 1
             first_error = first_error or f"{exc.errname}: {exc}"
     t1 = time.perf_counter()
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
     await h.close()
-    return {"start": t0, "end": t1, "n": n, "errors": errors, "error": first_error}
+    return {"start": t0, "end": t1, "n": n, "errors": errors, "error": first_error,
+            "user": r1.ru_utime - r0.ru_utime, "sys": r1.ru_stime - r0.ru_stime,
+            "ctxsw": (r1.ru_nvcsw + r1.ru_nivcsw) - (r0.ru_nvcsw + r0.ru_nivcsw)}
 
 
 if __name__ == "__main__":

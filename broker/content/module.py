@@ -26,6 +26,7 @@ import errno
 import logging
 import os
 from collections import Counter, OrderedDict
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
 
@@ -170,6 +171,26 @@ class ContentModule(Module):
         if self.backing is not None and self.dirty:
             self._schedule_write_back()
         return refs
+
+    def store_hashed(self, blobs: Mapping[str, bytes]) -> None:
+        """Rank 0, for in-process modules: cache ``{blobref: blob}`` pairs whose
+        refs the caller computed with this rank's ``content.hash``, and queue
+        them for write-back.  ``content.store`` without the request, the
+        task and the second hash of every blob (the kvs module hashes each
+        new tree object once, to name it).  ``EFBIG`` as ``content.store``."""
+        if self.backing is None:
+            raise RuntimeError("store_hashed is for rank 0, which has the backing store")
+        for data in blobs.values():
+            if len(data) > self.blob_limit:
+                raise ErrnoError(errno.EFBIG, f"blob of {len(data)} bytes exceeds the "
+                                              f"limit of {self.blob_limit}")
+        dirty = self.dirty
+        for ref, data in blobs.items():
+            self._cache_put(ref, data)
+            dirty[ref] = data
+        self.counts["stored"] += len(blobs)
+        if dirty:
+            self._schedule_write_back()
 
     async def store(self, msg: Message) -> None:
         _owner_only(msg)
