@@ -485,14 +485,27 @@ class KvsModule(Module):
             await ns.wait_version(rootseq)  # read-your-writes on this rank
         self.h.respond(msg, {"rootref": rootref, "rootseq": rootseq})
 
-    async def relaycommit(self, msg: Message) -> None:
-        """Rank 0: a commit relayed by a follower's kvs (already access-checked)."""
+    def relaycommit(self, msg: Message) -> Awaitable[None] | None:
+        """Rank 0: a commit relayed by a follower's kvs (already access-checked).
+        Like :meth:`commit`, no task when the namespace is at hand."""
         if not self.leader or not msg.is_owner:
             raise ErrnoError(errno.EPERM, "kvs.relaycommit is internal to the kvs module")
         p = require(msg.payload, namespace=str, ops=list, name=str)
         ops = _check_ops(p["ops"])
+        flags = p.get("flags", 0)
+        if not isinstance(flags, int):
+            raise ErrnoError(errno.EPROTO, "flags must be an integer")
+        ns = self.namespaces.get(p["namespace"])
+        if ns is None:
+            return self._relaycommit(msg, p, ops, flags)
+        fut = self._enqueue(ns, ops, flags, p["name"])
+        fut.add_done_callback(lambda f: self._answer_commit(msg, f))
+        return None
+
+    async def _relaycommit(self, msg: Message, p: dict[str, Any], ops: list[dict[str, Any]],
+                           flags: int) -> None:
         ns = await self.get_ns(p["namespace"])
-        rootseq, rootref = await self._enqueue(ns, ops, int(p.get("flags", 0)), p["name"])
+        rootseq, rootref = await self._enqueue(ns, ops, flags, p["name"])
         self.h.respond(msg, {"rootref": rootref, "rootseq": rootseq})
 
     def _enqueue(self, ns: Namespace, ops: list[dict[str, Any]], flags: int,
