@@ -6,7 +6,8 @@
 * ``content.load`` ``{blobref}`` -> ``{data}``: from the cache, else from
   upstream (rank != 0) or the SQLite backing store (rank 0); ``ENOENT`` if
   no one has it.
-* Rank 0 writes new blobs back to SQLite in batches (``FLUSH_DELAY``), on a
+* Rank 0 writes new blobs back to SQLite in batches (``FLUSH_DELAY``,
+  ``FLUSH_BLOBS``), on a
   worker thread so the event loop never waits for the disk (SQLite releases
   the GIL); ``content.flush`` forces the batches out and makes them durable.
 * ``content.checkpoint-put`` / ``-get`` ``{key, value}``: small named roots
@@ -40,7 +41,13 @@ DEFAULT_BLOB_LIMIT = 512 << 20
 DEFAULT_CACHE_BYTES = 64 << 20
 """Per-rank cache of blobs (attr ``content.cache-bytes``); blobs not yet written
 back are never evicted."""
-FLUSH_DELAY = 0.02
+FLUSH_DELAY = 0.1
+"""Rank 0 writes new blobs back to SQLite at most this long after they arrive...
+"""
+FLUSH_BLOBS = 4096
+"""...or as soon as this many wait.  Big batches matter: blob keys are random,
+so a transaction dirties about one index page per blob until the batch is
+comparable to the index (see :mod:`broker.content.sqlite`)."""
 
 
 class ContentModule(Module):
@@ -111,7 +118,11 @@ class ContentModule(Module):
             self.cache_bytes -= len(blob)
 
     def _schedule_write_back(self) -> None:
-        if self._flush_handle is None:
+        if len(self.dirty) >= FLUSH_BLOBS:
+            if self._flush_handle is not None:
+                self._flush_handle.cancel()
+            self._write_back()
+        elif self._flush_handle is None:
             loop = asyncio.get_running_loop()
             self._flush_handle = loop.call_later(FLUSH_DELAY, self._write_back)
 
