@@ -89,6 +89,13 @@ def _check_ops(ops: Any) -> list[dict[str, Any]]:
     return ops
 
 
+def _commit_flags(p: dict[str, Any]) -> int:
+    flags = p.get("flags", 0)
+    if not isinstance(flags, int):
+        raise ErrnoError(errno.EPROTO, "flags must be an integer")
+    return flags
+
+
 def _ns_name(p: dict[str, Any]) -> str:
     """The namespace a request names: absent, null or ``""`` mean primary;
     anything but a string is EPROTO (``0`` must not silently mean primary)."""
@@ -436,18 +443,21 @@ class KvsModule(Module):
         no task is created: the answer is sent by the transaction's future."""
         p = require(msg.payload, ops=list)
         ops = _check_ops(p["ops"])
-        flags = p.get("flags", 0)
-        if not isinstance(flags, int):
-            raise ErrnoError(errno.EPROTO, "flags must be an integer")
+        flags = _commit_flags(p)
         ns = self.namespaces.get(_ns_name(p)) if self.leader else None
         if ns is None:
             return self._commit(msg, p, ops, flags)
         ns.check_access(msg)
         if not msg.is_owner:
             _check_guest_ops(ops)
-        fut = self._enqueue(ns, ops, flags, self._txn_name())
-        fut.add_done_callback(lambda f: self._answer_commit(msg, f))
+        self._enqueue_answered(msg, ns, ops, flags, self._txn_name())
         return None
+
+    def _enqueue_answered(self, msg: Message, ns: Namespace, ops: list[dict[str, Any]],
+                          flags: int, name: str) -> None:
+        """Queue a transaction whose outcome answers ``msg`` (no task waits)."""
+        fut = self._enqueue(ns, ops, flags, name)
+        fut.add_done_callback(lambda f: self._answer_commit(msg, f))
 
     def _txn_name(self) -> str:
         self._txn_counter += 1
@@ -492,14 +502,11 @@ class KvsModule(Module):
             raise ErrnoError(errno.EPERM, "kvs.relaycommit is internal to the kvs module")
         p = require(msg.payload, namespace=str, ops=list, name=str)
         ops = _check_ops(p["ops"])
-        flags = p.get("flags", 0)
-        if not isinstance(flags, int):
-            raise ErrnoError(errno.EPROTO, "flags must be an integer")
+        flags = _commit_flags(p)
         ns = self.namespaces.get(p["namespace"])
         if ns is None:
             return self._relaycommit(msg, p, ops, flags)
-        fut = self._enqueue(ns, ops, flags, p["name"])
-        fut.add_done_callback(lambda f: self._answer_commit(msg, f))
+        self._enqueue_answered(msg, ns, ops, flags, p["name"])
         return None
 
     async def _relaycommit(self, msg: Message, p: dict[str, Any], ops: list[dict[str, Any]],

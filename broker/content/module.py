@@ -164,23 +164,19 @@ class ContentModule(Module):
     def _check_blob(self, data: Any) -> bytes:
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise ErrnoError(errno.EPROTO, "blob data must be bytes")
+        self._check_size(data)
+        return bytes(data)
+
+    def _check_size(self, data: bytes | bytearray | memoryview) -> None:
         if len(data) > self.blob_limit:
             raise ErrnoError(errno.EFBIG, f"blob of {len(data)} bytes exceeds the "
                                           f"limit of {self.blob_limit}")
-        return bytes(data)
 
     def store_local(self, blobs: list[bytes]) -> list[str]:
         """Hash and cache blobs on this rank (rank 0: queue the write-back)."""
-        refs = []
-        for data in blobs:
-            ref = blobref.hash_blob(data, self.hash_name)
-            self._cache_put(ref, data)
-            if self.backing is not None:
-                self.dirty[ref] = data
-            refs.append(ref)
+        refs = [blobref.hash_blob(data, self.hash_name) for data in blobs]
+        self._keep(dict(zip(refs, blobs, strict=True)))
         self.counts["stored"] += len(blobs)
-        if self.backing is not None and self.dirty:
-            self._schedule_write_back()
         return refs
 
     def store_hashed(self, blobs: Mapping[str, bytes]) -> None:
@@ -192,15 +188,16 @@ class ContentModule(Module):
         if self.backing is None:
             raise RuntimeError("store_hashed is for rank 0, which has the backing store")
         for data in blobs.values():
-            if len(data) > self.blob_limit:
-                raise ErrnoError(errno.EFBIG, f"blob of {len(data)} bytes exceeds the "
-                                              f"limit of {self.blob_limit}")
-        dirty = self.dirty
+            self._check_size(data)
+        self._keep(blobs)
+        self.counts["stored"] += len(blobs)
+
+    def _keep(self, blobs: Mapping[str, bytes]) -> None:
+        """Cache named blobs; on rank 0 also queue them for write-back."""
         for ref, data in blobs.items():
             self._cache_put(ref, data)
-            dirty[ref] = data
-        self.counts["stored"] += len(blobs)
-        if dirty:
+        if self.backing is not None and blobs:
+            self.dirty.update(blobs)
             self._schedule_write_back()
 
     async def store(self, msg: Message) -> None:
