@@ -240,6 +240,7 @@ def _update_node(
             if child is None:
                 raise NeedBlobs((ref,))
         new: TreeObj | None
+        base = None  # the leaf ``new`` was derived from, for BlobWriter.put_obj
         if child is None or child["type"] == "dir":
             ents = dict(child["data"]) if child is not None else {}
             before = len(ents)
@@ -255,6 +256,7 @@ def _update_node(
                 new = _build([(n, name_hash(n), e) for n, e in ents.items()], depth + 1, writer)
             else:
                 new = _leaf(ents)
+                base = ref
         else:
             old_count = child["data"]["count"]
             new = _update_node(cache, child, group, writer)
@@ -265,7 +267,7 @@ def _update_node(
         if new is None:
             shards.pop(digit, None)
         else:
-            shards[digit] = writer.put_obj(new)
+            shards[digit] = writer.put_obj(new, base, [name for name, _, _ in group])
     if total == 0:
         return None
     return hdir(depth, total, shards)

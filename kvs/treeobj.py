@@ -289,6 +289,32 @@ def encode_built(obj: TreeObj) -> bytes:
     return msgpack.packb(_canon_built(obj), use_bin_type=True)
 
 
+# One packer for the per-entry encodings: ``pack`` runs in C with the GIL
+# held and calls back into no Python code here, so sharing it is safe.
+_packer = msgpack.Packer(use_bin_type=True)
+_pack = _packer.pack
+_DIR_HEAD = b"\x83" + _pack("data")  # a 3-field map, its "data" key first
+_DIR_TYPE = _pack("type") + _pack("dir") + _pack("ver")
+
+
+def pack_entry(name: str, entry: TreeObj) -> bytes:
+    """The canonical msgpack of one ``dir`` entry, name and object: the bytes
+    it contributes to its directory's blob (see :func:`encode_packed`)."""
+    return _pack(name) + _pack(entry if entry["type"] in _FLAT_TYPES else _canon(entry))
+
+
+def encode_packed(packed: Mapping[str, bytes], ver: int = VER) -> bytes:
+    """The canonical blob of a ``dir`` whose entries are already packed
+    (``name -> pack_entry(name, entry)``): the same bytes as :func:`encode`.
+
+    A msgpack map is its header followed by its keys and values in order, so
+    a directory's blob is a fixed head, its entries' bytes sorted by name,
+    and a fixed tail -- an entry's bytes can be reused for as long as the
+    entry is unchanged (:meth:`BlobWriter.put_obj` with ``base``)."""
+    return b"".join([_DIR_HEAD, _packer.pack_map_header(len(packed)),
+                     *[packed[k] for k in sorted(packed)], _DIR_TYPE, _pack(ver)])
+
+
 def decode(data: bytes | bytearray | memoryview) -> TreeObj:
     """Decode and validate a tree-object blob.
 
@@ -394,6 +420,10 @@ class BlobCache:
         # front, ~8 us per eviction at 16K entries -- once the memo was full,
         # that was ~50 us on every commit (W2's later blocks).
         self._objs: OrderedDict[str, TreeObj] = OrderedDict()
+        # Packed entries (:func:`pack_entry`) of directories this process
+        # wrote, so the next commit into one packs only what it changed.
+        # Kept for refs still in ``_objs`` and evicted with them.
+        self._packed: dict[str, dict[str, bytes]] = {}
 
     def get(self, ref: str) -> bytes | None:
         """Raw blob bytes, or ``None`` when the store lacks them."""
@@ -415,7 +445,7 @@ class BlobCache:
         obj = decode(raw)
         objs[ref] = obj
         if len(objs) > self.max_objects:
-            objs.popitem(last=False)
+            self._packed.pop(objs.popitem(last=False)[0], None)
         return obj
 
     def need_obj(self, ref: str) -> TreeObj:
@@ -425,14 +455,23 @@ class BlobCache:
             raise NeedBlobs((ref,))
         return obj
 
-    def remember(self, objs: Mapping[str, TreeObj]) -> None:
-        """Memoize objects whose blobs were just created (they are immutable now)."""
+    def remember(self, objs: Mapping[str, TreeObj],
+                 packed: Mapping[str, dict[str, bytes]] | None = None) -> None:
+        """Memoize objects whose blobs were just created (they are immutable
+        now), and the packed entries of the directories among them."""
         mine = self._objs
         for ref, obj in objs.items():
             mine[ref] = obj
             mine.move_to_end(ref)
+        if packed:
+            self._packed.update(packed)
         while len(mine) > self.max_objects:
-            mine.popitem(last=False)
+            self._packed.pop(mine.popitem(last=False)[0], None)
+
+    def packed(self, ref: str) -> dict[str, bytes] | None:
+        """The packed entries of directory ``ref`` if this cache holds them
+        (shared: copy before changing)."""
+        return self._packed.get(ref)
 
 
 def as_cache(store: BlobStore | BlobCache) -> BlobCache:
@@ -442,22 +481,61 @@ def as_cache(store: BlobStore | BlobCache) -> BlobCache:
 
 class BlobWriter:
     """Collects the blobs an engine creates: ``blobs`` for the caller to store,
-    ``objs`` (decoded dir/hdir objects) to memoize in the :class:`BlobCache`."""
+    ``objs`` (decoded dir/hdir objects) and ``packed`` (the packed entries of
+    the dirs) to memoize in the :class:`BlobCache`."""
 
-    def __init__(self, hash_name: str = blobref.DEFAULT_HASH) -> None:
+    def __init__(self, hash_name: str = blobref.DEFAULT_HASH,
+                 cache: BlobCache | None = None) -> None:
         self.hash_name = hash_name
+        self.cache = cache
         self.blobs: dict[str, bytes] = {}
         self.objs: dict[str, TreeObj] = {}
+        self.packed: dict[str, dict[str, bytes]] = {}
 
-    def put_obj(self, obj: TreeObj) -> str:
+    def put_obj(self, obj: TreeObj, base: str | None = None,
+                changed: Iterable[str] | None = None) -> str:
         """Encode ``obj`` (built by this module or the engines: see
         :func:`encode_built`) as a blob and return its blobref; ``obj`` is
-        now frozen."""
-        data = encode_built(obj)
+        now frozen.
+
+        For a ``dir`` derived from directory blob ``base`` by adding,
+        replacing or removing the names in ``changed`` (and no others), only
+        those entries are packed again; the rest reuse ``base``'s bytes
+        when the cache still holds them.  A commit into a 62-entry leaf:
+        ~20 -> ~6 us.  Should ``changed`` miss an added or removed name,
+        the names disagree and everything is packed afresh."""
+        if obj["type"] != "dir":
+            data = encode_built(obj)
+        else:
+            ents = obj["data"]
+            packed = self._derive(base, changed, ents)
+            if packed is None:
+                packed = {k: pack_entry(k, e) for k, e in ents.items()}
+            data = encode_packed(packed, obj["ver"])
         ref = blobref.hash_blob(data, self.hash_name)
         self.blobs[ref] = data
         self.objs[ref] = obj
+        if obj["type"] == "dir":
+            self.packed[ref] = packed
         return ref
+
+    def _derive(self, base: str | None, changed: Iterable[str] | None,
+                ents: Mapping[str, TreeObj]) -> dict[str, bytes] | None:
+        if base is None or changed is None:
+            return None
+        old = self.packed.get(base)
+        if old is None and self.cache is not None:
+            old = self.cache.packed(base)
+        if old is None:
+            return None
+        packed = dict(old)
+        for name in changed:
+            entry = ents.get(name)
+            if entry is None:
+                packed.pop(name, None)
+            else:
+                packed[name] = pack_entry(name, entry)
+        return packed if packed.keys() == ents.keys() else None
 
     def put_raw(self, data: bytes) -> str:
         """Store raw value bytes as a blob and return its blobref."""

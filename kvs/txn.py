@@ -286,6 +286,9 @@ class _Txn:
             if not changed:
                 return w.orig, False  # type: ignore[return-value]
             obj = shards.make_dir(ents, self.writer)
+            if w.orig is not None:  # only the dirty entries need packing again
+                base = w.orig["data"][0]
+                return dirref(self.writer.put_obj(obj, base, w.dirty)), True
         else:
             changes: dict[str, TreeObj | None] = {}
             for name, v in w.entries.items():
@@ -331,7 +334,7 @@ def apply(
     if not checked:
         return TxnResult(root_ref, {}, keys)
 
-    writer = BlobWriter(hash_name)
+    writer = BlobWriter(hash_name, cache)
     root = _WDir.load(cache, dirref(root_ref), is_root=True)
     txn = _Txn(cache, writer, namespace)
     missing: set[str] = set()
@@ -348,5 +351,5 @@ def apply(
         raise NeedBlobs(missing)
 
     entry, _ = txn.unroll_dir(root)
-    cache.remember(writer.objs)
+    cache.remember(writer.objs, writer.packed)
     return TxnResult(entry["data"][0], writer.blobs, keys)
