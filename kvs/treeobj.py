@@ -45,9 +45,10 @@ import base64
 import binascii
 import errno
 import json
+from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import msgpack
 
@@ -303,16 +304,30 @@ def pack_entry(name: str, entry: TreeObj) -> bytes:
     return _pack(name) + _pack(entry if entry["type"] in _FLAT_TYPES else _canon(entry))
 
 
-def encode_packed(packed: Mapping[str, bytes], ver: int = VER) -> bytes:
-    """The canonical blob of a ``dir`` whose entries are already packed
-    (``name -> pack_entry(name, entry)``): the same bytes as :func:`encode`.
+class Packed(NamedTuple):
+    """A ``dir``'s entries in canonical msgpack: ``names`` sorted, ``entries[i]``
+    the :func:`pack_entry` bytes of ``names[i]``."""
+
+    names: list[str]
+    entries: list[bytes]
+
+
+def pack_dir(ents: Mapping[str, TreeObj]) -> Packed:
+    """Every entry of a ``dir`` packed, in canonical (sorted) order."""
+    names = sorted(ents)
+    return Packed(names, [pack_entry(k, ents[k]) for k in names])
+
+
+def encode_packed(packed: Packed, ver: int = VER) -> bytes:
+    """The canonical blob of a ``dir`` whose entries are already packed: the
+    same bytes as :func:`encode`.
 
     A msgpack map is its header followed by its keys and values in order, so
-    a directory's blob is a fixed head, its entries' bytes sorted by name,
+    a directory's blob is a fixed head, its entries' bytes in name order,
     and a fixed tail -- an entry's bytes can be reused for as long as the
     entry is unchanged (:meth:`BlobWriter.put_obj` with ``base``)."""
-    return b"".join([_DIR_HEAD, _packer.pack_map_header(len(packed)),
-                     *[packed[k] for k in sorted(packed)], _DIR_TYPE, _pack(ver)])
+    return b"".join([_DIR_HEAD, _packer.pack_map_header(len(packed.names)),
+                     *packed.entries, _DIR_TYPE, _pack(ver)])
 
 
 def decode(data: bytes | bytearray | memoryview) -> TreeObj:
@@ -423,7 +438,7 @@ class BlobCache:
         # Packed entries (:func:`pack_entry`) of directories this process
         # wrote, so the next commit into one packs only what it changed.
         # Kept for refs still in ``_objs`` and evicted with them.
-        self._packed: dict[str, dict[str, bytes]] = {}
+        self._packed: dict[str, Packed] = {}
 
     def get(self, ref: str) -> bytes | None:
         """Raw blob bytes, or ``None`` when the store lacks them."""
@@ -456,7 +471,7 @@ class BlobCache:
         return obj
 
     def remember(self, objs: Mapping[str, TreeObj],
-                 packed: Mapping[str, dict[str, bytes]] | None = None) -> None:
+                 packed: Mapping[str, Packed] | None = None) -> None:
         """Memoize objects whose blobs were just created (they are immutable
         now), and the packed entries of the directories among them."""
         mine = self._objs
@@ -468,7 +483,7 @@ class BlobCache:
         while len(mine) > self.max_objects:
             self._packed.pop(mine.popitem(last=False)[0], None)
 
-    def packed(self, ref: str) -> dict[str, bytes] | None:
+    def packed(self, ref: str) -> Packed | None:
         """The packed entries of directory ``ref`` if this cache holds them
         (shared: copy before changing)."""
         return self._packed.get(ref)
@@ -490,7 +505,7 @@ class BlobWriter:
         self.cache = cache
         self.blobs: dict[str, bytes] = {}
         self.objs: dict[str, TreeObj] = {}
-        self.packed: dict[str, dict[str, bytes]] = {}
+        self.packed: dict[str, Packed] = {}
 
     def put_obj(self, obj: TreeObj, base: str | None = None,
                 changed: Iterable[str] | None = None) -> str:
@@ -508,9 +523,7 @@ class BlobWriter:
             data = encode_built(obj)
         else:
             ents = obj["data"]
-            packed = self._derive(base, changed, ents)
-            if packed is None:
-                packed = {k: pack_entry(k, e) for k, e in ents.items()}
+            packed = self._derive(base, changed, ents) or pack_dir(ents)
             data = encode_packed(packed, obj["ver"])
         ref = blobref.hash_blob(data, self.hash_name)
         self.blobs[ref] = data
@@ -520,7 +533,7 @@ class BlobWriter:
         return ref
 
     def _derive(self, base: str | None, changed: Iterable[str] | None,
-                ents: Mapping[str, TreeObj]) -> dict[str, bytes] | None:
+                ents: Mapping[str, TreeObj]) -> Packed | None:
         if base is None or changed is None:
             return None
         old = self.packed.get(base)
@@ -528,14 +541,23 @@ class BlobWriter:
             old = self.cache.packed(base)
         if old is None:
             return None
-        packed = dict(old)
+        names = old.names.copy()
+        entries = old.entries.copy()
         for name in changed:
+            i = bisect_left(names, name)
+            present = i < len(names) and names[i] == name
             entry = ents.get(name)
             if entry is None:
-                packed.pop(name, None)
+                if present:
+                    del names[i], entries[i]
+            elif present:
+                entries[i] = pack_entry(name, entry)
             else:
-                packed[name] = pack_entry(name, entry)
-        return packed if packed.keys() == ents.keys() else None
+                names.insert(i, name)
+                entries.insert(i, pack_entry(name, entry))
+        # Every added, replaced or removed name must have been named: a
+        # removal that was not shows as a count that disagrees.
+        return Packed(names, entries) if len(names) == len(ents) else None
 
     def put_raw(self, data: bytes) -> str:
         """Store raw value bytes as a blob and return its blobref."""

@@ -96,6 +96,12 @@ def empty_root(hash_name: str = blobref.DEFAULT_HASH) -> tuple[str, bytes]:
     return blobref.hash_blob(data, hash_name), data
 
 
+def _fresh_dirref(ref: str) -> TreeObj:
+    """:func:`~kvs.treeobj.dirref` for a ref the writer has just computed
+    (well-formed by construction: no need to check it again)."""
+    return {"data": [ref], "type": "dirref", "ver": VER}
+
+
 class _WDir:
     """A directory being changed by a transaction (the copy-on-write copy).
 
@@ -288,7 +294,7 @@ class _Txn:
             obj = shards.make_dir(ents, self.writer)
             if w.orig is not None:  # only the dirty entries need packing again
                 base = w.orig["data"][0]
-                return dirref(self.writer.put_obj(obj, base, w.dirty)), True
+                return _fresh_dirref(self.writer.put_obj(obj, base, w.dirty)), True
         else:
             changes: dict[str, TreeObj | None] = {}
             for name, v in w.entries.items():
@@ -301,7 +307,7 @@ class _Txn:
             if not changes and not w.changed:
                 return w.orig, False  # type: ignore[return-value]
             obj = shards.update(self.cache, w.hashed, changes, self.writer)
-        return dirref(self.writer.put_obj(obj)), True
+        return _fresh_dirref(self.writer.put_obj(obj)), True
 
 
 def apply(
