@@ -33,7 +33,7 @@ from broker.message import Message, MsgFlags
 from broker.module import Handler, Module, require
 from kvs import lookup as lookup_engine
 from kvs import treeobj, txn
-from kvs.namespaces import PRIMARY, Namespace, Outcome, Pending, check_name, event_prefix
+from kvs.namespaces import PRIMARY, Namespace, Pending, check_name, event_prefix
 
 CHECKPOINT_KEY = "kvs-primary"
 EVENT_KINDS = ("setroot", "removed", "error", "created")
@@ -125,35 +125,6 @@ def _check_guest_ops(ops: list[dict[str, Any]]) -> None:
             continue
         raise ErrnoError(errno.EPERM, "guests may only commit values, unlinks and empty "
                                       "directories")
-
-
-class _Answer:
-    """A queued commit's outcome that answers its request at once: what a
-    future's done-callback would do, without a callback handle and a loop
-    iteration per commit on rank 0's hot path."""
-
-    __slots__ = ("module", "msg", "_done")
-
-    def __init__(self, module: KvsModule, msg: Message) -> None:
-        self.module = module
-        self.msg = msg
-        self._done = False
-
-    def done(self) -> bool:
-        return self._done
-
-    def set_result(self, result: tuple[int, str]) -> None:
-        self._done = True
-        rootseq, rootref = result
-        self.module.h.respond(self.msg, {"rootref": rootref, "rootseq": rootseq})
-
-    def set_exception(self, exc: BaseException) -> None:
-        self._done = True
-        if isinstance(exc, ErrnoError):
-            self.module.h.respond_error(self.msg, exc.errnum, exc.errstr)
-        else:
-            self.module.log.error("commit failed: %r", exc)
-            self.module.h.respond_error(self.msg, errno.EIO, f"internal error: {exc}")
 
 
 class KvsModule(Module):
@@ -485,12 +456,27 @@ class KvsModule(Module):
     def _enqueue_answered(self, msg: Message, ns: Namespace, ops: list[dict[str, Any]],
                           flags: int, name: str) -> None:
         """Queue a transaction whose outcome answers ``msg`` (no task waits)."""
-        self._enqueue(ns, ops, flags, name, _Answer(self, msg))
+        fut = self._enqueue(ns, ops, flags, name)
+        fut.add_done_callback(lambda f: self._answer_commit(msg, f))
 
     def _txn_name(self) -> str:
         self._txn_counter += 1
         self.counts["commits"] += 1
         return f"{self.rank}.{self._txn_counter}"
+
+    def _answer_commit(self, msg: Message, fut: asyncio.Future[tuple[int, str]]) -> None:
+        if fut.cancelled():
+            self.h.respond_error(msg, errno.ECANCELED, "commit cancelled")
+            return
+        exc = fut.exception()
+        if exc is None:
+            rootseq, rootref = fut.result()
+            self.h.respond(msg, {"rootref": rootref, "rootseq": rootseq})
+        elif isinstance(exc, ErrnoError):
+            self.h.respond_error(msg, exc.errnum, exc.errstr)
+        else:
+            self.log.error("commit failed: %r", exc)
+            self.h.respond_error(msg, errno.EIO, f"internal error: {exc}")
 
     async def _commit(self, msg: Message, p: dict[str, Any], ops: list[dict[str, Any]],
                       flags: int) -> None:
@@ -500,7 +486,7 @@ class KvsModule(Module):
             _check_guest_ops(ops)
         name = self._txn_name()
         if self.leader:
-            rootseq, rootref = await self._enqueue_future(ns, ops, flags, name)
+            rootseq, rootref = await self._enqueue(ns, ops, flags, name)
         else:
             resp = await self.h.rpc("kvs.relaycommit", {
                 "namespace": ns.name, "flags": flags, "ops": ops, "name": name,
@@ -526,22 +512,17 @@ class KvsModule(Module):
     async def _relaycommit(self, msg: Message, p: dict[str, Any], ops: list[dict[str, Any]],
                            flags: int) -> None:
         ns = await self.get_ns(p["namespace"])
-        rootseq, rootref = await self._enqueue_future(ns, ops, flags, p["name"])
+        rootseq, rootref = await self._enqueue(ns, ops, flags, p["name"])
         self.h.respond(msg, {"rootref": rootref, "rootseq": rootseq})
 
-    def _enqueue_future(self, ns: Namespace, ops: list[dict[str, Any]], flags: int,
-                        name: str) -> asyncio.Future[tuple[int, str]]:
-        """Queue a transaction; the future gets ``(rootseq, rootref)`` or the error."""
+    def _enqueue(self, ns: Namespace, ops: list[dict[str, Any]], flags: int,
+                 name: str) -> asyncio.Future[tuple[int, str]]:
         fut: asyncio.Future[tuple[int, str]] = asyncio.get_running_loop().create_future()
-        self._enqueue(ns, ops, flags, name, fut)
-        return fut
-
-    def _enqueue(self, ns: Namespace, ops: list[dict[str, Any]], flags: int, name: str,
-                 outcome: Outcome) -> None:
-        ns.queue.append(Pending(ops, flags, name, outcome))
+        ns.queue.append(Pending(ops, flags, name, fut))
         if not ns.committing:
             ns.committing = True
             self.spawn(self._run_queue(ns))
+        return fut
 
     async def _run_queue(self, ns: Namespace) -> None:
         """Rank 0: apply a namespace's queued transactions, merging adjacent ones."""
@@ -615,11 +596,11 @@ class KvsModule(Module):
         # that watches this namespace a content.load round trip per tree level.
         if result.new_blobs and sum(map(len, result.new_blobs.values())) <= self.prime_limit:
             setroot["blobs"] = result.new_blobs
+        self._publish(f"kvs.namespace-{ns.name}-setroot", setroot)
         answer = (ns.rootseq, ns.rootref)
         for p in batch:
             if not p.future.done():
                 p.future.set_result(answer)
-        self._publish(f"kvs.namespace-{ns.name}-setroot", setroot)
 
     async def _apply(self, ns: Namespace, ops: list[dict[str, Any]]) -> txn.TxnResult:
         while True:

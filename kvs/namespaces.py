@@ -15,7 +15,7 @@ import itertools
 import re
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from broker.errors import ErrnoError
 from broker.message import Message
@@ -37,16 +37,6 @@ def event_prefix(name: str) -> str:
     return f"kvs.namespace-{name}"
 
 
-class Outcome(Protocol):
-    """Where a queued transaction's result goes: an :class:`asyncio.Future`,
-    or anything with the same three methods (the kvs module answers a
-    client's request directly through one)."""
-
-    def done(self) -> bool: ...
-    def set_result(self, result: tuple[int, str], /) -> None: ...
-    def set_exception(self, exc: BaseException, /) -> None: ...
-
-
 @dataclass(slots=True)
 class Pending:
     """A transaction waiting in the leader's queue."""
@@ -54,7 +44,7 @@ class Pending:
     ops: list[dict[str, Any]]
     flags: int
     name: str
-    future: Outcome
+    future: asyncio.Future[tuple[int, str]]
 
 
 @dataclass(slots=True)
