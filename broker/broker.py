@@ -8,7 +8,7 @@ import os
 import resource
 from typing import Any
 
-from broker import __version__, codec, plugins
+from broker import __version__, codec, gcpolicy, plugins
 from broker.connector import Connector
 from broker.loops import loop_name
 from broker.module import Module, ModuleContext, ModuleHandle
@@ -142,4 +142,5 @@ class Broker:
                               "children": sorted(self.overlay.hello_from)}
         out["modules"] = {m.name: m.h.subscribe_calls for m in self.modules}
         out["rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        out["gc"] = gcpolicy.stats()
         return out

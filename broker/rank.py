@@ -19,7 +19,7 @@ import os
 import signal
 import sys
 
-from broker import malloc
+from broker import gcpolicy, malloc
 from broker.broker import Broker
 from broker.loops import loop_factory
 
@@ -91,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
                         format=f"kvbroker[{args.rank}]: %(levelname)s %(name)s: %(message)s")
     os.environ.pop("KVBROKER_URI", None)
     malloc.tune()
+    gcpolicy.tune()
     with asyncio.Runner(loop_factory=loop_factory(args.event_loop)) as runner:
         return runner.run(serve(args))
 
