@@ -17,9 +17,9 @@ and still only after the heap has grown by a quarter.  Garbage cycles are
 still collected, later; objects without cycles are freed by reference
 counting as always.  Measured A/B in one session (``KVBROKER_GC_THRESHOLDS
 =python`` against the default, W2p W4 W5 W5x, two runs each): rank 3 ran
-no full collection at all; W5x 16K/1K 0.71-0.82 -> 0.96-0.98, 64K/1K
-0.29-0.43 -> 0.49-0.60; W5 857-906 -> 949-952 namespaces/s; rank 3's
-peak RSS 350 -> 309-321 MB; W4 and W2p within noise.
+no full collection at all; W5x 16K/1K 0.71-0.82 -> 0.96-0.98 (64K/1K
+0.29-0.43 -> 0.49 in an earlier run); W5 857-906 -> 949-952 namespaces/s;
+rank 3's peak RSS 350 -> 309-321 MB; W4 and W2p within noise.
 
 Applied by the rank's ``main`` (the application), never on import, like
 :mod:`broker.malloc`.  ``KVBROKER_GC_THRESHOLDS="a,b,c"`` overrides the
