@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from broker import codec
 from broker.errors import ProtocolError
+from broker.framewriter import FrameWriter
 from broker.message import Message, MsgType, Role
 
 if TYPE_CHECKING:
@@ -50,11 +51,13 @@ class ClientConnection(asyncio.Protocol):
         self.rolemask = 0
         self.decoder = codec.StreamDecoder(server.max_message)
         self.transport: asyncio.Transport | None = None
+        self.writer: FrameWriter | None = None
         self.registered = False
 
     # -- asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        self.writer = FrameWriter(self.transport)  # type: ignore[arg-type]
         sock = transport.get_extra_info("socket")
         try:
             uid = peer_uid(sock)
@@ -114,6 +117,14 @@ class ClientConnection(asyncio.Protocol):
         self.deliver(Message(MsgType.RESPONSE, topic, matchtag=matchtag,
                              errnum=exc.errnum, errstr=exc.errstr))
 
+    def pause_writing(self) -> None:
+        if self.writer is not None:
+            self.writer.pause()
+
+    def resume_writing(self) -> None:
+        if self.writer is not None:
+            self.writer.resume()
+
     def connection_lost(self, exc: Exception | None) -> None:
         if self.registered:
             self.registered = False
@@ -134,10 +145,12 @@ class ClientConnection(asyncio.Protocol):
                 return
             if msg.type == MsgType.EVENT:
                 msg.wire = frames
-        t.writelines([codec.stream_prefix(frames), *frames])
-        if t.get_write_buffer_size() > MAX_BACKLOG:
+        w = self.writer
+        assert w is not None
+        w.send(frames)
+        if w.buffered() > MAX_BACKLOG:
             log.warning("%s: slow consumer (%d bytes queued); disconnecting", self.peer_id,
-                        t.get_write_buffer_size())
+                        w.buffered())
             self.server.counts["slow-consumers"] += 1
             t.abort()
 

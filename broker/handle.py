@@ -20,6 +20,7 @@ from typing import Any
 
 from broker import codec
 from broker.errors import ProtocolError, RemoteError
+from broker.framewriter import FrameWriter
 from broker.message import NODEID_ANY, Message, MsgFlags, MsgType
 from broker.rpc import HandleCore, Stream
 
@@ -48,10 +49,20 @@ class _ClientProtocol(asyncio.Protocol):
         self.handle = handle
         self.decoder = codec.StreamDecoder()
         self.transport: asyncio.Transport | None = None
+        self.writer: FrameWriter | None = None
         self.closed = asyncio.get_running_loop().create_future()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        self.writer = FrameWriter(self.transport)  # type: ignore[arg-type]
+
+    def pause_writing(self) -> None:
+        if self.writer is not None:
+            self.writer.pause()
+
+    def resume_writing(self) -> None:
+        if self.writer is not None:
+            self.writer.resume()
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -118,8 +129,7 @@ class Handle(HandleCore):
         proto = self._proto
         if proto is None or proto.transport is None or proto.transport.is_closing():
             raise RemoteError(errno.ECONNRESET, "not connected to a broker")
-        frames = codec.encode(msg)
-        proto.transport.writelines([codec.stream_prefix(frames), *frames])
+        proto.writer.send(codec.encode(msg))  # type: ignore[union-attr]
 
     # ---------------------------------------------------------------- events
 

@@ -26,6 +26,7 @@ from typing import Any
 from broker import codec
 from broker.connector import peer_uid
 from broker.errors import ProtocolError
+from broker.framewriter import FrameWriter
 
 log = logging.getLogger("kvbroker.overlay")
 
@@ -42,10 +43,12 @@ class StreamConn(asyncio.Protocol):
         self.owner_uid = owner_uid
         self.decoder = codec.StreamDecoder()
         self.transport: asyncio.Transport | None = None
+        self.writer: FrameWriter | None = None
         self.rank: int | None = None  # set by the overlay once the peer said hello
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        self.writer = FrameWriter(self.transport)  # type: ignore[arg-type]
         if self.owner_uid is not None:
             try:
                 uid = peer_uid(transport.get_extra_info("socket"))
@@ -73,10 +76,18 @@ class StreamConn(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.on_lost(self)
 
+    def pause_writing(self) -> None:
+        if self.writer is not None:
+            self.writer.pause()
+
+    def resume_writing(self) -> None:
+        if self.writer is not None:
+            self.writer.resume()
+
     def send(self, frames: list[Any]) -> None:
         t = self.transport
         if t is not None and not t.is_closing():
-            t.writelines([codec.stream_prefix(frames), *frames])
+            self.writer.send(frames)  # type: ignore[union-attr]
 
 
 class StreamLinks:
