@@ -517,8 +517,10 @@ class BlobWriter:
         replacing or removing the names in ``changed`` (and no others), only
         those entries are packed again; the rest reuse ``base``'s bytes
         when the cache still holds them.  A commit into a 62-entry leaf:
-        ~20 -> ~6 us.  Should ``changed`` miss an added or removed name,
-        the names disagree and everything is packed afresh."""
+        ~20 -> ~6 us.  Should ``changed`` miss a name that was added or
+        removed, the entry count disagrees and everything is packed afresh
+        (a replaced entry that is not named would keep its old bytes: the
+        engines name every name they touch)."""
         if obj["type"] != "dir":
             data = encode_built(obj)
         else:

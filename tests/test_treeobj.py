@@ -220,3 +220,14 @@ def test_blob_writer() -> None:
     assert w.objs[ref] == T.dir_()
     raw = w.put_raw(b"data")
     assert w.blobs[raw] == b"data" and raw not in w.objs
+
+
+@pytest.mark.parametrize("n", [0, 1, 15, 16, 300, 70_000])
+def test_packed_dir_encodes_like_encode(n: int) -> None:
+    # The head/entries/tail assembly must give the canonical bytes for every
+    # msgpack map size class (fixmap, map16, map32) and for entries that
+    # need canonicalising (symlinks) as well as flat ones.
+    ents = {f"k{i:06d}": T.val(str(i).encode()) for i in range(n)}
+    if n:
+        ents["link"] = {"type": "symlink", "ver": 1, "data": {"target": "t", "namespace": "ns"}}
+    assert T.encode_packed(T.pack_dir(ents)) == T.encode(T.dir_(ents))
