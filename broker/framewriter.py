@@ -54,7 +54,9 @@ class FrameWriter:
         pending.append(prefix)
         self._pending_bytes += len(prefix)
         for frame in frames:
-            view = memoryview(frame).cast("B")
+            if not isinstance(frame, bytes):
+                frame = bytes(frame)  # a caller's bytearray may change before it is sent
+            view = memoryview(frame)
             for i in range(0, len(view), CHUNK):
                 piece = view[i:i + CHUNK]
                 pending.append(piece)
