@@ -46,8 +46,7 @@ class FrameWriter:
         """Queue one message (its frames) for writing."""
         prefix = codec.stream_prefix(frames)
         if not self._pending and not self._paused:
-            size = len(prefix) + sum(len(f) for f in frames)
-            if size <= CHUNK:
+            if sum(map(len, frames)) <= CHUNK:
                 self.transport.writelines([prefix, *frames])
                 return
         pending = self._pending
