@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import socket
 
+import pytest
+
 from broker import codec
 from broker.framewriter import CHUNK, FrameWriter
 
@@ -36,6 +38,7 @@ class _Source(asyncio.Protocol):
         self.writer.resume()
 
 
+@pytest.mark.both_loops
 async def test_big_message_goes_in_pieces_and_order_is_kept() -> None:
     loop = asyncio.get_running_loop()
     a, b = socket.socketpair()
@@ -60,6 +63,7 @@ async def test_big_message_goes_in_pieces_and_order_is_kept() -> None:
         tb.close()
 
 
+@pytest.mark.both_loops
 async def test_small_message_is_written_whole() -> None:
     loop = asyncio.get_running_loop()
     a, b = socket.socketpair()

@@ -190,6 +190,7 @@ async def test_lookup_at_root(start_instance, connect, size) -> None:
     assert missing["val"] is None  # ENOENT as data
 
 
+@pytest.mark.both_loops  # asyncio's transports take big messages in pieces (framewriter)
 @SIZES
 async def test_big_values_round_trip(start_instance, connect, size) -> None:
     inst = await start_instance(size=size, fanout=2)
