@@ -81,6 +81,13 @@ class FrameWriter:
                 pending.clear()
                 self._pending_bytes = 0
                 return
-            piece = pending.popleft()
-            self._pending_bytes -= len(piece)
-            t.write(piece)  # may call pause_writing() -> self.pause()
+            # Up to CHUNK bytes per call: the small messages queued behind a
+            # big one go out together, not one system call each.
+            batch = [pending.popleft()]
+            size = len(batch[0])
+            while pending and size < CHUNK:
+                piece = pending.popleft()
+                batch.append(piece)
+                size += len(piece)
+            self._pending_bytes -= size
+            t.writelines(batch)  # may call pause_writing() -> self.pause()
