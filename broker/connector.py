@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from broker import codec
 from broker.errors import ProtocolError
-from broker.framewriter import FrameWriter
+from broker.framewriter import FramedProtocol
 from broker.message import Message, MsgType, Role
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ def peer_uid(sock: socket.socket) -> int:
     return uid
 
 
-class ClientConnection(asyncio.Protocol):
+class ClientConnection(FramedProtocol):
     """One client's connection; a router peer with id ``c<N>``."""
 
     def __init__(self, server: Connector, peer_id: str) -> None:
@@ -50,14 +50,11 @@ class ClientConnection(asyncio.Protocol):
         self.userid = -1
         self.rolemask = 0
         self.decoder = codec.StreamDecoder(server.max_message)
-        self.transport: asyncio.Transport | None = None
-        self.writer: FrameWriter | None = None
         self.registered = False
 
     # -- asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-        self.writer = FrameWriter(self.transport)  # type: ignore[arg-type]
+        super().connection_made(transport)
         sock = transport.get_extra_info("socket")
         try:
             uid = peer_uid(sock)
@@ -116,14 +113,6 @@ class ClientConnection(asyncio.Protocol):
         matchtag, topic = peek
         self.deliver(Message(MsgType.RESPONSE, topic, matchtag=matchtag,
                              errnum=exc.errnum, errstr=exc.errstr))
-
-    def pause_writing(self) -> None:
-        if self.writer is not None:
-            self.writer.pause()
-
-    def resume_writing(self) -> None:
-        if self.writer is not None:
-            self.writer.resume()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.registered:

@@ -13,7 +13,8 @@ cannot send at once: a message that fits is written whole (the common
 case, unchanged); a bigger one is cut into memoryview slices that are fed
 in while the transport is below its high-water mark, the rest when its
 protocol's ``resume_writing`` is called.  Order is kept: once anything
-waits, later messages wait behind it.
+waits, later messages wait behind it.  :class:`FramedProtocol` is the
+protocol base that wires a writer to its transport.
 """
 
 from __future__ import annotations
@@ -91,3 +92,25 @@ class FrameWriter:
                 size += len(piece)
             self._pending_bytes -= size
             t.writelines(batch)  # may call pause_writing() -> self.pause()
+
+
+class FramedProtocol(asyncio.Protocol):
+    """A stream protocol that sends through a :class:`FrameWriter`: the
+    connector's client connections, the overlay's links and the client
+    ``Handle`` share it.  Subclasses that override ``connection_made`` call
+    this one first."""
+
+    transport: asyncio.Transport | None = None
+    writer: FrameWriter | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.writer = FrameWriter(self.transport)  # type: ignore[arg-type]
+
+    def pause_writing(self) -> None:
+        if self.writer is not None:
+            self.writer.pause()
+
+    def resume_writing(self) -> None:
+        if self.writer is not None:
+            self.writer.resume()

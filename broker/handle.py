@@ -20,7 +20,7 @@ from typing import Any
 
 from broker import codec
 from broker.errors import ProtocolError, RemoteError
-from broker.framewriter import FrameWriter
+from broker.framewriter import FramedProtocol
 from broker.message import NODEID_ANY, Message, MsgFlags, MsgType
 from broker.rpc import HandleCore, Stream
 
@@ -44,25 +44,11 @@ def parse_uri(uri: str | None) -> str:
     return uri
 
 
-class _ClientProtocol(asyncio.Protocol):
+class _ClientProtocol(FramedProtocol):
     def __init__(self, handle: Handle) -> None:
         self.handle = handle
         self.decoder = codec.StreamDecoder()
-        self.transport: asyncio.Transport | None = None
-        self.writer: FrameWriter | None = None
         self.closed = asyncio.get_running_loop().create_future()
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-        self.writer = FrameWriter(self.transport)  # type: ignore[arg-type]
-
-    def pause_writing(self) -> None:
-        if self.writer is not None:
-            self.writer.pause()
-
-    def resume_writing(self) -> None:
-        if self.writer is not None:
-            self.writer.resume()
 
     def data_received(self, data: bytes) -> None:
         try:

@@ -26,14 +26,14 @@ from typing import Any
 from broker import codec
 from broker.connector import peer_uid
 from broker.errors import ProtocolError
-from broker.framewriter import FrameWriter
+from broker.framewriter import FramedProtocol
 
 log = logging.getLogger("kvbroker.overlay")
 
 CONNECT_RETRY = 0.01
 
 
-class StreamConn(asyncio.Protocol):
+class StreamConn(FramedProtocol):
     """One stream connection; hands each complete message's frames to ``on_frames``."""
 
     def __init__(self, on_frames: Callable[[StreamConn, list[bytes]], None],
@@ -42,13 +42,10 @@ class StreamConn(asyncio.Protocol):
         self.on_lost = on_lost
         self.owner_uid = owner_uid
         self.decoder = codec.StreamDecoder()
-        self.transport: asyncio.Transport | None = None
-        self.writer: FrameWriter | None = None
         self.rank: int | None = None  # set by the overlay once the peer said hello
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-        self.writer = FrameWriter(self.transport)  # type: ignore[arg-type]
+        super().connection_made(transport)
         if self.owner_uid is not None:
             try:
                 uid = peer_uid(transport.get_extra_info("socket"))
@@ -75,14 +72,6 @@ class StreamConn(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.on_lost(self)
-
-    def pause_writing(self) -> None:
-        if self.writer is not None:
-            self.writer.pause()
-
-    def resume_writing(self) -> None:
-        if self.writer is not None:
-            self.writer.resume()
 
     def send(self, frames: list[Any]) -> None:
         t = self.transport
