@@ -283,6 +283,8 @@ class _Txn:
     def unroll_dir(self, w: _WDir) -> tuple[TreeObj, bool]:
         """Store ``w`` (if changed) and return its ``dirref``."""
         changed = w.changed
+        base: str | None = None  # the blob ``w`` came from, and the names it changed:
+        names: set[str] | None = None  # only those entries need packing again
         if w.hashed is None:
             ents = w.entries
             for name in w.dirty:
@@ -292,9 +294,8 @@ class _Txn:
             if not changed:
                 return w.orig, False  # type: ignore[return-value]
             obj = shards.make_dir(ents, self.writer)
-            if w.orig is not None:  # only the dirty entries need packing again
-                base = w.orig["data"][0]
-                return _fresh_dirref(self.writer.put_obj(obj, base, w.dirty)), True
+            if w.orig is not None:
+                base, names = w.orig["data"][0], w.dirty
         else:
             changes: dict[str, TreeObj | None] = {}
             for name, v in w.entries.items():
@@ -307,7 +308,7 @@ class _Txn:
             if not changes and not w.changed:
                 return w.orig, False  # type: ignore[return-value]
             obj = shards.update(self.cache, w.hashed, changes, self.writer)
-        return _fresh_dirref(self.writer.put_obj(obj)), True
+        return _fresh_dirref(self.writer.put_obj(obj, base, names)), True
 
 
 def apply(
