@@ -106,6 +106,18 @@ class HandleCore:
     ) -> asyncio.Future[Any]:
         """Send a request; the returned future resolves to the response payload
         or raises :class:`RemoteError`."""
+        return self.rpc_tagged(topic, payload, nodeid=nodeid, flags=flags)[1]
+
+    def rpc_tagged(
+        self,
+        topic: str,
+        payload: Any = None,
+        *,
+        nodeid: int = NODEID_ANY,
+        flags: int = 0,
+    ) -> tuple[int, asyncio.Future[Any]]:
+        """:meth:`rpc`, also returning the request's matchtag, for a caller
+        that may stop waiting with :meth:`retire`."""
         self._check_open()
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         tag = self._alloc_tag()
@@ -115,7 +127,21 @@ class HandleCore:
         except BaseException:
             del self._pending[tag]
             raise
-        return fut
+        return tag, fut
+
+    def retire(self, tag: int) -> None:
+        """Stop waiting for the answer to request ``tag`` (its future is
+        cancelled; a late answer is dropped).  For a request whose success is
+        learnt some other way: ``kvs.relaycommit`` is answered only if refused,
+        its success is the ``setroot`` event that names the transaction."""
+        waiter = self._pending.pop(tag, None)
+        if waiter is not None and type(waiter) is not Stream and not waiter.done():
+            waiter.cancel()
+
+    @property
+    def pending(self) -> int:
+        """Requests still waiting for an answer (a leak shows here)."""
+        return len(self._pending)
 
     def rpc_stream(
         self,

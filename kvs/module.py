@@ -89,6 +89,13 @@ def _check_ops(ops: Any) -> list[dict[str, Any]]:
     return ops
 
 
+def _published(fut: asyncio.Future[Any]) -> None:
+    """Rank 0, a relayed transaction's outcome: the setroot or error event
+    already told the follower; only mark a failure as seen."""
+    if not fut.cancelled():
+        fut.exception()
+
+
 def _commit_flags(p: dict[str, Any]) -> int:
     flags = p.get("flags", 0)
     if not isinstance(flags, int):
@@ -302,6 +309,12 @@ class KvsModule(Module):
 
     # ================================================================ events
 
+    def _publish_error(self, ns: Namespace, names: list[str], exc: ErrnoError) -> None:
+        """The ``error`` event: transactions ``names`` failed (a follower that
+        relayed one of them answers its client from it)."""
+        self._publish(f"kvs.namespace-{ns.name}-error", {
+            "namespace": ns.name, "names": names, "errnum": exc.errnum, "errstr": exc.errstr})
+
     def _publish(self, topic: str, payload: dict[str, Any]) -> None:
         """Publish a namespace event (rank 0), private to the instance owner
         as in Flux: guests must not learn other namespaces' roots, keys or
@@ -335,12 +348,16 @@ class KvsModule(Module):
                 for ref, data in blobs.items():
                     if isinstance(ref, str) and isinstance(data, bytes):
                         self.blobs.put(ref, data)
-            ns.set_root(int(payload["rootseq"]), payload["rootref"])
+            rootseq, rootref = int(payload["rootseq"]), payload["rootref"]
+            ns.set_root(rootseq, rootref)
+            if ns.relayed:
+                ns.finish(payload.get("names") or [], rootseq, rootref)
         elif kind == "removed":
             self._forget_ns(ns.name)
-        else:  # error: the requester already has its answer; log for operators
-            self.log.debug("commit(s) %s failed in %s: errno %s", payload.get("names"),
-                           name, payload.get("errnum"))
+        else:  # error: fail this rank's relayed transactions it names
+            errstr = payload.get("errstr")
+            ns.fail(payload.get("names") or [], int(payload.get("errnum") or errno.EIO),
+                    errstr if isinstance(errstr, str) else None)
 
     # ================================================================ reads
 
@@ -439,25 +456,26 @@ class KvsModule(Module):
     # ================================================================ writes
 
     def commit(self, msg: Message) -> Awaitable[None] | None:
-        """``kvs.commit``.  On rank 0 with the namespace at hand (the hot path)
-        no task is created: the answer is sent by the transaction's future."""
+        """``kvs.commit``.  With the namespace at hand (the hot path) no task
+        is created: the answer is sent by the transaction's outcome future,
+        queued here on rank 0, relayed to rank 0 on a follower."""
         p = require(msg.payload, ops=list)
         ops = _check_ops(p["ops"])
         flags = _commit_flags(p)
-        ns = self.namespaces.get(_ns_name(p)) if self.leader else None
-        if ns is None:
+        name = _ns_name(p)
+        ns = self.namespaces.get(name)
+        if ns is None or ns.rootseq < 0 or name in self._loading:
             return self._commit(msg, p, ops, flags)
         ns.check_access(msg)
         if not msg.is_owner:
             _check_guest_ops(ops)
-        self._enqueue_answered(msg, ns, ops, flags, self._txn_name())
+        txn_name = self._txn_name()
+        if self.leader:
+            outcome = self._enqueue(ns, ops, flags, txn_name)
+        else:
+            outcome = self._relay(ns, ops, flags, txn_name)
+        outcome.add_done_callback(lambda f: self._answer_commit(msg, f))
         return None
-
-    def _enqueue_answered(self, msg: Message, ns: Namespace, ops: list[dict[str, Any]],
-                          flags: int, name: str) -> None:
-        """Queue a transaction whose outcome answers ``msg`` (no task waits)."""
-        fut = self._enqueue(ns, ops, flags, name)
-        fut.add_done_callback(lambda f: self._answer_commit(msg, f))
 
     def _txn_name(self) -> str:
         self._txn_counter += 1
@@ -488,16 +506,49 @@ class KvsModule(Module):
         if self.leader:
             rootseq, rootref = await self._enqueue(ns, ops, flags, name)
         else:
-            resp = await self.h.rpc("kvs.relaycommit", {
+            rootseq, rootref = await self._relay(ns, ops, flags, name)
+        self.h.respond(msg, {"rootref": rootref, "rootseq": rootseq})
+
+    def _relay(self, ns: Namespace, ops: list[dict[str, Any]], flags: int,
+               name: str) -> asyncio.Future[tuple[int, str]]:
+        """A follower sends transaction ``name`` to rank 0; the returned future
+        resolves when this rank applies the ``setroot`` event that names it
+        (read-your-writes here), or fails by the ``error`` event naming it.
+
+        As in Flux, a queued relay gets no response: the event is the answer,
+        so each relayed commit costs one message up the tree, not two plus the
+        event.  Rank 0 does answer a relay it refuses before queueing it (or
+        the broker cannot route), so no refusal leaves a client waiting."""
+        outcome = ns.expect(name)
+        try:
+            tag, refusal = self.h.rpc_tagged("kvs.relaycommit", {
                 "namespace": ns.name, "flags": flags, "ops": ops, "name": name,
             }, nodeid=0)
-            rootseq, rootref = int(resp["rootseq"]), resp["rootref"]
-            await ns.wait_version(rootseq)  # read-your-writes on this rank
-        self.h.respond(msg, {"rootref": rootref, "rootseq": rootseq})
+        except BaseException:
+            del ns.relayed[name]
+            raise
+        self.counts["relayed"] += 1
+
+        def refused(f: asyncio.Future[Any]) -> None:
+            if f.cancelled() or outcome.done():
+                return
+            exc = f.exception()
+            if exc is not None:
+                ns.relayed.pop(name, None)
+                outcome.set_exception(exc)
+
+        def settled(_f: asyncio.Future[tuple[int, str]]) -> None:
+            ns.relayed.pop(name, None)
+            self.h.retire(tag)
+
+        refusal.add_done_callback(refused)
+        outcome.add_done_callback(settled)
+        return outcome
 
     def relaycommit(self, msg: Message) -> Awaitable[None] | None:
         """Rank 0: a commit relayed by a follower's kvs (already access-checked).
-        Like :meth:`commit`, no task when the namespace is at hand."""
+        Answered only if refused here: once queued, its outcome is published
+        (``setroot`` or ``error`` naming it).  No task when the namespace is at hand."""
         if not self.leader or not msg.is_owner:
             raise ErrnoError(errno.EPERM, "kvs.relaycommit is internal to the kvs module")
         p = require(msg.payload, namespace=str, ops=list, name=str)
@@ -505,15 +556,14 @@ class KvsModule(Module):
         flags = _commit_flags(p)
         ns = self.namespaces.get(p["namespace"])
         if ns is None:
-            return self._relaycommit(msg, p, ops, flags)
-        self._enqueue_answered(msg, ns, ops, flags, p["name"])
+            return self._relaycommit(p, ops, flags)
+        self._enqueue(ns, ops, flags, p["name"]).add_done_callback(_published)
         return None
 
-    async def _relaycommit(self, msg: Message, p: dict[str, Any], ops: list[dict[str, Any]],
+    async def _relaycommit(self, p: dict[str, Any], ops: list[dict[str, Any]],
                            flags: int) -> None:
         ns = await self.get_ns(p["namespace"])
-        rootseq, rootref = await self._enqueue(ns, ops, flags, p["name"])
-        self.h.respond(msg, {"rootref": rootref, "rootseq": rootseq})
+        self._enqueue(ns, ops, flags, p["name"]).add_done_callback(_published)
 
     def _enqueue(self, ns: Namespace, ops: list[dict[str, Any]], flags: int,
                  name: str) -> asyncio.Future[tuple[int, str]]:
@@ -537,10 +587,11 @@ class KvsModule(Module):
                     await self._apply_batch(ns, batch)
                 except Exception as exc:  # a bug: fail the batch, never leave it hanging
                     self.log.exception("commit batch in %s failed", ns.name)
+                    err = ErrnoError(errno.EIO, f"internal error: {exc}")
                     for p in batch:
                         if not p.future.done():
-                            p.future.set_exception(
-                                ErrnoError(errno.EIO, f"internal error: {exc}"))
+                            p.future.set_exception(err)
+                    self._publish_error(ns, [p.name for p in batch], err)
         finally:
             ns.committing = False
 
@@ -574,8 +625,7 @@ class KvsModule(Module):
             p = batch[0]
             if not p.future.done():
                 p.future.set_exception(exc)
-            self._publish(f"kvs.namespace-{ns.name}-error", {
-                "namespace": ns.name, "names": [p.name], "errnum": exc.errnum})
+            self._publish_error(ns, [p.name], exc)
             return
         if ns.removed:  # removed while this batch was being applied
             err = ErrnoError(errno.ENOTSUP, f"namespace {ns.name} was removed")
@@ -726,6 +776,8 @@ class KvsModule(Module):
                            for name, ns in islice(self.namespaces.items(), 100)},
             "cache": {"blobs": len(self.blobs), "bytes": self.blobs.size},
             "counts": dict(self.counts),
+            "relays-waiting": sum(len(ns.relayed) for ns in self.namespaces.values()),
+            "rpcs-pending": self.h.pending,
             "events": self.event_stats(),
             "pid": os.getpid(),
         }

@@ -2,8 +2,9 @@
 
 A :class:`Namespace` is a named root (``rootref`` at version ``rootseq``)
 with an owner.  Rank 0 (the leader) also queues the namespace's pending
-transactions.  Every rank keeps waiters for versions (``kvs.wait-version``,
-read-your-writes after a commit relayed to rank 0).
+transactions.  Every rank keeps waiters for versions (``kvs.wait-version``);
+a follower also keeps the transactions it relayed to rank 0, by name, until
+the ``setroot`` or ``error`` event naming them arrives.
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ class Namespace:
     committing: bool = False
     # version waiters: (rootseq, tiebreak, future)
     _waiters: list[tuple[int, int, asyncio.Future[None]]] = field(default_factory=list)
+    # follower only: transactions relayed to rank 0, by name -> (rootseq, rootref)
+    relayed: dict[str, asyncio.Future[tuple[int, str]]] = field(default_factory=dict)
 
     def may_access(self, msg: Message) -> bool:
         """The instance owner sees every namespace; a guest only its own."""
@@ -97,6 +100,33 @@ class Namespace:
             heapq.heapify(self._waiters)
             raise
 
+    def expect(self, name: str) -> asyncio.Future[tuple[int, str]]:
+        """A future for the outcome of transaction ``name``, relayed to rank 0:
+        resolved by :meth:`finish` or :meth:`fail` when the event naming it
+        arrives, failed by :meth:`remove`."""
+        if self.removed:
+            raise ErrnoError(errno.ENOTSUP, f"namespace {self.name} was removed")
+        fut: asyncio.Future[tuple[int, str]] = asyncio.get_running_loop().create_future()
+        self.relayed[name] = fut
+        return fut
+
+    def finish(self, names: list[Any], rootseq: int, rootref: str) -> None:
+        """A ``setroot`` event: the transactions it names are in ``rootseq``
+        (call after :meth:`set_root`, so their requesters read their writes)."""
+        relayed = self.relayed
+        for name in names:
+            fut = relayed.pop(name, None) if type(name) is str else None
+            if fut is not None and not fut.done():
+                fut.set_result((rootseq, rootref))
+
+    def fail(self, names: list[Any], errnum: int, errstr: str | None) -> None:
+        """An ``error`` event: the transactions it names failed with ``errnum``."""
+        relayed = self.relayed
+        for name in names:
+            fut = relayed.pop(name, None) if type(name) is str else None
+            if fut is not None and not fut.done():
+                fut.set_exception(ErrnoError(errnum, errstr))
+
     @property
     def waiters(self) -> int:
         """Number of version waiters (``kvs.stats-get``)."""
@@ -110,6 +140,10 @@ class Namespace:
             if not fut.done():
                 fut.set_exception(err)
         self._waiters.clear()
+        for fut in self.relayed.values():
+            if not fut.done():
+                fut.set_exception(err)
+        self.relayed.clear()
         while self.queue:
             p = self.queue.popleft()
             if not p.future.done():

@@ -13,6 +13,8 @@ import errno
 
 from test_kvs_rpc_helpers import APPEND, T, commit, errnum, get, getroot, put, stats
 
+from broker.errors import RemoteError
+
 
 def ns_create(h, name: str):
     return asyncio.wait_for(
@@ -174,8 +176,61 @@ async def test_event_payloads(start_instance, connect) -> None:
     assert (setroot["rootseq"], setroot["rootref"]) == (resp["rootseq"], resp["rootref"])
     assert setroot["keys"] == ["a.b", "c"]
     assert len(setroot["names"]) == 1 and isinstance(setroot["names"][0], str)
-    assert set(error) == {"namespace", "names", "errnum"}
+    assert set(error) == {"namespace", "names", "errnum", "errstr"}
     assert error["namespace"] == "evns" and error["errnum"] == errno.EISDIR
+    assert isinstance(error["errstr"], str) and error["errstr"]
     assert len(error["names"]) == 1 and error["names"] != setroot["names"]
     assert removed == {"namespace": "evns"}
     assert all(e.userid == owner for e in got)
+
+
+async def test_relayed_commits_are_answered_by_events(start_instance, connect) -> None:
+    """A follower's commits travel up as ``kvs.relaycommit`` and come back as
+    the setroot (or error) event naming them: rank 0 sends no response for a
+    queued relay, and the follower keeps nothing waiting afterwards."""
+    inst = await start_instance(size=4, fanout=2)
+    h0 = await connect(inst, 0)
+    h3 = await connect(inst, 3)
+    await commit(h3, put("warm", "0"))  # rank 3 loads primary
+    n = 20
+    before = (await asyncio.wait_for(h0.rpc("broker.stats-get", {}, nodeid=0), T))["messages"]
+    roots = [await commit(h3, put(f"relay.k{i}", str(i))) for i in range(n)]
+    after = (await asyncio.wait_for(h0.rpc("broker.stats-get", {}, nodeid=0), T))["messages"]
+    # rank 0 routed the relays but answered none of them (the one extra
+    # response is the first stats-get's own)
+    assert after["requests"] - before["requests"] >= n
+    assert after.get("responses", 0) - before.get("responses", 0) < n // 4
+    # each answer is the root that holds the write, readable at once on rank 3
+    assert [r["rootseq"] for r in roots] == sorted({r["rootseq"] for r in roots})
+    for i in (0, n - 1):
+        assert await get(h3, f"relay.k{i}") == str(i).encode()
+    st = await stats(h3)
+    assert st["counts"]["relayed"] == n + 1
+    assert st["relays-waiting"] == 0 and st["rpcs-pending"] == 0
+
+
+async def test_relayed_commit_failures_carry_errno_and_message(start_instance, connect) -> None:
+    """A relayed commit that fails at rank 0 after being queued is answered
+    from the error event (errno and message as on rank 0); one refused before
+    queueing is answered by rank 0 directly; neither leaves anything waiting."""
+    inst = await start_instance(size=4, fanout=2)
+    h0 = await connect(inst, 0)
+    h3 = await connect(inst, 3)
+    await commit(h0, put("d.x", "1"))
+    messages = []
+    for h in (h0, h3):
+        try:
+            await asyncio.wait_for(h.rpc("kvs.commit", {
+                "namespace": "primary", "flags": 0, "ops": [put("d", "z", APPEND)]}), T)
+        except RemoteError as exc:
+            messages.append((exc.errnum, exc.errstr))
+    assert len(messages) == 2 and messages[0] == messages[1]
+    assert messages[0][0] == errno.EISDIR and messages[0][1]
+    # refused at rank 0 before queueing: an unknown namespace gets an answer
+    assert await errnum(h0.rpc("kvs.relaycommit", {
+        "namespace": "no-such-ns", "flags": 0, "ops": [], "name": "x.1"}, nodeid=0)) \
+        == errno.ENOTSUP
+    # the follower still works and holds no leftovers
+    await commit(h3, put("after", "1"))
+    st = await stats(h3)
+    assert st["relays-waiting"] == 0 and st["rpcs-pending"] == 0
