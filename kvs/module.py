@@ -7,7 +7,8 @@ come from the ``content`` module.  Writes (``kvs.commit``) travel to rank 0
 ready transactions with equal flags (a failed merge is split and replayed),
 applies them with the I/O-free engine :mod:`kvs.txn`, stores the new blobs,
 and publishes ``kvs.namespace-<NS>-setroot``.  A follower answers its client
-once it has applied that root itself (read-your-writes).
+once it has applied the setroot naming the transaction (read-your-writes);
+:mod:`kvs.relay` is that road.
 
 Events (DESIGN.md section 7): rank 0 subscribes once to ``kvs.namespace``;
 a follower subscribes once per namespace it has loaded, to
@@ -34,6 +35,7 @@ from broker.module import Handler, Module, require
 from kvs import lookup as lookup_engine
 from kvs import treeobj, txn
 from kvs.namespaces import PRIMARY, Namespace, Pending, check_name, event_prefix
+from kvs.relay import RelayOutbox
 
 CHECKPOINT_KEY = "kvs-primary"
 EVENT_KINDS = ("setroot", "removed", "error", "created")
@@ -96,6 +98,18 @@ def _published(fut: asyncio.Future[Any]) -> None:
         fut.exception()
 
 
+def _check_relayed(txns: list[Any]) -> list[tuple[str, int, list[dict[str, Any]]]]:
+    """``kvs.relaycommit``'s ``txns``: ``[{name, flags, ops}, ...]``, all valid
+    or the whole relay refused (before any of it is queued)."""
+    if not txns:
+        raise ErrnoError(errno.EPROTO, "kvs.relaycommit carries no transaction")
+    out = []
+    for t in txns:
+        t = require(t, name=str, ops=list)
+        out.append((t["name"], _commit_flags(t), _check_ops(t["ops"])))
+    return out
+
+
 def _commit_flags(p: dict[str, Any]) -> int:
     flags = p.get("flags", 0)
     if not isinstance(flags, int):
@@ -153,6 +167,7 @@ class KvsModule(Module):
         # kvs.wait-version requests still waiting, by request route (the client)
         self._version_waits: dict[tuple[str, ...], set[asyncio.Task[Any]]] = {}
         self.counts: Counter[str] = Counter()
+        self.relays: RelayOutbox  # a follower's road to rank 0 (needs self.h: see start)
         # Rank 0's content module when it is in this process with our hash:
         # new blobs go to it by a call instead of a content.store request.
         self._content: ContentModule | None = None
@@ -175,6 +190,7 @@ class KvsModule(Module):
         }
 
     async def start(self) -> None:
+        self.relays = RelayOutbox(self.h, self.counts)
         if not self.leader:
             return
         content = self.ctx.siblings.get("content")
@@ -473,7 +489,7 @@ class KvsModule(Module):
         if self.leader:
             outcome = self._enqueue(ns, ops, flags, txn_name)
         else:
-            outcome = self._relay(ns, ops, flags, txn_name)
+            outcome = self.relays.submit(ns, ops, flags, txn_name)
         outcome.add_done_callback(lambda f: self._answer_commit(msg, f))
         return None
 
@@ -506,64 +522,32 @@ class KvsModule(Module):
         if self.leader:
             rootseq, rootref = await self._enqueue(ns, ops, flags, name)
         else:
-            rootseq, rootref = await self._relay(ns, ops, flags, name)
+            rootseq, rootref = await self.relays.submit(ns, ops, flags, name)
         self.h.respond(msg, {"rootref": rootref, "rootseq": rootseq})
 
-    def _relay(self, ns: Namespace, ops: list[dict[str, Any]], flags: int,
-               name: str) -> asyncio.Future[tuple[int, str]]:
-        """A follower sends transaction ``name`` to rank 0; the returned future
-        resolves when this rank applies the ``setroot`` event that names it
-        (read-your-writes here), or fails by the ``error`` event naming it.
-
-        As in Flux, a queued relay gets no response: the event is the answer,
-        so each relayed commit costs one message up the tree, not two plus the
-        event.  Rank 0 does answer a relay it refuses before queueing it (or
-        the broker cannot route), so no refusal leaves a client waiting."""
-        outcome = ns.expect(name)
-        try:
-            tag, refusal = self.h.rpc_tagged("kvs.relaycommit", {
-                "namespace": ns.name, "flags": flags, "ops": ops, "name": name,
-            }, nodeid=0)
-        except BaseException:
-            del ns.relayed[name]
-            raise
-        self.counts["relayed"] += 1
-
-        def refused(f: asyncio.Future[Any]) -> None:
-            if f.cancelled() or outcome.done():
-                return
-            exc = f.exception()
-            if exc is not None:
-                ns.relayed.pop(name, None)
-                outcome.set_exception(exc)
-
-        def settled(_f: asyncio.Future[tuple[int, str]]) -> None:
-            ns.relayed.pop(name, None)
-            self.h.retire(tag)
-
-        refusal.add_done_callback(refused)
-        outcome.add_done_callback(settled)
-        return outcome
-
     def relaycommit(self, msg: Message) -> Awaitable[None] | None:
-        """Rank 0: a commit relayed by a follower's kvs (already access-checked).
-        Answered only if refused here: once queued, its outcome is published
+        """Rank 0: transactions relayed by a follower's kvs (already
+        access-checked there), see :mod:`kvs.relay`.  Answered only if refused
+        here, all of them; once queued, each one's outcome is published
         (``setroot`` or ``error`` naming it).  No task when the namespace is at hand."""
         if not self.leader or not msg.is_owner:
             raise ErrnoError(errno.EPERM, "kvs.relaycommit is internal to the kvs module")
-        p = require(msg.payload, namespace=str, ops=list, name=str)
-        ops = _check_ops(p["ops"])
-        flags = _commit_flags(p)
+        p = require(msg.payload, namespace=str, txns=list)
+        txns = _check_relayed(p["txns"])
         ns = self.namespaces.get(p["namespace"])
         if ns is None:
-            return self._relaycommit(p, ops, flags)
-        self._enqueue(ns, ops, flags, p["name"]).add_done_callback(_published)
+            return self._relaycommit(p["namespace"], txns)
+        self._enqueue_relayed(ns, txns)
         return None
 
-    async def _relaycommit(self, p: dict[str, Any], ops: list[dict[str, Any]],
-                           flags: int) -> None:
-        ns = await self.get_ns(p["namespace"])
-        self._enqueue(ns, ops, flags, p["name"]).add_done_callback(_published)
+    async def _relaycommit(self, name: str, txns: list[tuple[str, int, list[dict[str, Any]]]],
+                           ) -> None:
+        self._enqueue_relayed(await self.get_ns(name), txns)
+
+    def _enqueue_relayed(self, ns: Namespace,
+                         txns: list[tuple[str, int, list[dict[str, Any]]]]) -> None:
+        for name, flags, ops in txns:
+            self._enqueue(ns, ops, flags, name).add_done_callback(_published)
 
     def _enqueue(self, ns: Namespace, ops: list[dict[str, Any]], flags: int,
                  name: str) -> asyncio.Future[tuple[int, str]]:

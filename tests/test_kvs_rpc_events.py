@@ -11,9 +11,12 @@ from __future__ import annotations
 import asyncio
 import errno
 
+from test_broker_support import RawClient
 from test_kvs_rpc_helpers import APPEND, T, commit, errnum, get, getroot, put, stats
 
+from broker import codec
 from broker.errors import RemoteError
+from broker.message import Message, MsgType
 
 
 def ns_create(h, name: str):
@@ -205,7 +208,8 @@ async def test_relayed_commits_are_answered_by_events(start_instance, connect) -
     for i in (0, n - 1):
         assert await get(h3, f"relay.k{i}") == str(i).encode()
     st = await stats(h3)
-    assert st["counts"]["relayed"] == n + 1
+    assert st["counts"]["relayed"] == n + 1  # one client, one at a time: one each
+    assert st["counts"]["relays"] == n + 1
     assert st["relays-waiting"] == 0 and st["rpcs-pending"] == 0
 
 
@@ -228,9 +232,42 @@ async def test_relayed_commit_failures_carry_errno_and_message(start_instance, c
     assert messages[0][0] == errno.EISDIR and messages[0][1]
     # refused at rank 0 before queueing: an unknown namespace gets an answer
     assert await errnum(h0.rpc("kvs.relaycommit", {
-        "namespace": "no-such-ns", "flags": 0, "ops": [], "name": "x.1"}, nodeid=0)) \
-        == errno.ENOTSUP
+        "namespace": "no-such-ns", "txns": [{"name": "x.1", "flags": 0, "ops": []}]},
+        nodeid=0)) == errno.ENOTSUP
+    assert await errnum(h0.rpc("kvs.relaycommit", {
+        "namespace": "primary", "txns": [{"name": "x.2", "flags": 0, "ops": []},
+                                         {"name": "x.3", "ops": "junk"}]},
+        nodeid=0)) == errno.EPROTO  # refused whole, before any of it is queued
     # the follower still works and holds no leftovers
     await commit(h3, put("after", "1"))
+    st = await stats(h3)
+    assert st["relays-waiting"] == 0 and st["rpcs-pending"] == 0
+
+
+async def test_commits_in_one_turn_share_one_relay(start_instance, connect) -> None:
+    """Commits a follower reads in one turn of its loop go to rank 0 as one
+    ``kvs.relaycommit``; each is still its own transaction with its own answer."""
+    inst = await start_instance(size=4, fanout=2)
+    h3 = await connect(inst, 3)
+    await commit(h3, put("warm", "0"))
+    before = (await stats(h3))["counts"]
+    raw = await RawClient.connect(inst, 3)
+    n = 10
+    raw.send_bytes(b"".join(codec.to_stream(codec.encode(Message(  # type: ignore[arg-type]
+        MsgType.REQUEST, "kvs.commit",
+        {"namespace": "primary", "flags": 0, "ops": [put(f"turn.k{i}", str(i))]},
+        matchtag=i + 1))) for i in range(n)))  # one write: one read on rank 3
+    answers = {}
+    for _ in range(n):
+        msg = await raw.recv(T)
+        assert msg.errnum == 0, msg.errstr
+        answers[msg.matchtag] = msg.payload
+    await raw.close()
+    assert sorted(answers) == list(range(1, n + 1))
+    for i in range(n):
+        assert await get(h3, f"turn.k{i}") == str(i).encode()
+    after = (await stats(h3))["counts"]
+    assert after["relayed"] - before["relayed"] == n
+    assert after["relays"] - before["relays"] == 1
     st = await stats(h3)
     assert st["relays-waiting"] == 0 and st["rpcs-pending"] == 0

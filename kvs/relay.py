@@ -1,0 +1,103 @@
+"""A follower's road for commits to rank 0: coalesce, relay, settle by event.
+
+A follower's kvs cannot apply a transaction; it relays it to rank 0 as
+``kvs.relaycommit`` and learns the outcome from the namespace event that
+names it (``setroot``: applied in that version; ``error``: failed), as Flux
+does.  Two choices keep the road cheap:
+
+* **No response once queued.**  Rank 0 answers a relay only if it refuses it
+  before queueing (or the broker cannot route it), so a refusal never leaves
+  a client waiting, and success costs no message beside the event every rank
+  receives anyway.  The follower retires the relay's matchtag itself once
+  every transaction in it has settled.
+* **One message per namespace per loop turn.**  Commits that arrive in the
+  same turn of the event loop for one namespace leave as one message
+  (``{namespace, txns: [{name, flags, ops}, ...]}``) when the turn ends
+  (``call_soon``: no timer, no added latency).  Clients answered by the same
+  ``setroot`` tend to commit again together, so under load this halves the
+  messages through the tree.  Rank 0 queues the transactions one by one, so
+  merging, ordering and failure stay per transaction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from functools import partial
+from typing import Any
+
+from broker.errors import ErrnoError
+from broker.rpc import HandleCore
+from kvs.namespaces import Namespace
+
+
+class _Relay:
+    """One ``kvs.relaycommit`` message being filled, then in flight."""
+
+    __slots__ = ("ns", "txns", "tag", "unsettled")
+
+    def __init__(self, ns: Namespace) -> None:
+        self.ns = ns
+        self.txns: list[dict[str, Any]] = []
+        self.tag: int | None = None
+        self.unsettled = 0
+
+    def names(self) -> list[str]:
+        return [t["name"] for t in self.txns]
+
+
+class RelayOutbox:
+    """Relays a follower's transactions to rank 0 (see the module docstring)."""
+
+    def __init__(self, handle: HandleCore, counts: Counter[str]) -> None:
+        self._h = handle
+        self._counts = counts
+        self._filling: dict[str, _Relay] = {}
+
+    def submit(self, ns: Namespace, ops: list[dict[str, Any]], flags: int,
+               name: str) -> asyncio.Future[tuple[int, str]]:
+        """Relay transaction ``name``; the future resolves to ``(rootseq,
+        rootref)`` once this rank has applied the root holding it
+        (read-your-writes here), or fails with the error rank 0 reported."""
+        outcome = ns.expect(name)
+        relay = self._filling.get(ns.name)
+        if relay is None or relay.ns is not ns:
+            relay = self._filling[ns.name] = _Relay(ns)
+            asyncio.get_running_loop().call_soon(self._send, relay)
+        relay.txns.append({"name": name, "flags": flags, "ops": ops})
+        relay.unsettled += 1
+        outcome.add_done_callback(partial(self._settled, relay, name))
+        return outcome
+
+    def _send(self, relay: _Relay) -> None:
+        ns = relay.ns
+        if self._filling.get(ns.name) is relay:
+            del self._filling[ns.name]
+        if ns.removed:  # removing it failed every transaction waiting here
+            return
+        try:
+            relay.tag, refusal = self._h.rpc_tagged(
+                "kvs.relaycommit", {"namespace": ns.name, "txns": relay.txns}, nodeid=0)
+        except ErrnoError as exc:  # our handle is closed: the rank is stopping
+            ns.fail(relay.names(), exc.errnum, exc.errstr)
+            return
+        self._counts["relays"] += 1
+        self._counts["relayed"] += len(relay.txns)
+        if relay.unsettled == 0:  # every requester already gave up
+            self._h.retire(relay.tag)
+            return
+        refusal.add_done_callback(partial(self._refused, relay))
+
+    def _refused(self, relay: _Relay, answer: asyncio.Future[Any]) -> None:
+        if answer.cancelled():
+            return
+        exc = answer.exception()
+        if isinstance(exc, ErrnoError):
+            relay.ns.fail(relay.names(), exc.errnum, exc.errstr)
+        # a success answer is not part of the protocol: the event settles it
+
+    def _settled(self, relay: _Relay, name: str, _outcome: asyncio.Future[Any]) -> None:
+        relay.ns.relayed.pop(name, None)  # (a cancelled requester leaves it there)
+        relay.unsettled -= 1
+        if relay.unsettled == 0 and relay.tag is not None:
+            self._h.retire(relay.tag)
