@@ -271,3 +271,21 @@ async def test_commits_in_one_turn_share_one_relay(start_instance, connect) -> N
     assert after["relays"] - before["relays"] == 1
     st = await stats(h3)
     assert st["relays-waiting"] == 0 and st["rpcs-pending"] == 0
+
+
+async def test_follower_client_vanishing_mid_commit_leaves_nothing(start_instance,
+                                                                    connect) -> None:
+    """A client on rank 3 that sends a commit and hangs up at once: the commit
+    is still applied (it was sent), its answer is dropped, and rank 3 keeps
+    no relay state for it."""
+    inst = await start_instance(size=4, fanout=2)
+    h3 = await connect(inst, 3)
+    await commit(h3, put("warm", "0"))
+    raw = await RawClient.connect(inst, 3)
+    raw.send(Message(MsgType.REQUEST, "kvs.commit", {
+        "namespace": "primary", "flags": 0, "ops": [put("gone.k", "1")]}, matchtag=1))
+    await raw.close()
+    await commit(h3, put("after", "1"))  # relayed after it: applied after it
+    assert await get(h3, "gone.k") == b"1"
+    st = await stats(h3)
+    assert st["relays-waiting"] == 0 and st["rpcs-pending"] == 0
