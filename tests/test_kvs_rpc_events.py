@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import errno
 
+import pytest
 from test_broker_support import RawClient
 from test_kvs_rpc_helpers import APPEND, T, commit, errnum, get, getroot, put, stats
 
@@ -187,6 +188,7 @@ async def test_event_payloads(start_instance, connect) -> None:
     assert all(e.userid == owner for e in got)
 
 
+@pytest.mark.both_loops
 async def test_relayed_commits_are_answered_by_events(start_instance, connect) -> None:
     """A follower's commits travel up as ``kvs.relaycommit`` and come back as
     the setroot (or error) event naming them: rank 0 sends no response for a
@@ -213,6 +215,7 @@ async def test_relayed_commits_are_answered_by_events(start_instance, connect) -
     assert st["relays-waiting"] == 0 and st["rpcs-pending"] == 0
 
 
+@pytest.mark.both_loops
 async def test_relayed_commit_failures_carry_errno_and_message(start_instance, connect) -> None:
     """A relayed commit that fails at rank 0 after being queued is answered
     from the error event (errno and message as on rank 0); one refused before
@@ -244,6 +247,7 @@ async def test_relayed_commit_failures_carry_errno_and_message(start_instance, c
     assert st["relays-waiting"] == 0 and st["rpcs-pending"] == 0
 
 
+@pytest.mark.both_loops
 async def test_commits_in_one_turn_share_one_relay(start_instance, connect) -> None:
     """Commits a follower reads in one turn of its loop go to rank 0 as one
     ``kvs.relaycommit``; each is still its own transaction with its own answer."""
