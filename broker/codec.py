@@ -173,6 +173,30 @@ def encode_header(msg: Message) -> bytes:
     )
 
 
+def encode_request(topic: str, payload: Any, matchtag: int, nodeid: int,
+                   flags: int) -> list[Frame]:
+    """Frames of a client's request (no route, no credentials: the broker
+    stamps those): :func:`encode` without building a :class:`Message` --
+    the client ``Handle``'s hot path."""
+    header = _packb((MsgType.REQUEST, topic, matchtag, nodeid, flags, -1, 0, [], 0, None, 0))
+    return [header, *encode_payload(payload)]
+
+
+def peek_response(frames: Sequence[Frame]) -> tuple[int, int, str | None] | None:
+    """``(matchtag, errnum, errstr)`` if ``frames`` are a response whose
+    header is sound in those fields, else None (decode it in full).  A
+    client waiting on a future needs nothing else from the header."""
+    try:
+        h = _unpackb(frames[0])
+    except Exception:
+        return None
+    if (type(h) is not list or len(h) != 11 or h[0] != MsgType.RESPONSE
+            or type(h[2]) is not int or type(h[8]) is not int
+            or (h[9] is not None and type(h[9]) is not str)):
+        return None
+    return h[2], h[8], h[9]
+
+
 def encode(msg: Message) -> list[Frame]:
     """Frames for ``msg`` (header first).  Raises ``TypeError`` for an un-packable payload."""
     return [encode_header(msg), *encode_payload(msg.wire_payload)]

@@ -20,7 +20,7 @@ from typing import Any
 
 from broker import codec
 from broker.errors import ProtocolError, RemoteError
-from broker.framewriter import FramedProtocol
+from broker.framewriter import FramedProtocol, FrameWriter
 from broker.message import NODEID_ANY, Message, MsgFlags, MsgType
 from broker.rpc import HandleCore, Stream
 
@@ -58,6 +58,10 @@ class _ClientProtocol(FramedProtocol):
             return
         h = self.handle
         for frames in messages:
+            # The common case, the answer to a plain rpc(), skips the Message.
+            peek = codec.peek_response(frames)
+            if peek is not None and h._answer_future(*peek, frames):
+                continue
             try:
                 msg = codec.decode(frames)
             except ProtocolError:
@@ -111,11 +115,39 @@ class Handle(HandleCore):
             proto.transport.close()
             await proto.closed
 
-    def _send(self, msg: Message) -> None:
+    def _writer(self) -> FrameWriter:
         proto = self._proto
         if proto is None or proto.transport is None or proto.transport.is_closing():
             raise RemoteError(errno.ECONNRESET, "not connected to a broker")
-        proto.writer.send(codec.encode(msg))  # type: ignore[union-attr]
+        return proto.writer  # type: ignore[return-value]
+
+    def _send(self, msg: Message) -> None:
+        self._writer().send(codec.encode(msg))
+
+    def _send_request(self, topic: str, payload: Any, matchtag: int, nodeid: int,
+                      flags: int) -> None:
+        self._writer().send(codec.encode_request(topic, payload, matchtag, nodeid, flags))
+
+    def _answer_future(self, matchtag: int, errnum: int, errstr: str | None,
+                       frames: list[bytes]) -> bool:
+        """Settle the future of a plain rpc() from a response's frames;
+        False if ``matchtag`` is not one (a stream's: decode it in full)."""
+        waiter = self._pending.get(matchtag)
+        if waiter is None:
+            return True  # nobody waits (any more): drop it
+        if type(waiter) is Stream:
+            return False
+        del self._pending[matchtag]
+        if waiter.done():
+            return True
+        if errnum:
+            waiter.set_exception(RemoteError(errnum, errstr))
+            return True
+        try:
+            waiter.set_result(codec.decode_payload(frames[1:]))
+        except ProtocolError as exc:  # malformed payload
+            waiter.set_exception(exc)
+        return True
 
     # ---------------------------------------------------------------- events
 

@@ -86,6 +86,11 @@ class HandleCore:
     def _send(self, msg: Message) -> None:
         raise NotImplementedError
 
+    def _send_request(self, topic: str, payload: Any, matchtag: int, nodeid: int,
+                      flags: int) -> None:
+        """Send a new request (a subclass that serialises may skip the Message)."""
+        self._send(_request(topic, payload, matchtag, nodeid, flags))
+
     # -- requests
     def _alloc_tag(self) -> int:
         tag = self._next_tag
@@ -123,7 +128,7 @@ class HandleCore:
         tag = self._alloc_tag()
         self._pending[tag] = fut
         try:
-            self._send(_request(topic, payload, tag, nodeid, flags))
+            self._send_request(topic, payload, tag, nodeid, flags)
         except BaseException:
             del self._pending[tag]
             raise
@@ -157,7 +162,7 @@ class HandleCore:
         stream = Stream(self, tag, topic)
         self._pending[tag] = stream
         try:
-            self._send(_request(topic, payload, tag, nodeid, flags | MsgFlags.STREAMING))
+            self._send_request(topic, payload, tag, nodeid, flags | MsgFlags.STREAMING)
         except BaseException:
             del self._pending[tag]
             raise
@@ -168,7 +173,7 @@ class HandleCore:
     ) -> None:
         """Send a request that gets no response (``matchtag`` 0)."""
         self._check_open()
-        self._send(_request(topic, payload, 0, nodeid, MsgFlags.NORESPONSE))
+        self._send_request(topic, payload, 0, nodeid, MsgFlags.NORESPONSE)
 
     # -- responses
     def _on_response(self, msg: Message) -> None:

@@ -224,6 +224,28 @@ def test_wrong_field_types(changes: dict[str, object]) -> None:
         codec.decode([msgpack.packb(header(**changes))])
 
 
+@pytest.mark.parametrize("payload", [None, {}, {"k": [1, b"x" * codec.OOB_THRESHOLD]}, 7])
+def test_encode_request_is_encode_of_a_new_request(payload: object) -> None:
+    """The client's shortcut writes the very frames of the long way."""
+    msg = Message(MsgType.REQUEST, "kvs.commit", payload, matchtag=9, nodeid=3,
+                  flags=MsgFlags.STREAMING)
+    assert codec.encode_request("kvs.commit", payload, 9, 3, MsgFlags.STREAMING) == \
+        codec.encode(msg)
+
+
+def test_peek_response_reads_only_sound_responses() -> None:
+    resp = header(type=MsgType.RESPONSE, errnum=2, errstr="gone")
+    assert codec.peek_response([msgpack.packb(resp)]) == (7, 2, "gone")
+    assert codec.peek_response([msgpack.packb(header(type=MsgType.RESPONSE))]) == (7, 0, None)
+    # not a response, or the fields it reads are wrong: decode in full instead
+    assert codec.peek_response([msgpack.packb(header())]) is None
+    for spoiled in ({"matchtag": "7"}, {"errnum": None}, {"errstr": 5}):
+        frames = [msgpack.packb(header(type=MsgType.RESPONSE, **spoiled))]
+        assert codec.peek_response(frames) is None
+    assert codec.peek_response([b"\xc1garbage"]) is None
+    assert codec.peek_response([msgpack.packb([MsgType.RESPONSE, "t", 1])]) is None
+
+
 def test_peek_matchtag_of_a_spoiled_request() -> None:
     assert codec.peek_matchtag([msgpack.packb(header(route="bad"))]) == (7, "kvs.lookup")
     assert codec.peek_matchtag([msgpack.packb(header(type=2, route="bad"))]) is None
