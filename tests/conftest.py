@@ -10,9 +10,10 @@ Fixtures
     An async :class:`broker.handle.Handle` attached to ``rank``; closed at
     teardown.
 
-Async tests run on uvloop; tests marked ``both_loops`` run on uvloop and on
-the stock asyncio loop (pytest-asyncio's ``pytest_asyncio_loop_factories``
-hook -- no loop policy is touched).  An exception left unhandled in the test's
+Async tests run on uvloop (``KVBROKER_TEST_LOOP=asyncio`` runs them on the
+stock asyncio loop instead); tests marked ``both_loops`` run on both
+(pytest-asyncio's ``pytest_asyncio_loop_factories`` hook -- no loop policy
+is touched).  An exception left unhandled in the test's
 event loop fails the test.
 """
 
@@ -40,7 +41,10 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict[str, Any]:
     if item.get_closest_marker("both_loops"):
         return BOTH
-    return {"uvloop": BOTH["uvloop"]}
+    loop = os.environ.get("KVBROKER_TEST_LOOP", "uvloop")
+    if loop not in BOTH:
+        raise pytest.UsageError(f"KVBROKER_TEST_LOOP must be one of {sorted(BOTH)}")
+    return {loop: BOTH[loop]}
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
