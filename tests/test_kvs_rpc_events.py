@@ -293,3 +293,50 @@ async def test_follower_client_vanishing_mid_commit_leaves_nothing(start_instanc
     assert await get(h3, "gone.k") == b"1"
     st = await stats(h3)
     assert st["relays-waiting"] == 0 and st["rpcs-pending"] == 0
+
+
+async def test_relays_under_concurrency_and_removal_all_settle(start_instance,
+                                                               connect) -> None:
+    """Clients on every follower commit concurrently into two namespaces while
+    one of them is removed: every commit is answered (success, or ENOTSUP once
+    its namespace is gone), every successful write is readable, and no rank
+    keeps relay state afterwards."""
+    inst = await start_instance(size=4, fanout=2)
+    h0 = await connect(inst, 0)
+    for ns in ("keep", "drop"):
+        await ns_create(h0, ns)
+    clients = [await connect(inst, rank) for rank in (1, 2, 3) for _ in range(2)]
+    half = asyncio.Event()
+    n = 40
+
+    async def run(j: int, h) -> list[tuple[str, str, int]]:
+        out = []
+        for i in range(n):
+            ns = "keep" if i % 2 else "drop"
+            try:
+                await commit(h, put(f"c{j}.k{i}", str(i)), ns=ns)
+                out.append((ns, f"c{j}.k{i}", 0))
+            except RemoteError as exc:
+                out.append((ns, f"c{j}.k{i}", exc.errnum))
+            if i == n // 2:
+                half.set()
+        return out
+
+    async def remover() -> None:
+        await half.wait()
+        await ns_remove(h0, "drop")
+
+    async with asyncio.timeout(60):
+        results, _ = await asyncio.gather(
+            asyncio.gather(*(run(j, h) for j, h in enumerate(clients))), remover())
+    outcomes = [r for rs in results for r in rs]
+    assert len(outcomes) == n * len(clients)
+    assert all(err == 0 for ns, _, err in outcomes if ns == "keep")
+    assert {err for ns, _, err in outcomes if ns == "drop"} <= {0, errno.ENOTSUP}
+    assert any(err == errno.ENOTSUP for ns, _, err in outcomes if ns == "drop")
+    for ns, key, _ in outcomes:
+        if ns == "keep":
+            assert await get(h0, key, ns="keep") == key.rpartition("k")[2].encode()
+    for rank in (1, 2, 3):
+        st = await asyncio.wait_for(h0.rpc("kvs.stats-get", {}, nodeid=rank), T)
+        assert st["relays-waiting"] == 0 and st["rpcs-pending"] == 0, (rank, st)
