@@ -285,11 +285,18 @@ async def test_follower_client_vanishing_mid_commit_leaves_nothing(start_instanc
     inst = await start_instance(size=4, fanout=2)
     h3 = await connect(inst, 3)
     await commit(h3, put("warm", "0"))
+    await asyncio.wait_for(h3.subscribe("kvs.namespace-primary-setroot"), T)
     raw = await RawClient.connect(inst, 3)
     raw.send(Message(MsgType.REQUEST, "kvs.commit", {
         "namespace": "primary", "flags": 0, "ops": [put("gone.k", "1")]}, matchtag=1))
     await raw.close()
-    await commit(h3, put("after", "1"))  # relayed after it: applied after it
+    # Nothing orders this connection's requests against another client's
+    # (rank 3 may accept it a loop turn later): wait for the setroot naming
+    # the key.  Rank 3 relays to rank 0 only what it read, so this also
+    # proves the request was read before the hang-up was noticed.
+    async with asyncio.timeout(T):
+        while "gone.k" not in (await h3.recv_event()).payload["keys"]:
+            pass
     assert await get(h3, "gone.k") == b"1"
     st = await stats(h3)
     assert st["relays-waiting"] == 0 and st["rpcs-pending"] == 0
