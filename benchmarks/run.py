@@ -145,8 +145,10 @@ def run_workload(w: Workload, settings: Settings, logdir: Path,
 TARGETS = [
     ("W1", "per hop/local", "hop_cost", "<", 2.0, "W1 one hop's cost / a local RPC"),
     ("W2", "rank0 b10/b01", "block_ratio", ">=", 0.8, "W2 block10/block1"),
-    ("W2p", "8 clients all r0 / 1 client", "ratio", ">=", 3.0, "W2p all-on-r0 / W2"),
-    ("W2p", "8 clients spread r0-3 / 1 client", "ratio", ">=", 3.0, "W2p spread / W2"),
+    ("W2p", "8 clients all r0 / 1 client", "ratio", ">=", 3.0,
+     "W2p all-on-r0 / one client in the same instance"),
+    ("W2p", "8 clients spread r0-3 / 1 client", "ratio", ">=", 3.0,
+     "W2p spread / one client in the same instance"),
     ("W4", "r0->r3", "p50", "<=", 1.0, "W4 watch latency p50 ms"),
     ("W5", "watch r3", "rate", ">=", 700.0, "W5 namespaces/s"),
     ("W5x", "16K/1K", "ratio", ">=", 0.8, "W5x 16K/1K"),
@@ -180,6 +182,19 @@ def target_lines(records: list[dict], loops: list[str]) -> list[str]:
             ok = v < target if op == "<" else v >= target if op == ">=" else v <= target
             lines.append(f"  [{loop}] {what}: {harness.fmt_value(v)} "
                          f"(target {op} {harness.fmt_value(target)}) {'ok' if ok else 'MISS'}")
+        # The issue words W2p's target as "3 x W2".  W2p's own base (one client,
+        # same instance, a fresh small directory) is the stricter and less noisy
+        # one and is judged above; the ratio to W2's rate (5,000 commits into
+        # one growing directory, another instance) is printed beside it.
+        w2 = get("W2", "rank0", "rate", loop)
+        for variant, name in (("8 clients all r0", "all-on-r0"),
+                              ("8 clients spread r0-3", "spread")):
+            v = get("W2p", variant, "rate", loop)
+            if w2 and v is not None:
+                ratio = v / w2
+                lines.append(f"  [{loop}] W2p {name} / W2 rank 0 (the issue's wording; "
+                             f"separate instances): {ratio:.2f} (target >= 3.00) "
+                             f"{'ok' if ratio >= 3.0 else 'MISS'}")
     return lines
 
 
