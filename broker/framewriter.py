@@ -15,6 +15,12 @@ in while the transport is below its high-water mark, the rest when its
 protocol's ``resume_writing`` is called.  Order is kept: once anything
 waits, later messages wait behind it.  :class:`FramedProtocol` is the
 protocol base that wires a writer to its transport.
+
+The pacing needs the transport to call ``pause_writing`` when its buffer
+passes the high-water mark.  uvloop's ``writelines`` does; the stock
+loop's does not from Python 3.12 on (its ``write`` does), so on the stock
+loop a writer hands over one joined ``bytes`` per call through ``write``
+(what 3.11's ``writelines`` did itself).
 """
 
 from __future__ import annotations
@@ -35,20 +41,27 @@ class FrameWriter:
     :meth:`pause` / :meth:`resume`.
     """
 
-    __slots__ = ("transport", "_pending", "_pending_bytes", "_paused")
+    __slots__ = ("transport", "_pending", "_pending_bytes", "_paused", "_writelines")
 
     def __init__(self, transport: asyncio.WriteTransport) -> None:
         self.transport = transport
         self._pending: deque[memoryview | bytes] = deque()
         self._pending_bytes = 0
         self._paused = False
+        # writelines() when it applies flow control (uvloop), else write(join)
+        self._writelines = (transport.writelines
+                            if type(transport).__module__.startswith("uvloop")
+                            else self._write_joined)
+
+    def _write_joined(self, pieces: list[codec.Frame]) -> None:
+        self.transport.write(pieces[0] if len(pieces) == 1 else b"".join(pieces))
 
     def send(self, frames: Sequence[codec.Frame]) -> None:
         """Queue one message (its frames) for writing."""
         prefix = codec.stream_prefix(frames)
         if not self._pending and not self._paused:
             if sum(map(len, frames)) <= CHUNK:
-                self.transport.writelines([prefix, *frames])
+                self._writelines([prefix, *frames])
                 return
         pending = self._pending
         pending.append(prefix)
@@ -91,7 +104,7 @@ class FrameWriter:
                 batch.append(piece)
                 size += len(piece)
             self._pending_bytes -= size
-            t.writelines(batch)  # may call pause_writing() -> self.pause()
+            self._writelines(batch)  # may call pause_writing() -> self.pause()
 
 
 class FramedProtocol(asyncio.Protocol):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+from contextlib import closing
 
 from broker.content.blobref import hash_blob
 from broker.content.sqlite import SqliteStore, digest_of
@@ -17,8 +18,8 @@ def test_blobs_are_keyed_by_raw_digest(tmp_path) -> None:
     assert all(store.get(ref) == data for ref, data in blobs.items())
     assert store.get(hash_blob(b"absent")) is None
     store.close()
-    keys = [row[0] for row in sqlite3.connect(tmp_path / "c.db").execute(
-        "SELECT hash FROM objects LIMIT 5")]
+    with closing(sqlite3.connect(tmp_path / "c.db")) as db:
+        keys = [row[0] for row in db.execute("SELECT hash FROM objects LIMIT 5")]
     assert all(isinstance(k, bytes) and len(k) == 32 for k in keys)
     assert digest_of(hash_blob(b"y", "sha1")) == bytes.fromhex(hash_blob(b"y", "sha1")[5:])
 
