@@ -22,7 +22,7 @@ from broker import codec
 from broker.errors import ProtocolError, RemoteError
 from broker.framewriter import FramedProtocol, FrameWriter
 from broker.message import NODEID_ANY, Message, MsgFlags, MsgType
-from broker.rpc import HandleCore, Stream
+from broker.rpc import HandleCore, Stream, settle
 
 URI_ENV = "KVBROKER_URI"
 
@@ -42,6 +42,10 @@ def parse_uri(uri: str | None) -> str:
     if "://" in uri:
         raise ValueError(f"unsupported broker URI scheme: {uri!r}")
     return uri
+
+
+def _frames_payload(frames: list[bytes]) -> Any:
+    return codec.decode_payload(frames[1:])
 
 
 class _ClientProtocol(FramedProtocol):
@@ -138,15 +142,7 @@ class Handle(HandleCore):
         if type(waiter) is Stream:
             return False
         del self._pending[matchtag]
-        if waiter.done():
-            return True
-        if errnum:
-            waiter.set_exception(RemoteError(errnum, errstr))
-            return True
-        try:
-            waiter.set_result(codec.decode_payload(frames[1:]))
-        except ProtocolError as exc:  # malformed payload
-            waiter.set_exception(exc)
+        settle(waiter, errnum, errstr, _frames_payload, frames)
         return True
 
     # ---------------------------------------------------------------- events

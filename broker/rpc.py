@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import errno
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from broker.errors import RemoteError
@@ -66,6 +66,26 @@ class Stream:
                 return None
             raise RemoteError(msg.errnum, msg.errstr)
         return msg
+
+
+def settle(waiter: asyncio.Future[Any], errnum: int, errstr: str | None,
+           decode: Callable[[Any], Any], source: Any) -> None:
+    """Settle a plain request's future from its answer: ``RemoteError`` for an
+    error response, else the payload ``decode(source)`` gives (an exception
+    from a malformed payload fails the future instead)."""
+    if waiter.done():
+        return
+    if errnum:
+        waiter.set_exception(RemoteError(errnum, errstr))
+        return
+    try:
+        waiter.set_result(decode(source))
+    except Exception as exc:  # malformed payload
+        waiter.set_exception(exc)
+
+
+def _message_payload(msg: Message) -> Any:
+    return msg.payload
 
 
 def _request(topic: str, payload: Any, matchtag: int, nodeid: int, flags: int) -> Message:
@@ -186,15 +206,7 @@ class HandleCore:
             waiter._push(msg)
             return
         del self._pending[msg.matchtag]
-        if waiter.done():
-            return
-        if msg.errnum:
-            waiter.set_exception(RemoteError(msg.errnum, msg.errstr))
-        else:
-            try:
-                waiter.set_result(msg.payload)
-            except Exception as exc:  # malformed payload
-                waiter.set_exception(exc)
+        settle(waiter, msg.errnum, msg.errstr, _message_payload, msg)
 
     def _fail_all(self, errnum: int, errstr: str) -> None:
         """Fail every pending request (the connection is gone)."""

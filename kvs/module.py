@@ -98,7 +98,11 @@ def _published(fut: asyncio.Future[Any]) -> None:
         fut.exception()
 
 
-def _check_relayed(txns: list[Any]) -> list[tuple[str, int, list[dict[str, Any]]]]:
+RelayedTxn = tuple[str, int, list[dict[str, Any]]]
+"""A relayed transaction as rank 0 queues it: (name, flags, ops)."""
+
+
+def _check_relayed(txns: list[Any]) -> list[RelayedTxn]:
     """``kvs.relaycommit``'s ``txns``: ``[{name, flags, ops}, ...]``, all valid
     or the whole relay refused (before any of it is queued)."""
     if not txns:
@@ -540,12 +544,10 @@ class KvsModule(Module):
         self._enqueue_relayed(ns, txns)
         return None
 
-    async def _relaycommit(self, name: str, txns: list[tuple[str, int, list[dict[str, Any]]]],
-                           ) -> None:
+    async def _relaycommit(self, name: str, txns: list[RelayedTxn]) -> None:
         self._enqueue_relayed(await self.get_ns(name), txns)
 
-    def _enqueue_relayed(self, ns: Namespace,
-                         txns: list[tuple[str, int, list[dict[str, Any]]]]) -> None:
+    def _enqueue_relayed(self, ns: Namespace, txns: list[RelayedTxn]) -> None:
         for name, flags, ops in txns:
             self._enqueue(ns, ops, flags, name).add_done_callback(_published)
 
