@@ -56,3 +56,25 @@ def test_quick_run_writes_records(tmp_path: Path) -> None:
           if r["workload"] == "W6" and r["loop"] == "uvloop"}
     assert w6["lost"] == 0
     assert "W6  event throughput" in proc.stdout
+
+
+def test_quick_w2p_runs_every_client_mode(tmp_path: Path) -> None:
+    """W2p's 8 client processes really run: the ping reference and the
+    commit variant each report a rate and the clients' CPU, and no request
+    failed (a failure is printed as a note)."""
+    out = tmp_path / "w2p.json"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "run.py"), "--quick", "W2p",
+         "--size", "1", "--json", str(out)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "failed" not in proc.stdout, proc.stdout
+    recs = {(r["variant"], r["metric"]): r for r in json.loads(out.read_text())}
+    assert recs[("8 clients ping r0", "rate")]["unit"] == "rpcs/s"
+    assert recs[("8 clients all r0", "rate")]["unit"] == "commits/s"
+    for variant in ("1 client r0", "8 clients ping r0", "8 clients all r0"):
+        assert recs[(variant, "rate")]["value"] > 0, variant
+    for variant in ("8 clients ping r0", "8 clients all r0"):
+        assert recs[(variant, "user_us:clients")]["value"] > 0, variant
+    assert ("8 clients all r0 / 1 client", "ratio") in recs

@@ -92,13 +92,14 @@ async def run_w2s(ctx: RepContext) -> list[Sample]:
     return await _commit_series(ctx, key)
 
 
-async def parallel_clients(ctx: RepContext, uris: list[str], n: int,
-                           prefix: str) -> tuple[float, int, str, tuple[float, float, int]]:
-    """Run one kvs_client process per URI; (seconds, errors, first error,
-    the clients' summed (user s, system s, context switches))."""
+async def parallel_clients(ctx: RepContext, uris: list[str], n: int, prefix: str,
+                           mode: str = "commit") -> tuple[float, int, str,
+                                                          tuple[float, float, int]]:
+    """Run one kvs_client process per URI (``mode`` commit or ping); (seconds,
+    errors, first error, the clients' summed (user s, system s, context switches))."""
     procs = await asyncio.gather(*(
         spawn("benchmarks.workloads.kvs_client", uri, ctx.loop, str(n), f"{prefix}.c{j}",
-              stdin=True)
+              mode, stdin=True)
         for j, uri in enumerate(uris)))
     try:
         for p in procs:
@@ -130,20 +131,27 @@ async def run_w2p(ctx: RepContext) -> list[Sample]:
     base = rate(n, base_elapsed)
     out = [Sample("1 client r0", "rate", base, "commits/s")]
     spread = min(4, ctx.size)
-    variants = [("all r0", [inst.uri(0)] * W2P_CLIENTS)]
+    # The reference first: the same 8 client processes making broker.ping
+    # RPCs to rank 0 -- what the broker and the clients alone cost, so the
+    # commit rows show what the KVS adds (docs/performance.md).
+    variants = [("ping r0", [inst.uri(0)] * W2P_CLIENTS, "ping"),
+                ("all r0", [inst.uri(0)] * W2P_CLIENTS, "commit")]
     if spread > 1:
         variants.append((f"spread r0-{spread - 1}",
-                         [inst.uri(j % spread) for j in range(W2P_CLIENTS)]))
-    for name, uris in variants:
+                         [inst.uri(j % spread) for j in range(W2P_CLIENTS)], "commit"))
+    for name, uris, mode in variants:
         before = ctx.cpu_snapshot(inst)
         elapsed, errors, first, (user, sys_, switches) = await parallel_clients(
-            ctx, uris, n, f"w2p.{name.split()[0]}")
+            ctx, uris, n, f"w2p.{name.split()[0]}", mode)
         if errors:
-            ctx.note(f"W2p {name}: {errors} commits failed, first: {first}")
+            ctx.note(f"W2p {name}: {errors} requests failed, first: {first}")
         total = rate(W2P_CLIENTS * n - errors, elapsed)
         label = f"{W2P_CLIENTS} clients {name}"
-        out.append(Sample(label, "rate", total, "commits/s"))
-        out.append(Sample(f"{label} / 1 client", "ratio", total / base, "x"))
+        if mode == "ping":
+            out.append(Sample(label, "rate", total, "rpcs/s"))
+        else:
+            out.append(Sample(label, "rate", total, "commits/s"))
+            out.append(Sample(f"{label} / 1 client", "ratio", total / base, "x"))
         # Where the two cores go: each rank, and the 8 client processes summed
         # (this process only waits, so its own ``client`` column is dropped).
         ops = W2P_CLIENTS * n

@@ -1,8 +1,10 @@
-"""A W2p commit client: ``python -m benchmarks.workloads.kvs_client URI LOOP N PREFIX``.
+"""A W2p client: ``python -m benchmarks.workloads.kvs_client URI LOOP N PREFIX [ping]``.
 
 Connects to URI on its own event loop (LOOP), prints ``ready``, waits for a
 ``go`` line on stdin, then makes N sequential commits of one put each
-(``<PREFIX>.k<i>`` = ``str(i)``) and prints one JSON line
+(``<PREFIX>.k<i>`` = ``str(i)``), or with ``ping`` N ``broker.ping`` RPCs
+(W2p's reference: what the broker alone does for 8 clients), and prints one
+JSON line
 ``{"start", "end", "n", "errors", "error", "user", "sys", "ctxsw"}``
 (``time.perf_counter`` stamps, comparable across processes on Linux:
 CLOCK_MONOTONIC; CPU seconds and context switches spent between them).
@@ -22,7 +24,7 @@ from broker.handle import Handle
 from broker.loops import loop_factory
 
 
-async def main(uri: str, n: int, prefix: str) -> dict:
+async def main(uri: str, n: int, prefix: str, ping: bool = False) -> dict:
     h = await Handle.connect(uri)
     print("ready", flush=True)
     loop = asyncio.get_running_loop()
@@ -35,7 +37,10 @@ async def main(uri: str, n: int, prefix: str) -> dict:
     t0 = time.perf_counter()
     for i in range(n):
         try:
-            await kvsops.commit(h, [kvsops.put_op(f"{prefix}.k{i}", str(i).encode())])
+            if ping:
+                await h.rpc("broker.ping", {"seq": i})
+            else:
+                await kvsops.commit(h, [kvsops.put_op(f"{prefix}.k{i}", str(i).encode())])
         except RemoteError as exc:
             errors += 1
             first_error = first_error or f"{exc.errname}: {exc}"
@@ -49,6 +54,7 @@ async def main(uri: str, n: int, prefix: str) -> dict:
 
 if __name__ == "__main__":
     uri, loop_kind, count, key_prefix = sys.argv[1:5]
+    mode = sys.argv[5] if len(sys.argv) > 5 else "commit"
     with asyncio.Runner(loop_factory=loop_factory(loop_kind)) as runner:
-        result = runner.run(main(uri, int(count), key_prefix))
+        result = runner.run(main(uri, int(count), key_prefix, ping=mode == "ping"))
     print(json.dumps(result), flush=True)
