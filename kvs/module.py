@@ -760,7 +760,8 @@ class KvsModule(Module):
             "namespaces": {name: {"rootseq": ns.rootseq, "owner": ns.owner,
                                   "waiters": ns.waiters}
                            for name, ns in islice(self.namespaces.items(), 100)},
-            "cache": {"blobs": len(self.blobs), "bytes": self.blobs.size},
+            "cache": {"blobs": len(self.blobs), "bytes": self.blobs.size,
+                      "objects": len(self.cache), "forgotten": self.cache.forgotten},
             "counts": dict(self.counts),
             "relays-waiting": sum(len(ns.relayed) for ns in self.namespaces.values()),
             "rpcs-pending": self.h.pending,

@@ -264,6 +264,8 @@ def _update_node(
             total += new_count - old_count
             if new is not None and new_count < SHARD_THRESHOLD // 2:
                 new = _leaf(entries(cache, new, writer))
+        if ref is not None:
+            writer.replaced.append(ref)
         if new is None:
             shards.pop(digit, None)
         else:

@@ -308,6 +308,8 @@ class _Txn:
             if not changes and not w.changed:
                 return w.orig, False  # type: ignore[return-value]
             obj = shards.update(self.cache, w.hashed, changes, self.writer)
+        if w.orig is not None:
+            self.writer.replaced.append(w.orig["data"][0])
         return _fresh_dirref(self.writer.put_obj(obj, base, names)), True
 
 
@@ -358,5 +360,5 @@ def apply(
         raise NeedBlobs(missing)
 
     entry, _ = txn.unroll_dir(root)
-    cache.remember(writer.objs, writer.packed)
+    cache.remember(writer.objs, writer.packed, writer.replaced)
     return TxnResult(entry["data"][0], writer.blobs, keys)

@@ -212,6 +212,66 @@ def test_blob_cache_memoizes_and_bounds() -> None:
     assert isinstance(T.as_cache(store), T.BlobCache)
 
 
+class CountingStore(dict):
+    """A blob store that counts reads (each one is a decode in BlobCache)."""
+
+    reads = 0
+
+    def get(self, ref, default=None):  # type: ignore[override]
+        self.reads += 1
+        return super().get(ref, default)
+
+
+def _stored(store: dict, obj: dict) -> str:
+    blob = T.encode(obj)
+    ref = hash_blob(blob)
+    store[ref] = blob
+    return ref
+
+
+def test_blob_cache_forgets_replaced_versions_after_probation() -> None:
+    store = CountingStore()
+    old = T.dir_({"k": T.val(b"1")})
+    old_ref = _stored(store, old)
+    cache = T.BlobCache(store)
+    cache.remember({old_ref: old})
+    new = T.dir_({"k": T.val(b"2")})
+    cache.remember({_stored(store, new): new}, replaced=[old_ref])
+    for i in range(T.PROBATION - 1):  # the window: still memoized
+        other = T.dir_({"x": T.val(str(i).encode())})
+        cache.remember({_stored(store, other): other})
+    assert old_ref in cache._objs
+    other = T.dir_({"x": T.val(b"last")})
+    cache.remember({_stored(store, other): other})
+    assert old_ref not in cache._objs and cache.forgotten == 1
+    reads = store.reads
+    assert cache.get_obj(old_ref) == old  # safe: decoded again from the store
+    assert store.reads == reads + 1
+
+
+def test_blob_cache_keeps_replaced_versions_read_again() -> None:
+    """Identical content elsewhere is the same blob: a version one directory
+    replaced may be another's current one, and reading it keeps it."""
+    store = CountingStore()
+    shared = T.dir_({"k": T.val(b"same")})
+    shared_ref = _stored(store, shared)
+    cache = T.BlobCache(store)
+    cache.remember({shared_ref: shared})
+    new = T.dir_({"k": T.val(b"next")})
+    cache.remember({_stored(store, new): new}, replaced=[shared_ref])
+    assert cache.get_obj(shared_ref) is shared  # read within the window
+    rewritten = T.dir_({"k": T.val(b"again")})
+    rewritten_ref = _stored(store, rewritten)
+    cache.remember({rewritten_ref: rewritten})
+    cache.remember({_stored(store, T.dir_()): T.dir_()}, replaced=[rewritten_ref])
+    cache.remember({rewritten_ref: rewritten})  # written again: current once more
+    for i in range(2 * T.PROBATION):
+        other = T.dir_({"x": T.val(str(i).encode())})
+        cache.remember({_stored(store, other): other})
+    assert shared_ref in cache._objs and rewritten_ref in cache._objs
+    assert cache.forgotten == 0 and store.reads == 0
+
+
 def test_blob_writer() -> None:
     w = T.BlobWriter("sha1")
     ref = w.put_obj(T.dir_())

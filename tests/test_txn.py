@@ -387,3 +387,54 @@ def test_hash_name(kvs: Kvs) -> None:
     assert res.rootref.startswith("sha1-")
     assert all(ref.startswith("sha1-") for ref in res.new_blobs)
     assert kvs.get("a.b") == T.val(b"x" * 100)
+
+
+class CountingStore(dict):
+    """A blob store that counts reads: each one is a decode in the memo."""
+
+    reads = 0
+
+    def get(self, ref, default=None):  # type: ignore[override]
+        self.reads += 1
+        return super().get(ref, default)
+
+
+def test_memo_holds_current_versions_not_every_version() -> None:
+    """Commits into one big directory: the versions each commit replaces are
+    forgotten from the decoded-object memo, so it stays the size of the live
+    tree, and old roots stay readable (decoded again from the store)."""
+    kvs = Kvs()
+    kvs.store = CountingStore(kvs.store)
+    kvs.cache = T.BlobCache(kvs.store)
+    first_root = None
+    for i in range(1500):
+        kvs.commit(put(f"big.k{i}", str(i).encode()))
+        if i == 0:
+            kvs.store.reads = 0  # the empty root, decoded once
+        if i == 9:
+            first_root = kvs.root
+    assert kvs.cache.forgotten > 1000
+    assert len(kvs.cache) < 200  # ~6 versions a commit were written
+    assert kvs.store.reads == 0  # nothing current was dropped
+    assert kvs.get("big.k1499") == T.val(b"1499")
+    assert lookup(kvs.cache, first_root, "big.k9", 0) == T.val(b"9")
+    assert lookup(kvs.cache, first_root, "big.k10", 0) is None
+    assert kvs.store.reads > 0
+
+
+def test_memo_keeps_a_version_another_directory_still_holds() -> None:
+    """W2p's clients write identical trees (same keys, same values) into
+    sibling directories, so the version one of them replaces is often
+    another's current one: it must not be dropped and decoded again."""
+    kvs = Kvs()
+    kvs.store = CountingStore(kvs.store)
+    kvs.cache = T.BlobCache(kvs.store)
+    for i in range(300):
+        for batch in ((0, 1, 2), (3, 4, 5)):  # two groups, as 8 clients form
+            kvs.commit(*(put(f"p.c{j}.k{i}", str(i).encode()) for j in batch))
+            kvs.commit(put(f"other.k{i}", b"x"))  # someone else's commit between
+        if i == 0:
+            kvs.store.reads = 0  # the empty root, decoded once
+    assert kvs.ref("p.c0") == kvs.ref("p.c5")  # identical trees, one blob
+    assert kvs.cache.forgotten > 0
+    assert kvs.store.reads == 0
