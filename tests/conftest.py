@@ -112,3 +112,14 @@ def pid_alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+class CountingStore(dict):
+    """A blob store (ref -> bytes) that counts reads: in front of a
+    ``kvs.treeobj.BlobCache`` each read is a decode the memo did not save."""
+
+    reads = 0
+
+    def get(self, ref, default=None):  # type: ignore[override]
+        self.reads += 1
+        return super().get(ref, default)

@@ -5,6 +5,7 @@ import json
 
 import msgpack
 import pytest
+from conftest import CountingStore
 
 from broker.content.blobref import hash_blob
 from broker.errors import ErrnoError
@@ -212,16 +213,6 @@ def test_blob_cache_memoizes_and_bounds() -> None:
     assert isinstance(T.as_cache(store), T.BlobCache)
 
 
-class CountingStore(dict):
-    """A blob store that counts reads (each one is a decode in BlobCache)."""
-
-    reads = 0
-
-    def get(self, ref, default=None):  # type: ignore[override]
-        self.reads += 1
-        return super().get(ref, default)
-
-
 def _stored(store: dict, obj: dict) -> str:
     blob = T.encode(obj)
     ref = hash_blob(blob)
@@ -229,20 +220,28 @@ def _stored(store: dict, obj: dict) -> str:
     return ref
 
 
+def _write(cache: T.BlobCache, store: dict, obj: dict, replaced: tuple[str, ...] = ()) -> str:
+    """Store ``obj`` and remember it as one transaction's output."""
+    ref = _stored(store, obj)
+    cache.remember({ref: obj}, replaced=replaced)
+    return ref
+
+
+def _other_txns(cache: T.BlobCache, store: dict, n: int) -> None:
+    """``n`` transactions that touch nothing else."""
+    for i in range(n):
+        _write(cache, store, T.dir_({"x": T.val(f"other{i}".encode())}))
+
+
 def test_blob_cache_forgets_replaced_versions_after_probation() -> None:
     store = CountingStore()
-    old = T.dir_({"k": T.val(b"1")})
-    old_ref = _stored(store, old)
     cache = T.BlobCache(store)
-    cache.remember({old_ref: old})
-    new = T.dir_({"k": T.val(b"2")})
-    cache.remember({_stored(store, new): new}, replaced=[old_ref])
-    for i in range(T.PROBATION - 1):  # the window: still memoized
-        other = T.dir_({"x": T.val(str(i).encode())})
-        cache.remember({_stored(store, other): other})
+    old = T.dir_({"k": T.val(b"1")})
+    old_ref = _write(cache, store, old)
+    _write(cache, store, T.dir_({"k": T.val(b"2")}), replaced=(old_ref,))
+    _other_txns(cache, store, T.PROBATION - 1)  # the window: still memoized
     assert old_ref in cache._objs
-    other = T.dir_({"x": T.val(b"last")})
-    cache.remember({_stored(store, other): other})
+    _other_txns(cache, store, 1)
     assert old_ref not in cache._objs and cache.forgotten == 1
     reads = store.reads
     assert cache.get_obj(old_ref) == old  # safe: decoded again from the store
@@ -253,21 +252,16 @@ def test_blob_cache_keeps_replaced_versions_read_again() -> None:
     """Identical content elsewhere is the same blob: a version one directory
     replaced may be another's current one, and reading it keeps it."""
     store = CountingStore()
-    shared = T.dir_({"k": T.val(b"same")})
-    shared_ref = _stored(store, shared)
     cache = T.BlobCache(store)
-    cache.remember({shared_ref: shared})
-    new = T.dir_({"k": T.val(b"next")})
-    cache.remember({_stored(store, new): new}, replaced=[shared_ref])
+    shared = T.dir_({"k": T.val(b"same")})
+    shared_ref = _write(cache, store, shared)
+    _write(cache, store, T.dir_({"k": T.val(b"next")}), replaced=(shared_ref,))
     assert cache.get_obj(shared_ref) is shared  # read within the window
     rewritten = T.dir_({"k": T.val(b"again")})
-    rewritten_ref = _stored(store, rewritten)
-    cache.remember({rewritten_ref: rewritten})
-    cache.remember({_stored(store, T.dir_()): T.dir_()}, replaced=[rewritten_ref])
-    cache.remember({rewritten_ref: rewritten})  # written again: current once more
-    for i in range(2 * T.PROBATION):
-        other = T.dir_({"x": T.val(str(i).encode())})
-        cache.remember({_stored(store, other): other})
+    rewritten_ref = _write(cache, store, rewritten)
+    _write(cache, store, T.dir_(), replaced=(rewritten_ref,))
+    _write(cache, store, rewritten)  # written again: current once more
+    _other_txns(cache, store, 2 * T.PROBATION)
     assert shared_ref in cache._objs and rewritten_ref in cache._objs
     assert cache.forgotten == 0 and store.reads == 0
 

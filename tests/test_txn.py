@@ -6,6 +6,7 @@ Flux's src/modules/kvs/kvstxn.c and t/t1000-kvs.t are the reference.
 import errno
 
 import pytest
+from conftest import CountingStore
 
 from broker.content.blobref import hash_blob
 from broker.errors import ErrnoError
@@ -387,16 +388,6 @@ def test_hash_name(kvs: Kvs) -> None:
     assert res.rootref.startswith("sha1-")
     assert all(ref.startswith("sha1-") for ref in res.new_blobs)
     assert kvs.get("a.b") == T.val(b"x" * 100)
-
-
-class CountingStore(dict):
-    """A blob store that counts reads: each one is a decode in the memo."""
-
-    reads = 0
-
-    def get(self, ref, default=None):  # type: ignore[override]
-        self.reads += 1
-        return super().get(ref, default)
 
 
 def test_memo_holds_current_versions_not_every_version() -> None:
