@@ -105,6 +105,7 @@ class Handle(HandleCore):
         loop = asyncio.get_running_loop()
         _, proto = await loop.create_unix_connection(lambda: _ClientProtocol(self), path)
         self._proto = proto
+        self._loop = loop
         return self
 
     async def __aenter__(self) -> Handle:

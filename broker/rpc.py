@@ -101,6 +101,10 @@ class HandleCore:
         self._next_tag = 1
         self._pending: dict[int, asyncio.Future[Any] | Stream] = {}
         self._closed_error: RemoteError | None = None
+        # The loop this handle's answers arrive on, when it is bound to one
+        # (a client connection): rpc() may then be called while that loop is
+        # not running, as the blocking facade does.  None: the running loop.
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     # -- transport, provided by subclasses
     def _send(self, msg: Message) -> None:
@@ -144,7 +148,7 @@ class HandleCore:
         """:meth:`rpc`, also returning the request's matchtag, for a caller
         that may stop waiting with :meth:`retire`."""
         self._check_open()
-        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[Any] = (self._loop or asyncio.get_running_loop()).create_future()
         tag = self._alloc_tag()
         self._pending[tag] = fut
         try:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import errno
+import json
 import struct
 import time
 
@@ -13,7 +15,9 @@ from benchmarks.harness import (
     Workload,
     fmt_size,
     rate,
+    reap,
     require_modules,
+    spawn,
 )
 from benchmarks.workloads import kvsops, w0_raw
 from broker.errors import RemoteError
@@ -36,6 +40,19 @@ async def ping_loop(h: Handle, rank: int, n: int, payload: dict | None = None) -
     return time.perf_counter() - t0
 
 
+async def sync_pings(uri: str, n: int, loop: str) -> float:
+    """Seconds for ``n`` ``broker.ping`` RPCs to the local rank through the
+    blocking facade (:mod:`broker.sync`), made by a script: its own process,
+    main thread (:mod:`benchmarks.workloads.sync_client`)."""
+    proc = await spawn("benchmarks.workloads.sync_client", uri, loop, str(n))
+    assert proc.stdout is not None
+    try:
+        line = await asyncio.wait_for(proc.stdout.readline(), 120)
+    finally:
+        await reap(proc)
+    return float(json.loads(line)["elapsed"])
+
+
 async def run_w1(ctx: RepContext) -> list[Sample]:
     n = ctx.n(10_000, 2_000)
     inst = await ctx.instance()
@@ -56,7 +73,11 @@ async def run_w1(ctx: RepContext) -> list[Sample]:
             # target is about compares figures taken at the same moment.
             for mode in YARDSTICKS:
                 yard[mode] = rate(n, await w0_raw.round_trips(mode, n, ctx.loop))
+            # A script's view: the blocking facade, in a process of its own.
+            blocking = rate(n, await sync_pings(inst.uri(0), n, ctx.loop))
     out = [Sample(f"rank{r}", "rate", v, "rt/s") for r, v in rates.items()]
+    out.append(Sample("rank0 sync facade", "rate", blocking, "rt/s"))
+    out.append(Sample("sync/async", "ratio", blocking / rates[0], "x"))
     for mode, v in yard.items():
         out.append(Sample(f"W0 {mode}", "rate", v, "rt/s"))
         out.append(Sample(f"rank0/{mode}", "ratio", rates[0] / v, "x"))

@@ -1,0 +1,103 @@
+"""The blocking facade (broker.sync.SyncHandle) against real brokers.
+
+Each script runs in a worker thread (the facade owns its own loop and
+refuses a running one), attached to a follower rank so requests cross the
+tree.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import time
+from typing import Any
+
+import pytest
+
+from broker import sync
+from broker.errors import RemoteError
+from kvs.treeobj import val
+from kvs_watch.flags import WATCH
+
+
+def _put(key: str, data: bytes) -> dict[str, Any]:
+    return {"namespace": "primary", "flags": 0,
+            "ops": [{"key": key, "flags": 0, "dirent": val(data)}]}
+
+
+async def test_rpc_answers_errors_and_timeouts(start_instance) -> None:
+    inst = await start_instance(size=2)
+
+    def script() -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        with sync.connect(inst.uri(1)) as h:
+            out["ping"] = h.rpc("broker.ping", {"n": 7}, nodeid=0)
+            try:
+                h.rpc("nosuch.method", {})
+            except RemoteError as exc:
+                out["enosys"] = exc.errnum
+            # An answer that cannot come in time: TimeoutError, and the
+            # request is retired so nothing waits for it any more.
+            seq = h.rpc("kvs.getroot", {"namespace": "primary"})["rootseq"]
+            t0 = time.monotonic()
+            try:
+                h.rpc("kvs.wait-version", {"namespace": "primary", "rootseq": seq + 1},
+                      timeout=0.3)
+            except TimeoutError:
+                out["waited"] = time.monotonic() - t0
+            out["pending"] = h.aio.pending
+            # Its late answer (the version now exists) is dropped: the next
+            # calls get their own answers.
+            out["commit"] = h.rpc("kvs.commit", _put("sync.k", b"1"), timeout=10)
+            out["after"] = h.rpc("broker.ping", {"n": 8}, timeout=10)
+            out["pending_end"] = h.aio.pending
+        return out
+
+    out = await asyncio.wait_for(asyncio.to_thread(script), 60)
+    assert out["ping"]["n"] == 7 and out["ping"]["route"][-1] == "r0"
+    assert out["enosys"] == errno.ENOSYS
+    assert 0.25 <= out["waited"] < 5  # uvloop timers run on a millisecond clock
+    assert out["pending"] == 0
+    assert out["commit"]["rootseq"] >= 1
+    assert out["after"]["n"] == 8
+    assert out["pending_end"] == 0
+
+
+async def test_events_and_a_stream_sent_when_called(start_instance) -> None:
+    inst = await start_instance(size=2)
+
+    def script() -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        with sync.connect(inst.uri(1)) as h:
+            h.subscribe("sync.test")
+            seq = h.publish("sync.test.a", {"n": 1})
+            ev = h.recv_event(timeout=10)
+            out["event"] = (ev.topic, ev.payload, ev.seq == seq)
+            try:
+                h.recv_event(timeout=0.2)
+            except TimeoutError:
+                out["no_more_events"] = True
+            h.rpc("kvs.commit", _put("sw.k", b"1"), timeout=10)
+            before = h.rpc("kvs-watch.stats-get", {}, timeout=10)["watchers"]
+            # rpc_stream() sends the request itself, before anything is read:
+            # the rank's kvs-watch counts the watcher already.
+            answers = h.rpc_stream("kvs-watch.lookup",
+                                   {"namespace": "primary", "key": "sw.k", "flags": WATCH})
+            out["watchers"] = h.rpc("kvs-watch.stats-get", {}, timeout=10)["watchers"] - before
+            first = next(answers)
+            h.rpc("kvs.commit", _put("sw.k", b"2"), timeout=10)
+            second = next(answers)
+            out["watched"] = [first["val"]["data"], second["val"]["data"]]
+        return out
+
+    out = await asyncio.wait_for(asyncio.to_thread(script), 60)
+    assert out["event"] == ("sync.test.a", {"n": 1}, True)
+    assert out["no_more_events"]
+    assert out["watchers"] == 1
+    assert out["watched"] == [b"1", b"2"]
+
+
+async def test_refused_inside_a_running_loop(start_instance) -> None:
+    inst = await start_instance(size=1)
+    with pytest.raises(RuntimeError, match="inside a running event loop"):
+        sync.connect(inst.uri(0))
