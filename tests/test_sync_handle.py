@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import signal
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -101,3 +104,44 @@ async def test_refused_inside_a_running_loop(start_instance) -> None:
     inst = await start_instance(size=1)
     with pytest.raises(RuntimeError, match="inside a running event loop"):
         sync.connect(inst.uri(0))
+
+
+_INTERRUPTED_SCRIPT = """
+import sys
+from broker import sync
+h = sync.connect(sys.argv[1])
+print("ready", flush=True)
+try:
+    h.rpc("kvs.wait-version", {"namespace": "primary", "rootseq": 10**6})
+except KeyboardInterrupt:
+    print("interrupted", h.aio.pending, flush=True)
+    print("ping", h.rpc("broker.ping", {"a": 1}, timeout=10)["a"], flush=True)
+    h.close()
+"""
+
+
+async def test_ctrl_c_in_a_blocking_rpc_leaves_the_handle_usable(start_instance, connect) -> None:
+    inst = await start_instance(size=1)
+    h = await connect(inst, 0)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _INTERRUPTED_SCRIPT, inst.uri(0),
+        stdout=asyncio.subprocess.PIPE, cwd=str(Path(__file__).parent.parent))
+    assert proc.stdout is not None
+    try:
+        assert await asyncio.wait_for(proc.stdout.readline(), 30) == b"ready\n"
+
+        async def waiting() -> bool:  # the script's RPC is in flight
+            stats = await h.rpc("kvs.stats-get", {})
+            return stats["namespaces"]["primary"]["waiters"] == 1
+
+        async with asyncio.timeout(20):
+            while not await waiting():
+                await asyncio.sleep(0.02)
+        proc.send_signal(signal.SIGINT)
+        out = await asyncio.wait_for(proc.stdout.read(), 20)
+        assert await asyncio.wait_for(proc.wait(), 20) == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert out.decode().splitlines() == ["interrupted 0", "ping 1"]
