@@ -19,7 +19,6 @@ from broker import __version__, plugins
 from broker.cliutil import CLIError, dumps, errno_detail, parse_json_arg, print_err, run_async
 from broker.errors import ErrnoError
 from broker.handle import Handle
-from broker.launch import Instance, StartError
 from broker.loops import LOOP_NAMES, loop_factory
 from broker.message import NODEID_ANY
 
@@ -47,6 +46,10 @@ def cmd_start(args: argparse.Namespace) -> int:
         factory = loop_factory(args.event_loop)
     except ValueError as exc:
         raise CLIError("start", detail=str(exc)) from None
+
+    # Only `start` runs brokers: client commands do not import the broker
+    # (nor ZeroMQ), ~30 ms of every `kvbroker kvs get`.
+    from broker.launch import Instance, StartError
 
     async def main() -> int:
         inst = Instance(args.size, args.fanout, event_loop=args.event_loop,
