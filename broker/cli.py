@@ -16,7 +16,16 @@ import sys
 import time
 
 from broker import __version__, plugins
-from broker.cliutil import CLIError, dumps, errno_detail, parse_json_arg, print_err, run_async
+from broker.cliutil import (
+    CLIError,
+    UsageError,
+    dumps,
+    errno_detail,
+    non_negative_int,
+    parse_json_arg,
+    print_err,
+    run_async,
+)
 from broker.errors import ErrnoError
 from broker.handle import Handle
 from broker.loops import LOOP_NAMES, loop_factory
@@ -34,14 +43,12 @@ def parse_attr(text: str) -> tuple[str, str]:
 
 
 def cmd_start(args: argparse.Namespace) -> int:
-    args.what = "start"  # args.command is the command line here, not "start"
-    command = list(args.command or [])
+    command = list(args.cmdline or [])
     if command and command[0] == "--":
         command = command[1:]
     attrs = dict(args.setattr or [])
     if args.fanout < 1 or args.size < 1:
-        raise CLIError("start", detail=errno_detail(
-            ErrnoError(errno.EINVAL, "size and fanout must be at least 1")))
+        raise UsageError("--size and --fanout must be at least 1")
     try:
         factory = loop_factory(args.event_loop)
     except ValueError as exc:
@@ -110,12 +117,11 @@ def cmd_start(args: argparse.Namespace) -> int:
 
 
 def cmd_exec(args: argparse.Namespace) -> int:
-    args.what = "exec"  # args.command is the command line here, not "exec"
-    command = [c for c in args.command if c != "--"][:]
-    if args.command and args.command[0] == "--":
-        command = args.command[1:]
+    command = [c for c in args.cmdline if c != "--"][:]
+    if args.cmdline and args.cmdline[0] == "--":
+        command = args.cmdline[1:]
     if not command:
-        raise CLIError("exec", detail=errno_detail(ErrnoError(errno.EINVAL, "no command given")))
+        raise UsageError("no command given")
 
     async def main() -> str:
         async with await Handle.connect() as h:
@@ -132,9 +138,10 @@ def cmd_exec(args: argparse.Namespace) -> int:
     env = dict(os.environ, KVBROKER_URI=uri)
     try:
         os.execvpe(command[0], command, env)
-    except OSError as exc:
-        raise CLIError(command[0], exc.errno) from None
-    return 127  # not reached
+    except OSError as exc:  # as a shell says it: 127 not found, 126 cannot run
+        print_err(f"{command[0]}: {os.strerror(exc.errno or errno.ENOENT)}")
+        return 127 if exc.errno == errno.ENOENT else 126
+    return 0  # not reached: the command replaced this process
 
 
 # ------------------------------------------------------------------ client commands
@@ -284,12 +291,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--event-loop", choices=LOOP_NAMES, default="auto", dest="event_loop")
     s.add_argument("--statedir")
     s.add_argument("-S", "--setattr", action="append", type=parse_attr, metavar="ATTR=VAL")
-    s.add_argument("command", nargs=argparse.REMAINDER)
+    s.add_argument("cmdline", nargs=argparse.REMAINDER, metavar="COMMAND")
     s.set_defaults(func=cmd_start)
 
     s = sub.add_parser("exec", help="run COMMAND attached to rank RANK")
     s.add_argument("-r", "--rank", type=int, default=0)
-    s.add_argument("command", nargs=argparse.REMAINDER)
+    s.add_argument("cmdline", nargs=argparse.REMAINDER, metavar="COMMAND")
     s.set_defaults(func=cmd_exec)
 
     s = sub.add_parser("rpc", help="send one request and print the response(s)")
@@ -301,8 +308,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("ping", help="ping a rank's broker service")
     s.add_argument("rank", nargs="?", type=int)
-    s.add_argument("--count", "-c", type=int, default=1)
-    s.add_argument("--pad", "-p", type=int, default=0)
+    s.add_argument("--count", "-c", type=non_negative_int, default=1)
+    s.add_argument("--pad", "-p", type=non_negative_int, default=0)
     s.set_defaults(func=cmd_ping)
 
     s = sub.add_parser("event", help="publish or subscribe to events")
@@ -313,7 +320,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--private", action="store_true")
     e.add_argument("-v", "--verbose", action="store_true", help="print the sequence number")
     e = esub.add_parser("sub")
-    e.add_argument("--count", "-c", type=int)
+    e.add_argument("--count", "-c", type=non_negative_int)
     e.add_argument("prefixes", nargs="*")
     s.set_defaults(func=cmd_event)
 
@@ -350,11 +357,29 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def subcommand_parser(parser: argparse.ArgumentParser,
+                      args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The parser of the (sub)subcommand ``args`` ran (``kvbroker kvs get``),
+    so that an error shows that command's usage, not the top level's."""
+    p = parser
+    while True:
+        action = next((a for a in p._actions  # noqa: SLF001 (argparse has no public walk)
+                       if isinstance(a, argparse._SubParsersAction)), None)
+        name = getattr(args, action.dest, None) if action is not None else None
+        if action is None or not isinstance(name, str) or name not in action.choices:
+            return p
+        p = action.choices[name]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        subcommand_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return int(args.func(args) or 0)
+    except UsageError as exc:
+        subcommand_parser(parser, args).error(str(exc))
     except CLIError as exc:
         print_err(str(exc))
         return 1

@@ -27,6 +27,22 @@ class CLIError(Exception):
         return f"{self.what}: {self.detail}" if self.detail else self.what
 
 
+class UsageError(Exception):
+    """A command line that cannot mean anything: the subcommand's usage and
+    the message on stderr, exit status 2 (as argparse's own errors)."""
+
+
+def non_negative_int(text: str) -> int:
+    """argparse ``type`` for counts, sizes and versions: refuses ``-2``."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative: {value}")
+    return value
+
+
 def errno_detail(exc: ErrnoError) -> str:
     """``strerror`` of ``exc``'s errno, followed by the service's own message
     in parentheses when it says more (``No route to host (no route to rank 99)``)."""

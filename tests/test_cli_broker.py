@@ -82,8 +82,8 @@ async def test_start_event_loop_and_attributes(loop: str) -> None:
 
 async def test_start_rejects_bad_arguments() -> None:
     rc, _, err = await run_cli("start", "--size", "0", "--", "true")
-    assert rc == 1
-    error_line(err, "start", errno.EINVAL)
+    assert rc == 2
+    assert err.startswith("usage: kvbroker start") and "at least 1" in err
     rc, _, err = await run_cli("start", "-S", "novalue", "--", "true")
     assert rc == 2 and "ATTR=VALUE" in err
     rc, _, err = await run_cli("start", "--event-loop", "bogus", "--", "true")
@@ -147,8 +147,27 @@ async def test_exec_attaches_to_a_rank(start_instance) -> None:
         assert rc == 1
         error_line(err, "exec", errno.EHOSTUNREACH)
         rc, _, err = await run_cli("exec", "--", "/nonexistent/cmd", uri=uri)
-        assert rc == 1
+        assert rc == 127  # as a shell says it
         error_line(err, "/nonexistent/cmd", errno.ENOENT)
+        rc, _, err = await run_cli("exec", "--", os.devnull, uri=uri)
+        assert rc == 126
+        error_line(err, os.devnull, errno.EACCES)
+        rc, _, err = await run_cli("exec", "-r", "1", uri=uri)
+        assert rc == 2 and err.startswith("usage: kvbroker exec") and "no command" in err
+
+
+async def test_usage_errors_show_the_subcommands_usage() -> None:
+    for args, usage in [
+        (("ping", "--bogus"), "usage: kvbroker ping"),
+        (("ping", "--count", "-2"), "usage: kvbroker ping"),
+        (("ping", "--pad", "-5"), "usage: kvbroker ping"),
+        (("event", "sub", "--count", "-1"), "usage: kvbroker event sub"),
+        (("kvs", "get", "-Z", "a"), "usage: kvbroker kvs get"),
+        (("attr", "get"), "usage: kvbroker attr get"),
+    ]:
+        rc, out, err = await run_cli(*args)
+        assert (rc, out) == (2, ""), (args, err)
+        assert err.startswith(usage), (args, err)
 
 
 async def test_errors_say_what_and_strerror(start_instance) -> None:
