@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 
@@ -252,6 +252,19 @@ def peek_matchtag(frames: Sequence[Frame]) -> tuple[int, str] | None:
     return None
 
 
+def peek_request(header: Frame) -> tuple[int, str, int] | None:
+    """``(matchtag, topic, flags)`` if ``header`` is a request's header frame
+    that is sound in those fields, else None."""
+    try:
+        h = _unpackb(header)
+    except Exception:
+        return None
+    if (type(h) is not list or len(h) != 11 or h[0] != MsgType.REQUEST
+            or type(h[1]) is not str or type(h[2]) is not int or type(h[4]) is not int):
+        return None
+    return h[2], h[1], h[4]
+
+
 # ---------------------------------------------------------------- streams
 
 
@@ -272,12 +285,30 @@ def to_stream(frames: Sequence[Frame]) -> bytes:
     return stream_prefix(frames) + b"".join(bytes(f) for f in frames)
 
 
+HEADER_PEEK = 64 << 10
+"""The header frame of an oversized message is kept (to answer it) only up to
+this size, or ``max_message`` when smaller; a larger one is skipped too."""
+
+
+class Oversized(NamedTuple):
+    """A message :class:`StreamDecoder` skipped: its total ``size`` (the sum
+    of its frame lengths) and its ``header`` frame, or None when that frame
+    was too large to keep."""
+
+    size: int
+    header: bytes | None
+
+
 class StreamDecoder:
     """Incremental parser of the connector's byte stream.
 
     ``feed(data)`` returns the complete messages (as frame lists) found so far.
-    A message whose total size exceeds ``max_message`` is skipped (its bytes
-    are discarded as they arrive) and reported once through ``oversized``.
+    A message whose total size exceeds ``max_message`` is skipped: its header
+    frame is kept (up to :data:`HEADER_PEEK` bytes), the rest is discarded as
+    it arrives, never buffered.  Each skipped message is counted in
+    ``oversized`` and reported once, as an :class:`Oversized`, by
+    ``take_oversized()`` as soon as its header frame is complete -- the caller
+    decides whether to answer it, and must take them (they accumulate).
     Raises :class:`ProtocolError` when the stream cannot be resynchronised
     (too many frames): the caller must close the connection.
     """
@@ -286,13 +317,61 @@ class StreamDecoder:
         self.max_message = max_message
         self._buf = bytearray()
         self._skip = 0
+        self._head = bytearray()  # the start of a skipped message's header
+        self._head_need = 0  # bytes of that header still to come
+        self._head_size = 0  # that message's total size
+        self._skipped: list[Oversized] = []
         self.oversized = 0
+
+    def take_oversized(self) -> list[Oversized]:
+        """The messages skipped since the last call, oldest first."""
+        out, self._skipped = self._skipped, []
+        return out
+
+    def _discard(self, data: bytes) -> int:
+        """Consume the rest of a skipped message's header, then the bytes to
+        skip, from the start of ``data``; return how many bytes were used."""
+        start = 0
+        if self._head_need:
+            start = min(self._head_need, len(data))
+            self._head += memoryview(data)[:start]
+            self._head_need -= start
+            if not self._head_need:
+                self._skipped.append(Oversized(self._head_size, bytes(self._head)))
+                self._head = bytearray()
+        if self._skip and start < len(data):
+            n = min(self._skip, len(data) - start)
+            self._skip -= n
+            start += n
+        return start
+
+    def _oversized(self, data: bytes | memoryview, p: int, end: int, total: int,
+                   head: int) -> int:
+        """Skip the message of ``total`` bytes whose frames start at ``p``
+        (its header frame ``head`` bytes long): report it, or start keeping
+        its header when ``data`` ends inside it, and arrange to discard the
+        rest.  Return the offset after what of the message ``data`` holds."""
+        self.oversized += 1
+        have = end - p
+        if head > min(HEADER_PEEK, self.max_message):
+            self._skipped.append(Oversized(total, None))
+        elif have >= head:
+            self._skipped.append(Oversized(total, bytes(data[p : p + head])))
+        else:
+            self._head = bytearray(data[p:end])
+            self._head_need = head - have
+            self._head_size = total
+            self._skip = total - head
+            return end
+        if have >= total:
+            return p + total
+        self._skip = total - have
+        return end
 
     def feed(self, data: bytes) -> list[list[bytes]]:
         start = 0
-        if self._skip:
-            start = min(self._skip, len(data))
-            self._skip -= start
+        if self._head_need or self._skip:
+            start = self._discard(data)
             if start == len(data):
                 return []
         out: list[list[bytes]] = []
@@ -341,13 +420,10 @@ class StreamDecoder:
             lengths = _LENGTHS[nframes].unpack_from(data, pos + 4)
             total = sum(lengths)
             if total > self.max_message:
-                self.oversized += 1
-                if end - p >= total:
-                    pos = p + total
-                    continue
-                self._skip = total - (end - p)
-                pos = end
-                break
+                pos = self._oversized(data, p, end, total, lengths[0])
+                if pos == end:
+                    break
+                continue
             if end - p < total:
                 break
             frames = []

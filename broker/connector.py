@@ -13,6 +13,7 @@ stuck client cannot make the broker's memory grow without bound.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import socket
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING
 from broker import codec
 from broker.errors import ProtocolError
 from broker.framewriter import FramedProtocol
-from broker.message import Message, MsgType, Role
+from broker.message import Message, MsgFlags, MsgType, Role
 
 if TYPE_CHECKING:
     from broker.router import Router
@@ -87,9 +88,9 @@ class ClientConnection(FramedProtocol):
             return
         if self.decoder.oversized:
             self.server.counts["oversized"] += self.decoder.oversized
-            log.warning("%s: dropped %d oversized message(s)", self.peer_id,
-                        self.decoder.oversized)
             self.decoder.oversized = 0
+        for skipped in self.decoder.take_oversized():
+            self._answer_oversized(skipped)
         for frames in messages:
             try:
                 msg = codec.decode(frames)
@@ -113,6 +114,30 @@ class ClientConnection(FramedProtocol):
         matchtag, topic = peek
         self.deliver(Message(MsgType.RESPONSE, topic, matchtag=matchtag,
                              errnum=exc.errnum, errstr=exc.errstr))
+
+    def _answer_oversized(self, skipped: codec.Oversized) -> None:
+        """Answer a request the decoder skipped for exceeding ``broker.max-message``.
+
+        The errno is ``EMSGSIZE`` ("Message too long"), not ``EPROTO``: the
+        message is well formed, only too big for this broker -- as with
+        ``EFBIG`` for ``content.blob-size-limit`` and ``E2BIG`` for too many
+        KVS ops, a limit gets its own errno so a client can tell it from
+        garbage.  A request flagged NORESPONSE gets nothing; a message whose
+        header cannot be read as a request's is dropped and logged.
+        """
+        peek = None if skipped.header is None else codec.peek_request(skipped.header)
+        if peek is None:
+            log.warning("%s: dropped an oversized message (%d bytes) whose header "
+                        "is not a request's", self.peer_id, skipped.size)
+            return
+        matchtag, topic, flags = peek
+        errstr = (f"message of {skipped.size} bytes exceeds broker.max-message "
+                  f"({self.decoder.max_message})")
+        log.info("%s: %s: %s", self.peer_id, topic, errstr)
+        if flags & MsgFlags.NORESPONSE:
+            return
+        self.deliver(Message(MsgType.RESPONSE, topic, matchtag=matchtag,
+                             errnum=errno.EMSGSIZE, errstr=errstr))
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.registered:

@@ -62,6 +62,10 @@ class StreamConn(FramedProtocol):
             log.warning("unreadable overlay stream (%s); closing", exc)
             self.transport.close()  # type: ignore[union-attr]
             return
+        # Not answered, unlike a client's: the peer is another rank of this
+        # instance, and a ZeroMQ link (MAXMSGSIZE) gives no answer either.
+        for skipped in self.decoder.take_oversized():
+            log.warning("dropped an oversized overlay message (%d bytes)", skipped.size)
         for frames in messages:
             if self.transport.is_closing():  # type: ignore[union-attr]
                 return  # refused: ignore whatever else it sent

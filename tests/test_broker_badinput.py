@@ -16,9 +16,10 @@ import zmq.asyncio
 from test_broker_support import RawClient, stats, wait_until
 
 from broker import codec
+from broker.errors import RemoteError
 from broker.handle import Handle
 from broker.launch import make_rundir
-from broker.message import Message, MsgType
+from broker.message import Message, MsgFlags, MsgType
 from broker.overlay import Overlay, ipc_endpoint
 from broker.router import Router
 
@@ -146,9 +147,13 @@ async def test_clients_cannot_send_responses_or_events(start_instance) -> None:
         await forger.close()
 
 
+def oversized_errstr(size: int, limit: int) -> str:
+    return f"message of {size} bytes exceeds broker.max-message ({limit})"
+
+
 @pytest.mark.both_loops
 @pytest.mark.parametrize("chunk", [None, 1000])
-async def test_oversized_messages_are_dropped(start_instance, chunk: int | None) -> None:
+async def test_oversized_requests_are_answered(start_instance, chunk: int | None) -> None:
     inst = await start_instance(size=2, fanout=2, attrs={"broker.max-message": "4096"})
     raw = await RawClient.connect(inst, 1)
     try:
@@ -156,33 +161,58 @@ async def test_oversized_messages_are_dropped(start_instance, chunk: int | None)
             assert (
                 await raw.rpc("attr.get", {"name": "broker.max-message"}, matchtag=1)
             ).payload == {"value": "4096"}
-            big = codec.to_stream(
-                codec.encode(
-                    Message(  # type: ignore[arg-type]
-                        MsgType.REQUEST, "broker.ping", {"pad": b"x" * 10000}, matchtag=2
-                    )
-                )
+            big = codec.encode(
+                Message(MsgType.REQUEST, "broker.ping", {"pad": b"x" * 10000}, matchtag=2)
             )
-            data = big + codec.to_stream(
-                codec.encode(  # type: ignore[arg-type]
-                    Message(MsgType.REQUEST, "broker.ping", {"n": 3}, matchtag=3, nodeid=0)
+            size = sum(len(f) for f in big)
+            quiet = codec.encode(
+                Message(MsgType.REQUEST, "broker.ping", {"pad": b"q" * 10000},
+                        flags=MsgFlags.NORESPONSE)
+            )
+            garbage = [b"\xc1not a header", b"g" * 10000]
+            data = b"".join(
+                codec.to_stream(f)  # type: ignore[arg-type]
+                for f in (
+                    big, quiet, garbage,
+                    codec.encode(Message(MsgType.REQUEST, "broker.ping", {"n": 3},
+                                         matchtag=3, nodeid=0)),
                 )
             )
             if chunk is None:
                 raw.send_bytes(data)
-            else:  # the oversized one arrives in pieces: skipped as it comes
+            else:  # the oversized ones arrive in pieces: skipped as they come
                 for pos in range(0, len(data), chunk):
                     raw.send_bytes(data[pos : pos + chunk])
                     await raw.writer.drain()
-            msg = await raw.recv()  # the oversized request got nothing
-            assert (msg.matchtag, msg.payload["n"]) == (3, 3)
+            # the oversized request is answered; the NORESPONSE one and the
+            # one whose header is garbage get nothing; the next one is served
+            msg = await raw.recv()
+            assert (msg.type, msg.matchtag, msg.topic) == (MsgType.RESPONSE, 2, "broker.ping")
+            assert msg.errnum == errno.EMSGSIZE
+            assert msg.errstr == oversized_errstr(size, 4096)
+            msg = await raw.recv()
+            assert (msg.matchtag, msg.errnum, msg.payload["n"]) == (3, 0, 3)
             msg = await raw.rpc("broker.stats-get", {}, matchtag=4)
-            assert msg.payload["connector"]["oversized"] == 1
+            assert msg.payload["connector"]["oversized"] == 3
             # just under the limit is fine
             msg = await raw.rpc("broker.ping", {"pad": b"y" * 3000}, matchtag=5)
             assert msg.errnum == 0
     finally:
         await raw.close()
+
+
+async def test_oversized_rpc_from_a_handle_fails_and_the_handle_goes_on(
+    start_instance, connect
+) -> None:
+    inst = await start_instance(size=2, fanout=2, attrs={"broker.max-message": "1000"})
+    async with asyncio.timeout(10):
+        h = await connect(inst, 1)
+        with pytest.raises(RemoteError) as info:
+            await h.rpc("broker.ping", {"pad": "x" * 2000}, nodeid=0)
+        assert info.value.errnum == errno.EMSGSIZE
+        assert "exceeds broker.max-message (1000)" in info.value.errstr
+        assert (await h.ping(0))["rank"] == 0  # the same connection goes on
+        assert (await stats(h, 1))["connector"]["oversized"] == 1
 
 
 # ---------------------------------------------------------------- the overlay

@@ -349,6 +349,44 @@ def test_stream_skips_oversized_messages(chunk: int) -> None:
     assert d.oversized == 1
 
 
+@pytest.mark.parametrize("chunk", [1, 3, 7, 100, 1 << 20])
+def test_stream_reports_oversized_headers(chunk: int) -> None:
+    # the header frame of each skipped message is reported (so the connector
+    # can answer it), even when it arrives split across chunks; the message's
+    # other frames are discarded, and what follows is decoded as usual
+    small1, small2 = [b"one"], [b"two", b"2"]
+    big1 = [b"header-1", b"x" * 500]
+    big2 = [b"h2" * 30, b"y" * 200, b"z" * 300]  # header 60 bytes, under the limit
+    data = b"".join(codec.to_stream(m) for m in (small1, big1, small2, big2, small1))
+    d = codec.StreamDecoder(max_message=100)
+    got, skipped = [], []
+    for pos in range(0, len(data), chunk):
+        got += d.feed(data[pos : pos + chunk])
+        skipped += d.take_oversized()
+    assert got == [small1, small2, small1]
+    assert skipped == [
+        codec.Oversized(508, b"header-1"),
+        codec.Oversized(560, b"h2" * 30),
+    ]
+    assert d.oversized == 2
+    assert d.take_oversized() == []
+
+
+@pytest.mark.parametrize("chunk", [1, 50, 1 << 20])
+def test_stream_oversized_header_frame_is_not_kept(chunk: int) -> None:
+    # a header frame larger than the limit is not buffered either: reported
+    # without it (the connector can only drop and log such a message)
+    big = [b"h" * 300, b"x"]
+    data = codec.to_stream(big) + codec.to_stream([b"ok"])
+    d = codec.StreamDecoder(max_message=100)
+    got, skipped = [], []
+    for pos in range(0, len(data), chunk):
+        got += d.feed(data[pos : pos + chunk])
+        skipped += d.take_oversized()
+    assert got == [[b"ok"]]
+    assert skipped == [codec.Oversized(301, None)]
+
+
 @pytest.mark.parametrize("nframes", [0, codec.MAX_FRAMES + 1, 0xFFFFFFFF])
 def test_stream_bad_frame_count(nframes: int) -> None:
     d = codec.StreamDecoder()
