@@ -323,8 +323,11 @@ class StreamDecoder:
         self._skipped: list[Oversized] = []
         self.oversized = 0
 
-    def take_oversized(self) -> list[Oversized]:
-        """The messages skipped since the last call, oldest first."""
+    def take_oversized(self) -> Sequence[Oversized]:
+        """The messages skipped since the last call, oldest first (called
+        for every chunk read: nothing is allocated when there are none)."""
+        if not self._skipped:
+            return ()
         out, self._skipped = self._skipped, []
         return out
 
