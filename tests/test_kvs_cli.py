@@ -45,8 +45,9 @@ class Result:
 
 
 def client_env(uri: str, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("KVBROKER_NAMESPACE", "COLUMNS", "PYTHONPATH")}
+    # PYTHONPATH is kept: a worktree's tests must run its own kvbroker code,
+    # not the editable install's (the venv's finder comes after PYTHONPATH)
+    env = {k: v for k, v in os.environ.items() if k not in ("KVBROKER_NAMESPACE", "COLUMNS")}
     env.update(KVBROKER_URI=uri, PATH=f"{BIN}:{env.get('PATH', '/usr/bin:/bin')}", TZ="UTC")
     env.update(extra)
     return env
@@ -1110,7 +1111,8 @@ async def test_watch_options_are_delegated(start_instance, tmp_path: Path) -> No
     fake.mkdir()
     (fake / "__init__.py").write_text("")
     (fake / "cli.py").write_text(FAKE_WATCH)
-    env = {"PYTHONPATH": str(tmp_path), "KVBROKER_NAMESPACE": "envns"}
+    path = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p)
+    env = {"PYTHONPATH": path, "KVBROKER_NAMESPACE": "envns"}
 
     res = await kvs(inst, "get", "-w", "-c", "2", "-u", "-A", "-f", "-l", "a", "b", **env)
     name, _, doc = res.text.partition(" ")
