@@ -105,9 +105,31 @@ def _delegate(name: str, args: argparse.Namespace) -> int:
     return int(fn(args) or 0)
 
 
+def _count(text: str) -> int:
+    """argparse type: an integer >= 0 (a version, a width)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid integer: {text!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative: {text!r}")
+    return n
+
+
+def _dir_width(text: str) -> int:
+    """argparse type for ``dir -w``: 0 (no limit) or at least 4 columns, room
+    for one character and ``...`` (flux takes 1-3 as 0, so a narrower width
+    printed wider lines, values and their newlines whole)."""
+    n = _count(text)
+    if 0 < n < 4:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is too narrow: use 0 (no limit) or at least 4 columns")
+    return n
+
+
 def _window_width(args: argparse.Namespace) -> int:
     """``-w COLS``, else the terminal's width, else ``$COLUMNS``, else 80 (0 = no limit)."""
-    if args.width is not None and args.width >= 0:
+    if args.width is not None:
         return int(args.width)
     try:
         return os.get_terminal_size(sys.stdout.fileno()).columns
@@ -145,7 +167,9 @@ def render_value(key: str, obj: TreeObj, *, raw: bool = False, as_treeobj: bool 
 
     ``-t``: the tree object as JSON; ``-r``: the bytes as they are; else the
     value up to its first NUL byte and a newline (nothing for an empty
-    value, as ``flux kvs get``).  ``-l`` puts ``key=`` first.
+    value, as ``flux kvs get``).  ``-l`` puts ``key=`` first, and then an
+    empty value still ends its line (flux prints ``key=`` and no newline, so
+    the next key ran on).
     """
     head = f"{key}=".encode("utf-8", "surrogateescape") if label else b""
     if as_treeobj:
@@ -154,7 +178,7 @@ def render_value(key: str, obj: TreeObj, *, raw: bool = False, as_treeobj: bool 
     if raw:
         return head + data
     data = data.split(b"\0", 1)[0]
-    return head + (data + b"\n" if obj["data"] else b"")
+    return head + (data + b"\n" if obj["data"] or label else b"")
 
 
 def make_formatter(args: argparse.Namespace) -> eventlog.Formatter:
@@ -230,7 +254,7 @@ def cmd_put(args: argparse.Namespace) -> int:
 
 def _kv_line(key: str, value: bytes, maxcol: int) -> str:
     """``key = value`` fitted to ``maxcol`` columns with ``...``, as ``flux kvs dir``."""
-    if 0 < maxcol <= 3:
+    if 0 < maxcol <= 3:  # a terminal (or $COLUMNS) this narrow: no limit, as flux
         maxcol = 0
     text = value.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
     line = f"{key} = {text}"
@@ -657,8 +681,9 @@ def register(subparsers: Any) -> None:
     _ns(p)
     p.add_argument("-R", "--recursive", action="store_true", help="descend into subdirectories")
     p.add_argument("-d", "--directory", action="store_true", help="print keys, not values")
-    p.add_argument("-w", "--width", type=int, metavar="COLS",
-                   help="truncate lines to COLS columns (0: no limit)")
+    p.add_argument("-w", "--width", type=_dir_width, metavar="COLS",
+                   help="cut lines to COLS columns, at least 4, and at a newline "
+                        "(0: print values whole)")
     p.add_argument("-a", "--at", metavar="TREEOBJ", help="read at this root")
     p.add_argument("key", nargs="?", default=".", metavar="KEY")
     p.set_defaults(func=cmd_dir)
@@ -668,7 +693,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("-R", "--recursive", action="store_true", help="list subdirectories too")
     p.add_argument("-d", "--directory", action="store_true",
                    help="list directories themselves, not their contents")
-    p.add_argument("-w", "--width", type=int, metavar="COLS",
+    p.add_argument("-w", "--width", type=_count, metavar="COLS",
                    help="output width (0: no limit)")
     p.add_argument("-1", dest="one", action="store_true", help="one entry a line")
     p.add_argument("-F", "--classify", action="store_true",
@@ -698,7 +723,8 @@ def register(subparsers: Any) -> None:
     _ns(p)
     p.add_argument("-a", "--at", metavar="TREEOBJ", help="read at this root")
     p.add_argument("-o", "--namespace-only", action="store_true",
-                   help="print only the namespace of a link that names one")
+                   help="print only the namespace of a link that names one "
+                        "(a link without one prints its target, as flux)")
     p.add_argument("-k", "--key-only", action="store_true",
                    help="print only the key of a link that names a namespace")
     p.add_argument("keys", nargs="+", metavar="KEY")
@@ -725,7 +751,7 @@ def register(subparsers: Any) -> None:
 
     p = sub.add_parser("wait", help="wait until this rank reaches VERSION")
     _ns(p)
-    p.add_argument("version", type=int, metavar="VERSION")
+    p.add_argument("version", type=_count, metavar="VERSION")
     p.set_defaults(func=cmd_wait)
 
     p = sub.add_parser("getroot", help="print the namespace's root")

@@ -498,7 +498,10 @@ class KVS:
     async def unlinkable(self, key: str, *, recursive: bool = False, force: bool = False) -> bool:
         """The checks of ``unlink`` (as ``flux kvs unlink``): ``False`` if ``key``
         is missing and ``force``; raises ``ENOENT`` if missing, ``ENOTEMPTY``
-        for a non-empty directory unless ``recursive``."""
+        for a non-empty directory unless ``recursive``, ``EINVAL`` for the
+        root (``.``)."""
+        if not split(key):
+            raise ErrnoError(errno.EINVAL, "cannot unlink the root directory")
         try:
             obj = await self.lookup(key, TREEOBJ)
         except RemoteError as exc:
@@ -517,7 +520,8 @@ class KVS:
         """Remove keys in one transaction.
 
         Like ``flux kvs unlink``: a missing key is ``ENOENT`` unless ``force``;
-        a non-empty directory is ``ENOTEMPTY`` unless ``recursive``.  Use
+        a non-empty directory is ``ENOTEMPTY`` unless ``recursive``; the root
+        (``.``) is ``EINVAL``.  Use
         :meth:`TxnOps.unlink` for the unchecked operation.
         """
         t = TxnOps()
@@ -529,20 +533,38 @@ class KVS:
     async def copy(self, src: str, dst: str, *, src_namespace: str | None = None,
                    dst_namespace: str | None = None) -> CommitResult:
         """Make ``dst`` a copy of ``src`` (links not followed; a directory is
-        copied by reference, in O(1)).  Namespaces default to this one."""
+        copied by reference, in O(1)).  Namespaces default to this one.
+
+        ``dst`` may lie inside ``src``: it gets a snapshot of ``src`` as it
+        was (the copy holds a reference to ``src``'s old tree, so nothing
+        recurses and nothing is lost)."""
         obj = await self._src(src_namespace).lookup(src, TREEOBJ)
         return await self._src(dst_namespace).commit(TxnOps().put_treeobj(dst, obj))
 
     async def move(self, src: str, dst: str, *, src_namespace: str | None = None,
                    dst_namespace: str | None = None) -> CommitResult:
         """Copy ``src`` to ``dst``, then unlink ``src``.  Within one namespace
-        both happen in a single transaction."""
+        both happen in a single transaction.
+
+        Within one namespace, ``dst`` equal to ``src`` or inside it
+        (``move a a.sub``) is ``EINVAL``, as ``mv`` refuses: the unlink would
+        take the copy with it.  ``dst`` may be an ancestor of ``src``
+        (``move a.sub a``: ``a`` becomes what ``a.sub`` was)."""
         s, d = self._src(src_namespace), self._src(dst_namespace)
-        if s.namespace == d.namespace and normalize(src) == normalize(dst):
-            raise ErrnoError(errno.EINVAL, f"{src}: source and destination are the same")
+        if s.namespace == d.namespace:
+            sp, dp = split(src), split(dst)
+            if sp == dp:
+                raise ErrnoError(errno.EINVAL, f"{src}: source and destination are the same")
+            if dp[:len(sp)] == sp:  # (the root, [], is everyone's ancestor)
+                raise ErrnoError(errno.EINVAL, f"cannot move '{src}' to a subdirectory "
+                                               f"of itself, '{dst}'")
         obj = await s.lookup(src, TREEOBJ)
         if s.namespace == d.namespace:
-            return await s.commit(TxnOps().put_treeobj(dst, obj).unlink(src))
+            # unlink first: if dst is an ancestor of src, src's old place is
+            # inside what the put replaces, and an unlink after the put would
+            # remove the part of the new dst that has src's relative path;
+            # a link in dst's path leading into src's old place stays harmless
+            return await s.commit(TxnOps().unlink(src).put_treeobj(dst, obj))
         await d.commit(TxnOps().put_treeobj(dst, obj))
         return await s.commit(TxnOps().unlink(src))
 

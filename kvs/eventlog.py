@@ -13,7 +13,7 @@ string, ``context`` an optional JSON object.  Events are added with the KVS
 Everything here but :func:`append` and :func:`get` is pure.  :class:`Formatter`
 renders entries the way ``flux kvs eventlog get`` does: ``%f`` timestamp,
 name, then ``key=<json>`` per context entry; ``unformatted`` prints the RFC 18
-JSON; ``human`` prints ``[Mon DD HH:MM]`` at each new minute and ``[ +s.ssssss]``
+JSON; ``human`` prints ``[MonDD HH:MM]`` at each new minute and ``[ +s.ssssss]``
 offsets within it.
 """
 

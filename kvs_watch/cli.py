@@ -21,11 +21,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import errno
+import os
 import sys
 from collections.abc import Awaitable, Callable
 from typing import IO, Any
 
-from broker.cliutil import CLIError, run_async
+from broker.cliutil import CLIError, errno_detail, run_async
 from broker.errors import ErrnoError
 from broker.handle import Handle
 from broker.rpc import HandleCore
@@ -51,6 +52,8 @@ __all__ = [
     "watch_get_async",
 ]
 
+_BAD = errno_detail(ErrnoError(errno.EINVAL, BAD_EVENTLOG))
+"""A malformed eventlog, in the words of ``kvbroker kvs eventlog get`` without a watch."""
 
 
 def _run(args: argparse.Namespace, body: Callable[[Handle], Awaitable[int]]) -> int:
@@ -212,7 +215,7 @@ async def eventlog_get_async(h: HandleCore, args: argparse.Namespace, fmt: Any,
     except ErrnoError as exc:
         raise CLIError(key, detail=error_detail(exc, key)) from None
     except ValueError:
-        raise CLIError(key, detail=BAD_EVENTLOG) from None
+        raise CLIError(key, detail=_BAD) from None
     return 0
 
 
@@ -237,7 +240,9 @@ async def eventlog_wait_event_async(
 ) -> int:
     """Wait until eventlog ``key`` has an event ``name``; print it (``-v``: and
     every event before it; ``-q``: nothing).  Errors as ``flux kvs eventlog
-    wait-event``: a timeout, a missing eventlog (without ``waitcreate``)."""
+    wait-event`` (a timeout, a missing eventlog without ``waitcreate``, a
+    malformed one), in the ``KEY: <strerror> (...)`` form of every kvs
+    command: ``ETIMEDOUT``, ``ENOENT``, ``EINVAL``."""
     o = _out(out)
     try:
         async with asyncio.timeout(timeout):
@@ -252,11 +257,10 @@ async def eventlog_wait_event_async(
                         o.write(fmt.format(e).encode() + b"\n")
                         o.flush()
     except TimeoutError:
-        raise CLIError(f"wait-event timeout on event '{name}'") from None
+        raise CLIError(key, detail=f"{os.strerror(errno.ETIMEDOUT)} "
+                                   f"(no event '{name}' within {timeout:g} s)") from None
     except ErrnoError as exc:
-        if exc.errnum == errno.ENOENT:
-            raise CLIError(f"eventlog path {key} not found") from None
         raise CLIError(key, detail=error_detail(exc, key)) from None
     except ValueError:
-        raise CLIError(key, detail=BAD_EVENTLOG) from None
-    raise CLIError(f"event '{name}' never received")
+        raise CLIError(key, detail=_BAD) from None
+    raise CLIError(key, detail=f"{os.strerror(errno.ENODATA)} (event '{name}' never received)")

@@ -269,20 +269,24 @@ def parse_eventlog_entry(line: str | bytes) -> EventlogEntry:
 
 
 class EventlogParser:
-    """Turns eventlog bytes, split anywhere, into entries (one per complete line)."""
+    """Turns the answers of an eventlog watch into entries.
 
-    def __init__(self) -> None:
-        self._buf = b""
+    Each answer (an APPEND watch's chunk, a STREAM's blob) is one append and
+    must be whole lines: empty, or entries each ending in ``\n``.  Flux
+    decodes every answer by itself the same way (``eventlog_decode``); a
+    chunk without its final newline is ``ValueError`` at once -- buffering
+    it would wait forever for a newline that no later append supplies.
+    """
 
     def feed(self, data: bytes) -> list[EventlogEntry]:
-        self._buf += data
-        *lines, self._buf = self._buf.split(b"\n")
-        return [parse_eventlog_entry(line) for line in lines]
+        if not data:
+            return []
+        if not data.endswith(b"\n"):
+            raise ValueError(BAD_EVENTLOG)
+        return [parse_eventlog_entry(line) for line in data[:-1].split(b"\n")]
 
     def close(self) -> None:
-        """Raise ``ValueError`` if an incomplete entry is left over."""
-        if self._buf:
-            raise ValueError(BAD_EVENTLOG)
+        """Nothing is ever left over (kept for callers that mark the end)."""
 
 
 class EventlogWatch:

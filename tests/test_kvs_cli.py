@@ -45,8 +45,9 @@ class Result:
 
 
 def client_env(uri: str, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("KVBROKER_NAMESPACE", "COLUMNS", "PYTHONPATH")}
+    # PYTHONPATH is kept: a worktree's tests must run its own kvbroker code,
+    # not the editable install's (the venv's finder comes after PYTHONPATH)
+    env = {k: v for k, v in os.environ.items() if k not in ("KVBROKER_NAMESPACE", "COLUMNS")}
     env.update(KVBROKER_URI=uri, PATH=f"{BIN}:{env.get('PATH', '/usr/bin:/bin')}", TZ="UTC")
     env.update(extra)
     return env
@@ -301,6 +302,15 @@ async def test_treeobj_and_at(start_instance) -> None:
         """)
 
 
+async def test_get_label_empty_value(start_instance) -> None:
+    """-l prints ``KEY=`` and a newline even for an empty value (the next key
+    ran on: ``empty=a.c=hello``); without -l an empty value prints nothing."""
+    inst = await start_instance(size=1)
+    await kvs(inst, "put", "empty=", "a.c=hello")
+    assert (await kvs(inst, "get", "-l", "empty", "a.c")).text == "empty=\na.c=hello\n"
+    assert (await kvs(inst, "get", "empty", "a.c")).text == "hello\n"
+
+
 # ================================================================ dir / ls
 
 
@@ -394,6 +404,21 @@ async def test_dir(start_instance) -> None:
 
         long.v = 0123456789012345678901234567890123456789
         """)
+
+
+async def test_dir_ls_width_checks(start_instance) -> None:
+    """A negative -w (was: silently 80) and a dir -w of 1-3 (was: no limit at
+    all, as in flux) are usage errors; -w 4 is the narrowest cut."""
+    inst = await start_instance(size=1)
+    await kvs(inst, "put", "k=0123456789")
+    for args in (["dir", "-w", "-3"], ["dir", "-w", "3"], ["dir", "-w", "1"],
+                 ["ls", "-w", "-1"], ["dir", "-w", "x"]):
+        res = await kvs(inst, *args)
+        assert res.rc == 2 and "usage: kvbroker kvs" in res.err, args
+        assert "argument -w/--width" in res.err, args
+    assert (await kvs(inst, "dir", "-w", "4")).text == "k...\n"
+    assert (await kvs(inst, "dir", "-w", "9")).text == "k = 01...\n"
+    assert (await kvs(inst, "ls", "-w", "0")).text == "k\n"
 
 
 async def test_ls(start_instance) -> None:
@@ -648,6 +673,20 @@ async def test_unlink_mkdir_link_readlink(start_instance) -> None:
         """) + _usage_tail(out)
 
 
+async def test_unlink_root_is_einval(start_instance) -> None:
+    """``unlink .`` said Directory not empty, ``unlink -R .`` Invalid argument:
+    both are EINVAL now, with one message, and nothing is removed."""
+    inst = await start_instance(size=1)
+    await kvs(inst, "put", "a=1")
+    msg = "kvbroker: cannot unlink '{}': Invalid argument (cannot unlink the root directory)\n"
+    for args in ([], ["-R"], ["-f"], ["-Rf"]):
+        for key in (".", "..", ""):
+            res = await kvs(inst, "unlink", *args, key)
+            assert (res.rc, res.err) == (1, msg.format(key)), (args, key)
+    res = await kvs(inst, "unlink", "a", ".")  # one transaction: a stays
+    assert res.rc == 1 and (await kvs(inst, "get", "a")).text == "1\n"
+
+
 def _usage_tail(out: str) -> str:
     """argparse's usage error for ``link only-one`` (exit status 2)."""
     tail = out.split("$ kvbroker kvs link only-one\n", 1)[1]
@@ -719,6 +758,21 @@ async def test_copy_move(start_instance) -> None:
         """)
 
 
+async def test_move_into_own_subtree_is_refused(start_instance) -> None:
+    """``move a a.sub`` used to exit 0 with both a and a.sub gone."""
+    inst = await start_instance(size=1)
+    await kvs(inst, "put", "a.b=1", "a.c=hello")
+    res = await kvs(inst, "move", "a", "a.sub")
+    assert (res.rc, res.err) == (1, "kvbroker: move: Invalid argument (cannot move 'a' to "
+                                    "a subdirectory of itself, 'a.sub')\n")
+    res = await kvs(inst, "move", "a", "a")
+    assert res.rc == 1 and res.err.startswith("kvbroker: move: Invalid argument (")
+    res = await kvs(inst, "copy", "a", "a.snap")  # a snapshot: harmless
+    assert res.rc == 0
+    res = await kvs(inst, "dir", "-R", "a")
+    assert res.text == "a.b = 1\na.c = hello\na.snap.b = 1\na.snap.c = hello\n"
+
+
 # ================================================================ versions, roots, namespaces
 
 
@@ -783,6 +837,15 @@ async def test_version_wait_getroot(start_instance) -> None:
     assert set(js) == {"namespace", "owner", "rootseq", "rootref", "flags"}
     assert js["namespace"] == "primary" and js["rootseq"] == v0 + 4
     assert treeobj.dirref(js["rootref"])  # a well-formed blobref
+
+
+async def test_wait_negative_version_is_a_usage_error(start_instance) -> None:
+    inst = await start_instance(size=1)
+    for v in ("-5", "-1", "x"):
+        res = await kvs(inst, "wait", v)
+        assert res.rc == 2 and "usage: kvbroker kvs wait" in res.err, v
+        assert "argument VERSION" in res.err, v
+    assert (await kvs(inst, "wait", "0")).rc == 0
 
 
 def ns_row(name: str, owner: int) -> str:
@@ -1110,7 +1173,8 @@ async def test_watch_options_are_delegated(start_instance, tmp_path: Path) -> No
     fake.mkdir()
     (fake / "__init__.py").write_text("")
     (fake / "cli.py").write_text(FAKE_WATCH)
-    env = {"PYTHONPATH": str(tmp_path), "KVBROKER_NAMESPACE": "envns"}
+    path = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p)
+    env = {"PYTHONPATH": path, "KVBROKER_NAMESPACE": "envns"}
 
     res = await kvs(inst, "get", "-w", "-c", "2", "-u", "-A", "-f", "-l", "a", "b", **env)
     name, _, doc = res.text.partition(" ")

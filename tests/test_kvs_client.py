@@ -354,6 +354,47 @@ async def test_copy_move_across_namespaces(start_instance, connect) -> None:
         assert errnum(ei) == errno.ENOENT
 
 
+async def test_move_never_loses_the_source(start_instance, connect) -> None:
+    """move into its own subtree is EINVAL (it put a.sub inside a, then unlinked
+    a: both were gone); move onto itself is EINVAL; move up into an ancestor
+    keeps everything; copy into its own subtree is an O(1) snapshot, allowed."""
+    inst = await start_instance(size=1)
+    kvs = await kvs_on(connect, inst)
+    async with asyncio.timeout(T):
+        await kvs.commit(TxnOps().put("a.b", 1).put("a.c", "hello"))
+        root = await kvs.getroot()
+        for src, dst in (("a", "a.sub"), ("a.", "..a.sub.deeper"), ("a", "a"), ("a", "a.")):
+            with pytest.raises(ErrnoError) as ei:
+                await kvs.move(src, dst)
+            assert errnum(ei) == errno.EINVAL, (src, dst)
+        assert "subdirectory of itself" in str(await _errstr(kvs.move("a", "a.sub")))
+        assert await kvs.getroot() == root  # nothing was committed
+        assert await kvs.get("a.b") == b"1" and await kvs.get("a.c") == b"hello"
+        # into another namespace, a.sub is not inside a
+        await kvs.namespace_create("mv")
+        await kvs.move("a", "a.sub", dst_namespace="mv")
+        assert await kvs.with_namespace("mv").get("a.sub.c") == b"hello"
+        assert not await kvs.exists("a")
+        await kvs.move("a.sub", "a", src_namespace="mv")
+        # up into an ancestor: x := x.sub; x.sub's own "sub" entry must survive
+        await kvs.commit(TxnOps().put("x.sub.sub", "inner").put("x.sub.b", 2).put("x.old", 3))
+        await kvs.move("x.sub", "x")
+        assert sorted(await kvs.dir("x")) == ["b", "sub"]
+        assert await kvs.get("x.sub") == b"inner" and await kvs.get("x.b") == b"2"
+        # copy into its own subtree: a snapshot of a as it was
+        await kvs.copy("a", "a.snap")
+        assert await kvs.get("a.snap.c") == b"hello" and await kvs.get("a.c") == b"hello"
+        assert sorted(await kvs.dir("a.snap")) == ["b", "c"]
+
+
+async def _errstr(aw) -> str:
+    try:
+        await aw
+    except ErrnoError as exc:
+        return exc.errstr or ""
+    raise AssertionError("no error")
+
+
 async def test_roots_versions_and_lookup_at(start_instance, connect) -> None:
     inst = await start_instance(size=4, fanout=2)
     k0, k3 = await kvs_on(connect, inst, 0), await kvs_on(connect, inst, 3)

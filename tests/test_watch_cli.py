@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 
+import pytest
 from test_watch_helpers import (
     NO_MERGE,
     append,
@@ -18,6 +19,8 @@ from test_watch_helpers import (
     wait_until,
     wait_watchers,
 )
+
+from kvs_watch.client import wait_event
 
 
 def _env(uri: str) -> dict[str, str]:
@@ -34,9 +37,17 @@ async def spawn(uri: str, *args: str) -> asyncio.subprocess.Process:
 
 async def run(uri: str, *args: str, timeout: float = 20) -> tuple[int, str, str]:
     p = await spawn(uri, *args)
-    out, err = await asyncio.wait_for(p.communicate(), timeout)
+    try:
+        out, err = await asyncio.wait_for(p.communicate(), timeout)
+    except TimeoutError:
+        p.kill()
+        await p.wait()
+        raise
     assert p.returncode is not None
     return p.returncode, out.decode(), err.decode()
+
+
+BAD = "Invalid argument (cannot decode improperly formatted eventlog)"
 
 
 def ev(ts: float, name: str, **ctx) -> bytes:
@@ -87,9 +98,10 @@ async def test_eventlog_get_watch_and_wait_event(start_instance, connect):
     rc, out, _ = await run(uri, "kvs", "eventlog", "wait-event", "-v", "test.d", "bar")
     assert (rc, out) == (0, '42.000000 foo\n43.000000 bar data="x"\n')
     rc, out, err = await run(uri, "kvs", "eventlog", "wait-event", "-t", "0.2", "test.d", "baz")
-    assert rc == 1 and "wait-event timeout on event 'baz'" in err
+    assert (rc, err) == (1, "kvbroker: test.d: Connection timed out "
+                            "(no event 'baz' within 0.2 s)\n")
     rc, out, err = await run(uri, "kvs", "eventlog", "wait-event", "test.nolog", "foo")
-    assert rc == 1 and "eventlog path test.nolog not found" in err
+    assert (rc, err) == (1, "kvbroker: test.nolog: No such file or directory\n")
     p = await spawn(uri, "kvs", "eventlog", "wait-event", "--waitcreate", "-u", "test.f", "foo")
     await wait_watchers(h0, 1, nodeid=2)
     await commit(h0, append("test.f", ev(1, "foo", data="bar")))
@@ -97,7 +109,7 @@ async def test_eventlog_get_watch_and_wait_event(start_instance, connect):
     assert (p.returncode, out) == (0, ev(1, "foo", data="bar"))
     await commit(h0, put("test.noteventlog", "foo"), sync=(h0, 2))
     rc, out, err = await run(uri, "kvs", "eventlog", "get", "-W", "test.noteventlog")
-    assert rc == 1 and "cannot decode improperly formatted eventlog" in err
+    assert (rc, err) == (1, f"kvbroker: test.noteventlog: {BAD}\n")
     await wait_watchers(h0, 0, nodeid=2)
 
 
@@ -117,3 +129,33 @@ async def test_ctrl_c_cancels_the_watch(start_instance, connect):
     await wait_until(cancelled)
     st = await stats(h0, 1)
     assert st["counts"].get("cancelled") == 1  # a cancel, not just the disconnect
+
+
+async def test_watch_forms_refuse_an_unterminated_eventlog(start_instance, connect):
+    """A value that is not an eventlog and does not end in a newline made
+    ``wait-event`` and ``eventlog get -w`` wait forever for the newline; each
+    watch answer is one append and must be whole lines (as flux decodes each
+    answer), so they fail at once, as plain ``eventlog get`` does."""
+    inst = await start_instance(size=2)
+    h0 = await connect(inst, 0)
+    uri = inst.uri(1)
+    await commit(h0, put("p.bad", '{"name":"submit"}'))
+    await commit(h0, put("p.good", ev(1, "go").rstrip(b"\n")))  # valid JSON, no newline
+    await commit(h0, append("p.log", ev(1, "one")))
+    await commit(h0, append("p.log", b"garbage"), sync=(h0, 1))
+    for key in ("p.bad", "p.good"):
+        expected = (1, "", f"kvbroker: {key}: {BAD}\n")
+        assert await run(uri, "kvs", "eventlog", "get", key, timeout=10) == expected
+        assert await run(uri, "kvs", "eventlog", "wait-event", key, "go", timeout=10) == expected
+        assert await run(uri, "kvs", "eventlog", "wait-event", "-W", key, "x",
+                         timeout=10) == expected
+        assert await run(uri, "kvs", "eventlog", "get", "-w", key, timeout=10) == expected
+    # the good first append is printed, the bad second one ends the watch
+    assert await run(uri, "kvs", "eventlog", "get", "-w", "-c", "3", "p.log",
+                     timeout=10) == (1, "1.000000 one\n", f"kvbroker: p.log: {BAD}\n")
+    assert await run(uri, "kvs", "eventlog", "wait-event", "p.log", "two", timeout=10) == (
+        1, "", f"kvbroker: p.log: {BAD}\n")
+    # the API: wait_event raises ValueError instead of waiting
+    with pytest.raises(ValueError, match="improperly formatted"):
+        await wait_event(h0, "p.bad", "go", timeout=10)
+    await wait_watchers(h0, 0, nodeid=1)
