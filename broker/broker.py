@@ -8,7 +8,8 @@ import os
 import resource
 from typing import Any
 
-from broker import __version__, codec, gcpolicy, plugins
+from broker import __version__, gcpolicy, plugins
+from broker import attrs as battrs
 from broker.connector import Connector
 from broker.loops import loop_name
 from broker.module import Module, ModuleContext, ModuleHandle
@@ -17,10 +18,6 @@ from broker.router import Router
 from broker.services import BrokerServices
 
 log = logging.getLogger("kvbroker")
-
-
-def attr_true(value: Any) -> bool:
-    return str(value).lower() in ("1", "true", "yes", "on")
 
 
 def local_socket_path(rundir: str, rank: int) -> str:
@@ -51,12 +48,9 @@ class Broker:
         self.router = Router(rank, size, fanout, self.owner_uid)
         self.endpoints = endpoints
         self.curve = curve
-        self.attrs: dict[str, Any] = {
-            "content.hash": "sha256",
-            "access.allow-guest-user": "false",
-            "broker.modules": ",".join(plugins.DEFAULT_MODULES),
-            "tbon.transport": "unix",
-        }
+        # The core's tunables with their defaults (checked in start(), where a
+        # bad value is a start-up failure), then what the instance set.
+        self.attrs: dict[str, Any] = {s.name: s.default for s in battrs.BROKER_ATTRS}
         self.attrs.update(attrs or {})
         self.attrs.update({
             "rank": rank,
@@ -99,22 +93,26 @@ class Broker:
         """Bring up connector, overlay and modules; return once this rank's
         whole subtree is connected (rank 0: the whole instance)."""
         self.attrs["event-loop"] = loop_name(asyncio.get_running_loop())
+        config = battrs.check(self.attrs, battrs.BROKER_ATTRS)  # AttrError: start-up fails
+        # A module that cannot load is a start-up failure, as in Flux: an
+        # instance silently missing kvs-watch would only fail later.  Modules
+        # are found, and their attributes checked and defaulted, before the
+        # rank listens or loads any of them.
+        classes = [plugins.load_module_class(name) for name in battrs.module_names(self.attrs)]
+        for cls in classes:
+            battrs.with_defaults(self.attrs, getattr(cls, "attributes", ()))
         self.connector = Connector(
             self.router,
             local_socket_path(self.rundir, self.rank),
             owner_uid=self.owner_uid,
-            allow_guest=attr_true(self.attrs["access.allow-guest-user"]),
-            max_message=int(self.attrs.get("broker.max-message", codec.DEFAULT_MAX_MESSAGE)),
+            allow_guest=config[battrs.ALLOW_GUEST_USER.name],
+            max_message=config[battrs.MAX_MESSAGE.name],
         )
         self.overlay = Overlay(self.router, self.rundir, endpoints=self.endpoints,
-                               curve=self.curve,
-                               transport=str(self.attrs.get("tbon.transport", "unix")))
+                               curve=self.curve, transport=config[battrs.TRANSPORT.name])
         await self.overlay.start()
         await self.load_module(BrokerServices(self._context(), self))
-        for name in [n for n in str(self.attrs["broker.modules"]).split(",") if n]:
-            # A module that cannot load is a start-up failure, as in Flux: an
-            # instance silently missing kvs-watch would only fail later.
-            cls = plugins.load_module_class(name)
+        for cls in classes:
             await self.load_module(cls(self._context()))
         await self.connector.start()
         await self.overlay.ready

@@ -92,9 +92,9 @@ def cmd_start(args: argparse.Namespace) -> int:
                     proc.terminate()
                 await proc.wait()
                 return 1
-            print(inst.uri(0), flush=True)
-            for sig in signals:
+            for sig in signals:  # before the URI: whoever reads it may signal at once
                 loop.add_signal_handler(sig, stop.set)
+            print(inst.uri(0), flush=True)
             stopper = loop.create_task(stop.wait())
             assert inst.failed is not None
             done, _ = await asyncio.wait({stopper, inst.failed},

@@ -22,7 +22,8 @@ from typing import Any
 
 import zmq
 
-from broker.broker import attr_true, local_socket_path
+from broker import attrs as battrs
+from broker.broker import local_socket_path
 from broker.topology import children_of
 
 START_TIMEOUT = 60.0
@@ -97,17 +98,32 @@ class Instance:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
+    def check(self) -> None:
+        """Refuse, before any rank starts, what would make the ranks fail:
+        a bad attribute value (:func:`broker.attrs.check_instance`), a
+        statedir that is not a directory.  :class:`StartError` says which."""
+        try:
+            battrs.check_instance(self.attrs)
+        except battrs.AttrError as exc:
+            raise StartError(str(exc)) from None
+        if self.statedir:
+            if os.path.exists(self.statedir) and not os.path.isdir(self.statedir):
+                raise StartError(f"statedir {self.statedir}: not a directory")
+            try:
+                os.makedirs(self.statedir, exist_ok=True)
+            except OSError as exc:
+                raise StartError(f"statedir {self.statedir}: {exc.strerror}") from None
+
     async def start(self, timeout: float = START_TIMEOUT) -> None:
         loop = asyncio.get_running_loop()
+        self.check()
         self.failed = loop.create_future()
         self.rundir = make_rundir()
-        if attr_true(self.attrs.get("access.allow-guest-user", "false")):
+        if battrs.ALLOW_GUEST_USER.value(self.attrs):
             os.chmod(self.rundir, 0o755)
-        if self.statedir:
-            os.makedirs(self.statedir, exist_ok=True)
         endpoints: dict[int, str] = {}
         curve_args: list[str] = []
-        if self.attrs.get("tbon.transport", "ipc") == "tcp":
+        if battrs.TRANSPORT.value(self.attrs) == "tcp":
             from broker.curve import generate_keys
 
             for r in range(self.size):

@@ -30,6 +30,7 @@ from broker.message import NODEID_ANY, Message, MsgFlags, MsgType, Role
 from broker.rpc import HandleCore
 
 if TYPE_CHECKING:
+    from broker.attrs import AttrSpec
     from broker.router import Router
 
 Handler = Callable[[Message], Awaitable[None] | None]
@@ -152,11 +153,15 @@ class Module:
 
     Subclasses set ``name`` (the service), implement :meth:`handlers`, and
     may override :meth:`start`, :meth:`stop`, :meth:`on_event`, :meth:`stats`.
-    ``<name>.stats-get`` is answered here from :meth:`stats`.
+    ``<name>.stats-get`` is answered here from :meth:`stats`.  ``attributes``
+    declares the broker attributes the module reads (:mod:`broker.attrs`):
+    their values are checked before the module is created, and their defaults
+    become readable attributes of the rank.
     """
 
     name: ClassVar[str] = ""
     services: ClassVar[tuple[str, ...]] = ()
+    attributes: ClassVar[tuple[AttrSpec, ...]] = ()
 
     def __init__(self, ctx: ModuleContext, handle: ModuleHandle | None = None) -> None:
         self.ctx = ctx

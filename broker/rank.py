@@ -18,10 +18,23 @@ import logging
 import os
 import signal
 import sys
+from typing import Any
 
+from broker import attrs as battrs
 from broker import gcpolicy, malloc
 from broker.broker import Broker
+from broker.errors import ErrnoError
 from broker.loops import loop_factory
+
+
+def json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"not a JSON object: {text!r}")
+    return value
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -32,8 +45,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rundir", required=True)
     p.add_argument("--statedir")
     p.add_argument("--event-loop", default="auto")
-    p.add_argument("--attrs", default="{}", help="JSON map of attributes")
-    p.add_argument("--endpoints", default="{}", help="JSON map rank -> overlay endpoint")
+    p.add_argument("--attrs", type=json_object, default={}, help="JSON map of attributes")
+    p.add_argument("--endpoints", type=json_object, default={},
+                   help="JSON map rank -> overlay endpoint")
     p.add_argument("--curve-keys", help="file holding the instance's CURVE key pair")
     p.add_argument("--watch-fd", type=int, help="exit when this pipe closes")
     return p.parse_args(argv)
@@ -49,8 +63,8 @@ async def serve(args: argparse.Namespace) -> int:
     b = Broker(
         args.rank, args.size, args.fanout, args.rundir,
         statedir=args.statedir,
-        attrs=json.loads(args.attrs),
-        endpoints={int(k): v for k, v in json.loads(args.endpoints).items()},
+        attrs=args.attrs,
+        endpoints={int(k): v for k, v in args.endpoints.items()},
         curve=curve,
     )
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -73,8 +87,12 @@ async def serve(args: argparse.Namespace) -> int:
             return 1
         try:
             starting.result()
-        except (LookupError, ImportError, OSError, ValueError) as exc:
-            logging.getLogger("kvbroker").error("start-up failed: %s", exc)
+        except Exception as exc:
+            # One line, not a traceback: the launcher then reports that this
+            # rank exited during start-up.  The traceback is logged at debug.
+            log = logging.getLogger("kvbroker")
+            log.error("start-up failed: %s", describe(exc))
+            log.debug("start-up failure", exc_info=exc)
             return 1
         print(f"ready {b.uri}", flush=True)
         await running
@@ -84,10 +102,22 @@ async def serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def describe(exc: BaseException) -> str:
+    """``exc`` in one line: its message, with its type when that says more."""
+    if isinstance(exc, (LookupError, ImportError, OSError, ValueError, ErrnoError)):
+        return str(exc) or type(exc).__name__
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    level = json.loads(args.attrs).get("log.level", "WARNING")
-    logging.basicConfig(level=str(level).upper(), stream=sys.stderr,
+    try:
+        level = battrs.LOG_LEVEL.value(args.attrs)
+    except battrs.AttrError as exc:
+        print(f"kvbroker[{args.rank}]: ERROR kvbroker: start-up failed: {exc}",
+              file=sys.stderr, flush=True)
+        return 1
+    logging.basicConfig(level=level.upper(), stream=sys.stderr,
                         format=f"kvbroker[{args.rank}]: %(levelname)s %(name)s: %(message)s")
     os.environ.pop("KVBROKER_URI", None)
     malloc.tune()

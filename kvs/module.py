@@ -27,6 +27,7 @@ from collections.abc import Awaitable
 from itertools import islice
 from typing import Any, ClassVar
 
+from broker.attrs import CONTENT_HASH, AttrSpec, integer
 from broker.content import blobref
 from broker.content.module import ContentModule
 from broker.errors import ErrnoError, RemoteError
@@ -46,6 +47,12 @@ miss costs one ``content.load``."""
 MAX_OPS = 100_000
 SETROOT_BLOB_LIMIT = 64 << 10
 """A setroot event carries the commit's new blobs when they total at most this."""
+CACHE_BYTES = AttrSpec(
+    "kvs.cache-bytes", str(BLOB_CACHE_BYTES), integer(0),
+    "per-rank kvs blob cache size (bytes)")
+SETROOT_LIMIT = AttrSpec(
+    "kvs.setroot-blob-limit", str(SETROOT_BLOB_LIMIT), integer(0),
+    "a setroot event carries the commit's new blobs up to this total (bytes)")
 
 
 class BlobStore:
@@ -154,16 +161,17 @@ def _check_guest_ops(ops: list[dict[str, Any]]) -> None:
 
 class KvsModule(Module):
     name: ClassVar[str] = "kvs"
+    attributes: ClassVar[tuple[AttrSpec, ...]] = (CACHE_BYTES, SETROOT_LIMIT)
 
     def __init__(self, ctx: Any) -> None:
         super().__init__(ctx)
         self.rank = ctx.rank
         self.leader = ctx.rank == 0
-        self.hash_name = str(ctx.attrs.get("content.hash", blobref.DEFAULT_HASH))
+        self.hash_name = CONTENT_HASH.value(ctx.attrs)
         self.statedir = str(ctx.attrs.get("statedir") or "")
-        self.blobs = BlobStore(int(ctx.attrs.get("kvs.cache-bytes", BLOB_CACHE_BYTES)))
+        self.blobs = BlobStore(CACHE_BYTES.value(ctx.attrs))
         self.cache = treeobj.BlobCache(self.blobs, max_objects=16384)
-        self.prime_limit = int(ctx.attrs.get("kvs.setroot-blob-limit", SETROOT_BLOB_LIMIT))
+        self.prime_limit = SETROOT_LIMIT.value(ctx.attrs)
         self.namespaces: dict[str, Namespace] = {}
         self._loading: dict[str, asyncio.Future[Namespace]] = {}
         self._fetching: dict[str, asyncio.Future[None]] = {}

@@ -37,6 +37,7 @@ import logging
 from collections import Counter
 from typing import Any, ClassVar
 
+from broker.attrs import CONTENT_HASH, AttrSpec, integer
 from broker.content import blobref
 from broker.errors import ErrnoError, ProtocolError
 from broker.message import Message
@@ -57,16 +58,20 @@ STATS_NAMESPACES = 100
 Route = tuple[str, ...]
 
 
+MAX_BACKLOG = AttrSpec(
+    "kvs-watch.max-backlog", str(DEFAULT_MAX_BACKLOG), integer(1),
+    "a watcher more than this many commits behind ends with EOVERFLOW")
+
+
 class KvsWatchModule(Module):
     name: ClassVar[str] = "kvs-watch"
+    attributes: ClassVar[tuple[AttrSpec, ...]] = (MAX_BACKLOG,)
 
     def __init__(self, ctx: Any) -> None:
         super().__init__(ctx)
         attrs = ctx.attrs
-        self.max_backlog = int(attrs.get("kvs-watch.max-backlog", DEFAULT_MAX_BACKLOG))
-        if self.max_backlog < 1:
-            raise ValueError("kvs-watch.max-backlog must be at least 1")
-        self.hash_name = str(attrs.get("content.hash", blobref.DEFAULT_HASH))
+        self.max_backlog = MAX_BACKLOG.value(attrs)
+        self.hash_name = CONTENT_HASH.value(attrs)
         self.monitors: dict[str, Monitor] = {}
         self.clients: dict[Route, dict[int, Watcher]] = {}
         """Watchers by the route of their request, then matchtag (cancel, disconnect)."""

@@ -31,6 +31,7 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
 
+from broker.attrs import CONTENT_HASH, AttrSpec, integer
 from broker.content import blobref
 from broker.content.sqlite import SqliteStore
 from broker.errors import ErrnoError
@@ -38,9 +39,20 @@ from broker.message import NODEID_UPSTREAM, Message
 from broker.module import Handler, Module, require
 
 DEFAULT_BLOB_LIMIT = 512 << 20
+MIN_BLOB_LIMIT = 256
+"""Smaller limits are refused: the KVS stores its own directories as blobs
+(the empty root is 21 bytes, a directory of one small value 46), so an
+instance with less could not start or would refuse nearly every commit."""
 DEFAULT_CACHE_BYTES = 64 << 20
 """Per-rank cache of blobs (attr ``content.cache-bytes``); blobs not yet written
 back are never evicted."""
+BLOB_SIZE_LIMIT = AttrSpec(
+    "content.blob-size-limit", str(DEFAULT_BLOB_LIMIT),
+    integer(MIN_BLOB_LIMIT, "the KVS could not store its own directories"),
+    "larger blobs are refused with EFBIG")
+CACHE_BYTES = AttrSpec(
+    "content.cache-bytes", str(DEFAULT_CACHE_BYTES), integer(0),
+    "per-rank content cache size (bytes)")
 FLUSH_DELAY = 0.1
 """Rank 0 writes new blobs back to SQLite at most this long after they arrive...
 """
@@ -52,15 +64,14 @@ comparable to the index (see :mod:`broker.content.sqlite`)."""
 
 class ContentModule(Module):
     name: ClassVar[str] = "content"
+    attributes: ClassVar[tuple[AttrSpec, ...]] = (BLOB_SIZE_LIMIT, CACHE_BYTES)
 
     def __init__(self, ctx: Any) -> None:
         super().__init__(ctx)
         attrs = ctx.attrs
-        self.hash_name = str(attrs.get("content.hash", blobref.DEFAULT_HASH))
-        if self.hash_name not in blobref.HASHES:
-            raise ValueError(f"unsupported content.hash {self.hash_name!r}")
-        self.blob_limit = int(attrs.get("content.blob-size-limit", DEFAULT_BLOB_LIMIT))
-        self.cache_limit = int(attrs.get("content.cache-bytes", DEFAULT_CACHE_BYTES))
+        self.hash_name = CONTENT_HASH.value(attrs)
+        self.blob_limit = BLOB_SIZE_LIMIT.value(attrs)
+        self.cache_limit = CACHE_BYTES.value(attrs)
         self.cache: OrderedDict[str, bytes] = OrderedDict()
         self.cache_bytes = 0
         self.dirty: dict[str, bytes] = {}

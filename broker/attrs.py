@@ -1,0 +1,186 @@
+"""The broker attributes that take a value: name, parser, default, meaning.
+
+One :class:`AttrSpec` per tunable attribute.  The broker core declares its
+own in :data:`BROKER_ATTRS`; a module declares the attributes it reads in its
+class attribute ``Module.attributes`` (the ``content`` module its
+``content.*``, ``kvs`` its ``kvs.*``, ...), so the core never imports a
+module to know them -- it finds the module class by entry point, as it does
+to load it (:mod:`broker.plugins`).  The same specs serve three places:
+
+* ``kvbroker start`` / :class:`broker.launch.Instance` refuses a bad value
+  before any rank starts (:func:`check_instance`), with one line naming the
+  attribute (``log.level: unknown value 'bogus' (choose from ...)``);
+* a rank fills in the default of every declared attribute it does not have,
+  so ``kvbroker attr get NAME`` and ``attr list`` show the effective value
+  on every rank (:func:`with_defaults`), and checks the values again (a rank
+  may be started without the launcher);
+* the code that reads an attribute parses it with :meth:`AttrSpec.value`.
+
+Values are kept as given (``-S`` values are strings); defaults are stored as
+the text one would pass with ``-S``, so an attribute reads back the same way
+whether it was set or defaulted.  Attributes no spec declares (``-S
+my.attr=x``) are kept and readable, unchecked.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+from broker import codec, plugins
+from broker.content import blobref
+
+
+class AttrError(ValueError):
+    """A bad attribute value: ``str()`` is ``<name>: <what is wrong>``."""
+
+
+Parser = Callable[[Any], Any]
+"""Turns a value (text as given with ``-S``, or a native Python value) into
+the value the code uses; raises ``ValueError`` saying what is wrong."""
+
+
+@dataclass(frozen=True)
+class AttrSpec:
+    name: str
+    default: str
+    parse: Parser
+    doc: str = ""
+
+    def value(self, attrs: Mapping[str, Any]) -> Any:
+        """This attribute's parsed value in ``attrs`` (the default when unset);
+        :class:`AttrError` when it is invalid."""
+        raw = attrs.get(self.name, self.default)
+        try:
+            return self.parse(raw)
+        except ValueError as exc:
+            raise AttrError(f"{self.name}: {exc}") from None
+
+
+# ---------------------------------------------------------------- parsers
+
+_INT_RE = re.compile(r"-?[0-9]+")
+
+
+def integer(minimum: int = 0, why: str = "") -> Parser:
+    """A decimal integer of at least ``minimum`` (``why`` says why, if it matters)."""
+
+    def parse(value: Any) -> int:
+        if isinstance(value, bool):
+            raise ValueError(f"{value!r} is not an integer")
+        if isinstance(value, int):
+            n = value
+        else:
+            text = str(value).strip()
+            if not _INT_RE.fullmatch(text):
+                raise ValueError(f"{str(value)!r} is not an integer")
+            n = int(text)
+        if n < minimum:
+            reason = f": {why}" if why else ""
+            raise ValueError(f"{n} is below the minimum of {minimum}{reason}")
+        return n
+
+    return parse
+
+
+_TRUE = ("true", "1", "yes", "on")
+_FALSE = ("false", "0", "no", "off")
+
+
+def boolean(value: Any) -> bool:
+    """``true``/``false`` (also ``1``/``0``, ``yes``/``no``, ``on``/``off``), any case."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise ValueError(f"{str(value)!r} is not a boolean (use true or false)")
+
+
+def choice(names: Iterable[str], what: str = "value", fold_case: bool = False) -> Parser:
+    """One of ``names`` (compared without case when ``fold_case``)."""
+    allowed = tuple(names)
+
+    def parse(value: Any) -> str:
+        text = str(value).strip()
+        key = text.lower() if fold_case else text
+        if key not in allowed:
+            raise ValueError(f"unknown {what} {str(value)!r} (choose from {', '.join(allowed)})")
+        return key
+
+    return parse
+
+
+def text(value: Any) -> str:
+    return str(value)
+
+
+# ---------------------------------------------------------------- the core's
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+TRANSPORTS = ("unix", "ipc", "tcp")
+MIN_MAX_MESSAGE = 1024
+
+ALLOW_GUEST_USER = AttrSpec(
+    "access.allow-guest-user", "false", boolean,
+    "true lets other users connect, with role USER")
+MODULES = AttrSpec(
+    "broker.modules", ",".join(plugins.DEFAULT_MODULES), text,
+    "modules to load, by entry-point name")
+MAX_MESSAGE = AttrSpec(
+    "broker.max-message", str(codec.DEFAULT_MAX_MESSAGE),
+    integer(MIN_MAX_MESSAGE, "every request carries a header, a topic and a route"),
+    "largest message a client may send (bytes)")
+CONTENT_HASH = AttrSpec(
+    "content.hash", blobref.DEFAULT_HASH, choice(blobref.HASHES, "hash"),
+    "the hash naming blobs (read by every module that makes blobrefs)")
+LOG_LEVEL = AttrSpec(
+    "log.level", "warning", choice(LOG_LEVELS, "level", fold_case=True),
+    "ranks log to stderr at this level")
+TRANSPORT = AttrSpec(
+    "tbon.transport", "unix", choice(TRANSPORTS, "transport"),
+    "overlay links")
+
+BROKER_ATTRS: tuple[AttrSpec, ...] = (
+    ALLOW_GUEST_USER, MODULES, MAX_MESSAGE, CONTENT_HASH, LOG_LEVEL, TRANSPORT)
+
+
+# ---------------------------------------------------------------- checking
+
+
+def module_names(attrs: Mapping[str, Any]) -> list[str]:
+    """The modules ``broker.modules`` names, in order."""
+    return [n for n in str(MODULES.value(attrs)).split(",") if n]
+
+
+def check(attrs: Mapping[str, Any], specs: Iterable[AttrSpec]) -> dict[str, Any]:
+    """The parsed value of each spec (``{name: value}``); :class:`AttrError`
+    for the first invalid one."""
+    return {spec.name: spec.value(attrs) for spec in specs}
+
+
+def with_defaults(attrs: MutableMapping[str, Any], specs: Iterable[AttrSpec]) -> None:
+    """Check ``specs``' values in ``attrs``, then add the default of each one
+    ``attrs`` lacks."""
+    specs = tuple(specs)
+    check(attrs, specs)
+    for spec in specs:
+        attrs.setdefault(spec.name, spec.default)
+
+
+def check_instance(attrs: Mapping[str, Any]) -> None:
+    """Check an instance's attributes before any rank starts: the core's, then
+    those of each module in ``broker.modules`` that this process can find.  A
+    module it cannot find or import is left to the ranks to report (their
+    environment, e.g. ``PYTHONPATH``, may differ from the launcher's)."""
+    check(attrs, BROKER_ATTRS)
+    for name in module_names(attrs):
+        try:
+            cls = plugins.load_module_class(name)
+        except (LookupError, ImportError):
+            continue
+        check(attrs, getattr(cls, "attributes", ()))

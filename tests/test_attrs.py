@@ -1,0 +1,126 @@
+"""Unit tests of broker.attrs: the parsers, AttrSpec.value, check_instance, and
+that every tunable the docs list is declared with the documented default."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from broker import attrs
+from broker.attrs import AttrError, AttrSpec, boolean, choice, integer
+from broker.content.module import ContentModule
+from kvs.module import KvsModule
+from kvs_watch.module import KvsWatchModule
+
+CLI_MD = Path(__file__).resolve().parent.parent / "docs" / "cli.md"
+
+
+def documented_defaults() -> dict[str, str]:
+    """``{attribute: default}`` from the tunable-attributes table of docs/cli.md."""
+    rows = re.findall(r"^\| `([a-z.-]+)` \| `([^`]*)`", CLI_MD.read_text(), re.M)
+    assert len(rows) >= 10, rows
+    return dict(rows)
+
+
+def all_specs() -> dict[str, AttrSpec]:
+    specs = list(attrs.BROKER_ATTRS)
+    for cls in (ContentModule, KvsModule, KvsWatchModule):
+        specs += cls.attributes
+    out = {s.name: s for s in specs}
+    assert len(out) == len(specs), "an attribute is declared twice"
+    return out
+
+
+def test_integer() -> None:
+    p = integer(10)
+    assert p("4096") == 4096 and p(" 12 ") == 12 and p(10) == 10
+    for bad in ("abc", "1.5", "", "0x10", "1_000", "--5", "1e3"):
+        with pytest.raises(ValueError, match="is not an integer"):
+            p(bad)
+    with pytest.raises(ValueError, match="is not an integer"):
+        p(True)
+    with pytest.raises(ValueError, match="9 is below the minimum of 10$"):
+        p("9")
+    with pytest.raises(ValueError, match="-1 is below the minimum of 0: why not"):
+        integer(0, "why not")("-1")
+
+
+def test_boolean() -> None:
+    for yes in ("true", "TRUE", "1", "yes", "on", True):
+        assert boolean(yes) is True
+    for no in ("false", "False", "0", "no", "off", False):
+        assert boolean(no) is False
+    for bad in ("maybe", "", "2", "t"):
+        with pytest.raises(ValueError, match="is not a boolean"):
+            boolean(bad)
+
+
+def test_choice() -> None:
+    p = choice(("unix", "tcp"), "transport")
+    assert p("tcp") == "tcp"
+    with pytest.raises(ValueError, match=r"unknown transport 'TCP' \(choose from unix, tcp\)"):
+        p("TCP")
+    assert choice(("info", "debug"), fold_case=True)("INFO") == "info"
+
+
+def test_spec_value_names_the_attribute() -> None:
+    assert attrs.MAX_MESSAGE.value({}) == 1 << 30
+    assert attrs.MAX_MESSAGE.value({"broker.max-message": "4096"}) == 4096
+    with pytest.raises(AttrError) as info:
+        attrs.MAX_MESSAGE.value({"broker.max-message": "abc"})
+    assert str(info.value) == "broker.max-message: 'abc' is not an integer"
+    with pytest.raises(AttrError) as info:
+        attrs.LOG_LEVEL.value({"log.level": "bogus"})
+    assert str(info.value) == ("log.level: unknown level 'bogus' "
+                               "(choose from debug, info, warning, error)")
+    assert attrs.LOG_LEVEL.value({"log.level": "INFO"}) == "info"
+    with pytest.raises(AttrError, match="^access.allow-guest-user: 'maybe' is not a boolean"):
+        attrs.ALLOW_GUEST_USER.value({"access.allow-guest-user": "maybe"})
+
+
+def test_every_default_parses_and_limits_keep_the_instance_usable() -> None:
+    for spec in all_specs().values():
+        spec.value({})  # the default itself is valid
+    from kvs import txn
+
+    _, empty_root = txn.empty_root()
+    limit = all_specs()["content.blob-size-limit"]
+    with pytest.raises(AttrError, match="below the minimum"):
+        limit.value({limit.name: str(len(empty_root))})
+    with pytest.raises(AttrError, match="below the minimum"):
+        limit.value({limit.name: "10"})
+    assert limit.value({limit.name: "1000"}) == 1000
+    with pytest.raises(AttrError, match="below the minimum"):
+        attrs.MAX_MESSAGE.value({"broker.max-message": "100"})
+
+
+def test_check_instance() -> None:
+    attrs.check_instance({})
+    attrs.check_instance({"my.attr": "anything", "log.level": "debug"})  # unknown: unchecked
+    for name, value in [("kvs.cache-bytes", "abc"), ("content.blob-size-limit", "10"),
+                        ("kvs-watch.max-backlog", "0"), ("tbon.transport", "udp"),
+                        ("content.hash", "md5")]:
+        with pytest.raises(AttrError, match=f"^{re.escape(name)}: "):
+            attrs.check_instance({name: value})
+    # a module's attributes are checked only when the module is loaded...
+    attrs.check_instance({"broker.modules": "content", "kvs.cache-bytes": "abc"})
+    # ...and a module this process cannot find is left to the ranks
+    attrs.check_instance({"broker.modules": "content,not-here"})
+
+
+def test_with_defaults_keeps_set_values() -> None:
+    a: dict[str, object] = {"kvs.cache-bytes": "1000"}
+    attrs.with_defaults(a, KvsModule.attributes)
+    assert a == {"kvs.cache-bytes": "1000", "kvs.setroot-blob-limit": str(64 << 10)}
+    with pytest.raises(AttrError):
+        attrs.with_defaults({"kvs.setroot-blob-limit": "x"}, KvsModule.attributes)
+
+
+def test_docs_table_matches_the_declarations() -> None:
+    documented = documented_defaults()
+    specs = all_specs()
+    assert set(documented) == set(specs)
+    for name, default in documented.items():
+        assert specs[name].default == default, name

@@ -1,0 +1,184 @@
+"""Tunable attributes on real processes: bad values are refused before any
+rank starts, every documented default is readable on every rank, and a rank
+that fails at start-up says why in one line (docs/cli.md, "start")."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from test_broker_support import KVBROKER, run_cli
+
+from broker.launch import Instance, StartError, make_rundir
+
+CLI_MD = Path(__file__).resolve().parent.parent / "docs" / "cli.md"
+
+
+def documented_defaults() -> dict[str, str]:
+    """``{attribute: default}`` from the tunable-attributes table of docs/cli.md."""
+    rows = re.findall(r"^\| `([a-z.-]+)` \| `([^`]*)`", CLI_MD.read_text(), re.M)
+    assert len(rows) >= 10, rows
+    return dict(rows)
+
+
+def one_line(stderr: str) -> str:
+    assert "Traceback" not in stderr, stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("log.level=bogus",
+     "log.level: unknown level 'bogus' (choose from debug, info, warning, error)"),
+    ("broker.max-message=abc", "broker.max-message: 'abc' is not an integer"),
+    ("kvs.cache-bytes=abc", "kvs.cache-bytes: 'abc' is not an integer"),
+    ("content.cache-bytes=-1", "content.cache-bytes: -1 is below the minimum of 0"),
+    ("access.allow-guest-user=maybe",
+     "access.allow-guest-user: 'maybe' is not a boolean (use true or false)"),
+    ("content.blob-size-limit=10", "content.blob-size-limit: 10 is below the minimum of 256"),
+    ("tbon.transport=udp", "tbon.transport: unknown transport 'udp'"),
+])
+async def test_start_refuses_a_bad_value_before_any_rank(setting: str, message: str) -> None:
+    rc, out, err = await run_cli("start", "--size", "2", "-S", setting, "--",
+                                 "sh", "-c", "echo the command ran", timeout=30)
+    assert rc == 2, err
+    assert out == ""
+    line = one_line(err)  # no "kvbroker[R]: ..." line: no rank was started
+    assert line.startswith(f"kvbroker: start: {message}"), line
+
+
+async def test_instance_refuses_a_bad_value_without_starting_a_rank() -> None:
+    inst = Instance(2, attrs={"content.blob-size-limit": "21"})
+    try:
+        with pytest.raises(StartError, match="^content.blob-size-limit: 21 is below"):
+            await asyncio.wait_for(inst.start(), 30)
+        assert inst.procs == [] and inst.rundir == ""
+    finally:
+        await asyncio.wait_for(inst.stop(), 30)
+
+
+async def test_start_refuses_a_statedir_that_is_a_file(tmp_path: Path) -> None:
+    path = tmp_path / "afile"
+    path.write_text("keep me")
+    rc, out, err = await run_cli("start", "--statedir", str(path), "--", "true", timeout=30)
+    assert rc == 2
+    assert one_line(err) == f"kvbroker: start: statedir {path}: not a directory"
+    assert path.read_text() == "keep me"
+    rc, _, err = await run_cli("start", "--statedir", str(path / "sub"), "--", "true",
+                               timeout=30)
+    assert rc == 2
+    assert one_line(err) == f"kvbroker: start: statedir {path / 'sub'}: Not a directory"
+
+
+async def test_every_documented_default_is_readable_on_every_rank(
+        start_instance, connect) -> None:
+    defaults = documented_defaults()
+    inst = await start_instance(size=3, fanout=2, attrs={"kvs.cache-bytes": "100000"})
+    h = await connect(inst, 1)
+    async with asyncio.timeout(20):
+        for rank in (0, 2):
+            names = (await h.rpc("attr.list", {}, nodeid=rank))["names"]
+            for name, default in defaults.items():
+                expected = "100000" if name == "kvs.cache-bytes" else default
+                assert await h.attr_get(name, nodeid=rank) == expected, (rank, name)
+                assert name in names, (rank, name)
+
+
+async def test_cli_attr_get_and_list_show_defaults() -> None:
+    script = (f"{KVBROKER} attr get log.level; "
+              f"{KVBROKER} attr get --rank 1 content.blob-size-limit; "
+              f"{KVBROKER} attr list --rank 1")
+    rc, out, err = await run_cli("start", "--size", "2", "-S", "log.level=error", "--",
+                                 "sh", "-c", script, timeout=30)
+    assert rc == 0, err
+    lines = out.splitlines()
+    assert lines[:2] == ["error", str(512 << 20)]
+    listed = dict(line.split(None, 1) for line in lines[2:] if len(line.split()) == 2)
+    assert listed["kvs.setroot-blob-limit"] == str(64 << 10)
+    assert listed["log.level"] == "error"
+    assert listed["broker.max-message"] == str(1 << 30)
+
+
+# ------------------------------------------------ a rank started directly
+
+
+BOOM_MODULE = '''
+from typing import ClassVar
+
+from broker.errors import RemoteError
+from broker.module import Module
+
+
+class Boom(Module):
+    name: ClassVar[str] = "boom"
+
+    async def start(self) -> None:
+        if self.ctx.attrs.get("boom.kind") == "remote":
+            raise RemoteError(27, "blob of 21 bytes exceeds the limit of 10")
+        raise RuntimeError("something unexpected")
+'''
+
+
+@pytest.fixture
+def boom_plugin(tmp_path: Path) -> dict[str, str]:
+    """An environment whose ranks can load module ``boom``, failing in start()."""
+    (tmp_path / "boommod.py").write_text(BOOM_MODULE)
+    info = tmp_path / "boom_plugin-0.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: boom-plugin\nVersion: 0.0\n")
+    (info / "entry_points.txt").write_text("[kvbroker.modules]\nboom = boommod:Boom\n")
+    path = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p)
+    return dict(os.environ, PYTHONPATH=path)
+
+
+async def run_rank(attrs: dict[str, str], env: dict[str, str] | None = None,
+                   statedir: str | None = None) -> tuple[int, str]:
+    """Start rank 0 of a 1-rank instance directly; its status and stderr."""
+    rundir = make_rundir()
+    extra = ["--statedir", statedir] if statedir else []
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "broker.rank", "--rank", "0", "--size", "1",
+        "--rundir", rundir, "--attrs", json.dumps(attrs), *extra,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        stdin=asyncio.subprocess.DEVNULL, env=env,
+    )
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), 30)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        shutil.rmtree(rundir, ignore_errors=True)
+    assert out == b""  # never claimed to be ready
+    assert proc.returncode is not None
+    return proc.returncode, err.decode()
+
+
+@pytest.mark.parametrize("attrs, message", [
+    ({"log.level": "bogus"}, "log.level: unknown level 'bogus'"),
+    ({"broker.max-message": "abc"}, "broker.max-message: 'abc' is not an integer"),
+    ({"content.blob-size-limit": "10"}, "content.blob-size-limit: 10 is below the minimum"),
+    ({"access.allow-guest-user": "maybe"}, "access.allow-guest-user: 'maybe' is not a boolean"),
+])
+async def test_a_rank_started_directly_refuses_a_bad_value(attrs, message) -> None:
+    rc, err = await run_rank(attrs)
+    assert rc == 1
+    assert one_line(err).startswith(f"kvbroker[0]: ERROR kvbroker: start-up failed: {message}")
+
+
+@pytest.mark.parametrize("kind, message", [
+    ("remote", "blob of 21 bytes exceeds the limit of 10"),
+    ("other", "RuntimeError: something unexpected"),
+])
+async def test_a_module_failing_at_start_up_is_one_line(boom_plugin, kind, message) -> None:
+    rc, err = await run_rank({"broker.modules": "content,boom", "boom.kind": kind},
+                             env=boom_plugin)
+    assert rc == 1
+    assert one_line(err) == f"kvbroker[0]: ERROR kvbroker: start-up failed: {message}"
