@@ -123,7 +123,7 @@ def text(value: Any) -> str:
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 TRANSPORTS = ("unix", "ipc", "tcp")
-MIN_MAX_MESSAGE = 1024
+MIN_MAX_MESSAGE = 256  # a request header with a topic and a route fits
 
 ALLOW_GUEST_USER = AttrSpec(
     "access.allow-guest-user", "false", boolean,
