@@ -241,28 +241,19 @@ def decode(frames: Sequence[Frame]) -> Message:
                                rolemask, route, errnum, errstr, seq)
 
 
-def peek_matchtag(frames: Sequence[Frame]) -> tuple[int, str] | None:
-    """Best effort (matchtag, topic) of a request whose full decode failed."""
-    try:
-        h = msgpack.unpackb(frames[0], raw=False)
-        if h[0] == MsgType.REQUEST and type(h[2]) is int and type(h[1]) is str:
-            return h[2], h[1]
-    except Exception:
-        pass
-    return None
-
-
 def peek_request(header: Frame) -> tuple[int, str, int] | None:
-    """``(matchtag, topic, flags)`` if ``header`` is a request's header frame
-    that is sound in those fields, else None."""
+    """Best effort ``(matchtag, topic, flags)`` of a request whose full
+    decode failed, or that was too big to decode, from its header frame:
+    None unless those read as a request's (flags 0 when unreadable)."""
     try:
         h = _unpackb(header)
     except Exception:
         return None
-    if (type(h) is not list or len(h) != 11 or h[0] != MsgType.REQUEST
-            or type(h[1]) is not str or type(h[2]) is not int or type(h[4]) is not int):
+    if (type(h) is not list or len(h) < 3 or h[0] != MsgType.REQUEST
+            or type(h[1]) is not str or type(h[2]) is not int):
         return None
-    return h[2], h[1], h[4]
+    flags = h[4] if len(h) > 4 and type(h[4]) is int else 0
+    return h[2], h[1], flags
 
 
 # ---------------------------------------------------------------- streams
@@ -439,3 +430,5 @@ class StreamDecoder:
             out.append(frames)
             pos = p
         return out, pos
+
+

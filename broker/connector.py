@@ -107,11 +107,17 @@ class ClientConnection(FramedProtocol):
             self.router.from_local(self, msg)
 
     def _answer_malformed(self, frames: list[bytes], exc: ProtocolError) -> None:
-        peek = codec.peek_matchtag(frames)
+        """Answer a request that cannot be decoded with its error (EPROTO),
+        when its matchtag and topic can be read; a request flagged
+        NORESPONSE gets nothing, anything else is dropped and logged."""
+        peek = codec.peek_request(frames[0]) if frames else None
         if peek is None:
             log.warning("%s: dropping malformed message: %s", self.peer_id, exc)
             return
-        matchtag, topic = peek
+        matchtag, topic, flags = peek
+        if flags & MsgFlags.NORESPONSE:
+            log.info("%s: %s: dropping malformed request: %s", self.peer_id, topic, exc)
+            return
         self.deliver(Message(MsgType.RESPONSE, topic, matchtag=matchtag,
                              errnum=exc.errnum, errstr=exc.errstr))
 

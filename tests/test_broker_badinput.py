@@ -91,6 +91,23 @@ async def test_garbage_payload_gets_eproto_with_its_matchtag(start_instance) -> 
         await raw.close()
 
 
+async def test_malformed_noresponse_request_gets_no_answer(start_instance) -> None:
+    inst = await start_instance(size=1)
+    raw = await RawClient.connect(inst)
+    try:
+        async with asyncio.timeout(10):
+            # a header that fails to decode (route of the wrong type) but
+            # whose matchtag, topic and flags can be read
+            h = [MsgType.REQUEST, "attr.get", 0, 0, int(MsgFlags.NORESPONSE), 0, 0, "bad", 0,
+                 None, 0]
+            raw.send_frames([msgpack.packb(h)])
+            # the next answer on this connection is the ping's, nothing before it
+            msg = await raw.rpc("broker.ping", {}, matchtag=12)
+            assert (msg.matchtag, msg.errnum, msg.topic) == (12, 0, "broker.ping")
+    finally:
+        await raw.close()
+
+
 async def test_wrong_field_types_get_eproto(start_instance) -> None:
     inst = await start_instance(size=1)
     raw = await RawClient.connect(inst)

@@ -246,12 +246,16 @@ def test_peek_response_reads_only_sound_responses() -> None:
     assert codec.peek_response([msgpack.packb([MsgType.RESPONSE, "t", 1])]) is None
 
 
-def test_peek_matchtag_of_a_spoiled_request() -> None:
-    assert codec.peek_matchtag([msgpack.packb(header(route="bad"))]) == (7, "kvs.lookup")
-    assert codec.peek_matchtag([msgpack.packb(header(type=2, route="bad"))]) is None
-    assert codec.peek_matchtag([msgpack.packb(header(matchtag="7"))]) is None
-    assert codec.peek_matchtag([b"\xc1"]) is None
-    assert codec.peek_matchtag([msgpack.packb({"a": 1})]) is None
+def test_peek_request_of_a_spoiled_request() -> None:
+    assert codec.peek_request(msgpack.packb(header(route="bad"))) == (7, "kvs.lookup", 0)
+    assert codec.peek_request(msgpack.packb(header(route="bad", flags=2))) == (
+        7, "kvs.lookup", 2)
+    assert codec.peek_request(msgpack.packb(header(flags="x"))) == (7, "kvs.lookup", 0)
+    assert codec.peek_request(msgpack.packb([1, "t", 3])) == (3, "t", 0)
+    assert codec.peek_request(msgpack.packb(header(type=2, route="bad"))) is None
+    assert codec.peek_request(msgpack.packb(header(matchtag="7"))) is None
+    assert codec.peek_request(b"\xc1") is None
+    assert codec.peek_request(msgpack.packb({"a": 1})) is None
 
 
 # ---------------------------------------------------------------- bad payloads
