@@ -391,6 +391,11 @@ def main(argv: list[str] | None = None) -> int:
         detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         if isinstance(exc, (ConnectionRefusedError, FileNotFoundError)):
             detail = f"cannot connect to broker: {detail}"
+        elif isinstance(exc, PermissionError) and exc.filename is None:
+            # Refused at connect (a file's error names the file): the run
+            # directory is owner-only unless the instance admits guests.
+            detail = (f"cannot connect to broker: {detail} (this instance admits other "
+                      "users only if started with -S access.allow-guest-user=true)")
         print_err(f"{what}: {detail}")
         return 1
     except KeyboardInterrupt:

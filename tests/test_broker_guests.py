@@ -11,6 +11,7 @@ import asyncio
 import errno
 import os
 import stat
+import sys
 
 import pytest
 from test_broker_support import GUEST_UID, OTHER_GUEST_UID, run_guest, stats, wait_until
@@ -47,6 +48,28 @@ async def test_guests_refused_by_default(start_instance, connect) -> None:
         assert await guest.lines() == [{"error": errno.ECONNRESET}]
         assert (await stats(h))["clients"] == 1
         assert (await h.ping(0))["rank"] == 0
+
+
+_GUEST_CLI = """
+import os, sys
+import broker.cli as cli
+cli.build_parser()  # entry points read as root, as the other guest scripts do
+os.setgid(int(sys.argv[1])); os.setuid(int(sys.argv[1]))
+sys.exit(cli.main(["ping"]))
+"""
+
+
+async def test_refused_guest_cli_says_how_guests_are_admitted(start_instance) -> None:
+    inst = await start_instance(size=1)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _GUEST_CLI, str(GUEST_UID),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env=dict(os.environ, KVBROKER_URI=inst.uri(0)))
+    out, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 1 and out == b""
+    assert err.decode().strip() == (
+        "kvbroker: ping: cannot connect to broker: Permission denied (this instance admits "
+        "other users only if started with -S access.allow-guest-user=true)")
 
 
 @pytest.mark.both_loops
