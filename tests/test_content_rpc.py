@@ -175,3 +175,30 @@ async def test_sha1(start_instance, connect) -> None:
 async def test_unsupported_hash_fails_start(start_instance) -> None:
     with pytest.raises(Exception):  # noqa: B017 - StartError or a timeout, never a hang
         await start_instance(size=1, attrs={"content.hash": "md5"})
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+async def test_a_blob_bigger_than_the_cache_is_read_back_at_once(
+        start_instance, connect, rank) -> None:
+    # A value larger than content.cache-bytes (here 64 KiB) used to be
+    # evicted by the smaller blobs of its own commit before it was marked
+    # dirty, and a read before the write-back (0.1 s) found it nowhere:
+    # ENOENT right after a successful put.
+    from kvs.client import KVS
+
+    inst = await start_instance(size=2, attrs={"content.cache-bytes": str(64 << 10),
+                                               "kvs.cache-bytes": str(64 << 10)})
+    h = await connect(inst, rank)
+    kvs = KVS(h)
+    async with asyncio.timeout(T):
+        for i in range(3):
+            # everything older written back, so the cache may evict it
+            await h.rpc("content.flush", {})
+            value = bytes([i]) * (200 << 10)
+            await kvs.put(f"big.v{i}", value)
+            assert await kvs.get(f"big.v{i}") == value
+        # and a blob stored alone, then loaded before its write-back
+        await h.rpc("content.flush", {})
+        data = b"y" * (100 << 10)
+        ref = await store(h, data)
+        assert await load(h, ref) == data

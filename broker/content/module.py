@@ -204,11 +204,17 @@ class ContentModule(Module):
         self.counts["stored"] += len(blobs)
 
     def _keep(self, blobs: Mapping[str, bytes]) -> None:
-        """Cache named blobs; on rank 0 also queue them for write-back."""
+        """Cache named blobs; on rank 0 also queue them for write-back.
+
+        Rank 0 marks them dirty first: caching a blob evicts older ones, and
+        one of this same batch that were not yet dirty could be evicted by
+        the next -- a value larger than ``content.cache-bytes`` was, by its
+        own directory blobs, and read back as ENOENT until its write-back."""
+        if self.backing is not None and blobs:
+            self.dirty.update(blobs)
         for ref, data in blobs.items():
             self._cache_put(ref, data)
         if self.backing is not None and blobs:
-            self.dirty.update(blobs)
             self._schedule_write_back()
 
     async def store(self, msg: Message) -> None:
@@ -230,6 +236,9 @@ class ContentModule(Module):
 
     async def load_blob(self, ref: str) -> bytes:
         data = self.cache.get(ref)
+        if data is None:
+            # rank 0: stored, not yet written back (dirty, or being written)
+            data = self.dirty.get(ref) or self._inflight.get(ref)
         if data is not None:
             self.counts["hits"] += 1
             return data
