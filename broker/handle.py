@@ -76,7 +76,10 @@ class _ClientProtocol(FramedProtocol):
                 h._on_event(msg)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.handle._fail_all(errno.ECONNRESET, "connection to broker lost")
+        # ECONNRESET either way (callers test the errno); the message says
+        # whether the user closed the handle or the broker went away.
+        self.handle._fail_all(errno.ECONNRESET, "handle closed" if self.handle._user_closed
+                              else "connection to broker lost")
         self.handle._wake_event_waiter()
         if not self.closed.done():
             self.closed.set_result(None)
@@ -90,6 +93,7 @@ class Handle(HandleCore):
         self._proto: _ClientProtocol | None = None
         self._events: deque[Message] = deque()
         self._event_waiter: asyncio.Future[None] | None = None
+        self._user_closed = False
         self.uri = ""
 
     @classmethod
@@ -115,7 +119,10 @@ class Handle(HandleCore):
         await self.close()
 
     async def close(self) -> None:
+        """Disconnect; calls still waiting fail with ``RemoteError(ECONNRESET,
+        "handle closed")``."""
         proto = self._proto
+        self._user_closed = True
         if proto is not None and proto.transport is not None:
             proto.transport.close()
             await proto.closed
@@ -123,7 +130,8 @@ class Handle(HandleCore):
     def _writer(self) -> FrameWriter:
         proto = self._proto
         if proto is None or proto.transport is None or proto.transport.is_closing():
-            raise RemoteError(errno.ECONNRESET, "not connected to a broker")
+            raise RemoteError(errno.ECONNRESET, "handle closed" if self._user_closed
+                              else "not connected to a broker")
         return proto.writer  # type: ignore[return-value]
 
     def _send(self, msg: Message) -> None:

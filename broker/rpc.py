@@ -99,6 +99,11 @@ class HandleCore:
 
     def __init__(self) -> None:
         self._next_tag = 1
+        # A plain request's future stays here until its answer comes, even if
+        # the caller stopped waiting (``asyncio.wait_for`` cancelled it): an
+        # answer may never come (``kvs.wait-version`` for a version never
+        # reached).  Rather than a done-callback per request, _sweep() drops
+        # the done futures every SWEEP_EVERY tags and when ``pending`` is read.
         self._pending: dict[int, asyncio.Future[Any] | Stream] = {}
         self._closed_error: RemoteError | None = None
         # The loop this handle's answers arrive on, when it is bound to one
@@ -116,10 +121,22 @@ class HandleCore:
         self._send(_request(topic, payload, matchtag, nodeid, flags))
 
     # -- requests
+    SWEEP_EVERY = 1024  # a power of 2: tags allocated between sweeps
+
     def _alloc_tag(self) -> int:
         tag = self._next_tag
         self._next_tag = tag + 1 if tag < 0x7FFFFFFF else 1
+        if not tag & (self.SWEEP_EVERY - 1):
+            self._sweep()
         return tag
+
+    def _sweep(self) -> None:
+        """Forget plain requests whose futures are done without an answer
+        (cancelled by a caller that gave up): a late answer is dropped."""
+        pending = self._pending
+        dead = [tag for tag, w in pending.items() if type(w) is not Stream and w.done()]
+        for tag in dead:
+            del pending[tag]
 
     def _check_open(self) -> None:
         if self._closed_error is not None:
@@ -169,7 +186,9 @@ class HandleCore:
 
     @property
     def pending(self) -> int:
-        """Requests still waiting for an answer (a leak shows here)."""
+        """Requests still waiting for an answer (a leak shows here); a request
+        whose caller stopped waiting (its future cancelled) is not counted."""
+        self._sweep()
         return len(self._pending)
 
     def rpc_stream(

@@ -93,16 +93,26 @@ class SyncHandle:
     def rpc_stream(self, topic: str, payload: Any = None, *, nodeid: int = NODEID_ANY,
                    flags: int = 0) -> Iterator[Any]:
         """Send a streaming request now; iterate its answers (ends at
-        ``ENODATA``, raises ``RemoteError`` on an error answer)."""
+        ``ENODATA``, raises ``RemoteError`` on an error answer).  Leaving the
+        loop early stops the waiting on this side only: the service goes on
+        until cancelled with its own cancel RPC or the handle is closed."""
         stream = self.aio.rpc_stream(topic, payload, nodeid=nodeid, flags=flags)
         return self._answers(stream)
 
     def _answers(self, stream: Stream) -> Iterator[Any]:
-        while True:
-            msg = self.run(stream.next_message())
-            if msg is None:
-                return
-            yield msg.payload
+        try:
+            while True:
+                msg = self.run(stream.next_message())
+                if msg is None:
+                    return
+                yield msg.payload
+        finally:
+            if not stream.done:
+                # The loop broke out (or the iterator was closed or dropped):
+                # stop waiting here.  The service keeps streaming until its
+                # own cancel RPC (e.g. kvs-watch.cancel) or the disconnect;
+                # its late answers are dropped.
+                self.aio.retire(stream.matchtag)
 
     def subscribe(self, prefix: str) -> None:
         self.run(self.aio.subscribe(prefix))

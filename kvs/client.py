@@ -86,15 +86,24 @@ def encode_value(value: Any) -> bytes:
 
     ``bytes``-like values as they are, ``str`` as UTF-8, anything else as
     compact JSON (``42`` -> ``b"42"``, ``{"a": 1}`` -> ``b'{"a":1}'``).
+    ``TypeError`` for a value JSON cannot represent, NaN and infinities
+    included (Python would write them as ``NaN``, which is not JSON).
     """
     if isinstance(value, bytes | bytearray | memoryview):
         return bytes(value)
     if isinstance(value, str):
         return value.encode("utf-8", "surrogateescape")
     try:
-        return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False,
+                          allow_nan=False).encode()
     except (TypeError, ValueError) as exc:
         raise TypeError(f"cannot store a {type(value).__name__} value: {exc}") from None
+
+
+def check_key(key: object) -> None:
+    """``TypeError`` unless ``key`` is a str (API misuse, refused before any I/O)."""
+    if not isinstance(key, str):
+        raise TypeError(f"key must be a str, not {type(key).__name__}")
 
 
 def kind(obj: TreeObj) -> str:
@@ -216,8 +225,7 @@ class TxnOps:
         return len(self.ops)
 
     def _op(self, key: str, dirent: TreeObj | None, flags: int = 0) -> TxnOps:
-        if not isinstance(key, str):
-            raise TypeError(f"key must be a str, not {type(key).__name__}")
+        check_key(key)
         self.ops.append({"key": key, "flags": flags, "dirent": dirent})
         return self
 
@@ -403,6 +411,7 @@ class KVS:
         """``kvs.lookup``: the result tree object for ``key`` with lookup ``flags``
         (:data:`READDIR`, :data:`READLINK`, :data:`TREEOBJ`), at the current
         root or at root ``at``.  Raises ``ENOENT`` if there is no such key."""
+        check_key(key)
         payload: dict[str, Any] = {"key": key, "flags": flags, "namespace": self.namespace}
         if at is not None:
             payload["rootdir"] = as_root(at)
@@ -436,6 +445,7 @@ class KVS:
 
     async def dir(self, key: str = ".", *, at: RootSpec | None = None) -> Dir:
         """Directory ``key`` as a :class:`Dir` snapshot (``ENOTDIR`` for a value)."""
+        check_key(key)
         payload: dict[str, Any] = {"key": key, "flags": READDIR, "namespace": self.namespace}
         if at is not None:
             payload["rootdir"] = as_root(at)
@@ -500,6 +510,7 @@ class KVS:
         is missing and ``force``; raises ``ENOENT`` if missing, ``ENOTEMPTY``
         for a non-empty directory unless ``recursive``, ``EINVAL`` for the
         root (``.``)."""
+        check_key(key)
         if not split(key):
             raise ErrnoError(errno.EINVAL, "cannot unlink the root directory")
         try:
@@ -550,6 +561,8 @@ class KVS:
         (``move a a.sub``) is ``EINVAL``, as ``mv`` refuses: the unlink would
         take the copy with it.  ``dst`` may be an ancestor of ``src``
         (``move a.sub a``: ``a`` becomes what ``a.sub`` was)."""
+        check_key(src)
+        check_key(dst)
         s, d = self._src(src_namespace), self._src(dst_namespace)
         if s.namespace == d.namespace:
             sp, dp = split(src), split(dst)
@@ -646,7 +659,7 @@ class SyncKVS:
             kvs.put("a", 1)
             with kvs.txn() as t:
                 t.put("b", "x").unlink("a")
-            print(kvs.get_json("b"))
+            print(kvs.get_str("b"))
 
     ``aio`` is the underlying :class:`KVS`; ``run(coro)`` runs any of its
     coroutines (e.g. :func:`kvs.eventlog.append`) on the facade's loop.
@@ -711,6 +724,9 @@ class SyncKVS:
 
     def exists(self, key: str) -> bool:
         return self.run(self.aio.exists(key))
+
+    def unlinkable(self, key: str, *, recursive: bool = False, force: bool = False) -> bool:
+        return self.run(self.aio.unlinkable(key, recursive=recursive, force=force))
 
     # writes
     def txn(self, flags: int = 0) -> SyncTxn:

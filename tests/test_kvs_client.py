@@ -50,6 +50,9 @@ def test_encode_value() -> None:
     assert encode_value({"a": [1, "ƒ"]}) == '{"a":[1,"ƒ"]}'.encode()
     with pytest.raises(TypeError):
         encode_value(object())
+    for bad in (float("nan"), float("inf"), [float("-inf")]):  # not JSON
+        with pytest.raises(TypeError):
+            encode_value(bad)
 
 
 def test_txn_ops_are_pure_and_ordered() -> None:
@@ -525,3 +528,71 @@ async def test_connect_owns_its_handle(start_instance) -> None:
             assert "primary" in repr(kvs)
         with pytest.raises(RemoteError):  # closed with the context
             await kvs.get("c")
+
+
+async def test_abandoned_waits_do_not_pile_up_on_the_handle(start_instance, connect) -> None:
+    inst = await start_instance(size=1)
+    h = await connect(inst, 0)
+    kvs = KVS(h)
+    async with asyncio.timeout(T):
+        for _ in range(50):
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(kvs.wait_version(10**9), 0.01)
+        assert h.pending == 0
+        # the handle still matches answers to calls
+        assert (await kvs.put("w.k", 1)).rootseq >= 1
+        assert await kvs.get_json("w.k") == 1
+        assert h.pending == 0
+
+    def script() -> tuple[int, int]:
+        with SyncKVS(uri=inst.uri(0)) as skvs:
+            for _ in range(5):
+                try:
+                    skvs.wait_version(10**9, timeout=0.01)
+                except TimeoutError:
+                    pass
+            return skvs.sync_handle.aio.pending, skvs.version()
+
+    pending, version = await asyncio.wait_for(asyncio.to_thread(script), 60)
+    assert pending == 0 and version >= 1
+
+
+async def test_api_misuse_is_refused_before_sending(start_instance, connect) -> None:
+    inst = await start_instance(size=1)
+    h = await connect(inst, 0)
+    kvs = KVS(h)
+    async with asyncio.timeout(T):
+        await kvs.put("m.a", 1)
+        for call in (lambda: kvs.get(5), lambda: kvs.get_str(5), lambda: kvs.get_json(5),
+                     lambda: kvs.lookup(5), lambda: kvs.dir(5), lambda: kvs.exists(5),
+                     lambda: kvs.readlink(5), lambda: kvs.get_treeobj(5),
+                     lambda: kvs.lookup_at(".", 5), lambda: kvs.unlinkable(5),
+                     lambda: kvs.unlink(5), lambda: kvs.copy(5, "m.b"),
+                     lambda: kvs.move("m.a", 5)):
+            with pytest.raises(TypeError, match="key must be a str"):
+                await call()
+        for bad in (float("nan"), float("inf"), -float("inf"), {"x": [float("nan")]}):
+            with pytest.raises(TypeError):
+                await kvs.put("m.nan", bad)
+            with pytest.raises(TypeError):
+                await kvs.append("m.nan", bad)
+        assert not await kvs.exists("m.nan")
+        assert await kvs.get_json("m.a") == 1
+        assert h.pending == 0
+
+
+async def test_sync_unlinkable(start_instance) -> None:
+    inst = await start_instance(size=1)
+
+    def script() -> list:
+        with SyncKVS(uri=inst.uri(0)) as kvs:
+            kvs.put("u.d.x", 1)
+            out = [kvs.unlinkable("u.d.x"), kvs.unlinkable("u.nope", force=True),
+                   kvs.unlinkable("u.d", recursive=True)]
+            try:
+                kvs.unlinkable("u.d")
+            except RemoteError as exc:
+                out.append(exc.errnum == errno.ENOTEMPTY)
+            return out
+
+    assert await asyncio.wait_for(asyncio.to_thread(script), 60) == [True, False, True, True]

@@ -20,7 +20,7 @@ import pytest
 from broker import sync
 from broker.errors import RemoteError
 from kvs.treeobj import val
-from kvs_watch.flags import WATCH
+from kvs_watch.flags import WAITCREATE, WATCH
 
 
 def _put(key: str, data: bytes) -> dict[str, Any]:
@@ -145,3 +145,48 @@ async def test_ctrl_c_in_a_blocking_rpc_leaves_the_handle_usable(start_instance,
             proc.kill()
             await proc.wait()
     assert out.decode().splitlines() == ["interrupted 0", "ping 1"]
+
+
+async def test_leaving_a_blocking_stream_early_stops_waiting_for_it(start_instance) -> None:
+    inst = await start_instance(size=1)
+
+    def script() -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        with sync.connect(inst.uri(0)) as h:
+            h.rpc("kvs.commit", _put("sb.k", b"1"), timeout=10)
+            for answer in h.rpc_stream("kvs-watch.lookup",
+                                       {"namespace": "primary", "key": "sb.k",
+                                        "flags": WATCH}):
+                out["first"] = answer["val"]["data"]
+                break
+            # the generator is closed by the break: nothing waits here any more
+            out["pending"] = h.aio.pending
+            # later answers of the still-running watch are dropped
+            h.rpc("kvs.commit", _put("sb.k", b"2"), timeout=10)
+            out["ping"] = h.rpc("broker.ping", {"n": 1}, timeout=10)["n"]
+            out["pending_end"] = h.aio.pending
+        return out
+
+    out = await asyncio.wait_for(asyncio.to_thread(script), 60)
+    assert out == {"first": b"1", "pending": 0, "ping": 1, "pending_end": 0}
+
+
+async def test_calls_after_close_say_the_handle_was_closed(start_instance, connect) -> None:
+    inst = await start_instance(size=1)
+    h = await connect(inst, 0)
+    async with asyncio.timeout(20):
+        seq = (await h.rpc("kvs.getroot", {"namespace": "primary"}))["rootseq"]
+        waiting = h.rpc("kvs.wait-version", {"namespace": "primary", "rootseq": seq + 100})
+        stream = h.rpc_stream("kvs-watch.lookup",
+                              {"namespace": "primary", "key": "nope", "flags": WATCH | WAITCREATE})
+        await h.subscribe("closed.")
+        event = asyncio.ensure_future(h.recv_event())
+        await h.close()
+        for aw in (waiting, stream.next_message(), event):
+            with pytest.raises(RemoteError) as ei:
+                await aw
+            assert ei.value.errnum == errno.ECONNRESET
+            assert "handle closed" in str(ei.value), str(ei.value)
+        with pytest.raises(RemoteError) as ei:
+            h.rpc("broker.ping", {})
+        assert ei.value.errnum == errno.ECONNRESET and "handle closed" in str(ei.value)
