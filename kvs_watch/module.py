@@ -120,7 +120,7 @@ class KvsWatchModule(Module):
             mon = self._new_monitor(name)
         mon.add(w)
         if mon.state == MISSING and not flags & F.WAITCREATE:
-            w.fail(errno.ENOTSUP, f"namespace {name} does not exist")
+            w.fail(errno.ENOTSUP, f"namespace {name!r} does not exist")
 
     def cancel(self, msg: Message) -> None:
         tag = require(msg.payload, matchtag=int)["matchtag"]
@@ -167,7 +167,7 @@ class KvsWatchModule(Module):
                 mon.state = MISSING  # WAITCREATE watchers wait for the created event
                 for w in list(mon.waiting):
                     if not w.flags & F.WAITCREATE:
-                        w.fail(errno.ENOTSUP, f"namespace {mon.name} does not exist")
+                        w.fail(errno.ENOTSUP, f"namespace {mon.name!r} does not exist")
             else:
                 errnum = exc.errnum if isinstance(exc, ErrnoError) else errno.EIO
                 for w in list(mon.watchers):

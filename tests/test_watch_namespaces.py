@@ -6,11 +6,13 @@ from __future__ import annotations
 import asyncio
 import errno
 
+import pytest
 from test_watch_helpers import (
     GUEST_UID,
     NO_MERGE,
     WAITCREATE,
     WATCH,
+    T,
     answer,
     commit,
     end_errnum,
@@ -23,6 +25,8 @@ from test_watch_helpers import (
     wait_watchers,
     watch_stream,
 )
+
+from broker.errors import RemoteError
 
 
 async def test_job1_job10_prefix_no_cross_talk(start_instance, connect):
@@ -80,7 +84,10 @@ async def test_waitcreate_namespace_created_later_then_removed(start_instance, c
     ns = "ns_create_and_remove"
     s = watch_stream(h2, "test.k", WATCH | WAITCREATE, ns=ns)
     plain = watch_stream(h2, "test.k", WATCH, ns=ns)  # no WAITCREATE: ENOTSUP now
-    assert await end_errnum(plain) == errno.ENOTSUP
+    with pytest.raises(RemoteError) as info:  # quoted as kvs.lookup quotes it
+        await asyncio.wait_for(plain.next_message(), T)
+    assert (info.value.errnum, info.value.errstr) == (
+        errno.ENOTSUP, f"namespace {ns!r} does not exist")
     await wait_watchers(h0, 1, nodeid=2, ns=ns)
     await ns_create(h0, ns)
     await commit(h0, put("test.k", "0"), ns=ns)
