@@ -24,7 +24,7 @@ loop), measured by ``benchmarks/run.py W1``'s sync row.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 from broker.handle import Handle
@@ -91,28 +91,11 @@ class SyncHandle:
                 self.aio.retire(tag)  # a late answer is dropped, not kept waiting
 
     def rpc_stream(self, topic: str, payload: Any = None, *, nodeid: int = NODEID_ANY,
-                   flags: int = 0) -> Iterator[Any]:
+                   flags: int = 0) -> SyncStream:
         """Send a streaming request now; iterate its answers (ends at
-        ``ENODATA``, raises ``RemoteError`` on an error answer).  Leaving the
-        loop early stops the waiting on this side only: the service goes on
-        until cancelled with its own cancel RPC or the handle is closed."""
-        stream = self.aio.rpc_stream(topic, payload, nodeid=nodeid, flags=flags)
-        return self._answers(stream)
-
-    def _answers(self, stream: Stream) -> Iterator[Any]:
-        try:
-            while True:
-                msg = self.run(stream.next_message())
-                if msg is None:
-                    return
-                yield msg.payload
-        finally:
-            if not stream.done:
-                # The loop broke out (or the iterator was closed or dropped):
-                # stop waiting here.  The service keeps streaming until its
-                # own cancel RPC (e.g. kvs-watch.cancel) or the disconnect;
-                # its late answers are dropped.
-                self.aio.retire(stream.matchtag)
+        ``ENODATA``, raises ``RemoteError`` on an error answer).  See
+        :class:`SyncStream` for leaving early."""
+        return SyncStream(self, self.aio.rpc_stream(topic, payload, nodeid=nodeid, flags=flags))
 
     def subscribe(self, prefix: str) -> None:
         self.run(self.aio.subscribe(prefix))
@@ -142,3 +125,53 @@ class SyncHandle:
 def connect(uri: str | None = None, *, event_loop: str | None = None) -> SyncHandle:
     """Attach to a rank (default ``$KVBROKER_URI``) with a blocking handle."""
     return SyncHandle(uri, event_loop=event_loop)
+
+
+class SyncStream:
+    """The answers of a streaming request made through :class:`SyncHandle`:
+    an iterator of payloads, and a context manager that closes it.
+
+    ``matchtag`` names the request, for the service's own cancel RPC
+    (``kvs-watch.cancel {matchtag}`` on the same rank).  :meth:`close` --
+    also on leaving a ``with`` block, or a ``for`` loop through ``break`` or
+    an exception, once iteration started -- stops the waiting on this side
+    only (``h.aio.pending`` does not grow, late answers are dropped): the
+    service keeps streaming until cancelled or the handle closes.
+    """
+
+    def __init__(self, handle: SyncHandle, stream: Stream) -> None:
+        self._handle = handle
+        self._stream = stream
+        self.matchtag = stream.matchtag
+
+    def __iter__(self) -> SyncStream:
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            msg = self._handle.run(self._stream.next_message())
+        except BaseException:
+            self.close()
+            raise
+        if msg is None:
+            raise StopIteration
+        return msg.payload
+
+    def close(self) -> None:
+        """Stop waiting for answers (a no-op once the stream has ended)."""
+        if not self._stream.done:
+            self._stream.done = True
+            self._handle.aio.retire(self.matchtag)
+
+    def __enter__(self) -> SyncStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        # Dropped without close() (a for loop left through break, or never
+        # iterated): as a generator would be, stop waiting on this side.
+        stream = getattr(self, "_stream", None)
+        if stream is not None and not stream.done:
+            self.close()

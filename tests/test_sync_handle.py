@@ -171,6 +171,32 @@ async def test_leaving_a_blocking_stream_early_stops_waiting_for_it(start_instan
     assert out == {"first": b"1", "pending": 0, "ping": 1, "pending_end": 0}
 
 
+async def test_a_blocking_stream_names_its_request_and_closes(start_instance) -> None:
+    inst = await start_instance(size=1)
+
+    def script() -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        with sync.connect(inst.uri(0)) as h:
+            h.rpc("kvs.commit", _put("sc.k", b"1"), timeout=10)
+            watch = {"namespace": "primary", "key": "sc.k", "flags": WATCH}
+            # never iterated, then dropped: nothing waits for it
+            h.rpc_stream("kvs-watch.lookup", watch)
+            out["dropped"] = h.aio.pending
+            # the matchtag lets a script cancel the service's side too
+            with h.rpc_stream("kvs-watch.lookup", watch) as answers:
+                out["first"] = next(answers)["val"]["data"]
+                h.rpc("kvs-watch.cancel", {"matchtag": answers.matchtag}, timeout=10)
+                out["rest"] = [a["val"]["data"] for a in answers]  # ends at ENODATA
+            out["pending"] = h.aio.pending
+            with h.rpc_stream("kvs-watch.lookup", watch) as answers:
+                next(answers)
+            out["after_with"] = h.aio.pending
+        return out
+
+    out = await asyncio.wait_for(asyncio.to_thread(script), 60)
+    assert out == {"dropped": 0, "first": b"1", "rest": [], "pending": 0, "after_with": 0}
+
+
 async def test_calls_after_close_say_the_handle_was_closed(start_instance, connect) -> None:
     inst = await start_instance(size=1)
     h = await connect(inst, 0)
