@@ -25,7 +25,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from broker.cliutil import CLIError, errno_detail, run_async
+from broker.cliutil import CLIError, errno_detail, non_negative_int, run_async
 from broker.errors import ErrnoError
 from broker.handle import Handle
 from kvs import eventlog, treeobj
@@ -105,22 +105,11 @@ def _delegate(name: str, args: argparse.Namespace) -> int:
     return int(fn(args) or 0)
 
 
-def _count(text: str) -> int:
-    """argparse type: an integer >= 0 (a version, a width)."""
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid integer: {text!r}") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"must not be negative: {text!r}")
-    return n
-
-
 def _dir_width(text: str) -> int:
     """argparse type for ``dir -w``: 0 (no limit) or at least 4 columns, room
     for one character and ``...`` (flux takes 1-3 as 0, so a narrower width
     printed wider lines, values and their newlines whole)."""
-    n = _count(text)
+    n = non_negative_int(text)
     if 0 < n < 4:
         raise argparse.ArgumentTypeError(
             f"{text!r} is too narrow: use 0 (no limit) or at least 4 columns")
@@ -693,7 +682,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("-R", "--recursive", action="store_true", help="list subdirectories too")
     p.add_argument("-d", "--directory", action="store_true",
                    help="list directories themselves, not their contents")
-    p.add_argument("-w", "--width", type=_count, metavar="COLS",
+    p.add_argument("-w", "--width", type=non_negative_int, metavar="COLS",
                    help="output width (0: no limit)")
     p.add_argument("-1", dest="one", action="store_true", help="one entry a line")
     p.add_argument("-F", "--classify", action="store_true",
@@ -751,7 +740,7 @@ def register(subparsers: Any) -> None:
 
     p = sub.add_parser("wait", help="wait until this rank reaches VERSION")
     _ns(p)
-    p.add_argument("version", type=_count, metavar="VERSION")
+    p.add_argument("version", type=non_negative_int, metavar="VERSION")
     p.set_defaults(func=cmd_wait)
 
     p = sub.add_parser("getroot", help="print the namespace's root")
