@@ -38,6 +38,7 @@ class Broker:
         attrs: dict[str, Any] | None = None,
         owner_uid: int | None = None,
         endpoints: dict[int, str] | None = None,
+        bind: str | None = None,
         curve: tuple[bytes, bytes] | None = None,
     ) -> None:
         self.rank = rank
@@ -47,6 +48,7 @@ class Broker:
         self.owner_uid = os.getuid() if owner_uid is None else owner_uid
         self.router = Router(rank, size, fanout, self.owner_uid)
         self.endpoints = endpoints
+        self.bind = bind
         self.curve = curve
         # The core's tunables with their defaults (checked in start(), where a
         # bad value is a start-up failure), then what the instance set.
@@ -109,7 +111,9 @@ class Broker:
             max_message=config[battrs.MAX_MESSAGE.name],
         )
         self.overlay = Overlay(self.router, self.rundir, endpoints=self.endpoints,
-                               curve=self.curve, transport=config[battrs.TRANSPORT.name])
+                               bind=self.bind, curve=self.curve,
+                               transport=config[battrs.TRANSPORT.name],
+                               on_shutdown=self.request_stop)
         await self.overlay.start()
         await self.load_module(BrokerServices(self._context(), self))
         for cls in classes:
@@ -121,6 +125,8 @@ class Broker:
         await self._stop.wait()
 
     async def stop(self) -> None:
+        if self.overlay is not None:
+            self.overlay.shutdown_children()  # they stop alongside, not after us
         for module in reversed(self.modules):
             try:
                 await module._shutdown()
@@ -137,6 +143,7 @@ class Broker:
             out["connector"] = dict(self.connector.counts)
         if self.overlay is not None:
             out["overlay"] = {"dropped": self.overlay.dropped,
+                              "refused": self.overlay.refused,
                               "children": sorted(self.overlay.hello_from)}
         out["modules"] = {m.name: m.h.subscribe_calls for m in self.modules}
         out["rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -113,6 +113,71 @@ def cmd_start(args: argparse.Namespace) -> int:
         return runner.run(main())
 
 
+# ------------------------------------------------------------------ across hosts
+
+
+def cmd_keygen(args: argparse.Namespace) -> int:
+    from broker.curve import generate_keys
+
+    try:
+        generate_keys(args.path)
+    except FileExistsError:
+        raise CLIError("keygen", detail=f"{args.path} exists (keys are never overwritten)") \
+            from None
+    return 0
+
+
+def cmd_broker(args: argparse.Namespace) -> int:
+    """Run one rank of an instance spread over hosts (see :mod:`broker.bootstrap`)."""
+    import json
+    import shutil
+
+    from broker import attrs as battrs
+    from broker import bootstrap
+    from broker import rank as rank_main
+    from broker.curve import load_keys
+    from broker.launch import make_rundir
+
+    try:
+        boot = bootstrap.load(args.config)
+        rank = boot.rank_of() if args.rank is None else args.rank
+    except bootstrap.BootstrapError as exc:
+        print_err(f"broker: {exc}")
+        return 2
+    if not 0 <= rank < boot.size:
+        raise UsageError(f"--rank {rank}: the bootstrap file lists ranks 0-{boot.size - 1}")
+    attrs = {**boot.attrs, **dict(args.setattr or []), battrs.TRANSPORT.name: "tcp"}
+    try:
+        battrs.check_instance(attrs)
+        load_keys(boot.curve_cert)
+    except battrs.AttrError as exc:
+        print_err(f"broker: {exc}")
+        return 2
+    except (OSError, ValueError) as exc:
+        detail = exc.strerror if isinstance(exc, OSError) else "not a key pair file"
+        print_err(f"broker: curve_cert {boot.curve_cert}: {detail}")
+        return 2
+    rundir = args.rundir
+    if rundir:
+        os.makedirs(rundir, mode=0o700, exist_ok=True)
+    else:
+        rundir = make_rundir()
+    argv = ["--rank", str(rank), "--size", str(boot.size), "--fanout", str(boot.fanout),
+            "--rundir", rundir, "--event-loop", args.event_loop,
+            "--attrs", json.dumps(attrs), "--endpoints", json.dumps(boot.endpoints()),
+            "--curve-keys", boot.curve_cert]
+    bind = boot.bind_endpoint(rank)
+    if bind:
+        argv += ["--bind", bind]
+    if args.statedir:
+        argv += ["--statedir", args.statedir]
+    try:
+        return rank_main.main(argv)
+    finally:
+        if not args.rundir:
+            shutil.rmtree(rundir, ignore_errors=True)
+
+
 # ------------------------------------------------------------------ exec
 
 
@@ -293,6 +358,23 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-S", "--setattr", action="append", type=parse_attr, metavar="ATTR=VAL")
     s.add_argument("cmdline", nargs=argparse.REMAINDER, metavar="COMMAND")
     s.set_defaults(func=cmd_start)
+
+    s = sub.add_parser("broker", help="run one rank of an instance spread over hosts "
+                       "(a bootstrap file, as Flux's)")
+    s.add_argument("--config", "-c", required=True, metavar="FILE",
+                   help="the bootstrap file every rank reads (TOML)")
+    s.add_argument("--rank", "-r", type=non_negative_int,
+                   help="this rank (default: the hosts entry naming this host)")
+    s.add_argument("--rundir", help="where the local connector's socket goes "
+                   "(default: a new private directory, removed on exit)")
+    s.add_argument("--statedir")
+    s.add_argument("--event-loop", choices=LOOP_NAMES, default="auto", dest="event_loop")
+    s.add_argument("-S", "--setattr", action="append", type=parse_attr, metavar="ATTR=VAL")
+    s.set_defaults(func=cmd_broker)
+
+    s = sub.add_parser("keygen", help="create an instance's CURVE key pair file (mode 0600)")
+    s.add_argument("path", metavar="FILE")
+    s.set_defaults(func=cmd_keygen)
 
     s = sub.add_parser("exec", help="run COMMAND attached to rank RANK")
     s.add_argument("-r", "--rank", type=int, default=0)

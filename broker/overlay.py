@@ -17,6 +17,9 @@ Handshake (CONTROL messages):
   own children and answers ``overlay.hello`` ``{rank, size}``.
 * ``overlay.ready`` child -> parent once the child's whole subtree is up;
   when rank 0 has heard it from every child the instance is ready.
+* ``overlay.shutdown`` parent -> children when a rank stops: each child
+  stops too, and passes it on, so stopping rank 0 stops the instance --
+  what a multi-host instance (``kvbroker broker``) relies on.
 
 Over ``tcp://`` the ROUTER is a CURVE server and every DEALER must present
 the instance's CURVE key pair (see :mod:`broker.curve`), so only ranks that
@@ -33,6 +36,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import zmq
+import zmq.utils.monitor
 
 from broker import codec, topology
 from broker.errors import ProtocolError
@@ -47,6 +51,8 @@ log = logging.getLogger("kvbroker.overlay")
 BATCH = 512
 HWM = 100_000
 TRANSPORTS = ("unix", "ipc", "tcp")
+HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                    | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
 DEFAULT_TRANSPORT = "unix"
 
 
@@ -65,6 +71,7 @@ class _Sock:
         self.fd = sock.getsockopt(zmq.FD)
         self._scheduled = False
         self.loop.add_reader(self.fd, self._run)
+        self._schedule()  # the FD is edge-triggered: read what came before we looked
 
     def send(self, frames: list[codec.Frame]) -> None:
         if self.backlog:
@@ -118,9 +125,10 @@ class _Sock:
                 log.warning("overlay send failed: %s", exc)
             self.backlog.popleft()
 
-    def close(self) -> None:
+    def close(self, linger_ms: int = 0) -> None:
         self.loop.remove_reader(self.fd)
-        self.sock.close(linger=0)
+        self._flush()
+        self.sock.close(linger=linger_ms)
 
 
 class Overlay:
@@ -132,8 +140,10 @@ class Overlay:
         rundir: str,
         *,
         endpoints: dict[int, str] | None = None,
+        bind: str | None = None,
         curve: tuple[bytes, bytes] | None = None,
         transport: str = DEFAULT_TRANSPORT,
+        on_shutdown: Callable[[], None] | None = None,
     ) -> None:
         if transport not in TRANSPORTS:
             raise ValueError(f"unknown tbon.transport {transport!r}")
@@ -146,7 +156,10 @@ class Overlay:
         self.fanout = router.fanout
         self.rundir = rundir
         self.endpoints = endpoints or {}
+        self.bind = bind
         self.curve = curve
+        self.on_shutdown = on_shutdown
+        self._shutdown_sent = False
         self.ctx: zmq.Context | None = None
         self._streams: StreamLinks | None = None
         self._child_conns: dict[int, StreamConn] = {}
@@ -161,6 +174,9 @@ class Overlay:
         self._up: _Sock | None = None
         self.dropped = 0
         self._auth = None
+        self._monitor: _Sock | None = None
+        self.refused = 0
+        """Overlay handshakes that failed: a peer without the instance's keys."""
         router.overlay = self
 
     def endpoint(self, rank: int) -> str:
@@ -201,8 +217,10 @@ class Overlay:
                 s.curve_server = True
                 s.curve_secretkey = secret
                 s.curve_publickey = public
-            endpoint = self.endpoint(self.rank)
+            endpoint = self.bind or self.endpoint(self.rank)
             s.bind(endpoint)
+            if self.curve is not None:
+                self._monitor = _Sock(s.get_monitor_socket(HANDSHAKE_FAILED), self._on_monitor)
             if endpoint.startswith("ipc://"):
                 # Only the owner's ranks may connect, whatever the umask (the
                 # run directory is world-searchable when guests are allowed).
@@ -225,12 +243,29 @@ class Overlay:
             self._up = _Sock(s, self._from_parent)
             self._control_up("overlay.hello", {"rank": self.rank})
 
+    def shutdown_children(self) -> None:
+        """Tell every child to stop (it tells its own): sent once, before
+        :meth:`close`, which lets it leave."""
+        if self._shutdown_sent:
+            return
+        self._shutdown_sent = True
+        frames = codec.encode(Message(MsgType.CONTROL, "overlay.shutdown", {"rank": self.rank}))
+        for child in sorted(self.hello_from):
+            self._send_child(child, frames)
+
     def close(self) -> None:
         if self._streams is not None:
-            self._streams.close()
-        for s in (self._down, self._up):
-            if s is not None:
-                s.close()
+            self._streams.close(flush=self._shutdown_sent)
+        # A shutdown just queued for the children must still leave (ZeroMQ
+        # drops unsent messages of a socket closed with linger 0).
+        if self._monitor is not None:
+            self._monitor.close()
+            if self._down is not None:
+                self._down.sock.disable_monitor()
+        if self._down is not None:
+            self._down.close(linger_ms=1000 if self._shutdown_sent else 0)
+        if self._up is not None:
+            self._up.close()
         if self._auth is not None:
             self._auth.stop()
         if self.ctx is not None:
@@ -296,6 +331,16 @@ class Overlay:
             self.dropped += 1
             log.warning("dropping malformed message from %s: %s", origin, exc)
             return None
+
+    def _on_monitor(self, parts: list[bytes]) -> None:
+        """A failed CURVE handshake on the children's socket: wrong keys
+        (ZAP refused them, or they were not made for this instance's)."""
+        self.refused += 1
+        if str(self.refused).rstrip("0") == "1":  # 1, 10, 100...: a peer retries every 20 ms
+            event = zmq.utils.monitor.parse_monitor_message(parts)
+            log.warning("refused an overlay peer without the instance's keys (%d so far; "
+                        "handshake event %#x, code %s)", self.refused, event["event"],
+                        event["value"])
 
     def _from_child(self, parts: list[bytes]) -> None:
         ident, frames = parts[0], parts[1:]
@@ -363,6 +408,9 @@ class Overlay:
             if msg.topic == "overlay.hello":
                 self.parent_acked = True
                 self._check_ready()
+            elif msg.topic == "overlay.shutdown" and self.on_shutdown is not None:
+                log.info("rank %s stops: stopping", self.parent)
+                self.on_shutdown()
             return
         assert self.parent is not None
         if msg.type == MsgType.EVENT:

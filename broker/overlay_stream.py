@@ -136,12 +136,17 @@ class StreamLinks:
                     await asyncio.sleep(CONNECT_RETRY)
         self.up = conn
 
-    def close(self) -> None:
+    def close(self, flush: bool = False) -> None:
+        """Close every link; ``flush`` lets what is queued for the children
+        (a shutdown) leave first."""
         self.closing = True
         if self.server is not None:
             self.server.close()
         for conn in list(self.conns):
             if conn.transport is not None:
-                conn.transport.abort()
+                if flush:
+                    conn.transport.close()
+                else:
+                    conn.transport.abort()
         if self.up is not None and self.up.transport is not None:
             self.up.transport.abort()

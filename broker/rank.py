@@ -48,6 +48,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--attrs", type=json_object, default={}, help="JSON map of attributes")
     p.add_argument("--endpoints", type=json_object, default={},
                    help="JSON map rank -> overlay endpoint")
+    p.add_argument("--bind", help="overlay endpoint this rank binds for its children "
+                   "(default: its own entry of --endpoints)")
     p.add_argument("--curve-keys", help="file holding the instance's CURVE key pair")
     p.add_argument("--watch-fd", type=int, help="exit when this pipe closes")
     return p.parse_args(argv)
@@ -65,6 +67,7 @@ async def serve(args: argparse.Namespace) -> int:
         statedir=args.statedir,
         attrs=args.attrs,
         endpoints={int(k): v for k, v in args.endpoints.items()},
+        bind=args.bind,
         curve=curve,
     )
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -99,6 +102,12 @@ async def serve(args: argparse.Namespace) -> int:
     finally:
         running.cancel()
         await b.stop()
+        # Stopping already (a parent's shutdown may come before the
+        # launcher's SIGTERM): a late signal must not kill the exit, which
+        # the loop's close would allow by restoring the default action.
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+            signal.signal(sig, signal.SIG_IGN)
     return 0
 
 

@@ -1,0 +1,186 @@
+"""An instance across hosts: the bootstrap file every rank reads.
+
+``kvbroker start`` runs all ranks of an instance on one host.  To spread
+them over several hosts, each host runs its own rank(s) with
+``kvbroker broker --config FILE``, and every rank reads the same TOML file
+(after Flux's ``[bootstrap]`` table)::
+
+    [bootstrap]
+    curve_cert = "/etc/kvbroker/curve.key"   # `kvbroker keygen`, copied to every host
+    fanout = 2                               # optional (default 32)
+    default_bind = "tcp://*:8050"            # optional; %h = the entry's host, %p = its rank
+    default_connect = "tcp://%h:8050"
+    hosts = [
+        { host = "node0" },
+        { host = "node1" },
+        { host = "node2", bind = "tcp://eth1:9000", connect = "tcp://10.0.0.2:9000" },
+    ]
+
+    [attrs]                                  # optional instance attributes (as -S)
+    "kvs.setroot-blob-limit" = 65536
+
+A rank's number is its entry's index in ``hosts``; the instance's size is the
+number of entries.  A rank with children binds ``bind`` and its children
+connect to ``connect``; leaves need neither.  The overlay is ZeroMQ over
+``tcp://`` with CURVE: only processes holding the key pair in ``curve_cert``
+are admitted (DESIGN.md section 2).  This module only reads and checks the
+file; :mod:`broker.cli` runs the rank.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tomllib
+from dataclasses import dataclass, field
+from typing import Any
+
+from broker import topology
+
+DEFAULT_FANOUT = 32
+"""As ``kvbroker start --fanout``."""
+
+
+class BootstrapError(ValueError):
+    """The bootstrap file is missing, unreadable or inconsistent; the message says where."""
+
+
+@dataclass(frozen=True)
+class HostEntry:
+    """One rank's line of ``hosts``: where it runs and where its children reach it."""
+
+    host: str
+    bind: str | None = None
+    connect: str | None = None
+
+
+@dataclass(frozen=True)
+class Bootstrap:
+    """A parsed, checked bootstrap file."""
+
+    path: str
+    curve_cert: str
+    fanout: int
+    hosts: tuple[HostEntry, ...]
+    attrs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def size(self) -> int:
+        return len(self.hosts)
+
+    def has_children(self, rank: int) -> bool:
+        return bool(topology.children_of(rank, self.fanout, self.size))
+
+    def endpoints(self) -> dict[int, str]:
+        """The ``connect`` endpoint of every rank with children (what its
+        children dial)."""
+        return {r: e.connect for r, e in enumerate(self.hosts)
+                if self.has_children(r) and e.connect}
+
+    def bind_endpoint(self, rank: int) -> str | None:
+        """What ``rank`` binds for its children (None for a leaf)."""
+        return self.hosts[rank].bind if self.has_children(rank) else None
+
+    def rank_of(self, hostname: str | None = None) -> int:
+        """The rank whose entry names this host: by its full name, else by
+        the short one (``node0`` and ``node0.example.org`` are the same host
+        then).  Raises :class:`BootstrapError` when none or several match:
+        several ranks on one host need ``--rank``."""
+        name = hostname or socket.gethostname()
+        ranks = [r for r, e in enumerate(self.hosts) if e.host == name]
+        if not ranks:
+            short = _short(name)
+            ranks = [r for r, e in enumerate(self.hosts) if _short(e.host) == short]
+        if not ranks:
+            raise BootstrapError(f"{self.path}: no hosts entry for this host ({name}); "
+                                 "give --rank")
+        if len(ranks) > 1:
+            raise BootstrapError(f"{self.path}: ranks {', '.join(map(str, ranks))} all run "
+                                 f"on {name}; give --rank")
+        return ranks[0]
+
+
+def _short(hostname: str) -> str:
+    return hostname.split(".", 1)[0]
+
+
+def _expand(template: str, host: str, rank: int) -> str:
+    return template.replace("%h", host).replace("%p", str(rank))
+
+
+def _str(table: dict[str, Any], key: str, where: str) -> str | None:
+    value = table.get(key)
+    if value is not None and (not isinstance(value, str) or not value):
+        raise BootstrapError(f"{where}: {key} must be a non-empty string")
+    return value
+
+
+def parse(text: str, path: str = "<bootstrap>") -> Bootstrap:
+    """Parse and check a bootstrap file's text; relative ``curve_cert`` paths
+    are taken from the file's directory."""
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise BootstrapError(f"{path}: {exc}") from None
+    boot = doc.get("bootstrap")
+    if not isinstance(boot, dict):
+        raise BootstrapError(f"{path}: no [bootstrap] table")
+    unknown = set(boot) - {"curve_cert", "fanout", "default_bind", "default_connect", "hosts"}
+    if unknown:
+        raise BootstrapError(f"{path}: unknown bootstrap key(s): {', '.join(sorted(unknown))}")
+    cert = _str(boot, "curve_cert", path)
+    if cert is None:
+        raise BootstrapError(f"{path}: bootstrap.curve_cert is required (create it with "
+                             "'kvbroker keygen FILE'; a tcp overlay is never unauthenticated)")
+    cert = os.path.join(os.path.dirname(os.path.abspath(path)), cert)
+    fanout = boot.get("fanout", DEFAULT_FANOUT)
+    if type(fanout) is not int or fanout < 1:
+        raise BootstrapError(f"{path}: bootstrap.fanout must be an integer >= 1")
+    default_bind = _str(boot, "default_bind", path)
+    default_connect = _str(boot, "default_connect", path)
+    raw_hosts = boot.get("hosts")
+    if not isinstance(raw_hosts, list) or not raw_hosts:
+        raise BootstrapError(f"{path}: bootstrap.hosts must list at least one host")
+    entries: list[HostEntry] = []
+    for rank, raw in enumerate(raw_hosts):
+        where = f"{path}: hosts[{rank}]"
+        if not isinstance(raw, dict):
+            raise BootstrapError(f"{where}: expected a table like {{ host = \"node0\" }}")
+        extra = set(raw) - {"host", "bind", "connect"}
+        if extra:
+            raise BootstrapError(f"{where}: unknown key(s): {', '.join(sorted(extra))}")
+        host = _str(raw, "host", where)
+        if host is None:
+            raise BootstrapError(f"{where}: host is required")
+        bind = _str(raw, "bind", where) or (default_bind and _expand(default_bind, host, rank))
+        connect = (_str(raw, "connect", where)
+                   or (default_connect and _expand(default_connect, host, rank)))
+        entries.append(HostEntry(host, bind or None, connect or None))
+    attrs = doc.get("attrs", {})
+    if not isinstance(attrs, dict):
+        raise BootstrapError(f"{path}: [attrs] must be a table")
+    result = Bootstrap(path, cert, fanout, tuple(entries), dict(attrs))
+    for rank, entry in enumerate(entries):
+        if not result.has_children(rank):
+            continue
+        for key in ("bind", "connect"):
+            value = getattr(entry, key)
+            if value is None:
+                raise BootstrapError(f"{path}: hosts[{rank}] ({entry.host}) has children "
+                                     f"and needs {key} (or bootstrap.default_{key})")
+            if not value.startswith("tcp://"):
+                raise BootstrapError(f"{path}: hosts[{rank}].{key} must be a tcp:// "
+                                     f"endpoint, not {value!r}")
+    return result
+
+
+def load(path: str) -> Bootstrap:
+    """Read and check the bootstrap file at ``path``."""
+    try:
+        with open(path, "rb") as f:
+            text = f.read().decode()
+    except OSError as exc:
+        raise BootstrapError(f"{path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise BootstrapError(f"{path}: not UTF-8 text") from None
+    return parse(text, path)

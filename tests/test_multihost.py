@@ -1,0 +1,248 @@
+"""An instance spread over hosts: ``kvbroker keygen``, the bootstrap file and
+``kvbroker broker`` (docs/guide.md, "Across hosts").  The hosts here are all
+127.0.0.1, but each rank is its own ``kvbroker broker`` process that knows
+the others only from the file, over ``tcp://`` with CURVE."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import stat
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_broker_support import KVBROKER, run_cli, stats, wait_until
+
+from broker.bootstrap import BootstrapError, load, parse
+from broker.handle import Handle
+
+START = 30.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def write_config(path: Path, size: int, fanout: int, cert: str, **attrs: Any) -> None:
+    """A bootstrap file for ``size`` ranks on 127.0.0.1, each rank with
+    children on its own free port (``%p`` would collide with real ports)."""
+    hosts = []
+    for rank in range(size):
+        port = free_port()
+        hosts.append(f'{{ host = "h{rank}", bind = "tcp://127.0.0.1:{port}", '
+                     f'connect = "tcp://127.0.0.1:{port}" }}')
+    listed = ",\n  ".join(hosts)
+    text = (f'[bootstrap]\ncurve_cert = "{cert}"\nfanout = {fanout}\n'
+            f'hosts = [\n  {listed}\n]\n')
+    if attrs:
+        text += "[attrs]\n" + "".join(f'"{k}" = {v!r}\n' for k, v in attrs.items())
+    path.write_text(text)
+
+
+class Rank:
+    """One ``kvbroker broker`` process and its run directory."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, rundir: Path, rank: int) -> None:
+        self.proc, self.rundir, self.rank = proc, rundir, rank
+
+    @property
+    def uri(self) -> str:
+        return f"local://{self.rundir}/local-{self.rank}"
+
+    async def ready(self) -> str:
+        assert self.proc.stdout is not None
+        line = (await asyncio.wait_for(self.proc.stdout.readline(), START)).decode()
+        assert line.startswith("ready "), line
+        return line.split()[1]
+
+
+@pytest.fixture
+async def brokers(tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
+    """Start ``kvbroker broker --config FILE --rank R``; kill what is left at the end."""
+    started: list[Rank] = []
+
+    async def start(config: Path, rank: int, *extra: str) -> Rank:
+        rundir = tmp_path / f"run{rank}-{len(started)}"
+        proc = await asyncio.create_subprocess_exec(
+            KVBROKER, "broker", "--config", str(config), "--rank", str(rank),
+            "--rundir", str(rundir), *extra,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+            stdin=asyncio.subprocess.DEVNULL)
+        started.append(Rank(proc, rundir, rank))
+        return started[-1]
+
+    yield start
+    for r in started:
+        if r.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                r.proc.kill()
+            await r.proc.wait()
+
+
+# ---------------------------------------------------------------- the file
+
+
+GOOD = """
+[bootstrap]
+curve_cert = "keys/curve.key"
+fanout = 2
+default_bind = "tcp://*:8050"
+default_connect = "tcp://%h:8050"
+hosts = [
+  { host = "node0.example.org" },
+  { host = "node1", connect = "tcp://10.0.0.1:9000" },
+  { host = "node2" },
+  { host = "node3" },
+]
+[attrs]
+"kvs.setroot-blob-limit" = 0
+"""
+
+
+def test_bootstrap_file_names_ranks_endpoints_and_keys() -> None:
+    boot = parse(GOOD, "/etc/kvb/inst.toml")
+    assert boot.size == 4 and boot.fanout == 2
+    assert boot.curve_cert == "/etc/kvb/keys/curve.key"  # relative to the file
+    # only ranks with children (0 -> 1, 2; 1 -> 3) are dialled or bound
+    assert boot.endpoints() == {0: "tcp://node0.example.org:8050", 1: "tcp://10.0.0.1:9000"}
+    assert boot.bind_endpoint(0) == "tcp://*:8050" and boot.bind_endpoint(3) is None
+    assert boot.attrs == {"kvs.setroot-blob-limit": 0}
+    assert boot.rank_of("node2") == 2
+    assert boot.rank_of("node0") == 0  # a short name matches a full one ...
+    assert boot.rank_of("node1.example.org") == 1  # ... and the other way round
+    with pytest.raises(BootstrapError, match="no hosts entry for this host"):
+        boot.rank_of("elsewhere")
+    two = parse(GOOD.replace('"node3"', '"node2"'), "x.toml")
+    with pytest.raises(BootstrapError, match="ranks 2, 3 all run on node2; give --rank"):
+        two.rank_of("node2")
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("[bootstrap\n", "x.toml: "),
+    ("[other]\n", "no \\[bootstrap\\] table"),
+    ('[bootstrap]\nhosts = [{ host = "a" }]\n', "curve_cert is required"),
+    ('[bootstrap]\ncurve_cert = "k"\nhosts = []\n', "at least one host"),
+    ('[bootstrap]\ncurve_cert = "k"\nfanout = 0\nhosts = [{ host = "a" }]\n', "fanout"),
+    ('[bootstrap]\ncurve_cert = "k"\nhosts = [{ host = "a" }, { host = "b" }]\n',
+     "hosts\\[0\\] \\(a\\) has children and needs bind"),
+    ('[bootstrap]\ncurve_cert = "k"\ndefault_bind = "ipc:///x"\ndefault_connect = "tcp://a:1"\n'
+     'hosts = [{ host = "a" }, { host = "b" }]\n', "must be a tcp:// endpoint"),
+    ('[bootstrap]\ncurve_cert = "k"\nhosts = [{ host = "a", port = 1 }]\n',
+     "hosts\\[0\\]: unknown key\\(s\\): port"),
+    ('[bootstrap]\ncurve_cert = "k"\nhots = []\n', "unknown bootstrap key\\(s\\): hots"),
+    ('[bootstrap]\ncurve_cert = "k"\nhosts = [{ bind = "tcp://a:1" }]\n', "host is required"),
+])
+def test_bootstrap_file_errors_say_where(text: str, message: str) -> None:
+    with pytest.raises(BootstrapError, match=message):
+        parse(text, "x.toml")
+
+
+def test_bootstrap_file_missing(tmp_path: Path) -> None:
+    with pytest.raises(BootstrapError, match="nope.toml: No such file or directory"):
+        load(str(tmp_path / "nope.toml"))
+
+
+# ---------------------------------------------------------------- the commands
+
+
+async def test_keygen_writes_owner_only_and_never_overwrites(tmp_path: Path) -> None:
+    path = tmp_path / "curve.key"
+    rc, _, err = await run_cli("keygen", str(path))
+    assert rc == 0, err
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    before = path.read_bytes()
+    rc, _, err = await run_cli("keygen", str(path))
+    assert rc == 1 and "exists (keys are never overwritten)" in err
+    assert path.read_bytes() == before
+
+
+async def test_broker_refuses_a_bad_file_or_rank(tmp_path: Path) -> None:
+    rc, _, err = await run_cli("broker", "--config", str(tmp_path / "none.toml"), "--rank", "0")
+    assert rc == 2 and "none.toml: No such file or directory" in err
+    config = tmp_path / "inst.toml"
+    write_config(config, 2, 2, "missing.key")
+    rc, _, err = await run_cli("broker", "--config", str(config), "--rank", "0")
+    assert rc == 2 and "missing.key: No such file or directory" in err
+    assert (await run_cli("keygen", str(tmp_path / "missing.key")))[0] == 0
+    rc, _, err = await run_cli("broker", "--config", str(config), "--rank", "2")
+    assert rc == 2 and "the bootstrap file lists ranks 0-1" in err
+    rc, _, err = await run_cli("broker", "--config", str(config))  # no entry names this host
+    assert rc == 2 and "no hosts entry for this host" in err
+    rc, _, err = await run_cli("broker", "--config", str(config), "--rank", "0",
+                               "-S", "content.blob-size-limit=lots")
+    assert rc == 2 and "content.blob-size-limit" in err
+
+
+async def test_four_ranks_from_one_file_make_one_instance(tmp_path: Path, brokers) -> None:
+    assert (await run_cli("keygen", str(tmp_path / "curve.key")))[0] == 0
+    config = tmp_path / "inst.toml"
+    write_config(config, 4, 2, "curve.key")
+    # started leaves first: a rank waits for its parent, whatever the order
+    ranks = {r: await brokers(config, r) for r in (3, 2, 1, 0)}
+    uris = {r: await ranks[r].ready() for r in (3, 2, 1, 0)}
+    assert uris[0] == ranks[0].uri
+    async with asyncio.timeout(30):
+        h0 = await Handle.connect(uris[0])
+        h3 = await Handle.connect(uris[3])
+        try:
+            assert (await h0.ping(3))["route"][1:] == ["r0", "r1", "r3"]
+            assert await h3.attr_get("tbon.transport") == "tcp"
+            assert await h3.attr_get("size") == 4
+            rc, _, err = await run_cli("kvs", "put", "across=hosts", uri=uris[0])
+            assert rc == 0, err
+            rc, out, err = await run_cli("kvs", "get", "across", uri=uris[3])
+            assert (rc, out) == (0, "hosts\n"), err
+            assert (await stats(h0, 0))["overlay"]["refused"] == 0
+        finally:
+            await h0.close()
+            await h3.close()
+        # stopping rank 0 stops the instance: its shutdown goes down the tree
+        ranks[0].proc.send_signal(signal.SIGTERM)
+        codes = await asyncio.gather(*(ranks[r].proc.wait() for r in range(4)))
+    assert codes == [0, 0, 0, 0]
+    assert not any(os.path.exists(ranks[r].rundir / f"local-{r}") for r in range(4))
+
+
+async def test_a_rank_without_the_instance_keys_is_refused(tmp_path: Path, brokers) -> None:
+    for name in ("curve.key", "other.key"):
+        assert (await run_cli("keygen", str(tmp_path / name)))[0] == 0
+    config = tmp_path / "inst.toml"
+    write_config(config, 2, 2, "curve.key")
+    forged = tmp_path / "forged.toml"
+    forged.write_text(config.read_text().replace("curve.key", "other.key"))
+    rank0 = await brokers(config, 0)
+    intruder = await brokers(forged, 1)
+    async with asyncio.timeout(30):
+        h = await _connect_when_listening(rank0.uri)
+        try:
+            async def refused() -> bool:
+                return (await stats(h, 0))["overlay"]["refused"] >= 1
+
+            await wait_until(refused, "rank 0 to refuse the other key")
+            assert (await stats(h, 0))["overlay"]["children"] == []
+            intruder.proc.kill()
+            await intruder.proc.wait()
+            genuine = await brokers(config, 1)
+            assert await rank0.ready() == rank0.uri  # the instance is up only now
+            await genuine.ready()
+            assert (await stats(h, 0))["overlay"]["children"] == [1]
+            assert (await h.ping(1))["route"][-1] == "r1"
+        finally:
+            await h.close()
+
+
+async def _connect_when_listening(uri: str) -> Handle:
+    """Rank 0 serves its local socket before the instance is ready: connect
+    as soon as the socket is there."""
+    while True:
+        try:
+            return await Handle.connect(uri)
+        except (FileNotFoundError, ConnectionRefusedError):
+            await asyncio.sleep(0.02)
