@@ -70,6 +70,8 @@ class Broker:
         self.overlay: Overlay | None = None
         self.connector: Connector | None = None
         self._stop = asyncio.Event()
+        self.exit_code = 0
+        """The rank's exit status once it stopped: 1 when it lost its parent."""
 
     @property
     def uri(self) -> str:
@@ -77,6 +79,14 @@ class Broker:
 
     def request_stop(self) -> None:
         self._stop.set()
+
+    def _stop_for_overlay(self, error: str | None) -> None:
+        """The parent said shutdown (``None``), or was lost (``error``):
+        then the rank exits with status 1 (:attr:`exit_code`)."""
+        if error is not None and not self._stop.is_set():
+            log.error("%s: stopping", error)
+            self.exit_code = 1
+        self.request_stop()
 
     def _context(self) -> ModuleContext:
         return ModuleContext(rank=self.rank, size=self.size, fanout=self.fanout,
@@ -113,7 +123,7 @@ class Broker:
         self.overlay = Overlay(self.router, self.rundir, endpoints=self.endpoints,
                                bind=self.bind, curve=self.curve,
                                transport=config[battrs.TRANSPORT.name],
-                               on_shutdown=self.request_stop)
+                               on_stop=self._stop_for_overlay)
         await self.overlay.start()
         await self.load_module(BrokerServices(self._context(), self))
         for cls in classes:

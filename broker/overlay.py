@@ -21,6 +21,12 @@ Handshake (CONTROL messages):
   stops too, and passes it on, so stopping rank 0 stops the instance --
   what a multi-host instance (``kvbroker broker``) relies on.
 
+A rank that loses its parent without a shutdown (the parent crashed, its
+host went away: the stream closed, or ZeroMQ saw the TCP connection drop or
+its heartbeats go unanswered) stops with exit status 1, as a Flux broker
+does, rather than serving a subtree cut off from rank 0 whose requests
+upstream would never be answered; its own children stop with it.
+
 Over ``tcp://`` the ROUTER is a CURVE server and every DEALER must present
 the instance's CURVE key pair (see :mod:`broker.curve`), so only ranks that
 hold the instance's keys are admitted.
@@ -51,6 +57,10 @@ log = logging.getLogger("kvbroker.overlay")
 BATCH = 512
 HWM = 100_000
 TRANSPORTS = ("unix", "ipc", "tcp")
+HEARTBEAT_IVL_MS = 2_000
+HEARTBEAT_TIMEOUT_MS = 10_000
+"""ZeroMQ heartbeats on every tcp/ipc link: a peer that answers none for this
+long (a host that died without closing its sockets) is disconnected."""
 HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
                     | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
 DEFAULT_TRANSPORT = "unix"
@@ -60,12 +70,24 @@ def ipc_endpoint(rundir: str, rank: int) -> str:
     return f"ipc://{rundir}/tbon-{rank}"
 
 
+def _heartbeats(sock: zmq.Socket) -> None:
+    sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
+    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
+    sock.setsockopt(zmq.HEARTBEAT_TTL, HEARTBEAT_TIMEOUT_MS)
+
+
 class _Sock:
     """One pyzmq socket hooked into the asyncio loop, with a send backlog."""
 
-    def __init__(self, sock: zmq.Socket, on_message: Callable[[list[bytes]], None]) -> None:
+    def __init__(self, sock: zmq.Socket, on_message: Callable[[list[bytes]], None],
+                 track_fd: bool = False) -> None:
         self.sock = sock
         self.on_message = on_message
+        self.track_fd = track_fd
+        self.last_fd = -1
+        """With ``track_fd``: the connection (its file descriptor in ZeroMQ's
+        I/O thread) the message being handled came from -- how a ROUTER
+        learns which child a monitor's DISCONNECTED names."""
         self.backlog: deque[list[codec.Frame]] = deque()
         self.loop = asyncio.get_running_loop()
         self.fd = sock.getsockopt(zmq.FD)
@@ -104,7 +126,12 @@ class _Sock:
                 self._schedule()
                 break
             try:
-                parts = sock.recv_multipart(zmq.NOBLOCK)
+                if self.track_fd:
+                    frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                    self.last_fd = frames[0].get(zmq.SRCFD)
+                    parts = [f.bytes for f in frames]
+                else:
+                    parts = sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 break
             n += 1
@@ -143,7 +170,7 @@ class Overlay:
         bind: str | None = None,
         curve: tuple[bytes, bytes] | None = None,
         transport: str = DEFAULT_TRANSPORT,
-        on_shutdown: Callable[[], None] | None = None,
+        on_stop: Callable[[str | None], None] | None = None,
     ) -> None:
         if transport not in TRANSPORTS:
             raise ValueError(f"unknown tbon.transport {transport!r}")
@@ -158,8 +185,11 @@ class Overlay:
         self.endpoints = endpoints or {}
         self.bind = bind
         self.curve = curve
-        self.on_shutdown = on_shutdown
+        self.on_stop = on_stop
+        """Called to stop this rank: ``None`` when the parent said shutdown,
+        the reason when the parent was lost."""
         self._shutdown_sent = False
+        self._closing = False
         self.ctx: zmq.Context | None = None
         self._streams: StreamLinks | None = None
         self._child_conns: dict[int, StreamConn] = {}
@@ -175,6 +205,8 @@ class Overlay:
         self.dropped = 0
         self._auth = None
         self._monitor: _Sock | None = None
+        self._child_fds: dict[int, int] = {}  # ZeroMQ links: connection fd -> child
+        self._up_monitor: _Sock | None = None
         self.refused = 0
         """Overlay handshakes that failed: a peer without the instance's keys."""
         router.overlay = self
@@ -192,7 +224,8 @@ class Overlay:
     async def _start_streams(self) -> None:
         links = self._streams = StreamLinks(
             lambda r: self.endpoint(r)[len("ipc://"):], self.router.owner_uid,
-            self._from_child_conn, self._from_parent, self._child_lost)
+            self._from_child_conn, self._from_parent, self._child_lost,
+            lambda: self._parent_lost("its connection closed"))
         if self.children:
             await links.listen(self.rank)
         if self.parent is not None:
@@ -208,6 +241,7 @@ class Overlay:
             s.setsockopt(zmq.RCVHWM, HWM)
             s.setsockopt(zmq.LINGER, 0)
             s.setsockopt(zmq.MAXMSGSIZE, codec.DEFAULT_MAX_MESSAGE)
+            _heartbeats(s)
             if self.curve is not None:
                 from broker.curve import ZAP_DOMAIN, start_authenticator
 
@@ -219,13 +253,13 @@ class Overlay:
                 s.curve_publickey = public
             endpoint = self.bind or self.endpoint(self.rank)
             s.bind(endpoint)
-            if self.curve is not None:
-                self._monitor = _Sock(s.get_monitor_socket(HANDSHAKE_FAILED), self._on_monitor)
+            self._monitor = _Sock(s.get_monitor_socket(HANDSHAKE_FAILED | zmq.EVENT_DISCONNECTED),
+                                  self._on_monitor)
             if endpoint.startswith("ipc://"):
                 # Only the owner's ranks may connect, whatever the umask (the
                 # run directory is world-searchable when guests are allowed).
                 os.chmod(endpoint[len("ipc://"):], 0o700)
-            self._down = _Sock(s, self._from_child)
+            self._down = _Sock(s, self._from_child, track_fd=True)
         if self.parent is not None:
             s = self.ctx.socket(zmq.DEALER)
             s.setsockopt(zmq.IDENTITY, str(self.rank).encode())
@@ -234,6 +268,7 @@ class Overlay:
             s.setsockopt(zmq.LINGER, 0)
             s.setsockopt(zmq.RECONNECT_IVL, 20)
             s.setsockopt(zmq.MAXMSGSIZE, codec.DEFAULT_MAX_MESSAGE)
+            _heartbeats(s)
             if self.curve is not None:
                 public, secret = self.curve
                 s.curve_serverkey = public
@@ -241,6 +276,8 @@ class Overlay:
                 s.curve_secretkey = secret
             s.connect(self.endpoint(self.parent))
             self._up = _Sock(s, self._from_parent)
+            self._up_monitor = _Sock(s.get_monitor_socket(zmq.EVENT_DISCONNECTED),
+                                     lambda _parts: self._parent_lost("disconnected"))
             self._control_up("overlay.hello", {"rank": self.rank})
 
     def shutdown_children(self) -> None:
@@ -254,6 +291,7 @@ class Overlay:
             self._send_child(child, frames)
 
     def close(self) -> None:
+        self._closing = True
         if self._streams is not None:
             self._streams.close(flush=self._shutdown_sent)
         # A shutdown just queued for the children must still leave (ZeroMQ
@@ -264,6 +302,10 @@ class Overlay:
                 self._down.sock.disable_monitor()
         if self._down is not None:
             self._down.close(linger_ms=1000 if self._shutdown_sent else 0)
+        if self._up_monitor is not None:
+            self._up_monitor.close()
+            if self._up is not None:
+                self._up.sock.disable_monitor()
         if self._up is not None:
             self._up.close()
         if self._auth is not None:
@@ -333,11 +375,17 @@ class Overlay:
             return None
 
     def _on_monitor(self, parts: list[bytes]) -> None:
-        """A failed CURVE handshake on the children's socket: wrong keys
-        (ZAP refused them, or they were not made for this instance's)."""
+        """An event of the children's socket: a child's connection closed,
+        or a failed CURVE handshake -- wrong keys (ZAP refused them, or they
+        were not made for this instance's)."""
+        event = zmq.utils.monitor.parse_monitor_message(parts)
+        if event["event"] == zmq.EVENT_DISCONNECTED:
+            child = self._child_fds.pop(int(event["value"]), None)
+            if child is not None:
+                self._lose_child(child)
+            return
         self.refused += 1
         if str(self.refused).rstrip("0") == "1":  # 1, 10, 100...: a peer retries every 20 ms
-            event = zmq.utils.monitor.parse_monitor_message(parts)
             log.warning("refused an overlay peer without the instance's keys (%d so far; "
                         "handshake event %#x, code %s)", self.refused, event["event"],
                         event["value"])
@@ -375,8 +423,15 @@ class Overlay:
     def _child_lost(self, conn: StreamConn) -> None:
         if conn.rank is not None and self._child_conns.get(conn.rank) is conn:
             del self._child_conns[conn.rank]
-            self.hello_from.discard(conn.rank)
-            log.info("lost the connection to child rank %d", conn.rank)
+            self._lose_child(conn.rank)
+
+    def _lose_child(self, child: int) -> None:
+        """A child's link closed: its subtree is gone (it stops when it loses
+        us, and takes its own children along); answer what it owed."""
+        self.hello_from.discard(child)
+        if not self._closing:
+            log.info("lost the connection to child rank %d", child)
+            self.router.child_lost(child)
 
     def _child_frames(self, child: int, frames: list[bytes]) -> None:
         msg = self._decode(frames, f"rank {child}")
@@ -393,6 +448,8 @@ class Overlay:
     def _child_control(self, child: int, msg: Message) -> None:
         if msg.topic == "overlay.hello":
             self.hello_from.add(child)
+            if self._down is not None:
+                self._child_fds[self._down.last_fd] = child
             reply = Message(MsgType.CONTROL, "overlay.hello", {"rank": self.rank,
                                                                 "size": self.size})
             self._send_child(child, codec.encode(reply))
@@ -408,14 +465,23 @@ class Overlay:
             if msg.topic == "overlay.hello":
                 self.parent_acked = True
                 self._check_ready()
-            elif msg.topic == "overlay.shutdown" and self.on_shutdown is not None:
+            elif msg.topic == "overlay.shutdown" and self.on_stop is not None:
                 log.info("rank %s stops: stopping", self.parent)
-                self.on_shutdown()
+                self.on_stop(None)
             return
         assert self.parent is not None
         if msg.type == MsgType.EVENT:
             msg.wire = parts  # forwarded to children and local clients as received
         self.router.from_rank(self.parent, msg)
+
+    def _parent_lost(self, why: str) -> None:
+        """The link to the parent broke without a shutdown: stop (see the
+        module's docstring).  Before the parent answered our hello this is
+        still start-up, where the link may come and go."""
+        if self._closing or not self.parent_acked or self.parent is None:
+            return
+        if self.on_stop is not None:
+            self.on_stop(f"lost the connection to parent rank {self.parent} ({why})")
 
     def _check_ready(self) -> None:
         if self._sent_ready or not self.parent_acked or self.ready_from != self.children:

@@ -89,12 +89,14 @@ class StreamLinks:
     def __init__(self, path_of: Callable[[int], str], owner_uid: int,
                  on_child: Callable[[StreamConn, list[bytes]], None],
                  on_parent: Callable[[list[bytes]], None],
-                 on_child_lost: Callable[[StreamConn], None]) -> None:
+                 on_child_lost: Callable[[StreamConn], None],
+                 on_parent_lost: Callable[[], None]) -> None:
         self.path_of = path_of
         self.owner_uid = owner_uid
         self.on_child = on_child
         self.on_parent = on_parent
         self.on_child_lost = on_child_lost
+        self.on_parent_lost = on_parent_lost
         self.server: asyncio.AbstractServer | None = None
         self.up: StreamConn | None = None
         self.conns: set[StreamConn] = set()
@@ -124,7 +126,7 @@ class StreamLinks:
 
         def on_lost(_conn: StreamConn) -> None:
             if not self.closing:
-                log.info("lost the connection to the parent rank %d", parent)
+                self.on_parent_lost()
 
         async with asyncio.timeout(timeout):
             while True:

@@ -108,7 +108,7 @@ async def serve(args: argparse.Namespace) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
             signal.signal(sig, signal.SIG_IGN)
-    return 0
+    return b.exit_code
 
 
 def describe(exc: BaseException) -> str:

@@ -7,6 +7,12 @@
 * A response pops the top of its route stack and goes to that hop.
 * An event is delivered to every local subscriber whose prefix matches and
   forwarded to every child rank.
+* A request sent down to a child is remembered until its (last) response
+  comes back; if the child is lost meanwhile, each is answered
+  ``EHOSTUNREACH`` (as Flux's overlay does with its RPC tracker), so no
+  requester waits forever on a subtree that is gone.  Upstream needs no
+  tracker: a rank that loses its parent stops, and its clients see the
+  connection close.
 
 Route hops are strings: ``c<N>`` a local client connection, ``m:<name>`` a
 module, ``r<rank>`` a neighbouring rank.
@@ -61,6 +67,9 @@ class Router:
         self.seq = 0  # rank 0: last sequence number assigned
         self.seq_tracker = SeqTracker(f"rank {rank}")
         self.counts: Counter[str] = Counter()
+        self._sent_down: dict[int, dict[tuple[tuple[str, ...], int], Message]] = {}
+        """Per child: requests forwarded to it and not yet answered, by
+        (route, matchtag) -- what the response carries back."""
 
     # ------------------------------------------------------------ peers
 
@@ -121,6 +130,12 @@ class Router:
             msg.route.append(f"r{sender}")
             self.route_request(msg)
         elif t == MsgType.RESPONSE:
+            sent = self._sent_down.get(sender)
+            if sent:
+                key = (tuple(msg.route), msg.matchtag)
+                req = sent.get(key)
+                if req is not None and (msg.errnum or not req.flags & MsgFlags.STREAMING):
+                    del sent[key]  # its last response
             self.route_response(msg)
         elif t == MsgType.EVENT:
             if sender != topology.parent_of(self.rank, self.fanout):
@@ -194,14 +209,34 @@ class Router:
         self._send_rank(parent, msg)
 
     def _send_down(self, child: int, msg: Message) -> None:
-        self._send_rank(child, msg)
+        if not msg.flags & MsgFlags.NORESPONSE:
+            sent = self._sent_down.get(child)
+            if sent is None:
+                sent = self._sent_down[child] = {}
+            sent[(tuple(msg.route), msg.matchtag)] = msg
+        if not self._send_rank(child, msg):
+            self._sent_down[child].pop((tuple(msg.route), msg.matchtag), None)
 
-    def _send_rank(self, rank: int, msg: Message) -> None:
+    def child_lost(self, child: int) -> None:
+        """The link to ``child`` is gone: answer what was sent down to it."""
+        sent = self._sent_down.pop(child, None)
+        for req in (sent or {}).values():
+            self.counts["lost-requests"] += 1
+            self.respond_error(req, errno.EHOSTUNREACH,
+                               f"rank {child} was lost before answering")
+
+    def sent_down(self) -> int:
+        """Requests forwarded to children and not yet answered."""
+        return sum(map(len, self._sent_down.values()))
+
+    def _send_rank(self, rank: int, msg: Message) -> bool:
         ov = self.overlay
         if ov is None or not ov.send(rank, msg):
             self.counts["unroutable"] += 1
             if msg.type == MsgType.REQUEST:
                 self.respond_error(msg, errno.EHOSTUNREACH, f"rank {rank} is unreachable")
+            return False
+        return True
 
     # ------------------------------------------------------------ events
 
@@ -259,4 +294,5 @@ class Router:
             },
             "subscriptions": subs,
             "clients": sum(1 for p in self.peers if p[0] == "c"),
+            "sent-down": self.sent_down(),
         }

@@ -169,20 +169,66 @@ async def test_a_killed_rank_resolves_failed(start_instance, connect) -> None:
         assert inst.failed is not None and not inst.failed.done()
         os.kill(inst.pids()[3], signal.SIGKILL)
         assert await asyncio.shield(inst.failed) == (3, -signal.SIGKILL)
-        # the others keep serving; rank 3 is unreachable (not a hang)
+        # the others keep serving; rank 3 is unreachable (not a hang: a ping
+        # sent before rank 1 noticed the loss is answered when it does)
         assert (await h.ping(1))["rank"] == 1
-        while True:
-            try:
-                await asyncio.wait_for(h.ping(3), 1)
-            except TimeoutError:
-                continue  # sent before rank 1 noticed the loss: lost with it
-            except RemoteError as exc:
-                assert exc.errnum == errno.EHOSTUNREACH
-                break
+        with pytest.raises(RemoteError) as info:
+            await h.ping(3)
+        assert info.value.errnum == errno.EHOSTUNREACH
         pids, rundir = inst.pids(), inst.rundir
         codes = await inst.stop()
         assert codes[:3] == [0, 0, 0] and codes[3] == -signal.SIGKILL
         assert not any(pid_alive(p) for p in pids) and not os.path.exists(rundir)
+
+
+async def test_a_rank_whose_parent_dies_stops_with_its_subtree(start_instance, connect) -> None:
+    """A subtree cut off from rank 0 does not linger: rank 1 dies, so rank 3
+    (its child) stops by itself with status 1, and rank 3's client is told
+    (not left waiting on requests that can never go upstream)."""
+    inst = await start_instance(size=4, fanout=2)
+    async with asyncio.timeout(30):
+        h3 = await connect(inst, 3)
+        assert (await h3.ping(0))["rank"] == 0
+        os.kill(inst.pids()[1], signal.SIGKILL)
+        assert await inst.procs[3].wait() == 1
+        with pytest.raises(RemoteError) as info:
+            await h3.ping(0)
+        assert info.value.errnum == errno.ECONNRESET
+        h0 = await connect(inst, 0)  # rank 0 and rank 2 keep serving
+        assert (await h0.ping(2))["rank"] == 2
+
+
+@pytest.mark.parametrize("transport", ["unix", "ipc", "tcp"])
+@pytest.mark.parametrize("victim", [3, 1])
+async def test_requests_in_flight_to_a_lost_rank_are_answered(
+        start_instance, connect, transport: str, victim: int) -> None:
+    """A request already forwarded down when the rank below dies gets
+    EHOSTUNREACH (as Flux's RPC tracker answers it), not silence -- whether
+    the dead rank was the target (3) or on the way to it (1)."""
+    inst = await start_instance(size=4, fanout=2, attrs={"tbon.transport": transport})
+    async with asyncio.timeout(30):
+        h = await connect(inst, 0)
+        for _ in range(20):  # answered requests leave nothing tracked
+            await h.ping(3)
+        assert (await stats(h, 0))["sent-down"] == 0
+        # waits on rank 3 until a version that never comes
+        waiting = h.rpc("kvs.wait-version", {"namespace": "primary", "rootseq": 10**9},
+                        nodeid=3)
+
+        async def tracked() -> bool:
+            return (await stats(h, 0))["sent-down"] == 1
+
+        await wait_until(tracked, "the request to be forwarded")
+        os.kill(inst.pids()[victim], signal.SIGKILL)
+        with pytest.raises(RemoteError) as info:
+            await waiting
+        assert info.value.errnum == errno.EHOSTUNREACH
+        # answered by the dead rank's parent
+        assert f"rank {victim} was lost before answering" in str(info.value)
+        answered_by = 1 if victim == 3 else 0
+        assert (await stats(h, answered_by))["messages"]["lost-requests"] == 1
+        assert (await stats(h, 0))["sent-down"] == 0
+        assert (await h.ping(2))["rank"] == 2  # the rest keeps serving
 
 
 async def wait_for_rank(uri: str) -> Handle:

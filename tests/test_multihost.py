@@ -246,3 +246,18 @@ async def _connect_when_listening(uri: str) -> Handle:
             return await Handle.connect(uri)
         except (FileNotFoundError, ConnectionRefusedError):
             await asyncio.sleep(0.02)
+
+
+async def test_ranks_stop_when_rank_0_dies(tmp_path: Path, brokers) -> None:
+    """Across hosts nobody else watches the ranks: when rank 0 is killed its
+    children notice the lost link and stop (status 1), and theirs follow."""
+    assert (await run_cli("keygen", str(tmp_path / "curve.key")))[0] == 0
+    config = tmp_path / "inst.toml"
+    write_config(config, 4, 2, "curve.key")
+    ranks = {r: await brokers(config, r) for r in range(4)}
+    for r in range(4):
+        await ranks[r].ready()
+    ranks[0].proc.kill()
+    async with asyncio.timeout(30):
+        codes = await asyncio.gather(*(ranks[r].proc.wait() for r in (1, 2, 3)))
+    assert codes[:2] == [1, 1]  # rank 3 was told to stop by rank 1, or lost it too
