@@ -29,6 +29,7 @@ class BrokerServices(Module):
         return {
             "broker.ping": self.ping,
             "broker.stats-get": self.broker_stats,
+            "broker.shutdown": self.shutdown,
             "attr.get": self.attr_get,
             "attr.list": self.attr_list,
             "event.pub": self.event_pub,
@@ -52,6 +53,15 @@ class BrokerServices(Module):
 
     def broker_stats(self, msg: Message) -> None:
         self.h.respond(msg, self.broker.stats())
+
+    def shutdown(self, msg: Message) -> None:
+        """Stop this rank and its subtree (rank 0: the instance), as ``flux
+        shutdown``: the instance owner only.  Answered first, so the caller
+        learns it was accepted before its connection closes."""
+        if not msg.is_owner:
+            raise ErrnoError(errno.EPERM, "only the instance owner may shut the instance down")
+        self.h.respond(msg, {"rank": self.ctx.rank})
+        self.broker.request_stop()
 
     # -- attr
     def attr_get(self, msg: Message) -> None:

@@ -90,10 +90,13 @@ async def test_allowed_guest_is_a_user(start_instance, connect) -> None:
         assert lines[3]["topic"] == "guest.hello" and lines[3]["seq"] > 0
         # the content store is the owner's (as in Flux)
         assert lines[4] == {"content": errno.EPERM}
+        # nor may they stop a rank or the instance
+        assert lines[5:7] == [{"shutdown": errno.EPERM}] * 2
         # and the overlay socket is out of reach
-        assert lines[5] == {"tbon": errno.EACCES}
-        # the owner is still the owner
+        assert lines[7] == {"tbon": errno.EACCES}
+        # the owner is still the owner, and every rank still serves
         h = await connect(inst, 3)
+        assert (await h.ping(0))["rank"] == 0
         resp = await h.ping()
         assert (resp["userid"], resp["rolemask"]) == (os.getuid(), Role.OWNER)
 

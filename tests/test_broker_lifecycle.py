@@ -181,6 +181,19 @@ async def test_a_killed_rank_resolves_failed(start_instance, connect) -> None:
         assert not any(pid_alive(p) for p in pids) and not os.path.exists(rundir)
 
 
+async def test_shutdown_rpc_stops_a_subtree_or_the_instance(start_instance, connect) -> None:
+    """``broker.shutdown`` (``flux shutdown``): on rank 1 it stops ranks 1
+    and 3 (rank 1's subtree), cleanly; on rank 0 every remaining rank."""
+    inst = await start_instance(size=4, fanout=2)
+    async with asyncio.timeout(30):
+        h = await connect(inst, 0)
+        assert await h.rpc("broker.shutdown", {}, nodeid=1) == {"rank": 1}
+        assert [await inst.procs[r].wait() for r in (1, 3)] == [0, 0]
+        assert (await h.ping(2))["rank"] == 2  # the rest serves on
+        assert await h.rpc("broker.shutdown", {}, nodeid=0) == {"rank": 0}
+        assert [await inst.procs[r].wait() for r in (0, 2)] == [0, 0]
+
+
 async def test_a_rank_whose_parent_dies_stops_with_its_subtree(start_instance, connect) -> None:
     """A subtree cut off from rank 0 does not linger: rank 1 dies, so rank 3
     (its child) stops by itself with status 1, and rank 3's client is told

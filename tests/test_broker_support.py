@@ -164,6 +164,12 @@ async def scenario_identity(h):
         out(content=0)
     except RemoteError as e:
         out(content=e.errnum)
+    for rank in (3, 0):
+        try:
+            await h.rpc("broker.shutdown", {}, nodeid=rank)
+            out(shutdown=0)
+        except RemoteError as e:
+            out(shutdown=e.errnum)
     rundir = os.path.dirname(h.uri[len("local://"):])
     s = socket.socket(socket.AF_UNIX)
     try:
