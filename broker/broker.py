@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 import resource
+import socket
 from typing import Any
 
 from broker import __version__, gcpolicy, plugins
@@ -63,6 +64,7 @@ class Broker:
             "version": __version__,
             "local-uri": f"local://{local_socket_path(rundir, rank)}",
             "broker.pid": os.getpid(),
+            "hostname": socket.gethostname(),
             "security.owner": self.owner_uid,
         })
         self.modules: list[Module] = []

@@ -250,6 +250,33 @@ def cmd_ping(args: argparse.Namespace) -> int:
     return run_async(args, main)
 
 
+def cmd_overlay(args: argparse.Namespace) -> int:
+    from broker import status
+
+    args.what = "overlay status"
+
+    async def main() -> int:
+        async with await Handle.connect() as h:
+            fanout = int(await h.attr_get("fanout", nodeid=0))
+            ranks = await status.gather(h, timeout=args.timeout)
+        for line in status.render(ranks, fanout):
+            print(line)
+        return 0 if all(r.state == status.FULL for r in ranks) else 1
+
+    return run_async(args, main)
+
+
+def cmd_shutdown(args: argparse.Namespace) -> int:
+    args.what = "shutdown"
+
+    async def main() -> int:
+        async with await Handle.connect() as h:
+            await h.rpc("broker.shutdown", {}, nodeid=args.rank)
+        return 0
+
+    return run_async(args, main)
+
+
 def cmd_event(args: argparse.Namespace) -> int:
     args.what = f"event {args.event_cmd}"
 
@@ -421,6 +448,18 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--rank", "-r", type=int)
     m.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_module)
+
+    s = sub.add_parser("overlay", help="the tree's health")
+    osub = s.add_subparsers(dest="overlay_cmd", required=True)
+    o = osub.add_parser("status", help="each rank: full, partial (something below is "
+                        "lost) or lost; exit 1 unless all are up")
+    o.add_argument("--timeout", "-t", type=float, default=2.0,
+                   help="seconds a rank may take to answer (default 2)")
+    o.set_defaults(func=cmd_overlay)
+
+    s = sub.add_parser("shutdown", help="stop the instance (or rank R and its subtree)")
+    s.add_argument("--rank", "-r", type=non_negative_int, default=0)
+    s.set_defaults(func=cmd_shutdown)
 
     s = sub.add_parser("stats", help="print a module's stats (broker, content, kvs, ...)")
     s.add_argument("module")

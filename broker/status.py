@@ -1,0 +1,81 @@
+"""The health of the tree (``kvbroker overlay status``, after ``flux overlay status``).
+
+Every rank is asked for its ``broker.stats-get`` at once; a rank that does
+not answer in time, or that the tree cannot reach (``EHOSTUNREACH``), is
+*lost*.  A rank is *full* when it and its whole subtree are up, *partial*
+when something below it is lost.  Pure functions build and print the tree;
+:func:`gather` does the asking.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from broker import topology
+from broker.errors import RemoteError
+from broker.handle import Handle
+
+FULL, PARTIAL, LOST = "full", "partial", "lost"
+
+
+@dataclass(frozen=True)
+class RankStatus:
+    rank: int
+    state: str
+    hostname: str = ""
+    detail: str = ""  # why it is lost
+
+
+async def _ask(h: Handle, rank: int, timeout: float) -> tuple[str, str] | str:
+    """``(hostname, "")`` for a rank that answers, else why it is lost."""
+    try:
+        async with asyncio.timeout(timeout):
+            return str(await h.attr_get("hostname", nodeid=rank)), ""
+    except TimeoutError:
+        return f"no answer in {timeout:g}s"
+    except RemoteError as exc:
+        return exc.errstr or str(exc)
+
+
+async def gather(h: Handle, timeout: float = 2.0) -> list[RankStatus]:
+    """The state of every rank of the instance ``h`` is attached to."""
+    size = int(await h.attr_get("size", nodeid=0))
+    fanout = int(await h.attr_get("fanout", nodeid=0))
+    answers = await asyncio.gather(*(_ask(h, r, timeout) for r in range(size)))
+    return classify(size, fanout, answers)
+
+
+def classify(size: int, fanout: int, answers: list[tuple[str, str] | str]) -> list[RankStatus]:
+    """From each rank's answer (a ``(hostname, _)`` pair, or the reason it is
+    lost) to its state: lost, else partial if anything below is lost."""
+    lost_below = [False] * size
+    for rank in range(size - 1, -1, -1):  # children have higher ranks than parents
+        if isinstance(answers[rank], str) or lost_below[rank]:
+            parent = topology.parent_of(rank, fanout)
+            if parent is not None:
+                lost_below[parent] = True
+    out = []
+    for rank, answer in enumerate(answers):
+        if isinstance(answer, str):
+            out.append(RankStatus(rank, LOST, detail=answer))
+        else:
+            out.append(RankStatus(rank, PARTIAL if lost_below[rank] else FULL, answer[0]))
+    return out
+
+
+def render(statuses: list[RankStatus], fanout: int) -> list[str]:
+    """One line per rank, indented under its parent:
+    ``0 node0: partial`` / ``  1 node1: lost (rank 1 was lost ...)``."""
+    lines: list[str] = []
+
+    def walk(rank: int, depth: int) -> None:
+        s = statuses[rank]
+        host = f" {s.hostname}" if s.hostname else ""
+        why = f" ({s.detail})" if s.detail else ""
+        lines.append(f"{'  ' * depth}{rank}{host}: {s.state}{why}")
+        for child in topology.children_of(rank, fanout, len(statuses)):
+            walk(child, depth + 1)
+
+    walk(0, 0)
+    return lines

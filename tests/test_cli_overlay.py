@@ -1,0 +1,54 @@
+"""``kvbroker overlay status`` and ``kvbroker shutdown`` (docs/cli.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+
+from test_broker_support import run_cli, stats, wait_until
+
+from broker.status import FULL, LOST, PARTIAL, RankStatus, classify, render
+
+
+def test_a_lost_rank_makes_its_ancestors_partial() -> None:
+    # size 8, fanout 2: 0 -> 1, 2; 1 -> 3, 4; 3 -> 7
+    answers: list[tuple[str, str] | str] = [("h", "")] * 8
+    answers[3] = "rank 3 is unreachable"
+    answers[7] = "rank 3 is unreachable"
+    states = [s.state for s in classify(8, 2, answers)]
+    assert states == [PARTIAL, PARTIAL, FULL, LOST, FULL, FULL, FULL, LOST]
+
+
+def test_render_indents_children_under_parents() -> None:
+    statuses = [RankStatus(0, PARTIAL, "a"), RankStatus(1, LOST, detail="gone"),
+                RankStatus(2, FULL, "c"), RankStatus(3, LOST, detail="gone")]
+    assert render(statuses, 2) == ["0 a: partial", "  1: lost (gone)", "    3: lost (gone)",
+                                   "  2 c: full"]
+
+
+async def test_overlay_status_and_shutdown(start_instance, connect) -> None:
+    inst = await start_instance(size=4, fanout=2)
+    uri = inst.uri(0)
+    host = socket.gethostname()
+    async with asyncio.timeout(60):
+        rc, out, err = await run_cli("overlay", "status", uri=uri)
+        assert (rc, out) == (0, f"0 {host}: full\n  1 {host}: full\n    3 {host}: full\n"
+                                f"  2 {host}: full\n"), err
+        h = await connect(inst, 0)
+        os.kill(inst.pids()[3], signal.SIGKILL)
+
+        async def rank1_lost_it() -> bool:
+            return (await stats(h, 1))["overlay"]["children"] == []
+
+        await wait_until(rank1_lost_it, "rank 1 to notice")
+        rc, out, err = await run_cli("overlay", "status", uri=uri)
+        assert rc == 1, err
+        assert out.splitlines() == [f"0 {host}: partial", f"  1 {host}: partial",
+                                    "    3: lost (rank 3 is unreachable)", f"  2 {host}: full"]
+        # shutdown: rank 2 and its (empty) subtree, then the instance
+        assert (await run_cli("shutdown", "--rank", "2", uri=uri))[0] == 0
+        assert await inst.procs[2].wait() == 0
+        assert (await run_cli("shutdown", uri=uri))[0] == 0
+        assert [await inst.procs[r].wait() for r in (0, 1)] == [0, 0]
