@@ -105,9 +105,14 @@ async def serve(args: argparse.Namespace) -> int:
         # Stopping already (a parent's shutdown may come before the
         # launcher's SIGTERM): a late signal must not kill the exit, which
         # the loop's close would allow by restoring the default action.
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        # Blocked meanwhile: between the loop restoring the default action
+        # and SIG_IGN, a signal would still kill the rank.
+        stops = {signal.SIGTERM, signal.SIGINT}
+        signal.pthread_sigmask(signal.SIG_BLOCK, stops)
+        for sig in stops:
             loop.remove_signal_handler(sig)
             signal.signal(sig, signal.SIG_IGN)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
     return b.exit_code
 
 

@@ -209,13 +209,19 @@ class Router:
         self._send_rank(parent, msg)
 
     def _send_down(self, child: int, msg: Message) -> None:
-        if not msg.flags & MsgFlags.NORESPONSE:
-            sent = self._sent_down.get(child)
-            if sent is None:
-                sent = self._sent_down[child] = {}
-            sent[(tuple(msg.route), msg.matchtag)] = msg
+        if msg.flags & MsgFlags.NORESPONSE:
+            self._send_rank(child, msg)
+            return
+        key = (tuple(msg.route), msg.matchtag)
+        sent = self._sent_down.get(child)
+        if sent is None:
+            sent = self._sent_down[child] = {}
+        sent[key] = msg
         if not self._send_rank(child, msg):
-            self._sent_down[child].pop((tuple(msg.route), msg.matchtag), None)
+            # answered EHOSTUNREACH already; the child may be forgotten too
+            sent = self._sent_down.get(child)
+            if sent is not None:
+                sent.pop(key, None)
 
     def child_lost(self, child: int) -> None:
         """The link to ``child`` is gone: answer what was sent down to it."""
