@@ -85,6 +85,26 @@ def integer(minimum: int = 0, why: str = "") -> Parser:
     return parse
 
 
+_DURATION_RE = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(ms|s|m|h|d)?")
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+
+
+def duration(value: Any) -> float:
+    """A non-negative duration in seconds: a number, optionally with a unit
+    as in Flux's standard durations (RFC 23): ``ms``, ``s``, ``m``, ``h``,
+    ``d`` -- ``2``, ``0.5s``, ``30m``."""
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not a duration")
+    if isinstance(value, (int, float)):
+        if not 0 <= value < float("inf"):
+            raise ValueError(f"{value!r} is not a duration (seconds, at least 0)")
+        return float(value)
+    m = _DURATION_RE.fullmatch(str(value).strip())
+    if m is None:
+        raise ValueError(f"{str(value)!r} is not a duration (e.g. 2, 0.5s, 30m)")
+    return float(m.group(1)) * _DURATION_UNITS[m.group(2)]
+
+
 _TRUE = ("true", "1", "yes", "on")
 _FALSE = ("false", "0", "no", "off")
 

@@ -22,12 +22,13 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import time
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable
 from itertools import islice
 from typing import Any, ClassVar
 
-from broker.attrs import CONTENT_HASH, AttrSpec, integer
+from broker.attrs import CONTENT_HASH, AttrSpec, duration, integer
 from broker.content import blobref
 from broker.content.module import ContentModule
 from broker.errors import ErrnoError, RemoteError
@@ -53,6 +54,15 @@ CACHE_BYTES = AttrSpec(
 SETROOT_LIMIT = AttrSpec(
     "kvs.setroot-blob-limit", str(SETROOT_BLOB_LIMIT), integer(0),
     "a setroot event carries the commit's new blobs up to this total (bytes)")
+CHECKPOINT_PERIOD = AttrSpec(
+    "kvs.checkpoint-period", "1s", duration,
+    "rank 0 with a statedir checkpoints the primary root this often when it "
+    "changed (0: only at a clean stop and by SYNC commits)")
+"""Flux's ``kvs.checkpoint-period`` (off there by default).  Blobs reach SQLite
+within ``content.FLUSH_DELAY``; without a checkpoint naming the new root a
+crash of rank 0 loses every commit since the last one.  1 s bounds that loss
+for the cost of one SQLite transaction and fsync a second while the primary
+namespace changes, and nothing while it does not."""
 
 
 class BlobStore:
@@ -161,7 +171,7 @@ def _check_guest_ops(ops: list[dict[str, Any]]) -> None:
 
 class KvsModule(Module):
     name: ClassVar[str] = "kvs"
-    attributes: ClassVar[tuple[AttrSpec, ...]] = (CACHE_BYTES, SETROOT_LIMIT)
+    attributes: ClassVar[tuple[AttrSpec, ...]] = (CACHE_BYTES, SETROOT_LIMIT, CHECKPOINT_PERIOD)
 
     def __init__(self, ctx: Any) -> None:
         super().__init__(ctx)
@@ -183,6 +193,14 @@ class KvsModule(Module):
         # Rank 0's content module when it is in this process with our hash:
         # new blobs go to it by a call instead of a content.store request.
         self._content: ContentModule | None = None
+        # Rank 0 with a statedir: checkpoints of the primary root, one at a
+        # time (periodic, SYNC commits, stop), never an older over a newer.
+        self.checkpoint_period = CHECKPOINT_PERIOD.value(ctx.attrs)
+        self.checkpointed = -1
+        """rootseq of the last checkpoint written (or restored at start)."""
+        self._checkpoint_lock = asyncio.Lock()
+        self._checkpoint_counts: Counter[str] = Counter()
+        self._ticker: asyncio.Task[None] | None = None
 
     # ================================================================ life cycle
 
@@ -212,31 +230,79 @@ class KvsModule(Module):
         self.h.subscribe("kvs.namespace")
         rootref, rootseq = "", 0
         if self.statedir:
-            try:
-                cp = (await self.h.rpc("content.checkpoint-get", {"key": CHECKPOINT_KEY}))
-                rootref, rootseq = cp["value"]["rootref"], int(cp["value"]["rootseq"])
-            except RemoteError as exc:
-                if exc.errnum != errno.ENOENT:
-                    raise
+            rootref, rootseq = await self._restore()
         if not rootref:
             rootref = await self._store_empty_root()
         self.namespaces[PRIMARY] = Namespace(PRIMARY, self.ctx.owner_uid, rootref, rootseq)
+        if self.statedir:
+            self.checkpointed = rootseq
+            if self.checkpoint_period > 0:
+                self._ticker = self.spawn(self._checkpoint_periodically())
+
+    async def _restore(self) -> tuple[str, int]:
+        """The primary root checkpointed in the statedir (``("", 0)``: none)."""
+        try:
+            cp = (await self.h.rpc("content.checkpoint-get", {"key": CHECKPOINT_KEY}))
+        except RemoteError as exc:
+            if exc.errnum != errno.ENOENT:
+                raise
+            self.log.info("no checkpoint in statedir %s: the primary namespace starts "
+                          "empty", self.statedir)
+            return "", 0
+        value = cp["value"]
+        rootref, rootseq = value["rootref"], int(value["rootseq"])
+        stamp = value.get("timestamp")
+        when = (f", written {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(stamp))}"
+                if isinstance(stamp, (int, float)) else "")
+        self.log.info("restored the primary namespace from checkpoint rootseq %d "
+                      "(rootref %s%s)", rootseq, rootref, when)
+        return rootref, rootseq
 
     async def stop(self) -> None:
+        if self._ticker is not None:
+            self._ticker.cancel()  # a checkpoint it was writing finishes first (shielded)
         if self.leader and self.statedir:
             await self._checkpoint()
 
+    async def _checkpoint_periodically(self) -> None:
+        """Rank 0 with a statedir: every ``kvs.checkpoint-period``, checkpoint
+        the primary root if it changed since the last checkpoint.  A timer,
+        not per-commit work; as Flux's ``checkpoint-period``."""
+        while True:
+            await asyncio.sleep(self.checkpoint_period)
+            # Shielded: stop() cancels this loop, but a checkpoint under way
+            # completes (holding the lock) before the final one is written.
+            await asyncio.shield(self._periodic_checkpoint())
+
+    async def _periodic_checkpoint(self) -> None:
+        try:
+            await self._checkpoint()
+        except Exception as exc:  # retried at the next period
+            self._checkpoint_counts["failed"] += 1
+            self.log.error("periodic checkpoint of the primary namespace failed: %s", exc)
+
     async def _checkpoint(self, rootref: str | None = None, rootseq: int = 0) -> None:
-        """Record the primary root (default: the current one) in the content store."""
-        if rootref is None:
-            ns = self.namespaces.get(PRIMARY)
-            if ns is None:
+        """Record the primary root (default: the current one) in the content
+        store, unless a checkpoint at least as new was written already.
+
+        ``content.checkpoint-put`` writes back every blob stored so far
+        before the checkpoint itself, so the root it names is readable after
+        a crash: the blobs of every root the kvs module has set (or is about
+        to set, for a SYNC commit) were handed to the content module first."""
+        async with self._checkpoint_lock:
+            if rootref is None:
+                ns = self.namespaces.get(PRIMARY)
+                if ns is None:
+                    return
+                rootref, rootseq = ns.rootref, ns.rootseq
+            if rootseq <= self.checkpointed:
                 return
-            rootref, rootseq = ns.rootref, ns.rootseq
-        await self.h.rpc("content.checkpoint-put", {
-            "key": CHECKPOINT_KEY,
-            "value": {"rootref": rootref, "rootseq": rootseq},
-        })
+            await self.h.rpc("content.checkpoint-put", {
+                "key": CHECKPOINT_KEY,
+                "value": {"rootref": rootref, "rootseq": rootseq, "timestamp": time.time()},
+            })
+            self.checkpointed = rootseq
+            self._checkpoint_counts["written"] += 1
 
     async def _store_empty_root(self) -> str:
         ref, data = txn.empty_root(self.hash_name)
@@ -771,8 +837,18 @@ class KvsModule(Module):
             "cache": {"blobs": len(self.blobs), "bytes": self.blobs.size,
                       "objects": len(self.cache), "forgotten": self.cache.forgotten},
             "counts": dict(self.counts),
+            "checkpoint": self._checkpoint_stats(),
             "relays-waiting": sum(len(ns.relayed) for ns in self.namespaces.values()),
             "rpcs-pending": self.h.pending,
             "events": self.event_stats(),
             "pid": os.getpid(),
         }
+
+    def _checkpoint_stats(self) -> dict[str, Any] | None:
+        """Rank 0 with a statedir: the checkpoint period (seconds, 0: none),
+        the rootseq last checkpointed, checkpoints written and failed."""
+        if not (self.leader and self.statedir):
+            return None
+        return {"period": self.checkpoint_period, "rootseq": self.checkpointed,
+                "written": self._checkpoint_counts["written"],
+                "failed": self._checkpoint_counts["failed"]}

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from broker import attrs
-from broker.attrs import AttrError, AttrSpec, boolean, choice, integer
+from broker.attrs import AttrError, AttrSpec, boolean, choice, duration, integer
 from broker.content.module import ContentModule
 from kvs.module import KvsModule
 from kvs_watch.module import KvsWatchModule
@@ -65,6 +65,18 @@ def test_choice() -> None:
     assert choice(("info", "debug"), fold_case=True)("INFO") == "info"
 
 
+def test_duration() -> None:
+    for text, seconds in [("0", 0.0), ("2", 2.0), ("1.5", 1.5), (".5", 0.5), ("1s", 1.0),
+                          ("500ms", 0.5), ("30m", 1800.0), ("2h", 7200.0), ("1d", 86400.0),
+                          (" 3s ", 3.0), (4, 4.0), (0.25, 0.25)]:
+        assert duration(text) == seconds, text
+    for bad in ["", "-1", "1x", "s", "1 s", "inf", "nan", "1e3", True, -1, float("inf")]:
+        with pytest.raises(ValueError, match="is not a duration"):
+            duration(bad)
+    with pytest.raises(AttrError, match="^kvs.checkpoint-period: '-1' is not a duration"):
+        KvsModule.attributes[-1].value({"kvs.checkpoint-period": "-1"})
+
+
 def test_spec_value_names_the_attribute() -> None:
     assert attrs.MAX_MESSAGE.value({}) == 1 << 30
     assert attrs.MAX_MESSAGE.value({"broker.max-message": "4096"}) == 4096
@@ -113,7 +125,8 @@ def test_check_instance() -> None:
 def test_with_defaults_keeps_set_values() -> None:
     a: dict[str, object] = {"kvs.cache-bytes": "1000"}
     attrs.with_defaults(a, KvsModule.attributes)
-    assert a == {"kvs.cache-bytes": "1000", "kvs.setroot-blob-limit": str(64 << 10)}
+    assert a == {"kvs.cache-bytes": "1000", "kvs.setroot-blob-limit": str(64 << 10),
+                 "kvs.checkpoint-period": "1s"}
     with pytest.raises(AttrError):
         attrs.with_defaults({"kvs.setroot-blob-limit": "x"}, KvsModule.attributes)
 

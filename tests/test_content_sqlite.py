@@ -1,12 +1,21 @@
-"""broker.content.sqlite: rank 0's SQLite backing store (unit, real files)."""
+"""broker.content.sqlite: rank 0's SQLite backing store (unit, real files),
+and the content module's write-back onto it."""
 
 from __future__ import annotations
 
+import errno
+import logging
+import os
 import sqlite3
 from contextlib import closing
 
+import pytest
+
 from broker.content.blobref import hash_blob
+from broker.content.module import ContentModule
 from broker.content.sqlite import SqliteStore, digest_of
+from broker.errors import ErrnoError
+from broker.module import ModuleContext
 
 
 def test_blobs_are_keyed_by_raw_digest(tmp_path) -> None:
@@ -40,3 +49,31 @@ def test_a_store_with_text_keys_keeps_working(tmp_path) -> None:
     store.put_many([(new_ref, b"new")])
     assert store.get(new_ref) == b"new" and store.count() == 2
     store.close()
+
+
+async def test_a_failed_write_back_fails_the_drain_and_is_retried(tmp_path) -> None:
+    """The content module's write-back onto the store: a batch SQLite refused
+    fails the drain with EIO (so content.flush and content.checkpoint-put
+    never report blobs durable, nor record a root naming them, when they are
+    not), keeps the blobs dirty, and the next drain writes them."""
+    ctx = ModuleContext(rank=0, size=1, fanout=2, attrs={"rundir": str(tmp_path)},
+                        owner_uid=os.getuid(), log=logging.getLogger("test"))
+    content = ContentModule(ctx)
+    await content.start()
+    store = content.backing
+    assert store is not None
+    put_many = store.put_many
+
+    def refuse(items: object) -> None:
+        raise sqlite3.OperationalError("disk I/O error")
+
+    store.put_many = refuse  # type: ignore[method-assign]
+    (ref,) = content.store_local([b"blob"])
+    with pytest.raises(ErrnoError) as info:
+        await content._drain()
+    assert info.value.errnum == errno.EIO and "disk I/O error" in str(info.value)
+    assert ref in content.dirty and store.get(ref) is None
+    store.put_many = put_many  # type: ignore[method-assign]
+    await content._drain()
+    assert not content.dirty and store.get(ref) == b"blob"
+    await content.stop()

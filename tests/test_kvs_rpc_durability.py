@@ -1,8 +1,8 @@
 """KVS durability over raw RPCs: restart from a statedir, SYNC commits, content.hash,
 and EFBIG for a blob over content.blob-size-limit.
 
-Reference: flux-core t/t2010-kvs-snapshot-restore.t / t1000-kvs.t (``put --sync``)
-and DESIGN.md section 6 "Durability".
+Reference: flux-core t/t2010-kvs-snapshot-restore.t / t1000-kvs.t (``put --sync``),
+t/t2011-kvs-checkpoint-period.t, and DESIGN.md section 6 "Durability".
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import os
 import signal
 
 import pytest
+from test_broker_support import run_cli
 from test_kvs_rpc_helpers import (
     SYNC,
     TREEOBJ,
@@ -24,6 +25,9 @@ from test_kvs_rpc_helpers import (
     put,
     stats,
 )
+from test_watch_helpers import wait_until
+
+from broker.launch import Instance, StartError
 
 BIG = bytes(range(256)) * 1024  # 256 KiB
 
@@ -94,6 +98,145 @@ async def test_sync_commit_survives_sigkill(start_instance, connect, tmp_path, s
     assert await get(h2, "a") == b"1"
     assert await get(h2, "b") == b"2"
     assert await get(h2, "big") == BIG
+
+
+async def wait_checkpoint(h0, rootseq: int) -> dict:
+    """Until rank 0 has checkpointed ``rootseq`` (or newer); its checkpoint stats."""
+    async def done() -> bool:
+        return (await stats(h0))["checkpoint"]["rootseq"] >= rootseq
+    await wait_until(done, 15, f"a checkpoint of rootseq {rootseq}")
+    return (await stats(h0))["checkpoint"]
+
+
+def kill_rank0(inst) -> None:
+    """SIGKILL rank 0 alone: no clean stop, no final checkpoint."""
+    os.kill(inst.pids()[0], signal.SIGKILL)
+
+
+@pytest.mark.parametrize("size", [1, 4])
+async def test_periodic_checkpoint_keeps_plain_commits_across_sigkill(
+        start_instance, connect, tmp_path, size) -> None:
+    """Plain (not SYNC) commits survive a crash of rank 0 once the periodic
+    checkpoint (kvs.checkpoint-period, default 1 s) has named their root."""
+    statedir = str(tmp_path / "state")
+    inst = await start_instance(size=size, fanout=2, statedir=statedir)
+    h0 = await connect(inst, 0)
+    h = await connect(inst, size - 1)
+    assert (await stats(h0))["checkpoint"] == {"period": 1.0, "rootseq": 0, "written": 0,
+                                               "failed": 0}
+    assert (await stats(h))["checkpoint"] is None or size == 1  # rank 0's business
+    await asyncio.wait_for(h.rpc("kvs.namespace-create", {"namespace": "tmp"}), 10)
+    kept = await commit(h, put("k", "v"), ns="tmp", flags=SYNC)
+    await commit(h, put("a", "1"), put("big", BIG))
+    resp = await commit(h, put("b", "2"))
+    cp = await wait_checkpoint(h0, resp["rootseq"])
+    assert cp["written"] >= 1 and cp["failed"] == 0
+    kill_rank0(inst)
+    await h.close()
+    await inst.stop()
+
+    inst2 = await start_instance(size=size, fanout=2, statedir=statedir,
+                                 attrs={"log.level": "info"})
+    h2 = await connect(inst2, size - 1)
+    root = await getroot(h2)
+    assert (root["rootref"], root["rootseq"]) == (resp["rootref"], resp["rootseq"])
+    assert await get(h2, "a") == b"1"
+    assert await get(h2, "b") == b"2"
+    assert await get(h2, "big") == BIG
+    log = (tmp_path / "broker-1.log").read_text()
+    assert (f"restored the primary namespace from checkpoint rootseq {resp['rootseq']} "
+            f"(rootref {resp['rootref']}, written ") in log, log
+    cp = (await stats(await connect(inst2, 0)))["checkpoint"]
+    assert cp["rootseq"] == resp["rootseq"] and cp["written"] == 0  # nothing new yet
+    # Other namespaces are not restored, even after a SYNC commit; their
+    # blobs are there, so a root reference kept from before brings one back.
+    assert await errnum(get(h2, "k", ns="tmp")) == errno.ENOTSUP
+    await asyncio.wait_for(h2.rpc("kvs.namespace-create", {
+        "namespace": "tmp", "rootref": kept["rootref"]}), 10)
+    assert await get(h2, "k", ns="tmp") == b"v"
+
+
+async def test_periodic_checkpoint_only_when_the_root_changed(start_instance, connect,
+                                                              tmp_path) -> None:
+    inst = await start_instance(size=2, statedir=str(tmp_path / "state"),
+                                attrs={"kvs.checkpoint-period": "50ms"})
+    h0 = await connect(inst, 0)
+    h1 = await connect(inst, 1)
+    assert (await stats(h0))["checkpoint"]["period"] == 0.05
+    resp = await commit(h1, put("a", "1"))
+    assert (await wait_checkpoint(h0, resp["rootseq"]))["written"] == 1
+    # Ten idle periods (a deliberate wait for something that must NOT
+    # happen): the root did not change, so nothing is written.
+    await asyncio.sleep(0.5)
+    assert (await stats(h0))["checkpoint"]["written"] == 1
+    for i in range(3):
+        resp = await commit(h1, put("a", str(i)))
+        assert (await wait_checkpoint(h0, resp["rootseq"]))["written"] == 2 + i
+    # a SYNC commit checkpoints at once, and counts as one
+    resp = await commit(h1, put("s", "1"), flags=SYNC)
+    cp = (await stats(h0))["checkpoint"]
+    assert cp["rootseq"] == resp["rootseq"] and cp["written"] == 5 and cp["failed"] == 0
+
+
+async def test_checkpoint_period_0_checkpoints_only_at_stop(start_instance, connect,
+                                                            tmp_path) -> None:
+    """kvs.checkpoint-period=0: the old behaviour -- a clean stop and SYNC
+    commits checkpoint, so a crash loses the plain commits since then."""
+    statedir = str(tmp_path / "state")
+    attrs = {"kvs.checkpoint-period": "0"}
+    inst = await start_instance(size=2, statedir=statedir, attrs=attrs)
+    h = await connect(inst, 1)
+    first = await commit(h, put("a", "1"))
+    await h.close()
+    await inst.stop()  # a clean stop: the one checkpoint
+
+    inst2 = await start_instance(size=2, statedir=statedir, attrs=attrs)
+    h0 = await connect(inst2, 0)
+    h = await connect(inst2, 1)
+    assert (await getroot(h))["rootseq"] == first["rootseq"]
+    await commit(h, put("b", "2"))
+    assert (await stats(h0))["checkpoint"] == {"period": 0.0, "rootseq": first["rootseq"],
+                                               "written": 0, "failed": 0}
+    kill_rank0(inst2)
+    await h.close()
+    await inst2.stop()
+
+    inst3 = await start_instance(size=2, statedir=statedir, attrs=attrs)
+    h = await connect(inst3, 1)
+    root = await getroot(h)
+    assert (root["rootref"], root["rootseq"]) == (first["rootref"], first["rootseq"])
+    assert await get(h, "a") == b"1"
+    assert await errnum(get(h, "b")) == errno.ENOENT
+
+
+async def test_a_statedir_in_use_is_refused_with_a_clear_message(start_instance, connect,
+                                                                 tmp_path) -> None:
+    statedir = str(tmp_path / "state")
+    inst = await start_instance(size=2, statedir=statedir)
+    log = tmp_path / "second.log"
+    second = Instance(1, statedir=statedir, stderr_path=str(log))
+    # the launcher and the command line, side by side (each waits out
+    # SQLite's 5 s busy timeout)
+    refused, (rc, out, err) = await asyncio.gather(
+        start_refused(second),
+        run_cli("start", "--size", "1", "--statedir", statedir, "--", "true"))
+    assert isinstance(refused, StartError) and "during start-up" in str(refused)
+    message = f"start-up failed: statedir {statedir} is in use by another instance"
+    assert message in log.read_text(), log.read_text()
+    assert rc == 2 and message in err, (rc, err)
+    # the instance holding it is unharmed
+    h = await connect(inst, 1)
+    resp = await commit(h, put("k", "v"), flags=SYNC)
+    assert resp["rootseq"] == 1
+
+
+async def start_refused(inst: Instance) -> BaseException | None:
+    try:
+        await inst.start(timeout=30)
+    except StartError as exc:
+        return exc
+    await inst.stop()
+    return None
 
 
 async def test_content_hash_sha1(start_instance, connect) -> None:

@@ -33,7 +33,7 @@ from typing import Any, ClassVar
 
 from broker.attrs import CONTENT_HASH, AttrSpec, integer
 from broker.content import blobref
-from broker.content.sqlite import SqliteStore
+from broker.content.sqlite import SqliteStore, StoreLocked
 from broker.errors import ErrnoError
 from broker.message import NODEID_UPSTREAM, Message
 from broker.module import Handler, Module, require
@@ -99,11 +99,21 @@ class ContentModule(Module):
             statedir = self.ctx.attrs.get("statedir") or ""
             directory = statedir or self.ctx.attrs["rundir"]
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="content-sqlite")
-            self.backing = await self._db(SqliteStore, os.path.join(directory, "content.sqlite"))
+            try:
+                self.backing = await self._db(SqliteStore,
+                                              os.path.join(directory, "content.sqlite"))
+            except StoreLocked:
+                if not statedir:
+                    raise
+                raise ErrnoError(errno.EBUSY, f"statedir {statedir} is in use by another "
+                                              "instance (its content.sqlite is locked)") from None
 
     async def stop(self) -> None:
         if self.backing is not None:
-            await self._drain()
+            try:
+                await self._drain()
+            except ErrnoError as exc:
+                logging.getLogger("kvbroker.content").error("at stop: %s", exc)
             await self._db(self.backing.sync)
             await self._db(self.backing.close)
         if self._executor is not None:
@@ -163,12 +173,21 @@ class ContentModule(Module):
         fut.add_done_callback(done)
 
     async def _drain(self) -> None:
-        """Write every dirty blob now and wait until all writes are done."""
+        """Write every dirty blob now and wait until all writes are done.
+
+        ``EIO`` if one of them failed (its blobs are dirty again, retried
+        with the next batch): a caller about to record a root that names
+        them (a checkpoint) or to promise durability (``content.flush``)
+        must not go on as if they were on disk."""
         if self._flush_handle is not None:
             self._flush_handle.cancel()
         self._write_back()
+        failed: BaseException | None = None
         while self._writes:
-            await asyncio.gather(*list(self._writes), return_exceptions=True)
+            results = await asyncio.gather(*list(self._writes), return_exceptions=True)
+            failed = failed or next((r for r in results if isinstance(r, BaseException)), None)
+        if failed is not None:
+            raise ErrnoError(errno.EIO, f"writing blobs to SQLite failed: {failed}")
 
     # ------------------------------------------------------------ store
 
@@ -304,6 +323,9 @@ class ContentModule(Module):
             await self.h.rpc("content.checkpoint-put", body, nodeid=NODEID_UPSTREAM)
         else:
             assert self.backing is not None
+            # Every blob stored so far goes to SQLite first (EIO if that
+            # fails), on the same thread: a checkpoint never names a root
+            # whose blobs are not written, which a restart could not read.
             await self._drain()
             await self._db(self.backing.checkpoint_put, body["key"], _checkpoint_bytes(value))
         self.h.respond(msg, {})

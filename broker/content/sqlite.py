@@ -31,6 +31,11 @@ def digest_of(ref: str) -> bytes:
     return bytes.fromhex(ref[ref.index("-") + 1:])
 
 
+class StoreLocked(RuntimeError):
+    """Another process holds the file (rank 0 of another instance on the
+    same statedir): SQLite said ``database is locked``."""
+
+
 class SqliteStore:
     """``objects(hash -> blob)`` and ``checkpoints(key -> value)``.
 
@@ -47,6 +52,22 @@ class SqliteStore:
         os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
         os.chmod(path, 0o600)
         self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        try:
+            self._open()
+        except sqlite3.OperationalError as exc:
+            self.db.close()
+            # The instance holding the file keeps its exclusive lock until it
+            # stops: after the busy timeout (5 s) SQLite says so.
+            if getattr(exc, "sqlite_errorcode", None) in (sqlite3.SQLITE_BUSY,
+                                                          sqlite3.SQLITE_LOCKED) \
+                    or "locked" in str(exc):
+                raise StoreLocked(f"{path}: {exc}") from None
+            raise
+        columns = {row[1]: row[2] for row in self.db.execute("PRAGMA table_info(objects)")}
+        self.text_keys = columns.get("hash", "").upper() == "TEXT"
+        """A file from an older kvbroker: blobrefs as text keys."""
+
+    def _open(self) -> None:
         self.db.execute("PRAGMA locking_mode=EXCLUSIVE")
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
@@ -56,9 +77,6 @@ class SqliteStore:
         self.db.execute(
             "CREATE TABLE IF NOT EXISTS checkpoints (key TEXT PRIMARY KEY, value BLOB NOT NULL)"
         )
-        columns = {row[1]: row[2] for row in self.db.execute("PRAGMA table_info(objects)")}
-        self.text_keys = columns.get("hash", "").upper() == "TEXT"
-        """A file from an older kvbroker: blobrefs as text keys."""
 
     def _key(self, ref: str) -> str | bytes:
         return ref if self.text_keys else digest_of(ref)
