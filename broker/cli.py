@@ -14,6 +14,8 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Awaitable
+from typing import Any
 
 from broker import __version__, plugins
 from broker.cliutil import (
@@ -42,7 +44,23 @@ def parse_attr(text: str) -> tuple[str, str]:
 # ------------------------------------------------------------------ start
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
 def cmd_start(args: argparse.Namespace) -> int:
+    """Start an instance, run the command in it (or serve until signalled),
+    stop it.
+
+    SIGINT, SIGTERM and SIGHUP are handled from before the first rank
+    starts until the instance has stopped -- a second Ctrl-C must not cut
+    the stop short and leave the run directory behind -- and then ignored
+    for the last moments of the exit.  While the command runs they are
+    passed on to it (:meth:`broker.launch.Command.forward`) and ``start``
+    exits as the command does.  ``start``'s own event loop is the stock
+    asyncio one whatever ``--event-loop`` says (that is the ranks' loop): it
+    only supervises processes, and the command's process group needs
+    ``process_group``, which uvloop lacks.
+    """
     command = list(args.cmdline or [])
     if command and command[0] == "--":
         command = command[1:]
@@ -50,67 +68,96 @@ def cmd_start(args: argparse.Namespace) -> int:
     if args.fanout < 1 or args.size < 1:
         raise UsageError("--size and --fanout must be at least 1")
     try:
-        factory = loop_factory(args.event_loop)
+        loop_factory(args.event_loop)  # the ranks' loop: refused here if unavailable
     except ValueError as exc:
         raise CLIError("start", detail=str(exc)) from None
 
     # Only `start` runs brokers: client commands do not import the broker
     # (nor ZeroMQ), ~30 ms of every `kvbroker kvs get`.
-    from broker.launch import Instance, StartError
+    from broker.launch import Command, Instance, StartError, exit_status
 
     async def main() -> int:
+        loop = asyncio.get_running_loop()
         inst = Instance(args.size, args.fanout, event_loop=args.event_loop,
                         statedir=args.statedir, attrs=attrs)
-        try:
-            await inst.start()
-        except (StartError, OSError) as exc:
-            print_err(f"start: {exc}")
-            return 2
-        loop = asyncio.get_running_loop()
+        signalled: list[int] = []
         stop = asyncio.Event()
-        signals = (signal.SIGINT, signal.SIGTERM)
-        try:
-            if command:
+        cmd: Command | None = None
+
+        def on_signal(sig: int) -> None:
+            signalled.append(sig)
+            stop.set()
+            if cmd is not None:
+                cmd.forward(sig)
+
+        async def run() -> int:
+            nonlocal cmd
+            try:
+                if not await first(inst.start(), stop.wait()):
+                    return 128 + signalled[0]  # stopped before the instance was up
+            except (StartError, OSError) as exc:
+                print_err(f"start: {exc}")
+                return 2
+            assert inst.failed is not None
+            if not command:
+                print(inst.uri(0), flush=True)
+                if await first(stop.wait(), inst.failed):
+                    return 0
+            else:
                 env = dict(os.environ, KVBROKER_URI=inst.uri(0))
                 try:
-                    proc = await asyncio.create_subprocess_exec(*command, env=env)
+                    cmd = await Command.spawn(command, env)
                 except OSError as exc:
                     print_err(f"{command[0]}: {exc.strerror}")
                     return 127
-                for sig in signals:  # the command handles ^C itself; we wait for it
-                    loop.add_signal_handler(sig, lambda: None)
-                waiter = loop.create_task(proc.wait())
-                assert inst.failed is not None
-                done, _ = await asyncio.wait({waiter, inst.failed},
-                                             return_when=asyncio.FIRST_COMPLETED)
-                if waiter in done:
-                    rc = waiter.result()
+                for sig in signalled:  # came while it was being spawned
+                    cmd.forward(sig)
+                if await first(cmd.proc.wait(), inst.failed):
+                    if signalled:  # we are stopping: nothing the command ran outlives us
+                        cmd.kill()
+                    rc = cmd.proc.returncode
+                    assert rc is not None
                     return rc if rc >= 0 else 128 - rc
-                rank, code = inst.failed.result()
-                print_err(f"rank {rank} exited unexpectedly (status {code}); stopping")
-                with contextlib.suppress(ProcessLookupError):
-                    proc.terminate()
-                await proc.wait()
-                return 1
-            for sig in signals:  # before the URI: whoever reads it may signal at once
-                loop.add_signal_handler(sig, stop.set)
-            print(inst.uri(0), flush=True)
-            stopper = loop.create_task(stop.wait())
-            assert inst.failed is not None
-            done, _ = await asyncio.wait({stopper, inst.failed},
-                                         return_when=asyncio.FIRST_COMPLETED)
-            if inst.failed in done:
-                rank, code = inst.failed.result()
-                print_err(f"rank {rank} exited unexpectedly (status {code}); stopping")
-                return 1
-            return 0
-        finally:
-            for sig in signals:
-                loop.remove_signal_handler(sig)
-            await inst.stop()
+            rank, code = inst.failed.result()
+            print_err(f"rank {rank} exited unexpectedly, {exit_status(code)}; stopping")
+            # The instance stops alongside the command, which may take its
+            # time to go, or ignore SIGTERM (then it is killed after a bound).
+            await asyncio.gather(*([cmd.stop()] if cmd else []), inst.stop())
+            return 1
 
-    with asyncio.Runner(loop_factory=factory) as runner:
+        for sig in STOP_SIGNALS:
+            loop.add_signal_handler(sig, on_signal, sig)
+        try:
+            return await run()
+        finally:
+            try:
+                await inst.stop()
+            finally:
+                for sig in STOP_SIGNALS:
+                    loop.remove_signal_handler(sig)
+                    signal.signal(sig, signal.SIG_IGN)
+
+    with asyncio.Runner(loop_factory=asyncio.new_event_loop) as runner:
         return runner.run(main())
+
+
+async def first(this: Awaitable[Any], other: Awaitable[Any]) -> bool:
+    """Await ``this`` and ``other`` until one ends; ``True`` if ``this`` did
+    (raising its exception).  The other is cancelled if it is a coroutine;
+    a future is left alone (others may await it)."""
+    a, b = asyncio.ensure_future(this), asyncio.ensure_future(other)
+    try:
+        done, _ = await asyncio.wait({a, b}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task, awaitable in ((a, this), (b, other)):
+            if task is not awaitable and not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+    if a in done:
+        a.result()
+        return True
+    return False
 
 
 # ------------------------------------------------------------------ across hosts

@@ -5,7 +5,8 @@
 The rank prints ``ready <uri>`` on stdout once its whole subtree is up
 (for rank 0: the whole instance), then serves until SIGTERM/SIGINT, or until
 the ``--watch-fd`` pipe from its launcher closes (the launcher died), so no
-rank outlives the instance.
+rank outlives the instance.  With ``--cleanup-rundir`` (the launcher made
+the run directory), the last rank to exit removes it if the launcher is gone.
 """
 
 from __future__ import annotations
@@ -13,9 +14,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import fcntl
 import json
 import logging
 import os
+import select
+import shutil
 import signal
 import sys
 from typing import Any
@@ -52,11 +56,48 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "(default: its own entry of --endpoints)")
     p.add_argument("--curve-keys", help="file holding the instance's CURVE key pair")
     p.add_argument("--watch-fd", type=int, help="exit when this pipe closes")
+    p.add_argument("--cleanup-rundir", action="store_true",
+                   help="the launcher made --rundir: if it is gone (--watch-fd closed), "
+                   "the last rank to exit removes it")
     return p.parse_args(argv)
+
+
+def hold_rundir(rundir: str) -> int | None:
+    """A shared lock on ``rundir`` for as long as this rank lives (the
+    kernel drops it when the process dies, even by SIGKILL): the rank
+    that can then take it exclusively is the last one using the directory.
+    ``None`` if the directory is gone already."""
+    try:
+        fd = os.open(rundir, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return None
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    return fd
+
+
+def remove_rundir_if_last(fd: int, rundir: str) -> None:
+    """Remove ``rundir`` if no other rank holds it (:func:`hold_rundir`).
+    Each rank drops its shared lock before trying, so of ranks exiting
+    together one always succeeds."""
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return
+    shutil.rmtree(rundir, ignore_errors=True)
+
+
+def pipe_closed(fd: int) -> bool:
+    """Whether the other end of the ``--watch-fd`` pipe is closed: nothing
+    is ever written to it, so it reads (EOF) only then."""
+    return bool(select.select([fd], [], [], 0)[0])
 
 
 async def serve(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
+    rundir_lock = None
+    if args.cleanup_rundir and args.watch_fd is not None:
+        rundir_lock = hold_rundir(args.rundir)
     curve = None
     if args.curve_keys:
         from broker.curve import load_keys
@@ -113,6 +154,11 @@ async def serve(args: argparse.Namespace) -> int:
             loop.remove_signal_handler(sig)
             signal.signal(sig, signal.SIG_IGN)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
+        # A launcher that stopped us removes the run directory itself once
+        # every rank has exited; one that died (SIGKILL) cannot.  Checked
+        # here, not when its pipe closed: it may die while we stop anyway.
+        if rundir_lock is not None and pipe_closed(args.watch_fd):
+            remove_rundir_if_last(rundir_lock, args.rundir)
     return b.exit_code
 
 

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import json
 import os
 import re
 import signal
+import sys
+from collections.abc import AsyncIterator
 
 import pytest
 from test_broker_support import KVBROKER, run_cli, stats, wait_until
 
 from broker.handle import Handle, parse_uri
+from broker.launch import STOP_TIMEOUT
 
 
 def rundir_of(uri: str) -> str:
@@ -90,7 +94,7 @@ async def test_start_rejects_bad_arguments() -> None:
     assert rc == 2
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 async def test_start_without_a_command_serves_until_signalled(sig: int) -> None:
     env = dict(os.environ)
     env.pop("KVBROKER_URI", None)
@@ -125,7 +129,271 @@ async def test_start_stops_when_a_rank_dies() -> None:
     script = f"kill -9 $({KVBROKER} attr get --rank 1 broker.pid); exec sleep 60"
     rc, _, err = await run_cli("start", "--size", "2", "--", "sh", "-c", script, timeout=30)
     assert rc == 1
-    assert "rank 1 exited unexpectedly" in err
+    assert "rank 1 exited unexpectedly, killed by signal 9 (SIGKILL); stopping" in err
+
+
+def proc_stat(pid: int | str) -> list[str]:
+    """/proc/PID/stat from the state field on (state, ppid, pgrp, session, ...);
+    empty if there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return []
+
+
+def alive(pid: int) -> bool:
+    """``pid`` runs (a zombie, dead but not yet reaped by its parent, does not)."""
+    stat = proc_stat(pid)
+    return bool(stat) and stat[0] not in ("Z", "X")
+
+
+def kill_session(sid: int) -> None:
+    """SIGKILL every process of session ``sid`` (the ranks have their own)."""
+    for entry in os.listdir("/proc"):
+        stat = proc_stat(entry) if entry.isdigit() else []
+        if len(stat) > 3 and int(stat[3]) == sid:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(entry), signal.SIGKILL)
+
+
+async def all_gone(pids: list[int], what: str, timeout: float = 10.0) -> None:
+    async def gone() -> bool:
+        return not any(alive(pid) for pid in pids)
+
+    await wait_until(gone, what, timeout)
+
+
+@contextlib.asynccontextmanager
+async def start_process(
+    *args: str, pass_fds: tuple[int, ...] = ()
+) -> AsyncIterator[asyncio.subprocess.Process]:
+    """``kvbroker start ARGS`` in a session of its own, as a script or a
+    service runs it: no controlling terminal (the command gets its own
+    process group, even when the tests run in a terminal), and the signals
+    a test sends reach ``start`` alone.  At exit, what is left of the
+    session is killed: a failed test must not wait for a command still
+    holding start's output pipes."""
+    env = dict(os.environ)
+    env.pop("KVBROKER_URI", None)
+    proc = await asyncio.create_subprocess_exec(
+        KVBROKER, "start", *args, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL, env=env,
+        start_new_session=True, pass_fds=pass_fds,
+    )
+    try:
+        yield proc
+    finally:
+        kill_session(proc.pid)
+        async with asyncio.timeout(30):
+            await proc.communicate()
+
+
+async def read_line(stream: asyncio.StreamReader | None, timeout: float = 30.0) -> str:
+    assert stream is not None
+    async with asyncio.timeout(timeout):
+        line = await stream.readline()
+    assert line, "end of output"
+    return line.decode().strip()
+
+
+async def rank_pids(uri: str, size: int) -> list[int]:
+    async with await Handle.connect(uri) as h:
+        return [int(await h.attr_get("broker.pid", nodeid=r)) for r in range(size)]
+
+
+@pytest.mark.slow
+async def test_start_stops_the_instance_and_kills_a_command_ignoring_sigterm() -> None:
+    """A rank dies while the command (and its child) ignore SIGTERM: the
+    other ranks stop at once, alongside the command, which is killed with
+    its whole process group after the stop timeout; start exits 1."""
+    script = (
+        'trap "" TERM; echo "$KVBROKER_URI"; sleep 300 & echo $!; '
+        f"kill -9 $({KVBROKER} attr get --rank 3 broker.pid); wait; echo after"
+    )
+    async with start_process("--size", "4", "--fanout", "2", "--", "sh", "-c", script) as proc:
+        uri = await read_line(proc.stdout)
+        pids = await rank_pids(uri, 3)  # rank 3 is about to die
+        sleep_pid = int(await read_line(proc.stdout))
+        while "stopping" not in (line := await read_line(proc.stderr)):
+            pass
+        assert line == "kvbroker: rank 3 exited unexpectedly, killed by signal 9 (SIGKILL); " \
+            "stopping"
+        await all_gone(pids, "the other ranks to stop while the command lingers")
+        assert alive(sleep_pid)  # ignoring SIGTERM, until killed
+        async with asyncio.timeout(STOP_TIMEOUT + 15):
+            out, _ = await proc.communicate()
+        assert proc.returncode == 1
+        assert "after" not in out.decode()
+        await all_gone([sleep_pid], "the command's child to be killed with it")
+        assert not os.path.exists(rundir_of(uri))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+async def test_start_passes_a_signal_to_the_commands_process_group(sig: int) -> None:
+    """SIGINT, SIGTERM, SIGHUP to start reach the command and its children
+    (a child the shell made ignore SIGINT is killed once the command is
+    gone); start exits as the command did, having stopped the instance."""
+    script = 'echo "$KVBROKER_URI"; sleep 300 & echo $!; wait $!; echo after'
+    async with start_process("--size", "2", "--", "sh", "-c", script) as proc:
+        uri = await read_line(proc.stdout)
+        sleep_pid = int(await read_line(proc.stdout))
+        pids = await rank_pids(uri, 2)
+        proc.send_signal(sig)
+        async with asyncio.timeout(30):
+            out, err = await proc.communicate()
+        assert proc.returncode == 128 + sig, err
+        assert "after" not in out.decode()
+        await all_gone([sleep_pid, *pids], "the command's child and the ranks to exit")
+        assert not os.path.exists(rundir_of(uri))
+
+
+async def test_start_serves_a_command_until_it_exits_on_sigterm() -> None:
+    """The instance serves while the command handles the signal."""
+    script = (
+        f'trap "{KVBROKER} attr get size; exit 3" TERM; echo "$KVBROKER_URI"; '
+        "sleep 300 & wait"
+    )
+    async with start_process("--size", "2", "--", "sh", "-c", script) as proc:
+        uri = await read_line(proc.stdout)
+        proc.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(30):
+            out, err = await proc.communicate()
+        assert proc.returncode == 3, err
+        assert out.decode().split() == ["2"]
+        assert not os.path.exists(rundir_of(uri))
+
+
+async def test_start_leaves_what_a_command_left_running() -> None:
+    """A command that exits by itself is done: what it left in the
+    background is its own business, as a shell's background jobs."""
+    async with start_process("--", "sh", "-c", "sleep 300 & echo $!") as proc:
+        pid = int(await read_line(proc.stdout))
+        async with asyncio.timeout(30):
+            assert await proc.wait() == 0
+        assert alive(pid)  # killed with start's session at exit
+
+
+async def test_start_passes_its_file_descriptors_to_the_command(tmp_path) -> None:
+    """As a shell does (``3>log``, a make jobserver)."""
+    with open(tmp_path / "log", "w") as log:
+        fd = log.fileno()
+        write = f"import os; os.write({fd}, b'hello')"
+        async with start_process("--", sys.executable, "-c", write, pass_fds=(fd,)) as proc:
+            async with asyncio.timeout(30):
+                _, err = await proc.communicate()
+            assert proc.returncode == 0, err
+    assert (tmp_path / "log").read_text() == "hello"
+
+
+@pytest.mark.parametrize("first,second", [(signal.SIGINT, signal.SIGINT),
+                                          (signal.SIGTERM, signal.SIGINT)])
+async def test_start_finishes_its_stop_despite_a_second_signal(first: int, second: int) -> None:
+    """Ctrl-C twice, or SIGTERM then Ctrl-C: the second signal comes while
+    start waits for a rank to stop (rank 1, held by SIGSTOP); start still
+    stops every rank, removes the run directory and exits 0."""
+    async with start_process("--size", "2") as proc:
+        uri = await read_line(proc.stdout)
+        pids = await rank_pids(uri, 2)
+        os.kill(pids[1], signal.SIGSTOP)
+        try:
+            proc.send_signal(first)
+            await all_gone(pids[:1], "rank 0 to stop")  # start is stopping
+            proc.send_signal(second)
+        finally:
+            os.kill(pids[1], signal.SIGCONT)
+        async with asyncio.timeout(30):
+            _, err = await proc.communicate()
+        assert proc.returncode == 0, err
+        assert not alive(pids[1])
+        assert not os.path.exists(rundir_of(uri))
+
+
+async def test_a_killed_start_leaves_no_run_directory(tmp_path) -> None:
+    """start SIGKILLed: its ranks exit (their launcher pipe closes) and the
+    last of them removes the run directory -- never the statedir."""
+    statedir = tmp_path / "state"
+    async with start_process("--size", "4", "--fanout", "2", "--statedir", str(statedir)) as proc:
+        uri = await read_line(proc.stdout)
+        pids = await rank_pids(uri, 4)
+        proc.kill()
+        await proc.communicate()
+        await all_gone(pids, "the ranks to exit")
+        assert not os.path.exists(rundir_of(uri))
+        assert (statedir / "content.sqlite").exists()
+
+
+TAKE_TERMINAL = (
+    "import fcntl, os, sys, termios; fcntl.ioctl(0, termios.TIOCSCTTY, 0); "
+    "os.execv(sys.argv[1], sys.argv[1:])"
+)
+COUNT_SIGINT = (
+    "import signal, sys\n"
+    "n = 0\n"
+    "def count(*_):\n"
+    "    global n\n"
+    "    n += 1\n"
+    "signal.signal(signal.SIGINT, count)\n"
+    "print('ready', flush=True)\n"
+    "print('got', sys.stdin.readline().strip(), flush=True)\n"
+    "sys.stdin.readline()\n"
+    "print('sigint', n, flush=True)\n"
+)
+
+
+async def test_start_in_a_terminal_leaves_the_terminal_to_the_command() -> None:
+    """At a terminal's prompt (start the foreground job of its terminal),
+    the command stays in start's process group: it reads the terminal (in a
+    group of its own it would be stopped, SIGTTIN), and Ctrl-C reaches it
+    from the terminal once -- start does not pass on a second."""
+    import pty
+
+    loop = asyncio.get_running_loop()
+    master, slave = pty.openpty()
+    output = bytearray()
+    more = asyncio.Event()
+
+    def on_output() -> None:
+        try:
+            data = os.read(master, 4096)
+        except OSError:  # EIO: the terminal's last process is gone
+            data = b""
+        if not data:
+            loop.remove_reader(master)
+        output.extend(data)
+        more.set()
+
+    async def wait_for(text: bytes) -> None:
+        async with asyncio.timeout(30):
+            while text not in output:
+                more.clear()
+                await more.wait()
+
+    env = dict(os.environ)
+    env.pop("KVBROKER_URI", None)
+    loop.add_reader(master, on_output)
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", TAKE_TERMINAL, KVBROKER, "start", "--size", "2", "--",
+            sys.executable, "-c", COUNT_SIGINT,
+            stdin=slave, stdout=slave, stderr=slave, env=env, start_new_session=True,
+        )
+        os.close(slave)
+        try:
+            await wait_for(b"ready")
+            os.write(master, b"hello\n")
+            await wait_for(b"got hello")
+            os.write(master, b"\x03")  # Ctrl-C: SIGINT to the foreground job
+            os.write(master, b"done\n")
+            await wait_for(b"sigint 1")
+            async with asyncio.timeout(30):
+                assert await proc.wait() == 0, output.decode(errors="replace")
+        finally:
+            kill_session(proc.pid)
+            await proc.wait()
+    finally:
+        loop.remove_reader(master)
+        os.close(master)
 
 
 # ---------------------------------------------------------------- client commands
