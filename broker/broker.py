@@ -73,6 +73,8 @@ class Broker:
         self.connector: Connector | None = None
         self._stop = asyncio.Event()
         self.exit_code = 0
+        self.shutdown_requested = False
+        """Stopping because a client asked (``broker.shutdown``)."""
         """The rank's exit status once it stopped: 1 when it lost its parent."""
 
     @property

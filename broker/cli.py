@@ -98,11 +98,11 @@ def cmd_start(args: argparse.Namespace) -> int:
             except (StartError, OSError) as exc:
                 print_err(f"start: {exc}")
                 return 2
-            assert inst.failed is not None
+            assert inst.ended is not None
             if not command:
                 print(inst.uri(0), flush=True)
-                if await first(stop.wait(), inst.failed):
-                    return 0
+                if await first(stop.wait(), inst.ended) or inst.ended.result() is None:
+                    return 0  # signalled, or shut down from inside (kvbroker shutdown)
             else:
                 env = dict(os.environ, KVBROKER_URI=inst.uri(0))
                 try:
@@ -112,13 +112,19 @@ def cmd_start(args: argparse.Namespace) -> int:
                     return 127
                 for sig in signalled:  # came while it was being spawned
                     cmd.forward(sig)
-                if await first(cmd.proc.wait(), inst.failed):
+                ended_first = not await first(cmd.proc.wait(), inst.ended)
+                if ended_first and inst.ended.result() is None:
+                    print_err("the instance was shut down; stopping the command")
+                    await cmd.stop()
+                if not ended_first or inst.ended.result() is None:
                     if signalled:  # we are stopping: nothing the command ran outlives us
                         cmd.kill()
                     rc = cmd.proc.returncode
                     assert rc is not None
                     return rc if rc >= 0 else 128 - rc
-            rank, code = inst.failed.result()
+            result = inst.ended.result()
+            assert result is not None
+            rank, code = result
             print_err(f"rank {rank} exited unexpectedly, {exit_status(code)}; stopping")
             # The instance stops alongside the command, which may take its
             # time to go, or ignore SIGTERM (then it is killed after a bound).

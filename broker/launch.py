@@ -100,6 +100,12 @@ class Instance:
         """Overlay endpoints of ranks with children, when not the default ``ipc://``."""
         self.procs: list[asyncio.subprocess.Process] = []
         self.failed: asyncio.Future[tuple[int, int]] | None = None
+        """``(rank, exit status)`` of the first rank that exited unasked."""
+        self.ended: asyncio.Future[tuple[int, int] | None] | None = None
+        """As :attr:`failed`, or None once the instance was shut down from
+        inside (``kvbroker shutdown``: rank 0 said ``shutdown``, and every
+        rank then exits 0) -- what ``kvbroker start`` waits on."""
+        self._shutdown_said: asyncio.Future[None] | None = None
         self._watch_w: int | None = None
         self._waiters: list[asyncio.Task[None]] = []
         self._stopping = False
@@ -134,6 +140,8 @@ class Instance:
         loop = asyncio.get_running_loop()
         self.check()
         self.failed = loop.create_future()
+        self.ended = loop.create_future()
+        self._shutdown_said = loop.create_future()
         self.rundir = make_rundir()
         if battrs.ALLOW_GUEST_USER.value(self.attrs):
             os.chmod(self.rundir, 0o755)
@@ -189,6 +197,7 @@ class Instance:
             raise
         for rank, proc in enumerate(self.procs):
             self._waiters.append(loop.create_task(self._watch(rank, proc)))
+        self._waiters.append(loop.create_task(self._read_rank0()))
 
     async def _await_ready(self, rank: int, proc: asyncio.subprocess.Process) -> None:
         assert proc.stdout is not None
@@ -197,10 +206,30 @@ class Instance:
             code = await proc.wait()
             raise StartError(f"rank {rank} exited {exit_status(code)} during start-up")
 
+    async def _read_rank0(self) -> None:
+        """Rank 0 prints ``shutdown`` before it tells any rank to stop."""
+        stdout = self.procs[0].stdout
+        assert stdout is not None and self._shutdown_said is not None
+        while line := await stdout.readline():
+            if line.strip() == b"shutdown" and not self._shutdown_said.done():
+                self._shutdown_said.set_result(None)
+
     async def _watch(self, rank: int, proc: asyncio.subprocess.Process) -> None:
         code = await proc.wait()
-        if not self._stopping and self.failed is not None and not self.failed.done():
-            self.failed.set_result((rank, code))
+        if code == 0 and self._shutdown_said is not None:
+            # A shutdown reaches the others through rank 0, which printed it
+            # first: the line is in the pipe already.  Not for a rank that
+            # stopped alone (it was sent a signal, or shut down by itself).
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._shutdown_said), 1.0)
+        if self._stopping or self.ended is None or self.ended.done():
+            return
+        if code == 0 and self._shutdown_said is not None and self._shutdown_said.done():
+            self.ended.set_result(None)
+            return
+        assert self.failed is not None
+        self.failed.set_result((rank, code))
+        self.ended.set_result((rank, code))
 
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs]

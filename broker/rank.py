@@ -3,9 +3,10 @@
 ``python -m broker.rank --rank R --size N --fanout K --rundir DIR [...]``
 
 The rank prints ``ready <uri>`` on stdout once its whole subtree is up
-(for rank 0: the whole instance), then serves until SIGTERM/SIGINT, or until
-the ``--watch-fd`` pipe from its launcher closes (the launcher died), so no
-rank outlives the instance.  With ``--cleanup-rundir`` (the launcher made
+(for rank 0: the whole instance), then serves until SIGTERM/SIGINT, a
+client's ``broker.shutdown`` (it then prints ``shutdown`` first), its
+parent's shutdown, or until the ``--watch-fd`` pipe from its launcher closes
+(the launcher died), so no rank outlives the instance.  With ``--cleanup-rundir`` (the launcher made
 the run directory), the last rank to exit removes it if the launcher is gone.
 """
 
@@ -140,6 +141,10 @@ async def serve(args: argparse.Namespace) -> int:
             return 1
         print(f"ready {b.uri}", flush=True)
         await running
+        if b.shutdown_requested:
+            # Before any rank below is told: a launcher that reads this then
+            # knows the ranks exiting next were shut down, not lost.
+            print("shutdown", flush=True)
     finally:
         running.cancel()
         await b.stop()

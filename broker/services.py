@@ -61,6 +61,7 @@ class BrokerServices(Module):
         if not msg.is_owner:
             raise ErrnoError(errno.EPERM, "only the instance owner may shut the instance down")
         self.h.respond(msg, {"rank": self.ctx.rank})
+        self.broker.shutdown_requested = True
         self.broker.request_stop()
 
     # -- attr

@@ -6,8 +6,9 @@ import asyncio
 import os
 import signal
 import socket
+import sys
 
-from test_broker_support import run_cli, stats, wait_until
+from test_broker_support import KVBROKER, run_cli, stats, wait_until
 
 from broker.status import FULL, LOST, PARTIAL, RankStatus, classify, render
 
@@ -52,3 +53,23 @@ async def test_overlay_status_and_shutdown(start_instance, connect) -> None:
         assert await inst.procs[2].wait() == 0
         assert (await run_cli("shutdown", uri=uri))[0] == 0
         assert [await inst.procs[r].wait() for r in (0, 1)] == [0, 0]
+
+
+async def test_start_exits_0_when_the_instance_is_shut_down() -> None:
+    """``kvbroker shutdown`` inside ``kvbroker start``: a stop, not a lost
+    rank -- with no command start exits 0; with one, the command is stopped
+    and start exits as it does."""
+    proc = await asyncio.create_subprocess_exec(
+        KVBROKER, "start", "--size", "4", "--fanout", "2",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    assert proc.stdout is not None
+    async with asyncio.timeout(60):
+        uri = (await proc.stdout.readline()).decode().strip()
+        assert (await run_cli("shutdown", uri=uri))[0] == 0
+        _, err = await proc.communicate()
+        assert proc.returncode == 0, err
+        assert b"unexpectedly" not in err
+        script = f'{KVBROKER} shutdown; exec {sys.executable} -c "import time; time.sleep(60)"'
+        rc, _, err = await run_cli("start", "--size", "2", "--", "sh", "-c", script)
+        assert rc == 128 + signal.SIGTERM, err
+        assert "the instance was shut down; stopping the command" in err
