@@ -228,18 +228,19 @@ async def test_requests_in_flight_to_a_lost_rank_are_answered(
         waiting = h.rpc("kvs.wait-version", {"namespace": "primary", "rootseq": 10**9},
                         nodeid=3)
 
-        async def tracked() -> bool:
-            return (await stats(h, 0))["sent-down"] == 1
+        parent = 1 if victim == 3 else 0
 
-        await wait_until(tracked, "the request to be forwarded")
+        async def tracked() -> bool:  # forwarded by the victim's parent
+            return (await stats(h, parent))["sent-down"] == 1
+
+        await wait_until(tracked, "the request to be forwarded to the victim")
         os.kill(inst.pids()[victim], signal.SIGKILL)
         with pytest.raises(RemoteError) as info:
             await waiting
         assert info.value.errnum == errno.EHOSTUNREACH
         # answered by the dead rank's parent
         assert f"rank {victim} was lost before answering" in str(info.value)
-        answered_by = 1 if victim == 3 else 0
-        assert (await stats(h, answered_by))["messages"]["lost-requests"] == 1
+        assert (await stats(h, parent))["messages"]["lost-requests"] == 1
         assert (await stats(h, 0))["sent-down"] == 0
         assert (await h.ping(2))["rank"] == 2  # the rest keeps serving
 
