@@ -311,7 +311,7 @@ class Overlay:
         if self._auth is not None:
             self._auth.stop()
         if self.ctx is not None:
-            self.ctx.term()
+            self.ctx.destroy(linger=0)  # our sockets are closed; nothing left may block it
 
     # ------------------------------------------------------------ links
 

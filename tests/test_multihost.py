@@ -70,11 +70,12 @@ async def brokers(tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
 
     async def start(config: Path, rank: int, *extra: str) -> Rank:
         rundir = tmp_path / f"run{rank}-{len(started)}"
-        proc = await asyncio.create_subprocess_exec(
-            KVBROKER, "broker", "--config", str(config), "--rank", str(rank),
-            "--rundir", str(rundir), *extra,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
-            stdin=asyncio.subprocess.DEVNULL)
+        with open(tmp_path / f"stderr{rank}-{len(started)}", "wb") as log:
+            proc = await asyncio.create_subprocess_exec(
+                KVBROKER, "broker", "--config", str(config), "--rank", str(rank),
+                "--rundir", str(rundir), "-S", "log.level=info", *extra,
+                stdout=asyncio.subprocess.PIPE, stderr=log,
+                stdin=asyncio.subprocess.DEVNULL)
         started.append(Rank(proc, rundir, rank))
         return started[-1]
 
@@ -203,9 +204,9 @@ async def test_four_ranks_from_one_file_make_one_instance(tmp_path: Path, broker
         finally:
             await h0.close()
             await h3.close()
-        # stopping rank 0 stops the instance: its shutdown goes down the tree
-        ranks[0].proc.send_signal(signal.SIGTERM)
-        codes = await asyncio.gather(*(ranks[r].proc.wait() for r in range(4)))
+    # stopping rank 0 stops the instance: its shutdown goes down the tree
+    ranks[0].proc.send_signal(signal.SIGTERM)
+    codes = await exit_codes([ranks[r] for r in range(4)], tmp_path)
     assert codes == [0, 0, 0, 0]
     assert not any(os.path.exists(ranks[r].rundir / f"local-{r}") for r in range(4))
 
@@ -238,6 +239,20 @@ async def test_a_rank_without_the_instance_keys_is_refused(tmp_path: Path, broke
             await h.close()
 
 
+async def exit_codes(ranks: list[Rank], logs: Path, timeout: float = 30.0) -> list[int]:
+    """Each rank's exit status; on a timeout, fail naming the ranks still
+    running, with every rank's log (they run at log level info)."""
+    waits = [asyncio.ensure_future(r.proc.wait()) for r in ranks]
+    _, pending = await asyncio.wait(waits, timeout=timeout)
+    if pending:
+        alive = [r.rank for r, w in zip(ranks, waits, strict=True) if w in pending]
+        text = "\n".join(f"--- {p.name}\n{p.read_text()}" for p in sorted(logs.glob("stderr*")))
+        for w in pending:
+            w.cancel()
+        raise AssertionError(f"ranks {alive} still running after {timeout}s\n{text}")
+    return [w.result() for w in waits]
+
+
 async def _connect_when_listening(uri: str) -> Handle:
     """Rank 0 serves its local socket before the instance is ready: connect
     as soon as the socket is there."""
@@ -258,6 +273,5 @@ async def test_ranks_stop_when_rank_0_dies(tmp_path: Path, brokers) -> None:
     for r in range(4):
         await ranks[r].ready()
     ranks[0].proc.kill()
-    async with asyncio.timeout(30):
-        codes = await asyncio.gather(*(ranks[r].proc.wait() for r in (1, 2, 3)))
+    codes = await exit_codes([ranks[r] for r in (1, 2, 3)], tmp_path)
     assert codes[:2] == [1, 1]  # rank 3 was told to stop by rank 1, or lost it too
