@@ -29,7 +29,7 @@ from broker.cliutil import (
     run_async,
 )
 from broker.errors import ErrnoError
-from broker.handle import Handle
+from broker.handle import Handle, parse_uri
 from broker.loops import LOOP_NAMES, loop_factory
 from broker.message import NODEID_ANY
 
@@ -243,7 +243,14 @@ def cmd_exec(args: argparse.Namespace) -> int:
 
     async def main() -> str:
         async with await Handle.connect() as h:
-            return str(await h.attr_get("local-uri", nodeid=args.rank))
+            uri = str(await h.attr_get("local-uri", nodeid=args.rank))
+            path = parse_uri(uri)
+            if not os.path.exists(path):  # across hosts: the rank's socket is elsewhere
+                host = await h.attr_get("hostname", nodeid=args.rank)
+                raise CLIError("exec", detail=f"rank {args.rank}'s socket {path} is not on "
+                               f"this host (rank {args.rank} runs on {host}); exec reaches "
+                               "the ranks of this host only")
+            return uri
 
     uri = ""
 

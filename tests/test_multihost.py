@@ -275,3 +275,23 @@ async def test_ranks_stop_when_rank_0_dies(tmp_path: Path, brokers) -> None:
     ranks[0].proc.kill()
     codes = await exit_codes([ranks[r] for r in (1, 2, 3)], tmp_path)
     assert codes[:2] == [1, 1]  # rank 3 was told to stop by rank 1, or lost it too
+
+
+async def test_exec_names_the_host_of_a_rank_it_cannot_reach(tmp_path: Path, brokers) -> None:
+    """``exec -r R`` attaches to rank R's local socket, which across hosts is
+    on R's host: it says so instead of "cannot connect"."""
+    assert (await run_cli("keygen", str(tmp_path / "curve.key")))[0] == 0
+    config = tmp_path / "inst.toml"
+    write_config(config, 2, 2, "curve.key")
+    ranks = {r: await brokers(config, r) for r in (1, 0)}
+    uris = {r: await ranks[r].ready() for r in (1, 0)}
+    rc, out, err = await run_cli("exec", "-r", "1", "--", "sh", "-c", 'echo "$KVBROKER_URI"',
+                                 uri=uris[0])
+    assert (rc, out.strip()) == (0, uris[1]), err
+    os.unlink(ranks[1].rundir / "local-1")  # as if rank 1 ran on another host
+    rc, _, err = await run_cli("exec", "-r", "1", "--", "true", uri=uris[0])
+    assert rc == 1
+    assert err.strip() == (f"kvbroker: exec: rank 1's socket {ranks[1].rundir}/local-1 is not "
+                           f"on this host (rank 1 runs on {socket.gethostname()}); exec reaches "
+                           "the ranks of this host only")
+
