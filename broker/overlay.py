@@ -294,18 +294,23 @@ class Overlay:
         self._closing = True
         if self._streams is not None:
             self._streams.close(flush=self._shutdown_sent)
-        # A shutdown just queued for the children must still leave (ZeroMQ
-        # drops unsent messages of a socket closed with linger 0).
+        # A monitor is stopped before the socket we read it on is closed:
+        # ZeroMQ's I/O thread sends each event to that socket with a
+        # blocking send, holding the monitor's lock, so an event (a parent's
+        # DISCONNECTED) raised once our end is gone blocks it for ever, and
+        # disable_monitor() then waits for the lock: a rank that never exits.
         if self._monitor is not None:
-            self._monitor.close()
             if self._down is not None:
                 self._down.sock.disable_monitor()
+            self._monitor.close()
+        # A shutdown just queued for the children must still leave (ZeroMQ
+        # drops unsent messages of a socket closed with linger 0).
         if self._down is not None:
             self._down.close(linger_ms=1000 if self._shutdown_sent else 0)
         if self._up_monitor is not None:
-            self._up_monitor.close()
             if self._up is not None:
                 self._up.sock.disable_monitor()
+            self._up_monitor.close()
         if self._up is not None:
             self._up.close()
         if self._auth is not None:
