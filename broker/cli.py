@@ -317,8 +317,7 @@ def cmd_overlay(args: argparse.Namespace) -> int:
 
     async def main() -> int:
         async with await Handle.connect() as h:
-            fanout = int(await h.attr_get("fanout", nodeid=0))
-            ranks = await status.gather(h, timeout=args.timeout)
+            ranks, fanout = await status.gather(h, timeout=args.timeout)
         for line in status.render(ranks, fanout):
             print(line)
         return 0 if all(r.state == status.FULL for r in ranks) else 1

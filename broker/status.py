@@ -38,12 +38,13 @@ async def _ask(h: Handle, rank: int, timeout: float) -> tuple[str, str] | str:
         return exc.errstr or str(exc)
 
 
-async def gather(h: Handle, timeout: float = 2.0) -> list[RankStatus]:
-    """The state of every rank of the instance ``h`` is attached to."""
+async def gather(h: Handle, timeout: float = 2.0) -> tuple[list[RankStatus], int]:
+    """The state of every rank of the instance ``h`` is attached to, and
+    the instance's fanout (to :func:`render` them)."""
     size = int(await h.attr_get("size", nodeid=0))
     fanout = int(await h.attr_get("fanout", nodeid=0))
     answers = await asyncio.gather(*(_ask(h, r, timeout) for r in range(size)))
-    return classify(size, fanout, answers)
+    return classify(size, fanout, answers), fanout
 
 
 def classify(size: int, fanout: int, answers: list[tuple[str, str] | str]) -> list[RankStatus]:

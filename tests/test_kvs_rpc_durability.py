@@ -91,13 +91,22 @@ async def test_sync_commit_survives_sigkill(start_instance, connect, tmp_path, s
     await h.close()
     await inst.stop()
 
-    inst2 = await start_instance(size=size, fanout=2, statedir=str(statedir))
+    await restart_and_check(start_instance, connect, size, str(statedir), resp)
+
+
+async def restart_and_check(start_instance, connect, size: int, statedir: str, resp: dict,
+                            **kw):
+    """Start again on ``statedir``: the root is ``resp``'s and a, b, big are
+    back (as the tests above wrote them).  Returns the new instance and a
+    handle on its last rank."""
+    inst2 = await start_instance(size=size, fanout=2, statedir=statedir, **kw)
     h2 = await connect(inst2, size - 1)
     root = await getroot(h2)
     assert (root["rootref"], root["rootseq"]) == (resp["rootref"], resp["rootseq"])
     assert await get(h2, "a") == b"1"
     assert await get(h2, "b") == b"2"
     assert await get(h2, "big") == BIG
+    return inst2, h2
 
 
 async def wait_checkpoint(h0, rootseq: int) -> dict:
@@ -135,14 +144,8 @@ async def test_periodic_checkpoint_keeps_plain_commits_across_sigkill(
     await h.close()
     await inst.stop()
 
-    inst2 = await start_instance(size=size, fanout=2, statedir=statedir,
-                                 attrs={"log.level": "info"})
-    h2 = await connect(inst2, size - 1)
-    root = await getroot(h2)
-    assert (root["rootref"], root["rootseq"]) == (resp["rootref"], resp["rootseq"])
-    assert await get(h2, "a") == b"1"
-    assert await get(h2, "b") == b"2"
-    assert await get(h2, "big") == BIG
+    inst2, h2 = await restart_and_check(start_instance, connect, size, statedir, resp,
+                                        attrs={"log.level": "info"})
     log = (tmp_path / "broker-1.log").read_text()
     assert (f"restored the primary namespace from checkpoint rootseq {resp['rootseq']} "
             f"(rootref {resp['rootref']}, written ") in log, log
