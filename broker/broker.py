@@ -158,6 +158,7 @@ class Broker:
         if self.overlay is not None:
             out["overlay"] = {"dropped": self.overlay.dropped,
                               "refused": self.overlay.refused,
+                              "replaced": self.overlay.replaced,
                               "children": sorted(self.overlay.hello_from)}
         out["modules"] = {m.name: m.h.subscribe_calls for m in self.modules}
         out["rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

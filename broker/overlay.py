@@ -5,8 +5,16 @@ Links come in two transports, chosen by the attribute ``tbon.transport``:
 * ``unix`` (default inside one host): Unix-domain stream sockets read by the
   event loop directly -- see :mod:`broker.overlay_stream`.
 * ``ipc`` / ``tcp``: ZeroMQ.  Each rank binds a ROUTER socket for its
-  children and connects a DEALER to its parent's ROUTER (identity = the rank
-  number); ``tcp`` adds CURVE (below).  Sockets are plain pyzmq
+  children and connects a DEALER to its parent's ROUTER; ``tcp`` adds CURVE
+  (below).  A DEALER's ZeroMQ identity is new for every process
+  (``<rank>-<random>``) and the parent learns the rank from the hello, so a
+  rank restarted while its old connection still looks alive (its host froze
+  or vanished without closing it) is admitted at once: the newest hello
+  wins, the old process is told it was replaced, and what was in flight to
+  it is answered as for a lost rank.  (A fixed identity would make the
+  ROUTER refuse the newcomer -- losing its hello -- until heartbeats drop
+  the old connection; and with ZeroMQ's identity handover a resumed old
+  process reconnecting would take the identity back.)  Sockets are plain pyzmq
 sockets driven by the asyncio loop's reader callback on the ZeroMQ FD: each
 wake-up drains every message that is ready (ZeroMQ's FD is edge-triggered,
 so the socket is re-checked after every send too).
@@ -37,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import secrets
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -203,9 +212,15 @@ class Overlay:
         self._down: _Sock | None = None
         self._up: _Sock | None = None
         self.dropped = 0
+        self.replaced = 0
+        """Children admitted while an older process of the same rank was connected."""
         self._auth = None
         self._monitor: _Sock | None = None
-        self._child_fds: dict[int, int] = {}  # ZeroMQ links: connection fd -> child
+        # ZeroMQ links: each child's current connection, by its identity, and
+        # the connection fd (SRCFD) of each identity, for monitor events.
+        self._child_ident: dict[int, bytes] = {}
+        self._ident_child: dict[bytes, int] = {}
+        self._fd_ident: dict[int, bytes] = {}
         self._up_monitor: _Sock | None = None
         self.refused = 0
         """Overlay handshakes that failed: a peer without the instance's keys."""
@@ -262,7 +277,7 @@ class Overlay:
             self._down = _Sock(s, self._from_child, track_fd=True)
         if self.parent is not None:
             s = self.ctx.socket(zmq.DEALER)
-            s.setsockopt(zmq.IDENTITY, str(self.rank).encode())
+            s.setsockopt(zmq.IDENTITY, f"{self.rank}-{secrets.token_hex(6)}".encode())
             s.setsockopt(zmq.SNDHWM, HWM)
             s.setsockopt(zmq.RCVHWM, HWM)
             s.setsockopt(zmq.LINGER, 0)
@@ -328,8 +343,11 @@ class Overlay:
 
     def _send_child(self, child: int, frames: list[codec.Frame]) -> bool:
         if self._down is not None:
+            ident = self._child_ident.get(child)
+            if ident is None:
+                return False
             try:
-                self._down.send([str(child).encode(), *frames])
+                self._down.send([ident, *frames])
             except zmq.ZMQError as exc:  # EHOSTUNREACH: the child is gone
                 log.warning("cannot send to rank %d: %s", child, exc)
                 return False
@@ -385,8 +403,10 @@ class Overlay:
         were not made for this instance's)."""
         event = zmq.utils.monitor.parse_monitor_message(parts)
         if event["event"] == zmq.EVENT_DISCONNECTED:
-            child = self._child_fds.pop(int(event["value"]), None)
-            if child is not None:
+            ident = self._fd_ident.pop(int(event["value"]), None)
+            child = self._ident_child.pop(ident, None) if ident is not None else None
+            if child is not None:  # (a replaced connection was forgotten already)
+                del self._child_ident[child]
                 self._lose_child(child)
             return
         self.refused += 1
@@ -395,29 +415,58 @@ class Overlay:
                         "handshake event %#x, code %s)", self.refused, event["event"],
                         event["value"])
 
+    def _hello_rank(self, frames: list[bytes]) -> int | None:
+        """The rank a new connection's first message says hello as, if it is
+        one of our children's; None (counted, logged) for anything else."""
+        msg = self._decode(frames, "an unidentified peer")  # counts garbage
+        rank = msg.payload.get("rank") if msg is not None and msg.type == MsgType.CONTROL \
+            and msg.topic == "overlay.hello" and isinstance(msg.payload, dict) else None
+        if rank in self.children:
+            return rank  # type: ignore[no-any-return]
+        if msg is not None:
+            self.dropped += 1
+            log.warning("refusing overlay peer: its first message is not a child's hello")
+        return None
+
     def _from_child(self, parts: list[bytes]) -> None:
         ident, frames = parts[0], parts[1:]
-        try:
-            child = int(ident)
-        except ValueError:
-            child = -1
-        if child not in self.children:
-            self.dropped += 1
-            log.warning("dropping message from unknown peer %r", ident[:32])
-            return
+        child = self._ident_child.get(ident)
+        if child is None:  # a new connection (or one replaced since): only a hello
+            child = self._hello_rank(frames)
+            if child is None:
+                return
+            self._admit(child, ident)
         self._child_frames(child, frames)
+
+    def _admit(self, child: int, ident: bytes) -> None:
+        """ZeroMQ: connection ``ident`` said hello as ``child``.  If an older
+        connection of that rank is still open, the newest hello wins (see the
+        module docstring): the old process is told to stop, and the requests
+        it held are answered as for a lost rank."""
+        old = self._child_ident.get(child)
+        if old is not None:
+            self.replaced += 1
+            log.warning("rank %d said hello again from a new process: dropping its old "
+                        "connection", child)
+            del self._ident_child[old]
+            replaced = Message(MsgType.CONTROL, "overlay.shutdown",
+                               {"rank": self.rank, "replaced": True})
+            assert self._down is not None
+            self._down.send([old, *codec.encode(replaced)])
+            self._lose_child(child)
+        self._child_ident[child] = ident
+        self._ident_child[ident] = child
+        assert self._down is not None
+        self._fd_ident[self._down.last_fd] = ident
 
     def _from_child_conn(self, conn: StreamConn, frames: list[bytes]) -> None:
         """A stream link: the first message must be the hello of one of our children."""
         if conn.rank is None:
-            msg = self._decode(frames, "an unidentified peer")  # counts garbage
-            rank = msg.payload.get("rank") if msg is not None and msg.type == MsgType.CONTROL \
-                and msg.topic == "overlay.hello" and isinstance(msg.payload, dict) else None
-            if rank not in self.children or rank in self._child_conns:
-                if msg is not None:
+            rank = self._hello_rank(frames)
+            if rank is None or rank in self._child_conns:
+                if rank is not None:
                     self.dropped += 1
-                    log.warning("refusing overlay peer: its first message is not a child's "
-                                "hello")
+                    log.warning("refusing overlay peer: rank %d is connected already", rank)
                 if conn.transport is not None:
                     conn.transport.close()
                 return
@@ -453,8 +502,6 @@ class Overlay:
     def _child_control(self, child: int, msg: Message) -> None:
         if msg.topic == "overlay.hello":
             self.hello_from.add(child)
-            if self._down is not None:
-                self._child_fds[self._down.last_fd] = child
             reply = Message(MsgType.CONTROL, "overlay.hello", {"rank": self.rank,
                                                                 "size": self.size})
             self._send_child(child, codec.encode(reply))
@@ -471,6 +518,10 @@ class Overlay:
                 self.parent_acked = True
                 self._check_ready()
             elif msg.topic == "overlay.shutdown" and self.on_stop is not None:
+                if isinstance(msg.payload, dict) and msg.payload.get("replaced"):
+                    self.on_stop(f"rank {self.parent} admitted a newer rank {self.rank} "
+                                 "process in this one's place")
+                    return
                 log.info("rank %s stops: stopping", self.parent)
                 self.on_stop(None)
             return

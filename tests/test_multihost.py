@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import signal
 import socket
@@ -19,6 +20,7 @@ import pytest
 from test_broker_support import KVBROKER, run_cli, stats, wait_until
 
 from broker.bootstrap import BootstrapError, load, parse
+from broker.errors import RemoteError
 from broker.handle import Handle
 
 START = 30.0
@@ -295,3 +297,45 @@ async def test_exec_names_the_host_of_a_rank_it_cannot_reach(tmp_path: Path, bro
                            f"on this host (rank 1 runs on {socket.gethostname()}); exec reaches "
                            "the ranks of this host only")
 
+
+
+async def test_a_rank_restarted_while_its_old_link_looks_alive_takes_its_place(
+        tmp_path: Path, brokers) -> None:
+    """A host that froze (here: SIGSTOP) keeps its TCP connection open, so
+    its parent still sees the old rank 1.  A new rank 1 started meanwhile is
+    admitted at once (the newest hello wins); what was in flight to the old
+    one is answered EHOSTUNREACH, and the old process, when it resumes, is
+    told it was replaced and stops with status 1 without disturbing the new."""
+    assert (await run_cli("keygen", str(tmp_path / "curve.key")))[0] == 0
+    config = tmp_path / "inst.toml"
+    write_config(config, 2, 2, "curve.key")
+    rank0, old = await brokers(config, 0), await brokers(config, 1)
+    await rank0.ready()
+    await old.ready()
+    async with asyncio.timeout(30):
+        h = await Handle.connect(rank0.uri)
+        try:
+            assert await h.attr_get("rundir", nodeid=1) == str(old.rundir)
+            old.proc.send_signal(signal.SIGSTOP)
+            stuck = asyncio.ensure_future(h.ping(1))
+
+            async def held() -> bool:
+                return (await stats(h, 0))["sent-down"] >= 1
+
+            await wait_until(held, "rank 0 to hold the ping sent to the frozen rank 1")
+            new = await brokers(config, 1)
+            await new.ready()  # before heartbeats could have dropped the old link (10 s)
+            with pytest.raises(RemoteError) as lost:
+                await stuck
+            assert lost.value.errnum == errno.EHOSTUNREACH
+            assert await h.attr_get("rundir", nodeid=1) == str(new.rundir)
+            overlay = (await stats(h, 0))["overlay"]
+            assert (overlay["replaced"], overlay["children"]) == (1, [1])
+            old.proc.send_signal(signal.SIGCONT)
+            assert await exit_codes([old], tmp_path) == [1]
+            assert "admitted a newer rank 1 process" in (tmp_path / "stderr1-1").read_text()
+            assert await h.attr_get("rundir", nodeid=1) == str(new.rundir)
+        finally:
+            await h.close()
+    rank0.proc.send_signal(signal.SIGTERM)
+    assert await exit_codes([rank0, new], tmp_path) == [0, 0]
