@@ -73,9 +73,9 @@ class Broker:
         self.connector: Connector | None = None
         self._stop = asyncio.Event()
         self.exit_code = 0
+        """The rank's exit status once it stopped: 1 when it lost its parent."""
         self.shutdown_requested = False
         """Stopping because a client asked (``broker.shutdown``)."""
-        """The rank's exit status once it stopped: 1 when it lost its parent."""
 
     @property
     def uri(self) -> str:

@@ -47,6 +47,13 @@ def parse_attr(text: str) -> tuple[str, str]:
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
+def command_args(cmdline: list[str] | None) -> list[str]:
+    """A command given after the options: ``--`` before it is optional, and
+    any later ``--`` is the command's own."""
+    command = list(cmdline or [])
+    return command[1:] if command[:1] == ["--"] else command
+
+
 def cmd_start(args: argparse.Namespace) -> int:
     """Start an instance, run the command in it (or serve until signalled),
     stop it.
@@ -55,15 +62,13 @@ def cmd_start(args: argparse.Namespace) -> int:
     starts until the instance has stopped -- a second Ctrl-C must not cut
     the stop short and leave the run directory behind -- and then ignored
     for the last moments of the exit.  While the command runs they are
-    passed on to it (:meth:`broker.launch.Command.forward`) and ``start``
+    passed on to it (:meth:`broker.command.Command.forward`) and ``start``
     exits as the command does.  ``start``'s own event loop is the stock
     asyncio one whatever ``--event-loop`` says (that is the ranks' loop): it
     only supervises processes, and the command's process group needs
     ``process_group``, which uvloop lacks.
     """
-    command = list(args.cmdline or [])
-    if command and command[0] == "--":
-        command = command[1:]
+    command = command_args(args.cmdline)
     attrs = dict(args.setattr or [])
     if args.fanout < 1 or args.size < 1:
         raise UsageError("--size and --fanout must be at least 1")
@@ -74,7 +79,8 @@ def cmd_start(args: argparse.Namespace) -> int:
 
     # Only `start` runs brokers: client commands do not import the broker
     # (nor ZeroMQ), ~30 ms of every `kvbroker kvs get`.
-    from broker.launch import Command, Instance, StartError, exit_status
+    from broker.command import Command, exit_code
+    from broker.launch import Instance, StartError, exit_status
 
     async def main() -> int:
         loop = asyncio.get_running_loop()
@@ -106,22 +112,22 @@ def cmd_start(args: argparse.Namespace) -> int:
             else:
                 env = dict(os.environ, KVBROKER_URI=inst.uri(0))
                 try:
-                    cmd = await Command.spawn(command, env)
+                    cmd = Command.spawn(command, env)
                 except OSError as exc:
                     print_err(f"{command[0]}: {exc.strerror}")
                     return 127
                 for sig in signalled:  # came while it was being spawned
                     cmd.forward(sig)
-                ended_first = not await first(cmd.proc.wait(), inst.ended)
+                ended_first = not await first(cmd.wait(), inst.ended)
                 if ended_first and inst.ended.result() is None:
                     print_err("the instance was shut down; stopping the command")
                     await cmd.stop()
                 if not ended_first or inst.ended.result() is None:
                     if signalled:  # we are stopping: nothing the command ran outlives us
                         cmd.kill()
-                    rc = cmd.proc.returncode
+                    rc = cmd.returncode
                     assert rc is not None
-                    return rc if rc >= 0 else 128 - rc
+                    return exit_code(rc)
             result = inst.ended.result()
             assert result is not None
             rank, code = result
@@ -181,7 +187,9 @@ def cmd_keygen(args: argparse.Namespace) -> int:
 
 
 def cmd_broker(args: argparse.Namespace) -> int:
-    """Run one rank of an instance spread over hosts (see :mod:`broker.bootstrap`)."""
+    """Run one rank of an instance spread over hosts (see :mod:`broker.bootstrap`).
+    Rank 0 runs the initial program, if given (:mod:`broker.rank`); the
+    other ranks ignore it, so every host may share one command line."""
     import json
     import shutil
 
@@ -224,6 +232,9 @@ def cmd_broker(args: argparse.Namespace) -> int:
         argv += ["--bind", bind]
     if args.statedir:
         argv += ["--statedir", args.statedir]
+    command = command_args(args.cmdline)
+    if command and rank == 0:
+        argv += ["--initial-program", json.dumps(command)]
     try:
         return rank_main.main(argv)
     finally:
@@ -235,9 +246,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
 
 
 def cmd_exec(args: argparse.Namespace) -> int:
-    command = [c for c in args.cmdline if c != "--"][:]
-    if args.cmdline and args.cmdline[0] == "--":
-        command = args.cmdline[1:]
+    command = command_args(args.cmdline)
     if not command:
         raise UsageError("no command given")
 
@@ -456,6 +465,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--statedir")
     s.add_argument("--event-loop", choices=LOOP_NAMES, default="auto", dest="event_loop")
     s.add_argument("-S", "--setattr", action="append", type=parse_attr, metavar="ATTR=VAL")
+    s.add_argument("cmdline", nargs=argparse.REMAINDER, metavar="COMMAND",
+                   help="the initial program: rank 0 runs it once the instance is up, "
+                   "then stops the instance and exits as it did (other ranks ignore it)")
     s.set_defaults(func=cmd_broker)
 
     s = sub.add_parser("keygen", help="create an instance's CURVE key pair file (mode 0600)")

@@ -7,8 +7,8 @@ or socket is left behind.  Its run directory is private (mode 0700 unless
 guests are allowed) and removed on stop -- or, if the launcher dies without
 stopping, by the last rank to exit (``--cleanup-rundir``).
 
-:class:`Command` is the command ``kvbroker start -- CMD`` runs in the
-instance: how it is signalled and stopped.
+The command ``kvbroker start -- CMD`` runs in the instance is a
+:class:`broker.command.Command`.
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ import zmq
 
 from broker import attrs as battrs
 from broker.broker import local_socket_path
+from broker.command import STOP_TIMEOUT
 from broker.topology import children_of
 
 START_TIMEOUT = 60.0
-STOP_TIMEOUT = 15.0
 
 
 class StartError(RuntimeError):
@@ -261,95 +261,3 @@ class Instance:
         if self.rundir:
             shutil.rmtree(self.rundir, ignore_errors=True)
         return [p.returncode for p in self.procs]
-
-
-def in_terminal_foreground() -> bool:
-    """Whether this process is the foreground job of its controlling
-    terminal (started at a shell's prompt, not in the background)."""
-    try:
-        fd = os.open("/dev/tty", os.O_RDONLY | os.O_NOCTTY)
-    except OSError:
-        return False  # no controlling terminal
-    try:
-        return os.tcgetpgrp(fd) == os.getpgrp()
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-
-
-class Command:
-    """The command ``kvbroker start -- CMD`` runs in the instance.
-
-    Outside a terminal's foreground (a script, a service, a test, a job put
-    in the background) it gets its own process group, so that stopping it
-    reaches whatever it started (``sh -c 'sleep 300; echo after'`` loses
-    its ``sleep`` too).  What is sent to ``start``'s group (a shell's
-    ``kill %1``, a hangup) does not reach that one: ``start`` passes on each
-    SIGINT, SIGTERM and SIGHUP it receives.
-
-    When ``start`` is the foreground job of its terminal (``kvbroker start
-    -- bash`` at a prompt), the command stays in ``start``'s process group
-    instead.  A group other than the terminal's foreground one cannot read
-    the terminal (SIGTTIN: an interactive bash stops itself until it is in
-    the foreground), and handing the terminal to the command's group
-    (tcsetpgrp, as a shell does) would need ``start`` to follow the
-    command's stops (Ctrl-Z), which asyncio does not report.  There the
-    terminal sends Ctrl-C and a hangup to the whole foreground job, the
-    command and its children included, so ``start`` passes on only
-    SIGTERM; and it stops the command alone, with SIGHUP -- what an
-    interactive shell obeys (it ignores SIGTERM) and passes on to its jobs.
-    What else the command left running is not reached, as with GNU
-    ``timeout --foreground``.
-
-    As a shell's command, it inherits the file descriptors ``start`` was
-    given (a make jobserver's, a redirection ``3>log``).  Spawning needs the
-    stock asyncio loop (uvloop has no ``process_group``).
-    """
-
-    def __init__(self, proc: asyncio.subprocess.Process, own_group: bool) -> None:
-        self.proc = proc
-        self.own_group = own_group
-        """The command leads its own process group (not in a terminal's foreground)."""
-
-    @classmethod
-    async def spawn(cls, argv: list[str], env: dict[str, str]) -> Command:
-        own_group = not in_terminal_foreground()
-        group: dict[str, Any] = {"process_group": 0} if own_group else {}
-        proc = await asyncio.create_subprocess_exec(*argv, env=env, close_fds=False, **group)
-        return cls(proc, own_group)
-
-    def signal(self, sig: int) -> None:
-        """Send ``sig`` to the command's process group (in a terminal: to
-        the command alone)."""
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            if self.own_group:
-                # Once the command has exited, this reaches what is left of
-                # its group (the kernel does not reuse the id of a group
-                # that has a member).
-                os.killpg(self.proc.pid, sig)
-            elif self.proc.returncode is None:
-                self.proc.send_signal(sig)
-
-    def forward(self, sig: int) -> None:
-        """Pass on a signal ``start`` received.  In a terminal, SIGINT and
-        SIGHUP came to the whole foreground job, the command included:
-        sent again, they would interrupt it twice."""
-        if self.own_group or sig not in (signal.SIGINT, signal.SIGHUP):
-            self.signal(sig)
-
-    def kill(self) -> None:
-        """SIGKILL the command and what is left of its process group."""
-        self.signal(signal.SIGKILL)
-
-    async def stop(self, timeout: float = STOP_TIMEOUT) -> int:
-        """Stop the command (SIGTERM to its group; in a terminal, SIGHUP to
-        it), wait up to ``timeout`` seconds, then :meth:`kill` -- so a
-        command that ignores SIGTERM cannot keep ``start`` waiting.
-        Returns its exit status."""
-        self.signal(signal.SIGTERM if self.own_group else signal.SIGHUP)
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(timeout):
-                await self.proc.wait()
-        self.kill()
-        return await self.proc.wait()

@@ -6,8 +6,12 @@ The rank prints ``ready <uri>`` on stdout once its whole subtree is up
 (for rank 0: the whole instance), then serves until SIGTERM/SIGINT, a
 client's ``broker.shutdown`` (it then prints ``shutdown`` first), its
 parent's shutdown, or until the ``--watch-fd`` pipe from its launcher closes
-(the launcher died), so no rank outlives the instance.  With ``--cleanup-rundir`` (the launcher made
-the run directory), the last rank to exit removes it if the launcher is gone.
+(the launcher died), so no rank outlives the instance.  With
+``--initial-program`` (rank 0 of ``kvbroker broker -- CMD``) it prints
+nothing: it runs CMD once ready, passes SIGINT/SIGTERM/SIGHUP on to it,
+stops the instance when CMD exits, and exits as CMD did.  With
+``--cleanup-rundir`` (the launcher made the run directory), the last rank
+to exit removes it if the launcher is gone.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from typing import Any
 from broker import attrs as battrs
 from broker import gcpolicy, malloc
 from broker.broker import Broker
+from broker.command import Command, exit_code
 from broker.errors import ErrnoError
 from broker.loops import loop_factory
 
@@ -56,11 +61,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--bind", help="overlay endpoint this rank binds for its children "
                    "(default: its own entry of --endpoints)")
     p.add_argument("--curve-keys", help="file holding the instance's CURVE key pair")
+    p.add_argument("--initial-program", type=json_argv, metavar="JSON",
+                   help="JSON list: the command to run once the instance is up "
+                   "(kvbroker broker -- CMD, rank 0)")
     p.add_argument("--watch-fd", type=int, help="exit when this pipe closes")
     p.add_argument("--cleanup-rundir", action="store_true",
                    help="the launcher made --rundir: if it is gone (--watch-fd closed), "
                    "the last rank to exit removes it")
     return p.parse_args(argv)
+
+
+def json_argv(text: str) -> list[str]:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if not (isinstance(value, list) and value and all(isinstance(a, str) for a in value)):
+        raise argparse.ArgumentTypeError(f"not a JSON list of strings: {text!r}")
+    return value
 
 
 def hold_rundir(rundir: str) -> int | None:
@@ -122,6 +140,7 @@ async def serve(args: argparse.Namespace) -> int:
     # A stop (signal, launcher gone) must also end a start-up that waits for
     # a tree that may never come up, or the rank would outlive its instance.
     running = loop.create_task(b.run())
+    status: int | None = None  # the initial program's, which is ours
     try:
         starting = loop.create_task(b.start())
         await asyncio.wait({starting, running}, return_when=asyncio.FIRST_COMPLETED)
@@ -139,9 +158,12 @@ async def serve(args: argparse.Namespace) -> int:
             log.error("start-up failed: %s", describe(exc))
             log.debug("start-up failure", exc_info=exc)
             return 1
-        print(f"ready {b.uri}", flush=True)
+        if args.initial_program:  # its output is the program's alone (as start -- CMD)
+            status = await run_initial_program(b, args.initial_program, running)
+        else:
+            print(f"ready {b.uri}", flush=True)
         await running
-        if b.shutdown_requested:
+        if b.shutdown_requested and not args.initial_program:
             # Before any rank below is told: a launcher that reads this then
             # knows the ranks exiting next were shut down, not lost.
             print("shutdown", flush=True)
@@ -164,7 +186,52 @@ async def serve(args: argparse.Namespace) -> int:
         # here, not when its pipe closed: it may die while we stop anyway.
         if rundir_lock is not None and pipe_closed(args.watch_fd):
             remove_rundir_if_last(rundir_lock, args.rundir)
-    return b.exit_code
+    return b.exit_code if status is None else status
+
+
+async def run_initial_program(b: Broker, argv: list[str], running: asyncio.Task[None]) -> int:
+    """Run the instance's initial program (``kvbroker broker -- CMD``, rank
+    0, as ``flux broker CMD``); when it exits, stop the instance.  Returns
+    its exit status.  Stop signals go to the program meanwhile (as with
+    ``kvbroker start -- CMD``); a ``kvbroker shutdown`` stops it."""
+    loop = asyncio.get_running_loop()
+    log = logging.getLogger("kvbroker")
+    try:
+        cmd = Command.spawn(argv, dict(os.environ, KVBROKER_URI=b.uri))
+    except OSError as exc:
+        log.error("initial program %s: %s", argv[0], exc.strerror or exc)
+        b.request_stop()
+        return 127
+    signalled: list[int] = []
+
+    def forward(sig: int) -> None:
+        signalled.append(sig)
+        cmd.forward(sig)
+
+    for sig in PROGRAM_SIGNALS:
+        loop.add_signal_handler(sig, forward, sig)
+    try:
+        waiting = asyncio.ensure_future(cmd.wait())
+        await asyncio.wait({waiting, running}, return_when=asyncio.FIRST_COMPLETED)
+        if not waiting.done():
+            log.warning("the instance is stopping: stopping the initial program")
+            await cmd.stop()
+        elif signalled:  # it was stopped: nothing it started outlives the instance
+            cmd.kill()
+    finally:
+        for sig in PROGRAM_SIGNALS:
+            loop.remove_signal_handler(sig)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, b.request_stop)
+    b.request_stop()
+    rc = cmd.returncode
+    assert rc is not None
+    if rc:
+        log.info("initial program exited with status %d", exit_code(rc))
+    return exit_code(rc)
+
+
+PROGRAM_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 def describe(exc: BaseException) -> str:

@@ -413,6 +413,9 @@ async def test_exec_attaches_to_a_rank(start_instance) -> None:
             "exec", "-r", "2", "--", "sh", "-c", 'echo "$KVBROKER_URI"', uri=uri
         )
         assert (rc, out.strip()) == (0, inst.uri(2)), err
+        # "--" before the command is optional; one inside it is the command's
+        rc, out, err = await run_cli("exec", "echo", "a", "--", "b", uri=uri)
+        assert (rc, out) == (0, "a -- b\n"), err
         rc, _, err = await run_cli("exec", "-r", "9", "--", "true", uri=uri)
         assert rc == 1
         error_line(err, "exec", errno.EHOSTUNREACH)

@@ -339,3 +339,72 @@ async def test_a_rank_restarted_while_its_old_link_looks_alive_takes_its_place(
             await h.close()
     rank0.proc.send_signal(signal.SIGTERM)
     assert await exit_codes([rank0, new], tmp_path) == [0, 0]
+
+
+# ---------------------------------------------------------------- the initial program
+
+
+async def test_rank_0_runs_the_initial_program_and_stops_the_instance_after_it(
+        tmp_path: Path, brokers) -> None:
+    """``kvbroker broker --config FILE -- CMD`` (as ``flux broker CMD``): rank
+    0 runs CMD once the whole instance is up, with KVBROKER_URI; other ranks
+    ignore it.  When CMD exits the instance stops, and rank 0 exits as CMD did."""
+    assert (await run_cli("keygen", str(tmp_path / "curve.key")))[0] == 0
+    config = tmp_path / "inst.toml"
+    write_config(config, 3, 2, "curve.key")
+    script = ('kvbroker kvs put from=program && kvbroker kvs get from && '
+              'kvbroker ping --count 1 2 | cut -d" " -f2 && echo "$KVBROKER_URI"; exit 7')
+    program = ("--", "sh", "-c", script)
+    leaves = [await brokers(config, r, *program) for r in (2, 1)]
+    rank0 = await brokers(config, 0, *program)
+    uris = [await leaf.ready() for leaf in leaves]  # they serve: only rank 0 runs it
+    codes = await exit_codes([rank0, *leaves], tmp_path)
+    assert codes == [7, 0, 0]
+    assert rank0.proc.stdout is not None
+    out = (await rank0.proc.stdout.read()).decode().splitlines()
+    assert out == ["program", "route=c3!r0!r2", rank0.uri]  # and no "ready" line
+    assert all(uri.endswith(f"/local-{r}") for uri, r in zip(uris, (2, 1), strict=True))
+
+
+async def test_a_signal_to_rank_0_goes_to_the_initial_program(tmp_path: Path, brokers) -> None:
+    """SIGTERM to rank 0 reaches the program (and what it started); when it
+    exits the instance stops, with the program's status (143)."""
+    assert (await run_cli("keygen", str(tmp_path / "curve.key")))[0] == 0
+    config = tmp_path / "inst.toml"
+    write_config(config, 2, 2, "curve.key")
+    leaf = await brokers(config, 1)
+    started = tmp_path / "started"
+    rank0 = await brokers(config, 0, "--", "sh", "-c",
+                          f'touch {started}; sleep 300 & wait; echo "not reached"')
+    await leaf.ready()
+
+    async def program_started() -> bool:
+        return started.exists()
+
+    await wait_until(program_started, "the initial program to start")
+    rank0.proc.send_signal(signal.SIGTERM)
+    assert await exit_codes([rank0, leaf], tmp_path) == [128 + signal.SIGTERM, 0]
+    assert rank0.proc.stdout is not None
+    assert await rank0.proc.stdout.read() == b""
+
+
+async def test_shutting_the_instance_down_stops_the_initial_program(
+        tmp_path: Path, brokers) -> None:
+    assert (await run_cli("keygen", str(tmp_path / "curve.key")))[0] == 0
+    config = tmp_path / "inst.toml"
+    write_config(config, 2, 2, "curve.key")
+    leaf = await brokers(config, 1)
+    rank0 = await brokers(config, 0, "--", "sh", "-c", "kvbroker shutdown; sleep 300")
+    assert await exit_codes([rank0, leaf], tmp_path) == [128 + signal.SIGTERM, 0]
+    log = next(tmp_path.glob("stderr0-*")).read_text()
+    assert "the instance is stopping: stopping the initial program" in log
+
+
+async def test_an_initial_program_that_cannot_run_exits_127(tmp_path: Path, brokers) -> None:
+    assert (await run_cli("keygen", str(tmp_path / "curve.key")))[0] == 0
+    config = tmp_path / "inst.toml"
+    write_config(config, 1, 2, "curve.key")
+    rank0 = await brokers(config, 0, "--", str(tmp_path / "no-such-program"))
+    assert await exit_codes([rank0], tmp_path) == [127]
+    assert "no-such-program: No such file or directory" in \
+        next(tmp_path.glob("stderr0-*")).read_text()

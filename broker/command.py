@@ -1,0 +1,139 @@
+"""The command an instance runs: ``kvbroker start -- CMD``, and the initial
+program of ``kvbroker broker --config FILE -- CMD`` on rank 0.
+
+:class:`Command` owns how it is spawned, signalled and stopped.  It works on
+any event loop -- the stock one (``start``'s supervisor) or uvloop (a rank):
+it is spawned with :class:`subprocess.Popen`, whose ``process_group`` is set
+in C after the fork (safe beside ZeroMQ's threads, unlike a ``preexec_fn``;
+uvloop's subprocesses have no ``process_group``), and its exit is learnt
+from a pidfd the loop watches, so no child watcher or thread is involved.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+
+STOP_TIMEOUT = 15.0
+"""How long :meth:`Command.stop` waits after SIGTERM before SIGKILL."""
+
+
+def in_terminal_foreground() -> bool:
+    """Whether this process is the foreground job of its controlling
+    terminal (started at a shell's prompt, not in the background)."""
+    try:
+        fd = os.open("/dev/tty", os.O_RDONLY | os.O_NOCTTY)
+    except OSError:
+        return False  # no controlling terminal
+    try:
+        return os.tcgetpgrp(fd) == os.getpgrp()
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def exit_code(returncode: int) -> int:
+    """A process's status as a shell reports it: a signal N is 128 + N."""
+    return returncode if returncode >= 0 else 128 - returncode
+
+
+class Command:
+    """A command run in an instance.
+
+    Outside a terminal's foreground (a script, a service, a test, a job put
+    in the background) it gets its own process group, so that stopping it
+    reaches whatever it started (``sh -c 'sleep 300; echo after'`` loses
+    its ``sleep`` too).  What is sent to our own group (a shell's ``kill
+    %1``, a hangup) does not reach that one: the owner passes on each
+    SIGINT, SIGTERM and SIGHUP it receives (:meth:`forward`).
+
+    When we are the foreground job of a terminal (``kvbroker start --
+    bash`` at a prompt), the command stays in our process group instead.  A
+    group other than the terminal's foreground one cannot read the terminal
+    (SIGTTIN: an interactive bash stops itself until it is in the
+    foreground), and handing the terminal to the command's group
+    (tcsetpgrp, as a shell does) would need us to follow the command's
+    stops (Ctrl-Z), which asyncio does not report.  There the terminal
+    sends Ctrl-C and a hangup to the whole foreground job, the command and
+    its children included, so only SIGTERM is passed on; and the command
+    alone is stopped, with SIGHUP -- what an interactive shell obeys (it
+    ignores SIGTERM) and passes on to its jobs.  What else the command left
+    running is not reached, as with GNU ``timeout --foreground``.
+
+    As a shell's command, it inherits the file descriptors we were given
+    (a make jobserver's, a redirection ``3>log``); our own are close-on-exec.
+    """
+
+    def __init__(self, proc: subprocess.Popen[bytes], own_group: bool) -> None:
+        self.proc = proc
+        self.own_group = own_group
+        """The command leads its own process group (not in a terminal's foreground)."""
+        loop = asyncio.get_running_loop()
+        self._exited: asyncio.Future[int] = loop.create_future()
+        self._pidfd = os.pidfd_open(proc.pid)
+        loop.add_reader(self._pidfd, self._reap)
+
+    @classmethod
+    def spawn(cls, argv: list[str], env: dict[str, str]) -> Command:
+        """Start ``argv`` (raises OSError if it cannot be executed)."""
+        own_group = not in_terminal_foreground()
+        proc = subprocess.Popen(argv, env=env, close_fds=False,
+                                process_group=0 if own_group else None)
+        return cls(proc, own_group)
+
+    def _reap(self) -> None:
+        asyncio.get_running_loop().remove_reader(self._pidfd)
+        os.close(self._pidfd)
+        self._exited.set_result(self.proc.wait())  # exited: does not block
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def returncode(self) -> int | None:
+        """The exit status once it has exited (``-N``: killed by signal N)."""
+        return self.proc.returncode
+
+    async def wait(self) -> int:
+        """Wait for the command to exit; its status (``-N``: signal N)."""
+        return await asyncio.shield(self._exited)
+
+    def signal(self, sig: int) -> None:
+        """Send ``sig`` to the command's process group (in a terminal: to
+        the command alone)."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if self.own_group:
+                # Once the command has exited, this reaches what is left of
+                # its group (the kernel does not reuse the id of a group
+                # that has a member).
+                os.killpg(self.proc.pid, sig)
+            elif not self._exited.done():
+                self.proc.send_signal(sig)
+
+    def forward(self, sig: int) -> None:
+        """Pass on a signal we received.  In a terminal, SIGINT and SIGHUP
+        came to the whole foreground job, the command included: sent again,
+        they would interrupt it twice."""
+        if self.own_group or sig not in (signal.SIGINT, signal.SIGHUP):
+            self.signal(sig)
+
+    def kill(self) -> None:
+        """SIGKILL the command and what is left of its process group."""
+        self.signal(signal.SIGKILL)
+
+    async def stop(self, timeout: float = STOP_TIMEOUT) -> int:
+        """Stop the command (SIGTERM to its group; in a terminal, SIGHUP to
+        it), wait up to ``timeout`` seconds, then :meth:`kill` -- so a
+        command that ignores SIGTERM cannot keep us waiting.  Returns its
+        exit status."""
+        self.signal(signal.SIGTERM if self.own_group else signal.SIGHUP)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await self.wait()
+        self.kill()
+        return await self.wait()
