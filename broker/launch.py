@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -61,7 +62,27 @@ def make_rundir() -> str:
     return path
 
 
-def _free_tcp_port() -> int:
+def free_tcp_port() -> int:
+    """A free port on 127.0.0.1 for a rank to bind later.
+
+    Between this check and the rank's bind another process may take the
+    port.  The likely taker is any process's outgoing connection, which
+    the kernel gives a port from the ephemeral range; so the port is drawn
+    at random *below* that range (``ip_local_port_range``), where only an
+    explicit bind can land.  Falls back to an ephemeral port."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    for _ in range(100 if low > 11024 else 0):
+        port = random.randrange(10000, low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -152,7 +173,7 @@ class Instance:
 
             for r in range(self.size):
                 if children_of(r, self.fanout, self.size):
-                    endpoints[r] = f"tcp://127.0.0.1:{_free_tcp_port()}"
+                    endpoints[r] = f"tcp://127.0.0.1:{free_tcp_port()}"
             keyfile = os.path.join(self.rundir, "curve.key")
             generate_keys(keyfile)
             curve_args = ["--curve-keys", keyfile]

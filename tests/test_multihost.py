@@ -22,14 +22,9 @@ from test_broker_support import KVBROKER, run_cli, stats, wait_until
 from broker.bootstrap import BootstrapError, load, parse
 from broker.errors import RemoteError
 from broker.handle import Handle
+from broker.launch import free_tcp_port
 
 START = 30.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def write_config(path: Path, size: int, fanout: int, cert: str, **attrs: Any) -> None:
@@ -37,7 +32,7 @@ def write_config(path: Path, size: int, fanout: int, cert: str, **attrs: Any) ->
     children on its own free port (``%p`` would collide with real ports)."""
     hosts = []
     for rank in range(size):
-        port = free_port()
+        port = free_tcp_port()
         hosts.append(f'{{ host = "h{rank}", bind = "tcp://127.0.0.1:{port}", '
                      f'connect = "tcp://127.0.0.1:{port}" }}')
     listed = ",\n  ".join(hosts)
