@@ -32,8 +32,19 @@ class Stream:
         self._items: deque[Message] = deque()
         self._waiter: asyncio.Future[None] | None = None
         self.done = False
+        self.abandoned = False
+        """Nobody will read it any more (:meth:`abandon`)."""
+
+    def abandon(self) -> None:
+        """Its reader is gone (the request is being cancelled): keep no
+        answers from now on.  The final error response still ends it, so the
+        handle forgets it then."""
+        self.abandoned = True
+        self._items.clear()
 
     def _push(self, msg: Message) -> None:
+        if self.abandoned:
+            return
         self._items.append(msg)
         w = self._waiter
         if w is not None and not w.done():

@@ -11,6 +11,8 @@
 A :class:`Watch` is both an async iterator and an async context manager:
 leaving the ``async with`` block sends ``kvs-watch.cancel`` and drains the
 stream to its ``ENODATA`` end, so no watcher is left behind on the broker.
+A watch dropped without that (``async for e in watch(h, k): break``) is
+cancelled when it is garbage collected, and its answers are discarded.
 Errors that end a watch (``ENOENT`` key removed, ``ENOTSUP`` namespace
 removed, ``EPERM``, ``EINVAL``, ``EOVERFLOW`` fell too far behind) are raised
 from the iteration as :class:`broker.errors.RemoteError`.
@@ -29,9 +31,11 @@ See docs/api.md, "Watching keys".
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import json
 import math
+import weakref
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -127,6 +131,11 @@ class Watch:
                 "kvs-watch.lookup",
                 {"namespace": self.namespace, "key": self.key, "flags": self.flags},
                 nodeid=self.nodeid)
+            # Dropped unfinished, it is cancelled on the handle's loop (the
+            # last reference may go in another thread: the blocking facade).
+            dropped = weakref.finalize(self, _abandon_soon, asyncio.get_running_loop(),
+                                       self.h, self._stream, self.nodeid)
+            dropped.atexit = False
         return self
 
     async def __aenter__(self) -> Watch:
@@ -166,6 +175,22 @@ class Watch:
                     pass
         except (RemoteError, TimeoutError):
             pass
+
+
+def _abandon_soon(loop: asyncio.AbstractEventLoop, h: HandleCore, stream: Stream,
+                  nodeid: int) -> None:
+    with contextlib.suppress(RuntimeError):  # the loop is closed: so is the handle
+        loop.call_soon_threadsafe(_abandon, h, stream, nodeid)
+
+
+def _abandon(h: HandleCore, stream: Stream, nodeid: int) -> None:
+    """A watch was garbage collected before its stream ended: cancel it on
+    the broker and discard what it still sends."""
+    if stream.done:
+        return
+    stream.abandon()
+    with contextlib.suppress(RemoteError, OSError):  # the handle is closed
+        h.send_noresponse("kvs-watch.cancel", {"matchtag": stream.matchtag}, nodeid=nodeid)
 
 
 def watch(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import json
+import time
 
 import pytest
 from test_watch_helpers import (
@@ -224,6 +225,23 @@ async def test_eventlog_watch_and_wait_event(start_instance, connect):
     await wait_watchers(h0, 0, nodeid=3)
 
 
+async def test_a_watch_dropped_without_cancel_is_cancelled(start_instance, connect):
+    """``async for e in watch(h, k): break`` leaves no watcher on the broker
+    and no answers piling up in the client: the watch is cancelled when it
+    is garbage collected."""
+    inst = await start_instance(size=2, fanout=2)
+    h0, h1 = await connect(inst, 0), await connect(inst, 1)
+    await commit(h0, put("test.dropped", "1"), sync=h1)
+    async for entry in watch(h1, "test.dropped"):
+        assert entry.value == b"1"
+        break
+    await wait_watchers(h0, 0, nodeid=1)
+    await commit(h0, put("test.dropped", "2"), sync=h1)  # nobody reads this one
+    async with asyncio.timeout(10):
+        while h1.pending:
+            await asyncio.sleep(0.005)
+
+
 def test_sync_facade(tmp_path):
     """The blocking API drives a watch through SyncHandle.run."""
     from broker.launch import Instance
@@ -245,5 +263,12 @@ def test_sync_facade(tmp_path):
                     sh.run(commit(sh.aio, put("sync.k", "2")), timeout=10)
                     assert next(it).value == b"2"
                 assert sh.rpc("kvs-watch.stats-get", {}, timeout=10)["watchers"] == 0
+                # dropped unfinished, here too it is cancelled (on the facade's loop)
+                it = iter(SyncWatch(sh, watch(sh.aio, "sync.k"), timeout=10))
+                assert next(it).value == b"2"
+                del it
+                deadline = time.monotonic() + 10
+                while sh.rpc("kvs-watch.stats-get", {}, timeout=10)["watchers"]:
+                    assert time.monotonic() < deadline, "the dropped watch was not cancelled"
         finally:
             runner.run(inst.stop())
