@@ -108,7 +108,12 @@ class Router:
             if msg.userid < 0 or peer.peer_id[:2] != "m:" or not peer.rolemask & Role.OWNER:
                 msg.userid = peer.userid
                 msg.rolemask = peer.rolemask
-            msg.route.append(peer.peer_id)
+            # The route starts here, whatever the header said: services key
+            # per-client state (watchers, version waits, cancel) by route and
+            # drop it on the ``.disconnect`` that names [peer_id]; a forged
+            # prefix made a client's state outlive its connection.  (No more
+            # work than the append it replaces.)
+            msg.route = [peer.peer_id]
             if peer.peer_id[0] == "c":
                 used = self._used_services.get(peer.peer_id)
                 if used is None:

@@ -12,6 +12,7 @@ import errno
 import os
 
 import pytest
+from test_broker_support import wait_until
 from test_kvs_rpc_helpers import (
     GUEST_UID,
     TREEOBJ,
@@ -210,3 +211,47 @@ async def test_guest_events_and_content(start_instance, connect) -> None:
     assert out["events"] == [], out["events"]
     root = await getroot(h)
     assert root["rootseq"] == 0  # the forged setroot had no effect
+
+
+async def test_guest_forged_route_does_not_outlive_its_connection(start_instance, connect) -> None:
+    """A client's request carries the route the broker gives it, not one the
+    client wrote into the header: services key per-client state by route and
+    drop it on ``<service>.disconnect``, which names the real route.  A
+    forged route made a guest's watcher and version wait survive its
+    connection, doing work on every commit for no one."""
+    inst = await start_instance(size=2, fanout=2, attrs=GUEST_ATTRS)
+    h = await connect(inst, 0)
+    await asyncio.wait_for(h.rpc("kvs.namespace-create",
+                                 {"namespace": "mine", "owner": GUEST_UID}), 10)
+    await commit(h, put("k", "v"), ns="mine")
+    out = await guest(inst.uri(1), """
+        async def body(h):
+            from broker.message import Message, MsgFlags, MsgType
+            r, w = await asyncio.open_unix_connection(h.uri[len("local://"):])
+            dec = broker.codec.StreamDecoder()
+            for tag, topic, payload, flags in (
+                (1, "kvs-watch.lookup", {"namespace": "mine", "key": "k", "flags": 4},
+                 MsgFlags.STREAMING),
+                (2, "kvs.wait-version", {"namespace": "mine", "rootseq": 1000}, 0),
+                (3, "broker.ping", {}, 0),
+            ):
+                w.write(broker.codec.to_stream(broker.codec.encode(Message(
+                    MsgType.REQUEST, topic, payload, matchtag=tag, flags=flags,
+                    route=["c99", "forged"]))))
+            answers = []
+            while len(answers) < 2:  # the watcher's first answer and the ping
+                data = await asyncio.wait_for(r.read(65536), 10)
+                answers += [broker.codec.decode(f) for f in dec.feed(data)]
+            w.close()
+            ping = next(m for m in answers if m.matchtag == 3).payload
+            return {"tags": sorted(m.matchtag for m in answers), "route": ping["route"]}
+    """)
+    assert out["tags"] == [1, 3]
+    assert out["route"][1:] == ["r1"] and out["route"][0][0] == "c"  # not c99!forged
+
+    async def forgotten() -> bool:
+        watch = await asyncio.wait_for(h.rpc("kvs-watch.stats-get", {}, nodeid=1), 10)
+        kvs = await asyncio.wait_for(h.rpc("kvs.stats-get", {}, nodeid=1), 10)
+        return watch["watchers"] == 0 and kvs["namespaces"]["mine"]["waiters"] == 0
+
+    await wait_until(forgotten, "the guest's watcher and version wait to be dropped")
