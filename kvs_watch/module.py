@@ -12,7 +12,8 @@ Requests (docs/protocol.md, section "kvs-watch"):
   sent without response; answered ``{}`` if a response is wanted.
 * ``kvs-watch.disconnect`` -- the router's notice that a client went away:
   its watchers are dropped silently.
-* ``kvs-watch.stats-get`` -- watchers, namespaces, event counters.
+* ``kvs-watch.stats-get`` -- watchers, namespaces, event counters (a guest
+  sees the rootref of its own namespaces only).
 
 Events (DESIGN.md section 7): one :class:`~kvs_watch.monitor.Monitor` per
 watched namespace subscribes once (``self.h.subscribe``, a direct call that
@@ -83,6 +84,7 @@ class KvsWatchModule(Module):
             "kvs-watch.lookup": self.lookup,
             "kvs-watch.cancel": self.cancel,
             "kvs-watch.disconnect": self.disconnect,
+            "kvs-watch.stats-get": self.stats_get,
         }
 
     async def stop(self) -> None:
@@ -276,6 +278,19 @@ class KvsWatchModule(Module):
         return blobref.hash_blob(data, self.hash_name)
 
     # ================================================================ stats
+
+    def stats_get(self, msg: Message) -> None:
+        """``kvs-watch.stats-get``, open to guests (as in Flux), but a guest
+        gets the ``rootref`` of its own namespaces only: a root reference is
+        a capability -- ``kvs.lookup`` with ``rootdir`` reads that root
+        without checking the namespace, as in Flux -- so another's would
+        let it read every key of a namespace someone watches here."""
+        out = self.stats()
+        if not msg.is_owner:
+            for desc in out["namespaces"].values():
+                if desc["owner"] != msg.userid:
+                    del desc["rootref"]
+        self.h.respond(msg, out)
 
     def stats(self) -> dict[str, Any]:
         shown = list(self.monitors.items())[:STATS_NAMESPACES]

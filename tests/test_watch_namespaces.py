@@ -155,3 +155,40 @@ async def test_guest_waitcreate_namespace_owned_later(start_instance, connect):
     await commit(h0, put("k", "no"), ns="notmine")
     assert await asyncio.wait_for(guest, 30) == {"mine": "yes", "notmine": errno.EPERM}
 
+
+
+async def test_guest_stats_get_hides_foreign_rootrefs(start_instance, connect):
+    """A root reference is a capability (``kvs.lookup`` with ``rootdir`` needs
+    no access to the namespace, as in Flux), so ``kvs-watch.stats-get`` gives
+    a guest the ``rootref`` of its own namespaces only: with another's, it
+    read every key of a namespace someone was watching."""
+    inst = await start_instance(size=2, fanout=2, attrs={"access.allow-guest-user": "true"})
+    h0 = await connect(inst, 0)
+    await ns_create(h0, "theirs", owner=GUEST_UID - 1)
+    await ns_create(h0, "guestns", owner=GUEST_UID)
+    await commit(h0, put("secret", "s3cr3t"), ns="theirs")
+    await commit(h0, put("k", "v"), ns="guestns")
+    s1 = watch_stream(h0, "secret", ns="theirs", nodeid=1)
+    s2 = watch_stream(h0, "k", ns="guestns", nodeid=1)
+    assert await value(s1) == b"s3cr3t" and await value(s2) == b"v"
+    owner_view = (await stats(h0, 1))["namespaces"]
+    assert owner_view["theirs"]["rootref"].startswith("sha") and owner_view["guestns"]["rootref"]
+    result = await asyncio.to_thread(run_guest, inst.uri(1), """
+        async def body(h):
+            st = await asyncio.wait_for(h.rpc("kvs-watch.stats-get", {}), 10)
+            out = {"namespaces": st["namespaces"], "read": None}
+            ref = st["namespaces"]["theirs"].get("rootref")
+            if ref:
+                try:
+                    v = await asyncio.wait_for(h.rpc("kvs.lookup", {
+                        "key": "secret", "flags": 0, "namespace": "guestns",
+                        "rootdir": {"ver": 1, "type": "dirref", "data": [ref]}}), 10)
+                    out["read"] = v["val"]["data"].decode()
+                except RemoteError as exc:
+                    out["read"] = exc.errnum
+            return out
+    """)
+    assert result["read"] is None, result
+    theirs, mine = result["namespaces"]["theirs"], result["namespaces"]["guestns"]
+    assert "rootref" not in theirs and theirs["watchers"] == 1
+    assert mine["rootref"] == owner_view["guestns"]["rootref"]
