@@ -501,6 +501,8 @@ class Overlay:
 
     def _child_control(self, child: int, msg: Message) -> None:
         if msg.topic == "overlay.hello":
+            if child not in self.hello_from:
+                self.router.child_joined(child)
             self.hello_from.add(child)
             reply = Message(MsgType.CONTROL, "overlay.hello", {"rank": self.rank,
                                                                 "size": self.size})

@@ -15,7 +15,15 @@
   connection close.
 
 Route hops are strings: ``c<N>`` a local client connection, ``m:<name>`` a
-module, ``r<rank>`` a neighbouring rank.
+module, ``r<rank>`` a neighbouring rank -- ``r<rank>.<n>`` for the n-th
+process of a child rank that joined since this rank started.  A hop names
+one *link*, not just a rank number: a rank that was lost (or restarted in
+place of one that still looked alive) sent no disconnect for its clients,
+so their state elsewhere (a watch another rank serves) keeps answering
+along routes through the old link.  Those answers are dropped here instead
+of reaching whichever client of the new process got the same ``c<N>``;
+one from a local service also sends that service the ``.disconnect`` the
+lost rank never could, so the stale state goes with its next answer.
 """
 
 from __future__ import annotations
@@ -70,6 +78,26 @@ class Router:
         self._sent_down: dict[int, dict[tuple[tuple[str, ...], int], Message]] = {}
         """Per child: requests forwarded to it and not yet answered, by
         (route, matchtag) -- what the response carries back."""
+        self._hops: dict[int, str] = {}
+        """The route hop of each neighbour's current link (see the module docstring)."""
+        self._hop_ranks: dict[str, int] = {}
+        self._joins: Counter[int] = Counter()
+        parent = topology.parent_of(rank, fanout)
+        if parent is not None:
+            self._link(parent, f"r{parent}")
+
+    def _link(self, rank: int, hop: str) -> None:
+        old = self._hops.get(rank)
+        if old is not None:
+            del self._hop_ranks[old]
+        self._hops[rank] = hop
+        self._hop_ranks[hop] = rank
+
+    def child_joined(self, child: int) -> None:
+        """The overlay admitted ``child``'s hello: a new link, a new hop."""
+        self._joins[child] += 1
+        n = self._joins[child]
+        self._link(child, f"r{child}" if n == 1 else f"r{child}.{n}")
 
     # ------------------------------------------------------------ peers
 
@@ -132,7 +160,7 @@ class Router:
         """A message received over the overlay from a neighbouring rank."""
         t = msg.type
         if t == MsgType.REQUEST:
-            msg.route.append(f"r{sender}")
+            msg.route.append(self._hops.get(sender) or f"r{sender}")
             self.route_request(msg)
         elif t == MsgType.RESPONSE:
             sent = self._sent_down.get(sender)
@@ -141,7 +169,7 @@ class Router:
                 req = sent.get(key)
                 if req is not None and (msg.errnum or not req.flags & MsgFlags.STREAMING):
                     del sent[key]  # its last response
-            self.route_response(msg)
+            self.route_response(msg, from_rank=True)
         elif t == MsgType.EVENT:
             if sender != topology.parent_of(self.rank, self.fanout):
                 self.counts["dropped-events"] += 1
@@ -191,14 +219,20 @@ class Router:
 
     # ------------------------------------------------------------ responses
 
-    def route_response(self, msg: Message) -> None:
+    def route_response(self, msg: Message, from_rank: bool = False) -> None:
         self.counts["responses"] += 1
         if not msg.route:
             self.counts["dropped-responses"] += 1
             return
         hop = msg.route.pop()
         if hop[0] == "r":
-            self._send_rank(int(hop[1:]), msg)
+            rank = self._hop_ranks.get(hop)
+            if rank is None:  # the link it came in by is gone (module docstring)
+                self.counts["dropped-responses"] += 1
+                if not from_rank:  # a service of this rank answered it
+                    self._disconnect_stale(msg, [*msg.route, hop])
+                return
+            self._send_rank(rank, msg)
             return
         peer = self.peers.get(hop)
         if peer is None:
@@ -230,11 +264,27 @@ class Router:
 
     def child_lost(self, child: int) -> None:
         """The link to ``child`` is gone: answer what was sent down to it."""
+        hop = self._hops.pop(child, None)
+        if hop is not None:
+            del self._hop_ranks[hop]
         sent = self._sent_down.pop(child, None)
         for req in (sent or {}).values():
             self.counts["lost-requests"] += 1
             self.respond_error(req, errno.EHOSTUNREACH,
                                f"rank {child} was lost before answering")
+
+    def _disconnect_stale(self, msg: Message, route: list[str]) -> None:
+        """A local service answered along a link that is gone: its requester
+        was below a lost rank, which never sent a disconnect.  Send it now
+        (once per stream still answering; a final response needs none)."""
+        if msg.errnum or not msg.flags & MsgFlags.STREAMING:
+            return
+        service = msg.topic.partition(".")[0]
+        self.counts["disconnects-sent"] += 1
+        self.route_request(Message(MsgType.REQUEST, f"{service}.disconnect", None,
+                                   nodeid=self.rank, flags=MsgFlags.NORESPONSE,
+                                   userid=msg.userid, rolemask=msg.rolemask,
+                                   route=route))
 
     def sent_down(self) -> int:
         """Requests forwarded to children and not yet answered."""

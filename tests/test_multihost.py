@@ -19,10 +19,12 @@ from typing import Any
 import pytest
 from test_broker_support import KVBROKER, run_cli, stats, wait_until
 
+from broker import codec
 from broker.bootstrap import BootstrapError, load, parse
 from broker.errors import RemoteError
 from broker.handle import Handle
 from broker.launch import free_tcp_port
+from broker.message import Message, MsgType
 
 START = 30.0
 
@@ -334,6 +336,70 @@ async def test_a_rank_restarted_while_its_old_link_looks_alive_takes_its_place(
             await h.close()
     rank0.proc.send_signal(signal.SIGTERM)
     assert await exit_codes([rank0, new], tmp_path) == [0, 0]
+
+
+async def test_a_restarted_rank_s_clients_get_nothing_meant_for_the_old_one_s(
+        tmp_path: Path, brokers) -> None:
+    """A client of rank 1 watches a key on rank 0; rank 1 dies, so no
+    disconnect ever reaches rank 0 and the watcher stays, answering along its
+    route (rank 1, then the client's connection id).  A restarted rank 1 must
+    not hand those answers to one of *its* clients (its new c1 -- any user --
+    received the old c1's watch): rank 0 names the new process's link with a
+    new hop, drops what comes back along the old one, and disconnects the
+    watcher that sent it."""
+    assert (await run_cli("keygen", str(tmp_path / "curve.key")))[0] == 0
+    config = tmp_path / "inst.toml"
+    write_config(config, 2, 2, "curve.key")
+    rank0, old = await brokers(config, 0), await brokers(config, 1)
+    await rank0.ready()
+    await old.ready()
+    async with asyncio.timeout(30):
+        h0 = await Handle.connect(rank0.uri)
+        h1 = await Handle.connect(old.uri)
+        raw = None
+        try:
+            await h0.rpc("kvs.commit", {"namespace": "primary", "ops": [
+                {"key": "secret", "flags": 0, "dirent": {"ver": 1, "type": "val",
+                                                         "data": b"one"}}]})
+            s = h1.rpc_stream("kvs-watch.lookup", {"key": "secret", "flags": 4}, nodeid=0)
+            assert (await s.next_message()).payload["val"]["data"] == b"one"
+            old.proc.kill()
+            assert await exit_codes([old], tmp_path) == [-signal.SIGKILL]
+
+            async def gone() -> bool:
+                return (await stats(h0, 0))["overlay"]["children"] == []
+
+            await wait_until(gone, "rank 0 to lose rank 1")
+            new = await brokers(config, 1)
+            await new.ready()
+            raw = await asyncio.open_unix_connection(f"{new.rundir}/local-1")
+            reader, writer = raw
+            await h0.rpc("kvs.commit", {"namespace": "primary", "ops": [
+                {"key": "secret", "flags": 0, "dirent": {"ver": 1, "type": "val",
+                                                         "data": b"two"}}]})
+
+            async def answered() -> bool:
+                st = await h0.rpc("kvs-watch.stats-get", {}, nodeid=0)
+                return st["counts"]["answers"] == 2
+
+            # the stale watcher has answered "two" along its route; a ping of
+            # rank 0 by the new client comes back over the same link after it
+            await wait_until(answered, "the stale watcher to answer the commit")
+            writer.write(codec.to_stream(codec.encode(Message(
+                MsgType.REQUEST, "broker.ping", {}, matchtag=77, nodeid=0))))
+            decoder, got = codec.StreamDecoder(), []
+            while not got or got[-1].matchtag != 77:
+                got += [codec.decode(f) for f in decoder.feed(await reader.read(65536))]
+            assert [(m.topic, m.matchtag) for m in got] == [("broker.ping", 77)]
+            # and the answer dropped on rank 0 took the stale watcher with it
+            watch_stats = await h0.rpc("kvs-watch.stats-get", {}, nodeid=0)
+            assert watch_stats["watchers"] == 0
+            assert watch_stats["counts"]["disconnected"] == 1
+        finally:
+            if raw is not None:
+                raw[1].close()
+            await h1.close()
+            await h0.close()
 
 
 # ---------------------------------------------------------------- the initial program
