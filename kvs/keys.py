@@ -14,6 +14,12 @@ from broker.errors import ErrnoError
 
 ROOT = "."
 NS_SEP = "::"
+MAX_DEPTH = 256
+"""Most levels a commit may write at: the path components of its key plus
+the levels of directories its dirent nests.  Applying a commit walks the
+tree recursively, and unbounded depth would exhaust Python's recursion
+limit (an EIO and a traceback per commit); this is far more than any real
+key needs."""
 
 
 def split(key: str) -> list[str]:

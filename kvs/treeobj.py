@@ -54,6 +54,7 @@ import msgpack
 
 from broker.content import blobref
 from broker.errors import ErrnoError, KvbrokerError
+from kvs.keys import MAX_DEPTH
 
 VER = 1
 INLINE_MAX = 64
@@ -145,7 +146,8 @@ def _inval(msg: str) -> ErrnoError:
 def validate(obj: object, *, dirent: bool = False) -> TreeObj:
     """Return ``obj`` if it is a well-formed tree object, else raise ``EINVAL``.
 
-    Directory entries are checked recursively.  Blobrefs are checked for
+    Directory entries are checked recursively, at most
+    :data:`kvs.keys.MAX_DEPTH` levels deep.  Blobrefs are checked for
     form only; whether the blobs exist is the caller's business.  An
     ``hdir`` is a blob, never a directory entry: with ``dirent=True`` (for
     commit dirents) it is refused at top level too.  ``obj`` is not modified.
@@ -153,7 +155,7 @@ def validate(obj: object, *, dirent: bool = False) -> TreeObj:
     return _validate(obj, dirent, False)
 
 
-def _validate(obj: object, dirent: bool, fix: bool) -> TreeObj:
+def _validate(obj: object, dirent: bool, fix: bool, level: int = 0) -> TreeObj:
     """:func:`validate`; with ``fix`` (for :func:`decode`, which owns the
     object) fields also end up in canonical order -- ``data``, ``type``,
     ``ver``, as every constructor here writes them: a top-level object in
@@ -186,10 +188,12 @@ def _validate(obj: object, dirent: bool, fix: bool) -> TreeObj:
     elif t == "dir":
         if not isinstance(data, dict):
             raise _inval("dir data must be a map")
+        if level >= MAX_DEPTH and data:
+            raise _inval(f"directories nested more than {MAX_DEPTH} deep")
         for name, entry in data.items():
             if not isinstance(name, str) or not name or "." in name:
                 raise _inval(f"bad directory entry name {name!r}")
-            checked = _validate(entry, True, fix)
+            checked = _validate(entry, True, fix, level + 1)
             if checked is not entry:
                 data[name] = checked  # a value swap: safe while iterating
     elif t == "symlink":
@@ -209,6 +213,19 @@ def _validate(obj: object, dirent: bool, fix: bool) -> TreeObj:
     else:
         raise _inval(f"unknown type {t!r}")
     return obj
+
+
+def nesting(obj: TreeObj) -> int:
+    """How many levels of inline directories ``obj`` (valid) holds below
+    itself: 0 for anything but a ``dir`` with ``dir`` entries."""
+    if obj["type"] != "dir":
+        return 0
+    deepest, level = 0, [obj]
+    while True:
+        level = [e for d in level for e in d["data"].values() if e["type"] == "dir"]
+        if not level:
+            return deepest
+        deepest += 1
 
 
 def _validate_hdir(data: object) -> None:

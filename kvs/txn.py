@@ -48,7 +48,7 @@ from typing import Any
 from broker.content import blobref
 from broker.errors import ErrnoError
 from kvs import shards
-from kvs.keys import normalize, parse_ns_target, split
+from kvs.keys import MAX_DEPTH, parse_ns_target, split
 from kvs.lookup import SYMLINK_MAX
 from kvs.treeobj import (
     INLINE_MAX,
@@ -62,6 +62,7 @@ from kvs.treeobj import (
     copy,
     dirref,
     encode,
+    nesting,
     symlink_target,
     validate,
 )
@@ -183,16 +184,24 @@ def _check_op(op: object) -> tuple[str, list[str], int, TreeObj | None]:
     flags = op.get("flags", 0)
     if not isinstance(key, str) or type(flags) is not int or "dirent" not in op:
         raise ErrnoError(errno.EPROTO, "op needs key (str), flags (int) and dirent")
-    norm = normalize(key)
-    if norm == ".":
+    parts = split(key)
+    if not parts:
         raise ErrnoError(errno.EINVAL, "cannot write or unlink the root directory")
+    norm = ".".join(parts)
     dirent = op["dirent"]
+    depth = len(parts)
     if dirent is not None:
         validate(dirent, dirent=True)
+        if dirent["type"] == "dir":
+            depth += nesting(dirent)
+    if depth > MAX_DEPTH:
+        raise ErrnoError(errno.EINVAL, f"{norm[:64]}...: writes more than {MAX_DEPTH} "
+                         "levels deep (key components plus nested directories)")
+    if dirent is not None:
         if flags & APPEND and dirent["type"] != "val":
             raise ErrnoError(errno.EPROTO, f"{norm}: append needs a val dirent")
         dirent = copy(dirent)  # never alias the caller's objects into stored trees
-    return norm, split(norm), flags, dirent
+    return norm, parts, flags, dirent
 
 
 class _Txn:

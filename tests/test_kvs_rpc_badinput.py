@@ -28,6 +28,7 @@ from test_kvs_rpc_helpers import (
 )
 
 from broker.message import RawPayload
+from kvs.keys import MAX_DEPTH
 
 FAST = 5.0  # none of these may take long: they must never wait for a blob
 TOPICS = ["kvs.lookup", "kvs.lookup-plus", "kvs.commit", "kvs.getroot", "kvs.wait-version",
@@ -211,9 +212,23 @@ async def test_invalid_namespace_names_behave_like_unknown_ones(kvs4) -> None:
 
 async def test_huge_op_lists_and_deep_keys(kvs4) -> None:
     _, hs = kvs4
-    deep = ".".join(f"l{i}" for i in range(200))
+    deep = ".".join(f"l{i}" for i in range(MAX_DEPTH))
     await commit(hs[1], put(deep, "bottom"))
     assert (await lookup(hs[0], deep))["data"] == b"bottom"
+    assert (await lookup(hs[1], deep))["data"] == b"bottom"
+    # deeper is refused with EINVAL (it was EIO and a RecursionError traceback
+    # logged per commit), counting directories nested in the dirent too
+    root = await getroot(hs[0])
+    nested = val("bottom")
+    for _ in range(60):
+        nested = dir_({"d": nested})
+    for key, dirent in ((deep + ".one", val("more")), (".".join(deep.split(".")[:200]), nested),
+                        (".".join(["x"] * 5000), val("far"))):
+        for h in hs:
+            n = await errnum(commit(h, put(key, dirent)), FAST)
+            assert n == errno.EINVAL, errname(n)
+    assert await getroot(hs[0]) == root
+    await commit(hs[1], put("a", dir_({"d": val("x")})))  # shallow: fine
     ops = [put(f"many.k{i}", str(i)) for i in range(5000)]
     await asyncio.wait_for(commit(hs[1], *ops, timeout=60), 60)
     assert len((await lookup(hs[0], "many", 1))["data"]) == 5000
