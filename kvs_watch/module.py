@@ -90,7 +90,8 @@ class KvsWatchModule(Module):
     async def stop(self) -> None:
         for mon in list(self.monitors.values()):
             for w in list(mon.watchers):
-                w.fail(errno.ENOSYS, "the kvs-watch module is unloading")
+                # ENOSYS as Flux; the text says what the user sees happen
+                w.fail(errno.ENOSYS, "the watch ended: this rank is stopping")
 
     # ================================================================ requests
 

@@ -51,13 +51,16 @@ class SqliteStore:
         # when guests are allowed (SQLite gives -wal/-shm the same mode).
         os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
         os.chmod(path, 0o600)
-        self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        # A short busy timeout: the only contender is another instance
+        # holding the file, whose exclusive lock lasts until it stops, so
+        # waiting SQLite's usual 5 s only delays saying so (1 s still lets
+        # an instance that is exiting right now go).
+        self.db = sqlite3.connect(path, timeout=1.0, isolation_level=None,
+                                  check_same_thread=False)
         try:
             self._open()
         except sqlite3.OperationalError as exc:
             self.db.close()
-            # The instance holding the file keeps its exclusive lock until it
-            # stops: after the busy timeout (5 s) SQLite says so.
             if getattr(exc, "sqlite_errorcode", None) in (sqlite3.SQLITE_BUSY,
                                                           sqlite3.SQLITE_LOCKED) \
                     or "locked" in str(exc):
