@@ -186,6 +186,13 @@ def cmd_keygen(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_relay(args: argparse.Namespace) -> int:
+    """What an ``ssh://`` URI runs on the rank's host (:mod:`broker.ssh`)."""
+    from broker.ssh import relay
+
+    return relay(args.path)
+
+
 def cmd_broker(args: argparse.Namespace) -> int:
     """Run one rank of an instance spread over hosts (see :mod:`broker.bootstrap`).
     Rank 0 runs the initial program, if given (:mod:`broker.rank`); the
@@ -258,7 +265,8 @@ def cmd_exec(args: argparse.Namespace) -> int:
                 host = await h.attr_get("hostname", nodeid=args.rank)
                 raise CLIError("exec", detail=f"rank {args.rank}'s socket {path} is not on "
                                f"this host (rank {args.rank} runs on {host}); exec reaches "
-                               "the ranks of this host only")
+                               "the ranks of this host only (from here: KVBROKER_URI="
+                               f"ssh://{host}{path})")
             return uri
 
     uri = ""
@@ -469,6 +477,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the initial program: rank 0 runs it once the instance is up, "
                    "then stops the instance and exits as it did (other ranks ignore it)")
     s.set_defaults(func=cmd_broker)
+
+    s = sub.add_parser("relay", help="connect standard input and output to a rank's local "
+                       "socket (what an ssh:// URI runs on the rank's host)")
+    s.add_argument("path", metavar="SOCKET")
+    s.set_defaults(func=cmd_relay)
 
     s = sub.add_parser("keygen", help="create an instance's CURVE key pair file (mode 0600)")
     s.add_argument("path", metavar="FILE")

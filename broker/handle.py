@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import subprocess
 from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
@@ -33,12 +34,15 @@ Event = Message
 
 
 def parse_uri(uri: str | None) -> str:
-    """``local:///path/to/socket`` (or a bare path) -> the socket path."""
+    """``local:///path/to/socket`` (or a bare path) -> the socket path;
+    an ``ssh://`` URI (:mod:`broker.ssh`) is returned whole."""
     uri = uri or os.environ.get(URI_ENV)
     if not uri:
         raise ValueError(f"no broker URI given and {URI_ENV} is not set")
     if uri.startswith("local://"):
         return uri[len("local://"):]
+    if uri.startswith("ssh://"):
+        return uri
     if "://" in uri:
         raise ValueError(f"unsupported broker URI scheme: {uri!r}")
     return uri
@@ -94,6 +98,8 @@ class Handle(HandleCore):
         self._events: deque[Message] = deque()
         self._event_waiter: asyncio.Future[None] | None = None
         self._user_closed = False
+        self._ssh: subprocess.Popen[bytes] | None = None
+        """The ssh process of an ``ssh://`` connection."""
         self.uri = ""
 
     @classmethod
@@ -105,9 +111,22 @@ class Handle(HandleCore):
         """
         path = parse_uri(uri)
         self = cls()
-        self.uri = f"local://{path}"
         loop = asyncio.get_running_loop()
-        _, proto = await loop.create_unix_connection(lambda: _ClientProtocol(self), path)
+        if path.startswith("ssh://"):
+            from broker import ssh
+
+            self.uri = path
+            sock, self._ssh = await ssh.open_connection(path)
+            try:
+                _, proto = await loop.create_unix_connection(lambda: _ClientProtocol(self),
+                                                             sock=sock)
+            except BaseException:
+                sock.close()
+                await ssh.reap(self._ssh)
+                raise
+        else:
+            self.uri = f"local://{path}"
+            _, proto = await loop.create_unix_connection(lambda: _ClientProtocol(self), path)
         self._proto = proto
         self._loop = loop
         return self
@@ -126,6 +145,10 @@ class Handle(HandleCore):
         if proto is not None and proto.transport is not None:
             proto.transport.close()
             await proto.closed
+        if self._ssh is not None:
+            from broker import ssh
+
+            await ssh.reap(self._ssh)
 
     def _writer(self) -> FrameWriter:
         proto = self._proto

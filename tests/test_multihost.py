@@ -292,7 +292,8 @@ async def test_exec_names_the_host_of_a_rank_it_cannot_reach(tmp_path: Path, bro
     assert rc == 1
     assert err.strip() == (f"kvbroker: exec: rank 1's socket {ranks[1].rundir}/local-1 is not "
                            f"on this host (rank 1 runs on {socket.gethostname()}); exec reaches "
-                           "the ranks of this host only")
+                           "the ranks of this host only (from here: KVBROKER_URI="
+                           f"ssh://{socket.gethostname()}{ranks[1].rundir}/local-1)")
 
 
 
