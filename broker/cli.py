@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import errno
 import os
+import select
 import signal
 import sys
 import time
@@ -564,12 +565,19 @@ def subcommand_parser(parser: argparse.ArgumentParser,
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Parse, run the command, and turn its failure into one line on stderr
+    and an exit status (docs/cli.md, Conventions) -- in this one place, so
+    that every command reports alike."""
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:
         subcommand_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
     try:
-        return int(args.func(args) or 0)
+        rc = int(args.func(args) or 0)
+        # Flushed here, not by the interpreter at exit, where a closed
+        # reader would be a traceback-like complaint and status 120.
+        sys.stdout.flush()
+        return rc
     except UsageError as exc:
         subcommand_parser(parser, args).error(str(exc))
     except CLIError as exc:
@@ -579,21 +587,59 @@ def main(argv: list[str] | None = None) -> int:
         print_err(f"{args.command}: {errno_detail(exc)}")
         return 1
     except (OSError, ValueError) as exc:
-        what = getattr(args, "what", args.command)
-        detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        if isinstance(exc, (ConnectionRefusedError, FileNotFoundError)):
-            detail = f"cannot connect to broker: {detail}"
-        elif isinstance(exc, PermissionError) and exc.filename is None:
-            # Refused at connect (a file's error names the file): the run
-            # directory is owner-only unless the instance admits guests.
-            detail = (f"cannot connect to broker: {detail} (this instance admits other "
-                      "users only if started with -S access.allow-guest-user=true)")
-        print_err(f"{what}: {detail}")
-        return 1
+        if isinstance(exc, BrokenPipeError) and stdout_is_broken():
+            return stdout_closed()
+        return report_local_error(args, exc)
     except KeyboardInterrupt:
         return 130
 
 
+def report_local_error(args: argparse.Namespace, exc: OSError | ValueError) -> int:
+    """``kvbroker: <what>: <strerror>`` for an error of this process (not a
+    service's), exit status 1."""
+    what = getattr(args, "what", args.command)
+    detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    if isinstance(exc, (ConnectionRefusedError, FileNotFoundError)):
+        detail = f"cannot connect to broker: {detail}"
+    elif isinstance(exc, PermissionError) and exc.filename is None:
+        # Refused at connect (a file's error names the file): the run
+        # directory is owner-only unless the instance admits guests.
+        detail = (f"cannot connect to broker: {detail} (this instance admits other "
+                  "users only if started with -S access.allow-guest-user=true)")
+    print_err(f"{what}: {detail}")
+    return 1
+
+
+SIGPIPE_STATUS = 128 + signal.SIGPIPE
+"""What a shell reports for a process killed by SIGPIPE (141): what ``cmd |
+head`` has always meant for a C command such as ``flux kvs dir``."""
+
+
+def stdout_is_broken() -> bool:
+    """Whether standard output is a pipe (or socket) nobody reads any more.
+
+    Python ignores SIGPIPE, so a write there raises BrokenPipeError -- as
+    does a write to the broker's socket, which is a real error.  The kernel
+    flags the first case itself: a pipe without readers polls POLLERR."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return False
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poller.poll(0))
+
+
+def stdout_closed() -> int:
+    """End quietly, as a command killed by SIGPIPE would (exit status 141),
+    without setting SIGPIPE to its default action: a write to the broker
+    would then kill us silently too.  Standard output now goes to /dev/null
+    so that the interpreter's final flush of what is still buffered does not
+    fail again (Python's documented recipe, "Note on SIGPIPE")."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return SIGPIPE_STATUS
 
 
 if __name__ == "__main__":

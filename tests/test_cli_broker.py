@@ -564,3 +564,45 @@ async def test_event_pub_and_sub(start_instance, connect) -> None:
             if sub.returncode is None:
                 sub.kill()
                 await sub.wait()
+
+
+async def spawn_to_closed_pipe(uri: str, *args: str) -> asyncio.subprocess.Process:
+    """``kvbroker ARGS`` whose standard output is a pipe nobody reads (as
+    ``... | head -1`` once head has exited): its first write fails."""
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        return await asyncio.create_subprocess_exec(
+            KVBROKER, *args, stdout=w, stderr=asyncio.subprocess.PIPE,
+            stdin=asyncio.subprocess.DEVNULL, env=dict(os.environ, KVBROKER_URI=uri))
+    finally:
+        os.close(w)
+
+
+async def test_a_closed_stdout_ends_every_command_quietly(start_instance, connect) -> None:
+    """``cmd | head -1``: exit 141 (128 + SIGPIPE) and nothing on stderr, as a
+    command killed by SIGPIPE -- was ``kvbroker: kvs dir: Broken pipe``, exit 1."""
+    inst = await start_instance(size=2, fanout=2)
+    uri = inst.uri(0)
+    async with asyncio.timeout(60):
+        rc, _, err = await run_cli("kvs", "put", "a.b=1", "a.c=2", "k=v", uri=uri)
+        assert rc == 0, err
+        for args in (("kvs", "dir"), ("kvs", "ls", "-R"), ("attr", "list"),
+                     ("kvs", "get", "-w", "k"), ("ping", "--count", "3")):
+            proc = await spawn_to_closed_pipe(uri, *args)
+            _, err_b = await proc.communicate()
+            assert (proc.returncode, err_b) == (141, b""), args
+
+        watcher = await connect(inst, 0)
+        clients = (await stats(watcher))["clients"]
+        sub = await spawn_to_closed_pipe(uri, "event", "sub", "pipe.test")
+
+        async def subscribed() -> bool:
+            s = await stats(watcher)
+            return s["clients"] == clients + 1 and sum(s["subscriptions"].values()) >= 1
+
+        await wait_until(subscribed, "kvbroker event sub to subscribe", timeout=20)
+        rc, _, err = await run_cli("event", "pub", "pipe.test", uri=uri)
+        assert rc == 0, err
+        _, err_b = await sub.communicate()
+        assert (sub.returncode, err_b) == (141, b"")
