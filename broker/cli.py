@@ -21,7 +21,9 @@ from typing import Any
 from broker import __version__, plugins
 from broker.cliutil import (
     CLIError,
+    ConnectError,
     UsageError,
+    connect,
     dumps,
     errno_detail,
     non_negative_int,
@@ -30,7 +32,7 @@ from broker.cliutil import (
     run_async,
 )
 from broker.errors import ErrnoError
-from broker.handle import Handle, parse_uri
+from broker.handle import parse_uri
 from broker.loops import LOOP_NAMES, loop_factory
 from broker.message import NODEID_ANY
 
@@ -252,7 +254,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
         raise UsageError("no command given")
 
     async def main() -> str:
-        async with await Handle.connect() as h:
+        async with await connect() as h:
             uri = str(await h.attr_get("local-uri", nodeid=args.rank))
             path = parse_uri(uri)
             if not os.path.exists(path):  # across hosts: the rank's socket is elsewhere
@@ -291,7 +293,7 @@ def cmd_rpc(args: argparse.Namespace) -> int:
     args.what = args.topic
 
     async def main() -> int:
-        async with await Handle.connect() as h:
+        async with await connect() as h:
             if args.stream:
                 async for resp in h.rpc_stream(args.topic, payload, nodeid=_nodeid(args.rank)):
                     print(dumps(resp), flush=True)
@@ -307,7 +309,7 @@ def cmd_ping(args: argparse.Namespace) -> int:
     args.what = "ping"
 
     async def main() -> int:
-        async with await Handle.connect() as h:
+        async with await connect() as h:
             for i in range(args.count):
                 t0 = time.perf_counter()
                 resp = await h.rpc("broker.ping", {"seq": i, "pad": "x" * args.pad},
@@ -326,7 +328,7 @@ def cmd_overlay(args: argparse.Namespace) -> int:
     args.what = "overlay status"
 
     async def main() -> int:
-        async with await Handle.connect() as h:
+        async with await connect() as h:
             ranks, fanout = await status.gather(h, timeout=args.timeout)
         for line in status.render(ranks, fanout):
             print(line)
@@ -339,7 +341,7 @@ def cmd_shutdown(args: argparse.Namespace) -> int:
     args.what = "shutdown"
 
     async def main() -> int:
-        async with await Handle.connect() as h:
+        async with await connect() as h:
             await h.rpc("broker.shutdown", {}, nodeid=args.rank)
         return 0
 
@@ -350,7 +352,7 @@ def cmd_event(args: argparse.Namespace) -> int:
     args.what = f"event {args.event_cmd}"
 
     async def main() -> int:
-        async with await Handle.connect() as h:
+        async with await connect() as h:
             if args.event_cmd == "pub":
                 seq = await h.publish(args.topic, parse_json_arg(args.payload),
                                       private=args.private)
@@ -373,7 +375,7 @@ def cmd_attr(args: argparse.Namespace) -> int:
     args.what = f"attr {args.attr_cmd}"
 
     async def main() -> int:
-        async with await Handle.connect() as h:
+        async with await connect() as h:
             nodeid = _nodeid(args.rank)
             if args.attr_cmd == "get":
                 print(await h.attr_get(args.name, nodeid=nodeid))
@@ -391,7 +393,7 @@ def cmd_module(args: argparse.Namespace) -> int:
     args.what = "module list"
 
     async def main() -> int:
-        async with await Handle.connect() as h:
+        async with await connect() as h:
             resp = await h.rpc("module.list", {}, nodeid=_nodeid(args.rank))
             if args.json:
                 print(dumps(resp))
@@ -408,7 +410,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
     args.what = f"stats {args.module}"
 
     async def main() -> int:
-        async with await Handle.connect() as h:
+        async with await connect() as h:
             resp = await h.rpc(f"{args.module}.stats-get", {}, nodeid=_nodeid(args.rank))
             print(dumps(resp, pretty=True))
         return 0
@@ -420,7 +422,7 @@ def cmd_content(args: argparse.Namespace) -> int:
     args.what = f"content {args.content_cmd}"
 
     async def main() -> int:
-        async with await Handle.connect() as h:
+        async with await connect() as h:
             if args.content_cmd == "load":
                 resp = await h.rpc("content.load", {"blobref": args.blobref})
                 sys.stdout.buffer.write(resp["data"])
@@ -586,6 +588,9 @@ def main(argv: list[str] | None = None) -> int:
     except ErrnoError as exc:
         print_err(f"{args.command}: {errno_detail(exc)}")
         return 1
+    except ConnectError as exc:
+        print_err(f"{getattr(args, 'what', args.command)}: {exc}")
+        return 1
     except (OSError, ValueError) as exc:
         if isinstance(exc, BrokenPipeError) and stdout_is_broken():
             return stdout_closed()
@@ -599,13 +604,6 @@ def report_local_error(args: argparse.Namespace, exc: OSError | ValueError) -> i
     service's), exit status 1."""
     what = getattr(args, "what", args.command)
     detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-    if isinstance(exc, (ConnectionRefusedError, FileNotFoundError)):
-        detail = f"cannot connect to broker: {detail}"
-    elif isinstance(exc, PermissionError) and exc.filename is None:
-        # Refused at connect (a file's error names the file): the run
-        # directory is owner-only unless the instance admits guests.
-        detail = (f"cannot connect to broker: {detail} (this instance admits other "
-                  "users only if started with -S access.allow-guest-user=true)")
     print_err(f"{what}: {detail}")
     return 1
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import errno
 import json
 import os
 import sys
@@ -12,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from broker.errors import ErrnoError
+from broker.handle import URI_ENV, Handle
 from broker.loops import loop_factory
 
 
@@ -30,6 +32,38 @@ class CLIError(Exception):
 class UsageError(Exception):
     """A command line that cannot mean anything: the subcommand's usage and
     the message on stderr, exit status 2 (as argparse's own errors)."""
+
+
+class ConnectError(Exception):
+    """The broker cannot be reached.  The message names the URI tried and
+    where it came from: ``No such file or directory`` alone does not say
+    that ``$KVBROKER_URI`` is stale, mistyped or unset."""
+
+
+_CONNECT_HINTS = {
+    errno.ENOENT: "no broker there: has the instance stopped?",
+    errno.ECONNREFUSED: "no broker listens there: has the instance stopped?",
+    errno.EACCES: "this instance admits other users only if started with "
+                  "-S access.allow-guest-user=true",
+}
+
+
+async def connect() -> Handle:
+    """:meth:`Handle.connect` to ``$KVBROKER_URI``, for a command: failing
+    with a :class:`ConnectError` that says which URI could not be reached."""
+    uri = os.environ.get(URI_ENV)
+    if not uri:
+        raise ConnectError(f"cannot connect to broker: {URI_ENV} is not set (kvbroker start "
+                           "prints it and sets it for the command it runs)")
+    where = f"cannot connect to broker at {URI_ENV}={uri}"
+    try:
+        return await Handle.connect(uri)
+    except ValueError as exc:  # not a URI we know
+        raise ConnectError(f"{where}: {exc}") from None
+    except OSError as exc:
+        detail = exc.strerror or str(exc)
+        hint = _CONNECT_HINTS.get(exc.errno or 0)
+        raise ConnectError(f"{where}: {detail}" + (f" ({hint})" if hint else "")) from None
 
 
 def non_negative_int(text: str) -> int:

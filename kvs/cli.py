@@ -25,9 +25,8 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from broker.cliutil import CLIError, errno_detail, non_negative_int, run_async
+from broker.cliutil import CLIError, connect, errno_detail, non_negative_int, run_async
 from broker.errors import ErrnoError
-from broker.handle import Handle
 from kvs import eventlog, treeobj
 from kvs.client import (
     KVS,
@@ -83,7 +82,7 @@ def _run(args: argparse.Namespace, body: Callable[[KVS], Awaitable[int | None]])
     args.what = getattr(args, "what", None) or f"kvs {args.kvs_cmd}"
 
     async def main() -> int | None:
-        async with await Handle.connect() as h:
+        async with await connect() as h:
             return await body(KVS(h, getattr(args, "namespace", None)))
 
     try:
@@ -95,7 +94,7 @@ def _run(args: argparse.Namespace, body: Callable[[KVS], Awaitable[int | None]])
 def _delegate(name: str, args: argparse.Namespace) -> int:
     """Hand a watching command to :mod:`kvs_watch.cli`."""
     args.namespace = default_namespace(getattr(args, "namespace", None))
-    args.what = f"kvs {args.kvs_cmd}"
+    args.what = getattr(args, "what", None) or f"kvs {args.kvs_cmd}"
     try:
         fn = getattr(importlib.import_module("kvs_watch.cli"), name)
     except (ImportError, AttributeError):

@@ -464,14 +464,34 @@ async def test_errors_say_what_and_strerror(start_instance) -> None:
         error_line(err, "stats nosuch", errno.ENOSYS)
         rc, _, err = await run_cli("rpc", "broker.ping", "{not json", uri=uri)
         assert rc == 1 and err.startswith("kvbroker: payload is not valid JSON")
-        # no broker
-        rc, _, err = await run_cli("ping", uri="local:///nonexistent/socket")
-        assert rc == 1
-        assert err.strip() == (
-            f"kvbroker: ping: cannot connect to broker: {os.strerror(errno.ENOENT)}"
-        )
-        rc, _, err = await run_cli("ping")
-        assert rc == 1 and err.startswith("kvbroker: ping: ") and "KVBROKER_URI" in err
+
+
+async def test_connection_errors_name_the_uri(tmp_path) -> None:
+    """Which URI could not be reached, and that it came from KVBROKER_URI
+    (was: ``cannot connect to broker: Connection refused``, alone)."""
+    from broker.launch import Instance
+
+    async with Instance(1) as inst:
+        stale = inst.uri(0)
+    enoent, refused = os.strerror(errno.ENOENT), os.strerror(errno.ECONNREFUSED)
+    for uri, what, detail in [
+        ("local:///nonexistent/socket", "ping", enoent),
+        ("garbage", "ping", enoent),
+        (stale, "attr get", enoent),  # the instance has stopped
+        (f"local://{tmp_path}", "ping", refused),  # a directory, no socket
+    ]:
+        args = ("attr", "get", "rank") if what == "attr get" else (what,)
+        rc, out, err = await run_cli(*args, uri=uri)
+        assert (rc, out) == (1, ""), err
+        assert err.startswith(f"kvbroker: {what}: cannot connect to broker at "
+                              f"KVBROKER_URI={uri}: {detail} ("), err
+    rc, _, err = await run_cli("ping", uri="tcp://host:1")
+    assert err.strip() == ("kvbroker: ping: cannot connect to broker at "
+                           "KVBROKER_URI=tcp://host:1: unsupported broker URI scheme: "
+                           "'tcp://host:1'")
+    rc, _, err = await run_cli("ping")
+    assert rc == 1
+    assert err.startswith("kvbroker: ping: cannot connect to broker: KVBROKER_URI is not set")
 
 
 async def test_client_commands(start_instance, connect) -> None:

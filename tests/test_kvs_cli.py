@@ -1203,10 +1203,13 @@ async def test_errors_without_a_broker(tmp_path: Path) -> None:
     env = client_env(str(tmp_path / "no-such-socket"))
     res = await run([KVB, "kvs", "get", "a"], env)
     assert res.rc == 1
-    assert res.err.startswith("kvbroker: kvs get: cannot connect to broker: ")
+    assert res.err.startswith("kvbroker: kvs get: cannot connect to broker at KVBROKER_URI=")
+    res = await run([KVB, "kvs", "eventlog", "wait-event", "log", "x"], env)
+    assert res.err.startswith("kvbroker: kvs eventlog wait-event: cannot connect"), res.err
     del env["KVBROKER_URI"]
     res = await run([KVB, "kvs", "version"], env)
-    assert res.rc == 1 and res.err.startswith("kvbroker: kvs version: no broker URI")
+    assert res.rc == 1 and res.err.startswith(
+        "kvbroker: kvs version: cannot connect to broker: KVBROKER_URI is not set")
     res = await run([KVB, "kvs"], env)
     assert res.rc == 2 and "SUBCOMMAND" in res.err
     res = await run([KVB, "kvs", "--help"], env)
