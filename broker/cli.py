@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import errno
 import os
 import select
 import signal
@@ -82,7 +81,7 @@ def cmd_start(args: argparse.Namespace) -> int:
 
     # Only `start` runs brokers: client commands do not import the broker
     # (nor ZeroMQ), ~30 ms of every `kvbroker kvs get`.
-    from broker.command import Command, exit_code
+    from broker.command import Command, cannot_run_message, cannot_run_status, exit_code
     from broker.launch import Instance, StartError, exit_status
 
     async def main() -> int:
@@ -117,8 +116,8 @@ def cmd_start(args: argparse.Namespace) -> int:
                 try:
                     cmd = Command.spawn(command, env)
                 except OSError as exc:
-                    print_err(f"{command[0]}: {exc.strerror}")
-                    return 127
+                    print_err(cannot_run_message(command[0], exc))
+                    return cannot_run_status(exc)
                 for sig in signalled:  # came while it was being spawned
                     cmd.forward(sig)
                 ended_first = not await first(cmd.wait(), inst.ended)
@@ -272,12 +271,14 @@ def cmd_exec(args: argparse.Namespace) -> int:
         return 0
 
     run_async(args, go)
+    from broker.command import cannot_run_message, cannot_run_status
+
     env = dict(os.environ, KVBROKER_URI=uri)
     try:
         os.execvpe(command[0], command, env)
-    except OSError as exc:  # as a shell says it: 127 not found, 126 cannot run
-        print_err(f"{command[0]}: {os.strerror(exc.errno or errno.ENOENT)}")
-        return 127 if exc.errno == errno.ENOENT else 126
+    except OSError as exc:
+        print_err(cannot_run_message(command[0], exc))
+        return cannot_run_status(exc)
     return 0  # not reached: the command replaced this process
 
 

@@ -64,6 +64,14 @@ async def test_start_missing_command() -> None:
     error_line(err, "/nonexistent/command", errno.ENOENT)
 
 
+async def test_start_a_command_that_cannot_be_executed_exits_126() -> None:
+    """Found but not executable: 126, as a shell (was 127, "not found")."""
+    for path in ("/etc/passwd", os.devnull, "/"):
+        rc, _, err = await run_cli("start", "--", path)
+        assert rc == 126, (path, err)
+        error_line(err, path, errno.EACCES)  # execve says so of a directory too
+
+
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
 async def test_start_event_loop_and_attributes(loop: str) -> None:
     script = f"{KVBROKER} attr get event-loop; {KVBROKER} attr get my.attr --rank 1"
