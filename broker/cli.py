@@ -27,6 +27,7 @@ from broker.cliutil import (
     errno_detail,
     non_negative_int,
     parse_json_arg,
+    positive_float,
     print_err,
     run_async,
 )
@@ -479,19 +480,19 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_keygen)
 
     s = sub.add_parser("exec", help="run COMMAND attached to rank RANK")
-    s.add_argument("-r", "--rank", type=int, default=0)
+    s.add_argument("-r", "--rank", type=non_negative_int, default=0)
     s.add_argument("cmdline", nargs=argparse.REMAINDER, metavar="COMMAND")
     s.set_defaults(func=cmd_exec)
 
     s = sub.add_parser("rpc", help="send one request and print the response(s)")
     s.add_argument("topic")
     s.add_argument("payload", nargs="?")
-    s.add_argument("--rank", "-r", type=int)
+    s.add_argument("--rank", "-r", type=non_negative_int)
     s.add_argument("--stream", action="store_true")
     s.set_defaults(func=cmd_rpc)
 
     s = sub.add_parser("ping", help="ping a rank's broker service")
-    s.add_argument("rank", nargs="?", type=int)
+    s.add_argument("rank", nargs="?", type=non_negative_int)
     s.add_argument("--count", "-c", type=non_negative_int, default=1)
     s.add_argument("--pad", "-p", type=non_negative_int, default=0)
     s.set_defaults(func=cmd_ping)
@@ -512,15 +513,15 @@ def build_parser() -> argparse.ArgumentParser:
     asub = s.add_subparsers(dest="attr_cmd", required=True)
     a = asub.add_parser("get")
     a.add_argument("name")
-    a.add_argument("--rank", "-r", type=int)
+    a.add_argument("--rank", "-r", type=non_negative_int)
     a = asub.add_parser("list")
-    a.add_argument("--rank", "-r", type=int)
+    a.add_argument("--rank", "-r", type=non_negative_int)
     s.set_defaults(func=cmd_attr)
 
     s = sub.add_parser("module", help="list loaded modules")
     msub = s.add_subparsers(dest="module_cmd", required=True)
     m = msub.add_parser("list")
-    m.add_argument("--rank", "-r", type=int)
+    m.add_argument("--rank", "-r", type=non_negative_int)
     m.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_module)
 
@@ -528,7 +529,7 @@ def build_parser() -> argparse.ArgumentParser:
     osub = s.add_subparsers(dest="overlay_cmd", required=True)
     o = osub.add_parser("status", help="each rank: full, partial (something below is "
                         "lost) or lost; exit 1 unless all are up")
-    o.add_argument("--timeout", "-t", type=float, default=2.0,
+    o.add_argument("--timeout", "-t", type=positive_float, default=2.0,
                    help="seconds a rank may take to answer (default 2)")
     o.set_defaults(func=cmd_overlay)
 
@@ -538,7 +539,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("stats", help="print a module's stats (broker, content, kvs, ...)")
     s.add_argument("module")
-    s.add_argument("--rank", "-r", type=int)
+    s.add_argument("--rank", "-r", type=non_negative_int)
     s.set_defaults(func=cmd_stats)
 
     s = sub.add_parser("content", help="load or store raw blobs")

@@ -7,6 +7,7 @@ import asyncio
 import base64
 import errno
 import json
+import math
 import os
 import sys
 from collections.abc import Awaitable, Callable
@@ -74,6 +75,19 @@ def non_negative_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"must not be negative: {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse ``type`` for timeouts: a finite number of seconds above 0.
+    A timeout of 0 or less would expire before any answer could come: every
+    rank "lost", an event "never" received -- a mistake, not a request."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number of seconds: {text!r}") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds: {text}")
     return value
 
 

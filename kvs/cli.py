@@ -25,7 +25,14 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from broker.cliutil import CLIError, connect, errno_detail, non_negative_int, run_async
+from broker.cliutil import (
+    CLIError,
+    connect,
+    errno_detail,
+    non_negative_int,
+    positive_float,
+    run_async,
+)
 from broker.errors import ErrnoError
 from kvs import eventlog, treeobj
 from kvs.client import (
@@ -637,7 +644,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("-l", "--label", action="store_true", help="print KEY= before the value")
     p.add_argument("-w", "--watch", action="store_true", help="print the value and its changes")
     p.add_argument("-W", "--waitcreate", action="store_true", help="wait for KEY to be created")
-    p.add_argument("-c", "--count", type=int, default=0, metavar="COUNT",
+    p.add_argument("-c", "--count", type=non_negative_int, default=0, metavar="COUNT",
                    help="with --watch, stop after COUNT values")
     p.add_argument("-u", "--uniq", action="store_true",
                    help="with --watch, print only values that changed")
@@ -753,7 +760,8 @@ def register(subparsers: Any) -> None:
     p = sub.add_parser("namespace", help="create, remove or list namespaces")
     nsub = p.add_subparsers(dest="ns_cmd", metavar="SUBCOMMAND", required=True)
     c = nsub.add_parser("create", help="create namespaces")
-    c.add_argument("-o", "--owner", type=int, metavar="UID", help="owner (default: you)")
+    c.add_argument("-o", "--owner", type=non_negative_int, metavar="UID",
+                   help="owner (default: you)")
     c.add_argument("-r", "--rootref", metavar="BLOBREF", help="start at this root")
     c.add_argument("names", nargs="+", metavar="NS")
     c = nsub.add_parser("remove", help="remove namespaces")
@@ -776,7 +784,7 @@ def register(subparsers: Any) -> None:
     _ns(e)
     e.add_argument("-W", "--waitcreate", action="store_true", help="wait for KEY to exist")
     e.add_argument("-w", "--watch", action="store_true", help="print new events as they come")
-    e.add_argument("-c", "--count", type=int, default=0, metavar="COUNT",
+    e.add_argument("-c", "--count", type=non_negative_int, default=0, metavar="COUNT",
                    help="with --watch, stop after COUNT events")
     e.add_argument("-S", "--stream", action="store_true",
                    help="return a large eventlog in several answers")
@@ -785,7 +793,8 @@ def register(subparsers: Any) -> None:
     e = esub.add_parser("wait-event", help="wait for event NAME in KEY")
     _ns(e)
     e.add_argument("-W", "--waitcreate", action="store_true", help="wait for KEY to exist")
-    e.add_argument("-t", "--timeout", type=float, metavar="SECONDS", help="give up after this")
+    e.add_argument("-t", "--timeout", type=positive_float, metavar="SECONDS",
+                   help="give up after this many seconds (more than 0)")
     e.add_argument("-q", "--quiet", action="store_true", help="do not print the event")
     e.add_argument("-v", "--verbose", action="store_true",
                    help="print every event up to the one awaited")

@@ -451,6 +451,36 @@ async def test_usage_errors_show_the_subcommands_usage() -> None:
         assert err.startswith(usage), (args, err)
 
 
+
+@pytest.mark.parametrize("args, message", [
+    (("kvs", "get", "-w", "-c", "-1", "k"), "argument -c/--count: must not be negative: -1"),
+    (("kvs", "eventlog", "get", "-w", "-c", "-3", "log"),
+     "argument -c/--count: must not be negative: -3"),
+    (("kvs", "eventlog", "wait-event", "-t", "-1", "log", "start"),
+     "argument -t/--timeout: must be a positive number of seconds: -1"),
+    (("kvs", "eventlog", "wait-event", "-t", "nan", "log", "start"),
+     "argument -t/--timeout: must be a positive number of seconds: nan"),
+    (("overlay", "status", "--timeout", "-1"),
+     "argument --timeout/-t: must be a positive number of seconds: -1"),
+    (("overlay", "status", "--timeout", "0"),
+     "argument --timeout/-t: must be a positive number of seconds: 0"),
+    (("kvs", "namespace", "create", "-o", "-5", "ns"),
+     "argument -o/--owner: must not be negative: -5"),
+    (("rpc", "broker.ping", "--rank", "-5"), "argument --rank/-r: must not be negative: -5"),
+    (("attr", "get", "rank", "--rank", "-1"), "argument --rank/-r: must not be negative: -1"),
+    (("attr", "list", "--rank", "-1"), "argument --rank/-r: must not be negative: -1"),
+    (("module", "list", "--rank", "-2"), "argument --rank/-r: must not be negative: -2"),
+    (("stats", "kvs", "--rank", "-2"), "argument --rank/-r: must not be negative: -2"),
+    (("exec", "-r", "-1", "true"), "argument -r/--rank: must not be negative: -1"),
+])
+async def test_negative_counts_ranks_and_timeouts_are_usage_errors(args, message) -> None:
+    """Refused before anything is sent (were: a count of -1 printing and
+    exiting 0, a timeout expiring at once, the broker's EPROTO or EHOSTUNREACH)."""
+    rc, out, err = await run_cli(*args, uri="local:///nonexistent/socket")
+    assert (rc, out) == (2, ""), err
+    assert err.startswith(f"usage: kvbroker {args[0]} "), err
+    assert err.rstrip().endswith(f": error: {message}"), err
+
 async def test_errors_say_what_and_strerror(start_instance) -> None:
     inst = await start_instance(size=2, fanout=2)
     uri = inst.uri(0)
