@@ -25,8 +25,8 @@ from broker.cliutil import (
     connect,
     dumps,
     errno_detail,
+    json_arg,
     non_negative_int,
-    parse_json_arg,
     positive_float,
     print_err,
     run_async,
@@ -291,7 +291,7 @@ def _nodeid(rank: int | None) -> int:
 
 
 def cmd_rpc(args: argparse.Namespace) -> int:
-    payload = parse_json_arg(args.payload)
+    payload = args.payload
     args.what = args.topic
 
     async def main() -> int:
@@ -356,8 +356,7 @@ def cmd_event(args: argparse.Namespace) -> int:
     async def main() -> int:
         async with await connect() as h:
             if args.event_cmd == "pub":
-                seq = await h.publish(args.topic, parse_json_arg(args.payload),
-                                      private=args.private)
+                seq = await h.publish(args.topic, args.payload, private=args.private)
                 if args.verbose:
                     print(seq)
                 return 0
@@ -486,7 +485,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("rpc", help="send one request and print the response(s)")
     s.add_argument("topic")
-    s.add_argument("payload", nargs="?")
+    s.add_argument("payload", nargs="?", type=json_arg, metavar="PAYLOAD-JSON")
     s.add_argument("--rank", "-r", type=non_negative_int)
     s.add_argument("--stream", action="store_true")
     s.set_defaults(func=cmd_rpc)
@@ -501,7 +500,7 @@ def build_parser() -> argparse.ArgumentParser:
     esub = s.add_subparsers(dest="event_cmd", required=True)
     e = esub.add_parser("pub")
     e.add_argument("topic")
-    e.add_argument("payload", nargs="?")
+    e.add_argument("payload", nargs="?", type=json_arg, metavar="PAYLOAD-JSON")
     e.add_argument("--private", action="store_true")
     e.add_argument("-v", "--verbose", action="store_true", help="print the sequence number")
     e = esub.add_parser("sub")

@@ -119,13 +119,13 @@ def dumps(value: Any, pretty: bool = False) -> str:
     return json.dumps(jsonable(value), indent=2 if pretty else None, sort_keys=pretty)
 
 
-def parse_json_arg(text: str | None, what: str = "payload") -> Any:
-    if text is None:
-        return None
+def json_arg(text: str) -> Any:
+    """argparse ``type`` for a JSON argument (a payload): malformed JSON is a
+    usage error, refused before anything is sent."""
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise CLIError(f"{what} is not valid JSON", detail=str(exc)) from None
+        raise argparse.ArgumentTypeError(f"not valid JSON: {exc}") from None
 
 
 def run_async(args: argparse.Namespace, coro_fn: Callable[[], Awaitable[int | None]]) -> int:

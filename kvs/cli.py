@@ -27,6 +27,7 @@ from typing import Any
 
 from broker.cliutil import (
     CLIError,
+    UsageError,
     connect,
     errno_detail,
     non_negative_int,
@@ -176,15 +177,17 @@ def render_value(key: str, obj: TreeObj, *, raw: bool = False, as_treeobj: bool 
     return head + (data + b"\n" if obj["data"] or label else b"")
 
 
+COLOR_CHOICES = ("auto", "always", "never")
+
+
 def make_formatter(args: argparse.Namespace) -> eventlog.Formatter:
     """The eventlog :class:`~kvs.eventlog.Formatter` for ``-u``, ``-H``, ``-L``/``--color``."""
     when = args.color
-    if when not in ("auto", "always", "never"):
-        raise CLIError(args.what, errno.EINVAL,
-                       f"invalid --color value {when!r} (use auto, always or never)")
+    if when not in COLOR_CHOICES:  # argparse refuses it first; callers may not use it
+        raise UsageError(f"argument --color: invalid choice: {when!r} "
+                         f"(choose from {', '.join(COLOR_CHOICES)})")
     if args.unformatted and (args.human or when == "always"):
-        raise CLIError(args.what, detail="do not specify --unformatted with --human or "
-                                         "--color=always")
+        raise UsageError("--unformatted cannot be combined with --human or --color=always")
     color = when == "always" or (when == "auto" and not args.unformatted
                                  and sys.stdout.isatty())
     return eventlog.Formatter(unformatted=args.unformatted, human=args.human, color=color)
@@ -193,8 +196,18 @@ def make_formatter(args: argparse.Namespace) -> eventlog.Formatter:
 # ---------------------------------------------------------------- get / put
 
 
+def check_watch_options(args: argparse.Namespace) -> None:
+    """Refuse, as usage errors and in the options' own names, what kvs-watch
+    would refuse in its flags' (``WATCH and STREAM cannot be combined``)."""
+    if getattr(args, "at", None):
+        raise UsageError("--at cannot be combined with --watch, --waitcreate or --stream")
+    if args.watch and args.stream:
+        raise UsageError("--watch and --stream cannot be combined")
+
+
 def cmd_get(args: argparse.Namespace) -> int:
     if args.watch or args.waitcreate or args.stream:
+        check_watch_options(args)
         return _delegate("watch_get", args)
 
     async def body(kvs: KVS) -> int:
@@ -574,6 +587,7 @@ def cmd_eventlog(args: argparse.Namespace) -> int:
         return _delegate("eventlog_wait_event", args)
     if args.ev_cmd == "get":
         if args.watch or args.waitcreate or args.stream:
+            check_watch_options(args)
             return _delegate("eventlog_get", args)
         fmt = make_formatter(args)
 
@@ -623,6 +637,7 @@ def _eventlog_format(p: argparse.ArgumentParser) -> None:
                    help="print events in RFC 18 form (one JSON object a line)")
     p.add_argument("-H", "--human", action="store_true", help="human-readable timestamps")
     p.add_argument("--color", nargs="?", const="always", default="auto", metavar="WHEN",
+                   choices=COLOR_CHOICES,
                    help="colorize: always (if WHEN is omitted), never, auto (the default); "
                         "write --color=WHEN")
     p.add_argument("-L", dest="color", action="store_const", const="always",

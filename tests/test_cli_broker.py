@@ -481,6 +481,33 @@ async def test_negative_counts_ranks_and_timeouts_are_usage_errors(args, message
     assert err.startswith(f"usage: kvbroker {args[0]} "), err
     assert err.rstrip().endswith(f": error: {message}"), err
 
+
+@pytest.mark.parametrize("sub, args, message", [
+    ("kvs get", ("-w", "-a", '{"ver":1,"type":"dirref","data":["x"]}', "k"),
+     "--at cannot be combined with --watch, --waitcreate or --stream"),
+    ("kvs get", ("-w", "-S", "k"), "--watch and --stream cannot be combined"),
+    ("kvs eventlog get", ("-w", "-S", "log"), "--watch and --stream cannot be combined"),
+    ("rpc", ("broker.ping", "notjson"),
+     "argument PAYLOAD-JSON: not valid JSON: Expecting value: line 1 column 1 (char 0)"),
+    ("event pub", ("job.x", "{not json"), "argument PAYLOAD-JSON: not valid JSON: "
+     "Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"),
+    ("kvs eventlog get", ("-u", "-H", "log"),
+     "--unformatted cannot be combined with --human or --color=always"),
+    ("kvs eventlog wait-event", ("-u", "-L", "log", "x"),
+     "--unformatted cannot be combined with --human or --color=always"),
+    ("kvs eventlog get", ("--color=sometimes", "log"),
+     "argument --color: invalid choice: 'sometimes' (choose from 'auto', 'always', 'never')"),
+])
+async def test_option_conflicts_and_bad_payloads_are_usage_errors(sub, args, message) -> None:
+    """Exit 2 with the subcommand's usage, in the options' own names, before
+    anything is sent (were exit 1, some without the command's name, one in
+    kvs-watch's flag names: 'WATCH and STREAM cannot be combined')."""
+    rc, out, err = await run_cli(*sub.split(), *args, uri="local:///nonexistent/socket")
+    assert (rc, out) == (2, ""), err
+    assert err.startswith(f"usage: kvbroker {sub} "), err
+    assert err.rstrip().endswith(f"kvbroker {sub}: error: {message}"), err
+
+
 async def test_errors_say_what_and_strerror(start_instance) -> None:
     inst = await start_instance(size=2, fanout=2)
     uri = inst.uri(0)
@@ -500,8 +527,6 @@ async def test_errors_say_what_and_strerror(start_instance) -> None:
         rc, _, err = await run_cli("stats", "nosuch", uri=uri)
         assert rc == 1
         error_line(err, "stats nosuch", errno.ENOSYS)
-        rc, _, err = await run_cli("rpc", "broker.ping", "{not json", uri=uri)
-        assert rc == 1 and err.startswith("kvbroker: payload is not valid JSON")
 
 
 async def test_connection_errors_name_the_uri(tmp_path) -> None:
