@@ -21,6 +21,7 @@ import errno
 import importlib
 import json
 import os
+import re
 import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -618,6 +619,44 @@ def cmd_eventlog(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------- parser
 
 
+_NEGATIVE_NUMBER = re.compile(r"-\d+|-\d*\.\d+")
+
+
+class _Parser(argparse.ArgumentParser):
+    """The parser of the ``kvs`` subcommands: a negative number right after
+    an option that takes a value is that value.
+
+    argparse reads ``-1`` in ``kvs ls -w -1`` as ls's own ``-1`` flag, since
+    a parser with such a flag takes every negative number for an option, and
+    says only "-w/--width: expected one argument".  Given to ``-w`` (as
+    ``-w=-1``), it is refused by the option's type, which says why: "must
+    not be negative".  ``-w`` followed by a flag was an error anyway, so no
+    command line that worked changes meaning."""
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        if args is not None:
+            args = self._attach_negative_values(list(args))
+        return super().parse_known_args(args, namespace)
+
+    def _attach_negative_values(self, args: list[str]) -> list[str]:
+        actions = self._option_string_actions  # noqa: SLF001 (no public lookup)
+        out: list[str] = []
+        i = 0
+        while i < len(args):
+            arg = args[i]
+            if arg == "--":
+                return out + args[i:]
+            action = actions.get(arg)
+            nxt = args[i + 1] if i + 1 < len(args) else ""
+            if action is not None and action.nargs is None and _NEGATIVE_NUMBER.fullmatch(nxt):
+                out.append(f"{arg}={nxt}")
+                i += 2
+                continue
+            out.append(arg)
+            i += 1
+        return out
+
+
 def _ns(p: argparse.ArgumentParser) -> None:
     p.add_argument("-N", "--namespace", metavar="NS",
                    help="KVS namespace (default: $KVBROKER_NAMESPACE or primary)")
@@ -648,7 +687,8 @@ def register(subparsers: Any) -> None:
     """Add ``kvs`` and its subcommands to the ``kvbroker`` parser."""
     top = subparsers.add_parser("kvs", help="the key-value store (as flux kvs)",
                                 description="Read and write the KVS (mirrors flux kvs).")
-    sub = top.add_subparsers(dest="kvs_cmd", metavar="SUBCOMMAND", required=True)
+    sub = top.add_subparsers(dest="kvs_cmd", metavar="SUBCOMMAND", required=True,
+                             parser_class=_Parser)
 
     p = sub.add_parser("get", help="print the value(s) stored under KEY(s)")
     _ns(p)

@@ -416,6 +416,16 @@ async def test_dir_ls_width_checks(start_instance) -> None:
         res = await kvs(inst, *args)
         assert res.rc == 2 and "usage: kvbroker kvs" in res.err, args
         assert "argument -w/--width" in res.err, args
+    # -1 is also ls's one-a-line flag: argparse said "expected one argument"
+    for args, bad in ((["-w", "-1"], "-1"), (["--width", "-5"], "-5"),
+                      (["-1", "-w", "-2", "k"], "-2")):
+        res = await kvs(inst, "ls", *args)
+        assert res.rc == 2 and res.err.startswith("usage: kvbroker kvs ls"), args
+        assert res.err.rstrip().endswith(
+            f"error: argument -w/--width: must not be negative: {bad}"), args
+    res = await kvs(inst, "ls", "-w", "-1", "--", "-1")  # after --, -1 is a key
+    assert res.rc == 2 and "must not be negative: -1" in res.err
+    assert (await kvs(inst, "ls", "-1", "-w", "0")).text == "k\n"
     assert (await kvs(inst, "dir", "-w", "4")).text == "k...\n"
     assert (await kvs(inst, "dir", "-w", "9")).text == "k = 01...\n"
     assert (await kvs(inst, "ls", "-w", "0")).text == "k\n"
