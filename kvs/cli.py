@@ -501,6 +501,9 @@ def cmd_readlink(args: argparse.Namespace) -> int:
 
 
 def cmd_copy(args: argparse.Namespace) -> int:
+    """``copy``/``move``: ``-S``/``-D`` as Flux; ``-N`` (the connection's
+    namespace, ``kvs.namespace``) stands for whichever of them is not given,
+    as every other namespace-aware subcommand takes ``-N``."""
     async def body(kvs: KVS) -> int:
         op = kvs.move if args.kvs_cmd == "move" else kvs.copy
         try:
@@ -789,6 +792,9 @@ def register(subparsers: Any) -> None:
     for name, text in (("copy", "copy SRC to DST (a directory in O(1))"),
                        ("move", "move SRC to DST")):
         p = sub.add_parser(name, help=text)
+        p.add_argument("-N", "--namespace", metavar="NS",
+                       help="SRC's and DST's namespace, unless -S or -D gives it "
+                            "(default: $KVBROKER_NAMESPACE or primary)")
         p.add_argument("-S", "--src-namespace", metavar="NS", help="SRC's namespace")
         p.add_argument("-D", "--dst-namespace", metavar="NS", help="DST's namespace")
         p.add_argument("src", metavar="SRC")

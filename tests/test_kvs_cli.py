@@ -768,6 +768,42 @@ async def test_copy_move(start_instance) -> None:
         """)
 
 
+
+async def test_copy_move_take_namespace_for_both(start_instance) -> None:
+    """-N NS is SRC's and DST's namespace (was: "unrecognized arguments");
+    an explicit -S or -D wins; $KVBROKER_NAMESPACE as for every subcommand."""
+    inst = await start_instance(size=1)
+    out = await sh(inst, """
+        kvbroker kvs namespace create one two
+        kvbroker kvs put -N one a=1
+        t kvbroker kvs copy -N one a b
+        t kvbroker kvs get -N one b
+        t kvbroker kvs move -N one -D two b c
+        t kvbroker kvs get -N two c
+        t kvbroker kvs copy -N two -S one a d
+        t kvbroker kvs get -N two d
+        t kvbroker kvs get -N one b
+        KVBROKER_NAMESPACE=two t kvbroker kvs move c e
+        t kvbroker kvs get -N two e
+        """)
+    assert out == expect("""
+        $ kvbroker kvs copy -N one a b
+        $ kvbroker kvs get -N one b
+        1
+        $ kvbroker kvs move -N one -D two b c
+        $ kvbroker kvs get -N two c
+        1
+        $ kvbroker kvs copy -N two -S one a d
+        $ kvbroker kvs get -N two d
+        1
+        $ kvbroker kvs get -N one b
+        kvbroker: b: No such file or directory
+        [rc=1]
+        $ kvbroker kvs move c e
+        $ kvbroker kvs get -N two e
+        1
+        """)
+
 async def test_move_into_own_subtree_is_refused(start_instance) -> None:
     """``move a a.sub`` used to exit 0 with both a and a.sub gone."""
     inst = await start_instance(size=1)
