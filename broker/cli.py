@@ -110,8 +110,12 @@ def cmd_start(args: argparse.Namespace) -> int:
             assert inst.ended is not None
             if not command:
                 print(inst.uri(0), flush=True)
-                if await first(stop.wait(), inst.ended) or inst.ended.result() is None:
-                    return 0  # signalled, or shut down from inside (kvbroker shutdown)
+                if await first(stop.wait(), inst.ended):
+                    return 0  # signalled
+                if inst.ended.result() is None:  # kvbroker shutdown
+                    if inst.shutdown_rank:
+                        print_err(shutdown_notice(inst.shutdown_rank, command=False))
+                    return 0
             else:
                 env = dict(os.environ, KVBROKER_URI=inst.uri(0))
                 try:
@@ -123,7 +127,7 @@ def cmd_start(args: argparse.Namespace) -> int:
                     cmd.forward(sig)
                 ended_first = not await first(cmd.wait(), inst.ended)
                 if ended_first and inst.ended.result() is None:
-                    print_err("the instance was shut down; stopping the command")
+                    print_err(shutdown_notice(inst.shutdown_rank or 0, command=True))
                     await cmd.stop()
                 if not ended_first or inst.ended.result() is None:
                     if signalled:  # we are stopping: nothing the command ran outlives us
@@ -154,6 +158,18 @@ def cmd_start(args: argparse.Namespace) -> int:
 
     with asyncio.Runner(loop_factory=asyncio.new_event_loop) as runner:
         return runner.run(main())
+
+
+def shutdown_notice(rank: int, command: bool) -> str:
+    """What ``start`` says when ``kvbroker shutdown`` stopped ``rank`` (0:
+    the whole instance).  Not "exited unexpectedly": someone asked for it.
+    Any rank's shutdown ends the instance (an instance missing a subtree is
+    not what ``start`` was asked for); it is a stop, so ``start`` exits 0, or
+    as the command does."""
+    if rank == 0:
+        return "the instance was shut down; stopping the command"
+    tail = " and the command" if command else ""
+    return f"rank {rank} was shut down (kvbroker shutdown); stopping the instance{tail}"
 
 
 async def first(this: Awaitable[Any], other: Awaitable[Any]) -> bool:
