@@ -17,6 +17,7 @@ already resolved when they are called, and :func:`render_value` and
 from __future__ import annotations
 
 import argparse
+import asyncio
 import errno
 import importlib
 import json
@@ -36,6 +37,7 @@ from broker.cliutil import (
     run_async,
 )
 from broker.errors import ErrnoError
+from broker.message import NODEID_ANY
 from kvs import eventlog, treeobj
 from kvs.client import (
     KVS,
@@ -553,6 +555,40 @@ def cmd_getroot(args: argparse.Namespace) -> int:
     return _run(args, body)
 
 
+# ---------------------------------------------------------------- cache
+
+
+def cmd_dropcache(args: argparse.Namespace) -> int:
+    """``flux kvs dropcache [--all]``: empty the kvs module's blob cache on
+    this rank, or on every rank.
+
+    Flux publishes a ``kvs.dropcache`` event for ``--all`` and cannot tell
+    whether any rank obeyed; here each rank (0 to ``size`` - 1) gets its
+    own ``kvs.dropcache`` request, all sent at once: when the command
+    returns every cache is empty, and a rank that refused (``EPERM``: not
+    the instance owner) or cannot be reached is named."""
+    args.what = "kvs dropcache"
+
+    async def body(kvs: KVS) -> int:
+        h = kvs.handle
+        ranks = range(int(await h.attr_get("size"))) if args.all else [None]
+        answers = await asyncio.gather(*(_dropcache(h, r) for r in ranks),
+                                       return_exceptions=True)
+        for rank, answer in zip(ranks, answers, strict=True):
+            if isinstance(answer, ErrnoError):
+                where = "kvs dropcache" if rank is None else f"kvs dropcache: rank {rank}"
+                raise CLIError(where, detail=errno_detail(answer))
+            if isinstance(answer, BaseException):
+                raise answer
+        return 0
+
+    return _run(args, body)
+
+
+async def _dropcache(h: Any, rank: int | None) -> None:
+    await h.rpc("kvs.dropcache", {}, nodeid=NODEID_ANY if rank is None else rank)
+
+
 # ---------------------------------------------------------------- namespaces
 
 
@@ -800,6 +836,10 @@ def register(subparsers: Any) -> None:
         p.add_argument("src", metavar="SRC")
         p.add_argument("dst", metavar="DST")
         p.set_defaults(func=cmd_copy)
+
+    p = sub.add_parser("dropcache", help="drop the KVS cache of this rank (or of every rank)")
+    p.add_argument("-a", "--all", action="store_true", help="drop the cache of every rank")
+    p.set_defaults(func=cmd_dropcache)
 
     p = sub.add_parser("version", help="print the namespace's version")
     _ns(p)

@@ -894,6 +894,30 @@ async def test_wait_negative_version_is_a_usage_error(start_instance) -> None:
     assert (await kvs(inst, "wait", "0")).rc == 0
 
 
+
+async def test_dropcache_this_rank_or_all(start_instance, connect) -> None:
+    """``kvs dropcache`` empties this rank's kvs cache; ``--all`` every rank's
+    (as flux kvs dropcache [--all]); reads then fetch what they need again."""
+    inst = await start_instance(size=3)
+    h = await connect(inst, 0)
+
+    async def cached(rank: int) -> int:
+        return (await h.rpc("kvs.stats-get", {}, nodeid=rank))["cache"]["blobs"]
+
+    assert (await kvs(inst, "put", "a.b=1", "a.c=2")).rc == 0
+    for rank in (0, 2):
+        assert (await kvs(inst, "get", "a.b", rank=rank)).text == "1\n"
+    assert [await cached(r) > 0 for r in (0, 2)] == [True, True]
+    res = await kvs(inst, "dropcache")
+    assert (res.rc, res.text, res.err) == (0, "", "")
+    assert (await cached(0), await cached(2) > 0) == (0, True)  # rank 0 only
+    res = await kvs(inst, "dropcache", "--all", rank=2)
+    assert (res.rc, res.text, res.err) == (0, "", "")
+    assert [await cached(r) for r in (0, 1, 2)] == [0, 0, 0]
+    assert (await kvs(inst, "get", "a.c", rank=2)).text == "2\n"
+    res = await kvs(inst, "dropcache", "extra")
+    assert res.rc == 2 and res.err.startswith("usage: kvbroker kvs dropcache")
+
 def ns_row(name: str, owner: int) -> str:
     """A ``namespace list`` row, as flux's ``%-36s %10u 0x%08X``."""
     return f"{name:<36} {owner:>10} 0x00000000"
@@ -1253,5 +1277,5 @@ async def test_errors_without_a_broker(tmp_path: Path) -> None:
     res = await run([KVB, "kvs", "--help"], env)
     assert res.rc == 0
     for sub in ("get", "put", "ls", "dir", "unlink", "mkdir", "link", "readlink", "copy",
-                "move", "version", "wait", "getroot", "namespace", "eventlog"):
+                "move", "dropcache", "version", "wait", "getroot", "namespace", "eventlog"):
         assert sub in res.text
