@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import errno
 import os
+import select
 import signal
 import sys
 import time
@@ -20,16 +20,19 @@ from typing import Any
 from broker import __version__, plugins
 from broker.cliutil import (
     CLIError,
+    ConnectError,
     UsageError,
+    connect,
     dumps,
     errno_detail,
+    json_arg,
     non_negative_int,
-    parse_json_arg,
+    positive_float,
     print_err,
     run_async,
 )
 from broker.errors import ErrnoError
-from broker.handle import Handle, parse_uri
+from broker.handle import parse_uri
 from broker.loops import LOOP_NAMES, loop_factory
 from broker.message import NODEID_ANY
 
@@ -79,7 +82,7 @@ def cmd_start(args: argparse.Namespace) -> int:
 
     # Only `start` runs brokers: client commands do not import the broker
     # (nor ZeroMQ), ~30 ms of every `kvbroker kvs get`.
-    from broker.command import Command, exit_code
+    from broker.command import Command, cannot_run_message, cannot_run_status, exit_code
     from broker.launch import Instance, StartError, exit_status
 
     async def main() -> int:
@@ -107,20 +110,24 @@ def cmd_start(args: argparse.Namespace) -> int:
             assert inst.ended is not None
             if not command:
                 print(inst.uri(0), flush=True)
-                if await first(stop.wait(), inst.ended) or inst.ended.result() is None:
-                    return 0  # signalled, or shut down from inside (kvbroker shutdown)
+                if await first(stop.wait(), inst.ended):
+                    return 0  # signalled
+                if inst.ended.result() is None:  # kvbroker shutdown
+                    if inst.shutdown_rank:
+                        print_err(shutdown_notice(inst.shutdown_rank, command=False))
+                    return 0
             else:
                 env = dict(os.environ, KVBROKER_URI=inst.uri(0))
                 try:
                     cmd = Command.spawn(command, env)
                 except OSError as exc:
-                    print_err(f"{command[0]}: {exc.strerror}")
-                    return 127
+                    print_err(cannot_run_message(command[0], exc))
+                    return cannot_run_status(exc)
                 for sig in signalled:  # came while it was being spawned
                     cmd.forward(sig)
                 ended_first = not await first(cmd.wait(), inst.ended)
                 if ended_first and inst.ended.result() is None:
-                    print_err("the instance was shut down; stopping the command")
+                    print_err(shutdown_notice(inst.shutdown_rank or 0, command=True))
                     await cmd.stop()
                 if not ended_first or inst.ended.result() is None:
                     if signalled:  # we are stopping: nothing the command ran outlives us
@@ -151,6 +158,18 @@ def cmd_start(args: argparse.Namespace) -> int:
 
     with asyncio.Runner(loop_factory=asyncio.new_event_loop) as runner:
         return runner.run(main())
+
+
+def shutdown_notice(rank: int, command: bool) -> str:
+    """What ``start`` says when ``kvbroker shutdown`` stopped ``rank`` (0:
+    the whole instance).  Not "exited unexpectedly": someone asked for it.
+    Any rank's shutdown ends the instance (an instance missing a subtree is
+    not what ``start`` was asked for); it is a stop, so ``start`` exits 0, or
+    as the command does."""
+    if rank == 0:
+        return "the instance was shut down; stopping the command"
+    tail = " and the command" if command else ""
+    return f"rank {rank} was shut down (kvbroker shutdown); stopping the instance{tail}"
 
 
 async def first(this: Awaitable[Any], other: Awaitable[Any]) -> bool:
@@ -258,7 +277,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
         raise UsageError("no command given")
 
     async def main() -> str:
-        async with await Handle.connect() as h:
+        async with await connect() as h:
             uri = str(await h.attr_get("local-uri", nodeid=args.rank))
             path = parse_uri(uri)
             if not os.path.exists(path):  # across hosts: the rank's socket is elsewhere
@@ -277,12 +296,14 @@ def cmd_exec(args: argparse.Namespace) -> int:
         return 0
 
     run_async(args, go)
+    from broker.command import cannot_run_message, cannot_run_status
+
     env = dict(os.environ, KVBROKER_URI=uri)
     try:
         os.execvpe(command[0], command, env)
-    except OSError as exc:  # as a shell says it: 127 not found, 126 cannot run
-        print_err(f"{command[0]}: {os.strerror(exc.errno or errno.ENOENT)}")
-        return 127 if exc.errno == errno.ENOENT else 126
+    except OSError as exc:
+        print_err(cannot_run_message(command[0], exc))
+        return cannot_run_status(exc)
     return 0  # not reached: the command replaced this process
 
 
@@ -294,11 +315,11 @@ def _nodeid(rank: int | None) -> int:
 
 
 def cmd_rpc(args: argparse.Namespace) -> int:
-    payload = parse_json_arg(args.payload)
+    payload = args.payload
     args.what = args.topic
 
     async def main() -> int:
-        async with await Handle.connect() as h:
+        async with await connect() as h:
             if args.stream:
                 async for resp in h.rpc_stream(args.topic, payload, nodeid=_nodeid(args.rank)):
                     print(dumps(resp), flush=True)
@@ -314,7 +335,7 @@ def cmd_ping(args: argparse.Namespace) -> int:
     args.what = "ping"
 
     async def main() -> int:
-        async with await Handle.connect() as h:
+        async with await connect() as h:
             for i in range(args.count):
                 t0 = time.perf_counter()
                 resp = await h.rpc("broker.ping", {"seq": i, "pad": "x" * args.pad},
@@ -333,7 +354,7 @@ def cmd_overlay(args: argparse.Namespace) -> int:
     args.what = "overlay status"
 
     async def main() -> int:
-        async with await Handle.connect() as h:
+        async with await connect() as h:
             ranks, fanout = await status.gather(h, timeout=args.timeout)
         for line in status.render(ranks, fanout):
             print(line)
@@ -346,7 +367,7 @@ def cmd_shutdown(args: argparse.Namespace) -> int:
     args.what = "shutdown"
 
     async def main() -> int:
-        async with await Handle.connect() as h:
+        async with await connect() as h:
             await h.rpc("broker.shutdown", {}, nodeid=args.rank)
         return 0
 
@@ -357,10 +378,9 @@ def cmd_event(args: argparse.Namespace) -> int:
     args.what = f"event {args.event_cmd}"
 
     async def main() -> int:
-        async with await Handle.connect() as h:
+        async with await connect() as h:
             if args.event_cmd == "pub":
-                seq = await h.publish(args.topic, parse_json_arg(args.payload),
-                                      private=args.private)
+                seq = await h.publish(args.topic, args.payload, private=args.private)
                 if args.verbose:
                     print(seq)
                 return 0
@@ -380,7 +400,7 @@ def cmd_attr(args: argparse.Namespace) -> int:
     args.what = f"attr {args.attr_cmd}"
 
     async def main() -> int:
-        async with await Handle.connect() as h:
+        async with await connect() as h:
             nodeid = _nodeid(args.rank)
             if args.attr_cmd == "get":
                 print(await h.attr_get(args.name, nodeid=nodeid))
@@ -398,7 +418,7 @@ def cmd_module(args: argparse.Namespace) -> int:
     args.what = "module list"
 
     async def main() -> int:
-        async with await Handle.connect() as h:
+        async with await connect() as h:
             resp = await h.rpc("module.list", {}, nodeid=_nodeid(args.rank))
             if args.json:
                 print(dumps(resp))
@@ -415,7 +435,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
     args.what = f"stats {args.module}"
 
     async def main() -> int:
-        async with await Handle.connect() as h:
+        async with await connect() as h:
             resp = await h.rpc(f"{args.module}.stats-get", {}, nodeid=_nodeid(args.rank))
             print(dumps(resp, pretty=True))
         return 0
@@ -427,7 +447,7 @@ def cmd_content(args: argparse.Namespace) -> int:
     args.what = f"content {args.content_cmd}"
 
     async def main() -> int:
-        async with await Handle.connect() as h:
+        async with await connect() as h:
             if args.content_cmd == "load":
                 resp = await h.rpc("content.load", {"blobref": args.blobref})
                 sys.stdout.buffer.write(resp["data"])
@@ -488,19 +508,19 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_keygen)
 
     s = sub.add_parser("exec", help="run COMMAND attached to rank RANK")
-    s.add_argument("-r", "--rank", type=int, default=0)
+    s.add_argument("-r", "--rank", type=non_negative_int, default=0)
     s.add_argument("cmdline", nargs=argparse.REMAINDER, metavar="COMMAND")
     s.set_defaults(func=cmd_exec)
 
     s = sub.add_parser("rpc", help="send one request and print the response(s)")
     s.add_argument("topic")
-    s.add_argument("payload", nargs="?")
-    s.add_argument("--rank", "-r", type=int)
+    s.add_argument("payload", nargs="?", type=json_arg, metavar="PAYLOAD-JSON")
+    s.add_argument("--rank", "-r", type=non_negative_int)
     s.add_argument("--stream", action="store_true")
     s.set_defaults(func=cmd_rpc)
 
     s = sub.add_parser("ping", help="ping a rank's broker service")
-    s.add_argument("rank", nargs="?", type=int)
+    s.add_argument("rank", nargs="?", type=non_negative_int)
     s.add_argument("--count", "-c", type=non_negative_int, default=1)
     s.add_argument("--pad", "-p", type=non_negative_int, default=0)
     s.set_defaults(func=cmd_ping)
@@ -509,7 +529,7 @@ def build_parser() -> argparse.ArgumentParser:
     esub = s.add_subparsers(dest="event_cmd", required=True)
     e = esub.add_parser("pub")
     e.add_argument("topic")
-    e.add_argument("payload", nargs="?")
+    e.add_argument("payload", nargs="?", type=json_arg, metavar="PAYLOAD-JSON")
     e.add_argument("--private", action="store_true")
     e.add_argument("-v", "--verbose", action="store_true", help="print the sequence number")
     e = esub.add_parser("sub")
@@ -521,15 +541,15 @@ def build_parser() -> argparse.ArgumentParser:
     asub = s.add_subparsers(dest="attr_cmd", required=True)
     a = asub.add_parser("get")
     a.add_argument("name")
-    a.add_argument("--rank", "-r", type=int)
+    a.add_argument("--rank", "-r", type=non_negative_int)
     a = asub.add_parser("list")
-    a.add_argument("--rank", "-r", type=int)
+    a.add_argument("--rank", "-r", type=non_negative_int)
     s.set_defaults(func=cmd_attr)
 
     s = sub.add_parser("module", help="list loaded modules")
     msub = s.add_subparsers(dest="module_cmd", required=True)
     m = msub.add_parser("list")
-    m.add_argument("--rank", "-r", type=int)
+    m.add_argument("--rank", "-r", type=non_negative_int)
     m.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_module)
 
@@ -537,7 +557,7 @@ def build_parser() -> argparse.ArgumentParser:
     osub = s.add_subparsers(dest="overlay_cmd", required=True)
     o = osub.add_parser("status", help="each rank: full, partial (something below is "
                         "lost) or lost; exit 1 unless all are up")
-    o.add_argument("--timeout", "-t", type=float, default=2.0,
+    o.add_argument("--timeout", "-t", type=positive_float, default=2.0,
                    help="seconds a rank may take to answer (default 2)")
     o.set_defaults(func=cmd_overlay)
 
@@ -547,7 +567,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("stats", help="print a module's stats (broker, content, kvs, ...)")
     s.add_argument("module")
-    s.add_argument("--rank", "-r", type=int)
+    s.add_argument("--rank", "-r", type=non_negative_int)
     s.set_defaults(func=cmd_stats)
 
     s = sub.add_parser("content", help="load or store raw blobs")
@@ -577,12 +597,19 @@ def subcommand_parser(parser: argparse.ArgumentParser,
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Parse, run the command, and turn its failure into one line on stderr
+    and an exit status (docs/cli.md, Conventions) -- in this one place, so
+    that every command reports alike."""
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:
         subcommand_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
     try:
-        return int(args.func(args) or 0)
+        rc = int(args.func(args) or 0)
+        # Flushed here, not by the interpreter at exit, where a closed
+        # reader would be a traceback-like complaint and status 120.
+        sys.stdout.flush()
+        return rc
     except UsageError as exc:
         subcommand_parser(parser, args).error(str(exc))
     except CLIError as exc:
@@ -591,22 +618,56 @@ def main(argv: list[str] | None = None) -> int:
     except ErrnoError as exc:
         print_err(f"{args.command}: {errno_detail(exc)}")
         return 1
-    except (OSError, ValueError) as exc:
-        what = getattr(args, "what", args.command)
-        detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        if isinstance(exc, (ConnectionRefusedError, FileNotFoundError)):
-            detail = f"cannot connect to broker: {detail}"
-        elif isinstance(exc, PermissionError) and exc.filename is None:
-            # Refused at connect (a file's error names the file): the run
-            # directory is owner-only unless the instance admits guests.
-            detail = (f"cannot connect to broker: {detail} (this instance admits other "
-                      "users only if started with -S access.allow-guest-user=true)")
-        print_err(f"{what}: {detail}")
+    except ConnectError as exc:
+        print_err(f"{getattr(args, 'what', args.command)}: {exc}")
         return 1
+    except (OSError, ValueError) as exc:
+        if isinstance(exc, BrokenPipeError) and stdout_is_broken():
+            return stdout_closed()
+        return report_local_error(args, exc)
     except KeyboardInterrupt:
         return 130
 
 
+def report_local_error(args: argparse.Namespace, exc: OSError | ValueError) -> int:
+    """``kvbroker: <what>: <strerror>`` for an error of this process (not a
+    service's), exit status 1."""
+    what = getattr(args, "what", args.command)
+    detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    print_err(f"{what}: {detail}")
+    return 1
+
+
+SIGPIPE_STATUS = 128 + signal.SIGPIPE
+"""What a shell reports for a process killed by SIGPIPE (141): what ``cmd |
+head`` has always meant for a C command such as ``flux kvs dir``."""
+
+
+def stdout_is_broken() -> bool:
+    """Whether standard output is a pipe (or socket) nobody reads any more.
+
+    Python ignores SIGPIPE, so a write there raises BrokenPipeError -- as
+    does a write to the broker's socket, which is a real error.  The kernel
+    flags the first case itself: a pipe without readers polls POLLERR."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return False
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poller.poll(0))
+
+
+def stdout_closed() -> int:
+    """End quietly, as a command killed by SIGPIPE would (exit status 141),
+    without setting SIGPIPE to its default action: a write to the broker
+    would then kill us silently too.  Standard output now goes to /dev/null
+    so that the interpreter's final flush of what is still buffered does not
+    fail again (Python's documented recipe, "Note on SIGPIPE")."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return SIGPIPE_STATUS
 
 
 if __name__ == "__main__":

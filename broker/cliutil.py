@@ -5,13 +5,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import errno
 import json
+import math
 import os
 import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from broker.errors import ErrnoError
+from broker.handle import URI_ENV, Handle
 from broker.loops import loop_factory
 
 
@@ -32,6 +35,38 @@ class UsageError(Exception):
     the message on stderr, exit status 2 (as argparse's own errors)."""
 
 
+class ConnectError(Exception):
+    """The broker cannot be reached.  The message names the URI tried and
+    where it came from: ``No such file or directory`` alone does not say
+    that ``$KVBROKER_URI`` is stale, mistyped or unset."""
+
+
+_CONNECT_HINTS = {
+    errno.ENOENT: "no broker there: has the instance stopped?",
+    errno.ECONNREFUSED: "no broker listens there: has the instance stopped?",
+    errno.EACCES: "this instance admits other users only if started with "
+                  "-S access.allow-guest-user=true",
+}
+
+
+async def connect() -> Handle:
+    """:meth:`Handle.connect` to ``$KVBROKER_URI``, for a command: failing
+    with a :class:`ConnectError` that says which URI could not be reached."""
+    uri = os.environ.get(URI_ENV)
+    if not uri:
+        raise ConnectError(f"cannot connect to broker: {URI_ENV} is not set (kvbroker start "
+                           "prints it and sets it for the command it runs)")
+    where = f"cannot connect to broker at {URI_ENV}={uri}"
+    try:
+        return await Handle.connect(uri)
+    except ValueError as exc:  # not a URI we know
+        raise ConnectError(f"{where}: {exc}") from None
+    except OSError as exc:
+        detail = exc.strerror or str(exc)
+        hint = _CONNECT_HINTS.get(exc.errno or 0)
+        raise ConnectError(f"{where}: {detail}" + (f" ({hint})" if hint else "")) from None
+
+
 def non_negative_int(text: str) -> int:
     """argparse ``type`` for counts, sizes and versions: refuses ``-2``."""
     try:
@@ -40,6 +75,19 @@ def non_negative_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"must not be negative: {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse ``type`` for timeouts: a finite number of seconds above 0.
+    A timeout of 0 or less would expire before any answer could come: every
+    rank "lost", an event "never" received -- a mistake, not a request."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number of seconds: {text!r}") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds: {text}")
     return value
 
 
@@ -71,13 +119,13 @@ def dumps(value: Any, pretty: bool = False) -> str:
     return json.dumps(jsonable(value), indent=2 if pretty else None, sort_keys=pretty)
 
 
-def parse_json_arg(text: str | None, what: str = "payload") -> Any:
-    if text is None:
-        return None
+def json_arg(text: str) -> Any:
+    """argparse ``type`` for a JSON argument (a payload): malformed JSON is a
+    usage error, refused before anything is sent."""
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise CLIError(f"{what} is not valid JSON", detail=str(exc)) from None
+        raise argparse.ArgumentTypeError(f"not valid JSON: {exc}") from None
 
 
 def run_async(args: argparse.Namespace, coro_fn: Callable[[], Awaitable[int | None]]) -> int:

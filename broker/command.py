@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import signal
 import subprocess
@@ -34,6 +35,19 @@ def in_terminal_foreground() -> bool:
         return False
     finally:
         os.close(fd)
+
+
+def cannot_run_status(exc: OSError) -> int:
+    """The exit status for a command that could not be started, as a shell
+    (and POSIX) has it: 127 when it was not found, 126 when it was found
+    but cannot be executed (a directory, a file without execute permission,
+    an unknown format) -- a script can tell a typo from a bad install."""
+    return 127 if exc.errno == errno.ENOENT else 126
+
+
+def cannot_run_message(argv0: str, exc: OSError) -> str:
+    """``CMD: <strerror>``: what a shell says of a command it cannot run."""
+    return f"{argv0}: {os.strerror(exc.errno) if exc.errno else exc}"
 
 
 def exit_code(returncode: int) -> int:

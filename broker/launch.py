@@ -30,7 +30,7 @@ import zmq
 from broker import attrs as battrs
 from broker.broker import local_socket_path
 from broker.command import STOP_TIMEOUT
-from broker.topology import children_of
+from broker.topology import children_of, parent_of
 
 START_TIMEOUT = 60.0
 
@@ -123,10 +123,13 @@ class Instance:
         self.failed: asyncio.Future[tuple[int, int]] | None = None
         """``(rank, exit status)`` of the first rank that exited unasked."""
         self.ended: asyncio.Future[tuple[int, int] | None] | None = None
-        """As :attr:`failed`, or None once the instance was shut down from
-        inside (``kvbroker shutdown``: rank 0 said ``shutdown``, and every
-        rank then exits 0) -- what ``kvbroker start`` waits on."""
-        self._shutdown_said: asyncio.Future[None] | None = None
+        """As :attr:`failed`, or None once a rank was shut down from inside
+        (``kvbroker shutdown [--rank R]``: the rank said ``shutdown``, then
+        it and its subtree exit 0) -- what ``kvbroker start`` waits on."""
+        self.shutdown_rank: int | None = None
+        """The rank that was shut down, once :attr:`ended` is None: 0 for
+        the whole instance, else the top of the subtree that stopped."""
+        self._shutdown_said: list[asyncio.Future[None]] = []
         self._watch_w: int | None = None
         self._waiters: list[asyncio.Task[None]] = []
         self._stopping = False
@@ -162,7 +165,7 @@ class Instance:
         self.check()
         self.failed = loop.create_future()
         self.ended = loop.create_future()
-        self._shutdown_said = loop.create_future()
+        self._shutdown_said = [loop.create_future() for _ in range(self.size)]
         self.rundir = make_rundir()
         if battrs.ALLOW_GUEST_USER.value(self.attrs):
             os.chmod(self.rundir, 0o755)
@@ -218,7 +221,7 @@ class Instance:
             raise
         for rank, proc in enumerate(self.procs):
             self._waiters.append(loop.create_task(self._watch(rank, proc)))
-        self._waiters.append(loop.create_task(self._read_rank0()))
+            self._waiters.append(loop.create_task(self._read_stdout(rank, proc)))
 
     async def _await_ready(self, rank: int, proc: asyncio.subprocess.Process) -> None:
         assert proc.stdout is not None
@@ -227,30 +230,44 @@ class Instance:
             code = await proc.wait()
             raise StartError(f"rank {rank} exited {exit_status(code)} during start-up")
 
-    async def _read_rank0(self) -> None:
-        """Rank 0 prints ``shutdown`` before it tells any rank to stop."""
-        stdout = self.procs[0].stdout
-        assert stdout is not None and self._shutdown_said is not None
-        while line := await stdout.readline():
-            if line.strip() == b"shutdown" and not self._shutdown_said.done():
-                self._shutdown_said.set_result(None)
+    async def _read_stdout(self, rank: int, proc: asyncio.subprocess.Process) -> None:
+        """A rank prints ``shutdown`` (after ``ready``) when a client shut it
+        down, before it tells any rank below it to stop."""
+        assert proc.stdout is not None
+        said = self._shutdown_said[rank]
+        while line := await proc.stdout.readline():
+            if line.strip() == b"shutdown" and not said.done():
+                said.set_result(None)
 
     async def _watch(self, rank: int, proc: asyncio.subprocess.Process) -> None:
         code = await proc.wait()
-        if code == 0 and self._shutdown_said is not None:
-            # A shutdown reaches the others through rank 0, which printed it
-            # first: the line is in the pipe already.  Not for a rank that
-            # stopped alone (it was sent a signal, or shut down by itself).
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(self._shutdown_said), 1.0)
+        shut_down = await self._shut_down_above(rank) if code == 0 else None
         if self._stopping or self.ended is None or self.ended.done():
             return
-        if code == 0 and self._shutdown_said is not None and self._shutdown_said.done():
+        if shut_down is not None:
+            self.shutdown_rank = shut_down
             self.ended.set_result(None)
             return
         assert self.failed is not None
         self.failed.set_result((rank, code))
         self.ended.set_result((rank, code))
+
+    async def _shut_down_above(self, rank: int) -> int | None:
+        """The highest of ``rank`` and its ancestors that said ``shutdown``
+        (ancestors have lower numbers), or None: the rank stopped alone (it
+        was sent a signal, or shut down by itself).
+
+        A shutdown reaches a subtree through its top rank, which printed it
+        first: the line is in that rank's pipe already, maybe not read yet,
+        so it is waited for, briefly."""
+        chain = [rank]
+        while (parent := parent_of(chain[-1], self.fanout)) is not None:
+            chain.append(parent)
+        said = [self._shutdown_said[r] for r in chain]
+        if not any(f.done() for f in said):
+            await asyncio.wait(said, timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
+        done = [r for r, f in zip(chain, said, strict=True) if f.done()]
+        return min(done) if done else None
 
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs]

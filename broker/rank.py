@@ -32,7 +32,7 @@ from typing import Any
 from broker import attrs as battrs
 from broker import gcpolicy, malloc
 from broker.broker import Broker
-from broker.command import Command, exit_code
+from broker.command import Command, cannot_run_message, cannot_run_status, exit_code
 from broker.errors import ErrnoError
 from broker.loops import loop_factory
 
@@ -199,9 +199,9 @@ async def run_initial_program(b: Broker, argv: list[str], running: asyncio.Task[
     try:
         cmd = Command.spawn(argv, dict(os.environ, KVBROKER_URI=b.uri))
     except OSError as exc:
-        log.error("initial program %s: %s", argv[0], exc.strerror or exc)
+        log.error("initial program %s", cannot_run_message(argv[0], exc))
         b.request_stop()
-        return 127
+        return cannot_run_status(exc)
     signalled: list[int] = []
 
     def forward(sig: int) -> None:

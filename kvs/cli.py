@@ -17,17 +17,27 @@ already resolved when they are called, and :func:`render_value` and
 from __future__ import annotations
 
 import argparse
+import asyncio
 import errno
 import importlib
 import json
 import os
+import re
 import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from broker.cliutil import CLIError, errno_detail, non_negative_int, run_async
+from broker.cliutil import (
+    CLIError,
+    UsageError,
+    connect,
+    errno_detail,
+    non_negative_int,
+    positive_float,
+    run_async,
+)
 from broker.errors import ErrnoError
-from broker.handle import Handle
+from broker.message import NODEID_ANY
 from kvs import eventlog, treeobj
 from kvs.client import (
     KVS,
@@ -83,7 +93,7 @@ def _run(args: argparse.Namespace, body: Callable[[KVS], Awaitable[int | None]])
     args.what = getattr(args, "what", None) or f"kvs {args.kvs_cmd}"
 
     async def main() -> int | None:
-        async with await Handle.connect() as h:
+        async with await connect() as h:
             return await body(KVS(h, getattr(args, "namespace", None)))
 
     try:
@@ -95,7 +105,7 @@ def _run(args: argparse.Namespace, body: Callable[[KVS], Awaitable[int | None]])
 def _delegate(name: str, args: argparse.Namespace) -> int:
     """Hand a watching command to :mod:`kvs_watch.cli`."""
     args.namespace = default_namespace(getattr(args, "namespace", None))
-    args.what = f"kvs {args.kvs_cmd}"
+    args.what = getattr(args, "what", None) or f"kvs {args.kvs_cmd}"
     try:
         fn = getattr(importlib.import_module("kvs_watch.cli"), name)
     except (ImportError, AttributeError):
@@ -170,15 +180,17 @@ def render_value(key: str, obj: TreeObj, *, raw: bool = False, as_treeobj: bool 
     return head + (data + b"\n" if obj["data"] or label else b"")
 
 
+COLOR_CHOICES = ("auto", "always", "never")
+
+
 def make_formatter(args: argparse.Namespace) -> eventlog.Formatter:
     """The eventlog :class:`~kvs.eventlog.Formatter` for ``-u``, ``-H``, ``-L``/``--color``."""
     when = args.color
-    if when not in ("auto", "always", "never"):
-        raise CLIError(args.what, errno.EINVAL,
-                       f"invalid --color value {when!r} (use auto, always or never)")
+    if when not in COLOR_CHOICES:  # argparse refuses it first; callers may not use it
+        raise UsageError(f"argument --color: invalid choice: {when!r} "
+                         f"(choose from {', '.join(COLOR_CHOICES)})")
     if args.unformatted and (args.human or when == "always"):
-        raise CLIError(args.what, detail="do not specify --unformatted with --human or "
-                                         "--color=always")
+        raise UsageError("--unformatted cannot be combined with --human or --color=always")
     color = when == "always" or (when == "auto" and not args.unformatted
                                  and sys.stdout.isatty())
     return eventlog.Formatter(unformatted=args.unformatted, human=args.human, color=color)
@@ -187,8 +199,18 @@ def make_formatter(args: argparse.Namespace) -> eventlog.Formatter:
 # ---------------------------------------------------------------- get / put
 
 
+def check_watch_options(args: argparse.Namespace) -> None:
+    """Refuse, as usage errors and in the options' own names, what kvs-watch
+    would refuse in its flags' (``WATCH and STREAM cannot be combined``)."""
+    if getattr(args, "at", None):
+        raise UsageError("--at cannot be combined with --watch, --waitcreate or --stream")
+    if args.watch and args.stream:
+        raise UsageError("--watch and --stream cannot be combined")
+
+
 def cmd_get(args: argparse.Namespace) -> int:
     if args.watch or args.waitcreate or args.stream:
+        check_watch_options(args)
         return _delegate("watch_get", args)
 
     async def body(kvs: KVS) -> int:
@@ -481,6 +503,9 @@ def cmd_readlink(args: argparse.Namespace) -> int:
 
 
 def cmd_copy(args: argparse.Namespace) -> int:
+    """``copy``/``move``: ``-S``/``-D`` as Flux; ``-N`` (the connection's
+    namespace, ``kvs.namespace``) stands for whichever of them is not given,
+    as every other namespace-aware subcommand takes ``-N``."""
     async def body(kvs: KVS) -> int:
         op = kvs.move if args.kvs_cmd == "move" else kvs.copy
         try:
@@ -530,6 +555,40 @@ def cmd_getroot(args: argparse.Namespace) -> int:
     return _run(args, body)
 
 
+# ---------------------------------------------------------------- cache
+
+
+def cmd_dropcache(args: argparse.Namespace) -> int:
+    """``flux kvs dropcache [--all]``: empty the kvs module's blob cache on
+    this rank, or on every rank.
+
+    Flux publishes a ``kvs.dropcache`` event for ``--all`` and cannot tell
+    whether any rank obeyed; here each rank (0 to ``size`` - 1) gets its
+    own ``kvs.dropcache`` request, all sent at once: when the command
+    returns every cache is empty, and a rank that refused (``EPERM``: not
+    the instance owner) or cannot be reached is named."""
+    args.what = "kvs dropcache"
+
+    async def body(kvs: KVS) -> int:
+        h = kvs.handle
+        ranks = range(int(await h.attr_get("size"))) if args.all else [None]
+        answers = await asyncio.gather(*(_dropcache(h, r) for r in ranks),
+                                       return_exceptions=True)
+        for rank, answer in zip(ranks, answers, strict=True):
+            if isinstance(answer, ErrnoError):
+                where = "kvs dropcache" if rank is None else f"kvs dropcache: rank {rank}"
+                raise CLIError(where, detail=errno_detail(answer))
+            if isinstance(answer, BaseException):
+                raise answer
+        return 0
+
+    return _run(args, body)
+
+
+async def _dropcache(h: Any, rank: int | None) -> None:
+    await h.rpc("kvs.dropcache", {}, nodeid=NODEID_ANY if rank is None else rank)
+
+
 # ---------------------------------------------------------------- namespaces
 
 
@@ -568,6 +627,7 @@ def cmd_eventlog(args: argparse.Namespace) -> int:
         return _delegate("eventlog_wait_event", args)
     if args.ev_cmd == "get":
         if args.watch or args.waitcreate or args.stream:
+            check_watch_options(args)
             return _delegate("eventlog_get", args)
         fmt = make_formatter(args)
 
@@ -598,6 +658,44 @@ def cmd_eventlog(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------- parser
 
 
+_NEGATIVE_NUMBER = re.compile(r"-\d+|-\d*\.\d+")
+
+
+class _Parser(argparse.ArgumentParser):
+    """The parser of the ``kvs`` subcommands: a negative number right after
+    an option that takes a value is that value.
+
+    argparse reads ``-1`` in ``kvs ls -w -1`` as ls's own ``-1`` flag, since
+    a parser with such a flag takes every negative number for an option, and
+    says only "-w/--width: expected one argument".  Given to ``-w`` (as
+    ``-w=-1``), it is refused by the option's type, which says why: "must
+    not be negative".  ``-w`` followed by a flag was an error anyway, so no
+    command line that worked changes meaning."""
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        if args is not None:
+            args = self._attach_negative_values(list(args))
+        return super().parse_known_args(args, namespace)
+
+    def _attach_negative_values(self, args: list[str]) -> list[str]:
+        actions = self._option_string_actions  # noqa: SLF001 (no public lookup)
+        out: list[str] = []
+        i = 0
+        while i < len(args):
+            arg = args[i]
+            if arg == "--":
+                return out + args[i:]
+            action = actions.get(arg)
+            nxt = args[i + 1] if i + 1 < len(args) else ""
+            if action is not None and action.nargs is None and _NEGATIVE_NUMBER.fullmatch(nxt):
+                out.append(f"{arg}={nxt}")
+                i += 2
+                continue
+            out.append(arg)
+            i += 1
+        return out
+
+
 def _ns(p: argparse.ArgumentParser) -> None:
     p.add_argument("-N", "--namespace", metavar="NS",
                    help="KVS namespace (default: $KVBROKER_NAMESPACE or primary)")
@@ -617,6 +715,7 @@ def _eventlog_format(p: argparse.ArgumentParser) -> None:
                    help="print events in RFC 18 form (one JSON object a line)")
     p.add_argument("-H", "--human", action="store_true", help="human-readable timestamps")
     p.add_argument("--color", nargs="?", const="always", default="auto", metavar="WHEN",
+                   choices=COLOR_CHOICES,
                    help="colorize: always (if WHEN is omitted), never, auto (the default); "
                         "write --color=WHEN")
     p.add_argument("-L", dest="color", action="store_const", const="always",
@@ -627,7 +726,8 @@ def register(subparsers: Any) -> None:
     """Add ``kvs`` and its subcommands to the ``kvbroker`` parser."""
     top = subparsers.add_parser("kvs", help="the key-value store (as flux kvs)",
                                 description="Read and write the KVS (mirrors flux kvs).")
-    sub = top.add_subparsers(dest="kvs_cmd", metavar="SUBCOMMAND", required=True)
+    sub = top.add_subparsers(dest="kvs_cmd", metavar="SUBCOMMAND", required=True,
+                             parser_class=_Parser)
 
     p = sub.add_parser("get", help="print the value(s) stored under KEY(s)")
     _ns(p)
@@ -638,7 +738,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("-l", "--label", action="store_true", help="print KEY= before the value")
     p.add_argument("-w", "--watch", action="store_true", help="print the value and its changes")
     p.add_argument("-W", "--waitcreate", action="store_true", help="wait for KEY to be created")
-    p.add_argument("-c", "--count", type=int, default=0, metavar="COUNT",
+    p.add_argument("-c", "--count", type=non_negative_int, default=0, metavar="COUNT",
                    help="with --watch, stop after COUNT values")
     p.add_argument("-u", "--uniq", action="store_true",
                    help="with --watch, print only values that changed")
@@ -728,11 +828,18 @@ def register(subparsers: Any) -> None:
     for name, text in (("copy", "copy SRC to DST (a directory in O(1))"),
                        ("move", "move SRC to DST")):
         p = sub.add_parser(name, help=text)
+        p.add_argument("-N", "--namespace", metavar="NS",
+                       help="SRC's and DST's namespace, unless -S or -D gives it "
+                            "(default: $KVBROKER_NAMESPACE or primary)")
         p.add_argument("-S", "--src-namespace", metavar="NS", help="SRC's namespace")
         p.add_argument("-D", "--dst-namespace", metavar="NS", help="DST's namespace")
         p.add_argument("src", metavar="SRC")
         p.add_argument("dst", metavar="DST")
         p.set_defaults(func=cmd_copy)
+
+    p = sub.add_parser("dropcache", help="drop the KVS cache of this rank (or of every rank)")
+    p.add_argument("-a", "--all", action="store_true", help="drop the cache of every rank")
+    p.set_defaults(func=cmd_dropcache)
 
     p = sub.add_parser("version", help="print the namespace's version")
     _ns(p)
@@ -754,7 +861,8 @@ def register(subparsers: Any) -> None:
     p = sub.add_parser("namespace", help="create, remove or list namespaces")
     nsub = p.add_subparsers(dest="ns_cmd", metavar="SUBCOMMAND", required=True)
     c = nsub.add_parser("create", help="create namespaces")
-    c.add_argument("-o", "--owner", type=int, metavar="UID", help="owner (default: you)")
+    c.add_argument("-o", "--owner", type=non_negative_int, metavar="UID",
+                   help="owner (default: you)")
     c.add_argument("-r", "--rootref", metavar="BLOBREF", help="start at this root")
     c.add_argument("names", nargs="+", metavar="NS")
     c = nsub.add_parser("remove", help="remove namespaces")
@@ -777,7 +885,7 @@ def register(subparsers: Any) -> None:
     _ns(e)
     e.add_argument("-W", "--waitcreate", action="store_true", help="wait for KEY to exist")
     e.add_argument("-w", "--watch", action="store_true", help="print new events as they come")
-    e.add_argument("-c", "--count", type=int, default=0, metavar="COUNT",
+    e.add_argument("-c", "--count", type=non_negative_int, default=0, metavar="COUNT",
                    help="with --watch, stop after COUNT events")
     e.add_argument("-S", "--stream", action="store_true",
                    help="return a large eventlog in several answers")
@@ -786,7 +894,8 @@ def register(subparsers: Any) -> None:
     e = esub.add_parser("wait-event", help="wait for event NAME in KEY")
     _ns(e)
     e.add_argument("-W", "--waitcreate", action="store_true", help="wait for KEY to exist")
-    e.add_argument("-t", "--timeout", type=float, metavar="SECONDS", help="give up after this")
+    e.add_argument("-t", "--timeout", type=positive_float, metavar="SECONDS",
+                   help="give up after this many seconds (more than 0)")
     e.add_argument("-q", "--quiet", action="store_true", help="do not print the event")
     e.add_argument("-v", "--verbose", action="store_true",
                    help="print every event up to the one awaited")

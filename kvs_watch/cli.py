@@ -26,7 +26,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import IO, Any
 
-from broker.cliutil import CLIError, errno_detail, run_async
+from broker.cliutil import CLIError, connect, errno_detail, run_async
 from broker.errors import ErrnoError
 from broker.handle import Handle
 from broker.rpc import HandleCore
@@ -58,7 +58,7 @@ _BAD = errno_detail(ErrnoError(errno.EINVAL, BAD_EVENTLOG))
 
 def _run(args: argparse.Namespace, body: Callable[[Handle], Awaitable[int]]) -> int:
     async def main() -> int:
-        async with await Handle.connect() as h:
+        async with await connect() as h:
             return await body(h)
 
     try:

@@ -68,8 +68,9 @@ async def test_refused_guest_cli_says_how_guests_are_admitted(start_instance) ->
     out, err = await asyncio.wait_for(proc.communicate(), 30)
     assert proc.returncode == 1 and out == b""
     assert err.decode().strip() == (
-        "kvbroker: ping: cannot connect to broker: Permission denied (this instance admits "
-        "other users only if started with -S access.allow-guest-user=true)")
+        f"kvbroker: ping: cannot connect to broker at KVBROKER_URI={inst.uri(0)}: Permission "
+        "denied (this instance admits other users only if started with "
+        "-S access.allow-guest-user=true)")
 
 
 @pytest.mark.both_loops

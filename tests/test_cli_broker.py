@@ -64,6 +64,14 @@ async def test_start_missing_command() -> None:
     error_line(err, "/nonexistent/command", errno.ENOENT)
 
 
+async def test_start_a_command_that_cannot_be_executed_exits_126() -> None:
+    """Found but not executable: 126, as a shell (was 127, "not found")."""
+    for path in ("/etc/passwd", os.devnull, "/"):
+        rc, _, err = await run_cli("start", "--", path)
+        assert rc == 126, (path, err)
+        error_line(err, path, errno.EACCES)  # execve says so of a directory too
+
+
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
 async def test_start_event_loop_and_attributes(loop: str) -> None:
     script = f"{KVBROKER} attr get event-loop; {KVBROKER} attr get my.attr --rank 1"
@@ -443,6 +451,63 @@ async def test_usage_errors_show_the_subcommands_usage() -> None:
         assert err.startswith(usage), (args, err)
 
 
+
+@pytest.mark.parametrize("args, message", [
+    (("kvs", "get", "-w", "-c", "-1", "k"), "argument -c/--count: must not be negative: -1"),
+    (("kvs", "eventlog", "get", "-w", "-c", "-3", "log"),
+     "argument -c/--count: must not be negative: -3"),
+    (("kvs", "eventlog", "wait-event", "-t", "-1", "log", "start"),
+     "argument -t/--timeout: must be a positive number of seconds: -1"),
+    (("kvs", "eventlog", "wait-event", "-t", "nan", "log", "start"),
+     "argument -t/--timeout: must be a positive number of seconds: nan"),
+    (("overlay", "status", "--timeout", "-1"),
+     "argument --timeout/-t: must be a positive number of seconds: -1"),
+    (("overlay", "status", "--timeout", "0"),
+     "argument --timeout/-t: must be a positive number of seconds: 0"),
+    (("kvs", "namespace", "create", "-o", "-5", "ns"),
+     "argument -o/--owner: must not be negative: -5"),
+    (("rpc", "broker.ping", "--rank", "-5"), "argument --rank/-r: must not be negative: -5"),
+    (("attr", "get", "rank", "--rank", "-1"), "argument --rank/-r: must not be negative: -1"),
+    (("attr", "list", "--rank", "-1"), "argument --rank/-r: must not be negative: -1"),
+    (("module", "list", "--rank", "-2"), "argument --rank/-r: must not be negative: -2"),
+    (("stats", "kvs", "--rank", "-2"), "argument --rank/-r: must not be negative: -2"),
+    (("exec", "-r", "-1", "true"), "argument -r/--rank: must not be negative: -1"),
+])
+async def test_negative_counts_ranks_and_timeouts_are_usage_errors(args, message) -> None:
+    """Refused before anything is sent (were: a count of -1 printing and
+    exiting 0, a timeout expiring at once, the broker's EPROTO or EHOSTUNREACH)."""
+    rc, out, err = await run_cli(*args, uri="local:///nonexistent/socket")
+    assert (rc, out) == (2, ""), err
+    assert err.startswith(f"usage: kvbroker {args[0]} "), err
+    assert err.rstrip().endswith(f": error: {message}"), err
+
+
+@pytest.mark.parametrize("sub, args, message", [
+    ("kvs get", ("-w", "-a", '{"ver":1,"type":"dirref","data":["x"]}', "k"),
+     "--at cannot be combined with --watch, --waitcreate or --stream"),
+    ("kvs get", ("-w", "-S", "k"), "--watch and --stream cannot be combined"),
+    ("kvs eventlog get", ("-w", "-S", "log"), "--watch and --stream cannot be combined"),
+    ("rpc", ("broker.ping", "notjson"),
+     "argument PAYLOAD-JSON: not valid JSON: Expecting value: line 1 column 1 (char 0)"),
+    ("event pub", ("job.x", "{not json"), "argument PAYLOAD-JSON: not valid JSON: "
+     "Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"),
+    ("kvs eventlog get", ("-u", "-H", "log"),
+     "--unformatted cannot be combined with --human or --color=always"),
+    ("kvs eventlog wait-event", ("-u", "-L", "log", "x"),
+     "--unformatted cannot be combined with --human or --color=always"),
+    ("kvs eventlog get", ("--color=sometimes", "log"),
+     "argument --color: invalid choice: 'sometimes' (choose from 'auto', 'always', 'never')"),
+])
+async def test_option_conflicts_and_bad_payloads_are_usage_errors(sub, args, message) -> None:
+    """Exit 2 with the subcommand's usage, in the options' own names, before
+    anything is sent (were exit 1, some without the command's name, one in
+    kvs-watch's flag names: 'WATCH and STREAM cannot be combined')."""
+    rc, out, err = await run_cli(*sub.split(), *args, uri="local:///nonexistent/socket")
+    assert (rc, out) == (2, ""), err
+    assert err.startswith(f"usage: kvbroker {sub} "), err
+    assert err.rstrip().endswith(f"kvbroker {sub}: error: {message}"), err
+
+
 async def test_errors_say_what_and_strerror(start_instance) -> None:
     inst = await start_instance(size=2, fanout=2)
     uri = inst.uri(0)
@@ -462,16 +527,34 @@ async def test_errors_say_what_and_strerror(start_instance) -> None:
         rc, _, err = await run_cli("stats", "nosuch", uri=uri)
         assert rc == 1
         error_line(err, "stats nosuch", errno.ENOSYS)
-        rc, _, err = await run_cli("rpc", "broker.ping", "{not json", uri=uri)
-        assert rc == 1 and err.startswith("kvbroker: payload is not valid JSON")
-        # no broker
-        rc, _, err = await run_cli("ping", uri="local:///nonexistent/socket")
-        assert rc == 1
-        assert err.strip() == (
-            f"kvbroker: ping: cannot connect to broker: {os.strerror(errno.ENOENT)}"
-        )
-        rc, _, err = await run_cli("ping")
-        assert rc == 1 and err.startswith("kvbroker: ping: ") and "KVBROKER_URI" in err
+
+
+async def test_connection_errors_name_the_uri(tmp_path) -> None:
+    """Which URI could not be reached, and that it came from KVBROKER_URI
+    (was: ``cannot connect to broker: Connection refused``, alone)."""
+    from broker.launch import Instance
+
+    async with Instance(1) as inst:
+        stale = inst.uri(0)
+    enoent, refused = os.strerror(errno.ENOENT), os.strerror(errno.ECONNREFUSED)
+    for uri, what, detail in [
+        ("local:///nonexistent/socket", "ping", enoent),
+        ("garbage", "ping", enoent),
+        (stale, "attr get", enoent),  # the instance has stopped
+        (f"local://{tmp_path}", "ping", refused),  # a directory, no socket
+    ]:
+        args = ("attr", "get", "rank") if what == "attr get" else (what,)
+        rc, out, err = await run_cli(*args, uri=uri)
+        assert (rc, out) == (1, ""), err
+        assert err.startswith(f"kvbroker: {what}: cannot connect to broker at "
+                              f"KVBROKER_URI={uri}: {detail} ("), err
+    rc, _, err = await run_cli("ping", uri="tcp://host:1")
+    assert err.strip() == ("kvbroker: ping: cannot connect to broker at "
+                           "KVBROKER_URI=tcp://host:1: unsupported broker URI scheme: "
+                           "'tcp://host:1'")
+    rc, _, err = await run_cli("ping")
+    assert rc == 1
+    assert err.startswith("kvbroker: ping: cannot connect to broker: KVBROKER_URI is not set")
 
 
 async def test_client_commands(start_instance, connect) -> None:
@@ -564,3 +647,45 @@ async def test_event_pub_and_sub(start_instance, connect) -> None:
             if sub.returncode is None:
                 sub.kill()
                 await sub.wait()
+
+
+async def spawn_to_closed_pipe(uri: str, *args: str) -> asyncio.subprocess.Process:
+    """``kvbroker ARGS`` whose standard output is a pipe nobody reads (as
+    ``... | head -1`` once head has exited): its first write fails."""
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        return await asyncio.create_subprocess_exec(
+            KVBROKER, *args, stdout=w, stderr=asyncio.subprocess.PIPE,
+            stdin=asyncio.subprocess.DEVNULL, env=dict(os.environ, KVBROKER_URI=uri))
+    finally:
+        os.close(w)
+
+
+async def test_a_closed_stdout_ends_every_command_quietly(start_instance, connect) -> None:
+    """``cmd | head -1``: exit 141 (128 + SIGPIPE) and nothing on stderr, as a
+    command killed by SIGPIPE -- was ``kvbroker: kvs dir: Broken pipe``, exit 1."""
+    inst = await start_instance(size=2, fanout=2)
+    uri = inst.uri(0)
+    async with asyncio.timeout(60):
+        rc, _, err = await run_cli("kvs", "put", "a.b=1", "a.c=2", "k=v", uri=uri)
+        assert rc == 0, err
+        for args in (("kvs", "dir"), ("kvs", "ls", "-R"), ("attr", "list"),
+                     ("kvs", "get", "-w", "k"), ("ping", "--count", "3")):
+            proc = await spawn_to_closed_pipe(uri, *args)
+            _, err_b = await proc.communicate()
+            assert (proc.returncode, err_b) == (141, b""), args
+
+        watcher = await connect(inst, 0)
+        clients = (await stats(watcher))["clients"]
+        sub = await spawn_to_closed_pipe(uri, "event", "sub", "pipe.test")
+
+        async def subscribed() -> bool:
+            s = await stats(watcher)
+            return s["clients"] == clients + 1 and sum(s["subscriptions"].values()) >= 1
+
+        await wait_until(subscribed, "kvbroker event sub to subscribe", timeout=20)
+        rc, _, err = await run_cli("event", "pub", "pipe.test", uri=uri)
+        assert rc == 0, err
+        _, err_b = await sub.communicate()
+        assert (sub.returncode, err_b) == (141, b"")

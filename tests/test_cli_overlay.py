@@ -73,3 +73,28 @@ async def test_start_exits_0_when_the_instance_is_shut_down() -> None:
         rc, _, err = await run_cli("start", "--size", "2", "--", "sh", "-c", script)
         assert rc == 128 + signal.SIGTERM, err
         assert "the instance was shut down; stopping the command" in err
+
+
+async def test_start_stops_when_a_rank_is_shut_down() -> None:
+    """``kvbroker shutdown --rank R`` inside ``kvbroker start``: said as a
+    shutdown, not "rank R exited unexpectedly, with status 0" and exit 1;
+    the instance stops, and start exits 0, or as its command does."""
+    proc = await asyncio.create_subprocess_exec(
+        KVBROKER, "start", "--size", "4", "--fanout", "2",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    assert proc.stdout is not None
+    async with asyncio.timeout(60):
+        uri = (await proc.stdout.readline()).decode().strip()
+        assert (await run_cli("shutdown", "--rank", "3", uri=uri))[0] == 0
+        _, err = await proc.communicate()
+        assert proc.returncode == 0, err
+        assert err.decode().strip() == (
+            "kvbroker: rank 3 was shut down (kvbroker shutdown); stopping the instance")
+        # rank 1's subtree (1 and 3), under a command: it is stopped too
+        script = (f'{KVBROKER} shutdown --rank 1; '
+                  f'exec {sys.executable} -c "import time; time.sleep(60)"')
+        rc, _, err = await run_cli("start", "--size", "4", "--fanout", "2", "--",
+                                   "sh", "-c", script)
+        assert rc == 128 + signal.SIGTERM, err
+        assert err.strip() == ("kvbroker: rank 1 was shut down (kvbroker shutdown); "
+                               "stopping the instance and the command")

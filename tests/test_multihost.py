@@ -470,3 +470,16 @@ async def test_an_initial_program_that_cannot_run_exits_127(tmp_path: Path, brok
     assert await exit_codes([rank0], tmp_path) == [127]
     assert "no-such-program: No such file or directory" in \
         next(tmp_path.glob("stderr0-*")).read_text()
+
+
+async def test_an_initial_program_that_cannot_be_executed_exits_126(
+        tmp_path: Path, brokers) -> None:
+    """Found but not executable (a file without the execute bit): 126, as a
+    shell and ``kvbroker start`` (was 127, "not found")."""
+    assert (await run_cli("keygen", str(tmp_path / "curve.key")))[0] == 0
+    config = tmp_path / "inst.toml"
+    write_config(config, 1, 2, "curve.key")
+    rank0 = await brokers(config, 0, "--", str(config))
+    assert await exit_codes([rank0], tmp_path) == [126]
+    assert f"initial program {config}: Permission denied" in \
+        next(tmp_path.glob("stderr0-*")).read_text()

@@ -79,7 +79,7 @@ async def test_kvs_get_watch_waitcreate_append_stream(start_instance, connect):
     rc, out, err = await run(uri, "kvs", "get", "-N", "noexist", "--watch", "test.a")
     assert rc == 1 and "Operation not supported" in err
     rc, out, err = await run(uri, "kvs", "get", "--watch", "--stream", "test.a")
-    assert rc == 1 and "Invalid argument" in err
+    assert rc == 2 and "--watch and --stream cannot be combined" in err  # a usage error
     await wait_watchers(h0, 0, nodeid=3)
 
 
