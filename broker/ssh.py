@@ -109,17 +109,14 @@ async def _read_greeting(sock: socket.socket, target: SshTarget) -> None:
     line = b""
     while not line.endswith(b"\n"):
         chunk = await loop.sock_recv(sock, 1)  # byte by byte: nothing beyond it is ours
-        if not chunk:
-            raise ConnectionRefusedError(
-                errno.ECONNREFUSED, f"ssh to {target.host} ended before the relay answered "
-                "(ssh's own error, if any, is above)")
+        if not chunk:  # ssh failed: unknown host, no login, no kvbroker there...
+            raise OSError(errno.EHOSTUNREACH, f"ssh to {target.host} ended before the relay "
+                          "answered (ssh's own error, if any, is above)")
         line += chunk
         if len(line) > GREETING_MAX:
-            raise ConnectionRefusedError(errno.ECONNREFUSED,
-                                         f"{target.host}: not a kvbroker relay")
+            raise OSError(errno.EPROTO, f"{target.host}: not a kvbroker relay")
     if not line.startswith(GREETING):
-        raise ConnectionRefusedError(errno.ECONNREFUSED, f"{target.host}: not a kvbroker "
-                                     f"relay: {line[:80]!r}")
+        raise OSError(errno.EPROTO, f"{target.host}: not a kvbroker relay: {line[:80]!r}")
     word, _, rest = line[len(GREETING):].decode(errors="replace").strip().partition(" ")
     if word == "ok":
         return
