@@ -452,7 +452,10 @@ class Overlay:
             replaced = Message(MsgType.CONTROL, "overlay.shutdown",
                                {"rank": self.rank, "replaced": True})
             assert self._down is not None
-            self._down.send([old, *codec.encode(replaced)])
+            try:
+                self._down.send([old, *codec.encode(replaced)])
+            except zmq.ZMQError:  # EHOSTUNREACH: that connection is gone already
+                pass
             self._lose_child(child)
         self._child_ident[child] = ident
         self._ident_child[ident] = child
