@@ -105,6 +105,8 @@ class _Sock:
         self._schedule()  # the FD is edge-triggered: read what came before we looked
 
     def send(self, frames: list[codec.Frame]) -> None:
+        if self.sock.closed:  # stopping: e.g. a client's disconnect while links close
+            return
         if self.backlog:
             self.backlog.append(frames)
         else:

@@ -21,9 +21,11 @@ one *link*, not just a rank number: a rank that was lost (or restarted in
 place of one that still looked alive) sent no disconnect for its clients,
 so their state elsewhere (a watch another rank serves) keeps answering
 along routes through the old link.  Those answers are dropped here instead
-of reaching whichever client of the new process got the same ``c<N>``;
-one from a local service also sends that service the ``.disconnect`` the
-lost rank never could, so the stale state goes with its next answer.
+of reaching whichever client of the new process got the same ``c<N>``,
+and the rank that drops one sends the ``.disconnect`` the lost rank never
+could, towards the rank the request was addressed to (the answer's
+``nodeid``), with the route that service saw: the stale state goes with its
+next answer, whichever rank serves it.
 """
 
 from __future__ import annotations
@@ -169,7 +171,7 @@ class Router:
                 req = sent.get(key)
                 if req is not None and (msg.errnum or not req.flags & MsgFlags.STREAMING):
                     del sent[key]  # its last response
-            self.route_response(msg, from_rank=True)
+            self.route_response(msg)
         elif t == MsgType.EVENT:
             if sender != topology.parent_of(self.rank, self.fanout):
                 self.counts["dropped-events"] += 1
@@ -219,7 +221,7 @@ class Router:
 
     # ------------------------------------------------------------ responses
 
-    def route_response(self, msg: Message, from_rank: bool = False) -> None:
+    def route_response(self, msg: Message) -> None:
         self.counts["responses"] += 1
         if not msg.route:
             self.counts["dropped-responses"] += 1
@@ -229,8 +231,7 @@ class Router:
             rank = self._hop_ranks.get(hop)
             if rank is None:  # the link it came in by is gone (module docstring)
                 self.counts["dropped-responses"] += 1
-                if not from_rank:  # a service of this rank answered it
-                    self._disconnect_stale(msg, [*msg.route, hop])
+                self._disconnect_stale(msg, [*msg.route, hop])
                 return
             self._send_rank(rank, msg)
             return
@@ -274,15 +275,17 @@ class Router:
                                f"rank {child} was lost before answering")
 
     def _disconnect_stale(self, msg: Message, route: list[str]) -> None:
-        """A local service answered along a link that is gone: its requester
-        was below a lost rank, which never sent a disconnect.  Send it now
-        (once per stream still answering; a final response needs none)."""
+        """An answer came for a link that is gone: its requester was below a
+        lost rank, which never sent a disconnect.  Send it now, as if from
+        that link, to the rank the request was addressed to -- this one, or
+        up or down the tree, where each hop rebuilds the route the service
+        saw (once per stream still answering; a final response needs none)."""
         if msg.errnum or not msg.flags & MsgFlags.STREAMING:
             return
         service = msg.topic.partition(".")[0]
         self.counts["disconnects-sent"] += 1
         self.route_request(Message(MsgType.REQUEST, f"{service}.disconnect", None,
-                                   nodeid=self.rank, flags=MsgFlags.NORESPONSE,
+                                   nodeid=msg.nodeid, flags=MsgFlags.NORESPONSE,
                                    userid=msg.userid, rolemask=msg.rolemask,
                                    route=route))
 

@@ -245,6 +245,42 @@ async def test_requests_in_flight_to_a_lost_rank_are_answered(
         assert (await h.ping(2))["rank"] == 2  # the rest keeps serving
 
 
+@pytest.mark.parametrize("server", [0, 2])
+async def test_a_lost_rank_s_remote_watch_ends_with_its_next_answer(
+        start_instance, connect, server: int) -> None:
+    """A client of rank 3 watches a key served by rank 0 (up the tree) or
+    rank 2 (up, then down).  Rank 3 dies: it never sends the disconnect, so
+    the watcher stays; its next answer is dropped at rank 1, where the link
+    to rank 3 is gone, and rank 1 sends the disconnect on the dead client's
+    behalf, towards the serving rank, which drops the watcher."""
+    inst = await start_instance(size=4, fanout=2)
+    async with asyncio.timeout(30):
+        h0 = await connect(inst, 0)
+        h3 = await connect(inst, 3)
+        await h0.rpc("kvs.commit", {"namespace": "primary", "ops": [
+            {"key": "w", "flags": 0, "dirent": {"ver": 1, "type": "val", "data": b"1"}}]})
+        s = h3.rpc_stream("kvs-watch.lookup", {"namespace": "primary", "key": "w", "flags": 4},
+                          nodeid=server)
+        assert (await s.next_message()) is not None
+        os.kill(inst.pids()[3], signal.SIGKILL)
+
+        async def rank_3_lost() -> bool:
+            return 3 not in (await stats(h0, 1))["overlay"]["children"]
+
+        await wait_until(rank_3_lost, "rank 1 to lose rank 3")
+        watchers = await h0.rpc("kvs-watch.stats-get", {}, nodeid=server)
+        assert watchers["watchers"] == 1  # nobody told the serving rank
+        await h0.rpc("kvs.commit", {"namespace": "primary", "ops": [
+            {"key": "w", "flags": 0, "dirent": {"ver": 1, "type": "val", "data": b"2"}}]})
+
+        async def watch_gone() -> bool:
+            st = await h0.rpc("kvs-watch.stats-get", {}, nodeid=server)
+            return bool(st["watchers"] == 0)
+
+        await wait_until(watch_gone, f"rank {server} to drop the lost client's watcher")
+        assert (await stats(h0, 1))["messages"]["disconnects-sent"] >= 1
+
+
 async def wait_for_rank(uri: str) -> Handle:
     """Connect once the rank's socket is there (it has no 'ready' line yet)."""
     while True:
