@@ -279,8 +279,16 @@ def _kv_line(key: str, value: bytes, maxcol: int) -> str:
     return line + ("..." if overflow else "")
 
 
-async def _dump_dir(d: Dir, maxcol: int, recursive: bool, only_keys: bool) -> None:
-    for name in d:
+async def _dump_dir(top: Dir, maxcol: int, recursive: bool, only_keys: bool) -> None:
+    # Depth first with a stack, not recursion: a tree may be deeper than
+    # Python's recursion limit (``kvs copy`` nests directories freely).
+    stack = [(top, iter(top))]
+    while stack:
+        d, names = stack[-1]
+        name = next(names, None)
+        if name is None:
+            stack.pop()
+            continue
         key = d.path(name)
         try:
             k = d.kind(name)
@@ -292,7 +300,7 @@ async def _dump_dir(d: Dir, maxcol: int, recursive: bool, only_keys: bool) -> No
                     continue
                 sub = await d.subdir(name)
                 if len(sub):
-                    await _dump_dir(sub, maxcol, recursive, only_keys)
+                    stack.append((sub, iter(sub)))
                 else:
                     _emit(f"{key}.")
             elif only_keys:
@@ -391,25 +399,28 @@ class _Lister:
                 self.doc["keys"].append({"key": nkey, "kind": k})
         return True
 
-    async def list_dir(self, key: str, label: bool, vspace: bool, d: Dir | None = None) -> None:
+    async def list_dir(self, key: str, label: bool, vspace: bool) -> None:
         args = self.args
-        try:
-            if d is None:
-                d = await self.kvs.dir(key)
-            if label and not args.json:
-                _emit(("\n" if vspace else "") + f"{key}:")
-            self.doc["dirs"][key] = [{"name": n, "kind": d.kind(n)} for n in d]
-            if not args.json and len(d):
-                width = max(len(n) for n in d) + 4
-                for line in _columns([_decorate(d, n, args.classify) for n in d], width,
-                                     self.win):
-                    _emit(line)
+        # Pre-order with a stack, not recursion (a tree may be deeper than
+        # Python's recursion limit); subdirectories are read at the same root.
+        pending: list[tuple[str, Dir | None, str]] = [(key, None, "")]
+        while pending:
+            key, parent, name = pending.pop()
+            try:
+                d = await (self.kvs.dir(key) if parent is None else parent.subdir(name))
+                if label and not args.json:
+                    _emit(("\n" if vspace else "") + f"{key}:")
+                vspace = True
+                self.doc["dirs"][key] = [{"name": n, "kind": d.kind(n)} for n in d]
+                if not args.json and len(d):
+                    width = max(len(n) for n in d) + 4
+                    for line in _columns([_decorate(d, n, args.classify) for n in d], width,
+                                         self.win):
+                        _emit(line)
+            except ErrnoError as exc:
+                raise _fail(key, exc) from None
             if args.recursive:
-                for name in d:
-                    if d.is_dir(name):
-                        await self.list_dir(d.path(name), label, True, await d.subdir(name))
-        except ErrnoError as exc:
-            raise _fail(key, exc) from None
+                pending += [(d.path(n), d, n) for n in reversed(list(d)) if d.is_dir(n)]
 
     async def run(self) -> int:
         args = self.args

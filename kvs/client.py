@@ -358,13 +358,19 @@ class Dir(Mapping[str, TreeObj]):
         return Dir(self.kvs, self.path(name), val["data"], self.rootref)
 
     async def walk(self) -> AsyncIterator[tuple[str, TreeObj]]:
-        """Every non-directory entry below this one, depth first, as ``(key, entry)``."""
-        for name in self:
-            if self.is_dir(name):
-                async for item in (await self.subdir(name)).walk():
-                    yield item
+        """Every non-directory entry below this one, depth first, as ``(key, entry)``.
+        (A stack, not recursion: a tree may be deeper than Python's recursion limit.)"""
+        stack = [(self, iter(self))]
+        while stack:
+            d, names = stack[-1]
+            name = next(names, None)
+            if name is None:
+                stack.pop()
+            elif d.is_dir(name):
+                sub = await d.subdir(name)
+                stack.append((sub, iter(sub)))
             else:
-                yield self.path(name), self._entries[name]
+                yield d.path(name), d._entries[name]
 
 
 # ---------------------------------------------------------------- the client

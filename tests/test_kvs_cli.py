@@ -21,7 +21,9 @@ from pathlib import Path
 
 import pytest
 
+from broker.handle import Handle
 from kvs import treeobj
+from kvs.client import KVS
 
 BIN = Path(sys.executable).parent
 KVB = str(BIN / "kvbroker")
@@ -1279,3 +1281,29 @@ async def test_errors_without_a_broker(tmp_path: Path) -> None:
     for sub in ("get", "put", "ls", "dir", "unlink", "mkdir", "link", "readlink", "copy",
                 "move", "dropcache", "version", "wait", "getroot", "namespace", "eventlog"):
         assert sub in res.text
+
+
+async def test_recursive_listings_of_a_tree_deeper_than_python_recursion(start_instance) -> None:
+    """A commit writes at most 256 levels, but copies nest freely: three
+    copies of a 256-deep directory into its own bottom make it 1,021 deep.
+    ls -R and dir -R walk it with a stack (they died in RecursionError at
+    ~980 levels), and so does the API's Dir.walk."""
+    inst = await start_instance(size=1)
+    deep = ".".join(f"d{i}" for i in range(256))
+    assert (await kvs(inst, "put", f"{deep}=bottom")).rc == 0
+    for _ in range(3):
+        res = await kvs(inst, "copy", "d0", deep)
+        assert res.rc == 0, res.err
+    depth = 256 + 3 * 255  # each copy of d0's contents adds d1..d255 below the bottom
+    res = await kvs(inst, "dir", "-R", "-w", "0", "d0")
+    assert res.rc == 0, res.err[-500:]
+    key, _, value = res.text.strip().partition(" = ")
+    assert value == "bottom" and len(key.split(".")) == depth
+    assert "\n" not in res.text.strip()
+    res = await kvs(inst, "ls", "-R", "d0")
+    assert res.rc == 0, res.err[-500:]
+    labels = [line for line in res.text.splitlines() if line.endswith(":")]
+    assert len(labels) == depth - 1 and labels[-1] == key.rpartition(".")[0] + ":"
+    async with await Handle.connect(inst.uri(0)) as h:
+        found = [k async for k, _ in (await KVS(h).dir("d0")).walk()]
+    assert found == [key]
