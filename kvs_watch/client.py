@@ -131,8 +131,9 @@ class Watch:
                 "kvs-watch.lookup",
                 {"namespace": self.namespace, "key": self.key, "flags": self.flags},
                 nodeid=self.nodeid)
-            # Dropped unfinished, it is cancelled on the handle's loop (the
-            # last reference may go in another thread: the blocking facade).
+            # Dropped unfinished, it is cancelled: on the handle's loop when
+            # that runs, at once when it does not (the blocking facade
+            # between calls, whose loop turns only inside one).
             dropped = weakref.finalize(self, _abandon_soon, asyncio.get_running_loop(),
                                        self.h, self._stream, self.nodeid)
             dropped.atexit = False
@@ -180,7 +181,10 @@ class Watch:
 def _abandon_soon(loop: asyncio.AbstractEventLoop, h: HandleCore, stream: Stream,
                   nodeid: int) -> None:
     with contextlib.suppress(RuntimeError):  # the loop is closed: so is the handle
-        loop.call_soon_threadsafe(_abandon, h, stream, nodeid)
+        if loop.is_running():
+            loop.call_soon_threadsafe(_abandon, h, stream, nodeid)
+        else:  # the blocking facade between calls: its loop turns only inside one
+            _abandon(h, stream, nodeid)
 
 
 def _abandon(h: HandleCore, stream: Stream, nodeid: int) -> None:
