@@ -3,7 +3,7 @@
 ``python -m broker.rank --rank R --size N --fanout K --rundir DIR [...]``
 
 The rank prints ``ready <uri>`` on stdout once its whole subtree is up
-(for rank 0: the whole instance), then serves until SIGTERM/SIGINT, a
+(for rank 0: the whole instance), then serves until SIGTERM/SIGINT/SIGHUP, a
 client's ``broker.shutdown`` (it then prints ``shutdown`` first), its
 parent's shutdown, or until the ``--watch-fd`` pipe from its launcher closes
 (the launcher died), so no rank outlives the instance.  With
@@ -27,6 +27,7 @@ import select
 import shutil
 import signal
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from broker import attrs as battrs
@@ -35,6 +36,9 @@ from broker.broker import Broker
 from broker.command import Command, cannot_run_message, cannot_run_status, exit_code
 from broker.errors import ErrnoError
 from broker.loops import loop_factory
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+"""What stops a rank cleanly (or, while an initial program runs, goes to it)."""
 
 
 def json_object(text: str) -> dict[str, Any]:
@@ -130,8 +134,14 @@ async def serve(args: argparse.Namespace) -> int:
         bind=args.bind,
         curve=curve,
     )
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, b.request_stop)
+    signalled: list[int] = []
+
+    def on_stop_signal(sig: int) -> None:
+        signalled.append(sig)
+        b.request_stop()
+
+    for sig in STOP_SIGNALS:  # SIGHUP too: a closed terminal stops a rank cleanly
+        loop.add_signal_handler(sig, on_stop_signal, sig)
     if args.watch_fd is not None:
         def on_launcher_gone() -> None:
             loop.remove_reader(args.watch_fd)
@@ -148,6 +158,8 @@ async def serve(args: argparse.Namespace) -> int:
             starting.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await starting
+            if args.initial_program and signalled:  # as start -- CMD says it
+                return 128 + signalled[0]
             return 1
         try:
             starting.result()
@@ -159,7 +171,8 @@ async def serve(args: argparse.Namespace) -> int:
             log.debug("start-up failure", exc_info=exc)
             return 1
         if args.initial_program:  # its output is the program's alone (as start -- CMD)
-            status = await run_initial_program(b, args.initial_program, running)
+            status = await run_initial_program(b, args.initial_program, running,
+                                               on_stop_signal)
         else:
             print(f"ready {b.uri}", flush=True)
         await running
@@ -175,7 +188,7 @@ async def serve(args: argparse.Namespace) -> int:
         # the loop's close would allow by restoring the default action.
         # Blocked meanwhile: between the loop restoring the default action
         # and SIG_IGN, a signal would still kill the rank.
-        stops = {signal.SIGTERM, signal.SIGINT}
+        stops = set(STOP_SIGNALS)
         signal.pthread_sigmask(signal.SIG_BLOCK, stops)
         for sig in stops:
             loop.remove_signal_handler(sig)
@@ -189,11 +202,13 @@ async def serve(args: argparse.Namespace) -> int:
     return b.exit_code if status is None else status
 
 
-async def run_initial_program(b: Broker, argv: list[str], running: asyncio.Task[None]) -> int:
+async def run_initial_program(b: Broker, argv: list[str], running: asyncio.Task[None],
+                              on_stop_signal: Callable[[int], None]) -> int:
     """Run the instance's initial program (``kvbroker broker -- CMD``, rank
     0, as ``flux broker CMD``); when it exits, stop the instance.  Returns
     its exit status.  Stop signals go to the program meanwhile (as with
-    ``kvbroker start -- CMD``); a ``kvbroker shutdown`` stops it."""
+    ``kvbroker start -- CMD``), then to ``on_stop_signal`` again; a
+    ``kvbroker shutdown`` stops it."""
     loop = asyncio.get_running_loop()
     log = logging.getLogger("kvbroker")
     try:
@@ -208,7 +223,7 @@ async def run_initial_program(b: Broker, argv: list[str], running: asyncio.Task[
         signalled.append(sig)
         cmd.forward(sig)
 
-    for sig in PROGRAM_SIGNALS:
+    for sig in STOP_SIGNALS:
         loop.add_signal_handler(sig, forward, sig)
     try:
         waiting = asyncio.ensure_future(cmd.wait())
@@ -219,10 +234,8 @@ async def run_initial_program(b: Broker, argv: list[str], running: asyncio.Task[
         elif signalled:  # it was stopped: nothing it started outlives the instance
             cmd.kill()
     finally:
-        for sig in PROGRAM_SIGNALS:
-            loop.remove_signal_handler(sig)
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, b.request_stop)
+        for sig in STOP_SIGNALS:
+            loop.add_signal_handler(sig, on_stop_signal, sig)
     b.request_stop()
     rc = cmd.returncode
     assert rc is not None
@@ -230,8 +243,6 @@ async def run_initial_program(b: Broker, argv: list[str], running: asyncio.Task[
         log.info("initial program exited with status %d", exit_code(rc))
     return exit_code(rc)
 
-
-PROGRAM_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 def describe(exc: BaseException) -> str:

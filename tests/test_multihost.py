@@ -450,6 +450,27 @@ async def test_a_signal_to_rank_0_goes_to_the_initial_program(tmp_path: Path, br
     assert await rank0.proc.stdout.read() == b""
 
 
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGTERM])
+async def test_a_signal_before_the_instance_is_up_stops_rank_0_as_it_names(
+        tmp_path: Path, brokers, sig: int) -> None:
+    """Rank 1 never starts: rank 0 waits for it.  A stop signal then ends
+    rank 0 cleanly, with 128+N as start -- CMD would; the program never ran.
+    (SIGHUP used to kill it outright, before any handler was in place.)"""
+    assert (await run_cli("keygen", str(tmp_path / "curve.key")))[0] == 0
+    config = tmp_path / "inst.toml"
+    write_config(config, 2, 2, "curve.key")
+    ran = tmp_path / "ran"
+    rank0 = await brokers(config, 0, "--", "touch", str(ran))
+
+    async def listening() -> bool:
+        return (rank0.rundir / "local-0").exists()
+
+    await wait_until(listening, "rank 0 to serve its socket")
+    rank0.proc.send_signal(sig)
+    assert await exit_codes([rank0], tmp_path) == [128 + sig]
+    assert not ran.exists()
+
+
 async def test_shutting_the_instance_down_stops_the_initial_program(
         tmp_path: Path, brokers) -> None:
     assert (await run_cli("keygen", str(tmp_path / "curve.key")))[0] == 0
