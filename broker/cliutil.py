@@ -63,7 +63,8 @@ async def connect() -> Handle:
         raise ConnectError(f"{where}: {exc}") from None
     except OSError as exc:
         detail = exc.strerror or str(exc)
-        hint = _CONNECT_HINTS.get(exc.errno or 0)
+        # (over ssh:// the message already says what failed, and where)
+        hint = None if uri.startswith("ssh://") else _CONNECT_HINTS.get(exc.errno or 0)
         raise ConnectError(f"{where}: {detail}" + (f" ({hint})" if hint else "")) from None
 
 

@@ -57,7 +57,9 @@ def parse(uri: str) -> SshTarget:
     except ValueError:
         port = -1
     if parts.scheme != "ssh" or not parts.hostname or not parts.path.startswith("/") \
-            or port == -1 or parts.query or parts.fragment:
+            or port == -1 or parts.query or parts.fragment \
+            or parts.hostname.startswith("-") or (parts.username or "").startswith("-"):
+        # (a host or user like "-oProxyCommand=..." would be an ssh option)
         raise ValueError(f"bad ssh URI {uri!r}: expected ssh://[user@]host[:port]/socket-path")
     return SshTarget(host=parts.hostname, path=parts.path, user=parts.username, port=port)
 

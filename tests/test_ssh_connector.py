@@ -38,7 +38,8 @@ def test_ssh_uris_parse() -> None:
     t = ssh.parse("ssh://alice@node1:2222/tmp/kvb-x/local-3")
     assert (t.user, t.host, t.port, t.path) == ("alice", "node1", 2222, "/tmp/kvb-x/local-3")
     assert ssh.parse("ssh://node1/run/s") == ssh.SshTarget("node1", "/run/s")
-    for bad in ("ssh://node1", "ssh:///tmp/x", "ssh://node1:port/x", "ssh://node1/x?y=1"):
+    for bad in ("ssh://node1", "ssh:///tmp/x", "ssh://node1:port/x", "ssh://node1/x?y=1",
+                "ssh://-oProxyCommand=touch%20x/s", "ssh://-lroot@node1/s"):
         with pytest.raises(ValueError, match="expected ssh://"):
             ssh.parse(bad)
 
