@@ -55,6 +55,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kvbroker.kvs-watch")
 
+
+def _refs_digest(refs: list[str]) -> bytes:
+    """An APPEND watcher's record of the blobs it answered: O(1) memory
+    however long the value grows (an eventlog of 10,000 lines), checked
+    against the value's first blobrefs on every later version."""
+    return hashlib.blake2b("\n".join(refs).encode(), digest_size=16).digest()
+
 LOOKUP_WINDOW = 8
 """Lookups a watcher keeps in flight (for successive roots)."""
 LOAD_WINDOW = 16
@@ -105,7 +112,7 @@ class Watcher:
 
     __slots__ = (
         "backend", "msg", "key", "flags", "namespace", "monitor", "seq", "queue",
-        "issued", "responded", "done", "sentinel_sent", "prev", "count", "last_ref",
+        "issued", "responded", "done", "sentinel_sent", "prev", "count", "answered",
     )
 
     def __init__(self, backend: Backend, msg: Message, key: str, flags: int,
@@ -126,7 +133,7 @@ class Watcher:
         self.sentinel_sent = False
         self.prev: bytes | None = None  # UNIQ/FULL: digest of the last value sent
         self.count = -1  # APPEND/STREAM: number of blobs already answered (-1: none)
-        self.last_ref: str | None = None  # APPEND: blobref of the last blob answered
+        self.answered = b""  # APPEND: digest of the blobrefs answered (_refs_digest)
 
     def __repr__(self) -> str:
         return (f"<Watcher {self.namespace}:{self.key} flags={self.flags:#x} "
@@ -190,6 +197,10 @@ class Watcher:
 
     def _end(self) -> None:
         self.done = True
+        for slot in self.queue or ():  # lookups already answered, never to be read
+            fut = slot.fut
+            if fut is not None and fut.done() and not fut.cancelled():
+                fut.exception()  # (so asyncio does not log an error as never retrieved)
         self.queue = None
         self.issued = 0
         self.backend.ended(self)
@@ -207,8 +218,10 @@ class Watcher:
             slot.fut = fut
             fut.add_done_callback(self._wake)
 
-    def _wake(self, _fut: asyncio.Future[Any]) -> None:
-        if self.done:
+    def _wake(self, fut: asyncio.Future[Any]) -> None:
+        if self.done:  # its answer is not wanted: read the error, if any, so
+            if not fut.cancelled():  # asyncio does not log it as never retrieved
+                fut.exception()
             return
         try:
             self._pump()
@@ -300,12 +313,13 @@ class Watcher:
                 self.count = 1
                 if self.flags & WATCH_APPEND:
                     # An append turns a val into [blob(old bytes), blob(new)].
-                    self.last_ref = self.backend.hash_blob(obj["data"])
+                    self.answered = _refs_digest([self.backend.hash_blob(obj["data"])])
                 self._answer(obj, slot.seq)
             elif kind == "valref":
                 refs = obj["data"]
                 self.count = len(refs)
-                self.last_ref = refs[-1]
+                if self.flags & WATCH_APPEND:
+                    self.answered = _refs_digest(refs)
                 self._load(slot, refs)
             else:
                 errnum = errno.EISDIR if kind in ("dir", "dirref") else errno.EINVAL
@@ -319,12 +333,15 @@ class Watcher:
         n = len(refs)
         if n < self.count:
             self.fail(errno.EINVAL, f"{self.key}: value {what} was shortened")
-        elif refs[self.count - 1] != self.last_ref:
+        elif _refs_digest(refs[:self.count]) != self.answered:
+            # Every answered blob must still be there, in place: the last one
+            # alone is not enough (blobs are named by content, so a rewrite
+            # may end with the same one: [x, +] -> [y, +]).
             self.fail(errno.EINVAL, f"{self.key}: value {what} was overwritten")
         elif n > self.count:
             new = refs[self.count:]
             self.count = n
-            self.last_ref = refs[-1]
+            self.answered = _refs_digest(refs)
             self._load(slot, new)
 
     def _load(self, slot: _Slot, refs: list[str]) -> None:

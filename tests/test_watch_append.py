@@ -100,6 +100,14 @@ async def test_append_errors(start_instance, connect):
         await commit(h0, put("t.e.f", "1"))  # created as a directory
         assert await raises(w) == errno.EISDIR
     assert (await stats(h0, 2))["watchers"] == 0
+    # a rewrite that keeps the blob count and ends with the same blob (blobs
+    # are named by content): [x, +] -> [y, +] was taken for "nothing new"
+    await commit(h0, put("t.g", "x"), append("t.g", "+"), sync=h2)
+    async with watch(h2, "t.g", append=True) as w:
+        assert await take(w, 2) == [b"x", b"+"]  # one entry per blob
+        await commit(h0, put("t.g", "y"), append("t.g", "+"))
+        await commit(h0, append("t.g", "z"))
+        assert await raises(w) == errno.EINVAL  # not b"z" on top of a gone "x+"
 
 
 async def test_append_with_waitcreate_and_initial_sentinel(start_instance, connect):
