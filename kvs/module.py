@@ -25,7 +25,7 @@ import os
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable
-from itertools import islice
+from itertools import count, islice
 from typing import Any, ClassVar
 
 from broker.attrs import CONTENT_HASH, AttrSpec, duration, integer
@@ -187,9 +187,10 @@ class KvsModule(Module):
         self._fetching: dict[str, asyncio.Future[None]] = {}
         self._txn_counter = 0
         # kvs.wait-version requests still waiting, by request route (the client)
-        self._version_waits: dict[tuple[str, ...], set[asyncio.Task[Any]]] = {}
+        self._version_waits: dict[tuple[str, ...], set[asyncio.Future[Any]]] = {}
         self.counts: Counter[str] = Counter()
         self.relays: RelayOutbox  # a follower's road to rank 0 (needs self.h: see start)
+        self._epochs = count(1)  # rank 0: Namespace.epoch of each namespace created
         # Rank 0's content module when it is in this process with our hash:
         # new blobs go to it by a call instead of a content.store request.
         self._content: ContentModule | None = None
@@ -378,6 +379,7 @@ class KvsModule(Module):
                 raise ErrnoError(errno.ENOTSUP, f"namespace {name} was removed")
             placeholder.owner = int(resp["owner"])
             placeholder.flags = int(resp.get("flags", 0))
+            placeholder.epoch = int(resp.get("epoch", 0))
             placeholder.set_root(int(resp["rootseq"]), resp["rootref"])
             fut.set_result(placeholder)
             self.counts["namespaces-loaded"] += 1
@@ -517,28 +519,42 @@ class KvsModule(Module):
         ns = await self.get_ns(_ns_name(p), msg)
         self.h.respond(msg, ns.describe())
 
-    async def wait_version(self, msg: Message) -> None:
+    def wait_version(self, msg: Message) -> Awaitable[None]:
         p = require(msg.payload, rootseq=int)
-        ns = await self.get_ns(_ns_name(p), msg)
-        if ns.rootseq < p["rootseq"]:
-            # Remember who waits, so kvs.disconnect can drop the wait (as Flux).
-            key = tuple(msg.route)
-            task = asyncio.current_task()
-            assert task is not None
-            waits = self._version_waits.setdefault(key, set())
-            waits.add(task)
-            try:
+        # Remember who waits at once, before any await, so that kvs.disconnect
+        # (as Flux) drops the wait even while the namespace is still being
+        # loaded from rank 0, or before the waiting task has run at all.
+        key = tuple(msg.route)
+        token: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._version_waits.setdefault(key, set()).add(token)
+        return self._wait_version(msg, p, key, token)
+
+    async def _wait_version(self, msg: Message, p: dict[str, Any], key: tuple[str, ...],
+                            token: asyncio.Future[None]) -> None:
+        if token.cancelled():  # the client went away before this task ran
+            return
+        waits = self._version_waits[key]  # (a disconnect would have cancelled token)
+        task = asyncio.current_task()
+        assert task is not None
+        waits.discard(token)
+        waits.add(task)
+        try:
+            # shielded: a disconnect cancelling this task must not abort a
+            # namespace load that other requests are waiting for too
+            ns = await asyncio.shield(self.get_ns(_ns_name(p), msg))
+            if ns.rootseq < p["rootseq"]:
                 await ns.wait_version(p["rootseq"])
-            finally:
-                waits.discard(task)
-                if not waits and self._version_waits.get(key) is waits:
-                    del self._version_waits[key]
+        finally:
+            waits.discard(task)
+            if not waits and self._version_waits.get(key) is waits:
+                del self._version_waits[key]
         self.h.respond(msg, {"rootseq": ns.rootseq, "rootref": ns.rootref})
 
     def disconnect(self, msg: Message) -> None:
-        """A client went away: cancel its pending ``kvs.wait-version`` requests."""
-        for task in self._version_waits.pop(tuple(msg.route), ()):
-            task.cancel()
+        """A client went away: cancel its pending ``kvs.wait-version`` requests
+        (a task, or the token of one that has not started)."""
+        for wait in self._version_waits.pop(tuple(msg.route), ()):
+            wait.cancel()
 
     def dropcache(self, msg: Message) -> None:
         if not msg.is_owner:
@@ -612,16 +628,21 @@ class KvsModule(Module):
             raise ErrnoError(errno.EPERM, "kvs.relaycommit is internal to the kvs module")
         p = require(msg.payload, namespace=str, txns=list)
         txns = _check_relayed(p["txns"])
+        epoch = p.get("epoch")
         ns = self.namespaces.get(p["namespace"])
         if ns is None:
-            return self._relaycommit(p["namespace"], txns)
-        self._enqueue_relayed(ns, txns)
+            return self._relaycommit(p["namespace"], epoch, txns)
+        self._enqueue_relayed(ns, epoch, txns)
         return None
 
-    async def _relaycommit(self, name: str, txns: list[RelayedTxn]) -> None:
-        self._enqueue_relayed(await self.get_ns(name), txns)
+    async def _relaycommit(self, name: str, epoch: Any, txns: list[RelayedTxn]) -> None:
+        self._enqueue_relayed(await self.get_ns(name), epoch, txns)
 
-    def _enqueue_relayed(self, ns: Namespace, txns: list[RelayedTxn]) -> None:
+    def _enqueue_relayed(self, ns: Namespace, epoch: Any, txns: list[RelayedTxn]) -> None:
+        if epoch is not None and epoch != ns.epoch:
+            # relayed for a namespace of this name that was removed since:
+            # its follower has already failed them (the removed event)
+            raise ErrnoError(errno.ENOTSUP, f"namespace {ns.name} was removed")
         for name, flags, ops in txns:
             self._enqueue(ns, ops, flags, name).add_done_callback(_published)
 
@@ -794,7 +815,7 @@ class KvsModule(Module):
                 raise ErrnoError(errno.EINVAL, f"rootref {rootref} is not a directory")
         if name in self.namespaces:  # raced with another create while storing
             raise ErrnoError(errno.EEXIST, f"namespace {name} already exists")
-        ns = Namespace(name, owner, rootref, 0, flags)
+        ns = Namespace(name, owner, rootref, 0, flags, next(self._epochs))
         self.namespaces[name] = ns
         self.counts["namespaces-created"] += 1
         self._publish(f"kvs.namespace-{name}-created", {

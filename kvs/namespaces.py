@@ -55,6 +55,11 @@ class Namespace:
     rootref: str = ""
     rootseq: int = -1  # -1: not loaded yet (a follower waiting for getroot)
     flags: int = 0
+    epoch: int = 0
+    """Which namespace of this name: rank 0 numbers every namespace-create
+    (``primary`` is 0).  A follower's relay carries it, so rank 0 never
+    applies a relay meant for a removed namespace to a new one of the same
+    name (getroot tells followers, as ``epoch``)."""
     removed: bool = False
     # leader only
     queue: deque[Pending] = field(default_factory=deque)
@@ -156,4 +161,5 @@ class Namespace:
             "rootseq": self.rootseq,
             "rootref": self.rootref,
             "flags": self.flags,
+            "epoch": self.epoch,
         }

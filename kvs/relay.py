@@ -77,7 +77,8 @@ class RelayOutbox:
             return
         try:
             relay.tag, refusal = self._h.rpc_tagged(
-                "kvs.relaycommit", {"namespace": ns.name, "txns": relay.txns}, nodeid=0)
+                "kvs.relaycommit", {"namespace": ns.name, "epoch": ns.epoch, "txns": relay.txns},
+                nodeid=0)
         except ErrnoError as exc:  # our handle is closed: the rank is stopping
             ns.fail(relay.names(), exc.errnum, exc.errstr)
             return

@@ -9,6 +9,7 @@ import asyncio
 import errno
 
 import pytest
+from test_broker_support import wait_until
 from test_kvs_rpc_helpers import (
     READDIR,
     TREEOBJ,
@@ -20,6 +21,8 @@ from test_kvs_rpc_helpers import (
     lookup,
     put,
 )
+
+from broker.handle import Handle
 
 SIZES = pytest.mark.parametrize("size", [1, 4])
 
@@ -237,3 +240,62 @@ async def test_follower_loading_a_namespace_under_commits(start_instance, connec
         await asyncio.gather(*commits)
         assert {r["owner"] for r in roots} == {4242}, roots
         assert all(r["namespace"] == name for r in roots)
+
+
+async def test_a_version_wait_goes_with_its_client_even_mid_load(start_instance, connect) -> None:
+    """A client that leaves while its kvs.wait-version is still waiting for
+    rank 3 to load the namespace from rank 0 (or before the wait ran at all)
+    leaves no waiter behind: the disconnect finds it (it found nothing, and
+    the waiter stayed until that far-off version or the namespace's end)."""
+    inst = await start_instance(size=4, fanout=2)
+    h0 = await connect(inst, 0)
+    for i in range(10):
+        await ns_create(h0, f"lz{i}")
+    for i in range(10):
+        h = await Handle.connect(inst.uri(3))
+        pending = h.rpc("kvs.wait-version", {"namespace": f"lz{i}", "rootseq": 10**9})
+        pending.add_done_callback(lambda f: f.cancelled() or f.exception())
+        await h.close()
+
+    async def no_waiters() -> bool:
+        st = await h0.rpc("kvs.stats-get", {}, nodeid=3)
+        return not any(v["waiters"] for v in st["namespaces"].values())
+
+    await wait_until(no_waiters, "rank 3 to drop the departed clients' waits")
+    # and a load another request shares is not cut short by a departed waiter
+    await ns_create(h0, "shared")
+    h = await Handle.connect(inst.uri(3))
+    gone = h.rpc("kvs.wait-version", {"namespace": "shared", "rootseq": 10**9})
+    gone.add_done_callback(lambda f: f.cancelled() or f.exception())
+    h3 = await connect(inst, 3)
+    root = asyncio.ensure_future(getroot(h3, "shared"))
+    await h.close()
+    assert (await root)["rootseq"] == 0
+
+
+async def test_a_relay_for_a_removed_namespace_never_lands_in_its_successor(
+        start_instance, connect) -> None:
+    """A follower's relay names the namespace *and* which one: getroot's
+    ``epoch``, new for every namespace-create.  Removed and created again
+    with the same name, the namespace has a new epoch, and rank 0 refuses a
+    relay for the old one (ENOTSUP) instead of applying it to the new one,
+    whose client was already told ENOTSUP."""
+    inst = await start_instance(size=2, fanout=2)
+    h0 = await connect(inst, 0)
+    await ns_create(h0, "job")
+    old = (await getroot(h0, "job"))["epoch"]
+    await ns_remove(h0, "job")
+    await ns_create(h0, "job")
+    new = (await getroot(h0, "job"))["epoch"]
+    assert new != old
+    txn = {"name": "late", "flags": 0, "ops": [put("stale", "1")]}
+    n = await errnum(h0.rpc("kvs.relaycommit", {"namespace": "job", "epoch": old,
+                                                 "txns": [txn]}))
+    assert n == errno.ENOTSUP
+    root = await getroot(h0, "job")
+    assert root["rootseq"] == 0
+    # the current epoch is queued as ever (no response: the setroot answers)
+    h0.send_noresponse("kvs.relaycommit", {"namespace": "job", "epoch": new,
+                                           "txns": [{**txn, "name": "fresh"}]})
+    await asyncio.wait_for(h0.rpc("kvs.wait-version", {"namespace": "job", "rootseq": 1}), T)
+    assert (await get(h0, "stale", ns="job")) == b"1"
