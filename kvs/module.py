@@ -89,6 +89,13 @@ class BlobStore:
         return len(self._blobs)
 
 
+def _names_a_directory(obj: Any) -> bool:
+    """Whether a loaded blob is a whole directory: a ``dir``, or the top
+    shard (depth 0) of a big one -- an inner shard holds only part of it."""
+    return obj is not None and (obj["type"] == "dir" or (
+        obj["type"] == "hdir" and obj["data"]["depth"] == 0))
+
+
 def _check_ops(ops: Any) -> list[dict[str, Any]]:
     if not isinstance(ops, list):
         raise ErrnoError(errno.EPROTO, "ops must be a list")
@@ -772,8 +779,7 @@ class KvsModule(Module):
                 obj = None
             if obj is None and ref in new_blobs:
                 continue  # made by this very transaction
-            if obj is None or obj["type"] not in ("dir", "hdir") or (
-                    obj["type"] == "hdir" and obj["data"]["depth"] != 0):
+            if not _names_a_directory(obj):
                 raise ErrnoError(errno.EINVAL, f"dirref {ref} does not name a directory")
 
     # ================================================================ namespace admin
@@ -811,7 +817,7 @@ class KvsModule(Module):
                 obj = self.cache.get_obj(rootref)
             except ErrnoError:
                 obj = None
-            if obj is None or obj["type"] not in ("dir", "hdir"):
+            if not _names_a_directory(obj):
                 raise ErrnoError(errno.EINVAL, f"rootref {rootref} is not a directory")
         if name in self.namespaces:  # raced with another create while storing
             raise ErrnoError(errno.EEXIST, f"namespace {name} already exists")

@@ -23,6 +23,7 @@ from test_kvs_rpc_helpers import (
 )
 
 from broker.handle import Handle
+from kvs import treeobj
 
 SIZES = pytest.mark.parametrize("size", [1, 4])
 
@@ -177,7 +178,19 @@ async def test_create_with_rootref(start_instance, connect) -> None:
     await commit(h3, put("big", b"v" * 100), ns="src")
     value_blob = (await lookup(h3, "big", TREEOBJ, ns="src"))["data"][0]
     assert await errnum(ns_create(h3, "bad3", rootref=value_blob)) == errno.EINVAL
-    assert set(await ns_list(h0)) == {"primary", "src", "copy", "subcopy"}
+    # nor can an inner shard of a big directory (only part of it), as for a
+    # commit's dirref (it was accepted)
+    await commit(h0, *(put(f"h.k{i}", "v") for i in range(3000)), ns="src")
+    top = (await lookup(h0, "h", TREEOBJ, ns="src"))["data"][0]
+    shards = treeobj.decode((await h0.rpc("content.load", {"blobref": top}))["data"])
+    inner = [ref for ref in shards["data"]["shards"].values()
+             if treeobj.decode((await h0.rpc("content.load", {"blobref": ref}))["data"])
+             ["type"] == "hdir"]
+    assert inner, "the test needs a directory big enough for inner shards"
+    assert await errnum(ns_create(h0, "bad4", rootref=inner[0])) == errno.EINVAL
+    await ns_create(h0, "whole", rootref=top)  # the top shard is the directory
+    assert await get(h0, "k2999", ns="whole") == b"v"
+    assert set(await ns_list(h0)) == {"primary", "src", "copy", "subcopy", "whole"}
 
 
 async def test_bad_namespace_requests(start_instance, connect) -> None:
