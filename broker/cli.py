@@ -30,6 +30,7 @@ from broker.cliutil import (
     positive_float,
     print_err,
     run_async,
+    write_out,
 )
 from broker.errors import ErrnoError
 from broker.handle import parse_uri
@@ -450,7 +451,7 @@ def cmd_content(args: argparse.Namespace) -> int:
         async with await connect() as h:
             if args.content_cmd == "load":
                 resp = await h.rpc("content.load", {"blobref": args.blobref})
-                sys.stdout.buffer.write(resp["data"])
+                write_out(resp["data"])
             else:
                 data = sys.stdin.buffer.read()
                 resp = await h.rpc("content.store", {"data": data})

@@ -68,6 +68,18 @@ async def connect() -> Handle:
         raise ConnectError(f"{where}: {detail}" + (f" ({hint})" if hint else "")) from None
 
 
+def write_out(data: bytes) -> None:
+    """Write ``data`` to standard output, all of it or an error.
+
+    A buffered write larger than the buffer that fails after writing part of
+    it (the reader of a pipe left: ``kvs get -r big | head -c 10``) returns
+    the part's length instead of raising, and the rest is lost without a
+    word; here that is the BrokenPipeError the command's dispatcher knows."""
+    written = sys.stdout.buffer.write(data)
+    if written is not None and written < len(data):
+        raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+
+
 def non_negative_int(text: str) -> int:
     """argparse ``type`` for counts, sizes and versions: refuses ``-2``."""
     try:

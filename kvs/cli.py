@@ -35,6 +35,7 @@ from broker.cliutil import (
     non_negative_int,
     positive_float,
     run_async,
+    write_out,
 )
 from broker.errors import ErrnoError
 from broker.message import NODEID_ANY
@@ -77,9 +78,8 @@ def _fail(what: str, exc: ErrnoError, key: str | None = None) -> CLIError:
 
 
 def _emit(text: str | bytes, end: bytes = b"\n") -> None:
-    out = sys.stdout.buffer
-    out.write(text if isinstance(text, bytes) else text.encode("utf-8", "surrogateescape"))
-    out.write(end)
+    write_out(text if isinstance(text, bytes) else text.encode("utf-8", "surrogateescape"))
+    write_out(end)
 
 
 def _warn(text: str) -> None:

@@ -662,6 +662,34 @@ async def spawn_to_closed_pipe(uri: str, *args: str) -> asyncio.subprocess.Proce
         os.close(w)
 
 
+async def test_a_reader_leaving_mid_value_is_a_closed_stdout(start_instance) -> None:
+    """``kvs get -r big | head -c 10``: the reader takes a little and goes.
+    Python's buffered write then returns the part it wrote instead of
+    raising, and the command exited 0 with the rest silently lost; it now
+    ends as for any closed output (141).  Piped whole, nothing is lost."""
+    inst = await start_instance(size=1)
+    uri = inst.uri(0)
+    big = b"0123456789abcdef" * (256 << 10)  # 4 MiB, far beyond a pipe's 64 KiB
+    rc, _, err = await run_cli("kvs", "put", "-r", "big=-", uri=uri, input=big)
+    assert rc == 0, err
+    r, w = os.pipe()
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            KVBROKER, "kvs", "get", "-r", "big", stdout=w, stderr=asyncio.subprocess.PIPE,
+            stdin=asyncio.subprocess.DEVNULL, env=dict(os.environ, KVBROKER_URI=uri))
+    finally:
+        os.close(w)
+    try:
+        first = await asyncio.get_running_loop().run_in_executor(None, os.read, r, 10)
+    finally:
+        os.close(r)  # as head -c 10 does once it has its bytes
+    assert first == big[:len(first)]
+    _, err_b = await asyncio.wait_for(proc.communicate(), 60)
+    assert (proc.returncode, err_b) == (141, b"")
+    rc, out, err = await run_cli("kvs", "get", "-r", "big", uri=uri)
+    assert rc == 0 and out.encode() == big
+
+
 async def test_a_closed_stdout_ends_every_command_quietly(start_instance, connect) -> None:
     """``cmd | head -1``: exit 141 (128 + SIGPIPE) and nothing on stderr, as a
     command killed by SIGPIPE -- was ``kvbroker: kvs dir: Broken pipe``, exit 1."""
