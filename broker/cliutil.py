@@ -13,6 +13,8 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import msgpack
+
 from broker.errors import ErrnoError
 from broker.handle import URI_ENV, Handle
 from broker.loops import loop_factory
@@ -134,11 +136,25 @@ def dumps(value: Any, pretty: bool = False) -> str:
 
 def json_arg(text: str) -> Any:
     """argparse ``type`` for a JSON argument (a payload): malformed JSON is a
-    usage error, refused before anything is sent."""
+    usage error, refused before anything is sent -- and so are what Python's
+    parser takes beyond JSON (``NaN``, ``Infinity``, ``1e400``: echoed back,
+    they are not JSON any more) and integers msgpack cannot carry (beyond
+    64 bits: a traceback at send time)."""
+    def no_constant(name: str) -> Any:
+        raise ValueError(f"{name} is not JSON")
+
+    def finite(number: str) -> float:
+        value = float(number)
+        if not math.isfinite(value):
+            raise ValueError(f"{number} is out of range")
+        return value
+
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
+        value = json.loads(text, parse_constant=no_constant, parse_float=finite)
+        msgpack.packb(value)
+    except (ValueError, OverflowError, TypeError) as exc:
         raise argparse.ArgumentTypeError(f"not valid JSON: {exc}") from None
+    return value
 
 
 def run_async(args: argparse.Namespace, coro_fn: Callable[[], Awaitable[int | None]]) -> int:

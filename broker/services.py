@@ -13,6 +13,19 @@ if TYPE_CHECKING:
     from broker.broker import Broker
 
 RESTRICTED_EVENT_PREFIXES = ("kvs.", "broker.", "overlay.", "content.")
+MAX_EVENT_TOPIC = 1024
+"""Longest event topic (or subscription prefix), in characters.  Every rank
+handles every event, and remembers the subscribers of the last topics it
+matched: without a bound, a client's 1,000 events with topics of 1 MiB
+pinned a GiB on every rank."""
+
+
+def _event_topic(topic: str, prefix: bool = False) -> str:
+    if not topic and not prefix:
+        raise ErrnoError(errno.EPROTO, "event.pub needs a topic")
+    if len(topic) > MAX_EVENT_TOPIC:
+        raise ErrnoError(errno.EPROTO, f"event topics are at most {MAX_EVENT_TOPIC} characters")
+    return topic
 """Topics only the instance owner may publish (guests could forge KVS events)."""
 
 
@@ -78,10 +91,10 @@ class BrokerServices(Module):
     # -- event
     def event_pub(self, msg: Message) -> None:
         body = require(msg.payload, topic=str)
-        topic = body["topic"]
+        topic = _event_topic(body["topic"])
         flags = body.get("flags", 0)
-        if not topic or not isinstance(flags, int):
-            raise ErrnoError(errno.EPROTO, "event.pub needs a topic and integer flags")
+        if type(flags) is not int or flags & ~MsgFlags.PRIVATE:
+            raise ErrnoError(errno.EPROTO, "event.pub flags are 0 or PRIVATE (8)")
         if not msg.is_owner and topic.startswith(RESTRICTED_EVENT_PREFIXES):
             raise ErrnoError(errno.EPERM, f"only the instance owner may publish {topic}")
         if self.ctx.rank != 0:
@@ -89,8 +102,13 @@ class BrokerServices(Module):
             self.router.route_request(msg)
             return
         userid = msg.userid
-        if msg.is_owner and isinstance(body.get("userid"), int):
-            userid = body["userid"]
+        claimed = body.get("userid")
+        if msg.is_owner and claimed is not None:  # (a guest's is ignored, as ever)
+            if type(claimed) is not int or not 0 <= claimed < 1 << 32:
+                # e.g. true: it was sequenced, then every rank dropped the
+                # event as malformed -- a gap everywhere, seen by no one
+                raise ErrnoError(errno.EPROTO, "event.pub userid must be a uid")
+            userid = claimed
         seq = self.router.sequence_event(topic, body.get("payload"),
                                          flags & MsgFlags.PRIVATE, userid)
         self.h.respond(msg, {"seq": seq})
@@ -102,7 +120,7 @@ class BrokerServices(Module):
         return peer
 
     def event_subscribe(self, msg: Message) -> None:
-        topic = require(msg.payload, topic=str)["topic"]
+        topic = _event_topic(require(msg.payload, topic=str)["topic"], prefix=True)
         self.router.subscribe(self._local_peer(msg), topic)
         self.h.respond(msg, {})
 

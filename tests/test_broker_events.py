@@ -6,10 +6,12 @@ import asyncio
 import errno
 
 import pytest
+from test_broker_support import stats
 
 from broker.errors import RemoteError
 from broker.handle import Handle
 from broker.message import Message, MsgFlags
+from broker.services import MAX_EVENT_TOPIC
 
 
 async def topics_until(h: Handle, last: str) -> list[str]:
@@ -127,11 +129,18 @@ async def test_bad_publish_requests(start_instance, connect) -> None:
     inst = await start_instance(size=2, fanout=2)
     async with asyncio.timeout(10):
         h = await connect(inst, 1)
-        for bad in (None, {}, {"topic": 5}, {"topic": ""}, {"topic": "x", "flags": "private"}):
+        for bad in (None, {}, {"topic": 5}, {"topic": ""}, {"topic": "x", "flags": "private"},
+                    # a topic every rank would keep in its match cache
+                    {"topic": "t" * (MAX_EVENT_TOPIC + 1)},
+                    # sequenced, then dropped as malformed by every rank: a gap
+                    {"topic": "x", "userid": True}, {"topic": "x", "userid": "a"},
+                    {"topic": "x", "userid": -5}, {"topic": "x", "flags": -1}):
             with pytest.raises(RemoteError) as info:
                 await h.rpc("event.pub", bad)
-            assert info.value.errnum == errno.EPROTO, bad
-        for bad in (None, {"topic": 7}):
+            assert info.value.errnum == errno.EPROTO, str(bad)[:80]
+        assert (await stats(h, 1))["events"]["gaps"] == 0
+        await h.publish("t" * MAX_EVENT_TOPIC)  # the longest is fine
+        for bad in (None, {"topic": 7}, {"topic": "p" * (MAX_EVENT_TOPIC + 1)}):
             with pytest.raises(RemoteError) as info:
                 await h.rpc("event.subscribe", bad)
             assert info.value.errnum == errno.EPROTO, bad
