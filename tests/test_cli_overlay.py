@@ -55,16 +55,21 @@ async def test_overlay_status_and_shutdown(start_instance, connect) -> None:
         assert [await inst.procs[r].wait() for r in (0, 1)] == [0, 0]
 
 
-async def test_start_exits_0_when_the_instance_is_shut_down() -> None:
-    """``kvbroker shutdown`` inside ``kvbroker start``: a stop, not a lost
-    rank -- with no command start exits 0; with one, the command is stopped
-    and start exits as it does."""
+async def start_serving() -> tuple[asyncio.subprocess.Process, str]:
+    """``kvbroker start --size 4 --fanout 2`` without a command, and the URI it prints."""
     proc = await asyncio.create_subprocess_exec(
         KVBROKER, "start", "--size", "4", "--fanout", "2",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     assert proc.stdout is not None
+    return proc, (await proc.stdout.readline()).decode().strip()
+
+
+async def test_start_exits_0_when_the_instance_is_shut_down() -> None:
+    """``kvbroker shutdown`` inside ``kvbroker start``: a stop, not a lost
+    rank -- with no command start exits 0; with one, the command is stopped
+    and start exits as it does."""
     async with asyncio.timeout(60):
-        uri = (await proc.stdout.readline()).decode().strip()
+        proc, uri = await start_serving()
         assert (await run_cli("shutdown", uri=uri))[0] == 0
         _, err = await proc.communicate()
         assert proc.returncode == 0, err
@@ -79,12 +84,8 @@ async def test_start_stops_when_a_rank_is_shut_down() -> None:
     """``kvbroker shutdown --rank R`` inside ``kvbroker start``: said as a
     shutdown, not "rank R exited unexpectedly, with status 0" and exit 1;
     the instance stops, and start exits 0, or as its command does."""
-    proc = await asyncio.create_subprocess_exec(
-        KVBROKER, "start", "--size", "4", "--fanout", "2",
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    assert proc.stdout is not None
     async with asyncio.timeout(60):
-        uri = (await proc.stdout.readline()).decode().strip()
+        proc, uri = await start_serving()
         assert (await run_cli("shutdown", "--rank", "3", uri=uri))[0] == 0
         _, err = await proc.communicate()
         assert proc.returncode == 0, err

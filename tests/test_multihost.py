@@ -45,6 +45,14 @@ def write_config(path: Path, size: int, fanout: int, cert: str, **attrs: Any) ->
     path.write_text(text)
 
 
+async def keyed_config(tmp_path: Path, size: int, fanout: int) -> Path:
+    """A new key pair and a bootstrap file naming it (``tmp_path/inst.toml``)."""
+    assert (await run_cli("keygen", str(tmp_path / "curve.key")))[0] == 0
+    config = tmp_path / "inst.toml"
+    write_config(config, size, fanout, "curve.key")
+    return config
+
+
 class Rank:
     """One ``kvbroker broker`` process and its run directory."""
 
@@ -181,9 +189,7 @@ async def test_broker_refuses_a_bad_file_or_rank(tmp_path: Path) -> None:
 
 
 async def test_four_ranks_from_one_file_make_one_instance(tmp_path: Path, brokers) -> None:
-    assert (await run_cli("keygen", str(tmp_path / "curve.key")))[0] == 0
-    config = tmp_path / "inst.toml"
-    write_config(config, 4, 2, "curve.key")
+    config = await keyed_config(tmp_path, 4, 2)
     # started leaves first: a rank waits for its parent, whatever the order
     ranks = {r: await brokers(config, r) for r in (3, 2, 1, 0)}
     uris = {r: await ranks[r].ready() for r in (3, 2, 1, 0)}
@@ -265,9 +271,7 @@ async def _connect_when_listening(uri: str) -> Handle:
 async def test_ranks_stop_when_rank_0_dies(tmp_path: Path, brokers) -> None:
     """Across hosts nobody else watches the ranks: when rank 0 is killed its
     children notice the lost link and stop (status 1), and theirs follow."""
-    assert (await run_cli("keygen", str(tmp_path / "curve.key")))[0] == 0
-    config = tmp_path / "inst.toml"
-    write_config(config, 4, 2, "curve.key")
+    config = await keyed_config(tmp_path, 4, 2)
     ranks = {r: await brokers(config, r) for r in range(4)}
     for r in range(4):
         await ranks[r].ready()
@@ -279,9 +283,7 @@ async def test_ranks_stop_when_rank_0_dies(tmp_path: Path, brokers) -> None:
 async def test_exec_names_the_host_of_a_rank_it_cannot_reach(tmp_path: Path, brokers) -> None:
     """``exec -r R`` attaches to rank R's local socket, which across hosts is
     on R's host: it says so instead of "cannot connect"."""
-    assert (await run_cli("keygen", str(tmp_path / "curve.key")))[0] == 0
-    config = tmp_path / "inst.toml"
-    write_config(config, 2, 2, "curve.key")
+    config = await keyed_config(tmp_path, 2, 2)
     ranks = {r: await brokers(config, r) for r in (1, 0)}
     uris = {r: await ranks[r].ready() for r in (1, 0)}
     rc, out, err = await run_cli("exec", "-r", "1", "--", "sh", "-c", 'echo "$KVBROKER_URI"',
@@ -304,9 +306,7 @@ async def test_a_rank_restarted_while_its_old_link_looks_alive_takes_its_place(
     admitted at once (the newest hello wins); what was in flight to the old
     one is answered EHOSTUNREACH, and the old process, when it resumes, is
     told it was replaced and stops with status 1 without disturbing the new."""
-    assert (await run_cli("keygen", str(tmp_path / "curve.key")))[0] == 0
-    config = tmp_path / "inst.toml"
-    write_config(config, 2, 2, "curve.key")
+    config = await keyed_config(tmp_path, 2, 2)
     rank0, old = await brokers(config, 0), await brokers(config, 1)
     await rank0.ready()
     await old.ready()
@@ -348,9 +348,7 @@ async def test_a_restarted_rank_s_clients_get_nothing_meant_for_the_old_one_s(
     received the old c1's watch): rank 0 names the new process's link with a
     new hop, drops what comes back along the old one, and disconnects the
     watcher that sent it."""
-    assert (await run_cli("keygen", str(tmp_path / "curve.key")))[0] == 0
-    config = tmp_path / "inst.toml"
-    write_config(config, 2, 2, "curve.key")
+    config = await keyed_config(tmp_path, 2, 2)
     rank0, old = await brokers(config, 0), await brokers(config, 1)
     await rank0.ready()
     await old.ready()
@@ -411,9 +409,7 @@ async def test_rank_0_runs_the_initial_program_and_stops_the_instance_after_it(
     """``kvbroker broker --config FILE -- CMD`` (as ``flux broker CMD``): rank
     0 runs CMD once the whole instance is up, with KVBROKER_URI; other ranks
     ignore it.  When CMD exits the instance stops, and rank 0 exits as CMD did."""
-    assert (await run_cli("keygen", str(tmp_path / "curve.key")))[0] == 0
-    config = tmp_path / "inst.toml"
-    write_config(config, 3, 2, "curve.key")
+    config = await keyed_config(tmp_path, 3, 2)
     script = ('kvbroker kvs put from=program && kvbroker kvs get from && '
               'kvbroker ping --count 1 2 | cut -d" " -f2 && echo "$KVBROKER_URI"; exit 7')
     program = ("--", "sh", "-c", script)
@@ -431,9 +427,7 @@ async def test_rank_0_runs_the_initial_program_and_stops_the_instance_after_it(
 async def test_a_signal_to_rank_0_goes_to_the_initial_program(tmp_path: Path, brokers) -> None:
     """SIGTERM to rank 0 reaches the program (and what it started); when it
     exits the instance stops, with the program's status (143)."""
-    assert (await run_cli("keygen", str(tmp_path / "curve.key")))[0] == 0
-    config = tmp_path / "inst.toml"
-    write_config(config, 2, 2, "curve.key")
+    config = await keyed_config(tmp_path, 2, 2)
     leaf = await brokers(config, 1)
     started = tmp_path / "started"
     rank0 = await brokers(config, 0, "--", "sh", "-c",
@@ -456,9 +450,7 @@ async def test_a_signal_before_the_instance_is_up_stops_rank_0_as_it_names(
     """Rank 1 never starts: rank 0 waits for it.  A stop signal then ends
     rank 0 cleanly, with 128+N as start -- CMD would; the program never ran.
     (SIGHUP used to kill it outright, before any handler was in place.)"""
-    assert (await run_cli("keygen", str(tmp_path / "curve.key")))[0] == 0
-    config = tmp_path / "inst.toml"
-    write_config(config, 2, 2, "curve.key")
+    config = await keyed_config(tmp_path, 2, 2)
     ran = tmp_path / "ran"
     rank0 = await brokers(config, 0, "--", "touch", str(ran))
 
@@ -473,9 +465,7 @@ async def test_a_signal_before_the_instance_is_up_stops_rank_0_as_it_names(
 
 async def test_shutting_the_instance_down_stops_the_initial_program(
         tmp_path: Path, brokers) -> None:
-    assert (await run_cli("keygen", str(tmp_path / "curve.key")))[0] == 0
-    config = tmp_path / "inst.toml"
-    write_config(config, 2, 2, "curve.key")
+    config = await keyed_config(tmp_path, 2, 2)
     leaf = await brokers(config, 1)
     rank0 = await brokers(config, 0, "--", "sh", "-c", "kvbroker shutdown; sleep 300")
     assert await exit_codes([rank0, leaf], tmp_path) == [128 + signal.SIGTERM, 0]
@@ -484,9 +474,7 @@ async def test_shutting_the_instance_down_stops_the_initial_program(
 
 
 async def test_an_initial_program_that_cannot_run_exits_127(tmp_path: Path, brokers) -> None:
-    assert (await run_cli("keygen", str(tmp_path / "curve.key")))[0] == 0
-    config = tmp_path / "inst.toml"
-    write_config(config, 1, 2, "curve.key")
+    config = await keyed_config(tmp_path, 1, 2)
     rank0 = await brokers(config, 0, "--", str(tmp_path / "no-such-program"))
     assert await exit_codes([rank0], tmp_path) == [127]
     assert "no-such-program: No such file or directory" in \
@@ -497,9 +485,7 @@ async def test_an_initial_program_that_cannot_be_executed_exits_126(
         tmp_path: Path, brokers) -> None:
     """Found but not executable (a file without the execute bit): 126, as a
     shell and ``kvbroker start`` (was 127, "not found")."""
-    assert (await run_cli("keygen", str(tmp_path / "curve.key")))[0] == 0
-    config = tmp_path / "inst.toml"
-    write_config(config, 1, 2, "curve.key")
+    config = await keyed_config(tmp_path, 1, 2)
     rank0 = await brokers(config, 0, "--", str(config))
     assert await exit_codes([rank0], tmp_path) == [126]
     assert f"initial program {config}: Permission denied" in \
