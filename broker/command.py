@@ -22,6 +22,23 @@ STOP_TIMEOUT = 15.0
 """How long :meth:`Command.stop` waits after SIGTERM before SIGKILL."""
 
 
+def watch_exit(proc: subprocess.Popen[bytes]) -> asyncio.Future[int]:
+    """A future of ``proc``'s exit status, resolved (and the process reaped)
+    by the running loop when the process's pidfd becomes readable: on any
+    loop, with no child watcher or thread."""
+    loop = asyncio.get_running_loop()
+    exited: asyncio.Future[int] = loop.create_future()
+    pidfd = os.pidfd_open(proc.pid)
+
+    def reap() -> None:
+        loop.remove_reader(pidfd)
+        os.close(pidfd)
+        exited.set_result(proc.wait())  # it has exited: this does not block
+
+    loop.add_reader(pidfd, reap)
+    return exited
+
+
 def in_terminal_foreground() -> bool:
     """Whether this process is the foreground job of its controlling
     terminal (started at a shell's prompt, not in the background)."""
@@ -86,10 +103,7 @@ class Command:
         self.proc = proc
         self.own_group = own_group
         """The command leads its own process group (not in a terminal's foreground)."""
-        loop = asyncio.get_running_loop()
-        self._exited: asyncio.Future[int] = loop.create_future()
-        self._pidfd = os.pidfd_open(proc.pid)
-        loop.add_reader(self._pidfd, self._reap)
+        self._exited = watch_exit(proc)
 
     @classmethod
     def spawn(cls, argv: list[str], env: dict[str, str]) -> Command:
@@ -98,11 +112,6 @@ class Command:
         proc = subprocess.Popen(argv, env=env, close_fds=False,
                                 process_group=0 if own_group else None)
         return cls(proc, own_group)
-
-    def _reap(self) -> None:
-        asyncio.get_running_loop().remove_reader(self._pidfd)
-        os.close(self._pidfd)
-        self._exited.set_result(self.proc.wait())  # exited: does not block
 
     @property
     def pid(self) -> int:

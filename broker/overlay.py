@@ -424,7 +424,7 @@ class Overlay:
         rank = msg.payload.get("rank") if msg is not None and msg.type == MsgType.CONTROL \
             and msg.topic == "overlay.hello" and isinstance(msg.payload, dict) else None
         if rank in self.children:
-            return rank  # type: ignore[no-any-return]
+            return int(rank)
         if msg is not None:
             self.dropped += 1
             log.warning("refusing overlay peer: its first message is not a child's hello")

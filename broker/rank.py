@@ -41,14 +41,23 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 """What stops a rank cleanly (or, while an initial program runs, goes to it)."""
 
 
-def json_object(text: str) -> dict[str, Any]:
+def _json(text: str, fits: Callable[[Any], bool], what: str) -> Any:
     try:
         value = json.loads(text)
     except ValueError:
         value = None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"not a JSON object: {text!r}")
+    if not fits(value):
+        raise argparse.ArgumentTypeError(f"not {what}: {text!r}")
     return value
+
+
+def json_object(text: str) -> dict[str, Any]:
+    return _json(text, lambda v: isinstance(v, dict), "a JSON object")
+
+
+def json_argv(text: str) -> list[str]:
+    return _json(text, lambda v: isinstance(v, list) and bool(v)
+                 and all(isinstance(a, str) for a in v), "a JSON list of strings")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -73,16 +82,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the launcher made --rundir: if it is gone (--watch-fd closed), "
                    "the last rank to exit removes it")
     return p.parse_args(argv)
-
-
-def json_argv(text: str) -> list[str]:
-    try:
-        value = json.loads(text)
-    except ValueError:
-        value = None
-    if not (isinstance(value, list) and value and all(isinstance(a, str) for a in value)):
-        raise argparse.ArgumentTypeError(f"not a JSON list of strings: {text!r}")
-    return value
 
 
 def hold_rundir(rundir: str) -> int | None:

@@ -36,6 +36,8 @@ import threading
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from broker.command import watch_exit
+
 SCHEME = "ssh://"
 GREETING = b"kvbroker-relay "
 GREETING_MAX = 4096
@@ -131,18 +133,12 @@ async def reap(proc: subprocess.Popen[bytes], timeout: float = 5.0) -> None:
     the remote relay does); killed if it takes longer than ``timeout``."""
     if proc.poll() is not None:
         return
-    loop = asyncio.get_running_loop()
-    exited: asyncio.Future[None] = loop.create_future()
-    fd = os.pidfd_open(proc.pid)
-    loop.add_reader(fd, lambda: exited.done() or exited.set_result(None))
+    exited = watch_exit(proc)
     try:
-        await asyncio.wait_for(exited, timeout)
+        await asyncio.wait_for(asyncio.shield(exited), timeout)
     except TimeoutError:
         proc.kill()
-    finally:
-        loop.remove_reader(fd)
-        os.close(fd)
-    proc.wait()
+        await exited
 
 
 # ---------------------------------------------------------------- the relay
