@@ -21,6 +21,7 @@ from broker import __version__, plugins
 from broker.cliutil import (
     CLIError,
     ConnectError,
+    PermutingParser,
     UsageError,
     connect,
     dumps,
@@ -465,7 +466,7 @@ def cmd_content(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kvbroker", description="kvbroker: a message broker "
+    p = PermutingParser(prog="kvbroker", description="kvbroker: a message broker "
                                 "and key-value store in the manner of Flux")
     p.add_argument("--version", action="version", version=f"kvbroker {__version__}")
     p.add_argument("--event-loop", choices=LOOP_NAMES, default=None,

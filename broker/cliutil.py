@@ -175,3 +175,30 @@ def run_async(args: argparse.Namespace, coro_fn: Callable[[], Awaitable[int | No
 
 def print_err(msg: str) -> None:
     print(f"kvbroker: {msg}", file=sys.stderr)
+
+
+class PermutingParser(argparse.ArgumentParser):
+    """Options may follow or sit between a command's positionals (``kvs put
+    a=1 -N job b=2``, ``rpc TOPIC '{}' --rank 1``), as getopt_long lets them
+    for flux's own commands.  Plain argparse stops at the first option after
+    a positional and reports the rest as unrecognized.
+
+    A command that takes a command line (``start``, ``exec``, ``broker``:
+    ``-- CMD ...``) keeps the ordinary parse, where everything after the
+    first positional belongs to that command line, and so do parsers of
+    subcommands themselves.  So does a command line with ``--`` (``kvs get
+    -- -key``): the permuting parse would read what follows it as options."""
+
+    _permuting = False
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        if (self._permuting or (args is not None and "--" in args)
+                or any(a.nargs in (argparse.REMAINDER, argparse.PARSER) for a in self._actions)):
+            return super().parse_known_args(args, namespace)
+        # parse_known_intermixed_args calls back here, twice: once for the
+        # options with positionals set aside, once for the positionals
+        self._permuting = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._permuting = False

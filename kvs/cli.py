@@ -29,6 +29,7 @@ from typing import Any
 
 from broker.cliutil import (
     CLIError,
+    PermutingParser,
     UsageError,
     connect,
     errno_detail,
@@ -672,9 +673,10 @@ def cmd_eventlog(args: argparse.Namespace) -> int:
 _NEGATIVE_NUMBER = re.compile(r"-\d+|-\d*\.\d+")
 
 
-class _Parser(argparse.ArgumentParser):
-    """The parser of the ``kvs`` subcommands: a negative number right after
-    an option that takes a value is that value.
+class _Parser(PermutingParser):
+    """The parser of the ``kvs`` subcommands: options may sit between
+    positionals (:class:`~broker.cliutil.PermutingParser`), and a negative
+    number right after an option that takes a value is that value.
 
     argparse reads ``-1`` in ``kvs ls -w -1`` as ls's own ``-1`` flag, since
     a parser with such a flag takes every negative number for an option, and

@@ -160,6 +160,43 @@ async def test_put_get_across_ranks(start_instance) -> None:
         """)
 
 
+async def test_options_may_sit_between_and_after_positionals(start_instance) -> None:
+    """As getopt_long lets them for flux's commands: ``kvs put a=1 -N ns
+    b=2`` is one transaction in ``ns``; plain argparse refused ``b=2``.
+    After ``--`` everything is a positional again."""
+    inst = await start_instance(size=2)
+    out = await sh(inst, """
+        t kvbroker kvs namespace create perm
+        t kvbroker kvs put p.a=1 -N perm p.b=2 --sequence
+        t kvbroker kvs get p.a p.b -N perm
+        t kvbroker kvs unlink p.a -N perm -f p.b p.nope
+        t kvbroker kvs ls -N perm
+        t kvbroker kvs get -- -x
+        t kvbroker rpc broker.ping '{}' --rank 1
+        t kvbroker event pub perm.x --private '{}'
+        """, rank=0)
+    route = json.loads(out.split("$ kvbroker rpc broker.ping {} --rank 1\n")[1].splitlines()[0])
+    assert route["rank"] == 1
+    out = re.sub(r"(?m)^\{.*\}$", "{...}", out)
+    assert out == expect("""
+        $ kvbroker kvs namespace create perm
+        $ kvbroker kvs put p.a=1 -N perm p.b=2 --sequence
+        1
+        $ kvbroker kvs get p.a p.b -N perm
+        1
+        2
+        $ kvbroker kvs unlink p.a -N perm -f p.b p.nope
+        $ kvbroker kvs ls -N perm
+        p
+        $ kvbroker kvs get -- -x
+        kvbroker: -x: No such file or directory
+        [rc=1]
+        $ kvbroker rpc broker.ping {} --rank 1
+        {...}
+        $ kvbroker event pub perm.x --private {}
+        """)
+
+
 async def test_put_raw_stdin_append_and_flags(start_instance) -> None:
     inst = await start_instance(size=2)
     out = await sh(inst, """
