@@ -40,6 +40,8 @@ def parse_uri(uri: str | None) -> str:
     if not uri:
         raise ValueError(f"no broker URI given and {URI_ENV} is not set")
     if uri.startswith("local://"):
+        if uri == "local://":
+            raise ValueError("local:// needs the socket's path: local:///path/to/socket")
         return uri[len("local://"):]
     if uri.startswith("ssh://"):
         return uri
@@ -84,7 +86,7 @@ class _ClientProtocol(FramedProtocol):
         # whether the user closed the handle or the broker went away.
         self.handle._fail_all(errno.ECONNRESET, "handle closed" if self.handle._user_closed
                               else "connection to broker lost")
-        self.handle._wake_event_waiter()
+        self.handle._wake_event_waiters()
         if not self.closed.done():
             self.closed.set_result(None)
 
@@ -96,7 +98,9 @@ class Handle(HandleCore):
         super().__init__()
         self._proto: _ClientProtocol | None = None
         self._events: deque[Message] = deque()
-        self._event_waiter: asyncio.Future[None] | None = None
+        # Every task waiting in recv_event(): several tasks may share one
+        # handle's events (each event goes to one of them).
+        self._event_waiters: set[asyncio.Future[None]] = set()
         self._user_closed = False
         self._ssh: subprocess.Popen[bytes] | None = None
         """The ssh process of an ``ssh://`` connection."""
@@ -137,14 +141,24 @@ class Handle(HandleCore):
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    CLOSE_FLUSH_TIMEOUT = 5.0
+    """Seconds :meth:`close` waits for what is still unsent (a
+    ``publish_nowait`` just before it) to reach a broker that is not reading
+    (stopped, or stuck), before it drops it and closes anyway."""
+
     async def close(self) -> None:
         """Disconnect; calls still waiting fail with ``RemoteError(ECONNRESET,
-        "handle closed")``."""
+        "handle closed")``.  Unsent requests are flushed first, for at most
+        :attr:`CLOSE_FLUSH_TIMEOUT` seconds."""
         proto = self._proto
         self._user_closed = True
         if proto is not None and proto.transport is not None:
             proto.transport.close()
-            await proto.closed
+            try:
+                await asyncio.wait_for(asyncio.shield(proto.closed), self.CLOSE_FLUSH_TIMEOUT)
+            except TimeoutError:
+                proto.transport.abort()
+                await proto.closed
         if self._ssh is not None:
             from broker import ssh
 
@@ -202,22 +216,27 @@ class Handle(HandleCore):
 
     def _on_event(self, msg: Message) -> None:
         self._events.append(msg)
-        self._wake_event_waiter()
+        if self._event_waiters:
+            self._wake_event_waiters()
 
-    def _wake_event_waiter(self) -> None:
-        w = self._event_waiter
-        if w is not None and not w.done():
-            w.set_result(None)
+    def _wake_event_waiters(self) -> None:
+        # all of them: each takes an event if one is left, else waits again
+        for w in self._event_waiters:
+            if not w.done():
+                w.set_result(None)
 
     async def recv_event(self) -> Message:
-        """The next event received (raises ``RemoteError`` once disconnected)."""
+        """The next event received (raises ``RemoteError`` once disconnected).
+
+        Tasks may wait on one handle together: each event goes to one of them."""
         while not self._events:
             self._check_open()
-            self._event_waiter = asyncio.get_running_loop().create_future()
+            waiter = asyncio.get_running_loop().create_future()
+            self._event_waiters.add(waiter)
             try:
-                await self._event_waiter
+                await waiter
             finally:
-                self._event_waiter = None
+                self._event_waiters.discard(waiter)
         return self._events.popleft()
 
     async def events(self) -> AsyncIterator[Message]:

@@ -64,6 +64,10 @@ class Stream:
         while not self._items:
             if self.done:
                 return None
+            if self._waiter is not None:
+                # one reader: a second would take half the answers, or wait
+                # for ever (as a second __anext__ of an async generator)
+                raise RuntimeError(f"another task is already reading the {self.topic} stream")
             self._waiter = asyncio.get_running_loop().create_future()
             try:
                 await self._waiter
@@ -93,6 +97,18 @@ def settle(waiter: asyncio.Future[Any], errnum: int, errstr: str | None,
         waiter.set_result(decode(source))
     except Exception as exc:  # malformed payload
         waiter.set_exception(exc)
+
+
+def check_request(topic: Any, nodeid: Any, flags: Any) -> None:
+    """API misuse is a ``TypeError`` here, before anything is sent: the
+    broker cannot answer a request whose topic it cannot read (it drops it),
+    so such a call would wait for ever."""
+    if type(topic) is not str:
+        raise TypeError(f"topic must be a str, not {type(topic).__name__}")
+    if not isinstance(nodeid, int) or isinstance(nodeid, bool):
+        raise TypeError(f"nodeid must be an int, not {type(nodeid).__name__}")
+    if not isinstance(flags, int) or isinstance(flags, bool):
+        raise TypeError(f"flags must be an int, not {type(flags).__name__}")
 
 
 def _message_payload(msg: Message) -> Any:
@@ -175,6 +191,9 @@ class HandleCore:
     ) -> tuple[int, asyncio.Future[Any]]:
         """:meth:`rpc`, also returning the request's matchtag, for a caller
         that may stop waiting with :meth:`retire`."""
+        check_request(topic, nodeid, flags)
+        if flags & MsgFlags.NORESPONSE:
+            raise ValueError("a NORESPONSE request is never answered: use send_noresponse()")
         self._check_open()
         fut: asyncio.Future[Any] = (self._loop or asyncio.get_running_loop()).create_future()
         tag = self._alloc_tag()
@@ -211,6 +230,9 @@ class HandleCore:
         flags: int = 0,
     ) -> Stream:
         """Send a streaming request; iterate the returned :class:`Stream`."""
+        check_request(topic, nodeid, flags)
+        if flags & MsgFlags.NORESPONSE:
+            raise ValueError("a NORESPONSE request is never answered: use send_noresponse()")
         self._check_open()
         tag = self._alloc_tag()
         stream = Stream(self, tag, topic)
@@ -226,6 +248,7 @@ class HandleCore:
         self, topic: str, payload: Any = None, *, nodeid: int = NODEID_ANY
     ) -> None:
         """Send a request that gets no response (``matchtag`` 0)."""
+        check_request(topic, nodeid, 0)
         self._check_open()
         self._send_request(topic, payload, 0, nodeid, MsgFlags.NORESPONSE)
 

@@ -24,9 +24,12 @@ loop), measured by ``benchmarks/run.py W1``'s sync row.
 from __future__ import annotations
 
 import asyncio
+import enum
+import errno
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
+from broker.errors import RemoteError
 from broker.handle import Handle
 from broker.loops import loop_factory
 from broker.message import NODEID_ANY, Message
@@ -35,8 +38,30 @@ from broker.rpc import Stream
 T = TypeVar("T")
 
 
+class Default(enum.Enum):
+    """The type of :data:`DEFAULT`."""
+
+    DEFAULT = "the handle's timeout"
+
+
+DEFAULT = Default.DEFAULT
+"""A call's ``timeout`` when none is given: the handle's ``timeout``."""
+
+
 class SyncHandle:
-    def __init__(self, uri: str | None = None, *, event_loop: str | None = None) -> None:
+    """A blocking handle on a private event loop (use :func:`connect`).
+
+    Every request takes ``timeout`` (seconds; ``TimeoutError`` when it
+    passes, and the call is abandoned on this side); the default for calls
+    that give none is the handle's ``timeout`` (None: wait as long as it
+    takes).  Waits for what may be long in coming -- an event, a stream's or
+    a watch's next answer -- have their own timeouts, with no limit by
+    default.
+    After :meth:`close`, every call raises ``RemoteError(ECONNRESET, "handle
+    closed")``, as the async handle's do.  One thread at a time."""
+
+    def __init__(self, uri: str | None = None, *, event_loop: str | None = None,
+                 timeout: float | None = None) -> None:
         try:
             asyncio.get_running_loop()
         except RuntimeError:
@@ -44,6 +69,8 @@ class SyncHandle:
         else:
             raise RuntimeError("the blocking facade cannot be used inside a running event "
                                "loop: use the async API (broker.handle.Handle) there")
+        self.timeout = timeout
+        self._closed = False
         self._runner = asyncio.Runner(loop_factory=loop_factory(event_loop))
         self._loop = self._runner.get_loop()
         try:
@@ -77,39 +104,67 @@ class SyncHandle:
             if not fut.done():
                 fut.cancel()
 
-    def run(self, aw: Awaitable[T], timeout: float | None = None) -> T:
-        """Run an awaitable of the async API on this handle's loop."""
-        return self._wait(asyncio.ensure_future(aw, loop=self._loop), timeout)
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RemoteError(errno.ECONNRESET, "handle closed")
+
+    def _timeout(self, timeout: float | None | Default) -> float | None:
+        return self.timeout if isinstance(timeout, Default) else timeout
+
+    def run(self, aw: Awaitable[T], timeout: float | None | Default = DEFAULT) -> T:
+        """Run an awaitable of the async API on this handle's loop, for at
+        most ``timeout`` seconds (None: no limit; omitted: the handle's)."""
+        if self._closed:
+            if asyncio.iscoroutine(aw):
+                aw.close()  # never to be awaited: no "never awaited" warning
+            self._check_open()
+        return self._wait(asyncio.ensure_future(aw, loop=self._loop), self._timeout(timeout))
 
     def rpc(self, topic: str, payload: Any = None, *, nodeid: int = NODEID_ANY,
-            flags: int = 0, timeout: float | None = None) -> Any:
+            flags: int = 0, timeout: float | None | Default = DEFAULT) -> Any:
+        """Send a request and return its answer's payload (``RemoteError``
+        for an error answer, ``TimeoutError`` after ``timeout`` seconds)."""
+        self._check_open()
         tag, fut = self.aio.rpc_tagged(topic, payload, nodeid=nodeid, flags=flags)
         try:
-            return self._wait(fut, timeout)
+            return self._wait(fut, self._timeout(timeout))
         finally:
             if not fut.done() or fut.cancelled():
                 self.aio.retire(tag)  # a late answer is dropped, not kept waiting
 
     def rpc_stream(self, topic: str, payload: Any = None, *, nodeid: int = NODEID_ANY,
-                   flags: int = 0) -> SyncStream:
+                   flags: int = 0, timeout: float | None = None) -> SyncStream:
         """Send a streaming request now; iterate its answers (ends at
-        ``ENODATA``, raises ``RemoteError`` on an error answer).  See
-        :class:`SyncStream` for leaving early."""
-        return SyncStream(self, self.aio.rpc_stream(topic, payload, nodeid=nodeid, flags=flags))
+        ``ENODATA``, raises ``RemoteError`` on an error answer, and
+        ``TimeoutError`` if an answer takes more than ``timeout`` seconds).
+        See :class:`SyncStream` for leaving early."""
+        self._check_open()
+        return SyncStream(self, self.aio.rpc_stream(topic, payload, nodeid=nodeid, flags=flags),
+                          timeout)
 
-    def subscribe(self, prefix: str) -> None:
-        self.run(self.aio.subscribe(prefix))
+    def subscribe(self, prefix: str, timeout: float | None | Default = DEFAULT) -> None:
+        """Receive events whose topic starts with ``prefix``."""
+        self.run(self.aio.subscribe(prefix), timeout)
 
-    def unsubscribe(self, prefix: str) -> None:
-        self.run(self.aio.unsubscribe(prefix))
+    def unsubscribe(self, prefix: str, timeout: float | None | Default = DEFAULT) -> None:
+        """Stop receiving events of a prefix given to :meth:`subscribe`."""
+        self.run(self.aio.unsubscribe(prefix), timeout)
 
-    def publish(self, topic: str, payload: Any = None, *, private: bool = False) -> int:
-        return self.run(self.aio.publish(topic, payload, private=private))
+    def publish(self, topic: str, payload: Any = None, *, private: bool = False,
+                timeout: float | None | Default = DEFAULT) -> int:
+        """Publish an event; returns its sequence number."""
+        return self.run(self.aio.publish(topic, payload, private=private), timeout)
 
     def recv_event(self, timeout: float | None = None) -> Message:
+        """The next event received (``TimeoutError`` after ``timeout``
+        seconds; events may be rare, so the handle's default does not apply)."""
         return self.run(self.aio.recv_event(), timeout)
 
     def close(self) -> None:
+        """Disconnect (a second call does nothing)."""
+        if self._closed:
+            return
+        self._closed = True
         try:
             self._loop.run_until_complete(self.aio.close())
         finally:
@@ -122,9 +177,11 @@ class SyncHandle:
         self.close()
 
 
-def connect(uri: str | None = None, *, event_loop: str | None = None) -> SyncHandle:
-    """Attach to a rank (default ``$KVBROKER_URI``) with a blocking handle."""
-    return SyncHandle(uri, event_loop=event_loop)
+def connect(uri: str | None = None, *, event_loop: str | None = None,
+            timeout: float | None = None) -> SyncHandle:
+    """Attach to a rank (default ``$KVBROKER_URI``) with a blocking handle
+    whose calls time out after ``timeout`` seconds by default."""
+    return SyncHandle(uri, event_loop=event_loop, timeout=timeout)
 
 
 class SyncStream:
@@ -139,7 +196,9 @@ class SyncStream:
     service keeps streaming until cancelled or the handle closes.
     """
 
-    def __init__(self, handle: SyncHandle, stream: Stream) -> None:
+    def __init__(self, handle: SyncHandle, stream: Stream, timeout: float | None = None) -> None:
+        self.timeout = timeout
+        """Seconds each next answer may take (``TimeoutError``); None: no limit."""
         self._handle = handle
         self._stream = stream
         self.matchtag = stream.matchtag
@@ -149,7 +208,7 @@ class SyncStream:
 
     def __next__(self) -> Any:
         try:
-            msg = self._handle.run(self._stream.next_message())
+            msg = self._handle.run(self._stream.next_message(), self.timeout)
         except BaseException:
             self.close()
             raise

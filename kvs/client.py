@@ -10,7 +10,7 @@
         async with kvs.txn() as t:                    # one transaction, committed on exit
             t.put("a.c", "hello").mkdir("a.d").symlink("a.e", "a.c")
         d = await kvs.dir("a")                        # a read-only mapping of entries
-        print(sorted(d), d.kind("a.d"))
+        print(sorted(d), d.kind("d"))                # by entry name: "dir"
 
 Values travel as bytes.  :meth:`KVS.put` stores ``bytes`` as is, ``str``
 as UTF-8 and anything else as compact JSON; :meth:`KVS.get` returns bytes,
@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from broker.errors import ErrnoError, RemoteError
+from broker.sync import DEFAULT
 from kvs import treeobj
 from kvs.keys import join, normalize, split
 from kvs.lookup import READDIR, READLINK, TREEOBJ
@@ -433,8 +434,10 @@ class KVS:
         return bytes((await self.lookup(key, 0, at=at))["data"])
 
     async def get_str(self, key: str, *, at: RootSpec | None = None) -> str:
-        """The value of ``key`` decoded as UTF-8."""
-        return (await self.get(key, at=at)).decode("utf-8")
+        """The value of ``key`` decoded as UTF-8; bytes that are not UTF-8 come
+        back as surrogate escapes, as :meth:`put` stores such a ``str``, so
+        ``put(k, s)`` then ``get_str(k)`` gives ``s`` back for any ``s``."""
+        return (await self.get(key, at=at)).decode("utf-8", "surrogateescape")
 
     async def get_json(self, key: str, *, at: RootSpec | None = None) -> Any:
         """The value of ``key`` parsed as JSON (``ValueError`` if it is not JSON)."""
@@ -669,22 +672,29 @@ class SyncKVS:
 
     ``aio`` is the underlying :class:`KVS`; ``run(coro)`` runs any of its
     coroutines (e.g. :func:`kvs.eventlog.append`) on the facade's loop.
+    Each method is its :class:`KVS` namesake's twin (the same docstring).
+    Every call gives up after the handle's ``timeout`` (``TimeoutError``;
+    ``SyncKVS(timeout=2.0)`` sets it on the handle it makes), except
+    :meth:`wait_version`, which waits as long as its own ``timeout`` says.
     """
 
     def __init__(self, handle: SyncHandle | None = None, namespace: str | None = None, *,
-                 uri: str | None = None, event_loop: str | None = None) -> None:
+                 uri: str | None = None, event_loop: str | None = None,
+                 timeout: float | None = None) -> None:
         from broker.sync import SyncHandle
 
         self._owns_handle = handle is None
-        self.sync_handle = handle if handle is not None else SyncHandle(uri, event_loop=event_loop)
+        self.sync_handle = handle if handle is not None else SyncHandle(
+            uri, event_loop=event_loop, timeout=timeout)
         self.aio = KVS(self.sync_handle.aio, namespace)
 
     @property
     def namespace(self) -> str:
         return self.aio.namespace
 
-    def run(self, aw: Any, timeout: float | None = None) -> Any:
-        """Run an awaitable of the async API on this facade's loop."""
+    def run(self, aw: Any, timeout: Any = DEFAULT) -> Any:
+        """Run an awaitable of the async API on this facade's loop, for at
+        most ``timeout`` seconds (None: no limit; omitted: the handle's)."""
         return self.sync_handle.run(aw, timeout)
 
     def with_namespace(self, namespace: str | None) -> SyncKVS:
@@ -692,6 +702,7 @@ class SyncKVS:
         return SyncKVS(self.sync_handle, namespace)
 
     def close(self) -> None:
+        """Close the handle, if this facade made it."""
         if self._owns_handle:
             self.sync_handle.close()
 
@@ -789,3 +800,17 @@ class SyncKVS:
 
     def namespace_list(self) -> list[Root]:
         return self.run(self.aio.namespace_list())
+
+
+def _share_docstrings(twin: type, source: type) -> None:
+    """Give each method of the blocking ``twin`` that has none its async
+    namesake's docstring, so that ``help(SyncKVS.get)`` says what it does."""
+    for name, func in vars(twin).items():
+        if callable(func) and not name.startswith("_") and not func.__doc__:
+            doc = getattr(getattr(source, name, None), "__doc__", None)
+            if doc:
+                func.__doc__ = doc
+
+
+_share_docstrings(SyncKVS, KVS)
+_share_docstrings(SyncTxn, Txn)

@@ -105,6 +105,10 @@ class Watch:
     def __init__(self, h: HandleCore, key: str, flags: int, *, namespace: str | None = None,
                  nodeid: int = NODEID_ANY) -> None:
         F.check(flags, streaming=True)  # misuse is a ValueError-like error here already
+        if not isinstance(key, str):  # as KVS does: the broker would say only EPROTO
+            raise TypeError(f"key must be a str, not {type(key).__name__}")
+        if namespace is not None and not isinstance(namespace, str):
+            raise TypeError(f"namespace must be a str, not {type(namespace).__name__}")
         self.h = h
         self.key = key
         self.flags = flags
@@ -220,8 +224,10 @@ def watch(
     * ``full``: look the key up on every commit of the namespace, so a
       replaced parent directory or symlink target is noticed (entries only
       on change);
-    * ``append``: the first entry is the whole value, then only appended
-      bytes (``EINVAL`` if the value is replaced or shortened);
+    * ``append``: the initial value as one entry per stored blob (a value
+      built by appends comes in several, all with the same ``rootseq``),
+      then only appended bytes (``EINVAL`` if the value is replaced or
+      shortened);
     * ``initial_sentinel``: yield :data:`INITIAL_DONE` after the initial
       value (with ``append``);
     * ``treeobj`` / ``readdir`` / ``readlink``: as for a lookup;

@@ -121,3 +121,109 @@ async def test_a_stream_gets_every_answer_in_order(wired) -> None:
     got = [p async for p in stream]
     assert got == [{"i": 0}, {"i": 1}, {"i": 2}]
     assert h.pending == 0
+
+
+def send_event(peer: Peer, topic: str, payload: Any, seq: int) -> None:
+    peer.send_frames(codec.encode(Message(MsgType.EVENT, topic, payload, seq=seq)))
+
+
+@pytest.mark.both_loops
+async def test_tasks_waiting_for_events_together_each_get_one(wired) -> None:
+    """Each waiting task is served (one event each), a cancelled waiter
+    leaves the others waiting, and close() ends those still waiting.  With
+    one waiter slot, the first task waited for ever."""
+    h, peer = wired
+    waiters = [asyncio.ensure_future(h.recv_event()) for _ in range(3)]
+    quitter = asyncio.ensure_future(h.recv_event())
+    await asyncio.sleep(0)  # every waiter is registered
+    quitter.cancel()
+    for seq in (1, 2):
+        send_event(peer, "t.x", {"n": seq}, seq)
+    done, still = await asyncio.wait(waiters, timeout=T, return_when=asyncio.ALL_COMPLETED)
+    assert len(done) == 2 and len(still) == 1, (done, still)
+    assert sorted(t.result().payload["n"] for t in done) == [1, 2]
+    await h.close()
+    with pytest.raises(RemoteError) as info:
+        await asyncio.wait_for(still.pop(), T)
+    assert info.value.errnum == errno.ECONNRESET
+
+
+@pytest.mark.both_loops
+async def test_a_stream_has_one_reader(wired) -> None:
+    """A second task reading the same stream gets RuntimeError (as a second
+    __anext__ of an async generator), not a wait for ever."""
+    h, peer = wired
+    stream = h.rpc_stream("svc.stream", {})
+    req = await asyncio.wait_for(peer.requests.get(), T)
+    first = asyncio.ensure_future(stream.next_message())
+    await asyncio.sleep(0)
+    with pytest.raises(RuntimeError, match="already reading"):
+        await stream.next_message()
+    peer.answer(req, {"i": 0})
+    assert (await asyncio.wait_for(first, T)).payload == {"i": 0}
+    peer.answer(req, errnum=errno.ENODATA)
+    assert await asyncio.wait_for(stream.next_message(), T) is None
+
+
+@pytest.mark.both_loops
+@pytest.mark.parametrize("call", [
+    lambda h: h.rpc(None, {}), lambda h: h.rpc(b"svc.x", {}), lambda h: h.rpc(5),
+    lambda h: h.rpc_stream(None), lambda h: h.send_noresponse(b"svc.x"),
+    lambda h: h.rpc("svc.x", nodeid="1"), lambda h: h.rpc("svc.x", flags=None),
+])
+async def test_a_request_the_broker_could_not_read_is_a_type_error(wired, call) -> None:
+    """The broker drops a request whose topic it cannot read (it cannot
+    answer it), so the call would have waited for ever: refused here."""
+    h, peer = wired
+    with pytest.raises(TypeError):
+        call(h)
+    ok = h.rpc("svc.ok", {})
+    req = await asyncio.wait_for(peer.requests.get(), T)
+    assert req.topic == "svc.ok"  # nothing was sent before it
+    peer.answer(req, {})
+    await asyncio.wait_for(ok, T)
+    assert h.pending == 0
+
+
+async def test_rpc_with_noresponse_is_refused(wired) -> None:
+    from broker.message import MsgFlags
+
+    h, _peer = wired
+    with pytest.raises(ValueError, match="send_noresponse"):
+        h.rpc("svc.x", {}, flags=MsgFlags.NORESPONSE)
+    with pytest.raises(ValueError, match="send_noresponse"):
+        h.rpc_stream("svc.x", {}, flags=MsgFlags.NORESPONSE)
+    assert h.pending == 0
+
+
+@pytest.mark.both_loops
+async def test_close_gives_up_flushing_to_a_peer_that_does_not_read(tmp_path: Path) -> None:
+    """A broker that is stopped (SIGSTOP) or stuck reads nothing: close()
+    flushes for CLOSE_FLUSH_TIMEOUT, then drops what is left.  It used to
+    wait for ever."""
+    path = str(tmp_path / "deaf.sock")
+    accepted = asyncio.Event()
+    writers: list[asyncio.StreamWriter] = []
+
+    async def deaf(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writers.append(writer)
+        accepted.set()
+
+    server = await asyncio.start_unix_server(deaf, path)
+    h = await Handle.connect(f"local://{path}")
+    h.CLOSE_FLUSH_TIMEOUT = 0.2
+    await asyncio.wait_for(accepted.wait(), T)
+    h.send_noresponse("svc.big", {"data": b"x" * (16 << 20)})  # more than the socket holds
+    await asyncio.wait_for(h.close(), T)
+    with pytest.raises(RemoteError):
+        h.rpc("svc.after", {})
+    for w in writers:
+        w.close()
+    server.close()
+    await server.wait_closed()
+
+
+@pytest.mark.parametrize("uri", ["local://", "tcp://host:1", "ssh://host-without-path"])
+async def test_a_malformed_uri_is_a_value_error(uri: str) -> None:
+    with pytest.raises(ValueError):
+        await Handle.connect(uri)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import json
+import os
 
 import pytest
 
@@ -578,7 +579,27 @@ async def test_api_misuse_is_refused_before_sending(start_instance, connect) -> 
                 await kvs.append("m.nan", bad)
         assert not await kvs.exists("m.nan")
         assert await kvs.get_json("m.a") == 1
+        # a watch's key and namespace too (the broker said only EPROTO)
+        from kvs_watch.client import watch
+        with pytest.raises(TypeError, match="key must be a str"):
+            watch(h, 123)
+        with pytest.raises(TypeError, match="namespace must be a str"):
+            watch(h, "m.a", namespace=7)
         assert h.pending == 0
+
+
+async def test_any_str_round_trips_through_put_and_get_str(start_instance, connect) -> None:
+    """A str with surrogate escapes (a file name from os.fsdecode) is stored
+    as the bytes it stands for; get_str raised UnicodeDecodeError on them."""
+    inst = await start_instance(size=1)
+    kvs = KVS(await connect(inst, 0))
+    async with asyncio.timeout(T):
+        name = os.fsdecode(b"caf\xe9-\xff.txt")
+        await kvs.put("m.name", name)
+        assert await kvs.get("m.name") == b"caf\xe9-\xff.txt"
+        assert await kvs.get_str("m.name") == name
+        await kvs.put("m.text", "h\u00e9llo")
+        assert await kvs.get_str("m.text") == "h\u00e9llo"
 
 
 async def test_sync_unlinkable(start_instance) -> None:

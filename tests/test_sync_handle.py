@@ -12,6 +12,7 @@ import errno
 import signal
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -201,3 +202,75 @@ async def test_calls_after_close_say_the_handle_was_closed(start_instance, conne
         with pytest.raises(RemoteError) as ei:
             h.rpc("broker.ping", {})
         assert ei.value.errnum == errno.ECONNRESET and "handle closed" in str(ei.value)
+
+
+async def test_a_closed_blocking_handle_says_so_for_every_call(start_instance) -> None:
+    """After close() every call raises RemoteError(ECONNRESET, "handle
+    closed"), as rpc() did; run(), publish() and the kvs facade raised
+    "Event loop is closed", and a second close() raised too."""
+    from kvs.client import SyncKVS
+
+    inst = await start_instance(size=1)
+
+    def script() -> list[Any]:
+        h = sync.connect(inst.uri(0))
+        kvs = SyncKVS(h)
+        h.close()
+        h.close()  # a no-op
+        calls = [lambda: h.rpc("broker.ping", {}), lambda: h.publish("x.y"),
+                 lambda: h.subscribe("x."), lambda: h.recv_event(timeout=1),
+                 lambda: h.rpc_stream("kvs-watch.lookup", {}), lambda: kvs.get("a"),
+                 lambda: kvs.put("a", 1), lambda: h.run(asyncio.sleep(0))]
+        out = []
+        for call in calls:
+            try:
+                call()
+            except Exception as exc:  # noqa: BLE001 (the test records what each raised)
+                out.append((type(exc).__name__, getattr(exc, "errnum", None), str(exc)))
+        return out
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a "coroutine ... never awaited" fails it
+        out = await asyncio.wait_for(asyncio.to_thread(script), 30)
+    assert len(out) == 8
+    for name, errnum, text in out:
+        assert (name, errnum) == ("RemoteError", errno.ECONNRESET), out
+        assert "handle closed" in text
+
+
+async def test_the_handles_timeout_is_every_requests_default(start_instance) -> None:
+    """connect(timeout=S) / SyncKVS(timeout=S): a request that is not
+    answered in S seconds raises TimeoutError; waits that may rightly be
+    long (a stream's next answer) have their own."""
+    from kvs.client import SyncKVS
+
+    inst = await start_instance(size=2)
+
+    def script() -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        with sync.connect(inst.uri(1), timeout=0.3) as h:
+            seq = h.rpc("kvs.getroot", {"namespace": "primary"})["rootseq"]
+            t0 = time.monotonic()
+            with pytest.raises(TimeoutError):
+                h.rpc("kvs.wait-version", {"namespace": "primary", "rootseq": seq + 100})
+            out["rpc"] = time.monotonic() - t0
+            with pytest.raises(TimeoutError):
+                h.run(asyncio.sleep(5))
+            out["run_none"] = h.run(asyncio.sleep(0.5, "slept"), timeout=None)
+            stream = h.rpc_stream("kvs-watch.lookup", {"namespace": "primary", "key": "nope",
+                                                       "flags": WATCH | WAITCREATE},
+                                  timeout=0.2)
+            with pytest.raises(TimeoutError):
+                next(stream)
+            out["pending"] = h.aio.pending
+        with SyncKVS(uri=inst.uri(0), timeout=0.3) as kvs:
+            with pytest.raises(TimeoutError):
+                kvs.run(asyncio.sleep(5))
+            kvs.put("t.k", 1)
+            out["get"] = kvs.get_json("t.k")
+        return out
+
+    out = await asyncio.wait_for(asyncio.to_thread(script), 60)
+    assert 0.25 < out["rpc"] < 5, out
+    assert out["run_none"] == "slept" and out["get"] == 1
+    assert out["pending"] == 0
