@@ -34,6 +34,10 @@ MAX_BACKLOG = 256 << 20
 _UCRED = struct.Struct("3i")
 
 
+COUNTERS = ("garbage", "malformed", "oversized", "slow-consumers")
+"""The ``connector`` counters of ``broker.stats-get`` (all shown, 0 included)."""
+
+
 def peer_uid(sock: socket.socket) -> int:
     """The uid of the process at the other end of a Unix socket."""
     data = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
@@ -188,7 +192,7 @@ class Connector:
         self.allow_guest = allow_guest
         self.max_message = max_message
         self.connections: dict[str, ClientConnection] = {}
-        self.counts: Counter[str] = Counter()
+        self.counts: Counter[str] = Counter(dict.fromkeys(COUNTERS, 0))
         self._next = 0
         self._server: asyncio.AbstractServer | None = None
 

@@ -52,6 +52,12 @@ if TYPE_CHECKING:
 log = logging.getLogger("kvbroker.router")
 
 
+COUNTERS = ("requests", "responses", "events-sequenced", "events-delivered", "disconnects-sent",
+            "unroutable", "lost-requests", "dropped-responses", "dropped-events",
+            "dropped-local", "dropped-control")
+"""The ``messages`` counters of ``broker.stats-get``."""
+
+
 class Peer(Protocol):
     """Anything local that can receive messages: a client connection or a module."""
 
@@ -76,7 +82,8 @@ class Router:
         self._used_services: dict[str, set[tuple[str, int]]] = {}
         self.seq = 0  # rank 0: last sequence number assigned
         self.seq_tracker = SeqTracker(f"rank {rank}")
-        self.counts: Counter[str] = Counter()
+        # every counter from the start, at 0: stats show those that never moved
+        self.counts: Counter[str] = Counter(dict.fromkeys(COUNTERS, 0))
         self._sent_down: dict[int, dict[tuple[tuple[str, ...], int], Message]] = {}
         """Per child: requests forwarded to it and not yet answered, by
         (route, matchtag) -- what the response carries back."""

@@ -65,6 +65,12 @@ for the cost of one SQLite transaction and fsync a second while the primary
 namespace changes, and nothing while it does not."""
 
 
+COUNTERS = ("commits", "batches", "merged", "merges-split", "commits-failed", "relays",
+            "relayed", "lookups", "blob-fetches", "namespaces-created", "namespaces-loaded",
+            "namespaces-removed")
+"""The ``counts`` of ``kvs.stats-get`` (all shown, 0 included)."""
+
+
 class BlobStore:
     """This rank's blobs (ref -> bytes), a byte-bounded LRU."""
 
@@ -195,7 +201,7 @@ class KvsModule(Module):
         self._txn_counter = 0
         # kvs.wait-version requests still waiting, by request route (the client)
         self._version_waits: dict[tuple[str, ...], set[asyncio.Future[Any]]] = {}
-        self.counts: Counter[str] = Counter()
+        self.counts: Counter[str] = Counter(dict.fromkeys(COUNTERS, 0))
         self.relays: RelayOutbox  # a follower's road to rank 0 (needs self.h: see start)
         self._epochs = count(1)  # rank 0: Namespace.epoch of each namespace created
         # Rank 0's content module when it is in this process with our hash:

@@ -64,6 +64,11 @@ MAX_BACKLOG = AttrSpec(
     "a watcher more than this many commits behind ends with EOVERFLOW")
 
 
+COUNTERS = ("watchers-created", "lookups", "answers", "blob-loads", "cancelled",
+            "disconnected", "namespaces-removed")
+"""The ``counts`` of ``kvs-watch.stats-get`` (all shown, 0 included)."""
+
+
 class KvsWatchModule(Module):
     name: ClassVar[str] = "kvs-watch"
     attributes: ClassVar[tuple[AttrSpec, ...]] = (MAX_BACKLOG,)
@@ -77,7 +82,7 @@ class KvsWatchModule(Module):
         self.clients: dict[Route, dict[int, Watcher]] = {}
         """Watchers by the route of their request, then matchtag (cancel, disconnect)."""
         self.nwatchers = 0
-        self.counts: Counter[str] = Counter()
+        self.counts: Counter[str] = Counter(dict.fromkeys(COUNTERS, 0))
 
     def handlers(self) -> dict[str, Handler]:
         return {

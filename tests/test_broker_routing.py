@@ -176,6 +176,42 @@ async def test_module_list_and_stats_get_of_every_module(start_instance, connect
                 assert isinstance(await h.rpc(f"{m['name']}.stats-get", {}, nodeid=rank), dict)
 
 
+async def test_stats_show_every_counter_even_at_zero(start_instance, connect) -> None:
+    """A script reading ``stats["messages"]["unroutable"]`` must not get a
+    KeyError on a quiet rank: every counter is there from the start, and
+    the ones counted are exactly the declared ones."""
+    from broker import connector, router
+    from broker.content import module as content
+    from kvs import module as kvs
+    from kvs_watch import module as kvs_watch
+
+    inst = await start_instance(size=2, fanout=2)
+    async with asyncio.timeout(20):
+        h = await connect(inst, 1)
+        for rank in (0, 1):
+            stats = await h.rpc("broker.stats-get", {}, nodeid=rank)
+            assert set(stats["messages"]) == set(router.COUNTERS)
+            assert stats["messages"]["unroutable"] == 0
+            assert stats["connector"] == dict.fromkeys(connector.COUNTERS, 0)
+            counts = (await h.rpc("kvs-watch.stats-get", {}, nodeid=rank))["counts"]
+            assert counts == dict.fromkeys(kvs_watch.COUNTERS, 0)
+            counts = (await h.rpc("kvs.stats-get", {}, nodeid=rank))["counts"]
+            assert counts == dict.fromkeys(kvs.COUNTERS, 0)
+            stats = await h.rpc("content.stats-get", {}, nodeid=rank)
+            assert set(content.COUNTERS) <= set(stats), stats  # rank 0 stored its empty root
+            assert stats["misses"] == 0
+        # after some work, still the declared names and no others
+        await h.rpc("kvs.commit", {"namespace": "primary", "flags": 0, "ops": [
+            {"key": "z.a", "flags": 0, "dirent": {"ver": 1, "type": "val", "data": b"1"}}]})
+        await h.rpc("kvs.lookup", {"namespace": "primary", "key": "z.a", "flags": 0})
+        for rank in (0, 1):
+            assert set((await h.rpc("kvs.stats-get", {}, nodeid=rank))["counts"]) == \
+                set(kvs.COUNTERS)
+            assert set((await h.rpc("broker.stats-get", {}, nodeid=rank))["messages"]) == \
+                set(router.COUNTERS)
+        assert (await h.rpc("kvs.stats-get", {}, nodeid=1))["counts"]["relays"] == 1
+
+
 async def test_broker_stats_counts(start_instance, connect) -> None:
     inst = await start_instance(size=4, fanout=2)
     async with asyncio.timeout(10):

@@ -62,6 +62,10 @@ so a transaction dirties about one index page per blob until the batch is
 comparable to the index (see :mod:`broker.content.sqlite`)."""
 
 
+COUNTERS = ("hits", "misses", "stored", "written")
+"""The counters of ``content.stats-get`` (all shown, 0 included)."""
+
+
 class ContentModule(Module):
     name: ClassVar[str] = "content"
     attributes: ClassVar[tuple[AttrSpec, ...]] = (BLOB_SIZE_LIMIT, CACHE_BYTES)
@@ -75,7 +79,7 @@ class ContentModule(Module):
         self.cache: OrderedDict[str, bytes] = OrderedDict()
         self.cache_bytes = 0
         self.dirty: dict[str, bytes] = {}
-        self.counts: Counter[str] = Counter()
+        self.counts: Counter[str] = Counter(dict.fromkeys(COUNTERS, 0))
         self.backing: SqliteStore | None = None
         self._flush_handle: asyncio.TimerHandle | None = None
         self._loading: dict[str, asyncio.Future[bytes]] = {}
