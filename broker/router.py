@@ -84,9 +84,9 @@ class Router:
         self.seq_tracker = SeqTracker(f"rank {rank}")
         # every counter from the start, at 0: stats show those that never moved
         self.counts: Counter[str] = Counter(dict.fromkeys(COUNTERS, 0))
-        self._sent_down: dict[int, dict[tuple[tuple[str, ...], int], Message]] = {}
-        """Per child: requests forwarded to it and not yet answered, by
-        (route, matchtag) -- what the response carries back."""
+        self._sent_down: dict[int, dict[tuple[str, ...], dict[int, Message]]] = {}
+        """Per child: requests forwarded to it and not yet answered, by route
+        (the client), then matchtag -- what the response carries back."""
         self._hops: dict[int, str] = {}
         """The route hop of each neighbour's current link (see the module docstring)."""
         self._hop_ranks: dict[str, int] = {}
@@ -174,10 +174,14 @@ class Router:
         elif t == MsgType.RESPONSE:
             sent = self._sent_down.get(sender)
             if sent:
-                key = (tuple(msg.route), msg.matchtag)
-                req = sent.get(key)
-                if req is not None and (msg.errnum or not req.flags & MsgFlags.STREAMING):
-                    del sent[key]  # its last response
+                route = tuple(msg.route)
+                by_tag = sent.get(route)
+                if by_tag is not None:
+                    req = by_tag.get(msg.matchtag)
+                    if req is not None and (msg.errnum or not req.flags & MsgFlags.STREAMING):
+                        del by_tag[msg.matchtag]  # its last response
+                        if not by_tag:
+                            del sent[route]
             self.route_response(msg)
         elif t == MsgType.EVENT:
             if sender != topology.parent_of(self.rank, self.fanout):
@@ -257,18 +261,41 @@ class Router:
 
     def _send_down(self, child: int, msg: Message) -> None:
         if msg.flags & MsgFlags.NORESPONSE:
+            if msg.topic.endswith(".disconnect"):
+                self._forget_sent_down(child, msg)
             self._send_rank(child, msg)
             return
-        key = (tuple(msg.route), msg.matchtag)
+        route = tuple(msg.route)
         sent = self._sent_down.get(child)
         if sent is None:
             sent = self._sent_down[child] = {}
-        sent[key] = msg
+        by_tag = sent.get(route)
+        if by_tag is None:
+            by_tag = sent[route] = {}
+        by_tag[msg.matchtag] = msg
         if not self._send_rank(child, msg):
             # answered EHOSTUNREACH already; the child may be forgotten too
             sent = self._sent_down.get(child)
-            if sent is not None:
-                sent.pop(key, None)
+            if sent is not None and (by_tag := sent.get(route)) is not None:
+                by_tag.pop(msg.matchtag, None)
+                if not by_tag:
+                    del sent[route]
+
+    def _forget_sent_down(self, child: int, disconnect: Message) -> None:
+        """A client's ``<service>.disconnect`` is on its way to ``child``: the
+        service ends that client's requests there without answering them
+        (watches, version waits), so stop holding them here -- they piled
+        up on every rank along the way, one per abandoned remote watch."""
+        sent = self._sent_down.get(child)
+        route = tuple(disconnect.route)
+        by_tag = sent.get(route) if sent is not None else None
+        if sent is None or by_tag is None:
+            return
+        service = disconnect.service
+        for tag in [tag for tag, req in by_tag.items() if req.service == service]:
+            del by_tag[tag]
+        if not by_tag:
+            del sent[route]
 
     def child_lost(self, child: int) -> None:
         """The link to ``child`` is gone: answer what was sent down to it."""
@@ -276,7 +303,7 @@ class Router:
         if hop is not None:
             del self._hop_ranks[hop]
         sent = self._sent_down.pop(child, None)
-        for req in (sent or {}).values():
+        for req in [req for by_tag in (sent or {}).values() for req in by_tag.values()]:
             self.counts["lost-requests"] += 1
             self.respond_error(req, errno.EHOSTUNREACH,
                                f"rank {child} was lost before answering")
@@ -298,7 +325,7 @@ class Router:
 
     def sent_down(self) -> int:
         """Requests forwarded to children and not yet answered."""
-        return sum(map(len, self._sent_down.values()))
+        return sum(len(by_tag) for sent in self._sent_down.values() for by_tag in sent.values())
 
     def _send_rank(self, rank: int, msg: Message) -> bool:
         ov = self.overlay

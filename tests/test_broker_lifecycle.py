@@ -245,6 +245,64 @@ async def test_requests_in_flight_to_a_lost_rank_are_answered(
         assert (await h.ping(2))["rank"] == 2  # the rest keeps serving
 
 
+@pytest.mark.parametrize("how", ["close", "kill"])
+async def test_requests_a_client_abandons_down_the_tree_are_not_held(
+        start_instance, connect, how: str, tmp_path) -> None:
+    """A watch and a version wait served on rank 3 by a client of rank 0
+    that goes away: the services end them without answering, so every
+    rank on the way (0 and 1) held them for ever, ~0.6 KB a request (one
+    per abandoned remote watch).  The client's disconnect now clears them."""
+    inst = await start_instance(size=4, fanout=2)
+    async with asyncio.timeout(30):
+        h = await connect(inst, 0)
+        await h.rpc("kvs.commit", {"namespace": "primary", "ops": [
+            {"key": "w", "flags": 0, "dirent": {"ver": 1, "type": "val", "data": b"1"}}]})
+        if how == "close":
+            c = await connect(inst, 0)
+            for _ in range(3):
+                s = c.rpc_stream("kvs-watch.lookup",
+                                 {"namespace": "primary", "key": "w", "flags": 4}, nodeid=3)
+                assert await s.next_message() is not None
+            c.rpc("kvs.wait-version", {"namespace": "primary", "rootseq": 10**9},
+                  nodeid=3).add_done_callback(lambda f: f.exception())
+            await c.ping(3)  # the wait is on its way down before the next ping returns
+            await c.close()
+        else:
+            script = tmp_path / "abandon.py"
+            script.write_text(textwrap.dedent(f"""
+                import asyncio, sys
+                from broker.handle import Handle
+                async def main():
+                    c = await Handle.connect({inst.uri(0)!r})
+                    for _ in range(3):
+                        s = c.rpc_stream("kvs-watch.lookup",
+                                         {{"namespace": "primary", "key": "w", "flags": 4}},
+                                         nodeid=3)
+                        await s.next_message()
+                    c.rpc("kvs.wait-version", {{"namespace": "primary", "rootseq": 10**9}},
+                          nodeid=3)
+                    await c.ping(3)
+                    print("ready", flush=True)
+                    await asyncio.sleep(60)
+                asyncio.run(main())
+                """))
+            proc = await asyncio.create_subprocess_exec(sys.executable, str(script),
+                                                        stdout=subprocess.PIPE)
+            assert proc.stdout is not None
+            assert await proc.stdout.readline() == b"ready\n"
+            assert [(await stats(h, r))["sent-down"] for r in (0, 1)] == [4, 4]
+            proc.kill()
+            await proc.wait()
+
+        async def released() -> bool:
+            return [(await stats(h, r))["sent-down"] for r in (0, 1)] == [0, 0]
+
+        await wait_until(released, "ranks 0 and 1 to forget the abandoned requests")
+        watchers = await h.rpc("kvs-watch.stats-get", {}, nodeid=3)
+        assert watchers["watchers"] == 0
+        assert (await h.ping(3))["rank"] == 3
+
+
 @pytest.mark.parametrize("server", [0, 2])
 async def test_a_lost_rank_s_remote_watch_ends_with_its_next_answer(
         start_instance, connect, server: int) -> None:
