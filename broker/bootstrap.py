@@ -23,7 +23,7 @@ A rank's number is its entry's index in ``hosts``; the instance's size is the
 number of entries.  A rank with children binds ``bind`` and its children
 connect to ``connect``; leaves need neither.  The overlay is ZeroMQ over
 ``tcp://`` with CURVE: only processes holding the key pair in ``curve_cert``
-are admitted (DESIGN.md section 2).  This module only reads and checks the
+are admitted (docs/protocol.md, CURVE on tcp://).  This module only reads and checks the
 file; :mod:`broker.cli` runs the rank.
 """
 

@@ -2,7 +2,7 @@
 
 A subscription is a string prefix: ``kvs.namespace-job-1`` receives
 ``kvs.namespace-job-1-setroot`` -- and also ``kvs.namespace-job-10-setroot``,
-so subscribers check payload fields where that matters (DESIGN.md section 7).
+so subscribers check payload fields where that matters (docs/protocol.md, Events).
 
 Matching cost does not grow with the number of subscriptions: for a topic of
 length n we probe the dict of prefixes once per *distinct subscribed prefix

@@ -38,7 +38,7 @@ Handler = Callable[[Message], Awaitable[None] | None]
 
 class EventCounts:
     """What a module did with the events its subscriptions brought: the
-    ``events`` section of its stats (DESIGN.md section 7).  ``received`` is
+    ``events`` section of its stats (docs/protocol.md, Namespace events).  ``received`` is
     counted by :class:`Module`; the module counts ``handled`` and calls
     :meth:`drop` with the reason for everything else."""
 

@@ -683,6 +683,10 @@ class SyncKVS:
                  timeout: float | None = None) -> None:
         from broker.sync import SyncHandle
 
+        if handle is not None and (uri is not None or event_loop is not None
+                                   or timeout is not None):
+            raise ValueError("uri, event_loop and timeout are the handle's: give them to "
+                             "broker.sync.connect(), or give no handle")
         self._owns_handle = handle is None
         self.sync_handle = handle if handle is not None else SyncHandle(
             uri, event_loop=event_loop, timeout=timeout)

@@ -10,7 +10,7 @@ and publishes ``kvs.namespace-<NS>-setroot``.  A follower answers its client
 once it has applied the setroot naming the transaction (read-your-writes);
 :mod:`kvs.relay` is that road.
 
-Events (DESIGN.md section 7): rank 0 subscribes once to ``kvs.namespace``;
+Events (docs/protocol.md, Namespace events): rank 0 subscribes once to ``kvs.namespace``;
 a follower subscribes once per namespace it has loaded, to
 ``kvs.namespace-<NS>``.  The module handles setroot, removed and error,
 drops created, and drops events of other namespaces that share the prefix

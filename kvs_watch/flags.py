@@ -22,7 +22,7 @@ WATCH_APPEND = 256
 STREAM = 512
 WATCH_INITIAL_SENTINEL = 1024
 
-# Short names, as in DESIGN.md section 8.
+# Short names, as in docs/protocol.md, Flags.
 FULL = WATCH_FULL
 UNIQ = WATCH_UNIQ
 APPEND = WATCH_APPEND

@@ -15,7 +15,7 @@ Requests (docs/protocol.md, section "kvs-watch"):
 * ``kvs-watch.stats-get`` -- watchers, namespaces, event counters (a guest
   sees the rootref of its own namespaces only).
 
-Events (DESIGN.md section 7): one :class:`~kvs_watch.monitor.Monitor` per
+Events (docs/protocol.md, Events and monitors): one :class:`~kvs_watch.monitor.Monitor` per
 watched namespace subscribes once (``self.h.subscribe``, a direct call that
 never waits) to ``kvs.namespace-<NS>`` and unsubscribes with its last
 watcher.  It handles ``setroot``, ``removed`` and ``created``, drops

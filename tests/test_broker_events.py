@@ -1,4 +1,5 @@
-"""Events: sequenced by rank 0, sent down the tree, delivered by string prefix (DESIGN.md 3)."""
+"""Events: sequenced by rank 0, sent down the tree, delivered by string prefix
+(docs/protocol.md, Events)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Request routing across the tree, built-in services, and their errors (DESIGN.md 3-4)."""
+"""Request routing across the tree, built-in services, and their errors
+(docs/protocol.md, Routing)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ store/load with blobrefs, the per-rank cache (misses go upstream, rank 0
 has every blob), flush, dropcache, checkpoints, stats, the blob size limit,
 bad input, and the SQLite backing store surviving a restart.
 Reference: flux-core t/t0012-content-sqlite.t, t0018-content-files.t and
-DESIGN.md section 5.
+docs/protocol.md, Content store.
 """
 
 from __future__ import annotations

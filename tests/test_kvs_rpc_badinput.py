@@ -3,7 +3,7 @@
 Malformed requests get EPROTO, bad tree objects EINVAL, unknown blobs ENOENT
 -- fast, on any rank, and a failed transaction changes nothing.
 Reference: flux-core src/modules/kvs/kvs.c (request unpacking), t1000-kvs.t
-(``put --treeobj`` errors), DESIGN.md section 6.
+(``put --treeobj`` errors), docs/protocol.md, KVS.
 """
 
 from __future__ import annotations

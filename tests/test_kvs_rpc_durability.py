@@ -2,7 +2,7 @@
 and EFBIG for a blob over content.blob-size-limit.
 
 Reference: flux-core t/t2010-kvs-snapshot-restore.t / t1000-kvs.t (``put --sync``),
-t/t2011-kvs-checkpoint-period.t, and DESIGN.md section 6 "Durability".
+t/t2011-kvs-checkpoint-period.t, and docs/protocol.md "Durability".
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Namespace events (DESIGN.md section 7) as the kvs module sees and counts them.
+"""Namespace events (docs/protocol.md) as the kvs module sees and counts them.
 
 Rank 0 subscribes once to ``kvs.namespace``; a follower once per namespace it
 loaded, to ``kvs.namespace-<NS>``, and drops it when the namespace goes.  The

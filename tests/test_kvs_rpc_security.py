@@ -2,7 +2,7 @@
 
 The broker learns the uid from SO_PEERCRED, so the guest is a child process
 that drops to uid/gid 65534 before it connects (see ``run_guest``).
-Reference: flux-core t/t1005-kvs-security.t; DESIGN.md section 6.
+Reference: flux-core t/t1005-kvs-security.t; docs/protocol.md, KVS.
 """
 
 from __future__ import annotations

@@ -263,6 +263,8 @@ async def test_the_handles_timeout_is_every_requests_default(start_instance) -> 
             with pytest.raises(TimeoutError):
                 next(stream)
             out["pending"] = h.aio.pending
+        with pytest.raises(ValueError, match="the handle's"):
+            SyncKVS(h, timeout=1)  # the handle's timeout applies: said, not ignored
         with SyncKVS(uri=inst.uri(0), timeout=0.3) as kvs:
             with pytest.raises(TimeoutError):
                 kvs.run(asyncio.sleep(5))

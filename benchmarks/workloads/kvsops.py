@@ -1,4 +1,4 @@
-"""KVS requests as the contract spells them (DESIGN.md sections 6-8).
+"""KVS requests as the contract spells them (docs/protocol.md, KVS and kvs-watch).
 
 Written against the RPC payloads, not against the ``kvs`` client library,
 so the benchmarks measure the wire protocol and keep working while the

@@ -1,6 +1,6 @@
 """W5 and W5x: the job-like namespace lifecycle, alone and among many live ones.
 
-One lifecycle (DESIGN.md sections 6-8):
+One lifecycle (docs/protocol.md, KVS and kvs-watch):
 
 1. ``kvs.namespace-create {namespace: w5-<i>, owner: uid}`` (rank 0);
 2. a WAITCREATE watch ``kvs-watch.lookup {key: eventlog, flags: WATCH|WAITCREATE}``
