@@ -50,7 +50,7 @@ SETROOT_BLOB_LIMIT = 64 << 10
 """A setroot event carries the commit's new blobs when they total at most this."""
 CACHE_BYTES = AttrSpec(
     "kvs.cache-bytes", str(BLOB_CACHE_BYTES), integer(0),
-    "per-rank kvs blob cache size (bytes)")
+    "per-rank kvs blob cache size (bytes); also bounds its decoded tree objects")
 SETROOT_LIMIT = AttrSpec(
     "kvs.setroot-blob-limit", str(SETROOT_BLOB_LIMIT), integer(0),
     "a setroot event carries the commit's new blobs up to this total (bytes)")
@@ -193,7 +193,10 @@ class KvsModule(Module):
         self.hash_name = CONTENT_HASH.value(ctx.attrs)
         self.statedir = str(ctx.attrs.get("statedir") or "")
         self.blobs = BlobStore(CACHE_BYTES.value(ctx.attrs))
-        self.cache = treeobj.BlobCache(self.blobs, max_objects=16384)
+        # decoded objects: bounded as the blobs are (they cost a few times
+        # their blob's bytes), and by count
+        self.cache = treeobj.BlobCache(self.blobs, max_objects=16384,
+                                       max_bytes=self.blobs.limit)
         self.prime_limit = SETROOT_LIMIT.value(ctx.attrs)
         self.namespaces: dict[str, Namespace] = {}
         self._loading: dict[str, asyncio.Future[Namespace]] = {}
@@ -573,7 +576,8 @@ class KvsModule(Module):
         if not msg.is_owner:
             raise ErrnoError(errno.EPERM, "only the instance owner may drop caches")
         self.blobs = BlobStore(self.blobs.limit)
-        self.cache = treeobj.BlobCache(self.blobs, max_objects=self.cache.max_objects)
+        self.cache = treeobj.BlobCache(self.blobs, max_objects=self.cache.max_objects,
+                                       max_bytes=self.cache.max_bytes)
         self.h.respond(msg, {})
 
     # ================================================================ writes
@@ -868,7 +872,8 @@ class KvsModule(Module):
                                   "waiters": ns.waiters}
                            for name, ns in islice(self.namespaces.items(), 100)},
             "cache": {"blobs": len(self.blobs), "bytes": self.blobs.size,
-                      "objects": len(self.cache), "forgotten": self.cache.forgotten},
+                      "objects": len(self.cache), "object-bytes": self.cache.nbytes,
+                      "forgotten": self.cache.forgotten},
             "counts": dict(self.counts),
             "checkpoint": self._checkpoint_stats(),
             "relays-waiting": sum(len(ns.relayed) for ns in self.namespaces.values()),

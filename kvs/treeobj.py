@@ -437,14 +437,24 @@ class BlobCache:
     Directory blobs are decoded (and validated) once and then shared, so a
     commit into a big directory does not re-decode its unchanged shards.
     Objects returned by :meth:`get_obj` are shared: treat them as immutable.
-    The memo is a bounded LRU that also forgets the versions a transaction
-    replaced (:meth:`remember`); blobs are content-addressed, so it never
-    needs invalidating.  The kvs module should keep one per content cache.
+    The memo is an LRU bounded by count (``max_objects``) and by the size
+    of the objects' blobs (``max_bytes``), that also forgets the versions a
+    transaction replaced (:meth:`remember`); blobs are content-addressed, so
+    it never needs invalidating.  The kvs module should keep one per content
+    cache.  The byte bound matters where objects are big: a follower serving
+    an APPEND watch on an eventlog decodes every version of its directory,
+    each carrying every line's blobref, and held 600 MB of them at 3,000
+    appends under the count bound alone.
     """
 
-    def __init__(self, store: BlobStore, max_objects: int = 8192) -> None:
+    def __init__(self, store: BlobStore, max_objects: int = 8192,
+                 max_bytes: int = 64 << 20) -> None:
         self.store = store
         self.max_objects = max_objects
+        self.max_bytes = max_bytes
+        self.nbytes = 0
+        """The blob bytes of the objects held (what ``max_bytes`` bounds)."""
+        self._sizes: dict[str, int] = {}
         # An OrderedDict, not a dict: evicting the oldest entry of a plain
         # dict (``del d[next(iter(d))]``) scans the deleted slots at its
         # front, ~8 us per eviction at 16K entries -- once the memo was full,
@@ -486,9 +496,23 @@ class BlobCache:
             return None
         obj = decode(raw)
         objs[ref] = obj
-        if len(objs) > self.max_objects:
-            self._packed.pop(objs.popitem(last=False)[0], None)
+        self._sizes[ref] = len(raw)
+        self.nbytes += len(raw)
+        if len(objs) > self.max_objects or self.nbytes > self.max_bytes:
+            self._trim()
         return obj
+
+    def _trim(self) -> None:
+        """Evict the least recently used objects until both bounds hold
+        (the newest one stays, however big)."""
+        objs = self._objs
+        while len(objs) > 1 and (len(objs) > self.max_objects or self.nbytes > self.max_bytes):
+            self._forget(objs.popitem(last=False)[0])
+
+    def _forget(self, ref: str) -> None:
+        """The bookkeeping of an object that left ``_objs``."""
+        self._packed.pop(ref, None)
+        self.nbytes -= self._sizes.pop(ref, 0)
 
     def need_obj(self, ref: str) -> TreeObj:
         """Like :meth:`get_obj` but raises :class:`NeedBlobs` when missing."""
@@ -499,9 +523,11 @@ class BlobCache:
 
     def remember(self, objs: Mapping[str, TreeObj],
                  packed: Mapping[str, Packed] | None = None,
-                 replaced: Iterable[str] = ()) -> None:
+                 replaced: Iterable[str] = (),
+                 blobs: Mapping[str, bytes] | None = None) -> None:
         """Memoize objects whose blobs were just created (they are immutable
-        now), and the packed entries of the directories among them.
+        now), and the packed entries of the directories among them; ``blobs``
+        has their encoded bytes, which count towards ``max_bytes``.
 
         ``replaced`` names the versions they replace.  Unless read again
         meanwhile, those are forgotten :data:`PROBATION` transactions later,
@@ -515,8 +541,8 @@ class BlobCache:
         reading it takes it off probation.  Forgetting is always safe: the
         blob stays in the store and is decoded again if ever needed."""
         mine = self._objs
-        packs = self._packed
         probation = self._probation
+        sizes = self._sizes
         self._txns += 1
         now = [ref for ref in replaced if ref not in objs]
         for ref in now:
@@ -529,16 +555,19 @@ class BlobCache:
                     del probation[ref]
                     self.forgotten += 1
                     if mine.pop(ref, None) is not None:
-                        packs.pop(ref, None)
+                        self._forget(ref)
         for ref, obj in objs.items():
+            if ref not in sizes and blobs is not None and ref in blobs:
+                sizes[ref] = n = len(blobs[ref])
+                self.nbytes += n
             mine[ref] = obj
             mine.move_to_end(ref)
             if probation:
                 probation.pop(ref, None)
         if packed:
             self._packed.update(packed)
-        while len(mine) > self.max_objects:
-            self._packed.pop(mine.popitem(last=False)[0], None)
+        if len(mine) > self.max_objects or self.nbytes > self.max_bytes:
+            self._trim()
 
     def packed(self, ref: str) -> Packed | None:
         """The packed entries of directory ``ref`` if this cache holds them

@@ -369,5 +369,5 @@ def apply(
         raise NeedBlobs(missing)
 
     entry, _ = txn.unroll_dir(root)
-    cache.remember(writer.objs, writer.packed, writer.replaced)
+    cache.remember(writer.objs, writer.packed, writer.replaced, writer.blobs)
     return TxnResult(entry["data"][0], writer.blobs, keys)

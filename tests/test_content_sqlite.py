@@ -102,3 +102,23 @@ async def test_a_failed_write_back_fails_the_drain_and_is_retried(tmp_path) -> N
     await content._drain()
     assert not content.dirty and store.get(ref) == b"blob"
     await content.stop()
+
+
+async def test_rank_0s_cache_comes_back_to_its_limit_once_written(tmp_path) -> None:
+    """Blobs not yet written back are never evicted, so a burst leaves rank
+    0's cache over ``content.cache-bytes``; it used to stay there while idle
+    (20-40 MB over a 1 MiB limit), as nothing trimmed it after the write."""
+    ctx = ModuleContext(rank=0, size=1, fanout=2,
+                        attrs={"rundir": str(tmp_path), "content.cache-bytes": "100000"},
+                        owner_uid=os.getuid(), log=logging.getLogger("test"))
+    content = ContentModule(ctx)
+    await content.start()
+    try:
+        refs = content.store_local([os.urandom(10_000) for _ in range(100)])  # 1 MB, all dirty
+        assert content.cache_bytes == 1_000_000
+        await content._drain()
+        assert content.cache_bytes <= 100_000
+        assert refs[-1] in content.cache  # the most recent stay
+        assert content.backing is not None and content.backing.count() == 100
+    finally:
+        await content.stop()

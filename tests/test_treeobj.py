@@ -213,6 +213,30 @@ def test_blob_cache_memoizes_and_bounds() -> None:
     assert isinstance(T.as_cache(store), T.BlobCache)
 
 
+def test_blob_cache_is_bounded_by_its_objects_blob_bytes() -> None:
+    """Big objects (a directory whose eventlog valref lists every line's
+    blobref, one version per append) are bounded by bytes, not only by count:
+    a follower held 600 MB of them at 3,000 appends."""
+    store: dict[str, bytes] = {}
+    refs = []
+    for i in range(20):
+        obj = T.dir_({"log": T.valref([hash_blob(f"{i}.{j}".encode()) for j in range(100)])})
+        refs.append(_stored(store, obj))
+    size = len(store[refs[0]])
+    cache = T.BlobCache(store, max_objects=1000, max_bytes=5 * size)
+    for ref in refs:
+        cache.get_obj(ref)
+    assert len(cache) == 5 and cache.nbytes <= 5 * size
+    assert list(cache._objs) == refs[-5:]  # the most recently used stay
+    # what a transaction writes counts too, and forgetting gives bytes back
+    written = T.dir_({"log": T.valref([hash_blob(b"w%d" % j) for j in range(100)])})
+    ref = _stored(store, written)
+    cache.remember({ref: written}, blobs={ref: store[ref]})
+    assert ref in cache._objs and cache.nbytes <= 5 * size and len(cache) == 5
+    one = T.BlobCache(store, max_bytes=1)  # the newest stays, however big
+    assert one.get_obj(refs[0]) is not None and len(one) == 1
+
+
 def _stored(store: dict, obj: dict) -> str:
     blob = T.encode(obj)
     ref = hash_blob(blob)
