@@ -380,7 +380,18 @@ class KvsModule(Module):
     async def _load_ns(self, name: str) -> Namespace:
         fut = self._loading.get(name)
         if fut is not None:
-            return await asyncio.shield(fut)
+            try:
+                return await asyncio.shield(fut)
+            except ErrnoError as exc:
+                if exc.errnum != errno.ENOTSUP:
+                    raise
+                # That load asked rank 0 before this request came: the
+                # namespace may have been created since (a WAITCREATE watch
+                # was loading it when the client's namespace-create
+                # returned, and the client's commit failed).  Ask again.
+                if name in self._loading:
+                    return await asyncio.shield(self._loading[name])
+                return await self._load_ns(name)
         check_name(name)
         fut = asyncio.get_running_loop().create_future()
         self._loading[name] = fut
