@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 
 from broker.attrs import CONTENT_HASH, AttrSpec, duration, integer
 from broker.content import blobref
-from broker.content.module import ContentModule
+from broker.content.module import BLOB_OVERHEAD, ContentModule
 from broker.errors import ErrnoError, RemoteError
 from broker.message import Message, MsgFlags
 from broker.module import Handler, Module, require
@@ -72,7 +72,8 @@ COUNTERS = ("commits", "batches", "merged", "merges-split", "commits-failed", "r
 
 
 class BlobStore:
-    """This rank's blobs (ref -> bytes), a byte-bounded LRU."""
+    """This rank's blobs (ref -> bytes), a byte-bounded LRU (``size``
+    counts each blob's data and its :data:`BLOB_OVERHEAD`)."""
 
     def __init__(self, limit: int = BLOB_CACHE_BYTES) -> None:
         self.limit = limit
@@ -86,10 +87,10 @@ class BlobStore:
         if ref in self._blobs:
             return
         self._blobs[ref] = data
-        self.size += len(data)
+        self.size += len(data) + BLOB_OVERHEAD
         while self.size > self.limit and len(self._blobs) > 1:
             _, old = self._blobs.popitem(last=False)
-            self.size -= len(old)
+            self.size -= len(old) + BLOB_OVERHEAD
 
     def __len__(self) -> int:
         return len(self._blobs)
