@@ -88,6 +88,19 @@ def free_tcp_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _signal(proc: asyncio.subprocess.Process, sig: int) -> None:
+    """Send ``sig`` to a rank that asyncio has not seen exit.
+
+    ``os.kill``, not ``proc.send_signal``: Popen's polls first (bpo-38630),
+    and that ``waitpid`` reaps a rank that has just exited behind the back of
+    asyncio's child watcher, which then logs "Unknown child process pid N,
+    will report returncode 255" and reports 255 for it.  A pid is not reused
+    before it is reaped, so this reaches the rank or its zombie."""
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, sig)
+
+
 class Instance:
     """An instance of ``size`` ranks on this host.
 
@@ -279,17 +292,13 @@ class Instance:
         """
         self._stopping = True
         for proc in self.procs:
-            if proc.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.send_signal(signal.SIGTERM)
+            _signal(proc, signal.SIGTERM)
         try:
             async with asyncio.timeout(timeout):
                 await asyncio.gather(*(p.wait() for p in self.procs))
         except TimeoutError:
             for proc in self.procs:
-                if proc.returncode is None:
-                    with contextlib.suppress(ProcessLookupError):
-                        proc.kill()
+                _signal(proc, signal.SIGKILL)
             await asyncio.gather(*(p.wait() for p in self.procs))
         for task in self._waiters:
             task.cancel()
