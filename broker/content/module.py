@@ -6,10 +6,14 @@
 * ``content.load`` ``{blobref}`` -> ``{data}``: from the cache, else from
   upstream (rank != 0) or the SQLite backing store (rank 0); ``ENOENT`` if
   no one has it.
-* Rank 0 writes new blobs back to SQLite in batches (``FLUSH_DELAY``,
-  ``FLUSH_BLOBS``), on a
-  worker thread so the event loop never waits for the disk (SQLite releases
-  the GIL); ``content.flush`` forces the batches out and makes them durable.
+* Rank 0 writes new blobs back to SQLite in batches, on a worker thread so
+  the event loop never waits for the disk (SQLite releases the GIL).  With
+  a statedir, within ``FLUSH_DELAY`` of their arrival (or ``FLUSH_BLOBS``
+  at a time); without one, only to make room: the file lives in the run
+  directory and goes with it, so nothing needs a blob on disk until the
+  cache is over ``content.cache-bytes`` (then the oldest are written,
+  ``FLUSH_BLOBS`` at a time, and can be evicted).  ``content.flush``
+  forces every batch out and makes them durable, either way.
 * ``content.checkpoint-put`` / ``-get`` ``{key, value}``: small named roots
   kept by rank 0 (KVS uses them to resume after a restart).
 * ``content.dropcache`` drops clean cache entries; ``content.stats-get``.
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import itertools
 import logging
 import os
 from collections import Counter, OrderedDict
@@ -92,6 +97,8 @@ class ContentModule(Module):
         self._inflight: dict[str, bytes] = {}  # handed to the writer, not yet written
         self._writes: set[asyncio.Future[None]] = set()
         self._executor: ThreadPoolExecutor | None = None
+        self.persistent = False
+        """Rank 0 with a statedir: the SQLite file outlives the instance."""
 
     def handlers(self) -> dict[str, Handler]:
         return {
@@ -108,6 +115,7 @@ class ContentModule(Module):
         if self.ctx.rank == 0:
             statedir = self.ctx.attrs.get("statedir") or ""
             directory = statedir or self.ctx.attrs["rundir"]
+            self.persistent = bool(statedir)
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="content-sqlite")
             try:
                 self.backing = await self._db(SqliteStore,
@@ -120,11 +128,15 @@ class ContentModule(Module):
 
     async def stop(self) -> None:
         if self.backing is not None:
-            try:
-                await self._drain()
-            except ErrnoError as exc:
-                logging.getLogger("kvbroker.content").error("at stop: %s", exc)
-            await self._db(self.backing.sync)
+            if self.persistent:  # (without a statedir the file goes with the run directory)
+                try:
+                    await self._drain()
+                except ErrnoError as exc:
+                    logging.getLogger("kvbroker.content").error("at stop: %s", exc)
+                await self._db(self.backing.sync)
+            else:
+                # what is being written must end before the file is closed
+                await asyncio.gather(*list(self._writes), return_exceptions=True)
             await self._db(self.backing.close)
         if self._executor is not None:
             self._executor.shutdown(wait=True)
@@ -158,6 +170,12 @@ class ContentModule(Module):
             self.cache_bytes -= len(blob) + BLOB_OVERHEAD
 
     def _schedule_write_back(self) -> None:
+        if not self.persistent:
+            # write only to make room, the oldest first (module docstring):
+            # a W2p commit's share of the SQLite thread was ~10 us of rank 0
+            if self.cache_bytes > self.cache_limit and self.dirty and not self._writes:
+                self._write_back(FLUSH_BLOBS)
+            return
         if len(self.dirty) >= FLUSH_BLOBS:
             if self._flush_handle is not None:
                 self._flush_handle.cancel()
@@ -166,12 +184,18 @@ class ContentModule(Module):
             loop = asyncio.get_running_loop()
             self._flush_handle = loop.call_later(FLUSH_DELAY, self._write_back)
 
-    def _write_back(self) -> None:
-        """Hand the dirty blobs to the SQLite thread as one transaction."""
+    def _write_back(self, limit: int | None = None) -> None:
+        """Hand the dirty blobs (at most ``limit`` of them, the oldest) to the
+        SQLite thread as one transaction."""
         self._flush_handle = None
         if not self.dirty or self.backing is None:
             return
-        batch, self.dirty = self.dirty, {}
+        if limit is None or len(self.dirty) <= limit:
+            batch, self.dirty = self.dirty, {}
+        else:
+            batch = dict(itertools.islice(self.dirty.items(), limit))
+            for ref in batch:
+                del self.dirty[ref]
         self._inflight.update(batch)
         loop = asyncio.get_running_loop()
         fut = loop.run_in_executor(self._executor, self.backing.put_many, list(batch.items()))
@@ -190,6 +214,8 @@ class ContentModule(Module):
                 self.counts["written"] += len(batch)
                 if self.cache_bytes > self.cache_limit:
                     self._trim()
+                    if not self.persistent:
+                        self._schedule_write_back()  # still over: the next oldest
 
         fut.add_done_callback(done)
 
