@@ -3,6 +3,7 @@ and the content module's write-back onto it."""
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import logging
 import os
@@ -12,7 +13,7 @@ from contextlib import closing
 import pytest
 
 from broker.content.blobref import hash_blob
-from broker.content.module import BLOB_OVERHEAD, ContentModule
+from broker.content.module import BLOB_OVERHEAD, FLUSH_DELAY, ContentModule
 from broker.content.sqlite import SqliteStore, digest_of
 from broker.errors import ErrnoError
 from broker.module import ModuleContext
@@ -120,5 +121,49 @@ async def test_rank_0s_cache_comes_back_to_its_limit_once_written(tmp_path) -> N
         assert content.cache_bytes <= 100_000
         assert refs[-1] in content.cache  # the most recent stay
         assert content.backing is not None and content.backing.count() == 100
+    finally:
+        await content.stop()
+
+
+async def test_without_a_statedir_blobs_go_to_disk_only_to_make_room(tmp_path) -> None:
+    """The file is in the run directory and goes with it: under its limit
+    the cache keeps new blobs in memory only (no SQLite work per commit);
+    over it, the oldest are written and evicted.  With a statedir they are
+    written within FLUSH_DELAY whatever the cache holds."""
+    def module(**attrs: str) -> ContentModule:
+        ctx = ModuleContext(rank=0, size=1, fanout=2,
+                            attrs={"rundir": str(tmp_path), "content.cache-bytes": "200000",
+                                   **attrs},
+                            owner_uid=os.getuid(), log=logging.getLogger("test"))
+        return ContentModule(ctx)
+
+    content = module()
+    await content.start()
+    try:
+        assert not content.persistent and content.backing is not None
+        content.store_local([os.urandom(1000) for _ in range(50)])  # 60 KB: room enough
+        await asyncio.sleep(3 * FLUSH_DELAY)
+        assert len(content.dirty) == 50 and not content._writes
+        assert content.backing.count() == 0
+        refs = content.store_local([os.urandom(10_000) for _ in range(30)])  # over
+        while content._writes:
+            await asyncio.gather(*list(content._writes))
+        assert content.backing.count() == 80 and not content.dirty
+        assert content.cache_bytes <= 200_000 and refs[-1] in content.cache
+    finally:
+        await content.stop()
+
+    state = tmp_path / "state"
+    state.mkdir()
+    content = module(statedir=str(state))
+    await content.start()
+    try:
+        assert content.persistent
+        content.store_local([b"one blob"])
+        for _ in range(100):
+            if content.backing is not None and not content.dirty and not content._writes:
+                break
+            await asyncio.sleep(FLUSH_DELAY)
+        assert content.backing is not None and content.backing.count() == 1
     finally:
         await content.stop()
