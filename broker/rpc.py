@@ -99,16 +99,19 @@ def settle(waiter: asyncio.Future[Any], errnum: int, errstr: str | None,
         waiter.set_exception(exc)
 
 
-def check_request(topic: Any, nodeid: Any, flags: Any) -> None:
+def check_request(topic: Any, nodeid: Any, flags: Any, answered: bool = True) -> None:
     """API misuse is a ``TypeError`` here, before anything is sent: the
     broker cannot answer a request whose topic it cannot read (it drops it),
-    so such a call would wait for ever."""
+    so such a call would wait for ever -- as would one flagged NORESPONSE
+    that expects an answer (``ValueError``)."""
     if type(topic) is not str:
         raise TypeError(f"topic must be a str, not {type(topic).__name__}")
     if not isinstance(nodeid, int) or isinstance(nodeid, bool):
         raise TypeError(f"nodeid must be an int, not {type(nodeid).__name__}")
     if not isinstance(flags, int) or isinstance(flags, bool):
         raise TypeError(f"flags must be an int, not {type(flags).__name__}")
+    if answered and flags & MsgFlags.NORESPONSE:
+        raise ValueError("a NORESPONSE request is never answered: use send_noresponse()")
 
 
 def _message_payload(msg: Message) -> Any:
@@ -192,8 +195,6 @@ class HandleCore:
         """:meth:`rpc`, also returning the request's matchtag, for a caller
         that may stop waiting with :meth:`retire`."""
         check_request(topic, nodeid, flags)
-        if flags & MsgFlags.NORESPONSE:
-            raise ValueError("a NORESPONSE request is never answered: use send_noresponse()")
         self._check_open()
         fut: asyncio.Future[Any] = (self._loop or asyncio.get_running_loop()).create_future()
         tag = self._alloc_tag()
@@ -231,8 +232,6 @@ class HandleCore:
     ) -> Stream:
         """Send a streaming request; iterate the returned :class:`Stream`."""
         check_request(topic, nodeid, flags)
-        if flags & MsgFlags.NORESPONSE:
-            raise ValueError("a NORESPONSE request is never answered: use send_noresponse()")
         self._check_open()
         tag = self._alloc_tag()
         stream = Stream(self, tag, topic)
@@ -248,7 +247,7 @@ class HandleCore:
         self, topic: str, payload: Any = None, *, nodeid: int = NODEID_ANY
     ) -> None:
         """Send a request that gets no response (``matchtag`` 0)."""
-        check_request(topic, nodeid, 0)
+        check_request(topic, nodeid, 0, answered=False)
         self._check_open()
         self._send_request(topic, payload, 0, nodeid, MsgFlags.NORESPONSE)
 
