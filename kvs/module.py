@@ -79,9 +79,45 @@ class BlobStore:
         self.limit = limit
         self.size = 0
         self._blobs: OrderedDict[str, bytes] = OrderedDict()
+        # Blobs an operation fetched and still needs ([data, holders]), kept
+        # outside the LRU: see hold()
+        self._held: dict[str, list[Any]] = {}
 
     def get(self, ref: str) -> bytes | None:
-        return self._blobs.get(ref)
+        data = self._blobs.get(ref)
+        if data is None and self._held:
+            entry = self._held.get(ref)
+            if entry is not None:
+                return entry[0]  # type: ignore[no-any-return]
+        return data
+
+    def hold(self, ref: str, data: bytes, held: set[str]) -> None:
+        """Keep blob ``ref`` readable for an operation until :meth:`release`
+        (``held``: the refs it holds), whatever the LRU evicts meanwhile.
+
+        A lookup or a commit fetches what it misses and starts again from the
+        root; with a cache smaller than what it reads, each pass evicted what
+        the previous one fetched, and it never finished (a small
+        ``kvs.cache-bytes``: one rank at full CPU, 470,000 fetches and no
+        answer).  Held blobs make every pass progress."""
+        if ref in held:
+            return
+        held.add(ref)
+        entry = self._held.get(ref)
+        if entry is None:
+            self._held[ref] = [data, 1]
+        else:
+            entry[1] += 1
+
+    def release(self, held: set[str]) -> None:
+        """The operation that held ``held`` is done with them."""
+        for ref in held:
+            entry = self._held.get(ref)
+            if entry is not None:  # (gone if the cache was dropped meanwhile)
+                entry[1] -= 1
+                if not entry[1]:
+                    del self._held[ref]
+        held.clear()
 
     def put(self, ref: str, data: bytes) -> None:
         if ref in self._blobs:
@@ -330,23 +366,31 @@ class KvsModule(Module):
 
     # ================================================================ blobs
 
-    async def fetch(self, refs: set[str]) -> None:
-        """Load missing blobs from the content module (in parallel)."""
-        waits = []
+    async def fetch(self, refs: set[str], held: set[str] | None = None) -> None:
+        """Load missing blobs from the content module (in parallel); with
+        ``held``, hold them (and those of ``refs`` already here) for the
+        caller until it releases them (:meth:`BlobStore.hold`)."""
+        waits: dict[str, asyncio.Future[bytes]] = {}
         for ref in refs:
-            if self.blobs.get(ref) is not None:
+            data = self.blobs.get(ref)
+            if data is not None:
+                if held is not None:
+                    self.blobs.hold(ref, data, held)
                 continue
             fut = self._fetching.get(ref)
             if fut is None:
                 fut = asyncio.ensure_future(self._fetch_one(ref))
                 self._fetching[ref] = fut
                 fut.add_done_callback(lambda _f, r=ref: self._fetching.pop(r, None))
-            waits.append(fut)
+            waits[ref] = fut
         if waits:
             self.counts["blob-fetches"] += len(waits)
-            await asyncio.gather(*waits)
+            got = await asyncio.gather(*waits.values())
+            if held is not None:
+                for ref, data in zip(waits, got, strict=True):
+                    self.blobs.hold(ref, data, held)
 
-    async def _fetch_one(self, ref: str) -> None:
+    async def _fetch_one(self, ref: str) -> bytes:
         try:
             resp = await self.h.rpc("content.load", {"blobref": ref})
         except RemoteError as exc:
@@ -354,7 +398,9 @@ class KvsModule(Module):
                 raise ErrnoError(errno.ENOENT, f"blob {ref} is not in the content store") \
                     from None
             raise
-        self.blobs.put(ref, resp["data"])
+        data: bytes = resp["data"]
+        self.blobs.put(ref, data)
+        return data
 
     # ================================================================ namespaces
 
@@ -527,14 +573,19 @@ class KvsModule(Module):
             return ns.rootref
 
         self.counts["lookups"] += 1
-        while True:
-            try:
-                return lookup_engine.lookup(self.cache, rootref, key, flags,
-                                            namespace=namespace, ns_roots=ns_root)
-            except treeobj.NeedBlobs as need:
-                await self.fetch(need.refs)
-            except lookup_engine.NeedNamespace as need:
-                await self.get_ns(need.namespace, msg)
+        held: set[str] = set()
+        try:
+            while True:
+                try:
+                    return lookup_engine.lookup(self.cache, rootref, key, flags,
+                                                namespace=namespace, ns_roots=ns_root)
+                except treeobj.NeedBlobs as need:
+                    await self.fetch(need.refs, held)
+                except lookup_engine.NeedNamespace as need:
+                    await self.get_ns(need.namespace, msg)
+        finally:
+            if held:
+                self.blobs.release(held)
 
     async def lookup(self, msg: Message) -> None:
         await self._lookup(msg, plus=False)
@@ -763,17 +814,23 @@ class KvsModule(Module):
                 p.future.set_result(answer)
 
     async def _apply(self, ns: Namespace, ops: list[dict[str, Any]]) -> txn.TxnResult:
-        while True:
-            try:
-                result = txn.apply(self.cache, ns.rootref, ops, hash_name=self.hash_name,
-                                   namespace=ns.name)
-            except treeobj.NeedBlobs as need:
-                await self.fetch(need.refs)
-                continue
-            await self._check_refs(ops, result.new_blobs)
-            return result
+        held: set[str] = set()
+        try:
+            while True:
+                try:
+                    result = txn.apply(self.cache, ns.rootref, ops, hash_name=self.hash_name,
+                                       namespace=ns.name)
+                except treeobj.NeedBlobs as need:
+                    await self.fetch(need.refs, held)
+                    continue
+                await self._check_refs(ops, result.new_blobs, held)
+                return result
+        finally:
+            if held:
+                self.blobs.release(held)
 
-    async def _check_refs(self, ops: list[dict[str, Any]], new_blobs: dict[str, bytes]) -> None:
+    async def _check_refs(self, ops: list[dict[str, Any]], new_blobs: dict[str, bytes],
+                          held: set[str]) -> None:
         """Blobrefs named by dirents must exist, and a dirref must name a
         directory: fail fast (ENOENT, EINVAL) rather than store a tree that
         cannot be read.  Entries of ``dir`` dirents are checked too."""
@@ -793,7 +850,7 @@ class KvsModule(Module):
                 todo.extend(d["data"].values())
         refs = {r for r in valrefs | dirrefs if r not in new_blobs}
         if refs:
-            await self.fetch(refs)  # raises ENOENT for an unknown blob
+            await self.fetch(refs, held)  # raises ENOENT for an unknown blob
         for ref in dirrefs:
             try:
                 obj = self.cache.get_obj(ref)
@@ -834,11 +891,14 @@ class KvsModule(Module):
                 rootref = await self._store_empty_root()
         else:
             blobref.check(rootref)
-            await self.fetch({rootref})  # ENOENT if there is no such blob
+            held: set[str] = set()
+            await self.fetch({rootref}, held)  # ENOENT if there is no such blob
             try:
                 obj = self.cache.get_obj(rootref)
             except ErrnoError:
                 obj = None
+            finally:
+                self.blobs.release(held)
             if not _names_a_directory(obj):
                 raise ErrnoError(errno.EINVAL, f"rootref {rootref} is not a directory")
         if name in self.namespaces:  # raced with another create while storing

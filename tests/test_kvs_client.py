@@ -617,3 +617,29 @@ async def test_sync_unlinkable(start_instance) -> None:
             return out
 
     assert await asyncio.wait_for(asyncio.to_thread(script), 60) == [True, False, True, True]
+
+
+@pytest.mark.parametrize("cache_bytes", ["0", "2000"])
+async def test_a_cache_smaller_than_what_a_request_reads_still_answers(
+        start_instance, connect, cache_bytes: str) -> None:
+    """A lookup or commit fetches what it misses and starts again from the
+    root: with a kvs cache smaller than the blobs it reads, each pass
+    evicted what the previous one fetched, and rank 0 spun at full CPU
+    without answering.  What an operation fetched is now held until it is
+    done.  On rank 0 and on a follower."""
+    inst = await start_instance(size=2, attrs={"kvs.cache-bytes": cache_bytes})
+    async with asyncio.timeout(T):
+        kvs = KVS(await connect(inst, 0))
+        async with kvs.txn() as t:
+            for d in ("a", "a.b", "a.b.c"):
+                for i in range(20):
+                    t.put(f"{d}.f{i}", "x" * 50)
+            t.put("a.b.c.v", 1)
+        far = KVS(await connect(inst, 1))
+        for k in (kvs, far):
+            await k.handle.rpc("kvs.dropcache", {})
+            assert await k.get_json("a.b.c.v") == 1
+            await k.put("a.b.c.w", 2)
+            assert await k.get_json("a.b.c.w") == 2
+        fetches = (await kvs.handle.rpc("kvs.stats-get", {}))["counts"]["blob-fetches"]
+        assert fetches < 100, fetches  # (the spin made hundreds of thousands)
