@@ -152,12 +152,17 @@ class Router:
             # work than the append it replaces.)
             msg.route = [peer.peer_id]
             if peer.peer_id[0] == "c":
+                if msg.topic.endswith(".disconnect"):
+                    # the router's notice that a client went away: a live
+                    # client's own would make every rank on the way forget
+                    # what it has in flight (no EHOSTUNREACH if a rank is lost)
+                    self.counts["dropped-local"] += 1
+                    self.respond_error(msg, errno.EPERM, f"{msg.topic} is sent by the broker only")
+                    return
                 used = self._used_services.get(peer.peer_id)
                 if used is None:
                     used = self._used_services[peer.peer_id] = set()
-                key = (msg.service, msg.nodeid)
-                if key not in used and not msg.topic.endswith(".disconnect"):
-                    used.add(key)
+                used.add((msg.service, msg.nodeid))
             self.route_request(msg)
         elif t == MsgType.RESPONSE:
             self.route_response(msg)

@@ -303,6 +303,32 @@ async def test_requests_a_client_abandons_down_the_tree_are_not_held(
         assert (await h.ping(3))["rank"] == 3
 
 
+async def test_a_client_may_not_send_a_disconnect(start_instance, connect) -> None:
+    """Only the broker says a client went away: a live client's own
+    ``kvs.disconnect`` made every rank on the way forget its requests in
+    flight, so a lost rank's EHOSTUNREACH never came."""
+    inst = await start_instance(size=4, fanout=2)
+    async with asyncio.timeout(30):
+        h = await connect(inst, 0)
+        waiting = h.rpc("kvs.wait-version", {"namespace": "primary", "rootseq": 10**9},
+                        nodeid=3)
+
+        async def tracked() -> bool:
+            return [(await stats(h, r))["sent-down"] for r in (0, 1)] == [1, 1]
+
+        await wait_until(tracked, "the wait to be forwarded to rank 3")
+        h.send_noresponse("kvs.disconnect", nodeid=3)
+        with pytest.raises(RemoteError) as info:
+            await h.rpc("kvs.disconnect", {}, nodeid=3)
+        assert info.value.errnum == errno.EPERM
+        assert (await stats(h, 0))["messages"]["dropped-local"] == 2
+        assert [(await stats(h, r))["sent-down"] for r in (0, 1)] == [1, 1]
+        os.kill(inst.pids()[3], signal.SIGKILL)
+        with pytest.raises(RemoteError) as info:
+            await waiting
+        assert info.value.errnum == errno.EHOSTUNREACH
+
+
 @pytest.mark.parametrize("server", [0, 2])
 async def test_a_lost_rank_s_remote_watch_ends_with_its_next_answer(
         start_instance, connect, server: int) -> None:
