@@ -303,7 +303,8 @@ class Router:
             del sent[route]
 
     def child_lost(self, child: int) -> None:
-        """The link to ``child`` is gone: answer what was sent down to it."""
+        """The link to ``child`` is gone: answer what was sent down to it,
+        and end what its clients had sent down to other children."""
         hop = self._hops.pop(child, None)
         if hop is not None:
             del self._hop_ranks[hop]
@@ -312,6 +313,26 @@ class Router:
             self.counts["lost-requests"] += 1
             self.respond_error(req, errno.EHOSTUNREACH,
                                f"rank {child} was lost before answering")
+        if hop is not None:
+            self._disconnect_below(hop)
+
+    def _disconnect_below(self, hop: str) -> None:
+        """Requests this rank forwarded down for clients below a lost link
+        (their route ends with ``hop``): those clients are gone, and the lost
+        rank will never send their disconnects, so a watch or version wait
+        they left on another subtree stayed there, and here, for ever.  Send
+        each client's disconnect toward the ranks serving them (this also
+        forgets them here, :meth:`_forget_sent_down`)."""
+        for sent in list(self._sent_down.values()):
+            for route in [route for route in sent if route and route[-1] == hop]:
+                targets = {(req.service, req.nodeid): req for req in sent[route].values()}
+                for (service, nodeid), req in targets.items():
+                    self.counts["disconnects-sent"] += 1
+                    self.route_request(Message(
+                        MsgType.REQUEST, f"{service}.disconnect", None, nodeid=nodeid,
+                        flags=MsgFlags.NORESPONSE, userid=req.userid, rolemask=req.rolemask,
+                        route=list(route)))
+                sent.pop(route, None)
 
     def _disconnect_stale(self, msg: Message, route: list[str]) -> None:
         """An answer came for a link that is gone: its requester was below a

@@ -303,6 +303,41 @@ async def test_requests_a_client_abandons_down_the_tree_are_not_held(
         assert (await h.ping(3))["rank"] == 3
 
 
+async def test_what_a_lost_rank_s_clients_left_on_another_subtree_ends(
+        start_instance, connect) -> None:
+    """A client of rank 3 leaves a version wait and a watch served by rank 2
+    (3 -> 1 -> 0 -> 2); rank 1 dies, and rank 3 with it.  Nobody sends
+    their disconnect, so rank 2 kept both, and rank 0 tracked them, for
+    ever.  Rank 0, losing rank 1, now sends it for them."""
+    inst = await start_instance(size=4, fanout=2)
+    async with asyncio.timeout(30):
+        h3 = await connect(inst, 3)
+        h3.rpc("kvs.wait-version", {"namespace": "primary", "rootseq": 10**9},
+               nodeid=2).add_done_callback(lambda f: f.exception())
+        watch = h3.rpc_stream("kvs-watch.lookup", {"namespace": "primary", "key": "nobody",
+                                                   "flags": 4 | 8}, nodeid=2)
+        h0 = await connect(inst, 0)
+
+        async def served() -> bool:
+            waits = (await h0.rpc("kvs.stats-get", {}, nodeid=2))["namespaces"]
+            watchers = (await h0.rpc("kvs-watch.stats-get", {}, nodeid=2))["watchers"]
+            return waits.get("primary", {}).get("waiters") == 1 and watchers == 1
+
+        await wait_until(served, "rank 2 to serve the wait and the watch")
+        assert (await stats(h0, 0))["sent-down"] == 2
+        os.kill(inst.pids()[1], signal.SIGKILL)
+
+        async def ended() -> bool:
+            waits = (await h0.rpc("kvs.stats-get", {}, nodeid=2))["namespaces"]
+            watchers = (await h0.rpc("kvs-watch.stats-get", {}, nodeid=2))["watchers"]
+            return (waits.get("primary", {}).get("waiters") == 0 and watchers == 0
+                    and (await stats(h0, 0))["sent-down"] == 0)
+
+        await wait_until(ended, "rank 2 to drop what rank 3's client left")
+        with pytest.raises(RemoteError):
+            await watch.next_message()
+
+
 async def test_a_client_may_not_send_a_disconnect(start_instance, connect) -> None:
     """Only the broker says a client went away: a live client's own
     ``kvs.disconnect`` made every rank on the way forget its requests in
