@@ -140,7 +140,8 @@ class Broker:
 
     async def stop(self) -> None:
         if self.overlay is not None:
-            self.overlay.shutdown_children()  # they stop alongside, not after us
+            # they stop alongside, not after us (and fail with us)
+            self.overlay.shutdown_children(failed=self.exit_code != 0)
         for module in reversed(self.modules):
             try:
                 await module._shutdown()

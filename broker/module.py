@@ -253,9 +253,22 @@ class Module:
             await self.stop()
         finally:
             for task in list(self._tasks):
+                _close_unstarted_handler(task)
                 task.cancel()
             if self._tasks:
                 await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def _close_unstarted_handler(task: asyncio.Task[Any]) -> None:
+    """A ``_finish`` task cancelled before its first step never awaits the
+    handler coroutine it was given, and Python then warns "coroutine ...
+    was never awaited" on the rank's stderr as it stops: close that
+    coroutine here (a frame not yet run still holds its arguments)."""
+    coro = task.get_coro()
+    if inspect.getcoroutinestate(coro) == inspect.CORO_CREATED:  # type: ignore[arg-type]
+        aw = coro.cr_frame.f_locals.get("aw")  # type: ignore[union-attr]
+        if asyncio.iscoroutine(aw):
+            aw.close()
 
 
 def require(payload: Any, **fields: type | tuple[type, ...]) -> dict[str, Any]:

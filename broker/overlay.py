@@ -48,7 +48,7 @@ import os
 import secrets
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import zmq
 import zmq.utils.monitor
@@ -297,13 +297,19 @@ class Overlay:
                                      lambda _parts: self._parent_lost("disconnected"))
             self._control_up("overlay.hello", {"rank": self.rank})
 
-    def shutdown_children(self) -> None:
+    def shutdown_children(self, failed: bool = False) -> None:
         """Tell every child to stop (it tells its own): sent once, before
-        :meth:`close`, which lets it leave."""
+        :meth:`close`, which lets it leave.  ``failed``: this rank stops
+        because of a failure (its parent was lost), and so do they -- each
+        exits 1, as it does, so that a supervisor restarts the whole subtree
+        (``Restart=on-failure``), not only its top."""
         if self._shutdown_sent:
             return
         self._shutdown_sent = True
-        frames = codec.encode(Message(MsgType.CONTROL, "overlay.shutdown", {"rank": self.rank}))
+        payload: dict[str, Any] = {"rank": self.rank}
+        if failed:
+            payload["failed"] = True
+        frames = codec.encode(Message(MsgType.CONTROL, "overlay.shutdown", payload))
         for child in sorted(self.hello_from):
             self._send_child(child, frames)
 
@@ -528,6 +534,9 @@ class Overlay:
                 if isinstance(msg.payload, dict) and msg.payload.get("replaced"):
                     self.on_stop(f"rank {self.parent} admitted a newer rank {self.rank} "
                                  "process in this one's place")
+                    return
+                if isinstance(msg.payload, dict) and msg.payload.get("failed"):
+                    self.on_stop(f"rank {self.parent} stopped after a failure")
                     return
                 log.info("rank %s stops: stopping", self.parent)
                 self.on_stop(None)

@@ -338,6 +338,17 @@ async def test_what_a_lost_rank_s_clients_left_on_another_subtree_ends(
             await watch.next_message()
 
 
+async def test_a_lost_rank_s_whole_subtree_exits_1(start_instance) -> None:
+    """Rank 0 dies: ranks 1 and 2 lose their parent and exit 1; rank 3,
+    told to stop by rank 1, exited 0, so a supervisor restarting ranks that
+    fail (Restart=on-failure) never brought it back."""
+    inst = await start_instance(size=4, fanout=2)
+    async with asyncio.timeout(30):
+        os.kill(inst.pids()[0], signal.SIGKILL)
+        codes = [await inst.procs[r].wait() for r in (1, 2, 3)]
+        assert codes == [1, 1, 1]
+
+
 async def test_a_client_may_not_send_a_disconnect(start_instance, connect) -> None:
     """Only the broker says a client went away: a live client's own
     ``kvs.disconnect`` made every rank on the way forget its requests in

@@ -128,3 +128,29 @@ async def test_a_cli_command_found_by_entry_point(echo_plugin, start_instance) -
     assert out.strip() == f'{{"hello": "bob", "rank": 1, "from": {os.getuid()}}}'
     rc, out, err = await run_cli("--help")
     assert rc == 0 and "echo" in out
+
+
+async def test_a_handler_never_started_is_closed_at_stop_without_a_warning() -> None:
+    """A ``_finish`` task cancelled at stop before its first step left its
+    handler coroutine unawaited: "coroutine ... was never awaited" on the
+    rank's stderr (seen after SIGCONT of a stopped rank)."""
+    import gc
+    import warnings
+
+    from broker.module import _close_unstarted_handler
+
+    async def handler() -> None:
+        pass
+
+    async def finish(msg: object, aw: object) -> None:
+        await aw  # type: ignore[misc]
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        task = asyncio.get_running_loop().create_task(finish(None, handler()))
+        _close_unstarted_handler(task)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        del task
+        gc.collect()
+    assert not [w for w in caught if "never awaited" in str(w.message)]
