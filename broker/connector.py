@@ -195,6 +195,8 @@ class Connector:
         self.counts: Counter[str] = Counter(dict.fromkeys(COUNTERS, 0))
         self._next = 0
         self._server: asyncio.AbstractServer | None = None
+        self._bound: tuple[int, int] | None = None
+        """(device, inode) of the socket this rank made at ``path``."""
 
     @property
     def uri(self) -> str:
@@ -205,11 +207,15 @@ class Connector:
         return ClientConnection(self, f"c{self._next}")
 
     async def start(self) -> None:
+        # A socket left here is taken over: a restarted rank replaces a dead
+        # (or frozen) process of the same rank, as its overlay link does.
         if os.path.exists(self.path):
             os.unlink(self.path)
         loop = asyncio.get_running_loop()
         self._server = await loop.create_unix_server(self._factory, self.path)
         os.chmod(self.path, 0o777 if self.allow_guest else 0o700)
+        st = os.stat(self.path)
+        self._bound = (st.st_dev, st.st_ino)
 
     async def close(self) -> None:
         if self._server is not None:
@@ -217,7 +223,12 @@ class Connector:
             for conn in list(self.connections.values()):
                 if conn.transport is not None:
                     conn.transport.abort()
+            # Only our own socket: a newer process of this rank that took
+            # the path over keeps it (the old one, stopping, removed the
+            # new one's socket, and the rank was unreachable though up).
             try:
-                os.unlink(self.path)
+                st = os.stat(self.path)
+                if (st.st_dev, st.st_ino) == self._bound:
+                    os.unlink(self.path)
             except FileNotFoundError:
                 pass

@@ -397,3 +397,24 @@ async def test_overlay_handshake() -> None:
         ctx.term()
         overlay.close()
         shutil.rmtree(rundir, ignore_errors=True)
+
+
+async def test_a_replaced_ranks_old_process_leaves_the_new_socket(tmp_path) -> None:
+    """A rank started again with the same run directory takes the local
+    socket over; the old process, stopping, removed the new one's socket,
+    and the rank was up but unreachable."""
+    from broker.connector import Connector
+
+    path = str(tmp_path / "local-3")
+    old = Connector(Router(rank=3, size=4, fanout=2, owner_uid=os.getuid()), path,
+                    owner_uid=os.getuid(), allow_guest=False)
+    new = Connector(Router(rank=3, size=4, fanout=2, owner_uid=os.getuid()), path,
+                    owner_uid=os.getuid(), allow_guest=False)
+    await old.start()
+    await new.start()  # takes the path over
+    await old.close()
+    assert os.path.exists(path)
+    _reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(path), 5)
+    writer.close()
+    await new.close()
+    assert not os.path.exists(path)  # its own, removed
