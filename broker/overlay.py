@@ -79,6 +79,10 @@ def ipc_endpoint(rundir: str, rank: int) -> str:
     return f"ipc://{rundir}/tbon-{rank}"
 
 
+HANDSHAKE_IVL_MS = 5000
+"""A peer must complete its ZeroMQ (CURVE) handshake within this."""
+
+
 def _heartbeats(sock: zmq.Socket) -> None:
     sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
     sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
@@ -207,6 +211,9 @@ class Overlay:
         self.children = set(topology.children_of(self.rank, self.fanout, self.size))
         self.parent = topology.parent_of(self.rank, self.fanout)
         self.hello_from: set[int] = set()
+        self._send_failed: set[bytes] = set()
+        self._refused_by_parent = 0
+        """ZeroMQ links to children a send failed on (said once each)."""
         self.ready_from: set[int] = set()
         self.parent_acked = self.parent is None
         self.ready = asyncio.get_running_loop().create_future()
@@ -258,6 +265,11 @@ class Overlay:
             s.setsockopt(zmq.RCVHWM, HWM)
             s.setsockopt(zmq.LINGER, 0)
             s.setsockopt(zmq.MAXMSGSIZE, codec.DEFAULT_MAX_MESSAGE)
+            # a connection that has not completed its handshake by then is
+            # dropped (ZeroMQ's default, 30 s, let anyone reaching the port
+            # hold a file descriptor per idle connection long enough to use
+            # them all up: 1,100 of them stopped the rank's clients)
+            s.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_IVL_MS)
             _heartbeats(s)
             if self.curve is not None:
                 from broker.curve import ZAP_DOMAIN, start_authenticator
@@ -293,8 +305,9 @@ class Overlay:
                 s.curve_secretkey = secret
             s.connect(self.endpoint(self.parent))
             self._up = _Sock(s, self._from_parent)
-            self._up_monitor = _Sock(s.get_monitor_socket(zmq.EVENT_DISCONNECTED),
-                                     lambda _parts: self._parent_lost("disconnected"))
+            self._up_monitor = _Sock(s.get_monitor_socket(HANDSHAKE_FAILED
+                                                          | zmq.EVENT_DISCONNECTED),
+                                     self._on_up_monitor)
             self._control_up("overlay.hello", {"rank": self.rank})
 
     def shutdown_children(self, failed: bool = False) -> None:
@@ -357,7 +370,9 @@ class Overlay:
             try:
                 self._down.send([ident, *frames])
             except zmq.ZMQError as exc:  # EHOSTUNREACH: the child is gone
-                log.warning("cannot send to rank %d: %s", child, exc)
+                if ident not in self._send_failed:  # once per link, not per message
+                    self._send_failed.add(ident)
+                    log.warning("cannot send to rank %d: %s", child, exc)
                 return False
             return True
         conn = self._child_conns.get(child)
@@ -405,6 +420,21 @@ class Overlay:
             log.warning("dropping malformed message from %s: %s", origin, exc)
             return None
 
+    def _on_up_monitor(self, parts: list[bytes]) -> None:
+        """An event of the link to the parent: it closed, or the parent
+        refused our CURVE handshake -- without this a rank with the wrong
+        keys waited for ever in silence."""
+        event = zmq.utils.monitor.parse_monitor_message(parts)
+        if event["event"] == zmq.EVENT_DISCONNECTED:
+            self._parent_lost("disconnected")
+            return
+        self._refused_by_parent += 1
+        if str(self._refused_by_parent).rstrip("0") == "1":  # 1, 10, 100...
+            log.warning("rank %s at %s refuses this rank's CURVE handshake (%d so far): "
+                        "every rank needs the instance's key pair, the same key file as "
+                        "rank %s's", self.parent, self.endpoint(self.parent or 0),
+                        self._refused_by_parent, self.parent)
+
     def _on_monitor(self, parts: list[bytes]) -> None:
         """An event of the children's socket: a child's connection closed,
         or a failed CURVE handshake -- wrong keys (ZAP refused them, or they
@@ -419,9 +449,9 @@ class Overlay:
             return
         self.refused += 1
         if str(self.refused).rstrip("0") == "1":  # 1, 10, 100...: a peer retries every 20 ms
-            log.warning("refused an overlay peer without the instance's keys (%d so far; "
-                        "handshake event %#x, code %s)", self.refused, event["event"],
-                        event["value"])
+            log.warning("refused an overlay connection that does not hold the instance's "
+                        "key pair (%d so far; ZeroMQ handshake event %#x): a rank started "
+                        "with another key file, or not a rank", self.refused, event["event"])
 
     def _hello_rank(self, frames: list[bytes]) -> int | None:
         """The rank a new connection's first message says hello as, if it is
@@ -433,7 +463,13 @@ class Overlay:
             return int(rank)
         if msg is not None:
             self.dropped += 1
-            log.warning("refusing overlay peer: its first message is not a child's hello")
+            if rank is not None:
+                log.warning("refusing overlay peer: a hello from rank %s, which is not a child "
+                            "of rank %d (its children: %s); check the bootstrap file's "
+                            "parent/connect entries", rank, self.rank,
+                            sorted(self.children) or "none")
+            else:
+                log.warning("refusing overlay peer: its first message is not a child's hello")
         return None
 
     def _from_child(self, parts: list[bytes]) -> None:
@@ -457,6 +493,7 @@ class Overlay:
             log.warning("rank %d said hello again from a new process: dropping its old "
                         "connection", child)
             del self._ident_child[old]
+            self._send_failed.discard(old)
             replaced = Message(MsgType.CONTROL, "overlay.shutdown",
                                {"rank": self.rank, "replaced": True})
             assert self._down is not None
@@ -495,6 +532,8 @@ class Overlay:
         us, and takes its own children along); answer what it owed."""
         self.hello_from.discard(child)
         if not self._closing:
+            # (INFO: a subtree stopped by `kvbroker shutdown --rank` closes
+            # its link the same way; `kvbroker overlay status` shows the lost)
             log.info("lost the connection to child rank %d", child)
             self.router.child_lost(child)
 

@@ -23,6 +23,7 @@ import fcntl
 import json
 import logging
 import os
+import resource
 import select
 import shutil
 import signal
@@ -251,6 +252,19 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
+def _raise_open_files_limit() -> None:
+    """A rank holds a descriptor per client and per overlay connection:
+    take the hard limit, not the soft 1,024 most systems start processes
+    with, as servers do."""
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard == resource.RLIM_INFINITY or hard > soft:
+            resource.setrlimit(resource.RLIMIT_NOFILE,
+                               (hard if hard != resource.RLIM_INFINITY else max(soft, 65536), hard))
+    except (ValueError, OSError):
+        pass  # keep what we have
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
@@ -262,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=level.upper(), stream=sys.stderr,
                         format=f"kvbroker[{args.rank}]: %(levelname)s %(name)s: %(message)s")
     os.environ.pop("KVBROKER_URI", None)
+    _raise_open_files_limit()
     malloc.tune()
     gcpolicy.tune()
     with asyncio.Runner(loop_factory=loop_factory(args.event_loop)) as runner:

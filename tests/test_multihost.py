@@ -233,6 +233,12 @@ async def test_a_rank_without_the_instance_keys_is_refused(tmp_path: Path, broke
 
             await wait_until(refused, "rank 0 to refuse the other key")
             assert (await stats(h, 0))["overlay"]["children"] == []
+
+            async def said_so() -> bool:  # (it waited in silence)
+                return "refuses this rank's CURVE handshake" in \
+                    (tmp_path / "stderr1-1").read_text()
+
+            await wait_until(said_so, "the refused rank to say why it cannot join")
             intruder.proc.kill()
             await intruder.proc.wait()
             genuine = await brokers(config, 1)
@@ -277,7 +283,7 @@ async def test_ranks_stop_when_rank_0_dies(tmp_path: Path, brokers) -> None:
         await ranks[r].ready()
     ranks[0].proc.kill()
     codes = await exit_codes([ranks[r] for r in (1, 2, 3)], tmp_path)
-    assert codes[:2] == [1, 1]  # rank 3 was told to stop by rank 1, or lost it too
+    assert codes == [1, 1, 1]  # rank 3 too: told by rank 1 that it failed
 
 
 async def test_exec_names_the_host_of_a_rank_it_cannot_reach(tmp_path: Path, brokers) -> None:
