@@ -224,7 +224,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
     from broker import attrs as battrs
     from broker import bootstrap
     from broker import rank as rank_main
-    from broker.curve import load_keys
+    from broker.curve import load_keys, loose_mode
     from broker.launch import make_rundir
 
     try:
@@ -243,9 +243,12 @@ def cmd_broker(args: argparse.Namespace) -> int:
         print_err(f"broker: {exc}")
         return 2
     except (OSError, ValueError) as exc:
-        detail = exc.strerror if isinstance(exc, OSError) else "not a key pair file"
+        detail = exc.strerror if isinstance(exc, OSError) else str(exc)
         print_err(f"broker: curve_cert {boot.curve_cert}: {detail}")
         return 2
+    if loose_mode(boot.curve_cert):
+        print_err(f"broker: warning: curve_cert {boot.curve_cert}: others may read it "
+                  "(chmod 600: whoever holds the key pair is admitted as a rank)")
     rundir = args.rundir
     if rundir:
         os.makedirs(rundir, mode=0o700, exist_ok=True)

@@ -28,9 +28,29 @@ def generate_keys(path: str) -> tuple[bytes, bytes]:
 
 
 def load_keys(path: str) -> tuple[bytes, bytes]:
+    """The (public, secret) pair in a ``kvbroker keygen`` file, checked:
+    ValueError saying what is wrong (ZeroMQ's own "Invalid argument" at
+    start-up named neither the file nor the fault)."""
     with open(path, "rb") as f:
-        public, secret = f.read().split()[:2]
+        words = f.read().split()
+    if len(words) != 2 or any(len(w) != 40 for w in words):
+        raise ValueError("not a key pair file (two 40-character Z85 keys, as "
+                         "`kvbroker keygen` writes)")
+    public, secret = words
+    try:
+        derived = zmq.curve_public(secret)
+        zmq.utils.z85.decode(public)
+    except (ValueError, zmq.ZMQError):
+        raise ValueError("not a key pair file (the keys are not Z85)") from None
+    if derived != public:
+        raise ValueError("the public key is not the secret key's (the lines swapped, or "
+                         "from two files?)")
     return public, secret
+
+
+def loose_mode(path: str) -> bool:
+    """Whether others than the owner may read the key file (it should be 0600)."""
+    return bool(os.stat(path).st_mode & 0o077)
 
 
 class _InstanceKeyOnly:

@@ -186,6 +186,15 @@ async def test_broker_refuses_a_bad_file_or_rank(tmp_path: Path) -> None:
     rc, _, err = await run_cli("broker", "--config", str(config), "--rank", "0",
                                "-S", "content.blob-size-limit=lots")
     assert rc == 2 and "content.blob-size-limit" in err
+    # a key file that is not a key pair: said, naming the file (it was a
+    # ZMQError "Invalid argument" at start-up, exit 1)
+    key = tmp_path / "missing.key"
+    public, secret = key.read_bytes().split()
+    for text, why in ((b"two words\n", "not a key pair file"),
+                      (secret + b"\n" + public + b"\n", "is not the secret key's")):
+        key.write_bytes(text)
+        rc, _, err = await run_cli("broker", "--config", str(config), "--rank", "0")
+        assert rc == 2 and f"curve_cert {key}: " in err and why in err, err
 
 
 async def test_four_ranks_from_one_file_make_one_instance(tmp_path: Path, brokers) -> None:
