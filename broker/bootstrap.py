@@ -30,6 +30,7 @@ file; :mod:`broker.cli` runs the rank.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import tomllib
 from dataclasses import dataclass, field
@@ -160,6 +161,9 @@ def parse(text: str, path: str = "<bootstrap>") -> Bootstrap:
     if not isinstance(attrs, dict):
         raise BootstrapError(f"{path}: [attrs] must be a table")
     result = Bootstrap(path, cert, fanout, tuple(entries), dict(attrs))
+    # Two ranks with children may not share an endpoint: found here, not as
+    # "Address already in use" (or a hello to the wrong rank) at start-up.
+    taken: dict[tuple[str, str, str], int] = {}
     for rank, entry in enumerate(entries):
         if not result.has_children(rank):
             continue
@@ -171,6 +175,16 @@ def parse(text: str, path: str = "<bootstrap>") -> Bootstrap:
             if not value.startswith("tcp://"):
                 raise BootstrapError(f"{path}: hosts[{rank}].{key} must be a tcp:// "
                                      f"endpoint, not {value!r}")
+            if not re.fullmatch(r"tcp://.+:(\d+|\*)", value):
+                raise BootstrapError(f"{path}: hosts[{rank}].{key} {value!r} needs a port "
+                                     "(tcp://HOST:PORT)")
+            # a bind is per host; a connect names a place for everyone
+            where = (key, entry.host if key == "bind" else "", value)
+            if where in taken:
+                raise BootstrapError(f"{path}: hosts[{rank}].{key} {value!r} is also "
+                                     f"hosts[{taken[where]}]'s: each rank with children "
+                                     "needs its own")
+            taken[where] = rank
     return result
 
 

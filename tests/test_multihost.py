@@ -146,6 +146,16 @@ def test_bootstrap_file_names_ranks_endpoints_and_keys() -> None:
      "hosts\\[0\\]: unknown key\\(s\\): port"),
     ('[bootstrap]\ncurve_cert = "k"\nhots = []\n', "unknown bootstrap key\\(s\\): hots"),
     ('[bootstrap]\ncurve_cert = "k"\nhosts = [{ bind = "tcp://a:1" }]\n', "host is required"),
+    # found here, not as "Address already in use" or a hello to the wrong rank
+    ('[bootstrap]\ncurve_cert = "k"\nfanout = 1\ndefault_bind = "tcp://*:1"\n'
+     'default_connect = "tcp://a"\nhosts = [{ host = "a" }, { host = "b" }]\n',
+     "hosts\\[0\\].connect 'tcp://a' needs a port"),
+    ('[bootstrap]\ncurve_cert = "k"\nfanout = 1\ndefault_bind = "tcp://*:1"\n'
+     'default_connect = "tcp://a:1"\nhosts = [{ host = "a" }, { host = "b" }, { host = "c" }]\n',
+     "hosts\\[1\\].connect 'tcp://a:1' is also hosts\\[0\\]'s"),
+    ('[bootstrap]\ncurve_cert = "k"\nfanout = 1\ndefault_bind = "tcp://*:1"\n'
+     'default_connect = "tcp://%h:1"\nhosts = [{ host = "a" }, { host = "a" }, { host = "c" }]\n',
+     "hosts\\[1\\].bind 'tcp://\\*:1' is also hosts\\[0\\]'s"),
 ])
 def test_bootstrap_file_errors_say_where(text: str, message: str) -> None:
     with pytest.raises(BootstrapError, match=message):
