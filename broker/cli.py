@@ -251,7 +251,13 @@ def cmd_broker(args: argparse.Namespace) -> int:
                   "(chmod 600: whoever holds the key pair is admitted as a rank)")
     rundir = args.rundir
     if rundir:
-        os.makedirs(rundir, mode=0o700, exist_ok=True)
+        # absolute: the URI it prints must work from any directory
+        rundir = os.path.abspath(rundir)
+        try:
+            os.makedirs(rundir, mode=0o700, exist_ok=True)
+        except OSError as exc:
+            print_err(f"broker: --rundir {rundir}: {exc.strerror}")
+            return 2
     else:
         rundir = make_rundir()
     argv = ["--rank", str(rank), "--size", str(boot.size), "--fanout", str(boot.fanout),
