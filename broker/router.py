@@ -33,6 +33,7 @@ from __future__ import annotations
 import errno
 import logging
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from broker import topology
@@ -56,6 +57,71 @@ COUNTERS = ("requests", "responses", "events-sequenced", "events-delivered", "di
             "unroutable", "lost-requests", "dropped-responses", "dropped-events",
             "dropped-local", "dropped-control")
 """The ``messages`` counters of ``broker.stats-get``."""
+
+
+Route = tuple[str, ...]
+
+
+class SentDown:
+    """Requests forwarded to each child and not yet answered: per child, by
+    route (the client that sent it), then matchtag -- what a response
+    carries back.  A lost child's are answered ``EHOSTUNREACH``; a client's
+    disconnect drops its own (the service ends them without answering)."""
+
+    __slots__ = ("_by_child",)
+
+    def __init__(self) -> None:
+        self._by_child: dict[int, dict[Route, dict[int, Message]]] = {}
+
+    def __len__(self) -> int:
+        return sum(len(tags) for sent in self._by_child.values() for tags in sent.values())
+
+    def add(self, child: int, msg: Message) -> None:
+        sent = self._by_child.get(child)
+        if sent is None:
+            sent = self._by_child[child] = {}
+        tags = sent.get(route := tuple(msg.route))
+        if tags is None:
+            tags = sent[route] = {}
+        tags[msg.matchtag] = msg
+
+    def get(self, child: int, route: Route, matchtag: int) -> Message | None:
+        sent = self._by_child.get(child)
+        tags = sent.get(route) if sent else None
+        return tags.get(matchtag) if tags else None
+
+    def done(self, child: int, route: Route, matchtag: int) -> None:
+        """Request ``matchtag`` of ``route`` got its last answer."""
+        sent = self._by_child.get(child)
+        tags = sent.get(route) if sent else None
+        if sent is not None and tags is not None and tags.pop(matchtag, None) is not None \
+                and not tags:
+            del sent[route]
+
+    def remove(self, child: int, route: Route, keep: Callable[[Message], bool]) -> None:
+        """Forget ``route``'s requests to ``child`` that ``keep`` rejects."""
+        sent = self._by_child.get(child)
+        tags = sent.get(route) if sent else None
+        if sent is None or tags is None:
+            return
+        for tag in [tag for tag, req in tags.items() if not keep(req)]:
+            del tags[tag]
+        if not tags:
+            del sent[route]
+
+    def pop_child(self, child: int) -> list[Message]:
+        """Every request still out to ``child``, forgotten."""
+        sent = self._by_child.pop(child, None) or {}
+        return [req for tags in sent.values() for req in tags.values()]
+
+    def pop_routes_ending(self, hop: str) -> list[tuple[Route, list[Message]]]:
+        """The requests of every route that ends with ``hop`` (the clients
+        below one link), forgotten, with their routes."""
+        out = []
+        for sent in self._by_child.values():
+            for route in [route for route in sent if route and route[-1] == hop]:
+                out.append((route, list(sent.pop(route).values())))
+        return out
 
 
 class Peer(Protocol):
@@ -84,9 +150,7 @@ class Router:
         self.seq_tracker = SeqTracker(f"rank {rank}")
         # every counter from the start, at 0: stats show those that never moved
         self.counts: Counter[str] = Counter(dict.fromkeys(COUNTERS, 0))
-        self._sent_down: dict[int, dict[tuple[str, ...], dict[int, Message]]] = {}
-        """Per child: requests forwarded to it and not yet answered, by route
-        (the client), then matchtag -- what the response carries back."""
+        self._sent_down = SentDown()
         self._hops: dict[int, str] = {}
         """The route hop of each neighbour's current link (see the module docstring)."""
         self._hop_ranks: dict[str, int] = {}
@@ -177,16 +241,10 @@ class Router:
             msg.route.append(self._hops.get(sender) or f"r{sender}")
             self.route_request(msg)
         elif t == MsgType.RESPONSE:
-            sent = self._sent_down.get(sender)
-            if sent:
-                route = tuple(msg.route)
-                by_tag = sent.get(route)
-                if by_tag is not None:
-                    req = by_tag.get(msg.matchtag)
-                    if req is not None and (msg.errnum or not req.flags & MsgFlags.STREAMING):
-                        del by_tag[msg.matchtag]  # its last response
-                        if not by_tag:
-                            del sent[route]
+            route = tuple(msg.route)
+            req = self._sent_down.get(sender, route, msg.matchtag)
+            if req is not None and (msg.errnum or not req.flags & MsgFlags.STREAMING):
+                self._sent_down.done(sender, route, msg.matchtag)  # its last response
             self.route_response(msg)
         elif t == MsgType.EVENT:
             if sender != topology.parent_of(self.rank, self.fanout):
@@ -267,40 +325,17 @@ class Router:
     def _send_down(self, child: int, msg: Message) -> None:
         if msg.flags & MsgFlags.NORESPONSE:
             if msg.topic.endswith(".disconnect"):
-                self._forget_sent_down(child, msg)
+                # A client's disconnect on its way to the service, which ends
+                # that client's requests without answering them (watches,
+                # version waits): stop holding them here -- they piled up on
+                # every rank along the way, one per abandoned remote watch.
+                service = msg.service
+                self._sent_down.remove(child, tuple(msg.route), lambda r: r.service != service)
             self._send_rank(child, msg)
             return
-        route = tuple(msg.route)
-        sent = self._sent_down.get(child)
-        if sent is None:
-            sent = self._sent_down[child] = {}
-        by_tag = sent.get(route)
-        if by_tag is None:
-            by_tag = sent[route] = {}
-        by_tag[msg.matchtag] = msg
+        self._sent_down.add(child, msg)
         if not self._send_rank(child, msg):
-            # answered EHOSTUNREACH already; the child may be forgotten too
-            sent = self._sent_down.get(child)
-            if sent is not None and (by_tag := sent.get(route)) is not None:
-                by_tag.pop(msg.matchtag, None)
-                if not by_tag:
-                    del sent[route]
-
-    def _forget_sent_down(self, child: int, disconnect: Message) -> None:
-        """A client's ``<service>.disconnect`` is on its way to ``child``: the
-        service ends that client's requests there without answering them
-        (watches, version waits), so stop holding them here -- they piled
-        up on every rank along the way, one per abandoned remote watch."""
-        sent = self._sent_down.get(child)
-        route = tuple(disconnect.route)
-        by_tag = sent.get(route) if sent is not None else None
-        if sent is None or by_tag is None:
-            return
-        service = disconnect.service
-        for tag in [tag for tag, req in by_tag.items() if req.service == service]:
-            del by_tag[tag]
-        if not by_tag:
-            del sent[route]
+            self._sent_down.done(child, tuple(msg.route), msg.matchtag)  # answered EHOSTUNREACH
 
     def child_lost(self, child: int) -> None:
         """The link to ``child`` is gone: answer what was sent down to it,
@@ -308,8 +343,7 @@ class Router:
         hop = self._hops.pop(child, None)
         if hop is not None:
             del self._hop_ranks[hop]
-        sent = self._sent_down.pop(child, None)
-        for req in [req for by_tag in (sent or {}).values() for req in by_tag.values()]:
+        for req in self._sent_down.pop_child(child):
             self.counts["lost-requests"] += 1
             self.respond_error(req, errno.EHOSTUNREACH,
                                f"rank {child} was lost before answering")
@@ -321,18 +355,15 @@ class Router:
         (their route ends with ``hop``): those clients are gone, and the lost
         rank will never send their disconnects, so a watch or version wait
         they left on another subtree stayed there, and here, for ever.  Send
-        each client's disconnect toward the ranks serving them (this also
-        forgets them here, :meth:`_forget_sent_down`)."""
-        for sent in list(self._sent_down.values()):
-            for route in [route for route in sent if route and route[-1] == hop]:
-                targets = {(req.service, req.nodeid): req for req in sent[route].values()}
-                for (service, nodeid), req in targets.items():
-                    self.counts["disconnects-sent"] += 1
-                    self.route_request(Message(
-                        MsgType.REQUEST, f"{service}.disconnect", None, nodeid=nodeid,
-                        flags=MsgFlags.NORESPONSE, userid=req.userid, rolemask=req.rolemask,
-                        route=list(route)))
-                sent.pop(route, None)
+        each client's disconnect toward the ranks serving them."""
+        for route, reqs in self._sent_down.pop_routes_ending(hop):
+            targets = {(req.service, req.nodeid): req for req in reqs}
+            for (service, nodeid), req in targets.items():
+                self.counts["disconnects-sent"] += 1
+                self.route_request(Message(
+                    MsgType.REQUEST, f"{service}.disconnect", None, nodeid=nodeid,
+                    flags=MsgFlags.NORESPONSE, userid=req.userid, rolemask=req.rolemask,
+                    route=list(route)))
 
     def _disconnect_stale(self, msg: Message, route: list[str]) -> None:
         """An answer came for a link that is gone: its requester was below a
@@ -351,7 +382,7 @@ class Router:
 
     def sent_down(self) -> int:
         """Requests forwarded to children and not yet answered."""
-        return sum(len(by_tag) for sent in self._sent_down.values() for by_tag in sent.values())
+        return len(self._sent_down)
 
     def _send_rank(self, rank: int, msg: Message) -> bool:
         ov = self.overlay
