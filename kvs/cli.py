@@ -683,7 +683,12 @@ class _Parser(PermutingParser):
     says only "-w/--width: expected one argument".  Given to ``-w`` (as
     ``-w=-1``), it is refused by the option's type, which says why: "must
     not be negative".  ``-w`` followed by a flag was an error anyway, so no
-    command line that worked changes meaning."""
+    command line that worked changes meaning.
+
+    ``--color`` / ``-L`` take their optional WHEN only attached, as Flux's
+    optparse does (``--color=never``, ``-Lnever``): argparse took the next
+    word, so ``eventlog get --color KEY`` read KEY as WHEN, and ``-Lalways``
+    was refused."""
 
     def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
         if args is not None:
@@ -698,6 +703,14 @@ class _Parser(PermutingParser):
             arg = args[i]
             if arg == "--":
                 return out + args[i:]
+            if arg == "--color" and "--color" in actions:
+                out.append("--color=always")
+                i += 1
+                continue
+            if arg.startswith("-L") and len(arg) > 2 and "-L" in actions:
+                out.append(f"--color={arg[2:]}")
+                i += 1
+                continue
             action = actions.get(arg)
             nxt = args[i + 1] if i + 1 < len(args) else ""
             if action is not None and action.nargs is None and _NEGATIVE_NUMBER.fullmatch(nxt):

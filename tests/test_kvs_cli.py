@@ -1166,6 +1166,24 @@ async def test_guest(start_instance) -> None:
 # ================================================================ eventlogs
 
 
+async def test_eventlog_color_takes_when_only_attached(start_instance) -> None:
+    """As Flux's optparse (t1008 "forces color on"): ``-Lalways`` and
+    ``--color`` before KEY turn color on; argparse refused the first and
+    read KEY as WHEN in the second."""
+    inst = await start_instance(size=1)
+    out = await sh(inst, """
+        kvbroker kvs eventlog append lg ev '{"a":1}'
+        for opt in -Lalways --color -L --color=always; do
+            kvbroker kvs eventlog get $opt lg | grep -c "$(printf '\\033')" || echo "no color: $opt"
+            kvbroker kvs eventlog wait-event $opt lg ev | grep -c "$(printf '\\033')" || echo "no color: $opt"
+        done
+        t kvbroker kvs eventlog get -Lnever lg
+        """)
+    assert "no color" not in out, out
+    assert out.endswith("$ kvbroker kvs eventlog get -Lnever lg\n" + out.splitlines()[-1] + "\n")
+    assert "\033" not in out.splitlines()[-1] and out.splitlines()[-1].endswith("ev a=1")
+
+
 async def test_eventlog(start_instance) -> None:
     inst = await start_instance(size=2)
     out = await sh(inst, """
