@@ -46,8 +46,13 @@ BLOB_CACHE_BYTES = 64 << 20
 the very objects the content cache holds (in-process RPCs copy nothing); a
 miss costs one ``content.load``."""
 MAX_OPS = 100_000
-SETROOT_BLOB_LIMIT = 64 << 10
-"""A setroot event carries the commit's new blobs when they total at most this."""
+SETROOT_BLOB_LIMIT = 8 << 10
+"""A setroot event carries the commit's new blobs when they total at most this:
+a small commit's few tree levels, which saves a follower that reads the new
+tree (a watcher) a ``content.load`` per level.  A batch of merged commits into
+big directories writes tens of KB, which every rank then decodes and stores
+whether it reads them or not: W2p ran ~10% faster at 8 KiB than at 64 KiB,
+and W4's watch latency did not move (docs/performance.md, item 13)."""
 CACHE_BYTES = AttrSpec(
     "kvs.cache-bytes", str(BLOB_CACHE_BYTES), integer(0),
     "per-rank kvs blob cache size (bytes); also bounds its decoded tree objects")

@@ -125,7 +125,7 @@ def test_check_instance() -> None:
 def test_with_defaults_keeps_set_values() -> None:
     a: dict[str, object] = {"kvs.cache-bytes": "1000"}
     attrs.with_defaults(a, KvsModule.attributes)
-    assert a == {"kvs.cache-bytes": "1000", "kvs.setroot-blob-limit": str(64 << 10),
+    assert a == {"kvs.cache-bytes": "1000", "kvs.setroot-blob-limit": str(8 << 10),
                  "kvs.checkpoint-period": "1s"}
     with pytest.raises(AttrError):
         attrs.with_defaults({"kvs.setroot-blob-limit": "x"}, KvsModule.attributes)

@@ -101,7 +101,7 @@ async def test_cli_attr_get_and_list_show_defaults() -> None:
     lines = out.splitlines()
     assert lines[:2] == ["error", str(512 << 20)]
     listed = dict(line.split(None, 1) for line in lines[2:] if len(line.split()) == 2)
-    assert listed["kvs.setroot-blob-limit"] == str(64 << 10)
+    assert listed["kvs.setroot-blob-limit"] == str(8 << 10)
     assert listed["log.level"] == "error"
     assert listed["broker.max-message"] == str(1 << 30)
 
