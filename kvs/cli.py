@@ -905,7 +905,8 @@ def register(subparsers: Any) -> None:
                    help="event time in seconds since the epoch (default: now)")
     e.add_argument("key", metavar="KEY")
     e.add_argument("name", metavar="NAME")
-    e.add_argument("context", nargs="*", metavar="CONTEXT",
+    # (default: argparse lists a "*" positional without one among the missing)
+    e.add_argument("context", nargs="*", metavar="CONTEXT", default=[],
                    help="a JSON object (words are joined with spaces)")
     e = esub.add_parser("get", help="print the events of KEY")
     _ns(e)

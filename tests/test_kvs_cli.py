@@ -1180,6 +1180,9 @@ async def test_eventlog_color_takes_when_only_attached(start_instance) -> None:
         t kvbroker kvs eventlog get -Lnever lg
         """)
     assert "no color" not in out, out
+    # CONTEXT is optional: not listed among the missing arguments
+    res = await run([KVB, "kvs", "eventlog", "append"], client_env(inst.uri(0)))
+    assert res.rc == 2 and res.err.strip().endswith("required: KEY, NAME"), res.err
     assert out.endswith("$ kvbroker kvs eventlog get -Lnever lg\n" + out.splitlines()[-1] + "\n")
     assert "\033" not in out.splitlines()[-1] and out.splitlines()[-1].endswith("ev a=1")
 
