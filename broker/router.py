@@ -85,10 +85,21 @@ class SentDown:
             tags = sent[route] = {}
         tags[msg.matchtag] = msg
 
-    def get(self, child: int, route: Route, matchtag: int) -> Message | None:
+    def answered(self, child: int, response: Message) -> None:
+        """``child`` sent ``response``: forget its request if that was the
+        last answer (any answer but a stream's success)."""
         sent = self._by_child.get(child)
-        tags = sent.get(route) if sent else None
-        return tags.get(matchtag) if tags else None
+        if not sent:
+            return
+        route = tuple(response.route)
+        tags = sent.get(route)
+        if tags is None:
+            return
+        req = tags.get(response.matchtag)
+        if req is not None and (response.errnum or not req.flags & MsgFlags.STREAMING):
+            del tags[response.matchtag]
+            if not tags:
+                del sent[route]
 
     def done(self, child: int, route: Route, matchtag: int) -> None:
         """Request ``matchtag`` of ``route`` got its last answer."""
@@ -241,10 +252,7 @@ class Router:
             msg.route.append(self._hops.get(sender) or f"r{sender}")
             self.route_request(msg)
         elif t == MsgType.RESPONSE:
-            route = tuple(msg.route)
-            req = self._sent_down.get(sender, route, msg.matchtag)
-            if req is not None and (msg.errnum or not req.flags & MsgFlags.STREAMING):
-                self._sent_down.done(sender, route, msg.matchtag)  # its last response
+            self._sent_down.answered(sender, msg)
             self.route_response(msg)
         elif t == MsgType.EVENT:
             if sender != topology.parent_of(self.rank, self.fanout):
