@@ -18,14 +18,12 @@ Route hops are strings: ``c<N>`` a local client connection, ``m:<name>`` a
 module, ``r<rank>`` a neighbouring rank -- ``r<rank>.<n>`` for the n-th
 process of a child rank that joined since this rank started.  A hop names
 one *link*, not just a rank number: a rank that was lost (or restarted in
-place of one that still looked alive) sent no disconnect for its clients,
-so their state elsewhere (a watch another rank serves) keeps answering
-along routes through the old link.  Those answers are dropped here instead
-of reaching whichever client of the new process got the same ``c<N>``,
-and the rank that drops one sends the ``.disconnect`` the lost rank never
-could, towards the rank the request was addressed to (the answer's
-``nodeid``), with the route that service saw: the stale state goes with its
-next answer, whichever rank serves it.
+place of one that still looked alive) sent no disconnect for its clients.
+The rank that loses the link sends them instead, for every service they
+used through it (:class:`UsedBelow`), so what they left elsewhere (a watch
+another rank serves) ends.  An answer still on its way along a route
+through the old link is dropped here instead of reaching whichever client
+of the new process got the same ``c<N>``.
 """
 
 from __future__ import annotations
@@ -125,14 +123,42 @@ class SentDown:
         sent = self._by_child.pop(child, None) or {}
         return [req for tags in sent.values() for req in tags.values()]
 
-    def pop_routes_ending(self, hop: str) -> list[tuple[Route, list[Message]]]:
-        """The requests of every route that ends with ``hop`` (the clients
-        below one link), forgotten, with their routes."""
-        out = []
-        for sent in self._by_child.values():
-            for route in [route for route in sent if route and route[-1] == hop]:
-                out.append((route, list(sent.pop(route).values())))
-        return out
+
+
+class UsedBelow:
+    """The services the clients below each child link have used through
+    this rank: per link (its route hop), the ``(route, service, nodeid)`` of
+    their requests, with the credentials to speak for them.  Their own rank
+    sends each client's ``.disconnect`` along the same way when it goes, and
+    that forgets the entry here; a *lost* rank never will, so this rank
+    sends them instead (:meth:`Router.child_lost`): a watch or version wait
+    such a client left anywhere -- served here, above, or on another
+    subtree -- would otherwise stay for ever.  One entry per live client
+    and service, not per request."""
+
+    __slots__ = ("_by_hop",)
+
+    def __init__(self) -> None:
+        self._by_hop: dict[str, dict[tuple[Route, str, int], tuple[int, int]]] = {}
+
+    def __len__(self) -> int:
+        return sum(map(len, self._by_hop.values()))
+
+    def note(self, hop: str, msg: Message) -> None:
+        """``msg``, a request, came in by ``hop``'s link (its route ends with it)."""
+        used = self._by_hop.get(hop)
+        if used is None:
+            used = self._by_hop[hop] = {}
+        topic = msg.topic
+        key = (tuple(msg.route), topic.partition(".")[0], msg.nodeid)
+        if topic.endswith(".disconnect"):
+            used.pop(key, None)
+        else:
+            used[key] = (msg.userid, msg.rolemask)
+
+    def pop(self, hop: str) -> list[tuple[tuple[Route, str, int], tuple[int, int]]]:
+        """What ``hop``'s clients used, forgotten."""
+        return list((self._by_hop.pop(hop, None) or {}).items())
 
 
 class Peer(Protocol):
@@ -162,11 +188,13 @@ class Router:
         # every counter from the start, at 0: stats show those that never moved
         self.counts: Counter[str] = Counter(dict.fromkeys(COUNTERS, 0))
         self._sent_down = SentDown()
+        self._used_below = UsedBelow()
         self._hops: dict[int, str] = {}
         """The route hop of each neighbour's current link (see the module docstring)."""
         self._hop_ranks: dict[str, int] = {}
         self._joins: Counter[int] = Counter()
         parent = topology.parent_of(rank, fanout)
+        self._parent = parent
         if parent is not None:
             self._link(parent, f"r{parent}")
 
@@ -249,7 +277,10 @@ class Router:
         """A message received over the overlay from a neighbouring rank."""
         t = msg.type
         if t == MsgType.REQUEST:
-            msg.route.append(self._hops.get(sender) or f"r{sender}")
+            hop = self._hops.get(sender) or f"r{sender}"
+            msg.route.append(hop)
+            if sender != self._parent:
+                self._used_below.note(hop, msg)  # before routing may rewrite nodeid
             self.route_request(msg)
         elif t == MsgType.RESPONSE:
             self._sent_down.answered(sender, msg)
@@ -313,7 +344,6 @@ class Router:
             rank = self._hop_ranks.get(hop)
             if rank is None:  # the link it came in by is gone (module docstring)
                 self.counts["dropped-responses"] += 1
-                self._disconnect_stale(msg, [*msg.route, hop])
                 return
             self._send_rank(rank, msg)
             return
@@ -359,34 +389,17 @@ class Router:
             self._disconnect_below(hop)
 
     def _disconnect_below(self, hop: str) -> None:
-        """Requests this rank forwarded down for clients below a lost link
-        (their route ends with ``hop``): those clients are gone, and the lost
-        rank will never send their disconnects, so a watch or version wait
-        they left on another subtree stayed there, and here, for ever.  Send
-        each client's disconnect toward the ranks serving them."""
-        for route, reqs in self._sent_down.pop_routes_ending(hop):
-            targets = {(req.service, req.nodeid): req for req in reqs}
-            for (service, nodeid), req in targets.items():
-                self.counts["disconnects-sent"] += 1
-                self.route_request(Message(
-                    MsgType.REQUEST, f"{service}.disconnect", None, nodeid=nodeid,
-                    flags=MsgFlags.NORESPONSE, userid=req.userid, rolemask=req.rolemask,
-                    route=list(route)))
-
-    def _disconnect_stale(self, msg: Message, route: list[str]) -> None:
-        """An answer came for a link that is gone: its requester was below a
-        lost rank, which never sent a disconnect.  Send it now, as if from
-        that link, to the rank the request was addressed to -- this one, or
-        up or down the tree, where each hop rebuilds the route the service
-        saw (once per stream still answering; a final response needs none)."""
-        if msg.errnum or not msg.flags & MsgFlags.STREAMING:
-            return
-        service = msg.topic.partition(".")[0]
-        self.counts["disconnects-sent"] += 1
-        self.route_request(Message(MsgType.REQUEST, f"{service}.disconnect", None,
-                                   nodeid=msg.nodeid, flags=MsgFlags.NORESPONSE,
-                                   userid=msg.userid, rolemask=msg.rolemask,
-                                   route=route))
+        """The clients below a lost link are gone, and their rank will never
+        send their disconnects: send each one's, for every service it used
+        through this rank, the way its requests went (:class:`UsedBelow`).
+        A disconnect going down also drops their requests still held in
+        :class:`SentDown`."""
+        for (route, service, nodeid), (userid, rolemask) in self._used_below.pop(hop):
+            self.counts["disconnects-sent"] += 1
+            self.route_request(Message(
+                MsgType.REQUEST, f"{service}.disconnect", None, nodeid=nodeid,
+                flags=MsgFlags.NORESPONSE, userid=userid, rolemask=rolemask,
+                route=list(route)))
 
     def sent_down(self) -> int:
         """Requests forwarded to children and not yet answered."""
@@ -458,4 +471,5 @@ class Router:
             "subscriptions": subs,
             "clients": sum(1 for p in self.peers if p[0] == "c"),
             "sent-down": self.sent_down(),
+            "used-below": len(self._used_below),
         }

@@ -338,6 +338,64 @@ async def test_what_a_lost_rank_s_clients_left_on_another_subtree_ends(
             await watch.next_message()
 
 
+@pytest.mark.parametrize("server", [0, 1, 2])
+async def test_what_a_lost_rank_s_clients_left_elsewhere_ends(
+        start_instance, connect, server: int) -> None:
+    """A client of rank 3 leaves a version wait and a watch that never
+    answers again on an ancestor (rank 0, or its parent rank 1) or on
+    another subtree (rank 2); rank 3 dies.  Those above it stayed for ever
+    (nothing answered them, so nothing noticed), and a watch elsewhere
+    went only with its next answer.  The rank that loses the link (rank
+    1) now sends the client's disconnects, and forgets what it noted of
+    the link's clients."""
+    inst = await start_instance(size=4, fanout=2)
+    async with asyncio.timeout(30):
+        h0 = await connect(inst, 0)
+        h3 = await connect(inst, 3)
+        h3.rpc("kvs.wait-version", {"namespace": "primary", "rootseq": 10**9},
+               nodeid=server).add_done_callback(lambda f: f.exception())
+        watch = h3.rpc_stream("kvs-watch.lookup", {"namespace": "primary", "key": "nobody",
+                                                   "flags": 4 | 8}, nodeid=server)
+
+        async def served(waiters: int, watchers: int) -> bool:
+            waits = (await h0.rpc("kvs.stats-get", {}, nodeid=server))["namespaces"]
+            watches = (await h0.rpc("kvs-watch.stats-get", {}, nodeid=server))["watchers"]
+            return (waits.get("primary", {}).get("waiters"), watches) == (waiters, watchers)
+
+        await wait_until(lambda: served(1, 1), f"rank {server} to serve the wait and the watch")
+        assert (await stats(h0, 1))["used-below"] >= 2  # kvs and kvs-watch of h3's route
+        os.kill(inst.pids()[3], signal.SIGKILL)
+        await wait_until(lambda: served(0, 0), f"rank {server} to drop what rank 3's client left")
+        assert (await stats(h0, 1))["used-below"] == 0
+        assert (await stats(h0, 1))["messages"]["disconnects-sent"] >= 2
+        del watch
+
+
+async def test_a_client_s_disconnect_forgets_what_ranks_above_noted(
+        start_instance, connect) -> None:
+    """What a rank notes of the clients below each link goes when the
+    client's own disconnect passes: a client that comes and goes leaves
+    nothing behind on the ranks between it and the services it used."""
+    inst = await start_instance(size=4, fanout=2)
+    async with asyncio.timeout(30):
+        h0 = await connect(inst, 0)
+        base = [(await stats(h0, r))["used-below"] for r in (0, 1)]
+        h3 = await Handle.connect(inst.uri(3))
+        await h3.ping(0)
+        await h3.rpc("kvs.getroot", {"namespace": "primary"}, nodeid=0)
+        s = h3.rpc_stream("kvs-watch.lookup", {"namespace": "primary", "key": "nobody",
+                                               "flags": 4 | 8}, nodeid=0)
+        await h3.ping(0)  # the watch went up before this ping came back
+        assert [(await stats(h0, r))["used-below"] for r in (0, 1)] == [b + 3 for b in base]
+        await h3.close()
+
+        async def forgotten() -> bool:
+            return [(await stats(h0, r))["used-below"] for r in (0, 1)] == base
+
+        await wait_until(forgotten, "ranks 0 and 1 to forget the closed client")
+        del s
+
+
 async def test_a_lost_rank_s_whole_subtree_exits_1(start_instance) -> None:
     """Rank 0 dies: ranks 1 and 2 lose their parent and exit 1; rank 3,
     told to stop by rank 1, exited 0, so a supervisor restarting ranks that
@@ -373,42 +431,6 @@ async def test_a_client_may_not_send_a_disconnect(start_instance, connect) -> No
         with pytest.raises(RemoteError) as info:
             await waiting
         assert info.value.errnum == errno.EHOSTUNREACH
-
-
-@pytest.mark.parametrize("server", [0, 2])
-async def test_a_lost_rank_s_remote_watch_ends_with_its_next_answer(
-        start_instance, connect, server: int) -> None:
-    """A client of rank 3 watches a key served by rank 0 (up the tree) or
-    rank 2 (up, then down).  Rank 3 dies: it never sends the disconnect, so
-    the watcher stays; its next answer is dropped at rank 1, where the link
-    to rank 3 is gone, and rank 1 sends the disconnect on the dead client's
-    behalf, towards the serving rank, which drops the watcher."""
-    inst = await start_instance(size=4, fanout=2)
-    async with asyncio.timeout(30):
-        h0 = await connect(inst, 0)
-        h3 = await connect(inst, 3)
-        await h0.rpc("kvs.commit", {"namespace": "primary", "ops": [
-            {"key": "w", "flags": 0, "dirent": {"ver": 1, "type": "val", "data": b"1"}}]})
-        s = h3.rpc_stream("kvs-watch.lookup", {"namespace": "primary", "key": "w", "flags": 4},
-                          nodeid=server)
-        assert (await s.next_message()) is not None
-        os.kill(inst.pids()[3], signal.SIGKILL)
-
-        async def rank_3_lost() -> bool:
-            return 3 not in (await stats(h0, 1))["overlay"]["children"]
-
-        await wait_until(rank_3_lost, "rank 1 to lose rank 3")
-        watchers = await h0.rpc("kvs-watch.stats-get", {}, nodeid=server)
-        assert watchers["watchers"] == 1  # nobody told the serving rank
-        await h0.rpc("kvs.commit", {"namespace": "primary", "ops": [
-            {"key": "w", "flags": 0, "dirent": {"ver": 1, "type": "val", "data": b"2"}}]})
-
-        async def watch_gone() -> bool:
-            st = await h0.rpc("kvs-watch.stats-get", {}, nodeid=server)
-            return bool(st["watchers"] == 0)
-
-        await wait_until(watch_gone, f"rank {server} to drop the lost client's watcher")
-        assert (await stats(h0, 1))["messages"]["disconnects-sent"] >= 1
 
 
 async def wait_for_rank(uri: str) -> Handle:
