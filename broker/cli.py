@@ -225,7 +225,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
     from broker import bootstrap
     from broker import rank as rank_main
     from broker.curve import load_keys, loose_mode
-    from broker.launch import make_rundir
+    from broker.launch import StartError, make_rundir, private_dir
 
     try:
         boot = bootstrap.load(args.config)
@@ -250,15 +250,17 @@ def cmd_broker(args: argparse.Namespace) -> int:
         print_err(f"broker: warning: curve_cert {boot.curve_cert}: others may read it "
                   "(chmod 600: whoever holds the key pair is admitted as a rank)")
     rundir = args.rundir
-    if rundir:
-        # absolute: the URI it prints must work from any directory
-        rundir = os.path.abspath(rundir)
-        try:
-            os.makedirs(rundir, mode=0o700, exist_ok=True)
-        except OSError as exc:
-            print_err(f"broker: --rundir {rundir}: {exc.strerror}")
-            return 2
-    else:
+    try:
+        if rundir:
+            # absolute: the URI it prints must work from any directory
+            rundir = os.path.abspath(rundir)
+            private_dir(rundir, "--rundir")
+        if args.statedir:
+            private_dir(args.statedir, "--statedir")
+    except StartError as exc:
+        print_err(f"broker: {exc}")
+        return 2
+    if not rundir:
         rundir = make_rundir()
     argv = ["--rank", str(rank), "--size", str(boot.size), "--fanout", str(boot.fanout),
             "--rundir", rundir, "--event-loop", args.event_loop,

@@ -145,7 +145,8 @@ def decode_payload(frames: Sequence[Frame]) -> Any:
     except ProtocolError:
         raise
     except Exception as exc:
-        raise ProtocolError(f"malformed payload: {exc}") from None
+        # (msgpack's StackError, past 1024 levels of nesting, has no text)
+        raise ProtocolError(f"malformed payload: {str(exc) or type(exc).__name__}") from None
 
 
 def _no_ext(code: int, data: bytes) -> Any:

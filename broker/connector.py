@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("kvbroker.connector")
 
 MAX_BACKLOG = 256 << 20
-_UCRED = struct.Struct("3i")
+_UCRED = struct.Struct("iII")  # struct ucred: pid_t, uid_t, gid_t (uids past 2**31 too)
 
 
 COUNTERS = ("garbage", "malformed", "oversized", "slow-consumers")

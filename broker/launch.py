@@ -21,6 +21,7 @@ import random
 import shutil
 import signal
 import socket
+import stat
 import sys
 import tempfile
 from typing import Any
@@ -49,6 +50,34 @@ def exit_status(code: int) -> str:
     except ValueError:
         name = ""
     return f"killed by signal {-code}{name}"
+
+
+def private_dir(path: str, what: str) -> None:
+    """Make ``path`` if missing (mode 0700), and refuse (:class:`StartError`)
+    one that another user could tamper with: not owned by this user, or
+    writable by group or others, or a symlink someone else owns.  As Flux
+    checks its rundir and statedir: a directory made first by someone else
+    (a predictable name under /tmp) would let them read the content store,
+    plant a checkpoint, or replace a rank's socket with their own."""
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+    except FileExistsError:
+        pass  # not a directory: said below
+    except OSError as exc:
+        raise StartError(f"{what} {path}: {exc.strerror}") from None
+    try:
+        link, st = os.lstat(path), os.stat(path)
+    except OSError as exc:
+        raise StartError(f"{what} {path}: {exc.strerror}") from None
+    uid = os.geteuid()
+    if not stat.S_ISDIR(st.st_mode):
+        raise StartError(f"{what} {path}: not a directory")
+    owner = st.st_uid if st.st_uid != uid else link.st_uid
+    if owner != uid:
+        raise StartError(f"{what} {path}: owned by uid {owner}, not by this user (uid {uid})")
+    if st.st_mode & 0o022:
+        raise StartError(f"{what} {path}: writable by others (mode {st.st_mode & 0o777:o}); "
+                         "chmod go-w, or choose another directory")
 
 
 def make_rundir() -> str:
@@ -166,12 +195,7 @@ class Instance:
         except battrs.AttrError as exc:
             raise StartError(str(exc)) from None
         if self.statedir:
-            if os.path.exists(self.statedir) and not os.path.isdir(self.statedir):
-                raise StartError(f"statedir {self.statedir}: not a directory")
-            try:
-                os.makedirs(self.statedir, exist_ok=True)
-            except OSError as exc:
-                raise StartError(f"statedir {self.statedir}: {exc.strerror}") from None
+            private_dir(self.statedir, "statedir")
 
     async def start(self, timeout: float = START_TIMEOUT) -> None:
         loop = asyncio.get_running_loop()

@@ -281,13 +281,17 @@ class Overlay:
                 s.curve_secretkey = secret
                 s.curve_publickey = public
             endpoint = self.bind or self.endpoint(self.rank)
-            s.bind(endpoint)
+            # An ipc:// socket is made owner-only as it is bound, not chmod'ed
+            # after: ZeroMQ checks no peer credentials, the run directory is
+            # world-searchable when guests are allowed, and a guest connected
+            # in between could say hello as a child rank.
+            old_umask = os.umask(0o077)
+            try:
+                s.bind(endpoint)
+            finally:
+                os.umask(old_umask)
             self._monitor = _Sock(s.get_monitor_socket(HANDSHAKE_FAILED | zmq.EVENT_DISCONNECTED),
                                   self._on_monitor)
-            if endpoint.startswith("ipc://"):
-                # Only the owner's ranks may connect, whatever the umask (the
-                # run directory is world-searchable when guests are allowed).
-                os.chmod(endpoint[len("ipc://"):], 0o700)
             self._down = _Sock(s, self._from_child, track_fd=True)
         if self.parent is not None:
             s = self.ctx.socket(zmq.DEALER)
@@ -457,13 +461,19 @@ class Overlay:
         """The rank a new connection's first message says hello as, if it is
         one of our children's; None (counted, logged) for anything else."""
         msg = self._decode(frames, "an unidentified peer")  # counts garbage
-        rank = msg.payload.get("rank") if msg is not None and msg.type == MsgType.CONTROL \
-            and msg.topic == "overlay.hello" and isinstance(msg.payload, dict) else None
-        if rank in self.children:
-            return int(rank)
+        rank = None
+        if msg is not None and msg.type == MsgType.CONTROL and msg.topic == "overlay.hello":
+            try:
+                payload = msg.payload  # (decoded on first use)
+            except ProtocolError:
+                payload = None
+            if isinstance(payload, dict):
+                rank = payload.get("rank")
+        if type(rank) is int and rank in self.children:  # (not True, 1.0 or a list)
+            return rank
         if msg is not None:
             self.dropped += 1
-            if rank is not None:
+            if type(rank) is int:
                 log.warning("refusing overlay peer: a hello from rank %s, which is not a child "
                             "of rank %d (its children: %s); check the bootstrap file's "
                             "parent/connect entries", rank, self.rank,

@@ -36,7 +36,14 @@ from broker.message import Message, MsgFlags
 from broker.module import Handler, Module, require
 from kvs import lookup as lookup_engine
 from kvs import treeobj, txn
-from kvs.namespaces import PRIMARY, Namespace, Pending, check_name, event_prefix
+from kvs.namespaces import (
+    PRIMARY,
+    Namespace,
+    Pending,
+    RecentRoots,
+    check_name,
+    event_prefix,
+)
 from kvs.relay import RelayOutbox
 
 CHECKPOINT_KEY = "kvs-primary"
@@ -212,6 +219,18 @@ def _valid_name(name: str) -> bool:
     return True
 
 
+def _well_formed(kind: str, payload: dict[str, Any], names: object) -> bool:
+    """A ``setroot`` or ``error`` event's fields have the types rank 0's kvs
+    gives them (``removed`` needs only its namespace)."""
+    if kind == "removed":
+        return True
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        return False
+    if kind == "setroot":
+        return type(payload.get("rootseq")) is int and blobref.is_valid(payload.get("rootref"))
+    return type(payload.get("errnum") or 0) is int
+
+
 def _check_guest_ops(ops: list[dict[str, Any]]) -> None:
     """Guests may commit values, unlinks and empty directories only."""
     for op in ops:
@@ -233,6 +252,7 @@ class KvsModule(Module):
         self.rank = ctx.rank
         self.leader = ctx.rank == 0
         self.hash_name = CONTENT_HASH.value(ctx.attrs)
+        self.recent_roots = RecentRoots()
         self.statedir = str(ctx.attrs.get("statedir") or "")
         self.blobs = BlobStore(CACHE_BYTES.value(ctx.attrs))
         # decoded objects: bounded as the blobs are (they cost a few times
@@ -308,8 +328,13 @@ class KvsModule(Module):
             self.log.info("no checkpoint in statedir %s: the primary namespace starts "
                           "empty", self.statedir)
             return "", 0
-        value = cp["value"]
-        rootref, rootseq = value["rootref"], int(value["rootseq"])
+        value = cp.get("value")
+        if not (isinstance(value, dict) and blobref.is_valid(value.get("rootref"))
+                and type(value.get("rootseq")) is int and value["rootseq"] >= 0):
+            # (content.checkpoint-put lets the owner write any value there)
+            raise ErrnoError(errno.EINVAL, f"the checkpoint {CHECKPOINT_KEY!r} in statedir "
+                                           f"{self.statedir} is not a KVS root: {value!r:.200}")
+        rootref, rootseq = value["rootref"], value["rootseq"]
         stamp = value.get("timestamp")
         when = (f", written {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(stamp))}"
                 if isinstance(stamp, (int, float)) else "")
@@ -457,6 +482,7 @@ class KvsModule(Module):
             if placeholder.removed:
                 raise ErrnoError(errno.ENOTSUP, f"namespace {name} was removed")
             placeholder.owner = int(resp["owner"])
+            self._note_roots(placeholder)
             placeholder.flags = int(resp.get("flags", 0))
             placeholder.epoch = int(resp.get("epoch", 0))
             placeholder.set_root(int(resp["rootseq"]), resp["rootref"])
@@ -516,6 +542,12 @@ class KvsModule(Module):
         if ns is None:  # e.g. job-10's event seen through the job-1 subscription
             self.events.drop("foreign")
             return
+        names = payload.get("names") or []
+        if not _well_formed(kind, payload, names):
+            # only the owner can publish kvs.*; still, a malformed one
+            # (hand-made: rank 0's kvs never sends one) must not raise here
+            self.events.drop("foreign")
+            return
         self.events.handled += 1
         if kind == "setroot":
             blobs = payload.get("blobs")
@@ -523,15 +555,15 @@ class KvsModule(Module):
                 for ref, data in blobs.items():
                     if isinstance(ref, str) and isinstance(data, bytes):
                         self.blobs.put(ref, data)
-            rootseq, rootref = int(payload["rootseq"]), payload["rootref"]
+            rootseq, rootref = payload["rootseq"], payload["rootref"]
             ns.set_root(rootseq, rootref)
             if ns.relayed:
-                ns.finish(payload.get("names") or [], rootseq, rootref)
+                ns.finish(names, rootseq, rootref)
         elif kind == "removed":
             self._forget_ns(ns.name)
         else:  # error: fail this rank's relayed transactions it names
             errstr = payload.get("errstr")
-            ns.fail(payload.get("names") or [], int(payload.get("errnum") or errno.EIO),
+            ns.fail(names, payload.get("errnum") or errno.EIO,
                     errstr if isinstance(errstr, str) else None)
 
     # ================================================================ reads
@@ -548,12 +580,14 @@ class KvsModule(Module):
             root = treeobj.validate(rootdir)
             if root["type"] != "dirref":
                 raise ErrnoError(errno.EINVAL, "rootdir must be a dirref tree object")
-            # As in Flux (t1005 "get works (wrong user, but with at
-            # reference)"): a root reference is a capability, so the
-            # namespace is neither loaded nor access-checked; links into
-            # other namespaces still are.
+            # The owner's (and kvs-watch's, which reads at the roots of
+            # the namespaces it checked the watcher may watch) is a
+            # capability, as in Flux: the namespace is neither loaded nor
+            # access-checked; links into other namespaces still are.
             rootref = root["data"][0]
             seq = -1
+            if not msg.is_owner and msg.route != ["m:kvs-watch"]:
+                await self._check_guest_root(msg, name, rootref)
         else:
             ns = await self.get_ns(name, msg)
             rootref, seq = ns.rootref, ns.rootseq
@@ -565,6 +599,22 @@ class KvsModule(Module):
         if val is None:
             raise ErrnoError(errno.ENOENT, f"{p['key']}: no such key")
         self.h.respond(msg, {"val": val})
+
+    def _note_roots(self, ns: Namespace) -> None:
+        """A guest's namespace notes the roots it takes (:class:`RecentRoots`)."""
+        if ns.owner != self.ctx.owner_uid:
+            ns.recent = self.recent_roots
+            if ns.rootref:  # (a follower's placeholder has none yet)
+                self.recent_roots.note(ns.rootref, ns.owner)
+
+    async def _check_guest_root(self, msg: Message, name: str, rootref: str) -> None:
+        """A guest reads at ``rootdir`` only in a namespace of its own, at its
+        current root or one of the recent roots of its namespaces here (Flux
+        lets anyone read at any root: a departure, see RecentRoots)."""
+        ns = await self.get_ns(name, msg)  # EPERM if not the guest's
+        if rootref != ns.rootref and self.recent_roots.owner(rootref) != msg.userid:
+            raise ErrnoError(errno.EPERM, f"{rootref} is not a recent root of a namespace "
+                                          "of yours: a guest reads only at those")
 
     async def run_lookup(
         self, msg: Message, rootref: str, key: str, flags: int, namespace: str
@@ -909,6 +959,7 @@ class KvsModule(Module):
         if name in self.namespaces:  # raced with another create while storing
             raise ErrnoError(errno.EEXIST, f"namespace {name} already exists")
         ns = Namespace(name, owner, rootref, 0, flags, next(self._epochs))
+        self._note_roots(ns)
         self.namespaces[name] = ns
         self.counts["namespaces-created"] += 1
         self._publish(f"kvs.namespace-{name}-created", {

@@ -14,7 +14,7 @@ import errno
 import heapq
 import itertools
 import re
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,13 +22,13 @@ from broker.errors import ErrnoError
 from broker.message import Message
 
 PRIMARY = "primary"
-_NAME_RE = re.compile(r"^[A-Za-z0-9_.+@=%,-]{1,255}$")
+_NAME_RE = re.compile(r"[A-Za-z0-9_.+@=%,-]{1,255}")
 _tiebreak = itertools.count()
 
 
 def check_name(name: object) -> str:
     """A namespace name: 1-255 characters, no spaces, slashes or colons."""
-    if not isinstance(name, str) or not _NAME_RE.match(name):
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
         raise ErrnoError(errno.EINVAL, f"invalid namespace name {name!r}")
     return name
 
@@ -46,6 +46,35 @@ class Pending:
     flags: int
     name: str
     future: asyncio.Future[tuple[int, str]]
+
+
+class RecentRoots:
+    """The owner of each of the last ``size`` roots that guests' namespaces
+    took on this rank (rootref -> uid).  A guest may read at a root
+    (``kvs.lookup`` with ``rootdir``) only if it is one of these, its own:
+    a blobref is the hash of a blob's content, so a guest that could read
+    at any root it names could guess one (a small directory holding a
+    PIN) and confirm it, or read below it.  The instance owner's
+    namespaces are not noted: the owner may read at any root."""
+
+    __slots__ = ("_owners", "size")
+
+    def __init__(self, size: int = 4096) -> None:
+        self._owners: OrderedDict[str, int] = OrderedDict()
+        self.size = size
+
+    def __len__(self) -> int:
+        return len(self._owners)
+
+    def note(self, rootref: str, owner: int) -> None:
+        owners = self._owners
+        owners[rootref] = owner
+        owners.move_to_end(rootref)
+        if len(owners) > self.size:
+            owners.popitem(last=False)
+
+    def owner(self, rootref: str) -> int | None:
+        return self._owners.get(rootref)
 
 
 @dataclass(slots=True)
@@ -68,6 +97,8 @@ class Namespace:
     _waiters: list[tuple[int, int, asyncio.Future[None]]] = field(default_factory=list)
     # follower only: transactions relayed to rank 0, by name -> (rootseq, rootref)
     relayed: dict[str, asyncio.Future[tuple[int, str]]] = field(default_factory=dict)
+    recent: RecentRoots | None = None
+    """Where a guest's namespace notes each root it takes (None: the owner's)."""
 
     def may_access(self, msg: Message) -> bool:
         """The instance owner sees every namespace; a guest only its own."""
@@ -83,6 +114,8 @@ class Namespace:
             return False
         self.rootseq = rootseq
         self.rootref = rootref
+        if self.recent is not None:
+            self.recent.note(rootref, self.owner)
         w = self._waiters
         while w and w[0][0] <= rootseq:
             fut = heapq.heappop(w)[2]

@@ -77,6 +77,55 @@ async def test_start_refuses_a_statedir_that_is_a_file(tmp_path: Path) -> None:
     assert one_line(err) == f"kvbroker: start: statedir {path / 'sub'}: Not a directory"
 
 
+async def test_start_refuses_a_statedir_others_may_write(tmp_path: Path) -> None:
+    """A statedir others can write could be given a content store or a
+    checkpoint of their making: refused, as Flux refuses such a rundir."""
+    path = tmp_path / "shared"
+    path.mkdir(mode=0o777)
+    path.chmod(0o777)
+    rc, _, err = await run_cli("start", "--statedir", str(path), "--", "true", timeout=30)
+    assert rc == 2
+    assert one_line(err) == (f"kvbroker: start: statedir {path}: writable by others (mode "
+                             "777); chmod go-w, or choose another directory")
+    assert list(path.iterdir()) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a directory away")
+@pytest.mark.parametrize("how", ["directory", "symlink"])
+async def test_a_statedir_or_rundir_another_user_made_is_refused(
+        tmp_path: Path, how: str) -> None:
+    """Another user made the directory first (or a symlink to one of ours,
+    which they could point elsewhere later): the owner's instance would
+    have written its content store where they could read it, or listened
+    on a socket they could replace.  ``start --statedir`` and ``broker
+    --rundir/--statedir`` refuse it, naming the owner."""
+    theirs = tmp_path / "theirs"
+    if how == "directory":
+        theirs.mkdir(mode=0o700)
+        os.chown(theirs, 65534, 65534)
+    else:
+        (tmp_path / "ours").mkdir(mode=0o700)
+        theirs.symlink_to(tmp_path / "ours")
+        os.lchown(theirs, 65534, 65534)
+    rc, _, err = await run_cli("start", "--statedir", str(theirs), "--", "true", timeout=30)
+    assert rc == 2
+    assert one_line(err) == (f"kvbroker: start: statedir {theirs}: owned by uid 65534, not by "
+                             f"this user (uid {os.geteuid()})")
+    config = tmp_path / "inst.toml"
+    keys = tmp_path / "curve.key"
+    rc, _, err = await run_cli("keygen", str(keys), timeout=30)
+    assert rc == 0, err
+    config.write_text(f'[bootstrap]\ncurve_cert = "{keys}"\n'
+                      'hosts = [{ host = "h0", bind = "tcp://127.0.0.1:0", '
+                      'connect = "tcp://127.0.0.1:9" }]\n')
+    for option in ("--rundir", "--statedir"):
+        rc, _, err = await run_cli("broker", "--config", str(config), "--rank", "0",
+                                   option, str(theirs), timeout=30)
+        assert rc == 2, err
+        assert one_line(err) == (f"kvbroker: broker: {option} {theirs}: owned by uid 65534, "
+                                 f"not by this user (uid {os.geteuid()})")
+
+
 async def test_every_documented_default_is_readable_on_every_rank(
         start_instance, connect) -> None:
     defaults = documented_defaults()

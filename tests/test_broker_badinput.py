@@ -275,7 +275,8 @@ async def test_rogue_peers_on_a_ranks_router_are_dropped(start_instance, connect
         ctx.term()
 
 
-async def test_rogue_peers_on_a_stream_overlay_are_refused(start_instance, connect) -> None:
+async def test_rogue_peers_on_a_stream_overlay_are_refused(start_instance, connect,
+                                                           tmp_path) -> None:
     """The default unix-stream overlay: a peer whose first message is not one of
     the rank's children's hello is dropped and disconnected; the tree keeps going."""
     inst = await start_instance(size=4, fanout=2)
@@ -288,6 +289,11 @@ async def test_rogue_peers_on_a_stream_overlay_are_refused(start_instance, conne
         codec.encode(Message(MsgType.CONTROL, "overlay.hello", {"rank": 3})),  # taken
         ping,  # talk before hello
         [b"\xc1garbage"],
+        # a hello whose payload is no msgpack, or whose rank is no int
+        # (each raised in the handler and left the connection open)
+        [codec.encode(Message(MsgType.CONTROL, "overlay.hello", None))[0], b"\xc1"],
+        codec.encode(Message(MsgType.CONTROL, "overlay.hello", {"rank": [3]})),
+        codec.encode(Message(MsgType.CONTROL, "overlay.hello", {"rank": True})),
     ]
     async with asyncio.timeout(15):
         for frames in firsts:
@@ -304,6 +310,7 @@ async def test_rogue_peers_on_a_stream_overlay_are_refused(start_instance, conne
         writer.close()
         await still_serving(h, 4)
         assert (await stats(h, 1))["overlay"]["children"] == [3]
+    assert "Traceback" not in (tmp_path / "broker-0.log").read_text()
 
 
 @pytest.mark.both_loops

@@ -102,6 +102,15 @@ async def test_allowed_guest_is_a_user(start_instance, connect) -> None:
         assert (resp["userid"], resp["rolemask"]) == (os.getuid(), Role.OWNER)
 
 
+async def test_a_uid_past_2_31_is_read_unsigned(start_instance) -> None:
+    """SO_PEERCRED's uid is unsigned: read as a signed int, uid 3000000000
+    was userid -1294967296, and could not use a namespace made for it."""
+    inst = await start_instance(size=1, attrs=ALLOW)
+    guest = await run_guest(inst.uri(0), "identity", uid=3_000_000_000)
+    lines = await guest.lines()
+    assert lines[0] == {"userid": 3_000_000_000, "rolemask": Role.USER, "rank": 0}
+
+
 async def test_private_events_reach_owner_and_their_user_only(start_instance, connect) -> None:
     inst = await start_instance(size=4, fanout=2, attrs=ALLOW)
     async with asyncio.timeout(30):

@@ -288,6 +288,14 @@ def test_garbage_payload_fails_lazily(payload_frames: list[bytes]) -> None:
         _ = msg.payload
 
 
+def test_a_payload_nested_too_deep_says_so() -> None:
+    """msgpack's StackError has no text: the errstr ended in ': '."""
+    deep = b"\x91" * 2000 + b"\xc0"  # 2,000 nested one-element arrays
+    msg = codec.decode([msgpack.packb(HEADER), deep])
+    with pytest.raises(ProtocolError, match="^malformed payload: StackError$"):
+        _ = msg.payload
+
+
 # ---------------------------------------------------------------- the byte stream
 
 

@@ -60,7 +60,7 @@ async def test_unknown_and_bad_blobrefs(start_instance, connect, size) -> None:
         assert await errnum(load(h, sha256(b"never stored")), 5) == errno.ENOENT
         assert await errnum(load(h, "sha1-" + "0" * 40), 5) == errno.ENOENT
         for bad in ("", "sha256-", "sha256-xyz", "md5-" + "0" * 32, "sha256-" + "A" * 64,
-                    "sha256-" + "0" * 63):
+                    "sha256-" + "0" * 63, sha256(b"x") + "\n"):
             n = await errnum(load(h, bad), 5)
             assert n == errno.EINVAL, (bad, errname(n))
 

@@ -233,6 +233,27 @@ async def test_a_statedir_in_use_is_refused_with_a_clear_message(start_instance,
     assert resp["rootseq"] == 1
 
 
+async def test_a_checkpoint_that_is_not_a_root_stops_start_up_clearly(
+        start_instance, connect, tmp_path) -> None:
+    """The owner may write any value under any checkpoint key, the KVS's
+    own included; at the next start rank 0 failed with "TypeError: 'int'
+    object is not subscriptable".  It now names the checkpoint and says
+    what is wrong with it, and the statedir is left as it was."""
+    statedir = str(tmp_path / "state")
+    inst = await start_instance(size=1, statedir=statedir)
+    h = await connect(inst)
+    await asyncio.wait_for(h.rpc("content.checkpoint-put", {"key": "kvs-primary",
+                                                            "value": 5}), 10)
+    await h.close()
+    await inst.stop()
+    log = tmp_path / "again.log"
+    refused = await start_refused(Instance(1, statedir=statedir, stderr_path=str(log)))
+    assert isinstance(refused, StartError)
+    assert (f"start-up failed: the checkpoint 'kvs-primary' in statedir {statedir} is not "
+            "a KVS root: 5") in log.read_text(), log.read_text()
+    assert "Traceback" not in log.read_text()
+
+
 async def start_refused(inst: Instance) -> BaseException | None:
     try:
         await inst.start(timeout=30)

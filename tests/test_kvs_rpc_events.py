@@ -347,3 +347,33 @@ async def test_relays_under_concurrency_and_removal_all_settle(start_instance,
     for rank in (1, 2, 3):
         st = await asyncio.wait_for(h0.rpc("kvs.stats-get", {}, nodeid=rank), T)
         assert st["relays-waiting"] == 0 and st["rpcs-pending"] == 0, (rank, st)
+
+
+async def test_a_malformed_namespace_event_is_dropped_not_raised(
+        start_instance, connect, tmp_path) -> None:
+    """The owner may publish ``kvs.*`` events; one with fields rank 0's kvs
+    never sends (a rootseq that is not an int, a rootref that is no
+    blobref, names that are not strings) raised in every follower's
+    handler.  It is dropped as foreign; the namespace carries on."""
+    inst = await start_instance(size=2)
+    h0, h1 = await connect(inst, 0), await connect(inst, 1)
+    await commit(h1, put("a", "1"))  # rank 1 follows primary
+    base = await ev(h1)
+    root = await getroot(h0)
+    forged = [
+        ("setroot", {"rootseq": "x", "rootref": root["rootref"]}),
+        ("setroot", {"rootseq": 10**6, "rootref": "nope"}),
+        ("setroot", {"rootseq": 10**6, "rootref": root["rootref"] + "\n"}),
+        ("setroot", {"rootseq": 10**6, "rootref": root["rootref"], "names": [1]}),
+        ("error", {"names": "x", "errnum": 1}),
+        ("error", {"names": [], "errnum": "x"}),
+    ]
+    for kind, payload in forged:
+        await h0.publish(f"kvs.namespace-primary-{kind}", {"namespace": "primary", **payload})
+    await commit(h1, put("a", "2"))  # answered once rank 1 applied its (later) setroot
+    assert await get(h1, "a") == b"2"
+    after = await ev(h1)
+    assert after["dropped"]["foreign"] - base["dropped"]["foreign"] == len(forged)
+    assert (await getroot(h1))["rootseq"] == (await getroot(h0))["rootseq"]
+    assert "Traceback" not in (tmp_path / "broker-0.log").read_text()
+

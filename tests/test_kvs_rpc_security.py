@@ -153,26 +153,41 @@ async def test_guest_cross_namespace_links_and_rootdir(start_instance, connect) 
         "p", "primary")), put("to-self", symlink("mine::v")), ns="mine")
     await commit(h, put("p", "primary-value"))
     theirs_root = await lookup(h, ".", TREEOBJ, ns="theirs")
+    primary_root = await lookup(h, ".", TREEOBJ)
     out = await guest(inst.uri(3), f"""
         async def body(h):
             q = lambda key, **kw: call(h, "kvs.lookup", {{"key": key, "flags": 0,
                                                         "namespace": "mine", **kw}})
+            plus = await call(h, "kvs.lookup-plus", {{"key": "v", "flags": 0,
+                                                      "namespace": "mine"}})
+            old = {{"ver": 1, "type": "dirref", "data": [plus["ok"]["rootref"]]}}
+            changed = await call(h, "kvs.commit", {{"namespace": "mine", "flags": 0, "ops": [
+                {{"key": "v", "flags": 0, "dirent": {{"ver": 1, "type": "val",
+                                                     "data": b"changed"}}}}]}})
             return {{
                 "theirs": await q("to-theirs"),
                 "primary": await q("to-primary"),
                 "self": await q("to-self"),
-                # a root reference works as a capability, as in Flux:
-                # "get works (wrong user, but with at reference)"
+                # Flux lets anyone read at a root reference ("get works
+                # (wrong user, but with at reference)"); a blobref is a hash
+                # of content, so a guest could guess one: guests read only
+                # at their own namespaces' roots
                 "at": await q("v", rootdir={theirs_root!r}),
                 "at-theirs": await call(h, "kvs.lookup", {{"key": "v", "flags": 0,
                                         "namespace": "theirs", "rootdir": {theirs_root!r}}}),
+                "at-primary": await q("p", rootdir={primary_root!r}),
+                "changed": changed,
+                "now": await q("v"),
+                "at-own-old-root": await q("v", rootdir=old),
             }}
     """)
     assert out["theirs"] == {"errnum": errno.EPERM}
     assert out["primary"] == {"errnum": errno.EPERM}
-    assert out["self"]["ok"]["val"]["data"] == "mine-value"
-    assert out["at"]["ok"]["val"]["data"] == "theirs-value"
-    assert out["at-theirs"]["ok"]["val"]["data"] == "theirs-value"
+    assert out["self"]["ok"]["val"]["data"] == "changed"  # (read after the commit)
+    assert out["at"] == out["at-theirs"] == out["at-primary"] == {"errnum": errno.EPERM}
+    assert "ok" in out["changed"], out
+    assert out["now"]["ok"]["val"]["data"] == "changed"
+    assert out["at-own-old-root"]["ok"]["val"]["data"] == "mine-value"
 
 
 async def test_guest_events_and_content(start_instance, connect) -> None:

@@ -15,7 +15,7 @@ from broker.errors import ErrnoError
 HASHES = {"sha1": 40, "sha256": 64}
 DEFAULT_HASH = "sha256"
 
-_BLOBREF_RE = re.compile(r"^(sha1|sha256)-([0-9a-f]+)$")
+_BLOBREF_RE = re.compile(r"(sha1|sha256)-([0-9a-f]+)")
 
 
 def hash_blob(data: bytes | bytearray | memoryview, hash_name: str = DEFAULT_HASH) -> str:
@@ -29,7 +29,7 @@ def is_valid(ref: object) -> bool:
     """True when ``ref`` is a well-formed blobref string."""
     if not isinstance(ref, str):
         return False
-    m = _BLOBREF_RE.match(ref)
+    m = _BLOBREF_RE.fullmatch(ref)
     return bool(m) and len(m.group(2)) == HASHES[m.group(1)]
 
 

@@ -49,8 +49,12 @@ class SqliteStore:
         self.path = path
         # Owner-only, whatever the umask: the run directory is world-readable
         # when guests are allowed (SQLite gives -wal/-shm the same mode).
-        os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
-        os.chmod(path, 0o600)
+        # O_NOFOLLOW: not through a symlink planted in the directory.
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        try:
+            os.fchmod(fd, 0o600)
+        finally:
+            os.close(fd)
         # A short busy timeout: the only contender is another instance
         # holding the file, whose exclusive lock lasts until it stops, so
         # waiting SQLite's usual 5 s only delays saying so (1 s still lets
