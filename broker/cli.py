@@ -75,8 +75,9 @@ def cmd_start(args: argparse.Namespace) -> int:
     """
     command = command_args(args.cmdline)
     attrs = dict(args.setattr or [])
-    if args.fanout < 1 or args.size < 1:
-        raise UsageError("--size and --fanout must be at least 1")
+    for option, value in (("--size", args.size), ("--fanout", args.fanout)):
+        if value < 1:
+            raise UsageError(f"{option} must be at least 1 (got {value})")
     try:
         loop_factory(args.event_loop)  # the ranks' loop: refused here if unavailable
     except ValueError as exc:
@@ -257,11 +258,11 @@ def cmd_broker(args: argparse.Namespace) -> int:
             private_dir(rundir, "--rundir")
         if args.statedir:
             private_dir(args.statedir, "--statedir")
+        if not rundir:
+            rundir = make_rundir()
     except StartError as exc:
         print_err(f"broker: {exc}")
         return 2
-    if not rundir:
-        rundir = make_rundir()
     argv = ["--rank", str(rank), "--size", str(boot.size), "--fanout", str(boot.fanout),
             "--rundir", rundir, "--event-loop", args.event_loop,
             "--attrs", json.dumps(attrs), "--endpoints", json.dumps(boot.endpoints()),
@@ -486,13 +487,25 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
-    s = sub.add_parser("start", help="start an instance of N ranks on this host")
-    s.add_argument("--size", "-s", type=int, default=1)
-    s.add_argument("--fanout", "-k", type=int, default=32)
-    s.add_argument("--event-loop", choices=LOOP_NAMES, default="auto", dest="event_loop")
-    s.add_argument("--statedir")
-    s.add_argument("-S", "--setattr", action="append", type=parse_attr, metavar="ATTR=VAL")
-    s.add_argument("cmdline", nargs=argparse.REMAINDER, metavar="COMMAND")
+    s = sub.add_parser("start", help="start an instance of N ranks on this host",
+                       description="Start N ranks on this host, each its own process, "
+                       "as a tree of fanout K. With a COMMAND (after --), run it "
+                       "with KVBROKER_URI set, stop the instance when it exits, and exit "
+                       "as it did; without one, print the URI and serve until Ctrl-C or "
+                       "'kvbroker shutdown'.")
+    s.add_argument("--size", "-s", type=int, default=1, metavar="N",
+                   help="number of ranks (default 1)")
+    s.add_argument("--fanout", "-k", type=int, default=32, metavar="K",
+                   help="children per rank in the tree (default 32)")
+    s.add_argument("--event-loop", choices=LOOP_NAMES, default="auto", dest="event_loop",
+                   help="the ranks' event loop (default auto: uvloop if installed)")
+    s.add_argument("--statedir", metavar="DIR",
+                   help="keep the content store and the primary namespace here, "
+                   "across restarts (default: nothing survives the instance)")
+    s.add_argument("-S", "--setattr", action="append", type=parse_attr, metavar="ATTR=VAL",
+                   help="set a broker attribute (repeatable; see docs/cli.md)")
+    s.add_argument("cmdline", nargs=argparse.REMAINDER, metavar="-- COMMAND",
+                   help="the command to run in the instance")
     s.set_defaults(func=cmd_start)
 
     s = sub.add_parser("broker", help="run one rank of an instance spread over hosts "
@@ -503,9 +516,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="this rank (default: the hosts entry naming this host)")
     s.add_argument("--rundir", help="where the local connector's socket goes "
                    "(default: a new private directory, removed on exit)")
-    s.add_argument("--statedir")
-    s.add_argument("--event-loop", choices=LOOP_NAMES, default="auto", dest="event_loop")
-    s.add_argument("-S", "--setattr", action="append", type=parse_attr, metavar="ATTR=VAL")
+    s.add_argument("--statedir", metavar="DIR",
+                   help="rank 0: keep the content store and the primary namespace here")
+    s.add_argument("--event-loop", choices=LOOP_NAMES, default="auto", dest="event_loop",
+                   help="this rank's event loop (default auto: uvloop if installed)")
+    s.add_argument("-S", "--setattr", action="append", type=parse_attr, metavar="ATTR=VAL",
+                   help="set a broker attribute (repeatable)")
     s.add_argument("cmdline", nargs=argparse.REMAINDER, metavar="COMMAND",
                    help="the initial program: rank 0 runs it once the instance is up, "
                    "then stops the instance and exits as it did (other ranks ignore it)")
@@ -521,33 +537,42 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_keygen)
 
     s = sub.add_parser("exec", help="run COMMAND attached to rank RANK")
-    s.add_argument("-r", "--rank", type=non_negative_int, default=0)
+    s.add_argument("-r", "--rank", type=non_negative_int, default=0, metavar="RANK",
+                   help="the rank whose URI COMMAND gets as KVBROKER_URI (default 0)")
     s.add_argument("cmdline", nargs=argparse.REMAINDER, metavar="COMMAND")
     s.set_defaults(func=cmd_exec)
 
     s = sub.add_parser("rpc", help="send one request and print the response(s)")
     s.add_argument("topic")
     s.add_argument("payload", nargs="?", type=json_arg, metavar="PAYLOAD-JSON")
-    s.add_argument("--rank", "-r", type=non_negative_int)
-    s.add_argument("--stream", action="store_true")
+    s.add_argument("--rank", "-r", type=non_negative_int, metavar="N",
+                   help="send it to rank N (default: any rank offering the service)")
+    s.add_argument("--stream", action="store_true",
+                   help="a streaming request: print each response as it comes")
     s.set_defaults(func=cmd_rpc)
 
     s = sub.add_parser("ping", help="ping a rank's broker service")
-    s.add_argument("rank", nargs="?", type=non_negative_int)
-    s.add_argument("--count", "-c", type=non_negative_int, default=1)
-    s.add_argument("--pad", "-p", type=non_negative_int, default=0)
+    s.add_argument("rank", nargs="?", type=non_negative_int,
+                   help="the rank to ping (default: the one attached to)")
+    s.add_argument("--count", "-c", type=non_negative_int, default=1, metavar="N",
+                   help="pings to send, one after the other (default 1)")
+    s.add_argument("--pad", "-p", type=non_negative_int, default=0, metavar="BYTES",
+                   help="payload padding per ping (default 0)")
     s.set_defaults(func=cmd_ping)
 
     s = sub.add_parser("event", help="publish or subscribe to events")
     esub = s.add_subparsers(dest="event_cmd", required=True)
-    e = esub.add_parser("pub")
+    e = esub.add_parser("pub", help="publish one event")
     e.add_argument("topic")
     e.add_argument("payload", nargs="?", type=json_arg, metavar="PAYLOAD-JSON")
-    e.add_argument("--private", action="store_true")
+    e.add_argument("--private", action="store_true",
+                   help="deliver it only to the instance owner and its publisher's user")
     e.add_argument("-v", "--verbose", action="store_true", help="print the sequence number")
-    e = esub.add_parser("sub")
-    e.add_argument("--count", "-c", type=non_negative_int)
-    e.add_argument("prefixes", nargs="*")
+    e = esub.add_parser("sub", help="print events whose topic starts with a PREFIX")
+    e.add_argument("--count", "-c", type=non_negative_int, metavar="N",
+                   help="exit after N events (default: until Ctrl-C)")
+    e.add_argument("prefixes", nargs="*", metavar="PREFIX",
+                   help="topic prefixes (default: every event)")
     s.set_defaults(func=cmd_event)
 
     s = sub.add_parser("attr", help="read broker attributes")

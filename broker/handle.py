@@ -130,7 +130,13 @@ class Handle(HandleCore):
                 raise
         else:
             self.uri = f"local://{path}"
-            _, proto = await loop.create_unix_connection(lambda: _ClientProtocol(self), path)
+            try:
+                _, proto = await loop.create_unix_connection(lambda: _ClientProtocol(self), path)
+            except OSError as exc:
+                if exc.filename is not None or exc.errno is None:
+                    raise
+                # uvloop's says "No such file or directory" and not where
+                raise type(exc)(exc.errno, exc.strerror, path) from None
         self._proto = proto
         self._loop = loop
         return self

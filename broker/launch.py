@@ -85,7 +85,11 @@ def make_rundir() -> str:
     base = os.environ.get("TMPDIR") or "/tmp"
     if len(base) > 60:
         base = "/tmp"
-    path = tempfile.mkdtemp(prefix="kvb-", dir=base)
+    try:
+        path = tempfile.mkdtemp(prefix="kvb-", dir=base)
+    except OSError as exc:
+        where = f"$TMPDIR {base}" if os.environ.get("TMPDIR") == base else base
+        raise StartError(f"cannot make a run directory in {where}: {exc.strerror}") from None
     if len(local_socket_path(path, 99999)) + 6 > min(zmq.IPC_PATH_MAX_LEN, 100):
         raise StartError(f"run directory path too long for sockets: {path}")
     return path

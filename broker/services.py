@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from broker.broker import Broker
 
 RESTRICTED_EVENT_PREFIXES = ("kvs.", "broker.", "overlay.", "content.")
+"""Topics only the instance owner may publish (guests could forge KVS events)."""
 MAX_EVENT_TOPIC = 1024
 """Longest event topic (or subscription prefix), in characters.  Every rank
 handles every event, and remembers the subscribers of the last topics it
@@ -26,7 +27,6 @@ def _event_topic(topic: str, prefix: bool = False) -> str:
     if len(topic) > MAX_EVENT_TOPIC:
         raise ErrnoError(errno.EPROTO, f"event topics are at most {MAX_EVENT_TOPIC} characters")
     return topic
-"""Topics only the instance owner may publish (guests could forge KVS events)."""
 
 
 class BrokerServices(Module):

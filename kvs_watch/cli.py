@@ -143,14 +143,21 @@ async def _get_one(h: HandleCore, key: str, flags: int, args: argparse.Namespace
     count = getattr(args, "count", 0) or 0
     streaming = bool(flags & F.STREAM)
     seen = 0
-    wrote = False
+    wrote = False  # (a streamed value's line is ended once it is all there)
+    cut = False  # a streamed value's first NUL byte was printed up to
     try:
         async with Watch(h, key, flags, namespace=_ns(args)) as w:
             async for entry in w:
                 if not isinstance(entry, WatchEntry):
                     continue
                 if streaming and not as_treeobj and not raw:
-                    data = entry.value or b""  # chunks of one value: no newline between
+                    # chunks of one value: printed as the default prints a
+                    # whole one (up to its first NUL byte, after KEY= with -l)
+                    data = b"" if cut else entry.value or b""
+                    if b"\0" in data:
+                        data, cut = data.split(b"\0", 1)[0], True
+                    if label and not wrote:
+                        data = f"{key}=".encode("utf-8", "surrogateescape") + data
                     o.write(data)
                     wrote = wrote or bool(data)
                 else:

@@ -374,12 +374,15 @@ async def wait_event(h: HandleCore, key: str, name: str, *, namespace: str | Non
     Raises ``TimeoutError`` after ``timeout`` seconds (the watch is cancelled),
     ``RemoteError`` (``ENOENT`` without ``waitcreate``...) if the watch fails.
     """
-    async with asyncio.timeout(timeout):
-        async with watch_eventlog(h, key, namespace=namespace, waitcreate=waitcreate,
-                                  nodeid=nodeid) as log:
-            async for entry in log:
-                if entry["name"] == name:
-                    return entry
+    try:
+        async with asyncio.timeout(timeout):
+            async with watch_eventlog(h, key, namespace=namespace, waitcreate=waitcreate,
+                                      nodeid=nodeid) as log:
+                async for entry in log:
+                    if entry["name"] == name:
+                        return entry
+    except TimeoutError:
+        raise TimeoutError(f"{key}: no event {name!r} within {timeout:g} s") from None
     raise RemoteError(errno.ENODATA, f"{key}: event {name!r} never received")
 
 

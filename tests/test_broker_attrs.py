@@ -77,6 +77,17 @@ async def test_start_refuses_a_statedir_that_is_a_file(tmp_path: Path) -> None:
     assert one_line(err) == f"kvbroker: start: statedir {path / 'sub'}: Not a directory"
 
 
+async def test_start_says_where_it_could_not_make_its_run_directory() -> None:
+    """A $TMPDIR that does not exist gave "[Errno 2] No such file or
+    directory: '/nonexistent/kvb-fsygu4b7'", a path nobody chose."""
+    missing = f"/nonexistent-{os.getpid()}"  # (short: a long $TMPDIR is not used)
+    rc, _, err = await run_cli("start", "--", "true", timeout=30,
+                               env=dict(os.environ, TMPDIR=missing))
+    assert rc == 2
+    assert one_line(err) == (f"kvbroker: start: cannot make a run directory in $TMPDIR "
+                             f"{missing}: No such file or directory")
+
+
 async def test_start_refuses_a_statedir_others_may_write(tmp_path: Path) -> None:
     """A statedir others can write could be given a content store or a
     checkpoint of their making: refused, as Flux refuses such a rundir."""

@@ -503,6 +503,8 @@ async def test_negative_counts_ranks_and_timeouts_are_usage_errors(args, message
      "--unformatted cannot be combined with --human or --color=always"),
     ("kvs eventlog get", ("--color=sometimes", "log"),
      "argument --color: invalid choice: 'sometimes' (choose from 'auto', 'always', 'never')"),
+    ("start", ("--size", "0", "--", "true"), "--size must be at least 1 (got 0)"),
+    ("start", ("--fanout", "0", "--", "true"), "--fanout must be at least 1 (got 0)"),
 ])
 async def test_option_conflicts_and_bad_payloads_are_usage_errors(sub, args, message) -> None:
     """Exit 2 with the subcommand's usage, in the options' own names, before

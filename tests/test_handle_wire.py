@@ -227,3 +227,15 @@ async def test_close_gives_up_flushing_to_a_peer_that_does_not_read(tmp_path: Pa
 async def test_a_malformed_uri_is_a_value_error(uri: str) -> None:
     with pytest.raises(ValueError):
         await Handle.connect(uri)
+
+
+@pytest.mark.both_loops
+async def test_connecting_to_nothing_names_the_socket(tmp_path: Path) -> None:
+    """uvloop's FileNotFoundError said "No such file or directory" and not
+    which socket: the error names the path it tried, on both loops."""
+    path = tmp_path / "gone" / "local-0"
+    for uri in (f"local://{path}", str(path)):
+        with pytest.raises(FileNotFoundError) as info:
+            await Handle.connect(uri)
+        assert info.value.filename == str(path)
+        assert str(path) in str(info.value)

@@ -219,7 +219,7 @@ async def test_eventlog_watch_and_wait_event(start_instance, connect):
     await commit(h0, append("test.w", ev(42, "foo")), append("test.w", ev(43, "bar")),
                  sync=h3)
     assert (await wait_event(h3, "test.w", "bar", timeout=10))["timestamp"] == 43.0
-    with pytest.raises(TimeoutError):
+    with pytest.raises(TimeoutError, match=r"^test\.w: no event 'baz' within 0\.2 s$"):
         await wait_event(h3, "test.w", "baz", timeout=0.2)
     with pytest.raises(RemoteError):
         await wait_event(h3, "test.nolog", "foo", timeout=10)

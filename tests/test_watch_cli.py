@@ -74,6 +74,11 @@ async def test_kvs_get_watch_waitcreate_append_stream(start_instance, connect):
     out, err = await asyncio.wait_for(p.communicate(), 20)
     assert (p.returncode, out, err) == (0, b"abc\nd\ne\n", b"")
     assert await run(uri, "kvs", "get", "--stream", "test.log") == (0, "abcde\n", "")
+    # -S prints as the default does: -l's KEY= first, and up to the first NUL
+    await commit(h0, put("test.nul", "x\0y"), append("test.nul", "z"), sync=(h0, 3))
+    assert await run(uri, "kvs", "get", "test.nul") == (0, "x\n", "")
+    assert await run(uri, "kvs", "get", "-S", "-l", "test.nul", "test.log") == (
+        0, "test.nul=x\ntest.log=abcde\n", "")
     rc, out, err = await run(uri, "kvs", "get", "--watch", "--count=1", "test.nokey")
     assert rc == 1 and err == "kvbroker: test.nokey: No such file or directory\n"
     rc, out, err = await run(uri, "kvs", "get", "-N", "noexist", "--watch", "test.a")
