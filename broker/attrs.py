@@ -161,12 +161,16 @@ CONTENT_HASH = AttrSpec(
 LOG_LEVEL = AttrSpec(
     "log.level", "warning", choice(LOG_LEVELS, "level", fold_case=True),
     "ranks log to stderr at this level")
+LOG_TIMESTAMPS = AttrSpec(
+    "log.timestamps", "auto", choice(("auto", "always", "never"), "choice"),
+    "start each log line with the UTC time (auto: when stderr is a file)")
 TRANSPORT = AttrSpec(
     "tbon.transport", "unix", choice(TRANSPORTS, "transport"),
     "overlay links")
 
 BROKER_ATTRS: tuple[AttrSpec, ...] = (
-    ALLOW_GUEST_USER, MODULES, MAX_MESSAGE, CONTENT_HASH, LOG_LEVEL, TRANSPORT)
+    ALLOW_GUEST_USER, MODULES, MAX_MESSAGE, CONTENT_HASH, LOG_LEVEL, LOG_TIMESTAMPS,
+    TRANSPORT)
 
 
 # ---------------------------------------------------------------- checking

@@ -65,14 +65,22 @@ def private_dir(path: str, what: str) -> None:
         pass  # not a directory: said below
     except OSError as exc:
         raise StartError(f"{what} {path}: {exc.strerror}") from None
+    uid = os.geteuid()
     try:
-        link, st = os.lstat(path), os.stat(path)
+        st = os.stat(path)
+        # every symlink on the way (ours -> theirs -> ours) as well as the end
+        hop, owners = path, []
+        for _ in range(40):  # (the kernel's own limit)
+            link = os.lstat(hop)
+            owners.append(link.st_uid)
+            if not stat.S_ISLNK(link.st_mode):
+                break
+            hop = os.path.join(os.path.dirname(hop), os.readlink(hop))
     except OSError as exc:
         raise StartError(f"{what} {path}: {exc.strerror}") from None
-    uid = os.geteuid()
     if not stat.S_ISDIR(st.st_mode):
         raise StartError(f"{what} {path}: not a directory")
-    owner = st.st_uid if st.st_uid != uid else link.st_uid
+    owner = next((o for o in [st.st_uid, *owners] if o != uid), uid)
     if owner != uid:
         raise StartError(f"{what} {path}: owned by uid {owner}, not by this user (uid {uid})")
     if st.st_mode & 0o022:

@@ -27,7 +27,9 @@ import resource
 import select
 import shutil
 import signal
+import stat
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -265,16 +267,38 @@ def _raise_open_files_limit() -> None:
         pass  # keep what we have
 
 
+def _stderr_is_a_file() -> bool:
+    try:
+        return stat.S_ISREG(os.fstat(sys.stderr.fileno()).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
+def _configure_logging(rank: int, level: str, stamps: str) -> None:
+    """Log lines ``kvbroker[R]: LEVEL logger: message`` on stderr, after the
+    UTC time to the millisecond when ``log.timestamps`` says so -- by
+    default when stderr is a file (``kvbroker broker ... 2>>rank.log``),
+    not on a terminal, nor to journald, which stamps lines itself."""
+    fmt = f"kvbroker[{rank}]: %(levelname)s %(name)s: %(message)s"
+    if stamps == "always" or (stamps == "auto" and _stderr_is_a_file()):
+        fmt = "%(asctime)s.%(msecs)03dZ " + fmt
+    handler = logging.StreamHandler(sys.stderr)
+    formatter = logging.Formatter(fmt, datefmt="%Y-%m-%dT%H:%M:%S")
+    formatter.converter = time.gmtime
+    handler.setFormatter(formatter)
+    logging.basicConfig(level=level.upper(), handlers=[handler])
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         level = battrs.LOG_LEVEL.value(args.attrs)
+        stamps = battrs.LOG_TIMESTAMPS.value(args.attrs)
     except battrs.AttrError as exc:
         print(f"kvbroker[{args.rank}]: ERROR kvbroker: start-up failed: {exc}",
               file=sys.stderr, flush=True)
         return 1
-    logging.basicConfig(level=level.upper(), stream=sys.stderr,
-                        format=f"kvbroker[{args.rank}]: %(levelname)s %(name)s: %(message)s")
+    _configure_logging(args.rank, level, stamps)
     os.environ.pop("KVBROKER_URI", None)
     _raise_open_files_limit()
     malloc.tune()

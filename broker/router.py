@@ -273,6 +273,17 @@ class Router:
             self.counts["dropped-local"] += 1
             log.warning("dropping %s from local peer %s", msg, peer.peer_id)
 
+    def pass_on(self, msg: Message, nodeid: int) -> None:
+        """A local service sends a request it got on to rank ``nodeid``
+        (``event.pub`` to rank 0).  A local client's disconnect then goes
+        there too: each rank on the way noted the client (UsedBelow), and
+        only its disconnect makes them forget it."""
+        used = self._used_services.get(msg.route[0]) if len(msg.route) == 1 else None
+        if used is not None:
+            used.add((msg.service, nodeid))
+        msg.nodeid = nodeid
+        self.route_request(msg)
+
     def from_rank(self, sender: int, msg: Message) -> None:
         """A message received over the overlay from a neighbouring rank."""
         t = msg.type

@@ -98,8 +98,7 @@ class BrokerServices(Module):
         if not msg.is_owner and topic.startswith(RESTRICTED_EVENT_PREFIXES):
             raise ErrnoError(errno.EPERM, f"only the instance owner may publish {topic}")
         if self.ctx.rank != 0:
-            msg.nodeid = 0  # rank 0 sequences every event
-            self.router.route_request(msg)
+            self.router.pass_on(msg, 0)  # rank 0 sequences every event
             return
         userid = msg.userid
         claimed = body.get("userid")

@@ -586,8 +586,15 @@ class KvsModule(Module):
             # access-checked; links into other namespaces still are.
             rootref = root["data"][0]
             seq = -1
-            if not msg.is_owner and msg.route != ["m:kvs-watch"]:
-                await self._check_guest_root(msg, name, rootref)
+            if not msg.is_owner and msg.route != ["m:kvs-watch"] \
+                    and not await self._guest_root_known(msg, name, rootref):
+                if self.leader:
+                    raise ErrnoError(errno.EPERM, f"{rootref} is not a recent root of a "
+                                     "namespace of yours: a guest reads only at those")
+                # rank 0 made every root: it knows those this rank never saw
+                self.h.respond(msg, await self.h.rpc_as(msg, msg.topic, msg.payload,
+                                                        nodeid=0))
+                return
         else:
             ns = await self.get_ns(name, msg)
             rootref, seq = ns.rootref, ns.rootseq
@@ -607,14 +614,13 @@ class KvsModule(Module):
             if ns.rootref:  # (a follower's placeholder has none yet)
                 self.recent_roots.note(ns.rootref, ns.owner)
 
-    async def _check_guest_root(self, msg: Message, name: str, rootref: str) -> None:
-        """A guest reads at ``rootdir`` only in a namespace of its own, at its
-        current root or one of the recent roots of its namespaces here (Flux
-        lets anyone read at any root: a departure, see RecentRoots)."""
-        ns = await self.get_ns(name, msg)  # EPERM if not the guest's
-        if rootref != ns.rootref and self.recent_roots.owner(rootref) != msg.userid:
-            raise ErrnoError(errno.EPERM, f"{rootref} is not a recent root of a namespace "
-                                          "of yours: a guest reads only at those")
+    async def _guest_root_known(self, msg: Message, name: str, rootref: str) -> bool:
+        """A guest reads at ``rootdir`` only in a namespace of its own
+        (``EPERM`` here), at its current root or a recent root of its
+        namespaces (Flux lets anyone read at any root: a departure, see
+        RecentRoots).  False: not one this rank has seen."""
+        ns = await self.get_ns(name, msg)
+        return rootref == ns.rootref or self.recent_roots.known(msg.userid, rootref)
 
     async def run_lookup(
         self, msg: Message, rootref: str, key: str, flags: int, namespace: str

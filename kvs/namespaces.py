@@ -49,32 +49,38 @@ class Pending:
 
 
 class RecentRoots:
-    """The owner of each of the last ``size`` roots that guests' namespaces
-    took on this rank (rootref -> uid).  A guest may read at a root
-    (``kvs.lookup`` with ``rootdir``) only if it is one of these, its own:
-    a blobref is the hash of a blob's content, so a guest that could read
-    at any root it names could guess one (a small directory holding a
-    PIN) and confirm it, or read below it.  The instance owner's
-    namespaces are not noted: the owner may read at any root."""
+    """The last ``size`` roots that each guest's namespaces took on this
+    rank, per guest uid.  A guest may read at a root (``kvs.lookup`` with
+    ``rootdir``) only if it is one of its own: a blobref is the hash of a
+    blob's content, so a guest that could read at any root it names could
+    guess one (a small directory holding a PIN) and confirm it, or read
+    below it.  Per uid, so one guest's commits never push out another's
+    roots, and a root two guests' namespaces share is each one's.  The
+    instance owner's namespaces are not noted: the owner may read at any
+    root."""
 
-    __slots__ = ("_owners", "size")
+    __slots__ = ("_by_uid", "size")
 
-    def __init__(self, size: int = 4096) -> None:
-        self._owners: OrderedDict[str, int] = OrderedDict()
+    def __init__(self, size: int = 1024) -> None:
+        self._by_uid: dict[int, OrderedDict[str, None]] = {}
         self.size = size
 
     def __len__(self) -> int:
-        return len(self._owners)
+        return sum(map(len, self._by_uid.values()))
 
     def note(self, rootref: str, owner: int) -> None:
-        owners = self._owners
-        owners[rootref] = owner
-        owners.move_to_end(rootref)
-        if len(owners) > self.size:
-            owners.popitem(last=False)
+        roots = self._by_uid.get(owner)
+        if roots is None:
+            roots = self._by_uid[owner] = OrderedDict()
+        roots[rootref] = None
+        roots.move_to_end(rootref)
+        if len(roots) > self.size:
+            roots.popitem(last=False)
 
-    def owner(self, rootref: str) -> int | None:
-        return self._owners.get(rootref)
+    def known(self, uid: int, rootref: str) -> bool:
+        """Whether ``rootref`` is a recent root of one of ``uid``'s namespaces."""
+        roots = self._by_uid.get(uid)
+        return roots is not None and rootref in roots
 
 
 @dataclass(slots=True)

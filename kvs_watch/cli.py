@@ -153,13 +153,14 @@ async def _get_one(h: HandleCore, key: str, flags: int, args: argparse.Namespace
                 if streaming and not as_treeobj and not raw:
                     # chunks of one value: printed as the default prints a
                     # whole one (up to its first NUL byte, after KEY= with -l)
-                    data = b"" if cut else entry.value or b""
+                    chunk = entry.value or b""
+                    data = b"" if cut else chunk
                     if b"\0" in data:
                         data, cut = data.split(b"\0", 1)[0], True
                     if label and not wrote:
                         data = f"{key}=".encode("utf-8", "surrogateescape") + data
                     o.write(data)
-                    wrote = wrote or bool(data)
+                    wrote = wrote or bool(data) or bool(chunk)  # (b"\0abc" prints a line)
                 else:
                     o.write(render_value(key, entry.treeobj, raw=raw, as_treeobj=as_treeobj,
                                          label=label))

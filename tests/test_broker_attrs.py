@@ -88,6 +88,28 @@ async def test_start_says_where_it_could_not_make_its_run_directory() -> None:
                              f"{missing}: No such file or directory")
 
 
+@pytest.mark.parametrize("stamps", ["auto", "never"])
+async def test_a_rank_logging_to_a_file_stamps_its_lines(start_instance, connect, tmp_path,
+                                                         stamps: str) -> None:
+    """Rank logs had no time: a rank logging to a file (``kvbroker broker
+    2>>rank.log``; the fixture's stderr is one) now starts each line with
+    the UTC time, unless ``log.timestamps=never``."""
+    inst = await start_instance(size=2, attrs={"log.level": "info", "log.timestamps": stamps})
+    h = await connect(inst, 0)
+    await h.rpc("broker.shutdown", {}, nodeid=1)  # rank 0 logs losing rank 1
+
+    def logged() -> list[str]:
+        return [line for line in (tmp_path / "broker-0.log").read_text().splitlines()
+                if "lost the connection to child rank 1" in line]
+
+    async with asyncio.timeout(10):
+        while not logged():
+            await asyncio.sleep(0.01)
+    stamp = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z "
+    expect = (stamp if stamps == "auto" else "") + r"kvbroker\[0\]: INFO kvbroker.overlay: "
+    assert re.match(expect + "lost the connection", logged()[0]), logged()
+
+
 async def test_start_refuses_a_statedir_others_may_write(tmp_path: Path) -> None:
     """A statedir others can write could be given a content store or a
     checkpoint of their making: refused, as Flux refuses such a rundir."""
@@ -102,7 +124,7 @@ async def test_start_refuses_a_statedir_others_may_write(tmp_path: Path) -> None
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a directory away")
-@pytest.mark.parametrize("how", ["directory", "symlink"])
+@pytest.mark.parametrize("how", ["directory", "symlink", "chain"])
 async def test_a_statedir_or_rundir_another_user_made_is_refused(
         tmp_path: Path, how: str) -> None:
     """Another user made the directory first (or a symlink to one of ours,
@@ -114,10 +136,15 @@ async def test_a_statedir_or_rundir_another_user_made_is_refused(
     if how == "directory":
         theirs.mkdir(mode=0o700)
         os.chown(theirs, 65534, 65534)
-    else:
+    elif how == "symlink":
         (tmp_path / "ours").mkdir(mode=0o700)
         theirs.symlink_to(tmp_path / "ours")
         os.lchown(theirs, 65534, 65534)
+    else:  # our link to their link to our directory: they can repoint theirs
+        (tmp_path / "ours").mkdir(mode=0o700)
+        (tmp_path / "middle").symlink_to(tmp_path / "ours")
+        os.lchown(tmp_path / "middle", 65534, 65534)
+        theirs.symlink_to(tmp_path / "middle")
     rc, _, err = await run_cli("start", "--statedir", str(theirs), "--", "true", timeout=30)
     assert rc == 2
     assert one_line(err) == (f"kvbroker: start: statedir {theirs}: owned by uid 65534, not by "

@@ -158,12 +158,14 @@ async def test_guest_cross_namespace_links_and_rootdir(start_instance, connect) 
         async def body(h):
             q = lambda key, **kw: call(h, "kvs.lookup", {{"key": key, "flags": 0,
                                                         "namespace": "mine", **kw}})
+            # (on rank 0, as the commit: rank 3, asked at that root below,
+            # never saw it, and asks rank 0)
             plus = await call(h, "kvs.lookup-plus", {{"key": "v", "flags": 0,
-                                                      "namespace": "mine"}})
+                                                      "namespace": "mine"}}, nodeid=0)
             old = {{"ver": 1, "type": "dirref", "data": [plus["ok"]["rootref"]]}}
             changed = await call(h, "kvs.commit", {{"namespace": "mine", "flags": 0, "ops": [
                 {{"key": "v", "flags": 0, "dirent": {{"ver": 1, "type": "val",
-                                                     "data": b"changed"}}}}]}})
+                                                     "data": b"changed"}}}}]}}, nodeid=0)
             return {{
                 "theirs": await q("to-theirs"),
                 "primary": await q("to-primary"),

@@ -1,5 +1,5 @@
-"""Pure parts of :class:`kvs.namespaces.Namespace`: the transactions a
-follower relayed, settled by the events that name them."""
+"""Pure parts of :mod:`kvs.namespaces`: the transactions a follower
+relayed, settled by the events that name them; the guests' recent roots."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import errno
 import pytest
 
 from broker.errors import ErrnoError
-from kvs.namespaces import Namespace
+from kvs.namespaces import Namespace, RecentRoots
 
 
 async def test_finish_settles_only_the_named_transactions() -> None:
@@ -40,3 +40,24 @@ async def test_remove_fails_relayed_and_refuses_new_ones() -> None:
     assert ns.relayed == {}
     with pytest.raises(ErrnoError):
         ns.expect("3.2")
+
+
+def test_recent_roots_are_kept_per_guest() -> None:
+    """One guest's commits never push out another's roots (the cache was
+    shared: 4,096 commits of guest B made guest A's last root EPERM), and
+    a root two guests' namespaces reach is each one's."""
+    recent = RecentRoots(size=3)
+    ns = Namespace("a", owner=1001, rootref="a0", rootseq=0, recent=recent)
+    recent.note("a0", 1001)
+    ns.set_root(1, "a1")
+    for i in range(100):
+        recent.note(f"b{i}", 1002)
+    recent.note("shared", 1002)
+    ns.set_root(2, "shared")
+    assert [recent.known(1001, r) for r in ("a0", "a1", "shared")] == [True, True, True]
+    assert recent.known(1002, "shared") and not recent.known(1002, "a1")
+    assert not recent.known(1002, "b0") and recent.known(1002, "b99")  # its own last 3
+    ns.set_root(3, "a3")
+    assert not recent.known(1001, "a0") and recent.known(1001, "a3")
+    assert len(recent) == 6
+

@@ -79,6 +79,9 @@ async def test_kvs_get_watch_waitcreate_append_stream(start_instance, connect):
     assert await run(uri, "kvs", "get", "test.nul") == (0, "x\n", "")
     assert await run(uri, "kvs", "get", "-S", "-l", "test.nul", "test.log") == (
         0, "test.nul=x\ntest.log=abcde\n", "")
+    await commit(h0, put("test.nul0", "\0abc"), sync=(h0, 3))
+    for how in ((), ("-S",)):  # a value that starts with NUL still prints its line
+        assert await run(uri, "kvs", "get", *how, "test.nul0") == (0, "\n", "")
     rc, out, err = await run(uri, "kvs", "get", "--watch", "--count=1", "test.nokey")
     assert rc == 1 and err == "kvbroker: test.nokey: No such file or directory\n"
     rc, out, err = await run(uri, "kvs", "get", "-N", "noexist", "--watch", "test.a")
