@@ -179,12 +179,12 @@ def parse(text: str, path: str = "<bootstrap>") -> Bootstrap:
                 raise BootstrapError(f"{path}: hosts[{rank}].{key} {value!r} needs a port "
                                      "(tcp://HOST:PORT)")
             # a bind is per host; a connect names a place for everyone
-            where = (key, entry.host if key == "bind" else "", value)
-            if where in taken:
+            spot = (key, entry.host if key == "bind" else "", value)
+            if spot in taken:
                 raise BootstrapError(f"{path}: hosts[{rank}].{key} {value!r} is also "
-                                     f"hosts[{taken[where]}]'s: each rank with children "
+                                     f"hosts[{taken[spot]}]'s: each rank with children "
                                      "needs its own")
-            taken[where] = rank
+            taken[spot] = rank
     return result
 
 

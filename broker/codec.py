@@ -22,8 +22,8 @@ by ``u32 length`` per frame, then the frames' bytes; see :class:`StreamDecoder`.
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
-from typing import Any, NamedTuple
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple, cast
 
 import msgpack
 
@@ -126,10 +126,10 @@ def decode_payload(frames: Sequence[Frame]) -> Any:
     """Inverse of :func:`encode_payload`; raise :class:`ProtocolError` on garbage."""
     if not frames:
         return None
-    ext_hook = None
+    ext_hook: Callable[[int, bytes], Any] = _no_ext
     if len(frames) > 1:
 
-        def ext_hook(code: int, data: bytes) -> Any:
+        def oob_hook(code: int, data: bytes) -> Any:
             if code != OOB_EXT or len(data) != 4:
                 raise ProtocolError(f"unknown msgpack ext type {code}")
             (index,) = _U32.unpack(data)
@@ -138,10 +138,10 @@ def decode_payload(frames: Sequence[Frame]) -> Any:
             frame = frames[index]
             return frame if isinstance(frame, bytes) else bytes(frame)
 
+        ext_hook = oob_hook
+
     try:
-        return msgpack.unpackb(
-            frames[0], raw=False, strict_map_key=False, ext_hook=ext_hook or _no_ext
-        )
+        return msgpack.unpackb(frames[0], raw=False, strict_map_key=False, ext_hook=ext_hook)
     except ProtocolError:
         raise
     except Exception as exc:
@@ -421,14 +421,15 @@ class StreamDecoder:
                 continue
             if end - p < total:
                 break
-            frames = []
+            frames: list[bytes | memoryview] = []
             for n in lengths:
                 q = p + n
                 frames.append(data[p:q])
                 p = q
             if copy:
                 frames = [bytes(f) for f in frames]
-            out.append(frames)
+            # bytes either way: copied, or slices of ``data`` when it is bytes
+            out.append(cast(list[bytes], frames))
             pos = p
         return out, pos
 

@@ -53,7 +53,7 @@ class FrameWriter:
                             if type(transport).__module__.startswith("uvloop")
                             else self._write_joined)
 
-    def _write_joined(self, pieces: list[codec.Frame]) -> None:
+    def _write_joined(self, pieces: Sequence[codec.Frame]) -> None:
         self.transport.write(pieces[0] if len(pieces) == 1 else b"".join(pieces))
 
     def send(self, frames: Sequence[codec.Frame]) -> None:

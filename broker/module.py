@@ -21,7 +21,7 @@ import errno
 import inspect
 import logging
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -241,9 +241,9 @@ class Module:
             self.log.exception("handler %s failed", msg.topic)
             self.h.respond_error(msg, errno.EIO, f"internal error: {exc}")
 
-    def spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         """Run ``coro`` as a task owned by the module (cancelled at stop)."""
-        task = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
+        task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task

@@ -48,7 +48,7 @@ import os
 import secrets
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import zmq
 import zmq.utils.monitor
@@ -59,6 +59,8 @@ from broker.message import Message, MsgType
 from broker.overlay_stream import StreamConn, StreamLinks
 
 if TYPE_CHECKING:
+    import zmq.auth.thread
+
     from broker.router import Router
 
 log = logging.getLogger("kvbroker.overlay")
@@ -103,7 +105,8 @@ class _Sock:
         learns which child a monitor's DISCONNECTED names."""
         self.backlog: deque[list[codec.Frame]] = deque()
         self.loop = asyncio.get_running_loop()
-        self.fd = sock.getsockopt(zmq.FD)
+        # pyzmq types getsockopt() as int | bytes: FD and EVENTS are int options
+        self.fd = cast(int, sock.getsockopt(zmq.FD))
         self._scheduled = False
         self.loop.add_reader(self.fd, self._run)
         self._schedule()  # the FD is edge-triggered: read what came before we looked
@@ -132,7 +135,7 @@ class _Sock:
             return
         n = 0
         while True:
-            events = sock.getsockopt(zmq.EVENTS)
+            events = cast(int, sock.getsockopt(zmq.EVENTS))
             if self.backlog and events & zmq.POLLOUT:
                 self._flush()
             if not events & zmq.POLLIN:
@@ -223,7 +226,7 @@ class Overlay:
         self.dropped = 0
         self.replaced = 0
         """Children admitted while an older process of the same rank was connected."""
-        self._auth = None
+        self._auth: zmq.auth.thread.ThreadAuthenticator | None = None
         self._monitor: _Sock | None = None
         # ZeroMQ links: each child's current connection, by its identity, and
         # the connection fd (SRCFD) of each identity, for monitor events.

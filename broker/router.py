@@ -124,7 +124,6 @@ class SentDown:
         return [req for tags in sent.values() for req in tags.values()]
 
 
-
 class UsedBelow:
     """The services the clients below each child link have used through
     this rank: per link (its route hop), the ``(route, service, nodeid)`` of

@@ -11,18 +11,20 @@ import asyncio
 import errno
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, final
 
 from broker.errors import RemoteError
 from broker.message import NODEID_ANY, Message, MsgFlags, MsgType
 
 
+@final
 class Stream:
     """The answers of a streaming RPC, as an async iterator of payloads.
 
     Iteration ends on ``ENODATA``; any other error response raises
     :class:`RemoteError`.  ``matchtag`` identifies the request (e.g. for
-    ``kvs-watch.cancel``).
+    ``kvs-watch.cancel``).  Final: a pending answer is told from a plain
+    request's future by ``type(w) is Stream``, which a subclass would fail.
     """
 
     def __init__(self, core: HandleCore, matchtag: int, topic: str) -> None:

@@ -91,7 +91,8 @@ async def open_connection(uri: str) -> tuple[socket.socket, subprocess.Popen[byt
     target = parse(uri)
     ours, theirs = socket.socketpair()
     try:
-        proc = subprocess.Popen(ssh_argv(target), stdin=theirs, stdout=theirs, close_fds=True)
+        proc = subprocess.Popen(ssh_argv(target), stdin=theirs.fileno(),
+                                stdout=theirs.fileno(), close_fds=True)
     except OSError as exc:
         ours.close()
         raise OSError(exc.errno, f"cannot run {ssh_argv(target)[0]}: {exc.strerror}") from None

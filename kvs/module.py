@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import os
 import time
 from collections import Counter, OrderedDict
@@ -262,7 +263,7 @@ class KvsModule(Module):
         self.prime_limit = SETROOT_LIMIT.value(ctx.attrs)
         self.namespaces: dict[str, Namespace] = {}
         self._loading: dict[str, asyncio.Future[Namespace]] = {}
-        self._fetching: dict[str, asyncio.Future[None]] = {}
+        self._fetching: dict[str, asyncio.Future[bytes]] = {}
         self._txn_counter = 0
         # kvs.wait-version requests still waiting, by request route (the client)
         self._version_waits: dict[tuple[str, ...], set[asyncio.Future[Any]]] = {}
@@ -411,7 +412,7 @@ class KvsModule(Module):
             if fut is None:
                 fut = asyncio.ensure_future(self._fetch_one(ref))
                 self._fetching[ref] = fut
-                fut.add_done_callback(lambda _f, r=ref: self._fetching.pop(r, None))
+                fut.add_done_callback(functools.partial(self._fetched, ref))
             waits[ref] = fut
         if waits:
             self.counts["blob-fetches"] += len(waits)
@@ -419,6 +420,10 @@ class KvsModule(Module):
             if held is not None:
                 for ref, data in zip(waits, got, strict=True):
                     self.blobs.hold(ref, data, held)
+
+    def _fetched(self, ref: str, _fut: asyncio.Future[bytes]) -> None:
+        """Done callback of a blob fetch: it is no longer in flight."""
+        self._fetching.pop(ref, None)
 
     async def _fetch_one(self, ref: str) -> bytes:
         try:

@@ -184,9 +184,9 @@ class Namespace:
             if not fut.done():
                 fut.set_exception(err)
         self._waiters.clear()
-        for fut in self.relayed.values():
-            if not fut.done():
-                fut.set_exception(err)
+        for relay in self.relayed.values():
+            if not relay.done():
+                relay.set_exception(err)
         self.relayed.clear()
         while self.queue:
             p = self.queue.popleft()

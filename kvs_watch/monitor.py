@@ -81,7 +81,7 @@ class Monitor:
                 ws = self.by_key.get(w.key)
                 if ws is None:
                     self.by_key[w.key] = w
-                elif type(ws) is dict:
+                elif isinstance(ws, dict):
                     ws[w] = None
                 else:
                     self.by_key[w.key] = {ws: None, w: None}
@@ -126,10 +126,10 @@ class Monitor:
         def add(ws: Watcher | dict[Watcher, None] | None) -> None:
             if ws is None:
                 return
-            if type(ws) is dict:
+            if isinstance(ws, dict):
                 hit.update(ws)
             else:
-                hit[ws] = None  # type: ignore[index]
+                hit[ws] = None
 
         add(by_key.get("."))
         if isinstance(keys, list):

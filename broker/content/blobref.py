@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import re
+from typing import TypeGuard
 
 from broker.errors import ErrnoError
 
@@ -25,16 +26,16 @@ def hash_blob(data: bytes | bytearray | memoryview, hash_name: str = DEFAULT_HAS
     return f"{hash_name}-{hashlib.new(hash_name, data).hexdigest()}"
 
 
-def is_valid(ref: object) -> bool:
+def is_valid(ref: object) -> TypeGuard[str]:
     """True when ``ref`` is a well-formed blobref string."""
     if not isinstance(ref, str):
         return False
     m = _BLOBREF_RE.fullmatch(ref)
-    return bool(m) and len(m.group(2)) == HASHES[m.group(1)]
+    return m is not None and len(m.group(2)) == HASHES[m.group(1)]
 
 
 def check(ref: object) -> str:
     """Return ``ref`` if it is a well-formed blobref, else raise ``EINVAL``."""
     if not is_valid(ref):
         raise ErrnoError(errno.EINVAL, f"invalid blobref: {ref!r}")
-    return ref  # type: ignore[return-value]
+    return ref

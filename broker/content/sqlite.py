@@ -109,15 +109,16 @@ class SqliteStore:
         it last ran with.  Rank 0 held ~110 MB of blobs written long ago
         that way after 78 values of 4 MB, outside every cache limit.
         """
+        pairs: list[tuple[str, bytes]] | list[tuple[bytes, bytes]]  # (key as stored, blob)
         if self.text_keys:
-            items = list(items)
+            pairs = list(items)
         else:
-            items = [(digest_of(ref), data) for ref, data in items]
+            pairs = [(digest_of(ref), data) for ref, data in items]
         with self.db:
             self.db.execute("BEGIN")
             sizes = set()
-            for i in range(0, len(items), ROWS_PER_STATEMENT):
-                part = items[i:i + ROWS_PER_STATEMENT]
+            for i in range(0, len(pairs), ROWS_PER_STATEMENT):
+                part = pairs[i:i + ROWS_PER_STATEMENT]
                 self.db.execute(_insert_sql(len(part)), [x for row in part for x in row])
                 sizes.add(len(part))
             for rows in sizes:
