@@ -1,4 +1,4 @@
-"""Run the kvbroker benchmarks (../shared/BENCHMARKS.md); see benchmarks/README.md.
+"""Run the kvbroker benchmarks (the project's shared BENCHMARKS.md); see benchmarks/README.md.
 
     python benchmarks/run.py [WORKLOAD...] [--size N] [--fanout K]
         [--event-loop uvloop|asyncio|both] [--reps R] [--quick]

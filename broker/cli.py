@@ -263,6 +263,8 @@ def cmd_broker(args: argparse.Namespace) -> int:
     except StartError as exc:
         print_err(f"broker: {exc}")
         return 2
+    if battrs.ALLOW_GUEST_USER.value(attrs):
+        os.chmod(rundir, 0o755)  # guests reach the socket in it (as `start` does)
     argv = ["--rank", str(rank), "--size", str(boot.size), "--fanout", str(boot.fanout),
             "--rundir", rundir, "--event-loop", args.event_loop,
             "--attrs", json.dumps(attrs), "--endpoints", json.dumps(boot.endpoints()),

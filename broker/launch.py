@@ -55,7 +55,8 @@ def exit_status(code: int) -> str:
 def private_dir(path: str, what: str) -> None:
     """Make ``path`` if missing (mode 0700), and refuse (:class:`StartError`)
     one that another user could tamper with: not owned by this user, or
-    writable by group or others, or a symlink someone else owns.  As Flux
+    writable by group or others, or reached by a symlink (in its last
+    component) someone else owns.  As Flux
     checks its rundir and statedir: a directory made first by someone else
     (a predictable name under /tmp) would let them read the content store,
     plant a checkpoint, or replace a rank's socket with their own."""
@@ -68,24 +69,29 @@ def private_dir(path: str, what: str) -> None:
     uid = os.geteuid()
     try:
         st = os.stat(path)
-        # every symlink on the way (ours -> theirs -> ours) as well as the end
-        hop, owners = path, []
+        # the last component's symlinks (ours -> theirs -> ours), not its
+        # parents' (as Flux: a parent is the system's or the user's choice)
+        hop, links = path, []
         for _ in range(40):  # (the kernel's own limit)
             link = os.lstat(hop)
-            owners.append(link.st_uid)
             if not stat.S_ISLNK(link.st_mode):
                 break
+            links.append((hop, link.st_uid))
             hop = os.path.join(os.path.dirname(hop), os.readlink(hop))
     except OSError as exc:
         raise StartError(f"{what} {path}: {exc.strerror}") from None
     if not stat.S_ISDIR(st.st_mode):
         raise StartError(f"{what} {path}: not a directory")
-    owner = next((o for o in [st.st_uid, *owners] if o != uid), uid)
-    if owner != uid:
-        raise StartError(f"{what} {path}: owned by uid {owner}, not by this user (uid {uid})")
+    if st.st_uid != uid:
+        raise StartError(f"{what} {path}: owned by uid {st.st_uid}, not by this user "
+                         f"(uid {uid})")
+    for link_path, owner in links:
+        if owner != uid:
+            raise StartError(f"{what} {path}: the symlink {link_path} is owned by uid "
+                             f"{owner}, not by this user (uid {uid})")
     if st.st_mode & 0o022:
-        raise StartError(f"{what} {path}: writable by others (mode {st.st_mode & 0o777:o}); "
-                         "chmod go-w, or choose another directory")
+        raise StartError(f"{what} {path}: writable by group or others (mode "
+                         f"{st.st_mode & 0o777:o}); chmod go-w, or choose another directory")
 
 
 def make_rundir() -> str:
@@ -172,7 +178,8 @@ class Instance:
         self.python = python
         self.rundir = ""
         self.endpoints: dict[int, str] = {}
-        """Overlay endpoints of ranks with children, when not the default ``ipc://``."""
+        """The ``tcp://`` endpoints of ranks with children (``tbon.transport=tcp``);
+        empty otherwise."""
         self.procs: list[asyncio.subprocess.Process] = []
         self.failed: asyncio.Future[tuple[int, int]] | None = None
         """``(rank, exit status)`` of the first rank that exited unasked."""
@@ -201,7 +208,8 @@ class Instance:
     def check(self) -> None:
         """Refuse, before any rank starts, what would make the ranks fail:
         a bad attribute value (:func:`broker.attrs.check_instance`), a
-        statedir that is not a directory.  :class:`StartError` says which."""
+        statedir that is not a directory or that another user could tamper
+        with (:func:`private_dir`).  :class:`StartError` says which."""
         try:
             battrs.check_instance(self.attrs)
         except battrs.AttrError as exc:

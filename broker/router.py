@@ -143,8 +143,9 @@ class UsedBelow:
     def __len__(self) -> int:
         return sum(map(len, self._by_hop.values()))
 
-    def note(self, hop: str, msg: Message) -> None:
-        """``msg``, a request, came in by ``hop``'s link (its route ends with it)."""
+    def note(self, hop: str, msg: Message) -> bool:
+        """``msg``, a request, came in by ``hop``'s link (its route ends with
+        it).  True if it is a client's disconnect."""
         used = self._by_hop.get(hop)
         if used is None:
             used = self._by_hop[hop] = {}
@@ -152,8 +153,9 @@ class UsedBelow:
         key = (tuple(msg.route), topic.partition(".")[0], msg.nodeid)
         if topic.endswith(".disconnect"):
             used.pop(key, None)
-        else:
-            used[key] = (msg.userid, msg.rolemask)
+            return True
+        used[key] = (msg.userid, msg.rolemask)
+        return False
 
     def pop(self, hop: str) -> list[tuple[tuple[Route, str, int], tuple[int, int]]]:
         """What ``hop``'s clients used, forgotten."""
@@ -188,6 +190,8 @@ class Router:
         self.counts: Counter[str] = Counter(dict.fromkeys(COUNTERS, 0))
         self._sent_down = SentDown()
         self._used_below = UsedBelow()
+        self._passed_on: defaultdict[tuple[Route, str], set[int]] = defaultdict(set)
+        """Where :meth:`pass_on` sent requests of clients below other ranks."""
         self._hops: dict[int, str] = {}
         """The route hop of each neighbour's current link (see the module docstring)."""
         self._hop_ranks: dict[str, int] = {}
@@ -274,14 +278,32 @@ class Router:
 
     def pass_on(self, msg: Message, nodeid: int) -> None:
         """A local service sends a request it got on to rank ``nodeid``
-        (``event.pub`` to rank 0).  A local client's disconnect then goes
+        (``event.pub`` to rank 0).  The client's disconnect must then go
         there too: each rank on the way noted the client (UsedBelow), and
-        only its disconnect makes them forget it."""
-        used = self._used_services.get(msg.route[0]) if len(msg.route) == 1 else None
-        if used is not None:
-            used.add((msg.service, nodeid))
+        only its disconnect makes them forget it.  A client of this rank
+        has its services noted here; for one below another rank, this rank
+        remembers where it passed the request, and sends the disconnect on
+        when the client's comes (or when the link it came by is lost)."""
+        route = msg.route
+        if len(route) == 1:
+            used = self._used_services.get(route[0])
+            if used is not None:
+                used.add((msg.service, nodeid))
+        else:
+            self._passed_on[(tuple(route), msg.service)].add(nodeid)
         msg.nodeid = nodeid
         self.route_request(msg)
+
+    def _disconnect_passed_on(self, route: Route, service: str, userid: int,
+                              rolemask: int) -> None:
+        """A client's disconnect reached this rank: send it on to the ranks
+        :meth:`pass_on` sent the client's requests to."""
+        for nodeid in self._passed_on.pop((route, service), ()):
+            self.counts["disconnects-sent"] += 1
+            self.route_request(Message(
+                MsgType.REQUEST, f"{service}.disconnect", None, nodeid=nodeid,
+                flags=MsgFlags.NORESPONSE, userid=userid, rolemask=rolemask,
+                route=list(route)))
 
     def from_rank(self, sender: int, msg: Message) -> None:
         """A message received over the overlay from a neighbouring rank."""
@@ -289,8 +311,10 @@ class Router:
         if t == MsgType.REQUEST:
             hop = self._hops.get(sender) or f"r{sender}"
             msg.route.append(hop)
-            if sender != self._parent:
-                self._used_below.note(hop, msg)  # before routing may rewrite nodeid
+            if sender != self._parent and self._used_below.note(hop, msg) \
+                    and self._passed_on:  # (noted before routing may rewrite nodeid)
+                self._disconnect_passed_on(tuple(msg.route), msg.service, msg.userid,
+                                           msg.rolemask)
             self.route_request(msg)
         elif t == MsgType.RESPONSE:
             self._sent_down.answered(sender, msg)
@@ -410,6 +434,8 @@ class Router:
                 MsgType.REQUEST, f"{service}.disconnect", None, nodeid=nodeid,
                 flags=MsgFlags.NORESPONSE, userid=userid, rolemask=rolemask,
                 route=list(route)))
+            if self._passed_on:
+                self._disconnect_passed_on(route, service, userid, rolemask)
 
     def sent_down(self) -> int:
         """Requests forwarded to children and not yet answered."""

@@ -287,10 +287,11 @@ class KvsWatchModule(Module):
 
     def stats_get(self, msg: Message) -> None:
         """``kvs-watch.stats-get``, open to guests (as in Flux), but a guest
-        gets the ``rootref`` of its own namespaces only: a root reference is
-        a capability -- ``kvs.lookup`` with ``rootdir`` reads that root
-        without checking the namespace, as in Flux -- so another's would
-        let it read every key of a namespace someone watches here."""
+        gets the ``rootref`` of its own namespaces only.  In Flux a root
+        reference is a capability for anyone, so showing another's let a
+        guest read every key of a namespace someone watches; here kvs
+        refuses a guest's ``rootdir`` that is not its own anyway, and the
+        rootrefs stay hidden all the same."""
         out = self.stats()
         if not msg.is_owner:
             for desc in out["namespaces"].values():

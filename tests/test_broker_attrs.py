@@ -118,8 +118,8 @@ async def test_start_refuses_a_statedir_others_may_write(tmp_path: Path) -> None
     path.chmod(0o777)
     rc, _, err = await run_cli("start", "--statedir", str(path), "--", "true", timeout=30)
     assert rc == 2
-    assert one_line(err) == (f"kvbroker: start: statedir {path}: writable by others (mode "
-                             "777); chmod go-w, or choose another directory")
+    assert one_line(err) == (f"kvbroker: start: statedir {path}: writable by group or "
+                             "others (mode 777); chmod go-w, or choose another directory")
     assert list(path.iterdir()) == []
 
 
@@ -147,7 +147,10 @@ async def test_a_statedir_or_rundir_another_user_made_is_refused(
         theirs.symlink_to(tmp_path / "middle")
     rc, _, err = await run_cli("start", "--statedir", str(theirs), "--", "true", timeout=30)
     assert rc == 2
-    assert one_line(err) == (f"kvbroker: start: statedir {theirs}: owned by uid 65534, not by "
+    whose = ("owned by uid 65534" if how == "directory" else
+             f"the symlink {theirs if how == 'symlink' else tmp_path / 'middle'} is owned by "
+             "uid 65534")
+    assert one_line(err) == (f"kvbroker: start: statedir {theirs}: {whose}, not by "
                              f"this user (uid {os.geteuid()})")
     config = tmp_path / "inst.toml"
     keys = tmp_path / "curve.key"
@@ -160,7 +163,7 @@ async def test_a_statedir_or_rundir_another_user_made_is_refused(
         rc, _, err = await run_cli("broker", "--config", str(config), "--rank", "0",
                                    option, str(theirs), timeout=30)
         assert rc == 2, err
-        assert one_line(err) == (f"kvbroker: broker: {option} {theirs}: owned by uid 65534, "
+        assert one_line(err) == (f"kvbroker: broker: {option} {theirs}: {whose}, "
                                  f"not by this user (uid {os.geteuid()})")
 
 

@@ -395,6 +395,13 @@ async def test_a_client_s_disconnect_forgets_what_ranks_above_noted(
 
         await wait_until(forgotten, "ranks 0 and 1 to forget the closed client")
         del s
+        # a publish sent to rank 1 by a client of rank 3: rank 1's event
+        # service passes it on to rank 0, and the client's disconnect with it
+        h3 = await Handle.connect(inst.uri(3))
+        await h3.rpc("event.pub", {"topic": "via.rank1"}, nodeid=1)
+        assert [(await stats(h0, r))["used-below"] for r in (0, 1)] == [b + 1 for b in base]
+        await h3.close()
+        await wait_until(forgotten, "ranks 0 and 1 to forget the publisher")
 
 
 async def test_a_lost_rank_s_whole_subtree_exits_1(start_instance) -> None:

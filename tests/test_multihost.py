@@ -423,6 +423,20 @@ async def test_a_restarted_rank_s_clients_get_nothing_meant_for_the_old_one_s(
             await h0.close()
 
 
+async def test_a_rank_that_admits_guests_opens_its_run_directory(tmp_path: Path,
+                                                                  brokers) -> None:
+    """``kvbroker broker -S access.allow-guest-user=true`` made the guests'
+    0777 socket in a 0700 run directory, out of their reach; it now opens
+    the directory as ``kvbroker start`` does (0755)."""
+    config = await keyed_config(tmp_path, 1, 2)
+    for allow, mode in (("false", 0o700), ("true", 0o755)):
+        rank = await brokers(config, 0, "-S", f"access.allow-guest-user={allow}")
+        await rank.ready()
+        assert os.stat(rank.rundir).st_mode & 0o777 == mode, allow
+        rank.proc.terminate()
+        assert await rank.proc.wait() == 0
+
+
 # ---------------------------------------------------------------- the initial program
 
 

@@ -1,4 +1,4 @@
-"""The workloads of ../shared/BENCHMARKS.md, one module per group.
+"""The workloads of the project's shared BENCHMARKS.md, one module per group.
 
 Each module exports ``WORKLOADS``, a list of :class:`benchmarks.harness.Workload`;
 :func:`all_workloads` lists them in the order of BENCHMARKS.md.  Nothing is
