@@ -12,6 +12,7 @@ from typing import Any
 from broker import __version__, gcpolicy, plugins
 from broker import attrs as battrs
 from broker.connector import Connector
+from broker.errors import ErrnoError
 from broker.loops import loop_name
 from broker.module import Module, ModuleContext, ModuleHandle
 from broker.overlay import Overlay
@@ -145,8 +146,15 @@ class Broker:
         for module in reversed(self.modules):
             try:
                 await module._shutdown()
-            except Exception:
-                log.exception("module %s failed to stop", module.name)
+            except Exception as exc:
+                # e.g. the last checkpoint could not be written (a full
+                # disk): say so, and exit 1 -- a clean stop that lost
+                # something is not a clean stop
+                self.exit_code = self.exit_code or 1
+                if isinstance(exc, ErrnoError):
+                    log.error("module %s failed to stop: %s", module.name, exc.errstr)
+                else:
+                    log.exception("module %s failed to stop", module.name)
         if self.connector is not None:
             await self.connector.close()
         if self.overlay is not None:

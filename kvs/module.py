@@ -47,6 +47,8 @@ from kvs.namespaces import (
 )
 from kvs.relay import RelayOutbox
 
+STOP_DRAIN_TIMEOUT = 10.0
+"""Seconds rank 0's kvs waits at stop for the transactions already queued."""
 CHECKPOINT_KEY = "kvs-primary"
 EVENT_KINDS = ("setroot", "removed", "error", "created")
 BLOB_CACHE_BYTES = 64 << 20
@@ -281,6 +283,9 @@ class KvsModule(Module):
         self._checkpoint_lock = asyncio.Lock()
         self._checkpoint_counts: Counter[str] = Counter()
         self._ticker: asyncio.Task[None] | None = None
+        self.stopping = False
+        """Set by :meth:`stop`: rank 0 refuses new transactions (``ENOSYS``)."""
+        self._queue_runs: set[asyncio.Task[None]] = set()
 
     # ================================================================ life cycle
 
@@ -344,8 +349,19 @@ class KvsModule(Module):
         return rootref, rootseq
 
     async def stop(self) -> None:
+        """Rank 0: refuse new transactions, let the queued ones finish (they
+        are, or are about to be, acknowledged), then write the last
+        checkpoint.  Clients kept committing while the rank stopped: what
+        was applied and acknowledged after the last checkpoint was lost at
+        the next start, and its versions numbered again."""
+        self.stopping = True
         if self._ticker is not None:
             self._ticker.cancel()  # a checkpoint it was writing finishes first (shielded)
+        if self._queue_runs:
+            _done, late = await asyncio.wait(self._queue_runs, timeout=STOP_DRAIN_TIMEOUT)
+            if late:
+                self.log.error("%d namespaces still committing after %g s at stop",
+                               len(late), STOP_DRAIN_TIMEOUT)
         if self.leader and self.statedir:
             await self._checkpoint()
 
@@ -785,6 +801,7 @@ class KvsModule(Module):
         self._enqueue_relayed(await self.get_ns(name), epoch, txns)
 
     def _enqueue_relayed(self, ns: Namespace, epoch: Any, txns: list[RelayedTxn]) -> None:
+        self._refuse_if_stopping()  # (all of them, or none)
         if epoch is not None and epoch != ns.epoch:
             # relayed for a namespace of this name that was removed since:
             # its follower has already failed them (the removed event)
@@ -792,13 +809,21 @@ class KvsModule(Module):
         for name, flags, ops in txns:
             self._enqueue(ns, ops, flags, name).add_done_callback(_published)
 
+    def _refuse_if_stopping(self) -> None:
+        if self.stopping:
+            raise ErrnoError(errno.ENOSYS, "the kvs module is stopping: "
+                                           "the transaction was not applied")
+
     def _enqueue(self, ns: Namespace, ops: list[dict[str, Any]], flags: int,
                  name: str) -> asyncio.Future[tuple[int, str]]:
+        self._refuse_if_stopping()
         fut: asyncio.Future[tuple[int, str]] = asyncio.get_running_loop().create_future()
         ns.queue.append(Pending(ops, flags, name, fut))
         if not ns.committing:
             ns.committing = True
-            self.spawn(self._run_queue(ns))
+            run = self.spawn(self._run_queue(ns))
+            self._queue_runs.add(run)
+            run.add_done_callback(self._queue_runs.discard)
         return fut
 
     async def _run_queue(self, ns: Namespace) -> None:

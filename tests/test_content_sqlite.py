@@ -12,6 +12,7 @@ from contextlib import closing
 
 import pytest
 
+from broker.content import module as content_module
 from broker.content.blobref import hash_blob
 from broker.content.module import BLOB_OVERHEAD, FLUSH_DELAY, ContentModule
 from broker.content.sqlite import SqliteStore, digest_of
@@ -75,6 +76,33 @@ def test_a_store_with_text_keys_keeps_working(tmp_path) -> None:
     store.put_many([(new_ref, b"new")])
     assert store.get(new_ref) == b"new" and store.count() == 2
     store.close()
+
+
+def test_a_checkpoint_that_could_not_be_made_durable_is_taken_back(tmp_path) -> None:
+    """The row was committed before the WAL checkpoint that makes it
+    durable; when that failed (a full disk), the caller failed the SYNC
+    commit, yet the row stayed and a restart could restore a root nobody
+    acknowledged.  The old value is put back first, and the error says
+    what it is (ENOSPC, not an internal error)."""
+    store = SqliteStore(str(tmp_path / "c.db"))
+    store.checkpoint_put("k", b"old")
+
+    def full() -> None:
+        raise sqlite3.OperationalError("database or disk is full")
+
+    store.sync = full  # type: ignore[method-assign]
+    with pytest.raises(sqlite3.OperationalError):
+        store.checkpoint_put("k", b"new")
+    assert store.checkpoint_get("k") == b"old"
+    with pytest.raises(sqlite3.OperationalError):
+        store.checkpoint_put("fresh", b"new")
+    assert store.checkpoint_get("fresh") is None
+    store.close()
+    with pytest.raises(ErrnoError) as info, content_module._store_errors():
+        full()
+    assert info.value.errnum == errno.ENOSPC
+    assert str(info.value.errstr) == ("writing to the content store failed: database or "
+                                      "disk is full")
 
 
 async def test_a_failed_write_back_fails_the_drain_and_is_retried(tmp_path) -> None:

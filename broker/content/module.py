@@ -27,12 +27,14 @@ read every namespace.  Others get EPERM.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import itertools
 import logging
 import os
+import sqlite3
 from collections import Counter, OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
 
@@ -352,7 +354,8 @@ class ContentModule(Module):
             await self.h.rpc("content.flush", {}, nodeid=NODEID_UPSTREAM)
         elif self.backing is not None:
             await self._drain()
-            await self._db(self.backing.sync)
+            with _store_errors():
+                await self._db(self.backing.sync)
         self.h.respond(msg, {})
 
     def dropcache(self, msg: Message) -> None:
@@ -374,7 +377,9 @@ class ContentModule(Module):
             # fails), on the same thread: a checkpoint never names a root
             # whose blobs are not written, which a restart could not read.
             await self._drain()
-            await self._db(self.backing.checkpoint_put, body["key"], _checkpoint_bytes(value))
+            with _store_errors():
+                await self._db(self.backing.checkpoint_put, body["key"],
+                               _checkpoint_bytes(value))
         self.h.respond(msg, {})
 
     async def checkpoint_get(self, msg: Message) -> None:
@@ -407,6 +412,17 @@ class ContentModule(Module):
             "dirty": len(self.dirty),
         })
         return out
+
+
+@contextlib.contextmanager
+def _store_errors() -> Iterator[None]:
+    """SQLite's errors as errnos with a message (a full disk is ENOSPC), not
+    an "internal error" with a traceback in the rank's log."""
+    try:
+        yield
+    except sqlite3.Error as exc:
+        errnum = errno.ENOSPC if "full" in str(exc) else errno.EIO
+        raise ErrnoError(errnum, f"writing to the content store failed: {exc}") from None
 
 
 def _owner_only(msg: Message) -> None:

@@ -12,6 +12,7 @@ kvbroker (``hash TEXT``) is still read and written in its own format.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 from collections.abc import Iterable
@@ -128,12 +129,28 @@ class SqliteStore:
         return int(self.db.execute("SELECT COUNT(*) FROM objects").fetchone()[0])
 
     def checkpoint_put(self, key: str, value: bytes) -> None:
+        """Write ``value`` under ``key``, durably; if it cannot be made
+        durable, put the old value back before raising: the caller reports
+        the failure (a SYNC commit answered EIO), and a row left in the WAL
+        could still come back at the next start, naming a root nobody
+        acknowledged."""
+        old = self.checkpoint_get(key)
         with self.db:
             self.db.execute("BEGIN")
             self.db.execute(
                 "INSERT OR REPLACE INTO checkpoints (key, value) VALUES (?, ?)", (key, value)
             )
-        self.sync()
+        try:
+            self.sync()
+        except sqlite3.Error:
+            with contextlib.suppress(sqlite3.Error), self.db:
+                self.db.execute("BEGIN")
+                if old is None:
+                    self.db.execute("DELETE FROM checkpoints WHERE key = ?", (key,))
+                else:
+                    self.db.execute("INSERT OR REPLACE INTO checkpoints (key, value) "
+                                    "VALUES (?, ?)", (key, old))
+            raise
 
     def checkpoint_get(self, key: str) -> bytes | None:
         row = self.db.execute("SELECT value FROM checkpoints WHERE key = ?", (key,)).fetchone()
