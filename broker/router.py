@@ -281,9 +281,10 @@ class Router:
         (``event.pub`` to rank 0).  The client's disconnect must then go
         there too: each rank on the way noted the client (UsedBelow), and
         only its disconnect makes them forget it.  A client of this rank
-        has its services noted here; for one below another rank, this rank
-        remembers where it passed the request, and sends the disconnect on
-        when the client's comes (or when the link it came by is lost)."""
+        has its services noted here; for another rank's client (above or
+        below), this rank remembers where it passed the request, and sends
+        the disconnect on when the client's comes (or when the link it came
+        by is lost)."""
         route = msg.route
         if len(route) == 1:
             used = self._used_services.get(route[0])
@@ -311,8 +312,11 @@ class Router:
         if t == MsgType.REQUEST:
             hop = self._hops.get(sender) or f"r{sender}"
             msg.route.append(hop)
-            if sender != self._parent and self._used_below.note(hop, msg) \
-                    and self._passed_on:  # (noted before routing may rewrite nodeid)
+            if sender != self._parent:  # (noted before routing may rewrite nodeid)
+                disconnect = self._used_below.note(hop, msg)
+            else:
+                disconnect = bool(self._passed_on) and msg.topic.endswith(".disconnect")
+            if disconnect and self._passed_on:
                 self._disconnect_passed_on(tuple(msg.route), msg.service, msg.userid,
                                            msg.rolemask)
             self.route_request(msg)

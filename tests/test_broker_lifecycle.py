@@ -402,6 +402,12 @@ async def test_a_client_s_disconnect_forgets_what_ranks_above_noted(
         assert [(await stats(h0, r))["used-below"] for r in (0, 1)] == [b + 1 for b in base]
         await h3.close()
         await wait_until(forgotten, "ranks 0 and 1 to forget the publisher")
+        # and by a client of rank 0: rank 1 gets its disconnect from its parent
+        p0 = await Handle.connect(inst.uri(0))
+        await p0.rpc("event.pub", {"topic": "via.rank1"}, nodeid=1)
+        assert (await stats(h0, 0))["used-below"] == base[0] + 1  # (r1's, for rank 0)
+        await p0.close()
+        await wait_until(forgotten, "rank 0 to forget its own client's publish")
 
 
 async def test_a_lost_rank_s_whole_subtree_exits_1(start_instance) -> None:
