@@ -11,6 +11,7 @@ import asyncio
 import errno
 import os
 import signal
+import subprocess
 
 import pytest
 from test_broker_support import run_cli
@@ -27,6 +28,7 @@ from test_kvs_rpc_helpers import (
 )
 from test_watch_helpers import wait_until
 
+from broker.handle import Handle
 from broker.launch import Instance, StartError
 
 BIG = bytes(range(256)) * 1024  # 256 KiB
@@ -104,6 +106,43 @@ async def test_a_clean_stop_keeps_every_acknowledged_commit(start_instance, conn
     assert (await getroot(h2))["rootseq"] >= last_rootseq
     for key, i in acked.items():
         assert int(await get(h2, key)) >= i, key
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 20 MB tmpfs (root only; skipped where mounting is not allowed)."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    if os.geteuid() != 0 or subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=20m,mode=0700", "tmpfs", str(mnt)],
+            capture_output=True).returncode != 0:
+        pytest.skip("needs root and a tmpfs mount")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+async def test_a_stop_that_cannot_write_its_checkpoint_exits_1(small_disk, tmp_path) -> None:
+    """A full disk: commits acknowledged meanwhile cannot be kept at stop.
+    Rank 0 logged a traceback and exited 0, as if nothing was lost; it now
+    says why in one line and exits 1."""
+    log = tmp_path / "rank.log"
+    inst = Instance(1, statedir=str(small_disk / "state"), stderr_path=str(log))
+    await asyncio.wait_for(inst.start(), 60)
+    try:
+        h = await Handle.connect(inst.uri(0))
+        await commit(h, put("a", "1"), flags=SYNC)
+        free = os.statvfs(small_disk)
+        with open(small_disk / "filler", "wb") as f:
+            f.write(b"\0" * (free.f_bavail * free.f_frsize - 200_000))
+        for i in range(30):
+            await commit(h, put(f"p{i}", os.urandom(100_000)))  # acknowledged, not durable
+        await h.close()
+    finally:
+        codes = await asyncio.wait_for(inst.stop(), 60)
+    assert codes == [1]
+    text = log.read_text()
+    assert "Traceback" not in text
+    assert "failed to stop: writing blobs to SQLite failed: database or disk is full" in text
 
 
 async def test_without_statedir_nothing_persists(start_instance, connect, tmp_path) -> None:
