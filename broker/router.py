@@ -233,11 +233,17 @@ class Router:
         if prefixes:
             self.subs.unsubscribe_all(pid, prefixes)
         for service, nodeid in self._used_services.pop(pid, ()):
-            msg = Message(MsgType.REQUEST, f"{service}.disconnect", None, nodeid=nodeid,
-                          flags=MsgFlags.NORESPONSE, userid=peer.userid,
-                          rolemask=peer.rolemask, route=[pid])
-            self.counts["disconnects-sent"] += 1
-            self.route_request(msg)
+            self._send_disconnect(service, nodeid, (pid,), peer.userid, peer.rolemask)
+
+    def _send_disconnect(self, service: str, nodeid: int, route: Route, userid: int,
+                         rolemask: int) -> None:
+        """``<service>.disconnect`` for the client at ``route``, to ``nodeid``
+        (each rank on the way pushes its hop, so the service sees the route
+        it keyed that client's state by)."""
+        self.counts["disconnects-sent"] += 1
+        self.route_request(Message(
+            MsgType.REQUEST, f"{service}.disconnect", None, nodeid=nodeid,
+            flags=MsgFlags.NORESPONSE, userid=userid, rolemask=rolemask, route=list(route)))
 
     # ------------------------------------------------------------ requests
 
@@ -300,11 +306,7 @@ class Router:
         """A client's disconnect reached this rank: send it on to the ranks
         :meth:`pass_on` sent the client's requests to."""
         for nodeid in self._passed_on.pop((route, service), ()):
-            self.counts["disconnects-sent"] += 1
-            self.route_request(Message(
-                MsgType.REQUEST, f"{service}.disconnect", None, nodeid=nodeid,
-                flags=MsgFlags.NORESPONSE, userid=userid, rolemask=rolemask,
-                route=list(route)))
+            self._send_disconnect(service, nodeid, route, userid, rolemask)
 
     def from_rank(self, sender: int, msg: Message) -> None:
         """A message received over the overlay from a neighbouring rank."""
@@ -315,7 +317,7 @@ class Router:
             if sender != self._parent:  # (noted before routing may rewrite nodeid)
                 disconnect = self._used_below.note(hop, msg)
             else:
-                disconnect = bool(self._passed_on) and msg.topic.endswith(".disconnect")
+                disconnect = msg.topic.endswith(".disconnect")
             if disconnect and self._passed_on:
                 self._disconnect_passed_on(tuple(msg.route), msg.service, msg.userid,
                                            msg.rolemask)
@@ -433,13 +435,8 @@ class Router:
         A disconnect going down also drops their requests still held in
         :class:`SentDown`."""
         for (route, service, nodeid), (userid, rolemask) in self._used_below.pop(hop):
-            self.counts["disconnects-sent"] += 1
-            self.route_request(Message(
-                MsgType.REQUEST, f"{service}.disconnect", None, nodeid=nodeid,
-                flags=MsgFlags.NORESPONSE, userid=userid, rolemask=rolemask,
-                route=list(route)))
-            if self._passed_on:
-                self._disconnect_passed_on(route, service, userid, rolemask)
+            self._send_disconnect(service, nodeid, route, userid, rolemask)
+            self._disconnect_passed_on(route, service, userid, rolemask)
 
     def sent_down(self) -> int:
         """Requests forwarded to children and not yet answered."""
