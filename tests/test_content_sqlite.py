@@ -127,6 +127,14 @@ async def test_a_failed_write_back_fails_the_drain_and_is_retried(tmp_path) -> N
         await content._drain()
     assert info.value.errnum == errno.EIO and "disk I/O error" in str(info.value)
     assert ref in content.dirty and store.get(ref) is None
+
+    def full(items: object) -> None:
+        raise sqlite3.OperationalError("database or disk is full")
+
+    store.put_many = full  # type: ignore[method-assign]
+    with pytest.raises(ErrnoError) as info:  # as a checkpoint's or a flush's sync says it
+        await content._drain()
+    assert info.value.errnum == errno.ENOSPC
     store.put_many = put_many  # type: ignore[method-assign]
     await content._drain()
     assert not content.dirty and store.get(ref) == b"blob"

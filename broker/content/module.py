@@ -236,7 +236,7 @@ class ContentModule(Module):
             results = await asyncio.gather(*list(self._writes), return_exceptions=True)
             failed = failed or next((r for r in results if isinstance(r, BaseException)), None)
         if failed is not None:
-            raise ErrnoError(errno.EIO, f"writing blobs to SQLite failed: {failed}")
+            raise _store_error(failed, "writing blobs to SQLite")
 
     # ------------------------------------------------------------ store
 
@@ -414,15 +414,20 @@ class ContentModule(Module):
         return out
 
 
+def _store_error(exc: BaseException, doing: str) -> ErrnoError:
+    """A failed SQLite write as an errno with a message (a full disk is
+    ENOSPC, anything else EIO), not an "internal error" with a traceback."""
+    errnum = errno.ENOSPC if "full" in str(exc) else errno.EIO
+    return ErrnoError(errnum, f"{doing} failed: {exc}")
+
+
 @contextlib.contextmanager
 def _store_errors() -> Iterator[None]:
-    """SQLite's errors as errnos with a message (a full disk is ENOSPC), not
-    an "internal error" with a traceback in the rank's log."""
+    """:func:`_store_error` for what the ``with`` block writes."""
     try:
         yield
     except sqlite3.Error as exc:
-        errnum = errno.ENOSPC if "full" in str(exc) else errno.EIO
-        raise ErrnoError(errnum, f"writing to the content store failed: {exc}") from None
+        raise _store_error(exc, "writing to the content store") from None
 
 
 def _owner_only(msg: Message) -> None:
