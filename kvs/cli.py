@@ -570,6 +570,19 @@ def cmd_getroot(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------- cache
 
 
+def cmd_gc(args: argparse.Namespace) -> int:
+    """``kvbroker kvs gc --statedir DIR``: offline garbage collection of a
+    stopped instance's content store (:mod:`kvs.garbage`).  Needs no broker."""
+    from kvs.garbage import GcError, collect, describe
+
+    try:
+        report = collect(args.statedir, dry_run=args.dry_run)
+    except GcError as exc:
+        raise CLIError("kvs gc", detail=str(exc)) from None
+    print(describe(report), flush=True)
+    return 0
+
+
 def cmd_dropcache(args: argparse.Namespace) -> int:
     """``flux kvs dropcache [--all]``: empty the kvs module's blob cache on
     this rank, or on every rank.
@@ -862,6 +875,17 @@ def register(subparsers: Any) -> None:
         p.add_argument("src", metavar="SRC")
         p.add_argument("dst", metavar="DST")
         p.set_defaults(func=cmd_copy)
+
+    p = sub.add_parser("gc", help="remove what no checkpoint reaches from a stopped "
+                       "instance's statedir (offline)",
+                       description="Delete every blob of DIR/content.sqlite that the KVS "
+                       "checkpoint (the primary namespace a restart brings back) does not "
+                       "reach, then compact the file.  The instance must be stopped.")
+    p.add_argument("--statedir", required=True, metavar="DIR",
+                   help="the statedir the instance ran with (kvbroker start --statedir)")
+    p.add_argument("-n", "--dry-run", action="store_true",
+                   help="only count what would be removed")
+    p.set_defaults(func=cmd_gc)
 
     p = sub.add_parser("dropcache", help="drop the KVS cache of this rank (or of every rank)")
     p.add_argument("-a", "--all", action="store_true", help="drop the cache of every rank")

@@ -156,6 +156,41 @@ class SqliteStore:
         row = self.db.execute("SELECT value FROM checkpoints WHERE key = ?", (key,)).fetchone()
         return None if row is None else bytes(row[0])
 
+    def checkpoint_keys(self) -> list[str]:
+        return [row[0] for row in self.db.execute("SELECT key FROM checkpoints ORDER BY key")]
+
+    def totals(self) -> tuple[int, int]:
+        """(blobs, bytes of blob data) in the store."""
+        n, size = self.db.execute(
+            "SELECT COUNT(*), COALESCE(SUM(LENGTH(object)), 0) FROM objects").fetchone()
+        return int(n), int(size)
+
+    def sweep(self, keep: Iterable[str], *, dry_run: bool = False) -> tuple[int, int]:
+        """Delete every blob whose ref is not in ``keep``, in one transaction;
+        (blobs, bytes) removed -- or that would be, with ``dry_run``.  The
+        set goes into a temporary table so SQLite does the anti-join, not a
+        Python loop over every row of a store of millions."""
+        with self.db:
+            self.db.execute("BEGIN")
+            self.db.execute("CREATE TEMP TABLE keep (hash PRIMARY KEY) WITHOUT ROWID")
+            try:
+                self.db.executemany("INSERT OR IGNORE INTO keep (hash) VALUES (?)",
+                                    ((self._key(ref),) for ref in keep))
+                gone = "FROM objects WHERE hash NOT IN (SELECT hash FROM keep)"
+                n, size = self.db.execute(
+                    f"SELECT COUNT(*), COALESCE(SUM(LENGTH(object)), 0) {gone}").fetchone()
+                if not dry_run:
+                    self.db.execute(f"DELETE {gone}")
+            finally:
+                self.db.execute("DROP TABLE temp.keep")
+        return int(n), int(size)
+
+    def compact(self) -> None:
+        """Give the space of deleted blobs back to the file system (``VACUUM``),
+        durably, with the WAL emptied."""
+        self.db.execute("VACUUM")
+        self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
     def sync(self) -> None:
         """Make every committed write durable (fsync through a WAL checkpoint)."""
         self.db.execute("PRAGMA wal_checkpoint(FULL)")

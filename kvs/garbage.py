@@ -1,0 +1,199 @@
+"""Offline garbage collection of a statedir's content store (``kvbroker kvs gc``).
+
+The content store only grows: every commit adds blobs (new leaves, new
+directory nodes, a new root) and nothing ever removes the versions they
+replace, nor the namespaces that do not survive a restart.  A crash soak
+grew one to 1.9 GB.  Flux collects offline too (``flux shutdown --gc``
+dumps the KVS and restores it into a fresh store); here the collection is
+a mark and sweep on the SQLite file of a *stopped* instance:
+
+* **Mark**: every blob reachable from a checkpoint.  The KVS's own
+  checkpoint (``kvs-primary``) is the root of the ``primary`` namespace, the
+  only one a restart brings back, and is walked as a tree: ``dirref`` and
+  ``hdir`` shards lead to tree objects, ``valref`` to data blobs.  Any
+  other checkpoint (``content.checkpoint-put`` lets the owner write one
+  under any key) is opaque, so every blobref found in its value is kept, and
+  walked too when it is a tree object.
+* **Sweep**: delete the rest in one transaction, then ``VACUUM`` so the file
+  shrinks.
+
+It refuses, deleting nothing, when a checkpoint names a blob that is not in
+the store or a tree object that does not decode (the store is damaged: keep
+everything for whoever investigates), when there is no KVS checkpoint at all
+(everything would go), and when an instance has the store open (SQLite's
+exclusive lock, as for a second instance on the same statedir).  A crash
+during the sweep rolls it back.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+from broker.content import blobref
+from broker.content.sqlite import SqliteStore, StoreLocked
+from broker.errors import ErrnoError
+from broker.launch import StartError, private_dir
+from kvs import treeobj
+from kvs.module import CHECKPOINT_KEY
+
+STORE_FILE = "content.sqlite"
+
+
+class GcError(Exception):
+    """Why a collection did not run; nothing was deleted."""
+
+
+@dataclass
+class GcReport:
+    """What a collection kept and removed (or would, with ``dry_run``)."""
+
+    roots: dict[str, str] = field(default_factory=dict)
+    """Checkpoint key -> what it names (the KVS's: ``rootseq N``)."""
+    kept: int = 0
+    kept_bytes: int = 0
+    removed: int = 0
+    removed_bytes: int = 0
+    file_before: int = 0
+    file_after: int = 0
+    dry_run: bool = False
+
+
+def reachable(get: Callable[[str], bytes | None], trees: Sequence[str],
+              blobs: Sequence[str] = ()) -> set[str]:
+    """Every blobref reachable from the tree objects ``trees`` (walked) and
+    the blobs ``blobs`` (walked only if they decode as tree objects), read
+    with ``get(ref) -> bytes | None``.  Raises :class:`GcError` for a
+    missing blob or a tree object that does not decode."""
+    seen: set[str] = set()
+    todo: list[tuple[str, bool]] = [(r, True) for r in trees] + [(r, False) for r in blobs]
+    while todo:
+        ref, must_be_tree = todo.pop()
+        if ref in seen:
+            continue
+        data = get(ref)
+        if data is None:
+            raise GcError(f"blob {ref} is named but not in the store (the store is damaged; "
+                          "nothing was deleted)")
+        seen.add(ref)
+        try:
+            obj = treeobj.decode(data)
+        except ErrnoError as exc:
+            if must_be_tree:
+                raise GcError(f"blob {ref} should be a tree object: {exc.errstr} "
+                              "(the store is damaged; nothing was deleted)") from None
+            continue  # an opaque blob named by another checkpoint: kept, not walked
+        for child, is_tree in _children(obj):
+            if child not in seen:
+                todo.append((child, is_tree))
+    return seen
+
+
+def _children(obj: treeobj.TreeObj) -> Iterator[tuple[str, bool]]:
+    """The blobrefs a tree object names: (ref, names a tree object)."""
+    t, data = obj["type"], obj["data"]
+    if t == "dirref":
+        yield data[0], True
+    elif t == "valref":
+        for ref in data:
+            yield ref, False
+    elif t == "hdir":
+        for ref in data["shards"].values():
+            yield ref, True
+    elif t == "dir":
+        for entry in data.values():
+            yield from _children(entry)
+
+
+def _blobrefs_in(value: Any) -> Iterator[str]:
+    """Every string in a decoded checkpoint value that is a blobref."""
+    if blobref.is_valid(value):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _blobrefs_in(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _blobrefs_in(v)
+
+
+def _file_size(path: str) -> int:
+    return sum(os.path.getsize(p) for p in (path, path + "-wal") if os.path.exists(p))
+
+
+def collect(statedir: str, *, dry_run: bool = False) -> GcReport:
+    """Collect the garbage of the stopped instance whose statedir is ``statedir``."""
+    path = os.path.join(statedir, STORE_FILE)
+    if not os.path.isdir(statedir):
+        raise GcError(f"statedir {statedir}: no such directory")
+    if not os.path.exists(path):
+        raise GcError(f"statedir {statedir} has no {STORE_FILE} (nothing to collect)")
+    try:
+        private_dir(statedir, "statedir")  # the owner's, as at start
+    except StartError as exc:
+        raise GcError(str(exc)) from None
+    report = GcReport(dry_run=dry_run, file_before=_file_size(path))
+    try:
+        store = SqliteStore(path)
+    except StoreLocked:
+        raise GcError(f"statedir {statedir} is in use by a running instance "
+                      f"(its {STORE_FILE} is locked): stop it first") from None
+    try:
+        trees: list[str] = []
+        blobs: list[str] = []
+        for key in store.checkpoint_keys():
+            raw = store.checkpoint_get(key)
+            try:
+                value = msgpack.unpackb(raw or b"", raw=False)
+            except (ValueError, msgpack.UnpackException) as exc:
+                if key == CHECKPOINT_KEY:
+                    raise GcError(f"the checkpoint {key!r} does not decode: {exc}") from None
+                continue  # names nothing we could keep
+            if key == CHECKPOINT_KEY:
+                if not (isinstance(value, dict) and blobref.is_valid(value.get("rootref"))):
+                    raise GcError(f"the checkpoint {key!r} is not a KVS root: {value!r:.200}")
+                trees.append(value["rootref"])
+                report.roots[key] = f"rootseq {value.get('rootseq')}"
+            else:
+                refs = list(_blobrefs_in(value))
+                blobs += refs
+                report.roots[key] = f"{len(refs)} blobref(s)"
+        if CHECKPOINT_KEY not in report.roots:
+            raise GcError(f"statedir {statedir} has no KVS checkpoint ({CHECKPOINT_KEY!r}): "
+                          "a collection would delete everything (remove the directory to "
+                          "start afresh)")
+        keep = reachable(store.get, trees, blobs)
+        report.removed, report.removed_bytes = store.sweep(keep, dry_run=dry_run)
+        total, total_bytes = store.totals()
+        if dry_run:
+            total, total_bytes = total - report.removed, total_bytes - report.removed_bytes
+        report.kept, report.kept_bytes = total, total_bytes
+        if not dry_run and report.removed:
+            store.compact()
+    finally:
+        store.close()
+    report.file_after = _file_size(path)
+    return report
+
+
+def describe(report: GcReport) -> str:
+    """The report as ``kvbroker kvs gc`` prints it."""
+    roots = ", ".join(f"{k} ({v})" for k, v in report.roots.items())
+    verb = "would remove" if report.dry_run else "removed"
+    return (f"kept {report.kept:,} blobs ({_size(report.kept_bytes)}) reachable from {roots}\n"
+            f"{verb} {report.removed:,} blobs ({_size(report.removed_bytes)})\n"
+            f"{STORE_FILE}: {_size(report.file_before)} -> {_size(report.file_after)}")
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+__all__ = ["GcError", "GcReport", "collect", "describe", "reachable"]

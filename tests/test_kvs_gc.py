@@ -1,0 +1,250 @@
+"""``kvbroker kvs gc``: offline garbage collection of a statedir's content store.
+
+The integration tests run real instances on a statedir in ``tmp_path`` and
+the real CLI on the stopped store; the unit tests build trees with the commit
+engine and check the mark phase against a store made from scratch.
+Reference: Flux collects offline as well (``flux shutdown --gc``: dump the
+KVS, restore it into a fresh store); see kvs/garbage.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+from test_broker_support import run_cli
+from test_kvs_rpc_helpers import (
+    APPEND,
+    commit,
+    dirref,
+    errnum,
+    get,
+    getroot,
+    put,
+    symlink,
+    unlink,
+)
+
+from broker.content import blobref
+from broker.content.sqlite import SqliteStore, digest_of
+from kvs import shards, txn
+from kvs import treeobj as T
+from kvs.garbage import GcError, collect, reachable
+from kvs.module import CHECKPOINT_KEY
+
+BIG = bytes(range(256)) * 8  # 2 KiB: a valref
+
+
+def _count(statedir: Path) -> int:
+    store = SqliteStore(str(statedir / "content.sqlite"))
+    try:
+        return store.count()
+    finally:
+        store.close()
+
+
+async def _fill(h: Any) -> tuple[dict[str, bytes], dict[str, Any]]:
+    """Commits that leave garbage behind: a sharded directory written in
+    steps, values overwritten and unlinked, appends, a symlink, and a
+    namespace that a restart does not bring back.  Returns the final
+    primary contents and the root of an early version."""
+    expect: dict[str, bytes] = {}
+    first = await commit(h, put("early", "gone soon"))
+    for step in range(6):  # 300 names: an hdir, rewritten shard by shard
+        ops = [put(f"big.k{i}", f"{step}-{i}") for i in range(step * 50, step * 50 + 50)]
+        await commit(h, *ops)
+        expect.update({f"big.k{i}": f"{step}-{i}".encode()
+                       for i in range(step * 50, step * 50 + 50)})
+    for i in range(5):
+        await commit(h, put("blob", BIG + bytes([i])), put("a.b.c", f"v{i}"))
+    expect["blob"], expect["a.b.c"] = BIG + bytes([4]), b"v4"
+    for i in range(4):
+        await commit(h, put("log", f"line {i}\n", flags=APPEND))
+    expect["log"] = b"".join(f"line {i}\n".encode() for i in range(4))
+    await commit(h, put("link", symlink("big.k7")), unlink("early"))
+    expect["link"] = expect["big.k7"]
+    await asyncio.wait_for(h.rpc("kvs.namespace-create", {"namespace": "tmp", "owner": -1}), 10)
+    await commit(h, put("t", BIG), ns="tmp")
+    return expect, first
+
+
+async def test_gc_removes_only_what_the_checkpoint_does_not_reach(
+        start_instance, connect, tmp_path) -> None:
+    statedir = tmp_path / "state"
+    inst = await start_instance(size=2, statedir=str(statedir))
+    h = await connect(inst, 1)
+    expect, first = await _fill(h)
+    orphan = (await asyncio.wait_for(h.rpc("content.store", {"data": b"orphan"}), 10))["blobref"]
+    root = await getroot(h)
+    await h.close()
+    assert await inst.stop() == [0, 0]
+    before = _count(statedir)
+
+    rc, out, err = await run_cli("kvs", "gc", "--statedir", str(statedir))
+    assert rc == 0, err
+    kept = _count(statedir)
+    assert f"kept {kept:,} blobs" in out
+    assert f"removed {before - kept:,} blobs" in out
+    assert f"{CHECKPOINT_KEY} (rootseq {root['rootseq']})" in out
+    assert before - kept > 50  # the old versions' shards and roots, the orphan, tmp's blobs
+
+    # every blob left is reachable, and nothing reachable went: a second
+    # collection finds nothing, and a restart reads every key
+    rc, out, err = await run_cli("kvs", "gc", "--statedir", str(statedir))
+    assert rc == 0 and "removed 0 blobs" in out, (out, err)
+    inst2 = await start_instance(size=2, statedir=str(statedir))
+    for rank in (0, 1):
+        h2 = await connect(inst2, rank)
+        again = await getroot(h2)
+        assert (again["rootref"], again["rootseq"]) == (root["rootref"], root["rootseq"])
+        for key, value in expect.items():
+            assert await get(h2, key) == value, key
+    # what was not reachable is gone: an early version, the orphan blob
+    assert await errnum(get(h2, "early", rootdir=dirref(first["rootref"]))) == errno.ENOENT
+    assert await errnum(h2.rpc("content.load", {"blobref": orphan})) == errno.ENOENT
+    await commit(h2, put("after", "gc"))  # and it goes on committing
+    assert await get(h2, "after") == b"gc"
+
+
+async def test_gc_dry_run_counts_and_deletes_nothing(start_instance, connect,
+                                                     tmp_path) -> None:
+    statedir = tmp_path / "state"
+    inst = await start_instance(size=1, statedir=str(statedir))
+    h = await connect(inst, 0)
+    await _fill(h)
+    await h.close()
+    await inst.stop()
+    before = _count(statedir)
+    rc, dry, err = await run_cli("kvs", "gc", "-n", "--statedir", str(statedir))
+    assert rc == 0, err
+    assert _count(statedir) == before
+    rc, real, err = await run_cli("kvs", "gc", "--statedir", str(statedir))
+    assert rc == 0, err
+    would = dry.splitlines()[1].replace("would remove", "removed")
+    assert would == real.splitlines()[1]
+    assert dry.splitlines()[0] == real.splitlines()[0]  # the same "kept" line
+
+
+async def test_gc_refuses_a_running_instance(start_instance, connect, tmp_path) -> None:
+    statedir = tmp_path / "state"
+    inst = await start_instance(size=1, statedir=str(statedir))
+    h = await connect(inst, 0)
+    await _fill(h)
+    rc, out, err = await run_cli("kvs", "gc", "--statedir", str(statedir))
+    assert rc == 1
+    assert "in use by a running instance" in err and "stop it first" in err
+    # the instance was not disturbed
+    await commit(h, put("still", "serving"))
+    assert await get(h, "still") == b"serving"
+    await h.close()
+    await inst.stop()
+
+
+async def test_gc_refuses_a_damaged_store_and_deletes_nothing(start_instance, connect,
+                                                              tmp_path) -> None:
+    statedir = tmp_path / "state"
+    inst = await start_instance(size=1, statedir=str(statedir))
+    h = await connect(inst, 0)
+    await _fill(h)
+    leaf = (await asyncio.wait_for(h.rpc("kvs.lookup", {"key": "a.b", "flags": 16,
+                                                        "namespace": "primary"}), 10))["val"]
+    await h.close()
+    await inst.stop()
+    db = sqlite3.connect(statedir / "content.sqlite")
+    with db:
+        db.execute("DELETE FROM objects WHERE hash = ?", (digest_of(leaf["data"][0]),))
+    db.close()
+    before = _count(statedir)
+    rc, out, err = await run_cli("kvs", "gc", "--statedir", str(statedir))
+    assert rc == 1
+    assert f"blob {leaf['data'][0]} is named but not in the store" in err
+    assert "nothing was deleted" in err
+    assert _count(statedir) == before
+
+
+@pytest.mark.parametrize("case", ["no dir", "no store", "no checkpoint", "bad checkpoint"])
+def test_gc_refuses_what_it_cannot_collect(tmp_path, case) -> None:
+    statedir = tmp_path / "state"
+    if case != "no dir":
+        statedir.mkdir(mode=0o700)
+    if case in ("no checkpoint", "bad checkpoint"):
+        store = SqliteStore(str(statedir / "content.sqlite"))
+        ref, data = txn.empty_root()
+        store.put_many([(ref, data)])
+        if case == "bad checkpoint":
+            store.checkpoint_put(CHECKPOINT_KEY, msgpack.packb({"rootref": 42}))
+        store.close()
+    with pytest.raises(GcError) as info:
+        collect(str(statedir))
+    message = {"no dir": "no such directory", "no store": "has no content.sqlite",
+               "no checkpoint": "would delete everything",
+               "bad checkpoint": "is not a KVS root"}[case]
+    assert message in str(info.value)
+    if case in ("no checkpoint", "bad checkpoint"):
+        assert _count(statedir) == 1
+    if case == "no store":
+        assert not (statedir / "content.sqlite").exists()  # not created by looking
+
+
+def test_gc_keeps_what_other_checkpoints_name(tmp_path) -> None:
+    """content.checkpoint-put takes any key and value: gc cannot know what
+    they mean, so every blobref in one is kept (and walked if a tree)."""
+    statedir = tmp_path / "state"
+    statedir.mkdir(mode=0o700)
+    store = SqliteStore(str(statedir / "content.sqlite"))
+    blobs: dict[str, bytes] = {}
+    root, data = txn.empty_root()
+    blobs[root] = data
+    cache = T.BlobCache(blobs)
+    mine = txn.apply(cache, root, [put("x", BIG)])  # a tree (with a valref under it)
+    blobs.update(mine.new_blobs)
+    raw = b"just bytes"
+    raw_ref = blobref.hash_blob(raw)
+    blobs[raw_ref] = raw
+    garbage = blobref.hash_blob(b"garbage")
+    store.put_many([*blobs.items(), (garbage, b"garbage")])
+    store.checkpoint_put(CHECKPOINT_KEY, msgpack.packb({"rootref": root, "rootseq": 0}))
+    store.checkpoint_put("mine", msgpack.packb({"saved": [mine.rootref, {"r": raw_ref}]}))
+    store.close()
+    report = collect(str(statedir))
+    assert report.removed == 1
+    store = SqliteStore(str(statedir / "content.sqlite"))
+    assert store.get(garbage) is None
+    assert all(store.get(ref) == b for ref, b in blobs.items())
+    store.close()
+    assert report.roots == {CHECKPOINT_KEY: "rootseq 0", "mine": "2 blobref(s)"}
+
+
+def test_reachable_is_exactly_the_tree_of_the_last_root(monkeypatch) -> None:
+    """Mark, checked against a store built from scratch: the final contents
+    committed in one transaction into an empty store make the same tree
+    (content addressing, canonical encoding), and so exactly the blobs the
+    mark must find in the store that saw every version."""
+    monkeypatch.setattr(shards, "SHARD_THRESHOLD", 8)  # deep hdir tries, few keys
+    history: dict[str, bytes] = {}
+    root, data = txn.empty_root()
+    history[root] = data
+    cache = T.BlobCache(history)
+    final: dict[str, bytes] = {}
+    for step in range(40):
+        ops = [put(f"d.k{(step * 7 + j) % 90}", f"{step}.{j}" * (1 + j * 20))
+               for j in range(3)]
+        ops.append(put(f"e.f{step % 5}.g", str(step)))
+        res = txn.apply(cache, root, ops)
+        history.update(res.new_blobs)
+        root = res.rootref
+        for op in ops:
+            final[op["key"]] = op["dirent"]["data"]
+    fresh: dict[str, bytes] = {}
+    empty, data = txn.empty_root()
+    fresh[empty] = data
+    one = txn.apply(T.BlobCache(fresh), empty, [put(k, v) for k, v in final.items()])
+    assert one.rootref == root
+    fresh.update(one.new_blobs)
+    assert reachable(history.get, [root]) == set(fresh) - {empty}
+    assert len(history) > 3 * len(fresh)  # there was garbage to leave out
