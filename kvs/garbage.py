@@ -63,47 +63,66 @@ class GcReport:
     dry_run: bool = False
 
 
+TREE, DATA, MAYBE = "tree", "data", "maybe"
+"""What a reference leads to: a tree object (must decode), a value's data
+(never decoded: a user's bytes may look like anything), or a blob some
+other checkpoint names (walked if it decodes, never required)."""
+
+
 def reachable(get: Callable[[str], bytes | None], trees: Sequence[str],
-              blobs: Sequence[str] = ()) -> set[str]:
-    """Every blobref reachable from the tree objects ``trees`` (walked) and
-    the blobs ``blobs`` (walked only if they decode as tree objects), read
-    with ``get(ref) -> bytes | None``.  Raises :class:`GcError` for a
-    missing blob or a tree object that does not decode."""
+              blobs: Sequence[str] = (),
+              has: Callable[[str], bool] | None = None) -> set[str]:
+    """Every blobref reachable from the tree objects ``trees`` and the
+    blobs ``blobs`` (kept if present, walked if they decode as tree
+    objects), read with ``get(ref) -> bytes | None``; ``has(ref)`` checks a
+    value's data blob without reading it.  Raises :class:`GcError` when a
+    blob the trees need is missing or a tree object does not decode."""
+    if has is None:
+        has = lambda ref: get(ref) is not None  # noqa: E731
     seen: set[str] = set()
-    todo: list[tuple[str, bool]] = [(r, True) for r in trees] + [(r, False) for r in blobs]
+    todo = [(r, TREE) for r in trees] + [(r, MAYBE) for r in blobs]
     while todo:
-        ref, must_be_tree = todo.pop()
+        ref, kind = todo.pop()
         if ref in seen:
+            continue
+        if kind == DATA:
+            if not has(ref):
+                raise _damaged(f"blob {ref} is named but not in the store")
+            seen.add(ref)
             continue
         data = get(ref)
         if data is None:
-            raise GcError(f"blob {ref} is named but not in the store (the store is damaged; "
-                          "nothing was deleted)")
+            if kind == MAYBE:
+                continue  # names nothing here: nothing to keep
+            raise _damaged(f"blob {ref} is named but not in the store")
         seen.add(ref)
         try:
             obj = treeobj.decode(data)
         except ErrnoError as exc:
-            if must_be_tree:
-                raise GcError(f"blob {ref} should be a tree object: {exc.errstr} "
-                              "(the store is damaged; nothing was deleted)") from None
+            if kind == TREE:
+                raise _damaged(f"blob {ref} should be a tree object: {exc.errstr}") from None
             continue  # an opaque blob named by another checkpoint: kept, not walked
-        for child, is_tree in _children(obj):
+        for child, child_kind in _children(obj):
             if child not in seen:
-                todo.append((child, is_tree))
+                todo.append((child, MAYBE if kind == MAYBE else child_kind))
     return seen
 
 
-def _children(obj: treeobj.TreeObj) -> Iterator[tuple[str, bool]]:
-    """The blobrefs a tree object names: (ref, names a tree object)."""
+def _damaged(what: str) -> GcError:
+    return GcError(f"{what} (the store is damaged; nothing was deleted)")
+
+
+def _children(obj: treeobj.TreeObj) -> Iterator[tuple[str, str]]:
+    """The blobrefs a tree object names, each with what it leads to."""
     t, data = obj["type"], obj["data"]
     if t == "dirref":
-        yield data[0], True
+        yield data[0], TREE
     elif t == "valref":
         for ref in data:
-            yield ref, False
+            yield ref, DATA
     elif t == "hdir":
         for ref in data["shards"].values():
-            yield ref, True
+            yield ref, TREE
     elif t == "dir":
         for entry in data.values():
             yield from _children(entry)
@@ -166,7 +185,7 @@ def collect(statedir: str, *, dry_run: bool = False) -> GcReport:
             raise GcError(f"statedir {statedir} has no KVS checkpoint ({CHECKPOINT_KEY!r}): "
                           "a collection would delete everything (remove the directory to "
                           "start afresh)")
-        keep = reachable(store.get, trees, blobs)
+        keep = reachable(store.get, trees, blobs, has=store.has)
         report.removed, report.removed_bytes = store.sweep(keep, dry_run=dry_run)
         total, total_bytes = store.totals()
         if dry_run:

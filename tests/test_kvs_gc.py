@@ -248,3 +248,30 @@ def test_reachable_is_exactly_the_tree_of_the_last_root(monkeypatch) -> None:
     fresh.update(one.new_blobs)
     assert reachable(history.get, [root]) == set(fresh) - {empty}
     assert len(history) > 3 * len(fresh)  # there was garbage to leave out
+
+
+def test_a_value_that_looks_like_a_tree_is_data(tmp_path) -> None:
+    """A value's bytes are never walked: a user may store anything, the
+    encoding of a tree object naming blobs that do not exist included
+    (it is kept, and the collection neither refuses nor follows it).  So is
+    a blob another checkpoint names that looks like such a tree."""
+    statedir = tmp_path / "state"
+    statedir.mkdir(mode=0o700)
+    store = SqliteStore(str(statedir / "content.sqlite"))
+    blobs: dict[str, bytes] = {}
+    empty, data = txn.empty_root()
+    blobs[empty] = data
+    nowhere = blobref.hash_blob(b"never stored")
+    lookalike = T.encode(T.dirref(nowhere))
+    assert len(lookalike) > T.INLINE_MAX  # stored as a valref's data blob
+    res = txn.apply(T.BlobCache(blobs), empty, [put("v", lookalike)])
+    blobs.update(res.new_blobs)
+    store.put_many(blobs.items())
+    store.checkpoint_put(CHECKPOINT_KEY, msgpack.packb({"rootref": res.rootref, "rootseq": 1}))
+    store.checkpoint_put("other", msgpack.packb([blobref.hash_blob(lookalike)]))
+    store.close()
+    report = collect(str(statedir))
+    assert (report.kept, report.removed) == (2, 1)  # the root and the value; not the empty root
+    store = SqliteStore(str(statedir / "content.sqlite"))
+    assert store.get(blobref.hash_blob(lookalike)) == lookalike
+    store.close()

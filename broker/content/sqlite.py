@@ -94,6 +94,10 @@ class SqliteStore:
                               (self._key(ref),)).fetchone()
         return None if row is None else bytes(row[0])
 
+    def has(self, ref: str) -> bool:
+        return self.db.execute("SELECT 1 FROM objects WHERE hash = ?",
+                               (self._key(ref),)).fetchone() is not None
+
     def put_many(self, items: Iterable[tuple[str, bytes]]) -> None:
         """Insert ``(blobref, blob)`` pairs in one transaction.
 
