@@ -28,6 +28,7 @@ during the sweep rolls it back.
 from __future__ import annotations
 
 import os
+import sqlite3
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -128,20 +129,34 @@ def _children(obj: treeobj.TreeObj) -> Iterator[tuple[str, str]]:
             yield from _children(entry)
 
 
-def _blobrefs_in(value: Any) -> Iterator[str]:
-    """Every string in a decoded checkpoint value that is a blobref."""
-    if blobref.is_valid(value):
-        yield value
-    elif isinstance(value, dict):
-        for v in value.values():
-            yield from _blobrefs_in(v)
-    elif isinstance(value, list):
-        for v in value:
-            yield from _blobrefs_in(v)
+def _blobrefs_in(value: Any) -> list[str]:
+    """Every blobref in a decoded checkpoint value: strings (or ASCII bytes)
+    anywhere in it, map keys included.  Iterative: a value may nest deeper
+    than Python's recursion limit."""
+    found: list[str] = []
+    todo = [value]
+    while todo:
+        v = todo.pop()
+        if isinstance(v, (bytes, bytearray)) and len(v) <= 200:
+            v = bytes(v).decode("ascii", "replace")
+        if blobref.is_valid(v):
+            found.append(v)
+        elif isinstance(v, dict):
+            todo.extend(v.keys())
+            todo.extend(v.values())
+        elif isinstance(v, list):
+            todo.extend(v)
+    return found
 
 
 def _file_size(path: str) -> int:
     return sum(os.path.getsize(p) for p in (path, path + "-wal") if os.path.exists(p))
+
+
+COMPACT_FREE_FRACTION = 0.1
+"""Compact when free pages are at least this share of the file -- also when
+this run removed nothing: the compaction of a run that was interrupted (or
+ran out of space) is still owed."""
 
 
 def collect(statedir: str, *, dry_run: bool = False) -> GcReport:
@@ -161,42 +176,72 @@ def collect(statedir: str, *, dry_run: bool = False) -> GcReport:
     except StoreLocked:
         raise GcError(f"statedir {statedir} is in use by a running instance "
                       f"(its {STORE_FILE} is locked): stop it first") from None
+    except (sqlite3.Error, OSError) as exc:
+        raise _sqlite_error(path, exc) from None
     try:
-        trees: list[str] = []
-        blobs: list[str] = []
-        for key in store.checkpoint_keys():
-            raw = store.checkpoint_get(key)
-            try:
-                value = msgpack.unpackb(raw or b"", raw=False)
-            except (ValueError, msgpack.UnpackException) as exc:
-                if key == CHECKPOINT_KEY:
-                    raise GcError(f"the checkpoint {key!r} does not decode: {exc}") from None
-                continue  # names nothing we could keep
-            if key == CHECKPOINT_KEY:
-                if not (isinstance(value, dict) and blobref.is_valid(value.get("rootref"))):
-                    raise GcError(f"the checkpoint {key!r} is not a KVS root: {value!r:.200}")
-                trees.append(value["rootref"])
-                report.roots[key] = f"rootseq {value.get('rootseq')}"
-            else:
-                refs = list(_blobrefs_in(value))
-                blobs += refs
-                report.roots[key] = f"{len(refs)} blobref(s)"
-        if CHECKPOINT_KEY not in report.roots:
-            raise GcError(f"statedir {statedir} has no KVS checkpoint ({CHECKPOINT_KEY!r}): "
-                          "a collection would delete everything (remove the directory to "
-                          "start afresh)")
-        keep = reachable(store.get, trees, blobs, has=store.has)
-        report.removed, report.removed_bytes = store.sweep(keep, dry_run=dry_run)
-        total, total_bytes = store.totals()
-        if dry_run:
-            total, total_bytes = total - report.removed, total_bytes - report.removed_bytes
-        report.kept, report.kept_bytes = total, total_bytes
-        if not dry_run and report.removed:
-            store.compact()
+        _collect(store, statedir, report)
+    except (sqlite3.Error, OSError) as exc:
+        raise _sqlite_error(path, exc) from None
     finally:
         store.close()
     report.file_after = _file_size(path)
     return report
+
+
+def _collect(store: SqliteStore, statedir: str, report: GcReport) -> None:
+    problem = store.check()
+    if problem is not None:
+        raise GcError(f"{STORE_FILE} is damaged ({problem}); nothing was deleted")
+    trees: list[str] = []
+    blobs: list[str] = []
+    for key in store.checkpoint_keys():
+        raw = store.checkpoint_get(key)
+        try:
+            value = msgpack.unpackb(raw or b"", raw=False, strict_map_key=False)
+        except Exception as exc:  # msgpack raises several kinds, StackError has no text
+            if key == CHECKPOINT_KEY:
+                raise GcError(f"the checkpoint {key!r} does not decode: "
+                              f"{str(exc) or type(exc).__name__}") from None
+            report.roots[key] = "not msgpack: names nothing"
+            continue
+        if key == CHECKPOINT_KEY:
+            if not (isinstance(value, dict) and blobref.is_valid(value.get("rootref"))):
+                raise GcError(f"the checkpoint {key!r} is not a KVS root: {value!r:.200}")
+            trees.append(value["rootref"])
+            report.roots[key] = f"rootseq {value.get('rootseq')}"
+        else:
+            refs = _blobrefs_in(value)
+            blobs += refs
+            report.roots[key] = f"{len(refs)} blobref(s)"
+    if CHECKPOINT_KEY not in report.roots:
+        raise GcError(f"statedir {statedir} has no KVS checkpoint ({CHECKPOINT_KEY!r}): "
+                      "a collection would delete everything (remove the directory to "
+                      "start afresh)")
+    keep = reachable(store.get, trees, blobs, has=store.has)
+    report.removed, report.removed_bytes = store.sweep(keep, dry_run=report.dry_run)
+    total, total_bytes = store.totals()
+    if report.dry_run:
+        total, total_bytes = total - report.removed, total_bytes - report.removed_bytes
+        report.kept, report.kept_bytes = total, total_bytes
+        return
+    report.kept, report.kept_bytes = total, total_bytes
+    if store.free_bytes() >= COMPACT_FREE_FRACTION * _file_size(store.path):
+        store.compact()
+
+
+def _sqlite_error(path: str, exc: BaseException) -> GcError:
+    """A clear line for what SQLite or the file system refused."""
+    if isinstance(exc, OSError):
+        return GcError(f"{exc.filename or path}: {exc.strerror or exc}")
+    text = str(exc)
+    if "full" in text:
+        return GcError(f"{path}: no space left ({text}): a collection needs free space "
+                       "for a copy of what it keeps, in the statedir and in SQLite's "
+                       "temporary directory; a deletion that completed stays done, and "
+                       "the next run compacts")
+    if "not a database" in text or "malformed" in text:
+        return GcError(f"{path} is damaged ({text}); nothing was deleted")
+    return GcError(f"{path}: {text}")
 
 
 def describe(report: GcReport) -> str:

@@ -363,7 +363,18 @@ class KvsModule(Module):
                 self.log.error("%d namespaces still committing after %g s at stop",
                                len(late), STOP_DRAIN_TIMEOUT)
         if self.leader and self.statedir:
-            await self._checkpoint()
+            try:
+                await self._checkpoint()
+            except Exception:
+                # The next start resumes from an older checkpoint; the root
+                # acknowledged commits reached is named here so it can be
+                # taken back (namespace create -r), if its blobs were written
+                # -- and before a kvs gc, which keeps only what checkpoints name.
+                ns = self.namespaces.get(PRIMARY)
+                if ns is not None and ns.rootseq > self.checkpointed:
+                    self.log.error("the primary namespace's last root (rootseq %d, rootref "
+                                   "%s) is not checkpointed", ns.rootseq, ns.rootref)
+                raise
 
     async def _checkpoint_periodically(self) -> None:
         """Rank 0 with a statedir: every ``kvs.checkpoint-period``, checkpoint

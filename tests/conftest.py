@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator, Callable
+import subprocess
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -123,3 +124,16 @@ class CountingStore(dict):
     def get(self, ref, default=None):  # type: ignore[override]
         self.reads += 1
         return super().get(ref, default)
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 20 MB tmpfs (root only; skipped where mounting is not allowed)."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    if os.geteuid() != 0 or subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=20m,mode=0700", "tmpfs", str(mnt)],
+            capture_output=True).returncode != 0:
+        pytest.skip("needs root and a tmpfs mount")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], capture_output=True)

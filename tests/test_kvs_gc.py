@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import os
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -275,3 +276,100 @@ def test_a_value_that_looks_like_a_tree_is_data(tmp_path) -> None:
     store = SqliteStore(str(statedir / "content.sqlite"))
     assert store.get(blobref.hash_blob(lookalike)) == lookalike
     store.close()
+
+
+def _store_with_primary(statedir: Path) -> tuple[SqliteStore, dict[str, bytes]]:
+    """A statedir whose primary checkpoint names a one-key tree."""
+    statedir.mkdir(mode=0o700)
+    store = SqliteStore(str(statedir / "content.sqlite"))
+    blobs: dict[str, bytes] = {}
+    empty, data = txn.empty_root()
+    blobs[empty] = data
+    res = txn.apply(T.BlobCache(blobs), empty, [put("x", BIG)])
+    blobs.update(res.new_blobs)
+    store.put_many(blobs.items())
+    store.checkpoint_put(CHECKPOINT_KEY, msgpack.packb({"rootref": res.rootref, "rootseq": 1}))
+    return store, blobs
+
+
+def test_gc_keeps_blobrefs_wherever_a_checkpoint_holds_them(tmp_path) -> None:
+    """Under an int map key (the wire allows them), as a map key, as bytes,
+    nested past Python's recursion limit: all kept (the audit lost the
+    first three, and the last raised RecursionError)."""
+    store, _ = _store_with_primary(tmp_path / "state")
+    refs = {}
+    for name in ("int-key", "as-key", "as-bytes", "deep", "garbage"):
+        refs[name] = blobref.hash_blob(name.encode())
+        store.put_many([(refs[name], name.encode())])
+    deep = b"\x91" * 1000 + msgpack.packb(refs["deep"])  # [[[...[ref]...]]]
+    store.checkpoint_put("a", msgpack.packb({1: refs["int-key"]}))
+    store.checkpoint_put("b", msgpack.packb({refs["as-key"]: "saved"}))
+    store.checkpoint_put("c", msgpack.packb({"r": refs["as-bytes"].encode()}))
+    store.checkpoint_put("d", deep)
+    store.close()
+    report = collect(str(tmp_path / "state"))
+    assert report.removed == 2  # the empty root, "garbage"
+    store = SqliteStore(str(tmp_path / "state" / "content.sqlite"))
+    assert [store.has(refs[n]) for n in refs] == [True, True, True, True, False]
+    store.close()
+
+
+def test_gc_compacts_what_an_interrupted_run_left(tmp_path) -> None:
+    """A run whose deletion committed but whose VACUUM failed (disk full,
+    killed) left free pages: a run that removes nothing still gives them
+    back (it compacted only when it removed something)."""
+    store, blobs = _store_with_primary(tmp_path / "state")
+    store.put_many((blobref.hash_blob(b"%d" % i), b"%d" % i * 500) for i in range(2000))
+    # the deletion of a run that then failed to compact (the empty root is garbage)
+    store.sweep(set(blobs) - {txn.empty_root()[0]})
+    store.close()
+    report = collect(str(tmp_path / "state"))
+    assert report.removed == 0
+    assert report.file_before > 1_000_000
+    assert report.file_after < report.file_before / 10
+
+
+def test_gc_says_what_is_wrong_with_the_file(tmp_path) -> None:
+    statedir = tmp_path / "state"
+    statedir.mkdir(mode=0o700)
+    (statedir / "content.sqlite").write_bytes(b"not a database at all" * 100)
+    with pytest.raises(GcError, match=r"content.sqlite is damaged \(file is not a database"):
+        collect(str(statedir))
+    (statedir / "content.sqlite").unlink()
+    (statedir / "content.sqlite").symlink_to(tmp_path / "elsewhere")
+    (tmp_path / "elsewhere").write_bytes(b"")
+    with pytest.raises(GcError, match=r"content.sqlite: Too many levels of symbolic links"):
+        collect(str(statedir))
+
+
+async def test_gc_without_room_to_compact_says_so_and_the_next_run_does(
+        small_disk, tmp_path) -> None:
+    """VACUUM copies what it keeps into SQLite's temporary directory: with
+    no room there (a 20 MB tmpfs, 24 MB kept), the run says so in one line
+    (it was a traceback), and the next run, with room, compacts."""
+    statedir = tmp_path / "state"
+    statedir.mkdir(mode=0o700)
+    store = SqliteStore(str(statedir / "content.sqlite"))
+    blobs: dict[str, bytes] = {}
+    empty, data = txn.empty_root()
+    blobs[empty] = data
+    res = txn.apply(T.BlobCache(blobs), empty,
+                    [put(f"v{i}", bytes([i]) * (3 << 20)) for i in range(8)])
+    blobs.update(res.new_blobs)
+    store.put_many(blobs.items())
+    store.put_many((blobref.hash_blob(b"%d" % i), b"%d" % i * 500) for i in range(4000))
+    store.checkpoint_put(CHECKPOINT_KEY, msgpack.packb({"rootref": res.rootref, "rootseq": 1}))
+    store.close()
+    env = dict(os.environ, SQLITE_TMPDIR=str(small_disk))
+    rc, out, err = await run_cli("kvs", "gc", "--statedir", str(statedir), env=env)
+    assert rc == 1
+    assert "no space left" in err and "the next run compacts" in err
+    assert "Traceback" not in err
+    path = statedir / "content.sqlite"
+    owed = path.stat().st_size
+    rc, out, err = await run_cli("kvs", "gc", "--statedir", str(statedir))
+    assert rc == 0, err
+    lines = out.splitlines()
+    assert lines[0].startswith("kept 9 blobs (25.2 MB)")  # the root and the 8 values
+    assert lines[1] == "removed 0 blobs (0 B)"  # the failed run's deletion held
+    assert path.stat().st_size < owed - 2_000_000

@@ -395,7 +395,8 @@ class ContentModule(Module):
             raise ErrnoError(errno.ENOENT, f"no checkpoint {body['key']!r}")
         import msgpack
 
-        self.h.respond(msg, {"value": msgpack.unpackb(value, raw=False)})
+        # as the codec reads payloads (a checkpoint-put may carry int keys)
+        self.h.respond(msg, {"value": msgpack.unpackb(value, raw=False, strict_map_key=False)})
 
     async def stats_get(self, msg: Message) -> None:
         out = self.stats()
