@@ -674,6 +674,8 @@ def report_local_error(args: argparse.Namespace, exc: OSError | ValueError) -> i
     service's), exit status 1."""
     what = getattr(args, "what", args.command)
     detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    if isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
+        detail = f"{exc.filename}: {detail}"  # which file, not only what went wrong
     print_err(f"{what}: {detail}")
     return 1
 

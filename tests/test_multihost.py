@@ -179,6 +179,10 @@ async def test_keygen_writes_owner_only_and_never_overwrites(tmp_path: Path) -> 
     rc, _, err = await run_cli("keygen", str(path))
     assert rc == 1 and "exists (keys are never overwritten)" in err
     assert path.read_bytes() == before
+    # a local error names the file (it said only "No such file or directory")
+    rc, _, err = await run_cli("keygen", str(tmp_path / "no" / "such.key"))
+    assert rc == 1
+    assert err == f"kvbroker: keygen: {tmp_path / 'no' / 'such.key'}: No such file or directory\n"
 
 
 async def test_broker_refuses_a_bad_file_or_rank(tmp_path: Path) -> None:
