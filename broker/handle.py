@@ -36,7 +36,10 @@ Event = Message
 def parse_uri(uri: str | None) -> str:
     """``local:///path/to/socket`` (or a bare path) -> the socket path;
     an ``ssh://`` URI (:mod:`broker.ssh`) is returned whole."""
-    uri = uri or os.environ.get(URI_ENV)
+    if uri is None:
+        uri = os.environ.get(URI_ENV)
+    elif not uri:
+        raise ValueError("empty broker URI (pass None to use $KVBROKER_URI)")
     if not uri:
         raise ValueError(f"no broker URI given and {URI_ENV} is not set")
     if uri.startswith("local://"):

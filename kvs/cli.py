@@ -24,6 +24,7 @@ import json
 import os
 import re
 import sys
+import unicodedata
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -272,12 +273,33 @@ def _kv_line(key: str, value: bytes, maxcol: int) -> str:
     line = f"{key} = {text}"
     overflow = False
     if maxcol:
-        if len(line) > maxcol - 3:
-            line, overflow = line[: maxcol - 3], True
+        cut = _fit_columns(line, maxcol - 3)
+        if cut < len(line):
+            line, overflow = line[:cut], True
         head, nl, rest = line.partition("\n")
         if nl:
             line, overflow = head, overflow or bool(rest)
     return line + ("..." if overflow else "")
+
+
+def _fit_columns(text: str, cols: int) -> int:
+    """How many characters of ``text`` fit in ``cols`` terminal columns: a
+    wide (East Asian) character takes two, a combining mark none.  Counting
+    characters let ``dir -w 20`` print 30 columns of Japanese."""
+    if len(text) <= cols // 2:
+        return len(text)  # fits however wide its characters are
+    used = 0
+    for i, ch in enumerate(text):
+        if ch.isascii():
+            w = 1
+        elif unicodedata.combining(ch):
+            w = 0
+        else:
+            w = 2 if unicodedata.east_asian_width(ch) in "WF" else 1
+        if used + w > cols:
+            return i
+        used += w
+    return len(text)
 
 
 async def _dump_dir(top: Dir, maxcol: int, recursive: bool, only_keys: bool) -> None:
@@ -778,7 +800,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("-w", "--watch", action="store_true", help="print the value and its changes")
     p.add_argument("-W", "--waitcreate", action="store_true", help="wait for KEY to be created")
     p.add_argument("-c", "--count", type=non_negative_int, default=0, metavar="COUNT",
-                   help="with --watch, stop after COUNT values")
+                   help="with --watch, stop after COUNT values of each KEY")
     p.add_argument("-u", "--uniq", action="store_true",
                    help="with --watch, print only values that changed")
     p.add_argument("-A", "--append", action="store_true",

@@ -163,7 +163,8 @@ def collect(statedir: str, *, dry_run: bool = False) -> GcReport:
     """Collect the garbage of the stopped instance whose statedir is ``statedir``."""
     path = os.path.join(statedir, STORE_FILE)
     if not os.path.isdir(statedir):
-        raise GcError(f"statedir {statedir}: no such directory")
+        raise GcError(f"statedir {statedir}: "
+                      f"{'not a directory' if os.path.exists(statedir) else 'no such directory'}")
     if not os.path.exists(path):
         raise GcError(f"statedir {statedir} has no {STORE_FILE} (nothing to collect)")
     try:
@@ -248,9 +249,11 @@ def describe(report: GcReport) -> str:
     """The report as ``kvbroker kvs gc`` prints it."""
     roots = ", ".join(f"{k} ({v})" for k, v in report.roots.items())
     verb = "would remove" if report.dry_run else "removed"
+    file = (f"{_size(report.file_before)} (a dry run compacts nothing)" if report.dry_run
+            else f"{_size(report.file_before)} -> {_size(report.file_after)}")
     return (f"kept {report.kept:,} blobs ({_size(report.kept_bytes)}) reachable from {roots}\n"
             f"{verb} {report.removed:,} blobs ({_size(report.removed_bytes)})\n"
-            f"{STORE_FILE}: {_size(report.file_before)} -> {_size(report.file_after)}")
+            f"{STORE_FILE}: {file}")
 
 
 def _size(n: int) -> str:

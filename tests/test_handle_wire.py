@@ -223,7 +223,7 @@ async def test_close_gives_up_flushing_to_a_peer_that_does_not_read(tmp_path: Pa
     await server.wait_closed()
 
 
-@pytest.mark.parametrize("uri", ["local://", "tcp://host:1", "ssh://host-without-path"])
+@pytest.mark.parametrize("uri", ["local://", "tcp://host:1", "ssh://host-without-path", ""])
 async def test_a_malformed_uri_is_a_value_error(uri: str) -> None:
     with pytest.raises(ValueError):
         await Handle.connect(uri)

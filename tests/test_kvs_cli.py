@@ -371,7 +371,7 @@ async def test_dir(start_instance) -> None:
         t kvbroker kvs dir $D.a
         t kvbroker kvs dir test.nope
         kvbroker kvs put long.v=0123456789012345678901234567890123456789 long.n="$(printf 'one\\ntwo')"
-        kvbroker kvs put long.e=
+        kvbroker kvs put long.e= long.w=値値値値値値値値値値値値
         printf 'end\\n' | kvbroker kvs put -r long.t=-
         t kvbroker kvs dir -w 20 long
         t kvbroker kvs dir long
@@ -430,11 +430,13 @@ async def test_dir(start_instance) -> None:
         long.n = one...
         long.t = end
         long.v = 01234567...
+        long.w = 値値値値...
         $ kvbroker kvs dir long
         long.e =<sp>
         long.n = one...
         long.t = end
         long.v = 0123456789012345678901234567890123456789
+        long.w = 値値値値値値値値値値値値
         $ kvbroker kvs dir -w 0 long
         long.e =<sp>
         long.n = one
@@ -442,6 +444,7 @@ async def test_dir(start_instance) -> None:
         long.t = end
 
         long.v = 0123456789012345678901234567890123456789
+        long.w = 値値値値値値値値値値値値
         """)
 
 

@@ -129,6 +129,9 @@ async def test_gc_dry_run_counts_and_deletes_nothing(start_instance, connect,
     would = dry.splitlines()[1].replace("would remove", "removed")
     assert would == real.splitlines()[1]
     assert dry.splitlines()[0] == real.splitlines()[0]  # the same "kept" line
+    # the file line of a dry run is the size now (it said "1.0 MB -> 1.0 MB")
+    assert dry.splitlines()[2].endswith("(a dry run compacts nothing)")
+    assert " -> " not in dry.splitlines()[2]
 
 
 async def test_gc_refuses_a_running_instance(start_instance, connect, tmp_path) -> None:
@@ -168,10 +171,13 @@ async def test_gc_refuses_a_damaged_store_and_deletes_nothing(start_instance, co
     assert _count(statedir) == before
 
 
-@pytest.mark.parametrize("case", ["no dir", "no store", "no checkpoint", "bad checkpoint"])
+@pytest.mark.parametrize("case", ["no dir", "a file", "no store", "no checkpoint",
+                                  "bad checkpoint"])
 def test_gc_refuses_what_it_cannot_collect(tmp_path, case) -> None:
     statedir = tmp_path / "state"
-    if case != "no dir":
+    if case == "a file":
+        statedir.write_text("")
+    elif case != "no dir":
         statedir.mkdir(mode=0o700)
     if case in ("no checkpoint", "bad checkpoint"):
         store = SqliteStore(str(statedir / "content.sqlite"))
@@ -182,7 +188,8 @@ def test_gc_refuses_what_it_cannot_collect(tmp_path, case) -> None:
         store.close()
     with pytest.raises(GcError) as info:
         collect(str(statedir))
-    message = {"no dir": "no such directory", "no store": "has no content.sqlite",
+    message = {"no dir": "no such directory", "a file": "not a directory",
+               "no store": "has no content.sqlite",
                "no checkpoint": "would delete everything",
                "bad checkpoint": "is not a KVS root"}[case]
     assert message in str(info.value)
