@@ -51,6 +51,7 @@ from kvs.txn import APPEND, NO_MERGE, SYNC
 if TYPE_CHECKING:
     from broker.handle import Handle
     from broker.sync import SyncHandle
+    from kvs_watch.client import EventlogWatch, SyncWatch, Watch
 
 __all__ = [
     "APPEND",
@@ -452,6 +453,22 @@ class KVS:
         """The target of symlink ``key`` (``EINVAL`` if it is not a symlink)."""
         return Link.from_treeobj(await self.lookup(key, READLINK, at=at))
 
+    def watch(self, key: str, **options: Any) -> Watch:
+        """:func:`kvs_watch.client.watch` of ``key`` in this namespace: its
+        value, then one entry per commit naming it (``async for``).  The
+        options are :func:`~kvs_watch.client.watch`'s (``waitcreate``,
+        ``uniq``, ``append``, ``full``, ``nodeid`` ...)."""
+        from kvs_watch.client import watch
+
+        return watch(self.handle, key, namespace=self.namespace, **options)
+
+    def watch_eventlog(self, key: str, *, waitcreate: bool = False) -> EventlogWatch:
+        """:func:`kvs_watch.client.watch_eventlog` of ``key`` in this namespace."""
+        from kvs_watch.client import watch_eventlog
+
+        return watch_eventlog(self.handle, key, namespace=self.namespace,
+                              waitcreate=waitcreate)
+
     async def dir(self, key: str = ".", *, at: RootSpec | None = None) -> Dir:
         """Directory ``key`` as a :class:`Dir` snapshot (``ENOTDIR`` for a value)."""
         check_key(key)
@@ -742,6 +759,23 @@ class SyncKVS:
         """A :class:`Dir` (its mapping part is synchronous; for
         ``read``/``subdir`` use ``kvs.run(d.read(name))``)."""
         return self.run(self.aio.dir(key, at=at))
+
+    def watch(self, key: str, *, timeout: float | None = None,
+              **options: Any) -> SyncWatch:
+        """:meth:`KVS.watch` as a blocking iterator (``with`` cancels it);
+        each ``next()`` waits at most ``timeout`` seconds (None: as long as
+        it takes)."""
+        from kvs_watch.client import SyncWatch
+
+        return SyncWatch(self.sync_handle, self.aio.watch(key, **options), timeout=timeout)
+
+    def watch_eventlog(self, key: str, *, waitcreate: bool = False,
+                       timeout: float | None = None) -> SyncWatch:
+        """:meth:`KVS.watch_eventlog` as a blocking iterator of entries."""
+        from kvs_watch.client import SyncWatch
+
+        return SyncWatch(self.sync_handle, self.aio.watch_eventlog(key, waitcreate=waitcreate),
+                         timeout=timeout)
 
     def exists(self, key: str) -> bool:
         return self.run(self.aio.exists(key))

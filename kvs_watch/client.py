@@ -109,6 +109,9 @@ class Watch:
             raise TypeError(f"key must be a str, not {type(key).__name__}")
         if namespace is not None and not isinstance(namespace, str):
             raise TypeError(f"namespace must be a str, not {type(namespace).__name__}")
+        if not hasattr(h, "rpc_stream"):  # (it failed later with an AttributeError)
+            raise TypeError(f"watch a key through a Handle, not a {type(h).__name__}: "
+                            "kvs.watch(key) on a KVS or SyncKVS, or watch(kvs.handle, key)")
         self.h = h
         self.key = key
         self.flags = flags

@@ -283,3 +283,60 @@ def test_sync_facade(tmp_path):
                         assert time.monotonic() < deadline, "the dropped watch stayed"
         finally:
             runner.run(inst.stop())
+
+
+async def test_kvs_watch_methods_follow_the_kvs_namespace(start_instance, connect):
+    """``KVS.watch`` / ``watch_eventlog`` watch in the KVS's own namespace
+    (the free function with a KVS's handle watched primary), and a KVS
+    given to ``watch()`` is a TypeError that says what to do (it was an
+    AttributeError about rpc_stream from deep inside)."""
+    from kvs import eventlog
+    from kvs.client import KVS
+
+    inst = await start_instance(size=2)
+    h = await connect(inst, 1)
+    await asyncio.wait_for(h.rpc("kvs.namespace-create", {"namespace": "job", "owner": -1}), 10)
+    job, primary = KVS(h, "job"), KVS(h)
+    await primary.put("k", "in primary")
+    await job.put("k", "in job")
+    w = job.watch("k", uniq=True)
+    assert w.namespace == "job"
+    assert await take(w, 1) == [b"in job"]
+    await job.put("k", "again")
+    assert await take(w, 1) == [b"again"]
+    await w.cancel()
+    await eventlog.append(job, "log", "submit")
+    log = job.watch_eventlog("log")
+    async with asyncio.timeout(10):
+        assert (await anext(log))["name"] == "submit"
+    await log.cancel()
+    with pytest.raises(TypeError, match=r"kvs.watch\(key\) on a KVS"):
+        watch(job, "k")  # type: ignore[arg-type]
+
+
+def test_sync_kvs_watch(tmp_path):
+    """``SyncKVS.watch`` is a blocking iterator in the facade's namespace."""
+    from broker.launch import Instance
+    from broker.loops import loop_factory
+    from kvs import eventlog
+    from kvs.client import SyncKVS
+
+    with asyncio.Runner(loop_factory=loop_factory("asyncio")) as runner:
+        inst = Instance(2, 2, stderr_path=str(tmp_path / "broker.log"))
+        runner.run(asyncio.wait_for(inst.start(), 60))
+        try:
+            with SyncKVS(uri=inst.uri(1)) as kvs:
+                kvs.namespace_create("job")
+                job = kvs.with_namespace("job")
+                job.put("k", "1")
+                with job.watch("k", timeout=10) as w:
+                    it = iter(w)
+                    assert next(it).value == b"1"
+                    job.put("k", "2")
+                    assert next(it).value == b"2"
+                job.run(eventlog.append(job.aio, "log", "start"))
+                with job.watch_eventlog("log", timeout=10) as w:
+                    assert next(iter(w))["name"] == "start"
+                assert kvs.sync_handle.rpc("kvs-watch.stats-get", {}, timeout=10)["watchers"] == 0
+        finally:
+            runner.run(inst.stop())
