@@ -935,7 +935,9 @@ def register(subparsers: Any) -> None:
     c = nsub.add_parser("create", help="create namespaces")
     c.add_argument("-o", "--owner", type=non_negative_int, metavar="UID",
                    help="owner (default: you)")
-    c.add_argument("-r", "--rootref", metavar="BLOBREF", help="start at this root")
+    c.add_argument("-r", "--rootref", metavar="ROOT",
+                   help="start at this root: a blobref, or a dirref tree object "
+                        "(what getroot prints)")
     c.add_argument("names", nargs="+", metavar="NS")
     c = nsub.add_parser("remove", help="remove namespaces")
     c.add_argument("names", nargs="+", metavar="NS")

@@ -631,15 +631,16 @@ class KVS:
     # ------------------------------------------------------------ namespaces
 
     async def namespace_create(self, name: str, owner: int | None = None,
-                               rootref: str | None = None) -> None:
+                               rootref: RootSpec | None = None) -> None:
         """Create namespace ``name`` (owned by uid ``owner``, default the
-        instance owner), empty or starting at blob ``rootref``.
+        instance owner), empty or starting at root ``rootref`` (a blobref,
+        or anything ``at=`` takes: the output of ``getroot`` too).
         ``EEXIST`` if it exists; instance owner only."""
         payload: dict[str, Any] = {"namespace": name}
         if owner is not None:
             payload["owner"] = int(owner)
         if rootref is not None:
-            payload["rootref"] = rootref
+            payload["rootref"] = as_root(rootref)["data"][0]
         await self.handle.rpc("kvs.namespace-create", payload)
 
     async def namespace_remove(self, name: str) -> None:
@@ -830,7 +831,7 @@ class SyncKVS:
         return self.run(self.aio.wait_version(version), timeout)
 
     def namespace_create(self, name: str, owner: int | None = None,
-                         rootref: str | None = None) -> None:
+                         rootref: RootSpec | None = None) -> None:
         self.run(self.aio.namespace_create(name, owner, rootref))
 
     def namespace_remove(self, name: str) -> None:

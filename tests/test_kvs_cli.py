@@ -1368,3 +1368,28 @@ async def test_recursive_listings_of_a_tree_deeper_than_python_recursion(start_i
     async with await Handle.connect(inst.uri(0)) as h:
         found = [k async for k, _ in (await KVS(h).dir("d0")).walk()]
     assert found == [key]
+
+
+async def test_namespace_create_takes_what_getroot_prints(start_instance) -> None:
+    """-r took only a bare blobref ("invalid blobref" for getroot's default
+    output, a dirref tree object); it now takes either, as --at does."""
+    inst = await start_instance(size=1)
+    out = await sh(inst, """
+        kvbroker kvs put a=1
+        t kvbroker kvs namespace create -r "$(kvbroker kvs getroot)" snap
+        t kvbroker kvs namespace create -r "$(kvbroker kvs getroot -b)" snap2
+        t kvbroker kvs get -N snap a
+        t kvbroker kvs get -N snap2 a
+        t kvbroker kvs namespace create -r '{"data":"x","type":"val","ver":1}' bad
+        """)
+    assert out == expect("""
+        $ kvbroker kvs namespace create -r {"data":["REF"],"type":"dirref","ver":1} snap
+        $ kvbroker kvs namespace create -r REF snap2
+        $ kvbroker kvs get -N snap a
+        1
+        $ kvbroker kvs get -N snap2 a
+        1
+        $ kvbroker kvs namespace create -r {"data":"x","type":"val","ver":1} bad
+        kvbroker: bad: Invalid argument (...)
+        [rc=1]
+        """)
