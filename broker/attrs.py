@@ -19,11 +19,14 @@ to load it (:mod:`broker.plugins`).  The same specs serve three places:
 Values are kept as given (``-S`` values are strings); defaults are stored as
 the text one would pass with ``-S``, so an attribute reads back the same way
 whether it was set or defaulted.  Attributes no spec declares (``-S
-my.attr=x``) are kept and readable, unchecked.
+my.attr=x``) are kept and readable, unchecked -- unless their name is in a
+prefix the core or a loaded module owns (``kvs.``, ``log.`` ...), where an
+unknown name is a typo refused at start (:func:`check_names`).
 """
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass
@@ -202,9 +205,34 @@ def check_instance(attrs: Mapping[str, Any]) -> None:
     module it cannot find or import is left to the ranks to report (their
     environment, e.g. ``PYTHONPATH``, may differ from the launcher's)."""
     check(attrs, BROKER_ATTRS)
+    known = {spec.name for spec in BROKER_ATTRS} | set(RANK_SET)
+    owned = set(CORE_PREFIXES)
     for name in module_names(attrs):
         try:
             cls = plugins.load_module_class(name)
         except (LookupError, ImportError):
             continue
-        check(attrs, getattr(cls, "attributes", ()))
+        specs = getattr(cls, "attributes", ())
+        check(attrs, specs)
+        known.update(spec.name for spec in specs)
+        owned.add(f"{name}.")
+    check_names(attrs, known, owned)
+
+
+CORE_PREFIXES = ("access.", "broker.", "content.", "log.", "tbon.")
+"""Attribute prefixes the core owns; each loaded module owns ``<name>.``."""
+RANK_SET = ("broker.pid",)
+"""Attributes in an owned prefix that a rank sets itself."""
+
+
+def check_names(attrs: Mapping[str, Any], known: set[str], owned: Iterable[str]) -> None:
+    """:class:`AttrError` for a name in a prefix the core or a module owns that
+    nobody declares: a typo (``kvs.checkpoint_period``) was kept and
+    ignored, so a durability setting silently did not apply.  Names outside
+    those prefixes (``my.attr``) stay free, as in Flux."""
+    prefixes = tuple(owned)
+    for name in attrs:
+        if name.startswith(prefixes) and name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise AttrError(f"{name}: unknown attribute{hint}")

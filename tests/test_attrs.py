@@ -122,6 +122,18 @@ def test_check_instance() -> None:
     attrs.check_instance({"broker.modules": "content,not-here"})
 
 
+def test_unknown_names_in_owned_prefixes_are_typos() -> None:
+    with pytest.raises(AttrError, match=r"^kvs\.cachebytes: unknown attribute \(did you "
+                                        r"mean kvs\.cache-bytes\?\)$"):
+        attrs.check_instance({"kvs.cachebytes": "1"})
+    with pytest.raises(AttrError, match=r"^tbon\.whatever: unknown attribute$"):
+        attrs.check_instance({"tbon.whatever": "1"})
+    # free: names outside every owned prefix, a module's prefix when it is
+    # not loaded, and what a rank sets itself
+    attrs.check_instance({"my.attr": "1", "kvsx.y": "1", "broker.pid": "1"})
+    attrs.check_instance({"broker.modules": "content", "kvs.anything": "1"})
+
+
 def test_with_defaults_keeps_set_values() -> None:
     a: dict[str, object] = {"kvs.cache-bytes": "1000"}
     attrs.with_defaults(a, KvsModule.attributes)

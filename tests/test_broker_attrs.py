@@ -44,6 +44,10 @@ def one_line(stderr: str) -> str:
      "access.allow-guest-user: 'maybe' is not a boolean (use true or false)"),
     ("content.blob-size-limit=10", "content.blob-size-limit: 10 is below the minimum of 256"),
     ("tbon.transport=udp", "tbon.transport: unknown transport 'udp'"),
+    # a typo in a prefix the core or a module owns (was: kept and ignored)
+    ("kvs.checkpoint_period=0",
+     "kvs.checkpoint_period: unknown attribute (did you mean kvs.checkpoint-period?)"),
+    ("log.levle=debug", "log.levle: unknown attribute (did you mean log.level?)"),
 ])
 async def test_start_refuses_a_bad_value_before_any_rank(setting: str, message: str) -> None:
     rc, out, err = await run_cli("start", "--size", "2", "-S", setting, "--",
