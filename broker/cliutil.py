@@ -11,7 +11,7 @@ import math
 import os
 import sys
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import msgpack
 
@@ -190,6 +190,16 @@ class PermutingParser(argparse.ArgumentParser):
     -- -key``): the permuting parse would read what follows it as options."""
 
     _permuting = False
+
+    def error(self, message: str) -> NoReturn:
+        """A command given without its subcommand prints the subcommands
+        (``kvbroker``, ``kvbroker kvs``), as ``flux`` does, not only that one
+        is required."""
+        if message.startswith("the following arguments are required") and any(
+                isinstance(a, argparse._SubParsersAction) for a in self._actions):
+            self.print_help(sys.stderr)
+            self.exit(2, f"\n{self.prog}: error: {message}\n")
+        super().error(message)
 
     def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
         if (self._permuting or (args is not None and "--" in args)

@@ -725,3 +725,17 @@ async def test_a_closed_stdout_ends_every_command_quietly(start_instance, connec
         assert rc == 0, err
         _, err_b = await sub.communicate()
         assert (sub.returncode, err_b) == (141, b"")
+
+
+@pytest.mark.parametrize("args, listed", [
+    ((), ("start ", "kvs ", "shutdown ")),
+    (("kvs",), ("get ", "put ", "gc ", "namespace ")),
+    (("kvs", "namespace"), ("create ", "remove ", "list ")),
+])
+async def test_a_command_without_its_subcommand_lists_them(args, listed) -> None:
+    """It said only "the following arguments are required: COMMAND"."""
+    rc, out, err = await run_cli(*args)
+    assert rc == 2 and out == ""
+    assert all(re.search(rf"\n    {name.strip()}\b", err) for name in listed), err
+    assert err.endswith(f"{' '.join(('kvbroker', *args))}: error: the following arguments "
+                        f"are required: {'SUBCOMMAND' if args else 'COMMAND'}\n")
