@@ -255,7 +255,9 @@ def cmd_put(args: argparse.Namespace) -> int:
     flags = (NO_MERGE if args.no_merge else 0) | (SYNC if args.sync else 0)
 
     async def body(kvs: KVS) -> int:
-        result = await _commit(kvs, ops, keys[0] if len(keys) == 1 else "put", flags)
+        # (an empty key named nothing: "kvbroker: : Invalid argument")
+        label = keys[0] if len(keys) == 1 and keys[0] else "put"
+        result = await _commit(kvs, ops, label, flags)
         _commit_finish(args, result)
         return 0
 

@@ -119,6 +119,7 @@ async def test_put_get_across_ranks(start_instance) -> None:
         t kvbroker kvs get $D.s.x
         t kvbroker kvs put NOVALUE
         t kvbroker kvs put .=1
+        t kvbroker kvs put =1
         t kvbroker kvs get $D.s test.nope $D.i
         """, rank=1)
     assert out == expect("""
@@ -152,6 +153,9 @@ async def test_put_get_across_ranks(start_instance) -> None:
         [rc=1]
         $ kvbroker kvs put .=1
         kvbroker: .: Invalid argument (...)
+        [rc=1]
+        $ kvbroker kvs put =1
+        kvbroker: put: Invalid argument (...)
         [rc=1]
         $ kvbroker kvs get test.a.b.s test.nope test.a.b.i
         foo
