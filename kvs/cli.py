@@ -236,6 +236,19 @@ def _read_stdin() -> bytes:
 def cmd_put(args: argparse.Namespace) -> int:
     ops = TxnOps()
     keys = []
+    for cond in args.expect:  # conditions first: they see the tree as it is
+        key, sep, value = cond.partition("=")
+        if not sep:
+            raise UsageError(f"--expect {cond}: give KEY=VALUE")
+        try:
+            ops.expect_raw(key, os.fsencode(value))
+        except ErrnoError as exc:
+            raise _fail(key, exc) from None
+    for key in args.expect_missing:
+        try:
+            ops.expect_missing(key)
+        except ErrnoError as exc:
+            raise _fail(key, exc) from None
     for pair in args.pairs:
         key, sep, value = pair.partition("=")
         if not sep:
@@ -826,6 +839,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("-A", "--append", action="store_true", help="append to the current value(s)")
     p.add_argument("-S", "--sync", action="store_true",
                    help="return once the change is on stable storage")
+    p.add_argument("--expect", action="append", default=[], metavar="KEY=VALUE",
+                   help="commit only if KEY holds VALUE now, else fail and change "
+                        "nothing (compare-and-swap; repeatable)")
+    p.add_argument("--expect-missing", action="append", default=[], metavar="KEY",
+                   help="commit only if KEY does not exist (repeatable)")
     p.add_argument("pairs", nargs="+", metavar="KEY=VALUE")
     p.set_defaults(func=cmd_put)
 

@@ -46,7 +46,7 @@ from kvs.keys import join, normalize, split
 from kvs.lookup import READDIR, READLINK, TREEOBJ
 from kvs.namespaces import PRIMARY
 from kvs.treeobj import TreeObj
-from kvs.txn import APPEND, NO_MERGE, SYNC
+from kvs.txn import APPEND, EXPECT, NO_MERGE, SYNC
 
 if TYPE_CHECKING:
     from broker.handle import Handle
@@ -55,6 +55,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "APPEND",
+    "EXPECT",
     "NAMESPACE_ENV",
     "NO_MERGE",
     "READDIR",
@@ -251,6 +252,23 @@ class TxnOps:
         """Append ``value`` (encoded as by :meth:`put`) to ``key``'s value,
         creating it if missing."""
         return self._op(key, treeobj.val(encode_value(value)), APPEND)
+
+    def expect(self, key: str, value: Any) -> TxnOps:
+        """A condition, not a change: the whole transaction fails with
+        ``ECANCELED`` (and changes nothing) unless ``key`` holds ``value``
+        (encoded as by :meth:`put`) at this point of it -- compare-and-swap:
+        ``t.expect("lock", "free").put("lock", "mine")``."""
+        return self._op(key, treeobj.val(encode_value(value)), EXPECT)
+
+    def expect_raw(self, key: str, data: bytes | bytearray | memoryview) -> TxnOps:
+        """:meth:`expect` of exactly ``data``."""
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise TypeError("expect_raw needs bytes")
+        return self._op(key, treeobj.val(data), EXPECT)
+
+    def expect_missing(self, key: str) -> TxnOps:
+        """A condition: ``key`` must not exist (create-if-absent, a lock)."""
+        return self._op(key, None, EXPECT)
 
     def mkdir(self, key: str) -> TxnOps:
         """Make ``key`` an empty directory (replacing what was there)."""

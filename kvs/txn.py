@@ -25,6 +25,14 @@ Semantics follow Flux's ``kvstxn.c``:
   ``valref`` of its old bytes and the new bytes (old bytes are never copied
   into a new blob with the appended data).  A directory gives ``EISDIR``, a
   symlink ``EOPNOTSUPP``.
+* ``EXPECT``: a condition, not a change (kvbroker's compare-and-swap, as
+  etcd's ``txn`` compare or Redis ``WATCH``): the key must hold exactly the
+  ``val`` dirent's bytes at this point of the transaction (a ``valref``'s
+  blobs are read and joined), or with a ``null`` dirent not exist.  Else
+  the transaction fails with ``ECANCELED`` and changes nothing.  A
+  directory or symlink at the key is never a value; a symlink on the path
+  is followed, as for a write.  Merged transactions are applied in order,
+  so a condition sees the ones before it, as if each ran alone.
 * A dirent may be any valid tree object except ``hdir`` (``EINVAL``
   otherwise); blobrefs in it are checked for form only -- the caller checks
   that they exist.
@@ -67,10 +75,12 @@ from kvs.treeobj import (
     validate,
 )
 
-__all__ = ["APPEND", "NO_MERGE", "SYNC", "TxnResult", "apply", "empty_root", "NeedBlobs"]
+__all__ = ["APPEND", "EXPECT", "NO_MERGE", "SYNC", "TxnResult", "apply", "empty_root",
+           "NeedBlobs"]
 
-# op flag
+# op flags
 APPEND = 32
+EXPECT = 64
 # commit flags (interpreted by the kvs module, not by this engine)
 NO_MERGE = 1
 SYNC = 4
@@ -197,6 +207,9 @@ def _check_op(op: object) -> tuple[str, list[str], int, TreeObj | None]:
     if depth > MAX_DEPTH:
         raise ErrnoError(errno.EINVAL, f"{norm[:64]}...: writes more than {MAX_DEPTH} "
                          "levels deep (key components plus nested directories)")
+    if flags & EXPECT and (flags != EXPECT or not (dirent is None or dirent["type"] == "val")):
+        raise ErrnoError(errno.EPROTO, f"{norm}: an expect op takes a val dirent or null, "
+                                       "and no other flag")
     if dirent is not None:
         if flags & APPEND and dirent["type"] != "val":
             raise ErrnoError(errno.EPROTO, f"{norm}: append needs a val dirent")
@@ -258,6 +271,41 @@ class _Txn:
             if d.hashed is not None:
                 d.get(cache, name)  # load the shard path now, so NeedBlobs comes early
             d.set(name, dirent)
+
+    def expect(self, root: _WDir, parts: list[str], want: TreeObj | None,
+               depth: int = 0) -> None:
+        """An ``EXPECT`` op: ``ECANCELED`` unless the key holds ``want``'s
+        bytes now (``None``: unless it is missing).  The path is walked as
+        :meth:`link` walks it, through the working copies, so the changes of
+        earlier ops count; directories it loads are adopted unchanged, which
+        leaves them as they were when unrolled."""
+        cache = self.cache
+        d = root
+        for i in range(len(parts) - 1):
+            e = d.get(cache, parts[i])
+            if isinstance(e, _WDir):
+                d = e
+                continue
+            t = e["type"] if e is not None else None
+            if t in ("dirref", "dir"):
+                sub = _WDir.load(cache, e) if t == "dirref" else _WDir.inline(e)
+                d.adopt(parts[i], sub)
+                d = sub
+            elif t == "symlink":
+                if depth >= SYMLINK_MAX:
+                    raise ErrnoError(errno.ELOOP, "too many levels of symbolic links")
+                ns, target = symlink_target(e)
+                if ns is None:
+                    ns, target = parse_ns_target(target)
+                if ns is not None and ns != self.namespace:
+                    raise ErrnoError(errno.EINVAL,
+                                     "cannot expect through a link into another namespace")
+                self.expect(root, split(target) + parts[i + 1:], want, depth + 1)
+                return
+            else:  # missing, or a value: so the key is missing
+                _compare(".".join(parts), None, want, cache)
+                return
+        _compare(".".join(parts), d.get(cache, parts[-1]), want, cache)
 
     def append(self, d: _WDir, name: str, dirent: TreeObj) -> None:
         cur = d.get(self.cache, name)
@@ -322,6 +370,30 @@ class _Txn:
         return _fresh_dirref(self.writer.put_obj(obj, base, names)), True
 
 
+def _compare(key: str, cur: Any, want: TreeObj | None, cache: BlobCache) -> None:
+    """``ECANCELED`` unless entry ``cur`` is the value ``want`` (None: no entry)."""
+    if want is None:
+        if cur is None:
+            return
+        raise ErrnoError(errno.ECANCELED, f"{key}: condition failed: it exists")
+    if cur is None:
+        raise ErrnoError(errno.ECANCELED, f"{key}: condition failed: it does not exist")
+    t = "dir" if isinstance(cur, _WDir) else cur["type"]
+    if t == "val":
+        data = cur["data"]
+    elif t == "valref":
+        blobs = [cache.get(ref) for ref in cur["data"]]
+        missing = [ref for ref, b in zip(cur["data"], blobs, strict=True) if b is None]
+        if missing:
+            raise NeedBlobs(tuple(missing))
+        data = b"".join(blobs)  # type: ignore[arg-type]
+    else:
+        raise ErrnoError(errno.ECANCELED, f"{key}: condition failed: it is a "
+                                          f"{'directory' if t in ('dir', 'dirref') else t}")
+    if bytes(data) != bytes(want["data"]):
+        raise ErrnoError(errno.ECANCELED, f"{key}: condition failed: another value")
+
+
 def apply(
     store: BlobStore | BlobCache,
     root_ref: str,
@@ -348,7 +420,7 @@ def apply(
     if not blobref.is_valid(root_ref):
         raise ErrnoError(errno.EINVAL, f"invalid root blobref {root_ref!r}")
     checked = [_check_op(op) for op in ops]
-    keys = list(dict.fromkeys(norm for norm, _, _, _ in checked))
+    keys = list(dict.fromkeys(norm for norm, _, flags, _ in checked if not flags & EXPECT))
     if not checked:
         return TxnResult(root_ref, {}, keys)
 
@@ -358,7 +430,10 @@ def apply(
     missing: set[str] = set()
     for _, parts, flags, dirent in checked:
         try:
-            txn.link(root, parts, dirent, flags)
+            if flags & EXPECT:
+                txn.expect(root, parts, dirent)
+            else:
+                txn.link(root, parts, dirent, flags)
         except NeedBlobs as e:
             missing |= e.refs
         except ErrnoError:

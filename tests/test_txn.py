@@ -12,7 +12,7 @@ from broker.content.blobref import hash_blob
 from broker.errors import ErrnoError
 from kvs import treeobj as T
 from kvs.lookup import READDIR, TREEOBJ, lookup
-from kvs.txn import APPEND, NeedBlobs, apply, empty_root
+from kvs.txn import APPEND, EXPECT, NeedBlobs, apply, empty_root
 
 
 class Kvs:
@@ -429,3 +429,67 @@ def test_memo_keeps_a_version_another_directory_still_holds() -> None:
     assert kvs.ref("p.c0") == kvs.ref("p.c5")  # identical trees, one blob
     assert kvs.cache.forgotten > 0
     assert kvs.store.reads == 0
+
+
+# ---------------------------------------------------------------- EXPECT (conditions)
+
+
+def expect(key: str, value: bytes | None) -> dict:
+    return {"key": key, "flags": EXPECT, "dirent": None if value is None else T.val(value)}
+
+
+def test_expect_is_compare_and_swap(kvs: Kvs) -> None:
+    kvs.commit(expect("lock", None), put("lock", b"a"))  # created: it was missing
+    before = kvs.root
+    for cond, why in ((expect("lock", None), "it exists"),
+                      (expect("lock", b"b"), "another value"),
+                      (expect("lock", b"a\0"), "another value"),
+                      (expect(".lock.", b"x"), "another value")):
+        with pytest.raises(ErrnoError) as e:
+            kvs.commit(cond, put("lock", b"stolen"))
+        assert (e.value.errnum, e.value.errstr) == (errno.ECANCELED,
+                                                   f"lock: condition failed: {why}")
+        assert kvs.root == before  # nothing changed
+    res = kvs.commit(expect("lock", b"a"), put("lock", b"b"))
+    assert kvs.get("lock")["data"] == b"b"
+    assert res.keys == ["lock"]  # the condition names no key: watchers see no change
+
+
+def test_expect_reads_values_big_and_appended_and_paths(kvs: Kvs) -> None:
+    big = bytes(range(256)) * 4
+    kvs.commit(put("v", big), put("log", b"one\n"))
+    kvs.commit(put("log", b"two\n", APPEND))  # a valref of two blobs
+    kvs.commit(expect("v", big), expect("log", b"one\ntwo\n"), put("ok", b"1"))
+    kvs.commit({"key": "l", "flags": 0, "dirent": T.symlink("d")}, put("d.k", b"x"))
+    kvs.commit(expect("l.k", b"x"))  # a symlink on the path is followed
+    for key, why in (("d", "it is a directory"), ("l", "it is a symlink"),
+                     ("v.sub", "it does not exist"), ("nope.k", "it does not exist")):
+        with pytest.raises(ErrnoError, match=f"^{key}: condition failed: {why}$"):
+            kvs.commit(expect(key, b"x"))
+    kvs.commit(expect("v.sub", None), expect("nope.k", None))  # missing: as expected
+
+
+def test_expect_in_merged_transactions_sees_the_ones_before(kvs: Kvs) -> None:
+    """Merging concatenates ops: the second create-if-missing sees the first."""
+    assert errnum(lambda: kvs.commit(expect("k", None), put("k", b"1"),
+                                     expect("k", None), put("k", b"2"))) == errno.ECANCELED
+    assert kvs.get("k") is None  # nothing was applied
+    kvs.commit(expect("k", None), put("k", b"1"), expect("k", b"1"), put("k", b"2"))
+    assert kvs.get("k")["data"] == b"2"
+
+
+def test_expect_fetches_what_it_compares() -> None:
+    """A valref's blobs, or an hdir's shards, missing from the cache: NeedBlobs."""
+    full = Kvs()
+    full.commit(put("v", b"x" * 300))
+    cold = T.BlobCache({full.root: full.store[full.root]})
+    with pytest.raises(NeedBlobs):
+        apply(cold, full.root, [expect("v", b"x" * 300)])
+
+
+@pytest.mark.parametrize("op", [
+    {"key": "k", "flags": EXPECT | APPEND, "dirent": T.val(b"x")},
+    {"key": "k", "flags": EXPECT, "dirent": T.dir_()},
+])
+def test_expect_takes_a_val_or_null_and_no_other_flag(kvs: Kvs, op: dict) -> None:
+    assert errnum(lambda: kvs.commit(op)) == errno.EPROTO
