@@ -3,7 +3,9 @@ relayed, settled by the events that name them; the guests' recent roots."""
 
 from __future__ import annotations
 
+import asyncio
 import errno
+import heapq
 
 import pytest
 
@@ -61,3 +63,32 @@ def test_recent_roots_are_kept_per_guest() -> None:
     assert not recent.known(1001, "a0") and recent.known(1001, "a3")
     assert len(recent) == 6
 
+
+
+async def test_cancelled_version_waits_are_dropped_lazily(monkeypatch) -> None:
+    """A client that left with 100k waits cost rank 0 O(n^2) (the heap was
+    rebuilt per cancelled wait: over 17 minutes at full CPU).  Cancelled
+    waits now stay in the heap, skipped, until they are half of it."""
+    rebuilds = []
+    heapify = heapq.heapify
+    monkeypatch.setattr(heapq, "heapify", lambda h: (rebuilds.append(len(h)), heapify(h)))
+    ns = Namespace("primary", 0, "sha256-" + "0" * 64, 1)
+    waits = [asyncio.ensure_future(ns.wait_version(2 + i % 50)) for i in range(10_000)]
+    await asyncio.sleep(0)  # every wait is in the heap
+    assert ns.waiters == 10_000
+    live = waits[::3]
+    gone = [w for w in waits if w not in set(live)]
+    for w in gone:
+        w.cancel()
+    await asyncio.gather(*gone, return_exceptions=True)
+    assert ns.waiters == len(live)
+    assert len(rebuilds) <= 2  # not once per cancelled wait (6,666 of them)
+    assert len(ns._waiters) <= 2 * len(live) + 16  # compacted, not left to grow
+    ns.set_root(25, "sha256-" + "1" * 64)  # wakes exactly the live ones at <= 25
+    await asyncio.sleep(0)
+    woken = [w for w in live if w.done()]
+    assert woken == [w for i, w in enumerate(waits) if w in set(live) and 2 + i % 50 <= 25]
+    assert ns.waiters == len(live) - len(woken)
+    ns.remove()
+    assert ns.waiters == 0
+    await asyncio.gather(*live, return_exceptions=True)
