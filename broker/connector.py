@@ -5,9 +5,13 @@ the client says: the instance owner gets role OWNER, anyone else role USER --
 and only when the instance allows guests (``access.allow-guest-user``);
 otherwise the socket is owner-only and other users are refused.
 
-Back-pressure: when a client stops reading and its unsent output passes
-``MAX_BACKLOG`` bytes the connection is closed (slow-consumer policy), so a
-stuck client cannot make the broker's memory grow without bound.
+Back-pressure: while a client does not read what it is owed (its transport
+is over its high-water mark), its own requests are not read either, so the
+kernel's socket buffers stop it; and when its unsent output (events, watch
+answers) passes ``MAX_BACKLOG`` bytes before a message, the connection is
+closed (slow-consumer policy).  A stuck client cannot make the broker's
+memory grow without bound, and one answer bigger than the limit still
+reaches a client that reads.
 """
 
 from __future__ import annotations
@@ -171,12 +175,32 @@ class ClientConnection(FramedProtocol):
                 msg.wire = frames
         w = self.writer
         assert w is not None
-        w.send(frames)
+        # Judged before this message: one answer bigger than the limit (a
+        # 300 MB value) still goes to a client that reads; a client that
+        # has not read the last MAX_BACKLOG bytes gets nothing more.
         if w.buffered() > MAX_BACKLOG:
             log.warning("%s: slow consumer (%d bytes queued); disconnecting", self.peer_id,
                         w.buffered())
             self.server.counts["slow-consumers"] += 1
             t.abort()
+            return
+        w.send(frames)
+
+    # A client that does not read what it is owed is not read either, so
+    # its own requests cannot pile answers up on this rank without bound
+    # (a ping flood that never read held 2.8 GB); events and watch answers
+    # are bounded by MAX_BACKLOG.
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        super().resume_writing()  # may fill the buffer again (and pause)
+        t = self.transport
+        if t is not None and not t.is_closing() and self.writer is not None \
+                and not self.writer.paused:
+            t.resume_reading()
 
 
 class Connector:

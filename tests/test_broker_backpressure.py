@@ -1,0 +1,105 @@
+"""A client that does not read: bounded memory on its rank, nothing lost.
+
+A rank stops reading a client's requests while that client does not read
+its answers (the kernel's socket buffers then stop the client), so a
+flood of requests cannot pile answers up on the rank; once the client
+reads, every request is answered.  And the slow-consumer limit is judged
+before each message, so one answer bigger than it still reaches a client
+that reads (a resource-exhaustion audit: a ping flood held 2.8 GB on
+rank 0, and a 300 MB value could never be read).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import socket
+
+from broker import codec
+from broker.connector import MAX_BACKLOG
+from broker.handle import Handle, parse_uri
+from broker.message import Message, MsgType
+
+FLOOD_LIMIT = 64 << 20
+"""Bytes of requests the test gives up at: a rank that read without limit
+took them all (its answers queued), one that pushes back stops far sooner."""
+
+
+def _requests(count: int) -> tuple[bytes, list[int]]:
+    """``count`` pings (matchtags 1..count) on the stream, and where each ends."""
+    out = bytearray()
+    ends = []
+    for tag in range(1, count + 1):
+        frames = codec.encode(Message(MsgType.REQUEST, "broker.ping", matchtag=tag, payload={}))
+        out += codec.stream_prefix(frames) + b"".join(frames)
+        ends.append(len(out))
+    return bytes(out), ends
+
+
+async def _writable(loop: asyncio.AbstractEventLoop, sock: socket.socket,
+                    timeout: float) -> bool:
+    fut = loop.create_future()
+    loop.add_writer(sock.fileno(), lambda: fut.done() or fut.set_result(None))
+    try:
+        await asyncio.wait_for(fut, timeout)
+        return True
+    except TimeoutError:
+        return False
+    finally:
+        loop.remove_writer(sock.fileno())
+
+
+async def test_a_flood_that_never_reads_is_held_back_and_then_answered_in_full(
+        start_instance, connect) -> None:
+    inst = await start_instance(size=1)
+    loop = asyncio.get_running_loop()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.setblocking(False)
+    await loop.sock_connect(sock, parse_uri(inst.uri(0)))
+    batch, ends = _requests(2000)
+    sent = 0
+    try:
+        while sent < FLOOD_LIMIT:
+            data = memoryview(batch)[sent % len(batch):]
+            try:
+                sent += sock.send(data)
+                continue
+            except BlockingIOError:
+                pass
+            if not await _writable(loop, sock, 2.0):
+                break  # held back: the rank stopped reading us
+        assert sent < FLOOD_LIMIT // 4, f"the rank took {sent} bytes of requests unread"
+        # others are served meanwhile
+        h = await connect(inst, 0)
+        assert (await asyncio.wait_for(h.ping(0), 10))["rank"] == 0
+        # finish the request cut in the middle, then read: every one answered
+        laps, at = divmod(sent, len(batch))
+        whole, rest = laps * 2000, b""  # the requests begun, the rest of the last one
+        if at:
+            i = bisect.bisect_left(ends, at)  # the request this lap's bytes end in
+            whole, rest = whole + i + 1, batch[at:ends[i]]
+        reader = codec.StreamDecoder()
+        tags: list[int] = []
+
+        async def read() -> None:
+            while len(tags) < whole:
+                chunk = await loop.sock_recv(sock, 1 << 16)
+                assert chunk, "the rank closed the connection"
+                for frames in reader.feed(chunk):
+                    msg = codec.decode(frames)
+                    assert (msg.type, msg.errnum) == (MsgType.RESPONSE, 0)
+                    tags.append(msg.matchtag)
+
+        await asyncio.wait_for(asyncio.gather(read(), loop.sock_sendall(sock, rest)), 60)
+        assert tags == [1 + i % 2000 for i in range(whole)]
+    finally:
+        sock.close()
+
+
+async def test_one_answer_over_the_backlog_limit_reaches_a_reader(start_instance) -> None:
+    inst = await start_instance(size=1)
+    pad = "x" * (MAX_BACKLOG + (1 << 20))
+    async with await Handle.connect(inst.uri(0)) as h:
+        answer = await asyncio.wait_for(h.ping(0, {"pad": pad}), 120)
+        assert len(answer["pad"]) == len(pad)
+        assert (await h.ping(0))["rank"] == 0  # and the connection goes on
