@@ -170,10 +170,14 @@ LOG_TIMESTAMPS = AttrSpec(
 TRANSPORT = AttrSpec(
     "tbon.transport", "unix", choice(TRANSPORTS, "transport"),
     "overlay links")
+LINK_BACKLOG = AttrSpec(
+    "tbon.max-backlog", str(512 << 20), integer(1 << 20),
+    "bytes queued for a parent or child rank that does not read before its "
+    "link is dropped (unix transport)")
 
 BROKER_ATTRS: tuple[AttrSpec, ...] = (
     ALLOW_GUEST_USER, MODULES, MAX_MESSAGE, CONTENT_HASH, LOG_LEVEL, LOG_TIMESTAMPS,
-    TRANSPORT)
+    TRANSPORT, LINK_BACKLOG)
 
 
 # ---------------------------------------------------------------- checking

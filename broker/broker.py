@@ -128,6 +128,7 @@ class Broker:
         self.overlay = Overlay(self.router, self.rundir, endpoints=self.endpoints,
                                bind=self.bind, curve=self.curve,
                                transport=config[battrs.TRANSPORT.name],
+                               max_backlog=config[battrs.LINK_BACKLOG.name],
                                on_stop=self._stop_for_overlay)
         await self.overlay.start()
         await self.load_module(BrokerServices(self._context(), self))
@@ -168,6 +169,7 @@ class Broker:
             out["overlay"] = {"dropped": self.overlay.dropped,
                               "refused": self.overlay.refused,
                               "replaced": self.overlay.replaced,
+                              "slow": self.overlay.slow,
                               "children": sorted(self.overlay.hello_from)}
         out["modules"] = {m.name: m.h.subscribe_calls for m in self.modules}
         out["rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -189,12 +189,16 @@ class Overlay:
         curve: tuple[bytes, bytes] | None = None,
         transport: str = DEFAULT_TRANSPORT,
         on_stop: Callable[[str | None], None] | None = None,
+        max_backlog: int = 512 << 20,
     ) -> None:
         if transport not in TRANSPORTS:
             raise ValueError(f"unknown tbon.transport {transport!r}")
         if transport == "unix" and (endpoints or curve):
             transport = "tcp"  # endpoints/keys given: the launcher chose ZeroMQ
         self.transport = transport
+        self.max_backlog = max_backlog
+        """``tbon.max-backlog``: a stream link whose peer leaves more than this
+        unread is dropped (:class:`~broker.overlay_stream.StreamConn`)."""
         self.router = router
         self.rank = router.rank
         self.size = router.size
@@ -238,6 +242,11 @@ class Overlay:
         """Overlay handshakes that failed: a peer without the instance's keys."""
         router.overlay = self
 
+    @property
+    def slow(self) -> int:
+        """Stream links dropped because the peer did not read (``tbon.max-backlog``)."""
+        return self._streams.slow if self._streams is not None else 0
+
     def endpoint(self, rank: int) -> str:
         return self.endpoints.get(rank) or ipc_endpoint(self.rundir, rank)
 
@@ -252,7 +261,7 @@ class Overlay:
         links = self._streams = StreamLinks(
             lambda r: self.endpoint(r)[len("ipc://"):], self.router.owner_uid,
             self._from_child_conn, self._from_parent, self._child_lost,
-            lambda: self._parent_lost("its connection closed"))
+            lambda: self._parent_lost("its connection closed"), self.max_backlog)
         if self.children:
             await links.listen(self.rank)
         if self.parent is not None:

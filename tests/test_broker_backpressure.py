@@ -13,10 +13,17 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import errno
+import os
+import signal
 import socket
+
+import pytest
+from test_broker_support import wait_until
 
 from broker import codec
 from broker.connector import MAX_BACKLOG
+from broker.errors import RemoteError
 from broker.handle import Handle, parse_uri
 from broker.message import Message, MsgType
 
@@ -103,3 +110,29 @@ async def test_one_answer_over_the_backlog_limit_reaches_a_reader(start_instance
         answer = await asyncio.wait_for(h.ping(0, {"pad": pad}), 120)
         assert len(answer["pad"]) == len(pad)
         assert (await h.ping(0))["rank"] == 0  # and the connection goes on
+
+
+async def test_a_child_that_does_not_read_is_dropped_not_buffered(start_instance,
+                                                                  connect) -> None:
+    """A stopped child rank (SIGSTOP) made its parent queue every event and
+    commit for it without bound (~15 MB/s).  Past ``tbon.max-backlog`` the
+    link is dropped: the child is lost, as a missed ZeroMQ heartbeat makes
+    it, and the parent serves on."""
+    inst = await start_instance(size=2, attrs={"tbon.max-backlog": str(1 << 20)})
+    h = await connect(inst, 0)
+    child = inst.pids()[1]
+    os.kill(child, signal.SIGSTOP)
+    try:
+        pad = "x" * (64 << 10)
+
+        async def dropped() -> bool:
+            await h.rpc("event.pub", {"topic": "test.flood", "payload": {"pad": pad}})
+            return (await h.rpc("broker.stats-get", {}))["overlay"]["slow"] == 1
+
+        await wait_until(dropped, "the link to the stopped child to be dropped", 60)
+        assert (await h.ping(0))["rank"] == 0
+        with pytest.raises(RemoteError) as err:  # lost: answered at once, not held
+            await asyncio.wait_for(h.ping(1), 10)
+        assert err.value.errnum == errno.EHOSTUNREACH
+    finally:
+        os.kill(child, signal.SIGCONT)
