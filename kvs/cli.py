@@ -580,7 +580,10 @@ def cmd_version(args: argparse.Namespace) -> int:
 
 def cmd_wait(args: argparse.Namespace) -> int:
     async def body(kvs: KVS) -> int:
-        await kvs.wait_version(args.version)
+        try:
+            await kvs.wait_version(args.version, args.timeout)
+        except TimeoutError as exc:
+            raise CLIError("kvs wait", detail=str(exc)) from None
         return 0
 
     return _run(args, body)
@@ -939,6 +942,8 @@ def register(subparsers: Any) -> None:
 
     p = sub.add_parser("wait", help="wait until this rank reaches VERSION")
     _ns(p)
+    p.add_argument("-t", "--timeout", type=positive_float, metavar="SECONDS",
+                   help="give up after this many seconds (exit 1)")
     p.add_argument("version", type=non_negative_int, metavar="VERSION")
     p.set_defaults(func=cmd_wait)
 

@@ -639,11 +639,20 @@ class KVS:
         """The namespace's current version (``rootseq``) on this rank."""
         return (await self.getroot()).rootseq
 
-    async def wait_version(self, version: int) -> int:
+    async def wait_version(self, version: int, timeout: float | None = None) -> int:
         """Return once this rank has reached ``version``; returns the version
-        it is at (``ENOTSUP`` if the namespace is removed meanwhile)."""
-        resp = await self.handle.rpc("kvs.wait-version",
-                                     {"namespace": self.namespace, "rootseq": int(version)})
+        it is at (``ENOTSUP`` if the namespace is removed meanwhile).  With
+        ``timeout`` (seconds) the rank gives up after that long, forgetting
+        the wait, and this raises ``TimeoutError``."""
+        payload: dict[str, Any] = {"namespace": self.namespace, "rootseq": int(version)}
+        if timeout is not None:
+            payload["timeout"] = float(timeout)
+        try:
+            resp = await self.handle.rpc("kvs.wait-version", payload)
+        except RemoteError as exc:
+            if exc.errnum == errno.ETIMEDOUT and timeout is not None:
+                raise TimeoutError(exc.errstr) from None
+            raise
         return int(resp["rootseq"])
 
     # ------------------------------------------------------------ namespaces
@@ -846,7 +855,10 @@ class SyncKVS:
         return self.run(self.aio.version())
 
     def wait_version(self, version: int, timeout: float | None = None) -> int:
-        return self.run(self.aio.wait_version(version), timeout)
+        # the rank gives up first and forgets the wait; this side's limit
+        # only covers a rank that does not answer at all
+        return self.run(self.aio.wait_version(version, timeout),
+                        None if timeout is None else timeout + 10)
 
     def namespace_create(self, name: str, owner: int | None = None,
                          rootref: RootSpec | None = None) -> None:

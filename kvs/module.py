@@ -693,6 +693,9 @@ class KvsModule(Module):
 
     def wait_version(self, msg: Message) -> Awaitable[None]:
         p = require(msg.payload, rootseq=int)
+        timeout = p.get("timeout")
+        if timeout is not None and (type(timeout) not in (int, float) or not timeout >= 0):
+            raise ErrnoError(errno.EPROTO, "timeout must be a number of seconds (at least 0)")
         # Remember who waits at once, before any await, so that kvs.disconnect
         # (as Flux) drops the wait even while the namespace is still being
         # loaded from rank 0, or before the waiting task has run at all.
@@ -715,7 +718,14 @@ class KvsModule(Module):
             # namespace load that other requests are waiting for too
             ns = await asyncio.shield(self.get_ns(_ns_name(p), msg))
             if ns.rootseq < p["rootseq"]:
-                await ns.wait_version(p["rootseq"])
+                try:
+                    # (an extension: Flux's has no timeout, so a caller that
+                    # gave up left its waiter here until the version came)
+                    await asyncio.wait_for(ns.wait_version(p["rootseq"]), p.get("timeout"))
+                except TimeoutError:
+                    raise ErrnoError(errno.ETIMEDOUT, f"version {p['rootseq']} not reached "
+                                                      f"in {p['timeout']:g} s; this rank is at "
+                                                      f"{ns.rootseq}") from None
         finally:
             waits.discard(task)
             if not waits and self._version_waits.get(key) is waits:

@@ -8,6 +8,7 @@ import json
 import os
 
 import pytest
+from test_broker_support import run_cli
 
 from broker.errors import ErrnoError, RemoteError
 from kvs import eventlog, treeobj
@@ -643,3 +644,28 @@ async def test_a_cache_smaller_than_what_a_request_reads_still_answers(
             assert await k.get_json("a.b.c.w") == 2
         fetches = (await kvs.handle.rpc("kvs.stats-get", {}))["counts"]["blob-fetches"]
         assert fetches < 100, fetches  # (the spin made hundreds of thousands)
+
+
+async def test_a_wait_version_timeout_is_the_ranks(start_instance, connect) -> None:
+    """With ``timeout`` the rank gives up and forgets the wait (a caller that
+    gave up on its own side left the waiter on the rank until the version
+    came: one more per call of a script that polled)."""
+    inst = await start_instance(size=2)
+    h1 = await connect(inst, 1)
+    kvs = KVS(h1)
+    for _ in range(3):
+        with pytest.raises(TimeoutError, match=r"^version 1000000000 not reached in 0.05 s; "
+                                               r"this rank is at \d+$"):
+            await asyncio.wait_for(kvs.wait_version(10**9, timeout=0.05), T)
+    st = await asyncio.wait_for(h1.rpc("kvs.stats-get", {}), T)
+    assert st["namespaces"]["primary"]["waiters"] == 0
+    res = await kvs.put("k", 1)
+    assert await asyncio.wait_for(kvs.wait_version(res.rootseq, timeout=5), T) >= res.rootseq
+    for bad in (-1, "1", True):
+        with pytest.raises(RemoteError) as err:
+            await h1.rpc("kvs.wait-version", {"namespace": "primary", "rootseq": 10**9,
+                                              "timeout": bad})
+        assert err.value.errnum == errno.EPROTO
+    rc, out, err_text = await run_cli("kvs", "wait", "-t", "0.05", "1000000000", uri=inst.uri(1))
+    assert rc == 1
+    assert err_text.startswith("kvbroker: kvs wait: version 1000000000 not reached in 0.05 s")
