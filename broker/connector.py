@@ -17,6 +17,7 @@ reaches a client that reads.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import logging
 import os
@@ -38,7 +39,10 @@ MAX_BACKLOG = 256 << 20
 _UCRED = struct.Struct("iII")  # struct ucred: pid_t, uid_t, gid_t (uids past 2**31 too)
 
 
-COUNTERS = ("garbage", "malformed", "oversized", "slow-consumers")
+COUNTERS = ("garbage", "malformed", "oversized", "slow-consumers", "accept-failed")
+ACCEPT_RETRY = 0.1
+"""Seconds before accepting again when the rank is out of descriptors."""
+OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 """The ``connector`` counters of ``broker.stats-get`` (all shown, 0 included)."""
 
 
@@ -218,7 +222,8 @@ class Connector:
         self.connections: dict[str, ClientConnection] = {}
         self.counts: Counter[str] = Counter(dict.fromkeys(COUNTERS, 0))
         self._next = 0
-        self._server: asyncio.AbstractServer | None = None
+        self._sock: socket.socket | None = None
+        self._accepting: asyncio.Task[None] | None = None
         self._bound: tuple[int, int] | None = None
         """(device, inode) of the socket this rank made at ``path``."""
 
@@ -235,15 +240,51 @@ class Connector:
         # (or frozen) process of the same rank, as its overlay link does.
         if os.path.exists(self.path):
             os.unlink(self.path)
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_unix_server(self._factory, self.path)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.bind(self.path)
+        sock.listen(socket.SOMAXCONN)
+        sock.setblocking(False)
+        self._sock = sock
         os.chmod(self.path, 0o777 if self.allow_guest else 0o700)
         st = os.stat(self.path)
         self._bound = (st.st_dev, st.st_ino)
+        self._accepting = asyncio.ensure_future(self._accept_loop(sock))
+
+    async def _accept_loop(self, sock: socket.socket) -> None:
+        """Accept clients; out of descriptors, pause and try again.
+
+        Our own loop rather than ``create_unix_server``: on the stock
+        asyncio loop (CPython 3.11-3.13) an ``EMFILE`` at accept made the
+        server retry in a storm -- a rank at full CPU writing millions of
+        tracebacks until clients left.  Here the clients wait in the
+        listen queue, and the rank says so once."""
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                conn, _ = await loop.sock_accept(sock)
+            except OSError as exc:
+                if exc.errno not in OUT_OF_RESOURCES:  # (a client gone already)
+                    log.debug("accept: %s", exc)
+                    continue
+                if not self.counts["accept-failed"]:
+                    log.warning("cannot accept clients: %s (raise ulimit -n); retrying",
+                                exc.strerror)
+                self.counts["accept-failed"] += 1
+                await asyncio.sleep(ACCEPT_RETRY)
+                continue
+            try:
+                await loop.connect_accepted_socket(self._factory, conn)
+            except OSError as exc:  # gone already
+                log.debug("accepted client lost at once: %s", exc)
+                conn.close()
 
     async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
+        if self._accepting is not None:
+            self._accepting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._accepting
+        if self._sock is not None:
+            self._sock.close()
             for conn in list(self.connections.values()):
                 if conn.transport is not None:
                     conn.transport.abort()

@@ -15,6 +15,7 @@ import asyncio
 import bisect
 import errno
 import os
+import resource
 import signal
 import socket
 
@@ -136,3 +137,41 @@ async def test_a_child_that_does_not_read_is_dropped_not_buffered(start_instance
         assert err.value.errnum == errno.EHOSTUNREACH
     finally:
         os.kill(child, signal.SIGCONT)
+
+
+@pytest.mark.parametrize("loop_name", ["asyncio", "uvloop"])
+async def test_out_of_descriptors_the_rank_waits_and_then_accepts(start_instance, connect,
+                                                                   tmp_path, loop_name) -> None:
+    """A rank out of file descriptors: on the stock loop, CPython's server
+    retried accept in a storm (full CPU, millions of logged tracebacks).
+    The rank's own accept loop pauses, says so once, and takes the waiting
+    clients when descriptors are free again."""
+    inst = await start_instance(size=1, event_loop=loop_name)
+    h = await connect(inst, 0)  # connected before: it keeps working
+    pid = inst.pids()[0]
+    in_use = len(os.listdir(f"/proc/{pid}/fd"))
+    _, hard = resource.prlimit(pid, resource.RLIMIT_NOFILE)
+    resource.prlimit(pid, resource.RLIMIT_NOFILE, (in_use + 8, hard))
+    path = parse_uri(inst.uri(0))
+    socks = []
+    try:
+        for _ in range(40):  # more than it can take: the rest wait in the listen queue
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(path)
+            socks.append(s)
+
+        async def refused() -> bool:
+            st = await h.rpc("broker.stats-get", {})
+            return st["connector"]["accept-failed"] >= 5
+
+        await wait_until(refused, "the rank to run out of descriptors", 20)
+        assert (await h.ping(0))["rank"] == 0
+    finally:
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, (hard, hard))
+        for s in socks:
+            s.close()
+    async with await Handle.connect(inst.uri(0)) as late:  # accepted again
+        assert (await asyncio.wait_for(late.ping(0), 10))["rank"] == 0
+    log = (tmp_path / "broker-0.log").read_text()
+    assert log.count("cannot accept clients") == 1
+    assert "out of system resource" not in log and "Traceback" not in log
