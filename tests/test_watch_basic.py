@@ -82,6 +82,7 @@ async def test_many_watchers_one_subscription(start_instance, connect):
     assert st["watchers"] == 20 and st["events"]["subscribe_calls"] == 1
     # commits elsewhere in the namespace cost the watchers nothing
     lookups = st["counts"]["lookups"]
+    shared = st["counts"]["lookups-shared"]
     for i in range(5):
         await commit(h, put(f"other.{i}", "x"))
     await commit(h, put("k", "2"))
@@ -89,6 +90,8 @@ async def test_many_watchers_one_subscription(start_instance, connect):
         assert await value(s) == b"2"
     st = await stats(h)
     assert st["counts"]["lookups"] == lookups + 20
+    # and the 20 woken by one commit share one kvs.lookup (each made its own)
+    assert st["counts"]["lookups-shared"] == shared + 19
     assert st["events"]["handled"] >= 7
 
 
