@@ -220,12 +220,11 @@ def _collect(store: SqliteStore, statedir: str, report: GcReport) -> None:
                       "start afresh)")
     keep = reachable(store.get, trees, blobs, has=store.has)
     report.removed, report.removed_bytes = store.sweep(keep, dry_run=report.dry_run)
-    total, total_bytes = store.totals()
-    if report.dry_run:
-        total, total_bytes = total - report.removed, total_bytes - report.removed_bytes
-        report.kept, report.kept_bytes = total, total_bytes
+    report.kept, report.kept_bytes = store.totals()
+    if report.dry_run:  # (nothing was deleted: what would be kept is the rest)
+        report.kept -= report.removed
+        report.kept_bytes -= report.removed_bytes
         return
-    report.kept, report.kept_bytes = total, total_bytes
     if store.free_bytes() >= COMPACT_FREE_FRACTION * _file_size(store.path):
         store.compact()
 

@@ -244,16 +244,8 @@ class _Txn:
                 sub = _WDir.inline(e)  # a dirent not stored yet: counts as changed
                 d.adopt(name, sub)
             elif t == "symlink":
-                if depth >= SYMLINK_MAX:
-                    raise ErrnoError(errno.ELOOP, "too many levels of symbolic links")
-                ns, target = symlink_target(e)
-                if ns is None:
-                    ns, target = parse_ns_target(target)
-                if ns is not None and ns != self.namespace:
-                    raise ErrnoError(
-                        errno.EINVAL, "cannot write through a link into another namespace"
-                    )
-                self.link(root, split(target) + parts[i + 1 :], dirent, flags, depth + 1)
+                path = self._through(e, parts[i + 1:], depth, "write")
+                self.link(root, path, dirent, flags, depth + 1)
                 return
             else:  # missing, or a value: (re)place with a new directory
                 if dirent is None:
@@ -271,6 +263,20 @@ class _Txn:
             if d.hashed is not None:
                 d.get(cache, name)  # load the shard path now, so NeedBlobs comes early
             d.set(name, dirent)
+
+    def _through(self, link: TreeObj, rest: list[str], depth: int, doing: str) -> list[str]:
+        """The path a walk continues on when it meets symlink ``link`` with
+        components ``rest`` still to go: resolved from the root, in this
+        namespace only (``EINVAL``), at most :data:`SYMLINK_MAX` deep (``ELOOP``)."""
+        if depth >= SYMLINK_MAX:
+            raise ErrnoError(errno.ELOOP, "too many levels of symbolic links")
+        ns, target = symlink_target(link)
+        if ns is None:
+            ns, target = parse_ns_target(target)
+        if ns is not None and ns != self.namespace:
+            raise ErrnoError(errno.EINVAL, f"cannot {doing} through a link into another "
+                                           "namespace")
+        return split(target) + rest
 
     def expect(self, root: _WDir, parts: list[str], want: TreeObj | None,
                depth: int = 0) -> None:
@@ -292,15 +298,8 @@ class _Txn:
                 d.adopt(parts[i], sub)
                 d = sub
             elif t == "symlink":
-                if depth >= SYMLINK_MAX:
-                    raise ErrnoError(errno.ELOOP, "too many levels of symbolic links")
-                ns, target = symlink_target(e)
-                if ns is None:
-                    ns, target = parse_ns_target(target)
-                if ns is not None and ns != self.namespace:
-                    raise ErrnoError(errno.EINVAL,
-                                     "cannot expect through a link into another namespace")
-                self.expect(root, split(target) + parts[i + 1:], want, depth + 1)
+                self.expect(root, self._through(e, parts[i + 1:], depth, "expect"), want,
+                            depth + 1)
                 return
             else:  # missing, or a value: so the key is missing
                 _compare(".".join(parts), None, want, cache)

@@ -74,6 +74,15 @@ async def _fill(h: Any) -> tuple[dict[str, bytes], dict[str, Any]]:
     return expect, first
 
 
+async def _filled(start_instance, connect, tmp_path: Path) -> tuple[Any, Any, Path]:
+    """A 1-rank instance on a statedir in ``tmp_path``, after :func:`_fill`."""
+    statedir = tmp_path / "state"
+    inst = await start_instance(size=1, statedir=str(statedir))
+    h = await connect(inst, 0)
+    await _fill(h)
+    return inst, h, statedir
+
+
 async def test_gc_removes_only_what_the_checkpoint_does_not_reach(
         start_instance, connect, tmp_path) -> None:
     statedir = tmp_path / "state"
@@ -114,10 +123,7 @@ async def test_gc_removes_only_what_the_checkpoint_does_not_reach(
 
 async def test_gc_dry_run_counts_and_deletes_nothing(start_instance, connect,
                                                      tmp_path) -> None:
-    statedir = tmp_path / "state"
-    inst = await start_instance(size=1, statedir=str(statedir))
-    h = await connect(inst, 0)
-    await _fill(h)
+    inst, h, statedir = await _filled(start_instance, connect, tmp_path)
     await h.close()
     await inst.stop()
     before = _count(statedir)
@@ -135,10 +141,7 @@ async def test_gc_dry_run_counts_and_deletes_nothing(start_instance, connect,
 
 
 async def test_gc_refuses_a_running_instance(start_instance, connect, tmp_path) -> None:
-    statedir = tmp_path / "state"
-    inst = await start_instance(size=1, statedir=str(statedir))
-    h = await connect(inst, 0)
-    await _fill(h)
+    inst, h, statedir = await _filled(start_instance, connect, tmp_path)
     rc, out, err = await run_cli("kvs", "gc", "--statedir", str(statedir))
     assert rc == 1
     assert "in use by a running instance" in err and "stop it first" in err
@@ -151,10 +154,7 @@ async def test_gc_refuses_a_running_instance(start_instance, connect, tmp_path) 
 
 async def test_gc_refuses_a_damaged_store_and_deletes_nothing(start_instance, connect,
                                                               tmp_path) -> None:
-    statedir = tmp_path / "state"
-    inst = await start_instance(size=1, statedir=str(statedir))
-    h = await connect(inst, 0)
-    await _fill(h)
+    inst, h, statedir = await _filled(start_instance, connect, tmp_path)
     leaf = (await asyncio.wait_for(h.rpc("kvs.lookup", {"key": "a.b", "flags": 16,
                                                         "namespace": "primary"}), 10))["val"]
     await h.close()
