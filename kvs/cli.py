@@ -236,19 +236,17 @@ def _read_stdin() -> bytes:
 def cmd_put(args: argparse.Namespace) -> int:
     ops = TxnOps()
     keys = []
-    for cond in args.expect:  # conditions first: they see the tree as it is
-        key, sep, value = cond.partition("=")
-        if not sep:
-            raise UsageError(f"--expect {cond}: give KEY=VALUE")
-        try:
+    key = ""
+    try:  # conditions first: they see the tree as it is
+        for cond in args.expect:
+            key, sep, value = cond.partition("=")
+            if not sep:
+                raise UsageError(f"--expect {cond}: give KEY=VALUE")
             ops.expect_raw(key, os.fsencode(value))
-        except ErrnoError as exc:
-            raise _fail(key, exc) from None
-    for key in args.expect_missing:
-        try:
+        for key in args.expect_missing:
             ops.expect_missing(key)
-        except ErrnoError as exc:
-            raise _fail(key, exc) from None
+    except ErrnoError as exc:
+        raise _fail(key, exc) from None
     for pair in args.pairs:
         key, sep, value = pair.partition("=")
         if not sep:
