@@ -26,7 +26,7 @@ import re
 import sys
 import unicodedata
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from broker.cliutil import (
     CLIError,
@@ -54,7 +54,11 @@ from kvs.client import (
     default_namespace,
     kind,
 )
+from kvs.keys import normalize
 from kvs.treeobj import TreeObj
+
+if TYPE_CHECKING:
+    from kvs.archive import Item, Report
 
 __all__ = ["register", "render_value", "make_formatter"]
 
@@ -621,6 +625,128 @@ def cmd_gc(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---------------------------------------------------------------- archives
+
+
+def size_arg(text: str) -> int:
+    """A size in bytes: a number with an optional suffix k/K (1024), M, G."""
+    scale = {"k": 1 << 10, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+    try:
+        value = float(text[:-1] if scale != 1 else text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 512, 64k, 1.5M)") from None
+    if not 0 <= value * scale < 1 << 63:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r}")
+    return int(value * scale)
+
+
+def _archive_mode(args: argparse.Namespace, target: str) -> None:
+    """``--checkpoint`` needs ``--statedir`` and excludes the online options."""
+    if args.checkpoint:
+        if not args.statedir:
+            raise UsageError("--checkpoint needs --statedir DIR (the stopped instance's)")
+        online = [o for o, v in (("-N", args.namespace), (target, getattr(args, "key", None)),
+                                 ("--at", getattr(args, "at", None))) if v]
+        if online:
+            raise UsageError(f"--checkpoint works on the statedir: {', '.join(online)} "
+                             "would name a running instance's KVS")
+    elif args.statedir:
+        raise UsageError("--statedir goes with --checkpoint")
+
+
+def _archive_listing(args: argparse.Namespace) -> Callable[[Item], None] | None:
+    if not args.verbose:
+        return None
+
+    def show(item: Item) -> None:
+        tail = {"symlink": f" -> {item.target}", "dir": "/"}.get(item.kind, "")
+        print(f"{item.key}{tail}", file=sys.stderr, flush=True)
+
+    return show
+
+
+def _archive_summary(args: argparse.Namespace, where: str, report: Report) -> None:
+    """The skipped entries, then (unless ``-q``) one line: what, and ``where``."""
+    for line in report.skipped:
+        _warn(f"{args.what}: skipped {line}")
+    if args.quiet:
+        return
+    dirs = f", {report.dirs} empty director{'y' if report.dirs == 1 else 'ies'}" \
+        if report.dirs else ""
+    blobs = f", {report.blobs} blobs stored" if report.blobs else ""
+    _warn(f"{args.what}: {report.keys} keys{dirs} ({report.bytes} bytes of values{blobs}) "
+          f"{where}")
+
+
+def cmd_dump(args: argparse.Namespace) -> int:
+    """``kvbroker kvs dump OUTFILE`` (Flux's ``flux dump``): a directory of a
+    namespace (or a stopped instance's checkpoint) as a tar archive
+    (:mod:`kvs.archive`).  Exit 1 if a key could not be put in it."""
+    from kvs import archive
+
+    args.what = "kvs dump"
+    _archive_mode(args, "--key")
+    listing = _archive_listing(args)
+
+    def done(report: Report) -> int:
+        _archive_summary(args, f"from root {report.rootref}", report)
+        return 1 if report.skipped else 0
+
+    if args.checkpoint:
+        try:
+            return done(archive.dump_checkpoint(args.statedir, args.outfile, on_item=listing))
+        except archive.ArchiveError as exc:
+            raise CLIError(args.what, detail=str(exc)) from None
+
+    async def body(kvs: KVS) -> int:
+        key = args.key or "."
+        try:
+            report = await archive.dump(kvs, args.outfile, key=key, at=args.at,
+                                        on_item=listing)
+        except archive.ArchiveError as exc:
+            raise CLIError(args.what, detail=str(exc)) from None
+        except ErrnoError as exc:
+            raise _fail(key, exc) from None
+        return done(report)
+
+    return _run(args, body)
+
+
+def cmd_restore(args: argparse.Namespace) -> int:
+    """``kvbroker kvs restore --key KEY INFILE`` (Flux's ``flux restore``):
+    make KEY the directory a tar archive holds, in one commit; or, with
+    ``--checkpoint``, make it the checkpoint of a stopped instance."""
+    from kvs import archive
+
+    args.what = "kvs restore"
+    _archive_mode(args, "--key")
+    if not args.checkpoint and not args.key:
+        raise UsageError("say where: --key KEY (online) or --checkpoint --statedir DIR")
+    listing = _archive_listing(args)
+    if args.checkpoint:
+        try:
+            report = archive.restore_checkpoint(args.statedir, args.infile,
+                                                size_limit=args.size_limit, on_item=listing)
+        except archive.ArchiveError as exc:
+            raise CLIError(args.what, detail=str(exc)) from None
+        _archive_summary(args, f"to the checkpoint (version 0, root {report.rootref})",
+                         report)
+        return 0
+
+    async def body(kvs: KVS) -> int:
+        try:
+            report = await archive.restore(kvs, args.infile, args.key,
+                                           size_limit=args.size_limit, on_item=listing)
+        except archive.ArchiveError as exc:
+            raise CLIError(args.what, detail=str(exc)) from None
+        except ErrnoError as exc:
+            raise _fail(args.key, exc) from None
+        _archive_summary(args, f"to {normalize(args.key)} (tree {report.rootref})", report)
+        return 0
+
+    return _run(args, body)
+
+
 def cmd_dropcache(args: argparse.Namespace) -> int:
     """``flux kvs dropcache [--all]``: empty the kvs module's blob cache on
     this rank, or on every rank.
@@ -778,6 +904,14 @@ def _ns(p: argparse.ArgumentParser) -> None:
                    help="KVS namespace (default: $KVBROKER_NAMESPACE or primary)")
 
 
+def _archive_chatter(p: argparse.ArgumentParser, done: str) -> None:
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("-v", "--verbose", action="store_true",
+                   help=f"list the keys {done} on stderr")
+    g.add_argument("-q", "--quiet", action="store_true",
+                   help="do not print the summary line")
+
+
 def _root_out(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("-O", "--treeobj-root", action="store_true",
                    help=f"print the resulting root (a dirref tree object) containing {what}")
@@ -929,6 +1063,41 @@ def register(subparsers: Any) -> None:
     p.add_argument("-n", "--dry-run", action="store_true",
                    help="only count what would be removed")
     p.set_defaults(func=cmd_gc)
+
+    p = sub.add_parser("dump", help="write a directory (or a stopped instance's "
+                       "checkpoint) to a tar archive, as flux dump",
+                       description="Write one version of a directory to a tar archive: a "
+                       "value is a file (key a.b.c is a/b/c), a symlink a symlink (NS::key "
+                       "for another namespace), an empty directory a directory.  The name's "
+                       "ending picks the compression (.tar .tgz .tar.gz .tar.bz2 .tar.xz); "
+                       "- writes a tar stream to stdout.")
+    _ns(p)
+    p.add_argument("--key", metavar="KEY", help="dump this directory (default: the root)")
+    p.add_argument("-a", "--at", metavar="TREEOBJ", help="dump at this root")
+    p.add_argument("--checkpoint", action="store_true",
+                   help="dump the KVS checkpoint of a stopped instance (offline)")
+    p.add_argument("--statedir", metavar="DIR", help="that instance's statedir")
+    _archive_chatter(p, "dumped")
+    p.add_argument("outfile", metavar="OUTFILE")
+    p.set_defaults(func=cmd_dump)
+
+    p = sub.add_parser("restore", help="make a key (or a stopped instance's checkpoint) "
+                       "the directory a tar archive holds, as flux restore",
+                       description="Read a tar archive (any compression; - reads stdin) "
+                       "and make KEY that directory, whatever it held, in one commit.  "
+                       "With --checkpoint, write it into a stopped instance's statedir as "
+                       "the primary namespace of its next start (version 0).")
+    _ns(p)
+    p.add_argument("--key", metavar="KEY", help="the key to restore to (online)")
+    p.add_argument("--checkpoint", action="store_true",
+                   help="restore into the KVS checkpoint of a stopped instance (offline)")
+    p.add_argument("--statedir", metavar="DIR", help="that instance's statedir (made if "
+                   "missing)")
+    p.add_argument("--size-limit", type=size_arg, metavar="SIZE",
+                   help="leave out values over SIZE bytes (suffix k, M or G)")
+    _archive_chatter(p, "restored")
+    p.add_argument("infile", metavar="INFILE")
+    p.set_defaults(func=cmd_restore)
 
     p = sub.add_parser("dropcache", help="drop the KVS cache of this rank (or of every rank)")
     p.add_argument("-a", "--all", action="store_true", help="drop the cache of every rank")

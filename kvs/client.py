@@ -377,9 +377,11 @@ class Dir(Mapping[str, TreeObj]):
         val = await self.kvs.lookup(self.path(name), READDIR, at=self.rootref)
         return Dir(self.kvs, self.path(name), val["data"], self.rootref)
 
-    async def walk(self) -> AsyncIterator[tuple[str, TreeObj]]:
-        """Every non-directory entry below this one, depth first, as ``(key, entry)``.
-        (A stack, not recursion: a tree may be deeper than Python's recursion limit.)"""
+    async def walk(self, *, empty_dirs: bool = False) -> AsyncIterator[tuple[str, TreeObj]]:
+        """Every non-directory entry below this one, depth first in name
+        order, as ``(key, entry)``; with ``empty_dirs``, empty directories
+        too (their entry is a ``dirref``).  (A stack, not recursion: a tree
+        may be deeper than Python's recursion limit.)"""
         stack = [(self, iter(self))]
         while stack:
             d, names = stack[-1]
@@ -388,6 +390,8 @@ class Dir(Mapping[str, TreeObj]):
                 stack.pop()
             elif d.is_dir(name):
                 sub = await d.subdir(name)
+                if empty_dirs and not len(sub):
+                    yield sub.key, d._entries[name]
                 stack.append((sub, iter(sub)))
             else:
                 yield d.path(name), d._entries[name]

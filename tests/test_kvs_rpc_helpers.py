@@ -115,6 +115,7 @@ import asyncio, errno, json, os, sys
 from broker.errors import RemoteError
 from broker.handle import Handle
 import broker.codec, broker.rpc, broker.message, msgpack  # noqa: F401 (load before setuid)
+import kvs.archive, kvs.client  # noqa: F401
 os.setgroups([])
 os.setgid({uid})
 os.setuid({uid})

@@ -1,0 +1,600 @@
+"""KVS snapshots as tar archives: ``kvbroker kvs dump`` and ``kvs restore``.
+
+The format is Flux's (``flux dump`` / ``flux restore``), so an archive moves
+between the two systems and opens with ``tar``:
+
+* a value is a regular file whose path is its key with ``.`` turned into
+  ``/`` (``a.b.c`` -> ``a/b/c``), mode 0644, owned by whoever dumped it,
+  its modification time the dump's (or the checkpoint's);
+* a symlink is a symlink whose target names the other namespace, if any,
+  as ``NS::key``;
+* directories are implied by the paths.  Flux leaves out empty
+  directories; here an empty directory is a directory entry, so a dump
+  restores exactly (Flux's restore skips such entries: nothing is lost
+  there either).
+
+A dump reads *one* root: a snapshot, whatever commits meanwhile.  Online it
+reads through ``kvs.lookup`` at that root (so a guest can dump a namespace
+of its own); offline (``--checkpoint``) it reads a stopped instance's
+content store.
+
+A restore builds the whole tree first, on the client, with the commit
+engine (:func:`kvs.txn.apply` on an empty root, so directories, big
+directories and values come out exactly as the KVS itself would store
+them), then:
+
+* online, as the instance owner: stores the blobs (``content.store``,
+  batched, a bounded window) and commits one op putting a ``dirref`` to
+  the new tree at the key -- atomic whatever the size, and rank 0 only
+  stores blobs;
+* online, as a guest (``content.store`` is the owner's): one transaction
+  writing every key below the key -- atomic too, but bounded by the
+  commit's limits;
+* offline (``--checkpoint``): writes the blobs into a stopped instance's
+  ``content.sqlite`` and makes the new tree the KVS checkpoint, the primary
+  namespace of the next start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import getpass
+import io
+import os
+import sqlite3
+import sys
+import tarfile
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import IO, TYPE_CHECKING, Any, Literal
+
+import msgpack
+
+from broker.content import blobref
+from broker.content.sqlite import SqliteStore, StoreLocked
+from broker.errors import ErrnoError, RemoteError
+from broker.launch import StartError, private_dir
+from kvs import shards, treeobj, txn
+from kvs.keys import join, normalize, parse_ns_target, split
+from kvs.module import CHECKPOINT_KEY
+from kvs.treeobj import BlobCache, NeedBlobs, TreeObj
+
+if TYPE_CHECKING:
+    from kvs.client import KVS, Dir, RootSpec
+
+__all__ = ["ArchiveError", "Item", "Report", "dump", "dump_checkpoint", "read_items",
+           "restore", "restore_checkpoint"]
+
+STORE_FILE = "content.sqlite"
+
+SUFFIXES = {".tar": "", ".tgz": "gz", ".tar.gz": "gz", ".tar.bz2": "bz2", ".tar.xz": "xz"}
+"""Archive name endings and their compression (``-`` is a plain tar stream)."""
+
+READ_WINDOW = 64
+"""Value reads a dump keeps in flight (a valref is one ``kvs.lookup``)."""
+STORE_BATCH_BYTES = 4 << 20
+STORE_BATCH_BLOBS = 1024
+STORE_WINDOW = 4
+"""A restore's ``content.store`` requests: at most this many batches in flight."""
+
+
+class ArchiveError(Exception):
+    """A dump or restore that cannot go on; the message says why (one line)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    """One archive entry: a value, a symlink, or an empty directory."""
+
+    key: str
+    """Normalised, relative to the dumped (or restored) directory."""
+    kind: Literal["value", "symlink", "dir"]
+    data: bytes = b""
+    """A value's bytes."""
+    target: str = ""
+    """A symlink's target, ``NS::key`` when it names a namespace."""
+
+
+@dataclass
+class Report:
+    """What a dump or restore did."""
+
+    keys: int = 0
+    """Values and symlinks written."""
+    dirs: int = 0
+    """Empty directories written."""
+    bytes: int = 0
+    """Bytes of values."""
+    blobs: int = 0
+    """Blobs stored (a restore)."""
+    rootref: str = ""
+    """The root dumped, or the root of the restored tree."""
+    skipped: list[str] = field(default_factory=list)
+    """Why entries were left out, one line each."""
+
+
+# ---------------------------------------------------------------- paths
+
+
+def key_to_path(key: str) -> str | None:
+    """The archive path of ``key`` (``a.b`` -> ``a/b``); None when a name in
+    it holds a ``/``, which a path cannot tell from a separator."""
+    parts = split(key)
+    if any("/" in p for p in parts):
+        return None
+    return "/".join(parts)
+
+
+def path_to_key(path: str) -> str | None:
+    """The key of archive ``path`` (``./a/b`` -> ``a.b``); None for a path
+    with ``..`` (it cannot mean a key) or none at all (the top directory).
+    A name holding ``.`` becomes several levels, as a key would read."""
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    if not parts or ".." in parts:
+        return None
+    return normalize(".".join(parts))
+
+
+# ---------------------------------------------------------------- writing
+
+
+def _mode(name: str) -> str:
+    if name == "-":
+        return "w|"
+    for suffix, comp in SUFFIXES.items():
+        if name.endswith(suffix):
+            return f"w:{comp}" if comp else "w"
+    raise ArchiveError(f"{name}: unknown archive type (name it {', '.join(SUFFIXES)}, "
+                       "or - for a tar stream on stdout)")
+
+
+class _Writer:
+    """A tar archive being written: one entry per :class:`Item`."""
+
+    def __init__(self, out: str | IO[bytes], mtime: float) -> None:
+        if isinstance(out, str):
+            mode = _mode(out)
+            try:
+                # (mode is one of _mode's: mypy wants it literal)
+                self.tar = (tarfile.open(fileobj=sys.stdout.buffer, mode=mode)  # type: ignore[call-overload]
+                            if out == "-" else tarfile.open(out, mode))  # type: ignore[call-overload]
+            except OSError as exc:
+                raise ArchiveError(f"{exc.filename or out}: {exc.strerror or exc}") from None
+        else:
+            self.tar = tarfile.open(fileobj=out, mode="w|")
+        self.mtime = int(mtime)
+        self.uid, self.gid = os.getuid(), os.getgid()
+        self.uname = _user()
+
+    def add(self, item: Item, report: Report) -> None:
+        path = key_to_path(item.key)
+        if path is None:
+            report.skipped.append(f"{item.key}: a name holds '/', which an archive "
+                                  "path cannot")
+            return
+        info = tarfile.TarInfo(path)
+        info.mtime, info.mode = self.mtime, 0o644
+        info.uid, info.gid, info.uname, info.gname = self.uid, self.gid, self.uname, ""
+        data = None
+        if item.kind == "value":
+            info.size = len(item.data)
+            data = io.BytesIO(item.data)
+            report.keys += 1
+            report.bytes += len(item.data)
+        elif item.kind == "symlink":
+            info.type, info.linkname = tarfile.SYMTYPE, item.target
+            report.keys += 1
+        else:
+            info.type, info.mode = tarfile.DIRTYPE, 0o755
+            report.dirs += 1
+        self.tar.addfile(info, data)
+
+    def close(self) -> None:
+        self.tar.close()
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return ""
+
+
+def _value(key: str, entry: TreeObj, read: Callable[[list[str]], bytes]) -> Item:
+    """The :class:`Item` of a stored non-directory entry (``read`` joins a
+    valref's blobs)."""
+    t = entry["type"]
+    if t == "symlink":
+        ns, target = treeobj.symlink_target(entry)
+        return Item(key, "symlink", target=f"{ns}::{target}" if ns else target)
+    if t == "val":
+        return Item(key, "value", bytes(entry["data"]))
+    return Item(key, "value", read(entry["data"]))
+
+
+# ---------------------------------------------------------------- dump
+
+
+async def dump(kvs: KVS, out: str | IO[bytes], *, key: str = ".", at: RootSpec | None = None,
+               on_item: Callable[[Item], None] | None = None) -> Report:
+    """Write the directory ``key`` of ``kvs``'s namespace (its current root,
+    or root ``at``) to the archive ``out``: a file name (its ending picks the
+    compression), ``"-"`` for stdout, or a binary file object (plain tar).
+
+    ``kvs`` is a :class:`kvs.client.KVS`.  Reads go through ``kvs.lookup``
+    at one root, so the archive is one version, whatever commits meanwhile.
+    Raises ``RemoteError`` (``ENOENT``, ``ENOTDIR``, ``EPERM`` ...) and
+    :class:`ArchiveError`."""
+    top = await kvs.dir(key, at=at)
+    report = Report(rootref=top.rootref)
+    writer = _Writer(out, time.time())
+    try:
+        async for item in _snapshot(kvs, top):
+            writer.add(item, report)
+            if on_item is not None:
+                on_item(item)
+    finally:
+        writer.close()
+    return report
+
+
+async def _snapshot(kvs: KVS, top: Dir) -> AsyncIterator[Item]:
+    """Every entry below ``top`` (a :class:`kvs.client.Dir`), depth first in
+    name order, with up to :data:`READ_WINDOW` value reads in flight."""
+    base = len(split(top.key))
+    pending: deque[tuple[str, TreeObj, asyncio.Future[bytes] | None]] = deque()
+
+    def relative(k: str) -> str:
+        return join(split(k)[base:])
+
+    try:
+        async for k, entry in top.walk(empty_dirs=True):
+            read: asyncio.Future[bytes] | None = None
+            if entry["type"] == "valref":
+                read = asyncio.ensure_future(kvs.get(k, at=top.rootref))
+            pending.append((relative(k), entry, read))
+            while len(pending) > READ_WINDOW or (pending and pending[0][2] is None):
+                yield await _ready(pending.popleft())
+        while pending:
+            yield await _ready(pending.popleft())
+    finally:
+        for _, _, read in pending:
+            if read is None:
+                continue
+            if read.done() and not read.cancelled():
+                read.exception()  # (retrieved: the error that stopped us is another)
+            read.cancel()
+
+
+async def _ready(entry: tuple[str, TreeObj, asyncio.Future[bytes] | None]) -> Item:
+    k, obj, read = entry
+    if obj["type"] in ("dir", "dirref"):
+        return Item(k, "dir")
+    data = await read if read is not None else b""
+    return _value(k, obj, lambda _refs: data)
+
+
+def dump_checkpoint(statedir: str, out: str | IO[bytes], *,
+                    on_item: Callable[[Item], None] | None = None) -> Report:
+    """Write the KVS checkpoint of the *stopped* instance whose statedir is
+    ``statedir`` (the primary namespace its next start brings back) to
+    ``out``, as :func:`dump`.  Entries carry the checkpoint's time."""
+    with _open_store(statedir, create=False) as store:
+        cp = _checkpoint(store)
+        if cp is None:
+            raise ArchiveError(f"statedir {statedir} has no KVS checkpoint "
+                               f"({CHECKPOINT_KEY!r}): nothing to dump")
+        rootref = cp["rootref"]
+        stamp = cp.get("timestamp")
+        report = Report(rootref=rootref)
+        writer = _Writer(out, stamp if isinstance(stamp, (int, float)) else time.time())
+        try:
+            for item in _tree_items(BlobCache(store), rootref):
+                writer.add(item, report)
+                if on_item is not None:
+                    on_item(item)
+        finally:
+            writer.close()
+    return report
+
+
+def _tree_items(cache: BlobCache, rootref: str) -> Iterator[Item]:
+    """The entries of the tree at ``rootref``, read from ``cache``'s store."""
+
+    def entries_of(ref: str) -> list[tuple[str, TreeObj]]:
+        try:
+            return sorted(shards.entries(cache, cache.need_obj(ref)).items())
+        except (NeedBlobs, ErrnoError) as exc:
+            raise ArchiveError(f"the tree is damaged: directory blob {ref}: {exc}") from None
+
+    def read(refs: list[str]) -> bytes:
+        parts = []
+        for ref in refs:
+            data = cache.get(ref)
+            if data is None:
+                raise ArchiveError(f"the tree is damaged: value blob {ref} is missing")
+            parts.append(data)
+        return b"".join(parts)
+
+    stack: list[tuple[list[str], Iterator[tuple[str, TreeObj]]]] = [
+        ([], iter(entries_of(rootref)))]
+    while stack:
+        path, it = stack[-1]
+        nxt = next(it, None)
+        if nxt is None:
+            stack.pop()
+            continue
+        name, entry = nxt
+        key = [*path, name]
+        if entry["type"] in ("dir", "dirref"):
+            sub = (sorted(entry["data"].items()) if entry["type"] == "dir"
+                   else entries_of(entry["data"][0]))
+            if not sub:
+                yield Item(join(key), "dir")
+            stack.append((key, iter(sub)))
+        else:
+            yield _value(join(key), entry, read)
+
+
+# ---------------------------------------------------------------- reading
+
+
+def read_items(source: str | IO[bytes], *, size_limit: int | None = None,
+               report: Report | None = None) -> Iterator[Item]:
+    """The entries of archive ``source`` (a file name, ``"-"`` for stdin, or a
+    binary file object), any tar format or compression, in archive order.
+
+    Regular files are values, symlinks symlinks, directories empty
+    directories.  Left out, with a line in ``report.skipped``: values over
+    ``size_limit`` bytes, paths with ``..``, and other kinds of entry."""
+    report = report if report is not None else Report()
+    try:
+        if source == "-":
+            tar = tarfile.open(fileobj=sys.stdin.buffer, mode="r|*")
+        elif isinstance(source, str):
+            tar = tarfile.open(source, "r:*")
+        else:
+            tar = tarfile.open(fileobj=source, mode="r|*")
+    except OSError as exc:
+        raise ArchiveError(f"{exc.filename or source}: {exc.strerror or exc}") from None
+    except (tarfile.TarError, EOFError) as exc:
+        # (tarfile lists every method it tried, one per line)
+        first = str(exc).splitlines()[0].rstrip(":") if str(exc) else type(exc).__name__
+        what = source if isinstance(source, str) else "archive"
+        raise ArchiveError(f"{what}: not a readable archive: tar, plain or compressed "
+                           f"with gzip, bzip2 or xz ({first})") from None
+    with tar:
+        try:
+            for info in tar:
+                item = _item(tar, info, size_limit, report)
+                if item is not None:
+                    yield item
+        except (tarfile.TarError, EOFError, OSError) as exc:
+            what = source if isinstance(source, str) else "archive"
+            raise ArchiveError(f"{what}: the archive is damaged or cut short "
+                               f"({exc or type(exc).__name__})") from None
+
+
+def _item(tar: tarfile.TarFile, info: tarfile.TarInfo, size_limit: int | None,
+          report: Report) -> Item | None:
+    key = path_to_key(info.name)
+    if key is None:
+        if ".." in info.name.split("/"):
+            report.skipped.append(f"{info.name}: a path with '..' names no key")
+        return None  # (the top directory itself: nothing to do)
+    if info.isreg():
+        if size_limit is not None and info.size > size_limit:
+            report.skipped.append(f"{info.name}: {info.size} bytes, over the size "
+                                  f"limit of {size_limit}")
+            return None
+        f = tar.extractfile(info)
+        assert f is not None  # (a regular file always has data)
+        return Item(key, "value", f.read())
+    if info.issym():
+        if not info.linkname:
+            report.skipped.append(f"{info.name}: a symlink to nothing")
+            return None
+        return Item(key, "symlink", target=info.linkname)
+    if info.isdir():
+        return Item(key, "dir")
+    report.skipped.append(f"{info.name}: not a file, symlink or directory")
+    return None
+
+
+# ---------------------------------------------------------------- restore
+
+
+def _ops(items: Iterable[Item], prefix: str = "") -> list[dict[str, Any]]:
+    """Commit ops that write ``items`` below ``prefix``: the directories
+    first (an empty directory entry after files below it must not replace
+    them), then values and symlinks in archive order, so a path written
+    twice keeps its last entry, as ``tar`` would."""
+    dirs: list[dict[str, Any]] = []
+    rest: list[dict[str, Any]] = []
+    for it in items:
+        k = f"{prefix}.{it.key}" if prefix else it.key
+        if it.kind == "dir":
+            dirs.append({"key": k, "flags": 0, "dirent": treeobj.dir_()})
+        elif it.kind == "value":
+            rest.append({"key": k, "flags": 0, "dirent": treeobj.val(it.data)})
+        else:
+            ns, target = parse_ns_target(it.target)
+            rest.append({"key": k, "flags": 0, "dirent": treeobj.symlink(target, ns)})
+    dirs.sort(key=lambda op: len(split(op["key"])))
+    return dirs + rest
+
+
+def build(items: list[Item], hash_name: str = blobref.DEFAULT_HASH
+          ) -> tuple[str, dict[str, bytes]]:
+    """The tree holding ``items``, built as a commit would build it:
+    ``(rootref, {blobref: blob})`` with every blob it needs."""
+    empty, data = txn.empty_root(hash_name)
+    try:
+        result = txn.apply({empty: data}, empty, _ops(items), hash_name=hash_name)
+    except ErrnoError as exc:
+        raise ArchiveError(f"the archive cannot be a KVS tree: {exc.errstr or exc}") from None
+    blobs = dict(result.new_blobs)
+    blobs.setdefault(empty, data)  # (an empty archive: the root is the empty directory)
+    return result.rootref, blobs
+
+
+def _count(items: list[Item], report: Report) -> None:
+    for it in items:
+        if it.kind == "dir":
+            report.dirs += 1
+        else:
+            report.keys += 1
+            report.bytes += len(it.data)
+
+
+async def restore(kvs: KVS, source: str | IO[bytes], key: str, *,
+                  size_limit: int | None = None,
+                  on_item: Callable[[Item], None] | None = None) -> Report:
+    """Make ``key`` of ``kvs``'s namespace the directory archive ``source``
+    holds (whatever ``key`` was before), in one commit.
+
+    The instance owner stores the tree's blobs first and then commits one
+    ``dirref``; a guest, who may not store blobs, commits every key in one
+    transaction.  Raises :class:`ArchiveError` and ``RemoteError``."""
+    if not split(key):
+        raise ArchiveError("the key to restore to cannot be the root directory (restore "
+                           "to a key, then namespace create -r with the root it prints)")
+    report = Report()
+    items = await asyncio.to_thread(lambda: list(read_items(source, size_limit=size_limit,
+                                                            report=report)))
+    limit = int(await kvs.handle.attr_get("content.blob-size-limit"))
+    for it in items:
+        if len(it.data) > limit:
+            raise ArchiveError(f"{it.key}: {len(it.data)} bytes, over the instance's "
+                               f"content.blob-size-limit ({limit}); leave such values out "
+                               "with a size limit")
+        if on_item is not None:
+            on_item(it)
+    hash_name = str(await kvs.handle.attr_get("content.hash"))
+    rootref, blobs = await asyncio.to_thread(build, items, hash_name)
+    _count(items, report)
+    try:
+        report.blobs = await _store(kvs.handle, blobs)
+    except RemoteError as exc:
+        if exc.errnum != errno.EPERM:
+            raise
+        # a guest: content.store is the owner's
+        await kvs.commit([{"key": key, "flags": 0, "dirent": treeobj.dir_()},
+                          *_ops(items, normalize(key))])
+        report.rootref = rootref
+        return report
+    await kvs.put_treeobj(key, treeobj.dirref(rootref))
+    report.rootref = rootref
+    return report
+
+
+async def _store(h: Any, blobs: dict[str, bytes]) -> int:
+    """Store ``blobs`` in batches, at most :data:`STORE_WINDOW` in flight;
+    check the instance names them as we do."""
+    batches: list[list[tuple[str, bytes]]] = [[]]
+    size = 0
+    for ref, data in blobs.items():
+        if batches[-1] and (size + len(data) > STORE_BATCH_BYTES
+                            or len(batches[-1]) >= STORE_BATCH_BLOBS):
+            batches.append([])
+            size = 0
+        batches[-1].append((ref, data))
+        size += len(data)
+    pending: deque[tuple[list[str], asyncio.Future[Any]]] = deque()
+
+    async def settle() -> None:
+        refs, answer = pending.popleft()
+        if list((await answer).get("blobrefs", [])) != refs:
+            raise ArchiveError("the instance names blobs differently than this client "
+                               "(content.hash?)")
+
+    window = 1  # until the first answer: a guest learns EPERM having sent one batch
+    try:
+        for batch in batches:
+            if len(pending) >= window:
+                await settle()
+                window = STORE_WINDOW
+            pending.append(([r for r, _ in batch],
+                            h.rpc("content.store", {"blobs": [d for _, d in batch]})))
+        while pending:
+            await settle()
+    finally:
+        for _, answer in pending:
+            answer.cancel()
+    return len(blobs)
+
+
+def restore_checkpoint(statedir: str, source: str | IO[bytes], *,
+                       size_limit: int | None = None,
+                       on_item: Callable[[Item], None] | None = None) -> Report:
+    """Write archive ``source`` into the content store of the *stopped*
+    instance whose statedir is ``statedir`` (made if missing) and make it
+    the KVS checkpoint: the primary namespace of the next start, at
+    version 0, as Flux's ``restore --checkpoint``.  What the old checkpoint
+    held stays in the store until ``kvbroker kvs gc``."""
+    report = Report()
+    items = list(read_items(source, size_limit=size_limit, report=report))
+    if on_item is not None:
+        for it in items:
+            on_item(it)
+    with _open_store(statedir, create=True) as store:
+        old = _checkpoint(store)
+        hash_name = (old["rootref"].partition("-")[0] if old is not None
+                     else blobref.DEFAULT_HASH)
+        rootref, blobs = build(items, hash_name)
+        store.put_many(blobs.items())
+        store.checkpoint_put(CHECKPOINT_KEY, msgpack.packb(
+            {"rootref": rootref, "rootseq": 0, "timestamp": time.time()}, use_bin_type=True))
+        store.sync()
+    _count(items, report)
+    report.blobs, report.rootref = len(blobs), rootref
+    return report
+
+
+@contextmanager
+def _open_store(statedir: str, *, create: bool) -> Iterator[SqliteStore]:
+    """The statedir's ``content.sqlite``, opened while no instance runs;
+    one-line errors for everything else."""
+    if not create and not os.path.isdir(statedir):
+        what = "not a directory" if os.path.exists(statedir) else "no such directory"
+        raise ArchiveError(f"statedir {statedir}: {what}")
+    try:
+        private_dir(statedir, "statedir")  # the owner's, as at start
+    except StartError as exc:
+        raise ArchiveError(str(exc)) from None
+    path = os.path.join(statedir, STORE_FILE)
+    if not create and not os.path.exists(path):
+        raise ArchiveError(f"statedir {statedir} has no {STORE_FILE}")
+    try:
+        store = SqliteStore(path)
+    except StoreLocked:
+        raise ArchiveError(f"statedir {statedir} is in use by a running instance (its "
+                           f"{STORE_FILE} is locked): stop it first, or work online "
+                           "(without --checkpoint)") from None
+    except (sqlite3.Error, OSError) as exc:
+        raise ArchiveError(f"{path}: {exc}") from None
+    try:
+        yield store
+    except sqlite3.Error as exc:
+        raise ArchiveError(f"{path}: {exc}") from None
+    finally:
+        store.close()
+
+
+def _checkpoint(store: SqliteStore) -> dict[str, Any] | None:
+    raw = store.checkpoint_get(CHECKPOINT_KEY)
+    if raw is None:
+        return None
+    try:
+        value = msgpack.unpackb(raw, raw=False, strict_map_key=False)
+    except Exception as exc:  # msgpack raises several kinds
+        raise ArchiveError(f"the checkpoint {CHECKPOINT_KEY!r} does not decode: "
+                           f"{str(exc) or type(exc).__name__}") from None
+    if not (isinstance(value, dict) and blobref.is_valid(value.get("rootref"))):
+        raise ArchiveError(f"the checkpoint {CHECKPOINT_KEY!r} is not a KVS root: "
+                           f"{value!r:.200}")
+    return value

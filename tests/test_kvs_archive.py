@@ -1,0 +1,405 @@
+"""``kvbroker kvs dump`` / ``kvs restore``: KVS snapshots as tar archives.
+
+Unit tests feed the pure parts (paths, archive reading, tree building)
+archives made with :mod:`tarfile` in the layout Flux's ``flux dump``
+writes; integration tests run real instances and the real CLI.
+Reference: flux-core ``doc/man1/flux-dump.rst``, ``flux-restore.rst``,
+``t/t2010-kvs-snapshot-restore.t``; docs/kvs.md, "Dump and restore".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import io
+import os
+import tarfile
+from typing import Any
+
+import pytest
+from test_broker_support import run_cli
+from test_kvs_rpc_helpers import (
+    APPEND,
+    commit,
+    dirref,
+    errnum,
+    get,
+    getroot,
+    lookup,
+    put,
+    run_guest,
+    symlink,
+)
+
+from kvs import archive, treeobj, txn
+from kvs.archive import ArchiveError, Item, build, path_to_key, read_items
+from kvs.lookup import READDIR, READLINK
+from kvs.treeobj import BlobCache
+
+BIG = bytes(range(256)) * 8  # 2 KiB: stored as a valref
+
+
+def _tar(entries: list[tuple[str, str, bytes | str]], mode: str = "w") -> bytes:
+    """An archive as ``flux dump`` writes one: (kind, path, data or target)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode=mode) as tar:
+        for kind, path, data in entries:
+            info = tarfile.TarInfo(path)
+            info.mode, info.mtime = 0o644, 1_700_000_000
+            body = None
+            if kind == "file":
+                assert isinstance(data, bytes)
+                info.size, body = len(data), io.BytesIO(data)
+            elif kind == "link":
+                info.type, info.linkname = tarfile.SYMTYPE, str(data)
+            elif kind == "hard":
+                info.type, info.linkname = tarfile.LNKTYPE, str(data)
+            elif kind == "fifo":
+                info.type = tarfile.FIFOTYPE
+            else:
+                info.type = tarfile.DIRTYPE
+            tar.addfile(info, body)
+    return buf.getvalue()
+
+
+def _items(data: bytes, **kw: Any) -> list[Item]:
+    return list(read_items(io.BytesIO(data), **kw))
+
+
+def _contents(blobs: dict[str, bytes], rootref: str) -> list[Item]:
+    """What a dump of the tree at ``rootref`` would write (offline reader)."""
+    return list(archive._tree_items(BlobCache(blobs), rootref))
+
+
+# ---------------------------------------------------------------- pure parts
+
+
+@pytest.mark.parametrize(("path", "key"), [
+    ("a/b/c", "a.b.c"), ("./a/b", "a.b"), ("/a//b/", "a.b"), ("a", "a"),
+    ("a/b.c", "a.b.c"),  # a name with a dot is two levels, as the key reads
+    (".", None), ("./", None), ("", None), ("a/../b", None), ("../x", None),
+])
+def test_archive_path_to_key(path, key) -> None:
+    assert path_to_key(path) == key
+
+
+def test_key_to_path_refuses_a_name_holding_a_slash() -> None:
+    assert archive.key_to_path("a.b.c") == "a/b/c"
+    assert archive.key_to_path("a.b/c") is None
+
+
+def test_flux_layout_archive_reads_as_items() -> None:
+    """Files are values, symlinks (NS:: kept) links, directories empty
+    directories; hard links, FIFOs and '..' paths are left out and said."""
+    data = _tar([("dir", "./", b""), ("dir", "a", b""), ("file", "a/b", b"1"),
+                 ("file", "./a/big", BIG), ("link", "l", "a.b"), ("link", "ln", "other::x"),
+                 ("dir", "empty/dir", b""), ("hard", "h", "a/b"), ("fifo", "f", b""),
+                 ("file", "../escape", b"x")], mode="w:gz")
+    report = archive.Report()
+    items = list(read_items(io.BytesIO(data), report=report))
+    assert items == [Item("a", "dir"), Item("a.b", "value", b"1"), Item("a.big", "value", BIG),
+                     Item("l", "symlink", target="a.b"),
+                     Item("ln", "symlink", target="other::x"), Item("empty.dir", "dir")]
+    assert [line.split(":")[0] for line in report.skipped] == ["h", "f", "../escape"]
+
+
+def test_size_limit_leaves_big_values_out() -> None:
+    data = _tar([("file", "small", b"x" * 10), ("file", "big", BIG)])
+    report = archive.Report()
+    assert [i.key for i in read_items(io.BytesIO(data), size_limit=100,
+                                      report=report)] == ["small"]
+    assert report.skipped == [f"big: {len(BIG)} bytes, over the size limit of 100"]
+
+
+@pytest.mark.parametrize("damage", ["not tar", "cut short", "empty"])
+def test_unreadable_archives_are_one_line_errors(damage, tmp_path) -> None:
+    good = _tar([("file", f"k{i}", BIG) for i in range(4)], mode="w:gz")
+    data = {"not tar": b"hello, world\n" * 100, "cut short": good[: len(good) // 2],
+            "empty": b""}[damage]
+    path = tmp_path / "x.tar.gz"
+    path.write_bytes(data)
+    for source in (str(path), io.BytesIO(data)):
+        with pytest.raises(ArchiveError) as info:
+            list(read_items(source))  # type: ignore[arg-type]
+        assert "\n" not in str(info.value)
+        assert "archive" in str(info.value)
+
+
+def test_build_makes_the_tree_a_commit_makes() -> None:
+    """Restoring what a dump wrote gives back the very same root: the
+    engine that builds it is the commit engine (hdir shards, valrefs)."""
+    empty, data = txn.empty_root()
+    store = {empty: data}
+    ops = [put(f"big.k{i}", f"v{i}") for i in range(300)]  # over 128 names: an hdir
+    ops += [put("a.b", "1"), put("a.blob", BIG), put("link", symlink("a.b")),
+            put("far", symlink("x", "other")), put("e.f", {"ver": 1, "type": "dir", "data": {}})]
+    res = txn.apply(store, empty, ops)
+    store.update(res.new_blobs)
+    items = _contents(store, res.rootref)
+    assert Item("e.f", "dir") in items and Item("far", "symlink", target="other::x") in items
+    assert Item("a.blob", "value", BIG) in items and len(items) == 305
+    rootref, blobs = build(items)
+    assert rootref == res.rootref
+    assert set(blobs) <= set(store) and len(blobs) > 20
+    # the order of the archive does not matter, nor a directory entry after
+    # the files below it (it must not empty them)
+    rootref2, _ = build(list(reversed(items)) + [Item("a", "dir")])
+    assert rootref2 == res.rootref
+
+
+def test_build_of_an_empty_archive_is_the_empty_directory() -> None:
+    rootref, blobs = build([])
+    assert rootref == txn.empty_root()[0] and rootref in blobs
+
+
+def test_build_refuses_what_no_tree_can_hold() -> None:
+    deep = Item(".".join(["d"] * 300), "value", b"x")
+    with pytest.raises(ArchiveError, match="cannot be a KVS tree"):
+        build([deep])
+
+
+def test_dump_refuses_an_unknown_archive_name(tmp_path) -> None:
+    with pytest.raises(ArchiveError, match=r"unknown archive type.*\.tar\.gz"):
+        archive._Writer(str(tmp_path / "x.zip"), 0)
+    assert not (tmp_path / "x.zip").exists()
+
+
+# ---------------------------------------------------------------- online
+
+
+async def _fill(h: Any) -> None:
+    await commit(h, *[put(f"big.k{i}", f"v{i}") for i in range(300)])
+    await commit(h, put("a.b", "1"), put("a.blob", BIG), put("link", symlink("a.b")),
+                 put("e.f", {"ver": 1, "type": "dir", "data": {}}))
+    await commit(h, put("log", "one\n", flags=APPEND))
+    await commit(h, put("log", "two\n", flags=APPEND))  # a valref of two blobs
+    await asyncio.wait_for(h.rpc("kvs.namespace-create", {"namespace": "other", "owner": -1}), 10)
+    await commit(h, put("x", "in other"), ns="other")
+    await commit(h, put("far", symlink("x", "other")))
+
+
+async def test_dump_then_restore_gives_back_the_same_tree(start_instance, connect,
+                                                          tmp_path) -> None:
+    inst = await start_instance(size=2)
+    h = await connect(inst, 1)
+    await _fill(h)
+    root = await getroot(h)
+    out = tmp_path / "snap.tar.gz"
+    rc, _, err = await run_cli("kvs", "dump", str(out), uri=inst.uri(1))
+    assert rc == 0, err
+    assert "305 keys, 1 empty directory (" in err and f"from root {root['rootref']}" in err
+    with tarfile.open(out) as tar:  # what tar(1) sees
+        names = {m.name: m for m in tar}
+    assert names["a/blob"].size == len(BIG) and names["a/blob"].mode == 0o644
+    assert names["far"].linkname == "other::x" and names["e/f"].isdir()
+    assert names["log"].size == 8
+
+    rc, _, err = await run_cli("kvs", "restore", "--key", "copy.here", str(out),
+                               uri=inst.uri(1))
+    assert rc == 0, err
+    assert "305 keys, 1 empty directory" in err and "to copy.here (tree sha256-" in err
+    # the same trees, blob for blob (the root is not: log, made by two
+    # appends, is restored as one value)
+    for key in ("big", "a", "e"):
+        assert await lookup(h, f"copy.here.{key}", flags=16) == await lookup(h, key, flags=16)
+    assert await get(h, "copy.here.a.blob") == BIG
+    assert await get(h, "copy.here.log") == b"one\ntwo\n"
+    assert (await lookup(h, "copy.here.far", flags=READLINK))["data"] == {
+        "namespace": "other", "target": "x"}
+    assert (await lookup(h, "copy.here.e.f", flags=READDIR))["data"] == {}
+    # restoring again replaces the key whole, whatever it held
+    await commit(h, put("copy.here.extra", "gone after the restore"))
+    rc, _, err = await run_cli("kvs", "restore", "-q", "--key", "copy.here", str(out),
+                               uri=inst.uri(0))
+    assert rc == 0 and err == ""
+    assert await errnum(get(h, "copy.here.extra")) == errno.ENOENT
+
+
+async def test_dump_and_restore_through_a_pipe(start_instance, connect) -> None:
+    """``dump -`` writes a tar stream to stdout, ``restore -`` reads stdin."""
+    inst = await start_instance(size=1)
+    h = await connect(inst, 0)
+    await commit(h, put("d.x", "1"), put("d.y", BIG), put("other", "not dumped"))
+    proc = await asyncio.create_subprocess_shell(
+        "kvbroker kvs dump -q --key d - | kvbroker kvs restore --key e -",
+        env={**os.environ, "KVBROKER_URI": inst.uri(0)},
+        stderr=asyncio.subprocess.PIPE)
+    _, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err
+    assert await lookup(h, "e", flags=16) == await lookup(h, "d", flags=16)
+    assert await errnum(get(h, "e.other")) == errno.ENOENT
+
+
+async def test_dump_reads_one_version(start_instance, connect, tmp_path) -> None:
+    """``--at`` dumps an older root: the archive is that version, not now."""
+    inst = await start_instance(size=1)
+    h = await connect(inst, 0)
+    old = await commit(h, *[put(f"k{i}", "old") for i in range(200)])
+    await commit(h, *[put(f"k{i}", "new") for i in range(200)], put("late", "x"))
+    out = tmp_path / "old.tar"
+    rc, _, err = await run_cli("kvs", "dump", "--at", treeobj.to_json(dirref(old["rootref"])),
+                               str(out), uri=inst.uri(0))
+    assert rc == 0, err
+    items = list(read_items(str(out)))
+    assert {i.key for i in items} == {f"k{i}" for i in range(200)}
+    assert {i.data for i in items} == {b"old"}
+
+
+async def test_restore_input_errors_change_nothing(start_instance, connect, tmp_path) -> None:
+    inst = await start_instance(size=2, attrs={"content.blob-size-limit": "1000"})
+    h = await connect(inst, 1)
+    await commit(h, put("keep", "me"))
+    before = await getroot(h)
+    bad = tmp_path / "bad.tar"
+    bad.write_bytes(b"not an archive" * 100)
+    big = tmp_path / "big.tar"
+    big.write_bytes(_tar([("file", "small", b"s"), ("file", "huge", BIG)]))
+    cases = [
+        (["--key", "keep", str(bad)], "not a readable archive"),
+        (["--key", "keep", str(tmp_path / "missing.tar")], "No such file or directory"),
+        (["--key", ".", str(big)], "cannot be the root directory"),
+        (["--key", "keep", str(big)], "huge: 2048 bytes, over the instance's "
+                                      "content.blob-size-limit (1000)"),
+        ([str(big)], "say where: --key KEY"),
+        (["--statedir", str(tmp_path), "--key", "k", str(big)], "--statedir goes with"),
+    ]
+    for args, message in cases:
+        rc, out, err = await run_cli("kvs", "restore", *args, uri=inst.uri(1))
+        assert rc in (1, 2) and message in err, (args, err)
+        assert "Traceback" not in err
+    assert await getroot(h) == before  # nothing was committed
+    # leaving big values out is the way through
+    rc, _, err = await run_cli("kvs", "restore", "--size-limit", "1k", "--key", "keep",
+                               str(big), uri=inst.uri(1))
+    assert rc == 0, err
+    assert "skipped huge: 2048 bytes, over the size limit of 1024" in err
+    assert await get(h, "keep.small") == b"s"
+    assert await errnum(get(h, "keep.huge")) == errno.ENOENT
+
+
+async def test_dump_says_which_keys_an_archive_cannot_hold(start_instance, connect,
+                                                           tmp_path) -> None:
+    inst = await start_instance(size=1)
+    h = await connect(inst, 0)
+    await commit(h, put("ok", "1"), put("a/b", "2"))
+    out = tmp_path / "x.tar"
+    rc, _, err = await run_cli("kvs", "dump", str(out), uri=inst.uri(0))
+    assert rc == 1  # the archive is written, but it misses a key: say so
+    assert "skipped a/b: a name holds '/'" in err
+    assert [i.key for i in read_items(str(out))] == ["ok"]
+    rc, _, err = await run_cli("kvs", "dump", "--key", "nope", str(out), uri=inst.uri(0))
+    assert rc == 1 and "nope" in err and "No such file or directory" in err
+
+
+# ---------------------------------------------------------------- offline
+
+
+async def test_checkpoint_dump_and_restore_move_an_instance(start_instance, connect,
+                                                            tmp_path) -> None:
+    """Flux's way to move (or shrink) an instance: dump its checkpoint,
+    restore it as the checkpoint of a fresh statedir, start on that."""
+    old, new = tmp_path / "old", tmp_path / "new"
+    inst = await start_instance(size=1, statedir=str(old))
+    h = await connect(inst, 0)
+    await _fill(h)
+    big_a_e = {key: await lookup(h, key, flags=16) for key in ("big", "a", "e")}
+    online = tmp_path / "online.tar"
+    assert (await run_cli("kvs", "dump", str(online), uri=inst.uri(0)))[0] == 0
+    # both refuse a running instance's statedir, and touch nothing
+    for cmd in (["dump", "--checkpoint", "--statedir", str(old), str(tmp_path / "x.tar")],
+                ["restore", "--checkpoint", "--statedir", str(old), str(online)]):
+        rc, _, err = await run_cli("kvs", *cmd)
+        assert rc == 1 and "in use by a running instance" in err, err
+    await h.close()
+    assert await inst.stop() == [0]
+
+    snap = tmp_path / "snap.tar.xz"
+    rc, _, err = await run_cli("kvs", "dump", "--checkpoint", "--statedir", str(old), str(snap))
+    assert rc == 0, err
+    assert [(i.key, i.kind, i.data, i.target) for i in read_items(str(snap))] == \
+        [(i.key, i.kind, i.data, i.target) for i in read_items(str(online))]
+
+    rc, _, err = await run_cli("kvs", "restore", "--checkpoint", "--statedir", str(new),
+                               str(snap))
+    assert rc == 0, err
+    tree = build(list(read_items(str(online))))[0]  # (log: one value now, see above)
+    assert f"to the checkpoint (version 0, root {tree})" in err
+    assert (new / "content.sqlite").stat().st_mode & 0o777 == 0o600
+    inst2 = await start_instance(size=2, statedir=str(new))
+    for rank in (0, 1):
+        h2 = await connect(inst2, rank)
+        again = await getroot(h2)
+        assert (again["rootref"], again["rootseq"]) == (tree, 0)
+        for key in ("big", "a", "e"):
+            assert await lookup(h2, key, flags=16) == big_a_e[key]
+        assert await get(h2, "a.blob") == BIG and await get(h2, "log") == b"one\ntwo\n"
+    await commit(h2, put("after", "restore"))
+    assert await get(h2, "after") == b"restore"
+
+
+@pytest.mark.parametrize("case", ["no dir", "no store", "no checkpoint"])
+async def test_checkpoint_dump_refuses_what_it_cannot_read(case, tmp_path) -> None:
+    statedir = tmp_path / "state"
+    if case != "no dir":
+        statedir.mkdir(mode=0o700)
+    if case == "no checkpoint":
+        from broker.content.sqlite import SqliteStore
+
+        SqliteStore(str(statedir / "content.sqlite")).close()
+    rc, _, err = await run_cli("kvs", "dump", "--checkpoint", "--statedir", str(statedir),
+                               str(tmp_path / "x.tar"))
+    message = {"no dir": "no such directory", "no store": "has no content.sqlite",
+               "no checkpoint": "has no KVS checkpoint"}[case]
+    assert rc == 1 and message in err, err
+    assert not (statedir / "content.sqlite").exists() or case == "no checkpoint"
+    rc, _, err = await run_cli("kvs", "dump", "--checkpoint", "-N", "x", str(tmp_path / "y"))
+    assert rc == 2 and "--checkpoint needs --statedir" in err
+
+
+# ---------------------------------------------------------------- guests
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a guest")
+async def test_guest_restores_and_dumps_its_own_namespace(start_instance, connect) -> None:
+    """A guest may not store blobs, so its restore is one transaction of
+    values; it reads and writes only its own namespace."""
+    inst = await start_instance(size=2, attrs={"access.allow-guest-user": "true"})
+    h = await connect(inst, 0)
+    await asyncio.wait_for(h.rpc("kvs.namespace-create", {"namespace": "mine",
+                                                          "owner": 65534}), 10)
+    await commit(h, put("secret", "s"))
+    values = _tar([("file", "a/b", b"1"), ("file", "a/blob", BIG), ("dir", "e", b"")])
+    with_link = _tar([("file", "a", b"1"), ("link", "l", "a")])
+    out = await asyncio.to_thread(run_guest, inst.uri(1), f"""
+        import io
+        from kvs import archive
+        from kvs.client import KVS
+
+        async def body(h):
+            mine, primary = KVS(h, "mine"), KVS(h, "primary")
+            r = {{}}
+            rep = await archive.restore(mine, io.BytesIO({values!r}), "top")
+            r["restored"] = [rep.keys, rep.dirs, rep.blobs]
+            buf = io.BytesIO()
+            rep = await archive.dump(mine, buf)
+            r["dumped"] = [rep.keys, rep.dirs]
+            r["names"] = sorted(m.name for m in __import__("tarfile").open(
+                fileobj=io.BytesIO(buf.getvalue())))
+            for name, kvs, data in (("primary", primary, {values!r}),
+                                    ("link", mine, {with_link!r})):
+                try:
+                    await archive.restore(kvs, io.BytesIO(data), "x")
+                except RemoteError as exc:
+                    r[name] = exc.errnum
+            try:
+                await archive.dump(primary, io.BytesIO())
+            except RemoteError as exc:
+                r["dump primary"] = exc.errnum
+            return r
+    """)
+    assert out["restored"] == [2, 1, 0]  # no blobs: one commit of values
+    assert out["dumped"] == [2, 1]
+    assert out["names"] == ["top/a/b", "top/a/blob", "top/e"]
+    assert out["primary"] == out["link"] == out["dump primary"] == errno.EPERM
+    assert await get(h, "top.a.blob", ns="mine") == BIG
+    assert await errnum(get(h, "x")) == errno.ENOENT
