@@ -18,15 +18,15 @@ reads through ``kvs.lookup`` at that root (so a guest can dump a namespace
 of its own); offline (``--checkpoint``) it reads a stopped instance's
 content store.
 
-A restore builds the whole tree first, on the client, with the commit
-engine (:func:`kvs.txn.apply` on an empty root, so directories, big
-directories and values come out exactly as the KVS itself would store
-them), then:
+A restore builds the tree on the client with the commit engine
+(:func:`kvs.txn.apply` on an empty root, so directories, big directories
+and values come out exactly as the KVS itself would store them), then:
 
 * online, as the instance owner: stores the blobs (``content.store``,
-  batched, a bounded window) and commits one op putting a ``dirref`` to
-  the new tree at the key -- atomic whatever the size, and rank 0 only
-  stores blobs;
+  batched, a bounded window; each value's as soon as it is read, so the
+  client holds the archive's structure, not its data) and commits one op
+  putting a ``dirref`` to the new tree at the key -- atomic whatever the
+  size, and rank 0 only stores blobs;
 * online, as a guest (``content.store`` is the owner's): one transaction
   writing every key below the key -- atomic too, but bounded by the
   commit's limits;
@@ -348,13 +348,16 @@ def _tree_items(cache: BlobCache, rootref: str) -> Iterator[Item]:
 
 
 def read_items(source: str | IO[bytes], *, size_limit: int | None = None,
-               report: Report | None = None) -> Iterator[Item]:
+               max_value: int | None = None, report: Report | None = None
+               ) -> Iterator[Item]:
     """The entries of archive ``source`` (a file name, ``"-"`` for stdin, or a
     binary file object), any tar format or compression, in archive order.
 
     Regular files are values, symlinks symlinks, directories empty
     directories.  Left out, with a line in ``report.skipped``: values over
-    ``size_limit`` bytes, paths with ``..``, and other kinds of entry."""
+    ``size_limit`` bytes, paths with ``..``, and other kinds of entry.  A
+    value over ``max_value`` bytes (an instance's ``content.blob-size-limit``)
+    is an :class:`ArchiveError`, raised before its bytes are read."""
     report = report if report is not None else Report()
     try:
         if source == "-":
@@ -374,7 +377,7 @@ def read_items(source: str | IO[bytes], *, size_limit: int | None = None,
     with tar:
         try:
             for info in tar:
-                item = _item(tar, info, size_limit, report)
+                item = _item(tar, info, size_limit, max_value, report)
                 if item is not None:
                     yield item
         except (tarfile.TarError, EOFError, OSError) as exc:
@@ -384,7 +387,7 @@ def read_items(source: str | IO[bytes], *, size_limit: int | None = None,
 
 
 def _item(tar: tarfile.TarFile, info: tarfile.TarInfo, size_limit: int | None,
-          report: Report) -> Item | None:
+          max_value: int | None, report: Report) -> Item | None:
     key = path_to_key(info.name)
     if key is None:
         if ".." in info.name.split("/"):
@@ -395,6 +398,10 @@ def _item(tar: tarfile.TarFile, info: tarfile.TarInfo, size_limit: int | None,
             report.skipped.append(f"{info.name}: {info.size} bytes, over the size "
                                   f"limit of {size_limit}")
             return None
+        if max_value is not None and info.size > max_value:
+            raise ArchiveError(f"{key}: {info.size} bytes, over the instance's "
+                               f"content.blob-size-limit ({max_value}); leave such "
+                               "values out with a size limit")
         f = tar.extractfile(info)
         assert f is not None  # (a regular file always has data)
         return Item(key, "value", f.read())
@@ -412,47 +419,78 @@ def _item(tar: tarfile.TarFile, info: tarfile.TarInfo, size_limit: int | None,
 # ---------------------------------------------------------------- restore
 
 
-def _ops(items: Iterable[Item], prefix: str = "") -> list[dict[str, Any]]:
-    """Commit ops that write ``items`` below ``prefix``: the directories
-    first (an empty directory entry after files below it must not replace
-    them), then values and symlinks in archive order, so a path written
-    twice keeps its last entry, as ``tar`` would."""
-    dirs: list[dict[str, Any]] = []
-    rest: list[dict[str, Any]] = []
-    for it in items:
-        k = f"{prefix}.{it.key}" if prefix else it.key
-        if it.kind == "dir":
-            dirs.append({"key": k, "flags": 0, "dirent": treeobj.dir_()})
-        elif it.kind == "value":
-            rest.append({"key": k, "flags": 0, "dirent": treeobj.val(it.data)})
-        else:
-            ns, target = parse_ns_target(it.target)
-            rest.append({"key": k, "flags": 0, "dirent": treeobj.symlink(target, ns)})
-    dirs.sort(key=lambda op: len(split(op["key"])))
-    return dirs + rest
+class _Tree:
+    """The tree a restore builds, as ops for the commit engine.
+
+    A value over :data:`~kvs.treeobj.INLINE_MAX` bytes becomes a ``valref``
+    as soon as it is read -- exactly what a commit would make of it -- and
+    :meth:`add` hands its blob back to be stored, so a restore holds the
+    archive's structure, not its data.  With ``inline`` (a guest's
+    restore, one transaction of values) values stay ``val`` dirents."""
+
+    def __init__(self, hash_name: str, report: Report, *, inline: bool = False) -> None:
+        self.hash_name = hash_name
+        self.report = report
+        self.inline = inline
+        self.dirs: list[tuple[str, TreeObj]] = []
+        self.rest: list[tuple[str, TreeObj]] = []
+        self.seen: set[str] = set()
+
+    def add(self, item: Item) -> tuple[str, bytes] | None:
+        """Record ``item``; return a value blob not handed back before."""
+        if item.kind == "dir":
+            self.dirs.append((item.key, treeobj.dir_()))
+            self.report.dirs += 1
+            return None
+        self.report.keys += 1
+        if item.kind == "symlink":
+            ns, target = parse_ns_target(item.target)
+            self.rest.append((item.key, treeobj.symlink(target, ns)))
+            return None
+        self.report.bytes += len(item.data)
+        if self.inline or len(item.data) <= treeobj.INLINE_MAX:
+            self.rest.append((item.key, treeobj.val(item.data)))
+            return None
+        ref = blobref.hash_blob(item.data, self.hash_name)
+        self.rest.append((item.key, treeobj.valref([ref])))
+        if ref in self.seen:
+            return None
+        self.seen.add(ref)
+        return ref, item.data
+
+    def ops(self, prefix: str = "") -> list[dict[str, Any]]:
+        """Commit ops writing the tree below ``prefix``: the directories
+        first (an empty directory entry after files below it must not
+        replace them), then values and symlinks in archive order, so a path
+        written twice keeps its last entry, as ``tar`` would."""
+        dirs = sorted(self.dirs, key=lambda d: len(split(d[0])))
+        return [{"key": f"{prefix}.{k}" if prefix else k, "flags": 0, "dirent": dirent}
+                for k, dirent in dirs + self.rest]
+
+    def build(self) -> tuple[str, dict[str, bytes]]:
+        """``(rootref, {blobref: blob})``: the tree's directory blobs (the
+        values' were handed back by :meth:`add`)."""
+        empty, data = txn.empty_root(self.hash_name)
+        # (the valrefs name blobs this in-memory store lacks: the engine
+        # checks their form only, and never reads a value it does not change)
+        try:
+            result = txn.apply({empty: data}, empty, self.ops(), hash_name=self.hash_name)
+        except ErrnoError as exc:
+            raise ArchiveError(f"the archive cannot be a KVS tree: {exc.errstr or exc}"
+                               ) from None
+        blobs = dict(result.new_blobs)
+        blobs.setdefault(empty, data)  # (an empty archive: the root is the empty directory)
+        return result.rootref, blobs
 
 
-def build(items: list[Item], hash_name: str = blobref.DEFAULT_HASH
+def build(items: Iterable[Item], hash_name: str = blobref.DEFAULT_HASH
           ) -> tuple[str, dict[str, bytes]]:
     """The tree holding ``items``, built as a commit would build it:
     ``(rootref, {blobref: blob})`` with every blob it needs."""
-    empty, data = txn.empty_root(hash_name)
-    try:
-        result = txn.apply({empty: data}, empty, _ops(items), hash_name=hash_name)
-    except ErrnoError as exc:
-        raise ArchiveError(f"the archive cannot be a KVS tree: {exc.errstr or exc}") from None
-    blobs = dict(result.new_blobs)
-    blobs.setdefault(empty, data)  # (an empty archive: the root is the empty directory)
-    return result.rootref, blobs
-
-
-def _count(items: list[Item], report: Report) -> None:
-    for it in items:
-        if it.kind == "dir":
-            report.dirs += 1
-        else:
-            report.keys += 1
-            report.bytes += len(it.data)
+    tree = _Tree(hash_name, Report())
+    values = dict(filter(None, (tree.add(it) for it in items)))
+    rootref, blobs = tree.build()
+    return rootref, {**values, **blobs}
 
 
 async def restore(kvs: KVS, source: str | IO[bytes], key: str, *,
@@ -461,75 +499,97 @@ async def restore(kvs: KVS, source: str | IO[bytes], key: str, *,
     """Make ``key`` of ``kvs``'s namespace the directory archive ``source``
     holds (whatever ``key`` was before), in one commit.
 
-    The instance owner stores the tree's blobs first and then commits one
-    ``dirref``; a guest, who may not store blobs, commits every key in one
-    transaction.  Raises :class:`ArchiveError` and ``RemoteError``."""
+    The instance owner stores the values' blobs as it reads them, then the
+    directories', and commits one ``dirref``; a guest, who may not store
+    blobs, commits every key in one transaction.  A value over the
+    instance's ``content.blob-size-limit`` stops it before anything is
+    committed.  Raises :class:`ArchiveError` and ``RemoteError``."""
     if not split(key):
         raise ArchiveError("the key to restore to cannot be the root directory (restore "
                            "to a key, then namespace create -r with the root it prints)")
-    report = Report()
-    items = await asyncio.to_thread(lambda: list(read_items(source, size_limit=size_limit,
-                                                            report=report)))
-    limit = int(await kvs.handle.attr_get("content.blob-size-limit"))
-    for it in items:
-        if len(it.data) > limit:
-            raise ArchiveError(f"{it.key}: {len(it.data)} bytes, over the instance's "
-                               f"content.blob-size-limit ({limit}); leave such values out "
-                               "with a size limit")
-        if on_item is not None:
-            on_item(it)
-    hash_name = str(await kvs.handle.attr_get("content.hash"))
-    rootref, blobs = await asyncio.to_thread(build, items, hash_name)
-    _count(items, report)
+    h = kvs.handle
+    limit = int(await h.attr_get("content.blob-size-limit"))
+    hash_name = str(await h.attr_get("content.hash"))
     try:
-        report.blobs = await _store(kvs.handle, blobs)
+        await h.rpc("content.store", {"blobs": []})  # may we? (the owner's service)
+        owner = True
     except RemoteError as exc:
         if exc.errnum != errno.EPERM:
             raise
-        # a guest: content.store is the owner's
-        await kvs.commit([{"key": key, "flags": 0, "dirent": treeobj.dir_()},
-                          *_ops(items, normalize(key))])
-        report.rootref = rootref
+        owner = False
+    report = Report()
+    tree = _Tree(hash_name, report, inline=not owner)
+    items = read_items(source, size_limit=size_limit, max_value=limit, report=report)
+    if not owner:
+        for item in await asyncio.to_thread(list, items):
+            tree.add(item)
+            if on_item is not None:
+                on_item(item)
+        result = await kvs.commit([{"key": key, "flags": 0, "dirent": treeobj.dir_()},
+                                   *tree.ops(normalize(key))])
+        report.rootref = (await kvs.get_treeobj(key, at=result))["data"][0]
         return report
-    await kvs.put_treeobj(key, treeobj.dirref(rootref))
-    report.rootref = rootref
+    uploader = _Uploader(h)
+    try:
+        for item in items:
+            blob = tree.add(item)
+            if on_item is not None:
+                on_item(item)
+            if blob is not None:
+                await uploader.put(*blob)
+        report.rootref, blobs = tree.build()
+        for ref, data in blobs.items():
+            await uploader.put(ref, data)
+        await uploader.flush()
+    finally:
+        uploader.cancel()
+    report.blobs = uploader.stored
+    await kvs.put_treeobj(key, treeobj.dirref(report.rootref))
     return report
 
 
-async def _store(h: Any, blobs: dict[str, bytes]) -> int:
-    """Store ``blobs`` in batches, at most :data:`STORE_WINDOW` in flight;
-    check the instance names them as we do."""
-    batches: list[list[tuple[str, bytes]]] = [[]]
-    size = 0
-    for ref, data in blobs.items():
-        if batches[-1] and (size + len(data) > STORE_BATCH_BYTES
-                            or len(batches[-1]) >= STORE_BATCH_BLOBS):
-            batches.append([])
-            size = 0
-        batches[-1].append((ref, data))
-        size += len(data)
-    pending: deque[tuple[list[str], asyncio.Future[Any]]] = deque()
+class _Uploader:
+    """``content.store`` in batches (:data:`STORE_BATCH_BYTES`,
+    :data:`STORE_BATCH_BLOBS`), at most :data:`STORE_WINDOW` in flight;
+    checks that the instance names each blob as we did."""
 
-    async def settle() -> None:
-        refs, answer = pending.popleft()
+    def __init__(self, h: Any) -> None:
+        self.h = h
+        self.batch: list[tuple[str, bytes]] = []
+        self.size = 0
+        self.pending: deque[tuple[list[str], asyncio.Future[Any]]] = deque()
+        self.stored = 0
+
+    async def put(self, ref: str, data: bytes) -> None:
+        self.batch.append((ref, data))
+        self.size += len(data)
+        if self.size >= STORE_BATCH_BYTES or len(self.batch) >= STORE_BATCH_BLOBS:
+            await self._send()
+
+    async def flush(self) -> None:
+        await self._send()
+        while self.pending:
+            await self._settle()
+
+    def cancel(self) -> None:
+        for _, answer in self.pending:
+            answer.cancel()
+
+    async def _send(self) -> None:
+        if not self.batch:
+            return
+        while len(self.pending) >= STORE_WINDOW:
+            await self._settle()
+        self.pending.append(([r for r, _ in self.batch], self.h.rpc(
+            "content.store", {"blobs": [d for _, d in self.batch]})))
+        self.stored += len(self.batch)
+        self.batch, self.size = [], 0
+
+    async def _settle(self) -> None:
+        refs, answer = self.pending.popleft()
         if list((await answer).get("blobrefs", [])) != refs:
             raise ArchiveError("the instance names blobs differently than this client "
                                "(content.hash?)")
-
-    window = 1  # until the first answer: a guest learns EPERM having sent one batch
-    try:
-        for batch in batches:
-            if len(pending) >= window:
-                await settle()
-                window = STORE_WINDOW
-            pending.append(([r for r, _ in batch],
-                            h.rpc("content.store", {"blobs": [d for _, d in batch]})))
-        while pending:
-            await settle()
-    finally:
-        for _, answer in pending:
-            answer.cancel()
-    return len(blobs)
 
 
 def restore_checkpoint(statedir: str, source: str | IO[bytes], *,
@@ -539,23 +599,34 @@ def restore_checkpoint(statedir: str, source: str | IO[bytes], *,
     instance whose statedir is ``statedir`` (made if missing) and make it
     the KVS checkpoint: the primary namespace of the next start, at
     version 0, as Flux's ``restore --checkpoint``.  What the old checkpoint
-    held stays in the store until ``kvbroker kvs gc``."""
+    held stays in the store until ``kvbroker kvs gc``; a run that stops
+    half way leaves the old checkpoint in place."""
     report = Report()
-    items = list(read_items(source, size_limit=size_limit, report=report))
-    if on_item is not None:
-        for it in items:
-            on_item(it)
     with _open_store(statedir, create=True) as store:
         old = _checkpoint(store)
         hash_name = (old["rootref"].partition("-")[0] if old is not None
                      else blobref.DEFAULT_HASH)
-        rootref, blobs = build(items, hash_name)
-        store.put_many(blobs.items())
+        tree = _Tree(hash_name, report)
+        batch: list[tuple[str, bytes]] = []
+        size = 0
+        for item in read_items(source, size_limit=size_limit, report=report):
+            blob = tree.add(item)
+            if on_item is not None:
+                on_item(item)
+            if blob is not None:
+                batch.append(blob)
+                size += len(blob[1])
+                report.blobs += 1
+                if size >= STORE_BATCH_BYTES or len(batch) >= STORE_BATCH_BLOBS:
+                    store.put_many(batch)
+                    batch, size = [], 0
+        report.rootref, blobs = tree.build()
+        store.put_many([*batch, *blobs.items()])
+        report.blobs += len(blobs)
         store.checkpoint_put(CHECKPOINT_KEY, msgpack.packb(
-            {"rootref": rootref, "rootseq": 0, "timestamp": time.time()}, use_bin_type=True))
+            {"rootref": report.rootref, "rootseq": 0, "timestamp": time.time()},
+            use_bin_type=True))
         store.sync()
-    _count(items, report)
-    report.blobs, report.rootref = len(blobs), rootref
     return report
 
 
