@@ -194,9 +194,11 @@ async def test_dump_then_restore_gives_back_the_same_tree(start_instance, connec
     assert names["far"].linkname == "other::x" and names["e/f"].isdir()
     assert names["log"].size == 8
 
+    before = await getroot(h)
     rc, _, err = await run_cli("kvs", "restore", "--key", "copy.here", str(out),
                                uri=inst.uri(1))
     assert rc == 0, err
+    assert (await getroot(h))["rootseq"] == before["rootseq"] + 1  # one commit
     assert "305 keys, 1 empty directory" in err and "to copy.here (tree sha256-" in err
     # the same trees, blob for blob (the root is not: log, made by two
     # appends, is restored as one value)
