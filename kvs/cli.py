@@ -591,6 +591,20 @@ def cmd_wait(args: argparse.Namespace) -> int:
     return _run(args, body)
 
 
+def cmd_sync(args: argparse.Namespace) -> int:
+    """``flux kvs sync``: everything committed so far made durable (an empty
+    SYNC commit); ``-b``/``-s``/``-O`` print the root it made."""
+    async def body(kvs: KVS) -> int:
+        try:
+            result = await kvs.sync()
+        except ErrnoError as exc:
+            raise _fail(args.what, exc) from None
+        _commit_finish(args, result)
+        return 0
+
+    return _run(args, body)
+
+
 def cmd_getroot(args: argparse.Namespace) -> int:
     async def body(kvs: KVS) -> int:
         root = await kvs.getroot()
@@ -1113,6 +1127,14 @@ def register(subparsers: Any) -> None:
                    help="give up after this many seconds (exit 1)")
     p.add_argument("version", type=non_negative_int, metavar="VERSION")
     p.set_defaults(func=cmd_wait)
+
+    p = sub.add_parser("sync", help="make everything committed so far durable",
+                       description="Flush the content store to disk and checkpoint the "
+                       "primary namespace (with a statedir), as put --sync does, without "
+                       "writing anything: an empty --sync commit.")
+    _ns(p)
+    _root_out(p, "nothing new")
+    p.set_defaults(func=cmd_sync)
 
     p = sub.add_parser("getroot", help="print the namespace's root")
     _ns(p)

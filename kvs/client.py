@@ -659,6 +659,14 @@ class KVS:
             raise
         return int(resp["rootseq"])
 
+    async def sync(self) -> CommitResult:
+        """Make everything committed so far durable: an empty :data:`SYNC`
+        commit (Flux's ``flux kvs sync``).  It returns once every blob
+        stored until then is on stable storage and, in ``primary``, a
+        checkpoint names the new root (with a statedir).  The version goes
+        up by one, as for any commit."""
+        return await self.commit([], SYNC)
+
     # ------------------------------------------------------------ namespaces
 
     async def namespace_create(self, name: str, owner: int | None = None,
@@ -863,6 +871,9 @@ class SyncKVS:
         # only covers a rank that does not answer at all
         return self.run(self.aio.wait_version(version, timeout),
                         None if timeout is None else timeout + 10)
+
+    def sync(self) -> CommitResult:
+        return self.run(self.aio.sync())
 
     def namespace_create(self, name: str, owner: int | None = None,
                          rootref: RootSpec | None = None) -> None:

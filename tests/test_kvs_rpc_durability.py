@@ -397,3 +397,25 @@ async def test_dropped_caches_are_refilled(start_instance, connect) -> None:
     assert await get(h0, "big") == BIG + b"x"
     assert await get(h0, "d5.sub.k5") == b"5" * 30
     assert resp["rootseq"] == 2
+
+
+@pytest.mark.parametrize("size", [1, 2])
+async def test_kvs_sync_makes_plain_commits_survive_sigkill(start_instance, connect,
+                                                            tmp_path, size) -> None:
+    """``kvbroker kvs sync`` (Flux's ``flux kvs sync``): an empty SYNC commit,
+    so the plain commits before it survive a crash without a periodic
+    checkpoint (there is none: kvs.checkpoint-period=0)."""
+    statedir = str(tmp_path / "state")
+    attrs = {"kvs.checkpoint-period": "0"}
+    inst = await start_instance(size=size, statedir=statedir, attrs=attrs)
+    h = await connect(inst, size - 1)
+    await commit(h, put("a", "1"), put("big", BIG))
+    plain = await commit(h, put("b", "2"))
+    rc, out, err = await run_cli("kvs", "sync", "-s", uri=inst.uri(size - 1))
+    assert rc == 0, err
+    assert int(out) == plain["rootseq"] + 1  # a commit: the version goes up
+    resp = await getroot(h)
+    kill_rank0(inst)
+    await h.close()
+    await inst.stop()
+    await restart_and_check(start_instance, connect, size, statedir, resp, attrs=attrs)
