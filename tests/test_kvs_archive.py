@@ -405,3 +405,26 @@ async def test_guest_restores_and_dumps_its_own_namespace(start_instance, connec
     assert out["primary"] == out["link"] == out["dump primary"] == errno.EPERM
     assert await get(h, "top.a.blob", ns="mine") == BIG
     assert await errnum(get(h, "x")) == errno.ENOENT
+
+
+async def test_a_dump_that_fails_leaves_no_archive(start_instance, connect, small_disk,
+                                                   tmp_path) -> None:
+    """A dump is written beside its name and renamed when whole: on a full
+    disk it fails with one line, leaves no part file, and an older archive
+    of that name is still there."""
+    inst = await start_instance(size=1)
+    h = await connect(inst, 0)
+    for d in range(5):  # 25 MB of values that do not compress
+        await commit(h, *[put(f"d{d}.k{i}", os.urandom(50_000)) for i in range(100)])
+    out = small_disk / "snap.tar"
+    out.write_bytes(b"an older archive")
+    rc, _, err = await run_cli("kvs", "dump", str(out), uri=inst.uri(0))
+    assert rc == 1 and f"{out}: No space left on device" in err, err
+    assert "Traceback" not in err
+    assert sorted(os.listdir(small_disk)) == ["snap.tar"]
+    assert out.read_bytes() == b"an older archive"
+    rc, _, err = await run_cli("kvs", "dump", str(tmp_path), uri=inst.uri(0))
+    assert rc == 1 and "unknown archive type" in err
+    (tmp_path / "d.tar").mkdir()
+    rc, _, err = await run_cli("kvs", "dump", str(tmp_path / "d.tar"), uri=inst.uri(0))
+    assert rc == 1 and "d.tar: is a directory" in err
