@@ -51,17 +51,19 @@ from collections import deque
 from collections.abc import AsyncGenerator, Callable, Iterable, Iterator
 from contextlib import aclosing, contextmanager, suppress
 from dataclasses import dataclass, field
-from typing import IO, TYPE_CHECKING, Any, Literal
+from typing import IO, TYPE_CHECKING, Any, Literal, Self
 
 import msgpack
 
 from broker.content import blobref
+from broker.content.module import DEFAULT_BLOB_LIMIT
 from broker.content.sqlite import SqliteStore, StoreLocked
 from broker.errors import ErrnoError, RemoteError
 from broker.launch import StartError, private_dir
 from kvs import shards, treeobj, txn
 from kvs.keys import join, normalize, parse_ns_target, split
-from kvs.module import CHECKPOINT_KEY
+from kvs.lookup import SYMLINK_MAX
+from kvs.module import CHECKPOINT_KEY, MAX_OPS
 from kvs.treeobj import BlobCache, NeedBlobs, TreeObj
 
 if TYPE_CHECKING:
@@ -113,7 +115,9 @@ class Report:
     blobs: int = 0
     """Blobs stored (a restore)."""
     rootref: str = ""
-    """The root dumped, or the root of the restored tree."""
+    """A restore: the restored tree's blobref.  A dump: the blobref it read
+    at -- the dumped directory's own (the instance owner), else its
+    namespace's root (a guest)."""
     skipped: list[str] = field(default_factory=list)
     """Why entries were left out, one line each."""
 
@@ -214,9 +218,15 @@ class _Writer:
         self.tar.addfile(info, data)
 
     def close(self, complete: bool = True) -> None:
-        """Finish the archive (``complete``), or drop what was written."""
+        """Finish the archive (``complete``), or drop what was written: a
+        named one is removed; on stdout the end-of-archive blocks are left
+        out, so a reader (``restore -``) sees it was cut short."""
         try:
-            self.tar.close()
+            if complete:
+                self.tar.close()
+            else:
+                self.tar.closed = True  # type: ignore[attr-defined]  # (never write them)
+                self.tar.fileobj.close()  # what is buffered, without them
             if self.tmp is not None:
                 self.file.close()
         except OSError:
@@ -300,13 +310,41 @@ async def dump(kvs: KVS, out: str | IO[bytes], *, key: str = ".", at: RootSpec |
     at one root, so the archive is one version, whatever commits meanwhile.
     Raises ``RemoteError`` (``ENOENT``, ``ENOTDIR``, ``EPERM`` ...) and
     :class:`ArchiveError`."""
-    top = await kvs.dir(key, at=at)
+    top = await _pinned(kvs, key, at)
     report = Report(rootref=top.rootref)
-    await _Writer(out, time.time()).write_async(_snapshot(kvs, top), report, on_item)
+    await _Writer(out, time.time()).write_async(_snapshot(top), report, on_item)
     return report
 
 
-async def _snapshot(kvs: KVS, top: Dir) -> AsyncGenerator[Item, None]:
+async def _pinned(kvs: KVS, key: str, at: RootSpec | None) -> Dir:
+    """Directory ``key``, to be read at one version.  The instance owner
+    reads it at its own tree (its ``dirref``, a link to it followed, into
+    any namespace), so every later read is of that tree -- at the
+    namespace's root instead, a read below a link into another namespace
+    would find that namespace as it is then.  A guest, who may read only
+    at its namespaces' roots, reads at the root of its namespace."""
+    top = await kvs.dir(key, at=at)  # (its errors name the key: ENOENT, ENOTDIR, EPERM)
+    space, obj = kvs, await kvs.get_treeobj(key, at=at)
+    for _ in range(SYMLINK_MAX):
+        if obj["type"] != "symlink":
+            break
+        ns, target = treeobj.symlink_target(obj)
+        if ns is None:
+            ns, target = parse_ns_target(target)
+        if ns is not None and ns != space.namespace:
+            space, at = space.with_namespace(ns), None
+        obj = await space.get_treeobj(target, at=at)
+    if obj["type"] != "dirref":
+        return top
+    try:
+        return await space.dir(".", at=obj)
+    except RemoteError as exc:
+        if exc.errnum == errno.EPERM:
+            return top
+        raise
+
+
+async def _snapshot(top: Dir) -> AsyncGenerator[Item, None]:
     """Every entry below ``top`` (a :class:`kvs.client.Dir`), depth first in
     name order, with up to :data:`READ_WINDOW` value reads in flight."""
     base = len(split(top.key))
@@ -319,7 +357,7 @@ async def _snapshot(kvs: KVS, top: Dir) -> AsyncGenerator[Item, None]:
         async for k, entry in top.walk(empty_dirs=True):
             read: asyncio.Future[bytes] | None = None
             if entry["type"] == "valref":
-                read = asyncio.ensure_future(kvs.get(k, at=top.rootref))
+                read = asyncio.ensure_future(top.kvs.get(k, at=top.rootref))
             pending.append((relative(k), entry, read))
             while len(pending) > READ_WINDOW or (pending and pending[0][2] is None):
                 yield await _ready(pending.popleft())
@@ -401,6 +439,29 @@ def _tree_items(cache: BlobCache, rootref: str) -> Iterator[Item]:
 # ---------------------------------------------------------------- reading
 
 
+class _CheckedInfo(tarfile.TarInfo):
+    """Headers read strictly: :mod:`tarfile` takes a bad or cut header after
+    the first member, or an archive that stops without its end-of-archive
+    blocks, for the end of the archive -- a restore would then replace a key
+    with part of it, and ``dump - | restore -`` would take a failed dump for
+    a whole one.  Those are errors here (GNU tar also says so)."""
+
+    @classmethod
+    def fromtarfile(cls, tarfile_: tarfile.TarFile) -> Self:
+        try:
+            return super().fromtarfile(tarfile_)
+        except tarfile.InvalidHeaderError as exc:  # type: ignore[attr-defined]
+            raise tarfile.SubsequentHeaderError(  # type: ignore[attr-defined]
+                f"a damaged header at byte {tarfile_.offset} ({exc})") from None
+        except (tarfile.TruncatedHeaderError,  # type: ignore[attr-defined]
+                tarfile.EmptyHeaderError):  # type: ignore[attr-defined]
+            if tarfile_.offset == 0:
+                raise
+            raise tarfile.SubsequentHeaderError(  # type: ignore[attr-defined]
+                f"it stops at byte {tarfile_.offset} without its end-of-archive "
+                "blocks: cut short") from None
+
+
 def read_items(source: str | IO[bytes], *, size_limit: int | None = None,
                max_value: int | None = None, report: Report | None = None
                ) -> Iterator[Item]:
@@ -415,11 +476,11 @@ def read_items(source: str | IO[bytes], *, size_limit: int | None = None,
     report = report if report is not None else Report()
     try:
         if source == "-":
-            tar = tarfile.open(fileobj=sys.stdin.buffer, mode="r|*")
+            tar = tarfile.open(fileobj=sys.stdin.buffer, mode="r|*", tarinfo=_CheckedInfo)
         elif isinstance(source, str):
-            tar = tarfile.open(source, "r:*")
+            tar = tarfile.open(source, "r:*", tarinfo=_CheckedInfo)
         else:
-            tar = tarfile.open(fileobj=source, mode="r|*")
+            tar = tarfile.open(fileobj=source, mode="r|*", tarinfo=_CheckedInfo)
     except OSError as exc:
         raise ArchiveError(f"{exc.filename or source}: {exc.strerror or exc}") from None
     except (tarfile.TarError, EOFError) as exc:
@@ -442,6 +503,13 @@ def read_items(source: str | IO[bytes], *, size_limit: int | None = None,
 
 def _item(tar: tarfile.TarFile, info: tarfile.TarInfo, size_limit: int | None,
           max_value: int | None, report: Report) -> Item | None:
+    try:
+        info.name.encode()
+        info.linkname.encode()
+    except UnicodeEncodeError:  # (tarfile decoded bytes that are not UTF-8)
+        shown = info.name.encode("utf-8", "backslashreplace").decode()
+        report.skipped.append(f"{shown}: a name that is not UTF-8 names no key")
+        return None
     key = path_to_key(info.name)
     if key is None:
         if ".." in info.name.split("/"):
@@ -453,9 +521,8 @@ def _item(tar: tarfile.TarFile, info: tarfile.TarInfo, size_limit: int | None,
                                   f"limit of {size_limit}")
             return None
         if max_value is not None and info.size > max_value:
-            raise ArchiveError(f"{key}: {info.size} bytes, over the instance's "
-                               f"content.blob-size-limit ({max_value}); leave such "
-                               "values out with a size limit")
+            raise ArchiveError(f"{key}: {info.size} bytes, over content.blob-size-limit "
+                               f"({max_value}); leave such values out with a size limit")
         f = tar.extractfile(info)
         assert f is not None  # (a regular file always has data)
         return Item(key, "value", f.read())
@@ -489,9 +556,31 @@ class _Tree:
         self.dirs: list[tuple[str, TreeObj]] = []
         self.rest: list[tuple[str, TreeObj]] = []
         self.seen: set[str] = set()
+        self.kinds: dict[str, str] = {}
+        """Every path named so far: ``dir`` (an entry, or above one), or the
+        kind of the value or symlink it is."""
+
+    def _check(self, item: Item) -> None:
+        """A path may not be a value (or symlink) and a directory both:
+        ``a`` then ``a/b``, or a directory entry ``a`` and a file ``a``,
+        would leave one of them out whatever the order (GNU tar refuses to
+        extract such an archive too).  The same path twice keeps the last."""
+        kinds = self.kinds
+        parts = split(item.key)
+        for i in range(1, len(parts)):
+            above = ".".join(parts[:i])
+            if kinds.setdefault(above, "dir") != "dir":
+                raise ArchiveError(f"{above} is a {kinds[above]} and a directory above "
+                                   f"{item.key} in the archive")
+        kind = "dir" if item.kind == "dir" else item.kind
+        if kinds.setdefault(item.key, kind) != kind and "dir" in (kind, kinds[item.key]):
+            raise ArchiveError(f"{item.key} is a {kinds[item.key]} and a {kind} in the "
+                               "archive")
+        kinds[item.key] = kind
 
     def add(self, item: Item) -> tuple[str, bytes] | None:
         """Record ``item``; return a value blob not handed back before."""
+        self._check(item)
         if item.kind == "dir":
             self.dirs.append((item.key, treeobj.dir_()))
             self.report.dirs += 1
@@ -575,10 +664,12 @@ async def restore(kvs: KVS, source: str | IO[bytes], key: str, *,
     tree = _Tree(hash_name, report, inline=not owner)
     items = read_items(source, size_limit=size_limit, max_value=limit, report=report)
     if not owner:
-        for item in await asyncio.to_thread(list, items):
+        budget = int(await h.attr_get("broker.max-message"))
+        for item in await asyncio.to_thread(_one_transaction, items, budget):
             tree.add(item)
             if on_item is not None:
                 on_item(item)
+        _something_left(report)
         result = await kvs.commit([{"key": key, "flags": 0, "dirent": treeobj.dir_()},
                                    *tree.ops(normalize(key))])
         report.rootref = (await kvs.get_treeobj(key, at=result))["data"][0]
@@ -591,6 +682,7 @@ async def restore(kvs: KVS, source: str | IO[bytes], key: str, *,
                 on_item(item)
             if blob is not None:
                 await uploader.put(*blob)
+        _something_left(report)
         report.rootref, blobs = tree.build()
         for ref, data in blobs.items():
             await uploader.put(ref, data)
@@ -600,6 +692,28 @@ async def restore(kvs: KVS, source: str | IO[bytes], key: str, *,
     report.blobs = uploader.stored
     await kvs.put_treeobj(key, treeobj.dirref(report.rootref))
     return report
+
+
+def _one_transaction(items: Iterable[Item], budget: int) -> list[Item]:
+    """A guest's items, all read: they must fit one commit (at most
+    ``MAX_OPS`` ops with the one that empties the key, and ``budget``
+    bytes: ``broker.max-message``), which is said as soon as they do not."""
+    out: list[Item] = []
+    size = 0
+    for it in items:
+        size += len(it.data) + len(it.key) + len(it.target) + 64
+        if len(out) + 2 > MAX_OPS or size > budget:
+            raise ArchiveError(f"the archive does not fit one commit (at most {MAX_OPS - 1} "
+                               f"entries and {budget} bytes), which is how a guest restores: "
+                               "ask the instance owner, or split it")
+        out.append(it)
+    return out
+
+
+def _something_left(report: Report) -> None:
+    """An archive whose every entry was left out replaces nothing."""
+    if not (report.keys or report.dirs) and report.skipped:
+        raise ArchiveError("nothing to restore: every entry of the archive was left out")
 
 
 class _Uploader:
@@ -656,6 +770,21 @@ def restore_checkpoint(statedir: str, source: str | IO[bytes], *,
     held stays in the store until ``kvbroker kvs gc``; a run that stops
     half way leaves the old checkpoint in place."""
     report = Report()
+    path = os.path.join(statedir, STORE_FILE)
+    fresh = not os.path.exists(path)
+    try:
+        _restore_into(statedir, source, size_limit, on_item, report)
+    except BaseException:
+        if fresh:  # (a store this run made, and nothing uses)
+            for p in (path, path + "-wal", path + "-shm"):
+                with suppress(FileNotFoundError):
+                    os.unlink(p)
+        raise
+    return report
+
+
+def _restore_into(statedir: str, source: str | IO[bytes], size_limit: int | None,
+                  on_item: Callable[[Item], None] | None, report: Report) -> None:
     with _open_store(statedir, create=True) as store:
         old = _checkpoint(store)
         hash_name = (old["rootref"].partition("-")[0] if old is not None
@@ -663,7 +792,9 @@ def restore_checkpoint(statedir: str, source: str | IO[bytes], *,
         tree = _Tree(hash_name, report)
         batch: list[tuple[str, bytes]] = []
         size = 0
-        for item in read_items(source, size_limit=size_limit, report=report):
+        # (the instance is stopped: judged by the default blob limit)
+        for item in read_items(source, size_limit=size_limit, max_value=DEFAULT_BLOB_LIMIT,
+                               report=report):
             blob = tree.add(item)
             if on_item is not None:
                 on_item(item)
@@ -674,6 +805,7 @@ def restore_checkpoint(statedir: str, source: str | IO[bytes], *,
                 if size >= STORE_BATCH_BYTES or len(batch) >= STORE_BATCH_BLOBS:
                     store.put_many(batch)
                     batch, size = [], 0
+        _something_left(report)
         report.rootref, blobs = tree.build()
         store.put_many([*batch, *blobs.items()])
         report.blobs += len(blobs)
@@ -681,7 +813,6 @@ def restore_checkpoint(statedir: str, source: str | IO[bytes], *,
             {"rootref": report.rootref, "rootseq": 0, "timestamp": time.time()},
             use_bin_type=True))
         store.sync()
-    return report
 
 
 @contextmanager

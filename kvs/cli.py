@@ -687,7 +687,7 @@ def _archive_summary(args: argparse.Namespace, where: str, report: Report) -> No
         return
     dirs = f", {report.dirs} empty director{'y' if report.dirs == 1 else 'ies'}" \
         if report.dirs else ""
-    blobs = f", {report.blobs} blobs stored" if report.blobs else ""
+    blobs = f", {report.blobs} blobs sent to the store" if report.blobs else ""
     _warn(f"{args.what}: {report.keys} keys{dirs} ({report.bytes} bytes of values{blobs}) "
           f"{where}")
 
@@ -703,7 +703,7 @@ def cmd_dump(args: argparse.Namespace) -> int:
     listing = _archive_listing(args)
 
     def done(report: Report) -> int:
-        _archive_summary(args, f"from root {report.rootref}", report)
+        _archive_summary(args, f"(tree {report.rootref})", report)
         return 1 if report.skipped else 0
 
     if args.checkpoint:
@@ -1112,6 +1112,22 @@ def register(subparsers: Any) -> None:
     _archive_chatter(p, "restored")
     p.add_argument("infile", metavar="INFILE")
     p.set_defaults(func=cmd_restore)
+
+    p = sub.add_parser("watch-keys", help="print the keys each commit writes below KEY",
+                       description="Print 'VERSION KEY' for every key a commit writes at or "
+                       "below KEY (default: anywhere), or for a directory above it that it "
+                       "replaces, as etcd's prefix watch; until interrupted, or COUNT "
+                       "commits.  A kvbroker extension.")
+    _ns(p)
+    p.add_argument("-W", "--waitcreate", action="store_true",
+                   help="wait for the namespace to exist")
+    p.add_argument("-c", "--count", type=non_negative_int, default=0, metavar="COUNT",
+                   help="stop after COUNT commits")
+    p.add_argument("-v", "--values", action="store_true",
+                   help="print KEY=VALUE as of that version (KEY. a directory, "
+                        "KEY (removed))")
+    p.add_argument("key", nargs="?", default=".", metavar="KEY")
+    p.set_defaults(func=lambda args: _delegate("watch_keys", args))
 
     p = sub.add_parser("dropcache", help="drop the KVS cache of this rank (or of every rank)")
     p.add_argument("-a", "--all", action="store_true", help="drop the cache of every rank")

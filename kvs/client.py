@@ -51,7 +51,7 @@ from kvs.txn import APPEND, EXPECT, NO_MERGE, SYNC
 if TYPE_CHECKING:
     from broker.handle import Handle
     from broker.sync import SyncHandle
-    from kvs_watch.client import EventlogWatch, SyncWatch, Watch
+    from kvs_watch.client import EventlogWatch, KeyWatch, SyncWatch, Watch
 
 __all__ = [
     "APPEND",
@@ -484,6 +484,16 @@ class KVS:
 
         return watch(self.handle, key, namespace=self.namespace, **options)
 
+    def watch_keys(self, key: str = ".", *, waitcreate: bool = False,
+                   nodeid: int | None = None) -> KeyWatch:
+        """:func:`kvs_watch.client.watch_keys` below ``key`` in this namespace:
+        the keys each commit writes there (``async for``)."""
+        from kvs_watch.client import watch_keys
+
+        extra = {} if nodeid is None else {"nodeid": nodeid}
+        return watch_keys(self.handle, key, namespace=self.namespace,
+                          waitcreate=waitcreate, **extra)
+
     def watch_eventlog(self, key: str, *, waitcreate: bool = False) -> EventlogWatch:
         """:func:`kvs_watch.client.watch_eventlog` of ``key`` in this namespace."""
         from kvs_watch.client import watch_eventlog
@@ -808,6 +818,14 @@ class SyncKVS:
         from kvs_watch.client import SyncWatch
 
         return SyncWatch(self.sync_handle, self.aio.watch(key, **options), timeout=timeout)
+
+    def watch_keys(self, key: str = ".", *, waitcreate: bool = False,
+                   timeout: float | None = None) -> SyncWatch:
+        """:meth:`KVS.watch_keys` as a blocking iterator of ``KeyChanges``."""
+        from kvs_watch.client import SyncWatch
+
+        return SyncWatch(self.sync_handle, self.aio.watch_keys(key, waitcreate=waitcreate),
+                         timeout=timeout)
 
     def watch_eventlog(self, key: str, *, waitcreate: bool = False,
                        timeout: float | None = None) -> SyncWatch:

@@ -7,6 +7,7 @@
 * :func:`watch_get` -- ``kvs get [-w] [-W] [-c N] [-u] [-A] [-f] [-S] [-r] [-t] [-l] KEY...``
 * :func:`eventlog_get` -- ``kvs eventlog get [-w] [-W] [-c N] [-S] [-u|-H|-L] KEY``
 * :func:`eventlog_wait_event` -- ``kvs eventlog wait-event [-W] [-t SECS] [-q|-v] KEY NAME``
+* :func:`watch_keys` -- ``kvs watch-keys [-W] [-c N] [-v] [KEY]``
 
 Each connects to ``$KVBROKER_URI``, runs on the loop the user chose and
 returns the exit status; errors raise :class:`broker.cliutil.CLIError`
@@ -41,6 +42,7 @@ from kvs_watch.client import (
     default_namespace,
     watch_eventlog,
 )
+from kvs_watch.client import watch_keys as kvs_watch_keys
 
 __all__ = [
     "eventlog_get",
@@ -50,6 +52,8 @@ __all__ = [
     "get_flags",
     "watch_get",
     "watch_get_async",
+    "watch_keys",
+    "watch_keys_async",
 ]
 
 _BAD = errno_detail(ErrnoError(errno.EINVAL, BAD_EVENTLOG))
@@ -174,6 +178,60 @@ async def _get_one(h: HandleCore, key: str, flags: int, args: argparse.Namespace
         if wrote:
             o.write(b"\n")
             o.flush()
+
+
+# ---------------------------------------------------------------- watch-keys
+
+
+def watch_keys(args: argparse.Namespace) -> int:
+    """``kvbroker kvs watch-keys [-W] [-c N] [-v] [KEY]``."""
+    return _run(args, lambda h: watch_keys_async(h, args))
+
+
+async def watch_keys_async(h: HandleCore, args: argparse.Namespace,
+                           out: IO[bytes] | None = None) -> int:
+    """Print ``VERSION KEY`` for each key a commit writes at or below
+    ``args.key`` (``-v``: ``VERSION KEY=VALUE`` read at that version, ``KEY.``
+    for a directory, ``KEY (removed)``); ``-c N``: stop after N commits."""
+    from kvs.treeobj import dirref
+
+    o = _out(out)
+    key = args.key
+    count = getattr(args, "count", 0) or 0
+    ns = _ns(args)
+    seen = 0
+    try:
+        async with kvs_watch_keys(h, key, namespace=ns, waitcreate=args.waitcreate) as w:
+            async for change in w:
+                if change.initial:
+                    continue
+                for k in change.keys:
+                    line = f"{change.rootseq} {k}"
+                    if args.values:
+                        line += await _value_at(h, ns, k, dirref(change.rootref))
+                    o.write(line.encode("utf-8", "surrogateescape") + b"\n")
+                o.flush()
+                seen += 1
+                if count and seen >= count:
+                    return 0
+    except ErrnoError as exc:
+        raise CLIError(key, detail=error_detail(exc, key)) from None
+    return 0
+
+
+async def _value_at(h: HandleCore, ns: str, key: str, root: dict[str, Any]) -> str:
+    """``=VALUE`` (up to its first NUL), ``.`` for a directory, `` (removed)``."""
+    try:
+        resp = await h.rpc("kvs.lookup", {"key": key, "flags": 0, "namespace": ns,
+                                          "rootdir": root})
+    except ErrnoError as exc:
+        if exc.errnum == errno.ENOENT:
+            return " (removed)"
+        if exc.errnum == errno.EISDIR:
+            return "."
+        raise
+    data = bytes(resp["val"]["data"]).split(b"\0", 1)[0]
+    return "=" + data.decode("utf-8", "surrogateescape")
 
 
 # ---------------------------------------------------------------- eventlog get

@@ -21,7 +21,8 @@ With ``initial_sentinel=True`` (needs ``append=True``, as in Flux) the
 iterator yields :data:`INITIAL_DONE` once the initial value has been
 delivered -- right away if the key does not exist yet (``waitcreate``).
 
-Helpers: :func:`stream` (a value in chunks), :func:`wait_create` (one value,
+Helpers: :func:`watch_keys` (the keys commits write below a key, as
+etcd's prefix watch), :func:`stream` (a value in chunks), :func:`wait_create` (one value,
 waiting for the key), :func:`watch_eventlog` / :func:`wait_event` (RFC 18
 eventlogs, entries as the plain dicts of :mod:`kvs.eventlog`), and
 :class:`SyncWatch` for the blocking facade (:class:`broker.sync.SyncHandle`).
@@ -156,15 +157,20 @@ class Watch:
         return self
 
     async def __anext__(self) -> WatchEntry | InitialDone:
+        payload = await self.next_payload()
+        if payload is None:
+            return INITIAL_DONE
+        return _entry(self.key, payload)
+
+    async def next_payload(self) -> Any:
+        """The next answer as sent (``None``: the sentinel); raises
+        ``StopAsyncIteration`` at the end of the stream."""
         stream = self.start()._stream
         assert stream is not None
         msg = await stream.next_message()
         if msg is None:
             raise StopAsyncIteration
-        payload = msg.payload
-        if payload is None:
-            return INITIAL_DONE
-        return _entry(self.key, payload)
+        return msg.payload
 
     async def cancel(self, timeout: float | None = CANCEL_TIMEOUT) -> None:
         """Stop the watch: ``kvs-watch.cancel``, then drain to the end of the stream.
@@ -277,6 +283,81 @@ async def wait_create(h: HandleCore, key: str, *, namespace: str | None = None,
     raise RemoteError(errno.ENODATA, f"{key}: watch ended without a value")
 
 
+class _Wrapped:
+    """A :class:`Watch` whose answers another class turns into its own items:
+    the same async context manager (``async with`` cancels it)."""
+
+    def __init__(self, w: Watch) -> None:
+        self.watch = w
+
+    async def __aenter__(self) -> Any:
+        self.watch.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.watch.cancel()
+
+    def __aiter__(self) -> Any:
+        return self
+
+    async def cancel(self) -> None:
+        await self.watch.cancel()
+
+
+# ---------------------------------------------------------------- key changes
+
+
+@dataclass(frozen=True, slots=True)
+class KeyChanges:
+    """One answer of :func:`watch_keys`.
+
+    ``keys`` are the keys one commit wrote at or below the watched key, as
+    written (normalised), or a directory above it that the commit replaced
+    or removed (everything below may have changed).  The first answer has
+    no keys: it is the root the watch starts from, so reading the keys at
+    ``rootref`` and then following the changes misses nothing.
+    """
+
+    prefix: str
+    keys: tuple[str, ...]
+    rootseq: int
+    rootref: str
+    namespace: str
+
+    @property
+    def initial(self) -> bool:
+        """The first answer (no keys): where the changes start."""
+        return not self.keys
+
+
+class KeyWatch(_Wrapped):
+    """A key watch (:func:`watch_keys`), yielding :class:`KeyChanges`."""
+
+    async def __aenter__(self) -> KeyWatch:
+        self.watch.start()
+        return self
+
+    def __aiter__(self) -> KeyWatch:
+        return self
+
+    async def __anext__(self) -> KeyChanges:
+        p = await self.watch.next_payload()
+        return KeyChanges(self.watch.key, tuple(p["keys"]), int(p["rootseq"]),
+                          str(p["rootref"]), str(p["namespace"]))
+
+
+def watch_keys(h: HandleCore, key: str = ".", *, namespace: str | None = None,
+               waitcreate: bool = False, nodeid: int = NODEID_ANY) -> KeyWatch:
+    """The keys each commit writes at or below ``key`` (``"."``: anywhere in
+    the namespace), as etcd's prefix watch: a first :class:`KeyChanges`
+    without keys naming the root it starts at, then one per commit that
+    wrote such a key.  Nothing is looked up, so it costs the rank a filter
+    of each commit's keys.  ``waitcreate`` waits for a missing namespace.
+    A kvbroker extension (flag ``WATCH_KEYS``)."""
+    flags = F.WATCH | F.WATCH_KEYS | (F.WAITCREATE if waitcreate else 0)
+    return KeyWatch(Watch(h, key, flags, namespace=namespace, nodeid=nodeid))
+
+
 # ---------------------------------------------------------------- eventlogs
 
 EventlogEntry = dict[str, Any]
@@ -327,22 +408,19 @@ class EventlogParser:
         """Nothing is ever left over (kept for callers that mark the end)."""
 
 
-class EventlogWatch:
+class EventlogWatch(_Wrapped):
     """An APPEND watch of an eventlog, yielding its entries (async iterator and
     async context manager, like :class:`Watch`).  A malformed entry raises
     ``ValueError``."""
 
     def __init__(self, w: Watch) -> None:
-        self.watch = w
+        super().__init__(w)
         self._parser = EventlogParser()
         self._ready: deque[EventlogEntry] = deque()
 
     async def __aenter__(self) -> EventlogWatch:
         self.watch.start()
         return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.watch.cancel()
 
     def __aiter__(self) -> EventlogWatch:
         return self
@@ -357,9 +435,6 @@ class EventlogWatch:
             if isinstance(entry, WatchEntry):
                 self._ready.extend(self._parser.feed(entry.value or b""))
         return self._ready.popleft()
-
-    async def cancel(self) -> None:
-        await self.watch.cancel()
 
 
 def watch_eventlog(h: HandleCore, key: str, *, namespace: str | None = None,
@@ -400,7 +475,7 @@ class SyncWatch:
                 ...
     """
 
-    def __init__(self, sh: Any, w: Watch | EventlogWatch, *,
+    def __init__(self, sh: Any, w: Watch | EventlogWatch | KeyWatch, *,
                  timeout: float | None = None) -> None:
         self.sh = sh
         self.watch = w

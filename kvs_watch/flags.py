@@ -21,6 +21,9 @@ WATCH_UNIQ = 128
 WATCH_APPEND = 256
 STREAM = 512
 WATCH_INITIAL_SENTINEL = 1024
+WATCH_KEYS = 1 << 16
+"""A kvbroker extension (far from Flux's bits): answer each commit with the
+keys it wrote at or below the watched key, without looking anything up."""
 
 # Short names, as in docs/protocol.md, Flags.
 FULL = WATCH_FULL
@@ -34,7 +37,7 @@ LOOKUP_FLAGS = READDIR | READLINK | TREEOBJ
 WATCH_ONLY = WATCH_FULL | WATCH_UNIQ | WATCH_APPEND | WATCH_INITIAL_SENTINEL
 """Flags that make sense only together with ``WATCH``."""
 
-ALL = LOOKUP_FLAGS | WATCH | WAITCREATE | WATCH_ONLY | STREAM
+ALL = LOOKUP_FLAGS | WATCH | WAITCREATE | WATCH_ONLY | STREAM | WATCH_KEYS
 
 
 def check(flags: object, streaming: bool) -> int:
@@ -58,6 +61,11 @@ def check(flags: object, streaming: bool) -> int:
         raise ErrnoError(errno.EINVAL, "FULL, UNIQ, APPEND and INITIAL_SENTINEL need WATCH")
     if flags & WATCH_INITIAL_SENTINEL and not flags & WATCH_APPEND:
         raise ErrnoError(errno.EINVAL, "INITIAL_SENTINEL needs APPEND")
+    if flags & WATCH_KEYS and not flags & WATCH:
+        raise ErrnoError(errno.EINVAL, "KEYS needs WATCH")
+    if flags & WATCH_KEYS and flags & (WATCH_ONLY | LOOKUP_FLAGS):
+        raise ErrnoError(errno.EINVAL, "KEYS answers with keys, not values: FULL, UNIQ, "
+                                       "APPEND, READDIR, READLINK and TREEOBJ do not apply")
     if flags & (WATCH_APPEND | STREAM) and flags & (READDIR | READLINK):
         raise ErrnoError(errno.EINVAL, "APPEND and STREAM return values: READDIR and "
                                        "READLINK do not apply")

@@ -237,8 +237,11 @@ class KvsWatchModule(Module):
         if started:  # the first root this monitor sees: everyone starts here
             self._start(mon, started)
             return
-        for w in mon.concerned(p.get("keys")):
+        keys = p.get("keys")
+        for w in mon.concerned(keys):
             w.push(seq, ref)
+        for w in list(mon.keyed):
+            w.push_keys(seq, ref, keys)
 
     def _removed(self, mon: Monitor) -> None:
         self.counts["namespaces-removed"] += 1

@@ -37,7 +37,7 @@ class Monitor:
     """A watched namespace: its latest root, owner and watchers."""
 
     __slots__ = ("name", "prefix", "owner", "rootseq", "rootref", "state", "watchers",
-                 "by_key", "full", "waiting")
+                 "by_key", "full", "keyed", "waiting")
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -52,6 +52,8 @@ class Monitor:
         """Key -> its watcher, or a dict of them when there are several (most keys
         have one watcher: no dict per key)."""
         self.full: dict[Watcher, None] = {}
+        self.keyed: dict[Watcher, None] = {}
+        """WATCH_KEYS watchers: every setroot's keys are filtered for each."""
         self.waiting: dict[Watcher, None] = {}
         """Watchers that have not had their initial root yet."""
 
@@ -77,6 +79,8 @@ class Monitor:
         if w.wants_updates:
             if w.full:
                 self.full[w] = None
+            elif w.keyed:
+                self.keyed[w] = None
             else:
                 ws = self.by_key.get(w.key)
                 if ws is None:
@@ -92,6 +96,8 @@ class Monitor:
         self.waiting.pop(w, None)
         if w.full:
             self.full.pop(w, None)
+        elif w.keyed:
+            self.keyed.pop(w, None)
         else:
             ws = self.by_key.get(w.key)
             if ws is w:

@@ -47,6 +47,7 @@ from kvs_watch.flags import (
     WATCH_APPEND,
     WATCH_FULL,
     WATCH_INITIAL_SENTINEL,
+    WATCH_KEYS,
     WATCH_UNIQ,
 )
 
@@ -147,6 +148,12 @@ class Watcher:
         return bool(self.flags & WATCH_FULL)
 
     @property
+    def keyed(self) -> bool:
+        """A WATCH_KEYS watcher: answers with the keys commits wrote, looks
+        nothing up (:meth:`push_keys`)."""
+        return bool(self.flags & WATCH_KEYS)
+
+    @property
     def wants_updates(self) -> bool:
         """Needs the roots of later commits (WATCH, or WAITCREATE still waiting)."""
         return bool(self.flags & (WATCH | WAITCREATE))
@@ -172,6 +179,9 @@ class Watcher:
         """Answer for root ``seq`` (after every root pushed before it)."""
         if self.done or seq <= self.seq:
             return
+        if self.keyed:  # its first answer: where the keys start from
+            self.push_keys(seq, rootref, None)
+            return
         q = self.queue
         if q is None:
             q = self.queue = deque()
@@ -182,6 +192,31 @@ class Watcher:
         self.seq = seq
         q.append(_Slot(seq, rootref, initial))
         self._issue()
+
+    def push_keys(self, seq: int, rootref: str, keys: Any) -> None:
+        """WATCH_KEYS: answer root ``seq`` with the keys of ``keys`` (a
+        setroot's) at or below the watched key, or above it (a directory
+        replaced or removed on the way to it); nothing if there are none.
+        ``keys`` None: the first answer, ``keys: []``."""
+        if self.done or seq <= self.seq:
+            return
+        k = self.key
+        if keys is None:
+            mine: list[str] = []
+        elif not isinstance(keys, list):
+            return
+        elif k == ".":
+            mine = [x for x in keys if isinstance(x, str)]
+        else:
+            below = k + "."
+            mine = [x for x in keys if isinstance(x, str)
+                    and (x == k or x.startswith(below) or below.startswith(x + "."))]
+            if not mine:
+                return
+        self.seq = seq
+        self.responded = True
+        self.backend.respond(self, {"keys": mine, "rootseq": seq, "rootref": rootref,
+                                    "namespace": self.namespace})
 
     def fail(self, errnum: int, errstr: str | None = None) -> None:
         """End the watch with an error response (``ENODATA``: normal end)."""

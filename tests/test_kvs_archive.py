@@ -33,6 +33,7 @@ from test_kvs_rpc_helpers import (
 
 from kvs import archive, treeobj, txn
 from kvs.archive import ArchiveError, Item, build, path_to_key, read_items
+from kvs.client import KVS
 from kvs.lookup import READDIR, READLINK
 from kvs.treeobj import BlobCache
 
@@ -101,6 +102,73 @@ def test_flux_layout_archive_reads_as_items() -> None:
                      Item("l", "symlink", target="a.b"),
                      Item("ln", "symlink", target="other::x"), Item("empty.dir", "dir")]
     assert [line.split(":")[0] for line in report.skipped] == ["h", "f", "../escape"]
+
+
+@pytest.mark.parametrize("damage", ["header", "no end blocks", "half a header"])
+def test_a_damaged_archive_is_an_error_not_a_shorter_one(damage) -> None:
+    """tarfile takes a bad header after the first member, or a stream that
+    stops between members, for the end: here both are errors, so a restore
+    never replaces a key with part of an archive."""
+    good = _tar([("file", f"k{i}", b"x" * 1000) for i in range(10)])
+    first = 512 + 1024  # the first member: a header and its data
+    data = {"header": good[:first * 3] + b"Z" * 512 + good[first * 3 + 512:],
+            "no end blocks": good[:first * 4],
+            "half a header": good[:first * 4 + 100]}[damage]
+    with pytest.raises(ArchiveError) as info:
+        _items(data)
+    assert ("damaged header" if damage == "header" else "cut short") in str(info.value)
+    assert len(_items(good)) == 10
+
+
+def test_a_failed_dump_to_a_stream_reads_as_cut_short() -> None:
+    """A dump to stdout that fails leaves out the end-of-archive blocks, so
+    ``dump - | restore -`` refuses what it got."""
+    buf = io.BytesIO()
+    w = archive._Writer(buf, 0)
+    for i in range(3):
+        w.add(Item(f"k{i}", "value", b"v"), archive.Report())
+    w.close(complete=False)
+    with pytest.raises(ArchiveError, match="cut short"):
+        _items(buf.getvalue())
+
+
+@pytest.mark.parametrize("entries, message", [
+    ([("file", "a", b"1"), ("file", "a/b", b"2")], "a is a value and a directory above a.b"),
+    ([("file", "a/b", b"2"), ("file", "a", b"1")], "a is a dir and a value"),
+    ([("dir", "a", b""), ("file", "a", b"1")], "a is a dir and a value"),
+    ([("link", "l", "a"), ("file", "l/b", b"1")], "l is a symlink and a directory above"),
+])
+def test_a_path_both_a_value_and_a_directory_is_refused(entries, message) -> None:
+    with pytest.raises(ArchiveError, match=message):
+        build(_items(_tar(entries)))
+
+
+def test_the_same_path_twice_keeps_the_last() -> None:
+    items = _items(_tar([("file", "a", b"1"), ("link", "a", "x"), ("file", "a", b"3"),
+                         ("dir", "d", b""), ("file", "d/e", b"4"), ("dir", "d", b"")]))
+    rootref, blobs = build(items)
+    expect, _ = build([Item("a", "value", b"3"), Item("d.e", "value", b"4")])
+    assert rootref == expect
+
+
+def test_names_that_are_not_utf8_are_left_out_and_said() -> None:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT,
+                      encoding="latin-1") as tar:
+        for name in ("caf\xe9", "ok"):
+            info = tarfile.TarInfo(name)
+            info.size = 1
+            tar.addfile(info, io.BytesIO(b"x"))
+    report = archive.Report()
+    assert [i.key for i in read_items(io.BytesIO(buf.getvalue()), report=report)] == ["ok"]
+    assert report.skipped == ["caf\\udce9: a name that is not UTF-8 names no key"]
+
+
+def test_a_guest_restore_must_fit_one_commit() -> None:
+    items = [Item(f"k{i}", "value", b"x" * 100) for i in range(10)]
+    assert len(archive._one_transaction(iter(items), 10_000)) == 10
+    with pytest.raises(ArchiveError, match="does not fit one commit"):
+        archive._one_transaction(iter(items), 1000)
 
 
 def test_size_limit_leaves_big_values_out() -> None:
@@ -187,7 +255,7 @@ async def test_dump_then_restore_gives_back_the_same_tree(start_instance, connec
     out = tmp_path / "snap.tar.gz"
     rc, _, err = await run_cli("kvs", "dump", str(out), uri=inst.uri(1))
     assert rc == 0, err
-    assert "305 keys, 1 empty directory (" in err and f"from root {root['rootref']}" in err
+    assert "305 keys, 1 empty directory (" in err and f"(tree {root['rootref']})" in err
     with tarfile.open(out) as tar:  # what tar(1) sees
         names = {m.name: m for m in tar}
     assert names["a/blob"].size == len(BIG) and names["a/blob"].mode == 0o644
@@ -256,11 +324,18 @@ async def test_restore_input_errors_change_nothing(start_instance, connect, tmp_
     bad.write_bytes(b"not an archive" * 100)
     big = tmp_path / "big.tar"
     big.write_bytes(_tar([("file", "small", b"s"), ("file", "huge", BIG)]))
+    good = _tar([("file", f"k{i}", b"x" * 1000) for i in range(10)])
+    damaged = tmp_path / "damaged.tar"
+    damaged.write_bytes(good[:1536 * 3] + b"Z" * 512 + good[1536 * 3 + 512:])
+    escapes = tmp_path / "escapes.tar"
+    escapes.write_bytes(_tar([("file", "../x", b"1"), ("file", "a/../../y", b"2")]))
     cases = [
+        (["--key", "keep", str(damaged)], "a damaged header at byte 4608"),
+        (["--key", "keep", str(escapes)], "nothing to restore"),
         (["--key", "keep", str(bad)], "not a readable archive"),
         (["--key", "keep", str(tmp_path / "missing.tar")], "No such file or directory"),
         (["--key", ".", str(big)], "cannot be the root directory"),
-        (["--key", "keep", str(big)], "huge: 2048 bytes, over the instance's "
+        (["--key", "keep", str(big)], "huge: 2048 bytes, over "
                                       "content.blob-size-limit (1000)"),
         ([str(big)], "say where: --key KEY"),
         (["--statedir", str(tmp_path), "--key", "k", str(big)], "--statedir goes with"),
@@ -277,6 +352,34 @@ async def test_restore_input_errors_change_nothing(start_instance, connect, tmp_
     assert "skipped huge: 2048 bytes, over the size limit of 1024" in err
     assert await get(h, "keep.small") == b"s"
     assert await errnum(get(h, "keep.huge")) == errno.ENOENT
+
+
+async def test_a_dump_through_a_link_into_another_namespace_is_one_version(
+        start_instance, connect, tmp_path) -> None:
+    """The owner's dump reads the directory's own tree: values below a link
+    into another namespace are all of one version, however that namespace
+    changes while the dump runs."""
+    inst = await start_instance(size=2)
+    h = await connect(inst, 1)
+    await asyncio.wait_for(h.rpc("kvs.namespace-create", {"namespace": "other"}), 10)
+    await commit(h, *[put(f"d.k{i}", b"old" + BIG) for i in range(300)], ns="other")
+    await commit(h, put("XL", symlink("d", "other")))
+    tree = await lookup(h, "d", flags=16, ns="other")
+    kvs = KVS(h)
+    rewrites: list[asyncio.Future[Any]] = []
+
+    def rewrite(item: Item) -> None:  # once the dump is under way, change everything
+        if not rewrites:
+            rewrites.append(asyncio.ensure_future(commit(
+                h, *[put(f"d.k{i}", b"new" + BIG) for i in range(300)], ns="other")))
+
+    buf = io.BytesIO()
+    report = await archive.dump(kvs, buf, key="XL", on_item=rewrite)
+    await asyncio.wait_for(rewrites[0], 10)
+    assert report.rootref == tree["data"][0]
+    items = _items(buf.getvalue())
+    assert len(items) == 300 and {i.data for i in items} == {b"old" + BIG}
+    assert await get(h, "d.k7", ns="other") == b"new" + BIG
 
 
 async def test_dump_says_which_keys_an_archive_cannot_hold(start_instance, connect,
@@ -337,6 +440,16 @@ async def test_checkpoint_dump_and_restore_move_an_instance(start_instance, conn
         assert await get(h2, "a.blob") == BIG and await get(h2, "log") == b"one\ntwo\n"
     await commit(h2, put("after", "restore"))
     assert await get(h2, "after") == b"restore"
+
+
+async def test_a_failed_checkpoint_restore_leaves_no_store(tmp_path) -> None:
+    bad = tmp_path / "conflict.tar"
+    bad.write_bytes(_tar([("file", "a", b"1"), ("file", "a/b", b"2")]))
+    statedir = tmp_path / "fresh"
+    rc, _, err = await run_cli("kvs", "restore", "--checkpoint", "--statedir", str(statedir),
+                               str(bad))
+    assert rc == 1 and "a is a value and a directory above a.b" in err, err
+    assert os.listdir(statedir) == []  # no content.sqlite an instance would start on
 
 
 @pytest.mark.parametrize("case", ["no dir", "no store", "no checkpoint"])

@@ -109,7 +109,7 @@ async def test_errors_without_waitcreate_and_flag_misuse(start_instance, connect
                     {"key": "a", "flags": WATCH, "namespace": 3}):
         s = h.rpc_stream("kvs-watch.lookup", payload)
         assert await end_errnum(s) == errno.EPROTO, payload
-    for flags in (WATCH | STREAM, FULL, UNIQ, 256, WATCH | 1024, WATCH | 1 << 16,
+    for flags in (WATCH | STREAM, FULL, UNIQ, 256, WATCH | 1024, WATCH | 1 << 20,
                   WATCH | 256 | READDIR):
         s = watch_stream(h, "test.v", flags)
         n = await end_errnum(s)

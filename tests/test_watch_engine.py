@@ -293,6 +293,10 @@ async def test_guest_needs_the_namespace_owner() -> None:
     (1 << 20, True, errno.EINVAL),
     (F.WAITCREATE, False, 0),
     (F.WATCH | F.APPEND | F.INITIAL_SENTINEL | F.WAITCREATE, True, 0),
+    (F.WATCH_KEYS, True, errno.EINVAL),
+    (F.WATCH | F.WATCH_KEYS | F.UNIQ, True, errno.EINVAL),
+    (F.WATCH | F.WATCH_KEYS | F.READDIR, True, errno.EINVAL),
+    (F.WATCH | F.WATCH_KEYS | F.WAITCREATE, True, 0),
 ])
 async def test_flag_rules(flags: int, streaming: bool, expect: int) -> None:
     try:
@@ -302,3 +306,31 @@ async def test_flag_rules(flags: int, streaming: bool, expect: int) -> None:
         assert exc.errstr
     else:
         assert expect == 0
+
+
+async def test_key_watcher_answers_with_the_keys_at_below_or_above_it() -> None:
+    """WATCH_KEYS looks nothing up: a first answer naming the root, then
+    each commit's keys at or below the watched key, or a directory above
+    it; commits without such keys are not answered."""
+    be, be_root = FakeBackend(), FakeBackend()
+    mon = Monitor("ns")
+    mon.set_root(1, ref(1), 0)
+    w = Watcher(be, request(), "a.b", F.WATCH | F.WATCH_KEYS, "ns")
+    root = Watcher(be_root, request(), ".", F.WATCH | F.WATCH_KEYS, "ns")
+    mon.add(w)
+    mon.add(root)
+    assert be.answers == [{"keys": [], "rootseq": 1, "rootref": ref(1), "namespace": "ns"}]
+    commits = [["a.b.c", "x", "a.bc", "a.b"], ["x", "a.bc"], ["a"], ["a.b.c"]]
+    for seq, keys in enumerate(commits, start=2):
+        mon.set_root(seq, ref(seq), 0)
+        assert mon.concerned(keys) == []  # (not in the key index)
+        for kw in mon.keyed:
+            kw.push_keys(seq, ref(seq), keys)
+    assert [(a["rootseq"], a["keys"]) for a in be.answers[1:]] == [
+        (2, ["a.b.c", "a.b"]), (4, ["a"]), (5, ["a.b.c"])]
+    assert [(a["rootseq"], a["keys"]) for a in be_root.answers[1:]] == [
+        (s, k) for s, k in enumerate(commits, start=2)]
+    w.push_keys(5, ref(5), ["a.b.c"])  # an old root again: ignored
+    assert be.lookups == [] and len(be.answers) == 4
+    mon.remove(w)
+    assert list(mon.keyed) == [root]
