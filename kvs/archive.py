@@ -498,7 +498,7 @@ def read_items(source: str | IO[bytes], *, size_limit: int | None = None,
         except (tarfile.TarError, EOFError, OSError) as exc:
             what = source if isinstance(source, str) else "archive"
             raise ArchiveError(f"{what}: the archive is damaged or cut short "
-                               f"({exc or type(exc).__name__})") from None
+                               f"({str(exc) or type(exc).__name__})") from None
 
 
 def _item(tar: tarfile.TarFile, info: tarfile.TarInfo, size_limit: int | None,

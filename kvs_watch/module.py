@@ -240,8 +240,9 @@ class KvsWatchModule(Module):
         keys = p.get("keys")
         for w in mon.concerned(keys):
             w.push(seq, ref)
-        for w in list(mon.keyed):
-            w.push_keys(seq, ref, keys)
+        if mon.keyed:
+            for w in list(mon.keyed):
+                w.push_keys(seq, ref, keys)
 
     def _removed(self, mon: Monitor) -> None:
         self.counts["namespaces-removed"] += 1
