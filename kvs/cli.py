@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import errno
 import importlib
 import json
@@ -25,7 +26,7 @@ import os
 import re
 import sys
 import unicodedata
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from broker.cliutil import (
@@ -654,12 +655,12 @@ def size_arg(text: str) -> int:
     return int(value * scale)
 
 
-def _archive_mode(args: argparse.Namespace, target: str) -> None:
+def _archive_mode(args: argparse.Namespace) -> None:
     """``--checkpoint`` needs ``--statedir`` and excludes the online options."""
     if args.checkpoint:
         if not args.statedir:
             raise UsageError("--checkpoint needs --statedir DIR (the stopped instance's)")
-        online = [o for o, v in (("-N", args.namespace), (target, getattr(args, "key", None)),
+        online = [o for o, v in (("-N", args.namespace), ("--key", args.key),
                                  ("--at", getattr(args, "at", None))) if v]
         if online:
             raise UsageError(f"--checkpoint works on the statedir: {', '.join(online)} "
@@ -692,6 +693,22 @@ def _archive_summary(args: argparse.Namespace, where: str, report: Report) -> No
           f"{where}")
 
 
+@contextlib.contextmanager
+def _archive_errors(args: argparse.Namespace, key: str | None = None) -> Iterator[None]:
+    """``kvbroker: kvs dump: <why>`` for an ``ArchiveError``; the key's
+    ``kvbroker: KEY: <strerror>`` for what the KVS refused."""
+    from kvs.archive import ArchiveError
+
+    try:
+        yield
+    except ArchiveError as exc:
+        raise CLIError(args.what, detail=str(exc)) from None
+    except ErrnoError as exc:
+        if key is None:
+            raise
+        raise _fail(key, exc) from None
+
+
 def cmd_dump(args: argparse.Namespace) -> int:
     """``kvbroker kvs dump OUTFILE`` (Flux's ``flux dump``): a directory of a
     namespace (or a stopped instance's checkpoint) as a tar archive
@@ -699,7 +716,7 @@ def cmd_dump(args: argparse.Namespace) -> int:
     from kvs import archive
 
     args.what = "kvs dump"
-    _archive_mode(args, "--key")
+    _archive_mode(args)
     listing = _archive_listing(args)
 
     def done(report: Report) -> int:
@@ -707,21 +724,14 @@ def cmd_dump(args: argparse.Namespace) -> int:
         return 1 if report.skipped else 0
 
     if args.checkpoint:
-        try:
+        with _archive_errors(args):
             return done(archive.dump_checkpoint(args.statedir, args.outfile, on_item=listing))
-        except archive.ArchiveError as exc:
-            raise CLIError(args.what, detail=str(exc)) from None
 
     async def body(kvs: KVS) -> int:
         key = args.key or "."
-        try:
-            report = await archive.dump(kvs, args.outfile, key=key, at=args.at,
-                                        on_item=listing)
-        except archive.ArchiveError as exc:
-            raise CLIError(args.what, detail=str(exc)) from None
-        except ErrnoError as exc:
-            raise _fail(key, exc) from None
-        return done(report)
+        with _archive_errors(args, key):
+            return done(await archive.dump(kvs, args.outfile, key=key, at=args.at,
+                                           on_item=listing))
 
     return _run(args, body)
 
@@ -733,28 +743,22 @@ def cmd_restore(args: argparse.Namespace) -> int:
     from kvs import archive
 
     args.what = "kvs restore"
-    _archive_mode(args, "--key")
+    _archive_mode(args)
     if not args.checkpoint and not args.key:
         raise UsageError("say where: --key KEY (online) or --checkpoint --statedir DIR")
     listing = _archive_listing(args)
     if args.checkpoint:
-        try:
+        with _archive_errors(args):
             report = archive.restore_checkpoint(args.statedir, args.infile,
                                                 size_limit=args.size_limit, on_item=listing)
-        except archive.ArchiveError as exc:
-            raise CLIError(args.what, detail=str(exc)) from None
         _archive_summary(args, f"to the checkpoint (version 0, root {report.rootref})",
                          report)
         return 0
 
     async def body(kvs: KVS) -> int:
-        try:
+        with _archive_errors(args, args.key):
             report = await archive.restore(kvs, args.infile, args.key,
                                            size_limit=args.size_limit, on_item=listing)
-        except archive.ArchiveError as exc:
-            raise CLIError(args.what, detail=str(exc)) from None
-        except ErrnoError as exc:
-            raise _fail(args.key, exc) from None
         _archive_summary(args, f"to {normalize(args.key)} (tree {report.rootref})", report)
         return 0
 
