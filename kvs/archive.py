@@ -119,7 +119,7 @@ class Report:
     at -- the dumped directory's own (the instance owner), else its
     namespace's root (a guest)."""
     skipped: list[str] = field(default_factory=list)
-    """Why entries were left out, one line each."""
+    """Why entries of an archive were left out, one line each (a restore)."""
 
 
 # ---------------------------------------------------------------- paths
@@ -196,10 +196,9 @@ class _Writer:
 
     def add(self, item: Item, report: Report) -> None:
         path = key_to_path(item.key)
-        if path is None:
-            report.skipped.append(f"{item.key}: a name holds '/', which an archive "
-                                  "path cannot")
-            return
+        if path is None:  # (an archive without it would look whole: none at all)
+            raise ArchiveError(f"{item.key}: a name holds '/', which an archive path "
+                               "cannot: no archive was written")
         info = tarfile.TarInfo(path)
         info.mtime, info.mode = self.mtime, 0o644
         info.uid, info.gid, info.uname, info.gname = self.uid, self.gid, self.uname, ""

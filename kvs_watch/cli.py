@@ -191,8 +191,8 @@ def watch_keys(args: argparse.Namespace) -> int:
 async def watch_keys_async(h: HandleCore, args: argparse.Namespace,
                            out: IO[bytes] | None = None) -> int:
     """Print ``VERSION KEY`` for each key a commit writes at or below
-    ``args.key`` (``-v``: ``VERSION KEY=VALUE`` read at that version, ``KEY.``
-    for a directory, ``KEY (removed)``); ``-c N``: stop after N commits."""
+    ``args.key`` (``-v``: what the key holds at that version, see
+    :func:`_value_at`); ``-c N``: stop after N commits."""
     from kvs.treeobj import dirref
 
     o = _out(out)
@@ -220,17 +220,29 @@ async def watch_keys_async(h: HandleCore, args: argparse.Namespace,
 
 
 async def _value_at(h: HandleCore, ns: str, key: str, root: dict[str, Any]) -> str:
-    """``=VALUE`` (up to its first NUL), ``.`` for a directory, `` (removed)``."""
+    """What ``-v`` prints after the key: ``=VALUE`` (up to its first NUL),
+    ``.`` for a directory, `` -> TARGET`` for a symlink (not followed),
+    `` (removed)``, or `` (ERROR)`` when it cannot be read (the watch goes on)."""
+    async def lookup(flags: int) -> Any:
+        return (await h.rpc("kvs.lookup", {"key": key, "flags": flags, "namespace": ns,
+                                           "rootdir": root}))["val"]
     try:
-        resp = await h.rpc("kvs.lookup", {"key": key, "flags": 0, "namespace": ns,
-                                          "rootdir": root})
+        obj = await lookup(F.TREEOBJ)
+        kind = obj["type"]
+        if kind in ("dir", "dirref"):
+            return "."
+        if kind == "symlink":
+            data = obj["data"]
+            target = f"{data['namespace']}::{data['target']}" if data.get("namespace") \
+                else data["target"]
+            return f" -> {target}"
+        if kind == "valref":
+            obj = await lookup(0)
     except ErrnoError as exc:
         if exc.errnum == errno.ENOENT:
             return " (removed)"
-        if exc.errnum == errno.EISDIR:
-            return "."
-        raise
-    data = bytes(resp["val"]["data"]).split(b"\0", 1)[0]
+        return f" ({error_detail(exc, key)})"
+    data = bytes(obj["data"]).split(b"\0", 1)[0]
     return "=" + data.decode("utf-8", "surrogateescape")
 
 

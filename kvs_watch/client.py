@@ -314,8 +314,9 @@ class KeyChanges:
     ``keys`` are the keys one commit wrote at or below the watched key, as
     written (normalised), or a directory above it that the commit replaced
     or removed (everything below may have changed).  The first answer has
-    no keys: it is the root the watch starts from, so reading the keys at
-    ``rootref`` and then following the changes misses nothing.
+    no keys: it is the root the watch starts from -- read the keys there,
+    then follow the changes.  Keys are as the commits named them: a write
+    through a symlink shows the link's path.
     """
 
     prefix: str

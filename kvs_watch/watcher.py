@@ -205,13 +205,11 @@ class Watcher:
             mine: list[str] = []
         elif not isinstance(keys, list):
             return
-        elif k == ".":
-            mine = [x for x in keys if isinstance(x, str)]
         else:
             below = k + "."
-            mine = [x for x in keys if isinstance(x, str)
-                    and (x == k or x.startswith(below) or below.startswith(x + "."))]
-            if not mine:
+            mine = [x for x in keys if isinstance(x, str) and (
+                k == "." or x == k or x.startswith(below) or below.startswith(x + "."))]
+            if not mine:  # (an empty commit, or one of conditions only, too)
                 return
         self.seq = seq
         self.responded = True

@@ -330,6 +330,8 @@ async def test_key_watcher_answers_with_the_keys_at_below_or_above_it() -> None:
         (2, ["a.b.c", "a.b"]), (4, ["a"]), (5, ["a.b.c"])]
     assert [(a["rootseq"], a["keys"]) for a in be_root.answers[1:]] == [
         (s, k) for s, k in enumerate(commits, start=2)]
+    root.push_keys(6, ref(6), [])  # an empty commit (kvs sync, conditions only)
+    assert len(be_root.answers) == 5  # ... is no change: the first answer alone has no keys
     w.push_keys(5, ref(5), ["a.b.c"])  # an old root again: ignored
     assert be.lookups == [] and len(be.answers) == 4
     mon.remove(w)

@@ -12,6 +12,7 @@ import errno
 import os
 
 import pytest
+from test_kvs_rpc_helpers import symlink
 from test_watch_cli import run, spawn
 from test_watch_helpers import (
     NO_MERGE,
@@ -174,3 +175,15 @@ async def test_kvs_watch_keys_cli(start_instance, connect) -> None:
            "(removed)\n", b"")
     rc, out, err = await run(inst.uri(3), "kvs", "watch-keys", "-N", "nope", "-c", "1")
     assert rc == 1 and "Operation not supported" in err
+    # -v shows links (never followed: one may dangle, loop, or lead nowhere)
+    # and a key it cannot read, and goes on
+    p = await spawn(inst.uri(3), "kvs", "watch-keys", "-v", "-c", "2", "l")
+    await wait_watchers(h0, 1, nodeid=3)
+    r = await commit(h0, put("l.dangle", symlink("nothere")), put("l.cyc", symlink("l.cyc")),
+                     put("l.far", symlink("x", "nonexist")), put("l.in", symlink("l.cyc.x")))
+    await commit(h0, put("l.after", "1"))
+    out, err = await asyncio.wait_for(p.communicate(), 20)
+    s = r["rootseq"]
+    assert (p.returncode, out.decode(), err) == (
+        0, f"{s} l.dangle -> nothere\n{s} l.cyc -> l.cyc\n{s} l.far -> nonexist::x\n"
+           f"{s} l.in -> l.cyc.x\n{s + 1} l.after=1\n", b""), err
