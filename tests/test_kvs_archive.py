@@ -13,11 +13,12 @@ import asyncio
 import errno
 import io
 import os
+import shlex
 import tarfile
 from typing import Any
 
 import pytest
-from test_broker_support import run_cli
+from test_broker_support import KVBROKER, run_cli
 from test_kvs_rpc_helpers import (
     APPEND,
     commit,
@@ -38,6 +39,7 @@ from kvs.lookup import READDIR, READLINK
 from kvs.treeobj import BlobCache
 
 BIG = bytes(range(256)) * 8  # 2 KiB: stored as a valref
+KVB = shlex.quote(KVBROKER)  # this venv's, whatever $PATH holds
 
 
 def _tar(entries: list[tuple[str, str, bytes | str]], mode: str = "w") -> bytes:
@@ -291,7 +293,7 @@ async def test_dump_and_restore_through_a_pipe(start_instance, connect) -> None:
     h = await connect(inst, 0)
     await commit(h, put("d.x", "1"), put("d.y", BIG), put("other", "not dumped"))
     proc = await asyncio.create_subprocess_shell(
-        "kvbroker kvs dump -q --key d - | kvbroker kvs restore --key e -",
+        f"{KVB} kvs dump -q --key d - | {KVB} kvs restore --key e -",
         env={**os.environ, "KVBROKER_URI": inst.uri(0)},
         stderr=asyncio.subprocess.PIPE)
     _, err = await asyncio.wait_for(proc.communicate(), 60)
@@ -393,7 +395,7 @@ async def test_a_key_an_archive_cannot_hold_fails_the_dump(start_instance, conne
     assert rc == 1 and "z/b: a name holds '/'" in err and "no archive was written" in err
     assert not [n for n in os.listdir(tmp_path) if n.startswith("x.tar")]
     proc = await asyncio.create_subprocess_shell(
-        "kvbroker kvs dump - | kvbroker kvs restore --key copy -",
+        f"{KVB} kvs dump - | {KVB} kvs restore --key copy -",
         env={**os.environ, "KVBROKER_URI": inst.uri(0)}, stderr=asyncio.subprocess.PIPE)
     _, err2 = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 1 and b"cut short" in err2  # restore - refuses it too
