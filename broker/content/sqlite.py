@@ -64,11 +64,12 @@ class SqliteStore:
                                   check_same_thread=False)
         try:
             self._open()
-        except sqlite3.OperationalError as exc:
+        except sqlite3.Error as exc:  # (not a database, locked, ...): never leave it open
             self.db.close()
-            if getattr(exc, "sqlite_errorcode", None) in (sqlite3.SQLITE_BUSY,
-                                                          sqlite3.SQLITE_LOCKED) \
-                    or "locked" in str(exc):
+            if isinstance(exc, sqlite3.OperationalError) and (
+                    getattr(exc, "sqlite_errorcode", None) in (sqlite3.SQLITE_BUSY,
+                                                               sqlite3.SQLITE_LOCKED)
+                    or "locked" in str(exc)):
                 raise StoreLocked(f"{path}: {exc}") from None
             raise
         columns = {row[1]: row[2] for row in self.db.execute("PRAGMA table_info(objects)")}
