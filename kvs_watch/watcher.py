@@ -179,8 +179,9 @@ class Watcher:
         """Answer for root ``seq`` (after every root pushed before it)."""
         if self.done or seq <= self.seq:
             return
-        if self.keyed:  # its first answer: where the keys start from
-            self.push_keys(seq, rootref, None)
+        if self.keyed:  # only its first answer comes this way: where the keys start
+            if initial:
+                self.push_keys(seq, rootref, None)
             return
         q = self.queue
         if q is None:
