@@ -24,6 +24,7 @@ from test_watch_helpers import (
     run_guest,
     stats,
     unlink,
+    wait_until,
     wait_watchers,
 )
 
@@ -159,16 +160,38 @@ async def test_guest_watches_keys_of_its_own_namespace_only(start_instance, conn
     assert out == {"mine": [], "primary": errno.EPERM}
 
 
+async def _started(h0, spawned) -> asyncio.subprocess.Process:
+    """A ``watch-keys`` on rank 3 once it has its first answer: a commit made
+    while rank 3 still learns the namespace's root may become that root
+    (its keys then are the start, not a change), as for any watch."""
+    before = (await stats(h0, 3))["counts"]["answers"]
+    p = await spawned
+
+    async def answered() -> bool:
+        return (await stats(h0, 3))["counts"]["answers"] > before
+    await wait_until(answered, T, "the first answer of watch-keys")
+    return p
+
+
+async def _finish(p: asyncio.subprocess.Process) -> tuple[bytes, bytes]:
+    """Its output once it exits; killed (and reaped) if it does not."""
+    try:
+        return await asyncio.wait_for(p.communicate(), 20)
+    except TimeoutError:
+        p.kill()
+        await p.wait()
+        raise
+
+
 async def test_kvs_watch_keys_cli(start_instance, connect) -> None:
     inst = await start_instance(size=4, fanout=2)
     h0 = await connect(inst, 0)
-    p = await spawn(inst.uri(3), "kvs", "watch-keys", "-v", "-c", "3", "jobs")
-    await wait_watchers(h0, 1, nodeid=3)
+    p = await _started(h0, spawn(inst.uri(3), "kvs", "watch-keys", "-v", "-c", "3", "jobs"))
     r1 = await commit(h0, put("jobs.a", "1"), put("other", "x"), flags=NO_MERGE)
     await commit(h0, put("other", "y"), flags=NO_MERGE)
     await commit(h0, put("jobs.b.c", "2"), put("jobs.a", "3"), flags=NO_MERGE)
     r4 = await commit(h0, unlink("jobs.a"), flags=NO_MERGE)
-    out, err = await asyncio.wait_for(p.communicate(), 20)
+    out, err = await _finish(p)
     s = r1["rootseq"]
     assert (p.returncode, out.decode(), err) == (
         0, f"{s} jobs.a=1\n{s + 2} jobs.b.c=2\n{s + 2} jobs.a=3\n{r4['rootseq']} jobs.a "
@@ -177,12 +200,11 @@ async def test_kvs_watch_keys_cli(start_instance, connect) -> None:
     assert rc == 1 and "Operation not supported" in err
     # -v shows links (never followed: one may dangle, loop, or lead nowhere)
     # and a key it cannot read, and goes on
-    p = await spawn(inst.uri(3), "kvs", "watch-keys", "-v", "-c", "2", "l")
-    await wait_watchers(h0, 1, nodeid=3)
+    p = await _started(h0, spawn(inst.uri(3), "kvs", "watch-keys", "-v", "-c", "2", "l"))
     r = await commit(h0, put("l.dangle", symlink("nothere")), put("l.cyc", symlink("l.cyc")),
                      put("l.far", symlink("x", "nonexist")), put("l.in", symlink("l.cyc.x")))
     await commit(h0, put("l.after", "1"))
-    out, err = await asyncio.wait_for(p.communicate(), 20)
+    out, err = await _finish(p)
     s = r["rootseq"]
     assert (p.returncode, out.decode(), err) == (
         0, f"{s} l.dangle -> nothere\n{s} l.cyc -> l.cyc\n{s} l.far -> nonexist::x\n"
