@@ -13,10 +13,17 @@ between the two systems and opens with ``tar``:
   restores exactly (Flux's restore skips such entries: nothing is lost
   there either).
 
-A dump reads *one* root: a snapshot, whatever commits meanwhile.  Online it
-reads through ``kvs.lookup`` at that root (so a guest can dump a namespace
-of its own); offline (``--checkpoint``) it reads a stopped instance's
-content store.
+A dump reads *one* version, whatever commits meanwhile.  Online it reads
+through ``kvs.lookup`` pinned to one tree: the directory's own for the
+instance owner (even through a link into another namespace), its
+namespace's root for a guest (who may read only there, and can so dump a
+namespace of its own).  Offline (``--checkpoint``) it reads a stopped
+instance's content store.  A named archive appears only when whole.
+
+Reading is strict where :mod:`tarfile` is lenient: a damaged header or a
+missing end-of-archive marker is an error, not the end of the archive, and
+a path that is both a value and a directory is refused -- a restore never
+replaces a key with part of what was dumped.
 
 A restore builds the tree on the client with the commit engine
 (:func:`kvs.txn.apply` on an empty root, so directories, big directories
