@@ -64,19 +64,29 @@ MAX_BACKLOG = AttrSpec(
     "a watcher more than this many commits behind ends with EOVERFLOW")
 
 
+MAX_CLIENT_WATCHES = AttrSpec(
+    "kvs-watch.max-watches-per-client", "1000000", integer(1),
+    "a client's watches in progress on a rank; one more is refused with ENOSPC")
+"""Each watch costs the rank memory until it ends (about a kilobyte): a client
+that leaks them, or a guest that opens millions, would otherwise grow the
+rank without bound.  A connection's cap, as inotify caps a user's watches
+(``ENOSPC`` there too)."""
+
+
 COUNTERS = ("watchers-created", "lookups", "lookups-shared", "answers", "blob-loads",
-            "cancelled", "disconnected", "namespaces-removed")
+            "cancelled", "disconnected", "namespaces-removed", "refused-over-cap")
 """The ``counts`` of ``kvs-watch.stats-get`` (all shown, 0 included)."""
 
 
 class KvsWatchModule(Module):
     name: ClassVar[str] = "kvs-watch"
-    attributes: ClassVar[tuple[AttrSpec, ...]] = (MAX_BACKLOG,)
+    attributes: ClassVar[tuple[AttrSpec, ...]] = (MAX_BACKLOG, MAX_CLIENT_WATCHES)
 
     def __init__(self, ctx: Any) -> None:
         super().__init__(ctx)
         attrs = ctx.attrs
         self.max_backlog = MAX_BACKLOG.value(attrs)
+        self.max_client_watches = MAX_CLIENT_WATCHES.value(attrs)
         self.hash_name = CONTENT_HASH.value(attrs)
         self.monitors: dict[str, Monitor] = {}
         self.clients: dict[Route, dict[int, Watcher]] = {}
@@ -118,6 +128,11 @@ class KvsWatchModule(Module):
         tags = self.clients.get(route)
         if tags is not None and msg.matchtag in tags:
             raise ProtocolError(f"matchtag {msg.matchtag} is already watching")
+        if tags is not None and len(tags) >= self.max_client_watches:
+            self.counts["refused-over-cap"] += 1
+            raise ErrnoError(errno.ENOSPC, f"this client has {len(tags)} watches on rank "
+                                           f"{self.ctx.rank} (kvs-watch.max-watches-per-"
+                                           "client): end some first")
         msg.payload = None  # parsed: keep only the envelope
         w = Watcher(self, msg, key, flags, name)
         if tags is None:

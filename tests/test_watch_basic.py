@@ -239,3 +239,23 @@ async def test_client_close_drops_its_watchers_everywhere(start_instance, connec
     st = await stats(h, 3)
     assert st["counts"]["disconnected"] == 2 and st["counts"]["cancelled"] == 0
     del waiting
+
+
+async def test_a_clients_watches_are_capped(start_instance, connect):
+    """kvs-watch.max-watches-per-client: one watch more is ENOSPC (as
+    inotify's per-user cap); other clients are not affected, and a watch
+    that ends frees its place."""
+    inst = await start_instance(size=2, attrs={"kvs-watch.max-watches-per-client": "3"})
+    h0, h1, other = [await connect(inst, r) for r in (0, 1, 1)]
+    streams = [watch_stream(h1, f"cap.k{i}", WATCH | WAITCREATE) for i in range(3)]
+    await wait_watchers(h0, 3, nodeid=1)
+    assert await end_errnum(watch_stream(h1, "cap.k3", WATCH | WAITCREATE)) == errno.ENOSPC
+    theirs = watch_stream(other, "cap.k9", WATCH | WAITCREATE)
+    await wait_watchers(h0, 4, nodeid=1)
+    cancel(h1, streams[0], nodeid=1)
+    assert await end_errnum(streams[0]) == 0
+    again = watch_stream(h1, "cap.k3", WATCH | WAITCREATE)
+    await wait_watchers(h0, 4, nodeid=1)
+    await commit(h0, put("cap.k3", "x"), put("cap.k9", "y"))
+    assert await value(again) == b"x" and await value(theirs) == b"y"
+    assert (await stats(h0, 1))["counts"]["refused-over-cap"] == 1
