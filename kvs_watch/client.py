@@ -40,7 +40,7 @@ import weakref
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 from broker.errors import RemoteError
 from broker.message import NODEID_ANY
@@ -290,14 +290,14 @@ class _Wrapped:
     def __init__(self, w: Watch) -> None:
         self.watch = w
 
-    async def __aenter__(self) -> Any:
+    async def __aenter__(self) -> Self:
         self.watch.start()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.watch.cancel()
 
-    def __aiter__(self) -> Any:
+    def __aiter__(self) -> Self:
         return self
 
     async def cancel(self) -> None:
@@ -333,13 +333,6 @@ class KeyChanges:
 
 class KeyWatch(_Wrapped):
     """A key watch (:func:`watch_keys`), yielding :class:`KeyChanges`."""
-
-    async def __aenter__(self) -> KeyWatch:
-        self.watch.start()
-        return self
-
-    def __aiter__(self) -> KeyWatch:
-        return self
 
     async def __anext__(self) -> KeyChanges:
         p = await self.watch.next_payload()
@@ -418,13 +411,6 @@ class EventlogWatch(_Wrapped):
         super().__init__(w)
         self._parser = EventlogParser()
         self._ready: deque[EventlogEntry] = deque()
-
-    async def __aenter__(self) -> EventlogWatch:
-        self.watch.start()
-        return self
-
-    def __aiter__(self) -> EventlogWatch:
-        return self
 
     async def __anext__(self) -> EventlogEntry:
         while not self._ready:

@@ -203,11 +203,7 @@ def test_gc_keeps_what_other_checkpoints_name(tmp_path) -> None:
     """content.checkpoint-put takes any key and value: gc cannot know what
     they mean, so every blobref in one is kept (and walked if a tree)."""
     statedir = tmp_path / "state"
-    statedir.mkdir(mode=0o700)
-    store = SqliteStore(str(statedir / "content.sqlite"))
-    blobs: dict[str, bytes] = {}
-    root, data = txn.empty_root()
-    blobs[root] = data
+    store, blobs, root = _new_store(statedir)
     cache = T.BlobCache(blobs)
     mine = txn.apply(cache, root, [put("x", BIG)])  # a tree (with a valref under it)
     blobs.update(mine.new_blobs)
@@ -264,11 +260,7 @@ def test_a_value_that_looks_like_a_tree_is_data(tmp_path) -> None:
     (it is kept, and the collection neither refuses nor follows it).  So is
     a blob another checkpoint names that looks like such a tree."""
     statedir = tmp_path / "state"
-    statedir.mkdir(mode=0o700)
-    store = SqliteStore(str(statedir / "content.sqlite"))
-    blobs: dict[str, bytes] = {}
-    empty, data = txn.empty_root()
-    blobs[empty] = data
+    store, blobs, empty = _new_store(statedir)
     nowhere = blobref.hash_blob(b"never stored")
     lookalike = T.encode(T.dirref(nowhere))
     assert len(lookalike) > T.INLINE_MAX  # stored as a valref's data blob
@@ -285,13 +277,18 @@ def test_a_value_that_looks_like_a_tree_is_data(tmp_path) -> None:
     store.close()
 
 
-def _store_with_primary(statedir: Path) -> tuple[SqliteStore, dict[str, bytes]]:
-    """A statedir whose primary checkpoint names a one-key tree."""
+def _new_store(statedir: Path) -> tuple[SqliteStore, dict[str, bytes], str]:
+    """A new statedir's store, and the blobs of a tree to be built there:
+    so far the empty root (its blobref is the third value)."""
     statedir.mkdir(mode=0o700)
     store = SqliteStore(str(statedir / "content.sqlite"))
-    blobs: dict[str, bytes] = {}
     empty, data = txn.empty_root()
-    blobs[empty] = data
+    return store, {empty: data}, empty
+
+
+def _store_with_primary(statedir: Path) -> tuple[SqliteStore, dict[str, bytes]]:
+    """A statedir whose primary checkpoint names a one-key tree."""
+    store, blobs, empty = _new_store(statedir)
     res = txn.apply(T.BlobCache(blobs), empty, [put("x", BIG)])
     blobs.update(res.new_blobs)
     store.put_many(blobs.items())
@@ -355,11 +352,7 @@ async def test_gc_without_room_to_compact_says_so_and_the_next_run_does(
     no room there (a 20 MB tmpfs, 24 MB kept), the run says so in one line
     (it was a traceback), and the next run, with room, compacts."""
     statedir = tmp_path / "state"
-    statedir.mkdir(mode=0o700)
-    store = SqliteStore(str(statedir / "content.sqlite"))
-    blobs: dict[str, bytes] = {}
-    empty, data = txn.empty_root()
-    blobs[empty] = data
+    store, blobs, empty = _new_store(statedir)
     res = txn.apply(T.BlobCache(blobs), empty,
                     [put(f"v{i}", bytes([i]) * (3 << 20)) for i in range(8)])
     blobs.update(res.new_blobs)
