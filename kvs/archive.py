@@ -68,6 +68,7 @@ from broker.content.sqlite import SqliteStore, StoreLocked
 from broker.errors import ErrnoError, RemoteError
 from broker.launch import StartError, private_dir
 from kvs import shards, treeobj, txn
+from kvs.client import Link
 from kvs.keys import join, normalize, parse_ns_target, split
 from kvs.lookup import SYMLINK_MAX
 from kvs.module import CHECKPOINT_KEY, MAX_OPS
@@ -296,8 +297,7 @@ def _value(key: str, entry: TreeObj, read: Callable[[list[str]], bytes]) -> Item
     valref's blobs)."""
     t = entry["type"]
     if t == "symlink":
-        ns, target = treeobj.symlink_target(entry)
-        return Item(key, "symlink", target=f"{ns}::{target}" if ns else target)
+        return Item(key, "symlink", target=str(Link.from_treeobj(entry)))
     if t == "val":
         return Item(key, "value", bytes(entry["data"]))
     return Item(key, "value", read(entry["data"]))

@@ -32,6 +32,7 @@ from broker.errors import ErrnoError
 from broker.handle import Handle
 from broker.rpc import HandleCore
 from kvs.cli import error_detail
+from kvs.client import Link
 from kvs_watch import flags as F
 from kvs_watch.client import (
     BAD_EVENTLOG,
@@ -232,10 +233,7 @@ async def _value_at(h: HandleCore, ns: str, key: str, root: dict[str, Any]) -> s
         if kind in ("dir", "dirref"):
             return "."
         if kind == "symlink":
-            data = obj["data"]
-            target = f"{data['namespace']}::{data['target']}" if data.get("namespace") \
-                else data["target"]
-            return f" -> {target}"
+            return f" -> {Link.from_treeobj(obj)}"
         if kind == "valref":
             obj = await lookup(0)
     except ErrnoError as exc:
