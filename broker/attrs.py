@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from broker import codec, plugins
+from broker.connector import DEFAULT_MAX_GUEST_BYTES, DEFAULT_MAX_GUEST_CONNECTIONS
 from broker.content import blobref
 
 
@@ -151,6 +152,13 @@ MIN_MAX_MESSAGE = 256  # a request header with a topic and a route fits
 ALLOW_GUEST_USER = AttrSpec(
     "access.allow-guest-user", "false", boolean,
     "true lets other users connect, with role USER")
+MAX_GUEST_CONNECTIONS = AttrSpec(
+    "access.max-guest-connections", str(DEFAULT_MAX_GUEST_CONNECTIONS), integer(1),
+    "connections one guest user may hold to a rank; one more is closed (EUSERS)")
+MAX_GUEST_BYTES = AttrSpec(
+    "access.max-guest-bytes", str(DEFAULT_MAX_GUEST_BYTES), integer(1 << 16),
+    "bytes a rank holds for one guest user's connections (messages part-received, "
+    "output unread); the connection that goes past it is closed (ENOBUFS)")
 MODULES = AttrSpec(
     "broker.modules", ",".join(plugins.DEFAULT_MODULES), text,
     "modules to load, by entry-point name")
@@ -176,8 +184,8 @@ LINK_BACKLOG = AttrSpec(
     "link is dropped (unix transport)")
 
 BROKER_ATTRS: tuple[AttrSpec, ...] = (
-    ALLOW_GUEST_USER, MODULES, MAX_MESSAGE, CONTENT_HASH, LOG_LEVEL, LOG_TIMESTAMPS,
-    TRANSPORT, LINK_BACKLOG)
+    ALLOW_GUEST_USER, MAX_GUEST_CONNECTIONS, MAX_GUEST_BYTES, MODULES, MAX_MESSAGE,
+    CONTENT_HASH, LOG_LEVEL, LOG_TIMESTAMPS, TRANSPORT, LINK_BACKLOG)
 
 
 # ---------------------------------------------------------------- checking

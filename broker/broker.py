@@ -124,6 +124,8 @@ class Broker:
             owner_uid=self.owner_uid,
             allow_guest=config[battrs.ALLOW_GUEST_USER.name],
             max_message=config[battrs.MAX_MESSAGE.name],
+            max_guest_connections=config[battrs.MAX_GUEST_CONNECTIONS.name],
+            max_guest_bytes=config[battrs.MAX_GUEST_BYTES.name],
         )
         self.overlay = Overlay(self.router, self.rundir, endpoints=self.endpoints,
                                bind=self.bind, curve=self.curve,
@@ -165,6 +167,7 @@ class Broker:
         out = self.router.stats()
         if self.connector is not None:
             out["connector"] = dict(self.connector.counts)
+            out["guests"] = self.connector.guest_stats()
         if self.overlay is not None:
             out["overlay"] = {"dropped": self.overlay.dropped,
                               "refused": self.overlay.refused,

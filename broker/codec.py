@@ -315,6 +315,11 @@ class StreamDecoder:
         self._skipped: list[Oversized] = []
         self.oversized = 0
 
+    @property
+    def buffered(self) -> int:
+        """Bytes held of a message not yet complete (skipped bytes are not held)."""
+        return len(self._buf) + len(self._head)
+
     def take_oversized(self) -> Sequence[Oversized]:
         """The messages skipped since the last call, oldest first (called
         for every chunk read: nothing is allocated when there are none)."""

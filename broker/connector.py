@@ -12,6 +12,16 @@ answers) passes ``MAX_BACKLOG`` bytes before a message, the connection is
 closed (slow-consumer policy).  A stuck client cannot make the broker's
 memory grow without bound, and one answer bigger than the limit still
 reaches a client that reads.
+
+Guests (other users, when the instance admits them) are bounded per user,
+over all their connections to a rank: at most ``access.max-guest-connections``
+connections (one more would let a guest take every descriptor of the rank,
+and the owner could no longer connect), and at most ``access.max-guest-bytes``
+held for them -- the part-received messages they are sending and the answers
+and events they have not read.  Each connection's own bounds
+(``broker.max-message``, ``MAX_BACKLOG``) multiplied by a guest's connections
+bounded nothing.  A connection that would go past either is closed, after a
+``broker.closing`` message that says why (docs/protocol.md).
 """
 
 from __future__ import annotations
@@ -36,14 +46,40 @@ if TYPE_CHECKING:
 log = logging.getLogger("kvbroker.connector")
 
 MAX_BACKLOG = 256 << 20
+DEFAULT_MAX_GUEST_CONNECTIONS = 256
+DEFAULT_MAX_GUEST_BYTES = 1 << 30
 _UCRED = struct.Struct("iII")  # struct ucred: pid_t, uid_t, gid_t (uids past 2**31 too)
 
 
-COUNTERS = ("garbage", "malformed", "oversized", "slow-consumers", "accept-failed")
+COUNTERS = ("garbage", "malformed", "oversized", "slow-consumers", "accept-failed",
+            "guests-refused", "guests-over-budget")
 ACCEPT_RETRY = 0.1
 """Seconds before accepting again when the rank is out of descriptors."""
 OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 """The ``connector`` counters of ``broker.stats-get`` (all shown, 0 included)."""
+CLOSING_TOPIC = "broker.closing"
+"""Topic of the response (matchtag 0) a rank sends before it closes a client's
+connection on purpose: its errnum and errstr say why (docs/protocol.md)."""
+GUEST_CHECK = 64 << 10
+"""A guest connection owed fewer bytes than this is not checked against its
+user's budget when a message is queued for it (the sum over the user's
+connections is not worth taking for each small answer)."""
+
+
+class GuestUsage:
+    """What one guest user holds on this rank, over all its connections."""
+
+    __slots__ = ("conns", "partial")
+
+    def __init__(self) -> None:
+        self.conns: set[ClientConnection] = set()
+        self.partial = 0
+        """Bytes of the messages its connections are part-way through sending."""
+
+    def held(self) -> int:
+        """Bytes held for the user: part-received messages and unsent output."""
+        return self.partial + sum(c.writer.buffered() for c in self.conns
+                                  if c.writer is not None)
 
 
 def peer_uid(sock: socket.socket) -> int:
@@ -64,6 +100,10 @@ class ClientConnection(FramedProtocol):
         self.rolemask = 0
         self.decoder = codec.StreamDecoder(server.max_message)
         self.registered = False
+        self.guest: GuestUsage | None = None
+        """The user's usage when the client is a guest."""
+        self._partial = 0
+        """This connection's share of ``guest.partial``."""
 
     # -- asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -79,6 +119,8 @@ class ClientConnection(FramedProtocol):
             self.rolemask = int(Role.OWNER)
         elif self.server.allow_guest:
             self.rolemask = int(Role.USER)
+            if not self._admit_guest(uid):
+                return
         else:
             log.warning("refusing connection from uid %d (guests not allowed)", uid)
             transport.close()
@@ -87,6 +129,56 @@ class ClientConnection(FramedProtocol):
         self.router.add_peer(self)
         self.registered = True
         self.server.connections[self.peer_id] = self
+
+    def _admit_guest(self, uid: int) -> bool:
+        """Count a guest's connection against its user's, or refuse it."""
+        server = self.server
+        usage = server.guests.get(uid)
+        if usage is None:
+            usage = server.guests[uid] = GuestUsage()
+        if len(usage.conns) >= server.max_guest_connections:
+            server.counts["guests-refused"] += 1
+            log.info("refusing a connection from uid %d: it has %d already "
+                     "(access.max-guest-connections)", uid, len(usage.conns))
+            self.close_with(errno.EUSERS, f"this rank admits at most "
+                                          f"{server.max_guest_connections} connections per "
+                                          "guest user (access.max-guest-connections)")
+            return False
+        usage.conns.add(self)
+        self.guest = usage
+        return True
+
+    def close_with(self, errnum: int, errstr: str) -> None:
+        """Close the connection on purpose, first telling the client why
+        (``broker.closing``): its calls then fail with ``errnum`` and
+        ``errstr``, not with a bare "connection lost".  The message reaches a
+        client that reads; output it has left unread is dropped with it."""
+        t = self.transport
+        w = self.writer
+        if t is None or t.is_closing() or w is None:
+            return
+        w.send(codec.encode(Message(MsgType.RESPONSE, CLOSING_TOPIC, matchtag=0,
+                                    errnum=errnum, errstr=errstr)))
+        if w.buffered():
+            t.abort()  # it does not read: keep nothing more for it
+        else:
+            t.close()
+
+    def _over_budget(self, usage: GuestUsage) -> bool:
+        """Close the connection if its user's bytes are past the budget."""
+        held = usage.held()
+        budget = self.server.max_guest_bytes
+        if held <= budget:
+            return False
+        self.server.counts["guests-over-budget"] += 1
+        log.warning("%s: uid %d holds %d bytes of this rank's memory, more than "
+                    "access.max-guest-bytes (%d); closing", self.peer_id, self.userid,
+                    held, budget)
+        self.close_with(errno.ENOBUFS, f"this rank holds {held} bytes for this user's "
+                                       f"connections, more than access.max-guest-bytes "
+                                       f"({budget}): read what you are sent, send less "
+                                       "at once")
+        return True
 
     def data_received(self, data: bytes) -> None:
         if not self.registered:
@@ -98,6 +190,13 @@ class ClientConnection(FramedProtocol):
             self.server.counts["garbage"] += 1
             self.transport.close()  # type: ignore[union-attr]
             return
+        usage = self.guest
+        if usage is not None:
+            partial = self.decoder.buffered
+            usage.partial += partial - self._partial
+            self._partial = partial
+            if partial and self._over_budget(usage):
+                return
         if self.decoder.oversized:
             self.server.counts["oversized"] += self.decoder.oversized
             self.decoder.oversized = 0
@@ -158,6 +257,13 @@ class ClientConnection(FramedProtocol):
                              errnum=errno.EMSGSIZE, errstr=errstr))
 
     def connection_lost(self, exc: Exception | None) -> None:
+        usage, self.guest = self.guest, None
+        if usage is not None:
+            usage.conns.discard(self)
+            usage.partial -= self._partial
+            self._partial = 0
+            if not usage.conns:
+                self.server.guests.pop(self.userid, None)
         if self.registered:
             self.registered = False
             self.server.connections.pop(self.peer_id, None)
@@ -188,6 +294,9 @@ class ClientConnection(FramedProtocol):
             self.server.counts["slow-consumers"] += 1
             t.abort()
             return
+        usage = self.guest
+        if usage is not None and w.buffered() > GUEST_CHECK and self._over_budget(usage):
+            return
         w.send(frames)
 
     # A client that does not read what it is owed is not read either, so
@@ -211,7 +320,9 @@ class Connector:
     """The rank's Unix-socket server."""
 
     def __init__(self, router: Router, path: str, *, owner_uid: int, allow_guest: bool,
-                 max_message: int = codec.DEFAULT_MAX_MESSAGE) -> None:
+                 max_message: int = codec.DEFAULT_MAX_MESSAGE,
+                 max_guest_connections: int = DEFAULT_MAX_GUEST_CONNECTIONS,
+                 max_guest_bytes: int = DEFAULT_MAX_GUEST_BYTES) -> None:
         from collections import Counter
 
         self.router = router
@@ -219,6 +330,10 @@ class Connector:
         self.owner_uid = owner_uid
         self.allow_guest = allow_guest
         self.max_message = max_message
+        self.max_guest_connections = max_guest_connections
+        self.max_guest_bytes = max_guest_bytes
+        self.guests: dict[int, GuestUsage] = {}
+        """Guest users with connections here, by uid."""
         self.connections: dict[str, ClientConnection] = {}
         self.counts: Counter[str] = Counter(dict.fromkeys(COUNTERS, 0))
         self._next = 0
@@ -226,6 +341,11 @@ class Connector:
         self._accepting: asyncio.Task[None] | None = None
         self._bound: tuple[int, int] | None = None
         """(device, inode) of the socket this rank made at ``path``."""
+
+    def guest_stats(self) -> dict[str, dict[str, int]]:
+        """Each guest user's connections and bytes held here, by uid (as text)."""
+        return {str(uid): {"connections": len(u.conns), "bytes": u.held()}
+                for uid, u in self.guests.items()}
 
     @property
     def uri(self) -> str:

@@ -85,10 +85,16 @@ class _ClientProtocol(FramedProtocol):
                 h._on_event(msg)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        # ECONNRESET either way (callers test the errno); the message says
-        # whether the user closed the handle or the broker went away.
-        self.handle._fail_all(errno.ECONNRESET, "handle closed" if self.handle._user_closed
-                              else "connection to broker lost")
+        # ECONNRESET (callers test the errno), and the message says whether
+        # the user closed the handle or the broker went away -- unless the
+        # rank said why it closed the connection (broker.closing).
+        h = self.handle
+        if h._user_closed:
+            h._fail_all(errno.ECONNRESET, "handle closed")
+        elif h._closing is not None:
+            h._fail_all(*h._closing)
+        else:
+            h._fail_all(errno.ECONNRESET, "connection to broker lost")
         self.handle._wake_event_waiters()
         if not self.closed.done():
             self.closed.set_result(None)
@@ -105,6 +111,8 @@ class Handle(HandleCore):
         # handle's events (each event goes to one of them).
         self._event_waiters: set[asyncio.Future[None]] = set()
         self._user_closed = False
+        self._closing: tuple[int, str] | None = None
+        """(errnum, errstr) of the rank's ``broker.closing``, if it sent one."""
         self._ssh: subprocess.Popen[bytes] | None = None
         """The ssh process of an ``ssh://`` connection."""
         self.uri = ""
@@ -193,6 +201,10 @@ class Handle(HandleCore):
         False if ``matchtag`` is not one (a stream's: decode it in full)."""
         waiter = self._pending.get(matchtag)
         if waiter is None:
+            if matchtag == 0 and errnum:
+                # broker.closing: the rank is about to close the connection
+                # and says why (docs/protocol.md); the calls fail with it
+                self._closing = (errnum, errstr or "")
             return True  # nobody waits (any more): drop it
         if type(waiter) is Stream:
             return False

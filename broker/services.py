@@ -65,7 +65,12 @@ class BrokerServices(Module):
         self.h.respond(msg, out)
 
     def broker_stats(self, msg: Message) -> None:
-        self.h.respond(msg, self.broker.stats())
+        out = self.broker.stats()
+        guests = out.get("guests")
+        if guests and not msg.is_owner:  # a guest sees its own usage only
+            mine = str(msg.userid)
+            out["guests"] = {mine: guests[mine]} if mine in guests else {}
+        self.h.respond(msg, out)
 
     def shutdown(self, msg: Message) -> None:
         """Stop this rank and its subtree (rank 0: the instance), as ``flux

@@ -73,6 +73,16 @@ rank without bound.  A connection's cap, as inotify caps a user's watches
 (``ENOSPC`` there too)."""
 
 
+MAX_GUEST_WATCHES = AttrSpec(
+    "kvs-watch.max-watches-per-guest", "100000", integer(1),
+    "one guest user's watches in progress on a rank, over all its connections; "
+    "one more is refused with ENOSPC")
+"""The per-client cap alone bounds nothing for a guest, who may open many
+connections (up to ``access.max-guest-connections``): as inotify's
+``max_user_watches``, this one counts the user.  The instance owner is held
+to the per-client cap only."""
+
+
 COUNTERS = ("watchers-created", "lookups", "lookups-shared", "answers", "blob-loads",
             "cancelled", "disconnected", "namespaces-removed", "refused-over-cap")
 """The ``counts`` of ``kvs-watch.stats-get`` (all shown, 0 included)."""
@@ -80,13 +90,17 @@ COUNTERS = ("watchers-created", "lookups", "lookups-shared", "answers", "blob-lo
 
 class KvsWatchModule(Module):
     name: ClassVar[str] = "kvs-watch"
-    attributes: ClassVar[tuple[AttrSpec, ...]] = (MAX_BACKLOG, MAX_CLIENT_WATCHES)
+    attributes: ClassVar[tuple[AttrSpec, ...]] = (MAX_BACKLOG, MAX_CLIENT_WATCHES,
+                                                  MAX_GUEST_WATCHES)
 
     def __init__(self, ctx: Any) -> None:
         super().__init__(ctx)
         attrs = ctx.attrs
         self.max_backlog = MAX_BACKLOG.value(attrs)
         self.max_client_watches = MAX_CLIENT_WATCHES.value(attrs)
+        self.max_guest_watches = MAX_GUEST_WATCHES.value(attrs)
+        self.guest_watches: Counter[int] = Counter()
+        """Watches in progress of each guest user (by uid) with any."""
         self.hash_name = CONTENT_HASH.value(attrs)
         self.monitors: dict[str, Monitor] = {}
         self.clients: dict[Route, dict[int, Watcher]] = {}
@@ -133,11 +147,19 @@ class KvsWatchModule(Module):
             raise ErrnoError(errno.ENOSPC, f"this client has {len(tags)} watches on rank "
                                            f"{self.ctx.rank} (kvs-watch.max-watches-per-"
                                            "client): end some first")
+        guest = not msg.is_owner
+        if guest and self.guest_watches[msg.userid] >= self.max_guest_watches:
+            self.counts["refused-over-cap"] += 1
+            raise ErrnoError(errno.ENOSPC, f"this user has {self.guest_watches[msg.userid]} "
+                                           f"watches on rank {self.ctx.rank} (kvs-watch.max-"
+                                           "watches-per-guest): end some first")
         msg.payload = None  # parsed: keep only the envelope
         w = Watcher(self, msg, key, flags, name)
         if tags is None:
             tags = self.clients[route] = {}
         tags[msg.matchtag] = w
+        if guest:
+            self.guest_watches[msg.userid] += 1
         self.nwatchers += 1
         self.counts["watchers-created"] += 1
         mon = self.monitors.get(name)
@@ -310,6 +332,12 @@ class KvsWatchModule(Module):
             if not tags:
                 del self.clients[route]
         self.nwatchers -= 1
+        if not msg.is_owner:
+            left = self.guest_watches[msg.userid] - 1
+            if left:
+                self.guest_watches[msg.userid] = left
+            else:
+                del self.guest_watches[msg.userid]
         mon = w.monitor
         if mon is not None:
             mon.remove(w)
@@ -343,6 +371,7 @@ class KvsWatchModule(Module):
             "namespace-count": len(self.monitors),
             "namespaces": {name: mon.describe() for name, mon in shown},
             "clients": len(self.clients),
+            "guest-users": len(self.guest_watches),
             "max-backlog": self.max_backlog,
             "counts": dict(self.counts),
             "events": self.event_stats(),

@@ -1,0 +1,381 @@
+"""What one guest user may hold on a rank, over all its connections.
+
+Each connection was bounded on its own (``broker.max-message`` being
+received, ``MAX_BACKLOG`` unread, ``kvs-watch.max-watches-per-client``), but a
+guest may open many connections, so those bounds multiplied bounded nothing,
+and enough connections took every descriptor of the rank.  These tests run
+real guest processes (another uid, as ``test_broker_guests``) against real
+ranks: past ``access.max-guest-connections``, ``access.max-guest-bytes`` or
+``kvs-watch.max-watches-per-guest`` the guest gets a clear errno and message,
+and other users, the owner included, are not affected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+import os
+import sys
+import textwrap
+from typing import Any
+
+import pytest
+from test_broker_support import GUEST_UID, OTHER_GUEST_UID, stats, wait_until
+from test_watch_helpers import (
+    WAITCREATE,
+    WATCH,
+    commit,
+    ns_create,
+    put,
+    value,
+    wait_watchers,
+    watch_stream,
+)
+from test_watch_helpers import stats as watch_stats
+
+from broker.handle import Handle
+
+pytestmark = pytest.mark.skipif(os.getuid() != 0, reason="needs root to run as another uid")
+
+ALLOW = {"access.allow-guest-user": "true"}
+
+_SCRIPT = r"""
+# imported while root: the guest uid cannot read this Python's library
+import asyncio, concurrent.futures.thread, json, os, socket, sys
+from broker import codec
+from broker.errors import RemoteError
+from broker.handle import Handle
+from broker.message import NODEID_ANY
+
+uri, uid = sys.argv[1], int(sys.argv[2])
+path = uri[len("local://"):]
+
+def out(**kw):
+    print(json.dumps(kw), flush=True)
+
+async def step():
+    # the test's go-ahead, one line on stdin
+    return (await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)).strip()
+
+def request(topic, payload, tag):
+    frames = codec.encode_request(topic, payload, tag, NODEID_ANY, 0)
+    return b"".join([codec.stream_prefix(frames), *frames])
+
+def raw():
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(path)
+    return s
+
+def read_all(s):
+    # what the rank sends until it closes the connection: the responses'
+    # [matchtag, errnum, errstr], how many events, and "eof" or "reset"
+    dec, responses, events = codec.StreamDecoder(), [], 0
+    s.settimeout(20)
+    while True:
+        try:
+            data = s.recv(1 << 16)
+        except ConnectionResetError:
+            end = "reset"
+            break
+        if not data:
+            end = "eof"
+            break
+        for frames in dec.feed(data):
+            peek = codec.peek_response(frames)
+            if peek is None:
+                events += 1
+            else:
+                responses.append(list(peek))
+    return {"responses": responses, "events": events, "end": end}
+
+def send_until_closed(s, data):
+    try:
+        s.sendall(data)
+    except OSError:  # the rank closed the connection part-way
+        pass
+
+async def ping(h):
+    try:
+        await h.rpc("broker.ping", {})
+        return 0, ""
+    except RemoteError as exc:
+        return exc.errnum, exc.errstr
+
+BODY
+
+os.setgroups([])
+os.setgid(uid)
+os.setuid(uid)
+asyncio.run(asyncio.wait_for(main(), 60))
+"""
+
+
+class GuestProc:
+    """A guest process running ``body`` (which defines ``async def main()``);
+    it prints JSON lines and waits for lines on stdin where the body says."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+
+    @classmethod
+    async def start(cls, uri: str, body: str, uid: int = GUEST_UID) -> GuestProc:
+        script = _SCRIPT.replace("BODY", textwrap.dedent(body))
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", script, uri, str(uid), cwd="/",
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE)
+        return cls(proc)
+
+    async def line(self, timeout: float = 20.0) -> Any:
+        assert self.proc.stdout is not None
+        raw = await asyncio.wait_for(self.proc.stdout.readline(), timeout)
+        if not raw:
+            assert self.proc.stderr is not None
+            err = await asyncio.wait_for(self.proc.stderr.read(), timeout)
+            raise AssertionError(f"guest exited early: {err.decode()[-2000:]}")
+        return json.loads(raw)
+
+    def go(self, word: str = "go") -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(word.encode() + b"\n")
+
+    async def finish(self, timeout: float = 20.0) -> None:
+        _out, err = await asyncio.wait_for(self.proc.communicate(), timeout)
+        assert self.proc.returncode == 0, err.decode()[-2000:]
+
+    def kill(self) -> None:
+        if self.proc.returncode is None:
+            self.proc.kill()
+
+
+async def guest_usage(h: Handle, rank: int, uid: int = GUEST_UID) -> dict[str, int]:
+    return (await stats(h, rank))["guests"].get(str(uid), {"connections": 0, "bytes": 0})
+
+
+@pytest.mark.both_loops
+async def test_a_guests_connections_are_capped(start_instance, connect) -> None:
+    """One connection past access.max-guest-connections is closed with EUSERS
+    and a message naming the attribute; another guest and the owner are not
+    counted with it, and a closed connection frees its place."""
+    inst = await start_instance(size=2, attrs={**ALLOW, "access.max-guest-connections": "2"})
+    h0 = await connect(inst, 0)
+    body = """
+        async def main():
+            hs = [await Handle.connect(uri) for _ in range(3)]
+            out(pings=[list(await ping(h)) for h in hs])
+            await step()
+            await hs[0].close()
+            await step()
+            h = await Handle.connect(uri)
+            out(again=list(await ping(h)))
+    """
+    guest = await GuestProc.start(inst.uri(1), body)
+    other = await GuestProc.start(inst.uri(1), body, uid=OTHER_GUEST_UID)
+    try:
+        for g in (guest, other):
+            (ok1, ok2, refused) = (await g.line())["pings"]
+            assert ok1 == [0, ""] and ok2 == [0, ""]
+            assert refused[0] == errno.EUSERS
+            assert "at most 2 connections per guest user (access.max-guest-connections)" \
+                in refused[1]
+        # the owner's connections are not counted
+        owners = [await connect(inst, 1) for _ in range(3)]
+        for h in owners:
+            assert (await h.ping(1))["rank"] == 1
+        st = await stats(h0, 1)
+        assert st["connector"]["guests-refused"] == 2, st
+        assert st["guests"][str(GUEST_UID)]["connections"] == 2
+        guest.go()
+        await wait_until(lambda: _connections(h0, 1), "the guest's first connection closed")
+        guest.go()
+        assert (await guest.line())["again"] == [0, ""]
+        other.go()
+        other.go()
+        assert (await other.line())["again"] == [0, ""]
+        await guest.finish()
+        await other.finish()
+    finally:
+        guest.kill()
+        other.kill()
+
+
+async def _connections(h: Handle, rank: int) -> bool:
+    return (await guest_usage(h, rank))["connections"] == 1
+
+
+async def test_a_guest_sees_only_its_own_usage(start_instance, connect) -> None:
+    inst = await start_instance(size=1, attrs=ALLOW)
+    h0 = await connect(inst, 0)
+    body = """
+        async def main():
+            h = await Handle.connect(uri)
+            await step()
+            st = await h.rpc("broker.stats-get", {})
+            out(guests=st["guests"])
+    """
+    guest = await GuestProc.start(inst.uri(0), body)
+    other = await GuestProc.start(inst.uri(0), body, uid=OTHER_GUEST_UID)
+    try:
+        await wait_until(lambda: _both_connected(h0), "both guests connected")
+        guest.go()
+        seen = (await guest.line())["guests"]
+        assert list(seen) == [str(GUEST_UID)] and seen[str(GUEST_UID)]["connections"] == 1
+        assert sorted((await stats(h0))["guests"]) == sorted(
+            [str(GUEST_UID), str(OTHER_GUEST_UID)])
+        other.go()
+        assert list((await other.line())["guests"]) == [str(OTHER_GUEST_UID)]
+        await guest.finish()
+        await other.finish()
+    finally:
+        guest.kill()
+        other.kill()
+
+
+async def _both_connected(h: Handle) -> bool:
+    return len((await stats(h))["guests"]) == 2
+
+
+BUDGET = 256 << 10
+
+
+@pytest.mark.both_loops
+async def test_a_guests_part_sent_messages_share_one_budget(start_instance, connect) -> None:
+    """Two connections each part-way through a 200 KiB request: the one that
+    takes the user past access.max-guest-bytes (256 KiB) is closed with
+    ENOBUFS; the other's request then completes and is answered."""
+    inst = await start_instance(size=1, attrs={**ALLOW, "access.max-guest-bytes": str(BUDGET)})
+    h0 = await connect(inst, 0)
+    guest = await GuestProc.start(inst.uri(0), """
+        async def main():
+            big = request("broker.ping", {"pad": b"x" * (200 << 10)}, 7)
+            first, second = raw(), raw()
+            first.sendall(big[:150 << 10])
+            out(sent=len(big))
+            await step()
+            send_until_closed(second, big[:150 << 10])
+            out(second=read_all(second)["responses"])
+            first.sendall(big[150 << 10:])
+            dec = codec.StreamDecoder()
+            answers = []
+            while not answers:
+                answers = dec.feed(first.recv(1 << 20))
+            out(first=list(codec.peek_response(answers[0])[:2]))
+    """)
+    try:
+        size = (await guest.line())["sent"]
+        assert size > 200 << 10
+
+        async def part_received() -> bool:
+            return (await guest_usage(h0, 0))["bytes"] >= 150 << 10
+        await wait_until(part_received, "the first part received")
+        # the owner is not held to the guests' budget
+        assert (await h0.rpc("broker.ping", {"pad": b"y" * (1 << 20)}))["rank"] == 0
+        guest.go()
+        goodbye = (await guest.line())["second"]
+        assert len(goodbye) == 1, goodbye
+        matchtag, errnum, errstr = goodbye[0]
+        assert (matchtag, errnum) == (0, errno.ENOBUFS)
+        assert "more than access.max-guest-bytes (262144)" in errstr
+        assert (await guest.line())["first"] == [7, 0]
+        await guest.finish()
+        st = await stats(h0)
+        assert st["connector"]["guests-over-budget"] == 1
+        assert st["guests"] == {}
+    finally:
+        guest.kill()
+
+
+@pytest.mark.both_loops
+async def test_a_guests_unread_output_shares_one_budget(start_instance, connect) -> None:
+    """A guest subscribed on two connections that it does not read: once the
+    rank holds more than access.max-guest-bytes for the two, they are
+    closed, while an owner's subscriber gets every event."""
+    inst = await start_instance(size=1, attrs={**ALLOW, "access.max-guest-bytes": str(BUDGET)})
+    h0 = await connect(inst, 0)
+    mine = await connect(inst, 0)
+    await mine.subscribe("flood.")
+    guest = await GuestProc.start(inst.uri(0), """
+        async def main():
+            socks = [raw(), raw()]
+            for s in socks:
+                s.sendall(request("event.subscribe", {"topic": "flood."}, 1))
+                dec, got = codec.StreamDecoder(), []
+                while not got:
+                    got = dec.feed(s.recv(1 << 16))
+            out(subscribed=True)
+            await step()  # events pile up unread meanwhile
+            out(events=[read_all(s)["events"] for s in socks])
+    """)
+    try:
+        assert (await guest.line())["subscribed"]
+        n, pad = 400, b"z" * (8 << 10)
+        for i in range(n):
+            await h0.publish("flood.e", {"i": i, "pad": pad})
+
+        async def both_closed() -> bool:
+            st = await stats(h0)
+            return bool(st["connector"]["guests-over-budget"] == 2 and not st["guests"])
+        await wait_until(both_closed, "both guest connections closed", timeout=20)
+        for i in range(n):
+            ev = await asyncio.wait_for(mine.recv_event(), 10)
+            assert ev.payload["i"] == i
+        guest.go()
+        # each connection was cut off: it holds what its socket buffer took
+        events = (await guest.line())["events"]
+        assert all(0 < k < n for k in events), events
+        await guest.finish()
+    finally:
+        guest.kill()
+
+
+async def test_a_guests_watches_are_capped_over_its_connections(start_instance,
+                                                                connect) -> None:
+    """kvs-watch.max-watches-per-guest counts a guest's watches on all its
+    connections: one more is ENOSPC; the owner is not held to it, and a
+    guest whose connection closes gets its places back."""
+    inst = await start_instance(size=2, attrs={**ALLOW,
+                                               "kvs-watch.max-watches-per-guest": "3"})
+    h0 = await connect(inst, 0)
+    await ns_create(h0, "gw", owner=GUEST_UID)
+    guest = await GuestProc.start(inst.uri(1), """
+        async def main():
+            a, b = await Handle.connect(uri), await Handle.connect(uri)
+            def watch(h, key):
+                return h.rpc_stream("kvs-watch.lookup",
+                                    {"namespace": "gw", "key": key, "flags": 4 | 8})
+            held = [watch(a, "k0"), watch(a, "k1"), watch(b, "k2")]
+            await step()
+            try:
+                await asyncio.wait_for(watch(b, "k3").next_message(), 10)
+                out(fourth="answered")
+            except RemoteError as exc:
+                out(fourth=[exc.errnum, exc.errstr])
+            await a.close()
+            await step()  # the rank has seen a go
+            again = watch(b, "k4")
+            msg = await asyncio.wait_for(again.next_message(), 20)
+            out(again=msg.payload["val"]["data"].decode())
+    """)
+    try:
+        await wait_watchers(h0, 3, nodeid=1)
+        # the owner's four watches, over two connections, are not refused
+        o1, o2 = await connect(inst, 1), await connect(inst, 1)
+        owner = [watch_stream(h, f"ow.k{i}", WATCH | WAITCREATE)
+                 for i, h in enumerate((o1, o1, o2, o2))]
+        await wait_watchers(h0, 7, nodeid=1)
+        guest.go()
+        errnum, errstr = (await guest.line())["fourth"]
+        assert errnum == errno.ENOSPC and "kvs-watch.max-watches-per-guest" in errstr
+        await wait_watchers(h0, 5, nodeid=1)  # a's two ended with it
+        guest.go()
+        await wait_watchers(h0, 6, nodeid=1)
+        await commit(h0, put("k4", "yes"), ns="gw")
+        assert (await guest.line())["again"] == "yes"
+        await commit(h0, put("ow.k0", "o"))
+        assert await value(owner[0]) == b"o"
+        await guest.finish()
+        st = await watch_stats(h0, 1)
+        assert st["counts"]["refused-over-cap"] == 1 and st["guest-users"] == 0
+    finally:
+        guest.kill()
