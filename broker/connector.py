@@ -61,25 +61,32 @@ CLOSING_TOPIC = "broker.closing"
 """Topic of the response (matchtag 0) a rank sends before it closes a client's
 connection on purpose: its errnum and errstr say why (docs/protocol.md)."""
 GUEST_CHECK = 64 << 10
-"""A guest connection owed fewer bytes than this is not checked against its
-user's budget when a message is queued for it (the sum over the user's
-connections is not worth taking for each small answer)."""
+"""A guest connection owed fewer bytes than this is never closed for its
+user's budget: the connections that hold the bytes are (a reader's queue
+stays below its transport's high-water mark)."""
 
 
 class GuestUsage:
-    """What one guest user holds on this rank, over all its connections."""
+    """What one guest user holds on this rank, over all its connections.
 
-    __slots__ = ("conns", "partial")
+    Kept as sums that each connection updates with its own share, so a check
+    costs the same with one connection or hundreds.  A connection's share of
+    ``output`` is refreshed when a message is queued for it and when its
+    transport drains below the low-water mark, so it may be stale by what
+    drained since, which is less than the high-water mark."""
+
+    __slots__ = ("conns", "partial", "output")
 
     def __init__(self) -> None:
         self.conns: set[ClientConnection] = set()
         self.partial = 0
         """Bytes of the messages its connections are part-way through sending."""
+        self.output = 0
+        """Bytes queued for its connections and not yet sent."""
 
     def held(self) -> int:
         """Bytes held for the user: part-received messages and unsent output."""
-        return self.partial + sum(c.writer.buffered() for c in self.conns
-                                  if c.writer is not None)
+        return self.partial + self.output
 
 
 def peer_uid(sock: socket.socket) -> int:
@@ -104,6 +111,8 @@ class ClientConnection(FramedProtocol):
         """The user's usage when the client is a guest."""
         self._partial = 0
         """This connection's share of ``guest.partial``."""
+        self._output = 0
+        """This connection's share of ``guest.output``."""
 
     # -- asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -163,6 +172,13 @@ class ClientConnection(FramedProtocol):
             t.abort()  # it does not read: keep nothing more for it
         else:
             t.close()
+
+    def _note_output(self, usage: GuestUsage) -> int:
+        """Refresh this connection's share of its user's output; return it."""
+        out = self.writer.buffered() if self.writer is not None else 0
+        usage.output += out - self._output
+        self._output = out
+        return out
 
     def _over_budget(self, usage: GuestUsage) -> bool:
         """Close the connection if its user's bytes are past the budget."""
@@ -261,7 +277,8 @@ class ClientConnection(FramedProtocol):
         if usage is not None:
             usage.conns.discard(self)
             usage.partial -= self._partial
-            self._partial = 0
+            usage.output -= self._output
+            self._partial = self._output = 0
             if not usage.conns:
                 self.server.guests.pop(self.userid, None)
         if self.registered:
@@ -295,7 +312,8 @@ class ClientConnection(FramedProtocol):
             t.abort()
             return
         usage = self.guest
-        if usage is not None and w.buffered() > GUEST_CHECK and self._over_budget(usage):
+        if (usage is not None and self._note_output(usage) > GUEST_CHECK
+                and self._over_budget(usage)):
             return
         w.send(frames)
 
@@ -310,6 +328,8 @@ class ClientConnection(FramedProtocol):
 
     def resume_writing(self) -> None:
         super().resume_writing()  # may fill the buffer again (and pause)
+        if self.guest is not None:
+            self._note_output(self.guest)
         t = self.transport
         if t is not None and not t.is_closing() and self.writer is not None \
                 and not self.writer.paused:
