@@ -53,10 +53,11 @@ _UCRED = struct.Struct("iII")  # struct ucred: pid_t, uid_t, gid_t (uids past 2*
 
 COUNTERS = ("garbage", "malformed", "oversized", "slow-consumers", "accept-failed",
             "guests-refused", "guests-over-budget")
+"""The ``connector`` counters of ``broker.stats-get`` (all shown, 0 included)."""
 ACCEPT_RETRY = 0.1
 """Seconds before accepting again when the rank is out of descriptors."""
 OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
-"""The ``connector`` counters of ``broker.stats-get`` (all shown, 0 included)."""
+"""``accept`` errors that mean the rank is short of descriptors or memory."""
 CLOSING_TOPIC = "broker.closing"
 """Topic of the response (matchtag 0) a rank sends before it closes a client's
 connection on purpose: its errnum and errstr say why (docs/protocol.md)."""
