@@ -117,9 +117,11 @@ class Report:
     keys: int = 0
     """Values and symlinks written."""
     dirs: int = 0
-    """Empty directories written."""
+    """Empty directories written (a restore: the directory entries nothing
+    else in the archive lies below)."""
     bytes: int = 0
-    """Bytes of values."""
+    """Bytes of values (a path the archive gives twice counts once, as its
+    last entry)."""
     blobs: int = 0
     """Blobs stored (a restore)."""
     rootref: str = ""
@@ -173,6 +175,7 @@ class _Writer:
     def __init__(self, out: str | IO[bytes], mtime: float) -> None:
         self.final: str | None = None
         self.tmp: str | None = None
+        self.stream = out == "-"
         if out == "-":
             if sys.stdout.isatty():
                 raise ArchiveError("- writes the archive to stdout, which is a terminal: "
@@ -206,7 +209,9 @@ class _Writer:
         path = key_to_path(item.key)
         if path is None:  # (an archive without it would look whole: none at all)
             raise ArchiveError(f"{item.key}: a name holds '/', which an archive path "
-                               "cannot: no archive was written")
+                               "cannot: " + ("the archive on stdout is incomplete (no "
+                                             "end-of-archive blocks)" if self.stream
+                                             else "no archive was written"))
         info = tarfile.TarInfo(path)
         info.mtime, info.mode = self.mtime, 0o644
         info.uid, info.gid, info.uname, info.gname = self.uid, self.gid, self.uname, ""
@@ -565,6 +570,8 @@ class _Tree:
         self.kinds: dict[str, str] = {}
         """Every path named so far: ``dir`` (an entry, or above one), or the
         kind of the value or symlink it is."""
+        self.sizes: dict[str, int] = {}
+        """The size of each value's last entry."""
 
     def _check(self, item: Item) -> None:
         """A path may not be a value (or symlink) and a directory both:
@@ -589,14 +596,13 @@ class _Tree:
         self._check(item)
         if item.kind == "dir":
             self.dirs.append((item.key, treeobj.dir_()))
-            self.report.dirs += 1
             return None
-        self.report.keys += 1
         if item.kind == "symlink":
+            self.sizes.pop(item.key, None)
             ns, target = parse_ns_target(item.target)
             self.rest.append((item.key, treeobj.symlink(target, ns)))
             return None
-        self.report.bytes += len(item.data)
+        self.sizes[item.key] = len(item.data)
         if self.inline or len(item.data) <= treeobj.INLINE_MAX:
             self.rest.append((item.key, treeobj.val(item.data)))
             return None
@@ -606,6 +612,21 @@ class _Tree:
             return None
         self.seen.add(ref)
         return ref, item.data
+
+    def tally(self) -> None:
+        """Count into the report what the tree holds, every entry being in:
+        a path given twice once, and as empty directories only the directory
+        entries nothing lies below (GNU tar lists every directory it
+        archives, and an empty one only is an entry here)."""
+        parents = set()
+        for path in self.kinds:
+            parts = split(path)
+            parents.update(".".join(parts[:i]) for i in range(1, len(parts)))
+        r = self.report
+        r.keys = sum(1 for kind in self.kinds.values() if kind != "dir")
+        r.dirs = sum(1 for path, kind in self.kinds.items()
+                     if kind == "dir" and path not in parents)
+        r.bytes = sum(self.sizes.values())
 
     def ops(self, prefix: str = "") -> list[dict[str, Any]]:
         """Commit ops writing the tree below ``prefix``: the directories
@@ -675,6 +696,7 @@ async def restore(kvs: KVS, source: str | IO[bytes], key: str, *,
             tree.add(item)
             if on_item is not None:
                 on_item(item)
+        tree.tally()
         _something_left(report)
         result = await kvs.commit([{"key": key, "flags": 0, "dirent": treeobj.dir_()},
                                    *tree.ops(normalize(key))])
@@ -688,6 +710,7 @@ async def restore(kvs: KVS, source: str | IO[bytes], key: str, *,
                 on_item(item)
             if blob is not None:
                 await uploader.put(*blob)
+        tree.tally()
         _something_left(report)
         report.rootref, blobs = tree.build()
         for ref, data in blobs.items():

@@ -689,8 +689,8 @@ def _archive_summary(args: argparse.Namespace, where: str, report: Report) -> No
     dirs = f", {report.dirs} empty director{'y' if report.dirs == 1 else 'ies'}" \
         if report.dirs else ""
     blobs = f", {report.blobs} blobs sent to the store" if report.blobs else ""
-    _warn(f"{args.what}: {report.keys} keys{dirs} ({report.bytes} bytes of values{blobs}) "
-          f"{where}")
+    keys = f"{report.keys} key{'' if report.keys == 1 else 's'}"
+    _warn(f"{args.what}: {keys}{dirs} ({report.bytes} bytes of values{blobs}) {where}")
 
 
 @contextlib.contextmanager

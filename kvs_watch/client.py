@@ -112,7 +112,8 @@ class Watch:
             raise TypeError(f"namespace must be a str, not {type(namespace).__name__}")
         if not hasattr(h, "rpc_stream"):  # (it failed later with an AttributeError)
             raise TypeError(f"watch a key through a Handle, not a {type(h).__name__}: "
-                            "kvs.watch(key) on a KVS or SyncKVS, or watch(kvs.handle, key)")
+                            "pass kvs.handle, or call the KVS or SyncKVS method of the "
+                            "same name (kvs.watch(key), kvs.watch_keys(key))")
         self.h = h
         self.key = key
         self.flags = flags

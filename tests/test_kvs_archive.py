@@ -153,6 +153,21 @@ def test_the_same_path_twice_keeps_the_last() -> None:
     assert rootref == expect
 
 
+def test_a_restore_counts_what_the_tree_holds() -> None:
+    """GNU tar lists every directory it archives: only a directory entry
+    nothing lies below is an empty directory.  A path given twice is one key,
+    and its bytes are its last entry's."""
+    report = archive.Report()
+    tree = archive._Tree("sha256", report)
+    for it in _items(_tar([("dir", "a", b""), ("dir", "a/b", b""), ("file", "a/b/f", b"1"),
+                           ("dir", "e", b""), ("file", "dup", b"12345"),
+                           ("file", "dup", b"12"), ("file", "s", b"xyz"),
+                           ("link", "s", "a.b.f")])):
+        tree.add(it)
+    tree.tally()
+    assert (report.keys, report.dirs, report.bytes) == (3, 1, 1 + 2)
+
+
 def test_names_that_are_not_utf8_are_left_out_and_said() -> None:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT,
@@ -399,6 +414,7 @@ async def test_a_key_an_archive_cannot_hold_fails_the_dump(start_instance, conne
         env={**os.environ, "KVBROKER_URI": inst.uri(0)}, stderr=asyncio.subprocess.PIPE)
     _, err2 = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 1 and b"cut short" in err2  # restore - refuses it too
+    assert b"the archive on stdout is incomplete" in err2  # (dump's own line)
     assert await errnum(get(h, "copy.ok")) == errno.ENOENT
     rc, _, err = await run_cli("kvs", "dump", "--key", "nope", str(out), uri=inst.uri(0))
     assert rc == 1 and "nope" in err and "No such file or directory" in err
