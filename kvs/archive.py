@@ -618,7 +618,7 @@ class _Tree:
         a path given twice once, and as empty directories only the directory
         entries nothing lies below (GNU tar lists every directory it
         archives, and an empty one only is an entry here)."""
-        parents = set()
+        parents: set[str] = set()
         for path in self.kinds:
             parts = split(path)
             parents.update(".".join(parts[:i]) for i in range(1, len(parts)))
