@@ -62,9 +62,16 @@ CLOSING_TOPIC = "broker.closing"
 """Topic of the response (matchtag 0) a rank sends before it closes a client's
 connection on purpose: its errnum and errstr say why (docs/protocol.md)."""
 GUEST_CHECK = 64 << 10
-"""A guest connection owed fewer bytes than this is never closed for its
-user's budget: the connections that hold the bytes are (a reader's queue
-stays below its transport's high-water mark)."""
+"""A message is judged against its guest user's budget when it and what its
+connection holds already pass this many bytes (less is not worth judging)."""
+LINGER = 2.0
+"""Seconds a connection closed on purpose stays half-open: its client reads
+the ``broker.closing`` message and the end of the stream, and what it still
+sends is read and dropped.  Closed at once, a client that had just written
+(a request right after connecting) got ``EPIPE`` before it read why."""
+MAX_LINGERING = 16
+"""Most connections of one guest user left lingering at a time; past it one
+is closed at once (a guest refused in a loop cannot hold descriptors)."""
 
 
 class GuestUsage:
@@ -76,7 +83,7 @@ class GuestUsage:
     transport drains below the low-water mark, so it may be stale by what
     drained since, which is less than the high-water mark."""
 
-    __slots__ = ("conns", "partial", "output")
+    __slots__ = ("conns", "partial", "output", "lingering")
 
     def __init__(self) -> None:
         self.conns: set[ClientConnection] = set()
@@ -84,6 +91,8 @@ class GuestUsage:
         """Bytes of the messages its connections are part-way through sending."""
         self.output = 0
         """Bytes queued for its connections and not yet sent."""
+        self.lingering = 0
+        """Its connections closed on purpose, not gone yet (:data:`LINGER`)."""
 
     def held(self) -> int:
         """Bytes held for the user: part-received messages and unsent output."""
@@ -114,6 +123,8 @@ class ClientConnection(FramedProtocol):
         """This connection's share of ``guest.partial``."""
         self._output = 0
         """This connection's share of ``guest.output``."""
+        self._lingering: tuple[GuestUsage | None, asyncio.TimerHandle] | None = None
+        """While closed on purpose and not gone yet: the user it counts for, the timer."""
 
     # -- asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -129,6 +140,7 @@ class ClientConnection(FramedProtocol):
             self.rolemask = int(Role.OWNER)
         elif self.server.allow_guest:
             self.rolemask = int(Role.USER)
+            self.userid = uid
             if not self._admit_guest(uid):
                 return
         else:
@@ -146,33 +158,69 @@ class ClientConnection(FramedProtocol):
         usage = server.guests.get(uid)
         if usage is None:
             usage = server.guests[uid] = GuestUsage()
-        if len(usage.conns) >= server.max_guest_connections:
+        cap = server.max_guest_connections
+        if len(usage.conns) >= cap:
             server.counts["guests-refused"] += 1
             log.info("refusing a connection from uid %d: it has %d already "
                      "(access.max-guest-connections)", uid, len(usage.conns))
-            self.close_with(errno.EUSERS, f"this rank admits at most "
-                                          f"{server.max_guest_connections} connections per "
-                                          "guest user (access.max-guest-connections)")
+            self.close_with(errno.EUSERS, f"this rank admits at most {cap} connection"
+                                          f"{'' if cap == 1 else 's'} per guest user "
+                                          "(access.max-guest-connections)", usage)
             return False
         usage.conns.add(self)
         self.guest = usage
         return True
 
-    def close_with(self, errnum: int, errstr: str) -> None:
+    def close_with(self, errnum: int, errstr: str, usage: GuestUsage | None = None) -> None:
         """Close the connection on purpose, first telling the client why
         (``broker.closing``): its calls then fail with ``errnum`` and
-        ``errstr``, not with a bare "connection lost".  The message reaches a
-        client that reads; output it has left unread is dropped with it."""
+        ``errstr``, not with a bare "connection lost".
+
+        It stops being served at once (its requests and watches end as at a
+        disconnect, its bytes stop counting for its user), then stays
+        half-open for :data:`LINGER` seconds so the client reads the message
+        whatever it was doing.  A client that does not read never would:
+        its connection is aborted with what it had left unread."""
         t = self.transport
         w = self.writer
-        if t is None or t.is_closing() or w is None:
+        if t is None or t.is_closing() or w is None or self._lingering is not None:
             return
+        usage = usage or self.guest
+        self._retire()
         w.send(codec.encode(Message(MsgType.RESPONSE, CLOSING_TOPIC, matchtag=0,
                                     errnum=errnum, errstr=errstr)))
         if w.buffered():
             t.abort()  # it does not read: keep nothing more for it
-        else:
+            return
+        if not t.can_write_eof() or (usage is not None and usage.lingering >= MAX_LINGERING):
             t.close()
+            return
+        t.write_eof()
+        if usage is not None:
+            usage.lingering += 1
+        self._lingering = (usage, asyncio.get_running_loop().call_later(LINGER, t.close))
+
+    def _retire(self) -> None:
+        """Stop serving the connection: out of the router (a disconnect for
+        the modules) and out of its user's usage; a part-received message is
+        let go."""
+        usage, self.guest = self.guest, None
+        if usage is not None:
+            usage.conns.discard(self)
+            usage.partial -= self._partial
+            usage.output -= self._output
+            self._partial = self._output = 0
+            self._forget_if_idle(usage)
+        if self.registered:
+            self.registered = False
+            self.server.connections.pop(self.peer_id, None)
+            self.router.remove_peer(self)
+            self.decoder = codec.StreamDecoder(self.server.max_message)
+
+    def _forget_if_idle(self, usage: GuestUsage) -> None:
+        if not usage.conns and not usage.lingering \
+                and self.server.guests.get(self.userid) is usage:
+            del self.server.guests[self.userid]
 
     def _note_output(self, usage: GuestUsage) -> int:
         """Refresh this connection's share of its user's output; return it."""
@@ -181,20 +229,34 @@ class ClientConnection(FramedProtocol):
         self._output = out
         return out
 
-    def _over_budget(self, usage: GuestUsage) -> bool:
-        """Close the connection if its user's bytes are past the budget."""
-        held = usage.held()
+    def _fits(self, usage: GuestUsage, extra: int) -> bool:
+        """Whether the user may hold ``extra`` bytes more, within
+        ``access.max-guest-bytes``.  If not, its connections holding the most
+        are closed until it may: False when this one is among them.  One
+        message bigger than the budget still reaches a user holding nothing
+        else (the limit for it is ``broker.max-message``)."""
         budget = self.server.max_guest_bytes
-        if held <= budget:
-            return False
-        self.server.counts["guests-over-budget"] += 1
-        log.warning("%s: uid %d holds %d bytes of this rank's memory, more than "
-                    "access.max-guest-bytes (%d); closing", self.peer_id, self.userid,
-                    held, budget)
-        self.close_with(errno.ENOBUFS, f"this rank holds {held} bytes for this user's "
-                                       f"connections, more than access.max-guest-bytes "
-                                       f"({budget}): read what you are sent, send less "
-                                       "at once")
+        if usage.held() + extra <= budget:
+            return True
+        holders = sorted(usage.conns, key=lambda c: (c._partial + c._output, c is self),
+                         reverse=True)  # (this one first among equals)
+        for conn in holders:
+            held = usage.held()
+            if held + extra <= budget or held == 0:
+                break
+            share = conn._partial + conn._output
+            if not share:
+                break
+            self.server.counts["guests-over-budget"] += 1
+            log.warning("%s: uid %d holds %d bytes of this rank's memory, more than "
+                        "access.max-guest-bytes (%d); closing its connection holding %d",
+                        conn.peer_id, self.userid, held + extra, budget, share)
+            conn.close_with(errno.ENOBUFS, f"this rank held {held + extra} bytes for this "
+                                           f"user's connections, more than access.max-guest-"
+                                           f"bytes ({budget}), and {share} for this one: "
+                                           "read what you are sent, send less at once")
+            if conn is self:
+                return False
         return True
 
     def data_received(self, data: bytes) -> None:
@@ -212,7 +274,7 @@ class ClientConnection(FramedProtocol):
             partial = self.decoder.buffered
             usage.partial += partial - self._partial
             self._partial = partial
-            if partial and self._over_budget(usage):
+            if partial and not self._fits(usage, 0):
                 return
         if self.decoder.oversized:
             self.server.counts["oversized"] += self.decoder.oversized
@@ -274,18 +336,13 @@ class ClientConnection(FramedProtocol):
                              errnum=errno.EMSGSIZE, errstr=errstr))
 
     def connection_lost(self, exc: Exception | None) -> None:
-        usage, self.guest = self.guest, None
-        if usage is not None:
-            usage.conns.discard(self)
-            usage.partial -= self._partial
-            usage.output -= self._output
-            self._partial = self._output = 0
-            if not usage.conns:
-                self.server.guests.pop(self.userid, None)
-        if self.registered:
-            self.registered = False
-            self.server.connections.pop(self.peer_id, None)
-            self.router.remove_peer(self)
+        self._retire()
+        if self._lingering is not None:
+            usage, timer = self._lingering
+            timer.cancel()
+            if usage is not None:
+                usage.lingering -= 1
+                self._forget_if_idle(usage)
 
     # -- router peer
     def deliver(self, msg: Message) -> None:
@@ -313,10 +370,14 @@ class ClientConnection(FramedProtocol):
             t.abort()
             return
         usage = self.guest
-        if (usage is not None and self._note_output(usage) > GUEST_CHECK
-                and self._over_budget(usage)):
+        if usage is None:
+            w.send(frames)
+            return
+        size = sum(map(len, frames))
+        if self._note_output(usage) + size > GUEST_CHECK and not self._fits(usage, size):
             return
         w.send(frames)
+        self._note_output(usage)
 
     # A client that does not read what it is owed is not read either, so
     # its own requests cannot pile answers up on this rank without bound

@@ -184,6 +184,8 @@ class Handle(HandleCore):
     def _writer(self) -> FrameWriter:
         proto = self._proto
         if proto is None or proto.transport is None or proto.transport.is_closing():
+            if self._closing is not None and not self._user_closed:
+                raise RemoteError(*self._closing)  # the rank said why it closed
             raise RemoteError(errno.ECONNRESET, "handle closed" if self._user_closed
                               else "not connected to a broker")
         return proto.writer  # type: ignore[return-value]

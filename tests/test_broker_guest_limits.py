@@ -43,12 +43,13 @@ ALLOW = {"access.allow-guest-user": "true"}
 _SCRIPT = r"""
 # imported while root: the guest uid cannot read this Python's library
 import asyncio, concurrent.futures.thread, json, os, socket, sys
+import uvloop
 from broker import codec
 from broker.errors import RemoteError
 from broker.handle import Handle
 from broker.message import NODEID_ANY
 
-uri, uid = sys.argv[1], int(sys.argv[2])
+uri, uid, loop = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 path = uri[len("local://"):]
 
 def out(**kw):
@@ -107,7 +108,7 @@ BODY
 os.setgroups([])
 os.setgid(uid)
 os.setuid(uid)
-asyncio.run(asyncio.wait_for(main(), 60))
+(uvloop.run if loop == "uvloop" else asyncio.run)(asyncio.wait_for(main(), 60))
 """
 
 
@@ -119,10 +120,11 @@ class GuestProc:
         self.proc = proc
 
     @classmethod
-    async def start(cls, uri: str, body: str, uid: int = GUEST_UID) -> GuestProc:
+    async def start(cls, uri: str, body: str, uid: int = GUEST_UID,
+                    loop: str = "asyncio") -> GuestProc:
         script = _SCRIPT.replace("BODY", textwrap.dedent(body))
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", script, uri, str(uid), cwd="/",
+            sys.executable, "-c", script, uri, str(uid), loop, cwd="/",
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE)
         return cls(proc)
@@ -200,6 +202,41 @@ async def test_a_guests_connections_are_capped(start_instance, connect) -> None:
         other.kill()
 
 
+@pytest.mark.both_loops
+async def test_a_refused_guest_is_told_why_however_fast_it_calls(start_instance,
+                                                                 connect) -> None:
+    """A call made at once after connecting past the cap fails with EUSERS,
+    not with a bare connection reset: the rank keeps a refused connection
+    half-open a moment, so the client reads why even after writing (a
+    write to a closed socket failed before the client read anything)."""
+    inst = await start_instance(size=1, attrs={**ALLOW, "access.max-guest-connections": "1"})
+    body = """
+        async def main():
+            held = await Handle.connect(uri)
+            assert (await ping(held))[0] == 0
+            got = []
+            for _ in range(20):
+                h = await Handle.connect(uri)
+                got.append((await ping(h))[0])
+                await h.close()
+            out(errnos=got)
+    """
+    guests = [await GuestProc.start(inst.uri(0), body, uid=uid, loop=loop)
+              for uid, loop in ((GUEST_UID, "asyncio"), (OTHER_GUEST_UID, "uvloop"))]
+    try:
+        for g in guests:
+            assert (await g.line())["errnos"] == [errno.EUSERS] * 20
+            await g.finish()
+        h0 = await connect(inst, 0)
+
+        async def none_left() -> bool:
+            return not (await stats(h0))["guests"]
+        await wait_until(none_left, "the guests' connections gone")
+    finally:
+        for g in guests:
+            g.kill()
+
+
 async def _connections(h: Handle, rank: int) -> bool:
     return (await guest_usage(h, rank))["connections"] == 1
 
@@ -241,21 +278,22 @@ BUDGET = 256 << 10
 
 @pytest.mark.both_loops
 async def test_a_guests_part_sent_messages_share_one_budget(start_instance, connect) -> None:
-    """Two connections each part-way through a 200 KiB request: the one that
-    takes the user past access.max-guest-bytes (256 KiB) is closed with
-    ENOBUFS; the other's request then completes and is answered."""
+    """Two connections part-way through a 250 KiB request each, the first
+    100 KiB in: once the second takes the user past access.max-guest-bytes
+    (256 KiB), the one holding the most (the second) is closed with ENOBUFS;
+    the first's request then completes and is answered."""
     inst = await start_instance(size=1, attrs={**ALLOW, "access.max-guest-bytes": str(BUDGET)})
     h0 = await connect(inst, 0)
     guest = await GuestProc.start(inst.uri(0), """
         async def main():
-            big = request("broker.ping", {"pad": b"x" * (200 << 10)}, 7)
+            big = request("broker.ping", {"pad": b"x" * (250 << 10)}, 7)
             first, second = raw(), raw()
-            first.sendall(big[:150 << 10])
+            first.sendall(big[:100 << 10])
             out(sent=len(big))
             await step()
-            send_until_closed(second, big[:150 << 10])
+            send_until_closed(second, big[:200 << 10])
             out(second=read_all(second)["responses"])
-            first.sendall(big[150 << 10:])
+            first.sendall(big[100 << 10:])
             dec = codec.StreamDecoder()
             answers = []
             while not answers:
@@ -264,10 +302,10 @@ async def test_a_guests_part_sent_messages_share_one_budget(start_instance, conn
     """)
     try:
         size = (await guest.line())["sent"]
-        assert size > 200 << 10
+        assert size > 250 << 10
 
         async def part_received() -> bool:
-            return (await guest_usage(h0, 0))["bytes"] >= 150 << 10
+            return (await guest_usage(h0, 0))["bytes"] >= 100 << 10
         await wait_until(part_received, "the first part received")
         # the owner is not held to the guests' budget
         assert (await h0.rpc("broker.ping", {"pad": b"y" * (1 << 20)}))["rank"] == 0
@@ -324,6 +362,45 @@ async def test_a_guests_unread_output_shares_one_budget(start_instance, connect)
         # each connection was cut off: it holds what its socket buffer took
         events = (await guest.line())["events"]
         assert all(0 < k < n for k in events), events
+        await guest.finish()
+    finally:
+        guest.kill()
+
+
+async def test_one_big_answer_at_a_time_for_a_guest_that_does_not_read(start_instance,
+                                                                      connect) -> None:
+    """A guest asking for a 1 MiB value on connections it does not read, with
+    a 256 KiB budget: one answer bigger than the budget is queued while the
+    user holds nothing else; the next closes the connection holding it.  The
+    rank never holds much more than one such answer for the user."""
+    inst = await start_instance(size=1, attrs={**ALLOW, "access.max-guest-bytes": str(BUDGET)})
+    h0 = await connect(inst, 0)
+    await ns_create(h0, "big", owner=GUEST_UID)
+    await commit(h0, put("v", b"b" * (1 << 20)), ns="big")
+    guest = await GuestProc.start(inst.uri(0), """
+        async def main():
+            socks = []
+            for i in range(4):
+                s = raw()
+                s.sendall(request("kvs.lookup", {"namespace": "big", "key": "v", "flags": 0}, 1))
+                socks.append(s)
+                out(asked=i)
+                await step()
+    """)
+    try:
+        for i in range(4):
+            assert (await guest.line())["asked"] == i
+
+            async def queued(closed: int = i) -> bool:
+                st = await stats(h0)
+                usage = st["guests"].get(str(GUEST_UID), {})
+                return bool(st["connector"]["guests-over-budget"] == closed
+                            and usage.get("connections") == 1 and usage.get("bytes"))
+            # the answer is queued, and the connection that held the last
+            # one is closed: the user holds one answer, on one connection
+            await wait_until(queued, f"answer {i + 1} queued")
+            assert (await guest_usage(h0, 0))["bytes"] <= 1 << 20
+            guest.go()
         await guest.finish()
     finally:
         guest.kill()
