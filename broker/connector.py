@@ -20,8 +20,9 @@ and the owner could no longer connect), and at most ``access.max-guest-bytes``
 held for them -- the part-received messages they are sending and the answers
 and events they have not read.  Each connection's own bounds
 (``broker.max-message``, ``MAX_BACKLOG``) multiplied by a guest's connections
-bounded nothing.  A connection that would go past either is closed, after a
-``broker.closing`` message that says why (docs/protocol.md).
+bounded nothing.  One connection more is refused; past the bytes, the
+user's connections holding the most are closed.  Either way a
+``broker.closing`` message says why first (docs/protocol.md).
 """
 
 from __future__ import annotations
