@@ -606,6 +606,17 @@ def cmd_sync(args: argparse.Namespace) -> int:
     return _run(args, body)
 
 
+def cmd_diff(args: argparse.Namespace) -> int:
+    """``kvs diff OLD [NEW]`` (a kvbroker extension): the keys that differ
+    between two roots, one per line (docs/kvs.md, "Catching up after a gap")."""
+    async def body(kvs: KVS) -> int:
+        for key in await kvs.diff(args.old, args.new, args.key):
+            _emit(key)
+        return 0
+
+    return _run(args, body)
+
+
 def cmd_getroot(args: argparse.Namespace) -> int:
     async def body(kvs: KVS) -> int:
         root = await kvs.getroot()
@@ -1155,6 +1166,21 @@ def register(subparsers: Any) -> None:
     _ns(p)
     _root_out(p, "nothing new")
     p.set_defaults(func=cmd_sync)
+
+    p = sub.add_parser("diff", help="print the keys that differ between two roots",
+                       description="Print the keys at or below KEY whose entries differ "
+                       "between root OLD and root NEW (default: the namespace's current "
+                       "root), one per line, sorted: values, symlinks and empty "
+                       "directories that came, went or changed, and every key below a "
+                       "directory that came or went. A root is a blobref or a dirref tree "
+                       "object (what getroot, put -b/-O and watch-keys print). Only what "
+                       "changed between the two versions is read.")
+    _ns(p)
+    p.add_argument("-k", "--key", default=".", metavar="KEY",
+                   help="compare at and below KEY only (default: the whole namespace)")
+    p.add_argument("old", metavar="OLD")
+    p.add_argument("new", metavar="NEW", nargs="?")
+    p.set_defaults(func=cmd_diff)
 
     p = sub.add_parser("getroot", help="print the namespace's root")
     _ns(p)

@@ -644,6 +644,28 @@ class KVS:
 
     # ------------------------------------------------------------ versions and roots
 
+    async def diff(self, old: RootSpec, new: RootSpec | None = None, key: str = ".", *,
+                   limit: int | None = None) -> list[str]:
+        """The keys at or below ``key`` whose entries differ between roots
+        ``old`` and ``new`` of this namespace (default: its current root on
+        this rank), sorted: values, symlinks and empty directories that came,
+        went or changed, every key below a directory that came or went.
+
+        Comparing two versions visits only what changed between them (the
+        tree is content-addressed), so a watcher that lost its connection
+        catches up by diffing the ``rootref`` of the last change it saw with
+        the root its new watch starts at (docs/kvs.md).  ``EOVERFLOW`` past
+        ``limit`` keys (default 100,000); a guest gives roots its namespace
+        had recently, else ``EPERM``."""
+        check_key(key)
+        payload: dict[str, Any] = {"namespace": self.namespace, "key": key,
+                                   "old": as_root(old)["data"][0]}
+        if new is not None:
+            payload["new"] = as_root(new)["data"][0]
+        if limit is not None:
+            payload["limit"] = limit
+        return list((await self.handle.rpc("kvs.diff", payload))["keys"])
+
     async def getroot(self) -> Root:
         """``kvs.getroot``: this namespace's current root, version and owner."""
         return Root.from_payload(await self.handle.rpc(
@@ -878,6 +900,10 @@ class SyncKVS:
                                       dst_namespace=dst_namespace))
 
     # versions, roots, namespaces
+    def diff(self, old: RootSpec, new: RootSpec | None = None, key: str = ".", *,
+             limit: int | None = None) -> list[str]:
+        return self.run(self.aio.diff(old, new, key, limit=limit))
+
     def getroot(self) -> Root:
         return self.run(self.aio.getroot())
 

@@ -35,8 +35,10 @@ from broker.content.module import BLOB_OVERHEAD, ContentModule
 from broker.errors import ErrnoError, RemoteError
 from broker.message import Message, MsgFlags
 from broker.module import Handler, Module, require
+from kvs import diff as diff_engine
 from kvs import lookup as lookup_engine
 from kvs import treeobj, txn
+from kvs.keys import check_key
 from kvs.namespaces import (
     PRIMARY,
     Namespace,
@@ -81,8 +83,8 @@ namespace changes, and nothing while it does not."""
 
 
 COUNTERS = ("commits", "batches", "merged", "merges-split", "commits-failed", "relays",
-            "relayed", "lookups", "blob-fetches", "namespaces-created", "namespaces-loaded",
-            "namespaces-removed")
+            "relayed", "lookups", "diffs", "blob-fetches", "namespaces-created",
+            "namespaces-loaded", "namespaces-removed")
 """The ``counts`` of ``kvs.stats-get`` (all shown, 0 included)."""
 
 
@@ -293,6 +295,7 @@ class KvsModule(Module):
         return {
             "kvs.lookup": self.lookup,
             "kvs.lookup-plus": self.lookup_plus,
+            "kvs.diff": self.diff,
             "kvs.commit": self.commit,
             "kvs.relaycommit": self.relaycommit,
             "kvs.getroot": self.getroot,
@@ -685,6 +688,50 @@ class KvsModule(Module):
 
     async def lookup_plus(self, msg: Message) -> None:
         await self._lookup(msg, plus=True)
+
+    async def diff(self, msg: Message) -> None:
+        """``kvs.diff`` ``{namespace, old, new?, key?, limit?}`` -> ``{keys,
+        old, new}``: the keys at or below ``key`` whose entries differ between
+        the trees rooted at blobrefs ``old`` and ``new`` (default: the
+        namespace's current root here), sorted (:mod:`kvs.diff`).
+
+        Roots are capabilities for the instance owner, as ``rootdir`` is for
+        a lookup; a guest's must each be its namespace's current or a recent
+        root (else ``EPERM``, from rank 0, which made them all)."""
+        p = require(msg.payload, old=str)
+        name = _ns_name(p)
+        key = check_key(p.get("key", "."))
+        limit = p.get("limit", diff_engine.DEFAULT_LIMIT)
+        if type(limit) is not int or limit < 1:
+            raise ErrnoError(errno.EPROTO, "limit must be a positive integer")
+        old = blobref.check(p["old"])
+        new = p.get("new")
+        if new is None:
+            new = (await self.get_ns(name, msg)).rootref
+        else:
+            new = blobref.check(new)
+        if not msg.is_owner:
+            for ref in (old, new):
+                if not await self._guest_root_known(msg, name, ref):
+                    if self.leader:
+                        raise ErrnoError(errno.EPERM, f"{ref} is not a recent root of a "
+                                         "namespace of yours: a guest diffs only those")
+                    self.h.respond(msg, await self.h.rpc_as(msg, msg.topic, msg.payload,
+                                                            nodeid=0))
+                    return
+        self.counts["diffs"] += 1
+        held: set[str] = set()
+        try:
+            while True:
+                try:
+                    keys = diff_engine.diff(self.cache, old, new, key, limit=limit)
+                    break
+                except treeobj.NeedBlobs as need:
+                    await self.fetch(need.refs, held)
+        finally:
+            if held:
+                self.blobs.release(held)
+        self.h.respond(msg, {"keys": keys, "old": old, "new": new})
 
     async def getroot(self, msg: Message) -> None:
         p = require(msg.payload)

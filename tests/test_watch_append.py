@@ -310,7 +310,7 @@ async def test_kvs_watch_methods_follow_the_kvs_namespace(start_instance, connec
     async with asyncio.timeout(10):
         assert (await anext(log))["name"] == "submit"
     await log.cancel()
-    with pytest.raises(TypeError, match=r"kvs.watch\(key\) on a KVS"):
+    with pytest.raises(TypeError, match=r"not a KVS: pass kvs.handle, or call the KVS"):
         watch(job, "k")  # type: ignore[arg-type]
 
 

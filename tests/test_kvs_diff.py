@@ -1,0 +1,268 @@
+"""``kvs.diff``: the keys that differ between two roots (a kvbroker extension).
+
+Unit tests drive the pure engine (:mod:`kvs.diff`) on trees the commit
+engine builds, and check it against a brute-force comparison of the two
+trees flattened; integration tests run real instances: catching up after a
+gap with ``watch_keys``, the CLI, and what a guest may compare.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import random
+from typing import Any
+
+import pytest
+from test_broker_support import run_cli
+from test_kvs_rpc_helpers import GUEST_UID, commit, errnum, getroot, put, run_guest, unlink
+
+from broker.errors import ErrnoError, RemoteError
+from kvs import shards, treeobj, txn
+from kvs.client import KVS
+from kvs.diff import diff
+from kvs.treeobj import BlobCache, NeedBlobs, TreeObj
+
+
+class Tree:
+    """A namespace kept in a dict of blobs, written by the commit engine."""
+
+    def __init__(self) -> None:
+        ref, data = txn.empty_root()
+        self.blobs: dict[str, bytes] = {ref: data}
+        self.root = ref
+
+    def commit(self, *ops: dict[str, Any]) -> str:
+        result = txn.apply(BlobCache(self.blobs), self.root, list(ops))
+        self.blobs.update(result.new_blobs)
+        self.root = result.rootref
+        return self.root
+
+
+def _put(key: str, value: str) -> dict[str, Any]:
+    return {"key": key, "flags": 0, "dirent": treeobj.val(value.encode())}
+
+
+def _entry(key: str, dirent: TreeObj | None) -> dict[str, Any]:
+    return {"key": key, "flags": 0, "dirent": dirent}
+
+
+def flatten(blobs: dict[str, bytes], root: str) -> dict[str, TreeObj]:
+    """Every key of the tree with its entry: values, symlinks, empty dirs."""
+    cache = BlobCache(blobs)
+    out: dict[str, TreeObj] = {}
+
+    def walk(prefix: str, obj: TreeObj) -> None:
+        ents = shards.entries(cache, obj)
+        if not ents and prefix:
+            out[prefix] = treeobj.dir_()
+        for name, e in ents.items():
+            key = f"{prefix}.{name}" if prefix else name
+            if e["type"] == "dirref":
+                walk(key, cache.get_obj(e["data"][0]))
+            else:
+                out[key] = e
+    walk("", cache.get_obj(root))
+    return out
+
+
+def brute_force(blobs: dict[str, bytes], old: str, new: str) -> list[str]:
+    a, b = flatten(blobs, old), flatten(blobs, new)
+    return sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+
+
+# ---------------------------------------------------------------- the engine
+
+
+def test_every_kind_of_change_is_a_key() -> None:
+    t = Tree()
+    r1 = t.commit(_put("a.b", "1"), _put("a.c", "2"), _put("gone", "3"), _put("same", "4"),
+                  _put("v2d", "5"), _put("d2v.x", "6"), _put("d2v.y", "7"),
+                  _entry("link", treeobj.symlink("a.b")), _entry("empty", treeobj.dir_()))
+    r2 = t.commit(_put("a.b", "changed"), _entry("gone", None), _put("new.deep.k", "8"),
+                  _entry("v2d", treeobj.dir_({"z": treeobj.val(b"9")})), _put("d2v", "now"),
+                  _entry("link", treeobj.symlink("a.c")), _entry("empty", None),
+                  _entry("fresh", treeobj.dir_()))
+    expect = ["a.b", "d2v", "d2v.x", "d2v.y", "empty", "fresh", "gone", "link",
+              "new.deep.k", "v2d", "v2d.z"]
+    cache = BlobCache(t.blobs)
+    assert diff(cache, r1, r2) == expect == brute_force(t.blobs, r1, r2)
+    assert diff(cache, r2, r1) == expect  # either way round
+    assert diff(cache, r1, r1) == []
+
+
+def test_a_key_scopes_the_diff_and_links_are_not_followed() -> None:
+    t = Tree()
+    r1 = t.commit(_put("dir.a", "1"), _put("dir.b", "2"), _put("other", "x"),
+                  _entry("ln", treeobj.symlink("dir")))
+    r2 = t.commit(_put("dir.a", "changed"), _put("other", "y"))
+    cache = BlobCache(t.blobs)
+    assert diff(cache, r1, r2, "dir") == ["dir.a"]
+    assert diff(cache, r1, r2, "dir.b") == []
+    assert diff(cache, r1, r2, "ln") == []  # the link did not change; its target did
+    assert diff(cache, r1, r2, "other.below") == []  # a path through a value: nothing
+    assert diff(cache, r1, r2, "nowhere") == []
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_hashed_directories_diff_as_the_flattened_trees_do(monkeypatch, seed) -> None:
+    """Random puts, replaces, unlinks and directory swaps into directories
+    sharded three levels deep: the diff of every pair of versions is the
+    brute-force comparison of the two trees flattened."""
+    monkeypatch.setattr(shards, "SHARD_THRESHOLD", 4)
+    rng = random.Random(seed)
+    t = Tree()
+    roots = [t.root]
+    for _ in range(12):
+        ops = []
+        for _ in range(rng.randint(1, 25)):
+            d, k = rng.choice("xyz"), f"k{rng.randint(0, 60)}"
+            roll = rng.random()
+            if roll < 0.6:
+                ops.append(_put(f"{d}.{k}", str(rng.random())))
+            elif roll < 0.9:
+                ops.append(_entry(f"{d}.{k}", None))
+            else:
+                ops.append(_entry(f"{d}.{k}", treeobj.dir_()))
+        roots.append(t.commit(*ops))
+    cache = BlobCache(t.blobs)
+    for old in roots[::3]:
+        for new in roots[1::2]:
+            assert diff(cache, old, new) == brute_force(t.blobs, old, new)
+
+
+class CountingStore(dict[str, bytes]):
+    """A blob store that counts the blobs read from it."""
+
+    reads = 0
+
+    def get(self, ref: str, default: Any = None) -> Any:  # type: ignore[override]
+        self.reads += 1
+        return super().get(ref, default)
+
+
+def test_only_what_changed_is_read() -> None:
+    """One key changed in a directory of 5,000: the diff reads the path to
+    it (a handful of blobs), not the directory."""
+    t = Tree()
+    t.commit(*[_put(f"big.k{i}", str(i)) for i in range(5000)])
+    old = t.root
+    new = t.commit(_put("big.k1234", "changed"))
+    store = CountingStore(t.blobs)
+    assert diff(BlobCache(store), old, new) == ["big.k1234"]
+    assert store.reads <= 12, store.reads
+
+
+def test_missing_blobs_are_named_and_the_retry_completes() -> None:
+    t = Tree()
+    r1 = t.commit(_put("a.b", "1"), *[_put(f"h.k{i}", str(i)) for i in range(300)])
+    r2 = t.commit(_put("a.b", "2"), _put("h.k5", "x"))
+    have = {r1: t.blobs[r1], r2: t.blobs[r2]}
+    rounds = 0
+    while True:
+        try:
+            keys = diff(BlobCache(have), r1, r2)
+            break
+        except NeedBlobs as need:
+            rounds += 1
+            have.update((ref, t.blobs[ref]) for ref in need.refs)
+    assert keys == ["a.b", "h.k5"] and 1 <= rounds <= 5
+
+
+def test_more_keys_than_the_limit_is_eoverflow() -> None:
+    t = Tree()
+    r1 = t.root
+    r2 = t.commit(*[_put(f"d.k{i}", "v") for i in range(20)])
+    with pytest.raises(ErrnoError) as exc:
+        diff(BlobCache(t.blobs), r1, r2, limit=10)
+    assert exc.value.errnum == errno.EOVERFLOW
+    assert len(diff(BlobCache(t.blobs), r1, r2, limit=20)) == 20
+
+
+# ---------------------------------------------------------------- on real ranks
+
+
+async def test_a_watcher_catches_up_after_a_gap(start_instance, connect) -> None:
+    """The pattern docs/kvs.md shows: keep the rootref of the last change
+    seen; after reconnecting, diff it with the root the new watch starts at.
+    The keys are exactly those written meanwhile, read on rank 3."""
+    inst = await start_instance(size=4, fanout=2)
+    h0 = await connect(inst, 0)
+    seq = await commit(h0, put("jobs.a", "1"), put("jobs.b", "2"), put("other", "x"))
+    async with KVS(await connect(inst, 3)) as kvs3:
+        # (a watch starts at the root its rank has: make it this version)
+        await kvs3.wait_version(seq["rootseq"])
+        async with kvs3.watch_keys("jobs") as w:
+            first = await asyncio.wait_for(anext(w), 10)
+        last = first.rootref
+    # the watcher is gone; the namespace moves on
+    await commit(h0, put("jobs.a", "changed"), put("other", "y"))
+    seq = await commit(h0, put("jobs.c.d", "new"), unlink("jobs.b"))
+    async with KVS(await connect(inst, 3)) as kvs3:
+        await kvs3.wait_version(seq["rootseq"])
+        async with kvs3.watch_keys("jobs") as w:
+            now = await asyncio.wait_for(anext(w), 10)
+            assert await kvs3.diff(last, now.rootref, "jobs") == ["jobs.a", "jobs.b",
+                                                                 "jobs.c.d"]
+            assert await kvs3.diff(last, key="jobs") == ["jobs.a", "jobs.b", "jobs.c.d"]
+            await commit(h0, put("jobs.e", "later"))
+            later = await asyncio.wait_for(anext(w), 10)
+            assert list(later.keys) == ["jobs.e"]  # and the watch goes on
+        st = await kvs3.handle.rpc("kvs.stats-get", {})
+        assert st["counts"]["diffs"] == 2
+
+
+async def test_diff_from_the_cli(start_instance, connect) -> None:
+    inst = await start_instance(size=2)
+    h = await connect(inst, 0)
+    await commit(h, put("a.b", "1"), put("c", "2"))
+    old = (await getroot(h))["rootref"]
+    await commit(h, put("a.b", "9"), unlink("c"))
+    rc, out, err = await run_cli("kvs", "diff", old, uri=inst.uri(1))
+    assert (rc, out, err) == (0, "a.b\nc\n", "")
+    rc, out, _ = await run_cli("kvs", "diff", "-k", "a", old, uri=inst.uri(1))
+    assert (rc, out) == (0, "a.b\n")
+    rc, out, err = await run_cli("kvs", "diff", "sha256-nope", uri=inst.uri(0))
+    assert rc == 1 and out == "" and "Invalid argument" in err
+
+
+async def test_malformed_diff_requests_are_eproto_or_einval(start_instance, connect) -> None:
+    inst = await start_instance(size=1)
+    h = await connect(inst, 0)
+    root = (await getroot(h))["rootref"]
+    for payload, want in (({}, errno.EPROTO), ({"old": 5}, errno.EPROTO),
+                          ({"old": "nope"}, errno.EINVAL),
+                          ({"old": root, "limit": 0}, errno.EPROTO),
+                          ({"old": root, "key": 7}, errno.EINVAL),
+                          ({"old": root, "new": "sha256-" + "0" * 64}, errno.ENOENT)):
+        assert await errnum(h.rpc("kvs.diff", payload)) == want, payload
+    assert (await h.rpc("kvs.diff", {"old": root}))["keys"] == []  # still serving
+
+
+@pytest.mark.skipif(__import__("os").getuid() != 0, reason="needs root to run as another uid")
+async def test_a_guest_diffs_only_roots_of_its_own(start_instance, connect) -> None:
+    """Roots are capabilities for the owner only: a guest's must be recent
+    roots of a namespace of its own, so it cannot read another's tree."""
+    inst = await start_instance(size=2, attrs={"access.allow-guest-user": "true"})
+    h0 = await connect(inst, 0)
+    await h0.rpc("kvs.namespace-create", {"namespace": "mine", "owner": GUEST_UID})
+    await commit(h0, put("secret", "s3cr3t"))
+    primary = (await getroot(h0))["rootref"]
+    await commit(h0, put("k", "1"), ns="mine")
+    old = (await getroot(h0, ns="mine"))["rootref"]
+    await commit(h0, put("k", "2"), put("j", "3"), ns="mine")
+    result = await asyncio.to_thread(run_guest, inst.uri(1), f"""
+        async def body(h):
+            out = {{}}
+            for name, payload in (
+                    ("own", {{"namespace": "mine", "old": "{old}"}}),
+                    ("primary-root", {{"namespace": "mine", "old": "{primary}"}}),
+                    ("primary-ns", {{"namespace": "primary", "old": "{primary}"}})):
+                r = await call(h, "kvs.diff", payload)
+                out[name] = r.get("ok", {{}}).get("keys", r.get("errnum"))
+            return out
+    """)
+    assert result == {"own": ["j", "k"], "primary-root": errno.EPERM,
+                      "primary-ns": errno.EPERM}
+    with pytest.raises(RemoteError):  # (the owner's own request: a capability)
+        await h0.rpc("kvs.diff", {"namespace": "mine", "old": "sha256-" + "1" * 64})
