@@ -158,7 +158,7 @@ MAX_GUEST_CONNECTIONS = AttrSpec(
 MAX_GUEST_BYTES = AttrSpec(
     "access.max-guest-bytes", str(DEFAULT_MAX_GUEST_BYTES), integer(1 << 16),
     "bytes a rank holds for one guest user's connections (messages part-received, "
-    "output unread); the connection that goes past it is closed (ENOBUFS)")
+    "output unread); past it, the connections holding the most are closed (ENOBUFS)")
 MODULES = AttrSpec(
     "broker.modules", ",".join(plugins.DEFAULT_MODULES), text,
     "modules to load, by entry-point name")
