@@ -62,9 +62,6 @@ OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 CLOSING_TOPIC = "broker.closing"
 """Topic of the response (matchtag 0) a rank sends before it closes a client's
 connection on purpose: its errnum and errstr say why (docs/protocol.md)."""
-GUEST_CHECK = 64 << 10
-"""A message is judged against its guest user's budget when it and what its
-connection holds already pass this many bytes (less is not worth judging)."""
 LINGER = 2.0
 """Seconds a connection closed on purpose stays half-open: its client reads
 the ``broker.closing`` message and the end of the stream, and what it still
@@ -230,21 +227,28 @@ class ClientConnection(FramedProtocol):
         self._output = out
         return out
 
-    def _fits(self, usage: GuestUsage, extra: int) -> bool:
+    def _fits(self, usage: GuestUsage, extra: int, message: int) -> bool:
         """Whether the user may hold ``extra`` bytes more, within
-        ``access.max-guest-bytes``.  If not, its connections holding the most
-        are closed until it may: False when this one is among them.  One
-        message bigger than the budget still reaches a user holding nothing
-        else (the limit for it is ``broker.max-message``)."""
+        ``access.max-guest-bytes``, for a message of ``message`` bytes (being
+        received: already counted, ``extra`` 0; being sent: ``extra`` is its
+        size).  If not, its connections holding the most are closed until it
+        may: False when this one is among them.  One message bigger than the
+        budget passes while the user holds nothing else (the limit for it is
+        ``broker.max-message``)."""
         budget = self.server.max_guest_bytes
-        if usage.held() + extra <= budget:
+
+        def fits() -> bool:
+            held = usage.held() + extra
+            return held <= budget or held <= message
+
+        if fits():
             return True
         holders = sorted(usage.conns, key=lambda c: (c._partial + c._output, c is self),
                          reverse=True)  # (this one first among equals)
         for conn in holders:
-            held = usage.held()
-            if held + extra <= budget or held == 0:
+            if fits():
                 break
+            held = usage.held()
             share = conn._partial + conn._output
             if not share:
                 break
@@ -275,7 +279,7 @@ class ClientConnection(FramedProtocol):
             partial = self.decoder.buffered
             usage.partial += partial - self._partial
             self._partial = partial
-            if partial and not self._fits(usage, 0):
+            if partial and not self._fits(usage, 0, partial):
                 return
         if self.decoder.oversized:
             self.server.counts["oversized"] += self.decoder.oversized
@@ -283,6 +287,8 @@ class ClientConnection(FramedProtocol):
         for skipped in self.decoder.take_oversized():
             self._answer_oversized(skipped)
         for frames in messages:
+            if not self.registered:
+                return  # closed by what came before in this read (_fits)
             try:
                 msg = codec.decode(frames)
             except ProtocolError as exc:
@@ -348,8 +354,8 @@ class ClientConnection(FramedProtocol):
     # -- router peer
     def deliver(self, msg: Message) -> None:
         t = self.transport
-        if t is None or t.is_closing():
-            return
+        if t is None or t.is_closing() or self._lingering is not None:
+            return  # (lingering: closed on purpose, half-open for its client to read why)
         frames = msg.wire if msg.type == MsgType.EVENT else None
         if frames is None:
             try:
@@ -375,7 +381,8 @@ class ClientConnection(FramedProtocol):
             w.send(frames)
             return
         size = sum(map(len, frames))
-        if self._note_output(usage) + size > GUEST_CHECK and not self._fits(usage, size):
+        self._note_output(usage)
+        if not self._fits(usage, size, size):
             return
         w.send(frames)
         self._note_output(usage)

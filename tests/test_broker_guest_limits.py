@@ -325,6 +325,51 @@ async def test_a_guests_part_sent_messages_share_one_budget(start_instance, conn
 
 
 @pytest.mark.both_loops
+@pytest.mark.both_loops
+async def test_a_connection_closed_mid_read_serves_nothing_more_of_it(start_instance,
+                                                                      connect) -> None:
+    """One read holding [a ping whose 70 KiB answer takes the user past a
+    64 KiB budget, a watch, the start of another message]: the answer gets
+    the connection closed, and the rest of that read is not served.  It was:
+    the watch was left registered for a client already gone, counted against
+    the guest's cap for good, until the guest could watch no more."""
+    inst = await start_instance(size=1, attrs={**ALLOW, "access.max-guest-bytes": "65536",
+                                               "kvs-watch.max-watches-per-guest": "5"})
+    h0 = await connect(inst, 0)
+    await ns_create(h0, "gn", owner=GUEST_UID)
+    await commit(h0, put("k", "v"), ns="gn")
+    guest = await GuestProc.start(inst.uri(0), """
+        async def main():
+            rounds = []
+            for i in range(6):
+                s = raw()
+                big = request("broker.ping", {"pad": b"p" * (70 << 10)}, 1)
+                wf = codec.encode_request("kvs-watch.lookup",
+                                          {"namespace": "gn", "key": "k", "flags": 4},
+                                          2, NODEID_ANY, 1)  # (flags: STREAMING)
+                watch = b"".join([codec.stream_prefix(wf), *wf])
+                tail = request("broker.ping", {"pad": b"q" * (100 << 10)}, 3)[:30 << 10]
+                s.sendall(big + watch + tail)
+                rounds.append([r[:2] for r in read_all(s)["responses"]])
+                s.close()
+            out(rounds=rounds)
+            await step()
+            h = await Handle.connect(uri)
+            st = h.rpc_stream("kvs-watch.lookup", {"namespace": "gn", "key": "k", "flags": 4})
+            msg = await asyncio.wait_for(st.next_message(), 10)
+            out(after=msg.payload["val"]["data"].decode())
+    """)
+    try:
+        assert (await guest.line())["rounds"] == [[[0, errno.ENOBUFS]]] * 6
+        await wait_watchers(h0, 0, nodeid=0)
+        assert (await watch_stats(h0, 0))["guest-users"] == 0
+        guest.go()
+        assert (await guest.line())["after"] == "v"
+        await guest.finish()
+    finally:
+        guest.kill()
+
+
 async def test_a_guests_unread_output_shares_one_budget(start_instance, connect) -> None:
     """A guest subscribed on two connections that it does not read: once the
     rank holds more than access.max-guest-bytes for the two, they are
