@@ -9,72 +9,183 @@ after any gap, and is how a watcher that lost its connection catches up: it
 keeps the ``rootref`` of the last change it saw and diffs it against the
 root its new watch starts at (docs/kvs.md, "Catching up after a gap").
 
-Like :mod:`kvs.lookup`, :func:`diff` is restarted from scratch by its caller
-when it raises :class:`~kvs.treeobj.NeedBlobs`; with a shared
-:class:`~kvs.treeobj.BlobCache` a retry costs only dict lookups.
+:class:`Diff` is resumable: when blobs are missing it raises
+:class:`~kvs.treeobj.NeedBlobs` naming every one it can tell, keeps the
+comparisons that wait for them, and :meth:`Diff.run` goes on from there once
+the caller has fetched them (each round of fetches reaches one more level of
+the tree; starting over each time made a deep tree cost a full pass per
+level).  The work is a stack, not recursion: a tree may be deeper than
+Python's recursion limit.
 
 What is reported: the keys whose entries differ, as full keys, sorted.  A
-value, a symlink and an empty directory are keys; a directory that only one
-side has (or that is something else on the other side) is reported as every
-key below it, so the list names what a reader must read again.  Symlinks are
-compared, never followed.
+value, a symlink and an empty directory are keys (a directory that becomes
+empty, or stops being empty, is reported too); a directory that only one
+side has, or that is something else on the other side, is reported as every
+key below it, so the list names what a reader must read again.  Symlinks
+are compared, never followed.
 """
 
 from __future__ import annotations
 
 import errno
+from typing import Any
 
 from broker.errors import ErrnoError
 from kvs import shards
 from kvs.keys import split
 from kvs.treeobj import BlobCache, NeedBlobs, TreeObj, dir_, dirref
 
-__all__ = ["DEFAULT_LIMIT", "diff"]
+__all__ = ["DEFAULT_LIMIT", "Diff", "diff"]
 
 DEFAULT_LIMIT = 100_000
 """Most keys a diff reports; more is ``EOVERFLOW`` (read the directory whole)."""
 
 _DIRS = ("dir", "dirref")
+_EMPTY: TreeObj = dir_()
+
+# The comparisons still to make (a stack).  Each runs whole or not at all:
+# one that finds a blob missing is put aside untouched, to run again once
+# the blob is here (reporting a key twice is harmless: the keys are a set).
+_ENTRY, _DIRS_OF, _SHARDS, _EVERY = range(4)
+_Task = tuple[Any, ...]
 
 
-class _Differ:
-    """One pass of a diff: the keys found, the blobs found missing."""
+class _Missing(Exception):
+    """A blob the current comparison needs is not in the cache."""
 
-    def __init__(self, cache: BlobCache, limit: int) -> None:
+
+class Diff:
+    """One diff of the trees at blobs ``old_root`` and ``new_root``, at and
+    below ``key``; :meth:`run` it until it returns the keys."""
+
+    def __init__(self, cache: BlobCache, old_root: str, new_root: str, key: str = ".",
+                 *, limit: int = DEFAULT_LIMIT) -> None:
         self.cache = cache
+        self.roots = (old_root, new_root)
+        self.parts = split(key)
         self.limit = limit
         self.keys: set[str] = set()
+        self.todo: list[_Task] | None = None  # (None: the key is not resolved yet)
         self.missing: set[str] = set()
 
-    def report(self, key: str) -> None:
+    # ------------------------------------------------------------ blobs
+
+    def _get(self, ref: str, *, root: bool = False) -> TreeObj:
+        """The directory object in blob ``ref``; :class:`_Missing` (noted)
+        when it is not here.  A bad root is the caller's (``EINVAL``), a bad
+        directory inside a tree is corruption."""
+        errnum = errno.EINVAL if root else errno.ENOTRECOVERABLE
+        try:
+            obj = self.cache.get_obj(ref)
+        except ErrnoError:
+            raise ErrnoError(errnum, f"{ref} is not a tree object") from None
+        if obj is None:
+            self.missing.add(ref)
+            raise _Missing
+        if obj["type"] not in ("dir", "hdir"):
+            raise ErrnoError(errnum, f"{ref} is not a directory")
+        return obj
+
+    def _directory(self, entry: TreeObj) -> TreeObj:
+        """The directory a ``dirref`` or inline ``dir`` entry holds."""
+        return entry if entry["type"] == "dir" else self._get(entry["data"][0])
+
+    def _directories(self, *entries: TreeObj) -> list[TreeObj]:
+        """:meth:`_directory` of each, every missing blob noted before
+        :class:`_Missing` (so one round of fetches brings them all)."""
+        out, short = [], False
+        for entry in entries:
+            try:
+                out.append(self._directory(entry))
+            except _Missing:
+                short = True
+        if short:
+            raise _Missing
+        return out
+
+    def _entries(self, obj: TreeObj) -> dict[str, TreeObj]:
+        try:
+            return shards.entries(self.cache, obj)
+        except NeedBlobs as need:
+            self.missing.update(need.refs)
+            raise _Missing from None
+
+    # ------------------------------------------------------------ running
+
+    def run(self) -> list[str]:
+        """Go on comparing: the keys that differ, sorted; :class:`NeedBlobs`
+        (the work so far kept) while blobs are missing, ``EOVERFLOW`` past
+        ``limit`` keys, ``EINVAL`` when a root is not a directory."""
+        self.missing = set()
+        if self.todo is None:
+            self._start()
+        todo, waiting = self.todo, []
+        assert todo is not None
+        while todo:
+            task = todo.pop()
+            try:
+                self._do(task, todo)
+            except _Missing:
+                waiting.append(task)
+        self.todo = waiting
+        if waiting:
+            raise NeedBlobs(self.missing)
+        return sorted(self.keys)
+
+    def _start(self) -> None:
+        """Find ``key`` in each tree (no link followed) and queue the first
+        comparison; :class:`NeedBlobs` until the directories on the way are here."""
+        found = []
+        for ref in self.roots:
+            try:
+                found.append(self._resolve(ref))
+            except _Missing:
+                found.append(None)
+        if self.missing:
+            raise NeedBlobs(self.missing)
+        self.todo = [(_ENTRY, ".".join(self.parts), found[0], found[1])]
+
+    def _resolve(self, root: str) -> TreeObj | None:
+        self._get(root, root=True)
+        entry: TreeObj = dirref(root)
+        for name in self.parts:
+            if entry["type"] not in _DIRS:
+                return None  # a path through a value: nothing there
+            here = self._directory(entry)
+            try:
+                found = shards.get(self.cache, here, name)
+            except NeedBlobs as need:
+                self.missing.update(need.refs)
+                raise _Missing from None
+            if found is None:
+                return None
+            entry = found
+        return entry
+
+    def _report(self, key: str) -> None:
         self.keys.add(key)
         if len(self.keys) > self.limit:
             raise ErrnoError(errno.EOVERFLOW, f"more than {self.limit} keys differ: "
                                               "read the directory whole")
 
-    def load(self, ref: str) -> TreeObj | None:
-        """The directory object in blob ``ref``; None (noted) when not here."""
-        obj = self.cache.get_obj(ref)
-        if obj is None:
-            self.missing.add(ref)
-            return None
-        if obj["type"] not in ("dir", "hdir"):
-            raise ErrnoError(errno.ENOTRECOVERABLE, f"{ref} is not a directory")
-        return obj
+    def _do(self, task: _Task, todo: list[_Task]) -> None:
+        kind, prefix = task[0], task[1]
+        if kind == _ENTRY:
+            self._entry(prefix, task[2], task[3], todo)
+        elif kind == _DIRS_OF:
+            self._dirs(prefix, task[2], task[3], todo)
+        elif kind == _SHARDS:
+            a, b = self._directories(*(dirref(r) if r is not None else _EMPTY
+                                       for r in task[2:4]))
+            todo.append((_DIRS_OF, prefix, a, b))
+        else:
+            ents = self._entries(task[2])
+            if not ents:
+                self._report(prefix)  # an empty directory is a key of its own
+            todo.extend((_ENTRY, _join(prefix, name), e, None) for name, e in ents.items())
 
-    def directory(self, entry: TreeObj) -> TreeObj | None:
-        """The directory object a ``dirref`` or inline ``dir`` entry holds."""
-        return entry if entry["type"] == "dir" else self.load(entry["data"][0])
-
-    def entries(self, obj: TreeObj) -> dict[str, TreeObj] | None:
-        """Every entry of directory ``obj``; None (noted) when shards are missing."""
-        try:
-            return shards.entries(self.cache, obj)
-        except NeedBlobs as need:
-            self.missing.update(need.refs)
-            return None
-
-    def entry(self, key: str, old: TreeObj | None, new: TreeObj | None) -> None:
+    def _entry(self, key: str, old: TreeObj | None, new: TreeObj | None,
+               todo: list[_Task]) -> None:
         """Compare what ``key`` holds in each tree (None: nothing)."""
         if old == new:
             return
@@ -82,73 +193,29 @@ class _Differ:
         new_dir = new is not None and new["type"] in _DIRS
         if old_dir and new_dir:
             assert old is not None and new is not None
-            a, b = self.directory(old), self.directory(new)
-            if a is not None and b is not None:
-                self.dirs(key, a, b)
+            a, b = self._directories(old, new)
+            if key and (shards.count(a) == 0) != (shards.count(b) == 0):
+                self._report(key)  # it became empty, or stopped being so
+            todo.append((_DIRS_OF, key, a, b))
             return
+        dirs = self._directories(*(side for side, is_dir in ((old, old_dir), (new, new_dir))
+                                   if is_dir and side is not None))
         if (old is not None and not old_dir) or (new is not None and not new_dir):
-            self.report(key)  # a value or symlink came, went or changed
-        for side, is_dir in ((old, old_dir), (new, new_dir)):
-            if is_dir:
-                assert side is not None
-                obj = self.directory(side)
-                if obj is not None:
-                    self.every_key(key, obj)
+            self._report(key)  # a value or symlink came, went or changed
+        todo.extend((_EVERY, key, d) for d in dirs)
 
-    def every_key(self, prefix: str, obj: TreeObj) -> None:
-        """Report every key of a directory only one tree has."""
-        ents = self.entries(obj)
-        if ents is None:
-            return
-        if not ents:
-            self.report(prefix)  # an empty directory is a key of its own
-        for name, entry in ents.items():
-            self.entry(_join(prefix, name), entry, None)
-
-    def dirs(self, prefix: str, a: TreeObj, b: TreeObj) -> None:
+    def _dirs(self, prefix: str, a: TreeObj, b: TreeObj, todo: list[_Task]) -> None:
         """Compare two directories: shard by shard when both are ``hdir``
-        nodes of one depth (equal blobrefs, equal entries), else entry by
-        entry."""
+        nodes of one depth (equal blobrefs, equal entries), else entry by entry."""
         if a["type"] == "hdir" and b["type"] == "hdir" \
                 and a["data"]["depth"] == b["data"]["depth"]:
             sa, sb = a["data"]["shards"], b["data"]["shards"]
-            for digit in sa.keys() | sb.keys():
-                ra, rb = sa.get(digit), sb.get(digit)
-                if ra == rb:
-                    continue
-                da = self.load(ra) if ra is not None else _EMPTY
-                db = self.load(rb) if rb is not None else _EMPTY
-                if da is not None and db is not None:
-                    self.dirs(prefix, da, db)
+            todo.extend((_SHARDS, prefix, sa.get(d), sb.get(d))
+                        for d in sa.keys() | sb.keys() if sa.get(d) != sb.get(d))
             return
-        ea, eb = self.entries(a), self.entries(b)
-        if ea is None or eb is None:
-            return
-        for name in ea.keys() | eb.keys():
-            self.entry(_join(prefix, name), ea.get(name), eb.get(name))
-
-    def resolve(self, root: str, parts: list[str]) -> TreeObj | None:
-        """The entry at ``parts`` in the tree rooted at ``root``, no link
-        followed: None if there is none (a path through a value included)."""
-        entry: TreeObj = dirref(root)
-        for name in parts:
-            if entry["type"] not in _DIRS:
-                return None
-            here = self.directory(entry)
-            if here is None:
-                return None  # (noted missing)
-            try:
-                found = shards.get(self.cache, here, name)
-            except NeedBlobs as need:
-                self.missing.update(need.refs)
-                return None
-            if found is None:
-                return None
-            entry = found
-        return entry
-
-
-_EMPTY: TreeObj = dir_()
+        ea, eb = self._entries(a), self._entries(b)
+        todo.extend((_ENTRY, _join(prefix, name), ea.get(name), eb.get(name))
+                    for name in ea.keys() | eb.keys())
 
 
 def _join(prefix: str, name: str) -> str:
@@ -158,25 +225,7 @@ def _join(prefix: str, name: str) -> str:
 def diff(cache: BlobCache, old_root: str, new_root: str, key: str = ".", *,
          limit: int = DEFAULT_LIMIT) -> list[str]:
     """The keys at or below ``key`` whose entries differ between the trees
-    rooted at blobs ``old_root`` and ``new_root``, sorted.
-
-    ``key`` is looked for in each tree without following symlinks.  Raises
-    :class:`NeedBlobs` naming every missing blob it can tell, ``EOVERFLOW``
-    past ``limit`` keys, ``EINVAL`` when a root is not a directory."""
-    d = _Differ(cache, limit)
-    for root in (old_root, new_root):
-        obj = cache.get_obj(root)
-        if obj is None:
-            d.missing.add(root)
-        elif obj["type"] not in ("dir", "hdir"):
-            raise ErrnoError(errno.EINVAL, f"{root} is not a directory")
-    if d.missing:
-        raise NeedBlobs(d.missing)
-    parts = split(key)
-    old, new = d.resolve(old_root, parts), d.resolve(new_root, parts)
-    if d.missing:
-        raise NeedBlobs(d.missing)
-    d.entry(".".join(parts), old, new)
-    if d.missing:
-        raise NeedBlobs(d.missing)
-    return sorted(d.keys)
+    rooted at blobs ``old_root`` and ``new_root``, sorted, in one go
+    (:class:`NeedBlobs` if any blob is missing: a caller that fetches
+    should keep a :class:`Diff` and run it again instead)."""
+    return Diff(cache, old_root, new_root, key, limit=limit).run()

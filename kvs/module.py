@@ -721,10 +721,11 @@ class KvsModule(Module):
                     return
         self.counts["diffs"] += 1
         held: set[str] = set()
+        work = diff_engine.Diff(self.cache, old, new, key, limit=limit)
         try:
             while True:
                 try:
-                    keys = diff_engine.diff(self.cache, old, new, key, limit=limit)
+                    keys = work.run()  # (it goes on where the last run stopped)
                     break
                 except treeobj.NeedBlobs as need:
                     await self.fetch(need.refs, held)
