@@ -78,8 +78,9 @@ class GuestUsage:
     Kept as sums that each connection updates with its own share, so a check
     costs the same with one connection or hundreds.  A connection's share of
     ``output`` is refreshed when a message is queued for it and when its
-    transport drains below the low-water mark, so it may be stale by what
-    drained since, which is less than the high-water mark."""
+    transport drains below the low-water mark, so it may count bytes that
+    drained since; every share is refreshed before anything is closed for
+    the budget, and for ``broker.stats-get``."""
 
     __slots__ = ("conns", "partial", "output", "lingering")
 
@@ -216,6 +217,7 @@ class ClientConnection(FramedProtocol):
             self.decoder = codec.StreamDecoder(self.server.max_message)
 
     def _forget_if_idle(self, usage: GuestUsage) -> None:
+        """Drop the user's entry once it has no connection, lingering ones included."""
         if not usage.conns and not usage.lingering \
                 and self.server.guests.get(self.userid) is usage:
             del self.server.guests[self.userid]
@@ -241,6 +243,12 @@ class ClientConnection(FramedProtocol):
             held = usage.held() + extra
             return held <= budget or held <= message
 
+        if fits():
+            return True
+        # (a share is refreshed when its connection is sent something: one
+        # that has read everything since may still count what it read)
+        for conn in list(usage.conns):
+            conn._note_output(usage)
         if fits():
             return True
         holders = sorted(usage.conns, key=lambda c: (c._partial + c._output, c is self),
@@ -434,8 +442,12 @@ class Connector:
 
     def guest_stats(self) -> dict[str, dict[str, int]]:
         """Each guest user's connections and bytes held here, by uid (as text)."""
-        return {str(uid): {"connections": len(u.conns), "bytes": u.held()}
-                for uid, u in self.guests.items()}
+        out = {}
+        for uid, usage in self.guests.items():
+            for conn in list(usage.conns):
+                conn._note_output(usage)  # (fresh, not as of the last message sent)
+            out[str(uid)] = {"connections": len(usage.conns), "bytes": usage.held()}
+        return out
 
     @property
     def uri(self) -> str:

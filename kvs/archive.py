@@ -613,11 +613,18 @@ class _Tree:
         self.seen.add(ref)
         return ref, item.data
 
+    def finish(self) -> None:
+        """Every entry is in: count what the tree holds into the report
+        (:meth:`tally`), and refuse an archive whose every entry was left out
+        (it would replace the key with nothing).  Each restore calls it."""
+        self.tally()
+        _something_left(self.report)
+
     def tally(self) -> None:
-        """Count into the report what the tree holds, every entry being in:
-        a path given twice once, and as empty directories only the directory
-        entries nothing lies below (GNU tar lists every directory it
-        archives, and an empty one only is an entry here)."""
+        """Count into the report what the tree holds: a path given twice
+        once, and as empty directories only the directory entries nothing
+        lies below (GNU tar lists every directory it archives, and an empty
+        one only is an entry here)."""
         parents: set[str] = set()
         for path in self.kinds:
             parts = split(path)
@@ -696,8 +703,7 @@ async def restore(kvs: KVS, source: str | IO[bytes], key: str, *,
             tree.add(item)
             if on_item is not None:
                 on_item(item)
-        tree.tally()
-        _something_left(report)
+        tree.finish()
         result = await kvs.commit([{"key": key, "flags": 0, "dirent": treeobj.dir_()},
                                    *tree.ops(normalize(key))])
         report.rootref = (await kvs.get_treeobj(key, at=result))["data"][0]
@@ -710,8 +716,7 @@ async def restore(kvs: KVS, source: str | IO[bytes], key: str, *,
                 on_item(item)
             if blob is not None:
                 await uploader.put(*blob)
-        tree.tally()
-        _something_left(report)
+        tree.finish()
         report.rootref, blobs = tree.build()
         for ref, data in blobs.items():
             await uploader.put(ref, data)
@@ -834,7 +839,7 @@ def _restore_into(statedir: str, source: str | IO[bytes], size_limit: int | None
                 if size >= STORE_BATCH_BYTES or len(batch) >= STORE_BATCH_BLOBS:
                     store.put_many(batch)
                     batch, size = [], 0
-        _something_left(report)
+        tree.finish()
         report.rootref, blobs = tree.build()
         store.put_many([*batch, *blobs.items()])
         report.blobs += len(blobs)

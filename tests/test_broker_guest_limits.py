@@ -412,6 +412,56 @@ async def test_a_guests_unread_output_shares_one_budget(start_instance, connect)
         guest.kill()
 
 
+async def test_a_connection_that_read_everything_holds_nothing(start_instance,
+                                                                connect) -> None:
+    """A connection's share of its user's bytes was refreshed only when it
+    was sent something: one that had read everything since still counted
+    what it had read, and was closed when another connection's answer
+    needed the room.  Shares are refreshed before anything is closed."""
+    inst = await start_instance(size=1, attrs={**ALLOW, "access.max-guest-bytes": str(BUDGET)})
+    h0 = await connect(inst, 0)
+    await ns_create(h0, "big", owner=GUEST_UID)
+    await commit(h0, put("v", b"b" * (240 << 10)), ns="big")
+    guest = await GuestProc.start(inst.uri(0), """
+        async def main():
+            a = raw()
+            a.sendall(request("event.subscribe", {"topic": "flood."}, 1))
+            dec, got = codec.StreamDecoder(), []
+            while not got:
+                got = dec.feed(a.recv(1 << 16))
+            out(subscribed=True)
+            n = int(await step())  # events are queued for a, unread
+            events = 0
+            while events < n:
+                events += len(dec.feed(a.recv(1 << 16)))
+            out(drained=events)
+            await step()
+            b = await Handle.connect(uri)
+            v = await b.rpc("kvs.lookup", {"namespace": "big", "key": "v", "flags": 0})
+            out(b=len(v["val"]["data"]))
+            a.sendall(request("broker.ping", {}, 2))
+            got = []
+            while not got:
+                got = dec.feed(a.recv(1 << 16))
+            out(a=list(codec.peek_response(got[0])[:2]))
+    """)
+    try:
+        assert (await guest.line())["subscribed"]
+        n = 0
+        while (await guest_usage(h0, 0))["bytes"] < 24 << 10:  # past the socket's buffer
+            await h0.publish("flood.e", {"pad": b"z" * (8 << 10)})
+            n += 1
+        guest.go(str(n))
+        assert (await guest.line())["drained"] == n
+        guest.go()
+        assert (await guest.line())["b"] == 240 << 10
+        assert (await guest.line())["a"] == [2, 0]  # still open
+        await guest.finish()
+        assert (await stats(h0))["connector"]["guests-over-budget"] == 0
+    finally:
+        guest.kill()
+
+
 async def test_one_big_answer_at_a_time_for_a_guest_that_does_not_read(start_instance,
                                                                       connect) -> None:
     """A guest asking for a 1 MiB value on connections it does not read, with

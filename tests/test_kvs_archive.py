@@ -466,6 +466,25 @@ async def test_checkpoint_dump_and_restore_move_an_instance(start_instance, conn
     assert await get(h2, "after") == b"restore"
 
 
+async def test_a_checkpoint_restore_counts_what_it_restored(tmp_path) -> None:
+    """The offline restore reports its keys as the online one does, and an
+    entry left out (a name that is not UTF-8) is said, not taken for an
+    archive with nothing left in it."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT,
+                      encoding="latin-1") as tar:
+        for name, data in (("a/f", b"1234"), ("g", b"567"), ("caf\xe9", b"x")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    archive_file = tmp_path / "t.tar"
+    archive_file.write_bytes(buf.getvalue())
+    rc, _, err = await run_cli("kvs", "restore", "--checkpoint", "--statedir",
+                               str(tmp_path / "sd"), str(archive_file))
+    assert rc == 0, err
+    assert "skipped caf" in err and "2 keys (7 bytes of values" in err, err
+
+
 async def test_a_failed_checkpoint_restore_leaves_no_store(tmp_path) -> None:
     bad = tmp_path / "conflict.tar"
     bad.write_bytes(_tar([("file", "a", b"1"), ("file", "a/b", b"2")]))
