@@ -22,17 +22,19 @@ value, a symlink and an empty directory are keys (a directory that becomes
 empty, or stops being empty, is reported too); a directory that only one
 side has, or that is something else on the other side, is reported as every
 key below it, so the list names what a reader must read again.  Symlinks
-are compared, never followed.
+are compared, never followed: a ``key`` whose path passes through one is
+``EINVAL`` (its target is what changes: diff there), not an empty answer.
 """
 
 from __future__ import annotations
 
 import errno
-from typing import Any
+from typing import NamedTuple
 
 from broker.errors import ErrnoError
 from kvs import shards
 from kvs.keys import split
+from kvs.lookup import load_dir
 from kvs.treeobj import BlobCache, NeedBlobs, TreeObj, dir_, dirref
 
 __all__ = ["DEFAULT_LIMIT", "Diff", "diff"]
@@ -43,11 +45,39 @@ DEFAULT_LIMIT = 100_000
 _DIRS = ("dir", "dirref")
 _EMPTY: TreeObj = dir_()
 
-# The comparisons still to make (a stack).  Each runs whole or not at all:
-# one that finds a blob missing is put aside untouched, to run again once
-# the blob is here (reporting a key twice is harmless: the keys are a set).
-_ENTRY, _DIRS_OF, _SHARDS, _EVERY = range(4)
-_Task = tuple[Any, ...]
+# The comparisons still to make (a stack of these).  Each runs whole or not
+# at all: one that finds a blob missing is put aside untouched, to run again
+# once the blob is here (reporting a key twice is harmless: keys are a set).
+
+
+class _Entries(NamedTuple):
+    """What ``key`` holds in each tree (None: nothing)."""
+    key: str
+    old: TreeObj | None
+    new: TreeObj | None
+
+
+class _Dirs(NamedTuple):
+    """Two directory objects below ``prefix``."""
+    prefix: str
+    old: TreeObj
+    new: TreeObj
+
+
+class _Shards(NamedTuple):
+    """Two shards of one hashed directory, by blobref (None: no such shard)."""
+    prefix: str
+    old: str | None
+    new: str | None
+
+
+class _Every(NamedTuple):
+    """A directory only one tree has: every key of it."""
+    prefix: str
+    obj: TreeObj
+
+
+_Task = _Entries | _Dirs | _Shards | _Every
 
 
 class _Missing(Exception):
@@ -71,20 +101,14 @@ class Diff:
     # ------------------------------------------------------------ blobs
 
     def _get(self, ref: str, *, root: bool = False) -> TreeObj:
-        """The directory object in blob ``ref``; :class:`_Missing` (noted)
-        when it is not here.  A bad root is the caller's (``EINVAL``), a bad
-        directory inside a tree is corruption."""
-        errnum = errno.EINVAL if root else errno.ENOTRECOVERABLE
+        """The directory object in blob ``ref`` (as a lookup loads it:
+        ``EINVAL`` for a bad root, ``ENOTRECOVERABLE`` inside a tree);
+        :class:`_Missing` (noted) when it is not here."""
         try:
-            obj = self.cache.get_obj(ref)
-        except ErrnoError:
-            raise ErrnoError(errnum, f"{ref} is not a tree object") from None
-        if obj is None:
-            self.missing.add(ref)
-            raise _Missing
-        if obj["type"] not in ("dir", "hdir"):
-            raise ErrnoError(errnum, f"{ref} is not a directory")
-        return obj
+            return load_dir(self.cache, ref, is_root=root)
+        except NeedBlobs as need:
+            self.missing.update(need.refs)
+            raise _Missing from None
 
     def _directory(self, entry: TreeObj) -> TreeObj:
         """The directory a ``dirref`` or inline ``dir`` entry holds."""
@@ -93,7 +117,8 @@ class Diff:
     def _directories(self, *entries: TreeObj) -> list[TreeObj]:
         """:meth:`_directory` of each, every missing blob noted before
         :class:`_Missing` (so one round of fetches brings them all)."""
-        out, short = [], False
+        out: list[TreeObj] = []
+        short = False
         for entry in entries:
             try:
                 out.append(self._directory(entry))
@@ -135,7 +160,7 @@ class Diff:
     def _start(self) -> None:
         """Find ``key`` in each tree (no link followed) and queue the first
         comparison; :class:`NeedBlobs` until the directories on the way are here."""
-        found = []
+        found: list[TreeObj | None] = []
         for ref in self.roots:
             try:
                 found.append(self._resolve(ref))
@@ -143,12 +168,16 @@ class Diff:
                 found.append(None)
         if self.missing:
             raise NeedBlobs(self.missing)
-        self.todo = [(_ENTRY, ".".join(self.parts), found[0], found[1])]
+        self.todo = [_Entries(".".join(self.parts), found[0], found[1])]
 
     def _resolve(self, root: str) -> TreeObj | None:
         self._get(root, root=True)
         entry: TreeObj = dirref(root)
-        for name in self.parts:
+        for i, name in enumerate(self.parts):
+            if entry["type"] == "symlink":
+                raise ErrnoError(errno.EINVAL, f"{'.'.join(self.parts)} passes through the "
+                                 f"symlink {'.'.join(self.parts[:i])}, which a diff does "
+                                 "not follow: diff its target")
             if entry["type"] not in _DIRS:
                 return None  # a path through a value: nothing there
             here = self._directory(entry)
@@ -169,20 +198,19 @@ class Diff:
                                               "read the directory whole")
 
     def _do(self, task: _Task, todo: list[_Task]) -> None:
-        kind, prefix = task[0], task[1]
-        if kind == _ENTRY:
-            self._entry(prefix, task[2], task[3], todo)
-        elif kind == _DIRS_OF:
-            self._dirs(prefix, task[2], task[3], todo)
-        elif kind == _SHARDS:
+        if isinstance(task, _Entries):
+            self._entry(task.key, task.old, task.new, todo)
+        elif isinstance(task, _Dirs):
+            self._dirs(task.prefix, task.old, task.new, todo)
+        elif isinstance(task, _Shards):
             a, b = self._directories(*(dirref(r) if r is not None else _EMPTY
-                                       for r in task[2:4]))
-            todo.append((_DIRS_OF, prefix, a, b))
+                                       for r in (task.old, task.new)))
+            todo.append(_Dirs(task.prefix, a, b))
         else:
-            ents = self._entries(task[2])
+            ents = self._entries(task.obj)
             if not ents:
-                self._report(prefix)  # an empty directory is a key of its own
-            todo.extend((_ENTRY, _join(prefix, name), e, None) for name, e in ents.items())
+                self._report(task.prefix)  # an empty directory is a key of its own
+            todo.extend(_Entries(_join(task.prefix, name), e, None) for name, e in ents.items())
 
     def _entry(self, key: str, old: TreeObj | None, new: TreeObj | None,
                todo: list[_Task]) -> None:
@@ -196,13 +224,13 @@ class Diff:
             a, b = self._directories(old, new)
             if key and (shards.count(a) == 0) != (shards.count(b) == 0):
                 self._report(key)  # it became empty, or stopped being so
-            todo.append((_DIRS_OF, key, a, b))
+            todo.append(_Dirs(key, a, b))
             return
         dirs = self._directories(*(side for side, is_dir in ((old, old_dir), (new, new_dir))
                                    if is_dir and side is not None))
         if (old is not None and not old_dir) or (new is not None and not new_dir):
             self._report(key)  # a value or symlink came, went or changed
-        todo.extend((_EVERY, key, d) for d in dirs)
+        todo.extend(_Every(key, d) for d in dirs)
 
     def _dirs(self, prefix: str, a: TreeObj, b: TreeObj, todo: list[_Task]) -> None:
         """Compare two directories: shard by shard when both are ``hdir``
@@ -210,11 +238,11 @@ class Diff:
         if a["type"] == "hdir" and b["type"] == "hdir" \
                 and a["data"]["depth"] == b["data"]["depth"]:
             sa, sb = a["data"]["shards"], b["data"]["shards"]
-            todo.extend((_SHARDS, prefix, sa.get(d), sb.get(d))
+            todo.extend(_Shards(prefix, sa.get(d), sb.get(d))
                         for d in sa.keys() | sb.keys() if sa.get(d) != sb.get(d))
             return
         ea, eb = self._entries(a), self._entries(b)
-        todo.extend((_ENTRY, _join(prefix, name), ea.get(name), eb.get(name))
+        todo.extend(_Entries(_join(prefix, name), ea.get(name), eb.get(name))
                     for name in ea.keys() | eb.keys())
 
 

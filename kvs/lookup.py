@@ -65,6 +65,7 @@ __all__ = [
     "SYMLINK_MAX",
     "NeedBlobs",
     "NeedNamespace",
+    "load_dir",
     "lookup",
     "read_dir",
     "read_value",
@@ -88,7 +89,7 @@ class NeedNamespace(KvbrokerError):
         super().__init__(f"need root of namespace {namespace!r}")
 
 
-def _load_dir(cache: BlobCache, ref: str, *, is_root: bool) -> TreeObj:
+def load_dir(cache: BlobCache, ref: str, *, is_root: bool) -> TreeObj:
     """The ``dir``/``hdir`` object in blob ``ref``.
 
     A bad root is the user's fault (``EINVAL``, e.g. a bogus ``--at``
@@ -109,7 +110,7 @@ def _load_dir(cache: BlobCache, ref: str, *, is_root: bool) -> TreeObj:
 def read_dir(store: BlobStore | BlobCache, ref: str) -> TreeObj:
     """The directory in blob ``ref`` as one plain ``dir`` (hdir shards merged)."""
     cache = as_cache(store)
-    return dir_(shards.entries(cache, _load_dir(cache, ref, is_root=True)))
+    return dir_(shards.entries(cache, load_dir(cache, ref, is_root=True)))
 
 
 def read_value(store: BlobStore | BlobCache, entry: TreeObj) -> bytes:
@@ -156,7 +157,7 @@ class _Walker:
         for i, name in enumerate(parts):
             t = cur["type"]
             if t == "dirref":
-                d = _load_dir(self.cache, cur["data"][0], is_root=i == 0)
+                d = load_dir(self.cache, cur["data"][0], is_root=i == 0)
             elif t == "dir":
                 d = cur
             else:  # a value in the middle of the path
@@ -212,7 +213,7 @@ def lookup(
             raise ErrnoError(errno.EINVAL, "the root is not a symlink")
         if not flags & READDIR:
             raise ErrnoError(errno.EISDIR, "the root is a directory")
-        return dir_(shards.entries(cache, _load_dir(cache, root_ref, is_root=True)))
+        return dir_(shards.entries(cache, load_dir(cache, root_ref, is_root=True)))
 
     follow_final = not flags & (READLINK | TREEOBJ)
     found = _Walker(cache, ns_roots).resolve(root_ref, namespace, parts, follow_final)
@@ -227,7 +228,7 @@ def lookup(
             raise ErrnoError(errno.EINVAL, f"{key}: not a symlink")
         if not flags & READDIR:
             raise ErrnoError(errno.EISDIR, f"{key}: is a directory")
-        d = entry if t == "dir" else _load_dir(cache, entry["data"][0], is_root=False)
+        d = entry if t == "dir" else load_dir(cache, entry["data"][0], is_root=False)
         return dir_(shards.entries(cache, d))
     if t == "val" or t == "valref":
         if flags & READLINK:

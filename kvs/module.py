@@ -621,14 +621,8 @@ class KvsModule(Module):
             # access-checked; links into other namespaces still are.
             rootref = root["data"][0]
             seq = -1
-            if not msg.is_owner and msg.route != ["m:kvs-watch"] \
-                    and not await self._guest_root_known(msg, name, rootref):
-                if self.leader:
-                    raise ErrnoError(errno.EPERM, f"{rootref} is not a recent root of a "
-                                     "namespace of yours: a guest reads only at those")
-                # rank 0 made every root: it knows those this rank never saw
-                self.h.respond(msg, await self.h.rpc_as(msg, msg.topic, msg.payload,
-                                                        nodeid=0))
+            if not await self._guest_roots_allowed(msg, name, [rootref], msg.payload,
+                                                   "reads at"):
                 return
         else:
             ns = await self.get_ns(name, msg)
@@ -648,6 +642,25 @@ class KvsModule(Module):
             ns.recent = self.recent_roots
             if ns.rootref:  # (a follower's placeholder has none yet)
                 self.recent_roots.note(ns.rootref, ns.owner)
+
+    async def _guest_roots_allowed(self, msg: Message, name: str, refs: list[str],
+                                   payload: Any, what: str) -> bool:
+        """A guest may name only roots of its own namespace ``name``, current
+        or recent (the owner's, and kvs-watch's, are capabilities): True if
+        ``refs`` all are.  Rank 0 refuses others (``EPERM``); a follower,
+        which may not have seen every recent root, asks rank 0, which made
+        them all, with ``payload`` and answers from there (False: answered)."""
+        if msg.is_owner or msg.route == ["m:kvs-watch"]:
+            return True
+        for ref in refs:
+            if await self._guest_root_known(msg, name, ref):
+                continue
+            if self.leader:
+                raise ErrnoError(errno.EPERM, f"{ref} is not a recent root of a "
+                                 f"namespace of yours: a guest {what} only those")
+            self.h.respond(msg, await self.h.rpc_as(msg, msg.topic, payload, nodeid=0))
+            return False
+        return True
 
     async def _guest_root_known(self, msg: Message, name: str, rootref: str) -> bool:
         """A guest reads at ``rootdir`` only in a namespace of its own
@@ -700,25 +713,19 @@ class KvsModule(Module):
         root (else ``EPERM``, from rank 0, which made them all)."""
         p = require(msg.payload, old=str)
         name = _ns_name(p)
-        key = check_key(p.get("key", "."))
+        key, new = p.get("key", "."), p.get("new")
         limit = p.get("limit", diff_engine.DEFAULT_LIMIT)
+        if type(key) is not str or (new is not None and type(new) is not str):
+            raise ErrnoError(errno.EPROTO, "key and new must be strings")
         if type(limit) is not int or limit < 1:
             raise ErrnoError(errno.EPROTO, "limit must be a positive integer")
+        key = check_key(key)
         old = blobref.check(p["old"])
-        new = p.get("new")
-        if new is None:
-            new = (await self.get_ns(name, msg)).rootref
-        else:
-            new = blobref.check(new)
-        if not msg.is_owner:
-            for ref in (old, new):
-                if not await self._guest_root_known(msg, name, ref):
-                    if self.leader:
-                        raise ErrnoError(errno.EPERM, f"{ref} is not a recent root of a "
-                                         "namespace of yours: a guest diffs only those")
-                    self.h.respond(msg, await self.h.rpc_as(msg, msg.topic, msg.payload,
-                                                            nodeid=0))
-                    return
+        # (this rank's current root: named in what a follower asks rank 0)
+        new = (await self.get_ns(name, msg)).rootref if new is None else blobref.check(new)
+        if not await self._guest_roots_allowed(msg, name, [old, new], {**p, "new": new},
+                                               "diffs"):
+            return
         self.counts["diffs"] += 1
         held: set[str] = set()
         work = diff_engine.Diff(self.cache, old, new, key, limit=limit)

@@ -14,14 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import json
 import os
-import sys
-import textwrap
-from typing import Any
 
 import pytest
-from test_broker_support import GUEST_UID, OTHER_GUEST_UID, stats, wait_until
+from test_broker_support import GUEST_UID, OTHER_GUEST_UID, GuestProc, stats, wait_until
 from test_watch_helpers import (
     WAITCREATE,
     WATCH,
@@ -39,117 +35,6 @@ from broker.handle import Handle
 pytestmark = pytest.mark.skipif(os.getuid() != 0, reason="needs root to run as another uid")
 
 ALLOW = {"access.allow-guest-user": "true"}
-
-_SCRIPT = r"""
-# imported while root: the guest uid cannot read this Python's library
-import asyncio, concurrent.futures.thread, json, os, socket, sys
-import uvloop
-from broker import codec
-from broker.errors import RemoteError
-from broker.handle import Handle
-from broker.message import NODEID_ANY
-
-uri, uid, loop = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-path = uri[len("local://"):]
-
-def out(**kw):
-    print(json.dumps(kw), flush=True)
-
-async def step():
-    # the test's go-ahead, one line on stdin
-    return (await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)).strip()
-
-def request(topic, payload, tag):
-    frames = codec.encode_request(topic, payload, tag, NODEID_ANY, 0)
-    return b"".join([codec.stream_prefix(frames), *frames])
-
-def raw():
-    s = socket.socket(socket.AF_UNIX)
-    s.connect(path)
-    return s
-
-def read_all(s):
-    # what the rank sends until it closes the connection: the responses'
-    # [matchtag, errnum, errstr], how many events, and "eof" or "reset"
-    dec, responses, events = codec.StreamDecoder(), [], 0
-    s.settimeout(20)
-    while True:
-        try:
-            data = s.recv(1 << 16)
-        except ConnectionResetError:
-            end = "reset"
-            break
-        if not data:
-            end = "eof"
-            break
-        for frames in dec.feed(data):
-            peek = codec.peek_response(frames)
-            if peek is None:
-                events += 1
-            else:
-                responses.append(list(peek))
-    return {"responses": responses, "events": events, "end": end}
-
-def send_until_closed(s, data):
-    try:
-        s.sendall(data)
-    except OSError:  # the rank closed the connection part-way
-        pass
-
-async def ping(h):
-    try:
-        await h.rpc("broker.ping", {})
-        return 0, ""
-    except RemoteError as exc:
-        return exc.errnum, exc.errstr
-
-BODY
-
-os.setgroups([])
-os.setgid(uid)
-os.setuid(uid)
-(uvloop.run if loop == "uvloop" else asyncio.run)(asyncio.wait_for(main(), 60))
-"""
-
-
-class GuestProc:
-    """A guest process running ``body`` (which defines ``async def main()``);
-    it prints JSON lines and waits for lines on stdin where the body says."""
-
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
-        self.proc = proc
-
-    @classmethod
-    async def start(cls, uri: str, body: str, uid: int = GUEST_UID,
-                    loop: str = "asyncio") -> GuestProc:
-        script = _SCRIPT.replace("BODY", textwrap.dedent(body))
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", script, uri, str(uid), loop, cwd="/",
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE)
-        return cls(proc)
-
-    async def line(self, timeout: float = 20.0) -> Any:
-        assert self.proc.stdout is not None
-        raw = await asyncio.wait_for(self.proc.stdout.readline(), timeout)
-        if not raw:
-            assert self.proc.stderr is not None
-            err = await asyncio.wait_for(self.proc.stderr.read(), timeout)
-            raise AssertionError(f"guest exited early: {err.decode()[-2000:]}")
-        return json.loads(raw)
-
-    def go(self, word: str = "go") -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(word.encode() + b"\n")
-
-    async def finish(self, timeout: float = 20.0) -> None:
-        _out, err = await asyncio.wait_for(self.proc.communicate(), timeout)
-        assert self.proc.returncode == 0, err.decode()[-2000:]
-
-    def kill(self) -> None:
-        if self.proc.returncode is None:
-            self.proc.kill()
-
 
 async def guest_usage(h: Handle, rank: int, uid: int = GUEST_UID) -> dict[str, int]:
     return (await stats(h, rank))["guests"].get(str(uid), {"connections": 0, "bytes": 0})
@@ -324,7 +209,6 @@ async def test_a_guests_part_sent_messages_share_one_budget(start_instance, conn
         guest.kill()
 
 
-@pytest.mark.both_loops
 @pytest.mark.both_loops
 async def test_a_connection_closed_mid_read_serves_nothing_more_of_it(start_instance,
                                                                       connect) -> None:

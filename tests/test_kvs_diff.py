@@ -18,7 +18,7 @@ from test_broker_support import run_cli
 from test_kvs_rpc_helpers import GUEST_UID, commit, errnum, getroot, put, run_guest, unlink
 
 from broker.content import blobref
-from broker.errors import ErrnoError, RemoteError
+from broker.errors import ErrnoError
 from kvs import shards, treeobj, txn
 from kvs.client import KVS
 from kvs.diff import Diff, diff
@@ -112,6 +112,9 @@ def test_a_key_scopes_the_diff_and_links_are_not_followed() -> None:
     assert diff(cache, r1, r2, "dir") == ["dir.a"]
     assert diff(cache, r1, r2, "dir.b") == []
     assert diff(cache, r1, r2, "ln") == []  # the link did not change; its target did
+    with pytest.raises(ErrnoError) as exc:  # (not an empty answer: its target changed)
+        diff(cache, r1, r2, "ln.a")
+    assert exc.value.errnum == errno.EINVAL and "passes through the symlink ln" in str(exc.value)
     assert diff(cache, r1, r2, "other.below") == []  # a path through a value: nothing
     assert diff(cache, r1, r2, "nowhere") == []
 
@@ -313,7 +316,8 @@ async def test_malformed_diff_requests_are_eproto_or_einval(start_instance, conn
     for payload, want in (({}, errno.EPROTO), ({"old": 5}, errno.EPROTO),
                           ({"old": "nope"}, errno.EINVAL),
                           ({"old": root, "limit": 0}, errno.EPROTO),
-                          ({"old": root, "key": 7}, errno.EINVAL),
+                          ({"old": root, "key": 7}, errno.EPROTO),
+                          ({"old": root, "new": 5}, errno.EPROTO),
                           ({"old": root, "new": "sha256-" + "0" * 64}, errno.ENOENT)):
         assert await errnum(h.rpc("kvs.diff", payload)) == want, payload
     assert (await h.rpc("kvs.diff", {"old": root}))["keys"] == []  # still serving
@@ -344,5 +348,6 @@ async def test_a_guest_diffs_only_roots_of_its_own(start_instance, connect) -> N
     """)
     assert result == {"own": ["j", "k"], "primary-root": errno.EPERM,
                       "primary-ns": errno.EPERM}
-    with pytest.raises(RemoteError):  # (the owner's own request: a capability)
-        await h0.rpc("kvs.diff", {"namespace": "mine", "old": "sha256-" + "1" * 64})
+    # the owner's roots are capabilities: a missing one is ENOENT, not EPERM
+    assert await errnum(h0.rpc("kvs.diff", {"namespace": "mine",
+                                            "old": "sha256-" + "1" * 64})) == errno.ENOENT
