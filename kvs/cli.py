@@ -1141,6 +1141,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("-v", "--values", action="store_true",
                    help="print KEY=VALUE as of that version (KEY. a directory, "
                         "KEY (removed))")
+    p.add_argument("-s", "--since", metavar="ROOT",
+                   help="first print the keys changed since root ROOT (a blobref or "
+                        "dirref, e.g. the last one seen), at the version the watch "
+                        "starts at: a watcher that was away misses nothing")
     p.add_argument("key", nargs="?", default=".", metavar="KEY")
     p.set_defaults(func=lambda args: _delegate("watch_keys", args))
 

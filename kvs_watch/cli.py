@@ -193,25 +193,39 @@ async def watch_keys_async(h: HandleCore, args: argparse.Namespace,
                            out: IO[bytes] | None = None) -> int:
     """Print ``VERSION KEY`` for each key a commit writes at or below
     ``args.key`` (``-v``: what the key holds at that version, see
-    :func:`_value_at`); ``-c N``: stop after N commits."""
+    :func:`_value_at`); ``-c N``: stop after N commits.  ``--since ROOT``
+    first prints the keys that differ between ROOT and the root the watch
+    starts at (``kvs.diff``), at that version: catching up after a gap."""
+    from kvs.client import as_root
     from kvs.treeobj import dirref
 
     o = _out(out)
     key = args.key
     count = getattr(args, "count", 0) or 0
+    since = getattr(args, "since", None)
     ns = _ns(args)
     seen = 0
     try:
+        old = as_root(since)["data"][0] if since is not None else None
+    except ErrnoError as exc:
+        raise CLIError(f"--since {since}", detail=error_detail(exc, since)) from None
+    try:
         async with kvs_watch_keys(h, key, namespace=ns, waitcreate=args.waitcreate) as w:
             async for change in w:
+                keys = change.keys
                 if change.initial:
-                    continue
-                for k in change.keys:
+                    if old is None:
+                        continue
+                    keys = (await h.rpc("kvs.diff", {"namespace": ns, "old": old, "key": key,
+                                                     "new": change.rootref}))["keys"]
+                for k in keys:
                     line = f"{change.rootseq} {k}"
                     if args.values:
                         line += await _value_at(h, ns, k, dirref(change.rootref))
                     o.write(line.encode("utf-8", "surrogateescape") + b"\n")
                 o.flush()
+                if change.initial:
+                    continue  # (not a commit: -c counts those)
                 seen += 1
                 if count and seen >= count:
                     return 0

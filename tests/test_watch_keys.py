@@ -183,6 +183,25 @@ async def _finish(p: asyncio.subprocess.Process) -> tuple[bytes, bytes]:
         raise
 
 
+async def test_kvs_watch_keys_since_catches_up_first(start_instance, connect) -> None:
+    """``watch-keys --since ROOT`` prints the keys changed since ROOT, at the
+    version the watch starts at, then the commits after it."""
+    inst = await start_instance(size=4, fanout=2)
+    h0, h3 = await connect(inst, 0), await connect(inst, 3)
+    old = (await commit(h0, put("jobs.a", "1"), put("jobs.b", "2")))["rootref"]
+    s = (await commit(h0, put("jobs.a", "9"), put("jobs.c", "3"), put("other", "x")))["rootseq"]
+    await asyncio.wait_for(h3.rpc("kvs.wait-version", {"namespace": "primary", "rootseq": s}),
+                           T)  # (the watch starts at the version rank 3 has)
+    p = await _started(h0, spawn(inst.uri(3), "kvs", "watch-keys", "-v", "--since", old,
+                                 "-c", "1", "jobs"))
+    await commit(h0, put("jobs.d", "4"))
+    out, err = await _finish(p)
+    assert (p.returncode, out.decode(), err) == (
+        0, f"{s} jobs.a=9\n{s} jobs.c=3\n{s + 1} jobs.d=4\n", b"")
+    rc, _, err = await run(inst.uri(3), "kvs", "watch-keys", "--since", "nonsense", "jobs")
+    assert rc == 1 and "--since nonsense: Invalid argument" in err, err
+
+
 async def test_kvs_watch_keys_cli(start_instance, connect) -> None:
     inst = await start_instance(size=4, fanout=2)
     h0 = await connect(inst, 0)
