@@ -485,14 +485,17 @@ class KVS:
         return watch(self.handle, key, namespace=self.namespace, **options)
 
     def watch_keys(self, key: str = ".", *, waitcreate: bool = False,
-                   nodeid: int | None = None) -> KeyWatch:
+                   since: RootSpec | None = None, nodeid: int | None = None) -> KeyWatch:
         """:func:`kvs_watch.client.watch_keys` below ``key`` in this namespace:
-        the keys each commit writes there (``async for``)."""
+        the keys each commit writes there (``async for``); with ``since`` (a
+        root as ``at=`` takes it), the first answer holds the keys changed
+        since that root."""
         from kvs_watch.client import watch_keys
 
         extra = {} if nodeid is None else {"nodeid": nodeid}
+        old = as_root(since)["data"][0] if since is not None else None
         return watch_keys(self.handle, key, namespace=self.namespace,
-                          waitcreate=waitcreate, **extra)
+                          waitcreate=waitcreate, since=old, **extra)
 
     def watch_eventlog(self, key: str, *, waitcreate: bool = False) -> EventlogWatch:
         """:func:`kvs_watch.client.watch_eventlog` of ``key`` in this namespace."""
@@ -842,11 +845,12 @@ class SyncKVS:
         return SyncWatch(self.sync_handle, self.aio.watch(key, **options), timeout=timeout)
 
     def watch_keys(self, key: str = ".", *, waitcreate: bool = False,
-                   timeout: float | None = None) -> SyncWatch:
+                   since: RootSpec | None = None, timeout: float | None = None) -> SyncWatch:
         """:meth:`KVS.watch_keys` as a blocking iterator of ``KeyChanges``."""
         from kvs_watch.client import SyncWatch
 
-        return SyncWatch(self.sync_handle, self.aio.watch_keys(key, waitcreate=waitcreate),
+        return SyncWatch(self.sync_handle,
+                         self.aio.watch_keys(key, waitcreate=waitcreate, since=since),
                          timeout=timeout)
 
     def watch_eventlog(self, key: str, *, waitcreate: bool = False,

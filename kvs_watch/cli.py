@@ -210,15 +210,10 @@ async def watch_keys_async(h: HandleCore, args: argparse.Namespace,
     except ErrnoError as exc:
         raise CLIError(f"--since {since}", detail=error_detail(exc, since)) from None
     try:
-        async with kvs_watch_keys(h, key, namespace=ns, waitcreate=args.waitcreate) as w:
+        async with kvs_watch_keys(h, key, namespace=ns, waitcreate=args.waitcreate,
+                                  since=old) as w:
             async for change in w:
-                keys = change.keys
-                if change.initial:
-                    if old is None:
-                        continue
-                    keys = (await h.rpc("kvs.diff", {"namespace": ns, "old": old, "key": key,
-                                                     "new": change.rootref}))["keys"]
-                for k in keys:
+                for k in change.keys:
                     line = f"{change.rootseq} {k}"
                     if args.values:
                         line += await _value_at(h, ns, k, dirref(change.rootref))

@@ -314,9 +314,10 @@ class KeyChanges:
 
     ``keys`` are the keys one commit wrote at or below the watched key, as
     written (normalised), or a directory above it that the commit replaced
-    or removed (everything below may have changed).  The first answer has
-    no keys: it is the root the watch starts from -- read the keys there,
-    then follow the changes.  Keys are as the commits named them: a write
+    or removed (everything below may have changed).  The first answer
+    (``initial``) is the root the watch starts from -- read the keys there,
+    then follow the changes; it has no keys, or with ``since`` the keys
+    changed since that root.  Keys are as the commits named them: a write
     through a symlink shows the link's path.
     """
 
@@ -325,32 +326,44 @@ class KeyChanges:
     rootseq: int
     rootref: str
     namespace: str
-
-    @property
-    def initial(self) -> bool:
-        """The first answer (no keys): where the changes start."""
-        return not self.keys
+    initial: bool = False
+    """The first answer: where the changes start."""
 
 
 class KeyWatch(_Wrapped):
     """A key watch (:func:`watch_keys`), yielding :class:`KeyChanges`."""
 
+    def __init__(self, w: Watch, since: str | None = None) -> None:
+        super().__init__(w)
+        self.since = since
+        self._first = True
+
     async def __anext__(self) -> KeyChanges:
         p = await self.watch.next_payload()
-        return KeyChanges(self.watch.key, tuple(p["keys"]), int(p["rootseq"]),
-                          str(p["rootref"]), str(p["namespace"]))
+        keys, first = p["keys"], self._first
+        self._first = False
+        if first and self.since is not None:  # what changed since, at this root
+            keys = (await self.watch.h.rpc("kvs.diff", {
+                "namespace": p["namespace"], "old": self.since, "new": p["rootref"],
+                "key": self.watch.key}))["keys"]
+        return KeyChanges(self.watch.key, tuple(keys), int(p["rootseq"]),
+                          str(p["rootref"]), str(p["namespace"]), initial=first)
 
 
 def watch_keys(h: HandleCore, key: str = ".", *, namespace: str | None = None,
-               waitcreate: bool = False, nodeid: int = NODEID_ANY) -> KeyWatch:
+               waitcreate: bool = False, since: str | None = None,
+               nodeid: int = NODEID_ANY) -> KeyWatch:
     """The keys each commit writes at or below ``key`` (``"."``: anywhere in
     the namespace), as etcd's prefix watch: a first :class:`KeyChanges`
-    without keys naming the root it starts at, then one per commit that
-    wrote such a key.  Nothing is looked up, so it costs the rank a filter
-    of each commit's keys.  ``waitcreate`` waits for a missing namespace.
-    A kvbroker extension (flag ``WATCH_KEYS``)."""
+    (``initial``) without keys naming the root it starts at, then one per
+    commit that wrote such a key.  With ``since`` (a blobref: the last
+    ``rootref`` a watcher saw), the first one holds the keys changed since
+    that root (``kvs.diff``), so a watcher that was away misses nothing.
+    Nothing is looked up, so it costs the rank a filter of each commit's
+    keys.  ``waitcreate`` waits for a missing namespace.  A kvbroker
+    extension (flag ``WATCH_KEYS``)."""
     flags = F.WATCH | F.WATCH_KEYS | (F.WAITCREATE if waitcreate else 0)
-    return KeyWatch(Watch(h, key, flags, namespace=namespace, nodeid=nodeid))
+    return KeyWatch(Watch(h, key, flags, namespace=namespace, nodeid=nodeid), since)
 
 
 # ---------------------------------------------------------------- eventlogs

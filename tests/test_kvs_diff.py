@@ -291,8 +291,15 @@ async def test_a_watcher_catches_up_after_a_gap(start_instance, connect) -> None
             await commit(h0, put("jobs.e", "later"))
             later = await asyncio.wait_for(anext(w), 10)
             assert list(later.keys) == ["jobs.e"]  # and the watch goes on
+        # the same in one step: the first answer holds what changed since
+        async with kvs3.watch_keys("jobs", since=last) as w:
+            first = await asyncio.wait_for(anext(w), 10)
+            assert first.initial and first.keys == ("jobs.a", "jobs.b", "jobs.c.d", "jobs.e")
+            await commit(h0, put("jobs.f", "then"))
+            then = await asyncio.wait_for(anext(w), 10)
+            assert not then.initial and then.keys == ("jobs.f",)
         st = await kvs3.handle.rpc("kvs.stats-get", {})
-        assert st["counts"]["diffs"] == 2
+        assert st["counts"]["diffs"] == 3
 
 
 async def test_diff_from_the_cli(start_instance, connect) -> None:
