@@ -37,7 +37,7 @@ import json
 import os
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from broker.errors import ErrnoError, RemoteError
 from broker.sync import DEFAULT
@@ -175,23 +175,35 @@ class Link(NamedTuple):
         return cls(target, ns)
 
 
-RootSpec = str | Mapping[str, Any] | CommitResult | Root
+class HasRootref(Protocol):
+    """Anything naming a root by its ``rootref`` (``kvs_watch.client.KeyChanges``)."""
+
+    @property
+    def rootref(self) -> str: ...
+
+
+RootSpec = str | Mapping[str, Any] | CommitResult | Root | HasRootref
 """What ``at=`` accepts: a blobref, a ``dirref`` tree object (dict or JSON
 text, e.g. the output of ``kvbroker kvs getroot`` or ``get -t``), or a
-:class:`CommitResult` / :class:`Root`."""
+:class:`CommitResult` / :class:`Root` / anything with a ``rootref`` (a
+watch's ``KeyChanges``)."""
 
 
 def as_root(at: RootSpec) -> TreeObj:
     """The ``dirref`` tree object named by ``at`` (``EINVAL`` if it is not one)."""
-    if isinstance(at, CommitResult | Root):
-        return treeobj.dirref(at.rootref)
     if isinstance(at, str):
         text = at.strip()
         if not text.startswith("{"):
             return treeobj.dirref(text)  # a bare blobref (EINVAL if malformed)
         obj = treeobj.from_json(text)
-    else:
+    elif isinstance(at, Mapping):
         obj = _as_treeobj(at)
+    else:  # a CommitResult, a Root, a watch's KeyChanges: anything with a rootref
+        ref = getattr(at, "rootref", None)
+        if not isinstance(ref, str):
+            raise TypeError("a root is a blobref, a dirref tree object, or something with "
+                            f"a rootref, not a {type(at).__name__}")
+        return treeobj.dirref(ref)
     if obj["type"] != "dirref":
         raise ErrnoError(errno.EINVAL, f"a root must be a dirref tree object, not {obj['type']}")
     return obj
@@ -488,14 +500,18 @@ class KVS:
                    since: RootSpec | None = None, nodeid: int | None = None) -> KeyWatch:
         """:func:`kvs_watch.client.watch_keys` below ``key`` in this namespace:
         the keys each commit writes there (``async for``); with ``since`` (a
-        root as ``at=`` takes it), the first answer holds the keys changed
-        since that root."""
+        root as ``at=`` takes it, or the last ``KeyChanges`` seen), the first
+        answer holds the keys changed since that root.  Given something
+        with its version too (a ``KeyChanges``, ``CommitResult`` or
+        ``Root``), the watch starts no earlier than that version."""
         from kvs_watch.client import watch_keys
 
         extra = {} if nodeid is None else {"nodeid": nodeid}
         old = as_root(since)["data"][0] if since is not None else None
-        return watch_keys(self.handle, key, namespace=self.namespace,
-                          waitcreate=waitcreate, since=old, **extra)
+        version = getattr(since, "rootseq", None)  # (a KeyChanges, CommitResult or Root)
+        return watch_keys(self.handle, key, namespace=self.namespace, waitcreate=waitcreate,
+                          since=old, since_version=version if isinstance(version, int)
+                          and version >= 0 else None, **extra)
 
     def watch_eventlog(self, key: str, *, waitcreate: bool = False) -> EventlogWatch:
         """:func:`kvs_watch.client.watch_eventlog` of ``key`` in this namespace."""

@@ -23,7 +23,8 @@ empty, or stops being empty, is reported too); a directory that only one
 side has, or that is something else on the other side, is reported as every
 key below it, so the list names what a reader must read again.  Symlinks
 are compared, never followed: a ``key`` whose path passes through one is
-``EINVAL`` (its target is what changes: diff there), not an empty answer.
+``EINVAL`` (its target is what changes: diff there), not an empty answer,
+unless the link itself came, went or changed: then its key is the answer.
 """
 
 from __future__ import annotations
@@ -158,38 +159,51 @@ class Diff:
         return sorted(self.keys)
 
     def _start(self) -> None:
-        """Find ``key`` in each tree (no link followed) and queue the first
-        comparison; :class:`NeedBlobs` until the directories on the way are here."""
-        found: list[TreeObj | None] = []
+        """Walk to ``key`` in both trees at once (no link followed) and queue
+        the first comparison; :class:`NeedBlobs` until the directories on the
+        way are here.  A symlink on the way that is the same in both trees is
+        ``EINVAL`` (what changed is its target); one that came, went or
+        changed there is the change, reported at its key, as a watch of
+        ``key`` reports a directory above it that a commit replaced."""
         for ref in self.roots:
             try:
-                found.append(self._resolve(ref))
+                self._get(ref, root=True)
             except _Missing:
-                found.append(None)
+                pass
         if self.missing:
             raise NeedBlobs(self.missing)
-        self.todo = [_Entries(".".join(self.parts), found[0], found[1])]
-
-    def _resolve(self, root: str) -> TreeObj | None:
-        self._get(root, root=True)
-        entry: TreeObj = dirref(root)
+        sides: list[TreeObj | None] = [dirref(ref) for ref in self.roots]
         for i, name in enumerate(self.parts):
-            if entry["type"] == "symlink":
-                raise ErrnoError(errno.EINVAL, f"{'.'.join(self.parts)} passes through the "
-                                 f"symlink {'.'.join(self.parts[:i])}, which a diff does "
-                                 "not follow: diff its target")
-            if entry["type"] not in _DIRS:
-                return None  # a path through a value: nothing there
-            here = self._directory(entry)
-            try:
-                found = shards.get(self.cache, here, name)
-            except NeedBlobs as need:
-                self.missing.update(need.refs)
-                raise _Missing from None
-            if found is None:
-                return None
-            entry = found
-        return entry
+            if any(s is not None and s["type"] == "symlink" for s in sides):
+                above = ".".join(self.parts[:i])
+                if sides[0] == sides[1]:
+                    raise ErrnoError(errno.EINVAL, f"{'.'.join(self.parts)} passes through "
+                                     f"the symlink {above}, which a diff does not follow: "
+                                     "diff its target")
+                self._report(above)
+                self.todo = []
+                return
+            below: list[TreeObj | None] = []
+            for side in sides:
+                try:
+                    below.append(self._child(side, name))
+                except _Missing:
+                    below.append(None)
+            if self.missing:
+                raise NeedBlobs(self.missing)
+            sides = below
+        self.todo = [_Entries(".".join(self.parts), sides[0], sides[1])]
+
+    def _child(self, entry: TreeObj | None, name: str) -> TreeObj | None:
+        """Entry ``name`` of the directory ``entry`` holds; None when there is
+        none, or ``entry`` is nothing or a value (a path through a value)."""
+        if entry is None or entry["type"] not in _DIRS:
+            return None
+        try:
+            return shards.get(self.cache, self._directory(entry), name)
+        except NeedBlobs as need:
+            self.missing.update(need.refs)
+            raise _Missing from None
 
     def _report(self, key: str) -> None:
         self.keys.add(key)

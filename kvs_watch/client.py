@@ -42,6 +42,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Self
 
+from broker.content import blobref
 from broker.errors import RemoteError
 from broker.message import NODEID_ANY
 from broker.rpc import HandleCore, Stream
@@ -333,37 +334,80 @@ class KeyChanges:
 class KeyWatch(_Wrapped):
     """A key watch (:func:`watch_keys`), yielding :class:`KeyChanges`."""
 
-    def __init__(self, w: Watch, since: str | None = None) -> None:
+    def __init__(self, w: Watch, since: str | None = None,
+                 since_version: int | None = None) -> None:
         super().__init__(w)
         self.since = since
+        self.since_version = since_version
         self._first = True
+        self._ready = since_version is None
+
+    async def _prepare(self) -> None:
+        """Start the watch -- with ``since_version``, once its rank has
+        reached that version: a watch that started on a rank still behind
+        the root it catches up from went back a version, and reported the
+        next commit twice."""
+        if not self._ready:
+            self._ready = True
+            try:
+                await self.watch.h.rpc("kvs.wait-version", {
+                    "namespace": self.watch.namespace, "rootseq": self.since_version},
+                    nodeid=self.watch.nodeid)
+            except RemoteError as exc:
+                if exc.errnum != errno.ENOTSUP:  # (no such namespace yet: waitcreate's)
+                    raise
+        self.watch.start()
+
+    async def __aenter__(self) -> Self:
+        await self._prepare()
+        return self
 
     async def __anext__(self) -> KeyChanges:
+        if not self._ready:
+            await self._prepare()
         p = await self.watch.next_payload()
         keys, first = p["keys"], self._first
         self._first = False
         if first and self.since is not None:  # what changed since, at this root
-            keys = (await self.watch.h.rpc("kvs.diff", {
-                "namespace": p["namespace"], "old": self.since, "new": p["rootref"],
-                "key": self.watch.key}))["keys"]
+            try:
+                keys = (await self.watch.h.rpc("kvs.diff", {
+                    "namespace": p["namespace"], "old": self.since, "new": p["rootref"],
+                    "key": self.watch.key}))["keys"]
+            except RemoteError as exc:
+                # The watch cannot say where it started: it ends (restart
+                # without since, and read the key at the new first answer).
+                await self.watch.cancel()
+                raise RemoteError(exc.errnum, f"catching up since {self.since}: "
+                                  f"{exc.errstr}") from None
+            except BaseException:
+                await self.watch.cancel()
+                raise
         return KeyChanges(self.watch.key, tuple(keys), int(p["rootseq"]),
                           str(p["rootref"]), str(p["namespace"]), initial=first)
 
 
 def watch_keys(h: HandleCore, key: str = ".", *, namespace: str | None = None,
                waitcreate: bool = False, since: str | None = None,
-               nodeid: int = NODEID_ANY) -> KeyWatch:
+               since_version: int | None = None, nodeid: int = NODEID_ANY) -> KeyWatch:
     """The keys each commit writes at or below ``key`` (``"."``: anywhere in
     the namespace), as etcd's prefix watch: a first :class:`KeyChanges`
     (``initial``) without keys naming the root it starts at, then one per
     commit that wrote such a key.  With ``since`` (a blobref: the last
     ``rootref`` a watcher saw), the first one holds the keys changed since
-    that root (``kvs.diff``), so a watcher that was away misses nothing.
+    that root (``kvs.diff``), so a watcher that was away misses nothing;
+    ``since_version``, that root's version, makes the watch start no earlier
+    (on a rank still behind it, it waits).  If the catch-up fails (``EPERM``:
+    a guest's root no longer recent; ``ENOENT``: its blobs are gone;
+    ``EOVERFLOW``), the first iteration raises it and the watch ends: start
+    again without ``since`` and read the key at the first answer's root.
     Nothing is looked up, so it costs the rank a filter of each commit's
     keys.  ``waitcreate`` waits for a missing namespace.  A kvbroker
     extension (flag ``WATCH_KEYS``)."""
+    if since is not None:
+        blobref.check(since)  # (EINVAL now, not at the first answer)
     flags = F.WATCH | F.WATCH_KEYS | (F.WAITCREATE if waitcreate else 0)
-    return KeyWatch(Watch(h, key, flags, namespace=namespace, nodeid=nodeid), since)
+    return KeyWatch(Watch(h, key, flags, namespace=namespace, nodeid=nodeid), since,
+                    since_version)
 
 
 # ---------------------------------------------------------------- eventlogs

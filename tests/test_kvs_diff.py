@@ -18,7 +18,7 @@ from test_broker_support import run_cli
 from test_kvs_rpc_helpers import GUEST_UID, commit, errnum, getroot, put, run_guest, unlink
 
 from broker.content import blobref
-from broker.errors import ErrnoError
+from broker.errors import ErrnoError, RemoteError
 from kvs import shards, treeobj, txn
 from kvs.client import KVS
 from kvs.diff import Diff, diff
@@ -117,6 +117,19 @@ def test_a_key_scopes_the_diff_and_links_are_not_followed() -> None:
     assert exc.value.errnum == errno.EINVAL and "passes through the symlink ln" in str(exc.value)
     assert diff(cache, r1, r2, "other.below") == []  # a path through a value: nothing
     assert diff(cache, r1, r2, "nowhere") == []
+
+
+def test_a_link_that_came_or_went_above_the_key_is_the_answer() -> None:
+    """A watch of ``a.b`` reports ``a`` when ``a`` becomes a symlink (a
+    directory above it replaced); a diff of ``a.b`` across that change
+    answers the same, either way, instead of refusing the path."""
+    t = Tree()
+    r1 = t.commit(_put("a.b", "1"), _put("c.b", "2"))
+    r2 = t.commit(_entry("a", treeobj.symlink("c")))
+    r3 = t.commit(_entry("a", treeobj.symlink("elsewhere")))
+    cache = BlobCache(t.blobs)
+    assert diff(cache, r1, r2, "a.b") == ["a"] == diff(cache, r2, r1, "a.b")
+    assert diff(cache, r2, r3, "a.b") == ["a"]  # another target: the link changed
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -300,6 +313,45 @@ async def test_a_watcher_catches_up_after_a_gap(start_instance, connect) -> None
             assert not then.initial and then.keys == ("jobs.f",)
         st = await kvs3.handle.rpc("kvs.stats-get", {})
         assert st["counts"]["diffs"] == 3
+
+
+async def test_a_catch_up_that_fails_ends_the_watch(start_instance, connect) -> None:
+    """The first iteration raises what kvs.diff answered, with what it was
+    catching up from, and the watch is over: going on would have skipped the
+    gap without a word (its next answer is no start)."""
+    inst = await start_instance(size=2)
+    h0 = await connect(inst, 0)
+    await commit(h0, put("jobs.a", "1"))
+    async with KVS(await connect(inst, 1)) as kvs1:
+        gone = "sha256-" + "0" * 64
+        w = kvs1.watch_keys("jobs", since=gone)
+        with pytest.raises(RemoteError) as exc:
+            await asyncio.wait_for(anext(w), 10)
+        assert exc.value.errnum == errno.ENOENT and f"catching up since {gone}" in str(exc.value)
+        assert w.watch.done  # ended, not left running
+        with pytest.raises(ErrnoError) as bad:  # (a malformed one: at once)
+            kvs1.watch_keys("jobs", since="nonsense")
+        assert bad.value.errnum == errno.EINVAL
+
+
+async def test_since_the_last_answer_starts_no_earlier(start_instance, connect) -> None:
+    """``since=`` the last KeyChanges seen (its rootref and its version):
+    the new watch waits until its rank has that version, so it never starts
+    behind it and reports the next commit twice."""
+    inst = await start_instance(size=4, fanout=2)
+    h0 = await connect(inst, 0)
+    async with KVS(h0) as kvs0:
+        async with kvs0.watch_keys("jobs") as w:
+            await asyncio.wait_for(anext(w), 10)
+            await commit(h0, put("jobs.a", "1"))
+            last = await asyncio.wait_for(anext(w), 10)
+        async with KVS(await connect(inst, 3)) as kvs3:
+            async with kvs3.watch_keys("jobs", since=last) as w3:
+                first = await asyncio.wait_for(anext(w3), 10)
+                assert first.initial and first.rootseq >= last.rootseq
+                assert first.keys == ()  # nothing since: not jobs.a again
+                await commit(h0, put("jobs.b", "2"))
+                assert (await asyncio.wait_for(anext(w3), 10)).keys == ("jobs.b",)
 
 
 async def test_diff_from_the_cli(start_instance, connect) -> None:
