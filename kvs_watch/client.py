@@ -331,6 +331,12 @@ class KeyChanges:
     """The first answer: where the changes start."""
 
 
+SINCE_WAIT = 2.0
+"""Seconds a key watch with ``since_version`` waits for its rank to reach
+that version before it starts anyway (a lagging rank takes milliseconds; a
+namespace removed and created again since never gets there)."""
+
+
 class KeyWatch(_Wrapped):
     """A key watch (:func:`watch_keys`), yielding :class:`KeyChanges`."""
 
@@ -351,10 +357,12 @@ class KeyWatch(_Wrapped):
             self._ready = True
             try:
                 await self.watch.h.rpc("kvs.wait-version", {
-                    "namespace": self.watch.namespace, "rootseq": self.since_version},
-                    nodeid=self.watch.nodeid)
+                    "namespace": self.watch.namespace, "rootseq": self.since_version,
+                    "timeout": SINCE_WAIT}, nodeid=self.watch.nodeid)
             except RemoteError as exc:
-                if exc.errnum != errno.ENOTSUP:  # (no such namespace yet: waitcreate's)
+                # No such namespace yet (waitcreate's), or a version it will
+                # not reach (removed and created again since): start anyway.
+                if exc.errnum not in (errno.ENOTSUP, errno.ETIMEDOUT):
                     raise
         self.watch.start()
 

@@ -9,6 +9,7 @@ gap with ``watch_keys``, the CLI, and what a guest may compare.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import errno
 import random
 from typing import Any
@@ -352,6 +353,17 @@ async def test_since_the_last_answer_starts_no_earlier(start_instance, connect) 
                 assert first.keys == ()  # nothing since: not jobs.a again
                 await commit(h0, put("jobs.b", "2"))
                 assert (await asyncio.wait_for(anext(w3), 10)).keys == ("jobs.b",)
+    # a version the namespace will not reach (removed and created again
+    # since): the watch starts anyway, after SINCE_WAIT, and diffs from there
+    await h0.rpc("kvs.namespace-create", {"namespace": "again"})
+    await commit(h0, put("x", "1"), ns="again")
+    async with KVS(h0, "again") as again:
+        async with again.watch_keys(".") as w:
+            start = await asyncio.wait_for(anext(w), 10)
+        late = dataclasses.replace(start, rootseq=start.rootseq + 1000)
+        async with asyncio.timeout(10), again.watch_keys(".", since=late) as w:
+            first = await anext(w)
+            assert first.initial and first.keys == ()
 
 
 async def test_diff_from_the_cli(start_instance, connect) -> None:
