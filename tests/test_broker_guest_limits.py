@@ -179,11 +179,8 @@ async def test_a_guests_part_sent_messages_share_one_budget(start_instance, conn
             send_until_closed(second, big[:200 << 10])
             out(second=read_all(second)["responses"])
             first.sendall(big[100 << 10:])
-            dec = codec.StreamDecoder()
-            answers = []
-            while not answers:
-                answers = dec.feed(first.recv(1 << 20))
-            out(first=list(codec.peek_response(answers[0])[:2]))
+            answer = read_one(first, codec.StreamDecoder())
+            out(first=list(codec.peek_response(answer)[:2]))
     """)
     try:
         size = (await guest.line())["sent"]
@@ -267,9 +264,7 @@ async def test_a_guests_unread_output_shares_one_budget(start_instance, connect)
             socks = [raw(), raw()]
             for s in socks:
                 s.sendall(request("event.subscribe", {"topic": "flood."}, 1))
-                dec, got = codec.StreamDecoder(), []
-                while not got:
-                    got = dec.feed(s.recv(1 << 16))
+                read_one(s, codec.StreamDecoder())
             out(subscribed=True)
             await step()  # events pile up unread meanwhile
             out(events=[read_all(s)["events"] for s in socks])
@@ -310,9 +305,8 @@ async def test_a_connection_that_read_everything_holds_nothing(start_instance,
         async def main():
             a = raw()
             a.sendall(request("event.subscribe", {"topic": "flood."}, 1))
-            dec, got = codec.StreamDecoder(), []
-            while not got:
-                got = dec.feed(a.recv(1 << 16))
+            dec = codec.StreamDecoder()
+            read_one(a, dec)
             out(subscribed=True)
             n = int(await step())  # events are queued for a, unread
             events = 0
@@ -324,10 +318,7 @@ async def test_a_connection_that_read_everything_holds_nothing(start_instance,
             v = await b.rpc("kvs.lookup", {"namespace": "big", "key": "v", "flags": 0})
             out(b=len(v["val"]["data"]))
             a.sendall(request("broker.ping", {}, 2))
-            got = []
-            while not got:
-                got = dec.feed(a.recv(1 << 16))
-            out(a=list(codec.peek_response(got[0])[:2]))
+            out(a=list(codec.peek_response(read_one(a, dec))[:2]))
     """)
     try:
         assert (await guest.line())["subscribed"]

@@ -266,6 +266,13 @@ def raw():
     s.connect(path)
     return s
 
+def read_one(s, dec):
+    # the frames of the next whole message on s (dec keeps what follows it)
+    got = []
+    while not got:
+        got = dec.feed(s.recv(1 << 16))
+    return got[0]
+
 def read_all(s):
     # what the rank sends until it closes the connection: the responses'
     # [matchtag, errnum, errstr], how many events, and "eof" or "reset"
