@@ -639,16 +639,41 @@ def cmd_getroot(args: argparse.Namespace) -> int:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    """``kvbroker kvs gc --statedir DIR``: offline garbage collection of a
-    stopped instance's content store (:mod:`kvs.garbage`).  Needs no broker."""
+    """``kvbroker kvs gc``: online garbage collection of the running
+    instance (:mod:`kvs.collect`); with ``--statedir DIR``, offline, of a
+    stopped instance's content store (:mod:`kvs.garbage`, needs no broker)."""
     from kvs.garbage import GcError, collect, describe
 
+    if args.statedir is None:
+        if args.dry_run:
+            raise CLIError("kvs gc", detail="--dry-run is for a stopped instance "
+                           "(--statedir DIR)")
+        args.what = "kvs gc"
+
+        async def body(kvs: KVS) -> int:
+            print(describe_online(await kvs.gc(compact=args.compact)), flush=True)
+            return 0
+
+        return _run(args, body)
     try:
         report = collect(args.statedir, dry_run=args.dry_run)
     except GcError as exc:
         raise CLIError("kvs gc", detail=str(exc)) from None
     print(describe(report), flush=True)
     return 0
+
+
+def describe_online(r: dict[str, Any]) -> str:
+    """``kvs.gc``'s answer as ``kvbroker kvs gc`` prints it."""
+    from kvs.garbage import size_text
+
+    free = ("compacted" if r["compacted"] else
+            f"{size_text(r['free-bytes'])} of it free for new blobs")
+    return (f"removed {r['removed']:,} blobs ({size_text(r['removed-bytes'])}) in "
+            f"{r['seconds']:.2f} s\n"
+            f"kept {r['kept']:,} blobs reachable from {r['roots']:,} roots (the current, "
+            f"those of the last {r['grace']:g} s, checkpoints), and those written since\n"
+            f"content.sqlite: {size_text(r['file-bytes'])}, {free}")
 
 
 # ---------------------------------------------------------------- archives
@@ -1082,15 +1107,23 @@ def register(subparsers: Any) -> None:
         p.add_argument("dst", metavar="DST")
         p.set_defaults(func=cmd_copy)
 
-    p = sub.add_parser("gc", help="remove what no checkpoint reaches from a stopped "
-                       "instance's statedir (offline)",
-                       description="Delete every blob of DIR/content.sqlite that the KVS "
-                       "checkpoint (the primary namespace a restart brings back) does not "
-                       "reach, then compact the file.  The instance must be stopped.")
-    p.add_argument("--statedir", required=True, metavar="DIR",
-                   help="the statedir the instance ran with (kvbroker start --statedir)")
+    p = sub.add_parser("gc", help="remove old versions from the content store (online, "
+                       "or offline with --statedir)",
+                       description="Online (the default): rank 0 deletes every blob that "
+                       "no namespace's current root, no root of the last kvs.gc-grace "
+                       "seconds and no checkpoint reaches, while the instance runs; reads "
+                       "at older roots then fail with ENOENT.  With --statedir DIR, offline: "
+                       "delete every blob of a stopped instance's DIR/content.sqlite that "
+                       "the KVS checkpoint (the primary namespace a restart brings back) "
+                       "does not reach, then compact the file.")
+    p.add_argument("--statedir", metavar="DIR",
+                   help="collect the stopped instance that ran with this statedir "
+                   "(kvbroker start --statedir)")
     p.add_argument("-n", "--dry-run", action="store_true",
-                   help="only count what would be removed")
+                   help="only count what would be removed (offline only)")
+    p.add_argument("--compact", action="store_true",
+                   help="online: also rewrite content.sqlite to its new size (the store "
+                   "waits meanwhile)")
     p.set_defaults(func=cmd_gc)
 
     p = sub.add_parser("dump", help="write a directory (or a stopped instance's "

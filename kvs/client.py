@@ -718,6 +718,19 @@ class KVS:
         up by one, as for any commit."""
         return await self.commit([], SYNC)
 
+    async def gc(self, compact: bool = False) -> dict[str, Any]:
+        """Collect the content store's garbage now, while the instance runs
+        (``kvs.gc``; instance owner only; ``EBUSY`` while one runs).  Keeps
+        every namespace's current root, the roots of the last
+        ``kvs.gc-grace`` seconds and the checkpoints; reads at older roots
+        then fail with ``ENOENT`` (docs/kvs.md, "Garbage collection").
+        With ``compact`` the file is also rewritten to its new size, which
+        holds the store meanwhile.  Returns what was kept and removed:
+        ``{removed, removed-bytes, kept, roots, file-bytes, free-bytes,
+        compacted, grace, seconds}``."""
+        resp = await self.handle.rpc("kvs.gc", {"compact": bool(compact)})
+        return dict(resp)
+
     # ------------------------------------------------------------ namespaces
 
     async def namespace_create(self, name: str, owner: int | None = None,
@@ -938,6 +951,9 @@ class SyncKVS:
 
     def sync(self) -> CommitResult:
         return self.run(self.aio.sync())
+
+    def gc(self, compact: bool = False) -> dict[str, Any]:
+        return self.run(self.aio.gc(compact), None)
 
     def namespace_create(self, name: str, owner: int | None = None,
                          rootref: RootSpec | None = None) -> None:

@@ -29,9 +29,8 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import msgpack
 
@@ -103,50 +102,14 @@ def reachable(get: Callable[[str], bytes | None], trees: Sequence[str],
             if kind == TREE:
                 raise _damaged(f"blob {ref} should be a tree object: {exc.errstr}") from None
             continue  # an opaque blob named by another checkpoint: kept, not walked
-        for child, child_kind in _children(obj):
+        for child, is_tree in treeobj.blobrefs(obj):
             if child not in seen:
-                todo.append((child, MAYBE if kind == MAYBE else child_kind))
+                todo.append((child, MAYBE if kind == MAYBE else TREE if is_tree else DATA))
     return seen
 
 
 def _damaged(what: str) -> GcError:
     return GcError(f"{what} (the store is damaged; nothing was deleted)")
-
-
-def _children(obj: treeobj.TreeObj) -> Iterator[tuple[str, str]]:
-    """The blobrefs a tree object names, each with what it leads to."""
-    t, data = obj["type"], obj["data"]
-    if t == "dirref":
-        yield data[0], TREE
-    elif t == "valref":
-        for ref in data:
-            yield ref, DATA
-    elif t == "hdir":
-        for ref in data["shards"].values():
-            yield ref, TREE
-    elif t == "dir":
-        for entry in data.values():
-            yield from _children(entry)
-
-
-def _blobrefs_in(value: Any) -> list[str]:
-    """Every blobref in a decoded checkpoint value: strings (or ASCII bytes)
-    anywhere in it, map keys included.  Iterative: a value may nest deeper
-    than Python's recursion limit."""
-    found: list[str] = []
-    todo = [value]
-    while todo:
-        v = todo.pop()
-        if isinstance(v, (bytes, bytearray)) and len(v) <= 200:
-            v = bytes(v).decode("ascii", "replace")
-        if blobref.is_valid(v):
-            found.append(v)
-        elif isinstance(v, dict):
-            todo.extend(v.keys())
-            todo.extend(v.values())
-        elif isinstance(v, list):
-            todo.extend(v)
-    return found
 
 
 def _file_size(path: str) -> int:
@@ -211,7 +174,7 @@ def _collect(store: SqliteStore, statedir: str, report: GcReport) -> None:
             trees.append(value["rootref"])
             report.roots[key] = f"rootseq {value.get('rootseq')}"
         else:
-            refs = _blobrefs_in(value)
+            refs = blobref.found_in(value)
             blobs += refs
             report.roots[key] = f"{len(refs)} blobref(s)"
     if CHECKPOINT_KEY not in report.roots:
@@ -248,18 +211,19 @@ def describe(report: GcReport) -> str:
     """The report as ``kvbroker kvs gc`` prints it."""
     roots = ", ".join(f"{k} ({v})" for k, v in report.roots.items())
     verb = "would remove" if report.dry_run else "removed"
-    file = (f"{_size(report.file_before)} (a dry run compacts nothing)" if report.dry_run
-            else f"{_size(report.file_before)} -> {_size(report.file_after)}")
-    return (f"kept {report.kept:,} blobs ({_size(report.kept_bytes)}) reachable from {roots}\n"
-            f"{verb} {report.removed:,} blobs ({_size(report.removed_bytes)})\n"
+    file = (f"{size_text(report.file_before)} (a dry run compacts nothing)" if report.dry_run
+            else f"{size_text(report.file_before)} -> {size_text(report.file_after)}")
+    return (f"kept {report.kept:,} blobs ({size_text(report.kept_bytes)}) reachable from {roots}\n"
+            f"{verb} {report.removed:,} blobs ({size_text(report.removed_bytes)})\n"
             f"{STORE_FILE}: {file}")
 
 
-def _size(n: int) -> str:
+def size_text(n: int) -> str:
+    """``n`` bytes for people: B, kB, MB or GB."""
     for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if n >= scale:
             return f"{n / scale:.1f} {unit}"
     return f"{n} B"
 
 
-__all__ = ["GcError", "GcReport", "collect", "describe", "reachable"]
+__all__ = ["GcError", "GcReport", "collect", "describe", "reachable", "size_text"]

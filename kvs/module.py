@@ -35,6 +35,7 @@ from broker.content.module import BLOB_OVERHEAD, ContentModule
 from broker.errors import ErrnoError, RemoteError
 from broker.message import Message, MsgFlags
 from broker.module import Handler, Module, require
+from kvs import collect as collector
 from kvs import diff as diff_engine
 from kvs import lookup as lookup_engine
 from kvs import treeobj, txn
@@ -84,7 +85,7 @@ namespace changes, and nothing while it does not."""
 
 COUNTERS = ("commits", "batches", "merged", "merges-split", "commits-failed", "relays",
             "relayed", "lookups", "diffs", "blob-fetches", "namespaces-created",
-            "namespaces-loaded", "namespaces-removed")
+            "namespaces-loaded", "namespaces-removed", "collections")
 """The ``counts`` of ``kvs.stats-get`` (all shown, 0 included)."""
 
 
@@ -250,7 +251,8 @@ def _check_guest_ops(ops: list[dict[str, Any]]) -> None:
 
 class KvsModule(Module):
     name: ClassVar[str] = "kvs"
-    attributes: ClassVar[tuple[AttrSpec, ...]] = (CACHE_BYTES, SETROOT_LIMIT, CHECKPOINT_PERIOD)
+    attributes: ClassVar[tuple[AttrSpec, ...]] = (CACHE_BYTES, SETROOT_LIMIT, CHECKPOINT_PERIOD,
+                                                  collector.GRACE)
 
     def __init__(self, ctx: Any) -> None:
         super().__init__(ctx)
@@ -288,6 +290,9 @@ class KvsModule(Module):
         self.stopping = False
         """Set by :meth:`stop`: rank 0 refuses new transactions (``ENOSYS``)."""
         self._queue_runs: set[asyncio.Task[None]] = set()
+        # Rank 0: online garbage collection (kvs/collect.py)
+        self.root_history = collector.RootHistory(collector.GRACE.value(ctx.attrs))
+        self._last_gc: dict[str, Any] | None = None
 
     # ================================================================ life cycle
 
@@ -304,6 +309,7 @@ class KvsModule(Module):
             "kvs.namespace-remove": self.namespace_remove,
             "kvs.namespace-list": self.namespace_list,
             "kvs.dropcache": self.dropcache,
+            "kvs.gc": self.gc,
             "kvs.disconnect": self.disconnect,
         }
 
@@ -427,14 +433,24 @@ class KvsModule(Module):
 
     # ================================================================ blobs
 
-    async def fetch(self, refs: set[str], held: set[str] | None = None) -> None:
+    async def fetch(self, refs: set[str], held: set[str] | None = None) -> dict[str, bytes]:
         """Load missing blobs from the content module (in parallel); with
         ``held``, hold them (and those of ``refs`` already here) for the
-        caller until it releases them (:meth:`BlobStore.hold`)."""
+        caller until it releases them (:meth:`BlobStore.hold`).  Returns
+        them all, ``{ref: blob}`` (the caches may have been dropped
+        meanwhile: ``kvs.dropcache``, a garbage collection).
+
+        While rank 0 collects garbage, what is fetched here is kept: a
+        commit names only blobs it fetched (:meth:`_check_refs`)."""
+        collection = self._content.collection if self._content is not None else None
+        if collection is not None:
+            collection.touch(refs)
         waits: dict[str, asyncio.Future[bytes]] = {}
+        found: dict[str, bytes] = {}
         for ref in refs:
             data = self.blobs.get(ref)
             if data is not None:
+                found[ref] = data
                 if held is not None:
                     self.blobs.hold(ref, data, held)
                 continue
@@ -447,15 +463,20 @@ class KvsModule(Module):
         if waits:
             self.counts["blob-fetches"] += len(waits)
             got = await asyncio.gather(*waits.values())
+            found.update(zip(waits, got, strict=True))
             if held is not None:
                 for ref, data in zip(waits, got, strict=True):
                     self.blobs.hold(ref, data, held)
+        return found
 
-    def _fetched(self, ref: str, _fut: asyncio.Future[bytes]) -> None:
+    def _fetched(self, ref: str, fut: asyncio.Future[bytes]) -> None:
         """Done callback of a blob fetch: it is no longer in flight."""
-        self._fetching.pop(ref, None)
+        if self._fetching.get(ref) is fut:  # (a collection's decision forgets it)
+            del self._fetching[ref]
 
     async def _fetch_one(self, ref: str) -> bytes:
+        content = self._content
+        generation = content.generation if content is not None else 0
         try:
             resp = await self.h.rpc("content.load", {"blobref": ref})
         except RemoteError as exc:
@@ -464,7 +485,9 @@ class KvsModule(Module):
                     from None
             raise
         data: bytes = resp["data"]
-        self.blobs.put(ref, data)
+        if content is None or (content.generation == generation and (
+                content.collection is None or content.collection.may_cache(ref))):
+            self.blobs.put(ref, data)  # (not a blob a collection may be deleting)
         return data
 
     # ================================================================ namespaces
@@ -796,10 +819,51 @@ class KvsModule(Module):
     def dropcache(self, msg: Message) -> None:
         if not msg.is_owner:
             raise ErrnoError(errno.EPERM, "only the instance owner may drop caches")
+        self._drop_caches()
+        self.h.respond(msg, {})
+
+    def _drop_caches(self) -> None:
         self.blobs = BlobStore(self.blobs.limit)
         self.cache = treeobj.BlobCache(self.blobs, max_objects=self.cache.max_objects,
                                        max_bytes=self.cache.max_bytes)
-        self.h.respond(msg, {})
+
+    # ================================================================ garbage
+
+    async def gc(self, msg: Message) -> None:
+        """``kvs.gc`` ``{compact?}`` -> what was kept and removed: an online
+        garbage collection of the content store, run by rank 0
+        (:mod:`kvs.collect`).  The instance owner's; ``EBUSY`` while one runs."""
+        self._owner_only(msg, "kvs.gc")
+        p = require(msg.payload)
+        compact = p.get("compact", False)
+        if type(compact) is not bool:
+            raise ErrnoError(errno.EPROTO, "compact must be a boolean")
+        if not self.leader:
+            self.h.respond(msg, await self.h.rpc("kvs.gc", p, nodeid=0))
+            return
+        if self._content is None:
+            raise ErrnoError(errno.ENOSYS, "rank 0's content store is not in this process")
+        self._refuse_if_stopping()
+        result = await collector.collect(
+            self._content, self._gc_roots, self._gc_forget, CHECKPOINT_KEY,
+            grace=self.root_history.grace, compact=compact)
+        self.counts["collections"] += 1
+        self._last_gc = result
+        self.log.info("gc: removed %d blobs (%d bytes) in %.3f s", result["removed"],
+                      result["removed-bytes"], result["seconds"])
+        self.h.respond(msg, result)
+
+    def _gc_roots(self) -> collector.Roots:
+        """The roots a collection keeps: every namespace's current root (live),
+        and the roots of the grace period and guests' recent roots."""
+        live = [ns.rootref for ns in self.namespaces.values() if ns.rootref]
+        return collector.Roots(live, [*self.root_history.recent(), *self.recent_roots.roots()])
+
+    def _gc_forget(self) -> None:
+        """A collection decided: forget every blob this module cached, and
+        the fetches in flight (what they bring back is not cached)."""
+        self._drop_caches()
+        self._fetching.clear()
 
     # ================================================================ writes
 
@@ -927,7 +991,7 @@ class KvsModule(Module):
         ops = batch[0].ops if len(batch) == 1 else [op for p in batch for op in p.ops]
         sync = any(p.flags & txn.SYNC for p in batch)
         try:
-            result = await self._apply(ns, ops)
+            result, named = await self._apply(ns, ops)
             # Storing may fail too (EFBIG over content.blob-size-limit): that
             # fails the transaction like any other error, before the new root
             # exists anywhere.
@@ -943,6 +1007,8 @@ class KvsModule(Module):
                 await self.h.rpc("content.flush", {})
                 if ns.name == PRIMARY and self.statedir and not ns.removed:
                     await self._checkpoint(result.rootref, ns.rootseq + 1)
+            if named and self._content is not None:
+                await self._keep_whole(named)  # (the last await before the new root)
         except ErrnoError as exc:
             # Let go of the frames ``exc`` went through (they hold the ops
             # and the blobs made for them), and give a future a fresh
@@ -970,6 +1036,7 @@ class KvsModule(Module):
                     p.future.set_exception(err)
             return
         ns.set_root(ns.rootseq + 1, result.rootref)
+        self.root_history.note(result.rootref)
         self.counts["batches"] += 1
         if len(batch) > 1:
             self.counts["merged"] += len(batch)
@@ -988,7 +1055,10 @@ class KvsModule(Module):
             if not p.future.done():
                 p.future.set_result(answer)
 
-    async def _apply(self, ns: Namespace, ops: list[dict[str, Any]]) -> txn.TxnResult:
+    async def _apply(self, ns: Namespace,
+                     ops: list[dict[str, Any]]) -> tuple[txn.TxnResult, dict[str, bool]]:
+        """Apply ``ops`` to ``ns``'s root: the result, and the existing blobs
+        the ops named (valrefs, dirrefs: see :meth:`_keep_whole`)."""
         held: set[str] = set()
         try:
             while True:
@@ -998,17 +1068,19 @@ class KvsModule(Module):
                 except treeobj.NeedBlobs as need:
                     await self.fetch(need.refs, held)
                     continue
-                await self._check_refs(ops, result.new_blobs, held)
-                return result
+                named = await self._check_refs(ops, result.new_blobs, held)
+                return result, named
         finally:
             if held:
                 self.blobs.release(held)
 
     async def _check_refs(self, ops: list[dict[str, Any]], new_blobs: dict[str, bytes],
-                          held: set[str]) -> None:
+                          held: set[str]) -> dict[str, bool]:
         """Blobrefs named by dirents must exist, and a dirref must name a
         directory: fail fast (ENOENT, EINVAL) rather than store a tree that
-        cannot be read.  Entries of ``dir`` dirents are checked too."""
+        cannot be read.  Entries of ``dir`` dirents are checked too.
+        Returns the blobrefs named that this transaction did not make, each
+        with whether it names a tree object (a dirref) or data (a valref)."""
         valrefs: set[str] = set()
         dirrefs: set[str] = set()
         todo = [op.get("dirent") for op in ops]
@@ -1024,17 +1096,47 @@ class KvsModule(Module):
             elif t == "dir":
                 todo.extend(d["data"].values())
         refs = {r for r in valrefs | dirrefs if r not in new_blobs}
-        if refs:
-            await self.fetch(refs, held)  # raises ENOENT for an unknown blob
+        found = await self.fetch(refs, held) if refs else {}  # ENOENT for an unknown blob
         for ref in dirrefs:
-            try:
-                obj = self.cache.get_obj(ref)
+            try:  # (a blob this very transaction made, or one fetched)
+                obj: Any = treeobj.decode(new_blobs.get(ref) or found[ref])
             except ErrnoError:
                 obj = None
-            if obj is None and ref in new_blobs:
-                continue  # made by this very transaction
             if not _names_a_directory(obj):
                 raise ErrnoError(errno.EINVAL, f"dirref {ref} does not name a directory")
+        return {ref: ref in dirrefs for ref in refs}
+
+    async def _keep_whole(self, refs: dict[str, bool]) -> None:
+        """While rank 0 collects garbage, keep every blob below ``refs``
+        (blobs a commit names: a copied directory, a value stored first),
+        reading them all, before the root that names them is set (``refs``:
+        blobref -> whether it is a tree object, else a value's data).
+
+        A commit that runs during a collection otherwise builds only on what
+        the collection keeps; but a client may name any blob it can read,
+        such as a directory of an old root (``kvs copy``), whose subtree the
+        collection may be deleting.  Reading each blob keeps it (or fails
+        with ``ENOENT`` if it went already: the commit fails, whole).  The
+        check repeats if another collection began meanwhile."""
+        assert self._content is not None
+        walked_for = None
+        while (collection := self._content.collection) is not None \
+                and collection is not walked_for:
+            walked_for = collection
+            held: set[str] = set()
+            seen: set[str] = set()
+            try:
+                todo = dict(refs)
+                while todo:
+                    seen.update(todo)
+                    found = await self.fetch(set(todo), held)  # (keeps each, ENOENT if gone)
+                    below: dict[str, bool] = {}
+                    for ref, is_tree in todo.items():
+                        if is_tree:  # (a value's data is never decoded)
+                            below.update(treeobj.blobrefs(treeobj.decode(found[ref])))
+                    todo = {r: t for r, t in below.items() if r not in seen}
+            finally:
+                self.blobs.release(held)
 
     # ================================================================ namespace admin
 
@@ -1064,18 +1166,19 @@ class KvsModule(Module):
             rootref, data = txn.empty_root(self.hash_name)
             if self.blobs.get(rootref) is None:
                 rootref = await self._store_empty_root()
+            elif self._content is not None:
+                await self._keep_whole({rootref: True})
         else:
             blobref.check(rootref)
-            held: set[str] = set()
-            await self.fetch({rootref}, held)  # ENOENT if there is no such blob
+            found = await self.fetch({rootref})  # ENOENT if there is no such blob
             try:
-                obj = self.cache.get_obj(rootref)
+                obj: Any = treeobj.decode(found[rootref])
             except ErrnoError:
                 obj = None
-            finally:
-                self.blobs.release(held)
             if not _names_a_directory(obj):
                 raise ErrnoError(errno.EINVAL, f"rootref {rootref} is not a directory")
+            if self._content is not None:
+                await self._keep_whole({rootref: True})
         if name in self.namespaces:  # raced with another create while storing
             raise ErrnoError(errno.EEXIST, f"namespace {name} already exists")
         ns = Namespace(name, owner, rootref, 0, flags, next(self._epochs))
@@ -1124,11 +1227,21 @@ class KvsModule(Module):
                       "forgotten": self.cache.forgotten},
             "counts": dict(self.counts),
             "checkpoint": self._checkpoint_stats(),
+            "gc": self._gc_stats(),
             "relays-waiting": sum(len(ns.relayed) for ns in self.namespaces.values()),
             "rpcs-pending": self.h.pending,
             "events": self.event_stats(),
             "pid": os.getpid(),
         }
+
+    def _gc_stats(self) -> dict[str, Any] | None:
+        """Rank 0: the grace period, the roots it holds, whether a collection
+        runs, and what the last one did."""
+        if not self.leader:
+            return None
+        return {"grace": self.root_history.grace, "recent-roots": len(self.root_history),
+                "running": self._content is not None and self._content.collection is not None,
+                "last": self._last_gc}
 
     def _checkpoint_stats(self) -> dict[str, Any] | None:
         """Rank 0 with a statedir: the checkpoint period (seconds, 0: none),

@@ -77,6 +77,10 @@ class RecentRoots:
         if len(roots) > self.size:
             roots.popitem(last=False)
 
+    def roots(self) -> list[str]:
+        """Every root noted, for a garbage collection to keep."""
+        return [ref for roots in self._by_uid.values() for ref in roots]
+
     def known(self, uid: int, rootref: str) -> bool:
         """Whether ``rootref`` is a recent root of one of ``uid``'s namespaces."""
         roots = self._by_uid.get(uid)

@@ -47,7 +47,7 @@ import errno
 import json
 from bisect import bisect_left
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, NamedTuple, Protocol
 
 import msgpack
@@ -137,6 +137,24 @@ def symlink_target(obj: TreeObj) -> tuple[str | None, str]:
     """``(namespace or None, target)`` of a symlink tree object."""
     data = obj["data"]
     return data.get("namespace"), data["target"]
+
+
+def blobrefs(obj: TreeObj) -> Iterator[tuple[str, bool]]:
+    """The blobrefs a tree object names, each with whether it is another
+    tree object (``dirref``, ``hdir`` shards) or a value's data (``valref``),
+    which is never decoded: a user's bytes may look like anything."""
+    t, data = obj["type"], obj["data"]
+    if t == "dirref":
+        yield data[0], True
+    elif t == "valref":
+        for ref in data:
+            yield ref, False
+    elif t == "hdir":
+        for ref in data["shards"].values():
+            yield ref, True
+    elif t == "dir":
+        for entry in data.values():
+            yield from blobrefs(entry)
 
 
 def _inval(msg: str) -> ErrnoError:

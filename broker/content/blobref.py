@@ -9,7 +9,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import re
-from typing import TypeGuard
+from typing import Any, TypeGuard
 
 from broker.errors import ErrnoError
 
@@ -39,3 +39,23 @@ def check(ref: object) -> str:
     if not is_valid(ref):
         raise ErrnoError(errno.EINVAL, f"invalid blobref: {ref!r}")
     return ref
+
+
+def found_in(value: Any) -> list[str]:
+    """Every blobref in a decoded value (a checkpoint's): strings (or ASCII bytes)
+    anywhere in it, map keys included.  Iterative: a value may nest deeper
+    than Python's recursion limit."""
+    found: list[str] = []
+    todo = [value]
+    while todo:
+        v = todo.pop()
+        if isinstance(v, (bytes, bytearray)) and len(v) <= 200:
+            v = bytes(v).decode("ascii", "replace")
+        if is_valid(v):
+            found.append(v)
+        elif isinstance(v, dict):
+            todo.extend(v.keys())
+            todo.extend(v.values())
+        elif isinstance(v, list):
+            todo.extend(v)
+    return found

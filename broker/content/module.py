@@ -40,6 +40,7 @@ from typing import Any, ClassVar
 
 from broker.attrs import CONTENT_HASH, AttrSpec, integer
 from broker.content import blobref
+from broker.content.collection import Collection, RowidMarks, busy
 from broker.content.sqlite import SqliteStore, StoreLocked
 from broker.errors import ErrnoError
 from broker.message import NODEID_UPSTREAM, Message
@@ -96,11 +97,17 @@ class ContentModule(Module):
         self.backing: SqliteStore | None = None
         self._flush_handle: asyncio.TimerHandle | None = None
         self._loading: dict[str, asyncio.Future[bytes]] = {}
-        self._inflight: dict[str, bytes] = {}  # handed to the writer, not yet written
-        self._writes: set[asyncio.Future[None]] = set()
+        self.inflight: dict[str, bytes] = {}  # handed to the writer, not yet written
+        self._writes: set[asyncio.Future[int]] = set()
         self._executor: ThreadPoolExecutor | None = None
         self.persistent = False
         """Rank 0 with a statedir: the SQLite file outlives the instance."""
+        # Online garbage collection (rank 0, broker/content/collection.py)
+        self.collection: Collection | None = None
+        self.generation = 0
+        """Bumped when a collection decides and when it ends: a load that
+        spans either does not cache what it read (it may be doomed)."""
+        self.rowids = RowidMarks()
 
     def handlers(self) -> dict[str, Handler]:
         return {
@@ -120,8 +127,9 @@ class ContentModule(Module):
             self.persistent = bool(statedir)
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="content-sqlite")
             try:
-                self.backing = await self._db(SqliteStore,
+                self.backing = await self.db(SqliteStore,
                                               os.path.join(directory, "content.sqlite"))
+                self.rowids.note(await self.db(self.backing.max_rowid))
             except StoreLocked:
                 if not statedir:
                     raise
@@ -135,15 +143,15 @@ class ContentModule(Module):
                     await self._drain()
                 except ErrnoError as exc:
                     logging.getLogger("kvbroker.content").error("at stop: %s", exc)
-                await self._db(self.backing.sync)
+                await self.db(self.backing.sync)
             else:
                 # what is being written must end before the file is closed
                 await asyncio.gather(*list(self._writes), return_exceptions=True)
-            await self._db(self.backing.close)
+            await self.db(self.backing.close)
         if self._executor is not None:
             self._executor.shutdown(wait=True)
 
-    async def _db(self, fn: Any, *args: Any) -> Any:
+    async def db(self, fn: Any, *args: Any) -> Any:
         """Run a backing-store call on the one SQLite thread (calls stay in order)."""
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
@@ -166,7 +174,7 @@ class ContentModule(Module):
         cache = self.cache
         while self.cache_bytes > self.cache_limit and len(cache) > 1:
             old, blob = next(iter(cache.items()))
-            if old in self.dirty or old in self._inflight:
+            if old in self.dirty or old in self.inflight:
                 break  # never evict what rank 0 has not written back yet
             del cache[old]
             self.cache_bytes -= len(blob) + BLOB_OVERHEAD
@@ -198,15 +206,15 @@ class ContentModule(Module):
             batch = dict(itertools.islice(self.dirty.items(), limit))
             for ref in batch:
                 del self.dirty[ref]
-        self._inflight.update(batch)
+        self.inflight.update(batch)
         loop = asyncio.get_running_loop()
         fut = loop.run_in_executor(self._executor, self.backing.put_many, list(batch.items()))
         self._writes.add(fut)
 
-        def done(f: asyncio.Future[None]) -> None:
+        def done(f: asyncio.Future[int]) -> None:
             self._writes.discard(f)
             for ref in batch:
-                self._inflight.pop(ref, None)
+                self.inflight.pop(ref, None)
             if f.exception() is not None:
                 logging.getLogger("kvbroker.content").error(
                     "writing %d blobs to SQLite failed: %s", len(batch), f.exception())
@@ -214,6 +222,7 @@ class ContentModule(Module):
                     self.dirty.setdefault(ref, data)
             else:
                 self.counts["written"] += len(batch)
+                self.rowids.note(f.result())
                 if self.cache_bytes > self.cache_limit:
                     self._trim()
                     if not self.persistent:
@@ -280,6 +289,8 @@ class ContentModule(Module):
         own directory blobs, and read back as ENOENT until its write-back."""
         if self.backing is not None and blobs:
             self.dirty.update(blobs)
+            if self.collection is not None:
+                self.collection.touch(blobs)
         for ref, data in blobs.items():
             self._cache_put(ref, data)
         if self.backing is not None and blobs:
@@ -306,7 +317,7 @@ class ContentModule(Module):
         data = self.cache.get(ref)
         if data is None:
             # rank 0: stored, not yet written back (dirty, or being written)
-            data = self.dirty.get(ref) or self._inflight.get(ref)
+            data = self.dirty.get(ref) or self.inflight.get(ref)
         if data is not None:
             self.counts["hits"] += 1
             return data
@@ -315,10 +326,11 @@ class ContentModule(Module):
             return await asyncio.shield(pending)
         fut: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         self._loading[ref] = fut
+        generation = self.generation
         try:
             self.counts["misses"] += 1
             if self.backing is not None:
-                found = await self._db(self.backing.get, ref)
+                found = await self.db(self.backing.get, ref)
                 if found is None:
                     raise ErrnoError(errno.ENOENT, f"unknown blob {ref}")
                 data = found
@@ -326,7 +338,9 @@ class ContentModule(Module):
                 resp = await self.h.rpc("content.load", {"blobref": ref},
                                         nodeid=NODEID_UPSTREAM)
                 data = resp["data"]
-            self._cache_put(ref, data)
+            if generation == self.generation and (
+                    self.collection is None or self.collection.may_cache(ref)):
+                self._cache_put(ref, data)
             fut.set_result(data)
             return data
         except BaseException as exc:
@@ -334,7 +348,8 @@ class ContentModule(Module):
             fut.exception()  # mark retrieved
             raise
         finally:
-            del self._loading[ref]
+            if self._loading.get(ref) is fut:  # (a collection's decision forgets it)
+                del self._loading[ref]
 
     async def load(self, msg: Message) -> None:
         _owner_only(msg)
@@ -346,6 +361,47 @@ class ContentModule(Module):
             self.counts["hits"] += 1
         self.h.respond(msg, {"data": data})
 
+    # ------------------------------------------------------------ collection
+
+    def begin_collection(self) -> Collection:
+        """Rank 0: start an online collection's barrier (``EBUSY`` if one
+        runs).  Everything stored from now on is kept."""
+        if self.backing is None:
+            raise RuntimeError("collections run on rank 0, which has the backing store")
+        if self.collection is not None:
+            raise busy()
+        self.collection = Collection(self)
+        return self.collection
+
+    def end_collection(self, collection: Collection) -> None:
+        if self.collection is collection:
+            self.collection = None
+            self.generation += 1
+
+    def forget_unkept(self, keep: set[str]) -> None:
+        """A collection decided: drop the cached blobs it does not keep, and
+        let loads in flight finish without caching (:attr:`generation`)."""
+        self.generation += 1
+        self._loading.clear()
+        for ref in [r for r in self.cache if r not in keep]:
+            if ref not in self.dirty and ref not in self.inflight:
+                self.cache_bytes -= len(self.cache.pop(ref)) + BLOB_OVERHEAD
+
+    async def drain(self) -> None:
+        """Write every blob stored so far to SQLite (``EIO`` if that fails)."""
+        await self._drain()
+
+    async def checkpoints(self) -> dict[str, bytes]:
+        """Rank 0: every checkpoint, ``{key: packed value}``."""
+        assert self.backing is not None
+        keys = await self.db(self.backing.checkpoint_keys)
+        out: dict[str, bytes] = {}
+        for key in keys:
+            value = await self.db(self.backing.checkpoint_get, key)
+            if value is not None:
+                out[key] = value
+        return out
+
     # ------------------------------------------------------------ misc
 
     async def flush(self, msg: Message) -> None:
@@ -355,7 +411,7 @@ class ContentModule(Module):
         elif self.backing is not None:
             await self._drain()
             with _store_errors():
-                await self._db(self.backing.sync)
+                await self.db(self.backing.sync)
         self.h.respond(msg, {})
 
     def dropcache(self, msg: Message) -> None:
@@ -377,8 +433,10 @@ class ContentModule(Module):
             # fails), on the same thread: a checkpoint never names a root
             # whose blobs are not written, which a restart could not read.
             await self._drain()
+            if self.collection is not None:  # a root a collection must keep
+                self.collection.touch(blobref.found_in(value))
             with _store_errors():
-                await self._db(self.backing.checkpoint_put, body["key"],
+                await self.db(self.backing.checkpoint_put, body["key"],
                                _checkpoint_bytes(value))
         self.h.respond(msg, {})
 
@@ -390,7 +448,7 @@ class ContentModule(Module):
             self.h.respond(msg, resp)
             return
         assert self.backing is not None
-        value = await self._db(self.backing.checkpoint_get, body["key"])
+        value = await self.db(self.backing.checkpoint_get, body["key"])
         if value is None:
             raise ErrnoError(errno.ENOENT, f"no checkpoint {body['key']!r}")
         import msgpack
@@ -401,7 +459,7 @@ class ContentModule(Module):
     async def stats_get(self, msg: Message) -> None:
         out = self.stats()
         if self.backing is not None:
-            out["backing-count"] = await self._db(self.backing.count)
+            out["backing-count"] = await self.db(self.backing.count)
         self.h.respond(msg, out)
 
     def stats(self) -> dict[str, Any]:

@@ -99,8 +99,9 @@ class SqliteStore:
         return self.db.execute("SELECT 1 FROM objects WHERE hash = ?",
                                (self._key(ref),)).fetchone() is not None
 
-    def put_many(self, items: Iterable[tuple[str, bytes]]) -> None:
-        """Insert ``(blobref, blob)`` pairs in one transaction.
+    def put_many(self, items: Iterable[tuple[str, bytes]]) -> int:
+        """Insert ``(blobref, blob)`` pairs in one transaction; the store's
+        highest rowid after it (:meth:`max_rowid`).
 
         Many rows per statement, not ``executemany``: sqlite3 releases the
         GIL around every step, and with the event loop thread busy each
@@ -129,6 +130,71 @@ class SqliteStore:
                 sizes.add(len(part))
             for rows in sizes:
                 self.db.execute(_insert_sql(rows), [None] * (2 * rows))
+        return self.max_rowid()
+
+    def max_rowid(self) -> int:
+        """The highest rowid in ``objects`` (0: empty).  New rows get the next
+        one, so rows at or below a value read earlier were all written
+        before it -- as long as the highest row is never deleted, which
+        :meth:`sweep_rows` makes sure of.  An online collection uses it to
+        spare blobs written recently (:mod:`kvs.collect`)."""
+        return int(self.db.execute("SELECT COALESCE(MAX(rowid), 0) FROM objects").fetchone()[0])
+
+    def get_many(self, refs: Iterable[str]) -> dict[str, bytes]:
+        """``{ref: blob}`` for those of ``refs`` in the store."""
+        found: dict[str, bytes] = {}
+        for ref in refs:
+            row = self.db.execute("SELECT object FROM objects WHERE hash = ?",
+                                  (self._key(ref),)).fetchone()
+            if row is not None:
+                found[ref] = bytes(row[0])
+        return found
+
+    # An online collection's keep list lives in a temporary table (SQLite
+    # does the anti-join); it is filled in parts between deletions.
+
+    def keep_begin(self) -> None:
+        self.db.execute("DROP TABLE IF EXISTS temp.gc_keep")
+        self.db.execute("CREATE TEMP TABLE gc_keep (hash PRIMARY KEY) WITHOUT ROWID")
+
+    def keep_add(self, refs: Iterable[str]) -> None:
+        refs = list(refs)
+        if not refs:
+            return
+        with self.db:
+            self.db.execute("BEGIN")
+            self.db.executemany("INSERT OR IGNORE INTO temp.gc_keep (hash) VALUES (?)",
+                                ((self._key(ref),) for ref in refs))
+
+    def keep_end(self) -> None:
+        self.db.execute("DROP TABLE IF EXISTS temp.gc_keep")
+
+    def sweep_rows(self, first: int, last: int, keep: Iterable[str] = ()) -> tuple[int, int]:
+        """Add ``keep`` to the keep table, then delete the rows with rowid in
+        ``[first, last]`` whose hash is not in it, in one transaction:
+        (blobs, bytes) removed.  The highest row of the store is never
+        deleted (see :meth:`max_rowid`)."""
+        self.keep_add(keep)
+        last = min(last, self.max_rowid() - 1)
+        if last < first:
+            return 0, 0
+        self.db.execute("PRAGMA secure_delete=OFF")  # (see sweep)
+        where = ("FROM objects WHERE rowid BETWEEN ? AND ? "
+                 "AND hash NOT IN (SELECT hash FROM temp.gc_keep)")
+        with self.db:
+            self.db.execute("BEGIN")
+            n, size = self.db.execute(
+                f"SELECT COUNT(*), COALESCE(SUM(LENGTH(object)), 0) {where}",
+                (first, last)).fetchone()
+            if n:
+                self.db.execute(f"DELETE {where}", (first, last))
+        return int(n), int(size)
+
+    def file_bytes(self) -> tuple[int, int]:
+        """(bytes of the file, bytes of it free for reuse): SQLite's page counts."""
+        size = int(self.db.execute("PRAGMA page_size").fetchone()[0])
+        pages = int(self.db.execute("PRAGMA page_count").fetchone()[0])
+        return pages * size, self.free_bytes()
 
     def count(self) -> int:
         return int(self.db.execute("SELECT COUNT(*) FROM objects").fetchone()[0])

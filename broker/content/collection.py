@@ -1,0 +1,176 @@
+"""Rank 0's side of an online garbage collection: what the content store
+must do so that blobs can be deleted while commits go on.
+
+The KVS decides what is reachable (:mod:`kvs.collect` marks the trees);
+this module keeps that decision true while it is carried out:
+
+* **A barrier.**  From :meth:`ContentModule.begin_collection` on, every blob
+  stored (and every blob the KVS checks before a commit names it, see
+  :meth:`touch`) is kept, whatever the mark found.  A commit that lands
+  during the collection builds its tree from the root it replaces (marked,
+  or itself built during the collection), its own new blobs (stored: kept)
+  and the blobrefs its client named (checked: kept), so every root made
+  during the collection stays whole.
+* **Young rows.**  Rows written less than the grace period ago are never
+  deleted (the store's rowids only grow: :meth:`SqliteStore.max_rowid`),
+  so a blob stored by ``content.store`` and committed soon after survives
+  a collection that runs in between.
+* **The decision** (:meth:`decide`) is made in one step on the event loop:
+  the keep set is fixed, the caches let go of everything outside it, and
+  loads already in flight will not cache what they bring back.  After it,
+  no cache can vouch for a doomed blob, so a commit that names one is
+  checked against the store itself, in order with the deletions.
+* **The deletion** (:meth:`sweep`) goes in rowid ranges, one SQLite
+  transaction each, on the store's one thread, so loads and write-backs
+  run between them.  Blobs kept after the decision are added to SQLite's
+  keep table before the next range is deleted: a blob stored again
+  meanwhile is either spared, or written again after its range went.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import time
+from collections import deque
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from broker.errors import ErrnoError
+
+if TYPE_CHECKING:
+    from broker.content.module import ContentModule
+
+SWEEP_ROWS = 8192
+"""Rows of the store examined per deletion transaction (a few ms of the
+SQLite thread, so loads and write-backs wait no longer than that)."""
+KEEP_ROWS = 16384
+"""Kept blobrefs handed to SQLite's keep table per transaction."""
+READ_BATCH = 512
+"""Tree objects the mark reads from the store per trip to its thread."""
+MARK_SPAN = 3600.0
+"""Seconds of write-back history kept for the young-rows rule: the longest
+grace period a collection can honour."""
+
+
+class RowidMarks:
+    """When the store's rowids reached what: ``(monotonic time, max rowid)``,
+    at most one mark per second over the last :data:`MARK_SPAN` seconds."""
+
+    def __init__(self) -> None:
+        self._marks: deque[tuple[float, int]] = deque()
+
+    def note(self, rowid: int, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        marks = self._marks
+        if marks and now - marks[-1][0] < 1.0:
+            marks[-1] = (marks[-1][0], max(rowid, marks[-1][1]))
+        else:
+            marks.append((now, rowid))
+        while len(marks) > 1 and marks[1][0] <= now - MARK_SPAN:
+            marks.popleft()
+
+    def as_of(self, age: float, now: float | None = None) -> int:
+        """The highest rowid known written ``age`` seconds ago (0: none):
+        every row at or below it is at least that old."""
+        now = time.monotonic() if now is None else now
+        best = 0
+        for t, rowid in self._marks:
+            if t > now - age:
+                break
+            best = rowid
+        return best
+
+
+class Collection:
+    """One online collection, from its barrier to the end of its sweep."""
+
+    def __init__(self, content: ContentModule) -> None:
+        self.content = content
+        self.keep: set[str] = set()
+        """Blobrefs kept: touched since the barrier, then also the marked."""
+        self._unsent: list[str] = []
+        """Kept after the decision, not yet in SQLite's keep table."""
+        self.decided = False
+        self.removed = 0
+        self.removed_bytes = 0
+
+    # ------------------------------------------------------------ barrier
+
+    def touch(self, refs: Iterable[str]) -> None:
+        """Keep ``refs``: stored, or about to be named by a commit."""
+        if not self.decided:
+            self.keep.update(refs)
+            return
+        for ref in refs:
+            if ref not in self.keep:
+                self.keep.add(ref)
+                self._unsent.append(ref)
+
+    def may_cache(self, ref: str) -> bool:
+        """Whether a blob just loaded may enter a cache: not while the
+        sweep may be deleting it."""
+        return not self.decided or ref in self.keep
+
+    # ------------------------------------------------------------ mark support
+
+    async def read(self, refs: Iterable[str]) -> dict[str, bytes]:
+        """The blobs of ``refs`` that exist, for the mark: from the cache
+        (and what waits to be written), else from the store, without
+        caching them."""
+        content = self.content
+        found: dict[str, bytes] = {}
+        missing: list[str] = []
+        for ref in refs:
+            data = content.cache.get(ref) or content.dirty.get(ref) or content.inflight.get(ref)
+            if data is None:
+                missing.append(ref)
+            else:
+                found[ref] = data
+        if missing:
+            assert content.backing is not None
+            found.update(await content.db(content.backing.get_many, missing))
+        return found
+
+    # ------------------------------------------------------------ decision
+
+    def decide(self, marked: set[str]) -> None:
+        """Fix the keep set (touched + ``marked``) and make every cache of
+        this rank forget the rest: run without yielding to the loop."""
+        self.keep |= marked
+        self.decided = True
+        self.content.forget_unkept(self.keep)
+
+    # ------------------------------------------------------------ sweep
+
+    async def sweep(self, watermark: int) -> None:
+        """Delete every row at or below rowid ``watermark`` that is not kept."""
+        content = self.content
+        store = content.backing
+        assert store is not None and self.decided
+        await content.db(store.keep_begin)
+        try:
+            refs = iter(list(self.keep))
+            while part := list(itertools.islice(refs, KEEP_ROWS)):
+                await content.db(store.keep_add, part)
+            first = 1
+            while first <= watermark:
+                last = min(first + SWEEP_ROWS - 1, watermark)
+                # What was kept since the last range goes to SQLite in the
+                # same job as this deletion: a touch between two jobs would
+                # let a load queued before the deletion vouch for a blob it
+                # then deletes.
+                unsent, self._unsent = self._unsent, []
+                n, size = await content.db(store.sweep_rows, first, last, unsent)
+                self.removed += n
+                self.removed_bytes += size
+                first = last + 1
+        finally:
+            await content.db(store.keep_end)
+
+
+def busy() -> ErrnoError:
+    return ErrnoError(errno.EBUSY, "a garbage collection is already running")
+
+
+__all__ = ["Collection", "RowidMarks", "busy"]

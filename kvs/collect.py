@@ -1,0 +1,228 @@
+"""Online garbage collection of the content store (``kvs.gc``, ``kvbroker kvs gc``).
+
+Every commit adds blobs and nothing removes the versions they replace, so
+the store of a long-running instance only grows.  :mod:`kvs.garbage`
+collects a *stopped* instance (as Flux does, offline); this collects a
+running one, on rank 0, while commits, lookups and watches go on.  It is a
+mark and sweep in the manner of etcd's compaction: what the instance still
+reads is kept, older versions go.
+
+**Kept**, whole: the current root of every namespace; every root published
+in the last ``kvs.gc-grace`` seconds (10 s by default: a watcher or a
+follower a little behind still reads the root it was told about); the
+recent roots guests may name (:class:`kvs.namespaces.RecentRoots`); the
+checkpoints (the KVS's, which a restart resumes from, as a tree; any other
+as the blobrefs its value holds, as :mod:`kvs.garbage`); every blob stored
+or named by a commit while the collection runs; and every blob written to
+the store less than the grace period ago.  **Removed**: the rest.  A read
+at an older root (``kvs.lookup`` with ``rootdir``, ``kvs.diff``,
+``watch_keys(since=)``) then fails with ``ENOENT``, as etcd answers a
+revision it compacted.
+
+The steps (:func:`collect`):
+
+1. the barrier (:meth:`ContentModule.begin_collection`): from here on,
+   blobs stored, and blobs a commit names (:meth:`KvsModule.fetch`), are
+   kept;
+2. every blob stored so far is written to SQLite, so the mark can read it;
+3. the roots are listed and marked, reading tree objects in batches from
+   the content cache or the store (never caching them);
+4. the decision: the keep set is fixed and rank 0's caches forget the rest
+   (:meth:`broker.content.collection.Collection.decide`);
+5. the sweep deletes unkept rows older than the grace period, a range at a
+   time, on the store's thread between its other work.
+
+The file does not shrink (SQLite reuses the freed pages for new blobs)
+unless ``compact`` is asked for: ``VACUUM`` rewrites the file and holds the
+store's thread meanwhile, so every load and write-back waits for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import time
+from collections import deque
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+import msgpack
+
+from broker.attrs import AttrSpec, duration
+from broker.content import blobref
+from broker.content.collection import READ_BATCH, Collection
+from broker.errors import ErrnoError
+from kvs import treeobj
+
+if TYPE_CHECKING:
+    from broker.content.module import ContentModule
+
+GRACE = AttrSpec(
+    "kvs.gc-grace", "10s", duration,
+    "an online kvs gc keeps every root published, and every blob written, this recently")
+MAX_RECENT_ROOTS = 65536
+"""Roots :class:`RootHistory` remembers at most, whatever the grace period
+(a commit rate of 6,500 roots/s over 10 s): an instance committing faster
+keeps a shorter history.  ~100 bytes each."""
+
+
+class RootHistory:
+    """Rank 0: the roots its namespaces took in the last ``grace`` seconds."""
+
+    def __init__(self, grace: float, maxlen: int = MAX_RECENT_ROOTS) -> None:
+        self.grace = grace
+        self._roots: deque[tuple[float, str]] = deque(maxlen=maxlen)
+
+    def note(self, rootref: str) -> None:
+        now = time.monotonic()
+        roots = self._roots
+        if roots and roots[-1][1] == rootref:
+            return
+        roots.append((now, rootref))
+        while roots[0][0] < now - self.grace:
+            roots.popleft()
+
+    def recent(self) -> list[str]:
+        horizon = time.monotonic() - self.grace
+        return list({ref: None for t, ref in self._roots if t >= horizon})
+
+    def __len__(self) -> int:
+        return len(self._roots)
+
+
+class GcAborted(ErrnoError):
+    """A collection stopped before deleting anything."""
+
+
+# What a reference to mark leads to: (must exist, is a tree object)
+_LIVE_TREE = (True, True)
+_LIVE_DATA = (True, False)
+_TREE = (False, True)
+_DATA = (False, False)
+_OPAQUE = (False, None)  # a checkpoint's blobref: walked if it decodes
+
+
+async def mark(collection: Collection, live: Iterable[str], recent: Iterable[str],
+               opaque: Iterable[str]) -> set[str]:
+    """Every blobref reachable from the roots ``live`` (which must be whole:
+    ``EIO`` if a blob is missing or a tree object does not decode), from
+    ``recent`` (kept as far as they still exist) and from the blobs
+    ``opaque`` (walked if they decode as tree objects)."""
+    marked: set[str] = set()
+    todo: list[tuple[str, tuple[bool, bool | None]]] = [
+        *((r, _OPAQUE) for r in opaque), *((r, _TREE) for r in recent),
+        *((r, _LIVE_TREE) for r in live)]
+    while todo:
+        batch: dict[str, tuple[bool, bool | None]] = {}
+        while todo and len(batch) < READ_BATCH:
+            ref, kind = todo.pop()
+            if ref in marked:
+                continue
+            if kind[1] is False:  # a value's data: kept, never read
+                marked.add(ref)
+            elif batch.get(ref, (False,))[0] is False:
+                batch[ref] = kind
+        if not batch:
+            continue
+        blobs = await collection.read(batch)
+        for ref, (live_ref, is_tree) in batch.items():
+            data = blobs.get(ref)
+            if data is None:
+                if live_ref:
+                    raise GcAborted(errno.EIO, f"blob {ref} of a live tree is not in the "
+                                    "content store; nothing was collected")
+                continue
+            marked.add(ref)
+            try:
+                obj = treeobj.decode(data)
+            except ErrnoError as exc:
+                if live_ref:
+                    raise GcAborted(errno.EIO, f"blob {ref} of a live tree is not a tree "
+                                    f"object ({exc.errstr}); nothing was collected") from None
+                continue
+            for child, child_is_tree in treeobj.blobrefs(obj):
+                if child in marked:
+                    continue
+                if is_tree is None:
+                    todo.append((child, _OPAQUE))
+                elif live_ref:
+                    todo.append((child, _LIVE_TREE if child_is_tree else _LIVE_DATA))
+                else:
+                    todo.append((child, _TREE if child_is_tree else _DATA))
+        await asyncio.sleep(0)  # (a batch all from the cache never yielded)
+    return marked
+
+
+def checkpoint_roots(checkpoints: dict[str, bytes], kvs_key: str) -> tuple[list[str], list[str]]:
+    """(trees, opaque blobrefs) the checkpoints name: the KVS's own is a root
+    (``EIO`` if it is not one), any other value's blobrefs are opaque."""
+    trees: list[str] = []
+    opaque: list[str] = []
+    for key, raw in checkpoints.items():
+        try:
+            value = msgpack.unpackb(raw, raw=False, strict_map_key=False)
+        except Exception:  # (names nothing: kept as it is, by its row)
+            continue
+        if key == kvs_key:
+            if not (isinstance(value, dict) and blobref.is_valid(value.get("rootref"))):
+                raise GcAborted(errno.EIO, f"the checkpoint {key!r} is not a KVS root; "
+                                "nothing was collected")
+            trees.append(value["rootref"])
+        else:
+            opaque += blobref.found_in(value)
+    return trees, opaque
+
+
+class Roots:
+    """What a collection starts from, listed by the kvs module."""
+
+    def __init__(self, live: list[str], recent: list[str]) -> None:
+        self.live = live
+        self.recent = recent
+
+
+async def collect(content: ContentModule, roots: Any, forget: Any, kvs_key: str, *,
+                  grace: float, compact: bool = False) -> dict[str, Any]:
+    """Run one online collection (module docstring).
+
+    ``roots()`` lists the :class:`Roots` to keep, ``forget()`` drops the
+    kvs module's own caches at the decision.  Returns what ``kvs.gc``
+    answers.  ``EBUSY`` if a collection runs already."""
+    start = time.monotonic()
+    collection = content.begin_collection()
+    try:
+        await content.drain()
+        # Young rows are spared: rowids written up to grace seconds ago
+        watermark = content.rowids.as_of(grace)
+        listed: Roots = roots()
+        trees, opaque = checkpoint_roots(await content.checkpoints(), kvs_key)
+        marked = await mark(collection, [*listed.live, *trees], listed.recent, opaque)
+        # The checkpoints once more: one written meanwhile names a root made
+        # during the collection (whole: kept by the barrier) -- unless the
+        # owner named an older one; mark that too.
+        trees2, opaque2 = checkpoint_roots(await content.checkpoints(), kvs_key)
+        marked |= await mark(collection, [r for r in trees2 if r not in marked], (),
+                             [r for r in opaque2 if r not in marked])
+        collection.decide(marked)  # (no await between these two)
+        forget()
+        await collection.sweep(watermark)
+        assert content.backing is not None
+        if compact:
+            await content.db(content.backing.compact)
+        file_bytes, free_bytes = await content.db(content.backing.file_bytes)
+    finally:
+        content.end_collection(collection)
+    return {
+        "roots": len(listed.live) + len(listed.recent) + len(trees) + len(opaque),
+        "kept": len(collection.keep),
+        "removed": collection.removed,
+        "removed-bytes": collection.removed_bytes,
+        "file-bytes": file_bytes,
+        "free-bytes": free_bytes,
+        "compacted": compact,
+        "grace": grace,
+        "seconds": round(time.monotonic() - start, 6),
+    }
+
+
+__all__ = ["GRACE", "GcAborted", "RootHistory", "Roots", "checkpoint_roots", "collect", "mark"]

@@ -1,0 +1,315 @@
+"""``kvs.gc`` / ``kvbroker kvs gc``: online garbage collection on rank 0.
+
+Real instances on a statedir in ``tmp_path``; after the collections, the
+instance is stopped and its SQLite file is walked directly
+(:func:`kvs.garbage.reachable` raises if a blob a root needs is missing), so
+"nothing live was deleted" is checked on the store itself, not through a
+cache.  Reference: etcd's compaction (reads at a compacted revision fail);
+Flux collects offline only (``flux shutdown --gc``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_broker_support import run_cli
+from test_kvs_gc import BIG, _count, _fill
+from test_kvs_rpc_helpers import (
+    TREEOBJ,
+    commit,
+    dirref,
+    errnum,
+    get,
+    getroot,
+    lookup,
+    put,
+    run_guest,
+    valref,
+)
+
+from broker.content.collection import RowidMarks
+from broker.content.sqlite import SqliteStore
+from broker.errors import RemoteError
+from kvs.collect import RootHistory
+from kvs.garbage import reachable
+
+NOW = {"kvs.gc-grace": "0"}
+"""Keep no history: the most a collection can delete."""
+
+
+async def gc(h: Any, **kw: Any) -> dict[str, Any]:
+    return await asyncio.wait_for(h.rpc("kvs.gc", kw), 60)
+
+
+async def dropcaches(inst: Any, connect: Any) -> None:
+    """Empty the kvs and content caches of every rank: reads go to the store."""
+    for rank in range(inst.size):
+        h = await connect(inst, rank)
+        await asyncio.wait_for(h.rpc("kvs.dropcache", {}), 10)
+        await asyncio.wait_for(h.rpc("content.dropcache", {}), 10)
+
+
+def assert_whole(statedir: Path, roots: list[str]) -> set[str]:
+    """Every blob the trees ``roots`` need is in the stopped instance's store."""
+    store = SqliteStore(str(statedir / "content.sqlite"))
+    try:
+        return reachable(store.get, roots, has=store.has)
+    finally:
+        store.close()
+
+
+async def test_gc_removes_old_versions_and_keeps_every_live_tree(
+        start_instance, connect, tmp_path) -> None:
+    statedir = tmp_path / "state"
+    inst = await start_instance(size=2, statedir=str(statedir), attrs=NOW)
+    h = await connect(inst, 1)
+    orphan = (await asyncio.wait_for(h.rpc("content.store", {"data": b"orphan"}), 10))["blobref"]
+    expect, first = await _fill(h)
+    await commit(h, put("more", "after the orphan"))
+    tmp_expect = {"t": BIG}
+    result = await gc(h)  # from rank 1: forwarded to rank 0
+    assert result["removed"] > 50, result  # the old versions' shards and roots, the orphan
+    assert result["removed-bytes"] > 0 and result["compacted"] is False
+    assert result["grace"] == 0
+    assert (await gc(h))["removed"] == 0  # nothing left to find
+
+    await dropcaches(inst, connect)
+    for rank in (0, 1):
+        hr = await connect(inst, rank)
+        for key, value in expect.items():
+            assert await get(hr, key) == value, key
+        for key, value in tmp_expect.items():
+            assert await get(hr, key, ns="tmp") == value
+    # an old version is gone, as etcd answers a compacted revision; the orphan too
+    assert await errnum(get(h, "early", rootdir=dirref(first["rootref"]))) == errno.ENOENT
+    assert await errnum(h.rpc("content.load", {"blobref": orphan})) == errno.ENOENT
+    await commit(h, put("after", "gc"))  # and it goes on committing
+    assert await get(h, "after") == b"gc"
+
+    s = (await asyncio.wait_for(h.rpc("kvs.stats-get", {}, nodeid=0), 10))
+    assert s["counts"]["collections"] == 2
+    assert s["gc"]["last"]["removed"] == 0 and s["gc"]["running"] is False
+    roots = [(await getroot(h))["rootref"], (await getroot(h, ns="tmp"))["rootref"]]
+    await h.close()
+    assert await inst.stop() == [0, 0]
+    assert_whole(statedir, roots)
+    # a restart resumes from the checkpoint, which the collection kept whole
+    inst2 = await start_instance(size=1, statedir=str(statedir))
+    h2 = await connect(inst2, 0)
+    for key, value in expect.items():
+        assert await get(h2, key) == value, key
+
+
+async def test_gc_keeps_the_roots_of_the_grace_period(start_instance, connect) -> None:
+    inst = await start_instance(size=2, attrs={"kvs.gc-grace": "1h"})
+    h = await connect(inst, 1)
+    old = await commit(h, *(put(f"d.k{i}", f"old {i}") for i in range(100)))
+    await commit(h, *(put(f"d.k{i}", f"new {i}") for i in range(100)))
+    result = await gc(h)
+    assert result["grace"] == 3600
+    await dropcaches(inst, connect)
+    assert await get(h, "d.k7", rootdir=dirref(old["rootref"])) == b"old 7"
+    assert await get(h, "d.k7") == b"new 7"
+
+
+async def test_gc_under_concurrent_commits_copies_and_namespaces_loses_nothing(
+        start_instance, connect, tmp_path) -> None:
+    """Collections back to back while three ranks commit: values into a
+    growing sharded directory, copies of a directory taken from *old* roots
+    (whose subtrees the collection is deleting), and namespaces created and
+    removed.  A copy may fail with ENOENT (its source went); none may
+    succeed with a tree that cannot be read.  At the end every root's tree
+    is whole in the store itself, and every value reads back."""
+    statedir = tmp_path / "state"
+    inst = await start_instance(size=3, statedir=str(statedir), attrs=NOW)
+    h0, h1, h2 = [await connect(inst, r) for r in range(3)]
+    model: dict[str, bytes] = {}
+    snapshots: list[tuple[str, dict[str, bytes]]] = []  # (rootref, the "s" keys then)
+    copies: dict[str, dict[str, bytes]] = {}
+    namespaces: dict[str, bytes] = {}
+    stop = asyncio.Event()
+    counts = {"copy-failed": 0, "old-root-gone": 0}
+
+    async def writer() -> None:
+        i = 0
+        while not stop.is_set():
+            ops = [put(f"s.d{(i + j) % 7}.k{i + j}", f"v{i + j}") for j in range(3)]
+            ops.append(put("hot", f"hot {i}"))
+            r = await commit(h1, *ops)
+            model.update({op["key"]: op["dirent"]["data"] for op in ops})
+            if i % 15 == 0:
+                snapshots.append((r["rootref"], {k: v for k, v in model.items()
+                                                 if k.startswith("s.")}))
+            i += 3
+
+    async def copier() -> None:
+        n = 0
+        while not stop.is_set():
+            if not snapshots:
+                await asyncio.sleep(0.01)
+                continue
+            rootref, snap = snapshots[n % len(snapshots)]
+            n += 1
+            try:
+                tree = await lookup(h2, "s", TREEOBJ, rootdir=dirref(rootref))
+            except RemoteError as exc:
+                assert exc.errnum == errno.ENOENT, exc
+                counts["old-root-gone"] += 1
+                continue
+            try:
+                await commit(h2, put(f"copy{n}", tree))
+            except RemoteError as exc:
+                assert exc.errnum == errno.ENOENT, exc  # its source was collected
+                counts["copy-failed"] += 1
+                continue
+            copies[f"copy{n}"] = {f"copy{n}." + k[2:]: v for k, v in snap.items()}
+
+    async def namespacer() -> None:
+        n = 0
+        while not stop.is_set():
+            name = f"job{n}"
+            await asyncio.wait_for(h0.rpc("kvs.namespace-create", {"namespace": name}), 10)
+            await commit(h0, put("eventlog", f"job {n}\n"), put("R", BIG), ns=name)
+            namespaces[name] = f"job {n}\n".encode()
+            if n % 2:
+                await asyncio.wait_for(h0.rpc("kvs.namespace-remove", {"namespace": name}), 10)
+                del namespaces[name]
+            n += 1
+
+    tasks = [asyncio.create_task(f()) for f in (writer, copier, namespacer)]
+    removed = 0
+    try:
+        while not snapshots:
+            await asyncio.sleep(0.01)
+        collections = 0
+        while collections < 12 or len(model) < 600:  # (and 200 commits at least)
+            removed += (await gc(h0))["removed"]
+            collections += 1
+            for t in tasks:
+                if t.done():
+                    t.result()  # a writer failed: say why
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks)
+    assert removed > 100, removed
+    assert copies, counts  # some copies made it (others may not: counted)
+
+    await dropcaches(inst, connect)
+    for key, value in model.items():
+        assert await get(h1, key) == value, key
+    for expect in copies.values():
+        for key, value in expect.items():
+            assert await get(h2, key) == value, key
+    for name, value in namespaces.items():
+        assert await get(h0, "eventlog", ns=name) == value
+    roots = [(await getroot(h0))["rootref"]]
+    roots += [(await getroot(h0, ns=name))["rootref"] for name in namespaces]
+    for h in (h0, h1, h2):
+        await h.close()
+    assert await inst.stop() == [0, 0, 0]
+    assert_whole(statedir, roots)
+
+
+async def test_a_blob_stored_then_committed_survives_a_gc_in_between(
+        start_instance, connect) -> None:
+    """``content.store`` first, commit a valref later: the blob is young (the
+    grace period) and kept, so the commit finds it."""
+    inst = await start_instance(size=2)
+    h = await connect(inst, 1)
+    ref = (await asyncio.wait_for(h.rpc("content.store", {"data": BIG}), 10))["blobref"]
+    await asyncio.wait_for(h.rpc("content.flush", {}), 10)  # written: a row like any other
+    assert (await gc(h))["removed"] == 0
+    await dropcaches(inst, connect)
+    await commit(h, put("big", valref(ref)))
+    assert await get(h, "big") == BIG
+
+
+async def test_gc_compact_shrinks_the_file(start_instance, connect, tmp_path) -> None:
+    statedir = tmp_path / "state"
+    inst = await start_instance(size=1, statedir=str(statedir), attrs=NOW)
+    h = await connect(inst, 0)
+    for i in range(40):
+        await commit(h, put("v", os.urandom(4096) + bytes([i])))
+    await asyncio.wait_for(h.rpc("content.flush", {}), 10)
+    before = (await gc(h))
+    assert before["removed"] >= 38 and before["free-bytes"] > 100_000, before
+    after = await gc(h, compact=True)
+    assert after["compacted"] is True and after["free-bytes"] == 0
+    assert after["file-bytes"] < before["file-bytes"] - 100_000
+    assert len(await get(h, "v")) == 4097
+    await h.close()
+    await inst.stop()
+    assert _count(statedir) < 10
+
+
+async def test_gc_bad_input_and_concurrent_requests(start_instance, connect) -> None:
+    inst = await start_instance(size=2)
+    h = await connect(inst, 1)
+    assert await errnum(h.rpc("kvs.gc", {"compact": "yes"})) == errno.EPROTO
+    await commit(h, *(put(f"k{i}", f"{i}") for i in range(50)))
+    # Two at once: each either runs or is told one is running; none breaks
+    outcomes = await asyncio.gather(*(gc(h) for _ in range(4)), return_exceptions=True)
+    for o in outcomes:
+        assert isinstance(o, dict) or (isinstance(o, RemoteError) and o.errnum == errno.EBUSY), o
+    assert any(isinstance(o, dict) for o in outcomes)
+    assert await get(h, "k7") == b"7"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a guest")
+async def test_gc_is_the_instance_owners(start_instance) -> None:
+    inst = await start_instance(size=2, attrs={"access.allow-guest-user": "true"})
+    out = await asyncio.to_thread(run_guest, inst.uri(1), """
+        async def body(h):
+            return await call(h, "kvs.gc", {})
+    """)
+    assert out == {"errnum": errno.EPERM}
+
+
+async def test_cli_gc_online(start_instance, connect) -> None:
+    inst = await start_instance(size=2, attrs=NOW)
+    h = await connect(inst, 1)
+    for i in range(10):
+        await commit(h, put("a.b", f"{i}"))
+    rc, out, err = await run_cli("kvs", "gc", uri=inst.uri(1))
+    assert rc == 0, err
+    lines = out.splitlines()
+    assert lines[0].startswith("removed ") and " blobs (" in lines[0], out
+    assert int(lines[0].split()[1].replace(",", "")) >= 9
+    assert "the last 0 s" in lines[1]
+    assert lines[2].startswith("content.sqlite: ") and "free for new blobs" in lines[2]
+    rc, out, err = await run_cli("kvs", "gc", "--compact", uri=inst.uri(0))
+    assert rc == 0 and out.splitlines()[2].endswith("compacted"), (out, err)
+    rc, out, err = await run_cli("kvs", "gc", "--dry-run", uri=inst.uri(0))
+    assert rc != 0 and "--dry-run is for a stopped instance" in err
+
+
+# ---------------------------------------------------------------- pure parts
+
+
+def test_rowid_marks_say_what_was_written_how_long_ago() -> None:
+    marks = RowidMarks()
+    marks.note(10, now=100.0)
+    marks.note(15, now=100.5)  # the same second: the mark moves up
+    marks.note(40, now=105.0)
+    marks.note(90, now=110.0)
+    assert marks.as_of(0, now=110.0) == 90
+    assert marks.as_of(5, now=110.0) == 40
+    assert marks.as_of(9.9, now=110.0) == 15
+    assert marks.as_of(11, now=110.0) == 0  # nothing that old: delete nothing
+    marks.note(95, now=5000.0)  # an hour on: older marks go, the last before stays
+    assert marks.as_of(3600, now=5000.0) == 90
+
+
+def test_root_history_keeps_the_grace_period() -> None:
+    history = RootHistory(grace=1000.0, maxlen=3)
+    for i in range(5):
+        history.note(f"sha1-{i:040x}")
+    assert history.recent() == [f"sha1-{i:040x}" for i in (2, 3, 4)]  # bounded
+    history.note(f"sha1-{4:040x}")  # the same root again: noted once
+    assert len(history) == 3
+    assert RootHistory(grace=0.0).recent() == []
