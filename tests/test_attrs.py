@@ -11,7 +11,7 @@ import pytest
 from broker import attrs
 from broker.attrs import AttrError, AttrSpec, boolean, choice, duration, integer
 from broker.content.module import ContentModule
-from kvs.module import KvsModule
+from kvs.module import CHECKPOINT_PERIOD, KvsModule
 from kvs_watch.module import KvsWatchModule
 
 CLI_MD = Path(__file__).resolve().parent.parent / "docs" / "cli.md"
@@ -74,7 +74,7 @@ def test_duration() -> None:
         with pytest.raises(ValueError, match="is not a duration"):
             duration(bad)
     with pytest.raises(AttrError, match="^kvs.checkpoint-period: '-1' is not a duration"):
-        KvsModule.attributes[-1].value({"kvs.checkpoint-period": "-1"})
+        CHECKPOINT_PERIOD.value({"kvs.checkpoint-period": "-1"})
 
 
 def test_spec_value_names_the_attribute() -> None:
@@ -138,7 +138,7 @@ def test_with_defaults_keeps_set_values() -> None:
     a: dict[str, object] = {"kvs.cache-bytes": "1000"}
     attrs.with_defaults(a, KvsModule.attributes)
     assert a == {"kvs.cache-bytes": "1000", "kvs.setroot-blob-limit": str(8 << 10),
-                 "kvs.checkpoint-period": "1s"}
+                 "kvs.checkpoint-period": "1s", "kvs.gc-grace": "10s"}
     with pytest.raises(AttrError):
         attrs.with_defaults({"kvs.setroot-blob-limit": "x"}, KvsModule.attributes)
 
