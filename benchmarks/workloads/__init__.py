@@ -13,12 +13,21 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from benchmarks.harness import Workload
 
-ORDER = ("W0", "W1", "W1b", "W2", "W2s", "W2p", "W3", "W4", "W5", "W5x", "W6")
+ORDER = ("W0", "W1", "W1b", "W2", "W2s", "W2p", "W3", "W4", "W5", "W5x", "W6", "Wgc")
 
 
 def all_workloads() -> list[Workload]:
-    from benchmarks.workloads import commits, events, namespaces, reads, rpc, w0_raw, watch
+    from benchmarks.workloads import (
+        collect,
+        commits,
+        events,
+        namespaces,
+        reads,
+        rpc,
+        w0_raw,
+        watch,
+    )
 
-    found = [w for mod in (w0_raw, rpc, commits, reads, watch, namespaces, events)
+    found = [w for mod in (w0_raw, rpc, commits, reads, watch, namespaces, events, collect)
              for w in mod.WORKLOADS]
     return sorted(found, key=lambda w: ORDER.index(w.id) if w.id in ORDER else len(ORDER))
