@@ -41,25 +41,28 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import sqlite3
 import time
 from collections import deque
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgpack
 
 from broker.attrs import AttrSpec, duration
 from broker.content import blobref
 from broker.content.collection import READ_BATCH, Collection
+from broker.content.module import ContentModule, store_error
 from broker.errors import ErrnoError
 from kvs import treeobj
-
-if TYPE_CHECKING:
-    from broker.content.module import ContentModule
 
 GRACE = AttrSpec(
     "kvs.gc-grace", "10s", duration,
     "an online kvs gc keeps every root published, and every blob written, this recently")
+PERIOD = AttrSpec(
+    "kvs.gc-period", "0", duration,
+    "rank 0 runs an online kvs gc this often (0: only when asked)")
+"""etcd's ``--auto-compaction-retention`` (off by default there too)."""
 MAX_RECENT_ROOTS = 65536
 """Roots :class:`RootHistory` remembers at most, whatever the grace period
 (a commit rate of 6,500 roots/s over 10 s): an instance committing faster
@@ -210,6 +213,8 @@ async def collect(content: ContentModule, roots: Any, forget: Any, kvs_key: str,
         if compact:
             await content.db(content.backing.compact)
         file_bytes, free_bytes = await content.db(content.backing.file_bytes)
+    except sqlite3.Error as exc:  # (a full disk, for a compaction): an errno, not a traceback
+        raise store_error(exc, "collecting garbage") from None
     finally:
         content.end_collection(collection)
     return {
@@ -225,4 +230,5 @@ async def collect(content: ContentModule, roots: Any, forget: Any, kvs_key: str,
     }
 
 
-__all__ = ["GRACE", "GcAborted", "RootHistory", "Roots", "checkpoint_roots", "collect", "mark"]
+__all__ = ["GRACE", "PERIOD", "GcAborted", "RootHistory", "Roots", "checkpoint_roots", "collect",
+           "mark"]

@@ -252,7 +252,7 @@ def _check_guest_ops(ops: list[dict[str, Any]]) -> None:
 class KvsModule(Module):
     name: ClassVar[str] = "kvs"
     attributes: ClassVar[tuple[AttrSpec, ...]] = (CACHE_BYTES, SETROOT_LIMIT, CHECKPOINT_PERIOD,
-                                                  collector.GRACE)
+                                                  collector.GRACE, collector.PERIOD)
 
     def __init__(self, ctx: Any) -> None:
         super().__init__(ctx)
@@ -292,7 +292,9 @@ class KvsModule(Module):
         self._queue_runs: set[asyncio.Task[None]] = set()
         # Rank 0: online garbage collection (kvs/collect.py)
         self.root_history = collector.RootHistory(collector.GRACE.value(ctx.attrs))
+        self.gc_period = collector.PERIOD.value(ctx.attrs)
         self._last_gc: dict[str, Any] | None = None
+        self._gc_ticker: asyncio.Task[None] | None = None
 
     # ================================================================ life cycle
 
@@ -332,6 +334,8 @@ class KvsModule(Module):
             self.checkpointed = rootseq
             if self.checkpoint_period > 0:
                 self._ticker = self.spawn(self._checkpoint_periodically())
+        if self._content is not None and self.gc_period > 0:
+            self._gc_ticker = self.spawn(self._collect_periodically())
 
     async def _restore(self) -> tuple[str, int]:
         """The primary root checkpointed in the statedir (``("", 0)``: none)."""
@@ -366,6 +370,8 @@ class KvsModule(Module):
         self.stopping = True
         if self._ticker is not None:
             self._ticker.cancel()  # a checkpoint it was writing finishes first (shielded)
+        if self._gc_ticker is not None:
+            self._gc_ticker.cancel()
         if self._queue_runs:
             _done, late = await asyncio.wait(self._queue_runs, timeout=STOP_DRAIN_TIMEOUT)
             if late:
@@ -844,6 +850,10 @@ class KvsModule(Module):
         if self._content is None:
             raise ErrnoError(errno.ENOSYS, "rank 0's content store is not in this process")
         self._refuse_if_stopping()
+        self.h.respond(msg, await self._collect(compact))
+
+    async def _collect(self, compact: bool = False) -> dict[str, Any]:
+        assert self._content is not None
         result = await collector.collect(
             self._content, self._gc_roots, self._gc_forget, CHECKPOINT_KEY,
             grace=self.root_history.grace, compact=compact)
@@ -851,7 +861,20 @@ class KvsModule(Module):
         self._last_gc = result
         self.log.info("gc: removed %d blobs (%d bytes) in %.3f s", result["removed"],
                       result["removed-bytes"], result["seconds"])
-        self.h.respond(msg, result)
+        return result
+
+    async def _collect_periodically(self) -> None:
+        """Rank 0 with ``kvs.gc-period`` > 0: an online collection that often
+        (skipped while one asked for runs)."""
+        while True:
+            await asyncio.sleep(self.gc_period)
+            try:
+                await self._collect()
+            except ErrnoError as exc:
+                if exc.errnum != errno.EBUSY:
+                    self.log.error("periodic gc failed: %s", exc.errstr)
+            except Exception as exc:  # (SQLite: a full disk...): tried again next period
+                self.log.error("periodic gc failed: %s", exc)
 
     def _gc_roots(self) -> collector.Roots:
         """The roots a collection keeps: every namespace's current root (live),
@@ -1239,7 +1262,8 @@ class KvsModule(Module):
         runs, and what the last one did."""
         if not self.leader:
             return None
-        return {"grace": self.root_history.grace, "recent-roots": len(self.root_history),
+        return {"grace": self.root_history.grace, "period": self.gc_period,
+                "recent-roots": len(self.root_history),
                 "running": self._content is not None and self._content.collection is not None,
                 "last": self._last_gc}
 

@@ -138,7 +138,8 @@ def test_with_defaults_keeps_set_values() -> None:
     a: dict[str, object] = {"kvs.cache-bytes": "1000"}
     attrs.with_defaults(a, KvsModule.attributes)
     assert a == {"kvs.cache-bytes": "1000", "kvs.setroot-blob-limit": str(8 << 10),
-                 "kvs.checkpoint-period": "1s", "kvs.gc-grace": "10s"}
+                 "kvs.checkpoint-period": "1s", "kvs.gc-grace": "10s",
+                 "kvs.gc-period": "0"}
     with pytest.raises(AttrError):
         attrs.with_defaults({"kvs.setroot-blob-limit": "x"}, KvsModule.attributes)
 

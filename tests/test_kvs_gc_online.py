@@ -215,6 +215,29 @@ async def test_gc_under_concurrent_commits_copies_and_namespaces_loses_nothing(
     assert_whole(statedir, roots)
 
 
+async def test_gc_period_collects_by_itself(start_instance, connect) -> None:
+    """``kvs.gc-period``: rank 0 collects on its own, as etcd's auto-compaction."""
+    inst = await start_instance(size=2, attrs={**NOW, "kvs.gc-period": "200ms"})
+    h = await connect(inst, 1)
+    first = await commit(h, put("a.b", "first"))
+    for i in range(20):
+        await commit(h, put("a.b", f"{i}"))
+
+    async def collections() -> int:
+        s = await asyncio.wait_for(h.rpc("kvs.stats-get", {}, nodeid=0), 10)
+        assert s["gc"]["period"] == 0.2
+        return int(s["counts"]["collections"])
+
+    # Two more collections: one of them began after the last commit
+    target = await collections() + 2
+    async with asyncio.timeout(30):
+        while await collections() < target:
+            await asyncio.sleep(0.05)  # (polls the state it waits for)
+    await dropcaches(inst, connect)
+    assert await errnum(get(h, "a.b", rootdir=dirref(first["rootref"]))) == errno.ENOENT
+    assert await get(h, "a.b") == b"19"
+
+
 async def test_a_blob_stored_then_committed_survives_a_gc_in_between(
         start_instance, connect) -> None:
     """``content.store`` first, commit a valref later: the blob is young (the

@@ -245,7 +245,7 @@ class ContentModule(Module):
             results = await asyncio.gather(*list(self._writes), return_exceptions=True)
             failed = failed or next((r for r in results if isinstance(r, BaseException)), None)
         if failed is not None:
-            raise _store_error(failed, "writing blobs to SQLite")
+            raise store_error(failed, "writing blobs to SQLite")
 
     # ------------------------------------------------------------ store
 
@@ -473,7 +473,7 @@ class ContentModule(Module):
         return out
 
 
-def _store_error(exc: BaseException, doing: str) -> ErrnoError:
+def store_error(exc: BaseException, doing: str) -> ErrnoError:
     """A failed SQLite write as an errno with a message (a full disk is
     ENOSPC, anything else EIO), not an "internal error" with a traceback."""
     errnum = errno.ENOSPC if "full" in str(exc) else errno.EIO
@@ -482,11 +482,11 @@ def _store_error(exc: BaseException, doing: str) -> ErrnoError:
 
 @contextlib.contextmanager
 def _store_errors() -> Iterator[None]:
-    """:func:`_store_error` for what the ``with`` block writes."""
+    """:func:`store_error` for what the ``with`` block writes."""
     try:
         yield
     except sqlite3.Error as exc:
-        raise _store_error(exc, "writing to the content store") from None
+        raise store_error(exc, "writing to the content store") from None
 
 
 def _owner_only(msg: Message) -> None:
