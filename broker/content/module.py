@@ -128,7 +128,7 @@ class ContentModule(Module):
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="content-sqlite")
             try:
                 self.backing = await self.db(SqliteStore,
-                                              os.path.join(directory, "content.sqlite"))
+                                             os.path.join(directory, "content.sqlite"))
                 self.rowids.note(await self.db(self.backing.max_rowid))
             except StoreLocked:
                 if not statedir:
@@ -437,7 +437,7 @@ class ContentModule(Module):
                 self.collection.touch(blobref.found_in(value))
             with _store_errors():
                 await self.db(self.backing.checkpoint_put, body["key"],
-                               _checkpoint_bytes(value))
+                              _checkpoint_bytes(value))
         self.h.respond(msg, {})
 
     async def checkpoint_get(self, msg: Message) -> None:
