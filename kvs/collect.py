@@ -97,6 +97,10 @@ class GcAborted(ErrnoError):
     """A collection stopped before deleting anything."""
 
 
+DAMAGED_SHOWN = 10
+"""Blobrefs of damage a collection's answer names at most."""
+
+
 # What a reference to mark leads to: (must exist, is a tree object)
 _LIVE_TREE = (True, True)
 _LIVE_DATA = (True, False)
@@ -106,12 +110,22 @@ _OPAQUE = (False, None)  # a checkpoint's blobref: walked if it decodes
 
 
 async def mark(collection: Collection, live: Iterable[str], recent: Iterable[str],
-               opaque: Iterable[str]) -> set[str]:
-    """Every blobref reachable from the roots ``live`` (which must be whole:
-    ``EIO`` if a blob is missing or a tree object does not decode), from
-    ``recent`` (kept as far as they still exist) and from the blobs
-    ``opaque`` (walked if they decode as tree objects)."""
+               opaque: Iterable[str], damaged: list[str] | None = None) -> set[str]:
+    """Every blobref reachable from the roots ``live`` (which should be
+    whole: a blob missing or a tree object that does not decode is added to
+    ``damaged``), from ``recent`` (kept as far as they still exist) and from
+    the blobs ``opaque`` (walked if they decode as tree objects).
+
+    A damaged live tree does not stop the collection: what cannot be read
+    through it is lost already (a client may commit a dirref to a directory
+    whose entries it never stored), and every later collection would stop
+    at it too.
+
+    A blob may be named as a value's data and as a directory too (a client
+    may put either): kept as data, it is still read and walked the first
+    time it comes as a tree."""
     marked: set[str] = set()
+    walked: set[str] = set()  # tree objects read, their children queued
     todo: list[tuple[str, tuple[bool, bool | None]]] = [
         *((r, _OPAQUE) for r in opaque), *((r, _TREE) for r in recent),
         *((r, _LIVE_TREE) for r in live)]
@@ -119,11 +133,9 @@ async def mark(collection: Collection, live: Iterable[str], recent: Iterable[str
         batch: dict[str, tuple[bool, bool | None]] = {}
         while todo and len(batch) < READ_BATCH:
             ref, kind = todo.pop()
-            if ref in marked:
-                continue
             if kind[1] is False:  # a value's data: kept, never read
                 marked.add(ref)
-            elif batch.get(ref, (False,))[0] is False:
+            elif ref not in walked and batch.get(ref, (False,))[0] is False:
                 batch[ref] = kind
         if not batch:
             continue
@@ -131,20 +143,19 @@ async def mark(collection: Collection, live: Iterable[str], recent: Iterable[str
         for ref, (live_ref, is_tree) in batch.items():
             data = blobs.get(ref)
             if data is None:
-                if live_ref:
-                    raise GcAborted(errno.EIO, f"blob {ref} of a live tree is not in the "
-                                    "content store; nothing was collected")
+                if live_ref and damaged is not None:
+                    damaged.append(ref)
                 continue
             marked.add(ref)
+            walked.add(ref)
             try:
                 obj = treeobj.decode(data)
-            except ErrnoError as exc:
-                if live_ref:
-                    raise GcAborted(errno.EIO, f"blob {ref} of a live tree is not a tree "
-                                    f"object ({exc.errstr}); nothing was collected") from None
+            except ErrnoError:
+                if live_ref and is_tree and damaged is not None:
+                    damaged.append(ref)
                 continue
             for child, child_is_tree in treeobj.blobrefs(obj):
-                if child in marked:
+                if child in walked or (not child_is_tree and child in marked):
                     continue
                 if is_tree is None:
                     todo.append((child, _OPAQUE))
@@ -193,19 +204,22 @@ async def collect(content: ContentModule, roots: Any, forget: Any, kvs_key: str,
     answers.  ``EBUSY`` if a collection runs already."""
     start = time.monotonic()
     collection = content.begin_collection()
+    damaged: list[str] = []
     try:
         await content.drain()
-        # Young rows are spared: rowids written up to grace seconds ago
+        # Young rows are spared: rowids written up to grace seconds ago, and
+        # blobs stored again meanwhile (their rows are older)
         watermark = content.rowids.as_of(grace)
+        collection.touch(content.restored.since(grace))
         listed: Roots = roots()
         trees, opaque = checkpoint_roots(await content.checkpoints(), kvs_key)
-        marked = await mark(collection, [*listed.live, *trees], listed.recent, opaque)
+        marked = await mark(collection, [*listed.live, *trees], listed.recent, opaque, damaged)
         # The checkpoints once more: one written meanwhile names a root made
         # during the collection (whole: kept by the barrier) -- unless the
         # owner named an older one; mark that too.
         trees2, opaque2 = checkpoint_roots(await content.checkpoints(), kvs_key)
         marked |= await mark(collection, [r for r in trees2 if r not in marked], (),
-                             [r for r in opaque2 if r not in marked])
+                             [r for r in opaque2 if r not in marked], damaged)
         collection.decide(marked)  # (no await between these two)
         forget()
         await collection.sweep(watermark)
@@ -222,6 +236,8 @@ async def collect(content: ContentModule, roots: Any, forget: Any, kvs_key: str,
         "kept": len(collection.keep),
         "removed": collection.removed,
         "removed-bytes": collection.removed_bytes,
+        "damaged": damaged[:DAMAGED_SHOWN],
+        "damaged-count": len(damaged),
         "file-bytes": file_bytes,
         "free-bytes": free_bytes,
         "compacted": compact,

@@ -76,19 +76,24 @@ def reachable(get: Callable[[str], bytes | None], trees: Sequence[str],
     blobs ``blobs`` (kept if present, walked if they decode as tree
     objects), read with ``get(ref) -> bytes | None``; ``has(ref)`` checks a
     value's data blob without reading it.  Raises :class:`GcError` when a
-    blob the trees need is missing or a tree object does not decode."""
+    blob the trees need is missing or a tree object does not decode.
+
+    A blob named both as a value's data and as a directory (a client may
+    put either) is walked as the directory too."""
     if has is None:
         has = lambda ref: get(ref) is not None  # noqa: E731
     seen: set[str] = set()
+    walked: set[str] = set()  # read as (possible) tree objects
     todo = [(r, TREE) for r in trees] + [(r, MAYBE) for r in blobs]
     while todo:
         ref, kind = todo.pop()
-        if ref in seen:
-            continue
         if kind == DATA:
-            if not has(ref):
-                raise _damaged(f"blob {ref} is named but not in the store")
-            seen.add(ref)
+            if ref not in seen:
+                if not has(ref):
+                    raise _damaged(f"blob {ref} is named but not in the store")
+                seen.add(ref)
+            continue
+        if ref in walked:
             continue
         data = get(ref)
         if data is None:
@@ -96,6 +101,7 @@ def reachable(get: Callable[[str], bytes | None], trees: Sequence[str],
                 continue  # names nothing here: nothing to keep
             raise _damaged(f"blob {ref} is named but not in the store")
         seen.add(ref)
+        walked.add(ref)
         try:
             obj = treeobj.decode(data)
         except ErrnoError as exc:
@@ -103,7 +109,7 @@ def reachable(get: Callable[[str], bytes | None], trees: Sequence[str],
                 raise _damaged(f"blob {ref} should be a tree object: {exc.errstr}") from None
             continue  # an opaque blob named by another checkpoint: kept, not walked
         for child, is_tree in treeobj.blobrefs(obj):
-            if child not in seen:
+            if child not in walked:
                 todo.append((child, MAYBE if kind == MAYBE else TREE if is_tree else DATA))
     return seen
 

@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 
 from broker.attrs import CONTENT_HASH, AttrSpec, duration, integer
 from broker.content import blobref
-from broker.content.module import BLOB_OVERHEAD, ContentModule
+from broker.content.module import BLOB_OVERHEAD, ContentModule, LoadToken
 from broker.errors import ErrnoError, RemoteError
 from broker.message import Message, MsgFlags
 from broker.module import Handler, Module, require
@@ -269,7 +269,9 @@ class KvsModule(Module):
         self.prime_limit = SETROOT_LIMIT.value(ctx.attrs)
         self.namespaces: dict[str, Namespace] = {}
         self._loading: dict[str, asyncio.Future[Namespace]] = {}
-        self._fetching: dict[str, asyncio.Future[bytes]] = {}
+        # blob fetches in flight, each with what it may vouch for (rank 0
+        # during a garbage collection: ContentModule.load_token)
+        self._fetching: dict[str, tuple[asyncio.Future[bytes], LoadToken | None]] = {}
         self._txn_counter = 0
         # kvs.wait-version requests still waiting, by request route (the client)
         self._version_waits: dict[tuple[str, ...], set[asyncio.Future[Any]]] = {}
@@ -295,6 +297,9 @@ class KvsModule(Module):
         self.gc_period = collector.PERIOD.value(ctx.attrs)
         self._last_gc: dict[str, Any] | None = None
         self._gc_ticker: asyncio.Task[None] | None = None
+        self._unpublished: Counter[str] = Counter()
+        """Roots made and stored, not yet set (a commit between its store
+        and its new root): live, for a garbage collection."""
 
     # ================================================================ life cycle
 
@@ -323,6 +328,8 @@ class KvsModule(Module):
         if (isinstance(content, ContentModule) and content.backing is not None
                 and content.hash_name == self.hash_name):
             self._content = content
+            # blobs stored again are young for a collection's grace period
+            content.restored.span = max(content.restored.span, self.root_history.grace)
         self.h.subscribe("kvs.namespace")
         rootref, rootseq = "", 0
         if self.statedir:
@@ -439,18 +446,18 @@ class KvsModule(Module):
 
     # ================================================================ blobs
 
-    async def fetch(self, refs: set[str], held: set[str] | None = None) -> dict[str, bytes]:
+    async def fetch(self, refs: set[str], held: set[str] | None = None, *,
+                    keep: bool = False) -> dict[str, bytes]:
         """Load missing blobs from the content module (in parallel); with
         ``held``, hold them (and those of ``refs`` already here) for the
         caller until it releases them (:meth:`BlobStore.hold`).  Returns
         them all, ``{ref: blob}`` (the caches may have been dropped
         meanwhile: ``kvs.dropcache``, a garbage collection).
 
-        While rank 0 collects garbage, what is fetched here is kept: a
-        commit names only blobs it fetched (:meth:`_check_refs`)."""
-        collection = self._content.collection if self._content is not None else None
-        if collection is not None:
-            collection.touch(refs)
+        With ``keep``, while rank 0 collects garbage, what is fetched is kept:
+        blobs a commit is about to name (:meth:`_check_refs`)."""
+        if keep and self._content is not None and self._content.collection is not None:
+            self._content.collection.touch(refs)
         waits: dict[str, asyncio.Future[bytes]] = {}
         found: dict[str, bytes] = {}
         for ref in refs:
@@ -460,12 +467,7 @@ class KvsModule(Module):
                 if held is not None:
                     self.blobs.hold(ref, data, held)
                 continue
-            fut = self._fetching.get(ref)
-            if fut is None:
-                fut = asyncio.ensure_future(self._fetch_one(ref))
-                self._fetching[ref] = fut
-                fut.add_done_callback(functools.partial(self._fetched, ref))
-            waits[ref] = fut
+            waits[ref] = self._fetch_shared(ref)
         if waits:
             self.counts["blob-fetches"] += len(waits)
             got = await asyncio.gather(*waits.values())
@@ -475,14 +477,28 @@ class KvsModule(Module):
                     self.blobs.hold(ref, data, held)
         return found
 
+    def _fetch_shared(self, ref: str) -> asyncio.Future[bytes]:
+        """The fetch of ``ref`` in flight, or a new one.  On rank 0, one that
+        may not vouch for its blob any more (a garbage collection) is not
+        shared: :meth:`ContentModule.load_token`."""
+        content = self._content
+        entry = self._fetching.get(ref)
+        if entry is not None and (entry[1] is None or content is None
+                                  or content.vouches(entry[1])):
+            return entry[0]
+        token = content.load_token(ref) if content is not None else None
+        fut = asyncio.ensure_future(self._fetch_one(ref, token))
+        self._fetching[ref] = (fut, token)
+        fut.add_done_callback(functools.partial(self._fetched, ref))
+        return fut
+
     def _fetched(self, ref: str, fut: asyncio.Future[bytes]) -> None:
         """Done callback of a blob fetch: it is no longer in flight."""
-        if self._fetching.get(ref) is fut:  # (a collection's decision forgets it)
+        if self._fetching.get(ref, (None,))[0] is fut:  # (another may have replaced it)
             del self._fetching[ref]
 
-    async def _fetch_one(self, ref: str) -> bytes:
+    async def _fetch_one(self, ref: str, token: LoadToken | None) -> bytes:
         content = self._content
-        generation = content.generation if content is not None else 0
         try:
             resp = await self.h.rpc("content.load", {"blobref": ref})
         except RemoteError as exc:
@@ -491,8 +507,7 @@ class KvsModule(Module):
                     from None
             raise
         data: bytes = resp["data"]
-        if content is None or (content.generation == generation and (
-                content.collection is None or content.collection.may_cache(ref))):
+        if content is None or token is None or content.vouches(token):
             self.blobs.put(ref, data)  # (not a blob a collection may be deleting)
         return data
 
@@ -861,6 +876,10 @@ class KvsModule(Module):
         self._last_gc = result
         self.log.info("gc: removed %d blobs (%d bytes) in %.3f s", result["removed"],
                       result["removed-bytes"], result["seconds"])
+        if result["damaged-count"]:
+            self.log.warning("gc: %d blobs that live trees name are missing or unreadable "
+                             "(first: %s): what is below them cannot be read",
+                             result["damaged-count"], result["damaged"][0])
         return result
 
     async def _collect_periodically(self) -> None:
@@ -877,16 +896,18 @@ class KvsModule(Module):
                 self.log.error("periodic gc failed: %s", exc)
 
     def _gc_roots(self) -> collector.Roots:
-        """The roots a collection keeps: every namespace's current root (live),
-        and the roots of the grace period and guests' recent roots."""
+        """The roots a collection keeps: every namespace's current root and
+        those about to be (live), and the roots of the grace period and
+        guests' recent roots."""
         live = [ns.rootref for ns in self.namespaces.values() if ns.rootref]
+        live += self._unpublished
         return collector.Roots(live, [*self.root_history.recent(), *self.recent_roots.roots()])
 
     def _gc_forget(self) -> None:
-        """A collection decided: forget every blob this module cached, and
-        the fetches in flight (what they bring back is not cached)."""
+        """A collection decided: forget every blob this module cached (the
+        fetches in flight are no longer shared, nor cached when they end:
+        :meth:`_fetch_shared`)."""
         self._drop_caches()
-        self._fetching.clear()
 
     # ================================================================ writes
 
@@ -1011,8 +1032,21 @@ class KvsModule(Module):
             ns.committing = False
 
     async def _apply_batch(self, ns: Namespace, batch: list[Pending]) -> None:
+        pinned: list[str] = []
+        try:
+            await self._apply_pinned(ns, batch, pinned)
+        finally:
+            for ref in pinned:
+                self._unpublished[ref] -= 1
+                if not self._unpublished[ref]:
+                    del self._unpublished[ref]
+
+    async def _apply_pinned(self, ns: Namespace, batch: list[Pending], pinned: list[str]) -> None:
+        """:meth:`_apply_batch`: the root it makes is in :attr:`_unpublished`
+        (``pinned``) from its blobs' store until it is set."""
         ops = batch[0].ops if len(batch) == 1 else [op for p in batch for op in p.ops]
         sync = any(p.flags & txn.SYNC for p in batch)
+        begun = self._content.collections_begun if self._content is not None else 0
         try:
             result, named = await self._apply(ns, ops)
             # Storing may fail too (EFBIG over content.blob-size-limit): that
@@ -1026,12 +1060,17 @@ class KvsModule(Module):
                                      {"blobs": list(result.new_blobs.values())})
             for ref, data in result.new_blobs.items():
                 self.blobs.put(ref, data)
+            # From here until it is set, a garbage collection must keep this
+            # root whole: its blobs are stored, and may be before the
+            # collection's barrier while the root is set after its listing.
+            self._unpublished[result.rootref] += 1
+            pinned.append(result.rootref)
             if sync:
                 await self.h.rpc("content.flush", {})
                 if ns.name == PRIMARY and self.statedir and not ns.removed:
                     await self._checkpoint(result.rootref, ns.rootseq + 1)
-            if named and self._content is not None:
-                await self._keep_whole(named)  # (the last await before the new root)
+            if named:
+                await self._keep_whole(named, begun)  # (the last await before the new root)
         except ErrnoError as exc:
             # Let go of the frames ``exc`` went through (they hold the ops
             # and the blobs made for them), and give a future a fresh
@@ -1118,8 +1157,9 @@ class KvsModule(Module):
                 dirrefs.update(d["data"])
             elif t == "dir":
                 todo.extend(d["data"].values())
-        refs = {r for r in valrefs | dirrefs if r not in new_blobs}
-        found = await self.fetch(refs, held) if refs else {}  # ENOENT for an unknown blob
+        named = {ref: ref in dirrefs for ref in valrefs | dirrefs if ref not in new_blobs}
+        tops = {ref for ref, is_tree in named.items() if is_tree}
+        found = await self.fetch(tops, held, keep=True) if tops else {}  # ENOENT if unknown
         for ref in dirrefs:
             try:  # (a blob this very transaction made, or one fetched)
                 obj: Any = treeobj.decode(new_blobs.get(ref) or found[ref])
@@ -1127,39 +1167,51 @@ class KvsModule(Module):
                 obj = None
             if not _names_a_directory(obj):
                 raise ErrnoError(errno.EINVAL, f"dirref {ref} does not name a directory")
-        return {ref: ref in dirrefs for ref in refs}
+        if named:
+            await self._check_whole(named)
+        return named
 
-    async def _keep_whole(self, refs: dict[str, bool]) -> None:
-        """While rank 0 collects garbage, keep every blob below ``refs``
-        (blobs a commit names: a copied directory, a value stored first),
-        reading them all, before the root that names them is set (``refs``:
-        blobref -> whether it is a tree object, else a value's data).
+    async def _check_whole(self, refs: dict[str, bool]) -> None:
+        """``ENOENT`` unless every blob below ``refs`` exists (``refs``: blobref
+        -> whether it is a tree object, else a value's data, which is only
+        checked, never read: it may be big).  While rank 0 collects garbage,
+        each is kept from the moment it is checked.
 
-        A commit that runs during a collection otherwise builds only on what
-        the collection keeps; but a client may name any blob it can read,
-        such as a directory of an old root (``kvs copy``), whose subtree the
-        collection may be deleting.  Reading each blob keeps it (or fails
-        with ``ENOENT`` if it went already: the commit fails, whole).  The
-        check repeats if another collection began meanwhile."""
-        assert self._content is not None
-        walked_for = None
-        while (collection := self._content.collection) is not None \
-                and collection is not walked_for:
-            walked_for = collection
-            held: set[str] = set()
-            seen: set[str] = set()
-            try:
-                todo = dict(refs)
-                while todo:
-                    seen.update(todo)
-                    found = await self.fetch(set(todo), held)  # (keeps each, ENOENT if gone)
-                    below: dict[str, bool] = {}
-                    for ref, is_tree in todo.items():
-                        if is_tree:  # (a value's data is never decoded)
-                            below.update(treeobj.blobrefs(treeobj.decode(found[ref])))
-                    todo = {r: t for r, t in below.items() if r not in seen}
-            finally:
-                self.blobs.release(held)
+        A directory a client names (``kvs copy`` of an old version, a
+        dirref it built) may have lost blobs to a garbage collection, which
+        keeps what live trees reach, not every version a client may have
+        read: the commit fails whole rather than make a tree that cannot
+        be read.  Without collections it also refuses a dirref to a
+        directory whose entries were never stored."""
+        content = self._content
+        seen: set[str] = set()
+        todo = dict(refs)
+        while todo:
+            seen.update(todo)
+            trees = {ref for ref, is_tree in todo.items() if is_tree}
+            data = [ref for ref in todo if ref not in trees]
+            if data:
+                if content is not None:
+                    await content.check_present(data)
+                else:
+                    await self.fetch(set(data))
+            found = await self.fetch(trees, keep=True) if trees else {}
+            below: dict[str, bool] = {}
+            for ref in trees:
+                below.update(treeobj.blobrefs(treeobj.decode(found[ref])))
+            todo = {r: t for r, t in below.items() if r not in seen}
+
+    async def _keep_whole(self, refs: dict[str, bool], begun: int) -> None:
+        """Check the blobs below ``refs`` again if a garbage collection began
+        since ``begun`` (``collections_begun`` when they were first
+        checked), until none has: one that began meanwhile may have listed
+        its roots before this commit's, and not kept what was checked
+        before it began.  Once the new root is made, a collection keeps it
+        whole (:attr:`_unpublished`)."""
+        content = self._content
+        while content is not None and content.collections_begun != begun:
+            begun = content.collections_begun
+            await self._check_whole(refs)
 
     # ================================================================ namespace admin
 
@@ -1190,18 +1242,19 @@ class KvsModule(Module):
             if self.blobs.get(rootref) is None:
                 rootref = await self._store_empty_root()
             elif self._content is not None:
-                await self._keep_whole({rootref: True})
+                await self._keep_whole({rootref: True}, -1)  # (-1: check it once)
         else:
             blobref.check(rootref)
-            found = await self.fetch({rootref})  # ENOENT if there is no such blob
+            begun = self._content.collections_begun if self._content is not None else 0
+            found = await self.fetch({rootref}, keep=True)  # ENOENT if there is no such blob
             try:
                 obj: Any = treeobj.decode(found[rootref])
             except ErrnoError:
                 obj = None
             if not _names_a_directory(obj):
                 raise ErrnoError(errno.EINVAL, f"rootref {rootref} is not a directory")
-            if self._content is not None:
-                await self._keep_whole({rootref: True})
+            await self._check_whole({rootref: True})
+            await self._keep_whole({rootref: True}, begun)
         if name in self.namespaces:  # raced with another create while storing
             raise ErrnoError(errno.EEXIST, f"namespace {name} already exists")
         ns = Namespace(name, owner, rootref, 0, flags, next(self._epochs))

@@ -119,12 +119,13 @@ async def test_gc_keeps_the_roots_of_the_grace_period(start_instance, connect) -
 
 async def test_gc_under_concurrent_commits_copies_and_namespaces_loses_nothing(
         start_instance, connect, tmp_path) -> None:
-    """Collections back to back while three ranks commit: values into a
-    growing sharded directory, copies of a directory taken from *old* roots
-    (whose subtrees the collection is deleting), and namespaces created and
-    removed.  A copy may fail with ENOENT (its source went); none may
-    succeed with a tree that cannot be read.  At the end every root's tree
-    is whole in the store itself, and every value reads back."""
+    """Collections back to back while three ranks commit: values (small, and
+    big ones stored as blobs of their own) into a growing sharded directory,
+    copies of a directory taken from *old* roots (whose subtrees the
+    collection is deleting), and namespaces created and removed.  A copy may
+    fail with ENOENT (its source went); none may succeed with a tree that
+    cannot be read.  At the end every root's tree is whole in the store
+    itself, and every value reads back."""
     statedir = tmp_path / "state"
     inst = await start_instance(size=3, statedir=str(statedir), attrs=NOW)
     h0, h1, h2 = [await connect(inst, r) for r in range(3)]
@@ -140,6 +141,8 @@ async def test_gc_under_concurrent_commits_copies_and_namespaces_loses_nothing(
         while not stop.is_set():
             ops = [put(f"s.d{(i + j) % 7}.k{i + j}", f"v{i + j}") for j in range(3)]
             ops.append(put("hot", f"hot {i}"))
+            if i % 30 == 0:  # a value stored as a blob of its own (a valref)
+                ops.append(put(f"s.big.b{i}", BIG + str(i).encode()))
             r = await commit(h1, *ops)
             model.update({op["key"]: op["dirent"]["data"] for op in ops})
             if i % 15 == 0:
@@ -188,7 +191,9 @@ async def test_gc_under_concurrent_commits_copies_and_namespaces_loses_nothing(
             await asyncio.sleep(0.01)
         collections = 0
         while collections < 12 or len(model) < 600:  # (and 200 commits at least)
-            removed += (await gc(h0))["removed"]
+            result = await gc(h0)
+            assert result["damaged-count"] == 0, result["damaged"]  # every live tree was whole
+            removed += result["removed"]
             collections += 1
             for t in tasks:
                 if t.done():
@@ -322,7 +327,8 @@ def test_rowid_marks_say_what_was_written_how_long_ago() -> None:
     marks.note(90, now=110.0)
     assert marks.as_of(0, now=110.0) == 90
     assert marks.as_of(5, now=110.0) == 40
-    assert marks.as_of(9.9, now=110.0) == 15
+    assert marks.as_of(9.9, now=110.0) == 0  # row 15 is only 9.5 s old
+    assert marks.as_of(9.5, now=110.0) == 15
     assert marks.as_of(11, now=110.0) == 0  # nothing that old: delete nothing
     marks.note(95, now=5000.0)  # an hour on: older marks go, the last before stays
     assert marks.as_of(3600, now=5000.0) == 90

@@ -30,7 +30,6 @@ this module keeps that decision true while it is carried out:
 from __future__ import annotations
 
 import errno
-import itertools
 import time
 from collections import deque
 from collections.abc import Iterable
@@ -44,8 +43,6 @@ if TYPE_CHECKING:
 SWEEP_ROWS = 8192
 """Rows of the store examined per deletion transaction (a few ms of the
 SQLite thread, so loads and write-backs wait no longer than that)."""
-KEEP_ROWS = 16384
-"""Kept blobrefs handed to SQLite's keep table per transaction."""
 READ_BATCH = 512
 """Tree objects the mark reads from the store per trip to its thread."""
 MARK_SPAN = 3600.0
@@ -54,20 +51,23 @@ grace period a collection can honour."""
 
 
 class RowidMarks:
-    """When the store's rowids reached what: ``(monotonic time, max rowid)``,
-    at most one mark per second over the last :data:`MARK_SPAN` seconds."""
+    """When the store's rowids reached what: ``[first time, last time, max
+    rowid]``, the writes of one second in one mark, over the last
+    :data:`MARK_SPAN` seconds."""
 
     def __init__(self) -> None:
-        self._marks: deque[tuple[float, int]] = deque()
+        self._marks: deque[list[float]] = deque()
 
     def note(self, rowid: int, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
         marks = self._marks
         if marks and now - marks[-1][0] < 1.0:
-            marks[-1] = (marks[-1][0], max(rowid, marks[-1][1]))
+            last = marks[-1]
+            last[1] = now  # (the mark is as old as its newest write)
+            last[2] = max(rowid, last[2])
         else:
-            marks.append((now, rowid))
-        while len(marks) > 1 and marks[1][0] <= now - MARK_SPAN:
+            marks.append([now, now, rowid])
+        while len(marks) > 1 and marks[1][1] <= now - MARK_SPAN:
             marks.popleft()
 
     def as_of(self, age: float, now: float | None = None) -> int:
@@ -75,11 +75,31 @@ class RowidMarks:
         every row at or below it is at least that old."""
         now = time.monotonic() if now is None else now
         best = 0
-        for t, rowid in self._marks:
-            if t > now - age:
+        for _first, last, rowid in self._marks:
+            if last > now - age:
                 break
-            best = rowid
+            best = int(rowid)
         return best
+
+
+class RecentRefs:
+    """Refs with the time they were noted, kept for ``span`` seconds: the
+    blobs stored again while their row already existed (the row keeps its
+    old rowid, so :class:`RowidMarks` cannot tell they are young)."""
+
+    def __init__(self, span: float = 10.0) -> None:
+        self.span = span
+        self._log: deque[tuple[float, list[str]]] = deque()
+
+    def note(self, refs: list[str], now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        self._log.append((now, refs))
+        while self._log and self._log[0][0] < now - self.span:
+            self._log.popleft()
+
+    def since(self, age: float, now: float | None = None) -> set[str]:
+        now = time.monotonic() if now is None else now
+        return {ref for t, refs in self._log if t >= now - age for ref in refs}
 
 
 class Collection:
@@ -88,9 +108,7 @@ class Collection:
     def __init__(self, content: ContentModule) -> None:
         self.content = content
         self.keep: set[str] = set()
-        """Blobrefs kept: touched since the barrier, then also the marked."""
-        self._unsent: list[str] = []
-        """Kept after the decision, not yet in SQLite's keep table."""
+        """Blobrefs kept: touched since the barrier, and the marked once decided."""
         self.decided = False
         self.removed = 0
         self.removed_bytes = 0
@@ -99,17 +117,14 @@ class Collection:
 
     def touch(self, refs: Iterable[str]) -> None:
         """Keep ``refs``: stored, or about to be named by a commit."""
-        if not self.decided:
-            self.keep.update(refs)
-            return
-        for ref in refs:
-            if ref not in self.keep:
-                self.keep.add(ref)
-                self._unsent.append(ref)
+        self.keep.update(refs)
 
     def may_cache(self, ref: str) -> bool:
-        """Whether a blob just loaded may enter a cache: not while the
-        sweep may be deleting it."""
+        """Whether a load of ``ref`` that starts now may cache what it reads
+        (asked when it starts; the :attr:`ContentModule.generation` must not
+        change before it ends): not if the sweep may delete it.  A blob
+        kept by then is safe: a deletion that could still take it was
+        queued before this load, which then finds nothing."""
         return not self.decided or ref in self.keep
 
     # ------------------------------------------------------------ mark support
@@ -144,33 +159,33 @@ class Collection:
     # ------------------------------------------------------------ sweep
 
     async def sweep(self, watermark: int) -> None:
-        """Delete every row at or below rowid ``watermark`` that is not kept."""
+        """Delete every row at or below rowid ``watermark`` that is not kept.
+
+        A range of rows is read on the store's thread, the unkept ones are
+        picked here, and their deletion is queued in the same step of the
+        loop: a blob kept later (stored again, named by a commit) is either
+        picked no more, or asked for after its deletion, in order, and
+        found missing -- never vouched for and then deleted."""
         content = self.content
         store = content.backing
         assert store is not None and self.decided
-        await content.db(store.keep_begin)
-        try:
-            refs = iter(list(self.keep))
-            while part := list(itertools.islice(refs, KEEP_ROWS)):
-                await content.db(store.keep_add, part)
-            first = 1
-            while first <= watermark:
-                last = min(first + SWEEP_ROWS - 1, watermark)
-                # What was kept since the last range goes to SQLite in the
-                # same job as this deletion: a touch between two jobs would
-                # let a load queued before the deletion vouch for a blob it
-                # then deletes.
-                unsent, self._unsent = self._unsent, []
-                n, size = await content.db(store.sweep_rows, first, last, unsent)
-                self.removed += n
-                self.removed_bytes += size
-                first = last + 1
-        finally:
-            await content.db(store.keep_end)
+        after = 0
+        while True:
+            rows = await content.db(store.scan_rows, after, watermark, SWEEP_ROWS)
+            if not rows:
+                break
+            after = rows[-1][0]
+            doomed = [(key, size) for _rowid, key, ref, size in rows if ref not in self.keep]
+            if doomed:
+                await content.db(store.delete_keys, [key for key, _ in doomed])
+                self.removed += len(doomed)
+                self.removed_bytes += sum(size for _, size in doomed)
+            if len(rows) < SWEEP_ROWS:
+                break
 
 
 def busy() -> ErrnoError:
     return ErrnoError(errno.EBUSY, "a garbage collection is already running")
 
 
-__all__ = ["Collection", "RowidMarks", "busy"]
+__all__ = ["Collection", "RecentRefs", "RowidMarks", "busy"]

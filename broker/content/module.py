@@ -40,8 +40,8 @@ from typing import Any, ClassVar
 
 from broker.attrs import CONTENT_HASH, AttrSpec, integer
 from broker.content import blobref
-from broker.content.collection import Collection, RowidMarks, busy
-from broker.content.sqlite import SqliteStore, StoreLocked
+from broker.content.collection import Collection, RecentRefs, RowidMarks, busy
+from broker.content.sqlite import SqliteStore, StoreLocked, Written
 from broker.errors import ErrnoError
 from broker.message import NODEID_UPSTREAM, Message
 from broker.module import Handler, Module, require
@@ -76,6 +76,9 @@ so a transaction dirties about one index page per blob until the batch is
 comparable to the index (see :mod:`broker.content.sqlite`)."""
 
 
+LoadToken = tuple[int, bool]
+"""(:attr:`ContentModule.generation`, may cache) when a load started."""
+
 COUNTERS = ("hits", "misses", "stored", "written")
 """The counters of ``content.stats-get`` (all shown, 0 included)."""
 
@@ -96,18 +99,23 @@ class ContentModule(Module):
         self.counts: Counter[str] = Counter(dict.fromkeys(COUNTERS, 0))
         self.backing: SqliteStore | None = None
         self._flush_handle: asyncio.TimerHandle | None = None
-        self._loading: dict[str, asyncio.Future[bytes]] = {}
+        # loads in flight, each with what it may vouch for (load_token)
+        self._loading: dict[str, tuple[asyncio.Future[bytes], LoadToken]] = {}
         self.inflight: dict[str, bytes] = {}  # handed to the writer, not yet written
-        self._writes: set[asyncio.Future[int]] = set()
+        self._writes: set[asyncio.Future[Written]] = set()
         self._executor: ThreadPoolExecutor | None = None
         self.persistent = False
         """Rank 0 with a statedir: the SQLite file outlives the instance."""
         # Online garbage collection (rank 0, broker/content/collection.py)
         self.collection: Collection | None = None
+        self.collections_begun = 0
+        """Counts collections begun: a commit that checked its blobs before
+        one began checks them again (:meth:`KvsModule._keep_whole`)."""
         self.generation = 0
         """Bumped when a collection decides and when it ends: a load that
         spans either does not cache what it read (it may be doomed)."""
         self.rowids = RowidMarks()
+        self.restored = RecentRefs()
 
     def handlers(self) -> dict[str, Handler]:
         return {
@@ -211,7 +219,7 @@ class ContentModule(Module):
         fut = loop.run_in_executor(self._executor, self.backing.put_many, list(batch.items()))
         self._writes.add(fut)
 
-        def done(f: asyncio.Future[int]) -> None:
+        def done(f: asyncio.Future[Written]) -> None:
             self._writes.discard(f)
             for ref in batch:
                 self.inflight.pop(ref, None)
@@ -222,7 +230,10 @@ class ContentModule(Module):
                     self.dirty.setdefault(ref, data)
             else:
                 self.counts["written"] += len(batch)
-                self.rowids.note(f.result())
+                written = f.result()
+                self.rowids.note(written.max_rowid)
+                if written.existing:  # (young again, though their rows are old)
+                    self.restored.note(written.existing)
                 if self.cache_bytes > self.cache_limit:
                     self._trim()
                     if not self.persistent:
@@ -322,11 +333,11 @@ class ContentModule(Module):
             self.counts["hits"] += 1
             return data
         pending = self._loading.get(ref)
-        if pending is not None:
-            return await asyncio.shield(pending)
+        if pending is not None and self.vouches(pending[1]):
+            return await asyncio.shield(pending[0])
         fut: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
-        self._loading[ref] = fut
-        generation = self.generation
+        token = self.load_token(ref)
+        self._loading[ref] = (fut, token)
         try:
             self.counts["misses"] += 1
             if self.backing is not None:
@@ -338,9 +349,8 @@ class ContentModule(Module):
                 resp = await self.h.rpc("content.load", {"blobref": ref},
                                         nodeid=NODEID_UPSTREAM)
                 data = resp["data"]
-            if generation == self.generation and (
-                    self.collection is None or self.collection.may_cache(ref)):
-                self._cache_put(ref, data)
+            if self.vouches(token):
+                self._cache_put(ref, data)  # (not a blob a collection may be deleting)
             fut.set_result(data)
             return data
         except BaseException as exc:
@@ -348,7 +358,7 @@ class ContentModule(Module):
             fut.exception()  # mark retrieved
             raise
         finally:
-            if self._loading.get(ref) is fut:  # (a collection's decision forgets it)
+            if self._loading.get(ref, (None,))[0] is fut:  # (another may have replaced it)
                 del self._loading[ref]
 
     async def load(self, msg: Message) -> None:
@@ -371,7 +381,23 @@ class ContentModule(Module):
         if self.collection is not None:
             raise busy()
         self.collection = Collection(self)
+        self.collections_begun += 1
         return self.collection
+
+    def load_token(self, ref: str) -> LoadToken:
+        """Taken when a load of ``ref`` starts: what :meth:`vouches` needs.
+
+        While a collection deletes, a load that started before ``ref`` was
+        kept may bring it back from a row about to go.  Its data may serve
+        the read that asked, but no cache may keep it and no later request
+        may share that load to learn that ``ref`` exists (a commit naming
+        it would then be applied without it)."""
+        return self.generation, self.collection is None or self.collection.may_cache(ref)
+
+    def vouches(self, token: LoadToken) -> bool:
+        """Whether a load that started with ``token`` shows its blob exists
+        now (and may be cached, or shared with a later request)."""
+        return token[1] and token[0] == self.generation
 
     def end_collection(self, collection: Collection) -> None:
         if self.collection is collection:
@@ -380,12 +406,26 @@ class ContentModule(Module):
 
     def forget_unkept(self, keep: set[str]) -> None:
         """A collection decided: drop the cached blobs it does not keep, and
-        let loads in flight finish without caching (:attr:`generation`)."""
+        let loads in flight finish without caching or being shared
+        (:attr:`generation`, :meth:`load_token`)."""
         self.generation += 1
-        self._loading.clear()
         for ref in [r for r in self.cache if r not in keep]:
             if ref not in self.dirty and ref not in self.inflight:
                 self.cache_bytes -= len(self.cache.pop(ref)) + BLOB_OVERHEAD
+
+    async def check_present(self, refs: list[str]) -> None:
+        """Rank 0: ``ENOENT`` unless every blob of ``refs`` is here, without
+        reading them; during a collection they are kept from now on, and the
+        store is asked after that (in order with its deletions)."""
+        if self.collection is not None:
+            self.collection.touch(refs)
+        ask = [r for r in refs
+               if r not in self.cache and r not in self.dirty and r not in self.inflight]
+        if ask:
+            assert self.backing is not None
+            missing = await self.db(self.backing.missing, ask)
+            if missing:
+                raise ErrnoError(errno.ENOENT, f"blob {missing[0]} is not in the content store")
 
     async def drain(self) -> None:
         """Write every blob stored so far to SQLite (``EIO`` if that fails)."""

@@ -17,6 +17,7 @@ import os
 import sqlite3
 from collections.abc import Iterable
 from functools import lru_cache
+from typing import Any, NamedTuple
 
 ROWS_PER_STATEMENT = 400
 """Two parameters a row: within SQLite's historic limit of 999 parameters."""
@@ -24,12 +25,26 @@ ROWS_PER_STATEMENT = 400
 
 @lru_cache(maxsize=8)
 def _insert_sql(rows: int) -> str:
-    return "INSERT OR IGNORE INTO objects (hash, object) VALUES " + ",".join(["(?, ?)"] * rows)
+    return ("INSERT OR IGNORE INTO objects (hash, object) VALUES " + ",".join(["(?, ?)"] * rows)
+            + " RETURNING hash")
 
 
 def digest_of(ref: str) -> bytes:
     """The raw digest in blobref ``ref`` (``sha256-<hex>`` -> 32 bytes)."""
     return bytes.fromhex(ref[ref.index("-") + 1:])
+
+
+def ref_of(digest: bytes) -> str:
+    """The blobref of a raw digest (its length says the hash)."""
+    return f"{'sha1' if len(digest) == 20 else 'sha256'}-{digest.hex()}"
+
+
+class Written(NamedTuple):
+    """What :meth:`SqliteStore.put_many` did."""
+
+    max_rowid: int
+    existing: list[str]
+    """Refs stored again: their row was there already."""
 
 
 class StoreLocked(RuntimeError):
@@ -99,9 +114,10 @@ class SqliteStore:
         return self.db.execute("SELECT 1 FROM objects WHERE hash = ?",
                                (self._key(ref),)).fetchone() is not None
 
-    def put_many(self, items: Iterable[tuple[str, bytes]]) -> int:
+    def put_many(self, items: Iterable[tuple[str, bytes]]) -> Written:
         """Insert ``(blobref, blob)`` pairs in one transaction; the store's
-        highest rowid after it (:meth:`max_rowid`).
+        highest rowid after it (:meth:`max_rowid`), and the refs whose row
+        was there already (a blob stored again keeps its old row).
 
         Many rows per statement, not ``executemany``: sqlite3 releases the
         GIL around every step, and with the event loop thread busy each
@@ -116,21 +132,26 @@ class SqliteStore:
         it last ran with.  Rank 0 held ~110 MB of blobs written long ago
         that way after 78 values of 4 MB, outside every cache limit.
         """
+        items = list(items)
         pairs: list[tuple[str, bytes]] | list[tuple[bytes, bytes]]  # (key as stored, blob)
         if self.text_keys:
-            pairs = list(items)
+            pairs = items
         else:
             pairs = [(digest_of(ref), data) for ref, data in items]
+        inserted: set[Any] = set()
         with self.db:
             self.db.execute("BEGIN")
             sizes = set()
             for i in range(0, len(pairs), ROWS_PER_STATEMENT):
                 part = pairs[i:i + ROWS_PER_STATEMENT]
-                self.db.execute(_insert_sql(len(part)), [x for row in part for x in row])
+                cur = self.db.execute(_insert_sql(len(part)), [x for row in part for x in row])
+                inserted.update(row[0] for row in cur)
                 sizes.add(len(part))
             for rows in sizes:
-                self.db.execute(_insert_sql(rows), [None] * (2 * rows))
-        return self.max_rowid()
+                self.db.execute(_insert_sql(rows), [None] * (2 * rows)).fetchall()
+        existing = [] if len(inserted) == len(pairs) else [
+            ref for (ref, _), (key, _) in zip(items, pairs, strict=True) if key not in inserted]
+        return Written(self.max_rowid(), existing)
 
     def max_rowid(self) -> int:
         """The highest rowid in ``objects`` (0: empty).  New rows get the next
@@ -139,6 +160,10 @@ class SqliteStore:
         :meth:`sweep_rows` makes sure of.  An online collection uses it to
         spare blobs written recently (:mod:`kvs.collect`)."""
         return int(self.db.execute("SELECT COALESCE(MAX(rowid), 0) FROM objects").fetchone()[0])
+
+    def missing(self, refs: Iterable[str]) -> list[str]:
+        """Those of ``refs`` not in the store."""
+        return [ref for ref in refs if not self.has(ref)]
 
     def get_many(self, refs: Iterable[str]) -> dict[str, bytes]:
         """``{ref: blob}`` for those of ``refs`` in the store."""
@@ -150,45 +175,28 @@ class SqliteStore:
                 found[ref] = bytes(row[0])
         return found
 
-    # An online collection's keep list lives in a temporary table (SQLite
-    # does the anti-join); it is filled in parts between deletions.
+    def scan_rows(self, after: int, upto: int, limit: int) -> list[tuple[int, Any, str, int]]:
+        """For an online collection: up to ``limit`` rows with ``after <
+        rowid <= upto``, in rowid order, as ``(rowid, key, blobref, size)``.
+        The highest row of the store is never among them (see
+        :meth:`max_rowid`)."""
+        upto = min(upto, self.max_rowid() - 1)
+        rows = self.db.execute(
+            "SELECT rowid, hash, LENGTH(object) FROM objects WHERE rowid > ? AND rowid <= ? "
+            "ORDER BY rowid LIMIT ?", (after, upto, limit)).fetchall()
+        return [(rowid, key, key if self.text_keys else ref_of(bytes(key)), size)
+                for rowid, key, size in rows]
 
-    def keep_begin(self) -> None:
-        self.db.execute("DROP TABLE IF EXISTS temp.gc_keep")
-        self.db.execute("CREATE TEMP TABLE gc_keep (hash PRIMARY KEY) WITHOUT ROWID")
-
-    def keep_add(self, refs: Iterable[str]) -> None:
-        refs = list(refs)
-        if not refs:
-            return
-        with self.db:
-            self.db.execute("BEGIN")
-            self.db.executemany("INSERT OR IGNORE INTO temp.gc_keep (hash) VALUES (?)",
-                                ((self._key(ref),) for ref in refs))
-
-    def keep_end(self) -> None:
-        self.db.execute("DROP TABLE IF EXISTS temp.gc_keep")
-
-    def sweep_rows(self, first: int, last: int, keep: Iterable[str] = ()) -> tuple[int, int]:
-        """Add ``keep`` to the keep table, then delete the rows with rowid in
-        ``[first, last]`` whose hash is not in it, in one transaction:
-        (blobs, bytes) removed.  The highest row of the store is never
-        deleted (see :meth:`max_rowid`)."""
-        self.keep_add(keep)
-        last = min(last, self.max_rowid() - 1)
-        if last < first:
-            return 0, 0
+    def delete_keys(self, keys: list[Any]) -> None:
+        """Delete the rows of ``keys`` (as :meth:`scan_rows` gave them), in one
+        transaction."""
         self.db.execute("PRAGMA secure_delete=OFF")  # (see sweep)
-        where = ("FROM objects WHERE rowid BETWEEN ? AND ? "
-                 "AND hash NOT IN (SELECT hash FROM temp.gc_keep)")
         with self.db:
             self.db.execute("BEGIN")
-            n, size = self.db.execute(
-                f"SELECT COUNT(*), COALESCE(SUM(LENGTH(object)), 0) {where}",
-                (first, last)).fetchone()
-            if n:
-                self.db.execute(f"DELETE {where}", (first, last))
-        return int(n), int(size)
+            for i in range(0, len(keys), ROWS_PER_STATEMENT):
+                part = keys[i:i + ROWS_PER_STATEMENT]
+                self.db.execute("DELETE FROM objects WHERE hash IN (" + ",".join("?" * len(part))
+                                + ")", part)
 
     def file_bytes(self) -> tuple[int, int]:
         """(bytes of the file, bytes of it free for reuse): SQLite's page counts."""
