@@ -20,6 +20,7 @@ import pytest
 from test_broker_support import run_cli
 from test_kvs_gc import BIG, _count, _fill
 from test_kvs_rpc_helpers import (
+    SYNC,
     TREEOBJ,
     commit,
     dirref,
@@ -29,12 +30,15 @@ from test_kvs_rpc_helpers import (
     lookup,
     put,
     run_guest,
+    unlink,
     valref,
 )
 
+from broker.content import blobref
 from broker.content.collection import RowidMarks
 from broker.content.sqlite import SqliteStore
 from broker.errors import RemoteError
+from kvs import treeobj as T
 from kvs.collect import RootHistory
 from kvs.garbage import reachable
 
@@ -316,6 +320,108 @@ async def test_cli_gc_online(start_instance, connect) -> None:
     assert rc != 0 and "--dry-run is for a stopped instance" in err
 
 
+async def test_a_directory_also_named_as_a_value_keeps_its_subtree(
+        start_instance, connect, tmp_path) -> None:
+    """One blob named as a directory (dirref) and as a value's data (valref):
+    the mark walks it as the directory too (it was kept as data alone)."""
+    statedir = tmp_path / "state"
+    inst = await start_instance(size=1, statedir=str(statedir), attrs=NOW)
+    h = await connect(inst, 0)
+    await commit(h, put("sub.x", "below the directory"), put("sub.y", BIG))
+    d = (await lookup(h, "sub", TREEOBJ))["data"][0]
+    await commit(h, put("a", dirref(d)), put("b", valref(d)), unlink("sub"))
+    await gc(h)
+    await dropcaches(inst, connect)
+    assert await get(h, "a.y") == BIG
+    root = (await getroot(h))["rootref"]
+    await h.close()
+    await inst.stop()
+    assert_whole(statedir, [root])
+
+
+def test_offline_mark_walks_a_directory_also_named_as_a_value() -> None:
+    value = b"V" * 100
+    value_ref = blobref.hash_blob(value)
+    sub = T.encode(T.dir_({"y": T.valref([value_ref])}))
+    sub_ref = blobref.hash_blob(sub)
+    root = T.encode(T.dir_({"a": T.dirref(sub_ref), "b": T.valref([sub_ref])}))
+    root_ref = blobref.hash_blob(root)
+    store = {sub_ref: sub, root_ref: root, value_ref: value}
+    assert reachable(store.get, [root_ref]) == {root_ref, sub_ref, value_ref}
+
+
+async def test_sync_commits_racing_collections_stay_whole(
+        start_instance, connect, tmp_path) -> None:
+    """A SYNC commit stores its blobs, then waits for the flush and the
+    checkpoint before its root is set: a collection that lists the roots
+    meanwhile keeps that root too (it is live from its store on)."""
+    statedir = tmp_path / "state"
+    inst = await start_instance(size=1, statedir=str(statedir), attrs=NOW)
+    h = await connect(inst, 0)
+    await asyncio.wait_for(h.rpc("kvs.namespace-create", {"namespace": "other"}), 10)
+    model: dict[str, dict[str, bytes]] = {"primary": {}, "other": {}}
+    stop = asyncio.Event()
+
+    async def writer(ns: str, w: int) -> None:
+        i = 0
+        while not stop.is_set():
+            key, value = f"d{w}.k{i % 50}", f"{ns} {w} {i}".encode() * 40  # valrefs
+            await commit(h, put(key, value), ns=ns, flags=SYNC)
+            model[ns][key] = value
+            i += 1
+
+    tasks = [asyncio.create_task(writer(ns, w)) for ns in model for w in range(3)]
+    try:
+        for _ in range(40):
+            assert (await gc(h))["damaged-count"] == 0
+            for t in tasks:
+                if t.done():
+                    t.result()
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks)
+    await dropcaches(inst, connect)
+    for ns, values in model.items():
+        for key, value in values.items():
+            assert await get(h, key, ns=ns) == value, (ns, key)
+    roots = [(await getroot(h, ns=ns))["rootref"] for ns in model]
+    await h.close()
+    await inst.stop()
+    assert_whole(statedir, roots)
+
+
+async def test_a_blob_stored_again_is_young_for_the_grace_period(
+        start_instance, connect) -> None:
+    """Storing a blob whose (garbage) row is old keeps the old row: the
+    collection still counts the store's time, not the row's."""
+    inst = await start_instance(size=2, attrs={"kvs.gc-grace": "1s"})
+    h = await connect(inst, 1)
+    await commit(h, put("v", BIG))
+    await commit(h, put("v", "replaced"))  # BIG's blob is garbage now
+    await asyncio.wait_for(h.rpc("content.flush", {}), 10)
+    await asyncio.sleep(1.5)  # (the row must be older than the grace period)
+    ref = (await asyncio.wait_for(h.rpc("content.store", {"data": BIG}), 10))["blobref"]
+    await asyncio.wait_for(h.rpc("content.flush", {}), 10)
+    await gc(h)
+    await dropcaches(inst, connect)
+    await commit(h, put("big", valref(ref)))
+    assert await get(h, "big") == BIG
+
+
+async def test_a_dirref_to_a_directory_with_missing_entries_is_refused(
+        start_instance, connect) -> None:
+    """A commit checks every blob below a dirref it names: a directory whose
+    entries were never stored (or were collected) is ENOENT, and no tree
+    that cannot be read is made, so collections go on."""
+    inst = await start_instance(size=2, attrs=NOW)
+    h = await connect(inst, 1)
+    never = blobref.hash_blob(b"never stored")
+    bad = T.encode(T.dir_({"x": T.dirref(never)}))
+    ref = (await asyncio.wait_for(h.rpc("content.store", {"data": bad}), 10))["blobref"]
+    assert await errnum(commit(h, put("bad", dirref(ref)))) == errno.ENOENT
+    assert (await gc(h))["damaged-count"] == 0
+
+
 # ---------------------------------------------------------------- pure parts
 
 
@@ -330,6 +436,10 @@ def test_rowid_marks_say_what_was_written_how_long_ago() -> None:
     assert marks.as_of(9.9, now=110.0) == 0  # row 15 is only 9.5 s old
     assert marks.as_of(9.5, now=110.0) == 15
     assert marks.as_of(11, now=110.0) == 0  # nothing that old: delete nothing
+    merged = RowidMarks()
+    merged.note(10, now=100.0)
+    merged.note(500, now=100.9)  # the same second: the mark is as young as row 500
+    assert merged.as_of(10.0, now=110.1) == 0
     marks.note(95, now=5000.0)  # an hour on: older marks go, the last before stays
     assert marks.as_of(3600, now=5000.0) == 90
 
