@@ -669,11 +669,15 @@ def describe_online(r: dict[str, Any]) -> str:
 
     free = ("compacted" if r["compacted"] else
             f"{size_text(r['free-bytes'])} of it free for new blobs")
-    return (f"removed {r['removed']:,} blobs ({size_text(r['removed-bytes'])}) in "
+    text = (f"removed {r['removed']:,} blobs ({size_text(r['removed-bytes'])}) in "
             f"{r['seconds']:.2f} s\n"
             f"kept {r['kept']:,} blobs reachable from {r['roots']:,} roots (the current, "
             f"those of the last {r['grace']:g} s, checkpoints), and those written since\n"
             f"content.sqlite: {size_text(r['file-bytes'])}, {free}")
+    if r.get("damaged-count"):
+        text += (f"\ndamaged: {r['damaged-count']:,} blobs that live trees name are missing "
+                 f"or unreadable (first: {r['damaged'][0]})")
+    return text
 
 
 # ---------------------------------------------------------------- archives

@@ -726,8 +726,8 @@ class KVS:
         then fail with ``ENOENT`` (docs/kvs.md, "Garbage collection").
         With ``compact`` the file is also rewritten to its new size, which
         holds the store meanwhile.  Returns what was kept and removed:
-        ``{removed, removed-bytes, kept, roots, file-bytes, free-bytes,
-        compacted, grace, seconds}``."""
+        ``{removed, removed-bytes, kept, roots, damaged, damaged-count,
+        file-bytes, free-bytes, compacted, grace, seconds}``."""
         resp = await self.handle.rpc("kvs.gc", {"compact": bool(compact)})
         return dict(resp)
 
