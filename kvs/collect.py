@@ -12,9 +12,12 @@ in the last ``kvs.gc-grace`` seconds (10 s by default: a watcher or a
 follower a little behind still reads the root it was told about); the
 recent roots guests may name (:class:`kvs.namespaces.RecentRoots`); the
 checkpoints (the KVS's, which a restart resumes from, as a tree; any other
-as the blobrefs its value holds, as :mod:`kvs.garbage`); every blob stored
-or named by a commit while the collection runs; and every blob written to
-the store less than the grace period ago.  **Removed**: the rest.  A read
+as the blobrefs its value holds, as :mod:`kvs.garbage`); the root of every
+commit between the store of its blobs and its setting
+(:attr:`KvsModule._unpublished`); every blob stored or named by a commit
+while the collection runs (a commit checks every blob below a directory
+it names, :meth:`KvsModule._check_whole`); and every blob written or stored
+again less than the grace period ago.  **Removed**: the rest.  A read
 at an older root (``kvs.lookup`` with ``rootdir``, ``kvs.diff``,
 ``watch_keys(since=)``) then fails with ``ENOENT``, as etcd answers a
 revision it compacted.
@@ -22,14 +25,14 @@ revision it compacted.
 The steps (:func:`collect`):
 
 1. the barrier (:meth:`ContentModule.begin_collection`): from here on,
-   blobs stored, and blobs a commit names (:meth:`KvsModule.fetch`), are
-   kept;
+   blobs stored, and blobs a commit names (``KvsModule.fetch(keep=True)``),
+   are kept; a commit that checked its blobs before checks them again;
 2. every blob stored so far is written to SQLite, so the mark can read it;
 3. the roots are listed and marked, reading tree objects in batches from
    the content cache or the store (never caching them);
 4. the decision: the keep set is fixed and rank 0's caches forget the rest
    (:meth:`broker.content.collection.Collection.decide`);
-5. the sweep deletes unkept rows older than the grace period, a range at a
+5. the sweep deletes unkept rows older than the grace period, a batch at a
    time, on the store's thread between its other work.
 
 The file does not shrink (SQLite reuses the freed pages for new blobs)

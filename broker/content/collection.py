@@ -9,22 +9,24 @@ this module keeps that decision true while it is carried out:
   :meth:`touch`) is kept, whatever the mark found.  A commit that lands
   during the collection builds its tree from the root it replaces (marked,
   or itself built during the collection), its own new blobs (stored: kept)
-  and the blobrefs its client named (checked: kept), so every root made
-  during the collection stays whole.
-* **Young rows.**  Rows written less than the grace period ago are never
+  and the blobrefs its client named (checked, to the last blob below
+  them: kept), so every root made during the collection stays whole.
+* **Young blobs.**  Rows written less than the grace period ago are never
   deleted (the store's rowids only grow: :meth:`SqliteStore.max_rowid`),
-  so a blob stored by ``content.store`` and committed soon after survives
-  a collection that runs in between.
+  nor blobs stored again in that time (:class:`RecentRefs`: their row is
+  older), so a blob stored by ``content.store`` and committed soon after
+  survives a collection that runs in between.
 * **The decision** (:meth:`decide`) is made in one step on the event loop:
-  the keep set is fixed, the caches let go of everything outside it, and
-  loads already in flight will not cache what they bring back.  After it,
-  no cache can vouch for a doomed blob, so a commit that names one is
-  checked against the store itself, in order with the deletions.
-* **The deletion** (:meth:`sweep`) goes in rowid ranges, one SQLite
-  transaction each, on the store's one thread, so loads and write-backs
-  run between them.  Blobs kept after the decision are added to SQLite's
-  keep table before the next range is deleted: a blob stored again
-  meanwhile is either spared, or written again after its range went.
+  the keep set is fixed and the caches let go of everything outside it.
+  From then on a load vouches for a blob (is cached, or shared with a later
+  request) only if the blob was kept when the load began
+  (:meth:`ContentModule.load_token`): a load that began earlier may read a
+  row just before its deletion.
+* **The deletion** (:meth:`sweep`) reads existing rows a batch at a time on
+  the store's one thread, picks the unkept ones on the loop and queues
+  their deletion in the same step, so loads and write-backs run between
+  batches, and a blob kept later (stored again, checked by a commit) is
+  either spared or asked for after its deletion, and found missing.
 """
 
 from __future__ import annotations
