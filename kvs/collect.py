@@ -202,8 +202,8 @@ async def collect(content: ContentModule, roots: Any, forget: Any, kvs_key: str,
                   grace: float, compact: bool = False) -> dict[str, Any]:
     """Run one online collection (module docstring).
 
-    ``roots()`` lists the :class:`Roots` to keep, ``forget()`` drops the
-    kvs module's own caches at the decision.  Returns what ``kvs.gc``
+    ``roots()`` lists the :class:`Roots` to keep, ``forget(keep)`` drops
+    the rest from the kvs module's own cache at the decision.  Returns what ``kvs.gc``
     answers.  ``EBUSY`` if a collection runs already."""
     start = time.monotonic()
     collection = content.begin_collection()
@@ -224,7 +224,7 @@ async def collect(content: ContentModule, roots: Any, forget: Any, kvs_key: str,
         marked |= await mark(collection, [r for r in trees2 if r not in marked], (),
                              [r for r in opaque2 if r not in marked], damaged)
         collection.decide(marked)  # (no await between these two)
-        forget()
+        forget(collection.keep)
         await collection.sweep(watermark)
         assert content.backing is not None
         if compact:

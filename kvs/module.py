@@ -137,6 +137,24 @@ class BlobStore:
                     del self._held[ref]
         held.clear()
 
+    def get_cached(self, ref: str) -> bytes | None:
+        """From the LRU only: on rank 0 during a garbage collection, what
+        it holds was vouched for (:meth:`ContentModule.load_token`), while
+        an operation may hold a blob it read just before its row went."""
+        return self._blobs.get(ref)
+
+    def drop(self, keep: set[str] | None = None) -> None:
+        """Forget the LRU's blobs (those not in ``keep``), in place: an
+        operation under way keeps what it holds, and its cache objects stay
+        the module's (swapping them left a diff reading one store while
+        filling another, for ever)."""
+        if keep is None:
+            self._blobs.clear()
+            self.size = 0
+            return
+        for ref in [r for r in self._blobs if r not in keep]:
+            self.size -= len(self._blobs.pop(ref)) + BLOB_OVERHEAD
+
     def put(self, ref: str, data: bytes) -> None:
         if ref in self._blobs:
             return
@@ -460,8 +478,9 @@ class KvsModule(Module):
             self._content.collection.touch(refs)
         waits: dict[str, asyncio.Future[bytes]] = {}
         found: dict[str, bytes] = {}
+        get = self.blobs.get_cached if keep else self.blobs.get
         for ref in refs:
-            data = self.blobs.get(ref)
+            data = get(ref)
             if data is not None:
                 found[ref] = data
                 if held is not None:
@@ -844,9 +863,8 @@ class KvsModule(Module):
         self.h.respond(msg, {})
 
     def _drop_caches(self) -> None:
-        self.blobs = BlobStore(self.blobs.limit)
-        self.cache = treeobj.BlobCache(self.blobs, max_objects=self.cache.max_objects,
-                                       max_bytes=self.cache.max_bytes)
+        self.blobs.drop()
+        self.cache.clear()
 
     # ================================================================ garbage
 
@@ -903,11 +921,12 @@ class KvsModule(Module):
         live += self._unpublished
         return collector.Roots(live, [*self.root_history.recent(), *self.recent_roots.roots()])
 
-    def _gc_forget(self) -> None:
-        """A collection decided: forget every blob this module cached (the
-        fetches in flight are no longer shared, nor cached when they end:
-        :meth:`_fetch_shared`)."""
-        self._drop_caches()
+    def _gc_forget(self, keep: set[str]) -> None:
+        """A collection decided: forget the blobs this module cached that it
+        does not keep (the fetches in flight are no longer shared, nor
+        cached when they end: :meth:`_fetch_shared`).  The decoded objects
+        stay: checks of what a commit names decode the blobs they fetch."""
+        self.blobs.drop(keep)
 
     # ================================================================ writes
 

@@ -493,6 +493,15 @@ class BlobCache:
         """Decoded objects held."""
         return len(self._objs)
 
+    def clear(self) -> None:
+        """Forget every decoded object (``kvs dropcache``), in place."""
+        self._objs.clear()
+        self._sizes.clear()
+        self._packed.clear()
+        self._probation.clear()
+        self._replaced.clear()
+        self.nbytes = 0
+
     def get(self, ref: str) -> bytes | None:
         """Raw blob bytes, or ``None`` when the store lacks them."""
         return self.store.get(ref)

@@ -422,6 +422,33 @@ async def test_a_dirref_to_a_directory_with_missing_entries_is_refused(
     assert (await gc(h))["damaged-count"] == 0
 
 
+@pytest.mark.parametrize("op", ["diff", "lookup", "commit"])
+async def test_work_under_way_at_a_decision_finishes(start_instance, connect, op) -> None:
+    """A collection's decision drops rank 0's kvs cache in place: a diff, a
+    lookup or a commit under way keeps what it holds and finishes.  (Caches
+    swapped for new ones left a diff reading the old one for ever, rank 0
+    spinning, and with a small cache a lookup or commit fetching for ever.)"""
+    inst = await start_instance(size=1, attrs={"kvs.gc-grace": "1h", "kvs.cache-bytes": "3000"})
+    h = await connect(inst, 0)
+    deep = ".".join(["a"] * 60)
+    old = (await commit(h, put(f"{deep}.x", "1")))["rootref"]
+    new = (await commit(h, put(f"{deep}.x", "2")))["rootref"]
+    for attempt in range(8):
+        await asyncio.wait_for(h.rpc("kvs.dropcache", {}), 10)  # (every read fetches)
+        if op == "diff":
+            work = h.rpc("kvs.diff", {"old": old, "new": new})
+        elif op == "lookup":
+            work = get(h, f"{deep}.x")
+        else:
+            work = commit(h, put(f"{deep}.y{attempt}", "v"))
+        answer, _ = await asyncio.wait_for(asyncio.gather(work, gc(h)), 30)
+        if op == "diff":
+            assert answer["keys"] == [f"{deep}.x"]
+        elif op == "lookup":
+            assert answer == b"2"
+    assert await get(h, f"{deep}.y7" if op == "commit" else f"{deep}.x") in (b"v", b"2")
+
+
 # ---------------------------------------------------------------- pure parts
 
 

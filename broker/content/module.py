@@ -251,10 +251,11 @@ class ContentModule(Module):
         if self._flush_handle is not None:
             self._flush_handle.cancel()
         self._write_back()
-        failed: BaseException | None = None
-        while self._writes:
-            results = await asyncio.gather(*list(self._writes), return_exceptions=True)
-            failed = failed or next((r for r in results if isinstance(r, BaseException)), None)
+        # Only the writes under way now: under a steady stream of commits
+        # new ones never stop coming, and waiting for all of them starved
+        # flushes, checkpoints and garbage collections for minutes.
+        results = await asyncio.gather(*list(self._writes), return_exceptions=True)
+        failed = next((r for r in results if isinstance(r, BaseException)), None)
         if failed is not None:
             raise store_error(failed, "writing blobs to SQLite")
 
