@@ -1099,7 +1099,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("keys", nargs="+", metavar="KEY")
     p.set_defaults(func=cmd_mkdir)
 
-    for name, text in (("copy", "copy SRC to DST (a directory in O(1))"),
+    for name, text in (("copy", "copy SRC to DST (a directory by reference)"),
                        ("move", "move SRC to DST")):
         p = sub.add_parser(name, help=text)
         p.add_argument("-N", "--namespace", metavar="NS",

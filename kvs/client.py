@@ -621,7 +621,7 @@ class KVS:
     async def copy(self, src: str, dst: str, *, src_namespace: str | None = None,
                    dst_namespace: str | None = None) -> CommitResult:
         """Make ``dst`` a copy of ``src`` (links not followed; a directory is
-        copied by reference, in O(1)).  Namespaces default to this one.
+        copied by reference, writing O(1)).  Namespaces default to this one.
 
         ``dst`` may lie inside ``src``: it gets a snapshot of ``src`` as it
         was (the copy holds a reference to ``src``'s old tree, so nothing
