@@ -669,13 +669,16 @@ def describe_online(r: dict[str, Any]) -> str:
 
     free = ("compacted" if r["compacted"] else
             f"{size_text(r['free-bytes'])} of it free for new blobs")
-    text = (f"removed {r['removed']:,} blobs ({size_text(r['removed-bytes'])}) in "
+    def n(count: int, what: str) -> str:
+        return f"{count:,} {what}{'' if count == 1 else 's'}"
+
+    text = (f"removed {n(r['removed'], 'blob')} ({size_text(r['removed-bytes'])}) in "
             f"{r['seconds']:.2f} s\n"
-            f"kept {r['kept']:,} blobs reachable from {r['roots']:,} roots (the current, "
+            f"kept {n(r['kept'], 'blob')} reachable from {n(r['roots'], 'root')} (the current, "
             f"those of the last {r['grace']:g} s, checkpoints), and those written since\n"
             f"content.sqlite: {size_text(r['file-bytes'])}, {free}")
     if r.get("damaged-count"):
-        text += (f"\ndamaged: {r['damaged-count']:,} blobs that live trees name are missing "
+        text += (f"\ndamaged: {n(r['damaged-count'], 'blob')} that live trees name, missing "
                  f"or unreadable (first: {r['damaged'][0]})")
     return text
 

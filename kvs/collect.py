@@ -235,7 +235,7 @@ async def collect(content: ContentModule, roots: Any, forget: Any, kvs_key: str,
     finally:
         content.end_collection(collection)
     return {
-        "roots": len(listed.live) + len(listed.recent) + len(trees) + len(opaque),
+        "roots": len({*listed.live, *listed.recent, *trees, *opaque}),
         "kept": len(collection.keep),
         "removed": collection.removed,
         "removed-bytes": collection.removed_bytes,
