@@ -47,7 +47,7 @@ import errno
 import sqlite3
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import msgpack
@@ -198,7 +198,8 @@ class Roots:
         self.recent = recent
 
 
-async def collect(content: ContentModule, roots: Any, forget: Any, kvs_key: str, *,
+async def collect(content: ContentModule, roots: Callable[[], Roots],
+                  forget: Callable[[set[str]], None], kvs_key: str, *,
                   grace: float, compact: bool = False) -> dict[str, Any]:
     """Run one online collection (module docstring).
 

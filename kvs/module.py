@@ -1179,6 +1179,9 @@ class KvsModule(Module):
         named = {ref: ref in dirrefs for ref in valrefs | dirrefs if ref not in new_blobs}
         tops = {ref for ref, is_tree in named.items() if is_tree}
         found = await self.fetch(tops, held, keep=True) if tops else {}  # ENOENT if unknown
+        # what is below: the named values' data, and the entries of the
+        # named directories (fetched and decoded once, here)
+        below = {ref: False for ref, is_tree in named.items() if not is_tree}
         for ref in dirrefs:
             try:  # (a blob this very transaction made, or one fetched)
                 obj: Any = treeobj.decode(new_blobs.get(ref) or found[ref])
@@ -1186,11 +1189,13 @@ class KvsModule(Module):
                 obj = None
             if not _names_a_directory(obj):
                 raise ErrnoError(errno.EINVAL, f"dirref {ref} does not name a directory")
-        if named:
-            await self._check_whole(named)
+            if ref in tops:
+                below.update(treeobj.blobrefs(obj))
+        if below:
+            await self._check_whole(below, seen=set(tops))
         return named
 
-    async def _check_whole(self, refs: dict[str, bool]) -> None:
+    async def _check_whole(self, refs: dict[str, bool], seen: set[str] | None = None) -> None:
         """``ENOENT`` unless every blob below ``refs`` exists (``refs``: blobref
         -> whether it is a tree object, else a value's data, which is only
         checked, never read: it may be big).  While rank 0 collects garbage,
@@ -1201,10 +1206,11 @@ class KvsModule(Module):
         keeps what live trees reach, not every version a client may have
         read: the commit fails whole rather than make a tree that cannot
         be read.  Without collections it also refuses a dirref to a
-        directory whose entries were never stored."""
+        directory whose entries were never stored.  (``seen``: tree objects
+        already checked.)"""
         content = self._content
-        seen: set[str] = set()
-        todo = dict(refs)
+        seen = set() if seen is None else seen
+        todo = {r: t for r, t in refs.items() if r not in seen}
         while todo:
             seen.update(todo)
             trees = {ref for ref, is_tree in todo.items() if is_tree}
