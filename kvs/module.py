@@ -1033,11 +1033,24 @@ class KvsModule(Module):
         """Rank 0: apply a namespace's queued transactions, merging adjacent ones."""
         try:
             while ns.queue and not ns.removed:
+                # Back-pressure (content.backlog-bytes): while the writer is
+                # behind, wait -- the queue grows meanwhile and merges into
+                # bigger batches -- or fail the next batch with its errno.
+                no_room = await self._room()
+                if not ns.queue or ns.removed:
+                    break
                 first = ns.queue.popleft()
                 batch = [first]
                 if not first.flags & txn.NO_MERGE:
                     while (ns.queue and ns.queue[0].flags == first.flags):
                         batch.append(ns.queue.popleft())
+                if no_room is not None:
+                    self.counts["commits-failed"] += len(batch)
+                    for p in batch:
+                        if not p.future.done():
+                            p.future.set_exception(ErrnoError(no_room.errnum, no_room.errstr))
+                    self._publish_error(ns, [p.name for p in batch], no_room)
+                    continue
                 try:
                     await self._apply_batch(ns, batch)
                 except Exception as exc:  # a bug: fail the batch, never leave it hanging
@@ -1049,6 +1062,18 @@ class KvsModule(Module):
                     self._publish_error(ns, [p.name for p in batch], err)
         finally:
             ns.committing = False
+
+    async def _room(self) -> ErrnoError | None:
+        """Wait for room in rank 0's write-back backlog (:meth:`ContentModule.room`);
+        the errno that stopped the wait, if the writer fails."""
+        if self._content is None:
+            return None
+        try:
+            await self._content.room()
+        except ErrnoError as exc:
+            exc.__traceback__ = None  # (see _apply_pinned)
+            return exc
+        return None
 
     async def _apply_batch(self, ns: Namespace, batch: list[Pending]) -> None:
         pinned: list[str] = []

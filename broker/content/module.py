@@ -14,6 +14,11 @@
   cache is over ``content.cache-bytes`` (then the oldest are written,
   ``FLUSH_BLOBS`` at a time, and can be evicted).  ``content.flush``
   forces every batch out and makes them durable, either way.
+* Back-pressure: while more than ``content.backlog-bytes`` of stored blobs
+  wait for their write to SQLite, rank 0's commits and stores wait
+  (:meth:`ContentModule.room`) -- memory stays bounded when commits come
+  faster than the disk takes them, and a failing disk fails them with its
+  errno instead of growing the backlog for ever.
 * ``content.checkpoint-put`` / ``-get`` ``{key, value}``: small named roots
   kept by rank 0 (KVS uses them to resume after a restart).
 * ``content.dropcache`` drops clean cache entries; ``content.stats-get``.
@@ -67,6 +72,10 @@ blobs take 1.1-1.4 GiB."""
 CACHE_BYTES = AttrSpec(
     "content.cache-bytes", str(DEFAULT_CACHE_BYTES), integer(0),
     "per-rank content cache size (bytes)")
+BACKLOG_BYTES = AttrSpec(
+    "content.backlog-bytes", str(256 << 20), integer(0),
+    "rank 0: commits and stores wait while more than this many bytes of blobs "
+    "wait for their write to SQLite (0: no limit)")
 FLUSH_DELAY = 0.1
 """Rank 0 writes new blobs back to SQLite at most this long after they arrive...
 """
@@ -79,13 +88,13 @@ comparable to the index (see :mod:`broker.content.sqlite`)."""
 LoadToken = tuple[int, bool]
 """(:attr:`ContentModule.generation`, may cache) when a load started."""
 
-COUNTERS = ("hits", "misses", "stored", "written")
+COUNTERS = ("hits", "misses", "stored", "written", "backlog-waits")
 """The counters of ``content.stats-get`` (all shown, 0 included)."""
 
 
 class ContentModule(Module):
     name: ClassVar[str] = "content"
-    attributes: ClassVar[tuple[AttrSpec, ...]] = (BLOB_SIZE_LIMIT, CACHE_BYTES)
+    attributes: ClassVar[tuple[AttrSpec, ...]] = (BLOB_SIZE_LIMIT, CACHE_BYTES, BACKLOG_BYTES)
 
     def __init__(self, ctx: Any) -> None:
         super().__init__(ctx)
@@ -96,6 +105,13 @@ class ContentModule(Module):
         self.cache: OrderedDict[str, bytes] = OrderedDict()
         self.cache_bytes = 0
         self.dirty: dict[str, bytes] = {}
+        self.backlog_limit = BACKLOG_BYTES.value(attrs)
+        self.backlog_bytes = 0
+        """Bytes of the blobs waiting for their write to SQLite: :attr:`dirty`
+        and the batches handed to the writer (rank 0)."""
+        self.backlog_peak = 0
+        self._room: asyncio.Future[None] | None = None  # wakes :meth:`room`'s waiters
+        self._write_failed: BaseException | None = None  # the last write's error
         self.counts: Counter[str] = Counter(dict.fromkeys(COUNTERS, 0))
         self.backing: SqliteStore | None = None
         self._flush_handle: asyncio.TimerHandle | None = None
@@ -214,6 +230,7 @@ class ContentModule(Module):
             batch = dict(itertools.islice(self.dirty.items(), limit))
             for ref in batch:
                 del self.dirty[ref]
+        # (the batch's bytes stay in the backlog until its write is done)
         self.inflight.update(batch)
         loop = asyncio.get_running_loop()
         fut = loop.run_in_executor(self._executor, self.backing.put_many, list(batch.items()))
@@ -223,11 +240,12 @@ class ContentModule(Module):
             self._writes.discard(f)
             for ref in batch:
                 self.inflight.pop(ref, None)
-            if f.exception() is not None:
+            self.backlog_bytes -= sum(map(len, batch.values()))
+            self._write_failed = f.exception()
+            if self._write_failed is not None:
                 logging.getLogger("kvbroker.content").error(
                     "writing %d blobs to SQLite failed: %s", len(batch), f.exception())
-                for ref, data in batch.items():  # keep them; retry on the next batch
-                    self.dirty.setdefault(ref, data)
+                self._backlog(batch)  # keep them; retry on the next batch
             else:
                 self.counts["written"] += len(batch)
                 written = f.result()
@@ -238,8 +256,48 @@ class ContentModule(Module):
                     self._trim()
                     if not self.persistent:
                         self._schedule_write_back()  # still over: the next oldest
+            if self._room is not None:
+                self._room.set_result(None)
+                self._room = None
 
         fut.add_done_callback(done)
+
+    def _backlog(self, blobs: Mapping[str, bytes]) -> None:
+        """Mark ``blobs`` dirty (waiting for their write), counting their bytes."""
+        dirty = self.dirty
+        for ref, data in blobs.items():
+            if ref not in dirty:
+                dirty[ref] = data
+                self.backlog_bytes += len(data)
+        self.backlog_peak = max(self.backlog_peak, self.backlog_bytes)
+
+    async def room(self) -> None:
+        """Rank 0: return once at most ``content.backlog-bytes`` of blobs wait
+        for their write to SQLite (at once, nearly always).
+
+        Commits and stores wait here before they add blobs, so the backlog
+        is bounded by the limit plus what the requests already admitted
+        add: a writer slower than the commits slows the commits down to
+        its pace, as etcd's backend does, instead of holding gigabytes of
+        blobs in memory.  If the latest write failed, waiting would not
+        end: each waiter retries the write once, then gets its errno
+        (``ENOSPC`` for a full disk) -- and a later request retries again,
+        so the instance recovers once the disk has room."""
+        limit = self.backlog_limit
+        if not limit or self.backlog_bytes <= limit:
+            return
+        self.counts["backlog-waits"] += 1
+        while self.backlog_bytes > limit:
+            if not self._writes:  # (without a statedir writes wait for the cache)
+                if self._flush_handle is not None:
+                    self._flush_handle.cancel()
+                self._write_back(FLUSH_BLOBS)
+            if self._room is None:
+                self._room = asyncio.get_running_loop().create_future()
+            await asyncio.shield(self._room)  # the next write is done
+            if self._write_failed is not None and self.backlog_bytes > limit:
+                raise store_error(self._write_failed, "writing blobs to SQLite (with "
+                                  f"more than content.backlog-bytes={limit} waiting)")
 
     async def _drain(self) -> None:
         """Write every dirty blob now and wait until all writes are done.
@@ -300,7 +358,7 @@ class ContentModule(Module):
         the next -- a value larger than ``content.cache-bytes`` was, by its
         own directory blobs, and read back as ENOENT until its write-back."""
         if self.backing is not None and blobs:
-            self.dirty.update(blobs)
+            self._backlog(blobs)
             if self.collection is not None:
                 self.collection.touch(blobs)
         for ref, data in blobs.items():
@@ -318,6 +376,8 @@ class ContentModule(Module):
         if not isinstance(raw, list):
             raise ErrnoError(errno.EPROTO, "blobs must be a list")
         blobs = [self._check_blob(d) for d in raw]
+        if self.backing is not None:
+            await self.room()
         refs = self.store_local(blobs)
         if self.ctx.rank != 0:
             await self.h.rpc("content.store", {"blobs": blobs}, nodeid=NODEID_UPSTREAM)
@@ -511,6 +571,10 @@ class ContentModule(Module):
             "cache-bytes": self.cache_bytes,
             "dirty": len(self.dirty),
         })
+        if self.backing is not None:
+            out.update({"backlog-bytes": self.backlog_bytes,
+                        "backlog-limit": self.backlog_limit,
+                        "backlog-peak": self.backlog_peak})
         return out
 
 

@@ -1,0 +1,111 @@
+"""Back-pressure on rank 0's write-back backlog (``content.backlog-bytes``).
+
+Commits and stores wait while more than the limit of stored blobs wait for
+their write to SQLite, so rank 0's memory stays bounded when commits come
+faster than the disk takes them; a disk that fails fails them with its errno
+instead of letting the backlog grow, and the instance recovers once the
+disk has room again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+
+from test_kvs_rpc_helpers import T, commit, errnum, get, put, stats
+
+from broker.handle import Handle
+from broker.launch import Instance
+
+LIMIT = 64 << 10
+VALUE = 32 << 10  # two values fill the backlog
+DIRS = 16 << 10  # bound on the directory blobs one commit of these tests adds
+
+
+async def test_commits_wait_for_the_writer_and_lose_nothing(
+        start_instance, connect, tmp_path) -> None:
+    statedir = str(tmp_path / "state")
+    attrs = {"content.backlog-bytes": str(LIMIT)}
+    inst = await start_instance(size=2, statedir=statedir, attrs=attrs)
+    clients = [await connect(inst, rank) for rank in (0, 0, 1, 1)]
+    values = {f"c{c}.k{i}": os.urandom(VALUE) for c in range(4) for i in range(40)}
+
+    async def writer(c: int) -> None:  # one commit at a time, as a client waits
+        for i in range(40):
+            await commit(clients[c], put(f"c{c}.k{i}", values[f"c{c}.k{i}"]))
+
+    await asyncio.wait_for(asyncio.gather(*(writer(c) for c in range(4))), 60)
+    st = await stats(clients[0], "content")
+    assert st["backlog-limit"] == LIMIT
+    assert st["backlog-waits"] > 0  # 5 MB in 160 commits: the writer fell behind
+    # Each of the 4 clients has one commit in flight: what passed the check
+    # adds at most those (32 KB and its directories each) beyond the limit.
+    assert st["backlog-peak"] <= LIMIT + 4 * (VALUE + DIRS), st
+    await inst.stop()
+
+    inst2 = await start_instance(size=1, statedir=statedir)  # nothing was lost
+    h = await connect(inst2)
+    for key, data in values.items():
+        assert await get(h, key) == data, key
+
+
+async def test_without_a_statedir_the_limit_holds_too(start_instance, connect) -> None:
+    """Without a statedir rank 0 writes only to make room in its cache; a
+    backlog over the limit starts a write itself (the cache's 16 MiB would
+    otherwise hold every blob of this test)."""
+    attrs = {"content.backlog-bytes": str(LIMIT), "content.cache-bytes": str(16 << 20)}
+    inst = await start_instance(size=1, attrs=attrs)
+    h = await connect(inst)
+    for i in range(20):
+        await commit(h, put(f"k{i}", os.urandom(VALUE)))
+    st = await stats(h, "content")
+    assert st["backlog-waits"] > 0
+    assert st["backlog-bytes"] <= LIMIT + VALUE + DIRS, st
+    assert st["written"] > 0
+
+
+async def test_a_full_disk_fails_commits_with_enospc_and_the_instance_recovers(
+        small_disk, tmp_path) -> None:
+    log = tmp_path / "rank.log"
+    inst = Instance(2, statedir=str(small_disk / "state"), stderr_path=str(log),
+                    attrs={"content.backlog-bytes": str(LIMIT)})
+    await asyncio.wait_for(inst.start(), 60)
+    try:
+        h = await Handle.connect(inst.uri(1))
+        await commit(h, put("before", "kept"))
+        free = os.statvfs(small_disk)
+        filler = small_disk / "filler"
+        with open(filler, "wb") as f:
+            f.write(b"\0" * (free.f_bavail * free.f_frsize - 200_000))
+        acked: dict[str, bytes] = {}
+        failed = None
+        for i in range(100):  # 3.2 MB: the disk has 200 KB
+            data = os.urandom(VALUE)
+            try:
+                await commit(h, put(f"p{i}", data))
+            except Exception as exc:  # noqa: BLE001 (the assertion below names it)
+                failed = exc
+                break
+            acked[f"p{i}"] = data
+        assert failed is not None and getattr(failed, "errnum", None) == errno.ENOSPC, failed
+        assert "content.backlog-bytes" in str(failed)
+        # Still serving: reads, and the backlog stayed near its limit.
+        assert await get(h, "before") == b"kept"
+        h0 = await Handle.connect(inst.uri(0))
+        st = await stats(h0, "content")
+        assert st["backlog-bytes"] <= LIMIT + VALUE + DIRS, st
+        # Every later commit retries the write and fails alike while the disk is full...
+        assert await errnum(commit(h, put("again", "x")), T) == errno.ENOSPC
+        # ...and the instance recovers once it has room: nothing acknowledged is lost.
+        filler.unlink()
+        await commit(h, put("after", "yes"))
+        await asyncio.wait_for(h0.rpc("content.flush", {}), T)
+        for key, data in acked.items():
+            assert await get(h, key) == data, key
+        assert await get(h, "after") == b"yes"
+        await h.close()
+        await h0.close()
+    finally:
+        codes = await asyncio.wait_for(inst.stop(), 60)
+    assert codes == [0, 0], log.read_text()
