@@ -29,6 +29,7 @@ from typing import Any
 import zmq
 
 from broker import attrs as battrs
+from broker import plugins
 from broker.broker import local_socket_path
 from broker.command import STOP_TIMEOUT
 from broker.topology import children_of, parent_of
@@ -238,6 +239,10 @@ class Instance:
             generate_keys(keyfile)
             curve_args = ["--curve-keys", keyfile]
         self.endpoints = endpoints
+        # Ranks of this interpreter find their modules where we did, without
+        # reading entry points again (broker.plugins).
+        targets = (plugins.module_targets(battrs.module_names(self.attrs))
+                   if self.python == sys.executable else {})
         watch_r, self._watch_w = os.pipe()
         stderr = None
         if self.stderr_path:
@@ -251,6 +256,7 @@ class Instance:
                     "--event-loop", self.event_loop,
                     "--attrs", json.dumps(self.attrs),
                     "--endpoints", json.dumps(endpoints),
+                    "--module-targets", json.dumps(targets),
                     "--watch-fd", str(watch_r), "--cleanup-rundir", *curve_args,
                 ]
                 if self.statedir:

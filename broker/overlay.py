@@ -37,21 +37,16 @@ upstream would never be answered; its own children stop with it.
 
 Over ``tcp://`` the ROUTER is a CURVE server and every DEALER must present
 the instance's CURVE key pair (see :mod:`broker.curve`), so only ranks that
-hold the instance's keys are admitted.
+hold the instance's keys are admitted.  The ZeroMQ sockets themselves are in
+:mod:`broker.overlay_zmq`, imported only when a link uses them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import secrets
-from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, cast
-
-import zmq
-import zmq.utils.monitor
+from typing import TYPE_CHECKING, Any
 
 from broker import codec, topology
 from broker.errors import ProtocolError
@@ -59,121 +54,20 @@ from broker.message import Message, MsgType
 from broker.overlay_stream import StreamConn, StreamLinks
 
 if TYPE_CHECKING:
+    import zmq
     import zmq.auth.thread
 
+    from broker.overlay_zmq import ZmqSocket
     from broker.router import Router
 
 log = logging.getLogger("kvbroker.overlay")
 
-BATCH = 512
-HWM = 100_000
 TRANSPORTS = ("unix", "ipc", "tcp")
-HEARTBEAT_IVL_MS = 2_000
-HEARTBEAT_TIMEOUT_MS = 10_000
-"""ZeroMQ heartbeats on every tcp/ipc link: a peer that answers none for this
-long (a host that died without closing its sockets) is disconnected."""
-HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-                    | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
 DEFAULT_TRANSPORT = "unix"
 
 
 def ipc_endpoint(rundir: str, rank: int) -> str:
     return f"ipc://{rundir}/tbon-{rank}"
-
-
-HANDSHAKE_IVL_MS = 5000
-"""A peer must complete its ZeroMQ (CURVE) handshake within this."""
-
-
-def _heartbeats(sock: zmq.Socket) -> None:
-    sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
-    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
-    sock.setsockopt(zmq.HEARTBEAT_TTL, HEARTBEAT_TIMEOUT_MS)
-
-
-class _Sock:
-    """One pyzmq socket hooked into the asyncio loop, with a send backlog."""
-
-    def __init__(self, sock: zmq.Socket, on_message: Callable[[list[bytes]], None],
-                 track_fd: bool = False) -> None:
-        self.sock = sock
-        self.on_message = on_message
-        self.track_fd = track_fd
-        self.last_fd = -1
-        """With ``track_fd``: the connection (its file descriptor in ZeroMQ's
-        I/O thread) the message being handled came from -- how a ROUTER
-        learns which child a monitor's DISCONNECTED names."""
-        self.backlog: deque[list[codec.Frame]] = deque()
-        self.loop = asyncio.get_running_loop()
-        # pyzmq types getsockopt() as int | bytes: FD and EVENTS are int options
-        self.fd = cast(int, sock.getsockopt(zmq.FD))
-        self._scheduled = False
-        self.loop.add_reader(self.fd, self._run)
-        self._schedule()  # the FD is edge-triggered: read what came before we looked
-
-    def send(self, frames: list[codec.Frame]) -> None:
-        if self.sock.closed:  # stopping: e.g. a client's disconnect while links close
-            return
-        if self.backlog:
-            self.backlog.append(frames)
-        else:
-            try:
-                self.sock.send_multipart(frames, zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                self.backlog.append(frames)
-        self._schedule()
-
-    def _schedule(self) -> None:
-        if not self._scheduled:
-            self._scheduled = True
-            self.loop.call_soon(self._run)
-
-    def _run(self) -> None:
-        self._scheduled = False
-        sock = self.sock
-        if sock.closed:
-            return
-        n = 0
-        while True:
-            events = cast(int, sock.getsockopt(zmq.EVENTS))
-            if self.backlog and events & zmq.POLLOUT:
-                self._flush()
-            if not events & zmq.POLLIN:
-                break
-            if n >= BATCH:  # be fair to the rest of the loop
-                self._schedule()
-                break
-            try:
-                if self.track_fd:
-                    frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-                    self.last_fd = frames[0].get(zmq.SRCFD)
-                    parts = [f.bytes for f in frames]
-                else:
-                    parts = sock.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            n += 1
-            try:
-                self.on_message(parts)
-            except Exception:
-                log.exception("error handling an overlay message")
-        if self.backlog:
-            self.loop.call_later(0.001, self._schedule)
-
-    def _flush(self) -> None:
-        while self.backlog:
-            try:
-                self.sock.send_multipart(self.backlog[0], zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
-            except zmq.ZMQError as exc:
-                log.warning("overlay send failed: %s", exc)
-            self.backlog.popleft()
-
-    def close(self, linger_ms: int = 0) -> None:
-        self.loop.remove_reader(self.fd)
-        self._flush()
-        self.sock.close(linger=linger_ms)
 
 
 class Overlay:
@@ -225,19 +119,19 @@ class Overlay:
         self.parent_acked = self.parent is None
         self.ready = asyncio.get_running_loop().create_future()
         self._sent_ready = False
-        self._down: _Sock | None = None
-        self._up: _Sock | None = None
+        self._down: ZmqSocket | None = None
+        self._up: ZmqSocket | None = None
         self.dropped = 0
         self.replaced = 0
         """Children admitted while an older process of the same rank was connected."""
         self._auth: zmq.auth.thread.ThreadAuthenticator | None = None
-        self._monitor: _Sock | None = None
+        self._monitor: ZmqSocket | None = None
         # ZeroMQ links: each child's current connection, by its identity, and
         # the connection fd (SRCFD) of each identity, for monitor events.
         self._child_ident: dict[int, bytes] = {}
         self._ident_child: dict[bytes, int] = {}
         self._fd_ident: dict[int, bytes] = {}
-        self._up_monitor: _Sock | None = None
+        self._up_monitor: ZmqSocket | None = None
         self.refused = 0
         """Overlay handshakes that failed: a peer without the instance's keys."""
         router.overlay = self
@@ -269,61 +163,19 @@ class Overlay:
             self._control_up("overlay.hello", {"rank": self.rank})
 
     def _start_zmq(self) -> None:
-        self.ctx = zmq.Context()
-        if self.children:
-            s = self.ctx.socket(zmq.ROUTER)
-            s.setsockopt(zmq.ROUTER_MANDATORY, 1)
-            s.setsockopt(zmq.SNDHWM, HWM)
-            s.setsockopt(zmq.RCVHWM, HWM)
-            s.setsockopt(zmq.LINGER, 0)
-            s.setsockopt(zmq.MAXMSGSIZE, codec.DEFAULT_MAX_MESSAGE)
-            # a connection that has not completed its handshake by then is
-            # dropped (ZeroMQ's default, 30 s, let anyone reaching the port
-            # hold a file descriptor per idle connection long enough to use
-            # them all up: 1,100 of them stopped the rank's clients)
-            s.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_IVL_MS)
-            _heartbeats(s)
-            if self.curve is not None:
-                from broker.curve import ZAP_DOMAIN, start_authenticator
+        from broker import overlay_zmq as zl
 
-                public, secret = self.curve
-                self._auth = start_authenticator(self.ctx, public)
-                s.zap_domain = ZAP_DOMAIN.encode()
-                s.curve_server = True
-                s.curve_secretkey = secret
-                s.curve_publickey = public
-            endpoint = self.bind or self.endpoint(self.rank)
-            # An ipc:// socket is made owner-only as it is bound, not chmod'ed
-            # after: ZeroMQ checks no peer credentials, the run directory is
-            # world-searchable when guests are allowed, and a guest connected
-            # in between could say hello as a child rank.
-            old_umask = os.umask(0o077)
-            try:
-                s.bind(endpoint)
-            finally:
-                os.umask(old_umask)
-            self._monitor = _Sock(s.get_monitor_socket(HANDSHAKE_FAILED | zmq.EVENT_DISCONNECTED),
-                                  self._on_monitor)
-            self._down = _Sock(s, self._from_child, track_fd=True)
+        ctx = self.ctx = zl.new_context()
+        if self.children:
+            s, self._auth = zl.children_socket(ctx, self.bind or self.endpoint(self.rank),
+                                               self.curve)
+            self._monitor = zl.ZmqSocket(s.get_monitor_socket(zl.MONITORED), self._on_monitor)
+            self._down = zl.ZmqSocket(s, self._from_child, track_fd=True)
         if self.parent is not None:
-            s = self.ctx.socket(zmq.DEALER)
-            s.setsockopt(zmq.IDENTITY, f"{self.rank}-{secrets.token_hex(6)}".encode())
-            s.setsockopt(zmq.SNDHWM, HWM)
-            s.setsockopt(zmq.RCVHWM, HWM)
-            s.setsockopt(zmq.LINGER, 0)
-            s.setsockopt(zmq.RECONNECT_IVL, 20)
-            s.setsockopt(zmq.MAXMSGSIZE, codec.DEFAULT_MAX_MESSAGE)
-            _heartbeats(s)
-            if self.curve is not None:
-                public, secret = self.curve
-                s.curve_serverkey = public
-                s.curve_publickey = public
-                s.curve_secretkey = secret
-            s.connect(self.endpoint(self.parent))
-            self._up = _Sock(s, self._from_parent)
-            self._up_monitor = _Sock(s.get_monitor_socket(HANDSHAKE_FAILED
-                                                          | zmq.EVENT_DISCONNECTED),
-                                     self._on_up_monitor)
+            s = zl.parent_socket(ctx, self.rank, self.endpoint(self.parent), self.curve)
+            self._up = zl.ZmqSocket(s, self._from_parent)
+            self._up_monitor = zl.ZmqSocket(s.get_monitor_socket(zl.MONITORED),
+                                            self._on_up_monitor)
             self._control_up("overlay.hello", {"rank": self.rank})
 
     def shutdown_children(self, failed: bool = False) -> None:
@@ -383,12 +235,11 @@ class Overlay:
             ident = self._child_ident.get(child)
             if ident is None:
                 return False
-            try:
-                self._down.send([ident, *frames])
-            except zmq.ZMQError as exc:  # EHOSTUNREACH: the child is gone
+            error = self._down.send_to(ident, frames)
+            if error is not None:  # EHOSTUNREACH: the child is gone
                 if ident not in self._send_failed:  # once per link, not per message
                     self._send_failed.add(ident)
-                    log.warning("cannot send to rank %d: %s", child, exc)
+                    log.warning("cannot send to rank %d: %s", child, error)
                 return False
             return True
         conn = self._child_conns.get(child)
@@ -440,8 +291,10 @@ class Overlay:
         """An event of the link to the parent: it closed, or the parent
         refused our CURVE handshake -- without this a rank with the wrong
         keys waited for ever in silence."""
-        event = zmq.utils.monitor.parse_monitor_message(parts)
-        if event["event"] == zmq.EVENT_DISCONNECTED:
+        from broker.overlay_zmq import monitor_event
+
+        disconnected, _event, _value = monitor_event(parts)
+        if disconnected:
             self._parent_lost("disconnected")
             return
         self._refused_by_parent += 1
@@ -455,9 +308,11 @@ class Overlay:
         """An event of the children's socket: a child's connection closed,
         or a failed CURVE handshake -- wrong keys (ZAP refused them, or they
         were not made for this instance's)."""
-        event = zmq.utils.monitor.parse_monitor_message(parts)
-        if event["event"] == zmq.EVENT_DISCONNECTED:
-            ident = self._fd_ident.pop(int(event["value"]), None)
+        from broker.overlay_zmq import monitor_event
+
+        disconnected, event, value = monitor_event(parts)
+        if disconnected:
+            ident = self._fd_ident.pop(value, None)
             child = self._ident_child.pop(ident, None) if ident is not None else None
             if child is not None:  # (a replaced connection was forgotten already)
                 del self._child_ident[child]
@@ -467,7 +322,7 @@ class Overlay:
         if str(self.refused).rstrip("0") == "1":  # 1, 10, 100...: a peer retries every 20 ms
             log.warning("refused an overlay connection that does not hold the instance's "
                         "key pair (%d so far; ZeroMQ handshake event %#x): a rank started "
-                        "with another key file, or not a rank", self.refused, event["event"])
+                        "with another key file, or not a rank", self.refused, event)
 
     def _hello_rank(self, frames: list[bytes]) -> int | None:
         """The rank a new connection's first message says hello as, if it is
@@ -519,10 +374,8 @@ class Overlay:
             replaced = Message(MsgType.CONTROL, "overlay.shutdown",
                                {"rank": self.rank, "replaced": True})
             assert self._down is not None
-            try:
-                self._down.send([old, *codec.encode(replaced)])
-            except zmq.ZMQError:  # EHOSTUNREACH: that connection is gone already
-                pass
+            # (if that connection is gone already, there is no one to tell)
+            self._down.send_to(old, codec.encode(replaced))
             self._lose_child(child)
         self._child_ident[child] = ident
         self._ident_child[ident] = child

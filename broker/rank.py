@@ -34,7 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 from broker import attrs as battrs
-from broker import gcpolicy, malloc
+from broker import gcpolicy, malloc, plugins
 from broker.broker import Broker
 from broker.command import Command, cannot_run_message, cannot_run_status, exit_code
 from broker.errors import ErrnoError
@@ -80,6 +80,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--initial-program", type=json_argv, metavar="JSON",
                    help="JSON list: the command to run once the instance is up "
                    "(kvbroker broker -- CMD, rank 0)")
+    p.add_argument("--module-targets", type=json_object, default={}, metavar="JSON",
+                   help="JSON map module name -> entry-point target, found by the "
+                   "launcher (the rank then reads no entry points)")
     p.add_argument("--watch-fd", type=int, help="exit when this pipe closes")
     p.add_argument("--cleanup-rundir", action="store_true",
                    help="the launcher made --rundir: if it is gone (--watch-fd closed), "
@@ -123,6 +126,7 @@ async def serve(args: argparse.Namespace) -> int:
     rundir_lock = None
     if args.cleanup_rundir and args.watch_fd is not None:
         rundir_lock = hold_rundir(args.rundir)
+    plugins.use_targets(args.module_targets)
     curve = None
     if args.curve_keys:
         from broker.curve import load_keys
