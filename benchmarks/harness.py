@@ -19,10 +19,12 @@ Samples of all reps are folded into records::
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import math
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -173,6 +175,18 @@ def child_env() -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
     env.pop("KVBROKER_URI", None)
     return env
+
+
+def share_bytecode() -> None:
+    """With ``PYTHONDONTWRITEBYTECODE`` set, let the ranks and clients this
+    run starts write their compiled bytecode to one temporary cache
+    (``PYTHONPYCACHEPREFIX``) instead of compiling this project's modules
+    at every start: an installed package has its bytecode, and Wstart
+    measures starts as a user has them.  The source tree stays clean."""
+    if os.environ.pop("PYTHONDONTWRITEBYTECODE", None):
+        prefix = tempfile.mkdtemp(prefix="kvbroker-bench-pyc-")
+        os.environ["PYTHONPYCACHEPREFIX"] = prefix
+        atexit.register(shutil.rmtree, prefix, True)
 
 
 def rate(n: int, seconds: float) -> float:

@@ -210,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         n_iter=args.n_iter, msg_sizes=args.msg_sizes or None, timeout=args.timeout,
         py_spy=args.py_spy,
     )
+    harness.share_bytecode()
     commit = harness.git_commit()
     logdir = harness.make_logdir()
     print(f"kvbroker benchmarks: commit {commit}, {harness.cores()} cores, "

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from benchmarks.harness import Workload
 
-ORDER = ("W0", "W1", "W1b", "W2", "W2s", "W2p", "W3", "W4", "W5", "W5x", "W6", "Wgc")
+ORDER = ("W0", "W1", "W1b", "W2", "W2s", "W2p", "W3", "W4", "W5", "W5x", "W6", "Wgc",
+         "Wstart")
 
 
 def all_workloads() -> list[Workload]:
@@ -24,10 +25,12 @@ def all_workloads() -> list[Workload]:
         namespaces,
         reads,
         rpc,
+        startup,
         w0_raw,
         watch,
     )
 
-    found = [w for mod in (w0_raw, rpc, commits, reads, watch, namespaces, events, collect)
+    found = [w for mod in (w0_raw, rpc, commits, reads, watch, namespaces, events, collect,
+                           startup)
              for w in mod.WORKLOADS]
     return sorted(found, key=lambda w: ORDER.index(w.id) if w.id in ORDER else len(ORDER))
