@@ -26,8 +26,6 @@ import sys
 import tempfile
 from typing import Any
 
-import zmq
-
 from broker import attrs as battrs
 from broker import plugins
 from broker.broker import local_socket_path
@@ -95,6 +93,11 @@ def private_dir(path: str, what: str) -> None:
                          f"{st.st_mode & 0o777:o}); chmod go-w, or choose another directory")
 
 
+SOCKET_PATH_MAX = 100
+"""Longest socket path a run directory may need: an AF_UNIX address (and so
+a ZeroMQ ``ipc://`` endpoint) holds 108 bytes on Linux, 104 on macOS."""
+
+
 def make_rundir() -> str:
     """A private, short directory for sockets (AF_UNIX paths are ~107 bytes max)."""
     base = os.environ.get("TMPDIR") or "/tmp"
@@ -105,7 +108,7 @@ def make_rundir() -> str:
     except OSError as exc:
         where = f"$TMPDIR {base}" if os.environ.get("TMPDIR") == base else base
         raise StartError(f"cannot make a run directory in {where}: {exc.strerror}") from None
-    if len(local_socket_path(path, 99999)) + 6 > min(zmq.IPC_PATH_MAX_LEN, 100):
+    if len(local_socket_path(path, 99999)) + 6 > SOCKET_PATH_MAX:
         raise StartError(f"run directory path too long for sockets: {path}")
     return path
 
