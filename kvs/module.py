@@ -397,11 +397,21 @@ class KvsModule(Module):
             self._ticker.cancel()  # a checkpoint it was writing finishes first (shielded)
         if self._gc_ticker is not None:
             self._gc_ticker.cancel()
+        if self._content is not None:
+            # queued commits stop waiting for room in the write-back backlog:
+            # the last checkpoint's drain writes their blobs
+            self._content.release_waiters()
         if self._queue_runs:
             _done, late = await asyncio.wait(self._queue_runs, timeout=STOP_DRAIN_TIMEOUT)
             if late:
-                self.log.error("%d namespaces still committing after %g s at stop",
-                               len(late), STOP_DRAIN_TIMEOUT)
+                self.log.error("%d namespaces still committing after %g s at stop: "
+                               "their transactions fail with ENOSYS", len(late),
+                               STOP_DRAIN_TIMEOUT)
+                # Stopped before the checkpoint picks its root: one they
+                # acknowledged after it would be lost at the next start.
+                for run in late:
+                    run.cancel()
+                await asyncio.gather(*late, return_exceptions=True)
         if self.leader and self.statedir:
             try:
                 await self._checkpoint()
@@ -1031,11 +1041,13 @@ class KvsModule(Module):
 
     async def _run_queue(self, ns: Namespace) -> None:
         """Rank 0: apply a namespace's queued transactions, merging adjacent ones."""
+        batch: list[Pending] = []
         try:
             while ns.queue and not ns.removed:
                 # Back-pressure (content.backlog-bytes): while the writer is
                 # behind, wait -- the queue grows meanwhile and merges into
                 # bigger batches -- or fail the next batch with its errno.
+                batch = []
                 no_room = await self._room()
                 if not ns.queue or ns.removed:
                     break
@@ -1046,27 +1058,35 @@ class KvsModule(Module):
                         batch.append(ns.queue.popleft())
                 if no_room is not None:
                     self.counts["commits-failed"] += len(batch)
-                    for p in batch:
-                        if not p.future.done():
-                            p.future.set_exception(ErrnoError(no_room.errnum, no_room.errstr))
-                    self._publish_error(ns, [p.name for p in batch], no_room)
+                    self._fail(ns, batch, no_room)
                     continue
                 try:
                     await self._apply_batch(ns, batch)
                 except Exception as exc:  # a bug: fail the batch, never leave it hanging
                     self.log.exception("commit batch in %s failed", ns.name)
-                    err = ErrnoError(errno.EIO, f"internal error: {exc}")
-                    for p in batch:
-                        if not p.future.done():
-                            p.future.set_exception(err)
-                    self._publish_error(ns, [p.name for p in batch], err)
+                    self._fail(ns, batch, ErrnoError(errno.EIO, f"internal error: {exc}"))
+        except asyncio.CancelledError:  # stop gave up waiting for it: answer every one
+            self._fail(ns, [*batch, *ns.queue], ErrnoError(
+                errno.ENOSYS, "the kvs module stopped before the transaction was applied"))
+            ns.queue.clear()
+            raise
         finally:
             ns.committing = False
+
+    def _fail(self, ns: Namespace, batch: list[Pending], exc: ErrnoError) -> None:
+        """Fail the transactions of ``batch`` not answered yet, each with its
+        own copy of ``exc`` (see :meth:`_apply_pinned`), and say so in an
+        ``error`` event (a follower that relayed one answers from it)."""
+        batch = [p for p in batch if not p.future.done()]
+        for p in batch:
+            p.future.set_exception(ErrnoError(exc.errnum, exc.errstr))
+        if batch:
+            self._publish_error(ns, [p.name for p in batch], exc)
 
     async def _room(self) -> ErrnoError | None:
         """Wait for room in rank 0's write-back backlog (:meth:`ContentModule.room`);
         the errno that stopped the wait, if the writer fails."""
-        if self._content is None:
+        if self._content is None or self.stopping:
             return None
         try:
             await self._content.room()

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import hashlib
 import os
 
-from test_kvs_rpc_helpers import T, commit, errnum, get, put, stats
+from test_kvs_rpc_helpers import NO_MERGE, T, commit, errnum, get, put, stats
 
 from broker.handle import Handle
 from broker.launch import Instance
@@ -92,6 +93,12 @@ async def test_a_full_disk_fails_commits_with_enospc_and_the_instance_recovers(
         assert "content.backlog-bytes" in str(failed)
         # Still serving: reads, and the backlog stayed near its limit.
         assert await get(h, "before") == b"kept"
+        # A store through rank 1 fails alike, and rank 1 does not keep what
+        # rank 0 refused (a load there would find a blob nobody has).
+        blob = os.urandom(1000)
+        assert await errnum(h.rpc("content.store", {"data": blob}), T) == errno.ENOSPC
+        ref = "sha256-" + hashlib.sha256(blob).hexdigest()
+        assert await errnum(h.rpc("content.load", {"blobref": ref}), T) == errno.ENOENT
         h0 = await Handle.connect(inst.uri(0))
         st = await stats(h0, "content")
         assert st["backlog-bytes"] <= LIMIT + VALUE + DIRS, st
@@ -109,3 +116,75 @@ async def test_a_full_disk_fails_commits_with_enospc_and_the_instance_recovers(
     finally:
         codes = await asyncio.wait_for(inst.stop(), 60)
     assert codes == [0, 0], log.read_text()
+
+
+async def test_a_busy_namespace_does_not_starve_another(start_instance, connect) -> None:
+    """Waiters are admitted in arrival order: with every commit waiting for a
+    write (a 1-byte limit), a flood of commits to one namespace lets a
+    commit to another through in its turn, not after the whole flood (its
+    queue, woken with the others, barged in again and again)."""
+    inst = await start_instance(size=1, attrs={"content.backlog-bytes": "1"})
+    flooder, other = await connect(inst), await connect(inst)
+    await asyncio.wait_for(other.rpc("kvs.namespace-create", {
+        "namespace": "other", "owner": os.getuid()}), T)
+    answered: list[str] = []
+    first = asyncio.Event()
+
+    async def one(h, key: str, ns: str = "primary") -> None:
+        await commit(h, put(key, os.urandom(VALUE)), ns=ns, flags=NO_MERGE, timeout=60)
+        answered.append(key)
+        first.set()
+
+    flood = [asyncio.ensure_future(one(flooder, f"f{i}")) for i in range(60)]
+    await asyncio.wait_for(first.wait(), 60)  # the flood is queued and being applied
+    await one(other, "lone", ns="other")
+    await asyncio.wait_for(asyncio.gather(*flood), 60)
+    assert answered.index("lone") < len(answered) - 1 - 10, answered  # well before the end
+    assert (await stats(other, "content"))["backlog-waits"] >= 60
+
+
+async def test_a_stop_answers_every_waiting_commit_and_keeps_the_acknowledged(
+        start_instance, connect, tmp_path) -> None:
+    """Stopping while commits and stores wait for room: every one is answered
+    (applied, or refused as the stop refuses new work), and what was
+    acknowledged is there after a restart."""
+    statedir = str(tmp_path / "state")
+    attrs = {"content.backlog-bytes": str(LIMIT)}
+    inst = await start_instance(size=2, statedir=statedir, attrs=attrs)
+    clients = [await connect(inst, rank) for rank in (0, 0, 1, 1)]
+    acked: dict[str, bytes] = {}
+    stored: dict[str, bytes] = {}
+    refused: list[str] = []
+    busy = asyncio.Event()
+
+    async def writer(c: int) -> None:
+        for i in range(1000):
+            key, data = f"c{c}.k{i}", os.urandom(VALUE)
+            try:
+                if c == 3:  # a content.store client
+                    ref = (await asyncio.wait_for(clients[c].rpc(
+                        "content.store", {"data": data}), T))["blobref"]
+                    stored[ref] = data
+                else:
+                    await commit(clients[c], put(key, data), flags=NO_MERGE)
+                    acked[key] = data
+                    if len(acked) >= 30:  # (each of them waited for room)
+                        busy.set()
+            except Exception as exc:  # noqa: BLE001 (the stop refuses, or the link goes)
+                refused.append(repr(exc))
+                return
+
+    writers = [asyncio.ensure_future(writer(c)) for c in range(4)]
+    await asyncio.wait_for(busy.wait(), 60)  # the backlog is full: requests are waiting
+    codes = await asyncio.wait_for(inst.stop(), 60)
+    await asyncio.wait_for(asyncio.gather(*writers), 60)  # every request answered
+    assert codes == [0, 0]
+    assert len(refused) == 4, refused
+
+    inst2 = await start_instance(size=1, statedir=statedir)
+    h = await connect(inst2)
+    for key, data in acked.items():
+        assert await get(h, key) == data, key
+    for ref, data in stored.items():
+        assert (await asyncio.wait_for(h.rpc("content.load", {"blobref": ref}), T))["data"] \
+            == data

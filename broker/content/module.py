@@ -38,7 +38,7 @@ import itertools
 import logging
 import os
 import sqlite3
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, deque
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
@@ -110,8 +110,9 @@ class ContentModule(Module):
         """Bytes of the blobs waiting for their write to SQLite: :attr:`dirty`
         and the batches handed to the writer (rank 0)."""
         self.backlog_peak = 0
-        self._room: asyncio.Future[None] | None = None  # wakes :meth:`room`'s waiters
-        self._write_failed: BaseException | None = None  # the last write's error
+        self._waiting: deque[asyncio.Future[None]] = deque()
+        """:meth:`room`'s waiters, admitted in arrival order."""
+        self.stopping = False
         self.counts: Counter[str] = Counter(dict.fromkeys(COUNTERS, 0))
         self.backing: SqliteStore | None = None
         self._flush_handle: asyncio.TimerHandle | None = None
@@ -161,6 +162,8 @@ class ContentModule(Module):
                                               "instance (its content.sqlite is locked)") from None
 
     async def stop(self) -> None:
+        self.stopping = True
+        self.release_waiters()  # (they see stopping: ENOSYS)
         if self.backing is not None:
             if self.persistent:  # (without a statedir the file goes with the run directory)
                 try:
@@ -241,24 +244,28 @@ class ContentModule(Module):
             for ref in batch:
                 self.inflight.pop(ref, None)
             self.backlog_bytes -= sum(map(len, batch.values()))
-            self._write_failed = f.exception()
-            if self._write_failed is not None:
-                logging.getLogger("kvbroker.content").error(
-                    "writing %d blobs to SQLite failed: %s", len(batch), f.exception())
-                self._backlog(batch)  # keep them; retry on the next batch
-            else:
-                self.counts["written"] += len(batch)
-                written = f.result()
-                self.rowids.note(written.max_rowid)
-                if written.existing:  # (young again, though their rows are old)
-                    self.restored.note(written.existing)
-                if self.cache_bytes > self.cache_limit:
-                    self._trim()
-                    if not self.persistent:
-                        self._schedule_write_back()  # still over: the next oldest
-            if self._room is not None:
-                self._room.set_result(None)
-                self._room = None
+            # (cancelled: never ran, or ran unseen -- write them again either way)
+            failed = (asyncio.CancelledError("the write was cancelled") if f.cancelled()
+                      else f.exception())
+            try:
+                if failed is not None:
+                    logging.getLogger("kvbroker.content").error(
+                        "writing %d blobs to SQLite failed: %s", len(batch), failed)
+                    self._backlog(batch)  # keep them; retry on the next batch
+                else:
+                    wrote(f.result())
+            finally:
+                self._admit(failed)
+
+        def wrote(written: Written) -> None:
+            self.counts["written"] += len(batch)
+            self.rowids.note(written.max_rowid)
+            if written.existing:  # (young again, though their rows are old)
+                self.restored.note(written.existing)
+            if self.cache_bytes > self.cache_limit:
+                self._trim()
+                if not self.persistent:
+                    self._schedule_write_back()  # still over: the next oldest
 
         fut.add_done_callback(done)
 
@@ -275,29 +282,68 @@ class ContentModule(Module):
         """Rank 0: return once at most ``content.backlog-bytes`` of blobs wait
         for their write to SQLite (at once, nearly always).
 
-        Commits and stores wait here before they add blobs, so the backlog
-        is bounded by the limit plus what the requests already admitted
-        add: a writer slower than the commits slows the commits down to
-        its pace, as etcd's backend does, instead of holding gigabytes of
-        blobs in memory.  If the latest write failed, waiting would not
-        end: each waiter retries the write once, then gets its errno
-        (``ENOSPC`` for a full disk) -- and a later request retries again,
+        Commits and stores wait here before they add blobs, so a writer
+        slower than the commits slows them to its pace, as etcd's backend
+        does, instead of holding gigabytes of blobs in memory.  Waiters are
+        admitted in arrival order as writes complete (a busy namespace must
+        not starve the others), all those that fit under the limit at once:
+        the backlog stays under the limit plus what the admitted requests
+        add.  If the write they waited for failed, they fail with its errno
+        (``ENOSPC`` for a full disk); the next request starts a write again,
         so the instance recovers once the disk has room."""
         limit = self.backlog_limit
-        if not limit or self.backlog_bytes <= limit:
+        if not limit or (self.backlog_bytes <= limit and not self._waiting):
             return
         self.counts["backlog-waits"] += 1
-        while self.backlog_bytes > limit:
-            if not self._writes:  # (without a statedir writes wait for the cache)
-                if self._flush_handle is not None:
-                    self._flush_handle.cancel()
-                self._write_back(FLUSH_BLOBS)
-            if self._room is None:
-                self._room = asyncio.get_running_loop().create_future()
-            await asyncio.shield(self._room)  # the next write is done
-            if self._write_failed is not None and self.backlog_bytes > limit:
-                raise store_error(self._write_failed, "writing blobs to SQLite (with "
-                                  f"more than content.backlog-bytes={limit} waiting)")
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.append(fut)
+        self._write_for_room()
+        try:
+            await fut
+        except asyncio.CancelledError:
+            if fut in self._waiting:
+                self._waiting.remove(fut)
+            elif not fut.cancelled():  # admitted as it was cancelled: admit the next
+                self._admit(None)
+            raise
+
+    def _write_for_room(self) -> None:
+        """Start a write if none is under way (without a statedir, writes
+        otherwise wait until the cache is full)."""
+        if not self._writes and self.dirty:
+            if self._flush_handle is not None:
+                self._flush_handle.cancel()
+            self._write_back(FLUSH_BLOBS)
+
+    def _admit(self, failed: BaseException | None) -> None:
+        """A write is done: admit :meth:`room`'s waiters in order while the
+        backlog is under the limit; if it failed, fail the rest with its
+        errno; else make sure the next write is under way."""
+        waiting = self._waiting
+        while waiting and self.backlog_bytes <= self.backlog_limit:
+            fut = waiting.popleft()
+            if not fut.done():
+                fut.set_result(None)
+        if not waiting:
+            return
+        if failed is None:
+            self._write_for_room()
+            return
+        while waiting:
+            fut = waiting.popleft()
+            if not fut.done():
+                fut.set_exception(store_error(
+                    failed, "writing blobs to SQLite (with more than "
+                    f"content.backlog-bytes={self.backlog_limit} waiting)"))
+
+    def release_waiters(self) -> None:
+        """Admit every waiter of :meth:`room` now, whatever the backlog (the
+        kvs module stops: what it still applies is written by its last
+        checkpoint's drain)."""
+        while self._waiting:
+            fut = self._waiting.popleft()
+            if not fut.done():
+                fut.set_result(None)
 
     async def _drain(self) -> None:
         """Write every dirty blob now and wait until all writes are done.
@@ -312,7 +358,10 @@ class ContentModule(Module):
         # Only the writes under way now: under a steady stream of commits
         # new ones never stop coming, and waiting for all of them starved
         # flushes, checkpoints and garbage collections for minutes.
-        results = await asyncio.gather(*list(self._writes), return_exceptions=True)
+        # (shielded: a caller cancelled while it waits must not cancel the
+        # writes, which would lose the batches not started yet)
+        results = await asyncio.gather(*(asyncio.shield(w) for w in list(self._writes)),
+                                       return_exceptions=True)
         failed = next((r for r in results if isinstance(r, BaseException)), None)
         if failed is not None:
             raise store_error(failed, "writing blobs to SQLite")
@@ -378,9 +427,12 @@ class ContentModule(Module):
         blobs = [self._check_blob(d) for d in raw]
         if self.backing is not None:
             await self.room()
-        refs = self.store_local(blobs)
-        if self.ctx.rank != 0:
+            if self.stopping:  # (the last drain may have passed: it would not be written)
+                raise ErrnoError(errno.ENOSYS, "the content module is stopping: "
+                                               "the blobs were not stored")
+        else:  # (cached here only once rank 0 has it: it may refuse)
             await self.h.rpc("content.store", {"blobs": blobs}, nodeid=NODEID_UPSTREAM)
+        refs = self.store_local(blobs)
         self.h.respond(msg, {"blobref": refs[0]} if single else {"blobrefs": refs})
 
     # ------------------------------------------------------------ load
