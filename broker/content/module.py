@@ -295,9 +295,9 @@ class ContentModule(Module):
         if not limit or (self.backlog_bytes <= limit and not self._waiting):
             return
         self.counts["backlog-waits"] += 1
+        self._write_for_room()  # (first: if it raises, no waiter is left behind)
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiting.append(fut)
-        self._write_for_room()
         try:
             await fut
         except asyncio.CancelledError:
