@@ -310,6 +310,12 @@ class KvsModule(Module):
         self.stopping = False
         """Set by :meth:`stop`: rank 0 refuses new transactions (``ENOSYS``)."""
         self._queue_runs: set[asyncio.Task[None]] = set()
+        self._checkpointing: set[asyncio.Task[Any]] = set()
+        """Queue runs writing a ``SYNC`` commit's checkpoint: past the point
+        of no return (its root may be on disk), so a stop that gives up on
+        late runs waits for these instead of failing them."""
+        self._gave_up = False
+        """Set when a stop gave up waiting: queue runs answer what is left ENOSYS."""
         # Rank 0: online garbage collection (kvs/collect.py)
         self.root_history = collector.RootHistory(collector.GRACE.value(ctx.attrs))
         self.gc_period = collector.PERIOD.value(ctx.attrs)
@@ -408,9 +414,13 @@ class KvsModule(Module):
                                "their transactions fail with ENOSYS", len(late),
                                STOP_DRAIN_TIMEOUT)
                 # Stopped before the checkpoint picks its root: one they
-                # acknowledged after it would be lost at the next start.
+                # acknowledged after it would be lost at the next start.  A
+                # run writing a SYNC commit's checkpoint finishes that commit
+                # (its root may be on disk already), then stops too.
+                self._gave_up = True
                 for run in late:
-                    run.cancel()
+                    if run not in self._checkpointing:
+                        run.cancel()
                 await asyncio.gather(*late, return_exceptions=True)
         if self.leader and self.statedir:
             try:
@@ -1044,6 +1054,9 @@ class KvsModule(Module):
         batch: list[Pending] = []
         try:
             while ns.queue and not ns.removed:
+                if self._gave_up:
+                    self._fail_stopped(ns, [])
+                    break
                 # Back-pressure (content.backlog-bytes): while the writer is
                 # behind, wait -- the queue grows meanwhile and merges into
                 # bigger batches -- or fail the next batch with its errno.
@@ -1066,12 +1079,16 @@ class KvsModule(Module):
                     self.log.exception("commit batch in %s failed", ns.name)
                     self._fail(ns, batch, ErrnoError(errno.EIO, f"internal error: {exc}"))
         except asyncio.CancelledError:  # stop gave up waiting for it: answer every one
-            self._fail(ns, [*batch, *ns.queue], ErrnoError(
-                errno.ENOSYS, "the kvs module stopped before the transaction was applied"))
-            ns.queue.clear()
+            self._fail_stopped(ns, batch)
             raise
         finally:
             ns.committing = False
+
+    def _fail_stopped(self, ns: Namespace, batch: list[Pending]) -> None:
+        """Answer ``batch`` and everything still queued in ``ns``: not applied."""
+        self._fail(ns, [*batch, *ns.queue], ErrnoError(
+            errno.ENOSYS, "the kvs module stopped before the transaction was applied"))
+        ns.queue.clear()
 
     def _fail(self, ns: Namespace, batch: list[Pending], exc: ErrnoError) -> None:
         """Fail the transactions of ``batch`` not answered yet, each with its
@@ -1132,7 +1149,13 @@ class KvsModule(Module):
             if sync:
                 await self.h.rpc("content.flush", {})
                 if ns.name == PRIMARY and self.statedir and not ns.removed:
-                    await self._checkpoint(result.rootref, ns.rootseq + 1)
+                    task = asyncio.current_task()
+                    assert task is not None
+                    self._checkpointing.add(task)
+                    try:
+                        await self._checkpoint(result.rootref, ns.rootseq + 1)
+                    finally:
+                        self._checkpointing.discard(task)
             if named:
                 await self._keep_whole(named, begun)  # (the last await before the new root)
         except ErrnoError as exc:
