@@ -33,6 +33,7 @@ from broker.cliutil import (
     run_async,
     write_out,
 )
+from broker.command import STOP_TIMEOUT
 from broker.errors import ErrnoError
 from broker.handle import parse_uri
 from broker.loops import LOOP_NAMES, loop_factory
@@ -131,7 +132,7 @@ def cmd_start(args: argparse.Namespace) -> int:
                 ended_first = not await first(cmd.wait(), inst.ended)
                 if ended_first and inst.ended.result() is None:
                     print_err(shutdown_notice(inst.shutdown_rank or 0, command=True))
-                    await cmd.stop()
+                    await cmd.stop(args.stop_timeout)
                 if not ended_first or inst.ended.result() is None:
                     if signalled:  # we are stopping: nothing the command ran outlives us
                         cmd.kill()
@@ -144,7 +145,7 @@ def cmd_start(args: argparse.Namespace) -> int:
             print_err(f"rank {rank} exited unexpectedly, {exit_status(code)}; stopping")
             # The instance stops alongside the command, which may take its
             # time to go, or ignore SIGTERM (then it is killed after a bound).
-            await asyncio.gather(*([cmd.stop()] if cmd else []), inst.stop())
+            await asyncio.gather(*([cmd.stop(args.stop_timeout)] if cmd else []), inst.stop())
             return 1
 
         for sig in STOP_SIGNALS:
@@ -506,6 +507,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "across restarts (default: nothing survives the instance)")
     s.add_argument("-S", "--setattr", action="append", type=parse_attr, metavar="ATTR=VAL",
                    help="set a broker attribute (repeatable; see docs/cli.md)")
+    s.add_argument("--stop-timeout", type=positive_float, default=STOP_TIMEOUT,
+                   metavar="SECONDS",
+                   help="when the instance stops under the command (a rank failed, or "
+                   "'kvbroker shutdown'), how long the command has after SIGTERM "
+                   f"before it and its process group are killed (default {STOP_TIMEOUT:g})")
     s.add_argument("cmdline", nargs=argparse.REMAINDER, metavar="-- COMMAND",
                    help="the command to run in the instance")
     s.set_defaults(func=cmd_start)
