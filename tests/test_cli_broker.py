@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import errno
@@ -15,6 +16,7 @@ from collections.abc import AsyncIterator
 import pytest
 from test_broker_support import KVBROKER, run_cli, stats, wait_until
 
+from broker import cli
 from broker.handle import Handle, parse_uri
 from broker.launch import STOP_TIMEOUT
 
@@ -741,3 +743,21 @@ async def test_a_command_without_its_subcommand_lists_them(args, listed) -> None
     assert all(re.search(rf"\n    {name.strip()}\b", err) for name in listed), err
     assert err.endswith(f"{' '.join(('kvbroker', *args))}: error: the following arguments "
                         f"are required: {'SUBCOMMAND' if args else 'COMMAND'}\n")
+
+
+@pytest.mark.parametrize(("argv", "word"), [
+    (["ping", "3"], "ping"),
+    (["--event-loop", "asyncio", "kvs", "get", "a"], "kvs"),
+    (["--version"], None),
+    ([], None),
+    (["--event-loop"], None),
+])
+def test_the_command_word_skips_top_level_options(argv: list[str], word: str | None) -> None:
+    """What decides whether plugins' commands are loaded (only when the
+    word is not a built-in command's)."""
+    assert cli.command_word(argv) == word
+    parser = cli.build_parser(word)
+    names = next(a for a in parser._actions  # noqa: SLF001 (argparse has no public walk)
+                 if isinstance(a, argparse._SubParsersAction)).choices
+    assert "start" in names
+    assert ("kvs" in names) == (word != "ping")
