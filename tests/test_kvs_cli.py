@@ -1090,7 +1090,7 @@ _GUEST_WRAPPER = (
     "from broker import cli\n"
     "import kvs.cli, kvs.client, kvs.eventlog, kvs_watch.cli, kvs_watch.client\n"
     "parser = cli.build_parser()\n"
-    "cli.build_parser = lambda: parser  # entry points are unreadable after the drop\n"
+    "cli.build_parser = lambda *_: parser  # entry points are unreadable after the drop\n"
     "os.setgroups([]); os.setgid(65534); os.setuid(65534)\n"
     "sys.argv[0] = 'kvbroker'\n"
     "sys.exit(cli.main(sys.argv[1:]))\n"
