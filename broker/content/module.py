@@ -301,10 +301,10 @@ class ContentModule(Module):
         try:
             await fut
         except asyncio.CancelledError:
+            # (one admitted as it was cancelled holds no one up: the others
+            # that fitted were admitted with it)
             if fut in self._waiting:
                 self._waiting.remove(fut)
-            elif not fut.cancelled():  # admitted as it was cancelled: admit the next
-                self._admit(None)
             raise
 
     def _write_for_room(self) -> None:
