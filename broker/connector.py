@@ -188,6 +188,7 @@ class ClientConnection(FramedProtocol):
         self._retire()
         w.send(codec.encode(Message(MsgType.RESPONSE, CLOSING_TOPIC, matchtag=0,
                                     errnum=errnum, errstr=errstr)))
+        w.flush()
         if w.buffered():
             t.abort()  # it does not read: keep nothing more for it
             return

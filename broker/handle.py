@@ -170,6 +170,8 @@ class Handle(HandleCore):
         proto = self._proto
         self._user_closed = True
         if proto is not None and proto.transport is not None:
+            if proto.writer is not None:
+                proto.writer.flush()  # (what this loop turn held back)
             proto.transport.close()
             try:
                 await asyncio.wait_for(asyncio.shield(proto.closed), self.CLOSE_FLUSH_TIMEOUT)

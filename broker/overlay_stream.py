@@ -174,6 +174,8 @@ class StreamLinks:
         for conn in list(self.conns):
             if conn.transport is not None:
                 if flush:
+                    if conn.writer is not None:
+                        conn.writer.flush()
                     conn.transport.close()
                 else:
                     conn.transport.abort()

@@ -73,3 +73,37 @@ async def test_small_message_is_written_whole(wired) -> None:
     sink.want, sink.waiter = 1, asyncio.get_running_loop().create_future()
     await asyncio.wait_for(sink.waiter, 10)
     assert sink.messages == [[b"h", b"p" * 1000]]
+
+
+@pytest.mark.both_loops
+async def test_one_turns_small_messages_go_out_together_in_order(wired) -> None:
+    """The turn's first message is written at once; the ones after it in the
+    same turn are held and written together before the loop next waits."""
+    ta, writer, sink = wired
+    messages = [[b"m", str(i).encode() * 10] for i in range(100)]
+    writer.send(messages[0])
+    assert writer.buffered() == ta.get_write_buffer_size()  # the first: at once
+    for m in messages[1:]:
+        writer.send(m)
+    held = sum(len(codec.stream_prefix(m)) + sum(map(len, m)) for m in messages[1:])
+    assert writer.buffered() == ta.get_write_buffer_size() + held
+    big = b"b" * (CHUNK + 1)
+    writer.send([big])  # a big one lets what was held go first
+    writer.send([b"after"])
+    sink.want, sink.waiter = 102, asyncio.get_running_loop().create_future()
+    await asyncio.wait_for(sink.waiter, 10)
+    assert sink.messages == [*messages, [big], [b"after"]]
+    assert writer.buffered() == 0
+
+
+@pytest.mark.both_loops
+async def test_flush_hands_held_messages_over_before_a_close(wired) -> None:
+    ta, writer, sink = wired
+    for i in range(5):
+        writer.send([b"n", bytes([i])])
+    writer.flush()
+    assert writer.buffered() == ta.get_write_buffer_size()  # nothing held back
+    ta.close()  # a close flushes the transport, not the writer
+    sink.want, sink.waiter = 5, asyncio.get_running_loop().create_future()
+    await asyncio.wait_for(sink.waiter, 10)
+    assert sink.messages == [[b"n", bytes([i])] for i in range(5)]
