@@ -1146,6 +1146,12 @@ class KvsModule(Module):
             # collection's barrier while the root is set after its listing.
             self._unpublished[result.rootref] += 1
             pinned.append(result.rootref)
+            # The last check that can fail the transaction, before a SYNC
+            # commit checkpoints its root: a failed commit's root must not be
+            # the one a restart finds.  A collection that begins after it
+            # keeps the pinned root whole.
+            if named:
+                await self._keep_whole(named, begun)
             if sync:
                 await self.h.rpc("content.flush", {})
                 if ns.name == PRIMARY and self.statedir and not ns.removed:
@@ -1156,8 +1162,6 @@ class KvsModule(Module):
                         await self._checkpoint(result.rootref, ns.rootseq + 1)
                     finally:
                         self._checkpointing.discard(task)
-            if named:
-                await self._keep_whole(named, begun)  # (the last await before the new root)
         except ErrnoError as exc:
             # Let go of the frames ``exc`` went through (they hold the ops
             # and the blobs made for them), and give a future a fresh
