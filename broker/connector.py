@@ -249,6 +249,8 @@ class ClientConnection(FramedProtocol):
         # (a share is refreshed when its connection is sent something: one
         # that has read everything since may still count what it read)
         for conn in list(usage.conns):
+            if conn.writer is not None:
+                conn.writer.flush()  # what a turn held is the kernel's to hold
             conn._note_output(usage)
         if fits():
             return True

@@ -24,7 +24,9 @@ replies of one event-loop cycle.  Both loops otherwise make one system call
 per ``write`` (strace: 100 writes in a callback, 100 ``writev``/``sendto``),
 and each one can wake the reader for a single message: a rank forwarding a
 burst of 200 events woke its child ~100 times.  Whoever closes a transport
-a writer may hold bytes for calls :meth:`FrameWriter.flush` first.
+a writer may hold bytes for calls :meth:`FrameWriter.flush` first.  A
+writer whose loop is not running (the sync facade between its calls)
+writes every message at once.
 
 The pacing needs the transport to call ``pause_writing`` when its buffer
 passes the high-water mark.  uvloop's ``writelines`` does; the stock
@@ -84,6 +86,12 @@ class FrameWriter:
         prefix = codec.stream_prefix(frames)
         size = sum(map(len, frames))
         if size <= CHUNK and not self._pending and not self._paused:
+            if not self._loop.is_running():
+                # The sync facade sends between its calls, with no loop
+                # turn to end until its next one: write now.
+                self.flush()
+                self._writelines([prefix, *frames])
+                return
             held = self._held
             if held is None:  # the turn's first: now, and hold the rest of the turn
                 self._writelines([prefix, *frames])

@@ -163,6 +163,15 @@ class Handle(HandleCore):
     ``publish_nowait`` just before it) to reach a broker that is not reading
     (stopped, or stuck), before it drops it and closes anyway."""
 
+    def flush(self) -> None:
+        """Hand what the writer held back this loop turn to the socket now
+        (small messages after the turn's first go out together when the
+        turn ends: docs/protocol.md).  :meth:`close` does it; the sync
+        facade does it when its loop stops after a call."""
+        proto = self._proto
+        if proto is not None and proto.writer is not None:
+            proto.writer.flush()
+
     async def close(self) -> None:
         """Disconnect; calls still waiting fail with ``RemoteError(ECONNRESET,
         "handle closed")``.  Unsent requests are flushed first, for at most
@@ -170,8 +179,7 @@ class Handle(HandleCore):
         proto = self._proto
         self._user_closed = True
         if proto is not None and proto.transport is not None:
-            if proto.writer is not None:
-                proto.writer.flush()  # (what this loop turn held back)
+            self.flush()
             proto.transport.close()
             try:
                 await asyncio.wait_for(asyncio.shield(proto.closed), self.CLOSE_FLUSH_TIMEOUT)

@@ -103,6 +103,7 @@ class SyncHandle:
                 timer.cancel()
             if not fut.done():
                 fut.cancel()
+            self.aio.flush()  # the loop stops here: nothing may wait for its turn's end
 
     def _check_open(self) -> None:
         if self._closed:

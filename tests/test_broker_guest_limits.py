@@ -426,3 +426,36 @@ async def test_a_guests_watches_are_capped_over_its_connections(start_instance,
         assert st["counts"]["refused-over-cap"] == 1 and st["guest-users"] == 0
     finally:
         guest.kill()
+
+
+@pytest.mark.both_loops
+async def test_a_burst_to_a_guest_that_reads_is_not_counted_against_it(
+        start_instance, connect) -> None:
+    """A writer holds a loop turn's small messages after the first and
+    writes them together when the turn ends; those bytes are on their way
+    to the kernel, not kept for a guest that does not read.  A burst of
+    100 events of 1 KiB in one turn, past a 64 KiB budget, used to close
+    the reading guest with ENOBUFS."""
+    inst = await start_instance(size=1, attrs={**ALLOW, "access.max-guest-bytes": "65536"})
+    h0 = await connect(inst, 0)
+    guest = await GuestProc.start(inst.uri(0), """
+        async def main():
+            h = await Handle.connect(uri)
+            await h.subscribe("burst.")
+            out(subscribed=True)
+            n = 0
+            while n < 100:
+                await asyncio.wait_for(h.recv_event(), 20)
+                n += 1
+            out(events=n)
+            await h.close()
+    """)
+    try:
+        assert (await guest.line())["subscribed"]
+        for i in range(100):  # one loop turn: the rank reads them together
+            h0.publish_nowait("burst.e", {"i": i, "pad": b"p" * 1024})
+        assert (await guest.line())["events"] == 100
+        await guest.finish()
+        assert (await stats(h0))["connector"]["guests-over-budget"] == 0
+    finally:
+        guest.kill()

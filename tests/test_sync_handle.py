@@ -276,3 +276,32 @@ async def test_the_handles_timeout_is_every_requests_default(start_instance) -> 
     assert 0.25 < out["rpc"] < 5, out
     assert out["run_none"] == "slept" and out["get"] == 1
     assert out["pending"] == 0
+
+
+async def test_sends_between_calls_leave_at_once(start_instance, connect) -> None:
+    """The facade's loop is stopped between calls, so no loop turn ends to
+    write what a turn would hold back: each message sent then (publish
+    without an answer, a stream's cancel) is written at once, and none
+    waits for the script's next call or is lost if it never makes one."""
+    inst = await start_instance(size=2)
+    sub = await connect(inst, 0)
+    await sub.subscribe("between.")
+    release = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def script() -> None:
+        h = sync.connect(inst.uri(1))
+        h.rpc("broker.ping", {})
+        for i in range(5):
+            h.aio.publish_nowait("between.e", {"i": i})
+        # no call now until the subscriber saw all five
+        asyncio.run_coroutine_threadsafe(release.wait(), loop).result(30)
+        h.close()
+
+    worker = asyncio.create_task(asyncio.to_thread(script))
+    try:
+        got = [(await asyncio.wait_for(sub.recv_event(), 10)).payload["i"] for _ in range(5)]
+        assert got == list(range(5))
+    finally:
+        release.set()
+        await asyncio.wait_for(worker, 30)
