@@ -761,3 +761,18 @@ def test_the_command_word_skips_top_level_options(argv: list[str], word: str | N
                  if isinstance(a, argparse._SubParsersAction)).choices
     assert "start" in names
     assert ("kvs" in names) == (word != "ping")
+
+
+def test_the_bundled_commands_are_the_distributions_entry_points() -> None:
+    """``kvbroker kvs`` loads its registrar from plugins.BUNDLED_COMMANDS,
+    without the entry-point scan: the table must say what pyproject.toml
+    declares, and a bundled command is built alone."""
+    from importlib.metadata import entry_points
+
+    from broker import plugins
+
+    declared = {ep.name: ep.value for ep in entry_points(group=plugins.COMMANDS_GROUP)
+                if ep.dist is not None and ep.dist.name == "kvbroker"}
+    assert declared == plugins.BUNDLED_COMMANDS
+    for name in plugins.BUNDLED_COMMANDS:
+        assert list(plugins.command_registrars(name)) == [name]
