@@ -202,26 +202,17 @@ async def test_rpc_with_noresponse_is_refused(wired) -> None:
 
 
 @pytest.mark.both_loops
-async def test_close_sends_what_this_turn_held_back(tmp_path: Path) -> None:
+async def test_close_sends_what_this_turn_held_back(wired) -> None:
     """Messages sent in the same loop turn as close() are held by the writer
     (coalesced per turn), not yet the transport's: close() hands them over."""
-    peer = Peer()
-    path = str(tmp_path / "peer.sock")
-    server = await asyncio.start_unix_server(peer.serve, path)
-    try:
-        h = await Handle.connect(f"local://{path}")
-        for i in range(50):
-            h.send_noresponse("svc.note", {"i": i})
-        async with asyncio.timeout(T):
-            await h.close()  # (awaited directly: it starts in this very turn)
-        await asyncio.wait_for(peer.done.wait(), T)
-        got = [peer.requests.get_nowait().payload["i"] for _ in range(peer.requests.qsize())]
-        assert got == list(range(50))
-    finally:
-        if peer.writer is not None:
-            peer.writer.close()
-        server.close()
-        await server.wait_closed()
+    h, peer = wired
+    for i in range(50):
+        h.send_noresponse("svc.note", {"i": i})
+    async with asyncio.timeout(T):
+        await h.close()  # (awaited directly: it starts in this very turn)
+    await asyncio.wait_for(peer.done.wait(), T)
+    got = [peer.requests.get_nowait().payload["i"] for _ in range(peer.requests.qsize())]
+    assert got == list(range(50))
 
 
 @pytest.mark.both_loops
