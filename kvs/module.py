@@ -10,11 +10,13 @@ and publishes ``kvs.namespace-<NS>-setroot``.  A follower answers its client
 once it has applied the setroot naming the transaction (read-your-writes);
 :mod:`kvs.relay` is that road.
 
-Events (docs/protocol.md, Namespace events): rank 0 subscribes once to ``kvs.namespace``;
-a follower subscribes once per namespace it has loaded, to
-``kvs.namespace-<NS>``.  The module handles setroot, removed and error,
-drops created, and drops events of other namespaces that share the prefix
-(``job-1`` vs ``job-10``); all of it is counted in ``kvs.stats-get``.
+Events (docs/protocol.md, Namespace events): every rank's kvs subscribes
+once, at start, to ``kvs.namespace-`` and drops the events of namespaces it
+does not follow.  A follower handles setroot, removed and error for the
+namespaces it has loaded, and remembers the namespaces it hears created
+(:class:`~kvs.namespaces.Heard`), so the first request for a new namespace
+needs no ``kvs.getroot`` from rank 0; rank 0 made the events and drops
+created.  All of it is counted in ``kvs.stats-get``.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from typing import Any, ClassVar
 from broker.attrs import CONTENT_HASH, AttrSpec, duration, integer
 from broker.content import blobref
 from broker.content.module import BLOB_OVERHEAD, ContentModule, LoadToken
-from broker.errors import ErrnoError, RemoteError
+from broker.errors import ErrnoError, ProtocolError, RemoteError
 from broker.message import Message, MsgFlags
 from broker.module import Handler, Module, require
 from kvs import collect as collector
@@ -41,12 +43,14 @@ from kvs import lookup as lookup_engine
 from kvs import treeobj, txn
 from kvs.keys import check_key
 from kvs.namespaces import (
+    EVENT_PREFIX,
     PRIMARY,
+    Heard,
     Namespace,
     Pending,
     RecentRoots,
     check_name,
-    event_prefix,
+    event_topic_parts,
 )
 from kvs.relay import RelayOutbox
 
@@ -85,7 +89,7 @@ namespace changes, and nothing while it does not."""
 
 COUNTERS = ("commits", "batches", "merged", "merges-split", "commits-failed", "relays",
             "relayed", "lookups", "diffs", "blob-fetches", "namespaces-created",
-            "namespaces-loaded", "namespaces-removed", "collections")
+            "namespaces-loaded", "namespaces-heard", "namespaces-removed", "collections")
 """The ``counts`` of ``kvs.stats-get`` (all shown, 0 included)."""
 
 
@@ -287,6 +291,8 @@ class KvsModule(Module):
         self.prime_limit = SETROOT_LIMIT.value(ctx.attrs)
         self.namespaces: dict[str, Namespace] = {}
         self._loading: dict[str, asyncio.Future[Namespace]] = {}
+        self.heard = Heard()
+        """A follower's namespaces heard created, not loaded (served without getroot)."""
         # blob fetches in flight, each with what it may vouch for (rank 0
         # during a garbage collection: ContentModule.load_token)
         self._fetching: dict[str, tuple[asyncio.Future[bytes], LoadToken | None]] = {}
@@ -346,6 +352,8 @@ class KvsModule(Module):
 
     async def start(self) -> None:
         self.relays = RelayOutbox(self.h, self.counts)
+        # (before any request: a namespace heard created has had every event seen)
+        self.h.subscribe(EVENT_PREFIX)
         if not self.leader:
             return
         content = self.ctx.siblings.get("content")
@@ -354,7 +362,6 @@ class KvsModule(Module):
             self._content = content
             # blobs stored again are young for a collection's grace period
             content.restored.span = max(content.restored.span, self.root_history.grace)
-        self.h.subscribe("kvs.namespace")
         rootref, rootseq = "", 0
         if self.statedir:
             rootref, rootseq = await self._restore()
@@ -567,7 +574,8 @@ class KvsModule(Module):
             # (a name that cannot exist gets the same answer on every rank)
             if self.leader or not _valid_name(name):
                 raise ErrnoError(errno.ENOTSUP, f"namespace {name!r} does not exist")
-            ns = await self._load_ns(name)
+            heard = self._from_heard(name) if ns is None else None
+            ns = heard if heard is not None else await self._load_ns(name)
         if msg is not None:
             ns.check_access(msg)
         return ns
@@ -590,11 +598,10 @@ class KvsModule(Module):
         check_name(name)
         fut = asyncio.get_running_loop().create_future()
         self._loading[name] = fut
-        # Subscribe first, then ask for the root: a setroot that overtakes
-        # the answer is applied to the placeholder, and the newer one wins.
+        # The placeholder first, then ask for the root: a setroot that
+        # overtakes the answer is applied to it, and the newer one wins.
         placeholder = Namespace(name, owner=-1)
         self.namespaces[name] = placeholder
-        self.h.subscribe(event_prefix(name))
         try:
             resp = await self.h.rpc("kvs.getroot", {"namespace": name}, nodeid=0)
             if placeholder.removed:
@@ -618,13 +625,23 @@ class KvsModule(Module):
         finally:
             del self._loading[name]
 
+    def _from_heard(self, name: str) -> Namespace | None:
+        """A follower loads a namespace it heard created (:class:`Heard`):
+        no ``kvs.getroot`` to rank 0.  None if it has not heard of it."""
+        heard = self.heard.take(name)
+        if heard is None:
+            return None
+        ns = Namespace(name, heard.owner, heard.rootref, heard.rootseq, heard.flags, heard.epoch)
+        self._note_roots(ns)
+        self.namespaces[name] = ns
+        self.counts["namespaces-heard"] += 1
+        return ns
+
     def _forget_ns(self, name: str) -> None:
-        """A follower drops a namespace and its one subscription."""
+        """A follower drops a namespace."""
         ns = self.namespaces.pop(name, None)
         if ns is not None:
             ns.remove()
-            if not self.leader:
-                self.h.unsubscribe(event_prefix(name))
 
     # ================================================================ events
 
@@ -642,22 +659,29 @@ class KvsModule(Module):
                                              "flags": int(MsgFlags.PRIVATE)})
 
     def on_event(self, msg: Message) -> None:
-        payload = msg.payload
-        name = payload.get("namespace") if isinstance(payload, dict) else None
-        kind = None
-        if isinstance(name, str) and msg.topic.startswith(f"kvs.namespace-{name}-"):
-            kind = msg.topic[len(name) + 15:]
-        if kind not in EVENT_KINDS or msg.userid != self.ctx.owner_uid:
+        """One namespace event: the topic names the namespace and the kind, so
+        an event of a namespace this rank does not follow is dropped
+        without decoding its payload."""
+        parts = event_topic_parts(msg.topic)
+        if parts is None or parts[1] not in EVENT_KINDS or msg.userid != self.ctx.owner_uid:
             self.events.drop("foreign")
             return
-        if kind == "created":
-            self.events.drop("created")
-            return
+        name, kind = parts
         if self.leader:  # rank 0 made this event: its state is already current
-            self.events.handled += 1
+            if kind == "created":
+                self.events.drop("created")
+            else:
+                self.events.handled += 1
             return
-        ns = self.namespaces.get(name)  # type: ignore[arg-type]
-        if ns is None:  # e.g. job-10's event seen through the job-1 subscription
+        ns = self.namespaces.get(name)
+        if ns is None and kind != "created" and name not in self.heard:
+            self.events.drop("foreign")  # a namespace this rank does not follow
+            return
+        try:
+            payload = msg.payload
+        except ProtocolError:
+            payload = None
+        if not isinstance(payload, dict) or payload.get("namespace") != name:
             self.events.drop("foreign")
             return
         names = payload.get("names") or []
@@ -666,13 +690,15 @@ class KvsModule(Module):
             # (hand-made: rank 0's kvs never sends one) must not raise here
             self.events.drop("foreign")
             return
+        if ns is None:
+            self._hear(name, kind, payload)
+            return
+        if kind == "created":  # (a load under way: its getroot answers)
+            self.events.drop("created")
+            return
         self.events.handled += 1
         if kind == "setroot":
-            blobs = payload.get("blobs")
-            if isinstance(blobs, dict):
-                for ref, data in blobs.items():
-                    if isinstance(ref, str) and isinstance(data, bytes):
-                        self.blobs.put(ref, data)
+            self._prime(payload)
             rootseq, rootref = payload["rootseq"], payload["rootref"]
             ns.set_root(rootseq, rootref)
             if ns.relayed:
@@ -683,6 +709,33 @@ class KvsModule(Module):
             errstr = payload.get("errstr")
             ns.fail(names, payload.get("errnum") or errno.EIO,
                     errstr if isinstance(errstr, str) else None)
+
+    def _hear(self, name: str, kind: str, payload: dict[str, Any]) -> None:
+        """An event of a namespace this follower has not loaded: remember a
+        created one, keep a heard one current (its blobs too: a reader
+        comes soon), forget it when removed."""
+        heard = self.heard
+        if kind == "created":
+            if not heard.created(name, payload):
+                self.events.drop("foreign")
+                return
+        elif kind == "setroot":
+            self._prime(payload)
+            heard.setroot(name, payload["rootseq"], payload["rootref"])
+        elif kind == "removed":
+            heard.removed(name)
+        else:  # error: names transactions relayed by other ranks
+            self.events.drop("error")
+            return
+        self.events.handled += 1
+
+    def _prime(self, payload: dict[str, Any]) -> None:
+        """Cache the new blobs a setroot carries (docs/protocol.md)."""
+        blobs = payload.get("blobs")
+        if isinstance(blobs, dict):
+            for ref, data in blobs.items():
+                if isinstance(ref, str) and isinstance(data, bytes):
+                    self.blobs.put(ref, data)
 
     # ================================================================ reads
 
@@ -1359,7 +1412,8 @@ class KvsModule(Module):
         self.namespaces[name] = ns
         self.counts["namespaces-created"] += 1
         self._publish(f"kvs.namespace-{name}-created", {
-            "namespace": name, "rootseq": 0, "rootref": rootref, "owner": owner})
+            "namespace": name, "rootseq": 0, "rootref": rootref, "owner": owner,
+            "flags": flags, "epoch": ns.epoch})
         self.h.respond(msg, {})
 
     async def namespace_remove(self, msg: Message) -> None:
@@ -1392,6 +1446,7 @@ class KvsModule(Module):
         return {
             "rank": self.rank,
             "namespace-count": len(self.namespaces),
+            "heard": len(self.heard),
             "namespaces": {name: {"rootseq": ns.rootseq, "owner": ns.owner,
                                   "waiters": ns.waiters}
                            for name, ns in islice(self.namespaces.items(), 100)},

@@ -16,7 +16,7 @@ import itertools
 import re
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from broker.errors import ErrnoError
 from broker.message import Message
@@ -33,9 +33,20 @@ def check_name(name: object) -> str:
     return name
 
 
-def event_prefix(name: str) -> str:
-    """The one subscription a rank needs for a namespace: ``kvs.namespace-<NS>``."""
-    return f"kvs.namespace-{name}"
+EVENT_PREFIX = "kvs.namespace-"
+"""Every namespace event's topic starts so (``kvs.namespace-<NS>-<kind>``):
+the one subscription each module makes, on every rank."""
+HEARD_LIMIT = 1024
+"""Namespaces a follower remembers having heard created (:class:`Heard`)."""
+
+
+def event_topic_parts(topic: str) -> tuple[str, str] | None:
+    """``(NS, kind)`` of a topic ``kvs.namespace-<NS>-<kind>``, else None.
+    (A kind has no ``-``; a namespace name may.)"""
+    if not topic.startswith(EVENT_PREFIX):
+        return None
+    name, sep, kind = topic[len(EVENT_PREFIX):].rpartition("-")
+    return (name, kind) if sep and name else None
 
 
 @dataclass(slots=True)
@@ -85,6 +96,67 @@ class RecentRoots:
         """Whether ``rootref`` is a recent root of one of ``uid``'s namespaces."""
         roots = self._by_uid.get(uid)
         return roots is not None and rootref in roots
+
+
+class HeardRoot(NamedTuple):
+    """A namespace as its events tell it: enough to serve it without asking
+    rank 0 (what ``kvs.getroot`` answers)."""
+
+    owner: int
+    rootseq: int
+    rootref: str
+    flags: int
+    epoch: int
+
+
+class Heard:
+    """The namespaces a follower heard created and has not loaded, each
+    kept current by its later ``setroot`` events, forgotten at ``removed``.
+
+    A job's namespace is created on rank 0 and read at once on the rank of
+    its shell or watcher.  With this, that first read is served from the
+    ``created`` event the rank already received instead of a ``kvs.getroot``
+    round trip through every rank between it and rank 0.  It is exact: the
+    module subscribes at start, and rank 0 sequences every event, so a
+    namespace heard created has had every later event seen.  Bounded: the
+    oldest heard are forgotten first (a read of one asks rank 0, as before).
+    """
+
+    __slots__ = ("_roots", "limit")
+
+    def __init__(self, limit: int = HEARD_LIMIT) -> None:
+        self._roots: OrderedDict[str, HeardRoot] = OrderedDict()
+        self.limit = limit
+
+    def __len__(self) -> int:
+        return len(self._roots)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._roots
+
+    def created(self, name: str, payload: dict[str, Any]) -> bool:
+        """Note a ``created`` event; False if its fields are not rank 0's."""
+        owner, rootref = payload.get("owner"), payload.get("rootref")
+        seq, flags, epoch = (payload.get(k, 0) for k in ("rootseq", "flags", "epoch"))
+        if not (type(owner) is int and isinstance(rootref, str) and type(seq) is int
+                and type(flags) is int and type(epoch) is int):
+            return False
+        self._roots[name] = HeardRoot(owner, seq, rootref, flags, epoch)
+        if len(self._roots) > self.limit:
+            self._roots.popitem(last=False)
+        return True
+
+    def setroot(self, name: str, rootseq: int, rootref: str) -> None:
+        heard = self._roots[name]
+        if rootseq > heard.rootseq:
+            self._roots[name] = heard._replace(rootseq=rootseq, rootref=rootref)
+
+    def removed(self, name: str) -> None:
+        del self._roots[name]
+
+    def take(self, name: str) -> HeardRoot | None:
+        """The namespace's root as heard, forgotten here (it is being loaded)."""
+        return self._roots.pop(name, None)
 
 
 @dataclass(slots=True)

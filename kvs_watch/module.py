@@ -15,15 +15,15 @@ Requests (docs/protocol.md, section "kvs-watch"):
 * ``kvs-watch.stats-get`` -- watchers, namespaces, event counters (a guest
   sees the rootref of its own namespaces only).
 
-Events (docs/protocol.md, Events and monitors): one :class:`~kvs_watch.monitor.Monitor` per
-watched namespace subscribes once (``self.h.subscribe``, a direct call that
-never waits) to ``kvs.namespace-<NS>`` and unsubscribes with its last
-watcher.  It handles ``setroot``, ``removed`` and ``created``, drops
-``error``, and drops as *foreign* any event that is not from the instance
-owner, whose topic is not exactly ``kvs.namespace-<NS>-<kind>`` for a
-monitored ``NS``, or whose ``namespace`` field disagrees with the topic
-(``job-1``'s subscription also receives ``job-10``'s events).  An event for
-a namespace this rank does not watch costs one dict look-up.
+Events (docs/protocol.md, Events and monitors): the module subscribes once,
+at start, to ``kvs.namespace-`` (``self.h.subscribe``, a direct call that
+never waits), and keeps one :class:`~kvs_watch.monitor.Monitor` per watched
+namespace.  It handles ``setroot``, ``removed`` and ``created`` of the
+monitored namespaces, drops ``error``, and drops as *foreign* any event that
+is not from the instance owner, whose topic is not ``kvs.namespace-<NS>-<kind>``
+for a monitored ``NS``, or whose ``namespace`` field disagrees with the
+topic.  An event for a namespace this rank does not watch costs one dict
+look-up; a watch costs no subscription.
 
 Access: a guest may watch only a namespace it owns (``EPERM``), checked
 against the owner that ``kvs.getroot``/``created``/``setroot`` report; the
@@ -44,14 +44,13 @@ from broker.errors import ErrnoError, ProtocolError
 from broker.message import Message
 from broker.module import Handler, Module, require
 from kvs.keys import check_key
-from kvs.namespaces import PRIMARY, check_name
+from kvs.namespaces import EVENT_PREFIX, PRIMARY, check_name, event_topic_parts
 from kvs_watch import flags as F
 from kvs_watch.monitor import INIT, MISSING, READY, Monitor
 from kvs_watch.watcher import DEFAULT_MAX_BACKLOG, Watcher
 
 log = logging.getLogger("kvbroker.kvs-watch")
 
-EVENT_PREFIX = "kvs.namespace-"
 EVENT_KINDS = frozenset({"setroot", "removed", "created", "error"})
 STATS_NAMESPACES = 100
 """At most this many namespaces are detailed in ``stats-get``."""
@@ -117,6 +116,10 @@ class KvsWatchModule(Module):
             "kvs-watch.disconnect": self.disconnect,
             "kvs-watch.stats-get": self.stats_get,
         }
+
+    async def start(self) -> None:
+        # once, before any watch: a monitor made later misses no event
+        self.h.subscribe(EVENT_PREFIX)
 
     async def stop(self) -> None:
         for mon in list(self.monitors.values()):
@@ -189,7 +192,7 @@ class KvsWatchModule(Module):
 
     def _new_monitor(self, name: str) -> Monitor:
         mon = self.monitors[name] = Monitor(name)
-        self.h.subscribe(mon.prefix)  # before getroot: no commit can slip between
+        # (its events are followed from now on: no commit slips in before getroot)
         fut = self.h.rpc("kvs.getroot", {"namespace": name})
         fut.add_done_callback(lambda f: self._getroot_done(mon, f))
         return mon
@@ -197,7 +200,6 @@ class KvsWatchModule(Module):
     def _drop_monitor(self, mon: Monitor) -> None:
         if self.monitors.get(mon.name) is mon:
             del self.monitors[mon.name]
-            self.h.unsubscribe(mon.prefix)
 
     def _getroot_done(self, mon: Monitor, fut: Any) -> None:
         if fut.cancelled():
@@ -233,12 +235,8 @@ class KvsWatchModule(Module):
 
     def on_event(self, msg: Message) -> None:
         topic = msg.topic
-        mon = None
-        kind = ""
-        if topic.startswith(EVENT_PREFIX):
-            name, sep, kind = topic[len(EVENT_PREFIX):].rpartition("-")
-            if sep:
-                mon = self.monitors.get(name)
+        parts = event_topic_parts(topic)
+        mon, kind = (self.monitors.get(parts[0]), parts[1]) if parts else (None, "")
         if mon is None or kind not in EVENT_KINDS or msg.userid != self.ctx.owner_uid:
             self.events.drop("foreign")
             return

@@ -1,8 +1,9 @@
 """Per-namespace monitor state: the current root and the watchers, indexed by key.
 
 One :class:`Monitor` exists per namespace that has at least one watcher on
-this rank.  The module creates it (subscribing once to ``kvs.namespace-<NS>``
-and asking ``kvs.getroot``) and destroys it with its last watcher.
+this rank.  The module creates it (asking ``kvs.getroot``; the module's one
+subscription, ``kvs.namespace-``, brings its events) and destroys it with
+its last watcher.
 
 Which commits concern a watcher (the key index)
 -----------------------------------------------
@@ -36,12 +37,11 @@ INIT, READY, MISSING = "init", "ready", "missing"
 class Monitor:
     """A watched namespace: its latest root, owner and watchers."""
 
-    __slots__ = ("name", "prefix", "owner", "rootseq", "rootref", "state", "watchers",
+    __slots__ = ("name", "owner", "rootseq", "rootref", "state", "watchers",
                  "by_key", "full", "keyed", "waiting")
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.prefix = f"kvs.namespace-{name}"
         self.owner = -1
         self.rootseq = -1
         self.rootref = ""

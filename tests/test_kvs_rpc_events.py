@@ -1,9 +1,9 @@
 """Namespace events (docs/protocol.md) as the kvs module sees and counts them.
 
-Rank 0 subscribes once to ``kvs.namespace``; a follower once per namespace it
-loaded, to ``kvs.namespace-<NS>``, and drops it when the namespace goes.  The
-kvs handles setroot, removed and error, drops created, and drops ``job-10``'s
-events arriving through its ``job-1`` subscription (``foreign``).
+Every rank's kvs subscribes once, to ``kvs.namespace-``.  A follower handles
+setroot, removed and error of the namespaces it loaded, remembers those it
+hears created (served later without ``kvs.getroot``), and drops the events
+of namespaces it does not follow (``foreign``); rank 0 drops created.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from test_kvs_rpc_helpers import APPEND, T, commit, errnum, get, getroot, put, s
 from broker import codec
 from broker.errors import RemoteError
 from broker.message import Message, MsgType
+from kvs.namespaces import HEARD_LIMIT
 
 
 def ns_create(h, name: str):
@@ -64,50 +65,67 @@ async def test_rank0_subscribes_once(start_instance, connect) -> None:
     assert after["received"] >= after["handled"] + after["dropped"]["created"]
 
 
-async def test_follower_subscribes_per_loaded_namespace(start_instance, connect) -> None:
+async def recv_until(h, topic: str):
+    """The client's next event named ``topic`` (others before it skipped)."""
+    async with asyncio.timeout(T):
+        while True:
+            msg = await h.recv_event()
+            if msg.topic == topic:
+                return msg
+
+
+async def test_follower_subscribes_once_and_follows_what_it_loaded_or_heard(
+        start_instance, connect) -> None:
     inst = await start_instance(size=4, fanout=2)
     h0 = await connect(inst, 0)
     h1 = await connect(inst, 1)
+    # this client sees the events when rank 1's kvs does (same rank, same order)
+    await asyncio.wait_for(h1.subscribe("kvs.namespace-"), T)
+    base = await stats(h1)
+    assert base["events"]["subscribe_calls"] == 1
+    assert await kvs_subscriptions(h0, 1) == 1
+    assert "primary" not in base["namespaces"]  # rank 1 has read nothing yet
+
+    # created, then committed on rank 0: rank 1 hears both and loads job-1
+    # from them, without asking rank 0 for its root
     await ns_create(h0, "job-1")
     await ns_create(h0, "job-10")
-    base = await ev(h1)
-    base_subs = await kvs_subscriptions(h0, 1)
-    assert base["subscribe_calls"] == base_subs  # nothing loaded but what is subscribed
-
-    # rank 1 uses job-1 only
-    resp = await commit(h1, put("a", "1"), ns="job-1")
+    resp = await commit(h0, put("a", "1"), ns="job-1")
+    await recv_until(h1, "kvs.namespace-job-1-setroot")
+    st = await stats(h1)
+    assert st["heard"] == 2 and st["namespace-count"] == 0
+    assert st["events"]["handled"] - base["events"]["handled"] == 3
     assert await get(h1, "a", ns="job-1") == b"1"
-    st = await ev(h1)
-    assert st["subscribe_calls"] == base["subscribe_calls"] + 1
-    assert await kvs_subscriptions(h0, 1) == base_subs + 1
+    assert (await getroot(h1, "job-1"))["rootseq"] == resp["rootseq"]
+    st = await stats(h1)
+    assert st["counts"]["namespaces-heard"] == 1 and st["counts"]["namespaces-loaded"] == 0
+    assert st["counts"]["blob-fetches"] == 0  # the setroot brought its blobs
+    assert st["heard"] == 1 and st["namespace-count"] == 1
 
-    # job-10's events reach rank 1 through the job-1 prefix: dropped as foreign
+    # job-10, heard and not loaded, is kept current by its setroots
     for i in range(3):
         await commit(h0, put("b", str(i)), ns="job-10")
-    resp = await commit(h0, put("a", "2"), ns="job-1")
-    await wait_version(h1, "job-1", resp["rootseq"])  # job-1's later event arrived
-    st = await ev(h1)
-    assert st["dropped"]["foreign"] - base["dropped"]["foreign"] == 3
+    await commit(h0, put("a", "2"), ns="job-1")
+    await recv_until(h1, "kvs.namespace-job-1-setroot")
+    st2 = await stats(h1)
+    assert st2["events"]["handled"] - st["events"]["handled"] == 4
     assert await get(h1, "a", ns="job-1") == b"2"
-
-    # now rank 1 uses job-10 too: one more subscription, its events handled
     assert await get(h1, "b", ns="job-10") == b"2"
-    st = await ev(h1)
-    assert st["subscribe_calls"] == base["subscribe_calls"] + 2
-    handled = st["handled"]
-    for i in range(4):
-        await commit(h0, put("b", f"x{i}"), ns="job-10")
-        await commit(h0, put("a", f"y{i}"), ns="job-1")
-    await wait_version(h1, "job-1", (await getroot(h0, "job-1"))["rootseq"])
-    st2 = await ev(h1)
-    assert st2["handled"] - handled == 8
-    assert st2["dropped"]["foreign"] == st["dropped"]["foreign"]
-    assert await get(h1, "b", ns="job-10") == b"x3"
-    # repeated use does not subscribe again
-    for _ in range(3):
-        await get(h1, "a", ns="job-1")
-        await commit(h1, put("c", "1"), ns="job-10")
-    assert (await ev(h1))["subscribe_calls"] == base["subscribe_calls"] + 2
+    st = await stats(h1)
+    assert st["counts"]["namespaces-heard"] == 2 and st["counts"]["namespaces-loaded"] == 0
+
+    # primary was created before any of this: rank 1 neither loaded nor
+    # heard of it, so its events are dropped without a look at their payload
+    await commit(h0, put("p", "1"))
+    await recv_until(h1, "kvs.namespace-primary-setroot")
+    st2 = await stats(h1)
+    assert st2["events"]["dropped"]["foreign"] - st["events"]["dropped"]["foreign"] == 1
+    assert await get(h1, "p") == b"1"  # loaded the usual way: kvs.getroot
+    st = await stats(h1)
+    assert st["counts"]["namespaces-loaded"] == 1
+    # however many namespaces it follows: one subscription
+    assert st["events"]["subscribe_calls"] == 1
+    assert await kvs_subscriptions(h0, 1) == 1
 
     # an error event (failed commit) is handled, not dropped
     resp = await commit(h0, put("dir.x", "1"), ns="job-1")
@@ -120,24 +138,37 @@ async def test_follower_subscribes_per_loaded_namespace(start_instance, connect)
     assert st2["handled"] - st["handled"] == 2  # the error and the setroot
     assert st2["dropped"]["error"] == 0
 
-    # removal: rank 1 handles it and drops its job-10 subscription
-    subs = await kvs_subscriptions(h0, 1)
+    # removal: rank 1 forgets job-10; created again, it is heard again
     await ns_remove(h0, "job-10")
-    resp = await commit(h0, put("a", "after-remove"), ns="job-1")
-    await wait_version(h1, "job-1", resp["rootseq"])
-    assert await kvs_subscriptions(h0, 1) == subs - 1
+    await recv_until(h1, "kvs.namespace-job-10-removed")
     assert await errnum(get(h1, "b", ns="job-10")) == errno.ENOTSUP
-    assert await kvs_subscriptions(h0, 1) == subs - 1  # the failed load left nothing
-    # job-10 created again: its created event comes through job-1, dropped
-    st = await ev(h1)
+    st = await stats(h1)
+    assert "job-10" not in st["namespaces"]
     await ns_create(h0, "job-10")
     await commit(h0, put("b", "new"), ns="job-10")
-    resp = await commit(h0, put("a", "3"), ns="job-1")
-    await wait_version(h1, "job-1", resp["rootseq"])
-    st2 = await ev(h1)
-    assert st2["dropped"]["created"] - st["dropped"]["created"] == 1
-    assert st2["dropped"]["foreign"] - st["dropped"]["foreign"] == 1  # job-10's setroot
+    await recv_until(h1, "kvs.namespace-job-10-setroot")
+    assert (await stats(h1))["heard"] == 1
     assert await get(h1, "b", ns="job-10") == b"new"
+    st2 = await stats(h1)
+    assert st2["counts"]["namespaces-heard"] == 3
+    assert st2["counts"]["namespaces-loaded"] == st["counts"]["namespaces-loaded"]
+    assert st2["events"]["subscribe_calls"] == 1
+
+
+async def test_a_namespace_is_heard_within_bounds(start_instance, connect) -> None:
+    """A follower remembers the last kvs.HEARD_LIMIT namespaces heard
+    created; an older one is loaded from rank 0 (kvs.getroot) as before."""
+    inst = await start_instance(size=2, fanout=2)
+    h0, h1 = await connect(inst, 0), await connect(inst, 1)
+    n = HEARD_LIMIT + 5
+    async with asyncio.timeout(60):
+        await asyncio.gather(*(ns_create(h0, f"h-{i}") for i in range(n)))
+        await commit(h0, put("k", "v"), ns="h-0")
+    assert (await stats(h1))["heard"] <= HEARD_LIMIT
+    assert await get(h1, "k", ns="h-0") == b"v"  # forgotten: asked rank 0
+    assert await errnum(get(h1, "k", ns=f"h-{n - 1}")) == errno.ENOENT  # heard
+    counts = (await stats(h1))["counts"]
+    assert counts["namespaces-loaded"] == 1 and counts["namespaces-heard"] == 1
 
 
 async def test_unknown_namespace_leaves_no_subscription(start_instance, connect) -> None:
@@ -147,7 +178,8 @@ async def test_unknown_namespace_leaves_no_subscription(start_instance, connect)
     for _ in range(3):
         assert await errnum(get(h3, "k", ns="nope")) == errno.ENOTSUP
         assert await errnum(commit(h3, put("k", "v"), ns="nope")) == errno.ENOTSUP
-    assert await kvs_subscriptions(h3, 3) == subs
+    assert await kvs_subscriptions(h3, 3) == subs == 1
+    assert "nope" not in (await stats(h3))["namespaces"]
 
 
 async def test_event_payloads(start_instance, connect) -> None:
@@ -168,8 +200,9 @@ async def test_event_payloads(start_instance, connect) -> None:
     assert topics == ["kvs.namespace-evns-created", "kvs.namespace-evns-setroot",
                       "kvs.namespace-evns-error", "kvs.namespace-evns-removed"]
     created, setroot, error, removed = (e.payload for e in got)
-    assert created == {"namespace": "evns", "rootseq": 0,
-                       "rootref": created["rootref"], "owner": owner}
+    assert created == {"namespace": "evns", "rootseq": 0, "rootref": created["rootref"],
+                       "owner": owner, "flags": 0, "epoch": created["epoch"]}
+    assert type(created["epoch"]) is int and created["epoch"] > 0
     assert created["rootref"].startswith("sha256-")
     assert set(setroot) == {"namespace", "rootseq", "rootref", "names", "keys", "owner",
                             "blobs"}

@@ -1,5 +1,6 @@
 """Pure parts of :mod:`kvs.namespaces`: the transactions a follower
-relayed, settled by the events that name them; the guests' recent roots."""
+relayed, settled by the events that name them; the guests' recent roots;
+the namespaces a follower heard created; event topics."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import heapq
 import pytest
 
 from broker.errors import ErrnoError
-from kvs.namespaces import Namespace, RecentRoots
+from kvs.namespaces import Heard, HeardRoot, Namespace, RecentRoots, event_topic_parts
 
 
 async def test_finish_settles_only_the_named_transactions() -> None:
@@ -92,3 +93,45 @@ async def test_cancelled_version_waits_are_dropped_lazily(monkeypatch) -> None:
     ns.remove()
     assert ns.waiters == 0
     await asyncio.gather(*live, return_exceptions=True)
+
+
+def created(owner=1000, rootref="sha256-0", **kw):
+    return {"namespace": "x", "rootseq": 0, "rootref": rootref, "owner": owner,
+            "flags": 0, "epoch": 7, **kw}
+
+
+def test_heard_follows_setroots_until_taken_or_removed() -> None:
+    heard = Heard()
+    assert heard.created("job-1", created())
+    heard.setroot("job-1", 2, "sha256-2")
+    heard.setroot("job-1", 1, "sha256-1")  # older: ignored
+    assert heard.created("job-2", created(owner=0))
+    heard.removed("job-2")
+    assert "job-2" not in heard and len(heard) == 1
+    assert heard.take("job-1") == HeardRoot(1000, 2, "sha256-2", 0, 7)
+    assert heard.take("job-1") is None and len(heard) == 0
+
+
+def test_heard_refuses_fields_rank_0_never_sends() -> None:
+    heard = Heard()
+    for bad in (created(owner="0"), created(rootref=None), created(epoch=1.5),
+                created(flags=None), created(rootseq="0")):
+        assert not heard.created("job-1", bad)
+    assert len(heard) == 0
+
+
+def test_heard_forgets_the_oldest_beyond_its_limit() -> None:
+    heard = Heard(limit=3)
+    for i in range(5):
+        heard.created(f"job-{i}", created())
+    heard.setroot("job-2", 1, "sha256-1")  # (being current does not make it younger)
+    heard.created("job-5", created())
+    assert [f"job-{i}" in heard for i in range(6)] == [False] * 3 + [True] * 3
+
+
+def test_event_topic_parts() -> None:
+    assert event_topic_parts("kvs.namespace-job-1-setroot") == ("job-1", "setroot")
+    assert event_topic_parts("kvs.namespace-primary-removed") == ("primary", "removed")
+    for topic in ("kvs.namespace-", "kvs.namespace--created", "kvs.namespaceX-a-b",
+                  "kvs.namespace-setroot", "other.namespace-a-setroot"):
+        assert event_topic_parts(topic) is None, topic

@@ -54,11 +54,12 @@ async def test_job1_job10_prefix_no_cross_talk(start_instance, connect):
     after1 = await stats(h1)
     after2 = await stats(h2)
     dropped1 = after1["events"]["dropped"]["foreign"] - before1["events"]["dropped"]["foreign"]
-    assert dropped1 == n  # job-10's setroots reached rank 1 through job-1's prefix
+    assert dropped1 == n  # job-10's setroots reach rank 1, which watches job-1 only
     assert after1["events"]["handled"] - before1["events"]["handled"] == 1
     assert after2["events"]["dropped"] == before2["events"]["dropped"]  # delivered once each
     assert after2["events"]["handled"] - before2["events"]["handled"] == n + 1
-    assert after1["events"]["subscribe_calls"] == 1 and after2["events"]["subscribe_calls"] == 2
+    # one subscription per module, however many namespaces it watches
+    assert after1["events"]["subscribe_calls"] == 1 and after2["events"]["subscribe_calls"] == 1
     assert after1["namespace-count"] == 1 and after2["namespace-count"] == 2
 
 

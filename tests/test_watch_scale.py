@@ -86,7 +86,7 @@ async def test_1000_watchers_across_100_namespaces_on_one_rank(start_instance, c
     assert firsts == [b"0"] * 1000
     st = await stats(h3)
     assert st["watchers"] == 1000 and st["namespace-count"] == 100
-    assert st["events"]["subscribe_calls"] == 100
+    assert st["events"]["subscribe_calls"] == 1  # the module's one, for 100 namespaces
     assert len(st["namespaces"]) == 100
     async with asyncio.timeout(60):
         await asyncio.gather(*(commit(h0, *(put(f"k.{j}", f"{ns}.{j}") for j in range(10)),
