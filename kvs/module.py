@@ -14,8 +14,9 @@ Events (docs/protocol.md, Namespace events): every rank's kvs subscribes
 once, at start, to ``kvs.namespace-`` and drops the events of namespaces it
 does not follow.  A follower handles setroot, removed and error for the
 namespaces it has loaded, and remembers the namespaces it hears created
-(:class:`~kvs.namespaces.Heard`), so the first request for a new namespace
-needs no ``kvs.getroot`` from rank 0; rank 0 made the events and drops
+(:class:`~kvs.namespaces.Heard`): kvs-watch's ``WAITCREATE`` watches start
+from them without a ``kvs.getroot`` to rank 0, and their setroots' blobs
+are cached for the reads that follow; rank 0 made the events and drops
 created.  All of it is counted in ``kvs.stats-get``.
 """
 
@@ -89,7 +90,7 @@ namespace changes, and nothing while it does not."""
 
 COUNTERS = ("commits", "batches", "merged", "merges-split", "commits-failed", "relays",
             "relayed", "lookups", "diffs", "blob-fetches", "namespaces-created",
-            "namespaces-loaded", "namespaces-heard", "namespaces-removed", "collections")
+            "namespaces-loaded", "getroot-heard", "namespaces-removed", "collections")
 """The ``counts`` of ``kvs.stats-get`` (all shown, 0 included)."""
 
 
@@ -292,7 +293,7 @@ class KvsModule(Module):
         self.namespaces: dict[str, Namespace] = {}
         self._loading: dict[str, asyncio.Future[Namespace]] = {}
         self.heard = Heard()
-        """A follower's namespaces heard created, not loaded (served without getroot)."""
+        """A follower's namespaces heard created and not loaded (``getroot`` with ``heard``)."""
         # blob fetches in flight, each with what it may vouch for (rank 0
         # during a garbage collection: ContentModule.load_token)
         self._fetching: dict[str, tuple[asyncio.Future[bytes], LoadToken | None]] = {}
@@ -574,8 +575,7 @@ class KvsModule(Module):
             # (a name that cannot exist gets the same answer on every rank)
             if self.leader or not _valid_name(name):
                 raise ErrnoError(errno.ENOTSUP, f"namespace {name!r} does not exist")
-            heard = self._from_heard(name) if ns is None else None
-            ns = heard if heard is not None else await self._load_ns(name)
+            ns = await self._load_ns(name)
         if msg is not None:
             ns.check_access(msg)
         return ns
@@ -602,6 +602,7 @@ class KvsModule(Module):
         # overtakes the answer is applied to it, and the newer one wins.
         placeholder = Namespace(name, owner=-1)
         self.namespaces[name] = placeholder
+        self.heard.take(name)  # (its events now go to the placeholder)
         try:
             resp = await self.h.rpc("kvs.getroot", {"namespace": name}, nodeid=0)
             if placeholder.removed:
@@ -624,18 +625,6 @@ class KvsModule(Module):
             raise err from None
         finally:
             del self._loading[name]
-
-    def _from_heard(self, name: str) -> Namespace | None:
-        """A follower loads a namespace it heard created (:class:`Heard`):
-        no ``kvs.getroot`` to rank 0.  None if it has not heard of it."""
-        heard = self.heard.take(name)
-        if heard is None:
-            return None
-        ns = Namespace(name, heard.owner, heard.rootref, heard.rootseq, heard.flags, heard.epoch)
-        self._note_roots(ns)
-        self.namespaces[name] = ns
-        self.counts["namespaces-heard"] += 1
-        return ns
 
     def _forget_ns(self, name: str) -> None:
         """A follower drops a namespace."""
@@ -878,8 +867,22 @@ class KvsModule(Module):
         self.h.respond(msg, {"keys": keys, "old": old, "new": new})
 
     async def getroot(self, msg: Message) -> None:
+        """``kvs.getroot {namespace, heard?}``.  With ``heard`` (kvs-watch,
+        which follows the namespace's events from then on), a follower that
+        has not loaded the namespace but heard it created answers the root
+        it heard, which may lag rank 0's by the events in flight, without
+        asking rank 0 (:class:`~kvs.namespaces.Heard`)."""
         p = require(msg.payload)
-        ns = await self.get_ns(_ns_name(p), msg)
+        name = _ns_name(p)
+        if p.get("heard") is True and name not in self.namespaces:
+            heard = self.heard.get(name)
+            if heard is not None:
+                if not (msg.is_owner or msg.userid == heard.owner):
+                    raise ErrnoError(errno.EPERM, f"namespace {name} belongs to another user")
+                self.counts["getroot-heard"] += 1
+                self.h.respond(msg, heard.describe(name))
+                return
+        ns = await self.get_ns(name, msg)
         self.h.respond(msg, ns.describe())
 
     def wait_version(self, msg: Message) -> Awaitable[None]:

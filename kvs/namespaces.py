@@ -108,18 +108,26 @@ class HeardRoot(NamedTuple):
     flags: int
     epoch: int
 
+    def describe(self, name: str) -> dict[str, Any]:
+        """As :meth:`Namespace.describe` (a ``kvs.getroot`` answer)."""
+        return {"namespace": name, "owner": self.owner, "rootseq": self.rootseq,
+                "rootref": self.rootref, "flags": self.flags, "epoch": self.epoch}
+
 
 class Heard:
     """The namespaces a follower heard created and has not loaded, each
     kept current by its later ``setroot`` events, forgotten at ``removed``.
 
-    A job's namespace is created on rank 0 and read at once on the rank of
-    its shell or watcher.  With this, that first read is served from the
-    ``created`` event the rank already received instead of a ``kvs.getroot``
-    round trip through every rank between it and rank 0.  It is exact: the
-    module subscribes at start, and rank 0 sequences every event, so a
-    namespace heard created has had every later event seen.  Bounded: the
-    oldest heard are forgotten first (a read of one asks rank 0, as before).
+    A job's namespace is created on rank 0 and watched at once on the rank
+    of its shell (``WAITCREATE``, for the eventlog).  That watch needs a
+    root to start from, and the rank has heard one: the ``created`` event
+    and the setroots since.  kvs-watch, which follows the events itself,
+    takes it (``kvs.getroot`` with ``heard``) instead of a round trip
+    through every rank between it and rank 0.  It is exact as of the events
+    this rank has received: the module subscribes at start, and rank 0
+    sequences every event.  It may lag rank 0 by the events in flight, so
+    the kvs serves its own requests (a first lookup) from rank 0's
+    ``getroot`` as before.  Bounded: the oldest heard are forgotten first.
     """
 
     __slots__ = ("_roots", "limit")
@@ -153,6 +161,9 @@ class Heard:
 
     def removed(self, name: str) -> None:
         del self._roots[name]
+
+    def get(self, name: str) -> HeardRoot | None:
+        return self._roots.get(name)
 
     def take(self, name: str) -> HeardRoot | None:
         """The namespace's root as heard, forgotten here (it is being loaded)."""

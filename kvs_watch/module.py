@@ -167,7 +167,7 @@ class KvsWatchModule(Module):
         self.counts["watchers-created"] += 1
         mon = self.monitors.get(name)
         if mon is None:
-            mon = self._new_monitor(name)
+            mon = self._new_monitor(name, bool(flags & F.WAITCREATE))
         mon.add(w)
         if mon.state == MISSING and not flags & F.WAITCREATE:
             w.fail(errno.ENOTSUP, f"namespace {name!r} does not exist")
@@ -190,10 +190,21 @@ class KvsWatchModule(Module):
 
     # ================================================================ monitors
 
-    def _new_monitor(self, name: str) -> Monitor:
+    def _new_monitor(self, name: str, waitcreate: bool) -> Monitor:
+        """A monitor for ``name``, started at the root ``kvs.getroot`` answers.
+
+        Its events are followed from now on, so no commit slips in before
+        that root.  A ``WAITCREATE`` watcher's may be the root this rank
+        heard (``heard``: no round trip to rank 0 for a namespace just
+        created, the job pattern), which may lag rank 0's: it waits for
+        what is missing there, and the setroots in flight bring it.  Other
+        watchers' start from rank 0's current root, as a first read does:
+        a key committed before the watch is never missing from it."""
         mon = self.monitors[name] = Monitor(name)
-        # (its events are followed from now on: no commit slips in before getroot)
-        fut = self.h.rpc("kvs.getroot", {"namespace": name})
+        req: dict[str, Any] = {"namespace": name}
+        if waitcreate:
+            req["heard"] = True
+        fut = self.h.rpc("kvs.getroot", req)
         fut.add_done_callback(lambda f: self._getroot_done(mon, f))
         return mon
 

@@ -2,8 +2,9 @@
 
 Every rank's kvs subscribes once, to ``kvs.namespace-``.  A follower handles
 setroot, removed and error of the namespaces it loaded, remembers those it
-hears created (served later without ``kvs.getroot``), and drops the events
-of namespaces it does not follow (``foreign``); rank 0 drops created.
+hears created (kvs-watch's ``kvs.getroot`` with ``heard`` is answered from
+them), and drops the events of namespaces it does not follow (``foreign``);
+rank 0 drops created.
 """
 
 from __future__ import annotations
@@ -86,8 +87,7 @@ async def test_follower_subscribes_once_and_follows_what_it_loaded_or_heard(
     assert await kvs_subscriptions(h0, 1) == 1
     assert "primary" not in base["namespaces"]  # rank 1 has read nothing yet
 
-    # created, then committed on rank 0: rank 1 hears both and loads job-1
-    # from them, without asking rank 0 for its root
+    # created, then committed on rank 0: rank 1 hears both, loads nothing
     await ns_create(h0, "job-1")
     await ns_create(h0, "job-10")
     resp = await commit(h0, put("a", "1"), ns="job-1")
@@ -95,11 +95,16 @@ async def test_follower_subscribes_once_and_follows_what_it_loaded_or_heard(
     st = await stats(h1)
     assert st["heard"] == 2 and st["namespace-count"] == 0
     assert st["events"]["handled"] - base["events"]["handled"] == 3
-    assert await get(h1, "a", ns="job-1") == b"1"
-    assert (await getroot(h1, "job-1"))["rootseq"] == resp["rootseq"]
+    # kvs-watch's getroot (heard: true) is answered from what rank 1 heard
+    heard = await asyncio.wait_for(h1.rpc("kvs.getroot", {"namespace": "job-1",
+                                                           "heard": True}), T)
+    assert (heard["rootseq"], heard["rootref"]) == (resp["rootseq"], resp["rootref"])
     st = await stats(h1)
-    assert st["counts"]["namespaces-heard"] == 1 and st["counts"]["namespaces-loaded"] == 0
-    assert st["counts"]["blob-fetches"] == 0  # the setroot brought its blobs
+    assert st["counts"]["getroot-heard"] == 1 and st["namespace-count"] == 0
+    # a read loads job-1 from rank 0, and finds the blobs the setroot brought
+    assert await get(h1, "a", ns="job-1") == b"1"
+    st = await stats(h1)
+    assert st["counts"]["namespaces-loaded"] == 1 and st["counts"]["blob-fetches"] == 0
     assert st["heard"] == 1 and st["namespace-count"] == 1
 
     # job-10, heard and not loaded, is kept current by its setroots
@@ -109,21 +114,23 @@ async def test_follower_subscribes_once_and_follows_what_it_loaded_or_heard(
     await recv_until(h1, "kvs.namespace-job-1-setroot")
     st2 = await stats(h1)
     assert st2["events"]["handled"] - st["events"]["handled"] == 4
+    heard = await asyncio.wait_for(h1.rpc("kvs.getroot", {"namespace": "job-10",
+                                                           "heard": True}), T)
+    assert heard["rootseq"] == 3
     assert await get(h1, "a", ns="job-1") == b"2"
     assert await get(h1, "b", ns="job-10") == b"2"
-    st = await stats(h1)
-    assert st["counts"]["namespaces-heard"] == 2 and st["counts"]["namespaces-loaded"] == 0
 
     # primary was created before any of this: rank 1 neither loaded nor
     # heard of it, so its events are dropped without a look at their payload
+    st = await stats(h1)
     await commit(h0, put("p", "1"))
     await recv_until(h1, "kvs.namespace-primary-setroot")
     st2 = await stats(h1)
     assert st2["events"]["dropped"]["foreign"] - st["events"]["dropped"]["foreign"] == 1
-    assert await get(h1, "p") == b"1"  # loaded the usual way: kvs.getroot
-    st = await stats(h1)
-    assert st["counts"]["namespaces-loaded"] == 1
+    assert await get(h1, "p") == b"1"
     # however many namespaces it follows: one subscription
+    st = await stats(h1)
+    assert st["counts"]["namespaces-loaded"] == 3 and st["heard"] == 0
     assert st["events"]["subscribe_calls"] == 1
     assert await kvs_subscriptions(h0, 1) == 1
 
@@ -142,33 +149,42 @@ async def test_follower_subscribes_once_and_follows_what_it_loaded_or_heard(
     await ns_remove(h0, "job-10")
     await recv_until(h1, "kvs.namespace-job-10-removed")
     assert await errnum(get(h1, "b", ns="job-10")) == errno.ENOTSUP
-    st = await stats(h1)
-    assert "job-10" not in st["namespaces"]
+    assert "job-10" not in (await stats(h1))["namespaces"]
     await ns_create(h0, "job-10")
-    await commit(h0, put("b", "new"), ns="job-10")
-    await recv_until(h1, "kvs.namespace-job-10-setroot")
+    await recv_until(h1, "kvs.namespace-job-10-created")
     assert (await stats(h1))["heard"] == 1
-    assert await get(h1, "b", ns="job-10") == b"new"
-    st2 = await stats(h1)
-    assert st2["counts"]["namespaces-heard"] == 3
-    assert st2["counts"]["namespaces-loaded"] == st["counts"]["namespaces-loaded"]
-    assert st2["events"]["subscribe_calls"] == 1
+    assert (await stats(h1))["events"]["subscribe_calls"] == 1
+
+
+async def test_a_first_read_on_a_far_rank_sees_the_commit_before_it(
+        start_instance, connect) -> None:
+    """Read-your-writes across ranks for a namespace the far rank has not
+    loaded: the read asks rank 0 for the root (as Flux), even though the
+    rank heard the namespace created and its setroot may still be on its
+    way (the root it heard would lack the commit)."""
+    inst = await start_instance(size=4, fanout=2)
+    h0, h3 = await connect(inst, 0), await connect(inst, 3)
+    for i in range(20):
+        await ns_create(h0, f"job-{i}")
+        await commit(h0, put("jobspec", f"spec-{i}"), ns=f"job-{i}")
+        assert await get(h3, "jobspec", ns=f"job-{i}") == f"spec-{i}".encode()
+    assert (await stats(h3))["counts"]["getroot-heard"] == 0
 
 
 async def test_a_namespace_is_heard_within_bounds(start_instance, connect) -> None:
     """A follower remembers the last kvs.HEARD_LIMIT namespaces heard
-    created; an older one is loaded from rank 0 (kvs.getroot) as before."""
+    created; for an older one, getroot with heard asks rank 0 as before."""
     inst = await start_instance(size=2, fanout=2)
     h0, h1 = await connect(inst, 0), await connect(inst, 1)
     n = HEARD_LIMIT + 5
     async with asyncio.timeout(60):
         await asyncio.gather(*(ns_create(h0, f"h-{i}") for i in range(n)))
-        await commit(h0, put("k", "v"), ns="h-0")
-    assert (await stats(h1))["heard"] <= HEARD_LIMIT
-    assert await get(h1, "k", ns="h-0") == b"v"  # forgotten: asked rank 0
-    assert await errnum(get(h1, "k", ns=f"h-{n - 1}")) == errno.ENOENT  # heard
+    await wait_version(h1, f"h-{n - 1}", 0)  # (loads the last: all created were heard)
+    assert (await stats(h1))["heard"] == HEARD_LIMIT - 1
+    for name in ("h-0", f"h-{n - 2}"):
+        await asyncio.wait_for(h1.rpc("kvs.getroot", {"namespace": name, "heard": True}), T)
     counts = (await stats(h1))["counts"]
-    assert counts["namespaces-loaded"] == 1 and counts["namespaces-heard"] == 1
+    assert counts["namespaces-loaded"] == 2 and counts["getroot-heard"] == 1
 
 
 async def test_unknown_namespace_leaves_no_subscription(start_instance, connect) -> None:

@@ -272,3 +272,26 @@ async def test_guest_forged_route_does_not_outlive_its_connection(start_instance
         return watch["watchers"] == 0 and kvs["namespaces"]["mine"]["waiters"] == 0
 
     await wait_until(forgotten, "the guest's watcher and version wait to be dropped")
+
+
+async def test_guest_takes_a_heard_root_of_its_own_namespace_only(start_instance, connect):
+    """kvs.getroot with ``heard`` on a follower that heard the namespaces
+    created (and has not loaded them) checks the owner the event told."""
+    inst = await start_instance(size=4, fanout=2, attrs=GUEST_ATTRS)
+    h0, h3 = await connect(inst, 0), await connect(inst, 3)
+    await asyncio.wait_for(h3.subscribe("kvs.namespace-"), 10)
+    for name, owner in (("mine", GUEST_UID), ("theirs", 4242)):
+        await asyncio.wait_for(h0.rpc("kvs.namespace-create",
+                                      {"namespace": name, "owner": owner}), 10)
+    async with asyncio.timeout(10):
+        seen = [(await h3.recv_event()).topic for _ in range(2)]
+    assert seen == ["kvs.namespace-mine-created", "kvs.namespace-theirs-created"]
+    out = await guest(inst.uri(3), """
+        async def body(h):
+            return {ns: await call(h, "kvs.getroot", {"namespace": ns, "heard": True})
+                    for ns in ("mine", "theirs")}
+    """)
+    assert out["mine"]["ok"]["owner"] == GUEST_UID
+    assert out["theirs"] == {"errnum": errno.EPERM}
+    st = await asyncio.wait_for(h3.rpc("kvs.stats-get", {}), 10)
+    assert st["counts"]["getroot-heard"] == 1 and st["namespace-count"] == 0

@@ -14,6 +14,7 @@ from test_watch_helpers import (
     WATCH,
     T,
     answer,
+    cancel,
     commit,
     end_errnum,
     ns_create,
@@ -103,6 +104,33 @@ async def test_waitcreate_namespace_created_later_then_removed(start_instance, c
     await ns_remove(h0, "ns_remove")
     assert await end_errnum(s2) == errno.ENOTSUP
     await wait_watchers(h0, 0, nodeid=2)
+
+
+async def test_job_pattern_on_a_far_rank_asks_rank_0_nothing_for_waitcreate(
+        start_instance, connect):
+    """A namespace created, then watched WAITCREATE on rank 3 and committed:
+    rank 3 heard it created, so the watch starts from that root (kvs.getroot
+    with heard, no round trip to rank 0) and the commit's setroot brings the
+    value.  (A read's freshness: test_kvs_rpc_events.)"""
+    inst = await start_instance(size=4, fanout=2)
+    h0, h3 = await connect(inst, 0), await connect(inst, 3)
+    for i in range(10):
+        ns = f"job-{i}"
+        await ns_create(h0, ns)
+        s = watch_stream(h3, "eventlog", WATCH | WAITCREATE, ns=ns)
+        await commit(h0, put("jobspec", "{}"), put("eventlog", f"submit {i}"), ns=ns)
+        assert await value(s) == f"submit {i}".encode()
+        await commit(h0, put("eventlog", f"submit {i}\nstart"), ns=ns)
+        assert await value(s) == f"submit {i}\nstart".encode()
+        cancel(h3, s)
+        assert await end_errnum(s) == 0
+        await ns_remove(h0, ns)
+    kvs3 = await stats(h0, 3, service="kvs")
+    # (a created event still on its way when a watch came: rank 0 answered)
+    assert kvs3["counts"]["getroot-heard"] >= 5 and kvs3["events"]["subscribe_calls"] == 1
+    # the setroots brought their blobs: at most one fetch, of the empty root
+    # every namespace starts with (a created event carries none)
+    assert kvs3["counts"]["blob-fetches"] <= 1
 
 
 async def test_guests_watch_only_namespaces_they_own(start_instance, connect):
