@@ -78,3 +78,18 @@ def test_quick_w2p_runs_every_client_mode(tmp_path: Path) -> None:
     for variant in ("8 clients ping r0", "8 clients all r0"):
         assert recs[(variant, "user_us:clients")]["value"] > 0, variant
     assert ("8 clients all r0 / 1 client", "ratio") in recs
+
+
+def test_quick_w5r_reads_on_a_far_rank_without_fetching(tmp_path: Path) -> None:
+    """W5r's first reads on the far rank find the blobs the setroot it
+    heard brought: no ``content.load`` from rank 0 (a latency, no assert)."""
+    out = tmp_path / "w5r.json"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "run.py"), "--quick", "W5r",
+         "--size", "2", "--n-iter", "20", "--json", str(out)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    recs = {(r["variant"], r["metric"]): r for r in json.loads(out.read_text())}
+    assert recs[("read r1", "p50")]["unit"] == "ms" and recs[("read r1", "p50")]["value"] > 0
+    assert recs[("read r1", "fetches")]["value"] == 0

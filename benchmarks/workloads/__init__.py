@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from benchmarks.harness import Workload
 
-ORDER = ("W0", "W1", "W1b", "W2", "W2s", "W2p", "W3", "W4", "W5", "W5x", "W6", "Wgc",
-         "Wstart")
+ORDER = ("W0", "W1", "W1b", "W2", "W2s", "W2p", "W3", "W4", "W5", "W5x", "W5r", "W6",
+         "Wgc", "Wstart")
 
 
 def all_workloads() -> list[Workload]:

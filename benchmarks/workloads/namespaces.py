@@ -14,6 +14,12 @@ W5x repeats W5 while 1K, 4K, 16K and 64K other namespaces stay alive, each
 with one idle WAITCREATE watcher on rank 3, and reports the rate at each
 level, its ratio to the first level, each rank's peak RSS at each level, and
 the memory each extra live namespace (+ watcher) costs per rank, in bytes.
+
+W5r (a kvbroker extension) is the job shell's first read: the namespace
+created and W5's commit made on rank 0, then ``jobspec`` and ``R`` looked
+up on rank 3, which has not loaded the namespace (it asks rank 0 for the
+root; the blobs came with the setroot it heard).  It reports the two
+lookups' latency and the blobs rank 3 fetched from rank 0 per read.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from benchmarks.harness import (
     Sample,
     Workload,
     current_rss_mb,
+    percentile,
     rate,
     require_modules,
 )
@@ -176,9 +183,52 @@ async def run_w5x(ctx: RepContext) -> list[Sample]:
     return out
 
 
+async def run_w5r(ctx: RepContext) -> list[Sample]:
+    n = ctx.n(1_024, 128)
+    inst = await ctx.instance()
+    h0 = await ctx.connect(inst, 0)
+    await require_modules(h0, "kvs", "kvs-watch")
+    read_rank = min(3, ctx.size - 1)
+    hr = await ctx.connect(inst, read_rank)
+    uid = os.getuid()
+    lat: list[float] = []
+
+    async def one(ns: str, timed: bool) -> None:
+        await h0.rpc("kvs.namespace-create", {"namespace": ns, "owner": uid})
+        # (each job's eventlog line has its time: each root directory is new)
+        await kvsops.commit(h0, [
+            kvsops.put_op("jobspec", JOBSPEC), kvsops.put_op("R", R_OBJ),
+            kvsops.put_op("eventlog", eventlog_line("submit"), kvsops.APPEND)], namespace=ns)
+        t0 = time.perf_counter()
+        got = [kvsops.value_of(await kvsops.lookup(hr, key, ns)) for key in ("jobspec", "R")]
+        if timed:
+            lat.append((time.perf_counter() - t0) * 1e3)
+        if got != [JOBSPEC, R_OBJ]:
+            raise RemoteError(errno.EIO, f"{ns}: rank {read_rank} read {got!r}")
+        await h0.rpc("kvs.namespace-remove", {"namespace": ns})
+
+    for i in range(16):
+        await one(f"w5r-warm-{i}", False)
+    fetched = (await hr.rpc("kvs.stats-get"))["counts"]["blob-fetches"]
+    before = ctx.cpu_snapshot(inst)
+    for i in range(n):
+        await one(f"w5r-{i}", True)
+    cpu = ctx.cpu_samples(inst, f"read r{read_rank}", before, n)
+    fetched = (await hr.rpc("kvs.stats-get"))["counts"]["blob-fetches"] - fetched
+    v = f"read r{read_rank}"
+    return [
+        Sample(v, "p50", percentile(lat, 50), "ms", "lower"),
+        Sample(v, "p99", percentile(lat, 99), "ms", "lower"),
+        Sample(v, "fetches", fetched / n, "blobs/read", "lower"),
+        *cpu,
+    ]
+
+
 WORKLOADS = [
     Workload("W5", "job-like namespace lifecycle (create, watch, commit, cancel, remove)",
              "jobspec + R + 1 eventlog line", run_w5, ("kvs", "kvs-watch")),
     Workload("W5x", "W5 while 1K..64K other namespaces with idle watchers stay alive",
              "as W5", run_w5x, ("kvs", "kvs-watch")),
+    Workload("W5r", "job read: create + commit on rank 0, first lookups on rank 3",
+             "as W5; lookups of jobspec and R", run_w5r, ("kvs", "kvs-watch")),
 ]
