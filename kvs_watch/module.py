@@ -197,9 +197,10 @@ class KvsWatchModule(Module):
         that root.  A ``WAITCREATE`` watcher's may be the root this rank
         heard (``heard``: no round trip to rank 0 for a namespace just
         created, the job pattern), which may lag rank 0's: it waits for
-        what is missing there, and the setroots in flight bring it.  Other
-        watchers' start from rank 0's current root, as a first read does:
-        a key committed before the watch is never missing from it."""
+        what is missing there, and the setroots in flight bring it.  For
+        other watchers the kvs answers as for a read (its loaded namespace,
+        else rank 0's root): one that does not wait must not miss a key
+        only because the rank heard the namespace a moment before."""
         mon = self.monitors[name] = Monitor(name)
         req: dict[str, Any] = {"namespace": name}
         if waitcreate:
