@@ -369,6 +369,17 @@ async def require_modules(h: Handle, *names: str) -> None:
                    f"(module.list shows: {', '.join(map(str, loaded))})")
 
 
+async def kvs_near_and_far(ctx: RepContext) -> tuple[Instance, Handle, Handle, int]:
+    """A fresh instance with kvs and kvs-watch, a handle on rank 0 and one on
+    the far rank (rank 3, or the highest of a smaller instance; rank 0's
+    own handle when that is rank 0): ``(inst, h0, h_far, far_rank)``."""
+    inst = await ctx.instance()
+    h0 = await ctx.connect(inst, 0)
+    await require_modules(h0, "kvs", "kvs-watch")
+    far = min(3, ctx.size - 1)
+    return inst, h0, (h0 if far == 0 else await ctx.connect(inst, far)), far
+
+
 @dataclass
 class RepResult:
     loop: str

@@ -35,9 +35,9 @@ from benchmarks.harness import (
     Sample,
     Workload,
     current_rss_mb,
+    kvs_near_and_far,
     percentile,
     rate,
-    require_modules,
 )
 from benchmarks.workloads import kvsops
 from broker.errors import RemoteError
@@ -97,11 +97,7 @@ async def lifecycles(h0: Handle, hw: Handle, names: list[str]) -> float:
 
 async def run_w5(ctx: RepContext) -> list[Sample]:
     n = ctx.n(1_024, 128)
-    inst = await ctx.instance()
-    h0 = await ctx.connect(inst, 0)
-    await require_modules(h0, "kvs", "kvs-watch")
-    watch_rank = min(3, ctx.size - 1)
-    hw = h0 if watch_rank == 0 else await ctx.connect(inst, watch_rank)
+    inst, h0, hw, watch_rank = await kvs_near_and_far(ctx)
     await lifecycles(h0, hw, [f"w5-warm-{i}" for i in range(16)])
     out = []
     base = 0
@@ -141,11 +137,7 @@ def _label(level: int) -> str:
 async def run_w5x(ctx: RepContext) -> list[Sample]:
     levels = W5X_QUICK_LEVELS if ctx.quick else W5X_LEVELS
     n = ctx.n(1_024, 64)
-    inst = await ctx.instance()
-    h0 = await ctx.connect(inst, 0)
-    await require_modules(h0, "kvs", "kvs-watch")
-    watch_rank = min(3, ctx.size - 1)
-    hw = h0 if watch_rank == 0 else await ctx.connect(inst, watch_rank)
+    inst, h0, hw, _ = await kvs_near_and_far(ctx)
     await lifecycles(h0, hw, [f"w5x-warm-{i}" for i in range(16)])
     streams: list[Stream] = []
     out: list[Sample] = []
@@ -185,11 +177,7 @@ async def run_w5x(ctx: RepContext) -> list[Sample]:
 
 async def run_w5r(ctx: RepContext) -> list[Sample]:
     n = ctx.n(1_024, 128)
-    inst = await ctx.instance()
-    h0 = await ctx.connect(inst, 0)
-    await require_modules(h0, "kvs", "kvs-watch")
-    read_rank = min(3, ctx.size - 1)
-    hr = await ctx.connect(inst, read_rank)
+    inst, h0, hr, read_rank = await kvs_near_and_far(ctx)
     uid = os.getuid()
     lat: list[float] = []
 

@@ -15,8 +15,8 @@ from benchmarks.harness import (
     RepContext,
     Sample,
     Workload,
+    kvs_near_and_far,
     percentile,
-    require_modules,
 )
 from benchmarks.workloads import kvsops
 from broker.errors import RemoteError
@@ -27,11 +27,7 @@ WAIT = 10.0
 
 async def run(ctx: RepContext) -> list[Sample]:
     n = ctx.n(1_000, 200)
-    inst = await ctx.instance()
-    writer = await ctx.connect(inst, 0)
-    await require_modules(writer, "kvs", "kvs-watch")
-    watch_rank = min(3, ctx.size - 1)
-    watcher = writer if watch_rank == 0 else await ctx.connect(inst, watch_rank)
+    inst, writer, watcher, watch_rank = await kvs_near_and_far(ctx)
     resp = await kvsops.commit(writer, [kvsops.put_op(KEY, b"init")])
     await kvsops.wait_version(watcher, resp["rootseq"])
     stream = kvsops.watch(watcher, KEY)
