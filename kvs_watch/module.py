@@ -379,6 +379,12 @@ class KvsWatchModule(Module):
             "rank": self.ctx.rank,
             "watchers": self.nwatchers,
             "namespace-count": len(self.monitors),
+            # Work still under way, for a caller waiting until the service
+            # has caught up (e.g. a benchmark after creating 64K watchers):
+            # monitors still waiting for their first root, and kvs.lookup
+            # requests not yet answered.
+            "monitors-starting": sum(1 for m in self.monitors.values() if m.state == INIT),
+            "lookups-in-flight": len(self._lookups),
             "namespaces": {name: mon.describe() for name, mon in shown},
             "clients": len(self.clients),
             "guest-users": len(self.guest_watches),

@@ -54,6 +54,9 @@ R_OBJ = json.dumps({"version": 1, "execution": {"R_lite": [
 W5X_LEVELS = (1024, 4096, 16384, 65536)
 W5X_QUICK_LEVELS = (64, 256, 1024)
 CREATE_WINDOW = 64
+SETTLE_TOPIC = "w5x.settled"
+SETTLE_TIMEOUT = 120.0
+SETTLE_POLL = 0.05  # seconds between two looks at kvs-watch's stats while it catches up
 
 
 def eventlog_line(name: str) -> bytes:
@@ -123,11 +126,41 @@ async def add_idle(h0: Handle, hw: Handle, start: int, stop: int,
         streams.append(kvsops.watch(hw, "eventlog", ns, kvsops.WATCH | kvsops.WAITCREATE))
 
     await kvsops.window((one(k) for k in range(start, stop)), CREATE_WINDOW)
-    # Let the watchers register before timing: a stats RPC to each module
-    # queues behind the watch requests already sent on these handles.
-    await hw.rpc("kvs-watch.stats-get")
-    await h0.rpc("kvs.stats-get")
-    await asyncio.sleep(0.2)
+    await settle(h0, hw)
+
+
+async def settle(h0: Handle, hw: Handle) -> None:
+    """Wait until the watchers' rank has caught up with the set-up, so the
+    level's timing measures W5 among the live namespaces, not the tail of
+    their creation.  At 64K the ``created`` events and the watchers' first
+    lookups were still being handled on rank 3 seconds after the last
+    create returned (~20K events and ~23K lookups inside the timed part).
+
+    First every event published so far: a marker published after them
+    reaches ``hw``'s client only once rank 3 has routed them (events keep
+    their order, and a rank's modules take each event as it is routed).
+    Then kvs-watch's own work: no monitor waiting for its first root and
+    no ``kvs.lookup`` in flight."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + SETTLE_TIMEOUT
+    await hw.subscribe(SETTLE_TOPIC)
+    try:
+        seq = await h0.publish(SETTLE_TOPIC, {})
+        while True:
+            ev = await asyncio.wait_for(hw.recv_event(), deadline - loop.time())
+            if ev.topic == SETTLE_TOPIC and ev.seq >= seq:
+                break
+    finally:
+        await hw.unsubscribe(SETTLE_TOPIC)
+    while True:
+        st = await hw.rpc("kvs-watch.stats-get")
+        if st["monitors-starting"] == 0 and st["lookups-in-flight"] == 0:
+            return
+        if loop.time() > deadline:
+            raise TimeoutError(f"kvs-watch on the watchers' rank still busy after "
+                               f"{SETTLE_TIMEOUT:.0f}s: {st['monitors-starting']} monitors "
+                               f"starting, {st['lookups-in-flight']} lookups in flight")
+        await asyncio.sleep(SETTLE_POLL)
 
 
 def _label(level: int) -> str:
@@ -152,7 +185,9 @@ async def run_w5x(ctx: RepContext) -> list[Sample]:
             ctx.note(f"{_label(level)} idle namespaces + watchers set up in "
                      f"{time.perf_counter() - t0:.1f}s")
             names = [f"w5x-{level}-{i}" for i in range(n)]
+            before = ctx.cpu_snapshot(inst)
             rates[level] = rate(n, await lifecycles(h0, hw, names))
+            cpu = ctx.cpu_samples(inst, f"{_label(level)} live", before, n)
         except Exception as exc:
             ctx.note(f"W5x level {_label(level)} failed: {exc!r}")
             break
@@ -160,6 +195,7 @@ async def run_w5x(ctx: RepContext) -> list[Sample]:
                          if (mb := current_rss_mb(pid)) is not None}
         v = f"{_label(level)} live"
         out.append(Sample(v, "rate", rates[level], "ns/s", rss_mb=ctx.rss_now(inst)))
+        out.extend(cpu)
         if level != levels[0] and levels[0] in rates:
             out.append(Sample(f"{_label(level)}/{_label(levels[0])}", "ratio",
                               rates[level] / rates[levels[0]], "x"))
