@@ -27,7 +27,7 @@ import errno
 import functools
 import os
 import time
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, deque
 from collections.abc import Awaitable
 from itertools import count, islice
 from typing import Any, ClassVar
@@ -1097,7 +1097,10 @@ class KvsModule(Module):
                  name: str) -> asyncio.Future[tuple[int, str]]:
         self._refuse_if_stopping()
         fut: asyncio.Future[tuple[int, str]] = asyncio.get_running_loop().create_future()
-        ns.queue.append(Pending(ops, flags, name, fut))
+        q = ns.queue
+        if q is None:
+            q = ns.queue = deque()
+        q.append(Pending(ops, flags, name, fut))
         if not ns.committing:
             ns.committing = True
             run = self.spawn(self._run_queue(ns))
@@ -1108,8 +1111,9 @@ class KvsModule(Module):
     async def _run_queue(self, ns: Namespace) -> None:
         """Rank 0: apply a namespace's queued transactions, merging adjacent ones."""
         batch: list[Pending] = []
+        q = ns.queue
         try:
-            while ns.queue and not ns.removed:
+            while q and not ns.removed:
                 if self._gave_up:
                     self._fail_stopped(ns, [])
                     break
@@ -1118,13 +1122,13 @@ class KvsModule(Module):
                 # bigger batches -- or fail the next batch with its errno.
                 batch = []
                 no_room = await self._room()
-                if not ns.queue or ns.removed:
+                if not q or ns.removed:
                     break
-                first = ns.queue.popleft()
+                first = q.popleft()
                 batch = [first]
                 if not first.flags & txn.NO_MERGE:
-                    while (ns.queue and ns.queue[0].flags == first.flags):
-                        batch.append(ns.queue.popleft())
+                    while q and q[0].flags == first.flags:
+                        batch.append(q.popleft())
                 if no_room is not None:
                     self.counts["commits-failed"] += len(batch)
                     self._fail(ns, batch, no_room)
@@ -1139,12 +1143,16 @@ class KvsModule(Module):
             raise
         finally:
             ns.committing = False
+            if not q:
+                ns.queue = None  # idle again: give the deque back
 
     def _fail_stopped(self, ns: Namespace, batch: list[Pending]) -> None:
         """Answer ``batch`` and everything still queued in ``ns``: not applied."""
-        self._fail(ns, [*batch, *ns.queue], ErrnoError(
+        q = ns.queue
+        self._fail(ns, [*batch, *(q or ())], ErrnoError(
             errno.ENOSYS, "the kvs module stopped before the transaction was applied"))
-        ns.queue.clear()
+        if q:
+            q.clear()
 
     def _fail(self, ns: Namespace, batch: list[Pending], exc: ErrnoError) -> None:
         """Fail the transactions of ``batch`` not answered yet, each with its

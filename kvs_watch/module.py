@@ -226,7 +226,7 @@ class KvsWatchModule(Module):
                                               r.get("owner")))
             elif isinstance(exc, ErrnoError) and exc.errnum == errno.ENOTSUP:
                 mon.state = MISSING  # WAITCREATE watchers wait for the created event
-                for w in list(mon.waiting):
+                for w in list(mon.waiting or ()):
                     if not w.flags & F.WAITCREATE:
                         w.fail(errno.ENOTSUP, f"namespace {mon.name!r} does not exist")
             else:

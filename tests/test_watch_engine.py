@@ -267,6 +267,27 @@ async def test_monitor_index_several_watchers_of_one_key() -> None:
     assert mon.concerned(["k"]) == [] and len(mon) == 1
 
 
+async def test_monitor_of_one_key_watcher_holds_no_empty_sets() -> None:
+    """Memory per namespace: the full, WATCH_KEYS and parked sets exist only while used."""
+    be = FakeBackend()
+    mon = Monitor("ns")
+    early = Watcher(be, request(), "k", F.WATCH, "ns")
+    gone = Watcher(be, request(), "k", F.WATCH, "ns")
+    mon.add(early)
+    mon.add(gone)
+    assert mon.waiting is not None and set(mon.waiting) == {early, gone}
+    mon.remove(gone)  # a parked watcher that goes away is not started later
+    assert mon.set_root(0, ref(0), 0) == [early]
+    mon.start(early)
+    assert mon.waiting is None and mon.full is None and mon.keyed is None
+    assert mon.concerned(["k"]) == [early]
+    full = Watcher(be, request(), "zz", F.WATCH | F.FULL, "ns")
+    mon.add(full)
+    assert mon.full == {full: None} and set(mon.concerned(["q"])) == {full}
+    mon.remove(full)
+    assert mon.concerned(["q"]) == [] and mon.keyed is None
+
+
 async def test_guest_needs_the_namespace_owner() -> None:
     be = FakeBackend()
     mon = Monitor("ns")
