@@ -163,6 +163,15 @@ async def settle(h0: Handle, hw: Handle) -> None:
         await asyncio.sleep(SETTLE_POLL)
 
 
+async def full_collections(h: Handle, size: int) -> list[int]:
+    """Each rank's count of full (generation 2) garbage collections so far.
+
+    A full collection of a big heap stops a rank for a noticeable part of a
+    level's ~1 s of lifecycles, so W5x notes how many fell inside each one."""
+    return [int((await h.rpc("broker.stats-get", nodeid=r))["gc"]["collections"][2])
+            for r in range(size)]
+
+
 def _label(level: int) -> str:
     return f"{level // 1024}K" if level % 1024 == 0 else str(level)
 
@@ -185,9 +194,14 @@ async def run_w5x(ctx: RepContext) -> list[Sample]:
             ctx.note(f"{_label(level)} idle namespaces + watchers set up in "
                      f"{time.perf_counter() - t0:.1f}s")
             names = [f"w5x-{level}-{i}" for i in range(n)]
+            gc_before = await full_collections(h0, ctx.size)
             before = ctx.cpu_snapshot(inst)
             rates[level] = rate(n, await lifecycles(h0, hw, names))
             cpu = ctx.cpu_samples(inst, f"{_label(level)} live", before, n)
+            gc_after = await full_collections(h0, ctx.size)
+            ctx.note(f"{_label(level)} level: full collections while timed, by rank: "
+                     + " ".join(f"r{r}={gc_after[r] - gc_before[r]}"
+                                for r in range(ctx.size)))
         except Exception as exc:
             ctx.note(f"W5x level {_label(level)} failed: {exc!r}")
             break
