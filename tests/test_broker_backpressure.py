@@ -175,3 +175,60 @@ async def test_out_of_descriptors_the_rank_waits_and_then_accepts(start_instance
     log = (tmp_path / "broker-0.log").read_text()
     assert log.count("cannot accept clients") == 1
     assert "out of system resource" not in log and "Traceback" not in log
+
+
+@pytest.mark.both_loops
+async def test_a_burst_from_one_client_does_not_hold_up_the_others(start_instance,
+                                                                   connect) -> None:
+    """A client that writes thousands of requests at once is taken at most
+    MAX_PER_TURN per turn of the rank's loop, so another client's request
+    that arrived with the burst goes through near its start, not after the
+    whole read: rank 0 sequences it early among the burst's events.
+    Nothing of the burst is lost."""
+    from broker.connector import MAX_PER_TURN
+    from broker.message import MsgFlags
+
+    count = 20_000
+    inst = await start_instance(size=1)
+    sub, quiet = await connect(inst), await connect(inst)
+    await sub.subscribe("fair.")
+    burst = b"".join(codec.to_stream(codec.encode(Message(
+        MsgType.REQUEST, "event.pub", {"topic": "fair.burst", "payload": {"i": i}},
+        matchtag=0, flags=MsgFlags.NORESPONSE))) for i in range(count))
+    each = len(burst) // count
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(parse_uri(inst.uri(0)))
+    sock.setblocking(False)
+    loop = asyncio.get_running_loop()
+    # one round trip first: the rank has accepted this connection and reads it
+    await loop.sock_sendall(sock, codec.to_stream(codec.encode(
+        Message(MsgType.REQUEST, "broker.ping", {}, matchtag=1))))
+    decoder = codec.StreamDecoder()
+    async with asyncio.timeout(10):
+        while not decoder.feed(await loop.sock_recv(sock, 1 << 16)):
+            pass
+    rank0 = inst.pids()[0]
+    order: list[str] = []
+    # Both requests wait in their sockets while rank 0 is stopped, so its
+    # first turn finds the burst (first) and the quiet request together.
+    os.kill(rank0, signal.SIGSTOP)
+    try:
+        sent = sock.send(burst)
+        quiet.publish_nowait("fair.quiet", {})
+    finally:
+        os.kill(rank0, signal.SIGCONT)
+    assert sent >= 16 * MAX_PER_TURN * each, sent  # many turns' worth in one read
+    try:
+        async with asyncio.timeout(60):
+            sending = loop.create_task(loop.sock_sendall(sock, burst[sent:]))
+            while len(order) < count + 1:
+                order.append((await sub.recv_event()).topic)
+            await sending
+    finally:
+        sock.close()
+    assert order.count("fair.burst") == count
+    position = order.index("fair.quiet")
+    # Taken whole, the rank's first read of the burst (every request the
+    # socket held: thousands) would all have gone before it; taken in turns,
+    # a turn or two's worth do (128 measured).
+    assert position <= 4 * MAX_PER_TURN, (position, sent // each)
