@@ -129,16 +129,11 @@ async def _batches(h0: Handle) -> int:
 
 async def run_w2p(ctx: RepContext) -> list[Sample]:
     n = ctx.n(1_000, 200)
+    ops = W2P_CLIENTS * n
     inst = await ctx.instance()
     h0 = await ctx.connect(inst, 0)
     await require_modules(h0, "kvs")
     await _warm(h0, "p")
-
-    async def one_client() -> float:
-        tag = f"base{len(bases)}"
-        elapsed, _ = await sequential_commits(h0, [f"w2p.{tag}.k{i}" for i in range(n)])
-        return rate(n, elapsed)
-
     spread = min(4, ctx.size)
     # The reference first: the same 8 client processes making broker.ping
     # RPCs to rank 0 -- what the broker and the clients alone cost, so the
@@ -148,50 +143,53 @@ async def run_w2p(ctx: RepContext) -> list[Sample]:
     if spread > 1:
         variants.append((f"spread r0-{spread - 1}",
                          [inst.uri(j % spread) for j in range(W2P_CLIENTS)], "commit"))
+
     # The ratios' base, one client, is measured right before and right after
     # each 8-client commit run, and the ratio is to the mean of the two: this
     # machine's speed drifts by tens of percent within a minute, and a single
     # 0.4 s measurement on one side made the ratio swing with it.
     bases: list[float] = []
+
+    async def one_client() -> None:
+        keys = [f"w2p.base{len(bases)}.k{i}" for i in range(n)]
+        bases.append(rate(n, (await sequential_commits(h0, keys))[0]))
+
     out: list[Sample] = []
     for name, uris, mode in variants:
         if mode == "commit" and not bases:
-            bases.append(await one_client())
+            await one_client()
+        label = f"{W2P_CLIENTS} clients {name}"
         batches_before = await _batches(h0)
         before = ctx.cpu_snapshot(inst)
         elapsed, errors, first, (user, sys_, switches) = await parallel_clients(
             ctx, uris, n, f"w2p.{name.split()[0]}", mode)
+        cpu = ctx.cpu_samples(inst, label, before, ops)
         batches = await _batches(h0) - batches_before
         if errors:
             ctx.note(f"W2p {name}: {errors} requests failed, first: {first}")
-        total = rate(W2P_CLIENTS * n - errors, elapsed)
-        label = f"{W2P_CLIENTS} clients {name}"
+        total = rate(ops - errors, elapsed)
         if mode == "ping":
             out.append(Sample(label, "rate", total, "rpcs/s"))
         else:
-            # (the CPU figures below are read before this second base run)
-            cpu = ctx.cpu_samples(inst, label, before, W2P_CLIENTS * n)
-            bases.append(await one_client())
+            await one_client()
             out.append(Sample(label, "rate", total, "commits/s"))
             out.append(Sample(f"{label} / 1 client", "ratio",
                               total / ((bases[-2] + bases[-1]) / 2), "x"))
             # what merging did: the commits (every one of them, relayed
             # ones too, is applied on rank 0) per batch rank 0 applied
-            out.append(Sample(label, "commits_per_batch",
-                              (W2P_CLIENTS * n - errors) / max(batches, 1), "commits", ""))
+            out.append(Sample(label, "commits_per_batch", (ops - errors) / max(batches, 1),
+                              "commits", ""))
         # Where the two cores go: each rank, and the 8 client processes summed
         # (this process only waits, so its own ``client`` column is dropped).
-        ops = W2P_CLIENTS * n
-        if mode == "ping":
-            cpu = ctx.cpu_samples(inst, label, before, ops)
         out.extend(s for s in cpu if not s.metric.endswith(":client"))
         out.append(Sample(label, "user_us:clients", user / ops * 1e6, "us/op", "lower"))
         out.append(Sample(label, "sys_us:clients", sys_ / ops * 1e6, "us/op", "lower"))
         out.append(Sample(label, "ctxsw:clients", switches / ops, "switches/op", "lower"))
-    out[:0] = [Sample("1 client r0", "rate", sum(bases) / len(bases), "commits/s")]
-    out[1:1] = [Sample(f"1 client r0 run {k + 1}", "rate", b, "commits/s", "")
-                for k, b in enumerate(bases)]
-    return out
+    head = [Sample("1 client r0", "rate", sum(bases) / len(bases), "commits/s")]
+    head += [Sample(f"1 client r0 run {k + 1}", "rate", b, "commits/s", "")
+             for k, b in enumerate(bases)]
+    return head + out
+
 
 WORKLOADS = [
     Workload("W2", "sequential commits (one put each) into one flat directory",
