@@ -135,12 +135,18 @@ async def test_a_busy_namespace_does_not_starve_another(start_instance, connect)
         answered.append(key)
         first.set()
 
-    flood = [asyncio.ensure_future(one(flooder, f"f{i}")) for i in range(60)]
+    count = 200
+    flood = [asyncio.ensure_future(one(flooder, f"f{i}")) for i in range(count)]
     await asyncio.wait_for(first.wait(), 60)  # the flood is queued and being applied
+    sent_at = len(answered)
     await one(other, "lone", ns="other")
     await asyncio.wait_for(asyncio.gather(*flood), 60)
-    assert answered.index("lone") < len(answered) - 1 - 10, answered  # well before the end
-    assert (await stats(other, "content"))["backlog-waits"] >= 60
+    # Counted from when it was sent (this process may be late to send it on
+    # a busy machine): a few of the flood's commits go before it, not the
+    # rest of the flood.
+    assert sent_at < count - 50, sent_at  # the flood was still going
+    assert answered.index("lone") - sent_at < 20, (sent_at, answered)
+    assert (await stats(other, "content"))["backlog-waits"] >= count
 
 
 async def test_a_stop_answers_every_waiting_commit_and_keeps_the_acknowledged(
