@@ -1467,7 +1467,7 @@ class KvsModule(Module):
             "counts": dict(self.counts),
             "checkpoint": self._checkpoint_stats(),
             "gc": self._gc_stats(),
-            "relays-waiting": sum(len(ns.relayed) for ns in self.namespaces.values()),
+            "relays-waiting": sum(len(ns.relayed or ()) for ns in self.namespaces.values()),
             "rpcs-pending": self.h.pending,
             "events": self.event_stats(),
             "pid": os.getpid(),

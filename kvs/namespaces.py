@@ -15,7 +15,7 @@ import heapq
 import itertools
 import re
 from collections import OrderedDict, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from broker.errors import ErrnoError
@@ -188,12 +188,15 @@ class Namespace:
     """Transactions waiting to be applied; None while there are none (an empty
     deque is ~760 bytes, and most of the namespaces alive at once are idle)."""
     committing: bool = False
-    # version waiters: (rootseq, tiebreak, future)
-    _waiters: list[tuple[int, int, asyncio.Future[None]]] = field(default_factory=list)
+    _waiters: list[tuple[int, int, asyncio.Future[None]]] | None = None
+    """Version waiters, a heap of (rootseq, tiebreak, future); None while
+    there are none (an empty list and an empty dict are ~120 bytes of every
+    namespace's record, and most namespaces alive at once have neither)."""
     _live: int = 0
     """Waiters still waiting; the heap also holds cancelled ones, skipped."""
-    # follower only: transactions relayed to rank 0, by name -> (rootseq, rootref)
-    relayed: dict[str, asyncio.Future[tuple[int, str]]] = field(default_factory=dict)
+    relayed: dict[str, asyncio.Future[tuple[int, str]]] | None = None
+    """Follower only: transactions relayed to rank 0, by name (their futures
+    resolve to (rootseq, rootref)); None while there are none."""
     recent: RecentRoots | None = None
     """Where a guest's namespace notes each root it takes (None: the owner's)."""
 
@@ -214,11 +217,14 @@ class Namespace:
         if self.recent is not None:
             self.recent.note(rootref, self.owner)
         w = self._waiters
-        while w and w[0][0] <= rootseq:
-            fut = heapq.heappop(w)[2]
-            if not fut.done():  # (a cancelled one counted itself out)
-                fut.set_result(None)
-                self._live -= 1
+        if w:
+            while w and w[0][0] <= rootseq:
+                fut = heapq.heappop(w)[2]
+                if not fut.done():  # (a cancelled one counted itself out)
+                    fut.set_result(None)
+                    self._live -= 1
+            if not w:
+                self._waiters = None
         return True
 
     async def wait_version(self, rootseq: int) -> None:
@@ -228,6 +234,8 @@ class Namespace:
         if self.rootseq >= rootseq:
             return
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if self._waiters is None:
+            self._waiters = []
         heapq.heappush(self._waiters, (rootseq, next(_tiebreak), fut))
         self._live += 1
         try:
@@ -236,11 +244,13 @@ class Namespace:
             # Lazily: rebuilding the heap for each one made a client that
             # left with 100k waits cost O(n^2) -- rank 0 at full CPU for
             # over 17 minutes, and every commit of the instance waiting.
-            if not self.removed:
+            w = self._waiters
+            if not self.removed and w is not None:
                 self._live -= 1
-                if len(self._waiters) > 2 * self._live + 16:
-                    self._waiters = [w for w in self._waiters if not w[2].done()]
-                    heapq.heapify(self._waiters)
+                if len(w) > 2 * self._live + 16:
+                    w = [x for x in w if not x[2].done()]
+                    heapq.heapify(w)
+                    self._waiters = w or None
             raise
 
     def expect(self, name: str) -> asyncio.Future[tuple[int, str]]:
@@ -250,25 +260,43 @@ class Namespace:
         if self.removed:
             raise ErrnoError(errno.ENOTSUP, f"namespace {self.name} was removed")
         fut: asyncio.Future[tuple[int, str]] = asyncio.get_running_loop().create_future()
+        if self.relayed is None:
+            self.relayed = {}
         self.relayed[name] = fut
         return fut
+
+    def forget_relayed(self, name: str) -> None:
+        """Stop expecting transaction ``name`` (its requester went away)."""
+        relayed = self.relayed
+        if relayed is not None:
+            relayed.pop(name, None)
+            if not relayed:
+                self.relayed = None
 
     def finish(self, names: list[Any], rootseq: int, rootref: str) -> None:
         """A ``setroot`` event: the transactions it names are in ``rootseq``
         (call after :meth:`set_root`, so their requesters read their writes)."""
         relayed = self.relayed
+        if not relayed:
+            return
         for name in names:
             fut = relayed.pop(name, None) if type(name) is str else None
             if fut is not None and not fut.done():
                 fut.set_result((rootseq, rootref))
+        if not relayed:
+            self.relayed = None
 
     def fail(self, names: list[Any], errnum: int, errstr: str | None) -> None:
         """An ``error`` event: the transactions it names failed with ``errnum``."""
         relayed = self.relayed
+        if not relayed:
+            return
         for name in names:
             fut = relayed.pop(name, None) if type(name) is str else None
             if fut is not None and not fut.done():
                 fut.set_exception(ErrnoError(errnum, errstr))
+        if not relayed:
+            self.relayed = None
 
     @property
     def waiters(self) -> int:
@@ -279,15 +307,15 @@ class Namespace:
         """Mark removed; every waiter and queued transaction fails with ENOTSUP."""
         self.removed = True
         err = ErrnoError(errno.ENOTSUP, f"namespace {self.name} was removed")
-        for _, _, fut in self._waiters:
+        for _, _, fut in self._waiters or ():
             if not fut.done():
                 fut.set_exception(err)
-        self._waiters.clear()
+        self._waiters = None
         self._live = 0
-        for relay in self.relayed.values():
+        for relay in (self.relayed or {}).values():
             if not relay.done():
                 relay.set_exception(err)
-        self.relayed.clear()
+        self.relayed = None
         q = self.queue
         while q:
             p = q.popleft()

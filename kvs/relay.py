@@ -98,7 +98,7 @@ class RelayOutbox:
         # a success answer is not part of the protocol: the event settles it
 
     def _settled(self, relay: _Relay, name: str, _outcome: asyncio.Future[Any]) -> None:
-        relay.ns.relayed.pop(name, None)  # (a cancelled requester leaves it there)
+        relay.ns.forget_relayed(name)  # (a cancelled requester leaves it there)
         relay.unsettled -= 1
         if relay.unsettled == 0 and relay.tag is not None:
             self._h.retire(relay.tag)

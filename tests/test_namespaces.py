@@ -30,7 +30,7 @@ async def test_fail_carries_errno_and_message() -> None:
     with pytest.raises(ErrnoError) as info:
         a.result()
     assert (info.value.errnum, info.value.errstr) == (errno.EISDIR, "d is a directory")
-    assert ns.relayed == {}
+    assert ns.relayed is None  # none left: the table is given back
 
 
 async def test_remove_fails_relayed_and_refuses_new_ones() -> None:
@@ -40,7 +40,7 @@ async def test_remove_fails_relayed_and_refuses_new_ones() -> None:
     with pytest.raises(ErrnoError) as info:
         await a
     assert info.value.errnum == errno.ENOTSUP
-    assert ns.relayed == {}
+    assert ns.relayed is None
     with pytest.raises(ErrnoError):
         ns.expect("3.2")
 
@@ -64,6 +64,24 @@ def test_recent_roots_are_kept_per_guest() -> None:
     assert not recent.known(1001, "a0") and recent.known(1001, "a3")
     assert len(recent) == 6
 
+
+async def test_an_idle_namespace_holds_no_waiter_heap_or_relay_table() -> None:
+    """Memory per namespace: the version waiters' heap and the relayed
+    transactions' table exist only while something waits in them."""
+    ns = Namespace("job-2", owner=0, rootref="r0", rootseq=0)
+    assert ns._waiters is None and ns.relayed is None
+    wait = asyncio.ensure_future(ns.wait_version(1))
+    relay = ns.expect("3.1")
+    await asyncio.sleep(0)  # the wait is in the heap
+    assert ns.waiters == 1 and ns._waiters is not None and ns.relayed is not None
+    ns.set_root(1, "r1")
+    ns.finish(["3.1"], 1, "r1")
+    await wait
+    assert relay.result() == (1, "r1")
+    assert ns._waiters is None and ns.relayed is None
+    ns.expect("3.2")
+    ns.forget_relayed("3.2")  # its requester went away
+    assert ns.relayed is None
 
 
 async def test_cancelled_version_waits_are_dropped_lazily(monkeypatch) -> None:
