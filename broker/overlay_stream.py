@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -31,6 +32,13 @@ from broker.framewriter import FramedProtocol
 log = logging.getLogger("kvbroker.overlay")
 
 CONNECT_RETRY = 0.01
+MAX_PER_TURN = 512
+"""Most messages taken from one link in one turn of the event loop, as a
+ZeroMQ link's ``BATCH``.  One read takes up to 256 KiB: ~4,000 small
+events from a parent, which a rank handled before any of its own clients'
+requests; past this many the rest wait for the next turn, with the link's
+reading paused (higher than a client's 64: a link carries a whole subtree's
+traffic)."""
 
 
 class StreamConn(FramedProtocol):
@@ -47,6 +55,8 @@ class StreamConn(FramedProtocol):
         self.on_slow = on_slow
         self.decoder = codec.StreamDecoder()
         self.rank: int | None = None  # set by the overlay once the peer said hello
+        self._held: deque[list[bytes]] | None = None
+        """Messages read but left for a later turn (:data:`MAX_PER_TURN`)."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -70,15 +80,50 @@ class StreamConn(FramedProtocol):
         # instance, and a ZeroMQ link (MAXMSGSIZE) gives no answer either.
         for skipped in self.decoder.take_oversized():
             log.warning("dropped an oversized overlay message (%d bytes)", skipped.size)
+        if self._held is not None:  # (read before the pause took effect)
+            self._held.extend(messages)
+            return
+        if len(messages) > MAX_PER_TURN:
+            self._held = deque(messages[MAX_PER_TURN:])
+            del messages[MAX_PER_TURN:]
+            self.transport.pause_reading()  # type: ignore[union-attr]
+            asyncio.get_running_loop().call_soon(self._take_held)
+        self._take(messages)
+
+    def _take_held(self) -> None:
+        """The next :data:`MAX_PER_TURN` of the held messages, one turn later."""
+        held = self._held
+        if held is None:
+            return
+        batch = [held.popleft() for _ in range(min(MAX_PER_TURN, len(held)))]
+        if held:
+            asyncio.get_running_loop().call_soon(self._take_held)
+        else:
+            self._held = None
+        self._take(batch)
+        t = self.transport
+        if self._held is None and t is not None and not t.is_closing():
+            t.resume_reading()  # type: ignore[attr-defined]
+
+    def _take(self, messages: list[list[bytes]]) -> None:
         for frames in messages:
             if self.transport.is_closing():  # type: ignore[union-attr]
+                self._held = None
                 return  # refused: ignore whatever else it sent
-            try:
-                self.on_frames(self, frames)
-            except Exception:
-                log.exception("error handling an overlay message")
+            self._deliver(frames)
+
+    def _deliver(self, frames: list[bytes]) -> None:
+        try:
+            self.on_frames(self, frames)
+        except Exception:
+            log.exception("error handling an overlay message")
 
     def connection_lost(self, exc: Exception | None) -> None:
+        # What an admitted peer sent before the link went is still its
+        # message (a parent's last events, sequenced): take it first.
+        held, self._held = self._held, None
+        for frames in held or ():
+            self._deliver(frames)
         self.on_lost(self)
 
     def send(self, frames: list[Any]) -> None:
