@@ -28,7 +28,7 @@ import functools
 import os
 import time
 from collections import Counter, OrderedDict, deque
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterable
 from itertools import count, islice
 from typing import Any, ClassVar
 
@@ -64,6 +64,11 @@ BLOB_CACHE_BYTES = 64 << 20
 the very objects the content cache holds (in-process RPCs copy nothing); a
 miss costs one ``content.load``."""
 MAX_OPS = 100_000
+WHOLE_MEMO = 16_384
+"""Tree objects rank 0 remembers having checked whole (:meth:`KvsModule._check_whole`):
+a commit naming a directory by reference (``kvs copy``) checks only what
+it has not checked since the last garbage collection began, so copying a
+directory of 100,000 keys again costs one blob, not its ~1,600 shards."""
 SETROOT_BLOB_LIMIT = 8 << 10
 """A setroot event carries the commit's new blobs when they total at most this:
 a small commit's few tree levels, which saves a follower that reads the new
@@ -90,7 +95,8 @@ namespace changes, and nothing while it does not."""
 
 COUNTERS = ("commits", "batches", "merged", "merges-split", "commits-failed", "relays",
             "relayed", "lookups", "diffs", "blob-fetches", "namespaces-created",
-            "namespaces-loaded", "getroot-heard", "namespaces-removed", "collections")
+            "namespaces-loaded", "getroot-heard", "namespaces-removed", "collections",
+            "trees-checked")
 """The ``counts`` of ``kvs.stats-get`` (all shown, 0 included)."""
 
 
@@ -331,6 +337,12 @@ class KvsModule(Module):
         self._unpublished: Counter[str] = Counter()
         """Roots made and stored, not yet set (a commit between its store
         and its new root): live, for a garbage collection."""
+        self._whole: OrderedDict[str, None] = OrderedDict()
+        """Rank 0: tree objects checked whole (every blob below them stored)
+        since the last garbage collection began, most recent last
+        (:meth:`_check_whole`); at most :data:`WHOLE_MEMO`."""
+        self._whole_epoch = 0
+        """``collections_begun`` when :attr:`_whole` was last emptied."""
 
     # ================================================================ life cycle
 
@@ -1314,6 +1326,8 @@ class KvsModule(Module):
                 todo.extend(d["data"].values())
         named = {ref: ref in dirrefs for ref in valrefs | dirrefs if ref not in new_blobs}
         tops = {ref for ref, is_tree in named.items() if is_tree}
+        whole = self._whole_memo() if tops else None
+        epoch = self._whole_epoch
         found = await self.fetch(tops, held, keep=True) if tops else {}  # ENOENT if unknown
         # what is below: the named values' data, and the entries of the
         # named directories (fetched and decoded once, here)
@@ -1325,10 +1339,12 @@ class KvsModule(Module):
                 obj = None
             if not _names_a_directory(obj):
                 raise ErrnoError(errno.EINVAL, f"dirref {ref} does not name a directory")
-            if ref in tops:
+            if ref in tops and (whole is None or ref not in whole):
                 below.update(treeobj.blobrefs(obj))
         if below:
             await self._check_whole(below, seen=set(tops))
+        if tops:
+            self._note_whole(tops, epoch)
         return named
 
     async def _check_whole(self, refs: dict[str, bool], seen: set[str] | None = None) -> None:
@@ -1345,11 +1361,17 @@ class KvsModule(Module):
         directory whose entries were never stored.  (``seen``: tree objects
         already checked.)"""
         content = self._content
+        whole = self._whole_memo()
+        epoch = self._whole_epoch
         seen = set() if seen is None else seen
-        todo = {r: t for r, t in refs.items() if r not in seen}
+        known = whole if whole is not None else {}
+        todo = {r: t for r, t in refs.items() if r not in seen and r not in known}
+        checked: list[str] = []
         while todo:
             seen.update(todo)
             trees = {ref for ref, is_tree in todo.items() if is_tree}
+            checked.extend(trees)
+            self.counts["trees-checked"] += len(trees)
             data = [ref for ref in todo if ref not in trees]
             if data:
                 if content is not None:
@@ -1360,7 +1382,33 @@ class KvsModule(Module):
             below: dict[str, bool] = {}
             for ref in trees:
                 below.update(treeobj.blobrefs(treeobj.decode(found[ref])))
-            todo = {r: t for r, t in below.items() if r not in seen}
+            self._whole_memo()  # (empties ``known`` in place if a collection began)
+            todo = {r: t for r, t in below.items() if r not in seen and r not in known}
+        self._note_whole(checked, epoch)
+
+    def _whole_memo(self) -> OrderedDict[str, None] | None:
+        """:attr:`_whole`, emptied if a garbage collection began since it was
+        filled (one may remove blobs below a tree checked before it); None
+        without an in-process content module (no collections to follow)."""
+        content = self._content
+        if content is None:
+            return None
+        if content.collections_begun != self._whole_epoch:
+            self._whole.clear()
+            self._whole_epoch = content.collections_begun
+        return self._whole
+
+    def _note_whole(self, trees: Iterable[str], epoch: int) -> None:
+        """Remember ``trees`` as checked whole, unless a collection began
+        since the check did (``epoch``)."""
+        whole = self._whole_memo()
+        if whole is None or epoch != self._whole_epoch:
+            return
+        for ref in trees:
+            whole[ref] = None
+            whole.move_to_end(ref)
+        while len(whole) > WHOLE_MEMO:
+            whole.popitem(last=False)
 
     async def _keep_whole(self, refs: dict[str, bool], begun: int) -> None:
         """Check the blobs below ``refs`` again if a garbage collection began
@@ -1468,6 +1516,7 @@ class KvsModule(Module):
             "checkpoint": self._checkpoint_stats(),
             "gc": self._gc_stats(),
             "relays-waiting": sum(len(ns.relayed or ()) for ns in self.namespaces.values()),
+            "trees-known-whole": len(self._whole_memo() or ()),
             "rpcs-pending": self.h.pending,
             "events": self.event_stats(),
             "pid": os.getpid(),

@@ -30,6 +30,7 @@ from test_kvs_rpc_helpers import (
     lookup,
     put,
     run_guest,
+    stats,
     unlink,
     valref,
 )
@@ -479,3 +480,44 @@ def test_root_history_keeps_the_grace_period() -> None:
     history.note(f"sha1-{4:040x}")  # the same root again: noted once
     assert len(history) == 3
     assert RootHistory(grace=0.0).recent() == []
+
+
+async def test_a_directory_checked_whole_is_walked_again_only_after_a_gc(
+        start_instance, connect) -> None:
+    """Rank 0 remembers the directories a commit checked whole: naming one
+    again (a second ``kvs copy``) reads only its top.  A collection empties
+    that memory, since it may remove blobs below a tree checked before it:
+    a directory whose subdirectory it removed is ENOENT again, even though
+    it was once checked whole and its own blob came back."""
+    inst = await start_instance(size=1, attrs=NOW)
+    h = await connect(inst, 0)
+
+    async def checked() -> int:
+        return (await stats(h))["counts"]["trees-checked"]
+
+    await commit(h, *(put(f"big.k{i}", f"v{i}") for i in range(600)))  # sharded
+    src = await lookup(h, "big", flags=TREEOBJ)
+    assert src["type"] == "dirref"
+    before = await checked()
+    await commit(h, put("copy1", src))
+    first = await checked() - before
+    assert first >= 4  # the shards below the top, read once
+    await commit(h, put("copy2", src))
+    assert await checked() - before == first  # not again
+    assert await get(h, "copy2.k599") == b"v599"
+    # X = {sub: Y}, stored by hand, checked whole, then unreachable and collected
+    y = T.encode(T.dir_({"k": T.val(b"gone")}))
+    yref = (await asyncio.wait_for(h.rpc("content.store", {"data": y}), 10))["blobref"]
+    x = T.encode(T.dir_({"sub": T.dirref(yref)}))
+    xref = (await asyncio.wait_for(h.rpc("content.store", {"data": x}), 10))["blobref"]
+    await commit(h, put("old", dirref(xref)))
+    assert (await stats(h))["trees-known-whole"] >= 2
+    await commit(h, unlink("old"))
+    await gc(h)
+    assert (await stats(h))["trees-known-whole"] == 0
+    await dropcaches(inst, connect)
+    with pytest.raises(RemoteError) as info:
+        await asyncio.wait_for(h.rpc("content.load", {"blobref": yref}), 10)
+    assert info.value.errnum == errno.ENOENT  # the collection removed Y
+    await asyncio.wait_for(h.rpc("content.store", {"data": x}), 10)  # X is back, Y is not
+    assert await errnum(commit(h, put("again", dirref(xref)))) == errno.ENOENT
