@@ -244,10 +244,13 @@ class Namespace:
             # Lazily: rebuilding the heap for each one made a client that
             # left with 100k waits cost O(n^2) -- rank 0 at full CPU for
             # over 17 minutes, and every commit of the instance waiting.
-            w = self._waiters
-            if not self.removed and w is not None:
+            # Only a wait still in the heap counts itself out: one whose
+            # version came (set_root counted it) or whose namespace went
+            # (remove) before the task resumed is counted already.
+            if fut.cancelled() and not self.removed:
                 self._live -= 1
-                if len(w) > 2 * self._live + 16:
+                w = self._waiters
+                if w is not None and len(w) > 2 * self._live + 16:
                     w = [x for x in w if not x[2].done()]
                     heapq.heapify(w)
                     self._waiters = w or None

@@ -84,6 +84,25 @@ async def test_an_idle_namespace_holds_no_waiter_heap_or_relay_table() -> None:
     assert ns.relayed is None
 
 
+async def test_a_wait_cancelled_after_its_version_came_is_counted_once() -> None:
+    """A wait whose version arrived, cancelled before its task resumed (its
+    client went away at that moment), is not counted out a second time."""
+    ns = Namespace("job-3", owner=0, rootref="r0", rootseq=0)
+    early = asyncio.ensure_future(ns.wait_version(1))
+    later = asyncio.ensure_future(ns.wait_version(5))
+    await asyncio.sleep(0)  # both waits are in the heap
+    assert ns.waiters == 2
+    ns.set_root(1, "r1")  # early's version: counted out here...
+    early.cancel()  # ...and cancelled before it resumed
+    with pytest.raises(asyncio.CancelledError):
+        await early
+    assert ns.waiters == 1
+    later.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await later
+    assert ns.waiters == 0
+
+
 async def test_cancelled_version_waits_are_dropped_lazily(monkeypatch) -> None:
     """A client that left with 100k waits cost rank 0 O(n^2) (the heap was
     rebuilt per cancelled wait: over 17 minutes at full CPU).  Cancelled
