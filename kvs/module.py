@@ -1329,6 +1329,8 @@ class KvsModule(Module):
         whole = self._whole_memo() if tops else None
         epoch = self._whole_epoch
         found = await self.fetch(tops, held, keep=True) if tops else {}  # ENOENT if unknown
+        if whole is not None:
+            self._whole_memo()  # (empties ``whole`` in place if a collection began)
         # what is below: the named values' data, and the entries of the
         # named directories (fetched and decoded once, here)
         below = {ref: False for ref, is_tree in named.items() if not is_tree}
