@@ -58,7 +58,10 @@ of a rank's time, during which every other client waited (a ping measured
 70 ms behind one burst of ``event.pub``).  Past this many, the rest of the
 read waits for the next turn with the connection's reading paused, so the
 other clients' requests are taken in between (Flux's connector takes one
-message per callback).  It costs a burst one more loop turn per 64."""
+message per callback).  It costs a burst one more loop turn per 64.  A
+guest user's connections share one such allowance per turn
+(:meth:`GuestUsage.allowance`): many connections buy a guest no more of
+the rank's time than one."""
 _UCRED = struct.Struct("iII")  # struct ucred: pid_t, uid_t, gid_t (uids past 2**31 too)
 
 
@@ -92,7 +95,7 @@ class GuestUsage:
     drained since; every share is refreshed before anything is closed for
     the budget, and for ``broker.stats-get``."""
 
-    __slots__ = ("conns", "partial", "output", "lingering")
+    __slots__ = ("conns", "partial", "output", "lingering", "taken", "turn_open")
 
     def __init__(self) -> None:
         self.conns: set[ClientConnection] = set()
@@ -102,6 +105,22 @@ class GuestUsage:
         """Bytes queued for its connections and not yet sent."""
         self.lingering = 0
         """Its connections closed on purpose, not gone yet (:data:`LINGER`)."""
+        self.taken = 0
+        """Requests its connections took in this turn of the loop (:meth:`allowance`)."""
+        self.turn_open = False
+
+    def allowance(self) -> int:
+        """Requests its connections may still take in this turn of the loop:
+        :data:`MAX_PER_TURN` for all of them together, so a guest with many
+        connections gets one share of the rank's time, not one per connection."""
+        if not self.turn_open:
+            self.turn_open = True
+            self.taken = 0
+            asyncio.get_running_loop().call_soon(self._close_turn)
+        return MAX_PER_TURN - self.taken
+
+    def _close_turn(self) -> None:
+        self.turn_open = False
 
     def held(self) -> int:
         """Bytes held for the user: part-received messages and unsent output."""
@@ -316,23 +335,31 @@ class ClientConnection(FramedProtocol):
         if self._held is not None:  # (read before the pause took effect)
             self._held.extend(messages)
             return
-        if len(messages) > MAX_PER_TURN:
-            self._held = deque(messages[MAX_PER_TURN:])
-            del messages[MAX_PER_TURN:]
+        allowed = MAX_PER_TURN if usage is None else usage.allowance()
+        if len(messages) > allowed:
+            self._held = deque(messages[allowed:])
+            del messages[allowed:]
             self.transport.pause_reading()  # type: ignore[union-attr]
             asyncio.get_running_loop().call_soon(self._take_held)
+        if usage is not None:
+            usage.taken += len(messages)
         self._take(messages)
 
     def _take_held(self) -> None:
-        """The next :data:`MAX_PER_TURN` of the held requests, one turn later."""
+        """The next of the held requests, one turn later: at most
+        :data:`MAX_PER_TURN`, or what is left of a guest user's share."""
         held = self._held
         if held is None:
             return  # retired meanwhile
-        batch = [held.popleft() for _ in range(min(MAX_PER_TURN, len(held)))]
+        usage = self.guest
+        allowed = MAX_PER_TURN if usage is None else usage.allowance()
+        batch = [held.popleft() for _ in range(min(allowed, len(held)))]
         if held:
             asyncio.get_running_loop().call_soon(self._take_held)
         else:
             self._held = None
+        if usage is not None:
+            usage.taken += len(batch)
         self._take(batch)
         if self._held is None:
             self._resume_reading()

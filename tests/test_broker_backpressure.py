@@ -20,7 +20,7 @@ import signal
 import socket
 
 import pytest
-from test_broker_support import wait_until
+from test_broker_support import stop_process, wait_until
 
 from broker import codec
 from broker.connector import MAX_BACKLOG
@@ -234,18 +234,6 @@ async def test_a_burst_from_one_client_does_not_hold_up_the_others(start_instanc
     assert position <= 4 * MAX_PER_TURN, (position, sent // each)
 
 
-async def _stop(pid: int) -> None:
-    """SIGSTOP ``pid`` and wait until it is stopped (the signal is
-    asynchronous: a rank may still take one more read)."""
-    os.kill(pid, signal.SIGSTOP)
-
-    async def stopped() -> bool:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0] == "T"
-
-    await wait_until(stopped, f"process {pid} to stop")
-
-
 async def _raw_client(uri: str) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(parse_uri(uri))
@@ -290,7 +278,7 @@ async def test_a_burst_down_the_tree_does_not_hold_up_a_ranks_clients(start_inst
     try:
         for r in range(rounds):
             received.clear()
-            await _stop(rank1)
+            await stop_process(rank1)
             try:
                 for i in range(count):
                     publisher.publish_nowait("fair.burst", {"i": i})

@@ -15,9 +15,17 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import signal
 
 import pytest
-from test_broker_support import GUEST_UID, OTHER_GUEST_UID, GuestProc, stats, wait_until
+from test_broker_support import (
+    GUEST_UID,
+    OTHER_GUEST_UID,
+    GuestProc,
+    stats,
+    stop_process,
+    wait_until,
+)
 from test_watch_helpers import (
     WAITCREATE,
     WATCH,
@@ -459,3 +467,56 @@ async def test_a_burst_to_a_guest_that_reads_is_not_counted_against_it(
         assert (await stats(h0))["connector"]["guests-over-budget"] == 0
     finally:
         guest.kill()
+
+
+async def test_a_guests_connections_share_one_turn(start_instance, connect) -> None:
+    """Time per guest user: a rank takes at most MAX_PER_TURN requests per
+    turn of its loop from all of one guest's connections together, not that
+    many from each.  Sixteen guest connections each hold a burst while
+    rank 0 is stopped, and the owner sends one request after them: once
+    rank 0 runs, the owner's request is sequenced after at most a turn or
+    two of the guest's events (a turn per connection, 16 x 64, before).
+    Nothing of the guest's is lost."""
+    from broker.connector import MAX_PER_TURN
+
+    conns, each = 16, 400
+    inst = await start_instance(size=1, attrs=ALLOW)
+    sub, owner = await connect(inst, 0), await connect(inst, 0)
+    await sub.subscribe("fair.")
+    guest = await GuestProc.start(inst.uri(0), f"""
+        async def main():
+            socks = [raw() for _ in range({conns})]
+            for s in socks:  # each one accepted and read by the rank
+                s.sendall(request("broker.ping", {{}}, 1))
+                read_one(s, codec.StreamDecoder())
+            out(ready=True)
+            await step()
+            burst = b"".join(request("event.pub", {{"topic": "fair.guest"}}, 2 + i)
+                             for i in range({each}))
+            for s in socks:
+                s.sendall(burst)
+            out(sent=True)
+            await step()
+    """)
+    try:
+        assert await guest.line() == {"ready": True}
+        rank0 = inst.pids()[0]
+        await stop_process(rank0)
+        try:
+            guest.go()
+            assert await guest.line() == {"sent": True}
+            owner.publish_nowait("fair.owner")
+            owner.flush()
+        finally:
+            os.kill(rank0, signal.SIGCONT)
+        topics = []
+        async with asyncio.timeout(60):
+            while len(topics) < conns * each + 1:
+                topics.append((await sub.recv_event()).topic)
+        guest.go()
+        await guest.finish()
+    finally:
+        guest.kill()
+    assert topics.count("fair.guest") == conns * each
+    position = topics.index("fair.owner")
+    assert position <= 2 * MAX_PER_TURN, position

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import sys
 import textwrap
 from collections import deque
@@ -41,6 +42,18 @@ async def wait_until(
                 await asyncio.sleep(0.005)
     except TimeoutError:
         raise AssertionError(f"timed out waiting for {what}") from None
+
+
+async def stop_process(pid: int) -> None:
+    """SIGSTOP ``pid`` and wait until it is stopped (the signal is
+    asynchronous: a rank may still take one more read)."""
+    os.kill(pid, signal.SIGSTOP)
+
+    async def stopped() -> bool:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] == "T"
+
+    await wait_until(stopped, f"process {pid} to stop")
 
 
 async def stats(h: Handle, rank: int = NODEID_ANY) -> dict[str, Any]:
