@@ -14,13 +14,14 @@ if TYPE_CHECKING:
     from benchmarks.harness import Workload
 
 ORDER = ("W0", "W1", "W1b", "W2", "W2s", "W2p", "W3", "W4", "W5", "W5x", "W5r", "W6",
-         "Wgc", "Wstart")
+         "Wgc", "Wcopy", "Wstart")
 
 
 def all_workloads() -> list[Workload]:
     from benchmarks.workloads import (
         collect,
         commits,
+        copies,
         events,
         namespaces,
         reads,
@@ -31,6 +32,6 @@ def all_workloads() -> list[Workload]:
     )
 
     found = [w for mod in (w0_raw, rpc, commits, reads, watch, namespaces, events, collect,
-                           startup)
+                           copies, startup)
              for w in mod.WORKLOADS]
     return sorted(found, key=lambda w: ORDER.index(w.id) if w.id in ORDER else len(ORDER))
