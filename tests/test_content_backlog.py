@@ -122,11 +122,16 @@ async def test_a_busy_namespace_does_not_starve_another(start_instance, connect)
     """Waiters are admitted in arrival order: with every commit waiting for a
     write (a 1-byte limit), a flood of commits to one namespace lets a
     commit to another through in its turn, not after the whole flood (its
-    queue, woken with the others, barged in again and again)."""
+    queue, woken with the others, barged in again and again).  Its turn is
+    read on rank 0's side, from the order of the setroot events: how many
+    of the flood's commits were applied between a ``kvs.getroot`` sent with
+    it and the lone commit itself (counting answers as this process reads
+    them misjudged it when this process ran late on a loaded machine)."""
     inst = await start_instance(size=1, attrs={"content.backlog-bytes": "1"})
-    flooder, other = await connect(inst), await connect(inst)
+    flooder, other, sub = await connect(inst), await connect(inst), await connect(inst)
     await asyncio.wait_for(other.rpc("kvs.namespace-create", {
         "namespace": "other", "owner": os.getuid()}), T)
+    await sub.subscribe("kvs.namespace-")
     answered: list[str] = []
     first = asyncio.Event()
 
@@ -135,17 +140,26 @@ async def test_a_busy_namespace_does_not_starve_another(start_instance, connect)
         answered.append(key)
         first.set()
 
-    count = 200
+    count = 400  # long enough to be going still when this process, late, sends the lone one
     flood = [asyncio.ensure_future(one(flooder, f"f{i}")) for i in range(count)]
     await asyncio.wait_for(first.wait(), 60)  # the flood is queued and being applied
-    sent_at = len(answered)
+    # sent together: rank 0 reads both in one go
+    root = asyncio.ensure_future(asyncio.wait_for(
+        other.rpc("kvs.getroot", {"namespace": "primary"}), T))
     await one(other, "lone", ns="other")
+    at_send = (await root)["rootseq"]
     await asyncio.wait_for(asyncio.gather(*flood), 60)
-    # Counted from when it was sent (this process may be late to send it on
-    # a busy machine): a few of the flood's commits go before it, not the
-    # rest of the flood.
-    assert sent_at < count - 50, sent_at  # the flood was still going
-    assert answered.index("lone") - sent_at < 20, (sent_at, answered)
+    before = at_send
+    async with asyncio.timeout(30):
+        while True:
+            ev = await sub.recv_event()  # in rank 0's order
+            if ev.topic == "kvs.namespace-other-setroot":  # the lone commit
+                break
+            if ev.topic == "kvs.namespace-primary-setroot":
+                before = max(before, ev.payload["rootseq"])
+    assert at_send < count - 50, at_send  # the flood was still going
+    # a few of the flood's commits go before it, not the rest of the flood
+    assert before - at_send < 20, (at_send, before)
     assert (await stats(other, "content"))["backlog-waits"] >= count
 
 
