@@ -162,21 +162,36 @@ class ContentModule(Module):
                                               "instance (its content.sqlite is locked)") from None
 
     async def stop(self) -> None:
+        """Write what is dirty, make the store durable and close it.  A store
+        that cannot be made durable (a full disk) fails the stop with one
+        ``ErrnoError`` -- the rank says why in one line and exits 1 -- after
+        the file is closed all the same."""
         self.stopping = True
         self.release_waiters()  # (they see stopping: ENOSYS)
+        failed: ErrnoError | None = None
         if self.backing is not None:
             if self.persistent:  # (without a statedir the file goes with the run directory)
                 try:
                     await self._drain()
                 except ErrnoError as exc:
                     logging.getLogger("kvbroker.content").error("at stop: %s", exc)
-                await self.db(self.backing.sync)
+                try:
+                    # (the WAL checkpoint copies the WAL's frames into the
+                    # main file, which may have to grow: a full disk fails it)
+                    await self.db(self.backing.sync)
+                except sqlite3.Error as exc:
+                    failed = store_error(exc, "making the content store durable")
             else:
                 # what is being written must end before the file is closed
                 await asyncio.gather(*list(self._writes), return_exceptions=True)
-            await self.db(self.backing.close)
+            try:
+                await self.db(self.backing.close)
+            except sqlite3.Error as exc:
+                failed = failed or store_error(exc, "closing the content store")
         if self._executor is not None:
             self._executor.shutdown(wait=True)
+        if failed is not None:
+            raise failed
 
     async def db(self, fn: Any, *args: Any) -> Any:
         """Run a backing-store call on the one SQLite thread (calls stay in order)."""
