@@ -143,6 +143,7 @@ async def test_a_guest_sees_only_its_own_usage(start_instance, connect) -> None:
             await step()
             st = await h.rpc("broker.stats-get", {})
             out(guests=st["guests"])
+            await step()  # connected until the test has looked (it exits after)
     """
     guest = await GuestProc.start(inst.uri(0), body)
     other = await GuestProc.start(inst.uri(0), body, uid=OTHER_GUEST_UID)
@@ -155,6 +156,8 @@ async def test_a_guest_sees_only_its_own_usage(start_instance, connect) -> None:
             [str(GUEST_UID), str(OTHER_GUEST_UID)])
         other.go()
         assert list((await other.line())["guests"]) == [str(OTHER_GUEST_UID)]
+        guest.go()
+        other.go()
         await guest.finish()
         await other.finish()
     finally:
