@@ -34,13 +34,13 @@ import logging
 import os
 import socket
 import struct
-from collections import deque
 from typing import TYPE_CHECKING
 
 from broker import codec
 from broker.errors import ProtocolError
 from broker.framewriter import FramedProtocol
 from broker.message import Message, MsgFlags, MsgType, Role
+from broker.turns import TurnReader
 
 if TYPE_CHECKING:
     from broker.router import Router
@@ -60,7 +60,7 @@ read waits for the next turn with the connection's reading paused, so the
 other clients' requests are taken in between (Flux's connector takes one
 message per callback).  It costs a burst one more loop turn per 64.  A
 guest user's connections share one such allowance per turn
-(:meth:`GuestUsage.allowance`): many connections buy a guest no more of
+(:meth:`GuestUsage.grant`): many connections buy a guest no more of
 the rank's time than one."""
 _UCRED = struct.Struct("iII")  # struct ucred: pid_t, uid_t, gid_t (uids past 2**31 too)
 
@@ -106,18 +106,21 @@ class GuestUsage:
         self.lingering = 0
         """Its connections closed on purpose, not gone yet (:data:`LINGER`)."""
         self.taken = 0
-        """Requests its connections took in this turn of the loop (:meth:`allowance`)."""
+        """Requests its connections took in this turn of the loop (:meth:`grant`)."""
         self.turn_open = False
 
-    def allowance(self) -> int:
-        """Requests its connections may still take in this turn of the loop:
-        :data:`MAX_PER_TURN` for all of them together, so a guest with many
-        connections gets one share of the rank's time, not one per connection."""
+    def grant(self, wanted: int) -> int:
+        """How many of ``wanted`` requests one of its connections may take
+        now, counted: :data:`MAX_PER_TURN` per turn of the loop for all of
+        them together, so a guest with many connections gets one share of
+        the rank's time, not one per connection."""
         if not self.turn_open:
             self.turn_open = True
             self.taken = 0
             asyncio.get_running_loop().call_soon(self._close_turn)
-        return MAX_PER_TURN - self.taken
+        granted = min(wanted, MAX_PER_TURN - self.taken)
+        self.taken += granted
+        return granted
 
     def _close_turn(self) -> None:
         self.turn_open = False
@@ -153,9 +156,9 @@ class ClientConnection(FramedProtocol):
         """This connection's share of ``guest.output``."""
         self._lingering: tuple[GuestUsage | None, asyncio.TimerHandle] | None = None
         """While closed on purpose and not gone yet: the user it counts for, the timer."""
-        self._held: deque[list[bytes]] | None = None
-        """Requests read but left for a later turn (:data:`MAX_PER_TURN`); reading
-        stays paused while there are any."""
+        self._reader = TurnReader(self._take, self._grant, self._pause_reading,
+                                  self._resume_reading)
+        """Requests taken at most :data:`MAX_PER_TURN` per loop turn, the rest held."""
 
     # -- asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -248,8 +251,8 @@ class ClientConnection(FramedProtocol):
             self.server.connections.pop(self.peer_id, None)
             self.router.remove_peer(self)
             self.decoder = codec.StreamDecoder(self.server.max_message)
-        if self._held is not None:
-            self._held = None  # not served any more: what it sends is read and dropped
+        if self._reader.holding:
+            self._reader.drop()  # not served any more: what it sends is read and dropped
             self._resume_reading()
 
     def _forget_if_idle(self, usage: GuestUsage) -> None:
@@ -332,43 +335,22 @@ class ClientConnection(FramedProtocol):
             self.decoder.oversized = 0
         for skipped in self.decoder.take_oversized():
             self._answer_oversized(skipped)
-        if self._held is not None:  # (read before the pause took effect)
-            self._held.extend(messages)
-            return
-        allowed = MAX_PER_TURN if usage is None else usage.allowance()
-        if len(messages) > allowed:
-            self._held = deque(messages[allowed:])
-            del messages[allowed:]
-            self.transport.pause_reading()  # type: ignore[union-attr]
-            asyncio.get_running_loop().call_soon(self._take_held)
-        if usage is not None:
-            usage.taken += len(messages)
-        self._take(messages)
+        self._reader.feed(messages)
 
-    def _take_held(self) -> None:
-        """The next of the held requests, one turn later: at most
+    def _grant(self, wanted: int) -> int:
+        """How many of ``wanted`` requests to take in this turn: at most
         :data:`MAX_PER_TURN`, or what is left of a guest user's share."""
-        held = self._held
-        if held is None:
-            return  # retired meanwhile
         usage = self.guest
-        allowed = MAX_PER_TURN if usage is None else usage.allowance()
-        batch = [held.popleft() for _ in range(min(allowed, len(held)))]
-        if held:
-            asyncio.get_running_loop().call_soon(self._take_held)
-        else:
-            self._held = None
-        if usage is not None:
-            usage.taken += len(batch)
-        self._take(batch)
-        if self._held is None:
-            self._resume_reading()
+        return min(wanted, MAX_PER_TURN) if usage is None else usage.grant(wanted)
+
+    def _pause_reading(self) -> None:
+        self.transport.pause_reading()  # type: ignore[union-attr]
 
     def _resume_reading(self) -> None:
         """Read the client again, unless it still has answers to read first
         (:meth:`pause_writing`) or requests held (:data:`MAX_PER_TURN`)."""
         t = self.transport
-        if t is not None and not t.is_closing() and self._held is None \
+        if t is not None and not t.is_closing() and not self._reader.holding \
                 and (self.writer is None or not self.writer.paused):
             t.resume_reading()
 

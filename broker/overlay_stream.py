@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -28,6 +27,7 @@ from broker import codec
 from broker.connector import peer_uid
 from broker.errors import ProtocolError
 from broker.framewriter import FramedProtocol
+from broker.turns import TurnReader
 
 log = logging.getLogger("kvbroker.overlay")
 
@@ -55,8 +55,9 @@ class StreamConn(FramedProtocol):
         self.on_slow = on_slow
         self.decoder = codec.StreamDecoder()
         self.rank: int | None = None  # set by the overlay once the peer said hello
-        self._held: deque[list[bytes]] | None = None
-        """Messages read but left for a later turn (:data:`MAX_PER_TURN`)."""
+        self._reader = TurnReader(self._take, lambda n: min(n, MAX_PER_TURN),
+                                  self._pause_reading, self._resume_reading)
+        """Messages taken at most :data:`MAX_PER_TURN` per loop turn, the rest held."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -80,35 +81,20 @@ class StreamConn(FramedProtocol):
         # instance, and a ZeroMQ link (MAXMSGSIZE) gives no answer either.
         for skipped in self.decoder.take_oversized():
             log.warning("dropped an oversized overlay message (%d bytes)", skipped.size)
-        if self._held is not None:  # (read before the pause took effect)
-            self._held.extend(messages)
-            return
-        if len(messages) > MAX_PER_TURN:
-            self._held = deque(messages[MAX_PER_TURN:])
-            del messages[MAX_PER_TURN:]
-            self.transport.pause_reading()  # type: ignore[union-attr]
-            asyncio.get_running_loop().call_soon(self._take_held)
-        self._take(messages)
+        self._reader.feed(messages)
 
-    def _take_held(self) -> None:
-        """The next :data:`MAX_PER_TURN` of the held messages, one turn later."""
-        held = self._held
-        if held is None:
-            return
-        batch = [held.popleft() for _ in range(min(MAX_PER_TURN, len(held)))]
-        if held:
-            asyncio.get_running_loop().call_soon(self._take_held)
-        else:
-            self._held = None
-        self._take(batch)
+    def _pause_reading(self) -> None:
+        self.transport.pause_reading()  # type: ignore[union-attr]
+
+    def _resume_reading(self) -> None:
         t = self.transport
-        if self._held is None and t is not None and not t.is_closing():
+        if t is not None and not t.is_closing():
             t.resume_reading()  # type: ignore[attr-defined]
 
     def _take(self, messages: list[list[bytes]]) -> None:
         for frames in messages:
             if self.transport.is_closing():  # type: ignore[union-attr]
-                self._held = None
+                self._reader.drop()
                 return  # refused: ignore whatever else it sent
             self._deliver(frames)
 
@@ -121,8 +107,7 @@ class StreamConn(FramedProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         # What an admitted peer sent before the link went is still its
         # message (a parent's last events, sequenced): take it first.
-        held, self._held = self._held, None
-        for frames in held or ():
+        for frames in self._reader.drop():
             self._deliver(frames)
         self.on_lost(self)
 

@@ -21,7 +21,6 @@ from benchmarks.workloads import kvsops
 from broker.handle import Handle
 
 COPIES = 10
-TREEOBJ = 16  # kvs.lookup flag: answer the entry's tree object (a dirref here)
 BATCH = 10_000
 
 
@@ -39,7 +38,7 @@ async def run_wcopy(ctx: RepContext) -> list[Sample]:
     for start in range(0, n, BATCH):
         await kvsops.commit(h, [kvsops.put_op(f"big.k{i}", b"v%d" % i)
                                 for i in range(start, min(n, start + BATCH))])
-    src = (await kvsops.lookup(h, "big", flags=TREEOBJ))["val"]
+    src = (await kvsops.lookup(h, "big", flags=kvsops.TREEOBJ))["val"]  # a dirref
     ms = [await _timed_commit(h, [{"key": f"copy{i}", "flags": 0, "dirent": src}])
           for i in range(COPIES)]
     plain = statistics.median([await _timed_commit(h, [kvsops.put_op(f"one.k{i}", b"x")])

@@ -15,6 +15,7 @@ from broker.handle import Handle, Stream
 PRIMARY = "primary"
 # kvs.lookup flags / commit op flags / kvs-watch flags
 APPEND = 32
+TREEOBJ = 16
 WATCH = 4
 WAITCREATE = 8
 
