@@ -68,8 +68,9 @@ class AttrSpec:
 _INT_RE = re.compile(r"-?[0-9]+")
 
 
-def integer(minimum: int = 0, why: str = "") -> Parser:
-    """A decimal integer of at least ``minimum`` (``why`` says why, if it matters)."""
+def integer(minimum: int = 0, why: str = "", maximum: int | None = None) -> Parser:
+    """A decimal integer of at least ``minimum`` (``why`` says why, if it
+    matters) and at most ``maximum``."""
 
     def parse(value: Any) -> int:
         if isinstance(value, bool):
@@ -84,6 +85,8 @@ def integer(minimum: int = 0, why: str = "") -> Parser:
         if n < minimum:
             reason = f": {why}" if why else ""
             raise ValueError(f"{n} is below the minimum of {minimum}{reason}")
+        if maximum is not None and n > maximum:
+            raise ValueError(f"{n} is above the maximum of {maximum}")
         return n
 
     return parse
@@ -164,7 +167,8 @@ MODULES = AttrSpec(
     "modules to load, by entry-point name")
 MAX_MESSAGE = AttrSpec(
     "broker.max-message", str(codec.DEFAULT_MAX_MESSAGE),
-    integer(MIN_MAX_MESSAGE, "every request carries a header, a topic and a route"),
+    integer(MIN_MAX_MESSAGE, "every request carries a header, a topic and a route",
+            codec.MAX_LINK_MESSAGE),
     "largest message a client may send (bytes)")
 CONTENT_HASH = AttrSpec(
     "content.hash", blobref.DEFAULT_HASH, choice(blobref.HASHES, "hash"),
@@ -182,10 +186,15 @@ LINK_BACKLOG = AttrSpec(
     "tbon.max-backlog", str(512 << 20), integer(1 << 20),
     "bytes queued for a parent or child rank that does not read before its "
     "link is dropped (unix transport)")
+LINK_MAX_MESSAGE = AttrSpec(
+    "tbon.max-message", str(codec.MAX_LINK_MESSAGE),
+    integer(64 << 10, "", codec.MAX_LINK_MESSAGE),
+    "largest message a rank sends to its parent or a child (bytes): a bigger "
+    "request, response or event is answered EMSGSIZE instead")
 
 BROKER_ATTRS: tuple[AttrSpec, ...] = (
     ALLOW_GUEST_USER, MAX_GUEST_CONNECTIONS, MAX_GUEST_BYTES, MODULES, MAX_MESSAGE,
-    CONTENT_HASH, LOG_LEVEL, LOG_TIMESTAMPS, TRANSPORT, LINK_BACKLOG)
+    CONTENT_HASH, LOG_LEVEL, LOG_TIMESTAMPS, TRANSPORT, LINK_BACKLOG, LINK_MAX_MESSAGE)
 
 
 # ---------------------------------------------------------------- checking

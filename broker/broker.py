@@ -131,6 +131,7 @@ class Broker:
                                bind=self.bind, curve=self.curve,
                                transport=config[battrs.TRANSPORT.name],
                                max_backlog=config[battrs.LINK_BACKLOG.name],
+                               max_message=config[battrs.LINK_MAX_MESSAGE.name],
                                on_stop=self._stop_for_overlay)
         await self.overlay.start()
         await self.load_module(BrokerServices(self._context(), self))

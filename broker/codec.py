@@ -10,7 +10,11 @@ A message travels as a list of frames::
   Byte strings of ``OOB_THRESHOLD`` bytes or more found in the payload (at the
   top level, or one level down in a map or list) are not copied into the map:
   each is replaced by msgpack ext type ``OOB_EXT`` holding its frame index and
-  travels as its own ``blob`` frame.
+  travels as its own ``blob`` frame -- up to ``MAX_BLOBS`` of them (a
+  message has at most ``MAX_FRAMES`` frames); any more stay in the map.  A
+  blob frame may be named once only: a payload naming one frame many times
+  would grow by that frame each time it is re-packed (a relayed commit),
+  past every size limit, so the decoder refuses it.
 
 Payloads are decoded lazily (:class:`RawPayload`): a rank that only forwards a
 message never unpacks or re-packs its payload.
@@ -21,6 +25,7 @@ by ``u32 length`` per frame, then the frames' bytes; see :class:`StreamDecoder`.
 
 from __future__ import annotations
 
+import errno
 import struct
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, cast
@@ -33,7 +38,21 @@ from broker.message import Message, MsgType, RawPayload
 OOB_EXT = 1
 OOB_THRESHOLD = 4096
 MAX_FRAMES = 64
+MAX_BLOBS = MAX_FRAMES - 2
+"""Blob frames one payload may use: the header and the packed map take two."""
 DEFAULT_MAX_MESSAGE = 1 << 30
+MAX_LINK_MESSAGE = DEFAULT_MAX_MESSAGE
+"""The largest message a rank sends on a link (to a neighbour or a client):
+what every receiver accepts.  A bigger one is answered ``EMSGSIZE`` by the
+sender instead (:func:`oversized_error`), never sent to be dropped."""
+_SURELY_WITHIN = 64 << 10
+
+
+def may_exceed_link(frames: Sequence[Frame]) -> bool:
+    """Whether ``frames`` need adding up against a link's limit (at least
+    64 KiB): not for a message of one or two frames of less than 64 KiB
+    together (the hot paths' messages), which cannot exceed it."""
+    return len(frames) > 2 or len(frames[0]) + len(frames[-1]) > _SURELY_WITHIN
 
 Frame = bytes | bytearray | memoryview
 
@@ -59,7 +78,7 @@ _SCALARS = frozenset({str, int, float, bool, type(None)})
 
 
 def _extract(value: Any, blobs: list[Frame]) -> Any:
-    if isinstance(value, _BYTES) and len(value) >= OOB_THRESHOLD:
+    if isinstance(value, _BYTES) and len(value) >= OOB_THRESHOLD and len(blobs) < MAX_BLOBS:
         blobs.append(value)
         return msgpack.ExtType(OOB_EXT, _U32.pack(len(blobs)))
     return value
@@ -128,6 +147,7 @@ def decode_payload(frames: Sequence[Frame]) -> Any:
         return None
     ext_hook: Callable[[int, bytes], Any] = _no_ext
     if len(frames) > 1:
+        named: set[int] = set()
 
         def oob_hook(code: int, data: bytes) -> Any:
             if code != OOB_EXT or len(data) != 4:
@@ -135,6 +155,9 @@ def decode_payload(frames: Sequence[Frame]) -> Any:
             (index,) = _U32.unpack(data)
             if not 1 <= index < len(frames):
                 raise ProtocolError(f"payload names missing frame {index}")
+            if index in named:
+                raise ProtocolError(f"payload names frame {index} more than once")
+            named.add(index)
             frame = frames[index]
             return frame if isinstance(frame, bytes) else bytes(frame)
 
@@ -181,6 +204,25 @@ def encode_request(topic: str, payload: Any, matchtag: int, nodeid: int,
     the client ``Handle``'s hot path."""
     header = _packb((MsgType.REQUEST, topic, matchtag, nodeid, flags, -1, 0, [], 0, None, 0))
     return [header, *encode_payload(payload)]
+
+
+def frames_size(frames: Sequence[Frame]) -> int:
+    """The bytes of a message's frames (what a receiver's limit counts)."""
+    return sum(map(len, frames))
+
+
+def oversized_error(msg: Message, size: int, limit: int, what: str) -> Message:
+    """The answer that takes the place of ``msg`` when its ``size`` bytes
+    are over the ``limit`` of ``what`` (the attribute, or who would not take
+    it): for a request, its ``EMSGSIZE`` response; for a response, an
+    ``EMSGSIZE`` response to the same request, sent on along its route."""
+    errstr = f"message of {size} bytes exceeds {what} ({limit})"
+    if msg.type == MsgType.REQUEST:
+        return msg.response(None, errno.EMSGSIZE, errstr)
+    return Message(MsgType.RESPONSE, msg.topic, None, matchtag=msg.matchtag,
+                   nodeid=msg.nodeid, flags=msg.flags, userid=msg.userid,
+                   rolemask=msg.rolemask, route=msg.route.copy(), errnum=errno.EMSGSIZE,
+                   errstr=errstr)
 
 
 def peek_response(frames: Sequence[Frame]) -> tuple[int, int, str | None] | None:

@@ -434,6 +434,10 @@ class ClientConnection(FramedProtocol):
                 return
             if msg.type == MsgType.EVENT:
                 msg.wire = frames
+        if codec.may_exceed_link(frames):
+            frames = self._within_limit(msg, frames)
+            if frames is None:
+                return
         w = self.writer
         assert w is not None
         # Judged before this message: one answer bigger than the limit (a
@@ -455,6 +459,21 @@ class ClientConnection(FramedProtocol):
             return
         w.send(frames)
         self._note_output(usage)
+
+    def _within_limit(self, msg: Message, frames: list[codec.Frame]) -> list[codec.Frame] | None:
+        """``frames``, or in place of a message bigger than a client takes
+        (:data:`codec.MAX_LINK_MESSAGE`: its decoder would skip it, and an
+        RPC would wait for ever) the ``EMSGSIZE`` answer to its request;
+        None for such an event (dropped and logged)."""
+        size = codec.frames_size(frames)
+        if size <= codec.MAX_LINK_MESSAGE:
+            return frames
+        self.server.counts["oversized"] += 1
+        log.warning("%s: not sending %s of %d bytes", self.peer_id, msg, size)
+        if msg.type != MsgType.RESPONSE:
+            return None
+        return codec.encode(codec.oversized_error(msg, size, codec.MAX_LINK_MESSAGE,
+                                                  "what a client takes"))
 
     # A client that does not read what it is owed is not read either, so
     # its own requests cannot pile answers up on this rank without bound

@@ -70,6 +70,8 @@ class _ClientProtocol(FramedProtocol):
             self.transport.close()  # type: ignore[union-attr]
             return
         h = self.handle
+        for skipped in self.decoder.take_oversized():
+            self._fail_oversized(skipped)
         for frames in messages:
             # The common case, the answer to a plain rpc(), skips the Message.
             peek = codec.peek_response(frames)
@@ -83,6 +85,17 @@ class _ClientProtocol(FramedProtocol):
                 h._on_response(msg)
             elif msg.type == MsgType.EVENT:
                 h._on_event(msg)
+
+    def _fail_oversized(self, skipped: codec.Oversized) -> None:
+        """An answer too big for this client's decoder was skipped: its
+        request fails with ``EMSGSIZE`` rather than wait for ever."""
+        peek = codec.peek_response([skipped.header]) if skipped.header is not None else None
+        if peek is None:
+            return  # not an answer (or its header was too big to keep)
+        self.handle._on_response(Message(
+            MsgType.RESPONSE, "", matchtag=peek[0], errnum=errno.EMSGSIZE,
+            errstr=f"an answer of {skipped.size} bytes exceeds this client's "
+                   f"limit ({self.decoder.max_message})"))
 
     def connection_lost(self, exc: Exception | None) -> None:
         # ECONNRESET (callers test the errno), and the message says whether

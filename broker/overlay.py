@@ -66,6 +66,15 @@ TRANSPORTS = ("unix", "ipc", "tcp")
 DEFAULT_TRANSPORT = "unix"
 
 
+class Oversized(Exception):
+    """A message of ``size`` bytes, over a link's ``limit`` (:meth:`Overlay.send`)."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(size, limit)
+        self.size = size
+        self.limit = limit
+
+
 def ipc_endpoint(rundir: str, rank: int) -> str:
     return f"ipc://{rundir}/tbon-{rank}"
 
@@ -84,6 +93,7 @@ class Overlay:
         transport: str = DEFAULT_TRANSPORT,
         on_stop: Callable[[str | None], None] | None = None,
         max_backlog: int = 512 << 20,
+        max_message: int = codec.MAX_LINK_MESSAGE,
     ) -> None:
         if transport not in TRANSPORTS:
             raise ValueError(f"unknown tbon.transport {transport!r}")
@@ -93,6 +103,9 @@ class Overlay:
         self.max_backlog = max_backlog
         """``tbon.max-backlog``: a stream link whose peer leaves more than this
         unread is dropped (:class:`~broker.overlay_stream.StreamConn`)."""
+        self.max_message = max_message
+        """``tbon.max-message``: the largest message sent on a link (every
+        rank takes up to :data:`codec.MAX_LINK_MESSAGE`, its largest value)."""
         self.router = router
         self.rank = router.rank
         self.size = router.size
@@ -251,12 +264,19 @@ class Overlay:
     # ------------------------------------------------------------ sending
 
     def send(self, rank: int, msg: Message) -> bool:
-        """Send to a neighbour; False if it is not (or no longer) connected."""
+        """Send to a neighbour; False if it is not (or no longer) connected.
+
+        Raises :class:`Oversized` instead of sending a message bigger than
+        the neighbour takes (it would drop it, and the sender would wait)."""
         try:
             frames = codec.encode(msg)
         except TypeError as exc:
             log.error("cannot encode %s: %s", msg, exc)
             return False
+        if codec.may_exceed_link(frames):
+            size = codec.frames_size(frames)
+            if size > self.max_message:
+                raise Oversized(size, self.max_message)
         if rank == self.parent:
             self._send_parent(frames)
             return True
@@ -271,6 +291,13 @@ class Overlay:
         frames = msg.wire
         if frames is None:
             frames = msg.wire = codec.encode(msg)
+        if codec.may_exceed_link(frames):
+            size = codec.frames_size(frames)
+            if size > self.max_message:  # (event.pub refuses such an event)
+                self.dropped += 1
+                log.error("cannot forward %s: %d bytes exceed tbon.max-message (%d)", msg,
+                          size, self.max_message)
+                return
         for child in self.hello_from:
             self._send_child(child, frames)
 

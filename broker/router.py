@@ -34,7 +34,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from broker import topology
+from broker import codec, topology
 from broker.events import SeqTracker, SubscriptionTable
 from broker.message import (
     NODEID_ANY,
@@ -44,6 +44,7 @@ from broker.message import (
     MsgType,
     Role,
 )
+from broker.overlay import Oversized
 
 if TYPE_CHECKING:
     from broker.overlay import Overlay
@@ -53,9 +54,11 @@ log = logging.getLogger("kvbroker.router")
 
 COUNTERS = ("requests", "responses", "events-sequenced", "events-delivered", "disconnects-sent",
             "unroutable", "lost-requests", "dropped-responses", "dropped-events",
-            "dropped-local", "dropped-control")
+            "dropped-local", "dropped-control", "oversized")
 """The ``messages`` counters of ``broker.stats-get``."""
 
+
+LINK_LIMIT = "tbon.max-message"
 
 Route = tuple[str, ...]
 
@@ -444,7 +447,22 @@ class Router:
 
     def _send_rank(self, rank: int, msg: Message) -> bool:
         ov = self.overlay
-        if ov is None or not ov.send(rank, msg):
+        try:
+            sent = ov is not None and ov.send(rank, msg)
+        except Oversized as exc:
+            # Answered here rather than dropped by the neighbour (a relayed
+            # commit's requester would wait for ever): a request gets its
+            # EMSGSIZE answer, a response becomes one, sent on in its place.
+            self.counts["oversized"] += 1
+            log.warning("not sending %s to rank %d: %d bytes", msg, rank, exc.size)
+            if msg.type == MsgType.REQUEST:
+                if not msg.flags & MsgFlags.NORESPONSE:
+                    self.route_response(codec.oversized_error(msg, exc.size, exc.limit, LINK_LIMIT))
+            elif msg.type == MsgType.RESPONSE:  # (its route is already past this hop)
+                assert ov is not None
+                ov.send(rank, codec.oversized_error(msg, exc.size, exc.limit, LINK_LIMIT))
+            return False
+        if not sent:
             self.counts["unroutable"] += 1
             if msg.type == MsgType.REQUEST:
                 self.respond_error(msg, errno.EHOSTUNREACH, f"rank {rank} is unreachable")

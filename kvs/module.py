@@ -32,11 +32,12 @@ from collections.abc import Awaitable, Iterable
 from itertools import count, islice
 from typing import Any, ClassVar
 
-from broker.attrs import CONTENT_HASH, AttrSpec, duration, integer
+from broker import codec
+from broker.attrs import CONTENT_HASH, LINK_MAX_MESSAGE, AttrSpec, duration, integer
 from broker.content import blobref
 from broker.content.module import BLOB_OVERHEAD, ContentModule, LoadToken
 from broker.errors import ErrnoError, ProtocolError, RemoteError
-from broker.message import Message, MsgFlags
+from broker.message import Message, MsgFlags, RawPayload
 from broker.module import Handler, Module, require
 from kvs import collect as collector
 from kvs import diff as diff_engine
@@ -228,6 +229,12 @@ def _check_relayed(txns: list[Any]) -> list[RelayedTxn]:
     return out
 
 
+def _wire_size(payload: Any) -> int:
+    """The bytes of a request's payload as it came (0 if it was not wire
+    frames: a module's own request), which a relay adds up."""
+    return codec.frames_size(payload.frames) if type(payload) is RawPayload else 0
+
+
 def _commit_flags(p: dict[str, Any]) -> int:
     flags = p.get("flags", 0)
     if not isinstance(flags, int):
@@ -364,7 +371,8 @@ class KvsModule(Module):
         }
 
     async def start(self) -> None:
-        self.relays = RelayOutbox(self.h, self.counts)
+        self.relays = RelayOutbox(self.h, self.counts,
+                                  LINK_MAX_MESSAGE.value(self.ctx.attrs) // 4)
         # (before any request: a namespace heard created has had every event seen)
         self.h.subscribe(EVENT_PREFIX)
         if not self.leader:
@@ -1022,13 +1030,14 @@ class KvsModule(Module):
         """``kvs.commit``.  With the namespace at hand (the hot path) no task
         is created: the answer is sent by the transaction's outcome future,
         queued here on rank 0, relayed to rank 0 on a follower."""
+        wire = msg.wire_payload  # (its size, for a relay: before it is decoded)
         p = require(msg.payload, ops=list)
         ops = _check_ops(p["ops"])
         flags = _commit_flags(p)
         name = _ns_name(p)
         ns = self.namespaces.get(name)
         if ns is None or ns.rootseq < 0 or name in self._loading:
-            return self._commit(msg, p, ops, flags)
+            return self._commit(msg, p, ops, flags, _wire_size(wire))
         ns.check_access(msg)
         if not msg.is_owner:
             _check_guest_ops(ops)
@@ -1036,7 +1045,7 @@ class KvsModule(Module):
         if self.leader:
             outcome = self._enqueue(ns, ops, flags, txn_name)
         else:
-            outcome = self.relays.submit(ns, ops, flags, txn_name)
+            outcome = self.relays.submit(ns, ops, flags, txn_name, _wire_size(wire))
         outcome.add_done_callback(lambda f: self._answer_commit(msg, f))
         return None
 
@@ -1060,7 +1069,7 @@ class KvsModule(Module):
             self.h.respond_error(msg, errno.EIO, f"internal error: {exc}")
 
     async def _commit(self, msg: Message, p: dict[str, Any], ops: list[dict[str, Any]],
-                      flags: int) -> None:
+                      flags: int, size: int = 0) -> None:
         """The general path: a follower relays to rank 0, or the namespace is unknown."""
         ns = await self.get_ns(_ns_name(p), msg)
         if not msg.is_owner:
@@ -1069,7 +1078,7 @@ class KvsModule(Module):
         if self.leader:
             rootseq, rootref = await self._enqueue(ns, ops, flags, name)
         else:
-            rootseq, rootref = await self.relays.submit(ns, ops, flags, name)
+            rootseq, rootref = await self.relays.submit(ns, ops, flags, name, size)
         self.h.respond(msg, {"rootref": rootref, "rootseq": rootseq})
 
     def relaycommit(self, msg: Message) -> Awaitable[None] | None:

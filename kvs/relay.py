@@ -16,7 +16,10 @@ does.  Two choices keep the road cheap:
   (``call_soon``: no timer, no added latency).  Clients answered by the same
   ``setroot`` tend to commit again together, so under load this halves the
   messages through the tree.  Rank 0 queues the transactions one by one, so
-  merging, ordering and failure stay per transaction.
+  merging, ordering and failure stay per transaction.  A message holds
+  transactions of at most ``RELAY_BYTES`` together (as their clients sent
+  them; less with a small ``tbon.max-message``), unless one alone is bigger:
+  big ones never add up past what a link carries.
 """
 
 from __future__ import annotations
@@ -30,17 +33,21 @@ from broker.errors import ErrnoError
 from broker.rpc import HandleCore
 from kvs.namespaces import Namespace
 
+RELAY_BYTES = 16 << 20
+"""The transactions one relay message gathers, in bytes of their requests."""
+
 
 class _Relay:
     """One ``kvs.relaycommit`` message being filled, then in flight."""
 
-    __slots__ = ("ns", "txns", "tag", "unsettled")
+    __slots__ = ("ns", "txns", "tag", "unsettled", "size")
 
     def __init__(self, ns: Namespace) -> None:
         self.ns = ns
         self.txns: list[dict[str, Any]] = []
         self.tag: int | None = None
         self.unsettled = 0
+        self.size = 0
 
     def names(self) -> list[str]:
         return [t["name"] for t in self.txns]
@@ -49,21 +56,29 @@ class _Relay:
 class RelayOutbox:
     """Relays a follower's transactions to rank 0 (see the module docstring)."""
 
-    def __init__(self, handle: HandleCore, counts: Counter[str]) -> None:
+    def __init__(self, handle: HandleCore, counts: Counter[str],
+                 max_bytes: int = RELAY_BYTES) -> None:
         self._h = handle
         self._counts = counts
+        self._max_bytes = min(max_bytes, RELAY_BYTES)
+        """A relay message gathers transactions of at most this many bytes
+        (a quarter of ``tbon.max-message``, at most ``RELAY_BYTES``)."""
         self._filling: dict[str, _Relay] = {}
 
     def submit(self, ns: Namespace, ops: list[dict[str, Any]], flags: int,
-               name: str) -> asyncio.Future[tuple[int, str]]:
-        """Relay transaction ``name``; the future resolves to ``(rootseq,
-        rootref)`` once this rank has applied the root holding it
-        (read-your-writes here), or fails with the error rank 0 reported."""
+               name: str, size: int = 0) -> asyncio.Future[tuple[int, str]]:
+        """Relay transaction ``name`` (``size``: the bytes of its request);
+        the future resolves to ``(rootseq, rootref)`` once this rank has
+        applied the root holding it (read-your-writes here), or fails with
+        the error rank 0 reported."""
         outcome = ns.expect(name)
         relay = self._filling.get(ns.name)
-        if relay is None or relay.ns is not ns:
+        if (relay is None or relay.ns is not ns
+                or (relay.txns and relay.size + size > self._max_bytes)):
+            # (a full one stays scheduled, and leaves first)
             relay = self._filling[ns.name] = _Relay(ns)
             asyncio.get_running_loop().call_soon(self._send, relay)
+        relay.size += size
         relay.txns.append({"name": name, "flags": flags, "ops": ops})
         relay.unsettled += 1
         outcome.add_done_callback(partial(self._settled, relay, name))

@@ -232,6 +232,68 @@ async def test_oversized_rpc_from_a_handle_fails_and_the_handle_goes_on(
         assert (await stats(h, 1))["connector"]["oversized"] == 1
 
 
+LINK_LIMIT = 65536
+
+
+async def test_messages_too_big_for_a_link_are_answered_not_dropped(start_instance,
+                                                                    connect) -> None:
+    """``tbon.max-message``: the sending rank answers ``EMSGSIZE`` in place of
+    a request or a response too big for the link (its neighbour would drop
+    it, and the requester would wait for ever), and rank 0 refuses such an
+    event before giving it a sequence number."""
+    inst = await start_instance(size=4, fanout=2,
+                                attrs={"tbon.max-message": str(LINK_LIMIT)})
+    async with asyncio.timeout(20):
+        h0, h3 = await connect(inst, 0), await connect(inst, 3)
+        # a request: rank 3 does not send it up
+        with pytest.raises(RemoteError) as info:
+            await h3.rpc("broker.ping", {"pad": b"x" * 100_000}, nodeid=0)
+        assert info.value.errnum == errno.EMSGSIZE
+        assert f"exceeds tbon.max-message ({LINK_LIMIT})" in info.value.errstr
+        # a response: rank 0's answer to rank 3's client does not fit
+        await h0.rpc("kvs.commit", {"namespace": "primary", "flags": 0, "ops": [
+            {"key": "big", "flags": 0,
+             "dirent": {"ver": 1, "type": "val", "data": b"v" * 100_000}}]})
+        with pytest.raises(RemoteError) as info:
+            await h3.rpc("kvs.lookup", {"key": "big", "flags": 0, "namespace": "primary"},
+                         nodeid=0)
+        assert info.value.errnum == errno.EMSGSIZE
+        assert f"exceeds tbon.max-message ({LINK_LIMIT})" in info.value.errstr
+        assert (await h3.ping(0))["rank"] == 0  # and the way goes on
+        # an event: refused whole, not delivered on rank 0 and lost below it
+        await h3.subscribe("test.")
+        await h0.subscribe("test.")
+        with pytest.raises(RemoteError) as info:
+            await h0.publish("test.big", {"pad": b"e" * 100_000})
+        assert info.value.errnum == errno.EMSGSIZE
+        # more large values than a message has frames travel too
+        values = [bytes([i]) * 4096 for i in range(10)]
+        seq = await h0.publish("test.many", {"a": values})
+        for h in (h0, h3):
+            ev = await h.recv_event()
+            assert (ev.topic, ev.seq, ev.payload) == ("test.many", seq, {"a": values})
+        assert (await stats(h3, 3))["events"]["gaps"] == 0
+        assert (await stats(h3, 3))["messages"]["oversized"] == 1
+        assert (await stats(h0, 0))["messages"]["oversized"] == 1
+        await still_serving(h3, 4)
+
+
+async def test_an_answer_too_big_for_the_client_fails_its_request(start_instance,
+                                                                  connect) -> None:
+    """A client's decoder skips an answer over its limit; the request it
+    answers fails with EMSGSIZE (it waited for ever) and the handle goes on."""
+    inst = await start_instance(size=1)
+    async with asyncio.timeout(10):
+        h = await connect(inst)
+        assert h._proto is not None
+        h._proto.decoder.max_message = 10_000
+        with pytest.raises(RemoteError) as info:
+            await h.rpc("broker.ping", {"pad": b"x" * 20_000})
+        assert info.value.errnum == errno.EMSGSIZE
+        assert "exceeds this client's limit (10000)" in info.value.errstr
+        assert (await h.ping(0))["rank"] == 0
+
+
 # ---------------------------------------------------------------- the overlay
 
 

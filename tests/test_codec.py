@@ -139,6 +139,24 @@ def test_oob_threshold_boundary_and_depth() -> None:
     assert codec.decode(frames).payload == deep
 
 
+def test_a_payload_with_more_large_values_than_frames_keeps_the_rest_inline() -> None:
+    values = [bytes([i % 256]) * 4096 for i in range(100)]
+    frames = codec.encode(Message(MsgType.EVENT, "x", {"a": values}))
+    assert len(frames) == codec.MAX_FRAMES
+    assert codec.to_stream(frames)  # the stream prefix has room for them all
+    assert codec.decode(frames).payload == {"a": values}
+
+
+def test_a_payload_naming_one_frame_twice_is_refused() -> None:
+    # Re-packed (a rank relaying it), each name would become a copy of the
+    # frame: 40 names of a 28 MB frame made a 1.1 GB message.
+    ref = msgpack.ExtType(codec.OOB_EXT, struct.pack("<I", 1))
+    frames = [codec.encode_header(Message(MsgType.REQUEST, "kvs.commit")),
+              msgpack.packb({"ops": [{"data": ref}, {"data": ref}]}), b"x" * 5000]
+    with pytest.raises(ProtocolError, match="frame 1 more than once"):
+        _ = codec.decode(frames).payload
+
+
 def test_forwarding_does_not_repack_the_payload() -> None:
     frames = [bytes(f) for f in codec.encode(Message(MsgType.REQUEST, "t", {"k": b"v" * 9000}))]
     msg = codec.decode(frames)

@@ -326,6 +326,37 @@ async def test_commits_in_one_turn_share_one_relay(start_instance, connect) -> N
     assert st["relays-waiting"] == 0 and st["rpcs-pending"] == 0
 
 
+async def test_a_relay_gathers_no_more_than_a_link_carries(start_instance, connect) -> None:
+    """Big commits read in one turn leave in several relays, each well within
+    ``tbon.max-message`` (a quarter of it), so none is refused for the
+    others' size; a commit too big alone is answered EMSGSIZE by its rank."""
+    limit = 65536
+    inst = await start_instance(size=4, fanout=2, attrs={"tbon.max-message": str(limit)})
+    h3 = await connect(inst, 3)
+    await commit(h3, put("warm", "0"))
+    before = (await stats(h3))["counts"]
+    raw = await RawClient.connect(inst, 3)
+    n = 16  # 16 x 5 KB: more than the link takes, in one read
+    raw.send_bytes(b"".join(codec.to_stream(codec.encode(Message(  # type: ignore[arg-type]
+        MsgType.REQUEST, "kvs.commit",
+        {"namespace": "primary", "flags": 0, "ops": [put(f"big.k{i}", b"%x" % i * 5_000)]},
+        matchtag=i + 1))) for i in range(n)))
+    for _ in range(n):
+        msg = await raw.recv(T)
+        assert msg.errnum == 0, msg.errstr
+    after = (await stats(h3))["counts"]
+    assert after["relayed"] - before["relayed"] == n
+    assert after["relays"] - before["relays"] >= 6  # at most three 5 KB ones per 16 KiB
+    for i in range(n):
+        assert await get(h3, f"big.k{i}") == b"%x" % i * 5_000
+    msg = await raw.rpc("kvs.commit", {"namespace": "primary", "flags": 0, "ops": [
+        put("huge", b"h" * 100_000)]}, matchtag=99)
+    assert msg.errnum == errno.EMSGSIZE, msg.errstr
+    await raw.close()
+    st = await stats(h3)
+    assert st["relays-waiting"] == 0 and st["rpcs-pending"] == 0
+
+
 async def test_follower_client_vanishing_mid_commit_leaves_nothing(start_instance,
                                                                     connect) -> None:
     """A client on rank 3 that sends a commit and hangs up at once: the commit
