@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import os
 import select
 import signal
@@ -353,7 +354,7 @@ def cmd_ping(args: argparse.Namespace) -> int:
 
     async def main() -> int:
         async with await connect() as h:
-            for i in range(args.count):
+            for i in itertools.count() if args.count == 0 else range(args.count):
                 t0 = time.perf_counter()
                 resp = await h.rpc("broker.ping", {"seq": i, "pad": "x" * args.pad},
                                    nodeid=target)
@@ -404,7 +405,7 @@ def cmd_event(args: argparse.Namespace) -> int:
             for prefix in args.prefixes or [""]:
                 await h.subscribe(prefix)
             n = 0
-            while args.count is None or n < args.count:
+            while not args.count or n < args.count:  # (0: no limit, as Flux's)
                 ev = await h.recv_event()
                 print(f"{ev.topic}\t{dumps(ev.payload)}", flush=True)
                 n += 1
@@ -423,9 +424,10 @@ def cmd_attr(args: argparse.Namespace) -> int:
                 print(await h.attr_get(args.name, nodeid=nodeid))
             else:
                 names = (await h.rpc("attr.list", {}, nodeid=nodeid))["names"]
+                width = max(map(len, names), default=0)
                 for name in names:
                     value = await h.attr_get(name, nodeid=nodeid)
-                    print(f"{name:24} {value}")
+                    print(f"{name:{width}} {value}")
         return 0
 
     return run_async(args, main)
@@ -579,7 +581,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     s.add_argument("rank", nargs="?", type=non_negative_int,
                    help="the rank to ping (default: the one attached to)")
     s.add_argument("--count", "-c", type=non_negative_int, default=1, metavar="N",
-                   help="pings to send, one after the other (default 1)")
+                   help="pings to send, one after the other (default 1; 0: until Ctrl-C)")
     s.add_argument("--pad", "-p", type=non_negative_int, default=0, metavar="BYTES",
                    help="payload padding per ping (default 0)")
     s.set_defaults(func=cmd_ping)
@@ -594,7 +596,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     e.add_argument("-v", "--verbose", action="store_true", help="print the sequence number")
     e = esub.add_parser("sub", help="print events whose topic starts with a PREFIX")
     e.add_argument("--count", "-c", type=non_negative_int, metavar="N",
-                   help="exit after N events (default: until Ctrl-C)")
+                   help="exit after N events (default, or 0: until Ctrl-C)")
     e.add_argument("prefixes", nargs="*", metavar="PREFIX",
                    help="topic prefixes (default: every event)")
     s.set_defaults(func=cmd_event)

@@ -238,6 +238,15 @@ def _read_stdin() -> bytes:
     return sys.stdin.buffer.read()
 
 
+def _failed_condition(exc: ErrnoError) -> str | None:
+    """The key of the ``--expect`` condition that cancelled a commit (the
+    error names it, not a key written), or None."""
+    if exc.errnum != errno.ECANCELED or not exc.errstr:
+        return None
+    key, sep, _ = exc.errstr.partition(": condition failed: ")
+    return key if sep else None
+
+
 def cmd_put(args: argparse.Namespace) -> int:
     ops = TxnOps()
     keys = []
@@ -273,7 +282,10 @@ def cmd_put(args: argparse.Namespace) -> int:
     async def body(kvs: KVS) -> int:
         # (an empty key named nothing: "kvbroker: : Invalid argument")
         label = keys[0] if len(keys) == 1 and keys[0] else "put"
-        result = await _commit(kvs, ops, label, flags)
+        try:
+            result = await kvs.commit(ops, flags)
+        except ErrnoError as exc:
+            raise _fail(_failed_condition(exc) or label, exc) from None
         _commit_finish(args, result)
         return 0
 
@@ -731,9 +743,11 @@ def _archive_summary(args: argparse.Namespace, where: str, report: Report) -> No
         return
     dirs = f", {report.dirs} empty director{'y' if report.dirs == 1 else 'ies'}" \
         if report.dirs else ""
-    blobs = f", {report.blobs} blobs sent to the store" if report.blobs else ""
+    blobs = (f", {report.blobs} blob{'' if report.blobs == 1 else 's'} sent to the store"
+             if report.blobs else "")
     keys = f"{report.keys} key{'' if report.keys == 1 else 's'}"
-    _warn(f"{args.what}: {keys}{dirs} ({report.bytes} bytes of values{blobs}) {where}")
+    size = f"{report.bytes} byte{'' if report.bytes == 1 else 's'}"
+    _warn(f"{args.what}: {keys}{dirs} ({size} of values{blobs}) {where}")
 
 
 @contextlib.contextmanager

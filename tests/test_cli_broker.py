@@ -587,6 +587,10 @@ async def test_client_commands(start_instance, connect) -> None:
         attrs = dict((line.split(None, 1) + [""])[:2] for line in out.splitlines())
         assert attrs["rank"] == "1" and attrs["size"] == "4" and attrs["fanout"] == "2"
         assert attrs["statedir"] == "" and attrs["rundir"] == inst.rundir
+        # one column of values, however long the names
+        columns = {len(line) - len(line.split(None, 1)[1])
+                   for line in out.splitlines() if len(line.split(None, 1)) == 2}
+        assert len(columns) == 1, out
 
         rc, out, err = await run_cli("module", "list", uri=uri)
         assert rc == 0, err
@@ -659,6 +663,39 @@ async def test_event_pub_and_sub(start_instance, connect) -> None:
             if sub.returncode is None:
                 sub.kill()
                 await sub.wait()
+
+
+async def test_count_0_means_until_interrupted(start_instance, connect) -> None:
+    """``ping -c 0`` and ``event sub -c 0`` go on until stopped, as Flux's
+    (they printed nothing and exited 0)."""
+    inst = await start_instance(size=2, fanout=2)
+    env = dict(os.environ, KVBROKER_URI=inst.uri(1))
+    h = await connect(inst, 1)
+    procs = []
+    try:
+        async with asyncio.timeout(30):
+            for args in (("ping", "-c", "0", "0"), ("event", "sub", "-c", "0", "cz.")):
+                procs.append(await asyncio.create_subprocess_exec(
+                    KVBROKER, *args, stdout=asyncio.subprocess.PIPE, env=env))
+            ping, sub = procs
+            assert ping.stdout is not None and sub.stdout is not None
+            for _ in range(5):
+                assert (await ping.stdout.readline()).startswith(b"rank=0 ")
+
+            async def subscribed() -> bool:
+                subs = (await stats(h, 1))["subscriptions"]
+                return any(peer.startswith("c") for peer in subs)
+
+            await wait_until(subscribed, "kvbroker event sub to subscribe", timeout=20)
+            for n in range(3):
+                await h.publish("cz.x", n)
+                assert await sub.stdout.readline() == f"cz.x\t{n}\n".encode()
+            assert ping.returncode is None and sub.returncode is None
+    finally:
+        for proc in procs:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
 
 
 async def spawn_to_closed_pipe(uri: str, *args: str) -> asyncio.subprocess.Process:

@@ -76,5 +76,11 @@ async def test_cli_put_expect(start_instance):
     rc, out, err = await run_cli("kvs", "put", "--expect", "l=you", "l=x", uri=uri)
     assert (rc, err) == (1, "kvbroker: l: Operation canceled "
                             "(condition failed: another value)\n")
+    # the message names the condition's key, not the first key written
+    rc, out, err = await run_cli("kvs", "put", "--expect", "nokey=1", "a=3", uri=uri)
+    assert (rc, err) == (1, "kvbroker: nokey: Operation canceled "
+                            "(condition failed: it does not exist)\n")
+    rc, out, err = await run_cli("kvs", "put", "--expect-missing", "l", "a=1", "b=2", uri=uri)
+    assert (rc, err) == (1, "kvbroker: l: Operation canceled (condition failed: it exists)\n")
     assert (await run_cli("kvs", "put", "--expect", "l=me", "l=free", uri=uri))[0] == 0
     assert (await run_cli("kvs", "get", "l", uri=uri))[1] == "free\n"
