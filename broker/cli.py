@@ -20,6 +20,7 @@ from typing import Any
 
 from broker import __version__, plugins
 from broker.cliutil import (
+    MAX_START_SIZE,
     CLIError,
     ConnectError,
     PermutingParser,
@@ -31,6 +32,7 @@ from broker.cliutil import (
     non_negative_int,
     positive_float,
     print_err,
+    rank_int,
     run_async,
     write_out,
 )
@@ -80,6 +82,9 @@ def cmd_start(args: argparse.Namespace) -> int:
     for option, value in (("--size", args.size), ("--fanout", args.fanout)):
         if value < 1:
             raise UsageError(f"{option} must be at least 1 (got {value})")
+    if args.size > MAX_START_SIZE:
+        raise UsageError(f"--size must be at most {MAX_START_SIZE}, each rank a process "
+                         f"on this host (got {args.size}); across hosts: kvbroker broker")
     try:
         loop_factory(args.event_loop)  # the ranks' loop: refused here if unavailable
     except ValueError as exc:
@@ -538,7 +543,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                        "(a bootstrap file, as Flux's)")
     s.add_argument("--config", "-c", required=True, metavar="FILE",
                    help="the bootstrap file every rank reads (TOML)")
-    s.add_argument("--rank", "-r", type=non_negative_int,
+    s.add_argument("--rank", "-r", type=rank_int,
                    help="this rank (default: the hosts entry naming this host)")
     s.add_argument("--rundir", help="where the local connector's socket goes "
                    "(default: a new private directory, removed on exit)")
@@ -563,7 +568,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_keygen)
 
     s = sub.add_parser("exec", help="run COMMAND attached to rank RANK")
-    s.add_argument("-r", "--rank", type=non_negative_int, default=0, metavar="RANK",
+    s.add_argument("-r", "--rank", type=rank_int, default=0, metavar="RANK",
                    help="the rank whose URI COMMAND gets as KVBROKER_URI (default 0)")
     s.add_argument("cmdline", nargs=argparse.REMAINDER, metavar="COMMAND")
     s.set_defaults(func=cmd_exec)
@@ -571,14 +576,14 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     s = sub.add_parser("rpc", help="send one request and print the response(s)")
     s.add_argument("topic")
     s.add_argument("payload", nargs="?", type=json_arg, metavar="PAYLOAD-JSON")
-    s.add_argument("--rank", "-r", type=non_negative_int, metavar="N",
+    s.add_argument("--rank", "-r", type=rank_int, metavar="N",
                    help="send it to rank N (default: any rank offering the service)")
     s.add_argument("--stream", action="store_true",
                    help="a streaming request: print each response as it comes")
     s.set_defaults(func=cmd_rpc)
 
     s = sub.add_parser("ping", help="ping a rank's broker service")
-    s.add_argument("rank", nargs="?", type=non_negative_int,
+    s.add_argument("rank", nargs="?", type=rank_int,
                    help="the rank to ping (default: the one attached to)")
     s.add_argument("--count", "-c", type=non_negative_int, default=1, metavar="N",
                    help="pings to send, one after the other (default 1; 0: until Ctrl-C)")
@@ -605,15 +610,15 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     asub = s.add_subparsers(dest="attr_cmd", required=True)
     a = asub.add_parser("get")
     a.add_argument("name")
-    a.add_argument("--rank", "-r", type=non_negative_int)
+    a.add_argument("--rank", "-r", type=rank_int)
     a = asub.add_parser("list")
-    a.add_argument("--rank", "-r", type=non_negative_int)
+    a.add_argument("--rank", "-r", type=rank_int)
     s.set_defaults(func=cmd_attr)
 
     s = sub.add_parser("module", help="list loaded modules")
     msub = s.add_subparsers(dest="module_cmd", required=True)
     m = msub.add_parser("list")
-    m.add_argument("--rank", "-r", type=non_negative_int)
+    m.add_argument("--rank", "-r", type=rank_int)
     m.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_module)
 
@@ -626,12 +631,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     o.set_defaults(func=cmd_overlay)
 
     s = sub.add_parser("shutdown", help="stop the instance (or rank R and its subtree)")
-    s.add_argument("--rank", "-r", type=non_negative_int, default=0)
+    s.add_argument("--rank", "-r", type=rank_int, default=0)
     s.set_defaults(func=cmd_shutdown)
 
     s = sub.add_parser("stats", help="print a module's stats (broker, content, kvs, ...)")
     s.add_argument("module")
-    s.add_argument("--rank", "-r", type=non_negative_int)
+    s.add_argument("--rank", "-r", type=rank_int)
     s.set_defaults(func=cmd_stats)
 
     s = sub.add_parser("content", help="load or store raw blobs")

@@ -82,15 +82,34 @@ def write_out(data: bytes) -> None:
         raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
 
 
-def non_negative_int(text: str) -> int:
-    """argparse ``type`` for counts, sizes and versions: refuses ``-2``."""
+def non_negative_int(text: str, maximum: int = (1 << 63) - 1) -> int:
+    """argparse ``type`` for counts, sizes and versions: refuses ``-2``, and
+    more than ``maximum`` (what a message can carry: a traceback before)."""
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"must not be negative: {value}")
+    if value > maximum:
+        raise argparse.ArgumentTypeError(f"must be at most {maximum}: {value}")
     return value
+
+
+MAX_RANK = 0xFFFFFFFD
+"""The largest rank: the node ids above it mean "any rank" and "upstream"."""
+MAX_START_SIZE = 4096
+"""``kvbroker start --size`` at most: each rank is a process on this host."""
+
+
+def rank_int(text: str) -> int:
+    """argparse ``type`` for a rank: 0 to :data:`MAX_RANK`."""
+    return non_negative_int(text, MAX_RANK)
+
+
+def uid_int(text: str) -> int:
+    """argparse ``type`` for a user id: 0 to 2**32 - 2 (-1 is no user)."""
+    return non_negative_int(text, 0xFFFFFFFE)
 
 
 def positive_float(text: str) -> float:

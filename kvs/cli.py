@@ -38,6 +38,7 @@ from broker.cliutil import (
     non_negative_int,
     positive_float,
     run_async,
+    uid_int,
     write_out,
 )
 from broker.errors import ErrnoError
@@ -1251,7 +1252,7 @@ def register(subparsers: Any) -> None:
     p = sub.add_parser("namespace", help="create, remove or list namespaces")
     nsub = p.add_subparsers(dest="ns_cmd", metavar="SUBCOMMAND", required=True)
     c = nsub.add_parser("create", help="create namespaces")
-    c.add_argument("-o", "--owner", type=non_negative_int, metavar="UID",
+    c.add_argument("-o", "--owner", type=uid_int, metavar="UID",
                    help="owner (default: you)")
     c.add_argument("-r", "--rootref", metavar="ROOT",
                    help="start at this root: a blobref, or a dirref tree object "

@@ -1449,7 +1449,7 @@ class KvsModule(Module):
         owner = p.get("owner", self.ctx.owner_uid)
         if type(owner) is not int or not -1 <= owner < 2**32:
             raise ErrnoError(errno.EPROTO, "owner must be a uid")
-        if owner == -1:
+        if owner in (-1, 0xFFFFFFFF):  # no user (Flux's FLUX_USERID_UNKNOWN): the owner
             owner = self.ctx.owner_uid
         flags = p.get("flags", 0)
         rootref = p.get("rootref")

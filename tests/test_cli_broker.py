@@ -476,6 +476,20 @@ async def test_usage_errors_show_the_subcommands_usage() -> None:
     (("module", "list", "--rank", "-2"), "argument --rank/-r: must not be negative: -2"),
     (("stats", "kvs", "--rank", "-2"), "argument --rank/-r: must not be negative: -2"),
     (("exec", "-r", "-1", "true"), "argument -r/--rank: must not be negative: -1"),
+    # numbers no message can carry, or that name no rank or user (were
+    # msgpack tracebacks, or "any rank" answered by the local one)
+    (("ping", str(1 << 80)), f"argument rank: must be at most 4294967293: {1 << 80}"),
+    (("ping", "4294967295"), "argument rank: must be at most 4294967293: 4294967295"),
+    (("rpc", "broker.ping", "-r", "4294967294"),
+     "argument --rank/-r: must be at most 4294967293: 4294967294"),
+    (("exec", "-r", str(1 << 64), "true"),
+     f"argument -r/--rank: must be at most 4294967293: {1 << 64}"),
+    (("shutdown", "-r", str(1 << 64)),
+     f"argument --rank/-r: must be at most 4294967293: {1 << 64}"),
+    (("kvs", "wait", str(1 << 64)),
+     f"argument VERSION: must be at most {(1 << 63) - 1}: {1 << 64}"),
+    (("kvs", "namespace", "create", "-o", "4294967295", "ns"),
+     "argument -o/--owner: must be at most 4294967294: 4294967295"),
 ])
 async def test_negative_counts_ranks_and_timeouts_are_usage_errors(args, message) -> None:
     """Refused before anything is sent (were: a count of -1 printing and
@@ -509,6 +523,9 @@ async def test_negative_counts_ranks_and_timeouts_are_usage_errors(args, message
      "argument --color: invalid choice: 'sometimes' (choose from 'auto', 'always', 'never')"),
     ("start", ("--size", "0", "--", "true"), "--size must be at least 1 (got 0)"),
     ("start", ("--fanout", "0", "--", "true"), "--fanout must be at least 1 (got 0)"),
+    ("start", ("--size", str(1 << 80), "--", "true"),  # (was: memory exhausted)
+     f"--size must be at most 4096, each rank a process on this host (got {1 << 80}); "
+     "across hosts: kvbroker broker"),
 ])
 async def test_option_conflicts_and_bad_payloads_are_usage_errors(sub, args, message) -> None:
     """Exit 2 with the subcommand's usage, in the options' own names, before

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import os
 
 import pytest
 from test_broker_support import wait_until
@@ -210,6 +211,10 @@ async def test_bad_namespace_requests(start_instance, connect) -> None:
         assert await errnum(h.rpc("kvs.namespace-remove", {})) == errno.EPROTO
         assert await errnum(h.rpc("kvs.namespace-remove", None)) == errno.EPROTO
     assert set(await ns_list(h)) == {"primary"}
+    # 2**32 - 1 is no user, as -1 (Flux's FLUX_USERID_UNKNOWN): the owner's
+    await asyncio.wait_for(h.rpc("kvs.namespace-create",
+                                 {"namespace": "nobody", "owner": 2**32 - 1}), T)
+    assert (await ns_list(h))["nobody"]["owner"] == os.getuid()
 
 
 async def test_remove_while_commits_are_in_flight(start_instance, connect) -> None:
