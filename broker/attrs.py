@@ -162,6 +162,10 @@ MAX_GUEST_BYTES = AttrSpec(
     "access.max-guest-bytes", str(DEFAULT_MAX_GUEST_BYTES), integer(1 << 16),
     "bytes a rank holds for one guest user's connections (messages part-received, "
     "output unread); past it, the connections holding the most are closed (ENOBUFS)")
+MAX_GUEST_SUBSCRIPTIONS = AttrSpec(
+    "access.max-guest-subscriptions", "10000", integer(1),
+    "event subscriptions one guest user may hold on a rank, over all its "
+    "connections; one more is refused with ENOSPC")
 MODULES = AttrSpec(
     "broker.modules", ",".join(plugins.DEFAULT_MODULES), text,
     "modules to load, by entry-point name")
@@ -193,7 +197,8 @@ LINK_MAX_MESSAGE = AttrSpec(
     "request, response or event is answered EMSGSIZE instead")
 
 BROKER_ATTRS: tuple[AttrSpec, ...] = (
-    ALLOW_GUEST_USER, MAX_GUEST_CONNECTIONS, MAX_GUEST_BYTES, MODULES, MAX_MESSAGE,
+    ALLOW_GUEST_USER, MAX_GUEST_CONNECTIONS, MAX_GUEST_BYTES, MAX_GUEST_SUBSCRIPTIONS,
+    MODULES, MAX_MESSAGE,
     CONTENT_HASH, LOG_LEVEL, LOG_TIMESTAMPS, TRANSPORT, LINK_BACKLOG, LINK_MAX_MESSAGE)
 
 

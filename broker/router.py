@@ -186,6 +186,9 @@ class Router:
         self.services: dict[str, Peer] = {}
         self.subs = SubscriptionTable()
         self._peer_prefixes: dict[str, Counter[str]] = defaultdict(Counter)
+        self.guest_subscriptions: Counter[int] = Counter()
+        """Subscriptions held by each guest user's connections on this rank
+        (``access.max-guest-subscriptions`` caps them)."""
         self._used_services: dict[str, set[tuple[str, int]]] = {}
         self.seq = 0  # rank 0: last sequence number assigned
         self.seq_tracker = SeqTracker(f"rank {rank}")
@@ -235,6 +238,8 @@ class Router:
         prefixes = self._peer_prefixes.pop(pid, None)
         if prefixes:
             self.subs.unsubscribe_all(pid, prefixes)
+            if not peer.rolemask & Role.OWNER:
+                self._count_guest(peer.userid, -sum(prefixes.values()))
         for service, nodeid in self._used_services.pop(pid, ()):
             self._send_disconnect(service, nodeid, (pid,), peer.userid, peer.rolemask)
 
@@ -474,6 +479,8 @@ class Router:
     def subscribe(self, peer: Peer, prefix: str) -> None:
         self._peer_prefixes[peer.peer_id][prefix] += 1
         self.subs.subscribe(peer.peer_id, prefix)
+        if not peer.rolemask & Role.OWNER:
+            self._count_guest(peer.userid, 1)
 
     def unsubscribe(self, peer: Peer, prefix: str) -> bool:
         counts = self._peer_prefixes.get(peer.peer_id)
@@ -482,7 +489,16 @@ class Router:
         counts[prefix] -= 1
         if not counts[prefix]:
             del counts[prefix]
+        if not peer.rolemask & Role.OWNER:
+            self._count_guest(peer.userid, -1)
         return self.subs.unsubscribe(peer.peer_id, prefix)
+
+    def _count_guest(self, userid: int, n: int) -> None:
+        left = self.guest_subscriptions[userid] + n
+        if left > 0:
+            self.guest_subscriptions[userid] = left
+        else:
+            del self.guest_subscriptions[userid]
 
     def sequence_event(self, topic: str, payload: Any, flags: int, userid: int) -> int:
         """Rank 0: give an event the next sequence number and send it everywhere."""

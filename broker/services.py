@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from broker import attrs as battrs
 from broker import codec
 from broker.errors import ErrnoError
 from broker.message import Message, MsgFlags, RawPayload
@@ -41,6 +42,7 @@ class BrokerServices(Module):
         super().__init__(ctx)
         self.broker = broker
         self.router = broker.router
+        self.max_guest_subscriptions: int = battrs.MAX_GUEST_SUBSCRIPTIONS.value(broker.attrs)
 
     def handlers(self) -> dict[str, Handler]:
         return {
@@ -137,7 +139,14 @@ class BrokerServices(Module):
 
     def event_subscribe(self, msg: Message) -> None:
         topic = _event_topic(require(msg.payload, topic=str)["topic"], prefix=True)
-        self.router.subscribe(self._local_peer(msg), topic)
+        peer = self._local_peer(msg)
+        if not msg.is_owner:
+            held = self.router.guest_subscriptions[msg.userid]
+            if held >= self.max_guest_subscriptions:
+                raise ErrnoError(errno.ENOSPC, f"this user has {held} subscriptions on rank "
+                                               f"{self.ctx.rank} (access.max-guest-"
+                                               "subscriptions): drop some first")
+        self.router.subscribe(peer, topic)
         self.h.respond(msg, {})
 
     def event_unsubscribe(self, msg: Message) -> None:

@@ -81,8 +81,15 @@ CACHE_BYTES = AttrSpec(
     "kvs.cache-bytes", str(BLOB_CACHE_BYTES), integer(0),
     "per-rank kvs blob cache size (bytes); also bounds its decoded tree objects")
 SETROOT_LIMIT = AttrSpec(
-    "kvs.setroot-blob-limit", str(SETROOT_BLOB_LIMIT), integer(0),
+    "kvs.setroot-blob-limit", str(SETROOT_BLOB_LIMIT), integer(0, "", 64 << 20),
     "a setroot event carries the commit's new blobs up to this total (bytes)")
+MAX_GUEST_WAITS = AttrSpec(
+    "kvs.max-waits-per-guest", "10000", integer(1),
+    "one guest user's kvs.wait-version requests waiting on a rank, over all its "
+    "connections; one more is refused with ENOSPC")
+"""A wait holds a task on the rank until its version comes (a kilobyte or
+two): as ``kvs-watch.max-watches-per-guest`` for watches, a guest may not
+grow a rank without bound with them.  The instance owner is not capped."""
 CHECKPOINT_PERIOD = AttrSpec(
     "kvs.checkpoint-period", "1s", duration,
     "rank 0 with a statedir checkpoints the primary root this often when it "
@@ -288,7 +295,8 @@ def _check_guest_ops(ops: list[dict[str, Any]]) -> None:
 class KvsModule(Module):
     name: ClassVar[str] = "kvs"
     attributes: ClassVar[tuple[AttrSpec, ...]] = (CACHE_BYTES, SETROOT_LIMIT, CHECKPOINT_PERIOD,
-                                                  collector.GRACE, collector.PERIOD)
+                                                  MAX_GUEST_WAITS, collector.GRACE,
+                                                  collector.PERIOD)
 
     def __init__(self, ctx: Any) -> None:
         super().__init__(ctx)
@@ -313,6 +321,9 @@ class KvsModule(Module):
         self._txn_counter = 0
         # kvs.wait-version requests still waiting, by request route (the client)
         self._version_waits: dict[tuple[str, ...], set[asyncio.Future[Any]]] = {}
+        self._guest_waits: Counter[int] = Counter()
+        """kvs.wait-version requests waiting, per guest user."""
+        self._max_guest_waits: int = MAX_GUEST_WAITS.value(ctx.attrs)
         self.counts: Counter[str] = Counter(dict.fromkeys(COUNTERS, 0))
         self.relays: RelayOutbox  # a follower's road to rank 0 (needs self.h: see start)
         self._epochs = count(1)  # rank 0: Namespace.epoch of each namespace created
@@ -914,12 +925,32 @@ class KvsModule(Module):
         # (as Flux) drops the wait even while the namespace is still being
         # loaded from rank 0, or before the waiting task has run at all.
         key = tuple(msg.route)
+        guest = not msg.is_owner
+        if guest:
+            held = self._guest_waits[msg.userid]
+            if held >= self._max_guest_waits:
+                raise ErrnoError(errno.ENOSPC, f"this user has {held} version waits on rank "
+                                               f"{self.rank} (kvs.max-waits-per-guest): "
+                                               "end some first")
+            self._guest_waits[msg.userid] = held + 1
         token: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._version_waits.setdefault(key, set()).add(token)
-        return self._wait_version(msg, p, key, token)
+        return self._wait_version(msg, p, key, token, guest)
 
     async def _wait_version(self, msg: Message, p: dict[str, Any], key: tuple[str, ...],
-                            token: asyncio.Future[None]) -> None:
+                            token: asyncio.Future[None], guest: bool) -> None:
+        try:
+            await self._wait_version_of(msg, p, key, token)
+        finally:
+            if guest:
+                left = self._guest_waits[msg.userid] - 1
+                if left > 0:
+                    self._guest_waits[msg.userid] = left
+                else:
+                    del self._guest_waits[msg.userid]
+
+    async def _wait_version_of(self, msg: Message, p: dict[str, Any], key: tuple[str, ...],
+                               token: asyncio.Future[None]) -> None:
         if token.cancelled():  # the client went away before this task ran
             return
         waits = self._version_waits[key]  # (a disconnect would have cancelled token)

@@ -439,6 +439,71 @@ async def test_a_guests_watches_are_capped_over_its_connections(start_instance,
         guest.kill()
 
 
+async def test_a_guests_subscriptions_and_version_waits_are_capped(start_instance,
+                                                                    connect) -> None:
+    """access.max-guest-subscriptions and kvs.max-waits-per-guest count a
+    guest's event subscriptions and kvs.wait-version requests over all its
+    connections (100,000 of each grew a rank by 400 MB): one more is ENOSPC,
+    naming the attribute; the places come back when a connection closes."""
+    inst = await start_instance(size=2, attrs={
+        **ALLOW, "access.max-guest-subscriptions": "3", "kvs.max-waits-per-guest": "3"})
+    h0 = await connect(inst, 0)
+    await ns_create(h0, "gv", owner=GUEST_UID)
+    guest = await GuestProc.start(inst.uri(1), """
+        async def main():
+            a, b = await Handle.connect(uri), await Handle.connect(uri)
+            async def refusal(call):
+                try:
+                    await asyncio.wait_for(call, 10)
+                    return "accepted"
+                except RemoteError as exc:
+                    return [exc.errnum, exc.errstr]
+            def wait(h):
+                return h.rpc("kvs.wait-version", {"namespace": "gv", "rootseq": 99})
+            for h, prefix in ((a, "x."), (a, "y."), (b, "x.")):
+                await h.subscribe(prefix)
+            waits = [wait(a), wait(a), wait(b)]
+            out(sub=await refusal(b.subscribe("z.")), wait=await refusal(wait(b)))
+            await step()
+            await a.close()
+            await step()  # the rank has seen a go
+            await b.subscribe("z.")
+            out(again="subscribed")
+            await step()
+    """)
+    try:
+        async def held(subs: int, waiters: int) -> bool:
+            st = await stats(h0, 1)
+            kvs = await h0.rpc("kvs.stats-get", {}, nodeid=1)
+            n = sum(v for k, v in st["subscriptions"].items() if k[0] == "c")
+            return n == subs and kvs["namespaces"].get("gv", {}).get("waiters") == waiters
+
+        line = await guest.line()
+        assert line["sub"][0] == errno.ENOSPC and \
+            "access.max-guest-subscriptions" in line["sub"][1], line
+        assert line["wait"][0] == errno.ENOSPC and \
+            "kvs.max-waits-per-guest" in line["wait"][1], line
+        await wait_until(lambda: held(3, 3), "the guest's 3 subscriptions and waits")
+        # the owner is not held to them
+        o = await connect(inst, 1)
+        for prefix in ("p.", "q.", "r.", "s."):
+            await o.subscribe(prefix)
+        owner_waits = [o.rpc("kvs.wait-version", {"namespace": "gv", "rootseq": 99})
+                       for _ in range(4)]
+        await wait_until(lambda: held(7, 7), "the owner's 4 more")
+        guest.go()
+        await wait_until(lambda: held(5, 5), "the guest's first connection's to go")
+        guest.go()
+        assert (await guest.line())["again"] == "subscribed"
+        guest.go()
+        await guest.finish()
+        await wait_until(lambda: held(4, 4), "the guest's places to come back")
+        for fut in owner_waits:
+            fut.cancel()
+    finally:
+        guest.kill()
+
+
 @pytest.mark.both_loops
 async def test_a_burst_to_a_guest_that_reads_is_not_counted_against_it(
         start_instance, connect) -> None:
