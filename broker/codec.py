@@ -45,14 +45,6 @@ MAX_LINK_MESSAGE = DEFAULT_MAX_MESSAGE
 """The largest message a rank sends on a link (to a neighbour or a client):
 what every receiver accepts.  A bigger one is answered ``EMSGSIZE`` by the
 sender instead (:func:`oversized_error`), never sent to be dropped."""
-_SURELY_WITHIN = 64 << 10
-
-
-def may_exceed_link(frames: Sequence[Frame]) -> bool:
-    """Whether ``frames`` need adding up against a link's limit (at least
-    64 KiB): not for a message of one or two frames of less than 64 KiB
-    together (the hot paths' messages), which cannot exceed it."""
-    return len(frames) > 2 or len(frames[0]) + len(frames[-1]) > _SURELY_WITHIN
 
 Frame = bytes | bytearray | memoryview
 
@@ -204,6 +196,16 @@ def encode_request(topic: str, payload: Any, matchtag: int, nodeid: int,
     the client ``Handle``'s hot path."""
     header = _packb((MsgType.REQUEST, topic, matchtag, nodeid, flags, -1, 0, [], 0, None, 0))
     return [header, *encode_payload(payload)]
+
+
+_SURELY_WITHIN = 64 << 10
+
+
+def may_exceed_link(frames: Sequence[Frame]) -> bool:
+    """Whether ``frames`` need adding up against a link's limit (at least
+    64 KiB): not for a message of one or two frames of less than 64 KiB
+    together (the hot paths' messages), which cannot exceed it."""
+    return len(frames) > 2 or len(frames[0]) + len(frames[-1]) > _SURELY_WITHIN
 
 
 def frames_size(frames: Sequence[Frame]) -> int:
