@@ -379,6 +379,7 @@ class KvsModule(Module):
             "kvs.dropcache": self.dropcache,
             "kvs.gc": self.gc,
             "kvs.disconnect": self.disconnect,
+            "kvs.stats-get": self.stats_get,
         }
 
     async def start(self) -> None:
@@ -1542,6 +1543,19 @@ class KvsModule(Module):
             ns.describe() for ns in self.namespaces.values() if ns.rootseq >= 0]})
 
     # ================================================================ stats
+
+    def stats_get(self, msg: Message) -> None:
+        """``kvs.stats-get``, open to guests (as in Flux), but a guest sees
+        only its own namespaces, and no cache counts: the number of blobs
+        held, read around a commit of its own, would tell whether a blob it
+        guessed was there already (someone else's value)."""
+        out = self.stats()
+        if not msg.is_owner:
+            out["namespaces"] = {name: desc for name, desc in out["namespaces"].items()
+                                 if desc["owner"] == msg.userid}
+            for key in ("cache", "namespace-count", "heard"):
+                del out[key]
+        self.h.respond(msg, out)
 
     def stats(self) -> dict[str, Any]:
         return {

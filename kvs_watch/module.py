@@ -361,16 +361,16 @@ class KvsWatchModule(Module):
 
     def stats_get(self, msg: Message) -> None:
         """``kvs-watch.stats-get``, open to guests (as in Flux), but a guest
-        gets the ``rootref`` of its own namespaces only.  In Flux a root
-        reference is a capability for anyone, so showing another's let a
-        guest read every key of a namespace someone watches; here kvs
-        refuses a guest's ``rootdir`` that is not its own anyway, and the
-        rootrefs stay hidden all the same."""
+        sees its own namespaces only: not even the names of the others
+        (a guest sees only what it owns).  In Flux a root reference is a
+        capability for anyone, so showing another's let a guest read every
+        key of a namespace someone watches; here kvs refuses a guest's
+        ``rootdir`` that is not its own anyway."""
         out = self.stats()
         if not msg.is_owner:
-            for desc in out["namespaces"].values():
-                if desc["owner"] != msg.userid:
-                    del desc["rootref"]
+            out["namespaces"] = {name: desc for name, desc in out["namespaces"].items()
+                                 if desc["owner"] == msg.userid}
+            out["namespace-count"] = len(out["namespaces"])
         self.h.respond(msg, out)
 
     def stats(self) -> dict[str, Any]:

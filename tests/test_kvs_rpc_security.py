@@ -52,6 +52,11 @@ async def test_guest_in_primary_and_foreign_namespaces(start_instance, connect, 
     await asyncio.wait_for(h.rpc("kvs.namespace-create",
                                  {"namespace": "owned-by-owner", "owner": -1}), 10)
     await commit(h, put("k", "v"), ns="theirs")
+    # the owner watches a key of "theirs" on the guest's rank
+    hw = await connect(inst, size - 1)
+    watching = hw.rpc_stream("kvs-watch.lookup", {"namespace": "theirs", "key": "k",
+                                                  "flags": 4})
+    assert (await asyncio.wait_for(watching.next_message(), 10)).errnum == 0
     out = await guest(inst.uri(size - 1), """
         async def body(h):
             r = {}
@@ -74,14 +79,21 @@ async def test_guest_in_primary_and_foreign_namespaces(start_instance, connect, 
                 await call(h, "kvs.relaycommit", {"namespace": "primary", "ops": [],
                                                   "name": "forged"}, nodeid=0),
             ]
-            r["stats"] = "ok" in await call(h, "kvs.stats-get", {})
+            kvs = (await call(h, "kvs.stats-get", {}))["ok"]
+            watch = (await call(h, "kvs-watch.stats-get", {}))["ok"]
+            r["stats"] = [sorted(kvs["namespaces"]), "cache" in kvs,
+                          sorted(watch["namespaces"]),
+                          await call(h, "content.stats-get", {}, nodeid=0)]
             return r
     """)
     assert out["userid"] == GUEST_UID
     for ns in ("primary", "theirs", "owned-by-owner"):
         assert out[ns] == [{"errnum": errno.EPERM}] * 5, (ns, out[ns])
     assert out["admin"] == [{"errnum": errno.EPERM}] * 5, out["admin"]
-    assert out["stats"] is True
+    # stats, but none of another's namespaces, nor counts that would tell
+    # whether a blob guessed is stored (committing it to a namespace of its
+    # own, a guest read a 4-digit value of primary from them)
+    assert out["stats"] == [[], False, [], {"errnum": errno.EPERM}], out["stats"]
     assert (await getroot(h))["rootseq"] == 1  # the guest changed nothing
     assert (await getroot(h, "theirs"))["rootseq"] == 1
 

@@ -24,9 +24,12 @@
 * ``content.dropcache`` drops clean cache entries; ``content.stats-get``.
 
 Blobs larger than ``content.blob-size-limit`` bytes are refused with EFBIG.
-As in Flux, every request but ``content.stats-get`` is for the instance owner
-(and modules) only: a guest could otherwise load any blob by its blobref and
-read every namespace.  Others get EPERM.
+Every request is for the instance owner (and modules) only: a guest could
+otherwise load any blob by its blobref and read every namespace -- or, from
+``content.stats-get``'s counts around a commit of its own, tell whether a
+blob it guesses is stored already (a stored blob is not counted again), and
+so read small values of others by trying them.  Others get EPERM.  (Flux
+lets guests read the stats.)
 """
 
 from __future__ import annotations
@@ -625,6 +628,9 @@ class ContentModule(Module):
         self.h.respond(msg, {"value": msgpack.unpackb(value, raw=False, strict_map_key=False)})
 
     async def stats_get(self, msg: Message) -> None:
+        if not msg.is_owner:
+            raise ErrnoError(errno.EPERM, "content.stats-get is for the instance owner: its "
+                                          "counts would tell whether a guessed blob is stored")
         out = self.stats()
         if self.backing is not None:
             out["backing-count"] = await self.db(self.backing.count)
