@@ -166,6 +166,14 @@ MAX_GUEST_SUBSCRIPTIONS = AttrSpec(
     "access.max-guest-subscriptions", "10000", integer(1),
     "event subscriptions one guest user may hold on a rank, over all its "
     "connections; one more is refused with ENOSPC")
+MAX_GUEST_REQUESTS = AttrSpec(
+    "access.max-guest-requests", "100000", integer(1),
+    "one guest user's requests a rank has sent on to its children and not "
+    "seen answered; one more is refused with ENOSPC")
+MAX_GUEST_SERVICES = AttrSpec(
+    "access.max-guest-services", "65536", integer(1),
+    "distinct (service, rank) pairs one guest user's connections to a rank "
+    "address; one more is refused with ENOSPC")
 MODULES = AttrSpec(
     "broker.modules", ",".join(plugins.DEFAULT_MODULES), text,
     "modules to load, by entry-point name")
@@ -198,8 +206,8 @@ LINK_MAX_MESSAGE = AttrSpec(
 
 BROKER_ATTRS: tuple[AttrSpec, ...] = (
     ALLOW_GUEST_USER, MAX_GUEST_CONNECTIONS, MAX_GUEST_BYTES, MAX_GUEST_SUBSCRIPTIONS,
-    MODULES, MAX_MESSAGE, CONTENT_HASH, LOG_LEVEL, LOG_TIMESTAMPS, TRANSPORT, LINK_BACKLOG,
-    LINK_MAX_MESSAGE)
+    MAX_GUEST_REQUESTS, MAX_GUEST_SERVICES, MODULES, MAX_MESSAGE, CONTENT_HASH, LOG_LEVEL,
+    LOG_TIMESTAMPS, TRANSPORT, LINK_BACKLOG, LINK_MAX_MESSAGE)
 
 
 # ---------------------------------------------------------------- checking

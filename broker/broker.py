@@ -127,6 +127,8 @@ class Broker:
             max_guest_connections=config[battrs.MAX_GUEST_CONNECTIONS.name],
             max_guest_bytes=config[battrs.MAX_GUEST_BYTES.name],
         )
+        self.router.max_guest_requests = config[battrs.MAX_GUEST_REQUESTS.name]
+        self.router.max_guest_services = config[battrs.MAX_GUEST_SERVICES.name]
         self.overlay = Overlay(self.router, self.rundir, endpoints=self.endpoints,
                                bind=self.bind, curve=self.curve,
                                transport=config[battrs.TRANSPORT.name],

@@ -60,6 +60,7 @@ COUNTERS = ("requests", "responses", "events-sequenced", "events-delivered", "di
 
 LINK_LIMIT = "tbon.max-message"
 
+
 Route = tuple[str, ...]
 
 
@@ -69,10 +70,12 @@ class SentDown:
     carries back.  A lost child's are answered ``EHOSTUNREACH``; a client's
     disconnect drops its own (the service ends them without answering)."""
 
-    __slots__ = ("_by_child",)
+    __slots__ = ("_by_child", "guests")
 
     def __init__(self) -> None:
         self._by_child: dict[int, dict[Route, dict[int, Message]]] = {}
+        self.guests: Counter[int] = Counter()
+        """Requests held per guest user (``access.max-guest-requests``)."""
 
     def __len__(self) -> int:
         return sum(len(tags) for sent in self._by_child.values() for tags in sent.values())
@@ -84,7 +87,20 @@ class SentDown:
         tags = sent.get(route := tuple(msg.route))
         if tags is None:
             tags = sent[route] = {}
+        old = tags.get(msg.matchtag)
+        if old is not None:
+            self._forget(old)
         tags[msg.matchtag] = msg
+        if not msg.rolemask & Role.OWNER:
+            self.guests[msg.userid] += 1
+
+    def _forget(self, req: Message) -> None:
+        if not req.rolemask & Role.OWNER:
+            left = self.guests[req.userid] - 1
+            if left > 0:
+                self.guests[req.userid] = left
+            else:
+                del self.guests[req.userid]
 
     def answered(self, child: int, response: Message) -> None:
         """``child`` sent ``response``: forget its request if that was the
@@ -99,6 +115,7 @@ class SentDown:
         req = tags.get(response.matchtag)
         if req is not None and (response.errnum or not req.flags & MsgFlags.STREAMING):
             del tags[response.matchtag]
+            self._forget(req)
             if not tags:
                 del sent[route]
 
@@ -106,9 +123,13 @@ class SentDown:
         """Request ``matchtag`` of ``route`` got its last answer."""
         sent = self._by_child.get(child)
         tags = sent.get(route) if sent else None
-        if sent is not None and tags is not None and tags.pop(matchtag, None) is not None \
-                and not tags:
-            del sent[route]
+        if sent is None or tags is None:
+            return
+        req = tags.pop(matchtag, None)
+        if req is not None:
+            self._forget(req)
+            if not tags:
+                del sent[route]
 
     def remove(self, child: int, route: Route, keep: Callable[[Message], bool]) -> None:
         """Forget ``route``'s requests to ``child`` that ``keep`` rejects."""
@@ -117,14 +138,17 @@ class SentDown:
         if sent is None or tags is None:
             return
         for tag in [tag for tag, req in tags.items() if not keep(req)]:
-            del tags[tag]
+            self._forget(tags.pop(tag))
         if not tags:
             del sent[route]
 
     def pop_child(self, child: int) -> list[Message]:
         """Every request still out to ``child``, forgotten."""
         sent = self._by_child.pop(child, None) or {}
-        return [req for tags in sent.values() for req in tags.values()]
+        out = [req for tags in sent.values() for req in tags.values()]
+        for req in out:
+            self._forget(req)
+        return out
 
 
 class UsedBelow:
@@ -186,6 +210,16 @@ class Router:
         self.services: dict[str, Peer] = {}
         self.subs = SubscriptionTable()
         self._peer_prefixes: dict[str, Counter[str]] = defaultdict(Counter)
+        self._guest_services: Counter[int] = Counter()
+        """Distinct (service, rank) pairs of each guest user's connections."""
+        self.max_guest_services = 1 << 62
+        """``access.max-guest-services``: each pair a guest's connections
+        address is remembered (to send its ``.disconnect``) on every rank on
+        the way while the connection lives."""
+        self.max_guest_requests = 1 << 62
+        """``access.max-guest-requests``: a request sent down is held until
+        its last answer (a streaming request to a service that answers once,
+        until its client goes)."""
         self.guest_subscriptions: Counter[int] = Counter()
         """Subscriptions held by each guest user's connections on this rank
         (``access.max-guest-subscriptions`` caps them)."""
@@ -240,7 +274,14 @@ class Router:
             self.subs.unsubscribe_all(pid, prefixes)
             if not peer.rolemask & Role.OWNER:
                 self._count_guest(peer.userid, -sum(prefixes.values()))
-        for service, nodeid in self._used_services.pop(pid, ()):
+        used = self._used_services.pop(pid, ())
+        if used and not peer.rolemask & Role.OWNER:
+            left = self._guest_services[peer.userid] - len(used)
+            if left > 0:
+                self._guest_services[peer.userid] = left
+            else:
+                del self._guest_services[peer.userid]
+        for service, nodeid in used:
             self._send_disconnect(service, nodeid, (pid,), peer.userid, peer.rolemask)
 
     def _send_disconnect(self, service: str, nodeid: int, route: Route, userid: int,
@@ -282,7 +323,17 @@ class Router:
                 used = self._used_services.get(peer.peer_id)
                 if used is None:
                     used = self._used_services[peer.peer_id] = set()
-                used.add((msg.service, msg.nodeid))
+                pair = (msg.service, msg.nodeid)
+                if pair not in used:
+                    if not peer.rolemask & Role.OWNER:
+                        if self._guest_services[peer.userid] >= self.max_guest_services:
+                            self.respond_error(msg, errno.ENOSPC, "this user addresses "
+                                               f"{self.max_guest_services} services and "
+                                               f"ranks from rank {self.rank} "
+                                               "(access.max-guest-services)")
+                            return
+                        self._guest_services[peer.userid] += 1
+                    used.add(pair)
             self.route_request(msg)
         elif t == MsgType.RESPONSE:
             self.route_response(msg)
@@ -302,8 +353,11 @@ class Router:
         route = msg.route
         if len(route) == 1:
             used = self._used_services.get(route[0])
-            if used is not None:
-                used.add((msg.service, nodeid))
+            pair = (msg.service, nodeid)
+            if used is not None and pair not in used:
+                used.add(pair)
+                if not msg.rolemask & Role.OWNER:  # (counted, not capped: ours)
+                    self._guest_services[msg.userid] += 1
         else:
             self._passed_on[(tuple(route), msg.service)].add(nodeid)
         msg.nodeid = nodeid
@@ -419,9 +473,17 @@ class Router:
                 self._sent_down.remove(child, tuple(msg.route), lambda r: r.service != service)
             self._send_rank(child, msg)
             return
+        if not msg.rolemask & Role.OWNER and \
+                self._sent_down.guests[msg.userid] >= self.max_guest_requests:
+            self.respond_error(msg, errno.ENOSPC, f"this user has {self.max_guest_requests} "
+                                                  f"requests in flight through rank {self.rank} "
+                                                  "(access.max-guest-requests)")
+            return
         self._sent_down.add(child, msg)
         if not self._send_rank(child, msg):
             self._sent_down.done(child, tuple(msg.route), msg.matchtag)  # answered EHOSTUNREACH
+            return
+        msg.payload = None  # sent: what answers it needs is the envelope
 
     def child_lost(self, child: int) -> None:
         """The link to ``child`` is gone: answer what was sent down to it,

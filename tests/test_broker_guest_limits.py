@@ -504,6 +504,57 @@ async def test_a_guests_subscriptions_and_version_waits_are_capped(start_instanc
         guest.kill()
 
 
+async def test_what_a_guests_requests_leave_on_the_ranks_on_their_way_is_capped(
+        start_instance, connect) -> None:
+    """access.max-guest-requests caps a guest's requests held below a rank
+    (a streaming request to a service that answers once stays held until
+    its client goes: 1,000 of 100 KB grew ranks 0 and 1 by 100 MB), and
+    access.max-guest-services the (service, rank) pairs its connections
+    address (each remembered on every rank on the way)."""
+    inst = await start_instance(size=4, fanout=2, attrs={
+        **ALLOW, "access.max-guest-requests": "5", "access.max-guest-services": "4"})
+    h0 = await connect(inst, 0)
+    guest = await GuestProc.start(inst.uri(0), """
+        async def main():
+            h = await Handle.connect(uri)
+            async def answer(call):
+                try:
+                    await asyncio.wait_for(call, 10)
+                    return "ok"
+                except RemoteError as exc:
+                    return [exc.errnum, exc.errstr]
+            def streaming(tag):
+                return h.rpc_stream("attr.get", {"name": "rank", "pad": b"x" * 100_000},
+                                    nodeid=3)
+            pairs = [await answer(h.rpc("nosuch.x", {}, nodeid=0)),
+                     await answer(h.rpc("broker.ping", {}, nodeid=2)),
+                     await answer(h.rpc("broker.ping", {}, nodeid=1))]
+            streams = [streaming(i) for i in range(6)]  # attr@3: the fourth pair
+            firsts = [await answer(s.next_message()) for s in streams]
+            pairs.append(await answer(h.rpc("broker.ping", {}, nodeid=0)))  # a fifth
+            out(firsts=firsts, pairs=pairs)
+            await step()
+    """)
+    try:
+        line = await guest.line()
+        firsts, pairs = line["firsts"], line["pairs"]
+        assert firsts[:5] == ["ok"] * 5, firsts
+        assert firsts[5][0] == errno.ENOSPC and "access.max-guest-requests" in firsts[5][1]
+        assert (await stats(h0, 0))["sent-down"] == 5
+        assert (await stats(h0, 1))["sent-down"] == 5
+        assert pairs[0][0] == errno.ENOSYS and pairs[1:3] == ["ok", "ok"], pairs
+        assert pairs[3][0] == errno.ENOSPC and "access.max-guest-services" in pairs[3][1]
+        guest.go()
+        await guest.finish()
+
+        async def let_go() -> bool:
+            return [(await stats(h0, r))["sent-down"] for r in (0, 1)] == [0, 0]
+
+        await wait_until(let_go, "the guest's requests to be let go")
+    finally:
+        guest.kill()
+
+
 @pytest.mark.both_loops
 async def test_a_burst_to_a_guest_that_reads_is_not_counted_against_it(
         start_instance, connect) -> None:
