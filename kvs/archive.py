@@ -45,15 +45,20 @@ and values come out exactly as the KVS itself would store them), then:
 from __future__ import annotations
 
 import asyncio
+import bz2
+import contextlib
 import errno
 import getpass
+import gzip
 import io
+import lzma
 import os
 import secrets
 import sqlite3
 import sys
 import tarfile
 import time
+import zlib
 from collections import deque
 from collections.abc import AsyncGenerator, Callable, Iterable, Iterator
 from contextlib import aclosing, contextmanager, suppress
@@ -485,31 +490,64 @@ def read_items(source: str | IO[bytes], *, size_limit: int | None = None,
     value over ``max_value`` bytes (an instance's ``content.blob-size-limit``)
     is an :class:`ArchiveError`, raised before its bytes are read."""
     report = report if report is not None else Report()
-    try:
-        if source == "-":
-            tar = tarfile.open(fileobj=sys.stdin.buffer, mode="r|*", tarinfo=_CheckedInfo)
-        elif isinstance(source, str):
-            tar = tarfile.open(source, "r:*", tarinfo=_CheckedInfo)
-        else:
-            tar = tarfile.open(fileobj=source, mode="r|*", tarinfo=_CheckedInfo)
-    except OSError as exc:
-        raise ArchiveError(f"{exc.filename or source}: {exc.strerror or exc}") from None
-    except (tarfile.TarError, EOFError) as exc:
-        # (tarfile lists every method it tried, one per line)
-        first = str(exc).splitlines()[0].rstrip(":") if str(exc) else type(exc).__name__
-        what = source if isinstance(source, str) else "archive"
-        raise ArchiveError(f"{what}: not a readable archive: tar, plain or compressed "
-                           f"with gzip, bzip2 or xz ({first})") from None
-    with tar:
+    what = source if isinstance(source, str) else "archive"
+    with contextlib.ExitStack() as stack:
+        try:
+            if source == "-":
+                raw: IO[bytes] = sys.stdin.buffer
+            elif isinstance(source, str):
+                raw = stack.enter_context(open(source, "rb"))
+            else:
+                raw = source
+        except OSError as exc:
+            raise ArchiveError(f"{exc.filename or source}: {exc.strerror or exc}") from None
+        try:
+            data = stack.enter_context(_decompressed(raw))
+            tar = stack.enter_context(tarfile.open(fileobj=data, mode="r|",
+                                                   tarinfo=_CheckedInfo))
+        except (*_DAMAGE, ValueError) as exc:
+            first = str(exc).splitlines()[0].rstrip(":") if str(exc) else type(exc).__name__
+            raise ArchiveError(f"{what}: not a readable archive: tar, plain or compressed "
+                               f"with gzip, bzip2 or xz ({first})") from None
         try:
             for info in tar:
                 item = _item(tar, info, size_limit, max_value, report)
                 if item is not None:
                     yield item
-        except (tarfile.TarError, EOFError, OSError) as exc:
-            what = source if isinstance(source, str) else "archive"
+            # Read the compressed stream to its end: its checksum (gzip's
+            # CRC and length, bzip2's, xz's) is checked only there, and tar
+            # stops at its end-of-archive blocks -- damaged data restored
+            # without a word before.
+            while data.read(1 << 20):
+                pass
+        except (*_DAMAGE, ValueError) as exc:
             raise ArchiveError(f"{what}: the archive is damaged or cut short "
                                f"({str(exc) or type(exc).__name__})") from None
+
+
+_DAMAGE = (tarfile.TarError, EOFError, OSError, zlib.error, lzma.LZMAError)
+"""What reading a damaged archive raises (gzip's BadGzipFile is an OSError)."""
+_MAGIC: tuple[tuple[bytes, Callable[[Any], Any]], ...] = (
+    (b"\x1f\x8b", lambda f: gzip.GzipFile(fileobj=f, mode="rb")),
+    (b"BZh", lambda f: bz2.BZ2File(f, mode="rb")),
+    (b"\xfd7zXZ\x00", lambda f: lzma.LZMAFile(f, mode="rb")),
+)
+
+
+@contextmanager
+def _decompressed(raw: IO[bytes]) -> Iterator[Any]:
+    """``raw``'s bytes, decompressed by its magic number (gzip, bzip2, xz;
+    else as they are), by readers that check the stream's checksum at its
+    end (tarfile's own stream mode does not check gzip's)."""
+    buffered: Any = raw if isinstance(raw, io.BufferedReader) else io.BufferedReader(
+        raw)  # type: ignore[type-var]
+    head = buffered.peek(6)[:6]
+    for magic, reader in _MAGIC:
+        if head.startswith(magic):
+            with reader(buffered) as data:
+                yield data
+            return
+    yield buffered
 
 
 def _item(tar: tarfile.TarFile, info: tarfile.TarInfo, size_limit: int | None,

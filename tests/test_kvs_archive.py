@@ -196,11 +196,18 @@ def test_size_limit_leaves_big_values_out() -> None:
     assert report.skipped == [f"big: {len(BIG)} bytes, over the size limit of 100"]
 
 
-@pytest.mark.parametrize("damage", ["not tar", "cut short", "empty"])
+@pytest.mark.parametrize("damage", ["not tar", "cut short", "empty", "bad crc",
+                                    "no trailer", "bad bzip2", "bad xz"])
 def test_unreadable_archives_are_one_line_errors(damage, tmp_path) -> None:
     good = _tar([("file", f"k{i}", BIG) for i in range(4)], mode="w:gz")
+    # gzip's CRC and length are its last 8 bytes, after tar's end-of-archive
+    # blocks: they were never read, and damaged values restored silently
+    crc = bytes([good[-8] ^ 1])
+    bz, xz = (_tar([("file", "k", BIG)], mode=m) for m in ("w:bz2", "w:xz"))
     data = {"not tar": b"hello, world\n" * 100, "cut short": good[: len(good) // 2],
-            "empty": b""}[damage]
+            "empty": b"", "bad crc": good[:-8] + crc + good[-7:], "no trailer": good[:-8],
+            "bad bzip2": bz[:-4] + bytes([bz[-4] ^ 1]) + bz[-3:],
+            "bad xz": xz[:-20] + bytes([xz[-20] ^ 1]) + xz[-19:]}[damage]
     path = tmp_path / "x.tar.gz"
     path.write_bytes(data)
     for source in (str(path), io.BytesIO(data)):
