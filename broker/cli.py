@@ -156,15 +156,25 @@ def cmd_start(args: argparse.Namespace) -> int:
 
         for sig in STOP_SIGNALS:
             loop.add_signal_handler(sig, on_signal, sig)
+        rc = 1
         try:
-            return await run()
+            rc = await run()
         finally:
             try:
-                await inst.stop()
+                codes = await inst.stop()
             finally:
                 for sig in STOP_SIGNALS:
                     loop.remove_signal_handler(sig)
                     signal.signal(sig, signal.SIG_IGN)
+        failed = [(rank, code) for rank, code in enumerate(codes) if code]
+        if rc == 0 and failed and inst.ended is not None and not signalled:
+            # A rank that could not stop cleanly (rank 0 could not write its
+            # last checkpoint: a full disk) lost something: not a success.
+            rank, code = failed[0]
+            print_err(f"rank {rank} exited {exit_status(code)} as it stopped "
+                      "(its log says why)")
+            return 1
+        return rc
 
     with asyncio.Runner(loop_factory=asyncio.new_event_loop) as runner:
         return runner.run(main())

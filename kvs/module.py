@@ -479,9 +479,16 @@ class KvsModule(Module):
     async def _checkpoint_periodically(self) -> None:
         """Rank 0 with a statedir: every ``kvs.checkpoint-period``, checkpoint
         the primary root if it changed since the last checkpoint.  A timer,
-        not per-commit work; as Flux's ``checkpoint-period``."""
+        not per-commit work; as Flux's ``checkpoint-period``.  Periods run
+        from the start of one checkpoint to the start of the next: one that
+        takes long (it writes every blob stored since the last, tens of MB
+        under heavy writes) is followed at once by the next, not a period
+        later -- that put checkpoints 2 s apart at a 1 s period."""
+        loop = asyncio.get_running_loop()
+        start = loop.time()
         while True:
-            await asyncio.sleep(self.checkpoint_period)
+            await asyncio.sleep(max(0.0, start + self.checkpoint_period - loop.time()))
+            start = loop.time()
             # Shielded: stop() cancels this loop, but a checkpoint under way
             # completes (holding the lock) before the final one is written.
             await asyncio.shield(self._periodic_checkpoint())

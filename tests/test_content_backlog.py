@@ -14,6 +14,7 @@ import errno
 import hashlib
 import os
 
+from test_broker_support import KVBROKER
 from test_kvs_rpc_helpers import NO_MERGE, T, commit, errnum, get, put, stats
 
 from broker.handle import Handle
@@ -116,6 +117,57 @@ async def test_a_full_disk_fails_commits_with_enospc_and_the_instance_recovers(
     finally:
         codes = await asyncio.wait_for(inst.stop(), 60)
     assert codes == [0, 0], log.read_text()
+
+
+async def test_a_full_disk_stops_acknowledging_commits_whatever_the_backlog(
+        small_disk, tmp_path) -> None:
+    """While writes to the store fail, commits wait for the next write and
+    fail with it, however far the backlog is from its limit: before, with
+    the default 256 MiB, a full disk acknowledged every commit (none could
+    become durable, and a crash lost them) and only the checkpoints failed."""
+    log = tmp_path / "rank.log"
+    inst = Instance(1, statedir=str(small_disk / "state"), stderr_path=str(log))
+    await asyncio.wait_for(inst.start(), 60)
+    try:
+        h = await Handle.connect(inst.uri(0))
+        await commit(h, put("before", "kept"))
+        await asyncio.wait_for(h.rpc("content.flush", {}), T)
+        free = os.statvfs(small_disk)
+        filler = small_disk / "filler"
+        with open(filler, "wb") as f:
+            f.write(b"\0" * (free.f_bavail * free.f_frsize - 200_000))
+        for i in range(10):  # 320 KB: the disk has 200 KB
+            await commit(h, put(f"p{i}", os.urandom(VALUE)))
+        # their write fails (here when asked for; else within 0.1 s)...
+        assert await errnum(h.rpc("content.flush", {}), T) == errno.ENOSPC
+        # ...and from then on no commit is acknowledged until one succeeds
+        for i in range(5):
+            assert await errnum(commit(h, put(f"q{i}", os.urandom(VALUE))), T) == errno.ENOSPC
+        assert (await get(h, "before")) == b"kept"
+        filler.unlink()
+        await commit(h, put("after", "yes"))
+        await h.close()
+    finally:
+        await asyncio.wait_for(inst.stop(), 60)
+
+
+async def test_start_exits_1_when_rank_0_cannot_stop_cleanly(small_disk) -> None:
+    """A command that succeeded, but rank 0 could not write its last
+    checkpoint (the disk filled after the last commit was acknowledged):
+    what was acknowledged is not durable, so ``start`` says so and exits 1
+    (it exited 0, as the command did)."""
+    free = os.statvfs(small_disk)
+    room = free.f_bavail * free.f_frsize - 150_000
+    script = (f"head -c {room} /dev/zero > {small_disk}/filler && "
+              f"head -c 300000 /dev/urandom | kvbroker kvs put -r big=-")
+    proc = await asyncio.create_subprocess_exec(
+        KVBROKER, "start", "--statedir", str(small_disk / "state"), "--", "sh", "-c", script,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    _out, err = await asyncio.wait_for(proc.communicate(), 60)
+    text = err.decode()
+    assert proc.returncode == 1, text
+    assert "rank 0 exited with status 1 as it stopped (its log says why)" in text, text
+    assert "disk is full" in text, text
 
 
 async def test_a_busy_namespace_does_not_starve_another(start_instance, connect) -> None:

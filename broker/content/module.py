@@ -115,6 +115,9 @@ class ContentModule(Module):
         self.backlog_peak = 0
         self._waiting: deque[asyncio.Future[None]] = deque()
         """:meth:`room`'s waiters, admitted in arrival order."""
+        self.failing: BaseException | None = None
+        """Why the last write to SQLite failed (a full disk), until one
+        succeeds: meanwhile :meth:`room` lets nothing through unwritten."""
         self.stopping = False
         self.counts: Counter[str] = Counter(dict.fromkeys(COUNTERS, 0))
         self.backing: SqliteStore | None = None
@@ -265,6 +268,7 @@ class ContentModule(Module):
             # (cancelled: never ran, or ran unseen -- write them again either way)
             failed = (asyncio.CancelledError("the write was cancelled") if f.cancelled()
                       else f.exception())
+            self.failing = failed
             try:
                 if failed is not None:
                     logging.getLogger("kvbroker.content").error(
@@ -308,9 +312,16 @@ class ContentModule(Module):
         the backlog stays under the limit plus what the admitted requests
         add.  If the write they waited for failed, they fail with its errno
         (``ENOSPC`` for a full disk); the next request starts a write again,
-        so the instance recovers once the disk has room."""
+        so the instance recovers once the disk has room.  While writes fail,
+        every request waits for the next one, however small the backlog:
+        a commit acknowledged meanwhile could never become durable (a full
+        disk acknowledged 150 commits that a crash then lost)."""
         limit = self.backlog_limit
-        if not limit or (self.backlog_bytes <= limit and not self._waiting):
+        if not limit or (self.backlog_bytes <= limit and not self._waiting
+                         and self.failing is None):
+            return
+        if self.failing is not None and not self.dirty and not self._writes:
+            self.failing = None  # (nothing left to write: a write did it)
             return
         self.counts["backlog-waits"] += 1
         self._write_for_room()  # (first: if it raises, no waiter is left behind)
@@ -338,21 +349,20 @@ class ContentModule(Module):
         backlog is under the limit; if it failed, fail the rest with its
         errno; else make sure the next write is under way."""
         waiting = self._waiting
-        while waiting and self.backlog_bytes <= self.backlog_limit:
-            fut = waiting.popleft()
-            if not fut.done():
-                fut.set_result(None)
-        if not waiting:
-            return
         if failed is None:
-            self._write_for_room()
+            while waiting and self.backlog_bytes <= self.backlog_limit:
+                fut = waiting.popleft()
+                if not fut.done():
+                    fut.set_result(None)
+            if waiting:
+                self._write_for_room()
             return
         while waiting:
             fut = waiting.popleft()
             if not fut.done():
                 fut.set_exception(store_error(
-                    failed, "writing blobs to SQLite (with more than "
-                    f"content.backlog-bytes={self.backlog_limit} waiting)"))
+                    failed, "writing blobs to SQLite, which commits and stores wait for "
+                    "(content.backlog-bytes)"))
 
     def release_waiters(self) -> None:
         """Admit every waiter of :meth:`room` now, whatever the backlog (the
