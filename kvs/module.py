@@ -425,6 +425,13 @@ class KvsModule(Module):
             raise ErrnoError(errno.EINVAL, f"the checkpoint {CHECKPOINT_KEY!r} in statedir "
                                            f"{self.statedir} is not a KVS root: {value!r:.200}")
         rootref, rootseq = value["rootref"], value["rootseq"]
+        try:  # its root directory must be there (nothing could be read or written)
+            await self.h.rpc("content.load", {"blobref": rootref})
+        except RemoteError as exc:
+            raise ErrnoError(exc.errnum, f"the checkpoint in statedir {self.statedir} names "
+                                         f"root {rootref} (rootseq {rootseq}), which the "
+                                         f"content store cannot give ({exc.errstr}): the "
+                                         "store is damaged") from None
         stamp = value.get("timestamp")
         when = (f", written {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(stamp))}"
                 if isinstance(stamp, (int, float)) else "")

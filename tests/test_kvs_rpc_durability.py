@@ -359,6 +359,29 @@ async def test_a_checkpoint_that_is_not_a_root_stops_start_up_clearly(
     assert "Traceback" not in log.read_text()
 
 
+async def test_a_checkpoint_whose_root_is_missing_stops_start_up_clearly(
+        start_instance, connect, tmp_path) -> None:
+    """A checkpoint naming a root directory the store lacks (a damaged
+    file): rank 0 started, every get and put then failed, and an online
+    gc took the store for empty and removed every blob.  Start-up now
+    fails, naming the root and the statedir, and deletes nothing."""
+    statedir = str(tmp_path / "state")
+    inst = await start_instance(size=1, statedir=statedir)
+    h = await connect(inst)
+    missing = "sha256-" + "ab" * 32
+    await asyncio.wait_for(h.rpc("content.checkpoint-put", {"key": "kvs-primary", "value": {
+        "rootref": missing, "rootseq": 7}}), 10)
+    await h.close()
+    await inst.stop()
+    log = tmp_path / "again.log"
+    refused = await start_refused(Instance(1, statedir=statedir, stderr_path=str(log)))
+    assert isinstance(refused, StartError)
+    text = log.read_text()
+    assert (f"start-up failed: the checkpoint in statedir {statedir} names root {missing} "
+            "(rootseq 7), which the content store cannot give") in text, text
+    assert "the store is damaged" in text and "Traceback" not in text
+
+
 async def start_refused(inst: Instance) -> BaseException | None:
     try:
         await inst.start(timeout=30)
