@@ -12,10 +12,12 @@ from __future__ import annotations
 import asyncio
 import errno
 import hashlib
+import sqlite3
 
 import pytest
 from test_kvs_rpc_helpers import T, errname, errnum, stats
 
+from broker.errors import RemoteError
 from broker.message import RawPayload
 
 SIZES = pytest.mark.parametrize("size", [1, 4])
@@ -162,6 +164,35 @@ async def test_backing_store_survives_restart(start_instance, connect, tmp_path)
         assert await load(h2, ref) == bytes([i]) * 3000
     got = await asyncio.wait_for(h2.rpc("content.checkpoint-get", {"key": "ck"}), T)
     assert got["value"] == "v"
+
+
+async def test_a_blob_damaged_on_disk_is_eio_not_a_value(start_instance, connect,
+                                                          tmp_path) -> None:
+    """Bytes changed in content.sqlite (a bad disk, a stray write) were
+    served as the value: a load from the file now checks them against their
+    hash.  The other blobs are read as ever."""
+    statedir = tmp_path / "state"
+    inst = await start_instance(size=2, fanout=2, statedir=str(statedir))
+    h = await connect(inst, 1)
+    good, bad = (await store(h, b"g" * 3000), await store(h, b"b" * 3000))
+    await asyncio.wait_for(h.rpc("content.flush", {}, nodeid=0), T)
+    await h.close()
+    await inst.stop()
+    db = sqlite3.connect(statedir / "content.sqlite")
+    with db:
+        rows = db.execute("SELECT rowid, object FROM objects").fetchall()
+        rowid = next(r for r, obj in rows if bytes(obj) == b"b" * 3000)
+        db.execute("UPDATE objects SET object = ? WHERE rowid = ?",
+                   (b"b" * 2990 + b"X" * 10, rowid))
+    db.close()
+    inst2 = await start_instance(size=2, fanout=2, statedir=str(statedir))
+    h2 = await connect(inst2, 1)
+    with pytest.raises(RemoteError) as info:
+        await load(h2, bad)
+    assert info.value.errnum == errno.EIO
+    assert info.value.errstr == (f"blob {bad} is damaged in the content store: its bytes "
+                                 "do not match their hash")
+    assert await load(h2, good) == b"g" * 3000
 
 
 async def test_sha1(start_instance, connect) -> None:

@@ -482,7 +482,7 @@ class ContentModule(Module):
         try:
             self.counts["misses"] += 1
             if self.backing is not None:
-                found = await self.db(self.backing.get, ref)
+                found = await self.db(self._get_checked, ref)
                 if found is None:
                     raise ErrnoError(errno.ENOENT, f"unknown blob {ref}")
                 data = found
@@ -501,6 +501,16 @@ class ContentModule(Module):
         finally:
             if self._loading.get(ref, (None,))[0] is fut:  # (another may have replaced it)
                 del self._loading[ref]
+
+    def _get_checked(self, ref: str) -> bytes | None:
+        """(The SQLite thread) blob ``ref`` from the file, checked against its
+        hash: bytes damaged on disk are ``EIO``, not served as a value."""
+        assert self.backing is not None
+        data = self.backing.get(ref)
+        if data is not None and blobref.hash_blob(data, ref.partition("-")[0]) != ref:
+            raise ErrnoError(errno.EIO, f"blob {ref} is damaged in the content store: "
+                                        "its bytes do not match their hash")
+        return data
 
     async def load(self, msg: Message) -> None:
         _owner_only(msg)
