@@ -382,6 +382,19 @@ async def test_a_checkpoint_whose_root_is_missing_stops_start_up_clearly(
     assert "the store is damaged" in text and "Traceback" not in text
 
 
+async def test_a_store_that_is_not_a_database_is_named_at_start_up(tmp_path) -> None:
+    """The start-up error names the file (it said only "DatabaseError: file
+    is not a database")."""
+    statedir = tmp_path / "state"
+    statedir.mkdir(mode=0o700)
+    (statedir / "content.sqlite").write_bytes(b"not a database, " * 512)
+    log = tmp_path / "rank.log"
+    refused = await start_refused(Instance(1, statedir=str(statedir), stderr_path=str(log)))
+    assert isinstance(refused, StartError)
+    text = log.read_text()
+    assert f"start-up failed: {statedir}/content.sqlite: file is not a database" in text, text
+
+
 async def start_refused(inst: Instance) -> BaseException | None:
     try:
         await inst.start(timeout=30)

@@ -157,15 +157,17 @@ class ContentModule(Module):
             directory = statedir or self.ctx.attrs["rundir"]
             self.persistent = bool(statedir)
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="content-sqlite")
+            path = os.path.join(directory, "content.sqlite")
             try:
-                self.backing = await self.db(SqliteStore,
-                                             os.path.join(directory, "content.sqlite"))
+                self.backing = await self.db(SqliteStore, path)
                 self.rowids.note(await self.db(self.backing.max_rowid))
             except StoreLocked:
                 if not statedir:
                     raise
                 raise ErrnoError(errno.EBUSY, f"statedir {statedir} is in use by another "
                                               "instance (its content.sqlite is locked)") from None
+            except sqlite3.DatabaseError as exc:  # (not a database, damaged, ...)
+                raise ErrnoError(errno.EIO, f"{path}: {exc}") from None
 
     async def stop(self) -> None:
         """Write what is dirty, make the store durable and close it.  A store
