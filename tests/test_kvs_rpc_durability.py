@@ -27,6 +27,7 @@ from test_kvs_rpc_helpers import (
 )
 from test_watch_helpers import wait_until
 
+from broker.errors import RemoteError
 from broker.handle import Handle
 from broker.launch import Instance, StartError
 
@@ -156,8 +157,14 @@ async def test_a_stop_that_cannot_write_its_checkpoint_exits_1(small_disk, tmp_p
         free = os.statvfs(small_disk)
         with open(small_disk / "filler", "wb") as f:
             f.write(b"\0" * (free.f_bavail * free.f_frsize - 200_000))
+        last = None
         for i in range(30):
-            last = await commit(h, put(f"p{i}", os.urandom(100_000)))  # acknowledged only
+            try:  # acknowledged only; once a write has failed, refused (ENOSPC)
+                last = await commit(h, put(f"p{i}", os.urandom(100_000)))
+            except RemoteError as exc:
+                assert exc.errnum == errno.ENOSPC and i > 0, exc
+                break
+        assert last is not None
         await h.close()
     finally:
         codes = await asyncio.wait_for(inst.stop(), 60)
