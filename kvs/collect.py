@@ -119,10 +119,8 @@ async def mark(collection: Collection, live: Iterable[str], recent: Iterable[str
     ``damaged``), from ``recent`` (kept as far as they still exist) and from
     the blobs ``opaque`` (walked if they decode as tree objects).
 
-    A damaged live tree does not stop the collection: what cannot be read
-    through it is lost already (a client may commit a dirref to a directory
-    whose entries it never stored), and every later collection would stop
-    at it too.
+    A damaged live tree does not stop the marking; :func:`collect` then
+    deletes nothing.
 
     A blob may be named as a value's data and as a directory too (a client
     may put either): kept as data, it is still read and walked the first
@@ -224,6 +222,14 @@ async def collect(content: ContentModule, roots: Callable[[], Roots],
         trees2, opaque2 = checkpoint_roots(await content.checkpoints(), kvs_key)
         marked |= await mark(collection, [r for r in trees2 if r not in marked], (),
                              [r for r in opaque2 if r not in marked], damaged)
+        if damaged:
+            # As offline: a live tree names a blob the store lacks.  Commits
+            # check what they name, so this is damage, and below it may be
+            # blobs that are there but unreachable from here (a missing root
+            # made every blob look like garbage): delete nothing.
+            raise ErrnoError(errno.EIO, f"blob {damaged[0]} is named by a live tree but not "
+                                        f"in the store ({len(damaged)} such): the store is "
+                                        "damaged; nothing was deleted")
         collection.decide(marked)  # (no await between these two)
         forget(collection.keep)
         await collection.sweep(watermark)

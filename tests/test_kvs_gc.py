@@ -33,6 +33,7 @@ from test_kvs_rpc_helpers import (
 
 from broker.content import blobref
 from broker.content.sqlite import SqliteStore, digest_of
+from broker.errors import RemoteError
 from kvs import shards, txn
 from kvs import treeobj as T
 from kvs.garbage import GcError, collect, reachable
@@ -168,6 +169,33 @@ async def test_gc_refuses_a_damaged_store_and_deletes_nothing(start_instance, co
     assert rc == 1
     assert f"blob {leaf['data'][0]} is named but not in the store" in err
     assert "nothing was deleted" in err
+    assert _count(statedir) == before
+
+
+async def test_online_gc_refuses_a_damaged_store_and_deletes_nothing(start_instance,
+                                                                     connect, tmp_path) -> None:
+    """As offline: a live tree naming a missing blob stops an online gc
+    before it deletes anything (it went on; with the root's blob missing,
+    every blob of the tree looked like garbage and was removed)."""
+    inst, h, statedir = await _filled(start_instance, connect, tmp_path)
+    sub = (await asyncio.wait_for(h.rpc("kvs.lookup", {"key": "a", "flags": 16,
+                                                       "namespace": "primary"}), 10))["val"]
+    await h.close()
+    await inst.stop()
+    db = sqlite3.connect(statedir / "content.sqlite")
+    with db:
+        db.execute("DELETE FROM objects WHERE hash = ?", (digest_of(sub["data"][0]),))
+    db.close()
+    before = _count(statedir)
+    inst = await start_instance(size=1, statedir=str(statedir), attrs={"kvs.gc-grace": "0"})
+    h = await connect(inst, 0)
+    with pytest.raises(RemoteError) as info:
+        await asyncio.wait_for(h.rpc("kvs.gc", {}), 30)
+    assert info.value.errnum == errno.EIO
+    assert (f"blob {sub['data'][0]} is named by a live tree but not in the store (1 such): "
+            "the store is damaged; nothing was deleted") == info.value.errstr
+    await h.close()
+    await inst.stop()
     assert _count(statedir) == before
 
 
