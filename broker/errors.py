@@ -47,6 +47,9 @@ class ProtocolError(ErrnoError):
     def __init__(self, errstr: str = "protocol error") -> None:
         super().__init__(_errno.EPROTO, errstr)
 
+    def __reduce__(self) -> tuple[type, tuple[str]]:  # (pickle, copy: one argument)
+        return self.__class__, (self.errstr,)
+
 
 def strerror(errnum: int) -> str:
     """``os.strerror`` for the CLI's ``kvbroker: <what>: <strerror>`` lines."""

@@ -200,6 +200,10 @@ class Instance:
         self._stopping = False
 
     def uri(self, rank: int = 0) -> str:
+        """The URI of rank ``rank``'s local socket (``RuntimeError`` before
+        :meth:`start` has made the run directory)."""
+        if not self.rundir:
+            raise RuntimeError("the instance is not started: no URI yet")
         return f"local://{local_socket_path(self.rundir, rank)}"
 
     async def __aenter__(self) -> Instance:

@@ -37,6 +37,11 @@ class Stream:
         self.abandoned = False
         """Nobody will read it any more (:meth:`abandon`)."""
 
+    @property
+    def reading(self) -> bool:
+        """Whether a task waits in :meth:`next_message` now."""
+        return self._waiter is not None
+
     def abandon(self) -> None:
         """Its reader is gone (the request is being cancelled): keep no
         answers from now on.  The final error response still ends it, so the
@@ -171,8 +176,9 @@ class HandleCore:
             del pending[tag]
 
     def _check_open(self) -> None:
-        if self._closed_error is not None:
-            raise self._closed_error
+        if self._closed_error is not None:  # (a new one each time: a shared one's
+            e = self._closed_error                 # traceback grew with every raise)
+            raise RemoteError(e.errnum, e.errstr)
 
     def rpc(
         self,

@@ -9,7 +9,7 @@
 It owns a private event loop in the calling thread, so it cannot be used
 from inside a running event loop -- use the async API there.  ``run(coro)``
 runs any coroutine of the async API on that loop, which is how the kvs
-facade reuses the async client (``h.run(kvs.get(h.aio, k))``).
+facade reuses the async client (``h.run(KVS(h.aio).get(k))``).
 
 Each call turns the loop only until its answer is there
 (``loop.run_until_complete``), and :meth:`SyncHandle.rpc` sends on the
@@ -73,8 +73,9 @@ class SyncHandle:
         self._closed = False
         self._runner = asyncio.Runner(loop_factory=loop_factory(event_loop))
         self._loop = self._runner.get_loop()
-        try:
-            self.aio: Handle = self._loop.run_until_complete(Handle.connect(uri))
+        try:  # (the connect too is bounded by ``timeout``: an ssh:// one may hang)
+            self.aio: Handle = self._loop.run_until_complete(
+                asyncio.wait_for(Handle.connect(uri), timeout))
         except BaseException:
             self._runner.close()
             raise
@@ -181,7 +182,8 @@ class SyncHandle:
 def connect(uri: str | None = None, *, event_loop: str | None = None,
             timeout: float | None = None) -> SyncHandle:
     """Attach to a rank (default ``$KVBROKER_URI``) with a blocking handle
-    whose calls time out after ``timeout`` seconds by default."""
+    whose calls, and the connect itself, time out after ``timeout`` seconds
+    by default (``TimeoutError``)."""
     return SyncHandle(uri, event_loop=event_loop, timeout=timeout)
 
 

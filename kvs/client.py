@@ -295,12 +295,24 @@ class TxnOps:
         return self._op(key, treeobj.symlink(target, namespace))
 
 
+def _check_all_sent(t: Txn | SyncTxn) -> None:
+    """At the end of a ``with`` block whose transaction was committed in
+    it: ops added after that commit were never sent (the block does not
+    commit again, which would apply every op again): say so."""
+    if len(t.ops) > t.committed_ops:
+        raise RuntimeError(f"{len(t.ops) - t.committed_ops} op(s) added after the "
+                           "transaction was committed were not sent: commit() again "
+                           "(it sends every op) or use a new transaction")
+
+
 class Txn(TxnOps):
     """A transaction bound to a :class:`KVS` (from :meth:`KVS.txn`).
 
     ``await t.commit()`` sends it; as an async context manager it commits on
     a clean exit and sends nothing if the block raises.  ``result`` holds the
-    :class:`CommitResult` once committed.
+    :class:`CommitResult` once committed.  ``commit()`` again sends every op
+    again, as Flux's; a block that ends with ops added after its commit
+    raises ``RuntimeError`` rather than leave them unsent.
     """
 
     def __init__(self, kvs: KVS, flags: int = 0) -> None:
@@ -308,19 +320,25 @@ class Txn(TxnOps):
         self.kvs = kvs
         self.flags = flags
         self.result: CommitResult | None = None
+        self.committed_ops = 0
+        """How many of ``ops`` the last commit sent."""
 
     async def commit(self, flags: int | None = None) -> CommitResult:
         """Commit the ops (``flags``: :data:`SYNC`, :data:`NO_MERGE`; default
         the ones given to :meth:`KVS.txn`)."""
         self.result = await self.kvs.commit(self, self.flags if flags is None else flags)
+        self.committed_ops = len(self.ops)
         return self.result
 
     async def __aenter__(self) -> Txn:
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
-        if exc_type is None and self.result is None:
-            await self.commit()
+        if exc_type is None:
+            if self.result is None:
+                await self.commit()
+            else:
+                _check_all_sent(self)
 
 
 # ---------------------------------------------------------------- directories
@@ -768,17 +786,23 @@ class SyncTxn(TxnOps):
         self.kvs = kvs
         self.flags = flags
         self.result: CommitResult | None = None
+        self.committed_ops = 0
+        """How many of ``ops`` the last commit sent."""
 
     def commit(self, flags: int | None = None) -> CommitResult:
         self.result = self.kvs.commit(self, self.flags if flags is None else flags)
+        self.committed_ops = len(self.ops)
         return self.result
 
     def __enter__(self) -> SyncTxn:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
-        if exc_type is None and self.result is None:
-            self.commit()
+        if exc_type is None:
+            if self.result is None:
+                self.commit()
+            else:
+                _check_all_sent(self)
 
 
 class SyncKVS:

@@ -52,6 +52,9 @@ class EventlogError(ErrnoError):
     def __init__(self, errstr: str = "cannot decode improperly formatted eventlog") -> None:
         super().__init__(errno.EINVAL, errstr)
 
+    def __reduce__(self) -> tuple[type, tuple[str]]:  # (pickle, copy: one argument)
+        return self.__class__, (self.errstr,)
+
 
 def _check(e: object) -> Entry:
     if not isinstance(e, dict):

@@ -178,7 +178,9 @@ class Watch:
         """Stop the watch: ``kvs-watch.cancel``, then drain to the end of the stream.
 
         Idempotent.  Answers still in flight are discarded; an error ending
-        the stream meanwhile (or a lost connection) is not raised.
+        the stream meanwhile (or a lost connection) is not raised.  Called
+        while another task iterates the watch, it returns once the cancel
+        is sent: that task's loop ends at the end of the stream.
         """
         stream = self._stream
         if stream is None or stream.done:
@@ -186,6 +188,8 @@ class Watch:
         try:
             self.h.send_noresponse("kvs-watch.cancel", {"matchtag": stream.matchtag},
                                    nodeid=self.nodeid)
+            if stream.reading:
+                return
             async with asyncio.timeout(timeout):
                 while await stream.next_message() is not None:
                     pass

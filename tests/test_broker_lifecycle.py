@@ -541,3 +541,11 @@ def test_imports_leave_the_event_loop_policy_alone() -> None:
         "broker.sync",
     ):
         assert name in imported
+
+
+def test_an_instance_has_no_uri_before_it_starts() -> None:
+    """(It returned "local://local-0", a socket nowhere.)"""
+    from broker.launch import Instance
+
+    with pytest.raises(RuntimeError, match="not started"):
+        Instance(2).uri(0)

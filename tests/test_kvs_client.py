@@ -268,6 +268,16 @@ async def test_txn_commit_and_context_manager(start_instance, connect) -> None:
         async with kvs.txn() as t4:  # an explicit commit is not repeated on exit
             await t4.commit(NO_MERGE)
         assert await kvs.version() == v0 + 3
+        # an op added after the commit in a block is not silently dropped
+        # (the block does not commit again: that would apply every op again)
+        with pytest.raises(RuntimeError, match=r"1 op\(s\) added after the transaction "
+                                               "was committed were not sent"):
+            async with kvs.txn() as t5:
+                t5.put("t.first", 1)
+                await t5.commit()
+                t5.put("t.late", 2)
+        assert await kvs.version() == v0 + 4 and not await kvs.exists("t.late")
+        v0 += 1
 
         r = await kvs.commit([{"key": "t.raw", "flags": 0, "dirent": treeobj.val(b"r")}])
         assert r.rootseq == v0 + 4 and await kvs.get("t.raw") == b"r"
@@ -669,3 +679,61 @@ async def test_a_wait_version_timeout_is_the_ranks(start_instance, connect) -> N
     rc, out, err_text = await run_cli("kvs", "wait", "-t", "0.05", "1000000000", uri=inst.uri(1))
     assert rc == 1
     assert err_text.startswith("kvbroker: kvs wait: version 1000000000 not reached in 0.05 s")
+
+
+async def test_a_watch_cancelled_by_another_task_ends_its_readers_loop(start_instance,
+                                                                      connect) -> None:
+    """``await w.cancel()`` from a controller task while another iterates the
+    watch (it raised "another task is already reading"): it returns once the
+    cancel is sent, and the reader's loop ends."""
+    from kvs_watch.client import watch
+
+    inst = await start_instance(size=2)
+    h = await connect(inst, 1)
+    kvs = KVS(h)
+    async with asyncio.timeout(T):
+        await kvs.put("cw.k", 1)
+        w = watch(h, "cw.k")
+        seen: list[int] = []
+        first = asyncio.Event()
+
+        async def reader() -> None:
+            async for entry in w:
+                seen.append(json.loads(entry.value))  # type: ignore[union-attr]
+                first.set()
+
+        task = asyncio.create_task(reader())
+        await first.wait()
+        await w.cancel()
+        await task  # ends: no RuntimeError, no hang
+        assert seen == [1] and h.pending == 0
+
+
+async def test_calls_on_a_closed_handle_raise_a_new_error_each(start_instance,
+                                                             connect) -> None:
+    """One shared exception object was raised again and again: its traceback
+    grew by every call's frames (a retry loop held them all)."""
+    inst = await start_instance(size=1)
+    h = await connect(inst, 0)
+    await h.close()
+    errors = []
+    for _ in range(3):
+        with pytest.raises(RemoteError) as info:
+            await h.ping(0)
+        errors.append(info.value)
+    assert len({id(e) for e in errors}) == 3
+    assert {(e.errnum, e.errstr) for e in errors} == {(errno.ECONNRESET, "handle closed")}
+
+
+def test_errors_pickle_and_copy() -> None:
+    import copy
+    import pickle
+
+    from broker.errors import ProtocolError
+    from kvs.eventlog import EventlogError
+
+    for exc in (ProtocolError("bad frame"), EventlogError("bad line"),
+                RemoteError(errno.ENOENT, "k: no such key")):
+        for again in (pickle.loads(pickle.dumps(exc)), copy.copy(exc)):
+            assert type(again) is type(exc)
+            assert (again.errnum, again.errstr) == (exc.errnum, exc.errstr)

@@ -98,3 +98,17 @@ async def test_relay_refuses_a_missing_socket(tmp_path: Path) -> None:
     assert rc == 1
     reason = os.strerror(errno.ENOENT)
     assert out == f"kvbroker-relay error {errno.ENOENT} {tmp_path}/nope: {reason}\n"
+
+
+def test_a_blocking_connect_that_hangs_times_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``broker.sync.connect(uri, timeout=...)`` bounds the connect too: an
+    ssh that never answers (an unreachable host) hung it for ever."""
+    import time
+
+    from broker import sync
+
+    monkeypatch.setenv("KVBROKER_SSH", "sh -c 'exec sleep 30' --")
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError):
+        sync.connect("ssh://nowhere/tmp/x/local-0", timeout=0.5)
+    assert time.monotonic() - t0 < 10
