@@ -168,9 +168,10 @@ class KvsWatchModule(Module):
         mon = self.monitors.get(name)
         if mon is None:
             mon = self._new_monitor(name, bool(flags & F.WAITCREATE))
+        elif not flags & F.WAITCREATE:
+            self._join_fresh(mon, w)
+            return
         mon.add(w)
-        if mon.state == MISSING and not flags & F.WAITCREATE:
-            w.fail(errno.ENOTSUP, f"namespace {name!r} does not exist")
 
     def cancel(self, msg: Message) -> None:
         tag = require(msg.payload, matchtag=int)["matchtag"]
@@ -208,6 +209,43 @@ class KvsWatchModule(Module):
         fut = self.h.rpc("kvs.getroot", req)
         fut.add_done_callback(lambda f: self._getroot_done(mon, f))
         return mon
+
+    def _join_fresh(self, mon: Monitor, w: Watcher) -> None:
+        """A watcher that does not wait joins a monitor that exists: it
+        starts at the root a read on this rank sees (``kvs.getroot``), or
+        the monitor's if that is newer.  The monitor's may lag a read's: a
+        WAITCREATE watcher's monitor took the root this rank heard, or the
+        ``created`` event's, while a commit's setroot was still on its way
+        (a watch then ended ENOENT, or ENOTSUP, for a key a get on the same
+        rank returned)."""
+        mon.join(w)
+        fut = self.h.rpc("kvs.getroot", {"namespace": mon.name})
+        fut.add_done_callback(lambda f: self._fresh_root(mon, w, f))
+
+    def _fresh_root(self, mon: Monitor, w: Watcher, fut: Any) -> None:
+        if fut.cancelled() or w.done:
+            return
+        exc = fut.exception()
+        if exc is not None:
+            errnum = exc.errnum if isinstance(exc, ErrnoError) else errno.EIO
+            w.fail(errnum, f"namespace {mon.name!r} does not exist" if errnum == errno.ENOTSUP
+                   else f"kvs.getroot {mon.name}: {exc}")
+            return
+        try:
+            r = fut.result()
+            seq, ref = int(r["rootseq"]), str(r["rootref"])
+        except (KeyError, TypeError, ValueError):
+            w.fail(errno.EPROTO, "malformed kvs.getroot answer")
+            return
+        if self.monitors.get(mon.name) is not mon:  # (its namespace was removed since)
+            w.fail(errno.ENOTSUP, f"namespace {mon.name} was removed")
+            return
+        if mon.state != READY:  # the namespace exists: the monitor starts here too
+            self._start(mon, mon.set_root(seq, ref, r.get("owner")))
+        if mon.rootseq >= seq:
+            mon.start(w)
+        else:
+            mon.start(w, seq, ref)
 
     def _drop_monitor(self, mon: Monitor) -> None:
         if self.monitors.get(mon.name) is mon:

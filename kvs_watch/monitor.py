@@ -76,8 +76,15 @@ class Monitor:
         else:
             self.waiting[w] = None
 
-    def start(self, w: Watcher) -> None:
-        """Give ``w`` the current root as its initial one, and index it."""
+    def join(self, w: Watcher) -> None:
+        """Take ``w`` in without starting it: its caller starts it (with
+        :meth:`start`) once it has its initial root."""
+        w.monitor = self
+        self.watchers[w] = None
+
+    def start(self, w: Watcher, seq: int | None = None, ref: str = "") -> None:
+        """Give ``w`` the current root as its initial one (or root ``seq``,
+        ``ref``: a newer one read meanwhile), and index it."""
         if not w.may_access(self.owner):
             w.fail(errno.EPERM, f"namespace {self.name} belongs to another user")
             return
@@ -98,7 +105,10 @@ class Monitor:
                     ws[w] = None
                 else:
                     self.by_key[w.key] = {ws: None, w: None}
-        w.push(self.rootseq, self.rootref, initial=True)
+        if seq is None:
+            w.push(self.rootseq, self.rootref, initial=True)
+        else:
+            w.push(seq, ref, initial=True)
 
     def remove(self, w: Watcher) -> None:
         self.watchers.pop(w, None)
