@@ -236,6 +236,11 @@ def _check_relayed(txns: list[Any]) -> list[RelayedTxn]:
     return out
 
 
+def _outcome_read(fut: asyncio.Future[Any]) -> None:
+    if not fut.cancelled():
+        fut.exception()
+
+
 def _wire_size(payload: Any) -> int:
     """The bytes of a request's payload as it came (0 if it was not wire
     frames: a module's own request), which a relay adds up."""
@@ -976,7 +981,11 @@ class KvsModule(Module):
         try:
             # shielded: a disconnect cancelling this task must not abort a
             # namespace load that other requests are waiting for too
-            ns = await asyncio.shield(self.get_ns(_ns_name(p), msg))
+            loading = asyncio.ensure_future(self.get_ns(_ns_name(p), msg))
+            # (cancelled meanwhile, nobody reads its outcome: an ENOTSUP was
+            # logged as "Task exception was never retrieved")
+            loading.add_done_callback(_outcome_read)
+            ns = await asyncio.shield(loading)
             if ns.rootseq < p["rootseq"]:
                 try:
                     # (an extension: Flux's has no timeout, so a caller that

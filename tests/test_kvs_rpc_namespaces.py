@@ -23,6 +23,7 @@ from test_kvs_rpc_helpers import (
     put,
 )
 
+from broker.errors import RemoteError
 from broker.handle import Handle
 from kvs import treeobj
 
@@ -317,3 +318,33 @@ async def test_a_relay_for_a_removed_namespace_never_lands_in_its_successor(
                                            "txns": [{**txn, "name": "fresh"}]})
     await asyncio.wait_for(h0.rpc("kvs.wait-version", {"namespace": "job", "rootseq": 1}), T)
     assert (await get(h0, "stale", ns="job")) == b"1"
+
+
+async def test_a_version_wait_given_up_while_its_namespace_loads_logs_nothing(tmp_path) -> None:
+    """A client that sends a version wait for a namespace to a far rank and
+    goes at once: the rank's load of the namespace ends ENOTSUP with nobody
+    to read it, which logged "Task exception was never retrieved" at ERROR."""
+    from broker.launch import Instance
+
+    log = tmp_path / "ranks.log"
+    inst = Instance(4, fanout=2, stderr_path=str(log))
+    await asyncio.wait_for(inst.start(), 60)
+    try:
+        watcher = await Handle.connect(inst.uri(0))
+        for i in range(5):
+            h = await Handle.connect(inst.uri(0))
+            wait = h.rpc("kvs.wait-version", {"namespace": f"nosuch{i}", "rootseq": 1},
+                         nodeid=3)
+            await h.close()
+            assert isinstance(wait.exception(), RemoteError)  # "handle closed"
+
+        async def settled() -> bool:
+            return [(await watcher.rpc("broker.stats-get", {}, nodeid=r))["sent-down"]
+                    for r in (0, 1)] == [0, 0]
+
+        await wait_until(settled, "the waits to be dropped on the way to rank 3")
+        await watcher.close()
+    finally:
+        await asyncio.wait_for(inst.stop(), 60)
+    text = log.read_text()
+    assert "never retrieved" not in text and "Traceback" not in text, text
