@@ -64,6 +64,16 @@ LINK_LIMIT = "tbon.max-message"
 Route = tuple[str, ...]
 
 
+def count(counter: Counter[int], key: int, n: int) -> None:
+    """Add ``n`` to ``counter[key]``, dropping the key at 0: a per-user
+    count keeps no entry for a user who holds nothing any more."""
+    left = counter[key] + n
+    if left > 0:
+        counter[key] = left
+    else:
+        counter.pop(key, None)
+
+
 class SentDown:
     """Requests forwarded to each child and not yet answered: per child, by
     route (the client that sent it), then matchtag -- what a response
@@ -92,15 +102,11 @@ class SentDown:
             self._forget(old)
         tags[msg.matchtag] = msg
         if not msg.rolemask & Role.OWNER:
-            self.guests[msg.userid] += 1
+            count(self.guests, msg.userid, 1)
 
     def _forget(self, req: Message) -> None:
         if not req.rolemask & Role.OWNER:
-            left = self.guests[req.userid] - 1
-            if left > 0:
-                self.guests[req.userid] = left
-            else:
-                del self.guests[req.userid]
+            count(self.guests, req.userid, -1)
 
     def answered(self, child: int, response: Message) -> None:
         """``child`` sent ``response``: forget its request if that was the
@@ -273,14 +279,10 @@ class Router:
         if prefixes:
             self.subs.unsubscribe_all(pid, prefixes)
             if not peer.rolemask & Role.OWNER:
-                self._count_guest(peer.userid, -sum(prefixes.values()))
+                count(self.guest_subscriptions, peer.userid, -sum(prefixes.values()))
         used = self._used_services.pop(pid, ())
         if used and not peer.rolemask & Role.OWNER:
-            left = self._guest_services[peer.userid] - len(used)
-            if left > 0:
-                self._guest_services[peer.userid] = left
-            else:
-                del self._guest_services[peer.userid]
+            count(self._guest_services, peer.userid, -len(used))
         for service, nodeid in used:
             self._send_disconnect(service, nodeid, (pid,), peer.userid, peer.rolemask)
 
@@ -332,7 +334,7 @@ class Router:
                                                f"ranks from rank {self.rank} "
                                                "(access.max-guest-services)")
                             return
-                        self._guest_services[peer.userid] += 1
+                        count(self._guest_services, peer.userid, 1)
                     used.add(pair)
             self.route_request(msg)
         elif t == MsgType.RESPONSE:
@@ -357,7 +359,7 @@ class Router:
             if used is not None and pair not in used:
                 used.add(pair)
                 if not msg.rolemask & Role.OWNER:  # (counted, not capped: ours)
-                    self._guest_services[msg.userid] += 1
+                    count(self._guest_services, msg.userid, 1)
         else:
             self._passed_on[(tuple(route), msg.service)].add(nodeid)
         msg.nodeid = nodeid
@@ -542,7 +544,7 @@ class Router:
         self._peer_prefixes[peer.peer_id][prefix] += 1
         self.subs.subscribe(peer.peer_id, prefix)
         if not peer.rolemask & Role.OWNER:
-            self._count_guest(peer.userid, 1)
+            count(self.guest_subscriptions, peer.userid, 1)
 
     def unsubscribe(self, peer: Peer, prefix: str) -> bool:
         counts = self._peer_prefixes.get(peer.peer_id)
@@ -552,15 +554,8 @@ class Router:
         if not counts[prefix]:
             del counts[prefix]
         if not peer.rolemask & Role.OWNER:
-            self._count_guest(peer.userid, -1)
+            count(self.guest_subscriptions, peer.userid, -1)
         return self.subs.unsubscribe(peer.peer_id, prefix)
-
-    def _count_guest(self, userid: int, n: int) -> None:
-        left = self.guest_subscriptions[userid] + n
-        if left > 0:
-            self.guest_subscriptions[userid] = left
-        else:
-            del self.guest_subscriptions[userid]
 
     def sequence_event(self, topic: str, payload: Any, flags: int, userid: int) -> int:
         """Rank 0: give an event the next sequence number and send it everywhere."""

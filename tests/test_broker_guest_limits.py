@@ -452,18 +452,12 @@ async def test_a_guests_subscriptions_and_version_waits_are_capped(start_instanc
     guest = await GuestProc.start(inst.uri(1), """
         async def main():
             a, b = await Handle.connect(uri), await Handle.connect(uri)
-            async def refusal(call):
-                try:
-                    await asyncio.wait_for(call, 10)
-                    return "accepted"
-                except RemoteError as exc:
-                    return [exc.errnum, exc.errstr]
             def wait(h):
                 return h.rpc("kvs.wait-version", {"namespace": "gv", "rootseq": 99})
             for h, prefix in ((a, "x."), (a, "y."), (b, "x.")):
                 await h.subscribe(prefix)
             waits = [wait(a), wait(a), wait(b)]
-            out(sub=await refusal(b.subscribe("z.")), wait=await refusal(wait(b)))
+            out(sub=await outcome(b.subscribe("z.")), wait=await outcome(wait(b)))
             await step()
             await a.close()
             await step()  # the rank has seen a go
@@ -517,21 +511,15 @@ async def test_what_a_guests_requests_leave_on_the_ranks_on_their_way_is_capped(
     guest = await GuestProc.start(inst.uri(0), """
         async def main():
             h = await Handle.connect(uri)
-            async def answer(call):
-                try:
-                    await asyncio.wait_for(call, 10)
-                    return "ok"
-                except RemoteError as exc:
-                    return [exc.errnum, exc.errstr]
             def streaming(tag):
                 return h.rpc_stream("attr.get", {"name": "rank", "pad": b"x" * 100_000},
                                     nodeid=3)
-            pairs = [await answer(h.rpc("nosuch.x", {}, nodeid=0)),
-                     await answer(h.rpc("broker.ping", {}, nodeid=2)),
-                     await answer(h.rpc("broker.ping", {}, nodeid=1))]
+            pairs = [await outcome(h.rpc("nosuch.x", {}, nodeid=0)),
+                     await outcome(h.rpc("broker.ping", {}, nodeid=2)),
+                     await outcome(h.rpc("broker.ping", {}, nodeid=1))]
             streams = [streaming(i) for i in range(6)]  # attr@3: the fourth pair
-            firsts = [await answer(s.next_message()) for s in streams]
-            pairs.append(await answer(h.rpc("broker.ping", {}, nodeid=0)))  # a fifth
+            firsts = [await outcome(s.next_message()) for s in streams]
+            pairs.append(await outcome(h.rpc("broker.ping", {}, nodeid=0)))  # a fifth
             out(firsts=firsts, pairs=pairs)
             await step()
     """)

@@ -270,6 +270,14 @@ async def step():
     # the test's go-ahead, one line on stdin
     return (await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)).strip()
 
+async def outcome(call):
+    # "ok", or the [errnum, errstr] the call failed with
+    try:
+        await asyncio.wait_for(call, 10)
+        return "ok"
+    except RemoteError as exc:
+        return [exc.errnum, exc.errstr]
+
 def request(topic, payload, tag):
     frames = codec.encode_request(topic, payload, tag, NODEID_ANY, 0)
     return b"".join([codec.stream_prefix(frames), *frames])

@@ -153,21 +153,29 @@ async def test_gc_refuses_a_running_instance(start_instance, connect, tmp_path) 
     await inst.stop()
 
 
-async def test_gc_refuses_a_damaged_store_and_deletes_nothing(start_instance, connect,
-                                                              tmp_path) -> None:
+async def _damaged(start_instance, connect, tmp_path: Path, key: str) -> tuple[Path, str]:
+    """A stopped instance's statedir after :func:`_fill`, with the first
+    blob of ``key``'s tree object deleted from the store; and that blobref."""
     inst, h, statedir = await _filled(start_instance, connect, tmp_path)
-    leaf = (await asyncio.wait_for(h.rpc("kvs.lookup", {"key": "a.b", "flags": 16,
-                                                        "namespace": "primary"}), 10))["val"]
+    obj = (await asyncio.wait_for(h.rpc("kvs.lookup", {"key": key, "flags": 16,
+                                                       "namespace": "primary"}), 10))["val"]
     await h.close()
     await inst.stop()
+    missing = obj["data"][0]
     db = sqlite3.connect(statedir / "content.sqlite")
     with db:
-        db.execute("DELETE FROM objects WHERE hash = ?", (digest_of(leaf["data"][0]),))
+        db.execute("DELETE FROM objects WHERE hash = ?", (digest_of(missing),))
     db.close()
+    return statedir, missing
+
+
+async def test_gc_refuses_a_damaged_store_and_deletes_nothing(start_instance, connect,
+                                                              tmp_path) -> None:
+    statedir, missing = await _damaged(start_instance, connect, tmp_path, "a.b")
     before = _count(statedir)
     rc, out, err = await run_cli("kvs", "gc", "--statedir", str(statedir))
     assert rc == 1
-    assert f"blob {leaf['data'][0]} is named but not in the store" in err
+    assert f"blob {missing} is named but not in the store" in err
     assert "nothing was deleted" in err
     assert _count(statedir) == before
 
@@ -177,22 +185,14 @@ async def test_online_gc_refuses_a_damaged_store_and_deletes_nothing(start_insta
     """As offline: a live tree naming a missing blob stops an online gc
     before it deletes anything (it went on; with the root's blob missing,
     every blob of the tree looked like garbage and was removed)."""
-    inst, h, statedir = await _filled(start_instance, connect, tmp_path)
-    sub = (await asyncio.wait_for(h.rpc("kvs.lookup", {"key": "a", "flags": 16,
-                                                       "namespace": "primary"}), 10))["val"]
-    await h.close()
-    await inst.stop()
-    db = sqlite3.connect(statedir / "content.sqlite")
-    with db:
-        db.execute("DELETE FROM objects WHERE hash = ?", (digest_of(sub["data"][0]),))
-    db.close()
+    statedir, missing = await _damaged(start_instance, connect, tmp_path, "a")
     before = _count(statedir)
     inst = await start_instance(size=1, statedir=str(statedir), attrs={"kvs.gc-grace": "0"})
     h = await connect(inst, 0)
     with pytest.raises(RemoteError) as info:
         await asyncio.wait_for(h.rpc("kvs.gc", {}), 30)
     assert info.value.errnum == errno.EIO
-    assert (f"blob {sub['data'][0]} is named by a live tree but not in the store (1 such): "
+    assert (f"blob {missing} is named by a live tree but not in the store (1 such): "
             "the store is damaged; nothing was deleted") == info.value.errstr
     await h.close()
     await inst.stop()
