@@ -55,7 +55,8 @@ async def test_guest_in_primary_and_foreign_namespaces(start_instance, connect, 
     # the owner watches a key of "theirs" on the guest's rank
     hw = await connect(inst, size - 1)
     watching = hw.rpc_stream("kvs-watch.lookup", {"namespace": "theirs", "key": "k",
-                                                  "flags": 4})
+                                                  "flags": 4 | 8})  # WATCH | WAITCREATE:
+    # (rank size-1 may not have the commit yet: a plain watch would end ENOENT)
     assert (await asyncio.wait_for(watching.next_message(), 10)).errnum == 0
     out = await guest(inst.uri(size - 1), """
         async def body(h):
