@@ -59,8 +59,9 @@ PACKER_KEEP = 1 << 20
 size for good; the packer is then replaced so the process does not keep it."""
 
 
-def _new_packer() -> Any:
-    return msgpack.Packer(use_bin_type=True, autoreset=True).pack
+def _new_packer() -> Callable[[Any], bytes]:
+    pack: Callable[[Any], bytes] = msgpack.Packer(use_bin_type=True, autoreset=True).pack
+    return pack
 
 
 _packb = _new_packer()

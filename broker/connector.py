@@ -133,7 +133,7 @@ class GuestUsage:
 def peer_uid(sock: socket.socket) -> int:
     """The uid of the process at the other end of a Unix socket."""
     data = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
-    _pid, uid, _gid = _UCRED.unpack(data)
+    uid: int = _UCRED.unpack(data)[1]
     return uid
 
 

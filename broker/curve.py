@@ -9,6 +9,7 @@ clients whose public key is the instance's: a ZAP handler (pyzmq's
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import zmq
 import zmq.auth.thread
@@ -66,7 +67,8 @@ class _InstanceKeyOnly:
         return key == self.public_z85
 
 
-def start_authenticator(ctx: zmq.Context, public: bytes) -> zmq.auth.thread.ThreadAuthenticator:
+def start_authenticator(ctx: zmq.Context[Any],
+                        public: bytes) -> zmq.auth.thread.ThreadAuthenticator:
     """Run a ZAP handler in ``ctx`` that admits only the instance's key."""
     auth = zmq.auth.thread.ThreadAuthenticator(ctx)
     auth.start()

@@ -293,8 +293,9 @@ class Handle(HandleCore):
     # ---------------------------------------------------------------- helpers
 
     async def ping(self, nodeid: int = NODEID_ANY, payload: Any = None) -> dict[str, Any]:
-        return await self.rpc("broker.ping", payload if payload is not None else {},
-                              nodeid=nodeid)
+        answer: dict[str, Any] = await self.rpc(
+            "broker.ping", payload if payload is not None else {}, nodeid=nodeid)
+        return answer
 
     async def attr_get(self, name: str, nodeid: int = NODEID_ANY) -> Any:
         return (await self.rpc("attr.get", {"name": name}, nodeid=nodeid))["value"]

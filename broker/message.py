@@ -54,7 +54,7 @@ class RawPayload:
 
     __slots__ = ("frames",)
 
-    def __init__(self, frames: list) -> None:
+    def __init__(self, frames: list[Any]) -> None:
         self.frames = frames
 
     def decode(self) -> Any:
@@ -115,7 +115,7 @@ class Message:
         self.errnum = errnum
         self.errstr = errstr
         self.seq = seq
-        self.wire: list | None = None  # cached encoded frames (events sent to many peers)
+        self.wire: list[Any] | None = None  # cached encoded frames (events sent to many peers)
 
     @classmethod
     def from_fields(

@@ -119,7 +119,7 @@ class Overlay:
         the reason when the parent was lost."""
         self._shutdown_sent = False
         self._closing = False
-        self.ctx: zmq.Context | None = None
+        self.ctx: zmq.Context[Any] | None = None
         self._streams: StreamLinks | None = None
         self._child_conns: dict[int, StreamConn] = {}
         self.children = set(topology.children_of(self.rank, self.fanout, self.size))
@@ -301,7 +301,7 @@ class Overlay:
         for child in self.hello_from:
             self._send_child(child, frames)
 
-    def _control_up(self, topic: str, payload: dict) -> None:
+    def _control_up(self, topic: str, payload: dict[str, Any]) -> None:
         self._send_parent(codec.encode(Message(MsgType.CONTROL, topic, payload)))
 
     # ------------------------------------------------------------ receiving

@@ -89,7 +89,7 @@ class StreamConn(FramedProtocol):
     def _resume_reading(self) -> None:
         t = self.transport
         if t is not None and not t.is_closing():
-            t.resume_reading()  # type: ignore[attr-defined]
+            t.resume_reading()
 
     def _take(self, messages: list[list[bytes]]) -> None:
         for frames in messages:

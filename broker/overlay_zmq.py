@@ -16,7 +16,7 @@ import os
 import secrets
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import zmq
 import zmq.utils.monitor
@@ -42,7 +42,7 @@ MONITORED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_P
 """Monitor events of a link: a failed handshake (wrong keys), a closed connection."""
 
 
-def _link_options(sock: zmq.Socket) -> None:
+def _link_options(sock: zmq.Socket[Any]) -> None:
     sock.setsockopt(zmq.SNDHWM, HWM)
     sock.setsockopt(zmq.RCVHWM, HWM)
     sock.setsockopt(zmq.LINGER, 0)
@@ -52,8 +52,8 @@ def _link_options(sock: zmq.Socket) -> None:
     sock.setsockopt(zmq.HEARTBEAT_TTL, HEARTBEAT_TIMEOUT_MS)
 
 
-def children_socket(ctx: zmq.Context, endpoint: str, curve: tuple[bytes, bytes] | None,
-                    ) -> tuple[zmq.Socket, zmq.auth.thread.ThreadAuthenticator | None]:
+def children_socket(ctx: zmq.Context[Any], endpoint: str, curve: tuple[bytes, bytes] | None,
+                    ) -> tuple[zmq.Socket[Any], zmq.auth.thread.ThreadAuthenticator | None]:
     """The ROUTER the children connect to, bound at ``endpoint``, and the
     CURVE authenticator that admits only holders of ``curve``'s key pair."""
     s = ctx.socket(zmq.ROUTER)
@@ -86,11 +86,11 @@ def children_socket(ctx: zmq.Context, endpoint: str, curve: tuple[bytes, bytes] 
     return s, auth
 
 
-def parent_socket(ctx: zmq.Context, rank: int, endpoint: str,
-                  curve: tuple[bytes, bytes] | None) -> zmq.Socket:
+def parent_socket(ctx: zmq.Context[Any], rank: int, endpoint: str,
+                  curve: tuple[bytes, bytes] | None) -> zmq.Socket[Any]:
     """The DEALER to the parent at ``endpoint``, with a new identity for
     this process (see :mod:`broker.overlay`)."""
-    s = ctx.socket(zmq.DEALER)
+    s: zmq.Socket[Any] = ctx.socket(zmq.DEALER)
     s.setsockopt(zmq.IDENTITY, f"{rank}-{secrets.token_hex(6)}".encode())
     s.setsockopt(zmq.RECONNECT_IVL, 20)
     _link_options(s)
@@ -113,7 +113,7 @@ def monitor_event(parts: list[bytes]) -> tuple[bool, int, int]:
 class ZmqSocket:
     """One pyzmq socket hooked into the asyncio loop, with a send backlog."""
 
-    def __init__(self, sock: zmq.Socket, on_message: Callable[[list[bytes]], None],
+    def __init__(self, sock: zmq.Socket[Any], on_message: Callable[[list[bytes]], None],
                  track_fd: bool = False) -> None:
         self.sock = sock
         self.on_message = on_message
@@ -204,5 +204,5 @@ class ZmqSocket:
         self.sock.close(linger=linger_ms)
 
 
-def new_context() -> zmq.Context:
+def new_context() -> zmq.Context[Any]:
     return zmq.Context()

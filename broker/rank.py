@@ -55,12 +55,14 @@ def _json(text: str, fits: Callable[[Any], bool], what: str) -> Any:
 
 
 def json_object(text: str) -> dict[str, Any]:
-    return _json(text, lambda v: isinstance(v, dict), "a JSON object")
+    value: dict[str, Any] = _json(text, lambda v: isinstance(v, dict), "a JSON object")
+    return value
 
 
 def json_argv(text: str) -> list[str]:
-    return _json(text, lambda v: isinstance(v, list) and bool(v)
-                 and all(isinstance(a, str) for a in v), "a JSON list of strings")
+    value: list[str] = _json(text, lambda v: isinstance(v, list) and bool(v)
+                             and all(isinstance(a, str) for a in v), "a JSON list of strings")
+    return value
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

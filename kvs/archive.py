@@ -540,7 +540,7 @@ def _decompressed(raw: IO[bytes]) -> Iterator[Any]:
     else as they are), by readers that check the stream's checksum at its
     end (tarfile's own stream mode does not check gzip's)."""
     buffered: Any = raw if isinstance(raw, io.BufferedReader) else io.BufferedReader(
-        raw)  # type: ignore[type-var]
+        raw)
     head = buffered.peek(6)[:6]
     for magic, reader in _MAGIC:
         if head.startswith(magic):

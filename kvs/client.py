@@ -35,12 +35,12 @@ from __future__ import annotations
 import errno
 import json
 import os
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol, TypeVar, Unpack, overload
 
 from broker.errors import ErrnoError, RemoteError
-from broker.sync import DEFAULT
+from broker.sync import DEFAULT, Default
 from kvs import treeobj
 from kvs.keys import join, normalize, split
 from kvs.lookup import READDIR, READLINK, TREEOBJ
@@ -48,10 +48,22 @@ from kvs.namespaces import PRIMARY
 from kvs.treeobj import TreeObj
 from kvs.txn import APPEND, EXPECT, NO_MERGE, SYNC
 
+T = TypeVar("T")
+
 if TYPE_CHECKING:
     from broker.handle import Handle
     from broker.sync import SyncHandle
-    from kvs_watch.client import EventlogWatch, KeyWatch, SyncWatch, Watch
+    from kvs_watch.client import (
+        EventlogEntry,
+        EventlogWatch,
+        InitialDone,
+        KeyChanges,
+        KeyWatch,
+        SyncWatch,
+        Watch,
+        WatchEntry,
+        WatchOptions,
+    )
 
 __all__ = [
     "APPEND",
@@ -400,7 +412,8 @@ class Dir(Mapping[str, TreeObj]):
         obj = self._entries[name]
         if obj["type"] == "val":
             return bytes(obj["data"])
-        return (await self.kvs.lookup(self.path(name), 0, at=self.rootref))["data"]
+        data: bytes = (await self.kvs.lookup(self.path(name), 0, at=self.rootref))["data"]
+        return data
 
     async def subdir(self, name: str) -> Dir:
         """Directory entry ``name`` (a link is followed), at the same root."""
@@ -476,7 +489,8 @@ class KVS:
         if at is not None:
             payload["rootdir"] = as_root(at)
         resp = await self.handle.rpc("kvs.lookup", payload)
-        return resp["val"]
+        found: TreeObj = resp["val"]
+        return found
 
     async def lookup_at(self, at: RootSpec, key: str, flags: int = 0) -> TreeObj:
         """:meth:`lookup` at an older (or foreign) root ``at``."""
@@ -505,14 +519,24 @@ class KVS:
         """The target of symlink ``key`` (``EINVAL`` if it is not a symlink)."""
         return Link.from_treeobj(await self.lookup(key, READLINK, at=at))
 
-    def watch(self, key: str, **options: Any) -> Watch:
+    @overload
+    def watch(self, key: str, *, initial_sentinel: Literal[False] = False,
+              **options: Unpack[WatchOptions]) -> Watch[WatchEntry]: ...
+
+    @overload
+    def watch(self, key: str, *, initial_sentinel: bool,
+              **options: Unpack[WatchOptions]) -> Watch[WatchEntry | InitialDone]: ...
+
+    def watch(self, key: str, *, initial_sentinel: bool = False,
+              **options: Unpack[WatchOptions]) -> Watch[Any]:
         """:func:`kvs_watch.client.watch` of ``key`` in this namespace: its
         value, then one entry per commit naming it (``async for``).  The
         options are :func:`~kvs_watch.client.watch`'s (``waitcreate``,
         ``uniq``, ``append``, ``full``, ``nodeid`` ...)."""
         from kvs_watch.client import watch
 
-        return watch(self.handle, key, namespace=self.namespace, **options)
+        return watch(self.handle, key, namespace=self.namespace,
+                     initial_sentinel=initial_sentinel, **options)
 
     def watch_keys(self, key: str = ".", *, waitcreate: bool = False,
                    since: RootSpec | None = None, nodeid: int | None = None) -> KeyWatch:
@@ -841,7 +865,7 @@ class SyncKVS:
     def namespace(self) -> str:
         return self.aio.namespace
 
-    def run(self, aw: Any, timeout: Any = DEFAULT) -> Any:
+    def run(self, aw: Awaitable[T], timeout: float | None | Default = DEFAULT) -> T:
         """Run an awaitable of the async API on this facade's loop, for at
         most ``timeout`` seconds (None: no limit; omitted: the handle's)."""
         return self.sync_handle.run(aw, timeout)
@@ -888,17 +912,28 @@ class SyncKVS:
         ``read``/``subdir`` use ``kvs.run(d.read(name))``)."""
         return self.run(self.aio.dir(key, at=at))
 
+    @overload
     def watch(self, key: str, *, timeout: float | None = None,
-              **options: Any) -> SyncWatch:
+              initial_sentinel: Literal[False] = False,
+              **options: Unpack[WatchOptions]) -> SyncWatch[WatchEntry]: ...
+
+    @overload
+    def watch(self, key: str, *, timeout: float | None = None, initial_sentinel: bool,
+              **options: Unpack[WatchOptions]) -> SyncWatch[WatchEntry | InitialDone]: ...
+
+    def watch(self, key: str, *, timeout: float | None = None, initial_sentinel: bool = False,
+              **options: Unpack[WatchOptions]) -> SyncWatch[Any]:
         """:meth:`KVS.watch` as a blocking iterator (``with`` cancels it);
         each ``next()`` waits at most ``timeout`` seconds (None: as long as
         it takes)."""
         from kvs_watch.client import SyncWatch
 
-        return SyncWatch(self.sync_handle, self.aio.watch(key, **options), timeout=timeout)
+        return SyncWatch(self.sync_handle,
+                         self.aio.watch(key, initial_sentinel=initial_sentinel, **options),
+                         timeout=timeout)
 
-    def watch_keys(self, key: str = ".", *, waitcreate: bool = False,
-                   since: RootSpec | None = None, timeout: float | None = None) -> SyncWatch:
+    def watch_keys(self, key: str = ".", *, waitcreate: bool = False, since: RootSpec | None = None,
+                   timeout: float | None = None) -> SyncWatch[KeyChanges]:
         """:meth:`KVS.watch_keys` as a blocking iterator of ``KeyChanges``."""
         from kvs_watch.client import SyncWatch
 
@@ -907,7 +942,7 @@ class SyncKVS:
                          timeout=timeout)
 
     def watch_eventlog(self, key: str, *, waitcreate: bool = False,
-                       timeout: float | None = None) -> SyncWatch:
+                       timeout: float | None = None) -> SyncWatch[EventlogEntry]:
         """:meth:`KVS.watch_eventlog` as a blocking iterator of entries."""
         from kvs_watch.client import SyncWatch
 

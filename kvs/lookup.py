@@ -116,7 +116,8 @@ def read_dir(store: BlobStore | BlobCache, ref: str) -> TreeObj:
 def read_value(store: BlobStore | BlobCache, entry: TreeObj) -> bytes:
     """The bytes of a ``val``/``valref`` entry; :class:`NeedBlobs` lists all missing."""
     if entry["type"] == "val":
-        return entry["data"]
+        data: bytes = entry["data"]
+        return data
     refs = entry["data"]
     chunks = [store.get(ref) for ref in refs]
     need = {ref for ref, chunk in zip(refs, chunks, strict=True) if chunk is None}

@@ -56,7 +56,8 @@ def name_hash(name: str) -> str:
 
 def is_hdir(obj: TreeObj) -> bool:
     """True for an ``hdir`` node."""
-    return obj["type"] == "hdir"
+    hdir: bool = obj["type"] == "hdir"
+    return hdir
 
 
 def count(obj: TreeObj) -> int:
@@ -84,8 +85,10 @@ def _child(cache: BlobCache, writer: BlobWriter | None, ref: str, depth: int) ->
 
 def get(cache: BlobCache, obj: TreeObj, name: str) -> TreeObj | None:
     """The entry ``name`` of directory ``obj`` (dir or hdir), or ``None``."""
+    entry: TreeObj | None
     if obj["type"] == "dir":
-        return obj["data"].get(name)
+        entry = obj["data"].get(name)
+        return entry
     h = name_hash(name)
     while True:
         data = obj["data"]
@@ -97,7 +100,8 @@ def get(cache: BlobCache, obj: TreeObj, name: str) -> TreeObj | None:
         if child is None:
             raise NeedBlobs((ref,))
         if child["type"] == "dir":
-            return child["data"].get(name)
+            entry = child["data"].get(name)
+            return entry
         obj = child
 
 

@@ -47,7 +47,7 @@ import errno
 import json
 from bisect import bisect_left
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, NamedTuple, Protocol
 
 import msgpack
@@ -128,8 +128,8 @@ def typeof(obj: object) -> str:
     """The type of tree object ``obj`` (``EINVAL`` when it is not one)."""
     if isinstance(obj, dict):
         t = obj.get("type")
-        if t in TYPES:
-            return t  # type: ignore[return-value]
+        if isinstance(t, str) and t in TYPES:
+            return t
     raise ErrnoError(errno.EINVAL, "not a tree object")
 
 
@@ -301,7 +301,8 @@ def copy(obj: TreeObj) -> TreeObj:
 
 def encode(obj: TreeObj) -> bytes:
     """Canonical msgpack of a (valid) tree object: equal objects, equal bytes."""
-    return msgpack.packb(_canon(obj), use_bin_type=True)
+    packed: bytes = msgpack.packb(_canon(obj), use_bin_type=True)
+    return packed
 
 
 def encode_built(obj: TreeObj) -> bytes:
@@ -320,7 +321,7 @@ def encode_built(obj: TreeObj) -> bytes:
 # One packer for the per-entry encodings: ``pack`` runs in C with the GIL
 # held and calls back into no Python code here, so sharing it is safe.
 _packer = msgpack.Packer(use_bin_type=True)
-_pack = _packer.pack
+_pack: Callable[[Any], bytes] = _packer.pack
 _DIR_HEAD = b"\x83" + _pack("data")  # a 3-field map, its "data" key first
 _DIR_TYPE = _pack("type") + _pack("dir") + _pack("ver")
 

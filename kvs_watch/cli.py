@@ -32,15 +32,15 @@ from broker.errors import ErrnoError
 from broker.handle import Handle
 from broker.rpc import HandleCore
 from kvs.cli import error_detail
-from kvs.client import Link
+from kvs.client import Link, default_namespace
 from kvs_watch import flags as F
 from kvs_watch.client import (
     BAD_EVENTLOG,
     INITIAL_DONE,
     EventlogParser,
+    InitialDone,
     Watch,
     WatchEntry,
-    default_namespace,
     watch_eventlog,
 )
 from kvs_watch.client import watch_keys as kvs_watch_keys
@@ -151,7 +151,7 @@ async def _get_one(h: HandleCore, key: str, flags: int, args: argparse.Namespace
     wrote = False  # (a streamed value's line is ended once it is all there)
     cut = False  # a streamed value's first NUL byte was printed up to
     try:
-        async with Watch(h, key, flags, namespace=_ns(args)) as w:
+        async with Watch[WatchEntry | InitialDone](h, key, flags, namespace=_ns(args)) as w:
             async for entry in w:
                 if not isinstance(entry, WatchEntry):
                     continue
@@ -285,7 +285,7 @@ async def eventlog_get_async(h: HandleCore, args: argparse.Namespace, fmt: Any,
     parser = EventlogParser()
     seen = 0
     try:
-        async with Watch(h, key, flags, namespace=_ns(args)) as w:
+        async with Watch[WatchEntry | InitialDone](h, key, flags, namespace=_ns(args)) as w:
             async for entry in w:
                 if entry is INITIAL_DONE or not isinstance(entry, WatchEntry):
                     continue

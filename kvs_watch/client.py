@@ -40,7 +40,7 @@ import weakref
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Self
+from typing import Any, Generic, Literal, Protocol, Self, TypedDict, TypeVar, Unpack, cast, overload
 
 from broker.content import blobref
 from broker.errors import RemoteError
@@ -89,6 +89,23 @@ class InitialDone:
 
 INITIAL_DONE = InitialDone()
 
+ItemT = TypeVar("ItemT")
+ItemT_co = TypeVar("ItemT_co", covariant=True)
+
+
+class WatchOptions(TypedDict, total=False):
+    """The options of :func:`watch` besides ``namespace`` and
+    ``initial_sentinel`` (what ``KVS.watch(key, **options)`` passes on)."""
+
+    waitcreate: bool
+    uniq: bool
+    append: bool
+    full: bool
+    treeobj: bool
+    readdir: bool
+    readlink: bool
+    nodeid: int
+
 
 def _entry(key: str, payload: Any) -> WatchEntry:
     obj = payload["val"]
@@ -97,11 +114,13 @@ def _entry(key: str, payload: Any) -> WatchEntry:
                       str(payload.get("namespace", "")))
 
 
-class Watch:
+class Watch(Generic[ItemT]):
     """A ``kvs-watch.lookup`` request and its answers (see the module docstring).
 
     The request is sent by :meth:`start` -- called for you by ``async with``
-    or the first ``__anext__``.
+    or the first ``__anext__``.  ``ItemT`` is what iterating it yields, for
+    type checkers: :class:`WatchEntry`, or ``WatchEntry | InitialDone``
+    when :func:`watch` is given ``initial_sentinel``.
     """
 
     def __init__(self, h: HandleCore, key: str, flags: int, *, namespace: str | None = None,
@@ -134,7 +153,7 @@ class Watch:
         """The stream has ended (or was never started)."""
         return self._stream is None or self._stream.done
 
-    def start(self) -> Watch:
+    def start(self) -> Self:
         """Send the request (once); needs a running event loop."""
         if self._stream is None:
             self._stream = self.h.rpc_stream(
@@ -149,20 +168,19 @@ class Watch:
             dropped.atexit = False
         return self
 
-    async def __aenter__(self) -> Watch:
+    async def __aenter__(self) -> Self:
         return self.start()
 
     async def __aexit__(self, *exc: object) -> None:
         await self.cancel()
 
-    def __aiter__(self) -> Watch:
+    def __aiter__(self) -> Self:
         return self
 
-    async def __anext__(self) -> WatchEntry | InitialDone:
+    async def __anext__(self) -> ItemT:
         payload = await self.next_payload()
-        if payload is None:
-            return INITIAL_DONE
-        return _entry(self.key, payload)
+        # (the sentinel comes only when the flags asked for it: see watch())
+        return cast(ItemT, INITIAL_DONE if payload is None else _entry(self.key, payload))
 
     async def next_payload(self) -> Any:
         """The next answer as sent (``None``: the sentinel); raises
@@ -216,6 +234,18 @@ def _abandon(h: HandleCore, stream: Stream, nodeid: int) -> None:
         h.send_noresponse("kvs-watch.cancel", {"matchtag": stream.matchtag}, nodeid=nodeid)
 
 
+@overload
+def watch(h: HandleCore, key: str, *, namespace: str | None = None,
+          initial_sentinel: Literal[False] = False,
+          **options: Unpack[WatchOptions]) -> Watch[WatchEntry]: ...
+
+
+@overload
+def watch(h: HandleCore, key: str, *, namespace: str | None = None,
+          initial_sentinel: bool,
+          **options: Unpack[WatchOptions]) -> Watch[WatchEntry | InitialDone]: ...
+
+
 def watch(
     h: HandleCore,
     key: str,
@@ -230,7 +260,7 @@ def watch(
     readdir: bool = False,
     readlink: bool = False,
     nodeid: int = NODEID_ANY,
-) -> Watch:
+) -> Watch[Any]:
     """Watch ``key``: its current value, then one entry per commit naming it.
 
     * ``waitcreate``: a missing key (or namespace) is waited for instead of
@@ -244,7 +274,9 @@ def watch(
       then only appended bytes (``EINVAL`` if the value is replaced or
       shortened);
     * ``initial_sentinel``: yield :data:`INITIAL_DONE` after the initial
-      value (with ``append``);
+      value (with ``append``); the watch then yields
+      ``WatchEntry | InitialDone``, and :class:`WatchEntry` alone otherwise
+      (as type checkers see it too);
     * ``treeobj`` / ``readdir`` / ``readlink``: as for a lookup;
     * ``nodeid``: the rank whose kvs-watch serves the watch (default: ours).
 
@@ -261,14 +293,14 @@ def watch(
 
 
 def stream(h: HandleCore, key: str, *, namespace: str | None = None,
-           waitcreate: bool = False, nodeid: int = NODEID_ANY) -> Watch:
+           waitcreate: bool = False, nodeid: int = NODEID_ANY) -> Watch[WatchEntry]:
     """Read a (large) value in chunks: one entry per stored blob, then the end.
 
     Flux's ``FLUX_KVS_STREAM``: the value is never assembled in one message.
     With ``waitcreate`` a missing key is waited for.
     """
     flags = F.STREAM | (F.WAITCREATE if waitcreate else 0)
-    return Watch(h, key, flags, namespace=namespace, nodeid=nodeid)
+    return Watch[WatchEntry](h, key, flags, namespace=namespace, nodeid=nodeid)
 
 
 async def wait_create(h: HandleCore, key: str, *, namespace: str | None = None,
@@ -282,10 +314,9 @@ async def wait_create(h: HandleCore, key: str, *, namespace: str | None = None,
     for on, bit in ((treeobj, F.TREEOBJ), (readdir, F.READDIR), (readlink, F.READLINK)):
         if on:
             flags |= bit
-    async with Watch(h, key, flags, namespace=namespace, nodeid=nodeid) as w:
+    async with Watch[WatchEntry](h, key, flags, namespace=namespace, nodeid=nodeid) as w:
         async for entry in w:
-            if isinstance(entry, WatchEntry):
-                return entry
+            return entry
     raise RemoteError(errno.ENODATA, f"{key}: watch ended without a value")
 
 
@@ -293,7 +324,7 @@ class _Wrapped:
     """A :class:`Watch` whose answers another class turns into its own items:
     the same async context manager (``async with`` cancels it)."""
 
-    def __init__(self, w: Watch) -> None:
+    def __init__(self, w: Watch[Any]) -> None:
         self.watch = w
 
     async def __aenter__(self) -> Self:
@@ -344,7 +375,7 @@ namespace removed and created again since never gets there)."""
 class KeyWatch(_Wrapped):
     """A key watch (:func:`watch_keys`), yielding :class:`KeyChanges`."""
 
-    def __init__(self, w: Watch, since: str | None = None,
+    def __init__(self, w: Watch[Any], since: str | None = None,
                  since_version: int | None = None) -> None:
         super().__init__(w)
         self.since = since
@@ -418,7 +449,7 @@ def watch_keys(h: HandleCore, key: str = ".", *, namespace: str | None = None,
     if since is not None:
         blobref.check(since)  # (EINVAL now, not at the first answer)
     flags = F.WATCH | F.WATCH_KEYS | (F.WAITCREATE if waitcreate else 0)
-    return KeyWatch(Watch(h, key, flags, namespace=namespace, nodeid=nodeid), since,
+    return KeyWatch(Watch[Any](h, key, flags, namespace=namespace, nodeid=nodeid), since,
                     since_version)
 
 
@@ -477,7 +508,7 @@ class EventlogWatch(_Wrapped):
     async context manager, like :class:`Watch`).  A malformed entry raises
     ``ValueError``."""
 
-    def __init__(self, w: Watch) -> None:
+    def __init__(self, w: Watch[WatchEntry]) -> None:
         super().__init__(w)
         self._parser = EventlogParser()
         self._ready: deque[EventlogEntry] = deque()
@@ -489,8 +520,7 @@ class EventlogWatch(_Wrapped):
             except StopAsyncIteration:
                 self._parser.close()
                 raise
-            if isinstance(entry, WatchEntry):
-                self._ready.extend(self._parser.feed(entry.value or b""))
+            self._ready.extend(self._parser.feed(entry.value or b""))
         return self._ready.popleft()
 
 
@@ -524,32 +554,46 @@ async def wait_event(h: HandleCore, key: str, name: str, *, namespace: str | Non
 # ---------------------------------------------------------------- blocking facade
 
 
-class SyncWatch:
+class _AsyncWatch(Protocol[ItemT_co]):
+    """What :class:`SyncWatch` drives: a :class:`Watch`, :class:`KeyWatch` or
+    :class:`EventlogWatch`."""
+
+    async def __aenter__(self) -> Any: ...
+
+    async def __anext__(self) -> ItemT_co: ...
+
+    async def cancel(self) -> None: ...
+
+
+class SyncWatch(Generic[ItemT]):
     """A :class:`Watch` driven through :class:`broker.sync.SyncHandle`.
 
         with connect() as sh, SyncWatch(sh, watch(sh.aio, "a.b")) as w:
             for entry in w:
                 ...
+
+    It yields what the watch it drives yields (``SyncWatch[WatchEntry]``
+    for a plain :func:`watch`).
     """
 
-    def __init__(self, sh: Any, w: Watch | EventlogWatch | KeyWatch, *,
+    def __init__(self, sh: Any, w: _AsyncWatch[ItemT], *,
                  timeout: float | None = None) -> None:
         self.sh = sh
         self.watch = w
         self.timeout = timeout
         """Seconds each ``next()`` may wait (``TimeoutError``; the watch goes on)."""
 
-    def __enter__(self) -> SyncWatch:
+    def __enter__(self) -> Self:
         self.sh.run(self.watch.__aenter__())
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.cancel()
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[ItemT]:
         return self
 
-    def __next__(self) -> Any:
+    def __next__(self) -> ItemT:
         async def step() -> Any:
             try:
                 return await self.watch.__anext__()
@@ -558,7 +602,7 @@ class SyncWatch:
         item = self.sh.run(step(), self.timeout)
         if item is _END:
             raise StopIteration
-        return item
+        return cast(ItemT, item)
 
     def cancel(self) -> None:
         self.sh.run(self.watch.cancel())

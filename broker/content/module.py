@@ -491,7 +491,8 @@ class ContentModule(Module):
             else:
                 resp = await self.h.rpc("content.load", {"blobref": ref},
                                         nodeid=NODEID_UPSTREAM)
-                data = resp["data"]
+                blob: bytes = resp["data"]
+                data = blob
             if self.vouches(token):
                 self._cache_put(ref, data)  # (not a blob a collection may be deleting)
             fut.set_result(data)
@@ -697,4 +698,5 @@ def _owner_only(msg: Message) -> None:
 def _checkpoint_bytes(value: Any) -> bytes:
     import msgpack
 
-    return msgpack.packb(value, use_bin_type=True)
+    packed: bytes = msgpack.packb(value, use_bin_type=True)
+    return packed
