@@ -165,6 +165,18 @@ class Handle(HandleCore):
         self._loop = loop
         return self
 
+    def __repr__(self) -> str:
+        proto = self._proto
+        if proto is None:
+            state = "not connected"
+        elif self._user_closed:
+            state = "closed"
+        elif proto.transport is None or proto.transport.is_closing():
+            state = "disconnected"
+        else:
+            state = f"{len(self._pending)} pending"
+        return f"<Handle {self.uri or '?'} {state}>"
+
     async def __aenter__(self) -> Handle:
         return self
 

@@ -206,6 +206,16 @@ class Instance:
             raise RuntimeError("the instance is not started: no URI yet")
         return f"local://{local_socket_path(self.rundir, rank)}"
 
+    def __repr__(self) -> str:
+        if not self.rundir:
+            state = "not started"
+        elif self._stopping:
+            state = "stopping" if any(p.returncode is None for p in self.procs) else "stopped"
+        else:
+            alive = sum(p.returncode is None for p in self.procs)
+            state = f"{alive} of {self.size} ranks running in {self.rundir}"
+        return f"<Instance size={self.size} fanout={self.fanout} {state}>"
+
     async def __aenter__(self) -> Instance:
         await self.start()
         return self
@@ -226,8 +236,15 @@ class Instance:
             private_dir(self.statedir, "statedir")
 
     async def start(self, timeout: float = START_TIMEOUT) -> None:
+        """Start the ranks and wait until every one answers.  After
+        :meth:`stop` it may be called again: with a ``statedir`` the new
+        ranks resume from what the old ones saved."""
         loop = asyncio.get_running_loop()
+        if self.procs and not self._stopping:
+            raise RuntimeError("the instance is already started: stop() it first")
         self.check()
+        self.procs, self._waiters, self._stopping = [], [], False
+        self.shutdown_rank = None
         self.failed = loop.create_future()
         self.ended = loop.create_future()
         self._shutdown_said = [loop.create_future() for _ in range(self.size)]

@@ -37,6 +37,10 @@ class Stream:
         self.abandoned = False
         """Nobody will read it any more (:meth:`abandon`)."""
 
+    def __repr__(self) -> str:
+        state = "ended" if self.done else f"{len(self._items)} unread"
+        return f"<Stream {self.topic} matchtag={self.matchtag} {state}>"
+
     @property
     def reading(self) -> bool:
         """Whether a task waits in :meth:`next_message` now."""

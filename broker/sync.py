@@ -106,6 +106,9 @@ class SyncHandle:
                 fut.cancel()
             self.aio.flush()  # the loop stops here: nothing may wait for its turn's end
 
+    def __repr__(self) -> str:
+        return f"<SyncHandle {self.aio.uri}{' closed' if self._closed else ''}>"
+
     def _check_open(self) -> None:
         if self._closed:
             raise RemoteError(errno.ECONNRESET, "handle closed")
@@ -205,6 +208,9 @@ class SyncStream:
         self._handle = handle
         self._stream = stream
         self.matchtag = stream.matchtag
+
+    def __repr__(self) -> str:
+        return f"<SyncStream of {self._stream!r}>"
 
     def __iter__(self) -> SyncStream:
         return self

@@ -251,6 +251,11 @@ class TxnOps:
     def __len__(self) -> int:
         return len(self.ops)
 
+    def __repr__(self) -> str:
+        keys = ", ".join(repr(op["key"]) for op in self.ops[:3])
+        more = ", ..." if len(self.ops) > 3 else ""
+        return f"<{type(self).__name__} {len(self.ops)} ops [{keys}{more}]>"
+
     def _op(self, key: str, dirent: TreeObj | None, flags: int = 0) -> TxnOps:
         check_key(key)
         self.ops.append({"key": key, "flags": flags, "dirent": dirent})
@@ -856,6 +861,9 @@ class SyncKVS:
                                    or timeout is not None):
             raise ValueError("uri, event_loop and timeout are the handle's: give them to "
                              "broker.sync.connect(), or give no handle")
+        if isinstance(handle, str):
+            raise TypeError(f"SyncKVS takes a SyncHandle first, not the URI {handle!r}: "
+                            "give it as SyncKVS(uri=...)")
         self._owns_handle = handle is None
         self.sync_handle = handle if handle is not None else SyncHandle(
             uri, event_loop=event_loop, timeout=timeout)
@@ -878,6 +886,9 @@ class SyncKVS:
         """Close the handle, if this facade made it."""
         if self._owns_handle:
             self.sync_handle.close()
+
+    def __repr__(self) -> str:
+        return f"<SyncKVS {self.namespace!r} on {self.sync_handle.aio.uri}>"
 
     def __enter__(self) -> SyncKVS:
         return self

@@ -340,6 +340,10 @@ class _Wrapped:
     async def cancel(self) -> None:
         await self.watch.cancel()
 
+    def __repr__(self) -> str:
+        w = self.watch
+        return f"<{type(self).__name__} {w.namespace}:{w.key}{' ended' if w.done else ''}>"
+
 
 # ---------------------------------------------------------------- key changes
 
@@ -582,6 +586,9 @@ class SyncWatch(Generic[ItemT]):
         self.watch = w
         self.timeout = timeout
         """Seconds each ``next()`` may wait (``TimeoutError``; the watch goes on)."""
+
+    def __repr__(self) -> str:
+        return f"<SyncWatch of {self.watch!r}>"
 
     def __enter__(self) -> Self:
         self.sh.run(self.watch.__aenter__())

@@ -1,0 +1,94 @@
+"""The Python API's objects as a user meets them in a REPL or a log line:
+their reprs say what and where they are, and an Instance can be started
+again after it stopped (resuming from its statedir)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from broker.launch import Instance
+from kvs.client import KVS, SyncKVS
+from kvs_watch.client import watch, watch_keys
+
+T = 20  # seconds: bound on every await against a broker
+
+
+async def test_reprs_say_what_and_where(start_instance: Any, connect: Any) -> None:
+    inst = await start_instance(size=2)
+    assert repr(inst) == f"<Instance size=2 fanout=2 2 of 2 ranks running in {inst.rundir}>"
+    assert repr(Instance(3)) == "<Instance size=3 fanout=32 not started>"
+
+    h = await connect(inst, 1)
+    uri = inst.uri(1)
+    assert repr(h) == f"<Handle {uri} 0 pending>"
+    kvs = KVS(h)
+    assert repr(kvs) == f"<KVS 'primary' on {uri}>"
+
+    txn = kvs.txn().put("a", 1).put("b", 2).put("c", 3).unlink("d")
+    assert repr(txn) == "<Txn 4 ops ['a', 'b', 'c', ...]>"
+    await asyncio.wait_for(kvs.commit(txn), T)
+
+    stream = h.rpc_stream("kvs-watch.lookup", {"namespace": "primary", "key": "a",
+                                               "flags": 4})
+    assert repr(stream).startswith(f"<Stream kvs-watch.lookup matchtag={stream.matchtag} ")
+    assert repr(h) == f"<Handle {uri} 1 pending>"
+    h.send_noresponse("kvs-watch.cancel", {"matchtag": stream.matchtag})
+    async with asyncio.timeout(T):
+        while await stream.next_message() is not None:
+            pass
+    assert repr(stream) == f"<Stream kvs-watch.lookup matchtag={stream.matchtag} ended>"
+
+    async with watch(h, "a") as w:
+        assert repr(w) == "<Watch primary:a flags=0x4>"
+    async with watch_keys(h, "b") as kw:
+        assert repr(kw) == "<KeyWatch primary:b>"
+    assert repr(kw) == "<KeyWatch primary:b ended>"
+
+    def blocking() -> tuple[str, str, str]:
+        with pytest.raises(TypeError, match="SyncKVS.uri=...."):
+            SyncKVS(uri)  # type: ignore[arg-type]
+        with SyncKVS(uri=uri) as skvs, skvs.watch("a", timeout=T) as sw:
+            next(iter(sw))
+            return repr(skvs.sync_handle), repr(sw), repr(skvs)
+    sh, sw, skvs = await asyncio.to_thread(blocking)
+    assert sh == f"<SyncHandle {uri}>"
+    assert sw == "<SyncWatch of <Watch primary:a flags=0x4>>"
+    assert skvs.startswith("<SyncKVS 'primary' on ")
+
+    await h.close()
+    assert repr(h) == f"<Handle {uri} closed>"
+    await inst.stop()
+    assert repr(inst) == "<Instance size=2 fanout=2 stopped>"
+
+
+async def test_an_instance_starts_again_from_its_statedir(tmp_path: Path) -> None:
+    inst = Instance(2, 2, statedir=str(tmp_path / "state"),
+                    stderr_path=str(tmp_path / "broker.log"))
+    try:
+        await asyncio.wait_for(inst.start(), 60)
+        with pytest.raises(RuntimeError, match="already started"):
+            await inst.start()
+        first = inst.pids()
+        async with asyncio.timeout(T):
+            await KVS(h := await _connect(inst)).put("kept", "yes", sync=True)
+            await h.close()
+        await inst.stop()
+
+        await asyncio.wait_for(inst.start(), 60)
+        assert set(inst.pids()).isdisjoint(first)
+        async with asyncio.timeout(T):
+            h = await _connect(inst, 1)
+            assert await KVS(h).get("kept") == b"yes"
+            await h.close()
+    finally:
+        await inst.stop()
+
+
+async def _connect(inst: Instance, rank: int = 0) -> Any:
+    from broker.handle import Handle
+
+    return await Handle.connect(inst.uri(rank))
