@@ -45,6 +45,7 @@ from broker.message import (
     Role,
 )
 from broker.overlay import Oversized
+from broker.tally import add_count
 
 if TYPE_CHECKING:
     from broker.overlay import Overlay
@@ -62,16 +63,6 @@ LINK_LIMIT = "tbon.max-message"
 
 
 Route = tuple[str, ...]
-
-
-def count(counter: Counter[int], key: int, n: int) -> None:
-    """Add ``n`` to ``counter[key]``, dropping the key at 0: a per-user
-    count keeps no entry for a user who holds nothing any more."""
-    left = counter[key] + n
-    if left > 0:
-        counter[key] = left
-    else:
-        counter.pop(key, None)
 
 
 class SentDown:
@@ -102,11 +93,11 @@ class SentDown:
             self._forget(old)
         tags[msg.matchtag] = msg
         if not msg.rolemask & Role.OWNER:
-            count(self.guests, msg.userid, 1)
+            add_count(self.guests, msg.userid, 1)
 
     def _forget(self, req: Message) -> None:
         if not req.rolemask & Role.OWNER:
-            count(self.guests, req.userid, -1)
+            add_count(self.guests, req.userid, -1)
 
     def answered(self, child: int, response: Message) -> None:
         """``child`` sent ``response``: forget its request if that was the
@@ -279,10 +270,10 @@ class Router:
         if prefixes:
             self.subs.unsubscribe_all(pid, prefixes)
             if not peer.rolemask & Role.OWNER:
-                count(self.guest_subscriptions, peer.userid, -sum(prefixes.values()))
+                add_count(self.guest_subscriptions, peer.userid, -sum(prefixes.values()))
         used = self._used_services.pop(pid, ())
         if used and not peer.rolemask & Role.OWNER:
-            count(self._guest_services, peer.userid, -len(used))
+            add_count(self._guest_services, peer.userid, -len(used))
         for service, nodeid in used:
             self._send_disconnect(service, nodeid, (pid,), peer.userid, peer.rolemask)
 
@@ -334,7 +325,7 @@ class Router:
                                                f"ranks from rank {self.rank} "
                                                "(access.max-guest-services)")
                             return
-                        count(self._guest_services, peer.userid, 1)
+                        add_count(self._guest_services, peer.userid, 1)
                     used.add(pair)
             self.route_request(msg)
         elif t == MsgType.RESPONSE:
@@ -359,7 +350,7 @@ class Router:
             if used is not None and pair not in used:
                 used.add(pair)
                 if not msg.rolemask & Role.OWNER:  # (counted, not capped: ours)
-                    count(self._guest_services, msg.userid, 1)
+                    add_count(self._guest_services, msg.userid, 1)
         else:
             self._passed_on[(tuple(route), msg.service)].add(nodeid)
         msg.nodeid = nodeid
@@ -544,7 +535,7 @@ class Router:
         self._peer_prefixes[peer.peer_id][prefix] += 1
         self.subs.subscribe(peer.peer_id, prefix)
         if not peer.rolemask & Role.OWNER:
-            count(self.guest_subscriptions, peer.userid, 1)
+            add_count(self.guest_subscriptions, peer.userid, 1)
 
     def unsubscribe(self, peer: Peer, prefix: str) -> bool:
         counts = self._peer_prefixes.get(peer.peer_id)
@@ -554,7 +545,7 @@ class Router:
         if not counts[prefix]:
             del counts[prefix]
         if not peer.rolemask & Role.OWNER:
-            count(self.guest_subscriptions, peer.userid, -1)
+            add_count(self.guest_subscriptions, peer.userid, -1)
         return self.subs.unsubscribe(peer.peer_id, prefix)
 
     def sequence_event(self, topic: str, payload: Any, flags: int, userid: int) -> int:

@@ -39,6 +39,7 @@ from broker.content.module import BLOB_OVERHEAD, ContentModule, LoadToken
 from broker.errors import ErrnoError, ProtocolError, RemoteError
 from broker.message import Message, MsgFlags, RawPayload
 from broker.module import Handler, Module, require
+from broker.tally import add_count
 from kvs import collect as collector
 from kvs import diff as diff_engine
 from kvs import lookup as lookup_engine
@@ -952,7 +953,7 @@ class KvsModule(Module):
                 raise ErrnoError(errno.ENOSPC, f"this user has {held} version waits on rank "
                                                f"{self.rank} (kvs.max-waits-per-guest): "
                                                "end some first")
-            self._guest_waits[msg.userid] = held + 1
+            add_count(self._guest_waits, msg.userid, 1)
         token: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._version_waits.setdefault(key, set()).add(token)
         return self._wait_version(msg, p, key, token, guest)
@@ -963,11 +964,7 @@ class KvsModule(Module):
             await self._wait_version_of(msg, p, key, token)
         finally:
             if guest:
-                left = self._guest_waits[msg.userid] - 1
-                if left > 0:
-                    self._guest_waits[msg.userid] = left
-                else:
-                    del self._guest_waits[msg.userid]
+                add_count(self._guest_waits, msg.userid, -1)
 
     async def _wait_version_of(self, msg: Message, p: dict[str, Any], key: tuple[str, ...],
                                token: asyncio.Future[None]) -> None:
