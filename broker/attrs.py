@@ -197,7 +197,7 @@ TRANSPORT = AttrSpec(
 LINK_BACKLOG = AttrSpec(
     "tbon.max-backlog", str(512 << 20), integer(1 << 20),
     "bytes queued for a parent or child rank that does not read before its "
-    "link is dropped (unix transport)")
+    "link is dropped")
 LINK_MAX_MESSAGE = AttrSpec(
     "tbon.max-message", str(codec.MAX_LINK_MESSAGE),
     integer(64 << 10, "", codec.MAX_LINK_MESSAGE),

@@ -144,6 +144,9 @@ class Overlay:
         self._child_ident: dict[int, bytes] = {}
         self._ident_child: dict[bytes, int] = {}
         self._fd_ident: dict[int, bytes] = {}
+        self._ident_conn: dict[bytes, tuple[int, int | None]] = {}
+        """Each identity's connection: its fd and that fd's inode (to hang it up)."""
+        self._zmq_slow = 0
         self._up_monitor: ZmqSocket | None = None
         self.refused = 0
         """Overlay handshakes that failed: a peer without the instance's keys."""
@@ -151,8 +154,8 @@ class Overlay:
 
     @property
     def slow(self) -> int:
-        """Stream links dropped because the peer did not read (``tbon.max-backlog``)."""
-        return self._streams.slow if self._streams is not None else 0
+        """Links dropped because the peer did not read (``tbon.max-backlog``)."""
+        return self._streams.slow if self._streams is not None else self._zmq_slow
 
     def endpoint(self, rank: int) -> str:
         return self.endpoints.get(rank) or ipc_endpoint(self.rundir, rank)
@@ -183,10 +186,12 @@ class Overlay:
             s, self._auth = zl.children_socket(ctx, self.bind or self.endpoint(self.rank),
                                                self.curve)
             self._monitor = zl.ZmqSocket(s.get_monitor_socket(zl.MONITORED), self._on_monitor)
-            self._down = zl.ZmqSocket(s, self._from_child, track_fd=True)
+            self._down = zl.ZmqSocket(s, self._from_child, track_fd=True,
+                                      max_backlog=self.max_backlog, on_stuck=self._child_stuck)
         if self.parent is not None:
             s = zl.parent_socket(ctx, self.rank, self.endpoint(self.parent), self.curve)
-            self._up = zl.ZmqSocket(s, self._from_parent)
+            self._up = zl.ZmqSocket(s, self._from_parent, max_backlog=self.max_backlog,
+                                    on_stuck=self._parent_stuck)
             self._up_monitor = zl.ZmqSocket(s.get_monitor_socket(zl.MONITORED),
                                             self._on_up_monitor)
             self._control_up("overlay.hello", {"rank": self.rank})
@@ -340,6 +345,10 @@ class Overlay:
         disconnected, event, value = monitor_event(parts)
         if disconnected:
             ident = self._fd_ident.pop(value, None)
+            if ident is not None:
+                self._ident_conn.pop(ident, None)
+                if self._down is not None:
+                    self._down.drop_backlog(ident)
             child = self._ident_child.pop(ident, None) if ident is not None else None
             if child is not None:  # (a replaced connection was forgotten already)
                 del self._child_ident[child]
@@ -407,7 +416,39 @@ class Overlay:
         self._child_ident[child] = ident
         self._ident_child[ident] = child
         assert self._down is not None
-        self._fd_ident[self._down.last_fd] = ident
+        fd = self._down.last_fd
+        self._fd_ident[fd] = ident
+        from broker.overlay_zmq import connection_inode
+
+        self._ident_conn[ident] = (fd, connection_inode(fd))
+
+    def _child_stuck(self, ident: bytes, queued: int) -> None:
+        """ZeroMQ: a child left more than ``tbon.max-backlog`` bytes unread
+        (a stopped rank): drop it as a stream link does.  Its connection is
+        hung up, so the process, if it ever runs again, finds its parent
+        lost and stops (exit 1), as its own children then do."""
+        child = self._ident_child.pop(ident, None)
+        if child is None:
+            return
+        del self._child_ident[child]
+        self._zmq_slow += 1
+        log.warning("child rank %d does not read its link (%d bytes queued, "
+                    "tbon.max-backlog): dropping it", child, queued)
+        conn = self._ident_conn.pop(ident, None)
+        if conn is not None:
+            from broker.overlay_zmq import hang_up
+
+            self._fd_ident.pop(conn[0], None)
+            hang_up(*conn)
+        # (later: this runs inside a send, maybe a broadcast to the children)
+        asyncio.get_running_loop().call_soon(self._lose_child, child)
+
+    def _parent_stuck(self, _ident: bytes, queued: int) -> None:
+        """ZeroMQ: the parent left more than ``tbon.max-backlog`` bytes unread."""
+        self._zmq_slow += 1
+        log.warning("the parent does not read its link (%d bytes queued, tbon.max-backlog): "
+                    "dropping it", queued)
+        asyncio.get_running_loop().call_soon(self._parent_lost, "it did not read its link")
 
     def _from_child_conn(self, conn: StreamConn, frames: list[bytes]) -> None:
         """A stream link: the first message must be the hello of one of our children."""

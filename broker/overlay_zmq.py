@@ -14,6 +14,7 @@ import asyncio
 import logging
 import os
 import secrets
+import socket
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
@@ -30,7 +31,11 @@ log = logging.getLogger("kvbroker.overlay")
 
 BATCH = 512
 """Messages one wake-up of a socket handles before it lets the loop run."""
-HWM = 100_000
+HWM = 10_000
+"""ZeroMQ's high-water mark on each link, in messages.  What ZeroMQ holds
+for a peer that does not read is counted in messages, whatever their size,
+and outside ``tbon.max-backlog``: kept small, so that past it the messages
+wait in :class:`ZmqSocket`'s backlogs, which count bytes."""
 HEARTBEAT_IVL_MS = 2_000
 HEARTBEAT_TIMEOUT_MS = 10_000
 """ZeroMQ heartbeats on every tcp/ipc link: a peer that answers none for this
@@ -110,11 +115,56 @@ def monitor_event(parts: list[bytes]) -> tuple[bool, int, int]:
     return event["event"] == zmq.EVENT_DISCONNECTED, int(event["event"]), int(event["value"])
 
 
+def connection_inode(fd: int) -> int | None:
+    """The inode of connection ``fd`` (a ZeroMQ I/O thread's socket), to
+    tell later that the number still names the same connection."""
+    try:
+        return os.fstat(fd).st_ino
+    except OSError:
+        return None
+
+
+def hang_up(fd: int, inode: int | None) -> bool:
+    """Shut down connection ``fd`` of a ZeroMQ socket, if it is still the
+    one whose inode is ``inode``.
+
+    A ROUTER cannot disconnect one peer, so this shuts the connection down
+    under ZeroMQ, through a duplicate of its descriptor: ZeroMQ's I/O thread
+    then sees it closed, as if the peer had closed it, and the peer's
+    monitor reports it disconnected.  The descriptor itself stays ZeroMQ's.
+    """
+    try:
+        if inode is None or os.fstat(fd).st_ino != inode:
+            return False  # closed since, and the number maybe reused
+        dup = socket.socket(fileno=os.dup(fd))
+    except OSError:
+        return False
+    try:
+        dup.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    finally:
+        dup.close()
+    return True
+
+
 class ZmqSocket:
-    """One pyzmq socket hooked into the asyncio loop, with a send backlog."""
+    """One pyzmq socket hooked into the asyncio loop, with send backlogs.
+
+    A message ZeroMQ does not take at once (the peer's pipe is at its
+    high-water mark: a stopped or slow rank) waits in a backlog of its own
+    peer's: a ROUTER keeps one per child, so one child that does not read
+    holds up no message to its siblings.  A backlog that grows past
+    ``max_backlog`` bytes (``tbon.max-backlog``) is dropped and
+    ``on_stuck(ident, bytes)`` called (``ident`` ``b""`` on a DEALER): the
+    overlay then gives up that peer, as a stream link does, instead of
+    buffering for it without bound -- ZeroMQ's heartbeats do not notice a
+    stopped peer while the link's buffers are full.
+    """
 
     def __init__(self, sock: zmq.Socket[Any], on_message: Callable[[list[bytes]], None],
-                 track_fd: bool = False) -> None:
+                 track_fd: bool = False, max_backlog: int | None = None,
+                 on_stuck: Callable[[bytes, int], None] | None = None) -> None:
         self.sock = sock
         self.on_message = on_message
         self.track_fd = track_fd
@@ -122,7 +172,12 @@ class ZmqSocket:
         """With ``track_fd``: the connection (its file descriptor in ZeroMQ's
         I/O thread) the message being handled came from -- how a ROUTER
         learns which child a monitor's DISCONNECTED names."""
-        self.backlog: deque[list[codec.Frame]] = deque()
+        self.backlogs: dict[bytes, deque[list[codec.Frame]]] = {}
+        """What waits for room in each peer's pipe, by identity (``b""``:
+        a DEALER's one peer); a key only while its queue is not empty."""
+        self.backlog_bytes: dict[bytes, int] = {}
+        self.max_backlog = max_backlog
+        self.on_stuck = on_stuck
         self.loop = asyncio.get_running_loop()
         # pyzmq types getsockopt() as int | bytes: FD and EVENTS are int options
         self.fd = cast(int, sock.getsockopt(zmq.FD))
@@ -131,25 +186,45 @@ class ZmqSocket:
         self._schedule()  # the FD is edge-triggered: read what came before we looked
 
     def send(self, frames: list[codec.Frame]) -> None:
-        if self.sock.closed:  # stopping: e.g. a client's disconnect while links close
-            return
-        if self.backlog:
-            self.backlog.append(frames)
-        else:
-            try:
-                self.sock.send_multipart(frames, zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                self.backlog.append(frames)
-        self._schedule()
+        """DEALER: send to the peer (queued while its pipe is full)."""
+        self._send(b"", frames)
 
     def send_to(self, ident: bytes, frames: list[codec.Frame]) -> str | None:
         """ROUTER: send to the connection ``ident``; why not, if it is gone
         (``EHOSTUNREACH``: ``ROUTER_MANDATORY`` is set)."""
         try:
-            self.send([ident, *frames])
+            self._send(ident, [ident, *frames])
         except zmq.ZMQError as exc:
             return str(exc)
         return None
+
+    def _send(self, ident: bytes, frames: list[codec.Frame]) -> None:
+        if self.sock.closed:  # stopping: e.g. a client's disconnect while links close
+            return
+        queue = self.backlogs.get(ident)
+        if queue is None:
+            try:
+                self.sock.send_multipart(frames, zmq.NOBLOCK, copy=False)
+                return
+            except zmq.Again:
+                queue = self.backlogs[ident] = deque()
+                self.backlog_bytes[ident] = 0
+        # Judged before the message, as a stream link does: one big one still goes.
+        queued = self.backlog_bytes[ident]
+        if self.max_backlog is not None and queued > self.max_backlog:
+            self.drop_backlog(ident)
+            if self.on_stuck is not None:
+                self.on_stuck(ident, queued)
+            return
+        queue.append(frames)
+        self.backlog_bytes[ident] = queued + codec.frames_size(frames)
+        self._schedule()
+
+    def drop_backlog(self, ident: bytes) -> int:
+        """Forget what waits for peer ``ident``; how many messages that was."""
+        self.backlog_bytes.pop(ident, None)
+        queue = self.backlogs.pop(ident, None)
+        return len(queue) if queue is not None else 0
 
     def _schedule(self) -> None:
         if not self._scheduled:
@@ -164,7 +239,7 @@ class ZmqSocket:
         n = 0
         while True:
             events = cast(int, sock.getsockopt(zmq.EVENTS))
-            if self.backlog and events & zmq.POLLOUT:
+            if self.backlogs and events & zmq.POLLOUT:
                 self._flush()
             if not events & zmq.POLLIN:
                 break
@@ -185,18 +260,24 @@ class ZmqSocket:
                 self.on_message(parts)
             except Exception:
                 log.exception("error handling an overlay message")
-        if self.backlog:
+        if self.backlogs:
             self.loop.call_later(0.001, self._schedule)
 
     def _flush(self) -> None:
-        while self.backlog:
-            try:
-                self.sock.send_multipart(self.backlog[0], zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
-            except zmq.ZMQError as exc:
-                log.warning("overlay send failed: %s", exc)
-            self.backlog.popleft()
+        """Send what each backlog holds, until its peer's pipe is full."""
+        for ident, queue in list(self.backlogs.items()):
+            while queue:
+                try:
+                    self.sock.send_multipart(queue[0], zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    break
+                except zmq.ZMQError as exc:  # the peer is gone: say so once
+                    log.warning("overlay send failed: %s (%d queued messages dropped)",
+                                exc, self.drop_backlog(ident))
+                    break
+                self.backlog_bytes[ident] -= codec.frames_size(queue.popleft())
+            else:
+                self.drop_backlog(ident)
 
     def close(self, linger_ms: int = 0) -> None:
         self.loop.remove_reader(self.fd)

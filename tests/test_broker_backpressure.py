@@ -300,3 +300,79 @@ async def test_a_burst_down_the_tree_does_not_hold_up_a_ranks_clients(start_inst
     # Taken whole, rank 1's first read of its parent's link (~200 KiB of
     # events waiting in the socket: thousands) would all go before the ping.
     assert max(positions) <= 2 * MAX_PER_TURN, positions
+
+
+async def test_a_zeromq_child_that_does_not_read_does_not_hold_up_its_siblings(
+        start_instance, connect) -> None:
+    """ZeroMQ links: a child at its high-water mark (a stopped rank) made
+    its parent queue every later message, to every child, behind its own
+    (one backlog for the socket): the sibling got no events or answers until
+    heartbeats dropped the stopped one (~10 s), or never while sends kept
+    its socket buffers full (ipc).  Each child has its own backlog now: the
+    sibling gets all of a burst past the mark while the stopped child is
+    still connected."""
+    from broker.overlay_zmq import HWM
+
+    inst = await start_instance(size=3, fanout=2, attrs={"tbon.transport": "ipc"})
+    h0, h2 = await connect(inst, 0), await connect(inst, 2)
+    await h2.subscribe("flood.")
+    stopped = inst.pids()[1]
+    await stop_process(stopped)
+    try:
+        count = 3 * HWM
+        received = 0
+
+        async def receive() -> None:
+            nonlocal received
+            while received < count:
+                await h2.recv_event()
+                received += 1
+
+        reader = asyncio.create_task(receive())
+        for i in range(count):
+            h0.publish_nowait("flood.e")
+            if i % 1000 == 999:
+                await asyncio.sleep(0)  # (the handle writes as the loop turns)
+        await asyncio.wait_for(reader, 60)
+        assert (await asyncio.wait_for(h0.ping(2), 10))["rank"] == 2
+        overlay = (await h0.rpc("broker.stats-get", {}))["overlay"]
+        assert 1 in overlay["children"], "the sibling was served only once rank 1 was dropped"
+    finally:
+        os.kill(stopped, signal.SIGCONT)
+
+
+async def test_a_zeromq_child_that_does_not_read_is_dropped_and_stops(start_instance,
+                                                                      connect) -> None:
+    """ZeroMQ links: a stopped child made its parent buffer for it without
+    bound while traffic flowed (~2.4 MB/s on ipc; its heartbeats never
+    timed out while the link's buffers were full).  Past ``tbon.max-backlog``
+    it is dropped, as on stream links: requests for it are answered
+    ``EHOSTUNREACH`` at once, and the process, let run again, finds its
+    connection hung up and exits 1."""
+    from broker.overlay_zmq import HWM
+
+    inst = await start_instance(size=2, attrs={"tbon.transport": "ipc",
+                                               "tbon.max-backlog": str(1 << 20)})
+    h = await connect(inst, 0)
+    child = inst.pids()[1]
+    await stop_process(child)
+    try:
+        for i in range(HWM + 1000):  # fill ZeroMQ's own pipe (counted in messages)
+            h.publish_nowait("test.fill")
+            if i % 1000 == 999:
+                await asyncio.sleep(0)
+        pad = "x" * (64 << 10)
+
+        async def dropped() -> bool:
+            await h.rpc("event.pub", {"topic": "test.flood", "payload": {"pad": pad}})
+            return (await h.rpc("broker.stats-get", {}))["overlay"]["slow"] == 1
+
+        await wait_until(dropped, "the link to the stopped child to be dropped", 60)
+        with pytest.raises(RemoteError) as err:  # lost: answered at once, not held
+            await asyncio.wait_for(h.ping(1), 10)
+        assert err.value.errnum == errno.EHOSTUNREACH
+        assert (await h.ping(0))["rank"] == 0
+    finally:
+        os.kill(child, signal.SIGCONT)
+    rank, status = await asyncio.wait_for(asyncio.shield(inst.failed), 30)
+    assert (rank, status) == (1, 1)
