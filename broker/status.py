@@ -1,10 +1,12 @@
 """The health of the tree (``kvbroker overlay status``, after ``flux overlay status``).
 
-Every rank is asked for its ``broker.stats-get`` at once; a rank that does
-not answer in time, or that the tree cannot reach (``EHOSTUNREACH``), is
-*lost*.  A rank is *full* when it and its whole subtree are up, *partial*
-when something below it is lost.  Pure functions build and print the tree;
-:func:`gather` does the asking.
+Every rank is asked for its hostname at once; a rank that the tree cannot
+reach (``EHOSTUNREACH``: its parent dropped it) is *lost*, one that does not
+answer in time while still connected (a stopped or overloaded process, or
+one behind such a rank) is *torpid*, Flux's word for it.  A rank is *full*
+when it and its whole subtree answer, *partial* when something below it is
+lost or torpid.  Pure functions build and print the tree; :func:`gather`
+does the asking.
 """
 
 from __future__ import annotations
@@ -16,7 +18,18 @@ from broker import topology
 from broker.errors import RemoteError
 from broker.handle import Handle
 
-FULL, PARTIAL, LOST = "full", "partial", "lost"
+FULL, PARTIAL, LOST, TORPID = "full", "partial", "lost", "torpid"
+
+
+@dataclass(frozen=True)
+class NoAnswer:
+    """A rank that did not answer in time (not one the tree knows is gone)."""
+
+    reason: str
+
+
+Answer = tuple[str, str] | str | NoAnswer
+"""A rank's answer: ``(hostname, "")``, why it is lost, or :class:`NoAnswer`."""
 
 
 @dataclass(frozen=True)
@@ -27,13 +40,14 @@ class RankStatus:
     detail: str = ""  # why it is lost
 
 
-async def _ask(h: Handle, rank: int, timeout: float) -> tuple[str, str] | str:
-    """``(hostname, "")`` for a rank that answers, else why it is lost."""
+async def _ask(h: Handle, rank: int, timeout: float) -> Answer:
+    """``(hostname, "")`` for a rank that answers, else why it is lost, or
+    :class:`NoAnswer`."""
     try:
         async with asyncio.timeout(timeout):
             return str(await h.attr_get("hostname", nodeid=rank)), ""
     except TimeoutError:
-        return f"no answer in {timeout:g}s"
+        return NoAnswer(f"no answer in {timeout:g}s")
     except RemoteError as exc:
         return exc.errstr or str(exc)
 
@@ -47,12 +61,12 @@ async def gather(h: Handle, timeout: float = 2.0) -> tuple[list[RankStatus], int
     return classify(size, fanout, answers), fanout
 
 
-def classify(size: int, fanout: int, answers: list[tuple[str, str] | str]) -> list[RankStatus]:
-    """From each rank's answer (a ``(hostname, _)`` pair, or the reason it is
-    lost) to its state: lost, else partial if anything below is lost."""
+def classify(size: int, fanout: int, answers: list[Answer]) -> list[RankStatus]:
+    """From each rank's answer to its state: lost or torpid, else partial if
+    anything below is either."""
     lost_below = [False] * size
     for rank in range(size - 1, -1, -1):  # children have higher ranks than parents
-        if isinstance(answers[rank], str) or lost_below[rank]:
+        if not isinstance(answers[rank], tuple) or lost_below[rank]:
             parent = topology.parent_of(rank, fanout)
             if parent is not None:
                 lost_below[parent] = True
@@ -60,6 +74,8 @@ def classify(size: int, fanout: int, answers: list[tuple[str, str] | str]) -> li
     for rank, answer in enumerate(answers):
         if isinstance(answer, str):
             out.append(RankStatus(rank, LOST, detail=answer))
+        elif isinstance(answer, NoAnswer):
+            out.append(RankStatus(rank, TORPID, detail=answer.reason))
         else:
             out.append(RankStatus(rank, PARTIAL if lost_below[rank] else FULL, answer[0]))
     return out

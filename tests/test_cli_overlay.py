@@ -8,9 +8,9 @@ import signal
 import socket
 import sys
 
-from test_broker_support import KVBROKER, run_cli, stats, wait_until
+from test_broker_support import KVBROKER, run_cli, stats, stop_process, wait_until
 
-from broker.status import FULL, LOST, PARTIAL, RankStatus, classify, render
+from broker.status import FULL, LOST, PARTIAL, TORPID, NoAnswer, RankStatus, classify, render
 
 
 def test_a_lost_rank_makes_its_ancestors_partial() -> None:
@@ -20,6 +20,14 @@ def test_a_lost_rank_makes_its_ancestors_partial() -> None:
     answers[7] = "rank 3 is unreachable"
     states = [s.state for s in classify(8, 2, answers)]
     assert states == [PARTIAL, PARTIAL, FULL, LOST, FULL, FULL, FULL, LOST]
+
+
+def test_a_silent_rank_is_torpid_not_lost() -> None:
+    answers: list[tuple[str, str] | str | NoAnswer] = [("h", "")] * 4
+    answers[2] = NoAnswer("no answer in 2s")
+    statuses = classify(4, 2, answers)
+    assert [s.state for s in statuses] == [PARTIAL, FULL, TORPID, FULL]
+    assert render(statuses, 2)[3] == "  2: torpid (no answer in 2s)"
 
 
 def test_render_indents_children_under_parents() -> None:
@@ -48,6 +56,15 @@ async def test_overlay_status_and_shutdown(start_instance, connect) -> None:
         assert rc == 1, err
         assert out.splitlines() == [f"0 {host}: partial", f"  1 {host}: partial",
                                     "    3: lost (rank 3 is unreachable)", f"  2 {host}: full"]
+        # a stopped rank is still connected: torpid, not lost
+        await stop_process(inst.pids()[2])
+        try:
+            rc, out, err = await run_cli("overlay", "status", "-t", "0.5", uri=uri)
+        finally:
+            os.kill(inst.pids()[2], signal.SIGCONT)
+        assert rc == 1, err
+        assert out.splitlines()[0] == f"0 {host}: partial"
+        assert out.splitlines()[3] == "  2: torpid (no answer in 0.5s)"
         # shutdown: rank 2 and its (empty) subtree, then the instance
         assert (await run_cli("shutdown", "--rank", "2", uri=uri))[0] == 0
         assert await inst.procs[2].wait() == 0
