@@ -33,6 +33,7 @@ import time
 import traceback
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -575,13 +576,19 @@ def make_logdir() -> Path:
 # ---------------------------------------------------------------- client processes
 
 
-async def spawn(module: str, *args: str, stdin: bool = False,
+async def spawn(module: str, *args: str,
                 ready_timeout: float = 30.0) -> asyncio.subprocess.Process:
-    """Start ``python -m <module> ARGS`` and wait for its ``ready`` line."""
+    """Start ``python -m <module> ARGS`` and wait for its ``ready`` line.
+
+    Its stdin is a pipe held open by this process: the helper's lifeline
+    (:mod:`benchmarks.workloads.lifeline`), so it exits when the runner
+    does, even on SIGKILL.  It runs in its own session, so a terminal's
+    Ctrl-C reaches the runner alone, which then ends its helpers itself
+    (:func:`reap`) instead of each printing a traceback."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", module, *args,
-        stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE, env=child_env(), cwd=str(REPO),
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        env=child_env(), cwd=str(REPO), start_new_session=True,
     )
     assert proc.stdout is not None
     try:
@@ -596,10 +603,18 @@ async def spawn(module: str, *args: str, stdin: bool = False,
     return proc
 
 
+def _cut_lifeline(proc: asyncio.subprocess.Process) -> None:
+    """Close a helper's stdin: it exits when it reads EOF (if it has not
+    finished already)."""
+    if proc.stdin is not None:
+        proc.stdin.close()
+
+
 async def reap(proc: asyncio.subprocess.Process, timeout: float = 5.0) -> int | None:
-    """Wait for a helper to exit; terminate, then kill, if it lingers."""
-    for action in (None, proc.terminate, proc.kill):
-        if action is not None and proc.returncode is None:
+    """Wait for a helper to exit: cut its lifeline (close its stdin), then
+    terminate, then kill it, if it lingers."""
+    for action in (partial(_cut_lifeline, proc), proc.terminate, proc.kill):
+        if proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 action()
         try:

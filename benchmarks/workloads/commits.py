@@ -100,7 +100,7 @@ async def parallel_clients(ctx: RepContext, uris: list[str], n: int, prefix: str
     errors, first error, the clients' summed (user s, system s, context switches))."""
     procs = await asyncio.gather(*(
         spawn("benchmarks.workloads.kvs_client", uri, ctx.loop, str(n), f"{prefix}.c{j}",
-              mode, stdin=True)
+              mode)
         for j, uri in enumerate(uris)))
     try:
         for p in procs:

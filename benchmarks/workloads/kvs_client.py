@@ -8,6 +8,8 @@ JSON line
 ``{"start", "end", "n", "errors", "error", "user", "sys", "ctxsw"}``
 (``time.perf_counter`` stamps, comparable across processes on Linux:
 CLOCK_MONOTONIC; CPU seconds and context switches spent between them).
+It exits when its stdin closes (the runner is gone, or gave up on it:
+:mod:`benchmarks.workloads.lifeline`), and quietly on SIGINT.
 """
 
 from __future__ import annotations
@@ -19,16 +21,18 @@ import sys
 import time
 
 from benchmarks.workloads import kvsops
+from benchmarks.workloads.lifeline import Lifeline
 from broker.errors import RemoteError
 from broker.handle import Handle
 from broker.loops import loop_factory
 
 
-async def main(uri: str, n: int, prefix: str, ping: bool = False) -> dict:
+async def main(uri: str, n: int, prefix: str, lifeline: Lifeline,
+               ping: bool = False) -> dict:
     h = await Handle.connect(uri)
     print("ready", flush=True)
     loop = asyncio.get_running_loop()
-    line = await loop.run_in_executor(None, sys.stdin.readline)
+    line = await loop.run_in_executor(None, lifeline.readline)
     if line.strip() != "go":
         await h.close()
         return {"start": 0.0, "end": 0.0, "n": 0, "errors": 0, "error": "not started"}
@@ -55,6 +59,8 @@ async def main(uri: str, n: int, prefix: str, ping: bool = False) -> dict:
 if __name__ == "__main__":
     uri, loop_kind, count, key_prefix = sys.argv[1:5]
     mode = sys.argv[5] if len(sys.argv) > 5 else "commit"
+    runner_lifeline = Lifeline()
     with asyncio.Runner(loop_factory=loop_factory(loop_kind)) as runner:
-        result = runner.run(main(uri, int(count), key_prefix, ping=mode == "ping"))
+        result = runner.run(main(uri, int(count), key_prefix, runner_lifeline,
+                                 ping=mode == "ping"))
     print(json.dumps(result), flush=True)

@@ -4,7 +4,8 @@ A script's view of an RPC: :mod:`broker.sync` in the main thread of its
 own process (where ``asyncio.Runner`` would install a SIGINT handler
 around every call).  Connects, prints ``ready``, makes ``WARMUP`` then N
 sequential ``broker.ping`` RPCs to its rank and prints one JSON line
-``{"elapsed": seconds}``.
+``{"elapsed": seconds}``.  Exits when its stdin closes (the runner is gone:
+:mod:`benchmarks.workloads.lifeline`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import json
 import sys
 import time
 
+from benchmarks.workloads.lifeline import Lifeline
 from broker import sync
 
 WARMUP = 200
@@ -31,4 +33,5 @@ def main(uri: str, loop: str, n: int) -> float:
 
 if __name__ == "__main__":
     uri, loop_kind, count = sys.argv[1:4]
+    Lifeline()
     print(json.dumps({"elapsed": main(uri, loop_kind, int(count))}), flush=True)

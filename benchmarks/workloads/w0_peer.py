@@ -3,7 +3,9 @@
 Binds ``ADDRESS`` (an ``ipc://`` endpoint, or a Unix socket path), prints
 ``ready`` on stdout, then answers each small msgpack map with the same map
 (unpacked and packed again, as an RPC service would) until the client says
-``{"stop": true}`` (ZeroMQ) or hangs up (Unix socket).
+``{"stop": true}`` (ZeroMQ) or hangs up (Unix socket), or until its stdin
+closes (the runner is gone: :mod:`benchmarks.workloads.lifeline`; the
+socket and its directory are removed then).
 
 MODE is ``zmq-blocking``, ``zmq-asyncio``, ``unix-blocking`` or
 ``unix-asyncio``; the asyncio modes run on LOOP (``uvloop``/``asyncio``).
@@ -19,6 +21,7 @@ import sys
 import msgpack
 import zmq
 
+from benchmarks.workloads.lifeline import Lifeline, remove_socket
 from broker.loops import loop_factory
 
 U32 = struct.Struct("<I")
@@ -133,6 +136,7 @@ async def unix_asyncio(path: str) -> None:
 
 def main(argv: list[str]) -> int:
     mode, address, loop = argv
+    Lifeline(on_exit=lambda: remove_socket(address))
     if mode == "zmq-blocking":
         zmq_blocking(address)
     elif mode == "unix-blocking":

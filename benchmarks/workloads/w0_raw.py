@@ -168,10 +168,19 @@ async def unix_asyncio_client(path: str, n: int) -> float:
     return elapsed
 
 
+def socket_dir() -> str:
+    """A fresh directory for the peer's socket, under ``$TMPDIR`` like any
+    temporary file -- unless that path is so long that a socket in it would
+    not fit an AF_UNIX address (~107 bytes), then under /tmp, as
+    :func:`broker.launch.make_rundir` does."""
+    base = tempfile.gettempdir()
+    return tempfile.mkdtemp(prefix="kvb-w0-", dir=base if len(base) <= 60 else "/tmp")
+
+
 async def round_trips(mode: str, n: int, loop: str) -> float:
     """Seconds for ``n`` raw round trips of ``mode`` against a fresh peer process
     (the peer's asyncio side runs on ``loop``)."""
-    tmp = tempfile.mkdtemp(prefix="kvb-w0-", dir="/tmp")
+    tmp = socket_dir()
     try:
         address = f"ipc://{tmp}/{mode}" if mode.startswith("zmq") else os.path.join(tmp, mode)
         peer = await spawn("benchmarks.workloads.w0_peer", mode, address, loop)
