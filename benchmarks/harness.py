@@ -25,6 +25,7 @@ import math
 import os
 import platform
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -35,6 +36,7 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from benchmarks.profiles import Profiler
@@ -334,18 +336,29 @@ class RepContext:
         return out
 
     async def close(self) -> None:
+        """Close the handles, stop every instance, stop the profiler.
+
+        Every instance is stopped even if stopping one failed or was
+        cancelled (a second Ctrl-C while stopping): the first error is
+        raised once all were tried, so no instance is left running."""
         for h in self.handles:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(h.close(), 5)
         self.handles.clear()
-        for inst in self.instances:
+        instances, self.instances = self.instances, []
+        errors: list[BaseException] = []
+        for inst in instances:
             for rank, mb in self.rss_now(inst).items():
                 self.rss_mb[rank] = max(mb, self.rss_mb.get(rank, 0.0))
-            await inst.stop()
-        self.instances.clear()
+            try:
+                await inst.stop()
+            except BaseException as exc:
+                errors.append(exc)
         if self.profiler is not None:
-            self.profiles = await self.profiler.stop()
-            self.profiler = None
+            profiler, self.profiler = self.profiler, None
+            self.profiles = await profiler.stop()
+        if errors:
+            raise errors[0]
 
     def log_tail(self, lines: int = 30) -> str:
         out = []
@@ -392,27 +405,96 @@ class RepResult:
     profiles: list[Path] = field(default_factory=list)
 
 
+# ---------------------------------------------------------------- interrupts
+
+_running_rep: tuple[asyncio.AbstractEventLoop, asyncio.Task[list[Sample]]] | None = None
+_stop_signals: list[int] = []
+_blocking = 0
+
+
+def install_stop_handlers() -> None:
+    """Let Ctrl-C (SIGINT) and SIGTERM (``timeout``, a cancelled CI job)
+    take one path: the running rep's task is cancelled, so its ``finally``
+    stops the instances and helpers and removes their directories, and the
+    rep then raises KeyboardInterrupt (:func:`run_rep`).  Outside a rep (or
+    in a :func:`blocking_section`), KeyboardInterrupt is raised where the
+    runner is.  A SIGINT the runner
+    was started to ignore (a background job of a shell script) stays ignored.
+
+    Installed instead of ``asyncio.Runner``'s own SIGINT handler (which
+    leaves one installed here alone), because that one's second Ctrl-C
+    raises KeyboardInterrupt wherever the loop is -- in uvloop, inside a
+    protocol callback that swallows it, and the rep then hangs."""
+    signal.signal(signal.SIGTERM, _on_stop_signal)
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        signal.signal(signal.SIGINT, _on_stop_signal)
+
+
+def stop_signal() -> int | None:
+    """The signal (SIGINT or SIGTERM) that interrupted the run, if any."""
+    return _stop_signals[0] if _stop_signals else None
+
+
+@contextlib.contextmanager
+def blocking_section() -> Iterator[None]:
+    """Mark code that blocks the event loop for a long time (W0's blocking
+    clients: 10,000 round trips without an ``await``).  A stop signal
+    raises KeyboardInterrupt right there, as in a plain script: the rep's
+    task would see its cancellation only once that code is done.  Only
+    there: anywhere else in a rep's code an exception raised at a random
+    point could skip the ``try`` that reaps helpers it has just started."""
+    global _blocking
+    _blocking += 1
+    try:
+        yield
+    finally:
+        _blocking -= 1
+
+
+def _on_stop_signal(signum: int, frame: FrameType | None) -> None:
+    _stop_signals.append(signum)
+    if _running_rep is None or _blocking:
+        raise KeyboardInterrupt
+    loop, task = _running_rep
+    loop.call_soon_threadsafe(task.cancel)
+
+
 def run_rep(settings: Settings, workload: Workload, loop: str, rep: int,
             logdir: Path) -> RepResult:
-    """One rep on a fresh event loop of kind ``loop`` (raises Skip / errors)."""
+    """One rep on a fresh event loop of kind ``loop`` (raises Skip / errors;
+    KeyboardInterrupt when SIGINT or SIGTERM stopped it)."""
     ctx = RepContext(settings, workload, loop, rep, logdir)
 
     async def main() -> list[Sample]:
+        global _running_rep
+        task = asyncio.current_task()
+        assert task is not None
+        _running_rep = (asyncio.get_running_loop(), task)
         try:
             async with asyncio.timeout(settings.timeout):
                 return await workload.run(ctx)
-        except BaseException as exc:
-            if not isinstance(exc, Skip):
+        except Exception as exc:
+            if not isinstance(exc, Skip):  # (not when interrupted: no failure)
                 tail = ctx.log_tail()
                 if tail:
                     print(tail, file=sys.stderr)
             raise
         finally:
-            await ctx.close()
+            try:
+                await ctx.close()
+            finally:
+                # (a signal from here on is not for this task: the loop
+                # may be closed by the time it comes)
+                _running_rep = None
 
     t0 = time.perf_counter()
-    with asyncio.Runner(loop_factory=loop_factory(loop)) as runner:
-        samples = runner.run(main())
+    try:
+        with asyncio.Runner(loop_factory=loop_factory(loop)) as runner:
+            samples = runner.run(main())
+    except asyncio.CancelledError:
+        if stop_signal() is not None:
+            raise KeyboardInterrupt from None
+        raise
     return RepResult(loop, rep, samples, ctx.rss_mb, time.perf_counter() - t0, ctx.notes,
                      ctx.profiles)
 

@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
+import signal
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable
@@ -102,6 +105,9 @@ def run_workload(w: Workload, settings: Settings, logdir: Path,
                   end="", file=sys.stderr, flush=True)
             try:
                 res = harness.run_rep(settings, w, loop, rep, logdir)
+            except KeyboardInterrupt:
+                print(file=sys.stderr)  # end the progress line
+                raise
             except Skip as exc:
                 print(" skipped", file=sys.stderr)
                 print(f"\n{w.id}  {w.title}\n  SKIPPED: {exc}")
@@ -198,6 +204,43 @@ def target_lines(records: list[dict], loops: list[str]) -> list[str]:
     return lines
 
 
+def write_records(path: str, records: list[dict]) -> None:
+    """Write the records to ``path`` whole or not at all (a temporary file
+    renamed over it): an interrupt while writing must not leave half a JSON
+    file in place of the records of the workloads that finished."""
+    tmp = f"{path}.tmp"
+    Path(tmp).write_text(json.dumps(records, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+@dataclass
+class Progress:
+    """What an interrupt leaves behind: the log directory, the workloads
+    that finished (their records are in --json) and those that failed."""
+
+    logdir: Path | None = None
+    finished: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+
+
+def interrupted(args: argparse.Namespace, progress: Progress) -> int:
+    """After Ctrl-C or SIGTERM (the rep in progress has stopped its
+    instances and helpers): remove the log directory unless --keep-logs or
+    a workload failed, say so in one line, and exit as a signal would (130
+    for SIGINT)."""
+    sig = harness.stop_signal() or signal.SIGINT
+    logs = ""
+    if progress.logdir is not None:
+        if args.keep_logs or progress.failed:
+            logs = f"; rank logs kept in {progress.logdir}"
+        else:
+            shutil.rmtree(progress.logdir, ignore_errors=True)
+    kept = (f"; records of {', '.join(progress.finished)} in {args.json}"
+            if args.json and progress.finished else "")
+    print(f"interrupted ({signal.Signals(sig).name}){kept}{logs}", file=sys.stderr)
+    return 128 + sig
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.list:
@@ -210,22 +253,35 @@ def main(argv: list[str] | None = None) -> int:
         n_iter=args.n_iter, msg_sizes=args.msg_sizes or None, timeout=args.timeout,
         py_spy=args.py_spy,
     )
-    harness.share_bytecode()
-    commit = harness.git_commit()
-    logdir = harness.make_logdir()
+    harness.install_stop_handlers()
+    progress = Progress()
+    try:
+        harness.share_bytecode()
+        commit = harness.git_commit()
+        progress.logdir = harness.make_logdir()
+        return run_all(args, settings, commit, progress.logdir, progress)
+    except KeyboardInterrupt:
+        return interrupted(args, progress)
+
+
+def run_all(args: argparse.Namespace, settings: Settings, commit: str, logdir: Path,
+            progress: Progress) -> int:
+    """Run the selected workloads and print the targets, noting in
+    ``progress`` each workload as it finishes (its records written to --json)."""
     print(f"kvbroker benchmarks: commit {commit}, {harness.cores()} cores, "
           f"load {harness.loadavg()}, loops {'/'.join(settings.loops)}, size {settings.size}, "
           f"fanout {settings.fanout}{', quick' if settings.quick else ''}")
     t0 = time.perf_counter()
     all_records: list[dict] = []
-    failed = []
+    failed = progress.failed
     for w in select(args.workloads):
         recs, ok = run_workload(w, settings, logdir, commit)
         all_records.extend(recs)
         if not ok:
             failed.append(w.id)
         if args.json:  # keep what we have even if a later workload hangs
-            Path(args.json).write_text(json.dumps(all_records, indent=1) + "\n")
+            write_records(args.json, all_records)
+        progress.finished.append(w.id)
     lines = target_lines(all_records, settings.loops)
     if lines:
         print("\nTargets (issue 5), from this run:")
@@ -237,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         shutil.rmtree(logdir, ignore_errors=True)
     if args.json:
-        Path(args.json).write_text(json.dumps(all_records, indent=1) + "\n")
+        write_records(args.json, all_records)
         print(f"records written to {args.json}")
     return 1 if failed else 0
 

@@ -23,7 +23,15 @@ import time
 import msgpack
 import zmq
 
-from benchmarks.harness import RepContext, Sample, Workload, rate, reap, spawn
+from benchmarks.harness import (
+    RepContext,
+    Sample,
+    Workload,
+    blocking_section,
+    rate,
+    reap,
+    spawn,
+)
 
 U32 = struct.Struct("<I")
 MODES = ("zmq-blocking", "zmq-asyncio", "unix-blocking", "unix-asyncio")
@@ -186,11 +194,13 @@ async def round_trips(mode: str, n: int, loop: str) -> float:
         peer = await spawn("benchmarks.workloads.w0_peer", mode, address, loop)
         try:
             if mode == "zmq-blocking":
-                return zmq_blocking_client(address, n)
+                with blocking_section():
+                    return zmq_blocking_client(address, n)
             if mode == "zmq-asyncio":
                 return await zmq_asyncio_client(address, n)
             if mode == "unix-blocking":
-                return unix_blocking_client(address, n)
+                with blocking_section():
+                    return unix_blocking_client(address, n)
             return await unix_asyncio_client(address, n)
         finally:
             await reap(peer)
