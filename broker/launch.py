@@ -249,6 +249,24 @@ class Instance:
         self.ended = loop.create_future()
         self._shutdown_said = [loop.create_future() for _ in range(self.size)]
         self.rundir = make_rundir()
+        try:
+            await self._spawn_ranks()
+            async with asyncio.timeout(timeout):
+                await asyncio.gather(*(self._await_ready(r, p) for r, p in enumerate(self.procs)))
+        except BaseException as exc:
+            # (cancelled too, even while spawning: the ranks started so far
+            # and the run directory must not outlive the failed start)
+            await self.stop()
+            if isinstance(exc, TimeoutError):
+                msg = f"instance of size {self.size} did not start in {timeout}s"
+                raise StartError(msg) from None
+            raise
+        for rank, proc in enumerate(self.procs):
+            self._waiters.append(loop.create_task(self._watch(rank, proc)))
+            self._waiters.append(loop.create_task(self._read_stdout(rank, proc)))
+
+    async def _spawn_ranks(self) -> None:
+        """Start the rank processes (not waiting for them to be ready)."""
         if battrs.ALLOW_GUEST_USER.value(self.attrs):
             os.chmod(self.rundir, 0o755)
         endpoints: dict[int, str] = {}
@@ -297,18 +315,6 @@ class Instance:
             os.close(watch_r)
             if stderr is not None:
                 stderr.close()
-        try:
-            async with asyncio.timeout(timeout):
-                await asyncio.gather(*(self._await_ready(r, p) for r, p in enumerate(self.procs)))
-        except BaseException as exc:
-            await self.stop()
-            if isinstance(exc, TimeoutError):
-                msg = f"instance of size {self.size} did not start in {timeout}s"
-                raise StartError(msg) from None
-            raise
-        for rank, proc in enumerate(self.procs):
-            self._waiters.append(loop.create_task(self._watch(rank, proc)))
-            self._waiters.append(loop.create_task(self._read_stdout(rank, proc)))
 
     async def _await_ready(self, rank: int, proc: asyncio.subprocess.Process) -> None:
         assert proc.stdout is not None
@@ -362,18 +368,30 @@ class Instance:
     async def stop(self, timeout: float = STOP_TIMEOUT) -> list[int | None]:
         """Stop every rank (TERM, wait, KILL); remove the run directory.
 
-        Returns each rank's exit status.
+        Returns each rank's exit status.  Cancelled while it waits, it
+        still removes the run directory and closes the ranks' watch pipe:
+        the ranks have their SIGTERM and exit on their own (each one also
+        exits when that pipe closes), and nothing else would remove the
+        directory once they are gone.
         """
         self._stopping = True
-        for proc in self.procs:
-            _signal(proc, signal.SIGTERM)
         try:
-            async with asyncio.timeout(timeout):
-                await asyncio.gather(*(p.wait() for p in self.procs))
-        except TimeoutError:
             for proc in self.procs:
-                _signal(proc, signal.SIGKILL)
-            await asyncio.gather(*(p.wait() for p in self.procs))
+                _signal(proc, signal.SIGTERM)
+            try:
+                async with asyncio.timeout(timeout):
+                    await asyncio.gather(*(p.wait() for p in self.procs))
+            except TimeoutError:
+                for proc in self.procs:
+                    _signal(proc, signal.SIGKILL)
+                await asyncio.gather(*(p.wait() for p in self.procs))
+        finally:
+            self._release()
+        return [p.returncode for p in self.procs]
+
+    def _release(self) -> None:
+        """What :meth:`stop` must do even if cancelled: stop watching the
+        ranks, close their watch pipe, remove the run directory."""
         for task in self._waiters:
             task.cancel()
         if self._watch_w is not None:
@@ -381,4 +399,3 @@ class Instance:
             self._watch_w = None
         if self.rundir:
             shutil.rmtree(self.rundir, ignore_errors=True)
-        return [p.returncode for p in self.procs]

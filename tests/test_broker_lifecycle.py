@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+from typing import Any
 
 import pytest
 from conftest import pid_alive
@@ -17,7 +18,8 @@ from test_broker_support import stats, wait_until
 
 from broker.errors import RemoteError
 from broker.handle import Handle
-from broker.launch import make_rundir
+from broker.launch import Instance, make_rundir
+from broker.loops import loop_name
 
 
 async def module_requests(h: Handle, rank: int, module: str = "broker") -> int:
@@ -549,3 +551,67 @@ def test_an_instance_has_no_uri_before_it_starts() -> None:
 
     with pytest.raises(RuntimeError, match="not started"):
         Instance(2).uri(0)
+
+
+def processes_of(rundir: str) -> list[int]:
+    """Live processes with ``rundir`` on their command line (the ranks of an
+    instance, whether or not its launcher still knows them)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:  # gone meanwhile
+            continue
+        if os.fsencode(rundir) in argv:
+            found.append(int(entry))
+    return found
+
+
+async def cancel_after(coro: Any, steps: int) -> None:
+    """Run ``coro`` as a task for ``steps`` turns of the loop, then cancel it;
+    it must end cancelled.  (``sleep(0)`` is one turn, not a wait: a task
+    created now runs its next step before this one resumes.)"""
+    task = asyncio.ensure_future(coro)
+    for _ in range(steps):
+        await asyncio.sleep(0)
+    assert not task.done()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="looks for ranks in /proc")
+@pytest.mark.both_loops
+async def test_a_cancelled_stop_still_removes_the_run_directory(tmp_path) -> None:
+    """Cancelled while it waits for the ranks (a second Ctrl-C in the
+    benchmark runner), stop() skipped removing the run directory."""
+    inst = Instance(3, 2, event_loop=loop_name(asyncio.get_running_loop()),
+                    stderr_path=str(tmp_path / "ranks.log"))
+    await asyncio.wait_for(inst.start(), 60)
+    rundir, procs = inst.rundir, list(inst.procs)
+    async with asyncio.timeout(30):
+        await cancel_after(inst.stop(), 1)  # SIGTERM sent, waiting for the ranks
+        assert not os.path.exists(rundir)
+        # the ranks exit anyway: they have their SIGTERM (and no launcher pipe)
+        await asyncio.gather(*(p.wait() for p in procs))
+    assert processes_of(rundir) == []
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="looks for ranks in /proc")
+@pytest.mark.both_loops
+@pytest.mark.parametrize("steps", [1, 4, 16])
+async def test_a_start_cancelled_while_spawning_leaves_nothing(tmp_path, steps: int) -> None:
+    """Cancelled inside its loop of rank spawns (before the clean-up that
+    covered only the wait for 'ready'), start() left the run directory and
+    the ranks spawned so far.  Wherever the cancel lands in the first turns
+    of the loop, nothing is left."""
+    inst = Instance(3, 2, event_loop=loop_name(asyncio.get_running_loop()),
+                    stderr_path=str(tmp_path / "ranks.log"))
+    async with asyncio.timeout(30):
+        await cancel_after(inst.start(), steps)
+        assert inst.rundir and not os.path.exists(inst.rundir)
+        await asyncio.gather(*(p.wait() for p in inst.procs))
+    assert processes_of(inst.rundir) == []
