@@ -192,6 +192,15 @@ def share_bytecode() -> None:
         atexit.register(shutil.rmtree, prefix, True)
 
 
+def count(settings: Settings, full: int, quick: int) -> int:
+    """A workload's iteration count under ``settings``: ``--n-iter`` if
+    given, else ``quick`` or ``full`` by mode (:meth:`RepContext.n`; also
+    for what a table header says before any rep runs)."""
+    if settings.n_iter:
+        return settings.n_iter
+    return quick if settings.quick else full
+
+
 def rate(n: int, seconds: float) -> float:
     return n / seconds if seconds > 0 else float("inf")
 
@@ -267,9 +276,7 @@ class RepContext:
 
     def n(self, full: int, quick: int) -> int:
         """The iteration count: ``--n-iter`` if given, else by mode."""
-        if self.settings.n_iter:
-            return self.settings.n_iter
-        return quick if self.quick else full
+        return count(self.settings, full, quick)
 
     def note(self, text: str) -> None:
         """A line printed under the workload's table (once per distinct text)."""

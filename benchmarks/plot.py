@@ -2,7 +2,7 @@
 
 Needs matplotlib (``pip install -e '.[bench]'``).  One PNG with four panels:
 RPC round trips against the raw ZeroMQ / Unix-socket yardsticks (W0, W1),
-commit rates per block of 500 as the directory grows (W2), the uvloop /
+commit rates per block as the directory grows (W2), the uvloop /
 asyncio ratio per workload, and the namespace lifecycle rate as live
 namespaces grow (W5x).  Panels without data in the JSON are left out.
 """
@@ -18,6 +18,28 @@ from typing import Any
 
 def _index(records: list[dict[str, Any]]) -> dict[tuple[str, str, str, str], float]:
     return {(r["workload"], r["variant"], r["metric"], r["loop"]): r["value"] for r in records}
+
+
+def w2_blocks(records: list[dict[str, Any]], loop: str) -> list[float]:
+    """W2's rank-0 rate of each block (``rank0 b01``, ``rank0 b02``, ...), in order."""
+    found = {}
+    for r in records:
+        head, _, block = r["variant"].partition(" b")
+        if (r["workload"] == "W2" and r["loop"] == loop and r["metric"] == "rate"
+                and head == "rank0" and block.isdigit()):
+            found[int(block)] = r["value"]
+    return [found[k] for k in sorted(found)]
+
+
+def block_titles(block_size: float | None) -> tuple[str, str]:
+    """The W2 panel's title and x label, saying what a block was in the
+    run: 500 commits, or a tenth of a shorter run -- and a tenth of the run
+    in records from before W2 reported its ``block_size`` (the old blocks)."""
+    if block_size == 500:
+        return ("W2 commits/s per block of 500 commits (rank 0)",
+                "block (the directory grows by 500 keys in each)")
+    return ("W2 commits/s per tenth of the run (rank 0)",
+            "tenth of the run (the directory grows by a tenth of its keys in each)")
 
 
 def plot(records: list[dict[str, Any]], out: str) -> None:
@@ -42,13 +64,12 @@ def plot(records: list[dict[str, Any]], out: str) -> None:
         panels.append(("W0/W1 round trips per second", lambda ax: (
             ax.bar([x for x, _ in rpc], [y for _, y in rpc], color="tab:blue"))))
 
-    blocks = sorted((r["variant"], r["value"]) for r in records
-                    if r["workload"] == "W2" and r["loop"] == loop and r["metric"] == "rate"
-                    and " b" in r["variant"] and r["variant"].startswith("rank0"))
+    blocks = w2_blocks(records, loop)
     if blocks:
-        panels.append(("W2 commits/s per block of 500 keys (rank 0)", lambda ax: (
-            ax.plot(range(1, len(blocks) + 1), [v for _, v in blocks], marker="o"),
-            ax.set_xlabel("block (directory grows by 500 keys each)"),
+        title, xlabel = block_titles(idx.get(("W2", "rank0", "block_size", loop)))
+        panels.append((title, lambda ax: (
+            ax.plot(range(1, len(blocks) + 1), blocks, marker="o"),
+            ax.set_xlabel(xlabel),
             ax.set_ylim(bottom=0))))
 
     headline = {("W1", "rank0"), ("W1", "rank3"), ("W2", "rank0"), ("W2p", "8 clients all r0"),

@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 KEYS = {
     "workload": str,
@@ -93,3 +95,25 @@ def test_quick_w5r_reads_on_a_far_rank_without_fetching(tmp_path: Path) -> None:
     recs = {(r["variant"], r["metric"]): r for r in json.loads(out.read_text())}
     assert recs[("read r1", "p50")]["unit"] == "ms" and recs[("read r1", "p50")]["value"] > 0
     assert recs[("read r1", "fetches")]["value"] == 0
+
+
+def test_w2_blocks_are_500_commits_or_tenths_and_never_empty(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """W2's blocks: of 500 commits when the run has two or more (the last
+    takes the remainder), else tenths; below 10 commits there were empty
+    tenths, and ``b10/b01`` divided by zero."""
+    monkeypatch.syspath_prepend(str(REPO))
+    from benchmarks.workloads.commits import block_sizes, describe_blocks
+
+    assert block_sizes(5_000) == [500] * 10
+    assert block_sizes(5_200) == [500] * 9 + [700]
+    assert block_sizes(1_000) == [500, 500]
+    assert block_sizes(999) == [99] + [100] * 9
+    assert block_sizes(25) == [2, 3, 2, 3, 2, 3, 2, 3, 2, 3]
+    assert block_sizes(5) == [1] * 5
+    assert block_sizes(1) == [1]
+    for n in range(1, 2_100):
+        sizes = block_sizes(n)
+        assert sum(sizes) == n and min(sizes) >= 1, n
+    assert "of 500 commits" in describe_blocks(5_000)
+    assert "tenths" in describe_blocks(999)
