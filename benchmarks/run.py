@@ -76,6 +76,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--reps must be at least 1")
     if args.n_iter is not None and args.n_iter < 1:
         p.error("--n-iter must be at least 1")
+    if not args.timeout > 0:  # (NaN too) every rep would time out at once
+        p.error(f"--timeout must be a positive number of seconds, not {args.timeout:g}")
     unknown = [w for w in args.workloads if w.lower() not in BY_ID and w.lower() != "all"]
     if unknown:
         p.error(f"unknown workload(s) {', '.join(unknown)}; "

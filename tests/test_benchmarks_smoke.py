@@ -117,3 +117,20 @@ def test_w2_blocks_are_500_commits_or_tenths_and_never_empty(
         assert sum(sizes) == n and min(sizes) >= 1, n
     assert "of 500 commits" in describe_blocks(5_000)
     assert "tenths" in describe_blocks(999)
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--timeout", "0"], "--timeout must be a positive number of seconds"),
+    (["--timeout", "-1"], "--timeout must be a positive number of seconds"),
+])
+def test_bad_options_are_refused_before_anything_runs(tmp_path: Path, args: list[str],
+                                                      says: str) -> None:
+    """Refused by the argument parser (status 2, one message), not found
+    out after a workload or every workload failed."""
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "run.py"), "W0", *args],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert says in proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
