@@ -92,6 +92,9 @@ class Workload:
     payload: str | Callable[[Settings], str]
     run: Callable[[RepContext], Awaitable[list[Sample]]]
     needs: tuple[str, ...] = ()
+    count: int | None = None
+    """The main iteration count of a standard run (what ``--n-iter``
+    overrides): below it, run.py shows the targets without judging them."""
 
     def describe_payload(self, settings: Settings) -> str:
         return self.payload if isinstance(self.payload, str) else self.payload(settings)

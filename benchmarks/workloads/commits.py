@@ -40,6 +40,7 @@ from broker.handle import Handle
 BLOCK = 500
 """Commits per block, as the shared BENCHMARKS.md reports W2."""
 W2_N, W2_QUICK_N = 5_000, 1_000
+W2P_N = 1_000
 WARMUP = 20
 W2P_CLIENTS = 8
 
@@ -180,7 +181,7 @@ async def _batches(h0: Handle) -> int:
 
 
 async def run_w2p(ctx: RepContext) -> list[Sample]:
-    n = ctx.n(1_000, 200)
+    n = ctx.n(W2P_N, 200)
     ops = W2P_CLIENTS * n
     inst = await ctx.instance()
     h0 = await ctx.connect(inst, 0)
@@ -245,9 +246,9 @@ async def run_w2p(ctx: RepContext) -> list[Sample]:
 
 WORKLOADS = [
     Workload("W2", "sequential commits (one put each) into one flat directory",
-             w2_payload, run_w2, ("kvs",)),
+             w2_payload, run_w2, ("kvs",), count=W2_N),
     Workload("W2s", "sequential commits, keys spread over directories of 100",
-             w2_payload, run_w2s, ("kvs",)),
+             w2_payload, run_w2s, ("kvs",), count=W2_N),
     Workload("W2p", f"{W2P_CLIENTS} client processes committing concurrently",
-             "one put, str(i)", run_w2p, ("kvs",)),
+             "one put, str(i)", run_w2p, ("kvs",), count=W2P_N),
 ]

@@ -21,10 +21,11 @@ TOPIC = "test.x"
 BURST = 256
 IDLE_TIMEOUT = 10.0
 MIN_RATE = 500  # events/s below which the run is given up as stuck
+N = 10_000
 
 
 async def run(ctx: RepContext) -> list[Sample]:
-    n = ctx.n(10_000, 10_000)
+    n = ctx.n(N, N)
     inst = await ctx.instance()
     sub_rank = min(3, ctx.size - 1)
     sub = await ctx.connect(inst, sub_rank)
@@ -81,5 +82,5 @@ async def run(ctx: RepContext) -> list[Sample]:
 
 WORKLOADS = [
     Workload("W6", "event throughput, publisher on rank 0 -> subscriber on rank 3",
-             "test.x {seq: i}", run),
+             "test.x {seq: i}", run, count=N),
 ]

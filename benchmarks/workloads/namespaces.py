@@ -51,6 +51,7 @@ JOBSPEC = json.dumps({"version": 1, "resources": [{"type": "slot", "count": 1,
                       "attributes": {"system": {"duration": 0}}}).encode()
 R_OBJ = json.dumps({"version": 1, "execution": {"R_lite": [
     {"rank": "0", "children": {"core": "0"}}], "starttime": 0, "expiration": 0}}).encode()
+N = 1_024  # lifecycles (W5, each level of W5x, W5r)
 W5X_LEVELS = (1024, 4096, 16384, 65536)
 W5X_QUICK_LEVELS = (64, 256, 1024)
 CREATE_WINDOW = 64
@@ -99,7 +100,7 @@ async def lifecycles(h0: Handle, hw: Handle, names: list[str]) -> float:
 
 
 async def run_w5(ctx: RepContext) -> list[Sample]:
-    n = ctx.n(1_024, 128)
+    n = ctx.n(N, 128)
     inst, h0, hw, watch_rank = await kvs_near_and_far(ctx)
     await lifecycles(h0, hw, [f"w5-warm-{i}" for i in range(16)])
     out = []
@@ -178,7 +179,7 @@ def _label(level: int) -> str:
 
 async def run_w5x(ctx: RepContext) -> list[Sample]:
     levels = W5X_QUICK_LEVELS if ctx.quick else W5X_LEVELS
-    n = ctx.n(1_024, 64)
+    n = ctx.n(N, 64)
     inst, h0, hw, _ = await kvs_near_and_far(ctx)
     await lifecycles(h0, hw, [f"w5x-warm-{i}" for i in range(16)])
     streams: list[Stream] = []
@@ -226,7 +227,7 @@ async def run_w5x(ctx: RepContext) -> list[Sample]:
 
 
 async def run_w5r(ctx: RepContext) -> list[Sample]:
-    n = ctx.n(1_024, 128)
+    n = ctx.n(N, 128)
     inst, h0, hr, read_rank = await kvs_near_and_far(ctx)
     uid = os.getuid()
     lat: list[float] = []
@@ -264,9 +265,9 @@ async def run_w5r(ctx: RepContext) -> list[Sample]:
 
 WORKLOADS = [
     Workload("W5", "job-like namespace lifecycle (create, watch, commit, cancel, remove)",
-             "jobspec + R + 1 eventlog line", run_w5, ("kvs", "kvs-watch")),
+             "jobspec + R + 1 eventlog line", run_w5, ("kvs", "kvs-watch"), count=N),
     Workload("W5x", "W5 while 1K..64K other namespaces with idle watchers stay alive",
-             "as W5", run_w5x, ("kvs", "kvs-watch")),
+             "as W5", run_w5x, ("kvs", "kvs-watch"), count=N),
     Workload("W5r", "job read: create + commit on rank 0, first lookups on rank 3",
-             "as W5; lookups of jobspec and R", run_w5r, ("kvs", "kvs-watch")),
+             "as W5; lookups of jobspec and R", run_w5r, ("kvs", "kvs-watch"), count=N),
 ]

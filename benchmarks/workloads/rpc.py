@@ -53,8 +53,11 @@ async def sync_pings(uri: str, n: int, loop: str) -> float:
     return float(json.loads(line)["elapsed"])
 
 
+W1_N = 10_000
+
+
 async def run_w1(ctx: RepContext) -> list[Sample]:
-    n = ctx.n(10_000, 2_000)
+    n = ctx.n(W1_N, 2_000)
     inst = await ctx.instance()
     h = await ctx.connect(inst, 0)
     targets = [0] + ([3] if ctx.size >= 4 else [])
@@ -177,7 +180,7 @@ async def _kvs_put_get(h: Handle, size: int, n: int) -> list[Sample]:
 
 WORKLOADS = [
     Workload("W1", "sequential broker.ping RPCs from a client on rank 0",
-             "{} (empty map)", run_w1),
+             "{} (empty map)", run_w1, count=W1_N),
     Workload("W1b", "RPC echo bandwidth (broker.ping {data: bytes}); KVS put/get of values",
              w1b_payload, run_w1b),
 ]

@@ -23,10 +23,11 @@ from broker.errors import RemoteError
 
 KEY = "w4.key"
 WAIT = 10.0
+N = 1_000
 
 
 async def run(ctx: RepContext) -> list[Sample]:
-    n = ctx.n(1_000, 200)
+    n = ctx.n(N, 200)
     inst, writer, watcher, watch_rank = await kvs_near_and_far(ctx)
     resp = await kvsops.commit(writer, [kvsops.put_op(KEY, b"init")])
     await kvsops.wait_version(watcher, resp["rootseq"])
@@ -68,5 +69,5 @@ async def run(ctx: RepContext) -> list[Sample]:
 
 WORKLOADS = [
     Workload("W4", "watch latency, writer on rank 0 -> watcher on rank 3",
-             "str(i) value", run, ("kvs", "kvs-watch")),
+             "str(i) value", run, ("kvs", "kvs-watch"), count=N),
 ]
