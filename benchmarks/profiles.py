@@ -2,7 +2,8 @@
 
 ``python benchmarks/run.py W1 --py-spy DIR`` attaches ``py-spy record``
 (from PyPI) to every rank of every instance a rep starts, and to the runner
-itself (``client``), writing collapsed stacks to
+itself (``client``) -- not to the helper processes (W0's peer, the W1 and
+W2p client scripts) -- writing collapsed stacks to
 ``DIR/<workload>-<loop>-rep<N>-<who>.txt``.  After the run, each file is
 summarised: the functions with the most samples on top of the stack
 (*self*) and anywhere on it (*total*).  ``python benchmarks/profiles.py FILE...``

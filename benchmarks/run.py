@@ -66,7 +66,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=1800.0,
                    help="seconds allowed for one rep (default 1800)")
     p.add_argument("--py-spy", metavar="DIR", type=Path,
-                   help="record py-spy profiles of every rank and the client into DIR")
+                   help="record py-spy profiles of every rank and of the runner into DIR "
+                        "(not of the helper processes)")
     p.add_argument("--keep-logs", action="store_true",
                    help="keep the ranks' stderr logs (kept anyway when a workload fails)")
     p.add_argument("--list", action="store_true", help="list the workloads and exit")
@@ -77,6 +78,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--reps must be at least 1")
     if args.n_iter is not None and args.n_iter < 1:
         p.error("--n-iter must be at least 1")
+    if args.py_spy is not None:
+        check_py_spy(p, args.py_spy)
     if not args.timeout > 0:  # (NaN too) every rep would time out at once
         p.error(f"--timeout must be a positive number of seconds, not {args.timeout:g}")
     unknown = [w for w in args.workloads if w.lower() not in BY_ID and w.lower() != "all"]
@@ -91,6 +94,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     except ValueError as exc:
         p.error(str(exc))
     return args
+
+
+def check_py_spy(p: argparse.ArgumentParser, outdir: Path) -> None:
+    """Refuse --py-spy before anything runs when it cannot work: without
+    py-spy every rep of every workload failed, one after the other."""
+    if shutil.which("py-spy") is None:
+        p.error("--py-spy needs py-spy on PATH (pip install py-spy)")
+    try:
+        outdir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        p.error(f"--py-spy {outdir}: {exc.strerror}")
 
 
 def select(names: list[str]) -> list[Workload]:

@@ -8,6 +8,7 @@ exercised too) and checks the JSON record shape.  No timing is asserted.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -122,14 +123,19 @@ def test_w2_blocks_are_500_commits_or_tenths_and_never_empty(
 @pytest.mark.parametrize(("args", "says"), [
     (["--timeout", "0"], "--timeout must be a positive number of seconds"),
     (["--timeout", "-1"], "--timeout must be a positive number of seconds"),
+    # (PATH is an empty directory: no py-spy there)
+    (["--py-spy", "prof"], "--py-spy needs py-spy on PATH"),
 ])
 def test_bad_options_are_refused_before_anything_runs(tmp_path: Path, args: list[str],
                                                       says: str) -> None:
     """Refused by the argument parser (status 2, one message), not found
     out after a workload or every workload failed."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
     proc = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "run.py"), "W0", *args],
         cwd=tmp_path, capture_output=True, text=True, timeout=60,
+        env={**os.environ, "PATH": str(empty)},
     )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert says in proc.stderr
