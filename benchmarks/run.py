@@ -80,6 +80,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--n-iter must be at least 1")
     if args.py_spy is not None:
         check_py_spy(p, args.py_spy)
+    if args.json:
+        check_json_dir(p, Path(args.json))
     if not args.timeout > 0:  # (NaN too) every rep would time out at once
         p.error(f"--timeout must be a positive number of seconds, not {args.timeout:g}")
     unknown = [w for w in args.workloads if w.lower() not in BY_ID and w.lower() != "all"]
@@ -94,6 +96,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     except ValueError as exc:
         p.error(str(exc))
     return args
+
+
+def check_json_dir(p: argparse.ArgumentParser, path: Path) -> None:
+    """Refuse a --json path that cannot be written before anything runs: it
+    was found out (a traceback) after the first workload had run."""
+    where = path.parent
+    if path.is_dir():
+        p.error(f"--json {path}: is a directory")
+    if not where.is_dir():
+        p.error(f"--json {path}: no directory {where}")
+    if not os.access(where, os.W_OK | os.X_OK):
+        p.error(f"--json {path}: cannot write in {where}")
 
 
 def check_py_spy(p: argparse.ArgumentParser, outdir: Path) -> None:

@@ -125,6 +125,7 @@ def test_w2_blocks_are_500_commits_or_tenths_and_never_empty(
     (["--timeout", "-1"], "--timeout must be a positive number of seconds"),
     # (PATH is an empty directory: no py-spy there)
     (["--py-spy", "prof"], "--py-spy needs py-spy on PATH"),
+    (["--json", "/nonexistent/x.json"], "--json /nonexistent/x.json: no directory"),
 ])
 def test_bad_options_are_refused_before_anything_runs(tmp_path: Path, args: list[str],
                                                       says: str) -> None:
