@@ -88,7 +88,7 @@ class Sample:
 @dataclass
 class Workload:
     id: str
-    title: str
+    title: str | Callable[[Settings], str]
     payload: str | Callable[[Settings], str]
     run: Callable[[RepContext], Awaitable[list[Sample]]]
     needs: tuple[str, ...] = ()
@@ -96,11 +96,22 @@ class Workload:
     """The main iteration count of a standard run (what ``--n-iter``
     overrides): below it, run.py shows the targets without judging them."""
 
+    def describe_title(self, settings: Settings) -> str:
+        """The title, which may depend on the settings (the rank a smaller
+        instance uses instead of rank 3)."""
+        return self.title if isinstance(self.title, str) else self.title(settings)
+
     def describe_payload(self, settings: Settings) -> str:
         return self.payload if isinstance(self.payload, str) else self.payload(settings)
 
 
 # ---------------------------------------------------------------- helpers
+
+
+def far_rank(size: int) -> int:
+    """The rank BENCHMARKS.md puts the far client on: 3, or the highest
+    rank of a smaller instance (0 alone at size 1)."""
+    return min(3, size - 1)
 
 
 def cores() -> int:
@@ -400,7 +411,7 @@ async def kvs_near_and_far(ctx: RepContext) -> tuple[Instance, Handle, Handle, i
     inst = await ctx.instance()
     h0 = await ctx.connect(inst, 0)
     await require_modules(h0, "kvs", "kvs-watch")
-    far = min(3, ctx.size - 1)
+    far = far_rank(ctx.size)
     return inst, h0, (h0 if far == 0 else await ctx.connect(inst, far)), far
 
 
@@ -588,7 +599,7 @@ def records(workload: Workload, series: list[Series], settings: Settings,
 
 def header(workload: Workload, settings: Settings, loop: str, commit: str, n_reps: int) -> str:
     return (
-        f"\n{workload.id}  {workload.title}\n"
+        f"\n{workload.id}  {workload.describe_title(settings)}\n"
         f"  size={settings.size} fanout={settings.fanout} loop={loop} "
         f"payload={workload.describe_payload(settings)} cores={cores()} load={loadavg()} "
         f"reps={n_reps}"

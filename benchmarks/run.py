@@ -143,14 +143,15 @@ def run_workload(w: Workload, settings: Settings, logdir: Path,
                 raise
             except Skip as exc:
                 print(" skipped", file=sys.stderr)
-                print(f"\n{w.id}  {w.title}\n  SKIPPED: {exc}")
+                print(f"\n{w.id}  {w.describe_title(settings)}\n  SKIPPED: {exc}")
                 return [], True
             except Exception as exc:
                 print(" failed", file=sys.stderr)
                 harness.print_failure(w, loop, rep, exc)
                 why = (f"timed out after {settings.timeout:g}s (--timeout)"
                        if isinstance(exc, TimeoutError) else repr(exc))
-                print(f"\n{w.id}  {w.title}\n  FAILED on {loop} rep {rep + 1}: {why} "
+                print(f"\n{w.id}  {w.describe_title(settings)}\n"
+                      f"  FAILED on {loop} rep {rep + 1}: {why} "
                       "(traceback and rank logs on stderr)")
                 return [], False
             print(f" {res.seconds:.1f}s", file=sys.stderr)
@@ -328,18 +329,23 @@ def interrupted(args: argparse.Namespace, progress: Progress) -> int:
     return 128 + sig
 
 
+def list_workloads(settings: Settings) -> list[str]:
+    """``--list``: one line per workload, the titles in one column."""
+    width = max(len(w.id) for w in ALL)
+    return [f"{w.id:<{width}}  {w.describe_title(settings)}" for w in ALL]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.list:
-        for w in ALL:
-            print(f"{w.id:<5} {w.title}")
-        return 0
     settings = Settings(
         size=args.size, fanout=args.fanout, loops=args.loops,
         reps=args.reps or (1 if args.quick else 3), quick=args.quick,
         n_iter=args.n_iter, msg_sizes=args.msg_sizes or None, timeout=args.timeout,
         py_spy=args.py_spy,
     )
+    if args.list:
+        print("\n".join(list_workloads(settings)))
+        return 0
     harness.install_stop_handlers()
     progress = Progress()
     try:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from benchmarks.harness import RepContext, Sample, Workload, rate
+from benchmarks.harness import RepContext, Sample, Workload, far_rank, rate
 
 TOPIC = "test.x"
 BURST = 256
@@ -27,7 +27,7 @@ N = 10_000
 async def run(ctx: RepContext) -> list[Sample]:
     n = ctx.n(N, N)
     inst = await ctx.instance()
-    sub_rank = min(3, ctx.size - 1)
+    sub_rank = far_rank(ctx.size)
     sub = await ctx.connect(inst, sub_rank)
     pub = await ctx.connect(inst, 0)
     await sub.subscribe(TOPIC)
@@ -81,6 +81,7 @@ async def run(ctx: RepContext) -> list[Sample]:
 
 
 WORKLOADS = [
-    Workload("W6", "event throughput, publisher on rank 0 -> subscriber on rank 3",
+    Workload("W6", lambda s: f"event throughput, publisher on rank 0 -> subscriber on rank "
+                       f"{far_rank(s.size)}",
              "test.x {seq: i}", run, count=N),
 ]

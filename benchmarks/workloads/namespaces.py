@@ -35,6 +35,7 @@ from benchmarks.harness import (
     Sample,
     Workload,
     current_rss_mb,
+    far_rank,
     kvs_near_and_far,
     percentile,
     rate,
@@ -268,6 +269,7 @@ WORKLOADS = [
              "jobspec + R + 1 eventlog line", run_w5, ("kvs", "kvs-watch"), count=N),
     Workload("W5x", "W5 while 1K..64K other namespaces with idle watchers stay alive",
              "as W5", run_w5x, ("kvs", "kvs-watch"), count=N),
-    Workload("W5r", "job read: create + commit on rank 0, first lookups on rank 3",
+    Workload("W5r", lambda s: f"job read: create + commit on rank 0, first lookups on rank "
+                        f"{far_rank(s.size)}",
              "as W5; lookups of jobspec and R", run_w5r, ("kvs", "kvs-watch"), count=N),
 ]

@@ -15,6 +15,7 @@ from benchmarks.harness import (
     RepContext,
     Sample,
     Workload,
+    far_rank,
     kvs_near_and_far,
     percentile,
 )
@@ -68,6 +69,7 @@ async def run(ctx: RepContext) -> list[Sample]:
 
 
 WORKLOADS = [
-    Workload("W4", "watch latency, writer on rank 0 -> watcher on rank 3",
+    Workload("W4", lambda s: f"watch latency, writer on rank 0 -> watcher on rank "
+                       f"{far_rank(s.size)}",
              "str(i) value", run, ("kvs", "kvs-watch"), count=N),
 ]
