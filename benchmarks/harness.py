@@ -13,7 +13,10 @@ Samples of all reps are folded into records::
      commit, rss_mb: {rank: MB}, fanout, cores, loadavg}
 
 ``value`` is the median of ``reps``.  With two loops, extra records with
-``loop = "uvloop/asyncio"`` hold the ratio of the two medians.
+``loop = "uvloop/asyncio"`` hold the ratio of each rep pair (uvloop rep k /
+asyncio rep k, run back to back) as their ``reps``, and so the median of
+those per-rep ratios as their ``value`` -- not the ratio of the two
+medians: a pair shares the moment's machine load (:func:`loop_ratios`).
 """
 
 from __future__ import annotations
