@@ -1,5 +1,7 @@
-"""Plot the main figures of a benchmark run: ``python benchmarks/plot.py RUN.json OUT.png``.
+"""Plot the main figures of a benchmark run: ``python benchmarks/plot.py RUN.json... OUT.png``.
 
+The records of several ``run.py --json`` files are plotted together (as
+docs/performance.png: the main run and a W5x run made right after it).
 Needs matplotlib (``pip install -e '.[bench]'``).  One PNG with four panels:
 RPC round trips against the raw ZeroMQ / Unix-socket yardsticks (W0, W1),
 commit rates per block as the directory grows (W2), the uvloop /
@@ -107,18 +109,40 @@ def plot(records: list[dict[str, Any]], out: str) -> None:
     for ax, (title, draw) in zip(axes if len(panels) > 1 else [axes], panels, strict=True):
         ax.set_title(title, fontsize=10)
         draw(ax)
-    commit = records[0].get("commit", "?")
-    fig.suptitle(f"kvbroker benchmarks ({loop}, commit {commit}, {records[0].get('cores')} "
-                 f"cores)", fontsize=11)
+    commits = ", ".join(dict.fromkeys(str(r.get("commit", "?")) for r in records))
+    cores = "/".join(dict.fromkeys(str(r.get("cores", "?")) for r in records))
+    fig.suptitle(f"kvbroker benchmarks ({loop}, commit {commits}, {cores} cores)",
+                 fontsize=11)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
 
 
+def load(paths: list[str]) -> list[dict[str, Any]]:
+    """The records of every file, in order; a clear error (not a traceback)
+    for a file that is missing or is not a run's records."""
+    records: list[dict[str, Any]] = []
+    for path in paths:
+        try:
+            data = json.loads(Path(path).read_text())
+        except OSError as exc:
+            raise SystemExit(f"plot.py: {path}: {exc.strerror}") from None
+        except ValueError as exc:
+            raise SystemExit(f"plot.py: {path}: not JSON ({exc})") from None
+        if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
+            raise SystemExit(f"plot.py: {path}: not a list of records (run.py --json)")
+        records.extend(data)
+    return records
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) != 2:
-        print(__doc__.splitlines()[0], file=sys.stderr)
+    if len(argv) < 2:
+        print("usage: " + __doc__.splitlines()[0].partition(": ")[2].strip("`. "),
+              file=sys.stderr)
         return 2
-    plot(json.loads(Path(argv[0]).read_text()), argv[1])
+    *inputs, out = argv
+    if out.endswith(".json"):  # (it would be overwritten with a PNG)
+        raise SystemExit(f"plot.py: the last argument is the PNG to write, not {out}")
+    plot(load(inputs), out)
     return 0
 
 

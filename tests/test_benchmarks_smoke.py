@@ -141,3 +141,26 @@ def test_bad_options_are_refused_before_anything_runs(tmp_path: Path, args: list
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert says in proc.stderr
     assert "Traceback" not in proc.stderr and proc.stdout == ""
+
+
+def test_plot_takes_several_runs_and_says_what_is_wrong(tmp_path: Path) -> None:
+    """docs/performance.png is drawn from two runs (the main one and W5x):
+    plot.py takes both files; a missing one is an error message, not a
+    traceback."""
+    pytest.importorskip("matplotlib")
+    records = json.loads((REPO / "docs" / "bench-latest.json").read_text())
+    main = [r for r in records if r["workload"] != "W5x"]
+    w5x = [r for r in records if r["workload"] == "W5x"]
+    assert main and w5x
+    (tmp_path / "run.json").write_text(json.dumps(main))
+    (tmp_path / "w5x.json").write_text(json.dumps(w5x))
+    plot = [sys.executable, str(REPO / "benchmarks" / "plot.py")]
+    done = subprocess.run([*plot, "run.json", "w5x.json", "out.png"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "out.png").read_bytes().startswith(b"\x89PNG")
+    missing = subprocess.run([*plot, "missing.json", "out2.png"], cwd=tmp_path,
+                             capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 1
+    assert "missing.json: No such file or directory" in missing.stderr
+    assert "Traceback" not in missing.stderr and not (tmp_path / "out2.png").exists()
