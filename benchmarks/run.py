@@ -128,19 +128,31 @@ def select(names: list[str]) -> list[Workload]:
     return [w for w in ALL if w.id.lower() in wanted]
 
 
+def timed_rep(w: Workload, settings: Settings, loop: str, rep: int,
+              logdir: Path) -> RepResult:
+    """One rep, with its progress line on stderr (``[W1] rep 1/3 uvloop ...
+    2.1s``; a Skip or a failure is for the caller to finish).  An interrupt
+    ends the line, wherever it lands, so the "interrupted" line that
+    follows stands on its own."""
+    try:
+        print(f"[{w.id}] rep {rep + 1}/{settings.reps} {loop} ...",
+              end="", file=sys.stderr, flush=True)
+        res = harness.run_rep(settings, w, loop, rep, logdir)
+        print(f" {res.seconds:.1f}s", file=sys.stderr)
+        return res
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        raise
+
+
 def run_workload(w: Workload, settings: Settings, logdir: Path,
                  commit: str) -> tuple[list[dict], bool]:
     """All reps of one workload; print its tables; (records, ok)."""
     results: list[RepResult] = []
     for rep in range(settings.reps):
         for loop in settings.loops:
-            print(f"[{w.id}] rep {rep + 1}/{settings.reps} {loop} ...",
-                  end="", file=sys.stderr, flush=True)
             try:
-                res = harness.run_rep(settings, w, loop, rep, logdir)
-            except KeyboardInterrupt:
-                print(file=sys.stderr)  # end the progress line
-                raise
+                res = timed_rep(w, settings, loop, rep, logdir)
             except Skip as exc:
                 print(" skipped", file=sys.stderr)
                 print(f"\n{w.id}  {w.describe_title(settings)}\n  SKIPPED: {exc}")
@@ -154,7 +166,6 @@ def run_workload(w: Workload, settings: Settings, logdir: Path,
                       f"  FAILED on {loop} rep {rep + 1}: {why} "
                       "(traceback and rank logs on stderr)")
                 return [], False
-            print(f" {res.seconds:.1f}s", file=sys.stderr)
             results.append(res)
     series = harness.fold(results)
     for loop in settings.loops:
