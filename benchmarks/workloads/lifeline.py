@@ -20,7 +20,6 @@ import contextlib
 import os
 import queue
 import signal
-import sys
 import threading
 from collections.abc import Callable
 
@@ -46,8 +45,16 @@ class Lifeline:
         threading.Thread(target=self._watch, name="lifeline", daemon=True).start()
 
     def _watch(self) -> None:
-        for line in sys.stdin:
-            self._lines.put(line)
+        # os.read on fd 0, not sys.stdin: a daemon thread blocked inside
+        # sys.stdin's buffered reader holds its lock, which the interpreter
+        # may need at exit ("could not acquire lock ... at interpreter
+        # shutdown, possibly due to daemon threads").
+        pending = b""
+        with contextlib.suppress(OSError):  # (no stdin at all: as gone)
+            while chunk := os.read(0, 4096):
+                *lines, pending = (pending + chunk).split(b"\n")
+                for line in lines:
+                    self._lines.put(line.decode(errors="replace") + "\n")
         try:
             if self._on_exit is not None:
                 self._on_exit()
