@@ -78,10 +78,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--reps must be at least 1")
     if args.n_iter is not None and args.n_iter < 1:
         p.error("--n-iter must be at least 1")
-    if args.py_spy is not None:
-        check_py_spy(p, args.py_spy)
-    if args.json:
-        check_json_dir(p, Path(args.json))
     if not args.timeout > 0:  # (NaN too) every rep would time out at once
         p.error(f"--timeout must be a positive number of seconds, not {args.timeout:g}")
     unknown = [w for w in args.workloads if w.lower() not in BY_ID and w.lower() != "all"]
@@ -95,6 +91,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                       else [resolve(args.event_loop)])
     except ValueError as exc:
         p.error(str(exc))
+    if args.json:
+        check_json_dir(p, Path(args.json))
+    if args.py_spy is not None:  # last: it makes the directory
+        check_py_spy(p, args.py_spy)
     return args
 
 
