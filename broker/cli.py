@@ -166,7 +166,13 @@ def cmd_start(args: argparse.Namespace) -> int:
                 for sig in STOP_SIGNALS:
                     loop.remove_signal_handler(sig)
                     signal.signal(sig, signal.SIG_IGN)
-        failed = [(rank, code) for rank, code in enumerate(codes) if code]
+        for rank in inst.killed:  # (its log cannot say why: it was not running)
+            print_err(f"rank {rank} did not exit within {STOP_TIMEOUT:g} s of SIGTERM, "
+                      "so it was killed (a hung or stopped process)")
+        failed = [(rank, code) for rank, code in enumerate(codes)
+                  if code and rank not in inst.killed]
+        if rc == 0 and inst.killed and not signalled:
+            return 1
         if rc == 0 and failed and inst.ended is not None and not signalled:
             # A rank that could not stop cleanly (rank 0 could not write its
             # last checkpoint: a full disk) lost something: not a success.

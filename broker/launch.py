@@ -191,6 +191,9 @@ class Instance:
         """As :attr:`failed`, or None once a rank was shut down from inside
         (``kvbroker shutdown [--rank R]``: the rank said ``shutdown``, then
         it and its subtree exit 0) -- what ``kvbroker start`` waits on."""
+        self.killed: list[int] = []
+        """The ranks the last :meth:`stop` had to SIGKILL: they did not exit
+        within its timeout of their SIGTERM (a hung or stopped process)."""
         self.shutdown_rank: int | None = None
         """The rank that was shut down, once :attr:`ended` is None: 0 for
         the whole instance, else the top of the subtree that stopped."""
@@ -243,7 +246,7 @@ class Instance:
         if self.procs and not self._stopping:
             raise RuntimeError("the instance is already started: stop() it first")
         self.check()
-        self.procs, self._waiters, self._stopping = [], [], False
+        self.procs, self._waiters, self._stopping, self.killed = [], [], False, []
         self.shutdown_rank = None
         self.failed = loop.create_future()
         self.ended = loop.create_future()
@@ -382,6 +385,7 @@ class Instance:
                 async with asyncio.timeout(timeout):
                     await asyncio.gather(*(p.wait() for p in self.procs))
             except TimeoutError:
+                self.killed = [r for r, p in enumerate(self.procs) if p.returncode is None]
                 for proc in self.procs:
                     _signal(proc, signal.SIGKILL)
                 await asyncio.gather(*(p.wait() for p in self.procs))

@@ -60,6 +60,20 @@ async def test_start_reports_a_command_killed_by_a_signal() -> None:
     assert rc == 128 + signal.SIGTERM, err
 
 
+async def test_start_says_which_rank_it_had_to_kill() -> None:
+    """A rank that does not exit on SIGTERM (stopped here) is killed after
+    the stop timeout: ``start`` names it and why, and exits 1 -- it used to
+    wait in silence, then blame the rank's log, which says nothing."""
+    stop_rank_2 = f'kill -STOP $({KVBROKER} attr get broker.pid -r 2)'
+    rc, _, err = await asyncio.wait_for(run_cli(
+        "start", "--size", "3", "--fanout", "2", "--", "sh", "-c", stop_rank_2),
+        STOP_TIMEOUT + 60)
+    assert rc == 1, err
+    assert err.strip().splitlines()[-1] == (
+        f"kvbroker: rank 2 did not exit within {STOP_TIMEOUT:g} s of SIGTERM, "
+        "so it was killed (a hung or stopped process)"), err
+
+
 async def test_start_missing_command() -> None:
     rc, _, err = await run_cli("start", "--", "/nonexistent/command")
     assert rc == 127
