@@ -66,6 +66,10 @@ BLOB_CACHE_BYTES = 64 << 20
 the very objects the content cache holds (in-process RPCs copy nothing); a
 miss costs one ``content.load``."""
 MAX_OPS = 100_000
+FETCH_WINDOW = 512
+"""Blob loads one :meth:`KvsModule.fetch` keeps in flight.  A cold read of a
+value of 100,000 blobs (a long eventlog) started them all at once: 100,000
+tasks and requests, 570 MB more on rank 0."""
 WHOLE_MEMO = 16_384
 """Tree objects rank 0 remembers having checked whole (:meth:`KvsModule._check_whole`):
 a commit naming a directory by reference (``kvs copy``) checks only what
@@ -556,7 +560,7 @@ class KvsModule(Module):
         blobs a commit is about to name (:meth:`_check_refs`)."""
         if keep and self._content is not None and self._content.collection is not None:
             self._content.collection.touch(refs)
-        waits: dict[str, asyncio.Future[bytes]] = {}
+        missing: list[str] = []
         found: dict[str, bytes] = {}
         get = self.blobs.get_cached if keep else self.blobs.get
         for ref in refs:
@@ -566,13 +570,14 @@ class KvsModule(Module):
                 if held is not None:
                     self.blobs.hold(ref, data, held)
                 continue
-            waits[ref] = self._fetch_shared(ref)
-        if waits:
-            self.counts["blob-fetches"] += len(waits)
-            got = await asyncio.gather(*waits.values())
-            found.update(zip(waits, got, strict=True))
+            missing.append(ref)
+        self.counts["blob-fetches"] += len(missing)
+        for i in range(0, len(missing), FETCH_WINDOW):
+            part = missing[i:i + FETCH_WINDOW]
+            got = await asyncio.gather(*(self._fetch_shared(ref) for ref in part))
+            found.update(zip(part, got, strict=True))
             if held is not None:
-                for ref, data in zip(waits, got, strict=True):
+                for ref, data in zip(part, got, strict=True):
                     self.blobs.hold(ref, data, held)
         return found
 
@@ -599,13 +604,15 @@ class KvsModule(Module):
     async def _fetch_one(self, ref: str, token: LoadToken | None) -> bytes:
         content = self._content
         try:
-            resp = await self.h.rpc("content.load", {"blobref": ref})
-        except RemoteError as exc:
+            if content is not None:  # rank 0: its content module directly, no request
+                data = await content.load_blob(ref)
+            else:
+                data = (await self.h.rpc("content.load", {"blobref": ref}))["data"]
+        except ErrnoError as exc:
             if exc.errnum == errno.ENOENT:
                 raise ErrnoError(errno.ENOENT, f"blob {ref} is not in the content store") \
                     from None
             raise
-        data: bytes = resp["data"]
         if content is None or token is None or content.vouches(token):
             self.blobs.put(ref, data)  # (not a blob a collection may be deleting)
         return data

@@ -15,7 +15,7 @@ import hashlib
 import sqlite3
 
 import pytest
-from test_kvs_rpc_helpers import T, errname, errnum, stats
+from test_kvs_rpc_helpers import APPEND, SYNC, T, commit, errname, errnum, lookup, put, stats
 
 from broker.errors import RemoteError
 from broker.message import RawPayload
@@ -124,6 +124,30 @@ async def test_cache_misses_go_upstream_and_dropcache(start_instance, connect) -
     assert st0["backing-count"] >= 20
     assert await load(h0, refs[3]) == data[3]
     assert (await stats(h0, "content"))["count"] == 1
+
+
+async def test_a_cold_read_of_many_blobs_reads_the_file_in_batches(start_instance,
+                                                                    connect) -> None:
+    """A value of many blobs (a long eventlog) read with none of them in
+    memory: rank 0 read each from SQLite in a call of its own, a hand-off to
+    its SQLite thread and back per blob (100,000 blobs: 12 s and 570 MB more);
+    the misses of a turn are read together now, at most READ_BATCH a call."""
+    from broker.content.module import READ_BATCH
+
+    inst = await start_instance(size=2)
+    h0, h1 = await connect(inst, 0), await connect(inst, 1)
+    lines = [f"line {i}\n".encode() for i in range(1000)]
+    await commit(h0, *(put("log", line, flags=APPEND) for line in lines), flags=SYNC)
+    for h in (h0, h1):  # nothing of it in memory anywhere
+        await asyncio.wait_for(h.rpc("kvs.dropcache", {}), T)
+        await asyncio.wait_for(h.rpc("content.dropcache", {}), T)
+    before = await stats(h0, "content")
+    assert (await lookup(h1, "log"))["data"] == b"".join(lines)
+    after = await stats(h0, "content")
+    misses = after["misses"] - before["misses"]
+    batches = after["read-batches"] - before["read-batches"]
+    assert misses >= 1000
+    assert batches <= misses // READ_BATCH + 8, (misses, batches)
 
 
 @SIZES
