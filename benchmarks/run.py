@@ -146,7 +146,7 @@ def timed_rep(w: Workload, settings: Settings, loop: str, rep: int,
 
 
 def run_workload(w: Workload, settings: Settings, logdir: Path,
-                 commit: str) -> tuple[list[dict], bool]:
+                 commit: str) -> tuple[list[dict[str, Any]], bool]:
     """All reps of one workload; print its tables; (records, ok)."""
     results: list[RepResult] = []
     for rep in range(settings.reps):
@@ -376,7 +376,7 @@ def run_all(args: argparse.Namespace, settings: Settings, commit: str, logdir: P
           f"load {harness.loadavg()}, loops {'/'.join(settings.loops)}, size {settings.size}, "
           f"fanout {settings.fanout}{', quick' if settings.quick else ''}")
     t0 = time.perf_counter()
-    all_records: list[dict] = []
+    all_records: list[dict[str, Any]] = []
     failed = progress.failed
     for w in select(args.workloads):
         recs, ok = run_workload(w, settings, logdir, commit)

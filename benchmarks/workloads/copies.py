@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from typing import Any
 
 from benchmarks.harness import RepContext, Sample, Workload, require_modules
 from benchmarks.workloads import kvsops
@@ -24,7 +25,7 @@ COPIES = 10
 BATCH = 10_000
 
 
-async def _timed_commit(h: Handle, ops: list[dict]) -> float:
+async def _timed_commit(h: Handle, ops: list[dict[str, Any]]) -> float:
     t0 = time.perf_counter()
     await kvsops.commit(h, ops)
     return (time.perf_counter() - t0) * 1e3

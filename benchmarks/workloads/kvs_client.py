@@ -19,6 +19,7 @@ import json
 import resource
 import sys
 import time
+from typing import Any
 
 from benchmarks.workloads import kvsops
 from benchmarks.workloads.lifeline import Lifeline
@@ -28,7 +29,7 @@ from broker.loops import loop_factory
 
 
 async def main(uri: str, n: int, prefix: str, lifeline: Lifeline,
-               ping: bool = False) -> dict:
+               ping: bool = False) -> dict[str, Any]:
     h = await Handle.connect(uri)
     print("ready", flush=True)
     loop = asyncio.get_running_loop()

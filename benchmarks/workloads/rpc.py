@@ -7,6 +7,7 @@ import errno
 import json
 import struct
 import time
+from typing import Any
 
 from benchmarks.harness import (
     RepContext,
@@ -30,7 +31,7 @@ W1B_QUICK_SIZES = (1 << 10, 64 << 10, 1 << 20)
 MiB = float(1 << 20)
 
 
-async def ping_loop(h: Handle, rank: int, n: int, payload: dict | None = None) -> float:
+async def ping_loop(h: Handle, rank: int, n: int, payload: dict[str, Any] | None = None) -> float:
     """Seconds for ``n`` sequential ``broker.ping`` RPCs to ``rank``."""
     body = payload if payload is not None else {}
     rpc = h.rpc

@@ -19,6 +19,7 @@ import socket
 import struct
 import tempfile
 import time
+from typing import Any
 
 import msgpack
 import zmq
@@ -38,7 +39,7 @@ MODES = ("zmq-blocking", "zmq-asyncio", "unix-blocking", "unix-asyncio")
 WARMUP = 200
 
 
-def _msg(i: int) -> dict:
+def _msg(i: int) -> dict[str, Any]:
     return {"topic": "w0.ping", "seq": i}
 
 
@@ -109,7 +110,7 @@ def unix_blocking_client(path: str, n: int) -> float:
                 raise ConnectionError("peer closed")
             got += m
 
-    def rt(i: int) -> dict:
+    def rt(i: int) -> Any:
         out = packb(_msg(i))
         s.sendall(U32.pack(len(out)) + out)
         recv_exact(hdr, 4)
@@ -131,7 +132,7 @@ def unix_blocking_client(path: str, n: int) -> float:
 class _ClientProtocol(asyncio.Protocol):
     def __init__(self) -> None:
         self.buf = bytearray()
-        self.waiter: asyncio.Future[dict] | None = None
+        self.waiter: asyncio.Future[dict[str, Any]] | None = None
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -159,7 +160,7 @@ async def unix_asyncio_client(path: str, n: int) -> float:
     transport, proto = await loop.create_unix_connection(_ClientProtocol, path)
     packb = msgpack.Packer(use_bin_type=True).pack
 
-    async def rt(i: int) -> dict:
+    async def rt(i: int) -> Any:
         fut = proto.waiter = loop.create_future()
         out = packb(_msg(i))
         transport.write(U32.pack(len(out)) + out)
