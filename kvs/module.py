@@ -64,7 +64,9 @@ EVENT_KINDS = ("setroot", "removed", "error", "created")
 BLOB_CACHE_BYTES = 64 << 20
 """The kvs module's blob LRU (attr ``kvs.cache-bytes``).  Its blobs are mostly
 the very objects the content cache holds (in-process RPCs copy nothing); a
-miss costs one ``content.load``."""
+miss costs one ``content.load`` (on rank 0, a direct call of its content
+module).  It is bounded by the blobs' encoded size: decoded, a directory
+takes ~6 times that."""
 MAX_OPS = 100_000
 FETCH_WINDOW = 512
 """Blob loads one :meth:`KvsModule.fetch` keeps in flight.  A cold read of a
