@@ -376,3 +376,29 @@ async def test_a_zeromq_child_that_does_not_read_is_dropped_and_stops(start_inst
         os.kill(child, signal.SIGCONT)
     rank, status = await asyncio.wait_for(asyncio.shield(inst.failed), 30)
     assert (rank, status) == (1, 1)
+
+
+async def test_a_zeromq_rank_whose_parent_does_not_read_stops(start_instance, connect) -> None:
+    """ZeroMQ links, the other way: a rank whose parent stopped reading
+    queued its requests upstream without bound.  Past ``tbon.max-backlog``
+    it gives the parent up, as a stream link does: it stops, status 1."""
+    from broker.overlay_zmq import HWM
+
+    inst = await start_instance(size=2, attrs={"tbon.transport": "ipc",
+                                               "tbon.max-backlog": str(1 << 20)})
+    h1 = await connect(inst, 1)
+    parent = inst.pids()[0]
+    await stop_process(parent)
+    try:
+        for i in range(HWM + 1000):  # fill ZeroMQ's own pipe (counted in messages)
+            h1.publish_nowait("test.fill")
+            if i % 1000 == 999:
+                await asyncio.sleep(0)
+        pad = "x" * (64 << 10)
+        for _ in range(40):  # then more than tbon.max-backlog behind it
+            h1.publish_nowait("test.flood", {"pad": pad})
+            await asyncio.sleep(0)
+        rank, status = await asyncio.wait_for(asyncio.shield(inst.failed), 30)
+        assert (rank, status) == (1, 1)
+    finally:
+        os.kill(parent, signal.SIGCONT)
