@@ -10,7 +10,17 @@ import sys
 
 from test_broker_support import KVBROKER, run_cli, stats, stop_process, wait_until
 
-from broker.status import FULL, LOST, PARTIAL, TORPID, NoAnswer, RankStatus, classify, render
+from broker.status import (
+    FULL,
+    LOST,
+    PARTIAL,
+    TORPID,
+    Answer,
+    NoAnswer,
+    RankStatus,
+    classify,
+    render,
+)
 
 
 def test_a_lost_rank_makes_its_ancestors_partial() -> None:
@@ -23,7 +33,7 @@ def test_a_lost_rank_makes_its_ancestors_partial() -> None:
 
 
 def test_a_silent_rank_is_torpid_not_lost() -> None:
-    answers: list[tuple[str, str] | str | NoAnswer] = [("h", "")] * 4
+    answers: list[Answer] = [("h", "")] * 4
     answers[2] = NoAnswer("no answer in 2s")
     statuses = classify(4, 2, answers)
     assert [s.state for s in statuses] == [PARTIAL, FULL, TORPID, FULL]
