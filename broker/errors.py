@@ -38,7 +38,16 @@ class ErrnoError(KvbrokerError):
 
 
 class RemoteError(ErrnoError):
-    """An error response received from a service (client side)."""
+    """An error response received from a service (client side).
+
+    Its text leads with the errno's name (``[ENOENT] a.b: no such key``), as
+    ``OSError``'s does with its number, so a traceback or a log line says
+    which error it was without a debugger; ``errstr`` is the service's
+    message alone, for programs that print their own line.
+    """
+
+    def __str__(self) -> str:
+        return f"[{self.errname}] {self.errstr}"
 
 
 class ProtocolError(ErrnoError):

@@ -255,7 +255,9 @@ async def run_initial_program(b: Broker, argv: list[str], running: asyncio.Task[
 
 def describe(exc: BaseException) -> str:
     """``exc`` in one line: its message, with its type when that says more."""
-    if isinstance(exc, (LookupError, ImportError, OSError, ValueError, ErrnoError)):
+    if isinstance(exc, ErrnoError):
+        return exc.errstr  # a service's message (a RemoteError's str leads with its errno)
+    if isinstance(exc, (LookupError, ImportError, OSError, ValueError)):
         return str(exc) or type(exc).__name__
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 

@@ -5,11 +5,14 @@ again after it stopped (resuming from its statedir)."""
 from __future__ import annotations
 
 import asyncio
+import errno
+import traceback
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from broker.errors import RemoteError
 from broker.launch import Instance
 from kvs.client import KVS, SyncKVS
 from kvs_watch.client import watch, watch_keys
@@ -58,6 +61,14 @@ async def test_reprs_say_what_and_where(start_instance: Any, connect: Any) -> No
     assert sh == f"<SyncHandle {uri}>"
     assert sw == "<SyncWatch of <Watch primary:a flags=0x4>>"
     assert skvs.startswith("<SyncKVS 'primary' on ")
+
+    # An error answer's text names its errno, so a traceback says which one
+    with pytest.raises(RemoteError) as raised:
+        await asyncio.wait_for(kvs.get("nosuch"), T)
+    assert (raised.value.errnum, raised.value.errstr) == (errno.ENOENT, "nosuch: no such key")
+    assert str(raised.value) == "[ENOENT] nosuch: no such key"
+    assert traceback.format_exception_only(raised.value)[-1] == (
+        "broker.errors.RemoteError: [ENOENT] nosuch: no such key\n")
 
     await h.close()
     assert repr(h) == f"<Handle {uri} closed>"
