@@ -308,11 +308,19 @@ class Instance:
                     args += ["--statedir", self.statedir]
                 env = dict(os.environ)
                 env.pop("KVBROKER_URI", None)
-                proc = await asyncio.create_subprocess_exec(
+                spawn = asyncio.ensure_future(asyncio.create_subprocess_exec(
                     *args, stdout=asyncio.subprocess.PIPE, stderr=stderr,
                     stdin=asyncio.subprocess.DEVNULL, pass_fds=(watch_r,), env=env,
                     start_new_session=True,
-                )
+                ))
+                try:
+                    proc = await asyncio.shield(spawn)
+                except asyncio.CancelledError:
+                    # Cancelled once the child may exist: wait for its Process
+                    # so that stop() ends it too (uvloop leaves it running).
+                    with contextlib.suppress(Exception):
+                        self.procs.append(await spawn)
+                    raise
                 self.procs.append(proc)
         finally:
             os.close(watch_r)
