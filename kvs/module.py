@@ -342,6 +342,10 @@ class KvsModule(Module):
         # Rank 0's content module when it is in this process with our hash:
         # new blobs go to it by a call instead of a content.store request.
         self._content: ContentModule | None = None
+        self._loader: ContentModule | None = None
+        """This rank's content module when it is in this process with our
+        hash (any rank): blobs are loaded from it by a call, not a
+        ``content.load`` request each (on rank 0, :attr:`_content`)."""
         # Rank 0 with a statedir: checkpoints of the primary root, one at a
         # time (periodic, SYNC commits, stop), never an older over a newer.
         self.checkpoint_period = CHECKPOINT_PERIOD.value(ctx.attrs)
@@ -399,12 +403,13 @@ class KvsModule(Module):
                                   LINK_MAX_MESSAGE.value(self.ctx.attrs) // 4)
         # (before any request: a namespace heard created has had every event seen)
         self.h.subscribe(EVENT_PREFIX)
+        content = self.ctx.siblings.get("content")
+        if isinstance(content, ContentModule) and content.hash_name == self.hash_name:
+            self._loader = content
         if not self.leader:
             return
-        content = self.ctx.siblings.get("content")
-        if (isinstance(content, ContentModule) and content.backing is not None
-                and content.hash_name == self.hash_name):
-            self._content = content
+        if self._loader is not None and self._loader.backing is not None:
+            self._content = content = self._loader
             # blobs stored again are young for a collection's grace period
             content.restored.span = max(content.restored.span, self.root_history.grace)
         rootref, rootseq = "", 0
@@ -605,9 +610,10 @@ class KvsModule(Module):
 
     async def _fetch_one(self, ref: str, token: LoadToken | None) -> bytes:
         content = self._content
+        loader = self._loader
         try:
-            if content is not None:  # rank 0: its content module directly, no request
-                data = await content.load_blob(ref)
+            if loader is not None:  # its content module directly, no request
+                data = await loader.load_blob(ref)
             else:
                 data = (await self.h.rpc("content.load", {"blobref": ref}))["data"]
         except ErrnoError as exc:

@@ -24,7 +24,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 RUN = [sys.executable, str(REPO / "benchmarks" / "run.py")]
-WORKLOADS = ("W0", "W1", "W1b", "W2", "W2s", "W2p", "W3", "W4", "W5", "W5x", "W5r", "W6",
+WORKLOADS = ("W0", "W1", "W1b", "W2", "W2s", "W2p", "W3", "W3c", "W4", "W5", "W5x", "W5r", "W6",
              "Wgc", "Wcopy", "Wstart")
 KEYS = {
     "workload": str,
@@ -119,6 +119,9 @@ def test_every_workload_runs_and_writes_well_formed_records(
     assert value("W5r", "read r1", "p50") > 0
     assert value("W5r", "read r1", "fetches") == 0
     assert value("W6", "r0->r1", "lost") == 0
+    # W3c read the whole log back, cold and warm, on the far rank and rank 0
+    for variant in ("rank1 cold", "rank1 warm", "rank0 cold", "rank0 warm"):
+        assert value("W3c", variant, "rate") > 0, variant
     # the titles name the far rank this size has
     assert "W6  event throughput, publisher on rank 0 -> subscriber on rank 1" in proc.stdout
     assert "W4  watch latency, writer on rank 0 -> watcher on rank 1" in proc.stdout

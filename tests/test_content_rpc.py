@@ -31,6 +31,11 @@ async def store(h, data: bytes) -> str:
     return (await asyncio.wait_for(h.rpc("content.store", {"data": data}), T))["blobref"]
 
 
+async def wait_version(h, rootseq: int) -> None:
+    await asyncio.wait_for(h.rpc("kvs.wait-version", {"namespace": "primary",
+                                                      "rootseq": rootseq}), T)
+
+
 async def load(h, ref: str, timeout: float = T) -> bytes:
     return (await asyncio.wait_for(h.rpc("content.load", {"blobref": ref}), timeout))["data"]
 
@@ -148,6 +153,78 @@ async def test_a_cold_read_of_many_blobs_reads_the_file_in_batches(start_instanc
     batches = after["read-batches"] - before["read-batches"]
     assert misses >= 1000
     assert batches <= misses // READ_BATCH + 8, (misses, batches)
+
+
+@SIZES
+async def test_a_load_of_many_answers_each_in_order(start_instance, connect, size) -> None:
+    """content.load {blobrefs} (a kvbroker extension): each blob, or
+    [errnum, errstr] for one that failed, in order; a blob named twice is
+    answered twice; bad lists are refused whole."""
+    from broker.content.module import LOAD_BATCH_MAX
+
+    inst = await start_instance(size=size, fanout=2)
+    h = await connect(inst, size - 1)
+    refs = [await store(h, d) for d in (b"a", b"b", b"")]
+    unknown = sha256(b"never stored")
+    asked = [refs[1], unknown, refs[0], refs[2], refs[1]]
+    got = (await asyncio.wait_for(h.rpc("content.load", {"blobrefs": asked}), T))["data"]
+    assert got[0] == b"b" and got[2:] == [b"a", b"", b"b"]
+    assert got[1][0] == errno.ENOENT and unknown in got[1][1]
+    for payload, want in (({"blobrefs": []}, errno.EINVAL),
+                          ({"blobrefs": [refs[0]] * (LOAD_BATCH_MAX + 1)}, errno.E2BIG),
+                          ({"blobrefs": [refs[0], "sha256-xyz"]}, errno.EINVAL),
+                          ({"blobrefs": [refs[0], 5]}, errno.EPROTO),
+                          ({"blobrefs": refs[0]}, errno.EPROTO)):
+        n = await errnum(h.rpc("content.load", payload), 5)
+        assert n == want, (payload, errname(n))
+
+
+async def test_a_load_of_many_stops_short_at_its_byte_bound(start_instance, connect) -> None:
+    """An answer of many blobs stops at LOAD_BYTES (the rest are asked for
+    again), and always holds the first: a follower reading big blobs cold
+    gets every one of them whole."""
+    from broker.content.module import LOAD_BYTES
+
+    inst = await start_instance(size=2)
+    h0, h1 = await connect(inst, 0), await connect(inst, 1)
+    big = [bytes([i]) * (LOAD_BYTES * 3 // 5) for i in range(4)]  # two do not fit
+    refs = [await store(h0, d) for d in big]
+    got = (await asyncio.wait_for(h0.rpc("content.load", {"blobrefs": refs}), T))["data"]
+    assert got == big[:1]
+    got = (await asyncio.wait_for(h0.rpc("content.load", {"blobrefs": refs[1:]}), T))["data"]
+    assert got == big[1:2]
+    # a follower asks for the turn's misses together and asks again for the rest
+    done = await commit(h0, *(put("big", d, flags=APPEND) for d in big))
+    await wait_version(h1, done["rootseq"])
+    before = await stats(h1, "content")
+    assert (await lookup(h1, "big", timeout=4 * T))["data"] == b"".join(big)
+    after = await stats(h1, "content")
+    assert after["load-batches"] > before["load-batches"]
+
+
+async def test_a_follower_asks_upstream_for_many_blobs_at_once(start_instance,
+                                                               connect) -> None:
+    """A cold read on rank 3 of a value of many blobs: rank 3 asks rank 1,
+    and rank 1 rank 0, for the misses of a loop turn in one request
+    (LOAD_BATCH at most), not one request per blob and hop (20,000 blobs
+    took 6 s on rank 3; 1.4 s with batches and the kvs loading blobs from
+    its rank's content module by a call)."""
+    from broker.content.module import LOAD_BATCH
+
+    inst = await start_instance(size=4, fanout=2)
+    h0, h3 = await connect(inst, 0), await connect(inst, 3)
+    lines = [f"line {i}\n".encode() for i in range(2000)]
+    done = await commit(h0, *(put("log", line, flags=APPEND) for line in lines))
+    h1 = await connect(inst, 1)
+    await wait_version(h3, done["rootseq"])
+    before = {r: await stats(h, "content") for r, h in ((1, h1), (3, h3))}
+    assert (await lookup(h3, "log", timeout=4 * T))["data"] == b"".join(lines)
+    for r, h in ((1, h1), (3, h3)):
+        after = await stats(h, "content")
+        misses = after["misses"] - before[r]["misses"]
+        batches = after["load-batches"] - before[r]["load-batches"]
+        assert misses >= 2000, (r, misses)
+        assert 0 < batches <= misses // LOAD_BATCH + 16, (r, misses, batches)
 
 
 @SIZES

@@ -5,7 +5,12 @@
   to the parent before the answer, so rank 0 always holds every blob.
 * ``content.load`` ``{blobref}`` -> ``{data}``: from the cache, else from
   upstream (rank != 0) or the SQLite backing store (rank 0); ``ENOENT`` if
-  no one has it.
+  no one has it.  ``{blobrefs: [...]}`` -> ``{data: [...]}`` loads many at
+  once (a kvbroker extension): each entry is the blob, or ``[errnum,
+  errstr]`` for one that failed, and the answer may stop short of the list
+  (at ``LOAD_BYTES``) -- ask again for the rest.  A follower asks its parent
+  for the misses of a loop turn this way, so a cold read of a value of many
+  blobs (a long eventlog) costs a message per batch, not per blob and hop.
 * Rank 0 writes new blobs back to SQLite in batches, on a worker thread so
   the event loop never waits for the disk (SQLite releases the GIL).  With
   a statedir, within ``FLUSH_DELAY`` of their arrival (or ``FLUSH_BLOBS``
@@ -43,15 +48,15 @@ import logging
 import os
 import sqlite3
 from collections import Counter, OrderedDict, deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Coroutine, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
 
-from broker.attrs import CONTENT_HASH, AttrSpec, integer
+from broker.attrs import CONTENT_HASH, LINK_MAX_MESSAGE, MAX_MESSAGE, AttrSpec, integer
 from broker.content import blobref
 from broker.content.collection import Collection, RecentRefs, RowidMarks, busy
 from broker.content.sqlite import SqliteStore, StoreLocked, Written
-from broker.errors import ErrnoError
+from broker.errors import ErrnoError, ProtocolError
 from broker.message import NODEID_UPSTREAM, Message
 from broker.module import Handler, Module, require
 
@@ -92,7 +97,8 @@ comparable to the index (see :mod:`broker.content.sqlite`)."""
 LoadToken = tuple[int, bool]
 """(:attr:`ContentModule.generation`, may cache) when a load started."""
 
-COUNTERS = ("hits", "misses", "stored", "written", "backlog-waits", "read-batches")
+COUNTERS = ("hits", "misses", "stored", "written", "backlog-waits", "read-batches",
+            "load-batches")
 """The counters of ``content.stats-get`` (all shown, 0 included)."""
 
 READ_BATCH = 256
@@ -100,6 +106,21 @@ READ_BATCH = 256
 come in the same turn of the loop are read together: a cold read of a value
 of 100,000 blobs (a long eventlog) made 100,000 calls, each a hand-off to
 that thread and back, and took 12-15 s."""
+
+
+LOAD_BATCH = 256
+"""The most blobrefs one ``content.load`` of many asks for: a follower's
+misses of a loop turn go upstream together, this many to a message.  Rank 0
+reads a batch with one call on its SQLite thread (:data:`READ_BATCH`)."""
+
+LOAD_BATCH_MAX = 4096
+"""The most blobrefs a ``content.load`` of many may name (``E2BIG`` past it)."""
+
+LOAD_BYTES = 4 << 20
+"""An answer of many blobs stops once it holds this many bytes (and at a
+quarter of ``broker.max-message`` / ``tbon.max-message`` when they are
+smaller); it always holds the first blob, which fits as it was stored.
+Short answers keep the link free for the messages behind them."""
 
 
 class ContentModule(Module):
@@ -133,6 +154,11 @@ class ContentModule(Module):
         self._loading: dict[str, tuple[asyncio.Future[bytes], LoadToken]] = {}
         self._reads: dict[str, asyncio.Future[bytes | None]] = {}
         """Rank 0: blobs to read from the file in the next batch (:meth:`_read`)."""
+        self._pulls: dict[str, asyncio.Future[bytes]] = {}
+        """A follower: blobs to ask upstream for in the next batch (:meth:`_pull`)."""
+        self.answer_bytes = min(LOAD_BYTES, MAX_MESSAGE.value(attrs) // 4,
+                                LINK_MAX_MESSAGE.value(attrs) // 4)
+        """An answer of many blobs stops at this many bytes (:data:`LOAD_BYTES`)."""
         self.inflight: dict[str, bytes] = {}  # handed to the writer, not yet written
         self._writes: set[asyncio.Future[Written]] = set()
         self._executor: ThreadPoolExecutor | None = None
@@ -498,10 +524,7 @@ class ContentModule(Module):
                     raise ErrnoError(errno.ENOENT, f"unknown blob {ref}")
                 data = found
             else:
-                resp = await self.h.rpc("content.load", {"blobref": ref},
-                                        nodeid=NODEID_UPSTREAM)
-                blob: bytes = resp["data"]
-                data = blob
+                data = await self._pull(ref)
             if self.vouches(token):
                 self._cache_put(ref, data)  # (not a blob a collection may be deleting)
             fut.set_result(data)
@@ -524,6 +547,68 @@ class ContentModule(Module):
                 loop.call_soon(self._read_batches)
             fut = self._reads[ref] = loop.create_future()
         return fut
+
+    def _pull(self, ref: str) -> asyncio.Future[bytes]:
+        """A follower: blob ``ref`` from upstream, asked for with the other
+        misses of this turn (:meth:`_send_pulls`)."""
+        fut = self._pulls.get(ref)
+        if fut is None:
+            loop = asyncio.get_running_loop()
+            if not self._pulls:
+                loop.call_soon(self._send_pulls)
+            fut = self._pulls[ref] = loop.create_future()
+        return fut
+
+    def _send_pulls(self) -> None:
+        """Ask upstream for this turn's misses, :data:`LOAD_BATCH` to a request
+        (one alone as a plain ``content.load``)."""
+        pulls, self._pulls = self._pulls, {}
+        refs = [ref for ref, fut in pulls.items() if not fut.done()]
+        for i in range(0, len(refs), LOAD_BATCH):
+            part = {ref: pulls[ref] for ref in refs[i:i + LOAD_BATCH]}
+            self.spawn(self._pull_batch(part))
+
+    async def _pull_batch(self, part: dict[str, asyncio.Future[bytes]]) -> None:
+        """Settle ``part``'s loads from one upstream answer; those it stopped
+        short of are asked for again (next turn, with that turn's misses)."""
+        try:
+            if len(part) == 1:
+                (ref, fut), = part.items()
+                resp = await self.h.rpc("content.load", {"blobref": ref},
+                                        nodeid=NODEID_UPSTREAM)
+                if not fut.done():
+                    fut.set_result(resp["data"])
+                return
+            self.counts["load-batches"] += 1
+            resp = await self.h.rpc("content.load", {"blobrefs": list(part)},
+                                    nodeid=NODEID_UPSTREAM)
+            got = resp["data"]
+            if not isinstance(got, list) or not 0 < len(got) <= len(part):
+                raise ErrnoError(errno.EPROTO, "content.load answered a batch malformed")
+        except asyncio.CancelledError:  # (the module stops)
+            for fut in part.values():
+                fut.cancel()
+            raise
+        except Exception as exc:
+            for fut in part.values():
+                if not fut.done():
+                    fut.set_exception(exc)
+                    fut.exception()  # (its loader may have gone)
+            return
+        futs = list(part.values())
+        for fut, entry in zip(futs, got, strict=False):
+            if fut.done():
+                continue
+            if isinstance(entry, bytes):
+                fut.set_result(entry)
+            else:
+                fut.set_exception(_entry_error(entry))
+                fut.exception()
+        for ref in list(part)[len(got):]:  # (the answer stopped short: ask again)
+            fut = part[ref]
+            if not fut.done():
+                again = self._pull(ref)
+                again.add_done_callback(functools.partial(_chain, fut))
 
     def _read_batches(self) -> None:
         """Hand this turn's reads to the SQLite thread, :data:`READ_BATCH` at a time."""
@@ -559,13 +644,62 @@ class ContentModule(Module):
 
     async def load(self, msg: Message) -> None:
         _owner_only(msg)
-        ref = blobref.check(require(msg.payload, blobref=str)["blobref"])
+        p = msg.payload
+        if isinstance(p, dict) and "blobrefs" in p and "blobref" not in p:
+            await self._load_many(msg, require(p, blobrefs=list)["blobrefs"])
+            return
+        ref = blobref.check(require(p, blobref=str)["blobref"])
         data = self.cache.get(ref)
         if data is None:
             data = await self.load_blob(ref)
         else:
             self.counts["hits"] += 1
         self.h.respond(msg, {"data": data})
+
+    async def _load_many(self, msg: Message, refs: list[Any]) -> None:
+        """``content.load`` of many: each blob or ``[errnum, errstr]``, in
+        order, until the answer holds :attr:`answer_bytes`."""
+        if not refs:
+            raise ErrnoError(errno.EINVAL, "blobrefs is empty")
+        if len(refs) > LOAD_BATCH_MAX:
+            raise ErrnoError(errno.E2BIG, f"{len(refs)} blobrefs: at most "
+                                          f"{LOAD_BATCH_MAX} a request")
+        for ref in refs:
+            if not isinstance(ref, str):
+                raise ProtocolError("blobrefs must be strings")
+            blobref.check(ref)
+        cache = self.cache
+        loads: dict[str, Coroutine[Any, Any, bytes]] = {}
+        for ref in refs:
+            if ref not in cache and ref not in loads:
+                loads[ref] = self.load_blob(ref)
+        found: dict[str, bytes | BaseException] = {}
+        if loads:
+            got = await asyncio.gather(*loads.values(), return_exceptions=True)
+            found = dict(zip(loads, got, strict=True))
+        out: list[bytes | list[Any]] = []
+        size = 0
+        hits = 0
+        for ref in refs:
+            data = found.get(ref)
+            if data is None:
+                data = cache.get(ref)
+                if data is None:  # (evicted meanwhile: a later ask loads it again)
+                    break
+                hits += 1
+            if isinstance(data, BaseException):
+                if not isinstance(data, ErrnoError):
+                    raise data
+                out.append([data.errnum, data.errstr])
+                continue
+            if out and size + len(data) > self.answer_bytes:
+                break
+            size += len(data)
+            out.append(data)
+        self.counts["hits"] += hits
+        if not out:  # (the first was evicted between its load and now)
+            out.append(await self.load_blob(refs[0]))
+        self.h.respond(msg, {"data": out})
 
     # ------------------------------------------------------------ collection
 
@@ -750,6 +884,27 @@ def _settle_reads(reads: dict[str, asyncio.Future[bytes | None]],
             fut.set_exception(found)
         else:
             fut.set_result(found)
+
+
+def _entry_error(entry: Any) -> ErrnoError:
+    """A failed entry of a ``content.load`` of many, ``[errnum, errstr]``."""
+    if (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], int)
+            and isinstance(entry[1], str)):
+        return ErrnoError(entry[0], entry[1])
+    return ErrnoError(errno.EPROTO, "content.load answered a batch entry malformed")
+
+
+def _chain(fut: asyncio.Future[bytes], source: asyncio.Future[bytes]) -> None:
+    """Settle ``fut`` as ``source`` was (a load asked for again)."""
+    if fut.done():
+        return
+    if source.cancelled():
+        fut.cancel()
+    elif (exc := source.exception()) is not None:
+        fut.set_exception(exc)
+        fut.exception()
+    else:
+        fut.set_result(source.result())
 
 
 def _owner_only(msg: Message) -> None:
