@@ -14,18 +14,18 @@ recent roots guests may name (:class:`kvs.namespaces.RecentRoots`); the
 checkpoints (the KVS's, which a restart resumes from, as a tree; any other
 as the blobrefs its value holds, as :mod:`kvs.garbage`); the root of every
 commit between the store of its blobs and its setting
-(:attr:`KvsModule._unpublished`); every blob stored or named by a commit
-while the collection runs (a commit checks every blob below a directory
-it names, :meth:`KvsModule._check_whole`); and every blob written or stored
-again less than the grace period ago.  **Removed**: the rest.  A read
-at an older root (``kvs.lookup`` with ``rootdir``, ``kvs.diff``,
-``watch_keys(since=)``) then fails with ``ENOENT``, as etcd answers a
-revision it compacted.
+(:attr:`kvs.commits.CommitPipeline.unpublished`); every blob stored or
+named by a commit while the collection runs (a commit checks every blob
+below a directory it names, :meth:`kvs.refcheck.RefChecker.check_whole`);
+and every blob written or stored again less than the grace period ago.
+**Removed**: the rest.  A read at an older root (``kvs.lookup`` with
+``rootdir``, ``kvs.diff``, ``watch_keys(since=)``) then fails with
+``ENOENT``, as etcd answers a revision it compacted.
 
 The steps (:func:`collect`):
 
 1. the barrier (:meth:`ContentModule.begin_collection`): from here on,
-   blobs stored, and blobs a commit names (``KvsModule.fetch(keep=True)``),
+   blobs stored, and blobs a commit names (``kvs.blobs.BlobFetcher.fetch(keep=True)``),
    are kept; a commit that checked its blobs before checks them again;
 2. every blob stored so far is written to SQLite, so the mark can read it;
 3. the roots are listed and marked, reading tree objects in batches from

@@ -10,6 +10,19 @@ and publishes ``kvs.namespace-<NS>-setroot``.  A follower answers its client
 once it has applied the setroot naming the transaction (read-your-writes);
 :mod:`kvs.relay` is that road.
 
+This module is the RPC surface: it checks requests and access, and owns the
+namespaces, their events, checkpoints and garbage collections.  The work is
+done by one object per job, wired together in :meth:`KvsModule.__init__`:
+
+* :mod:`kvs.blobs` -- the blob LRU and the loads that fill it (every read);
+* :mod:`kvs.commits` -- rank 0's commit pipeline: queue, merge, apply,
+  store, set the root, publish;
+* :mod:`kvs.refcheck` -- rank 0's check that the blobs a commit names by
+  reference exist, whole;
+* :mod:`kvs.relay` -- a follower's road to rank 0;
+* :mod:`kvs.namespaces`, :mod:`kvs.collect` -- namespace state, online
+  garbage collection.
+
 Events (docs/protocol.md, Namespace events): every rank's kvs subscribes
 once, at start, to ``kvs.namespace-`` and drops the events of namespaces it
 does not follow.  A follower handles setroot, removed and error for the
@@ -24,18 +37,17 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import functools
 import os
 import time
-from collections import Counter, OrderedDict, deque
-from collections.abc import Awaitable, Iterable
+from collections import Counter
+from collections.abc import Awaitable
 from itertools import count, islice
 from typing import Any, ClassVar
 
 from broker import codec
 from broker.attrs import CONTENT_HASH, LINK_MAX_MESSAGE, AttrSpec, duration, integer
 from broker.content import blobref
-from broker.content.module import BLOB_OVERHEAD, ContentModule, LoadToken
+from broker.content.module import ContentModule
 from broker.errors import ErrnoError, ProtocolError, RemoteError
 from broker.message import Message, MsgFlags, RawPayload
 from broker.module import Handler, Module, require
@@ -44,39 +56,26 @@ from kvs import collect as collector
 from kvs import diff as diff_engine
 from kvs import lookup as lookup_engine
 from kvs import treeobj, txn
+from kvs.blobs import BLOB_CACHE_BYTES, BlobFetcher, BlobStore
+from kvs.commits import CommitPipeline
 from kvs.keys import check_key
 from kvs.namespaces import (
     EVENT_PREFIX,
     PRIMARY,
     Heard,
     Namespace,
-    Pending,
     RecentRoots,
     check_name,
     event_topic_parts,
 )
+from kvs.refcheck import RefChecker, names_a_directory
 from kvs.relay import RelayOutbox
 
 STOP_DRAIN_TIMEOUT = 10.0
 """Seconds rank 0's kvs waits at stop for the transactions already queued."""
 CHECKPOINT_KEY = "kvs-primary"
 EVENT_KINDS = ("setroot", "removed", "error", "created")
-BLOB_CACHE_BYTES = 64 << 20
-"""The kvs module's blob LRU (attr ``kvs.cache-bytes``).  Its blobs are mostly
-the very objects the content cache holds (in-process RPCs copy nothing); a
-miss costs one ``content.load`` (on rank 0, a direct call of its content
-module).  It is bounded by the blobs' encoded size: decoded, a directory
-takes ~6 times that."""
 MAX_OPS = 100_000
-FETCH_WINDOW = 512
-"""Blob loads one :meth:`KvsModule.fetch` keeps in flight.  A cold read of a
-value of 100,000 blobs (a long eventlog) started them all at once: 100,000
-tasks and requests, 570 MB more on rank 0."""
-WHOLE_MEMO = 16_384
-"""Tree objects rank 0 remembers having checked whole (:meth:`KvsModule._check_whole`):
-a commit naming a directory by reference (``kvs copy``) checks only what
-it has not checked since the last garbage collection began, so copying a
-directory of 100,000 keys again costs one blob, not its ~1,600 shards."""
 SETROOT_BLOB_LIMIT = 8 << 10
 """A setroot event carries the commit's new blobs when they total at most this:
 a small commit's few tree levels, which saves a follower that reads the new
@@ -113,92 +112,6 @@ COUNTERS = ("commits", "batches", "merged", "merges-split", "commits-failed", "r
             "namespaces-loaded", "getroot-heard", "namespaces-removed", "collections",
             "trees-checked")
 """The ``counts`` of ``kvs.stats-get`` (all shown, 0 included)."""
-
-
-class BlobStore:
-    """This rank's blobs (ref -> bytes), a byte-bounded LRU (``size``
-    counts each blob's data and its :data:`BLOB_OVERHEAD`)."""
-
-    def __init__(self, limit: int = BLOB_CACHE_BYTES) -> None:
-        self.limit = limit
-        self.size = 0
-        self._blobs: OrderedDict[str, bytes] = OrderedDict()
-        # Blobs an operation fetched and still needs ([data, holders]), kept
-        # outside the LRU: see hold()
-        self._held: dict[str, list[Any]] = {}
-
-    def get(self, ref: str) -> bytes | None:
-        data = self._blobs.get(ref)
-        if data is None and self._held:
-            entry = self._held.get(ref)
-            if entry is not None:
-                return entry[0]  # type: ignore[no-any-return]
-        return data
-
-    def hold(self, ref: str, data: bytes, held: set[str]) -> None:
-        """Keep blob ``ref`` readable for an operation until :meth:`release`
-        (``held``: the refs it holds), whatever the LRU evicts meanwhile.
-
-        A lookup or a commit fetches what it misses and starts again from the
-        root; with a cache smaller than what it reads, each pass evicted what
-        the previous one fetched, and it never finished (a small
-        ``kvs.cache-bytes``: one rank at full CPU, 470,000 fetches and no
-        answer).  Held blobs make every pass progress."""
-        if ref in held:
-            return
-        held.add(ref)
-        entry = self._held.get(ref)
-        if entry is None:
-            self._held[ref] = [data, 1]
-        else:
-            entry[1] += 1
-
-    def release(self, held: set[str]) -> None:
-        """The operation that held ``held`` is done with them."""
-        for ref in held:
-            entry = self._held.get(ref)
-            if entry is not None:  # (gone if the cache was dropped meanwhile)
-                entry[1] -= 1
-                if not entry[1]:
-                    del self._held[ref]
-        held.clear()
-
-    def get_cached(self, ref: str) -> bytes | None:
-        """From the LRU only: on rank 0 during a garbage collection, what
-        it holds was vouched for (:meth:`ContentModule.load_token`), while
-        an operation may hold a blob it read just before its row went."""
-        return self._blobs.get(ref)
-
-    def drop(self, keep: set[str] | None = None) -> None:
-        """Forget the LRU's blobs (those not in ``keep``), in place: an
-        operation under way keeps what it holds, and its cache objects stay
-        the module's (swapping them left a diff reading one store while
-        filling another, for ever)."""
-        if keep is None:
-            self._blobs.clear()
-            self.size = 0
-            return
-        for ref in [r for r in self._blobs if r not in keep]:
-            self.size -= len(self._blobs.pop(ref)) + BLOB_OVERHEAD
-
-    def put(self, ref: str, data: bytes) -> None:
-        if ref in self._blobs:
-            return
-        self._blobs[ref] = data
-        self.size += len(data) + BLOB_OVERHEAD
-        while self.size > self.limit and len(self._blobs) > 1:
-            _, old = self._blobs.popitem(last=False)
-            self.size -= len(old) + BLOB_OVERHEAD
-
-    def __len__(self) -> int:
-        return len(self._blobs)
-
-
-def _names_a_directory(obj: Any) -> bool:
-    """Whether a loaded blob is a whole directory: a ``dir``, or the top
-    shard (depth 0) of a big one -- an inner shard holds only part of it."""
-    return obj is not None and (obj["type"] == "dir" or (
-        obj["type"] == "hdir" and obj["data"]["depth"] == 0))
 
 
 def _check_ops(ops: Any) -> list[dict[str, Any]]:
@@ -327,9 +240,6 @@ class KvsModule(Module):
         self._loading: dict[str, asyncio.Future[Namespace]] = {}
         self.heard = Heard()
         """A follower's namespaces heard created and not loaded (``getroot`` with ``heard``)."""
-        # blob fetches in flight, each with what it may vouch for (rank 0
-        # during a garbage collection: ContentModule.load_token)
-        self._fetching: dict[str, tuple[asyncio.Future[bytes], LoadToken | None]] = {}
         self._txn_counter = 0
         # kvs.wait-version requests still waiting, by request route (the client)
         self._version_waits: dict[tuple[str, ...], set[asyncio.Future[Any]]] = {}
@@ -339,13 +249,9 @@ class KvsModule(Module):
         self.counts: Counter[str] = Counter(dict.fromkeys(COUNTERS, 0))
         self.relays: RelayOutbox  # a follower's road to rank 0 (needs self.h: see start)
         self._epochs = count(1)  # rank 0: Namespace.epoch of each namespace created
-        # Rank 0's content module when it is in this process with our hash:
-        # new blobs go to it by a call instead of a content.store request.
+        # Rank 0's content module when it is in this process with our hash
+        # (also given to the fetcher, the checker and the pipeline at start)
         self._content: ContentModule | None = None
-        self._loader: ContentModule | None = None
-        """This rank's content module when it is in this process with our
-        hash (any rank): blobs are loaded from it by a call, not a
-        ``content.load`` request each (on rank 0, :attr:`_content`)."""
         # Rank 0 with a statedir: checkpoints of the primary root, one at a
         # time (periodic, SYNC commits, stop), never an older over a newer.
         self.checkpoint_period = CHECKPOINT_PERIOD.value(ctx.attrs)
@@ -354,29 +260,23 @@ class KvsModule(Module):
         self._checkpoint_lock = asyncio.Lock()
         self._checkpoint_counts: Counter[str] = Counter()
         self._ticker: asyncio.Task[None] | None = None
-        self.stopping = False
-        """Set by :meth:`stop`: rank 0 refuses new transactions (``ENOSYS``)."""
-        self._queue_runs: set[asyncio.Task[None]] = set()
-        self._checkpointing: set[asyncio.Task[Any]] = set()
-        """Queue runs writing a ``SYNC`` commit's checkpoint: past the point
-        of no return (its root may be on disk), so a stop that gives up on
-        late runs waits for these instead of failing them."""
-        self._gave_up = False
-        """Set when a stop gave up waiting: queue runs answer what is left ENOSYS."""
         # Rank 0: online garbage collection (kvs/collect.py)
         self.root_history = collector.RootHistory(collector.GRACE.value(ctx.attrs))
         self.gc_period = collector.PERIOD.value(ctx.attrs)
         self._last_gc: dict[str, Any] | None = None
         self._gc_ticker: asyncio.Task[None] | None = None
-        self._unpublished: Counter[str] = Counter()
-        """Roots made and stored, not yet set (a commit between its store
-        and its new root): live, for a garbage collection."""
-        self._whole: OrderedDict[str, None] = OrderedDict()
-        """Rank 0: tree objects checked whole (every blob below them stored)
-        since the last garbage collection began, most recent last
-        (:meth:`_check_whole`); at most :data:`WHOLE_MEMO`."""
-        self._whole_epoch = 0
-        """``collections_begun`` when :attr:`_whole` was last emptied."""
+        # The work, one job each (their ``h`` and ``content`` are set at start)
+        self.fetcher = BlobFetcher(self.blobs, self.counts)
+        """Loads the blobs :attr:`blobs` misses (every read and commit)."""
+        self.refcheck = RefChecker(self.fetcher, self.counts)
+        """Rank 0: the blobs a commit or a namespace-create names must exist, whole."""
+        self.commits = CommitPipeline(
+            log=self.log, counts=self.counts, spawn=self.spawn, cache=self.cache,
+            blobs=self.blobs, fetcher=self.fetcher, refcheck=self.refcheck,
+            publish=self._publish, checkpoint=self._checkpoint, hash_name=self.hash_name,
+            statedir=self.statedir, root_history=self.root_history,
+            prime_limit=self.prime_limit)
+        """Rank 0: queues, merges and applies the transactions, sets the roots."""
 
     # ================================================================ life cycle
 
@@ -401,15 +301,17 @@ class KvsModule(Module):
     async def start(self) -> None:
         self.relays = RelayOutbox(self.h, self.counts,
                                   LINK_MAX_MESSAGE.value(self.ctx.attrs) // 4)
+        self.fetcher.h = self.commits.h = self.h
         # (before any request: a namespace heard created has had every event seen)
         self.h.subscribe(EVENT_PREFIX)
         content = self.ctx.siblings.get("content")
         if isinstance(content, ContentModule) and content.hash_name == self.hash_name:
-            self._loader = content
+            self.fetcher.loader = content
         if not self.leader:
             return
-        if self._loader is not None and self._loader.backing is not None:
-            self._content = content = self._loader
+        if self.fetcher.loader is not None and self.fetcher.loader.backing is not None:
+            self._content = content = self.fetcher.loader
+            self.fetcher.content = self.refcheck.content = self.commits.content = content
             # blobs stored again are young for a collection's grace period
             content.restored.span = max(content.restored.span, self.root_history.grace)
         rootref, rootseq = "", 0
@@ -462,7 +364,7 @@ class KvsModule(Module):
         checkpoint.  Clients kept committing while the rank stopped: what
         was applied and acknowledged after the last checkpoint was lost at
         the next start, and its versions numbered again."""
-        self.stopping = True
+        self.commits.stopping = True
         if self._ticker is not None:
             self._ticker.cancel()  # a checkpoint it was writing finishes first (shielded)
         if self._gc_ticker is not None:
@@ -471,21 +373,7 @@ class KvsModule(Module):
             # queued commits stop waiting for room in the write-back backlog:
             # the last checkpoint's drain writes their blobs
             self._content.release_waiters()
-        if self._queue_runs:
-            _done, late = await asyncio.wait(self._queue_runs, timeout=STOP_DRAIN_TIMEOUT)
-            if late:
-                self.log.error("%d namespaces still committing after %g s at stop: "
-                               "their transactions fail with ENOSYS", len(late),
-                               STOP_DRAIN_TIMEOUT)
-                # Stopped before the checkpoint picks its root: one they
-                # acknowledged after it would be lost at the next start.  A
-                # run writing a SYNC commit's checkpoint finishes that commit
-                # (its root may be on disk already), then stops too.
-                self._gave_up = True
-                for run in late:
-                    if run not in self._checkpointing:
-                        run.cancel()
-                await asyncio.gather(*late, return_exceptions=True)
+        await self.commits.drain(STOP_DRAIN_TIMEOUT)
         if self.leader and self.statedir:
             try:
                 await self._checkpoint()
@@ -552,78 +440,6 @@ class KvsModule(Module):
         self.blobs.put(ref, data)
         await self.h.rpc("content.store", {"blobs": [data]})
         return ref
-
-    # ================================================================ blobs
-
-    async def fetch(self, refs: set[str], held: set[str] | None = None, *,
-                    keep: bool = False) -> dict[str, bytes]:
-        """Load missing blobs from the content module (in parallel); with
-        ``held``, hold them (and those of ``refs`` already here) for the
-        caller until it releases them (:meth:`BlobStore.hold`).  Returns
-        them all, ``{ref: blob}`` (the caches may have been dropped
-        meanwhile: ``kvs.dropcache``, a garbage collection).
-
-        With ``keep``, while rank 0 collects garbage, what is fetched is kept:
-        blobs a commit is about to name (:meth:`_check_refs`)."""
-        if keep and self._content is not None and self._content.collection is not None:
-            self._content.collection.touch(refs)
-        missing: list[str] = []
-        found: dict[str, bytes] = {}
-        get = self.blobs.get_cached if keep else self.blobs.get
-        for ref in refs:
-            data = get(ref)
-            if data is not None:
-                found[ref] = data
-                if held is not None:
-                    self.blobs.hold(ref, data, held)
-                continue
-            missing.append(ref)
-        self.counts["blob-fetches"] += len(missing)
-        for i in range(0, len(missing), FETCH_WINDOW):
-            part = missing[i:i + FETCH_WINDOW]
-            got = await asyncio.gather(*(self._fetch_shared(ref) for ref in part))
-            found.update(zip(part, got, strict=True))
-            if held is not None:
-                for ref, data in zip(part, got, strict=True):
-                    self.blobs.hold(ref, data, held)
-        return found
-
-    def _fetch_shared(self, ref: str) -> asyncio.Future[bytes]:
-        """The fetch of ``ref`` in flight, or a new one.  On rank 0, one that
-        may not vouch for its blob any more (a garbage collection) is not
-        shared: :meth:`ContentModule.load_token`."""
-        content = self._content
-        entry = self._fetching.get(ref)
-        if entry is not None and (entry[1] is None or content is None
-                                  or content.vouches(entry[1])):
-            return entry[0]
-        token = content.load_token(ref) if content is not None else None
-        fut = asyncio.ensure_future(self._fetch_one(ref, token))
-        self._fetching[ref] = (fut, token)
-        fut.add_done_callback(functools.partial(self._fetched, ref))
-        return fut
-
-    def _fetched(self, ref: str, fut: asyncio.Future[bytes]) -> None:
-        """Done callback of a blob fetch: it is no longer in flight."""
-        if self._fetching.get(ref, (None,))[0] is fut:  # (another may have replaced it)
-            del self._fetching[ref]
-
-    async def _fetch_one(self, ref: str, token: LoadToken | None) -> bytes:
-        content = self._content
-        loader = self._loader
-        try:
-            if loader is not None:  # its content module directly, no request
-                data = await loader.load_blob(ref)
-            else:
-                data = (await self.h.rpc("content.load", {"blobref": ref}))["data"]
-        except ErrnoError as exc:
-            if exc.errnum == errno.ENOENT:
-                raise ErrnoError(errno.ENOENT, f"blob {ref} is not in the content store") \
-                    from None
-            raise
-        if content is None or token is None or content.vouches(token):
-            self.blobs.put(ref, data)  # (not a blob a collection may be deleting)
-        return data
 
     # ================================================================ namespaces
 
@@ -700,12 +516,6 @@ class KvsModule(Module):
             ns.remove()
 
     # ================================================================ events
-
-    def _publish_error(self, ns: Namespace, names: list[str], exc: ErrnoError) -> None:
-        """The ``error`` event: transactions ``names`` failed (a follower that
-        relayed one of them answers its client from it)."""
-        self._publish(f"kvs.namespace-{ns.name}-error", {
-            "namespace": ns.name, "names": names, "errnum": exc.errnum, "errstr": exc.errstr})
 
     def _publish(self, topic: str, payload: dict[str, Any]) -> None:
         """Publish a namespace event (rank 0), private to the instance owner
@@ -881,7 +691,7 @@ class KvsModule(Module):
                     return lookup_engine.lookup(self.cache, rootref, key, flags,
                                                 namespace=namespace, ns_roots=ns_root)
                 except treeobj.NeedBlobs as need:
-                    await self.fetch(need.refs, held)
+                    await self.fetcher.fetch(need.refs, held)
                 except lookup_engine.NeedNamespace as need:
                     await self.get_ns(need.namespace, msg)
         finally:
@@ -927,7 +737,7 @@ class KvsModule(Module):
                     keys = work.run()  # (it goes on where the last run stopped)
                     break
                 except treeobj.NeedBlobs as need:
-                    await self.fetch(need.refs, held)
+                    await self.fetcher.fetch(need.refs, held)
         finally:
             if held:
                 self.blobs.release(held)
@@ -1045,7 +855,7 @@ class KvsModule(Module):
             return
         if self._content is None:
             raise ErrnoError(errno.ENOSYS, "rank 0's content store is not in this process")
-        self._refuse_if_stopping()
+        self.commits.refuse_if_stopping()
         self.h.respond(msg, await self._collect(compact))
 
     async def _collect(self, compact: bool = False) -> dict[str, Any]:
@@ -1081,14 +891,15 @@ class KvsModule(Module):
         those about to be (live), and the roots of the grace period and
         guests' recent roots."""
         live = [ns.rootref for ns in self.namespaces.values() if ns.rootref]
-        live += self._unpublished
+        live += self.commits.unpublished
         return collector.Roots(live, [*self.root_history.recent(), *self.recent_roots.roots()])
 
     def _gc_forget(self, keep: set[str]) -> None:
         """A collection decided: forget the blobs this module cached that it
         does not keep (the fetches in flight are no longer shared, nor
-        cached when they end: :meth:`_fetch_shared`).  The decoded objects
-        stay: checks of what a commit names decode the blobs they fetch."""
+        cached when they end: :meth:`kvs.blobs.BlobFetcher._fetch_shared`).
+        The decoded objects stay: checks of what a commit names decode the
+        blobs they fetch."""
         self.blobs.drop(keep)
 
     # ================================================================ writes
@@ -1110,7 +921,7 @@ class KvsModule(Module):
             _check_guest_ops(ops)
         txn_name = self._txn_name()
         if self.leader:
-            outcome = self._enqueue(ns, ops, flags, txn_name)
+            outcome = self.commits.enqueue(ns, ops, flags, txn_name)
         else:
             outcome = self.relays.submit(ns, ops, flags, txn_name, _wire_size(wire))
         outcome.add_done_callback(lambda f: self._answer_commit(msg, f))
@@ -1143,7 +954,7 @@ class KvsModule(Module):
             _check_guest_ops(ops)
         name = self._txn_name()
         if self.leader:
-            rootseq, rootref = await self._enqueue(ns, ops, flags, name)
+            rootseq, rootref = await self.commits.enqueue(ns, ops, flags, name)
         else:
             rootseq, rootref = await self.relays.submit(ns, ops, flags, name, size)
         self.h.respond(msg, {"rootref": rootref, "rootseq": rootseq})
@@ -1168,337 +979,13 @@ class KvsModule(Module):
         self._enqueue_relayed(await self.get_ns(name), epoch, txns)
 
     def _enqueue_relayed(self, ns: Namespace, epoch: Any, txns: list[RelayedTxn]) -> None:
-        self._refuse_if_stopping()  # (all of them, or none)
+        self.commits.refuse_if_stopping()  # (all of them, or none)
         if epoch is not None and epoch != ns.epoch:
             # relayed for a namespace of this name that was removed since:
             # its follower has already failed them (the removed event)
             raise ErrnoError(errno.ENOTSUP, f"namespace {ns.name} was removed")
         for name, flags, ops in txns:
-            self._enqueue(ns, ops, flags, name).add_done_callback(_published)
-
-    def _refuse_if_stopping(self) -> None:
-        if self.stopping:
-            raise ErrnoError(errno.ENOSYS, "the kvs module is stopping: "
-                                           "the transaction was not applied")
-
-    def _enqueue(self, ns: Namespace, ops: list[dict[str, Any]], flags: int,
-                 name: str) -> asyncio.Future[tuple[int, str]]:
-        self._refuse_if_stopping()
-        fut: asyncio.Future[tuple[int, str]] = asyncio.get_running_loop().create_future()
-        q = ns.queue
-        if q is None:
-            q = ns.queue = deque()
-        q.append(Pending(ops, flags, name, fut))
-        if not ns.committing:
-            ns.committing = True
-            run = self.spawn(self._run_queue(ns))
-            self._queue_runs.add(run)
-            run.add_done_callback(self._queue_runs.discard)
-        return fut
-
-    async def _run_queue(self, ns: Namespace) -> None:
-        """Rank 0: apply a namespace's queued transactions, merging adjacent ones."""
-        batch: list[Pending] = []
-        q = ns.queue
-        try:
-            while q and not ns.removed:
-                if self._gave_up:
-                    self._fail_stopped(ns, [])
-                    break
-                # Back-pressure (content.backlog-bytes): while the writer is
-                # behind, wait -- the queue grows meanwhile and merges into
-                # bigger batches -- or fail the next batch with its errno.
-                batch = []
-                no_room = await self._room()
-                if not q or ns.removed:
-                    break
-                first = q.popleft()
-                batch = [first]
-                if not first.flags & txn.NO_MERGE:
-                    while q and q[0].flags == first.flags:
-                        batch.append(q.popleft())
-                if no_room is not None:
-                    self.counts["commits-failed"] += len(batch)
-                    self._fail(ns, batch, no_room)
-                    continue
-                try:
-                    await self._apply_batch(ns, batch)
-                except Exception as exc:  # a bug: fail the batch, never leave it hanging
-                    self.log.exception("commit batch in %s failed", ns.name)
-                    self._fail(ns, batch, ErrnoError(errno.EIO, f"internal error: {exc}"))
-        except asyncio.CancelledError:  # stop gave up waiting for it: answer every one
-            self._fail_stopped(ns, batch)
-            raise
-        finally:
-            ns.committing = False
-            if not q:
-                ns.queue = None  # idle again: give the deque back
-
-    def _fail_stopped(self, ns: Namespace, batch: list[Pending]) -> None:
-        """Answer ``batch`` and everything still queued in ``ns``: not applied."""
-        q = ns.queue
-        self._fail(ns, [*batch, *(q or ())], ErrnoError(
-            errno.ENOSYS, "the kvs module stopped before the transaction was applied"))
-        if q:
-            q.clear()
-
-    def _fail(self, ns: Namespace, batch: list[Pending], exc: ErrnoError) -> None:
-        """Fail the transactions of ``batch`` not answered yet, each with its
-        own copy of ``exc`` (see :meth:`_apply_pinned`), and say so in an
-        ``error`` event (a follower that relayed one answers from it)."""
-        batch = [p for p in batch if not p.future.done()]
-        for p in batch:
-            p.future.set_exception(ErrnoError(exc.errnum, exc.errstr))
-        if batch:
-            self._publish_error(ns, [p.name for p in batch], exc)
-
-    async def _room(self) -> ErrnoError | None:
-        """Wait for room in rank 0's write-back backlog (:meth:`ContentModule.room`);
-        the errno that stopped the wait, if the writer fails."""
-        if self._content is None or self.stopping:
-            return None
-        try:
-            await self._content.room()
-        except ErrnoError as exc:
-            exc.__traceback__ = None  # (see _apply_pinned)
-            return exc
-        return None
-
-    async def _apply_batch(self, ns: Namespace, batch: list[Pending]) -> None:
-        pinned: list[str] = []
-        try:
-            await self._apply_pinned(ns, batch, pinned)
-        finally:
-            for ref in pinned:
-                self._unpublished[ref] -= 1
-                if not self._unpublished[ref]:
-                    del self._unpublished[ref]
-
-    async def _apply_pinned(self, ns: Namespace, batch: list[Pending], pinned: list[str]) -> None:
-        """:meth:`_apply_batch`: the root it makes is in :attr:`_unpublished`
-        (``pinned``) from its blobs' store until it is set."""
-        ops = batch[0].ops if len(batch) == 1 else [op for p in batch for op in p.ops]
-        sync = any(p.flags & txn.SYNC for p in batch)
-        begun = self._content.collections_begun if self._content is not None else 0
-        try:
-            result, named = await self._apply(ns, ops)
-            # Storing may fail too (EFBIG over content.blob-size-limit): that
-            # fails the transaction like any other error, before the new root
-            # exists anywhere.
-            if result.new_blobs:
-                if self._content is not None:
-                    self._content.store_hashed(result.new_blobs)
-                else:
-                    await self.h.rpc("content.store",
-                                     {"blobs": list(result.new_blobs.values())})
-            for ref, data in result.new_blobs.items():
-                self.blobs.put(ref, data)
-            # From here until it is set, a garbage collection must keep this
-            # root whole: its blobs are stored, and may be before the
-            # collection's barrier while the root is set after its listing.
-            self._unpublished[result.rootref] += 1
-            pinned.append(result.rootref)
-            # The last check that can fail the transaction, before a SYNC
-            # commit checkpoints its root: a failed commit's root must not be
-            # the one a restart finds.  A collection that begins after it
-            # keeps the pinned root whole.
-            if named:
-                await self._keep_whole(named, begun)
-            if sync:
-                await self.h.rpc("content.flush", {})
-                if ns.name == PRIMARY and self.statedir and not ns.removed:
-                    task = asyncio.current_task()
-                    assert task is not None
-                    self._checkpointing.add(task)
-                    try:
-                        await self._checkpoint(result.rootref, ns.rootseq + 1)
-                    finally:
-                        self._checkpointing.discard(task)
-        except ErrnoError as exc:
-            # Let go of the frames ``exc`` went through (they hold the ops
-            # and the blobs made for them), and give a future a fresh
-            # exception: the traceback made cycles (this frame -> batch ->
-            # future -> exc; a failed blob fetch's task -> exc -> the frame
-            # waiting for it) that kept every failed commit's data until a
-            # full collection, rare with a rank's raised thresholds (six
-            # EFBIG puts of 530 MB left rank 0 at 3.2 GB).
-            exc.__traceback__ = None
-            if len(batch) > 1:
-                self.counts["merges-split"] += 1
-                for p in batch:  # replay one by one: only the faulty one fails
-                    await self._apply_batch(ns, [p])
-                return
-            self.counts["commits-failed"] += 1
-            p = batch[0]
-            if not p.future.done():
-                p.future.set_exception(ErrnoError(exc.errnum, exc.errstr))
-            self._publish_error(ns, [p.name], exc)
-            return
-        if ns.removed:  # removed while this batch was being applied
-            err = ErrnoError(errno.ENOTSUP, f"namespace {ns.name} was removed")
-            for p in batch:
-                if not p.future.done():
-                    p.future.set_exception(err)
-            return
-        ns.set_root(ns.rootseq + 1, result.rootref)
-        self.root_history.note(result.rootref)
-        self.counts["batches"] += 1
-        if len(batch) > 1:
-            self.counts["merged"] += len(batch)
-        setroot: dict[str, Any] = {
-            "namespace": ns.name, "rootseq": ns.rootseq, "rootref": ns.rootref,
-            "names": [p.name for p in batch], "keys": result.keys, "owner": ns.owner,
-        }
-        # Prime the followers' caches: a commit's new blobs are few and small
-        # (O(log n) shards), so carrying them in the event saves every rank
-        # that watches this namespace a content.load round trip per tree level.
-        if result.new_blobs and sum(map(len, result.new_blobs.values())) <= self.prime_limit:
-            setroot["blobs"] = result.new_blobs
-        self._publish(f"kvs.namespace-{ns.name}-setroot", setroot)
-        answer = (ns.rootseq, ns.rootref)
-        for p in batch:
-            if not p.future.done():
-                p.future.set_result(answer)
-
-    async def _apply(self, ns: Namespace,
-                     ops: list[dict[str, Any]]) -> tuple[txn.TxnResult, dict[str, bool]]:
-        """Apply ``ops`` to ``ns``'s root: the result, and the existing blobs
-        the ops named (valrefs, dirrefs: see :meth:`_keep_whole`)."""
-        held: set[str] = set()
-        try:
-            while True:
-                try:
-                    result = txn.apply(self.cache, ns.rootref, ops, hash_name=self.hash_name,
-                                       namespace=ns.name)
-                except treeobj.NeedBlobs as need:
-                    await self.fetch(need.refs, held)
-                    continue
-                named = await self._check_refs(ops, result.new_blobs, held)
-                return result, named
-        finally:
-            if held:
-                self.blobs.release(held)
-
-    async def _check_refs(self, ops: list[dict[str, Any]], new_blobs: dict[str, bytes],
-                          held: set[str]) -> dict[str, bool]:
-        """Blobrefs named by dirents must exist, and a dirref must name a
-        directory: fail fast (ENOENT, EINVAL) rather than store a tree that
-        cannot be read.  Entries of ``dir`` dirents are checked too.
-        Returns the blobrefs named that this transaction did not make, each
-        with whether it names a tree object (a dirref) or data (a valref)."""
-        valrefs: set[str] = set()
-        dirrefs: set[str] = set()
-        todo = [op.get("dirent") for op in ops]
-        while todo:
-            d = todo.pop()
-            if not d:
-                continue
-            t = d.get("type")
-            if t == "valref":
-                valrefs.update(d["data"])
-            elif t == "dirref":
-                dirrefs.update(d["data"])
-            elif t == "dir":
-                todo.extend(d["data"].values())
-        named = {ref: ref in dirrefs for ref in valrefs | dirrefs if ref not in new_blobs}
-        tops = {ref for ref, is_tree in named.items() if is_tree}
-        whole = self._whole_memo() if tops else None
-        epoch = self._whole_epoch
-        found = await self.fetch(tops, held, keep=True) if tops else {}  # ENOENT if unknown
-        if whole is not None:
-            self._whole_memo()  # (empties ``whole`` in place if a collection began)
-        # what is below: the named values' data, and the entries of the
-        # named directories (fetched and decoded once, here)
-        below = {ref: False for ref, is_tree in named.items() if not is_tree}
-        for ref in dirrefs:
-            try:  # (a blob this very transaction made, or one fetched)
-                obj: Any = treeobj.decode(new_blobs.get(ref) or found[ref])
-            except ErrnoError:
-                obj = None
-            if not _names_a_directory(obj):
-                raise ErrnoError(errno.EINVAL, f"dirref {ref} does not name a directory")
-            if ref in tops and (whole is None or ref not in whole):
-                below.update(treeobj.blobrefs(obj))
-        if below:
-            await self._check_whole(below, seen=set(tops))
-        if tops:
-            self._note_whole(tops, epoch)
-        return named
-
-    async def _check_whole(self, refs: dict[str, bool], seen: set[str] | None = None) -> None:
-        """``ENOENT`` unless every blob below ``refs`` exists (``refs``: blobref
-        -> whether it is a tree object, else a value's data, which is only
-        checked, never read: it may be big).  While rank 0 collects garbage,
-        each is kept from the moment it is checked.
-
-        A directory a client names (``kvs copy`` of an old version, a
-        dirref it built) may have lost blobs to a garbage collection, which
-        keeps what live trees reach, not every version a client may have
-        read: the commit fails whole rather than make a tree that cannot
-        be read.  Without collections it also refuses a dirref to a
-        directory whose entries were never stored.  (``seen``: tree objects
-        already checked.)"""
-        content = self._content
-        whole = self._whole_memo()
-        epoch = self._whole_epoch
-        seen = set() if seen is None else seen
-        known = whole if whole is not None else {}
-        todo = {r: t for r, t in refs.items() if r not in seen and r not in known}
-        checked: list[str] = []
-        while todo:
-            seen.update(todo)
-            trees = {ref for ref, is_tree in todo.items() if is_tree}
-            checked.extend(trees)
-            self.counts["trees-checked"] += len(trees)
-            data = [ref for ref in todo if ref not in trees]
-            if data:
-                if content is not None:
-                    await content.check_present(data)
-                else:
-                    await self.fetch(set(data))
-            found = await self.fetch(trees, keep=True) if trees else {}
-            below: dict[str, bool] = {}
-            for ref in trees:
-                below.update(treeobj.blobrefs(treeobj.decode(found[ref])))
-            self._whole_memo()  # (empties ``known`` in place if a collection began)
-            todo = {r: t for r, t in below.items() if r not in seen and r not in known}
-        self._note_whole(checked, epoch)
-
-    def _whole_memo(self) -> OrderedDict[str, None] | None:
-        """:attr:`_whole`, emptied if a garbage collection began since it was
-        filled (one may remove blobs below a tree checked before it); None
-        without an in-process content module (no collections to follow)."""
-        content = self._content
-        if content is None:
-            return None
-        if content.collections_begun != self._whole_epoch:
-            self._whole.clear()
-            self._whole_epoch = content.collections_begun
-        return self._whole
-
-    def _note_whole(self, trees: Iterable[str], epoch: int) -> None:
-        """Remember ``trees`` as checked whole, unless a collection began
-        since the check did (``epoch``)."""
-        whole = self._whole_memo()
-        if whole is None or epoch != self._whole_epoch:
-            return
-        for ref in trees:
-            whole[ref] = None
-            whole.move_to_end(ref)
-        while len(whole) > WHOLE_MEMO:
-            whole.popitem(last=False)
-
-    async def _keep_whole(self, refs: dict[str, bool], begun: int) -> None:
-        """Check the blobs below ``refs`` again if a garbage collection began
-        since ``begun`` (``collections_begun`` when they were first
-        checked), until none has: one that began meanwhile may have listed
-        its roots before this commit's, and not kept what was checked
-        before it began.  Once the new root is made, a collection keeps it
-        whole (:attr:`_unpublished`)."""
-        content = self._content
-        while content is not None and content.collections_begun != begun:
-            begun = content.collections_begun
-            await self._check_whole(refs)
+            self.commits.enqueue(ns, ops, flags, name).add_done_callback(_published)
 
     # ================================================================ namespace admin
 
@@ -1529,19 +1016,19 @@ class KvsModule(Module):
             if self.blobs.get(rootref) is None:
                 rootref = await self._store_empty_root()
             elif self._content is not None:
-                await self._keep_whole({rootref: True}, -1)  # (-1: check it once)
+                await self.refcheck.keep_whole({rootref: True}, -1)  # (-1: check it once)
         else:
             blobref.check(rootref)
             begun = self._content.collections_begun if self._content is not None else 0
-            found = await self.fetch({rootref}, keep=True)  # ENOENT if there is no such blob
+            found = await self.fetcher.fetch({rootref}, keep=True)  # ENOENT: no such blob
             try:
                 obj: Any = treeobj.decode(found[rootref])
             except ErrnoError:
                 obj = None
-            if not _names_a_directory(obj):
+            if not names_a_directory(obj):
                 raise ErrnoError(errno.EINVAL, f"rootref {rootref} is not a directory")
-            await self._check_whole({rootref: True})
-            await self._keep_whole({rootref: True}, begun)
+            await self.refcheck.check_whole({rootref: True})
+            await self.refcheck.keep_whole({rootref: True}, begun)
         if name in self.namespaces:  # raced with another create while storing
             raise ErrnoError(errno.EEXIST, f"namespace {name} already exists")
         ns = Namespace(name, owner, rootref, 0, flags, next(self._epochs))
@@ -1607,7 +1094,7 @@ class KvsModule(Module):
             "checkpoint": self._checkpoint_stats(),
             "gc": self._gc_stats(),
             "relays-waiting": sum(len(ns.relayed or ()) for ns in self.namespaces.values()),
-            "trees-known-whole": len(self._whole_memo() or ()),
+            "trees-known-whole": len(self.refcheck.whole_memo() or ()),
             "rpcs-pending": self.h.pending,
             "events": self.event_stats(),
             "pid": os.getpid(),

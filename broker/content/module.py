@@ -168,7 +168,7 @@ class ContentModule(Module):
         self.collection: Collection | None = None
         self.collections_begun = 0
         """Counts collections begun: a commit that checked its blobs before
-        one began checks them again (:meth:`KvsModule._keep_whole`)."""
+        one began checks them again (:meth:`kvs.refcheck.RefChecker.keep_whole`)."""
         self.generation = 0
         """Bumped when a collection decides and when it ends: a load that
         spans either does not cache what it read (it may be doomed)."""

@@ -1,0 +1,210 @@
+"""This rank's KVS blobs: the byte-bounded LRU the kvs module reads from
+(:class:`BlobStore`) and the loads that fill it from the content store
+(:class:`BlobFetcher`).
+
+Every read and every commit of the kvs module starts from here: the I/O-free
+engines (:mod:`kvs.lookup`, :mod:`kvs.txn`, :mod:`kvs.diff`) raise
+:class:`~kvs.treeobj.NeedBlobs` for what is missing, the caller fetches it and
+runs them again.  Kept apart from the module so that what a miss costs --
+a direct call of this rank's content module (which asks its parent for a
+turn's misses together), shared between concurrent readers, a bounded window of
+loads in flight -- and what a garbage collection may vouch for are read in
+one place.  Decoded tree objects are the business of
+:class:`kvs.treeobj.BlobCache`, which sits in front of a :class:`BlobStore`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import functools
+from collections import Counter, OrderedDict
+from typing import Any
+
+from broker.content.module import BLOB_OVERHEAD, ContentModule, LoadToken
+from broker.errors import ErrnoError
+from broker.rpc import HandleCore
+
+BLOB_CACHE_BYTES = 64 << 20
+"""The kvs module's blob LRU (attr ``kvs.cache-bytes``).  Its blobs are mostly
+the very objects the content cache holds (in-process RPCs copy nothing); a
+miss costs a direct call of this rank's content module (a ``content.load``
+request where the kvs module runs without one in its process).  It is
+bounded by the blobs' encoded size: decoded, a directory takes ~6 times
+that."""
+FETCH_WINDOW = 512
+"""Blob loads one :meth:`BlobFetcher.fetch` keeps in flight.  A cold read of a
+value of 100,000 blobs (a long eventlog) started them all at once: 100,000
+tasks and requests, 570 MB more on rank 0."""
+
+
+class BlobStore:
+    """This rank's blobs (ref -> bytes), a byte-bounded LRU (``size``
+    counts each blob's data and its :data:`BLOB_OVERHEAD`)."""
+
+    def __init__(self, limit: int = BLOB_CACHE_BYTES) -> None:
+        self.limit = limit
+        self.size = 0
+        self._blobs: OrderedDict[str, bytes] = OrderedDict()
+        # Blobs an operation fetched and still needs ([data, holders]), kept
+        # outside the LRU: see hold()
+        self._held: dict[str, list[Any]] = {}
+
+    def get(self, ref: str) -> bytes | None:
+        data = self._blobs.get(ref)
+        if data is None and self._held:
+            entry = self._held.get(ref)
+            if entry is not None:
+                return entry[0]  # type: ignore[no-any-return]
+        return data
+
+    def hold(self, ref: str, data: bytes, held: set[str]) -> None:
+        """Keep blob ``ref`` readable for an operation until :meth:`release`
+        (``held``: the refs it holds), whatever the LRU evicts meanwhile.
+
+        A lookup or a commit fetches what it misses and starts again from the
+        root; with a cache smaller than what it reads, each pass evicted what
+        the previous one fetched, and it never finished (a small
+        ``kvs.cache-bytes``: one rank at full CPU, 470,000 fetches and no
+        answer).  Held blobs make every pass progress."""
+        if ref in held:
+            return
+        held.add(ref)
+        entry = self._held.get(ref)
+        if entry is None:
+            self._held[ref] = [data, 1]
+        else:
+            entry[1] += 1
+
+    def release(self, held: set[str]) -> None:
+        """The operation that held ``held`` is done with them."""
+        for ref in held:
+            entry = self._held.get(ref)
+            if entry is not None:  # (gone if the cache was dropped meanwhile)
+                entry[1] -= 1
+                if not entry[1]:
+                    del self._held[ref]
+        held.clear()
+
+    def get_cached(self, ref: str) -> bytes | None:
+        """From the LRU only: on rank 0 during a garbage collection, what
+        it holds was vouched for (:meth:`ContentModule.load_token`), while
+        an operation may hold a blob it read just before its row went."""
+        return self._blobs.get(ref)
+
+    def drop(self, keep: set[str] | None = None) -> None:
+        """Forget the LRU's blobs (those not in ``keep``), in place: an
+        operation under way keeps what it holds, and its cache objects stay
+        the module's (swapping them left a diff reading one store while
+        filling another, for ever)."""
+        if keep is None:
+            self._blobs.clear()
+            self.size = 0
+            return
+        for ref in [r for r in self._blobs if r not in keep]:
+            self.size -= len(self._blobs.pop(ref)) + BLOB_OVERHEAD
+
+    def put(self, ref: str, data: bytes) -> None:
+        if ref in self._blobs:
+            return
+        self._blobs[ref] = data
+        self.size += len(data) + BLOB_OVERHEAD
+        while self.size > self.limit and len(self._blobs) > 1:
+            _, old = self._blobs.popitem(last=False)
+            self.size -= len(old) + BLOB_OVERHEAD
+
+    def __len__(self) -> int:
+        return len(self._blobs)
+
+
+class BlobFetcher:
+    """Loads the blobs a :class:`BlobStore` misses from the content store:
+    one load per blob in flight, whoever asks for it, and at most
+    :data:`FETCH_WINDOW` at a time for one caller."""
+
+    def __init__(self, blobs: BlobStore, counts: Counter[str]) -> None:
+        self.blobs = blobs
+        self.counts = counts
+        """The kvs module's counts (``blob-fetches``)."""
+        self.h: HandleCore  # (the kvs module's, bound at its start)
+        self.content: ContentModule | None = None
+        """Rank 0's content module when it is in this process with the kvs
+        module's hash (set at start): what its loads may vouch for."""
+        self.loader: ContentModule | None = None
+        """This rank's content module when it is in this process with the kvs
+        module's hash (any rank; set at start): blobs are loaded from it by a
+        call, not a ``content.load`` request each."""
+        # blob fetches in flight, each with what it may vouch for (rank 0
+        # during a garbage collection: ContentModule.load_token)
+        self._fetching: dict[str, tuple[asyncio.Future[bytes], LoadToken | None]] = {}
+
+    async def fetch(self, refs: set[str], held: set[str] | None = None, *,
+                    keep: bool = False) -> dict[str, bytes]:
+        """Load missing blobs from the content module (in parallel); with
+        ``held``, hold them (and those of ``refs`` already here) for the
+        caller until it releases them (:meth:`BlobStore.hold`).  Returns
+        them all, ``{ref: blob}`` (the caches may have been dropped
+        meanwhile: ``kvs.dropcache``, a garbage collection).
+
+        With ``keep``, while rank 0 collects garbage, what is fetched is kept:
+        blobs a commit is about to name
+        (:meth:`kvs.refcheck.RefChecker.check_refs`)."""
+        if keep and self.content is not None and self.content.collection is not None:
+            self.content.collection.touch(refs)
+        missing: list[str] = []
+        found: dict[str, bytes] = {}
+        get = self.blobs.get_cached if keep else self.blobs.get
+        for ref in refs:
+            data = get(ref)
+            if data is not None:
+                found[ref] = data
+                if held is not None:
+                    self.blobs.hold(ref, data, held)
+                continue
+            missing.append(ref)
+        self.counts["blob-fetches"] += len(missing)
+        for i in range(0, len(missing), FETCH_WINDOW):
+            part = missing[i:i + FETCH_WINDOW]
+            got = await asyncio.gather(*(self._fetch_shared(ref) for ref in part))
+            found.update(zip(part, got, strict=True))
+            if held is not None:
+                for ref, data in zip(part, got, strict=True):
+                    self.blobs.hold(ref, data, held)
+        return found
+
+    def _fetch_shared(self, ref: str) -> asyncio.Future[bytes]:
+        """The fetch of ``ref`` in flight, or a new one.  On rank 0, one that
+        may not vouch for its blob any more (a garbage collection) is not
+        shared: :meth:`ContentModule.load_token`."""
+        content = self.content
+        entry = self._fetching.get(ref)
+        if entry is not None and (entry[1] is None or content is None
+                                  or content.vouches(entry[1])):
+            return entry[0]
+        token = content.load_token(ref) if content is not None else None
+        fut = asyncio.ensure_future(self._fetch_one(ref, token))
+        self._fetching[ref] = (fut, token)
+        fut.add_done_callback(functools.partial(self._fetched, ref))
+        return fut
+
+    def _fetched(self, ref: str, fut: asyncio.Future[bytes]) -> None:
+        """Done callback of a blob fetch: it is no longer in flight."""
+        if self._fetching.get(ref, (None,))[0] is fut:  # (another may have replaced it)
+            del self._fetching[ref]
+
+    async def _fetch_one(self, ref: str, token: LoadToken | None) -> bytes:
+        content = self.content
+        loader = self.loader
+        try:
+            if loader is not None:  # its content module directly, no request
+                data = await loader.load_blob(ref)
+            else:
+                data = (await self.h.rpc("content.load", {"blobref": ref}))["data"]
+        except ErrnoError as exc:
+            if exc.errnum == errno.ENOENT:
+                raise ErrnoError(errno.ENOENT, f"blob {ref} is not in the content store") \
+                    from None
+            raise
+        if content is None or token is None or content.vouches(token):
+            self.blobs.put(ref, data)  # (not a blob a collection may be deleting)
+        return data

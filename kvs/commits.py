@@ -1,0 +1,324 @@
+"""Rank 0's commit pipeline: queue, merge, apply, store, set the root, publish.
+
+Every transaction reaches it through :meth:`CommitPipeline.enqueue` -- a
+client's ``kvs.commit`` on rank 0, or a follower's relayed by
+``kvs.relaycommit`` (:mod:`kvs.relay`) -- and is answered by the future it
+returns.  Per namespace, one task (:meth:`CommitPipeline._run_queue`) takes
+the queued transactions in order, **merges** adjacent ones with equal flags
+into one batch, and for each batch:
+
+1. waits for room in the content module's write-back backlog
+   (``content.backlog-bytes``), or fails the batch with the writer's errno;
+2. applies the ops with the I/O-free engine :mod:`kvs.txn`, fetching what
+   it misses (:mod:`kvs.blobs`), and checks the blobs they name
+   (:mod:`kvs.refcheck`);
+3. stores the new blobs, keeps the new root alive for a garbage
+   collection until it is set (:attr:`CommitPipeline.unpublished`), and,
+   for a ``SYNC`` commit, flushes and checkpoints it;
+4. sets the root and publishes ``kvs.namespace-<NS>-setroot`` (carrying
+   small commits' new blobs), or an ``error`` event naming the failed
+   transactions.  A merged batch that fails is split and replayed one by
+   one, so only the faulty transaction fails.
+
+The kvs module (:mod:`kvs.module`) checks requests and access, and owns the
+namespaces, events and checkpoints; this module only turns queued
+transactions into roots.  At stop, :meth:`CommitPipeline.drain` lets the
+queued transactions finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+from collections import Counter, deque
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+from broker.content.module import ContentModule
+from broker.errors import ErrnoError
+from broker.rpc import HandleCore
+from kvs import collect as collector
+from kvs import treeobj, txn
+from kvs.blobs import BlobFetcher, BlobStore
+from kvs.namespaces import PRIMARY, Namespace, Pending
+from kvs.refcheck import RefChecker
+
+
+class CommitPipeline:
+    """Rank 0: applies each namespace's queued transactions (see the module
+    docstring).  Its collaborators are the kvs module's, given here so that
+    what a commit touches is visible: ``spawn`` runs a task the module owns,
+    ``publish`` sends a namespace event, ``checkpoint`` records a primary
+    root (a ``SYNC`` commit's)."""
+
+    def __init__(self, *, log: logging.Logger, counts: Counter[str],
+                 spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task[Any]],
+                 cache: treeobj.BlobCache, blobs: BlobStore, fetcher: BlobFetcher,
+                 refcheck: RefChecker, publish: Callable[[str, dict[str, Any]], None],
+                 checkpoint: Callable[[str, int], Awaitable[None]], hash_name: str,
+                 statedir: str, root_history: collector.RootHistory,
+                 prime_limit: int) -> None:
+        self.log = log
+        self.counts = counts
+        self.spawn = spawn
+        self.cache = cache
+        self.blobs = blobs
+        self.fetch = fetcher.fetch
+        self.refcheck = refcheck
+        self.publish = publish
+        self.checkpoint = checkpoint
+        self.hash_name = hash_name
+        self.statedir = statedir
+        self.root_history = root_history
+        self.prime_limit = prime_limit
+        """A setroot event carries the commit's new blobs up to this total
+        (``kvs.setroot-blob-limit``)."""
+        self.h: HandleCore  # (the kvs module's, bound at its start)
+        self.content: ContentModule | None = None
+        """Rank 0's content module when it is in this process with the kvs
+        module's hash (set at start): new blobs go to it by a call instead
+        of a ``content.store`` request."""
+        self.stopping = False
+        """Set by the kvs module's stop: new transactions are refused (``ENOSYS``)."""
+        self._queue_runs: set[asyncio.Task[None]] = set()
+        self._checkpointing: set[asyncio.Task[Any]] = set()
+        """Queue runs writing a ``SYNC`` commit's checkpoint: past the point
+        of no return (its root may be on disk), so a stop that gives up on
+        late runs waits for these instead of failing them."""
+        self._gave_up = False
+        """Set when a stop gave up waiting: queue runs answer what is left ENOSYS."""
+        self.unpublished: Counter[str] = Counter()
+        """Roots made and stored, not yet set (a commit between its store
+        and its new root): live, for a garbage collection."""
+
+    async def drain(self, timeout: float) -> None:
+        """At stop (after :attr:`stopping` is set): wait up to ``timeout``
+        seconds for the queued transactions (they are, or are about to be,
+        acknowledged), then fail what is left with ``ENOSYS``."""
+        if self._queue_runs:
+            _done, late = await asyncio.wait(self._queue_runs, timeout=timeout)
+            if late:
+                self.log.error("%d namespaces still committing after %g s at stop: "
+                               "their transactions fail with ENOSYS", len(late),
+                               timeout)
+                # Stopped before the checkpoint picks its root: one they
+                # acknowledged after it would be lost at the next start.  A
+                # run writing a SYNC commit's checkpoint finishes that commit
+                # (its root may be on disk already), then stops too.
+                self._gave_up = True
+                for run in late:
+                    if run not in self._checkpointing:
+                        run.cancel()
+                await asyncio.gather(*late, return_exceptions=True)
+
+    def publish_error(self, ns: Namespace, names: list[str], exc: ErrnoError) -> None:
+        """The ``error`` event: transactions ``names`` failed (a follower that
+        relayed one of them answers its client from it)."""
+        self.publish(f"kvs.namespace-{ns.name}-error", {
+            "namespace": ns.name, "names": names, "errnum": exc.errnum, "errstr": exc.errstr})
+
+    def refuse_if_stopping(self) -> None:
+        if self.stopping:
+            raise ErrnoError(errno.ENOSYS, "the kvs module is stopping: "
+                                           "the transaction was not applied")
+
+    def enqueue(self, ns: Namespace, ops: list[dict[str, Any]], flags: int,
+                name: str) -> asyncio.Future[tuple[int, str]]:
+        """Queue transaction ``name`` in ``ns``; the future resolves to
+        ``(rootseq, rootref)`` once its root is set, or fails with its errno."""
+        self.refuse_if_stopping()
+        fut: asyncio.Future[tuple[int, str]] = asyncio.get_running_loop().create_future()
+        q = ns.queue
+        if q is None:
+            q = ns.queue = deque()
+        q.append(Pending(ops, flags, name, fut))
+        if not ns.committing:
+            ns.committing = True
+            run = self.spawn(self._run_queue(ns))
+            self._queue_runs.add(run)
+            run.add_done_callback(self._queue_runs.discard)
+        return fut
+
+    async def _run_queue(self, ns: Namespace) -> None:
+        """Rank 0: apply a namespace's queued transactions, merging adjacent ones."""
+        batch: list[Pending] = []
+        q = ns.queue
+        try:
+            while q and not ns.removed:
+                if self._gave_up:
+                    self._fail_stopped(ns, [])
+                    break
+                # Back-pressure (content.backlog-bytes): while the writer is
+                # behind, wait -- the queue grows meanwhile and merges into
+                # bigger batches -- or fail the next batch with its errno.
+                batch = []
+                no_room = await self._room()
+                if not q or ns.removed:
+                    break
+                first = q.popleft()
+                batch = [first]
+                if not first.flags & txn.NO_MERGE:
+                    while q and q[0].flags == first.flags:
+                        batch.append(q.popleft())
+                if no_room is not None:
+                    self.counts["commits-failed"] += len(batch)
+                    self._fail(ns, batch, no_room)
+                    continue
+                try:
+                    await self._apply_batch(ns, batch)
+                except Exception as exc:  # a bug: fail the batch, never leave it hanging
+                    self.log.exception("commit batch in %s failed", ns.name)
+                    self._fail(ns, batch, ErrnoError(errno.EIO, f"internal error: {exc}"))
+        except asyncio.CancelledError:  # stop gave up waiting for it: answer every one
+            self._fail_stopped(ns, batch)
+            raise
+        finally:
+            ns.committing = False
+            if not q:
+                ns.queue = None  # idle again: give the deque back
+
+    def _fail_stopped(self, ns: Namespace, batch: list[Pending]) -> None:
+        """Answer ``batch`` and everything still queued in ``ns``: not applied."""
+        q = ns.queue
+        self._fail(ns, [*batch, *(q or ())], ErrnoError(
+            errno.ENOSYS, "the kvs module stopped before the transaction was applied"))
+        if q:
+            q.clear()
+
+    def _fail(self, ns: Namespace, batch: list[Pending], exc: ErrnoError) -> None:
+        """Fail the transactions of ``batch`` not answered yet, each with its
+        own copy of ``exc`` (see :meth:`_apply_pinned`), and say so in an
+        ``error`` event (a follower that relayed one answers from it)."""
+        batch = [p for p in batch if not p.future.done()]
+        for p in batch:
+            p.future.set_exception(ErrnoError(exc.errnum, exc.errstr))
+        if batch:
+            self.publish_error(ns, [p.name for p in batch], exc)
+
+    async def _room(self) -> ErrnoError | None:
+        """Wait for room in rank 0's write-back backlog (:meth:`ContentModule.room`);
+        the errno that stopped the wait, if the writer fails."""
+        if self.content is None or self.stopping:
+            return None
+        try:
+            await self.content.room()
+        except ErrnoError as exc:
+            exc.__traceback__ = None  # (see _apply_pinned)
+            return exc
+        return None
+
+    async def _apply_batch(self, ns: Namespace, batch: list[Pending]) -> None:
+        pinned: list[str] = []
+        try:
+            await self._apply_pinned(ns, batch, pinned)
+        finally:
+            for ref in pinned:
+                self.unpublished[ref] -= 1
+                if not self.unpublished[ref]:
+                    del self.unpublished[ref]
+
+    async def _apply_pinned(self, ns: Namespace, batch: list[Pending], pinned: list[str]) -> None:
+        """:meth:`_apply_batch`: the root it makes is in :attr:`unpublished`
+        (``pinned``) from its blobs' store until it is set."""
+        ops = batch[0].ops if len(batch) == 1 else [op for p in batch for op in p.ops]
+        sync = any(p.flags & txn.SYNC for p in batch)
+        begun = self.content.collections_begun if self.content is not None else 0
+        try:
+            result, named = await self._apply(ns, ops)
+            # Storing may fail too (EFBIG over content.blob-size-limit): that
+            # fails the transaction like any other error, before the new root
+            # exists anywhere.
+            if result.new_blobs:
+                if self.content is not None:
+                    self.content.store_hashed(result.new_blobs)
+                else:
+                    await self.h.rpc("content.store",
+                                     {"blobs": list(result.new_blobs.values())})
+            for ref, data in result.new_blobs.items():
+                self.blobs.put(ref, data)
+            # From here until it is set, a garbage collection must keep this
+            # root whole: its blobs are stored, and may be before the
+            # collection's barrier while the root is set after its listing.
+            self.unpublished[result.rootref] += 1
+            pinned.append(result.rootref)
+            # The last check that can fail the transaction, before a SYNC
+            # commit checkpoints its root: a failed commit's root must not be
+            # the one a restart finds.  A collection that begins after it
+            # keeps the pinned root whole.
+            if named:
+                await self.refcheck.keep_whole(named, begun)
+            if sync:
+                await self.h.rpc("content.flush", {})
+                if ns.name == PRIMARY and self.statedir and not ns.removed:
+                    task = asyncio.current_task()
+                    assert task is not None
+                    self._checkpointing.add(task)
+                    try:
+                        await self.checkpoint(result.rootref, ns.rootseq + 1)
+                    finally:
+                        self._checkpointing.discard(task)
+        except ErrnoError as exc:
+            # Let go of the frames ``exc`` went through (they hold the ops
+            # and the blobs made for them), and give a future a fresh
+            # exception: the traceback made cycles (this frame -> batch ->
+            # future -> exc; a failed blob fetch's task -> exc -> the frame
+            # waiting for it) that kept every failed commit's data until a
+            # full collection, rare with a rank's raised thresholds (six
+            # EFBIG puts of 530 MB left rank 0 at 3.2 GB).
+            exc.__traceback__ = None
+            if len(batch) > 1:
+                self.counts["merges-split"] += 1
+                for p in batch:  # replay one by one: only the faulty one fails
+                    await self._apply_batch(ns, [p])
+                return
+            self.counts["commits-failed"] += 1
+            p = batch[0]
+            if not p.future.done():
+                p.future.set_exception(ErrnoError(exc.errnum, exc.errstr))
+            self.publish_error(ns, [p.name], exc)
+            return
+        if ns.removed:  # removed while this batch was being applied
+            err = ErrnoError(errno.ENOTSUP, f"namespace {ns.name} was removed")
+            for p in batch:
+                if not p.future.done():
+                    p.future.set_exception(err)
+            return
+        ns.set_root(ns.rootseq + 1, result.rootref)
+        self.root_history.note(result.rootref)
+        self.counts["batches"] += 1
+        if len(batch) > 1:
+            self.counts["merged"] += len(batch)
+        setroot: dict[str, Any] = {
+            "namespace": ns.name, "rootseq": ns.rootseq, "rootref": ns.rootref,
+            "names": [p.name for p in batch], "keys": result.keys, "owner": ns.owner,
+        }
+        # Prime the followers' caches: a commit's new blobs are few and small
+        # (O(log n) shards), so carrying them in the event saves every rank
+        # that watches this namespace a content.load round trip per tree level.
+        if result.new_blobs and sum(map(len, result.new_blobs.values())) <= self.prime_limit:
+            setroot["blobs"] = result.new_blobs
+        self.publish(f"kvs.namespace-{ns.name}-setroot", setroot)
+        answer = (ns.rootseq, ns.rootref)
+        for p in batch:
+            if not p.future.done():
+                p.future.set_result(answer)
+
+    async def _apply(self, ns: Namespace,
+                     ops: list[dict[str, Any]]) -> tuple[txn.TxnResult, dict[str, bool]]:
+        """Apply ``ops`` to ``ns``'s root: the result, and the existing blobs
+        the ops named (valrefs, dirrefs: see :meth:`RefChecker.keep_whole`)."""
+        held: set[str] = set()
+        try:
+            while True:
+                try:
+                    result = txn.apply(self.cache, ns.rootref, ops, hash_name=self.hash_name,
+                                       namespace=ns.name)
+                except treeobj.NeedBlobs as need:
+                    await self.fetch(need.refs, held)
+                    continue
+                named = await self.refcheck.check_refs(ops, result.new_blobs, held)
+                return result, named
+        finally:
+            if held:
+                self.blobs.release(held)
