@@ -76,8 +76,9 @@ from kvs import shards, treeobj, txn
 from kvs.client import Link
 from kvs.keys import join, normalize, parse_ns_target, split
 from kvs.lookup import SYMLINK_MAX
-from kvs.module import CHECKPOINT_KEY, MAX_OPS
+from kvs.namespaces import CHECKPOINT_KEY
 from kvs.treeobj import BlobCache, NeedBlobs, TreeObj
+from kvs.txn import MAX_OPS
 
 if TYPE_CHECKING:
     from kvs.client import KVS, Dir, RootSpec

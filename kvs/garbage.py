@@ -39,7 +39,7 @@ from broker.content.sqlite import SqliteStore, StoreLocked
 from broker.errors import ErrnoError
 from broker.launch import StartError, private_dir
 from kvs import treeobj
-from kvs.module import CHECKPOINT_KEY
+from kvs.namespaces import CHECKPOINT_KEY
 
 STORE_FILE = "content.sqlite"
 

@@ -60,6 +60,7 @@ from kvs.blobs import BLOB_CACHE_BYTES, BlobFetcher, BlobStore
 from kvs.commits import CommitPipeline
 from kvs.keys import check_key
 from kvs.namespaces import (
+    CHECKPOINT_KEY,
     EVENT_PREFIX,
     PRIMARY,
     Heard,
@@ -70,12 +71,11 @@ from kvs.namespaces import (
 )
 from kvs.refcheck import RefChecker, names_a_directory
 from kvs.relay import RelayOutbox
+from kvs.txn import MAX_OPS
 
 STOP_DRAIN_TIMEOUT = 10.0
 """Seconds rank 0's kvs waits at stop for the transactions already queued."""
-CHECKPOINT_KEY = "kvs-primary"
 EVENT_KINDS = ("setroot", "removed", "error", "created")
-MAX_OPS = 100_000
 SETROOT_BLOB_LIMIT = 8 << 10
 """A setroot event carries the commit's new blobs when they total at most this:
 a small commit's few tree levels, which saves a follower that reads the new

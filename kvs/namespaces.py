@@ -22,6 +22,10 @@ from broker.errors import ErrnoError
 from broker.message import Message
 
 PRIMARY = "primary"
+CHECKPOINT_KEY = "kvs-primary"
+"""The content store's checkpoint of the primary namespace's root: written
+by rank 0's kvs, read at start, by ``kvs dump/restore --checkpoint`` and by
+the offline ``kvs gc``."""
 _NAME_RE = re.compile(r"[A-Za-z0-9_.+@=%,-]{1,255}")
 _tiebreak = itertools.count()
 

@@ -75,7 +75,7 @@ from kvs.treeobj import (
     validate,
 )
 
-__all__ = ["APPEND", "EXPECT", "NO_MERGE", "SYNC", "TxnResult", "apply", "empty_root",
+__all__ = ["APPEND", "EXPECT", "MAX_OPS", "NO_MERGE", "SYNC", "TxnResult", "apply", "empty_root",
            "NeedBlobs"]
 
 # op flags
@@ -84,6 +84,9 @@ EXPECT = 64
 # commit flags (interpreted by the kvs module, not by this engine)
 NO_MERGE = 1
 SYNC = 4
+MAX_OPS = 100_000
+"""Most ops one ``kvs.commit`` may carry (``E2BIG`` past it; checked by the
+kvs module, and by a guest's ``kvs restore``, which must fit one commit)."""
 
 
 @dataclass(slots=True)

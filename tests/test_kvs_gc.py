@@ -37,7 +37,7 @@ from broker.errors import RemoteError
 from kvs import shards, txn
 from kvs import treeobj as T
 from kvs.garbage import GcError, collect, reachable
-from kvs.module import CHECKPOINT_KEY
+from kvs.namespaces import CHECKPOINT_KEY
 
 BIG = bytes(range(256)) * 8  # 2 KiB: a valref
 
