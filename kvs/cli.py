@@ -248,11 +248,12 @@ def _failed_condition(exc: ErrnoError) -> str | None:
     return key if sep else None
 
 
-def cmd_put(args: argparse.Namespace) -> int:
+def _conditions(args: argparse.Namespace) -> TxnOps:
+    """A transaction holding ``--expect`` and ``--expect-missing``'s
+    conditions (first: they see the tree as it is before the changes)."""
     ops = TxnOps()
-    keys = []
     key = ""
-    try:  # conditions first: they see the tree as it is
+    try:
         for cond in args.expect:
             key, sep, value = cond.partition("=")
             if not sep:
@@ -262,6 +263,12 @@ def cmd_put(args: argparse.Namespace) -> int:
             ops.expect_missing(key)
     except ErrnoError as exc:
         raise _fail(key, exc) from None
+    return ops
+
+
+def cmd_put(args: argparse.Namespace) -> int:
+    ops = _conditions(args)
+    keys = []
     for pair in args.pairs:
         key, sep, value = pair.partition("=")
         if not sep:
@@ -509,15 +516,20 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 
 def cmd_unlink(args: argparse.Namespace) -> int:
+    ops = _conditions(args)
+
     async def body(kvs: KVS) -> int:
-        ops = TxnOps()
         for key in args.keys:
             try:
                 if await kvs.unlinkable(key, recursive=args.recursive, force=args.force):
                     ops.unlink(key)
             except ErrnoError as exc:
                 raise CLIError(f"cannot unlink '{key}'", detail=error_detail(exc, key)) from None
-        _commit_finish(args, await _commit(kvs, ops, "unlink"))
+        try:
+            result = await kvs.commit(ops)
+        except ErrnoError as exc:
+            raise _fail(_failed_condition(exc) or "unlink", exc) from None
+        _commit_finish(args, result)
         return 0
 
     return _run(args, body)
@@ -1009,6 +1021,15 @@ def _eventlog_format(p: argparse.ArgumentParser) -> None:
                    help="same as --color=always")
 
 
+def _conditions_args(p: argparse.ArgumentParser) -> None:
+    """``--expect`` and ``--expect-missing`` (put, unlink)."""
+    p.add_argument("--expect", action="append", default=[], metavar="KEY=VALUE",
+                   help="commit only if KEY holds VALUE now, else fail and change "
+                        "nothing (compare-and-swap; repeatable)")
+    p.add_argument("--expect-missing", action="append", default=[], metavar="KEY",
+                   help="commit only if KEY does not exist (repeatable)")
+
+
 def register(subparsers: Any) -> None:
     """Add ``kvs`` and its subcommands to the ``kvbroker`` parser."""
     top = subparsers.add_parser("kvs", help="the key-value store (as flux kvs)",
@@ -1050,11 +1071,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("-A", "--append", action="store_true", help="append to the current value(s)")
     p.add_argument("-S", "--sync", action="store_true",
                    help="return once the change is on stable storage")
-    p.add_argument("--expect", action="append", default=[], metavar="KEY=VALUE",
-                   help="commit only if KEY holds VALUE now, else fail and change "
-                        "nothing (compare-and-swap; repeatable)")
-    p.add_argument("--expect-missing", action="append", default=[], metavar="KEY",
-                   help="commit only if KEY does not exist (repeatable)")
+    _conditions_args(p)
     p.add_argument("pairs", nargs="+", metavar="KEY=VALUE")
     p.set_defaults(func=cmd_put)
 
@@ -1089,6 +1106,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("-R", "--recursive", action="store_true",
                    help="remove non-empty directories too")
     p.add_argument("-f", "--force", action="store_true", help="ignore missing keys")
+    _conditions_args(p)
     p.add_argument("keys", nargs="+", metavar="KEY")
     p.set_defaults(func=cmd_unlink)
 

@@ -84,3 +84,28 @@ async def test_cli_put_expect(start_instance):
     assert (rc, err) == (1, "kvbroker: l: Operation canceled (condition failed: it exists)\n")
     assert (await run_cli("kvs", "put", "--expect", "l=me", "l=free", uri=uri))[0] == 0
     assert (await run_cli("kvs", "get", "l", uri=uri))[1] == "free\n"
+
+
+async def test_cli_unlink_expect_gives_a_lock_back(start_instance):
+    """The lock recipe of the docs: take with put --expect-missing, give
+    back with unlink --expect (only as its holder), take again.  The docs'
+    old release, put --expect lock=$me lock=, left an empty value that
+    --expect-missing never took again."""
+    inst = await start_instance(size=2)
+    uri = inst.uri(1)
+    assert (await run_cli("kvs", "put", "--expect-missing", "lock", "lock=alice",
+                          uri=uri))[0] == 0
+    rc, out, err = await run_cli("kvs", "unlink", "--expect", "lock=bob", "lock", uri=uri)
+    assert (rc, err) == (1, "kvbroker: lock: Operation canceled "
+                            "(condition failed: another value)\n")
+    assert (await run_cli("kvs", "get", "lock", uri=uri))[1] == "alice\n"
+    rc, out, err = await run_cli("kvs", "unlink", "--expect-missing", "other", "-s", "lock",
+                                 uri=uri)
+    assert rc == 0 and int(out) > 0, err
+    rc, out, err = await run_cli("kvs", "get", "lock", uri=uri)
+    assert (rc, err) == (1, "kvbroker: lock: No such file or directory\n")
+    assert (await run_cli("kvs", "put", "--expect-missing", "lock", "lock=bob",
+                          uri=uri))[0] == 0
+    assert (await run_cli("kvs", "get", "lock", uri=uri))[1] == "bob\n"
+    rc, out, err = await run_cli("kvs", "unlink", "--expect", "lock", "lock", uri=uri)
+    assert rc == 2 and err.endswith(" unlink: error: --expect lock: give KEY=VALUE\n"), err
