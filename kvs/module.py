@@ -897,10 +897,13 @@ class KvsModule(Module):
     def _gc_forget(self, keep: set[str]) -> None:
         """A collection decided: forget the blobs this module cached that it
         does not keep (the fetches in flight are no longer shared, nor
-        cached when they end: :meth:`kvs.blobs.BlobFetcher._fetch_shared`).
-        The decoded objects stay: checks of what a commit names decode the
-        blobs they fetch."""
+        cached when they end: :meth:`kvs.blobs.BlobFetcher._fetch_shared`),
+        and their decoded objects, so a read at a collected root fails here
+        as on a rank that never read it (the memo answered it until evicted).
+        Forgetting is always safe: what a commit or a read still needs is
+        fetched again, from the store, which keeps what it must."""
         self.blobs.drop(keep)
+        self.cache.drop(keep)
 
     # ================================================================ writes
 

@@ -503,6 +503,17 @@ class BlobCache:
         self._replaced.clear()
         self.nbytes = 0
 
+    def drop(self, keep: set[str]) -> None:
+        """Forget the decoded objects not in ``keep`` (a garbage collection
+        decided: a read at a collected root must not be answered from here
+        while the store has deleted its blobs), in place."""
+        objs = self._objs
+        probation = self._probation
+        for ref in [r for r in objs if r not in keep]:
+            del objs[ref]
+            self._forget(ref)
+            probation.pop(ref, None)
+
     def get(self, ref: str) -> bytes | None:
         """Raw blob bytes, or ``None`` when the store lacks them."""
         return self.store.get(ref)

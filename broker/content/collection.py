@@ -11,11 +11,13 @@ this module keeps that decision true while it is carried out:
   or itself built during the collection), its own new blobs (stored: kept)
   and the blobrefs its client named (checked, to the last blob below
   them: kept), so every root made during the collection stays whole.
-* **Young blobs.**  Rows written less than the grace period ago are never
-  deleted (the store's rowids only grow: :meth:`SqliteStore.max_rowid`),
-  nor blobs stored again in that time (:class:`RecentRefs`: their row is
-  older), so a blob stored by ``content.store`` and committed soon after
-  survives a collection that runs in between.
+* **Young blobs.**  Rows whose blobs were stored less than the grace
+  period ago are never deleted (the store's rowids only grow:
+  :meth:`SqliteStore.max_rowid`; a row is as young as the newest store of
+  the batch that wrote it, :attr:`ContentModule.last_stored`), nor blobs
+  stored again in that time (:class:`RecentRefs`: their row is older), so
+  a blob stored by ``content.store`` and committed soon after survives a
+  collection that runs in between.
 * **The decision** (:meth:`decide`) is made in one step on the event loop:
   the keep set is fixed and the caches let go of everything outside it.
   From then on a load vouches for a blob (is cached, or shared with a later

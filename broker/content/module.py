@@ -47,6 +47,7 @@ import itertools
 import logging
 import os
 import sqlite3
+import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Coroutine, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -160,6 +161,11 @@ class ContentModule(Module):
                                 LINK_MAX_MESSAGE.value(attrs) // 4)
         """An answer of many blobs stops at this many bytes (:data:`LOAD_BYTES`)."""
         self.inflight: dict[str, bytes] = {}  # handed to the writer, not yet written
+        self.last_stored = 0.0
+        """``time.monotonic()`` of the newest store into :attr:`dirty`: a batch
+        written back is as young as this when it is taken (a collection's
+        young rows count from their store, not from their write, which
+        without a statedir waits for the collection itself)."""
         self._writes: set[asyncio.Future[Written]] = set()
         self._executor: ThreadPoolExecutor | None = None
         self.persistent = False
@@ -293,6 +299,7 @@ class ContentModule(Module):
                 del self.dirty[ref]
         # (the batch's bytes stay in the backlog until its write is done)
         self.inflight.update(batch)
+        stored = self.last_stored  # (no blob of the batch is younger)
         loop = asyncio.get_running_loop()
         fut = loop.run_in_executor(self._executor, self.backing.put_many, list(batch.items()))
         self._writes.add(fut)
@@ -318,9 +325,9 @@ class ContentModule(Module):
 
         def wrote(written: Written) -> None:
             self.counts["written"] += len(batch)
-            self.rowids.note(written.max_rowid)
+            self.rowids.note(written.max_rowid, now=stored)
             if written.existing:  # (young again, though their rows are old)
-                self.restored.note(written.existing)
+                self.restored.note(written.existing, now=stored)
             if self.cache_bytes > self.cache_limit:
                 self._trim()
                 if not self.persistent:
@@ -331,6 +338,7 @@ class ContentModule(Module):
     def _backlog(self, blobs: Mapping[str, bytes]) -> None:
         """Mark ``blobs`` dirty (waiting for their write), counting their bytes."""
         dirty = self.dirty
+        self.last_stored = time.monotonic()
         for ref, data in blobs.items():
             if ref not in dirty:
                 dirty[ref] = data
