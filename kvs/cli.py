@@ -1041,8 +1041,9 @@ def register(subparsers: Any) -> None:
     _ns(p)
     p.add_argument("-r", "--raw", action="store_true", help="print value(s) as raw bytes")
     p.add_argument("-t", "--treeobj", action="store_true", help="print the RFC 11 tree object")
-    p.add_argument("-a", "--at", metavar="TREEOBJ", help="look up relative to this root "
-                   "(a dirref tree object, e.g. from getroot or get -t)")
+    p.add_argument("-a", "--at", metavar="TREEOBJ", help="look up relative to this root: "
+                   "a blobref (getroot -b, put -b) or a dirref tree object (getroot, "
+                   "get -t); not a version number")
     p.add_argument("-l", "--label", action="store_true", help="print KEY= before the value")
     p.add_argument("-w", "--watch", action="store_true", help="print the value and its changes")
     p.add_argument("-W", "--waitcreate", action="store_true", help="wait for KEY to be created")
@@ -1063,7 +1064,7 @@ def register(subparsers: Any) -> None:
     _ns(p)
     _root_out(p, "the puts")
     p.add_argument("-r", "--raw", action="store_true",
-                   help="store values as bytes; VALUE - reads standard input")
+                   help="VALUE - reads standard input (else '-' is the value)")
     p.add_argument("-t", "--treeobj", action="store_true",
                    help="VALUE is an RFC 11 tree object (- reads standard input)")
     p.add_argument("-n", "--no-merge", action="store_true",
@@ -1082,7 +1083,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("-w", "--width", type=_dir_width, metavar="COLS",
                    help="cut lines to COLS columns, at least 4, and at a newline "
                         "(0: print values whole)")
-    p.add_argument("-a", "--at", metavar="TREEOBJ", help="read at this root")
+    p.add_argument("-a", "--at", metavar="TREEOBJ",
+                   help="read at this root (a blobref or a dirref tree object)")
     p.add_argument("key", nargs="?", default=".", metavar="KEY")
     p.set_defaults(func=cmd_dir)
 
@@ -1120,7 +1122,8 @@ def register(subparsers: Any) -> None:
 
     p = sub.add_parser("readlink", help="print the target of symlinks")
     _ns(p)
-    p.add_argument("-a", "--at", metavar="TREEOBJ", help="read at this root")
+    p.add_argument("-a", "--at", metavar="TREEOBJ",
+                   help="read at this root (a blobref or a dirref tree object)")
     p.add_argument("-o", "--namespace-only", action="store_true",
                    help="print only the namespace of a link that names one "
                         "(a link without one prints its target, as flux)")
@@ -1175,7 +1178,8 @@ def register(subparsers: Any) -> None:
                        "- writes a tar stream to stdout.")
     _ns(p)
     p.add_argument("--key", metavar="KEY", help="dump this directory (default: the root)")
-    p.add_argument("-a", "--at", metavar="TREEOBJ", help="dump at this root")
+    p.add_argument("-a", "--at", metavar="TREEOBJ",
+                   help="dump at this root (a blobref or a dirref tree object)")
     p.add_argument("--checkpoint", action="store_true",
                    help="dump the KVS checkpoint of a stopped instance (offline)")
     p.add_argument("--statedir", metavar="DIR", help="that instance's statedir")

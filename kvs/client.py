@@ -205,6 +205,9 @@ def as_root(at: RootSpec) -> TreeObj:
     """The ``dirref`` tree object named by ``at`` (``EINVAL`` if it is not one)."""
     if isinstance(at, str):
         text = at.strip()
+        if text.isdigit():  # (a version: etcd's --rev, not a root)
+            raise ErrnoError(errno.EINVAL, f"a root is a blobref or a dirref tree object, "
+                                           f"not a version ({text}): getroot -b prints one")
         if not text.startswith("{"):
             return treeobj.dirref(text)  # a bare blobref (EINVAL if malformed)
         obj = treeobj.from_json(text)
@@ -512,8 +515,18 @@ class KVS:
         return (await self.get(key, at=at)).decode("utf-8", "surrogateescape")
 
     async def get_json(self, key: str, *, at: RootSpec | None = None) -> Any:
-        """The value of ``key`` parsed as JSON (``ValueError`` if it is not JSON)."""
-        return json.loads(await self.get(key, at=at))
+        """The value of ``key`` parsed as JSON (``ValueError`` naming the key if
+        it is not JSON: ``json.JSONDecodeError``, or ``UnicodeDecodeError``
+        for bytes that are not text)."""
+        data = await self.get(key, at=at)
+        try:
+            return json.loads(data)
+        except json.JSONDecodeError as exc:
+            raise json.JSONDecodeError(f"{key}: not JSON: {exc.msg}", exc.doc, exc.pos) \
+                from None
+        except UnicodeDecodeError as exc:
+            raise UnicodeDecodeError(exc.encoding, exc.object, exc.start, exc.end,
+                                     f"{key}: not JSON text: {exc.reason}") from None
 
     async def get_treeobj(self, key: str, *, at: RootSpec | None = None) -> TreeObj:
         """The stored tree object of ``key``, links not followed (``"."`` gives

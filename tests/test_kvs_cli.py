@@ -345,6 +345,18 @@ async def test_treeobj_and_at(start_instance) -> None:
         """)
 
 
+async def test_at_a_version_number_says_what_a_root_is(start_instance) -> None:
+    """--at takes a root (a blobref or a dirref); an etcd user's --rev (a
+    version number) was 'invalid blobref: '22''."""
+    inst = await start_instance(size=1)
+    await kvs(inst, "put", "a=1")
+    res = await kvs(inst, "get", "--at", "22", "a")
+    assert (res.rc, res.err) == (1, "kvbroker: a: Invalid argument (a root is a blobref or "
+                                    "a dirref tree object, not a version (22): getroot -b "
+                                    "prints one)\n")
+    root = (await kvs(inst, "getroot", "-b")).text.strip()
+    assert (await kvs(inst, "get", "--at", root, "a")).text == "1\n"
+
 async def test_get_label_empty_value(start_instance) -> None:
     """-l prints ``KEY=`` and a newline even for an empty value (the next key
     ran on: ``empty=a.c=hello``); without -l an empty value prints nothing."""

@@ -235,8 +235,11 @@ async def test_put_get_across_ranks(start_instance, connect, monkeypatch) -> Non
         with pytest.raises(RemoteError) as ei:
             await k1.put(".", 1)
         assert errnum(ei) == errno.EINVAL
-        with pytest.raises(ValueError):
+        # not JSON: a ValueError that names the key
+        with pytest.raises(UnicodeDecodeError, match="codec can't decode .*: a.b: not JSON text"):
             await k3.get_json("a.b")
+        with pytest.raises(json.JSONDecodeError, match="^a.s: not JSON: Expecting value"):
+            await k3.get_json("a.s")
 
 
 async def test_txn_commit_and_context_manager(start_instance, connect) -> None:
