@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import os
 import subprocess
 from collections import deque
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Coroutine, Generator
+from typing import Any, Generic, Protocol, Self, TypeVar
 
 from broker import codec
 from broker.errors import ProtocolError, RemoteError
@@ -113,6 +114,37 @@ class _ClientProtocol(FramedProtocol):
             self.closed.set_result(None)
 
 
+class _Closable(Protocol):
+    async def close(self) -> None: ...
+
+
+C = TypeVar("C", bound=_Closable)
+
+
+class Connecting(Generic[C]):
+    """What ``connect()`` returns: await it for the connection, or use it as
+    ``async with X.connect() as x:``, which also closes it at the end
+    (``async with await X.connect()`` works as well: the connection is its
+    own context manager).  Nothing happens until one of the two."""
+
+    __slots__ = ("_open", "_conn")
+
+    def __init__(self, open_: Callable[[], Coroutine[Any, Any, C]]) -> None:
+        self._open = open_
+        self._conn: C | None = None
+
+    def __await__(self) -> Generator[Any, None, C]:
+        return self._open().__await__()
+
+    async def __aenter__(self) -> C:
+        self._conn = await self._open()
+        return self._conn
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._conn is not None:
+            await self._conn.close()
+
+
 class Handle(HandleCore):
     """An async connection to a broker rank (use :meth:`connect`)."""
 
@@ -131,12 +163,18 @@ class Handle(HandleCore):
         self.uri = ""
 
     @classmethod
-    async def connect(cls, uri: str | None = None) -> Handle:
-        """Attach to the rank at ``uri`` (default: ``$KVBROKER_URI``).
+    def connect(cls, uri: str | None = None) -> Connecting[Self]:
+        """Attach to the rank at ``uri`` (default: ``$KVBROKER_URI``):
+        ``h = await Handle.connect()``, or ``async with Handle.connect() as
+        h:``, which closes it at the end.
 
         Raises ``OSError`` (e.g. ``ENOENT``, ``ECONNREFUSED``) if the broker
         is not there.
         """
+        return Connecting(functools.partial(cls._connect, uri))
+
+    @classmethod
+    async def _connect(cls, uri: str | None) -> Self:
         path = parse_uri(uri)
         self = cls()
         loop = asyncio.get_running_loop()

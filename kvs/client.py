@@ -3,7 +3,7 @@
     from broker.handle import Handle
     from kvs.client import KVS
 
-    async with await Handle.connect() as h:          # $KVBROKER_URI
+    async with Handle.connect() as h:                # $KVBROKER_URI
         kvs = KVS(h)                                  # $KVBROKER_NAMESPACE or "primary"
         await kvs.put("a.b", {"x": 1})                # JSON; str is UTF-8; bytes raw
         print(await kvs.get_json("a.b"))
@@ -33,13 +33,25 @@ Watching keys is the business of :mod:`kvs_watch.client`.
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import os
 from collections.abc import AsyncIterator, Awaitable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol, TypeVar, Unpack, overload
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Literal,
+    NamedTuple,
+    Protocol,
+    Self,
+    TypeVar,
+    Unpack,
+    overload,
+)
 
 from broker.errors import ErrnoError, RemoteError
+from broker.handle import Connecting
 from broker.sync import DEFAULT, Default
 from kvs import treeobj
 from kvs.keys import join, normalize, split
@@ -460,8 +472,13 @@ class KVS:
         self._owns_handle = False
 
     @classmethod
-    async def connect(cls, uri: str | None = None, namespace: str | None = None) -> KVS:
-        """Attach to a rank (default ``$KVBROKER_URI``); :meth:`close` detaches."""
+    def connect(cls, uri: str | None = None, namespace: str | None = None) -> Connecting[Self]:
+        """Attach to a rank (default ``$KVBROKER_URI``); :meth:`close` detaches.
+        ``kvs = await KVS.connect()``, or ``async with KVS.connect() as kvs:``."""
+        return Connecting(functools.partial(cls._connect, uri, namespace))
+
+    @classmethod
+    async def _connect(cls, uri: str | None, namespace: str | None) -> Self:
         from broker.handle import Handle
 
         self = cls(await Handle.connect(uri), namespace)

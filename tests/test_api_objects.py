@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from broker.errors import RemoteError
+from broker.handle import Handle
 from broker.launch import Instance
 from kvs.client import KVS, SyncKVS
 from kvs_watch.client import watch, watch_keys
@@ -61,6 +62,17 @@ async def test_reprs_say_what_and_where(start_instance: Any, connect: Any) -> No
     assert sh == f"<SyncHandle {uri}>"
     assert sw == "<SyncWatch of <Watch primary:a flags=0x4>>"
     assert skvs.startswith("<SyncKVS 'primary' on ")
+
+    # connect() is awaited, or entered: then the connection closes at the end
+    async with Handle.connect(uri) as h2:
+        assert (await asyncio.wait_for(h2.rpc("broker.ping", {}), T))["rank"] == 1
+    assert repr(h2) == f"<Handle {uri} closed>"
+    async with KVS.connect(uri) as k2:
+        assert await asyncio.wait_for(k2.get("a"), T) == b"1"
+    assert repr(k2.handle) == f"<Handle {uri} closed>"
+    k3 = await KVS.connect(uri)
+    await k3.close()
+    assert repr(k3.handle) == f"<Handle {uri} closed>"
 
     # An error answer's text names its errno, so a traceback says which one
     with pytest.raises(RemoteError) as raised:

@@ -51,6 +51,11 @@ async def user(h: Handle, kvs: KVS, skvs: SyncKVS, flag: bool) -> None:
         reveal_type(c2)  # sync-keys
     for ev2 in skvs.watch_eventlog("a"):
         reveal_type(ev2)  # sync-eventlog
+    async with Handle.connect() as h2:
+        reveal_type(h2)  # connect-with
+    reveal_type(await Handle.connect())  # connect-await
+    async with KVS.connect() as k2:
+        reveal_type(k2)  # kvs-connect-with
 '''
 
 ENTRY = "kvs_watch.client.WatchEntry"
@@ -68,6 +73,9 @@ EXPECTED = {
     "sync-sentinel": EITHER,
     "sync-keys": "kvs_watch.client.KeyChanges",
     "sync-eventlog": "dict[str, Any]",
+    "connect-with": "broker.handle.Handle",
+    "connect-await": "broker.handle.Handle",
+    "kvs-connect-with": "kvs.client.KVS",
 }
 
 
