@@ -69,7 +69,7 @@ import msgpack
 
 from broker.content import blobref
 from broker.content.module import DEFAULT_BLOB_LIMIT
-from broker.content.sqlite import SqliteStore, StoreLocked
+from broker.content.sqlite import STORE_FILE, SqliteStore, StoreLocked
 from broker.errors import ErrnoError, RemoteError
 from broker.launch import StartError, private_dir
 from kvs import shards, treeobj, txn
@@ -86,7 +86,6 @@ if TYPE_CHECKING:
 __all__ = ["ArchiveError", "Item", "Report", "dump", "dump_checkpoint", "read_items",
            "restore", "restore_checkpoint"]
 
-STORE_FILE = "content.sqlite"
 
 SUFFIXES = {".tar": "", ".tgz": "gz", ".tar.gz": "gz", ".tar.bz2": "bz2", ".tar.xz": "xz"}
 """Archive name endings and their compression (``-`` is a plain tar stream)."""

@@ -35,13 +35,11 @@ from dataclasses import dataclass, field
 import msgpack
 
 from broker.content import blobref
-from broker.content.sqlite import SqliteStore, StoreLocked
+from broker.content.sqlite import STORE_FILE, SqliteStore, StoreLocked
 from broker.errors import ErrnoError
 from broker.launch import StartError, private_dir
 from kvs import treeobj
 from kvs.namespaces import CHECKPOINT_KEY
-
-STORE_FILE = "content.sqlite"
 
 
 class GcError(Exception):

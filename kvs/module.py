@@ -133,9 +133,10 @@ def _check_ops(ops: Any) -> list[dict[str, Any]]:
     return ops
 
 
-def _published(fut: asyncio.Future[Any]) -> None:
-    """Rank 0, a relayed transaction's outcome: the setroot or error event
-    already told the follower; only mark a failure as seen."""
+def _outcome_read(fut: asyncio.Future[Any]) -> None:
+    """Mark a future's failure as seen, for outcomes nobody awaits: a
+    relayed transaction's (the setroot or error event already told the
+    follower), a namespace load whose waiter went away."""
     if not fut.cancelled():
         fut.exception()
 
@@ -154,11 +155,6 @@ def _check_relayed(txns: list[Any]) -> list[RelayedTxn]:
         t = require(t, name=str, ops=list)
         out.append((t["name"], _commit_flags(t), _check_ops(t["ops"])))
     return out
-
-
-def _outcome_read(fut: asyncio.Future[Any]) -> None:
-    if not fut.cancelled():
-        fut.exception()
 
 
 def _wire_size(payload: Any) -> int:
@@ -988,7 +984,7 @@ class KvsModule(Module):
             # its follower has already failed them (the removed event)
             raise ErrnoError(errno.ENOTSUP, f"namespace {ns.name} was removed")
         for name, flags, ops in txns:
-            self.commits.enqueue(ns, ops, flags, name).add_done_callback(_published)
+            self.commits.enqueue(ns, ops, flags, name).add_done_callback(_outcome_read)
 
     # ================================================================ namespace admin
 

@@ -56,7 +56,7 @@ from typing import Any, ClassVar
 from broker.attrs import CONTENT_HASH, LINK_MAX_MESSAGE, MAX_MESSAGE, AttrSpec, integer
 from broker.content import blobref
 from broker.content.collection import Collection, RecentRefs, RowidMarks, busy
-from broker.content.sqlite import SqliteStore, StoreLocked, Written
+from broker.content.sqlite import STORE_FILE, SqliteStore, StoreLocked, Written
 from broker.errors import ErrnoError, ProtocolError
 from broker.message import NODEID_UPSTREAM, Message
 from broker.module import Handler, Module, require
@@ -198,7 +198,7 @@ class ContentModule(Module):
             directory = statedir or self.ctx.attrs["rundir"]
             self.persistent = bool(statedir)
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="content-sqlite")
-            path = os.path.join(directory, "content.sqlite")
+            path = os.path.join(directory, STORE_FILE)
             try:
                 self.backing = await self.db(SqliteStore, path)
                 self.rowids.note(await self.db(self.backing.max_rowid))

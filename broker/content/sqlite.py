@@ -19,6 +19,9 @@ from collections.abc import Iterable
 from functools import lru_cache
 from typing import Any, NamedTuple
 
+STORE_FILE = "content.sqlite"
+"""The file's name in rank 0's statedir (or run directory)."""
+
 ROWS_PER_STATEMENT = 400
 """Two parameters a row: within SQLite's historic limit of 999 parameters."""
 
