@@ -608,10 +608,11 @@ class KVS:
             raise RemoteError(errno.ENOENT, f"{key}: no such key")
         return Dir(self, key, resp["val"]["data"], resp["rootref"])
 
-    async def exists(self, key: str) -> bool:
-        """Whether ``key`` names anything (a link counts, even a dangling one)."""
+    async def exists(self, key: str, *, at: RootSpec | None = None) -> bool:
+        """Whether ``key`` names anything (a link counts, even a dangling one),
+        now or at root ``at``."""
         try:
-            await self.lookup(key, TREEOBJ)
+            await self.lookup(key, TREEOBJ, at=at)
         except RemoteError as exc:
             if exc.errnum == errno.ENOENT:
                 return False
@@ -990,8 +991,8 @@ class SyncKVS:
         return SyncWatch(self.sync_handle, self.aio.watch_eventlog(key, waitcreate=waitcreate),
                          timeout=timeout)
 
-    def exists(self, key: str) -> bool:
-        return self.run(self.aio.exists(key))
+    def exists(self, key: str, *, at: RootSpec | None = None) -> bool:
+        return self.run(self.aio.exists(key, at=at))
 
     def unlinkable(self, key: str, *, recursive: bool = False, force: bool = False) -> bool:
         return self.run(self.aio.unlinkable(key, recursive=recursive, force=force))

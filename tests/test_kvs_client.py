@@ -204,7 +204,7 @@ async def test_put_get_across_ranks(start_instance, connect, monkeypatch) -> Non
     k1, k3 = await kvs_on(connect, inst, 1), await kvs_on(connect, inst, 3)
     assert k1.namespace == "primary"
     async with asyncio.timeout(T):
-        res = await k1.put("a.s", "ƒoo")
+        res = first = await k1.put("a.s", "ƒoo")
         assert isinstance(res, CommitResult) and res.rootseq >= 1
         await k1.put("a.b", b"\x00\xffraw")
         await k1.put("a.j", {"x": [1, 2]})
@@ -221,6 +221,9 @@ async def test_put_get_across_ranks(start_instance, connect, monkeypatch) -> Non
         assert (await k3.get_treeobj("."))["type"] == "dirref"
         assert await k3.get_str("..a...s.") == "ƒoo"  # keys are normalised
         assert await k3.exists("a.s") and not await k3.exists("a.nope")
+        # at an older root: a.big did not exist before its put
+        assert await k3.exists("a.big", at=res) and not await k3.exists("a.big", at=first)
+        assert await k3.exists("a.s", at=first.rootref)
         for key, code in (("a.nope", errno.ENOENT), ("a", errno.EISDIR),
                           ("a.s.x", errno.ENOENT)):
             with pytest.raises(RemoteError) as ei:
