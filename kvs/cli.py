@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import contextlib
 import errno
 import importlib
@@ -26,7 +27,7 @@ import os
 import re
 import sys
 import unicodedata
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from broker.cliutil import (
@@ -340,7 +341,11 @@ def _fit_columns(text: str, cols: int) -> int:
     return len(text)
 
 
-async def _dump_dir(top: Dir, maxcol: int, recursive: bool, only_keys: bool) -> None:
+async def _walk_dir(top: Dir, recursive: bool,
+                    values: bool) -> AsyncIterator[tuple[str, str, Any]]:
+    """``(key, kind, what)`` for each entry under ``top`` in order: a link's
+    target, a value's bytes (None unless ``values``), None for a directory
+    not descended into (or empty)."""
     # Depth first with a stack, not recursion: a tree may be deeper than
     # Python's recursion limit (``kvs copy`` nests directories freely).
     stack = [(top, iter(top))]
@@ -354,22 +359,35 @@ async def _dump_dir(top: Dir, maxcol: int, recursive: bool, only_keys: bool) -> 
         try:
             k = d.kind(name)
             if k == "symlink":
-                _emit(f"{key} -> {d.link(name)}")
+                yield key, k, str(d.link(name))
             elif k == "dir":
                 if not recursive:
-                    _emit(f"{key}.")
+                    yield key, k, None
                     continue
                 sub = await d.subdir(name)
                 if len(sub):
                     stack.append((sub, iter(sub)))
                 else:
-                    _emit(f"{key}.")
-            elif only_keys:
-                _emit(key)
+                    yield key, k, None
             else:
-                _emit(_kv_line(key, await d.read(name), maxcol))
+                yield key, k, (await d.read(name)) if values else None
         except ErrnoError as exc:
             raise _fail(key, exc) from None
+
+
+def _json_entry(kind: str, what: Any) -> Any:
+    """An entry of ``dir --json``: a value as its text (UTF-8), else as
+    ``{"base64": ...}``; ``{"link": TARGET}``; ``{"dir": true}``."""
+    if kind == "symlink":
+        return {"link": what}
+    if kind == "dir":
+        return {"dir": True}
+    if what is None:
+        return None
+    try:
+        return what.decode()
+    except UnicodeDecodeError:
+        return {"base64": base64.b64encode(what).decode()}
 
 
 def cmd_dir(args: argparse.Namespace) -> int:
@@ -380,7 +398,21 @@ def cmd_dir(args: argparse.Namespace) -> int:
             d = await kvs.dir(args.key, at=args.at)
         except ErrnoError as exc:
             raise _fail(args.key, exc) from None
-        await _dump_dir(d, maxcol, args.recursive, args.directory)
+        values = not args.directory
+        if args.json:
+            doc = {key: _json_entry(k, what)
+                   async for key, k, what in _walk_dir(d, args.recursive, values)}
+            _emit(json.dumps(doc, ensure_ascii=False))
+            return 0
+        async for key, k, what in _walk_dir(d, args.recursive, values):
+            if k == "symlink":
+                _emit(f"{key} -> {what}")
+            elif k == "dir":
+                _emit(f"{key}.")
+            elif what is None:
+                _emit(key)
+            else:
+                _emit(_kv_line(key, what, maxcol))
         return 0
 
     return _run(args, body)
@@ -1085,6 +1117,9 @@ def register(subparsers: Any) -> None:
                         "(0: print values whole)")
     p.add_argument("-a", "--at", metavar="TREEOBJ",
                    help="read at this root (a blobref or a dirref tree object)")
+    p.add_argument("--json", action="store_true",
+                   help='print one JSON object, {KEY: VALUE}: values whole, as text, or '
+                        '{"base64": ...} when not UTF-8; {"link": TARGET}, {"dir": true}')
     p.add_argument("key", nargs="?", default=".", metavar="KEY")
     p.set_defaults(func=cmd_dir)
 

@@ -357,6 +357,29 @@ async def test_at_a_version_number_says_what_a_root_is(start_instance) -> None:
     root = (await kvs(inst, "getroot", "-b")).text.strip()
     assert (await kvs(inst, "get", "--at", root, "a")).text == "1\n"
 
+async def test_dir_json_is_one_object_a_script_can_read(start_instance) -> None:
+    """dir --json: {KEY: ENTRY} in dir's order; values whole (no width cut,
+    newlines kept), text when UTF-8 else base64; links and directories
+    marked; -d gives null values; a value is ENOTDIR as without --json."""
+    inst = await start_instance(size=2)
+    long = "x" * 200
+    await kvs(inst, "put", "c.a=1", "c.b.c=hé", f"c.long={long}", "c.nl=two\nlines")
+    await kvs(inst, "mkdir", "c.empty")
+    await kvs(inst, "put", "-r", "c.bin=-", stdin=b"\xff\x00")
+    await kvs(inst, "link", "c.a", "c.l")
+    res = await kvs(inst, "dir", "-R", "--json", "c", rank=1)
+    assert res.rc == 0, res.err
+    assert json.loads(res.text) == {
+        "c.a": "1", "c.b.c": "hé", "c.bin": {"base64": "/wA="}, "c.empty": {"dir": True},
+        "c.l": {"link": "c.a"}, "c.long": long, "c.nl": "two\nlines"}
+    assert list(json.loads(res.text)) == sorted(json.loads(res.text))
+    top = json.loads((await kvs(inst, "dir", "--json", "c")).text)
+    assert top["c.b"] == {"dir": True} and top["c.a"] == "1"
+    keys = json.loads((await kvs(inst, "dir", "-R", "-d", "--json", "c")).text)
+    assert keys["c.a"] is None and keys["c.l"] == {"link": "c.a"}
+    res = await kvs(inst, "dir", "--json", "c.a")
+    assert (res.rc, res.err) == (1, "kvbroker: c.a: Not a directory\n")
+
 async def test_get_label_empty_value(start_instance) -> None:
     """-l prints ``KEY=`` and a newline even for an empty value (the next key
     ran on: ``empty=a.c=hello``); without -l an empty value prints nothing."""
