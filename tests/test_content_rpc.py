@@ -97,6 +97,10 @@ async def test_blob_size_limit(start_instance, connect, size) -> None:
     h = await connect(inst, size - 1)
     assert await store(h, b"a" * 1000) == sha256(b"a" * 1000)
     assert await errnum(h.rpc("content.store", {"data": b"a" * 1001})) == errno.EFBIG
+    # the message names the attribute, as EMSGSIZE's names broker.max-message
+    with pytest.raises(RemoteError, match=r"^\[EFBIG\] blob of 1001 bytes exceeds "
+                                          r"content.blob-size-limit \(1000\)$"):
+        await asyncio.wait_for(h.rpc("content.store", {"data": b"b" * 1001}), T)
     # a batch with one blob over the limit stores none of them
     n = await errnum(h.rpc("content.store", {"blobs": [b"ok", b"b" * 1001]}))
     assert n == errno.EFBIG
