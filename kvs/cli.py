@@ -215,10 +215,12 @@ def check_watch_options(args: argparse.Namespace) -> None:
         raise UsageError("--at cannot be combined with --watch, --waitcreate or --stream")
     if args.watch and args.stream:
         raise UsageError("--watch and --stream cannot be combined")
+    if getattr(args, "timeout", None) and not (args.watch or args.waitcreate):
+        raise UsageError("--timeout needs --watch or --waitcreate")
 
 
 def cmd_get(args: argparse.Namespace) -> int:
-    if args.watch or args.waitcreate or args.stream:
+    if args.watch or args.waitcreate or args.stream or args.timeout:
         check_watch_options(args)
         return _delegate("watch_get", args)
 
@@ -1089,6 +1091,9 @@ def register(subparsers: Any) -> None:
                    help="with --watch, also notice changes of parent directories")
     p.add_argument("-S", "--stream", action="store_true",
                    help="return a large value in several answers")
+    p.add_argument("--timeout", type=positive_float, metavar="SECONDS",
+                   help="with --watch or --waitcreate, give up after SECONDS "
+                        "(Connection timed out, exit 1)")
     p.add_argument("keys", nargs="+", metavar="KEY")
     p.set_defaults(func=cmd_get)
 

@@ -124,16 +124,24 @@ async def watch_get_async(h: HandleCore, args: argparse.Namespace,
         F.check(flags, streaming=True)
     except ErrnoError as exc:
         raise CLIError(getattr(args, "what", "kvs get"), detail=error_detail(exc, "")) from None
-    if flags & F.WATCH and len(keys) > 1:
-        try:
-            async with asyncio.TaskGroup() as tg:
+    timeout: float | None = getattr(args, "timeout", None)
+    try:
+        async with asyncio.timeout(timeout):
+            if flags & F.WATCH and len(keys) > 1:
+                try:
+                    async with asyncio.TaskGroup() as tg:
+                        for key in keys:
+                            tg.create_task(_get_one(h, key, flags, args, out))
+                except ExceptionGroup as eg:
+                    raise eg.exceptions[0] from None
+            else:
                 for key in keys:
-                    tg.create_task(_get_one(h, key, flags, args, out))
-        except ExceptionGroup as eg:
-            raise eg.exceptions[0] from None
-    else:
-        for key in keys:
-            await _get_one(h, key, flags, args, out)
+                    await _get_one(h, key, flags, args, out)
+    except TimeoutError:
+        what = keys[0] if len(keys) == 1 else getattr(args, "what", "kvs get")
+        doing = "watched for" if flags & F.WATCH else "not created within"
+        raise CLIError(what, detail=f"{os.strerror(errno.ETIMEDOUT)} "
+                                    f"({doing} {timeout:g} s)") from None
     return 0
 
 

@@ -91,6 +91,27 @@ async def test_kvs_get_watch_waitcreate_append_stream(start_instance, connect):
     await wait_watchers(h0, 0, nodeid=3)
 
 
+async def test_kvs_get_timeout_gives_up_and_cancels_its_watch(start_instance, connect):
+    """--timeout bounds --waitcreate and --watch as kvs wait -t and eventlog
+    wait-event -t bound theirs: ETIMEDOUT, exit 1, the watch cancelled on
+    the rank; a value that comes in time ends it as without; without a
+    watch it is a usage error."""
+    inst = await start_instance(size=2)
+    h0 = await connect(inst, 0)
+    uri = inst.uri(1)
+    rc, out, err = await run(uri, "kvs", "get", "-W", "--timeout", "0.3", "t.nokey")
+    assert (rc, out, err) == (1, "", "kvbroker: t.nokey: Connection timed out "
+                                     "(not created within 0.3 s)\n")
+    await commit(h0, put("t.k", "1"), sync=(h0, 1))
+    rc, out, err = await run(uri, "kvs", "get", "-w", "--timeout", "0.3", "t.k")
+    assert (rc, out, err) == (1, "1\n", "kvbroker: t.k: Connection timed out "
+                                        "(watched for 0.3 s)\n")
+    assert await run(uri, "kvs", "get", "-W", "--timeout", "10", "t.k") == (0, "1\n", "")
+    rc, out, err = await run(uri, "kvs", "get", "--timeout", "1", "t.k")
+    assert rc == 2 and err.endswith("error: --timeout needs --watch or --waitcreate\n"), err
+    await wait_watchers(h0, 0, nodeid=1)
+
+
 async def test_eventlog_get_watch_and_wait_event(start_instance, connect):
     inst = await start_instance(size=4, fanout=2)
     h0 = await connect(inst, 0)
