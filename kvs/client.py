@@ -32,6 +32,7 @@ Watching keys is the business of :mod:`kvs_watch.client`.
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import functools
 import json
@@ -772,6 +773,16 @@ class KVS:
         """The namespace's current version (``rootseq``) on this rank."""
         return (await self.getroot()).rootseq
 
+    async def wait_create(self, key: str, timeout: float | None = None) -> WatchEntry:
+        """The value of ``key`` once it exists (at once if it does):
+        :func:`kvs_watch.client.wait_create` in this namespace, which waits
+        for the namespace too.  With ``timeout`` (seconds) it gives up after
+        that long, cancelling the watch, and raises ``TimeoutError``."""
+        from kvs_watch.client import wait_create
+
+        async with asyncio.timeout(timeout):
+            return await wait_create(self.handle, key, namespace=self.namespace)
+
     async def wait_version(self, version: int, timeout: float | None = None) -> int:
         """Return once this rank has reached ``version``; returns the version
         it is at (``ENOTSUP`` if the namespace is removed meanwhile).  With
@@ -1043,6 +1054,9 @@ class SyncKVS:
 
     def version(self) -> int:
         return self.run(self.aio.version())
+
+    def wait_create(self, key: str, timeout: float | None = None) -> WatchEntry:
+        return self.run(self.aio.wait_create(key, timeout), None)
 
     def wait_version(self, version: int, timeout: float | None = None) -> int:
         # the rank gives up first and forgets the wait; this side's limit

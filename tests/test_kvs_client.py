@@ -9,6 +9,7 @@ import os
 
 import pytest
 from test_broker_support import run_cli
+from test_watch_helpers import wait_watchers
 
 from broker.errors import ErrnoError, RemoteError
 from kvs import eventlog, treeobj
@@ -743,3 +744,29 @@ def test_errors_pickle_and_copy() -> None:
         for again in (pickle.loads(pickle.dumps(exc)), copy.copy(exc)):
             assert type(again) is type(exc)
             assert (again.errnum, again.errstr) == (exc.errnum, exc.errstr)
+
+
+async def test_wait_create_waits_for_the_key_and_its_namespace(start_instance, connect) -> None:
+    """KVS.wait_create (and SyncKVS's): the value once the key exists, in
+    the KVS's namespace, even one created after the wait began; at once if
+    it exists; TimeoutError after timeout, the watch cancelled."""
+    inst = await start_instance(size=2)
+    h0, h1 = await connect(inst, 0), await connect(inst, 1)
+    k0, k1 = KVS(h0), KVS(h1, "later")
+    async with asyncio.timeout(T):
+        waiting = asyncio.ensure_future(k1.wait_create("job.state"))
+        await wait_watchers(h1, 1)
+        await k0.namespace_create("later")
+        await KVS(h0, "later").put("job.state", "run")
+        entry = await waiting
+        assert (entry.value, entry.namespace) == (b"run", "later")
+        assert (await k1.wait_create("job.state")).value == b"run"  # exists: at once
+        with pytest.raises(TimeoutError):
+            await k1.wait_create("job.never", timeout=0.2)
+        await wait_watchers(h1, 0)
+
+    def blocking() -> bytes | None:
+        with SyncKVS(uri=inst.uri(1), namespace="later") as skvs:
+            return skvs.wait_create("job.state", timeout=T).value
+    assert await asyncio.to_thread(blocking) == b"run"
+
