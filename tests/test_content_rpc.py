@@ -211,7 +211,7 @@ async def test_a_follower_asks_upstream_for_many_blobs_at_once(start_instance,
     """A cold read on rank 3 of a value of many blobs: rank 3 asks rank 1,
     and rank 1 rank 0, for the misses of a loop turn in one request
     (LOAD_BATCH at most), not one request per blob and hop (20,000 blobs
-    took 6 s on rank 3; 1.4 s with batches and the kvs loading blobs from
+    took ~6 s on rank 3; ~1 s with batches and the kvs loading blobs from
     its rank's content module by a call)."""
     from broker.content.module import LOAD_BATCH
 
