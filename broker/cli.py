@@ -177,8 +177,11 @@ def cmd_start(args: argparse.Namespace) -> int:
             # A rank that could not stop cleanly (rank 0 could not write its
             # last checkpoint: a full disk) lost something: not a success.
             rank, code = failed[0]
-            print_err(f"rank {rank} exited {exit_status(code)} as it stopped "
-                      "(its log says why)")
+            if code < 0:  # (a signal: the rank wrote nothing about it)
+                print_err(f"rank {rank} was {exit_status(code)} as the instance stopped")
+            else:
+                print_err(f"rank {rank} exited {exit_status(code)} as it stopped "
+                          "(its log says why)")
             return 1
         return rc
 
@@ -590,7 +593,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_exec)
 
     s = sub.add_parser("rpc", help="send one request and print the response(s)")
-    s.add_argument("topic")
+    s.add_argument("topic", metavar="TOPIC")
     s.add_argument("payload", nargs="?", type=json_arg, metavar="PAYLOAD-JSON")
     s.add_argument("--rank", "-r", type=rank_int, metavar="N",
                    help="send it to rank N (default: any rank offering the service)")
@@ -610,7 +613,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     s = sub.add_parser("event", help="publish or subscribe to events")
     esub = s.add_subparsers(dest="event_cmd", required=True)
     e = esub.add_parser("pub", help="publish one event")
-    e.add_argument("topic")
+    e.add_argument("topic", metavar="TOPIC")
     e.add_argument("payload", nargs="?", type=json_arg, metavar="PAYLOAD-JSON")
     e.add_argument("--private", action="store_true",
                    help="deliver it only to the instance owner and its publisher's user")

@@ -562,7 +562,11 @@ def cmd_unlink(args: argparse.Namespace) -> int:
         try:
             result = await kvs.commit(ops)
         except ErrnoError as exc:
-            raise _fail(_failed_condition(exc) or "unlink", exc) from None
+            cond = _failed_condition(exc)
+            if cond is None and len(args.keys) == 1:  # (as unlinkable's errors say it)
+                key = args.keys[0]
+                raise CLIError(f"cannot unlink '{key}'", detail=error_detail(exc, key)) from None
+            raise _fail(cond or "unlink", exc) from None
         _commit_finish(args, result)
         return 0
 

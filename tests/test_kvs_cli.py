@@ -380,6 +380,17 @@ async def test_dir_json_is_one_object_a_script_can_read(start_instance) -> None:
     res = await kvs(inst, "dir", "--json", "c.a")
     assert (res.rc, res.err) == (1, "kvbroker: c.a: Not a directory\n")
 
+async def test_unlink_names_the_key_when_the_commit_refuses_it(start_instance) -> None:
+    """An unlink the commit refuses (through a link into another namespace)
+    names the key as unlink's other errors do, not 'unlink:' (docs audit)."""
+    inst = await start_instance(size=1)
+    await kvs(inst, "namespace", "create", "other")
+    await kvs(inst, "put", "-N", "other", "x.y=1")
+    await kvs(inst, "link", "-T", "other", "x", "l")
+    res = await kvs(inst, "unlink", "l.y")
+    assert (res.rc, res.err) == (1, "kvbroker: cannot unlink 'l.y': Invalid argument "
+                                    "(cannot write through a link into another namespace)\n")
+
 async def test_get_label_empty_value(start_instance) -> None:
     """-l prints ``KEY=`` and a newline even for an empty value (the next key
     ran on: ``empty=a.c=hello``); without -l an empty value prints nothing."""
