@@ -60,6 +60,13 @@ class ProtocolError(ErrnoError):
         return self.__class__, (self.errstr,)
 
 
+def error_text(exc: BaseException) -> str:
+    """``exc``'s message for a message of one's own: an errno error's
+    ``errstr`` (a :class:`RemoteError`'s ``str`` leads with its errno's
+    name, which the errno of the new message says already), else ``str``."""
+    return exc.errstr if isinstance(exc, ErrnoError) else str(exc)
+
+
 def strerror(errnum: int) -> str:
     """``os.strerror`` for the CLI's ``kvbroker: <what>: <strerror>`` lines."""
     return os.strerror(errnum)

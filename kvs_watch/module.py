@@ -40,7 +40,7 @@ from typing import Any, ClassVar
 
 from broker.attrs import CONTENT_HASH, AttrSpec, integer
 from broker.content import blobref
-from broker.errors import ErrnoError, ProtocolError
+from broker.errors import ErrnoError, ProtocolError, error_text
 from broker.message import Message
 from broker.module import Handler, Module, require
 from kvs.keys import check_key
@@ -229,7 +229,7 @@ class KvsWatchModule(Module):
         if exc is not None:
             errnum = exc.errnum if isinstance(exc, ErrnoError) else errno.EIO
             w.fail(errnum, f"namespace {mon.name!r} does not exist" if errnum == errno.ENOTSUP
-                   else f"kvs.getroot {mon.name}: {exc}")
+                   else f"kvs.getroot {mon.name}: {error_text(exc)}")
             return
         try:
             r = fut.result()
@@ -270,7 +270,7 @@ class KvsWatchModule(Module):
             else:
                 errnum = exc.errnum if isinstance(exc, ErrnoError) else errno.EIO
                 for w in list(mon.watchers):
-                    w.fail(errnum, f"kvs.getroot {mon.name}: {exc}")
+                    w.fail(errnum, f"kvs.getroot {mon.name}: {error_text(exc)}")
         except (KeyError, TypeError, ValueError) as e:
             log.error("bad kvs.getroot answer for %s: %s", mon.name, e)
             for w in list(mon.watchers):

@@ -35,7 +35,7 @@ import logging
 from collections import deque
 from typing import TYPE_CHECKING, Any, Protocol
 
-from broker.errors import ErrnoError
+from broker.errors import ErrnoError, error_text
 from broker.message import Message
 from kvs import treeobj
 from kvs_watch.flags import (
@@ -403,7 +403,8 @@ class Watcher:
             exc = None if fut.cancelled() else fut.exception()
             if fut.cancelled() or exc is not None:
                 errnum = exc.errnum if isinstance(exc, ErrnoError) else errno.EIO
-                self.fail(errnum, f"{self.key}: cannot load a blob of the value: {exc}")
+                self.fail(errnum, f"{self.key}: cannot load a blob of the value: "
+                                  f"{error_text(exc) if exc is not None else 'cancelled'}")
                 return False
             try:
                 data = fut.result()["data"]

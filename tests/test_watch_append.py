@@ -78,6 +78,24 @@ async def test_append_sends_only_new_chunks(start_instance, connect):
     await wait_watchers(h0, 0, nodeid=3)
 
 
+async def test_a_blob_the_watcher_cannot_load_ends_the_watch_in_one_message(
+        start_instance, connect):
+    """An appended blob too big for the link ends an APPEND watch with its
+    errno and the load's own message, without the '[EMSGSIZE]' a
+    RemoteError's str now leads with (review)."""
+    inst = await start_instance(size=2, attrs={"tbon.max-message": "65536"})
+    h0, h1 = await connect(inst, 0), await connect(inst, 1)
+    await commit(h0, put("test.log", "start"), sync=h1)
+    async with watch(h1, "test.log", append=True) as w:
+        assert await take(w, 1) == [b"start"]
+        await commit(h0, append("test.log", b"x" * 100_000))
+        with pytest.raises(RemoteError) as info:
+            await take(w, 1)
+    assert info.value.errnum == errno.EMSGSIZE
+    assert info.value.errstr.startswith("test.log: cannot load a blob of the value: ")
+    assert "[EMSGSIZE]" not in info.value.errstr, info.value.errstr
+
+
 async def test_append_errors(start_instance, connect):
     inst = await start_instance(size=4, fanout=2)
     h0, h2 = await connect(inst, 0), await connect(inst, 2)

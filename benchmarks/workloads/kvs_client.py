@@ -48,7 +48,7 @@ async def main(uri: str, n: int, prefix: str, lifeline: Lifeline,
                 await kvsops.commit(h, [kvsops.put_op(f"{prefix}.k{i}", str(i).encode())])
         except RemoteError as exc:
             errors += 1
-            first_error = first_error or f"{exc.errname}: {exc}"
+            first_error = first_error or f"{exc.errname}: {exc.errstr}"
     t1 = time.perf_counter()
     r1 = resource.getrusage(resource.RUSAGE_SELF)
     await h.close()

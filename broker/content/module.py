@@ -49,11 +49,11 @@ import os
 import sqlite3
 import time
 from collections import Counter, OrderedDict, deque
-from collections.abc import Coroutine, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
 
-from broker.attrs import CONTENT_HASH, LINK_MAX_MESSAGE, MAX_MESSAGE, AttrSpec, integer
+from broker.attrs import CONTENT_HASH, LINK_MAX_MESSAGE, AttrSpec, integer
 from broker.content import blobref
 from broker.content.collection import Collection, RecentRefs, RowidMarks, busy
 from broker.content.sqlite import STORE_FILE, SqliteStore, StoreLocked, Written
@@ -119,9 +119,16 @@ LOAD_BATCH_MAX = 4096
 
 LOAD_BYTES = 4 << 20
 """An answer of many blobs stops once it holds this many bytes (and at a
-quarter of ``broker.max-message`` / ``tbon.max-message`` when they are
-smaller); it always holds the first blob, which fits as it was stored.
-Short answers keep the link free for the messages behind them."""
+quarter of ``tbon.max-message`` when that is smaller); it always holds the
+first blob.  Short answers keep the link free for the messages behind them.
+The blobs are loaded in order, in rounds sized by what the budget still
+allows at the sizes seen so far, so a batch of big blobs loads about what
+its answer holds, not the whole list each time it is asked again."""
+
+LINK_SLACK = 4096
+"""Bytes of an answer beside one blob (its envelope): a blob that does not
+fit ``tbon.max-message`` with them is answered as an ``EMSGSIZE`` entry of
+its own, so it fails alone, not the batch it came in."""
 
 
 class ContentModule(Module):
@@ -157,8 +164,8 @@ class ContentModule(Module):
         """Rank 0: blobs to read from the file in the next batch (:meth:`_read`)."""
         self._pulls: dict[str, asyncio.Future[bytes]] = {}
         """A follower: blobs to ask upstream for in the next batch (:meth:`_pull`)."""
-        self.answer_bytes = min(LOAD_BYTES, MAX_MESSAGE.value(attrs) // 4,
-                                LINK_MAX_MESSAGE.value(attrs) // 4)
+        self.link_max = LINK_MAX_MESSAGE.value(attrs)
+        self.answer_bytes = min(LOAD_BYTES, self.link_max // 4)
         """An answer of many blobs stops at this many bytes (:data:`LOAD_BYTES`)."""
         self.inflight: dict[str, bytes] = {}  # handed to the writer, not yet written
         self.last_stored = 0.0
@@ -666,7 +673,8 @@ class ContentModule(Module):
 
     async def _load_many(self, msg: Message, refs: list[Any]) -> None:
         """``content.load`` of many: each blob or ``[errnum, errstr]``, in
-        order, until the answer holds :attr:`answer_bytes`."""
+        order, until the answer holds :attr:`answer_bytes` (see
+        :data:`LOAD_BYTES`)."""
         if not refs:
             raise ErrnoError(errno.EINVAL, "blobrefs is empty")
         if len(refs) > LOAD_BATCH_MAX:
@@ -676,38 +684,59 @@ class ContentModule(Module):
             if not isinstance(ref, str):
                 raise ProtocolError("blobrefs must be strings")
             blobref.check(ref)
-        cache = self.cache
-        loads: dict[str, Coroutine[Any, Any, bytes]] = {}
-        for ref in refs:
-            if ref not in cache and ref not in loads:
-                loads[ref] = self.load_blob(ref)
-        found: dict[str, bytes | BaseException] = {}
-        if loads:
-            got = await asyncio.gather(*loads.values(), return_exceptions=True)
-            found = dict(zip(loads, got, strict=True))
+        budget = self.answer_bytes
         out: list[bytes | list[Any]] = []
-        size = 0
-        hits = 0
-        for ref in refs:
-            data = found.get(ref)
-            if data is None:
-                data = cache.get(ref)
-                if data is None:  # (evicted meanwhile: a later ask loads it again)
-                    break
-                hits += 1
-            if isinstance(data, BaseException):
-                if not isinstance(data, ErrnoError):
-                    raise data
-                out.append([data.errnum, data.errstr])
+        size = blobs = 0
+        i = 0
+        while i < len(refs) and (not out or size < budget):
+            # this round: one blob first, then as many as the budget left
+            # holds at the mean size so far (a round's loads run together)
+            n = 1 if not blobs else max(1, (budget - size) * blobs // max(size, 1))
+            part = refs[i:i + n]
+            got = await self._load_round(part)
+            for ref, data in zip(part, got, strict=True):
+                entry = self._entry(ref, data)
+                if isinstance(entry, bytes):
+                    if out and size + len(entry) > budget:
+                        break  # (asked again: a later answer holds it)
+                    size += len(entry)
+                    blobs += 1
+                out.append(entry)
+                i += 1
+            else:
                 continue
-            if out and size + len(data) > self.answer_bytes:
-                break
-            size += len(data)
-            out.append(data)
-        self.counts["hits"] += hits
-        if not out:  # (the first was evicted between its load and now)
-            out.append(await self.load_blob(refs[0]))
+            break
         self.h.respond(msg, {"data": out})
+
+    async def _load_round(self, refs: list[str]) -> list[bytes | BaseException]:
+        """Blobs ``refs`` (or each one's error): from the cache, the others
+        loaded together."""
+        cache = self.cache
+        hits = [cache.get(ref) for ref in refs]
+        misses = {ref for ref, data in zip(refs, hits, strict=True) if data is None}
+        self.counts["hits"] += len(refs) - len(misses)
+        found: dict[str, bytes | BaseException] = {}
+        if misses:
+            order = list(misses)
+            got = await asyncio.gather(*(self.load_blob(ref) for ref in order),
+                                       return_exceptions=True)
+            found = dict(zip(order, got, strict=True))
+        return [data if data is not None else found[ref]
+                for ref, data in zip(refs, hits, strict=True)]
+
+    def _entry(self, ref: str, data: bytes | BaseException) -> bytes | list[Any]:
+        """One entry of a ``content.load`` of many: the blob, or ``[errnum,
+        errstr]`` -- for a blob too big for the link too (it fails alone)."""
+        if isinstance(data, bytes):
+            if len(data) + LINK_SLACK > self.link_max:
+                return [errno.EMSGSIZE, f"blob {ref} of {len(data)} bytes exceeds "
+                                        f"tbon.max-message ({self.link_max})"]
+            return data
+        if isinstance(data, ErrnoError):
+            return [data.errnum, data.errstr]
+        if isinstance(data, asyncio.CancelledError):  # (a shared load cancelled at stop)
+            return [errno.ECANCELED, f"the load of blob {ref} was cancelled"]
+        raise data
 
     # ------------------------------------------------------------ collection
 
