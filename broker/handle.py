@@ -16,9 +16,10 @@ import errno
 import functools
 import os
 import subprocess
+import warnings
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Coroutine, Generator
-from typing import Any, Generic, Protocol, Self, TypeVar
+from typing import Any, Protocol, Self, TypeVar
 
 from broker import codec
 from broker.errors import ProtocolError, RemoteError
@@ -121,28 +122,55 @@ class _Closable(Protocol):
 C = TypeVar("C", bound=_Closable)
 
 
-class Connecting(Generic[C]):
-    """What ``connect()`` returns: await it for the connection, or use it as
-    ``async with X.connect() as x:``, which also closes it at the end
+class Connecting(Coroutine[Any, Any, C]):
+    """What ``connect()`` returns: a coroutine of the connection (await it,
+    or hand it to ``asyncio.create_task``, ``asyncio.run``, ``gather``...),
+    which is also an async context manager: ``async with X.connect() as
+    x:`` connects, and closes the connection at the end of the block.
     (``async with await X.connect()`` works as well: the connection is its
-    own context manager).  Nothing happens until one of the two."""
+    own context manager.)"""
 
-    __slots__ = ("_open", "_conn")
+    __slots__ = ("_open", "_coro", "_entered")
 
     def __init__(self, open_: Callable[[], Coroutine[Any, Any, C]]) -> None:
         self._open = open_
-        self._conn: C | None = None
+        self._coro: Coroutine[Any, Any, C] | None = None
+        self._entered: C | None = None
+
+    def _inner(self) -> Coroutine[Any, Any, C]:
+        if self._coro is None:
+            self._coro = self._open()
+        return self._coro
+
+    def send(self, value: Any) -> Any:
+        return self._inner().send(value)
+
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
+        if val is None and tb is None:
+            return self._inner().throw(typ)
+        return self._inner().throw(typ, val, tb)
+
+    def close(self) -> None:
+        if self._coro is not None:
+            self._coro.close()
 
     def __await__(self) -> Generator[Any, None, C]:
-        return self._open().__await__()
+        return self._inner().__await__()
+
+    def __del__(self) -> None:
+        if self._coro is None:  # (as Python warns of a coroutine never awaited)
+            warnings.warn("connect() was never awaited", RuntimeWarning, stacklevel=2)
 
     async def __aenter__(self) -> C:
-        self._conn = await self._open()
-        return self._conn
+        if self._coro is not None:
+            raise RuntimeError("this connect() was awaited or entered already")
+        self._entered = await self._inner()
+        return self._entered
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._conn is not None:
-            await self._conn.close()
+        conn, self._entered = self._entered, None
+        if conn is not None:
+            await conn.close()
 
 
 class Handle(HandleCore):
@@ -215,7 +243,7 @@ class Handle(HandleCore):
             state = f"{len(self._pending)} pending"
         return f"<Handle {self.uri or '?'} {state}>"
 
-    async def __aenter__(self) -> Handle:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc: object) -> None:

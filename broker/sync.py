@@ -27,7 +27,7 @@ import asyncio
 import enum
 import errno
 from collections.abc import Awaitable
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 from broker.errors import RemoteError
 from broker.handle import Handle
@@ -175,7 +175,7 @@ class SyncHandle:
         finally:
             self._runner.close()
 
-    def __enter__(self) -> SyncHandle:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

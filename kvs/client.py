@@ -491,7 +491,7 @@ class KVS:
         if self._owns_handle:
             await self.handle.close()
 
-    async def __aenter__(self) -> KVS:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -932,7 +932,7 @@ class SyncKVS:
     def __repr__(self) -> str:
         return f"<SyncKVS {self.namespace!r} on {self.sync_handle.aio.uri}>"
 
-    def __enter__(self) -> SyncKVS:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

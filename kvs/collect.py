@@ -17,7 +17,7 @@ commit between the store of its blobs and its setting
 (:attr:`kvs.commits.CommitPipeline.unpublished`); every blob stored or
 named by a commit while the collection runs (a commit checks every blob
 below a directory it names, :meth:`kvs.refcheck.RefChecker.check_whole`);
-and every blob written or stored again less than the grace period ago.
+and every blob stored (or stored again) less than the grace period ago.
 **Removed**: the rest.  A read at an older root (``kvs.lookup`` with
 ``rootdir``, ``kvs.diff``, ``watch_keys(since=)``) then fails with
 ``ENOENT``, as etcd answers a revision it compacted.
@@ -61,7 +61,7 @@ from kvs import treeobj
 
 GRACE = AttrSpec(
     "kvs.gc-grace", "10s", duration,
-    "an online kvs gc keeps every root published, and every blob written, this recently")
+    "an online kvs gc keeps every root published, and every blob stored, this recently")
 PERIOD = AttrSpec(
     "kvs.gc-period", "0", duration,
     "rank 0 runs an online kvs gc this often (0: only when asked)")

@@ -125,8 +125,9 @@ async def watch_get_async(h: HandleCore, args: argparse.Namespace,
     except ErrnoError as exc:
         raise CLIError(getattr(args, "what", "kvs get"), detail=error_detail(exc, "")) from None
     timeout: float | None = getattr(args, "timeout", None)
+    what = getattr(args, "what", "kvs get") if len(keys) > 1 else keys[0]
     try:
-        async with asyncio.timeout(timeout):
+        async with asyncio.timeout(timeout) as bound:
             if flags & F.WATCH and len(keys) > 1:
                 try:
                     async with asyncio.TaskGroup() as tg:
@@ -136,9 +137,11 @@ async def watch_get_async(h: HandleCore, args: argparse.Namespace,
                     raise eg.exceptions[0] from None
             else:
                 for key in keys:
+                    what = key  # (waited one after the other: this one)
                     await _get_one(h, key, flags, args, out)
     except TimeoutError:
-        what = keys[0] if len(keys) == 1 else getattr(args, "what", "kvs get")
+        if timeout is None or not bound.expired():
+            raise  # (not --timeout's: a socket's own, say)
         doing = "watched for" if flags & F.WATCH else "not created within"
         raise CLIError(what, detail=f"{os.strerror(errno.ETIMEDOUT)} "
                                     f"({doing} {timeout:g} s)") from None

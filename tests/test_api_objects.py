@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import gc
 import traceback
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,21 @@ async def test_reprs_say_what_and_where(start_instance: Any, connect: Any) -> No
     k3 = await KVS.connect(uri)
     await k3.close()
     assert repr(k3.handle) == f"<Handle {uri} closed>"
+    # ... and it is a coroutine: create_task and TaskGroup take it (review)
+    h4 = await asyncio.create_task(Handle.connect(uri))
+    async with asyncio.TaskGroup() as tg:
+        k4 = tg.create_task(KVS.connect(uri))
+    assert await asyncio.wait_for(k4.result().get("a"), T) == b"1"
+    await k4.result().close()
+    await h4.close()
+    entered = Handle.connect(uri)
+    async with entered:
+        with pytest.raises(RuntimeError, match="awaited or entered already"):
+            async with entered:
+                pass
+    with pytest.warns(RuntimeWarning, match="connect.. was never awaited"):
+        Handle.connect(uri)
+        gc.collect()
 
     # An error answer's text names its errno, so a traceback says which one
     with pytest.raises(RemoteError) as raised:

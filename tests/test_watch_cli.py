@@ -107,6 +107,10 @@ async def test_kvs_get_timeout_gives_up_and_cancels_its_watch(start_instance, co
     assert (rc, out, err) == (1, "1\n", "kvbroker: t.k: Connection timed out "
                                         "(watched for 0.3 s)\n")
     assert await run(uri, "kvs", "get", "-W", "--timeout", "10", "t.k") == (0, "1\n", "")
+    # keys waited for one after the other: the message names the one it waited for
+    rc, out, err = await run(uri, "kvs", "get", "-W", "--timeout", "0.3", "t.k", "t.nokey")
+    assert (rc, out, err) == (1, "1\n", "kvbroker: t.nokey: Connection timed out "
+                                        "(not created within 0.3 s)\n")
     rc, out, err = await run(uri, "kvs", "get", "--timeout", "1", "t.k")
     assert rc == 2 and err.endswith("error: --timeout needs --watch or --waitcreate\n"), err
     await wait_watchers(h0, 0, nodeid=1)
