@@ -317,9 +317,13 @@ class Instance:
                     proc = await asyncio.shield(spawn)
                 except asyncio.CancelledError:
                     # Cancelled once the child may exist: wait for its Process
-                    # so that stop() ends it too (uvloop leaves it running).
-                    with contextlib.suppress(Exception):
-                        self.procs.append(await spawn)
+                    # so that stop() ends it too (uvloop leaves it running),
+                    # through further cancels (creating it takes moments).
+                    while not spawn.done():
+                        with contextlib.suppress(asyncio.CancelledError):
+                            await asyncio.wait({spawn})
+                    if not spawn.cancelled() and spawn.exception() is None:
+                        self.procs.append(spawn.result())
                     raise
                 self.procs.append(proc)
         finally:
