@@ -171,9 +171,11 @@ def cmd_start(args: argparse.Namespace) -> int:
                       "so it was killed (a hung or stopped process)")
         failed = [(rank, code) for rank, code in enumerate(codes)
                   if code and rank not in inst.killed]
-        if rc == 0 and inst.killed and not signalled:
+        # (stopped by a signal too: without a command, that is how a
+        # service stops, and its supervisor must hear of what was lost)
+        if rc == 0 and inst.killed:
             return 1
-        if rc == 0 and failed and inst.ended is not None and not signalled:
+        if rc == 0 and failed and inst.ended is not None:
             # A rank that could not stop cleanly (rank 0 could not write its
             # last checkpoint: a full disk) lost something: not a success.
             rank, code = failed[0]

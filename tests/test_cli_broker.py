@@ -74,6 +74,30 @@ async def test_start_says_which_rank_it_had_to_kill() -> None:
         "so it was killed (a hung or stopped process)"), err
 
 
+async def test_start_stopped_by_sigterm_says_which_rank_it_had_to_kill() -> None:
+    """The same when ``start`` serves without a command and is stopped by
+    SIGTERM, as a service is: it exited 0 (operator audit)."""
+    proc = await asyncio.create_subprocess_exec(
+        KVBROKER, "start", "--size", "3", "--fanout", "2",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        uri = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode().strip()
+        rc, out, err = await run_cli("attr", "get", "broker.pid", "-r", "2", uri=uri)
+        assert rc == 0, err
+        os.kill(int(out), signal.SIGSTOP)
+        proc.send_signal(signal.SIGTERM)
+        _out, err_b = await asyncio.wait_for(proc.communicate(), STOP_TIMEOUT + 60)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode == 1, err_b
+    assert err_b.decode().strip().splitlines()[-1] == (
+        f"kvbroker: rank 2 did not exit within {STOP_TIMEOUT:g} s of SIGTERM, "
+        "so it was killed (a hung or stopped process)"), err_b
+
+
 async def test_start_missing_command() -> None:
     rc, _, err = await run_cli("start", "--", "/nonexistent/command")
     assert rc == 127

@@ -13,6 +13,7 @@ import asyncio
 import errno
 import hashlib
 import os
+import signal
 
 from test_broker_support import KVBROKER
 from test_kvs_rpc_helpers import NO_MERGE, T, commit, errnum, get, put, stats
@@ -168,6 +169,37 @@ async def test_start_exits_1_when_rank_0_cannot_stop_cleanly(small_disk) -> None
     assert proc.returncode == 1, text
     assert "rank 0 exited with status 1 as it stopped (its log says why)" in text, text
     assert "disk is full" in text, text
+
+
+async def test_start_stopped_by_sigterm_exits_1_when_rank_0_cannot_stop_cleanly(
+        small_disk) -> None:
+    """The same without a command, stopped as a service is, by SIGTERM:
+    ``start`` exited 0 without a word, so a supervisor never heard that
+    acknowledged commits were not durable (operator audit)."""
+    free = os.statvfs(small_disk)
+    room = free.f_bavail * free.f_frsize - 150_000
+    proc = await asyncio.create_subprocess_exec(
+        KVBROKER, "start", "--statedir", str(small_disk / "state"),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        uri = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode().strip()
+        with open(small_disk / "filler", "wb") as f:
+            f.write(b"\0" * room)
+        put_big = await asyncio.create_subprocess_exec(
+            KVBROKER, "kvs", "put", "-r", "big=-", stdin=asyncio.subprocess.PIPE,
+            env=dict(os.environ, KVBROKER_URI=uri))
+        await asyncio.wait_for(put_big.communicate(os.urandom(300_000)), 60)
+        assert put_big.returncode == 0
+        proc.send_signal(signal.SIGTERM)
+        _out, err = await asyncio.wait_for(proc.communicate(), 60)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    text = err.decode()
+    assert proc.returncode == 1, text
+    assert "rank 0 exited with status 1 as it stopped (its log says why)" in text, text
 
 
 async def test_a_busy_namespace_does_not_starve_another(start_instance, connect) -> None:
