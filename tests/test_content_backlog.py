@@ -145,8 +145,12 @@ async def test_a_full_disk_stops_acknowledging_commits_whatever_the_backlog(
         for i in range(5):
             assert await errnum(commit(h, put(f"q{i}", os.urandom(VALUE))), T) == errno.ENOSPC
         assert (await get(h, "before")) == b"kept"
+        st = await stats(h, "content")  # (an operator sees it in the stats)
+        assert st["write-failures"] >= 1 and "full" in st["failing"], st
         filler.unlink()
         await commit(h, put("after", "yes"))
+        await asyncio.wait_for(h.rpc("content.flush", {}), T)
+        assert (await stats(h, "content"))["failing"] is None
         await h.close()
     finally:
         await asyncio.wait_for(inst.stop(), 60)

@@ -99,7 +99,7 @@ LoadToken = tuple[int, bool]
 """(:attr:`ContentModule.generation`, may cache) when a load started."""
 
 COUNTERS = ("hits", "misses", "stored", "written", "backlog-waits", "read-batches",
-            "load-batches")
+            "load-batches", "write-failures")
 """The counters of ``content.stats-get`` (all shown, 0 included)."""
 
 READ_BATCH = 256
@@ -319,9 +319,13 @@ class ContentModule(Module):
             # (cancelled: never ran, or ran unseen -- write them again either way)
             failed = (asyncio.CancelledError("the write was cancelled") if f.cancelled()
                       else f.exception())
+            if failed is None and self.failing is not None:
+                logging.getLogger("kvbroker.content").warning(
+                    "writing to SQLite succeeds again (it failed: %s)", self.failing)
             self.failing = failed
             try:
                 if failed is not None:
+                    self.counts["write-failures"] += 1
                     logging.getLogger("kvbroker.content").error(
                         "writing %d blobs to SQLite failed: %s", len(batch), failed)
                     self._backlog(batch)  # keep them; retry on the next batch
@@ -883,7 +887,9 @@ class ContentModule(Module):
         if self.backing is not None:
             out.update({"backlog-bytes": self.backlog_bytes,
                         "backlog-limit": self.backlog_limit,
-                        "backlog-peak": self.backlog_peak})
+                        "backlog-peak": self.backlog_peak,
+                        # why the last write failed, until one succeeds
+                        "failing": None if self.failing is None else str(self.failing)})
         return out
 
 
