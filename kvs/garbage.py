@@ -217,9 +217,14 @@ def describe(report: GcReport) -> str:
     verb = "would remove" if report.dry_run else "removed"
     file = (f"{size_text(report.file_before)} (a dry run compacts nothing)" if report.dry_run
             else f"{size_text(report.file_before)} -> {size_text(report.file_after)}")
-    return (f"kept {report.kept:,} blobs ({size_text(report.kept_bytes)}) reachable from {roots}\n"
-            f"{verb} {report.removed:,} blobs ({size_text(report.removed_bytes)})\n"
+    return (f"kept {_blobs(report.kept)} ({size_text(report.kept_bytes)}) "
+            f"reachable from {roots}\n"
+            f"{verb} {_blobs(report.removed)} ({size_text(report.removed_bytes)})\n"
             f"{STORE_FILE}: {file}")
+
+
+def _blobs(n: int) -> str:
+    return f"{n:,} blob{'' if n == 1 else 's'}"
 
 
 def size_text(n: int) -> str:

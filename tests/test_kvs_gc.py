@@ -401,3 +401,16 @@ async def test_gc_without_room_to_compact_says_so_and_the_next_run_does(
     assert lines[0].startswith("kept 9 blobs (25.2 MB)")  # the root and the 8 values
     assert lines[1] == "removed 0 blobs (0 B)"  # the failed run's deletion held
     assert path.stat().st_size < owed - 2_000_000
+
+
+def test_the_offline_report_counts_one_blob_as_one() -> None:
+    """'kept 1 blobs' (operator audit): the offline report says 'blob' for one,
+    as the online one does."""
+    from kvs.garbage import GcReport, describe
+
+    report = GcReport(dry_run=False)
+    report.kept, report.removed = 1, 0
+    text = describe(report)
+    assert text.startswith("kept 1 blob (0 B) reachable from ")
+    assert "\nremoved 0 blobs (0 B)\n" in text
+
