@@ -240,7 +240,7 @@ class Handle(HandleCore):
         elif proto.transport is None or proto.transport.is_closing():
             state = "disconnected"
         else:
-            state = f"{len(self._pending)} pending"
+            state = f"{self.pending} pending"
         return f"<Handle {self.uri or '?'} {state}>"
 
     async def __aenter__(self) -> Self:
@@ -308,6 +308,8 @@ class Handle(HandleCore):
                 # broker.closing: the rank is about to close the connection
                 # and says why (docs/protocol.md); the calls fail with it
                 self._closing = (errnum, errstr or "")
+            elif self._unanswered:
+                self._late_answer(matchtag)
             return True  # nobody waits (any more): drop it
         if type(waiter) is Stream:
             return False

@@ -146,6 +146,10 @@ class HandleCore:
         # reached).  Rather than a done-callback per request, _sweep() drops
         # the done futures every SWEEP_EVERY tags and when ``pending`` is read.
         self._pending: dict[int, asyncio.Future[Any] | Stream] = {}
+        self._unanswered: set[int] = set()
+        """Tags of requests forgotten before their answer came (swept,
+        retired): not issued again until that answer comes, as Flux's
+        matchtag pool does, so a late answer never reaches a newer request."""
         self._closed_error: RemoteError | None = None
         # The loop this handle's answers arrive on, when it is bound to one
         # (a client connection): rpc() may then be called while that loop is
@@ -165,11 +169,15 @@ class HandleCore:
     SWEEP_EVERY = 1024  # a power of 2: tags allocated between sweeps
 
     def _alloc_tag(self) -> int:
-        tag = self._next_tag
-        self._next_tag = tag + 1 if tag < 0x7FFFFFFF else 1
-        if not tag & (self.SWEEP_EVERY - 1):
-            self._sweep()
-        return tag
+        while True:
+            tag = self._next_tag
+            self._next_tag = tag + 1 if tag < 0x7FFFFFFF else 1
+            if not tag & (self.SWEEP_EVERY - 1):
+                self._sweep()
+            if tag not in self._pending and tag not in self._unanswered:
+                return tag
+            # (wrapped after 2**31 requests: skip what may still be answered,
+            # a long watch's stream or an abandoned wait)
 
     def _sweep(self) -> None:
         """Forget plain requests whose futures are done without an answer
@@ -178,6 +186,11 @@ class HandleCore:
         dead = [tag for tag, w in pending.items() if type(w) is not Stream and w.done()]
         for tag in dead:
             del pending[tag]
+        self._unanswered.update(dead)
+
+    def _late_answer(self, tag: int) -> None:
+        """An answer nobody waits for any more: its tag may be issued again."""
+        self._unanswered.discard(tag)
 
     def _check_open(self) -> None:
         if self._closed_error is not None:  # (a new one each time: a shared one's
@@ -226,6 +239,8 @@ class HandleCore:
         waiter = self._pending.pop(tag, None)
         if waiter is not None and type(waiter) is not Stream and not waiter.done():
             waiter.cancel()
+        if waiter is not None:
+            self._unanswered.add(tag)
 
     @property
     def pending(self) -> int:
@@ -267,6 +282,8 @@ class HandleCore:
     def _on_response(self, msg: Message) -> None:
         waiter = self._pending.get(msg.matchtag)
         if waiter is None:
+            if self._unanswered:
+                self._late_answer(msg.matchtag)
             return
         if type(waiter) is Stream:
             if msg.errnum:

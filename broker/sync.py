@@ -218,6 +218,8 @@ class SyncStream:
     def __next__(self) -> Any:
         try:
             msg = self._handle.run(self._stream.next_message(), self.timeout)
+        except TimeoutError:
+            raise  # (the stream goes on: next() may wait again, as SyncWatch's)
         except BaseException:
             self.close()
             raise

@@ -171,8 +171,16 @@ class Watch(Generic[ItemT]):
     async def __aenter__(self) -> Self:
         return self.start()
 
-    async def __aexit__(self, *exc: object) -> None:
-        await self.cancel()
+    async def __aexit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        if exc_type is None:
+            await self.cancel()
+            return
+        # Left by an exception (a cancel, a timeout): cancel on the rank
+        # without waiting for the end of the stream, which a stuck rank
+        # would hold up for CANCEL_TIMEOUT; what it still sends is dropped.
+        stream = self._stream
+        if stream is not None and not stream.done and not stream.reading:
+            _abandon(self.h, stream, self.nodeid)
 
     def __aiter__(self) -> Self:
         return self
@@ -612,7 +620,11 @@ class SyncWatch(Generic[ItemT]):
         return cast(ItemT, item)
 
     def cancel(self) -> None:
-        self.sh.run(self.watch.cancel())
+        """As :meth:`Watch.cancel`: idempotent, and silent on a closed handle
+        (leaving a ``with`` block, it must not replace the block's own
+        exception with the handle's)."""
+        with contextlib.suppress(RemoteError):  # (the handle is closed)
+            self.sh.run(self.watch.cancel())
 
 
 _END = object()

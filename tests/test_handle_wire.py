@@ -97,6 +97,39 @@ async def test_answers_errors_and_garbage(wired) -> None:
 
 
 @pytest.mark.both_loops
+async def test_a_matchtag_is_not_issued_again_while_it_may_be_answered(wired) -> None:
+    """Past 2**31 requests the tags wrap: a tag still in use (a stream's) or
+    forgotten before its answer came (a cancelled request) is skipped, as
+    Flux's matchtag pool never reissues an unanswered tag.  It was issued
+    again: a long watch's entries went to the new request, and a late answer
+    to a cancelled wait answered a newer one (concurrency audit)."""
+    h, peer = wired
+    h.rpc_stream("svc.watch", {})
+    watched = await asyncio.wait_for(peer.requests.get(), T)
+    abandoned = h.rpc("svc.wait", {})
+    waited = await asyncio.wait_for(peer.requests.get(), T)
+    abandoned.cancel()
+    assert h.pending == 1  # (the cancelled one is forgotten, its tag kept back)
+    h._next_tag = 0x7FFFFFFF  # the state of a handle ~2**31 requests later
+    tags = []
+    for _ in range(3):
+        fut = h.rpc("svc.new", {})
+        req = await asyncio.wait_for(peer.requests.get(), T)
+        tags.append(req.matchtag)
+        peer.answer(req, {})
+        await asyncio.wait_for(fut, T)
+    assert {watched.matchtag, waited.matchtag} == {1, 2}
+    assert tags == [0x7FFFFFFF, 3, 4]
+    # the late answer is dropped, and frees its tag for the next wrap
+    peer.answer(waited, {"late": True})
+    later = h.rpc("svc.after", {})
+    after = await asyncio.wait_for(peer.requests.get(), T)
+    peer.answer(after, {"n": 1})
+    assert await asyncio.wait_for(later, T) == {"n": 1}
+    assert waited.matchtag not in h._unanswered
+
+
+@pytest.mark.both_loops
 async def test_spoiled_headers_and_strangers_are_dropped(wired) -> None:
     h, peer = wired
     pending = h.rpc("svc.wait", {})

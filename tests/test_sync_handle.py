@@ -262,6 +262,12 @@ async def test_the_handles_timeout_is_every_requests_default(start_instance) -> 
                                   timeout=0.2)
             with pytest.raises(TimeoutError):
                 next(stream)
+            # a timeout leaves the stream going: next() may wait again (it
+            # said StopIteration, as if the stream had ended; concurrency audit)
+            with pytest.raises(TimeoutError):
+                next(stream)
+            out["going"] = h.aio.pending
+            stream.close()
             out["pending"] = h.aio.pending
         with pytest.raises(ValueError, match="the handle's"):
             SyncKVS(h, timeout=1)  # the handle's timeout applies: said, not ignored
@@ -275,7 +281,7 @@ async def test_the_handles_timeout_is_every_requests_default(start_instance) -> 
     out = await asyncio.wait_for(asyncio.to_thread(script), 60)
     assert 0.25 < out["rpc"] < 5, out
     assert out["run_none"] == "slept" and out["get"] == 1
-    assert out["pending"] == 0
+    assert (out["going"], out["pending"]) == (1, 0)
 
 
 async def test_sends_between_calls_leave_at_once(start_instance, connect) -> None:
@@ -305,3 +311,27 @@ async def test_sends_between_calls_leave_at_once(start_instance, connect) -> Non
     finally:
         release.set()
         await asyncio.wait_for(worker, 30)
+
+
+async def test_leaving_a_sync_watch_keeps_the_blocks_own_exception(start_instance) -> None:
+    """A SyncWatch left by an exception after its handle was closed: the
+    block's exception comes out, not the handle's ECONNRESET from the
+    watch's cancel (concurrency audit).  Its cancel is silent there, as
+    Watch.cancel is."""
+    from kvs.client import SyncKVS
+
+    inst = await start_instance(size=1)
+
+    def script() -> str:
+        with SyncKVS(uri=inst.uri(0)) as kvs:
+            kvs.put("w.k", 1)
+            try:
+                with kvs.watch("w.k", timeout=10) as w:
+                    next(iter(w))
+                    kvs.close()
+                    raise ValueError("the block's own")
+            except ValueError as exc:
+                return str(exc)
+        return "no exception"
+
+    assert await asyncio.wait_for(asyncio.to_thread(script), 60) == "the block's own"

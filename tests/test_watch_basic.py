@@ -259,3 +259,31 @@ async def test_a_clients_watches_are_capped(start_instance, connect):
     await commit(h0, put("cap.k3", "x"), put("cap.k9", "y"))
     assert await value(again) == b"x" and await value(theirs) == b"y"
     assert (await stats(h0, 1))["counts"]["refused-over-cap"] == 1
+
+
+async def test_a_watch_left_by_a_timeout_does_not_wait_for_a_stuck_rank(
+        start_instance, connect):
+    """A watch left by an exception (a timeout, a cancel) cancels it on the
+    rank without draining its stream: with the serving rank stopped, a
+    1 s asyncio.timeout around wait_create took 11 s, the drain's own
+    bound (concurrency audit).  Left normally, a watch still drains."""
+    import os
+    import signal
+    import time
+
+    from kvs_watch.client import wait_create
+
+    inst = await start_instance(size=2)
+    h0 = await connect(inst, 0)
+    pid = inst.pids()[1]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.5):
+                await wait_create(h0, "test.never", nodeid=1)
+        assert time.monotonic() - t0 < 3
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    await wait_watchers(h0, 0, nodeid=1)  # the cancel reached rank 1 once it ran
+    assert h0.pending == 0  # (its ENODATA came; the stream is forgotten)
