@@ -394,14 +394,17 @@ class KeyWatch(_Wrapped):
         self.since_version = since_version
         self._first = True
         self._ready = since_version is None
+        self._held: dict[str, Any] | None = None
+        """The first answer, kept when catching up was interrupted (a
+        timeout around ``anext``): the next call catches up from it."""
 
     async def _prepare(self) -> None:
         """Start the watch -- with ``since_version``, once its rank has
         reached that version: a watch that started on a rank still behind
         the root it catches up from went back a version, and reported the
-        next commit twice."""
+        next commit twice.  (Ready only once that wait is over: a timeout
+        around the first ``anext`` must not skip it.)"""
         if not self._ready:
-            self._ready = True
             try:
                 await self.watch.h.rpc("kvs.wait-version", {
                     "namespace": self.watch.namespace, "rootseq": self.since_version,
@@ -411,6 +414,7 @@ class KeyWatch(_Wrapped):
                 # not reach (removed and created again since): start anyway.
                 if exc.errnum not in (errno.ENOTSUP, errno.ETIMEDOUT):
                     raise
+            self._ready = True
         self.watch.start()
 
     async def __aenter__(self) -> Self:
@@ -420,10 +424,11 @@ class KeyWatch(_Wrapped):
     async def __anext__(self) -> KeyChanges:
         if not self._ready:
             await self._prepare()
-        p = await self.watch.next_payload()
-        keys, first = p["keys"], self._first
-        self._first = False
-        if first and self.since is not None:  # what changed since, at this root
+        p, self._held = self._held, None
+        if p is None:
+            p = await self.watch.next_payload()
+        keys = p["keys"]
+        if self._first and self.since is not None:  # what changed since, at this root
             try:
                 keys = (await self.watch.h.rpc("kvs.diff", {
                     "namespace": p["namespace"], "old": self.since, "new": p["rootref"],
@@ -434,9 +439,15 @@ class KeyWatch(_Wrapped):
                 await self.watch.cancel()
                 raise RemoteError(exc.errnum, f"catching up since {self.since}: "
                                   f"{exc.errstr}") from None
+            except asyncio.CancelledError:
+                # (this call was cancelled, a timeout around it: the watch
+                # goes on, and the next call catches up from the same answer)
+                self._held = p
+                raise
             except BaseException:
                 await self.watch.cancel()
                 raise
+        first, self._first = self._first, False
         return KeyChanges(self.watch.key, tuple(keys), int(p["rootseq"]),
                           str(p["rootref"]), str(p["namespace"]), initial=first)
 

@@ -228,3 +228,45 @@ async def test_kvs_watch_keys_cli(start_instance, connect) -> None:
     assert (p.returncode, out.decode(), err) == (
         0, f"{s} l.dangle -> nothere\n{s} l.cyc -> l.cyc\n{s} l.far -> nonexist::x\n"
            f"{s} l.in -> l.cyc.x\n{s + 1} l.after=1\n", b""), err
+
+
+async def test_a_key_watch_polled_with_timeouts_goes_on(start_instance, connect):
+    """A timeout around anext (asyncio.wait_for(anext(w), t)) neither skips
+    the wait for since_version nor ends a watch catching up with since=:
+    the first skipped the wait on its retry (a version back: a commit
+    reported twice), the second ended the watch with StopAsyncIteration
+    when it landed in the catch-up diff (concurrency audit)."""
+    import time
+
+    from kvs.client import TxnOps
+
+    inst = await start_instance(size=1)
+    h = await connect(inst, 0)
+    kvs = KVS(h)
+    await kvs.mkdir("d")
+    v = await kvs.version()
+    w = watch_keys(h, "d", since_version=v + 1)  # a version not reached: waits ~2 s
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(w.__anext__(), 0.3)
+    first = await asyncio.wait_for(w.__anext__(), 10)
+    assert time.monotonic() - t0 > 1.5  # (it waited for the version, as uncancelled)
+    assert first.initial
+    await w.cancel()
+
+    old = await kvs.getroot()
+    for i in range(5):
+        t = TxnOps()
+        for j in range(1000):
+            t.put(f"d.k{i}_{j}", j)
+        await kvs.commit(t)
+    async with kvs.watch_keys("d", since=old) as kw:
+        for attempt in range(40):  # polls that land anywhere, the diff included
+            try:
+                got = await asyncio.wait_for(kw.__anext__(), 0.001 * (attempt + 1))
+                break
+            except TimeoutError:
+                continue
+        else:
+            got = await asyncio.wait_for(kw.__anext__(), 30)
+        assert got.initial and sum(k.startswith("d.k") for k in got.keys) == 5000
