@@ -341,6 +341,17 @@ async def test_a_zeromq_child_that_does_not_read_does_not_hold_up_its_siblings(
         os.kill(stopped, signal.SIGCONT)
 
 
+async def fill_zmq_pipe(h: Handle) -> None:
+    """Publish past ZeroMQ's own high-water mark (it counts messages) towards
+    a peer that does not read, so what follows queues in our backlog."""
+    from broker.overlay_zmq import HWM
+
+    for i in range(HWM + 1000):
+        h.publish_nowait("test.fill")
+        if i % 1000 == 999:
+            await asyncio.sleep(0)
+
+
 async def test_a_zeromq_child_that_does_not_read_is_dropped_and_stops(start_instance,
                                                                       connect) -> None:
     """ZeroMQ links: a stopped child made its parent buffer for it without
@@ -349,18 +360,13 @@ async def test_a_zeromq_child_that_does_not_read_is_dropped_and_stops(start_inst
     it is dropped, as on stream links: requests for it are answered
     ``EHOSTUNREACH`` at once, and the process, let run again, finds its
     connection hung up and exits 1."""
-    from broker.overlay_zmq import HWM
-
     inst = await start_instance(size=2, attrs={"tbon.transport": "ipc",
                                                "tbon.max-backlog": str(1 << 20)})
     h = await connect(inst, 0)
     child = inst.pids()[1]
     await stop_process(child)
     try:
-        for i in range(HWM + 1000):  # fill ZeroMQ's own pipe (counted in messages)
-            h.publish_nowait("test.fill")
-            if i % 1000 == 999:
-                await asyncio.sleep(0)
+        await fill_zmq_pipe(h)
         pad = "x" * (64 << 10)
 
         async def dropped() -> bool:
@@ -382,18 +388,13 @@ async def test_a_zeromq_rank_whose_parent_does_not_read_stops(start_instance, co
     """ZeroMQ links, the other way: a rank whose parent stopped reading
     queued its requests upstream without bound.  Past ``tbon.max-backlog``
     it gives the parent up, as a stream link does: it stops, status 1."""
-    from broker.overlay_zmq import HWM
-
     inst = await start_instance(size=2, attrs={"tbon.transport": "ipc",
                                                "tbon.max-backlog": str(1 << 20)})
     h1 = await connect(inst, 1)
     parent = inst.pids()[0]
     await stop_process(parent)
     try:
-        for i in range(HWM + 1000):  # fill ZeroMQ's own pipe (counted in messages)
-            h1.publish_nowait("test.fill")
-            if i % 1000 == 999:
-                await asyncio.sleep(0)
+        await fill_zmq_pipe(h1)
         pad = "x" * (64 << 10)
         for _ in range(40):  # then more than tbon.max-backlog behind it
             h1.publish_nowait("test.flood", {"pad": pad})

@@ -49,7 +49,7 @@ import os
 import sqlite3
 import time
 from collections import Counter, OrderedDict, deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
 
@@ -559,24 +559,12 @@ class ContentModule(Module):
     def _read(self, ref: str) -> asyncio.Future[bytes | None]:
         """Rank 0: blob ``ref`` from the file (None if it is not there), read
         with the other misses of this turn in one batch."""
-        fut = self._reads.get(ref)
-        if fut is None:
-            loop = asyncio.get_running_loop()
-            if not self._reads:
-                loop.call_soon(self._read_batches)
-            fut = self._reads[ref] = loop.create_future()
-        return fut
+        return _this_turns(self._reads, ref, self._read_batches)
 
     def _pull(self, ref: str) -> asyncio.Future[bytes]:
         """A follower: blob ``ref`` from upstream, asked for with the other
         misses of this turn (:meth:`_send_pulls`)."""
-        fut = self._pulls.get(ref)
-        if fut is None:
-            loop = asyncio.get_running_loop()
-            if not self._pulls:
-                loop.call_soon(self._send_pulls)
-            fut = self._pulls[ref] = loop.create_future()
-        return fut
+        return _this_turns(self._pulls, ref, self._send_pulls)
 
     def _send_pulls(self) -> None:
         """Ask upstream for this turn's misses, :data:`LOAD_BATCH` to a request
@@ -927,6 +915,20 @@ def _settle_reads(reads: dict[str, asyncio.Future[bytes | None]],
             fut.set_exception(found)
         else:
             fut.set_result(found)
+
+
+def _this_turns(batch: dict[str, asyncio.Future[Any]], ref: str,
+                send: Callable[[], None]) -> asyncio.Future[Any]:
+    """The future of ``ref`` in ``batch``, the misses of this loop turn: the
+    first one schedules ``send`` for the end of the turn, which takes the
+    batch whole."""
+    fut = batch.get(ref)
+    if fut is None:
+        loop = asyncio.get_running_loop()
+        if not batch:
+            loop.call_soon(send)
+        fut = batch[ref] = loop.create_future()
+    return fut
 
 
 def _entry_error(entry: Any) -> ErrnoError:
