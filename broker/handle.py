@@ -180,9 +180,9 @@ class Handle(HandleCore):
         super().__init__()
         self._proto: _ClientProtocol | None = None
         self._events: deque[Message] = deque()
-        # Every task waiting in recv_event(): several tasks may share one
-        # handle's events (each event goes to one of them).
-        self._event_waiters: set[asyncio.Future[None]] = set()
+        # The tasks waiting in recv_event(), oldest first: several tasks may
+        # share one handle's events, and each event wakes one of them.
+        self._event_waiters: deque[asyncio.Future[None]] = deque()
         self._user_closed = False
         self._closing: tuple[int, str] | None = None
         """(errnum, errstr) of the rank's ``broker.closing``, if it sent one."""
@@ -343,27 +343,55 @@ class Handle(HandleCore):
     def _on_event(self, msg: Message) -> None:
         self._events.append(msg)
         if self._event_waiters:
-            self._wake_event_waiters()
+            self._wake_event_waiter()
+
+    def _wake_event_waiter(self) -> None:
+        """Wake the oldest waiting task for an event that is there: one, so
+        an event costs one task's turn however many tasks wait (waking them
+        all cost ~1.5 ms of CPU per event with 1,000 waiting)."""
+        waiters = self._event_waiters
+        while waiters:
+            w = waiters.popleft()
+            if not w.done():
+                w.set_result(None)
+                return
 
     def _wake_event_waiters(self) -> None:
-        # all of them: each takes an event if one is left, else waits again
-        for w in self._event_waiters:
+        """Wake every waiting task (the connection is gone: each raises)."""
+        waiters = self._event_waiters
+        while waiters:
+            w = waiters.popleft()
             if not w.done():
                 w.set_result(None)
 
     async def recv_event(self) -> Message:
         """The next event received (raises ``RemoteError`` once disconnected).
 
-        Tasks may wait on one handle together: each event goes to one of them."""
+        Tasks may wait on one handle together: each event goes to one of
+        them, to the one that has waited longest."""
         while not self._events:
             self._check_open()
             waiter = asyncio.get_running_loop().create_future()
-            self._event_waiters.add(waiter)
+            self._event_waiters.append(waiter)
             try:
                 await waiter
-            finally:
-                self._event_waiters.discard(waiter)
-        return self._events.popleft()
+            except BaseException:
+                # Cancelled: if this task was already woken for an event,
+                # that event is still here and goes to the next one waiting.
+                if waiter.done() and not waiter.cancelled():
+                    if self._events:
+                        self._wake_event_waiter()
+                else:
+                    waiter.cancel()
+                    try:
+                        self._event_waiters.remove(waiter)
+                    except ValueError:
+                        pass
+                raise
+        msg = self._events.popleft()
+        if self._events and self._event_waiters:
+            self._wake_event_waiter()  # (a task that took one without waiting)
+        return msg
 
     async def events(self) -> AsyncIterator[Message]:
         """Async iterator over received events."""
