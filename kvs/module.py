@@ -108,7 +108,7 @@ namespace changes, and nothing while it does not."""
 
 
 COUNTERS = ("commits", "batches", "merged", "merges-split", "commits-failed", "relays",
-            "relayed", "lookups", "diffs", "blob-fetches", "namespaces-created",
+            "relayed", "lookups", "diffs", "blob-fetches", "blob-loads", "namespaces-created",
             "namespaces-loaded", "getroot-heard", "namespaces-removed", "collections",
             "trees-checked")
 """The ``counts`` of ``kvs.stats-get`` (all shown, 0 included)."""

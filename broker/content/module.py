@@ -49,7 +49,7 @@ import os
 import sqlite3
 import time
 from collections import Counter, OrderedDict, deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
 
@@ -158,12 +158,13 @@ class ContentModule(Module):
         self.counts: Counter[str] = Counter(dict.fromkeys(COUNTERS, 0))
         self.backing: SqliteStore | None = None
         self._flush_handle: asyncio.TimerHandle | None = None
-        # loads in flight, each with what it may vouch for (load_token)
-        self._loading: dict[str, tuple[asyncio.Future[bytes], LoadToken]] = {}
-        self._reads: dict[str, asyncio.Future[bytes | None]] = {}
-        """Rank 0: blobs to read from the file in the next batch (:meth:`_read`)."""
-        self._pulls: dict[str, asyncio.Future[bytes]] = {}
-        """A follower: blobs to ask upstream for in the next batch (:meth:`_pull`)."""
+        self._loading: dict[str, _Load] = {}
+        """Loads in flight, each shared by the batches that want its blob
+        (:meth:`load_many`)."""
+        self._reads: dict[str, _Load] = {}
+        """Rank 0: loads to read from the file in the next batch (:meth:`_read_batches`)."""
+        self._pulls: dict[str, _Load] = {}
+        """A follower: loads to ask upstream for in the next batch (:meth:`_pull`)."""
         self.link_max = LINK_MAX_MESSAGE.value(attrs)
         self.answer_bytes = min(LOAD_BYTES, self.link_max // 4)
         """An answer of many blobs stops at this many bytes (:data:`LOAD_BYTES`)."""
@@ -522,111 +523,148 @@ class ContentModule(Module):
     # ------------------------------------------------------------ load
 
     async def load_blob(self, ref: str) -> bytes:
-        data = self.cache.get(ref)
-        if data is None:
-            # rank 0: stored, not yet written back (dirty, or being written)
-            data = self.dirty.get(ref) or self.inflight.get(ref)
-        if data is not None:
-            self.counts["hits"] += 1
-            return data
-        pending = self._loading.get(ref)
-        if pending is not None and self.vouches(pending[1]):
-            return await asyncio.shield(pending[0])
-        fut: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
-        token = self.load_token(ref)
-        self._loading[ref] = (fut, token)
-        try:
-            self.counts["misses"] += 1
-            if self.backing is not None:
-                found = await self._read(ref)
-                if found is None:
-                    raise ErrnoError(errno.ENOENT, f"unknown blob {ref}")
-                data = found
+        """Blob ``ref`` (:meth:`load_many` of one): ``ENOENT`` if no one has it."""
+        got = (await self.load_many((ref,)))[ref]
+        if isinstance(got, BaseException):  # (maybe a shared load's: as a future raises it)
+            raise got.with_traceback(None)
+        return got
+
+    def load_many(self, refs: Iterable[str]) -> asyncio.Future[dict[str, bytes | BaseException]]:
+        """Blobs ``refs``, each one or its error, in one future settled when
+        the last is here: from the cache (rank 0: or not yet written back),
+        the others loaded -- read from the file (rank 0) or asked upstream
+        (:meth:`_pull`) with the other misses of this loop turn.
+
+        A cold read of a value of 20,000 blobs cost a task, a coroutine and
+        three futures per blob (~20 us of rank 3's CPU each): a batch is
+        one future and a callback per blob.  A blob already being loaded
+        is not loaded again: the batches wanting it share its load (not one
+        a garbage collection stopped vouching for, :meth:`load_token`).  A
+        caller that goes away (its future cancelled) leaves the loads it
+        started running for the others; a load is only cancelled when the
+        module stops (``CancelledError`` in its place)."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[dict[str, bytes | BaseException]] = loop.create_future()
+        found: dict[str, bytes | BaseException] = {}
+        cache, dirty, inflight = self.cache, self.dirty, self.inflight
+        misses: list[str] = []
+        for ref in refs:
+            if ref in found:
+                continue
+            data = cache.get(ref)
+            if data is None and (dirty or inflight):
+                # rank 0: stored, not yet written back (dirty, or being written)
+                data = dirty.get(ref) or inflight.get(ref)
+            if data is None:
+                misses.append(ref)
+                found[ref] = _PENDING  # (a blob named twice is loaded once)
             else:
-                data = await self._pull(ref)
-            if self.vouches(token):
-                self._cache_put(ref, data)  # (not a blob a collection may be deleting)
-            fut.set_result(data)
-            return data
-        except BaseException as exc:
-            fut.set_exception(exc)
-            fut.exception()  # mark retrieved
-            raise
-        finally:
-            if self._loading.get(ref, (None,))[0] is fut:  # (another may have replaced it)
-                del self._loading[ref]
+                found[ref] = data
+        self.counts["hits"] += len(found) - len(misses)
+        if not misses:
+            fut.set_result(found)
+            return fut
+        batch = _Batch(fut, found, len(misses))
+        loading = self._loading
+        generation, collection = self.generation, self.collection
+        token: LoadToken = (generation, True)
+        # rank 0 reads this turn's misses from its file, a follower asks upstream
+        queue = self._pulls if self.backing is None else self._reads
+        send = self._send_pulls if self.backing is None else self._read_batches
+        new = 0
+        for ref in misses:
+            load = loading.get(ref)
+            if load is None or not (load.token[1] and load.token[0] == generation):
+                load = loading[ref] = _Load(
+                    ref, token if collection is None else self.load_token(ref))
+                _this_turns(queue, load, send)
+                new += 1
+            load.waiters.append(batch)
+        self.counts["misses"] += new
+        return fut
 
-    def _read(self, ref: str) -> asyncio.Future[bytes | None]:
-        """Rank 0: blob ``ref`` from the file (None if it is not there), read
-        with the other misses of this turn in one batch."""
-        return _this_turns(self._reads, ref, self._read_batches)
+    def _loaded(self, load: _Load, result: bytes | BaseException) -> None:
+        """Load ``load`` is over: cache its blob (if it may), and tell every
+        batch that waits for it."""
+        ref = load.ref
+        if self._loading.get(ref) is load:  # (another may have replaced it)
+            del self._loading[ref]
+        if isinstance(result, bytes):
+            token = load.token
+            if token[1] and token[0] == self.generation:  # (self.vouches)
+                self._cache_put(ref, result)  # (not a blob a collection may be deleting)
+        for batch in load.waiters:
+            batch.settle(ref, result)
 
-    def _pull(self, ref: str) -> asyncio.Future[bytes]:
-        """A follower: blob ``ref`` from upstream, asked for with the other
-        misses of this turn (:meth:`_send_pulls`)."""
-        return _this_turns(self._pulls, ref, self._send_pulls)
+    def _pull(self, load: _Load) -> None:
+        """A follower: ask upstream for ``load``'s blob with the other misses
+        of this turn (:meth:`_send_pulls`)."""
+        _this_turns(self._pulls, load, self._send_pulls)
 
     def _send_pulls(self) -> None:
         """Ask upstream for this turn's misses, :data:`LOAD_BATCH` to a request
         (one alone as a plain ``content.load``)."""
         pulls, self._pulls = self._pulls, {}
-        refs = [ref for ref, fut in pulls.items() if not fut.done()]
-        for i in range(0, len(refs), LOAD_BATCH):
-            part = {ref: pulls[ref] for ref in refs[i:i + LOAD_BATCH]}
-            self.spawn(self._pull_batch(part))
+        loads = list(pulls.values())
+        for i in range(0, len(loads), LOAD_BATCH):
+            self.spawn(self._pull_batch(loads[i:i + LOAD_BATCH]))
 
-    async def _pull_batch(self, part: dict[str, asyncio.Future[bytes]]) -> None:
+    async def _pull_batch(self, part: list[_Load]) -> None:
         """Settle ``part``'s loads from one upstream answer; those it stopped
         short of are asked for again (next turn, with that turn's misses)."""
+        loaded = self._loaded
         try:
             if len(part) == 1:
-                (ref, fut), = part.items()
-                resp = await self.h.rpc("content.load", {"blobref": ref},
+                resp = await self.h.rpc("content.load", {"blobref": part[0].ref},
                                         nodeid=NODEID_UPSTREAM)
-                if not fut.done():
-                    fut.set_result(resp["data"])
+                loaded(part[0], resp["data"])
                 return
             self.counts["load-batches"] += 1
-            resp = await self.h.rpc("content.load", {"blobrefs": list(part)},
+            resp = await self.h.rpc("content.load", {"blobrefs": [load.ref for load in part]},
                                     nodeid=NODEID_UPSTREAM)
             got = resp["data"]
             if not isinstance(got, list) or not 0 < len(got) <= len(part):
                 raise ErrnoError(errno.EPROTO, "content.load answered a batch malformed")
         except asyncio.CancelledError:  # (the module stops)
-            for fut in part.values():
-                fut.cancel()
+            for load in part:
+                loaded(load, asyncio.CancelledError(f"the load of blob {load.ref} was cancelled"))
             raise
         except Exception as exc:
-            for fut in part.values():
-                if not fut.done():
-                    fut.set_exception(exc)
-                    fut.exception()  # (its loader may have gone)
+            for load in part:
+                loaded(load, exc)
             return
-        futs = list(part.values())
-        for fut, entry in zip(futs, got, strict=False):
-            if fut.done():
-                continue
-            if isinstance(entry, bytes):
-                fut.set_result(entry)
-            else:
-                fut.set_exception(_entry_error(entry))
-                fut.exception()
-        for ref in list(part)[len(got):]:  # (the answer stopped short: ask again)
-            fut = part[ref]
-            if not fut.done():
-                again = self._pull(ref)
-                again.add_done_callback(functools.partial(_chain, fut))
+        for load, entry in zip(part, got, strict=False):
+            loaded(load, entry if isinstance(entry, bytes) else _entry_error(entry))
+        for load in part[len(got):]:  # (the answer stopped short: ask again)
+            self._pull(load)
 
     def _read_batches(self) -> None:
         """Hand this turn's reads to the SQLite thread, :data:`READ_BATCH` at a time."""
         reads, self._reads = self._reads, {}
-        refs = list(reads)
+        loads = list(reads.values())
         loop = asyncio.get_running_loop()
-        for i in range(0, len(refs), READ_BATCH):
-            part = {ref: reads[ref] for ref in refs[i:i + READ_BATCH]}
+        for i in range(0, len(loads), READ_BATCH):
+            part = loads[i:i + READ_BATCH]
             self.counts["read-batches"] += 1
-            done = loop.run_in_executor(self._executor, self._get_many_checked, list(part))
-            done.add_done_callback(functools.partial(_settle_reads, part))
+            done = loop.run_in_executor(self._executor, self._get_many_checked,
+                                        [load.ref for load in part])
+            done.add_done_callback(functools.partial(self._settle_reads, part))
+
+    def _settle_reads(self, part: list[_Load],
+                      done: asyncio.Future[dict[str, bytes | ErrnoError | None]]) -> None:
+        """Give each read of a batch its blob, its own error, or the batch's."""
+        if done.cancelled():  # (the executor was shut down: the module stops)
+            for load in part:
+                self._loaded(load, asyncio.CancelledError(
+                    f"the load of blob {load.ref} was cancelled"))
+            return
+        failed = done.exception()  # (a SQLite error: every read of the batch fails with it)
+        got = {} if failed is not None else done.result()
+        for load in part:
+            found = failed or got[load.ref]
+            if found is None:
+                found = ErrnoError(errno.ENOENT, f"unknown blob {load.ref}")
+            self._loaded(load, found)
 
     def _get_many_checked(self, refs: list[str]) -> dict[str, bytes | ErrnoError | None]:
         """(The SQLite thread) :meth:`_get_checked` of each of ``refs``; a
@@ -702,19 +740,9 @@ class ContentModule(Module):
 
     async def _load_round(self, refs: list[str]) -> list[bytes | BaseException]:
         """Blobs ``refs`` (or each one's error): from the cache, the others
-        loaded together."""
-        cache = self.cache
-        hits = [cache.get(ref) for ref in refs]
-        misses = {ref for ref, data in zip(refs, hits, strict=True) if data is None}
-        self.counts["hits"] += len(refs) - len(misses)
-        found: dict[str, bytes | BaseException] = {}
-        if misses:
-            order = list(misses)
-            got = await asyncio.gather(*(self.load_blob(ref) for ref in order),
-                                       return_exceptions=True)
-            found = dict(zip(order, got, strict=True))
-        return [data if data is not None else found[ref]
-                for ref, data in zip(refs, hits, strict=True)]
+        loaded together (:meth:`load_many`)."""
+        got = await self.load_many(refs)
+        return [got[ref] for ref in refs]
 
     def _entry(self, ref: str, data: bytes | BaseException) -> bytes | list[Any]:
         """One entry of a ``content.load`` of many: the blob, or ``[errnum,
@@ -897,38 +925,47 @@ def _store_errors() -> Iterator[None]:
         raise store_error(exc, "writing to the content store") from None
 
 
-def _settle_reads(reads: dict[str, asyncio.Future[bytes | None]],
-                  done: asyncio.Future[dict[str, bytes | ErrnoError | None]]) -> None:
-    """Give each read of a batch its blob, its own error, or the batch's."""
-    failed = None if done.cancelled() else done.exception()
-    for ref, fut in reads.items():
-        if fut.done():  # (its reader went away)
-            continue
-        if done.cancelled():  # (the executor was shut down: the module stops)
-            fut.cancel()
-            continue
-        if failed is not None:  # (a SQLite error: every read of the batch fails with it)
-            fut.set_exception(failed)
-            continue
-        found = done.result()[ref]
-        if isinstance(found, ErrnoError):
-            fut.set_exception(found)
-        else:
-            fut.set_result(found)
+class _Batch:
+    """The blobs one caller of :meth:`ContentModule.load_many` waits for: its
+    future is settled by the last of them, with them all."""
+
+    __slots__ = ("fut", "found", "left")
+
+    def __init__(self, fut: asyncio.Future[dict[str, bytes | BaseException]],
+                 found: dict[str, bytes | BaseException], left: int) -> None:
+        self.fut = fut
+        self.found = found
+        self.left = left
+
+    def settle(self, ref: str, result: bytes | BaseException) -> None:
+        self.found[ref] = result
+        self.left -= 1
+        if not self.left and not self.fut.done():  # (done: its caller went away)
+            self.fut.set_result(self.found)
 
 
-def _this_turns(batch: dict[str, asyncio.Future[Any]], ref: str,
-                send: Callable[[], None]) -> asyncio.Future[Any]:
-    """The future of ``ref`` in ``batch``, the misses of this loop turn: the
-    first one schedules ``send`` for the end of the turn, which takes the
-    batch whole."""
-    fut = batch.get(ref)
-    if fut is None:
-        loop = asyncio.get_running_loop()
-        if not batch:
-            loop.call_soon(send)
-        fut = batch[ref] = loop.create_future()
-    return fut
+class _Load:
+    """A blob being loaded, with what it may vouch for
+    (:meth:`ContentModule.load_token`) and the batches that wait for it."""
+
+    __slots__ = ("ref", "token", "waiters")
+
+    def __init__(self, ref: str, token: LoadToken) -> None:
+        self.ref = ref
+        self.token = token
+        self.waiters: list[_Batch] = []
+
+
+_PENDING = ErrnoError(errno.EINPROGRESS, "still loading")
+"""A miss's place in a batch until its load settles it (never seen outside)."""
+
+
+def _this_turns(batch: dict[str, _Load], load: _Load, send: Callable[[], None]) -> None:
+    """Put ``load`` in ``batch``, the misses of this loop turn: the first one
+    schedules ``send`` for the end of the turn, which takes the batch whole."""
+    if not batch:
+        asyncio.get_running_loop().call_soon(send)
+    batch[load.ref] = load
 
 
 def _entry_error(entry: Any) -> ErrnoError:
@@ -937,19 +974,6 @@ def _entry_error(entry: Any) -> ErrnoError:
             and isinstance(entry[1], str)):
         return ErrnoError(entry[0], entry[1])
     return ErrnoError(errno.EPROTO, "content.load answered a batch entry malformed")
-
-
-def _chain(fut: asyncio.Future[bytes], source: asyncio.Future[bytes]) -> None:
-    """Settle ``fut`` as ``source`` was (a load asked for again)."""
-    if fut.done():
-        return
-    if source.cancelled():
-        fut.cancel()
-    elif (exc := source.exception()) is not None:
-        fut.set_exception(exc)
-        fut.exception()
-    else:
-        fut.set_result(source.result())
 
 
 def _owner_only(msg: Message) -> None:
