@@ -379,6 +379,20 @@ def test_stream_skips_oversized_messages(chunk: int) -> None:
     assert d.oversized == 1
 
 
+@pytest.mark.parametrize("chunk", [1, 7, 1 << 20])
+def test_stream_limit_is_inclusive(chunk: int) -> None:
+    """``max_message`` is the largest message taken (the sum of its frames,
+    as the link and connector limits count it): exactly that many bytes
+    pass, one more is skipped."""
+    at_limit, over = [b"h", b"x" * 99], [b"h", b"x" * 100]
+    data = codec.to_stream(at_limit) + codec.to_stream(over) + codec.to_stream(at_limit)
+    d = codec.StreamDecoder(max_message=100)
+    got = []
+    for pos in range(0, len(data), chunk):
+        got += d.feed(data[pos : pos + chunk])
+    assert got == [at_limit, at_limit]
+    assert d.oversized == 1 and list(d.take_oversized()) == [codec.Oversized(101, b"h")]
+
 @pytest.mark.parametrize("chunk", [1, 3, 7, 100, 1 << 20])
 def test_stream_reports_oversized_headers(chunk: int) -> None:
     # the header frame of each skipped message is reported (so the connector

@@ -97,6 +97,22 @@ def test_unsubscribe_all_drops_every_reference() -> None:
     assert t.prefixes() == 1
 
 
+
+def test_a_remembered_match_follows_every_change() -> None:
+    """``match`` remembers its answer per topic: a subscribe, an unsubscribe
+    or a client's disconnect (``unsubscribe_all``) made after a topic was
+    matched must change the next answer for it (a stale one delivers
+    events to a client that left, or misses a new subscriber)."""
+    t = SubscriptionTable()
+    t.subscribe("a", "ev.")
+    assert t.match("ev.1") == ["a"]
+    t.subscribe("b", "ev.1")
+    assert sorted(t.match("ev.1")) == ["a", "b"]
+    assert t.unsubscribe("b", "ev.1")
+    assert t.match("ev.1") == ["a"]
+    t.unsubscribe_all("a", ["ev."])
+    assert t.match("ev.1") == []
+
 def test_matches_brute_force() -> None:
     rng = random.Random(7)
     alphabet = "ab.-1"

@@ -10,6 +10,7 @@ from conftest import CountingStore
 from broker.content.blobref import hash_blob
 from broker.errors import ErrnoError
 from kvs import treeobj as T
+from kvs.keys import MAX_DEPTH
 
 REF1 = hash_blob(b"one")
 REF2 = hash_blob(b"two")
@@ -140,6 +141,23 @@ def test_validate_rejects(obj: object, why: str) -> None:
         T.validate(obj)
     assert e.value.errnum == errno.EINVAL, why
 
+
+
+def test_validate_takes_directories_nested_max_depth_deep_and_no_deeper() -> None:
+    """A dir object may hold MAX_DEPTH levels of directories (the commit
+    engine recurses once per level: kvs/keys.py); a non-empty one below
+    that is ``EINVAL``, an empty one is a leaf and may end the chain."""
+    def nested(levels: int, leaf: dict) -> dict:
+        obj = leaf
+        for _ in range(levels):
+            obj = T.dir_({"d": obj})
+        return obj
+
+    assert T.validate(nested(MAX_DEPTH, T.val(b"bottom")))
+    assert T.validate(nested(MAX_DEPTH, T.dir_()))
+    with pytest.raises(ErrnoError) as e:
+        T.validate(nested(MAX_DEPTH, T.dir_({"v": T.val(b"too deep")})))
+    assert e.value.errnum == errno.EINVAL
 
 def test_constructors_reject_bad_input() -> None:
     for fn in (

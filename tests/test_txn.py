@@ -11,7 +11,7 @@ from conftest import CountingStore
 from broker.content.blobref import hash_blob
 from broker.errors import ErrnoError
 from kvs import treeobj as T
-from kvs.lookup import READDIR, TREEOBJ, lookup
+from kvs.lookup import READDIR, SYMLINK_MAX, TREEOBJ, lookup
 from kvs.txn import APPEND, EXPECT, NeedBlobs, apply, empty_root
 
 
@@ -141,6 +141,19 @@ def test_symlink_namespaces_and_loops(kvs: Kvs) -> None:
     assert kvs.get("d.k") == T.val(b"v")
     assert errnum(lambda: kvs.commit(put("loop.k", b"v"))) == errno.ELOOP
 
+
+
+def test_a_write_follows_at_most_symlink_max_links(kvs: Kvs) -> None:
+    """A write through a chain of links follows SYMLINK_MAX of them, as a
+    lookup does (tests/test_lookup.py); one more is ``ELOOP``."""
+    n = SYMLINK_MAX  # c0 -> c1 -> ... -> cN -> d: N + 1 links from c0, N from c1
+    kvs.commit(*(put(f"c{i}", T.symlink(f"c{i + 1}")) for i in range(n)),
+               put(f"c{n}", T.symlink("d")), put("d.x", b"0"))
+    kvs.commit(put("c1.k", b"v"))
+    assert kvs.get("d.k") == T.val(b"v")
+    assert errnum(lambda: kvs.commit(put("c0.k", b"w"))) == errno.ELOOP
+    assert errnum(lambda: kvs.commit(put("c0.k", None, EXPECT))) == errno.ELOOP
+    assert kvs.get("d.k") == T.val(b"v")
 
 def test_big_values_are_unrolled(kvs: Kvs) -> None:
     small, big = b"s" * T.INLINE_MAX, b"b" * (T.INLINE_MAX + 1)
