@@ -110,7 +110,7 @@ async def test_an_instance_starts_again_from_its_statedir(tmp_path: Path) -> Non
     try:
         await asyncio.wait_for(inst.start(), 60)
         with pytest.raises(RuntimeError, match="already started"):
-            await inst.start()
+            await asyncio.wait_for(inst.start(), 60)
         first = inst.pids()
         async with asyncio.timeout(T):
             await KVS(h := await _connect(inst)).put("kept", "yes", sync=True)

@@ -100,7 +100,7 @@ async def test_a_rank_logging_to_a_file_stamps_its_lines(start_instance, connect
     the UTC time, unless ``log.timestamps=never``."""
     inst = await start_instance(size=2, attrs={"log.level": "info", "log.timestamps": stamps})
     h = await connect(inst, 0)
-    await h.rpc("broker.shutdown", {}, nodeid=1)  # rank 0 logs losing rank 1
+    await asyncio.wait_for(h.rpc("broker.shutdown", {}, nodeid=1), 10)  # rank 0 logs losing rank 1
 
     def logged() -> list[str]:
         return [line for line in (tmp_path / "broker-0.log").read_text().splitlines()

@@ -63,7 +63,7 @@ async def test_a_flood_that_never_reads_is_held_back_and_then_answered_in_full(
     loop = asyncio.get_running_loop()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.setblocking(False)
-    await loop.sock_connect(sock, parse_uri(inst.uri(0)))
+    await asyncio.wait_for(loop.sock_connect(sock, parse_uri(inst.uri(0))), 10)
     batch, ends = _requests(2000)
     sent = 0
     try:
@@ -110,7 +110,7 @@ async def test_one_answer_over_the_backlog_limit_reaches_a_reader(start_instance
     async with await Handle.connect(inst.uri(0)) as h:
         answer = await asyncio.wait_for(h.ping(0, {"pad": pad}), 120)
         assert len(answer["pad"]) == len(pad)
-        assert (await h.ping(0))["rank"] == 0  # and the connection goes on
+        assert (await asyncio.wait_for(h.ping(0), 10))["rank"] == 0  # and the connection goes on
 
 
 async def test_a_child_that_does_not_read_is_dropped_not_buffered(start_instance,
@@ -131,7 +131,7 @@ async def test_a_child_that_does_not_read_is_dropped_not_buffered(start_instance
             return (await h.rpc("broker.stats-get", {}))["overlay"]["slow"] == 1
 
         await wait_until(dropped, "the link to the stopped child to be dropped", 60)
-        assert (await h.ping(0))["rank"] == 0
+        assert (await asyncio.wait_for(h.ping(0), 10))["rank"] == 0
         with pytest.raises(RemoteError) as err:  # lost: answered at once, not held
             await asyncio.wait_for(h.ping(1), 10)
         assert err.value.errnum == errno.EHOSTUNREACH
@@ -165,7 +165,7 @@ async def test_out_of_descriptors_the_rank_waits_and_then_accepts(start_instance
             return st["connector"]["accept-failed"] >= 5
 
         await wait_until(refused, "the rank to run out of descriptors", 20)
-        assert (await h.ping(0))["rank"] == 0
+        assert (await asyncio.wait_for(h.ping(0), 10))["rank"] == 0
     finally:
         resource.prlimit(pid, resource.RLIMIT_NOFILE, (hard, hard))
         for s in socks:
@@ -191,7 +191,7 @@ async def test_a_burst_from_one_client_does_not_hold_up_the_others(start_instanc
     count = 20_000
     inst = await start_instance(size=1)
     sub, quiet = await connect(inst), await connect(inst)
-    await sub.subscribe("fair.")
+    await asyncio.wait_for(sub.subscribe("fair."), 10)
     burst = b"".join(codec.to_stream(codec.encode(Message(
         MsgType.REQUEST, "event.pub", {"topic": "fair.burst", "payload": {"i": i}},
         matchtag=0, flags=MsgFlags.NORESPONSE))) for i in range(count))
@@ -201,8 +201,8 @@ async def test_a_burst_from_one_client_does_not_hold_up_the_others(start_instanc
     sock.setblocking(False)
     loop = asyncio.get_running_loop()
     # one round trip first: the rank has accepted this connection and reads it
-    await loop.sock_sendall(sock, codec.to_stream(codec.encode(
-        Message(MsgType.REQUEST, "broker.ping", {}, matchtag=1))))
+    await asyncio.wait_for(loop.sock_sendall(sock, codec.to_stream(codec.encode(
+        Message(MsgType.REQUEST, "broker.ping", {}, matchtag=1)))), 10)
     decoder = codec.StreamDecoder()
     async with asyncio.timeout(10):
         while not decoder.feed(await loop.sock_recv(sock, 1 << 16)):
@@ -257,7 +257,7 @@ async def test_a_burst_down_the_tree_does_not_hold_up_a_ranks_clients(start_inst
     count, rounds = 10_000, 3
     inst = await start_instance(size=2)
     watcher, publisher = await connect(inst, 0), await connect(inst, 0)
-    await watcher.subscribe("fair.")
+    await asyncio.wait_for(watcher.subscribe("fair."), 10)
     loop = asyncio.get_running_loop()
     sock = await _raw_client(inst.uri(1))
     decoder = codec.StreamDecoder()
@@ -269,8 +269,8 @@ async def test_a_burst_down_the_tree_does_not_hold_up_a_ranks_clients(start_inst
             assert data, "rank 1 closed the connection"
             received.extend(codec.decode(f) for f in decoder.feed(data))
 
-    await loop.sock_sendall(sock, codec.to_stream(codec.encode(Message(
-        MsgType.REQUEST, "event.subscribe", {"topic": "fair."}, matchtag=1))))
+    await asyncio.wait_for(loop.sock_sendall(sock, codec.to_stream(codec.encode(Message(
+        MsgType.REQUEST, "event.subscribe", {"topic": "fair."}, matchtag=1)))), 10)
     async with asyncio.timeout(10):
         await read_until(lambda: any(m.type == MsgType.RESPONSE for m in received))
     rank1 = inst.pids()[1]
@@ -286,8 +286,8 @@ async def test_a_burst_down_the_tree_does_not_hold_up_a_ranks_clients(start_inst
                 async with asyncio.timeout(60):  # rank 0 has forwarded them all
                     for _ in range(count):
                         await watcher.recv_event()
-                await loop.sock_sendall(sock, codec.to_stream(codec.encode(Message(
-                    MsgType.REQUEST, "broker.ping", {}, matchtag=2 + r))))
+                await asyncio.wait_for(loop.sock_sendall(sock, codec.to_stream(codec.encode(Message(
+                    MsgType.REQUEST, "broker.ping", {}, matchtag=2 + r)))), 10)
             finally:
                 os.kill(rank1, signal.SIGCONT)
             async with asyncio.timeout(60):
@@ -315,7 +315,7 @@ async def test_a_zeromq_child_that_does_not_read_does_not_hold_up_its_siblings(
 
     inst = await start_instance(size=3, fanout=2, attrs={"tbon.transport": "ipc"})
     h0, h2 = await connect(inst, 0), await connect(inst, 2)
-    await h2.subscribe("flood.")
+    await asyncio.wait_for(h2.subscribe("flood."), 10)
     stopped = inst.pids()[1]
     await stop_process(stopped)
     try:
@@ -335,7 +335,7 @@ async def test_a_zeromq_child_that_does_not_read_does_not_hold_up_its_siblings(
                 await asyncio.sleep(0)  # (the handle writes as the loop turns)
         await asyncio.wait_for(reader, 60)
         assert (await asyncio.wait_for(h0.ping(2), 10))["rank"] == 2
-        overlay = (await h0.rpc("broker.stats-get", {}))["overlay"]
+        overlay = (await asyncio.wait_for(h0.rpc("broker.stats-get", {}), 10))["overlay"]
         assert 1 in overlay["children"], "the sibling was served only once rank 1 was dropped"
     finally:
         os.kill(stopped, signal.SIGCONT)
@@ -377,7 +377,7 @@ async def test_a_zeromq_child_that_does_not_read_is_dropped_and_stops(start_inst
         with pytest.raises(RemoteError) as err:  # lost: answered at once, not held
             await asyncio.wait_for(h.ping(1), 10)
         assert err.value.errnum == errno.EHOSTUNREACH
-        assert (await h.ping(0))["rank"] == 0
+        assert (await asyncio.wait_for(h.ping(0), 10))["rank"] == 0
     finally:
         os.kill(child, signal.SIGCONT)
     rank, status = await asyncio.wait_for(asyncio.shield(inst.failed), 30)

@@ -77,7 +77,7 @@ async def test_a_guests_connections_are_capped(start_instance, connect) -> None:
         # the owner's connections are not counted
         owners = [await connect(inst, 1) for _ in range(3)]
         for h in owners:
-            assert (await h.ping(1))["rank"] == 1
+            assert (await asyncio.wait_for(h.ping(1), 10))["rank"] == 1
         st = await stats(h0, 1)
         assert st["connector"]["guests-refused"] == 2, st
         assert st["guests"][str(GUEST_UID)]["connections"] == 2
@@ -201,7 +201,8 @@ async def test_a_guests_part_sent_messages_share_one_budget(start_instance, conn
             return (await guest_usage(h0, 0))["bytes"] >= 100 << 10
         await wait_until(part_received, "the first part received")
         # the owner is not held to the guests' budget
-        assert (await h0.rpc("broker.ping", {"pad": b"y" * (1 << 20)}))["rank"] == 0
+        big = await asyncio.wait_for(h0.rpc("broker.ping", {"pad": b"y" * (1 << 20)}), 30)
+        assert big["rank"] == 0
         guest.go()
         goodbye = (await guest.line())["second"]
         assert len(goodbye) == 1, goodbye
@@ -269,7 +270,7 @@ async def test_a_guests_unread_output_shares_one_budget(start_instance, connect)
     inst = await start_instance(size=1, attrs={**ALLOW, "access.max-guest-bytes": str(BUDGET)})
     h0 = await connect(inst, 0)
     mine = await connect(inst, 0)
-    await mine.subscribe("flood.")
+    await asyncio.wait_for(mine.subscribe("flood."), 10)
     guest = await GuestProc.start(inst.uri(0), """
         async def main():
             socks = [raw(), raw()]
@@ -284,7 +285,7 @@ async def test_a_guests_unread_output_shares_one_budget(start_instance, connect)
         assert (await guest.line())["subscribed"]
         n, pad = 400, b"z" * (8 << 10)
         for i in range(n):
-            await h0.publish("flood.e", {"i": i, "pad": pad})
+            await asyncio.wait_for(h0.publish("flood.e", {"i": i, "pad": pad}), 10)
 
         async def both_closed() -> bool:
             st = await stats(h0)
@@ -335,7 +336,7 @@ async def test_a_connection_that_read_everything_holds_nothing(start_instance,
         assert (await guest.line())["subscribed"]
         n = 0
         while (await guest_usage(h0, 0))["bytes"] < 24 << 10:  # past the socket's buffer
-            await h0.publish("flood.e", {"pad": b"z" * (8 << 10)})
+            await asyncio.wait_for(h0.publish("flood.e", {"pad": b"z" * (8 << 10)}), 10)
             n += 1
         guest.go(str(n))
         assert (await guest.line())["drained"] == n
@@ -481,7 +482,7 @@ async def test_a_guests_subscriptions_and_version_waits_are_capped(start_instanc
         # the owner is not held to them
         o = await connect(inst, 1)
         for prefix in ("p.", "q.", "r.", "s."):
-            await o.subscribe(prefix)
+            await asyncio.wait_for(o.subscribe(prefix), 10)
         owner_waits = [o.rpc("kvs.wait-version", {"namespace": "gv", "rootseq": 99})
                        for _ in range(4)]
         await wait_until(lambda: held(7, 7), "the owner's 4 more")
@@ -589,7 +590,7 @@ async def test_a_guests_connections_share_one_turn(start_instance, connect) -> N
     conns, each = 16, 400
     inst = await start_instance(size=1, attrs=ALLOW)
     sub, owner = await connect(inst, 0), await connect(inst, 0)
-    await sub.subscribe("fair.")
+    await asyncio.wait_for(sub.subscribe("fair."), 10)
     guest = await GuestProc.start(inst.uri(0), f"""
         async def main():
             socks = [raw() for _ in range({conns})]

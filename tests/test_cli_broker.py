@@ -246,7 +246,7 @@ async def read_line(stream: asyncio.StreamReader | None, timeout: float = 30.0) 
 
 
 async def rank_pids(uri: str, size: int) -> list[int]:
-    async with await Handle.connect(uri) as h:
+    async with asyncio.timeout(10), await Handle.connect(uri) as h:
         return [int(await h.attr_get("broker.pid", nodeid=r)) for r in range(size)]
 
 
@@ -784,7 +784,8 @@ async def test_a_reader_leaving_mid_value_is_a_closed_stdout(start_instance) -> 
     finally:
         os.close(w)
     try:
-        first = await asyncio.get_running_loop().run_in_executor(None, os.read, r, 10)
+        first = await asyncio.wait_for(
+            asyncio.get_running_loop().run_in_executor(None, os.read, r, 10), 30)
     finally:
         os.close(r)  # as head -c 10 does once it has its bytes
     assert first == big[:len(first)]

@@ -219,7 +219,7 @@ async def test_a_busy_namespace_does_not_starve_another(start_instance, connect)
     flooder, other, sub = await connect(inst), await connect(inst), await connect(inst)
     await asyncio.wait_for(other.rpc("kvs.namespace-create", {
         "namespace": "other", "owner": os.getuid()}), T)
-    await sub.subscribe("kvs.namespace-")
+    await asyncio.wait_for(sub.subscribe("kvs.namespace-"), T)
     answered: list[str] = []
     first = asyncio.Event()
 

@@ -124,7 +124,7 @@ async def test_a_failed_write_back_fails_the_drain_and_is_retried(tmp_path) -> N
     store.put_many = refuse  # type: ignore[method-assign]
     (ref,) = content.store_local([b"blob"])
     with pytest.raises(ErrnoError) as info:
-        await content._drain()
+        await asyncio.wait_for(content._drain(), 10)
     assert info.value.errnum == errno.EIO and "disk I/O error" in str(info.value)
     assert ref in content.dirty and store.get(ref) is None
 
@@ -133,10 +133,10 @@ async def test_a_failed_write_back_fails_the_drain_and_is_retried(tmp_path) -> N
 
     store.put_many = full  # type: ignore[method-assign]
     with pytest.raises(ErrnoError) as info:  # as a checkpoint's or a flush's sync says it
-        await content._drain()
+        await asyncio.wait_for(content._drain(), 10)
     assert info.value.errnum == errno.ENOSPC
     store.put_many = put_many  # type: ignore[method-assign]
-    await content._drain()
+    await asyncio.wait_for(content._drain(), 10)
     assert not content.dirty and store.get(ref) == b"blob"
     await content.stop()
 
@@ -153,7 +153,7 @@ async def test_rank_0s_cache_comes_back_to_its_limit_once_written(tmp_path) -> N
     try:
         refs = content.store_local([os.urandom(10_000) for _ in range(100)])  # 1 MB, all dirty
         assert content.cache_bytes == 100 * (10_000 + BLOB_OVERHEAD)
-        await content._drain()
+        await asyncio.wait_for(content._drain(), 10)
         assert content.cache_bytes <= 100_000
         assert refs[-1] in content.cache  # the most recent stay
         assert content.backing is not None and content.backing.count() == 100
@@ -178,12 +178,14 @@ async def test_without_a_statedir_blobs_go_to_disk_only_to_make_room(tmp_path) -
     try:
         assert not content.persistent and content.backing is not None
         content.store_local([os.urandom(1000) for _ in range(50)])  # 60 KB: room enough
+        # A deliberate wait for something that must NOT happen: three flush
+        # delays pass, and under the limit nothing is written.
         await asyncio.sleep(3 * FLUSH_DELAY)
         assert len(content.dirty) == 50 and not content._writes
         assert content.backing.count() == 0
         refs = content.store_local([os.urandom(10_000) for _ in range(30)])  # over
         while content._writes:
-            await asyncio.gather(*list(content._writes))
+            await asyncio.wait_for(asyncio.gather(*list(content._writes)), 10)
         assert content.backing.count() == 80 and not content.dirty
         assert content.cache_bytes <= 200_000 and refs[-1] in content.cache
     finally:

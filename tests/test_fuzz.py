@@ -49,11 +49,12 @@ async def test_random_requests_from_the_owner_leave_every_rank_serving(
     size = 3
     inst = await start_instance(size=size, fanout=2)
     h = await connect(inst)
-    for ns in ("fz1", "fz2"):
-        await h.rpc("kvs.namespace-create", {"namespace": ns, "owner": os.getuid()})
-    await KVS(h, "fz1").put("a.b", "x")
-    fuzz = RequestFuzzer(1, ["primary", "fz1", "fz2", "nosuch"],
-                         [(await h.rpc("kvs.getroot", {"namespace": "fz1"}))["rootref"]])
+    async with asyncio.timeout(10):
+        for ns in ("fz1", "fz2"):
+            await h.rpc("kvs.namespace-create", {"namespace": ns, "owner": os.getuid()})
+        await KVS(h, "fz1").put("a.b", "x")
+        fuzz = RequestFuzzer(1, ["primary", "fz1", "fz2", "nosuch"],
+                             [(await h.rpc("kvs.getroot", {"namespace": "fz1"}))["rootref"]])
     answered = 0
     for _ in range(ROUNDS):
         raws = [await RawClient.connect(inst, rank) for rank in range(size)]
@@ -120,14 +121,15 @@ async def test_random_requests_from_a_guest_reveal_nothing_private(
     inst = await start_instance(size=size, fanout=2,
                                 attrs={"access.allow-guest-user": "true"})
     h = await connect(inst)
-    await h.rpc("kvs.namespace-create", {"namespace": "secret", "owner": os.getuid()})
-    await h.rpc("kvs.namespace-create", {"namespace": "mine", "owner": GUEST_UID})
-    await KVS(h, "secret").put("a.b", SECRET + "1")
-    await KVS(h, "secret").put("big", SECRET * 1000)
-    await KVS(h).put("a", SECRET + "2")
-    await KVS(h, "mine").put("a.b", "the guest's own")
-    roots = {ns: (await h.rpc("kvs.getroot", {"namespace": ns}))["rootref"]
-             for ns in ("secret", "primary", "mine")}
+    async with asyncio.timeout(10):
+        await h.rpc("kvs.namespace-create", {"namespace": "secret", "owner": os.getuid()})
+        await h.rpc("kvs.namespace-create", {"namespace": "mine", "owner": GUEST_UID})
+        await KVS(h, "secret").put("a.b", SECRET + "1")
+        await KVS(h, "secret").put("big", SECRET * 1000)
+        await KVS(h).put("a", SECRET + "2")
+        await KVS(h, "mine").put("a.b", "the guest's own")
+        roots = {ns: (await h.rpc("kvs.getroot", {"namespace": ns}))["rootref"]
+                 for ns in ("secret", "primary", "mine")}
     private, own = [roots["secret"], roots["primary"]], [roots["mine"]]
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-c", GUEST_FUZZ,

@@ -230,7 +230,7 @@ async def test_a_stream_has_one_reader(wired) -> None:
     first = asyncio.ensure_future(stream.next_message())
     await asyncio.sleep(0)
     with pytest.raises(RuntimeError, match="already reading"):
-        await stream.next_message()
+        await asyncio.wait_for(stream.next_message(), T)
     peer.answer(req, {"i": 0})
     assert (await asyncio.wait_for(first, T)).payload == {"i": 0}
     peer.answer(req, errnum=errno.ENODATA)

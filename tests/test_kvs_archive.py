@@ -398,7 +398,7 @@ async def test_a_dump_through_a_link_into_another_namespace_is_one_version(
                 h, *[put(f"d.k{i}", b"new" + BIG) for i in range(300)], ns="other")))
 
     buf = io.BytesIO()
-    report = await archive.dump(kvs, buf, key="XL", on_item=rewrite)
+    report = await asyncio.wait_for(archive.dump(kvs, buf, key="XL", on_item=rewrite), 30)
     await asyncio.wait_for(rewrites[0], 10)
     assert report.rootref == tree["data"][0]
     items = _items(buf.getvalue())

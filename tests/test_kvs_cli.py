@@ -994,7 +994,8 @@ async def test_dropcache_this_rank_or_all(start_instance, connect) -> None:
     h = await connect(inst, 0)
 
     async def cached(rank: int) -> int:
-        return (await h.rpc("kvs.stats-get", {}, nodeid=rank))["cache"]["blobs"]
+        st = await asyncio.wait_for(h.rpc("kvs.stats-get", {}, nodeid=rank), T)
+        return int(st["cache"]["blobs"])
 
     assert (await kvs(inst, "put", "a.b=1", "a.c=2")).rc == 0
     for rank in (0, 2):
@@ -1416,7 +1417,7 @@ async def test_recursive_listings_of_a_tree_deeper_than_python_recursion(start_i
     labels = [line for line in res.text.splitlines() if line.endswith(":")]
     assert len(labels) == depth - 1 and labels[-1] == key.rpartition(".")[0] + ":"
     async with await Handle.connect(inst.uri(0)) as h:
-        found = [k async for k, _ in (await KVS(h).dir("d0")).walk()]
+        found = [k async for k, _ in (await asyncio.wait_for(KVS(h).dir("d0"), T)).walk()]
     assert found == [key]
 
 

@@ -676,12 +676,12 @@ async def test_a_wait_version_timeout_is_the_ranks(start_instance, connect) -> N
             await asyncio.wait_for(kvs.wait_version(10**9, timeout=0.05), T)
     st = await asyncio.wait_for(h1.rpc("kvs.stats-get", {}), T)
     assert st["namespaces"]["primary"]["waiters"] == 0
-    res = await kvs.put("k", 1)
+    res = await asyncio.wait_for(kvs.put("k", 1), T)
     assert await asyncio.wait_for(kvs.wait_version(res.rootseq, timeout=5), T) >= res.rootseq
     for bad in (-1, "1", True):
         with pytest.raises(RemoteError) as err:
-            await h1.rpc("kvs.wait-version", {"namespace": "primary", "rootseq": 10**9,
-                                              "timeout": bad})
+            await asyncio.wait_for(h1.rpc("kvs.wait-version", {
+                "namespace": "primary", "rootseq": 10**9, "timeout": bad}), T)
         assert err.value.errnum == errno.EPROTO
     rc, out, err_text = await run_cli("kvs", "wait", "-t", "0.05", "1000000000", uri=inst.uri(1))
     assert rc == 1
@@ -726,7 +726,7 @@ async def test_calls_on_a_closed_handle_raise_a_new_error_each(start_instance,
     errors = []
     for _ in range(3):
         with pytest.raises(RemoteError) as info:
-            await h.ping(0)
+            await asyncio.wait_for(h.ping(0), T)
         errors.append(info.value)
     assert len({id(e) for e in errors}) == 3
     assert {(e.errnum, e.errstr) for e in errors} == {(errno.ECONNRESET, "handle closed")}

@@ -288,7 +288,7 @@ async def test_a_watcher_catches_up_after_a_gap(start_instance, connect) -> None
     seq = await commit(h0, put("jobs.a", "1"), put("jobs.b", "2"), put("other", "x"))
     async with KVS(await connect(inst, 3)) as kvs3:
         # (a watch starts at the root its rank has: make it this version)
-        await kvs3.wait_version(seq["rootseq"])
+        await asyncio.wait_for(kvs3.wait_version(seq["rootseq"]), 10)
         async with kvs3.watch_keys("jobs") as w:
             first = await asyncio.wait_for(anext(w), 10)
         last = first.rootref
@@ -296,12 +296,12 @@ async def test_a_watcher_catches_up_after_a_gap(start_instance, connect) -> None
     await commit(h0, put("jobs.a", "changed"), put("other", "y"))
     seq = await commit(h0, put("jobs.c.d", "new"), unlink("jobs.b"))
     async with KVS(await connect(inst, 3)) as kvs3:
-        await kvs3.wait_version(seq["rootseq"])
+        await asyncio.wait_for(kvs3.wait_version(seq["rootseq"]), 10)
         async with kvs3.watch_keys("jobs") as w:
             now = await asyncio.wait_for(anext(w), 10)
-            assert await kvs3.diff(last, now.rootref, "jobs") == ["jobs.a", "jobs.b",
-                                                                 "jobs.c.d"]
-            assert await kvs3.diff(last, key="jobs") == ["jobs.a", "jobs.b", "jobs.c.d"]
+            changed = ["jobs.a", "jobs.b", "jobs.c.d"]
+            assert await asyncio.wait_for(kvs3.diff(last, now.rootref, "jobs"), 10) == changed
+            assert await asyncio.wait_for(kvs3.diff(last, key="jobs"), 10) == changed
             await commit(h0, put("jobs.e", "later"))
             later = await asyncio.wait_for(anext(w), 10)
             assert list(later.keys) == ["jobs.e"]  # and the watch goes on
@@ -312,7 +312,7 @@ async def test_a_watcher_catches_up_after_a_gap(start_instance, connect) -> None
             await commit(h0, put("jobs.f", "then"))
             then = await asyncio.wait_for(anext(w), 10)
             assert not then.initial and then.keys == ("jobs.f",)
-        st = await kvs3.handle.rpc("kvs.stats-get", {})
+        st = await asyncio.wait_for(kvs3.handle.rpc("kvs.stats-get", {}), 10)
         assert st["counts"]["diffs"] == 3
 
 
@@ -355,7 +355,7 @@ async def test_since_the_last_answer_starts_no_earlier(start_instance, connect) 
                 assert (await asyncio.wait_for(anext(w3), 10)).keys == ("jobs.b",)
     # a version the namespace will not reach (removed and created again
     # since): the watch starts anyway, after SINCE_WAIT, and diffs from there
-    await h0.rpc("kvs.namespace-create", {"namespace": "again"})
+    await asyncio.wait_for(h0.rpc("kvs.namespace-create", {"namespace": "again"}), 10)
     await commit(h0, put("x", "1"), ns="again")
     async with KVS(h0, "again") as again:
         async with again.watch_keys(".") as w:
@@ -391,7 +391,8 @@ async def test_malformed_diff_requests_are_eproto_or_einval(start_instance, conn
                           ({"old": root, "new": 5}, errno.EPROTO),
                           ({"old": root, "new": "sha256-" + "0" * 64}, errno.ENOENT)):
         assert await errnum(h.rpc("kvs.diff", payload)) == want, payload
-    assert (await h.rpc("kvs.diff", {"old": root}))["keys"] == []  # still serving
+    still = await asyncio.wait_for(h.rpc("kvs.diff", {"old": root}), 10)
+    assert still["keys"] == []  # still serving
 
 
 @pytest.mark.skipif(__import__("os").getuid() != 0, reason="needs root to run as another uid")
@@ -400,7 +401,8 @@ async def test_a_guest_diffs_only_roots_of_its_own(start_instance, connect) -> N
     roots of a namespace of its own, so it cannot read another's tree."""
     inst = await start_instance(size=2, attrs={"access.allow-guest-user": "true"})
     h0 = await connect(inst, 0)
-    await h0.rpc("kvs.namespace-create", {"namespace": "mine", "owner": GUEST_UID})
+    await asyncio.wait_for(
+        h0.rpc("kvs.namespace-create", {"namespace": "mine", "owner": GUEST_UID}), 10)
     await commit(h0, put("secret", "s3cr3t"))
     primary = (await getroot(h0))["rootref"]
     await commit(h0, put("k", "1"), ns="mine")

@@ -37,12 +37,13 @@ async def _increment(kvs: KVS, times: int) -> int:
 async def test_concurrent_compare_and_swap_loses_no_increment(start_instance, connect):
     inst = await start_instance(size=4)
     clients = [KVS(await connect(inst, rank)) for rank in (0, 1, 2, 3, 0, 3)]
-    await clients[0].put("counter", "0")
+    await asyncio.wait_for(clients[0].put("counter", "0"), 10)
     failed = await asyncio.wait_for(
         asyncio.gather(*(_increment(kvs, 25) for kvs in clients)), 120)
     for kvs in clients:  # every rank converges on the one right total
-        await kvs.wait_version((await clients[0].getroot()).rootseq)
-        assert await kvs.get_str("counter") == str(25 * len(clients))
+        top = await asyncio.wait_for(clients[0].getroot(), 10)
+        await asyncio.wait_for(kvs.wait_version(top.rootseq), 10)
+        assert await asyncio.wait_for(kvs.get_str("counter"), 10) == str(25 * len(clients))
     assert sum(failed) > 0  # they did collide, and the losers retried
 
 
@@ -64,7 +65,7 @@ async def test_a_lock_has_one_winner(start_instance, connect):
     won = await asyncio.wait_for(
         asyncio.gather(*(grab(kvs, f"r{i}") for i, kvs in enumerate(clients))), 30)
     assert won.count(True) == 1
-    assert await clients[0].get_str("lock") == f"r{won.index(True)}"
+    assert await asyncio.wait_for(clients[0].get_str("lock"), 10) == f"r{won.index(True)}"
 
 
 async def test_cli_put_expect(start_instance):

@@ -168,6 +168,7 @@ async def test_gc_under_concurrent_commits_copies_and_namespaces_loses_nothing(
     copies: dict[str, dict[str, bytes]] = {}
     namespaces: dict[str, bytes] = {}
     stop = asyncio.Event()
+    have_snapshot = asyncio.Event()  # the writer's first snapshot is there
     counts = {"copy-failed": 0, "old-root-gone": 0}
 
     async def writer() -> None:
@@ -182,14 +183,13 @@ async def test_gc_under_concurrent_commits_copies_and_namespaces_loses_nothing(
             if i % 15 == 0:
                 snapshots.append((r["rootref"], {k: v for k, v in model.items()
                                                  if k.startswith("s.")}))
+                have_snapshot.set()
             i += 3
 
     async def copier() -> None:
         n = 0
+        await have_snapshot.wait()  # (the test waits for it, time-boxed)
         while not stop.is_set():
-            if not snapshots:
-                await asyncio.sleep(0.01)
-                continue
             # Every other copy from the newest snapshot, the rest round the
             # older ones: copying only old roots, all of them collected
             # back to back, could leave no copy made at all (1 run in ~25).
@@ -224,8 +224,8 @@ async def test_gc_under_concurrent_commits_copies_and_namespaces_loses_nothing(
     tasks = [asyncio.create_task(f()) for f in (writer, copier, namespacer)]
     removed = 0
     try:
-        while not snapshots:
-            await asyncio.sleep(0.01)
+        # A writer that failed first is reported by the gather below.
+        await asyncio.wait_for(have_snapshot.wait(), 30)
         collections = 0
         while collections < 12 or len(model) < 600:  # (and 200 commits at least)
             result = await gc(h0)
@@ -237,6 +237,7 @@ async def test_gc_under_concurrent_commits_copies_and_namespaces_loses_nothing(
                     t.result()  # a writer failed: say why
     finally:
         stop.set()
+        have_snapshot.set()  # (a copier still waiting for one ends too)
         await asyncio.gather(*tasks)
     assert removed > 100, removed
     assert copies, counts  # some copies made it (others may not: counted)

@@ -449,7 +449,8 @@ async def test_a_malformed_namespace_event_is_dropped_not_raised(
         ("error", {"names": [], "errnum": "x"}),
     ]
     for kind, payload in forged:
-        await h0.publish(f"kvs.namespace-primary-{kind}", {"namespace": "primary", **payload})
+        await asyncio.wait_for(h0.publish(f"kvs.namespace-primary-{kind}",
+                                          {"namespace": "primary", **payload}), T)
     await commit(h1, put("a", "2"))  # answered once rank 1 applied its (later) setroot
     assert await get(h1, "a") == b"2"
     after = await ev(h1)

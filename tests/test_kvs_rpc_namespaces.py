@@ -184,10 +184,11 @@ async def test_create_with_rootref(start_instance, connect) -> None:
     # commit's dirref (it was accepted)
     await commit(h0, *(put(f"h.k{i}", "v") for i in range(3000)), ns="src")
     top = (await lookup(h0, "h", TREEOBJ, ns="src"))["data"][0]
-    shards = treeobj.decode((await h0.rpc("content.load", {"blobref": top}))["data"])
-    inner = [ref for ref in shards["data"]["shards"].values()
-             if treeobj.decode((await h0.rpc("content.load", {"blobref": ref}))["data"])
-             ["type"] == "hdir"]
+    async with asyncio.timeout(10):
+        shards = treeobj.decode((await h0.rpc("content.load", {"blobref": top}))["data"])
+        inner = [ref for ref in shards["data"]["shards"].values()
+                 if treeobj.decode((await h0.rpc("content.load", {"blobref": ref}))["data"])
+                 ["type"] == "hdir"]
     assert inner, "the test needs a directory big enough for inner shards"
     assert await errnum(ns_create(h0, "bad4", rootref=inner[0])) == errno.EINVAL
     await ns_create(h0, "whole", rootref=top)  # the top shard is the directory
@@ -254,7 +255,7 @@ async def test_follower_loading_a_namespace_under_commits(start_instance, connec
         await ns_create(h0, name, owner=4242)
         commits = [asyncio.ensure_future(commit(h0, put(f"k{j}", "v"), ns=name))
                    for j in range(20)]
-        await asyncio.sleep(0.001 * (i % 5))
+        await asyncio.sleep(0.001 * (i % 5))  # (not a wait: varies where the race lands)
         roots = await asyncio.gather(*[getroot(h3, name) for _ in range(20)])
         await asyncio.gather(*commits)
         assert {r["owner"] for r in roots} == {4242}, roots

@@ -438,7 +438,7 @@ async def test_a_rank_that_admits_guests_opens_its_run_directory(tmp_path: Path,
         await rank.ready()
         assert os.stat(rank.rundir).st_mode & 0o777 == mode, allow
         rank.proc.terminate()
-        assert await rank.proc.wait() == 0
+        assert await asyncio.wait_for(rank.proc.wait(), START) == 0
 
 
 # ---------------------------------------------------------------- the initial program
@@ -459,7 +459,7 @@ async def test_rank_0_runs_the_initial_program_and_stops_the_instance_after_it(
     codes = await exit_codes([rank0, *leaves], tmp_path)
     assert codes == [7, 0, 0]
     assert rank0.proc.stdout is not None
-    out = (await rank0.proc.stdout.read()).decode().splitlines()
+    out = (await asyncio.wait_for(rank0.proc.stdout.read(), 10)).decode().splitlines()
     assert out == ["program", "route=c3!r0!r2", rank0.uri]  # and no "ready" line
     assert all(uri.endswith(f"/local-{r}") for uri, r in zip(uris, (2, 1), strict=True))
 
@@ -481,7 +481,7 @@ async def test_a_signal_to_rank_0_goes_to_the_initial_program(tmp_path: Path, br
     rank0.proc.send_signal(signal.SIGTERM)
     assert await exit_codes([rank0, leaf], tmp_path) == [128 + signal.SIGTERM, 0]
     assert rank0.proc.stdout is not None
-    assert await rank0.proc.stdout.read() == b""
+    assert await asyncio.wait_for(rank0.proc.stdout.read(), 10) == b""
 
 
 @pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGTERM])

@@ -38,7 +38,7 @@ async def test_remove_fails_relayed_and_refuses_new_ones() -> None:
     a = ns.expect("3.1")
     ns.remove()
     with pytest.raises(ErrnoError) as info:
-        await a
+        await asyncio.wait_for(a, 5)
     assert info.value.errnum == errno.ENOTSUP
     assert ns.relayed is None
     with pytest.raises(ErrnoError):
@@ -76,7 +76,7 @@ async def test_an_idle_namespace_holds_no_waiter_heap_or_relay_table() -> None:
     assert ns.waiters == 1 and ns._waiters is not None and ns.relayed is not None
     ns.set_root(1, "r1")
     ns.finish(["3.1"], 1, "r1")
-    await wait
+    await asyncio.wait_for(wait, 5)
     assert relay.result() == (1, "r1")
     assert ns._waiters is None and ns.relayed is None
     ns.expect("3.2")
@@ -95,11 +95,11 @@ async def test_a_wait_cancelled_after_its_version_came_is_counted_once() -> None
     ns.set_root(1, "r1")  # early's version: counted out here...
     early.cancel()  # ...and cancelled before it resumed
     with pytest.raises(asyncio.CancelledError):
-        await early
+        await asyncio.wait_for(early, 5)
     assert ns.waiters == 1
     later.cancel()
     with pytest.raises(asyncio.CancelledError):
-        await later
+        await asyncio.wait_for(later, 5)
     assert ns.waiters == 0
 
 
@@ -118,7 +118,7 @@ async def test_cancelled_version_waits_are_dropped_lazily(monkeypatch) -> None:
     gone = [w for w in waits if w not in set(live)]
     for w in gone:
         w.cancel()
-    await asyncio.gather(*gone, return_exceptions=True)
+    await asyncio.wait_for(asyncio.gather(*gone, return_exceptions=True), 5)
     assert ns.waiters == len(live)
     assert len(rebuilds) <= 2  # not once per cancelled wait (6,666 of them)
     assert len(ns._waiters) <= 2 * len(live) + 16  # compacted, not left to grow
@@ -129,7 +129,7 @@ async def test_cancelled_version_waits_are_dropped_lazily(monkeypatch) -> None:
     assert ns.waiters == len(live) - len(woken)
     ns.remove()
     assert ns.waiters == 0
-    await asyncio.gather(*live, return_exceptions=True)
+    await asyncio.wait_for(asyncio.gather(*live, return_exceptions=True), 5)
 
 
 def created(owner=1000, rootref="sha256-0", **kw):

@@ -291,7 +291,7 @@ async def test_sends_between_calls_leave_at_once(start_instance, connect) -> Non
     waits for the script's next call or is lost if it never makes one."""
     inst = await start_instance(size=2)
     sub = await connect(inst, 0)
-    await sub.subscribe("between.")
+    await asyncio.wait_for(sub.subscribe("between."), 10)
     release = asyncio.Event()
     loop = asyncio.get_running_loop()
 

@@ -315,19 +315,19 @@ async def test_kvs_watch_methods_follow_the_kvs_namespace(start_instance, connec
     h = await connect(inst, 1)
     await asyncio.wait_for(h.rpc("kvs.namespace-create", {"namespace": "job", "owner": -1}), 10)
     job, primary = KVS(h, "job"), KVS(h)
-    await primary.put("k", "in primary")
-    await job.put("k", "in job")
+    await asyncio.wait_for(primary.put("k", "in primary"), 10)
+    await asyncio.wait_for(job.put("k", "in job"), 10)
     w = job.watch("k", uniq=True)
     assert w.namespace == "job"
     assert await take(w, 1) == [b"in job"]
-    await job.put("k", "again")
+    await asyncio.wait_for(job.put("k", "again"), 10)
     assert await take(w, 1) == [b"again"]
-    await w.cancel()
-    await eventlog.append(job, "log", "submit")
+    await asyncio.wait_for(w.cancel(), 10)
+    await asyncio.wait_for(eventlog.append(job, "log", "submit"), 10)
     log = job.watch_eventlog("log")
     async with asyncio.timeout(10):
         assert (await anext(log))["name"] == "submit"
-    await log.cancel()
+    await asyncio.wait_for(log.cancel(), 10)
     with pytest.raises(TypeError, match=r"not a KVS: pass kvs.handle, or call the KVS"):
         watch(job, "k")  # type: ignore[arg-type]
 

@@ -51,9 +51,10 @@ async def test_list_then_watch_misses_nothing(start_instance, connect) -> None:
     async with watch_keys(h3, "jobs") as w:
         first = await _next(w)
         assert first.initial and first.keys == () and first.prefix == "jobs"
-        root = await kvs3.getroot()
+        root = await asyncio.wait_for(kvs3.getroot(), T)
         assert (first.rootseq, first.rootref) == (root.rootseq, root.rootref)
-        state = {k: await kvs3.get(k, at=first.rootref) async for k, _ in _walk(kvs3, first)}
+        async with asyncio.timeout(T):
+            state = {k: await kvs3.get(k, at=first.rootref) async for k, _ in _walk(kvs3, first)}
         assert state == {"jobs.1.state": b"run"}
 
         r1 = await commit(h0, put("jobs.2.state", "new"), put("other", "y"), flags=NO_MERGE)
@@ -67,7 +68,7 @@ async def test_list_then_watch_misses_nothing(start_instance, connect) -> None:
         for c in got:
             for k in c.keys:
                 try:
-                    state[k] = await kvs3.get(k, at=c.rootref)
+                    state[k] = await asyncio.wait_for(kvs3.get(k, at=c.rootref), T)
                 except RemoteError as exc:
                     assert exc.errnum in (errno.ENOENT, errno.EISDIR)
                     state = {s: v for s, v in state.items() if s != k
@@ -111,7 +112,7 @@ async def test_key_watch_looks_nothing_up_and_shares_the_monitor(start_instance,
     assert st["counts"]["lookups"] == before and st["namespace-count"] == 1
     assert st["watchers"] == 3
     for w in watches:
-        await w.cancel()
+        await asyncio.wait_for(w.cancel(), T)
     await wait_watchers(h0, 0, nodeid=1)
 
 
@@ -243,8 +244,8 @@ async def test_a_key_watch_polled_with_timeouts_goes_on(start_instance, connect)
     inst = await start_instance(size=1)
     h = await connect(inst, 0)
     kvs = KVS(h)
-    await kvs.mkdir("d")
-    v = await kvs.version()
+    await asyncio.wait_for(kvs.mkdir("d"), T)
+    v = await asyncio.wait_for(kvs.version(), T)
     w = watch_keys(h, "d", since_version=v + 1)  # a version not reached: waits ~2 s
     t0 = time.monotonic()
     with pytest.raises(TimeoutError):
@@ -252,14 +253,14 @@ async def test_a_key_watch_polled_with_timeouts_goes_on(start_instance, connect)
     first = await asyncio.wait_for(w.__anext__(), 10)
     assert time.monotonic() - t0 > 1.5  # (it waited for the version, as uncancelled)
     assert first.initial
-    await w.cancel()
+    await asyncio.wait_for(w.cancel(), T)
 
-    old = await kvs.getroot()
+    old = await asyncio.wait_for(kvs.getroot(), T)
     for i in range(5):
         t = TxnOps()
         for j in range(1000):
             t.put(f"d.k{i}_{j}", j)
-        await kvs.commit(t)
+        await asyncio.wait_for(kvs.commit(t), T)
     async with kvs.watch_keys("d", since=old) as kw:
         for attempt in range(40):  # polls that land anywhere, the diff included
             try:
