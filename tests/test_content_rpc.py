@@ -18,6 +18,7 @@ import pytest
 from test_kvs_rpc_helpers import APPEND, SYNC, T, commit, errname, errnum, lookup, put, stats
 
 from broker.errors import RemoteError
+from broker.launch import StartError
 from broker.message import RawPayload
 
 SIZES = pytest.mark.parametrize("size", [1, 4])
@@ -389,7 +390,9 @@ async def test_sha1(start_instance, connect) -> None:
 
 
 async def test_unsupported_hash_fails_start(start_instance) -> None:
-    with pytest.raises(Exception):  # noqa: B017 - StartError or a timeout, never a hang
+    """An unknown ``content.hash`` is refused at start, naming the attribute
+    (``pytest.raises(Exception)`` let a timed-out start, or a bug, pass)."""
+    with pytest.raises(StartError, match=r"^content\.hash: unknown hash 'md5'"):
         await start_instance(size=1, attrs={"content.hash": "md5"})
 
 
