@@ -77,21 +77,31 @@ class Broker:
         """The rank's exit status once it stopped: 1 when it lost its parent."""
         self.shutdown_requested = False
         """Stopping because a client asked (``broker.shutdown``)."""
+        self.stop_reason: str | None = None
+        """Why the rank stops (the first reason given), for its log and its
+        parent's (``overlay.goodbye``); ``None`` while it runs, or when
+        start-up failed."""
 
     @property
     def uri(self) -> str:
         return str(self.attrs["local-uri"])
 
-    def request_stop(self) -> None:
+    def request_stop(self, why: str = "asked to stop") -> None:
+        if self.stop_reason is None:
+            self.stop_reason = why
         self._stop.set()
 
-    def _stop_for_overlay(self, error: str | None) -> None:
-        """The parent said shutdown (``None``), or was lost (``error``):
-        then the rank exits with status 1 (:attr:`exit_code`)."""
-        if error is not None and not self._stop.is_set():
+    def _stop_for_overlay(self, error: str | None, status: int = 1) -> None:
+        """The parent said shutdown (``None``), or was lost or refused us
+        (``error``): then the rank exits with ``status`` (:attr:`exit_code`)."""
+        if error is None:
+            parent = self.overlay.parent if self.overlay is not None else None
+            self.request_stop(f"parent rank {parent} stops")
+            return
+        if not self._stop.is_set():
             log.error("%s: stopping", error)
-            self.exit_code = 1
-        self.request_stop()
+            self.exit_code = status
+        self.request_stop(error)
 
     def _context(self) -> ModuleContext:
         return ModuleContext(rank=self.rank, size=self.size, fanout=self.fanout,
@@ -146,9 +156,16 @@ class Broker:
         await self._stop.wait()
 
     async def stop(self) -> None:
+        if self.stop_reason is not None and self.exit_code == 0:  # (errors: logged)
+            # (one line per rank's life: with its start-up lines, the log
+            # says when and why each rank went, without a debug level)
+            log.info("stopping: %s", self.stop_reason)
         if self.overlay is not None:
             # they stop alongside, not after us (and fail with us)
             self.overlay.shutdown_children(failed=self.exit_code != 0)
+            if self.stop_reason is not None and self.exit_code == 0:
+                # the parent then logs our link's closing at INFO, not as a loss
+                self.overlay.goodbye(self.stop_reason)
         for module in reversed(self.modules):
             try:
                 await module._shutdown()

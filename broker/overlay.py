@@ -64,6 +64,16 @@ log = logging.getLogger("kvbroker.overlay")
 
 TRANSPORTS = ("unix", "ipc", "tcp")
 DEFAULT_TRANSPORT = "unix"
+REFUSALS_TO_GIVE_UP = 5
+"""CURVE handshakes the parent refuses in a row before a rank that has not
+joined yet stops (:meth:`Overlay._on_up_monitor`): a fraction of a second
+at ZeroMQ's 20 ms between tries."""
+EXIT_REFUSED = 3
+"""Exit status of a rank whose parent refused its CURVE key: not 1 (a lost
+parent, which a supervisor's restart may cure), so that a supervisor can
+tell it apart and not restart it (systemd: ``RestartPreventExitStatus=3``)."""
+REFUSAL_LOG_INTERVAL = 60
+"""Seconds between a parent's warnings about refused handshakes."""
 
 
 class Oversized(Exception):
@@ -91,7 +101,7 @@ class Overlay:
         bind: str | None = None,
         curve: tuple[bytes, bytes] | None = None,
         transport: str = DEFAULT_TRANSPORT,
-        on_stop: Callable[[str | None], None] | None = None,
+        on_stop: Callable[[str | None, int], None] | None = None,
         max_backlog: int = 512 << 20,
         max_message: int = codec.MAX_LINK_MESSAGE,
     ) -> None:
@@ -115,9 +125,15 @@ class Overlay:
         self.bind = bind
         self.curve = curve
         self.on_stop = on_stop
-        """Called to stop this rank: ``None`` when the parent said shutdown,
-        the reason when the parent was lost."""
+        """Called to stop this rank: ``(None, 0)`` when the parent said
+        shutdown, ``(why, status)`` when the parent was lost (status 1) or
+        refused our CURVE key (:data:`EXIT_REFUSED`)."""
         self._shutdown_sent = False
+        self._goodbye_sent = False
+        self._parent_gone = False
+        self._leaving: dict[int, str] = {}
+        """Children that said goodbye (``overlay.goodbye``), with why: their
+        link's closing is a stop, logged at INFO, not a loss."""
         self._closing = False
         self.ctx: zmq.Context[Any] | None = None
         self._streams: StreamLinks | None = None
@@ -126,8 +142,11 @@ class Overlay:
         self.parent = topology.parent_of(self.rank, self.fanout)
         self.hello_from: set[int] = set()
         self._send_failed: set[bytes] = set()
-        self._refused_by_parent = 0
         """ZeroMQ links to children a send failed on (said once each)."""
+        self._refused_by_parent = 0
+        """Handshakes with the parent refused in a row (none succeeded since)."""
+        self._refusals_unlogged = 0
+        self._refusal_logged_at: float | None = None
         self.ready_from: set[int] = set()
         self.parent_acked = self.parent is None
         self.ready = asyncio.get_running_loop().create_future()
@@ -148,6 +167,7 @@ class Overlay:
         """Each identity's connection: its fd and that fd's inode (to hang it up)."""
         self._zmq_slow = 0
         self._up_monitor: ZmqSocket | None = None
+        self._stopping_refused = False
         self.refused = 0
         """Overlay handshakes that failed: a peer without the instance's keys."""
         router.overlay = self
@@ -192,7 +212,7 @@ class Overlay:
             s = zl.parent_socket(ctx, self.rank, self.endpoint(self.parent), self.curve)
             self._up = zl.ZmqSocket(s, self._from_parent, max_backlog=self.max_backlog,
                                     on_stuck=self._parent_stuck)
-            self._up_monitor = zl.ZmqSocket(s.get_monitor_socket(zl.MONITORED),
+            self._up_monitor = zl.ZmqSocket(s.get_monitor_socket(zl.UP_MONITORED),
                                             self._on_up_monitor)
             self._control_up("overlay.hello", {"rank": self.rank})
 
@@ -212,10 +232,21 @@ class Overlay:
         for child in sorted(self.hello_from):
             self._send_child(child, frames)
 
+    def goodbye(self, why: str) -> None:
+        """Tell the parent this rank stops on purpose (``why``: a signal,
+        ``kvbroker shutdown``, ...), as Flux's ``overlay.goodbye``: it then
+        logs the link's closing at INFO, and keeps WARNING for a child lost
+        unexpectedly.  Sent once, before :meth:`close`, which lets it leave."""
+        if (self._goodbye_sent or self.parent is None or not self.parent_acked
+                or self._parent_gone):
+            return
+        self._goodbye_sent = True
+        self._control_up("overlay.goodbye", {"rank": self.rank, "why": why})
+
     def close(self) -> None:
         self._closing = True
         if self._streams is not None:
-            self._streams.close(flush=self._shutdown_sent)
+            self._streams.close(flush=self._shutdown_sent, flush_up=self._goodbye_sent)
         # A monitor is stopped before the socket we read it on is closed:
         # ZeroMQ's I/O thread sends each event to that socket with a
         # blocking send, holding the monitor's lock, so an event (a parent's
@@ -234,7 +265,7 @@ class Overlay:
                 self._up.sock.disable_monitor()
             self._up_monitor.close()
         if self._up is not None:
-            self._up.close()
+            self._up.close(linger_ms=1000 if self._goodbye_sent else 0)
         if self._auth is not None:
             self._auth.stop()
         if self.ctx is not None:
@@ -320,29 +351,65 @@ class Overlay:
             return None
 
     def _on_up_monitor(self, parts: list[bytes]) -> None:
-        """An event of the link to the parent: it closed, or the parent
-        refused our CURVE handshake -- without this a rank with the wrong
-        keys waited for ever in silence."""
-        from broker.overlay_zmq import monitor_event
+        """An event of the link to the parent: it closed, or a CURVE
+        handshake with the parent succeeded or was refused.
 
-        disconnected, _event, _value = monitor_event(parts)
+        Refused :data:`REFUSALS_TO_GIVE_UP` times in a row (none succeeded
+        in between) before the parent answered our hello, the rank stops
+        with :data:`EXIT_REFUSED`: its key pair is not the instance's, and
+        retrying every 20 ms for ever (as it did) helped no one.  Not at the
+        first refusal: a parent going down in the middle of a handshake
+        fails that one, and a restarting parent must not stop its children
+        (a restarted parent with the instance's keys refuses none; a
+        handshake that timed out, a frozen parent, is not counted)."""
+        from broker import overlay_zmq as zl
+
+        disconnected, event, value = zl.monitor_event(parts)
         if disconnected:
             self._parent_lost("disconnected")
             return
+        if event == zl.HANDSHAKE_SUCCEEDED:
+            self._refused_by_parent = 0
+            return
+        why = zl.refusal(event, value)
+        if why is None or self.parent is None or self._stopping_refused:
+            return
         self._refused_by_parent += 1
-        if str(self._refused_by_parent).rstrip("0") == "1":  # 1, 10, 100...
-            log.warning("rank %s at %s refuses this rank's CURVE handshake (%d so far): "
-                        "every rank needs the instance's key pair, the same key file as "
-                        "rank %s's", self.parent, self.endpoint(self.parent or 0),
-                        self._refused_by_parent, self.parent)
+        endpoint = self.endpoint(self.parent)
+        if self._refused_by_parent == 1:
+            log.warning("parent rank %d at %s refused this rank's CURVE handshake (%s); "
+                        "giving up after %d refusals in a row", self.parent, endpoint, why,
+                        REFUSALS_TO_GIVE_UP)
+        if self._refused_by_parent >= REFUSALS_TO_GIVE_UP:
+            self._stopping_refused = True
+            if self.on_stop is not None:
+                self.on_stop(f"parent rank {self.parent} at {endpoint} refused this rank's "
+                             f"CURVE key {self._refused_by_parent} times in a row ({why}); "
+                             "every rank needs the instance's key pair: is this rank's "
+                             "curve_cert the same file as the parent's", EXIT_REFUSED)
+            return
+        if event == zl.HANDSHAKE_FAILED_AUTH and self._up is not None:
+            # ZeroMQ never retries after the parent's ZAP handler said no
+            # (it gives up the connection): dial again, as it does after
+            # any other failure, and say hello again (the queued one went
+            # with the connection)
+            asyncio.get_running_loop().call_later(zl.RECONNECT_IVL_MS / 1000, self._redial)
+
+    def _redial(self) -> None:
+        from broker import overlay_zmq as zl
+
+        if self._closing or self._up is None or self.parent is None:
+            return
+        zl.redial(self._up.sock, self.endpoint(self.parent))
+        self._control_up("overlay.hello", {"rank": self.rank})
 
     def _on_monitor(self, parts: list[bytes]) -> None:
         """An event of the children's socket: a child's connection closed,
         or a failed CURVE handshake -- wrong keys (ZAP refused them, or they
         were not made for this instance's)."""
-        from broker.overlay_zmq import monitor_event
+        from broker import overlay_zmq as zl
 
-        disconnected, event, value = monitor_event(parts)
+        disconnected, event, value = zl.monitor_event(parts)
         if disconnected:
             ident = self._fd_ident.pop(value, None)
             if ident is not None:
@@ -352,13 +419,25 @@ class Overlay:
             child = self._ident_child.pop(ident, None) if ident is not None else None
             if child is not None:  # (a replaced connection was forgotten already)
                 del self._child_ident[child]
-                self._lose_child(child)
+                self._lose_child(child, "its connection closed, or it answered no "
+                                 f"heartbeat for {zl.HEARTBEAT_TIMEOUT_MS // 1000} s")
             return
         self.refused += 1
-        if str(self.refused).rstrip("0") == "1":  # 1, 10, 100...: a peer retries every 20 ms
-            log.warning("refused an overlay connection that does not hold the instance's "
-                        "key pair (%d so far; ZeroMQ handshake event %#x): a rank started "
-                        "with another key file, or not a rank", self.refused, event)
+        # Once, not per retry: a refused peer dials again every 20 ms (a
+        # rank gives up after a few; anything else may go on for ever).
+        now = asyncio.get_running_loop().time()
+        if (self._refusal_logged_at is not None
+                and now - self._refusal_logged_at < REFUSAL_LOG_INTERVAL):
+            self._refusals_unlogged += 1
+            return
+        since = (f"; {self._refusals_unlogged} more since the last such warning"
+                 if self._refusals_unlogged else "")
+        self._refusal_logged_at, self._refusals_unlogged = now, 0
+        log.warning("refused an overlay connection: %s -- a rank started with another key "
+                    "file, or not a rank (%d refused so far%s; overlay.refused in `kvbroker "
+                    "stats broker`; logged again at most every %d s)",
+                    zl.refusal(event, value, server=True) or f"ZeroMQ handshake event {event:#x}",
+                    self.refused, since, REFUSAL_LOG_INTERVAL)
 
     def _hello_rank(self, frames: list[bytes]) -> int | None:
         """The rank a new connection's first message says hello as, if it is
@@ -412,7 +491,7 @@ class Overlay:
             assert self._down is not None
             # (if that connection is gone already, there is no one to tell)
             self._down.send_to(old, codec.encode(replaced))
-            self._lose_child(child)
+            self._lose_child(child, "a newer process of it said hello", warned=True)
         self._child_ident[child] = ident
         self._ident_child[ident] = child
         assert self._down is not None
@@ -441,7 +520,7 @@ class Overlay:
             self._fd_ident.pop(conn[0], None)
             hang_up(*conn)
         # (later: this runs inside a send, maybe a broadcast to the children)
-        asyncio.get_running_loop().call_soon(self._lose_child, child)
+        asyncio.get_running_loop().call_soon(self._lose_child, child, "", True)
 
     def _parent_stuck(self, _ident: bytes, queued: int) -> None:
         """ZeroMQ: the parent left more than ``tbon.max-backlog`` bytes unread."""
@@ -468,17 +547,31 @@ class Overlay:
     def _child_lost(self, conn: StreamConn) -> None:
         if conn.rank is not None and self._child_conns.get(conn.rank) is conn:
             del self._child_conns[conn.rank]
-            self._lose_child(conn.rank)
+            why = ("its connection closed" if conn.lost_error is None
+                   else f"its connection failed: {conn.lost_error}")
+            self._lose_child(conn.rank, why)
 
-    def _lose_child(self, child: int) -> None:
-        """A child's link closed: its subtree is gone (it stops when it loses
-        us, and takes its own children along); answer what it owed."""
+    def _lose_child(self, child: int, why: str, warned: bool = False) -> None:
+        """A child's link closed (``why``): its subtree is gone (it stops
+        when it loses us, and takes its own children along); answer what it
+        owed.  A child that said goodbye, or that we told to stop, stopped:
+        INFO.  Any other loss (a crash, a kill, a host gone) is WARNING,
+        with why -- both were INFO, so an operator at the default level
+        never saw a rank die (``warned``: a WARNING said so already)."""
         self.hello_from.discard(child)
-        if not self._closing:
-            # (INFO: a subtree stopped by `kvbroker shutdown --rank` closes
-            # its link the same way; `kvbroker overlay status` shows the lost)
-            log.info("lost the connection to child rank %d", child)
-            self.router.child_lost(child)
+        left = self._leaving.pop(child, None)
+        if self._closing:
+            return
+        if left is not None:
+            log.info("child rank %d stopped (%s)", child, left)
+        elif self._shutdown_sent:
+            log.info("child rank %d stopped (this rank told it to)", child)
+        elif warned:
+            log.info("lost child rank %d%s", child, f": {why}" if why else "")
+        else:
+            log.warning("lost child rank %d unexpectedly: %s (requests in flight to its "
+                        "subtree are answered EHOSTUNREACH)", child, why)
+        self.router.child_lost(child)
 
     def _child_frames(self, child: int, frames: list[bytes]) -> None:
         msg = self._decode(frames, f"rank {child}")
@@ -503,6 +596,9 @@ class Overlay:
         elif msg.topic == "overlay.ready":
             self.ready_from.add(child)
             self._check_ready()
+        elif msg.topic == "overlay.goodbye" and child in self.hello_from:
+            why = msg.payload.get("why") if isinstance(msg.payload, dict) else None
+            self._leaving[child] = why[:200] if isinstance(why, str) else "it said goodbye"
 
     def _from_parent(self, parts: list[bytes]) -> None:
         msg = self._decode(parts, "parent")
@@ -515,13 +611,12 @@ class Overlay:
             elif msg.topic == "overlay.shutdown" and self.on_stop is not None:
                 if isinstance(msg.payload, dict) and msg.payload.get("replaced"):
                     self.on_stop(f"rank {self.parent} admitted a newer rank {self.rank} "
-                                 "process in this one's place")
+                                 "process in this one's place", 1)
                     return
                 if isinstance(msg.payload, dict) and msg.payload.get("failed"):
-                    self.on_stop(f"rank {self.parent} stopped after a failure")
+                    self.on_stop(f"rank {self.parent} stopped after a failure", 1)
                     return
-                log.info("rank %s stops: stopping", self.parent)
-                self.on_stop(None)
+                self.on_stop(None, 0)
             return
         assert self.parent is not None
         if msg.type == MsgType.EVENT:
@@ -534,8 +629,9 @@ class Overlay:
         still start-up, where the link may come and go."""
         if self._closing or not self.parent_acked or self.parent is None:
             return
+        self._parent_gone = True
         if self.on_stop is not None:
-            self.on_stop(f"lost the connection to parent rank {self.parent} ({why})")
+            self.on_stop(f"lost the connection to parent rank {self.parent} ({why})", 1)
 
     def _check_ready(self) -> None:
         if self._sent_ready or not self.parent_acked or self.ready_from != self.children:

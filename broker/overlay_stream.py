@@ -55,6 +55,8 @@ class StreamConn(FramedProtocol):
         self.on_slow = on_slow
         self.decoder = codec.StreamDecoder()
         self.rank: int | None = None  # set by the overlay once the peer said hello
+        self.lost_error: Exception | None = None
+        """Why the connection was lost, if not closed by its peer (a reset)."""
         self._reader = TurnReader(self._take, lambda n: min(n, MAX_PER_TURN),
                                   self._pause_reading, self._resume_reading)
         """Messages taken at most :data:`MAX_PER_TURN` per loop turn, the rest held."""
@@ -105,6 +107,7 @@ class StreamConn(FramedProtocol):
             log.exception("error handling an overlay message")
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.lost_error = exc
         # What an admitted peer sent before the link went is still its
         # message (a parent's last events, sequenced): take it first.
         for frames in self._reader.drop():
@@ -195,9 +198,10 @@ class StreamLinks:
                     await asyncio.sleep(CONNECT_RETRY)
         self.up = conn
 
-    def close(self, flush: bool = False) -> None:
+    def close(self, flush: bool = False, flush_up: bool = False) -> None:
         """Close every link; ``flush`` lets what is queued for the children
-        (a shutdown) leave first."""
+        (a shutdown) leave first, ``flush_up`` what is queued for the
+        parent (a goodbye)."""
         self.closing = True
         if self.server is not None:
             self.server.close()
@@ -210,4 +214,8 @@ class StreamLinks:
                 else:
                     conn.transport.abort()
         if self.up is not None and self.up.transport is not None:
-            self.up.transport.abort()
+            if flush_up and self.up.writer is not None:  # (a goodbye)
+                self.up.writer.flush()
+                self.up.transport.close()
+            else:
+                self.up.transport.abort()

@@ -11,6 +11,7 @@ on the default ``unix`` links, which never touch it.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import secrets
@@ -42,9 +43,18 @@ HEARTBEAT_TIMEOUT_MS = 10_000
 long (a host that died without closing its sockets) is disconnected."""
 HANDSHAKE_IVL_MS = 5000
 """A peer must complete its ZeroMQ (CURVE) handshake within this."""
+RECONNECT_IVL_MS = 20
+"""A DEALER dials its parent again this long after a failure."""
+HANDSHAKE_SUCCEEDED = zmq.EVENT_HANDSHAKE_SUCCEEDED
+HANDSHAKE_FAILED_AUTH = zmq.EVENT_HANDSHAKE_FAILED_AUTH
 MONITORED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
              | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_DISCONNECTED)
 """Monitor events of a link: a failed handshake (wrong keys), a closed connection."""
+UP_MONITORED = MONITORED | zmq.EVENT_HANDSHAKE_SUCCEEDED
+"""The link to the parent also hears of handshakes that succeed: its count
+of refusals in a row starts again."""
+_PROTOCOL_ERRORS = {getattr(zmq, n): n[len("PROTOCOL_ERROR_"):] for n in dir(zmq)
+                    if n.startswith("PROTOCOL_ERROR_")}
 
 
 def _link_options(sock: zmq.Socket[Any]) -> None:
@@ -97,7 +107,7 @@ def parent_socket(ctx: zmq.Context[Any], rank: int, endpoint: str,
     this process (see :mod:`broker.overlay`)."""
     s: zmq.Socket[Any] = ctx.socket(zmq.DEALER)
     s.setsockopt(zmq.IDENTITY, f"{rank}-{secrets.token_hex(6)}".encode())
-    s.setsockopt(zmq.RECONNECT_IVL, 20)
+    s.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
     _link_options(s)
     if curve is not None:
         public, secret = curve
@@ -113,6 +123,52 @@ def monitor_event(parts: list[bytes]) -> tuple[bool, int, int]:
     closed (``value`` its file descriptor), or else a handshake failed."""
     event = zmq.utils.monitor.parse_monitor_message(parts)
     return event["event"] == zmq.EVENT_DISCONNECTED, int(event["event"]), int(event["value"])
+
+
+def refusal(event: int, value: int, server: bool = False) -> str | None:
+    """What a failed handshake (monitor ``event``, ``value``) says about
+    keys, in words; ``None`` for a failure that says nothing of them (a
+    handshake that timed out: a frozen or overloaded peer).
+
+    Seen from a rank (``server`` False): with another key pair than its
+    parent's, its hello addresses another server key, which the parent
+    cannot decrypt; the parent just closes the connection, and ZeroMQ
+    reports ``NO_DETAIL`` with ``EPIPE`` or ``ECONNRESET``.  A parent whose
+    ZAP handler refuses the rank's public key answers ``AUTH`` (status 400).
+    Seen from the parent (``server``): ``PROTOCOL`` ``ZMTP_CRYPTOGRAPHIC``
+    for the first, ``AUTH`` for the second."""
+    if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+        if server:
+            return f"its public key is not the instance's (EVENT_HANDSHAKE_FAILED_AUTH, " \
+                   f"ZAP status {value})"
+        return f"EVENT_HANDSHAKE_FAILED_AUTH: its ZAP handler refused our public key " \
+               f"(status {value})"
+    if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+        name = _PROTOCOL_ERRORS.get(value, f"{value:#x}")
+        if server and value == zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC:
+            return "its CURVE hello was not made for the instance's key " \
+                   "(EVENT_HANDSHAKE_FAILED_PROTOCOL: ZMTP_CRYPTOGRAPHIC)"
+        return f"EVENT_HANDSHAKE_FAILED_PROTOCOL: {name}"
+    if event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL and value in (errno.EPIPE,
+                                                                   errno.ECONNRESET):
+        if server:
+            return f"the peer closed the connection during the handshake " \
+                   f"(EVENT_HANDSHAKE_FAILED_NO_DETAIL: {os.strerror(value)})"
+        return f"EVENT_HANDSHAKE_FAILED_NO_DETAIL, {os.strerror(value)}: it closed the " \
+               f"connection during the handshake, as a CURVE server does with a hello " \
+               f"made for another key"
+    return None
+
+
+def redial(sock: zmq.Socket[Any], endpoint: str) -> None:
+    """Connect ``sock`` to ``endpoint`` again: after a ZAP refusal ZeroMQ
+    gives the connection up for good, where it dials again after any
+    other failure."""
+    try:
+        sock.disconnect(endpoint)
+    except zmq.ZMQError:
+        pass  # (gone already)
+    sock.connect(endpoint)
 
 
 def connection_inode(fd: int) -> int | None:

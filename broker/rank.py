@@ -146,14 +146,14 @@ async def serve(args: argparse.Namespace) -> int:
 
     def on_stop_signal(sig: int) -> None:
         signalled.append(sig)
-        b.request_stop()
+        b.request_stop(f"signal {signal.Signals(sig).name}")
 
     for sig in STOP_SIGNALS:  # SIGHUP too: a closed terminal stops a rank cleanly
         loop.add_signal_handler(sig, on_stop_signal, sig)
     if args.watch_fd is not None:
         def on_launcher_gone() -> None:
             loop.remove_reader(args.watch_fd)
-            b.request_stop()
+            b.request_stop("its launcher exited")
         loop.add_reader(args.watch_fd, on_launcher_gone)
     # A stop (signal, launcher gone) must also end a start-up that waits for
     # a tree that may never come up, or the rank would outlive its instance.
@@ -168,7 +168,7 @@ async def serve(args: argparse.Namespace) -> int:
                 await starting
             if args.initial_program and signalled:  # as start -- CMD says it
                 return 128 + signalled[0]
-            return 1
+            return b.exit_code or 1  # (3: the parent refused our CURVE key)
         try:
             starting.result()
         except Exception as exc:
@@ -223,7 +223,7 @@ async def run_initial_program(b: Broker, argv: list[str], running: asyncio.Task[
         cmd = Command.spawn(argv, dict(os.environ, KVBROKER_URI=b.uri))
     except OSError as exc:
         log.error("initial program %s", cannot_run_message(argv[0], exc))
-        b.request_stop()
+        b.request_stop("the initial program could not run")
         return cannot_run_status(exc)
     signalled: list[int] = []
 
@@ -244,11 +244,9 @@ async def run_initial_program(b: Broker, argv: list[str], running: asyncio.Task[
     finally:
         for sig in STOP_SIGNALS:
             loop.add_signal_handler(sig, on_stop_signal, sig)
-    b.request_stop()
     rc = cmd.returncode
     assert rc is not None
-    if rc:
-        log.info("initial program exited with status %d", exit_code(rc))
+    b.request_stop(f"the initial program exited with status {exit_code(rc)}")
     return exit_code(rc)
 
 

@@ -86,7 +86,7 @@ class BrokerServices(Module):
             raise ErrnoError(errno.EPERM, "only the instance owner may shut the instance down")
         self.h.respond(msg, {"rank": self.ctx.rank})
         self.broker.shutdown_requested = True
-        self.broker.request_stop()
+        self.broker.request_stop("kvbroker shutdown (broker.shutdown)")
 
     # -- attr
     def attr_get(self, msg: Message) -> None:

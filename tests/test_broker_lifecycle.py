@@ -213,6 +213,46 @@ async def test_a_rank_whose_parent_dies_stops_with_its_subtree(start_instance, c
         assert (await h0.ping(2))["rank"] == 2
 
 
+@pytest.mark.parametrize(("transport", "why"), [
+    ("unix", "its connection closed"),
+    ("tcp", "its connection closed, or it answered no heartbeat for 10 s")])
+async def test_a_rank_lost_is_a_warning_a_rank_shut_down_is_not(
+        start_instance, connect, tmp_path, transport: str, why: str) -> None:
+    """Rank 0 logged both at INFO, ``lost the connection to child rank N``:
+    at the default level (warning) a dead rank left no trace in its
+    parent's log.  A rank that stops on purpose now says goodbye first
+    (``overlay.goodbye``, as Flux's) and its parent logs it at INFO with
+    why; a rank lost otherwise is a WARNING naming it and why."""
+    inst = await start_instance(size=3, fanout=2,
+                                attrs={"tbon.transport": transport, "log.level": "info"})
+    log = tmp_path / "broker-0.log"
+
+    def lines(rank: int) -> list[str]:
+        return [line for line in log.read_text().splitlines() if f"kvbroker[{rank}]:" in line]
+
+    def about(child: int) -> list[str]:
+        return [line for line in lines(0) if f"child rank {child} " in line]
+
+    async with asyncio.timeout(30):
+        h = await connect(inst, 0)
+        assert await h.rpc("broker.shutdown", {}, nodeid=2) == {"rank": 2}
+        assert await inst.procs[2].wait() == 0
+
+        async def said(child: int) -> bool:
+            return bool(about(child))
+
+        await wait_until(lambda: said(2), "rank 0 to log rank 2's stop")
+        assert [line.split(": ", 1)[1] for line in about(2)] == [
+            "INFO kvbroker.overlay: child rank 2 stopped (kvbroker shutdown "
+            "(broker.shutdown))"], lines(0)
+        os.kill(inst.pids()[1], signal.SIGKILL)
+        await wait_until(lambda: said(1), "rank 0 to log rank 1's loss")
+        assert [line.split(": ", 1)[1] for line in about(1)] == [
+            f"WARNING kvbroker.overlay: lost child rank 1 unexpectedly: {why} (requests in "
+            "flight to its subtree are answered EHOSTUNREACH)"], lines(0)
+        assert (await h.ping(0))["rank"] == 0  # and rank 0 serves on
+
+
 @pytest.mark.parametrize("transport", ["unix", "ipc", "tcp"])
 @pytest.mark.parametrize("victim", [3, 1])
 async def test_requests_in_flight_to_a_lost_rank_are_answered(

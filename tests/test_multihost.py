@@ -239,31 +239,43 @@ async def test_four_ranks_from_one_file_make_one_instance(tmp_path: Path, broker
     assert not any(os.path.exists(ranks[r].rundir / f"local-{r}") for r in range(4))
 
 
-async def test_a_rank_without_the_instance_keys_is_refused(tmp_path: Path, brokers) -> None:
+async def test_a_rank_without_the_instance_keys_stops_with_status_3(tmp_path: Path,
+                                                                   brokers) -> None:
+    """A rank started with another key file was refused and dialled again
+    every 20 ms for ever (logging the 1st, 10th, 100th... refusal, as its
+    parent did).  It now gives up after 5 refusals in a row: it exits 3,
+    saying why, in well under a second; its parent warns once, not per
+    retry -- here for the 10 refusals of two such processes."""
     for name in ("curve.key", "other.key"):
         assert (await run_cli("keygen", str(tmp_path / name)))[0] == 0
     config = tmp_path / "inst.toml"
     write_config(config, 2, 2, "curve.key")
     forged = tmp_path / "forged.toml"
     forged.write_text(config.read_text().replace("curve.key", "other.key"))
+    endpoint = load(str(config)).endpoints()[0]
     rank0 = await brokers(config, 0)
-    intruder = await brokers(forged, 1)
     async with asyncio.timeout(30):
         h = await _connect_when_listening(rank0.uri)
         try:
+            for attempt in (1, 2):
+                intruder = await brokers(forged, 1)
+                assert await intruder.proc.wait() == 3
+                err = (tmp_path / f"stderr1-{attempt}").read_text()
+                assert (f"ERROR kvbroker: parent rank 0 at {endpoint} refused this rank's "
+                        "CURVE key 5 times in a row (EVENT_HANDSHAKE_FAILED_NO_DETAIL") in err
+                assert "is this rank's curve_cert the same file as the parent's: stopping" \
+                    in err
+
             async def refused() -> bool:
-                return (await stats(h, 0))["overlay"]["refused"] >= 1
+                return (await stats(h, 0))["overlay"]["refused"] >= 10
 
-            await wait_until(refused, "rank 0 to refuse the other key")
+            await wait_until(refused, "rank 0 to count every refusal")
+            warnings = [line for line in (tmp_path / "stderr0-0").read_text().splitlines()
+                        if "refused an overlay connection" in line]
+            assert len(warnings) == 1, warnings
+            assert ("WARNING kvbroker.overlay: refused an overlay connection: its CURVE "
+                    "hello was not made for the instance's key") in warnings[0]
             assert (await stats(h, 0))["overlay"]["children"] == []
-
-            async def said_so() -> bool:  # (it waited in silence)
-                return "refuses this rank's CURVE handshake" in \
-                    (tmp_path / "stderr1-1").read_text()
-
-            await wait_until(said_so, "the refused rank to say why it cannot join")
-            intruder.proc.kill()
-            await intruder.proc.wait()
             genuine = await brokers(config, 1)
             assert await rank0.ready() == rank0.uri  # the instance is up only now
             await genuine.ready()
@@ -271,6 +283,50 @@ async def test_a_rank_without_the_instance_keys_is_refused(tmp_path: Path, broke
             assert (await h.ping(1))["route"][-1] == "r1"
         finally:
             await h.close()
+
+
+async def test_a_rank_whose_key_the_parent_s_zap_refuses_stops_too(tmp_path: Path,
+                                                                 brokers) -> None:
+    """The other refusal: the parent's ZAP handler turns the rank's public
+    key down (EVENT_HANDSHAKE_FAILED_AUTH).  ZeroMQ never dials again after
+    that, so the rank waited for ever in silence; it now dials again itself
+    and gives up, as above, after 5.  The parent here is a CURVE server with
+    the instance's key whose ZAP handler admits another key only."""
+    import zmq
+
+    from broker.curve import ZAP_DOMAIN, load_keys, start_authenticator
+
+    for name in ("curve.key", "other.key"):
+        assert (await run_cli("keygen", str(tmp_path / name)))[0] == 0
+    config = tmp_path / "inst.toml"
+    write_config(config, 2, 2, "curve.key")
+    public, secret = load_keys(str(tmp_path / "curve.key"))
+    endpoint = load(str(config)).endpoints()[0]
+    ctx = zmq.Context()
+    auth = start_authenticator(ctx, load_keys(str(tmp_path / "other.key"))[0])
+    parent = ctx.socket(zmq.ROUTER)
+    parent.zap_domain = ZAP_DOMAIN.encode()
+    parent.curve_server = True
+    parent.curve_secretkey, parent.curve_publickey = secret, public
+    monitor = parent.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+    parent.bind(endpoint)
+    try:
+        rank1 = await brokers(config, 1)
+        assert await asyncio.wait_for(rank1.proc.wait(), 30) == 3
+        err = (tmp_path / "stderr1-0").read_text()
+        assert (f"ERROR kvbroker: parent rank 0 at {endpoint} refused this rank's CURVE key "
+                "5 times in a row (EVENT_HANDSHAKE_FAILED_AUTH: its ZAP handler refused our "
+                "public key (status 400))") in err, err
+        refusals = 0  # (the parent's monitor may report the last one a moment later)
+        while refusals < 6 and monitor.poll(1000 if refusals < 5 else 0):
+            monitor.recv_multipart()
+            refusals += 1
+        assert refusals == 5
+    finally:
+        monitor.close(0)
+        parent.close(0)
+        auth.stop()
+        ctx.term()
 
 
 async def exit_codes(ranks: list[Rank], logs: Path, timeout: float = 30.0) -> list[int]:
