@@ -56,7 +56,7 @@ class CommitPipeline:
                  spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task[Any]],
                  cache: treeobj.BlobCache, blobs: BlobStore, fetcher: BlobFetcher,
                  refcheck: RefChecker, publish: Callable[[str, dict[str, Any]], None],
-                 checkpoint: Callable[[str, int], Awaitable[None]], hash_name: str,
+                 checkpoint: Callable[[str, int], Awaitable[bool]], hash_name: str,
                  statedir: str, root_history: collector.RootHistory,
                  prime_limit: int) -> None:
         self.log = log

@@ -313,6 +313,9 @@ class KvsModule(Module):
         rootref, rootseq = "", 0
         if self.statedir:
             rootref, rootseq = await self._restore()
+        else:
+            self.log.info("no statedir: the primary namespace starts empty, and is not kept "
+                          "when the instance stops")
         if not rootref:
             rootref = await self._store_empty_root()
         self.namespaces[PRIMARY] = Namespace(PRIMARY, self.ctx.owner_uid, rootref, rootseq)
@@ -372,7 +375,7 @@ class KvsModule(Module):
         await self.commits.drain(STOP_DRAIN_TIMEOUT)
         if self.leader and self.statedir:
             try:
-                await self._checkpoint()
+                written = await self._checkpoint()
             except Exception:
                 # The next start resumes from an older checkpoint; the root
                 # acknowledged commits reached is named here so it can be
@@ -383,6 +386,13 @@ class KvsModule(Module):
                     self.log.error("the primary namespace's last root (rootseq %d, rootref "
                                    "%s) is not checkpointed", ns.rootseq, ns.rootref)
                 raise
+            # What the next start resumes from, in the log: the pair of
+            # the "restored ... from checkpoint" line of the next start.
+            ns = self.namespaces.get(PRIMARY)
+            if ns is not None:
+                self.log.info("final checkpoint: the primary namespace at rootseq %d "
+                              "(rootref %s)%s", ns.rootseq, ns.rootref,
+                              "" if written else ", checkpointed already")
 
     async def _checkpoint_periodically(self) -> None:
         """Rank 0 with a statedir: every ``kvs.checkpoint-period``, checkpoint
@@ -408,9 +418,10 @@ class KvsModule(Module):
             self._checkpoint_counts["failed"] += 1
             self.log.error("periodic checkpoint of the primary namespace failed: %s", exc)
 
-    async def _checkpoint(self, rootref: str | None = None, rootseq: int = 0) -> None:
+    async def _checkpoint(self, rootref: str | None = None, rootseq: int = 0) -> bool:
         """Record the primary root (default: the current one) in the content
-        store, unless a checkpoint at least as new was written already.
+        store, unless a checkpoint at least as new was written already
+        (then False).
 
         ``content.checkpoint-put`` writes back every blob stored so far
         before the checkpoint itself, so the root it names is readable after
@@ -420,16 +431,17 @@ class KvsModule(Module):
             if rootref is None:
                 ns = self.namespaces.get(PRIMARY)
                 if ns is None:
-                    return
+                    return False
                 rootref, rootseq = ns.rootref, ns.rootseq
             if rootseq <= self.checkpointed:
-                return
+                return False
             await self.h.rpc("content.checkpoint-put", {
                 "key": CHECKPOINT_KEY,
                 "value": {"rootref": rootref, "rootseq": rootseq, "timestamp": time.time()},
             })
             self.checkpointed = rootseq
             self._checkpoint_counts["written"] += 1
+            return True
 
     async def _store_empty_root(self) -> str:
         ref, data = txn.empty_root(self.hash_name)

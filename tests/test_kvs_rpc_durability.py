@@ -177,6 +177,50 @@ async def test_a_stop_that_cannot_write_its_checkpoint_exits_1(small_disk, tmp_p
             f"{last['rootref']}) is not checkpointed") in text
 
 
+async def test_rank_0_logs_what_it_restored_and_what_it_kept(tmp_path) -> None:
+    """A start said what it restored; a clean stop said nothing of what it
+    kept, and a start without a statedir nothing at all.  Rank 0 now logs
+    (INFO) its final checkpoint -- the pair of the next start's "restored"
+    line -- or that nothing was new since the last, and a start without a
+    statedir says the store starts empty and goes with the instance."""
+    statedir, log = str(tmp_path / "state"), tmp_path / "rank.log"
+    info = {"log.level": "info"}
+
+    def lines() -> list[str]:
+        return [line.split(": ", 1)[1] for line in log.read_text().splitlines()
+                if "kvbroker.kvs:" in line]
+
+    async def run(statedir: str | None, value: str | None) -> dict:
+        log.write_text("")
+        inst = Instance(1, statedir=statedir, attrs=info, stderr_path=str(log))
+        await asyncio.wait_for(inst.start(), 60)
+        try:
+            async with await Handle.connect(inst.uri(0)) as h:
+                if value is not None:
+                    await commit(h, put("k", value))
+                root: dict = await getroot(h)
+        finally:
+            assert await asyncio.wait_for(inst.stop(), 60) == [0], log.read_text()
+        return root
+
+    root = await run(statedir, "1")
+    assert lines() == [
+        f"INFO kvbroker.kvs: no checkpoint in statedir {statedir}: the primary namespace "
+        "starts empty",
+        f"INFO kvbroker.kvs: final checkpoint: the primary namespace at rootseq 1 (rootref "
+        f"{root['rootref']})"]
+    assert await run(statedir, None) == root
+    assert lines()[0].startswith(
+        f"INFO kvbroker.kvs: restored the primary namespace from checkpoint rootseq 1 "
+        f"(rootref {root['rootref']}, written ")
+    assert lines()[1:] == [
+        f"INFO kvbroker.kvs: final checkpoint: the primary namespace at rootseq 1 (rootref "
+        f"{root['rootref']}), checkpointed already"]
+    await run(None, "1")
+    assert lines() == ["INFO kvbroker.kvs: no statedir: the primary namespace starts empty, "
+                       "and is not kept when the instance stops"]
+
+
 async def test_without_statedir_nothing_persists(start_instance, connect, tmp_path) -> None:
     inst = await start_instance(size=1)
     rundir = inst.rundir
