@@ -33,7 +33,7 @@ import errno
 import logging
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any
+from typing import Any, NamedTuple
 
 from broker.content.module import ContentModule
 from broker.errors import ErrnoError
@@ -43,6 +43,24 @@ from kvs import treeobj, txn
 from kvs.blobs import BlobFetcher, BlobStore
 from kvs.namespaces import PRIMARY, Namespace, Pending
 from kvs.refcheck import RefChecker
+
+MAX_PRIMARY_ROOTS = 65536
+"""Roots of the primary namespace :attr:`CommitPipeline.primary_roots` holds
+at most (the oldest go first): a few MB.  It holds only those not yet known
+written, and writes fail (a full disk) for long only while commits wait."""
+
+
+class SetRoot(NamedTuple):
+    """A root rank 0 set in the primary namespace, and what a checkpoint
+    needs to know whether it may name it without writing anything first."""
+
+    rootseq: int
+    rootref: str
+    store: int
+    """The content module's ``store_seq`` when it was set: its blobs are
+    written once ``written_through()`` reaches this."""
+    collections: int
+    """``collections_begun`` then: none began since, none deleted its blobs."""
 
 
 class CommitPipeline:
@@ -91,6 +109,36 @@ class CommitPipeline:
         self.unpublished: Counter[str] = Counter()
         """Roots made and stored, not yet set (a commit between its store
         and its new root): live, for a garbage collection."""
+        self.primary_roots: deque[SetRoot] = deque(maxlen=MAX_PRIMARY_ROOTS)
+        """Rank 0 with a statedir: the primary roots set since the newest one
+        known written (which stays first), oldest first -- what a checkpoint
+        that cannot write the newest root's blobs falls back to."""
+
+    def _note_primary_root(self, ns: Namespace, content: ContentModule) -> None:
+        roots = self.primary_roots
+        roots.append(SetRoot(ns.rootseq, ns.rootref, content.store_seq,
+                             content.collections_begun))
+        through = content.written_through()
+        while len(roots) > 1 and roots[1].store <= through:
+            roots.popleft()  # (a newer one is written too)
+
+    def newest_written_root(self) -> SetRoot | None:
+        """The newest primary root whose blobs are all written to SQLite
+        (with those of every root before it), if a collection cannot have
+        deleted any of them since it was set (none began since, or it is
+        recent: a collection keeps the roots of its grace period)."""
+        if self.content is None:
+            return None
+        through = self.content.written_through()
+        best = None
+        for root in self.primary_roots:
+            if root.store > through:
+                break
+            best = root
+        if best is None or (best.collections != self.content.collections_begun
+                            and best.rootref not in self.root_history.recent()):
+            return None
+        return best
 
     async def drain(self, timeout: float) -> None:
         """At stop (after :attr:`stopping` is set): wait up to ``timeout``
@@ -286,6 +334,8 @@ class CommitPipeline:
             return
         ns.set_root(ns.rootseq + 1, result.rootref)
         self.root_history.note(result.rootref)
+        if ns.name == PRIMARY and self.statedir and self.content is not None:
+            self._note_primary_root(ns, self.content)
         self.counts["batches"] += 1
         if len(batch) > 1:
             self.counts["merged"] += len(batch)

@@ -377,6 +377,7 @@ class KvsModule(Module):
             try:
                 written = await self._checkpoint()
             except Exception:
+                await self._checkpoint_written_root()
                 # The next start resumes from an older checkpoint; the root
                 # acknowledged commits reached is named here so it can be
                 # taken back (namespace create -r), if its blobs were written
@@ -417,6 +418,34 @@ class KvsModule(Module):
         except Exception as exc:  # retried at the next period
             self._checkpoint_counts["failed"] += 1
             self.log.error("periodic checkpoint of the primary namespace failed: %s", exc)
+            await self._checkpoint_written_root()
+
+    async def _checkpoint_written_root(self) -> None:
+        """The newest root's checkpoint failed (its blobs could not be
+        written: a full disk): checkpoint the newest root whose blobs were
+        all written before, if newer than the last checkpoint, so that a
+        crash loses only the commits after it -- it lost every commit since
+        the last checkpoint that succeeded, though their blobs were on disk.
+        Best effort: says what it did, or why not, and never raises."""
+        async with self._checkpoint_lock:
+            root = self.commits.newest_written_root()
+            if root is None or root.rootseq <= self.checkpointed or self._content is None:
+                return
+            try:
+                synced = await self._content.checkpoint_written(CHECKPOINT_KEY, {
+                    "rootref": root.rootref, "rootseq": root.rootseq,
+                    "timestamp": time.time()})
+            except Exception as exc:
+                self.log.error("checkpoint of rootseq %d, the newest root whose blobs are "
+                               "written, failed too: %s", root.rootseq, exc)
+                return
+            self.checkpointed = root.rootseq
+            self._checkpoint_counts["written"] += 1
+            self._checkpoint_counts["written-fallback"] += 1
+        self.log.warning("checkpointed rootseq %d (rootref %s) instead, the newest root "
+                         "whose blobs are all written%s", root.rootseq, root.rootref,
+                         "" if synced else " (committed to SQLite's WAL, not synced to "
+                         "disk: it survives a crash of this process, not of the host)")
 
     async def _checkpoint(self, rootref: str | None = None, rootseq: int = 0) -> bool:
         """Record the primary root (default: the current one) in the content
@@ -1123,9 +1152,12 @@ class KvsModule(Module):
 
     def _checkpoint_stats(self) -> dict[str, Any] | None:
         """Rank 0 with a statedir: the checkpoint period (seconds, 0: none),
-        the rootseq last checkpointed, checkpoints written and failed."""
+        the rootseq last checkpointed, checkpoints written (and of them,
+        those that fell back to an older root, :meth:`_checkpoint_written_root`)
+        and failed."""
         if not (self.leader and self.statedir):
             return None
         return {"period": self.checkpoint_period, "rootseq": self.checkpointed,
                 "written": self._checkpoint_counts["written"],
+                "written-fallback": self._checkpoint_counts["written-fallback"],
                 "failed": self._checkpoint_counts["failed"]}

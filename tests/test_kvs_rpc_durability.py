@@ -177,6 +177,102 @@ async def test_a_stop_that_cannot_write_its_checkpoint_exits_1(small_disk, tmp_p
             f"{last['rootref']}) is not checkpointed") in text
 
 
+async def commit_until_the_disk_is_full(h: Handle, disk) -> tuple[int, list[str]]:
+    """A SYNC commit (checkpointed), then ~200 kB commits, each written to
+    SQLite before the next, until one's write fails for a full disk
+    (acknowledged all the same: its write comes after).  The newest rootseq
+    whose blobs were all written, and the keys of those commits."""
+    await commit(h, put("a", "1"), flags=SYNC)
+    free = os.statvfs(disk)
+    with open(disk / "filler", "wb") as f:  # room for a few of them
+        f.write(b"\0" * (free.f_bavail * free.f_frsize - 1_500_000))
+    written, keys = 1, []
+    for i in range(30):
+        resp = await commit(h, put(f"p{i}", os.urandom(200_000)))
+
+        async def settled() -> bool:
+            c = await stats(h, "content")
+            return c["write-failures"] > 0 or (c["dirty"] == 0 and c["backlog-bytes"] == 0)
+
+        await wait_until(settled, what="the commit's blobs to be written, or to fail")
+        if (await stats(h, "content"))["write-failures"]:
+            assert written > 2, written  # (some were written before)
+            return written, keys
+        written = resp["rootseq"]
+        keys.append(f"p{i}")
+    raise AssertionError("the disk never filled")
+
+
+async def check_resumes_at(statedir: str, rootseq: int, keys: list[str], log) -> None:
+    """A restart resumes at ``rootseq``, with every value of ``keys``."""
+    inst = Instance(1, statedir=statedir, stderr_path=str(log))
+    await asyncio.wait_for(inst.start(), 60)
+    try:
+        async with await Handle.connect(inst.uri(0)) as h:
+            assert (await getroot(h))["rootseq"] == rootseq, log.read_text()
+            for key in keys:
+                assert len(await get(h, key)) == 200_000
+    finally:
+        await asyncio.wait_for(inst.stop(), 60)
+
+
+async def test_a_full_disk_checkpoints_the_newest_root_whose_blobs_are_written(
+        small_disk, tmp_path) -> None:
+    """The periodic checkpoint always named the newest root; on a full disk
+    its blobs cannot be written, so no checkpoint was, and a crash went back
+    to the last one that succeeded -- losing the commits after it whose
+    blobs were written (here 7 of them).  It now names the newest root
+    whose blobs are all written instead, and a crash loses only the
+    commits after that.  (The period is long enough that no checkpoint
+    comes between the SYNC commit and the full disk.)"""
+    statedir, log = str(small_disk / "state"), tmp_path / "rank.log"
+    inst = Instance(1, statedir=statedir, stderr_path=str(log),
+                    attrs={"kvs.checkpoint-period": "4s"})
+    await asyncio.wait_for(inst.start(), 60)
+    try:
+        async with await Handle.connect(inst.uri(0)) as h:
+            written, keys = await commit_until_the_disk_is_full(h, small_disk)
+            assert (await stats(h))["checkpoint"]["rootseq"] == 1
+
+            async def tried() -> bool:
+                return (await stats(h))["checkpoint"]["failed"] > 0
+
+            await wait_until(tried, what="a periodic checkpoint", timeout=15)
+            cp = (await stats(h))["checkpoint"]
+            assert cp["rootseq"] == written, cp
+            assert cp["written-fallback"] == 1, cp
+        os.kill(inst.pids()[0], signal.SIGKILL)  # a crash
+    finally:
+        await asyncio.wait_for(inst.stop(), 60)
+    assert (f"WARNING kvbroker.kvs: checkpointed rootseq {written} (rootref "
+            in log.read_text()), log.read_text()
+    os.remove(small_disk / "filler")
+    await check_resumes_at(statedir, written, keys, log)
+
+
+async def test_a_stop_on_a_full_disk_keeps_the_newest_root_whose_blobs_are_written(
+        small_disk, tmp_path) -> None:
+    """The final checkpoint falls back the same way: the stop still fails
+    (exit 1, naming the root it could not keep), but the next start
+    resumes at the newest root whose blobs were written, not at the last
+    checkpoint (here the SYNC commit's: no periodic checkpoints)."""
+    statedir, log = str(small_disk / "state"), tmp_path / "rank.log"
+    inst = Instance(1, statedir=statedir, stderr_path=str(log),
+                    attrs={"kvs.checkpoint-period": "0"})
+    await asyncio.wait_for(inst.start(), 60)
+    try:
+        async with await Handle.connect(inst.uri(0)) as h:
+            written, keys = await commit_until_the_disk_is_full(h, small_disk)
+    finally:
+        codes = await asyncio.wait_for(inst.stop(), 60)
+    text = log.read_text()
+    assert codes == [1], text
+    assert f"checkpointed rootseq {written} (rootref " in text, text
+    assert "is not checkpointed" in text, text
+    os.remove(small_disk / "filler")
+    await check_resumes_at(statedir, written, keys, log)
+
+
 async def test_rank_0_logs_what_it_restored_and_what_it_kept(tmp_path) -> None:
     """A start said what it restored; a clean stop said nothing of what it
     kept, and a start without a statedir nothing at all.  Rank 0 now logs
@@ -288,7 +384,7 @@ async def test_periodic_checkpoint_keeps_plain_commits_across_sigkill(
     h0 = await connect(inst, 0)
     h = await connect(inst, size - 1)
     assert (await stats(h0))["checkpoint"] == {"period": 1.0, "rootseq": 0, "written": 0,
-                                               "failed": 0}
+                                               "written-fallback": 0, "failed": 0}
     assert (await stats(h))["checkpoint"] is None or size == 1  # rank 0's business
     await asyncio.wait_for(h.rpc("kvs.namespace-create", {"namespace": "tmp"}), 10)
     kept = await commit(h, put("k", "v"), ns="tmp", flags=SYNC)
@@ -355,7 +451,8 @@ async def test_checkpoint_period_0_checkpoints_only_at_stop(start_instance, conn
     assert (await getroot(h))["rootseq"] == first["rootseq"]
     await commit(h, put("b", "2"))
     assert (await stats(h0))["checkpoint"] == {"period": 0.0, "rootseq": first["rootseq"],
-                                               "written": 0, "failed": 0}
+                                               "written": 0, "written-fallback": 0,
+                                               "failed": 0}
     kill_rank0(inst2)
     await h.close()
     await inst2.stop()

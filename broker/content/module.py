@@ -188,6 +188,17 @@ class ContentModule(Module):
         spans either does not cache what it read (it may be doomed)."""
         self.rowids = RowidMarks()
         self.restored = RecentRefs()
+        # Rank 0 with a statedir: which stores are written (a checkpoint
+        # that cannot drain falls back to a root they cover)
+        self.store_seq = 0
+        """Counts :meth:`_keep` calls that queued blobs for writing: a root
+        set after store ``n`` names no blob stored later."""
+        self._unwritten: dict[str, int] = {}
+        """Blobs queued and not yet written, with the store (``store_seq``)
+        that queued them."""
+        self._unwritten_per_store: dict[int, int] = {}
+        """How many of :attr:`_unwritten` each store holds, oldest store
+        first (stores only ever grow, and a dict keeps insertion order)."""
 
     def handlers(self) -> dict[str, Handler]:
         return {
@@ -337,6 +348,8 @@ class ContentModule(Module):
 
         def wrote(written: Written) -> None:
             self.counts["written"] += len(batch)
+            if self._unwritten:
+                self._note_written(batch)
             self.rowids.note(written.max_rowid, now=stored)
             if written.existing:  # (young again, though their rows are old)
                 self.restored.note(written.existing, now=stored)
@@ -346,6 +359,49 @@ class ContentModule(Module):
                     self._schedule_write_back()  # still over: the next oldest
 
         fut.add_done_callback(done)
+
+    def _note_unwritten(self, blobs: Mapping[str, bytes]) -> None:
+        self.store_seq += 1
+        unwritten, seq, n = self._unwritten, self.store_seq, 0
+        for ref in blobs:
+            if ref not in unwritten:  # (one queued earlier: that store covers it)
+                unwritten[ref] = seq
+                n += 1
+        if n:
+            self._unwritten_per_store[seq] = n
+
+    def _note_written(self, batch: Mapping[str, bytes]) -> None:
+        per_store = self._unwritten_per_store
+        for ref in batch:
+            seq = self._unwritten.pop(ref, None)
+            if seq is not None:
+                left = per_store[seq] - 1
+                if left:
+                    per_store[seq] = left
+                else:
+                    del per_store[seq]
+
+    def written_through(self) -> int:
+        """Rank 0 with a statedir: the newest store (``store_seq``) whose
+        blobs, and those of every store before it, are written to SQLite --
+        committed there, so a restart after a crash finds them, whatever
+        happened to the writes after them (a full disk)."""
+        return next(iter(self._unwritten_per_store), self.store_seq + 1) - 1
+
+    async def checkpoint_written(self, key: str, value: Any) -> bool:
+        """Rank 0: record checkpoint ``key`` without writing back what is
+        dirty first (unlike ``content.checkpoint-put``), for a root whose
+        blobs are all written already (:meth:`written_through`): what a
+        checkpoint falls back to when the newest root's blobs cannot be
+        written.  False if it could not be synced, only committed (see
+        :meth:`SqliteStore.checkpoint_put`); a failure to commit raises."""
+        assert self.backing is not None
+        if self.collection is not None:  # a root a collection must keep
+            self.collection.touch(blobref.found_in(value))
+        with _store_errors():
+            synced: bool = await self.db(self.backing.checkpoint_put, key,
+                                         _checkpoint_bytes(value), True)
+        return synced
 
     def _backlog(self, blobs: Mapping[str, bytes]) -> None:
         """Mark ``blobs`` dirty (waiting for their write), counting their bytes."""
@@ -493,6 +549,8 @@ class ContentModule(Module):
         own directory blobs, and read back as ENOENT until its write-back."""
         if self.backing is not None and blobs:
             self._backlog(blobs)
+            if self.persistent:
+                self._note_unwritten(blobs)
             if self.collection is not None:
                 self.collection.touch(blobs)
         for ref, data in blobs.items():

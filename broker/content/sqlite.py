@@ -210,12 +210,19 @@ class SqliteStore:
     def count(self) -> int:
         return int(self.db.execute("SELECT COUNT(*) FROM objects").fetchone()[0])
 
-    def checkpoint_put(self, key: str, value: bytes) -> None:
+    def checkpoint_put(self, key: str, value: bytes, keep_unsynced: bool = False) -> bool:
         """Write ``value`` under ``key``, durably; if it cannot be made
         durable, put the old value back before raising: the caller reports
         the failure (a SYNC commit answered EIO), and a row left in the WAL
         could still come back at the next start, naming a root nobody
-        acknowledged."""
+        acknowledged.
+
+        ``keep_unsynced``: a root that was acknowledged, whose blobs were
+        written by earlier transactions -- if only the sync fails (a full
+        disk: the WAL cannot be copied into a main file that must grow),
+        keep the row in the WAL and return False.  A restart after a crash
+        of the process finds it there with those transactions before it
+        (the WAL is replayed as a prefix), which is what the caller asks."""
         old = self.checkpoint_get(key)
         with self.db:
             self.db.execute("BEGIN")
@@ -225,6 +232,8 @@ class SqliteStore:
         try:
             self.sync()
         except sqlite3.Error:
+            if keep_unsynced:
+                return False
             with contextlib.suppress(sqlite3.Error), self.db:
                 self.db.execute("BEGIN")
                 if old is None:
@@ -233,6 +242,7 @@ class SqliteStore:
                     self.db.execute("INSERT OR REPLACE INTO checkpoints (key, value) "
                                     "VALUES (?, ?)", (key, old))
             raise
+        return True
 
     def checkpoint_get(self, key: str) -> bytes | None:
         row = self.db.execute("SELECT value FROM checkpoints WHERE key = ?", (key,)).fetchone()
