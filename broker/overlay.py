@@ -366,6 +366,8 @@ class Overlay:
 
         disconnected, event, value = zl.monitor_event(parts)
         if disconnected:
+            if self._up is not None:
+                self._up.read_all()  # (its last messages first: maybe a shutdown)
             self._parent_lost("disconnected")
             return
         if event == zl.HANDSHAKE_SUCCEEDED:
@@ -411,6 +413,12 @@ class Overlay:
 
         disconnected, event, value = zl.monitor_event(parts)
         if disconnected:
+            # What the connection sent before it closed is still in the
+            # socket, and the monitor's news may come first: read it before
+            # forgetting whose it was (a goodbye then read as a stranger's
+            # message made a clean stop a loss)
+            if self._down is not None:
+                self._down.read_all()
             ident = self._fd_ident.pop(value, None)
             if ident is not None:
                 self._ident_conn.pop(ident, None)

@@ -319,6 +319,13 @@ class ZmqSocket:
         if self.backlogs:
             self.loop.call_later(0.001, self._schedule)
 
+    def read_all(self) -> None:
+        """Handle every message that has arrived, now, whatever the batch
+        size (a monitor's DISCONNECTED may be read before the last messages
+        of the connection it reports)."""
+        while not self.sock.closed and cast(int, self.sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+            self._run()
+
     def _flush(self) -> None:
         """Send what each backlog holds, until its peer's pipe is full."""
         for ident, queue in list(self.backlogs.items()):
