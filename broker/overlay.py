@@ -387,8 +387,9 @@ class Overlay:
             if self.on_stop is not None:
                 self.on_stop(f"parent rank {self.parent} at {endpoint} refused this rank's "
                              f"CURVE key {self._refused_by_parent} times in a row ({why}); "
-                             "every rank needs the instance's key pair: is this rank's "
-                             "curve_cert the same file as the parent's", EXIT_REFUSED)
+                             "every rank needs the instance's key pair (this rank's "
+                             "curve_cert must be the same key file as its parent's)",
+                             EXIT_REFUSED)
             return
         if event == zl.HANDSHAKE_FAILED_AUTH and self._up is not None:
             # ZeroMQ never retries after the parent's ZAP handler said no

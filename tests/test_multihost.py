@@ -263,8 +263,8 @@ async def test_a_rank_without_the_instance_keys_stops_with_status_3(tmp_path: Pa
                 err = (tmp_path / f"stderr1-{attempt}").read_text()
                 assert (f"ERROR kvbroker: parent rank 0 at {endpoint} refused this rank's "
                         "CURVE key 5 times in a row (EVENT_HANDSHAKE_FAILED_NO_DETAIL") in err
-                assert "is this rank's curve_cert the same file as the parent's: stopping" \
-                    in err
+                assert ("every rank needs the instance's key pair (this rank's curve_cert "
+                        "must be the same key file as its parent's): stopping") in err
 
             async def refused() -> bool:
                 return (await stats(h, 0))["overlay"]["refused"] >= 10
