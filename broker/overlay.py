@@ -374,8 +374,8 @@ class Overlay:
             self._refused_by_parent = 0
             return
         why = zl.refusal(event, value)
-        if why is None or self.parent is None or self._stopping_refused:
-            return
+        if why is None or self.parent is None or self.parent_acked or self._stopping_refused:
+            return  # (once joined, a link that fails is a lost parent: _parent_lost)
         self._refused_by_parent += 1
         endpoint = self.endpoint(self.parent)
         if self._refused_by_parent == 1:
