@@ -19,6 +19,39 @@ task.  The facade first ran every call through ``asyncio.Runner.run``
 coroutine and ``asyncio.timeout`` around the RPC: 4,900 RPCs/s where the
 async API made 10,600.  Now it makes ~10,000 (uvloop; 7,500 on the stock
 loop), measured by ``benchmarks/run.py W1``'s sync row.
+
+Ctrl-C.  Python's own SIGINT handler raises ``KeyboardInterrupt`` wherever
+the main thread is, and in a call that is inside the event loop's
+internals: uvloop then closed the connection (the exception went through
+the protocol's ``data_received``) or was left "already running" (it came
+between the loop's setup and its ``try``), and the stock loop kept a
+``stop()`` for the next call -- in ~10% of 800 interrupts the handle was
+broken for the rest of the script.  ``asyncio.Runner`` swaps in a handler
+that cancels the main task around each ``run()``, at the cost of two
+``sigaction`` calls per call, which this facade gave up for speed.  So a
+handle made in the main thread, where SIGINT's handler is still Python's
+default, installs one handler (:func:`_on_sigint`) for as long as it (or
+another handle that found it there) is open; a handler of the user's own
+is never replaced, and the last ``close()`` puts the default back if ours
+is still there.  Importing this module changes nothing.  Between calls the
+handler does what the default does.  During a call of the main thread it
+cancels what the call waits for and wakes the loop: the call ends at once
+-- the request retired as on a timeout, its late answer dropped -- and
+raises ``KeyboardInterrupt`` once the loop has stopped, so the next call
+finds the handle as it was.  (A second Ctrl-C before the loop has turned
+once is the same press; another one after it, in a call that does not end
+-- a coroutine that ignores the cancel, a callback that blocks -- raises
+at once, where the program is, as Runner's second one does.)  If an
+interrupt does come out of the loop's internals (that second one, or a
+SIGINT handler of the user's own), the next call repairs what the stock
+loop left and ignores a leftover ``stop()``.
+
+One thread at a time: a call made while another thread is in a call on
+the same handle raises ``RuntimeError`` (two threads turning one loop, or
+sending while it reads, break it silently).  The check is an attribute
+tested and set -- about 55 ns a call where a lock costs 100 (CPython
+3.11), next to ~100 us an RPC takes; under the GIL nothing can run between
+the test and the set.
 """
 
 from __future__ import annotations
@@ -26,7 +59,13 @@ from __future__ import annotations
 import asyncio
 import enum
 import errno
-from collections.abc import Awaitable
+import signal
+import sys
+import threading
+import weakref
+from collections.abc import Awaitable, Callable
+from threading import get_ident
+from types import FrameType
 from typing import Any, Self, TypeVar
 
 from broker.errors import RemoteError
@@ -48,6 +87,59 @@ DEFAULT = Default.DEFAULT
 """A call's ``timeout`` when none is given: the handle's ``timeout``."""
 
 
+def _nothing() -> None:
+    pass
+
+
+_handles: weakref.WeakSet[SyncHandle] = weakref.WeakSet()
+"""Every open handle: the SIGINT handler looks for the one the main thread is in."""
+_sigint_users = 0
+"""Open handles that count on :func:`_on_sigint` being installed."""
+
+
+def _on_sigint(signum: int, frame: FrameType | None) -> None:
+    """Python's SIGINT handler while a handle made in the main thread is
+    open: the default's ``KeyboardInterrupt`` where the program is, unless
+    the main thread is in a handle's call (see the module's docstring)."""
+    me = get_ident()  # (the main thread's: Python runs signal handlers there)
+    for h in _handles:
+        if h._caller == me:
+            h._on_sigint(signum, frame)
+            return
+    signal.default_int_handler(signum, frame)
+
+
+def _claim_sigint() -> bool:
+    """Install :func:`_on_sigint` if SIGINT has Python's default handler
+    (from the main thread only; never over a handler of the user's own);
+    whether this handle counts on it (and releases it at its close)."""
+    global _sigint_users
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    current = signal.getsignal(signal.SIGINT)
+    if current is signal.default_int_handler:
+        try:
+            signal.signal(signal.SIGINT, _on_sigint)
+        except ValueError:  # (not the main interpreter)
+            return False
+    elif current is not _on_sigint:
+        return False
+    _sigint_users += 1
+    return True
+
+
+def _release_sigint() -> None:
+    """The last handle counting on :func:`_on_sigint` closed: put Python's
+    default back, unless the handler was replaced meanwhile (or this is not
+    the main thread, where it cannot be changed: ours, with no handle in a
+    call, does what the default does)."""
+    global _sigint_users
+    _sigint_users -= 1
+    if (_sigint_users == 0 and threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGINT) is _on_sigint):
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 class SyncHandle:
     """A blocking handle on a private event loop (use :func:`connect`).
 
@@ -58,7 +150,10 @@ class SyncHandle:
     a watch's next answer -- have their own timeouts, with no limit by
     default.
     After :meth:`close`, every call raises ``RemoteError(ECONNRESET, "handle
-    closed")``, as the async handle's do.  One thread at a time."""
+    closed")``, as the async handle's do.  One thread at a time: a call
+    while another thread is in one raises ``RuntimeError``.  Ctrl-C in a
+    call of the main thread ends it with ``KeyboardInterrupt`` and leaves
+    the handle usable (see the module's docstring)."""
 
     def __init__(self, uri: str | None = None, *, event_loop: str | None = None,
                  timeout: float | None = None) -> None:
@@ -71,20 +166,99 @@ class SyncHandle:
                                "loop: use the async API (broker.handle.Handle) there")
         self.timeout = timeout
         self._closed = False
+        self._caller: int | None = None
+        """The thread in a call now (its ``get_ident()``), None between calls."""
+        self._waiting: asyncio.Future[Any] | None = None
+        """What the call in progress waits for: a Ctrl-C cancels it."""
+        self._interrupts = 0
+        """SIGINTs received during the call in progress."""
+        self._interrupt_token: object = None
+        self._interrupt_seen = False
+        """The loop turned since the call's first SIGINT."""
+        self._mending = 0
+        """Leftover stops still to ignore, after an interrupt left the loop's internals."""
+        self._flush: Callable[[], None] = _nothing
+        self._agen_hooks = sys.get_asyncgen_hooks()
         self._runner = asyncio.Runner(loop_factory=loop_factory(event_loop))
         self._loop = self._runner.get_loop()
+        _handles.add(self)
+        self._sigint = _claim_sigint()
+        self._caller = get_ident()
         try:  # (the connect too is bounded by ``timeout``: an ssh:// one may hang)
-            self.aio: Handle = self._loop.run_until_complete(
-                asyncio.wait_for(Handle.connect(uri), timeout))
+            self.aio: Handle = self._wait(asyncio.ensure_future(
+                asyncio.wait_for(Handle.connect(uri), timeout), loop=self._loop), None)
         except BaseException:
-            self._runner.close()
+            self._closed = True
+            try:
+                self._runner.close()
+            finally:
+                self._let_go()
             raise
+        finally:
+            self._caller = None
+            if self._interrupts:
+                self._raise_interrupt()
+        self._flush = self.aio.flush
+
+    def _enter(self) -> None:
+        """Start a call: refused when closed, or while another call runs."""
+        ident = get_ident()
+        if self._caller is not None or self._closed:  # (no switch point until the set)
+            self._refuse(ident)
+        self._caller = ident
+        self._interrupts = 0
+
+    def _refuse(self, ident: int) -> None:
+        caller = self._caller
+        if caller is None:
+            raise RemoteError(errno.ECONNRESET, "handle closed")
+        if caller == ident:
+            raise RuntimeError("a SyncHandle call was made inside another call on it "
+                               "(from a coroutine it runs?): use the async API there (h.aio)")
+        raise RuntimeError("this SyncHandle is in a call in another thread: a handle serves "
+                           "one thread at a time (give each thread its own connect())")
+
+    def _raise_interrupt(self) -> None:
+        """End a call that a SIGINT interrupted (the loop is stopped now)."""
+        self._interrupts = 0
+        raise KeyboardInterrupt
+
+    def _on_sigint(self, signum: int, frame: FrameType | None) -> None:
+        """SIGINT during a call of the main thread (see the module's docstring)."""
+        self._interrupts += 1
+        if self._interrupts == 1:
+            # Not fut.cancel() here: this runs between any two bytecodes,
+            # e.g. between an answer's done() check and its set_result()
+            # (InvalidStateError, and the connection closed).  A callback
+            # runs between two others; call_soon_threadsafe also wakes a
+            # loop that is in select() for a long while.
+            token = self._interrupt_token = object()
+            self._interrupt_seen = False
+            try:
+                self._loop.call_soon_threadsafe(self._interrupted, token)
+            except RuntimeError:
+                pass  # the loop is closed: close() is ending, and raises at its end
+        elif self._interrupt_seen:
+            signal.default_int_handler(signum, frame)  # the call does not end: raise here
+        # (a second SIGINT before the loop turned is the same Ctrl-C, pressed twice)
+
+    def _interrupted(self, token: object) -> None:
+        """The loop's turn after a SIGINT: cancel what the call waits for."""
+        if token is not self._interrupt_token or not self._interrupts:
+            return  # (queued in a call that ended before the loop turned)
+        self._interrupt_seen = True
+        fut = self._waiting
+        if fut is not None:
+            fut.cancel()
 
     def _wait(self, fut: asyncio.Future[T], timeout: float | None) -> T:
         """Turn the loop until ``fut`` is done; ``TimeoutError`` after
         ``timeout`` seconds, and ``fut`` is cancelled if the wait ends
         without it (a timeout, or Ctrl-C in the middle)."""
         loop = self._loop
+        self._waiting = fut
+        if self._interrupts:  # Ctrl-C came before the wait
+            fut.cancel()
         timer = None
         expired = False
         if timeout is not None:
@@ -94,24 +268,59 @@ class SyncHandle:
                 fut.cancel()
             timer = loop.call_later(timeout, expire)
         try:
-            return loop.run_until_complete(fut)
+            while True:
+                try:
+                    return loop.run_until_complete(fut)
+                except RuntimeError:
+                    if fut.done() or not self._mend():
+                        raise  # (fut's own error, or the loop is beyond repair)
         except asyncio.CancelledError:
             if expired:
                 raise TimeoutError(f"no answer within {timeout} s") from None
             raise
+        except BaseException as exc:
+            if not isinstance(exc, Exception):  # out of the loop: maybe from its internals
+                self._mending = 3
+                self._repair()
+            raise
         finally:
+            self._waiting = None
             if timer is not None:
                 timer.cancel()
             if not fut.done():
                 fut.cancel()
-            self.aio.flush()  # the loop stops here: nothing may wait for its turn's end
+            self._flush()  # the loop stops here: nothing may wait for its turn's end
+
+    def _repair(self) -> None:
+        """Undo what an exception raised inside the loop's own code (not a
+        callback's) may have left: the stock loop still marked running in
+        this thread, or its async generator hooks set.  A ``stop()`` it
+        left is ignored by the next calls (:meth:`_mend`)."""
+        loop = self._loop
+        if asyncio._get_running_loop() is loop:
+            asyncio._set_running_loop(None)
+        if isinstance(loop, asyncio.BaseEventLoop) and loop.is_running():
+            loop._thread_id = None  # type: ignore[attr-defined]  # (run_forever's finally)
+            loop._stopping = False  # type: ignore[attr-defined]
+        firstiter = sys.get_asyncgen_hooks().firstiter
+        if getattr(firstiter, "__self__", None) is loop:
+            sys.set_asyncgen_hooks(*self._agen_hooks)
+
+    def _mend(self) -> bool:
+        """The loop refused to run, or stopped before ``fut`` was done:
+        whether that is what an interrupt left (repaired: run it again)."""
+        if self._mending <= 0:
+            return False
+        self._mending -= 1
+        self._repair()
+        if self._loop.is_running():  # uvloop's: nothing outside it can reset that
+            raise RuntimeError("this SyncHandle's loop was left marked running by a "
+                               "KeyboardInterrupt raised inside it: close the handle "
+                               "and connect again")
+        return True
 
     def __repr__(self) -> str:
         return f"<SyncHandle {self.aio.uri}{' closed' if self._closed else ''}>"
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise RemoteError(errno.ECONNRESET, "handle closed")
 
     def _timeout(self, timeout: float | None | Default) -> float | None:
         return self.timeout if isinstance(timeout, Default) else timeout
@@ -119,23 +328,35 @@ class SyncHandle:
     def run(self, aw: Awaitable[T], timeout: float | None | Default = DEFAULT) -> T:
         """Run an awaitable of the async API on this handle's loop, for at
         most ``timeout`` seconds (None: no limit; omitted: the handle's)."""
-        if self._closed:
+        try:
+            self._enter()
+        except BaseException:
             if asyncio.iscoroutine(aw):
                 aw.close()  # never to be awaited: no "never awaited" warning
-            self._check_open()
-        return self._wait(asyncio.ensure_future(aw, loop=self._loop), self._timeout(timeout))
+            raise
+        try:
+            return self._wait(asyncio.ensure_future(aw, loop=self._loop), self._timeout(timeout))
+        finally:
+            self._caller = None
+            if self._interrupts:
+                self._raise_interrupt()
 
     def rpc(self, topic: str, payload: Any = None, *, nodeid: int = NODEID_ANY,
             flags: int = 0, timeout: float | None | Default = DEFAULT) -> Any:
         """Send a request and return its answer's payload (``RemoteError``
         for an error answer, ``TimeoutError`` after ``timeout`` seconds)."""
-        self._check_open()
-        tag, fut = self.aio.rpc_tagged(topic, payload, nodeid=nodeid, flags=flags)
+        self._enter()
         try:
-            return self._wait(fut, self._timeout(timeout))
+            tag, fut = self.aio.rpc_tagged(topic, payload, nodeid=nodeid, flags=flags)
+            try:
+                return self._wait(fut, self._timeout(timeout))
+            finally:
+                if not fut.done() or fut.cancelled():
+                    self.aio.retire(tag)  # a late answer is dropped, not kept waiting
         finally:
-            if not fut.done() or fut.cancelled():
-                self.aio.retire(tag)  # a late answer is dropped, not kept waiting
+            self._caller = None
+            if self._interrupts:
+                self._raise_interrupt()
 
     def rpc_stream(self, topic: str, payload: Any = None, *, nodeid: int = NODEID_ANY,
                    flags: int = 0, timeout: float | None = None) -> SyncStream:
@@ -143,9 +364,15 @@ class SyncHandle:
         ``ENODATA``, raises ``RemoteError`` on an error answer, and
         ``TimeoutError`` if an answer takes more than ``timeout`` seconds).
         See :class:`SyncStream` for leaving early."""
-        self._check_open()
-        return SyncStream(self, self.aio.rpc_stream(topic, payload, nodeid=nodeid, flags=flags),
-                          timeout)
+        self._enter()
+        try:  # (interrupted, the SyncStream is dropped: its __del__ retires the request)
+            stream = SyncStream(self, self.aio.rpc_stream(topic, payload, nodeid=nodeid,
+                                                          flags=flags), timeout)
+        finally:
+            self._caller = None
+            if self._interrupts:
+                self._raise_interrupt()
+        return stream
 
     def subscribe(self, prefix: str, timeout: float | None | Default = DEFAULT) -> None:
         """Receive events whose topic starts with ``prefix``."""
@@ -169,11 +396,25 @@ class SyncHandle:
         """Disconnect (a second call does nothing)."""
         if self._closed:
             return
+        self._enter()
         self._closed = True
         try:
-            self._loop.run_until_complete(self.aio.close())
+            self._wait(asyncio.ensure_future(self.aio.close(), loop=self._loop), None)
         finally:
-            self._runner.close()
+            try:
+                self._runner.close()
+            finally:
+                self._let_go()
+                self._caller = None
+                if self._interrupts:
+                    self._raise_interrupt()
+
+    def _let_go(self) -> None:
+        """This handle no longer needs the SIGINT handler."""
+        _handles.discard(self)
+        if self._sigint:
+            self._sigint = False
+            _release_sigint()
 
     def __enter__(self) -> Self:
         return self
@@ -218,7 +459,7 @@ class SyncStream:
     def __next__(self) -> Any:
         try:
             msg = self._handle.run(self._stream.next_message(), self.timeout)
-        except TimeoutError:
+        except (TimeoutError, KeyboardInterrupt):
             raise  # (the stream goes on: next() may wait again, as SyncWatch's)
         except BaseException:
             self.close()
