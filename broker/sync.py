@@ -51,7 +51,9 @@ the same handle raises ``RuntimeError`` (two threads turning one loop, or
 sending while it reads, break it silently).  The check is an attribute
 tested and set -- about 55 ns a call where a lock costs 100 (CPython
 3.11), next to ~100 us an RPC takes; under the GIL nothing can run between
-the test and the set.
+the test and the set.  With the SIGINT bookkeeping, ``run()`` of a done
+future went from 5.43 to 5.59 us on the stock loop (27 us on uvloop, which
+makes a socketpair for signals at every run in the main thread).
 """
 
 from __future__ import annotations
@@ -437,10 +439,13 @@ class SyncStream:
 
     ``matchtag`` names the request, for the service's own cancel RPC
     (``kvs-watch.cancel {matchtag}`` on the same rank).  :meth:`close` --
-    also on leaving a ``with`` block, or a ``for`` loop through ``break`` or
-    an exception, once iteration started -- stops the waiting on this side
-    only (``h.aio.pending`` does not grow, late answers are dropped): the
-    service keeps streaming until cancelled or the handle closes.
+    also on leaving a ``with`` block, when it is dropped (a ``for`` loop
+    over ``rpc_stream(...)`` left through ``break`` or an exception), and
+    when ``next()`` raises anything but ``TimeoutError`` or
+    ``KeyboardInterrupt`` (after those it goes on: ``next()`` may wait
+    again) -- stops the waiting on this side only (``h.aio.pending`` does
+    not grow, late answers are dropped): the service keeps streaming until
+    cancelled or the handle closes.
     """
 
     def __init__(self, handle: SyncHandle, stream: Stream, timeout: float | None = None) -> None:

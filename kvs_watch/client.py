@@ -596,7 +596,9 @@ class SyncWatch(Generic[ItemT]):
                 ...
 
     It yields what the watch it drives yields (``SyncWatch[WatchEntry]``
-    for a plain :func:`watch`).
+    for a plain :func:`watch`).  A ``TimeoutError`` or a Ctrl-C
+    (``KeyboardInterrupt``, see :mod:`broker.sync`) from ``next()`` leaves
+    the watch going: the next ``next()`` catches up from where it was.
     """
 
     def __init__(self, sh: Any, w: _AsyncWatch[ItemT], *,

@@ -6,8 +6,9 @@ It makes calls of every kind through one SyncHandle -- bursts of RPCs,
 SyncKVS puts and gets, ``run()`` of a coroutine, and waits that only an
 interrupt ends (``recv_event``, a SyncWatch's and a SyncStream's next
 answer) -- catches each KeyboardInterrupt and goes on.  After catching the
-k-th it prints ``int k`` (from its next ``try`` block, so that an
-interrupt sent on seeing that line cannot land outside one).  After N it
+k-th it prints ``int k`` (from inside the ``try``, so that an interrupt
+sent on seeing that line cannot land outside one: Python runs a signal
+handler at the next of many points, a loop's back-edge among them).  After N it
 checks that every kind of call still works and prints one JSON line:
 what it counted, and the errors calls raised.  Used by
 tests/test_sync_interrupts.py.
@@ -75,14 +76,15 @@ def main() -> None:
                 raise AssertionError(f"the watch answered: {next(watch)}")
             raise AssertionError(f"the stream answered: {next(stream)}")
 
-    while True:
-        try:  # (everything but the count is inside it: see the docstring)
-            if acked < counts["interrupts"]:
+    def steps() -> None:
+        nonlocal acked
+        while True:  # (a KeyboardInterrupt anywhere here, even at this loop's
+            if acked < counts["interrupts"]:  # back-edge, goes to the try below)
                 acked = counts["interrupts"]
                 sys.stdout.write(f"int {acked}\n")  # (one write)
                 sys.stdout.flush()
             if acked >= wanted:
-                break
+                return
             try:
                 step(rng)
             except Exception as exc:  # noqa: BLE001 (reported: the test fails on any)
@@ -90,8 +92,13 @@ def main() -> None:
                     errors.append(f"{type(exc).__name__}: {exc}")
                 else:
                     errors[-1] = f"... and more: {type(exc).__name__}: {exc}"
-        except KeyboardInterrupt:
-            counts["interrupts"] += 1
+
+    while True:
+        try:
+            steps()
+            break
+        except KeyboardInterrupt:  # (only this count is outside a try: the
+            counts["interrupts"] += 1  # next SIGINT comes after the next "int")
 
     # Every kind of call works after the interrupts.
     after: dict[str, Any] = {}
