@@ -35,7 +35,10 @@ another handle that found it there) is open; a handler of the user's own
 is never replaced, and the last ``close()`` puts the default back if ours
 is still there.  Importing this module changes nothing.  Between calls the
 handler does what the default does.  During a call of the main thread it
-cancels what the call waits for and wakes the loop: the call ends at once
+has the loop cancel what the call waits for, in a callback (a cancel from
+the handler itself, which runs between any two bytecodes, landed between
+an answer's ``done()`` check and its ``set_result``: InvalidStateError,
+and the connection closed), and wakes the loop: the call ends at once
 -- the request retired as on a timeout, its late answer dropped -- and
 raises ``KeyboardInterrupt`` once the loop has stopped, so the next call
 finds the handle as it was.  (A second Ctrl-C before the loop has turned
