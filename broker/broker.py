@@ -21,6 +21,10 @@ from broker.services import BrokerServices
 
 log = logging.getLogger("kvbroker")
 
+GOODBYE_WAIT = 1.0
+"""Seconds a rank stopping cleanly waits for its parent to answer its
+goodbye before it closes the link (:meth:`Overlay.goodbye_heard`)."""
+
 
 def local_socket_path(rundir: str, rank: int) -> str:
     return os.path.join(rundir, f"local-{rank}")
@@ -181,6 +185,7 @@ class Broker:
         if self.connector is not None:
             await self.connector.close()
         if self.overlay is not None:
+            await self.overlay.goodbye_heard(GOODBYE_WAIT)
             self.overlay.close()
 
     def stats(self) -> dict[str, Any]:

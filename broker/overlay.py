@@ -130,7 +130,10 @@ class Overlay:
         refused our CURVE key (:data:`EXIT_REFUSED`)."""
         self._shutdown_sent = False
         self._goodbye_sent = False
+        self._goodbye_answered: asyncio.Future[None] | None = None
+        """Set when the parent answered our goodbye (or can no longer)."""
         self._parent_gone = False
+        """The parent was lost, or told us to stop: no goodbye to say."""
         self._leaving: dict[int, str] = {}
         """Children that said goodbye (``overlay.goodbye``), with why: their
         link's closing is a stop, logged at INFO, not a loss."""
@@ -241,7 +244,28 @@ class Overlay:
                 or self._parent_gone):
             return
         self._goodbye_sent = True
+        self._goodbye_answered = asyncio.get_running_loop().create_future()
         self._control_up("overlay.goodbye", {"rank": self.rank, "why": why})
+
+    async def goodbye_heard(self, timeout: float) -> None:
+        """Wait (at most ``timeout`` seconds) until the parent answered our
+        goodbye, before :meth:`close`: closing first could fail the parent's
+        next write to us (EPIPE) before it read the goodbye, and the clean
+        stop was logged as a loss.  Flux's goodbye is a request for the same
+        reason.  Returns at once if no goodbye was said."""
+        fut = self._goodbye_answered
+        if fut is None or fut.done():
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(fut), timeout)
+        except TimeoutError:
+            log.info("parent rank %s did not answer our goodbye within %s s", self.parent,
+                     timeout)
+
+    def _goodbye_over(self) -> None:
+        fut = self._goodbye_answered
+        if fut is not None and not fut.done():
+            fut.set_result(None)
 
     def close(self) -> None:
         self._closing = True
@@ -608,6 +632,9 @@ class Overlay:
         elif msg.topic == "overlay.goodbye" and child in self.hello_from:
             why = msg.payload.get("why") if isinstance(msg.payload, dict) else None
             self._leaving[child] = why[:200] if isinstance(why, str) else "it said goodbye"
+            # answered: the child closes its link once it knows we read this
+            self._send_child(child, codec.encode(Message(MsgType.CONTROL, "overlay.goodbye",
+                                                         {"rank": self.rank})))
 
     def _from_parent(self, parts: list[bytes]) -> None:
         msg = self._decode(parts, "parent")
@@ -617,7 +644,10 @@ class Overlay:
             if msg.topic == "overlay.hello":
                 self.parent_acked = True
                 self._check_ready()
+            elif msg.topic == "overlay.goodbye":
+                self._goodbye_over()
             elif msg.topic == "overlay.shutdown" and self.on_stop is not None:
+                self._parent_gone = True  # (it stops: it knows why we do)
                 if isinstance(msg.payload, dict) and msg.payload.get("replaced"):
                     self.on_stop(f"rank {self.parent} admitted a newer rank {self.rank} "
                                  "process in this one's place", 1)
@@ -636,6 +666,7 @@ class Overlay:
         """The link to the parent broke without a shutdown: stop (see the
         module's docstring).  Before the parent answered our hello this is
         still start-up, where the link may come and go."""
+        self._goodbye_over()  # (no answer will come)
         if self._closing or not self.parent_acked or self.parent is None:
             return
         self._parent_gone = True
