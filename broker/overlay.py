@@ -312,7 +312,11 @@ class Overlay:
             if error is not None:  # EHOSTUNREACH: the child is gone
                 if ident not in self._send_failed:  # once per link, not per message
                     self._send_failed.add(ident)
-                    log.warning("cannot send to rank %d: %s", child, error)
+                    # (expected of a child that said goodbye, or of one we
+                    # told to stop: not worth a warning at every clean stop)
+                    expected = self._shutdown_sent or child in self._leaving
+                    log.log(logging.INFO if expected else logging.WARNING,
+                            "cannot send to rank %d: %s", child, error)
                 return False
             return True
         conn = self._child_conns.get(child)
