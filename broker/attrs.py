@@ -203,11 +203,19 @@ LINK_MAX_MESSAGE = AttrSpec(
     integer(64 << 10, "", codec.MAX_LINK_MESSAGE),
     "largest message a rank sends to its parent or a child (bytes): a bigger "
     "request, response or event is answered EMSGSIZE instead")
+TORPID_MIN = AttrSpec(
+    "tbon.torpid_min", "5", duration,
+    "a rank that has sent its parent nothing for this long sends it a keepalive "
+    "(overlay.keepalive); also how often each rank checks its children")
+TORPID_MAX = AttrSpec(
+    "tbon.torpid_max", "30", duration,
+    "a child rank its parent has heard nothing from for this long is marked "
+    "torpid (logged, listed by kvbroker overlay status; not disconnected); 0: never")
 
 BROKER_ATTRS: tuple[AttrSpec, ...] = (
     ALLOW_GUEST_USER, MAX_GUEST_CONNECTIONS, MAX_GUEST_BYTES, MAX_GUEST_SUBSCRIPTIONS,
     MAX_GUEST_REQUESTS, MAX_GUEST_SERVICES, MODULES, MAX_MESSAGE, CONTENT_HASH, LOG_LEVEL,
-    LOG_TIMESTAMPS, TRANSPORT, LINK_BACKLOG, LINK_MAX_MESSAGE)
+    LOG_TIMESTAMPS, TRANSPORT, LINK_BACKLOG, LINK_MAX_MESSAGE, TORPID_MIN, TORPID_MAX)
 
 
 # ---------------------------------------------------------------- checking
@@ -221,7 +229,23 @@ def module_names(attrs: Mapping[str, Any]) -> list[str]:
 def check(attrs: Mapping[str, Any], specs: Iterable[AttrSpec]) -> dict[str, Any]:
     """The parsed value of each spec (``{name: value}``); :class:`AttrError`
     for the first invalid one."""
-    return {spec.name: spec.value(attrs) for spec in specs}
+    out = {spec.name: spec.value(attrs) for spec in specs}
+    if TORPID_MIN.name in out and TORPID_MAX.name in out:
+        _check_torpid(out[TORPID_MIN.name], out[TORPID_MAX.name])
+    return out
+
+
+def _check_torpid(tmin: float, tmax: float) -> None:
+    """``tbon.torpid_min`` and ``tbon.torpid_max`` together: a rank may stay
+    silent up to twice ``torpid_min`` before its keepalive leaves (one check
+    finds it sent something, the next that it did not), so a
+    ``torpid_max`` not above that would mark healthy idle ranks torpid."""
+    if tmin <= 0:
+        raise AttrError(f"{TORPID_MIN.name}: must be more than 0")
+    if tmax and tmax <= 2 * tmin:
+        raise AttrError(f"{TORPID_MAX.name}: {tmax:g} must be 0 (never) or more than twice "
+                        f"{TORPID_MIN.name} ({tmin:g}): an idle rank's keepalives may be "
+                        "that far apart")
 
 
 def with_defaults(attrs: MutableMapping[str, Any], specs: Iterable[AttrSpec]) -> None:

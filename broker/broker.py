@@ -148,6 +148,8 @@ class Broker:
                                transport=config[battrs.TRANSPORT.name],
                                max_backlog=config[battrs.LINK_BACKLOG.name],
                                max_message=config[battrs.LINK_MAX_MESSAGE.name],
+                               torpid_min=config[battrs.TORPID_MIN.name],
+                               torpid_max=config[battrs.TORPID_MAX.name],
                                on_stop=self._stop_for_overlay)
         await self.overlay.start()
         await self.load_module(BrokerServices(self._context(), self))
@@ -198,7 +200,8 @@ class Broker:
                               "refused": self.overlay.refused,
                               "replaced": self.overlay.replaced,
                               "slow": self.overlay.slow,
-                              "children": sorted(self.overlay.hello_from)}
+                              "children": sorted(self.overlay.hello_from),
+                              "torpid": self.overlay.torpid_seconds()}
         out["modules"] = {m.name: m.h.subscribe_calls for m in self.modules}
         out["rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         out["gc"] = gcpolicy.stats()

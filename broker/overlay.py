@@ -28,6 +28,23 @@ Handshake (CONTROL messages):
 * ``overlay.shutdown`` parent -> children when a rank stops: each child
   stops too, and passes it on, so stopping rank 0 stops the instance --
   what a multi-host instance (``kvbroker broker``) relies on.
+* ``overlay.keepalive`` child -> parent ``{rank}`` when the child has sent
+  its parent nothing for ``tbon.torpid_min`` (see *Torpid children*).
+
+Torpid children (Flux's ``tbon.torpid_min`` / ``tbon.torpid_max``): a rank
+that hangs without closing its link (SIGSTOP, a deadlock, a host swapping)
+is noticed by no transport -- a stream link stays open, and ZeroMQ's
+heartbeats are answered by its I/O thread, not by the stuck rank.  So each
+rank counts *ticks* of one timer (every ``torpid_min``); every message from
+a child records the current tick (one assignment, no clock read per
+message), and every message to the parent records it too.  At each tick a
+rank that sent its parent nothing during the tick just ended sends it an
+``overlay.keepalive``, and a child last heard before the tick just ended
+whose silence since then reaches ``torpid_max`` is marked *torpid*: a
+WARNING, ``overlay.torpid`` in ``kvbroker stats broker`` and ``kvbroker
+overlay status``; one INFO when it speaks again.  A torpid child is not
+disconnected (nor is it by Flux): its requests stay routed to it, and it
+resumes where it stopped.
 
 A rank that loses its parent without a shutdown (the parent crashed, its
 host went away: the stream closed, or ZeroMQ saw the TCP connection drop or
@@ -74,6 +91,9 @@ parent, which a supervisor's restart may cure), so that a supervisor can
 tell it apart and not restart it (systemd: ``RestartPreventExitStatus=3``)."""
 REFUSAL_LOG_INTERVAL = 60
 """Seconds between a parent's warnings about refused handshakes."""
+KEEPALIVE = "overlay.keepalive"
+DEFAULT_TORPID_MIN = 5.0
+DEFAULT_TORPID_MAX = 30.0
 
 
 class Oversized(Exception):
@@ -104,6 +124,8 @@ class Overlay:
         on_stop: Callable[[str | None, int], None] | None = None,
         max_backlog: int = 512 << 20,
         max_message: int = codec.MAX_LINK_MESSAGE,
+        torpid_min: float = DEFAULT_TORPID_MIN,
+        torpid_max: float = DEFAULT_TORPID_MAX,
     ) -> None:
         if transport not in TRANSPORTS:
             raise ValueError(f"unknown tbon.transport {transport!r}")
@@ -173,6 +195,23 @@ class Overlay:
         self._stopping_refused = False
         self.refused = 0
         """Overlay handshakes that failed: a peer without the instance's keys."""
+        self.torpid_min = torpid_min
+        """``tbon.torpid_min``: the keepalive and torpid check's period (seconds)."""
+        self.torpid_max = torpid_max
+        """``tbon.torpid_max``: a child silent this long is torpid (0: never)."""
+        self._tick = 0
+        """Periods of the torpid check so far: what every message records."""
+        self._sent_tick = 0
+        """The tick of the last message to the parent."""
+        self._heard: dict[int, int] = {}
+        """Each child's last message's tick (set per message: keep it cheap)."""
+        self._seen_at: dict[int, float] = {}
+        """Each child's last message, at most: the loop time of the check
+        that ended the tick it was heard in."""
+        self.torpid: dict[int, float] = {}
+        """Torpid children, with ``_seen_at`` when they were marked."""
+        self._checked_at = 0.0
+        self._check_timer: asyncio.TimerHandle | None = None
         router.overlay = self
 
     @property
@@ -188,7 +227,54 @@ class Overlay:
             await self._start_streams()
         else:
             self._start_zmq()
+        if self.children or self.parent is not None:
+            loop = asyncio.get_running_loop()
+            self._checked_at = loop.time()
+            self._check_timer = loop.call_later(self.torpid_min, self._check_torpid)
         self._check_ready()
+
+    def torpid_seconds(self) -> dict[str, float]:
+        """Each torpid child (``str(rank)``, for JSON) with how long it has
+        been silent, in seconds (at least: see :attr:`_seen_at`)."""
+        now = asyncio.get_running_loop().time()
+        return {str(c): round(now - at, 1) for c, at in sorted(self.torpid.items())}
+
+    def _check_torpid(self) -> None:
+        """Every ``torpid_min``: end the current tick; send the parent a
+        keepalive if this rank sent it nothing during that tick; mark
+        children silent for ``torpid_max`` torpid, and those heard again
+        responsive.
+
+        A message heard during tick ``t`` came before the check that ended
+        it, so its child is counted silent only from that check on: a
+        silence is never overstated, and a healthy idle child (a keepalive
+        at most ``2 * torpid_min`` apart) is never marked.  A check that
+        comes much later than due (this rank itself was held up, or the
+        machine was) marks no one: what arrived meanwhile may not be read
+        yet."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        ended = self._tick
+        self._tick = ended + 1
+        late = now - self._checked_at > 2 * self.torpid_min
+        self._checked_at = now
+        self._check_timer = loop.call_later(self.torpid_min, self._check_torpid)
+        if (self.parent is not None and self._sent_tick != ended and self.parent_acked
+                and not self._goodbye_sent and not self._parent_gone):
+            self._control_up(KEEPALIVE, {"rank": self.rank})
+        for child in self.hello_from:
+            if self._heard.get(child) == ended or child not in self._seen_at:
+                self._seen_at[child] = now
+                if self.torpid.pop(child, None) is not None:
+                    log.info("child rank %d is responsive again", child)
+                continue
+            silent = now - self._seen_at[child]
+            if (not late and self.torpid_max and silent >= self.torpid_max
+                    and child not in self.torpid):
+                self.torpid[child] = self._seen_at[child]
+                log.warning("child rank %d is torpid: nothing heard for %.0f s "
+                            "(tbon.torpid_max %g s); it stays connected, and requests "
+                            "to its subtree wait for it", child, silent, self.torpid_max)
 
     async def _start_streams(self) -> None:
         links = self._streams = StreamLinks(
@@ -269,6 +355,8 @@ class Overlay:
 
     def close(self) -> None:
         self._closing = True
+        if self._check_timer is not None:
+            self._check_timer.cancel()
         if self._streams is not None:
             self._streams.close(flush=self._shutdown_sent, flush_up=self._goodbye_sent)
         # A monitor is stopped before the socket we read it on is closed:
@@ -298,6 +386,7 @@ class Overlay:
     # ------------------------------------------------------------ links
 
     def _send_parent(self, frames: list[codec.Frame]) -> None:
+        self._sent_tick = self._tick  # (no keepalive due this tick)
         if self._up is not None:
             self._up.send(frames)
         elif self._streams is not None and self._streams.up is not None:
@@ -596,6 +685,9 @@ class Overlay:
         with why -- both were INFO, so an operator at the default level
         never saw a rank die (``warned``: a WARNING said so already)."""
         self.hello_from.discard(child)
+        self._heard.pop(child, None)
+        self._seen_at.pop(child, None)
+        self.torpid.pop(child, None)
         left = self._leaving.pop(child, None)
         if self._closing:
             return
@@ -611,6 +703,7 @@ class Overlay:
         self.router.child_lost(child)
 
     def _child_frames(self, child: int, frames: list[bytes]) -> None:
+        self._heard[child] = self._tick  # any message counts (:meth:`_check_torpid`)
         msg = self._decode(frames, f"rank {child}")
         if msg is None:
             return

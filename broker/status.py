@@ -3,7 +3,10 @@
 Every rank is asked for its hostname at once; a rank that the tree cannot
 reach (``EHOSTUNREACH``: its parent dropped it) is *lost*, one that does not
 answer in time while still connected (a stopped or overloaded process, or
-one behind such a rank) is *torpid*, Flux's word for it.  A rank is *full*
+one behind such a rank), or that its parent has marked torpid (it heard
+nothing from it for ``tbon.torpid_max``: ``overlay.torpid`` in
+``broker.stats-get`` of each rank with children), is *torpid*, Flux's word
+for it.  A rank is *full*
 when it and its whole subtree answer, *partial* when something below it is
 lost or torpid.  Pure functions build and print the tree; :func:`gather`
 does the asking.
@@ -52,18 +55,51 @@ async def _ask(h: Handle, rank: int, timeout: float) -> Answer:
         return exc.errstr or str(exc)
 
 
+async def _torpid_children(h: Handle, rank: int, timeout: float) -> dict[int, str]:
+    """The children ``rank`` has marked torpid, each with why; none if it
+    does not answer (then it is torpid or lost itself)."""
+    try:
+        async with asyncio.timeout(timeout):
+            resp = await h.rpc("broker.stats-get", {}, nodeid=rank)
+    except (TimeoutError, RemoteError):
+        return {}
+    torpid = resp.get("overlay", {}).get("torpid", {}) if isinstance(resp, dict) else {}
+    if not isinstance(torpid, dict):
+        return {}
+    out = {}
+    for child, secs in torpid.items():
+        try:
+            out[int(child)] = f"rank {rank} has heard nothing from it for {float(secs):g}s"
+        except (TypeError, ValueError):
+            continue  # (not what a rank says: ignored)
+    return out
+
+
 async def gather(h: Handle, timeout: float = 2.0) -> tuple[list[RankStatus], int]:
     """The state of every rank of the instance ``h`` is attached to, and
     the instance's fanout (to :func:`render` them)."""
     size = int(await h.attr_get("size", nodeid=0))
     fanout = int(await h.attr_get("fanout", nodeid=0))
-    answers = await asyncio.gather(*(_ask(h, r, timeout) for r in range(size)))
-    return classify(size, fanout, answers), fanout
+    parents = [r for r in range(size) if topology.children_of(r, fanout, size)]
+    asked = asyncio.gather(*(_ask(h, r, timeout) for r in range(size)))
+    views = asyncio.gather(*(_torpid_children(h, r, timeout) for r in parents))
+    answers, parents_views = await asyncio.gather(asked, views)
+    marked: dict[int, str] = {}
+    for view in parents_views:
+        marked.update(view)
+    return classify(size, fanout, answers, marked), fanout
 
 
-def classify(size: int, fanout: int, answers: list[Answer]) -> list[RankStatus]:
+def classify(size: int, fanout: int, answers: list[Answer],
+             marked: dict[int, str] | None = None) -> list[RankStatus]:
     """From each rank's answer to its state: lost or torpid, else partial if
-    anything below is either."""
+    anything below is either.  ``marked``: ranks their parent marked
+    torpid, with why -- torpid whatever they answered (the parent's view
+    is what routes their subtree's requests)."""
+    answers = list(answers)
+    for rank, why in (marked or {}).items():
+        if 0 <= rank < size and not isinstance(answers[rank], str):
+            answers[rank] = NoAnswer(why)
     lost_below = [False] * size
     for rank in range(size - 1, -1, -1):  # children have higher ranks than parents
         if not isinstance(answers[rank], tuple) or lost_below[rank]:

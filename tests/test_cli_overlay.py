@@ -40,6 +40,16 @@ def test_a_silent_rank_is_torpid_not_lost() -> None:
     assert render(statuses, 2)[3] == "  2: torpid (no answer in 2s)"
 
 
+def test_a_rank_its_parent_marked_torpid_is_torpid_even_if_it_answered() -> None:
+    answers: list[Answer] = [("h", "")] * 4
+    answers[2] = "rank 2 is unreachable"
+    marked = {3: "rank 1 has heard nothing from it for 31s",
+              2: "rank 0 has heard nothing from it for 40s"}
+    statuses = classify(4, 2, answers, marked)
+    assert [s.state for s in statuses] == [PARTIAL, PARTIAL, LOST, TORPID]
+    assert render(statuses, 2)[2] == "    3: torpid (rank 1 has heard nothing from it for 31s)"
+
+
 def test_render_indents_children_under_parents() -> None:
     statuses = [RankStatus(0, PARTIAL, "a"), RankStatus(1, LOST, detail="gone"),
                 RankStatus(2, FULL, "c"), RankStatus(3, LOST, detail="gone")]
