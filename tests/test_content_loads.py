@@ -105,3 +105,22 @@ async def test_a_fetch_cancelled_midway_leaves_a_sharing_fetch_whole(cold) -> No
     assert not held
     assert all(store.get(ref) == blob for ref, blob in zip(refs[:50], blobs[:50], strict=True))
 
+
+
+async def test_two_loads_of_a_blob_a_sweep_may_delete_in_one_turn_both_end(cold) -> None:
+    """Once a collection decided, a load of a blob it does not keep vouches
+    for nothing, so a second batch asking for that blob in the same loop
+    turn starts a load of its own: both loads are read, and both batches
+    end.  (The second replaced the first in the turn's queue of reads, keyed
+    by blobref: the first was never read, and its caller waited for ever.)"""
+    content, blobs, refs = cold
+    collection = content.begin_collection()
+    try:
+        collection.decide(set())  # (nothing marked: every blob may go)
+        first = content.load_many([refs[0]])
+        second = content.load_many([refs[0]])
+        got = await asyncio.wait_for(asyncio.gather(first, second), T)
+        assert got == [{refs[0]: blobs[0]}, {refs[0]: blobs[0]}]
+        assert not content._loading and not content._reads
+    finally:
+        content.end_collection(collection)

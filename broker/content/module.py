@@ -161,9 +161,12 @@ class ContentModule(Module):
         self._loading: dict[str, _Load] = {}
         """Loads in flight, each shared by the batches that want its blob
         (:meth:`load_many`)."""
-        self._reads: dict[str, _Load] = {}
-        """Rank 0: loads to read from the file in the next batch (:meth:`_read_batches`)."""
-        self._pulls: dict[str, _Load] = {}
+        self._reads: list[_Load] = []
+        """Rank 0: loads to read from the file in the next batch (:meth:`_read_batches`).
+        A list, not keyed by blobref: two loads of one blob may be queued in
+        one turn (the first vouches for nothing, a collection's), and each
+        must be read."""
+        self._pulls: list[_Load] = []
         """A follower: loads to ask upstream for in the next batch (:meth:`_pull`)."""
         self.link_max = LINK_MAX_MESSAGE.value(attrs)
         self.answer_bytes = min(LOAD_BYTES, self.link_max // 4)
@@ -662,8 +665,7 @@ class ContentModule(Module):
     def _send_pulls(self) -> None:
         """Ask upstream for this turn's misses, :data:`LOAD_BATCH` to a request
         (one alone as a plain ``content.load``)."""
-        pulls, self._pulls = self._pulls, {}
-        loads = list(pulls.values())
+        loads, self._pulls = self._pulls, []
         for i in range(0, len(loads), LOAD_BATCH):
             self.spawn(self._pull_batch(loads[i:i + LOAD_BATCH]))
 
@@ -698,8 +700,7 @@ class ContentModule(Module):
 
     def _read_batches(self) -> None:
         """Hand this turn's reads to the SQLite thread, :data:`READ_BATCH` at a time."""
-        reads, self._reads = self._reads, {}
-        loads = list(reads.values())
+        loads, self._reads = self._reads, []
         loop = asyncio.get_running_loop()
         for i in range(0, len(loads), READ_BATCH):
             part = loads[i:i + READ_BATCH]
@@ -1018,12 +1019,12 @@ _PENDING = ErrnoError(errno.EINPROGRESS, "still loading")
 """A miss's place in a batch until its load settles it (never seen outside)."""
 
 
-def _this_turns(batch: dict[str, _Load], load: _Load, send: Callable[[], None]) -> None:
+def _this_turns(batch: list[_Load], load: _Load, send: Callable[[], None]) -> None:
     """Put ``load`` in ``batch``, the misses of this loop turn: the first one
     schedules ``send`` for the end of the turn, which takes the batch whole."""
     if not batch:
         asyncio.get_running_loop().call_soon(send)
-    batch[load.ref] = load
+    batch.append(load)
 
 
 def _entry_error(entry: Any) -> ErrnoError:
