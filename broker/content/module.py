@@ -202,6 +202,9 @@ class ContentModule(Module):
         self._unwritten_per_store: dict[int, int] = {}
         """How many of :attr:`_unwritten` each store holds, oldest store
         first (stores only ever grow, and a dict keeps insertion order)."""
+        self._oldest_unwritten = 1
+        """No store before this one has a blob in :attr:`_unwritten`
+        (:meth:`written_through` moves it on)."""
 
     def handlers(self) -> dict[str, Handler]:
         return {
@@ -389,7 +392,15 @@ class ContentModule(Module):
         blobs, and those of every store before it, are written to SQLite --
         committed there, so a restart after a crash finds them, whatever
         happened to the writes after them (a full disk)."""
-        return next(iter(self._unwritten_per_store), self.store_seq + 1) - 1
+        # (next(iter(...)) of the dict skips the slots of its deleted
+        # entries one by one until it is resized: after a backlog of
+        # 300,000 stores drained, that cost 300 us at every commit; now
+        # once, when the oldest store is written)
+        seq = self._oldest_unwritten
+        if seq not in self._unwritten_per_store:
+            seq = self._oldest_unwritten = next(iter(self._unwritten_per_store),
+                                                self.store_seq + 1)
+        return seq - 1
 
     async def checkpoint_written(self, key: str, value: Any) -> bool:
         """Rank 0: record checkpoint ``key`` without writing back what is
