@@ -92,6 +92,15 @@ class RootHistory:
         horizon = time.monotonic() - self.grace
         return list({ref: None for t, ref in self._roots if t >= horizon})
 
+    def noted_recently_by(self, rootref: str, at: float) -> bool:
+        """Whether ``rootref`` was noted at or before ``at`` (a monotonic
+        time) and is in the grace period still: then every collection
+        since ``at`` kept its blobs.  Not whether it is recent: roots are
+        content-addressed, and the same rootref noted again later (the
+        same tree back) says nothing of a collection in between."""
+        horizon = time.monotonic() - self.grace
+        return any(ref == rootref and horizon <= t <= at for t, ref in self._roots)
+
     def __len__(self) -> int:
         return len(self._roots)
 

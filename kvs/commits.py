@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import time
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, NamedTuple
@@ -61,6 +62,8 @@ class SetRoot(NamedTuple):
     written once ``written_through()`` reaches this."""
     collections: int
     """``collections_begun`` then: none began since, none deleted its blobs."""
+    at: float
+    """``time.monotonic()`` then, after the root history noted it."""
 
 
 class CommitPipeline:
@@ -117,7 +120,7 @@ class CommitPipeline:
     def _note_primary_root(self, ns: Namespace, content: ContentModule) -> None:
         roots = self.primary_roots
         roots.append(SetRoot(ns.rootseq, ns.rootref, content.store_seq,
-                             content.collections_begun))
+                             content.collections_begun, time.monotonic()))
         through = content.written_through()
         while len(roots) > 1 and roots[1].store <= through:
             roots.popleft()  # (a newer one is written too)
@@ -125,8 +128,9 @@ class CommitPipeline:
     def newest_written_root(self) -> SetRoot | None:
         """The newest primary root whose blobs are all written to SQLite
         (with those of every root before it), if a collection cannot have
-        deleted any of them since it was set (none began since, or it is
-        recent: a collection keeps the roots of its grace period)."""
+        deleted any of them since it was set (none began since, or it was
+        set in the grace period still running: a collection keeps the roots
+        of its grace period -- this root, not any with the same rootref)."""
         if self.content is None:
             return None
         through = self.content.written_through()
@@ -136,7 +140,8 @@ class CommitPipeline:
                 break
             best = root
         if best is None or (best.collections != self.content.collections_begun
-                            and best.rootref not in self.root_history.recent()):
+                            and not self.root_history.noted_recently_by(best.rootref,
+                                                                        best.at)):
             return None
         return best
 
