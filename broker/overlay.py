@@ -270,7 +270,8 @@ class Overlay:
                 continue
             silent = now - self._seen_at[child]
             if (not late and self.torpid_max and silent >= self.torpid_max
-                    and child not in self.torpid):
+                    and child not in self.torpid and child not in self._leaving):
+                # (a child that said goodbye sends no keepalive while it stops)
                 self.torpid[child] = self._seen_at[child]
                 log.warning("child rank %d is torpid: nothing heard for %.0f s "
                             "(tbon.torpid_max %g s); it stays connected, and requests "
