@@ -261,6 +261,11 @@ class ZmqSocket:
         if queue is None:
             try:
                 self.sock.send_multipart(frames, zmq.NOBLOCK, copy=False)
+                # A send may take the FD's edge for messages that arrived
+                # meanwhile (ZeroMQ's FD is edge-triggered): look again, or
+                # they wait for the next edge -- a keepalive sent from a
+                # timer left a request to this rank unread for good.
+                self._schedule()
                 return
             except zmq.Again:
                 queue = self.backlogs[ident] = deque()
