@@ -292,11 +292,13 @@ class ZmqSocket:
             self._scheduled = True
             self.loop.call_soon(self._run)
 
-    def _run(self) -> None:
+    def _run(self) -> int:
+        """Read and handle what is ready (at most :data:`BATCH` messages,
+        then again at the next turn); how many messages that was."""
         self._scheduled = False
         sock = self.sock
         if sock.closed:
-            return
+            return 0
         n = 0
         while True:
             events = cast(int, sock.getsockopt(zmq.EVENTS))
@@ -323,13 +325,16 @@ class ZmqSocket:
                 log.exception("error handling an overlay message")
         if self.backlogs:
             self.loop.call_later(0.001, self._schedule)
+        return n
 
     def read_all(self) -> None:
         """Handle every message that has arrived, now, whatever the batch
         size (a monitor's DISCONNECTED may be read before the last messages
-        of the connection it reports)."""
-        while not self.sock.closed and cast(int, self.sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
-            self._run()
+        of the connection it reports).  Stops when a turn reads nothing,
+        should ZeroMQ say POLLIN with nothing to take."""
+        while (not self.sock.closed
+               and cast(int, self.sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN and self._run()):
+            pass
 
     def _flush(self) -> None:
         """Send what each backlog holds, until its peer's pipe is full."""
