@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 import sys
@@ -23,9 +24,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from broker import codec
+from broker.content.module import ContentModule
 from broker.handle import Handle, parse_uri
 from broker.launch import Instance
 from broker.message import NODEID_ANY, Message, MsgType
+from broker.module import ModuleContext
 
 KVBROKER = os.path.join(os.path.dirname(sys.executable), "kvbroker")
 GUEST_UID = 65534
@@ -60,6 +63,15 @@ async def stats(h: Handle, rank: int = NODEID_ANY) -> dict[str, Any]:
     # (15 s, not 5: once in a full suite on 2 loaded cores, rank 1's answer
     # right after its child was SIGKILLed over ipc took longer than 5 s)
     return await asyncio.wait_for(h.rpc("broker.stats-get", {}, nodeid=rank), 15)
+
+
+def rank0_content(rundir: object, **attrs: str) -> ContentModule:
+    """Rank 0's content module in this process (not started), for tests of
+    its own workings with a real SQLite file in ``rundir``; ``attrs`` are
+    its attributes (``content.cache-bytes``, ``statedir``, ...)."""
+    ctx = ModuleContext(rank=0, size=1, fanout=2, attrs={"rundir": str(rundir), **attrs},
+                        owner_uid=os.getuid(), log=logging.getLogger("test"))
+    return ContentModule(ctx)
 
 
 def ancestors(rank: int, fanout: int) -> list[int]:

@@ -15,8 +15,8 @@ import threading
 from collections import Counter
 from pathlib import Path
 
-from broker.content.module import ContentModule
-from broker.module import ModuleContext
+from test_broker_support import rank0_content
+
 from kvs.blobs import BlobFetcher, BlobStore
 from kvs.collect import RootHistory
 from kvs.commits import CommitPipeline
@@ -38,10 +38,7 @@ async def test_a_written_root_whose_rootref_came_back_is_not_vouched_for_by_that
     blobs (stored again since, and not written: the disk is full)."""
     statedir = tmp_path / "state"
     statedir.mkdir()
-    ctx = ModuleContext(rank=0, size=1, fanout=2,
-                        attrs={"rundir": str(tmp_path), "statedir": str(statedir)},
-                        owner_uid=os.getuid(), log=logging.getLogger("test"))
-    content = ContentModule(ctx)
+    content = rank0_content(tmp_path, statedir=str(statedir))
     await content.start()
     gate = threading.Event()
     held_up = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import struct
+from typing import Any
 
 import msgpack
 import pytest
@@ -367,14 +368,26 @@ def test_stream_fed_in_random_chunks() -> None:
     assert got == msgs
 
 
+def feed_in_chunks(d: codec.StreamDecoder, data: bytes, chunk: int, *,
+                   keep_oversized: bool = False) -> tuple[list[Any], list[codec.Oversized]]:
+    """Feed ``data`` to ``d`` ``chunk`` bytes at a time: the messages it
+    decoded, and the oversized ones it reported after each chunk (none
+    taken with ``keep_oversized``: the test reads them from ``d``)."""
+    got: list[Any] = []
+    skipped: list[codec.Oversized] = []
+    for pos in range(0, len(data), chunk):
+        got += d.feed(data[pos : pos + chunk])
+        if not keep_oversized:
+            skipped += list(d.take_oversized())
+    return got, skipped
+
+
 @pytest.mark.parametrize("chunk", [1, 7, 100, 1 << 20])
 def test_stream_skips_oversized_messages(chunk: int) -> None:
     small1, big, small2 = [b"one"], [b"h", b"x" * 500], [b"two", b"2"]
     data = codec.to_stream(small1) + codec.to_stream(big) + codec.to_stream(small2)
     d = codec.StreamDecoder(max_message=100)
-    got = []
-    for pos in range(0, len(data), chunk):
-        got += d.feed(data[pos : pos + chunk])
+    got, _ = feed_in_chunks(d, data, chunk, keep_oversized=True)
     assert got == [small1, small2]
     assert d.oversized == 1
 
@@ -387,9 +400,7 @@ def test_stream_limit_is_inclusive(chunk: int) -> None:
     at_limit, over = [b"h", b"x" * 99], [b"h", b"x" * 100]
     data = codec.to_stream(at_limit) + codec.to_stream(over) + codec.to_stream(at_limit)
     d = codec.StreamDecoder(max_message=100)
-    got = []
-    for pos in range(0, len(data), chunk):
-        got += d.feed(data[pos : pos + chunk])
+    got, _ = feed_in_chunks(d, data, chunk, keep_oversized=True)
     assert got == [at_limit, at_limit]
     assert d.oversized == 1 and list(d.take_oversized()) == [codec.Oversized(101, b"h")]
 
@@ -403,10 +414,7 @@ def test_stream_reports_oversized_headers(chunk: int) -> None:
     big2 = [b"h2" * 30, b"y" * 200, b"z" * 300]  # header 60 bytes, under the limit
     data = b"".join(codec.to_stream(m) for m in (small1, big1, small2, big2, small1))
     d = codec.StreamDecoder(max_message=100)
-    got, skipped = [], []
-    for pos in range(0, len(data), chunk):
-        got += d.feed(data[pos : pos + chunk])
-        skipped += list(d.take_oversized())
+    got, skipped = feed_in_chunks(d, data, chunk)
     assert got == [small1, small2, small1]
     assert skipped == [
         codec.Oversized(508, b"header-1"),
@@ -423,10 +431,7 @@ def test_stream_oversized_header_frame_is_not_kept(chunk: int) -> None:
     big = [b"h" * 300, b"x"]
     data = codec.to_stream(big) + codec.to_stream([b"ok"])
     d = codec.StreamDecoder(max_message=100)
-    got, skipped = [], []
-    for pos in range(0, len(data), chunk):
-        got += d.feed(data[pos : pos + chunk])
-        skipped += list(d.take_oversized())
+    got, skipped = feed_in_chunks(d, data, chunk)
     assert got == [[b"ok"]]
     assert skipped == [codec.Oversized(301, None)]
 

@@ -12,18 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import logging
-import os
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from test_broker_support import rank0_content
 
 from broker.content.blobref import hash_blob
 from broker.content.module import ContentModule
 from broker.errors import ErrnoError
-from broker.module import ModuleContext
 from kvs.blobs import BlobFetcher, BlobStore
 
 T = 10.0
@@ -33,10 +31,7 @@ T = 10.0
 async def cold(tmp_path: Path) -> AsyncIterator[tuple[ContentModule, list[bytes], list[str]]]:
     """Rank 0's content module with 600 blobs in its file and (nearly)
     none in its cache (``content.cache-bytes`` is tiny)."""
-    ctx = ModuleContext(rank=0, size=1, fanout=2,
-                        attrs={"rundir": str(tmp_path), "content.cache-bytes": "1000"},
-                        owner_uid=os.getuid(), log=logging.getLogger("test"))
-    content = ContentModule(ctx)
+    content = rank0_content(tmp_path, **{"content.cache-bytes": "1000"})
     await content.start()
     try:
         blobs = [b"blob %d " % i * 8 for i in range(600)]

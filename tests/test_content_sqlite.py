@@ -5,19 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import logging
 import os
 import sqlite3
 from contextlib import closing
 
 import pytest
+from test_broker_support import rank0_content
 
 from broker.content import module as content_module
 from broker.content.blobref import hash_blob
 from broker.content.module import BLOB_OVERHEAD, FLUSH_DELAY, ContentModule
 from broker.content.sqlite import SqliteStore, digest_of
 from broker.errors import ErrnoError
-from broker.module import ModuleContext
 
 
 def test_blobs_are_keyed_by_raw_digest(tmp_path) -> None:
@@ -110,9 +109,7 @@ async def test_a_failed_write_back_fails_the_drain_and_is_retried(tmp_path) -> N
     fails the drain with EIO (so content.flush and content.checkpoint-put
     never report blobs durable, nor record a root naming them, when they are
     not), keeps the blobs dirty, and the next drain writes them."""
-    ctx = ModuleContext(rank=0, size=1, fanout=2, attrs={"rundir": str(tmp_path)},
-                        owner_uid=os.getuid(), log=logging.getLogger("test"))
-    content = ContentModule(ctx)
+    content = rank0_content(tmp_path)
     await content.start()
     store = content.backing
     assert store is not None
@@ -145,10 +142,7 @@ async def test_rank_0s_cache_comes_back_to_its_limit_once_written(tmp_path) -> N
     """Blobs not yet written back are never evicted, so a burst leaves rank
     0's cache over ``content.cache-bytes``; it used to stay there while idle
     (20-40 MB over a 1 MiB limit), as nothing trimmed it after the write."""
-    ctx = ModuleContext(rank=0, size=1, fanout=2,
-                        attrs={"rundir": str(tmp_path), "content.cache-bytes": "100000"},
-                        owner_uid=os.getuid(), log=logging.getLogger("test"))
-    content = ContentModule(ctx)
+    content = rank0_content(tmp_path, **{"content.cache-bytes": "100000"})
     await content.start()
     try:
         refs = content.store_local([os.urandom(10_000) for _ in range(100)])  # 1 MB, all dirty
@@ -167,11 +161,7 @@ async def test_without_a_statedir_blobs_go_to_disk_only_to_make_room(tmp_path) -
     over it, the oldest are written and evicted.  With a statedir they are
     written within FLUSH_DELAY whatever the cache holds."""
     def module(**attrs: str) -> ContentModule:
-        ctx = ModuleContext(rank=0, size=1, fanout=2,
-                            attrs={"rundir": str(tmp_path), "content.cache-bytes": "200000",
-                                   **attrs},
-                            owner_uid=os.getuid(), log=logging.getLogger("test"))
-        return ContentModule(ctx)
+        return rank0_content(tmp_path, **{"content.cache-bytes": "200000", **attrs})
 
     content = module()
     await content.start()
