@@ -212,6 +212,10 @@ TORPID_MAX = AttrSpec(
     "a child rank its parent has heard nothing from for this long is marked "
     "torpid (logged, listed by kvbroker overlay status; not disconnected); 0: never")
 
+RUNTIME_ATTRS = (LOG_LEVEL.name, TORPID_MIN.name, TORPID_MAX.name)
+"""The attributes ``kvbroker attr set`` may change on a running rank (as
+Flux's ``flux setattr log-stderr-level``); every other one is fixed at start."""
+
 BROKER_ATTRS: tuple[AttrSpec, ...] = (
     ALLOW_GUEST_USER, MAX_GUEST_CONNECTIONS, MAX_GUEST_BYTES, MAX_GUEST_SUBSCRIPTIONS,
     MAX_GUEST_REQUESTS, MAX_GUEST_SERVICES, MODULES, MAX_MESSAGE, CONTENT_HASH, LOG_LEVEL,
@@ -246,6 +250,16 @@ def _check_torpid(tmin: float, tmax: float) -> None:
         raise AttrError(f"{TORPID_MAX.name}: {tmax:g} must be 0 (never) or more than twice "
                         f"{TORPID_MIN.name} ({tmin:g}): an idle rank's keepalives may be "
                         "that far apart")
+
+
+def check_update(attrs: Mapping[str, Any], name: str, value: Any) -> Any:
+    """The parsed value of runtime attribute ``name`` (one of
+    :data:`RUNTIME_ATTRS`) set to ``value`` on a rank whose attributes are
+    ``attrs``; :class:`AttrError` when it is invalid on its own, or with the
+    rank's other torpid attribute."""
+    new = {**attrs, name: value}
+    parsed = check(new, [spec for spec in BROKER_ATTRS if spec.name in RUNTIME_ATTRS])
+    return parsed[name]
 
 
 def with_defaults(attrs: MutableMapping[str, Any], specs: Iterable[AttrSpec]) -> None:

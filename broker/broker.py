@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import resource
@@ -189,6 +190,28 @@ class Broker:
         if self.overlay is not None:
             await self.overlay.goodbye_heard(GOODBYE_WAIT)
             self.overlay.close()
+
+    def set_attr(self, name: str, value: str) -> None:
+        """Set runtime attribute ``name`` (:data:`broker.attrs.RUNTIME_ATTRS`)
+        on this rank and apply it at once; :class:`ErrnoError` (ENOENT for an
+        unknown name, EINVAL otherwise) changes nothing."""
+        if name not in self.attrs:
+            raise ErrnoError(errno.ENOENT, f"unknown attribute {name!r}")
+        if name not in battrs.RUNTIME_ATTRS:
+            raise ErrnoError(errno.EINVAL, f"{name} may not be changed on a running rank "
+                             f"(set it at start: -S {name}=VALUE)")
+        try:
+            parsed = battrs.check_update(self.attrs, name, value)
+        except battrs.AttrError as exc:
+            raise ErrnoError(errno.EINVAL, str(exc)) from None
+        self.attrs[name] = value
+        if name == battrs.LOG_LEVEL.name:
+            logging.getLogger().setLevel(str(parsed).upper())
+        elif self.overlay is not None:  # tbon.torpid_min / tbon.torpid_max
+            config = battrs.check(self.attrs, [battrs.TORPID_MIN, battrs.TORPID_MAX])
+            self.overlay.set_torpid(config[battrs.TORPID_MIN.name],
+                                    config[battrs.TORPID_MAX.name])
+        log.info("attribute %s set to %s", name, value)
 
     def stats(self) -> dict[str, Any]:
         out = self.router.stats()

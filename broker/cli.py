@@ -38,7 +38,7 @@ from broker.cliutil import (
 )
 from broker.command import STOP_TIMEOUT
 from broker.errors import ErrnoError
-from broker.handle import parse_uri
+from broker.handle import Handle, parse_uri
 from broker.loops import LOOP_NAMES, loop_factory
 from broker.message import NODEID_ANY
 
@@ -448,6 +448,8 @@ def cmd_attr(args: argparse.Namespace) -> int:
             nodeid = _nodeid(args.rank)
             if args.attr_cmd == "get":
                 print(await h.attr_get(args.name, nodeid=nodeid))
+            elif args.attr_cmd == "set":
+                await _attr_set(h, args)
             else:
                 names = (await h.rpc("attr.list", {}, nodeid=nodeid))["names"]
                 width = max(map(len, names), default=0)
@@ -457,6 +459,22 @@ def cmd_attr(args: argparse.Namespace) -> int:
         return 0
 
     return run_async(args, main)
+
+
+async def _attr_set(h: Handle, args: argparse.Namespace) -> None:
+    """``attr set``: on one rank, or with ``--all`` on every rank at once; a
+    rank that refuses is named (the others keep the new value)."""
+    if not args.all:
+        await h.attr_set(args.name, args.value, nodeid=_nodeid(args.rank))
+        return
+    ranks = range(int(await h.attr_get("size")))
+    answers = await asyncio.gather(*(h.attr_set(args.name, args.value, nodeid=r)
+                                     for r in ranks), return_exceptions=True)
+    for rank, answer in zip(ranks, answers, strict=True):
+        if isinstance(answer, ErrnoError):
+            raise CLIError(f"attr set: rank {rank}", answer.errnum, errno_detail(answer))
+        if isinstance(answer, BaseException):
+            raise answer
 
 
 def cmd_module(args: argparse.Namespace) -> int:
@@ -627,13 +645,20 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                    help="topic prefixes (default: every event)")
     s.set_defaults(func=cmd_event)
 
-    s = sub.add_parser("attr", help="read broker attributes")
+    s = sub.add_parser("attr", help="read broker attributes, or change a runtime one")
     asub = s.add_subparsers(dest="attr_cmd", required=True)
     a = asub.add_parser("get")
     a.add_argument("name")
     a.add_argument("--rank", "-r", type=rank_int)
     a = asub.add_parser("list")
     a.add_argument("--rank", "-r", type=rank_int)
+    a = asub.add_parser("set", help="change log.level, tbon.torpid_min or tbon.torpid_max "
+                        "on a running rank (the instance owner only)")
+    a.add_argument("name")
+    a.add_argument("value")
+    where = a.add_mutually_exclusive_group()
+    where.add_argument("--rank", "-r", type=rank_int)
+    where.add_argument("--all", "-a", action="store_true", help="on every rank")
     s.set_defaults(func=cmd_attr)
 
     s = sub.add_parser("module", help="list loaded modules")

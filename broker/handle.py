@@ -407,3 +407,8 @@ class Handle(HandleCore):
 
     async def attr_get(self, name: str, nodeid: int = NODEID_ANY) -> Any:
         return (await self.rpc("attr.get", {"name": name}, nodeid=nodeid))["value"]
+
+    async def attr_set(self, name: str, value: str, nodeid: int = NODEID_ANY) -> None:
+        """Change a runtime attribute (``log.level``, ``tbon.torpid_min``,
+        ``tbon.torpid_max``) on rank ``nodeid``: the instance owner only."""
+        await self.rpc("attr.set", {"name": name, "value": value}, nodeid=nodeid)

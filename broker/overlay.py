@@ -233,6 +233,19 @@ class Overlay:
             self._check_timer = loop.call_later(self.torpid_min, self._check_torpid)
         self._check_ready()
 
+    def set_torpid(self, torpid_min: float, torpid_max: float) -> None:
+        """New ``tbon.torpid_min`` / ``tbon.torpid_max`` (``kvbroker attr
+        set``).  A new period starts now: the tick in progress ends with the
+        next check, ``torpid_min`` from now, so a silence is still never
+        overstated."""
+        changed = torpid_min != self.torpid_min
+        self.torpid_min, self.torpid_max = torpid_min, torpid_max
+        if changed and self._check_timer is not None:
+            self._check_timer.cancel()
+            loop = asyncio.get_running_loop()
+            self._checked_at = loop.time()
+            self._check_timer = loop.call_later(torpid_min, self._check_torpid)
+
     def torpid_seconds(self) -> dict[str, float]:
         """Each torpid child (``str(rank)``, for JSON) with how long it has
         been silent, in seconds (at least: see :attr:`_seen_at`)."""

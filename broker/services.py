@@ -51,6 +51,7 @@ class BrokerServices(Module):
             "broker.shutdown": self.shutdown,
             "attr.get": self.attr_get,
             "attr.list": self.attr_list,
+            "attr.set": self.attr_set,
             "event.pub": self.event_pub,
             "event.subscribe": self.event_subscribe,
             "event.unsubscribe": self.event_unsubscribe,
@@ -95,6 +96,17 @@ class BrokerServices(Module):
         if name not in attrs:
             raise ErrnoError(errno.ENOENT, f"unknown attribute {name!r}")
         self.h.respond(msg, {"value": attrs[name]})
+
+    def attr_set(self, msg: Message) -> None:
+        """Change one of :data:`broker.attrs.RUNTIME_ATTRS` on this rank (the
+        instance owner only, as Flux's ``attr.set``): ``{name, value}``,
+        ``value`` as text, as ``-S`` gives it.  An unknown name is ENOENT,
+        one fixed at start or a bad value EINVAL, with the reason."""
+        p = require(msg.payload, name=str, value=str)
+        if not msg.is_owner:
+            raise ErrnoError(errno.EPERM, "only the instance owner may set attributes")
+        self.broker.set_attr(p["name"], p["value"])
+        self.h.respond(msg, {})
 
     def attr_list(self, msg: Message) -> None:
         self.h.respond(msg, {"names": sorted(self.broker.attrs)})

@@ -93,13 +93,16 @@ async def test_allowed_guest_is_a_user(start_instance, connect) -> None:
         assert lines[4] == {"content": errno.EPERM}
         # nor may they stop a rank or the instance
         assert lines[5:7] == [{"shutdown": errno.EPERM}] * 2
+        # nor change an attribute (the log level stays the owner's)
+        assert lines[7] == {"attr_set": errno.EPERM}
         # and the overlay socket is out of reach
-        assert lines[7] == {"tbon": errno.EACCES}
+        assert lines[8] == {"tbon": errno.EACCES}
         # the owner is still the owner, and every rank still serves
         h = await connect(inst, 3)
         assert (await h.ping(0))["rank"] == 0
         resp = await h.ping()
         assert (resp["userid"], resp["rolemask"]) == (os.getuid(), Role.OWNER)
+        assert await h.attr_get("log.level") == "warning"
 
 
 async def test_a_uid_past_2_31_is_read_unsigned(start_instance) -> None:

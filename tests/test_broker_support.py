@@ -198,6 +198,11 @@ async def scenario_identity(h):
             out(shutdown=0)
         except RemoteError as e:
             out(shutdown=e.errnum)
+    try:
+        await h.rpc("attr.set", {"name": "log.level", "value": "debug"})
+        out(attr_set=0)
+    except RemoteError as e:
+        out(attr_set=e.errnum)
     rundir = os.path.dirname(h.uri[len("local://"):])
     s = socket.socket(socket.AF_UNIX)
     try:

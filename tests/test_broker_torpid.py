@@ -77,6 +77,32 @@ async def test_a_stopped_child_is_marked_torpid_then_responsive(
     assert (await stats(h, 1))["overlay"]["children"] == [3]
 
 
+async def test_torpid_attributes_changed_at_run_time_take_effect(
+        start_instance, connect) -> None:
+    """An instance started with the defaults (a child is torpid after 30 s)
+    is told ``tbon.torpid_min`` 0.2 s and ``tbon.torpid_max`` 1 s with
+    ``attr set --all``; a stopped rank is then marked torpid well before
+    the 30 s it would have taken (the wait gives up at 20 s)."""
+    inst = await start_instance(size=4, fanout=2, attrs={"log.level": "info"})
+    assert inst.stderr_path is not None
+    h = await connect(inst, 0)
+    for name, value in (("tbon.torpid_min", TORPID_MIN), ("tbon.torpid_max", TORPID_MAX)):
+        rc, _, err = await run_cli("attr", "set", name, str(value), "--all", uri=inst.uri(0))
+        assert rc == 0, err
+        for rank in range(4):
+            assert float(await h.attr_get(name, nodeid=rank)) == value
+    pid = inst.pids()[3]
+    await stop_process(pid)
+    try:
+        async def marked() -> bool:
+            return "3" in await torpid(h, 1)
+
+        await wait_until(marked, "rank 1 to mark rank 3 torpid", 20)
+        await log_says(inst.stderr_path, "(tbon.torpid_max 1 s)")
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
 async def test_an_idle_healthy_instance_marks_no_one_torpid(start_instance, connect) -> None:
     """Idle ranks send nothing of their own: only their keepalives keep
     their parents from marking them torpid.  There is no event to wait for

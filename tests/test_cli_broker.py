@@ -596,6 +596,59 @@ async def test_errors_say_what_and_strerror(start_instance) -> None:
         error_line(err, "stats nosuch", errno.ENOSYS)
 
 
+async def test_attr_set_changes_a_ranks_log_level_at_once(start_instance, connect) -> None:
+    """``attr set log.level`` on one rank: that rank logs at the new level
+    from the next line on (its log shows a line only INFO lets through),
+    the others keep theirs; ``--all`` reaches every rank."""
+    inst = await start_instance(size=4, fanout=2)
+    assert inst.stderr_path is not None
+    h = await connect(inst, 0)
+    uri = inst.uri(0)
+    async with asyncio.timeout(60):
+        rc, out, err = await run_cli("attr", "set", "log.level", "info", "--rank", "2", uri=uri)
+        assert (rc, out, err) == (0, "", "")
+        assert [await h.attr_get("log.level", nodeid=r) for r in range(4)] == [
+            "warning", "warning", "info", "warning"]
+        # rank 2 logs the change (INFO), at the level it has just taken
+        log = inst.stderr_path
+
+        async def logged() -> bool:
+            with open(log) as f:
+                return "kvbroker[2]: INFO kvbroker: attribute log.level set to info" in f.read()
+
+        await wait_until(logged, "rank 2 to log at INFO")
+        rc, out, err = await run_cli("attr", "set", "log.level", "ERROR", "--all", uri=uri)
+        assert rc == 0, err
+        assert [await h.attr_get("log.level", nodeid=r) for r in range(4)] == ["ERROR"] * 4
+
+
+@pytest.mark.parametrize("args, errnum, says", [
+    (("nosuch", "1"), errno.ENOENT, "unknown attribute 'nosuch'"),
+    (("size", "3"), errno.EINVAL, "size may not be changed on a running rank"),
+    (("tbon.transport", "tcp"), errno.EINVAL, "tbon.transport may not be changed"),
+    (("log.level", "loud"), errno.EINVAL, "log.level: unknown level 'loud'"),
+    (("tbon.torpid_min", "0"), errno.EINVAL, "tbon.torpid_min: must be more than 0"),
+    # 30 (the default torpid_max) is not more than twice 20: refused on
+    # every rank, and the error names one
+    (("tbon.torpid_min", "20", "--all"), errno.EINVAL, "tbon.torpid_max: 30 must be 0"),
+])
+async def test_attr_set_refuses_with_the_reason_and_changes_nothing(
+        start_instance, connect, args, errnum: int, says: str) -> None:
+    inst = await start_instance(size=2, fanout=2)
+    h = await connect(inst, 0)
+    before = [{n: await h.attr_get(n, nodeid=r) for n in ("log.level", "tbon.torpid_min")}
+              for r in range(2)]
+    async with asyncio.timeout(30):
+        rc, out, err = await run_cli("attr", "set", *args, uri=inst.uri(0))
+    assert (rc, out) == (1, ""), err
+    # (with --all, every rank refuses; the first in rank order is named)
+    error_line(err, "attr set: rank 0" if "--all" in args else "attr set", errnum)
+    assert says in err, err
+    after = [{n: await h.attr_get(n, nodeid=r) for n in ("log.level", "tbon.torpid_min")}
+             for r in range(2)]
+    assert after == before
+
+
 async def test_connection_errors_name_the_uri(tmp_path) -> None:
     """Which URI could not be reached, and that it came from KVBROKER_URI
     (was: ``cannot connect to broker: Connection refused``, alone)."""
