@@ -188,6 +188,12 @@ CONTENT_HASH = AttrSpec(
 LOG_LEVEL = AttrSpec(
     "log.level", "warning", choice(LOG_LEVELS, "level", fold_case=True),
     "ranks log to stderr at this level")
+LOG_RING_LEVEL = AttrSpec(
+    "log.ring-level", "info", choice(LOG_LEVELS, "level", fold_case=True),
+    "each rank keeps its last log records at this level in memory, for kvbroker dmesg")
+LOG_RING_SIZE = AttrSpec(
+    "log.ring-size", "1024", integer(0),
+    "how many log records each rank keeps for kvbroker dmesg (the oldest go first)")
 LOG_TIMESTAMPS = AttrSpec(
     "log.timestamps", "auto", choice(("auto", "always", "never"), "choice"),
     "start each log line with the UTC time (auto: when stderr is a file)")
@@ -212,14 +218,15 @@ TORPID_MAX = AttrSpec(
     "a child rank its parent has heard nothing from for this long is marked "
     "torpid (logged, listed by kvbroker overlay status; not disconnected); 0: never")
 
-RUNTIME_ATTRS = (LOG_LEVEL.name, TORPID_MIN.name, TORPID_MAX.name)
+RUNTIME_ATTRS = (LOG_LEVEL.name, LOG_RING_LEVEL.name, TORPID_MIN.name, TORPID_MAX.name)
 """The attributes ``kvbroker attr set`` may change on a running rank (as
 Flux's ``flux setattr log-stderr-level``); every other one is fixed at start."""
 
 BROKER_ATTRS: tuple[AttrSpec, ...] = (
     ALLOW_GUEST_USER, MAX_GUEST_CONNECTIONS, MAX_GUEST_BYTES, MAX_GUEST_SUBSCRIPTIONS,
     MAX_GUEST_REQUESTS, MAX_GUEST_SERVICES, MODULES, MAX_MESSAGE, CONTENT_HASH, LOG_LEVEL,
-    LOG_TIMESTAMPS, TRANSPORT, LINK_BACKLOG, LINK_MAX_MESSAGE, TORPID_MIN, TORPID_MAX)
+    LOG_RING_LEVEL, LOG_RING_SIZE, LOG_TIMESTAMPS, TRANSPORT, LINK_BACKLOG, LINK_MAX_MESSAGE,
+    TORPID_MIN, TORPID_MAX)
 
 
 # ---------------------------------------------------------------- checking

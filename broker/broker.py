@@ -14,6 +14,7 @@ from broker import __version__, gcpolicy, plugins
 from broker import attrs as battrs
 from broker.connector import Connector
 from broker.errors import ErrnoError
+from broker.logring import RankLog
 from broker.loops import loop_name
 from broker.module import Module, ModuleContext, ModuleHandle
 from broker.overlay import Overlay
@@ -47,6 +48,7 @@ class Broker:
         endpoints: dict[int, str] | None = None,
         bind: str | None = None,
         curve: tuple[bytes, bytes] | None = None,
+        rank_log: RankLog | None = None,
     ) -> None:
         self.rank = rank
         self.size = size
@@ -57,6 +59,8 @@ class Broker:
         self.endpoints = endpoints
         self.bind = bind
         self.curve = curve
+        self.rank_log = rank_log
+        """This rank's log handlers (None: logging is the embedding program's)."""
         # The core's tunables with their defaults (checked in start(), where a
         # bad value is a start-up failure), then what the instance set.
         self.attrs: dict[str, Any] = {s.name: s.default for s in battrs.BROKER_ATTRS}
@@ -125,6 +129,8 @@ class Broker:
         """Bring up connector, overlay and modules; return once this rank's
         whole subtree is connected (rank 0: the whole instance)."""
         self.attrs["event-loop"] = loop_name(asyncio.get_running_loop())
+        if self.rank_log is not None:
+            self.rank_log.ring.attach(asyncio.get_running_loop())
         config = battrs.check(self.attrs, battrs.BROKER_ATTRS)  # AttrError: start-up fails
         # A module that cannot load is a start-up failure, as in Flux: an
         # instance silently missing kvs-watch would only fail later.  Modules
@@ -204,13 +210,20 @@ class Broker:
             parsed = battrs.check_update(self.attrs, name, value)
         except battrs.AttrError as exc:
             raise ErrnoError(errno.EINVAL, str(exc)) from None
-        self.attrs[name] = value
-        if name == battrs.LOG_LEVEL.name:
-            logging.getLogger().setLevel(str(parsed).upper())
-        elif self.overlay is not None:  # tbon.torpid_min / tbon.torpid_max
-            config = battrs.check(self.attrs, [battrs.TORPID_MIN, battrs.TORPID_MAX])
-            self.overlay.set_torpid(config[battrs.TORPID_MIN.name],
-                                    config[battrs.TORPID_MAX.name])
+        if name == battrs.LOG_LEVEL.name or name == battrs.LOG_RING_LEVEL.name:
+            if self.rank_log is None:
+                raise ErrnoError(errno.ENOSYS, "this rank's logging is its host program's")
+            self.attrs[name] = value
+            if name == battrs.LOG_LEVEL.name:
+                self.rank_log.set_levels(level=str(parsed))
+            else:
+                self.rank_log.set_levels(ring_level=str(parsed))
+        else:  # tbon.torpid_min / tbon.torpid_max
+            self.attrs[name] = value
+            if self.overlay is not None:
+                config = battrs.check(self.attrs, [battrs.TORPID_MIN, battrs.TORPID_MAX])
+                self.overlay.set_torpid(config[battrs.TORPID_MIN.name],
+                                        config[battrs.TORPID_MAX.name])
         log.info("attribute %s set to %s", name, value)
 
     def stats(self) -> dict[str, Any]:
@@ -225,6 +238,10 @@ class Broker:
                               "slow": self.overlay.slow,
                               "children": sorted(self.overlay.hello_from),
                               "torpid": self.overlay.torpid_seconds()}
+        if self.rank_log is not None:
+            ring = self.rank_log.ring
+            out["log"] = {"kept": len(ring.entries), "logged": ring.next_seq - 1,
+                          "followers": len(ring.followers)}
         out["modules"] = {m.name: m.h.subscribe_calls for m in self.modules}
         out["rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         out["gc"] = gcpolicy.stats()

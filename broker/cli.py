@@ -15,10 +15,10 @@ import select
 import signal
 import sys
 import time
-from collections.abc import Awaitable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
-from broker import __version__, plugins
+from broker import __version__, logring, plugins
 from broker.cliutil import (
     MAX_START_SIZE,
     CLIError,
@@ -41,6 +41,8 @@ from broker.errors import ErrnoError
 from broker.handle import Handle, parse_uri
 from broker.loops import LOOP_NAMES, loop_factory
 from broker.message import NODEID_ANY
+
+T = TypeVar("T")
 
 
 def parse_attr(text: str) -> tuple[str, str]:
@@ -467,14 +469,8 @@ async def _attr_set(h: Handle, args: argparse.Namespace) -> None:
     if not args.all:
         await h.attr_set(args.name, args.value, nodeid=_nodeid(args.rank))
         return
-    ranks = range(int(await h.attr_get("size")))
-    answers = await asyncio.gather(*(h.attr_set(args.name, args.value, nodeid=r)
-                                     for r in ranks), return_exceptions=True)
-    for rank, answer in zip(ranks, answers, strict=True):
-        if isinstance(answer, ErrnoError):
-            raise CLIError(f"attr set: rank {rank}", answer.errnum, errno_detail(answer))
-        if isinstance(answer, BaseException):
-            raise answer
+    ranks = list(range(int(await h.attr_get("size"))))
+    await _each_rank("attr set", ranks, lambda r: h.attr_set(args.name, args.value, nodeid=r))
 
 
 def cmd_module(args: argparse.Namespace) -> int:
@@ -492,6 +488,84 @@ def cmd_module(args: argparse.Namespace) -> int:
         return 0
 
     return run_async(args, main)
+
+
+def cmd_dmesg(args: argparse.Namespace) -> int:
+    """``flux dmesg``: print the log records a rank keeps (``log.ring-size``
+    of them, at ``log.ring-level``), oldest first; with ``--all`` every
+    rank's, merged by time; ``--follow`` then prints new ones as they come,
+    until interrupted; ``--clear`` forgets them, ``--read-clear`` after
+    printing them (only those printed)."""
+    args.what = "dmesg"
+
+    async def main() -> int:
+        async with await connect() as h:
+            ranks = (list(range(int(await h.attr_get("size")))) if args.all
+                     else [_nodeid(args.rank)])
+            if args.clear:
+                await _each_rank("dmesg", ranks, lambda r: h.rpc("log.clear", {}, nodeid=r))
+                return 0
+            if args.follow:
+                await _follow_logs(h, ranks)
+                return 0
+            kept = await _each_rank("dmesg", ranks, lambda r: _read_log(h, r))
+            for entry in sorted((e for entries in kept for e in entries),
+                                key=lambda e: (e["time"], e["rank"], e["seq"])):
+                print(logring.line(entry))
+            if args.read_clear:  # (only what was printed: not what came since)
+                last = {r: entries[-1]["seq"]
+                        for r, entries in zip(ranks, kept, strict=True) if entries}
+                await _each_rank("dmesg", list(last),
+                                 lambda r: h.rpc("log.clear", {"seq": last[r]}, nodeid=r))
+        return 0
+
+    return run_async(args, main)
+
+
+async def _each_rank(what: str, ranks: list[int],
+                     call: Callable[[int], Awaitable[T]]) -> list[T]:
+    """``call(rank)`` for every rank at once; a refusal is raised naming its
+    rank (the first in rank order) when there are several."""
+    answers = await asyncio.gather(*(call(r) for r in ranks), return_exceptions=True)
+    out: list[T] = []
+    for rank, answer in zip(ranks, answers, strict=True):
+        if isinstance(answer, ErrnoError) and len(ranks) > 1:
+            raise CLIError(f"{what}: rank {rank}", answer.errnum, errno_detail(answer))
+        if isinstance(answer, BaseException):
+            raise answer
+        out.append(answer)
+    return out
+
+
+async def _read_log(h: Handle, rank: int) -> list[dict[str, Any]]:
+    return [entry async for entry in h.rpc_stream("log.dmesg", {}, nodeid=rank)]
+
+
+async def _follow_logs(h: Handle, ranks: list[int]) -> None:
+    """Print each rank's records, then new ones as they are logged, in the
+    order they arrive (records already kept: each rank's oldest first)."""
+    queue: asyncio.Queue[dict[str, Any] | BaseException] = asyncio.Queue()
+
+    async def pump(rank: int) -> None:
+        try:
+            async for entry in h.rpc_stream("log.dmesg", {"follow": True}, nodeid=rank):
+                queue.put_nowait(entry)
+        except ErrnoError as exc:
+            queue.put_nowait(CLIError(f"dmesg: rank {rank}" if len(ranks) > 1 else "dmesg",
+                                      exc.errnum, errno_detail(exc)))
+        except BaseException as exc:  # (the connection went: the loop below stops)
+            queue.put_nowait(exc)
+
+    pumps = [asyncio.ensure_future(pump(r)) for r in ranks]
+    try:
+        while True:
+            item = await queue.get()
+            if isinstance(item, BaseException):
+                raise item
+            print(logring.line(item), flush=True)
+    finally:
+        for task in pumps:
+            task.cancel()
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
@@ -652,8 +726,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     a.add_argument("--rank", "-r", type=rank_int)
     a = asub.add_parser("list")
     a.add_argument("--rank", "-r", type=rank_int)
-    a = asub.add_parser("set", help="change log.level, tbon.torpid_min or tbon.torpid_max "
-                        "on a running rank (the instance owner only)")
+    a = asub.add_parser("set", help="change log.level, log.ring-level, tbon.torpid_min or "
+                        "tbon.torpid_max on a running rank (the instance owner only)")
     a.add_argument("name")
     a.add_argument("value")
     where = a.add_mutually_exclusive_group()
@@ -679,6 +753,19 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     s = sub.add_parser("shutdown", help="stop the instance (or rank R and its subtree)")
     s.add_argument("--rank", "-r", type=rank_int, default=0)
     s.set_defaults(func=cmd_shutdown)
+
+    s = sub.add_parser("dmesg", help="print the log records ranks keep (as flux dmesg)")
+    where = s.add_mutually_exclusive_group()
+    where.add_argument("--rank", "-r", type=rank_int)
+    where.add_argument("--all", "-a", action="store_true", help="every rank's, merged by time")
+    what = s.add_mutually_exclusive_group()
+    what.add_argument("--follow", "-f", action="store_true",
+                      help="then print new records as they come, until interrupted")
+    what.add_argument("--clear", "-C", action="store_true",
+                      help="forget the records kept (print nothing)")
+    what.add_argument("--read-clear", "-c", action="store_true",
+                      help="print the records kept, then forget them")
+    s.set_defaults(func=cmd_dmesg)
 
     s = sub.add_parser("stats", help="print a module's stats (broker, content, kvs, ...)")
     s.add_argument("module")

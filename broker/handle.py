@@ -409,6 +409,7 @@ class Handle(HandleCore):
         return (await self.rpc("attr.get", {"name": name}, nodeid=nodeid))["value"]
 
     async def attr_set(self, name: str, value: str, nodeid: int = NODEID_ANY) -> None:
-        """Change a runtime attribute (``log.level``, ``tbon.torpid_min``,
-        ``tbon.torpid_max``) on rank ``nodeid``: the instance owner only."""
+        """Change a runtime attribute (``log.level``, ``log.ring-level``,
+        ``tbon.torpid_min``, ``tbon.torpid_max``) on rank ``nodeid``: the
+        instance owner only."""
         await self.rpc("attr.set", {"name": name, "value": value}, nodeid=nodeid)

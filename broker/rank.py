@@ -38,6 +38,7 @@ from broker import gcpolicy, malloc, plugins
 from broker.broker import Broker
 from broker.command import Command, cannot_run_message, cannot_run_status, exit_code
 from broker.errors import ErrnoError
+from broker.logring import RankLog
 from broker.loops import loop_factory
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -141,6 +142,7 @@ async def serve(args: argparse.Namespace) -> int:
         endpoints={int(k): v for k, v in args.endpoints.items()},
         bind=args.bind,
         curve=curve,
+        rank_log=getattr(args, "rank_log", None),
     )
     signalled: list[int] = []
 
@@ -280,19 +282,19 @@ def _stderr_is_a_file() -> bool:
         return False
 
 
-def _configure_logging(rank: int, level: str, stamps: str) -> None:
+def _configure_logging(rank: int, level: str, stamps: str, ring_level: str,
+                       ring_size: int) -> RankLog:
     """Log lines ``kvbroker[R]: LEVEL logger: message`` on stderr, after the
     UTC time to the millisecond when ``log.timestamps`` says so -- by
     default when stderr is a file (``kvbroker broker ... 2>>rank.log``),
-    not on a terminal, nor to journald, which stamps lines itself."""
+    not on a terminal, nor to journald, which stamps lines itself; and the
+    last records in memory for ``kvbroker dmesg`` (:mod:`broker.logring`)."""
     fmt = f"kvbroker[{rank}]: %(levelname)s %(name)s: %(message)s"
     if stamps == "always" or (stamps == "auto" and _stderr_is_a_file()):
         fmt = "%(asctime)s.%(msecs)03dZ " + fmt
-    handler = logging.StreamHandler(sys.stderr)
     formatter = logging.Formatter(fmt, datefmt="%Y-%m-%dT%H:%M:%S")
     formatter.converter = time.gmtime
-    handler.setFormatter(formatter)
-    logging.basicConfig(level=level.upper(), handlers=[handler])
+    return RankLog(rank, level, ring_level, ring_size, formatter)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -300,11 +302,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         level = battrs.LOG_LEVEL.value(args.attrs)
         stamps = battrs.LOG_TIMESTAMPS.value(args.attrs)
+        ring_level = battrs.LOG_RING_LEVEL.value(args.attrs)
+        ring_size = battrs.LOG_RING_SIZE.value(args.attrs)
     except battrs.AttrError as exc:
         print(f"kvbroker[{args.rank}]: ERROR kvbroker: start-up failed: {exc}",
               file=sys.stderr, flush=True)
         return 1
-    _configure_logging(args.rank, level, stamps)
+    args.rank_log = _configure_logging(args.rank, level, stamps, ring_level, ring_size)
     os.environ.pop("KVBROKER_URI", None)
     _raise_open_files_limit()
     malloc.tune()

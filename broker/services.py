@@ -1,4 +1,4 @@
-"""The broker's built-in services: ``broker``, ``attr``, ``event``, ``module``."""
+"""The broker's built-in services: ``broker``, ``attr``, ``event``, ``module``, ``log``."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from broker import attrs as battrs
 from broker import codec
 from broker.errors import ErrnoError
+from broker.logring import Entry, LogRing
 from broker.message import Message, MsgFlags, RawPayload
 from broker.module import Handler, Module, require
 
@@ -36,7 +37,7 @@ def _event_topic(topic: str, prefix: bool = False) -> str:
 
 class BrokerServices(Module):
     name: ClassVar[str] = "broker"
-    services: ClassVar[tuple[str, ...]] = ("broker", "attr", "event", "module")
+    services: ClassVar[tuple[str, ...]] = ("broker", "attr", "event", "module", "log")
 
     def __init__(self, ctx: Any, broker: Broker) -> None:
         super().__init__(ctx)
@@ -59,6 +60,10 @@ class BrokerServices(Module):
             "module.stats-get": self.broker_stats,
             "attr.stats-get": self.broker_stats,
             "event.stats-get": self.broker_stats,
+            "log.dmesg": self.log_dmesg,
+            "log.clear": self.log_clear,
+            "log.disconnect": self.log_disconnect,
+            "log.stats-get": self.broker_stats,
         }
 
     # -- broker
@@ -107,6 +112,62 @@ class BrokerServices(Module):
             raise ErrnoError(errno.EPERM, "only the instance owner may set attributes")
         self.broker.set_attr(p["name"], p["value"])
         self.h.respond(msg, {})
+
+    # -- log
+    def _ring(self, msg: Message) -> LogRing:
+        if not msg.is_owner:  # (a log may say what other users did)
+            raise ErrnoError(errno.EPERM, "only the instance owner may read or clear the log")
+        rank_log = self.broker.rank_log
+        if rank_log is None:
+            raise ErrnoError(errno.ENOSYS, "this rank's logging is its host program's")
+        return rank_log.ring
+
+    def log_dmesg(self, msg: Message) -> None:
+        """``{follow?, since?}``, streaming: the records this rank keeps whose
+        ``seq`` is above ``since`` (default 0: all), one per answer, oldest
+        first; then ``ENODATA``, or with ``follow`` each new record as it is
+        logged, until the client goes (as ``flux dmesg [-f]``)."""
+        p = msg.payload if msg.payload is not None else {}
+        require(p)
+        follow, since = p.get("follow", False), p.get("since", 0)
+        if type(follow) is not bool or type(since) is not int:
+            raise ErrnoError(errno.EPROTO, "follow must be a boolean and since an integer")
+        if not msg.flags & MsgFlags.STREAMING:
+            raise ErrnoError(errno.EPROTO, "log.dmesg is a streaming request")
+        ring = self._ring(msg)
+        last = since
+        for entry in ring.since(since):
+            self.h.respond(msg, entry)
+            last = entry["seq"]
+        if not follow:
+            self.h.respond_error(msg, errno.ENODATA)
+            return
+        sent = [last]
+
+        def send(entry: Entry) -> None:
+            if entry["seq"] > sent[0]:
+                sent[0] = entry["seq"]
+                self.h.respond(msg, entry)
+
+        ring.followers[(tuple(msg.route), msg.matchtag)] = send
+
+    def log_clear(self, msg: Message) -> None:
+        """``{seq?}``: forget the records kept (up to ``seq``) -> ``{}``."""
+        p = msg.payload if msg.payload is not None else {}
+        require(p)
+        seq = p.get("seq")
+        if seq is not None and type(seq) is not int:
+            raise ErrnoError(errno.EPROTO, "seq must be an integer")
+        self._ring(msg).clear(seq)
+        self.h.respond(msg, {})
+
+    def log_disconnect(self, msg: Message) -> None:
+        """A client went: its ``--follow`` streams end."""
+        rank_log = self.broker.rank_log
+        if rank_log is not None:
+            route = tuple(msg.route)
+            for key in [k for k in rank_log.ring.followers if k[0] == route]:
+                del rank_log.ring.followers[key]
 
     def attr_list(self, msg: Message) -> None:
         self.h.respond(msg, {"names": sorted(self.broker.attrs)})

@@ -171,7 +171,8 @@ async def test_module_list_and_stats_get_of_every_module(start_instance, connect
             modules = (await h.rpc("module.list", {}, nodeid=rank))["modules"]
             by_name = {m["name"]: m for m in modules}
             assert {"broker", "content"} <= set(by_name)
-            assert set(by_name["broker"]["services"]) == {"broker", "attr", "event", "module"}
+            assert set(by_name["broker"]["services"]) == {
+                "broker", "attr", "event", "module", "log"}
             for m in modules:
                 assert isinstance(m["requests"], int)
                 assert isinstance(await h.rpc(f"{m['name']}.stats-get", {}, nodeid=rank), dict)

@@ -203,6 +203,12 @@ async def scenario_identity(h):
         out(attr_set=0)
     except RemoteError as e:
         out(attr_set=e.errnum)
+    try:
+        async for _ in h.rpc_stream("log.dmesg", {}):
+            pass
+        out(dmesg=0)
+    except RemoteError as e:
+        out(dmesg=e.errnum)
     rundir = os.path.dirname(h.uri[len("local://"):])
     s = socket.socket(socket.AF_UNIX)
     try:

@@ -857,7 +857,8 @@ async def test_a_closed_stdout_ends_every_command_quietly(start_instance, connec
         rc, _, err = await run_cli("kvs", "put", "a.b=1", "a.c=2", "k=v", uri=uri)
         assert rc == 0, err
         for args in (("kvs", "dir"), ("kvs", "ls", "-R"), ("attr", "list"),
-                     ("kvs", "get", "-w", "k"), ("ping", "--count", "3")):
+                     ("kvs", "get", "-w", "k"), ("ping", "--count", "3"),
+                     ("dmesg",), ("dmesg", "--follow")):  # (rank 0 has kept a record)
             proc = await spawn_to_closed_pipe(uri, *args)
             _, err_b = await proc.communicate()
             assert (proc.returncode, err_b) == (141, b""), args

@@ -1,0 +1,138 @@
+"""A rank's log: lines on stderr, and the last records in memory for ``kvbroker dmesg``.
+
+Flux keeps each broker's recent log records in a ring buffer that ``flux
+dmesg`` reads, at a level of its own (``log-level``) beside the one that
+reaches stderr (``log-stderr-level``): the INFO lines a rank keeps cost no
+terminal clutter, and they are there to read when something went wrong,
+without access to the rank's stderr (another host, journald).  Here:
+
+* ``log.level`` (default ``warning``): what reaches stderr;
+* ``log.ring-level`` (default ``info``): what the ring keeps;
+* ``log.ring-size`` (default 1,024): how many records it keeps, the oldest
+  dropped first.
+
+Both levels can be changed on a running rank (``kvbroker attr set``).
+Python's loggers skip a record below every handler's level before building
+it, so the root logger's level is the lower of the two: a ``debug`` call
+costs a level check only, as before, unless one of them asks for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+MAX_ENTRY_TEXT = 8192
+"""Characters of a record's text the ring keeps (the rest is counted): a
+record may quote what a client sent (a malformed request's topic), and the
+ring must not keep 1,024 copies of a client's megabyte."""
+
+Entry = dict[str, Any]
+"""One record as ``log.dmesg`` sends it: ``{seq, time, rank, level, name, message}``."""
+
+
+class LogRing(logging.Handler):
+    """The last ``size`` records at or above this handler's level.
+
+    Records may come from any thread (a module's worker thread logs too);
+    a follower (a ``kvbroker dmesg --follow`` stream) is always called on
+    the event loop's thread."""
+
+    def __init__(self, rank: int, size: int, level: int) -> None:
+        super().__init__(level)
+        self.rank = rank
+        self.entries: deque[Entry] = deque(maxlen=size)
+        self.next_seq = 1
+        self.followers: dict[Any, Callable[[Entry], None]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: int | None = None
+        self._notifying = False
+        self.setFormatter(logging.Formatter("%(message)s"))  # with a traceback, if any
+
+    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Serve followers on ``loop`` (the rank's), from its own thread."""
+        self._loop, self._loop_thread = loop, threading.get_ident()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = self.format(record)
+        if len(text) > MAX_ENTRY_TEXT:
+            text = f"{text[:MAX_ENTRY_TEXT]}... ({len(text) - MAX_ENTRY_TEXT} more characters)"
+        entry: Entry = {"seq": self.next_seq, "time": record.created, "rank": self.rank,
+                        "level": record.levelname.lower(), "name": record.name,
+                        "message": text}
+        self.next_seq += 1
+        self.entries.append(entry)  # (under the handler's lock: emit() is called holding it)
+        if not self.followers or self._loop is None:
+            return
+        if threading.get_ident() == self._loop_thread:
+            self._notify(entry)
+        else:
+            try:
+                self._loop.call_soon_threadsafe(self._notify, entry)
+            except RuntimeError:
+                pass  # the loop is closed: the rank is gone, and so are its followers
+
+    def _notify(self, entry: Entry) -> None:
+        if self._notifying:
+            return  # a follower's failure logged: kept in the ring, not sent round again
+        self._notifying = True
+        try:
+            for follow in list(self.followers.values()):
+                follow(entry)
+        finally:
+            self._notifying = False
+
+    def since(self, seq: int = 0) -> list[Entry]:
+        """The records kept whose ``seq`` is above ``seq``, oldest first."""
+        return [e for e in list(self.entries) if e["seq"] > seq]
+
+    def clear(self, upto: int | None = None) -> None:
+        """Forget the records kept, or only those up to ``seq`` ``upto``."""
+        self.acquire()
+        try:
+            if upto is None:
+                self.entries.clear()
+            else:
+                while self.entries and self.entries[0]["seq"] <= upto:
+                    self.entries.popleft()
+        finally:
+            self.release()
+
+
+def line(entry: Entry) -> str:
+    """``entry`` as a rank writes it on stderr, with the UTC time:
+    ``2026-12-01T20:28:20.437Z kvbroker[0]: INFO kvbroker: message``."""
+    t = float(entry["time"])
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1000):03d}Z"
+    return (f"{stamp} kvbroker[{entry['rank']}]: {str(entry['level']).upper()} "
+            f"{entry['name']}: {entry['message']}")
+
+
+class RankLog:
+    """A rank's two log handlers (stderr and the ring) and their levels."""
+
+    def __init__(self, rank: int, level: str, ring_level: str, ring_size: int,
+                 stderr_format: logging.Formatter) -> None:
+        self.stderr = logging.StreamHandler(sys.stderr)
+        self.stderr.setFormatter(stderr_format)
+        self.ring = LogRing(rank, ring_size, logging.NOTSET)
+        root = logging.getLogger()
+        for handler in list(root.handlers):
+            root.removeHandler(handler)
+        root.addHandler(self.stderr)
+        root.addHandler(self.ring)
+        self.set_levels(level, ring_level)
+
+    def set_levels(self, level: str | None = None, ring_level: str | None = None) -> None:
+        """New ``log.level`` and/or ``log.ring-level`` (names: ``info``...)."""
+        if level is not None:
+            self.stderr.setLevel(level.upper())
+        if ring_level is not None:
+            self.ring.setLevel(ring_level.upper())
+        logging.getLogger().setLevel(min(self.stderr.level, self.ring.level))

@@ -1,0 +1,200 @@
+"""``kvbroker dmesg``: the log records each rank keeps in memory
+(``log.ring-size`` of them, at ``log.ring-level``), as ``flux dmesg``."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import signal
+import threading
+from pathlib import Path
+
+import pytest
+from test_broker_support import KVBROKER, run_cli, stats, wait_until
+
+from broker import logring
+from broker.errors import RemoteError
+from broker.handle import Handle
+
+NO_STATEDIR = "no statedir: the primary namespace starts empty"
+LINE = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z) kvbroker\[(\d+)\]: "
+                  r"(DEBUG|INFO|WARNING|ERROR) (\S+): (.*)")
+
+
+def parse(out: str) -> list[tuple[str, int, str, str, str]]:
+    lines = out.splitlines()
+    matches = [LINE.fullmatch(line) for line in lines]
+    assert all(matches), out
+    return [(m[1], int(m[2]), m[3], m[4], m[5]) for m in matches if m]
+
+
+async def test_dmesg_shows_what_a_rank_kept_below_its_stderr_level(start_instance) -> None:
+    """By default a rank writes WARNING and above to stderr but keeps INFO
+    and above: rank 0's INFO line about the namespace is in ``dmesg``, not
+    in its stderr."""
+    inst = await start_instance(size=2)
+    assert inst.stderr_path is not None
+    rc, out, err = await run_cli("dmesg", uri=inst.uri(0))
+    assert rc == 0, err
+    lines = parse(out)
+    assert [(r, lvl, name) for _, r, lvl, name, msg in lines if NO_STATEDIR in msg] == [
+        (0, "INFO", "kvbroker.kvs")]
+    assert NO_STATEDIR not in Path(inst.stderr_path).read_text()
+    rc, out, err = await run_cli("dmesg", "--rank", "1", uri=inst.uri(0))
+    assert rc == 0, err
+    assert NO_STATEDIR not in out  # rank 1's own records only
+
+
+async def test_dmesg_all_merges_every_ranks_records_by_time(start_instance, connect) -> None:
+    inst = await start_instance(size=4, fanout=2)
+    h = await connect(inst, 0)
+    for rank in (3, 1, 2, 0):  # each logs the change at INFO, in this order
+        await h.attr_set("log.level", "warning", nodeid=rank)
+    rc, out, err = await run_cli("dmesg", "--all", uri=inst.uri(3))
+    assert rc == 0, err
+    lines = parse(out)
+    stamps = [stamp for stamp, *_ in lines]
+    assert stamps == sorted(stamps)
+    set_by = [r for _, r, _, _, msg in lines if msg == "attribute log.level set to warning"]
+    assert set_by == [3, 1, 2, 0]
+    assert {r for _, r, *_ in lines} == {0, 1, 2, 3}
+
+
+async def test_ring_size_keeps_the_last_records_and_clear_forgets(
+        start_instance, connect) -> None:
+    inst = await start_instance(size=1, attrs={"log.ring-size": "3"})
+    h = await connect(inst, 0)
+    for level in ("debug", "info", "warning", "error", "warning"):
+        await h.attr_set("log.ring-level", level)  # logged at INFO: kept while <= info
+    await h.attr_set("log.ring-level", "info")
+    for n in range(4):
+        await h.attr_set("log.level", ("info", "warning")[n % 2])
+    rc, out, err = await run_cli("dmesg", uri=inst.uri(0))
+    assert rc == 0, err
+    assert [msg for *_, msg in parse(out)] == [
+        "attribute log.level set to warning", "attribute log.level set to info",
+        "attribute log.level set to warning"]
+    assert (await stats(h))["log"]["kept"] == 3
+    rc, out, err = await run_cli("dmesg", "--read-clear", uri=inst.uri(0))
+    assert rc == 0 and len(out.splitlines()) == 3, err
+    rc, out, err = await run_cli("dmesg", uri=inst.uri(0))
+    assert (rc, out) == (0, ""), err
+    await h.attr_set("log.level", "info")
+    rc, out, _ = await run_cli("dmesg", uri=inst.uri(0))
+    assert len(out.splitlines()) == 1
+    rc, out, err = await run_cli("dmesg", "--clear", uri=inst.uri(0))
+    assert (rc, out) == (0, ""), err
+    assert (await stats(h))["log"]["kept"] == 0
+
+
+async def test_ring_level_decides_what_is_kept(start_instance, connect) -> None:
+    """At ``log.ring-level`` warning the INFO lines are not kept; set back to
+    info at run time, they are again."""
+    inst = await start_instance(size=1, attrs={"log.ring-level": "warning"})
+    h = await connect(inst, 0)
+    rc, out, _ = await run_cli("dmesg", uri=inst.uri(0))
+    assert (rc, out) == (0, "")
+    await h.attr_set("log.level", "warning")  # an INFO record: not kept
+    await h.attr_set("log.ring-level", "info")  # kept: the ring's level is info by then
+    rc, out, _ = await run_cli("dmesg", uri=inst.uri(0))
+    assert [msg for *_, msg in parse(out)] == ["attribute log.ring-level set to info"]
+
+
+async def test_dmesg_follow_prints_new_records_until_interrupted(
+        start_instance, connect) -> None:
+    inst = await start_instance(size=4, fanout=2)
+    h = await connect(inst, 0)
+    proc = await asyncio.create_subprocess_exec(
+        KVBROKER, "dmesg", "--follow", "--rank", "2", stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, env=dict(os.environ, KVBROKER_URI=inst.uri(0)))
+    assert proc.stdout is not None
+    try:
+        async with asyncio.timeout(30):
+            async def following() -> bool:
+                return bool((await stats(h, 2))["log"]["followers"])
+
+            await wait_until(following, "dmesg --follow to reach rank 2")
+            await h.attr_set("log.level", "info", nodeid=1)  # another rank's: not printed
+            await h.attr_set("log.level", "info", nodeid=2)
+            line = (await proc.stdout.readline()).decode()
+            assert parse(line)[0][1:] == (2, "INFO", "kvbroker",
+                                          "attribute log.level set to info")
+            proc.send_signal(signal.SIGINT)
+            await proc.wait()
+
+            async def dropped() -> bool:
+                return not (await stats(h, 2))["log"]["followers"]
+
+            await wait_until(dropped, "rank 2 to drop the follower that went")
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+async def test_dmesg_needs_a_streaming_request_and_sound_fields(start_instance, connect) -> None:
+    inst = await start_instance(size=1)
+    h: Handle = await connect(inst, 0)
+    with pytest.raises(RemoteError, match="streaming request") as e:
+        await asyncio.wait_for(h.rpc("log.dmesg", {}), 10)
+    assert e.value.errnum == 71  # EPROTO
+    with pytest.raises(RemoteError, match="follow must be a boolean") as e:
+        async for _ in h.rpc_stream("log.dmesg", {"follow": "yes"}):
+            pass
+    assert (await h.ping())["rank"] == 0
+
+
+# ---------------------------------------------------------------- the ring itself
+
+
+def record(msg: str, level: int = logging.INFO) -> logging.LogRecord:
+    return logging.LogRecord("t", level, __file__, 1, msg, None, None)
+
+
+def test_the_ring_keeps_the_newest_numbers_them_and_clears_up_to_a_seq() -> None:
+    ring = logring.LogRing(rank=5, size=3, level=logging.INFO)
+    logger = logging.getLogger("test.logring")
+    logger.propagate, logger.level = False, logging.DEBUG
+    logger.addHandler(ring)
+    try:
+        for n in range(5):
+            logger.info("m%d", n)
+        logger.debug("below the ring's level")
+    finally:
+        logger.removeHandler(ring)
+    assert [(e["seq"], e["message"]) for e in ring.since()] == [(3, "m2"), (4, "m3"), (5, "m4")]
+    assert [e["seq"] for e in ring.since(4)] == [5]
+    ring.clear(4)
+    assert [e["seq"] for e in ring.since()] == [5]
+    ring.clear()
+    assert ring.since() == [] and ring.next_seq == 6
+
+
+def test_the_ring_keeps_the_start_of_a_long_record_only() -> None:
+    """A record may quote a client (a malformed request's topic): the ring
+    keeps its first ``MAX_ENTRY_TEXT`` characters, and says how many more."""
+    ring = logring.LogRing(rank=0, size=4, level=logging.INFO)
+    ring.handle(record("x" * (logring.MAX_ENTRY_TEXT + 5)))
+    text = ring.since()[0]["message"]
+    assert text == "x" * logring.MAX_ENTRY_TEXT + "... (5 more characters)"
+
+
+async def test_a_record_from_another_thread_reaches_a_follower_on_the_loop() -> None:
+    loop = asyncio.get_running_loop()
+    ring = logring.LogRing(rank=0, size=10, level=logging.INFO)
+    ring.attach(loop)
+    got: asyncio.Future[tuple[str, int]] = loop.create_future()
+    ring.followers["f"] = lambda e: got.set_result((e["message"], threading.get_ident()))
+    worker = threading.Thread(target=ring.handle, args=(record("from a thread"),))
+    worker.start()
+    worker.join()
+    assert await asyncio.wait_for(got, 10) == ("from a thread", threading.get_ident())
+
+
+def test_line_is_the_stderr_format_with_the_utc_time() -> None:
+    entry = {"seq": 1, "time": 1796157000.25, "rank": 3, "level": "warning",
+             "name": "kvbroker.overlay", "message": "hello"}
+    assert logring.line(entry) == \
+        "2026-12-01T20:30:00.250Z kvbroker[3]: WARNING kvbroker.overlay: hello"
