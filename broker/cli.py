@@ -568,6 +568,20 @@ async def _follow_logs(h: Handle, ranks: list[int]) -> None:
             task.cancel()
 
 
+def cmd_logger(args: argparse.Namespace) -> int:
+    """``flux logger``: write MESSAGE to a rank's log (its stderr at
+    ``log.level``, its ring for ``dmesg`` at ``log.ring-level``)."""
+    args.what = "logger"
+
+    async def main() -> int:
+        async with await connect() as h:
+            await h.rpc("log.append", {"message": " ".join(args.message), "level": args.severity,
+                                       "name": args.appname}, nodeid=_nodeid(args.rank))
+        return 0
+
+    return run_async(args, main)
+
+
 def cmd_stats(args: argparse.Namespace) -> int:
     args.what = f"stats {args.module}"
 
@@ -766,6 +780,14 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     what.add_argument("--read-clear", "-c", action="store_true",
                       help="print the records kept, then forget them")
     s.set_defaults(func=cmd_dmesg)
+
+    s = sub.add_parser("logger", help="write a message to a rank's log (as flux logger)")
+    s.add_argument("message", nargs="+")
+    s.add_argument("--severity", "-s", default="info", type=str.lower,
+                   choices=("debug", "info", "warning", "error"))
+    s.add_argument("--appname", "-n", default="logger", help="the name the line carries")
+    s.add_argument("--rank", "-r", type=rank_int)
+    s.set_defaults(func=cmd_logger)
 
     s = sub.add_parser("stats", help="print a module's stats (broker, content, kvs, ...)")
     s.add_argument("module")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import errno
+import logging
+import re
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from broker import attrs as battrs
@@ -14,6 +16,10 @@ from broker.module import Handler, Module, require
 
 if TYPE_CHECKING:
     from broker.broker import Broker
+
+_CLIENT_LOG = logging.getLogger("kvbroker.logger")
+"""The logger ``log.append`` writes through (each record named as the client says)."""
+_LOGGER_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 RESTRICTED_EVENT_PREFIXES = ("kvs.", "broker.", "overlay.", "content.")
 """Topics only the instance owner may publish (guests could forge KVS events)."""
@@ -62,6 +68,7 @@ class BrokerServices(Module):
             "event.stats-get": self.broker_stats,
             "log.dmesg": self.log_dmesg,
             "log.clear": self.log_clear,
+            "log.append": self.log_append,
             "log.disconnect": self.log_disconnect,
             "log.stats-get": self.broker_stats,
         }
@@ -159,6 +166,27 @@ class BrokerServices(Module):
         if seq is not None and type(seq) is not int:
             raise ErrnoError(errno.EPROTO, "seq must be an integer")
         self._ring(msg).clear(seq)
+        self.h.respond(msg, {})
+
+    def log_append(self, msg: Message) -> None:
+        """``{message, level?, name?}`` -> ``{}``: log ``message`` on this rank
+        as logger ``name`` (default ``logger``) at ``level`` (default
+        ``info``), as ``flux logger`` does: a job script's notes land in
+        the rank's log, stderr and ring alike.  The instance owner only.
+        One logger serves every name (a name per client would be kept by
+        :mod:`logging` for ever)."""
+        p = require(msg.payload, message=str)
+        level, name = p.get("level", "info"), p.get("name", "logger")
+        if type(level) is not str or level.lower() not in battrs.LOG_LEVELS:
+            raise ErrnoError(errno.EINVAL, f"level must be one of {', '.join(battrs.LOG_LEVELS)}")
+        if type(name) is not str or not _LOGGER_NAME.fullmatch(name):
+            raise ErrnoError(errno.EINVAL, "name must be 1 to 64 letters, digits, '.', '_' or '-'")
+        if not msg.is_owner:
+            raise ErrnoError(errno.EPERM, "only the instance owner may write to the log")
+        levelno = logging.getLevelName(level.upper())
+        if _CLIENT_LOG.isEnabledFor(levelno):
+            _CLIENT_LOG.handle(_CLIENT_LOG.makeRecord(
+                name, levelno, "(client)", 0, "%s", (p["message"],), None))
         self.h.respond(msg, {})
 
     def log_disconnect(self, msg: Message) -> None:

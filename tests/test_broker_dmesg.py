@@ -134,6 +134,28 @@ async def test_dmesg_follow_prints_new_records_until_interrupted(
             await proc.wait()
 
 
+async def test_logger_writes_to_a_ranks_log(start_instance) -> None:
+    """``kvbroker logger``, as ``flux logger``: the line is in the rank's
+    ring and, at WARNING (the default ``log.level``), on its stderr; a debug
+    line is below both; a bad name changes nothing."""
+    inst = await start_instance(size=2)
+    assert inst.stderr_path is not None
+    uri = inst.uri(0)
+    rc, _, err = await run_cli("logger", "-s", "warning", "-n", "job.7", "-r", "1",
+                               "step", "3", "done", uri=uri)
+    assert rc == 0, err
+    rc, _, err = await run_cli("logger", "-s", "debug", "not kept", uri=uri)
+    assert rc == 0, err
+    rc, _, err = await run_cli("logger", "-n", "a b", "refused", uri=uri)
+    assert rc == 1 and "name must be 1 to 64 letters" in err, err
+    rc, out, err = await run_cli("dmesg", "--all", uri=uri)
+    assert rc == 0, err
+    client_lines = [(r, lvl, name, msg) for _, r, lvl, name, msg in parse(out)
+                    if not name.startswith("kvbroker")]
+    assert client_lines == [(1, "WARNING", "job.7", "step 3 done")]
+    assert "kvbroker[1]: WARNING job.7: step 3 done" in Path(inst.stderr_path).read_text()
+
+
 async def test_dmesg_needs_a_streaming_request_and_sound_fields(start_instance, connect) -> None:
     inst = await start_instance(size=1)
     h: Handle = await connect(inst, 0)

@@ -93,10 +93,12 @@ async def test_allowed_guest_is_a_user(start_instance, connect) -> None:
         assert lines[4] == {"content": errno.EPERM}
         # nor may they stop a rank or the instance
         assert lines[5:7] == [{"shutdown": errno.EPERM}] * 2
-        # nor change an attribute (the log level stays the owner's), nor read the log
-        assert lines[7:9] == [{"attr_set": errno.EPERM}, {"dmesg": errno.EPERM}]
+        # nor change an attribute (the log level stays the owner's), nor read
+        # or write the log
+        assert lines[7:10] == [{"attr_set": errno.EPERM}, {"dmesg": errno.EPERM},
+                               {"logger": errno.EPERM}]
         # and the overlay socket is out of reach
-        assert lines[9] == {"tbon": errno.EACCES}
+        assert lines[10] == {"tbon": errno.EACCES}
         # the owner is still the owner, and every rank still serves
         h = await connect(inst, 3)
         assert (await h.ping(0))["rank"] == 0

@@ -209,6 +209,11 @@ async def scenario_identity(h):
         out(dmesg=0)
     except RemoteError as e:
         out(dmesg=e.errnum)
+    try:
+        await h.rpc("log.append", {"message": "a guest's line"})
+        out(logger=0)
+    except RemoteError as e:
+        out(logger=e.errnum)
     rundir = os.path.dirname(h.uri[len("local://"):])
     s = socket.socket(socket.AF_UNIX)
     try:
