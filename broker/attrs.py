@@ -300,7 +300,7 @@ def check_instance(attrs: Mapping[str, Any]) -> None:
 
 CORE_PREFIXES = ("access.", "broker.", "content.", "log.", "tbon.")
 """Attribute prefixes the core owns; each loaded module owns ``<name>.``."""
-RANK_SET = ("broker.pid",)
+RANK_SET = ("broker.pid", "broker.starttime")
 """Attributes in an owned prefix that a rank sets itself."""
 
 

@@ -8,6 +8,7 @@ import logging
 import os
 import resource
 import socket
+import time
 from typing import Any
 
 from broker import __version__, gcpolicy, plugins
@@ -74,6 +75,7 @@ class Broker:
             "version": __version__,
             "local-uri": f"local://{local_socket_path(rundir, rank)}",
             "broker.pid": os.getpid(),
+            "broker.starttime": round(time.time(), 3),
             "hostname": socket.gethostname(),
             "security.owner": self.owner_uid,
         })

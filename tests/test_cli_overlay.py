@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import os
+import pwd
+import re
 import signal
 import socket
 import sys
+import time
 
 from test_broker_support import KVBROKER, run_cli, stats, stop_process, wait_until
 
+from broker import cli, status
 from broker.status import (
     FULL,
     LOST,
@@ -136,3 +140,27 @@ async def test_start_stops_when_a_rank_is_shut_down() -> None:
         assert rc == 128 + signal.SIGTERM, err
         assert err.strip() == ("kvbroker: rank 1 was shut down (kvbroker shutdown); "
                                "stopping the instance and the command")
+
+
+# ---------------------------------------------------------------- uptime
+
+
+async def test_uptime_says_how_long_whose_and_how_big(start_instance) -> None:
+    inst = await start_instance(size=3, fanout=2)
+    rc, out, err = await run_cli("uptime", uri=inst.uri(2))
+    assert rc == 0, err
+    owner = pwd.getpwuid(os.getuid()).pw_name
+    assert re.fullmatch(rf"\d\d:\d\d:\d\d run \d+\.\ds,  owner {owner},  size 3\n", out), out
+
+
+def test_uptime_counts_lost_and_torpid_ranks_in_flux_units() -> None:
+    ranks = [status.RankStatus(0, status.PARTIAL), status.RankStatus(1, status.LOST),
+             status.RankStatus(2, status.LOST), status.RankStatus(3, status.TORPID)]
+    now = time.mktime((2026, 12, 1, 13, 2, 55, 0, 0, -1))
+    line = cli.uptime_line(now, now - 2.3 * 3600, os.getuid(), ranks)
+    owner = pwd.getpwuid(os.getuid()).pw_name
+    assert line == f"13:02:55 run 2.3h,  owner {owner},  size 4,  2 lost,  1 torpid"
+    assert [cli.fsd(s) for s in (0, 59.94, 60, 3599, 3600, 86400 * 1.5)] == [
+        "0.0s", "59.9s", "1.0m", "60.0m", "1.0h", "1.5d"]
+    assert cli.uptime_line(now, now + 5, 4_000_000_000, ranks[:1]).split(",  ")[:2] == [
+        "13:02:55 run 0.0s", "owner 4000000000"]  # a clock step back; a uid with no name
