@@ -551,13 +551,14 @@ def cmd_dmesg(args: argparse.Namespace) -> int:
             if args.clear:
                 await _each_rank("dmesg", ranks, lambda r: h.rpc("log.clear", {}, nodeid=r))
                 return 0
-            if args.follow:
-                await _follow_logs(h, ranks)
-                return 0
             kept = await _each_rank("dmesg", ranks, lambda r: _read_log(h, r))
             for entry in sorted((e for entries in kept for e in entries),
                                 key=lambda e: (e["time"], e["rank"], e["seq"])):
-                print(logring.line(entry))
+                print(logring.line(entry), flush=args.follow)
+            if args.follow:  # (from each rank's last record printed: none lost or repeated)
+                await _follow_logs(h, {r: entries[-1]["seq"] if entries else 0
+                                       for r, entries in zip(ranks, kept, strict=True)})
+                return 0
             if args.read_clear:  # (only what was printed: not what came since)
                 last = {r: entries[-1]["seq"]
                         for r, entries in zip(ranks, kept, strict=True) if entries}
@@ -587,14 +588,16 @@ async def _read_log(h: Handle, rank: int) -> list[dict[str, Any]]:
     return [entry async for entry in h.rpc_stream("log.dmesg", {}, nodeid=rank)]
 
 
-async def _follow_logs(h: Handle, ranks: list[int]) -> None:
-    """Print each rank's records, then new ones as they are logged, in the
-    order they arrive (records already kept: each rank's oldest first)."""
+async def _follow_logs(h: Handle, since: dict[int, int]) -> None:
+    """Print each rank's records logged after ``since[rank]`` (the last one
+    printed), as they are logged, in the order they arrive."""
+    ranks = list(since)
     queue: asyncio.Queue[dict[str, Any] | BaseException] = asyncio.Queue()
 
     async def pump(rank: int) -> None:
         try:
-            async for entry in h.rpc_stream("log.dmesg", {"follow": True}, nodeid=rank):
+            async for entry in h.rpc_stream("log.dmesg", {"follow": True, "since": since[rank]},
+                                            nodeid=rank):
                 queue.put_nowait(entry)
         except ErrnoError as exc:
             queue.put_nowait(CLIError(f"dmesg: rank {rank}" if len(ranks) > 1 else "dmesg",

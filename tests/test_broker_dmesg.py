@@ -156,6 +156,34 @@ async def test_logger_writes_to_a_ranks_log(start_instance) -> None:
     assert "kvbroker[1]: WARNING job.7: step 3 done" in Path(inst.stderr_path).read_text()
 
 
+async def test_dmesg_follow_all_starts_with_the_records_merged_by_time(
+        start_instance, connect) -> None:
+    """``--follow --all`` first prints what ``dmesg --all`` prints (every
+    rank's records merged by time), then the new ones -- not each rank's in
+    turn, as their streams happen to arrive."""
+    inst = await start_instance(size=3, fanout=2)
+    h = await connect(inst, 0)
+    for rank in (1, 2, 1, 2):  # interleaved in time across two ranks
+        await h.attr_set("log.level", "warning", nodeid=rank)
+    rc, kept, err = await run_cli("dmesg", "--all", uri=inst.uri(0))
+    assert rc == 0, err
+    proc = await asyncio.create_subprocess_exec(
+        KVBROKER, "dmesg", "--follow", "--all", stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, env=dict(os.environ, KVBROKER_URI=inst.uri(0)))
+    assert proc.stdout is not None
+    try:
+        async with asyncio.timeout(30):
+            first = [(await proc.stdout.readline()).decode()
+                     for _ in kept.splitlines()]
+            assert "".join(first) == kept
+            await h.attr_set("log.level", "info", nodeid=2)  # then a new one
+            assert parse((await proc.stdout.readline()).decode())[0][1:] == (
+                2, "INFO", "kvbroker", "attribute log.level set to info")
+    finally:
+        proc.send_signal(signal.SIGINT)
+        await proc.wait()
+
+
 async def test_dmesg_needs_a_streaming_request_and_sound_fields(start_instance, connect) -> None:
     inst = await start_instance(size=1)
     h: Handle = await connect(inst, 0)
