@@ -60,6 +60,16 @@ class LogRing(logging.Handler):
         self._loop, self._loop_thread = loop, threading.get_ident()
 
     def emit(self, record: logging.LogRecord) -> None:
+        """Keep ``record`` and pass it to the followers.  A failure (the
+        record's arguments do not fit its format, a follower's answer
+        cannot be sent) goes to :meth:`handleError`, as in every logging
+        handler: the code that logged must go on."""
+        try:
+            self._emit(record)
+        except Exception:
+            self.handleError(record)
+
+    def _emit(self, record: logging.LogRecord) -> None:
         text = self.format(record)
         if len(text) > MAX_ENTRY_TEXT:
             text = f"{text[:MAX_ENTRY_TEXT]}... ({len(text) - MAX_ENTRY_TEXT} more characters)"

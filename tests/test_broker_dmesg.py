@@ -231,6 +231,35 @@ def test_the_ring_keeps_the_start_of_a_long_record_only() -> None:
     assert text == "x" * logring.MAX_ENTRY_TEXT + "... (5 more characters)"
 
 
+async def test_a_record_the_ring_cannot_take_does_not_fail_the_code_that_logged(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """As every logging handler: a record whose arguments do not fit its
+    format, or a follower that fails, is reported on stderr ("--- Logging
+    error ---") -- the code that logged goes on, as it did when stderr was
+    the only handler."""
+    ring = logring.LogRing(rank=0, size=10, level=logging.INFO)
+    ring.attach(asyncio.get_running_loop())
+    logger = logging.getLogger("test.logring.errors")
+    logger.propagate, logger.level = False, logging.DEBUG
+    logger.addHandler(ring)
+
+    def fail(entry: logring.Entry) -> None:
+        raise RuntimeError("a follower failed")
+
+    try:
+        logger.info("%d records", "not a number")
+        ring.followers["f"] = fail
+        logger.info("for the follower")
+        del ring.followers["f"]
+        logger.info("still logging")
+    finally:
+        logger.removeHandler(ring)
+    err = capsys.readouterr().err
+    assert err.count("--- Logging error ---") == 2, err
+    assert "a follower failed" in err
+    assert [e["message"] for e in ring.since()][-1] == "still logging"
+
+
 async def test_a_record_from_another_thread_reaches_a_follower_on_the_loop() -> None:
     loop = asyncio.get_running_loop()
     ring = logring.LogRing(rank=0, size=10, level=logging.INFO)
