@@ -42,7 +42,9 @@ class LogRing(logging.Handler):
 
     Records may come from any thread (a module's worker thread logs too);
     a follower (a ``kvbroker dmesg --follow`` stream) is always called on
-    the event loop's thread."""
+    the event loop's thread, once per record: a record from another thread
+    a loop turn later, so possibly after a newer one (not in ``seq``
+    order)."""
 
     def __init__(self, rank: int, size: int, level: int) -> None:
         super().__init__(level)

@@ -149,11 +149,13 @@ class BrokerServices(Module):
         if not follow:
             self.h.respond_error(msg, errno.ENODATA)
             return
-        sent = [last]
 
         def send(entry: Entry) -> None:
-            if entry["seq"] > sent[0]:
-                sent[0] = entry["seq"]
+            # Each record reaches the followers once, but not always in seq
+            # order: one from another thread comes a loop turn later than
+            # one the loop logs meanwhile.  So only those already sent
+            # above (kept, their call still pending) are skipped.
+            if entry["seq"] > last:
                 self.h.respond(msg, entry)
 
         ring.followers[(tuple(msg.route), msg.matchtag)] = send

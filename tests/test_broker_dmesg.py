@@ -15,8 +15,10 @@ import pytest
 from test_broker_support import KVBROKER, run_cli, stats, wait_until
 
 from broker import logring
+from broker.broker import Broker
 from broker.errors import RemoteError
 from broker.handle import Handle
+from broker.logring import RankLog
 
 NO_STATEDIR = "no statedir: the primary namespace starts empty"
 LINE = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z) kvbroker\[(\d+)\]: "
@@ -270,6 +272,44 @@ async def test_a_record_from_another_thread_reaches_a_follower_on_the_loop() -> 
     worker.start()
     worker.join()
     assert await asyncio.wait_for(got, 10) == ("from a thread", threading.get_ident())
+
+
+async def test_a_follower_gets_a_threads_record_logged_just_before_the_loops(
+        tmp_path: Path) -> None:
+    """A record from another thread reaches the followers on a later loop
+    turn; one logged on the loop meanwhile reaches them at once.  The
+    follower sends both (it used to drop the thread's, older by ``seq``,
+    as if already sent).  The rank runs in this process, so that the
+    thread's record is pending exactly when the loop logs."""
+    root = logging.getLogger()
+    saved = (root.handlers[:], root.level)
+    rank_log = RankLog(0, "error", "info", 64, logging.Formatter("%(message)s"))
+    b = Broker(0, 1, 2, str(tmp_path), attrs={"broker.modules": ""}, rank_log=rank_log)
+    log = logging.getLogger("test.thread")
+    try:
+        async with asyncio.timeout(30):
+            await b.start()
+            h = await Handle.connect(b.uri)
+            try:
+                stream = h.rpc_stream("log.dmesg", {"follow": True}).__aiter__()
+                first = asyncio.ensure_future(anext(stream))
+                while not rank_log.ring.followers:
+                    await asyncio.sleep(0.005)
+                worker = threading.Thread(target=log.info, args=("from a thread",))
+                worker.start()
+                worker.join()  # (its record now waits for a turn of this loop)
+                log.info("from the loop")
+                got = [(await first)["message"]]
+                try:
+                    got.append((await asyncio.wait_for(anext(stream), 10))["message"])
+                except TimeoutError:
+                    pass
+                assert sorted(got) == ["from a thread", "from the loop"]
+            finally:
+                await h.close()
+    finally:
+        await b.stop()
+        root.handlers[:], root.level = saved
 
 
 def test_line_is_the_stderr_format_with_the_utc_time() -> None:
