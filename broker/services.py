@@ -50,6 +50,8 @@ class BrokerServices(Module):
         self.broker = broker
         self.router = broker.router
         self.max_guest_subscriptions: int = battrs.MAX_GUEST_SUBSCRIPTIONS.value(broker.attrs)
+        self._follows: dict[tuple[tuple[str, ...], int], Message] = {}
+        """The ``log.dmesg`` follow requests being served, by (route, matchtag)."""
 
     def handlers(self) -> dict[str, Handler]:
         return {
@@ -69,6 +71,7 @@ class BrokerServices(Module):
             "log.dmesg": self.log_dmesg,
             "log.clear": self.log_clear,
             "log.append": self.log_append,
+            "log.cancel": self.log_cancel,
             "log.disconnect": self.log_disconnect,
             "log.stats-get": self.broker_stats,
         }
@@ -158,7 +161,9 @@ class BrokerServices(Module):
             if entry["seq"] > last:
                 self.h.respond(msg, entry)
 
-        ring.followers[(tuple(msg.route), msg.matchtag)] = send
+        key = (tuple(msg.route), msg.matchtag)
+        ring.followers[key] = send
+        self._follows[key] = msg
 
     def log_clear(self, msg: Message) -> None:
         """``{seq?}``: forget the records kept (up to ``seq``) -> ``{}``."""
@@ -191,13 +196,26 @@ class BrokerServices(Module):
                 name, levelno, "(client)", 0, "%s", (p["message"],), None))
         self.h.respond(msg, {})
 
+    def log_cancel(self, msg: Message) -> None:
+        """``{matchtag}`` (as Flux's ``log.cancel``): end, with ``ENODATA``,
+        the follow stream of that matchtag from the same route (a program
+        that stops following but keeps its connection) -> ``{}``."""
+        tag = require(msg.payload, matchtag=int)["matchtag"]
+        key = (tuple(msg.route), tag)
+        request = self._follows.pop(key, None)
+        if request is not None and self.broker.rank_log is not None:
+            self.broker.rank_log.ring.followers.pop(key, None)
+            self.h.respond_error(request, errno.ENODATA)
+        self.h.respond(msg, {})
+
     def log_disconnect(self, msg: Message) -> None:
         """A client went: its ``--follow`` streams end."""
         rank_log = self.broker.rank_log
-        if rank_log is not None:
-            route = tuple(msg.route)
-            for key in [k for k in rank_log.ring.followers if k[0] == route]:
-                del rank_log.ring.followers[key]
+        route = tuple(msg.route)
+        for key in [k for k in self._follows if k[0] == route]:
+            del self._follows[key]
+            if rank_log is not None:
+                rank_log.ring.followers.pop(key, None)
 
     def attr_list(self, msg: Message) -> None:
         self.h.respond(msg, {"names": sorted(self.broker.attrs)})

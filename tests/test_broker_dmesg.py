@@ -186,6 +186,31 @@ async def test_dmesg_follow_all_starts_with_the_records_merged_by_time(
         await proc.wait()
 
 
+async def test_log_cancel_ends_a_follow_stream_on_a_connection_that_stays(
+        start_instance, connect) -> None:
+    """A program that stops following keeps its connection: ``log.cancel
+    {matchtag}`` (as Flux's) ends that stream with ``ENODATA``, and the rank
+    stops sending it records (which its handle would otherwise keep, unread,
+    without bound); another route's matchtag is not matched."""
+    inst = await start_instance(size=2)
+    h = await connect(inst, 0)
+    other = await connect(inst, 1)
+    stream = h.rpc_stream("log.dmesg", {"follow": True}, nodeid=1)
+
+    async def following() -> bool:
+        return (await stats(h, 1))["log"]["followers"] == 1
+
+    await wait_until(following, "rank 1 to serve the follow stream")
+    async with asyncio.timeout(30):
+        await other.rpc("log.cancel", {"matchtag": stream.matchtag}, nodeid=1)
+        assert (await stats(h, 1))["log"]["followers"] == 1  # not that client's
+        await h.rpc("log.cancel", {"matchtag": stream.matchtag}, nodeid=1)
+        async for _ in stream:  # (what rank 1 kept, if anything), then the end
+            pass
+        assert (await stats(h, 1))["log"]["followers"] == 0
+        assert (await h.ping(1))["rank"] == 1
+
+
 async def test_dmesg_needs_a_streaming_request_and_sound_fields(start_instance, connect) -> None:
     inst = await start_instance(size=1)
     h: Handle = await connect(inst, 0)
