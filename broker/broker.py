@@ -202,7 +202,8 @@ class Broker:
     def set_attr(self, name: str, value: str) -> None:
         """Set runtime attribute ``name`` (:data:`broker.attrs.RUNTIME_ATTRS`)
         on this rank and apply it at once; :class:`ErrnoError` (ENOENT for an
-        unknown name, EINVAL otherwise) changes nothing."""
+        unknown name, ENOSYS for a log level when this rank's logging is its
+        host program's, EINVAL otherwise) changes nothing."""
         if name not in self.attrs:
             raise ErrnoError(errno.ENOENT, f"unknown attribute {name!r}")
         if name not in battrs.RUNTIME_ATTRS:
