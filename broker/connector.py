@@ -34,6 +34,7 @@ import logging
 import os
 import socket
 import struct
+import time
 from typing import TYPE_CHECKING
 
 from broker import codec
@@ -46,6 +47,36 @@ if TYPE_CHECKING:
     from broker.router import Router
 
 log = logging.getLogger("kvbroker.connector")
+
+
+class LogThrottle:
+    """At most one log line per ``every`` seconds for each kind of client
+    error (garbage, a malformed or oversized request, a refused guest).
+
+    A client decides how many of those it sends: one line each let a guest
+    flood a rank's stderr, and push every other record out of the ring that
+    ``kvbroker dmesg`` reads (1,024 lines in a few milliseconds).  The
+    lines held back are counted in the next one of their kind; every
+    occurrence is counted in the connector's stats anyway."""
+
+    def __init__(self, every: float = 1.0) -> None:
+        self.every = every
+        self._next_at: dict[str, float] = {}
+        self._held: dict[str, int] = {}
+
+    def log(self, level: int, kind: str, msg: str, *args: object) -> None:
+        if not log.isEnabledFor(level):
+            return
+        now = time.monotonic()
+        if now < self._next_at.get(kind, 0.0):
+            self._held[kind] = self._held.get(kind, 0) + 1
+            return
+        self._next_at[kind] = now + self.every
+        held = self._held.pop(kind, 0)
+        if held:
+            msg += " (and %d more like it since the last such line, not logged)"
+            args = (*args, held)
+        log.log(level, msg, *args)
 
 MAX_BACKLOG = 256 << 20
 DEFAULT_MAX_GUEST_CONNECTIONS = 256
@@ -195,8 +226,9 @@ class ClientConnection(FramedProtocol):
         cap = server.max_guest_connections
         if len(usage.conns) >= cap:
             server.counts["guests-refused"] += 1
-            log.info("refusing a connection from uid %d: it has %d already "
-                     "(access.max-guest-connections)", uid, len(usage.conns))
+            server.log_throttle.log(
+                logging.INFO, "guest-refused", "refusing a connection from uid %d: it has "
+                "%d already (access.max-guest-connections)", uid, len(usage.conns))
             self.close_with(errno.EUSERS, f"this rank admits at most {cap} connection"
                                           f"{'' if cap == 1 else 's'} per guest user "
                                           "(access.max-guest-connections)", usage)
@@ -319,7 +351,8 @@ class ClientConnection(FramedProtocol):
         try:
             messages = self.decoder.feed(data)
         except ProtocolError as exc:
-            log.warning("%s: unreadable stream (%s); closing", self.peer_id, exc)
+            self.server.log_throttle.log(logging.WARNING, "unreadable",
+                                         "%s: unreadable stream (%s); closing", self.peer_id, exc)
             self.server.counts["garbage"] += 1
             self.transport.close()  # type: ignore[union-attr]
             return
@@ -378,11 +411,14 @@ class ClientConnection(FramedProtocol):
         NORESPONSE gets nothing, anything else is dropped and logged."""
         peek = codec.peek_request(frames[0]) if frames else None
         if peek is None:
-            log.warning("%s: dropping malformed message: %s", self.peer_id, exc)
+            self.server.log_throttle.log(logging.WARNING, "malformed",
+                                         "%s: dropping malformed message: %s", self.peer_id, exc)
             return
         matchtag, topic, flags = peek
         if flags & MsgFlags.NORESPONSE:
-            log.info("%s: %s: dropping malformed request: %s", self.peer_id, topic, exc)
+            self.server.log_throttle.log(logging.INFO, "malformed-request",
+                                         "%s: %s: dropping malformed request: %s",
+                                         self.peer_id, topic, exc)
             return
         self.deliver(Message(MsgType.RESPONSE, topic, matchtag=matchtag,
                              errnum=exc.errnum, errstr=exc.errstr))
@@ -399,13 +435,15 @@ class ClientConnection(FramedProtocol):
         """
         peek = None if skipped.header is None else codec.peek_request(skipped.header)
         if peek is None:
-            log.warning("%s: dropped an oversized message (%d bytes) whose header "
-                        "is not a request's", self.peer_id, skipped.size)
+            self.server.log_throttle.log(logging.WARNING, "oversized",
+                                         "%s: dropped an oversized message (%d bytes) whose "
+                                         "header is not a request's", self.peer_id, skipped.size)
             return
         matchtag, topic, flags = peek
         errstr = (f"message of {skipped.size} bytes exceeds broker.max-message "
                   f"({self.decoder.max_message})")
-        log.info("%s: %s: %s", self.peer_id, topic, errstr)
+        self.server.log_throttle.log(logging.INFO, "oversized-request", "%s: %s: %s",
+                                     self.peer_id, topic, errstr)
         if flags & MsgFlags.NORESPONSE:
             return
         self.deliver(Message(MsgType.RESPONSE, topic, matchtag=matchtag,
@@ -512,6 +550,8 @@ class Connector:
         """Guest users with connections here, by uid."""
         self.connections: dict[str, ClientConnection] = {}
         self.counts: Counter[str] = Counter(dict.fromkeys(COUNTERS, 0))
+        self.log_throttle = LogThrottle()
+        """Client errors are logged at most once a second per kind."""
         self._next = 0
         self._sock: socket.socket | None = None
         self._accepting: asyncio.Task[None] | None = None

@@ -8,6 +8,7 @@ import errno
 import os
 import shutil
 import struct
+from pathlib import Path
 
 import msgpack
 import pytest
@@ -106,6 +107,37 @@ async def test_malformed_noresponse_request_gets_no_answer(start_instance) -> No
             assert (msg.matchtag, msg.errnum, msg.topic) == (12, 0, "broker.ping")
     finally:
         await raw.close()
+
+
+async def test_a_flood_of_bad_messages_is_logged_once_a_second_not_each(
+        start_instance, connect) -> None:
+    """A client chooses how many bad messages it sends: 300 garbage headers
+    and 300 malformed NORESPONSE requests are all counted, but logged a few
+    times (once a second per kind, the next line saying how many it held
+    back), so they neither flood stderr nor push the rank's other records
+    out of the ring ``kvbroker dmesg`` reads."""
+    inst = await start_instance(size=1, attrs={"log.level": "info"})
+    assert inst.stderr_path is not None
+    h = await connect(inst)
+    raw = await RawClient.connect(inst)
+    bad_request = [MsgType.REQUEST, "attr.get", 0, 0, int(MsgFlags.NORESPONSE), 0, 0, "bad",
+                   0, None, 0]
+    try:
+        async with asyncio.timeout(30):
+            for _ in range(300):
+                raw.send_frames([b"\xc1garbage"])
+                raw.send_frames([msgpack.packb(bad_request)])
+            assert (await raw.rpc("broker.ping", {}, matchtag=11)).errnum == 0
+    finally:
+        await raw.close()
+    assert (await stats(h))["connector"]["malformed"] == 600
+    log = Path(inst.stderr_path).read_text()
+    garbage_lines = log.count("dropping malformed message")
+    request_lines = log.count("dropping malformed request")
+    assert 1 <= garbage_lines <= 5 and 1 <= request_lines <= 5, log
+    entries = [e async for e in h.rpc_stream("log.dmesg", {})]
+    assert sum("dropping malformed" in e["message"] for e in entries) <= 10
+    assert any("no statedir" in e["message"] for e in entries)  # not pushed out
 
 
 async def test_wrong_field_types_get_eproto(start_instance) -> None:
