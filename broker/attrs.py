@@ -246,13 +246,19 @@ def check(attrs: Mapping[str, Any], specs: Iterable[AttrSpec]) -> dict[str, Any]
     return out
 
 
+MIN_TORPID = 0.1
+"""The smallest ``tbon.torpid_min``, in seconds: a rank runs its torpid
+check this often, and 1e-7 kept one at 100% of a CPU."""
+
+
 def _check_torpid(tmin: float, tmax: float) -> None:
     """``tbon.torpid_min`` and ``tbon.torpid_max`` together: a rank may stay
     silent up to twice ``torpid_min`` before its keepalive leaves (one check
     finds it sent something, the next that it did not), so a
     ``torpid_max`` not above that would mark healthy idle ranks torpid."""
-    if tmin <= 0:
-        raise AttrError(f"{TORPID_MIN.name}: must be more than 0")
+    if tmin < MIN_TORPID:
+        raise AttrError(f"{TORPID_MIN.name}: must be at least {MIN_TORPID:g} "
+                        "(every rank checks its children, and its parent, this often)")
     if tmax and tmax <= 2 * tmin:
         raise AttrError(f"{TORPID_MAX.name}: {tmax:g} must be 0 (never) or more than twice "
                         f"{TORPID_MIN.name} ({tmin:g}): an idle rank's keepalives may be "

@@ -627,7 +627,8 @@ async def test_attr_set_changes_a_ranks_log_level_at_once(start_instance, connec
     (("size", "3"), errno.EINVAL, "size may not be changed on a running rank"),
     (("tbon.transport", "tcp"), errno.EINVAL, "tbon.transport may not be changed"),
     (("log.level", "loud"), errno.EINVAL, "log.level: unknown level 'loud'"),
-    (("tbon.torpid_min", "0"), errno.EINVAL, "tbon.torpid_min: must be more than 0"),
+    (("tbon.torpid_min", "0"), errno.EINVAL, "tbon.torpid_min: must be at least 0.1"),
+    (("tbon.torpid_min", "0.0000001"), errno.EINVAL, "tbon.torpid_min: must be at least 0.1"),
     # 30 (the default torpid_max) is not more than twice 20: refused on
     # every rank, and the error names one
     (("tbon.torpid_min", "20", "--all"), errno.EINVAL, "tbon.torpid_max: 30 must be 0"),
