@@ -124,7 +124,8 @@ async def test_dmesg_follow_prints_new_records_until_interrupted(
             assert parse(line)[0][1:] == (2, "INFO", "kvbroker",
                                           "attribute log.level set to info")
             proc.send_signal(signal.SIGINT)
-            await proc.wait()
+            assert await proc.wait() == 130  # (128 + SIGINT, quietly, as event sub)
+            assert proc.stderr is not None and await proc.stderr.read() == b""
 
             async def dropped() -> bool:
                 return not (await stats(h, 2))["log"]["followers"]
