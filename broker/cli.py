@@ -585,7 +585,7 @@ async def _each_rank(what: str, ranks: list[int],
 
 
 async def _read_log(h: Handle, rank: int) -> list[dict[str, Any]]:
-    return [entry async for entry in h.rpc_stream("log.dmesg", {}, nodeid=rank)]
+    return [entry async for entry in h.dmesg(nodeid=rank)]
 
 
 async def _follow_logs(h: Handle, since: dict[int, int]) -> None:
@@ -596,8 +596,7 @@ async def _follow_logs(h: Handle, since: dict[int, int]) -> None:
 
     async def pump(rank: int) -> None:
         try:
-            async for entry in h.rpc_stream("log.dmesg", {"follow": True, "since": since[rank]},
-                                            nodeid=rank):
+            async for entry in h.dmesg(follow=True, since=since[rank], nodeid=rank):
                 queue.put_nowait(entry)
         except ErrnoError as exc:
             queue.put_nowait(CLIError(f"dmesg: rank {rank}" if len(ranks) > 1 else "dmesg",
@@ -624,8 +623,8 @@ def cmd_logger(args: argparse.Namespace) -> int:
 
     async def main() -> int:
         async with await connect() as h:
-            await h.rpc("log.append", {"message": " ".join(args.message), "level": args.severity,
-                                       "name": args.appname}, nodeid=_nodeid(args.rank))
+            await h.log(" ".join(args.message), args.severity, args.appname,
+                        nodeid=_nodeid(args.rank))
         return 0
 
     return run_async(args, main)

@@ -413,3 +413,19 @@ class Handle(HandleCore):
         ``tbon.torpid_min``, ``tbon.torpid_max``) on rank ``nodeid``: the
         instance owner only."""
         await self.rpc("attr.set", {"name": name, "value": value}, nodeid=nodeid)
+
+    def dmesg(self, *, follow: bool = False, since: int = 0,
+              nodeid: int = NODEID_ANY) -> Stream:
+        """The log records rank ``nodeid`` keeps (``kvbroker dmesg``), oldest
+        first, each ``{seq, time, rank, level, name, message}``, those after
+        ``since``; with ``follow`` then each new one, until the stream is
+        cancelled (``log.cancel``) or the handle closed.  The instance owner
+        only: ``async for entry in h.dmesg(): ...``."""
+        return self.rpc_stream("log.dmesg", {"follow": follow, "since": since}, nodeid=nodeid)
+
+    async def log(self, message: str, level: str = "info", name: str = "logger",
+                  nodeid: int = NODEID_ANY) -> None:
+        """Write ``message`` to rank ``nodeid``'s log as ``name`` at ``level``
+        (``kvbroker logger``): the instance owner only."""
+        await self.rpc("log.append", {"message": message, "level": level, "name": name},
+                       nodeid=nodeid)

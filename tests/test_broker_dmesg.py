@@ -343,3 +343,25 @@ def test_line_is_the_stderr_format_with_the_utc_time() -> None:
              "name": "kvbroker.overlay", "message": "hello"}
     assert logring.line(entry) == \
         "2026-12-01T20:30:00.250Z kvbroker[3]: WARNING kvbroker.overlay: hello"
+
+
+async def test_the_python_api_writes_reads_follows_and_cancels(start_instance, connect) -> None:
+    """``Handle.log`` and ``Handle.dmesg``, what the commands use: a line
+    written to rank 1 is read back there; a follow stream gets the next one,
+    and ends when cancelled (``log.cancel``) while the handle stays."""
+    inst = await start_instance(size=2)
+    h: Handle = await connect(inst, 0)
+    async with asyncio.timeout(30):
+        await h.log("first", "warning", "api.test", nodeid=1)
+        kept = [e async for e in h.dmesg(nodeid=1)]
+        assert [(e["rank"], e["level"], e["name"], e["message"]) for e in kept
+                if e["name"] == "api.test"] == [(1, "warning", "api.test", "first")]
+        stream = h.dmesg(follow=True, since=kept[-1]["seq"], nodeid=1)
+        await h.log("second", name="api.test", nodeid=1)
+        entry = await anext(stream)
+        assert (entry["message"], entry["level"], entry["seq"]) == (
+            "second", "info", kept[-1]["seq"] + 1)
+        h.send_noresponse("log.cancel", {"matchtag": stream.matchtag}, nodeid=1)
+        with pytest.raises(StopAsyncIteration):
+            await anext(stream)
+        assert (await h.ping(1))["rank"] == 1
