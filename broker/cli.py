@@ -407,6 +407,24 @@ def cmd_overlay(args: argparse.Namespace) -> int:
             print(line)
         return 0 if all(r.state == status.FULL for r in ranks) else 1
 
+    async def disconnect() -> int:
+        from broker import topology
+
+        async with await connect() as h:
+            parent = args.parent
+            if parent is None:
+                fanout = int(await h.attr_get("fanout", nodeid=0))
+                parent = topology.parent_of(args.target, fanout)
+                if parent is None:
+                    raise CLIError("overlay disconnect", detail="rank 0 has no parent: "
+                                   "stop the instance instead (kvbroker shutdown)")
+            print(f"asking rank {parent} to disconnect child rank {args.target}", flush=True)
+            await h.rpc("overlay.disconnect-subtree", {"rank": args.target}, nodeid=parent)
+        return 0
+
+    if args.overlay_cmd == "disconnect":
+        args.what = "overlay disconnect"
+        return run_async(args, disconnect)
     return run_async(args, main)
 
 
@@ -810,6 +828,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                         "lost) or lost; exit 1 unless all are up")
     o.add_argument("--timeout", "-t", type=positive_float, default=2.0,
                    help="seconds a rank may take to answer (default 2)")
+    o.set_defaults(func=cmd_overlay)
+    o = osub.add_parser("disconnect", help="cut a rank and its subtree off the tree (a hung "
+                        "rank: requests to it then fail at once); as flux overlay disconnect")
+    o.add_argument("target", type=rank_int, metavar="RANK")
+    o.add_argument("--parent", "-r", type=rank_int, metavar="RANK",
+                   help="the rank to ask (default: the target's parent in the tree)")
     o.set_defaults(func=cmd_overlay)
 
     s = sub.add_parser("uptime", help="how long the instance has run, its owner and size "

@@ -662,6 +662,36 @@ class Overlay:
         # (later: this runs inside a send, maybe a broadcast to the children)
         asyncio.get_running_loop().call_soon(self._lose_child, child, "", True)
 
+    def disconnect_child(self, child: int, why: str) -> bool:
+        """Cut connected child ``child`` off (``kvbroker overlay disconnect``,
+        as Flux's): its link is closed at once, its subtree is lost -- what
+        was in flight to it is answered ``EHOSTUNREACH``, and so is what is
+        sent to it from now on -- and the process, if it ever runs again,
+        finds its parent gone and stops (exit 1).  For a torpid rank that
+        holds its subtree's requests.  False if it is not connected."""
+        if child not in self.hello_from:
+            return False
+        conn = self._child_conns.pop(child, None)
+        if conn is not None:  # a stream link (its connection_lost then finds it gone)
+            if conn.transport is not None:
+                conn.transport.abort()
+        else:
+            ident = self._child_ident.pop(child, None)
+            if ident is not None:
+                del self._ident_child[ident]
+                fd_inode = self._ident_conn.pop(ident, None)
+                if self._down is not None:
+                    self._down.drop_backlog(ident)
+                if fd_inode is not None:
+                    from broker.overlay_zmq import hang_up
+
+                    self._fd_ident.pop(fd_inode[0], None)
+                    hang_up(*fd_inode)
+        log.warning("disconnecting child rank %d (%s): requests to its subtree are "
+                    "answered EHOSTUNREACH", child, why)
+        self._lose_child(child, why, warned=True)
+        return True
+
     def _parent_stuck(self, _ident: bytes, queued: int) -> None:
         """ZeroMQ: the parent left more than ``tbon.max-backlog`` bytes unread."""
         self._zmq_slow += 1

@@ -43,7 +43,8 @@ def _event_topic(topic: str, prefix: bool = False) -> str:
 
 class BrokerServices(Module):
     name: ClassVar[str] = "broker"
-    services: ClassVar[tuple[str, ...]] = ("broker", "attr", "event", "module", "log")
+    services: ClassVar[tuple[str, ...]] = ("broker", "attr", "event", "module", "log",
+                                           "overlay")
 
     def __init__(self, ctx: Any, broker: Broker) -> None:
         super().__init__(ctx)
@@ -74,6 +75,8 @@ class BrokerServices(Module):
             "log.cancel": self.log_cancel,
             "log.disconnect": self.log_disconnect,
             "log.stats-get": self.broker_stats,
+            "overlay.disconnect-subtree": self.overlay_disconnect,
+            "overlay.stats-get": self.broker_stats,
         }
 
     # -- broker
@@ -121,6 +124,22 @@ class BrokerServices(Module):
         if not msg.is_owner:
             raise ErrnoError(errno.EPERM, "only the instance owner may set attributes")
         self.broker.set_attr(p["name"], p["value"])
+        self.h.respond(msg, {})
+
+    # -- overlay
+    def overlay_disconnect(self, msg: Message) -> None:  # (not .disconnect: the router's)
+        """``{rank}`` -> ``{}``: cut this rank's child ``rank`` off, and its
+        subtree with it (:meth:`broker.overlay.Overlay.disconnect_child`).
+        The instance owner only; ``ENOENT`` if ``rank`` is not a connected
+        child of this rank."""
+        child = require(msg.payload, rank=int)["rank"]
+        if not msg.is_owner:
+            raise ErrnoError(errno.EPERM, "only the instance owner may disconnect ranks")
+        overlay = self.broker.overlay
+        if overlay is None or not overlay.disconnect_child(
+                child, f"kvbroker overlay disconnect, by uid {msg.userid}"):
+            raise ErrnoError(errno.ENOENT, f"rank {child} is not a connected child of "
+                                           f"rank {self.ctx.rank}")
         self.h.respond(msg, {})
 
     # -- log

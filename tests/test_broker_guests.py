@@ -94,11 +94,11 @@ async def test_allowed_guest_is_a_user(start_instance, connect) -> None:
         # nor may they stop a rank or the instance
         assert lines[5:7] == [{"shutdown": errno.EPERM}] * 2
         # nor change an attribute (the log level stays the owner's), nor read
-        # or write the log
-        assert lines[7:10] == [{"attr_set": errno.EPERM}, {"dmesg": errno.EPERM},
-                               {"logger": errno.EPERM}]
+        # or write the log, nor cut a rank off the tree
+        assert lines[7:11] == [{"attr_set": errno.EPERM}, {"dmesg": errno.EPERM},
+                               {"logger": errno.EPERM}, {"disconnect": errno.EPERM}]
         # and the overlay socket is out of reach
-        assert lines[10] == {"tbon": errno.EACCES}
+        assert lines[11] == {"tbon": errno.EACCES}
         # the owner is still the owner, and every rank still serves
         h = await connect(inst, 3)
         assert (await h.ping(0))["rank"] == 0

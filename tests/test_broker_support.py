@@ -214,6 +214,11 @@ async def scenario_identity(h):
         out(logger=0)
     except RemoteError as e:
         out(logger=e.errnum)
+    try:
+        await h.rpc("overlay.disconnect-subtree", {"rank": 3}, nodeid=1)
+        out(disconnect=0)
+    except RemoteError as e:
+        out(disconnect=e.errnum)
     rundir = os.path.dirname(h.uri[len("local://"):])
     s = socket.socket(socket.AF_UNIX)
     try:

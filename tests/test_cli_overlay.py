@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import pwd
 import re
@@ -11,9 +12,11 @@ import socket
 import sys
 import time
 
+import pytest
 from test_broker_support import KVBROKER, run_cli, stats, stop_process, wait_until
 
 from broker import cli, status
+from broker.errors import RemoteError
 from broker.status import (
     FULL,
     LOST,
@@ -164,3 +167,51 @@ def test_uptime_counts_lost_and_torpid_ranks_in_flux_units() -> None:
         "0.0s", "59.9s", "1.0m", "60.0m", "1.0h", "1.5d"]
     assert cli.uptime_line(now, now + 5, 4_000_000_000, ranks[:1]).split(",  ")[:2] == [
         "13:02:55 run 0.0s", "owner 4000000000"]  # a clock step back; a uid with no name
+
+
+# ---------------------------------------------------------------- disconnect
+
+
+@pytest.mark.parametrize("transport", ["unix", "tcp"])
+async def test_overlay_disconnect_cuts_a_hung_rank_off(start_instance, connect,
+                                                       transport: str) -> None:
+    """A stopped rank holds the requests sent to it (here, a ping waits);
+    ``overlay disconnect`` has its parent cut it off, as Flux's: the waiting
+    ping and every new one fail at once with EHOSTUNREACH, status shows it
+    lost, and the process, once it runs again, finds its parent gone and
+    exits 1."""
+    inst = await start_instance(size=4, fanout=2, attrs={"tbon.transport": transport})
+    assert inst.failed is not None
+    h = await connect(inst, 0)
+    pid = inst.pids()[3]
+    await stop_process(pid)
+    try:
+        async with asyncio.timeout(30):
+            waiting = asyncio.ensure_future(h.ping(3))
+            rc, out, err = await run_cli("overlay", "disconnect", "3", uri=inst.uri(2))
+            assert (rc, out) == (0, "asking rank 1 to disconnect child rank 3\n"), err
+            with pytest.raises(RemoteError) as e:
+                await waiting
+            assert e.value.errnum == errno.EHOSTUNREACH
+            with pytest.raises(RemoteError) as e:
+                await h.ping(3)
+            assert e.value.errnum == errno.EHOSTUNREACH
+            assert (await stats(h, 1))["overlay"]["children"] == []
+            rc, out, _ = await run_cli("overlay", "status", uri=inst.uri(0))
+            assert rc == 1 and "    3: lost" in out, out
+            rc, _, err = await run_cli("overlay", "disconnect", "3", uri=inst.uri(0))
+            assert rc == 1 and "rank 3 is not a connected child of rank 1" in err, err
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert await asyncio.wait_for(inst.failed, 30) == (3, 1)
+    assert (await h.ping(2))["rank"] == 2
+
+
+async def test_overlay_disconnect_refuses_what_it_cannot_do(start_instance) -> None:
+    inst = await start_instance(size=3, fanout=2)
+    rc, _, err = await run_cli("overlay", "disconnect", "0", uri=inst.uri(0))
+    assert rc == 1 and "rank 0 has no parent" in err, err
+    rc, _, err = await run_cli("overlay", "disconnect", "--parent", "2", "1", uri=inst.uri(0))
+    assert rc == 1 and "rank 1 is not a connected child of rank 2" in err, err
+    rc, _, err = await run_cli("overlay", "status", uri=inst.uri(0))
+    assert rc == 0, err  # nothing was cut
