@@ -51,7 +51,8 @@ log = logging.getLogger("kvbroker.connector")
 
 class LogThrottle:
     """At most one log line per ``every`` seconds for each kind of client
-    error (garbage, a malformed or oversized request, a refused guest).
+    error (garbage, a malformed or oversized request, a response or event
+    where only requests belong, a refused guest).
 
     A client decides how many of those it sends: one line each let a guest
     flood a rank's stderr, and push every other record out of the ring that
@@ -401,7 +402,9 @@ class ClientConnection(FramedProtocol):
                 # Clients only send requests: a forged response or event
                 # could otherwise be routed to another client.
                 self.server.counts["malformed"] += 1
-                log.warning("%s: dropping %s (clients send requests only)", self.peer_id, msg)
+                self.server.log_throttle.log(logging.WARNING, "not-a-request",
+                                             "%s: dropping %s (clients send requests only)",
+                                             self.peer_id, msg)
                 continue
             self.router.from_local(self, msg)
 

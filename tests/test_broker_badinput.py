@@ -140,6 +140,32 @@ async def test_a_flood_of_bad_messages_is_logged_once_a_second_not_each(
     assert any("no statedir" in e["message"] for e in entries)  # not pushed out
 
 
+async def test_a_flood_of_non_requests_is_logged_once_a_second_not_each(
+        start_instance, connect) -> None:
+    """A client sends requests only; 300 well-formed events and responses
+    from one are all dropped and counted, but logged a few times, as the
+    other kinds of a client's bad input are (LogThrottle): one WARNING each
+    let any client flood stderr and the ring ``kvbroker dmesg`` reads."""
+    inst = await start_instance(size=1)
+    assert inst.stderr_path is not None
+    h = await connect(inst)
+    raw = await RawClient.connect(inst)
+    try:
+        async with asyncio.timeout(30):
+            for i in range(150):
+                raw.send(Message(MsgType.EVENT, "forged.event", {}, seq=i + 1))
+                raw.send(Message(MsgType.RESPONSE, "forged.response", {}, matchtag=i))
+            assert (await raw.rpc("broker.ping", {}, matchtag=1_000)).errnum == 0
+    finally:
+        await raw.close()
+    assert (await stats(h))["connector"]["malformed"] == 300
+    log = Path(inst.stderr_path).read_text()
+    assert 1 <= log.count("clients send requests only") <= 5, log
+    entries = [e async for e in h.rpc_stream("log.dmesg", {})]
+    assert sum("clients send requests only" in e["message"] for e in entries) <= 5
+    assert any("no statedir" in e["message"] for e in entries)  # not pushed out
+
+
 async def test_wrong_field_types_get_eproto(start_instance) -> None:
     inst = await start_instance(size=1)
     raw = await RawClient.connect(inst)
