@@ -78,8 +78,11 @@ async def _torpid_children(h: Handle, rank: int, timeout: float) -> dict[int, st
 async def gather(h: Handle, timeout: float = 2.0) -> tuple[list[RankStatus], int]:
     """The state of every rank of the instance ``h`` is attached to, and
     the instance's fanout (to :func:`render` them)."""
-    size = int(await h.attr_get("size", nodeid=0))
-    fanout = int(await h.attr_get("fanout", nodeid=0))
+    # (the rank ``h`` is attached to knows them as well as rank 0, and it
+    # answers even when the way to rank 0 is held up by a torpid rank: the
+    # command's timeout is then still kept)
+    size = int(await h.attr_get("size"))
+    fanout = int(await h.attr_get("fanout"))
     parents = [r for r in range(size) if topology.children_of(r, fanout, size)]
     asked = asyncio.gather(*(_ask(h, r, timeout) for r in range(size)))
     views = asyncio.gather(*(_torpid_children(h, r, timeout) for r in parents))

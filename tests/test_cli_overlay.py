@@ -156,6 +156,30 @@ async def test_uptime_says_how_long_whose_and_how_big(start_instance) -> None:
     assert re.fullmatch(rf"\d\d:\d\d:\d\d run \d+\.\ds,  owner {owner},  size 3\n", out), out
 
 
+async def test_status_and_uptime_keep_their_timeout_when_rank_0_is_out_of_reach(
+        start_instance) -> None:
+    """Run on rank 3 while its parent (rank 1) is stopped, so that nothing
+    it sends towards rank 0 is answered: ``overlay status`` and ``uptime``
+    still end within their ``--timeout`` -- the first showing rank 1 (and
+    what only it leads to) torpid, the second saying rank 0 did not answer
+    -- instead of waiting for ever for rank 0's size or start time."""
+    inst = await start_instance(size=4, fanout=2)
+    pid = inst.pids()[1]
+    await stop_process(pid)
+    try:
+        async with asyncio.timeout(30):
+            rc, out, err = await run_cli("overlay", "status", "-t", "1", uri=inst.uri(3))
+            assert rc == 1, err
+            assert out.splitlines()[:2] == ["0: torpid (no answer in 1s)",
+                                            "  1: torpid (no answer in 1s)"], out
+            assert re.search(r"^    3 \S+: full$", out, re.M), out
+            rc, out, err = await run_cli("uptime", "-t", "1", uri=inst.uri(3))
+            assert (rc, out) == (1, ""), err
+            assert err == "kvbroker: uptime: rank 0 did not answer in 1s\n", err
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
 def test_uptime_counts_lost_and_torpid_ranks_in_flux_units() -> None:
     ranks = [status.RankStatus(0, status.PARTIAL), status.RankStatus(1, status.LOST),
              status.RankStatus(2, status.LOST), status.RankStatus(3, status.TORPID)]
