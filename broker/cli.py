@@ -411,9 +411,15 @@ def cmd_overlay(args: argparse.Namespace) -> int:
         from broker import topology
 
         async with await connect() as h:
+            # (size and fanout: the attached rank's, the same as rank 0's,
+            # which a torpid rank on the way might keep from answering)
+            size = int(await h.attr_get("size"))
+            if args.target >= size:
+                raise CLIError("overlay disconnect", detail=f"rank {args.target} is not a "
+                               f"rank of this instance (size {size})")
             parent = args.parent
             if parent is None:
-                fanout = int(await h.attr_get("fanout", nodeid=0))
+                fanout = int(await h.attr_get("fanout"))
                 parent = topology.parent_of(args.target, fanout)
                 if parent is None:
                     raise CLIError("overlay disconnect", detail="rank 0 has no parent: "

@@ -235,6 +235,9 @@ async def test_overlay_disconnect_refuses_what_it_cannot_do(start_instance) -> N
     inst = await start_instance(size=3, fanout=2)
     rc, _, err = await run_cli("overlay", "disconnect", "0", uri=inst.uri(0))
     assert rc == 1 and "rank 0 has no parent" in err, err
+    rc, out, err = await run_cli("overlay", "disconnect", "3", uri=inst.uri(0))
+    assert (rc, out) == (1, ""), err  # (not "asking rank 1 to ...": there is no rank 3)
+    assert err == "kvbroker: overlay disconnect: rank 3 is not a rank of this instance (size 3)\n"
     rc, _, err = await run_cli("overlay", "disconnect", "--parent", "2", "1", uri=inst.uri(0))
     assert rc == 1 and "rank 1 is not a connected child of rank 2" in err, err
     rc, _, err = await run_cli("overlay", "status", uri=inst.uri(0))
