@@ -33,6 +33,19 @@ MAX_ENTRY_TEXT = 8192
 record may quote what a client sent (a malformed request's topic), and the
 ring must not keep 1,024 copies of a client's megabyte."""
 
+
+
+def clip(text: str) -> str:
+    """``text``, or as much of its start as fits in :data:`MAX_ENTRY_TEXT`
+    characters with how many more there were: a client's line
+    (``log.append``) is cut so on stderr as in the ring (which leaves
+    such a text as it is)."""
+    if len(text) <= MAX_ENTRY_TEXT:
+        return text
+    keep = MAX_ENTRY_TEXT - 64  # (room for the note)
+    return f"{text[:keep]}... ({len(text) - keep} more characters)"
+
+
 Entry = dict[str, Any]
 """One record as ``log.dmesg`` sends it: ``{seq, time, rank, level, name, message}``."""
 

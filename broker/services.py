@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from broker import attrs as battrs
 from broker import codec
 from broker.errors import ErrnoError
-from broker.logring import Entry, LogRing
+from broker.logring import Entry, LogRing, clip
 from broker.message import Message, MsgFlags, RawPayload
 from broker.module import Handler, Module, require
 
@@ -200,7 +200,10 @@ class BrokerServices(Module):
         ``info``), as ``flux logger`` does: a job script's notes land in
         the rank's log, stderr and ring alike.  The instance owner only.
         One logger serves every name (a name per client would be kept by
-        :mod:`logging` for ever)."""
+        :mod:`logging` for ever).  The message is cut to the ring's length
+        (:func:`broker.logring.clip`) before it reaches stderr too, as
+        Flux cuts a log message: a script's megabyte was written whole to
+        the rank's stderr, at once, from its event loop."""
         p = require(msg.payload, message=str)
         level, name = p.get("level", "info"), p.get("name", "logger")
         if type(level) is not str or level.lower() not in battrs.LOG_LEVELS:
@@ -212,7 +215,7 @@ class BrokerServices(Module):
         levelno = logging.getLevelName(level.upper())
         if _CLIENT_LOG.isEnabledFor(levelno):
             _CLIENT_LOG.handle(_CLIENT_LOG.makeRecord(
-                name, levelno, "(client)", 0, "%s", (p["message"],), None))
+                name, levelno, "(client)", 0, "%s", (clip(p["message"]),), None))
         self.h.respond(msg, {})
 
     def log_cancel(self, msg: Message) -> None:

@@ -212,6 +212,26 @@ async def test_log_cancel_ends_a_follow_stream_on_a_connection_that_stays(
         assert (await h.ping(1))["rank"] == 1
 
 
+async def test_logger_keeps_a_huge_message_to_the_ring_s_length_on_stderr_too(
+        start_instance, connect) -> None:
+    """A script's 1,000,000-character line (``kvbroker logger "$(cat
+    file)"``) is cut to the ring's 8,192 characters on stderr as well, as
+    Flux cuts a log message (2,048 bytes): a rank's stderr (a terminal,
+    journald) got all of it, in one write from its event loop.  The ring
+    keeps the same text, its end saying how much was left out."""
+    inst = await start_instance(size=1)
+    assert inst.stderr_path is not None
+    h = await connect(inst)
+    await h.log("y" * 1_000_000, "warning", "big")
+    [entry] = [e async for e in h.dmesg() if e["name"] == "big"]
+    text = entry["message"]
+    assert len(text) <= logring.MAX_ENTRY_TEXT and text.startswith("y" * 8000), len(text)
+    kept = text.index(".")
+    assert text[kept:] == f"... ({1_000_000 - kept} more characters)"
+    stderr = Path(inst.stderr_path).read_text()
+    assert f"WARNING big: {text}\n" in stderr and len(stderr) < 20_000, len(stderr)
+
+
 async def test_dmesg_needs_a_streaming_request_and_sound_fields(start_instance, connect) -> None:
     inst = await start_instance(size=1)
     h: Handle = await connect(inst, 0)
