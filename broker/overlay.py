@@ -89,6 +89,8 @@ EXIT_REFUSED = 3
 """Exit status of a rank whose parent refused its CURVE key: not 1 (a lost
 parent, which a supervisor's restart may cure), so that a supervisor can
 tell it apart and not restart it (systemd: ``RestartPreventExitStatus=3``)."""
+CUT_OFF_KEPT = 64
+"""ZeroMQ identities this rank cut off that it remembers (the newest)."""
 REFUSAL_LOG_INTERVAL = 60
 """Seconds between a parent's warnings about refused handshakes."""
 KEEPALIVE = "overlay.keepalive"
@@ -190,6 +192,14 @@ class Overlay:
         self._fd_ident: dict[int, bytes] = {}
         self._ident_conn: dict[bytes, tuple[int, int | None]] = {}
         """Each identity's connection: its fd and that fd's inode (to hang it up)."""
+        self._cut_off: dict[bytes, None] = {}
+        """Identities of child links this rank cut (disconnected, replaced or
+        dropped as stuck), oldest first, at most :data:`CUT_OFF_KEPT`: what
+        such a link still brings -- the messages in flight when it was cut,
+        those its old process sends when it runs again -- is dropped quietly
+        (``overlay.dropped``).  Taken for a stranger's, each was a WARNING:
+        a busy child disconnected flooded stderr with thousands, and pushed
+        the disconnect's own record out of the dmesg ring."""
         self._zmq_slow = 0
         self._up_monitor: ZmqSocket | None = None
         self._stopping_refused = False
@@ -608,6 +618,9 @@ class Overlay:
         ident, frames = parts[0], parts[1:]
         child = self._ident_child.get(ident)
         if child is None:  # a new connection (or one replaced since): only a hello
+            if ident in self._cut_off:
+                self.dropped += 1
+                return
             child = self._hello_rank(frames)
             if child is None:
                 return
@@ -626,6 +639,7 @@ class Overlay:
                         "connection", child)
             del self._ident_child[old]
             self._send_failed.discard(old)
+            self._cut(old)
             replaced = Message(MsgType.CONTROL, "overlay.shutdown",
                                {"rank": self.rank, "replaced": True})
             assert self._down is not None
@@ -641,6 +655,12 @@ class Overlay:
 
         self._ident_conn[ident] = (fd, connection_inode(fd))
 
+    def _cut(self, ident: bytes) -> None:
+        """Remember that this rank cut link ``ident`` off (:attr:`_cut_off`)."""
+        self._cut_off[ident] = None
+        if len(self._cut_off) > CUT_OFF_KEPT:
+            del self._cut_off[next(iter(self._cut_off))]
+
     def _child_stuck(self, ident: bytes, queued: int) -> None:
         """ZeroMQ: a child left more than ``tbon.max-backlog`` bytes unread
         (a stopped rank): drop it as a stream link does.  Its connection is
@@ -650,6 +670,7 @@ class Overlay:
         if child is None:
             return
         del self._child_ident[child]
+        self._cut(ident)
         self._zmq_slow += 1
         log.warning("child rank %d does not read its link (%d bytes queued, "
                     "tbon.max-backlog): dropping it", child, queued)
@@ -679,6 +700,8 @@ class Overlay:
             ident = self._child_ident.pop(child, None)
             if ident is not None:
                 del self._ident_child[ident]
+                self._send_failed.discard(ident)
+                self._cut(ident)
                 fd_inode = self._ident_conn.pop(ident, None)
                 if self._down is not None:
                     self._down.drop_backlog(ident)

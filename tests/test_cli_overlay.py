@@ -11,12 +11,21 @@ import signal
 import socket
 import sys
 import time
+from pathlib import Path
 
 import pytest
-from test_broker_support import KVBROKER, run_cli, stats, stop_process, wait_until
+from test_broker_support import (
+    KVBROKER,
+    RawClient,
+    run_cli,
+    stats,
+    stop_process,
+    wait_until,
+)
 
-from broker import cli, status
+from broker import cli, codec, status
 from broker.errors import RemoteError
+from broker.message import Message, MsgFlags, MsgType
 from broker.status import (
     FULL,
     LOST,
@@ -229,6 +238,35 @@ async def test_overlay_disconnect_cuts_a_hung_rank_off(start_instance, connect,
         os.kill(pid, signal.SIGCONT)
     assert await asyncio.wait_for(inst.failed, 30) == (3, 1)
     assert (await h.ping(2))["rank"] == 2
+
+
+async def test_overlay_disconnect_of_a_busy_zeromq_child_logs_no_flood(
+        start_instance, connect) -> None:
+    """What a ZeroMQ child had in flight when it was cut off still arrives
+    from its old identity: dropped quietly (``overlay.dropped``), not taken
+    for a stranger's first message with a WARNING each -- thousands, which
+    flooded stderr and pushed the disconnect's own record out of the dmesg
+    ring."""
+    inst = await start_instance(size=2, fanout=2, attrs={"tbon.transport": "ipc"})
+    assert inst.failed is not None and inst.stderr_path is not None
+    h = await connect(inst, 0)
+    raw = await RawClient.connect(inst, 1)
+    ping = Message(MsgType.REQUEST, "broker.ping", {}, nodeid=0, flags=MsgFlags.NORESPONSE)
+    try:
+        raw.send_bytes(codec.to_stream(codec.encode(ping)) * 200_000)  # (rank 1 forwards)
+
+        async def flowing() -> bool:
+            return (await stats(h, 0))["messages"]["requests"] > 5_000
+
+        await wait_until(flowing, "rank 1's client's pings to reach rank 0")
+        await h.rpc("overlay.disconnect-subtree", {"rank": 1}, nodeid=0)
+        assert await asyncio.wait_for(inst.failed, 30) == (1, 1)
+    finally:
+        await raw.close()
+    assert "refusing overlay peer" not in Path(inst.stderr_path).read_text()
+    assert (await stats(h, 0))["overlay"]["dropped"] > 0  # (some were in flight)
+    entries = [e["message"] async for e in h.dmesg(nodeid=0)]
+    assert any(m.startswith("disconnecting child rank 1") for m in entries), entries[-3:]
 
 
 async def test_overlay_disconnect_refuses_what_it_cannot_do(start_instance) -> None:
