@@ -443,11 +443,11 @@ def cmd_uptime(args: argparse.Namespace) -> int:
 
     async def main() -> int:
         async with await connect() as h:
-            owner = int(await h.attr_get("security.owner"))  # (every rank's, as size)
             try:
                 # within the timeout: the way to rank 0 may pass a torpid rank
                 async with asyncio.timeout(args.timeout):
                     started = float(await h.attr_get("broker.starttime", nodeid=0))
+                    owner = int(await h.attr_get("security.owner", nodeid=0))
             except TimeoutError:
                 raise CLIError("uptime", detail=f"rank 0 did not answer in "
                                                 f"{args.timeout:g}s") from None
