@@ -16,8 +16,8 @@ import select
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import Awaitable
+from typing import Any
 
 from broker import __version__, logring, plugins
 from broker.cliutil import (
@@ -28,6 +28,7 @@ from broker.cliutil import (
     UsageError,
     connect,
     dumps,
+    each_rank,
     errno_detail,
     json_arg,
     non_negative_int,
@@ -42,8 +43,6 @@ from broker.errors import ErrnoError
 from broker.handle import Handle, parse_uri
 from broker.loops import LOOP_NAMES, loop_factory
 from broker.message import NODEID_ANY
-
-T = TypeVar("T")
 
 
 def parse_attr(text: str) -> tuple[str, str]:
@@ -546,7 +545,7 @@ async def _attr_set(h: Handle, args: argparse.Namespace) -> None:
         await h.attr_set(args.name, args.value, nodeid=_nodeid(args.rank))
         return
     ranks = list(range(int(await h.attr_get("size"))))
-    await _each_rank("attr set", ranks, lambda r: h.attr_set(args.name, args.value, nodeid=r))
+    await each_rank("attr set", ranks, lambda r: h.attr_set(args.name, args.value, nodeid=r))
 
 
 def cmd_module(args: argparse.Namespace) -> int:
@@ -579,9 +578,9 @@ def cmd_dmesg(args: argparse.Namespace) -> int:
             ranks = (list(range(int(await h.attr_get("size")))) if args.all
                      else [_nodeid(args.rank)])
             if args.clear:
-                await _each_rank("dmesg", ranks, lambda r: h.rpc("log.clear", {}, nodeid=r))
+                await each_rank("dmesg", ranks, lambda r: h.rpc("log.clear", {}, nodeid=r))
                 return 0
-            kept = await _each_rank("dmesg", ranks, lambda r: _read_log(h, r))
+            kept = await each_rank("dmesg", ranks, lambda r: _read_log(h, r))
             for entry in sorted((e for entries in kept for e in entries),
                                 key=lambda e: (e["time"], e["rank"], e["seq"])):
                 print(logring.line(entry), flush=args.follow)
@@ -592,26 +591,11 @@ def cmd_dmesg(args: argparse.Namespace) -> int:
             if args.read_clear:  # (only what was printed: not what came since)
                 last = {r: entries[-1]["seq"]
                         for r, entries in zip(ranks, kept, strict=True) if entries}
-                await _each_rank("dmesg", list(last),
+                await each_rank("dmesg", list(last),
                                  lambda r: h.rpc("log.clear", {"seq": last[r]}, nodeid=r))
         return 0
 
     return run_async(args, main)
-
-
-async def _each_rank(what: str, ranks: list[int],
-                     call: Callable[[int], Awaitable[T]]) -> list[T]:
-    """``call(rank)`` for every rank at once; a refusal is raised naming its
-    rank (the first in rank order) when there are several."""
-    answers = await asyncio.gather(*(call(r) for r in ranks), return_exceptions=True)
-    out: list[T] = []
-    for rank, answer in zip(ranks, answers, strict=True):
-        if isinstance(answer, ErrnoError) and len(ranks) > 1:
-            raise CLIError(f"{what}: rank {rank}", answer.errnum, errno_detail(answer))
-        if isinstance(answer, BaseException):
-            raise answer
-        out.append(answer)
-    return out
 
 
 async def _read_log(h: Handle, rank: int) -> list[dict[str, Any]]:

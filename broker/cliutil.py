@@ -11,7 +11,7 @@ import math
 import os
 import sys
 from collections.abc import Awaitable, Callable
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import msgpack
 
@@ -123,6 +123,29 @@ def positive_float(text: str) -> float:
     if not (value > 0 and math.isfinite(value)):
         raise argparse.ArgumentTypeError(f"must be a positive number of seconds: {text}")
     return value
+
+
+T = TypeVar("T")
+
+
+async def each_rank(what: str, ranks: list[Any], call: Callable[[Any], Awaitable[T]],
+                    named: bool | None = None) -> list[T]:
+    """``call(rank)`` for every rank at once (``--all``: ``kvs dropcache``,
+    ``attr set``, ``dmesg``), their answers in rank order.  A refusal is
+    raised as ``<what>: rank N: <strerror>`` naming the first rank in order
+    that refused when ``named`` (default: when there are several ranks),
+    else as it came."""
+    answers = await asyncio.gather(*(call(r) for r in ranks), return_exceptions=True)
+    if named is None:
+        named = len(ranks) > 1
+    out: list[T] = []
+    for rank, answer in zip(ranks, answers, strict=True):
+        if isinstance(answer, ErrnoError) and named:
+            raise CLIError(f"{what}: rank {rank}", answer.errnum, errno_detail(answer))
+        if isinstance(answer, BaseException):
+            raise answer
+        out.append(answer)
+    return out
 
 
 def errno_detail(exc: ErrnoError) -> str:

@@ -34,12 +34,12 @@ import logging
 import os
 import socket
 import struct
-import time
 from typing import TYPE_CHECKING
 
 from broker import codec
 from broker.errors import ProtocolError
 from broker.framewriter import FramedProtocol
+from broker.logring import LogThrottle
 from broker.message import Message, MsgFlags, MsgType, Role
 from broker.turns import TurnReader
 
@@ -48,36 +48,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kvbroker.connector")
 
-
-class LogThrottle:
-    """At most one log line per ``every`` seconds for each kind of client
-    error (garbage, a malformed or oversized request, a response or event
-    where only requests belong, a refused guest).
-
-    A client decides how many of those it sends: one line each let a guest
-    flood a rank's stderr, and push every other record out of the ring that
-    ``kvbroker dmesg`` reads (1,024 lines in a few milliseconds).  The
-    lines held back are counted in the next one of their kind; every
-    occurrence is counted in the connector's stats anyway."""
-
-    def __init__(self, every: float = 1.0) -> None:
-        self.every = every
-        self._next_at: dict[str, float] = {}
-        self._held: dict[str, int] = {}
-
-    def log(self, level: int, kind: str, msg: str, *args: object) -> None:
-        if not log.isEnabledFor(level):
-            return
-        now = time.monotonic()
-        if now < self._next_at.get(kind, 0.0):
-            self._held[kind] = self._held.get(kind, 0) + 1
-            return
-        self._next_at[kind] = now + self.every
-        held = self._held.pop(kind, 0)
-        if held:
-            msg += " (and %d more like it since the last such line, not logged)"
-            args = (*args, held)
-        log.log(level, msg, *args)
 
 MAX_BACKLOG = 256 << 20
 DEFAULT_MAX_GUEST_CONNECTIONS = 256
@@ -553,7 +523,7 @@ class Connector:
         """Guest users with connections here, by uid."""
         self.connections: dict[str, ClientConnection] = {}
         self.counts: Counter[str] = Counter(dict.fromkeys(COUNTERS, 0))
-        self.log_throttle = LogThrottle()
+        self.log_throttle = LogThrottle(log)
         """Client errors are logged at most once a second per kind."""
         self._next = 0
         self._sock: socket.socket | None = None

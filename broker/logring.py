@@ -130,6 +130,37 @@ class LogRing(logging.Handler):
             self.release()
 
 
+class LogThrottle:
+    """At most one line per ``every`` seconds for each kind of event that
+    someone else decides how often happens: a client's bad input (the
+    connector), a refused overlay handshake (the overlay).
+
+    One line each let a guest flood a rank's stderr, and push every other
+    record out of the ring that ``kvbroker dmesg`` reads (1,024 lines in a
+    few milliseconds).  The lines held back are counted in the next one of
+    their kind; the counters in the stats count every occurrence anyway."""
+
+    def __init__(self, logger: logging.Logger, every: float = 1.0) -> None:
+        self.logger = logger
+        self.every = every
+        self._next_at: dict[str, float] = {}
+        self._held: dict[str, int] = {}
+
+    def log(self, level: int, kind: str, msg: str, *args: object) -> None:
+        if not self.logger.isEnabledFor(level):
+            return
+        now = time.monotonic()
+        if now < self._next_at.get(kind, 0.0):
+            self._held[kind] = self._held.get(kind, 0) + 1
+            return
+        self._next_at[kind] = now + self.every
+        held = self._held.pop(kind, 0)
+        if held:
+            msg += " (and %d more like it since the last such line, not logged)"
+            args = (*args, held)
+        self.logger.log(level, msg, *args)
+
+
 def line(entry: Entry) -> str:
     """``entry`` as a rank writes it on stderr, with the UTC time:
     ``2026-12-01T20:28:20.437Z kvbroker[0]: INFO kvbroker: message``."""

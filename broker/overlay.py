@@ -67,6 +67,7 @@ from typing import TYPE_CHECKING, Any
 
 from broker import codec, topology
 from broker.errors import ProtocolError
+from broker.logring import LogThrottle
 from broker.message import Message, MsgType
 from broker.overlay_stream import StreamConn, StreamLinks
 
@@ -172,8 +173,7 @@ class Overlay:
         """ZeroMQ links to children a send failed on (said once each)."""
         self._refused_by_parent = 0
         """Handshakes with the parent refused in a row (none succeeded since)."""
-        self._refusals_unlogged = 0
-        self._refusal_logged_at: float | None = None
+        self._refusal_log = LogThrottle(log, REFUSAL_LOG_INTERVAL)
         self.ready_from: set[int] = set()
         self.parent_acked = self.parent is None
         self.ready = asyncio.get_running_loop().create_future()
@@ -575,19 +575,13 @@ class Overlay:
         self.refused += 1
         # Once, not per retry: a refused peer dials again every 20 ms (a
         # rank gives up after a few; anything else may go on for ever).
-        now = asyncio.get_running_loop().time()
-        if (self._refusal_logged_at is not None
-                and now - self._refusal_logged_at < REFUSAL_LOG_INTERVAL):
-            self._refusals_unlogged += 1
-            return
-        since = (f"; {self._refusals_unlogged} more since the last such warning"
-                 if self._refusals_unlogged else "")
-        self._refusal_logged_at, self._refusals_unlogged = now, 0
-        log.warning("refused an overlay connection: %s -- a rank started with another key "
-                    "file, or not a rank (%d refused so far%s; overlay.refused in `kvbroker "
-                    "stats broker`; logged again at most every %d s)",
-                    zl.refusal(event, value, server=True) or f"ZeroMQ handshake event {event:#x}",
-                    self.refused, since, REFUSAL_LOG_INTERVAL)
+        self._refusal_log.log(
+            logging.WARNING, "refused",
+            "refused an overlay connection: %s -- a rank started with another key "
+            "file, or not a rank (%d refused so far; overlay.refused in `kvbroker "
+            "stats broker`; logged again at most every %d s)",
+            zl.refusal(event, value, server=True) or f"ZeroMQ handshake event {event:#x}",
+            self.refused, REFUSAL_LOG_INTERVAL)
 
     def _hello_rank(self, frames: list[bytes]) -> int | None:
         """The rank a new connection's first message says hello as, if it is

@@ -17,7 +17,6 @@ already resolved when they are called, and :func:`render_value` and
 from __future__ import annotations
 
 import argparse
-import asyncio
 import base64
 import contextlib
 import errno
@@ -35,6 +34,7 @@ from broker.cliutil import (
     PermutingParser,
     UsageError,
     connect,
+    each_rank,
     errno_detail,
     non_negative_int,
     positive_float,
@@ -886,15 +886,8 @@ def cmd_dropcache(args: argparse.Namespace) -> int:
 
     async def body(kvs: KVS) -> int:
         h = kvs.handle
-        ranks = range(int(await h.attr_get("size"))) if args.all else [None]
-        answers = await asyncio.gather(*(_dropcache(h, r) for r in ranks),
-                                       return_exceptions=True)
-        for rank, answer in zip(ranks, answers, strict=True):
-            if isinstance(answer, ErrnoError):
-                where = "kvs dropcache" if rank is None else f"kvs dropcache: rank {rank}"
-                raise CLIError(where, detail=errno_detail(answer))
-            if isinstance(answer, BaseException):
-                raise answer
+        ranks = list(range(int(await h.attr_get("size")))) if args.all else [None]
+        await each_rank("kvs dropcache", ranks, lambda r: _dropcache(h, r), named=args.all)
         return 0
 
     return _run(args, body)

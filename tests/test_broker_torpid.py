@@ -26,6 +26,23 @@ async def torpid(h: Handle, rank: int) -> dict[str, Any]:
     return dict(overlay["torpid"])
 
 
+async def stop_rank_3_until_marked(inst: Any, h: Handle) -> int:
+    """SIGSTOP rank 3 (a child of rank 1 at fanout 2) and wait until rank 1
+    marks it torpid; its pid (the caller sends SIGCONT)."""
+    pid: int = inst.pids()[3]
+    await stop_process(pid)
+
+    async def marked() -> bool:
+        return "3" in await torpid(h, 1)
+
+    try:
+        await wait_until(marked, "rank 1 to mark rank 3 torpid", 20)
+    except BaseException:
+        os.kill(pid, signal.SIGCONT)
+        raise
+    return pid
+
+
 async def log_says(path: str, text: str) -> None:
     """Wait until the instance's log holds ``text`` (it is written by
     another process: the line may lag the state a client saw)."""
@@ -47,13 +64,8 @@ async def test_a_stopped_child_is_marked_torpid_then_responsive(
                                 attrs={**FAST, "tbon.transport": transport})
     assert inst.stderr_path is not None
     h = await connect(inst, 0)
-    pid = inst.pids()[3]
-    await stop_process(pid)
+    pid = await stop_rank_3_until_marked(inst, h)
     try:
-        async def marked() -> bool:
-            return "3" in await torpid(h, 1)
-
-        await wait_until(marked, "rank 1 to mark rank 3 torpid", 20)
         silent = (await torpid(h, 1))["3"]
         assert silent >= TORPID_MAX - TORPID_MIN  # (seen_at: the check after its last message)
         overlay = (await stats(h, 1))["overlay"]
@@ -91,13 +103,8 @@ async def test_torpid_attributes_changed_at_run_time_take_effect(
         assert rc == 0, err
         for rank in range(4):
             assert float(await h.attr_get(name, nodeid=rank)) == value
-    pid = inst.pids()[3]
-    await stop_process(pid)
+    pid = await stop_rank_3_until_marked(inst, h)
     try:
-        async def marked() -> bool:
-            return "3" in await torpid(h, 1)
-
-        await wait_until(marked, "rank 1 to mark rank 3 torpid", 20)
         await log_says(inst.stderr_path, "(tbon.torpid_max 1 s)")
     finally:
         os.kill(pid, signal.SIGCONT)
