@@ -213,20 +213,18 @@ class Broker:
             parsed = battrs.check_update(self.attrs, name, value)
         except battrs.AttrError as exc:
             raise ErrnoError(errno.EINVAL, str(exc)) from None
-        if name == battrs.LOG_LEVEL.name or name == battrs.LOG_RING_LEVEL.name:
-            if self.rank_log is None:
-                raise ErrnoError(errno.ENOSYS, "this rank's logging is its host program's")
-            self.attrs[name] = value
-            if name == battrs.LOG_LEVEL.name:
-                self.rank_log.set_levels(level=str(parsed))
-            else:
-                self.rank_log.set_levels(ring_level=str(parsed))
-        else:  # tbon.torpid_min / tbon.torpid_max
-            self.attrs[name] = value
-            if self.overlay is not None:
-                config = battrs.check(self.attrs, [battrs.TORPID_MIN, battrs.TORPID_MAX])
-                self.overlay.set_torpid(config[battrs.TORPID_MIN.name],
-                                        config[battrs.TORPID_MAX.name])
+        levels = (battrs.LOG_LEVEL.name, battrs.LOG_RING_LEVEL.name)
+        if name in levels and self.rank_log is None:
+            raise ErrnoError(errno.ENOSYS, "this rank's logging is its host program's")
+        self.attrs[name] = value
+        if self.rank_log is not None and name == battrs.LOG_LEVEL.name:
+            self.rank_log.set_levels(level=str(parsed))
+        elif self.rank_log is not None and name == battrs.LOG_RING_LEVEL.name:
+            self.rank_log.set_levels(ring_level=str(parsed))
+        elif self.overlay is not None:  # tbon.torpid_min / tbon.torpid_max
+            config = battrs.check(self.attrs, [battrs.TORPID_MIN, battrs.TORPID_MAX])
+            self.overlay.set_torpid(config[battrs.TORPID_MIN.name],
+                                    config[battrs.TORPID_MAX.name])
         log.info("attribute %s set to %s", name, value)
 
     def stats(self) -> dict[str, Any]:
