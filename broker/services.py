@@ -1,4 +1,5 @@
-"""The broker's built-in services: ``broker``, ``attr``, ``event``, ``module``, ``log``."""
+"""The broker's built-in services: ``broker``, ``attr``, ``event``, ``module``,
+``log``, ``overlay``."""
 
 from __future__ import annotations
 
