@@ -362,15 +362,21 @@ class Overlay:
         goodbye, before :meth:`close`: closing first could fail the parent's
         next write to us (EPIPE) before it read the goodbye, and the clean
         stop was logged as a loss.  Flux's goodbye is a request for the same
-        reason.  Returns at once if no goodbye was said."""
+        reason.  Returns at once if no goodbye was said.
+
+        No answer in time is a WARNING (Flux: an error, "goodbye timeout"):
+        the parent, stopped or stuck, may then log this rank as lost, and
+        an operator at the default level saw nothing of why (it was INFO).
+        The rank still exits 0: it stopped as asked."""
         fut = self._goodbye_answered
         if fut is None or fut.done():
             return
         try:
             await asyncio.wait_for(asyncio.shield(fut), timeout)
         except TimeoutError:
-            log.info("parent rank %s did not answer our goodbye within %s s", self.parent,
-                     timeout)
+            log.warning("parent rank %s did not answer this rank's goodbye within %.1f s: "
+                        "its link is closed anyway (the parent may log this rank as lost)",
+                        self.parent, timeout)
 
     def _goodbye_over(self) -> None:
         fut = self._goodbye_answered

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from conftest import pid_alive
-from test_broker_support import stats, wait_until
+from test_broker_support import stats, stop_process, wait_until
 
 from broker.errors import RemoteError
 from broker.handle import Handle
@@ -450,6 +450,32 @@ async def test_a_client_s_disconnect_forgets_what_ranks_above_noted(
         assert (await stats(h0, 0))["used-below"] == base[0] + 1  # (r1's, for rank 0)
         await p0.close()
         await wait_until(forgotten, "rank 0 to forget its own client's publish")
+
+
+@pytest.mark.parametrize("transport", ["unix", "tcp"])
+async def test_a_goodbye_the_parent_does_not_answer_is_a_warning(
+        start_instance, connect, tmp_path, transport: str) -> None:
+    """A rank stopping cleanly whose parent does not answer its goodbye
+    (here: stopped) closes its link after 1 s anyway, and the parent may
+    then log it as lost: a stop that went wrong, which the rank said at
+    INFO only -- nothing on its stderr at the default level (warning).  As
+    Flux's "goodbye timeout" (an error there), it is a WARNING; the rank
+    still exits 0 (it stopped as asked)."""
+    inst = await start_instance(size=2, fanout=2, attrs={"tbon.transport": transport})
+    parent = inst.pids()[0]
+    h1 = await connect(inst, 1)
+    await stop_process(parent)
+    try:
+        async with asyncio.timeout(30):
+            assert await h1.rpc("broker.shutdown", {}, nodeid=1) == {"rank": 1}
+            assert await inst.procs[1].wait() == 0
+    finally:
+        os.kill(parent, signal.SIGCONT)
+    lines = [line.split(": ", 1)[1] for line in
+             (tmp_path / "broker-0.log").read_text().splitlines() if "kvbroker[1]:" in line]
+    assert lines == ["WARNING kvbroker.overlay: parent rank 0 did not answer "
+                     "this rank's goodbye within 1.0 s: its link is closed anyway (the "
+                     "parent may log this rank as lost)"], lines
 
 
 async def test_a_lost_rank_s_whole_subtree_exits_1(start_instance) -> None:
