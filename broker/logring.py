@@ -46,6 +46,41 @@ def clip(text: str) -> str:
     return f"{text[:keep]}... ({len(text) - keep} more characters)"
 
 
+def _lines(text: str) -> list[str]:
+    """``text``'s lines, its trailing line breaks dropped (as Flux's stdlog
+    drops a message's trailing ``\\r``/``\\n``): at least one, maybe empty."""
+    return text.rstrip("\r\n").splitlines() or [""]
+
+
+class PrefixedFormatter(logging.Formatter):
+    """A :class:`logging.Formatter` whose ``fmt`` ends with ``%(message)s``,
+    and which starts every line of a record with what comes before it (the
+    time, the rank, the level, the logger).
+
+    A message with newlines (``kvbroker logger "$(cat notes)"``) or a
+    traceback (``log.exception``) made bare lines on the rank's stderr,
+    which said neither whose nor what they were, and which a ``grep
+    'kvbroker\\[3\\]'`` or a log collector splitting on lines lost.
+    (Flux writes such a message as it is; escaping the newlines instead
+    would leave a traceback unreadable.)"""
+
+    def __init__(self, fmt: str, datefmt: str | None = None) -> None:
+        if not fmt.endswith("%(message)s"):
+            raise ValueError("a PrefixedFormatter's format ends with %(message)s")
+        super().__init__(fmt, datefmt)
+
+    def format(self, record: logging.LogRecord) -> str:
+        lines = _lines(super().format(record))  # (sets record.message, asctime)
+        if len(lines) == 1:
+            return lines[0]
+        message, record.message = record.message, ""
+        try:
+            prefix = self.formatMessage(record)
+        finally:
+            record.message = message
+        return "\n".join([lines[0], *(prefix + line for line in lines[1:])])
+
+
 Entry = dict[str, Any]
 """One record as ``log.dmesg`` sends it: ``{seq, time, rank, level, name, message}``."""
 
@@ -85,7 +120,7 @@ class LogRing(logging.Handler):
             self.handleError(record)
 
     def _emit(self, record: logging.LogRecord) -> None:
-        text = self.format(record)
+        text = self.format(record).rstrip("\r\n")  # (as on stderr: :func:`_lines`)
         if len(text) > MAX_ENTRY_TEXT:
             text = f"{text[:MAX_ENTRY_TEXT]}... ({len(text) - MAX_ENTRY_TEXT} more characters)"
         entry: Entry = {"seq": self.next_seq, "time": record.created, "rank": self.rank,
@@ -163,11 +198,14 @@ class LogThrottle:
 
 def line(entry: Entry) -> str:
     """``entry`` as a rank writes it on stderr, with the UTC time:
-    ``2026-12-01T20:28:20.437Z kvbroker[0]: INFO kvbroker: message``."""
+    ``2026-12-01T20:28:20.437Z kvbroker[0]: INFO kvbroker: message`` --
+    each line of a message with several (a traceback) so prefixed, as
+    :class:`PrefixedFormatter` writes them."""
     t = float(entry["time"])
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1000):03d}Z"
-    return (f"{stamp} kvbroker[{entry['rank']}]: {str(entry['level']).upper()} "
-            f"{entry['name']}: {entry['message']}")
+    prefix = (f"{stamp} kvbroker[{entry['rank']}]: {str(entry['level']).upper()} "
+              f"{entry['name']}: ")
+    return "\n".join(prefix + text for text in _lines(str(entry["message"])))
 
 
 class RankLog:

@@ -38,7 +38,7 @@ from broker import gcpolicy, malloc, plugins
 from broker.broker import Broker
 from broker.command import Command, cannot_run_message, cannot_run_status, exit_code
 from broker.errors import ErrnoError
-from broker.logring import RankLog
+from broker.logring import PrefixedFormatter, RankLog
 from broker.loops import loop_factory
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -292,7 +292,7 @@ def _configure_logging(rank: int, level: str, stamps: str, ring_level: str,
     fmt = f"kvbroker[{rank}]: %(levelname)s %(name)s: %(message)s"
     if stamps == "always" or (stamps == "auto" and _stderr_is_a_file()):
         fmt = "%(asctime)s.%(msecs)03dZ " + fmt
-    formatter = logging.Formatter(fmt, datefmt="%Y-%m-%dT%H:%M:%S")
+    formatter = PrefixedFormatter(fmt, datefmt="%Y-%m-%dT%H:%M:%S")  # (on every line)
     formatter.converter = time.gmtime
     return RankLog(rank, level, ring_level, ring_size, formatter)
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import logging
 import os
 import re
@@ -19,6 +20,7 @@ from broker.broker import Broker
 from broker.errors import RemoteError
 from broker.handle import Handle
 from broker.logring import RankLog
+from broker.rank import _configure_logging
 
 NO_STATEDIR = "no statedir: the primary namespace starts empty"
 LINE = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z) kvbroker\[(\d+)\]: "
@@ -157,6 +159,62 @@ async def test_logger_writes_to_a_ranks_log(start_instance) -> None:
                     if not name.startswith("kvbroker")]
     assert client_lines == [(1, "WARNING", "job.7", "step 3 done")]
     assert "kvbroker[1]: WARNING job.7: step 3 done" in Path(inst.stderr_path).read_text()
+
+
+async def test_every_stderr_and_dmesg_line_of_a_multi_line_record_has_the_prefix(
+        start_instance) -> None:
+    """A message with newlines (``kvbroker logger "$(cat notes)"``) made
+    lines on the rank's stderr, and in ``dmesg``'s output, that said
+    neither whose nor what they were: each line now carries the record's
+    prefix (time, rank, level, name), so that ``grep 'kvbroker\\[1\\]'``
+    keeps them all.  Trailing line breaks are dropped, as Flux's stdlog
+    does; the ring keeps the text whole."""
+    inst = await start_instance(size=2)
+    assert inst.stderr_path is not None
+    uri = inst.uri(0)
+    rc, _, err = await run_cli("logger", "-s", "warning", "-n", "notes", "-r", "1",
+                               "first\nsecond\r\n\nfourth\n\n", uri=uri)
+    assert rc == 0, err
+    rc, out, err = await run_cli("dmesg", "--rank", "1", uri=uri)
+    assert rc == 0, err
+    mine = [(r, lvl, name, msg) for _, r, lvl, name, msg in parse(out) if name == "notes"]
+    assert mine == [(1, "WARNING", "notes", m) for m in ("first", "second", "", "fourth")]
+    stderr = Path(inst.stderr_path).read_text()
+    mine = [(r, lvl, name, msg) for _, r, lvl, name, msg in parse(stderr) if name == "notes"]
+    assert mine == [(1, "WARNING", "notes", m) for m in ("first", "second", "", "fourth")]
+    h = await Handle.connect(uri)
+    try:
+        [kept] = [e["message"] async for e in h.dmesg(nodeid=1) if e["name"] == "notes"]
+    finally:
+        await h.close()
+    assert kept == "first\nsecond\r\n\nfourth"
+
+
+def test_a_traceback_on_stderr_and_in_dmesg_has_the_prefix_on_every_line() -> None:
+    """A module's exception (``log.exception``: "handler ... failed") wrote
+    its traceback on the rank's stderr as bare lines, between the prefixed
+    ones of other records: each line now has its record's prefix.  The
+    rank's own stderr handler, as ``kvbroker broker`` sets it up."""
+    root = logging.getLogger()
+    saved = (root.handlers[:], root.level)
+    try:
+        rank_log = _configure_logging(3, "warning", "never", "info", 16)
+        out = io.StringIO()
+        rank_log.stderr.setStream(out)
+        try:
+            {}["missing"]
+        except KeyError:
+            logging.getLogger("kvbroker.test").exception("handler %s failed", "test.get")
+    finally:
+        root.handlers[:], root.level = saved
+    lines = out.getvalue().splitlines()
+    assert len(lines) > 3 and lines[-1] == "kvbroker[3]: ERROR kvbroker.test: KeyError: 'missing'"
+    assert lines[0] == "kvbroker[3]: ERROR kvbroker.test: handler test.get failed"
+    assert all(line.startswith("kvbroker[3]: ERROR kvbroker.test: ") for line in lines), lines
+    [entry] = rank_log.ring.since()
+    assert entry["message"].splitlines() == [line.split(": ", 2)[2] for line in lines]
+    assert [line.split(": ", 1)[1] for line in logring.line(entry).splitlines()] == \
+        [line.split(": ", 1)[1] for line in lines]
 
 
 async def test_dmesg_follow_all_starts_with_the_records_merged_by_time(
