@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import logging
 import re
+from collections import deque
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from broker import attrs as battrs
@@ -156,7 +157,14 @@ class BrokerServices(Module):
         """``{follow?, since?}``, streaming: the records this rank keeps whose
         ``seq`` is above ``since`` (default 0: all), one per answer, oldest
         first; then ``ENODATA``, or with ``follow`` each new record as it is
-        logged, until the client goes (as ``flux dmesg [-f]``)."""
+        logged, until the client goes (as ``flux dmesg [-f]``).
+
+        A follower is registered before the records kept are read, so the
+        hand-over has no gap: it was registered after they were sent, and a
+        record logged in between (by another thread, or by the sending
+        itself) was in neither.  What reaches it while the backlog is sent
+        waits, and goes after it; a record in both (kept, its call still
+        pending) is sent once, by ``seq``."""
         p = msg.payload if msg.payload is not None else {}
         require(p)
         follow, since = p.get("follow", False), p.get("since", 0)
@@ -165,25 +173,41 @@ class BrokerServices(Module):
         if not msg.flags & MsgFlags.STREAMING:
             raise ErrnoError(errno.EPROTO, "log.dmesg is a streaming request")
         ring = self._ring(msg)
-        last = since
-        for entry in ring.since(since):
-            self.h.respond(msg, entry)
-            last = entry["seq"]
         if not follow:
+            for entry in ring.since(since):
+                self.h.respond(msg, entry)
             self.h.respond_error(msg, errno.ENODATA)
             return
+        last = since
+        held: deque[Entry] = deque()
+        holding = True  # until the backlog and what waited are sent
 
         def send(entry: Entry) -> None:
             # Each record reaches the followers once, but not always in seq
             # order: one from another thread comes a loop turn later than
-            # one the loop logs meanwhile.  So only those already sent
-            # above (kept, their call still pending) are skipped.
-            if entry["seq"] > last:
+            # one the loop logs meanwhile.  So only those already sent in
+            # the backlog (kept, their call still pending) are skipped.
+            if holding:
+                held.append(entry)
+            elif entry["seq"] > last:
                 self.h.respond(msg, entry)
 
         key = (tuple(msg.route), msg.matchtag)
         ring.followers[key] = send
         self._follows[key] = msg
+        try:
+            for entry in ring.since(since):
+                self.h.respond(msg, entry)
+                last = entry["seq"]
+        except BaseException:
+            ring.followers.pop(key, None)
+            self._follows.pop(key, None)
+            raise
+        while held:  # (what sending them logs joins the queue)
+            entry = held.popleft()
+            if entry["seq"] > last:
+                self.h.respond(msg, entry)
+        holding = False
 
     def log_clear(self, msg: Message) -> None:
         """``{seq?}``: forget the records kept (up to ``seq``) -> ``{}``."""

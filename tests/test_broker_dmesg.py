@@ -9,8 +9,10 @@ import logging
 import os
 import re
 import signal
+import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_broker_support import KVBROKER, run_cli, stats, wait_until
@@ -414,6 +416,65 @@ async def test_a_follower_gets_a_threads_record_logged_just_before_the_loops(
     finally:
         await b.stop()
         root.handlers[:], root.level = saved
+
+
+async def test_a_record_logged_while_the_backlog_is_sent_reaches_the_follower(
+        tmp_path: Path) -> None:
+    """A follow request is answered with the records kept, then each new
+    one.  A record logged while the kept ones were being sent (here, just
+    as the first is sent, one by the loop's thread and one by another, as
+    a module's worker logs) was in neither: the follower was registered after the backlog was
+    read, so the ring told no one of it.  The follower is now registered
+    first; every record comes once, in ``seq`` order.  The rank runs in
+    this process, so that the thread logs exactly then (a profile hook on
+    the loop's thread sees the backlog's first answer go)."""
+    root = logging.getLogger()
+    saved = (root.handlers[:], root.level)
+    rank_log = RankLog(0, "error", "info", 64, logging.Formatter("%(message)s"))
+    b = Broker(0, 1, 2, str(tmp_path), attrs={"broker.modules": ""}, rank_log=rank_log)
+    log = logging.getLogger("test.handover")
+    fired: list[int] = []
+
+    def during_the_backlog(frame: Any, event: str, _arg: object) -> None:
+        if (event == "call" and not fired and frame.f_code.co_name == "respond"
+                and frame.f_back is not None and frame.f_back.f_code.co_name == "log_dmesg"):
+            fired.append(rank_log.ring.next_seq)
+            log.info("during the backlog, by the loop")
+            worker = threading.Thread(target=log.info, args=("during the backlog",))
+            worker.start()
+            worker.join()
+
+    try:
+        async with asyncio.timeout(30):
+            await b.start()
+            h = await Handle.connect(b.uri)
+            try:
+                log.info("kept before")
+                stream = h.rpc_stream("log.dmesg", {"follow": True}).__aiter__()
+                sys.setprofile(during_the_backlog)
+                try:
+                    got = [await anext(stream)]
+                finally:
+                    sys.setprofile(None)
+                assert fired, "the backlog was sent without the hook seeing it"
+                while got[-1]["message"] != "during the backlog":
+                    try:
+                        got.append(await asyncio.wait_for(anext(stream), 5))
+                    except TimeoutError:
+                        raise AssertionError(f"the record logged during the backlog "
+                                             f"never came: {got}") from None
+                log.info("after")
+                got.append(await asyncio.wait_for(anext(stream), 10))
+            finally:
+                await h.close()
+    finally:
+        await b.stop()
+        root.handlers[:], root.level = saved
+    seqs = [e["seq"] for e in got]
+    assert seqs == list(range(1, len(got) + 1)), got  # each once, in order
+    assert [e["message"] for e in got] == [
+        "kept before", "during the backlog, by the loop", "during the backlog", "after"]
+    assert got[1]["seq"] == fired[0]
 
 
 def test_line_is_the_stderr_format_with_the_utc_time() -> None:
