@@ -174,6 +174,12 @@ class Overlay:
         self._refused_by_parent = 0
         """Handshakes with the parent refused in a row (none succeeded since)."""
         self._refusal_log = LogThrottle(log, REFUSAL_LOG_INTERVAL)
+        self._peer_log = LogThrottle(log)
+        """The warnings about one message from a peer (malformed, or not the
+        hello of one of our children): how many such messages a peer sends
+        is its choice -- any that reaches the socket over ``ipc``, one that
+        holds the instance's keys over ``tcp`` -- so each kind is logged at
+        most once a second (``overlay.dropped`` counts every one)."""
         self.ready_from: set[int] = set()
         self.parent_acked = self.parent is None
         self.ready = asyncio.get_running_loop().create_future()
@@ -494,7 +500,8 @@ class Overlay:
             return codec.decode(frames)
         except ProtocolError as exc:
             self.dropped += 1
-            log.warning("dropping malformed message from %s: %s", origin, exc)
+            self._peer_log.log(logging.WARNING, "malformed",
+                               "dropping malformed message from %s: %s", origin, exc)
             return None
 
     def _on_up_monitor(self, parts: list[bytes]) -> None:
@@ -606,12 +613,14 @@ class Overlay:
         if msg is not None:
             self.dropped += 1
             if type(rank) is int:
-                log.warning("refusing overlay peer: a hello from rank %s, which is not a child "
-                            "of rank %d (its children: %s); check the bootstrap file's "
-                            "parent/connect entries", rank, self.rank,
-                            sorted(self.children) or "none")
+                self._peer_log.log(
+                    logging.WARNING, "not-a-child",
+                    "refusing overlay peer: a hello from rank %s, which is not a child of "
+                    "rank %d (its children: %s); check the bootstrap file's parent/connect "
+                    "entries", rank, self.rank, sorted(self.children) or "none")
             else:
-                log.warning("refusing overlay peer: its first message is not a child's hello")
+                self._peer_log.log(logging.WARNING, "not-a-hello", "refusing overlay peer: "
+                                   "its first message is not a child's hello")
         return None
 
     def _from_child(self, parts: list[bytes]) -> None:
@@ -729,7 +738,8 @@ class Overlay:
             if rank is None or rank in self._child_conns:
                 if rank is not None:
                     self.dropped += 1
-                    log.warning("refusing overlay peer: rank %d is connected already", rank)
+                    self._peer_log.log(logging.WARNING, "connected-already", "refusing "
+                                       "overlay peer: rank %d is connected already", rank)
                 if conn.transport is not None:
                     conn.transport.close()
                 return
@@ -778,7 +788,8 @@ class Overlay:
             self._child_control(child, msg)
         elif child not in self.hello_from:
             self.dropped += 1
-            log.warning("dropping message from rank %d before its hello", child)
+            self._peer_log.log(logging.WARNING, "before-hello",
+                               "dropping message from rank %d before its hello", child)
         else:
             self.router.from_rank(child, msg)
 

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from broker import codec, topology
 from broker.events import SeqTracker, SubscriptionTable
+from broker.logring import LogThrottle
 from broker.message import (
     NODEID_ANY,
     NODEID_UPSTREAM,
@@ -225,6 +226,10 @@ class Router:
         self.seq_tracker = SeqTracker(f"rank {rank}")
         # every counter from the start, at 0: stats show those that never moved
         self.counts: Counter[str] = Counter(dict.fromkeys(COUNTERS, 0))
+        self._rank_log = LogThrottle(log)
+        """Warnings about one message from a neighbour rank (an event sent up
+        by a child): logged at most once a second per kind -- a peer admitted
+        as a child sends as many as it likes; ``dropped-events`` counts each."""
         self._sent_down = SentDown()
         self._used_below = UsedBelow()
         self._passed_on: defaultdict[tuple[Route, str], set[int]] = defaultdict(set)
@@ -383,7 +388,9 @@ class Router:
         elif t == MsgType.EVENT:
             if sender != topology.parent_of(self.rank, self.fanout):
                 self.counts["dropped-events"] += 1
-                log.warning("dropping event %s from non-parent rank %d", msg.topic, sender)
+                self._rank_log.log(logging.WARNING, "event-from-child",
+                                   "dropping event %s from non-parent rank %d", msg.topic,
+                                   sender)
                 return
             self.seq_tracker.see(msg.seq)
             self.distribute_event(msg)

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import os
+from pathlib import Path
 
 import pytest
 import zmq
 import zmq.asyncio
-from test_broker_support import stats
+from test_broker_support import stats, wait_until
 from zmq.utils.monitor import recv_monitor_message
 
+from broker import codec
 from broker.curve import load_keys
+from broker.message import Message, MsgType
 
 TCP = {"tbon.transport": "tcp"}
 
@@ -85,3 +88,50 @@ async def test_tcp_overlay_with_curve(start_instance, connect) -> None:
         for s in socks:
             s.close(0)
         ctx.term()
+
+
+async def test_a_flood_of_bad_overlay_messages_is_logged_a_few_times(
+        start_instance, connect) -> None:
+    """A peer holding the instance's keys passes the CURVE handshake, so
+    how many bad messages it sends is its choice: 600 (garbage, a request
+    before any hello, a hello from a rank that is not a child) are all
+    dropped and counted, but logged a few times each (once a second per
+    kind, as the connector logs a client's bad input), not once each --
+    which flooded stderr and pushed every other record out of the ring
+    ``kvbroker dmesg`` reads -- and the rank keeps serving."""
+    inst = await start_instance(size=4, fanout=2, attrs=TCP)
+    assert inst.stderr_path is not None
+    ctx = zmq.asyncio.Context()
+    peer = ctx.socket(zmq.DEALER)
+    peer.linger = 0
+    try:
+        async with asyncio.timeout(30):
+            h = await connect(inst, 0)
+            before = (await stats(h, 1))["overlay"]["dropped"]
+            public, secret = load_keys(os.path.join(inst.rundir, "curve.key"))
+            peer.curve_serverkey = public
+            peer.curve_publickey, peer.curve_secretkey = public, secret
+            peer.connect(inst.endpoints[1])
+            ping = codec.encode(Message(MsgType.REQUEST, "broker.ping", {}, matchtag=1,
+                                        route=["c1"]))
+            hello = codec.encode(Message(MsgType.CONTROL, "overlay.hello", {"rank": 9}))
+            for _ in range(200):
+                for frames in ([b"\xc1garbage"], ping, hello):
+                    await peer.send_multipart(frames)
+
+            async def all_dropped() -> bool:
+                return (await stats(h, 1))["overlay"]["dropped"] == before + 600
+
+            await wait_until(all_dropped, "rank 1 to drop the peer's 600 messages", 20)
+            for rank in range(4):
+                assert (await h.ping(rank))["rank"] == rank
+            entries = [e async for e in h.rpc_stream("log.dmesg", {}, nodeid=1)]
+    finally:
+        peer.close(0)
+        ctx.term()
+    log = Path(inst.stderr_path).read_text()
+    for line in ("dropping malformed message from an unidentified peer",
+                 "its first message is not a child's hello",
+                 "a hello from rank 9, which is not a child"):
+        assert 1 <= log.count(line) <= 5, log
+        assert 1 <= sum(line in e["message"] for e in entries) <= 5
