@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -75,7 +76,7 @@ if TYPE_CHECKING:
     import zmq
     import zmq.auth.thread
 
-    from broker.overlay_zmq import ZmqSocket
+    from broker.overlay_zmq import Connection, ZmqSocket
     from broker.router import Router
 
 log = logging.getLogger("kvbroker.overlay")
@@ -192,12 +193,22 @@ class Overlay:
         self._auth: zmq.auth.thread.ThreadAuthenticator | None = None
         self._monitor: ZmqSocket | None = None
         # ZeroMQ links: each child's current connection, by its identity, and
-        # the connection fd (SRCFD) of each identity, for monitor events.
+        # the connections the monitor reported, for its DISCONNECTED events.
         self._child_ident: dict[int, bytes] = {}
         self._ident_child: dict[bytes, int] = {}
-        self._fd_ident: dict[int, bytes] = {}
-        self._ident_conn: dict[bytes, tuple[int, int | None]] = {}
-        """Each identity's connection: its fd and that fd's inode (to hang it up)."""
+        self._fd_conns: dict[int, deque[Connection]] = {}
+        """The connections accepted on each file descriptor number whose
+        DISCONNECTED was not handled yet, oldest first (see
+        :class:`~broker.overlay_zmq.Connection`)."""
+        self._ident_conn: dict[bytes, Connection] = {}
+        """Each admitted identity's connection (to hang it up)."""
+        self._closed: list[bytes] = []
+        """Identities whose connection closed, to lose once what they sent
+        before is read (:meth:`_reap`)."""
+        self._reap_due = False
+        self._claiming = False
+        """:meth:`_claim` is reading the monitor, from inside a read of the
+        children's socket: a DISCONNECTED then reaps later, not in there."""
         self._cut_off: dict[bytes, None] = {}
         """Identities of child links this rank cut (disconnected, replaced or
         dropped as stuck), oldest first, at most :data:`CUT_OFF_KEPT`: what
@@ -322,9 +333,9 @@ class Overlay:
 
         ctx = self.ctx = zl.new_context()
         if self.children:
-            s, self._auth = zl.children_socket(ctx, self.bind or self.endpoint(self.rank),
-                                               self.curve)
-            self._monitor = zl.ZmqSocket(s.get_monitor_socket(zl.MONITORED), self._on_monitor)
+            s, monitor, self._auth = zl.children_socket(
+                ctx, self.bind or self.endpoint(self.rank), self.curve)
+            self._monitor = zl.ZmqSocket(monitor, self._on_monitor)
             self._down = zl.ZmqSocket(s, self._from_child, track_fd=True,
                                       max_backlog=self.max_backlog, on_stuck=self._child_stuck)
         if self.parent is not None:
@@ -438,8 +449,11 @@ class Overlay:
                 if ident not in self._send_failed:  # once per link, not per message
                     self._send_failed.add(ident)
                     # (expected of a child that said goodbye, or of one we
-                    # told to stop: not worth a warning at every clean stop)
-                    expected = self._shutdown_sent or child in self._leaving
+                    # told to stop: not worth a warning at every clean stop;
+                    # nor of one whose link closed, lost once its last
+                    # messages are read)
+                    expected = (self._shutdown_sent or child in self._leaving
+                                or ident in self._closed)
                     log.log(logging.INFO if expected else logging.WARNING,
                             "cannot send to rank %d: %s", child, error)
                 return False
@@ -561,29 +575,24 @@ class Overlay:
         self._control_up("overlay.hello", {"rank": self.rank})
 
     def _on_monitor(self, parts: list[bytes]) -> None:
-        """An event of the children's socket: a child's connection closed,
-        or a failed CURVE handshake -- wrong keys (ZAP refused them, or they
-        were not made for this instance's)."""
+        """An event of the children's socket: a connection accepted or
+        closed, or a failed CURVE handshake -- wrong keys (ZAP refused them,
+        or they were not made for this instance's)."""
         from broker import overlay_zmq as zl
 
         disconnected, event, value = zl.monitor_event(parts)
+        if event == zl.ACCEPTED:
+            self._fd_conns.setdefault(value, deque()).append(zl.Connection(value))
+            return
         if disconnected:
-            # What the connection sent before it closed is still in the
-            # socket, and the monitor's news may come first: read it before
-            # forgetting whose it was (a goodbye then read as a stranger's
-            # message made a clean stop a loss)
-            if self._down is not None:
-                self._down.read_all()
-            ident = self._fd_ident.pop(value, None)
-            if ident is not None:
-                self._ident_conn.pop(ident, None)
-                if self._down is not None:
-                    self._down.drop_backlog(ident)
-            child = self._ident_child.pop(ident, None) if ident is not None else None
-            if child is not None:  # (a replaced connection was forgotten already)
-                del self._child_ident[child]
-                self._lose_child(child, "its connection closed, or it answered no "
-                                 f"heartbeat for {zl.HEARTBEAT_TIMEOUT_MS // 1000} s")
+            # The oldest connection on that number: the number alone may
+            # name a newer one by now (see overlay_zmq.Connection)
+            conns = self._fd_conns.get(value)
+            conn = conns.popleft() if conns else None
+            if conns is not None and not conns:
+                del self._fd_conns[value]
+            if conn is not None and conn.ident is not None:
+                self._conn_closed(conn)
             return
         self.refused += 1
         # Once, not per retry: a refused peer dials again every 20 ms (a
@@ -623,6 +632,82 @@ class Overlay:
                                    "its first message is not a child's hello")
         return None
 
+    def _conn_closed(self, conn: Connection) -> None:
+        """The connection a child's identity spoke on closed: lose that
+        child, once what the connection sent before is read."""
+        ident = conn.ident
+        assert ident is not None
+        if self._ident_conn.get(ident) is conn:
+            del self._ident_conn[ident]
+        if self._down is not None:
+            self._down.drop_backlog(ident)
+        self._closed.append(ident)
+        if self._claiming:  # (inside a read of the children's socket)
+            if not self._reap_due:
+                self._reap_due = True
+                asyncio.get_running_loop().call_soon(self._reap)
+        else:
+            self._reap()
+
+    def _reap(self) -> None:
+        """Lose the children whose connections closed (:attr:`_closed`).
+
+        What a connection sent before it closed is still in the socket, and
+        the monitor's news may come first: it is read before forgetting
+        whose it was (a goodbye then read as a stranger's message made a
+        clean stop a loss)."""
+        from broker import overlay_zmq as zl
+
+        self._reap_due = False
+        if self._down is not None:
+            self._down.read_all()
+        closed, self._closed = self._closed, []
+        for ident in closed:
+            child = self._ident_child.pop(ident, None)
+            if child is not None:  # (a replaced connection was forgotten already)
+                del self._child_ident[child]
+                self._lose_child(child, "its connection closed, or it answered no "
+                                 f"heartbeat for {zl.HEARTBEAT_TIMEOUT_MS // 1000} s")
+
+    def _claim(self, ident: bytes, fd: int) -> Connection:
+        """The connection the first message of identity ``ident``, read
+        from file descriptor ``fd``, came on, marked as ``ident``'s.
+
+        Every monitor event queued by now is handled first: the
+        DISCONNECTED of each older connection on that number was queued
+        before this message (see :class:`~broker.overlay_zmq.Connection`),
+        so the one connection left on it is this message's.  Without that,
+        a DISCONNECTED handled after a new connection's hello on the same
+        number dropped the newcomer -- a rank restarted at once, or
+        another child -- in place of the child it was about."""
+        from broker import overlay_zmq as zl
+
+        self._claiming = True
+        try:
+            if self._monitor is not None:
+                self._monitor.read_all()
+        finally:
+            self._claiming = False
+        conns = self._fd_conns.setdefault(fd, deque())
+        while len(conns) > 1:  # (no DISCONNECTED will come for these: never seen)
+            stale = conns.popleft()
+            if stale.ident is not None:
+                self._conn_closed(stale)
+        if not conns:  # (not seen accepted: never seen either)
+            conns.append(zl.Connection(fd))
+        conn = conns[0]
+        if conn.ident is not None and conn.ident != ident:
+            # That identity's hello was read after its connection closed and
+            # this one was accepted on the number: it is gone.
+            self._claiming = True  # (we are inside a read: reap later)
+            try:
+                self._conn_closed(conn)
+            finally:
+                self._claiming = False
+        conn.ident = ident
+        conn.inode = zl.connection_inode(fd)
+        return conn
+
     def _from_child(self, parts: list[bytes]) -> None:
         ident, frames = parts[0], parts[1:]
         child = self._ident_child.get(ident)
@@ -658,11 +743,7 @@ class Overlay:
         self._child_ident[child] = ident
         self._ident_child[ident] = child
         assert self._down is not None
-        fd = self._down.last_fd
-        self._fd_ident[fd] = ident
-        from broker.overlay_zmq import connection_inode
-
-        self._ident_conn[ident] = (fd, connection_inode(fd))
+        self._ident_conn[ident] = self._claim(ident, self._down.last_fd)
 
     def _cut(self, ident: bytes) -> None:
         """Remember that this rank cut link ``ident`` off (:attr:`_cut_off`)."""
@@ -687,8 +768,8 @@ class Overlay:
         if conn is not None:
             from broker.overlay_zmq import hang_up
 
-            self._fd_ident.pop(conn[0], None)
-            hang_up(*conn)
+            conn.ident = None  # (forgotten already: its DISCONNECTED has nothing to do)
+            hang_up(conn.fd, conn.inode)
         # (later: this runs inside a send, maybe a broadcast to the children)
         asyncio.get_running_loop().call_soon(self._lose_child, child, "", True)
 
@@ -711,14 +792,14 @@ class Overlay:
                 del self._ident_child[ident]
                 self._send_failed.discard(ident)
                 self._cut(ident)
-                fd_inode = self._ident_conn.pop(ident, None)
+                zconn = self._ident_conn.pop(ident, None)
                 if self._down is not None:
                     self._down.drop_backlog(ident)
-                if fd_inode is not None:
+                if zconn is not None:
                     from broker.overlay_zmq import hang_up
 
-                    self._fd_ident.pop(fd_inode[0], None)
-                    hang_up(*fd_inode)
+                    zconn.ident = None  # (forgotten already, as above)
+                    hang_up(zconn.fd, zconn.inode)
         log.warning("disconnecting child rank %d (%s): requests to its subtree are "
                     "answered EHOSTUNREACH", child, why)
         self._lose_child(child, why, warned=True)

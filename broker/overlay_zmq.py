@@ -53,6 +53,11 @@ MONITORED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_P
 UP_MONITORED = MONITORED | zmq.EVENT_HANDSHAKE_SUCCEEDED
 """The link to the parent also hears of handshakes that succeed: its count
 of refusals in a row starts again."""
+ACCEPTED = zmq.EVENT_ACCEPTED
+DOWN_MONITORED = MONITORED | ACCEPTED
+"""The children's socket also hears of each connection accepted: with the
+DISCONNECTED that ends it, the connections each file descriptor number has
+named, in order (:class:`Connection`)."""
 _PROTOCOL_ERRORS = {getattr(zmq, n): n[len("PROTOCOL_ERROR_"):] for n in dir(zmq)
                     if n.startswith("PROTOCOL_ERROR_")}
 
@@ -68,10 +73,14 @@ def _link_options(sock: zmq.Socket[Any]) -> None:
 
 
 def children_socket(ctx: zmq.Context[Any], endpoint: str, curve: tuple[bytes, bytes] | None,
-                    ) -> tuple[zmq.Socket[Any], zmq.auth.thread.ThreadAuthenticator | None]:
-    """The ROUTER the children connect to, bound at ``endpoint``, and the
-    CURVE authenticator that admits only holders of ``curve``'s key pair."""
+                    ) -> tuple[zmq.Socket[Any], zmq.Socket[Any],
+                               zmq.auth.thread.ThreadAuthenticator | None]:
+    """The ROUTER the children connect to, bound at ``endpoint``; its
+    monitor (:data:`DOWN_MONITORED`), started before the bind so that no
+    connection's ACCEPTED is missed; and the CURVE authenticator that admits
+    only holders of ``curve``'s key pair."""
     s = ctx.socket(zmq.ROUTER)
+    monitor = s.get_monitor_socket(DOWN_MONITORED)
     s.setsockopt(zmq.ROUTER_MANDATORY, 1)
     _link_options(s)
     # a connection that has not completed its handshake by then is
@@ -98,7 +107,7 @@ def children_socket(ctx: zmq.Context[Any], endpoint: str, curve: tuple[bytes, by
         s.bind(endpoint)
     finally:
         os.umask(old_umask)
-    return s, auth
+    return s, monitor, auth
 
 
 def parent_socket(ctx: zmq.Context[Any], rank: int, endpoint: str,
@@ -120,7 +129,9 @@ def parent_socket(ctx: zmq.Context[Any], rank: int, endpoint: str,
 
 def monitor_event(parts: list[bytes]) -> tuple[bool, int, int]:
     """A monitor message as ``(disconnected, event, value)``: a connection
-    closed (``value`` its file descriptor), or else a handshake failed."""
+    closed (``value`` its file descriptor), or one was accepted
+    (:data:`ACCEPTED`, ``value`` its file descriptor), or else a handshake
+    failed."""
     event = zmq.utils.monitor.parse_monitor_message(parts)
     return event["event"] == zmq.EVENT_DISCONNECTED, int(event["event"]), int(event["value"])
 
@@ -169,6 +180,32 @@ def redial(sock: zmq.Socket[Any], endpoint: str) -> None:
     except zmq.ZMQError:
         pass  # (gone already)
     sock.connect(endpoint)
+
+
+class Connection:
+    """One connection the children's ROUTER accepted, from its monitor's
+    ACCEPTED until its DISCONNECTED, and the identity that spoke on it.
+
+    Both events name the connection by its file descriptor number alone,
+    which the next connection accepted may reuse as soon as ZeroMQ's I/O
+    thread closed it.  But that thread puts every event and message of a
+    connection in order: its ACCEPTED before its first message, its
+    DISCONNECTED after its last message and before the number is closed,
+    so before the next connection on that number is accepted.  So the
+    connections a number named, oldest first, are its ACCEPTED events not
+    yet matched by a DISCONNECTED; once every monitor event queued by the
+    time a new identity's first message is read has been handled, only one
+    is left on its number: the one that message came on (see
+    :meth:`broker.overlay.Overlay._claim`)."""
+
+    __slots__ = ("fd", "ident", "inode")
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.ident: bytes | None = None
+        """The identity of the child that said hello on it, once one has."""
+        self.inode: int | None = None
+        """Its file descriptor's inode then (:func:`hang_up`)."""
 
 
 def connection_inode(fd: int) -> int | None:

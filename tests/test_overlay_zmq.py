@@ -1,0 +1,129 @@
+"""A ZeroMQ overlay parent's bookkeeping of its children's connections.
+
+These run one rank's :class:`Overlay` in the test process, with test DEALERs
+as its children, so that the test can hold the rank's event loop (plain
+synchronous code between two awaits) while ZeroMQ's I/O thread goes on:
+what the rank then finds waiting, in which order, is what a busy rank
+finds, and no timing decides it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import shutil
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+import zmq
+import zmq.asyncio
+from test_broker_support import wait_until
+
+from broker import codec
+from broker.launch import make_rundir
+from broker.message import Message, MsgType
+from broker.overlay import Overlay, ipc_endpoint
+from broker.router import Router
+
+
+def control(topic: str, rank: int) -> list[bytes]:
+    return codec.encode(Message(MsgType.CONTROL, topic, {"rank": rank}))  # type: ignore
+
+
+class Parent:
+    """Rank 0 of a 3-rank instance (children 1 and 2), and its test children."""
+
+    def __init__(self, overlay: Overlay, rundir: str) -> None:
+        self.overlay = overlay
+        self.rundir = rundir
+        self.ctx = zmq.asyncio.Context()
+
+    def dealer(self, ident: bytes) -> zmq.asyncio.Socket:
+        s = self.ctx.socket(zmq.DEALER)
+        s.linger = 0
+        s.setsockopt(zmq.IDENTITY, ident)
+        s.setsockopt(zmq.SNDHWM, 0)  # (a test child queues what it sends)
+        s.connect(ipc_endpoint(self.rundir, 0))
+        return s
+
+    async def join(self, ident: bytes, rank: int) -> tuple[zmq.asyncio.Socket, int]:
+        """A child that said hello and was answered, and the number of its
+        connection's file descriptor in the parent."""
+        s = self.dealer(ident)
+        await s.send_multipart(control("overlay.hello", rank))
+        assert codec.decode(await s.recv_multipart()).topic == "overlay.hello"
+        assert self.overlay._down is not None
+        return s, self.overlay._down.last_fd
+
+
+@pytest.fixture
+async def parent() -> AsyncIterator[Parent]:
+    rundir = make_rundir()
+    overlay = Overlay(Router(rank=0, size=3, fanout=2, owner_uid=os.getuid()), rundir,
+                      transport="ipc")
+    await overlay.start()
+    p = Parent(overlay, rundir)
+    try:
+        yield p
+    finally:
+        p.ctx.destroy(0)
+        overlay.close()
+        shutil.rmtree(rundir, ignore_errors=True)
+
+
+def wait_closed(fd: int, inode: int, timeout: float = 5.0) -> None:
+    """Block (the loop too) until file descriptor ``fd`` no longer names
+    the connection whose inode is ``inode``: ZeroMQ's I/O thread closed it,
+    after it queued the monitor's DISCONNECTED."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if os.fstat(fd).st_ino != inode:
+                return
+        except OSError:
+            return
+        assert time.monotonic() < deadline, f"connection {fd} still open"
+        time.sleep(0.001)
+
+
+@pytest.mark.both_loops
+@pytest.mark.parametrize("newcomer", [1, 2], ids=["the-same-rank-restarted",
+                                                  "another-child"])
+async def test_a_disconnect_read_late_drops_the_lost_child_not_the_fd_s_new_one(
+        parent: Parent, newcomer: int) -> None:
+    """A monitor's DISCONNECTED names a connection by its file descriptor
+    number only.  Rank 1's connection closes, and a new connection takes
+    the same number (rank 1 restarted at once, or rank 2 joining) and says
+    hello, all before the parent reads either: the DISCONNECTED is rank 1's
+    old connection's, and must not drop the newcomer (it did: the newcomer
+    was taken for the lost connection, its next messages were refused as a
+    stranger's, and rank 1's old link, when the newcomer was rank 2, was
+    kept for ever)."""
+    overlay = parent.overlay
+    async with asyncio.timeout(15):
+        old, fd = await parent.join(b"1-old", 1)
+        inode = os.fstat(fd).st_ino
+        # -- the rank's loop is held from here to the next await --
+        old.close(0)
+        wait_closed(fd, inode)
+        new = parent.dealer(b"%d-new" % newcomer)
+        new.send_multipart(control("overlay.hello", newcomer))
+        assert overlay._down is not None
+        assert overlay._down.sock.poll(5000) & zmq.POLLIN  # its hello is queued
+        # -- the loop runs again: the DISCONNECTED and the hello are both there
+        assert codec.decode(await new.recv_multipart()).topic == "overlay.hello"
+        assert overlay._down.last_fd == fd  # (the number was reused)
+
+        async def old_one_lost() -> bool:
+            return overlay.hello_from == {newcomer} and (newcomer == 1 or overlay.replaced == 0)
+
+        await wait_until(old_one_lost, "rank 1's old connection to be lost, and only it")
+        # the newcomer is a child still: its request is routed (no such
+        # service on rank 0), and the answer comes back down to it
+        req = Message(MsgType.REQUEST, "nosuch.method", matchtag=7, route=[f"c{newcomer}"])
+        await new.send_multipart(codec.encode(req))
+        msg = codec.decode(await new.recv_multipart())
+        assert (msg.type, msg.matchtag, msg.errnum) == (MsgType.RESPONSE, 7, errno.ENOSYS)
+        assert overlay.hello_from == {newcomer}
