@@ -202,13 +202,11 @@ class Overlay:
         :class:`~broker.overlay_zmq.Connection`)."""
         self._ident_conn: dict[bytes, Connection] = {}
         """Each admitted identity's connection (to hang it up)."""
-        self._closed: list[bytes] = []
+        self._closed: dict[bytes, int] = {}
         """Identities whose connection closed, to lose once what they sent
-        before is read (:meth:`_reap`)."""
+        before is read (:meth:`_reap`), with the children's socket's
+        message count (``received``) then."""
         self._reap_due = False
-        self._claiming = False
-        """:meth:`_claim` is reading the monitor, from inside a read of the
-        children's socket: a DISCONNECTED then reaps later, not in there."""
         self._cut_off: dict[bytes, None] = {}
         """Identities of child links this rank cut (disconnected, replaced or
         dropped as stuck), oldest first, at most :data:`CUT_OFF_KEPT`: what
@@ -634,40 +632,58 @@ class Overlay:
 
     def _conn_closed(self, conn: Connection) -> None:
         """The connection a child's identity spoke on closed: lose that
-        child, once what the connection sent before is read."""
+        child, once what the connection sent before is read (:meth:`_reap`,
+        at the next loop turn: this may run inside a read of the children's
+        socket, from :meth:`_claim`, which must not read it again)."""
         ident = conn.ident
         assert ident is not None
         if self._ident_conn.get(ident) is conn:
             del self._ident_conn[ident]
         if self._down is not None:
             self._down.drop_backlog(ident)
-        self._closed.append(ident)
-        if self._claiming:  # (inside a read of the children's socket)
-            if not self._reap_due:
-                self._reap_due = True
-                asyncio.get_running_loop().call_soon(self._reap)
-        else:
-            self._reap()
+            self._closed.setdefault(ident, self._down.received)
+        if not self._reap_due:  # (later: this may run inside a read of the socket)
+            self._reap_due = True
+            asyncio.get_running_loop().call_soon(self._reap)
 
     def _reap(self) -> None:
-        """Lose the children whose connections closed (:attr:`_closed`).
+        """Lose the children whose connections closed (:attr:`_closed`) --
+        once what each sent before is read.
 
-        What a connection sent before it closed is still in the socket, and
-        the monitor's news may come first: it is read before forgetting
-        whose it was (a goodbye then read as a stranger's message made a
-        clean stop a loss)."""
+        The monitor's DISCONNECTED may come before a connection's last
+        messages are read from the children's socket (a goodbye then read
+        as a stranger's made a clean stop a loss), so the socket is read
+        first: :data:`~broker.overlay_zmq.BATCH` messages per loop turn,
+        not all at once (a child that died with thousands queued held the
+        rank that long in one callback), until it is empty -- or until,
+        since the DISCONNECTED, it has handed out
+        :data:`~broker.overlay_zmq.HWM` messages per connection that may
+        have any: it takes one from each in turn, and a connection has at
+        most that many queued, so the closed one's are read by then even if
+        the others keep it busy for ever."""
         from broker import overlay_zmq as zl
 
         self._reap_due = False
-        if self._down is not None:
-            self._down.read_all()
-        closed, self._closed = self._closed, []
-        for ident in closed:
+        down = self._down
+        if down is None:
+            self._closed.clear()
+            return
+        more = down.read_slice()
+        # (+ BATCH: a DISCONNECTED handled inside a read noted the count
+        # before that read's messages were added to it)
+        enough = zl.HWM * (sum(map(len, self._fd_conns.values())) + 1) + zl.BATCH
+        for ident, since in list(self._closed.items()):
+            if more and down.received - since < enough:
+                continue
+            del self._closed[ident]
             child = self._ident_child.pop(ident, None)
             if child is not None:  # (a replaced connection was forgotten already)
                 del self._child_ident[child]
                 self._lose_child(child, "its connection closed, or it answered no "
                                  f"heartbeat for {zl.HEARTBEAT_TIMEOUT_MS // 1000} s")
+        if self._closed and not self._reap_due:
+            self._reap_due = True
+            asyncio.get_running_loop().call_soon(self._reap)
 
     def _claim(self, ident: bytes, fd: int) -> Connection:
         """The connection the first message of identity ``ident``, read
@@ -682,12 +698,8 @@ class Overlay:
         another child -- in place of the child it was about."""
         from broker import overlay_zmq as zl
 
-        self._claiming = True
-        try:
-            if self._monitor is not None:
-                self._monitor.read_all()
-        finally:
-            self._claiming = False
+        if self._monitor is not None:
+            self._monitor.read_all()
         conns = self._fd_conns.setdefault(fd, deque())
         while len(conns) > 1:  # (no DISCONNECTED will come for these: never seen)
             stale = conns.popleft()
@@ -699,11 +711,7 @@ class Overlay:
         if conn.ident is not None and conn.ident != ident:
             # That identity's hello was read after its connection closed and
             # this one was accepted on the number: it is gone.
-            self._claiming = True  # (we are inside a read: reap later)
-            try:
-                self._conn_closed(conn)
-            finally:
-                self._claiming = False
+            self._conn_closed(conn)
         conn.ident = ident
         conn.inode = zl.connection_inode(fd)
         return conn

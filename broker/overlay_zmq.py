@@ -269,6 +269,8 @@ class ZmqSocket:
         """What waits for room in each peer's pipe, by identity (``b""``:
         a DEALER's one peer); a key only while its queue is not empty."""
         self.backlog_bytes: dict[bytes, int] = {}
+        self.received = 0
+        """Messages read so far (:meth:`broker.overlay.Overlay._reap`)."""
         self.max_backlog = max_backlog
         self.on_stuck = on_stuck
         self.loop = asyncio.get_running_loop()
@@ -327,12 +329,18 @@ class ZmqSocket:
     def _schedule(self) -> None:
         if not self._scheduled:
             self._scheduled = True
-            self.loop.call_soon(self._run)
+            self.loop.call_soon(self._scheduled_run)
+
+    def _scheduled_run(self) -> None:
+        # (the flag is cleared here, not in _run: a _run called otherwise --
+        # the FD's reader, read_slice -- while this one waits must not
+        # schedule a second one, and each turn one more)
+        self._scheduled = False
+        self._run()
 
     def _run(self) -> int:
         """Read and handle what is ready (at most :data:`BATCH` messages,
         then again at the next turn); how many messages that was."""
-        self._scheduled = False
         sock = self.sock
         if sock.closed:
             return 0
@@ -360,9 +368,19 @@ class ZmqSocket:
                 self.on_message(parts)
             except Exception:
                 log.exception("error handling an overlay message")
+        self.received += n
         if self.backlogs:
             self.loop.call_later(0.001, self._schedule)
         return n
+
+    def read_slice(self) -> bool:
+        """Handle what has arrived, now, up to :data:`BATCH` messages;
+        whether more is waiting."""
+        if self.sock.closed:
+            return False
+        self._run()
+        return (not self.sock.closed
+                and bool(cast(int, self.sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN))
 
     def read_all(self) -> None:
         """Handle every message that has arrived, now, whatever the batch

@@ -4,15 +4,20 @@ These run one rank's :class:`Overlay` in the test process, with test DEALERs
 as its children, so that the test can hold the rank's event loop (plain
 synchronous code between two awaits) while ZeroMQ's I/O thread goes on:
 what the rank then finds waiting, in which order, is what a busy rank
-finds, and no timing decides it.
+finds, and no timing decides it.  (A rank process's loop cannot be held
+from outside without its ZeroMQ threads: SIGSTOP stops them all, and which
+of a DISCONNECTED and a newcomer's hello it then reads first is left to
+timing.)
 """
 
 from __future__ import annotations
 
 import asyncio
 import errno
+import logging
 import os
 import shutil
+import threading
 import time
 from collections.abc import AsyncIterator
 
@@ -127,3 +132,99 @@ async def test_a_disconnect_read_late_drops_the_lost_child_not_the_fd_s_new_one(
         msg = codec.decode(await new.recv_multipart())
         assert (msg.type, msg.matchtag, msg.errnum) == (MsgType.RESPONSE, 7, errno.ENOSYS)
         assert overlay.hello_from == {newcomer}
+
+
+@pytest.mark.both_loops
+async def test_a_lost_child_s_backlog_is_read_in_slices_and_in_order(
+        parent: Parent, caplog: pytest.LogCaptureFixture) -> None:
+    """A child's connection closes with 9,000 of its messages unread: the
+    parent reads them before it loses the child (its goodbye, the last
+    one, makes the loss a clean stop, logged at INFO), but a few hundred
+    per loop turn, not all in one callback -- which held a busy rank's
+    other links, clients and timers for as long as that took."""
+    caplog.set_level(logging.INFO, "kvbroker.overlay")
+    overlay = parent.overlay
+    router = overlay.router
+    n = 9_000  # (under ZeroMQ's high-water mark: all of them queued)
+    async with asyncio.timeout(30):
+        child, fd = await parent.join(b"1-busy", 1)
+        inode = os.fstat(fd).st_ino
+        child.linger = 10_000  # (what it sent still leaves after close)
+        up_event = codec.encode(Message(MsgType.EVENT, "up.event", seq=1))
+        # -- the rank's loop is held from here to the next await --
+        for _ in range(n):
+            child.send_multipart(up_event)  # dropped by rank 0, and counted
+        child.send_multipart(codec.encode(Message(MsgType.CONTROL, "overlay.goodbye",
+                                                  {"rank": 1, "why": "test"})))
+        child.close()
+        wait_closed(fd, inode)  # all queued, and the DISCONNECTED after them
+        # -- the loop runs again: count the messages handled per loop turn
+        per_turn = []
+        last = router.counts["dropped-events"]
+        while 1 in overlay.hello_from:
+            await asyncio.sleep(0)  # (one loop turn)
+            now = router.counts["dropped-events"]
+            per_turn.append(now - last)
+            last = now
+    assert last == n
+    assert max(per_turn) <= 4 * 512, max(per_turn)
+    assert "child rank 1 stopped (test)" in caplog.text
+    assert "lost child rank 1 unexpectedly" not in caplog.text
+
+
+@pytest.mark.both_loops
+async def test_a_lost_child_is_lost_while_a_sibling_keeps_the_socket_busy(
+        parent: Parent, caplog: pytest.LogCaptureFixture) -> None:
+    """Rank 1's connection closes with 9,000 messages unread while rank 2
+    sends without pause, so the children's socket is never found empty:
+    rank 1 is still lost, after its last message (its goodbye), within the
+    number of reads that ZeroMQ's turn-taking bounds -- not when the flood
+    stops (reading until the socket was empty never returned meanwhile,
+    and held the rank's loop for as long as the flood lasted)."""
+    caplog.set_level(logging.INFO, "kvbroker.overlay")
+    overlay = parent.overlay
+    router = overlay.router
+    async with asyncio.timeout(30):
+        child, fd = await parent.join(b"1-busy", 1)
+        sibling, _ = await parent.join(b"2-flood", 2)
+        inode = os.fstat(fd).st_ino
+        child.linger = 10_000
+        up_event = codec.encode(Message(MsgType.EVENT, "up.event", seq=1))
+        stop = threading.Event()
+        flood_ended = threading.Event()
+
+        def flood() -> None:
+            """Rank 2 sends until told to stop, or for 10 s at most (so
+            that a rank that never lets its loop run cannot hang the test)."""
+            s = zmq.Socket.shadow(sibling.underlying)
+            deadline = time.monotonic() + 10
+            while not stop.is_set() and time.monotonic() < deadline:
+                try:
+                    s.send_multipart(up_event, zmq.NOBLOCK)
+                except zmq.Again:
+                    pass
+            if not stop.is_set():
+                flood_ended.set()
+
+        # -- the rank's loop is held from here to the next await --
+        for _ in range(9_000):
+            child.send_multipart(up_event)
+        child.send_multipart(codec.encode(Message(MsgType.CONTROL, "overlay.goodbye",
+                                                  {"rank": 1, "why": "test"})))
+        child.close()
+        wait_closed(fd, inode)
+        flooder = threading.Thread(target=flood)
+        flooder.start()
+        try:
+            async def rank_1_lost() -> bool:
+                return 1 not in overlay.hello_from
+
+            await wait_until(rank_1_lost, "rank 1 to be lost", 20)
+        finally:
+            stop.set()
+            await asyncio.to_thread(flooder.join)
+    assert not flood_ended.is_set(), "rank 1 was lost only once the flood ended"
+    assert 2 in overlay.hello_from
+    assert router.counts["dropped-events"] > 9_000
+    assert "child rank 1 stopped (test)" in caplog.text
+    assert "lost child rank 1 unexpectedly" not in caplog.text
