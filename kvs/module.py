@@ -40,7 +40,7 @@ import errno
 import os
 import time
 from collections import Counter
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterable
 from itertools import count, islice
 from typing import Any, ClassVar
 
@@ -1111,22 +1111,28 @@ class KvsModule(Module):
         only its own namespaces, and no cache counts: the number of blobs
         held, read around a commit of its own, would tell whether a blob it
         guessed was there already (someone else's value)."""
-        out = self.stats()
-        if not msg.is_owner:
-            out["namespaces"] = {name: desc for name, desc in out["namespaces"].items()
-                                 if desc["owner"] == msg.userid}
-            for key in ("cache", "namespace-count", "heard"):
-                del out[key]
+        if msg.is_owner:
+            self.h.respond(msg, self.stats())
+            return
+        out = self.stats(owner=msg.userid)
+        for key in ("cache", "namespace-count", "heard"):
+            del out[key]
         self.h.respond(msg, out)
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self, owner: int | None = None) -> dict[str, Any]:
+        """The counters, and at most 100 namespaces; only ``owner``'s, if
+        given (a guest's view: chosen before the cut, or a guest whose
+        namespaces came after the rank's first 100 saw none)."""
+        held: Iterable[tuple[str, Namespace]] = self.namespaces.items()
+        if owner is not None:
+            held = ((name, ns) for name, ns in held if ns.owner == owner)
         return {
             "rank": self.rank,
             "namespace-count": len(self.namespaces),
             "heard": len(self.heard),
             "namespaces": {name: {"rootseq": ns.rootseq, "owner": ns.owner,
                                   "waiters": ns.waiters}
-                           for name, ns in islice(self.namespaces.items(), 100)},
+                           for name, ns in islice(held, 100)},
             "cache": {"blobs": len(self.blobs), "bytes": self.blobs.size,
                       "objects": len(self.cache), "object-bytes": self.cache.nbytes,
                       "forgotten": self.cache.forgotten},

@@ -36,6 +36,8 @@ from __future__ import annotations
 import errno
 import logging
 from collections import Counter
+from collections.abc import Iterable
+from itertools import islice
 from typing import Any, ClassVar
 
 from broker.attrs import CONTENT_HASH, AttrSpec, integer
@@ -404,19 +406,23 @@ class KvsWatchModule(Module):
         capability for anyone, so showing another's let a guest read every
         key of a namespace someone watches; here kvs refuses a guest's
         ``rootdir`` that is not its own anyway."""
-        out = self.stats()
-        if not msg.is_owner:
-            out["namespaces"] = {name: desc for name, desc in out["namespaces"].items()
-                                 if desc["owner"] == msg.userid}
-            out["namespace-count"] = len(out["namespaces"])
-        self.h.respond(msg, out)
+        self.h.respond(msg, self.stats(None if msg.is_owner else msg.userid))
 
-    def stats(self) -> dict[str, Any]:
-        shown = list(self.monitors.items())[:STATS_NAMESPACES]
+    def stats(self, owner: int | None = None) -> dict[str, Any]:
+        """The counters, and at most :data:`STATS_NAMESPACES` namespaces;
+        with ``owner`` (a guest's view), only that user's, chosen before the
+        cut (or a guest whose namespaces came after the first 100 saw none)
+        and counted in ``namespace-count``."""
+        monitors: Iterable[tuple[str, Monitor]] = self.monitors.items()
+        count = len(self.monitors)
+        if owner is not None:
+            monitors = [(name, mon) for name, mon in monitors if mon.owner == owner]
+            count = len(monitors)
+        shown = islice(monitors, STATS_NAMESPACES)
         return {
             "rank": self.ctx.rank,
             "watchers": self.nwatchers,
-            "namespace-count": len(self.monitors),
+            "namespace-count": count,
             # Work still under way, for a caller waiting until the service
             # has caught up (e.g. a benchmark after creating 64K watchers):
             # monitors still waiting for their first root, and kvs.lookup

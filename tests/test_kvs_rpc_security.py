@@ -308,3 +308,40 @@ async def test_guest_takes_a_heard_root_of_its_own_namespace_only(start_instance
     assert out["theirs"] == {"errnum": errno.EPERM}
     st = await asyncio.wait_for(h3.rpc("kvs.stats-get", {}), 10)
     assert st["counts"]["getroot-heard"] == 1 and st["namespace-count"] == 0
+
+
+async def test_guest_stats_show_its_namespaces_past_the_first_hundred(start_instance,
+                                                                      connect) -> None:
+    """``kvs.stats-get`` and ``kvs-watch.stats-get`` detail at most 100
+    namespaces, and a guest sees its own among them: the cut was made before
+    the guest's filter, so a guest whose namespaces came after the rank's
+    first 100 saw none of them (an empty ``namespaces``, a count of 0)."""
+    inst = await start_instance(size=1, attrs=GUEST_ATTRS)
+    h = await connect(inst, 0)
+    for i in range(100):
+        await asyncio.wait_for(h.rpc("kvs.namespace-create", {"namespace": f"other-{i}"}), 10)
+    for name in ("mine", "mine-too"):
+        await asyncio.wait_for(h.rpc("kvs.namespace-create",
+                                     {"namespace": name, "owner": GUEST_UID}), 10)
+    watches = [h.rpc_stream("kvs-watch.lookup", {"namespace": name, "key": "k",
+                                                  "flags": 4 | 8})  # WATCH | WAITCREATE
+               for name in [f"other-{i}" for i in range(100)] + ["mine", "mine-too"]]
+
+    async def all_watched() -> bool:
+        st = await asyncio.wait_for(h.rpc("kvs-watch.stats-get", {}), 10)
+        return bool(st["namespace-count"] == 102 and st["monitors-starting"] == 0)
+
+    await wait_until(all_watched, "kvs-watch to follow the 102 namespaces")
+    out = await guest(inst.uri(0), """
+        async def body(h):
+            kvs = (await call(h, "kvs.stats-get", {}))["ok"]
+            watch = (await call(h, "kvs-watch.stats-get", {}))["ok"]
+            return {"kvs": sorted(kvs["namespaces"]), "watch": sorted(watch["namespaces"]),
+                    "watch-count": watch["namespace-count"]}
+    """)
+    assert out == {"kvs": ["mine", "mine-too"], "watch": ["mine", "mine-too"],
+                   "watch-count": 2}, out
+    owner_view = await asyncio.wait_for(h.rpc("kvs.stats-get", {}), 10)
+    assert len(owner_view["namespaces"]) == 100  # (the owner's view is still cut at 100)
+    for s in watches:
+        h.send_noresponse("kvs-watch.cancel", {"matchtag": s.matchtag})
