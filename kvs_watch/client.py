@@ -339,8 +339,11 @@ class _Wrapped:
         self.watch.start()
         return self
 
-    async def __aexit__(self, *exc: object) -> None:
-        await self.watch.cancel()
+    async def __aexit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        # As the watch's own: left by an exception (a timeout), it cancels
+        # without draining, or a stuck rank held wait_event(timeout=0.5)
+        # for the drain's CANCEL_TIMEOUT.
+        await self.watch.__aexit__(exc_type, *exc)
 
     def __aiter__(self) -> Self:
         return self

@@ -287,3 +287,35 @@ async def test_a_watch_left_by_a_timeout_does_not_wait_for_a_stuck_rank(
         os.kill(pid, signal.SIGCONT)
     await wait_watchers(h0, 0, nodeid=1)  # the cancel reached rank 1 once it ran
     assert h0.pending == 0  # (its ENODATA came; the stream is forgotten)
+
+
+async def test_eventlog_and_key_watches_left_by_a_timeout_do_not_wait_for_a_stuck_rank(
+        start_instance, connect):
+    """As a plain watch (above), an eventlog watch (``wait_event``, what
+    ``kvbroker kvs eventlog wait-event -t`` runs) and a key watch left by an
+    exception cancel on the rank without draining: they drained for
+    CANCEL_TIMEOUT, so wait_event(timeout=0.5) against a stopped serving
+    rank took 10.5 s."""
+    import os
+    import signal
+    import time
+
+    from kvs_watch.client import wait_event, watch_keys
+
+    inst = await start_instance(size=2)
+    h0 = await connect(inst, 0)
+    pid = inst.pids()[1]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError):
+            await wait_event(h0, "test.log", "never", waitcreate=True, timeout=0.5, nodeid=1)
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.5), watch_keys(h0, "test", nodeid=1) as w:
+                await anext(w)
+        assert time.monotonic() - t0 < 4
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    await wait_watchers(h0, 0, nodeid=1)  # the cancels reached rank 1 once it ran
+    assert h0.pending == 0
+
