@@ -178,9 +178,18 @@ class Watch(Generic[ItemT]):
         # Left by an exception (a cancel, a timeout): cancel on the rank
         # without waiting for the end of the stream, which a stuck rank
         # would hold up for CANCEL_TIMEOUT; what it still sends is dropped.
+        # While another task iterates it, that task reads on to the end the
+        # cancel brings, as cancel() leaves it (nothing was sent: the watch
+        # went on, and that task waited for ever).
         stream = self._stream
-        if stream is not None and not stream.done and not stream.reading:
+        if stream is None or stream.done:
+            return
+        if not stream.reading:
             _abandon(self.h, stream, self.nodeid)
+            return
+        with contextlib.suppress(RemoteError, OSError):  # the handle is closed
+            self.h.send_noresponse("kvs-watch.cancel", {"matchtag": stream.matchtag},
+                                   nodeid=self.nodeid)
 
     def __aiter__(self) -> Self:
         return self

@@ -319,3 +319,34 @@ async def test_eventlog_and_key_watches_left_by_a_timeout_do_not_wait_for_a_stuc
     await wait_watchers(h0, 0, nodeid=1)  # the cancels reached rank 1 once it ran
     assert h0.pending == 0
 
+
+async def test_a_watch_left_by_an_exception_while_another_task_iterates_it_ends(
+        start_instance, connect):
+    """Leaving ``async with watch(...)`` by an exception cancels the watch on
+    the rank even while another task iterates it, and that task's loop ends
+    (as a normal exit does): it sent nothing, so the watcher stayed on the
+    rank and the other task waited for ever."""
+    from kvs_watch.client import watch
+
+    inst = await start_instance(size=1)
+    h0 = await connect(inst, 0)
+    await commit(h0, put("test.k", "1"))
+    w = watch(h0, "test.k")
+    seen: list[bytes | None] = []
+    first = asyncio.Event()
+
+    async def iterate() -> None:
+        async for entry in w:
+            seen.append(entry.value)
+            first.set()
+
+    reader: asyncio.Task[None] | None = None
+    with pytest.raises(ValueError):
+        async with w:
+            reader = asyncio.ensure_future(iterate())
+            await asyncio.wait_for(first.wait(), 10)
+            raise ValueError("leaving the block")
+    assert reader is not None
+    await asyncio.wait_for(reader, 10)  # its loop ended: the cancel's ENODATA
+    assert seen == [b"1"]
+    await wait_watchers(h0, 0)
