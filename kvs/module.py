@@ -112,6 +112,8 @@ COUNTERS = ("commits", "batches", "merged", "merges-split", "commits-failed", "r
             "namespaces-loaded", "getroot-heard", "namespaces-removed", "collections",
             "trees-checked")
 """The ``counts`` of ``kvs.stats-get`` (all shown, 0 included)."""
+GUEST_HIDDEN_COUNTS = ("blob-fetches", "blob-loads")
+"""The ``counts`` a guest is not shown: they tell what the blob cache holds."""
 
 
 def _check_ops(ops: Any) -> list[dict[str, Any]]:
@@ -1110,13 +1112,18 @@ class KvsModule(Module):
         """``kvs.stats-get``, open to guests (as in Flux), but a guest sees
         only its own namespaces, and no cache counts: the number of blobs
         held, read around a commit of its own, would tell whether a blob it
-        guessed was there already (someone else's value)."""
+        guessed was there already (someone else's value).  So would the
+        blobs this rank's cache missed (``blob-fetches``, ``blob-loads``)
+        when the guest reads its guess back: one fewer if someone read that
+        value here."""
         if msg.is_owner:
             self.h.respond(msg, self.stats())
             return
         out = self.stats(owner=msg.userid)
         for key in ("cache", "namespace-count", "heard"):
             del out[key]
+        for key in GUEST_HIDDEN_COUNTS:
+            del out["counts"][key]
         self.h.respond(msg, out)
 
     def stats(self, owner: int | None = None) -> dict[str, Any]:

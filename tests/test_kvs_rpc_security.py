@@ -345,3 +345,37 @@ async def test_guest_stats_show_its_namespaces_past_the_first_hundred(start_inst
     assert len(owner_view["namespaces"]) == 100  # (the owner's view is still cut at 100)
     for s in watches:
         h.send_noresponse("kvs-watch.cancel", {"matchtag": s.matchtag})
+
+
+async def test_guest_stats_tell_no_blob_a_rank_has_cached(start_instance, connect) -> None:
+    """A guest's ``kvs.stats-get`` shows no ``cache`` section, since the
+    blobs a rank holds tell whether a value guessed is stored; its
+    ``blob-fetches`` and ``blob-loads`` counts told the same: a guest that
+    committed a guess to its own namespace and read it on rank 1 saw one
+    fetch fewer for the guess equal to a value of ``primary`` an app had
+    read there (a 9 KiB config file: its 4-digit PIN, one guess at a time)."""
+    inst = await start_instance(size=2, attrs=GUEST_ATTRS)
+    h0, h1 = await connect(inst, 0), await connect(inst, 1)
+    secret = "config\n" + "x" * 9000 + "\npin=4821\n"  # (over kvs.setroot-blob-limit)
+    r = await commit(h0, put("app.config", secret))
+    await asyncio.wait_for(h1.rpc("kvs.wait-version", {"namespace": "primary",
+                                                       "rootseq": r["rootseq"]}), 10)
+    assert await get(h1, "app.config") == secret.encode()  # the app reads it on rank 1
+    await asyncio.wait_for(h0.rpc("kvs.namespace-create",
+                                  {"namespace": "mine", "owner": GUEST_UID}), 10)
+    out = await guest(inst.uri(1), """
+        async def body(h):
+            seen = {}
+            for pin in ("1111", "4821", "2222"):
+                guess = "config\\n" + "x" * 9000 + "\\npin=" + pin + "\\n"
+                await commit(h, "mine", put("guess", val(guess)))
+                before = (await call(h, "kvs.stats-get", {}))["ok"]["counts"]
+                await call(h, "kvs.lookup", {"key": "guess", "flags": 0, "namespace": "mine"})
+                after = (await call(h, "kvs.stats-get", {}))["ok"]["counts"]
+                seen[pin] = {k: n - before[k] for k, n in after.items() if n != before[k]}
+            return seen
+    """)
+    assert out["4821"] == out["1111"] == out["2222"], out  # no guess stands out
+    assert "blob-fetches" not in out["4821"] and "blob-loads" not in out["4821"]
+    owner_view = await asyncio.wait_for(h1.rpc("kvs.stats-get", {}), 10)
+    assert owner_view["counts"]["blob-fetches"] > 0  # (the owner's are all there)
