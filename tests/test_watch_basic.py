@@ -300,12 +300,14 @@ async def test_eventlog_and_key_watches_left_by_a_timeout_do_not_wait_for_a_stuc
     import signal
     import time
 
+    from test_broker_support import stop_process
+
     from kvs_watch.client import wait_event, watch_keys
 
     inst = await start_instance(size=2)
     h0 = await connect(inst, 0)
     pid = inst.pids()[1]
-    os.kill(pid, signal.SIGSTOP)
+    await stop_process(pid)
     try:
         t0 = time.monotonic()
         with pytest.raises(TimeoutError):
