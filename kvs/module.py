@@ -520,23 +520,11 @@ class KvsModule(Module):
         check_name(name)
         fut = asyncio.get_running_loop().create_future()
         self._loading[name] = fut
-        # The placeholder first, then ask for the root: a setroot that
-        # overtakes the answer is applied to it, and the newer one wins.
-        placeholder = Namespace(name, owner=-1)
-        self.namespaces[name] = placeholder
-        self.heard.take(name)  # (its events now go to the placeholder)
         try:
-            resp = await self.h.rpc("kvs.getroot", {"namespace": name}, nodeid=0)
-            if placeholder.removed:
-                raise ErrnoError(errno.ENOTSUP, f"namespace {name} was removed")
-            placeholder.owner = int(resp["owner"])
-            self._note_roots(placeholder)
-            placeholder.flags = int(resp.get("flags", 0))
-            placeholder.epoch = int(resp.get("epoch", 0))
-            placeholder.set_root(int(resp["rootseq"]), resp["rootref"])
-            fut.set_result(placeholder)
+            ns = await self._ask_root(name)
+            fut.set_result(ns)
             self.counts["namespaces-loaded"] += 1
-            return placeholder
+            return ns
         except BaseException as exc:
             self._forget_ns(name)
             err = exc
@@ -547,6 +535,43 @@ class KvsModule(Module):
             raise err from None
         finally:
             del self._loading[name]
+
+    async def _ask_root(self, name: str) -> Namespace:
+        """Ask rank 0 for ``name``'s root; ask again if the answer may be stale.
+
+        The task resumes with the answer only after the events that arrived
+        with it, which may be newer than it: a ``removed`` (the answer may
+        name the namespace removed) and a ``created`` (after an ENOTSUP, rank
+        0 answered before creating it).  A ``created`` heard since the
+        question (kept in :attr:`heard` by :meth:`on_event`) means the
+        namespace exists now, so ask again: the request is answered from it,
+        not refused ENOTSUP, and this rank follows it.  Without one, the
+        answer stands, or the namespace is gone as far as this rank has
+        heard (ENOTSUP).  Each question again follows a creation during the
+        last, so this ends when they stop."""
+        while True:
+            # The placeholder first, then ask for the root: a setroot that
+            # overtakes the answer is applied to it, and the newer one wins.
+            placeholder = Namespace(name, owner=-1)
+            self.namespaces[name] = placeholder
+            self.heard.take(name)  # (its events now go to the placeholder)
+            try:
+                resp = await self.h.rpc("kvs.getroot", {"namespace": name}, nodeid=0)
+            except RemoteError as exc:
+                if exc.errnum == errno.ENOTSUP and name in self.heard:
+                    continue  # created after rank 0 answered
+                raise
+            if placeholder.removed:
+                if name in self.heard:
+                    continue  # removed and created again meanwhile
+                raise ErrnoError(errno.ENOTSUP, f"namespace {name} was removed")
+            self.heard.take(name)  # (a created the answer already tells)
+            placeholder.owner = int(resp["owner"])
+            self._note_roots(placeholder)
+            placeholder.flags = int(resp.get("flags", 0))
+            placeholder.epoch = int(resp.get("epoch", 0))
+            placeholder.set_root(int(resp["rootseq"]), resp["rootref"])
+            return placeholder
 
     def _forget_ns(self, name: str) -> None:
         """A follower drops a namespace."""
@@ -598,8 +623,15 @@ class KvsModule(Module):
         if ns is None:
             self._hear(name, kind, payload)
             return
-        if kind == "created":  # (a load under way: its getroot answers)
-            self.events.drop("created")
+        if kind == "created":
+            if name in self._loading:
+                # A load under way: its getroot may have been answered
+                # ENOTSUP before this creation; heard, the load asks again
+                # (:meth:`_ask_root`), or the rank would not know the
+                # namespace exists.  Otherwise the load's answer tells.
+                self._hear(name, kind, payload)
+            else:
+                self.events.drop("created")
             return
         self.events.handled += 1
         if kind == "setroot":
@@ -610,6 +642,7 @@ class KvsModule(Module):
                 ns.finish(names, rootseq, rootref)
         elif kind == "removed":
             self._forget_ns(ns.name)
+            self.heard.take(name)  # (a created heard while it loaded: gone too)
         else:  # error: fail this rank's relayed transactions it names
             errstr = payload.get("errstr")
             ns.fail(names, payload.get("errnum") or errno.EIO,

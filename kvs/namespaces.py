@@ -132,6 +132,9 @@ class Heard:
     sequences every event.  It may lag rank 0 by the events in flight, so
     the kvs serves its own requests (a first lookup) from rank 0's
     ``getroot`` as before.  Bounded: the oldest heard are forgotten first.
+    A namespace heard created while it loads is kept here until the load
+    ends: it tells the load that rank 0's answer may be older than the
+    namespace (``KvsModule._ask_root``).
     """
 
     __slots__ = ("_roots", "limit")

@@ -8,9 +8,10 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import signal
 
 import pytest
-from test_broker_support import wait_until
+from test_broker_support import stop_process, wait_until
 from test_kvs_rpc_helpers import (
     READDIR,
     TREEOBJ,
@@ -21,6 +22,7 @@ from test_kvs_rpc_helpers import (
     getroot,
     lookup,
     put,
+    stats,
 )
 
 from broker.errors import RemoteError
@@ -349,3 +351,98 @@ async def test_a_version_wait_given_up_while_its_namespace_loads_logs_nothing(tm
         await asyncio.wait_for(inst.stop(), 60)
     text = log.read_text()
     assert "never retrieved" not in text and "Traceback" not in text, text
+
+
+async def _loading(h, name: str, rpcs: int = 1) -> None:
+    """Wait until ``h``'s rank is loading ``name`` (its placeholder shows
+    rootseq -1) with ``rpcs`` RPCs of its kvs sent and unanswered."""
+    async def sent() -> bool:
+        st = await stats(h)
+        held = st["namespaces"].get(name)
+        return held is not None and held["rootseq"] == -1 and st["rpcs-pending"] == rpcs
+
+    await wait_until(sent, f"the kvs to ask rank 0 for {name}")
+
+
+async def _follows(h0, h, name: str) -> None:
+    """``h``'s rank follows ``name`` as rank 0 has it: loaded at rank 0's
+    root, or heard created (and then answers a getroot with ``heard`` at
+    rank 0's root, every event having arrived: see barrier)."""
+    root = await getroot(h0, name)
+    st = await stats(h)
+    loaded = st["namespaces"].get(name)
+    if loaded is not None:
+        assert loaded["rootseq"] == root["rootseq"] and st["heard"] == 0, (st, root)
+    else:
+        assert st["heard"] == 1, st
+    heard = await asyncio.wait_for(h.rpc("kvs.getroot", {"namespace": name, "heard": True}), T)
+    assert (heard["rootseq"], heard["rootref"], heard["epoch"]) == (
+        root["rootseq"], root["rootref"], root["epoch"])
+
+
+async def test_a_first_load_overtaken_by_remove_and_create_reads_the_new_namespace(
+        start_instance, connect) -> None:
+    """Rank 2 asks rank 0 for "job" (its first use there) while rank 0
+    removes "job" and creates it again: the removed and created events reach
+    rank 2 before the answer, which names the new namespace.  The request was
+    refused ENOTSUP (the removed event had marked the load's placeholder)
+    though "job" existed; it is answered from the new namespace, and rank 2
+    follows it.  Rank 1, between them, is stopped to hold the request."""
+    inst = await start_instance(size=3, fanout=1)  # a chain: 0 - 1 - 2
+    h0 = await connect(inst, 0)
+    h2 = await connect(inst, 2)
+    await ns_create(h0, "job")
+    await commit(h0, put("k", "old"), ns="job")
+    await barrier(h0, [h2])
+    rank1 = inst.pids()[1]
+    await stop_process(rank1)
+    try:
+        read = asyncio.ensure_future(lookup(h2, "k", ns="job"))
+        await _loading(h2, "job")
+        await ns_remove(h0, "job")
+        await ns_create(h0, "job")
+        await commit(h0, put("k", "new"), ns="job")
+    finally:
+        os.kill(rank1, signal.SIGCONT)
+    assert (await read)["data"] == b"new"
+    await barrier(h0, [h2])
+    await _follows(h0, h2, "job")
+
+
+async def test_a_namespace_created_as_its_load_is_refused_is_heard(
+        start_instance, connect) -> None:
+    """Rank 1 asks rank 0 for "late", which does not exist yet, and rank 0
+    creates it right after answering ENOTSUP: the answer and the created
+    event reach rank 1 together.  The event was dropped as "a load under
+    way, its getroot answers" and the load then failed, so rank 1 neither
+    had nor heard "late".  The load asks again (the namespace was created
+    since it asked), the request is answered from it, and rank 1 follows it.
+    Rank 0 is stopped to order the two requests, rank 1 to hold the answer
+    with the event."""
+    inst = await start_instance(size=2, fanout=2)
+    h0 = await connect(inst, 0)
+    h1 = await connect(inst, 1)
+    rank0, rank1 = inst.pids()
+    await stop_process(rank0)
+    try:
+        read = asyncio.ensure_future(lookup(h1, "k", ns="late"))
+        await _loading(h1, "late")
+        # through rank 1's kvs, so rank 0 reads it after the getroot
+        create = asyncio.ensure_future(ns_create(h1, "late"))
+        await _loading(h1, "late", rpcs=2)
+        await stop_process(rank1)
+    finally:
+        os.kill(rank0, signal.SIGCONT)
+    try:
+        await wait_until(lambda: _exists(h0, "late"), "rank 0 to create late")
+        await commit(h0, put("k", "v"), ns="late")
+    finally:
+        os.kill(rank1, signal.SIGCONT)
+    await create
+    assert (await read)["data"] == b"v"
+    await barrier(h0, [h1])
+    await _follows(h0, h1, "late")
+
+
+async def _exists(h, name: str) -> bool:
+    return name in await ns_list(h)
