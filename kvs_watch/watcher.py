@@ -412,3 +412,8 @@ class Watcher:
                 self.fail(errno.EPROTO, f"{self.key}: malformed content.load response")
                 return False
             self._answer(treeobj.val(data), slot.seq)
+            if self.done:
+                # Answering ended the watch (its client's connection was
+                # closed for its byte budget, a disconnect): no more loads,
+                # nor answers to a client gone.
+                return False

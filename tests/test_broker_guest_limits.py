@@ -27,9 +27,13 @@ from test_broker_support import (
     wait_until,
 )
 from test_watch_helpers import (
+    APPEND,
+    TREEOBJ,
     WAITCREATE,
     WATCH,
+    append,
     commit,
+    lookup,
     ns_create,
     put,
     value,
@@ -39,6 +43,7 @@ from test_watch_helpers import (
 from test_watch_helpers import stats as watch_stats
 
 from broker.handle import Handle
+from kvs_watch.watcher import LOAD_WINDOW
 
 pytestmark = pytest.mark.skipif(os.getuid() != 0, reason="needs root to run as another uid")
 
@@ -628,3 +633,57 @@ async def test_a_guests_connections_share_one_turn(start_instance, connect) -> N
     assert topics.count("fair.guest") == conns * each
     position = topics.index("fair.owner")
     assert position <= 2 * MAX_PER_TURN, position
+
+
+async def test_a_watcher_closed_mid_answer_loads_and_answers_nothing_more(start_instance,
+                                                                          connect) -> None:
+    """A guest's APPEND watch of a value of 400 blobs, on a connection it
+    does not read: an answer takes the user past access.max-guest-bytes and
+    the connection is closed, which finishes the watcher in the middle of
+    answering.  It went on: it issued more blob loads and answered the loads
+    already done, to a client gone (the router dropped those answers).  It
+    stops at the answer that ended it; the rank holds nothing of it after."""
+    inst = await start_instance(size=1, attrs={**ALLOW, "access.max-guest-bytes": str(BUDGET)})
+    h0 = await connect(inst, 0)
+    await ns_create(h0, "log", owner=GUEST_UID)
+    blobs, size = 400, 8 << 10
+    for first in range(0, blobs, 50):  # one blob per append
+        await commit(h0, *[append("v", i.to_bytes(4, "big") * (size // 4))
+                           for i in range(first, first + 50)], ns="log")
+    assert len((await lookup(h0, "v", TREEOBJ, ns="log"))["data"]) == blobs
+    dropped = (await stats(h0))["messages"]["dropped-responses"]
+    guest = await GuestProc.start(inst.uri(0), f"""
+        async def main():
+            s = raw()
+            wf = codec.encode_request("kvs-watch.lookup",
+                                      {{"namespace": "log", "key": "v", "flags": {WATCH | APPEND}}},
+                                      2, NODEID_ANY, 1)  # (flags: STREAMING)
+            s.sendall(b"".join([codec.stream_prefix(wf), *wf]))
+            out(watching=True)
+            await step()  # the answers pile up unread meanwhile
+            got = read_all(s)["responses"]
+            out(answers=sum(1 for r in got if r[0] == 2))
+    """)
+    try:
+        assert (await guest.line())["watching"]
+
+        async def closed() -> bool:
+            st = await stats(h0)
+            return bool(st["connector"]["guests-over-budget"] == 1 and not st["guests"])
+        await wait_until(closed, "the guest's connection closed over its budget", timeout=20)
+        await wait_watchers(h0, 0, nodeid=0)
+        guest.go()
+        out = await guest.line()
+        await guest.finish()
+    finally:
+        guest.kill()
+    st = await watch_stats(h0, 0)
+    counts = st["counts"]
+    assert 0 < out["answers"] <= counts["answers"] < blobs, (out, counts)
+    # no load was issued after the answer that ended the watch (the window,
+    # refilled before each answer, held at most LOAD_WINDOW - 1 more)...
+    assert counts["blob-loads"] < counts["answers"] + LOAD_WINDOW, counts
+    # ... and nothing was answered to the client gone
+    assert (await stats(h0))["messages"]["dropped-responses"] == dropped
+    assert (st["watchers"], st["clients"], st["guest-users"], st["lookups-in-flight"],
+            st["namespace-count"]) == (0, 0, 0, 0, 0), st
