@@ -611,14 +611,15 @@ class KVS:
 
     async def exists(self, key: str, *, at: RootSpec | None = None) -> bool:
         """Whether ``key`` names anything (a link counts, even a dangling one),
-        now or at root ``at``."""
-        try:
-            await self.lookup(key, TREEOBJ, at=at)
-        except RemoteError as exc:
-            if exc.errnum == errno.ENOENT:
-                return False
-            raise
-        return True
+        now or at root ``at``.  Asked with ``kvs.lookup-plus``, which answers
+        a missing key as data: its ``ENOENT`` (a root whose blobs are gone,
+        collected by ``kvs gc``) is raised, not taken for "no"."""
+        check_key(key)
+        payload: dict[str, Any] = {"key": key, "flags": TREEOBJ, "namespace": self.namespace}
+        if at is not None:
+            payload["rootdir"] = as_root(at)
+        resp = await self.handle.rpc("kvs.lookup-plus", payload)
+        return resp.get("val") is not None
 
     # ------------------------------------------------------------ writes
 

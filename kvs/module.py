@@ -701,7 +701,20 @@ class KvsModule(Module):
         else:
             ns = await self.get_ns(name, msg)
             rootref, seq = ns.rootref, ns.rootseq
-        val = await self.run_lookup(msg, rootref, p["key"], flags, name)
+        try:
+            val = await self.run_lookup(msg, rootref, p["key"], flags, name)
+        except ErrnoError as exc:
+            if rootdir is None or exc.errnum != errno.ENOENT:
+                raise
+            # A missing key is None here: this ENOENT is a blob the store
+            # lacks.  Say so, so no one reads it as "no such key" (the
+            # errno stays Flux's and etcd's "compacted" meaning).
+            why = exc.errstr or "a blob is not in the content store"
+            if rootref in why:
+                why = "the root is not in the content store"
+            raise ErrnoError(errno.ENOENT, f"cannot read {p['key']} at root {rootref}: "
+                             f"{why} (kvs gc removes the roots older than "
+                             "kvs.gc-grace)") from None
         if plus:
             self.h.respond(msg, {"val": val, "rootref": rootref, "rootseq": seq,
                                  "namespace": name})

@@ -243,12 +243,17 @@ async def watch_keys_async(h: HandleCore, args: argparse.Namespace,
 async def _value_at(h: HandleCore, ns: str, key: str, root: dict[str, Any]) -> str:
     """What ``-v`` prints after the key: ``=VALUE`` (up to its first NUL),
     ``.`` for a directory, `` -> TARGET`` for a symlink (not followed),
-    `` (removed)``, or `` (ERROR)`` when it cannot be read (the watch goes on)."""
+    `` (removed)``, or `` (ERROR)`` when it cannot be read (the watch goes on):
+    a root collected by ``kvs gc`` before it was read says so, not "removed"
+    (``kvs.lookup-plus`` answers a missing key as data, so its ``ENOENT`` is
+    the root's)."""
     async def lookup(flags: int) -> Any:
-        return (await h.rpc("kvs.lookup", {"key": key, "flags": flags, "namespace": ns,
-                                           "rootdir": root}))["val"]
+        return (await h.rpc("kvs.lookup-plus", {"key": key, "flags": flags, "namespace": ns,
+                                                "rootdir": root}))["val"]
     try:
         obj = await lookup(F.TREEOBJ)
+        if obj is None:
+            return " (removed)"
         kind = obj["type"]
         if kind in ("dir", "dirref"):
             return "."
@@ -256,9 +261,9 @@ async def _value_at(h: HandleCore, ns: str, key: str, root: dict[str, Any]) -> s
             return f" -> {Link.from_treeobj(obj)}"
         if kind == "valref":
             obj = await lookup(0)
+            if obj is None:  # (cannot be: the same root had a valref there)
+                return " (removed)"
     except ErrnoError as exc:
-        if exc.errnum == errno.ENOENT:
-            return " (removed)"
         return f" ({error_detail(exc, key)})"
     data = bytes(obj["data"]).split(b"\0", 1)[0]
     return "=" + data.decode("utf-8", "surrogateescape")

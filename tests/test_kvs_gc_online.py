@@ -554,3 +554,38 @@ async def test_a_directory_checked_whole_is_walked_again_only_after_a_gc(
     assert info.value.errnum == errno.ENOENT  # the collection removed Y
     await asyncio.wait_for(h.rpc("content.store", {"data": x}), 10)  # X is back, Y is not
     assert await errnum(commit(h, put("again", dirref(xref)))) == errno.ENOENT
+
+
+async def test_a_read_at_a_collected_root_says_so_and_is_never_a_missing_key(
+        start_instance, connect) -> None:
+    """A read at a root ``kvs gc`` collected fails ``ENOENT`` naming the root
+    and the collection, not "no such key"; and the readers that answer a
+    missing key as data do not take it for one: ``KVS.exists`` answered
+    False, ``watch-keys -v`` printed ``KEY (removed)`` for a key that
+    exists, at a version it only could not read."""
+    from kvs.client import KVS
+    from kvs_watch.cli import _value_at
+
+    inst = await start_instance(size=1, attrs=NOW)
+    h = await connect(inst, 0)
+    old = await commit(h, put("k", "v"))
+    await commit(h, put("other", "x"))
+    assert (await gc(h))["removed"] > 0
+    at = dirref(old["rootref"])
+    with pytest.raises(RemoteError) as err:
+        await lookup(h, "k", rootdir=at)
+    assert err.value.errnum == errno.ENOENT
+    assert f"cannot read k at root {old['rootref']}" in err.value.errstr
+    assert "kvs gc" in err.value.errstr and "no such key" not in err.value.errstr
+    kvs = KVS(h)
+    with pytest.raises(RemoteError) as err:
+        await asyncio.wait_for(kvs.exists("k", at=at), 10)
+    assert err.value.errnum == errno.ENOENT
+    shown = await asyncio.wait_for(_value_at(h, "primary", "k", at), 10)
+    assert "removed" not in shown and "cannot read k at root" in shown, shown
+    # at a root that can be read, a missing key is still just missing
+    now = dirref((await getroot(h))["rootref"])
+    assert await asyncio.wait_for(kvs.exists("nosuch", at=now), 10) is False
+    assert await asyncio.wait_for(kvs.exists("k", at=now), 10) is True
+    assert await asyncio.wait_for(_value_at(h, "primary", "nosuch", now), 10) == " (removed)"
+    assert await asyncio.wait_for(_value_at(h, "primary", "k", now), 10) == "=v"
