@@ -110,6 +110,8 @@ class KvsWatchModule(Module):
         self.counts: Counter[str] = Counter(dict.fromkeys(COUNTERS, 0))
         self._lookups: dict[tuple[Any, ...], Any] = {}
         """Lookups in flight, shared by the watchers that want the same one."""
+        self._current: dict[str, Any] = {}
+        """Rank 0's ``kvs.getroot`` in flight, per namespace (:meth:`current_root`)."""
 
     def handlers(self) -> dict[str, Handler]:
         return {
@@ -340,10 +342,14 @@ class KvsWatchModule(Module):
     # ================================================================ watcher backend
 
     def lookup_at(self, w: Watcher, rootref: str, flags: int) -> Any:
-        """One ``kvs.lookup`` per key, root, flags and credentials in flight:
-        the watchers of one key that a commit wakes share it (100,000
-        watches of a key cost ~2 s of rank time per commit when each made
-        its own).  A result is read, never changed, by the watchers."""
+        """One ``kvs.lookup-plus`` per key, root, flags and credentials in
+        flight: the watchers of one key that a commit wakes share it
+        (100,000 watches of a key cost ~2 s of rank time per commit when
+        each made its own).  A result is read, never changed, by the
+        watchers.  ``lookup-plus``, not ``lookup``: it answers a missing key
+        as data, so its ``ENOENT`` can only mean the root's blobs are gone
+        (collected while the watcher lagged), which the watcher must not
+        take for "no such key"."""
         self.counts["lookups"] += 1
         who = -1 if w.msg.is_owner else w.msg.userid  # a guest's answer may differ
         k = (w.namespace, w.key, rootref, flags, who)
@@ -354,12 +360,27 @@ class KvsWatchModule(Module):
         payload = {"key": w.key, "flags": flags, "namespace": w.namespace,
                    "rootdir": {"ver": 1, "type": "dirref", "data": [rootref]}}
         if w.msg.is_owner:
-            fut = self.h.rpc("kvs.lookup", payload)
+            fut = self.h.rpc("kvs.lookup-plus", payload)
         else:
-            fut = self.h.rpc_as(w.msg, "kvs.lookup", payload)
+            fut = self.h.rpc_as(w.msg, "kvs.lookup-plus", payload)
         self._lookups[k] = fut
         fut.add_done_callback(lambda f: self._lookups.pop(k, None)
                               if self._lookups.get(k) is f else None)
+        return fut
+
+    def current_root(self, w: Watcher) -> Any:
+        """Rank 0's current root of ``w``'s namespace, for a watcher whose
+        newest root was collected before it could read it (rank 0 made
+        the newer one; its setroot may not concern the watcher's key).
+        One ``kvs.getroot`` per namespace in flight: a commit wakes many
+        watchers of a key at once."""
+        name = w.namespace
+        fut = self._current.get(name)
+        if fut is None:
+            fut = self._current[name] = self.h.rpc("kvs.getroot", {"namespace": name},
+                                                   nodeid=0)
+            fut.add_done_callback(lambda f: self._current.pop(name, None)
+                                  if self._current.get(name) is f else None)
         return fut
 
     def load(self, ref: str) -> Any:

@@ -13,7 +13,14 @@ key -- and answers the request once per root, strictly in commit order:
   :data:`LOAD_WINDOW` in flight, answered in blobref order) before the next
   slot is considered;
 * the FIFO is bounded (``max_backlog`` roots): a watcher that falls that far
-  behind is ended with ``EOVERFLOW``.
+  behind is ended with ``EOVERFLOW``;
+* a root that cannot be read (``ENOENT`` from ``kvs.lookup-plus``, which
+  answers a missing key as data: its blobs are gone, an online ``kvs gc``
+  collected it while the watcher lagged) says nothing about the key: the
+  slot is dropped if a later root is queued, else re-aimed at a newer root
+  (the monitor's, or rank 0's current one), so the watcher skips the
+  versions the collection removed but never reports a key missing that
+  exists, nor waits for ever (:meth:`Watcher._unreadable`).
 
 There is no task per watcher: everything runs from the completion callbacks
 of the futures :class:`Backend` returns, so an idle watcher costs only its
@@ -77,7 +84,13 @@ class Backend(Protocol):
     max_backlog: int
 
     def lookup_at(self, w: Watcher, rootref: str, flags: int) -> asyncio.Future[Any]:
-        """``kvs.lookup`` of ``w.key`` pinned at ``rootref`` -> ``{"val": treeobj}``."""
+        """``kvs.lookup-plus`` of ``w.key`` pinned at ``rootref`` -> ``{"val":
+        treeobj}``, ``{"val": None}`` for a missing key; ``ENOENT`` only when
+        the root's blobs cannot be had."""
+
+    def current_root(self, w: Watcher) -> asyncio.Future[Any]:
+        """``kvs.getroot`` of ``w.namespace`` on rank 0 -> ``{"rootseq",
+        "rootref"}``: a root newer than one that was collected."""
 
     def load(self, blobref: str) -> asyncio.Future[Any]:
         """``content.load`` -> ``{"data": bytes}``."""
@@ -101,6 +114,8 @@ class _Slot:
     def __init__(self, seq: int, ref: str, initial: bool) -> None:
         self.seq = seq
         self.ref = ref
+        """The root to read at; "" while a newer one is asked for (its root
+        could not be read, :meth:`Watcher._unreadable`)."""
         self.initial = initial
         self.fut: asyncio.Future[Any] | None = None
         self.refs: list[str] | None = None
@@ -257,6 +272,9 @@ class Watcher:
             if not fut.cancelled():  # asyncio does not log it as never retrieved
                 fut.exception()
             return
+        self._wake_soon()
+
+    def _wake_soon(self) -> None:
         try:
             self._pump()
         except Exception as exc:  # a bug: end this watch, keep the module alive
@@ -269,13 +287,20 @@ class Watcher:
         while q and not self.done:
             slot = q[0]
             fut = slot.fut
+            if not slot.ref:  # its root was collected: a newer one is on its way
+                if len(q) == 1:
+                    return
+                self._drop_head()  # a later root answers instead
+                continue
             if fut is not None:  # stage 1: the pinned lookup
                 if not fut.done():
                     return
                 slot.fut = None
-                self._lookup_done(slot, fut)
-                if self.done:
-                    return
+                if not self._lookup_done(slot, fut):
+                    if self.done or slot.fut is not None or not slot.ref:
+                        return  # ended, or reading again at a newer root
+                    self._drop_head()
+                    continue
             if slot.refs is not None and not self._load_some(slot):  # stage 2: blobs
                 return
             q.popleft()
@@ -286,6 +311,76 @@ class Watcher:
             self._issue()
         if q is not None and not q and self.queue is q:
             self.queue = None
+
+    def _drop_head(self) -> None:
+        """Forget the head slot, whose root was collected, without an answer:
+        the next one answers, as the initial root if the head was."""
+        q = self.queue
+        assert q is not None and len(q) > 1
+        slot = q.popleft()
+        self.issued -= 1
+        if slot.initial:
+            q[0].initial = True
+        self._issue()
+
+    def _unreadable(self, slot: _Slot, exc: ErrnoError) -> None:
+        """The head ``slot``'s root cannot be read (its blobs are gone: a
+        collection removed it while this watcher lagged).  A later root
+        queued answers instead (the caller drops this slot); else the slot
+        is read again at the monitor's root if newer, else at rank 0's
+        current root, which no collection removes (this one is then not
+        it); if rank 0's is no newer, the store lacks a live root's blobs
+        (damaged): the watch ends with the error."""
+        q = self.queue
+        assert q is not None
+        if len(q) > 1:
+            return
+        mon = self.monitor
+        if mon is not None and mon.rootseq > slot.seq:
+            self._reaim(slot, mon.rootseq, mon.rootref)
+            return
+        slot.ref = ""
+        fut = self.backend.current_root(self)
+        fut.add_done_callback(lambda f: self._current_root(slot, f, exc))
+
+    def _current_root(self, slot: _Slot, fut: asyncio.Future[Any], first: ErrnoError) -> None:
+        if self.done:
+            if not fut.cancelled():
+                fut.exception()
+            return
+        exc = None if fut.cancelled() else fut.exception()
+        if exc is not None or fut.cancelled():
+            errnum = exc.errnum if isinstance(exc, ErrnoError) else errno.EIO
+            self.fail(errnum, f"{self.key}: root (rootseq {slot.seq}) cannot be read "
+                              f"({first.errstr}), nor the current root found: "
+                              f"{error_text(exc) if exc is not None else 'cancelled'}")
+            return
+        try:
+            r = fut.result()
+            seq, ref = int(r["rootseq"]), str(r["rootref"])
+        except (KeyError, TypeError, ValueError):
+            self.fail(errno.EPROTO, f"{self.key}: malformed kvs.getroot response")
+            return
+        q = self.queue
+        if not q or q[0] is not slot:
+            return
+        if len(q) > 1:  # a later root came meanwhile: it answers
+            self._wake_soon()
+            return
+        if seq <= slot.seq:
+            self.fail(first.errnum, f"{self.key}: the current root (rootseq {slot.seq}) "
+                                    f"cannot be read: {first.errstr}")
+            return
+        self._reaim(slot, seq, ref)
+
+    def _reaim(self, slot: _Slot, seq: int, ref: str) -> None:
+        """Read ``slot`` again at the newer root ``seq``: the commits since
+        its own are in it, so later roots up to ``seq`` are not wanted."""
+        slot.seq, slot.ref = seq, ref
+        self.seq = max(self.seq, seq)
+        fut = self.backend.lookup_at(self, ref, self.lookup_flags)
+        slot.fut = fut
+        fut.add_done_callback(self._wake)
 
     def _slot_done(self, slot: _Slot) -> None:
         if slot.initial:
@@ -308,36 +403,43 @@ class Watcher:
 
     # ------------------------------------------------------------ results
 
-    def _lookup_done(self, slot: _Slot, fut: asyncio.Future[Any]) -> None:
+    def _lookup_done(self, slot: _Slot, fut: asyncio.Future[Any]) -> bool:
+        """Handle the head slot's lookup; False: its root could not be read
+        (the slot is to be dropped, unless re-aimed: :meth:`_unreadable`)."""
         if fut.cancelled():
             self.fail(errno.ECANCELED, f"{self.key}: lookup cancelled")
-            return
+            return True
         exc = fut.exception()
         if exc is not None:
             if not isinstance(exc, ErrnoError):
                 self.fail(errno.EIO, f"{self.key}: lookup failed: {exc}")
-            elif exc.errnum == errno.ENOENT and self.flags & WAITCREATE and not self.responded:
-                return  # not created yet: keep waiting
+            elif exc.errnum == errno.ENOENT:  # (a missing key is no error here)
+                self._unreadable(slot, exc)
+                return False
             else:
                 self.fail(exc.errnum, exc.errstr)
-            return
+            return True
         try:
             obj = fut.result()["val"]
+            if obj is None:  # no such key at this root
+                if not (self.flags & WAITCREATE and not self.responded):
+                    self.fail(errno.ENOENT, f"{self.key}: no such key")
+                return True  # (WAITCREATE: not created yet, keep waiting)
             kind = obj["type"]
         except (KeyError, TypeError):
-            self.fail(errno.EPROTO, f"{self.key}: malformed kvs.lookup response")
-            return
+            self.fail(errno.EPROTO, f"{self.key}: malformed kvs.lookup-plus response")
+            return True
         flags = self.flags
         if flags & (WATCH_APPEND | STREAM):
             self._append(slot, obj, kind)
         elif flags & (WATCH_UNIQ | WATCH_FULL):
             digest = hashlib.blake2b(treeobj.encode(obj), digest_size=16).digest()
-            if self.responded and digest == self.prev:
-                return
-            self.prev = digest
-            self._answer(obj, slot.seq)
+            if not (self.responded and digest == self.prev):
+                self.prev = digest
+                self._answer(obj, slot.seq)
         else:
             self._answer(obj, slot.seq)
+        return True
 
     def _append(self, slot: _Slot, obj: dict[str, Any], kind: str) -> None:
         """APPEND / STREAM: answer with the blobs not answered yet."""

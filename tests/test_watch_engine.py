@@ -25,10 +25,16 @@ class FakeBackend:
         self.answers: list[Any] = []
         self.error: tuple[int, str | None] | None = None
         self.ended_watchers: list[Watcher] = []
+        self.roots: list[asyncio.Future[Any]] = []
 
     def lookup_at(self, w: Watcher, rootref: str, flags: int) -> asyncio.Future[Any]:
         fut = asyncio.get_running_loop().create_future()
         self.lookups.append((rootref, flags, fut))
+        return fut
+
+    def current_root(self, w: Watcher) -> asyncio.Future[Any]:
+        fut = asyncio.get_running_loop().create_future()
+        self.roots.append(fut)
         return fut
 
     def load(self, ref: str) -> asyncio.Future[Any]:
@@ -130,21 +136,96 @@ async def test_uniq_answers_only_changes() -> None:
     assert be.values() == [b"1", b"2", b"1"]
 
 
-async def test_waitcreate_keeps_waiting_on_enoent_until_a_value() -> None:
+async def test_waitcreate_keeps_waiting_on_a_missing_key_until_a_value() -> None:
     be = FakeBackend()
     w = Watcher(be, request(), "k", F.WATCH | F.WAITCREATE, "primary")
     w.push(1, ref(1), initial=True)
-    be.resolve(0, errnum=errno.ENOENT)
+    be.resolve(0, None)  # lookup-plus: no such key (data, not an error)
     w.push(2, ref(2))
-    be.resolve(1, errnum=errno.ENOENT)
+    be.resolve(1, None)
     w.push(3, ref(3))
     be.resolve(2, val(b"v"))
     await settle()
     assert be.values() == [b"v"] and not w.done
     w.push(4, ref(4))
-    be.resolve(3, errnum=errno.ENOENT)  # removed after creation: the end
+    be.resolve(3, None)  # removed after creation: the end
     await settle()
     assert be.error is not None and be.error[0] == errno.ENOENT
+
+
+async def test_a_collected_root_is_skipped_when_a_later_one_is_queued() -> None:
+    """``ENOENT`` from lookup-plus: the root's blobs are gone, not the key.
+    The slot is dropped, the next root answers, and the sentinel still
+    follows the first value."""
+    be = FakeBackend()
+    w = Watcher(be, request(), "log", F.WATCH | F.APPEND | F.INITIAL_SENTINEL, "primary")
+    w.push(1, ref(1), initial=True)
+    w.push(2, ref(2))
+    be.resolve(0, errnum=errno.ENOENT)
+    be.resolve(1, val(b"a"))
+    await settle()
+    assert be.answers[0]["rootseq"] == 2 and be.values() == [b"a", None]
+    assert be.roots == [] and not w.done
+
+
+async def test_a_collected_last_root_is_read_again_at_rank_0s_current_root() -> None:
+    """No later root queued, no monitor with a newer one: the watcher asks
+    rank 0's current root and reads there; a WAITCREATE one-shot lookup
+    answers from it (it waited for ever when ENOENT meant "not yet")."""
+    be = FakeBackend()
+    w = Watcher(be, request(), "k", F.WAITCREATE, "primary")
+    w.push(1, ref(1), initial=True)
+    be.resolve(0, None)  # not created yet: waits
+    w.push(2, ref(2))
+    be.resolve(1, errnum=errno.ENOENT)  # root 2 collected before it was read
+    await settle()
+    assert len(be.roots) == 1 and be.answers == [] and not w.done
+    be.roots[0].set_result({"rootseq": 5, "rootref": ref(5)})
+    await settle()
+    assert be.lookups[-1][0] == ref(5)
+    be.resolve(len(be.lookups) - 1, val(b"v"))
+    await settle()
+    assert be.values() == [b"v"] and be.answers[0]["rootseq"] == 5
+    assert w.done and be.error == (errno.ENODATA, None)  # one-shot: done after it
+    # roots up to 5 are in that answer: older ones are not queued again
+    w2 = Watcher(be, request(), "k", F.WATCH, "primary")
+    w2.push(3, ref(3), initial=True)
+    be.resolve(len(be.lookups) - 1, errnum=errno.ENOENT)
+    await settle()
+    be.roots[-1].set_result({"rootseq": 7, "rootref": ref(7)})
+    await settle()
+    w2.push(6, ref(6))
+    assert be.lookups[-1][0] == ref(7) and w2.seq == 7
+
+
+async def test_a_later_root_queued_while_the_current_one_is_asked_answers() -> None:
+    be = FakeBackend()
+    w = Watcher(be, request(), "k", F.WATCH, "primary")
+    w.push(1, ref(1), initial=True)
+    be.resolve(0, errnum=errno.ENOENT)
+    await settle()
+    assert len(be.roots) == 1
+    w.push(2, ref(2))
+    be.resolve(1, val(b"2"))
+    await settle()
+    assert be.values() == [b"2"] and be.answers[0]["rootseq"] == 2
+    be.roots[0].set_result({"rootseq": 2, "rootref": ref(2)})  # late: ignored
+    await settle()
+    assert len(be.lookups) == 2 and not w.done
+
+
+async def test_an_unreadable_current_root_ends_the_watch() -> None:
+    """Rank 0's current root is no newer than the one that failed: not a
+    collection (it keeps current roots) but a damaged store: the error."""
+    be = FakeBackend()
+    w = Watcher(be, request(), "k", F.WATCH, "primary")
+    w.push(3, ref(3), initial=True)
+    be.resolve(0, errnum=errno.ENOENT)
+    await settle()
+    be.roots[0].set_result({"rootseq": 3, "rootref": ref(3)})
+    await settle()
+    assert be.error is not None and be.error[0] == errno.ENOENT and w.done
+    assert "cannot be read" in (be.error[1] or "")
 
 
 async def test_append_answers_new_blobs_and_detects_rewrites() -> None:
