@@ -36,9 +36,11 @@ from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, NamedTuple
 
+from broker import codec
 from broker.content.module import ContentModule
 from broker.errors import ErrnoError
 from broker.rpc import HandleCore
+from broker.services import EVENT_HEADER_ROOM
 from kvs import collect as collector
 from kvs import treeobj, txn
 from kvs.blobs import BlobFetcher, BlobStore
@@ -79,7 +81,7 @@ class CommitPipeline:
                  refcheck: RefChecker, publish: Callable[[str, dict[str, Any]], None],
                  checkpoint: Callable[[str, int], Awaitable[bool]], hash_name: str,
                  statedir: str, root_history: collector.RootHistory,
-                 prime_limit: int) -> None:
+                 prime_limit: int, event_limit: int = codec.MAX_LINK_MESSAGE) -> None:
         self.log = log
         self.counts = counts
         self.spawn = spawn
@@ -95,6 +97,10 @@ class CommitPipeline:
         self.prime_limit = prime_limit
         """A setroot event carries the commit's new blobs up to this total
         (``kvs.setroot-blob-limit``)."""
+        self.event_limit = event_limit - EVENT_HEADER_ROOM
+        """The most bytes a namespace event's topic and payload may take:
+        every link carries it (``tbon.max-message``, less a header's room),
+        or no rank but 0 would ever see it (:meth:`_setroot_event`)."""
         self.h: HandleCore  # (the kvs module's, bound at its start)
         self.content: ContentModule | None = None
         """Rank 0's content module when it is in this process with the kvs
@@ -279,6 +285,7 @@ class CommitPipeline:
         begun = self.content.collections_begun if self.content is not None else 0
         try:
             result, named = await self._apply(ns, ops)
+            setroot = self._setroot_event(ns, batch, result)
             # Storing may fail too (EFBIG over content.blob-size-limit): that
             # fails the transaction like any other error, before the new root
             # exists anywhere.
@@ -338,26 +345,52 @@ class CommitPipeline:
                     p.future.set_exception(err)
             return
         ns.set_root(ns.rootseq + 1, result.rootref)
+        setroot["rootseq"] = ns.rootseq  # (the root just set, as ever)
         self.root_history.note(result.rootref)
         if ns.name == PRIMARY and self.statedir and self.content is not None:
             self._note_primary_root(ns, self.content)
         self.counts["batches"] += 1
         if len(batch) > 1:
             self.counts["merged"] += len(batch)
-        setroot: dict[str, Any] = {
-            "namespace": ns.name, "rootseq": ns.rootseq, "rootref": ns.rootref,
-            "names": [p.name for p in batch], "keys": result.keys, "owner": ns.owner,
-        }
-        # Prime the followers' caches: a commit's new blobs are few and small
-        # (O(log n) shards), so carrying them in the event saves every rank
-        # that watches this namespace a content.load round trip per tree level.
-        if result.new_blobs and sum(map(len, result.new_blobs.values())) <= self.prime_limit:
-            setroot["blobs"] = result.new_blobs
         self.publish(f"kvs.namespace-{ns.name}-setroot", setroot)
         answer = (ns.rootseq, ns.rootref)
         for p in batch:
             if not p.future.done():
                 p.future.set_result(answer)
+
+    def _setroot_event(self, ns: Namespace, batch: list[Pending],
+                       result: txn.TxnResult) -> dict[str, Any]:
+        """The setroot event ``batch`` will publish once its root is set, or
+        ``EMSGSIZE`` (the batch is then split, or the transaction fails) if
+        it would not fit in a link: it lists every key written, and rank 0
+        would sequence it and deliver it to its own subscribers while every
+        link dropped it -- no follower would ever learn the root (stale
+        reads, version waits and relayed commits waiting for ever).  The
+        blobs that prime the followers' caches go only if they fit too.
+        The size is packed only when a cheap bound does not settle it."""
+        setroot: dict[str, Any] = {
+            "namespace": ns.name, "rootseq": ns.rootseq + 1, "rootref": result.rootref,
+            "names": [p.name for p in batch], "keys": result.keys, "owner": ns.owner,
+        }
+        room = self.event_limit - len("kvs.namespace--setroot") - 4 * len(ns.name)
+        # (msgpack: a str of n characters takes at most 4n + 5 bytes)
+        bound = 256 + 4 * len(ns.name) + len(result.rootref) + sum(
+            4 * len(k) + 5 for k in (*setroot["names"], *result.keys))
+        size = bound if bound <= room else codec.frames_size(codec.encode_payload(setroot))
+        if size > room:
+            raise ErrnoError(errno.EMSGSIZE, f"this commit's setroot event ({size} bytes: "
+                                             f"{len(result.keys)} keys) exceeds what a link "
+                                             f"carries (tbon.max-message): commit fewer keys "
+                                             "at once")
+        # Prime the followers' caches: a commit's new blobs are few and small
+        # (O(log n) shards), so carrying them in the event saves every rank
+        # that watches this namespace a content.load round trip per tree level.
+        if result.new_blobs:
+            blob_bytes = sum(map(len, result.new_blobs.values()))
+            if blob_bytes <= self.prime_limit and \
+                    size + blob_bytes + 80 * len(result.new_blobs) <= room:
+                setroot["blobs"] = result.new_blobs
+        return setroot
 
     async def _apply(self, ns: Namespace,
                      ops: list[dict[str, Any]]) -> tuple[txn.TxnResult, dict[str, bool]]:

@@ -273,7 +273,7 @@ class KvsModule(Module):
             blobs=self.blobs, fetcher=self.fetcher, refcheck=self.refcheck,
             publish=self._publish, checkpoint=self._checkpoint, hash_name=self.hash_name,
             statedir=self.statedir, root_history=self.root_history,
-            prime_limit=self.prime_limit)
+            prime_limit=self.prime_limit, event_limit=LINK_MAX_MESSAGE.value(ctx.attrs))
         """Rank 0: queues, merges and applies the transactions, sets the roots."""
 
     # ================================================================ life cycle

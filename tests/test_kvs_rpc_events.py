@@ -357,6 +357,56 @@ async def test_a_relay_gathers_no_more_than_a_link_carries(start_instance, conne
     assert st["relays-waiting"] == 0 and st["rpcs-pending"] == 0
 
 
+def many_keys(tag: str, n: int) -> list[dict]:
+    """``n`` one-byte puts whose keys take ~45 bytes each in a setroot's ``keys``."""
+    return [put(f"{tag}.key-number-{i:06d}-with-a-longish-name", "v") for i in range(n)]
+
+
+async def test_a_setroot_too_big_for_a_link_is_never_made(start_instance, connect) -> None:
+    """A commit's setroot event lists every key it wrote, and every rank
+    must receive it (a follower learns the new root, and answers a relayed
+    commit, from it alone).  One too big for ``tbon.max-message`` was
+    sequenced, then dropped by every link: the followers never saw the
+    root (stale reads, ``kvs.wait-version`` and relayed commits waiting for
+    ever).  Such a commit is refused ``EMSGSIZE`` instead, before its root
+    is set; merged commits whose setroot would be too big are split and
+    each succeeds; every rank receives every event, counted exactly."""
+    limit = 65536
+    inst = await start_instance(size=2, fanout=2, attrs={"tbon.max-message": str(limit)})
+    h0 = await connect(inst, 0)
+    h1 = await connect(inst, 1)
+    await commit(h0, put("a", "1"))
+    assert await get(h1, "a") == b"1"  # rank 1 follows primary
+    # ~90 KB of keys alone: refused, and no rank has a new root
+    assert await errnum(commit(h0, *many_keys("alone", 2000), put("a", "2"))) == errno.EMSGSIZE
+    # ~45 KB each: each fits alone, not merged with the next
+    split = (await stats(h0))["counts"]["merges-split"]
+    raw = await RawClient.connect(inst, 0)
+    n = 4
+    raw.send_bytes(b"".join(codec.to_stream(codec.encode(Message(  # type: ignore[arg-type]
+        MsgType.REQUEST, "kvs.commit",
+        {"namespace": "primary", "flags": 0, "ops": many_keys(f"m{i}", 1000)},
+        matchtag=i + 1))) for i in range(n)))  # one write: queued together
+    seqs = []
+    for _ in range(n):
+        msg = await raw.recv(T)
+        assert msg.errnum == 0, msg.errstr
+        seqs.append(msg.payload["rootseq"])
+    await raw.close()
+    assert (await stats(h0))["counts"]["merges-split"] > split  # (merged, then split)
+    await wait_version(h1, "primary", max(seqs))
+    assert await get(h1, "a") == b"1"
+    assert await get(h1, "m3.key-number-000999-with-a-longish-name") == b"v"
+    b0 = await asyncio.wait_for(h0.rpc("broker.stats-get", {}, nodeid=0), T)
+    b1 = await asyncio.wait_for(h0.rpc("broker.stats-get", {}, nodeid=1), T)
+    assert b1["events"]["last-seq"] == b0["events"]["last-seq"]
+    assert b1["events"]["gaps"] == 0
+    for h in (h0, h1):
+        e = await ev(h)
+        assert e["received"] == b0["events"]["last-seq"]
+        assert e["received"] == e["handled"] + sum(e["dropped"].values())
+
+
 async def test_follower_client_vanishing_mid_commit_leaves_nothing(start_instance,
                                                                     connect) -> None:
     """A client on rank 3 that sends a commit and hangs up at once: the commit
