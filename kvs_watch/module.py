@@ -21,8 +21,9 @@ never waits), and keeps one :class:`~kvs_watch.monitor.Monitor` per watched
 namespace.  It handles ``setroot``, ``removed`` and ``created`` of the
 monitored namespaces, drops ``error``, and drops as *foreign* any event that
 is not from the instance owner, whose topic is not ``kvs.namespace-<NS>-<kind>``
-for a monitored ``NS``, or whose ``namespace`` field disagrees with the
-topic.  An event for a namespace this rank does not watch costs one dict
+for a monitored ``NS``, whose ``namespace`` field disagrees with the
+topic, or whose root fields are not a kvs's (an int ``rootseq``, a blobref
+``rootref``).  An event for a namespace this rank does not watch costs one dict
 look-up; a watch costs no subscription.
 
 Access: a guest may watch only a namespace it owns (``EPERM``), checked
@@ -304,13 +305,21 @@ class KvsWatchModule(Module):
         if not isinstance(p, dict) or p.get("namespace") != mon.name:
             self.events.drop("foreign")
             return
+        seq: Any = p.get("rootseq")
+        ref: Any = p.get("rootref")
+        if kind != "removed" and (type(seq) is not int or not blobref.is_valid(ref)):
+            # fields rank 0's kvs never sends, dropped as the kvs module
+            # drops them: a root "5" was taken (the watch then ended EINVAL,
+            # its rootseq above every real commit's), a float rootseq
+            # raised out of here, received but neither handled nor dropped
+            self.events.drop("foreign")
+            return
         try:
             if kind == "setroot":
-                self._setroot(mon, int(p["rootseq"]), str(p["rootref"]), p)
+                self._setroot(mon, seq, ref, p)
             elif kind == "created":
                 if mon.state != READY:
-                    self._start(mon, mon.set_root(int(p["rootseq"]), str(p["rootref"]),
-                                                  p.get("owner")))
+                    self._start(mon, mon.set_root(seq, ref, p.get("owner")))
             else:
                 self._removed(mon)
         except (KeyError, TypeError, ValueError) as exc:

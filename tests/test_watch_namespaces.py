@@ -266,3 +266,35 @@ async def test_a_plain_watch_starts_no_older_than_a_read_on_its_rank(start_insta
             await pre.cancel()
             await KVS(h0).namespace_remove(ns)
     assert len(outcomes) >= 10 and outcomes == [b"1"] * len(outcomes), outcomes
+
+
+async def test_a_malformed_setroot_is_dropped_as_kvs_drops_it(start_instance, connect):
+    """A setroot whose fields rank 0's kvs never sends (a rootseq that is
+    not an int, a rootref that is not a blobref) is dropped as foreign by
+    kvs-watch, as the kvs module drops it: one such event (the instance
+    owner's: kvs.* is theirs only) ended a watch with EINVAL (a lookup at
+    root "5"), or set its root to a rootseq no real commit ever reached, or
+    raised out of on_event (received but neither handled nor dropped).
+    The watch goes on to the next real commit, and every event is counted."""
+    inst = await start_instance(size=2, fanout=2)
+    h0, h1 = await connect(inst, 0), await connect(inst, 1)
+    await commit(h0, put("a", "1"), sync=h1)
+    s = watch_stream(h1, "a")
+    assert await value(s) == b"1"
+    before = (await stats(h1))["events"]
+    forged = [
+        {"rootseq": 10**6, "rootref": 5},
+        {"rootseq": float("inf"), "rootref": "sha256-" + "0" * 64},
+        {"rootseq": True, "rootref": "sha256-" + "0" * 64},
+        {"rootseq": 10**6, "rootref": "not-a-blobref"},
+    ]
+    for p in forged:
+        await h0.publish("kvs.namespace-primary-setroot",
+                         {"namespace": "primary", "names": [], "keys": ["a"], **p})
+    await commit(h0, put("a", "2"))
+    assert await value(s) == b"2"  # the real commit, not a forged root's answer
+    after = (await stats(h1))["events"]
+    assert after["received"] - before["received"] == len(forged) + 1
+    assert after["dropped"]["foreign"] - before["dropped"]["foreign"] == len(forged)
+    assert after["handled"] - before["handled"] == 1
+    assert after["received"] == after["handled"] + sum(after["dropped"].values())
