@@ -43,6 +43,10 @@ def one_line(stderr: str) -> str:
     ("access.allow-guest-user=maybe",
      "access.allow-guest-user: 'maybe' is not a boolean (use true or false)"),
     ("content.blob-size-limit=10", "content.blob-size-limit: 10 is below the minimum of 256"),
+    # a blob over SQLite's largest row was acknowledged, then failed every
+    # write-back, and every commit after it, until the rank stopped
+    ("content.blob-size-limit=1073741824",
+     "content.blob-size-limit: 1073741824 is above the maximum of 999999000"),
     ("tbon.transport=udp", "tbon.transport: unknown transport 'udp'"),
     # a typo in a prefix the core or a module owns (was: kept and ignored)
     ("kvs.checkpoint_period=0",

@@ -66,13 +66,19 @@ MIN_BLOB_LIMIT = 256
 """Smaller limits are refused: the KVS stores its own directories as blobs
 (the empty root is 21 bytes, a directory of one small value 46), so an
 instance with less could not start or would refuse nearly every commit."""
+MAX_BLOB_LIMIT = 999_999_000
+"""Larger limits are refused: rank 0 writes every blob to SQLite, whose rows
+hold at most 1,000,000,000 bytes (``SQLITE_MAX_LENGTH``), the blob's key and
+the row's header included (1,000 bytes of room for them).  A blob past that was
+acknowledged, then failed every write-back ("string or blob too big") and,
+retried with each batch, every commit after it until the rank stopped."""
 DEFAULT_CACHE_BYTES = 64 << 20
 """Per-rank cache of blobs (attr ``content.cache-bytes``); blobs not yet written
 back are never evicted."""
 BLOB_SIZE_LIMIT = AttrSpec(
     "content.blob-size-limit", str(DEFAULT_BLOB_LIMIT),
-    integer(MIN_BLOB_LIMIT, "the KVS could not store its own directories"),
-    "larger blobs are refused with EFBIG")
+    integer(MIN_BLOB_LIMIT, "the KVS could not store its own directories", MAX_BLOB_LIMIT),
+    "larger blobs are refused with EFBIG (at most 999999000: SQLite's largest row)")
 BLOB_OVERHEAD = 256
 """Bytes a cached blob costs beyond its data (its key, the bytes object,
 the LRU's node), counted against the cache limits: 16-byte blobs cost
