@@ -11,6 +11,7 @@ import asyncio
 import errno
 import os
 import signal
+import sqlite3
 
 import pytest
 from test_broker_support import run_cli
@@ -546,6 +547,68 @@ async def test_a_store_that_is_not_a_database_is_named_at_start_up(tmp_path) -> 
     assert isinstance(refused, StartError)
     text = log.read_text()
     assert f"start-up failed: {statedir}/content.sqlite: file is not a database" in text, text
+
+
+def damage_page(path: str, page: int, data: bytes) -> None:
+    """Overwrite the start of SQLite page ``page`` (1-based) of file ``path``."""
+    with sqlite3.connect(path) as db:
+        size = db.execute("PRAGMA page_size").fetchone()[0]
+    db.close()
+    with open(path, "r+b") as f:
+        f.seek((page - 1) * size)
+        f.write(data)
+
+
+async def test_a_damaged_page_of_the_store_is_eio_not_an_internal_error(
+        start_instance, connect, tmp_path) -> None:
+    """A page SQLite cannot read (a bad disk, a stray write): a read of the
+    blob on it answered "internal error: database disk image is malformed",
+    with a traceback in rank 0's log at every read, and a damaged page of
+    the checkpoints table failed start-up the same way.  Now a read of such
+    a blob is EIO naming it and the content store (other keys are still
+    read), and start-up fails in one line naming the file."""
+    statedir = tmp_path / "state"
+    inst = await start_instance(size=2, statedir=str(statedir))
+    h = await connect(inst, 1)
+    damaged = b"\xab" * 20000  # (on overflow pages of its own)
+    await commit(h, put("good", "1"), put("bad", damaged))
+    await h.close()
+    assert await inst.stop() == [0, 0]
+    path = str(statedir / "content.sqlite")
+    raw = (statedir / "content.sqlite").read_bytes()
+    with sqlite3.connect(path) as db:
+        size = db.execute("PRAGMA page_size").fetchone()[0]
+    db.close()
+    page = next(off for off in range(0, len(raw), size)  # an overflow page of "bad"
+                if raw[off + 4:off + size] == damaged[:size - 4]) // size + 1
+    damage_page(path, page, (0xFFFFFF00).to_bytes(4, "big"))  # its next page: beyond the file
+
+    inst2 = await start_instance(size=2, statedir=str(statedir))
+    h2 = await connect(inst2, 1)
+    assert await get(h2, "good") == b"1"
+    for _ in range(2):
+        with pytest.raises(RemoteError) as info:
+            await get(h2, "bad")
+        assert info.value.errnum == errno.EIO
+        assert "cannot be read from the content store: database disk image is malformed" in \
+            info.value.errstr, info.value.errstr
+        assert "internal error" not in info.value.errstr
+    await h2.close()
+    await inst2.stop()
+    assert "Traceback" not in (tmp_path / "broker-1.log").read_text()
+
+    with sqlite3.connect(path) as db:
+        table = db.execute("SELECT rootpage FROM sqlite_master WHERE name = 'checkpoints'"
+                           ).fetchone()[0]
+    db.close()
+    damage_page(path, table, b"\xff" * 4096)
+    log = tmp_path / "again.log"
+    refused = await start_refused(Instance(1, statedir=str(statedir), stderr_path=str(log)))
+    assert isinstance(refused, StartError)
+    text = log.read_text()
+    assert (f"start-up failed: checkpoint 'kvs-primary' cannot be read from {path}: database "
+            "disk image is malformed") in text, text
+    assert "Traceback" not in text
 
 
 async def start_refused(inst: Instance) -> BaseException | None:

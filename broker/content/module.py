@@ -744,13 +744,21 @@ class ContentModule(Module):
 
     def _get_many_checked(self, refs: list[str]) -> dict[str, bytes | ErrnoError | None]:
         """(The SQLite thread) :meth:`_get_checked` of each of ``refs``; a
-        damaged blob's error in its place, so it fails its own read only."""
+        damaged blob's error in its place, so it fails its own read only.
+
+        A blob SQLite cannot read (a damaged page of the file: "database
+        disk image is malformed") is ``EIO`` too: as a ``sqlite3`` error it
+        was an "internal error", with a traceback in rank 0's log for every
+        read of it."""
         out: dict[str, bytes | ErrnoError | None] = {}
         for ref in refs:
             try:
                 out[ref] = self._get_checked(ref)
             except ErrnoError as exc:
                 out[ref] = exc
+            except sqlite3.DatabaseError as exc:
+                out[ref] = ErrnoError(errno.EIO, f"blob {ref} cannot be read from the "
+                                                 f"content store: {exc}")
         return out
 
     def _get_checked(self, ref: str) -> bytes | None:
@@ -886,7 +894,10 @@ class ContentModule(Module):
                if r not in self.cache and r not in self.dirty and r not in self.inflight]
         if ask:
             assert self.backing is not None
-            missing = await self.db(self.backing.missing, ask)
+            try:
+                missing = await self.db(self.backing.missing, ask)
+            except sqlite3.DatabaseError as exc:  # (a damaged page, as in _get_many_checked)
+                raise ErrnoError(errno.EIO, f"the content store cannot be read: {exc}") from None
             if missing:
                 raise ErrnoError(errno.ENOENT, f"blob {missing[0]} is not in the content store")
 
@@ -951,7 +962,11 @@ class ContentModule(Module):
             self.h.respond(msg, resp)
             return
         assert self.backing is not None
-        value = await self.db(self.backing.checkpoint_get, body["key"])
+        try:
+            value = await self.db(self.backing.checkpoint_get, body["key"])
+        except sqlite3.DatabaseError as exc:  # (a damaged page: EIO, as for a blob)
+            raise ErrnoError(errno.EIO, f"checkpoint {body['key']!r} cannot be read from "
+                                        f"{self.backing.path}: {exc}") from None
         if value is None:
             raise ErrnoError(errno.ENOENT, f"no checkpoint {body['key']!r}")
         import msgpack
