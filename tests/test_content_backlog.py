@@ -15,6 +15,7 @@ import hashlib
 import os
 import signal
 
+import pytest
 from test_broker_support import KVBROKER
 from test_kvs_rpc_helpers import NO_MERGE, T, commit, errnum, get, put, stats
 
@@ -120,14 +121,18 @@ async def test_a_full_disk_fails_commits_with_enospc_and_the_instance_recovers(
     assert codes == [0, 0], log.read_text()
 
 
+@pytest.mark.parametrize("backlog", [None, "0"])
 async def test_a_full_disk_stops_acknowledging_commits_whatever_the_backlog(
-        small_disk, tmp_path) -> None:
+        small_disk, tmp_path, backlog) -> None:
     """While writes to the store fail, commits wait for the next write and
     fail with it, however far the backlog is from its limit: before, with
     the default 256 MiB, a full disk acknowledged every commit (none could
-    become durable, and a crash lost them) and only the checkpoints failed."""
+    become durable, and a crash lost them) and only the checkpoints failed.
+    Without a limit (``content.backlog-bytes=0``) too: that still
+    acknowledged every commit on a full disk."""
     log = tmp_path / "rank.log"
-    inst = Instance(1, statedir=str(small_disk / "state"), stderr_path=str(log))
+    attrs = {} if backlog is None else {"content.backlog-bytes": backlog}
+    inst = Instance(1, statedir=str(small_disk / "state"), stderr_path=str(log), attrs=attrs)
     await asyncio.wait_for(inst.start(), 60)
     try:
         h = await Handle.connect(inst.uri(0))

@@ -448,10 +448,11 @@ class ContentModule(Module):
         so the instance recovers once the disk has room.  While writes fail,
         every request waits for the next one, however small the backlog:
         a commit acknowledged meanwhile could never become durable (a full
-        disk acknowledged 150 commits that a crash then lost)."""
-        limit = self.backlog_limit
-        if not limit or (self.backlog_bytes <= limit and not self._waiting
-                         and self.failing is None):
+        disk acknowledged 150 commits that a crash then lost).  That holds
+        without a limit too (``content.backlog-bytes=0``): it bounds memory,
+        not what may be acknowledged, and a full disk acknowledged every
+        commit there."""
+        if not self._over_limit() and not self._waiting and self.failing is None:
             return
         if self.failing is not None and not self.dirty and not self._writes:
             self.failing = None  # (nothing left to write: a write did it)
@@ -469,6 +470,10 @@ class ContentModule(Module):
                 self._waiting.remove(fut)
             raise
 
+    def _over_limit(self) -> bool:
+        """More than ``content.backlog-bytes`` wait for their write (0: no limit)."""
+        return bool(self.backlog_limit) and self.backlog_bytes > self.backlog_limit
+
     def _write_for_room(self) -> None:
         """Start a write if none is under way (without a statedir, writes
         otherwise wait until the cache is full)."""
@@ -483,7 +488,7 @@ class ContentModule(Module):
         errno; else make sure the next write is under way."""
         waiting = self._waiting
         if failed is None:
-            while waiting and self.backlog_bytes <= self.backlog_limit:
+            while waiting and not self._over_limit():
                 fut = waiting.popleft()
                 if not fut.done():
                     fut.set_result(None)
