@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import itertools
 import os
 import pwd
@@ -921,12 +922,36 @@ def main(argv: list[str] | None = None) -> int:
     except ConnectError as exc:
         print_err(f"{getattr(args, 'what', args.command)}: {exc}")
         return 1
+    except TypeError as exc:
+        # The codec refuses a str it cannot encode as a TypeError (API
+        # misuse, docs/api.md), raised from the UnicodeEncodeError
+        if isinstance(exc.__cause__, UnicodeEncodeError):
+            return report_not_utf8(args, exc.__cause__)
+        raise
+    except UnicodeEncodeError as exc:
+        return report_not_utf8(args, exc)
     except (OSError, ValueError) as exc:
         if isinstance(exc, BrokenPipeError) and stdout_is_broken():
             return stdout_closed()
         return report_local_error(args, exc)
     except KeyboardInterrupt:
         return 130
+
+
+def report_not_utf8(args: argparse.Namespace, exc: UnicodeEncodeError) -> int:
+    """``kvbroker: <what>: Invalid argument ('k\\xff' is not UTF-8 text)``,
+    exit status 1, for a word of the command line that is not UTF-8 where
+    the message needs text (a key, namespace, topic, name): Python hands
+    such bytes over as surrogate escapes, which nothing can send, and the
+    command died with a traceback.  Flux refuses them with EINVAL (jansson
+    packs UTF-8 only).  Values and file names are bytes, and not refused."""
+    what = getattr(args, "what", None) or args.command
+    text = exc.object if isinstance(exc.object, str) else ""
+    if len(text) > 40:  # (a whole event, as ``eventlog append`` encodes it): the bad part
+        text = text[exc.start:exc.end]
+    shown = repr(os.fsencode(text))[1:] if text else "an argument"
+    print_err(f"{what}: {os.strerror(errno.EINVAL)} ({shown} is not UTF-8 text)")
+    return 1
 
 
 def report_local_error(args: argparse.Namespace, exc: OSError | ValueError) -> int:

@@ -1444,3 +1444,28 @@ async def test_namespace_create_takes_what_getroot_prints(start_instance) -> Non
         kvbroker: bad: Invalid argument (...)
         [rc=1]
         """)
+
+
+async def test_words_that_are_not_utf8_are_refused_in_one_line(start_instance) -> None:
+    """A key, namespace or name that is not UTF-8 (``$'\\xff'`` in a shell)
+    reaches Python as surrogate escapes, which no message can carry: every
+    such command died with a TypeError traceback.  It is EINVAL in one line
+    now, naming the word, exit 1, as flux (jansson packs UTF-8 only).  A
+    value is bytes, and is stored as it is."""
+    inst = await start_instance(size=1)
+    bad = os.fsdecode(b"k\xff")
+    env = client_env(inst.uri(0))
+    for argv, what in ((["kvs", "get", bad], "kvs get"),
+                       (["kvs", "put", f"{bad}=1"], "kvs put"),
+                       (["kvs", "get", "-N", bad, "a"], "kvs get"),
+                       (["kvs", "ls", bad], "kvs ls"),
+                       (["kvs", "get", "-W", "--timeout", "5", bad], "kvs get"),
+                       (["kvs", "namespace", "create", bad], "kvs namespace create"),
+                       (["attr", "get", bad], "attr get"),
+                       (["event", "pub", bad], "event pub")):
+        res = await run([KVB, *argv], env)
+        assert (res.rc, res.err) == (
+            1, f"kvbroker: {what}: Invalid argument ('k\\xff' is not UTF-8 text)\n"), argv
+    res = await kvs(inst, "put", f"v={bad}")
+    assert res.rc == 0, res.err
+    assert (await kvs(inst, "get", "-r", "v")).out == b"k\xff"
