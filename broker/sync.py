@@ -64,6 +64,8 @@ from __future__ import annotations
 import asyncio
 import enum
 import errno
+import os
+import selectors
 import signal
 import sys
 import threading
@@ -112,6 +114,17 @@ def _on_sigint(signum: int, frame: FrameType | None) -> None:
             h._on_sigint(signum, frame)
             return
     signal.default_int_handler(signum, frame)
+
+
+_fork_hook = False
+"""Whether :func:`_after_fork_in_child` is registered (at the first handle)."""
+
+
+def _after_fork_in_child() -> None:
+    """In a child of ``fork()``, every open handle is the parent's: see
+    :meth:`SyncHandle._orphan`."""
+    for h in list(_handles):
+        h._orphan()
 
 
 def _claim_sigint() -> bool:
@@ -169,8 +182,15 @@ class SyncHandle:
         else:
             raise RuntimeError("the blocking facade cannot be used inside a running event "
                                "loop: use the async API (broker.handle.Handle) there")
+        global _fork_hook
+        if not _fork_hook:
+            os.register_at_fork(after_in_child=_after_fork_in_child)
+            _fork_hook = True
         self.timeout = timeout
         self._closed = False
+        self._pid = os.getpid()
+        self._forked = False
+        """This is a child of a fork() made while the handle was open: not its handle."""
         self._caller: int | None = None
         """The thread in a call now (its ``get_ident()``), None between calls."""
         self._waiting: asyncio.Future[Any] | None = None
@@ -214,6 +234,9 @@ class SyncHandle:
         self._interrupts = 0
 
     def _refuse(self, ident: int) -> None:
+        if self._forked:
+            raise RemoteError(errno.ECONNRESET, f"this handle belongs to process {self._pid}, "
+                              "which forked this one: connect() again here")
         caller = self._caller
         if caller is None:
             raise RemoteError(errno.ECONNRESET, "handle closed")
@@ -222,6 +245,27 @@ class SyncHandle:
                                "(from a coroutine it runs?): use the async API there (h.aio)")
         raise RuntimeError("this SyncHandle is in a call in another thread: a handle serves "
                            "one thread at a time (give each thread its own connect())")
+
+    def _orphan(self) -> None:
+        """In a child of ``fork()``: the connection, and the stock loop's
+        epoll instance, are shared with the parent.  A call here read the
+        parent's answers (a ping returned another's payload), and a
+        ``close()`` here, or the loop's finalizer at the child's exit,
+        unregistered the parent's socket and wakeup pipe from that epoll
+        (the parent's next call, or its Ctrl-C, waited for ever).  So the
+        handle is closed to this process without touching either: calls
+        raise ``ECONNRESET`` saying why, ``close()`` does nothing, and the
+        stock loop gets an epoll of its own to unregister from."""
+        self._forked = True
+        self._closed = True
+        self._caller = None
+        self._waiting = None
+        loop = self._loop
+        if isinstance(loop, asyncio.BaseEventLoop) and hasattr(loop, "_selector"):
+            shared = loop._selector
+            loop._selector = selectors.DefaultSelector()
+            shared.close()  # (this process's descriptor of it: the parent's stays)
+        self._let_go()
 
     def _raise_interrupt(self) -> None:
         """End a call that a SIGINT interrupted (the loop is stopped now)."""

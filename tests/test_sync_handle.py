@@ -335,3 +335,59 @@ async def test_leaving_a_sync_watch_keeps_the_blocks_own_exception(start_instanc
         return "no exception"
 
     assert await asyncio.wait_for(asyncio.to_thread(script), 60) == "the block's own"
+
+
+_FORK_SCRIPT = """
+import asyncio, errno, os, signal, sys, threading, time
+from broker import sync
+from broker.errors import RemoteError
+h = sync.connect(sys.argv[1], event_loop=sys.argv[2], timeout=10)
+h.rpc("broker.ping", {})
+sys.stdout.flush()
+if os.fork() == 0:
+    try:
+        h.rpc("broker.ping", {"who": "child"})
+        print("child: answered", flush=True)
+    except RemoteError as exc:
+        print("child:", exc.errname, "fork" in str(exc), flush=True)
+    h.close()
+    sys.exit(0)  # (with the finalizers of the handle's loop and socket)
+os.wait()
+print("parent:", all(h.rpc("broker.ping", {"i": i})["i"] == i for i in range(20)), flush=True)
+
+def interrupt():  # once the main thread waits in a call
+    while h._waiting is None:
+        time.sleep(0.01)
+    os.kill(os.getpid(), signal.SIGINT)
+
+threading.Thread(target=interrupt, daemon=True).start()
+try:
+    h.run(asyncio.sleep(3600), timeout=None)
+except KeyboardInterrupt:
+    print("parent: interrupted", flush=True)
+h.close()
+"""
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+async def test_a_forked_child_leaves_the_parents_handle_alone(start_instance, loop) -> None:
+    """A child of fork() shares its parent's connection (and the stock
+    loop's epoll instance).  Its calls read the parent's answers (the
+    parent's ping returned the child's payload); its close(), or the loop's
+    finalizer at its exit, unregistered the parent's socket and wakeup pipe
+    (the parent's next call timed out, its Ctrl-C waited for ever).  The
+    handle is closed to the child now: ECONNRESET, saying why."""
+    inst = await start_instance(size=1)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _FORK_SCRIPT, inst.uri(0), loop,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        cwd=str(Path(__file__).parent.parent))
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), 40)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert out.decode().splitlines() == [
+        "child: ECONNRESET True", "parent: True", "parent: interrupted"], err.decode()[-2000:]
+    assert proc.returncode == 0
