@@ -892,12 +892,26 @@ class KvsModule(Module):
             # (cancelled meanwhile, nobody reads its outcome: an ENOTSUP was
             # logged as "Task exception was never retrieved")
             loading.add_done_callback(_outcome_read)
+            # The timeout counts from the request, the load included: a
+            # rank whose way to rank 0 is stopped (torpid) loads for ever,
+            # and ``kvs wait -t 1`` waited with it.
+            timeout = p.get("timeout")
+            loop = asyncio.get_running_loop()
+            deadline = None if timeout is None else loop.time() + timeout
+            # (0 asks "reached now?": a namespace this rank holds is there at
+            # once, but only after the loading task's first step)
+            if timeout and not (await asyncio.wait({loading}, timeout=timeout))[0]:
+                raise ErrnoError(errno.ETIMEDOUT, f"version {p['rootseq']} not reached in "
+                                                  f"{timeout:g} s; this rank is still loading "
+                                                  f"namespace {_ns_name(p)} from rank 0")
             ns = await asyncio.shield(loading)
             if ns.rootseq < p["rootseq"]:
                 try:
                     # (an extension: Flux's has no timeout, so a caller that
                     # gave up left its waiter here until the version came)
-                    await asyncio.wait_for(ns.wait_version(p["rootseq"]), p.get("timeout"))
+                    await asyncio.wait_for(ns.wait_version(p["rootseq"]),
+                                           None if deadline is None
+                                           else max(0.0, deadline - loop.time()))
                 except TimeoutError:
                     raise ErrnoError(errno.ETIMEDOUT, f"version {p['rootseq']} not reached "
                                                       f"in {p['timeout']:g} s; this rank is at "

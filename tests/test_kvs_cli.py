@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shlex
+import signal
 import sys
 import tempfile
 import textwrap
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from test_broker_support import stop_process
 
 from broker.handle import Handle
 from kvs import treeobj
@@ -1469,3 +1471,26 @@ async def test_words_that_are_not_utf8_are_refused_in_one_line(start_instance) -
     res = await kvs(inst, "put", f"v={bad}")
     assert res.rc == 0, res.err
     assert (await kvs(inst, "get", "-r", "v")).out == b"k\xff"
+
+
+async def test_wait_timeout_holds_when_a_rank_on_the_way_is_stopped(start_instance) -> None:
+    """``kvs wait -t 1`` on rank 2 of the chain 0-1-2 waited for ever once
+    rank 1 was stopped: the rank timed only the wait for the version, not
+    the load of the namespace from rank 0 before it.  With rank 2 itself
+    stopped, nothing answered the command's -t at all.  Each now ends in
+    about a second, saying which."""
+    inst = await start_instance(size=3, fanout=1)
+    pids = inst.pids()
+    try:
+        await stop_process(pids[1])
+        res = await asyncio.wait_for(kvs(inst, "wait", "-t", "1", "5", rank=2), 15)
+        assert (res.rc, res.err) == (1, "kvbroker: kvs wait: version 5 not reached in 1 s; "
+                                        "this rank is still loading namespace primary from "
+                                        "rank 0\n")
+        await stop_process(pids[2])
+        res = await asyncio.wait_for(kvs(inst, "wait", "-t", "1", "5", rank=2), 15)
+        assert (res.rc, res.err) == (1, "kvbroker: kvs wait: version 5 not reached in 1 s; "
+                                        "the rank did not answer (stopped?)\n")
+    finally:
+        for pid in pids[1:]:
+            os.kill(pid, signal.SIGCONT)
