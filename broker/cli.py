@@ -402,7 +402,10 @@ def cmd_overlay(args: argparse.Namespace) -> int:
 
     async def main() -> int:
         async with await connect() as h:
-            ranks, fanout = await status.gather(h, timeout=args.timeout)
+            try:
+                ranks, fanout = await status.gather(h, timeout=args.timeout)
+            except TimeoutError as exc:
+                raise CLIError("overlay status", detail=str(exc)) from None
         for line in status.render(ranks, fanout):
             print(line)
         return 0 if all(r.state == status.FULL for r in ranks) else 1
@@ -451,7 +454,10 @@ def cmd_uptime(args: argparse.Namespace) -> int:
             except TimeoutError:
                 raise CLIError("uptime", detail=f"rank 0 did not answer in "
                                                 f"{args.timeout:g}s") from None
-            ranks, _ = await status.gather(h, timeout=args.timeout)
+            try:
+                ranks, _ = await status.gather(h, timeout=args.timeout)
+            except TimeoutError as exc:
+                raise CLIError("uptime", detail=str(exc)) from None
         print(uptime_line(time.time(), started, owner, ranks))
         return 0
 

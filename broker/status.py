@@ -81,8 +81,15 @@ async def gather(h: Handle, timeout: float = 2.0) -> tuple[list[RankStatus], int
     # (the rank ``h`` is attached to knows them as well as rank 0, and it
     # answers even when the way to rank 0 is held up by a torpid rank: the
     # command's timeout is then still kept)
-    size = int(await h.attr_get("size"))
-    fanout = int(await h.attr_get("fanout"))
+    # (within the timeout too: a stopped or hung attached rank never
+    # answers, and a health check that waits for ever checks nothing)
+    try:
+        async with asyncio.timeout(timeout):
+            size = int(await h.attr_get("size"))
+            fanout = int(await h.attr_get("fanout"))
+    except TimeoutError:
+        raise TimeoutError(f"the attached rank did not answer in {timeout:g}s "
+                           "(stopped or hung?)") from None
     parents = [r for r in range(size) if topology.children_of(r, fanout, size)]
     asked = asyncio.gather(*(_ask(h, r, timeout) for r in range(size)))
     views = asyncio.gather(*(_torpid_children(h, r, timeout) for r in parents))

@@ -139,3 +139,20 @@ def test_torpid_max_must_leave_room_for_keepalives() -> None:
     ok = battrs.check({"tbon.torpid_min": "1", "tbon.torpid_max": "0"}, battrs.BROKER_ATTRS)
     assert ok["tbon.torpid_max"] == 0
     assert battrs.check({}, battrs.BROKER_ATTRS)["tbon.torpid_max"] == 30
+
+
+async def test_overlay_status_keeps_its_timeout_when_the_attached_rank_is_stopped(
+        start_instance) -> None:
+    """``overlay status -t`` is a health check: attached to a rank that is
+    stopped (or hung) it waited for ever for that rank's size and fanout.
+    It ends within its timeout now, exit 1, saying so."""
+    inst = await start_instance(size=2, fanout=2)
+    pid = inst.pids()[1]
+    await stop_process(pid)
+    try:
+        rc, out, err = await run_cli("overlay", "status", "-t", "0.5", uri=inst.uri(1),
+                                     timeout=15)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert (rc, out, err) == (1, "", "kvbroker: overlay status: the attached rank did not "
+                                     "answer in 0.5s (stopped or hung?)\n")
