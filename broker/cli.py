@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import contextlib
 import errno
+import io
 import itertools
 import os
 import pwd
@@ -907,6 +908,7 @@ def main(argv: list[str] | None = None) -> int:
     and an exit status (docs/cli.md, Conventions) -- in this one place, so
     that every command reports alike."""
     argv = sys.argv[1:] if argv is None else argv
+    guard_std_streams()
     parser = build_parser(command_word(argv))
     args, extra = parser.parse_known_args(argv)
     if extra:
@@ -942,6 +944,41 @@ def main(argv: list[str] | None = None) -> int:
         return report_local_error(args, exc)
     except KeyboardInterrupt:
         return 130
+
+
+class _ClosedInput(io.RawIOBase):
+    """Standard input when the command was started with it closed (``<&-``)."""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        raise OSError(errno.EBADF, os.strerror(errno.EBADF), "standard input")
+
+
+def guard_std_streams() -> None:
+    """Put ``/dev/null`` on each of descriptors 0-2 that is closed (``cmd
+    <&-``, ``>&-``), as daemons do: else the connection to the broker took
+    the lowest free one, and uvloop aborted the process (SIGABRT, status
+    134) closing it, "Assertion `fd > STDERR_FILENO' failed"; the stock loop
+    died in a traceback on the missing ``sys.stdout``.  Then, as Python
+    does for a closed stream, output there is discarded; reading a closed
+    standard input (``put -r a=-``, ``content store``) is ``Bad file
+    descriptor``, not an empty value."""
+    for fd in range(3):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)  # (the lowest free descriptor: fd)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+    if sys.stdin is None:
+        sys.stdin = io.TextIOWrapper(io.BufferedReader(_ClosedInput()))
+    if sys.stdout is None:
+        sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115 (for the process's life)
+    if sys.stderr is None:
+        sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
 
 
 def report_not_utf8(args: argparse.Namespace, exc: UnicodeEncodeError) -> int:

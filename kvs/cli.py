@@ -271,6 +271,7 @@ def _conditions(args: argparse.Namespace) -> TxnOps:
 
 
 def cmd_put(args: argparse.Namespace) -> int:
+    args.what = "kvs put"  # (before _run: reading standard input may fail first)
     ops = _conditions(args)
     keys = []
     for pair in args.pairs:

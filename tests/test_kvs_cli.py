@@ -1494,3 +1494,26 @@ async def test_wait_timeout_holds_when_a_rank_on_the_way_is_stopped(start_instan
     finally:
         for pid in pids[1:]:
             os.kill(pid, signal.SIGCONT)
+
+
+async def test_commands_started_with_standard_streams_closed(start_instance) -> None:
+    """Started with descriptor 0 or 1 closed (``<&-``, ``>&-``: a daemon's
+    or cron's child), the connection to the broker took it: uvloop then
+    aborted the process (SIGABRT, 134) on closing it, the stock loop died
+    in a traceback (no ``sys.stdout``).  Output to a closed stream is now
+    discarded, as Python does; input from a closed one is EBADF."""
+    inst = await start_instance(size=1)
+    env = client_env(inst.uri(0))
+    assert (await kvs(inst, "put", "a=1")).rc == 0
+    for loop in ("uvloop", "asyncio"):
+        res = await run(["sh", "-c", f"kvbroker --event-loop {loop} kvs get a >&-"], env)
+        assert (res.rc, res.err) == (0, ""), loop
+        res = await run(["sh", "-c", f"kvbroker --event-loop {loop} kvs get nokey >&-"], env)
+        assert (res.rc, res.err) == (1, "kvbroker: nokey: No such file or directory\n"), loop
+        res = await run(["sh", "-c", f"kvbroker --event-loop {loop} kvs put -r b=- <&-"], env)
+        assert (res.rc, res.err) == (
+            1, "kvbroker: kvs put: standard input: Bad file descriptor\n"), loop
+        res = await run(["sh", "-c", f"kvbroker --event-loop {loop} content store <&-"], env)
+        assert (res.rc, res.err) == (
+            1, "kvbroker: content store: standard input: Bad file descriptor\n"), loop
+    assert (await kvs(inst, "get", "b")).rc == 1  # nothing was stored
