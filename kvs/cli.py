@@ -17,7 +17,6 @@ already resolved when they are called, and :func:`render_value` and
 from __future__ import annotations
 
 import argparse
-import asyncio
 import base64
 import contextlib
 import errno
@@ -646,25 +645,12 @@ def cmd_version(args: argparse.Namespace) -> int:
     return _run(args, body)
 
 
-WAIT_GRACE = 1.0
-"""Seconds ``kvs wait -t T`` gives the rank after T to say it gave up
-(its answer says what version it is at), before giving up on the rank."""
-
-
 def cmd_wait(args: argparse.Namespace) -> int:
     async def body(kvs: KVS) -> int:
-        waiting = kvs.wait_version(args.version, args.timeout)
-        if args.timeout is None:
-            await waiting
-            return 0
         try:
-            # The rank times the wait; this side only bounds a rank that
-            # does not answer at all (stopped): -t 1 waited for ever there
-            await asyncio.wait_for(waiting, args.timeout + WAIT_GRACE)
+            await kvs.wait_version(args.version, args.timeout)
         except TimeoutError as exc:
-            raise CLIError("kvs wait", detail=str(exc) or (
-                f"version {args.version} not reached in {args.timeout:g} s; the rank did "
-                "not answer (stopped?)")) from None
+            raise CLIError("kvs wait", detail=str(exc)) from None
         return 0
 
     return _run(args, body)

@@ -103,6 +103,11 @@ __all__ = [
 
 NAMESPACE_ENV = "KVBROKER_NAMESPACE"
 
+WAIT_GRACE = 1.0
+"""Seconds :meth:`KVS.wait_version` gives the rank past its ``timeout`` to
+say it gave up (its answer says why) before giving up on the rank itself:
+a stopped rank answers nothing, and the wait had no end."""
+
 
 def default_namespace(namespace: str | None = None) -> str:
     """``namespace``, else ``$KVBROKER_NAMESPACE``, else ``"primary"``."""
@@ -788,16 +793,25 @@ class KVS:
         """Return once this rank has reached ``version``; returns the version
         it is at (``ENOTSUP`` if the namespace is removed meanwhile).  With
         ``timeout`` (seconds) the rank gives up after that long, forgetting
-        the wait, and this raises ``TimeoutError``."""
+        the wait, and this raises ``TimeoutError`` saying why; a rank that
+        does not answer at all (stopped) is given up on
+        :data:`WAIT_GRACE` seconds later, so the timeout always holds."""
         payload: dict[str, Any] = {"namespace": self.namespace, "rootseq": int(version)}
         if timeout is not None:
             payload["timeout"] = float(timeout)
+        waiting = self.handle.rpc("kvs.wait-version", payload)
         try:
-            resp = await self.handle.rpc("kvs.wait-version", payload)
+            if timeout is None:
+                resp = await waiting
+            else:
+                resp = await asyncio.wait_for(waiting, max(float(timeout), 0.0) + WAIT_GRACE)
         except RemoteError as exc:
             if exc.errnum == errno.ETIMEDOUT and timeout is not None:
                 raise TimeoutError(exc.errstr) from None
             raise
+        except TimeoutError:
+            raise TimeoutError(f"version {version} not reached in {timeout:g} s; the rank "
+                               "did not answer (stopped?)") from None
         return int(resp["rootseq"])
 
     async def sync(self) -> CommitResult:
@@ -1060,10 +1074,9 @@ class SyncKVS:
         return self.run(self.aio.wait_create(key, timeout), None)
 
     def wait_version(self, version: int, timeout: float | None = None) -> int:
-        # the rank gives up first and forgets the wait; this side's limit
-        # only covers a rank that does not answer at all
-        return self.run(self.aio.wait_version(version, timeout),
-                        None if timeout is None else timeout + 10)
+        # the rank gives up first and forgets the wait, and the async call
+        # bounds a rank that does not answer at all (WAIT_GRACE)
+        return self.run(self.aio.wait_version(version, timeout), None)
 
     def sync(self) -> CommitResult:
         return self.run(self.aio.sync())

@@ -6,9 +6,10 @@ import asyncio
 import errno
 import json
 import os
+import signal
 
 import pytest
-from test_broker_support import run_cli
+from test_broker_support import run_cli, stop_process
 from test_watch_helpers import wait_watchers
 
 from broker.errors import ErrnoError, RemoteError
@@ -19,6 +20,7 @@ from kvs.client import (
     NO_MERGE,
     READDIR,
     SYNC,
+    WAIT_GRACE,
     CommitResult,
     Dir,
     Link,
@@ -686,6 +688,32 @@ async def test_a_wait_version_timeout_is_the_ranks(start_instance, connect) -> N
     rc, out, err_text = await run_cli("kvs", "wait", "-t", "0.05", "1000000000", uri=inst.uri(1))
     assert rc == 1
     assert err_text.startswith("kvbroker: kvs wait: version 1000000000 not reached in 0.05 s")
+
+
+async def test_a_wait_version_timeout_holds_when_the_rank_is_stopped(start_instance,
+                                                                     connect) -> None:
+    """The rank times the wait, so a stopped rank answered nothing and the
+    async call, given ``timeout=0.2``, waited for ever (the blocking facade
+    and the command each had a limit of their own): it now gives up on the
+    rank ``WAIT_GRACE`` later, saying so, and the blocking facade with it."""
+    inst = await start_instance(size=2)
+    h1 = await connect(inst, 1)
+    kvs = KVS(h1)
+    assert await asyncio.wait_for(kvs.wait_version(0, timeout=0.2), T) >= 0
+    pid = inst.pids()[1]
+    await stop_process(pid)
+    try:
+        t0 = asyncio.get_running_loop().time()
+        with pytest.raises(TimeoutError, match=r"^version 5 not reached in 0.2 s; the rank "
+                                               r"did not answer \(stopped\?\)$"):
+            await asyncio.wait_for(kvs.wait_version(5, timeout=0.2), T)
+        assert asyncio.get_running_loop().time() - t0 < 0.2 + WAIT_GRACE + 2
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    # the rank, running again, still answers, and refuses a bad timeout itself
+    with pytest.raises(RemoteError) as err:
+        await asyncio.wait_for(kvs.wait_version(5, timeout=-1), T)
+    assert err.value.errnum == errno.EPROTO
 
 
 async def test_a_watch_cancelled_by_another_task_ends_its_readers_loop(start_instance,
