@@ -35,6 +35,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from broker import codec, topology
+from broker.errors import ErrnoError
 from broker.events import SeqTracker, SubscriptionTable
 from broker.logring import LogThrottle
 from broker.message import (
@@ -556,11 +557,30 @@ class Router:
         return self.subs.unsubscribe(peer.peer_id, prefix)
 
     def sequence_event(self, topic: str, payload: Any, flags: int, userid: int) -> int:
-        """Rank 0: give an event the next sequence number and send it everywhere."""
+        """Rank 0: give an event the next sequence number and send it everywhere.
+
+        With links, the event is encoded here, before it has its number, and
+        refused (``EMSGSIZE``; ``EPROTO`` if it cannot be packed) unless it
+        fits ``tbon.max-message``: sequenced, it reached rank 0's own
+        subscribers while every link dropped it -- a gap on every other rank,
+        whose subscribers never saw it.  Its size is only known packed (a
+        module's payload comes unpacked; a client's is re-packed, and may
+        grow: msgpack float32s come back float64s), and the encoding is the
+        one the links and the clients send (:attr:`Message.wire`), so the
+        check costs no extra encode where the event goes anywhere."""
         assert self.rank == 0
-        self.seq += 1
         msg = Message(MsgType.EVENT, topic, payload, flags=flags & MsgFlags.PRIVATE,
-                      userid=userid, seq=self.seq)
+                      userid=userid, seq=self.seq + 1)
+        if self.overlay is not None:
+            try:
+                frames = msg.wire = codec.encode(msg)
+            except TypeError as exc:
+                raise ErrnoError(errno.EPROTO, f"event payload: {exc}") from None
+            limit = self.overlay.max_message
+            if codec.may_exceed_link(frames) and codec.frames_size(frames) > limit:
+                raise ErrnoError(errno.EMSGSIZE, f"an event of {codec.frames_size(frames)} "
+                                                 f"bytes exceeds tbon.max-message ({limit})")
+        self.seq = msg.seq
         self.counts["events-sequenced"] += 1
         self.seq_tracker.see(self.seq)
         self.distribute_event(msg)

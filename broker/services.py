@@ -10,10 +10,9 @@ from collections import deque
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from broker import attrs as battrs
-from broker import codec
 from broker.errors import ErrnoError
 from broker.logring import Entry, LogRing, clip
-from broker.message import Message, MsgFlags, RawPayload
+from broker.message import Message, MsgFlags
 from broker.module import Handler, Module, require
 
 if TYPE_CHECKING:
@@ -32,7 +31,9 @@ matched: without a bound, a client's 1,000 events with topics of 1 MiB
 pinned a GiB on every rank."""
 
 EVENT_HEADER_ROOM = 256
-"""An event's header beside its topic, at most (for ``tbon.max-message``)."""
+"""An event's header beside its topic, at most: room a publisher's cheap
+bound leaves (kvs/commits.py), before the router checks the encoded event
+against ``tbon.max-message``."""
 
 
 def _event_topic(topic: str, prefix: bool = False) -> str:
@@ -269,7 +270,6 @@ class BrokerServices(Module):
 
     # -- event
     def event_pub(self, msg: Message) -> None:
-        wire = msg.wire_payload  # (its size: before it is decoded)
         body = require(msg.payload, topic=str)
         topic = _event_topic(body["topic"])
         flags = body.get("flags", 0)
@@ -288,13 +288,8 @@ class BrokerServices(Module):
                 # event as malformed -- a gap everywhere, seen by no one
                 raise ErrnoError(errno.EPROTO, "event.pub userid must be a uid")
             userid = claimed
-        # An event every rank can forward, or none: refused before it has a
-        # sequence number (the payload's size, and room for its header).
-        limit = self.broker.overlay.max_message if self.broker.overlay else 0
-        size = (codec.frames_size(wire.frames) if type(wire) is RawPayload else 0) + len(topic)
-        if limit and size + EVENT_HEADER_ROOM > limit:
-            raise ErrnoError(errno.EMSGSIZE, f"an event of {size} bytes exceeds "
-                                             f"tbon.max-message ({limit})")
+        # An event every rank can forward, or none: the router refuses one
+        # too big for a link before it has a sequence number.
         seq = self.router.sequence_event(topic, body.get("payload"),
                                          flags & MsgFlags.PRIVATE, userid)
         self.h.respond(msg, {"seq": seq})

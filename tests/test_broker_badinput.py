@@ -20,7 +20,7 @@ from broker import codec
 from broker.errors import RemoteError
 from broker.handle import Handle
 from broker.launch import make_rundir
-from broker.message import Message, MsgFlags, MsgType
+from broker.message import Message, MsgFlags, MsgType, RawPayload
 from broker.overlay import Overlay, ipc_endpoint
 from broker.router import Router
 
@@ -334,6 +334,35 @@ async def test_messages_too_big_for_a_link_are_answered_not_dropped(start_instan
         assert (await stats(h3, 3))["messages"]["oversized"] == 1
         assert (await stats(h0, 0))["messages"]["oversized"] == 1
         await still_serving(h3, 4)
+
+
+async def test_a_client_event_that_grows_past_a_link_is_refused(start_instance,
+                                                                  connect) -> None:
+    """Rank 0 measured a client's event by its request's bytes, but sends
+    the payload re-packed: a request of msgpack float32s (5 bytes each)
+    fits ``tbon.max-message``, the event (float64s, 9 bytes each) does not.
+    It was sequenced, delivered on rank 0 and dropped by the link: a gap
+    on the follower, whose subscriber never saw it.  Now refused
+    ``EMSGSIZE`` before it has a sequence number."""
+    inst = await start_instance(size=2, fanout=2,
+                                attrs={"tbon.max-message": str(LINK_LIMIT)})
+    async with asyncio.timeout(20):
+        h0, h1 = await connect(inst, 0), await connect(inst, 1)
+        await h0.subscribe("test.")
+        await h1.subscribe("test.")
+        floats = [0.5] * 12_000
+        packed = msgpack.packb({"topic": "test.floats", "payload": {"f": floats}},
+                               use_single_float=True)
+        assert len(packed) < LINK_LIMIT - 1000  # the request fits a link
+        assert len(msgpack.packb(floats)) > LINK_LIMIT  # the event does not
+        with pytest.raises(RemoteError) as info:
+            await h0.rpc("event.pub", RawPayload([packed]))
+        assert info.value.errnum == errno.EMSGSIZE, info.value.errstr
+        small = await h0.publish("test.small", {"n": 1})
+        for h in (h0, h1):  # neither saw the big one: the next is the small one
+            ev = await h.recv_event()
+            assert (ev.topic, ev.seq) == ("test.small", small)
+        assert (await stats(h1, 1))["events"]["gaps"] == 0
 
 
 async def test_an_answer_too_big_for_the_client_fails_its_request(start_instance,

@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 
 import pytest
-from test_broker_support import run_cli, wait_until
+from test_broker_support import run_cli, stats, wait_until
 
 from broker.errors import RemoteError
 from broker.handle import Handle
@@ -154,3 +154,60 @@ async def test_a_handler_never_started_is_closed_at_stop_without_a_warning() -> 
         del task
         gc.collect()
     assert not [w for w in caught if "never awaited" in str(w.message)]
+
+
+BIGPUB = '''
+from typing import ClassVar
+
+from broker.module import Handler, Module, require
+
+
+class BigPubModule(Module):
+    """Publishes, on request, an event of ``size`` bytes of payload."""
+    name: ClassVar[str] = "bigpub"
+
+    def handlers(self) -> dict[str, Handler]:
+        return {"bigpub.publish": self.publish}
+
+    async def publish(self, msg):
+        body = require(msg.payload, topic=str, size=int)
+        seq = await self.h.publish(body["topic"], {"pad": "x" * body["size"]})
+        self.h.respond(msg, {"seq": seq})
+'''
+
+
+@pytest.fixture
+def bigpub_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    (tmp_path / "bigpub_mod.py").write_text(BIGPUB)
+    info = tmp_path / "bigpub_plugin-0.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: bigpub-plugin\nVersion: 0.0\n")
+    (info / "entry_points.txt").write_text(
+        "[kvbroker.modules]\nbigpub = bigpub_mod:BigPubModule\n")
+    path = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p)
+    monkeypatch.setenv("PYTHONPATH", path)  # inherited by the rank processes
+    return str(tmp_path)
+
+
+async def test_a_modules_event_too_big_for_a_link_is_refused_before_sequencing(
+        bigpub_plugin, start_instance, connect) -> None:
+    """A module's ``event.pub`` payload arrives unserialised: it was counted
+    as 0 bytes, so rank 0 sequenced an event bigger than
+    ``tbon.max-message`` and delivered it to its own subscribers while its
+    link dropped it -- a gap on every follower, whose subscribers never saw
+    it.  It is refused ``EMSGSIZE`` instead, before it has a number."""
+    inst = await start_instance(size=2, fanout=2, attrs={
+        "broker.modules": "content,bigpub", "tbon.max-message": "65536"})
+    async with asyncio.timeout(20):
+        h0, h1 = await connect(inst, 0), await connect(inst, 1)
+        await h0.subscribe("test.")
+        await h1.subscribe("test.")
+        with pytest.raises(RemoteError) as info:
+            await h0.rpc("bigpub.publish", {"topic": "test.big", "size": 100_000})
+        assert info.value.errnum == errno.EMSGSIZE, info.value.errstr
+        assert "exceeds tbon.max-message (65536)" in info.value.errstr
+        small = (await h0.rpc("bigpub.publish", {"topic": "test.small", "size": 10}))["seq"]
+        for h in (h0, h1):  # neither saw the big one: the next is the small one
+            ev = await h.recv_event()
+            assert (ev.topic, ev.seq) == ("test.small", small)
+        assert (await stats(h1, 1))["events"]["gaps"] == 0
