@@ -737,8 +737,10 @@ class Overlay:
         old = self._child_ident.get(child)
         if old is not None:
             self.replaced += 1
-            log.warning("rank %d said hello again from a new process: dropping its old "
-                        "connection", child)
+            # (throttled: each new connection of a peer holding the keys
+            # says it -- as many lines as it likes, otherwise)
+            self._peer_log.log(logging.WARNING, "hello-again", "rank %d said hello again "
+                               "from a new process: dropping its old connection", child)
             del self._ident_child[old]
             self._send_failed.discard(old)
             self._cut(old)
@@ -747,7 +749,7 @@ class Overlay:
             assert self._down is not None
             # (if that connection is gone already, there is no one to tell)
             self._down.send_to(old, codec.encode(replaced))
-            self._lose_child(child, "a newer process of it said hello", warned=True)
+            self._lose_child(child, "a newer process of it said hello", quiet=True)
         self._child_ident[child] = ident
         self._ident_child[ident] = child
         assert self._down is not None
@@ -843,13 +845,15 @@ class Overlay:
                    else f"its connection failed: {conn.lost_error}")
             self._lose_child(conn.rank, why)
 
-    def _lose_child(self, child: int, why: str, warned: bool = False) -> None:
+    def _lose_child(self, child: int, why: str, warned: bool = False,
+                    quiet: bool = False) -> None:
         """A child's link closed (``why``): its subtree is gone (it stops
         when it loses us, and takes its own children along); answer what it
         owed.  A child that said goodbye, or that we told to stop, stopped:
         INFO.  Any other loss (a crash, a kill, a host gone) is WARNING,
         with why -- both were INFO, so an operator at the default level
-        never saw a rank die (``warned``: a WARNING said so already)."""
+        never saw a rank die (``warned``: a WARNING said so already;
+        ``quiet``: no line at all, a throttled WARNING stands for it)."""
         self.hello_from.discard(child)
         self._heard.pop(child, None)
         self._seen_at.pop(child, None)
@@ -861,6 +865,8 @@ class Overlay:
             log.info("child rank %d stopped (%s)", child, left)
         elif self._shutdown_sent:
             log.info("child rank %d stopped (this rank told it to)", child)
+        elif quiet:
+            pass
         elif warned:
             log.info("lost child rank %d%s", child, f": {why}" if why else "")
         else:

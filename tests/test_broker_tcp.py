@@ -135,3 +135,51 @@ async def test_a_flood_of_bad_overlay_messages_is_logged_a_few_times(
                  "a hello from rank 9, which is not a child"):
         assert 1 <= log.count(line) <= 5, log
         assert 1 <= sum(line in e["message"] for e in entries) <= 5
+
+
+async def test_a_flood_of_hellos_from_new_connections_is_logged_a_few_times(
+        start_instance, connect) -> None:
+    """Each new connection that says hello as a connected child replaces
+    that child's old one (the newest process wins), and said so in a
+    WARNING: a peer holding the instance's keys opened 60 connections, each
+    saying hello as rank 3, for 60 lines -- stderr flooded and the ring
+    ``kvbroker dmesg`` reads pushed out (and an INFO line each, "lost
+    child rank 3", in the ring), as with its bad messages.  Every
+    one is still counted (``overlay.replaced``) and the rank keeps
+    serving, but logged a few times."""
+    inst = await start_instance(size=4, fanout=2, attrs=TCP)
+    assert inst.stderr_path is not None
+    ctx = zmq.asyncio.Context()
+    peers: list[zmq.asyncio.Socket] = []
+    n = 60
+    try:
+        async with asyncio.timeout(30):
+            h = await connect(inst, 0)
+            public, secret = load_keys(os.path.join(inst.rundir, "curve.key"))
+            hello = codec.encode(Message(MsgType.CONTROL, "overlay.hello", {"rank": 3}))
+            for _ in range(n):  # (all kept open: a closed one is a lost rank 3)
+                peer = ctx.socket(zmq.DEALER)
+                peer.linger = 0
+                peer.curve_serverkey = public
+                peer.curve_publickey, peer.curve_secretkey = public, secret
+                peer.connect(inst.endpoints[1])
+                peers.append(peer)
+                await peer.send_multipart(hello)
+
+            async def all_replaced() -> bool:
+                return (await stats(h, 1))["overlay"]["replaced"] == n
+
+            await wait_until(all_replaced, f"rank 1 to replace rank 3 {n} times", 20)
+            for rank in range(3):
+                assert (await h.ping(rank))["rank"] == rank
+            entries = [e async for e in h.rpc_stream("log.dmesg", {}, nodeid=1)]
+    finally:
+        for peer in peers:
+            peer.close(0)
+        ctx.term()
+    log = Path(inst.stderr_path).read_text()
+    line = "rank 3 said hello again from a new process"
+    assert 1 <= log.count(line) <= 5, log
+    assert 1 <= sum(line in e["message"] for e in entries) <= 5
+    # (nor a line each in the ring at INFO, which it keeps)
+    assert sum("lost child rank 3" in e["message"] for e in entries) <= 5
