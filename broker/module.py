@@ -202,7 +202,14 @@ class Module:
         return self.events.stats(self.h.subscribe_calls)
 
     def _stats_get(self, msg: Message) -> None:
-        self.h.respond(msg, self.stats())
+        """Open to guests, as in Flux, but a guest is shown only ``rank``:
+        a module's counters are instance-wide and move with what other
+        users do (docs/protocol.md, Built-in services).  A module that has
+        something of a guest's own to show answers its own stats-get."""
+        if msg.is_owner:
+            self.h.respond(msg, self.stats())
+        else:
+            self.h.respond(msg, {"rank": self.ctx.rank})
 
     def _receive_event(self, msg: Message) -> None:
         self.events.received += 1

@@ -93,12 +93,20 @@ class BrokerServices(Module):
         self.h.respond(msg, out)
 
     def broker_stats(self, msg: Message) -> None:
+        """``broker.stats-get`` (and ``attr.``, ``event.``, ``module.``,
+        ``log.``, ``overlay.stats-get``), open to guests, but a guest sees
+        only ``rank`` and its own connections and bytes (``guests``): the
+        rank's message and event counts, clients, subscriptions, log and
+        overlay figures move with what other users do, which a guest could
+        follow around an act of its own."""
         out = self.broker.stats()
-        guests = out.get("guests")
-        if guests and not msg.is_owner:  # a guest sees its own usage only
-            mine = str(msg.userid)
-            out["guests"] = {mine: guests[mine]} if mine in guests else {}
-        self.h.respond(msg, out)
+        if msg.is_owner:
+            self.h.respond(msg, out)
+            return
+        guests = out.get("guests") or {}
+        mine = str(msg.userid)
+        self.h.respond(msg, {"rank": out["rank"],
+                             "guests": {mine: guests[mine]} if mine in guests else {}})
 
     def shutdown(self, msg: Message) -> None:
         """Stop this rank and its subtree (rank 0: the instance), as ``flux

@@ -112,8 +112,13 @@ COUNTERS = ("commits", "batches", "merged", "merges-split", "commits-failed", "r
             "namespaces-loaded", "getroot-heard", "namespaces-removed", "collections",
             "trees-checked")
 """The ``counts`` of ``kvs.stats-get`` (all shown, 0 included)."""
-GUEST_HIDDEN_COUNTS = ("blob-fetches", "blob-loads")
-"""The ``counts`` a guest is not shown: they tell what the blob cache holds."""
+GUEST_STATS = ("rank", "namespace-count", "namespaces")
+"""All a guest is shown of ``kvs.stats-get`` (an allow-list): its own
+namespaces and their count.  Every other field is instance-wide and tells of
+other users' namespaces: the cache and its misses whether a blob guessed is
+stored or was read (a guest read a 4-digit value of ``primary`` that way),
+``commits``, ``batches``, ``namespaces-created`` minus ``-removed``, the
+``checkpoint``'s rootseq, ``gc.last.kept``... others' activity, or guesses."""
 
 
 def _check_ops(ops: Any) -> list[dict[str, Any]]:
@@ -1170,36 +1175,36 @@ class KvsModule(Module):
 
     def stats_get(self, msg: Message) -> None:
         """``kvs.stats-get``, open to guests (as in Flux), but a guest sees
-        only its own namespaces, and no cache counts: the number of blobs
-        held, read around a commit of its own, would tell whether a blob it
-        guessed was there already (someone else's value).  So would the
-        blobs this rank's cache missed (``blob-fetches``, ``blob-loads``)
-        when the guest reads its guess back: one fewer if someone read that
-        value here."""
+        only :data:`GUEST_STATS`: its own namespaces.  Any instance-wide
+        figure moves with what other users do, so a guest could watch it
+        around an act of its own -- the cache counts around committing a
+        guess told whether someone stored that value already."""
         if msg.is_owner:
             self.h.respond(msg, self.stats())
-            return
-        out = self.stats(owner=msg.userid)
-        for key in ("cache", "namespace-count", "heard"):
-            del out[key]
-        for key in GUEST_HIDDEN_COUNTS:
-            del out["counts"][key]
-        self.h.respond(msg, out)
+        else:
+            self.h.respond(msg, self.guest_stats(msg.userid))
 
-    def stats(self, owner: int | None = None) -> dict[str, Any]:
-        """The counters, and at most 100 namespaces; only ``owner``'s, if
-        given (a guest's view: chosen before the cut, or a guest whose
-        namespaces came after the rank's first 100 saw none)."""
-        held: Iterable[tuple[str, Namespace]] = self.namespaces.items()
-        if owner is not None:
-            held = ((name, ns) for name, ns in held if ns.owner == owner)
+    def guest_stats(self, userid: int) -> dict[str, Any]:
+        """A guest's view: :data:`GUEST_STATS`, ``userid``'s namespaces (at
+        most 100, chosen before the cut) and their count on this rank."""
+        mine = [(name, ns) for name, ns in self.namespaces.items() if ns.owner == userid]
+        return {"rank": self.rank, "namespace-count": len(mine),
+                "namespaces": self._describe(mine)}
+
+    @staticmethod
+    def _describe(held: Iterable[tuple[str, Namespace]]) -> dict[str, Any]:
+        """The ``namespaces`` section: at most 100 of ``held``."""
+        return {name: {"rootseq": ns.rootseq, "owner": ns.owner, "waiters": ns.waiters}
+                for name, ns in islice(held, 100)}
+
+    def stats(self) -> dict[str, Any]:
+        """The instance owner's view: the counters, and at most 100
+        namespaces."""
         return {
             "rank": self.rank,
             "namespace-count": len(self.namespaces),
             "heard": len(self.heard),
-            "namespaces": {name: {"rootseq": ns.rootseq, "owner": ns.owner,
-                                  "waiters": ns.waiters}
-                           for name, ns in islice(held, 100)},
+            "namespaces": self._describe(self.namespaces.items()),
             "cache": {"blobs": len(self.blobs), "bytes": self.blobs.size,
                       "objects": len(self.cache), "object-bytes": self.cache.nbytes,
                       "forgotten": self.cache.forgotten},

@@ -13,7 +13,7 @@ Requests (docs/protocol.md, section "kvs-watch"):
 * ``kvs-watch.disconnect`` -- the router's notice that a client went away:
   its watchers are dropped silently.
 * ``kvs-watch.stats-get`` -- watchers, namespaces, event counters (a guest
-  sees the rootref of its own namespaces only).
+  sees its own namespaces only, and no counter).
 
 Events (docs/protocol.md, Events and monitors): the module subscribes once,
 at start, to ``kvs.namespace-`` (``self.h.subscribe``, a direct call that
@@ -37,7 +37,6 @@ from __future__ import annotations
 import errno
 import logging
 from collections import Counter
-from collections.abc import Iterable
 from itertools import islice
 from typing import Any, ClassVar
 
@@ -88,6 +87,9 @@ to the per-client cap only."""
 COUNTERS = ("watchers-created", "lookups", "lookups-shared", "answers", "blob-loads",
             "cancelled", "disconnected", "namespaces-removed", "refused-over-cap")
 """The ``counts`` of ``kvs-watch.stats-get`` (all shown, 0 included)."""
+GUEST_STATS = ("rank", "namespace-count", "namespaces")
+"""All a guest is shown of ``kvs-watch.stats-get`` (an allow-list): its own
+namespaces and their count, as ``kvs.stats-get`` (see there why)."""
 
 
 class KvsWatchModule(Module):
@@ -431,35 +433,43 @@ class KvsWatchModule(Module):
 
     def stats_get(self, msg: Message) -> None:
         """``kvs-watch.stats-get``, open to guests (as in Flux), but a guest
-        sees its own namespaces only: not even the names of the others
-        (a guest sees only what it owns).  In Flux a root reference is a
-        capability for anyone, so showing another's let a guest read every
-        key of a namespace someone watches; here kvs refuses a guest's
-        ``rootdir`` that is not its own anyway."""
-        self.h.respond(msg, self.stats(None if msg.is_owner else msg.userid))
+        sees only :data:`GUEST_STATS`: its own namespaces, not even the
+        names of the others.  In Flux a root reference is a capability for
+        anyone, so showing another's let a guest read every key of a
+        namespace someone watches (here kvs refuses a guest's ``rootdir``
+        that is not its own anyway); and the instance-wide figures
+        (``watchers``, ``events.received``, ``counts``...) move with what
+        other users watch and commit, which a guest could follow."""
+        if msg.is_owner:
+            self.h.respond(msg, self.stats())
+        else:
+            self.h.respond(msg, self.guest_stats(msg.userid))
 
-    def stats(self, owner: int | None = None) -> dict[str, Any]:
-        """The counters, and at most :data:`STATS_NAMESPACES` namespaces;
-        with ``owner`` (a guest's view), only that user's, chosen before the
-        cut (or a guest whose namespaces came after the first 100 saw none)
-        and counted in ``namespace-count``."""
-        monitors: Iterable[tuple[str, Monitor]] = self.monitors.items()
-        count = len(self.monitors)
-        if owner is not None:
-            monitors = [(name, mon) for name, mon in monitors if mon.owner == owner]
-            count = len(monitors)
-        shown = islice(monitors, STATS_NAMESPACES)
+    def guest_stats(self, userid: int) -> dict[str, Any]:
+        """A guest's view: ``userid``'s namespaces (at most
+        :data:`STATS_NAMESPACES`, chosen before the cut, so a guest whose
+        namespaces came after the rank's first 100 still sees them) and
+        their count."""
+        mine = [(name, mon) for name, mon in self.monitors.items() if mon.owner == userid]
+        return {"rank": self.ctx.rank, "namespace-count": len(mine),
+                "namespaces": {name: mon.describe()
+                               for name, mon in islice(mine, STATS_NAMESPACES)}}
+
+    def stats(self) -> dict[str, Any]:
+        """The instance owner's view: the counters, and at most
+        :data:`STATS_NAMESPACES` namespaces."""
         return {
             "rank": self.ctx.rank,
             "watchers": self.nwatchers,
-            "namespace-count": count,
+            "namespace-count": len(self.monitors),
             # Work still under way, for a caller waiting until the service
             # has caught up (e.g. a benchmark after creating 64K watchers):
             # monitors still waiting for their first root, and kvs.lookup
             # requests not yet answered.
             "monitors-starting": sum(1 for m in self.monitors.values() if m.state == INIT),
             "lookups-in-flight": len(self._lookups),
-            "namespaces": {name: mon.describe() for name, mon in shown},
+            "namespaces": {name: mon.describe()
+                           for name, mon in islice(self.monitors.items(), STATS_NAMESPACES)},
             "clients": len(self.clients),
             "guest-users": len(self.guest_watches),
             "max-backlog": self.max_backlog,

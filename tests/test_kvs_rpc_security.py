@@ -369,13 +369,140 @@ async def test_guest_stats_tell_no_blob_a_rank_has_cached(start_instance, connec
             for pin in ("1111", "4821", "2222"):
                 guess = "config\\n" + "x" * 9000 + "\\npin=" + pin + "\\n"
                 await commit(h, "mine", put("guess", val(guess)))
-                before = (await call(h, "kvs.stats-get", {}))["ok"]["counts"]
+                before = (await call(h, "kvs.stats-get", {}))["ok"]
                 await call(h, "kvs.lookup", {"key": "guess", "flags": 0, "namespace": "mine"})
-                after = (await call(h, "kvs.stats-get", {}))["ok"]["counts"]
-                seen[pin] = {k: n - before[k] for k, n in after.items() if n != before[k]}
+                after = (await call(h, "kvs.stats-get", {}))["ok"]
+                seen[pin] = {k: [before.get(k), v] for k, v in after.items()
+                             if v != before.get(k)}
             return seen
     """)
-    assert out["4821"] == out["1111"] == out["2222"], out  # no guess stands out
-    assert "blob-fetches" not in out["4821"] and "blob-loads" not in out["4821"]
+    assert out["4821"] == out["1111"] == out["2222"] == {}, out  # no guess stands out
     owner_view = await asyncio.wait_for(h1.rpc("kvs.stats-get", {}), 10)
     assert owner_view["counts"]["blob-fetches"] > 0  # (the owner's are all there)
+
+
+GUEST_STATS_VIEWS = """
+    async def body(h):
+        views = {}
+        for rank in (0, 1):
+            for service in ("kvs", "kvs-watch", "broker", "overlay", "log"):
+                views[f"{service}@{rank}"] = (await call(h, f"{service}.stats-get", {},
+                                                         nodeid=rank))["ok"]
+        return views
+"""
+"""A guest's answers to every stats-get it may send, on ranks 0 and 1."""
+
+
+async def test_guest_stats_show_only_its_own(start_instance, connect, tmp_path) -> None:
+    """A guest's stats views hold an allow-list of fields, all about its own
+    namespaces and connections: nothing instance-wide, such as the counts
+    (``commits``, ``namespaces-created`` minus ``-removed``), the
+    ``checkpoint``'s rootseq (primary's version), ``gc.last.kept`` (a
+    guessing oracle like the cache counts), kvs-watch's ``watchers`` and
+    ``events``, or the broker's messages, clients and subscriptions.  The
+    owner's views keep them all."""
+    statedir = tmp_path / "state"
+    statedir.mkdir()
+    inst = await start_instance(size=2, statedir=str(statedir), attrs=GUEST_ATTRS)
+    h0, h1 = await connect(inst, 0), await connect(inst, 1)
+    for name, owner in (("mine", GUEST_UID), ("theirs", 4242)):
+        await asyncio.wait_for(h0.rpc("kvs.namespace-create",
+                                      {"namespace": name, "owner": owner}), 10)
+        await commit(h0, put("k", "v"), ns=name)
+    await commit(h0, put("secret", "s"), flags=4)  # SYNC: checkpointed
+    await asyncio.wait_for(h0.rpc("kvs.gc", {}), 30)
+    watching = h1.rpc_stream("kvs-watch.lookup", {"namespace": "theirs", "key": "k",
+                                                  "flags": 4 | 8})  # WATCH | WAITCREATE
+    assert (await asyncio.wait_for(watching.next_message(), 10)).errnum == 0
+    views = await guest(inst.uri(1), GUEST_STATS_VIEWS)
+    for where, view in views.items():
+        service = where.split("@")[0]
+        if service in ("kvs", "kvs-watch"):
+            assert sorted(view) == ["namespace-count", "namespaces", "rank"], (where, view)
+            assert set(view["namespaces"]) <= {"mine"}, (where, view)
+            assert view["namespace-count"] == len(view["namespaces"]), (where, view)
+        else:
+            assert sorted(view) == ["guests", "rank"], (where, view)
+            assert set(view["guests"]) <= {str(GUEST_UID)}, (where, view)
+    assert list(views["kvs@0"]["namespaces"]) == ["mine"]
+    assert views["broker@1"]["guests"][str(GUEST_UID)]["connections"] == 1
+    # the owner's views are whole
+    kvs = await asyncio.wait_for(h0.rpc("kvs.stats-get", {}), 10)
+    assert kvs["checkpoint"]["rootseq"] == 1 and kvs["gc"]["last"]["kept"] > 0
+    assert kvs["counts"]["namespaces-created"] == 2 and "cache" in kvs
+    watch = await asyncio.wait_for(h1.rpc("kvs-watch.stats-get", {}), 10)
+    assert watch["watchers"] == 1 and watch["events"]["received"] > 0
+    assert (await asyncio.wait_for(h1.rpc("broker.stats-get", {}), 10))["messages"]["requests"]
+
+
+async def test_guest_stats_tell_nothing_of_others_activity(start_instance, connect) -> None:
+    """The probe of ``test_guest_stats_tell_no_blob_a_rank_has_cached``
+    with the figures that were left: a guest reads every stats view it may,
+    other users work in namespaces not the guest's (commits to ``theirs``
+    and ``primary``, a watch on ``theirs`` on the guest's rank, a namespace
+    created and removed, a collection), and the guest reads them again.
+    ``commits``, ``namespaces-created``/``-removed``, ``gc.last``,
+    kvs-watch's ``watchers`` and ``events.received``, the broker's message
+    counts... all moved, telling the guest what others did -- or, around a
+    guess it committed to a namespace of its own, whether the guess was
+    stored already.  Now the two readings are the same."""
+    inst = await start_instance(size=2, attrs=GUEST_ATTRS)
+    h0, h1 = await connect(inst, 0), await connect(inst, 1)
+    for name, owner in (("mine", GUEST_UID), ("theirs", 4242)):
+        await asyncio.wait_for(h0.rpc("kvs.namespace-create",
+                                      {"namespace": name, "owner": owner}), 10)
+    await commit(h0, put("k", "v"), ns="mine")
+    before = await guest(inst.uri(1), GUEST_STATS_VIEWS)
+    # others' activity, none of it in the guest's namespace
+    await commit(h0, put("k", "v"), ns="theirs")
+    watching = h1.rpc_stream("kvs-watch.lookup", {"namespace": "theirs", "key": "k",
+                                                  "flags": 4})  # WATCH
+    assert (await asyncio.wait_for(watching.next_message(), 10)).errnum == 0
+    await asyncio.wait_for(h0.rpc("kvs.namespace-create", {"namespace": "brief"}), 10)
+    await asyncio.wait_for(h0.rpc("kvs.namespace-remove", {"namespace": "brief"}), 10)
+    r = await commit(h0, put("app.config", "pin=4821"))
+    await asyncio.wait_for(h1.rpc("kvs.wait-version", {"namespace": "primary",
+                                                       "rootseq": r["rootseq"]}), 10)
+    assert await get(h1, "app.config") == b"pin=4821"
+    await asyncio.wait_for(h0.rpc("kvs.gc", {}), 30)
+    after = await guest(inst.uri(1), GUEST_STATS_VIEWS)
+    assert after == before, {k: (before[k], v) for k, v in after.items() if v != before[k]}
+    owner_view = await asyncio.wait_for(h1.rpc("kvs-watch.stats-get", {}), 10)
+    assert owner_view["watchers"] == 1  # (the watch the guest did not see)
+
+
+TALLY_MODULE = '''
+from typing import Any, ClassVar
+
+from broker.module import Module
+
+
+class Tally(Module):
+    name: ClassVar[str] = "tally"
+
+    def stats(self) -> dict[str, Any]:
+        return {"rank": self.ctx.rank, "requests-of-all-users": self.requests}
+'''
+
+
+async def test_guest_sees_only_the_rank_of_a_module_s_default_stats(
+        start_instance, connect, tmp_path, monkeypatch) -> None:
+    """A module loaded from ``broker.modules`` that keeps the default
+    ``<name>.stats-get`` shows a guest ``rank`` only: its counters are
+    instance-wide like kvs's, and it has no view of a guest's own."""
+    (tmp_path / "tallymod.py").write_text(TALLY_MODULE)
+    info = tmp_path / "tally_plugin-0.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: tally-plugin\nVersion: 0.0\n")
+    (info / "entry_points.txt").write_text("[kvbroker.modules]\ntally = tallymod:Tally\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p))
+    inst = await start_instance(size=1, attrs={**GUEST_ATTRS,
+                                               "broker.modules": "content,kvs,kvs-watch,tally"})
+    h = await connect(inst, 0)
+    assert "requests-of-all-users" in await asyncio.wait_for(h.rpc("tally.stats-get", {}), 10)
+    out = await guest(inst.uri(0), """
+        async def body(h):
+            return await call(h, "tally.stats-get", {})
+    """)
+    assert out == {"ok": {"rank": 0}}, out
