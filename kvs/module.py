@@ -112,13 +112,6 @@ COUNTERS = ("commits", "batches", "merged", "merges-split", "commits-failed", "r
             "namespaces-loaded", "getroot-heard", "namespaces-removed", "collections",
             "trees-checked")
 """The ``counts`` of ``kvs.stats-get`` (all shown, 0 included)."""
-GUEST_STATS = ("rank", "namespace-count", "namespaces")
-"""All a guest is shown of ``kvs.stats-get`` (an allow-list): its own
-namespaces and their count.  Every other field is instance-wide and tells of
-other users' namespaces: the cache and its misses whether a blob guessed is
-stored or was read (a guest read a 4-digit value of ``primary`` that way),
-``commits``, ``batches``, ``namespaces-created`` minus ``-removed``, the
-``checkpoint``'s rootseq, ``gc.last.kept``... others' activity, or guesses."""
 
 
 def _check_ops(ops: Any) -> list[dict[str, Any]]:
@@ -1175,7 +1168,7 @@ class KvsModule(Module):
 
     def stats_get(self, msg: Message) -> None:
         """``kvs.stats-get``, open to guests (as in Flux), but a guest sees
-        only :data:`GUEST_STATS`: its own namespaces.  Any instance-wide
+        only its own namespaces (:meth:`guest_stats`).  Any instance-wide
         figure moves with what other users do, so a guest could watch it
         around an act of its own -- the cache counts around committing a
         guess told whether someone stored that value already."""
@@ -1185,8 +1178,14 @@ class KvsModule(Module):
             self.h.respond(msg, self.guest_stats(msg.userid))
 
     def guest_stats(self, userid: int) -> dict[str, Any]:
-        """A guest's view: :data:`GUEST_STATS`, ``userid``'s namespaces (at
-        most 100, chosen before the cut) and their count on this rank."""
+        """A guest's view, all of it (an allow-list): ``rank``, and
+        ``userid``'s namespaces on this rank (at most 100, chosen before the
+        cut) and their count.  Every other field is instance-wide and tells
+        of other users' namespaces: the cache and its misses whether a blob
+        guessed is stored or was read (a guest read a 4-digit value of
+        ``primary`` that way), ``commits``, ``batches``,
+        ``namespaces-created`` minus ``-removed``, the ``checkpoint``'s
+        rootseq, ``gc.last.kept``."""
         mine = [(name, ns) for name, ns in self.namespaces.items() if ns.owner == userid]
         return {"rank": self.rank, "namespace-count": len(mine),
                 "namespaces": self._describe(mine)}

@@ -87,9 +87,6 @@ to the per-client cap only."""
 COUNTERS = ("watchers-created", "lookups", "lookups-shared", "answers", "blob-loads",
             "cancelled", "disconnected", "namespaces-removed", "refused-over-cap")
 """The ``counts`` of ``kvs-watch.stats-get`` (all shown, 0 included)."""
-GUEST_STATS = ("rank", "namespace-count", "namespaces")
-"""All a guest is shown of ``kvs-watch.stats-get`` (an allow-list): its own
-namespaces and their count, as ``kvs.stats-get`` (see there why)."""
 
 
 class KvsWatchModule(Module):
@@ -433,7 +430,7 @@ class KvsWatchModule(Module):
 
     def stats_get(self, msg: Message) -> None:
         """``kvs-watch.stats-get``, open to guests (as in Flux), but a guest
-        sees only :data:`GUEST_STATS`: its own namespaces, not even the
+        sees only its own namespaces (:meth:`guest_stats`), not even the
         names of the others.  In Flux a root reference is a capability for
         anyone, so showing another's let a guest read every key of a
         namespace someone watches (here kvs refuses a guest's ``rootdir``
@@ -446,7 +443,8 @@ class KvsWatchModule(Module):
             self.h.respond(msg, self.guest_stats(msg.userid))
 
     def guest_stats(self, userid: int) -> dict[str, Any]:
-        """A guest's view: ``userid``'s namespaces (at most
+        """A guest's view, all of it (an allow-list, as ``kvs.stats-get``'s):
+        ``rank``, ``userid``'s namespaces (at most
         :data:`STATS_NAMESPACES`, chosen before the cut, so a guest whose
         namespaces came after the rank's first 100 still sees them) and
         their count."""
