@@ -28,11 +28,13 @@ from broker.cliutil import (
     ConnectError,
     PermutingParser,
     UsageError,
+    add_answer_timeout,
     connect,
     dumps,
     each_rank,
     errno_detail,
     json_arg,
+    no_answer_detail,
     non_negative_int,
     positive_float,
     print_err,
@@ -386,8 +388,13 @@ def cmd_ping(args: argparse.Namespace) -> int:
         async with await connect() as h:
             for i in itertools.count() if args.count == 0 else range(args.count):
                 t0 = time.perf_counter()
-                resp = await h.rpc("broker.ping", {"seq": i, "pad": "x" * args.pad},
-                                   nodeid=target)
+                try:
+                    async with asyncio.timeout(args.ping_timeout):
+                        resp = await h.rpc("broker.ping", {"seq": i, "pad": "x" * args.pad},
+                                           nodeid=target)
+                except TimeoutError:
+                    raise CLIError("ping", detail=no_answer_detail(
+                        args.rank, args.ping_timeout)) from None
                 ms = (time.perf_counter() - t0) * 1000
                 print(f"rank={resp['rank']} route={'!'.join(resp['route'])} seq={i} "
                       f"time={ms:.3f} ms", flush=True)
@@ -767,6 +774,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     s = sub.add_parser("exec", help="run COMMAND attached to rank RANK")
     s.add_argument("-r", "--rank", type=rank_int, default=0, metavar="RANK",
                    help="the rank whose URI COMMAND gets as KVBROKER_URI (default 0)")
+    add_answer_timeout(s)
     s.add_argument("cmdline", nargs=argparse.REMAINDER, metavar="COMMAND")
     s.set_defaults(func=cmd_exec)
 
@@ -777,6 +785,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                    help="send it to rank N (default: any rank offering the service)")
     s.add_argument("--stream", action="store_true",
                    help="a streaming request: print each response as it comes")
+    add_answer_timeout(s)
     s.set_defaults(func=cmd_rpc)
 
     s = sub.add_parser("ping", help="ping a rank's broker service")
@@ -786,6 +795,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                    help="pings to send, one after the other (default 1; 0: until Ctrl-C)")
     s.add_argument("--pad", "-p", type=non_negative_int, default=0, metavar="BYTES",
                    help="payload padding per ping (default 0)")
+    s.add_argument("--timeout", "-t", type=positive_float, dest="ping_timeout",
+                   metavar="SECONDS", help="give up when a ping is not answered in SECONDS "
+                   "(exit 1; default: wait as long as the rank takes)")
     s.set_defaults(func=cmd_ping)
 
     s = sub.add_parser("event", help="publish or subscribe to events")
@@ -808,8 +820,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     a = asub.add_parser("get")
     a.add_argument("name")
     a.add_argument("--rank", "-r", type=rank_int)
+    add_answer_timeout(a)
     a = asub.add_parser("list")
     a.add_argument("--rank", "-r", type=rank_int)
+    add_answer_timeout(a)
     a = asub.add_parser("set", help="change log.level, log.ring-level, tbon.torpid_min or "
                         "tbon.torpid_max on a running rank (the instance owner only)")
     a.add_argument("name")
@@ -817,6 +831,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     where = a.add_mutually_exclusive_group()
     where.add_argument("--rank", "-r", type=rank_int)
     where.add_argument("--all", "-a", action="store_true", help="on every rank")
+    add_answer_timeout(a)
     s.set_defaults(func=cmd_attr)
 
     s = sub.add_parser("module", help="list loaded modules")
@@ -824,6 +839,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     m = msub.add_parser("list")
     m.add_argument("--rank", "-r", type=rank_int)
     m.add_argument("--json", action="store_true")
+    add_answer_timeout(m)
     s.set_defaults(func=cmd_module)
 
     s = sub.add_parser("overlay", help="the tree's health")
@@ -848,6 +864,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
     s = sub.add_parser("shutdown", help="stop the instance (or rank R and its subtree)")
     s.add_argument("--rank", "-r", type=rank_int, default=0)
+    add_answer_timeout(s)
     s.set_defaults(func=cmd_shutdown)
 
     s = sub.add_parser("dmesg", help="print the log records ranks keep (as flux dmesg)")
@@ -869,11 +886,13 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                    choices=("debug", "info", "warning", "error"))
     s.add_argument("--appname", "-n", default="logger", help="the name the line carries")
     s.add_argument("--rank", "-r", type=rank_int)
+    add_answer_timeout(s)
     s.set_defaults(func=cmd_logger)
 
     s = sub.add_parser("stats", help="print a module's stats (broker, content, kvs, ...)")
     s.add_argument("module")
     s.add_argument("--rank", "-r", type=rank_int)
+    add_answer_timeout(s)
     s.set_defaults(func=cmd_stats)
 
     s = sub.add_parser("content", help="load or store raw blobs")

@@ -199,12 +199,45 @@ def json_arg(text: str) -> Any:
     return value
 
 
+def add_answer_timeout(parser: argparse.ArgumentParser) -> None:
+    """``-t/--timeout SECONDS`` for a command that asks a rank and waits for
+    its answer (``exec -r``, ``attr``, ``rpc``...): :func:`run_async` gives
+    the whole command that long.  A request to a stopped or hung rank (or
+    one behind such a rank) waits as long as the rank does, as in Flux --
+    the tree keeps it until the rank answers or is disconnected -- so a
+    script that must not hang needs a bound of its own."""
+    parser.add_argument("-t", "--timeout", type=positive_float, dest="answer_timeout",
+                        metavar="SECONDS",
+                        help="give up when no answer came in SECONDS (exit 1; default: "
+                             "wait as long as the rank takes)")
+
+
+def no_answer_detail(rank: int | None, timeout: float) -> str:
+    """``Connection timed out (rank 3 did not answer in 0.5s)``: what a
+    command given ``-t`` says when it gives up (``rank`` None: the rank
+    attached to, or whichever rank the request went to)."""
+    who = "no answer" if rank is None else f"rank {rank} did not answer"
+    return f"{os.strerror(errno.ETIMEDOUT)} ({who} in {timeout:g}s: stopped or hung?)"
+
+
 def run_async(args: argparse.Namespace, coro_fn: Callable[[], Awaitable[int | None]]) -> int:
-    """Run a client command on the loop the user chose (``--event-loop``)."""
+    """Run a client command on the loop the user chose (``--event-loop``),
+    within ``-t/--timeout`` if the command has it (:func:`add_answer_timeout`)."""
     name = getattr(args, "event_loop", None) or os.environ.get("KVBROKER_EVENT_LOOP") or "auto"
+    limit: float | None = getattr(args, "answer_timeout", None)
 
     async def main() -> int | None:
-        return await coro_fn()
+        if limit is None:
+            return await coro_fn()
+        try:
+            async with asyncio.timeout(limit) as bound:
+                return await coro_fn()
+        except TimeoutError:
+            if not bound.expired():
+                raise  # (not ours)
+            what = getattr(args, "what", None) or args.command
+            raise CLIError(what, detail=no_answer_detail(getattr(args, "rank", None),
+                                                         limit)) from None
 
     try:
         with asyncio.Runner(loop_factory=loop_factory(name)) as runner:

@@ -1251,6 +1251,9 @@ def register(subparsers: Any) -> None:
     _ns(p)
     p.add_argument("-W", "--waitcreate", action="store_true",
                    help="wait for the namespace to exist")
+    p.add_argument("-t", "--timeout", type=positive_float, metavar="SECONDS",
+                   help="give up if the watch has not started in SECONDS (with -W: the "
+                        "namespace was not created; or the rank did not answer): exit 1")
     p.add_argument("-c", "--count", type=non_negative_int, default=0, metavar="COUNT",
                    help="stop after COUNT commits")
     p.add_argument("-v", "--values", action="store_true",

@@ -24,8 +24,8 @@ import asyncio
 import errno
 import os
 import sys
-from collections.abc import Awaitable, Callable
-from typing import IO, Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import IO, Any, TypeVar
 
 from broker.cliutil import CLIError, connect, errno_detail, run_async
 from broker.errors import ErrnoError
@@ -56,6 +56,8 @@ __all__ = [
     "watch_keys",
     "watch_keys_async",
 ]
+
+T = TypeVar("T")
 
 _BAD = errno_detail(ErrnoError(errno.EINVAL, BAD_EVENTLOG))
 """A malformed eventlog, in the words of ``kvbroker kvs eventlog get`` without a watch."""
@@ -220,10 +222,11 @@ async def watch_keys_async(h: HandleCore, args: argparse.Namespace,
         old = as_root(since)["data"][0] if since is not None else None
     except ErrnoError as exc:
         raise CLIError(f"--since {since}", detail=error_detail(exc, since)) from None
+    timeout: float | None = getattr(args, "timeout", None)
     try:
         async with kvs_watch_keys(h, key, namespace=ns, waitcreate=args.waitcreate,
                                   since=old) as w:
-            async for change in w:
+            async for change in _started_within(w, timeout, key):
                 for k in change.keys:
                     line = f"{change.rootseq} {k}"
                     if args.values:
@@ -238,6 +241,29 @@ async def watch_keys_async(h: HandleCore, args: argparse.Namespace,
     except ErrnoError as exc:
         raise CLIError(key, detail=error_detail(exc, key)) from None
     return 0
+
+
+async def _started_within(changes: AsyncIterator[T], timeout: float | None,
+                          key: str) -> AsyncIterator[T]:
+    """``changes``, the first of which (the watch's start: the ``initial``
+    answer) must come within ``timeout`` seconds (``watch-keys -t``): with
+    ``-W`` the namespace may never be created, and a stopped rank never
+    answers -- the watch then waited for ever.  What follows is not
+    bounded: a watch runs until interrupted."""
+    it = aiter(changes)
+    try:
+        async with asyncio.timeout(timeout) as bound:
+            first = await anext(it, None)
+    except TimeoutError:
+        if timeout is None or not bound.expired():
+            raise
+        raise CLIError(key, detail=f"{os.strerror(errno.ETIMEDOUT)} (watch not started "
+                                   f"within {timeout:g} s)") from None
+    if first is None:
+        return
+    yield first
+    async for change in it:
+        yield change
 
 
 async def _value_at(h: HandleCore, ns: str, key: str, root: dict[str, Any]) -> str:

@@ -1,0 +1,69 @@
+"""Client commands against a rank that is stopped (SIGSTOP): a request to it
+waits as long as the rank does, so each command that asks a rank and waits
+takes ``-t/--timeout`` (docs/cli.md, Conventions): given one, it gives up
+within it, exit 1, one line on stderr.  Real ranks, real ``kvbroker``
+processes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+from test_broker_support import run_cli, stop_process
+
+
+def no_answer(what: str, rank: int | None = 1) -> str:
+    who = "no answer" if rank is None else f"rank {rank} did not answer"
+    return f"kvbroker: {what}: Connection timed out ({who} in 0.5s: stopped or hung?)\n"
+
+
+async def test_commands_given_a_timeout_end_when_the_rank_is_stopped(start_instance) -> None:
+    """``exec -r 1``, ``attr get/set/list -r 1``, ``rpc -r 1``, ``ping 1``,
+    ``module list``, ``stats``, ``logger`` to a stopped rank 1 waited for
+    ever, and had no option to bound them: with ``-t 0.5`` each exits 1
+    saying which rank did not answer.  Rank 1, running again, answers."""
+    inst = await start_instance(size=2)
+    uri0 = inst.uri(0)
+    pid = inst.pids()[1]
+    commands = {
+        "exec": ["exec", "-r", "1", "-t", "0.5", "--", "true"],
+        "attr get": ["attr", "get", "rank", "-r", "1", "-t", "0.5"],
+        "attr set": ["attr", "set", "log.level", "info", "-r", "1", "-t", "0.5"],
+        "attr list": ["attr", "list", "-r", "1", "-t", "0.5"],
+        "broker.ping": ["rpc", "broker.ping", "{}", "-r", "1", "-t", "0.5"],
+        "ping": ["ping", "-t", "0.5", "1"],
+        "module list": ["module", "list", "-r", "1", "-t", "0.5"],
+        "stats broker": ["stats", "broker", "-r", "1", "-t", "0.5"],
+        "logger": ["logger", "-r", "1", "-t", "0.5", "hello"],
+    }
+    await stop_process(pid)
+    try:
+        results = await asyncio.gather(*(run_cli(*argv, uri=uri0, timeout=30)
+                                          for argv in commands.values()))
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    for what, (rc, out, err) in zip(commands, results, strict=True):
+        assert (what, rc, out, err) == (what, 1, "", no_answer(what))
+    rc, out, err = await run_cli("attr", "get", "rank", "-r", "1", "-t", "10", uri=uri0)
+    assert (rc, out, err) == (0, "1\n", "")
+
+
+async def test_watch_keys_timeout_holds_for_a_stopped_rank_and_a_missing_namespace(
+        start_instance) -> None:
+    """``kvs watch-keys -W`` waited for ever for a namespace never created,
+    and any watch-keys for a stopped rank's first answer: ``-t`` bounds the
+    wait for the watch to start, exit 1."""
+    inst = await start_instance(size=2)
+    want = ("kvbroker: .: Connection timed out (watch not started within 0.5 s)\n")
+    rc, out, err = await run_cli("kvs", "watch-keys", "-W", "-N", "never", "-t", "0.5",
+                                 uri=inst.uri(0), timeout=30)
+    assert (rc, out, err) == (1, "", want)
+    pid = inst.pids()[1]
+    await stop_process(pid)
+    try:
+        rc, out, err = await run_cli("kvs", "watch-keys", "-t", "0.5", uri=inst.uri(1),
+                                     timeout=30)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert (rc, out, err) == (1, "", want)
