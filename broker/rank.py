@@ -318,4 +318,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    # ``kvbroker start 2>&-``: the ranks inherit its standard streams, and
+    # what ``start`` put on a closed one is not inherited (close-on-exec),
+    # so a rank began with no stderr and died logging its first line (exit
+    # 1: start failed, status 2, saying so to nowhere).  Its log goes where
+    # start's would: nowhere.  (``kvbroker broker`` runs main() in a process
+    # that did this already.)
+    from broker.cli import guard_std_streams
+
+    guard_std_streams()
     sys.exit(main())

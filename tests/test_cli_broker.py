@@ -340,6 +340,24 @@ async def test_start_passes_its_file_descriptors_to_the_command(tmp_path) -> Non
     assert (tmp_path / "log").read_text() == "hello"
 
 
+async def test_start_with_its_standard_streams_closed_runs_the_command(tmp_path) -> None:
+    """``kvbroker start --size 2 -- CMD <&- >&- 2>&-`` (as a daemon may be
+    started): the ranks inherited the closed stderr, died at their first
+    log line, and ``start`` exited 2 without running CMD, saying why to the
+    closed stderr.  Now the instance serves; CMD gets the closed streams,
+    as from a shell (reading stdin fails), and its kvbroker commands work."""
+    out = tmp_path / "out"
+    script = (f'{KVBROKER} kvs put a=1 && {KVBROKER} kvs get a > {out} && '
+              f'{{ {KVBROKER} kvs put -r b=- 2>> {out}; echo "put -r: $?" >> {out}; }}')
+    proc = await asyncio.create_subprocess_exec(
+        "sh", "-c", 'exec "$0" start --size 2 -- sh -c "$1" <&- >&- 2>&-', KVBROKER, script)
+    async with asyncio.timeout(60):
+        rc = await proc.wait()
+    assert rc == 0
+    assert out.read_text() == ("1\nkvbroker: kvs put: standard input: Bad file descriptor\n"
+                               "put -r: 1\n")
+
+
 @pytest.mark.parametrize("first,second", [(signal.SIGINT, signal.SIGINT),
                                           (signal.SIGTERM, signal.SIGINT)])
 async def test_start_finishes_its_stop_despite_a_second_signal(first: int, second: int) -> None:
