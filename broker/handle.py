@@ -17,6 +17,7 @@ import functools
 import os
 import subprocess
 import warnings
+import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Coroutine, Generator
 from typing import Any, Protocol, Self, TypeVar
@@ -115,6 +116,19 @@ class _ClientProtocol(FramedProtocol):
             self.closed.set_result(None)
 
 
+_handles: weakref.WeakSet[Handle] = weakref.WeakSet()
+"""Every connected handle, for :func:`_after_fork_in_child`."""
+_fork_hook = False
+"""Whether :func:`_after_fork_in_child` is registered (at the first connect)."""
+
+
+def _after_fork_in_child() -> None:
+    """In a child of ``fork()``, every connected handle is the parent's: see
+    :meth:`Handle._orphan`."""
+    for h in list(_handles):
+        h._orphan()
+
+
 class _Closable(Protocol):
     async def close(self) -> None: ...
 
@@ -189,6 +203,9 @@ class Handle(HandleCore):
         self._ssh: subprocess.Popen[bytes] | None = None
         """The ssh process of an ``ssh://`` connection."""
         self.uri = ""
+        self._owner_pid = os.getpid()
+        self._forked = False
+        """This process is a child of a fork() made while the handle was open."""
 
     @classmethod
     def connect(cls, uri: str | None = None) -> Connecting[Self]:
@@ -229,11 +246,38 @@ class Handle(HandleCore):
                 raise type(exc)(exc.errno, exc.strerror, path) from None
         self._proto = proto
         self._loop = loop
+        global _fork_hook
+        if not _fork_hook:
+            os.register_at_fork(after_in_child=_after_fork_in_child)
+            _fork_hook = True
+        _handles.add(self)
         return self
+
+    def _orphan(self) -> None:
+        """In a child of ``fork()``: the connection is the parent's, and so
+        is the loop's epoll instance (shared across fork).  A request sent
+        here went on the parent's connection under the matchtag the parent
+        was to use next, and its answer settled the parent's request (a
+        ping's payload for a ``kvs.wait-version``); a ``close()`` here
+        unregistered the parent's socket from that epoll, and the parent's
+        next call waited for ever.  So, as the blocking facade does, the
+        handle is closed to this process without touching either: calls
+        raise ``ECONNRESET`` saying why, ``close()`` and ``flush()`` do
+        nothing.  Done by a fork hook, so the RPC path checks nothing more
+        than it did (the closed error it already tests, and ``_writer``'s
+        missing protocol)."""
+        self._forked = True
+        self._user_closed = True
+        self._closed_error = RemoteError(
+            errno.ECONNRESET, f"this handle belongs to process {self._owner_pid}, which "
+                              "forked this one: connect() again here")
+        self._proto = None
 
     def __repr__(self) -> str:
         proto = self._proto
-        if proto is None:
+        if self._forked:
+            state = f"of process {self._owner_pid} (forked)"
+        elif proto is None:
             state = "not connected"
         elif self._user_closed:
             state = "closed"
@@ -269,6 +313,8 @@ class Handle(HandleCore):
         :attr:`CLOSE_FLUSH_TIMEOUT` seconds."""
         proto = self._proto
         self._user_closed = True
+        if self._forked:
+            return  # (the parent's: see _orphan)
         if proto is not None and proto.transport is not None:
             self.flush()
             proto.transport.close()
@@ -285,6 +331,8 @@ class Handle(HandleCore):
     def _writer(self) -> FrameWriter:
         proto = self._proto
         if proto is None or proto.transport is None or proto.transport.is_closing():
+            if self._forked:
+                self._check_open()
             if self._closing is not None and not self._user_closed:
                 raise RemoteError(*self._closing)  # the rank said why it closed
             raise RemoteError(errno.ECONNRESET, "handle closed" if self._user_closed

@@ -325,3 +325,82 @@ async def test_connecting_to_nothing_names_the_socket(tmp_path: Path) -> None:
             await Handle.connect(uri)
         assert info.value.filename == str(path)
         assert str(path) in str(info.value)
+
+
+# ---------------------------------------------------------------- fork()
+
+
+async def _in_forked_child(child: Any) -> tuple[int, Any]:
+    """Fork; the child runs ``child()`` (sync code, which may run its own
+    event loop) and exits with its status at once (``os._exit``: nothing of
+    the test's process runs there); returns (pid, a future of that status)."""
+    import os
+
+    pid = os.fork()
+    if pid == 0:
+        code = 99
+        try:
+            code = child()
+        finally:
+            os._exit(code)
+    loop = asyncio.get_running_loop()
+    return pid, loop.run_in_executor(None, lambda: os.waitstatus_to_exitcode(
+        os.waitpid(pid, 0)[1]))
+
+
+@pytest.mark.both_loops
+async def test_a_forked_childs_call_on_the_parents_handle_fails(start_instance,
+                                                                connect) -> None:
+    """A child of fork() calling the parent's handle (from a loop of its
+    own) sent its request on the parent's connection with the matchtag the
+    parent was to use next: the parent's request waiting under that tag
+    got the child's answer (a ping's payload for a kvs.wait-version).  The
+    child's call now raises ECONNRESET saying why, before sending."""
+    import os
+
+    inst = await start_instance(size=1)
+    h = await connect(inst)
+    version = int((await h.rpc("kvs.getroot", {"namespace": "primary"}))["rootseq"])
+    go_r, go_w = os.pipe()
+
+    def child() -> int:
+        os.read(go_r, 1)  # (once the parent's request is waiting under the same tag)
+        try:
+            asyncio.run(h.ping(payload={"from": "child"}))
+        except RemoteError as exc:
+            return 1 if exc.errnum == errno.ECONNRESET and "forked" in exc.errstr else 2
+        except BaseException:
+            return 3
+        return 0
+
+    _, status = await _in_forked_child(child)
+    tag, waiting = h.rpc_tagged("kvs.wait-version",
+                                {"namespace": "primary", "rootseq": version + 1000})
+    os.write(go_w, b"x")
+    code = await asyncio.wait_for(status, 30)
+    # the answer to anything the child sent comes before this one's
+    assert (await asyncio.wait_for(h.ping(payload={"from": "parent"}), 10))["from"] == "parent"
+    assert not waiting.done(), waiting.result()
+    h.retire(tag)
+    assert code == 1
+
+
+@pytest.mark.both_loops
+async def test_a_forked_childs_close_leaves_the_parents_handle_working(start_instance,
+                                                                       connect) -> None:
+    """A child of fork() closing the parent's handle unregistered the
+    parent's socket from the event loop's epoll instance, which the two
+    processes share: the parent's next call waited for ever.  In the child
+    close() now does nothing, and the parent's calls go on."""
+    inst = await start_instance(size=1)
+    h = await connect(inst)
+    await asyncio.wait_for(h.ping(), 10)
+
+    def child() -> int:
+        asyncio.run(h.close())
+        return 0
+
+    _, status = await _in_forked_child(child)
+    code = await asyncio.wait_for(status, 30)
+    assert (await asyncio.wait_for(h.ping(payload={"n": 1}), 10))["n"] == 1
+    assert code == 0
