@@ -152,3 +152,13 @@ def test_docs_table_matches_the_declarations() -> None:
     assert set(documented) == set(specs)
     for name, default in documented.items():
         assert specs[name].default == default, name
+
+
+def test_protocol_md_lists_every_tunable() -> None:
+    """docs/protocol.md's list of a rank's attributes names every tunable one
+    (it had fallen behind the table of docs/cli.md, missing six)."""
+    text = (CLI_MD.parent / "protocol.md").read_text()
+    start = text.index("Attributes: `rank`")
+    listing = text[start:text.index("\n\n", start)]
+    named = set(re.findall(r"`([a-z][a-z._-]*)`", listing))
+    assert set(all_specs()) - named == set()
