@@ -710,8 +710,9 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
     if args.statedir is None:
         if args.dry_run:
-            raise CLIError("kvs gc", detail="--dry-run is for a stopped instance "
-                           "(--statedir DIR)")
+            # A usage error (exit 2, the usage line), as dump's --statedir
+            # without --checkpoint: an option of the other form of the command.
+            raise UsageError("--dry-run is for a stopped instance (--statedir DIR)")
         args.what = "kvs gc"
 
         async def body(kvs: KVS) -> int:

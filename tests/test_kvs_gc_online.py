@@ -350,8 +350,19 @@ async def test_cli_gc_online(start_instance, connect) -> None:
     assert lines[2].startswith("content.sqlite: ") and "free for new blobs" in lines[2]
     rc, out, err = await run_cli("kvs", "gc", "--compact", uri=inst.uri(0))
     assert rc == 0 and out.splitlines()[2].endswith("compacted"), (out, err)
+
+
+async def test_cli_gc_dry_run_online_is_a_usage_error(start_instance) -> None:
+    """``gc --dry-run`` without ``--statedir`` is an option of the offline form:
+    a usage error (exit 2, the usage line, nothing sent), as docs/cli.md says
+    of usage errors and as ``dump --statedir`` without ``--checkpoint`` is; it
+    exited 1 with an error line."""
+    inst = await start_instance(size=1, attrs=NOW)
     rc, out, err = await run_cli("kvs", "gc", "--dry-run", uri=inst.uri(0))
-    assert rc != 0 and "--dry-run is for a stopped instance" in err
+    assert rc == 2, (rc, err)
+    assert err.startswith("usage: kvbroker kvs gc"), err
+    assert "--dry-run is for a stopped instance (--statedir DIR)" in err
+    assert out == ""
 
 
 async def test_a_directory_also_named_as_a_value_keeps_its_subtree(
