@@ -103,6 +103,10 @@ __all__ = [
 
 NAMESPACE_ENV = "KVBROKER_NAMESPACE"
 
+_NO_DEFAULT: Any = object()
+"""What ``get(key)`` without a ``default`` gets: a missing key is ``ENOENT``
+(None cannot mean "no default": it is a useful default)."""
+
 WAIT_GRACE = 1.0
 """Seconds :meth:`KVS.wait_version` gives the rank past its ``timeout`` to
 say it gave up (its answer says why) before giving up on the rank itself:
@@ -527,21 +531,65 @@ class KVS:
         """:meth:`lookup` at an older (or foreign) root ``at``."""
         return await self.lookup(key, flags, at=at)
 
-    async def get(self, key: str, *, at: RootSpec | None = None) -> bytes:
-        """The value of ``key`` (``EISDIR`` for a directory, ``ENOENT`` if missing)."""
+    async def _get_or_none(self, key: str, at: RootSpec | None) -> bytes | None:
+        """The value of ``key``, or None if there is no such key: one
+        ``kvs.lookup-plus``, which answers a missing key as data, so "missing"
+        is never confused with another ``ENOENT`` (a collected root's, which
+        is raised) and needs no second, racy :meth:`exists` call."""
+        check_key(key)
+        payload: dict[str, Any] = {"key": key, "flags": 0, "namespace": self.namespace}
+        if at is not None:
+            payload["rootdir"] = as_root(at)
+        val = (await self.handle.rpc("kvs.lookup-plus", payload)).get("val")
+        return None if val is None else bytes(val["data"])
+
+    @overload
+    async def get(self, key: str, *, at: RootSpec | None = None) -> bytes: ...
+
+    @overload
+    async def get(self, key: str, default: T, *, at: RootSpec | None = None) -> bytes | T: ...
+
+    async def get(self, key: str, default: Any = _NO_DEFAULT, *,
+                  at: RootSpec | None = None) -> Any:
+        """The value of ``key`` (``EISDIR`` for a directory, ``ENOENT`` if
+        missing; with ``default``, that instead of ``ENOENT``, as
+        ``dict.get``: a missing key is the common case of a config read)."""
+        if default is not _NO_DEFAULT:
+            data = await self._get_or_none(key, at)
+            return default if data is None else data
         return bytes((await self.lookup(key, 0, at=at))["data"])
 
-    async def get_str(self, key: str, *, at: RootSpec | None = None) -> str:
-        """The value of ``key`` decoded as UTF-8; bytes that are not UTF-8 come
+    @overload
+    async def get_str(self, key: str, *, at: RootSpec | None = None) -> str: ...
+
+    @overload
+    async def get_str(self, key: str, default: T, *,
+                      at: RootSpec | None = None) -> str | T: ...
+
+    async def get_str(self, key: str, default: Any = _NO_DEFAULT, *,
+                      at: RootSpec | None = None) -> Any:
+        """The value of ``key`` decoded as UTF-8 (``default`` if missing, when
+        given); bytes that are not UTF-8 come
         back as surrogate escapes, as :meth:`put` stores such a ``str``, so
         ``put(k, s)`` then ``get_str(k)`` gives ``s`` back for any ``s``."""
+        if default is not _NO_DEFAULT:
+            data = await self._get_or_none(key, at)
+            return default if data is None else data.decode("utf-8", "surrogateescape")
         return (await self.get(key, at=at)).decode("utf-8", "surrogateescape")
 
-    async def get_json(self, key: str, *, at: RootSpec | None = None) -> Any:
-        """The value of ``key`` parsed as JSON (``ValueError`` naming the key if
+    async def get_json(self, key: str, default: Any = _NO_DEFAULT, *,
+                       at: RootSpec | None = None) -> Any:
+        """The value of ``key`` parsed as JSON (``default``, not parsed, if
+        missing, when given; ``ValueError`` naming the key if
         it is not JSON: ``json.JSONDecodeError``, or ``UnicodeDecodeError``
         for bytes that are not text)."""
-        data = await self.get(key, at=at)
+        if default is not _NO_DEFAULT:
+            found = await self._get_or_none(key, at)
+            if found is None:
+                return default
+            data = found
+        else:
+            data = await self.get(key, at=at)
         try:
             return json.loads(data)
         except json.JSONDecodeError as exc:
@@ -960,14 +1008,28 @@ class SyncKVS:
     def lookup_at(self, at: RootSpec, key: str, flags: int = 0) -> TreeObj:
         return self.run(self.aio.lookup_at(at, key, flags))
 
-    def get(self, key: str, *, at: RootSpec | None = None) -> bytes:
-        return self.run(self.aio.get(key, at=at))
+    @overload
+    def get(self, key: str, *, at: RootSpec | None = None) -> bytes: ...
 
-    def get_str(self, key: str, *, at: RootSpec | None = None) -> str:
-        return self.run(self.aio.get_str(key, at=at))
+    @overload
+    def get(self, key: str, default: T, *, at: RootSpec | None = None) -> bytes | T: ...
 
-    def get_json(self, key: str, *, at: RootSpec | None = None) -> Any:
-        return self.run(self.aio.get_json(key, at=at))
+    def get(self, key: str, default: Any = _NO_DEFAULT, *, at: RootSpec | None = None) -> Any:
+        return self.run(self.aio.get(key, default, at=at))
+
+    @overload
+    def get_str(self, key: str, *, at: RootSpec | None = None) -> str: ...
+
+    @overload
+    def get_str(self, key: str, default: T, *, at: RootSpec | None = None) -> str | T: ...
+
+    def get_str(self, key: str, default: Any = _NO_DEFAULT, *,
+                at: RootSpec | None = None) -> Any:
+        return self.run(self.aio.get_str(key, default, at=at))
+
+    def get_json(self, key: str, default: Any = _NO_DEFAULT, *,
+                 at: RootSpec | None = None) -> Any:
+        return self.run(self.aio.get_json(key, default, at=at))
 
     def get_treeobj(self, key: str, *, at: RootSpec | None = None) -> TreeObj:
         return self.run(self.aio.get_treeobj(key, at=at))

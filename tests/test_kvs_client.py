@@ -798,3 +798,38 @@ async def test_wait_create_waits_for_the_key_and_its_namespace(start_instance, c
             return skvs.wait_create("job.state", timeout=T).value
     assert await asyncio.to_thread(blocking) == b"run"
 
+
+
+async def test_get_with_a_default_answers_a_missing_key(start_instance, connect) -> None:
+    """get/get_str/get_json(key, default) give the default for a missing key
+    (as dict.get), in one request, also at an older root, and still raise
+    for what is not "missing" (a directory); without a default, ENOENT as
+    before.  SyncKVS's twins do the same."""
+    inst = await start_instance(size=1)
+    kvs = KVS(await connect(inst, 0))
+    async with asyncio.timeout(T):
+        old = await kvs.put("cfg.port", "80")
+        await kvs.put("cfg.port", "8080")
+        await kvs.put("cfg.obj", {"a": 1})
+        assert await kvs.get("cfg.nope", None) is None
+        assert await kvs.get("cfg.nope", b"x") == b"x"
+        assert await kvs.get("cfg.port", None) == b"8080"
+        assert await kvs.get_str("cfg.nope", "dflt") == "dflt"
+        assert await kvs.get_str("cfg.port", "dflt") == "8080"
+        assert await kvs.get_str("cfg.port", None, at=old) == "80"
+        assert await kvs.get_str("cfg.obj", None, at=old) is None
+        assert await kvs.get_json("cfg.nope", {"d": 0}) == {"d": 0}
+        assert await kvs.get_json("cfg.obj", {}) == {"a": 1}
+        assert await kvs.get_json("cfg.nope.deeper", None) is None
+        with pytest.raises(RemoteError) as ei:
+            await kvs.get("cfg", None)  # a directory is not a missing key
+        assert errnum(ei) == errno.EISDIR
+        with pytest.raises(RemoteError) as ei:
+            await kvs.get("cfg.nope")
+        assert errnum(ei) == errno.ENOENT
+
+    def blocking() -> list[object]:
+        with SyncKVS(uri=inst.uri(0)) as skvs:
+            return [skvs.get("cfg.nope", None), skvs.get_str("cfg.nope", "d"),
+                    skvs.get_json("cfg.nope", 7), skvs.get_str("cfg.port", "d")]
+    assert await asyncio.wait_for(asyncio.to_thread(blocking), T) == [None, "d", 7, "8080"]

@@ -56,6 +56,10 @@ async def user(h: Handle, kvs: KVS, skvs: SyncKVS, flag: bool) -> None:
     reveal_type(await Handle.connect())  # connect-await
     async with KVS.connect() as k2:
         reveal_type(k2)  # kvs-connect-with
+    reveal_type(await kvs.get("a"))  # get
+    reveal_type(await kvs.get("a", None))  # get-default
+    reveal_type(await kvs.get_str("a", "x"))  # get-str-default
+    reveal_type(skvs.get_str("a", None))  # sync-get-str-default
 '''
 
 ENTRY = "kvs_watch.client.WatchEntry"
@@ -76,6 +80,10 @@ EXPECTED = {
     "connect-with": "broker.handle.Handle",
     "connect-await": "broker.handle.Handle",
     "kvs-connect-with": "kvs.client.KVS",
+    "get": "bytes",
+    "get-default": "bytes | None",
+    "get-str-default": "str",
+    "sync-get-str-default": "str | None",
 }
 
 
