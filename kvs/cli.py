@@ -86,6 +86,15 @@ def _fail(what: str, exc: ErrnoError, key: str | None = None) -> CLIError:
     return CLIError(what, detail=error_detail(exc, key if key is not None else what))
 
 
+def isdir_hint(err: CLIError, exc: ErrnoError, hint: str) -> CLIError:
+    """``err`` saying, for ``EISDIR``, which command reads a directory: a
+    user coming from etcd or Redis expects ``get`` of a prefix to print
+    what is below it, and ``Is a directory`` alone does not say how."""
+    if exc.errnum == errno.EISDIR and err.detail:
+        err.detail += f" ({hint})"
+    return err
+
+
 def _emit(text: str | bytes, end: bytes = b"\n") -> None:
     write_out(text if isinstance(text, bytes) else text.encode("utf-8", "surrogateescape"))
     write_out(end)
@@ -230,7 +239,8 @@ def cmd_get(args: argparse.Namespace) -> int:
             try:
                 obj = await kvs.lookup(key, flags, at=args.at)
             except ErrnoError as exc:
-                raise _fail(key, exc) from None
+                raise isdir_hint(_fail(key, exc), exc,
+                                 f"kvbroker kvs dir {key} prints what is below it") from None
             _emit(render_value(key, obj, raw=args.raw, as_treeobj=args.treeobj,
                                label=args.label), end=b"")
         return 0

@@ -31,7 +31,7 @@ from broker.cliutil import CLIError, connect, errno_detail, run_async
 from broker.errors import ErrnoError
 from broker.handle import Handle
 from broker.rpc import HandleCore
-from kvs.cli import error_detail
+from kvs.cli import error_detail, isdir_hint
 from kvs.client import Link, default_namespace
 from kvs_watch import flags as F
 from kvs_watch.client import (
@@ -187,7 +187,12 @@ async def _get_one(h: HandleCore, key: str, flags: int, args: argparse.Namespace
                 if flags & F.WATCH and count and seen >= count:
                     break
     except ErrnoError as exc:
-        raise CLIError(key, detail=error_detail(exc, key)) from None
+        err = CLIError(key, detail=error_detail(exc, key))
+        if flags & F.WATCH:
+            err = isdir_hint(err, exc, f"kvbroker kvs watch-keys {key} watches what is below it")
+        else:
+            err = isdir_hint(err, exc, f"kvbroker kvs dir {key} prints what is below it")
+        raise err from None
     finally:
         if wrote:
             o.write(b"\n")

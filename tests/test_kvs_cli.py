@@ -145,7 +145,7 @@ async def test_put_get_across_ranks(start_instance) -> None:
         kvbroker: test.nope: No such file or directory
         [rc=1]
         $ kvbroker kvs get test.a.b
-        kvbroker: test.a.b: Is a directory
+        kvbroker: test.a.b: Is a directory (...)
         [rc=1]
         $ kvbroker kvs get test.a.b.s.x
         kvbroker: test.a.b.s.x: No such file or directory
@@ -1517,3 +1517,19 @@ async def test_commands_started_with_standard_streams_closed(start_instance) -> 
         assert (res.rc, res.err) == (
             1, "kvbroker: content store: standard input: Bad file descriptor\n"), loop
     assert (await kvs(inst, "get", "b")).rc == 1  # nothing was stored
+
+
+async def test_get_of_a_directory_says_which_command_reads_one(start_instance):
+    """``kvs get DIR`` (etcd's ``get --prefix`` habit) names ``kvs dir``;
+    ``kvs get --watch DIR`` names ``kvs watch-keys``: ``Is a directory``
+    alone left the user to find them."""
+    inst = await start_instance(size=1)
+    assert (await kvs(inst, "put", "cfg.db.port=1")).rc == 0
+    res = await kvs(inst, "get", "cfg")
+    assert (res.rc, res.err) == (1, "kvbroker: cfg: Is a directory "
+                                    "(kvbroker kvs dir cfg prints what is below it)\n")
+    res = await kvs(inst, "get", "--watch", "--timeout", "20", "cfg")
+    assert (res.rc, res.err) == (1, "kvbroker: cfg: Is a directory "
+                                    "(kvbroker kvs watch-keys cfg watches what is below it)\n")
+    res = await kvs(inst, "get", "cfg.db.port")
+    assert (res.rc, res.out) == (0, b"1\n")
