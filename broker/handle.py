@@ -20,7 +20,7 @@ import warnings
 import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Coroutine, Generator
-from typing import Any, Protocol, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, Self, TypeVar
 
 from broker import codec
 from broker.errors import ProtocolError, RemoteError
@@ -174,6 +174,18 @@ class Connecting(Coroutine[Any, Any, C]):
     def __del__(self) -> None:
         if self._coro is None:  # (as Python warns of a coroutine never awaited)
             warnings.warn("connect() was never awaited", RuntimeWarning, stacklevel=2)
+
+    if not TYPE_CHECKING:  # (for a type checker, a missing attribute stays an error)
+        def __getattr__(self, name: str) -> Any:
+            """Python's own ``'Connecting' object has no attribute 'put'``,
+            saying what went wrong: ``kvs = KVS.connect()`` without ``await``
+            is the usual slip, and the plain message does not name it."""
+            if name.startswith("_"):  # (probes: asyncio's, copy's, ...)
+                raise AttributeError(name, name=name, obj=self)
+            raise AttributeError(
+                f"{type(self).__name__!r} object has no attribute {name!r}: connect() was "
+                "not awaited (x = await X.connect(), or async with X.connect() as x:)",
+                name=name, obj=self)
 
     async def __aenter__(self) -> C:
         if self._coro is not None:

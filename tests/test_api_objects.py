@@ -131,3 +131,18 @@ async def _connect(inst: Instance, rank: int = 0) -> Any:
     from broker.handle import Handle
 
     return await Handle.connect(inst.uri(rank))
+
+
+def test_a_connect_not_awaited_says_so_when_used() -> None:
+    """``kvs = KVS.connect()`` without ``await``, then ``kvs.put(...)``: the
+    AttributeError names the missing await, not only the missing attribute
+    (nothing is connected: the coroutine is made on the first await)."""
+
+    with pytest.warns(RuntimeWarning, match="connect.. was never awaited"):
+        for pending in (KVS.connect("local:///nowhere"), Handle.connect("local:///nowhere")):
+            with pytest.raises(AttributeError, match="connect.. was not awaited") as raised:
+                pending.put  # type: ignore[attr-defined]  # noqa: B018
+            assert raised.value.name == "put" and raised.value.obj is pending
+            assert not hasattr(pending, "_asyncio_future_blocking")  # probes: plain
+            del pending, raised  # (the error holds it too)
+            gc.collect()
