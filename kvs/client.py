@@ -831,11 +831,19 @@ class KVS:
         """The value of ``key`` once it exists (at once if it does):
         :func:`kvs_watch.client.wait_create` in this namespace, which waits
         for the namespace too.  With ``timeout`` (seconds) it gives up after
-        that long, cancelling the watch, and raises ``TimeoutError``."""
+        that long, cancelling the watch, and raises ``TimeoutError`` naming
+        the key and the namespace (as :func:`kvs_watch.client.wait_event`
+        does: a bare ``TimeoutError()`` says nothing in a traceback)."""
         from kvs_watch.client import wait_create
 
-        async with asyncio.timeout(timeout):
-            return await wait_create(self.handle, key, namespace=self.namespace)
+        try:
+            async with asyncio.timeout(timeout) as bound:
+                return await wait_create(self.handle, key, namespace=self.namespace)
+        except TimeoutError:
+            if timeout is None or not bound.expired():
+                raise  # (not this timeout's)
+            raise TimeoutError(f"{key}: not created within {timeout:g} s "
+                               f"(namespace {self.namespace})") from None
 
     async def wait_version(self, version: int, timeout: float | None = None) -> int:
         """Return once this rank has reached ``version``; returns the version

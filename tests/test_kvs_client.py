@@ -789,7 +789,8 @@ async def test_wait_create_waits_for_the_key_and_its_namespace(start_instance, c
         entry = await waiting
         assert (entry.value, entry.namespace) == (b"run", "later")
         assert (await k1.wait_create("job.state")).value == b"run"  # exists: at once
-        with pytest.raises(TimeoutError):
+        with pytest.raises(TimeoutError,
+                           match=r"^job\.never: not created within 0\.2 s \(namespace later\)$"):
             await k1.wait_create("job.never", timeout=0.2)
         await wait_watchers(h1, 0)
 
