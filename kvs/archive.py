@@ -759,10 +759,11 @@ async def restore(kvs: KVS, source: str | IO[bytes], key: str, *,
         for ref, data in blobs.items():
             await uploader.put(ref, data)
         await uploader.flush()
+        report.blobs = uploader.stored
+        await kvs.put_treeobj(key, treeobj.dirref(report.rootref))
     finally:
         uploader.cancel()
-    report.blobs = uploader.stored
-    await kvs.put_treeobj(key, treeobj.dirref(report.rootref))
+        await uploader.release()
     return report
 
 
@@ -791,10 +792,18 @@ def _something_left(report: Report) -> None:
 class _Uploader:
     """``content.store`` in batches (:data:`STORE_BATCH_BYTES`,
     :data:`STORE_BATCH_BLOBS`), at most :data:`STORE_WINDOW` in flight;
-    checks that the instance names each blob as we did."""
+    checks that the instance names each blob as we did.
+
+    The blobs are stored under a hold of their own, released
+    (:meth:`release`) once the commit naming them is answered: a garbage
+    collection keeps a blob no longer than ``kvs.gc-grace`` after its store
+    unless a root names it, and a restore that runs longer would lose its
+    first blobs to a collection before its commit (which then failed
+    ``ENOENT``)."""
 
     def __init__(self, h: Any) -> None:
         self.h = h
+        self.hold = f"restore-{os.getpid()}-{secrets.token_hex(8)}"
         self.batch: list[tuple[str, bytes]] = []
         self.size = 0
         self.pending: deque[tuple[list[str], asyncio.Future[Any]]] = deque()
@@ -815,13 +824,23 @@ class _Uploader:
         for _, answer in self.pending:
             answer.cancel()
 
+    async def release(self) -> None:
+        """Let the collector have the blobs (the commit is answered: they
+        are in a root, or the restore failed).  Best effort: a hold not
+        released lapses on its own (``HOLD_LEASE`` after its last store)."""
+        if not self.stored:
+            return
+        with suppress(RemoteError, OSError):
+            await self.h.rpc("content.store", {"blobs": [], "hold": self.hold,
+                                               "release": True})
+
     async def _send(self) -> None:
         if not self.batch:
             return
         while len(self.pending) >= STORE_WINDOW:
             await self._settle()
         self.pending.append(([r for r, _ in self.batch], self.h.rpc(
-            "content.store", {"blobs": [d for _, d in self.batch]})))
+            "content.store", {"blobs": [d for _, d in self.batch], "hold": self.hold})))
         self.stored += len(self.batch)
         self.batch, self.size = [], 0
 

@@ -14,7 +14,9 @@ recent roots guests may name (:class:`kvs.namespaces.RecentRoots`); the
 checkpoints (the KVS's, which a restart resumes from, as a tree; any other
 as the blobrefs its value holds, as :mod:`kvs.garbage`); the root of every
 commit between the store of its blobs and its setting
-(:attr:`kvs.commits.CommitPipeline.unpublished`); every blob stored or
+(:attr:`kvs.commits.CommitPipeline.unpublished`); the blobs stored under a
+hold until it is released (a ``kvs restore``'s, until its commit:
+:class:`broker.content.collection.Holds`); every blob stored or
 named by a commit while the collection runs (a commit checks every blob
 below a directory it names, :meth:`kvs.refcheck.RefChecker.check_whole`);
 and every blob stored (or stored again) less than the grace period ago.
@@ -222,6 +224,8 @@ async def collect(content: ContentModule, roots: Callable[[], Roots],
         # blobs stored again meanwhile (their rows are older)
         watermark = content.rowids.as_of(grace)
         collection.touch(content.restored.since(grace))
+        # and blobs stored under a hold (a restore's, until its commit)
+        collection.touch(content.holds.refs())
         listed: Roots = roots()
         trees, opaque = checkpoint_roots(await content.checkpoints(), kvs_key)
         marked = await mark(collection, [*listed.live, *trees], listed.recent, opaque, damaged)

@@ -600,3 +600,63 @@ async def test_a_read_at_a_collected_root_says_so_and_is_never_a_missing_key(
     assert await asyncio.wait_for(kvs.exists("k", at=now), 10) is True
     assert await asyncio.wait_for(_value_at(h, "primary", "nosuch", now), 10) == " (removed)"
     assert await asyncio.wait_for(_value_at(h, "primary", "k", now), 10) == "=v"
+
+
+async def test_a_restore_keeps_its_blobs_through_a_collection_before_its_commit(
+        start_instance, connect) -> None:
+    """``kvs restore`` stores the values' blobs as it reads the archive and
+    names them in one commit at the end; a collection in between (here
+    with no grace period: the blobs were older than it) deleted the first
+    ones, and the commit failed ENOENT.  The restore stores them under a
+    hold that every collection keeps until the restore releases it, after
+    its commit: then they are the collector's again."""
+    import io
+    import tarfile
+
+    from test_broker_support import KVBROKER, wait_until
+
+    inst = await start_instance(size=2, attrs=NOW)
+    h0, h1 = await connect(inst, 0), await connect(inst, 1)
+    values = [f"value {i} ".encode() * 20 for i in range(1500)]  # blobs of their own
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w|", format=tarfile.USTAR_FORMAT) as tar:
+        for i, data in enumerate(values):
+            info = tarfile.TarInfo(f"d{i % 10}/k{i}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    archive_bytes = buf.getvalue()
+    cut = 1200 * 1024  # (a header and a block of data each): past the first store batch
+    proc = await asyncio.create_subprocess_exec(
+        KVBROKER, "kvs", "restore", "-q", "--key", "r", "-",
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, env={**os.environ, "KVBROKER_URI": inst.uri(1)})
+    try:
+        assert proc.stdin is not None
+        proc.stdin.write(archive_bytes[:cut])
+        await proc.stdin.drain()
+        first_batch = [blobref.hash_blob(v) for v in values[:1024]]
+
+        async def stored() -> bool:
+            try:
+                await h0.rpc("content.load", {"blobref": first_batch[-1]})
+            except RemoteError:
+                return False
+            return True
+
+        await wait_until(stored, "the restore's first batch of blobs on rank 0", 30)
+        assert (await gc(h0))["removed"] == 0  # the restore's blobs are held
+        proc.stdin.write(archive_bytes[cut:])
+        proc.stdin.close()
+        _out, err = await asyncio.wait_for(proc.communicate(), 60)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode == 0, err.decode()
+    assert (await stats(h0, "content"))["holds"] == 0  # released after its commit
+    await gc(h0)
+    await dropcaches(inst, connect)
+    for i in (0, 1023, 1499):
+        assert await get(h1, f"r.d{i % 10}.k{i}") == values[i]
+    await commit(h1, unlink("r"))
+    assert (await gc(h0))["removed"] >= 1500  # no longer held

@@ -106,6 +106,52 @@ class RecentRefs:
         return {ref for t, refs in self._log if t >= now - age for ref in refs}
 
 
+HOLD_LEASE = MARK_SPAN
+"""Seconds a hold (:class:`Holds`) outlives its last store when it is not
+released: what a client that died before releasing it costs."""
+
+
+class Holds:
+    """Blobs stored under a *hold* (``content.store`` with ``hold: ID``):
+    every collection keeps them, however old, until the hold is released
+    (``release: true``) or :data:`HOLD_LEASE` passes without a store under
+    it.  For a client that stores many blobs over a long time before one
+    commit names them all (``kvs restore``): the grace period keeps a blob
+    only so long after its store, and a collection in between would delete
+    the first ones, failing the commit."""
+
+    def __init__(self, lease: float = HOLD_LEASE) -> None:
+        self.lease = lease
+        self._holds: dict[str, tuple[float, set[str]]] = {}
+
+    def add(self, hold: str, refs: Iterable[str], now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        self._expire(now)
+        entry = self._holds.pop(hold, None)  # (re-inserted: oldest use first)
+        held = entry[1] if entry is not None else set()
+        held.update(refs)
+        self._holds[hold] = (now, held)
+
+    def release(self, hold: str) -> None:
+        self._holds.pop(hold, None)
+
+    def refs(self, now: float | None = None) -> set[str]:
+        """Every blob held now."""
+        self._expire(time.monotonic() if now is None else now)
+        return {ref for _, held in self._holds.values() for ref in held}
+
+    def _expire(self, now: float) -> None:
+        holds = self._holds
+        while holds:
+            hold, (used, _) = next(iter(holds.items()))
+            if used > now - self.lease:
+                break
+            del holds[hold]
+
+    def __len__(self) -> int:
+        return len(self._holds)
+
+
 class Collection:
     """One online collection, from its barrier to the end of its sweep."""
 
@@ -192,4 +238,4 @@ def busy() -> ErrnoError:
     return ErrnoError(errno.EBUSY, "a garbage collection is already running")
 
 
-__all__ = ["Collection", "RecentRefs", "RowidMarks", "busy"]
+__all__ = ["HOLD_LEASE", "Collection", "Holds", "RecentRefs", "RowidMarks", "busy"]

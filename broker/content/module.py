@@ -55,7 +55,7 @@ from typing import Any, ClassVar
 
 from broker.attrs import CONTENT_HASH, LINK_MAX_MESSAGE, AttrSpec, integer
 from broker.content import blobref
-from broker.content.collection import Collection, RecentRefs, RowidMarks, busy
+from broker.content.collection import Collection, Holds, RecentRefs, RowidMarks, busy
 from broker.content.sqlite import STORE_FILE, SqliteStore, StoreLocked, Written
 from broker.errors import ErrnoError, ProtocolError
 from broker.message import NODEID_UPSTREAM, Message
@@ -100,6 +100,9 @@ FLUSH_BLOBS = 4096
 so a transaction dirties about one index page per blob until the batch is
 comparable to the index (see :mod:`broker.content.sqlite`)."""
 
+
+MAX_HOLD_NAME = 128
+"""Characters a ``content.store`` hold's name may have."""
 
 LoadToken = tuple[int, bool]
 """(:attr:`ContentModule.generation`, may cache) when a load started."""
@@ -197,6 +200,9 @@ class ContentModule(Module):
         spans either does not cache what it read (it may be doomed)."""
         self.rowids = RowidMarks()
         self.restored = RecentRefs()
+        self.holds = Holds()
+        """Rank 0: blobs stored under a hold, kept by every collection until
+        it is released (``content.store`` ``hold``, ``release``)."""
         # Rank 0 with a statedir: which stores are written (a checkpoint
         # that cannot drain falls back to a root they cover)
         self.store_seq = 0
@@ -593,14 +599,29 @@ class ContentModule(Module):
         if not isinstance(raw, list):
             raise ErrnoError(errno.EPROTO, "blobs must be a list")
         blobs = [self._check_blob(d) for d in raw]
+        hold, release = p.get("hold"), p.get("release", False)
+        if hold is not None and not (isinstance(hold, str) and 0 < len(hold) <= MAX_HOLD_NAME):
+            raise ErrnoError(errno.EPROTO, f"hold must be a string of 1-{MAX_HOLD_NAME} "
+                                           "characters")
+        if not isinstance(release, bool) or (release and hold is None):
+            raise ErrnoError(errno.EPROTO, "release must be a boolean, and names a hold")
         if self.backing is not None:
             await self.room()
             if self.stopping:  # (the last drain may have passed: it would not be written)
                 raise ErrnoError(errno.ENOSYS, "the content module is stopping: "
                                                "the blobs were not stored")
         else:  # (cached here only once rank 0 has it: it may refuse)
-            await self.h.rpc("content.store", {"blobs": blobs}, nodeid=NODEID_UPSTREAM)
+            up: dict[str, Any] = {"blobs": blobs}
+            if hold is not None:
+                up.update(hold=hold, release=release)
+            await self.h.rpc("content.store", up, nodeid=NODEID_UPSTREAM)
         refs = self.store_local(blobs)
+        if hold is not None and self.backing is not None:
+            # (in the step that stored them: no collection can begin between)
+            if release:
+                self.holds.release(hold)
+            elif refs:
+                self.holds.add(hold, refs)
         self.h.respond(msg, {"blobref": refs[0]} if single else {"blobrefs": refs})
 
     # ------------------------------------------------------------ load
@@ -1000,6 +1021,7 @@ class ContentModule(Module):
             out.update({"backlog-bytes": self.backlog_bytes,
                         "backlog-limit": self.backlog_limit,
                         "backlog-peak": self.backlog_peak,
+                        "holds": len(self.holds),
                         # why the last write failed, until one succeeds
                         "failing": None if self.failing is None else str(self.failing)})
         return out
