@@ -14,7 +14,8 @@ into one batch, and for each batch:
    (:mod:`kvs.refcheck`);
 3. stores the new blobs, keeps the new root alive for a garbage
    collection until it is set (:attr:`CommitPipeline.unpublished`), and,
-   for a ``SYNC`` commit, flushes and checkpoints it;
+   for a ``SYNC`` commit (and at stop, for every batch of the primary
+   namespace), flushes and checkpoints it;
 4. sets the root and publishes ``kvs.namespace-<NS>-setroot`` (carrying
    small commits' new blobs), or an ``error`` event naming the failed
    transactions.  A merged batch that fails is split and replayed one by
@@ -308,7 +309,16 @@ class CommitPipeline:
             # keeps the pinned root whole.
             if named:
                 await self.refcheck.keep_whole(named, begun)
-            if sync:
+            # At stop, a batch of the primary namespace is checkpointed
+            # before it is answered, as a SYNC one: answered first, it was
+            # lost (with every commit since the last checkpoint) if rank 0
+            # was killed before the final checkpoint was written -- as
+            # kvbroker start does to a rank still stopping 15 s after its
+            # SIGTERM, while that checkpoint writes a slow disk's backlog.
+            # (Decided here, after the last await before the answer: any
+            # answer given once the stop began follows a checkpoint.)
+            stop_sync = self.stopping and ns.name == PRIMARY and bool(self.statedir)
+            if sync or stop_sync:
                 await self.h.rpc("content.flush", {})
                 if ns.name == PRIMARY and self.statedir and not ns.removed:
                     task = asyncio.current_task()
