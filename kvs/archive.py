@@ -73,9 +73,8 @@ from broker.content.sqlite import STORE_FILE, SqliteStore, StoreLocked
 from broker.errors import ErrnoError, RemoteError
 from broker.launch import StartError, private_dir
 from kvs import shards, treeobj, txn
-from kvs.client import Link
+from kvs.client import READ_WINDOW, Link, pin_dir, read_tree
 from kvs.keys import join, normalize, parse_ns_target, split
-from kvs.lookup import SYMLINK_MAX
 from kvs.namespaces import CHECKPOINT_KEY
 from kvs.treeobj import BlobCache, NeedBlobs, TreeObj
 from kvs.txn import MAX_OPS
@@ -90,8 +89,6 @@ __all__ = ["ArchiveError", "Item", "Report", "dump", "dump_checkpoint", "read_it
 SUFFIXES = {".tar": "", ".tgz": "gz", ".tar.gz": "gz", ".tar.bz2": "bz2", ".tar.xz": "xz"}
 """Archive name endings and their compression (``-`` is a plain tar stream)."""
 
-READ_WINDOW = 64
-"""Value reads a dump keeps in flight (a valref is one ``kvs.lookup``)."""
 STORE_BATCH_BYTES = 4 << 20
 STORE_BATCH_BLOBS = 1024
 STORE_WINDOW = 4
@@ -326,74 +323,23 @@ async def dump(kvs: KVS, out: str | IO[bytes], *, key: str = ".", at: RootSpec |
     at one root, so the archive is one version, whatever commits meanwhile.
     Raises ``RemoteError`` (``ENOENT``, ``ENOTDIR``, ``EPERM`` ...) and
     :class:`ArchiveError`."""
-    top = await _pinned(kvs, key, at)
+    top = await pin_dir(kvs, key, at)
     report = Report(rootref=top.rootref)
     await _Writer(out, time.time()).write_async(_snapshot(top), report, on_item)
     return report
 
 
-async def _pinned(kvs: KVS, key: str, at: RootSpec | None) -> Dir:
-    """Directory ``key``, to be read at one version.  The instance owner
-    reads it at its own tree (its ``dirref``, a link to it followed, into
-    any namespace), so every later read is of that tree -- at the
-    namespace's root instead, a read below a link into another namespace
-    would find that namespace as it is then.  A guest, who may read only
-    at its namespaces' roots, reads at the root of its namespace."""
-    top = await kvs.dir(key, at=at)  # (its errors name the key: ENOENT, ENOTDIR, EPERM)
-    space, obj = kvs, await kvs.get_treeobj(key, at=at)
-    for _ in range(SYMLINK_MAX):
-        if obj["type"] != "symlink":
-            break
-        ns, target = treeobj.symlink_target(obj)
-        if ns is None:
-            ns, target = parse_ns_target(target)
-        if ns is not None and ns != space.namespace:
-            space, at = space.with_namespace(ns), None
-        obj = await space.get_treeobj(target, at=at)
-    if obj["type"] != "dirref":
-        return top
-    try:
-        return await space.dir(".", at=obj)
-    except RemoteError as exc:
-        if exc.errnum == errno.EPERM:
-            return top
-        raise
-
-
 async def _snapshot(top: Dir) -> AsyncGenerator[Item, None]:
     """Every entry below ``top`` (a :class:`kvs.client.Dir`), depth first in
     name order, with up to :data:`READ_WINDOW` value reads in flight."""
-    base = len(split(top.key))
-    pending: deque[tuple[str, TreeObj, asyncio.Future[bytes] | None]] = deque()
-
-    def relative(k: str) -> str:
-        return join(split(k)[base:])
-
-    try:
-        async for k, entry in top.walk(empty_dirs=True):
-            read: asyncio.Future[bytes] | None = None
-            if entry["type"] == "valref":
-                read = asyncio.ensure_future(top.kvs.get(k, at=top.rootref))
-            pending.append((relative(k), entry, read))
-            while len(pending) > READ_WINDOW or (pending and pending[0][2] is None):
-                yield await _ready(pending.popleft())
-        while pending:
-            yield await _ready(pending.popleft())
-    finally:
-        for _, _, read in pending:
-            if read is None:
-                continue
-            if read.done() and not read.cancelled():
-                read.exception()  # (retrieved: the error that stopped us is another)
-            read.cancel()
-
-
-async def _ready(entry: tuple[str, TreeObj, asyncio.Future[bytes] | None]) -> Item:
-    k, obj, read = entry
-    if obj["type"] in ("dir", "dirref"):
-        return Item(k, "dir")
-    data = await read if read is not None else b""
-    return _value(k, obj, lambda _refs: data)
+    async with aclosing(read_tree(top, READ_WINDOW)) as entries:
+        async for k, entry, data in entries:
+            if entry["type"] in ("dir", "dirref"):
+                yield Item(k, "dir")
+            elif data is None:
+                yield Item(k, "symlink", target=str(Link.from_treeobj(entry)))
+            else:
+                yield Item(k, "value", data)
 
 
 def dump_checkpoint(statedir: str, out: str | IO[bytes], *,

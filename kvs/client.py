@@ -37,7 +37,16 @@ import errno
 import functools
 import json
 import os
-from collections.abc import AsyncIterator, Awaitable, Iterable, Iterator, Mapping
+from collections import deque
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Iterable,
+    Iterator,
+    Mapping,
+)
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import (
     TYPE_CHECKING,
@@ -55,8 +64,8 @@ from broker.errors import ErrnoError, RemoteError
 from broker.handle import Connecting
 from broker.sync import DEFAULT, Default
 from kvs import treeobj
-from kvs.keys import join, normalize, split
-from kvs.lookup import READDIR, READLINK, TREEOBJ
+from kvs.keys import join, normalize, parse_ns_target, split
+from kvs.lookup import READDIR, READLINK, SYMLINK_MAX, TREEOBJ
 from kvs.namespaces import PRIMARY
 from kvs.treeobj import TreeObj
 from kvs.txn import APPEND, EXPECT, NO_MERGE, SYNC
@@ -85,8 +94,10 @@ __all__ = [
     "NO_MERGE",
     "READDIR",
     "READLINK",
+    "READ_WINDOW",
     "SYNC",
     "TREEOBJ",
+    "TREE_LIMIT",
     "CommitResult",
     "Dir",
     "KVS",
@@ -111,6 +122,19 @@ WAIT_GRACE = 1.0
 """Seconds :meth:`KVS.wait_version` gives the rank past its ``timeout`` to
 say it gave up (its answer says why) before giving up on the rank itself:
 a stopped rank answers nothing, and the wait had no end."""
+
+
+READ_WINDOW = 64
+"""Value reads a subtree read (:meth:`KVS.get_tree`, ``kvbroker kvs dump``)
+keeps in flight: a ``valref`` is one ``kvs.lookup``, and one at a time would
+pay a round trip per key, all at once a request (and an answer held) per
+key of the tree."""
+
+TREE_LIMIT = 100_000
+"""How many values :meth:`KVS.get_tree` returns by default before it gives
+up with ``EOVERFLOW``: the whole answer is held in memory, and a tree of
+millions of keys should be a clear error, not a process out of memory (the
+same default bound as :meth:`KVS.diff`)."""
 
 
 def default_namespace(namespace: str | None = None) -> str:
@@ -470,6 +494,72 @@ class Dir(Mapping[str, TreeObj]):
                 yield d.path(name), d._entries[name]
 
 
+async def pin_dir(kvs: KVS, key: str, at: RootSpec | None) -> Dir:
+    """Directory ``key``, to be read at one version (:meth:`KVS.get_tree`,
+    ``kvbroker kvs dump``).  The instance owner reads it at its own tree
+    (its ``dirref``, a link to it followed, into any namespace), so every
+    later read is of that tree -- at the namespace's root instead, a read
+    below a link into another namespace would find that namespace as it is
+    then.  A guest, who may read only at its namespaces' roots, reads at the
+    root of its namespace."""
+    top = await kvs.dir(key, at=at)  # (its errors name the key: ENOENT, ENOTDIR, EPERM)
+    space, obj = kvs, await kvs.get_treeobj(key, at=at)
+    for _ in range(SYMLINK_MAX):
+        if obj["type"] != "symlink":
+            break
+        ns, target = treeobj.symlink_target(obj)
+        if ns is None:
+            ns, target = parse_ns_target(target)
+        if ns is not None and ns != space.namespace:
+            space, at = space.with_namespace(ns), None
+        obj = await space.get_treeobj(target, at=at)
+    if obj["type"] != "dirref":
+        return top
+    try:
+        return await space.dir(".", at=obj)
+    except RemoteError as exc:
+        if exc.errnum == errno.EPERM:
+            return top
+        raise
+
+
+async def read_tree(top: Dir, window: int = READ_WINDOW
+                    ) -> AsyncGenerator[tuple[str, TreeObj, bytes | None], None]:
+    """Every entry below ``top``, depth first in name order, as ``(key
+    relative to top, stored entry, value)``: the value's bytes for a value,
+    None for a symlink (not followed) or an empty directory.  Everything is
+    read at ``top``'s root, with up to ``window`` value reads in flight;
+    closing the generator (``aclosing``) cancels those still running.  What
+    :meth:`KVS.get_tree` and ``kvbroker kvs dump`` read a subtree with."""
+    base = len(split(top.key))
+    pending: deque[tuple[str, TreeObj, asyncio.Future[bytes] | None]] = deque()
+
+    async def settled(item: tuple[str, TreeObj, asyncio.Future[bytes] | None]
+                      ) -> tuple[str, TreeObj, bytes | None]:
+        k, obj, read = item
+        if read is not None:
+            return k, obj, await read
+        return k, obj, bytes(obj["data"]) if obj["type"] == "val" else None
+
+    try:
+        async for k, entry in top.walk(empty_dirs=True):
+            read: asyncio.Future[bytes] | None = None
+            if entry["type"] == "valref":
+                read = asyncio.ensure_future(top.kvs.get(k, at=top.rootref))
+            pending.append((join(split(k)[base:]), entry, read))
+            while len(pending) > window or (pending and pending[0][2] is None):
+                yield await settled(pending.popleft())
+        while pending:
+            yield await settled(pending.popleft())
+    finally:
+        for _, _, read in pending:
+            if read is None:
+                continue
+            if read.done() and not read.cancelled():
+                read.exception()  # (retrieved: the error that stopped us is another)
+            read.cancel()
+
+
 # ---------------------------------------------------------------- the client
 
 
@@ -661,6 +751,39 @@ class KVS:
         if resp.get("val") is None:
             raise RemoteError(errno.ENOENT, f"{key}: no such key")
         return Dir(self, key, resp["val"]["data"], resp["rootref"])
+
+    async def get_tree(self, key: str = ".", *, at: RootSpec | None = None,
+                       limit: int | None = TREE_LIMIT) -> dict[str, bytes]:
+        """Every value below directory ``key``, by its dotted path relative
+        to ``key`` (``{"b.c": b"1"}`` for ``a.b.c`` below ``a``; full keys
+        for ``"."``), in depth-first name order -- etcd's ``get --prefix``.
+
+        One version: the directory's tree is taken first (at ``at``, else
+        the current root) and everything is read in it, so a commit meanwhile
+        cannot mix versions; up to :data:`READ_WINDOW` values are read at a
+        time.  Symlinks below ``key`` are not followed and not returned (a
+        link may lead out of the tree, into another namespace, or round in
+        a loop; :meth:`Dir.walk` lists them), nor are empty directories
+        (no value); ``key`` itself may be a link to a directory.  ``ENOENT``
+        if ``key`` is missing, ``ENOTDIR`` if it is a value.  Past ``limit``
+        values (default :data:`TREE_LIMIT`; None: no limit) it raises
+        ``ErrnoError(EOVERFLOW)`` rather than hold a tree of any size in
+        memory."""
+        if limit is not None and limit < 0:
+            raise ValueError(f"limit must be at least 0 (got {limit})")
+        top = await pin_dir(self, key, at)
+        tree: dict[str, bytes] = {}
+        async with aclosing(read_tree(top)) as entries:  # (stops the reads on error)
+            async for k, _, value in entries:
+                if value is None:
+                    continue  # a symlink or an empty directory
+                if limit is not None and len(tree) >= limit:
+                    raise ErrnoError(errno.EOVERFLOW, (
+                        f"{key}: more than {limit} values below it: give get_tree a "
+                        "higher limit (None: no limit), or read it a part at a time "
+                        "(dir(), Dir.walk())"))
+                tree[k] = value
+        return tree
 
     async def exists(self, key: str, *, at: RootSpec | None = None) -> bool:
         """Whether ``key`` names anything (a link counts, even a dangling one),
@@ -1086,6 +1209,10 @@ class SyncKVS:
 
         return SyncWatch(self.sync_handle, self.aio.watch_eventlog(key, waitcreate=waitcreate),
                          timeout=timeout)
+
+    def get_tree(self, key: str = ".", *, at: RootSpec | None = None,
+                 limit: int | None = TREE_LIMIT) -> dict[str, bytes]:
+        return self.run(self.aio.get_tree(key, at=at, limit=limit))
 
     def exists(self, key: str, *, at: RootSpec | None = None) -> bool:
         return self.run(self.aio.exists(key, at=at))

@@ -20,6 +20,7 @@ from kvs.client import (
     NO_MERGE,
     READDIR,
     SYNC,
+    TREE_LIMIT,
     WAIT_GRACE,
     CommitResult,
     Dir,
@@ -328,6 +329,94 @@ async def test_dir_snapshot_and_walk(start_instance, connect) -> None:
         with pytest.raises(RemoteError) as ei:
             await kvs.dir("d.nope")
         assert errnum(ei) == errno.ENOENT
+
+
+async def test_get_tree_returns_every_value_below_a_key(start_instance, connect) -> None:
+    """get_tree: values by relative dotted key, in depth-first name order
+    (valrefs read whole, appended ones joined); symlinks below not followed
+    and left out, as are empty directories; the key itself may be a link;
+    ENOENT / ENOTDIR; ``at=`` reads an older version; ``limit``."""
+    inst = await start_instance(size=2)
+    kvs = (await kvs_on(connect, inst, 1)).with_namespace("gt")
+    async with asyncio.timeout(T):
+        await kvs.with_namespace("primary").namespace_create("gt")
+        big = b"B" * 200  # a valref: read with a lookup of its own
+        old = await kvs.commit(TxnOps().put("t.a", 1).put("t.big", big).put("t.sub.x", "y")
+                               .put("t.sub.deep.z", "zz").mkdir("t.empty")
+                               .symlink("t.link", "t.sub").symlink("t.far", "zz", "other")
+                               .append("t.app", "x"))
+        await kvs.append("t.app", "y")  # (two blobs)
+        tree = await kvs.get_tree("t")
+        assert tree == {"a": b"1", "app": b"xy", "big": big, "sub.deep.z": b"zz",
+                        "sub.x": b"y"}
+        assert list(tree) == ["a", "app", "big", "sub.deep.z", "sub.x"]
+        assert await kvs.get_tree() == {f"t.{k}": v for k, v in tree.items()}  # "." : full keys
+        assert await kvs.get_tree("t.link") == {"deep.z": b"zz", "x": b"y"}
+        assert await kvs.get_tree("t.sub.deep") == {"z": b"zz"}
+        assert await kvs.get_tree("t.empty") == {}
+        for key, err in (("t.a", errno.ENOTDIR), ("t.nope", errno.ENOENT)):
+            with pytest.raises(RemoteError) as ei:
+                await kvs.get_tree(key)
+            assert errnum(ei) == err, key
+        await kvs.put("t.a", 2)
+        assert (await kvs.get_tree("t"))["a"] == b"2"
+        assert (await kvs.get_tree("t", at=old)) == {"a": b"1", "app": b"x", "big": big,
+                                                     "sub.deep.z": b"zz", "sub.x": b"y"}
+        assert len(await kvs.get_tree("t", limit=5)) == 5
+        assert len(await kvs.get_tree("t", limit=None)) == 5
+        with pytest.raises(ErrnoError) as ei:
+            await kvs.get_tree("t", limit=4)
+        assert errnum(ei) == errno.EOVERFLOW and "more than 4 values" in str(ei.value)
+        with pytest.raises(ValueError):
+            await kvs.get_tree("t", limit=-1)
+    assert TREE_LIMIT == 100_000
+
+    def blocking() -> dict[str, bytes]:
+        with SyncKVS(uri=inst.uri(0), namespace="gt") as skvs:
+            return skvs.get_tree("t.sub")
+
+    assert await asyncio.wait_for(asyncio.to_thread(blocking), 60) == {"deep.z": b"zz",
+                                                                       "x": b"y"}
+
+
+async def test_get_tree_reads_one_version_while_others_commit(start_instance, connect) -> None:
+    """Commits landing while get_tree reads (each rewrites every key with
+    its generation number) never mix: every value comes from one version."""
+    inst = await start_instance(size=2)
+    writer, reader = await kvs_on(connect, inst, 0), await kvs_on(connect, inst, 1)
+    n = 300
+
+    def generation(g: int) -> TxnOps:
+        ops = TxnOps()
+        for i in range(n):
+            ops.put(f"g.k{i:03}", f"{g:06}" + "x" * 100)  # valrefs: one read each
+        return ops
+
+    done = 0
+    stop, writing = asyncio.Event(), asyncio.Event()
+
+    async def write() -> None:
+        nonlocal done
+        while not stop.is_set():
+            await writer.commit(generation(done + 1))
+            done += 1
+            writing.set()
+
+    async with asyncio.timeout(3 * T):
+        first = await writer.commit(generation(0))
+        await reader.wait_version(first.rootseq)
+        task = asyncio.create_task(write())
+        try:
+            await writing.wait()  # (the writer going before the read starts)
+            before = done
+            tree = await reader.get_tree("g")
+            during = done - before
+        finally:
+            stop.set()
+            await task
+    assert len(tree) == n
+    assert during >= 1, "no commit landed while get_tree read"
+    assert len({v[:6] for v in tree.values()}) == 1
 
 
 async def test_unlink_checks(start_instance, connect) -> None:
