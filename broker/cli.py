@@ -14,6 +14,7 @@ import io
 import itertools
 import os
 import pwd
+import secrets
 import select
 import signal
 import sys
@@ -69,6 +70,50 @@ def command_args(cmdline: list[str] | None) -> list[str]:
     return command[1:] if command[:1] == ["--"] else command
 
 
+def check_uri_file(path: str) -> None:
+    """Refuse, as a usage error and before any rank starts, a ``--uri-file``
+    that could not be written once the instance is up: a script waiting for
+    it would otherwise wait for ever on an instance that serves."""
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise UsageError(f"--uri-file {path}: no such directory {directory}")
+    if os.path.isdir(path):
+        raise UsageError(f"--uri-file {path}: is a directory")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise UsageError(f"--uri-file {path}: cannot write in {directory}")
+
+
+def write_uri_file(path: str, uri: str) -> tuple[int, int]:
+    """Write ``uri`` (and a newline) to ``path`` atomically: a temporary
+    file in the same directory, renamed over ``path``, so a reader finds no
+    file or the whole URI, never part of it.  Returns the file's identity
+    (device, inode), by which :func:`remove_uri_file` knows it is still
+    this one."""
+    directory, name = os.path.split(os.path.abspath(path))
+    tmp = os.path.join(directory, f".{name}.{secrets.token_hex(6)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(uri + "\n")
+            st = os.fstat(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return st.st_dev, st.st_ino
+
+
+def remove_uri_file(path: str, identity: tuple[int, int]) -> None:
+    """Remove ``path`` if it is still the file :func:`write_uri_file` wrote
+    (a later ``start`` given the same file, or its owner, may have put
+    another there: that one is not ours to remove)."""
+    with contextlib.suppress(OSError):
+        st = os.stat(path)
+        if (st.st_dev, st.st_ino) == identity:
+            os.unlink(path)
+
+
 def cmd_start(args: argparse.Namespace) -> int:
     """Start an instance, run the command in it (or serve until signalled),
     stop it.
@@ -95,6 +140,8 @@ def cmd_start(args: argparse.Namespace) -> int:
         loop_factory(args.event_loop)  # the ranks' loop: refused here if unavailable
     except ValueError as exc:
         raise CLIError("start", detail=str(exc)) from None
+    if args.uri_file is not None:
+        check_uri_file(args.uri_file)
 
     # Only `start` runs brokers: client commands do not import the broker
     # (nor ZeroMQ), ~30 ms of every `kvbroker kvs get`.
@@ -108,6 +155,14 @@ def cmd_start(args: argparse.Namespace) -> int:
         signalled: list[int] = []
         stop = asyncio.Event()
         cmd: Command | None = None
+        uri_file: tuple[int, int] | None = None  # (the identity of the file written)
+
+        def forget_uri() -> None:
+            """The instance is stopping: its URI is no longer one to use."""
+            nonlocal uri_file
+            if uri_file is not None:
+                remove_uri_file(args.uri_file, uri_file)
+                uri_file = None
 
         def on_signal(sig: int) -> None:
             signalled.append(sig)
@@ -116,7 +171,7 @@ def cmd_start(args: argparse.Namespace) -> int:
                 cmd.forward(sig)
 
         async def run() -> int:
-            nonlocal cmd
+            nonlocal cmd, uri_file
             try:
                 if not await first(inst.start(), stop.wait()):
                     return 128 + signalled[0]  # stopped before the instance was up
@@ -124,6 +179,13 @@ def cmd_start(args: argparse.Namespace) -> int:
                 print_err(f"start: {exc}")
                 return 2
             assert inst.ended is not None
+            if args.uri_file is not None:  # (ready: every rank answered)
+                try:
+                    uri_file = write_uri_file(args.uri_file, inst.uri(0))
+                except OSError as exc:
+                    print_err(f"start: --uri-file {args.uri_file}: "
+                              f"{exc.strerror or exc}; stopping")
+                    return 1
             if not command:
                 print(inst.uri(0), flush=True)
                 if await first(stop.wait(), inst.ended):
@@ -157,6 +219,7 @@ def cmd_start(args: argparse.Namespace) -> int:
             print_err(f"rank {rank} exited unexpectedly, {exit_status(code)}; stopping")
             # The instance stops alongside the command, which may take its
             # time to go, or ignore SIGTERM (then it is killed after a bound).
+            forget_uri()
             await asyncio.gather(*([cmd.stop(args.stop_timeout)] if cmd else []), inst.stop())
             return 1
 
@@ -166,6 +229,7 @@ def cmd_start(args: argparse.Namespace) -> int:
         try:
             rc = await run()
         finally:
+            forget_uri()
             try:
                 codes = await inst.stop()
             finally:
@@ -734,6 +798,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                    "across restarts (default: nothing survives the instance)")
     s.add_argument("-S", "--setattr", action="append", type=parse_attr, metavar="ATTR=VAL",
                    help="set a broker attribute (repeatable; see docs/cli.md)")
+    s.add_argument("--uri-file", metavar="FILE",
+                   help="once every rank is ready, write the instance's URI to FILE "
+                   "(atomically: a reader never sees part of it); removed when the "
+                   "instance stops. Its directory must exist")
     s.add_argument("--stop-timeout", type=positive_float, default=STOP_TIMEOUT,
                    metavar="SECONDS",
                    help="when the instance stops under the command (a rank failed, or "

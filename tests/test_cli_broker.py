@@ -395,6 +395,86 @@ async def test_a_killed_start_leaves_no_run_directory(tmp_path) -> None:
         assert (statedir / "content.sqlite").exists()
 
 
+async def test_start_uri_file_appears_once_ready_and_goes_at_stop(tmp_path) -> None:
+    """``start --uri-file`` without a command, in the background as a
+    script runs it: the file appears (a whole line) once every rank
+    answers, so the first thing read from it works at once, with no temp
+    file left beside it; SIGTERM stops the instance and removes it."""
+    path = tmp_path / "uri"
+    async with start_process("--size", "4", "--fanout", "2", "--uri-file", str(path)) as proc:
+        async def written() -> bool:
+            return path.exists()
+
+        await wait_until(written, "the URI file", 30)
+        text = path.read_text()
+        assert text.endswith("\n") and text.count("\n") == 1
+        uri = text.strip()
+        async with asyncio.timeout(10), await Handle.connect(uri) as h:
+            assert [(await h.ping(r))["rank"] for r in range(4)] == [0, 1, 2, 3]
+        assert await read_line(proc.stdout) == uri  # (stdout says so too)
+        assert os.listdir(tmp_path) == ["uri"]
+        proc.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(30):
+            _, err = await proc.communicate()
+        assert proc.returncode == 0, err
+    assert not path.exists()
+    assert os.listdir(tmp_path) == []
+    assert not os.path.exists(rundir_of(uri))
+
+
+async def test_start_uri_file_with_a_command(tmp_path) -> None:
+    """With a command, the file holds its ``$KVBROKER_URI`` while it runs,
+    and is gone once start has exited as the command did."""
+    path = tmp_path / "uri"
+    script = f'test "$(cat {path})" = "$KVBROKER_URI" && {KVBROKER} ping --count 1 1 && exit 7'
+    rc, out, err = await run_cli("start", "--size", "2", "--uri-file", str(path),
+                                 "--", "sh", "-c", script, timeout=60)
+    assert rc == 7, err
+    assert "rank=1" in out
+    assert not path.exists()
+
+
+async def test_start_removes_only_the_uri_file_it_wrote(tmp_path) -> None:
+    """A file put in its place meanwhile (another instance's URI, say) is
+    not start's to remove at stop."""
+    path = tmp_path / "uri"
+    async with start_process("--uri-file", str(path)) as proc:
+        uri = await read_line(proc.stdout)
+        assert path.read_text() == uri + "\n"
+        other = tmp_path / "other"
+        other.write_text("local:///elsewhere/local-0\n")
+        os.replace(other, path)
+        proc.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(30):
+            _, err = await proc.communicate()
+        assert proc.returncode == 0, err
+    assert path.read_text() == "local:///elsewhere/local-0\n"
+
+
+async def test_start_writes_no_uri_file_when_the_instance_does_not_start(tmp_path) -> None:
+    """A rank that fails during start-up: the instance never was ready, so
+    no file (nor a temp file) is written."""
+    path = tmp_path / "uri"
+    rc, _, err = await run_cli("start", "--size", "2", "-S", "broker.modules=content,nosuch",
+                               "--uri-file", str(path), "--", "true", timeout=60)
+    assert rc == 2 and "during start-up" in err, err
+    assert os.listdir(tmp_path) == []
+
+
+async def test_start_uri_file_in_a_missing_directory_is_a_usage_error(tmp_path) -> None:
+    """Refused before any rank starts: the module that would make rank 0
+    fail at start-up is never loaded, and nothing is written."""
+    for path, message in ((tmp_path / "nodir" / "uri", "no such directory"),
+                          (tmp_path, "is a directory")):
+        rc, _, err = await run_cli("start", "-S", "broker.modules=content,nosuch",
+                                   "--uri-file", str(path), "--", "true")
+        assert rc == 2, err
+        assert err.startswith("usage: kvbroker start"), err
+        assert f"--uri-file {path}: {message}" in err
+        assert "start-up" not in err  # (no rank ran)
+    assert os.listdir(tmp_path) == []
+
+
 TAKE_TERMINAL = (
     "import fcntl, os, sys, termios; fcntl.ioctl(0, termios.TIOCSCTTY, 0); "
     "os.execv(sys.argv[1], sys.argv[1:])"
