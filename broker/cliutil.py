@@ -10,7 +10,7 @@ import json
 import math
 import os
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, NoReturn, TypeVar
 
 import msgpack
@@ -105,6 +105,86 @@ MAX_START_SIZE = 4096
 def rank_int(text: str) -> int:
     """argparse ``type`` for a rank: 0 to :data:`MAX_RANK`."""
     return non_negative_int(text, MAX_RANK)
+
+
+class RankSet:
+    """A set of ranks as Flux writes it (an *idset*, RFC 22): ``3``,
+    ``0-3``, ``1-2,5``, ``[0-3]``, or ``all``.  Kept as its ranges until
+    the instance's size is known, so ``0-4000000000`` costs nothing before
+    it is refused."""
+
+    def __init__(self, ranges: tuple[tuple[int, int], ...], every: bool = False) -> None:
+        self.ranges = ranges
+        """Ascending, disjoint ``(first, last)`` ranges (none for ``all``)."""
+        self.every = every
+        """``all``: every rank of the instance, whatever its size."""
+
+    def single(self) -> int | None:
+        """The one rank this set names as written (``3``, ``3-3`` is not
+        valid), else None -- ``all`` too, whatever the instance's size."""
+        if not self.every and len(self.ranges) == 1 and self.ranges[0][0] == self.ranges[0][1]:
+            return self.ranges[0][0]
+        return None
+
+    def ranks(self, size: int, what: str) -> list[int]:
+        """The ranks in an instance of ``size``, in order; raises
+        :class:`CLIError` (``<what>: No route to host``) naming the first
+        rank it does not have -- before anything is asked of any rank."""
+        if self.every:
+            return list(range(size))
+        last = self.ranges[-1][1]
+        if last >= size:
+            first_out = max(size, next(lo for lo, hi in self.ranges if hi >= size))
+            raise CLIError(what, detail=f"{os.strerror(errno.EHOSTUNREACH)} (no rank "
+                           f"{first_out}: the instance's ranks are {encode_ranks(range(size))})")
+        return [r for lo, hi in self.ranges for r in range(lo, hi + 1)]
+
+
+def encode_ranks(ranks: Iterable[int]) -> str:
+    """``0-3,5`` for the ranks 0, 1, 2, 3, 5 (ascending): how Flux prints an
+    idset, and what :func:`rank_set` reads back."""
+    parts: list[str] = []
+    run: list[int] = []
+    for r in ranks:
+        if run and r == run[-1] + 1:
+            run[-1] = r
+            continue
+        if run:
+            parts.append(str(run[0]) if run[0] == run[1] else f"{run[0]}-{run[1]}")
+        run = [r, r]
+    if run:
+        parts.append(str(run[0]) if run[0] == run[1] else f"{run[0]}-{run[1]}")
+    return ",".join(parts)
+
+
+def rank_set(text: str) -> RankSet:
+    """argparse ``type`` for ``exec -r IDSET``: Flux's idset syntax (RFC
+    22) -- ranks and ranges ``N-M`` (M above N), ascending and disjoint,
+    without leading zeros, optionally in brackets -- or ``all``.  A lone
+    number is checked as :func:`rank_int` is, with its messages (``-r -1``
+    says "must not be negative", as it did before ``-r`` took a set)."""
+    if text == "all":
+        return RankSet((), every=True)
+    if text.lstrip("-").isdigit() and not text.startswith("--"):
+        rank = rank_int(text)
+        return RankSet(((rank, rank),))
+    body = text[1:-1] if text.startswith("[") and text.endswith("]") else text
+    ranges: list[tuple[int, int]] = []
+    for item in body.split(","):
+        lo_text, dash, hi_text = item.partition("-")
+        bounds = [lo_text, hi_text] if dash else [lo_text]
+        if not all(b.isdigit() and b.isascii() and (b == "0" or not b.startswith("0"))
+                   for b in bounds):
+            raise argparse.ArgumentTypeError(f"not a rank or range of ranks: {item!r} "
+                                             f"(in {text!r}: e.g. 0-3,5 or all)")
+        lo, hi = rank_int(bounds[0]), rank_int(bounds[-1])
+        if dash and hi <= lo:
+            raise argparse.ArgumentTypeError(f"range {item!r} does not ascend (in {text!r})")
+        if ranges and lo <= ranges[-1][1]:
+            raise argparse.ArgumentTypeError(f"{item!r} is out of order (in {text!r}: "
+                                             "ascending, each rank once)")
+        ranges.append((lo, hi))
+    return RankSet(tuple(ranges))
 
 
 def uid_int(text: str) -> int:

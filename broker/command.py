@@ -106,11 +106,15 @@ class Command:
         self._exited = watch_exit(proc)
 
     @classmethod
-    def spawn(cls, argv: list[str], env: dict[str, str]) -> Command:
-        """Start ``argv`` (raises OSError if it cannot be executed)."""
+    def spawn(cls, argv: list[str], env: dict[str, str], *, stdin: int | None = None,
+              stdout: int | None = None, stderr: int | None = None) -> Command:
+        """Start ``argv`` (raises OSError if it cannot be executed).  Its
+        standard streams are ours unless given (``subprocess.PIPE``,
+        ``DEVNULL``): ``exec`` on several ranks reads their output to label
+        it, and gives them no input to share."""
         own_group = not in_terminal_foreground()
-        proc = subprocess.Popen(argv, env=env, close_fds=False,
-                                process_group=0 if own_group else None)
+        proc = subprocess.Popen(argv, env=env, close_fds=False, stdin=stdin, stdout=stdout,
+                                stderr=stderr, process_group=0 if own_group else None)
         return cls(proc, own_group)
 
     @property

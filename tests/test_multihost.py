@@ -383,6 +383,37 @@ async def test_exec_names_the_host_of_a_rank_it_cannot_reach(tmp_path: Path, bro
                            f"ssh://{socket.gethostname()}{ranks[1].rundir}/local-1)")
 
 
+async def test_exec_on_a_set_runs_nothing_when_a_rank_is_elsewhere(tmp_path: Path,
+                                                                   brokers) -> None:
+    """``exec -r all`` across hosts: the ranks of this host only would be a
+    partial run nobody asked for, so nothing runs; exec names the ranks that
+    are not here and how to reach the first.  With every socket here, it
+    runs on each rank."""
+    config = await keyed_config(tmp_path, 3, 2)
+    ranks = {r: await brokers(config, r) for r in (1, 2, 0)}
+    uris = {r: await ranks[r].ready() for r in (1, 2, 0)}
+    ran = tmp_path / "ran"
+    ran.mkdir()
+    touch = ["sh", "-c", f'touch {ran}/"$KVBROKER_RANK"']
+    rc, _, err = await run_cli("exec", "-r", "all", "--", *touch, uri=uris[0])
+    assert rc == 0, err
+    assert sorted(os.listdir(ran)) == ["0", "1", "2"]
+    for r in (0, 1, 2):
+        os.unlink(ran / str(r))
+    host = socket.gethostname()
+    for r in (1, 2):
+        os.unlink(ranks[r].rundir / f"local-{r}")  # as if they ran on other hosts
+    rc, out, err = await run_cli("exec", "-r", "all", "--", *touch, uri=uris[0])
+    assert (rc, out) == (1, ""), err
+    assert err == (f"kvbroker: exec: ranks 1-2 are not on this host (rank 1 runs on {host}; "
+                   f"from here: KVBROKER_URI=ssh://{host}{ranks[1].rundir}/local-1); exec "
+                   "reaches the ranks of this host only, and ran nothing\n")
+    rc, out, err = await run_cli("exec", "-r", "0,2", "--", *touch, uri=uris[0])
+    assert (rc, out) == (1, ""), err
+    assert err.startswith("kvbroker: exec: rank 2 is not on this host (rank 2 runs on "), err
+    assert os.listdir(ran) == []
+
+
 
 async def test_a_rank_restarted_while_its_old_link_looks_alive_takes_its_place(
         tmp_path: Path, brokers) -> None:
