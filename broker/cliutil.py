@@ -279,6 +279,13 @@ def json_arg(text: str) -> Any:
     return value
 
 
+def command_args(cmdline: list[str] | None) -> list[str]:
+    """A command given after the options: ``--`` before it is optional, and
+    any later ``--`` is the command's own."""
+    command = list(cmdline or [])
+    return command[1:] if command[:1] == ["--"] else command
+
+
 def add_answer_timeout(parser: argparse.ArgumentParser) -> None:
     """``-t/--timeout SECONDS`` for a command that asks a rank and waits for
     its answer (``exec -r``, ``attr``, ``rpc``...): :func:`run_async` gives

@@ -20,6 +20,8 @@ import subprocess
 
 STOP_TIMEOUT = 15.0
 """How long :meth:`Command.stop` waits after SIGTERM before SIGKILL."""
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+"""What ``start`` and ``exec`` pass on to the commands they run."""
 
 
 def watch_exit(proc: subprocess.Popen[bytes]) -> asyncio.Future[int]:
