@@ -189,7 +189,7 @@ def cmd_start(args: argparse.Namespace) -> int:
                         print_err(shutdown_notice(inst.shutdown_rank, command=False))
                     return 0
             else:
-                env = dict(os.environ, KVBROKER_URI=inst.uri(0))
+                env = dict(os.environ, KVBROKER_URI=inst.uri(0), KVBROKER_RANK="0")
                 try:
                     cmd = Command.spawn(command, env)
                 except OSError as exc:

@@ -308,6 +308,7 @@ class Instance:
                     args += ["--statedir", self.statedir]
                 env = dict(os.environ)
                 env.pop("KVBROKER_URI", None)
+                env.pop("KVBROKER_RANK", None)
                 spawn = asyncio.ensure_future(asyncio.create_subprocess_exec(
                     *args, stdout=asyncio.subprocess.PIPE, stderr=stderr,
                     stdin=asyncio.subprocess.DEVNULL, pass_fds=(watch_r,), env=env,

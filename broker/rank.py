@@ -222,7 +222,7 @@ async def run_initial_program(b: Broker, argv: list[str], running: asyncio.Task[
     loop = asyncio.get_running_loop()
     log = logging.getLogger("kvbroker")
     try:
-        cmd = Command.spawn(argv, dict(os.environ, KVBROKER_URI=b.uri))
+        cmd = Command.spawn(argv, dict(os.environ, KVBROKER_URI=b.uri, KVBROKER_RANK=str(b.rank)))
     except OSError as exc:
         log.error("initial program %s", cannot_run_message(argv[0], exc))
         b.request_stop("the initial program could not run")
@@ -310,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     args.rank_log = _configure_logging(args.rank, level, stamps, ring_level, ring_size)
     os.environ.pop("KVBROKER_URI", None)
+    os.environ.pop("KVBROKER_RANK", None)  # (an outer exec's: not this rank's)
     _raise_open_files_limit()
     malloc.tune()
     gcpolicy.tune()

@@ -44,6 +44,17 @@ async def test_start_exits_with_the_commands_status() -> None:
     assert not os.path.exists(rundir_of(uri))  # stopped and cleaned up
 
 
+async def test_start_gives_its_command_rank_0_not_an_outer_exec_s_rank() -> None:
+    """An instance started inside an ``exec -r 3`` command: its own command
+    and ranks see this instance's rank (0), not the outer one's
+    ``KVBROKER_RANK``."""
+    script = 'echo "$KVBROKER_RANK"; kvbroker exec -r 1 -- sh -c \'echo "$KVBROKER_RANK"\''
+    rc, out, err = await run_cli("start", "--size", "2", "--", "sh", "-c", script,
+                                 env=dict(os.environ, KVBROKER_RANK="3"))
+    assert rc == 0, err
+    assert out.split() == ["0", "1"]
+
+
 async def test_start_size_8_ping_rank_7() -> None:
     rc, out, err = await run_cli(
         "start", "--size", "8", "--fanout", "2", "--", KVBROKER, "ping", "--count", "10", "7"
