@@ -34,6 +34,7 @@ any namespace a symlink leads into.
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import logging
 from collections import Counter
@@ -82,6 +83,11 @@ MAX_GUEST_WATCHES = AttrSpec(
 connections (up to ``access.max-guest-connections``): as inotify's
 ``max_user_watches``, this one counts the user.  The instance owner is held
 to the per-client cap only."""
+
+
+DROP_PER_TURN = 256
+"""A gone client's watchers dropped per turn of the event loop
+(:meth:`KvsWatchModule.disconnect`)."""
 
 
 COUNTERS = ("watchers-created", "lookups", "lookups-shared", "answers", "blob-loads",
@@ -187,11 +193,23 @@ class KvsWatchModule(Module):
         self.h.respond(msg, {})
 
     def disconnect(self, msg: Message) -> None:
+        """Drop a gone client's watchers, :data:`DROP_PER_TURN` per turn of
+        the loop: all at once, a client leaving with 100,000 watches held
+        the rank 0.4-1 s (4-10 us each), and every other client waited.
+        The client is forgotten at once (no cancel matches it); a watcher
+        not dropped yet still counts (``watchers``, a guest's cap) and may
+        answer, to no one (the router drops it)."""
         tags = self.clients.pop(tuple(msg.route), None)
         if tags:
             self.counts["disconnected"] += len(tags)
-            for w in list(tags.values()):
-                w.finish()
+            self._drop(list(tags.values()), 0)
+
+    def _drop(self, watchers: list[Watcher], start: int) -> None:
+        end = start + DROP_PER_TURN
+        for w in watchers[start:end]:
+            w.finish()
+        if end < len(watchers):
+            asyncio.get_running_loop().call_soon(self._drop, watchers, end)
 
     # ================================================================ monitors
 

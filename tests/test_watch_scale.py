@@ -14,6 +14,7 @@ import textwrap
 from test_watch_helpers import (
     FULL,
     NO_MERGE,
+    WAITCREATE,
     WATCH,
     answer,
     commit,
@@ -191,3 +192,29 @@ async def test_sigkill_client_leaves_no_watcher_on_any_rank(start_instance, conn
             await asyncio.wait_for(child.wait(), 10)
 
 
+async def test_a_gone_clients_watches_are_dropped_between_other_clients_requests(
+        start_instance, connect):
+    """A client that goes away holding 20,000 watches on a rank: its watchers
+    are dropped a batch per loop turn, and other clients are answered in
+    between.  They were all dropped in one turn: ~4-10 us each, so a ping
+    waited 0.4-1 s behind a client with 100,000 watches going away (and
+    kvs-watch.max-watches-per-client allows 1,000,000)."""
+    n = 20_000
+    inst = await start_instance(size=1)
+    h0, gone = await connect(inst, 0), await connect(inst, 0)
+    for i in range(n):
+        watch_stream(gone, f"gone.k{i % 100}", WATCH | WAITCREATE)
+    await wait_watchers(h0, n, timeout=60)
+    seen: list[int] = []
+
+    async def poll() -> None:  # (several in flight: one reaches every turn of the rank)
+        while not seen or seen[-1]:
+            seen.append((await stats(h0))["watchers"])
+
+    polls = [asyncio.create_task(poll()) for _ in range(4)]
+    await gone.close()
+    async with asyncio.timeout(60):
+        await asyncio.gather(*polls)
+    assert any(0 < w < n for w in seen), "no other request was answered meanwhile"
+    st = await stats(h0)
+    assert (st["clients"], st["namespace-count"], st["counts"]["disconnected"]) == (0, 0, n)
