@@ -102,6 +102,11 @@ class Broker:
             self.stop_reason = why
         self._stop.set()
 
+    def left_to_write(self) -> int:
+        """Bytes the modules still have to write to disk (see
+        :meth:`broker.module.Module.left_to_write`)."""
+        return sum(m.left_to_write() for m in self.modules)
+
     def _stop_for_overlay(self, error: str | None, status: int = 1) -> None:
         """The parent said shutdown (``None``), or was lost or refused us
         (``error``): then the rank exits with ``status`` (:attr:`exit_code`)."""

@@ -140,7 +140,7 @@ def cmd_start(args: argparse.Namespace) -> int:
     # Only `start` runs brokers: client commands do not import the broker
     # (nor ZeroMQ), ~30 ms of every `kvbroker kvs get`.
     from broker.command import Command, cannot_run_message, cannot_run_status, exit_code
-    from broker.launch import Instance, StartError, exit_status
+    from broker.launch import STOP_CAP, Instance, StartError, exit_status
 
     async def main() -> int:
         loop = asyncio.get_running_loop()
@@ -231,8 +231,12 @@ def cmd_start(args: argparse.Namespace) -> int:
                     loop.remove_signal_handler(sig)
                     signal.signal(sig, signal.SIG_IGN)
         for rank in inst.killed:  # (its log cannot say why: it was not running)
+            left = inst.left_to_write[rank]
             print_err(f"rank {rank} did not exit within {STOP_TIMEOUT:g} s of SIGTERM, "
-                      "so it was killed (a hung or stopped process)")
+                      "so it was killed (a hung or stopped process)" if left is None else
+                      f"rank {rank} did not exit within {STOP_TIMEOUT:g} s of SIGTERM or of "
+                      f"its last progress (at most {STOP_CAP * STOP_TIMEOUT:g} s), so it was "
+                      f"killed with {left} bytes still to write to disk")
         failed = [(rank, code) for rank, code in enumerate(codes)
                   if code and rank not in inst.killed]
         # (stopped by a signal too: without a command, that is how a

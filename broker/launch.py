@@ -3,9 +3,12 @@
 :class:`Instance` is also the harness tests and benchmarks use: it learns
 readiness from each rank's ``ready`` line (never a sleep), notices a rank
 that dies, and on stop sends SIGTERM, waits, then SIGKILLs -- so no process
-or socket is left behind.  Its run directory is private (mode 0700 unless
-guests are allowed) and removed on stop -- or, if the launcher dies without
-stopping, by the last rank to exit (``--cleanup-rundir``).
+or socket is left behind.  A rank that reports progress writing its
+backlog to disk (``stopping <bytes>``, fewer each time) has its wait
+restarted, up to :data:`STOP_CAP` times the stop timeout in all.  Its run
+directory is private (mode 0700 unless guests are allowed) and removed on
+stop -- or, if the launcher dies without stopping, by the last rank to exit
+(``--cleanup-rundir``).
 
 The command ``kvbroker start -- CMD`` runs in the instance is a
 :class:`broker.command.Command`.
@@ -33,6 +36,10 @@ from broker.command import STOP_TIMEOUT
 from broker.topology import children_of, parent_of
 
 START_TIMEOUT = 60.0
+STOP_CAP = 10
+"""A rank that reports progress while it stops (``stopping <bytes>``) is
+given more time, up to this many stop timeouts after its SIGTERM: a stop
+always ends."""
 
 
 class StartError(RuntimeError):
@@ -197,6 +204,12 @@ class Instance:
         self.shutdown_rank: int | None = None
         """The rank that was shut down, once :attr:`ended` is None: 0 for
         the whole instance, else the top of the subtree that stopped."""
+        self.left_to_write: list[int | None] = []
+        """Per rank, the fewest bytes it said it still had to write while it
+        stopped (``stopping <bytes>``), None if it never said."""
+        self._deadlines: dict[int, asyncio.Timeout] = {}
+        self._stop_timeout = STOP_TIMEOUT
+        self._stop_cap = 0.0
         self._shutdown_said: list[asyncio.Future[None]] = []
         self._watch_w: int | None = None
         self._waiters: list[asyncio.Task[None]] = []
@@ -248,6 +261,7 @@ class Instance:
         self.check()
         self.procs, self._waiters, self._stopping, self.killed = [], [], False, []
         self.shutdown_rank = None
+        self.left_to_write = [None] * self.size
         self.failed = loop.create_future()
         self.ended = loop.create_future()
         self._shutdown_said = [loop.create_future() for _ in range(self.size)]
@@ -341,12 +355,27 @@ class Instance:
 
     async def _read_stdout(self, rank: int, proc: asyncio.subprocess.Process) -> None:
         """A rank prints ``shutdown`` (after ``ready``) when a client shut it
-        down, before it tells any rank below it to stop."""
+        down, before it tells any rank below it to stop; and ``stopping
+        <bytes>`` while it stops with bytes left to write."""
         assert proc.stdout is not None
         said = self._shutdown_said[rank]
         while line := await proc.stdout.readline():
-            if line.strip() == b"shutdown" and not said.done():
+            word, _, arg = line.strip().partition(b" ")
+            if word == b"shutdown" and not said.done():
                 said.set_result(None)
+            elif word == b"stopping" and arg.isdigit():
+                self._progress(rank, int(arg))
+
+    def _progress(self, rank: int, left: int) -> None:
+        """Rank ``rank`` still has ``left`` bytes to write: fewer than it
+        ever said before is progress, which restarts its stop deadline
+        (never past the cap); the same or more is not (a hung disk)."""
+        lowest = self.left_to_write[rank]
+        self.left_to_write[rank] = left if lowest is None else min(lowest, left)
+        timer = self._deadlines.get(rank)
+        if timer is not None and lowest is not None and left < lowest:
+            now = asyncio.get_running_loop().time()
+            timer.reschedule(min(now + self._stop_timeout, self._stop_cap))
 
     async def _watch(self, rank: int, proc: asyncio.subprocess.Process) -> None:
         code = await proc.wait()
@@ -384,7 +413,10 @@ class Instance:
     async def stop(self, timeout: float = STOP_TIMEOUT) -> list[int | None]:
         """Stop every rank (TERM, wait, KILL); remove the run directory.
 
-        Returns each rank's exit status.  Cancelled while it waits, it
+        A rank is killed ``timeout`` seconds after its SIGTERM, or after the
+        last progress it reported (``stopping <bytes>``, fewer bytes than
+        ever before), and at most :data:`STOP_CAP` times ``timeout`` after
+        its SIGTERM.  Returns each rank's exit status.  Cancelled while it waits, it
         still removes the run directory and closes the ranks' watch pipe:
         the ranks have their SIGTERM and exit on their own (each one also
         exits when that pipe closes), and nothing else would remove the
@@ -394,17 +426,27 @@ class Instance:
         try:
             for proc in self.procs:
                 _signal(proc, signal.SIGTERM)
-            try:
-                async with asyncio.timeout(timeout):
-                    await asyncio.gather(*(p.wait() for p in self.procs))
-            except TimeoutError:
-                self.killed = [r for r, p in enumerate(self.procs) if p.returncode is None]
-                for proc in self.procs:
-                    _signal(proc, signal.SIGKILL)
-                await asyncio.gather(*(p.wait() for p in self.procs))
+            self._stop_timeout = timeout
+            self._stop_cap = asyncio.get_running_loop().time() + STOP_CAP * timeout
+            killed = await asyncio.gather(*(self._end(r, p, timeout)
+                                            for r, p in enumerate(self.procs)))
+            self.killed = [r for r, k in enumerate(killed) if k]
         finally:
+            self._deadlines.clear()
             self._release()
         return [p.returncode for p in self.procs]
+
+    async def _end(self, rank: int, proc: asyncio.subprocess.Process, timeout: float) -> bool:
+        """Wait for a rank sent SIGTERM to exit; SIGKILL it (True) once its
+        deadline passes, which :meth:`_progress` may push back."""
+        try:
+            async with asyncio.timeout(timeout) as self._deadlines[rank]:
+                await proc.wait()
+            return False
+        except TimeoutError:
+            _signal(proc, signal.SIGKILL)
+            await proc.wait()
+            return True
 
     def _release(self) -> None:
         """What :meth:`stop` must do even if cancelled: stop watching the

@@ -188,6 +188,12 @@ class Module:
     def stats(self) -> dict[str, Any]:
         return {}
 
+    def left_to_write(self) -> int:
+        """Bytes the module still has to write to disk before it can stop
+        (rank 0's content backlog): a rank reports it to its launcher while
+        it stops, which gives a rank that makes progress more time."""
+        return 0
+
     # -- plumbing
     def service_names(self) -> tuple[str, ...]:
         return self.services or (self.name,)

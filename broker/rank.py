@@ -6,7 +6,9 @@ The rank prints ``ready <uri>`` on stdout once its whole subtree is up
 (for rank 0: the whole instance), then serves until SIGTERM/SIGINT/SIGHUP, a
 client's ``broker.shutdown`` (it then prints ``shutdown`` first), its
 parent's shutdown, or until the ``--watch-fd`` pipe from its launcher closes
-(the launcher died), so no rank outlives the instance.  With
+(the launcher died), so no rank outlives the instance.  With ``--watch-fd``
+(a launcher reads its stdout) it prints ``stopping <bytes>`` every 0.5 s
+while it stops with bytes left to write (:func:`report_stopping`).  With
 ``--initial-program`` (rank 0 of ``kvbroker broker -- CMD``) it prints
 nothing: it runs CMD once ready, passes SIGINT/SIGTERM/SIGHUP on to it,
 stops the instance when CMD exits, and exits as CMD did.  With
@@ -43,6 +45,9 @@ from broker.loops import loop_factory
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 """What stops a rank cleanly (or, while an initial program runs, goes to it)."""
+
+STOP_REPORT_PERIOD = 0.5
+"""How often a stopping rank started by a launcher says ``stopping <bytes>``."""
 
 
 def _json(text: str, fits: Callable[[Any], bool], what: str) -> Any:
@@ -192,7 +197,15 @@ async def serve(args: argparse.Namespace) -> int:
             print("shutdown", flush=True)
     finally:
         running.cancel()
-        await b.stop()
+        # A launcher's rank says how much it still has to write while it
+        # stops: the launcher gives one that makes progress more time.
+        reporter = (loop.create_task(report_stopping(b))
+                    if args.watch_fd is not None and not args.initial_program else None)
+        try:
+            await b.stop()
+        finally:
+            if reporter is not None:
+                reporter.cancel()
         # Stopping already (a parent's shutdown may come before the
         # launcher's SIGTERM): a late signal must not kill the exit, which
         # the loop's close would allow by restoring the default action.
@@ -210,6 +223,21 @@ async def serve(args: argparse.Namespace) -> int:
         if rundir_lock is not None and pipe_closed(args.watch_fd):
             remove_rundir_if_last(rundir_lock, args.rundir)
     return b.exit_code if status is None else status
+
+
+async def report_stopping(b: Broker) -> None:
+    """While the rank stops, print ``stopping <bytes>`` every
+    :data:`STOP_REPORT_PERIOD` seconds if it still has bytes to write
+    (rank 0's content backlog).  :class:`broker.launch.Instance` restarts
+    the rank's stop deadline each time the number goes down, as systemd
+    does for a service that sends ``EXTEND_TIMEOUT_USEC``: a slow disk
+    writing a large backlog at stop is not mistaken for a hung rank."""
+    with contextlib.suppress(OSError):  # (the launcher is gone: no one to tell)
+        while True:
+            left = b.left_to_write()
+            if left:
+                print(f"stopping {left}", flush=True)
+            await asyncio.sleep(STOP_REPORT_PERIOD)
 
 
 async def run_initial_program(b: Broker, argv: list[str], running: asyncio.Task[None],

@@ -13,6 +13,7 @@ import errno
 import os
 import signal
 import sqlite3
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -739,6 +740,16 @@ class FrozenThread:
         with open(os.path.join(self.path, name), "w") as f:
             f.write(value)
 
+    def set(self, frozen: bool) -> None:
+        """Freeze the thread again, or let it run for a while (a slow disk)."""
+        self._write("freezer.state", "FROZEN" if frozen else "THAWED")
+
+    def killed(self, pid: int) -> bool:
+        """Whether ``pid`` was killed: its other threads are gone (its main
+        thread a zombie), the frozen one waits to be thawed to exit."""
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+
     def thaw(self) -> None:
         if os.path.isdir(self.path):
             with contextlib.suppress(OSError):
@@ -818,6 +829,95 @@ async def test_a_sigkill_during_the_stop_loses_no_commit_it_acknowledged(
     h2 = await connect(inst2, 0)
     missing = [k for k in done if await errnum_or_none(get(h2, k))]
     assert not missing, f"{len(missing)} of {len(done)} acknowledged commits lost: {missing[:5]}"
+
+
+async def commit_mib(h: Handle, n: int) -> list[str]:
+    """``n`` commits of a 1 MiB value each (the writer frozen: they wait in
+    rank 0's backlog); their keys."""
+    keys = [f"mib{i}" for i in range(n)]
+    for key in keys:
+        await commit(h, put(key, os.urandom(1 << 20)), timeout=30)
+    return keys
+
+
+async def test_a_stop_whose_writer_makes_no_progress_is_killed_after_the_timeout(
+        tmp_path) -> None:
+    """Rank 0 says how much it has left to write while it stops (``stopping
+    <bytes>``), and the launcher gives more time only for progress: a writer
+    that does not move (a hung disk) is killed after the stop timeout, as
+    before, though it keeps reporting."""
+    inst = Instance(1, statedir=str(tmp_path / "state"), attrs={"kvs.checkpoint-period": "0"})
+    await asyncio.wait_for(inst.start(), 60)
+    pid = inst.pids()[0]
+    disk = FrozenThread(pid)
+    try:
+        async with await Handle.connect(inst.uri(0)) as h:
+            await commit_mib(h, 4)
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        stopping = asyncio.ensure_future(inst.stop(timeout=2))
+        # (the frozen thread holds the killed process until it is thawed)
+        await wait_until(lambda: _true(disk.killed(pid)), 30, "rank 0 to be killed")
+        elapsed = loop.time() - began
+        disk.thaw()
+        codes = await asyncio.wait_for(stopping, 30)
+        killed = inst.killed
+    finally:
+        disk.thaw()
+        await asyncio.wait_for(inst.stop(), 60)
+    assert codes == [-signal.SIGKILL] and killed == [0]
+    assert 2 <= elapsed < 4, elapsed
+    # it said so, several times, and no report was counted as progress
+    assert inst.left_to_write[0] is not None and inst.left_to_write[0] >= 4 << 20
+
+
+async def test_a_stop_whose_writer_makes_progress_outlasts_the_timeout(tmp_path) -> None:
+    """A slow disk writing rank 0's backlog at stop (here 40 MiB, stalled
+    for 0.7 s between bursts of a few MiB) outlasts a stop timeout of 3 s.
+    The launcher SIGKILLed it then, losing every commit it had acknowledged
+    since the last checkpoint; now each report of fewer bytes left restarts
+    the rank's deadline, the stop ends cleanly, and a restart has every
+    acknowledged commit."""
+    statedir = str(tmp_path / "state")
+    inst = Instance(1, statedir=statedir, attrs={"kvs.checkpoint-period": "0"})
+    await asyncio.wait_for(inst.start(), 60)
+    disk = FrozenThread(inst.pids()[0])
+    store = os.path.join(statedir, "content.sqlite")
+    try:
+        async with await Handle.connect(inst.uri(0)) as h:
+            keys = await commit_mib(h, 40)
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        stopping = asyncio.ensure_future(inst.stop(timeout=3))
+        def grown(size: int) -> Callable[[], Awaitable[bool]]:
+            return lambda: _true(stopping.done() or os.path.getsize(store) >= size + (1 << 20))
+
+        while not stopping.done():
+            # The slow disk: stalled for 0.7 s, then running until the store
+            # grows (SQLite copies its WAL into it every 4 MB or so).  The
+            # rank reports what was written within 0.5 s, or of the next
+            # burst (the thread may be frozen before it hands its result
+            # back): well within the timeout.
+            await asyncio.wait({stopping}, timeout=0.7)
+            size = os.path.getsize(store)
+            disk.set(False)
+            await wait_until(grown(size), 30, "the store to grow")
+            disk.set(True)
+        elapsed = loop.time() - began
+        codes, killed = await stopping, inst.killed
+    finally:
+        disk.thaw()
+        await asyncio.wait_for(inst.stop(), 60)
+    assert codes == [0] and killed == [], (codes, elapsed)
+    assert elapsed > 3, f"the stop took {elapsed:.1f} s: no longer than its timeout"
+    inst2 = Instance(1, statedir=statedir)
+    await asyncio.wait_for(inst2.start(), 60)
+    try:
+        async with await Handle.connect(inst2.uri(0)) as h2:
+            missing = [k for k in keys if await errnum_or_none(get(h2, k))]
+    finally:
+        await asyncio.wait_for(inst2.stop(), 60)
+    assert not missing, f"{len(missing)} of {len(keys)} acknowledged commits lost"
 
 
 async def _true(x: Any) -> bool:

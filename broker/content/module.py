@@ -95,6 +95,11 @@ BACKLOG_BYTES = AttrSpec(
 FLUSH_DELAY = 0.1
 """Rank 0 writes new blobs back to SQLite at most this long after they arrive...
 """
+WRITE_BYTES = 4 << 20
+"""A write-back batch is cut into SQLite transactions of about this many
+bytes, each subtracted from the backlog when it is written: a stop that
+writes a backlog of 256 MiB shows its progress (:meth:`ContentModule.left_to_write`)
+every few MiB, not once at the end."""
 FLUSH_BLOBS = 4096
 """...or as soon as this many wait.  Big batches matter: blob keys are random,
 so a transaction dirties about one index page per blob until the batch is
@@ -324,7 +329,7 @@ class ContentModule(Module):
 
     def _write_back(self, limit: int | None = None) -> None:
         """Hand the dirty blobs (at most ``limit`` of them, the oldest) to the
-        SQLite thread as one transaction."""
+        SQLite thread, in transactions of about :data:`WRITE_BYTES`."""
         self._flush_handle = None
         if not self.dirty or self.backing is None:
             return
@@ -336,6 +341,20 @@ class ContentModule(Module):
                 del self.dirty[ref]
         # (the batch's bytes stay in the backlog until its write is done)
         self.inflight.update(batch)
+        part: dict[str, bytes] = {}
+        size = 0
+        for ref, data in batch.items():
+            part[ref] = data
+            size += len(data)
+            if size >= WRITE_BYTES:
+                self._write_part(part)
+                part, size = {}, 0
+        if part:
+            self._write_part(part)
+
+    def _write_part(self, batch: dict[str, bytes]) -> None:
+        """Hand one transaction of :meth:`_write_back` to the SQLite thread."""
+        assert self.backing is not None
         stored = self.last_stored  # (no blob of the batch is younger)
         loop = asyncio.get_running_loop()
         fut = loop.run_in_executor(self._executor, self.backing.put_many, list(batch.items()))
@@ -377,6 +396,10 @@ class ContentModule(Module):
                     self._schedule_write_back()  # still over: the next oldest
 
         fut.add_done_callback(done)
+
+    def left_to_write(self) -> int:
+        """Rank 0 with a statedir: the backlog, which its stop writes."""
+        return self.backlog_bytes if self.persistent else 0
 
     def _note_unwritten(self, blobs: Mapping[str, bytes]) -> None:
         self.store_seq += 1
