@@ -254,6 +254,10 @@ class KvsModule(Module):
         self.checkpointed = -1
         """rootseq of the last checkpoint written (or restored at start)."""
         self._checkpoint_lock = asyncio.Lock()
+        self._checkpoint_unsure = False
+        """A checkpoint write failed: the row may name its root (its sync
+        failed, and so did putting the old row back), so the next checkpoint
+        is written even if the root is not newer than :attr:`checkpointed`."""
         self._checkpoint_counts: Counter[str] = Counter()
         self._ticker: asyncio.Task[None] | None = None
         # Rank 0: online garbage collection (kvs/collect.py)
@@ -436,10 +440,11 @@ class KvsModule(Module):
                     "rootref": root.rootref, "rootseq": root.rootseq,
                     "timestamp": time.time()})
             except Exception as exc:
+                self._checkpoint_unsure = True
                 self.log.error("checkpoint of rootseq %d, the newest root whose blobs are "
                                "written, failed too: %s", root.rootseq, exc)
                 return
-            self.checkpointed = root.rootseq
+            self.checkpointed, self._checkpoint_unsure = root.rootseq, False
             self._checkpoint_counts["written"] += 1
             self._checkpoint_counts["written-fallback"] += 1
         self.log.warning("checkpointed rootseq %d (rootref %s) instead, the newest root "
@@ -450,7 +455,7 @@ class KvsModule(Module):
     async def _checkpoint(self, rootref: str | None = None, rootseq: int = 0) -> bool:
         """Record the primary root (default: the current one) in the content
         store, unless a checkpoint at least as new was written already
-        (then False).
+        (then False) and none failed since.
 
         ``content.checkpoint-put`` writes back every blob stored so far
         before the checkpoint itself, so the root it names is readable after
@@ -462,13 +467,18 @@ class KvsModule(Module):
                 if ns is None:
                     return False
                 rootref, rootseq = ns.rootref, ns.rootseq
-            if rootseq <= self.checkpointed:
+            if rootseq <= self.checkpointed and not self._checkpoint_unsure:
                 return False
-            await self.h.rpc("content.checkpoint-put", {
-                "key": CHECKPOINT_KEY,
-                "value": {"rootref": rootref, "rootseq": rootseq, "timestamp": time.time()},
-            })
-            self.checkpointed = rootseq
+            try:
+                await self.h.rpc("content.checkpoint-put", {
+                    "key": CHECKPOINT_KEY,
+                    "value": {"rootref": rootref, "rootseq": rootseq, "timestamp": time.time()},
+                })
+            except BaseException:
+                # (a SYNC commit's root, which then fails: the row may name it)
+                self._checkpoint_unsure = True
+                raise
+            self.checkpointed, self._checkpoint_unsure = rootseq, False
             self._checkpoint_counts["written"] += 1
             return True
 

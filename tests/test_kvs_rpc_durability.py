@@ -920,6 +920,71 @@ async def test_a_stop_whose_writer_makes_progress_outlasts_the_timeout(tmp_path)
     assert not missing, f"{len(missing)} of {len(keys)} acknowledged commits lost"
 
 
+async def test_a_failed_checkpoint_whose_rollback_failed_is_written_over(
+        small_disk, tmp_path) -> None:
+    """A SYNC commit's checkpoint row is written to SQLite's WAL, then synced;
+    if the sync fails (a full disk) the old row is put back -- and if that
+    fails too (the WAL cannot grow), the row names the failed commit's root,
+    which was never applied.  The kvs module skipped the next checkpoint
+    while ``primary`` was unchanged (not newer than the last one written), so
+    a restart found the failed commit (here after the final checkpoint was
+    skipped, "checkpointed already").  Now after any failed checkpoint the
+    next one is written, whatever the root.
+
+    The disk fills at the sync: rank 0's SQLite thread is frozen while the
+    commit flushes its blobs, blobs stored meanwhile wait (content.backlog-
+    bytes) to be written after that flush's sync and before the checkpoint's
+    row, and the room left holds their WAL frames but not their copy into the
+    store's main file."""
+    statedir, log = str(small_disk / "state"), tmp_path / "rank.log"
+    inst = Instance(1, statedir=statedir, stderr_path=str(log), attrs={
+        "kvs.checkpoint-period": "0", "content.backlog-bytes": str(1 << 20),
+        "log.level": "info"})
+    await asyncio.wait_for(inst.start(), 60)
+    try:
+        async with await Handle.connect(inst.uri(0)) as h:
+            await commit(h, put("a", "1"), flags=SYNC)  # checkpointed: rootseq 1
+            free = os.statvfs(small_disk)
+            with open(small_disk / "filler", "wb") as f:  # leave ~4.9 MB
+                f.write(b"\0" * (free.f_bavail * free.f_frsize - 4_900_000))
+            disk = FrozenThread(inst.pids()[0])
+            try:
+                base = (await stats(h))["cache"]["bytes"]
+                failed = asyncio.ensure_future(commit(h, put("failed", "x"), flags=SYNC))
+
+                async def flushing() -> bool:  # its blobs stored: its flush is under way
+                    return bool((await stats(h))["cache"]["bytes"] > base)
+
+                await wait_until(flushing, 30, "the SYNC commit to flush")
+                # 1.1 MB, written before the flush's sync; then 2.5 MB, which
+                # waits for room (over 1 MiB) until that write is done
+                await h.rpc("content.store", {"data": os.urandom(1_100_000)})
+                late = asyncio.ensure_future(h.rpc("content.store",
+                                                   {"data": os.urandom(2_500_000)}))
+                await stats(h)  # (answered after that request reached rank 0)
+            finally:
+                disk.thaw()
+            assert await errnum_or_none(failed) in (errno.ENOSPC, errno.EIO)
+            await asyncio.wait_for(late, 30)
+        os.remove(small_disk / "filler")
+    finally:
+        codes = await asyncio.wait_for(inst.stop(), 60)
+    text = log.read_text()
+    assert codes == [0], text
+    assert "final checkpoint: the primary namespace at rootseq 1 (rootref" in text, text
+    assert "checkpointed already" not in text, text
+    inst2 = Instance(1, statedir=statedir, stderr_path=str(log))
+    await asyncio.wait_for(inst2.start(), 60)
+    try:
+        async with await Handle.connect(inst2.uri(0)) as h2:
+            root = await getroot(h2)
+            assert root["rootseq"] == 1, log.read_text()
+            assert await errnum_or_none(get(h2, "failed")) == errno.ENOENT
+            assert await get(h2, "a") == b"1"
+    finally:
+        await asyncio.wait_for(inst2.stop(), 60)
+
+
 async def _true(x: Any) -> bool:
     return bool(x)
 
