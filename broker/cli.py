@@ -972,7 +972,7 @@ def main(argv: list[str] | None = None) -> int:
         subcommand_parser(parser, args).error(str(exc))
     except CLIError as exc:
         print_err(str(exc))
-        return 1
+        return exc.status
     except ErrnoError as exc:
         print_err(f"{args.command}: {errno_detail(exc)}")
         return 1

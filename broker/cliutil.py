@@ -21,15 +21,25 @@ from broker.loops import loop_factory
 
 
 class CLIError(Exception):
-    """``kvbroker: <what>: <strerror>`` and exit status 1."""
+    """``kvbroker: <what>: <strerror>`` and exit status 1 (or ``status``:
+    :data:`CONDITION_FAILED`)."""
 
-    def __init__(self, what: str, errnum: int | None = None, detail: str | None = None) -> None:
+    def __init__(self, what: str, errnum: int | None = None, detail: str | None = None,
+                 status: int = 1) -> None:
         self.what = what
         self.detail = detail or (os.strerror(errnum) if errnum else None)
+        self.status = status
         super().__init__(what)
 
     def __str__(self) -> str:
         return f"{self.what}: {self.detail}" if self.detail else self.what
+
+
+CONDITION_FAILED = 3
+"""The exit status of ``kvs put``/``unlink`` whose ``--expect`` condition
+failed (nothing changed): a script taking a lock can tell "held by another"
+(try again) from any other error (1) and a usage error (2), as ``grep``
+tells "no match" from trouble."""
 
 
 class UsageError(Exception):

@@ -30,6 +30,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from broker.cliutil import (
+    CONDITION_FAILED,
     CLIError,
     PermutingParser,
     UsageError,
@@ -261,6 +262,16 @@ def _failed_condition(exc: ErrnoError) -> str | None:
     return key if sep else None
 
 
+def _commit_error(exc: ErrnoError, label: str) -> CLIError:
+    """A failed ``put``/``unlink`` commit: named by the condition that
+    cancelled it (exit :data:`CONDITION_FAILED`), else by ``label``."""
+    cond = _failed_condition(exc)
+    err = _fail(cond or label, exc)
+    if cond is not None:
+        err.status = CONDITION_FAILED
+    return err
+
+
 def _conditions(args: argparse.Namespace) -> TxnOps:
     """A transaction holding ``--expect`` and ``--expect-missing``'s
     conditions (first: they see the tree as it is before the changes)."""
@@ -307,7 +318,7 @@ def cmd_put(args: argparse.Namespace) -> int:
         try:
             result = await kvs.commit(ops, flags)
         except ErrnoError as exc:
-            raise _fail(_failed_condition(exc) or label, exc) from None
+            raise _commit_error(exc, label) from None
         _commit_finish(args, result)
         return 0
 
@@ -577,7 +588,7 @@ def cmd_unlink(args: argparse.Namespace) -> int:
             if cond is None and len(args.keys) == 1:  # (as unlinkable's errors say it)
                 key = args.keys[0]
                 raise CLIError(f"cannot unlink '{key}'", detail=error_detail(exc, key)) from None
-            raise _fail(cond or "unlink", exc) from None
+            raise _commit_error(exc, "unlink") from None
         _commit_finish(args, result)
         return 0
 

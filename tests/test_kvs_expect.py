@@ -69,22 +69,28 @@ async def test_a_lock_has_one_winner(start_instance, connect):
 
 
 async def test_cli_put_expect(start_instance):
+    """A failed condition changes nothing and exits 3 (CONDITION_FAILED),
+    naming the condition's key; other errors exit 1."""
     inst = await start_instance(size=2)
     uri = inst.uri(1)
     assert (await run_cli("kvs", "put", "--expect-missing", "l", "l=me", uri=uri))[0] == 0
     rc, out, err = await run_cli("kvs", "put", "--expect-missing", "l", "l=you", uri=uri)
-    assert (rc, err) == (1, "kvbroker: l: Operation canceled (condition failed: it exists)\n")
+    assert (rc, err) == (3, "kvbroker: l: Operation canceled (condition failed: it exists)\n")
     rc, out, err = await run_cli("kvs", "put", "--expect", "l=you", "l=x", uri=uri)
-    assert (rc, err) == (1, "kvbroker: l: Operation canceled "
+    assert (rc, err) == (3, "kvbroker: l: Operation canceled "
                             "(condition failed: another value)\n")
     # the message names the condition's key, not the first key written
     rc, out, err = await run_cli("kvs", "put", "--expect", "nokey=1", "a=3", uri=uri)
-    assert (rc, err) == (1, "kvbroker: nokey: Operation canceled "
+    assert (rc, err) == (3, "kvbroker: nokey: Operation canceled "
                             "(condition failed: it does not exist)\n")
     rc, out, err = await run_cli("kvs", "put", "--expect-missing", "l", "a=1", "b=2", uri=uri)
-    assert (rc, err) == (1, "kvbroker: l: Operation canceled (condition failed: it exists)\n")
+    assert (rc, err) == (3, "kvbroker: l: Operation canceled (condition failed: it exists)\n")
     assert (await run_cli("kvs", "put", "--expect", "l=me", "l=free", uri=uri))[0] == 0
     assert (await run_cli("kvs", "get", "l", uri=uri))[1] == "free\n"
+    # exit 3 is a failed condition only: any other error of such a put is 1
+    rc, out, err = await run_cli("kvs", "put", "-N", "nosuch", "--expect-missing", "l", "l=x",
+                                 uri=uri)
+    assert rc == 1 and "Operation not supported" in err, err
 
 
 async def test_cli_unlink_expect_gives_a_lock_back(start_instance):
@@ -97,7 +103,7 @@ async def test_cli_unlink_expect_gives_a_lock_back(start_instance):
     assert (await run_cli("kvs", "put", "--expect-missing", "lock", "lock=alice",
                           uri=uri))[0] == 0
     rc, out, err = await run_cli("kvs", "unlink", "--expect", "lock=bob", "lock", uri=uri)
-    assert (rc, err) == (1, "kvbroker: lock: Operation canceled "
+    assert (rc, err) == (3, "kvbroker: lock: Operation canceled "
                             "(condition failed: another value)\n")
     assert (await run_cli("kvs", "get", "lock", uri=uri))[1] == "alice\n"
     rc, out, err = await run_cli("kvs", "unlink", "--expect-missing", "other", "-s", "lock",
