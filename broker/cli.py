@@ -17,6 +17,7 @@ import pwd
 import secrets
 import select
 import signal
+import stat
 import sys
 import time
 from collections.abc import Awaitable
@@ -73,6 +74,14 @@ def check_uri_file(path: str) -> None:
         raise UsageError(f"--uri-file {path}: no such directory {directory}")
     if os.path.isdir(path):
         raise UsageError(f"--uri-file {path}: is a directory")
+    # The file is renamed over FILE: a FIFO (whose reader, already waiting,
+    # would never see it), or a device node (/dev/null, /dev/stdout's
+    # target, which as root would be replaced, then removed at stop) is not
+    # a file to write that way.
+    with contextlib.suppress(OSError):  # (none, or a dangling link: written as a file)
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise UsageError(f"--uri-file {path}: not a regular file (a FIFO, device or "
+                             "terminal: start writes a new file and renames it over FILE)")
     if not os.access(directory, os.W_OK | os.X_OK):
         raise UsageError(f"--uri-file {path}: cannot write in {directory}")
 

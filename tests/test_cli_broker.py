@@ -10,6 +10,7 @@ import json
 import os
 import re
 import signal
+import stat
 import sys
 from collections.abc import AsyncIterator
 
@@ -484,6 +485,27 @@ async def test_start_uri_file_in_a_missing_directory_is_a_usage_error(tmp_path) 
         assert f"--uri-file {path}: {message}" in err
         assert "start-up" not in err  # (no rank ran)
     assert os.listdir(tmp_path) == []
+
+
+async def test_start_uri_file_that_is_not_a_regular_file_is_a_usage_error(tmp_path) -> None:
+    """A FIFO, a device or a terminal (``/dev/null``, ``/dev/stdout``, a
+    symlink to one) as ``--uri-file``: the file is written by renaming a new
+    one over FILE, so start replaced the FIFO (or, run as root, the device
+    node ``/dev/null`` itself) with a regular file, which a reader already
+    waiting on the FIFO never saw, and then removed it at stop.  Refused
+    before any rank starts; the FIFO and the link are left as they were."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    link = tmp_path / "null"
+    link.symlink_to(os.devnull)
+    for path in (fifo, link):
+        rc, _, err = await run_cli("start", "--uri-file", str(path), "--", "true")
+        assert rc == 2, err
+        assert err.startswith("usage: kvbroker start"), err
+        assert f"--uri-file {path}: not a regular file" in err
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    assert os.readlink(link) == os.devnull
+    assert sorted(os.listdir(tmp_path)) == ["fifo", "null"]
 
 
 TAKE_TERMINAL = (
