@@ -35,6 +35,11 @@ from broker.handle import parse_uri
 EXEC_KILL_AFTER = 5.0
 """How long the commands of ``exec`` on several ranks have after SIGTERM,
 once ``-t`` has expired, before SIGKILL: Flux's kill timeout (job-exec)."""
+LABEL_LINE_MAX = 1 << 20
+"""With ``--label-io``, the most of a line without a newline held before
+it is written as a labelled piece of its own (as Flux's line-buffered
+output does once its buffer is full): binary output, or one huge line,
+was held whole until a newline or the end, in memory without bound."""
 EXEC_TIMED_OUT = 124
 """``exec``'s status when ``-t`` expired while its commands ran, as
 ``timeout(1)``'s: a script can tell it from a command's own failure."""
@@ -230,19 +235,29 @@ def _report_exec_statuses(returncodes: dict[int, int]) -> None:
 async def _label_lines(rank: int, pipe: Any, out: Any) -> None:
     """Copy a command's output to ``out`` (our stdout or stderr) a line at a
     time, each as ``RANK: line`` (``flux exec --label-io``); a last line
-    without a newline gets one, so the next label starts a line."""
+    without a newline gets one, so the next label starts a line.  A line
+    longer than :data:`LABEL_LINE_MAX` is written in pieces, each labelled,
+    as it comes: held whole, and joined again at every read, one without
+    a newline took memory without bound and time as its square."""
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
     transport, _ = await loop.connect_read_pipe(
         lambda: asyncio.StreamReaderProtocol(reader), pipe)
     label = f"{rank}: ".encode()
-    rest = b""
+    rest = bytearray()  # (the line begun: grows in place, not copied at each read)
     try:
         while chunk := await reader.read(65536):
-            *lines, rest = (rest + chunk).split(b"\n")
-            if lines:
-                out.buffer.write(b"".join(label + line + b"\n" for line in lines))
-                out.buffer.flush()
+            end = chunk.rfind(b"\n")
+            if end < 0:
+                rest += chunk
+                if len(rest) < LABEL_LINE_MAX:
+                    continue
+                lines, rest = [bytes(rest)], bytearray()
+            else:
+                lines = (bytes(rest) + chunk[:end]).split(b"\n")
+                rest = bytearray(chunk[end + 1:])
+            out.buffer.write(b"".join(label + line + b"\n" for line in lines))
+            out.buffer.flush()
         if rest:
             out.buffer.write(label + rest + b"\n")
             out.buffer.flush()
