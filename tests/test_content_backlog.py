@@ -301,3 +301,39 @@ async def test_a_stop_answers_every_waiting_commit_and_keeps_the_acknowledged(
     for ref, data in stored.items():
         assert (await asyncio.wait_for(h.rpc("content.load", {"blobref": ref}), T))["data"] \
             == data
+
+
+async def test_a_hold_is_released_while_writes_fail(small_disk, tmp_path) -> None:
+    """``kvs restore`` releases its hold (``content.store`` with ``hold``
+    and ``release``, no blobs) once its commit is answered, failed or not.
+    The release waited for room as a store of blobs does, so while writes
+    failed (a full disk: what fails a restore) it failed ENOSPC with them,
+    and every collection kept the restore's blobs for an hour more
+    (HOLD_LEASE): ``kvs gc`` could not give their room back.  A store that
+    adds no blob still takes its turn, but no longer fails for the disk."""
+    log = tmp_path / "rank.log"
+    inst = Instance(1, statedir=str(small_disk / "state"), stderr_path=str(log))
+    await asyncio.wait_for(inst.start(), 60)
+    try:
+        h = await Handle.connect(inst.uri(0))
+        await asyncio.wait_for(h.rpc("content.store", {"blobs": [os.urandom(VALUE)],
+                                                       "hold": "restore-1"}), T)
+        await asyncio.wait_for(h.rpc("content.flush", {}), T)
+        assert (await stats(h, "content"))["holds"] == 1
+        free = os.statvfs(small_disk)
+        filler = small_disk / "filler"
+        with open(filler, "wb") as f:
+            f.write(b"\0" * (free.f_bavail * free.f_frsize - 200_000))
+        for _ in range(10):  # 320 KB: the disk has 200 KB
+            await asyncio.wait_for(h.rpc("content.store", {"blobs": [os.urandom(VALUE)]}), T)
+        assert await errnum(h.rpc("content.flush", {}), T) == errno.ENOSPC
+        assert await errnum(h.rpc("content.store", {"blobs": [os.urandom(VALUE)]}),
+                            T) == errno.ENOSPC  # (writes fail: stores fail with them)
+        await asyncio.wait_for(h.rpc("content.store", {"blobs": [], "hold": "restore-1",
+                                                       "release": True}), T)
+        assert (await stats(h, "content"))["holds"] == 0
+        filler.unlink()
+        await asyncio.wait_for(h.rpc("content.flush", {}), T)
+        await h.close()
+    finally:
+        await asyncio.wait_for(inst.stop(), 60)

@@ -629,8 +629,15 @@ class ContentModule(Module):
         if not isinstance(release, bool) or (release and hold is None):
             raise ErrnoError(errno.EPROTO, "release must be a boolean, and names a hold")
         if self.backing is not None:
-            await self.room()
-            if self.stopping:  # (the last drain may have passed: it would not be written)
+            try:  # (a release too: it takes its turn behind the stores that add to its hold)
+                await self.room()
+            except ErrnoError:
+                # A store of no blobs (a hold's release) has nothing to write:
+                # failing with the disk, it left a failed restore's blobs held
+                # from every collection for HOLD_LEASE.
+                if blobs:
+                    raise
+            if blobs and self.stopping:  # (the last drain may have passed: not written)
                 raise ErrnoError(errno.ENOSYS, "the content module is stopping: "
                                                "the blobs were not stored")
         else:  # (cached here only once rank 0 has it: it may refuse)
