@@ -259,7 +259,23 @@ async def test_overlay_disconnect_of_a_busy_zeromq_child_logs_no_flood(
             return (await stats(h, 0))["messages"]["requests"] > 5_000
 
         await wait_until(flowing, "rank 1's client's pings to reach rank 0")
-        await h.rpc("overlay.disconnect-subtree", {"rank": 1}, nodeid=0)
+        # Make sure some are in flight at the cut: with rank 0 stopped, rank
+        # 1 forwards a few thousand more, and rank 0 reads them (512 a turn)
+        # around the disconnect request.  (Left to timing, rank 0 under load
+        # could keep up with rank 1, and nothing arrived late to be dropped.)
+        h1 = await connect(inst, 1)
+        before = (await stats(h1, 1))["messages"]["requests"]
+        os.kill(inst.procs[0].pid, signal.SIGSTOP)
+        try:
+            async def forwarded() -> bool:
+                return (await stats(h1, 1))["messages"]["requests"] > before + 2_000
+
+            await wait_until(forwarded, "rank 1 to forward more pings to a stopped rank 0")
+            # (written at once: rank 0 finds it beside the pings)
+            cut = h.rpc("overlay.disconnect-subtree", {"rank": 1}, nodeid=0)
+        finally:
+            os.kill(inst.procs[0].pid, signal.SIGCONT)
+        await asyncio.wait_for(cut, 30)
         assert await asyncio.wait_for(inst.failed, 30) == (1, 1)
     finally:
         await raw.close()
