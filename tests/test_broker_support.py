@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -20,7 +21,7 @@ import signal
 import sys
 import textwrap
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from broker import codec
@@ -57,6 +58,17 @@ async def stop_process(pid: int) -> None:
             return f.read().rpartition(")")[2].split()[0] == "T"
 
     await wait_until(stopped, f"process {pid} to stop")
+
+
+@contextlib.asynccontextmanager
+async def stopped(pid: int) -> AsyncIterator[None]:
+    """``pid`` stopped (:func:`stop_process`) for the block, SIGCONT after,
+    whatever the block raised."""
+    await stop_process(pid)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
 
 
 async def stats(h: Handle, rank: int = NODEID_ANY) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_broker_support import run_cli, stats, stop_process, wait_until
+from test_broker_support import run_cli, stats, stop_process, stopped, wait_until
 
 from broker import attrs as battrs
 from broker.handle import Handle
@@ -148,11 +148,8 @@ async def test_overlay_status_keeps_its_timeout_when_the_attached_rank_is_stoppe
     It ends within its timeout now, exit 1, saying so."""
     inst = await start_instance(size=2, fanout=2)
     pid = inst.pids()[1]
-    await stop_process(pid)
-    try:
+    async with stopped(pid):
         rc, out, err = await run_cli("overlay", "status", "-t", "0.5", uri=inst.uri(1),
                                      timeout=15)
-    finally:
-        os.kill(pid, signal.SIGCONT)
     assert (rc, out, err) == (1, "", "kvbroker: overlay status: the attached rank did not "
                                      "answer in 0.5s (stopped or hung?)\n")

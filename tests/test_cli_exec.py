@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_broker_support import KVBROKER, run_cli, stop_process
+from test_broker_support import KVBROKER, run_cli, stopped
 
 from broker.cliutil import encode_ranks, rank_set
 
@@ -229,12 +229,9 @@ async def test_exec_timeout_names_a_rank_that_does_not_answer(start_instance,
     exit 1, and runs nothing (not even on the ranks that answered)."""
     inst = await start_instance(size=3, fanout=2)
     pid = inst.pids()[2]
-    await stop_process(pid)
-    try:
+    async with stopped(pid):
         rc, out, err = await run_cli("exec", "-r", "0-2", "-t", "0.5", "--", "touch",
                                      str(tmp_path / "ran"), uri=inst.uri(0), timeout=30)
-    finally:
-        os.kill(pid, signal.SIGCONT)
     assert (rc, out, err) == (1, "", "kvbroker: exec: Connection timed out (rank 2 did not "
                               "answer in 0.5s: stopped or hung?)\n")
     assert not (tmp_path / "ran").exists()

@@ -7,10 +7,8 @@ processes."""
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 
-from test_broker_support import run_cli, stop_process
+from test_broker_support import run_cli, stopped
 
 
 def no_answer(what: str, rank: int | None = 1) -> str:
@@ -37,12 +35,9 @@ async def test_commands_given_a_timeout_end_when_the_rank_is_stopped(start_insta
         "stats broker": ["stats", "broker", "-r", "1", "-t", "0.5"],
         "logger": ["logger", "-r", "1", "-t", "0.5", "hello"],
     }
-    await stop_process(pid)
-    try:
+    async with stopped(pid):
         results = await asyncio.gather(*(run_cli(*argv, uri=uri0, timeout=30)
                                           for argv in commands.values()))
-    finally:
-        os.kill(pid, signal.SIGCONT)
     for what, (rc, out, err) in zip(commands, results, strict=True):
         assert (what, rc, out, err) == (what, 1, "", no_answer(what))
     rc, out, err = await run_cli("attr", "get", "rank", "-r", "1", "-t", "10", uri=uri0)
@@ -60,10 +55,7 @@ async def test_watch_keys_timeout_holds_for_a_stopped_rank_and_a_missing_namespa
                                  uri=inst.uri(0), timeout=30)
     assert (rc, out, err) == (1, "", want)
     pid = inst.pids()[1]
-    await stop_process(pid)
-    try:
+    async with stopped(pid):
         rc, out, err = await run_cli("kvs", "watch-keys", "-t", "0.5", uri=inst.uri(1),
                                      timeout=30)
-    finally:
-        os.kill(pid, signal.SIGCONT)
     assert (rc, out, err) == (1, "", want)
