@@ -662,10 +662,8 @@ class KVS:
         given); bytes that are not UTF-8 come
         back as surrogate escapes, as :meth:`put` stores such a ``str``, so
         ``put(k, s)`` then ``get_str(k)`` gives ``s`` back for any ``s``."""
-        if default is not _NO_DEFAULT:
-            data = await self._get_or_none(key, at)
-            return default if data is None else data.decode("utf-8", "surrogateescape")
-        return (await self.get(key, at=at)).decode("utf-8", "surrogateescape")
+        data = await self.get(key, default, at=at)
+        return default if data is default else data.decode("utf-8", "surrogateescape")
 
     async def get_json(self, key: str, default: Any = _NO_DEFAULT, *,
                        at: RootSpec | None = None) -> Any:
@@ -673,13 +671,9 @@ class KVS:
         missing, when given; ``ValueError`` naming the key if
         it is not JSON: ``json.JSONDecodeError``, or ``UnicodeDecodeError``
         for bytes that are not text)."""
-        if default is not _NO_DEFAULT:
-            found = await self._get_or_none(key, at)
-            if found is None:
-                return default
-            data = found
-        else:
-            data = await self.get(key, at=at)
+        data = await self.get(key, default, at=at)
+        if data is default:
+            return default
         try:
             return json.loads(data)
         except json.JSONDecodeError as exc:
