@@ -240,7 +240,8 @@ async def each_rank(what: str, ranks: list[Any], call: Callable[[Any], Awaitable
 
 def errno_detail(exc: ErrnoError) -> str:
     """``strerror`` of ``exc``'s errno, followed by the service's own message
-    in parentheses when it says more (``No route to host (no route to rank 99)``)."""
+    in parentheses when it says more (``No route to host (no route to rank
+    99: the instance has ranks 0-3)``)."""
     text = os.strerror(exc.errnum)
     if exc.errstr and exc.errstr != text:
         text = f"{text} ({exc.errstr})"

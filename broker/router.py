@@ -422,7 +422,9 @@ class Router:
             else:
                 self.respond_error(msg, errno.ENOSYS, f"no service matching {msg.topic}")
         elif not 0 <= nodeid < self.size:
-            self.respond_error(msg, errno.EHOSTUNREACH, f"no route to rank {nodeid}")
+            ranks = "rank 0" if self.size == 1 else f"ranks 0-{self.size - 1}"
+            self.respond_error(msg, errno.EHOSTUNREACH,
+                               f"no route to rank {nodeid}: the instance has {ranks}")
         else:
             child = topology.child_toward(self.rank, nodeid, self.fanout)
             if child is not None:

@@ -79,6 +79,8 @@ async def test_unknown_rank_is_unreachable(start_instance, connect) -> None:
                 with pytest.raises(RemoteError) as info:
                     await h.ping(bad)
                 assert info.value.errnum == errno.EHOSTUNREACH
+                # it says which ranks there are, so a typo is plain
+                assert f"no route to rank {bad}: the instance has ranks 0-3" in str(info.value)
             assert (await h.ping(1))["rank"] == 1  # and the handle still works
 
 
