@@ -328,7 +328,18 @@ class BrokerServices(Module):
 
     # -- module
     def module_list(self, msg: Message) -> None:
+        """``module.list``, open to guests (as in Flux), but a guest gets
+        each module's name and services only: a module's ``requests`` count
+        moves with what every user does, so a guest reading rank 0's
+        content count around a read of its own saw whether a value it
+        guessed was cached already (the oracle the stats views closed)."""
+        if msg.is_owner:
+            self.h.respond(msg, {"modules": [
+                {"name": m.name, "services": list(m.service_names()), "requests": m.requests}
+                for m in self.broker.modules
+            ]})
+            return
         self.h.respond(msg, {"modules": [
-            {"name": m.name, "services": list(m.service_names()), "requests": m.requests}
+            {"name": m.name, "services": list(m.service_names())}
             for m in self.broker.modules
         ]})

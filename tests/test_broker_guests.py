@@ -14,7 +14,14 @@ import stat
 import sys
 
 import pytest
-from test_broker_support import GUEST_UID, OTHER_GUEST_UID, run_guest, stats, wait_until
+from test_broker_support import (
+    GUEST_UID,
+    OTHER_GUEST_UID,
+    run_cli,
+    run_guest,
+    stats,
+    wait_until,
+)
 
 from broker.loops import loop_name
 from broker.message import MsgFlags, Role
@@ -55,22 +62,44 @@ import os, sys
 import broker.cli as cli
 cli.build_parser()  # entry points read as root, as the other guest scripts do
 os.setgid(int(sys.argv[1])); os.setuid(int(sys.argv[1]))
-sys.exit(cli.main(["ping"]))
+sys.exit(cli.main(sys.argv[2:] or ["ping"]))
 """
+
+
+async def run_guest_cli(uri: str, *args: str) -> tuple[int, str, str]:
+    """``kvbroker ARGS`` run as the guest (``_GUEST_CLI``)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _GUEST_CLI, str(GUEST_UID), *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env=dict(os.environ, KVBROKER_URI=uri))
+    out, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
 
 
 async def test_refused_guest_cli_says_how_guests_are_admitted(start_instance) -> None:
     inst = await start_instance(size=1)
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", _GUEST_CLI, str(GUEST_UID),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        env=dict(os.environ, KVBROKER_URI=inst.uri(0)))
-    out, err = await asyncio.wait_for(proc.communicate(), 30)
-    assert proc.returncode == 1 and out == b""
-    assert err.decode().strip() == (
+    rc, out, err = await run_guest_cli(inst.uri(0))
+    assert rc == 1 and out == ""
+    assert err.strip() == (
         f"kvbroker: ping: cannot connect to broker at KVBROKER_URI={inst.uri(0)}: Permission "
         "denied (this instance admits other users only if started with "
         "-S access.allow-guest-user=true)")
+
+
+async def test_guest_module_list_names_the_modules_without_counts(start_instance) -> None:
+    """A guest's ``module.list`` carries no request counts (they move with
+    what other users do: see test_kvs_rpc_security), and ``kvbroker module
+    list`` run by a guest prints ``-`` for them rather than failing."""
+    inst = await start_instance(size=1, attrs=ALLOW)
+    rc, out, err = await run_guest_cli(inst.uri(0), "module", "list")
+    assert (rc, err) == (0, "")
+    lines = out.splitlines()
+    assert lines[0].split() == ["Module", "Requests", "Services"]
+    assert [line.split()[:2] for line in lines[1:]] == [
+        ["broker", "-"], ["content", "-"], ["kvs", "-"], ["kvs-watch", "-"]]
+    rc, out, err = await run_cli("module", "list", uri=inst.uri(0))  # the owner's
+    assert rc == 0 and all(line.split()[1].isdigit() for line in out.splitlines()[1:]), out
 
 
 @pytest.mark.both_loops

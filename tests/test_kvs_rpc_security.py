@@ -506,3 +506,42 @@ async def test_guest_sees_only_the_rank_of_a_module_s_default_stats(
             return await call(h, "tally.stats-get", {})
     """)
     assert out == {"ok": {"rank": 0}}, out
+
+
+async def test_guest_module_list_tells_no_blob_a_rank_has_cached(start_instance,
+                                                                 connect) -> None:
+    """``module.list`` gave a guest each module's ``requests`` count, which
+    moves with what every user does: around reading a guess it committed
+    to its own namespace on rank 1, rank 0's content module counted one
+    request (rank 1's fetch of the value) for the guess equal to a value of
+    ``primary`` an app had read on rank 1, two for the others -- the probe
+    of ``test_guest_stats_tell_no_blob_a_rank_has_cached`` through another
+    door.  A guest now gets each module's name and
+    services only; the owner keeps the counts."""
+    inst = await start_instance(size=2, attrs=GUEST_ATTRS)
+    h0, h1 = await connect(inst, 0), await connect(inst, 1)
+    secret = "config\n" + "x" * 9000 + "\npin=4821\n"  # (over kvs.setroot-blob-limit)
+    r = await commit(h0, put("app.config", secret))
+    await asyncio.wait_for(h1.rpc("kvs.wait-version", {"namespace": "primary",
+                                                       "rootseq": r["rootseq"]}), 10)
+    assert await get(h1, "app.config") == secret.encode()  # the app reads it on rank 1
+    await asyncio.wait_for(h0.rpc("kvs.namespace-create",
+                                  {"namespace": "mine", "owner": GUEST_UID}), 10)
+    out = await guest(inst.uri(1), """
+        async def body(h):
+            seen = {}
+            for pin in ("1111", "4821", "2222"):
+                guess = "config\\n" + "x" * 9000 + "\\npin=" + pin + "\\n"
+                await commit(h, "mine", put("guess", val(guess)))
+                before = (await call(h, "module.list", {}, nodeid=0))["ok"]["modules"]
+                await call(h, "kvs.lookup", {"key": "guess", "flags": 0, "namespace": "mine"})
+                after = (await call(h, "module.list", {}, nodeid=0))["ok"]["modules"]
+                seen[pin] = {a["name"]: a["requests"] - b["requests"]
+                             for a, b in zip(after, before) if a != b}
+            return {"seen": seen, "view": after}
+    """)
+    seen = out["seen"]
+    assert seen["4821"] == seen["1111"] == seen["2222"] == {}, seen  # no guess stands out
+    assert all(sorted(m) == ["name", "services"] for m in out["view"]), out["view"]
+    mods = (await asyncio.wait_for(h1.rpc("module.list", {}), 10))["modules"]
+    assert all(m["requests"] >= 0 for m in mods)  # (the owner's counts are all there)
