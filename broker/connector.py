@@ -390,7 +390,7 @@ class ClientConnection(FramedProtocol):
         matchtag, topic, flags = peek
         if flags & MsgFlags.NORESPONSE:
             self.server.log_throttle.log(logging.INFO, "malformed-request",
-                                         "%s: %s: dropping malformed request: %s",
+                                         "%s: %r: dropping malformed request: %s",
                                          self.peer_id, topic, exc)
             return
         self.deliver(Message(MsgType.RESPONSE, topic, matchtag=matchtag,
@@ -415,7 +415,7 @@ class ClientConnection(FramedProtocol):
         matchtag, topic, flags = peek
         errstr = (f"message of {skipped.size} bytes exceeds broker.max-message "
                   f"({self.decoder.max_message})")
-        self.server.log_throttle.log(logging.INFO, "oversized-request", "%s: %s: %s",
+        self.server.log_throttle.log(logging.INFO, "oversized-request", "%s: %r: %s",
                                      self.peer_id, topic, errstr)
         if flags & MsgFlags.NORESPONSE:
             return

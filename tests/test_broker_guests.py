@@ -17,6 +17,7 @@ import pytest
 from test_broker_support import (
     GUEST_UID,
     OTHER_GUEST_UID,
+    GuestProc,
     run_cli,
     run_guest,
     stats,
@@ -188,3 +189,43 @@ async def test_private_events_reach_owner_and_their_user_only(start_instance, co
             return (await stats(owner, 1))["clients"] == 0
 
         await wait_until(guests_gone, "the guests to disconnect")
+
+
+async def test_a_guests_topic_reaches_the_owners_log_escaped(start_instance) -> None:
+    """A request the rank cannot decode (or too big to) is logged with its
+    topic, which the client chose: a guest's topic carrying terminal
+    control sequences reached ``kvbroker dmesg`` (and stderr at
+    ``log.level`` info) raw, so it could retitle, clear or rewrite the
+    instance owner's terminal.  Topics are now logged escaped (``repr``),
+    as a message's are everywhere else."""
+    inst = await start_instance(size=1, attrs={**ALLOW, "log.level": "info"})
+    assert inst.stderr_path is not None
+    evil = "x.y\x1b]0;owned\x07\x1b[2J\rFAKE"
+    guest = await GuestProc.start(inst.uri(0), f"""
+        import msgpack
+        async def main():
+            s = raw()
+            # a header that does not decode (route of the wrong type) but
+            # whose matchtag, topic and flags can be read; NORESPONSE: logged
+            h = [1, {evil!r}, 0, 0, 2, 0, 0, "bad", 0, None, 0]
+            frames = [msgpack.packb(h)]
+            s.sendall(b"".join([codec.stream_prefix(frames), *frames]))
+            # then a ping on the same connection: its answer comes after the log line
+            s.sendall(request("broker.ping", {{}}, 5))
+            out(ping=codec.peek_response(read_one(s, codec.StreamDecoder())))
+        """)
+    try:
+        assert (await guest.line())["ping"][:2] == [5, 0]
+        await guest.finish()
+    finally:
+        guest.kill()
+    rc, out, err = await run_cli("dmesg", uri=inst.uri(0))
+    assert rc == 0, err
+    assert "\x1b" not in out and "\x07" not in out and "\r" not in out, repr(out)
+    line = next(x for x in out.splitlines() if "malformed request" in x)
+    # one record, on one line, the topic as Python writes it
+    assert "kvbroker.connector: c1: 'x.y\\x1b]0;owned\\x07\\x1b[2J\\rFAKE': dropping " \
+        "malformed request" in line, line
+    with open(inst.stderr_path) as f:
+        log = f.read()
+    assert "malformed request" in log and "\x1b" not in log, repr(log[-2000:])
