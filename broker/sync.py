@@ -441,6 +441,31 @@ class SyncHandle:
         seconds; events may be rare, so the handle's default does not apply)."""
         return self.run(self.aio.recv_event(), timeout)
 
+    # The async handle's helpers, blocking, so that a script does not have
+    # to unwrap ``rpc("attr.get", ...)["value"]`` itself or reach for
+    # ``run(h.aio.attr_get(...))`` (as SyncKVS mirrors KVS).
+
+    def ping(self, nodeid: int = NODEID_ANY, payload: Any = None, *,
+             timeout: float | None | Default = DEFAULT) -> dict[str, Any]:
+        """``broker.ping`` rank ``nodeid``: ``{..., route, rank, userid, rolemask}``."""
+        return self.run(self.aio.ping(nodeid, payload), timeout)
+
+    def attr_get(self, name: str, nodeid: int = NODEID_ANY, *,
+                 timeout: float | None | Default = DEFAULT) -> Any:
+        """One broker attribute of rank ``nodeid`` (``local-uri``: the URI
+        that attaches to that rank)."""
+        return self.run(self.aio.attr_get(name, nodeid), timeout)
+
+    def attr_set(self, name: str, value: str, nodeid: int = NODEID_ANY, *,
+                 timeout: float | None | Default = DEFAULT) -> None:
+        """Change a runtime attribute on rank ``nodeid`` (instance owner only)."""
+        self.run(self.aio.attr_set(name, value, nodeid), timeout)
+
+    def log(self, message: str, level: str = "info", name: str = "logger",
+            nodeid: int = NODEID_ANY, *, timeout: float | None | Default = DEFAULT) -> None:
+        """Write ``message`` to rank ``nodeid``'s log (instance owner only)."""
+        self.run(self.aio.log(message, level, name, nodeid), timeout)
+
     def close(self) -> None:
         """Disconnect (a second call does nothing)."""
         if self._closed:

@@ -391,3 +391,33 @@ async def test_a_forked_child_leaves_the_parents_handle_alone(start_instance, lo
     assert out.decode().splitlines() == [
         "child: ECONNRESET True", "parent: True", "parent: interrupted"], err.decode()[-2000:]
     assert proc.returncode == 0
+
+
+async def test_the_async_handles_helpers_block_too(start_instance) -> None:
+    """SyncHandle has Handle's ping, attr_get, attr_set and log: a script
+    attached to rank 1 finds rank 3's URI (attr local-uri) and attaches
+    there, as a worker on each rank does.  Before, only rpc() was there,
+    answering attr.get's {"value": ...} wrapper."""
+    inst = await start_instance(size=4, fanout=2)
+
+    def script() -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        with sync.connect(inst.uri(1), timeout=10) as h:
+            out["ping"] = h.ping(2, {"n": 5})
+            out["uri3"] = h.attr_get("local-uri", 3)
+            h.attr_set("log.level", "debug", nodeid=3)
+            out["level3"] = h.attr_get("log.level", nodeid=3)
+            h.log("hello from a script", level="warning", name="app", nodeid=2)
+            out["dmesg2"] = [r["message"] for r in h.rpc_stream("log.dmesg", {}, nodeid=2,
+                                                                  timeout=10)
+                             if r["name"] == "app"]
+        with sync.connect(out["uri3"], timeout=10) as h3:
+            out["rank3"] = h3.attr_get("rank")
+        return out
+
+    out = await asyncio.wait_for(asyncio.to_thread(script), 60)
+    assert out["ping"]["rank"] == 2 and out["ping"]["n"] == 5
+    assert out["uri3"] == inst.uri(3)
+    assert out["level3"] == "debug"
+    assert out["dmesg2"] == ["hello from a script"]
+    assert out["rank3"] == 3
