@@ -728,12 +728,51 @@ class KVS:
                           since=old, since_version=version if isinstance(version, int)
                           and version >= 0 else None, **extra)
 
-    def watch_eventlog(self, key: str, *, waitcreate: bool = False) -> EventlogWatch:
+    def watch_eventlog(self, key: str, *, waitcreate: bool = False,
+                       nodeid: int | None = None) -> EventlogWatch:
         """:func:`kvs_watch.client.watch_eventlog` of ``key`` in this namespace."""
         from kvs_watch.client import watch_eventlog
 
+        extra = {} if nodeid is None else {"nodeid": nodeid}
         return watch_eventlog(self.handle, key, namespace=self.namespace,
-                              waitcreate=waitcreate)
+                              waitcreate=waitcreate, **extra)
+
+    # Eventlogs as methods, next to watch_eventlog, so that a job's workflow
+    # (append events, wait for one, read the log) is written on the KVS of
+    # the job's namespace, and SyncKVS has it too, without the module
+    # functions of kvs.eventlog and kvs_watch.client taking kvs.aio or a
+    # handle and a namespace again.
+
+    async def append_event(self, key: str, name: str,
+                           context: Mapping[str, Any] | str | None = None, *,
+                           timestamp: float | None = None, sync: bool = False) -> CommitResult:
+        """Append one RFC 18 event to eventlog ``key`` (created if missing):
+        :func:`kvs.eventlog.append` in this namespace (``timestamp`` None:
+        now; ``context`` a mapping or JSON object text)."""
+        from kvs import eventlog
+
+        return await eventlog.append(self, key, name, context, timestamp=timestamp,
+                                     flags=SYNC if sync else 0)
+
+    async def get_eventlog(self, key: str) -> list[EventlogEntry]:
+        """The entries of eventlog ``key`` (``ENOENT`` if missing,
+        :class:`kvs.eventlog.EventlogError` if the value is not one)."""
+        from kvs import eventlog
+
+        return await eventlog.get(self, key)
+
+    async def wait_event(self, key: str, name: str, *, waitcreate: bool = False,
+                         timeout: float | None = None,
+                         nodeid: int | None = None) -> EventlogEntry:
+        """The first entry of eventlog ``key`` named ``name``, waiting for it:
+        :func:`kvs_watch.client.wait_event` in this namespace (``TimeoutError``
+        after ``timeout`` seconds; ``waitcreate``: wait for the log, and the
+        namespace, to exist)."""
+        from kvs_watch.client import wait_event
+
+        extra = {} if nodeid is None else {"nodeid": nodeid}
+        return await wait_event(self.handle, key, name, namespace=self.namespace,
+                                waitcreate=waitcreate, timeout=timeout, **extra)
 
     async def dir(self, key: str = ".", *, at: RootSpec | None = None) -> Dir:
         """Directory ``key`` as a :class:`Dir` snapshot (``ENOTDIR`` for a value)."""
@@ -1188,21 +1227,40 @@ class SyncKVS:
                          timeout=timeout)
 
     def watch_keys(self, key: str = ".", *, waitcreate: bool = False, since: RootSpec | None = None,
-                   timeout: float | None = None) -> SyncWatch[KeyChanges]:
+                   timeout: float | None = None,
+                   nodeid: int | None = None) -> SyncWatch[KeyChanges]:
         """:meth:`KVS.watch_keys` as a blocking iterator of ``KeyChanges``."""
         from kvs_watch.client import SyncWatch
 
         return SyncWatch(self.sync_handle,
-                         self.aio.watch_keys(key, waitcreate=waitcreate, since=since),
+                         self.aio.watch_keys(key, waitcreate=waitcreate, since=since,
+                                             nodeid=nodeid),
                          timeout=timeout)
 
     def watch_eventlog(self, key: str, *, waitcreate: bool = False,
-                       timeout: float | None = None) -> SyncWatch[EventlogEntry]:
+                       timeout: float | None = None,
+                       nodeid: int | None = None) -> SyncWatch[EventlogEntry]:
         """:meth:`KVS.watch_eventlog` as a blocking iterator of entries."""
         from kvs_watch.client import SyncWatch
 
-        return SyncWatch(self.sync_handle, self.aio.watch_eventlog(key, waitcreate=waitcreate),
+        return SyncWatch(self.sync_handle,
+                         self.aio.watch_eventlog(key, waitcreate=waitcreate, nodeid=nodeid),
                          timeout=timeout)
+
+    def append_event(self, key: str, name: str,
+                     context: Mapping[str, Any] | str | None = None, *,
+                     timestamp: float | None = None, sync: bool = False) -> CommitResult:
+        return self.run(self.aio.append_event(key, name, context, timestamp=timestamp,
+                                              sync=sync))
+
+    def get_eventlog(self, key: str) -> list[EventlogEntry]:
+        return self.run(self.aio.get_eventlog(key))
+
+    def wait_event(self, key: str, name: str, *, waitcreate: bool = False,
+                   timeout: float | None = None, nodeid: int | None = None) -> EventlogEntry:
+        # (its own timeout, as wait_create's: the handle's default does not apply)
+        return self.run(self.aio.wait_event(key, name, waitcreate=waitcreate, timeout=timeout,
+                                            nodeid=nodeid), None)
 
     def get_tree(self, key: str = ".", *, at: RootSpec | None = None,
                  limit: int | None = TREE_LIMIT) -> dict[str, bytes]:

@@ -923,3 +923,51 @@ async def test_get_with_a_default_answers_a_missing_key(start_instance, connect)
             return [skvs.get("cfg.nope", None), skvs.get_str("cfg.nope", "d"),
                     skvs.get_json("cfg.nope", 7), skvs.get_str("cfg.port", "d")]
     assert await asyncio.wait_for(asyncio.to_thread(blocking), T) == [None, "d", 7, "8080"]
+
+
+async def test_eventlog_methods_on_a_jobs_namespace(start_instance, connect) -> None:
+    """A job's eventlog workflow on the KVS of its namespace, across ranks:
+    KVS/SyncKVS append_event, get_eventlog and wait_event (and nodeid for
+    watch_eventlog and SyncKVS.watch_keys).  Before, only watch_eventlog
+    was a method: appending took kvs.eventlog.append(kvs.aio, ...) on the
+    blocking facade, and waiting for an event a handle and the namespace
+    again (kvs_watch.client.wait_event)."""
+    inst = await start_instance(size=4)
+    job3 = KVS(await connect(inst, 3), "job-1")
+    # rank 3 waits for "start" before the namespace even exists
+    waiter = asyncio.create_task(job3.wait_event("eventlog", "start", waitcreate=True,
+                                                 timeout=T))
+    await wait_watchers(job3.handle, 1, 3)
+    await KVS(await connect(inst, 0)).namespace_create("job-1", owner=os.getuid())
+
+    def script() -> dict:
+        out: dict = {}
+        with SyncKVS(uri=inst.uri(2), namespace="job-1", timeout=T) as kvs:
+            with kvs.watch_keys(nodeid=1, timeout=T) as w:
+                next(w)  # the initial answer: the watch is in place on rank 1
+                out["rank1_watchers"] = kvs.run(kvs.aio.handle.rpc(
+                    "kvs-watch.stats-get", {}, nodeid=1))["watchers"]
+            kvs.append_event("eventlog", "submit", {"userid": 42}, timestamp=1.5)
+            kvs.append_event("eventlog", "start", sync=True)
+            out["log"] = kvs.get_eventlog("eventlog")
+            out["start"] = kvs.wait_event("eventlog", "start")
+            with kvs.watch_eventlog("eventlog", nodeid=0, timeout=T) as ew:
+                out["watched"] = [next(ew)["name"], next(ew)["name"]]
+            try:
+                kvs.wait_event("eventlog", "finish", timeout=0.3)
+            except TimeoutError as exc:
+                out["timeout"] = str(exc)
+        return out
+
+    out = await asyncio.wait_for(asyncio.to_thread(script), 60)
+    started = await asyncio.wait_for(waiter, T)
+    assert out["rank1_watchers"] == 1
+    assert [(e["name"], e.get("context")) for e in out["log"]] == [
+        ("submit", {"userid": 42}), ("start", None)]
+    assert out["log"][0]["timestamp"] == 1.5
+    assert out["start"] == out["log"][1] == started
+    assert out["watched"] == ["submit", "start"]
+    assert "no event 'finish' within 0.3 s" in out["timeout"]
+    assert [e["name"] for e in await job3.get_eventlog("eventlog")] == ["submit", "start"]
+    await job3.append_event("eventlog", "finish", '{"status": 0}')
+    assert (await job3.wait_event("eventlog", "finish", timeout=T))["context"] == {"status": 0}
