@@ -1133,6 +1133,15 @@ class SyncKVS:
         if isinstance(handle, str):
             raise TypeError(f"SyncKVS takes a SyncHandle first, not the URI {handle!r}: "
                             "give it as SyncKVS(uri=...)")
+        if handle is None:
+            try:
+                asyncio.get_running_loop()
+            except RuntimeError:
+                pass
+            else:  # (SyncHandle's own refusal names broker.handle.Handle)
+                raise RuntimeError("SyncKVS cannot be used inside a running event loop: "
+                                   "use its async twin there, kvs.client.KVS "
+                                   "(await KVS.connect(), or KVS(handle))")
         self._owns_handle = handle is None
         self.sync_handle = handle if handle is not None else SyncHandle(
             uri, event_loop=event_loop, timeout=timeout)

@@ -971,3 +971,13 @@ async def test_eventlog_methods_on_a_jobs_namespace(start_instance, connect) -> 
     assert [e["name"] for e in await job3.get_eventlog("eventlog")] == ["submit", "start"]
     await job3.append_event("eventlog", "finish", '{"status": 0}')
     assert (await job3.wait_event("eventlog", "finish", timeout=T))["context"] == {"status": 0}
+
+
+async def test_sync_kvs_inside_a_running_loop_names_the_async_kvs(start_instance) -> None:
+    """SyncKVS refused inside a loop named broker.handle.Handle (the
+    SyncHandle's words), not the KVS class to use instead."""
+    inst = await start_instance(size=1)
+    with pytest.raises(RuntimeError, match=r"SyncKVS .* kvs\.client\.KVS"):
+        SyncKVS(uri=inst.uri(0))
+    async with KVS.connect(inst.uri(0)) as kvs:  # what it points to works there
+        assert (await kvs.put("k", 1)).rootseq >= 1
