@@ -169,6 +169,11 @@ class Broker:
         await self.load_module(BrokerServices(self._context(), self))
         for cls in classes:
             await self.load_module(cls(self._context()))
+        # Only once the parent admitted this process: the connector takes
+        # over a socket left at its path, and a process the parent refuses
+        # (another process of this rank still holds its link) took the
+        # running one's away -- and removed it as it exited.
+        await self.overlay.admitted
         await self.connector.start()
         await self.overlay.ready
 

@@ -184,6 +184,11 @@ class Overlay:
         self.ready_from: set[int] = set()
         self.parent_acked = self.parent is None
         self.ready = asyncio.get_running_loop().create_future()
+        self.admitted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        """Set once the parent answered our hello (at once on rank 0): the
+        rank takes over its local socket only then (:meth:`Broker.start`)."""
+        if self.parent_acked:
+            self.admitted.set_result(None)
         self._sent_ready = False
         self._down: ZmqSocket | None = None
         self._up: ZmqSocket | None = None
@@ -913,6 +918,8 @@ class Overlay:
         if msg.type == MsgType.CONTROL:
             if msg.topic == "overlay.hello":
                 self.parent_acked = True
+                if not self.admitted.done():
+                    self.admitted.set_result(None)
                 self._check_ready()
             elif msg.topic == "overlay.goodbye":
                 self._goodbye_over()
@@ -935,9 +942,26 @@ class Overlay:
     def _parent_lost(self, why: str) -> None:
         """The link to the parent broke without a shutdown: stop (see the
         module's docstring).  Before the parent answered our hello this is
-        still start-up, where the link may come and go."""
+        still start-up, where a ZeroMQ link may come and go (it dials again
+        by itself).  A stream link is connected once, and a parent closes
+        it before answering our hello only when it refused it (another
+        process of this rank still holds its link, or the hello was not a
+        child's) or stopped: nothing would ever answer, and the rank waited
+        for ever, silent.  It stops with status 1, saying why, as a Flux
+        broker does when its hello is refused -- a supervisor may try again
+        once the old process is gone."""
         self._goodbye_over()  # (no answer will come)
-        if self._closing or not self.parent_acked or self.parent is None:
+        if self._closing or self.parent is None:
+            return
+        if not self.parent_acked:
+            if self._streams is None:
+                return
+            self._parent_gone = True
+            if self.on_stop is not None:
+                self.on_stop(f"parent rank {self.parent} closed this rank's link before "
+                             "answering its hello: it refused it (is another process of "
+                             f"rank {self.rank} still connected to it? its log says) "
+                             "or it stopped", 1)
             return
         self._parent_gone = True
         if self.on_stop is not None:
