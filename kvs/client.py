@@ -68,7 +68,7 @@ from kvs.keys import join, normalize, parse_ns_target, split
 from kvs.lookup import READDIR, READLINK, SYMLINK_MAX, TREEOBJ
 from kvs.namespaces import PRIMARY
 from kvs.treeobj import TreeObj
-from kvs.txn import APPEND, EXPECT, NO_MERGE, SYNC
+from kvs.txn import APPEND, EXPECT, NO_MERGE, SYNC, check_limits
 
 T = TypeVar("T")
 
@@ -307,6 +307,8 @@ class TxnOps:
 
     def _op(self, key: str, dirent: TreeObj | None, flags: int = 0) -> TxnOps:
         check_key(key)
+        # (the kvs module refuses the same, but only once the op is sent)
+        check_limits(key, flags, dirent)
         self.ops.append({"key": key, "flags": flags, "dirent": dirent})
         return self
 

@@ -114,7 +114,10 @@ COUNTERS = ("commits", "batches", "merged", "merges-split", "commits-failed", "r
 """The ``counts`` of ``kvs.stats-get`` (all shown, 0 included)."""
 
 
-def _check_ops(ops: Any) -> list[dict[str, Any]]:
+def _check_ops(ops: Any, *, limits: bool = True) -> list[dict[str, Any]]:
+    """A commit's ops as received: well-formed enough to queue or relay, and
+    within the limits (:func:`kvs.txn.check_limits`), refused here on the
+    rank they enter rather than on rank 0 after crossing the tree."""
     if not isinstance(ops, list):
         raise ErrnoError(errno.EPROTO, "ops must be a list")
     if len(ops) > MAX_OPS:
@@ -130,6 +133,8 @@ def _check_ops(ops: Any) -> list[dict[str, Any]]:
                                            "dirent: treeobj|null}")
         if "\0" in op["key"]:
             raise ErrnoError(errno.EINVAL, "key contains a NUL character")
+        if limits:
+            txn.check_limits(op["key"], op.get("flags", 0), op.get("dirent"))
     return ops
 
 
@@ -153,7 +158,9 @@ def _check_relayed(txns: list[Any]) -> list[RelayedTxn]:
     out = []
     for t in txns:
         t = require(t, name=str, ops=list)
-        out.append((t["name"], _commit_flags(t), _check_ops(t["ops"])))
+        # (no limits: the follower's kvs checked them as it took the commit,
+        # and a relay is refused whole, with any other transaction in it)
+        out.append((t["name"], _commit_flags(t), _check_ops(t["ops"], limits=False)))
     return out
 
 

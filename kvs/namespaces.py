@@ -20,20 +20,24 @@ from typing import Any, NamedTuple
 
 from broker.errors import ErrnoError
 from broker.message import Message
+from kvs.keys import MAX_NS_NAME, SHOWN
 
 PRIMARY = "primary"
 CHECKPOINT_KEY = "kvs-primary"
 """The content store's checkpoint of the primary namespace's root: written
 by rank 0's kvs, read at start, by ``kvs dump/restore --checkpoint`` and by
 the offline ``kvs gc``."""
-_NAME_RE = re.compile(r"[A-Za-z0-9_.+@=%,-]{1,255}")
+_NAME_RE = re.compile(rf"[A-Za-z0-9_.+@=%,-]{{1,{MAX_NS_NAME}}}")
 _tiebreak = itertools.count()
 
 
 def check_name(name: object) -> str:
     """A namespace name: 1-255 characters, no spaces, slashes or colons."""
     if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
-        raise ErrnoError(errno.EINVAL, f"invalid namespace name {name!r}")
+        # (only the start of a long one: the whole name would go back in the answer)
+        shown = f"{name[:SHOWN]!r}..." if isinstance(name, str) and len(name) > SHOWN \
+            else repr(name)
+        raise ErrnoError(errno.EINVAL, f"invalid namespace name {shown}")
     return name
 
 

@@ -56,7 +56,7 @@ from typing import Any
 from broker.content import blobref
 from broker.errors import ErrnoError
 from kvs import shards
-from kvs.keys import MAX_DEPTH, parse_ns_target, split
+from kvs.keys import MAX_DEPTH, check_length, check_target_length, parse_ns_target, split
 from kvs.lookup import SYMLINK_MAX
 from kvs.treeobj import (
     INLINE_MAX,
@@ -75,8 +75,8 @@ from kvs.treeobj import (
     validate,
 )
 
-__all__ = ["APPEND", "EXPECT", "MAX_OPS", "NO_MERGE", "SYNC", "TxnResult", "apply", "empty_root",
-           "NeedBlobs"]
+__all__ = ["APPEND", "EXPECT", "MAX_OPS", "NO_MERGE", "SYNC", "TxnResult", "apply",
+           "check_limits", "empty_root", "NeedBlobs"]
 
 # op flags
 APPEND = 32
@@ -87,6 +87,43 @@ SYNC = 4
 MAX_OPS = 100_000
 """Most ops one ``kvs.commit`` may carry (``E2BIG`` past it; checked by the
 kvs module, and by a guest's ``kvs restore``, which must fit one commit)."""
+
+
+def check_limits(key: str, flags: int, dirent: object) -> None:
+    """Refuse an op that would store an overlong name, where it enters.
+
+    ``ENAMETOOLONG`` for a name over :data:`kvs.keys.MAX_NAME` or a key over
+    :data:`kvs.keys.MAX_KEY` that the op *creates*: its key, a symlink's
+    target, the names in a ``dir`` dirent (their paths below ``key``
+    included).  Unlinks and conditions (``EXPECT``) store nothing and
+    pass, so keys stored before the limits stay removable.
+
+    ``dirent`` is as received, not yet validated: what is not a well-formed
+    tree object is left for :func:`apply` (``EINVAL``/``EPROTO`` on rank 0).
+    Iterative, since a ``dir`` dirent may nest deep.
+    """
+    if flags & EXPECT or type(dirent) is not dict:  # (None: an unlink)
+        return
+    check_length(key)
+    if dirent.get("type") == "val":  # the common case, without the walk below
+        return
+    todo: list[tuple[str, object]] = [(key, dirent)]
+    while todo:
+        path, obj = todo.pop()
+        if not isinstance(obj, dict):
+            continue
+        t, data = obj.get("type"), obj.get("data")
+        if t == "symlink":
+            if isinstance(data, dict):
+                target, ns = data.get("target"), data.get("namespace")
+                if isinstance(target, str) and (ns is None or isinstance(ns, str)):
+                    check_target_length(target, ns)
+        elif t == "dir" and isinstance(data, dict):
+            for name, entry in data.items():
+                if isinstance(name, str):
+                    sub = f"{path}.{name}"
+                    check_length(sub)
+                    todo.append((sub, entry))
 
 
 @dataclass(slots=True)

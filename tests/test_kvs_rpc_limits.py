@@ -1,0 +1,151 @@
+"""Oversized input to a commit is refused where it enters, and loses nothing.
+
+* Key names: a component over ``kvs.keys.MAX_NAME`` bytes or a key over
+  ``MAX_KEY`` is ``ENAMETOOLONG`` for every op that creates it, on the rank
+  the commit comes to (and in the client library, before anything is
+  sent); reads and unlinks take any key, so what an older statedir holds
+  under a longer one stays readable and removable.
+
+Reference: docs/kvs.md (Errors), docs/protocol.md (Keys, kvs.commit).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import io
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_kvs_rpc_helpers import (
+    APPEND,
+    commit,
+    dir_,
+    errname,
+    get,
+    getroot,
+    lookup,
+    put,
+    stats,
+    symlink,
+    unlink,
+    val,
+)
+
+from broker.errors import ErrnoError, RemoteError
+from kvs.archive import restore_checkpoint
+from kvs.client import KVS, TxnOps
+from kvs.keys import MAX_KEY, MAX_NAME
+
+FAST = 5.0
+EXPECT = 64
+
+
+async def refusal(aw: Any, timeout: float = FAST) -> RemoteError:
+    """The error an RPC fails with (fails the test if it succeeds or hangs)."""
+    try:
+        result = await asyncio.wait_for(aw, timeout)
+    except RemoteError as exc:
+        return exc
+    raise AssertionError(f"expected an error, got {result!r}")
+
+
+def too_long_ops() -> list[dict[str, Any]]:
+    """One op of every kind that would create an overlong name."""
+    name = "n" * (MAX_NAME + 1)
+    path = ".".join(["p" * 1000] * 9)  # 9,008 bytes: each name fits, the key does not
+    return [
+        put(name, "v"),
+        put(f"a.{name}.b", "v"),
+        put(path, "v"),
+        put("é" * (MAX_NAME // 2 + 1), "v"),  # 1,026 bytes in UTF-8, 513 characters
+        put(name, "v", APPEND),
+        put(name, dir_()),
+        put(name, symlink("a")),
+        put("link", symlink(name)),
+        put("link", symlink(path)),
+        put("link", symlink("." * MAX_KEY + "a")),  # stored as given: not normalised
+        put("link", symlink("a", "N" * 256)),
+        put("link", symlink("N" * 256 + "::a")),
+        put("d", dir_({"x": dir_({name: val("v")})})),
+    ]
+
+
+async def test_overlong_key_names_are_refused_where_they_enter(start_instance, connect) -> None:
+    inst = await start_instance(size=4, fanout=2)
+    h0, h3 = await connect(inst, 0), await connect(inst, 3)
+    await commit(h3, put("warm", "up"))
+    root = await getroot(h0)
+    relays = (await stats(h3))["counts"]["relays"]
+    failed = (await stats(h0))["counts"]["commits-failed"]
+    for h in (h0, h3):
+        for op in too_long_ops():
+            exc = await refusal(commit(h, op))
+            assert exc.errnum == errno.ENAMETOOLONG, (op["key"][:40], errname(exc.errnum))
+            # the message names the limit and shows only the start of the key
+            assert f"limit of {MAX_NAME} bytes" in exc.errstr \
+                or f"limit of {MAX_KEY} bytes" in exc.errstr \
+                or "limit of 255 characters" in exc.errstr, exc.errstr
+            assert len(exc.errstr) < 200, exc.errstr
+    assert await getroot(h0) == root
+    # refused on rank 3 itself: nothing was relayed, rank 0 failed nothing
+    assert (await stats(h3))["counts"]["relays"] == relays
+    assert (await stats(h0))["counts"]["commits-failed"] == failed
+
+    # the client library refuses them before sending anything
+    kvs = KVS(h3)
+    with pytest.raises(ErrnoError) as info:
+        await kvs.put("k" * (10 << 20), 1)
+    assert info.value.errnum == errno.ENAMETOOLONG
+    assert len(info.value.errstr) < 200
+    for build in (lambda t: t.put("x." + "n" * (MAX_NAME + 1), 1),
+                  lambda t: t.mkdir(".".join(["p" * 1000] * 9)),
+                  lambda t: t.symlink("l", "t" * (MAX_NAME + 1)),
+                  lambda t: t.append("é" * (MAX_NAME // 2 + 1), "x")):
+        with pytest.raises(ErrnoError) as info:
+            build(TxnOps())
+        assert info.value.errnum == errno.ENAMETOOLONG
+    assert (await stats(h3))["counts"]["commits"] == 1  # (the first put's)
+
+    # at the limits is fine, counted in bytes; reads, conditions and unlinks
+    # of longer keys are no error
+    at_limit = ".".join(["q" * (MAX_NAME - 1)] * 8)  # 8,191 bytes
+    await commit(h3, put("n" * MAX_NAME, "a"), put("é" * (MAX_NAME // 2), "b"),
+                 put(at_limit, "c"), put("link", symlink(at_limit)))
+    assert await get(h3, "n" * MAX_NAME) == b"a"
+    assert await get(h3, "link") == b"c"
+    longer = "n" * (MAX_NAME + 1)
+    assert (await refusal(lookup(h3, longer))).errnum == errno.ENOENT
+    await commit(h3, unlink(longer), {"key": longer, "flags": EXPECT, "dirent": None})
+
+
+async def test_keys_stored_before_the_limit_stay_readable_and_removable(
+        start_instance, connect, tmp_path: Path) -> None:
+    """A statedir written without the limit (here by an offline restore of
+    an archive, which does not apply it) holds a key with a 5,000-byte name:
+    it is read and removed as any other, and only a new write of such a
+    key is refused."""
+    long_name = "old" + "x" * 4997
+    archive = tmp_path / "old.tar"
+    with tarfile.open(archive, "w", format=tarfile.PAX_FORMAT) as tar:
+        for path, data in ((f"top/{long_name}", b"kept"), (long_name, b"root"), ("short", b"s")):
+            info = tarfile.TarInfo(path)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    statedir = tmp_path / "state"
+    restore_checkpoint(str(statedir), str(archive))
+    inst = await start_instance(size=2, statedir=str(statedir))
+    h = await connect(inst, 1)
+    assert await get(h, f"top.{long_name}") == b"kept"
+    assert await get(h, long_name) == b"root"
+    assert long_name in (await lookup(h, "top", 1))["data"]
+    exc = await refusal(commit(h, put(f"top.{long_name}", "new")))
+    assert exc.errnum == errno.ENAMETOOLONG
+    assert await get(h, f"top.{long_name}") == b"kept"
+    # removed one at a time, under a top-level directory or at the root
+    await KVS(h).unlink(f"top.{long_name}", long_name)
+    assert (await lookup(h, "top", 1))["data"] == {}
+    assert sorted((await lookup(h, ".", 1))["data"]) == ["short", "top"]
+    await commit(h, put("after", "fine"))
