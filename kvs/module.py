@@ -47,7 +47,7 @@ from typing import Any, ClassVar
 from broker import codec
 from broker.attrs import CONTENT_HASH, LINK_MAX_MESSAGE, AttrSpec, duration, integer
 from broker.content import blobref
-from broker.content.module import ContentModule
+from broker.content.module import BLOB_SIZE_LIMIT, ContentModule
 from broker.errors import ErrnoError, ProtocolError, RemoteError
 from broker.message import Message, MsgFlags, RawPayload
 from broker.module import Handler, Module, require
@@ -114,10 +114,12 @@ COUNTERS = ("commits", "batches", "merged", "merges-split", "commits-failed", "r
 """The ``counts`` of ``kvs.stats-get`` (all shown, 0 included)."""
 
 
-def _check_ops(ops: Any, *, limits: bool = True) -> list[dict[str, Any]]:
+def _check_ops(ops: Any, blob_limit: int | None = None, *,
+               limits: bool = True) -> list[dict[str, Any]]:
     """A commit's ops as received: well-formed enough to queue or relay, and
-    within the limits (:func:`kvs.txn.check_limits`), refused here on the
-    rank they enter rather than on rank 0 after crossing the tree."""
+    within the limits (:func:`kvs.txn.check_limits`; ``blob_limit``:
+    ``content.blob-size-limit``), refused here on the rank they enter
+    rather than on rank 0 after crossing the tree."""
     if not isinstance(ops, list):
         raise ErrnoError(errno.EPROTO, "ops must be a list")
     if len(ops) > MAX_OPS:
@@ -134,7 +136,7 @@ def _check_ops(ops: Any, *, limits: bool = True) -> list[dict[str, Any]]:
         if "\0" in op["key"]:
             raise ErrnoError(errno.EINVAL, "key contains a NUL character")
         if limits:
-            txn.check_limits(op["key"], op.get("flags", 0), op.get("dirent"))
+            txn.check_limits(op["key"], op.get("flags", 0), op.get("dirent"), blob_limit)
     return ops
 
 
@@ -159,7 +161,8 @@ def _check_relayed(txns: list[Any]) -> list[RelayedTxn]:
     for t in txns:
         t = require(t, name=str, ops=list)
         # (no limits: the follower's kvs checked them as it took the commit,
-        # and a relay is refused whole, with any other transaction in it)
+        # and a relay is refused whole, with any other transaction in it;
+        # rank 0's content store still refuses an oversized blob, alone)
         out.append((t["name"], _commit_flags(t), _check_ops(t["ops"], limits=False)))
     return out
 
@@ -239,6 +242,11 @@ class KvsModule(Module):
         self.cache = treeobj.BlobCache(self.blobs, max_objects=16384,
                                        max_bytes=self.blobs.limit)
         self.prime_limit = SETROOT_LIMIT.value(ctx.attrs)
+        self.blob_limit: int = BLOB_SIZE_LIMIT.value(ctx.attrs)
+        """``content.blob-size-limit``: a commit with a bigger value is refused
+        where it enters (``EFBIG``), not sent whole to rank 0 to be refused
+        there.  This rank's own value: every rank is started with the same
+        attributes (``kvbroker start -S``, a bootstrap file's ``[attrs]``)."""
         self.namespaces: dict[str, Namespace] = {}
         self._loading: dict[str, asyncio.Future[Namespace]] = {}
         self.heard = Heard()
@@ -1027,7 +1035,7 @@ class KvsModule(Module):
         queued here on rank 0, relayed to rank 0 on a follower."""
         wire = msg.wire_payload  # (its size, for a relay: before it is decoded)
         p = require(msg.payload, ops=list)
-        ops = _check_ops(p["ops"])
+        ops = _check_ops(p["ops"], self.blob_limit)
         flags = _commit_flags(p)
         name = _ns_name(p)
         ns = self.namespaces.get(name)

@@ -89,14 +89,23 @@ MAX_OPS = 100_000
 kvs module, and by a guest's ``kvs restore``, which must fit one commit)."""
 
 
-def check_limits(key: str, flags: int, dirent: object) -> None:
-    """Refuse an op that would store an overlong name, where it enters.
+def _check_size(data: object, blob_limit: int | None) -> None:
+    if (blob_limit is not None and isinstance(data, (bytes, bytearray, memoryview))
+            and len(data) > blob_limit):
+        raise blobref.too_big(len(data), blob_limit)
+
+
+def check_limits(key: str, flags: int, dirent: object, blob_limit: int | None = None) -> None:
+    """Refuse an op over the key or value limits, where it enters.
 
     ``ENAMETOOLONG`` for a name over :data:`kvs.keys.MAX_NAME` or a key over
     :data:`kvs.keys.MAX_KEY` that the op *creates*: its key, a symlink's
     target, the names in a ``dir`` dirent (their paths below ``key``
-    included).  Unlinks and conditions (``EXPECT``) store nothing and
-    pass, so keys stored before the limits stay removable.
+    included).  ``EFBIG`` (the content module's message) for a ``val`` of
+    more than ``blob_limit`` bytes, at any depth of a ``dir`` dirent: it
+    becomes one blob, which rank 0's content store would refuse after the
+    value had crossed the tree.  Unlinks and conditions (``EXPECT``) store
+    nothing and pass, so keys stored before the limits stay removable.
 
     ``dirent`` is as received, not yet validated: what is not a well-formed
     tree object is left for :func:`apply` (``EINVAL``/``EPROTO`` on rank 0).
@@ -106,6 +115,7 @@ def check_limits(key: str, flags: int, dirent: object) -> None:
         return
     check_length(key)
     if dirent.get("type") == "val":  # the common case, without the walk below
+        _check_size(dirent.get("data"), blob_limit)
         return
     todo: list[tuple[str, object]] = [(key, dirent)]
     while todo:
@@ -113,7 +123,9 @@ def check_limits(key: str, flags: int, dirent: object) -> None:
         if not isinstance(obj, dict):
             continue
         t, data = obj.get("type"), obj.get("data")
-        if t == "symlink":
+        if t == "val":
+            _check_size(data, blob_limit)
+        elif t == "symlink":
             if isinstance(data, dict):
                 target, ns = data.get("target"), data.get("namespace")
                 if isinstance(target, str) and (ns is None or isinstance(ns, str)):

@@ -5,6 +5,9 @@
   the commit comes to (and in the client library, before anything is
   sent); reads and unlinks take any key, so what an older statedir holds
   under a longer one stays readable and removable.
+* Values: a value over ``content.blob-size-limit`` is ``EFBIG`` on the
+  follower it was committed to, with rank 0's message, instead of crossing
+  the tree whole to be refused by rank 0's content store.
 
 Reference: docs/kvs.md (Errors), docs/protocol.md (Keys, kvs.commit).
 """
@@ -21,6 +24,7 @@ from typing import Any
 import pytest
 from test_kvs_rpc_helpers import (
     APPEND,
+    TREEOBJ,
     commit,
     dir_,
     errname,
@@ -41,6 +45,7 @@ from kvs.keys import MAX_KEY, MAX_NAME
 
 FAST = 5.0
 EXPECT = 64
+LIMIT = 1 << 20  # content.blob-size-limit of the value tests
 
 
 async def refusal(aw: Any, timeout: float = FAST) -> RemoteError:
@@ -149,3 +154,41 @@ async def test_keys_stored_before_the_limit_stay_readable_and_removable(
     assert (await lookup(h, "top", 1))["data"] == {}
     assert sorted((await lookup(h, ".", 1))["data"]) == ["short", "top"]
     await commit(h, put("after", "fine"))
+
+
+@pytest.fixture
+async def small_blobs(start_instance, connect):
+    inst = await start_instance(size=4, fanout=2, attrs={"content.blob-size-limit": str(LIMIT)})
+    return inst, await connect(inst, 0), await connect(inst, 3)
+
+
+async def test_an_oversized_value_is_refused_on_the_follower(small_blobs) -> None:
+    """A value over ``content.blob-size-limit`` committed through rank 3 is
+    refused by rank 3, with the message of rank 0's content store; rank 0
+    never sees it (rank 3 relayed nothing, rank 0 failed nothing)."""
+    _, h0, h3 = small_blobs
+    await commit(h3, put("warm", "up"))
+    big = b"v" * (LIMIT + 1)
+    # rank 0's content store's own refusal, for its message
+    stored = await refusal(h0.rpc("content.store", {"data": big}))
+    assert stored.errnum == errno.EFBIG
+    root = await getroot(h0)
+    relays = (await stats(h3))["counts"]["relays"]
+    failed = (await stats(h0))["counts"]["commits-failed"]
+    for ops in ([put("big", big)],
+                [put("big", big, APPEND)],
+                [put("small", "s"), put("d", dir_({"e": dir_({"big": val(big)})}))]):
+        exc = await refusal(commit(h3, *ops))
+        assert (exc.errnum, exc.errstr) == (errno.EFBIG, stored.errstr)
+    assert (await stats(h3))["counts"]["relays"] == relays
+    assert (await stats(h0))["counts"]["commits-failed"] == failed
+    assert await getroot(h0) == root
+    # a condition stores nothing: compared on rank 0, not refused
+    exc = await refusal(commit(h3, {"key": "big", "flags": EXPECT,
+                                    "dirent": val(big)}))
+    assert exc.errnum == errno.ECANCELED
+    # a value at the limit is stored
+    await commit(h3, put("max", b"m" * LIMIT))
+    obj = await lookup(h0, "max", TREEOBJ)
+    assert obj["type"] == "valref"
+    assert len(await get(h3, "max")) == LIMIT

@@ -41,6 +41,15 @@ def check(ref: object) -> str:
     return ref
 
 
+def too_big(size: int, limit: int) -> ErrnoError:
+    """``EFBIG`` for a blob of ``size`` bytes over ``content.blob-size-limit``
+    (``limit``): one message wherever it is refused -- by the content module,
+    or early by the kvs module of the rank a commit enters, which saw the
+    value in the request and need not send it up the tree to be refused."""
+    return ErrnoError(errno.EFBIG, f"blob of {size} bytes exceeds "
+                                   f"content.blob-size-limit ({limit})")
+
+
 def found_in(value: Any) -> list[str]:
     """Every blobref in a decoded value (a checkpoint's): strings (or ASCII bytes)
     anywhere in it, map keys included.  Iterative: a value may nest deeper

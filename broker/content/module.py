@@ -571,8 +571,7 @@ class ContentModule(Module):
 
     def _check_size(self, data: bytes | bytearray | memoryview) -> None:
         if len(data) > self.blob_limit:
-            raise ErrnoError(errno.EFBIG, f"blob of {len(data)} bytes exceeds "
-                                          f"content.blob-size-limit ({self.blob_limit})")
+            raise blobref.too_big(len(data), self.blob_limit)
 
     def store_local(self, blobs: list[bytes]) -> list[str]:
         """Hash and cache blobs on this rank (rank 0: queue the write-back)."""
