@@ -975,12 +975,12 @@ def cmd_eventlog(args: argparse.Namespace) -> int:
 
     context = " ".join(args.context) if args.context else None
     try:
-        entry = eventlog.entry(args.name, context, args.timestamp)
+        ops = TxnOps().append_event(args.key, args.name, context, timestamp=args.timestamp)
     except ErrnoError as exc:
         raise _fail(args.key, exc) from None
 
     async def append(kvs: KVS) -> int:
-        await _commit(kvs, kvs.txn().append(args.key, eventlog.encode_entry(entry)), args.key)
+        await _commit(kvs, ops, args.key)
         return 0
 
     return _run(args, append)

@@ -63,7 +63,7 @@ from typing import (
 from broker.errors import ErrnoError, RemoteError
 from broker.handle import Connecting
 from broker.sync import DEFAULT, Default
-from kvs import treeobj
+from kvs import eventlog, treeobj
 from kvs.keys import join, normalize, parse_ns_target, split
 from kvs.lookup import READDIR, READLINK, SYMLINK_MAX, TREEOBJ
 from kvs.namespaces import PRIMARY
@@ -332,6 +332,20 @@ class TxnOps:
         """Append ``value`` (encoded as by :meth:`put`) to ``key``'s value,
         creating it if missing."""
         return self._op(key, treeobj.val(encode_value(value)), APPEND)
+
+    def append_event(self, key: str, name: str,
+                     context: Mapping[str, Any] | str | None = None, *,
+                     timestamp: float | None = None) -> TxnOps:
+        """Append one RFC 18 event to eventlog ``key`` (created if missing),
+        in this transaction: a job's jobspec and its ``submit`` event go in
+        one commit, so no reader sees one without the other.  The line is
+        :func:`kvs.eventlog.encode_entry` of :func:`kvs.eventlog.entry`, as
+        :meth:`KVS.append_event` writes it (``timestamp`` None: now, taken
+        here, when the op is added; ``context`` a mapping or JSON object
+        text); a bad name or context raises ``EventlogError`` (``EINVAL``)
+        at once."""
+        line = eventlog.encode_entry(eventlog.entry(name, context, timestamp))
+        return self._op(key, treeobj.val(line), APPEND)
 
     def expect(self, key: str, value: Any) -> TxnOps:
         """A condition, not a change: the whole transaction fails with

@@ -198,8 +198,10 @@ class Formatter:
 async def append(kvs: KVS, key: str, name: str,
                  context: Mapping[str, Any] | str | None = None, *,
                  timestamp: float | None = None, flags: int = 0) -> CommitResult:
-    """Append one event to the eventlog at ``key`` (created if missing)."""
-    return await kvs.commit(kvs.txn().append(key, encode_entry(entry(name, context, timestamp))),
+    """Append one event to the eventlog at ``key`` (created if missing):
+    a transaction of one :meth:`kvs.client.TxnOps.append_event`, the one
+    place the line is made."""
+    return await kvs.commit(kvs.txn().append_event(key, name, context, timestamp=timestamp),
                             flags)
 
 

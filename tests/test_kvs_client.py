@@ -567,6 +567,46 @@ async def test_namespaces(start_instance, connect, monkeypatch) -> None:
         assert "ns-a" not in {r.namespace for r in await kvs.namespace_list()}
 
 
+def test_txn_append_event_is_the_line_kvs_append_event_writes() -> None:
+    """TxnOps.append_event: one APPEND op of eventlog.encode_entry's line, so
+    an event can join other ops in one commit; bad input fails at once."""
+    ops = TxnOps().put("job.spec", {"ntasks": 4}).append_event(
+        "job.eventlog", "submit", {"userid": 1000}, timestamp=1.5)
+    assert ops.ops[1] == {"key": "job.eventlog", "flags": APPEND, "dirent": treeobj.val(
+        b'{"timestamp":1.5,"name":"submit","context":{"userid":1000}}\n')}
+    assert ops.ops[1]["dirent"]["data"] == eventlog.encode_entry(
+        eventlog.entry("submit", '{"userid": 1000}', 1.5))
+    now = eventlog.decode(TxnOps().append_event("log", "start").ops[0]["dirent"]["data"])
+    assert now[0]["name"] == "start" and now[0]["timestamp"] > 1e9 and "context" not in now[0]
+    for name, ctx in (("", None), ("x", "[1]")):
+        with pytest.raises(eventlog.EventlogError):
+            TxnOps().append_event("log", name, ctx)
+
+
+async def test_a_txn_puts_a_jobspec_and_appends_its_submit_event_in_one_commit(
+        start_instance, connect) -> None:
+    """A reader on rank 3 sees the jobspec and its submit event arrive in
+    the same version (one key watch answer naming both, both readable at
+    its root), never one without the other."""
+    inst = await start_instance(size=4, fanout=2)
+    kvs0, kvs3 = await kvs_on(connect, inst, 0), await kvs_on(connect, inst, 3)
+    async with asyncio.timeout(T), kvs3.watch_keys("jobs") as w:
+        assert (await anext(w)).initial
+        async with kvs0.txn() as t:
+            t.put("jobs.1.spec", {"ntasks": 4}).append_event(
+                "jobs.1.eventlog", "submit", {"userid": 1000}, timestamp=7.0)
+        ch = await anext(w)
+        assert ch.rootseq == t.result.rootseq
+        assert set(ch.keys) == {"jobs.1.spec", "jobs.1.eventlog"}
+        assert await kvs3.get_json("jobs.1.spec", at=ch.rootref) == {"ntasks": 4}
+        log = eventlog.decode(await kvs3.get("jobs.1.eventlog", at=ch.rootref))
+        assert log == [{"timestamp": 7.0, "name": "submit", "context": {"userid": 1000}}]
+        # a later event is appended to the same log, as KVS.append_event does
+        await kvs0.append_event("jobs.1.eventlog", "start", timestamp=8.0)
+        assert [e["name"] for e in await kvs0.get_eventlog("jobs.1.eventlog")] == [
+            "submit", "start"]
+
+
 async def test_eventlog_append_get(start_instance, connect) -> None:
     inst = await start_instance(size=2)
     kvs = await kvs_on(connect, inst, 1)
