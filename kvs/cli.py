@@ -227,10 +227,14 @@ def check_watch_options(args: argparse.Namespace) -> None:
         raise UsageError("--watch and --stream cannot be combined")
     if getattr(args, "timeout", None) and not (args.watch or args.waitcreate):
         raise UsageError("--timeout needs --watch or --waitcreate")
+    if getattr(args, "deletes", False) and not args.watch:
+        # (not ignored as -u/-A/-f are, Flux's way: a removal would end
+        # the command it was given to keep going)
+        raise UsageError("--deletes needs --watch")
 
 
 def cmd_get(args: argparse.Namespace) -> int:
-    if args.watch or args.waitcreate or args.stream or args.timeout:
+    if args.watch or args.waitcreate or args.stream or args.timeout or args.deletes:
         check_watch_options(args)
         return _delegate("watch_get", args)
 
@@ -1109,6 +1113,10 @@ def register(subparsers: Any) -> None:
                    help="with --watch, print only what was appended")
     p.add_argument("-f", "--full", action="store_true",
                    help="with --watch, also notice changes of parent directories")
+    p.add_argument("--deletes", action="store_true",
+                   help="with --watch, print 'KEY (removed)' (with -t: null) when KEY is "
+                        "removed and go on, waiting for it to come back, instead of "
+                        "failing (a kvbroker extension)")
     p.add_argument("-S", "--stream", action="store_true",
                    help="return a large value in several answers")
     p.add_argument("--timeout", type=positive_float, metavar="SECONDS",

@@ -12,6 +12,7 @@ See docs/api.md ("Watching keys") and docs/protocol.md ("kvs-watch").
 
 from kvs_watch.flags import (
     APPEND,
+    DELETES,
     FULL,
     INITIAL_SENTINEL,
     READDIR,
@@ -25,6 +26,7 @@ from kvs_watch.flags import (
 
 __all__ = [
     "APPEND",
+    "DELETES",
     "FULL",
     "INITIAL_SENTINEL",
     "READDIR",

@@ -4,7 +4,8 @@
 :mod:`kvs.cli` parses the command line and calls, with the parsed ``args``
 (``args.namespace`` already resolved, ``args.what`` set):
 
-* :func:`watch_get` -- ``kvs get [-w] [-W] [-c N] [-u] [-A] [-f] [-S] [-r] [-t] [-l] KEY...``
+* :func:`watch_get` -- ``kvs get [-w] [-W] [-c N] [-u] [-A] [-f] [--deletes] [-S] [-r] [-t]
+  [-l] KEY...``
 * :func:`eventlog_get` -- ``kvs eventlog get [-w] [-W] [-c N] [-S] [-u|-H|-L] KEY``
 * :func:`eventlog_wait_event` -- ``kvs eventlog wait-event [-W] [-t SECS] [-q|-v] KEY NAME``
 * :func:`watch_keys` -- ``kvs watch-keys [-W] [-c N] [-v] [KEY]``
@@ -98,6 +99,8 @@ def get_flags(args: argparse.Namespace) -> int:
             flags |= F.UNIQ
         if getattr(args, "append", False):
             flags |= F.APPEND
+        if getattr(args, "deletes", False):
+            flags |= F.DELETES
     if getattr(args, "waitcreate", False):
         flags |= F.WAITCREATE
     if getattr(args, "stream", False):
@@ -168,7 +171,10 @@ async def _get_one(h: HandleCore, key: str, flags: int, args: argparse.Namespace
             async for entry in w:
                 if not isinstance(entry, WatchEntry):
                     continue
-                if streaming and not as_treeobj and not raw:
+                if entry.treeobj is None:  # removed (--deletes): a line no tree object prints
+                    o.write(b"null\n" if as_treeobj else
+                            f"{key} (removed)\n".encode("utf-8", "surrogateescape"))
+                elif streaming and not as_treeobj and not raw:
                     # chunks of one value: printed as the default prints a
                     # whole one (up to its first NUL byte, after KEY= with -l)
                     chunk = entry.value or b""

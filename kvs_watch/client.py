@@ -13,8 +13,9 @@ leaving the ``async with`` block sends ``kvs-watch.cancel`` and drains the
 stream to its ``ENODATA`` end, so no watcher is left behind on the broker.
 A watch dropped without that (``async for e in watch(h, k): break``) is
 cancelled when it is garbage collected, and its answers are discarded.
-Errors that end a watch (``ENOENT`` key removed, ``ENOTSUP`` namespace
-removed, ``EPERM``, ``EINVAL``, ``EOVERFLOW`` fell too far behind) are raised
+Errors that end a watch (``ENOENT`` key removed -- unless ``deletes=True``,
+which yields a removal as an entry with ``removed`` set and goes on --
+``ENOTSUP`` namespace removed, ``EPERM``, ``EINVAL``, ``EOVERFLOW`` fell too far behind) are raised
 from the iteration as :class:`broker.errors.RemoteError`.
 
 With ``initial_sentinel=True`` (needs ``append=True``, as in Flux) the
@@ -60,14 +61,17 @@ class WatchEntry:
     ``value`` is the bytes of a ``val`` tree object (``None`` for a
     directory, symlink, ... -- see ``treeobj``); ``rootseq`` is the version
     of the namespace the answer was looked up at.  With APPEND, ``value``
-    holds only the bytes appended since the previous entry.
+    holds only the bytes appended since the previous entry.  ``removed``
+    (a ``deletes`` watch only): the key is missing at ``rootseq``;
+    ``value`` and ``treeobj`` are then ``None``.
     """
 
     key: str
     value: bytes | None
-    treeobj: dict[str, Any] = field(repr=False)
+    treeobj: dict[str, Any] | None = field(repr=False)
     rootseq: int
     namespace: str
+    removed: bool = False
 
     def text(self, encoding: str = "utf-8") -> str:
         """``value`` decoded (``""`` for a non-value)."""
@@ -104,14 +108,17 @@ class WatchOptions(TypedDict, total=False):
     treeobj: bool
     readdir: bool
     readlink: bool
+    deletes: bool
     nodeid: int
 
 
 def _entry(key: str, payload: Any) -> WatchEntry:
     obj = payload["val"]
+    seq, ns = int(payload.get("rootseq", -1)), str(payload.get("namespace", ""))
+    if obj is None:  # (only a DELETES watch is answered so)
+        return WatchEntry(key, None, None, seq, ns, removed=True)
     value = obj["data"] if obj.get("type") == "val" else None
-    return WatchEntry(key, value, obj, int(payload.get("rootseq", -1)),
-                      str(payload.get("namespace", "")))
+    return WatchEntry(key, value, obj, seq, ns)
 
 
 class Watch(Generic[ItemT]):
@@ -276,6 +283,7 @@ def watch(
     treeobj: bool = False,
     readdir: bool = False,
     readlink: bool = False,
+    deletes: bool = False,
     nodeid: int = NODEID_ANY,
 ) -> Watch[Any]:
     """Watch ``key``: its current value, then one entry per commit naming it.
@@ -295,6 +303,12 @@ def watch(
       ``WatchEntry | InitialDone``, and :class:`WatchEntry` alone otherwise
       (as type checkers see it too);
     * ``treeobj`` / ``readdir`` / ``readlink``: as for a lookup;
+    * ``deletes``: a removal of the key does not end the watch with
+      ``ENOENT``: it yields an entry with ``removed`` set (``value`` and
+      ``treeobj`` None), then nothing until the key has a value again,
+      which comes as a new value (with ``append``, all of it).  A key
+      missing at the start is such an entry too (with ``waitcreate``, it is
+      waited for silently).  A kvbroker extension, as etcd's DELETE event;
     * ``nodeid``: the rank whose kvs-watch serves the watch (default: ours).
 
     ``namespace`` defaults to ``$KVBROKER_NAMESPACE``, then ``primary``.
@@ -303,7 +317,8 @@ def watch(
     flags = F.WATCH
     for on, bit in ((waitcreate, F.WAITCREATE), (uniq, F.UNIQ), (append, F.APPEND),
                     (full, F.FULL), (initial_sentinel, F.INITIAL_SENTINEL),
-                    (treeobj, F.TREEOBJ), (readdir, F.READDIR), (readlink, F.READLINK)):
+                    (treeobj, F.TREEOBJ), (readdir, F.READDIR), (readlink, F.READLINK),
+                    (deletes, F.DELETES)):
         if on:
             flags |= bit
     return Watch(h, key, flags, namespace=namespace, nodeid=nodeid)

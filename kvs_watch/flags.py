@@ -24,17 +24,25 @@ WATCH_INITIAL_SENTINEL = 1024
 WATCH_KEYS = 1 << 16
 """A kvbroker extension (far from Flux's bits): answer each commit with the
 keys it wrote at or below the watched key, without looking anything up."""
+WATCH_DELETES = 1 << 17
+"""A kvbroker extension: with ``WATCH``, a removal of the key is answered
+(``{"val": null, ...}``) and the watch goes on, waiting for the key to come
+back, instead of ending with ``ENOENT`` -- etcd's DELETE event, for a
+watcher (leader election) that must not start over and race the next
+holder at each release."""
 
 # Short names, as in docs/protocol.md, Flags.
 FULL = WATCH_FULL
 UNIQ = WATCH_UNIQ
 APPEND = WATCH_APPEND
 INITIAL_SENTINEL = WATCH_INITIAL_SENTINEL
+DELETES = WATCH_DELETES
 
 LOOKUP_FLAGS = READDIR | READLINK | TREEOBJ
 """Flags that only shape the value returned (passed to ``kvs.lookup``)."""
 
-WATCH_ONLY = WATCH_FULL | WATCH_UNIQ | WATCH_APPEND | WATCH_INITIAL_SENTINEL
+WATCH_ONLY = (WATCH_FULL | WATCH_UNIQ | WATCH_APPEND | WATCH_INITIAL_SENTINEL
+              | WATCH_DELETES)
 """Flags that make sense only together with ``WATCH``."""
 
 ALL = LOOKUP_FLAGS | WATCH | WAITCREATE | WATCH_ONLY | STREAM | WATCH_KEYS
@@ -58,14 +66,16 @@ def check(flags: object, streaming: bool) -> int:
     if flags & WATCH and flags & STREAM:
         raise ErrnoError(errno.EINVAL, "WATCH and STREAM cannot be combined")
     if flags & WATCH_ONLY and not flags & WATCH:
-        raise ErrnoError(errno.EINVAL, "FULL, UNIQ, APPEND and INITIAL_SENTINEL need WATCH")
+        raise ErrnoError(errno.EINVAL, "FULL, UNIQ, APPEND, INITIAL_SENTINEL and DELETES "
+                                       "need WATCH")
     if flags & WATCH_INITIAL_SENTINEL and not flags & WATCH_APPEND:
         raise ErrnoError(errno.EINVAL, "INITIAL_SENTINEL needs APPEND")
     if flags & WATCH_KEYS and not flags & WATCH:
         raise ErrnoError(errno.EINVAL, "KEYS needs WATCH")
     if flags & WATCH_KEYS and flags & (WATCH_ONLY | LOOKUP_FLAGS):
         raise ErrnoError(errno.EINVAL, "KEYS answers with keys, not values: FULL, UNIQ, "
-                                       "APPEND, READDIR, READLINK and TREEOBJ do not apply")
+                                       "APPEND, DELETES, READDIR, READLINK and TREEOBJ do "
+                                       "not apply")
     if flags & (WATCH_APPEND | STREAM) and flags & (READDIR | READLINK):
         raise ErrnoError(errno.EINVAL, "APPEND and STREAM return values: READDIR and "
                                        "READLINK do not apply")

@@ -27,7 +27,8 @@ of the futures :class:`Backend` returns, so an idle watcher costs only its
 object and its index entries.  The watcher does no I/O itself; the module
 (or a test) provides a :class:`Backend`.
 
-Answers are ``{"val": treeobj, "rootseq": n, "namespace": ns}``; the
+Answers are ``{"val": treeobj, "rootseq": n, "namespace": ns}`` (``"val":
+None``: the key was removed, a DELETES watcher's answer); the
 INITIAL_SENTINEL answer has no payload; the stream ends with an error
 response (``ENODATA`` for a normal end: cancel, end of STREAM).  See
 docs/protocol.md, section "kvs-watch".
@@ -52,6 +53,7 @@ from kvs_watch.flags import (
     WAITCREATE,
     WATCH,
     WATCH_APPEND,
+    WATCH_DELETES,
     WATCH_FULL,
     WATCH_INITIAL_SENTINEL,
     WATCH_KEYS,
@@ -129,6 +131,7 @@ class Watcher:
     __slots__ = (
         "backend", "msg", "key", "flags", "namespace", "monitor", "seq", "queue",
         "issued", "responded", "done", "sentinel_sent", "prev", "count", "answered",
+        "absent",
     )
 
     def __init__(self, backend: Backend, msg: Message, key: str, flags: int,
@@ -150,6 +153,7 @@ class Watcher:
         self.prev: bytes | None = None  # UNIQ/FULL: digest of the last value sent
         self.count = -1  # APPEND/STREAM: number of blobs already answered (-1: none)
         self.answered = b""  # APPEND: digest of the blobrefs answered (_refs_digest)
+        self.absent = False  # DELETES: the key is missing, and that was answered
 
     def __repr__(self) -> str:
         return (f"<Watcher {self.namespace}:{self.key} flags={self.flags:#x} "
@@ -398,6 +402,7 @@ class Watcher:
             self.backend.respond(self, None)
 
     def _answer(self, obj: Any, seq: int) -> None:
+        """One answer; ``obj`` None: the key is missing (DELETES)."""
         self.responded = True
         self.backend.respond(self, {"val": obj, "rootseq": seq, "namespace": self.namespace})
 
@@ -422,13 +427,16 @@ class Watcher:
         try:
             obj = fut.result()["val"]
             if obj is None:  # no such key at this root
-                if not (self.flags & WAITCREATE and not self.responded):
+                if self.flags & WATCH_DELETES:
+                    self._missing(slot)
+                elif not (self.flags & WAITCREATE and not self.responded):
                     self.fail(errno.ENOENT, f"{self.key}: no such key")
                 return True  # (WAITCREATE: not created yet, keep waiting)
             kind = obj["type"]
         except (KeyError, TypeError):
             self.fail(errno.EPROTO, f"{self.key}: malformed kvs.lookup-plus response")
             return True
+        self.absent = False
         flags = self.flags
         if flags & (WATCH_APPEND | STREAM):
             self._append(slot, obj, kind)
@@ -440,6 +448,25 @@ class Watcher:
         else:
             self._answer(obj, slot.seq)
         return True
+
+    def _missing(self, slot: _Slot) -> None:
+        """DELETES: the key is missing at ``slot``'s root.  Answered once
+        (``val: None``) when it goes missing -- removed, or missing at the
+        start of a watch without WAITCREATE, so the watcher knows the key
+        is free -- then the watcher waits for it as WAITCREATE does: later
+        commits that still leave it missing are not answered.  What the
+        key holds when it comes back is a new value, answered whatever the
+        mode: UNIQ/FULL forget the last value, APPEND starts over with the
+        whole of the new one (its blobs are not the old value's)."""
+        if self.absent:
+            return
+        self.absent = True
+        self.prev = None
+        self.count = -1
+        self.answered = b""
+        if self.flags & WAITCREATE and not self.responded:
+            return  # not created yet: waited for silently, as WAITCREATE
+        self._answer(None, slot.seq)
 
     def _append(self, slot: _Slot, obj: dict[str, Any], kind: str) -> None:
         """APPEND / STREAM: answer with the blobs not answered yet."""
