@@ -58,7 +58,7 @@ from kvs.client import (
     default_namespace,
     kind,
 )
-from kvs.keys import normalize
+from kvs.keys import normalize, shown
 from kvs.treeobj import TreeObj
 
 if TYPE_CHECKING:
@@ -84,7 +84,10 @@ def error_detail(exc: ErrnoError, key: str | None = None) -> str:
 
 
 def _fail(what: str, exc: ErrnoError, key: str | None = None) -> CLIError:
-    return CLIError(what, detail=error_detail(exc, key if key is not None else what))
+    """``what`` (most often the key) failed with ``exc``; a key too long for
+    any commit is named by its start (:func:`kvs.keys.shown`), not printed
+    whole before the message that already shows it."""
+    return CLIError(shown(what), detail=error_detail(exc, key if key is not None else what))
 
 
 def isdir_hint(err: CLIError, exc: ErrnoError, hint: str) -> CLIError:

@@ -34,7 +34,7 @@ from typing import NamedTuple
 
 from broker.errors import ErrnoError
 from kvs import shards
-from kvs.keys import split
+from kvs.keys import shown, split
 from kvs.lookup import load_dir
 from kvs.treeobj import BlobCache, NeedBlobs, TreeObj, dir_, dirref
 
@@ -177,8 +177,9 @@ class Diff:
             if any(s is not None and s["type"] == "symlink" for s in sides):
                 above = ".".join(self.parts[:i])
                 if sides[0] == sides[1]:
-                    raise ErrnoError(errno.EINVAL, f"{'.'.join(self.parts)} passes through "
-                                     f"the symlink {above}, which a diff does not follow: "
+                    key = shown(".".join(self.parts))
+                    raise ErrnoError(errno.EINVAL, f"{key} passes through the symlink "
+                                     f"{shown(above)}, which a diff does not follow: "
                                      "diff its target")
                 self._report(above)
                 self.todo = []

@@ -71,6 +71,17 @@ def check_key(key: object) -> str:
     return normalize(key)
 
 
+def shown(key: str) -> str:
+    """``key`` as an error message names it: whole if it is no longer than
+    :data:`MAX_KEY` characters, else its first :data:`SHOWN` and ``...``.
+
+    Reads, conditions and unlinks take keys of any length (up to a
+    message's size), and an error naming such a key whole sent it back in
+    the answer -- a megabyte for a megabyte's key -- as the CLI printed it
+    whole.  A key a commit could have written is shown whole."""
+    return key if len(key) <= MAX_KEY else key[:SHOWN] + "..."
+
+
 def _utf8_len(text: str) -> int:
     """Bytes of ``text`` in UTF-8 (a lone surrogate counted as 3)."""
     return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))

@@ -45,7 +45,7 @@ from collections.abc import Callable
 from broker.content import blobref
 from broker.errors import ErrnoError, KvbrokerError
 from kvs import shards
-from kvs.keys import check_key, parse_ns_target, split
+from kvs.keys import check_key, parse_ns_target, shown, split
 from kvs.treeobj import (
     BlobCache,
     BlobStore,
@@ -205,7 +205,7 @@ def lookup(
     """
     cache = as_cache(store)
     if not blobref.is_valid(root_ref):
-        raise ErrnoError(errno.EINVAL, f"invalid root blobref {root_ref!r}")
+        raise ErrnoError(errno.EINVAL, f"invalid root blobref {shown(root_ref)!r}")
     parts = split(check_key(key))
     if not parts:
         if flags & TREEOBJ:
@@ -226,21 +226,21 @@ def lookup(
     t = entry["type"]
     if t == "dirref" or t == "dir":
         if flags & READLINK:
-            raise ErrnoError(errno.EINVAL, f"{key}: not a symlink")
+            raise ErrnoError(errno.EINVAL, f"{shown(key)}: not a symlink")
         if not flags & READDIR:
-            raise ErrnoError(errno.EISDIR, f"{key}: is a directory")
+            raise ErrnoError(errno.EISDIR, f"{shown(key)}: is a directory")
         d = entry if t == "dir" else load_dir(cache, entry["data"][0], is_root=False)
         return dir_(shards.entries(cache, d))
     if t == "val" or t == "valref":
         if flags & READLINK:
-            raise ErrnoError(errno.EINVAL, f"{key}: not a symlink")
+            raise ErrnoError(errno.EINVAL, f"{shown(key)}: not a symlink")
         if flags & READDIR:
-            raise ErrnoError(errno.ENOTDIR, f"{key}: not a directory")
+            raise ErrnoError(errno.ENOTDIR, f"{shown(key)}: not a directory")
         if t == "val":
             return entry
         return val(read_value(cache, entry))
     if t == "symlink":  # reached only with READLINK
         if flags & READDIR:
-            raise ErrnoError(errno.ENOTDIR, f"{key}: not a directory")
+            raise ErrnoError(errno.ENOTDIR, f"{shown(key)}: not a directory")
         return entry
-    raise ErrnoError(errno.ENOTRECOVERABLE, f"{key}: unexpected {t} entry")
+    raise ErrnoError(errno.ENOTRECOVERABLE, f"{shown(key)}: unexpected {t} entry")

@@ -58,7 +58,7 @@ from kvs import lookup as lookup_engine
 from kvs import treeobj, txn
 from kvs.blobs import BLOB_CACHE_BYTES, BlobFetcher, BlobStore
 from kvs.commits import CommitPipeline
-from kvs.keys import check_key
+from kvs.keys import check_key, shown
 from kvs.namespaces import (
     CHECKPOINT_KEY,
     EVENT_PREFIX,
@@ -735,7 +735,7 @@ class KvsModule(Module):
             why = exc.errstr or "a blob is not in the content store"
             if rootref in why:
                 why = "the root is not in the content store"
-            raise ErrnoError(errno.ENOENT, f"cannot read {p['key']} at root {rootref}: "
+            raise ErrnoError(errno.ENOENT, f"cannot read {shown(p['key'])} at root {rootref}: "
                              f"{why} (kvs gc removes the roots older than "
                              "kvs.gc-grace)") from None
         if plus:
@@ -743,7 +743,7 @@ class KvsModule(Module):
                                  "namespace": name})
             return
         if val is None:
-            raise ErrnoError(errno.ENOENT, f"{p['key']}: no such key")
+            raise ErrnoError(errno.ENOENT, f"{shown(p['key'])}: no such key")
         self.h.respond(msg, {"val": val})
 
     def _note_roots(self, ns: Namespace) -> None:

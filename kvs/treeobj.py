@@ -45,6 +45,7 @@ import base64
 import binascii
 import errno
 import json
+import reprlib
 from bisect import bisect_left
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -202,7 +203,7 @@ def _validate(obj: object, dirent: bool, fix: bool, level: int = 0) -> TreeObj:
             raise _inval("dirref must hold exactly one blobref")
         for ref in data:
             if not blobref.is_valid(ref):
-                raise _inval(f"bad blobref {ref!r}")
+                raise _inval(f"bad blobref {reprlib.repr(ref)}")
     elif t == "dir":
         if not isinstance(data, dict):
             raise _inval("dir data must be a map")
@@ -210,7 +211,7 @@ def _validate(obj: object, dirent: bool, fix: bool, level: int = 0) -> TreeObj:
             raise _inval(f"directories nested more than {MAX_DEPTH} deep")
         for name, entry in data.items():
             if not isinstance(name, str) or not name or "." in name:
-                raise _inval(f"bad directory entry name {name!r}")
+                raise _inval(f"bad directory entry name {reprlib.repr(name)}")
             checked = _validate(entry, True, fix, level + 1)
             if checked is not entry:
                 data[name] = checked  # a value swap: safe while iterating
@@ -258,9 +259,9 @@ def _validate_hdir(data: object) -> None:
         raise _inval("hdir shards must be a map")
     for key, ref in shards.items():
         if not isinstance(key, str) or len(key) != 1 or key not in _HEX:
-            raise _inval(f"bad hdir shard key {key!r}")
+            raise _inval(f"bad hdir shard key {reprlib.repr(key)}")
         if not blobref.is_valid(ref):
-            raise _inval(f"bad blobref {ref!r}")
+            raise _inval(f"bad blobref {reprlib.repr(ref)}")
 
 
 # --------------------------------------------------------------------------

@@ -56,7 +56,14 @@ from typing import Any
 from broker.content import blobref
 from broker.errors import ErrnoError
 from kvs import shards
-from kvs.keys import MAX_DEPTH, check_length, check_target_length, parse_ns_target, split
+from kvs.keys import (
+    MAX_DEPTH,
+    check_length,
+    check_target_length,
+    parse_ns_target,
+    shown,
+    split,
+)
 from kvs.lookup import SYMLINK_MAX
 from kvs.treeobj import (
     INLINE_MAX,
@@ -260,11 +267,11 @@ def _check_op(op: object) -> tuple[str, list[str], int, TreeObj | None]:
         raise ErrnoError(errno.EINVAL, f"{norm[:64]}...: writes more than {MAX_DEPTH} "
                          "levels deep (key components plus nested directories)")
     if flags & EXPECT and (flags != EXPECT or not (dirent is None or dirent["type"] == "val")):
-        raise ErrnoError(errno.EPROTO, f"{norm}: an expect op takes a val dirent or null, "
+        raise ErrnoError(errno.EPROTO, f"{shown(norm)}: an expect op takes a val dirent or null, "
                                        "and no other flag")
     if dirent is not None:
         if flags & APPEND and dirent["type"] != "val":
-            raise ErrnoError(errno.EPROTO, f"{norm}: append needs a val dirent")
+            raise ErrnoError(errno.EPROTO, f"{shown(norm)}: append needs a val dirent")
         dirent = copy(dirent)  # never alias the caller's objects into stored trees
     return norm, parts, flags, dirent
 
@@ -426,9 +433,9 @@ def _compare(key: str, cur: Any, want: TreeObj | None, cache: BlobCache) -> None
     if want is None:
         if cur is None:
             return
-        raise ErrnoError(errno.ECANCELED, f"{key}: condition failed: it exists")
+        raise ErrnoError(errno.ECANCELED, f"{shown(key)}: condition failed: it exists")
     if cur is None:
-        raise ErrnoError(errno.ECANCELED, f"{key}: condition failed: it does not exist")
+        raise ErrnoError(errno.ECANCELED, f"{shown(key)}: condition failed: it does not exist")
     t = "dir" if isinstance(cur, _WDir) else cur["type"]
     if t == "val":
         data = cur["data"]
@@ -439,10 +446,10 @@ def _compare(key: str, cur: Any, want: TreeObj | None, cache: BlobCache) -> None
             raise NeedBlobs(tuple(missing))
         data = b"".join(blobs)  # type: ignore[arg-type]
     else:
-        raise ErrnoError(errno.ECANCELED, f"{key}: condition failed: it is a "
+        raise ErrnoError(errno.ECANCELED, f"{shown(key)}: condition failed: it is a "
                                           f"{'directory' if t in ('dir', 'dirref') else t}")
     if bytes(data) != bytes(want["data"]):
-        raise ErrnoError(errno.ECANCELED, f"{key}: condition failed: another value")
+        raise ErrnoError(errno.ECANCELED, f"{shown(key)}: condition failed: another value")
 
 
 def apply(

@@ -34,6 +34,7 @@ from broker.handle import Handle
 from broker.rpc import HandleCore
 from kvs.cli import error_detail, isdir_hint
 from kvs.client import Link, default_namespace
+from kvs.keys import shown
 from kvs_watch import flags as F
 from kvs_watch.client import (
     BAD_EVENTLOG,
@@ -193,7 +194,7 @@ async def _get_one(h: HandleCore, key: str, flags: int, args: argparse.Namespace
                 if flags & F.WATCH and count and seen >= count:
                     break
     except ErrnoError as exc:
-        err = CLIError(key, detail=error_detail(exc, key))
+        err = CLIError(shown(key), detail=error_detail(exc, key))
         if flags & F.WATCH:
             err = isdir_hint(err, exc, f"kvbroker kvs watch-keys {key} watches what is below it")
         else:
@@ -250,7 +251,7 @@ async def watch_keys_async(h: HandleCore, args: argparse.Namespace,
                 if count and seen >= count:
                     return 0
     except ErrnoError as exc:
-        raise CLIError(key, detail=error_detail(exc, key)) from None
+        raise CLIError(shown(key), detail=error_detail(exc, key)) from None
     return 0
 
 
@@ -268,7 +269,7 @@ async def _started_within(changes: AsyncIterator[T], timeout: float | None,
     except TimeoutError:
         if timeout is None or not bound.expired():
             raise
-        raise CLIError(key, detail=f"{os.strerror(errno.ETIMEDOUT)} (watch not started "
+        raise CLIError(shown(key), detail=f"{os.strerror(errno.ETIMEDOUT)} (watch not started "
                                    f"within {timeout:g} s)") from None
     if first is None:
         return
@@ -351,9 +352,9 @@ async def eventlog_get_async(h: HandleCore, args: argparse.Namespace, fmt: Any,
                     return 0
             parser.close()
     except ErrnoError as exc:
-        raise CLIError(key, detail=error_detail(exc, key)) from None
+        raise CLIError(shown(key), detail=error_detail(exc, key)) from None
     except ValueError:
-        raise CLIError(key, detail=_BAD) from None
+        raise CLIError(shown(key), detail=_BAD) from None
     return 0
 
 
@@ -395,10 +396,11 @@ async def eventlog_wait_event_async(
                         o.write(fmt.format(e).encode() + b"\n")
                         o.flush()
     except TimeoutError:
-        raise CLIError(key, detail=f"{os.strerror(errno.ETIMEDOUT)} "
+        raise CLIError(shown(key), detail=f"{os.strerror(errno.ETIMEDOUT)} "
                                    f"(no event '{name}' within {timeout:g} s)") from None
     except ErrnoError as exc:
-        raise CLIError(key, detail=error_detail(exc, key)) from None
+        raise CLIError(shown(key), detail=error_detail(exc, key)) from None
     except ValueError:
-        raise CLIError(key, detail=_BAD) from None
-    raise CLIError(key, detail=f"{os.strerror(errno.ENODATA)} (event '{name}' never received)")
+        raise CLIError(shown(key), detail=_BAD) from None
+    raise CLIError(shown(key),
+                   detail=f"{os.strerror(errno.ENODATA)} (event '{name}' never received)")

@@ -166,6 +166,21 @@ async def test_put_get_across_ranks(start_instance) -> None:
         """)
 
 
+async def test_an_overlong_key_is_named_by_its_start(start_instance) -> None:
+    """``kvbroker: KEY: <strerror> (...)`` printed the whole key before the
+    message, which already shows its start: 100 kB of one key on stderr for
+    a put the limits refuse, a get or a watch of a missing key."""
+    inst = await start_instance(size=2)
+    huge = "k" * 100_000
+    for args in (("put", f"{huge}=v"), ("get", huge), ("get", "--raw", huge),
+                 ("eventlog", "get", huge)):
+        res = await kvs(inst, *args, rank=1)
+        assert res.rc == 1 and res.err.startswith("kvbroker: kkkk"), res.err[:200]
+        assert len(res.err) < 300, (args[0], res.err[:200])
+    res = await kvs(inst, "get", "q" * 1024, rank=1)  # a key a commit could write: whole
+    assert res.err == f"kvbroker: {'q' * 1024}: No such file or directory\n"
+
+
 async def test_options_may_sit_between_and_after_positionals(start_instance) -> None:
     """As getopt_long lets them for flux's commands: ``kvs put a=1 -N ns
     b=2`` is one transaction in ``ns``; plain argparse refused ``b=2``.

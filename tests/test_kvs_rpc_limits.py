@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 from test_kvs_rpc_helpers import (
     APPEND,
+    READDIR,
     TREEOBJ,
     commit,
     dir_,
@@ -192,3 +193,42 @@ async def test_an_oversized_value_is_refused_on_the_follower(small_blobs) -> Non
     obj = await lookup(h0, "max", TREEOBJ)
     assert obj["type"] == "valref"
     assert len(await get(h3, "max")) == LIMIT
+
+
+async def test_errors_name_an_overlong_key_by_its_start(start_instance, connect) -> None:
+    """Reads, conditions and unlinks take keys of any length; an error about
+    such a key names its start (``kvs.keys.shown``), not the whole key sent
+    back in the answer -- a megabyte for a megabyte's key, through rank 3
+    and from rank 0 alike.  A key a commit could write is named whole."""
+    inst = await start_instance(size=4, fanout=2)
+    h3 = await connect(inst, 3)
+    await commit(h3, put("x", "v"))
+    huge = "k" * (1 << 20)
+    failures = [
+        # a malformed condition (rank 0's engine: EPROTO)
+        (errno.EPROTO, commit(h3, {"key": huge, "flags": EXPECT | APPEND, "dirent": val("v")})),
+        # a condition that fails
+        (errno.ECANCELED, commit(h3, {"key": huge, "flags": EXPECT, "dirent": val("v")})),
+        # reads: a missing key, a value read as a directory (the raw key)
+        (errno.ENOENT, lookup(h3, huge)),
+        (errno.ENOTDIR, lookup(h3, "x" + "." * (1 << 20), READDIR)),
+        # a dir dirent's entry name that is not a string (not a key the
+        # limits check: refused by rank 0's validation)
+        (errno.EINVAL, commit(h3, put("d", {"ver": 1, "type": "dir", "data": {
+            huge.encode(): val("v")}}))),
+    ]
+    for errnum, aw in failures:
+        exc = await refusal(aw)
+        assert exc.errnum == errnum, (errname(exc.errnum), exc.errstr[:80])
+        assert len(exc.errstr) < 200, (errname(errnum), len(exc.errstr))
+    # kvs-watch answers with the same messages
+    watch = h3.rpc_stream("kvs-watch.lookup", {"namespace": "primary",
+                                               "key": "x" + "." * (1 << 20),
+                                               "flags": READDIR})
+    exc = await refusal(watch.next_message())
+    assert exc.errnum == errno.ENOTDIR and len(exc.errstr) < 200, exc.errstr[:80]
+    # a key within the limits is named whole
+    at_limit = "q" * MAX_NAME
+    exc = await refusal(lookup(h3, at_limit))
+    assert exc.errstr == f"{at_limit}: no such key"
+
