@@ -74,7 +74,7 @@ from broker.errors import ErrnoError, RemoteError
 from broker.launch import StartError, private_dir
 from kvs import shards, treeobj, txn
 from kvs.client import READ_WINDOW, Link, pin_dir, read_tree
-from kvs.keys import join, normalize, parse_ns_target, split
+from kvs.keys import check_length, check_target_length, join, normalize, parse_ns_target, split
 from kvs.namespaces import CHECKPOINT_KEY
 from kvs.treeobj import BlobCache, NeedBlobs, TreeObj
 from kvs.txn import MAX_OPS
@@ -654,6 +654,18 @@ def build(items: Iterable[Item], hash_name: str = blobref.DEFAULT_HASH
     return rootref, {**values, **blobs}
 
 
+def _check_limits(prefix: str, item: Item) -> None:
+    """``ENAMETOOLONG`` for an item a commit could not write below
+    ``prefix`` (:func:`kvs.txn.check_limits`: its key, a symlink's target).
+    The owner's restore stores the tree's blobs and commits one ``dirref``,
+    which names none of the keys, so the kvs module never saw them: an
+    archive entry of any length became a key online.  (An offline restore
+    into a stopped instance's statedir is not held to them.)"""
+    check_length(f"{prefix}.{item.key}")
+    if item.kind == "symlink":
+        check_target_length(item.target, None)
+
+
 async def restore(kvs: KVS, source: str | IO[bytes], key: str, *,
                   size_limit: int | None = None,
                   on_item: Callable[[Item], None] | None = None) -> Report:
@@ -664,7 +676,9 @@ async def restore(kvs: KVS, source: str | IO[bytes], key: str, *,
     directories', and commits one ``dirref``; a guest, who may not store
     blobs, commits every key in one transaction.  A value over the
     instance's ``content.blob-size-limit`` stops it before anything is
-    committed.  Raises :class:`ArchiveError` and ``RemoteError``."""
+    committed, as does a key or symlink target over the limits of a
+    commit (``ENAMETOOLONG``, :data:`kvs.keys.MAX_NAME`).  Raises
+    :class:`ArchiveError`, ``ErrnoError`` and ``RemoteError``."""
     if not split(key):
         raise ArchiveError("the key to restore to cannot be the root directory (restore "
                            "to a key, then namespace create -r with the root it prints)")
@@ -679,22 +693,25 @@ async def restore(kvs: KVS, source: str | IO[bytes], key: str, *,
             raise
         owner = False
     report = Report()
+    prefix = normalize(key)
     tree = _Tree(hash_name, report, inline=not owner)
     items = read_items(source, size_limit=size_limit, max_value=limit, report=report)
     if not owner:
         budget = int(await h.attr_get("broker.max-message"))
         for item in await asyncio.to_thread(_one_transaction, items, budget):
+            _check_limits(prefix, item)
             tree.add(item)
             if on_item is not None:
                 on_item(item)
         tree.finish()
         result = await kvs.commit([{"key": key, "flags": 0, "dirent": treeobj.dir_()},
-                                   *tree.ops(normalize(key))])
+                                   *tree.ops(prefix)])
         report.rootref = (await kvs.get_treeobj(key, at=result))["data"][0]
         return report
     uploader = _Uploader(h)
     try:
         for item in items:
+            _check_limits(prefix, item)
             blob = tree.add(item)
             if on_item is not None:
                 on_item(item)

@@ -40,7 +40,7 @@ from test_kvs_rpc_helpers import (
 )
 
 from broker.errors import ErrnoError, RemoteError
-from kvs.archive import restore_checkpoint
+from kvs.archive import restore, restore_checkpoint
 from kvs.client import KVS, TxnOps
 from kvs.keys import MAX_KEY, MAX_NAME
 
@@ -232,3 +232,48 @@ async def test_errors_name_an_overlong_key_by_its_start(start_instance, connect)
     exc = await refusal(lookup(h3, at_limit))
     assert exc.errstr == f"{at_limit}: no such key"
 
+
+async def test_an_owners_restore_is_held_to_the_key_limits(start_instance, connect,
+                                                           tmp_path: Path) -> None:
+    """The instance owner's ``kvs restore`` stores the tree's blobs and
+    commits one ``dirref``, which names none of its keys: an archive entry
+    with a 1,025-byte name, a 9,008-byte path, or a symlink to an overlong target, became a key
+    no commit may write.  It is refused (``ENAMETOOLONG``) before anything
+    is stored or committed; an archive within the limits is restored."""
+    inst = await start_instance(size=2)
+    h = await connect(inst, 1)
+    long_name = "x" * (MAX_NAME + 1)
+
+    def archive(name: str, *entries: tarfile.TarInfo) -> Path:
+        path = tmp_path / name
+        with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
+            for info in entries:
+                data = b"v" * info.size
+                tar.addfile(info, io.BytesIO(data) if info.isfile() else None)
+        return path
+
+    def value(path: str) -> tarfile.TarInfo:
+        info = tarfile.TarInfo(path)
+        info.size = 1
+        return info
+
+    def link(path: str, target: str) -> tarfile.TarInfo:
+        info = tarfile.TarInfo(path)
+        info.type, info.linkname = tarfile.SYMTYPE, target
+        return info
+
+    stored = (await h.rpc("content.stats-get", {}, nodeid=0))["stored"]
+    for bad in (archive("name.tar", value("ok"), value(f"top/{long_name}")),
+                archive("path.tar", value("/".join(["p" * 1000] * 9))),
+                archive("link.tar", value("ok"), link("l", "t" * (MAX_KEY + 1)))):
+        with pytest.raises(ErrnoError) as info:
+            await asyncio.wait_for(restore(KVS(h), str(bad), "r"), FAST)
+        assert info.value.errnum == errno.ENAMETOOLONG, info.value
+        assert len(info.value.errstr) < 200
+        assert (await refusal(lookup(h, "r"))).errnum == errno.ENOENT
+    assert (await h.rpc("content.stats-get", {}, nodeid=0))["stored"] == stored
+    # the limits, not less
+    target = ".".join(["t" * (MAX_NAME - 1)] * 8)  # 8,191 bytes
+    good = archive("good.tar", value("n" * MAX_NAME), link("l", target))
+    await asyncio.wait_for(restore(KVS(h), str(good), "r"), FAST)
+    assert await get(h, "r." + "n" * MAX_NAME) == b"v"
