@@ -245,8 +245,9 @@ class KvsModule(Module):
         self.blob_limit: int = BLOB_SIZE_LIMIT.value(ctx.attrs)
         """``content.blob-size-limit``: a commit with a bigger value is refused
         where it enters (``EFBIG``), not sent whole to rank 0 to be refused
-        there.  This rank's own value: every rank is started with the same
-        attributes (``kvbroker start -S``, a bootstrap file's ``[attrs]``)."""
+        there.  This rank's own value, as its content module's: ``kvbroker
+        start -S`` and a bootstrap file's ``[attrs]`` give every rank the
+        same, ``kvbroker broker -S`` only its own rank (docs/protocol.md)."""
         self.namespaces: dict[str, Namespace] = {}
         self._loading: dict[str, asyncio.Future[Namespace]] = {}
         self.heard = Heard()
