@@ -58,7 +58,7 @@ from kvs import lookup as lookup_engine
 from kvs import treeobj, txn
 from kvs.blobs import BLOB_CACHE_BYTES, BlobFetcher, BlobStore
 from kvs.commits import CommitPipeline
-from kvs.keys import check_key, shown
+from kvs.keys import MAX_NS_NAME, check_key, shown
 from kvs.namespaces import (
     CHECKPOINT_KEY,
     EVENT_PREFIX,
@@ -68,6 +68,7 @@ from kvs.namespaces import (
     RecentRoots,
     check_name,
     event_topic_parts,
+    shown_name,
 )
 from kvs.refcheck import RefChecker, names_a_directory
 from kvs.relay import RelayOutbox
@@ -518,9 +519,11 @@ class KvsModule(Module):
         # While a follower loads a namespace, a setroot event may already have
         # given the placeholder a root, but not its owner: wait for the load.
         if ns is None or ns.rootseq < 0 or name in self._loading:
-            # (a name that cannot exist gets the same answer on every rank)
+            # (a name that cannot exist gets the same answer on every rank;
+            # any name a namespace may have is shown whole)
             if self.leader or not _valid_name(name):
-                raise ErrnoError(errno.ENOTSUP, f"namespace {name!r} does not exist")
+                raise ErrnoError(errno.ENOTSUP, f"namespace {shown_name(name, MAX_NS_NAME)} "
+                                                "does not exist")
             ns = await self._load_ns(name)
         if msg is not None:
             ns.check_access(msg)

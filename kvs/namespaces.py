@@ -31,12 +31,18 @@ _NAME_RE = re.compile(rf"[A-Za-z0-9_.+@=%,-]{{1,{MAX_NS_NAME}}}")
 _tiebreak = itertools.count()
 
 
+def shown_name(name: str, longest: int = SHOWN) -> str:
+    """``repr(name)`` for an error message, or only its start when it is
+    longer than ``longest`` characters: a request may name a namespace of
+    up to ``broker.max-message``, and the whole name would go back in the
+    answer."""
+    return f"{name[:SHOWN]!r}..." if len(name) > longest else repr(name)
+
+
 def check_name(name: object) -> str:
     """A namespace name: 1-255 characters, no spaces, slashes or colons."""
     if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
-        # (only the start of a long one: the whole name would go back in the answer)
-        shown = f"{name[:SHOWN]!r}..." if isinstance(name, str) and len(name) > SHOWN \
-            else repr(name)
+        shown = shown_name(name) if isinstance(name, str) else repr(name)
         raise ErrnoError(errno.EINVAL, f"invalid namespace name {shown}")
     return name
 

@@ -201,7 +201,7 @@ async def test_errors_name_an_overlong_key_by_its_start(start_instance, connect)
     back in the answer -- a megabyte for a megabyte's key, through rank 3
     and from rank 0 alike.  A key a commit could write is named whole."""
     inst = await start_instance(size=4, fanout=2)
-    h3 = await connect(inst, 3)
+    h0, h3 = await connect(inst, 0), await connect(inst, 3)
     await commit(h3, put("x", "v"))
     huge = "k" * (1 << 20)
     failures = [
@@ -216,6 +216,11 @@ async def test_errors_name_an_overlong_key_by_its_start(start_instance, connect)
         # limits check: refused by rank 0's validation)
         (errno.EINVAL, commit(h3, put("d", {"ver": 1, "type": "dir", "data": {
             huge.encode(): val("v")}}))),
+        # a namespace no name can be (ENOTSUP, as for any unknown one), on a
+        # follower and on rank 0
+        (errno.ENOTSUP, lookup(h3, "x", ns=huge)),
+        (errno.ENOTSUP, lookup(h0, "x", ns=huge)),
+        (errno.ENOTSUP, commit(h3, put("x", "v"), ns=huge)),
     ]
     for errnum, aw in failures:
         exc = await refusal(aw)
