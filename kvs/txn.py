@@ -108,8 +108,11 @@ def check_limits(key: str, flags: int, dirent: object, blob_limit: int | None = 
     ``ENAMETOOLONG`` for a name over :data:`kvs.keys.MAX_NAME` or a key over
     :data:`kvs.keys.MAX_KEY` that the op *creates*: its key, a symlink's
     target, the names in a ``dir`` dirent (their paths below ``key``
-    included).  ``EFBIG`` (the content module's message) for a ``val`` of
-    more than ``blob_limit`` bytes, at any depth of a ``dir`` dirent: it
+    included).  ``EINVAL`` for a NUL in such a name or target, as in a
+    key (an entry stored so could be read or unlinked by no key, only
+    with its whole directory).  ``EFBIG`` (the content module's message)
+    for a ``val`` of more than ``blob_limit`` bytes, at any depth of a
+    ``dir`` dirent: it
     becomes one blob, which rank 0's content store would refuse after the
     value had crossed the tree.  Unlinks and conditions (``EXPECT``) store
     nothing and pass, so keys stored before the limits stay removable.
@@ -136,10 +139,15 @@ def check_limits(key: str, flags: int, dirent: object, blob_limit: int | None = 
             if isinstance(data, dict):
                 target, ns = data.get("target"), data.get("namespace")
                 if isinstance(target, str) and (ns is None or isinstance(ns, str)):
+                    if "\0" in target:
+                        raise ErrnoError(errno.EINVAL, "symlink target contains a NUL character")
                     check_target_length(target, ns)
         elif t == "dir" and isinstance(data, dict):
             for name, entry in data.items():
                 if isinstance(name, str):
+                    if "\0" in name:  # (a key may not have one: unreadable by key)
+                        raise ErrnoError(errno.EINVAL, "directory entry name contains a NUL "
+                                                       "character")
                     sub = f"{path}.{name}"
                     check_length(sub)
                     todo.append((sub, entry))

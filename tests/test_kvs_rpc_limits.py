@@ -282,3 +282,24 @@ async def test_an_owners_restore_is_held_to_the_key_limits(start_instance, conne
     good = archive("good.tar", value("n" * MAX_NAME), link("l", target))
     await asyncio.wait_for(restore(KVS(h), str(good), "r"), FAST)
     assert await get(h, "r." + "n" * MAX_NAME) == b"v"
+
+
+async def test_a_nul_cannot_enter_through_a_dir_dirent_or_a_symlink(start_instance,
+                                                                      connect) -> None:
+    """A key with a NUL is EINVAL, but a ``dir`` dirent's entry name ``a\\0b``
+    was stored (on rank 0 and through rank 3): listed by ``dir``, then
+    readable and removable by no key (``d.a\\0b`` is EINVAL), only with its
+    whole directory; so was a symlink to ``x\\0y``.  Refused where the
+    commit enters, as a key with a NUL is."""
+    inst = await start_instance(size=4, fanout=2)
+    h0, h3 = await connect(inst, 0), await connect(inst, 3)
+    await commit(h3, put("warm", "up"))
+    root = await getroot(h0)
+    for h in (h0, h3):
+        for op in (put("d", dir_({"a\0b": val("v")})),
+                   put("d", dir_({"e": dir_({"a\0b": val("v")})})),
+                   put("l", symlink("x\0y")),
+                   put("d", dir_({"l": symlink("x\0y")}))):
+            exc = await refusal(commit(h, op))
+            assert exc.errnum == errno.EINVAL and "NUL" in exc.errstr, exc.errstr
+    assert await getroot(h0) == root
