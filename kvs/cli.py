@@ -932,6 +932,8 @@ async def _dropcache(h: Any, rank: int | None) -> None:
 
 def cmd_namespace(args: argparse.Namespace) -> int:
     args.what = f"kvs namespace {args.ns_cmd}"
+    if args.ns_cmd == "watch":
+        return _delegate("watch_namespaces", args)
 
     async def body(kvs: KVS) -> int:
         if args.ns_cmd == "list":
@@ -1358,6 +1360,18 @@ def register(subparsers: Any) -> None:
     c.add_argument("names", nargs="+", metavar="NS")
     c = nsub.add_parser("list", help="list namespaces")
     c.add_argument("--json", action="store_true", help="print the list as JSON")
+    c = nsub.add_parser("watch", help="print the namespaces that exist, then each one "
+                        "created or removed",
+                        description="Print 'exists NS' for each namespace named PREFIX... "
+                        "that exists (that you own, for a guest), then 'created NS' and "
+                        "'removed NS' as they happen, until interrupted or COUNT lines.  "
+                        "A kvbroker extension.")
+    c.add_argument("-c", "--count", type=non_negative_int, default=0, metavar="COUNT",
+                   help="stop after COUNT lines")
+    c.add_argument("--changes-only", action="store_true",
+                   help="do not print the namespaces that exist, only changes")
+    c.add_argument("--json", action="store_true", help="print each answer as JSON")
+    c.add_argument("prefix", nargs="?", default="", metavar="PREFIX")
     p.set_defaults(func=cmd_namespace)
 
     p = sub.add_parser("eventlog", help="append to, print or wait on an eventlog")

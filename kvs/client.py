@@ -81,6 +81,8 @@ if TYPE_CHECKING:
         InitialDone,
         KeyChanges,
         KeyWatch,
+        NamespaceEvent,
+        NamespaceWatch,
         SyncWatch,
         Watch,
         WatchEntry,
@@ -1088,6 +1090,17 @@ class KVS:
         resp = await self.handle.rpc("kvs.namespace-list", {})
         return [Root.from_payload(p) for p in resp["namespaces"]]
 
+    def watch_namespaces(self, prefix: str = "", *, changes_only: bool = False,
+                         nodeid: int | None = None) -> NamespaceWatch:
+        """:func:`kvs_watch.client.watch_namespaces`: the namespaces named
+        ``prefix...`` that exist, then each one created or removed
+        (``async for`` :class:`~kvs_watch.client.NamespaceEvent`).  Not
+        bound to this KVS's namespace; open to guests, who see their own."""
+        from kvs_watch.client import watch_namespaces
+
+        extra = {} if nodeid is None else {"nodeid": nodeid}
+        return watch_namespaces(self.handle, prefix, changes_only=changes_only, **extra)
+
 
 # ---------------------------------------------------------------- blocking facade
 
@@ -1270,6 +1283,18 @@ class SyncKVS:
 
         return SyncWatch(self.sync_handle,
                          self.aio.watch_eventlog(key, waitcreate=waitcreate, nodeid=nodeid),
+                         timeout=timeout)
+
+    def watch_namespaces(self, prefix: str = "", *, changes_only: bool = False,
+                         timeout: float | None = None,
+                         nodeid: int | None = None) -> SyncWatch[NamespaceEvent]:
+        """:meth:`KVS.watch_namespaces` as a blocking iterator of
+        ``NamespaceEvent`` (``with`` cancels it)."""
+        from kvs_watch.client import SyncWatch
+
+        return SyncWatch(self.sync_handle,
+                         self.aio.watch_namespaces(prefix, changes_only=changes_only,
+                                                   nodeid=nodeid),
                          timeout=timeout)
 
     def append_event(self, key: str, name: str,

@@ -262,6 +262,9 @@ class KvsModule(Module):
         self.counts: Counter[str] = Counter(dict.fromkeys(COUNTERS, 0))
         self.relays: RelayOutbox  # a follower's road to rank 0 (needs self.h: see start)
         self._epochs = count(1)  # rank 0: Namespace.epoch of each namespace created
+        self._last_epoch = 0
+        """Rank 0: the epoch last given (``namespace-list``'s ``epoch``: a
+        watcher of namespaces merges the list and the events by it)."""
         # Rank 0's content module when it is in this process with our hash
         # (also given to the fetcher, the checker and the pipeline at start)
         self._content: ContentModule | None = None
@@ -1160,7 +1163,8 @@ class KvsModule(Module):
             await self.refcheck.keep_whole({rootref: True}, begun)
         if name in self.namespaces:  # raced with another create while storing
             raise ErrnoError(errno.EEXIST, f"namespace {name} already exists")
-        ns = Namespace(name, owner, rootref, 0, flags, next(self._epochs))
+        self._last_epoch = next(self._epochs)
+        ns = Namespace(name, owner, rootref, 0, flags, self._last_epoch)
         self._note_roots(ns)
         self.namespaces[name] = ns
         self.counts["namespaces-created"] += 1
@@ -1182,7 +1186,10 @@ class KvsModule(Module):
         if ns is not None:
             ns.remove()
             self.counts["namespaces-removed"] += 1
-            self._publish(f"kvs.namespace-{name}-removed", {"namespace": name})
+            # owner and epoch: which namespace of the name went, and whose
+            # (kvs-watch.namespaces reports it to its owner, once)
+            self._publish(f"kvs.namespace-{name}-removed", {
+                "namespace": name, "owner": ns.owner, "epoch": ns.epoch})
         self.h.respond(msg, {})
 
     async def namespace_list(self, msg: Message) -> None:
@@ -1190,7 +1197,9 @@ class KvsModule(Module):
         if not self.leader:
             self.h.respond(msg, await self.h.rpc("kvs.namespace-list", {}, nodeid=0))
             return
-        self.h.respond(msg, {"namespaces": [
+        # epoch: the last one given, so a reader of the created and removed
+        # events can tell those the list already reflects (kvs-watch.namespaces)
+        self.h.respond(msg, {"epoch": self._last_epoch, "namespaces": [
             ns.describe() for ns in self.namespaces.values() if ns.rootseq >= 0]})
 
     # ================================================================ stats

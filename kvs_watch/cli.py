@@ -9,6 +9,8 @@
 * :func:`eventlog_get` -- ``kvs eventlog get [-w] [-W] [-c N] [-S] [-u|-H|-L] KEY``
 * :func:`eventlog_wait_event` -- ``kvs eventlog wait-event [-W] [-t SECS] [-q|-v] KEY NAME``
 * :func:`watch_keys` -- ``kvs watch-keys [-W] [-c N] [-v] [KEY]``
+* :func:`watch_namespaces` -- ``kvs namespace watch [-c N] [--changes-only] [--json]
+  [PREFIX]``
 
 Each connects to ``$KVBROKER_URI``, runs on the loop the user chose and
 returns the exit status; errors raise :class:`broker.cliutil.CLIError`
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import errno
+import json
 import os
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -46,6 +49,7 @@ from kvs_watch.client import (
     watch_eventlog,
 )
 from kvs_watch.client import watch_keys as kvs_watch_keys
+from kvs_watch.client import watch_namespaces as kvs_watch_namespaces
 
 __all__ = [
     "eventlog_get",
@@ -57,6 +61,8 @@ __all__ = [
     "watch_get_async",
     "watch_keys",
     "watch_keys_async",
+    "watch_namespaces",
+    "watch_namespaces_async",
 ]
 
 T = TypeVar("T")
@@ -252,6 +258,45 @@ async def watch_keys_async(h: HandleCore, args: argparse.Namespace,
                     return 0
     except ErrnoError as exc:
         raise CLIError(shown(key), detail=error_detail(exc, key)) from None
+    return 0
+
+
+# ---------------------------------------------------------------- namespace watch
+
+
+def watch_namespaces(args: argparse.Namespace) -> int:
+    """``kvbroker kvs namespace watch [-c N] [--changes-only] [--json] [PREFIX]``."""
+    return _run(args, lambda h: watch_namespaces_async(h, args))
+
+
+async def watch_namespaces_async(h: HandleCore, args: argparse.Namespace,
+                                 out: IO[bytes] | None = None) -> int:
+    """Print ``exists NS`` for each namespace named ``args.prefix...`` at
+    the start, then ``created NS`` / ``removed NS`` as they happen (``--json``:
+    each answer as JSON); ``-c N``: stop after N lines.  A line per answer,
+    flushed, so ``while read event ns`` in a shell sees each at once."""
+    o = _out(out)
+    count = getattr(args, "count", 0) or 0
+    prefix = getattr(args, "prefix", "") or ""
+    seen = 0
+    try:
+        async with kvs_watch_namespaces(h, prefix,
+                                        changes_only=getattr(args, "changes_only", False)) as w:
+            async for ev in w:
+                if getattr(args, "json", False):
+                    line = json.dumps({"namespace": ev.namespace, "owner": ev.owner,
+                                       "event": ev.event, "epoch": ev.epoch,
+                                       "initial": ev.initial})
+                else:
+                    line = f"{'exists' if ev.initial else ev.event} {ev.namespace}"
+                o.write(line.encode("utf-8", "surrogateescape") + b"\n")
+                o.flush()
+                seen += 1
+                if count and seen >= count:
+                    return 0
+    except ErrnoError as exc:
+        raise CLIError(getattr(args, "what", "kvs namespace watch"),
+                       detail=error_detail(exc, prefix)) from None
     return 0
 
 

@@ -23,7 +23,8 @@ iterator yields :data:`INITIAL_DONE` once the initial value has been
 delivered -- right away if the key does not exist yet (``waitcreate``).
 
 Helpers: :func:`watch_keys` (the keys commits write below a key, as
-etcd's prefix watch), :func:`stream` (a value in chunks), :func:`wait_create` (one value,
+etcd's prefix watch), :func:`watch_namespaces` (namespaces as they come
+and go), :func:`stream` (a value in chunks), :func:`wait_create` (one value,
 waiting for the key), :func:`watch_eventlog` / :func:`wait_event` (RFC 18
 eventlogs, entries as the plain dicts of :mod:`kvs.eventlog`), and
 :class:`SyncWatch` for the blocking facade (:class:`broker.sync.SyncHandle`).
@@ -163,10 +164,8 @@ class Watch(Generic[ItemT]):
     def start(self) -> Self:
         """Send the request (once); needs a running event loop."""
         if self._stream is None:
-            self._stream = self.h.rpc_stream(
-                "kvs-watch.lookup",
-                {"namespace": self.namespace, "key": self.key, "flags": self.flags},
-                nodeid=self.nodeid)
+            topic, payload = self._request()
+            self._stream = self.h.rpc_stream(topic, payload, nodeid=self.nodeid)
             # Dropped unfinished, it is cancelled: on the handle's loop when
             # that runs, at once when it does not (the blocking facade
             # between calls, whose loop turns only inside one).
@@ -174,6 +173,11 @@ class Watch(Generic[ItemT]):
                                        self.h, self._stream, self.nodeid)
             dropped.atexit = False
         return self
+
+    def _request(self) -> tuple[str, dict[str, Any]]:
+        """The streaming request :meth:`start` sends."""
+        return "kvs-watch.lookup", {"namespace": self.namespace, "key": self.key,
+                                    "flags": self.flags}
 
     async def __aenter__(self) -> Self:
         return self.start()
@@ -350,6 +354,83 @@ async def wait_create(h: HandleCore, key: str, *, namespace: str | None = None,
         async for entry in w:
             return entry
     raise RemoteError(errno.ENODATA, f"{key}: watch ended without a value")
+
+
+# ---------------------------------------------------------------- namespaces
+
+
+@dataclass(frozen=True, slots=True)
+class NamespaceEvent:
+    """One answer of :func:`watch_namespaces`: namespace ``namespace``
+    (owned by uid ``owner``) was ``"created"`` or ``"removed"``.  ``epoch``
+    tells namespaces of the same name apart (rank 0 numbers every
+    namespace-create; ``primary`` is 0).  ``initial``: it existed when the
+    watch started (the list), rather than being created since."""
+
+    namespace: str
+    owner: int
+    event: str
+    epoch: int | None = None
+    initial: bool = False
+
+    @property
+    def created(self) -> bool:
+        return self.event == "created"
+
+    @property
+    def removed(self) -> bool:
+        return self.event == "removed"
+
+
+NS_NOLIST = 1
+"""``kvs-watch.namespaces`` flag: changes only, no initial list."""
+
+
+class NamespaceWatch(Watch[NamespaceEvent]):
+    """A ``kvs-watch.namespaces`` request (:func:`watch_namespaces`): the
+    same async iterator and context manager as :class:`Watch`, cancelled the
+    same way, yielding :class:`NamespaceEvent`."""
+
+    def __init__(self, h: HandleCore, prefix: str = "", *, changes_only: bool = False,
+                 nodeid: int = NODEID_ANY) -> None:
+        if not isinstance(prefix, str):
+            raise TypeError(f"prefix must be a str, not {type(prefix).__name__}")
+        if not hasattr(h, "rpc_stream"):
+            raise TypeError(f"watch namespaces through a Handle, not a {type(h).__name__}")
+        self.h = h
+        self.key = ""
+        self.flags = 0
+        self.namespace = ""
+        self.prefix = prefix
+        self.changes_only = changes_only
+        self.nodeid = nodeid
+        self._stream = None
+
+    def __repr__(self) -> str:
+        return f"<NamespaceWatch prefix={self.prefix!r}>"
+
+    def _request(self) -> tuple[str, dict[str, Any]]:
+        return "kvs-watch.namespaces", {"prefix": self.prefix,
+                                        "flags": NS_NOLIST if self.changes_only else 0}
+
+    async def __anext__(self) -> NamespaceEvent:
+        p = await self.next_payload()
+        epoch = p.get("epoch")
+        return NamespaceEvent(str(p["namespace"]), int(p["owner"]), str(p["event"]),
+                              epoch if isinstance(epoch, int) else None,
+                              bool(p.get("initial", False)))
+
+
+def watch_namespaces(h: HandleCore, prefix: str = "", *, changes_only: bool = False,
+                     nodeid: int = NODEID_ANY) -> NamespaceWatch:
+    """The namespaces whose name starts with ``prefix``: first each one that
+    exists (``initial``, in creation order), then each one created or removed
+    as it happens, with no gap and no duplicate between the two (the broker
+    merges them by epoch).  A guest is told of its own namespaces only.
+    ``changes_only`` skips the list.  As etcd's list-then-watch, so a job
+    worker discovers jobs by their namespaces (``job-``) without
+    coordinating through keys of ``primary``.  A kvbroker extension."""
+    return NamespaceWatch(h, prefix, changes_only=changes_only, nodeid=nodeid)
 
 
 class _Wrapped:
@@ -605,8 +686,8 @@ async def wait_event(h: HandleCore, key: str, name: str, *, namespace: str | Non
 
 
 class _AsyncWatch(Protocol[ItemT_co]):
-    """What :class:`SyncWatch` drives: a :class:`Watch`, :class:`KeyWatch` or
-    :class:`EventlogWatch`."""
+    """What :class:`SyncWatch` drives: a :class:`Watch`, :class:`KeyWatch`,
+    :class:`EventlogWatch` or :class:`NamespaceWatch`."""
 
     async def __aenter__(self) -> Any: ...
 

@@ -12,6 +12,10 @@ Requests (docs/protocol.md, section "kvs-watch"):
   sent without response; answered ``{}`` if a response is wanted.
 * ``kvs-watch.disconnect`` -- the router's notice that a client went away:
   its watchers are dropped silently.
+* ``kvs-watch.namespaces`` ``{prefix?, flags?}`` -- streaming: the
+  namespaces that exist, then each one created or removed, as ``{namespace,
+  owner, event, epoch, initial?}`` (:mod:`kvs_watch.nswatch`).  Cancelled and
+  dropped as a lookup's watcher, and counted with them.
 * ``kvs-watch.stats-get`` -- watchers, namespaces, event counters (a guest
   sees its own namespaces only, and no counter).
 
@@ -19,12 +23,15 @@ Events (docs/protocol.md, Events and monitors): the module subscribes once,
 at start, to ``kvs.namespace-`` (``self.h.subscribe``, a direct call that
 never waits), and keeps one :class:`~kvs_watch.monitor.Monitor` per watched
 namespace.  It handles ``setroot``, ``removed`` and ``created`` of the
-monitored namespaces, drops ``error``, and drops as *foreign* any event that
-is not from the instance owner, whose topic is not ``kvs.namespace-<NS>-<kind>``
-for a monitored ``NS``, whose ``namespace`` field disagrees with the
-topic, or whose root fields are not a kvs's (an int ``rootseq``, a blobref
-``rootref``).  An event for a namespace this rank does not watch costs one dict
-look-up; a watch costs no subscription.
+monitored namespaces, gives every ``created`` and ``removed`` to the
+namespace watchers (:mod:`kvs_watch.nswatch`) while there are any, drops
+``error``, and drops as *foreign* any event that is not from the instance
+owner, whose topic is not ``kvs.namespace-<NS>-<kind>`` for a monitored
+``NS`` (nor a ``created`` or ``removed`` a namespace watcher takes), whose
+``namespace`` field disagrees with the topic, or whose root fields are not
+a kvs's (an int ``rootseq``, a blobref ``rootref``).  An event for a
+namespace this rank does not watch costs one dict look-up; a watch costs
+no subscription.
 
 Access: a guest may watch only a namespace it owns (``EPERM``), checked
 against the owner that ``kvs.getroot``/``created``/``setroot`` report; the
@@ -50,6 +57,8 @@ from kvs.keys import check_key
 from kvs.namespaces import EVENT_PREFIX, PRIMARY, check_name, event_topic_parts
 from kvs_watch import flags as F
 from kvs_watch.monitor import INIT, MISSING, READY, Monitor
+from kvs_watch.nswatch import NsWatcher
+from kvs_watch.nswatch import check_flags as check_ns_flags
 from kvs_watch.watcher import DEFAULT_MAX_BACKLOG, Watcher
 
 log = logging.getLogger("kvbroker.kvs-watch")
@@ -91,7 +100,8 @@ DROP_PER_TURN = 256
 
 
 COUNTERS = ("watchers-created", "lookups", "lookups-shared", "answers", "blob-loads",
-            "cancelled", "disconnected", "namespaces-removed", "refused-over-cap")
+            "cancelled", "disconnected", "namespaces-removed", "refused-over-cap",
+            "namespace-watchers-created")
 """The ``counts`` of ``kvs-watch.stats-get`` (all shown, 0 included)."""
 
 
@@ -110,7 +120,7 @@ class KvsWatchModule(Module):
         """Watches in progress of each guest user (by uid) with any."""
         self.hash_name = CONTENT_HASH.value(attrs)
         self.monitors: dict[str, Monitor] = {}
-        self.clients: dict[Route, dict[int, Watcher]] = {}
+        self.clients: dict[Route, dict[int, Watcher | NsWatcher]] = {}
         """Watchers by the route of their request, then matchtag (cancel, disconnect)."""
         self.nwatchers = 0
         self.counts: Counter[str] = Counter(dict.fromkeys(COUNTERS, 0))
@@ -118,10 +128,13 @@ class KvsWatchModule(Module):
         """Lookups in flight, shared by the watchers that want the same one."""
         self._current: dict[str, Any] = {}
         """Rank 0's ``kvs.getroot`` in flight, per namespace (:meth:`current_root`)."""
+        self.ns_watchers: dict[NsWatcher, None] = {}
+        """``kvs-watch.namespaces`` watchers, fed the created and removed events."""
 
     def handlers(self) -> dict[str, Handler]:
         return {
             "kvs-watch.lookup": self.lookup,
+            "kvs-watch.namespaces": self.watch_namespaces,
             "kvs-watch.cancel": self.cancel,
             "kvs-watch.disconnect": self.disconnect,
             "kvs-watch.stats-get": self.stats_get,
@@ -136,6 +149,8 @@ class KvsWatchModule(Module):
             for w in list(mon.watchers):
                 # ENOSYS as Flux; the text says what the user sees happen
                 w.fail(errno.ENOSYS, "the watch ended: this rank is stopping")
+        for nw in list(self.ns_watchers):
+            nw.fail(errno.ENOSYS, "the watch ended: this rank is stopping")
 
     # ================================================================ requests
 
@@ -151,30 +166,10 @@ class KvsWatchModule(Module):
         flags = F.check(p["flags"], msg.streaming)
         key = check_key(p["key"])
         check_name(name)
-        route = tuple(msg.route)
-        tags = self.clients.get(route)
-        if tags is not None and msg.matchtag in tags:
-            raise ProtocolError(f"matchtag {msg.matchtag} is already watching")
-        if tags is not None and len(tags) >= self.max_client_watches:
-            self.counts["refused-over-cap"] += 1
-            raise ErrnoError(errno.ENOSPC, f"this client has {len(tags)} watches on rank "
-                                           f"{self.ctx.rank} (kvs-watch.max-watches-per-"
-                                           "client): end some first")
-        guest = not msg.is_owner
-        if guest and self.guest_watches[msg.userid] >= self.max_guest_watches:
-            self.counts["refused-over-cap"] += 1
-            raise ErrnoError(errno.ENOSPC, f"this user has {self.guest_watches[msg.userid]} "
-                                           f"watches on rank {self.ctx.rank} (kvs-watch.max-"
-                                           "watches-per-guest): end some first")
+        self._check_caps(msg)
         msg.payload = None  # parsed: keep only the envelope
         w = Watcher(self, msg, key, flags, name)
-        if tags is None:
-            tags = self.clients[route] = {}
-        tags[msg.matchtag] = w
-        if guest:
-            self.guest_watches[msg.userid] += 1
-        self.nwatchers += 1
-        self.counts["watchers-created"] += 1
+        self._register(w)
         mon = self.monitors.get(name)
         if mon is None:
             mon = self._new_monitor(name, bool(flags & F.WAITCREATE))
@@ -182,6 +177,76 @@ class KvsWatchModule(Module):
             self._join_fresh(mon, w)
             return
         mon.add(w)
+
+    def _check_caps(self, msg: Message) -> None:
+        """Refuse a watch that would exceed a cap, or reuse a matchtag."""
+        tags = self.clients.get(tuple(msg.route))
+        if tags is not None and msg.matchtag in tags:
+            raise ProtocolError(f"matchtag {msg.matchtag} is already watching")
+        if tags is not None and len(tags) >= self.max_client_watches:
+            self.counts["refused-over-cap"] += 1
+            raise ErrnoError(errno.ENOSPC, f"this client has {len(tags)} watches on rank "
+                                           f"{self.ctx.rank} (kvs-watch.max-watches-per-"
+                                           "client): end some first")
+        if not msg.is_owner and self.guest_watches[msg.userid] >= self.max_guest_watches:
+            self.counts["refused-over-cap"] += 1
+            raise ErrnoError(errno.ENOSPC, f"this user has {self.guest_watches[msg.userid]} "
+                                           f"watches on rank {self.ctx.rank} (kvs-watch.max-"
+                                           "watches-per-guest): end some first")
+
+    def _register(self, w: Watcher | NsWatcher) -> None:
+        """Count a new watch (its client's, its guest's) so cancel and
+        disconnect find it."""
+        msg = w.msg
+        route = tuple(msg.route)
+        tags = self.clients.get(route)
+        if tags is None:
+            tags = self.clients[route] = {}
+        tags[msg.matchtag] = w
+        if not msg.is_owner:
+            self.guest_watches[msg.userid] += 1
+        self.nwatchers += 1
+        self.counts["watchers-created"] += 1
+
+    def watch_namespaces(self, msg: Message) -> None:
+        """``kvs-watch.namespaces``: list, then follow (:mod:`kvs_watch.nswatch`).
+
+        The watcher hears the events before the list is asked for, so none
+        made after the list is missed; rank 0's ``epoch`` in the list says
+        which ones it already holds.  Open to guests, who are told of their
+        own namespaces only: the module asks the list as the owner it runs
+        as, and filters."""
+        p = msg.payload if msg.payload is not None else {}
+        if not isinstance(p, dict):
+            raise ProtocolError("the payload must be a map")
+        prefix = p.get("prefix", "")
+        if not isinstance(prefix, str):
+            raise ProtocolError("field 'prefix' has the wrong type")
+        flags = check_ns_flags(p.get("flags", 0))
+        if not msg.streaming or msg.noresponse:
+            raise ErrnoError(errno.EPROTO, "kvs-watch.namespaces must be a streaming RPC")
+        self._check_caps(msg)
+        msg.payload = None
+        w = NsWatcher(self, msg, prefix, flags)
+        self._register(w)
+        self.ns_watchers[w] = None
+        self.counts["namespace-watchers-created"] += 1
+        if w.buffer is None:  # NOLIST
+            return
+        fut = self.h.rpc("kvs.namespace-list", {}, nodeid=0)
+        fut.add_done_callback(lambda f: self._listed(w, f))
+
+    def _listed(self, w: NsWatcher, fut: Any) -> None:
+        if fut.cancelled():
+            return
+        exc = fut.exception()  # (retrieved even if w ended meanwhile: asyncio logs it else)
+        if w.done:
+            return
+        if exc is not None:
+            errnum = exc.errnum if isinstance(exc, ErrnoError) else errno.EIO
+            w.fail(errnum, f"kvs.namespace-list: {error_text(exc)}")
+            return
+        w.listed(fut.result())
 
     def cancel(self, msg: Message) -> None:
         tag = require(msg.payload, matchtag=int)["matchtag"]
@@ -204,7 +269,7 @@ class KvsWatchModule(Module):
             self.counts["disconnected"] += len(tags)
             self._drop(list(tags.values()), 0)
 
-    def _drop(self, watchers: list[Watcher], start: int) -> None:
+    def _drop(self, watchers: list[Watcher | NsWatcher], start: int) -> None:
         end = start + DROP_PER_TURN
         for w in watchers[start:end]:
             w.finish()
@@ -309,6 +374,15 @@ class KvsWatchModule(Module):
         topic = msg.topic
         parts = event_topic_parts(topic)
         mon, kind = (self.monitors.get(parts[0]), parts[1]) if parts else (None, "")
+        if (self.ns_watchers and parts and kind in ("created", "removed")
+                and msg.userid == self.ctx.owner_uid):
+            heard = self._ns_event(parts[0], kind, msg)
+            if mon is None:
+                if heard:
+                    self.events.handled += 1
+                else:
+                    self.events.drop("foreign")
+                return
         if mon is None or kind not in EVENT_KINDS or msg.userid != self.ctx.owner_uid:
             self.events.drop("foreign")
             return
@@ -344,6 +418,25 @@ class KvsWatchModule(Module):
             self.events.drop("foreign")
             return
         self.events.handled += 1
+
+    def _ns_event(self, name: str, kind: str, msg: Message) -> bool:
+        """Tell the namespace watchers of a ``created`` or ``removed``
+        event; False (dropped as foreign) if its fields are not rank 0's."""
+        try:
+            p = msg.payload
+        except ProtocolError:
+            return False
+        if not isinstance(p, dict) or p.get("namespace") != name:
+            return False
+        owner, epoch = p.get("owner", -1), p.get("epoch")
+        if type(owner) is not int or not (epoch is None or type(epoch) is int):
+            return False
+        if kind == "created" and (epoch is None or type(p.get("rootseq")) is not int
+                                  or not blobref.is_valid(p.get("rootref"))):
+            return False
+        for w in list(self.ns_watchers):
+            w.event(kind, name, owner, epoch)
+        return True
 
     def _setroot(self, mon: Monitor, seq: int, ref: str, p: dict[str, Any]) -> None:
         if mon.state == READY and seq <= mon.rootseq:
@@ -420,7 +513,27 @@ class KvsWatchModule(Module):
     def respond_error(self, w: Watcher, errnum: int, errstr: str | None) -> None:
         self.h.respond_error(w.msg, errnum, errstr)
 
+    def respond_ns(self, w: NsWatcher, payload: dict[str, Any]) -> None:
+        self.counts["answers"] += 1
+        self.h.respond(w.msg, payload)
+
+    def respond_error_ns(self, w: NsWatcher, errnum: int, errstr: str | None) -> None:
+        self.h.respond_error(w.msg, errnum, errstr)
+
+    def ended_ns(self, w: NsWatcher) -> None:
+        self.ns_watchers.pop(w, None)
+        self._forget(w)
+
     def ended(self, w: Watcher) -> None:
+        self._forget(w)
+        mon = w.monitor
+        if mon is not None:
+            mon.remove(w)
+            if not mon.watchers:
+                self._drop_monitor(mon)
+
+    def _forget(self, w: Watcher | NsWatcher) -> None:
+        """Uncount a watch that ended (:meth:`_register`)."""
         msg = w.msg
         route = tuple(msg.route)
         tags = self.clients.get(route)
@@ -435,11 +548,6 @@ class KvsWatchModule(Module):
                 self.guest_watches[msg.userid] = left
             else:
                 del self.guest_watches[msg.userid]
-        mon = w.monitor
-        if mon is not None:
-            mon.remove(w)
-            if not mon.watchers:
-                self._drop_monitor(mon)
 
     def hash_blob(self, data: bytes) -> str:
         return blobref.hash_blob(data, self.hash_name)
@@ -477,6 +585,7 @@ class KvsWatchModule(Module):
         return {
             "rank": self.ctx.rank,
             "watchers": self.nwatchers,
+            "namespace-watchers": len(self.ns_watchers),
             "namespace-count": len(self.monitors),
             # Work still under way, for a caller waiting until the service
             # has caught up (e.g. a benchmark after creating 64K watchers):

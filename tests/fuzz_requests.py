@@ -23,7 +23,8 @@ TOPICS = (
     "attr.get attr.list broker.ping broker.stats-get content.checkpoint-get "
     "content.checkpoint-put content.dropcache content.flush content.load content.stats-get "
     "content.store event.pub event.subscribe event.unsubscribe kvs-watch.cancel "
-    "kvs-watch.disconnect kvs-watch.lookup kvs-watch.stats-get kvs.commit kvs.diff "
+    "kvs-watch.disconnect kvs-watch.lookup kvs-watch.namespaces kvs-watch.stats-get "
+    "kvs.commit kvs.diff "
     "kvs.disconnect kvs.dropcache kvs.getroot kvs.lookup kvs.lookup-plus "
     "kvs.namespace-create kvs.namespace-list kvs.namespace-remove kvs.relaycommit "
     "kvs.stats-get kvs.wait-version module.list kvs.gc nosuch.service"
@@ -71,6 +72,8 @@ class RequestFuzzer:
                                          "flags": r.choice([1, 3, 5, 9, 17, 33, 65, 129, 257,
                                                             0x400, 0x401])},
             "kvs-watch.cancel": lambda: {"matchtag": r.randrange(300)},
+            "kvs-watch.namespaces": lambda: {"prefix": r.choice(["", "a", "job-"]),
+                                             "flags": r.choice([0, 1, 2])},
             "content.store": lambda: {"data": r.choice([b"", b"x", b"y" * 10_000])},
             "content.load": lambda: {"blobref": self.ref()},
             "content.checkpoint-get": lambda: {"key": r.choice(["kvs-primary", "x"])},
@@ -150,7 +153,7 @@ class RequestFuzzer:
             p = self.templates[topic]()
             for _ in range(r.choice([0, 0, 1, 2])):
                 p[r.choice([*p, r.choice(FIELDS)])] = self.value()
-            streaming = int(topic == "kvs-watch.lookup")
+            streaming = int(topic in ("kvs-watch.lookup", "kvs-watch.namespaces"))
             header = [MsgType.REQUEST, topic, matchtag, r.choice([NODEID_ANY, NODEID_ANY, 0, 1]),
                       streaming, 0, 0, [], 0, None, 0]
             return [msgpack.packb(header), msgpack.packb(p)]

@@ -233,7 +233,8 @@ async def test_event_payloads(start_instance, connect) -> None:
     assert error["namespace"] == "evns" and error["errnum"] == errno.EISDIR
     assert isinstance(error["errstr"], str) and error["errstr"]
     assert len(error["names"]) == 1 and error["names"] != setroot["names"]
-    assert removed == {"namespace": "evns"}
+    # which namespace of the name went, and whose (kvs-watch.namespaces)
+    assert removed == {"namespace": "evns", "owner": owner, "epoch": created["epoch"]}
     assert all(e.userid == owner for e in got)
 
 

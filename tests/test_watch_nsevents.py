@@ -1,0 +1,226 @@
+"""``kvs-watch.namespaces``: the namespaces that exist, then each one created
+or removed (KVS.watch_namespaces, ``kvbroker kvs namespace watch``), on a
+far rank, for a guest (its own only), with no gap and no duplicate between
+the list and the events, and released by cancel and by a vanished client."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from typing import Any
+
+from test_watch_cli import run, spawn
+from test_watch_helpers import (
+    GUEST_UID,
+    T,
+    answer,
+    cancel,
+    end_errnum,
+    ns_create,
+    ns_remove,
+    run_guest,
+    stats,
+    wait_until,
+)
+
+from broker.handle import Handle
+from kvs.client import KVS, SyncKVS
+from kvs_watch.client import NamespaceEvent
+
+
+async def nsw_count(h: Any, n: int, nodeid: int) -> None:
+    """Until kvs-watch on ``nodeid`` has ``n`` namespace watchers (and as many watchers)."""
+    async def check() -> bool:
+        st = await stats(h, nodeid)
+        return bool(st["namespace-watchers"] == n and st["watchers"] == n)
+    await wait_until(check, T, f"{n} namespace watchers on rank {nodeid}")
+
+
+def brief(e: NamespaceEvent) -> tuple[str, str, bool]:
+    return (e.event, e.namespace, e.initial)
+
+
+async def test_far_rank_sees_existing_then_changes_in_order(start_instance, connect):
+    inst = await start_instance(size=4, fanout=2)
+    h0, h3 = await connect(inst, 0), await connect(inst, 3)
+    await ns_create(h0, "job-a")
+    await ns_create(h0, "other")
+    await ns_create(h0, "job-b", owner=1234)
+    async with KVS(h3).watch_namespaces("job-") as w:
+        first = [await asyncio.wait_for(anext(w), T) for _ in range(2)]
+        assert [brief(e) for e in first] == [("created", "job-a", True),
+                                             ("created", "job-b", True)]
+        assert first[1].owner == 1234 and first[0].epoch is not None
+        assert first[0].epoch < first[1].epoch  # in creation order
+        old_a = first[0].epoch
+        await ns_create(h0, "job-c")
+        await ns_create(h0, "not-a-job")
+        await ns_remove(h0, "job-a")
+        await ns_remove(h0, "other")
+        await ns_create(h0, "job-a")  # the same name again: a new namespace
+        await ns_remove(h0, "job-b")
+        got = [await asyncio.wait_for(anext(w), T) for _ in range(4)]
+    assert [brief(e) for e in got] == [("created", "job-c", False),
+                                       ("removed", "job-a", False),
+                                       ("created", "job-a", False),
+                                       ("removed", "job-b", False)]
+    assert got[1].epoch == old_a and got[2].epoch is not None and got[2].epoch > old_a
+    assert got[3].owner == 1234
+    await nsw_count(h0, 0, nodeid=3)  # leaving the block cancelled it
+    st = await stats(h3)
+    assert st["events"]["subscribe_calls"] == 1  # no subscription of its own
+    assert st["counts"]["namespace-watchers-created"] == 1
+
+
+async def test_guest_sees_only_its_own_namespaces(start_instance, connect):
+    inst = await start_instance(size=4, fanout=2, attrs={"access.allow-guest-user": "true"})
+    h0 = await connect(inst, 0)
+    await ns_create(h0, "mine-1", owner=GUEST_UID)
+    await ns_create(h0, "theirs-1", owner=GUEST_UID - 1)
+    guest = asyncio.ensure_future(asyncio.to_thread(run_guest, inst.uri(1), """
+        async def body(h):
+            out = []
+            s = h.rpc_stream("kvs-watch.namespaces", {})
+            while True:
+                msg = await asyncio.wait_for(s.next_message(), 20)
+                p = msg.payload
+                out.append([p["event"], p["namespace"], p["owner"]])
+                if p["namespace"] == "mine-3":
+                    st = await h.rpc("kvs-watch.stats-get", {})
+                    return {"seen": out, "stats": sorted(st)}
+    """))
+    await nsw_count(h0, 1, nodeid=1)
+    await ns_create(h0, "theirs-2", owner=GUEST_UID - 1)
+    await ns_create(h0, "mine-2", owner=GUEST_UID)
+    await ns_remove(h0, "theirs-1")
+    await ns_remove(h0, "mine-1")
+    await ns_create(h0, "mine-3", owner=GUEST_UID)
+    result = await asyncio.wait_for(guest, 30)
+    assert result["seen"] == [["created", "mine-1", GUEST_UID],
+                              ["created", "mine-2", GUEST_UID],
+                              ["removed", "mine-1", GUEST_UID],
+                              ["created", "mine-3", GUEST_UID]]
+    # (and its stats tell it nothing of the others' watchers)
+    assert result["stats"] == ["namespace-count", "namespaces", "rank"]
+
+
+async def test_created_while_the_watch_starts_reported_exactly_once(start_instance, connect):
+    """Namespaces are created back to back on rank 0 while watchers start on
+    rank 3, each at a later point of the burst: each watcher's list holds
+    some, its events the others (and events of namespaces already listed
+    arrive after it started).  Every namespace is reported once."""
+    inst = await start_instance(size=4, fanout=2)
+    h0, h3 = await connect(inst, 0), await connect(inst, 3)
+    n, nwatchers = 120, 8
+    made = 0
+    progress = asyncio.Condition()
+
+    async def create_all() -> None:
+        nonlocal made
+        sem = asyncio.Semaphore(16)  # 16 creates in flight: events on their way
+
+        async def one(i: int) -> None:
+            nonlocal made
+            async with sem:
+                await ns_create(h0, f"race-{i}")
+            async with progress:
+                made += 1
+                progress.notify_all()
+        await asyncio.gather(*(one(i) for i in range(n)))
+
+    async def watcher(after: int) -> tuple[Counter[str], int, int]:
+        async with progress:
+            await asyncio.wait_for(progress.wait_for(lambda: made >= after), T)
+        seen: Counter[str] = Counter()
+        initial = events = 0
+        async with KVS(h3).watch_namespaces("race-") as w:
+            while True:
+                e = await asyncio.wait_for(anext(w), T)
+                if e.namespace == "race-end":
+                    return seen, initial, events
+                assert e.event == "created", e
+                seen[e.namespace] += 1
+                if e.initial:
+                    initial += 1
+                else:
+                    events += 1
+
+    creator = asyncio.ensure_future(create_all())
+    tasks = [asyncio.ensure_future(watcher(i * n // nwatchers)) for i in range(nwatchers)]
+    await asyncio.wait_for(creator, 60)
+    await nsw_count(h0, nwatchers, nodeid=3)  # every watcher started before race-end
+    await ns_create(h0, "race-end")
+    results = await asyncio.wait_for(asyncio.gather(*tasks), 60)
+    want = {f"race-{i}" for i in range(n)}
+    for seen, _, _ in results:
+        assert set(seen) == want and set(seen.values()) == {1}, \
+            [k for k, v in seen.items() if v != 1]
+    # the race was run: some watcher had part of the burst listed, part as events
+    assert any(initial and events for _, initial, events in results), \
+        [(i, e) for _, i, e in results]
+    await nsw_count(h0, 0, nodeid=3)
+
+
+async def test_cancel_and_vanished_client_release_the_watcher(start_instance, connect):
+    inst = await start_instance(size=4, fanout=2)
+    h0, h3 = await connect(inst, 0), await connect(inst, 3)
+    s = h3.rpc_stream("kvs-watch.namespaces", {"prefix": "p"})
+    assert (await answer(s))["namespace"] == "primary"
+    await nsw_count(h0, 1, nodeid=3)
+    cancel(h3, s)
+    assert await end_errnum(s) == 0  # (ENODATA: the normal end)
+    await nsw_count(h0, 0, nodeid=3)
+    # changes only (NOLIST), from a client that then goes away
+    other = await asyncio.wait_for(Handle.connect(inst.uri(3)), T)
+    s2 = other.rpc_stream("kvs-watch.namespaces", {"prefix": "gone-", "flags": 1})
+    await nsw_count(h0, 1, nodeid=3)
+    await ns_create(h0, "gone-1")
+    p = await answer(s2)
+    assert (p["event"], p["namespace"], p.get("initial")) == ("created", "gone-1", None)
+    before = (await stats(h3))["counts"]
+    await other.close()
+    await nsw_count(h0, 0, nodeid=3)
+    after = (await stats(h3))["counts"]
+    assert after["disconnected"] == before["disconnected"] + 1
+    assert after["cancelled"] == before["cancelled"] == 1
+    assert (await stats(h3))["clients"] == 0
+
+
+async def test_cli_namespace_watch(start_instance, connect):
+    inst = await start_instance(size=2, fanout=2)
+    h0 = await connect(inst, 0)
+    await ns_create(h0, "job-1")
+    p = await spawn(inst.uri(1), "kvs", "namespace", "watch", "job-", "-c", "3")
+    assert p.stdout is not None
+    line = await asyncio.wait_for(p.stdout.readline(), T)
+    assert line == b"exists job-1\n"  # the watch has started: what follows is an event
+    await ns_create(h0, "job-2")
+    await ns_remove(h0, "job-1")
+    out, err = await asyncio.wait_for(p.communicate(), T)
+    assert (p.returncode, out, err) == (0, b"created job-2\nremoved job-1\n", b"")
+    rc, out_s, err_s = await run(inst.uri(1), "kvs", "namespace", "watch", "--json", "-c",
+                                 "1", "job-")
+    assert rc == 0 and err_s == "" and '"namespace": "job-2"' in out_s
+    assert '"initial": true' in out_s
+
+
+async def test_sync_kvs_watch_namespaces(start_instance) -> None:
+    """SyncKVS.watch_namespaces: the same stream, as a blocking iterator
+    (changes only with ``changes_only``); leaving ``with`` cancels it."""
+    inst = await start_instance(size=2)
+
+    def script() -> list[tuple[str, str, bool]]:
+        with SyncKVS(uri=inst.uri(1)) as kvs:
+            kvs.namespace_create("sync-1")
+            with kvs.watch_namespaces("sync-", timeout=T) as w:
+                seen = [brief(next(w))]
+                kvs.namespace_create("sync-2")
+                seen.append(brief(next(w)))
+            with kvs.watch_namespaces("sync-", changes_only=True, timeout=T) as w:
+                kvs.namespace_remove("sync-1")
+                seen.append(brief(next(w)))
+            return seen
+
+    assert await asyncio.to_thread(script) == [("created", "sync-1", True),
+                                               ("created", "sync-2", False),
+                                               ("removed", "sync-1", False)]
