@@ -52,6 +52,7 @@ from kvs.client import (
     READDIR,
     SYNC,
     TREEOBJ,
+    Change,
     CommitResult,
     Dir,
     TxnOps,
@@ -698,10 +699,22 @@ def cmd_sync(args: argparse.Namespace) -> int:
     return _run(args, body)
 
 
+_STATUS_LETTER: dict[Change, str] = {"added": "A", "removed": "D", "changed": "M"}
+"""``kvs diff --name-status``'s letters, git's."""
+
+
 def cmd_diff(args: argparse.Namespace) -> int:
     """``kvs diff OLD [NEW]`` (a kvbroker extension): the keys that differ
-    between two roots, one per line (docs/kvs.md, "Catching up after a gap")."""
+    between two roots, one per line (docs/kvs.md, "Catching up after a gap");
+    with ``--name-status``, each after a letter saying how it changed and a
+    tab, as ``git diff --name-status`` prints paths.  Not the default: the
+    bare keys are documented output that scripts read."""
     async def body(kvs: KVS) -> int:
+        if args.name_status:
+            changes = await kvs.diff(args.old, args.new, args.key, status=True)
+            for key, change in changes.items():
+                _emit(f"{_STATUS_LETTER[change]}\t{key}")
+            return 0
         for key in await kvs.diff(args.old, args.new, args.key):
             _emit(key)
         return 0
@@ -1335,6 +1348,9 @@ def register(subparsers: Any) -> None:
     _ns(p)
     p.add_argument("-k", "--key", default=".", metavar="KEY",
                    help="compare at and below KEY only (default: the whole namespace)")
+    p.add_argument("--name-status", action="store_true",
+                   help="print how each key changed before it, and a tab: A (added), "
+                   "D (removed) or M (changed), as git diff --name-status does")
     p.add_argument("old", metavar="OLD")
     p.add_argument("new", metavar="NEW", nargs="?")
     p.set_defaults(func=cmd_diff)

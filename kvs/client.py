@@ -64,6 +64,7 @@ from broker.errors import ErrnoError, RemoteError
 from broker.handle import Connecting
 from broker.sync import DEFAULT, Default
 from kvs import eventlog, treeobj
+from kvs.diff import Change
 from kvs.keys import join, normalize, parse_ns_target, split
 from kvs.lookup import READDIR, READLINK, SYMLINK_MAX, TREEOBJ
 from kvs.namespaces import PRIMARY
@@ -100,6 +101,7 @@ __all__ = [
     "SYNC",
     "TREEOBJ",
     "TREE_LIMIT",
+    "Change",
     "CommitResult",
     "Dir",
     "KVS",
@@ -970,12 +972,30 @@ class KVS:
 
     # ------------------------------------------------------------ versions and roots
 
+    @overload
     async def diff(self, old: RootSpec, new: RootSpec | None = None, key: str = ".", *,
-                   limit: int | None = None) -> list[str]:
+                   limit: int | None = None, status: Literal[False] = False) -> list[str]: ...
+
+    @overload
+    async def diff(self, old: RootSpec, new: RootSpec | None = None, key: str = ".", *,
+                   limit: int | None = None, status: Literal[True]) -> dict[str, Change]: ...
+
+    @overload
+    async def diff(self, old: RootSpec, new: RootSpec | None = None, key: str = ".", *,
+                   limit: int | None = None,
+                   status: bool) -> list[str] | dict[str, Change]: ...
+
+    async def diff(self, old: RootSpec, new: RootSpec | None = None, key: str = ".", *,
+                   limit: int | None = None, status: bool = False) -> Any:
         """The keys at or below ``key`` whose entries differ between roots
         ``old`` and ``new`` of this namespace (default: its current root on
         this rank), sorted: values, symlinks and empty directories that came,
         went or changed, every key below a directory that came or went.
+        With ``status=True``, a dict (in key order) of each key to how it
+        changed, as ``git diff --name-status`` says: ``"added"`` (only
+        ``new`` has it), ``"removed"`` (only ``old``) or ``"changed"``
+        (both, differing); a directory with entries is not a key, its keys
+        are (:mod:`kvs.diff`, docs/kvs.md).
 
         Comparing two versions visits only what changed between them (the
         tree is content-addressed), so a watcher that lost its connection
@@ -990,7 +1010,10 @@ class KVS:
             payload["new"] = as_root(new)["data"][0]
         if limit is not None:
             payload["limit"] = limit
-        return list((await self.handle.rpc("kvs.diff", payload))["keys"])
+        answer = await self.handle.rpc("kvs.diff", payload)
+        if status:
+            return dict(zip(answer["keys"], answer["changes"], strict=True))
+        return list(answer["keys"])
 
     async def getroot(self) -> Root:
         """``kvs.getroot``: this namespace's current root, version and owner."""
@@ -1359,9 +1382,21 @@ class SyncKVS:
                                       dst_namespace=dst_namespace))
 
     # versions, roots, namespaces
+    @overload
     def diff(self, old: RootSpec, new: RootSpec | None = None, key: str = ".", *,
-             limit: int | None = None) -> list[str]:
-        return self.run(self.aio.diff(old, new, key, limit=limit))
+             limit: int | None = None, status: Literal[False] = False) -> list[str]: ...
+
+    @overload
+    def diff(self, old: RootSpec, new: RootSpec | None = None, key: str = ".", *,
+             limit: int | None = None, status: Literal[True]) -> dict[str, Change]: ...
+
+    @overload
+    def diff(self, old: RootSpec, new: RootSpec | None = None, key: str = ".", *,
+             limit: int | None = None, status: bool) -> list[str] | dict[str, Change]: ...
+
+    def diff(self, old: RootSpec, new: RootSpec | None = None, key: str = ".", *,
+             limit: int | None = None, status: bool = False) -> Any:
+        return self.run(self.aio.diff(old, new, key, limit=limit, status=status))
 
     def getroot(self) -> Root:
         return self.run(self.aio.getroot())

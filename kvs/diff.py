@@ -25,12 +25,26 @@ key below it, so the list names what a reader must read again.  Symlinks
 are compared, never followed: a ``key`` whose path passes through one is
 ``EINVAL`` (its target is what changes: diff there), not an empty answer,
 unless the link itself came, went or changed: then its key is the answer.
+
+How each key changed (:meth:`Diff.changes`, ``git diff --name-status``'s
+A/D/M) compares what the key *is* in each tree, where a key is a value, a
+symlink or an empty directory and a directory with entries is not a key
+(its keys are below it): ``added`` when only the new tree has it,
+``removed`` when only the old one does, ``changed`` when both do and they
+differ (another value, a symlink retargeted, or one kind replaced by
+another: a value that became a symlink or an empty directory).  So a value
+that became a directory with entries is ``removed`` and each key below it
+``added`` (as git reports a file replaced by a directory); an empty
+directory that appears is ``added``, and one that gains entries is
+``removed`` with the entries ``added``.  The kind is a function of the two
+entries at the key alone, never of the order the work ran in, so a key
+reported again in a later round (after a fetch) has the same kind.
 """
 
 from __future__ import annotations
 
 import errno
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 from broker.errors import ErrnoError
 from kvs import shards
@@ -38,17 +52,25 @@ from kvs.keys import shown, split
 from kvs.lookup import load_dir
 from kvs.treeobj import BlobCache, NeedBlobs, TreeObj, dir_, dirref
 
-__all__ = ["DEFAULT_LIMIT", "Diff", "diff"]
+__all__ = ["ADDED", "CHANGED", "DEFAULT_LIMIT", "REMOVED", "Change", "Diff", "diff"]
 
 DEFAULT_LIMIT = 100_000
 """Most keys a diff reports; more is ``EOVERFLOW`` (read the directory whole)."""
+
+Change = Literal["added", "removed", "changed"]
+"""How a key changed: only the new tree has it, only the old one, or both, differing."""
+
+ADDED: Change = "added"
+REMOVED: Change = "removed"
+CHANGED: Change = "changed"
 
 _DIRS = ("dir", "dirref")
 _EMPTY: TreeObj = dir_()
 
 # The comparisons still to make (a stack of these).  Each runs whole or not
 # at all: one that finds a blob missing is put aside untouched, to run again
-# once the blob is here (reporting a key twice is harmless: keys are a set).
+# once the blob is here (reporting a key twice is harmless: keys are a set,
+# and its kind depends on its two entries only).
 
 
 class _Entries(NamedTuple):
@@ -73,9 +95,11 @@ class _Shards(NamedTuple):
 
 
 class _Every(NamedTuple):
-    """A directory only one tree has: every key of it."""
+    """A directory with entries that only one tree has (``new``: the new
+    one): every key of it."""
     prefix: str
     obj: TreeObj
+    new: bool
 
 
 _Task = _Entries | _Dirs | _Shards | _Every
@@ -95,7 +119,7 @@ class Diff:
         self.roots = (old_root, new_root)
         self.parts = split(key)
         self.limit = limit
-        self.keys: set[str] = set()
+        self.keys: dict[str, Change] = {}
         self.todo: list[_Task] | None = None  # (None: the key is not resolved yet)
         self.missing: set[str] = set()
 
@@ -137,6 +161,11 @@ class Diff:
             raise _Missing from None
 
     # ------------------------------------------------------------ running
+
+    def changes(self) -> dict[str, Change]:
+        """How each key changed, in key order (once :meth:`run` has
+        returned; so far, before)."""
+        return {key: self.keys[key] for key in sorted(self.keys)}
 
     def run(self) -> list[str]:
         """Go on comparing: the keys that differ, sorted; :class:`NeedBlobs`
@@ -181,7 +210,13 @@ class Diff:
                     raise ErrnoError(errno.EINVAL, f"{key} passes through the symlink "
                                      f"{shown(above)}, which a diff does not follow: "
                                      "diff its target")
-                self._report(above)
+                try:  # (is a directory on the other side a key: empty?)
+                    objs = self._loaded(sides[0], sides[1])
+                except _Missing:
+                    raise NeedBlobs(self.missing) from None
+                kind = _kind(_present(sides[0], objs[0]), _present(sides[1], objs[1]))
+                if kind is not None:  # (always: one side is a link, the other not it)
+                    self._report(above, kind)
                 self.todo = []
                 return
             below: list[TreeObj | None] = []
@@ -206,8 +241,15 @@ class Diff:
             self.missing.update(need.refs)
             raise _Missing from None
 
-    def _report(self, key: str) -> None:
-        self.keys.add(key)
+    def _loaded(self, old: TreeObj | None, new: TreeObj | None) -> list[TreeObj | None]:
+        """The directory each side holds (None: not a directory), every
+        missing blob noted before :class:`_Missing`."""
+        sides = (old, new)
+        dirs = iter(self._directories(*(s for s in sides if s is not None and _is_dir(s))))
+        return [next(dirs) if _is_dir(s) else None for s in sides]
+
+    def _report(self, key: str, kind: Change) -> None:
+        self.keys[key] = kind
         if len(self.keys) > self.limit:
             raise ErrnoError(errno.EOVERFLOW, f"more than {self.limit} keys differ: "
                                               "read the directory whole")
@@ -223,29 +265,29 @@ class Diff:
             todo.append(_Dirs(task.prefix, a, b))
         else:
             ents = self._entries(task.obj)
-            if not ents:
-                self._report(task.prefix)  # an empty directory is a key of its own
-            todo.extend(_Entries(_join(task.prefix, name), e, None) for name, e in ents.items())
+            todo.extend(_Entries(_join(task.prefix, name), None, e) if task.new
+                        else _Entries(_join(task.prefix, name), e, None)
+                        for name, e in ents.items())
 
     def _entry(self, key: str, old: TreeObj | None, new: TreeObj | None,
                todo: list[_Task]) -> None:
-        """Compare what ``key`` holds in each tree (None: nothing)."""
+        """Compare what ``key`` holds in each tree (None: nothing).  Every
+        blob is loaded before anything is reported, so the comparison runs
+        whole or not at all."""
         if old == new:
             return
-        old_dir = old is not None and old["type"] in _DIRS
-        new_dir = new is not None and new["type"] in _DIRS
-        if old_dir and new_dir:
-            assert old is not None and new is not None
-            a, b = self._directories(old, new)
-            if key and (shards.count(a) == 0) != (shards.count(b) == 0):
-                self._report(key)  # it became empty, or stopped being so
+        a, b = self._loaded(old, new)
+        was, now = _present(old, a), _present(new, b)
+        if a is not None and b is not None:
+            if key and was != now:
+                self._report(key, ADDED if now else REMOVED)  # became empty, or stopped
             todo.append(_Dirs(key, a, b))
             return
-        dirs = self._directories(*(side for side, is_dir in ((old, old_dir), (new, new_dir))
-                                   if is_dir and side is not None))
-        if (old is not None and not old_dir) or (new is not None and not new_dir):
-            self._report(key)  # a value or symlink came, went or changed
-        todo.extend(_Every(key, d) for d in dirs)
+        kind = _kind(was, now)
+        if kind is not None:
+            self._report(key, kind)  # a value, symlink or empty directory came, went or changed
+        todo.extend(_Every(key, d, side) for d, side in ((a, False), (b, True))
+                    if d is not None and shards.count(d) > 0)
 
     def _dirs(self, prefix: str, a: TreeObj, b: TreeObj, todo: list[_Task]) -> None:
         """Compare two directories: shard by shard when both are ``hdir``
@@ -259,6 +301,26 @@ class Diff:
         ea, eb = self._entries(a), self._entries(b)
         todo.extend(_Entries(_join(prefix, name), ea.get(name), eb.get(name))
                     for name in ea.keys() | eb.keys())
+
+
+def _is_dir(entry: TreeObj | None) -> bool:
+    return entry is not None and entry["type"] in _DIRS
+
+
+def _present(entry: TreeObj | None, directory: TreeObj | None) -> bool:
+    """Whether ``entry`` (the directory it holds loaded, if it is one) is a
+    key: a value, a symlink or an empty directory."""
+    return entry is not None and (directory is None or shards.count(directory) == 0)
+
+
+def _kind(was: bool, now: bool) -> Change | None:
+    """How a key changed that differs between the trees (``was``: the old
+    one has it as a key; ``now``: the new one)."""
+    if was and now:
+        return CHANGED
+    if was or now:
+        return ADDED if now else REMOVED
+    return None
 
 
 def _join(prefix: str, name: str) -> str:

@@ -821,9 +821,12 @@ class KvsModule(Module):
 
     async def diff(self, msg: Message) -> None:
         """``kvs.diff`` ``{namespace, old, new?, key?, limit?}`` -> ``{keys,
-        old, new}``: the keys at or below ``key`` whose entries differ between
-        the trees rooted at blobrefs ``old`` and ``new`` (default: the
-        namespace's current root here), sorted (:mod:`kvs.diff`).
+        changes, old, new}``: the keys at or below ``key`` whose entries
+        differ between the trees rooted at blobrefs ``old`` and ``new``
+        (default: the namespace's current root here), sorted, and how each
+        changed, ``added``, ``removed`` or ``changed``, in a list parallel
+        to ``keys`` (:mod:`kvs.diff`; a list, not a mapping, so the answer
+        names each key once and ``keys`` stays what older callers read).
 
         Roots are capabilities for the instance owner, as ``rootdir`` is for
         a lookup; a guest's must each be its namespace's current or a recent
@@ -850,13 +853,14 @@ class KvsModule(Module):
             while True:
                 try:
                     keys = work.run()  # (it goes on where the last run stopped)
+                    changes = [work.keys[k] for k in keys]
                     break
                 except treeobj.NeedBlobs as need:
                     await self.fetcher.fetch(need.refs, held)
         finally:
             if held:
                 self.blobs.release(held)
-        self.h.respond(msg, {"keys": keys, "old": old, "new": new})
+        self.h.respond(msg, {"keys": keys, "changes": changes, "old": old, "new": new})
 
     async def getroot(self, msg: Message) -> None:
         """``kvs.getroot {namespace, heard?}``.  With ``heard`` (kvs-watch,

@@ -21,7 +21,7 @@ from test_kvs_rpc_helpers import GUEST_UID, commit, errnum, getroot, put, run_gu
 from broker.content import blobref
 from broker.errors import ErrnoError, RemoteError
 from kvs import shards, treeobj, txn
-from kvs.client import KVS
+from kvs.client import KVS, SyncKVS
 from kvs.diff import Diff, diff
 from kvs.treeobj import BlobCache, NeedBlobs, TreeObj
 
@@ -73,6 +73,21 @@ def brute_force(blobs: dict[str, bytes], old: str, new: str) -> list[str]:
     return sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
 
 
+def brute_force_status(blobs: dict[str, bytes], old: str, new: str) -> dict[str, str]:
+    """How each key of the flattened trees changed: only new has it, only old, both."""
+    a, b = flatten(blobs, old), flatten(blobs, new)
+    return {k: "added" if k not in a else "removed" if k not in b else "changed"
+            for k in brute_force(blobs, old, new)}
+
+
+def changes(cache: BlobCache, old: str, new: str, key: str = ".") -> dict[str, str]:
+    work = Diff(cache, old, new, key)
+    keys = work.run()
+    status = work.changes()
+    assert list(status) == keys  # the same keys, in the same order
+    return dict(status)
+
+
 # ---------------------------------------------------------------- the engine
 
 
@@ -91,6 +106,64 @@ def test_every_kind_of_change_is_a_key() -> None:
     assert diff(cache, r1, r2) == expect == brute_force(t.blobs, r1, r2)
     assert diff(cache, r2, r1) == expect  # either way round
     assert diff(cache, r1, r1) == []
+
+
+def test_each_key_says_how_it_changed() -> None:
+    """A key is a value, a symlink or an empty directory: added when only
+    the new tree has it, removed when only the old one does, changed when
+    both do (a value that became a directory with entries is removed, its
+    new keys added, as git reports a file replaced by a directory)."""
+    t = Tree()
+    r1 = t.commit(_put("a.b", "1"), _put("gone", "3"), _put("same", "4"), _put("v2d", "5"),
+                  _put("d2v.x", "6"), _put("d2v.y", "7"), _put("v2e", "8"), _put("v2l", "9"),
+                  _entry("link", treeobj.symlink("a.b")), _entry("empty", treeobj.dir_()),
+                  _entry("filled", treeobj.dir_()), _put("emptied.k", "1"))
+    r2 = t.commit(_put("a.b", "changed"), _entry("gone", None), _put("new.deep.k", "8"),
+                  _entry("v2d", treeobj.dir_({"z": treeobj.val(b"9")})), _put("d2v", "now"),
+                  _entry("v2e", treeobj.dir_()), _entry("v2l", treeobj.symlink("a.b")),
+                  _entry("link", treeobj.symlink("a.c")), _entry("empty", None),
+                  _entry("fresh", treeobj.dir_()), _put("filled.k", "1"),
+                  _entry("emptied.k", None))
+    expect = {"a.b": "changed", "d2v": "added", "d2v.x": "removed", "d2v.y": "removed",
+              "emptied": "added", "emptied.k": "removed", "empty": "removed",
+              "filled": "removed", "filled.k": "added", "fresh": "added", "gone": "removed",
+              "link": "changed", "new.deep.k": "added", "v2d": "removed", "v2d.z": "added",
+              "v2e": "changed", "v2l": "changed"}
+    cache = BlobCache(t.blobs)
+    assert changes(cache, r1, r2) == expect == brute_force_status(t.blobs, r1, r2)
+    swap = {"added": "removed", "removed": "added", "changed": "changed"}
+    assert changes(cache, r2, r1) == {k: swap[v] for k, v in expect.items()}
+    assert changes(cache, r1, r2, "v2d") == {"v2d": "removed", "v2d.z": "added"}
+    assert changes(cache, r1, r1) == {}
+
+
+def test_a_kind_is_the_same_whatever_rounds_the_diff_took() -> None:
+    """Run cold, one level of blobs fetched a round, the kinds are those of
+    a diff with every blob at hand: they depend on the two entries at a key,
+    not on when the work got there."""
+    t = Tree()
+    deep = ".".join(f"l{i}" for i in range(8))
+    r1 = t.commit(_put(f"{deep}.v", "1"), _entry(f"{deep}.e", treeobj.dir_()),
+                  _put(f"{deep}.d.x", "2"), *[_put(f"wide.k{i}", "w") for i in range(300)])
+    r2 = t.commit(_entry(f"{deep}.v", treeobj.dir_({"z": treeobj.val(b"3")})),
+                  _put(f"{deep}.e", "now a value"), _entry(f"{deep}.d.x", None),
+                  _entry("wide.k7", treeobj.dir_()), _entry("wide.k8", None))
+    have = {r1: t.blobs[r1], r2: t.blobs[r2]}
+    work = Diff(BlobCache(have), r1, r2)
+    rounds = 0
+    while True:
+        try:
+            work.run()
+            break
+        except NeedBlobs as need:
+            rounds += 1
+            have.update((ref, t.blobs[ref]) for ref in need.refs)
+    assert rounds >= 8
+    expect = {f"{deep}.d": "added", f"{deep}.d.x": "removed", f"{deep}.e": "changed",
+              f"{deep}.v": "removed", f"{deep}.v.z": "added", "wide.k7": "changed",
+              "wide.k8": "removed"}
+    assert work.changes() == expect == changes(BlobCache(t.blobs), r1, r2)
+    assert expect == brute_force_status(t.blobs, r1, r2)
 
 
 def test_a_directory_that_becomes_empty_or_stops_being_is_a_key() -> None:
@@ -131,6 +204,13 @@ def test_a_link_that_came_or_went_above_the_key_is_the_answer() -> None:
     cache = BlobCache(t.blobs)
     assert diff(cache, r1, r2, "a.b") == ["a"] == diff(cache, r2, r1, "a.b")
     assert diff(cache, r2, r3, "a.b") == ["a"]  # another target: the link changed
+    # how: as a diff of the whole tree says of a (a.b, the other key, is out of scope)
+    assert changes(cache, r1, r2, "a.b") == {"a": "added"}  # (a directory with entries
+    assert changes(cache, r2, r1, "a.b") == {"a": "removed"}  # is not a key)
+    assert changes(cache, r2, r3, "a.b") == {"a": "changed"}
+    assert changes(cache, r1, r2)["a"] == "added"
+    r4 = t.commit(_entry("a", treeobj.dir_()))  # an empty directory is a key
+    assert changes(cache, r4, r3, "a.b") == {"a": "changed"}
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -160,6 +240,7 @@ def test_hashed_directories_diff_as_the_flattened_trees_do(monkeypatch, seed) ->
     for old in roots[::3]:
         for new in roots[1::2]:
             assert diff(cache, old, new) == brute_force(t.blobs, old, new)
+            assert changes(cache, old, new) == brute_force_status(t.blobs, old, new)
 
 
 class CountingStore(dict[str, bytes]):
@@ -376,8 +457,45 @@ async def test_diff_from_the_cli(start_instance, connect) -> None:
     assert (rc, out, err) == (0, "a.b\nc\n", "")
     rc, out, _ = await run_cli("kvs", "diff", "-k", "a", old, uri=inst.uri(1))
     assert (rc, out) == (0, "a.b\n")
+    new = (await commit(h, put("a.d", "new"), put("c.x", "now a directory")))["rootref"]
+    rc, out, err = await run_cli("kvs", "diff", "--name-status", old, new, uri=inst.uri(1))
+    assert (rc, out, err) == (0, "M\ta.b\nA\ta.d\nD\tc\nA\tc.x\n", "")
     rc, out, err = await run_cli("kvs", "diff", "sha256-nope", uri=inst.uri(0))
     assert rc == 1 and out == "" and "Invalid argument" in err
+
+
+async def test_a_follower_says_how_each_key_changed(start_instance, connect) -> None:
+    """``kvs.diff`` on rank 2 answers ``changes`` beside ``keys`` (which
+    stays as it was); ``KVS.diff(status=True)`` and the blocking facade give
+    the mapping, and the plain call still a list."""
+    inst = await start_instance(size=3, fanout=1)
+    h0 = await connect(inst, 0)
+    await commit(h0, put("jobs.a", "1"), put("jobs.b", "2"), put("jobs.v", "3"),
+                 put("jobs.l", "x"))
+    old = (await getroot(h0))["rootref"]
+    seq = await commit(h0, put("jobs.a", "9"), unlink("jobs.b"), put("jobs.v.sub", "4"),
+                       put("jobs.c", "5"), {"key": "jobs.l", "flags": 0,
+                                            "dirent": treeobj.symlink("jobs.a")},
+                       {"key": "jobs.e", "flags": 0, "dirent": treeobj.dir_()})
+    expect = {"jobs.a": "changed", "jobs.b": "removed", "jobs.c": "added", "jobs.e": "added",
+              "jobs.l": "changed", "jobs.v": "removed", "jobs.v.sub": "added"}
+    h2 = await connect(inst, 2)
+    async with KVS(h2) as kvs2:
+        await asyncio.wait_for(kvs2.wait_version(seq["rootseq"]), 10)
+        answer = await asyncio.wait_for(h2.rpc("kvs.diff", {"old": old, "key": "jobs"}), 10)
+        assert answer["keys"] == list(expect)
+        assert answer["changes"] == list(expect.values())
+        got = await asyncio.wait_for(kvs2.diff(old, key="jobs", status=True), 10)
+        assert got == expect and list(got) == list(expect)  # (in key order)
+        assert await asyncio.wait_for(kvs2.diff(old, key="jobs"), 10) == list(expect)
+        assert await asyncio.wait_for(kvs2.diff(old, key="jobs.v", status=True), 10) \
+            == {"jobs.v": "removed", "jobs.v.sub": "added"}
+
+    def blocking() -> tuple[dict[str, str], list[str]]:
+        with SyncKVS(uri=inst.uri(1)) as kvs:
+            kvs.wait_version(seq["rootseq"])
+            return kvs.diff(old, key="jobs", status=True), kvs.diff(old, key="jobs")
+    assert await asyncio.wait_for(asyncio.to_thread(blocking), 30) == (expect, list(expect))
 
 
 async def test_malformed_diff_requests_are_eproto_or_einval(start_instance, connect) -> None:

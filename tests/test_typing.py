@@ -1,4 +1,4 @@
-"""What a type checker sees of the watch API in a user's code.
+"""What a type checker sees of the watch API, and of other calls whose options
 
 A user who runs ``mypy --strict`` on their own code reads ``entry.value``
 straight from a plain watch: it yields :class:`WatchEntry`, and only a watch
@@ -60,10 +60,14 @@ async def user(h: Handle, kvs: KVS, skvs: SyncKVS, flag: bool) -> None:
     reveal_type(await kvs.get("a", None))  # get-default
     reveal_type(await kvs.get_str("a", "x"))  # get-str-default
     reveal_type(skvs.get_str("a", None))  # sync-get-str-default
+    reveal_type(await kvs.diff("r"))  # diff
+    reveal_type(await kvs.diff("r", status=True))  # diff-status
+    reveal_type(skvs.diff("r", key="a", status=True))  # sync-diff-status
 '''
 
 ENTRY = "kvs_watch.client.WatchEntry"
 EITHER = "kvs_watch.client.WatchEntry | kvs_watch.client.InitialDone"
+STATUS = "dict[str, Literal['added'] | Literal['removed'] | Literal['changed']]"
 EXPECTED = {
     "plain": ENTRY,
     "sentinel": EITHER,
@@ -84,6 +88,9 @@ EXPECTED = {
     "get-default": "bytes | None",
     "get-str-default": "str",
     "sync-get-str-default": "str | None",
+    "diff": "list[str]",
+    "diff-status": STATUS,
+    "sync-diff-status": STATUS,
 }
 
 
