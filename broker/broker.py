@@ -248,6 +248,7 @@ class Broker:
                               "replaced": self.overlay.replaced,
                               "slow": self.overlay.slow,
                               "children": sorted(self.overlay.hello_from),
+                              "rejoined": self.overlay.rejoined(),
                               "torpid": self.overlay.torpid_seconds()}
         if self.rank_log is not None:
             ring = self.rank_log.ring

@@ -53,6 +53,7 @@ from broker.execute import cmd_exec
 from broker.handle import Handle
 from broker.loops import LOOP_NAMES, loop_factory
 from broker.message import NODEID_ANY
+from broker.status import fsd
 
 
 def parse_attr(text: str) -> tuple[str, str]:
@@ -521,14 +522,6 @@ def uptime_line(now: float, started: float, owner: int,
         if n:
             parts.append(f"{n} {state}")
     return ",  ".join(parts)
-
-
-def fsd(seconds: float) -> str:
-    """A duration as Flux writes one (RFC 23): ``45.1s``, ``3.2m``, ``2.3h``, ``1.5d``."""
-    for unit, size in (("d", 86400.0), ("h", 3600.0), ("m", 60.0)):
-        if seconds >= size:
-            return f"{seconds / size:.1f}{unit}"
-    return f"{seconds:.1f}s"
 
 
 def cmd_shutdown(args: argparse.Namespace) -> int:

@@ -64,6 +64,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from broker import codec, topology
@@ -98,6 +99,16 @@ REFUSAL_LOG_INTERVAL = 60
 KEEPALIVE = "overlay.keepalive"
 DEFAULT_TORPID_MIN = 5.0
 DEFAULT_TORPID_MAX = 30.0
+
+
+@dataclass
+class _Rejoins:
+    """A child's hellos after its first (:attr:`Overlay._rejoins`)."""
+    times: int = 0
+    replaced: int = 0
+    """Of them, those that took the place of an old process still connected."""
+    at: float = 0.0
+    """The loop time of the last."""
 
 
 class Oversized(Exception):
@@ -195,6 +206,13 @@ class Overlay:
         self.dropped = 0
         self.replaced = 0
         """Children admitted while an older process of the same rank was connected."""
+        self._joined: set[int] = set()
+        """Children that said hello at least once since this rank started."""
+        self._rejoins: dict[int, _Rejoins] = {}
+        """Children that joined again since (a new process: the old one was
+        lost, or replaced): what :meth:`rejoined` tells ``kvbroker overlay
+        status``, which otherwise showed a restarted rank as full, as if
+        nothing had happened."""
         self._auth: zmq.auth.thread.ThreadAuthenticator | None = None
         self._monitor: ZmqSocket | None = None
         # ZeroMQ links: each child's current connection, by its identity, and
@@ -275,6 +293,16 @@ class Overlay:
             loop = asyncio.get_running_loop()
             self._checked_at = loop.time()
             self._check_timer = loop.call_later(torpid_min, self._check_torpid)
+
+    def rejoined(self) -> dict[str, dict[str, float]]:
+        """Each child that joined again since this rank started (``str(rank)``,
+        for JSON): ``{times, replaced, ago}`` -- how many times a new process
+        of it said hello, how many of those took the place of an old one
+        still connected (:meth:`_admit`), and how many seconds ago the last
+        did."""
+        now = asyncio.get_running_loop().time()
+        return {str(c): {"times": r.times, "replaced": r.replaced, "ago": round(now - r.at, 1)}
+                for c, r in sorted(self._rejoins.items())}
 
     def torpid_seconds(self) -> dict[str, float]:
         """Each torpid child (``str(rank)``, for JSON) with how long it has
@@ -742,6 +770,8 @@ class Overlay:
         old = self._child_ident.get(child)
         if old is not None:
             self.replaced += 1
+            # (counted as a rejoin when its hello is read, next)
+            self._rejoins.setdefault(child, _Rejoins()).replaced += 1
             # (throttled: each new connection of a peer holding the keys
             # says it -- as many lines as it likes, otherwise)
             self._peer_log.log(logging.WARNING, "hello-again", "rank %d said hello again "
@@ -897,6 +927,11 @@ class Overlay:
         if msg.topic == "overlay.hello":
             if child not in self.hello_from:
                 self.router.child_joined(child)
+                if child in self._joined:  # a new process of it (see _rejoins)
+                    again = self._rejoins.setdefault(child, _Rejoins())
+                    again.times += 1
+                    again.at = asyncio.get_running_loop().time()
+                self._joined.add(child)
             self.hello_from.add(child)
             reply = Message(MsgType.CONTROL, "overlay.hello", {"rank": self.rank,
                                                                 "size": self.size})

@@ -10,12 +10,18 @@ for it.  A rank is *full*
 when it and its whole subtree answer, *partial* when something below it is
 lost or torpid.  Pure functions build and print the tree; :func:`gather`
 does the asking.
+
+A rank that restarted (a new process said hello to its parent again, the
+old one lost, or replaced while still connected: ``overlay.rejoined`` of
+the parent's stats) shows so after its state, whatever the state: a rank
+that came back is full again, and nothing else said it had ever gone.
 """
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from broker import topology
 from broker.errors import RemoteError
@@ -41,6 +47,7 @@ class RankStatus:
     state: str
     hostname: str = ""
     detail: str = ""  # why it is lost
+    restarts: str = ""  # what its parent saw of its restarts (:func:`restarts`)
 
 
 async def _ask(h: Handle, rank: int, timeout: float) -> Answer:
@@ -55,23 +62,63 @@ async def _ask(h: Handle, rank: int, timeout: float) -> Answer:
         return exc.errstr or str(exc)
 
 
-async def _torpid_children(h: Handle, rank: int, timeout: float) -> dict[int, str]:
-    """The children ``rank`` has marked torpid, each with why; none if it
-    does not answer (then it is torpid or lost itself)."""
+class ChildrenView(NamedTuple):
+    """What a rank's stats say of its children, by rank."""
+
+    torpid: dict[int, str]
+    """Those it marked torpid, with why."""
+    restarts: dict[int, str]
+    """Those that restarted since it started, said as :func:`restarts` says."""
+
+
+async def _children_view(h: Handle, rank: int, timeout: float) -> ChildrenView:
+    """What ``rank`` says of its children (``broker.stats-get``); nothing
+    if it does not answer (then it is torpid or lost itself)."""
     try:
         async with asyncio.timeout(timeout):
             resp = await h.rpc("broker.stats-get", {}, nodeid=rank)
     except (TimeoutError, RemoteError):
-        return {}
-    torpid = resp.get("overlay", {}).get("torpid", {}) if isinstance(resp, dict) else {}
-    if not isinstance(torpid, dict):
-        return {}
-    out = {}
-    for child, secs in torpid.items():
+        return ChildrenView({}, {})
+    overlay = resp.get("overlay", {}) if isinstance(resp, dict) else {}
+    overlay = overlay if isinstance(overlay, dict) else {}
+    torpid, rejoined = overlay.get("torpid", {}), overlay.get("rejoined", {})
+    view = ChildrenView({}, {})
+    for child, secs in (torpid.items() if isinstance(torpid, dict) else ()):
         try:
-            out[int(child)] = f"rank {rank} has heard nothing from it for {float(secs):g}s"
+            view.torpid[int(child)] = (f"rank {rank} has heard nothing from it for "
+                                       f"{float(secs):g}s")
         except (TypeError, ValueError):
             continue  # (not what a rank says: ignored)
+    for child, seen in (rejoined.items() if isinstance(rejoined, dict) else ()):
+        try:
+            view.restarts[int(child)] = restarts(int(seen["times"]), int(seen["replaced"]),
+                                                 float(seen["ago"]))
+        except (TypeError, ValueError, KeyError):
+            continue
+    return view
+
+
+def fsd(seconds: float) -> str:
+    """A duration as Flux writes one (RFC 23): ``45.1s``, ``3.2m``, ``2.3h``, ``1.5d``."""
+    for unit, size in (("d", 86400.0), ("h", 3600.0), ("m", 60.0)):
+        if seconds >= size:
+            return f"{seconds / size:.1f}{unit}"
+    return f"{seconds:.1f}s"
+
+
+def restarts(times: int, replaced: int, ago: float) -> str:
+    """A rank's restarts as its parent saw them: ``restarted 12.5s ago``,
+    ``restarted 3 times, the last 12.5s ago, 1 in place of a process still
+    connected`` (``replaced``: how many new processes took the place of an
+    old one the parent still had a link to -- a frozen host, say -- which is
+    told to stop if it ever runs again)."""
+    if times < 1:
+        return ""
+    out = f"restarted {fsd(ago)} ago" if times == 1 \
+        else f"restarted {times} times, the last {fsd(ago)} ago"
+    if replaced:
+        which = "" if times == 1 else f"{replaced} "
+        out += f", {which}in place of a process still connected"
     return out
 
 
@@ -92,12 +139,15 @@ async def gather(h: Handle, timeout: float = 2.0) -> tuple[list[RankStatus], int
                            "(stopped or hung?)") from None
     parents = [r for r in range(size) if topology.children_of(r, fanout, size)]
     asked = asyncio.gather(*(_ask(h, r, timeout) for r in range(size)))
-    views = asyncio.gather(*(_torpid_children(h, r, timeout) for r in parents))
+    views = asyncio.gather(*(_children_view(h, r, timeout) for r in parents))
     answers, parents_views = await asyncio.gather(asked, views)
     marked: dict[int, str] = {}
+    restarted: dict[int, str] = {}
     for view in parents_views:
-        marked.update(view)
-    return classify(size, fanout, answers, marked), fanout
+        marked.update(view.torpid)
+        restarted.update(view.restarts)
+    statuses = classify(size, fanout, answers, marked)
+    return [replace(s, restarts=restarted.get(s.rank, "")) for s in statuses], fanout
 
 
 def classify(size: int, fanout: int, answers: list[Answer],
@@ -129,13 +179,15 @@ def classify(size: int, fanout: int, answers: list[Answer],
 
 def render(statuses: list[RankStatus], fanout: int) -> list[str]:
     """One line per rank, indented under its parent:
-    ``0 node0: partial`` / ``  1 node1: lost (rank 1 was lost ...)``."""
+    ``0 node0: partial`` / ``  1 node1: lost (rank 1 was lost ...)`` /
+    ``  2 node2: full (restarted 4.1s ago)``."""
     lines: list[str] = []
 
     def walk(rank: int, depth: int) -> None:
         s = statuses[rank]
         host = f" {s.hostname}" if s.hostname else ""
-        why = f" ({s.detail})" if s.detail else ""
+        said = "; ".join(x for x in (s.detail, s.restarts) if x)
+        why = f" ({said})" if said else ""
         lines.append(f"{'  ' * depth}{rank}{host}: {s.state}{why}")
         for child in topology.children_of(rank, fanout, len(statuses)):
             walk(child, depth + 1)

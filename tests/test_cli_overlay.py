@@ -66,6 +66,22 @@ def test_a_rank_its_parent_marked_torpid_is_torpid_even_if_it_answered() -> None
     assert render(statuses, 2)[2] == "    3: torpid (rank 1 has heard nothing from it for 31s)"
 
 
+def test_a_restarted_rank_says_so_after_its_state() -> None:
+    """What the parent saw of a rank's restarts follows its state, and the
+    reason a lost rank is lost, on its line."""
+    assert status.restarts(0, 0, 1.0) == ""
+    assert status.restarts(1, 0, 12.34) == "restarted 12.3s ago"
+    assert status.restarts(1, 1, 90) == \
+        "restarted 1.5m ago, in place of a process still connected"
+    assert status.restarts(3, 2, 7200) == \
+        "restarted 3 times, the last 2.0h ago, 2 in place of a process still connected"
+    statuses = [RankStatus(0, PARTIAL, "a"),
+                RankStatus(1, FULL, "b", restarts="restarted 5.0s ago"),
+                RankStatus(2, LOST, detail="gone", restarts="restarted 1.0m ago")]
+    assert render(statuses, 2) == ["0 a: partial", "  1 b: full (restarted 5.0s ago)",
+                                   "  2: lost (gone; restarted 1.0m ago)"]
+
+
 def test_render_indents_children_under_parents() -> None:
     statuses = [RankStatus(0, PARTIAL, "a"), RankStatus(1, LOST, detail="gone"),
                 RankStatus(2, FULL, "c"), RankStatus(3, LOST, detail="gone")]

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import errno
 import os
+import re
 import signal
 import socket
 import stat
@@ -453,6 +454,54 @@ async def test_a_rank_restarted_while_its_old_link_looks_alive_takes_its_place(
             await h.close()
     rank0.proc.send_signal(signal.SIGTERM)
     assert await exit_codes([rank0, new], tmp_path) == [0, 0]
+
+
+async def test_overlay_status_shows_a_restarted_and_a_replaced_rank(
+        tmp_path: Path, brokers) -> None:
+    """A rank that restarted is full again, so ``overlay status`` showed it
+    as if nothing had happened: it now says, from its parent's stats
+    (``overlay.rejoined``), how many times a new process of it joined, how
+    long ago the last did, and how many took the place of an old process
+    still connected (a frozen host), which ``overlay.replaced`` only
+    counted for the parent as a whole."""
+    config = await keyed_config(tmp_path, 2, 2)
+    rank0, first = await brokers(config, 0), await brokers(config, 1)
+    await rank0.ready()
+    await first.ready()
+    async with asyncio.timeout(60):
+        h0 = await Handle.connect(rank0.uri)
+        try:
+            rc, out, err = await run_cli("overlay", "status", uri=rank0.uri)
+            assert rc == 0 and "restarted" not in out, (out, err)
+            assert (await stats(h0, 0))["overlay"]["rejoined"] == {}
+            first.proc.kill()  # (a crash: its parent loses it, then a new one joins)
+            assert await exit_codes([first], tmp_path) == [-signal.SIGKILL]
+
+            async def gone() -> bool:
+                return (await stats(h0, 0))["overlay"]["children"] == []
+
+            await wait_until(gone, "rank 0 to lose rank 1")
+            second = await brokers(config, 1)
+            await second.ready()
+            rc, out, err = await run_cli("overlay", "status", uri=rank0.uri)
+            assert rc == 0, (out, err)  # (full again: a restart is no failure)
+            lines = out.splitlines()
+            assert re.fullmatch(r"  1 \S+: full \(restarted \d+\.\ds ago\)", lines[1]), out
+            # frozen: its link looks alive, and a third process takes its place
+            second.proc.send_signal(signal.SIGSTOP)
+            third = await brokers(config, 1)
+            await third.ready()
+            seen = (await stats(h0, 0))["overlay"]["rejoined"]
+            assert seen["1"]["times"] == 2 and seen["1"]["replaced"] == 1, seen
+            rc, out, err = await run_cli("overlay", "status", uri=rank0.uri)
+            assert rc == 0, (out, err)
+            assert re.fullmatch(r"  1 \S+: full \(restarted 2 times, the last \d+\.\ds ago, "
+                                r"1 in place of a process still connected\)",
+                                out.splitlines()[1]), out
+            second.proc.send_signal(signal.SIGCONT)
+            assert await exit_codes([second], tmp_path) == [1]  # (told it was replaced)
+        finally:
+            await h0.close()
 
 
 async def test_a_restarted_rank_s_clients_get_nothing_meant_for_the_old_one_s(
