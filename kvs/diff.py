@@ -276,6 +276,9 @@ class Diff:
         whole or not at all."""
         if old == new:
             return
+        if not _is_dir(old) and not _is_dir(new):  # (the common case, kept quick)
+            self._report(key, _kind(old is not None, new is not None) or CHANGED)
+            return
         a, b = self._loaded(old, new)
         was, now = _present(old, a), _present(new, b)
         if a is not None and b is not None:

@@ -853,13 +853,13 @@ class KvsModule(Module):
             while True:
                 try:
                     keys = work.run()  # (it goes on where the last run stopped)
-                    changes = [work.keys[k] for k in keys]
                     break
                 except treeobj.NeedBlobs as need:
                     await self.fetcher.fetch(need.refs, held)
         finally:
             if held:
                 self.blobs.release(held)
+        changes = list(work.changes().values())  # (in the order of keys)
         self.h.respond(msg, {"keys": keys, "changes": changes, "old": old, "new": new})
 
     async def getroot(self, msg: Message) -> None:
