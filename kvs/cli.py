@@ -309,13 +309,14 @@ def cmd_put(args: argparse.Namespace) -> int:
         keys.append(key)
         try:
             if args.treeobj:
-                ops.put_treeobj(key, _read_stdin() if value == "-" else value)
+                ops.put_treeobj(key, _read_stdin() if value == "-" else value,
+                                lease=args.lease)
                 continue
             data = _read_stdin() if args.raw and value == "-" else os.fsencode(value)
             if args.append:
-                ops.append(key, data)
+                ops.append(key, data, lease=args.lease)
             else:
-                ops.put_raw(key, data)
+                ops.put_raw(key, data, lease=args.lease)
         except ErrnoError as exc:
             raise _fail(key, exc) from None
     flags = (NO_MERGE if args.no_merge else 0) | (SYNC if args.sync else 0)
@@ -971,6 +972,31 @@ def cmd_namespace(args: argparse.Namespace) -> int:
     return _run(args, body)
 
 
+# ---------------------------------------------------------------- leases
+
+
+def cmd_lease(args: argparse.Namespace) -> int:
+    args.what = f"kvs lease {args.lease_cmd}"
+
+    async def body(kvs: KVS) -> int:
+        what = "lease" if args.lease_cmd == "grant" else str(args.id)
+        try:
+            if args.lease_cmd == "grant":
+                lease = await kvs.lease(args.ttl, keepalive=False)
+                _emit(str(lease.id))
+            elif args.lease_cmd == "keepalive":
+                _emit(f"{await kvs.lease_keepalive(args.id):g}")
+            elif args.lease_cmd == "revoke":
+                await kvs.lease_revoke(args.id)
+            else:
+                _emit(json.dumps(await kvs.lease_info(args.id)))
+        except ErrnoError as exc:
+            raise _fail(what, exc) from None
+        return 0
+
+    return _run(args, body)
+
+
 # ---------------------------------------------------------------- eventlogs
 
 
@@ -1156,6 +1182,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("-S", "--sync", action="store_true",
                    help="return once the change is on stable storage")
     _conditions_args(p)
+    p.add_argument("--lease", type=int, metavar="ID",
+                   help="attach the keys to lease ID: unlinked when it ends "
+                        "(see kvs lease)")
     p.add_argument("pairs", nargs="+", metavar="KEY=VALUE")
     p.set_defaults(func=cmd_put)
 
@@ -1389,6 +1418,17 @@ def register(subparsers: Any) -> None:
     c.add_argument("--json", action="store_true", help="print each answer as JSON")
     c.add_argument("prefix", nargs="?", default="", metavar="PREFIX")
     p.set_defaults(func=cmd_namespace)
+
+    p = sub.add_parser("lease", help="grant, keep alive, revoke or show a lease")
+    lsub = p.add_subparsers(dest="lease_cmd", metavar="SUBCOMMAND", required=True)
+    c = lsub.add_parser("grant", help="grant a lease of TTL seconds and print its id")
+    c.add_argument("ttl", type=float, metavar="TTL")
+    for name, text in (("keepalive", "give lease ID its full ttl again (print it)"),
+                       ("revoke", "end lease ID now: its keys are unlinked"),
+                       ("info", "print lease ID's ttl, time left and keys as JSON")):
+        c = lsub.add_parser(name, help=text)
+        c.add_argument("id", type=int, metavar="ID")
+    p.set_defaults(func=cmd_lease)
 
     p = sub.add_parser("eventlog", help="append to, print or wait on an eventlog")
     esub = p.add_subparsers(dest="ev_cmd", metavar="SUBCOMMAND", required=True)

@@ -37,11 +37,13 @@ import errno
 import functools
 import json
 import os
+import threading
 from collections import deque
 from collections.abc import (
     AsyncGenerator,
     AsyncIterator,
     Awaitable,
+    Generator,
     Iterable,
     Iterator,
     Mapping,
@@ -105,9 +107,12 @@ __all__ = [
     "CommitResult",
     "Dir",
     "KVS",
+    "Lease",
+    "LeaseGrant",
     "Link",
     "Root",
     "SyncKVS",
+    "SyncLease",
     "SyncTxn",
     "Txn",
     "TxnOps",
@@ -309,33 +314,44 @@ class TxnOps:
         more = ", ..." if len(self.ops) > 3 else ""
         return f"<{type(self).__name__} {len(self.ops)} ops [{keys}{more}]>"
 
-    def _op(self, key: str, dirent: TreeObj | None, flags: int = 0) -> TxnOps:
+    def _op(self, key: str, dirent: TreeObj | None, flags: int = 0,
+            lease: LeaseSpec | None = None) -> TxnOps:
         check_key(key)
         # (the kvs module refuses the same, but only once the op is sent)
         check_limits(key, flags, dirent)
-        self.ops.append({"key": key, "flags": flags, "dirent": dirent})
+        op: dict[str, Any] = {"key": key, "flags": flags, "dirent": dirent}
+        if lease is not None:
+            op["lease"] = lease_id(lease)
+        self.ops.append(op)
         return self
 
-    def put(self, key: str, value: Any) -> TxnOps:
-        """Store ``value`` (bytes raw, str UTF-8, else JSON; see :func:`encode_value`)."""
-        return self._op(key, treeobj.val(encode_value(value)))
+    def put(self, key: str, value: Any, *, lease: LeaseSpec | None = None) -> TxnOps:
+        """Store ``value`` (bytes raw, str UTF-8, else JSON; see :func:`encode_value`).
+        With ``lease`` (a :class:`Lease` or its id), the key is attached to
+        that lease: it is unlinked when the lease expires or is revoked,
+        unless a later write without the lease detached it first."""
+        return self._op(key, treeobj.val(encode_value(value)), lease=lease)
 
-    def put_raw(self, key: str, data: bytes | bytearray | memoryview) -> TxnOps:
-        """Store ``data`` exactly."""
+    def put_raw(self, key: str, data: bytes | bytearray | memoryview, *,
+                lease: LeaseSpec | None = None) -> TxnOps:
+        """Store ``data`` exactly (``lease``: as for :meth:`put`)."""
         if not isinstance(data, bytes | bytearray | memoryview):
             raise TypeError("put_raw needs bytes")
-        return self._op(key, treeobj.val(data))
+        return self._op(key, treeobj.val(data), lease=lease)
 
-    def put_treeobj(self, key: str, obj: str | bytes | Mapping[str, Any]) -> TxnOps:
+    def put_treeobj(self, key: str, obj: str | bytes | Mapping[str, Any], *,
+                    lease: LeaseSpec | None = None) -> TxnOps:
         """Store a tree object (JSON text or dict) as ``key``'s entry -- e.g. a
         ``dirref`` from :meth:`KVS.get_treeobj` makes ``key`` a snapshot of
-        that directory.  Raises ``EINVAL`` for a malformed object."""
-        return self._op(key, treeobj.validate(_as_treeobj(obj), dirent=True))
+        that directory.  Raises ``EINVAL`` for a malformed object.
+        ``lease``: as for :meth:`put`."""
+        return self._op(key, treeobj.validate(_as_treeobj(obj), dirent=True), lease=lease)
 
-    def append(self, key: str, value: Any) -> TxnOps:
+    def append(self, key: str, value: Any, *, lease: LeaseSpec | None = None) -> TxnOps:
         """Append ``value`` (encoded as by :meth:`put`) to ``key``'s value,
-        creating it if missing."""
-        return self._op(key, treeobj.val(encode_value(value)), APPEND)
+        creating it if missing.  As any write, an append without ``lease``
+        detaches the key from its lease; with it, attaches it."""
+        return self._op(key, treeobj.val(encode_value(value)), APPEND, lease)
 
     def append_event(self, key: str, name: str,
                      context: Mapping[str, Any] | str | None = None, *,
@@ -867,9 +883,11 @@ class KVS:
             "namespace": self.namespace, "flags": flags, "ops": op_list})
         return CommitResult(resp["rootref"], int(resp["rootseq"]))
 
-    async def put(self, key: str, value: Any, *, sync: bool = False) -> CommitResult:
-        """Store ``value`` under ``key`` (bytes raw, str UTF-8, else JSON)."""
-        return await self.commit(TxnOps().put(key, value), SYNC if sync else 0)
+    async def put(self, key: str, value: Any, *, sync: bool = False,
+                  lease: LeaseSpec | None = None) -> CommitResult:
+        """Store ``value`` under ``key`` (bytes raw, str UTF-8, else JSON),
+        attached to ``lease`` if given (see :meth:`TxnOps.put`)."""
+        return await self.commit(TxnOps().put(key, value, lease=lease), SYNC if sync else 0)
 
     async def put_treeobj(self, key: str, obj: str | bytes | Mapping[str, Any], *,
                           sync: bool = False) -> CommitResult:
@@ -1087,6 +1105,37 @@ class KVS:
         file-bytes, free-bytes, compacted, grace, seconds}``."""
         resp = await self.handle.rpc("kvs.gc", {"compact": bool(compact)})
         return dict(resp)
+
+    # ------------------------------------------------------------ leases
+
+    def lease(self, ttl: float, *, keepalive: bool = True) -> LeaseGrant:
+        """A lease of ``ttl`` seconds from rank 0 (``kvs.lease-grant``; 1 s
+        to a day): ``lease = await kvs.lease(10)``, or ``async with
+        kvs.lease(10) as lease:``, which revokes it when the block ends.
+        Keys put with ``lease=lease`` go when it ends.  With ``keepalive``
+        (the default) a task of this loop keeps it alive every ``ttl/3``
+        seconds until :meth:`Lease.revoke` or :meth:`Lease.close`: a
+        process that dies, or whose rank or way to rank 0 does, stops
+        keeping it, and its keys are unlinked at most ``ttl`` later.  A
+        loop blocked for longer than ``ttl`` (a CPU-bound stretch without
+        an ``await``) loses the lease as a dead process would."""
+        return LeaseGrant(self, ttl, keepalive)
+
+    async def lease_keepalive(self, lease: LeaseSpec) -> float:
+        """``kvs.lease-keepalive``: give the lease its full ttl again, from
+        now (returned); ``ENOENT`` once it expired or was revoked."""
+        resp = await self.handle.rpc("kvs.lease-keepalive", {"id": lease_id(lease)})
+        return float(resp["ttl"])
+
+    async def lease_revoke(self, lease: LeaseSpec) -> None:
+        """``kvs.lease-revoke``: end the lease now; returns once its keys are
+        unlinked (visible on this rank).  ``ENOENT`` if it had ended."""
+        await self.handle.rpc("kvs.lease-revoke", {"id": lease_id(lease)})
+
+    async def lease_info(self, lease: LeaseSpec) -> dict[str, Any]:
+        """``kvs.lease-info``: ``{id, owner, ttl, ttl_left, key-count, keys:
+        {namespace: [key, ...]}}`` (at most 1,000 keys a namespace)."""
+        return dict(await self.handle.rpc("kvs.lease-info", {"id": lease_id(lease)}))
 
     # ------------------------------------------------------------ namespaces
 
@@ -1352,8 +1401,9 @@ class SyncKVS:
     def commit(self, ops: TxnOps | Iterable[dict[str, Any]], flags: int = 0) -> CommitResult:
         return self.run(self.aio.commit(ops, flags))
 
-    def put(self, key: str, value: Any, *, sync: bool = False) -> CommitResult:
-        return self.run(self.aio.put(key, value, sync=sync))
+    def put(self, key: str, value: Any, *, sync: bool = False,
+            lease: LeaseSpec | None = None) -> CommitResult:
+        return self.run(self.aio.put(key, value, sync=sync, lease=lease))
 
     def put_treeobj(self, key: str, obj: str | bytes | Mapping[str, Any], *,
                     sync: bool = False) -> CommitResult:
@@ -1418,6 +1468,26 @@ class SyncKVS:
     def gc(self, compact: bool = False) -> dict[str, Any]:
         return self.run(self.aio.gc(compact), None)
 
+    def lease(self, ttl: float, *, keepalive: bool = True) -> SyncLease:
+        """A lease of ``ttl`` seconds (see :meth:`KVS.lease`): ``with
+        kvs.lease(10) as lease:`` revokes it when the block ends.  This
+        facade's loop turns only during its calls, so with ``keepalive``
+        (the default) a thread of its own, on a connection of its own to
+        the same rank, keeps the lease alive every ``ttl/3`` seconds while
+        the script computes or sleeps; :meth:`SyncLease.revoke` (or the
+        end of the block) stops it.  A process that dies stops it too."""
+        resp = self.run(self.aio.handle.rpc("kvs.lease-grant", {"ttl": ttl}))
+        return SyncLease(self, int(resp["id"]), float(resp["ttl"]), keepalive)
+
+    def lease_keepalive(self, lease: LeaseSpec) -> float:
+        return self.run(self.aio.lease_keepalive(lease))
+
+    def lease_revoke(self, lease: LeaseSpec) -> None:
+        self.run(self.aio.lease_revoke(lease))
+
+    def lease_info(self, lease: LeaseSpec) -> dict[str, Any]:
+        return self.run(self.aio.lease_info(lease))
+
     def namespace_create(self, name: str, owner: int | None = None,
                          rootref: RootSpec | None = None) -> None:
         self.run(self.aio.namespace_create(name, owner, rootref))
@@ -1427,6 +1497,203 @@ class SyncKVS:
 
     def namespace_list(self) -> list[Root]:
         return self.run(self.aio.namespace_list())
+
+
+# ---------------------------------------------------------------- leases
+
+
+class HasLeaseId(Protocol):
+    @property
+    def id(self) -> int: ...
+
+
+LeaseSpec = int | HasLeaseId
+"""A lease as the API takes it: its id, or a :class:`Lease` / :class:`SyncLease`."""
+
+
+def lease_id(lease: LeaseSpec) -> int:
+    lid = lease if isinstance(lease, int) else lease.id
+    if type(lid) is not int:
+        raise TypeError(f"a lease is a Lease or its id (an int), not {lease!r}")
+    return lid
+
+
+class Lease:
+    """A lease granted by rank 0 (from :meth:`KVS.lease`), and the task
+    keeping it alive.  ``lost`` is set when a keepalive found it gone
+    (``ENOENT``: it expired -- this loop was blocked, or rank 0 unreachable,
+    for longer than its ttl -- or someone revoked it): its keys are gone or
+    going, and whoever relied on them (a lock) should stop."""
+
+    def __init__(self, kvs: KVS, lease_id: int, ttl: float) -> None:
+        self.kvs = kvs
+        self.id = lease_id
+        self.ttl = ttl
+        self.lost = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def __repr__(self) -> str:
+        return f"<Lease {self.id} ttl {self.ttl:g}{' lost' if self.lost.is_set() else ''}>"
+
+    def _start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._keep())
+
+    async def _keep(self) -> None:
+        """Keep it alive every ttl/3; a failure other than ``ENOENT`` (a
+        rank restarting, a timeout) is tried again at the next tick."""
+        while True:
+            await asyncio.sleep(self.ttl / 3)
+            try:
+                await asyncio.wait_for(self.kvs.lease_keepalive(self.id), self.ttl / 3)
+            except RemoteError as exc:
+                if exc.errnum == errno.ENOENT:
+                    self.lost.set()
+                    return
+            except TimeoutError:
+                continue
+            except (ErrnoError, ConnectionError) as exc:
+                if getattr(exc, "errnum", errno.ECONNRESET) in (errno.ECONNRESET, errno.EPIPE):
+                    return  # the handle is closed: nothing keeps the lease now
+
+    async def keepalive(self) -> float:
+        """One keepalive now (the background task does them anyway)."""
+        return await self.kvs.lease_keepalive(self.id)
+
+    async def info(self) -> dict[str, Any]:
+        """:meth:`KVS.lease_info` of this lease."""
+        return await self.kvs.lease_info(self.id)
+
+    async def close(self) -> None:
+        """Stop keeping it alive, without revoking it: it expires in at most ``ttl``."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+
+    async def revoke(self) -> None:
+        """Stop keeping it alive and revoke it: its keys are unlinked before
+        this returns.  A lease already gone (``lost``) is not an error."""
+        await self.close()
+        try:
+            await self.kvs.lease_revoke(self.id)
+        except RemoteError as exc:
+            if exc.errnum != errno.ENOENT:
+                raise
+            self.lost.set()
+
+    async def __aenter__(self) -> Lease:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.revoke()
+
+
+class LeaseGrant:
+    """What :meth:`KVS.lease` returns: await it for a :class:`Lease`, or use
+    it as an ``async with`` block that revokes the lease at its end."""
+
+    def __init__(self, kvs: KVS, ttl: float, keepalive: bool) -> None:
+        self.kvs = kvs
+        self.ttl = ttl
+        self.keepalive = keepalive
+        self._lease: Lease | None = None
+
+    async def _grant(self) -> Lease:
+        resp = await self.kvs.handle.rpc("kvs.lease-grant", {"ttl": self.ttl})
+        lease = Lease(self.kvs, int(resp["id"]), float(resp["ttl"]))
+        if self.keepalive:
+            lease._start()
+        return lease
+
+    def __await__(self) -> Generator[Any, None, Lease]:
+        return self._grant().__await__()
+
+    async def __aenter__(self) -> Lease:
+        self._lease = await self._grant()
+        return self._lease
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._lease is not None:
+            await self._lease.revoke()
+
+
+class SyncLease:
+    """A lease of a :class:`SyncKVS` (from :meth:`SyncKVS.lease`); a ``with``
+    block revokes it at its end.  Its keepalives run in a thread of their
+    own on a connection of their own (see :meth:`SyncKVS.lease`);
+    ``lost`` tells whether one found the lease gone."""
+
+    def __init__(self, kvs: SyncKVS, lease_id: int, ttl: float, keepalive: bool) -> None:
+        self.kvs = kvs
+        self.id = lease_id
+        self.ttl = ttl
+        self._lost = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if keepalive:
+            self._thread = threading.Thread(
+                target=self._keep, args=(kvs.sync_handle.aio.uri,),
+                name=f"kvs-lease-{lease_id}", daemon=True)
+            self._thread.start()
+
+    def __repr__(self) -> str:
+        return f"<SyncLease {self.id} ttl {self.ttl:g}{' lost' if self.lost else ''}>"
+
+    @property
+    def lost(self) -> bool:
+        return self._lost.is_set()
+
+    def _keep(self, uri: str) -> None:
+        from broker.sync import SyncHandle
+
+        try:
+            h = SyncHandle(uri, timeout=self.ttl / 3)
+        except (ErrnoError, OSError):
+            return  # (the lease expires: as if this process had died)
+        with h:
+            while not self._stop.wait(self.ttl / 3):
+                try:
+                    h.rpc("kvs.lease-keepalive", {"id": self.id})
+                except RemoteError as exc:
+                    if exc.errnum == errno.ENOENT:
+                        self._lost.set()
+                        return
+                except (TimeoutError, ErrnoError, OSError):
+                    continue
+
+    def keepalive(self) -> float:
+        """One keepalive now, on the facade's own connection."""
+        return self.kvs.lease_keepalive(self.id)
+
+    def info(self) -> dict[str, Any]:
+        return self.kvs.lease_info(self.id)
+
+    def close(self) -> None:
+        """Stop keeping it alive (the thread ends), without revoking it."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def revoke(self) -> None:
+        """Stop keeping it alive and revoke it (its keys are unlinked before
+        this returns); a lease already gone is not an error."""
+        self.close()
+        try:
+            self.kvs.lease_revoke(self.id)
+        except RemoteError as exc:
+            if exc.errnum != errno.ENOENT:
+                raise
+            self._lost.set()
+
+    def __enter__(self) -> SyncLease:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.revoke()
 
 
 def _share_docstrings(twin: type, source: type) -> None:

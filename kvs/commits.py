@@ -45,6 +45,7 @@ from broker.services import EVENT_HEADER_ROOM
 from kvs import collect as collector
 from kvs import treeobj, txn
 from kvs.blobs import BlobFetcher, BlobStore
+from kvs.leases import Lease, LeaseTable
 from kvs.namespaces import PRIMARY, Namespace, Pending
 from kvs.refcheck import RefChecker
 
@@ -103,6 +104,9 @@ class CommitPipeline:
         every link carries it (``tbon.max-message``, less a header's room),
         or no rank but 0 would ever see it (:meth:`_setroot_event`)."""
         self.h: HandleCore  # (the kvs module's, bound at its start)
+        self.leases: LeaseTable | None = None
+        """Rank 0's leases (set at start): a batch naming one is checked
+        against it, and attaches or detaches keys once applied."""
         self.content: ContentModule | None = None
         """Rank 0's content module when it is in this process with the kvs
         module's hash (set at start): new blobs go to it by a call instead
@@ -184,15 +188,19 @@ class CommitPipeline:
                                            "the transaction was not applied")
 
     def enqueue(self, ns: Namespace, ops: list[dict[str, Any]], flags: int,
-                name: str) -> asyncio.Future[tuple[int, str]]:
+                name: str, lease_user: int | None = None,
+                revoke: Lease | None = None) -> asyncio.Future[tuple[int, str]]:
         """Queue transaction ``name`` in ``ns``; the future resolves to
-        ``(rootseq, rootref)`` once its root is set, or fails with its errno."""
+        ``(rootseq, rootref)`` once its root is set, or fails with its errno.
+        ``lease_user``: the committer's uid, when an op names a lease;
+        ``revoke``: an ended lease whose keys this transaction unlinks
+        (``ops`` empty: they are computed when it is applied)."""
         self.refuse_if_stopping()
         fut: asyncio.Future[tuple[int, str]] = asyncio.get_running_loop().create_future()
         q = ns.queue
         if q is None:
             q = ns.queue = deque()
-        q.append(Pending(ops, flags, name, fut))
+        q.append(Pending(ops, flags, name, fut, lease_user, revoke))
         if not ns.committing:
             ns.committing = True
             run = self.spawn(self._run_queue(ns))
@@ -284,7 +292,19 @@ class CommitPipeline:
         ops = batch[0].ops if len(batch) == 1 else [op for p in batch for op in p.ops]
         sync = any(p.flags & txn.SYNC for p in batch)
         begun = self.content.collections_begun if self.content is not None else 0
+        leases = self.leases
+        found: dict[int, Lease] = {}
+        if leases is not None and batch[0].revoke is not None:  # (NO_MERGE: alone)
+            ops = leases.unlink_ops(ns.name, batch[0].revoke)
+            if not ops:  # every key was detached since: nothing to do
+                batch[0].future.set_result((ns.rootseq, ns.rootref))
+                return
         try:
+            if leases is not None and any(p.lease_user is not None for p in batch):
+                # (a dead lease fails its transaction whole: a merged batch is
+                # split below, so only that one fails)
+                found = leases.check((p.lease_user, p.ops) for p in batch
+                                     if p.lease_user is not None)
             result, named = await self._apply(ns, ops)
             setroot = self._setroot_event(ns, batch, result)
             # Storing may fail too (EFBIG over content.blob-size-limit): that
@@ -356,6 +376,8 @@ class CommitPipeline:
             return
         ns.set_root(ns.rootseq + 1, result.rootref)
         setroot["rootseq"] = ns.rootseq  # (the root just set, as ever)
+        if leases is not None and (found or ns.name in leases.attached):
+            leases.applied(ns.name, ops, found)
         self.root_history.note(result.rootref)
         if ns.name == PRIMARY and self.statedir and self.content is not None:
             self._note_primary_root(ns, self.content)

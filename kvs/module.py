@@ -59,6 +59,7 @@ from kvs import treeobj, txn
 from kvs.blobs import BLOB_CACHE_BYTES, BlobFetcher, BlobStore
 from kvs.commits import CommitPipeline
 from kvs.keys import MAX_NS_NAME, check_key, shown
+from kvs.leases import MAX_LEASES, Lease, LeaseTable
 from kvs.namespaces import (
     CHECKPOINT_KEY,
     EVENT_PREFIX,
@@ -72,7 +73,7 @@ from kvs.namespaces import (
 )
 from kvs.refcheck import RefChecker, names_a_directory
 from kvs.relay import RelayOutbox
-from kvs.txn import MAX_OPS
+from kvs.txn import EXPECT, MAX_OPS, NO_MERGE
 
 STOP_DRAIN_TIMEOUT = 10.0
 """Seconds rank 0's kvs waits at stop for the transactions already queued."""
@@ -116,15 +117,17 @@ COUNTERS = ("commits", "batches", "merged", "merges-split", "commits-failed", "r
 
 
 def _check_ops(ops: Any, blob_limit: int | None = None, *,
-               limits: bool = True) -> list[dict[str, Any]]:
+               limits: bool = True) -> tuple[list[dict[str, Any]], bool]:
     """A commit's ops as received: well-formed enough to queue or relay, and
     within the limits (:func:`kvs.txn.check_limits`; ``blob_limit``:
     ``content.blob-size-limit``), refused here on the rank they enter
-    rather than on rank 0 after crossing the tree."""
+    rather than on rank 0 after crossing the tree; and whether any carries
+    a ``lease`` (which rank 0 then checks against its lease table)."""
     if not isinstance(ops, list):
         raise ErrnoError(errno.EPROTO, "ops must be a list")
     if len(ops) > MAX_OPS:
         raise ErrnoError(errno.E2BIG, f"too many ops ({len(ops)} > {MAX_OPS})")
+    leased = False
     for op in ops:
         if (
             not isinstance(op, dict)
@@ -138,7 +141,20 @@ def _check_ops(ops: Any, blob_limit: int | None = None, *,
             raise ErrnoError(errno.EINVAL, "key contains a NUL character")
         if limits:
             txn.check_limits(op["key"], op.get("flags", 0), op.get("dirent"), blob_limit)
-    return ops
+        if "lease" in op:
+            _check_lease_op(op)
+            leased = True
+    return ops, leased
+
+
+def _check_lease_op(op: dict[str, Any]) -> None:
+    """A ``lease`` goes with a write of something (a put, append, mkdir or
+    symlink): never with an unlink or a condition, which it could not keep."""
+    if type(op["lease"]) is not int:
+        raise ErrnoError(errno.EPROTO, "an op's lease is a lease id (an integer)")
+    if op.get("dirent") is None or op.get("flags", 0) & EXPECT:
+        raise ErrnoError(errno.EINVAL, f"{shown(op['key'])}: only a write that stores something "
+                                       "may carry a lease (not an unlink or a condition)")
 
 
 def _outcome_read(fut: asyncio.Future[Any]) -> None:
@@ -149,22 +165,30 @@ def _outcome_read(fut: asyncio.Future[Any]) -> None:
         fut.exception()
 
 
-RelayedTxn = tuple[str, int, list[dict[str, Any]]]
-"""A relayed transaction as rank 0 queues it: (name, flags, ops)."""
+RelayedTxn = tuple[str, int, list[dict[str, Any]], int | None]
+"""A relayed transaction as rank 0 queues it: (name, flags, ops, the
+committer's uid if an op names a lease)."""
 
 
 def _check_relayed(txns: list[Any]) -> list[RelayedTxn]:
-    """``kvs.relaycommit``'s ``txns``: ``[{name, flags, ops}, ...]``, all valid
-    or the whole relay refused (before any of it is queued)."""
+    """``kvs.relaycommit``'s ``txns``: ``[{name, flags, ops, userid?}, ...]``,
+    all valid or the whole relay refused (before any of it is queued).
+    ``userid`` (the committer's, which the follower knows) comes with a
+    transaction whose ops name a lease."""
     if not txns:
         raise ErrnoError(errno.EPROTO, "kvs.relaycommit carries no transaction")
-    out = []
+    out: list[RelayedTxn] = []
     for t in txns:
         t = require(t, name=str, ops=list)
         # (no limits: the follower's kvs checked them as it took the commit,
         # and a relay is refused whole, with any other transaction in it;
         # rank 0's content store still refuses an oversized blob, alone)
-        out.append((t["name"], _commit_flags(t), _check_ops(t["ops"], limits=False)))
+        ops, leased = _check_ops(t["ops"], limits=False)
+        uid = t.get("userid")
+        if leased and type(uid) is not int:
+            raise ErrnoError(errno.EPROTO, "a relayed transaction naming a lease needs "
+                                           "its committer's userid")
+        out.append((t["name"], _commit_flags(t), ops, uid if leased else None))
     return out
 
 
@@ -228,7 +252,7 @@ class KvsModule(Module):
     name: ClassVar[str] = "kvs"
     attributes: ClassVar[tuple[AttrSpec, ...]] = (CACHE_BYTES, SETROOT_LIMIT, CHECKPOINT_PERIOD,
                                                   MAX_GUEST_WAITS, collector.GRACE,
-                                                  collector.PERIOD)
+                                                  collector.PERIOD, MAX_LEASES)
 
     def __init__(self, ctx: Any) -> None:
         super().__init__(ctx)
@@ -297,6 +321,10 @@ class KvsModule(Module):
             statedir=self.statedir, root_history=self.root_history,
             prime_limit=self.prime_limit, event_limit=LINK_MAX_MESSAGE.value(ctx.attrs))
         """Rank 0: queues, merges and applies the transactions, sets the roots."""
+        self.leases = LeaseTable(ctx.owner_uid, MAX_LEASES.value(ctx.attrs), self._lease_ended)
+        """Rank 0: the leases (kvs/leases.py); empty and unused on a follower."""
+        if self.leader:
+            self.commits.leases = self.leases
 
     # ================================================================ life cycle
 
@@ -316,6 +344,10 @@ class KvsModule(Module):
             "kvs.gc": self.gc,
             "kvs.disconnect": self.disconnect,
             "kvs.stats-get": self.stats_get,
+            "kvs.lease-grant": self.lease_grant,
+            "kvs.lease-keepalive": self.lease_keepalive,
+            "kvs.lease-revoke": self.lease_revoke,
+            "kvs.lease-info": self.lease_info,
         }
 
     async def start(self) -> None:
@@ -335,14 +367,19 @@ class KvsModule(Module):
             # blobs stored again are young for a collection's grace period
             content.restored.span = max(content.restored.span, self.root_history.grace)
         rootref, rootseq = "", 0
+        saved_leases: Any = None
         if self.statedir:
-            rootref, rootseq = await self._restore()
+            rootref, rootseq, saved_leases = await self._restore()
         else:
             self.log.info("no statedir: the primary namespace starts empty, and is not kept "
                           "when the instance stops")
         if not rootref:
             rootref = await self._store_empty_root()
         self.namespaces[PRIMARY] = Namespace(PRIMARY, self.ctx.owner_uid, rootref, rootseq)
+        if saved_leases is not None:
+            n, nkeys = self.leases.restore(PRIMARY, saved_leases)
+            self.log.info("restored %d leases holding %d keys of the primary namespace from "
+                          "the checkpoint: each has its full ttl again, from now", n, nkeys)
         if self.statedir:
             self.checkpointed = rootseq
             if self.checkpoint_period > 0:
@@ -350,8 +387,9 @@ class KvsModule(Module):
         if self._content is not None and self.gc_period > 0:
             self._gc_ticker = self.spawn(self._collect_periodically())
 
-    async def _restore(self) -> tuple[str, int]:
-        """The primary root checkpointed in the statedir (``("", 0)``: none)."""
+    async def _restore(self) -> tuple[str, int, Any]:
+        """The primary root checkpointed in the statedir (``("", 0)``: none),
+        and the leases kept with it (None: none)."""
         try:
             cp = (await self.h.rpc("content.checkpoint-get", {"key": CHECKPOINT_KEY}))
         except RemoteError as exc:
@@ -359,7 +397,7 @@ class KvsModule(Module):
                 raise
             self.log.info("no checkpoint in statedir %s: the primary namespace starts "
                           "empty", self.statedir)
-            return "", 0
+            return "", 0, None
         value = cp.get("value")
         if not (isinstance(value, dict) and blobref.is_valid(value.get("rootref"))
                 and type(value.get("rootseq")) is int and value["rootseq"] >= 0):
@@ -379,7 +417,7 @@ class KvsModule(Module):
                 if isinstance(stamp, (int, float)) else "")
         self.log.info("restored the primary namespace from checkpoint rootseq %d "
                       "(rootref %s%s)", rootseq, rootref, when)
-        return rootref, rootseq
+        return rootref, rootseq, value.get("leases")
 
     async def stop(self) -> None:
         """Rank 0: refuse new transactions, let the queued ones finish (they
@@ -388,6 +426,7 @@ class KvsModule(Module):
         was applied and acknowledged after the last checkpoint was lost at
         the next start, and its versions numbered again."""
         self.commits.stopping = True
+        self.leases.close()  # (no lease expires at stop: a statedir keeps them)
         if self._ticker is not None:
             self._ticker.cancel()  # a checkpoint it was writing finishes first (shielded)
         if self._gc_ticker is not None:
@@ -456,9 +495,8 @@ class KvsModule(Module):
             if root is None or root.rootseq <= self.checkpointed or self._content is None:
                 return
             try:
-                synced = await self._content.checkpoint_written(CHECKPOINT_KEY, {
-                    "rootref": root.rootref, "rootseq": root.rootseq,
-                    "timestamp": time.time()})
+                synced = await self._content.checkpoint_written(CHECKPOINT_KEY, self._cp_value(
+                    root.rootref, root.rootseq))
             except Exception as exc:
                 self._checkpoint_unsure = True
                 self.log.error("checkpoint of rootseq %d, the newest root whose blobs are "
@@ -491,9 +529,7 @@ class KvsModule(Module):
                 return False
             try:
                 await self.h.rpc("content.checkpoint-put", {
-                    "key": CHECKPOINT_KEY,
-                    "value": {"rootref": rootref, "rootseq": rootseq, "timestamp": time.time()},
-                })
+                    "key": CHECKPOINT_KEY, "value": self._cp_value(rootref, rootseq)})
             except BaseException:
                 # (a SYNC commit's root, which then fails: the row may name it)
                 self._checkpoint_unsure = True
@@ -501,6 +537,19 @@ class KvsModule(Module):
             self.checkpointed, self._checkpoint_unsure = rootseq, False
             self._checkpoint_counts["written"] += 1
             return True
+
+    def _cp_value(self, rootref: str, rootseq: int) -> dict[str, Any]:
+        """A checkpoint of the primary root, with the leases that hold keys
+        of the primary namespace now (a restart takes them back, each with
+        its full ttl, so no leased key outlives a restart unwatched).  An
+        older root (a fallback checkpoint) gets the leases of the newest:
+        a key leased at that root and detached since stays, and is said to."""
+        value: dict[str, Any] = {"rootref": rootref, "rootseq": rootseq,
+                                 "timestamp": time.time()}
+        leases = self.leases.snapshot(PRIMARY)
+        if leases is not None:
+            value["leases"] = leases
+        return value
 
     async def _store_empty_root(self) -> str:
         ref, data = txn.empty_root(self.hash_name)
@@ -1046,20 +1095,22 @@ class KvsModule(Module):
         queued here on rank 0, relayed to rank 0 on a follower."""
         wire = msg.wire_payload  # (its size, for a relay: before it is decoded)
         p = require(msg.payload, ops=list)
-        ops = _check_ops(p["ops"], self.blob_limit)
+        ops, leased = _check_ops(p["ops"], self.blob_limit)
         flags = _commit_flags(p)
         name = _ns_name(p)
+        lease_user = msg.userid if leased else None
         ns = self.namespaces.get(name)
         if ns is None or ns.rootseq < 0 or name in self._loading:
-            return self._commit(msg, p, ops, flags, _wire_size(wire))
+            return self._commit(msg, p, ops, flags, _wire_size(wire), lease_user)
         ns.check_access(msg)
         if not msg.is_owner:
             _check_guest_ops(ops)
         txn_name = self._txn_name()
         if self.leader:
-            outcome = self.commits.enqueue(ns, ops, flags, txn_name)
+            outcome = self.commits.enqueue(ns, ops, flags, txn_name, lease_user)
         else:
-            outcome = self.relays.submit(ns, ops, flags, txn_name, _wire_size(wire))
+            outcome = self.relays.submit(ns, ops, flags, txn_name, _wire_size(wire),
+                                         lease_user)
         outcome.add_done_callback(lambda f: self._answer_commit(msg, f))
         return None
 
@@ -1083,16 +1134,17 @@ class KvsModule(Module):
             self.h.respond_error(msg, errno.EIO, f"internal error: {exc}")
 
     async def _commit(self, msg: Message, p: dict[str, Any], ops: list[dict[str, Any]],
-                      flags: int, size: int = 0) -> None:
+                      flags: int, size: int = 0, lease_user: int | None = None) -> None:
         """The general path: a follower relays to rank 0, or the namespace is unknown."""
         ns = await self.get_ns(_ns_name(p), msg)
         if not msg.is_owner:
             _check_guest_ops(ops)
         name = self._txn_name()
         if self.leader:
-            rootseq, rootref = await self.commits.enqueue(ns, ops, flags, name)
+            rootseq, rootref = await self.commits.enqueue(ns, ops, flags, name, lease_user)
         else:
-            rootseq, rootref = await self.relays.submit(ns, ops, flags, name, size)
+            rootseq, rootref = await self.relays.submit(ns, ops, flags, name, size,
+                                                        lease_user)
         self.h.respond(msg, {"rootref": rootref, "rootseq": rootseq})
 
     def relaycommit(self, msg: Message) -> Awaitable[None] | None:
@@ -1120,8 +1172,9 @@ class KvsModule(Module):
             # relayed for a namespace of this name that was removed since:
             # its follower has already failed them (the removed event)
             raise ErrnoError(errno.ENOTSUP, f"namespace {ns.name} was removed")
-        for name, flags, ops in txns:
-            self.commits.enqueue(ns, ops, flags, name).add_done_callback(_outcome_read)
+        for name, flags, ops, lease_user in txns:
+            self.commits.enqueue(ns, ops, flags, name,
+                                 lease_user).add_done_callback(_outcome_read)
 
     # ================================================================ namespace admin
 
@@ -1189,6 +1242,7 @@ class KvsModule(Module):
         ns = self.namespaces.pop(name, None)
         if ns is not None:
             ns.remove()
+            self.leases.forget_namespace(name)
             self.counts["namespaces-removed"] += 1
             # owner and epoch: which namespace of the name went, and whose
             # (kvs-watch.namespaces reports it to its owner, once)
@@ -1251,6 +1305,7 @@ class KvsModule(Module):
                       "forgotten": self.cache.forgotten},
             "counts": dict(self.counts),
             "checkpoint": self._checkpoint_stats(),
+            "leases": self.leases.stats() if self.leader else None,
             "gc": self._gc_stats(),
             "relays-waiting": sum(len(ns.relayed or ()) for ns in self.namespaces.values()),
             "trees-known-whole": len(self.refcheck.whole_memo() or ()),
@@ -1280,3 +1335,97 @@ class KvsModule(Module):
                 "written": self._checkpoint_counts["written"],
                 "written-fallback": self._checkpoint_counts["written-fallback"],
                 "failed": self._checkpoint_counts["failed"]}
+
+    # ================================================================ leases
+
+    async def _lease_rpc(self, msg: Message) -> dict[str, Any] | None:
+        """A lease request's payload on rank 0, where the leases are; on a
+        follower, the request is passed there with the client's credentials
+        and answered from its answer (None: answered)."""
+        p = require(msg.payload)
+        if self.leader:
+            return p
+        self.h.respond(msg, await self.h.rpc_as(msg, msg.topic, p, nodeid=0))
+        return None
+
+    async def lease_grant(self, msg: Message) -> None:
+        """``kvs.lease-grant {ttl}`` -> ``{id, ttl}``: a lease that expires
+        ``ttl`` seconds from now unless kept alive (kvs/leases.py)."""
+        p = await self._lease_rpc(msg)
+        if p is None:
+            return
+        self.commits.refuse_if_stopping()
+        lease = self.leases.grant(msg.userid, p.get("ttl"))
+        self.h.respond(msg, {"id": lease.id, "ttl": lease.ttl})
+
+    async def lease_keepalive(self, msg: Message) -> None:
+        """``kvs.lease-keepalive {id}`` -> ``{ttl}``: its full ttl again, from
+        now; ``ENOENT`` once it expired or was revoked.  The lease's owner's,
+        or the instance owner's."""
+        p = await self._lease_rpc(msg)
+        if p is None:
+            return
+        lease = self.leases.get(p.get("id"), msg.userid, msg.is_owner)
+        self.leases.keepalive(lease)
+        self.h.respond(msg, {"ttl": lease.ttl})
+
+    async def lease_info(self, msg: Message) -> None:
+        """``kvs.lease-info {id}`` -> ``{id, owner, ttl, ttl_left, key-count,
+        keys: {NS: [key, ...]}}`` (at most 1,000 keys a namespace)."""
+        p = await self._lease_rpc(msg)
+        if p is None:
+            return
+        lease = self.leases.get(p.get("id"), msg.userid, msg.is_owner)
+        self.h.respond(msg, self.leases.describe(lease))
+
+    async def lease_revoke(self, msg: Message) -> None:
+        """``kvs.lease-revoke {id}`` -> ``{rootseqs: {NS: rootseq}}``: end the
+        lease now; answered once the unlinks of its keys are applied, with
+        the version each namespace reached (a follower answers once it has
+        reached them too: read-your-writes, as a commit)."""
+        p = require(msg.payload)
+        if not self.leader:
+            resp = await self.h.rpc_as(msg, msg.topic, p, nodeid=0)
+            got = resp.get("rootseqs") if isinstance(resp, dict) else None
+            for name, seq in (got if isinstance(got, dict) else {}).items():
+                ns = self.namespaces.get(name)
+                if ns is not None and type(seq) is int and ns.rootseq < seq:
+                    try:
+                        await asyncio.wait_for(ns.wait_version(seq), 10)
+                    except (TimeoutError, ErrnoError):
+                        break  # (removed, or this rank lags: the answer stands)
+            self.h.respond(msg, resp)
+            return
+        lease = self.leases.get(p.get("id"), msg.userid, msg.is_owner)
+        self.leases.end(lease, "revoked", unlink=False)
+        self.h.respond(msg, {"rootseqs": await self._unlink_leased(lease)})
+
+    def _lease_ended(self, lease: Lease) -> None:
+        """The lease table's ``on_end``: ``lease`` expired (or was attached
+        to after it ended) with keys attached: unlink them."""
+        self.spawn(self._unlink_leased(lease))
+
+    async def _unlink_leased(self, lease: Lease) -> dict[str, int]:
+        """Commit the unlinks of ended ``lease``'s keys, one transaction per
+        namespace (more for very many keys: :func:`LeaseTable.unlink_ops`),
+        skipping a namespace removed since; the version each reached.  The
+        keys are chosen when each transaction is applied, so one detached
+        meanwhile stays.  A failure is logged with the keys left: they stay
+        until written or unlinked by hand (a restart with a statedir takes
+        the lease back, and tries again)."""
+        seqs: dict[str, int] = {}
+        for name in list(lease.keys):
+            while lease.keys.get(name):
+                ns = self.namespaces.get(name)
+                if ns is None or ns.removed:
+                    break
+                try:
+                    seqs[name] = (await self.commits.enqueue(
+                        ns, [], NO_MERGE, self._txn_name(), revoke=lease))[0]
+                except ErrnoError as exc:
+                    left = sorted(lease.keys.get(name, ()))
+                    self.log.error("lease %d ended, but unlinking its %d keys in namespace "
+                                   "%s failed (%s): they stay (first: %s)", lease.id,
+                                   len(left), name, exc.errstr, left[:1])
+                    break
+        return seqs

@@ -71,6 +71,11 @@ class Pending:
     flags: int
     name: str
     future: asyncio.Future[tuple[int, str]]
+    lease_user: int | None = None
+    """The committer's uid when an op carries ``lease`` (checked on rank 0)."""
+    revoke: Any = None
+    """A :class:`kvs.leases.Lease` that ended: this transaction unlinks its
+    keys still attached in the namespace, computed when it is applied."""
 
 
 class RecentRoots:

@@ -66,8 +66,11 @@ class RelayOutbox:
         self._filling: dict[str, _Relay] = {}
 
     def submit(self, ns: Namespace, ops: list[dict[str, Any]], flags: int,
-               name: str, size: int = 0) -> asyncio.Future[tuple[int, str]]:
-        """Relay transaction ``name`` (``size``: the bytes of its request);
+               name: str, size: int = 0,
+               lease_user: int | None = None) -> asyncio.Future[tuple[int, str]]:
+        """Relay transaction ``name`` (``size``: the bytes of its request;
+        ``lease_user``: the committer's uid, sent when an op names a lease,
+        which rank 0 checks it holds);
         the future resolves to ``(rootseq, rootref)`` once this rank has
         applied the root holding it (read-your-writes here), or fails with
         the error rank 0 reported."""
@@ -79,7 +82,10 @@ class RelayOutbox:
             relay = self._filling[ns.name] = _Relay(ns)
             asyncio.get_running_loop().call_soon(self._send, relay)
         relay.size += size
-        relay.txns.append({"name": name, "flags": flags, "ops": ops})
+        txn: dict[str, Any] = {"name": name, "flags": flags, "ops": ops}
+        if lease_user is not None:
+            txn["userid"] = lease_user
+        relay.txns.append(txn)
         relay.unsettled += 1
         outcome.add_done_callback(partial(self._settled, relay, name))
         return outcome

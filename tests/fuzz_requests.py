@@ -27,12 +27,13 @@ TOPICS = (
     "kvs.commit kvs.diff "
     "kvs.disconnect kvs.dropcache kvs.getroot kvs.lookup kvs.lookup-plus "
     "kvs.namespace-create kvs.namespace-list kvs.namespace-remove kvs.relaycommit "
-    "kvs.stats-get kvs.wait-version module.list kvs.gc nosuch.service"
+    "kvs.stats-get kvs.wait-version module.list kvs.gc nosuch.service "
+    "kvs.lease-grant kvs.lease-keepalive kvs.lease-revoke kvs.lease-info"
 ).split()
 FIELDS = (
     "key namespace flags ops names name owner rootseq rootref blobref data topic payload "
     "old new limit rank txns epoch matchtag keys value dirent ver type rootdir heard "
-    "timeout compact userid"
+    "timeout compact userid id ttl lease"
 ).split()
 KEYS = ("a", "a.b", "a.b.c", ".", "d", "d.e", "x.y.z", "", "a..b", ".a", "a.", "a/b")
 SPECIALS: tuple[Any, ...] = (
@@ -60,6 +61,10 @@ class RequestFuzzer:
             "kvs.diff": lambda: {"namespace": self.ns(), "old": self.ref(), "key": self.key(),
                                  "limit": r.choice([1, 10, 0])},
             "kvs.getroot": lambda: {"namespace": self.ns()},
+            "kvs.lease-grant": lambda: {"ttl": r.choice([0, 1, 1.5, 30, 86401, -1])},
+            "kvs.lease-keepalive": lambda: {"id": r.randrange(5)},
+            "kvs.lease-revoke": lambda: {"id": r.randrange(5)},
+            "kvs.lease-info": lambda: {"id": r.randrange(5)},
             "kvs.wait-version": lambda: {"namespace": self.ns(), "rootseq": r.randrange(50),
                                          "timeout": 0.05},
             "kvs.namespace-create": lambda: {"namespace": self.ns(), "owner": r.choice(
@@ -135,9 +140,12 @@ class RequestFuzzer:
 
     def ops(self) -> list[dict[str, Any]]:
         r = self.r
-        return [{"key": self.key(), "flags": r.choice([0, 0, 0, 1, 2, 4, 8, 16]),
-                 "dirent": r.choice([self.dirent(), self.dirent(), None])}
-                for _ in range(r.randrange(1, 4))]
+        ops = [{"key": self.key(), "flags": r.choice([0, 0, 0, 1, 2, 4, 8, 16]),
+                "dirent": r.choice([self.dirent(), self.dirent(), None])}
+               for _ in range(r.randrange(1, 4))]
+        if r.random() < 0.1:  # (a lease id, live or not, or something else)
+            ops[0]["lease"] = r.choice([1, 2, 99, "1", None])
+        return ops
 
     def payload(self) -> Any:
         if self.r.random() < 0.1:

@@ -1,0 +1,349 @@
+"""Rank 0's leases: keys that go away when their holder does (etcd's leases).
+
+A client asks rank 0 for a lease of ``ttl`` seconds (``kvs.lease-grant``),
+keeps it alive (``kvs.lease-keepalive``, each giving it its full ttl again)
+and attaches keys to it by committing puts that carry ``lease: ID``.  When
+the keepalives stop -- the client died, its rank died, or its way to rank 0
+is cut: all state is here, so all of these end the same way -- or when it
+is revoked, rank 0 commits the unlink of every key still attached, one
+transaction per namespace, through the normal commit pipeline (watchers see
+an unlink like any other).
+
+Attachment follows etcd: a put with the lease attaches the key; any later
+write of the key without it (put, append, mkdir, symlink, unlink) detaches
+it.  Keys are paths here, so writing a key also detaches the attached keys
+*below* it (their entries were replaced) and *above* it (a value that
+became a directory is no longer the value the holder wrote).  The
+attachment is by the key as written: a put through a symlink on the path
+attaches the link's path, whose unlink at expiry goes through the link as
+the put did.
+
+The table lives in memory on rank 0.  :meth:`LeaseTable.check` and
+:meth:`LeaseTable.applied` are called by the commit pipeline
+(:mod:`kvs.commits`) for a batch that names a lease or touches a namespace
+with attached keys; any other commit costs one dict lookup
+(:attr:`LeaseTable.attached`).  The unlinks of an ended lease are computed
+when their transaction is applied (:meth:`LeaseTable.unlink_ops`), so a key
+detached meanwhile, by a commit queued before them, is left alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import math
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from broker.attrs import AttrSpec, integer
+from broker.errors import ErrnoError
+from kvs.keys import normalize
+from kvs.txn import EXPECT
+
+MIN_TTL = 1.0
+"""Shortest lease, in seconds: a keepalive at a third of it must cross the
+tree and back with room to spare, even on a loaded instance."""
+MAX_TTL = 86400.0
+"""Longest lease (a day): a lease is a liveness signal, not storage."""
+UNLINK_BYTES = 16 << 10
+"""The keys (bytes of their names) one unlink transaction of an ended lease
+takes: its setroot event lists them, and the smallest ``tbon.max-message``
+is 64 KiB."""
+INFO_KEYS = 1000
+"""``kvs.lease-info`` lists at most this many keys per namespace."""
+MAX_LEASES = AttrSpec(
+    "kvs.max-leases-per-user", "10000", integer(1),
+    "live kvs leases one user may hold (kvs.lease-grant past it is ENOSPC)")
+"""Each lease is a timer and a record on rank 0: a user (a guest above all)
+must not grow rank 0 without bound with them."""
+
+
+@dataclass(eq=False, slots=True)
+class Lease:
+    """One lease.  ``keys`` maps a namespace to the keys attached to this
+    lease there (kept equal to :attr:`LeaseTable.attached`)."""
+
+    id: int
+    owner: int
+    ttl: float
+    deadline: float
+    keys: dict[str, set[str]] = field(default_factory=dict)
+    timer: asyncio.TimerHandle | None = None
+    ended: str = ""
+    """``"expired"`` or ``"revoked"`` once ended (its unlinks may still be queued)."""
+
+    def key_count(self) -> int:
+        return sum(map(len, self.keys.values()))
+
+
+class _Attached:
+    """The keys of one namespace attached to a lease, and for every path
+    above them, how many attached keys are below it (so that writing a
+    directory finds the keys it replaces without scanning them all)."""
+
+    __slots__ = ("keys", "below")
+
+    def __init__(self) -> None:
+        self.keys: dict[str, Lease] = {}
+        self.below: Counter[str] = Counter()
+
+    def attach(self, key: str, lease: Lease) -> Lease | None:
+        old = self.keys.get(key)
+        self.keys[key] = lease
+        if old is None:
+            for anc in _ancestors(key):
+                self.below[anc] += 1
+        return old
+
+    def detach(self, key: str) -> Lease | None:
+        lease = self.keys.pop(key, None)
+        if lease is not None:
+            for anc in _ancestors(key):
+                n = self.below[anc] - 1
+                if n:
+                    self.below[anc] = n
+                else:
+                    del self.below[anc]
+        return lease
+
+    def touching(self, key: str) -> list[str]:
+        """The attached keys a write of ``key`` replaces or changes: itself,
+        those above it, those below it."""
+        out = [k for k in (key, *_ancestors(key)) if k in self.keys]
+        if self.below.get(key):
+            prefix = key + "."
+            out += [k for k in self.keys if k.startswith(prefix)]
+        return out
+
+
+def _ancestors(key: str) -> Iterable[str]:
+    i = key.find(".")
+    while i >= 0:
+        yield key[:i]
+        i = key.find(".", i + 1)
+
+
+class LeaseTable:
+    """Rank 0's leases (see the module docstring).  ``on_end`` is called
+    with a lease that expired or was revoked and has keys attached: it
+    queues their unlinks (one transaction per namespace)."""
+
+    def __init__(self, owner_uid: int, max_per_user: int,
+                 on_end: Callable[[Lease], None]) -> None:
+        self.owner_uid = owner_uid
+        self.max_per_user = max_per_user
+        self.on_end = on_end
+        self.live: dict[int, Lease] = {}
+        self.attached: dict[str, _Attached] = {}
+        """Per namespace, its attached keys (absent: none)."""
+        self.per_user: Counter[int] = Counter()
+        self.counts: Counter[str] = Counter(dict.fromkeys(
+            ("granted", "expired", "revoked", "restored", "attached", "detached"), 0))
+        self.next_id = 1
+
+    # ---------------------------------------------------------------- life
+
+    def _now(self) -> float:
+        return asyncio.get_running_loop().time()
+
+    def grant(self, uid: int, ttl: Any) -> Lease:
+        if type(ttl) not in (int, float) or not math.isfinite(ttl):
+            raise ErrnoError(errno.EPROTO, "ttl must be a number of seconds")
+        if not MIN_TTL <= ttl <= MAX_TTL:
+            raise ErrnoError(errno.EINVAL, f"a lease's ttl must be {MIN_TTL:g} to "
+                                           f"{MAX_TTL:g} seconds, not {ttl:g}")
+        if self.per_user[uid] >= self.max_per_user:
+            raise ErrnoError(errno.ENOSPC, f"this user holds {self.per_user[uid]} leases "
+                                           "(kvs.max-leases-per-user): revoke some first")
+        lease = self._add(self.next_id, uid, float(ttl))
+        self.counts["granted"] += 1
+        return lease
+
+    def _add(self, lease_id: int, uid: int, ttl: float) -> Lease:
+        self.next_id = max(self.next_id, lease_id + 1)
+        lease = Lease(lease_id, uid, ttl, 0.0)
+        self.live[lease_id] = lease
+        self.per_user[uid] += 1
+        self.keepalive(lease)
+        return lease
+
+    def get(self, lease_id: Any, uid: int, is_owner: bool) -> Lease:
+        """The live lease ``lease_id``: ``ENOENT`` if it expired, was revoked
+        or never was; ``EPERM`` unless ``uid`` holds it or is the instance
+        owner (``is_owner``)."""
+        if type(lease_id) is not int:
+            raise ErrnoError(errno.EPROTO, "a lease id is an integer")
+        lease = self.live.get(lease_id)
+        if lease is None:
+            raise ErrnoError(errno.ENOENT, f"lease {lease_id} does not exist (expired, "
+                                           "revoked, or never granted)")
+        if lease.owner != uid and not is_owner:
+            raise ErrnoError(errno.EPERM, f"lease {lease_id} belongs to another user")
+        return lease
+
+    def keepalive(self, lease: Lease) -> None:
+        """Give ``lease`` its full ttl again, from now."""
+        loop = asyncio.get_running_loop()
+        if lease.timer is not None:
+            lease.timer.cancel()
+        lease.deadline = loop.time() + lease.ttl
+        lease.timer = loop.call_at(lease.deadline, self.end, lease, "expired")
+
+    def end(self, lease: Lease, why: str, unlink: bool = True) -> None:
+        """``lease`` expired or was revoked: forget it, and have its keys
+        unlinked (unless ``unlink`` is False: the caller queues them)."""
+        if lease.ended:
+            return
+        lease.ended = why
+        if lease.timer is not None:
+            lease.timer.cancel()
+            lease.timer = None
+        del self.live[lease.id]
+        n = self.per_user[lease.owner] - 1
+        if n:
+            self.per_user[lease.owner] = n
+        else:
+            del self.per_user[lease.owner]
+        self.counts[why] += 1
+        if lease.keys and unlink:
+            self.on_end(lease)
+
+    def close(self) -> None:
+        """At stop: no lease expires any more (its keys stay; a statedir
+        keeps the table with the checkpoint)."""
+        for lease in self.live.values():
+            if lease.timer is not None:
+                lease.timer.cancel()
+                lease.timer = None
+
+    # ---------------------------------------------------------------- commits
+
+    def check(self, leased: Iterable[tuple[int, list[dict[str, Any]]]]) -> dict[int, Lease]:
+        """The leases named by the ops of transactions ``(committer uid,
+        ops)``: each must be live (``ENOENT``) and the committer's
+        (``EPERM``: even the instance owner attaches only its own), or the
+        transaction fails whole."""
+        found: dict[int, Lease] = {}
+        for uid, ops in leased:
+            for op in ops:
+                lease_id = op.get("lease")
+                if lease_id is not None:
+                    lease = self.get(lease_id, uid, False)
+                    found[lease.id] = lease
+        return found
+
+    def applied(self, ns: str, ops: list[dict[str, Any]], found: dict[int, Lease]) -> None:
+        """``ops`` were applied to ``ns`` (in order): attach the keys put with
+        a lease of ``found`` (what :meth:`check` returned for them), detach
+        what every other write touches.  A lease that ended since it was
+        checked gets its keys unlinked at once."""
+        att = self.attached.get(ns)
+        ended: set[Lease] = set()
+        for op in ops:
+            if op.get("flags", 0) & EXPECT:
+                continue
+            key = normalize(op["key"])
+            if att is not None:
+                for k in att.touching(key):
+                    self._detach(ns, att, k)
+            lease_id = op.get("lease")
+            lease = found.get(lease_id) if lease_id is not None else None
+            if lease is not None:
+                if att is None:
+                    att = self.attached[ns] = _Attached()
+                att.attach(key, lease)
+                lease.keys.setdefault(ns, set()).add(key)
+                self.counts["attached"] += 1
+                if lease.ended:
+                    ended.add(lease)
+        if att is not None and not att.keys:
+            del self.attached[ns]
+        for lease in ended:
+            self.on_end(lease)
+
+    def _detach(self, ns: str, att: _Attached, key: str) -> None:
+        lease = att.detach(key)
+        if lease is None:
+            return
+        self.counts["detached"] += 1
+        keys = lease.keys.get(ns)
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                del lease.keys[ns]
+
+    def unlink_ops(self, ns: str, lease: Lease) -> list[dict[str, Any]]:
+        """The unlinks of an ended lease's keys still attached in ``ns``,
+        now: at most :data:`UNLINK_BYTES` of keys (at least one), so that
+        the setroot event listing them fits in any link; the caller
+        commits again while some are left."""
+        ops: list[dict[str, Any]] = []
+        size = 0
+        for key in sorted(lease.keys.get(ns, ())):
+            size += len(key) + 8
+            if ops and size > UNLINK_BYTES:
+                break
+            ops.append({"key": key, "flags": 0, "dirent": None})
+        return ops
+
+    def forget_namespace(self, ns: str) -> None:
+        """``ns`` was removed: its keys went with it."""
+        att = self.attached.pop(ns, None)
+        if att is not None:
+            for lease in set(att.keys.values()):
+                lease.keys.pop(ns, None)
+
+    # ---------------------------------------------------------------- restart
+
+    def snapshot(self, ns: str) -> dict[str, Any] | None:
+        """What a checkpoint of ``ns`` keeps: every lease with keys attached
+        there (ended ones too: their unlinks may not be applied yet), and
+        the next id.  None when there is none."""
+        att = self.attached.get(ns)
+        if att is None:
+            return None
+        leases: dict[int, Lease] = {lease.id: lease for lease in att.keys.values()}
+        return {"next-id": self.next_id, "leases": [
+            {"id": lease.id, "owner": lease.owner, "ttl": lease.ttl,
+             "keys": sorted(lease.keys.get(ns, ()))} for lease in leases.values()]}
+
+    def restore(self, ns: str, saved: Any) -> tuple[int, int]:
+        """Take back the leases a checkpoint kept (:meth:`snapshot`), each
+        with its full ttl from now: their holders may keep them alive again
+        (a client that reconnects), or they expire and their keys go.
+        Returns (leases, keys); malformed entries are skipped."""
+        if not isinstance(saved, dict):
+            return 0, 0
+        nid = saved.get("next-id")
+        if type(nid) is int and nid > 0:
+            self.next_id = max(self.next_id, nid)
+        n = nkeys = 0
+        for entry in saved.get("leases") or ():
+            if not isinstance(entry, dict):
+                continue
+            lid, owner, ttl, keys = (entry.get("id"), entry.get("owner"), entry.get("ttl"),
+                                     entry.get("keys"))
+            if (type(lid) is not int or type(owner) is not int or lid in self.live
+                    or not isinstance(ttl, int | float) or not isinstance(keys, list)):
+                continue
+            lease = self._add(lid, owner, min(max(float(ttl), MIN_TTL), MAX_TTL))
+            self.applied(ns, [{"key": k, "flags": 0, "lease": lid}
+                              for k in keys if isinstance(k, str)], {lid: lease})
+            self.counts["restored"] += 1
+            n += 1
+            nkeys += lease.key_count()
+        return n, nkeys
+
+    def stats(self) -> dict[str, Any]:
+        return {"live": len(self.live),
+                "keys": sum(len(a.keys) for a in self.attached.values()),
+                **self.counts}
+
+    def describe(self, lease: Lease) -> dict[str, Any]:
+        """``kvs.lease-info``'s answer."""
+        return {"id": lease.id, "owner": lease.owner, "ttl": lease.ttl,
+                "ttl_left": max(0.0, lease.deadline - self._now()),
+                "key-count": lease.key_count(),
+                "keys": {ns: sorted(keys)[:INFO_KEYS] for ns, keys in lease.keys.items()}}

@@ -1,0 +1,309 @@
+"""KVS leases against real ranks: keys that go away when their holder does.
+
+A lock taken with a lease by a client process on rank 3 is released (its
+key unlinked, a watcher on rank 1 sees it) once the process is SIGKILLed;
+keepalives keep it; revoke removes at once; a put without the lease
+detaches; a commit naming a dead lease fails whole; guests and other users'
+leases; restart from a statedir.  docs/kvs.md, "Leases".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import signal
+import sys
+import textwrap
+import time
+from typing import Any
+
+import pytest
+from test_kvs_rpc_helpers import GUEST_UID, run_guest
+
+from broker.errors import RemoteError
+from kvs.client import KVS, SyncKVS, TxnOps
+
+MARGIN = 3.0
+"""Seconds past a lease's ttl its keys may take to go (a keepalive period,
+the unlink's commit, the event to the watcher's rank, a loaded machine)."""
+
+HOLDER = """
+import asyncio, sys
+from kvs.client import KVS, TxnOps
+
+async def main(uri, ttl):
+    async with KVS.connect(uri) as kvs:
+        lease = await kvs.lease(ttl)
+        await kvs.commit(TxnOps().expect_missing("lock").put("lock", "holder", lease=lease))
+        print("locked", lease.id, flush=True)
+        await asyncio.Event().wait()   # hold it until killed
+
+asyncio.run(main(sys.argv[1], float(sys.argv[2])))
+"""
+
+
+async def _next(w: Any, timeout: float) -> Any:
+    return await asyncio.wait_for(w.__anext__(), timeout)
+
+
+async def _gone(w: Any, timeout: float) -> None:
+    """The watched key is unlinked within ``timeout``: the watch ends ENOENT."""
+    with pytest.raises(RemoteError) as exc:
+        await _next(w, timeout)
+    assert exc.value.errnum == errno.ENOENT
+
+
+async def test_lock_of_a_killed_holder_is_released_within_ttl(start_instance) -> None:
+    ttl = 1.5
+    inst = await start_instance(size=4, fanout=2)
+    async with KVS.connect(inst.uri(1)) as watcher:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", HOLDER, inst.uri(3), str(ttl),
+            stdout=asyncio.subprocess.PIPE)
+        try:
+            assert proc.stdout is not None
+            line = await asyncio.wait_for(proc.stdout.readline(), 20)
+            assert line.split()[0] == b"locked", line
+            w = watcher.watch("lock", waitcreate=True)
+            assert (await _next(w, 10)).value == b"holder"
+            # kept alive: nothing happens to it for three ttls
+            with pytest.raises(TimeoutError):
+                await _next(w, 3 * ttl)
+            # someone else cannot take it meanwhile
+            with pytest.raises(RemoteError) as taken:
+                await watcher.commit(TxnOps().expect_missing("lock").put("lock", "other"))
+            assert taken.value.errnum == errno.ECANCELED
+            os.kill(proc.pid, signal.SIGKILL)
+            killed = time.monotonic()
+            await _gone(w, ttl + MARGIN)
+            assert time.monotonic() - killed <= ttl + MARGIN
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+            await proc.wait()
+        # the lock is free: the next holder takes it
+        await watcher.commit(TxnOps().expect_missing("lock").put("lock", "next"))
+        stats = await watcher.handle.rpc("kvs.stats-get", {}, nodeid=0)
+        assert stats["leases"]["expired"] == 1 and stats["leases"]["live"] == 0
+        assert stats["leases"]["keys"] == 0
+
+
+async def test_revoke_removes_at_once_and_a_put_without_the_lease_detaches(
+        start_instance) -> None:
+    inst = await start_instance(size=4, fanout=2)
+    async with KVS.connect(inst.uri(2)) as kvs:
+        lease = await kvs.lease(60)
+        await kvs.commit(TxnOps().put("a", 1, lease=lease).put("b", 2, lease=lease)
+                         .put("c.d", 3, lease=lease).put("e.f", 4, lease=lease)
+                         .put("g", 5, lease=lease))
+        await kvs.put("b", "mine now")          # detaches b
+        await kvs.put("c", "a value")           # replaces c.d: detached
+        await kvs.put("g.h", "below")           # g became a directory: detached
+        info = await lease.info()
+        assert info["keys"] == {"primary": ["a", "e.f"]}
+        assert info["key-count"] == 2 and 0 < info["ttl_left"] <= 60
+        stats = await kvs.handle.rpc("kvs.stats-get", {}, nodeid=0)
+        assert stats["leases"]["live"] == 1 and stats["leases"]["keys"] == 2
+        await lease.revoke()
+        # at once, and read-your-writes on the client's rank
+        assert not await kvs.exists("a") and not await kvs.exists("e.f")
+        assert await kvs.get_str("b") == "mine now"
+        assert await kvs.get_str("c") == "a value"
+        assert await kvs.get_str("g.h") == "below"
+        with pytest.raises(RemoteError) as exc:
+            await kvs.lease_keepalive(lease)
+        assert exc.value.errnum == errno.ENOENT
+        stats = await kvs.handle.rpc("kvs.stats-get", {}, nodeid=0)
+        assert stats["leases"]["revoked"] == 1 and stats["leases"]["keys"] == 0
+        # async with: revoked at the end of the block
+        async with kvs.lease(60) as held:
+            await kvs.put("scoped", "x", lease=held)
+            assert await kvs.exists("scoped")
+        assert not await kvs.exists("scoped")
+
+
+async def test_a_commit_naming_a_dead_lease_fails_whole(start_instance) -> None:
+    inst = await start_instance(size=4, fanout=2)
+    async with KVS.connect(inst.uri(3)) as kvs:
+        lease = await kvs.lease(1, keepalive=False)
+        await kvs.put("marker", "m", lease=lease)
+        w = kvs.watch("marker")
+        assert (await _next(w, 10)).value == b"m"
+        await _gone(w, 1 + MARGIN)  # it expired
+        for dead in (lease.id, 424242):
+            with pytest.raises(RemoteError) as exc:
+                await kvs.commit(TxnOps().put("x", 1).put("y", 2, lease=dead))
+            assert exc.value.errnum == errno.ENOENT
+        assert not await kvs.exists("x") and not await kvs.exists("y")
+        # merged with good commits, only the faulty one fails
+        results = await asyncio.gather(
+            *(kvs.commit(TxnOps().put(f"ok{i}", i)) for i in range(5)),
+            kvs.commit(TxnOps().put("bad", 1, lease=lease)), return_exceptions=True)
+        assert [isinstance(r, RemoteError) for r in results] == [False] * 5 + [True]
+        assert all([await kvs.exists(f"ok{i}") for i in range(5)])
+        assert not await kvs.exists("bad")
+        # a lease only goes with a write that stores something
+        live = await kvs.lease(60)
+        for bad in ({"key": "u", "flags": 0, "dirent": None, "lease": live.id},
+                    {"key": "u", "flags": 64, "dirent": None, "lease": live.id}):
+            with pytest.raises(RemoteError) as exc:
+                await kvs.commit([bad])
+            assert exc.value.errnum == errno.EINVAL
+        await live.revoke()
+
+
+async def test_lease_bounds(start_instance) -> None:
+    inst = await start_instance(size=2, attrs={"kvs.max-leases-per-user": "2"})
+    async with KVS.connect(inst.uri(1)) as kvs:
+        for ttl in (0.5, 86401, float("nan")):
+            with pytest.raises(RemoteError) as exc:
+                await kvs.lease(ttl)
+            assert exc.value.errnum in (errno.EINVAL, errno.EPROTO)
+        one, two = await kvs.lease(5), await kvs.lease(5)
+        with pytest.raises(RemoteError) as exc:
+            await kvs.lease(5)
+        assert exc.value.errnum == errno.ENOSPC
+        await one.revoke()
+        three = await kvs.lease(5)  # room again
+        await two.revoke()
+        await three.revoke()
+
+
+async def test_a_namespace_removed_is_skipped(start_instance) -> None:
+    inst = await start_instance(size=2)
+    async with KVS.connect(inst.uri(1)) as kvs:
+        await kvs.namespace_create("job")
+        job = kvs.with_namespace("job")
+        lease = await kvs.lease(60)
+        await job.put("k", 1, lease=lease)
+        await kvs.put("p", 1, lease=lease)
+        await kvs.namespace_remove("job")
+        await kvs.namespace_create("job")          # a new one of the same name
+        await job.put("k", "new")
+        assert (await lease.info())["keys"] == {"primary": ["p"]}
+        await lease.revoke()
+        assert not await kvs.exists("p")
+        assert await job.get_str("k") == "new"
+
+
+def _sync_holder(uri: str, ttl: float) -> tuple[bool, bool, bool]:
+    """A blocking script that is busy (sleeping) for four ttls while its
+    lease's thread keeps it alive; then the block ends and revokes it."""
+    with SyncKVS(uri=uri) as kvs:
+        with kvs.lease(ttl) as lease:
+            kvs.put("sync-held", "x", lease=lease)
+            time.sleep(4 * ttl)  # the script is busy: no call of the facade
+            held = kvs.exists("sync-held") and not lease.lost
+        gone = not kvs.exists("sync-held")
+        return held, gone, lease.lost
+
+
+async def test_sync_facade_keeps_its_lease_alive_while_the_script_is_busy(
+        start_instance) -> None:
+    inst = await start_instance(size=2)
+    held, gone, lost = await asyncio.to_thread(_sync_holder, inst.uri(1), 1.0)
+    assert (held, gone, lost) == (True, True, False)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a guest")
+async def test_a_guest_cannot_touch_another_users_lease(start_instance) -> None:
+    inst = await start_instance(size=4, fanout=2, attrs={"access.allow-guest-user": "true"})
+    async with KVS.connect(inst.uri(0)) as kvs:
+        await kvs.namespace_create("mine", owner=GUEST_UID)
+        theirs = await kvs.lease(60)
+        await kvs.put("owned", 1, lease=theirs)
+        out = await asyncio.to_thread(run_guest, inst.uri(3), textwrap.dedent(f"""
+            async def body(h):
+                r = {{}}
+                other = {theirs.id}
+                for what in ("keepalive", "revoke", "info"):
+                    r["other-" + what] = await call(h, "kvs.lease-" + what, {{"id": other}})
+                r["attach-other"] = await commit(h, "mine", {{
+                    "key": "k", "flags": 0, "dirent": val("1"), "lease": other}})
+                g = await call(h, "kvs.lease-grant", {{"ttl": 60}})
+                r["grant"] = g
+                mine = g["ok"]["id"]
+                r["attach"] = await commit(h, "mine", {{
+                    "key": "k", "flags": 0, "dirent": val("1"), "lease": mine}})
+                r["primary"] = await commit(h, "primary", {{
+                    "key": "k", "flags": 0, "dirent": val("1"), "lease": mine}})
+                r["info"] = await call(h, "kvs.lease-info", {{"id": mine}})
+                r["keepalive-mine"] = await call(h, "kvs.lease-keepalive", {{"id": mine}})
+                return r
+        """))
+        assert out["other-keepalive"] == out["other-revoke"] == out["other-info"] == {
+            "errnum": errno.EPERM}
+        assert out["attach-other"] == {"errnum": errno.EPERM}
+        assert "ok" in out["attach"] and out["primary"] == {"errnum": errno.EPERM}, out
+        mine = out["grant"]["ok"]["id"]
+        assert out["info"]["ok"]["keys"] == {"mine": ["k"]}
+        assert out["info"]["ok"]["owner"] == GUEST_UID
+        # the owner's lease is untouched; even the instance owner attaches
+        # only its own leases, but may keep alive, inspect and revoke a guest's
+        assert (await theirs.info())["keys"] == {"primary": ["owned"]}
+        with pytest.raises(RemoteError) as exc:
+            await kvs.with_namespace("mine").put("k2", 1, lease=mine)
+        assert exc.value.errnum == errno.EPERM
+        assert await kvs.lease_keepalive(mine) == 60
+        await kvs.lease_revoke(mine)
+        assert not await kvs.with_namespace("mine").exists("k")
+        guest_stats = await asyncio.to_thread(run_guest, inst.uri(1), """
+            async def body(h):
+                return await call(h, "kvs.stats-get", {}, nodeid=0)
+        """)
+        assert "leases" not in guest_stats["ok"]  # instance-wide: the owner's view only
+        await theirs.revoke()
+
+
+async def test_restart_gives_leases_their_full_ttl_again(start_instance, tmp_path) -> None:
+    """A statedir keeps the leases holding keys of primary with the
+    checkpoint: after a restart each has its full ttl again, and its keys
+    go when nobody keeps it alive -- no leased key is stranded."""
+    statedir = str(tmp_path / "state")
+    ttl = 2.0
+    inst = await start_instance(size=2, statedir=statedir)
+    async with KVS.connect(inst.uri(1)) as kvs:
+        lease = await kvs.lease(ttl)
+        await kvs.put("leased", "x", lease=lease)
+        await kvs.put("plain", "y")
+        lease_id = lease.id
+    assert await inst.stop() == [0, 0]
+    inst2 = await start_instance(size=2, statedir=statedir, attrs={"log.level": "info"})
+    async with KVS.connect(inst2.uri(1)) as kvs:
+        w = kvs.watch("leased")
+        assert (await _next(w, 10)).value == b"x"
+        info = await kvs.lease_info(lease_id)
+        assert info["keys"] == {"primary": ["leased"]} and info["ttl"] == ttl
+        started = time.monotonic()
+        await _gone(w, ttl + MARGIN)  # nobody kept it alive
+        assert time.monotonic() - started <= ttl + MARGIN
+        assert await kvs.get_str("plain") == "y"
+        fresh = await kvs.lease(60)
+        assert fresh.id > lease_id  # ids are not given again
+        await fresh.revoke()
+    log = (tmp_path / "broker-1.log").read_text()
+    assert "restored 1 leases holding 1 keys of the primary namespace" in log
+
+
+async def test_a_lease_with_more_keys_than_one_event_carries_is_unlinked_whole(
+        start_instance) -> None:
+    """The unlinks of an ended lease's keys are committed in pieces: one
+    transaction of them all has a setroot event listing every key, which
+    past ``tbon.max-message`` fails (EMSGSIZE) and left every key there."""
+    inst = await start_instance(size=2, attrs={"tbon.max-message": "65536"})
+    async with KVS.connect(inst.uri(1)) as kvs:
+        lease = await kvs.lease(60)
+        keys = [f"many.key-number-{i:06d}" for i in range(6000)]  # ~150 KB of names
+        for part in range(0, len(keys), 400):
+            t = TxnOps()
+            for key in keys[part:part + 400]:
+                t.put(key, 1, lease=lease)
+            await kvs.commit(t)
+        assert (await lease.info())["key-count"] == len(keys)
+        await lease.revoke()
+        assert not await kvs.exists("many.key-number-000000")
+        assert not await kvs.exists("many.key-number-005999")
+        assert await kvs.get_tree("many") == {}
+        stats = await kvs.handle.rpc("kvs.stats-get", {}, nodeid=0)
+        assert stats["leases"]["keys"] == 0
