@@ -81,7 +81,7 @@ class CommitPipeline:
                  spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task[Any]],
                  cache: treeobj.BlobCache, blobs: BlobStore, fetcher: BlobFetcher,
                  refcheck: RefChecker, publish: Callable[[str, dict[str, Any]], None],
-                 checkpoint: Callable[[str, int], Awaitable[bool]], hash_name: str,
+                 checkpoint: Callable[[str, int, Any], Awaitable[bool]], hash_name: str,
                  statedir: str, root_history: collector.RootHistory,
                  prime_limit: int, event_limit: int = codec.MAX_LINK_MESSAGE) -> None:
         self.log = log
@@ -345,7 +345,12 @@ class CommitPipeline:
                     assert task is not None
                     self._checkpointing.add(task)
                     try:
-                        await self.checkpoint(result.rootref, ns.rootseq + 1)
+                        # (with the lease attachments these ops make once
+                        # applied, or a restart would find the keys unleased)
+                        await self.checkpoint(result.rootref, ns.rootseq + 1,
+                                              (ops, found) if leases is not None and (
+                                                  found or ns.name in leases.attached)
+                                              else None)
                     finally:
                         self._checkpointing.discard(task)
         except ErrnoError as exc:

@@ -297,17 +297,36 @@ class LeaseTable:
 
     # ---------------------------------------------------------------- restart
 
-    def snapshot(self, ns: str) -> dict[str, Any] | None:
+    def snapshot(self, ns: str, ops: list[dict[str, Any]] | None = None,
+                 found: dict[int, Lease] | None = None) -> dict[str, Any] | None:
         """What a checkpoint of ``ns`` keeps: every lease with keys attached
         there (ended ones too: their unlinks may not be applied yet), and
-        the next id.  None when there is none."""
+        the next id.  None when there is none.  With ``ops`` (and
+        ``found``, as for :meth:`applied`): as it will be once they are
+        applied (a ``SYNC`` commit's checkpoint is written before that),
+        worked out on a copy."""
         att = self.attached.get(ns)
-        if att is None:
+        keys: dict[str, Lease] = dict(att.keys) if att is not None else {}
+        for op in ops or ():
+            if op.get("flags", 0) & EXPECT:
+                continue
+            key = normalize(op["key"])
+            prefix = key + "."
+            for k in [k for k in keys
+                      if k == key or k.startswith(prefix) or key.startswith(k + ".")]:
+                del keys[k]
+            lid = op.get("lease")
+            lease = found.get(lid) if found and type(lid) is int else None
+            if lease is not None:
+                keys[key] = lease
+        if not keys:
             return None
-        leases: dict[int, Lease] = {lease.id: lease for lease in att.keys.values()}
+        by_lease: dict[Lease, list[str]] = {}
+        for key, lease in keys.items():
+            by_lease.setdefault(lease, []).append(key)
         return {"next-id": self.next_id, "leases": [
-            {"id": lease.id, "owner": lease.owner, "ttl": lease.ttl,
-             "keys": sorted(lease.keys.get(ns, ()))} for lease in leases.values()]}
+            {"id": lease.id, "owner": lease.owner, "ttl": lease.ttl, "keys": sorted(held)}
+            for lease, held in by_lease.items()]}
 
     def restore(self, ns: str, saved: Any) -> tuple[int, int]:
         """Take back the leases a checkpoint kept (:meth:`snapshot`), each

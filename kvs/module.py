@@ -510,7 +510,8 @@ class KvsModule(Module):
                          "" if synced else " (committed to SQLite's WAL, not synced to "
                          "disk: it survives a crash of this process, not of the host)")
 
-    async def _checkpoint(self, rootref: str | None = None, rootseq: int = 0) -> bool:
+    async def _checkpoint(self, rootref: str | None = None, rootseq: int = 0,
+                          pending: Any = None) -> bool:
         """Record the primary root (default: the current one) in the content
         store, unless a checkpoint at least as new was written already
         (then False) and none failed since.
@@ -529,7 +530,8 @@ class KvsModule(Module):
                 return False
             try:
                 await self.h.rpc("content.checkpoint-put", {
-                    "key": CHECKPOINT_KEY, "value": self._cp_value(rootref, rootseq)})
+                    "key": CHECKPOINT_KEY, "value": self._cp_value(rootref, rootseq,
+                                                                   pending)})
             except BaseException:
                 # (a SYNC commit's root, which then fails: the row may name it)
                 self._checkpoint_unsure = True
@@ -538,15 +540,17 @@ class KvsModule(Module):
             self._checkpoint_counts["written"] += 1
             return True
 
-    def _cp_value(self, rootref: str, rootseq: int) -> dict[str, Any]:
+    def _cp_value(self, rootref: str, rootseq: int, pending: Any = None) -> dict[str, Any]:
         """A checkpoint of the primary root, with the leases that hold keys
         of the primary namespace now (a restart takes them back, each with
         its full ttl, so no leased key outlives a restart unwatched).  An
         older root (a fallback checkpoint) gets the leases of the newest:
-        a key leased at that root and detached since stays, and is said to."""
+        a key leased at that root and detached since stays, and is said to.
+        ``pending``: a ``SYNC`` commit's ``(ops, leases found)``, whose root
+        is checkpointed before it is set and its attachments made."""
         value: dict[str, Any] = {"rootref": rootref, "rootseq": rootseq,
                                  "timestamp": time.time()}
-        leases = self.leases.snapshot(PRIMARY)
+        leases = self.leases.snapshot(PRIMARY, *(pending or ()))
         if leases is not None:
             value["leases"] = leases
         return value

@@ -48,7 +48,7 @@ async def test_a_written_root_whose_rootref_came_back_is_not_vouched_for_by_that
         fetcher = BlobFetcher(store, Counter())
         loop = asyncio.get_running_loop()
 
-        async def no_checkpoint(rootref: str, rootseq: int) -> bool:
+        async def no_checkpoint(rootref: str, rootseq: int, pending: object = None) -> bool:
             return False
 
         commits = CommitPipeline(

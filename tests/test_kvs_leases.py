@@ -307,3 +307,25 @@ async def test_a_lease_with_more_keys_than_one_event_carries_is_unlinked_whole(
         assert await kvs.get_tree("many") == {}
         stats = await kvs.handle.rpc("kvs.stats-get", {}, nodeid=0)
         assert stats["leases"]["keys"] == 0
+
+
+async def test_a_sync_put_with_a_lease_survives_a_crash_leased(start_instance,
+                                                               tmp_path) -> None:
+    """A SYNC commit's checkpoint is written before its root is set and its
+    attachments made: it kept the lease table of before, so after a crash
+    of rank 0 the key was back with no lease -- stranded for ever.  The
+    checkpoint now records the attachments the commit makes."""
+    statedir = str(tmp_path / "state")
+    attrs = {"kvs.checkpoint-period": "0"}  # only the SYNC commit checkpoints
+    inst = await start_instance(size=1, statedir=statedir, attrs=attrs)
+    async with KVS.connect(inst.uri(0)) as kvs:
+        lease = await kvs.lease(1.5, keepalive=False)
+        await kvs.put("synced", "x", lease=lease, sync=True)
+        os.kill(inst.pids()[0], signal.SIGKILL)  # no clean stop, no final checkpoint
+    await inst.stop()
+    inst2 = await start_instance(size=1, statedir=statedir, attrs=attrs)
+    async with KVS.connect(inst2.uri(0)) as kvs:
+        w = kvs.watch("synced")
+        assert (await _next(w, 10)).value == b"x"
+        assert (await kvs.lease_info(lease.id))["keys"] == {"primary": ["synced"]}
+        await _gone(w, 1.5 + MARGIN)
