@@ -142,6 +142,8 @@ class LeaseTable:
         self.counts: Counter[str] = Counter(dict.fromkeys(
             ("granted", "expired", "revoked", "restored", "attached", "detached"), 0))
         self.next_id = 1
+        self.closed = False
+        """Set at stop: no lease expires any more."""
 
     # ---------------------------------------------------------------- life
 
@@ -184,12 +186,15 @@ class LeaseTable:
         return lease
 
     def keepalive(self, lease: Lease) -> None:
-        """Give ``lease`` its full ttl again, from now."""
+        """Give ``lease`` its full ttl again, from now (at stop, no timer:
+        nothing expires while the module stops)."""
         loop = asyncio.get_running_loop()
         if lease.timer is not None:
             lease.timer.cancel()
+            lease.timer = None
         lease.deadline = loop.time() + lease.ttl
-        lease.timer = loop.call_at(lease.deadline, self.end, lease, "expired")
+        if not self.closed:
+            lease.timer = loop.call_at(lease.deadline, self.end, lease, "expired")
 
     def end(self, lease: Lease, why: str, unlink: bool = True) -> None:
         """``lease`` expired or was revoked: forget it, and have its keys
@@ -213,6 +218,7 @@ class LeaseTable:
     def close(self) -> None:
         """At stop: no lease expires any more (its keys stay; a statedir
         keeps the table with the checkpoint)."""
+        self.closed = True
         for lease in self.live.values():
             if lease.timer is not None:
                 lease.timer.cancel()

@@ -1427,6 +1427,8 @@ class KvsModule(Module):
                     seqs[name] = (await self.commits.enqueue(
                         ns, [], NO_MERGE, self._txn_name(), revoke=lease))[0]
                 except ErrnoError as exc:
+                    if ns.removed:
+                        break  # (its keys went with it)
                     left = sorted(lease.keys.get(name, ()))
                     self.log.error("lease %d ended, but unlinking its %d keys in namespace "
                                    "%s failed (%s): they stay (first: %s)", lease.id,

@@ -55,7 +55,7 @@ async def _gone(w: Any, timeout: float) -> None:
 
 
 async def test_lock_of_a_killed_holder_is_released_within_ttl(start_instance) -> None:
-    ttl = 1.5
+    ttl = 2.0
     inst = await start_instance(size=4, fanout=2)
     async with KVS.connect(inst.uri(1)) as watcher:
         proc = await asyncio.create_subprocess_exec(
@@ -188,12 +188,12 @@ async def test_a_namespace_removed_is_skipped(start_instance) -> None:
 
 
 def _sync_holder(uri: str, ttl: float) -> tuple[bool, bool, bool]:
-    """A blocking script that is busy (sleeping) for four ttls while its
+    """A blocking script that is busy (sleeping) for three ttls while its
     lease's thread keeps it alive; then the block ends and revokes it."""
     with SyncKVS(uri=uri) as kvs:
         with kvs.lease(ttl) as lease:
             kvs.put("sync-held", "x", lease=lease)
-            time.sleep(4 * ttl)  # the script is busy: no call of the facade
+            time.sleep(3 * ttl)  # the script is busy: no call of the facade
             held = kvs.exists("sync-held") and not lease.lost
         gone = not kvs.exists("sync-held")
         return held, gone, lease.lost
@@ -202,7 +202,7 @@ def _sync_holder(uri: str, ttl: float) -> tuple[bool, bool, bool]:
 async def test_sync_facade_keeps_its_lease_alive_while_the_script_is_busy(
         start_instance) -> None:
     inst = await start_instance(size=2)
-    held, gone, lost = await asyncio.to_thread(_sync_holder, inst.uri(1), 1.0)
+    held, gone, lost = await asyncio.to_thread(_sync_holder, inst.uri(1), 1.5)
     assert (held, gone, lost) == (True, True, False)
 
 
