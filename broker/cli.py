@@ -29,7 +29,6 @@ from broker.cliutil import (
     CLIError,
     ConnectError,
     PermutingParser,
-    RankSet,
     UsageError,
     add_answer_timeout,
     command_args,
@@ -802,9 +801,15 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_keygen)
 
     s = sub.add_parser("exec", help="run COMMAND attached to each rank of IDSET")
-    s.add_argument("-r", "--rank", type=rank_set, default=RankSet(((0, 0),)), metavar="IDSET",
+    s.add_argument("-r", "--rank", type=rank_set, metavar="IDSET",
                    help="the ranks to run COMMAND on, each with its rank's URI as "
                    "KVBROKER_URI: 3, 0-3,5 or all (default 0)")
+    s.add_argument("-x", "--exclude", type=rank_set, metavar="IDSET",
+                   help="leave out these ranks of -r (ranks the instance does not have "
+                   "are ignored)")
+    s.add_argument("-n", "--noinput", action="store_true",
+                   help="give the commands /dev/null as stdin (default: each gets all "
+                   "of exec's stdin)")
     s.add_argument("-l", "--label-io", action="store_true", dest="label_io",
                    help="write each line of the commands' output as 'RANK: line'")
     add_answer_timeout(s)

@@ -123,11 +123,36 @@ class RankSet:
     the instance's size is known, so ``0-4000000000`` costs nothing before
     it is refused."""
 
-    def __init__(self, ranges: tuple[tuple[int, int], ...], every: bool = False) -> None:
+    def __init__(self, ranges: tuple[tuple[int, int], ...], every: bool = False,
+                 excluded: tuple[tuple[int, int], ...] = ()) -> None:
         self.ranges = ranges
         """Ascending, disjoint ``(first, last)`` ranges (none for ``all``)."""
         self.every = every
         """``all``: every rank of the instance, whatever its size."""
+        self.excluded = excluded
+        """Ranges taken out of the set (``exec -x``), ascending and disjoint;
+        ranks the instance does not have among them are no error."""
+
+    def __str__(self) -> str:
+        """As written, less :attr:`excluded`: ``all``, ``0-3,5``."""
+        if self.every:
+            return "all"
+        return ",".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in self.ranges)
+
+    def without(self, other: RankSet) -> RankSet:
+        """This set less the ranks of ``other`` (``exec -r IDSET -x IDSET``).
+        Kept apart from :attr:`ranges`, so that a rank of ``-r`` beyond the
+        instance is still refused (as flux exec checks ``-r`` before
+        ``-x``), and so that :meth:`single` still says what was written."""
+        gone = ((0, MAX_RANK),) if other.every else other.ranges
+        return RankSet(self.ranges, self.every, _union(self.excluded, gone))
+
+    def empty(self) -> bool:
+        """Nothing is left whatever the instance's size (``-r 3 -x 3``,
+        ``-x all``): known before anything is asked."""
+        if self.every:
+            return self.excluded[:1] == ((0, MAX_RANK),)
+        return not _subtract(self.ranges, self.excluded)
 
     def single(self) -> int | None:
         """The one rank this set names as written (``3``, ``3-3`` is not
@@ -141,13 +166,48 @@ class RankSet:
         :class:`CLIError` (``<what>: No route to host``) naming the first
         rank it does not have -- before anything is asked of any rank."""
         if self.every:
-            return list(range(size))
-        last = self.ranges[-1][1]
-        if last >= size:
-            first_out = max(size, next(lo for lo, hi in self.ranges if hi >= size))
-            raise CLIError(what, detail=f"{os.strerror(errno.EHOSTUNREACH)} (no rank "
-                           f"{first_out}: the instance's ranks are {encode_ranks(range(size))})")
-        return [r for lo, hi in self.ranges for r in range(lo, hi + 1)]
+            ranges: tuple[tuple[int, int], ...] = ((0, size - 1),) if size else ()
+        else:
+            ranges = self.ranges
+            last = ranges[-1][1]
+            if last >= size:
+                first_out = max(size, next(lo for lo, hi in ranges if hi >= size))
+                raise CLIError(what, detail=f"{os.strerror(errno.EHOSTUNREACH)} (no rank "
+                               f"{first_out}: the instance's ranks are "
+                               f"{encode_ranks(range(size))})")
+        return [r for lo, hi in _subtract(ranges, self.excluded) for r in range(lo, hi + 1)]
+
+
+def _union(a: tuple[tuple[int, int], ...],
+           b: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
+    """The ranges of ``a`` and ``b`` (each ascending, disjoint) as one such
+    tuple, touching ranges merged."""
+    merged: list[tuple[int, int]] = []
+    for lo, hi in sorted(a + b):
+        if merged and lo <= merged[-1][1] + 1:
+            merged[-1] = (merged[-1][0], max(hi, merged[-1][1]))
+        else:
+            merged.append((lo, hi))
+    return tuple(merged)
+
+
+def _subtract(ranges: tuple[tuple[int, int], ...],
+              gone: tuple[tuple[int, int], ...]) -> list[tuple[int, int]]:
+    """``ranges`` less ``gone`` (both ascending, disjoint), as ranges: a
+    range of billions costs no more than one of two."""
+    out: list[tuple[int, int]] = []
+    for lo, hi in ranges:
+        for glo, ghi in gone:
+            if ghi < lo or glo > hi:
+                continue
+            if glo > lo:
+                out.append((lo, glo - 1))
+            lo = ghi + 1
+            if lo > hi:
+                break
+        if lo <= hi:
+            out.append((lo, hi))
+    return out
 
 
 def encode_ranks(ranks: Iterable[int]) -> str:

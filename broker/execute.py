@@ -1,8 +1,9 @@
 """``kvbroker exec``: run a command attached to one rank, or to each of a set.
 
 One rank is the fast path (look its URI up, then become the command); a
-set (``-r 0-3``, ``all``) runs one command per rank at once and
-supervises them to the end, as ``flux exec`` does (docs/cli.md, exec).
+set (``-r 0-3``, ``all``, less ``-x``) runs one command per rank at once
+and supervises them to the end, copying exec's standard input to each,
+as ``flux exec`` does (docs/cli.md, exec).
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import os
 import signal
 import subprocess
 import sys
-from typing import Any
+import threading
+from typing import IO, Any
 
 from broker.cliutil import (
     CLIError,
@@ -40,6 +42,17 @@ LABEL_LINE_MAX = 1 << 20
 it is written as a labelled piece of its own (as Flux's line-buffered
 output does once its buffer is full): binary output, or one huge line,
 was held whole until a newline or the end, in memory without bound."""
+EXEC_STDIN_BACKLOG = 16 << 20
+"""The most of exec's standard input held for the commands of a set: how
+far the slowest command still taking input may lag behind what was read.
+One copy is kept for all of them (each has its own place in it), so it
+bounds exec's memory whatever the number of ranks.  At the bound exec
+reads no more until that command takes some, or exits: nothing is lost,
+as with flux exec's flow control, and a command that does not read holds
+the others back only once they are this far ahead of it."""
+STDIN_CHUNK = 65536
+"""What one read of exec's standard input asks for, and the most given to
+one command's pipe at a time (its capacity, by default)."""
 EXEC_TIMED_OUT = 124
 """``exec``'s status when ``-t`` expired while its commands ran, as
 ``timeout(1)``'s: a script can tell it from a command's own failure."""
@@ -52,7 +65,15 @@ def cmd_exec(args: argparse.Namespace) -> int:
     command = command_args(args.cmdline)
     if not command:
         raise UsageError("no command given")
-    rank = args.rank.single()
+    given = args.rank is not None
+    rankset: RankSet = args.rank if given else RankSet(((0, 0),))
+    if args.exclude is not None:
+        rankset = rankset.without(args.exclude)
+        if rankset.empty():
+            raise UsageError(_nothing_left(rankset, args.exclude, given))
+    args.rank = rankset
+    args.rank_given = given
+    rank = rankset.single()
     if rank is None or args.label_io:
         return exec_ranks(args, command)
     args.rank = rank  # (what -t's message names)
@@ -80,6 +101,10 @@ def cmd_exec(args: argparse.Namespace) -> int:
     from broker.command import cannot_run_message, cannot_run_status
 
     env = dict(os.environ, KVBROKER_URI=uri, KVBROKER_RANK=str(rank))
+    if args.noinput:  # (else the one command has our stdin itself, as it always had)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
     try:
         os.execvpe(command[0], command, env)
     except OSError as exc:
@@ -88,32 +113,61 @@ def cmd_exec(args: argparse.Namespace) -> int:
     return 0  # not reached: the command replaced this process
 
 
+def _nothing_left(rankset: RankSet, exclude: RankSet, given: bool) -> str:
+    """The usage error for ``-x`` taking every rank of ``-r``: flux exec's
+    default is every rank, ours rank 0, so ``exec -x 0`` (flux's "all but
+    rank 0") is told how to say that here."""
+    text = (f"-x {exclude} leaves no rank of -r {RankSet(rankset.ranges, rankset.every)} "
+            "to run on")
+    if not given:
+        text += f" (-r defaults to rank 0, not all: -r all -x {exclude})"
+    return text
+
+
 def exec_ranks(args: argparse.Namespace, command: list[str]) -> int:
     """``exec`` on several ranks: a command per rank, all at once, supervised
     to the end (docs/cli.md, exec).  ``-t`` bounds all of it here, not only
     the look-ups: ``exec`` stays, so it can stop what overstays."""
     limit: float | None = args.answer_timeout
     args.answer_timeout = None  # (run_async's bound would only say "no answer")
+    # Stdin closed (`exec <&-`): nothing to copy.  Asked before the loop
+    # starts, which may then take fd 0 for its own (not ours to read).
+    noinput = args.noinput or not _is_open(0)
 
     async def main() -> int:
         loop = asyncio.get_running_loop()
         deadline = None if limit is None else loop.time() + limit
-        uris = await _exec_lookup(args.rank, deadline, limit)
-        return await _exec_run(command, uris, args.label_io, deadline, limit)
+        uris = await _exec_lookup(args.rank, deadline, limit, args.exclude, args.rank_given)
+        return await _exec_run(command, uris, args.label_io, noinput, deadline, limit)
 
     return run_async(args, main)
 
 
-async def _exec_lookup(rankset: RankSet, deadline: float | None,
-                       limit: float | None) -> dict[int, str]:
+def _is_open(fd: int) -> bool:
+    """Whether ``fd`` is open: a closed stdin is no input, not an error."""
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
+
+
+async def _exec_lookup(rankset: RankSet, deadline: float | None, limit: float | None,
+                       exclude: RankSet | None = None, given: bool = True) -> dict[int, str]:
     """Every rank's local URI, asked of all of them at once; a rank that does
     not answer by ``deadline`` is named (the first in order), as one rank's
     ``exec -t`` names it.  Fails, and nothing runs, if any rank's socket is
-    on another host."""
+    on another host, or if ``-x`` (``exclude``) leaves no rank of the
+    instance (``-r all -x 0`` in an instance of one rank: a usage error)."""
     pending: set[int] = set()
     try:
         async with asyncio.timeout_at(deadline) as bound, await connect() as h:
-            ranks = rankset.ranks(int(await h.attr_get("size")), "exec")
+            size = int(await h.attr_get("size"))
+            ranks = rankset.ranks(size, "exec")
+            if not ranks:
+                assert exclude is not None  # (only -x empties a set the instance has)
+                raise UsageError(_nothing_left(rankset, exclude, given) + " (the instance's "
+                                 f"ranks are {encode_ranks(range(size))})")
             pending.update(ranks)
 
             async def lookup(rank: int) -> str:
@@ -141,11 +195,13 @@ async def _exec_lookup(rankset: RankSet, deadline: float | None,
 
 
 async def _exec_run(command: list[str], uris: dict[int, str], label_io: bool,
-                    deadline: float | None, limit: float | None) -> int:
+                    noinput: bool, deadline: float | None, limit: float | None) -> int:
     """Run ``command`` once per rank, with that rank's ``KVBROKER_URI``, and
     wait for all of them (and, with ``label_io``, for the end of their
-    output); their highest status.  SIGINT, SIGTERM and SIGHUP are passed
-    on to every command; past ``deadline`` they are stopped, status 124."""
+    output); their highest status.  Each gets all of our standard input
+    (:class:`_StdinBroadcast`), or ``/dev/null`` with ``noinput``.  SIGINT,
+    SIGTERM and SIGHUP are passed on to every command; past ``deadline``
+    they are stopped, status 124."""
     from broker.command import Command, cannot_run_message, cannot_run_status, exit_code
 
     loop = asyncio.get_running_loop()
@@ -161,11 +217,13 @@ async def _exec_run(command: list[str], uris: dict[int, str], label_io: bool,
     for sig in STOP_SIGNALS:  # (run once spawning is over: it does not yield)
         loop.add_signal_handler(sig, on_signal, sig)
     pumps: dict[int, list[asyncio.Task[None]]] = {}
+    broadcast: _StdinBroadcast | None = None
     try:
         for rank, uri in uris.items():
             env = dict(os.environ, KVBROKER_URI=uri, KVBROKER_RANK=str(rank))
             try:
-                cmd = Command.spawn(command, env, stdin=subprocess.DEVNULL,
+                cmd = Command.spawn(command, env,
+                                    stdin=subprocess.DEVNULL if noinput else subprocess.PIPE,
                                     stdout=pipe, stderr=pipe)
             except OSError as exc:  # (the same on every rank: said once)
                 message = cannot_run_message(command[0], exc)
@@ -180,10 +238,20 @@ async def _exec_run(command: list[str], uris: dict[int, str], label_io: bool,
                     asyncio.ensure_future(_label_lines(rank, cmd.proc.stdout, sys.stdout)),
                     asyncio.ensure_future(_label_lines(rank, cmd.proc.stderr, sys.stderr))]
         every_pump = [task for tasks in pumps.values() for task in tasks]
+        if not noinput:
+            broadcast = _StdinBroadcast({rank: cmd.proc.stdin for rank, cmd in cmds.items()
+                                         if cmd.proc.stdin is not None})
+
+        async def exited(rank: int, cmd: Command) -> int:
+            code = await cmd.wait()
+            if broadcast is not None:  # (what it left running gets no more, as in flux)
+                broadcast.drop(rank)
+            return code
+
         try:
             async with asyncio.timeout_at(deadline) as bound:
                 for rank, code in zip(cmds, await asyncio.gather(
-                        *(cmd.wait() for cmd in cmds.values())), strict=True):
+                        *(exited(rank, cmd) for rank, cmd in cmds.items())), strict=True):
                     returncodes[rank] = code
                 await asyncio.gather(*every_pump)
         except TimeoutError:
@@ -202,6 +270,8 @@ async def _exec_run(command: list[str], uris: dict[int, str], label_io: bool,
                       f"{limit:g}s: stopped)")
             return EXEC_TIMED_OUT
     finally:
+        if broadcast is not None:
+            broadcast.close()
         for sig in STOP_SIGNALS:
             loop.remove_signal_handler(sig)
         for cmd in cmds.values():  # (an error of ours: nothing we started outlives us)
@@ -263,3 +333,147 @@ async def _label_lines(rank: int, pipe: Any, out: Any) -> None:
             out.buffer.flush()
     finally:
         transport.close()
+
+
+class _StdinBroadcast:
+    """exec's standard input copied to every command's, as ``flux exec``
+    does by default: each gets every byte, then EOF when our input ends.
+
+    Our stdin is read by a thread, a chunk at a time and only when asked:
+    a blocking read works on any file (a regular file cannot be watched by
+    epoll) and leaves its flags alone (made non-blocking, a terminal or a
+    pipe shared with the shell would stay so after exec).  One copy of what
+    was read is kept, each command with its place in it, and given to each
+    command's pipe (non-blocking, ours alone) as it takes it.  A command
+    that exits, closes its stdin or dies (EPIPE) is given no more and holds
+    nothing back; the others lag as they like up to
+    :data:`EXEC_STDIN_BACKLOG` behind what was read, and at that bound the
+    reading waits for the slowest (back-pressure: nothing is dropped)."""
+
+    def __init__(self, pipes: dict[int, IO[bytes]]) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._pipes = dict(pipes)
+        """The write end of each command's stdin, until it gets EOF or is dropped."""
+        self._taken = dict.fromkeys(pipes, 0)
+        """How much of the input each command has been given."""
+        self._data = bytearray()  # what some command still has to take
+        self._start = 0  # (where _data begins in the input)
+        self._eof = False
+        self._reading = False  # (a read asked of the thread, its chunk not yet here)
+        self._watched: set[int] = set()
+        self._closed = False
+        self._go = threading.Event()
+        for pipe in pipes.values():
+            os.set_blocking(pipe.fileno(), False)
+        threading.Thread(target=self._read, name="exec-stdin", daemon=True).start()
+        self._settle()
+
+    def _read(self) -> None:
+        """(The thread.)  Read a chunk each time it is asked to, and hand it
+        to the loop; an empty one is the end.  Left blocked in a read (a
+        terminal, a pipe nobody writes) when exec ends: it holds nothing."""
+        while True:
+            self._go.wait()
+            self._go.clear()
+            if self._closed:
+                return
+            error: OSError | None = None
+            try:
+                chunk = os.read(0, STDIN_CHUNK)
+            except OSError as exc:
+                chunk, error = b"", exc
+            try:
+                self._loop.call_soon_threadsafe(self._got, chunk, error)
+            except RuntimeError:  # the loop is closed: exec is ending
+                return
+            if not chunk:
+                return
+
+    def _got(self, chunk: bytes, error: OSError | None) -> None:
+        self._reading = False
+        if self._closed:
+            return
+        if error is not None:  # (a directory, a terminal we may not read: said once)
+            print_err(f"exec: reading standard input: {error.strerror or error} "
+                      "(the commands get EOF)")
+        if chunk:
+            self._data += chunk
+        else:
+            self._eof = True
+        for rank in list(self._pipes):
+            self._give(rank)
+        self._settle()
+
+    def _writable(self, rank: int) -> None:
+        self._give(rank)
+        self._settle()
+
+    def _give(self, rank: int) -> None:
+        """Write to ``rank``'s pipe what it has not had, as much as it takes
+        now; watch it for room if some is left; EOF once it has all there
+        will ever be."""
+        pipe = self._pipes.get(rank)
+        if pipe is None:
+            return
+        end = self._start + len(self._data)
+        while (taken := self._taken[rank]) < end:
+            at = taken - self._start
+            piece = self._data[at:at + STDIN_CHUNK]
+            try:
+                written = os.write(pipe.fileno(), piece)
+            except BlockingIOError:
+                break
+            except OSError:  # (EPIPE: it takes no more input; exited, or closed it)
+                self.drop(rank)
+                return
+            self._taken[rank] = taken + written
+            if written < len(piece):
+                break
+        if self._taken[rank] < end:
+            if rank not in self._watched:
+                self._watched.add(rank)
+                self._loop.add_writer(pipe.fileno(), self._writable, rank)
+            return
+        self._unwatch(rank)
+        if self._eof:
+            self.drop(rank)  # (closed: its EOF)
+
+    def _unwatch(self, rank: int) -> None:
+        if rank in self._watched:
+            self._watched.discard(rank)
+            self._loop.remove_writer(self._pipes[rank].fileno())
+
+    def _settle(self) -> None:
+        """Forget what every command has taken; ask for the next chunk if
+        some command still takes input and the slowest is less than
+        :data:`EXEC_STDIN_BACKLOG` behind."""
+        end = self._start + len(self._data)
+        low = min((self._taken[r] for r in self._pipes), default=end)
+        if low > self._start:
+            del self._data[:low - self._start]  # (from the front: no copy in CPython)
+            self._start = low
+        if (self._pipes and not self._eof and not self._reading and not self._closed
+                and end - low < EXEC_STDIN_BACKLOG):
+            self._reading = True
+            self._go.set()
+
+    def drop(self, rank: int) -> None:
+        """Give ``rank``'s command no more input (it exited, or cannot take
+        it) and close its pipe; what it had not taken is no longer kept
+        for it."""
+        if rank not in self._pipes:
+            return
+        self._unwatch(rank)
+        pipe = self._pipes.pop(rank)
+        with contextlib.suppress(OSError):
+            pipe.close()
+        if not self._closed:
+            self._settle()
+
+    def close(self) -> None:
+        """The end of exec: close every pipe and let the thread go (if it
+        is not in a read)."""
+        self._closed = True
+        for rank in list(self._pipes):
+            self.drop(rank)
+        self._go.set()

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import hashlib
 import os
 import signal
 import sys
@@ -235,3 +237,202 @@ async def test_exec_timeout_names_a_rank_that_does_not_answer(start_instance,
     assert (rc, out, err) == (1, "", "kvbroker: exec: Connection timed out (rank 2 did not "
                               "answer in 0.5s: stopped or hung?)\n")
     assert not (tmp_path / "ran").exists()
+
+
+async def test_exec_exclude_leaves_out_its_ranks(start_instance) -> None:
+    """``-x IDSET`` runs on the ranks of ``-r`` less these (as flux exec):
+    the labels show which ran.  Ranks the instance does not have are no
+    error in ``-x``; what is left of a set may be one rank."""
+    inst = await start_instance(size=4, fanout=2)
+    for opts, ranks in ((["-r", "all", "-x", "1,3"], [0, 2]),
+                        (["-r", "0-3", "-x", "0"], [1, 2, 3]),
+                        (["-r", "all", "-x", "2-9"], [0, 1]),
+                        (["-x", "5", "-r", "1-2,3", "-x", "2"], [1, 3]),  # (the last -x)
+                        (["-r", "1-2", "-x", "2"], [1])):
+        rc, out, err = await run_cli("exec", *opts, "-l", "--", "sh", "-c",
+                                     'echo "$KVBROKER_RANK"', uri=inst.uri(0))
+        assert (rc, err) == (0, ""), opts
+        labels = sorted(int(line.split(": ")[0]) for line in out.splitlines())
+        assert labels == ranks, (opts, out)
+        assert all(rank_lines(out, r) == [str(r)] for r in ranks), out
+    # without -l, one rank left of a set runs once too, unlabelled
+    rc, out, err = await run_cli("exec", "-r", "2-3", "-x", "3", "--", KVBROKER, "attr", "get",
+                                 "rank", uri=inst.uri(0))
+    assert (rc, out, err) == (0, "2\n", "")
+
+
+async def test_exec_exclude_of_every_rank_is_a_usage_error(start_instance,
+                                                           tmp_path: Path) -> None:
+    """``-x`` that leaves nothing is exit 2 with the usage line, and runs
+    nothing: known at once for a set as written (even with no instance to
+    ask), after asking the instance's size for ``all``.  The default ``-r``
+    is rank 0 (not all, as in flux), which the message says."""
+    inst = await start_instance(size=4, fanout=2)
+    ran = str(tmp_path / "ran")
+    for uri, opts, message in (
+            ("local:///nonexistent/socket", ["-x", "0"], "-x 0 leaves no rank of -r 0 to "
+             "run on (-r defaults to rank 0, not all: -r all -x 0)"),
+            ("local:///nonexistent/socket", ["-r", "1-2", "-x", "0-3"],
+             "-x 0-3 leaves no rank of -r 1-2 to run on"),
+            ("local:///nonexistent/socket", ["-r", "3", "-x", "all"],
+             "-x all leaves no rank of -r 3 to run on"),
+            (inst.uri(0), ["-r", "all", "-x", "0-3"], "-x 0-3 leaves no rank of -r all to "
+             "run on (the instance's ranks are 0-3)"),
+            (inst.uri(0), ["-r", "all", "-x", "0-1", "-x", "0-5"], "-x 0-5 leaves no rank "
+             "of -r all to run on (the instance's ranks are 0-3)")):
+        rc, out, err = await run_cli("exec", *opts, "--", "touch", ran, uri=uri)
+        assert (rc, out) == (2, ""), (opts, err)
+        assert err.startswith("usage: kvbroker exec "), err
+        assert err.rstrip().endswith(f"kvbroker exec: error: {message}"), err
+    assert not (tmp_path / "ran").exists()
+
+
+async def exec_with_input(uri: str, *args: str) -> asyncio.subprocess.Process:
+    """``kvbroker exec ARGS`` with a pipe as its stdin, for the test to write."""
+    return await asyncio.create_subprocess_exec(
+        KVBROKER, "exec", *args, env=dict(os.environ, KVBROKER_URI=uri),
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE)
+
+
+async def finish(proc: asyncio.subprocess.Process, timeout: float = 60) -> tuple[int, str, str]:
+    """Read ``proc``'s output to its end and wait for it, leaving its stdin
+    as it is (open, if the test has not closed it); killed if it overstays."""
+    assert proc.stdout is not None and proc.stderr is not None
+    try:
+        async with asyncio.timeout(timeout):
+            out, err = await asyncio.gather(proc.stdout.read(), proc.stderr.read())
+            rc = await proc.wait()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    return rc, out.decode(), err.decode()
+
+
+async def test_exec_gives_every_command_all_of_its_stdin(start_instance) -> None:
+    """exec's stdin is broadcast, as flux exec's: each rank's command gets
+    every byte (more than a pipe holds), then EOF.  One rank of a set (with
+    ``-l``) gets it the same way; the fast path (``-r N``) inherits it."""
+    inst = await start_instance(size=4, fanout=2)
+    data = os.urandom(3 * 65536 + 17)
+    rc, out, err = await run_cli("exec", "-r", "0-3", "-l", "--", "sh", "-c", "wc -c",
+                                 uri=inst.uri(0), input=data)
+    assert (rc, err) == (0, "")
+    assert all(rank_lines(out, r) == [str(len(data))] for r in range(4)), out
+    rc, sums, err = await run_cli("exec", "-r", "all", "--", "sha256sum", uri=inst.uri(0),
+                                  input=data)
+    assert (rc, err) == (0, "")
+    assert sums.splitlines() == [f"{hashlib.sha256(data).hexdigest()}  -"] * 4, sums
+    for opts in (["-r", "2", "-l"], ["-r", "2"]):
+        rc, out, err = await run_cli("exec", *opts, "--", "wc", "-c", uri=inst.uri(0),
+                                     input=data)
+        assert (rc, out.removeprefix("2: "), err) == (0, f"{len(data)}\n", ""), opts
+
+
+async def test_exec_noinput_gives_the_commands_eof_at_once(start_instance) -> None:
+    """``-n``: the commands read /dev/null, EOF at once, while exec's own
+    stdin stays open with nothing written (without -n they would wait for
+    it); on the fast path too."""
+    inst = await start_instance(size=4, fanout=2)
+    for opts, want in ((["-r", "0-3", "-l"], sorted(f"{r}: 0" for r in range(4))),
+                       (["-r", "1"], ["0"])):
+        proc = await exec_with_input(inst.uri(0), *opts, "-n", "--", "wc", "-c")
+        try:
+            rc, out, err = await finish(proc, timeout=30)
+        finally:
+            assert proc.stdin is not None
+            proc.stdin.close()
+        assert (rc, err) == (0, ""), opts
+        assert sorted(out.splitlines()) == want, opts
+
+
+async def test_exec_a_command_that_exits_without_reading_holds_back_nothing(
+        start_instance) -> None:
+    """Rank 1's command exits without reading, rank 2's after 10 bytes: the
+    others still get all of an input larger than exec ever holds
+    (EXEC_STDIN_BACKLOG), and exec ends with them."""
+    from broker.execute import EXEC_STDIN_BACKLOG
+
+    inst = await start_instance(size=4, fanout=2)
+    size = EXEC_STDIN_BACKLOG + (4 << 20) + 3
+    script = ('case $KVBROKER_RANK in 1) exit 0;; 2) head -c 10 | wc -c; exit;; esac; '
+              'exec wc -c')
+    rc, out, err = await run_cli("exec", "-r", "all", "-l", "--", "sh", "-c", script,
+                                 uri=inst.uri(0), input=bytes(size))
+    assert (rc, err) == (0, ""), err
+    assert [rank_lines(out, r) for r in range(4)] == [[str(size)], [], ["10"], [str(size)]]
+
+
+async def test_exec_a_command_that_does_not_read_holds_back_the_others_only_at_the_bound(
+        start_instance, tmp_path: Path) -> None:
+    """Rank 1's command reads nothing until the test lets it (a line on a
+    FIFO).  Meanwhile the others get all of an input smaller than
+    EXEC_STDIN_BACKLOG, and end.  A larger input is read only that far
+    ahead of rank 1 (exec's memory is bounded): the rest waits in the
+    test's pipe until rank 1 reads, and then every rank gets all of it."""
+    from broker.execute import EXEC_STDIN_BACKLOG
+
+    inst = await start_instance(size=4, fanout=2)
+    fifo = tmp_path / "go"
+    os.mkfifo(fifo)
+    go = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)  # (rank 1's open does not wait for it)
+    script = (f'if [ "$KVBROKER_RANK" = 1 ]; then read line < {fifo}; fi; '
+              'echo "$(wc -c)"')
+    procs: list[asyncio.subprocess.Process] = []
+    try:
+        # within the bound: the others end while rank 1 has read nothing
+        proc = await exec_with_input(inst.uri(0), "-r", "all", "-l", "--", "sh", "-c", script)
+        procs.append(proc)
+        assert proc.stdin is not None and proc.stdout is not None
+        small = (1 << 20) + 5
+        proc.stdin.write(bytes(small))
+        proc.stdin.close()
+        async with asyncio.timeout(60):
+            lines = sorted([(await proc.stdout.readline()).decode() for _ in range(3)])
+        assert lines == [f"{r}: {small}\n" for r in (0, 2, 3)], lines
+        os.write(go, b"go\n")
+        rc, out, err = await finish(proc)
+        assert (rc, out, err) == (0, f"1: {small}\n", "")
+
+        # past it: exec reads no more until rank 1 does
+        proc = await exec_with_input(inst.uri(0), "-r", "all", "-l", "--", "sh", "-c", script)
+        procs.append(proc)
+        assert proc.stdin is not None
+        size = EXEC_STDIN_BACKLOG + (8 << 20)
+        piece = bytes(65536)
+        fed = 0
+
+        async def feed(until: int) -> None:
+            nonlocal fed
+            assert proc.stdin is not None
+            while fed < until:
+                proc.stdin.write(piece)
+                fed += len(piece)  # (written: an interrupted drain still sends it)
+                await proc.stdin.drain()
+
+        with pytest.raises(TimeoutError):  # (it would end at once, were all of it read)
+            async with asyncio.timeout(3):
+                await feed(size)
+        # what it read: the bound and a chunk, pipes (rank 1's, its own stdin) and ours
+        assert EXEC_STDIN_BACKLOG <= fed <= EXEC_STDIN_BACKLOG + (1 << 20), fed
+        os.write(go, b"go\n")
+        async with asyncio.timeout(60):
+            await feed(size)
+        proc.stdin.close()
+        rc, out, err = await finish(proc)
+        assert (rc, err) == (0, ""), err
+        assert all(rank_lines(out, r) == [str(size)] for r in range(4)), out
+    finally:  # (failed: rank 1's read gets EOF, exec's commands are stopped)
+        os.close(go)
+        for proc in procs:
+            if proc.returncode is None:
+                assert proc.stdin is not None
+                proc.stdin.close()
+                proc.terminate()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(10):
+                        await proc.wait()
+                if proc.returncode is None:
+                    proc.kill()
+                    await proc.wait()
