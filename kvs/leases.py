@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import math
+import secrets
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -51,6 +52,12 @@ UNLINK_BYTES = 16 << 10
 """The keys (bytes of their names) one unlink transaction of an ended lease
 takes: its setroot event lists them, and the smallest ``tbon.max-message``
 is 64 KiB."""
+ID_SPACE = 1 << 53
+"""Lease ids are drawn at random below this (exact in a JSON double): an
+id is never given again, across restarts too, whose counters a crash
+rewinds -- an old holder (a shell loop of ``kvs lease keepalive ID``, a
+client that reconnects) must find its lease gone, not keep another's
+alive -- and is not guessed either."""
 INFO_KEYS = 1000
 """``kvs.lease-info`` lists at most this many keys per namespace."""
 MAX_LEASES = AttrSpec(
@@ -141,7 +148,6 @@ class LeaseTable:
         self.per_user: Counter[int] = Counter()
         self.counts: Counter[str] = Counter(dict.fromkeys(
             ("granted", "expired", "revoked", "restored", "attached", "detached"), 0))
-        self.next_id = 1
         self.closed = False
         """Set at stop: no lease expires any more."""
 
@@ -159,12 +165,14 @@ class LeaseTable:
         if self.per_user[uid] >= self.max_per_user:
             raise ErrnoError(errno.ENOSPC, f"this user holds {self.per_user[uid]} leases "
                                            "(kvs.max-leases-per-user): revoke some first")
-        lease = self._add(self.next_id, uid, float(ttl))
+        lease_id = secrets.randbelow(ID_SPACE - 1) + 1
+        while lease_id in self.live:
+            lease_id = secrets.randbelow(ID_SPACE - 1) + 1
+        lease = self._add(lease_id, uid, float(ttl))
         self.counts["granted"] += 1
         return lease
 
     def _add(self, lease_id: int, uid: int, ttl: float) -> Lease:
-        self.next_id = max(self.next_id, lease_id + 1)
         lease = Lease(lease_id, uid, ttl, 0.0)
         self.live[lease_id] = lease
         self.per_user[uid] += 1
@@ -306,9 +314,9 @@ class LeaseTable:
     def snapshot(self, ns: str, ops: list[dict[str, Any]] | None = None,
                  found: dict[int, Lease] | None = None) -> dict[str, Any] | None:
         """What a checkpoint of ``ns`` keeps: every lease with keys attached
-        there (ended ones too: their unlinks may not be applied yet), and
-        the next id.  None when there is none.  With ``ops`` (and
-        ``found``, as for :meth:`applied`): as it will be once they are
+        there (ended ones too: their unlinks may not be applied yet).
+        None when there is none.  With ``ops`` (and ``found``, as for
+        :meth:`applied`): as it will be once they are
         applied (a ``SYNC`` commit's checkpoint is written before that),
         worked out on a copy."""
         att = self.attached.get(ns)
@@ -330,7 +338,7 @@ class LeaseTable:
         by_lease: dict[Lease, list[str]] = {}
         for key, lease in keys.items():
             by_lease.setdefault(lease, []).append(key)
-        return {"next-id": self.next_id, "leases": [
+        return {"leases": [
             {"id": lease.id, "owner": lease.owner, "ttl": lease.ttl, "keys": sorted(held)}
             for lease, held in by_lease.items()]}
 
@@ -338,12 +346,10 @@ class LeaseTable:
         """Take back the leases a checkpoint kept (:meth:`snapshot`), each
         with its full ttl from now: their holders may keep them alive again
         (a client that reconnects), or they expire and their keys go.
-        Returns (leases, keys); malformed entries are skipped."""
+        Returns (leases, keys); malformed entries are skipped (and an
+        older checkpoint's ``next-id``: ids are random, see :data:`ID_SPACE`)."""
         if not isinstance(saved, dict):
             return 0, 0
-        nid = saved.get("next-id")
-        if type(nid) is int and nid > 0:
-            self.next_id = max(self.next_id, nid)
         n = nkeys = 0
         for entry in saved.get("leases") or ():
             if not isinstance(entry, dict):

@@ -280,7 +280,7 @@ async def test_restart_gives_leases_their_full_ttl_again(start_instance, tmp_pat
         assert time.monotonic() - started <= ttl + MARGIN
         assert await kvs.get_str("plain") == "y"
         fresh = await kvs.lease(60)
-        assert fresh.id > lease_id  # ids are not given again
+        assert fresh.id != lease_id  # ids are not given again
         await fresh.revoke()
     log = (tmp_path / "broker-1.log").read_text()
     assert "restored 1 leases holding 1 keys of the primary namespace" in log
@@ -329,3 +329,30 @@ async def test_a_sync_put_with_a_lease_survives_a_crash_leased(start_instance,
         assert (await _next(w, 10)).value == b"x"
         assert (await kvs.lease_info(lease.id))["keys"] == {"primary": ["synced"]}
         await _gone(w, 1.5 + MARGIN)
+
+
+async def test_a_restart_never_gives_an_old_lease_id_to_a_new_lease(start_instance,
+                                                                    tmp_path) -> None:
+    """Ids were counted from 1 at each start, from the ``next-id`` of the
+    last checkpoint holding leased keys of primary: a lease granted since
+    (or one holding no key of primary, as a job's lock in its namespace)
+    had its id given again after a restart, so its old holder -- a shell
+    loop running ``kvs lease keepalive ID``, a client that reconnects, as
+    docs/kvs.md invites -- kept another holder's lease alive (and could
+    attach keys to it), and was never told its own was gone."""
+    statedir = str(tmp_path / "state")
+    inst = await start_instance(size=2, statedir=statedir)
+    async with KVS.connect(inst.uri(1)) as kvs:
+        old = [(await kvs.lease(60, keepalive=False)).id for _ in range(3)]
+    assert await inst.stop() == [0, 0]
+    inst2 = await start_instance(size=2, statedir=statedir)
+    async with KVS.connect(inst2.uri(1)) as kvs:
+        new = [await kvs.lease(60, keepalive=False) for _ in range(3)]
+        assert not {lease.id for lease in new} & set(old), (old, new)
+        for lease_id in old:  # the old holders are told their leases are gone
+            with pytest.raises(RemoteError) as exc:
+                await kvs.lease_keepalive(lease_id)
+            assert exc.value.errnum == errno.ENOENT
+        for lease in new:
+            await lease.revoke()
+
