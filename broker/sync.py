@@ -225,6 +225,13 @@ class SyncHandle:
                 self._raise_interrupt()
         self._flush = self.aio.flush
 
+    @property
+    def closed(self) -> bool:
+        """Closed, or this process is a child of a fork() of its owner's:
+        what works on its behalf in other threads (a lease's keepalives)
+        stops then."""
+        return self._closed
+
     def _enter(self) -> None:
         """Start a call: refused when closed, or while another call runs."""
         ident = get_ident()

@@ -1475,7 +1475,9 @@ class SyncKVS:
         (the default) a thread of its own, on a connection of its own to
         the same rank, keeps the lease alive every ``ttl/3`` seconds while
         the script computes or sleeps; :meth:`SyncLease.revoke` (or the
-        end of the block) stops it.  A process that dies stops it too."""
+        end of the block) stops it, and so does closing this facade's
+        handle (the lease then expires, unless revoked).  A process that
+        dies stops it too."""
         resp = self.run(self.aio.handle.rpc("kvs.lease-grant", {"ttl": ttl}))
         return SyncLease(self, int(resp["id"]), float(resp["ttl"]), keepalive)
 
@@ -1647,14 +1649,22 @@ class SyncLease:
         return self._lost.is_set()
 
     def _keep(self, uri: str) -> None:
+        """Keep it alive every ttl/3 until :meth:`close`, or until the
+        facade's handle is closed: as :class:`Lease`'s task ends with its
+        handle, a script that closed its connection holds nothing (this
+        thread used to keep the lease, and its keys, for as long as the
+        process lived)."""
         from broker.sync import SyncHandle
 
+        owner = self.kvs.sync_handle
         try:
             h = SyncHandle(uri, timeout=self.ttl / 3)
         except (ErrnoError, OSError):
             return  # (the lease expires: as if this process had died)
         with h:
             while not self._stop.wait(self.ttl / 3):
+                if owner.closed:
+                    return
                 try:
                     h.rpc("kvs.lease-keepalive", {"id": self.id})
                 except RemoteError as exc:

@@ -356,3 +356,29 @@ async def test_a_restart_never_gives_an_old_lease_id_to_a_new_lease(start_instan
         for lease in new:
             await lease.revoke()
 
+
+def _closed_facade_holder(uri: str, ttl: float) -> int:
+    """A blocking script that takes a lease without a ``with`` block, puts
+    a key with it and closes its facade, then goes on living."""
+    kvs = SyncKVS(uri=uri)
+    lease = kvs.lease(ttl)
+    kvs.put("facade-held", "x", lease=lease)
+    kvs.close()
+    return lease.id
+
+
+async def test_closing_the_sync_facade_stops_its_leases_keepalives(start_instance) -> None:
+    """The keepalive thread of a SyncKVS lease outlived the facade's
+    close(): a process that closed its connection (and lived on, or
+    opened another) held the lease, and its keys, for as long as it ran
+    -- where KVS.lease's task ends with its handle and the lease expires."""
+    ttl = 1.5
+    inst = await start_instance(size=2)
+    async with KVS.connect(inst.uri(1)) as kvs:
+        w = kvs.watch("facade-held", waitcreate=True)
+        lease_id = await asyncio.to_thread(_closed_facade_holder, inst.uri(1), ttl)
+        assert (await _next(w, 10)).value == b"x"
+        await _gone(w, ttl + MARGIN)  # nobody keeps it alive any more
+        with pytest.raises(RemoteError) as exc:
+            await kvs.lease_keepalive(lease_id)
+        assert exc.value.errnum == errno.ENOENT
