@@ -382,3 +382,45 @@ async def test_closing_the_sync_facade_stops_its_leases_keepalives(start_instanc
         with pytest.raises(RemoteError) as exc:
             await kvs.lease_keepalive(lease_id)
         assert exc.value.errnum == errno.ENOENT
+
+
+def _rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        kb = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+    return kb / 1024
+
+
+async def test_rank0_holds_no_more_than_the_keys_of_a_lease(start_instance) -> None:
+    """Rank 0 counted, for every path above each attached key, the
+    attached keys below it -- by the path's text: a key of 256 levels and
+    8 KB kept 255 strings of 1 MB in all, so a client attaching 150 such
+    keys (1.2 MB of commits, which any guest may send in its namespace)
+    grew rank 0 by 150 MB.  The same keys put again with a lease (no new
+    blob: the growth is the lease table's) must cost about their size."""
+    inst = await start_instance(size=2)
+    comp = "c" * 30
+    keys = [f"deep{i:03d}." + ".".join([comp] * 255) for i in range(150)]
+    async with KVS.connect(inst.uri(1)) as kvs:
+        for part in range(0, len(keys), 15):
+            t = TxnOps()
+            for key in keys[part:part + 15]:
+                t.put(key, 1)
+            await kvs.commit(t)
+        rank0 = inst.pids()[0]
+        before = _rss_mb(rank0)
+        lease = await kvs.lease(60)
+        for part in range(0, len(keys), 15):
+            t = TxnOps()
+            for key in keys[part:part + 15]:
+                t.put(key, 1, lease=lease)
+            await kvs.commit(t)
+        assert (await lease.info())["key-count"] == len(keys)
+        grown = _rss_mb(rank0) - before
+        assert grown < 40, f"rank 0 grew {grown:.0f} MB for 150 leased keys"
+        # and they are still found: writing above one detaches it, revoke unlinks the rest
+        await kvs.put(keys[0].rsplit(".", 100)[0], "over")
+        assert (await lease.info())["key-count"] == len(keys) - 1
+        await lease.revoke()
+        assert not await kvs.exists(keys[1]) and not await kvs.exists(keys[-1])
+        stats = await kvs.handle.rpc("kvs.stats-get", {}, nodeid=0)
+        assert stats["leases"]["keys"] == 0
