@@ -299,8 +299,18 @@ class CommitPipeline:
             if not ops:  # every key was detached since: nothing to do
                 batch[0].future.set_result((ns.rootseq, ns.rootref))
                 return
+        leased = False
+        if leases is not None:
+            # (a plain loop: any() over a generator cost an unmerged commit
+            # 0.48 us where this costs 0.05 -- the hot path pays no more
+            # than a dict lookup or two for leases it does not use)
+            for p in batch:
+                if p.lease_user is not None:
+                    leased = True
+                    break
         try:
-            if leases is not None and any(p.lease_user is not None for p in batch):
+            if leased:
+                assert leases is not None
                 # (a dead lease fails its transaction whole: a merged batch is
                 # split below, so only that one fails)
                 found = leases.check((p.lease_user, p.ops) for p in batch
