@@ -46,10 +46,14 @@ class RequestFuzzer:
     """Frames of random requests; ``namespaces`` and ``blobrefs`` seed the
     templates (the caller may add blobrefs it learns from answers)."""
 
-    def __init__(self, seed: int, namespaces: list[str], blobrefs: list[str]) -> None:
+    def __init__(self, seed: int, namespaces: list[str], blobrefs: list[str],
+                 lease_ids: list[int] | None = None) -> None:
         self.r = random.Random(seed)
         self.namespaces = namespaces
         self.blobrefs = blobrefs or ["sha1-" + "0" * 40]
+        self.lease_ids = [*(lease_ids or ()), 1, 2, 99]
+        """Lease ids to name: live ones the caller granted (ids are random,
+        so none is hit by chance), and some that are not."""
         r = self.r
         self.templates: dict[str, Callable[[], dict[str, Any]]] = {
             "kvs.lookup": lambda: {"key": self.key(), "namespace": self.ns(),
@@ -62,9 +66,9 @@ class RequestFuzzer:
                                  "limit": r.choice([1, 10, 0])},
             "kvs.getroot": lambda: {"namespace": self.ns()},
             "kvs.lease-grant": lambda: {"ttl": r.choice([0, 1, 1.5, 30, 86401, -1])},
-            "kvs.lease-keepalive": lambda: {"id": r.randrange(5)},
-            "kvs.lease-revoke": lambda: {"id": r.randrange(5)},
-            "kvs.lease-info": lambda: {"id": r.randrange(5)},
+            "kvs.lease-keepalive": lambda: {"id": r.choice(self.lease_ids)},
+            "kvs.lease-revoke": lambda: {"id": r.choice(self.lease_ids)},
+            "kvs.lease-info": lambda: {"id": r.choice(self.lease_ids)},
             "kvs.wait-version": lambda: {"namespace": self.ns(), "rootseq": r.randrange(50),
                                          "timeout": 0.05},
             "kvs.namespace-create": lambda: {"namespace": self.ns(), "owner": r.choice(
@@ -144,7 +148,7 @@ class RequestFuzzer:
                 "dirent": r.choice([self.dirent(), self.dirent(), None])}
                for _ in range(r.randrange(1, 4))]
         if r.random() < 0.1:  # (a lease id, live or not, or something else)
-            ops[0]["lease"] = r.choice([1, 2, 99, "1", None])
+            ops[0]["lease"] = r.choice([*self.lease_ids, "1", None])
         return ops
 
     def payload(self) -> Any:

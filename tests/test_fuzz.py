@@ -53,8 +53,11 @@ async def test_random_requests_from_the_owner_leave_every_rank_serving(
         for ns in ("fz1", "fz2"):
             await h.rpc("kvs.namespace-create", {"namespace": ns, "owner": os.getuid()})
         await KVS(h, "fz1").put("a.b", "x")
+        # (live leases to name: ids are random; the fuzz may revoke them)
+        leases = [(await h.rpc("kvs.lease-grant", {"ttl": 3600}))["id"] for _ in range(2)]
         fuzz = RequestFuzzer(1, ["primary", "fz1", "fz2", "nosuch"],
-                             [(await h.rpc("kvs.getroot", {"namespace": "fz1"}))["rootref"]])
+                             [(await h.rpc("kvs.getroot", {"namespace": "fz1"}))["rootref"]],
+                             leases)
     answered = 0
     for _ in range(ROUNDS):
         raws = [await RawClient.connect(inst, rank) for rank in range(size)]
