@@ -49,9 +49,11 @@ tree and back with room to spare, even on a loaded instance."""
 MAX_TTL = 86400.0
 """Longest lease (a day): a lease is a liveness signal, not storage."""
 UNLINK_BYTES = 16 << 10
-"""The keys (bytes of their names) one unlink transaction of an ended lease
-takes: its setroot event lists them, and the smallest ``tbon.max-message``
-is 64 KiB."""
+"""The keys (bytes of their names, in UTF-8) one unlink transaction of an
+ended lease takes: its setroot event lists them, and the smallest
+``tbon.max-message`` is 64 KiB.  (Counted in characters, keys of 4-byte
+characters made pieces of 64 KB, whose event did not fit beside a long
+namespace name: the unlink failed ``EMSGSIZE`` and the keys stayed.)"""
 ID_SPACE = 1 << 53
 """Lease ids are drawn at random below this (exact in a JSON double): an
 id is never given again, across restarts too, whose counters a crash
@@ -305,7 +307,7 @@ class LeaseTable:
         ops: list[dict[str, Any]] = []
         size = 0
         for key in sorted(lease.keys.get(ns, ())):
-            size += len(key) + 8
+            size += (len(key) if key.isascii() else len(key.encode())) + 8
             if ops and size > UNLINK_BYTES:
                 break
             ops.append({"key": key, "flags": 0, "dirent": None})

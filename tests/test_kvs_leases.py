@@ -424,3 +424,34 @@ async def test_rank0_holds_no_more_than_the_keys_of_a_lease(start_instance) -> N
         assert not await kvs.exists(keys[1]) and not await kvs.exists(keys[-1])
         stats = await kvs.handle.rpc("kvs.stats-get", {}, nodeid=0)
         assert stats["leases"]["keys"] == 0
+
+
+
+async def test_a_lease_of_long_non_ascii_keys_is_unlinked_whole(start_instance) -> None:
+    """The unlinks of an ended lease are cut at 16 KiB of key names so
+    that their setroot event fits the smallest ``tbon.max-message``; the
+    names were counted in characters, not bytes, so keys of 4-byte
+    characters (8 KB each, as any commit may write) made pieces of 64 KB,
+    whose event, in a namespace of a 40-character name, did not fit: the
+    unlink failed with EMSGSIZE and every key stayed, for ever."""
+    inst = await start_instance(size=2, attrs={"tbon.max-message": "65536"})
+    name = "job-0123456789abcdef0123456789abcdef0123"   # a job's namespace
+    smile = "\U0001f600"
+    comps = [smile * 254] * 4 + [smile * 253] * 4      # 2,028 characters of 4 bytes
+    keys = [f"w{i:02d}." + ".".join(comps) for i in range(12)]
+    assert all(len(k.encode()) <= 8192 for k in keys)
+    async with KVS.connect(inst.uri(1)) as kvs:
+        await kvs.namespace_create(name)
+        job = kvs.with_namespace(name)
+        lease = await kvs.lease(60)
+        for part in range(0, len(keys), 2):
+            t = TxnOps()
+            for key in keys[part:part + 2]:
+                t.put(key, 1, lease=lease)
+            await job.commit(t)
+        stats = await kvs.handle.rpc("kvs.stats-get", {}, nodeid=0)
+        assert stats["leases"]["keys"] == len(keys)
+        await lease.revoke()
+        assert [k for k in keys if await job.exists(k)] == []
+        stats = await kvs.handle.rpc("kvs.stats-get", {}, nodeid=0)
+        assert stats["leases"]["keys"] == 0
