@@ -1134,7 +1134,8 @@ class KVS:
 
     async def lease_info(self, lease: LeaseSpec) -> dict[str, Any]:
         """``kvs.lease-info``: ``{id, owner, ttl, ttl_left, key-count, keys:
-        {namespace: [key, ...]}}`` (at most 1,000 keys a namespace)."""
+        {namespace: [key, ...]}}`` (at most 1,000 keys a namespace, and 32 KiB
+        of names in all; ``key-count`` counts them all)."""
         return dict(await self.handle.rpc("kvs.lease-info", {"id": lease_id(lease)}))
 
     # ------------------------------------------------------------ namespaces

@@ -62,6 +62,11 @@ client that reconnects) must find its lease gone, not keep another's
 alive -- and is not guessed either."""
 INFO_KEYS = 1000
 """``kvs.lease-info`` lists at most this many keys per namespace."""
+INFO_BYTES = 32 << 10
+"""... and at most this many bytes (UTF-8) of key and namespace names in
+all, so that its answer fits the smallest ``tbon.max-message`` (64 KiB):
+1,000 keys of 8 KB made an answer refused ``EMSGSIZE``, and the lease
+could not be inspected at all.  ``key-count`` counts every key."""
 MAX_LEASES = AttrSpec(
     "kvs.max-leases-per-user", "10000", integer(1),
     "live kvs leases one user may hold (kvs.lease-grant past it is ENOSPC)")
@@ -307,7 +312,7 @@ class LeaseTable:
         ops: list[dict[str, Any]] = []
         size = 0
         for key in sorted(lease.keys.get(ns, ())):
-            size += (len(key) if key.isascii() else len(key.encode())) + 8
+            size += _size(key) + 8
             if ops and size > UNLINK_BYTES:
                 break
             ops.append({"key": key, "flags": 0, "dirent": None})
@@ -385,7 +390,25 @@ class LeaseTable:
 
     def describe(self, lease: Lease) -> dict[str, Any]:
         """``kvs.lease-info``'s answer."""
+        listed: dict[str, list[str]] = {}
+        room = INFO_BYTES
+        for ns, keys in lease.keys.items():
+            room -= _size(ns) + 8
+            names: list[str] = []
+            for key in sorted(keys)[:INFO_KEYS]:
+                room -= _size(key) + 8
+                if room < 0:
+                    break
+                names.append(key)
+            if names:
+                listed[ns] = names
+            if room < 0:
+                break
         return {"id": lease.id, "owner": lease.owner, "ttl": lease.ttl,
                 "ttl_left": max(0.0, lease.deadline - self._now()),
-                "key-count": lease.key_count(),
-                "keys": {ns: sorted(keys)[:INFO_KEYS] for ns, keys in lease.keys.items()}}
+                "key-count": lease.key_count(), "keys": listed}
+
+
+def _size(name: str) -> int:
+    """The bytes of ``name`` in UTF-8."""
+    return len(name) if name.isascii() else len(name.encode())

@@ -1375,7 +1375,8 @@ class KvsModule(Module):
 
     async def lease_info(self, msg: Message) -> None:
         """``kvs.lease-info {id}`` -> ``{id, owner, ttl, ttl_left, key-count,
-        keys: {NS: [key, ...]}}`` (at most 1,000 keys a namespace)."""
+        keys: {NS: [key, ...]}}`` (at most 1,000 keys a namespace, 32 KiB of
+        names in all: :data:`kvs.leases.INFO_BYTES`)."""
         p = await self._lease_rpc(msg)
         if p is None:
             return

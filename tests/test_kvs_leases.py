@@ -455,3 +455,28 @@ async def test_a_lease_of_long_non_ascii_keys_is_unlinked_whole(start_instance) 
         assert [k for k in keys if await job.exists(k)] == []
         stats = await kvs.handle.rpc("kvs.stats-get", {}, nodeid=0)
         assert stats["leases"]["keys"] == 0
+
+
+async def test_lease_info_of_long_keys_fits_the_smallest_link(start_instance) -> None:
+    """kvs.lease-info listed up to 1,000 keys a namespace whatever their
+    length: 12 keys of 8 KB made an answer of 96 KB, refused EMSGSIZE under
+    a 64 KiB tbon.max-message -- the lease could not be inspected at all.
+    It lists keys up to a budget of bytes now; key-count still counts all."""
+    inst = await start_instance(size=2, attrs={"tbon.max-message": "65536"})
+    keys = [f"long{i:02d}." + ".".join(["x" * 1000] * 8) for i in range(12)]
+    async with KVS.connect(inst.uri(1)) as kvs:
+        lease = await kvs.lease(60)
+        for part in range(0, len(keys), 2):
+            t = TxnOps()
+            for key in keys[part:part + 2]:
+                t.put(key, 1, lease=lease)
+            await kvs.commit(t)
+        info = await lease.info()
+        assert info["key-count"] == len(keys)
+        listed = info["keys"]["primary"]
+        assert 0 < len(listed) < len(keys) and listed == sorted(keys)[:len(listed)]
+        small = await kvs.lease(60)
+        await kvs.put("short", 1, lease=small)
+        assert (await small.info())["keys"] == {"primary": ["short"]}
+        await lease.revoke()
+        await small.revoke()
