@@ -1552,6 +1552,11 @@ class Lease:
                 if exc.errnum == errno.ENOENT:
                     self.lost.set()
                     return
+                if exc.errnum in (errno.ECONNRESET, errno.EPIPE):
+                    # the handle is closed (or its connection lost, for good:
+                    # a Handle does not reconnect), as a closed handle's
+                    # calls say: nothing keeps the lease now
+                    return
             except TimeoutError:
                 continue
             except (ErrnoError, ConnectionError) as exc:

@@ -480,3 +480,23 @@ async def test_lease_info_of_long_keys_fits_the_smallest_link(start_instance) ->
         assert (await small.info())["keys"] == {"primary": ["short"]}
         await lease.revoke()
         await small.revoke()
+
+
+def _keepalive_tasks() -> list[asyncio.Task[Any]]:
+    return [t for t in asyncio.all_tasks() if not t.done()
+            and getattr(t.get_coro(), "__qualname__", "") == "Lease._keep"]
+
+
+async def test_a_leases_keepalive_task_ends_with_its_handle(start_instance) -> None:
+    """KVS.lease's task meant to end once its handle is closed, but a closed
+    handle's call raises RemoteError(ECONNRESET), which the task took for
+    a failure to try again: it woke every ttl/3 for as long as the loop ran
+    (a program that connects again and again kept one per lease it took)."""
+    inst = await start_instance(size=2)
+    kvs = await KVS.connect(inst.uri(1))
+    lease = await kvs.lease(1.5)
+    await kvs.put("held", 1, lease=lease)
+    [task] = _keepalive_tasks()
+    await kvs.close()
+    await asyncio.wait_for(task, 5)  # its next tick finds the handle closed
+    assert not lease.lost.is_set()  # (not known lost: it was let go)
