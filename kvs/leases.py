@@ -337,18 +337,27 @@ class LeaseTable:
         worked out on a copy."""
         att = self.attached.get(ns)
         keys: dict[str, Lease] = dict(att.keys) if att is not None else {}
-        for op in ops or ():
-            if op.get("flags", 0) & EXPECT:
-                continue
-            key = normalize(op["key"])
-            prefix = key + "."
-            for k in [k for k in keys
-                      if k == key or k.startswith(prefix) or key.startswith(k + ".")]:
-                del keys[k]
-            lid = op.get("lease")
-            lease = found.get(lid) if found and type(lid) is int else None
-            if lease is not None:
-                keys[key] = lease
+        if ops:
+            # What each op touches is found as applied() finds it (the paths
+            # above, the keys below through the counts): scanning every
+            # leased key for every op stopped rank 0 for seconds (5,000 ops
+            # beside 6,000 leased keys: 4.7 s).  Keys the ops attach are
+            # kept apart, in a table of their own, for the later ops.
+            later = _Attached()
+            for op in ops:
+                if op.get("flags", 0) & EXPECT:
+                    continue
+                key = normalize(op["key"])
+                if att is not None:
+                    for k in att.touching(key):
+                        keys.pop(k, None)
+                for k in later.touching(key):
+                    later.detach(k)
+                lid = op.get("lease")
+                lease = found.get(lid) if found and type(lid) is int else None
+                if lease is not None:
+                    later.attach(key, lease)
+            keys.update(later.keys)
         if not keys:
             return None
         by_lease: dict[Lease, list[str]] = {}
