@@ -1164,15 +1164,17 @@ class KVS:
         return [Root.from_payload(p) for p in resp["namespaces"]]
 
     def watch_namespaces(self, prefix: str = "", *, changes_only: bool = False,
-                         nodeid: int | None = None) -> NamespaceWatch:
+                         listed: bool = False, nodeid: int | None = None) -> NamespaceWatch:
         """:func:`kvs_watch.client.watch_namespaces`: the namespaces named
         ``prefix...`` that exist, then each one created or removed
-        (``async for`` :class:`~kvs_watch.client.NamespaceEvent`).  Not
-        bound to this KVS's namespace; open to guests, who see their own."""
+        (``async for`` :class:`~kvs_watch.client.NamespaceEvent`; with
+        ``listed``, the end-of-list marker between the two).  Not bound to
+        this KVS's namespace; open to guests, who see their own."""
         from kvs_watch.client import watch_namespaces
 
         extra = {} if nodeid is None else {"nodeid": nodeid}
-        return watch_namespaces(self.handle, prefix, changes_only=changes_only, **extra)
+        return watch_namespaces(self.handle, prefix, changes_only=changes_only, listed=listed,
+                                **extra)
 
 
 # ---------------------------------------------------------------- blocking facade
@@ -1359,7 +1361,7 @@ class SyncKVS:
                          timeout=timeout)
 
     def watch_namespaces(self, prefix: str = "", *, changes_only: bool = False,
-                         timeout: float | None = None,
+                         listed: bool = False, timeout: float | None = None,
                          nodeid: int | None = None) -> SyncWatch[NamespaceEvent]:
         """:meth:`KVS.watch_namespaces` as a blocking iterator of
         ``NamespaceEvent`` (``with`` cancels it)."""
@@ -1367,7 +1369,7 @@ class SyncKVS:
 
         return SyncWatch(self.sync_handle,
                          self.aio.watch_namespaces(prefix, changes_only=changes_only,
-                                                   nodeid=nodeid),
+                                                   listed=listed, nodeid=nodeid),
                          timeout=timeout)
 
     def append_event(self, key: str, name: str,

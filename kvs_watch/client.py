@@ -365,7 +365,12 @@ class NamespaceEvent:
     (owned by uid ``owner``) was ``"created"`` or ``"removed"``.  ``epoch``
     tells namespaces of the same name apart (rank 0 numbers every
     namespace-create; ``primary`` is 0).  ``initial``: it existed when the
-    watch started (the list), rather than being created since."""
+    watch started (the list), rather than being created since.
+
+    Asked for (``listed=True``), the end of the list is one more, ``event``
+    ``"listed"`` (:data:`NS_LISTED`: ``namespace`` ``""``, ``owner`` -1,
+    ``epoch`` None, ``initial`` False): a marker, so that a watcher of an
+    empty list still learns the list is complete."""
 
     namespace: str
     owner: int
@@ -381,6 +386,16 @@ class NamespaceEvent:
     def removed(self) -> bool:
         return self.event == "removed"
 
+    @property
+    def listed(self) -> bool:
+        """The end-of-list marker (only with ``listed=True``)."""
+        return self.event == "listed"
+
+
+NS_LISTED = NamespaceEvent("", -1, "listed")
+"""The end-of-list marker :func:`watch_namespaces` yields with ``listed=True``
+(equal to every such answer: a frozen dataclass compares by value)."""
+
 
 NS_NOLIST = 1
 """``kvs-watch.namespaces`` flag: changes only, no initial list."""
@@ -392,7 +407,7 @@ class NamespaceWatch(Watch[NamespaceEvent]):
     same way, yielding :class:`NamespaceEvent`."""
 
     def __init__(self, h: HandleCore, prefix: str = "", *, changes_only: bool = False,
-                 nodeid: int = NODEID_ANY) -> None:
+                 listed: bool = False, nodeid: int = NODEID_ANY) -> None:
         if not isinstance(prefix, str):
             raise TypeError(f"prefix must be a str, not {type(prefix).__name__}")
         if not hasattr(h, "rpc_stream"):
@@ -403,6 +418,8 @@ class NamespaceWatch(Watch[NamespaceEvent]):
         self.namespace = ""
         self.prefix = prefix
         self.changes_only = changes_only
+        self.listed = listed
+        """Yield the broker's end-of-list answer (:data:`NS_LISTED`); else skip it."""
         self.nodeid = nodeid
         self._stream = None
 
@@ -415,6 +432,12 @@ class NamespaceWatch(Watch[NamespaceEvent]):
 
     async def __anext__(self) -> NamespaceEvent:
         p = await self.next_payload()
+        if p.get("event") == "listed":
+            if self.listed:
+                return NS_LISTED
+            # (skipped unless asked for: a loop written before the marker
+            # existed, `if ev.created: ... else: ...`, would take it for a removal)
+            p = await self.next_payload()
         epoch = p.get("epoch")
         return NamespaceEvent(str(p["namespace"]), int(p["owner"]), str(p["event"]),
                               epoch if isinstance(epoch, int) else None,
@@ -422,15 +445,19 @@ class NamespaceWatch(Watch[NamespaceEvent]):
 
 
 def watch_namespaces(h: HandleCore, prefix: str = "", *, changes_only: bool = False,
-                     nodeid: int = NODEID_ANY) -> NamespaceWatch:
+                     listed: bool = False, nodeid: int = NODEID_ANY) -> NamespaceWatch:
     """The namespaces whose name starts with ``prefix``: first each one that
     exists (``initial``, in creation order), then each one created or removed
     as it happens, with no gap and no duplicate between the two (the broker
     merges them by epoch).  A guest is told of its own namespaces only.
-    ``changes_only`` skips the list.  As etcd's list-then-watch, so a job
-    worker discovers jobs by their namespaces (``job-``) without
-    coordinating through keys of ``primary``.  A kvbroker extension."""
-    return NamespaceWatch(h, prefix, changes_only=changes_only, nodeid=nodeid)
+    ``changes_only`` skips the list.  ``listed`` yields :data:`NS_LISTED`
+    between the list and the changes, so a caller can tell the list is
+    complete (and the watch started) even when it is empty; off by default,
+    so that loops that know only created and removed see nothing new.  As
+    etcd's list-then-watch, so a job worker discovers jobs by their
+    namespaces (``job-``) without coordinating through keys of ``primary``.
+    A kvbroker extension."""
+    return NamespaceWatch(h, prefix, changes_only=changes_only, listed=listed, nodeid=nodeid)
 
 
 class _Wrapped:

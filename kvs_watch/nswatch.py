@@ -15,8 +15,11 @@ numbers every namespace-create):
 2. ``kvs.namespace-list`` is asked of rank 0; its answer is the namespaces
    alive at the moment rank 0 answered, and ``epoch``, the last epoch given
    by then;
-3. the list is answered (``initial``), then the buffered events, then the
-   events as they come, each by the rule below.
+3. the list is answered (``initial``), then one ``{event: "listed"}``
+   answer (no namespace): the list is complete, even when it is empty --
+   without it a client could not tell "no namespace yet" from "the list is
+   on its way", nor when its watch has started; then the buffered events,
+   then the events as they come, each by the rule below.
 
 A ``created`` event of epoch ``e <= epoch`` was made before the list and is
 in it (or removed before it): dropped.  One after the list is answered.  A
@@ -29,8 +32,9 @@ list is covered by the list, one made after it comes after the watcher was
 registered (the request left this rank after that).
 
 With :data:`NOLIST` the list is skipped: creations and removals from the
-request on, nothing buffered.  A guest is told of its own namespaces only
-(``owner``), the instance owner of all; ``prefix`` filters by name.
+request on, nothing buffered, and no ``listed`` answer (no list to end).
+A guest is told of its own namespaces only (``owner``), the instance owner
+of all; ``prefix`` filters by name.
 """
 
 from __future__ import annotations
@@ -118,6 +122,7 @@ class NsWatcher:
             if self.visible(name, owner):
                 self.reported[name] = (e, owner)
                 self._send(name, owner, "created", e, initial=True)
+        self.backend.respond_ns(self, {"event": "listed"})
         buffered, self.buffer = self.buffer or [], None
         for kind, name, owner, ev_epoch in buffered:
             if self.done:

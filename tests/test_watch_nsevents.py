@@ -25,7 +25,7 @@ from test_watch_helpers import (
 
 from broker.handle import Handle
 from kvs.client import KVS, SyncKVS
-from kvs_watch.client import NamespaceEvent
+from kvs_watch.client import NS_LISTED, NamespaceEvent
 
 
 async def nsw_count(h: Any, n: int, nodeid: int) -> None:
@@ -84,6 +84,8 @@ async def test_guest_sees_only_its_own_namespaces(start_instance, connect):
             while True:
                 msg = await asyncio.wait_for(s.next_message(), 20)
                 p = msg.payload
+                if p["event"] == "listed":
+                    continue  # (the end of the list: tested below)
                 out.append([p["event"], p["namespace"], p["owner"]])
                 if p["namespace"] == "mine-3":
                     st = await h.rpc("kvs-watch.stats-get", {})
@@ -166,6 +168,7 @@ async def test_cancel_and_vanished_client_release_the_watcher(start_instance, co
     h0, h3 = await connect(inst, 0), await connect(inst, 3)
     s = h3.rpc_stream("kvs-watch.namespaces", {"prefix": "p"})
     assert (await answer(s))["namespace"] == "primary"
+    assert await answer(s) == {"event": "listed"}
     await nsw_count(h0, 1, nodeid=3)
     cancel(h3, s)
     assert await end_errnum(s) == 0  # (ENODATA: the normal end)
@@ -224,3 +227,55 @@ async def test_sync_kvs_watch_namespaces(start_instance) -> None:
     assert await asyncio.to_thread(script) == [("created", "sync-1", True),
                                                ("created", "sync-2", False),
                                                ("removed", "sync-1", False)]
+
+
+async def test_listed_marker_ends_the_list_even_when_empty(start_instance, connect):
+    """After the list, one ``{"event": "listed"}`` answer: an empty list is
+    the marker alone, a list of namespaces is them then the marker, then the
+    changes; with NOLIST (changes only) there is none.  The Python watch
+    yields it (NS_LISTED) only when asked (``listed=True``)."""
+    inst = await start_instance(size=4, fanout=2)
+    h0, h3 = await connect(inst, 0), await connect(inst, 3)
+    s = h3.rpc_stream("kvs-watch.namespaces", {"prefix": "job-"})
+    assert await answer(s) == {"event": "listed"}  # on the wire: no namespace, no owner
+    cancel(h3, s)
+    assert await end_errnum(s) == 0
+    kvs = KVS(h3)
+    async with kvs.watch_namespaces("job-", listed=True) as w:  # empty: the marker first
+        first = await asyncio.wait_for(anext(w), T)
+        assert first == NS_LISTED and first.listed and not first.created
+        await ns_create(h0, "job-a")
+        await ns_create(h0, "job-b")
+        got = [await asyncio.wait_for(anext(w), T) for _ in range(2)]
+    assert [brief(e) for e in got] == [("created", "job-a", False),
+                                       ("created", "job-b", False)]
+    async with kvs.watch_namespaces("job-", listed=True) as w:  # the list, marker, changes
+        listed = [await asyncio.wait_for(anext(w), T) for _ in range(3)]
+        assert [brief(e) for e in listed] == [("created", "job-a", True),
+                                              ("created", "job-b", True),
+                                              ("listed", "", False)]
+        await ns_remove(h0, "job-a")
+        assert brief(await asyncio.wait_for(anext(w), T)) == ("removed", "job-a", False)
+    async with kvs.watch_namespaces("job-", changes_only=True, listed=True) as w:
+        await nsw_count(h0, 1, nodeid=3)  # (it follows the events: no list, no marker)
+        await ns_create(h0, "job-c")
+        assert brief(await asyncio.wait_for(anext(w), T)) == ("created", "job-c", False)
+    await nsw_count(h0, 0, nodeid=3)
+
+
+
+async def test_sync_watch_namespaces_listed(start_instance) -> None:
+    """SyncKVS.watch_namespaces(listed=True): a script sees the marker of an
+    empty list at once (without it, its next() waits for a change)."""
+    inst = await start_instance(size=2)
+
+    def script() -> list[tuple[str, str, bool]]:
+        with SyncKVS(uri=inst.uri(1)) as kvs, \
+                kvs.watch_namespaces("none-", listed=True, timeout=T) as w:
+            seen = [brief(next(w))]
+            kvs.namespace_create("none-1")
+            seen.append(brief(next(w)))
+            return seen
+
+    assert await asyncio.to_thread(script) == [("listed", "", False),
+                                               ("created", "none-1", False)]
