@@ -17,6 +17,7 @@ already resolved when they are called, and :func:`render_value` and
 from __future__ import annotations
 
 import argparse
+import asyncio
 import base64
 import contextlib
 import errno
@@ -24,6 +25,7 @@ import importlib
 import json
 import os
 import re
+import signal
 import sys
 import unicodedata
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -34,6 +36,7 @@ from broker.cliutil import (
     CLIError,
     PermutingParser,
     UsageError,
+    command_args,
     connect,
     each_rank,
     errno_detail,
@@ -997,6 +1000,114 @@ def cmd_lease(args: argparse.Namespace) -> int:
     return _run(args, body)
 
 
+LEASE_ENV = "KVBROKER_LEASE"
+"""Where ``kvs lease run`` gives its command the lease's id."""
+
+
+def cmd_lease_run(args: argparse.Namespace) -> int:
+    """``kvbroker kvs lease run TTL [--] COMMAND...``: a lease held for as
+    long as COMMAND runs (docs/cli.md, "kvs lease").  The keepalives come
+    from this process, not from a loop beside the command, so that a
+    SIGKILL of it (of the job it is in) ends them: the lease then expires
+    within TTL, and a lock held with it cannot outlive its holder -- the
+    etcd precedent is ``etcdctl lock NAME COMMAND``."""
+    command = command_args(args.cmdline)
+    if not command:
+        raise UsageError("no command given")
+    args.what = "kvs lease run"
+
+    async def body(kvs: KVS) -> int:
+        try:
+            lease = await kvs.lease(args.ttl, keepalive=False)
+        except ErrnoError as exc:
+            raise _fail("lease", exc) from None
+        return await _run_under_lease(kvs, lease.id, lease.ttl, command)
+
+    return _run(args, body)
+
+
+async def _run_under_lease(kvs: KVS, lease_id: int, ttl: float, command: list[str]) -> int:
+    """Run ``command`` with ``$KVBROKER_LEASE``, keeping the lease alive
+    until it exits, then revoke it (its keys go at once, not a ttl later);
+    the command's status.  SIGINT, SIGTERM and SIGHUP are passed on to it,
+    as ``exec`` and ``start`` do.  A lease found gone (or a connection that
+    can no longer renew it) is said on stderr and the command is stopped:
+    what it did under the lease (a lock) is no longer its own."""
+    from broker.command import (
+        STOP_SIGNALS,
+        Command,
+        cannot_run_message,
+        cannot_run_status,
+        exit_code,
+    )
+
+    loop = asyncio.get_running_loop()
+    env = dict(os.environ, **{LEASE_ENV: str(lease_id)})
+    try:
+        cmd = Command.spawn(command, env)
+    except OSError as exc:
+        _warn(cannot_run_message(command[0], exc))
+        await _revoke_after(kvs, lease_id, ttl)
+        return cannot_run_status(exc)
+    for sig in STOP_SIGNALS:  # (no await since the spawn: no signal is missed)
+        loop.add_signal_handler(sig, cmd.forward, sig)
+    keeper = asyncio.ensure_future(_keep_lease(kvs, lease_id, ttl))
+    exited = asyncio.ensure_future(cmd.wait())
+    lost: str | None = None
+    try:
+        await asyncio.wait((exited, keeper), return_when=asyncio.FIRST_COMPLETED)
+        if not exited.done():
+            lost = keeper.result()
+            _warn(f"kvs lease run: lease {lease_id} {lost}: stopping {command[0]} "
+                  f"(pid {cmd.pid})")
+            # (as Command.stop begins: at a terminal an interactive shell obeys SIGHUP)
+            cmd.signal(signal.SIGTERM if cmd.own_group else signal.SIGHUP)
+        code = await exited
+    finally:
+        for sig in STOP_SIGNALS:
+            loop.remove_signal_handler(sig)
+        keeper.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await keeper
+        if cmd.returncode is None:  # (an error of ours: the command does not outlive us)
+            cmd.kill()
+    if lost is None:
+        await _revoke_after(kvs, lease_id, ttl)
+    return exit_code(code)
+
+
+async def _keep_lease(kvs: KVS, lease_id: int, ttl: float) -> str:
+    """Renew the lease every ttl/3 for as long as it can be; return why it
+    cannot any more.  Not :class:`~kvs.client.Lease`'s task: that one ends
+    in silence when the connection is lost, and here the command must be
+    told.  A timeout (a busy rank 0) or another error is tried again at
+    the next tick, as :class:`~kvs.client.Lease` does."""
+    while True:
+        await asyncio.sleep(ttl / 3)
+        try:
+            await asyncio.wait_for(kvs.lease_keepalive(lease_id), ttl / 3)
+        except TimeoutError:
+            continue
+        except ErrnoError as exc:
+            if exc.errnum == errno.ENOENT:
+                return "was lost (it expired or was revoked)"
+            if exc.errnum in (errno.ECONNRESET, errno.EPIPE):
+                return ("can no longer be kept alive (connection to the broker lost; it "
+                        f"expires within {ttl:g}s)")
+
+
+async def _revoke_after(kvs: KVS, lease_id: int, ttl: float) -> None:
+    """Revoke the lease once the command is done; one that ended already is
+    no error.  A failure is said, not raised: the command's status is what
+    the caller asked for, and the lease expires within its ttl anyway."""
+    try:
+        await kvs.lease_revoke(lease_id)
+    except ErrnoError as exc:
+        if exc.errnum != errno.ENOENT:
+            _warn(f"kvs lease run: lease {lease_id} not revoked: {error_detail(exc)} "
+                  f"(it expires within {ttl:g}s)")
+
+
 # ---------------------------------------------------------------- eventlogs
 
 
@@ -1419,7 +1530,8 @@ def register(subparsers: Any) -> None:
     c.add_argument("prefix", nargs="?", default="", metavar="PREFIX")
     p.set_defaults(func=cmd_namespace)
 
-    p = sub.add_parser("lease", help="grant, keep alive, revoke or show a lease")
+    p = sub.add_parser("lease", help="grant, keep alive, revoke or show a lease; run a "
+                       "command under one")
     lsub = p.add_subparsers(dest="lease_cmd", metavar="SUBCOMMAND", required=True)
     c = lsub.add_parser("grant", help="grant a lease of TTL seconds and print its id")
     c.add_argument("ttl", type=float, metavar="TTL")
@@ -1428,6 +1540,15 @@ def register(subparsers: Any) -> None:
                        ("info", "print lease ID's ttl, time left and keys as JSON")):
         c = lsub.add_parser(name, help=text)
         c.add_argument("id", type=int, metavar="ID")
+    c = lsub.add_parser(
+        "run", help="run COMMAND under a lease of TTL seconds, kept alive while it runs",
+        description="Grant a lease of TTL seconds, run COMMAND with its id in "
+        f"${LEASE_ENV}, keep the lease alive while COMMAND runs and revoke it when "
+        "COMMAND exits; exit with COMMAND's status.  If this process is killed, the "
+        "lease expires within TTL; if the lease is lost, COMMAND is sent SIGTERM.")
+    c.add_argument("ttl", type=float, metavar="TTL")
+    c.add_argument("cmdline", nargs=argparse.REMAINDER, metavar="COMMAND")
+    c.set_defaults(func=cmd_lease_run)
     p.set_defaults(func=cmd_lease)
 
     p = sub.add_parser("eventlog", help="append to, print or wait on an eventlog")
