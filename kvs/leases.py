@@ -414,7 +414,7 @@ class LeaseTable:
             if room < 0:
                 break
         return {"id": lease.id, "owner": lease.owner, "ttl": lease.ttl,
-                "ttl_left": max(0.0, lease.deadline - self._now()),
+                "ttl_left": round(max(0.0, lease.deadline - self._now()), 3),  # (ms)
                 "key-count": lease.key_count(), "keys": listed}
 
 
