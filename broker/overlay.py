@@ -22,7 +22,11 @@ so the socket is re-checked after every send too).
 Handshake (CONTROL messages):
 
 * ``overlay.hello`` child -> parent ``{rank}``; the parent admits only its
-  own children and answers ``overlay.hello`` ``{rank, size}``.
+  own children and answers ``overlay.hello`` ``{rank, size}``.  Over
+  ``tcp`` (CURVE: the peer holds the instance's keys) a hello from a rank
+  that is not a child -- mismatched bootstrap files -- is answered
+  ``overlay.refused`` ``{rank, why}``, and the rank stops (exit 1) saying
+  why; any other peer's is dropped unanswered.
 * ``overlay.ready`` child -> parent once the child's whole subtree is up;
   when rank 0 has heard it from every child the instance is ready.
 * ``overlay.shutdown`` parent -> children when a rank stops: each child
@@ -94,6 +98,10 @@ parent, which a supervisor's restart may cure), so that a supervisor can
 tell it apart and not restart it (systemd: ``RestartPreventExitStatus=3``)."""
 CUT_OFF_KEPT = 64
 """ZeroMQ identities this rank cut off that it remembers (the newest)."""
+REFUSED_HELLOS_PER_SECOND = 10
+"""Answers a parent sends, per second at most, to hellos from ranks that
+are not its children (:meth:`Overlay._refuse_hello`); each identity is
+answered once."""
 REFUSAL_LOG_INTERVAL = 60
 """Seconds between a parent's warnings about refused handshakes."""
 KEEPALIVE = "overlay.keepalive"
@@ -186,6 +194,11 @@ class Overlay:
         self._refused_by_parent = 0
         """Handshakes with the parent refused in a row (none succeeded since)."""
         self._refusal_log = LogThrottle(log, REFUSAL_LOG_INTERVAL)
+        self._hello_refused: dict[bytes, None] = {}
+        """Identities answered ``overlay.refused`` (the newest
+        :data:`CUT_OFF_KEPT`): each is answered once."""
+        self._refusals_at = (0.0, 0)
+        """The second the last refusals were sent in, and how many then."""
         self._peer_log = LogThrottle(log)
         """The warnings about one message from a peer (malformed, or not the
         hello of one of our children): how many such messages a peer sends
@@ -636,9 +649,11 @@ class Overlay:
             zl.refusal(event, value, server=True) or f"ZeroMQ handshake event {event:#x}",
             self.refused, REFUSAL_LOG_INTERVAL)
 
-    def _hello_rank(self, frames: list[bytes]) -> int | None:
+    def _hello_rank(self, frames: list[bytes], ident: bytes | None = None) -> int | None:
         """The rank a new connection's first message says hello as, if it is
-        one of our children's; None (counted, logged) for anything else."""
+        one of our children's; None (counted, logged) for anything else --
+        a hello from another rank on ZeroMQ connection ``ident`` is also
+        answered (:meth:`_refuse_hello`)."""
         msg = self._decode(frames, "an unidentified peer")  # counts garbage
         rank = None
         if msg is not None and msg.type == MsgType.CONTROL and msg.topic == "overlay.hello":
@@ -658,10 +673,46 @@ class Overlay:
                     "refusing overlay peer: a hello from rank %s, which is not a child of "
                     "rank %d (its children: %s); check the bootstrap file's parent/connect "
                     "entries", rank, self.rank, sorted(self.children) or "none")
+                if ident is not None:
+                    self._refuse_hello(ident, rank)
             else:
                 self._peer_log.log(logging.WARNING, "not-a-hello", "refusing overlay peer: "
                                    "its first message is not a child's hello")
         return None
+
+    def _refuse_hello(self, ident: bytes, rank: int) -> None:
+        """Tell connection ``ident``, which said hello as ``rank``, not one
+        of our children, why it is refused (``overlay.refused``): without
+        an answer a rank started with a bootstrap file that names the wrong
+        parent waited for ever, saying nothing.
+
+        Only over CURVE (``tcp``), where the ZAP handler admitted the peer
+        with the instance's key pair: a peer that only reached an ``ipc``
+        socket is answered nothing, as it was (its socket is the owner's
+        only, but what reaches it is not known to be a rank).  Each
+        identity is answered once, and at most
+        :data:`REFUSED_HELLOS_PER_SECOND` a second in all: how many hellos
+        a peer with the keys sends is its choice."""
+        if self.curve is None or self._down is None or ident in self._hello_refused:
+            return
+        now = int(asyncio.get_running_loop().time())
+        second, sent = self._refusals_at
+        if second == now and sent >= REFUSED_HELLOS_PER_SECOND:
+            return
+        self._refusals_at = (now, sent + 1 if second == now else 1)
+        self._hello_refused[ident] = None
+        if len(self._hello_refused) > CUT_OFF_KEPT:
+            del self._hello_refused[next(iter(self._hello_refused))]
+        if 0 <= rank < self.size:
+            where = (f"its parent is rank {topology.parent_of(rank, self.fanout)}"
+                     if rank else "it has no parent")
+        else:
+            where = "it is not a rank of this instance"
+        why = (f"rank {rank} is not a child of rank {self.rank} in this instance's "
+               f"topology (size {self.size}, fanout {self.fanout}: {where}): check the "
+               "bootstrap file")
+        refused = Message(MsgType.CONTROL, "overlay.refused", {"rank": self.rank, "why": why})
+        self._down.try_send_to(ident, codec.encode(refused))
 
     def _conn_closed(self, conn: Connection) -> None:
         """The connection a child's identity spoke on closed: lose that
@@ -756,7 +807,7 @@ class Overlay:
             if ident in self._cut_off:
                 self.dropped += 1
                 return
-            child = self._hello_rank(frames)
+            child = self._hello_rank(frames, ident)
             if child is None:
                 return
             self._admit(child, ident)
@@ -958,6 +1009,14 @@ class Overlay:
                 self._check_ready()
             elif msg.topic == "overlay.goodbye":
                 self._goodbye_over()
+            elif (msg.topic == "overlay.refused" and not self.parent_acked
+                  and self.on_stop is not None and not self._parent_gone
+                  and self.parent is not None):
+                self._parent_gone = True  # (it never admitted us: no goodbye)
+                why = msg.payload.get("why") if isinstance(msg.payload, dict) else None
+                self.on_stop(f"parent rank {self.parent} at {self.endpoint(self.parent)} "
+                             "refused this rank's hello: "
+                             f"{why[:300] if isinstance(why, str) else 'no reason given'}", 1)
             elif msg.topic == "overlay.shutdown" and self.on_stop is not None:
                 self._parent_gone = True  # (it stops: it knows why we do)
                 if isinstance(msg.payload, dict) and msg.payload.get("replaced"):

@@ -293,6 +293,19 @@ class ZmqSocket:
             return str(exc)
         return None
 
+    def try_send_to(self, ident: bytes, frames: list[codec.Frame]) -> bool:
+        """ROUTER: send to connection ``ident`` now, or not at all (its pipe
+        is full, or it is gone): for an answer to a peer that is not one
+        of our children, which gets no backlog of its own."""
+        if self.sock.closed:
+            return False
+        try:
+            self.sock.send_multipart([ident, *frames], zmq.NOBLOCK, copy=False)
+        except zmq.ZMQError:
+            return False
+        self._schedule()  # (the send may have taken the FD's edge: see _send)
+        return True
+
     def _send(self, ident: bytes, frames: list[codec.Frame]) -> None:
         if self.sock.closed:  # stopping: e.g. a client's disconnect while links close
             return

@@ -123,9 +123,17 @@ async def test_a_flood_of_bad_overlay_messages_is_logged_a_few_times(
                 return (await stats(h, 1))["overlay"]["dropped"] == before + 600
 
             await wait_until(all_dropped, "rank 1 to drop the peer's 600 messages", 20)
+            # its hellos as rank 9 are answered, once: it holds the keys
+            refused = codec.decode(await peer.recv_multipart())
+            assert (refused.type, refused.topic, refused.payload) == (
+                MsgType.CONTROL, "overlay.refused",
+                {"rank": 1, "why": "rank 9 is not a child of rank 1 in this instance's "
+                 "topology (size 4, fanout 2: it is not a rank of this instance): check "
+                 "the bootstrap file"})
             for rank in range(4):
                 assert (await h.ping(rank))["rank"] == rank
             entries = [e async for e in h.rpc_stream("log.dmesg", {}, nodeid=1)]
+            assert not await peer.poll(0), "a second answer to the same peer"
     finally:
         peer.close(0)
         ctx.term()

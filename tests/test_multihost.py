@@ -330,6 +330,39 @@ async def test_a_rank_whose_key_the_parent_s_zap_refuses_stops_too(tmp_path: Pat
         ctx.term()
 
 
+async def test_a_rank_whose_file_names_another_parent_is_told_and_exits_1(
+        tmp_path: Path, brokers) -> None:
+    """Mismatched bootstrap files: rank 5's says fanout 4, so it says hello
+    to rank 1, whose children are 3 and 4 (fanout 2; rank 5's parent is
+    rank 2).  Rank 1 dropped the hello, and rank 5 waited for ever with
+    nothing logged.  Rank 1 now answers (the peer passed CURVE with the
+    instance's keys) why it refuses it, and rank 5 logs that as an ERROR
+    and exits 1; a second such process is told too (once per process)."""
+    config = await keyed_config(tmp_path, 6, 2)
+    mismatched = tmp_path / "mismatched.toml"
+    mismatched.write_text(config.read_text().replace("fanout = 2", "fanout = 4"))
+    endpoint = load(str(config)).endpoints()[1]
+    await brokers(config, 0)
+    rank1 = await brokers(config, 1)
+    async with asyncio.timeout(30):
+        h = await _connect_when_listening(rank1.uri)
+        try:
+            for attempt in (2, 3):
+                stray = await brokers(mismatched, 5)
+                assert await asyncio.wait_for(stray.proc.wait(), 15) == 1
+                err = (tmp_path / f"stderr5-{attempt}").read_text()
+                assert (f"ERROR kvbroker: parent rank 1 at {endpoint} refused this rank's "
+                        "hello: rank 5 is not a child of rank 1 in this instance's topology "
+                        "(size 6, fanout 2: its parent is rank 2): check the bootstrap "
+                        "file: stopping") in err, err
+            assert (await stats(h, 1))["overlay"]["children"] == []
+            assert (await h.ping())["rank"] == 1
+        finally:
+            await h.close()
+    warned = (tmp_path / "stderr1-1").read_text()
+    assert "a hello from rank 5, which is not a child of rank 1" in warned
+
+
 async def exit_codes(ranks: list[Rank], logs: Path, timeout: float = 30.0) -> list[int]:
     """Each rank's exit status; on a timeout, fail naming the ranks still
     running, with every rank's log (they run at log level info)."""
