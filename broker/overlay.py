@@ -245,7 +245,7 @@ class Overlay:
         self._reap_due = False
         self._cut_off: dict[bytes, None] = {}
         """Identities of child links this rank cut (disconnected, replaced or
-        dropped as stuck), oldest first, at most :data:`CUT_OFF_KEPT`: what
+        dropped as stuck) or lost (closed), oldest first, at most :data:`CUT_OFF_KEPT`: what
         such a link still brings -- the messages in flight when it was cut,
         those its old process sends when it runs again -- is dropped quietly
         (``overlay.dropped``).  Taken for a stranger's, each was a WARNING:
@@ -580,7 +580,11 @@ class Overlay:
         if disconnected:
             if self._up is not None:
                 self._up.read_all()  # (its last messages first: maybe a shutdown)
-            self._parent_lost("disconnected")
+            self._parent_lost(
+                "its link closed: the parent stopped, or dropped this rank -- after "
+                f"{zl.HEARTBEAT_TIMEOUT_MS // 1000} s without an answer to its heartbeats "
+                "(was this rank, or its host, stopped that long?), or by `kvbroker overlay "
+                "disconnect`")
             return
         if event == zl.HANDSHAKE_SUCCEEDED:
             self._refused_by_parent = 0
@@ -763,6 +767,11 @@ class Overlay:
             child = self._ident_child.pop(ident, None)
             if child is not None:  # (a replaced connection was forgotten already)
                 del self._child_ident[child]
+                # What that identity sends from now on is an old process's:
+                # one stopped past the heartbeat timeout (SIGSTOP) runs again,
+                # and its DEALER dials again before it reads that its link
+                # closed -- its keepalive was a stranger's WARNING
+                self._cut(ident)
                 self._lose_child(child, "its connection closed, or it answered no "
                                  f"heartbeat for {zl.HEARTBEAT_TIMEOUT_MS // 1000} s")
         if self._closed and not self._reap_due:

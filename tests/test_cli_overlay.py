@@ -254,6 +254,16 @@ async def test_overlay_disconnect_cuts_a_hung_rank_off(start_instance, connect,
         os.kill(pid, signal.SIGCONT)
     assert await asyncio.wait_for(inst.failed, 30) == (3, 1)
     assert (await h.ping(2))["rank"] == 2
+    # it says why, as a rank its parent dropped after missed ZeroMQ
+    # heartbeats does (a frozen host: the same link closed; only
+    # "disconnected" was said, which told an operator nothing)
+    assert inst.stderr_path is not None
+    why = ("its connection closed" if transport == "unix" else
+           "its link closed: the parent stopped, or dropped this rank -- after 10 s "
+           "without an answer to its heartbeats (was this rank, or its host, stopped "
+           "that long?), or by `kvbroker overlay disconnect`")
+    assert (f"kvbroker[3]: ERROR kvbroker: lost the connection to parent rank 1 ({why}): "
+            "stopping") in Path(inst.stderr_path).read_text()
 
 
 async def test_overlay_disconnect_of_a_busy_zeromq_child_logs_no_flood(

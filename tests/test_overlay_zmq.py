@@ -228,3 +228,38 @@ async def test_a_lost_child_is_lost_while_a_sibling_keeps_the_socket_busy(
     assert router.counts["dropped-events"] > 9_000
     assert "child rank 1 stopped (test)" in caplog.text
     assert "lost child rank 1 unexpectedly" not in caplog.text
+
+
+@pytest.mark.both_loops
+async def test_what_a_lost_child_s_process_sends_when_it_resumes_is_dropped_quietly(
+        parent: Parent, caplog: pytest.LogCaptureFixture) -> None:
+    """A rank stopped (SIGSTOP) longer than ZeroMQ's heartbeat timeout is
+    lost: its parent's end of the connection closes.  Resumed, its DEALER
+    dials again by itself, with the same identity, and sends what it queued
+    (a keepalive) before its loop reads that its link closed -- the parent
+    took that for a stranger's first message and warned "not a child's
+    hello".  It is the old process's, and is dropped quietly (counted).
+    The parent's end is closed here as a heartbeat timeout closes it
+    (:func:`hang_up`), without waiting 10 s for one."""
+    from broker.overlay_zmq import hang_up
+
+    caplog.set_level(logging.INFO, "kvbroker.overlay")
+    overlay = parent.overlay
+    async with asyncio.timeout(15):
+        child, fd = await parent.join(b"1-stopped", 1)
+        assert hang_up(fd, os.fstat(fd).st_ino)
+
+        async def lost() -> bool:
+            return 1 not in overlay.hello_from
+
+        await wait_until(lost, "rank 1 to be lost")
+        before = overlay.dropped
+        await child.send_multipart(control("overlay.keepalive", 1))  # (sent on reconnection)
+
+        async def dropped() -> bool:
+            return overlay.dropped == before + 1
+
+        await wait_until(dropped, "the resumed process's keepalive to be dropped")
+    assert "lost child rank 1 unexpectedly" in caplog.text
+    assert "not a child's hello" not in caplog.text
+    assert not await child.poll(0)
