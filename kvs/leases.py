@@ -163,7 +163,11 @@ class LeaseTable:
         """Per namespace, its attached keys (absent: none)."""
         self.per_user: Counter[int] = Counter()
         self.counts: Counter[str] = Counter(dict.fromkeys(
-            ("granted", "expired", "revoked", "restored", "attached", "detached"), 0))
+            ("granted", "expired", "revoked", "restored", "attached", "detached",
+             "unlink-failures", "unlink-retries"), 0))
+        self.retrying: set[Lease] = set()
+        """Ended leases whose unlinks failed and are tried again (kept by
+        their attachments until applied: see ``KvsModule._retry_unlinks``)."""
         self.closed = False
         """Set at stop: no lease expires any more."""
 
@@ -395,6 +399,7 @@ class LeaseTable:
     def stats(self) -> dict[str, Any]:
         return {"live": len(self.live),
                 "keys": sum(len(a.keys) for a in self.attached.values()),
+                "unlinks-pending": len(self.retrying),
                 **self.counts}
 
     def describe(self, lease: Lease) -> dict[str, Any]:

@@ -75,6 +75,11 @@ from kvs.refcheck import RefChecker, names_a_directory
 from kvs.relay import RelayOutbox
 from kvs.txn import EXPECT, MAX_OPS, NO_MERGE
 
+UNLINK_RETRY_MIN = 0.1
+UNLINK_RETRY_MAX = 10.0
+"""Seconds between tries of an ended lease's failed unlinks (doubling from
+the first to the second): soon after a brief failure, and no more than a
+commit every 10 s while the cause lasts (a full disk)."""
 STOP_DRAIN_TIMEOUT = 10.0
 """Seconds rank 0's kvs waits at stop for the transactions already queued."""
 EVENT_KINDS = ("setroot", "removed", "error", "created")
@@ -1411,14 +1416,33 @@ class KvsModule(Module):
         self.spawn(self._unlink_leased(lease))
 
     async def _unlink_leased(self, lease: Lease) -> dict[str, int]:
-        """Commit the unlinks of ended ``lease``'s keys, one transaction per
-        namespace (more for very many keys: :func:`LeaseTable.unlink_ops`),
-        skipping a namespace removed since; the version each reached.  The
-        keys are chosen when each transaction is applied, so one detached
-        meanwhile stays.  A failure is logged with the keys left: they stay
-        until written or unlinked by hand (a restart with a statedir takes
-        the lease back, and tries again)."""
+        """Commit the unlinks of ended ``lease``'s keys (:meth:`_unlink_pass`);
+        the version each namespace reached.  If some fail (a full disk: the
+        commit fails with the writer's errno), the keys stay attached and
+        :meth:`_retry_unlinks` tries again until they are applied: before,
+        they stayed until a restart with a statedir, and only a log line
+        said so."""
+        seqs, failed = await self._unlink_pass(lease)
+        if failed and lease not in self.leases.retrying:
+            self.leases.retrying.add(lease)
+            name, exc = failed[0]
+            left = sorted(lease.keys.get(name, ()))
+            self.log.error("lease %d ended, but unlinking its %d keys in namespace %s failed "
+                           "(%s): retrying until applied (first: %s)", lease.id, len(left),
+                           name, exc.errstr, left[:1])
+            self.spawn(self._retry_unlinks(lease))
+        return seqs
+
+    async def _unlink_pass(self, lease: Lease) -> tuple[dict[str, int],
+                                                        list[tuple[str, ErrnoError]]]:
+        """One try at the unlinks of ended ``lease``'s keys, one transaction
+        per namespace (more for very many keys: :func:`LeaseTable.unlink_ops`),
+        skipping a namespace removed since: the version each reached, and
+        the namespaces whose unlink failed, with the error.  The keys are
+        chosen when each transaction is applied, so one detached meanwhile
+        stays."""
         seqs: dict[str, int] = {}
+        failed: list[tuple[str, ErrnoError]] = []
         for name in list(lease.keys):
             while lease.keys.get(name):
                 ns = self.namespaces.get(name)
@@ -1430,9 +1454,33 @@ class KvsModule(Module):
                 except ErrnoError as exc:
                     if ns.removed:
                         break  # (its keys went with it)
-                    left = sorted(lease.keys.get(name, ()))
-                    self.log.error("lease %d ended, but unlinking its %d keys in namespace "
-                                   "%s failed (%s): they stay (first: %s)", lease.id,
-                                   len(left), name, exc.errstr, left[:1])
+                    self.leases.counts["unlink-failures"] += 1
+                    failed.append((name, exc))
                     break
-        return seqs
+        return seqs, failed
+
+    async def _retry_unlinks(self, lease: Lease) -> None:
+        """Try the failed unlinks of ended ``lease`` again, after
+        :data:`UNLINK_RETRY_MIN` seconds doubling to :data:`UNLINK_RETRY_MAX`,
+        until none fails: its keys are unlinked, detached by a write, or
+        their namespace removed (each pass takes only what is still
+        attached).  Logged once at the end, not per attempt.  At stop it
+        gives up: the keys stay attached, and a statedir's checkpoint keeps
+        the lease, which expires again after the restart."""
+        delay = UNLINK_RETRY_MIN
+        tries = 0
+        try:
+            while not self.commits.stopping:
+                await asyncio.sleep(delay)  # (a backoff, not a wait for an event)
+                if self.commits.stopping:
+                    break
+                tries += 1
+                self.leases.counts["unlink-retries"] += 1
+                _seqs, failed = await self._unlink_pass(lease)
+                if not failed:
+                    self.log.info("lease %d: its keys' unlinks are done after %d retries",
+                                  lease.id, tries)
+                    return
+                delay = min(delay * 2, UNLINK_RETRY_MAX)
+        finally:
+            self.leases.retrying.discard(lease)

@@ -546,3 +546,48 @@ async def test_a_sync_commit_beside_many_leased_keys_is_not_quadratic(
         await kvs.lease_revoke(lease.id)
         assert await kvs.get_str("leased.k00000") == "detached"
         assert not await kvs.exists("leased.k00001")
+
+
+async def test_unlinks_that_failed_are_retried_until_applied(small_disk, tmp_path) -> None:
+    """The unlinks of an ended lease that fail (here the disk is full: the
+    commit fails ``ENOSPC``) are tried again with a backoff while rank 0
+    runs: once the disk has room the key goes, with no restart and no other
+    commit to push it.  Before, it stayed until a restart with a statedir,
+    and only a log line said so.  Logged once, counted in the stats."""
+    from broker.launch import Instance
+    log = tmp_path / "rank.log"
+    inst = Instance(2, statedir=str(small_disk / "state"), stderr_path=str(log),
+                    attrs={"log.level": "info"})
+    await asyncio.wait_for(inst.start(), 60)
+    try:
+        async with KVS.connect(inst.uri(1)) as kvs, KVS.connect(inst.uri(0)) as kvs0:
+            lease = await kvs.lease(60)
+            await kvs.put("lk", "held", lease=lease)
+            await asyncio.wait_for(kvs0.handle.rpc("content.flush", {}), 10)
+            watch = kvs.watch("lk")
+            assert (await _next(watch, 10)).value == b"held"
+            free = os.statvfs(small_disk)
+            filler = small_disk / "filler"
+            with open(filler, "wb") as f:
+                f.write(b"\0" * (free.f_bavail * free.f_frsize - 200_000))
+            for i in range(10):  # 320 KB: the disk has 200 KB
+                await kvs0.put(f"p{i}", os.urandom(32 << 10))
+            with pytest.raises(RemoteError) as exc:  # the writer fails from now on
+                await asyncio.wait_for(kvs0.handle.rpc("content.flush", {}), 10)
+            assert exc.value.errnum == errno.ENOSPC
+            await lease.revoke()  # answered; its unlink failed
+            assert await kvs0.get_str("lk") == "held"
+            stats = (await kvs0.handle.rpc("kvs.stats-get", {}))["leases"]
+            assert stats["unlink-failures"] >= 1 and stats["unlinks-pending"] == 1, stats
+            assert stats["keys"] == 1, stats  # still attached: retried
+            filler.unlink()
+            await _gone(watch, 30)  # no commit but the retry's
+            stats = (await kvs0.handle.rpc("kvs.stats-get", {}))["leases"]
+            assert stats["unlink-retries"] >= 1 and stats["unlinks-pending"] == 0, stats
+            assert stats["keys"] == 0, stats
+    finally:
+        codes = await asyncio.wait_for(inst.stop(), 60)
+    text = log.read_text()
+    assert codes == [0, 0], text
+    assert text.count(f"lease {lease.id} ended, but unlinking its 1 keys") == 1, text
+    assert text.count(f"lease {lease.id}: its keys' unlinks are done after") == 1, text
