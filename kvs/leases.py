@@ -399,7 +399,9 @@ class LeaseTable:
     def stats(self) -> dict[str, Any]:
         return {"live": len(self.live),
                 "keys": sum(len(a.keys) for a in self.attached.values()),
-                "unlinks-pending": len(self.retrying),
+                # (those with keys left: the retry task learns of its
+                # success a turn of the loop after the unlinks are applied)
+                "unlinks-pending": sum(1 for lease in self.retrying if lease.keys),
                 **self.counts}
 
     def describe(self, lease: Lease) -> dict[str, Any]:
