@@ -57,7 +57,7 @@ from kvs.keys import check_key
 from kvs.namespaces import EVENT_PREFIX, PRIMARY, check_name, event_topic_parts
 from kvs_watch import flags as F
 from kvs_watch.monitor import INIT, MISSING, READY, Monitor
-from kvs_watch.nswatch import NsWatcher
+from kvs_watch.nswatch import NOLIST, NsHub, NsWatcher
 from kvs_watch.nswatch import check_flags as check_ns_flags
 from kvs_watch.watcher import DEFAULT_MAX_BACKLOG, Watcher
 
@@ -128,8 +128,9 @@ class KvsWatchModule(Module):
         """Lookups in flight, shared by the watchers that want the same one."""
         self._current: dict[str, Any] = {}
         """Rank 0's ``kvs.getroot`` in flight, per namespace (:meth:`current_root`)."""
-        self.ns_watchers: dict[NsWatcher, None] = {}
-        """``kvs-watch.namespaces`` watchers, fed the created and removed events."""
+        self.ns = NsHub(self)
+        """``kvs-watch.namespaces`` watchers and their table of namespaces,
+        fed the created and removed events."""
 
     def handlers(self) -> dict[str, Handler]:
         return {
@@ -149,7 +150,7 @@ class KvsWatchModule(Module):
             for w in list(mon.watchers):
                 # ENOSYS as Flux; the text says what the user sees happen
                 w.fail(errno.ENOSYS, "the watch ended: this rank is stopping")
-        for nw in list(self.ns_watchers):
+        for nw in list(self.ns.watchers):
             nw.fail(errno.ENOSYS, "the watch ended: this rank is stopping")
 
     # ================================================================ requests
@@ -211,9 +212,11 @@ class KvsWatchModule(Module):
     def watch_namespaces(self, msg: Message) -> None:
         """``kvs-watch.namespaces``: list, then follow (:mod:`kvs_watch.nswatch`).
 
-        The watcher hears the events before the list is asked for, so none
-        made after the list is missed; rank 0's ``epoch`` in the list says
-        which ones it already holds.  Open to guests, who are told of their
+        The hub hears the events for the watcher before its list is asked
+        for, so none made after the list is missed; rank 0's ``epoch`` in
+        the list says which ones it already holds (the first list builds
+        the hub's one table of namespaces, the others say when the table
+        has all the watcher must be told).  Open to guests, who are told of their
         own namespaces only: the module asks the list as the owner it runs
         as, and filters."""
         p = msg.payload if msg.payload is not None else {}
@@ -227,11 +230,10 @@ class KvsWatchModule(Module):
             raise ErrnoError(errno.EPROTO, "kvs-watch.namespaces must be a streaming RPC")
         self._check_caps(msg)
         msg.payload = None
-        w = NsWatcher(self, msg, prefix, flags)
+        w = self.ns.add(msg, prefix, flags)
         self._register(w)
-        self.ns_watchers[w] = None
         self.counts["namespace-watchers-created"] += 1
-        if w.buffer is None:  # NOLIST
+        if w.flags & NOLIST:
             return
         fut = self.h.rpc("kvs.namespace-list", {}, nodeid=0)
         fut.add_done_callback(lambda f: self._listed(w, f))
@@ -246,7 +248,7 @@ class KvsWatchModule(Module):
             errnum = exc.errnum if isinstance(exc, ErrnoError) else errno.EIO
             w.fail(errnum, f"kvs.namespace-list: {error_text(exc)}")
             return
-        w.listed(fut.result())
+        self.ns.listed(w, fut.result())
 
     def cancel(self, msg: Message) -> None:
         tag = require(msg.payload, matchtag=int)["matchtag"]
@@ -374,7 +376,7 @@ class KvsWatchModule(Module):
         topic = msg.topic
         parts = event_topic_parts(topic)
         mon, kind = (self.monitors.get(parts[0]), parts[1]) if parts else (None, "")
-        if (self.ns_watchers and parts and kind in ("created", "removed")
+        if (self.ns.watchers and parts and kind in ("created", "removed")
                 and msg.userid == self.ctx.owner_uid):
             heard = self._ns_event(parts[0], kind, msg)
             if mon is None:
@@ -434,8 +436,7 @@ class KvsWatchModule(Module):
         if kind == "created" and (epoch is None or type(p.get("rootseq")) is not int
                                   or not blobref.is_valid(p.get("rootref"))):
             return False
-        for w in list(self.ns_watchers):
-            w.event(kind, name, owner, epoch)
+        self.ns.event(kind, name, owner, epoch)
         return True
 
     def _setroot(self, mon: Monitor, seq: int, ref: str, p: dict[str, Any]) -> None:
@@ -521,7 +522,6 @@ class KvsWatchModule(Module):
         self.h.respond_error(w.msg, errnum, errstr)
 
     def ended_ns(self, w: NsWatcher) -> None:
-        self.ns_watchers.pop(w, None)
         self._forget(w)
 
     def ended(self, w: Watcher) -> None:
@@ -585,7 +585,7 @@ class KvsWatchModule(Module):
         return {
             "rank": self.ctx.rank,
             "watchers": self.nwatchers,
-            "namespace-watchers": len(self.ns_watchers),
+            "namespace-watchers": len(self.ns.watchers),
             "namespace-count": len(self.monitors),
             # Work still under way, for a caller waiting until the service
             # has caught up (e.g. a benchmark after creating 64K watchers):

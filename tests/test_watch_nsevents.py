@@ -6,9 +6,12 @@ the list and the events, and released by cancel and by a vanished client."""
 from __future__ import annotations
 
 import asyncio
+import gc
+import tracemalloc
 from collections import Counter
 from typing import Any
 
+import msgpack
 from test_watch_cli import run, spawn
 from test_watch_helpers import (
     GUEST_UID,
@@ -26,6 +29,7 @@ from test_watch_helpers import (
 from broker.handle import Handle
 from kvs.client import KVS, SyncKVS
 from kvs_watch.client import NS_LISTED, NamespaceEvent
+from kvs_watch.nswatch import NsHub, NsWatcher
 
 
 async def nsw_count(h: Any, n: int, nodeid: int) -> None:
@@ -279,3 +283,84 @@ async def test_sync_watch_namespaces_listed(start_instance) -> None:
 
     assert await asyncio.to_thread(script) == [("listed", "", False),
                                                ("created", "none-1", False)]
+
+
+# ---------------------------------------------------------------- the hub, in process
+
+class _Msg:
+    """The fields of a request that a namespace watcher reads (the owner's)."""
+    is_owner, userid, matchtag = True, 0, 1
+
+
+class _Backend:
+    """Records the answers (the module sends them)."""
+    max_backlog = 1000
+
+    def __init__(self, record: bool = True) -> None:
+        self.record = record
+        self.answers: dict[int, list[tuple[str, str, bool]]] = {}
+
+    def respond_ns(self, w: NsWatcher, p: dict[str, Any]) -> None:
+        if self.record:
+            self.answers.setdefault(id(w), []).append(
+            (p["event"], p.get("namespace", ""), bool(p.get("initial"))))
+
+    def respond_error_ns(self, w: NsWatcher, errnum: int, errstr: str | None) -> None:
+        pass
+
+    def ended_ns(self, w: NsWatcher) -> None:
+        pass
+
+
+def _list(epoch: int, *names: tuple[str, int]) -> dict[str, Any]:
+    return {"epoch": epoch, "namespaces": [{"namespace": n, "epoch": e, "owner": 0}
+                                           for n, e in names]}
+
+
+def test_list_answered_before_its_events_reports_each_once() -> None:
+    """The list may reach the rank before events rank 0 made before it: the
+    epoch filter drops those (a create at or below the table's epoch, a
+    removal of a namespace the table does not hold), whoever was served."""
+    b = _Backend()
+    hub = NsHub(b)
+    w1 = hub.add(_Msg(), "x", 0)  # type: ignore[arg-type]
+    hub.event("removed", "x0", 0, 1)  # buffered, heard before the list: not in it
+    # rank 0 listed after x1..x3 were made and x2 removed: epoch 4
+    hub.listed(w1, _list(4, ("x1", 2), ("x3", 4)))
+    w2 = hub.add(_Msg(), "x", 0)  # type: ignore[arg-type]
+    hub.listed(w2, _list(4, ("x1", 2), ("x3", 4)))
+    for kind, name, e in [("created", "x1", 2), ("created", "x2", 3), ("removed", "x2", 3),
+                          ("created", "x3", 4),  # (late: made before the list)
+                          ("created", "x4", 5), ("removed", "x1", 2)]:
+        hub.event(kind, name, 0, e)
+    want = [("created", "x1", True), ("created", "x3", True), ("listed", "", False),
+            ("created", "x4", False), ("removed", "x1", False)]
+    assert b.answers[id(w1)] == want
+    assert b.answers[id(w2)] == want
+    w1.finish()
+    w2.finish()
+    assert hub.live is None  # no lister left: the table is gone
+
+
+def test_watchers_share_one_table() -> None:
+    """Memory: a watcher of N namespaces costs O(1), not O(N) -- the
+    namespaces live once, in the hub's table (each watcher kept its own
+    copy, ~200 bytes per namespace, before)."""
+    n, nw = 5000, 12
+    wire = msgpack.packb(_list(n, *((f"job-{i:06d}", i + 1) for i in range(n))))
+    hub = NsHub(_Backend(record=False))
+    gc.collect()
+    tracemalloc.start()
+    try:
+        marks, held = [], []
+        for _ in range(nw):
+            w = hub.add(_Msg(), "", 0)  # type: ignore[arg-type]
+            held.append(w)  # (the module holds its watchers)
+            hub.listed(w, msgpack.unpackb(wire))  # its own list, as from rank 0
+            gc.collect()
+            marks.append(tracemalloc.get_traced_memory()[0])
+    finally:
+        tracemalloc.stop()
+    per_watcher = (marks[-1] - marks[1]) / (nw - 2)
+    assert per_watcher < 4096, f"{per_watcher:.0f} bytes per watcher of {n} namespaces"
+    assert len(held) == len(hub.watchers) == nw
