@@ -159,8 +159,10 @@ class NsHub:
         """The table's epoch: its list's, then the last ``created`` taken."""
         self.buffer: list[tuple[str, str, int, int | None]] | None = None
         """Events heard while the table's first list is asked for."""
-        self.waiting: list[NsWatcher] = []
-        """Listed watchers whose list epoch the table has not reached yet."""
+        self.waiting: dict[NsWatcher, None] = {}
+        """Listed watchers whose list epoch the table has not reached yet
+        (a dict, not a list: a watcher leaves it in O(1) -- cancelling
+        30,000 waiting watchers from a list took 10 s, each a scan)."""
 
     def add(self, msg: Message, prefix: str, flags: int) -> NsWatcher:
         """A new watcher, hearing the events from now on (a lister: its list
@@ -179,8 +181,7 @@ class NsHub:
         del self.watchers[w]
         if w.flags & NOLIST:
             return
-        if w in self.waiting:
-            self.waiting.remove(w)
+        self.waiting.pop(w, None)
         self.listing -= 1
         if not self.listing:  # no one needs the table: its memory goes
             self.live = self.buffer = None
@@ -214,7 +215,7 @@ class NsHub:
         if epoch <= self.epoch:
             self._serve(w)
         else:
-            self.waiting.append(w)
+            self.waiting[w] = None
 
     def event(self, kind: str, name: str, owner: int, epoch: int | None) -> None:
         """A ``created`` or ``removed`` event (``owner`` -1 if it said none)."""
@@ -237,7 +238,7 @@ class NsHub:
         if kind == "created" and self.waiting:
             ready = [w for w in self.waiting if w.list_epoch <= self.epoch]
             for w in ready:
-                self.waiting.remove(w)
+                del self.waiting[w]
                 self._serve(w)
 
     def _apply(self, kind: str, name: str, owner: int, epoch: int | None) -> None:
