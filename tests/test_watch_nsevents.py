@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import time
 import tracemalloc
 from collections import Counter
 from typing import Any
@@ -367,11 +366,12 @@ def test_watchers_share_one_table() -> None:
     assert len(held) == len(hub.watchers) == nw
 
 
-def test_cancelling_waiting_watchers_is_linear() -> None:
+def test_cancelled_waiting_watchers_leave_the_waiting_set() -> None:
     """Watchers whose list is ahead of the table wait (``NsHub.waiting``);
-    each that is cancelled leaves it.  Kept in a list, each left by a scan:
-    30,000 of them cancelled newest first took 10 s (quadratic), the rank
-    doing nothing else meanwhile.  Generous bound: linear is ~0.02 s."""
+    each that is cancelled, in any order, leaves it, and the table stays
+    while a listing watcher remains.  (How fast: kept in a list, each left
+    by a scan, 30,000 cancelled newest first took 10 s, quadratic; as a
+    dict, 0.02 s -- measured, not asserted: timings are not test asserts.)"""
     hub = NsHub(_Backend(record=False))
     first = hub.add(_Msg(), "", 0)  # type: ignore[arg-type]
     hub.listed(first, _list(0))  # the table, at epoch 0
@@ -379,8 +379,9 @@ def test_cancelling_waiting_watchers_is_linear() -> None:
     for w in ws:
         hub.listed(w, _list(1))  # rank 0 made namespace 1: its event is on its way
     assert len(hub.waiting) == len(ws)
-    t0 = time.perf_counter()
-    for w in reversed(ws):
+    for w in reversed(ws[1::2]):
         w.finish()
-    assert time.perf_counter() - t0 < 2.0
+    assert len(hub.waiting) == len(ws) // 2
+    for w in ws[::2]:
+        w.finish()
     assert not hub.waiting and hub.live is not None  # (the first watcher still lists)
