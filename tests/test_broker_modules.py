@@ -11,24 +11,13 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
-import re
 from pathlib import Path
 
 import pytest
-from test_broker_support import run_cli, stats, wait_until
+from test_broker_support import doc_block, run_cli, stats, wait_until
 
 from broker.errors import RemoteError
 from broker.handle import Handle
-
-DOCS = Path(__file__).resolve().parent.parent / "docs" / "api.md"
-
-
-def doc_block(first_line: str) -> str:
-    """The fenced Python block of docs/api.md that starts with ``first_line``."""
-    for block in re.findall(r"```python\n(.*?)```", DOCS.read_text(), re.S):
-        if block.startswith(first_line):
-            return block
-    raise AssertionError(f"no code block starting with {first_line!r} in {DOCS}")
 
 
 @pytest.fixture
@@ -36,8 +25,8 @@ def echo_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     pkg = tmp_path / "mypkg"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
-    (pkg / "echo.py").write_text(doc_block("# mypkg/echo.py"))
-    (pkg / "echo_cli.py").write_text(doc_block("# mypkg/echo_cli.py"))
+    (pkg / "echo.py").write_text(doc_block("api.md", "# mypkg/echo.py"))
+    (pkg / "echo_cli.py").write_text(doc_block("api.md", "# mypkg/echo_cli.py"))
     info = tmp_path / "echo_plugin-0.0.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: echo-plugin\nVersion: 0.0\n")

@@ -17,11 +17,13 @@ import contextlib
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import textwrap
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from broker import codec
@@ -34,6 +36,18 @@ from broker.module import ModuleContext
 KVBROKER = os.path.join(os.path.dirname(sys.executable), "kvbroker")
 GUEST_UID = 65534
 OTHER_GUEST_UID = 65533
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+
+
+def doc_block(doc: str, first_line: str) -> str:
+    """The fenced Python block of ``docs/<doc>`` that starts with
+    ``first_line``: the tests run the docs' examples as written."""
+    path = DOCS / doc
+    for block in re.findall(r"```python\n(.*?)```", path.read_text(), re.S):
+        if block.startswith(first_line):
+            return block
+    raise AssertionError(f"no code block starting with {first_line!r} in {path}")
 
 
 async def wait_until(
