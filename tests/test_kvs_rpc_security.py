@@ -25,6 +25,8 @@ from test_kvs_rpc_helpers import (
     symlink,
 )
 
+from broker.launch import Instance
+
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a guest")
 GUEST_ATTRS = {"access.allow-guest-user": "true"}
 
@@ -347,6 +349,24 @@ async def test_guest_stats_show_its_namespaces_past_the_first_hundred(start_inst
         h.send_noresponse("kvs-watch.cancel", {"matchtag": s.matchtag})
 
 
+async def secret_read_on_rank1(start_instance, connect) -> Instance:
+    """An instance of 2 ranks open to guests where an app has read, on rank
+    1, a 9 KiB value of ``primary`` holding ``pin=4821`` (over
+    ``kvs.setroot-blob-limit``, so rank 1 fetched it), and guest
+    ``GUEST_UID`` owns namespace ``mine``: the setting of the cache-oracle
+    probes, which commit guesses to ``mine`` and read them on rank 1."""
+    inst = await start_instance(size=2, attrs=GUEST_ATTRS)
+    h0, h1 = await connect(inst, 0), await connect(inst, 1)
+    secret = "config\n" + "x" * 9000 + "\npin=4821\n"
+    r = await commit(h0, put("app.config", secret))
+    await asyncio.wait_for(h1.rpc("kvs.wait-version", {"namespace": "primary",
+                                                       "rootseq": r["rootseq"]}), 10)
+    assert await get(h1, "app.config") == secret.encode()  # the app reads it on rank 1
+    await asyncio.wait_for(h0.rpc("kvs.namespace-create",
+                                  {"namespace": "mine", "owner": GUEST_UID}), 10)
+    return inst
+
+
 async def test_guest_stats_tell_no_blob_a_rank_has_cached(start_instance, connect) -> None:
     """A guest's ``kvs.stats-get`` shows no ``cache`` section, since the
     blobs a rank holds tell whether a value guessed is stored; its
@@ -354,15 +374,7 @@ async def test_guest_stats_tell_no_blob_a_rank_has_cached(start_instance, connec
     committed a guess to its own namespace and read it on rank 1 saw one
     fetch fewer for the guess equal to a value of ``primary`` an app had
     read there (a 9 KiB config file: its 4-digit PIN, one guess at a time)."""
-    inst = await start_instance(size=2, attrs=GUEST_ATTRS)
-    h0, h1 = await connect(inst, 0), await connect(inst, 1)
-    secret = "config\n" + "x" * 9000 + "\npin=4821\n"  # (over kvs.setroot-blob-limit)
-    r = await commit(h0, put("app.config", secret))
-    await asyncio.wait_for(h1.rpc("kvs.wait-version", {"namespace": "primary",
-                                                       "rootseq": r["rootseq"]}), 10)
-    assert await get(h1, "app.config") == secret.encode()  # the app reads it on rank 1
-    await asyncio.wait_for(h0.rpc("kvs.namespace-create",
-                                  {"namespace": "mine", "owner": GUEST_UID}), 10)
+    inst = await secret_read_on_rank1(start_instance, connect)
     out = await guest(inst.uri(1), """
         async def body(h):
             seen = {}
@@ -377,6 +389,7 @@ async def test_guest_stats_tell_no_blob_a_rank_has_cached(start_instance, connec
             return seen
     """)
     assert out["4821"] == out["1111"] == out["2222"] == {}, out  # no guess stands out
+    h1 = await connect(inst, 1)
     owner_view = await asyncio.wait_for(h1.rpc("kvs.stats-get", {}), 10)
     assert owner_view["counts"]["blob-fetches"] > 0  # (the owner's are all there)
 
@@ -518,15 +531,7 @@ async def test_guest_module_list_tells_no_blob_a_rank_has_cached(start_instance,
     of ``test_guest_stats_tell_no_blob_a_rank_has_cached`` through another
     door.  A guest now gets each module's name and
     services only; the owner keeps the counts."""
-    inst = await start_instance(size=2, attrs=GUEST_ATTRS)
-    h0, h1 = await connect(inst, 0), await connect(inst, 1)
-    secret = "config\n" + "x" * 9000 + "\npin=4821\n"  # (over kvs.setroot-blob-limit)
-    r = await commit(h0, put("app.config", secret))
-    await asyncio.wait_for(h1.rpc("kvs.wait-version", {"namespace": "primary",
-                                                       "rootseq": r["rootseq"]}), 10)
-    assert await get(h1, "app.config") == secret.encode()  # the app reads it on rank 1
-    await asyncio.wait_for(h0.rpc("kvs.namespace-create",
-                                  {"namespace": "mine", "owner": GUEST_UID}), 10)
+    inst = await secret_read_on_rank1(start_instance, connect)
     out = await guest(inst.uri(1), """
         async def body(h):
             seen = {}
@@ -543,5 +548,6 @@ async def test_guest_module_list_tells_no_blob_a_rank_has_cached(start_instance,
     seen = out["seen"]
     assert seen["4821"] == seen["1111"] == seen["2222"] == {}, seen  # no guess stands out
     assert all(sorted(m) == ["name", "services"] for m in out["view"]), out["view"]
+    h1 = await connect(inst, 1)
     mods = (await asyncio.wait_for(h1.rpc("module.list", {}), 10))["modules"]
     assert all(m["requests"] >= 0 for m in mods)  # (the owner's counts are all there)
