@@ -22,7 +22,7 @@ import pytest
 from test_kvs_rpc_helpers import GUEST_UID, run_guest
 
 from broker.errors import RemoteError
-from kvs.client import KVS, SyncKVS, TxnOps
+from kvs.client import KVS, LeaseSpec, SyncKVS, TxnOps
 
 MARGIN = 3.0
 """Seconds past a lease's ttl its keys may take to go (a keepalive period,
@@ -52,6 +52,17 @@ async def _gone(w: Any, timeout: float) -> None:
     with pytest.raises(RemoteError) as exc:
         await _next(w, timeout)
     assert exc.value.errnum == errno.ENOENT
+
+
+async def put_in_batches(kvs: KVS, keys: list[str], per_commit: int,
+                         lease: LeaseSpec | None = None) -> None:
+    """Put 1 at every key of ``keys``, ``per_commit`` keys a commit (with
+    ``lease``): many keys without one commit past a link's size."""
+    for part in range(0, len(keys), per_commit):
+        t = TxnOps()
+        for key in keys[part:part + per_commit]:
+            t.put(key, 1, lease=lease)
+        await kvs.commit(t)
 
 
 async def test_lock_of_a_killed_holder_is_released_within_ttl(start_instance) -> None:
@@ -296,11 +307,7 @@ async def test_a_lease_with_more_keys_than_one_event_carries_is_unlinked_whole(
     async with KVS.connect(inst.uri(1)) as kvs:
         lease = await kvs.lease(60)
         keys = [f"many.key-number-{i:06d}" for i in range(6000)]  # ~150 KB of names
-        for part in range(0, len(keys), 400):
-            t = TxnOps()
-            for key in keys[part:part + 400]:
-                t.put(key, 1, lease=lease)
-            await kvs.commit(t)
+        await put_in_batches(kvs, keys, 400, lease)
         assert (await lease.info())["key-count"] == len(keys)
         await lease.revoke()
         assert not await kvs.exists("many.key-number-000000")
@@ -402,19 +409,11 @@ async def test_rank0_holds_no_more_than_the_keys_of_a_lease(start_instance) -> N
     comp = "c" * 30
     keys = [f"deep{i:03d}." + ".".join([comp] * 255) for i in range(150)]
     async with KVS.connect(inst.uri(1)) as kvs:
-        for part in range(0, len(keys), 15):
-            t = TxnOps()
-            for key in keys[part:part + 15]:
-                t.put(key, 1)
-            await kvs.commit(t)
+        await put_in_batches(kvs, keys, 15)
         rank0 = inst.pids()[0]
         before = _rss_mb(rank0)
         lease = await kvs.lease(60)
-        for part in range(0, len(keys), 15):
-            t = TxnOps()
-            for key in keys[part:part + 15]:
-                t.put(key, 1, lease=lease)
-            await kvs.commit(t)
+        await put_in_batches(kvs, keys, 15, lease)
         assert (await lease.info())["key-count"] == len(keys)
         grown = _rss_mb(rank0) - before
         assert grown < 40, f"rank 0 grew {grown:.0f} MB for 150 leased keys"
@@ -445,11 +444,7 @@ async def test_a_lease_of_long_non_ascii_keys_is_unlinked_whole(start_instance) 
         await kvs.namespace_create(name)
         job = kvs.with_namespace(name)
         lease = await kvs.lease(60)
-        for part in range(0, len(keys), 2):
-            t = TxnOps()
-            for key in keys[part:part + 2]:
-                t.put(key, 1, lease=lease)
-            await job.commit(t)
+        await put_in_batches(job, keys, 2, lease)
         stats = await kvs.handle.rpc("kvs.stats-get", {}, nodeid=0)
         assert stats["leases"]["keys"] == len(keys)
         await lease.revoke()
@@ -467,11 +462,7 @@ async def test_lease_info_of_long_keys_fits_the_smallest_link(start_instance) ->
     keys = [f"long{i:02d}." + ".".join(["x" * 1000] * 8) for i in range(12)]
     async with KVS.connect(inst.uri(1)) as kvs:
         lease = await kvs.lease(60)
-        for part in range(0, len(keys), 2):
-            t = TxnOps()
-            for key in keys[part:part + 2]:
-                t.put(key, 1, lease=lease)
-            await kvs.commit(t)
+        await put_in_batches(kvs, keys, 2, lease)
         info = await lease.info()
         assert info["key-count"] == len(keys)
         listed = info["keys"]["primary"]
@@ -515,11 +506,7 @@ async def test_a_sync_commit_beside_many_leased_keys_checkpoints_its_attachments
                                 attrs={"kvs.checkpoint-period": "0"})
     async with KVS.connect(inst.uri(1)) as kvs:
         lease = await kvs.lease(60)
-        for part in range(0, 6000, 500):
-            t = TxnOps()
-            for i in range(part, part + 500):
-                t.put(f"leased.k{i:05d}", 1, lease=lease)
-            await kvs.commit(t)
+        await put_in_batches(kvs, [f"leased.k{i:05d}" for i in range(6000)], 500, lease)
         t = TxnOps()
         for i in range(5000):
             t.put(f"other.k{i:05d}", i)
