@@ -34,7 +34,7 @@ import errno
 import math
 import secrets
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,6 +73,19 @@ MAX_LEASES = AttrSpec(
 """Each lease is a timer and a record on rank 0: a user (a guest above all)
 must not grow rank 0 without bound with them."""
 
+
+
+def _writes(ops: list[dict[str, Any]],
+            found: dict[int, Lease] | None) -> Iterator[tuple[str, Lease | None]]:
+    """Each op of ``ops`` that writes (a condition does not), in order: its
+    normalised key, and the lease of ``found`` it attaches the key to (None:
+    the write detaches it) -- how :meth:`LeaseTable.applied` and a SYNC
+    commit's :meth:`LeaseTable.snapshot` read a batch alike."""
+    for op in ops:
+        if op.get("flags", 0) & EXPECT:
+            continue
+        lid = op.get("lease")
+        yield normalize(op["key"]), (found.get(lid) if found and type(lid) is int else None)
 
 @dataclass(eq=False, slots=True)
 class Lease:
@@ -275,15 +288,10 @@ class LeaseTable:
         checked gets its keys unlinked at once."""
         att = self.attached.get(ns)
         ended: set[Lease] = set()
-        for op in ops:
-            if op.get("flags", 0) & EXPECT:
-                continue
-            key = normalize(op["key"])
+        for key, lease in _writes(ops, found):
             if att is not None:
                 for k in att.touching(key):
                     self._detach(ns, att, k)
-            lease_id = op.get("lease")
-            lease = found.get(lease_id) if lease_id is not None else None
             if lease is not None:
                 if att is None:
                     att = self.attached[ns] = _Attached()
@@ -348,17 +356,12 @@ class LeaseTable:
             # beside 6,000 leased keys: 4.7 s).  Keys the ops attach are
             # kept apart, in a table of their own, for the later ops.
             later = _Attached()
-            for op in ops:
-                if op.get("flags", 0) & EXPECT:
-                    continue
-                key = normalize(op["key"])
+            for key, lease in _writes(ops, found):
                 if att is not None:
                     for k in att.touching(key):
                         keys.pop(k, None)
                 for k in later.touching(key):
                     later.detach(k)
-                lid = op.get("lease")
-                lease = found.get(lid) if found and type(lid) is int else None
                 if lease is not None:
                     later.attach(key, lease)
             keys.update(later.keys)
