@@ -49,8 +49,9 @@ sys.exit(int(sys.argv[1]))
 async def lease_run(uri: str, ttl: float,
                     status: int = 0) -> AsyncIterator[asyncio.subprocess.Process]:
     """``kvbroker kvs lease run TTL -- python -c HOLDER STATUS`` on ``uri``'s
-    rank; killed at the end of the block if it still runs, and its
-    command's input closed (it exits then, if it outlived lease run)."""
+    rank; killed at the end of the block if it still runs, its command's
+    input closed (it exits then, if it outlived lease run), and its output
+    read to the end."""
     env = dict(os.environ, KVBROKER_URI=uri)
     env.pop("KVBROKER_LEASE", None)
     proc = await asyncio.create_subprocess_exec(
@@ -64,7 +65,10 @@ async def lease_run(uri: str, ttl: float,
         proc.stdin.close()  # (the command's end, if it outlived lease run)
         if proc.returncode is None:
             proc.kill()
-            await proc.wait()
+        # Read to the end of the output: a command that outlived lease run
+        # holds the pipes until it reads EOF and exits, and pipes still open
+        # when the test's loop closed failed its close (uvloop: EBUSY).
+        await asyncio.wait_for(proc.communicate(), T)
 
 
 async def locked(proc: asyncio.subprocess.Process) -> tuple[int, int]:
