@@ -44,6 +44,11 @@ class Parent:
         self.overlay = overlay
         self.rundir = rundir
         self.ctx = zmq.asyncio.Context()
+        self._primer = self.ctx.socket(zmq.DEALER)  # (starts the context's
+        # threads, whose descriptors stay open: a join's new ones are its own)
+        self.made: dict[bytes, dict[int, int]] = {}
+        """Per child: the file descriptors its join opened in this process
+        (its socket's, its connection's both ends), and their inodes."""
 
     def dealer(self, ident: bytes) -> zmq.asyncio.Socket:
         s = self.ctx.socket(zmq.DEALER)
@@ -56,10 +61,13 @@ class Parent:
     async def join(self, ident: bytes, rank: int) -> tuple[zmq.asyncio.Socket, int]:
         """A child that said hello and was answered, and the number of its
         connection's file descriptor in the parent."""
+        before = open_fds()
         s = self.dealer(ident)
         await s.send_multipart(control("overlay.hello", rank))
         assert codec.decode(await s.recv_multipart()).topic == "overlay.hello"
         assert self.overlay._down is not None
+        self.made[ident] = {fd: inode for fd, inode in open_fds().items()
+                            if before.get(fd) != inode}
         return s, self.overlay._down.last_fd
 
 
@@ -76,6 +84,17 @@ async def parent() -> AsyncIterator[Parent]:
         p.ctx.destroy(0)
         overlay.close()
         shutil.rmtree(rundir, ignore_errors=True)
+
+
+def open_fds() -> dict[int, int]:
+    """This process's open file descriptors, and their inodes."""
+    fds = {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            fds[int(name)] = os.fstat(int(name)).st_ino
+        except OSError:  # (the listing's own, closed since)
+            pass
+    return fds
 
 
 def wait_closed(fd: int, inode: int, timeout: float = 5.0) -> None:
@@ -109,10 +128,13 @@ async def test_a_disconnect_read_late_drops_the_lost_child_not_the_fd_s_new_one(
     overlay = parent.overlay
     async with asyncio.timeout(15):
         old, fd = await parent.join(b"1-old", 1)
-        inode = os.fstat(fd).st_ino
         # -- the rank's loop is held from here to the next await --
         old.close(0)
-        wait_closed(fd, inode)
+        # every descriptor the old child's join opened is closed (not only
+        # the parent's end): the newcomer's then take the same numbers, in
+        # the same order, and its connection's parent end is ``fd`` again
+        for made, made_inode in parent.made[b"1-old"].items():
+            wait_closed(made, made_inode)
         new = parent.dealer(b"%d-new" % newcomer)
         new.send_multipart(control("overlay.hello", newcomer))
         assert overlay._down is not None

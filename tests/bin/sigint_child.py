@@ -42,9 +42,8 @@ def main() -> None:
     counts = {"interrupts": 0, "rpcs": 0, "waits": 0, "puts": 0}
     errors: list[str] = []
     n = 0
-    acked = 0
+    acked = -1  # interrupts reported ("int k"); -1 until "ready" is written
     rng = random.Random()
-    print("ready", flush=True)
 
     def ping() -> None:
         nonlocal n
@@ -78,6 +77,10 @@ def main() -> None:
 
     def steps() -> None:
         nonlocal acked
+        if acked < 0:  # "ready" is written here too, not before: the first
+            acked = 0  # SIGINT may land before the write's call returns
+            sys.stdout.write("ready\n")
+            sys.stdout.flush()
         while True:  # (a KeyboardInterrupt anywhere here, even at this loop's
             if acked < counts["interrupts"]:  # back-edge, goes to the try below)
                 acked = counts["interrupts"]
