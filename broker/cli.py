@@ -397,16 +397,36 @@ def _nodeid(rank: int | None) -> int:
 
 
 def cmd_rpc(args: argparse.Namespace) -> int:
+    """One request.  With ``--stream``, ``-t`` bounds connecting and the first
+    answer only (as ``kvs watch-keys -t``): a stream's later answers come
+    when the service has something to say (a watch's next change), and
+    a bound on the whole stream ended a healthy watch mid-way."""
     payload = args.payload
     args.what = args.topic
+    limit: float | None = args.answer_timeout
+    if args.stream:
+        args.answer_timeout = None  # (run_async's bound: the first answer's, below)
 
     async def main() -> int:
-        async with await connect() as h:
-            if args.stream:
-                async for resp in h.rpc_stream(args.topic, payload, nodeid=_nodeid(args.rank)):
-                    print(dumps(resp), flush=True)
-            else:
+        if not args.stream:
+            async with await connect() as h:
                 print(dumps(await h.rpc(args.topic, payload, nodeid=_nodeid(args.rank))))
+            return 0
+        async with contextlib.AsyncExitStack() as closing:
+            try:
+                async with asyncio.timeout(limit) as bound:
+                    h = await closing.enter_async_context(await connect())
+                    stream = aiter(h.rpc_stream(args.topic, payload,
+                                                nodeid=_nodeid(args.rank)))
+                    first = await anext(stream, None)
+            except TimeoutError:
+                if limit is None or not bound.expired():
+                    raise
+                raise CLIError(args.what, detail=no_answer_detail(args.rank, limit)) from None
+            if first is not None:
+                print(dumps(first), flush=True)
+                async for resp in stream:
+                    print(dumps(resp), flush=True)
         return 0
 
     return run_async(args, main)

@@ -10,8 +10,11 @@ import signal
 import sys
 
 import pytest
+from test_broker_support import stopped
 from test_watch_helpers import (
     NO_MERGE,
+    WAITCREATE,
+    WATCH,
     append,
     commit,
     put,
@@ -114,6 +117,38 @@ async def test_kvs_get_timeout_gives_up_and_cancels_its_watch(start_instance, co
     rc, out, err = await run(uri, "kvs", "get", "--timeout", "1", "t.k")
     assert rc == 2 and err.endswith("error: --timeout needs --watch or --waitcreate\n"), err
     await wait_watchers(h0, 0, nodeid=1)
+
+
+async def test_rpc_stream_timeout_bounds_the_first_answer_not_the_stream(start_instance,
+                                                                         connect):
+    """``rpc --stream -t`` bounded the whole stream: a watch that answered at
+    once still ended at ``-t``, exit 1, its later answers lost.  It bounds
+    connecting and the first answer, as ``kvs watch-keys -t``: a stopped
+    rank's stream gives up within it, a stream that answered runs on."""
+    inst = await start_instance(size=2)
+    h0 = await connect(inst, 0)
+    lookup = json.dumps({"namespace": "primary", "key": "rs.k", "flags": WATCH | WAITCREATE})
+    argv = ("rpc", "--stream", "kvs-watch.lookup", lookup, "-r", "1", "-t", "0.5")
+    async with stopped(inst.pids()[1]):
+        assert await run(inst.uri(0), *argv) == (
+            1, "", "kvbroker: kvs-watch.lookup: Connection timed out "
+                   "(rank 1 did not answer in 0.5s: stopped or hung?)\n")
+    await commit(h0, put("rs.k", "1"), sync=(h0, 1))
+    proc = await spawn(inst.uri(0), *argv)
+    try:
+        assert proc.stdout is not None
+        first = json.loads(await asyncio.wait_for(proc.stdout.readline(), 20))
+        assert first["val"]["data"] == "1"
+        # still watching at three times its -t (before: exit 1 at 0.5 s)
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(proc.wait()), 1.5)
+        await commit(h0, put("rs.k", "2"))
+        second = json.loads(await asyncio.wait_for(proc.stdout.readline(), 20))
+        assert second["val"]["data"] == "2"
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+        await proc.wait()
 
 
 async def test_eventlog_get_watch_and_wait_event(start_instance, connect):
