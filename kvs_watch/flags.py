@@ -29,7 +29,8 @@ WATCH_DELETES = 1 << 17
 (``{"val": null, ...}``) and the watch goes on, waiting for the key to come
 back, instead of ending with ``ENOENT`` -- etcd's DELETE event, for a
 watcher (leader election) that must not start over and race the next
-holder at each release."""
+holder at each release.  A commit naming a directory above the key (one
+unlinked or replaced: etcd's range delete) concerns such a watcher too."""
 
 # Short names, as in docs/protocol.md, Flags.
 FULL = WATCH_FULL

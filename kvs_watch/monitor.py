@@ -19,26 +19,70 @@ key ``K`` gets that root when
 A commit naming an *ancestor* of ``K`` (replacing directory ``a`` while
 ``a.b`` is watched), or a symlink's target, is seen only with ``FULL``,
 exactly as in Flux: ``FULL`` watchers get every root and answer when the
-value changed.  Finding the watchers of a setroot costs, per committed key,
-one dict probe per path component -- independent of the number of watchers,
-so a watch costs nothing for commits that do not name its key.
+value changed.  ``WATCH_DELETES`` watchers (a kvbroker extension, etcd's
+DELETE, which a range delete emits for every key in it) are the exception:
+a commit naming an ancestor of ``K`` concerns them too, since unlinking
+``a`` or replacing it by a value removes ``a.b`` without naming it, and
+the removal is what they watch for.  They are also indexed under each
+proper ancestor of their key (:attr:`Monitor.above`), so finding them is
+one more dict probe per committed key.  A removal made at a symlink's
+target (naming ``x`` while ``a.b`` -> ``x`` and ``a.b.c`` is watched) is
+not seen: that would mean resolving every watcher's path at each commit.
+Finding the watchers of a setroot costs, per committed key, one dict probe
+per path component -- independent of the number of watchers, so a watch
+costs nothing for commits that do not name its key.
 """
 
 from __future__ import annotations
 
 import errno
-from typing import Any
+from typing import Any, TypeAlias
 
 from kvs_watch.watcher import Watcher
 
 INIT, READY, MISSING = "init", "ready", "missing"
+
+Index: TypeAlias = dict[str, Watcher | dict[Watcher, None]]
+"""Key -> its watcher, or a dict of them when there are several (most keys
+have one watcher: no dict per key)."""
+
+
+def _index_add(index: Index, key: str, w: Watcher) -> None:
+    ws = index.get(key)
+    if ws is None:
+        index[key] = w
+    elif isinstance(ws, dict):
+        ws[w] = None
+    else:
+        index[key] = {ws: None, w: None}
+
+
+def _index_drop(index: Index, key: str, w: Watcher) -> None:
+    ws = index.get(key)
+    if ws is w:
+        del index[key]
+    elif type(ws) is dict:
+        ws.pop(w, None)
+        if len(ws) == 1:
+            index[key] = next(iter(ws))
+
+
+def ancestors(key: str) -> list[str]:
+    """The directories above ``key``, nearest the root first (``a.b.c``:
+    ``a``, ``a.b``; none for ``a`` or ``.``)."""
+    out: list[str] = []
+    i = key.find(".")
+    while i > 0:
+        out.append(key[:i])
+        i = key.find(".", i + 1)
+    return out
 
 
 class Monitor:
     """A watched namespace: its latest root, owner and watchers."""
 
     __slots__ = ("name", "owner", "rootseq", "rootref", "state", "watchers",
-                 "by_key", "full", "keyed", "waiting")
+                 "by_key", "above", "full", "keyed", "waiting")
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -48,9 +92,12 @@ class Monitor:
         self.state = INIT
         """INIT: getroot pending; READY: root known; MISSING: no such namespace yet."""
         self.watchers: dict[Watcher, None] = {}
-        self.by_key: dict[str, Watcher | dict[Watcher, None]] = {}
-        """Key -> its watcher, or a dict of them when there are several (most keys
-        have one watcher: no dict per key)."""
+        self.by_key: Index = {}
+        """Indexed watchers (neither FULL nor KEYS) by the key they watch."""
+        self.above: Index | None = None
+        """DELETES watchers by each directory above their key (``a.b.c``: ``a``
+        and ``a.b``): a commit naming one may have removed the key.  None
+        while there are none (the usual case)."""
         # The three sets below are None until a watcher needs one: most
         # namespaces have one plain key watcher, and with tens of thousands of
         # namespaces alive three empty dicts each are ~190 bytes a namespace.
@@ -98,13 +145,13 @@ class Monitor:
                     self.keyed = {}
                 self.keyed[w] = None
             else:
-                ws = self.by_key.get(w.key)
-                if ws is None:
-                    self.by_key[w.key] = w
-                elif isinstance(ws, dict):
-                    ws[w] = None
-                else:
-                    self.by_key[w.key] = {ws: None, w: None}
+                _index_add(self.by_key, w.key, w)
+                if w.deletes:
+                    above = self.above
+                    if above is None:
+                        above = self.above = {}
+                    for d in ancestors(w.key):
+                        _index_add(above, d, w)
         if seq is None:
             w.push(self.rootseq, self.rootref, initial=True)
         else:
@@ -121,13 +168,13 @@ class Monitor:
             if self.keyed is not None:
                 self.keyed.pop(w, None)
         else:
-            ws = self.by_key.get(w.key)
-            if ws is w:
-                del self.by_key[w.key]
-            elif type(ws) is dict:
-                ws.pop(w, None)
-                if len(ws) == 1:
-                    self.by_key[w.key] = next(iter(ws))
+            _index_drop(self.by_key, w.key, w)
+            above = self.above
+            if above is not None and w.deletes:
+                for d in ancestors(w.key):
+                    _index_drop(above, d, w)
+                if not above:
+                    self.above = None
 
     # ------------------------------------------------------------ roots
 
@@ -160,11 +207,14 @@ class Monitor:
                 hit[ws] = None
 
         add(by_key.get("."))
+        above = self.above  # (its watchers are in by_key too: the return above holds)
         if isinstance(keys, list):
             for k in keys:
                 if not isinstance(k, str):
                     continue
                 add(by_key.get(k))
+                if above is not None:  # k is a directory above a DELETES watcher's key
+                    add(above.get(k))
                 i = k.find(".")
                 while i > 0:  # the directories above k
                     add(by_key.get(k[:i]))

@@ -167,6 +167,12 @@ class Watcher:
         return bool(self.flags & WATCH_FULL)
 
     @property
+    def deletes(self) -> bool:
+        """A WATCH_DELETES watcher: a commit naming a directory above its key
+        concerns it too (it may have removed the key: :mod:`kvs_watch.monitor`)."""
+        return bool(self.flags & WATCH_DELETES)
+
+    @property
     def keyed(self) -> bool:
         """A WATCH_KEYS watcher: answers with the keys commits wrote, looks
         nothing up (:meth:`push_keys`)."""

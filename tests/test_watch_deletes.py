@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+from typing import Any
 
 import pytest
 from test_watch_cli import run, spawn
@@ -26,12 +27,15 @@ from test_watch_helpers import (
     ns_create,
     ns_remove,
     put,
+    stats,
     unlink,
+    value,
     wait_watchers,
     watch_stream,
 )
 
 from broker.errors import ErrnoError, RemoteError
+from kvs import treeobj
 from kvs.client import KVS, TxnOps
 from kvs_watch import flags as F
 
@@ -156,3 +160,96 @@ async def test_kvs_get_watch_deletes_prints_the_removal_and_goes_on(start_instan
         0, "lock (removed)\nbob\n", "")
     rc, _, err2 = await run(inst.uri(0), "kvs", "get", "--deletes", "lock")
     assert rc == 2 and "--deletes needs --watch" in err2
+
+
+# ---------------------------------------------------------------- ancestors
+# A commit that unlinks or replaces a directory above the watched key removes
+# the key without naming it (its setroot lists the directory's key only).  A
+# DELETES watcher is concerned by it, as etcd's range delete emits a DELETE
+# for every key in the range; a plain watcher is not, as in Flux (FULL only).
+
+
+async def _watch_abc(h0: Any, h1: Any) -> Any:
+    """``a.b.c`` = ``1``, watched with DELETES on rank 1: its first answer read."""
+    await commit(h0, put("a.b.c", "1"), sync=(h0, 1))
+    s = watch_stream(h1, "a.b.c", WATCH | DELETES)
+    p = await answer(s)
+    assert p is not None and p["val"]["data"] == b"1"
+    return s
+
+
+async def test_deletes_watch_sees_an_ancestor_unlinked_then_the_key_recreated(
+        start_instance, connect) -> None:
+    """``kvs unlink -R a.b`` while ``a.b.c`` is watched: the deletion answer
+    at that version; the key written again: its value -- two answers, in
+    commit order.  A plain watcher of the key on the same rank goes on
+    unaware, as in Flux, and sees the new value only."""
+    inst = await start_instance(size=2)
+    h0, h1 = await connect(inst, 0), await connect(inst, 1)
+    s = await _watch_abc(h0, h1)
+    plain = watch_stream(h1, "a.b.c", WATCH)
+    assert await value(plain) == b"1"
+
+    gone = await commit(h0, unlink("a.b"))
+    p = await answer(s)
+    assert p == {"val": None, "rootseq": gone["rootseq"], "namespace": "primary"}
+    back = await commit(h0, put("a.b.c", "2"))
+    p = await answer(s)
+    assert p is not None and (p["val"]["data"], p["rootseq"]) == (b"2", back["rootseq"])
+    p = await answer(plain)
+    assert p is not None and (p["val"]["data"], p["rootseq"]) == (b"2", back["rootseq"])
+
+    # the grandparent too, through the Python API
+    async with KVS(h1).watch("a.b.c", deletes=True) as w:
+        assert (await asyncio.wait_for(anext(w), T)).value == b"2"
+        gone = await commit(h0, unlink("a"))
+        e = await asyncio.wait_for(anext(w), T)
+        assert e.removed and (e.key, e.rootseq) == ("a.b.c", gone["rootseq"])
+
+
+async def test_deletes_watch_sees_an_ancestor_replaced(start_instance, connect) -> None:
+    """``a.b`` replaced by a value, then by a directory holding the key
+    again, then by an empty directory, then by a symlink to where the key
+    is missing: each version is answered as a removal or the key's value;
+    a symlink on the path retargeted is such an ancestor too.  A removal
+    made at a link's target, which names the target and not the path the
+    watcher reads through, is not seen (docs/protocol.md)."""
+    inst = await start_instance(size=2)
+    h0, h1 = await connect(inst, 0), await connect(inst, 1)
+    s = await _watch_abc(h0, h1)
+
+    r = await commit(h0, put("a.b", "1"))
+    assert await answer(s) == {"val": None, "rootseq": r["rootseq"], "namespace": "primary"}
+    r = await commit(h0, put("a.b", treeobj.dir_({"c": treeobj.val(b"3")})))
+    p = await answer(s)
+    assert p is not None and (p["val"]["data"], p["rootseq"]) == (b"3", r["rootseq"])
+    r = await commit(h0, {"key": "a.b", "flags": 0, "dirent": treeobj.dir_()})
+    assert await answer(s) == {"val": None, "rootseq": r["rootseq"], "namespace": "primary"}
+
+    # a.b -> x, where x.c is: the key has a value again, read through the link
+    await commit(h0, put("x.c", "4"))
+    r = await commit(h0, put("a.b", treeobj.symlink("x")))
+    p = await answer(s)
+    assert p is not None and (p["val"]["data"], p["rootseq"]) == (b"4", r["rootseq"])
+    await commit(h0, unlink("x"))  # at the target: names x, not seen
+    r = await commit(h0, put("a.b", treeobj.symlink("y")))  # retargeted: seen
+    assert await answer(s) == {"val": None, "rootseq": r["rootseq"], "namespace": "primary"}
+
+
+async def test_deletes_watch_ignores_commits_that_do_not_name_an_ancestor(
+        start_instance, connect) -> None:
+    """Keys beside the watched one, or sharing a prefix with a directory
+    above it without being that directory, neither answer nor cost the
+    watcher a lookup: the next answer is the removal that follows them,
+    and that removal is the only lookup they and it cost."""
+    inst = await start_instance(size=2)
+    h0, h1 = await connect(inst, 0), await connect(inst, 1)
+    s = await _watch_abc(h0, h1)
+    before = (await stats(h1, nodeid=1))["counts"]["lookups"]
+    for key in ("a.b.d", "a.bc", "a.b.cd", "ab", "a.x.c", "z"):
+        await commit(h0, put(key, "v"))
+    await commit(h0, unlink("a.bc"))
+    gone = await commit(h0, unlink("a.b"))
+    assert await answer(s) == {"val": None, "rootseq": gone["rootseq"],
+                               "namespace": "primary"}
+    assert (await stats(h1, nodeid=1))["counts"]["lookups"] == before + 1

@@ -329,6 +329,28 @@ async def test_monitor_key_index_matches_key_descendants_and_root() -> None:
     assert len(mon) == 5
 
 
+async def test_monitor_deletes_watchers_are_concerned_by_their_ancestors_only() -> None:
+    """A DELETES watcher of ``a.b.c`` is found for a commit naming ``a`` or
+    ``a.b`` (which may have removed its key), not for one naming a key that
+    only shares a prefix; a plain watcher of the same key is not (Flux);
+    the ancestor index is dropped with the last DELETES watcher."""
+    be = FakeBackend()
+    mon = Monitor("ns")
+    mon.set_root(0, ref(0), 0)
+    d1, d2 = (Watcher(be, request(), "a.b.c", F.WATCH | F.DELETES, "ns") for _ in range(2))
+    plain = Watcher(be, request(), "a.b.c", F.WATCH, "ns")
+    for w in (d1, d2, plain):
+        mon.add(w)
+    assert set(mon.concerned(["a.b"])) == set(mon.concerned(["a"])) == {d1, d2}
+    assert set(mon.concerned(["a.b.c"])) == {d1, d2, plain}
+    for unrelated in ("a.bc", "a.b.cd", "a.b.d", "ab", "b", "a.x.c"):
+        assert mon.concerned([unrelated]) == [], unrelated
+    mon.remove(d1)
+    assert mon.concerned(["a.b"]) == [d2]
+    mon.remove(d2)
+    assert mon.above is None and mon.concerned(["a"]) == [] and len(mon) == 1
+
+
 async def test_monitor_index_several_watchers_of_one_key() -> None:
     be = FakeBackend()
     mon = Monitor("ns")
