@@ -100,6 +100,9 @@ class Lease:
     timer: asyncio.TimerHandle | None = None
     ended: str = ""
     """``"expired"`` or ``"revoked"`` once ended (its unlinks may still be queued)."""
+    unlink_error_logged: bool = False
+    """An unexpected exception (not an errno) of its unlinks was logged with
+    its traceback: once per lease, its retries every 10 s do not log it again."""
 
     def key_count(self) -> int:
         return sum(map(len, self.keys.values()))
@@ -177,7 +180,7 @@ class LeaseTable:
         self.per_user: Counter[int] = Counter()
         self.counts: Counter[str] = Counter(dict.fromkeys(
             ("granted", "expired", "revoked", "restored", "attached", "detached",
-             "unlink-failures", "unlink-retries"), 0))
+             "unlink-failures", "unlink-errors", "unlink-retries"), 0))
         self.retrying: set[Lease] = set()
         """Ended leases whose unlinks failed and are tried again (kept by
         their attachments until applied: see ``KvsModule._retry_unlinks``)."""

@@ -1440,7 +1440,15 @@ class KvsModule(Module):
         skipping a namespace removed since: the version each reached, and
         the namespaces whose unlink failed, with the error.  The keys are
         chosen when each transaction is applied, so one detached meanwhile
-        stays."""
+        stays.
+
+        Any other exception (a bug: the pipeline answers its own with
+        ``EIO``, so none is known to come here) is a failure too, as
+        ``EIO``: logged with its traceback once per lease, counted
+        (``unlink-errors``), and retried like an errno.  Let through, it
+        ended the first try (an expiry's task) or the retries silently,
+        and the keys stayed attached for ever, with the lease in no table
+        that tries it again."""
         seqs: dict[str, int] = {}
         failed: list[tuple[str, ErrnoError]] = []
         for name in list(lease.keys):
@@ -1456,6 +1464,15 @@ class KvsModule(Module):
                         break  # (its keys went with it)
                     self.leases.counts["unlink-failures"] += 1
                     failed.append((name, exc))
+                    break
+                except Exception as exc:  # (not CancelledError: a stop ends the tries)
+                    self.leases.counts["unlink-failures"] += 1
+                    self.leases.counts["unlink-errors"] += 1
+                    if not lease.unlink_error_logged:
+                        lease.unlink_error_logged = True
+                        self.log.exception("lease %d: unlinking its keys in namespace %s "
+                                           "raised an unexpected error", lease.id, name)
+                    failed.append((name, ErrnoError(errno.EIO, f"internal error: {exc!r}")))
                     break
         return seqs, failed
 

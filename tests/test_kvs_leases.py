@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 import pytest
+from test_broker_support import wait_until
 from test_kvs_rpc_helpers import GUEST_UID, run_guest
 
 from broker.errors import RemoteError
@@ -559,6 +560,14 @@ async def test_unlinks_that_failed_are_retried_until_applied(small_disk, tmp_pat
             stats = (await kvs0.handle.rpc("kvs.stats-get", {}))["leases"]
             assert stats["unlink-failures"] >= 1 and stats["unlinks-pending"] == 1, stats
             assert stats["keys"] == 1, stats  # still attached: retried
+
+            async def failed_twice_more() -> bool:  # a retry that failed is not the last
+                return (await kvs0.handle.rpc("kvs.stats-get", {}))["leases"][
+                    "unlink-failures"] >= 3
+            await wait_until(failed_twice_more, "two failed retries while the disk is full", 30)
+            stats = (await kvs0.handle.rpc("kvs.stats-get", {}))["leases"]
+            assert stats["unlink-retries"] >= 2 and stats["unlinks-pending"] == 1, stats
+            assert stats["keys"] == 1 and stats["unlink-errors"] == 0, stats  # (errnos)
             filler.unlink()
             await _gone(watch, 30)  # no commit but the retry's
             stats = (await kvs0.handle.rpc("kvs.stats-get", {}))["leases"]
