@@ -1010,7 +1010,9 @@ def cmd_lease_run(args: argparse.Namespace) -> int:
     from this process, not from a loop beside the command, so that a
     SIGKILL of it (of the job it is in) ends them: the lease then expires
     within TTL, and a lock held with it cannot outlive its holder -- the
-    etcd precedent is ``etcdctl lock NAME COMMAND``."""
+    etcd precedent is ``etcdctl lock NAME COMMAND``.  COMMAND is killed
+    with it (Linux: :class:`~broker.command.Command`'s parent-death
+    signal), so it does not go on as the lock's holder meanwhile."""
     command = command_args(args.cmdline)
     if not command:
         raise UsageError("no command given")
@@ -1545,7 +1547,8 @@ def register(subparsers: Any) -> None:
         description="Grant a lease of TTL seconds, run COMMAND with its id in "
         f"${LEASE_ENV}, keep the lease alive while COMMAND runs and revoke it when "
         "COMMAND exits; exit with COMMAND's status.  If this process is killed, the "
-        "lease expires within TTL; if the lease is lost, COMMAND is sent SIGTERM.")
+        "lease expires within TTL and COMMAND is killed (Linux); if the lease is "
+        "lost, COMMAND is sent SIGTERM.")
     c.add_argument("ttl", type=float, metavar="TTL")
     c.add_argument("cmdline", nargs=argparse.REMAINDER, metavar="COMMAND")
     c.set_defaults(func=cmd_lease_run)

@@ -407,6 +407,17 @@ async def test_a_killed_start_leaves_no_run_directory(tmp_path) -> None:
         assert (statedir / "content.sqlite").exists()
 
 
+async def test_a_killed_start_kills_its_command() -> None:
+    """start SIGKILLed: nothing of it runs to stop its command, so the
+    kernel kills the command (its parent-death signal, Linux), as the ranks
+    exit by themselves.  Before, the command ran on, its instance gone."""
+    async with start_process("--size", "2", "--", "sh", "-c", "echo $$; exec sleep 300") as proc:
+        pid = int(await read_line(proc.stdout))  # (sleep's too: exec keeps the pid)
+        assert alive(pid)
+        proc.kill()
+        await all_gone([pid], "the command to be killed with start")
+
+
 async def test_start_uri_file_appears_once_ready_and_goes_at_stop(tmp_path) -> None:
     """``start --uri-file`` without a command, in the background as a
     script runs it: the file appears (a whole line) once every rank

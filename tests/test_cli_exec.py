@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from test_broker_support import KVBROKER, run_cli, stopped
+from test_cli_broker import alive, all_gone
 
 from broker.cliutil import encode_ranks, rank_set
 
@@ -207,6 +208,35 @@ async def test_exec_passes_a_signal_on_to_every_command(start_instance, sig: int
     assert proc.returncode == 7, err
     assert sorted(out.decode().splitlines()) == [f"got {r}" for r in range(4)]
     assert err.decode().splitlines() == ["kvbroker: exec: ranks 0-3: Exit 7"]
+
+
+async def test_a_killed_exec_kills_the_commands_of_its_set(start_instance) -> None:
+    """exec on several ranks SIGKILLed: nothing of it runs to stop their
+    commands, so the kernel kills each (its parent-death signal, Linux).
+    Before, they ran on with no one to wait for them."""
+    inst = await start_instance(size=2)
+    env = dict(os.environ, KVBROKER_URI=inst.uri(0))
+    proc = await asyncio.create_subprocess_exec(
+        KVBROKER, "exec", "-r", "all", "--", "sh", "-c", "echo $$; exec sleep 300", env=env,
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE)
+    assert proc.stdout is not None
+    pids: list[int] = []
+    try:
+        async with asyncio.timeout(60):
+            while len(pids) < 2:
+                pids.append(int(await proc.stdout.readline()))
+        assert all(alive(pid) for pid in pids)
+        proc.kill()
+        await all_gone(pids, "the commands to be killed with exec")
+    finally:
+        for pid in pids:  # (without the parent-death signal: still running)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if proc.returncode is None:
+            proc.kill()
+        async with asyncio.timeout(30):
+            await proc.communicate()
 
 
 async def test_exec_timeout_stops_the_commands(start_instance) -> None:

@@ -1,9 +1,9 @@
 """``kvbroker kvs lease run TTL -- COMMAND`` against real ranks: the command
 holds a lease kept alive by the kvbroker process, sees its id in
 ``$KVBROKER_LEASE``, and its keys go when the command exits (revoked at
-once), or within TTL when the kvbroker process is SIGKILLed; the command's
-status is passed through, SIGTERM is passed on to it, and a lease lost
-stops it.  docs/cli.md, "kvs lease".
+once), or within TTL when the kvbroker process is SIGKILLed (the command is
+killed with it); the command's status is passed through, SIGTERM is passed
+on to it, and a lease lost stops it.  docs/cli.md, "kvs lease".
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from test_cli_broker import alive, all_gone
 
 from broker.errors import RemoteError
 from kvs.client import KVS
@@ -114,10 +115,13 @@ async def test_command_holds_the_lease_and_its_keys_go_when_it_exits(start_insta
         assert (stats["revoked"], stats["expired"], stats["live"]) == (1, 0, 0)
 
 
-async def test_sigkill_of_lease_run_lets_the_lease_expire_within_ttl(start_instance) -> None:
+async def test_sigkill_of_lease_run_kills_its_command_and_the_lease_expires_within_ttl(
+        start_instance) -> None:
     """Kept alive while ``lease run`` lives (for longer than its ttl); once
-    it is SIGKILLed (no revoke), the key goes within the ttl -- though the
-    command, which nothing is left to stop, still runs."""
+    it is SIGKILLed (no revoke, nothing of it runs), the kernel kills the
+    command too (its parent-death signal: before, the command ran on,
+    believing it held the lock while its lease expired), and the key goes
+    within the ttl."""
     ttl = 2.0
     inst = await start_instance(size=4, fanout=2)
     async with KVS.connect(inst.uri(1)) as watcher:
@@ -127,11 +131,12 @@ async def test_sigkill_of_lease_run_lets_the_lease_expire_within_ttl(start_insta
             assert (await _next(w, T)).value == b"held"
             with pytest.raises(TimeoutError):  # kept alive: nothing happens for 2 ttls
                 await _next(w, 2 * ttl)
+            assert alive(pid)
             os.kill(proc.pid, signal.SIGKILL)
             killed = time.monotonic()
+            await all_gone([pid], "the command to be killed with lease run", T)
             await _gone(w, ttl + MARGIN)
             assert time.monotonic() - killed <= ttl + MARGIN
-            os.kill(pid, 0)  # (the command was not stopped: only the lease ended)
         stats = await _leases(watcher)
         assert (stats["expired"], stats["revoked"], stats["live"]) == (1, 0, 0)
 
