@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from test_broker_support import KVBROKER, run_cli, stats, wait_until
+from test_cli_broker import alive, all_gone
 
 from broker import codec
 from broker.bootstrap import BootstrapError, load, parse
@@ -670,6 +671,31 @@ async def test_a_signal_before_the_instance_is_up_stops_rank_0_as_it_names(
     rank0.proc.send_signal(sig)
     assert await exit_codes([rank0], tmp_path) == [128 + sig]
     assert not ran.exists()
+
+
+async def test_a_killed_rank_0_kills_the_initial_program(tmp_path: Path, brokers) -> None:
+    """Rank 0 SIGKILLed (the OOM killer): nothing of it runs to stop the
+    program, so the kernel kills it (its parent-death signal, Linux), set
+    beside the rank's ZeroMQ threads.  Before, it ran on, its instance gone."""
+    config = await keyed_config(tmp_path, 2, 2)
+    leaf = await brokers(config, 1)
+    pidfile = tmp_path / "pid"
+    rank0 = await brokers(config, 0, "--", "sh", "-c", f"echo $$ > {pidfile}.new; "
+                          f"mv {pidfile}.new {pidfile}; exec sleep 300")
+    await leaf.ready()
+
+    async def program_started() -> bool:
+        return pidfile.exists()
+
+    await wait_until(program_started, "the initial program to start")
+    pid = int(pidfile.read_text())
+    try:
+        assert alive(pid)
+        rank0.proc.kill()
+        await all_gone([pid], "the initial program to be killed with rank 0")
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # (without it: still running)
+            os.kill(pid, signal.SIGKILL)
 
 
 async def test_shutting_the_instance_down_stops_the_initial_program(
