@@ -22,7 +22,9 @@ so the socket is re-checked after every send too).
 Handshake (CONTROL messages):
 
 * ``overlay.hello`` child -> parent ``{rank}``; the parent admits only its
-  own children and answers ``overlay.hello`` ``{rank, size}``.  Over
+  own children and answers ``overlay.hello`` ``{rank, size}`` -- again to
+  each hello said again (ZeroMQ may lose an answer: a child says hello
+  until answered, :meth:`Overlay._hello_due`).  Over
   ``tcp`` (CURVE: the peer holds the instance's keys) a hello from a rank
   that is not a child -- mismatched bootstrap files -- is answered
   ``overlay.refused`` ``{rank, why}``, and the rank stops (exit 1) saying
@@ -105,6 +107,18 @@ answered once."""
 REFUSAL_LOG_INTERVAL = 60
 """Seconds between a parent's warnings about refused handshakes."""
 KEEPALIVE = "overlay.keepalive"
+HELLO_RETRY_FIRST = 0.5
+"""Seconds a ZeroMQ child waits for its parent's hello answer, over a live
+link, before it says hello again (:meth:`Overlay._hello_due`); doubled at
+each try, up to :data:`HELLO_RETRY_MAX`."""
+HELLO_RETRY_MAX = 4.0
+"""The longest wait between two hellos; the first hello sent after a wait
+this long is logged at WARNING (once): a parent busy for a second at its
+start is no news, one silent for seconds on a live link is."""
+HELLO_UNREACHED_WARN = 30.0
+"""Seconds without any connection to the parent after which a child that
+has not joined says so, once, at WARNING (it goes on waiting: ranks may
+start in any order)."""
 DEFAULT_TORPID_MIN = 5.0
 DEFAULT_TORPID_MAX = 30.0
 
@@ -253,6 +267,18 @@ class Overlay:
         the disconnect's own record out of the dmesg ring."""
         self._zmq_slow = 0
         self._up_monitor: ZmqSocket | None = None
+        self._up_handshaken = False
+        """The link to the parent completed a handshake, and has not closed since."""
+        self._up_ever = False
+        """Some link to the parent completed a handshake (since this rank started)."""
+        self._hello_timer: asyncio.TimerHandle | None = None
+        self._hello_retry = HELLO_RETRY_FIRST
+        self._hello_started = 0.0
+        """The loop time of the first hello."""
+        self._hellos = 0
+        """Hellos sent to the parent so far."""
+        self._hello_warned = False
+        self._unreached_warned = False
         self._stopping_refused = False
         self.refused = 0
         """Overlay handshakes that failed: a peer without the instance's keys."""
@@ -383,12 +409,103 @@ class Overlay:
             self._down = zl.ZmqSocket(s, self._from_child, track_fd=True,
                                       max_backlog=self.max_backlog, on_stuck=self._child_stuck)
         if self.parent is not None:
-            s = zl.parent_socket(ctx, self.rank, self.endpoint(self.parent), self.curve)
-            self._up = zl.ZmqSocket(s, self._from_parent, max_backlog=self.max_backlog,
-                                    on_stuck=self._parent_stuck)
-            self._up_monitor = zl.ZmqSocket(s.get_monitor_socket(zl.UP_MONITORED),
-                                            self._on_up_monitor)
-            self._control_up("overlay.hello", {"rank": self.rank})
+            self._open_up()
+            self._hello_started = asyncio.get_running_loop().time()
+            self._say_hello()
+
+    def _open_up(self) -> None:
+        """ZeroMQ: the DEALER to the parent, with a new identity, and its monitor."""
+        from broker import overlay_zmq as zl
+
+        assert self.ctx is not None and self.parent is not None
+        s = zl.parent_socket(self.ctx, self.rank, self.endpoint(self.parent), self.curve)
+        self._up = zl.ZmqSocket(s, self._from_parent, max_backlog=self.max_backlog,
+                                on_stuck=self._parent_stuck)
+        self._up_monitor = zl.ZmqSocket(s.get_monitor_socket(zl.UP_MONITORED),
+                                        self._on_up_monitor)
+        self._up_handshaken = False
+
+    def _close_up(self, linger_ms: int = 0) -> None:
+        # (the monitor first: see close())
+        if self._up_monitor is not None:
+            if self._up is not None:
+                self._up.sock.disable_monitor()
+            self._up_monitor.close()
+            self._up_monitor = None
+        if self._up is not None:
+            self._up.close(linger_ms=linger_ms)
+            self._up = None
+
+    def _say_hello(self) -> None:
+        """ZeroMQ: say hello to the parent, and make sure it is said again
+        until the parent answers (:meth:`_hello_due`)."""
+        self._hellos += 1
+        self._control_up("overlay.hello", {"rank": self.rank})
+        if self._hello_timer is None:
+            self._hello_timer = asyncio.get_running_loop().call_later(self._hello_retry,
+                                                                      self._hello_due)
+
+    def _hello_due(self) -> None:
+        """No answer to our hello yet: say it again if the link to the parent is up.
+
+        ZeroMQ drops what a ROUTER sends to a peer whose connection is gone,
+        so the parent's answer can be lost -- the connection dropped after
+        the parent read our hello, the parent restarted in between -- and
+        the rank waited for ever.  A hello is said again only over a live
+        link (one that completed its handshake): while there is none, the
+        hello queued in the DEALER goes out once it connects, and repeating
+        it would only queue more.  The waits double from
+        :data:`HELLO_RETRY_FIRST` to :data:`HELLO_RETRY_MAX`; a parent that
+        reads a hello again from the same identity answers it again
+        (:meth:`_child_control`).  There is no join timeout: the ranks of an
+        instance may start in any order, and a child waits for its parent,
+        saying so (WARNING) if it has had no connection to it for
+        :data:`HELLO_UNREACHED_WARN` seconds."""
+        self._hello_timer = None
+        if (self.parent_acked or self._closing or self._parent_gone or self._stopping_refused
+                or self._up is None or self.parent is None):
+            return
+        loop = asyncio.get_running_loop()
+        waited = loop.time() - self._hello_started
+        endpoint = self.endpoint(self.parent)
+        if self._up_handshaken:
+            level = logging.DEBUG
+            if self._hello_retry >= HELLO_RETRY_MAX and not self._hello_warned:
+                self._hello_warned = True
+                level = logging.WARNING
+            # (the waits double between hellos only, not while there is no link)
+            self._hello_retry = min(2 * self._hello_retry, HELLO_RETRY_MAX)
+            self._say_hello()  # (and the timer, at the new wait)
+            log.log(level, "parent rank %d at %s has not answered this rank's hello "
+                    "(%d sent, the first %.1f s ago) over a live link: saying it again, "
+                    "every %g s at most, until it does", self.parent, endpoint,
+                    self._hellos, waited, HELLO_RETRY_MAX)
+        elif (not self._up_ever and waited >= HELLO_UNREACHED_WARN
+              and not self._unreached_warned):
+            self._unreached_warned = True
+            log.warning("no connection to parent rank %d at %s after %.0f s (is it "
+                        "running? is that its address?): still trying", self.parent,
+                        endpoint, waited)
+        if self._hello_timer is None:
+            self._hello_timer = loop.call_later(self._hello_retry, self._hello_due)
+
+    def _renew_up(self) -> None:
+        """ZeroMQ: the link to the parent closed after its handshake and
+        before the parent answered our hello: say hello again from a new
+        DEALER, with a new identity.  A parent that read our hello admitted
+        the old identity, lost it with its connection, and drops what that
+        identity sends from then on (it may be an old process resuming:
+        :attr:`_cut_off`), so a hello said again on the old DEALER, which
+        dials again by itself, was never answered."""
+        if (self.parent_acked or self._closing or self._parent_gone or self._stopping_refused
+                or self._up is None or self.parent is None):
+            return
+        log.info("the link to parent rank %d at %s closed before it answered this rank's "
+                 "hello: saying hello again on a new connection", self.parent,
+                 self.endpoint(self.parent))
+        self._close_up()
+        self._open_up()
+        self._say_hello()
 
     def shutdown_children(self, failed: bool = False) -> None:
         """Tell every child to stop (it tells its own): sent once, before
@@ -448,6 +565,8 @@ class Overlay:
         self._closing = True
         if self._check_timer is not None:
             self._check_timer.cancel()
+        if self._hello_timer is not None:
+            self._hello_timer.cancel()
         if self._streams is not None:
             self._streams.close(flush=self._shutdown_sent, flush_up=self._goodbye_sent)
         # A monitor is stopped before the socket we read it on is closed:
@@ -463,12 +582,7 @@ class Overlay:
         # drops unsent messages of a socket closed with linger 0).
         if self._down is not None:
             self._down.close(linger_ms=1000 if self._shutdown_sent else 0)
-        if self._up_monitor is not None:
-            if self._up is not None:
-                self._up.sock.disable_monitor()
-            self._up_monitor.close()
-        if self._up is not None:
-            self._up.close(linger_ms=1000 if self._goodbye_sent else 0)
+        self._close_up(linger_ms=1000 if self._goodbye_sent else 0)
         if self._auth is not None:
             self._auth.stop()
         if self.ctx is not None:
@@ -580,6 +694,11 @@ class Overlay:
         if disconnected:
             if self._up is not None:
                 self._up.read_all()  # (its last messages first: maybe a shutdown)
+            handshaken, self._up_handshaken = self._up_handshaken, False
+            if handshaken and not self.parent_acked:
+                # (later: this runs inside a read of the monitor it closes)
+                asyncio.get_running_loop().call_soon(self._renew_up)
+                return
             self._parent_lost(
                 "its link closed: the parent stopped, or dropped this rank -- after "
                 f"{zl.HEARTBEAT_TIMEOUT_MS // 1000} s without an answer to its heartbeats "
@@ -588,6 +707,7 @@ class Overlay:
             return
         if event == zl.HANDSHAKE_SUCCEEDED:
             self._refused_by_parent = 0
+            self._up_handshaken = self._up_ever = True
             return
         why = zl.refusal(event, value)
         if why is None or self.parent is None or self.parent_acked or self._stopping_refused:
@@ -620,7 +740,7 @@ class Overlay:
         if self._closing or self._up is None or self.parent is None:
             return
         zl.redial(self._up.sock, self.endpoint(self.parent))
-        self._control_up("overlay.hello", {"rank": self.rank})
+        self._say_hello()
 
     def _on_monitor(self, parts: list[bytes]) -> None:
         """An event of the children's socket: a connection accepted or
@@ -1012,7 +1132,13 @@ class Overlay:
             return
         if msg.type == MsgType.CONTROL:
             if msg.topic == "overlay.hello":
+                if not self.parent_acked and self._hellos > 1:
+                    log.info("parent rank %s answered this rank's hello (%d sent)",
+                             self.parent, self._hellos)
                 self.parent_acked = True
+                if self._hello_timer is not None:
+                    self._hello_timer.cancel()
+                    self._hello_timer = None
                 if not self.admitted.done():
                     self.admitted.set_result(None)
                 self._check_ready()
@@ -1046,7 +1172,8 @@ class Overlay:
         """The link to the parent broke without a shutdown: stop (see the
         module's docstring).  Before the parent answered our hello this is
         still start-up, where a ZeroMQ link may come and go (it dials again
-        by itself).  A stream link is connected once, and a parent closes
+        by itself, and a link that closes after its handshake is replaced:
+        :meth:`_renew_up`).  A stream link is connected once, and a parent closes
         it before answering our hello only when it refused it (another
         process of this rank still holds its link, or the hello was not a
         child's) or stopped: nothing would ever answer, and the rank waited

@@ -725,3 +725,220 @@ async def test_an_initial_program_that_cannot_be_executed_exits_126(
     assert await exit_codes([rank0], tmp_path) == [126]
     assert f"initial program {config}: Permission denied" in \
         next(tmp_path.glob("stderr0-*")).read_text()
+
+
+class StandInParent:
+    """A CURVE ``ROUTER`` with the instance's keys at rank 0's endpoint, in
+    place of rank 0: the test decides which hellos it answers, as a parent
+    whose answers were lost would (ZeroMQ drops what a ROUTER sends to a
+    peer whose connection is gone)."""
+
+    def __init__(self, tmp_path: Path, endpoint: str) -> None:
+        import zmq
+
+        from broker.curve import ZAP_DOMAIN, load_keys, start_authenticator
+
+        self.endpoint = endpoint
+        self.keys = load_keys(str(tmp_path / "curve.key"))
+        self.ctx = zmq.Context()
+        self.auth = start_authenticator(self.ctx, self.keys[0])
+        self.zap_domain = ZAP_DOMAIN.encode()
+        self.sock = self.bind()
+
+    def bind(self) -> Any:
+        """A new ROUTER bound at the endpoint (a restarted parent)."""
+        import zmq
+
+        s = self.ctx.socket(zmq.ROUTER)
+        s.zap_domain = self.zap_domain
+        s.curve_server = True
+        s.curve_publickey, s.curve_secretkey = self.keys
+        deadline = asyncio.get_running_loop().time() + 10
+        while True:  # (the closed one's port is let go by ZeroMQ's I/O thread)
+            try:
+                s.bind(self.endpoint)
+                return s
+            except zmq.ZMQError as exc:
+                if exc.errno != errno.EADDRINUSE or asyncio.get_running_loop().time() > deadline:
+                    raise
+                s.poll(10)  # (nothing to read: a 10 ms pause between tries)
+
+    def recv(self, topic: str, timeout: float = 15.0) -> tuple[bytes, Message]:
+        """The next message (it must be a control message ``topic``), with its sender."""
+        assert self.sock.poll(int(timeout * 1000)), f"no {topic} within {timeout} s"
+        ident, *frames = self.sock.recv_multipart()
+        msg = codec.decode(frames)
+        assert (msg.type, msg.topic) == (MsgType.CONTROL, topic), msg
+        return ident, msg
+
+    def answer_hello(self, ident: bytes) -> None:
+        reply = Message(MsgType.CONTROL, "overlay.hello", {"rank": 0, "size": 2})
+        self.sock.send_multipart([ident, *codec.encode(reply)])
+
+    def close(self) -> None:
+        self.sock.close(0)
+        self.auth.stop()
+        self.ctx.term()
+
+
+async def test_a_rank_whose_first_hello_is_not_answered_says_it_again_and_joins(
+        tmp_path: Path, brokers) -> None:
+    """The parent's answer to a hello can be lost (the connection dropped
+    after the parent read the hello; a parent restarted in between), and
+    the rank said hello once: it waited for ever, silent, its local socket
+    never opened.  It now says hello again over the live link, after 0.5 s
+    then waits doubling up to 4 s, from the same identity (a parent answers
+    a hello again from an identity it admitted), with one WARNING once it
+    has waited 4 s, and joins at the first answer: here the fifth hello's
+    (the first said after a 4 s wait)."""
+    config = await keyed_config(tmp_path, 2, 2)
+    parent = StandInParent(tmp_path, load(str(config)).endpoints()[0])
+    try:
+        rank1 = await brokers(config, 1)
+        ident, hello = parent.recv("overlay.hello")
+        assert hello.payload == {"rank": 1}
+        for _ in range(4):  # unanswered, as if each answer were lost
+            assert not os.path.exists(rank1.rundir / "local-1")  # not admitted
+            again, hello = parent.recv("overlay.hello")
+            assert (again, hello.payload) == (ident, {"rank": 1})
+        parent.answer_hello(ident)
+        assert await rank1.ready() == rank1.uri
+        assert parent.recv("overlay.ready")[0] == ident
+        h = await Handle.connect(rank1.uri)
+        await h.close()
+    finally:
+        parent.close()
+    err = (tmp_path / "stderr1-0").read_text()
+    warnings = [line for line in err.splitlines() if "WARNING" in line]
+    assert len(warnings) == 1, err
+    assert "has not answered this rank's hello (5 sent, the first " in warnings[0]
+    assert ("s ago) over a live link: saying it again, every 4 s at most, until it "
+            "does") in warnings[0]
+    assert "parent rank 0 answered this rank's hello (5 sent)" in err
+
+
+async def test_a_rank_whose_link_drops_before_the_answer_says_hello_on_a_new_one(
+        tmp_path: Path, brokers) -> None:
+    """The link to the parent drops after the parent read the hello and
+    before its answer arrived (here: the parent restarts).  A parent that
+    stayed up lost that identity with its connection and drops what it
+    sends from then on (it may be an old process resuming), so the rank,
+    whose DEALER dials again by itself but said nothing more, waited for
+    ever.  It now says hello again from a new DEALER, with a new identity,
+    which a parent admits like any newcomer."""
+    config = await keyed_config(tmp_path, 2, 2)
+    parent = StandInParent(tmp_path, load(str(config)).endpoints()[0])
+    try:
+        rank1 = await brokers(config, 1)
+        first, _ = parent.recv("overlay.hello")
+        parent.sock.close(0)  # the link drops; the answer is never sent
+        parent.sock = parent.bind()
+        ident, hello = parent.recv("overlay.hello")
+        assert hello.payload == {"rank": 1}
+        assert ident != first and ident.startswith(b"1-")
+        parent.answer_hello(ident)
+        assert await rank1.ready() == rank1.uri
+        assert parent.recv("overlay.ready")[0] == ident
+    finally:
+        parent.close()
+    assert "closed before it answered this rank's hello: saying hello again on a new " \
+        "connection" in (tmp_path / "stderr1-0").read_text()
+
+
+class DropFirstAnswer:
+    """A TCP relay between rank 1 and rank 0 that breaks its first
+    connection as rank 0's first message on it (its hello answer) comes
+    through, after the CURVE handshake: a network that failed at the worst
+    moment.  It reads ZMTP's framing, which CURVE leaves in the clear: after
+    each side's 64-byte greeting, frames of a flags byte (0x02: an 8-byte
+    size follows, else a 1-byte one; 0x04: a command -- the handshake's,
+    heartbeats), and each message, encrypted, is a frame that starts with
+    ``\x07MESSAGE``."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.connections = 0
+        self.broken = asyncio.Event()
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    async def serve(self, port: int) -> asyncio.Server:
+        return await asyncio.start_server(self._relay, "127.0.0.1", port)
+
+    async def _relay(self, child_r: asyncio.StreamReader, child_w: asyncio.StreamWriter) -> None:
+        try:
+            parent_r, parent_w = await asyncio.open_connection("127.0.0.1", self.target_port)
+        except OSError:  # rank 0 is not listening yet: rank 1 dials again
+            child_w.transport.abort()
+            return
+        self.connections += 1
+        first = self.connections == 1
+        up = asyncio.ensure_future(self._pipe(child_r, parent_w))
+        down = asyncio.ensure_future(self._watch(parent_r, child_w) if first
+                                     else self._pipe(parent_r, child_w))
+        self.tasks |= {up, down}
+        await asyncio.wait([up, down], return_when=asyncio.FIRST_COMPLETED)
+        for task in (up, down):
+            task.cancel()
+        for w in (child_w, parent_w):
+            w.transport.abort()
+
+    @staticmethod
+    async def _pipe(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        while data := await r.read(65536):
+            w.write(data)
+            await w.drain()
+
+    async def _watch(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        greeting = 64  # (forwarded as it comes: each side waits for parts of the other's)
+        while greeting:
+            data = await r.read(greeting)
+            if not data:
+                return
+            greeting -= len(data)
+            w.write(data)
+        while True:
+            flags = await r.readexactly(1)
+            size_bytes = await r.readexactly(8 if flags[0] & 0x02 else 1)
+            body = await r.readexactly(int.from_bytes(size_bytes, "big"))
+            if not flags[0] & 0x04 and body.startswith(b"\x07MESSAGE"):
+                self.broken.set()
+                return  # (not forwarded: the relay breaks both connections)
+            w.write(flags + size_bytes + body)
+            await w.drain()
+
+
+async def test_a_rank_joins_a_real_parent_whose_hello_answer_was_lost_with_its_link(
+        tmp_path: Path, brokers) -> None:
+    """Real ranks, with the link between them broken just as rank 0's hello
+    answer goes through.  Rank 0 had admitted rank 1, lost it with the
+    connection, and drops what its old identity sends; rank 1's DEALER
+    dialled again by itself and rank 1 waited for ever.  Now it says hello
+    again from a new identity, and the instance comes up."""
+    assert (await run_cli("keygen", str(tmp_path / "curve.key")))[0] == 0
+    port, relay_port = free_tcp_port(), free_tcp_port()
+    config = tmp_path / "inst.toml"
+    config.write_text(
+        '[bootstrap]\ncurve_cert = "curve.key"\nfanout = 2\nhosts = [\n'
+        f'  {{ host = "h0", bind = "tcp://127.0.0.1:{port}", '
+        f'connect = "tcp://127.0.0.1:{relay_port}" }},\n  {{ host = "h1" }},\n]\n')
+    relay = DropFirstAnswer(port)
+    server = await relay.serve(relay_port)
+    try:
+        rank0 = await brokers(config, 0)
+        # (listening before rank 1 dials: the relay would close a connection
+        # it cannot pass on, which rank 1 counts as a refused handshake)
+        h = await asyncio.wait_for(_connect_when_listening(rank0.uri), START)
+        try:
+            rank1 = await brokers(config, 1)
+            await rank1.ready()
+            await rank0.ready()
+            assert relay.broken.is_set() and relay.connections == 2
+            assert (await h.ping(1))["route"][-1] == "r1"
+            assert (await stats(h, 0))["overlay"]["children"] == [1]
+        finally:
+            await h.close()
+    finally:
+        server.close()
+        for task in relay.tasks:
+            task.cancel()
+    assert "lost child rank 1 unexpectedly" in (tmp_path / "stderr0-0").read_text()
