@@ -29,7 +29,11 @@ from kvs.client import KVS
 
 BIN = Path(sys.executable).parent
 KVB = str(BIN / "kvbroker")
-T = 60  # seconds: bound on one script
+T = 60  # seconds: bound on one command, and on a script's first ten
+PER_COMMAND = 2.0
+"""Seconds more a script may take per ``kvbroker`` command past ten: a
+Python CLI's start takes up to a second on a loaded 2-core machine, and
+a script of 79 commands overran a flat 60 s in a -n 2 run beside others."""
 
 PRELUDE = r"""
 on() { _r=$1; shift; eval "_u=\$U$_r"; KVBROKER_URI=$_u "$@"; }
@@ -58,12 +62,12 @@ def client_env(uri: str, **extra: str) -> dict[str, str]:
 
 
 async def run(argv: list[str], env: dict[str, str], stdin: bytes = b"",
-              cwd: str | None = None) -> Result:
+              cwd: str | None = None, timeout: float = T) -> Result:
     proc = await asyncio.create_subprocess_exec(
         *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE, env=env, cwd=cwd)
     try:
-        out, err = await asyncio.wait_for(proc.communicate(stdin), T)
+        out, err = await asyncio.wait_for(proc.communicate(stdin), timeout)
     except TimeoutError:
         proc.kill()
         await proc.wait()
@@ -81,9 +85,10 @@ async def sh(inst, script: str, rank: int = 0, **env: str) -> str:
     """Run ``script`` and return its transcript.  ``on R CMD...`` runs CMD
     attached to rank R; ``t CMD...`` records CMD's output (see module docstring)."""
     env.update({f"U{r}": inst.uri(r) for r in range(inst.size)})
+    bound = T + PER_COMMAND * max(0, script.count("kvbroker ") - 10)
     with tempfile.TemporaryDirectory() as cwd:  # scripts may write scratch files
         res = await run(["sh", "-c", PRELUDE + textwrap.dedent(script)],
-                        client_env(inst.uri(rank), **env), cwd=cwd)
+                        client_env(inst.uri(rank), **env), cwd=cwd, timeout=bound)
     assert res.rc == 0, res.text + res.err
     return norm(res.text)
 
