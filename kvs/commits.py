@@ -241,6 +241,11 @@ class CommitPipeline:
         except asyncio.CancelledError:  # stop gave up waiting for it: answer every one
             self._fail_stopped(ns, batch)
             raise
+        except Exception as exc:  # a bug outside a batch's apply (the wait for room,
+            # an error event): the queue's task ends, so answer every one it held
+            # rather than leave them waiting for ever
+            self.log.exception("the commit queue of %s failed", ns.name)
+            self._fail_queued(ns, batch, ErrnoError(errno.EIO, f"internal error: {exc}"))
         finally:
             ns.committing = False
             if not q:
@@ -248,11 +253,16 @@ class CommitPipeline:
 
     def _fail_stopped(self, ns: Namespace, batch: list[Pending]) -> None:
         """Answer ``batch`` and everything still queued in ``ns``: not applied."""
-        q = ns.queue
-        self._fail(ns, [*batch, *(q or ())], ErrnoError(
+        self._fail_queued(ns, batch, ErrnoError(
             errno.ENOSYS, "the kvs module stopped before the transaction was applied"))
+
+    def _fail_queued(self, ns: Namespace, batch: list[Pending], exc: ErrnoError) -> None:
+        """Fail ``batch`` and everything still queued in ``ns`` with ``exc``."""
+        q = ns.queue
         if q:
+            batch = [*batch, *q]
             q.clear()
+        self._fail(ns, batch, exc)
 
     def _fail(self, ns: Namespace, batch: list[Pending], exc: ErrnoError) -> None:
         """Fail the transactions of ``batch`` not answered yet, each with its
