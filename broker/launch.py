@@ -120,30 +120,36 @@ def make_rundir() -> str:
     return path
 
 
-def free_tcp_port() -> int:
-    """A free port on 127.0.0.1 for a rank to bind later.
+def free_tcp_ports(count: int) -> list[int]:
+    """``count`` distinct free ports on 127.0.0.1 for ranks to bind later.
 
-    Between this check and the rank's bind another process may take the
-    port.  The likely taker is any process's outgoing connection, which
-    the kernel gives a port from the ephemeral range; so the port is drawn
-    at random *below* that range (``ip_local_port_range``), where only an
-    explicit bind can land.  Falls back to an ephemeral port."""
+    Between this check and a rank's bind another process may take a port.
+    The likely taker is any process's outgoing connection, which the kernel
+    gives a port from the ephemeral range; so ports are drawn at random
+    *below* that range (``ip_local_port_range``), where only an explicit
+    bind can land.  Each port stays bound here until all are drawn: drawn
+    one at a time and let go at once, two ranks of an instance could be
+    given the same port (one pair in ~23,000 draws), and the second rank's
+    bind failed the start.  Falls back to ephemeral ports."""
     try:
         with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
             low = int(f.read().split()[0])
     except (OSError, ValueError, IndexError):
         low = 32768
-    for _ in range(100 if low > 11024 else 0):
-        port = random.randrange(10000, low)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    ports: list[int] = []
+    with contextlib.ExitStack() as held:
+        for _ in range(count):
+            s = held.enter_context(socket.socket())
+            for _ in range(100 if low > 11024 else 0):
+                try:
+                    s.bind(("127.0.0.1", random.randrange(10000, low)))
+                    break
+                except OSError:  # (taken: by another process, or drawn already)
+                    continue
+            else:
+                s.bind(("127.0.0.1", 0))
+            ports.append(int(s.getsockname()[1]))
+    return ports
 
 
 def _signal(proc: asyncio.subprocess.Process, sig: int) -> None:
@@ -291,9 +297,9 @@ class Instance:
         if battrs.TRANSPORT.value(self.attrs) == "tcp":
             from broker.curve import generate_keys
 
-            for r in range(self.size):
-                if children_of(r, self.fanout, self.size):
-                    endpoints[r] = f"tcp://127.0.0.1:{free_tcp_port()}"
+            parents = [r for r in range(self.size) if children_of(r, self.fanout, self.size)]
+            for r, port in zip(parents, free_tcp_ports(len(parents)), strict=True):
+                endpoints[r] = f"tcp://127.0.0.1:{port}"
             keyfile = os.path.join(self.rundir, "curve.key")
             generate_keys(keyfile)
             curve_args = ["--curve-keys", keyfile]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 from pathlib import Path
 
 import pytest
@@ -88,6 +89,32 @@ async def test_tcp_overlay_with_curve(start_instance, connect) -> None:
         for s in socks:
             s.close(0)
         ctx.term()
+
+
+async def test_the_listening_ranks_get_distinct_ports_when_a_draw_repeats(
+        start_instance, connect, monkeypatch) -> None:
+    """Each listening rank's port was drawn at random and let go at once,
+    before the next draw: two draws could name the same port (one pair in
+    ~23,000, so now and then in a full suite's tcp instances), and the
+    second rank's bind failed the start.  Here the second draw repeats the
+    first on purpose: the ranks still get two ports, and serve."""
+    real = random.randrange
+    draws: list[int] = []
+
+    def unlucky(*args: int) -> int:
+        port = draws[0] if len(draws) == 1 else real(*args)
+        draws.append(port)
+        return port
+
+    monkeypatch.setattr(random, "randrange", unlucky)
+    inst = await start_instance(size=4, fanout=2, attrs=TCP)
+    monkeypatch.undo()
+    assert len(draws) >= 2 and draws[1] == draws[0]
+    ports = {int(e.rsplit(":", 1)[1]) for e in inst.endpoints.values()}
+    assert sorted(inst.endpoints) == [0, 1] and len(ports) == 2 and draws[0] in ports
+    h = await connect(inst, 0)
+    for rank in range(4):
+        assert (await asyncio.wait_for(h.ping(rank), 10))["rank"] == rank
 
 
 async def test_a_flood_of_bad_overlay_messages_is_logged_a_few_times(

@@ -25,7 +25,7 @@ from broker import codec
 from broker.bootstrap import BootstrapError, load, parse
 from broker.errors import RemoteError
 from broker.handle import Handle
-from broker.launch import free_tcp_port
+from broker.launch import free_tcp_ports
 from broker.message import Message, MsgType
 
 START = 30.0
@@ -35,8 +35,7 @@ def write_config(path: Path, size: int, fanout: int, cert: str, **attrs: Any) ->
     """A bootstrap file for ``size`` ranks on 127.0.0.1, each rank with
     children on its own free port (``%p`` would collide with real ports)."""
     hosts = []
-    for rank in range(size):
-        port = free_tcp_port()
+    for rank, port in enumerate(free_tcp_ports(size)):  # (distinct: drawn together)
         hosts.append(f'{{ host = "h{rank}", bind = "tcp://127.0.0.1:{port}", '
                      f'connect = "tcp://127.0.0.1:{port}" }}')
     listed = ",\n  ".join(hosts)
