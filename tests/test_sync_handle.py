@@ -249,7 +249,9 @@ async def test_the_handles_timeout_is_every_requests_default(start_instance) -> 
     def script() -> dict[str, Any]:
         out: dict[str, Any] = {}
         with sync.connect(inst.uri(1), timeout=0.3) as h:
-            seq = h.rpc("kvs.getroot", {"namespace": "primary"})["rootseq"]
+            # (rank 1 loads primary from rank 0 first: right after start-up,
+            # on a loaded machine, that took a third of 0.3 s)
+            seq = h.rpc("kvs.getroot", {"namespace": "primary"}, timeout=10)["rootseq"]
             t0 = time.monotonic()
             with pytest.raises(TimeoutError):
                 h.rpc("kvs.wait-version", {"namespace": "primary", "rootseq": seq + 100})
@@ -274,8 +276,10 @@ async def test_the_handles_timeout_is_every_requests_default(start_instance) -> 
         with SyncKVS(uri=inst.uri(0), timeout=0.3) as kvs:
             with pytest.raises(TimeoutError):
                 kvs.run(asyncio.sleep(5))
-            kvs.put("t.k", 1)
-            out["get"] = kvs.get_json("t.k")
+            # and it still works (as put() and get_json() run them, bounded
+            # by a generous timeout of their own, not 0.3 s, on a loaded machine)
+            kvs.run(kvs.aio.put("t.k", 1), timeout=10)
+            out["get"] = kvs.run(kvs.aio.get_json("t.k"), timeout=10)
         return out
 
     out = await asyncio.wait_for(asyncio.to_thread(script), 60)
