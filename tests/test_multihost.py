@@ -914,7 +914,7 @@ async def test_a_rank_joins_a_real_parent_whose_hello_answer_was_lost_with_its_l
     dialled again by itself and rank 1 waited for ever.  Now it says hello
     again from a new identity, and the instance comes up."""
     assert (await run_cli("keygen", str(tmp_path / "curve.key")))[0] == 0
-    port, relay_port = free_tcp_port(), free_tcp_port()
+    port, relay_port = free_tcp_ports(2)
     config = tmp_path / "inst.toml"
     config.write_text(
         '[bootstrap]\ncurve_cert = "curve.key"\nfanout = 2\nhosts = [\n'
