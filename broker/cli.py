@@ -637,9 +637,12 @@ def cmd_dmesg(args: argparse.Namespace) -> int:
         async with await connect() as h:
             ranks = (list(range(int(await h.attr_get("size")))) if args.all
                      else [_nodeid(args.rank)])
+            lost: list[int] = []
+            if args.all:  # (a lost rank is when the others' logs are wanted most)
+                ranks, lost = await _reachable(h, ranks)
             if args.clear:
                 await each_rank("dmesg", ranks, lambda r: h.rpc("log.clear", {}, nodeid=r))
-                return 0
+                return 1 if lost else 0
             kept = await each_rank("dmesg", ranks, lambda r: _read_log(h, r))
             for entry in sorted((e for entries in kept for e in entries),
                                 key=lambda e: (e["time"], e["rank"], e["seq"])):
@@ -653,9 +656,29 @@ def cmd_dmesg(args: argparse.Namespace) -> int:
                         for r, entries in zip(ranks, kept, strict=True) if entries}
                 await each_rank("dmesg", list(last),
                                  lambda r: h.rpc("log.clear", {"seq": last[r]}, nodeid=r))
-        return 0
+        return 1 if lost else 0
 
     return run_async(args, main)
+
+
+async def _reachable(h: Handle, ranks: list[int]) -> tuple[list[int], list[int]]:
+    """``ranks`` split into those the tree reaches and those it answers
+    ``EHOSTUNREACH`` for (lost, cut off), each of the latter named on stderr
+    as an error (``dmesg: rank 3: No route to host (...)``).  ``dmesg
+    --all`` printed nothing at all while one rank was lost, when the other
+    ranks' records, which say what happened, are what the operator needs;
+    the exit status stays 1."""
+    answers = await asyncio.gather(*(h.attr_get("rank", nodeid=r) for r in ranks),
+                                   return_exceptions=True)
+    up: list[int] = []
+    lost: list[int] = []
+    for rank, answer in zip(ranks, answers, strict=True):
+        if isinstance(answer, ErrnoError) and answer.errnum == errno.EHOSTUNREACH:
+            print_err(f"dmesg: rank {rank}: {errno_detail(answer)}")
+            lost.append(rank)
+        else:
+            up.append(rank)  # (any other failure is the log requests' to report)
+    return up, lost
 
 
 async def _read_log(h: Handle, rank: int) -> list[dict[str, Any]]:

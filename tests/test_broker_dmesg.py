@@ -504,3 +504,26 @@ async def test_the_python_api_writes_reads_follows_and_cancels(start_instance, c
         with pytest.raises(StopAsyncIteration):
             await anext(stream)
         assert (await h.ping(1))["rank"] == 1
+
+
+async def test_dmesg_all_prints_the_other_ranks_records_while_one_is_lost(
+        start_instance, connect) -> None:
+    """With rank 3 lost, ``dmesg --all`` printed nothing and exited 1: the
+    records of the ranks still there (rank 1's WARNING says why 3 went)
+    are what an operator reads then.  Now they are printed, the lost rank
+    is named on stderr, and the status is 1."""
+    inst = await start_instance(size=4, fanout=2)
+    h = await connect(inst, 0)
+    os.kill(inst.pids()[3], signal.SIGKILL)
+
+    async def rank1_lost_it() -> bool:
+        return (await stats(h, 1))["overlay"]["children"] == []
+
+    await wait_until(rank1_lost_it, "rank 1 to notice")
+    rc, out, err = await run_cli("dmesg", "--all", uri=inst.uri(0))
+    assert rc == 1, err
+    assert err.startswith("kvbroker: dmesg: rank 3: No route to host"), err
+    lines = parse(out)
+    assert [(r, lvl) for _, r, lvl, _, msg in lines
+            if msg.startswith("lost child rank 3 unexpectedly")] == [(1, "WARNING")]
+    assert [r for _, r, _, _, msg in lines if NO_STATEDIR in msg] == [0]
