@@ -362,6 +362,9 @@ def cmd_broker(args: argparse.Namespace) -> int:
             rundir = os.path.abspath(rundir)
             private_dir(rundir, "--rundir")
         if args.statedir:
+            # absolute, as `start` makes it: the `statedir` attribute and the
+            # log lines naming it are read from other directories and hosts
+            args.statedir = os.path.abspath(args.statedir)
             private_dir(args.statedir, "--statedir")
         if not rundir:
             rundir = make_rundir()

@@ -240,6 +240,21 @@ async def test_four_ranks_from_one_file_make_one_instance(tmp_path: Path, broker
     assert not any(os.path.exists(ranks[r].rundir / f"local-{r}") for r in range(4))
 
 
+async def test_a_relative_statedir_is_made_absolute(tmp_path: Path, brokers) -> None:
+    """``kvbroker broker --statedir sd``: the ``statedir`` attribute (and
+    the log lines naming it) said ``sd``, which means nothing to an
+    operator in another directory or on another host; ``start`` made it
+    absolute already, as ``--rundir`` is."""
+    config = await keyed_config(tmp_path, 1, 2)
+    statedir = tmp_path / "state"
+    rank = await brokers(config, 0, "--statedir", os.path.relpath(statedir))
+    async with asyncio.timeout(30), await Handle.connect(await rank.ready()) as h:
+        assert await h.attr_get("statedir") == str(statedir)
+    rank.proc.send_signal(signal.SIGTERM)
+    assert await exit_codes([rank], tmp_path) == [0]
+    assert (statedir / "content.sqlite").exists()
+
+
 async def test_a_rank_without_the_instance_keys_stops_with_status_3(tmp_path: Path,
                                                                    brokers) -> None:
     """A rank started with another key file was refused and dialled again
