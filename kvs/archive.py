@@ -282,14 +282,24 @@ class _Writer:
             yield
         except BaseException as exc:
             self.close(complete=False)
-            if isinstance(exc, OSError):  # writing: a full disk, a closed pipe
+            if isinstance(exc, OSError) and not self._reader_left(exc):
+                # writing: a full disk, a broken socket
                 raise ArchiveError(f"{self.final or 'archive'}: {exc.strerror or exc}"
                                    ) from None
             raise
         try:
             self.close()
         except OSError as exc:
+            if self._reader_left(exc):
+                raise
             raise ArchiveError(f"{self.final or 'archive'}: {exc.strerror or exc}") from None
+
+    def _reader_left(self, exc: OSError) -> bool:
+        """A closed pipe on standard output (``dump - | head``): raised as
+        it is, so that the command ends quietly with status 141 as every
+        other command does (docs/cli.md, "A closed output"), rather than
+        report ``archive: Broken pipe`` and exit 1."""
+        return self.final is None and isinstance(exc, BrokenPipeError)
 
 
 def _user() -> str:
