@@ -195,6 +195,13 @@ class LogThrottle:
             args = (*args, held)
         self.logger.log(level, msg, *args)
 
+    def reset(self, kind: str) -> int:
+        """The trouble of ``kind`` is over (a write succeeds again): its
+        next line is news, logged at once.  Returns how many lines of it
+        were held back since the last one logged, for the line saying so."""
+        self._next_at.pop(kind, None)
+        return self._held.pop(kind, 0)
+
 
 def line(entry: Entry) -> str:
     """``entry`` as a rank writes it on stderr, with the UTC time:

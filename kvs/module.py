@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import logging
 import os
 import time
 from collections import Counter
@@ -47,8 +48,9 @@ from typing import Any, ClassVar
 from broker import codec
 from broker.attrs import CONTENT_HASH, LINK_MAX_MESSAGE, AttrSpec, duration, integer
 from broker.content import blobref
-from broker.content.module import BLOB_SIZE_LIMIT, ContentModule
+from broker.content.module import BLOB_SIZE_LIMIT, FAILURE_LOG_EVERY, ContentModule
 from broker.errors import ErrnoError, ProtocolError, RemoteError
+from broker.logring import LogThrottle
 from broker.message import Message, MsgFlags, RawPayload
 from broker.module import Handler, Module, require
 from broker.tally import add_count
@@ -265,6 +267,7 @@ class KvsModule(Module):
         self.leader = ctx.rank == 0
         self.hash_name = CONTENT_HASH.value(ctx.attrs)
         self.recent_roots = RecentRoots()
+        self._failure_log = LogThrottle(self.log, every=FAILURE_LOG_EVERY)
         self.statedir = str(ctx.attrs.get("statedir") or "")
         self.blobs = BlobStore(CACHE_BYTES.value(ctx.attrs))
         # decoded objects: bounded as the blobs are (they cost a few times
@@ -481,12 +484,23 @@ class KvsModule(Module):
             await asyncio.shield(self._periodic_checkpoint())
 
     async def _periodic_checkpoint(self) -> None:
+        """A checkpoint that keeps failing (a full disk) is an ERROR at once,
+        then at most one a minute (``checkpoint.failed`` in ``kvbroker stats
+        kvs`` counts them all): one a period flooded stderr and pushed every
+        other record out of the ring ``kvbroker dmesg`` reads."""
         try:
-            await self._checkpoint()
+            written = await self._checkpoint()
         except Exception as exc:  # retried at the next period
             self._checkpoint_counts["failed"] += 1
-            self.log.error("periodic checkpoint of the primary namespace failed: %s", exc)
+            self._failure_log.log(logging.ERROR, "periodic",
+                                  "periodic checkpoint of the primary namespace failed: %s", exc)
             await self._checkpoint_written_root()
+            return
+        if written:
+            held = self._failure_log.reset("periodic") + self._failure_log.reset("fallback")
+            if held:
+                self.log.warning("periodic checkpoint of the primary namespace written again, "
+                                 "after %d more failures that were not logged", held)
 
     async def _checkpoint_written_root(self) -> None:
         """The newest root's checkpoint failed (its blobs could not be
@@ -504,8 +518,9 @@ class KvsModule(Module):
                     root.rootref, root.rootseq))
             except Exception as exc:
                 self._checkpoint_unsure = True
-                self.log.error("checkpoint of rootseq %d, the newest root whose blobs are "
-                               "written, failed too: %s", root.rootseq, exc)
+                self._failure_log.log(logging.ERROR, "fallback",
+                                      "checkpoint of rootseq %d, the newest root whose blobs "
+                                      "are written, failed too: %s", root.rootseq, exc)
                 return
             self.checkpointed, self._checkpoint_unsure = root.rootseq, False
             self._checkpoint_counts["written"] += 1

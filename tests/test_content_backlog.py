@@ -13,10 +13,11 @@ import asyncio
 import errno
 import hashlib
 import os
+import re
 import signal
 
 import pytest
-from test_broker_support import KVBROKER
+from test_broker_support import KVBROKER, wait_until
 from test_kvs_rpc_helpers import NO_MERGE, T, commit, errnum, get, put, stats
 
 from broker.errors import RemoteError
@@ -161,6 +162,56 @@ async def test_a_full_disk_stops_acknowledging_commits_whatever_the_backlog(
         await commit(h, put("after", "yes"))
         await asyncio.wait_for(h.rpc("content.flush", {}), T)
         assert (await stats(h, "content"))["failing"] is None
+        await h.close()
+    finally:
+        await asyncio.wait_for(inst.stop(), 60)
+
+
+async def test_a_disk_that_stays_full_is_logged_once_not_at_every_retry(
+        small_disk, tmp_path) -> None:
+    """Every commit and every checkpoint period retries the write, and each
+    failure was an ERROR line: several a second for as long as the disk
+    stayed full, which pushed every other record out of the ring that
+    ``kvbroker dmesg`` reads.  Now the first failure of each kind is logged
+    at once and the others held (at most one a minute, counted in the
+    stats), and the lines saying the writes succeed again count them."""
+    log = tmp_path / "rank.log"
+    inst = Instance(1, statedir=str(small_disk / "state"), stderr_path=str(log))
+    await asyncio.wait_for(inst.start(), 60)
+    try:
+        h = await Handle.connect(inst.uri(0))
+        await commit(h, put("before", "kept"))
+        await asyncio.wait_for(h.rpc("content.flush", {}), T)
+        free = os.statvfs(small_disk)
+        filler = small_disk / "filler"
+        with open(filler, "wb") as f:
+            f.write(b"\0" * (free.f_bavail * free.f_frsize - 200_000))
+        for i in range(10):  # 320 KB: the disk has 200 KB
+            await commit(h, put(f"p{i}", os.urandom(VALUE)))
+        assert await errnum(h.rpc("content.flush", {}), T) == errno.ENOSPC
+        for i in range(5):  # each one retries the write, and fails with it
+            assert await errnum(commit(h, put(f"q{i}", os.urandom(VALUE))), T) == errno.ENOSPC
+        assert (await stats(h, "content"))["write-failures"] >= 6
+
+        async def checkpoints_failed() -> bool:  # (one a period: 1 s)
+            return (await stats(h, "kvs"))["checkpoint"]["failed"] >= 3
+
+        await wait_until(checkpoints_failed, "checkpoints to fail again and again", 30)
+        text = log.read_text()
+        assert text.count("ERROR kvbroker.content: writing") == 1, text
+        assert text.count("periodic checkpoint of the primary namespace failed") == 1, text
+        filler.unlink()
+        await commit(h, put("after", "yes"))
+        await asyncio.wait_for(h.rpc("content.flush", {}), T)
+
+        async def logged_recovery() -> bool:
+            return "periodic checkpoint of the primary namespace written again" in \
+                log.read_text()
+
+        await wait_until(logged_recovery, "the checkpoint's recovery to be logged", 30)
+        text = log.read_text()
+        assert re.search(r"writing to SQLite succeeds again \(it failed: .*; \d+ more "
+                         r"failed writes were not logged\)", text), text
         await h.close()
     finally:
         await asyncio.wait_for(inst.stop(), 60)

@@ -58,6 +58,7 @@ from broker.content import blobref
 from broker.content.collection import Collection, Holds, RecentRefs, RowidMarks, busy
 from broker.content.sqlite import STORE_FILE, SqliteStore, StoreLocked, Written
 from broker.errors import ErrnoError, ProtocolError
+from broker.logring import LogThrottle
 from broker.message import NODEID_UPSTREAM, Message
 from broker.module import Handler, Module, require
 
@@ -92,6 +93,10 @@ BACKLOG_BYTES = AttrSpec(
     "content.backlog-bytes", str(256 << 20), integer(0),
     "rank 0: commits and stores wait while more than this many bytes of blobs "
     "wait for their write to SQLite (0: no limit)")
+FAILURE_LOG_EVERY = 60.0
+"""Seconds between two ERROR lines of a write to SQLite that keeps failing
+(the overlay's refused handshakes are logged as seldom)."""
+
 FLUSH_DELAY = 0.1
 """Rank 0 writes new blobs back to SQLite at most this long after they arrive...
 """
@@ -168,6 +173,12 @@ class ContentModule(Module):
         self.failing: BaseException | None = None
         """Why the last write to SQLite failed (a full disk), until one
         succeeds: meanwhile :meth:`room` lets nothing through unwritten."""
+        self._failure_log = LogThrottle(logging.getLogger("kvbroker.content"),
+                                        every=FAILURE_LOG_EVERY)
+        """A write that fails is an ERROR at once, then at most one a minute
+        while it goes on failing: each request and checkpoint retries it, and
+        a full disk logged several lines a second, pushing every other record
+        out of the ring ``kvbroker dmesg`` reads within minutes."""
         self.stopping = False
         self.counts: Counter[str] = Counter(dict.fromkeys(COUNTERS, 0))
         self.backing: SqliteStore | None = None
@@ -369,14 +380,17 @@ class ContentModule(Module):
             failed = (asyncio.CancelledError("the write was cancelled") if f.cancelled()
                       else f.exception())
             if failed is None and self.failing is not None:
+                held = self._failure_log.reset("write")
                 logging.getLogger("kvbroker.content").warning(
-                    "writing to SQLite succeeds again (it failed: %s)", self.failing)
+                    "writing to SQLite succeeds again (it failed: %s%s)", self.failing,
+                    f"; {held} more failed writes were not logged" if held else "")
             self.failing = failed
             try:
                 if failed is not None:
                     self.counts["write-failures"] += 1
-                    logging.getLogger("kvbroker.content").error(
-                        "writing %d blobs to SQLite failed: %s", len(batch), failed)
+                    self._failure_log.log(logging.ERROR, "write",
+                                          "writing %d blobs to SQLite failed: %s",
+                                          len(batch), failed)
                     self._backlog(batch)  # keep them; retry on the next batch
                 else:
                     wrote(f.result())
