@@ -249,6 +249,7 @@ class Broker:
                               "slow": self.overlay.slow,
                               "children": sorted(self.overlay.hello_from),
                               "rejoined": self.overlay.rejoined(),
+                              "offline": self.overlay.offline(),
                               "torpid": self.overlay.torpid_seconds()}
         if self.rank_log is not None:
             ring = self.rank_log.ring

@@ -539,7 +539,7 @@ def uptime_line(now: float, started: float, owner: int,
         name = str(owner)
     parts = [f"{time.strftime('%H:%M:%S', time.localtime(now))} run "
              f"{fsd(max(0.0, now - started))}", f"owner {name}", f"size {len(ranks)}"]
-    for state in (status.LOST, status.TORPID):
+    for state in (status.LOST, status.OFFLINE, status.TORPID):
         n = sum(r.state == state for r in ranks)
         if n:
             parts.append(f"{n} {state}")
@@ -929,7 +929,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     s = sub.add_parser("overlay", help="the tree's health")
     osub = s.add_subparsers(dest="overlay_cmd", required=True)
     o = osub.add_parser("status", help="each rank: full, partial (something below is "
-                        "lost) or lost; exit 1 unless all are up")
+                        "not full), lost, offline (stopped on purpose) or "
+                        "torpid; exit 1 unless all are up")
     o.add_argument("--timeout", "-t", type=positive_float, default=2.0,
                    help="seconds a rank may take to answer (default 2)")
     o.set_defaults(func=cmd_overlay)

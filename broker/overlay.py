@@ -196,6 +196,11 @@ class Overlay:
         self._leaving: dict[int, str] = {}
         """Children that said goodbye (``overlay.goodbye``), with why: their
         link's closing is a stop, logged at INFO, not a loss."""
+        self._stopped: dict[int, str] = {}
+        """Children whose last process stopped on purpose (it said goodbye,
+        or this rank told it to), with why, until one says hello again:
+        what :meth:`offline` tells ``kvbroker overlay status``, which showed
+        a rank stopped for maintenance as lost, as if it had crashed."""
         self._closing = False
         self.ctx: zmq.Context[Any] | None = None
         self._streams: StreamLinks | None = None
@@ -342,6 +347,12 @@ class Overlay:
         now = asyncio.get_running_loop().time()
         return {str(c): {"times": r.times, "replaced": r.replaced, "ago": round(now - r.at, 1)}
                 for c, r in sorted(self._rejoins.items())}
+
+    def offline(self) -> dict[str, str]:
+        """Each child that stopped on purpose and has not joined again
+        (``str(rank)``, for JSON), with why (``signal SIGTERM``): offline,
+        as Flux says, not lost."""
+        return {str(c): why for c, why in sorted(self._stopped.items())}
 
     def torpid_seconds(self) -> dict[str, float]:
         """Each torpid child (``str(rank)``, for JSON) with how long it has
@@ -1074,6 +1085,12 @@ class Overlay:
         self._seen_at.pop(child, None)
         self.torpid.pop(child, None)
         left = self._leaving.pop(child, None)
+        if left is not None:
+            self._stopped[child] = left
+        elif self._shutdown_sent:
+            self._stopped[child] = "this rank told it to"
+        else:
+            self._stopped.pop(child, None)
         if self._closing:
             return
         if left is not None:
@@ -1107,6 +1124,7 @@ class Overlay:
         if msg.topic == "overlay.hello":
             if child not in self.hello_from:
                 self.router.child_joined(child)
+                self._stopped.pop(child, None)
                 if child in self._joined:  # a new process of it (see _rejoins)
                     again = self._rejoins.setdefault(child, _Rejoins())
                     again.times += 1

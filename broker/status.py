@@ -8,8 +8,11 @@ nothing from it for ``tbon.torpid_max``: ``overlay.torpid`` in
 ``broker.stats-get`` of each rank with children), is *torpid*, Flux's word
 for it.  A rank is *full*
 when it and its whole subtree answer, *partial* when something below it is
-lost or torpid.  Pure functions build and print the tree; :func:`gather`
-does the asking.
+lost or torpid.  A rank out of reach that stopped on purpose (it told its
+parent so, ``overlay.goodbye``, or its parent told it to stop:
+``overlay.offline`` of the parent's stats), and every rank below it, is
+*offline* instead, as Flux says: stopped for maintenance is not a crash.
+Pure functions build and print the tree; :func:`gather` does the asking.
 
 A rank that restarted (a new process said hello to its parent again, the
 old one lost, or replaced while still connected: ``overlay.rejoined`` of
@@ -27,7 +30,7 @@ from broker import topology
 from broker.errors import RemoteError
 from broker.handle import Handle
 
-FULL, PARTIAL, LOST, TORPID = "full", "partial", "lost", "torpid"
+FULL, PARTIAL, LOST, TORPID, OFFLINE = "full", "partial", "lost", "torpid", "offline"
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,8 @@ class ChildrenView(NamedTuple):
     """Those it marked torpid, with why."""
     restarts: dict[int, str]
     """Those that restarted since it started, said as :func:`restarts` says."""
+    offline: dict[int, str]
+    """Those that stopped on purpose and have not joined again, with why."""
 
 
 async def _children_view(h: Handle, rank: int, timeout: float) -> ChildrenView:
@@ -78,17 +83,23 @@ async def _children_view(h: Handle, rank: int, timeout: float) -> ChildrenView:
         async with asyncio.timeout(timeout):
             resp = await h.rpc("broker.stats-get", {}, nodeid=rank)
     except (TimeoutError, RemoteError):
-        return ChildrenView({}, {})
+        return ChildrenView({}, {}, {})
     overlay = resp.get("overlay", {}) if isinstance(resp, dict) else {}
     overlay = overlay if isinstance(overlay, dict) else {}
     torpid, rejoined = overlay.get("torpid", {}), overlay.get("rejoined", {})
-    view = ChildrenView({}, {})
+    stopped = overlay.get("offline", {})
+    view = ChildrenView({}, {}, {})
     for child, secs in (torpid.items() if isinstance(torpid, dict) else ()):
         try:
             view.torpid[int(child)] = (f"rank {rank} has heard nothing from it for "
                                        f"{float(secs):g}s")
         except (TypeError, ValueError):
             continue  # (not what a rank says: ignored)
+    for child, why in (stopped.items() if isinstance(stopped, dict) else ()):
+        try:
+            view.offline[int(child)] = f"stopped: {why}"
+        except (TypeError, ValueError):
+            continue
     for child, seen in (rejoined.items() if isinstance(rejoined, dict) else ()):
         try:
             view.restarts[int(child)] = restarts(int(seen["times"]), int(seen["replaced"]),
@@ -143,19 +154,25 @@ async def gather(h: Handle, timeout: float = 2.0) -> tuple[list[RankStatus], int
     answers, parents_views = await asyncio.gather(asked, views)
     marked: dict[int, str] = {}
     restarted: dict[int, str] = {}
+    stopped: dict[int, str] = {}
     for view in parents_views:
         marked.update(view.torpid)
         restarted.update(view.restarts)
-    statuses = classify(size, fanout, answers, marked)
+        stopped.update(view.offline)
+    statuses = classify(size, fanout, answers, marked, stopped)
     return [replace(s, restarts=restarted.get(s.rank, "")) for s in statuses], fanout
 
 
 def classify(size: int, fanout: int, answers: list[Answer],
-             marked: dict[int, str] | None = None) -> list[RankStatus]:
-    """From each rank's answer to its state: lost or torpid, else partial if
-    anything below is either.  ``marked``: ranks their parent marked
-    torpid, with why -- torpid whatever they answered (the parent's view
-    is what routes their subtree's requests)."""
+             marked: dict[int, str] | None = None,
+             stopped: dict[int, str] | None = None) -> list[RankStatus]:
+    """From each rank's answer to its state: lost, offline or torpid, else
+    partial if anything below is one of those.  ``marked``: ranks their
+    parent marked torpid, with why -- torpid whatever they answered (the
+    parent's view is what routes their subtree's requests).  ``stopped``:
+    ranks their parent saw stop on purpose, with why: offline, if out of
+    reach, and so is every rank out of reach below one (they stopped with
+    it)."""
     answers = list(answers)
     for rank, why in (marked or {}).items():
         if 0 <= rank < size and not isinstance(answers[rank], str):
@@ -166,9 +183,14 @@ def classify(size: int, fanout: int, answers: list[Answer],
             parent = topology.parent_of(rank, fanout)
             if parent is not None:
                 lost_below[parent] = True
-    out = []
-    for rank, answer in enumerate(answers):
-        if isinstance(answer, str):
+    out: list[RankStatus] = []
+    for rank, answer in enumerate(answers):  # (parents first)
+        parent = topology.parent_of(rank, fanout)
+        if isinstance(answer, str) and rank in (stopped or {}):
+            out.append(RankStatus(rank, OFFLINE, detail=(stopped or {})[rank]))
+        elif isinstance(answer, str) and parent is not None and out[parent].state == OFFLINE:
+            out.append(RankStatus(rank, OFFLINE, detail=f"stopped with rank {parent}"))
+        elif isinstance(answer, str):
             out.append(RankStatus(rank, LOST, detail=answer))
         elif isinstance(answer, NoAnswer):
             out.append(RankStatus(rank, TORPID, detail=answer.reason))

@@ -29,6 +29,7 @@ from broker.message import Message, MsgFlags, MsgType
 from broker.status import (
     FULL,
     LOST,
+    OFFLINE,
     PARTIAL,
     TORPID,
     Answer,
@@ -87,6 +88,52 @@ def test_render_indents_children_under_parents() -> None:
                 RankStatus(2, FULL, "c"), RankStatus(3, LOST, detail="gone")]
     assert render(statuses, 2) == ["0 a: partial", "  1: lost (gone)", "    3: lost (gone)",
                                    "  2 c: full"]
+
+
+async def test_a_rank_stopped_on_purpose_is_offline_not_lost(start_instance, connect) -> None:
+    """A rank stopped cleanly (SIGTERM: it says goodbye to its parent), and
+    the subtree that stops with it, showed as lost, as if it had crashed:
+    an operator could not tell maintenance from a failure.  They are
+    offline now, as in Flux, with why; a rank killed is still lost."""
+    inst = await start_instance(size=4, fanout=2)
+    uri = inst.uri(0)
+    host = socket.gethostname()
+    h = await connect(inst, 0)
+    async with asyncio.timeout(60):
+        os.kill(inst.pids()[1], signal.SIGTERM)
+        assert [await inst.procs[r].wait() for r in (1, 3)] == [0, 0]
+
+        async def rank0_lost_it() -> bool:
+            return 1 not in (await stats(h, 0))["overlay"]["children"]
+
+        await wait_until(rank0_lost_it, "rank 0 to notice")
+        rc, out, err = await run_cli("overlay", "status", uri=uri)
+        assert rc == 1, err
+        assert out.splitlines() == [f"0 {host}: partial",
+                                    "  1: offline (stopped: signal SIGTERM)",
+                                    "    3: offline (stopped with rank 1)", f"  2 {host}: full"]
+        assert (await stats(h, 0))["overlay"]["offline"] == {"1": "signal SIGTERM"}
+        rc, out, err = await run_cli("uptime", uri=uri)
+        assert rc == 0 and out.rstrip().endswith("size 4,  2 offline"), (out, err)
+        os.kill(inst.pids()[2], signal.SIGKILL)
+
+        async def rank0_lost_2() -> bool:
+            return (await stats(h, 0))["overlay"]["children"] == []
+
+        await wait_until(rank0_lost_2, "rank 0 to notice")
+        rc, out, err = await run_cli("overlay", "status", uri=uri)
+        assert out.splitlines()[3] == "  2: lost (rank 2 is unreachable)", out
+
+
+def test_ranks_below_an_offline_rank_are_offline_too() -> None:
+    answers: list[Answer] = [("h", "")] * 8  # 0 -> 1, 2; 1 -> 3, 4; 3 -> 7
+    for rank in (1, 3, 4, 7, 6):
+        answers[rank] = f"rank {rank} is unreachable"
+    statuses = classify(8, 2, answers, stopped={1: "stopped: signal SIGTERM"})
+    assert [s.state for s in statuses] == [PARTIAL, OFFLINE, PARTIAL, OFFLINE, OFFLINE,
+                                           FULL, LOST, OFFLINE]
+    assert render(statuses, 2)[:3] == ["0 h: partial", "  1: offline (stopped: signal SIGTERM)",
+                                       "    3: offline (stopped with rank 1)"]
 
 
 async def test_overlay_status_and_shutdown(start_instance, connect) -> None:
