@@ -257,5 +257,21 @@ class Broker:
                           "followers": len(ring.followers)}
         out["modules"] = {m.name: m.h.subscribe_calls for m in self.modules}
         out["rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        now = _rss_now_mb()
+        if now is not None:
+            out["rss_now_mb"] = now
         out["gc"] = gcpolicy.stats()
         return out
+
+
+def _rss_now_mb() -> float | None:
+    """The rank's resident memory now, in MiB (Linux: ``/proc/self/statm``),
+    or None elsewhere.  ``rss_mb`` is the peak (``ru_maxrss``), which never
+    comes down: an operator watching a rank's memory (after a burst of
+    watches or a big commit was freed) could not see what it holds now."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            resident = int(f.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return round(resident * os.sysconf("SC_PAGE_SIZE") / (1 << 20), 1)

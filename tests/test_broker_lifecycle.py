@@ -681,3 +681,25 @@ async def test_a_start_cancelled_while_spawning_leaves_nothing(tmp_path, steps: 
         assert inst.rundir and not os.path.exists(inst.rundir)
         await asyncio.gather(*(p.wait() for p in inst.procs))
     assert processes_of(inst.rundir) == []
+
+
+async def test_stats_tell_a_rank_s_resident_memory_now_not_only_its_peak(
+        start_instance, connect) -> None:
+    """``rss_mb`` is the peak (``ru_maxrss``), which never comes down; an
+    operator watching a rank's memory had nothing else.  ``rss_now_mb`` is
+    what the kernel says the rank holds now (``VmRSS``)."""
+    inst = await start_instance(size=2)
+    h = await connect(inst, 0)
+    for rank in (0, 1):
+        before = _vm_rss_mb(inst.pids()[rank])
+        st = await stats(h, rank)
+        after = _vm_rss_mb(inst.pids()[rank])
+        assert min(before, after) - 2 <= st["rss_now_mb"] <= max(before, after) + 2, (
+            st["rss_now_mb"], before, after)
+        assert st["rss_now_mb"] <= st["rss_mb"] + 1
+
+
+def _vm_rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        kb = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+    return kb / 1024
