@@ -641,8 +641,8 @@ def cmd_dmesg(args: argparse.Namespace) -> int:
             ranks = (list(range(int(await h.attr_get("size")))) if args.all
                      else [_nodeid(args.rank)])
             lost: list[int] = []
-            if args.all:  # (a lost rank is when the others' logs are wanted most)
-                ranks, lost = await _reachable(h, ranks)
+            if args.all or args.rank_timeout:  # (when the others' logs are wanted most)
+                ranks, lost = await _reachable(h, ranks, args.rank_timeout)
             if args.clear:
                 await each_rank("dmesg", ranks, lambda r: h.rpc("log.clear", {}, nodeid=r))
                 return 1 if lost else 0
@@ -664,20 +664,30 @@ def cmd_dmesg(args: argparse.Namespace) -> int:
     return run_async(args, main)
 
 
-async def _reachable(h: Handle, ranks: list[int]) -> tuple[list[int], list[int]]:
+async def _reachable(h: Handle, ranks: list[int],
+                     timeout: float | None) -> tuple[list[int], list[int]]:
     """``ranks`` split into those the tree reaches and those it answers
-    ``EHOSTUNREACH`` for (lost, cut off), each of the latter named on stderr
-    as an error (``dmesg: rank 3: No route to host (...)``).  ``dmesg
-    --all`` printed nothing at all while one rank was lost, when the other
-    ranks' records, which say what happened, are what the operator needs;
-    the exit status stays 1."""
-    answers = await asyncio.gather(*(h.attr_get("rank", nodeid=r) for r in ranks),
-                                   return_exceptions=True)
+    ``EHOSTUNREACH`` for (lost, cut off) or, with ``timeout``, that do not
+    answer within it (stopped, hung), each of the latter named on stderr as
+    an error (``dmesg: rank 3: No route to host (...)``).  ``dmesg --all``
+    printed nothing at all while one rank was lost, and waited for ever
+    while one was stopped, when the other ranks' records, which say what
+    happened, are what the operator needs; the exit status stays 1."""
+
+    async def probe(rank: int) -> object:
+        async with asyncio.timeout(timeout):
+            return await h.attr_get("rank", nodeid=rank)
+
+    answers = await asyncio.gather(*(probe(r) for r in ranks), return_exceptions=True)
     up: list[int] = []
     lost: list[int] = []
     for rank, answer in zip(ranks, answers, strict=True):
         if isinstance(answer, ErrnoError) and answer.errnum == errno.EHOSTUNREACH:
             print_err(f"dmesg: rank {rank}: {errno_detail(answer)}")
+            lost.append(rank)
+        elif isinstance(answer, TimeoutError):
+            print_err(f"dmesg: rank {rank}: {os.strerror(errno.ETIMEDOUT)} (did not answer "
+                      f"in {timeout:g}s: stopped or hung?)")
             lost.append(rank)
         else:
             up.append(rank)  # (any other failure is the log requests' to report)
@@ -963,6 +973,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                       help="forget the records kept (print nothing)")
     what.add_argument("--read-clear", "-c", action="store_true",
                       help="print the records kept, then forget them")
+    s.add_argument("-t", "--timeout", type=positive_float, dest="rank_timeout",
+                   metavar="SECONDS",
+                   help="leave out (naming it; exit 1) a rank that does not answer in "
+                        "SECONDS: stopped or hung (default: wait as long as it takes)")
     s.set_defaults(func=cmd_dmesg)
 
     s = sub.add_parser("logger", help="write a message to a rank's log (as flux logger)")

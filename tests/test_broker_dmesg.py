@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_broker_support import KVBROKER, run_cli, stats, wait_until
+from test_broker_support import KVBROKER, run_cli, stats, stop_process, wait_until
 
 from broker import logring
 from broker.broker import Broker
@@ -527,3 +527,20 @@ async def test_dmesg_all_prints_the_other_ranks_records_while_one_is_lost(
     assert [(r, lvl) for _, r, lvl, _, msg in lines
             if msg.startswith("lost child rank 3 unexpectedly")] == [(1, "WARNING")]
     assert [r for _, r, _, _, msg in lines if NO_STATEDIR in msg] == [0]
+
+
+async def test_dmesg_all_t_leaves_out_a_stopped_rank_and_prints_the_others(
+        start_instance) -> None:
+    """With rank 2 stopped (SIGSTOP), ``dmesg --all`` waited for ever, so an
+    operator looking into a hung rank got nothing.  ``-t`` names the rank
+    that did not answer in time and prints the others' records (exit 1)."""
+    inst = await start_instance(size=3, fanout=2)
+    await stop_process(inst.pids()[2])
+    try:
+        rc, out, err = await run_cli("dmesg", "--all", "-t", "0.5", uri=inst.uri(0), timeout=30)
+    finally:
+        os.kill(inst.pids()[2], signal.SIGCONT)
+    assert rc == 1, err
+    assert err == ("kvbroker: dmesg: rank 2: Connection timed out (did not answer in 0.5s: "
+                   "stopped or hung?)\n"), err
+    assert [r for _, r, _, _, msg in parse(out) if NO_STATEDIR in msg] == [0]
