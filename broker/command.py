@@ -10,8 +10,11 @@ from a pidfd the loop watches, so no child watcher or thread is involved.
 
 On Linux the command does not outlive us: it is SIGKILLed by the kernel
 when we die, however we die (:data:`PARENT_DEATH_SIGNAL`, a
-``prctl(PR_SET_PDEATHSIG)`` set between fork and exec).  That needs a
-``preexec_fn``; see :func:`_parent_death_hook` for why it is safe here.
+``prctl(PR_SET_PDEATHSIG)`` set between fork and exec) -- unless it
+changes its credentials (a set-user-ID program such as ``sudo``, or a
+``setuid()`` of its own), which makes the kernel drop the signal.  That
+needs a ``preexec_fn``; see :func:`_parent_death_hook` for why it is safe
+here.
 """
 
 from __future__ import annotations
@@ -38,7 +41,8 @@ SIGKILL, not SIGTERM: a SIGKILLed ``kvs lease run`` leaves nobody to
 follow a SIGTERM that is ignored with the SIGKILL :meth:`Command.stop`
 ends with, and its command must not go on believing it holds a lock whose
 lease expires a ttl later.  (What the command started is not reached:
-the kernel signals the command alone.)"""
+the kernel signals the command alone; nor is a command that changed its
+credentials, for which the kernel clears the setting: prctl(2).)"""
 PR_SET_PDEATHSIG = 1
 """prctl(2)'s option, from <linux/prctl.h>."""
 
