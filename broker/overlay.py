@@ -21,7 +21,9 @@ so the socket is re-checked after every send too).
 
 Handshake (CONTROL messages):
 
-* ``overlay.hello`` child -> parent ``{rank}``; the parent admits only its
+* ``overlay.hello`` child -> parent ``{rank, process}`` (``process``: a
+  random name of the child's process, the same in each of its hellos, on
+  any connection: :meth:`Overlay._renew_up`); the parent admits only its
   own children and answers ``overlay.hello`` ``{rank, size}`` -- again to
   each hello said again (ZeroMQ may lose an answer: a child says hello
   until answered, :meth:`Overlay._hello_due`).  Over
@@ -68,6 +70,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -140,6 +143,14 @@ class Oversized(Exception):
         super().__init__(size, limit)
         self.size = size
         self.limit = limit
+
+
+def hello_process(payload: Any) -> str | None:
+    """The process a hello's payload names (:attr:`Overlay.process_id`);
+    None if it names none (a peer that does not say: counted as a new
+    process each time, as all were)."""
+    process = payload.get("process") if isinstance(payload, dict) else None
+    return process if isinstance(process, str) and len(process) <= 64 else None
 
 
 def ipc_endpoint(rundir: str, rank: int) -> str:
@@ -245,6 +256,11 @@ class Overlay:
         lost, or replaced): what :meth:`rejoined` tells ``kvbroker overlay
         status``, which otherwise showed a restarted rank as full, as if
         nothing had happened."""
+        self._child_process: dict[int, str] = {}
+        """The ``process`` each child's last admitted hello named (kept once the
+        child is lost): a hello from a new identity naming the same one is a
+        new connection of that process, not a restart (:meth:`_admit`,
+        :attr:`_rejoins`)."""
         self._auth: zmq.auth.thread.ThreadAuthenticator | None = None
         self._monitor: ZmqSocket | None = None
         # ZeroMQ links: each child's current connection, by its identity, and
@@ -284,6 +300,10 @@ class Overlay:
         """Hellos sent to the parent so far."""
         self._hello_warned = False
         self._unreached_warned = False
+        self.process_id = secrets.token_hex(8)
+        """Names this process in its hellos, on every connection: a parent
+        then tells a connection renewed by this process (:meth:`_renew_up`)
+        from a restart of the rank."""
         self._stopping_refused = False
         self.refused = 0
         """Overlay handshakes that failed: a peer without the instance's keys."""
@@ -407,7 +427,7 @@ class Overlay:
             await links.listen(self.rank)
         if self.parent is not None:
             await links.connect(self.parent)
-            self._control_up("overlay.hello", {"rank": self.rank})
+            self._control_up("overlay.hello", self._hello_payload())
 
     def _start_zmq(self) -> None:
         from broker import overlay_zmq as zl
@@ -447,11 +467,14 @@ class Overlay:
             self._up.close(linger_ms=linger_ms)
             self._up = None
 
+    def _hello_payload(self) -> dict[str, Any]:
+        return {"rank": self.rank, "process": self.process_id}
+
     def _say_hello(self) -> None:
         """ZeroMQ: say hello to the parent, and make sure it is said again
         until the parent answers (:meth:`_hello_due`)."""
         self._hellos += 1
-        self._control_up("overlay.hello", {"rank": self.rank})
+        self._control_up("overlay.hello", self._hello_payload())
         if self._hello_timer is None:
             self._hello_timer = asyncio.get_running_loop().call_later(self._hello_retry,
                                                                       self._hello_due)
@@ -950,32 +973,41 @@ class Overlay:
             child = self._hello_rank(frames, ident)
             if child is None:
                 return
-            self._admit(child, ident)
+            self._admit(child, ident, hello_process(codec.decode(frames).payload))
         self._child_frames(child, frames)
 
-    def _admit(self, child: int, ident: bytes) -> None:
-        """ZeroMQ: connection ``ident`` said hello as ``child``.  If an older
-        connection of that rank is still open, the newest hello wins (see the
-        module docstring): the old process is told to stop, and the requests
-        it held are answered as for a lost rank."""
+    def _admit(self, child: int, ident: bytes, process: str | None) -> None:
+        """ZeroMQ: connection ``ident`` said hello as ``child``, from
+        ``process``.  If an older connection of that rank is still open, the
+        newest hello wins (see the module docstring): the old process is
+        told to stop, and the requests it held are answered as for a lost
+        rank.  If the hello names the process the old connection's did, it
+        is that process on a new connection (the answer to its hello was
+        lost with the old one: :meth:`_renew_up`), not a replacement: no
+        one to stop, nothing counted."""
         old = self._child_ident.get(child)
         if old is not None:
-            self.replaced += 1
-            # (counted as a rejoin when its hello is read, next)
-            self._rejoins.setdefault(child, _Rejoins()).replaced += 1
-            # (throttled: each new connection of a peer holding the keys
-            # says it -- as many lines as it likes, otherwise)
-            self._peer_log.log(logging.WARNING, "hello-again", "rank %d said hello again "
-                               "from a new process: dropping its old connection", child)
+            if self._same_process(child, process):
+                log.info("rank %d said hello again on a new connection: dropping its old "
+                         "one", child)
+            else:
+                self.replaced += 1
+                # (counted as a rejoin when its hello is read, next)
+                self._rejoins.setdefault(child, _Rejoins()).replaced += 1
+                # (throttled: each new connection of a peer holding the keys
+                # says it -- as many lines as it likes, otherwise)
+                self._peer_log.log(logging.WARNING, "hello-again", "rank %d said hello "
+                                   "again from a new process: dropping its old connection",
+                                   child)
+                replaced = Message(MsgType.CONTROL, "overlay.shutdown",
+                                   {"rank": self.rank, "replaced": True})
+                assert self._down is not None
+                # (if that connection is gone already, there is no one to tell)
+                self._down.send_to(old, codec.encode(replaced))
             del self._ident_child[old]
             self._send_failed.discard(old)
             self._cut(old)
-            replaced = Message(MsgType.CONTROL, "overlay.shutdown",
-                               {"rank": self.rank, "replaced": True})
-            assert self._down is not None
-            # (if that connection is gone already, there is no one to tell)
-            self._down.send_to(old, codec.encode(replaced))
-            self._lose_child(child, "a newer process of it said hello", quiet=True)
+            self._lose_child(child, "it said hello again", quiet=True)
         self._child_ident[child] = ident
         self._ident_child[ident] = child
         assert self._down is not None
@@ -1120,16 +1152,26 @@ class Overlay:
         else:
             self.router.from_rank(child, msg)
 
+    def _same_process(self, child: int, process: str | None) -> bool:
+        """``process`` (a hello's) is the one ``child``'s last admitted hello named."""
+        return process is not None and self._child_process.get(child) == process
+
     def _child_control(self, child: int, msg: Message) -> None:
         if msg.topic == "overlay.hello":
             if child not in self.hello_from:
                 self.router.child_joined(child)
                 self._stopped.pop(child, None)
-                if child in self._joined:  # a new process of it (see _rejoins)
+                process = hello_process(msg.payload)
+                # a new process of it (see _rejoins), not the same one on a new link
+                if child in self._joined and not self._same_process(child, process):
                     again = self._rejoins.setdefault(child, _Rejoins())
                     again.times += 1
                     again.at = asyncio.get_running_loop().time()
                 self._joined.add(child)
+                if process is None:
+                    self._child_process.pop(child, None)
+                else:
+                    self._child_process[child] = process
             self.hello_from.add(child)
             reply = Message(MsgType.CONTROL, "overlay.hello", {"rank": self.rank,
                                                                 "size": self.size})

@@ -810,11 +810,11 @@ async def test_a_rank_whose_first_hello_is_not_answered_says_it_again_and_joins(
     try:
         rank1 = await brokers(config, 1)
         ident, hello = parent.recv("overlay.hello")
-        assert hello.payload == {"rank": 1}
+        assert hello.payload["rank"] == 1
         for _ in range(4):  # unanswered, as if each answer were lost
             assert not os.path.exists(rank1.rundir / "local-1")  # not admitted
-            again, hello = parent.recv("overlay.hello")
-            assert (again, hello.payload) == (ident, {"rank": 1})
+            again, repeated = parent.recv("overlay.hello")
+            assert (again, repeated.payload) == (ident, hello.payload)
         parent.answer_hello(ident)
         assert await rank1.ready() == rank1.uri
         assert parent.recv("overlay.ready")[0] == ident
@@ -844,11 +844,12 @@ async def test_a_rank_whose_link_drops_before_the_answer_says_hello_on_a_new_one
     parent = StandInParent(tmp_path, load(str(config)).endpoints()[0])
     try:
         rank1 = await brokers(config, 1)
-        first, _ = parent.recv("overlay.hello")
+        first, said = parent.recv("overlay.hello")
         parent.sock.close(0)  # the link drops; the answer is never sent
         parent.sock = parent.bind()
         ident, hello = parent.recv("overlay.hello")
-        assert hello.payload == {"rank": 1}
+        assert hello.payload == said.payload  # (the same rank and process)
+        assert hello.payload["rank"] == 1 and isinstance(hello.payload["process"], str)
         assert ident != first and ident.startswith(b"1-")
         parent.answer_hello(ident)
         assert await rank1.ready() == rank1.uri
@@ -927,7 +928,9 @@ async def test_a_rank_joins_a_real_parent_whose_hello_answer_was_lost_with_its_l
     answer goes through.  Rank 0 had admitted rank 1, lost it with the
     connection, and drops what its old identity sends; rank 1's DEALER
     dialled again by itself and rank 1 waited for ever.  Now it says hello
-    again from a new identity, and the instance comes up."""
+    again from a new identity, and the instance comes up -- with rank 1 not
+    counted as restarted: the same process said both hellos (its hello
+    names its process), where ``overlay status`` showed it ``restarted``."""
     assert (await run_cli("keygen", str(tmp_path / "curve.key")))[0] == 0
     port, relay_port = free_tcp_ports(2)
     config = tmp_path / "inst.toml"
@@ -948,7 +951,9 @@ async def test_a_rank_joins_a_real_parent_whose_hello_answer_was_lost_with_its_l
             await rank0.ready()
             assert relay.broken.is_set() and relay.connections == 2
             assert (await h.ping(1))["route"][-1] == "r1"
-            assert (await stats(h, 0))["overlay"]["children"] == [1]
+            overlay = (await stats(h, 0))["overlay"]
+            assert overlay["children"] == [1]
+            assert (overlay["rejoined"], overlay["replaced"]) == ({}, 0), overlay
         finally:
             await h.close()
     finally:

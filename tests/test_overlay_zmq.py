@@ -285,3 +285,44 @@ async def test_what_a_lost_child_s_process_sends_when_it_resumes_is_dropped_quie
     assert "lost child rank 1 unexpectedly" in caplog.text
     assert "not a child's hello" not in caplog.text
     assert not await child.poll(0)
+
+
+async def test_a_hello_from_the_same_process_on_a_new_connection_replaces_nothing(
+        parent: Parent, caplog: pytest.LogCaptureFixture) -> None:
+    """A child whose link closed before its hello was answered says hello
+    again from a new DEALER (``Overlay._renew_up``), whose hello names the
+    same process; the parent may not have seen the old connection close
+    yet.  That is the same process on a new connection: the old one is
+    dropped, but nothing is counted as a replacement or a rejoin (``overlay
+    status`` said "restarted ... 1 in place of a process still connected")
+    and the old connection is not told it was replaced.  A hello naming
+    another process, next, is a replacement, as before."""
+
+    def hello(process: str) -> list[bytes]:
+        payload = {"rank": 1, "process": process}
+        return codec.encode(Message(MsgType.CONTROL, "overlay.hello", payload))  # type: ignore
+
+    async def answered(ident: bytes, process: str) -> zmq.asyncio.Socket:
+        s = parent.dealer(ident)
+        await s.send_multipart(hello(process))
+        assert codec.decode(await s.recv_multipart()).topic == "overlay.hello"
+        return s
+
+    caplog.set_level(logging.INFO, "kvbroker.overlay")
+    overlay = parent.overlay
+    async with asyncio.timeout(15):
+        first = await answered(b"1-first", "p1")
+        second = await answered(b"1-second", "p1")  # (first still connected)
+        assert overlay.hello_from == {1}
+        assert (overlay.replaced, overlay.rejoined()) == (0, {})
+        _third = await answered(b"1-third", "p2")  # another process: a replacement
+        told = codec.decode(await second.recv_multipart())
+        assert (told.topic, told.payload) == ("overlay.shutdown", {"rank": 0, "replaced": True})
+        assert overlay.replaced == 1
+        assert {k: (v["times"], v["replaced"]) for k, v in overlay.rejoined().items()} == {
+            "1": (1, 1)}
+        # (a shutdown to it would have been sent before second's answer, three
+        # round trips ago)
+        assert not await first.poll(0)
+    assert "said hello again on a new connection: dropping its old one" in caplog.text
+    assert caplog.text.count("said hello again from a new process") == 1
