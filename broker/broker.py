@@ -256,22 +256,34 @@ class Broker:
             out["log"] = {"kept": len(ring.entries), "logged": ring.next_seq - 1,
                           "followers": len(ring.followers)}
         out["modules"] = {m.name: m.h.subscribe_calls for m in self.modules}
-        out["rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        now = _rss_now_mb()
+        peak, now = _rss_mb()
+        out["rss_mb"] = peak
         if now is not None:
             out["rss_now_mb"] = now
         out["gc"] = gcpolicy.stats()
         return out
 
 
-def _rss_now_mb() -> float | None:
-    """The rank's resident memory now, in MiB (Linux: ``/proc/self/statm``),
-    or None elsewhere.  ``rss_mb`` is the peak (``ru_maxrss``), which never
-    comes down: an operator watching a rank's memory (after a burst of
-    watches or a big commit was freed) could not see what it holds now."""
+def _rss_mb() -> tuple[float, float | None]:
+    """The rank's peak resident memory and its resident memory now, in MiB.
+    ``rss_mb`` is the peak, which never comes down: an operator watching a
+    rank's memory (after a burst of watches or a big commit was freed)
+    could not see what it holds now, ``rss_now_mb``.  On Linux both come
+    from one read of ``/proc/self/status`` (``VmHWM``, ``VmRSS``), so the
+    peak is never below the current size: ``ru_maxrss`` lags the kernel's
+    resident counters (0.1-0.4 MiB below ``VmRSS`` on a rank whose memory
+    had just grown, and on every rank of an idle instance, Linux 6.18), and
+    an operator read a "peak" smaller than the memory held now.  Elsewhere:
+    ``ru_maxrss``, and no current size."""
+    fields: dict[str, int] = {}
     try:
-        with open("/proc/self/statm", "rb") as f:
-            resident = int(f.read().split()[1])
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                name, _, value = line.partition(b":")
+                if name in (b"VmHWM", b"VmRSS"):
+                    fields[name.decode()] = int(value.split()[0])  # (kB)
     except (OSError, ValueError, IndexError):
-        return None
-    return round(resident * os.sysconf("SC_PAGE_SIZE") / (1 << 20), 1)
+        fields = {}
+    if "VmHWM" in fields and "VmRSS" in fields:
+        return max(fields["VmHWM"], fields["VmRSS"]) / 1024, fields["VmRSS"] / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, None
