@@ -879,7 +879,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                    help="send it to rank N (default: any rank offering the service)")
     s.add_argument("--stream", action="store_true",
                    help="a streaming request: print each response as it comes")
-    add_answer_timeout(s)
+    add_answer_timeout(s, help_text="give up when no answer came in SECONDS (exit 1; with "
+                       "--stream, the first answer only: a stream that answered runs "
+                       "on; default: wait as long as the rank takes)")
     s.set_defaults(func=cmd_rpc)
 
     s = sub.add_parser("ping", help="ping a rank's broker service")
@@ -941,7 +943,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     o = osub.add_parser("status", help="each rank: full, partial (something below is "
                         "not full), lost, offline (stopped on purpose) or "
                         "torpid; exit 1 unless all are up")
-    o.add_argument("--timeout", "-t", type=positive_float, default=2.0,
+    o.add_argument("--timeout", "-t", type=positive_float, default=2.0, metavar="SECONDS",
                    help="seconds a rank may take to answer (default 2)")
     o.set_defaults(func=cmd_overlay)
     o = osub.add_parser("disconnect", help="cut a rank and its subtree off the tree (a hung "
@@ -953,7 +955,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
     s = sub.add_parser("uptime", help="how long the instance has run, its owner and size "
                        "(as flux uptime)")
-    s.add_argument("--timeout", "-t", type=positive_float, default=2.0,
+    s.add_argument("--timeout", "-t", type=positive_float, default=2.0, metavar="SECONDS",
                    help="seconds a rank may take to answer (default 2)")
     s.set_defaults(func=cmd_uptime)
 
@@ -965,7 +967,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     s = sub.add_parser("dmesg", help="print the log records ranks keep (as flux dmesg)")
     where = s.add_mutually_exclusive_group()
     where.add_argument("--rank", "-r", type=rank_int)
-    where.add_argument("--all", "-a", action="store_true", help="every rank's, merged by time")
+    where.add_argument("--all", "-a", action="store_true",
+                       help="every rank's, merged by time (a rank out of reach is named "
+                       "on stderr and left out: exit 1)")
     what = s.add_mutually_exclusive_group()
     what.add_argument("--follow", "-f", action="store_true",
                       help="then print new records as they come, until interrupted")

@@ -357,7 +357,9 @@ def command_args(cmdline: list[str] | None) -> list[str]:
     return command[1:] if command[:1] == ["--"] else command
 
 
-def add_answer_timeout(parser: argparse.ArgumentParser) -> None:
+def add_answer_timeout(parser: argparse.ArgumentParser,
+                       help_text: str = "give up when no answer came in SECONDS (exit 1; default: "
+                                   "wait as long as the rank takes)") -> None:
     """``-t/--timeout SECONDS`` for a command that asks a rank and waits for
     its answer (``exec -r``, ``attr``, ``rpc``...): :func:`run_async` gives
     the whole command that long.  A request to a stopped or hung rank (or
@@ -366,8 +368,7 @@ def add_answer_timeout(parser: argparse.ArgumentParser) -> None:
     script that must not hang needs a bound of its own."""
     parser.add_argument("-t", "--timeout", type=positive_float, dest="answer_timeout",
                         metavar="SECONDS",
-                        help="give up when no answer came in SECONDS (exit 1; default: "
-                             "wait as long as the rank takes)")
+                        help=help_text)
 
 
 def no_answer_detail(rank: int | None, timeout: float) -> str:
