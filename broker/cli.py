@@ -395,6 +395,10 @@ def cmd_broker(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------ client commands
 
 
+ASK_RANK = "ask rank N (default: the rank attached to)"
+"""``-r/--rank N``'s help where a command asks one rank."""
+
+
 def _nodeid(rank: int | None) -> int:
     return NODEID_ANY if rank is None else rank
 
@@ -915,17 +919,18 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     asub = s.add_subparsers(dest="attr_cmd", required=True)
     a = asub.add_parser("get")
     a.add_argument("name")
-    a.add_argument("--rank", "-r", type=rank_int)
+    a.add_argument("--rank", "-r", type=rank_int, metavar="N", help=ASK_RANK)
     add_answer_timeout(a)
     a = asub.add_parser("list")
-    a.add_argument("--rank", "-r", type=rank_int)
+    a.add_argument("--rank", "-r", type=rank_int, metavar="N", help=ASK_RANK)
     add_answer_timeout(a)
     a = asub.add_parser("set", help="change log.level, log.ring-level, tbon.torpid_min or "
                         "tbon.torpid_max on a running rank (the instance owner only)")
     a.add_argument("name")
     a.add_argument("value")
     where = a.add_mutually_exclusive_group()
-    where.add_argument("--rank", "-r", type=rank_int)
+    where.add_argument("--rank", "-r", type=rank_int, metavar="N",
+                       help="on rank N (default: the rank attached to)")
     where.add_argument("--all", "-a", action="store_true", help="on every rank")
     add_answer_timeout(a)
     s.set_defaults(func=cmd_attr)
@@ -933,7 +938,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     s = sub.add_parser("module", help="list loaded modules")
     msub = s.add_subparsers(dest="module_cmd", required=True)
     m = msub.add_parser("list")
-    m.add_argument("--rank", "-r", type=rank_int)
+    m.add_argument("--rank", "-r", type=rank_int, metavar="N", help=ASK_RANK)
     m.add_argument("--json", action="store_true")
     add_answer_timeout(m)
     s.set_defaults(func=cmd_module)
@@ -960,13 +965,14 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_uptime)
 
     s = sub.add_parser("shutdown", help="stop the instance (or rank R and its subtree)")
-    s.add_argument("--rank", "-r", type=rank_int, default=0)
+    s.add_argument("--rank", "-r", type=rank_int, default=0, metavar="N",
+                   help="stop rank N and the ranks below it (default 0: all of them)")
     add_answer_timeout(s)
     s.set_defaults(func=cmd_shutdown)
 
     s = sub.add_parser("dmesg", help="print the log records ranks keep (as flux dmesg)")
     where = s.add_mutually_exclusive_group()
-    where.add_argument("--rank", "-r", type=rank_int)
+    where.add_argument("--rank", "-r", type=rank_int, metavar="N", help=ASK_RANK)
     where.add_argument("--all", "-a", action="store_true",
                        help="every rank's, merged by time (a rank out of reach is named "
                        "on stderr and left out: exit 1)")
@@ -988,13 +994,14 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     s.add_argument("--severity", "-s", default="info", type=str.lower,
                    choices=("debug", "info", "warning", "error"))
     s.add_argument("--appname", "-n", default="logger", help="the name the line carries")
-    s.add_argument("--rank", "-r", type=rank_int)
+    s.add_argument("--rank", "-r", type=rank_int, metavar="N",
+                   help="log on rank N (default: the rank attached to)")
     add_answer_timeout(s)
     s.set_defaults(func=cmd_logger)
 
     s = sub.add_parser("stats", help="print a module's stats (broker, content, kvs, ...)")
     s.add_argument("module")
-    s.add_argument("--rank", "-r", type=rank_int)
+    s.add_argument("--rank", "-r", type=rank_int, metavar="N", help=ASK_RANK)
     add_answer_timeout(s)
     s.set_defaults(func=cmd_stats)
 
