@@ -250,6 +250,8 @@ async def collect(content: ContentModule, roots: Callable[[], Roots],
         if compact:
             await content.db(content.backing.compact)
         file_bytes, free_bytes = await content.db(content.backing.file_bytes)
+        # the room made counts at once: writes refused for want of it resume
+        await content.measure_disk()
     except sqlite3.Error as exc:  # (a full disk, for a compaction): an errno, not a traceback
         raise store_error(exc, "collecting garbage") from None
     finally:

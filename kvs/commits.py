@@ -9,6 +9,9 @@ into one batch, and for each batch:
 
 1. waits for room in the content module's write-back backlog
    (``content.backlog-bytes``), or fails the batch with the writer's errno;
+   below the free-space reserve (``content.disk-reserve-bytes``) fails the
+   transactions that write data with ``ENOSPC``, keeping those that only
+   unlink (how an operator makes room while it runs);
 2. applies the ops with the I/O-free engine :mod:`kvs.txn`, fetching what
    it misses (:mod:`kvs.blobs`), and checks the blobs they name
    (:mod:`kvs.refcheck`);
@@ -68,6 +71,19 @@ class SetRoot(NamedTuple):
     """``collections_begun`` then: none began since, none deleted its blobs."""
     at: float
     """``time.monotonic()`` then, after the root history noted it."""
+
+
+def _adds_data(p: Pending) -> bool:
+    """Whether transaction ``p`` writes a value or a directory (a dirent
+    that is not an ``EXPECT`` condition): refused below the free-space
+    reserve.  An unlink adds directory blobs too, but only smaller ones
+    than those it replaces, and it is how an operator makes room."""
+    if p.revoke is not None:  # (a lease's keys unlinked)
+        return False
+    for op in p.ops:
+        if op.get("dirent") is not None and not op.get("flags", 0) & txn.EXPECT:
+            return True
+    return False
 
 
 class CommitPipeline:
@@ -233,6 +249,10 @@ class CommitPipeline:
                     self.counts["commits-failed"] += len(batch)
                     self._fail(ns, batch, no_room)
                     continue
+                if self.content is not None:
+                    batch = self._refuse_for_space(ns, batch, self.content)
+                    if not batch:
+                        continue
                 try:
                     await self._apply_batch(ns, batch)
                 except Exception as exc:  # a bug: fail the batch, never leave it hanging
@@ -273,6 +293,23 @@ class CommitPipeline:
             p.future.set_exception(ErrnoError(exc.errnum, exc.errstr))
         if batch:
             self.publish_error(ns, [p.name for p in batch], exc)
+
+    def _refuse_for_space(self, ns: Namespace, batch: list[Pending],
+                          content: ContentModule) -> list[Pending]:
+        """Below the free-space reserve (``content.disk-reserve-bytes``), fail
+        the transactions of ``batch`` that add data with ``ENOSPC``; the
+        rest of the batch, to apply: those that only unlink or expect (and
+        a lease's revocation), which are how room is made while it runs.
+        Off the reserve this costs a subtraction and a comparison."""
+        refused = content.refusal()
+        if refused is None:
+            return batch
+        keep = [p for p in batch if not _adds_data(p)]
+        if len(keep) < len(batch):
+            failed = [p for p in batch if _adds_data(p)]
+            self.counts["commits-failed"] += len(failed)
+            self._fail(ns, failed, refused)
+        return keep
 
     async def _room(self) -> ErrnoError | None:
         """Wait for room in rank 0's write-back backlog (:meth:`ContentModule.room`);

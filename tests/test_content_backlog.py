@@ -27,6 +27,9 @@ from broker.launch import Instance
 LIMIT = 64 << 10
 VALUE = 32 << 10  # two values fill the backlog
 DIRS = 16 << 10  # bound on the directory blobs one commit of these tests adds
+# These tests fill the disk until SQLite itself fails (ENOSPC from a write):
+# without a free-space reserve, which would refuse the commits before that.
+NO_RESERVE = {"content.disk-reserve-bytes": "0"}
 
 
 async def test_commits_wait_for_the_writer_and_lose_nothing(
@@ -75,7 +78,7 @@ async def test_a_full_disk_fails_commits_with_enospc_and_the_instance_recovers(
         small_disk, tmp_path) -> None:
     log = tmp_path / "rank.log"
     inst = Instance(2, statedir=str(small_disk / "state"), stderr_path=str(log),
-                    attrs={"content.backlog-bytes": str(LIMIT)})
+                    attrs={"content.backlog-bytes": str(LIMIT), **NO_RESERVE})
     await asyncio.wait_for(inst.start(), 60)
     try:
         h = await Handle.connect(inst.uri(1))
@@ -133,7 +136,8 @@ async def test_a_full_disk_stops_acknowledging_commits_whatever_the_backlog(
     Without a limit (``content.backlog-bytes=0``) too: that still
     acknowledged every commit on a full disk."""
     log = tmp_path / "rank.log"
-    attrs = {} if backlog is None else {"content.backlog-bytes": backlog}
+    attrs = dict(NO_RESERVE) if backlog is None else {"content.backlog-bytes": backlog,
+                                                      **NO_RESERVE}
     inst = Instance(1, statedir=str(small_disk / "state"), stderr_path=str(log), attrs=attrs)
     await asyncio.wait_for(inst.start(), 60)
     try:
@@ -176,7 +180,8 @@ async def test_a_disk_that_stays_full_is_logged_once_not_at_every_retry(
     at once and the others held (at most one a minute, counted in the
     stats), and the lines saying the writes succeed again count them."""
     log = tmp_path / "rank.log"
-    inst = Instance(1, statedir=str(small_disk / "state"), stderr_path=str(log))
+    inst = Instance(1, statedir=str(small_disk / "state"), stderr_path=str(log),
+                    attrs=NO_RESERVE)
     await asyncio.wait_for(inst.start(), 60)
     try:
         h = await Handle.connect(inst.uri(0))
@@ -227,7 +232,8 @@ async def test_start_exits_1_when_rank_0_cannot_stop_cleanly(small_disk) -> None
     script = (f"head -c {room} /dev/zero > {small_disk}/filler && "
               f"head -c 300000 /dev/urandom | kvbroker kvs put -r big=-")
     proc = await asyncio.create_subprocess_exec(
-        KVBROKER, "start", "--statedir", str(small_disk / "state"), "--", "sh", "-c", script,
+        KVBROKER, "start", "--statedir", str(small_disk / "state"),
+        "-S", "content.disk-reserve-bytes=0", "--", "sh", "-c", script,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     _out, err = await asyncio.wait_for(proc.communicate(), 60)
     text = err.decode()
@@ -245,6 +251,7 @@ async def test_start_stopped_by_sigterm_exits_1_when_rank_0_cannot_stop_cleanly(
     room = free.f_bavail * free.f_frsize - 150_000
     proc = await asyncio.create_subprocess_exec(
         KVBROKER, "start", "--statedir", str(small_disk / "state"),
+        "-S", "content.disk-reserve-bytes=0",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     try:
         assert proc.stdout is not None
@@ -368,7 +375,8 @@ async def test_a_hold_is_released_while_writes_fail(small_disk, tmp_path) -> Non
     (HOLD_LEASE): ``kvs gc`` could not give their room back.  A store that
     adds no blob still takes its turn, but no longer fails for the disk."""
     log = tmp_path / "rank.log"
-    inst = Instance(1, statedir=str(small_disk / "state"), stderr_path=str(log))
+    inst = Instance(1, statedir=str(small_disk / "state"), stderr_path=str(log),
+                    attrs=NO_RESERVE)
     await asyncio.wait_for(inst.start(), 60)
     try:
         h = await Handle.connect(inst.uri(0))

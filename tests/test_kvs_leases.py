@@ -536,8 +536,9 @@ async def test_unlinks_that_failed_are_retried_until_applied(small_disk, tmp_pat
     and only a log line said so.  Logged once, counted in the stats."""
     from broker.launch import Instance
     log = tmp_path / "rank.log"
+    # (the reserve off: this tests unlinks that fail because SQLite cannot write)
     inst = Instance(2, statedir=str(small_disk / "state"), stderr_path=str(log),
-                    attrs={"log.level": "info"})
+                    attrs={"log.level": "info", "content.disk-reserve-bytes": "0"})
     await asyncio.wait_for(inst.start(), 60)
     try:
         async with KVS.connect(inst.uri(1)) as kvs, KVS.connect(inst.uri(0)) as kvs0:

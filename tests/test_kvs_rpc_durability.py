@@ -36,6 +36,9 @@ from broker.handle import Handle
 from broker.launch import Instance, StartError
 
 BIG = bytes(range(256)) * 1024  # 256 KiB
+# The small_disk tests fill the disk until SQLite itself fails (ENOSPC from a
+# write): without a free-space reserve, which would refuse the commits first.
+NO_RESERVE = {"content.disk-reserve-bytes": "0"}
 
 
 @pytest.mark.parametrize("size", [1, 4])
@@ -120,7 +123,8 @@ async def test_a_stop_that_cannot_sync_the_store_exits_1_in_one_line(small_disk,
     under load in the test above, whose timing rarely leaves frames in the
     WAL); it now says why in one line and exits 1."""
     log = tmp_path / "rank.log"
-    inst = Instance(1, statedir=str(small_disk / "state"), stderr_path=str(log))
+    inst = Instance(1, statedir=str(small_disk / "state"), stderr_path=str(log),
+                    attrs=NO_RESERVE)
     await asyncio.wait_for(inst.start(), 60)
     try:
         h = await Handle.connect(inst.uri(0))
@@ -153,7 +157,8 @@ async def test_a_stop_that_cannot_write_its_checkpoint_exits_1(small_disk, tmp_p
     Rank 0 logged a traceback and exited 0, as if nothing was lost; it now
     says why in one line and exits 1."""
     log = tmp_path / "rank.log"
-    inst = Instance(1, statedir=str(small_disk / "state"), stderr_path=str(log))
+    inst = Instance(1, statedir=str(small_disk / "state"), stderr_path=str(log),
+                    attrs=NO_RESERVE)
     await asyncio.wait_for(inst.start(), 60)
     try:
         h = await Handle.connect(inst.uri(0))
@@ -232,7 +237,7 @@ async def test_a_full_disk_checkpoints_the_newest_root_whose_blobs_are_written(
     on a loaded machine; at 8 s one run in ~11 failed under load.)"""
     statedir, log = str(small_disk / "state"), tmp_path / "rank.log"
     inst = Instance(1, statedir=statedir, stderr_path=str(log),
-                    attrs={"kvs.checkpoint-period": "15s"})
+                    attrs={"kvs.checkpoint-period": "15s", **NO_RESERVE})
     await asyncio.wait_for(inst.start(), 60)
     try:
         async with await Handle.connect(inst.uri(0)) as h:
@@ -267,7 +272,7 @@ async def test_a_stop_on_a_full_disk_keeps_the_newest_root_whose_blobs_are_writt
     checkpoint (here the SYNC commit's: no periodic checkpoints)."""
     statedir, log = str(small_disk / "state"), tmp_path / "rank.log"
     inst = Instance(1, statedir=statedir, stderr_path=str(log),
-                    attrs={"kvs.checkpoint-period": "0"})
+                    attrs={"kvs.checkpoint-period": "0", **NO_RESERVE})
     await asyncio.wait_for(inst.start(), 60)
     try:
         async with await Handle.connect(inst.uri(0)) as h:
@@ -939,7 +944,7 @@ async def test_a_failed_checkpoint_whose_rollback_failed_is_written_over(
     statedir, log = str(small_disk / "state"), tmp_path / "rank.log"
     inst = Instance(1, statedir=statedir, stderr_path=str(log), attrs={
         "kvs.checkpoint-period": "0", "content.backlog-bytes": str(1 << 20),
-        "log.level": "info"})
+        "log.level": "info", **NO_RESERVE})
     await asyncio.wait_for(inst.start(), 60)
     try:
         async with await Handle.connect(inst.uri(0)) as h:

@@ -24,6 +24,17 @@
   (:meth:`ContentModule.room`) -- memory stays bounded when commits come
   faster than the disk takes them, and a failing disk fails them with its
   errno instead of growing the backlog for ever.
+* Free-space reserve (rank 0 with a statedir, as etcd's backend quota and
+  its NOSPACE alarm): while the room for the store -- free space on the
+  statedir's file system plus the store's free pages, less its WAL and
+  what waits to be written -- is below ``content.disk-reserve-bytes``,
+  stores of blobs are refused with ``ENOSPC`` (:meth:`ContentModule.refusal`;
+  the kvs module refuses commits that add data the same way, not unlinks).  What
+  only deletes or records roots (unlinks, collections, checkpoints) goes
+  on in the reserve, so a store that filled its disk can be shrunk while
+  it runs, and writes resume by themselves once there is room.  The free
+  space is measured once a second (:meth:`ContentModule.measure_disk`),
+  not at every commit.
 * ``content.checkpoint-put`` / ``-get`` ``{key, value}``: small named roots
   kept by rank 0 (KVS uses them to resume after a restart).
 * ``content.dropcache`` drops clean cache entries; ``content.stats-get``.
@@ -93,6 +104,49 @@ BACKLOG_BYTES = AttrSpec(
     "content.backlog-bytes", str(256 << 20), integer(0),
     "rank 0: commits and stores wait while more than this many bytes of blobs "
     "wait for their write to SQLite (0: no limit)")
+DEFAULT_DISK_RESERVE = 64 << 20
+"""``content.disk-reserve-bytes=auto`` (the default) keeps this much free on
+the statedir's file system, or :data:`DISK_RESERVE_FRACTION` of it if that is
+less.  What the reserve must hold is what still writes once adding is
+refused: SQLite's WAL, which grows to a write-back transaction
+(:data:`WRITE_BYTES`) plus what its auto-checkpoint lets pile up (1,000
+pages, ~4 MiB) before it is reused; the blobs already accepted (the
+backlog, estimated in); the directory blobs of unlink commits (a few kB
+each); a collection's deletions (short transactions whose freed pages are
+not rewritten: ``secure_delete`` off) and checkpoint rows.  64 MiB holds
+that several times over, and is nothing on a disk of a real deployment."""
+DISK_RESERVE_FRACTION = 20
+"""...capped at 1/20 (5%) of the file system's size when that is smaller, so
+a small disk (a 20 MB test tmpfs keeps 1 MB) is not refused from the start."""
+DISK_CHECK_PERIOD = 1.0
+"""Seconds between two measures of the free space (one ``statvfs`` and a
+``PRAGMA`` on the SQLite thread): between them the bytes of the blobs
+accepted since are subtracted from the last measure, so the commit path
+never makes a system call for it -- and room made from outside (a file
+removed) is seen within this long."""
+
+SMALL_STORE = 1024
+"""A ``content.store`` of at most this many bytes in all is accepted below
+the reserve, which holds it as it holds an unlink's directories: the KVS
+stores a new namespace's empty root (21 bytes) that way, at start too -- a
+restart on a disk below the reserve must not fail."""
+
+
+def reserve_bytes(value: Any) -> int | None:
+    """``content.disk-reserve-bytes``: ``auto`` (None: :data:`DEFAULT_DISK_RESERVE`,
+    capped) or a number of bytes (``0``: no reserve)."""
+    if isinstance(value, str) and value.strip() == "auto":
+        return None
+    parsed: int = integer(0)(value)
+    return parsed
+
+
+DISK_RESERVE = AttrSpec(
+    "content.disk-reserve-bytes", "auto", reserve_bytes,
+    "rank 0 with a statedir: while the statedir's file system has less than this "
+    "free (free pages of the store count), commits and stores that add data are "
+    "refused with ENOSPC; unlinks, kvs gc and checkpoints still work (auto: "
+    "64 MiB, at most 5% of the file system; 0: no reserve)")
 FAILURE_LOG_EVERY = 60.0
 """Seconds between two ERROR lines of a write to SQLite that keeps failing
 (the overlay's refused handshakes are logged as seldom)."""
@@ -152,7 +206,8 @@ its own, so it fails alone, not the batch it came in."""
 
 class ContentModule(Module):
     name: ClassVar[str] = "content"
-    attributes: ClassVar[tuple[AttrSpec, ...]] = (BLOB_SIZE_LIMIT, CACHE_BYTES, BACKLOG_BYTES)
+    attributes: ClassVar[tuple[AttrSpec, ...]] = (BLOB_SIZE_LIMIT, CACHE_BYTES, BACKLOG_BYTES,
+                                                  DISK_RESERVE)
 
     def __init__(self, ctx: Any) -> None:
         super().__init__(ctx)
@@ -179,6 +234,27 @@ class ContentModule(Module):
         while it goes on failing: each request and checkpoint retries it, and
         a full disk logged several lines a second, pushing every other record
         out of the ring ``kvbroker dmesg`` reads within minutes."""
+        # The free-space reserve (rank 0 with a statedir; see measure_disk)
+        self.reserve_setting: int | None = DISK_RESERVE.value(attrs)
+        self.disk_reserve = 0
+        """The reserve in force (``content.disk-reserve-bytes``, ``auto``
+        resolved at start); 0 without a statedir."""
+        self.disk_free = 0
+        """Bytes free on the statedir's file system at the last measure."""
+        self.store_bytes = 0
+        """Bytes the store's file and WAL take on disk at the last measure."""
+        self.store_free = 0
+        """Bytes of the store's free pages (reused for new blobs) then."""
+        self.stored_total = 0
+        """Bytes of every blob queued for writing since start (:meth:`_backlog`)."""
+        self._room_base = 0
+        """Room (free space and free pages, less the WAL and twice the
+        backlog) at the last measure, plus twice :attr:`stored_total` then:
+        the room now is this less twice :attr:`stored_total` -- arithmetic
+        on the commit path (:meth:`measure_disk`)."""
+        self.refusing: str | None = None
+        """Why writes that add data are refused (below the reserve), or None."""
+        self._disk_watch: asyncio.Task[None] | None = None
         self.stopping = False
         self.counts: Counter[str] = Counter(dict.fromkeys(COUNTERS, 0))
         self.backing: SqliteStore | None = None
@@ -262,6 +338,13 @@ class ContentModule(Module):
                                               "instance (its content.sqlite is locked)") from None
             except sqlite3.DatabaseError as exc:  # (not a database, damaged, ...)
                 raise ErrnoError(errno.EIO, f"{path}: {exc}") from None
+            total = await self.measure_disk()
+            if self.persistent:
+                setting = self.reserve_setting
+                self.disk_reserve = (min(DEFAULT_DISK_RESERVE, total // DISK_RESERVE_FRACTION)
+                                     if setting is None else setting)
+                self._note_room()
+            self._disk_watch = self.spawn(self._watch_disk())
 
     async def stop(self) -> None:
         """Write what is dirty, make the store durable and close it.  A store
@@ -269,6 +352,8 @@ class ContentModule(Module):
         ``ErrnoError`` -- the rank says why in one line and exits 1 -- after
         the file is closed all the same."""
         self.stopping = True
+        if self._disk_watch is not None:  # (it would use the store as it closes)
+            self._disk_watch.cancel()
         self.release_waiters()  # (they see stopping: ENOSYS)
         failed: ErrnoError | None = None
         if self.backing is not None:
@@ -294,6 +379,83 @@ class ContentModule(Module):
             self._executor.shutdown(wait=True)
         if failed is not None:
             raise failed
+
+    # ------------------------------------------------------------ disk space
+
+    def _space(self) -> tuple[int, int, int, int, int]:
+        """(The SQLite thread) (bytes free on the store's file system, its
+        size, :meth:`SqliteStore.space`)."""
+        assert self.backing is not None
+        st = os.statvfs(os.path.dirname(self.backing.path))
+        return (st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize, *self.backing.space())
+
+    async def measure_disk(self) -> int:
+        """Rank 0: measure the free space and the store now (on the SQLite
+        thread, in order with its writes); the file system's size.  Done
+        every :data:`DISK_CHECK_PERIOD`, and by a collection as it ends, so
+        the room it made is seen at once."""
+        assert self.backing is not None
+        free, total, used, wal, free_pages = await self.db(self._space)
+        self.disk_free, self.store_bytes, self.store_free = free, used, free_pages
+        # Counted gone already: the WAL's size (what it holds may still have
+        # to be copied into the file, as big again), and twice what is
+        # still to be written (into the WAL, then into the file); the blobs
+        # accepted after this are counted twice too (room_left).
+        self._room_base = (free + free_pages - wal - 2 * self.backlog_bytes
+                           + 2 * self.stored_total)
+        self._note_room()
+        return int(total)
+
+    async def _watch_disk(self) -> None:
+        """Measure the disk every :data:`DISK_CHECK_PERIOD` while the rank runs:
+        writes refused for space resume by themselves once there is room,
+        whoever made it."""
+        log = logging.getLogger("kvbroker.content")
+        while True:
+            await asyncio.sleep(DISK_CHECK_PERIOD)
+            try:
+                await self.measure_disk()
+            except (OSError, sqlite3.Error) as exc:  # (keep the last measure; try again)
+                log.debug("measuring the free space failed: %s", exc)
+
+    def room_left(self) -> int:
+        """Estimated bytes free for the store: the last measure less the
+        blobs accepted since."""
+        return self._room_base - 2 * self.stored_total
+
+    def refusal(self) -> ErrnoError | None:
+        """Rank 0: ``ENOSPC`` if writes that add data are refused now (the
+        room left is below ``content.disk-reserve-bytes``), else None.  No
+        system call: arithmetic on the last measure (:meth:`measure_disk`)."""
+        if self.disk_reserve and self._room_base - 2 * self.stored_total < self.disk_reserve:
+            if self.refusing is None:
+                self._note_room()
+            return ErrnoError(errno.ENOSPC, self.refusing or "")
+        if self.refusing is not None:
+            self._note_room()
+        return None
+
+    def _note_room(self) -> None:
+        """Update :attr:`refusing` from the room left, logging each change."""
+        log = logging.getLogger("kvbroker.content")
+        left = self.room_left()
+        if self.disk_reserve and left < self.disk_reserve:
+            was = self.refusing
+            assert self.backing is not None
+            where = os.path.dirname(self.backing.path)
+            self.refusing = (
+                f"the content store's file system has about {max(left, 0)} bytes of room "
+                f"left (free space and free pages, less what the store has still to "
+                f"write), below "
+                f"content.disk-reserve-bytes ({self.disk_reserve}): writes that add data are "
+                f"refused until there is room. Unlink keys (kvbroker kvs unlink) and collect "
+                f"(kvbroker kvs gc) while the instance runs, or free space on {where}")
+            if was is None:
+                log.warning("%s", self.refusing)
+        elif self.refusing is not None:
+            self.refusing = None
+            log.warning("writes are accepted again: %d bytes free for the content store "
+                        "(content.disk-reserve-bytes %d)", left, self.disk_reserve)
 
     async def db(self, fn: Any, *args: Any) -> Any:
         """Run a backing-store call on the one SQLite thread (calls stay in order)."""
@@ -474,6 +636,7 @@ class ContentModule(Module):
             if ref not in dirty:
                 dirty[ref] = data
                 self.backlog_bytes += len(data)
+                self.stored_total += len(data)
         self.backlog_peak = max(self.backlog_peak, self.backlog_bytes)
 
     async def room(self) -> None:
@@ -650,6 +813,10 @@ class ContentModule(Module):
                 # from every collection for HOLD_LEASE.
                 if blobs:
                     raise
+            if blobs and sum(map(len, blobs)) > SMALL_STORE:
+                refused = self.refusal()  # (below content.disk-reserve-bytes)
+                if refused is not None:
+                    raise refused
             if blobs and self.stopping:  # (the last drain may have passed: not written)
                 raise ErrnoError(errno.ENOSYS, "the content module is stopping: "
                                                "the blobs were not stored")
@@ -1047,6 +1214,8 @@ class ContentModule(Module):
         if not msg.is_owner:
             raise ErrnoError(errno.EPERM, "content.stats-get is for the instance owner: its "
                                           "counts would tell whether a guessed blob is stored")
+        if self.backing is not None:
+            await self.measure_disk()  # (the figures as of now)
         out = self.stats()
         if self.backing is not None:
             out["backing-count"] = await self.db(self.backing.count)
@@ -1066,7 +1235,14 @@ class ContentModule(Module):
                         "backlog-peak": self.backlog_peak,
                         "holds": len(self.holds),
                         # why the last write failed, until one succeeds
-                        "failing": None if self.failing is None else str(self.failing)})
+                        "failing": None if self.failing is None else str(self.failing),
+                        # the store's size and the room for it (as of the last measure)
+                        "store-bytes": self.store_bytes,
+                        "store-free-bytes": self.store_free,
+                        "disk-free-bytes": self.disk_free,
+                        "disk-reserve-bytes": self.disk_reserve,
+                        # why writes that add data are refused, while they are
+                        "refusing": self.refusing})
         return out
 
 

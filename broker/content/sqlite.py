@@ -207,6 +207,19 @@ class SqliteStore:
         pages = int(self.db.execute("PRAGMA page_count").fetchone()[0])
         return pages * size, self.free_bytes()
 
+    def space(self) -> tuple[int, int, int]:
+        """(bytes the store takes on disk: its file and its WAL; of them, the
+        WAL's; bytes of the file held by free pages).  The WAL keeps its
+        largest size once grown, and what it holds not yet copied into the
+        file will need as much room again there."""
+        sizes = []
+        for name in (self.path, self.path + "-wal"):
+            try:
+                sizes.append(os.stat(name).st_blocks * 512)
+            except FileNotFoundError:
+                sizes.append(0)
+        return sum(sizes), sizes[1], self.free_bytes()
+
     def count(self) -> int:
         return int(self.db.execute("SELECT COUNT(*) FROM objects").fetchone()[0])
 

@@ -1,0 +1,196 @@
+"""Rank 0 keeps a free-space reserve on its statedir's file system
+(``content.disk-reserve-bytes``): below it, writes that add blobs are
+refused with ``ENOSPC`` while unlinks, ``kvs gc`` and checkpoints still
+work, so a store that filled its disk can be shrunk while it runs.
+
+Before, a store that filled its file system could not be shrunk at all:
+``kvs unlink`` and ``kvs gc`` failed with ``ENOSPC`` too (SQLite needs room
+to delete, and an unlink writes new directory blobs), the stop exited 1,
+and a restart went back to the last checkpoint written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+
+from test_broker_support import KVBROKER, wait_until
+from test_kvs_rpc_helpers import T, commit, errnum, get, put, stats, unlink
+
+from broker.errors import RemoteError
+from broker.handle import Handle
+from broker.launch import Instance
+
+MB = 1 << 20
+
+
+async def kvbroker(uri: str, *args: str) -> tuple[int, str]:
+    """Run ``kvbroker ARGS`` against ``uri``: (exit status, stdout + stderr)."""
+    proc = await asyncio.create_subprocess_exec(
+        KVBROKER, *args, env=dict(os.environ, KVBROKER_URI=uri),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    out, _ = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode()
+
+
+async def test_a_store_that_fills_its_disk_is_shrunk_while_it_runs(small_disk, tmp_path) -> None:
+    """The operator review's scenario on a 20 MB file system, with the
+    default reserve (5% of it there): 1 MB values until a commit is
+    refused; then ``kvs unlink -R`` and ``kvs gc`` succeed while the
+    instance runs, writes are accepted again by themselves, and the
+    instance stops with exit 0 and restarts with its data."""
+    statedir, log = str(small_disk / "state"), tmp_path / "rank.log"
+    inst = Instance(2, statedir=statedir, stderr_path=str(log), attrs={"kvs.gc-grace": "0"})
+    await asyncio.wait_for(inst.start(), 60)
+    try:
+        h = await Handle.connect(inst.uri(1))  # (a follower: commits are relayed)
+        h0 = await Handle.connect(inst.uri(0))
+        await commit(h, put("before", "kept"))
+        refused: RemoteError | None = None
+        for i in range(40):  # 40 MB: twice the disk
+            try:
+                await commit(h, put(f"big.k{i}", os.urandom(MB)))
+            except RemoteError as exc:
+                refused = exc
+                # (refused early while much waits to be written, which counts
+                # twice -- into the WAL, then the file -- until it is: go on)
+                await asyncio.wait_for(h0.rpc("content.flush", {}), T)
+                if (await stats(h0, "content"))["refusing"] is not None:
+                    break
+        assert refused is not None, "the disk never filled"
+        assert refused.errnum == errno.ENOSPC, refused
+        assert "content.disk-reserve-bytes" in refused.errstr, refused.errstr
+        assert "kvs gc" in refused.errstr, refused.errstr  # (says how to recover)
+        st = await stats(h0, "content")
+        assert st["refusing"] is not None and "content.disk-reserve-bytes" in st["refusing"], st
+        assert st["failing"] is None, st  # SQLite itself never ran out of room
+        assert st["store-bytes"] > 8 * MB, st  # (its WAL included)
+        assert 0 < st["disk-reserve-bytes"] <= MB, st  # (5% of 20 MB)
+        assert 0 < st["disk-free-bytes"] <= 20 * MB - st["store-bytes"], st
+        # a content.store that adds blobs is refused alike, through a follower too
+        assert await errnum(h.rpc("content.store", {"data": os.urandom(2000)}), T) \
+            == errno.ENOSPC
+        # The operator's way out, while it runs: unlink, then collect.
+        rc, out = await kvbroker(inst.uri(0), "kvs", "unlink", "-R", "big")
+        assert rc == 0, out
+        # (checkpointed: a collection keeps what the checkpoint names)
+        rc, out = await kvbroker(inst.uri(0), "kvs", "sync")
+        assert rc == 0, out
+        rc, out = await kvbroker(inst.uri(0), "kvs", "gc")
+        assert rc == 0, out
+        assert "removed" in out, out
+
+        # Writes resume by themselves (no one asks for the stats meanwhile).
+        after = os.urandom(MB)
+
+        async def accepted() -> bool:
+            try:
+                await commit(h, put("after", after))
+            except RemoteError as exc:
+                assert exc.errnum == errno.ENOSPC, exc
+                return False
+            return True
+
+        try:
+            await wait_until(accepted, "writes to be accepted again", 15)
+        except AssertionError:
+            raise AssertionError(f"{await stats(h0, 'content')} {out}") from None
+        assert (await stats(h0, "content"))["refusing"] is None
+        assert await get(h, "before") == b"kept"
+        await h.close()
+        await h0.close()
+    finally:
+        codes = await asyncio.wait_for(inst.stop(), 60)
+    assert codes == [0, 0], log.read_text()
+    inst2 = Instance(1, statedir=statedir, stderr_path=str(log))
+    await asyncio.wait_for(inst2.start(), 60)
+    try:
+        async with await Handle.connect(inst2.uri(0)) as h2:
+            assert await get(h2, "before") == b"kept"
+            assert len(await get(h2, "after")) == MB
+            assert await errnum(get(h2, "big.k0")) == errno.ENOENT
+    finally:
+        assert await asyncio.wait_for(inst2.stop(), 60) == [0]
+
+
+async def test_room_made_or_taken_from_outside_is_seen_within_seconds(
+        small_disk, tmp_path) -> None:
+    """The free space is measured on a timer, not at each commit: another
+    file filling the disk makes small commits refused, and removing it
+    lets them through again, with no one asking for the stats."""
+    log = tmp_path / "rank.log"
+    inst = Instance(1, statedir=str(small_disk / "state"), stderr_path=str(log))
+    await asyncio.wait_for(inst.start(), 60)
+    try:
+        async with await Handle.connect(inst.uri(0)) as h:
+            await commit(h, put("a", "1"))
+            free = os.statvfs(small_disk)
+            filler = small_disk / "filler"
+            with open(filler, "wb") as f:  # leave 500 kB: below the reserve (1 MB)
+                f.write(b"\0" * (free.f_bavail * free.f_frsize - 500_000))
+
+            async def outcome() -> int:
+                try:
+                    await commit(h, put("a", os.urandom(8)))
+                except RemoteError as exc:
+                    return exc.errnum
+                return 0
+
+            async def refused() -> bool:
+                return await outcome() == errno.ENOSPC
+
+            async def accepted() -> bool:
+                return await outcome() == 0
+
+            await wait_until(refused, "a small commit to be refused", 10)
+            filler.unlink()
+            await wait_until(accepted, "commits to be accepted again", 10)
+    finally:
+        codes = await asyncio.wait_for(inst.stop(), 60)
+    assert codes == [0], log.read_text()
+    text = log.read_text()
+    assert "below content.disk-reserve-bytes" in text, text
+    assert "writes are accepted again" in text, text
+
+
+async def test_below_the_reserve_only_commits_that_add_blobs_are_refused(
+        start_instance, connect, tmp_path) -> None:
+    """A reserve larger than any disk: every write that adds a value is
+    refused, while a transaction of unlinks (and of expectations) is
+    applied -- also when it is queued behind a refused put it would merge
+    with -- and a SYNC unlink is checkpointed."""
+    inst = await start_instance(size=1, statedir=str(tmp_path / "state"),
+                                attrs={"content.disk-reserve-bytes": str(1 << 60)})
+    h = await connect(inst)
+    st = await stats(h, "content")
+    assert st["disk-reserve-bytes"] == 1 << 60
+    assert "content.disk-reserve-bytes" in st["refusing"], st
+    assert st["store-bytes"] > 0 and st["disk-free-bytes"] > 0, st
+    assert await errnum(commit(h, put("a", "1"))) == errno.ENOSPC
+    assert await errnum(h.rpc("content.store", {"data": b"x" * 2000})) == errno.ENOSPC
+    # (a small one passes: the KVS stores a new namespace's empty root so)
+    await asyncio.wait_for(h.rpc("content.store", {"data": b"x" * 100}), T)
+    # a put and an unlink queued together (they would merge): only the put fails
+    put_fut = asyncio.ensure_future(commit(h, put("b", "2")))
+    unlink_fut = asyncio.ensure_future(commit(h, unlink("nothing.here")))
+    assert await errnum(put_fut) == errno.ENOSPC
+    await unlink_fut
+    await commit(h, unlink("gone"), flags=4)  # SYNC: its checkpoint is written
+
+
+async def test_the_stats_show_the_store_and_the_disk(start_instance, connect, tmp_path) -> None:
+    """``stats content`` on rank 0 shows the store's size (only ``kvs gc``
+    said it before), the free space and the reserve; writes are accepted."""
+    inst = await start_instance(size=1, statedir=str(tmp_path / "state"))
+    h = await connect(inst)
+    await commit(h, put("k", os.urandom(200_000)))
+    await asyncio.wait_for(h.rpc("content.flush", {}), T)
+    st = await stats(h, "content")
+    assert st["refusing"] is None, st
+    free = os.statvfs(tmp_path)
+    assert 0 < st["disk-reserve-bytes"] <= 64 * MB, st
+    assert st["disk-reserve-bytes"] <= free.f_blocks * free.f_frsize // 20, st
+    assert st["disk-free-bytes"] > 0, st
+    assert st["store-bytes"] > 0, st
