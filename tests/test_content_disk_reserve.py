@@ -194,3 +194,32 @@ async def test_the_stats_show_the_store_and_the_disk(start_instance, connect, tm
     assert st["disk-reserve-bytes"] <= free.f_blocks * free.f_frsize // 20, st
     assert st["disk-free-bytes"] > 0, st
     assert st["store-bytes"] > 0, st
+
+
+async def test_a_store_over_its_quota_refuses_writes_until_collected(
+        start_instance, connect, tmp_path) -> None:
+    """``content.store-quota-bytes`` bounds the store's own data, whatever the
+    disk holds: past it, writes are refused as below the reserve, and an
+    unlink and a collection bring it back under (free pages do not count)."""
+    inst = await start_instance(size=1, statedir=str(tmp_path / "state"), attrs={
+        "content.store-quota-bytes": str(2 * MB), "kvs.gc-grace": "0"})
+    h = await connect(inst)
+    refused: RemoteError | None = None
+    for i in range(20):  # 6 MB: three times the quota
+        try:
+            await commit(h, put(f"big.k{i}", os.urandom(300_000)))
+        except RemoteError as exc:
+            refused = exc
+            break
+    assert refused is not None and refused.errnum == errno.ENOSPC, refused
+    assert "over content.store-quota-bytes (2097152)" in refused.errstr, refused.errstr
+    assert i >= 4, i  # (about 2 MB went in first)
+    st = await stats(h, "content")
+    assert st["store-quota-bytes"] == 2 * MB and "store-quota" in st["refusing"], st
+    await commit(h, unlink("big"))
+    rc, out = await kvbroker(inst.uri(0), "kvs", "sync")
+    assert rc == 0, out
+    rc, out = await kvbroker(inst.uri(0), "kvs", "gc")
+    assert rc == 0, out
+    await commit(h, put("after", os.urandom(300_000)))
+    assert (await stats(h, "content"))["refusing"] is None

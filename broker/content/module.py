@@ -147,6 +147,11 @@ DISK_RESERVE = AttrSpec(
     "free (free pages of the store count), commits and stores that add data are "
     "refused with ENOSPC; unlinks, kvs gc and checkpoints still work (auto: "
     "64 MiB, at most 5% of the file system; 0: no reserve)")
+STORE_QUOTA = AttrSpec(
+    "content.store-quota-bytes", "0", integer(0),
+    "rank 0 with a statedir: while the store's data (its file less its free pages, "
+    "plus what waits to be written) is over this many bytes, commits and stores "
+    "that add data are refused with ENOSPC, as below the reserve (0: no quota)")
 FAILURE_LOG_EVERY = 60.0
 """Seconds between two ERROR lines of a write to SQLite that keeps failing
 (the overlay's refused handshakes are logged as seldom)."""
@@ -207,7 +212,7 @@ its own, so it fails alone, not the batch it came in."""
 class ContentModule(Module):
     name: ClassVar[str] = "content"
     attributes: ClassVar[tuple[AttrSpec, ...]] = (BLOB_SIZE_LIMIT, CACHE_BYTES, BACKLOG_BYTES,
-                                                  DISK_RESERVE)
+                                                  DISK_RESERVE, STORE_QUOTA)
 
     def __init__(self, ctx: Any) -> None:
         super().__init__(ctx)
@@ -252,6 +257,12 @@ class ContentModule(Module):
         backlog) at the last measure, plus twice :attr:`stored_total` then:
         the room now is this less twice :attr:`stored_total` -- arithmetic
         on the commit path (:meth:`measure_disk`)."""
+        self.store_quota = 0
+        """``content.store-quota-bytes`` with a statedir (0: none)."""
+        self._used_base = 0
+        """The store's data (its file less its free pages, plus the backlog)
+        at the last measure, less :attr:`stored_total` then: the data now is
+        this plus :attr:`stored_total`."""
         self.refusing: str | None = None
         """Why writes that add data are refused (below the reserve), or None."""
         self._disk_watch: asyncio.Task[None] | None = None
@@ -343,6 +354,7 @@ class ContentModule(Module):
                 setting = self.reserve_setting
                 self.disk_reserve = (min(DEFAULT_DISK_RESERVE, total // DISK_RESERVE_FRACTION)
                                      if setting is None else setting)
+                self.store_quota = STORE_QUOTA.value(self.ctx.attrs)
                 self._note_room()
             self._disk_watch = self.spawn(self._watch_disk())
 
@@ -403,6 +415,8 @@ class ContentModule(Module):
         # accepted after this are counted twice too (room_left).
         self._room_base = (free + free_pages - wal - 2 * self.backlog_bytes
                            + 2 * self.stored_total)
+        self._used_base = (used - wal - free_pages + self.backlog_bytes
+                           - self.stored_total)
         self._note_room()
         return int(total)
 
@@ -427,7 +441,8 @@ class ContentModule(Module):
         """Rank 0: ``ENOSPC`` if writes that add data are refused now (the
         room left is below ``content.disk-reserve-bytes``), else None.  No
         system call: arithmetic on the last measure (:meth:`measure_disk`)."""
-        if self.disk_reserve and self._room_base - 2 * self.stored_total < self.disk_reserve:
+        if (self.disk_reserve and self._room_base - 2 * self.stored_total < self.disk_reserve
+                or self.store_quota and self._used_base + self.stored_total > self.store_quota):
             if self.refusing is None:
                 self._note_room()
             return ErrnoError(errno.ENOSPC, self.refusing or "")
@@ -439,23 +454,32 @@ class ContentModule(Module):
         """Update :attr:`refusing` from the room left, logging each change."""
         log = logging.getLogger("kvbroker.content")
         left = self.room_left()
+        used = self._used_base + self.stored_total
         if self.disk_reserve and left < self.disk_reserve:
-            was = self.refusing
             assert self.backing is not None
             where = os.path.dirname(self.backing.path)
-            self.refusing = (
-                f"the content store's file system has about {max(left, 0)} bytes of room "
-                f"left (free space and free pages, less what the store has still to "
-                f"write), below "
-                f"content.disk-reserve-bytes ({self.disk_reserve}): writes that add data are "
-                f"refused until there is room. Unlink keys (kvbroker kvs unlink) and collect "
-                f"(kvbroker kvs gc) while the instance runs, or free space on {where}")
-            if was is None:
-                log.warning("%s", self.refusing)
-        elif self.refusing is not None:
-            self.refusing = None
-            log.warning("writes are accepted again: %d bytes free for the content store "
-                        "(content.disk-reserve-bytes %d)", left, self.disk_reserve)
+            why = (f"the content store's file system has about {max(left, 0)} bytes of room "
+                   f"left (free space and free pages, less what the store has still to "
+                   f"write), below content.disk-reserve-bytes ({self.disk_reserve})")
+            how = f", or free space on {where}"
+        elif self.store_quota and used > self.store_quota:
+            why = (f"the content store holds about {used} bytes of data, over "
+                   f"content.store-quota-bytes ({self.store_quota})")
+            how = ""
+        else:
+            if self.refusing is not None:
+                self.refusing = None
+                log.warning("writes are accepted again: about %d bytes of room for the content "
+                            "store (content.disk-reserve-bytes %d), %d bytes of data "
+                            "(content.store-quota-bytes %d)", left, self.disk_reserve, used,
+                            self.store_quota)
+            return
+        was = self.refusing
+        self.refusing = (f"{why}: writes that add data are refused until there is room. "
+                         f"Unlink keys (kvbroker kvs unlink), then checkpoint (kvbroker kvs "
+                         f"sync) and collect (kvbroker kvs gc) while the instance runs{how}")
+        if was is None:
+            log.warning("%s", self.refusing)
 
     async def db(self, fn: Any, *args: Any) -> Any:
         """Run a backing-store call on the one SQLite thread (calls stay in order)."""
@@ -1241,6 +1265,7 @@ class ContentModule(Module):
                         "store-free-bytes": self.store_free,
                         "disk-free-bytes": self.disk_free,
                         "disk-reserve-bytes": self.disk_reserve,
+                        "store-quota-bytes": self.store_quota,
                         # why writes that add data are refused, while they are
                         "refusing": self.refusing})
         return out
