@@ -33,8 +33,8 @@
   only deletes or records roots (unlinks, collections, checkpoints) goes
   on in the reserve, so a store that filled its disk can be shrunk while
   it runs, and writes resume by themselves once there is room.  The free
-  space is measured once a second (:meth:`ContentModule.measure_disk`),
-  not at every commit.
+  space is measured once a second and every :data:`MEASURE_BYTES` written
+  (:meth:`ContentModule.measure_disk`), not at every commit.
 * ``content.checkpoint-put`` / ``-get`` ``{key, value}``: small named roots
   kept by rank 0 (KVS uses them to resume after a restart).
 * ``content.dropcache`` drops clean cache entries; ``content.stats-get``.
@@ -119,11 +119,16 @@ DISK_RESERVE_FRACTION = 20
 """...capped at 1/20 (5%) of the file system's size when that is smaller, so
 a small disk (a 20 MB test tmpfs keeps 1 MB) is not refused from the start."""
 DISK_CHECK_PERIOD = 1.0
-"""Seconds between two measures of the free space (one ``statvfs`` and a
-``PRAGMA`` on the SQLite thread): between them the bytes of the blobs
-accepted since are subtracted from the last measure, so the commit path
-never makes a system call for it -- and room made from outside (a file
+"""Seconds between two measures of the free space (one ``statvfs``, two
+``stat`` and a ``PRAGMA`` on the SQLite thread): between them the bytes of
+the blobs accepted since are subtracted from the last measure, so the commit
+path never makes a system call for it -- and room made from outside (a file
 removed) is seen within this long."""
+MEASURE_BYTES = 1 << 20
+"""...and once this many bytes were written since the last measure: the
+estimate counts what is accepted twice (the WAL, then the file) until a
+measure sees what it really took, so a burst of big commits on a small disk
+was refused early for up to a second (at 8 MB of a 20 MB disk)."""
 
 SMALL_STORE = 1024
 """A ``content.store`` of at most this many bytes in all is accepted below
@@ -266,6 +271,8 @@ class ContentModule(Module):
         self.refusing: str | None = None
         """Why writes that add data are refused (below the reserve), or None."""
         self._disk_watch: asyncio.Task[None] | None = None
+        self._written_since_measure = 0
+        self._measuring = False
         self.stopping = False
         self.counts: Counter[str] = Counter(dict.fromkeys(COUNTERS, 0))
         self.backing: SqliteStore | None = None
@@ -407,7 +414,12 @@ class ContentModule(Module):
         every :data:`DISK_CHECK_PERIOD`, and by a collection as it ends, so
         the room it made is seen at once."""
         assert self.backing is not None
-        free, total, used, wal, free_pages = await self.db(self._space)
+        self._written_since_measure = 0
+        self._measuring = True
+        try:
+            free, total, used, wal, free_pages = await self.db(self._space)
+        finally:
+            self._measuring = False
         self.disk_free, self.store_bytes, self.store_free = free, used, free_pages
         # Counted gone already: the WAL's size (what it holds may still have
         # to be copied into the file, as big again), and twice what is
@@ -431,6 +443,12 @@ class ContentModule(Module):
                 await self.measure_disk()
             except (OSError, sqlite3.Error) as exc:  # (keep the last measure; try again)
                 log.debug("measuring the free space failed: %s", exc)
+
+    async def _measure_quietly(self) -> None:
+        """:meth:`measure_disk` after :data:`MEASURE_BYTES` were written (a
+        failure keeps the last measure, as the timer does)."""
+        with contextlib.suppress(OSError, sqlite3.Error):
+            await self.measure_disk()
 
     def room_left(self) -> int:
         """Estimated bytes free for the store: the last measure less the
@@ -585,6 +603,10 @@ class ContentModule(Module):
 
         def wrote(written: Written) -> None:
             self.counts["written"] += len(batch)
+            self._written_since_measure += sum(map(len, batch.values()))
+            if (self._written_since_measure >= MEASURE_BYTES and not self._measuring
+                    and not self.stopping):
+                self.spawn(self._measure_quietly())
             if self._unwritten:
                 self._note_written(batch)
             self.rowids.note(written.max_rowid, now=stored)
