@@ -11,7 +11,8 @@ into one batch, and for each batch:
    (``content.backlog-bytes``), or fails the batch with the writer's errno;
    below the free-space reserve (``content.disk-reserve-bytes``) fails the
    transactions that write data with ``ENOSPC``, keeping those that only
-   unlink (how an operator makes room while it runs);
+   unlink (how an operator makes room while it runs) -- and above it, a
+   transaction whose values would take the room below it;
 2. applies the ops with the I/O-free engine :mod:`kvs.txn`, fetching what
    it misses (:mod:`kvs.blobs`), and checks the blobs they name
    (:mod:`kvs.refcheck`);
@@ -84,6 +85,27 @@ def _adds_data(p: Pending) -> bool:
         if op.get("dirent") is not None and not op.get("flags", 0) & txn.EXPECT:
             return True
     return False
+
+
+def _value_bytes(p: Pending) -> int:
+    """The bytes of the values transaction ``p`` writes (``val`` dirents,
+    at any depth of a ``dir`` one; not ``EXPECT`` conditions): what it will
+    add to the store, less its directories.  A transaction bigger than the
+    room left is refused below the free-space reserve even when the store
+    is not (:meth:`CommitPipeline._refuse_for_space`)."""
+    n = 0
+    todo: list[Any] = [op.get("dirent") for op in p.ops
+                       if not op.get("flags", 0) & txn.EXPECT]
+    while todo:
+        obj = todo.pop()
+        if not isinstance(obj, dict):
+            continue
+        data = obj.get("data")
+        if obj.get("type") == "val" and isinstance(data, (bytes, bytearray, str)):
+            n += len(data)
+        elif obj.get("type") == "dir" and isinstance(data, dict):
+            todo.extend(data.values())
+    return n
 
 
 class CommitPipeline:
@@ -300,10 +322,27 @@ class CommitPipeline:
         the transactions of ``batch`` that add data with ``ENOSPC``; the
         rest of the batch, to apply: those that only unlink or expect (and
         a lease's revocation), which are how room is made while it runs.
-        Off the reserve this costs a subtraction and a comparison."""
+        A transaction whose values would take the room below the reserve
+        (or the data over ``content.store-quota-bytes``) is refused alone,
+        in the order of the batch: its write would fill the disk.  Off the
+        reserve this costs a sum of the values' sizes and a comparison."""
+        if not (content.disk_reserve or content.store_quota):
+            return batch
         refused = content.refusal()
         if refused is None:
-            return batch
+            sizes = [_value_bytes(p) for p in batch]
+            if content.refusal(sum(sizes)) is None:
+                return batch
+            keep, adding = [], 0
+            for p, size in zip(batch, sizes, strict=True):
+                too_big = content.refusal(adding + size) if size else None
+                if too_big is None:
+                    adding += size
+                    keep.append(p)
+                else:
+                    self.counts["commits-failed"] += 1
+                    self._fail(ns, [p], too_big)
+            return keep
         keep = [p for p in batch if not _adds_data(p)]
         if len(keep) < len(batch):
             failed = [p for p in batch if _adds_data(p)]

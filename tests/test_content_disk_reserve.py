@@ -55,22 +55,28 @@ async def test_a_store_that_fills_its_disk_is_shrunk_while_it_runs(small_disk, t
             except RemoteError as exc:
                 refused = exc
                 # (refused early while much waits to be written, which counts
-                # twice -- into the WAL, then the file -- until it is: go on)
+                # twice -- into the WAL, then the file -- until it is: go on
+                # if the same put is accepted once it is written)
                 await asyncio.wait_for(h0.rpc("content.flush", {}), T)
-                if (await stats(h0, "content"))["refusing"] is not None:
+                try:
+                    await commit(h, put(f"big.k{i}", os.urandom(MB)))
+                except RemoteError as again:
+                    refused = again
                     break
         assert refused is not None, "the disk never filled"
         assert refused.errnum == errno.ENOSPC, refused
         assert "content.disk-reserve-bytes" in refused.errstr, refused.errstr
         assert "kvs gc" in refused.errstr, refused.errstr  # (says how to recover)
         st = await stats(h0, "content")
-        assert st["refusing"] is not None and "content.disk-reserve-bytes" in st["refusing"], st
+        # (refusing: the room left is below the reserve; or, not quite, a
+        # put of 1 MB would take it there, refused alone)
+        assert st["refusing"] is None or "content.disk-reserve-bytes" in st["refusing"], st
         assert st["failing"] is None, st  # SQLite itself never ran out of room
         assert st["store-bytes"] > 8 * MB, st  # (its WAL included)
         assert 0 < st["disk-reserve-bytes"] <= MB, st  # (5% of 20 MB)
         assert 0 < st["disk-free-bytes"] <= 20 * MB - st["store-bytes"], st
         # a content.store that adds blobs is refused alike, through a follower too
-        assert await errnum(h.rpc("content.store", {"data": os.urandom(2000)}), T) \
+        assert await errnum(h.rpc("content.store", {"data": os.urandom(MB)}), T) \
             == errno.ENOSPC
         # The operator's way out, while it runs: unlink, then collect.
         rc, out = await kvbroker(inst.uri(0), "kvs", "unlink", "-R", "big")
@@ -215,11 +221,67 @@ async def test_a_store_over_its_quota_refuses_writes_until_collected(
     assert "over content.store-quota-bytes (2097152)" in refused.errstr, refused.errstr
     assert i >= 4, i  # (about 2 MB went in first)
     st = await stats(h, "content")
-    assert st["store-quota-bytes"] == 2 * MB and "store-quota" in st["refusing"], st
+    assert st["store-quota-bytes"] == 2 * MB, st
+    # (the put that would pass the quota is refused alone: the store stays under)
+    assert await errnum(commit(h, put("more", os.urandom(300_000)))) == errno.ENOSPC
     await commit(h, unlink("big"))
     rc, out = await kvbroker(inst.uri(0), "kvs", "sync")
     assert rc == 0, out
     rc, out = await kvbroker(inst.uri(0), "kvs", "gc")
     assert rc == 0, out
     await commit(h, put("after", os.urandom(300_000)))
+    assert (await stats(h, "content"))["refusing"] is None
+
+
+async def test_a_write_bigger_than_the_room_left_is_refused_alone(small_disk, tmp_path) -> None:
+    """A 12 MB put on a 20 MB disk with 19 MB free would leave no room once
+    written (into the WAL, then the file): it is refused, not accepted and
+    acknowledged to fail its write -- which left the store stuck as with no
+    reserve (unlinks failing, the stop exiting 1 with that commit lost).
+    Smaller writes go on, and so does the instance."""
+    log = tmp_path / "rank.log"
+    inst = Instance(1, statedir=str(small_disk / "state"), stderr_path=str(log))
+    await asyncio.wait_for(inst.start(), 60)
+    try:
+        async with await Handle.connect(inst.uri(0)) as h:
+            await commit(h, put("small", "1"))
+            # (queued behind a small put it may merge with: only the big one fails)
+            small = asyncio.ensure_future(commit(h, put("small2", "2")))
+            with_big = asyncio.ensure_future(
+                commit(h, put("big", os.urandom(12 * MB)), timeout=30))
+            await small
+            try:
+                await with_big
+            except RemoteError as exc:
+                assert exc.errnum == errno.ENOSPC, exc
+                assert "a write of" in exc.errstr, exc.errstr
+                assert "content.disk-reserve-bytes" in exc.errstr, exc.errstr
+            else:
+                raise AssertionError("a 12 MB put on a disk with 19 MB free was accepted")
+            assert await errnum(h.rpc("content.store", {"data": os.urandom(12 * MB)}), 30) \
+                == errno.ENOSPC
+            await asyncio.wait_for(h.rpc("content.flush", {}), T)
+            st = await stats(h, "content")
+            assert st["failing"] is None and st["refusing"] is None, st
+            await commit(h, put("after", os.urandom(MB)))
+    finally:
+        codes = await asyncio.wait_for(inst.stop(), 60)
+    assert codes == [0], log.read_text()
+
+
+async def test_a_write_that_would_pass_the_quota_is_refused(
+        start_instance, connect, tmp_path) -> None:
+    """``content.store-quota-bytes`` counts the write itself: one put of 3 MB
+    into an empty store with a 2 MB quota is refused, a small one is not."""
+    inst = await start_instance(size=1, statedir=str(tmp_path / "state"), attrs={
+        "content.store-quota-bytes": str(2 * MB)})
+    h = await connect(inst)
+    try:
+        await commit(h, put("big", os.urandom(3 * MB)), timeout=30)
+    except RemoteError as exc:
+        assert exc.errnum == errno.ENOSPC, exc
+        assert "over content.store-quota-bytes (2097152)" in exc.errstr, exc.errstr
+    else:
+        raise AssertionError("a 3 MB put under a 2 MB quota was accepted")
+    await commit(h, put("small", os.urandom(300_000)))
     assert (await stats(h, "content"))["refusing"] is None

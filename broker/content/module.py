@@ -455,10 +455,20 @@ class ContentModule(Module):
         blobs accepted since."""
         return self._room_base - 2 * self.stored_total
 
-    def refusal(self) -> ErrnoError | None:
+    def refusal(self, adding: int = 0) -> ErrnoError | None:
         """Rank 0: ``ENOSPC`` if writes that add data are refused now (the
-        room left is below ``content.disk-reserve-bytes``), else None.  No
-        system call: arithmetic on the last measure (:meth:`measure_disk`)."""
+        room left is below ``content.disk-reserve-bytes``, or the data over
+        ``content.store-quota-bytes``), or if a write of ``adding`` bytes
+        would take it there, else None.  No system call: arithmetic on the
+        last measure (:meth:`measure_disk`).
+
+        ``adding`` counts, as every accepted byte does (:meth:`room_left`):
+        checked only against what was accepted before, one 12 MB put on a
+        20 MB disk with 19 MB free was accepted -- and acknowledged -- then
+        its write failed for want of room, and the store was stuck as
+        without a reserve (unlinks failing, the stop exiting 1 with that
+        commit lost).  Refusing it alone leaves the room to smaller writes:
+        :attr:`refusing` is the state of the store, not of this write."""
         if (self.disk_reserve and self._room_base - 2 * self.stored_total < self.disk_reserve
                 or self.store_quota and self._used_base + self.stored_total > self.store_quota):
             if self.refusing is None:
@@ -466,7 +476,25 @@ class ContentModule(Module):
             return ErrnoError(errno.ENOSPC, self.refusing or "")
         if self.refusing is not None:
             self._note_room()
-        return None
+        if not adding:
+            return None
+        left = self.room_left() - 2 * adding
+        disk = bool(self.disk_reserve) and left < self.disk_reserve
+        if disk:
+            why = (f"a write of {adding} bytes would leave about {max(left, 0)} bytes of room "
+                   f"for the content store (it counts twice until written: into the WAL, "
+                   f"then the file), below content.disk-reserve-bytes ({self.disk_reserve})")
+        elif self.store_quota and self._used_base + self.stored_total + adding > self.store_quota:
+            why = (f"a write of {adding} bytes would take the content store's data to about "
+                   f"{self._used_base + self.stored_total + adding} bytes, over "
+                   f"content.store-quota-bytes ({self.store_quota})")
+        else:
+            return None
+        refused = ErrnoError(errno.ENOSPC, f"{why}: it is refused; smaller writes are still "
+                                           f"accepted. {self._make_room(disk)}")
+        # (the store is not refusing: said here, at most once a minute)
+        self._failure_log.log(logging.WARNING, "too-big", "%s", refused.errstr)
+        return refused
 
     def _note_room(self) -> None:
         """Update :attr:`refusing` from the room left, logging each change."""
@@ -474,16 +502,14 @@ class ContentModule(Module):
         left = self.room_left()
         used = self._used_base + self.stored_total
         if self.disk_reserve and left < self.disk_reserve:
-            assert self.backing is not None
-            where = os.path.dirname(self.backing.path)
             why = (f"the content store's file system has about {max(left, 0)} bytes of room "
                    f"left (free space and free pages, less what the store has still to "
                    f"write), below content.disk-reserve-bytes ({self.disk_reserve})")
-            how = f", or free space on {where}"
+            disk = True
         elif self.store_quota and used > self.store_quota:
             why = (f"the content store holds about {used} bytes of data, over "
                    f"content.store-quota-bytes ({self.store_quota})")
-            how = ""
+            disk = False
         else:
             if self.refusing is not None:
                 self.refusing = None
@@ -494,10 +520,17 @@ class ContentModule(Module):
             return
         was = self.refusing
         self.refusing = (f"{why}: writes that add data are refused until there is room. "
-                         f"Unlink keys (kvbroker kvs unlink), then checkpoint (kvbroker kvs "
-                         f"sync) and collect (kvbroker kvs gc) while the instance runs{how}")
+                         f"{self._make_room(disk)}")
         if was is None:
             log.warning("%s", self.refusing)
+
+    def _make_room(self, disk: bool = True) -> str:
+        """How to make room, for the messages of a refusal (``disk``: below
+        the reserve, where room made on the file system counts too)."""
+        assert self.backing is not None
+        how = f", or free space on {os.path.dirname(self.backing.path)}" if disk else ""
+        return (f"Unlink keys (kvbroker kvs unlink), then checkpoint (kvbroker kvs sync) and "
+                f"collect (kvbroker kvs gc) while the instance runs{how}")
 
     async def db(self, fn: Any, *args: Any) -> Any:
         """Run a backing-store call on the one SQLite thread (calls stay in order)."""
@@ -859,8 +892,10 @@ class ContentModule(Module):
                 # from every collection for HOLD_LEASE.
                 if blobs:
                     raise
-            if blobs and sum(map(len, blobs)) > SMALL_STORE:
-                refused = self.refusal()  # (below content.disk-reserve-bytes)
+            size = sum(map(len, blobs)) if blobs else 0
+            if size > SMALL_STORE:
+                # (below content.disk-reserve-bytes, or would take it there)
+                refused = self.refusal(size)
                 if refused is not None:
                     raise refused
             if blobs and self.stopping:  # (the last drain may have passed: not written)
