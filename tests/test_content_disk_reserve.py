@@ -285,3 +285,30 @@ async def test_a_write_that_would_pass_the_quota_is_refused(
         raise AssertionError("a 3 MB put under a 2 MB quota was accepted")
     await commit(h, put("small", os.urandom(300_000)))
     assert (await stats(h, "content"))["refusing"] is None
+
+
+async def test_a_refusal_says_which_setting_to_change(start_instance, connect, tmp_path) -> None:
+    """An instance started on a disk with less room than the reserve (a
+    laptop with less than 64 MiB free) is refused from its first write, with
+    nothing to unlink: the message says how to start it with a lower reserve
+    -- and, over a quota, with a higher quota."""
+    inst = await start_instance(size=1, statedir=str(tmp_path / "state"),
+                                attrs={"content.disk-reserve-bytes": str(1 << 60)})
+    h = await connect(inst)
+    try:
+        await commit(h, put("a", "1"))
+    except RemoteError as exc:
+        assert exc.errnum == errno.ENOSPC, exc
+        assert "-S content.disk-reserve-bytes=" in exc.errstr, exc.errstr
+    else:
+        raise AssertionError("a write below the reserve was accepted")
+    inst2 = await start_instance(size=1, statedir=str(tmp_path / "state2"),
+                                 attrs={"content.store-quota-bytes": "1"})
+    h2 = await connect(inst2)
+    try:
+        await commit(h2, put("a", "1"))
+    except RemoteError as exc:
+        assert exc.errnum == errno.ENOSPC, exc
+        assert "-S content.store-quota-bytes=" in exc.errstr, exc.errstr
+    else:
+        raise AssertionError("a write over the quota was accepted")

@@ -526,9 +526,19 @@ class ContentModule(Module):
 
     def _make_room(self, disk: bool = True) -> str:
         """How to make room, for the messages of a refusal (``disk``: below
-        the reserve, where room made on the file system counts too)."""
+        the reserve, where room made on the file system counts too).  It
+        names the way out through the setting as well: an instance started
+        on a disk already nearly full (a laptop with less than 64 MiB
+        free) is refused from its first write, with a store that has
+        nothing to unlink."""
         assert self.backing is not None
-        how = f", or free space on {os.path.dirname(self.backing.path)}" if disk else ""
+        if disk:
+            how = (f", or free space on {os.path.dirname(self.backing.path)}, or restart "
+                   f"with a lower reserve (kvbroker start -S content.disk-reserve-bytes=BYTES; "
+                   f"0: none)")
+        else:
+            how = (", or restart with a higher quota (kvbroker start -S "
+                   "content.store-quota-bytes=BYTES; 0: none)")
         return (f"Unlink keys (kvbroker kvs unlink), then checkpoint (kvbroker kvs sync) and "
                 f"collect (kvbroker kvs gc) while the instance runs{how}")
 
