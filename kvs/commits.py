@@ -94,8 +94,16 @@ def _value_bytes(p: Pending) -> int:
     room left is refused below the free-space reserve even when the store
     is not (:meth:`CommitPipeline._refuse_for_space`)."""
     n = 0
-    todo: list[Any] = [op.get("dirent") for op in p.ops
-                       if not op.get("flags", 0) & txn.EXPECT]
+    todo: list[Any] = []
+    for op in p.ops:  # (the common case, a val, without the walk below)
+        dirent = op.get("dirent")
+        if dirent is None or op.get("flags", 0) & txn.EXPECT:
+            continue
+        data = dirent.get("data")
+        if dirent.get("type") == "val" and isinstance(data, (bytes, bytearray, str)):
+            n += len(data)
+        else:
+            todo.append(dirent)
     while todo:
         obj = todo.pop()
         if not isinstance(obj, dict):
