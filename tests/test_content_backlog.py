@@ -15,6 +15,7 @@ import hashlib
 import os
 import re
 import signal
+from pathlib import Path
 
 import pytest
 from test_broker_support import KVBROKER, wait_until
@@ -126,6 +127,27 @@ async def test_a_full_disk_fails_commits_with_enospc_and_the_instance_recovers(
     assert codes == [0, 0], log.read_text()
 
 
+async def fill_the_disk(h: Handle, disk: Path) -> Path:
+    """Rank 0 (``h``) with key ``before`` = ``kept`` written, then a filler
+    file leaving 200 KB on ``disk``, then 320 KB of commits: their write
+    fails (when the flush asks for it, or at the timed write 0.1 s after the
+    first, which refuses the commits after it).  The filler file."""
+    await commit(h, put("before", "kept"))
+    await asyncio.wait_for(h.rpc("content.flush", {}), T)
+    free = os.statvfs(disk)
+    filler = disk / "filler"
+    with open(filler, "wb") as f:
+        f.write(b"\0" * (free.f_bavail * free.f_frsize - 200_000))
+    for i in range(10):
+        try:
+            await commit(h, put(f"p{i}", os.urandom(VALUE)))
+        except RemoteError as exc:
+            assert exc.errnum == errno.ENOSPC, exc
+            break
+    assert await errnum(h.rpc("content.flush", {}), T) == errno.ENOSPC
+    return filler
+
+
 @pytest.mark.parametrize("backlog", [None, "0"])
 async def test_a_full_disk_stops_acknowledging_commits_whatever_the_backlog(
         small_disk, tmp_path, backlog) -> None:
@@ -142,20 +164,7 @@ async def test_a_full_disk_stops_acknowledging_commits_whatever_the_backlog(
     await asyncio.wait_for(inst.start(), 60)
     try:
         h = await Handle.connect(inst.uri(0))
-        await commit(h, put("before", "kept"))
-        await asyncio.wait_for(h.rpc("content.flush", {}), T)
-        free = os.statvfs(small_disk)
-        filler = small_disk / "filler"
-        with open(filler, "wb") as f:
-            f.write(b"\0" * (free.f_bavail * free.f_frsize - 200_000))
-        for i in range(10):  # 320 KB: the disk has 200 KB
-            try:  # (a timed write may fail before the last: the commits after it are refused)
-                await commit(h, put(f"p{i}", os.urandom(VALUE)))
-            except RemoteError as exc:
-                assert exc.errnum == errno.ENOSPC, exc
-                break
-        # their write fails (here when asked for; else within 0.1 s)...
-        assert await errnum(h.rpc("content.flush", {}), T) == errno.ENOSPC
+        filler = await fill_the_disk(h, small_disk)
         # ...and from then on no commit is acknowledged until one succeeds
         for i in range(5):
             assert await errnum(commit(h, put(f"q{i}", os.urandom(VALUE))), T) == errno.ENOSPC
@@ -185,15 +194,7 @@ async def test_a_disk_that_stays_full_is_logged_once_not_at_every_retry(
     await asyncio.wait_for(inst.start(), 60)
     try:
         h = await Handle.connect(inst.uri(0))
-        await commit(h, put("before", "kept"))
-        await asyncio.wait_for(h.rpc("content.flush", {}), T)
-        free = os.statvfs(small_disk)
-        filler = small_disk / "filler"
-        with open(filler, "wb") as f:
-            f.write(b"\0" * (free.f_bavail * free.f_frsize - 200_000))
-        for i in range(10):  # 320 KB: the disk has 200 KB
-            await commit(h, put(f"p{i}", os.urandom(VALUE)))
-        assert await errnum(h.rpc("content.flush", {}), T) == errno.ENOSPC
+        filler = await fill_the_disk(h, small_disk)
         for i in range(5):  # each one retries the write, and fails with it
             assert await errnum(commit(h, put(f"q{i}", os.urandom(VALUE))), T) == errno.ENOSPC
         assert (await stats(h, "content"))["write-failures"] >= 6
