@@ -14,7 +14,10 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+from collections.abc import Awaitable
+from typing import Any
 
+import pytest
 from test_broker_support import KVBROKER, wait_until
 from test_kvs_rpc_helpers import T, commit, errnum, get, put, stats, unlink
 
@@ -34,6 +37,15 @@ async def kvbroker(uri: str, *args: str) -> tuple[int, str]:
     assert proc.returncode is not None
     return proc.returncode, out.decode()
 
+
+
+async def refused_for_space(write: Awaitable[Any], *says: str) -> None:
+    """``write`` (a commit) fails ``ENOSPC``, its message saying each of ``says``."""
+    with pytest.raises(RemoteError) as exc:
+        await write
+    assert exc.value.errnum == errno.ENOSPC, exc.value
+    for words in says:
+        assert words in exc.value.errstr, exc.value.errstr
 
 async def test_a_store_that_fills_its_disk_is_shrunk_while_it_runs(small_disk, tmp_path) -> None:
     """The operator review's scenario on a 20 MB file system, with the
@@ -250,14 +262,7 @@ async def test_a_write_bigger_than_the_room_left_is_refused_alone(small_disk, tm
             with_big = asyncio.ensure_future(
                 commit(h, put("big", os.urandom(12 * MB)), timeout=30))
             await small
-            try:
-                await with_big
-            except RemoteError as exc:
-                assert exc.errnum == errno.ENOSPC, exc
-                assert "a write of" in exc.errstr, exc.errstr
-                assert "content.disk-reserve-bytes" in exc.errstr, exc.errstr
-            else:
-                raise AssertionError("a 12 MB put on a disk with 19 MB free was accepted")
+            await refused_for_space(with_big, "a write of", "content.disk-reserve-bytes")
             assert await errnum(h.rpc("content.store", {"data": os.urandom(12 * MB)}), 30) \
                 == errno.ENOSPC
             await asyncio.wait_for(h.rpc("content.flush", {}), T)
@@ -276,13 +281,8 @@ async def test_a_write_that_would_pass_the_quota_is_refused(
     inst = await start_instance(size=1, statedir=str(tmp_path / "state"), attrs={
         "content.store-quota-bytes": str(2 * MB)})
     h = await connect(inst)
-    try:
-        await commit(h, put("big", os.urandom(3 * MB)), timeout=30)
-    except RemoteError as exc:
-        assert exc.errnum == errno.ENOSPC, exc
-        assert "over content.store-quota-bytes (2097152)" in exc.errstr, exc.errstr
-    else:
-        raise AssertionError("a 3 MB put under a 2 MB quota was accepted")
+    await refused_for_space(commit(h, put("big", os.urandom(3 * MB)), timeout=30),
+                            "over content.store-quota-bytes (2097152)")
     await commit(h, put("small", os.urandom(300_000)))
     assert (await stats(h, "content"))["refusing"] is None
 
@@ -295,20 +295,8 @@ async def test_a_refusal_says_which_setting_to_change(start_instance, connect, t
     inst = await start_instance(size=1, statedir=str(tmp_path / "state"),
                                 attrs={"content.disk-reserve-bytes": str(1 << 60)})
     h = await connect(inst)
-    try:
-        await commit(h, put("a", "1"))
-    except RemoteError as exc:
-        assert exc.errnum == errno.ENOSPC, exc
-        assert "-S content.disk-reserve-bytes=" in exc.errstr, exc.errstr
-    else:
-        raise AssertionError("a write below the reserve was accepted")
+    await refused_for_space(commit(h, put("a", "1")), "-S content.disk-reserve-bytes=")
     inst2 = await start_instance(size=1, statedir=str(tmp_path / "state2"),
                                  attrs={"content.store-quota-bytes": "1"})
     h2 = await connect(inst2)
-    try:
-        await commit(h2, put("a", "1"))
-    except RemoteError as exc:
-        assert exc.errnum == errno.ENOSPC, exc
-        assert "-S content.store-quota-bytes=" in exc.errstr, exc.errstr
-    else:
-        raise AssertionError("a write over the quota was accepted")
+    await refused_for_space(commit(h2, put("a", "1")), "-S content.store-quota-bytes=")
