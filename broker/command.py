@@ -28,7 +28,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 STOP_TIMEOUT = 15.0
@@ -63,10 +63,12 @@ def _libc_prctl() -> Any:
     return prctl
 
 
-def _parent_death_hook() -> Callable[[], None] | None:
-    """A ``preexec_fn`` that has the kernel send :data:`PARENT_DEATH_SIGNAL`
-    to the child when we die (None where that cannot be had: not Linux,
-    or not the main thread).
+def _parent_death_hook() -> Callable[[Iterable[int]], Callable[[], None]] | None:
+    """A ``preexec_fn`` maker that has the kernel send
+    :data:`PARENT_DEATH_SIGNAL` to the child when we die (None where that
+    cannot be had: not Linux, or not the main thread).  Given the signal
+    mask to restore, it returns the function the child runs
+    (:func:`_preexec`).
 
     * The signal comes when the *thread* that forked exits, not the
       process: only the main thread spawns with it, whose exit is the
@@ -76,13 +78,25 @@ def _parent_death_hook() -> Callable[[], None] | None:
       than exec a command no one will stop.  (``getppid()`` is 0 when the
       parent is in another pid namespace: nothing to compare, and no
       reason to think we are gone.)
+    * A signal may reach the child between the fork and the exec (Ctrl-C
+      to the foreground job, a signal to our process group).  There the
+      child still runs our handlers: the C one writes the signal to the
+      loop's wake-up socket, which the child shares with us, so *we*
+      would see it a second time; a Python one (``KeyboardInterrupt``)
+      would make ``Popen`` raise ``SubprocessError``.  So :func:`_preexec`
+      blocks signals around the fork, and the child resets every caught
+      signal to its default before unblocking them: what arrived is then
+      handled as it would be after the exec, by the command's defaults.
+      (``subprocess`` does the same on its own only when it vforks, which
+      a ``preexec_fn`` rules out.)
     * A ``preexec_fn`` runs Python in the child, which the ``subprocess``
       docs call unsafe beside threads: a lock another thread held at the
       fork is held for ever in the child.  This one runs a libc call
-      looked up beforehand and ``getppid``, under locks CPython re-creates
-      in the child (the GIL, the import lock) and glibc's malloc, which is
-      fork-safe; it takes no lock of ZeroMQ's threads (a rank's) or of the
-      Python threads of its process.
+      looked up beforehand, ``signal``/``pthread_sigmask`` and
+      ``getppid``, under locks CPython re-creates in the child (the GIL,
+      the import lock) and glibc's malloc, which is fork-safe; it takes no
+      lock of ZeroMQ's threads (a rank's) or of the Python threads of its
+      process.
     * Its cost: with a ``preexec_fn`` the child is forked, not vforked,
       and runs Python before its exec -- 3 to 9 ms more per command on a
       loaded 2-core machine (``exec -r all -- true`` on 8 ranks: 292 ms
@@ -97,14 +111,37 @@ def _parent_death_hook() -> Callable[[], None] | None:
         return None
     parent = os.getpid()
     sig = int(PARENT_DEATH_SIGNAL)
+    caught = [s for s in signal.valid_signals()
+              if s not in (signal.SIGKILL, signal.SIGSTOP)
+              and signal.getsignal(s) not in (signal.SIG_DFL, signal.SIG_IGN)]
 
-    def arm() -> None:
-        prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
-        ppid = os.getppid()
-        if ppid not in (parent, 0):  # we died before the prctl
-            os.kill(os.getpid(), sig)
+    def hook(mask: Iterable[int]) -> Callable[[], None]:
+        def arm() -> None:
+            for s in caught:
+                signal.signal(s, signal.SIG_DFL)
+            prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
+            ppid = os.getppid()
+            if ppid not in (parent, 0):  # we died before the prctl
+                os.kill(os.getpid(), sig)
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        return arm
 
-    return arm
+    return hook
+
+
+@contextlib.contextmanager
+def _preexec() -> Iterator[Callable[[], None] | None]:
+    """The ``preexec_fn`` of a spawn (:func:`_parent_death_hook`), with
+    signals blocked while the ``with`` block forks (see there why)."""
+    hook = _parent_death_hook()
+    if hook is None:
+        yield None
+        return
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+    try:
+        yield hook(mask)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 def watch_exit(proc: subprocess.Popen[bytes]) -> asyncio.Future[int]:
@@ -204,9 +241,10 @@ class Command:
         it, and gives them no input to share.  Killed if we die (Linux:
         :func:`_parent_death_hook`)."""
         own_group = not in_terminal_foreground()
-        proc = subprocess.Popen(argv, env=env, close_fds=False, stdin=stdin, stdout=stdout,
-                                stderr=stderr, process_group=0 if own_group else None,
-                                preexec_fn=_parent_death_hook())
+        with _preexec() as preexec_fn:
+            proc = subprocess.Popen(argv, env=env, close_fds=False, stdin=stdin, stdout=stdout,
+                                    stderr=stderr, process_group=0 if own_group else None,
+                                    preexec_fn=preexec_fn)
         return cls(proc, own_group)
 
     @property

@@ -794,8 +794,8 @@ class ContentModule(Module):
             fut = waiting.popleft()
             if not fut.done():
                 fut.set_exception(store_error(
-                    failed, "writing blobs to SQLite, which commits and stores wait for "
-                    "(content.backlog-bytes)"))
+                    failed, "the write-back to SQLite that this request waited for (its backlog "
+                    "was over content.backlog-bytes)"))
 
     def release_waiters(self) -> None:
         """Admit every waiter of :meth:`room` now, whatever the backlog (the
