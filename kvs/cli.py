@@ -1394,7 +1394,8 @@ def register(subparsers: Any) -> None:
                    help="only count what would be removed (offline only)")
     p.add_argument("--compact", action="store_true",
                    help="online: also rewrite content.sqlite to its new size (the store "
-                   "waits meanwhile)")
+                   "waits meanwhile; refused with ENOSPC, before writing anything, "
+                   "without room for a copy of what it keeps)")
     p.set_defaults(func=cmd_gc)
 
     p = sub.add_parser("dump", help="write a directory (or a stopped instance's "

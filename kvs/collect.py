@@ -39,7 +39,10 @@ The steps (:func:`collect`):
 
 The file does not shrink (SQLite reuses the freed pages for new blobs)
 unless ``compact`` is asked for: ``VACUUM`` rewrites the file and holds the
-store's thread meanwhile, so every load and write-back waits for it.
+store's thread meanwhile, so every load and write-back waits for it.  It
+needs room for a copy of what is kept, checked first
+(:meth:`broker.content.sqlite.SqliteStore.compact_shortfall`): without it,
+``ENOSPC`` once the collection is done, with nothing compacted.
 """
 
 from __future__ import annotations
@@ -247,15 +250,31 @@ async def collect(content: ContentModule, roots: Callable[[], Roots],
         forget(collection.keep)
         await collection.sweep(watermark)
         assert content.backing is not None
+        shortfall = None
         if compact:
-            await content.db(content.backing.compact)
+            # (refused up front without the room: half-way, it took every
+            # free byte of the file system until it failed)
+            try:
+                shortfall = await content.db(content.backing.compact_if_room)
+            except sqlite3.Error as exc:
+                raise store_error(exc, "compacting the content store (the collection itself "
+                                  "was done; nothing was lost)") from None
         file_bytes, free_bytes = await content.db(content.backing.file_bytes)
         # the room made counts at once: writes refused for want of it resume
         await content.measure_disk()
-    except sqlite3.Error as exc:  # (a full disk, for a compaction): an errno, not a traceback
+    except sqlite3.Error as exc:
         raise store_error(exc, "collecting garbage") from None
     finally:
         content.end_collection(collection)
+    if shortfall is not None:
+        raise ErrnoError(errno.ENOSPC, f"{shortfall}: the store was not compacted. The "
+                         f"collection itself was done ({collection.removed} blobs, "
+                         f"{collection.removed_bytes} bytes removed): the {free_bytes} bytes "
+                         "of free pages in content.sqlite are reused for new blobs, and count "
+                         "as room for content.disk-reserve-bytes. To compact, make that room "
+                         "(remove other files there, or restart rank 0 with $SQLITE_TMPDIR on "
+                         "a file system with room for the temporary copy), then run kvs gc "
+                         "--compact again; or go on without compacting")
     return {
         "roots": len({*listed.live, *listed.recent, *trees, *opaque}),
         "kept": len(collection.keep),

@@ -193,7 +193,11 @@ def _collect(store: SqliteStore, statedir: str, report: GcReport) -> None:
         report.kept_bytes -= report.removed_bytes
         return
     if store.free_bytes() >= COMPACT_FREE_FRACTION * _file_size(store.path):
-        store.compact()
+        shortfall = store.compact_if_room()
+        if shortfall is not None:  # (checked first: half-way, it filled the disk)
+            raise GcError(f"{store.path}: no space left to compact: {shortfall}; the "
+                          f"deletion stays done ({report.removed} blobs), and the next run "
+                          "compacts once there is room")
 
 
 def _sqlite_error(path: str, exc: BaseException) -> GcError:

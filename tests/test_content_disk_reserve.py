@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import sqlite3
 from collections.abc import Awaitable
 from typing import Any
 
@@ -21,6 +22,8 @@ import pytest
 from test_broker_support import KVBROKER, wait_until
 from test_kvs_rpc_helpers import T, commit, errnum, get, put, stats, unlink
 
+from broker.content import blobref
+from broker.content.sqlite import SqliteStore
 from broker.errors import RemoteError
 from broker.handle import Handle
 from broker.launch import Instance
@@ -300,3 +303,71 @@ async def test_a_refusal_says_which_setting_to_change(start_instance, connect, t
                                  attrs={"content.store-quota-bytes": "1"})
     h2 = await connect(inst2)
     await refused_for_space(commit(h2, put("a", "1")), "-S content.store-quota-bytes=")
+
+
+async def test_a_compaction_without_room_is_refused_up_front(small_disk, tmp_path) -> None:
+    """``kvs gc --compact`` needs room for a copy of what the store keeps
+    (SQLite's ``VACUUM`` writes every page kept into the WAL).  Without it,
+    the compaction is refused before it writes anything, with ``ENOSPC``
+    saying how much it needs, where, and that the collection itself was
+    done; the instance keeps its room and goes on.  Before, the copy
+    failed half-way, having taken every free byte of the file system for
+    its WAL (3 MB here) and kept it: the store, which accepted writes,
+    refused them from then on, and so was the rest of the disk full."""
+    statedir, log = str(small_disk / "state"), tmp_path / "rank.log"
+    inst = Instance(1, statedir=statedir, stderr_path=str(log), attrs={"kvs.gc-grace": "0"})
+    await asyncio.wait_for(inst.start(), 60)
+    try:
+        async with await Handle.connect(inst.uri(0)) as h:
+            for name in ("keep", "junk"):  # 5 MB kept, 5 MB of garbage
+                for i in range(5):
+                    await commit(h, put(f"{name}.k{i}", os.urandom(MB)))
+                    await asyncio.wait_for(h.rpc("content.flush", {}), T)
+            await commit(h, unlink("junk"), flags=4)  # (SYNC: the checkpoint names it)
+            rc, out = await kvbroker(inst.uri(0), "kvs", "gc")
+            assert rc == 0 and "MB of it free" in out, out
+            free = os.statvfs(small_disk)
+            filler = small_disk / "filler"
+            with open(filler, "wb") as f:  # 3 MB left: above the reserve (1 MB)
+                f.write(b"\0" * (free.f_bavail * free.f_frsize - 3 * MB))
+            rc, out = await kvbroker(inst.uri(0), "kvs", "gc", "--compact")
+            assert rc == 1, out
+            for words in ("No space left on device", "compacting needs about",
+                          f"free on the file system of {statedir}", "not compacted",
+                          "collection itself was done", "kvs gc --compact again"):
+                assert words in out, out
+            left = os.statvfs(small_disk)
+            assert left.f_bavail * left.f_frsize > 2 * MB  # (nothing was taken)
+            assert (await stats(h, "content"))["refusing"] is None
+            await commit(h, put("after", os.urandom(100_000)))  # writes go on
+            assert len(await get(h, "keep.k4")) == MB
+            filler.unlink()  # with the room, it compacts
+            size = os.stat(os.path.join(statedir, "content.sqlite")).st_size
+            rc, out = await kvbroker(inst.uri(0), "kvs", "gc", "--compact")
+            assert rc == 0 and out.endswith("compacted\n"), out
+            assert os.stat(os.path.join(statedir, "content.sqlite")).st_size < size - 4 * MB
+    finally:
+        codes = await asyncio.wait_for(inst.stop(), 60)
+    assert codes == [0], log.read_text()
+
+
+def test_a_compaction_that_fails_gives_its_room_back(small_disk) -> None:
+    """A ``VACUUM`` that runs out of room all the same (something else
+    filled the disk after the check) leaves the WAL it grew empty: its
+    frames, rolled back, held the file system's last free bytes until
+    the next compaction."""
+    store = SqliteStore(str(small_disk / "content.sqlite"))
+    try:
+        store.put_many((blobref.hash_blob(b"%d" % i), os.urandom(1000)) for i in range(6000))
+        assert store.compact_shortfall() is None  # (room: and the WAL is emptied)
+        free = os.statvfs(small_disk)
+        with open(small_disk / "filler", "wb") as f:  # 2 MB left: the copy takes 6
+            f.write(b"\0" * (free.f_bavail * free.f_frsize - 2 * MB))
+        assert "compacting needs about" in (store.compact_shortfall() or "")
+        with pytest.raises(sqlite3.OperationalError, match="full"):
+            store.compact()
+        wal = small_disk / "content.sqlite-wal"
+        assert not wal.exists() or wal.stat().st_size == 0
+        assert store.count() == 6000
+    finally:
+        store.close()

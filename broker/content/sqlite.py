@@ -26,6 +26,18 @@ ROWS_PER_STATEMENT = 400
 """Two parameters a row: within SQLite's historic limit of 999 parameters."""
 
 
+def sqlite_temp_dir() -> str:
+    """The directory SQLite puts its temporary files in on Unix (a
+    ``VACUUM``'s copy of the store): the first of ``$SQLITE_TMPDIR``,
+    ``$TMPDIR``, ``/var/tmp``, ``/usr/tmp``, ``/tmp`` that is a directory
+    this process may write and search, else ``.`` (as ``unixTempFileDir``)."""
+    for directory in (os.environ.get("SQLITE_TMPDIR"), os.environ.get("TMPDIR"),
+                      "/var/tmp", "/usr/tmp", "/tmp"):
+        if directory and os.path.isdir(directory) and os.access(directory, os.W_OK | os.X_OK):
+            return directory
+    return "."
+
+
 @lru_cache(maxsize=8)
 def _insert_sql(rows: int) -> str:
     return ("INSERT OR IGNORE INTO objects (hash, object) VALUES " + ",".join(["(?, ?)"] * rows)
@@ -306,10 +318,76 @@ class SqliteStore:
         rows = [r[0] for r in self.db.execute("PRAGMA quick_check")]
         return None if rows == ["ok"] else "; ".join(rows[:3])
 
+    def compact_shortfall(self) -> str | None:
+        """Whether a :meth:`compact` has room now: None if so, else what it
+        needs and where, in a sentence.  Call it on the thread that compacts,
+        right before: nothing writes in between.
+
+        ``VACUUM`` writes the compacted copy twice: into a temporary
+        database in SQLite's temporary directory (:func:`sqlite_temp_dir`,
+        unless SQLite keeps temporary files in memory), then every page of
+        it into the WAL, beside a main file that keeps its size until the
+        final checkpoint truncates it.  Both are about the store's pages
+        in use (its pages less the free ones); a WAL frame is a page and a
+        24-byte header.  The WAL is emptied first (``TRUNCATE``), so the
+        free space measured counts the room it held.  Without the room the
+        copy failed half-way (``database or disk is full``), having taken
+        every free byte of the file system for its WAL -- the room the
+        free-space reserve keeps -- and kept it until the next compaction."""
+        self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        size = int(self.db.execute("PRAGMA page_size").fetchone()[0])
+        pages = (int(self.db.execute("PRAGMA page_count").fetchone()[0])
+                 - int(self.db.execute("PRAGMA freelist_count").fetchone()[0]))
+        pages += pages // 100 + 16  # (slack: the copy's own layout may differ a little)
+        need: dict[int, list[Any]] = {}  # st_dev -> [directory, bytes needed, what for]
+        here = os.path.dirname(os.path.abspath(self.path))
+        need[os.stat(here).st_dev] = [here, pages * (size + 24) + 32, "its WAL"]
+        temp = None if self._temp_in_memory() else sqlite_temp_dir()
+        if temp is not None:
+            entry = need.setdefault(os.stat(temp).st_dev, [temp, 0, ""])
+            entry[1] += pages * size
+            entry[2] = (f"{entry[2]} and " if entry[2] else "") + (
+                f"SQLite's temporary copy (in {temp}: $SQLITE_TMPDIR, else $TMPDIR, "
+                "else /var/tmp or /tmp)")
+        for directory, wanted, what in need.values():
+            st = os.statvfs(directory)
+            free = st.f_bavail * st.f_frsize
+            if free < wanted:
+                return (f"compacting needs about {wanted} bytes free on the file system of "
+                        f"{directory} (for {what}: the {pages * size} bytes the store keeps, "
+                        f"copied), and it has {free}")
+        return None
+
+    def compact_if_room(self) -> str | None:
+        """:meth:`compact` if :meth:`compact_shortfall` finds room; else what
+        it lacks, with nothing written."""
+        shortfall = self.compact_shortfall()
+        if shortfall is None:
+            self.compact()
+        return shortfall
+
+    def _temp_in_memory(self) -> bool:
+        """Whether SQLite keeps temporary databases in memory (its
+        ``TEMP_STORE`` build option and ``PRAGMA temp_store``)."""
+        built = 1
+        for (option,) in self.db.execute("PRAGMA compile_options"):
+            if str(option).startswith("TEMP_STORE="):
+                built = int(str(option).partition("=")[2])
+        pragma = int(self.db.execute("PRAGMA temp_store").fetchone()[0])
+        return {0: False, 1: pragma == 2, 2: pragma != 1}.get(built, True)
+
     def compact(self) -> None:
         """Give the space of deleted blobs back to the file system (``VACUUM``),
-        durably, with the WAL emptied."""
-        self.db.execute("VACUUM")
+        durably, with the WAL emptied.  If it fails (a full disk), the WAL is
+        emptied all the same: the frames of the copy rolled back held the
+        room it took, every free byte of the file system maybe, until the
+        next compaction.  (Check :meth:`compact_shortfall` first.)"""
+        try:
+            self.db.execute("VACUUM")
+        except sqlite3.Error:
+            with contextlib.suppress(sqlite3.Error):
+                self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            raise
         self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
     def sync(self) -> None:
