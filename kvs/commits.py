@@ -169,6 +169,11 @@ class CommitPipeline:
         self.unpublished: Counter[str] = Counter()
         """Roots made and stored, not yet set (a commit between its store
         and its new root): live, for a garbage collection."""
+        self._admitted: dict[int, int] = {}
+        """Per namespace (by ``id``: a removed one may still be applying a
+        batch when a new one of its name starts), the bytes its batch was
+        admitted with by the reserve's check and has not stored yet
+        (:meth:`_admit`)."""
         self.primary_roots: deque[SetRoot] = deque(maxlen=MAX_PRIMARY_ROOTS)
         """Rank 0 with a statedir: the primary roots set since the newest one
         known written (which stays first), oldest first -- what a checkpoint
@@ -288,7 +293,10 @@ class CommitPipeline:
                 except Exception as exc:  # a bug: fail the batch, never leave it hanging
                     self.log.exception("commit batch in %s failed", ns.name)
                     self._fail(ns, batch, ErrnoError(errno.EIO, f"internal error: {exc}"))
+                finally:
+                    self._unadmit(ns)  # (what it did not store: it failed, or was split)
         except asyncio.CancelledError:  # stop gave up waiting for it: answer every one
+            self._unadmit(ns)
             self._fail_stopped(ns, batch)
             raise
         except Exception as exc:  # a bug outside a batch's apply (the wait for room,
@@ -339,7 +347,9 @@ class CommitPipeline:
         refused = content.refusal()
         if refused is None:
             sizes = [_value_bytes(p) for p in batch]
-            if content.refusal(sum(sizes)) is None:
+            total = sum(sizes)
+            if content.refusal(total) is None:
+                self._admit(ns, content, total)
                 return batch
             keep, adding = [], 0
             for p, size in zip(batch, sizes, strict=True):
@@ -350,6 +360,7 @@ class CommitPipeline:
                 else:
                     self.counts["commits-failed"] += 1
                     self._fail(ns, [p], too_big)
+            self._admit(ns, content, adding)
             return keep
         keep = [p for p in batch if not _adds_data(p)]
         if len(keep) < len(batch):
@@ -357,6 +368,31 @@ class CommitPipeline:
             self.counts["commits-failed"] += len(failed)
             self._fail(ns, failed, refused)
         return keep
+
+    def _admit(self, ns: Namespace, content: ContentModule, size: int) -> None:
+        """``ns``'s batch was admitted with ``size`` bytes of values: counted
+        by the reserve's checks (:attr:`ContentModule.admitted`) until it
+        stores them (:meth:`_unadmit`), so that the batches of other
+        namespaces checked meanwhile count them -- between its check and
+        its store a batch may wait (a blob to read from the store, its
+        thread busy), and two batches that fit alone were both admitted."""
+        if size:
+            self._admitted[id(ns)] = size
+            content.admitted += size
+
+    def _unadmit(self, ns: Namespace, stored: int | None = None) -> None:
+        """``ns``'s batch stored ``stored`` bytes of blobs, now counted as
+        stored (its values are among them): as many of its admitted bytes
+        are no longer counted as admitted (None: all, the batch is done)."""
+        size = self._admitted.get(id(ns))
+        if not size or self.content is None:
+            return
+        done = size if stored is None else min(size, stored)
+        self.content.admitted -= done
+        if done == size:
+            del self._admitted[id(ns)]
+        else:
+            self._admitted[id(ns)] = size - done
 
     async def _room(self) -> ErrnoError | None:
         """Wait for room in rank 0's write-back backlog (:meth:`ContentModule.room`);
@@ -417,6 +453,8 @@ class CommitPipeline:
             if result.new_blobs:
                 if self.content is not None:
                     self.content.store_hashed(result.new_blobs)
+                    if self._admitted:  # (counted as stored now, not as admitted)
+                        self._unadmit(ns, sum(map(len, result.new_blobs.values())))
                 else:
                     await self.h.rpc("content.store",
                                      {"blobs": list(result.new_blobs.values())})

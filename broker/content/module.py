@@ -270,6 +270,13 @@ class ContentModule(Module):
         this plus :attr:`stored_total`."""
         self.refusing: str | None = None
         """Why writes that add data are refused (below the reserve), or None."""
+        self.admitted = 0
+        """Bytes the kvs module's commits were admitted with (:meth:`refusal`
+        of their size) and have not stored yet: counted by :meth:`refusal`
+        as if stored.  A namespace's commit may wait between its check and
+        its store (a blob to read), and the commits of other namespaces,
+        checked meanwhile against what was stored, were all admitted -- past
+        the quota, or the room below the reserve."""
         self._disk_watch: asyncio.Task[None] | None = None
         self._written_since_measure = 0
         self._measuring = False
@@ -462,7 +469,9 @@ class ContentModule(Module):
         would take it there, else None.  No system call: arithmetic on the
         last measure (:meth:`measure_disk`).
 
-        ``adding`` counts, as every accepted byte does (:meth:`room_left`):
+        ``adding`` counts, as every accepted byte does (:meth:`room_left`),
+        and so do the bytes commits were admitted with and have not stored
+        yet (:attr:`admitted`):
         checked only against what was accepted before, one 12 MB put on a
         20 MB disk with 19 MB free was accepted -- and acknowledged -- then
         its write failed for want of room, and the store was stuck as
@@ -478,15 +487,19 @@ class ContentModule(Module):
             self._note_room()
         if not adding:
             return None
-        left = self.room_left() - 2 * adding
+        pending = self.admitted + adding
+        left = self.room_left() - 2 * pending
         disk = bool(self.disk_reserve) and left < self.disk_reserve
+        write = f"a write of {adding} bytes" + (
+            f" (after {self.admitted} bytes of commits admitted, not yet stored)"
+            if self.admitted else "")
         if disk:
-            why = (f"a write of {adding} bytes would leave about {max(left, 0)} bytes of room "
+            why = (f"{write} would leave about {max(left, 0)} bytes of room "
                    f"for the content store (it counts twice until written: into the WAL, "
                    f"then the file), below content.disk-reserve-bytes ({self.disk_reserve})")
-        elif self.store_quota and self._used_base + self.stored_total + adding > self.store_quota:
-            why = (f"a write of {adding} bytes would take the content store's data to about "
-                   f"{self._used_base + self.stored_total + adding} bytes, over "
+        elif self.store_quota and self._used_base + self.stored_total + pending > self.store_quota:
+            why = (f"{write} would take the content store's data to about "
+                   f"{self._used_base + self.stored_total + pending} bytes, over "
                    f"content.store-quota-bytes ({self.store_quota})")
         else:
             return None

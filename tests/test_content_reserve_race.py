@@ -1,0 +1,92 @@
+"""The free-space reserve (and the store quota) against commits of several
+namespaces at once, on a real rank-0 content module (real SQLite file, in
+this process) with the kvs module's real commit pipeline: each namespace's
+queue checks its transaction's bytes against the room left, then applies
+it and stores its blobs -- and between the two it may wait (a blob to read
+from the store).  The check must count what other namespaces were admitted
+with and have not stored yet.  (The reserve with real ranks:
+test_content_disk_reserve.py.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import os
+import threading
+from collections import Counter
+from pathlib import Path
+
+from test_broker_support import rank0_content
+from test_kvs_rpc_helpers import put
+
+from broker.content.sqlite import STORE_FILE, SqliteStore
+from broker.errors import ErrnoError
+from kvs import txn
+from kvs.blobs import BlobFetcher, BlobStore
+from kvs.collect import RootHistory
+from kvs.commits import CommitPipeline
+from kvs.namespaces import Namespace
+from kvs.refcheck import RefChecker
+from kvs.treeobj import BlobCache
+
+T = 10.0
+MB = 1 << 20
+
+
+async def test_two_namespaces_admitted_at_once_count_each_other(tmp_path: Path) -> None:
+    """Two namespaces each commit 1.5 MB under a 2 MB quota, while their
+    root must be read from the store (the store's thread is busy): each
+    fits alone, not both.  Each was checked against what was *stored*, and
+    both were admitted before either stored -- 3 MB accepted, past the
+    quota; on a disk, past the reserve into a full disk, the state the
+    reserve is there to prevent.  Now the second is refused ``ENOSPC``."""
+    statedir = tmp_path / "state"
+    statedir.mkdir(mode=0o700)
+    empty, data = txn.empty_root()
+    store = SqliteStore(str(statedir / STORE_FILE))  # (the roots only on disk: read cold)
+    store.put_many([(empty, data)])
+    store.close()
+    content = rank0_content(tmp_path, statedir=str(statedir),
+                            **{"content.store-quota-bytes": str(2 * MB)})
+    await content.start()
+    gate = threading.Event()
+    held_up = None
+    try:
+        blobs = BlobStore()
+        fetcher = BlobFetcher(blobs, Counter())
+        fetcher.loader = fetcher.content = content
+        refcheck = RefChecker(fetcher, Counter())
+        refcheck.content = content
+        loop = asyncio.get_running_loop()
+
+        async def no_checkpoint(rootref: str, rootseq: int, pending: object = None) -> bool:
+            return True
+
+        commits = CommitPipeline(
+            log=logging.getLogger("test"), counts=Counter(), spawn=loop.create_task,
+            cache=BlobCache(blobs), blobs=blobs, fetcher=fetcher, refcheck=refcheck,
+            publish=lambda topic, body: None, checkpoint=no_checkpoint,
+            hash_name=content.hash_name, statedir="", root_history=RootHistory(grace=10),
+            prime_limit=0)
+        commits.content = content
+        one = Namespace("one", os.getuid(), empty, 0)
+        two = Namespace("two", os.getuid(), empty, 0)
+        # the store's thread is busy (a write-back, a compaction...): reads wait
+        held_up = loop.run_in_executor(content._executor, gate.wait)
+        a = commits.enqueue(one, [put("v", os.urandom(3 * MB // 2))], 0, "a")
+        b = commits.enqueue(two, [put("v", os.urandom(3 * MB // 2))], 0, "b")
+        await asyncio.sleep(0)  # (both queues check, then wait for the root)
+        gate.set()
+        done = await asyncio.wait_for(asyncio.gather(a, b, return_exceptions=True), T)
+        failed = [r for r in done if isinstance(r, BaseException)]
+        assert len(failed) == 1, done
+        assert isinstance(failed[0], ErrnoError) and failed[0].errnum == errno.ENOSPC, failed
+        assert "content.store-quota-bytes" in failed[0].errstr, failed[0].errstr
+        assert content.admitted == 0  # (given back once stored, or refused)
+    finally:
+        gate.set()
+        if held_up is not None:
+            await held_up
+        await content.stop()
