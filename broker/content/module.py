@@ -490,15 +490,12 @@ class ContentModule(Module):
         pending = self.admitted + adding
         left = self.room_left() - 2 * pending
         disk = bool(self.disk_reserve) and left < self.disk_reserve
-        write = f"a write of {adding} bytes" + (
-            f" (after {self.admitted} bytes of commits admitted, not yet stored)"
-            if self.admitted else "")
         if disk:
-            why = (f"{write} would leave about {max(left, 0)} bytes of room "
+            why = (f"{self._write_of(adding)} would leave about {max(left, 0)} bytes of room "
                    f"for the content store (it counts twice until written: into the WAL, "
                    f"then the file), below content.disk-reserve-bytes ({self.disk_reserve})")
         elif self.store_quota and self._used_base + self.stored_total + pending > self.store_quota:
-            why = (f"{write} would take the content store's data to about "
+            why = (f"{self._write_of(adding)} would take the content store's data to about "
                    f"{self._used_base + self.stored_total + pending} bytes, over "
                    f"content.store-quota-bytes ({self.store_quota})")
         else:
@@ -508,6 +505,14 @@ class ContentModule(Module):
         # (the store is not refusing: said here, at most once a minute)
         self._failure_log.log(logging.WARNING, "too-big", "%s", refused.errstr)
         return refused
+
+
+    def _write_of(self, adding: int) -> str:
+        """A refused write, for :meth:`refusal`'s message (formatted only
+        when one is refused)."""
+        return f"a write of {adding} bytes" + (
+            f" (after {self.admitted} bytes of commits admitted, not yet stored)"
+            if self.admitted else "")
 
     def _note_room(self) -> None:
         """Update :attr:`refusing` from the room left, logging each change."""
