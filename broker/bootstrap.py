@@ -29,6 +29,7 @@ file; :mod:`broker.cli` runs the rank.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import socket
@@ -82,16 +83,16 @@ class Bootstrap:
         """What ``rank`` binds for its children (None for a leaf)."""
         return self.hosts[rank].bind if self.has_children(rank) else None
 
+    def hostnames(self) -> list[str]:
+        """Each rank's ``host``, by rank (the ``hostlist`` attribute)."""
+        return [e.host for e in self.hosts]
+
     def rank_of(self, hostname: str | None = None) -> int:
-        """The rank whose entry names this host: by its full name, else by
-        the short one (``node0`` and ``node0.example.org`` are the same host
-        then).  Raises :class:`BootstrapError` when none or several match:
-        several ranks on one host need ``--rank``."""
+        """The rank whose entry names this host (:func:`ranks_on`).  Raises
+        :class:`BootstrapError` when none or several match: several ranks on
+        one host need ``--rank``."""
         name = hostname or socket.gethostname()
-        ranks = [r for r, e in enumerate(self.hosts) if e.host == name]
-        if not ranks:
-            short = _short(name)
-            ranks = [r for r, e in enumerate(self.hosts) if _short(e.host) == short]
+        ranks = ranks_on(self.hostnames(), name)
         if not ranks:
             raise BootstrapError(f"{self.path}: no hosts entry for this host ({name}); "
                                  "give --rank")
@@ -101,8 +102,46 @@ class Bootstrap:
         return ranks[0]
 
 
+def ranks_on(hosts: list[str], hostname: str) -> list[int]:
+    """The ranks whose ``hosts`` entry names host ``hostname``: by its full
+    name, else by the short one (``node0`` and ``node0.example.org`` are the
+    same host then), ignoring case (DNS does)."""
+    ranks = [r for r, h in enumerate(hosts) if h.lower() == hostname.lower()]
+    if not ranks:
+        short = _short(hostname)
+        ranks = [r for r, h in enumerate(hosts) if _short(h) == short]
+    return ranks
+
+
+def judged_by_name(host: str) -> bool:
+    """Whether a host can be told from another by its name: not an IP
+    address literal (``10.0.0.2``, ``::1``, ``[::1]``) nor ``localhost``
+    (or ``localhost.localdomain``), which name no one host."""
+    if not host or _short(host) == "localhost":
+        return False
+    try:
+        ipaddress.ip_address(host[1:-1] if host.startswith("[") and host.endswith("]")
+                             else host)
+    except ValueError:
+        return True
+    return False
+
+
+def wrong_host(hosts: list[str], rank: int, hostname: str) -> bool:
+    """Whether a process that says it runs on ``hostname`` is not on the
+    host that entry ``rank`` of ``hosts`` names, as :meth:`Bootstrap.rank_of`
+    finds ranks (:func:`ranks_on`).  False -- not judged -- when that entry
+    or ``hostname`` cannot be told from another host by name
+    (:func:`judged_by_name`): an address, ``localhost``, or nothing."""
+    if not 0 <= rank < len(hosts):
+        return False
+    if not (judged_by_name(hosts[rank]) and judged_by_name(hostname)):
+        return False
+    return rank not in ranks_on(hosts, hostname)
+
+
 def _short(hostname: str) -> str:
-    return hostname.split(".", 1)[0]
+    return hostname.split(".", 1)[0].lower()
 
 
 def _expand(template: str, host: str, rank: int) -> str:
@@ -153,6 +192,9 @@ def parse(text: str, path: str = "<bootstrap>") -> Bootstrap:
         host = _str(raw, "host", where)
         if host is None:
             raise BootstrapError(f"{where}: host is required")
+        if re.search(r"[\s,]", host):
+            raise BootstrapError(f"{where}: host {host!r} is not a host name (no spaces "
+                                 "or commas)")
         bind = _str(raw, "bind", where) or (default_bind and _expand(default_bind, host, rank))
         connect = (_str(raw, "connect", where)
                    or (default_connect and _expand(default_connect, host, rank)))

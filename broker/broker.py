@@ -49,6 +49,7 @@ class Broker:
         endpoints: dict[int, str] | None = None,
         bind: str | None = None,
         curve: tuple[bytes, bytes] | None = None,
+        hosts: list[str] | None = None,
         rank_log: RankLog | None = None,
     ) -> None:
         self.rank = rank
@@ -66,6 +67,13 @@ class Broker:
         # bad value is a start-up failure), then what the instance set.
         self.attrs: dict[str, Any] = {s.name: s.default for s in battrs.BROKER_ATTRS}
         self.attrs.update(attrs or {})
+        # the name this rank goes by (its hello says it): its host's, or
+        # what -S hostname=NAME says (as Flux's, to try a multi-host set-up
+        # on one machine)
+        hostname = str(self.attrs.get("hostname") or socket.gethostname())
+        self.hosts = hosts
+        """Each rank's host, by rank, from a bootstrap file (None: every
+        rank runs on this host, ``kvbroker start``)."""
         self.attrs.update({
             "rank": rank,
             "size": size,
@@ -76,7 +84,9 @@ class Broker:
             "local-uri": f"local://{local_socket_path(rundir, rank)}",
             "broker.pid": os.getpid(),
             "broker.starttime": round(time.time(), 3),
-            "hostname": socket.gethostname(),
+            "hostname": hostname,
+            # (RFC 29 allows a plain list; one host for every rank of `start`)
+            "hostlist": ",".join(hosts if hosts else [hostname] * size),
             "security.owner": self.owner_uid,
         })
         self.modules: list[Module] = []
@@ -164,6 +174,7 @@ class Broker:
                                max_message=config[battrs.LINK_MAX_MESSAGE.name],
                                torpid_min=config[battrs.TORPID_MIN.name],
                                torpid_max=config[battrs.TORPID_MAX.name],
+                               hostname=str(self.attrs["hostname"]), hosts=self.hosts,
                                on_stop=self._stop_for_overlay)
         await self.overlay.start()
         await self.load_module(BrokerServices(self._context(), self))
@@ -250,6 +261,7 @@ class Broker:
                               "children": sorted(self.overlay.hello_from),
                               "rejoined": self.overlay.rejoined(),
                               "offline": self.overlay.offline(),
+                              "hosts": self.overlay.child_hosts(),
                               "torpid": self.overlay.torpid_seconds()}
         if self.rank_log is not None:
             ring = self.rank_log.ring

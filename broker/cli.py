@@ -326,6 +326,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
     other ranks ignore it, so every host may share one command line."""
     import json
     import shutil
+    import socket
 
     from broker import attrs as battrs
     from broker import bootstrap
@@ -335,13 +336,16 @@ def cmd_broker(args: argparse.Namespace) -> int:
 
     try:
         boot = bootstrap.load(args.config)
-        rank = boot.rank_of() if args.rank is None else args.rank
+        attrs = {**boot.attrs, **dict(args.setattr or []), battrs.TRANSPORT.name: "tcp"}
+        # the name this rank goes by: its host's, or -S hostname=NAME (as Flux's)
+        hostname = str(attrs.get("hostname") or socket.gethostname())
+        attrs["hostname"] = hostname
+        rank = boot.rank_of(hostname) if args.rank is None else args.rank
     except bootstrap.BootstrapError as exc:
         print_err(f"broker: {exc}")
         return 2
     if not 0 <= rank < boot.size:
         raise UsageError(f"--rank {rank}: the bootstrap file lists ranks 0-{boot.size - 1}")
-    attrs = {**boot.attrs, **dict(args.setattr or []), battrs.TRANSPORT.name: "tcp"}
     try:
         battrs.check_instance(attrs)
         load_keys(boot.curve_cert)
@@ -376,7 +380,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
     argv = ["--rank", str(rank), "--size", str(boot.size), "--fanout", str(boot.fanout),
             "--rundir", rundir, "--event-loop", args.event_loop,
             "--attrs", json.dumps(attrs), "--endpoints", json.dumps(boot.endpoints()),
-            "--curve-keys", boot.curve_cert]
+            "--curve-keys", boot.curve_cert, "--hosts", json.dumps(boot.hostnames())]
     bind = boot.bind_endpoint(rank)
     if bind:
         argv += ["--bind", bind]
@@ -837,7 +841,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     s.add_argument("--config", "-c", required=True, metavar="FILE",
                    help="the bootstrap file every rank reads (TOML)")
     s.add_argument("--rank", "-r", type=rank_int,
-                   help="this rank (default: the hosts entry naming this host)")
+                   help="this rank (default: the hosts entry naming this host); its "
+                   "parent refuses it, and it exits 1, if this host is not that entry's")
     s.add_argument("--rundir", help="where the local connector's socket goes "
                    "(default: a new private directory, removed on exit)")
     s.add_argument("--statedir", metavar="DIR",
@@ -845,7 +850,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     s.add_argument("--event-loop", choices=LOOP_NAMES, default="auto", dest="event_loop",
                    help="this rank's event loop (default auto: uvloop if installed)")
     s.add_argument("-S", "--setattr", action="append", type=parse_attr, metavar="ATTR=VAL",
-                   help="set a broker attribute (repeatable)")
+                   help="set a broker attribute (repeatable); -S hostname=NAME: the "
+                   "host name this rank goes by (its entry, its hello)")
     s.add_argument("cmdline", nargs=argparse.REMAINDER, metavar="COMMAND",
                    help="the initial program: rank 0 runs it once the instance is up, "
                    "then stops the instance and exits as it did (other ranks ignore it)")

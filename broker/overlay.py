@@ -21,16 +21,20 @@ so the socket is re-checked after every send too).
 
 Handshake (CONTROL messages):
 
-* ``overlay.hello`` child -> parent ``{rank, process}`` (``process``: a
-  random name of the child's process, the same in each of its hellos, on
-  any connection: :meth:`Overlay._renew_up`); the parent admits only its
+* ``overlay.hello`` child -> parent ``{rank, process, hostname}``
+  (``process``: a random name of the child's process, the same in each of
+  its hellos, on any connection: :meth:`Overlay._renew_up`; ``hostname``:
+  the child's ``hostname`` attribute); the parent admits only its
   own children and answers ``overlay.hello`` ``{rank, size}`` -- again to
   each hello said again (ZeroMQ may lose an answer: a child says hello
   until answered, :meth:`Overlay._hello_due`).  Over
   ``tcp`` (CURVE: the peer holds the instance's keys) a hello from a rank
-  that is not a child -- mismatched bootstrap files -- is answered
+  that is not a child -- mismatched bootstrap files -- or, with a
+  bootstrap file, from a host that is not its rank's entry (a wrong
+  ``--rank``: :meth:`Overlay._wrong_host`) is answered
   ``overlay.refused`` ``{rank, why}``, and the rank stops (exit 1) saying
-  why; any other peer's is dropped unanswered.
+  why; any other peer's is dropped unanswered.  A refused hello leaves
+  the running process of that rank, if any, untouched.
 * ``overlay.ready`` child -> parent once the child's whole subtree is up;
   when rank 0 has heard it from every child the instance is ready.
 * ``overlay.shutdown`` parent -> children when a rank stops: each child
@@ -70,6 +74,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import secrets
 from collections import deque
 from collections.abc import Callable
@@ -77,6 +82,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from broker import codec, topology
+from broker.bootstrap import wrong_host
 from broker.errors import ProtocolError
 from broker.logring import LogThrottle
 from broker.message import Message, MsgType
@@ -104,9 +110,9 @@ tell it apart and not restart it (systemd: ``RestartPreventExitStatus=3``)."""
 CUT_OFF_KEPT = 64
 """ZeroMQ identities this rank cut off that it remembers (the newest)."""
 REFUSED_HELLOS_PER_SECOND = 10
-"""Answers a parent sends, per second at most, to hellos from ranks that
-are not its children (:meth:`Overlay._refuse_hello`); each identity is
-answered once."""
+"""Answers a parent sends, per second at most, to hellos it refuses (from
+ranks that are not its children, or from the wrong host:
+:meth:`Overlay._refuse_hello`); each identity is answered once."""
 REFUSAL_LOG_INTERVAL = 60
 """Seconds between a parent's warnings about refused handshakes."""
 KEEPALIVE = "overlay.keepalive"
@@ -153,6 +159,18 @@ def hello_process(payload: Any) -> str | None:
     return process if isinstance(process, str) and len(process) <= 64 else None
 
 
+_HOSTNAME = re.compile(r"[A-Za-z0-9._:%\[\]-]{1,255}")
+
+
+def hello_hostname(payload: Any) -> str | None:
+    """The host a hello's payload says its process runs on (the child's
+    ``hostname`` attribute); None if it says none, or nothing that looks
+    like a host name (a peer with the instance's keys says what it likes:
+    it is logged, and shown by ``kvbroker overlay status``)."""
+    name = payload.get("hostname") if isinstance(payload, dict) else None
+    return name if isinstance(name, str) and _HOSTNAME.fullmatch(name) else None
+
+
 def ipc_endpoint(rundir: str, rank: int) -> str:
     return f"ipc://{rundir}/tbon-{rank}"
 
@@ -174,6 +192,8 @@ class Overlay:
         max_message: int = codec.MAX_LINK_MESSAGE,
         torpid_min: float = DEFAULT_TORPID_MIN,
         torpid_max: float = DEFAULT_TORPID_MAX,
+        hostname: str = "",
+        hosts: list[str] | None = None,
     ) -> None:
         if transport not in TRANSPORTS:
             raise ValueError(f"unknown tbon.transport {transport!r}")
@@ -191,6 +211,16 @@ class Overlay:
         self.size = router.size
         self.fanout = router.fanout
         self.rundir = rundir
+        self.hostname = hostname
+        """The host this rank says it runs on, in its hellos (its ``hostname``)."""
+        self.hosts = hosts
+        """Each rank's host from the bootstrap file, by rank (None without
+        one: ``kvbroker start``): a child's hello from another host is
+        refused (:meth:`_wrong_host`)."""
+        self._child_host: dict[int, str] = {}
+        """The host each child's last admitted hello named (kept once the
+        child is lost): what :meth:`child_hosts` tells ``kvbroker overlay
+        status``, for the ranks that do not answer."""
         self.endpoints = endpoints or {}
         self.bind = bind
         self.curve = curve
@@ -368,6 +398,13 @@ class Overlay:
         return {str(c): {"times": r.times, "replaced": r.replaced, "ago": round(now - r.at, 1)}
                 for c, r in sorted(self._rejoins.items())}
 
+    def child_hosts(self) -> dict[str, str]:
+        """The host each child that said hello since this rank started said
+        it runs on (``str(rank)``, for JSON), the last one's; kept once it
+        is lost: ``kvbroker overlay status`` names the host of a torpid,
+        lost or offline rank with it."""
+        return {str(c): host for c, host in sorted(self._child_host.items())}
+
     def offline(self) -> dict[str, str]:
         """Each child that stopped on purpose and has not joined again
         (``str(rank)``, for JSON), with why (``signal SIGTERM``): offline,
@@ -468,7 +505,10 @@ class Overlay:
             self._up = None
 
     def _hello_payload(self) -> dict[str, Any]:
-        return {"rank": self.rank, "process": self.process_id}
+        payload: dict[str, Any] = {"rank": self.rank, "process": self.process_id}
+        if self.hostname:
+            payload["hostname"] = self.hostname
+        return payload
 
     def _say_hello(self) -> None:
         """ZeroMQ: say hello to the parent, and make sure it is said again
@@ -809,8 +849,9 @@ class Overlay:
 
     def _hello_rank(self, frames: list[bytes], ident: bytes | None = None) -> int | None:
         """The rank a new connection's first message says hello as, if it is
-        one of our children's; None (counted, logged) for anything else --
-        a hello from another rank on ZeroMQ connection ``ident`` is also
+        one of our children's, from its host; None (counted, logged) for
+        anything else -- a hello from another rank, or from the wrong host
+        (:meth:`_wrong_host`), on ZeroMQ connection ``ident`` is also
         answered (:meth:`_refuse_hello`)."""
         msg = self._decode(frames, "an unidentified peer")  # counts garbage
         rank = None
@@ -822,7 +863,18 @@ class Overlay:
             if isinstance(payload, dict):
                 rank = payload.get("rank")
         if type(rank) is int and rank in self.children:  # (not True, 1.0 or a list)
-            return rank
+            why = self._wrong_host(rank, payload)
+            if why is None:
+                return rank
+            self.dropped += 1
+            # (as Flux: an error, but at most once a second: how many hellos a
+            # peer with the keys sends is its choice)
+            self._peer_log.log(logging.ERROR, "wrong-host", "refusing overlay peer: a "
+                               "hello as rank %d from %s: %s", rank,
+                               hello_hostname(payload), why)
+            if ident is not None:
+                self._refuse_hello(ident, why)
+            return None
         if msg is not None:
             self.dropped += 1
             if type(rank) is int:
@@ -832,17 +884,46 @@ class Overlay:
                     "rank %d (its children: %s); check the bootstrap file's parent/connect "
                     "entries", rank, self.rank, sorted(self.children) or "none")
                 if ident is not None:
-                    self._refuse_hello(ident, rank)
+                    self._refuse_hello(ident, self._not_a_child(rank))
             else:
                 self._peer_log.log(logging.WARNING, "not-a-hello", "refusing overlay peer: "
                                    "its first message is not a child's hello")
         return None
 
-    def _refuse_hello(self, ident: bytes, rank: int) -> None:
-        """Tell connection ``ident``, which said hello as ``rank``, not one
-        of our children, why it is refused (``overlay.refused``): without
-        an answer a rank started with a bootstrap file that names the wrong
-        parent waited for ever, saying nothing.
+    def _wrong_host(self, rank: int, payload: Any) -> str | None:
+        """Why a hello as child ``rank`` is refused for the host it came
+        from, or None to admit it.  With a bootstrap file (:attr:`hosts`),
+        a hello whose ``hostname`` is not the host of ``rank``'s entry --
+        compared as :meth:`broker.bootstrap.Bootstrap.rank_of` finds a
+        rank -- comes from a process started with the wrong ``--rank``, or
+        on the wrong host (Flux's check, flux-core#6389): admitted, it
+        would take the running rank's place (the newest hello wins).  Not
+        judged, so admitted: a hello that names no host, or an entry or
+        name that no host can be told by -- an IP address, ``localhost``
+        (:func:`broker.bootstrap.judged_by_name`)."""
+        host = hello_hostname(payload)
+        if self.hosts is None or host is None or not wrong_host(self.hosts, rank, host):
+            return None
+        return (f"{self.hosts[rank]} is configured as rank {rank}: mismatched config? "
+                f"(this hello came from {host}: a wrong --rank, a rank started on the "
+                "wrong host, or another bootstrap file)")
+
+    def _not_a_child(self, rank: int) -> str:
+        """Why a hello as ``rank``, not one of our children, is refused."""
+        if 0 <= rank < self.size:
+            where = (f"its parent is rank {topology.parent_of(rank, self.fanout)}"
+                     if rank else "it has no parent")
+        else:
+            where = "it is not a rank of this instance"
+        return (f"rank {rank} is not a child of rank {self.rank} in this instance's "
+                f"topology (size {self.size}, fanout {self.fanout}: {where}): check the "
+                "bootstrap file")
+
+    def _refuse_hello(self, ident: bytes, why: str) -> None:
+        """Tell connection ``ident``, whose hello this rank refuses, why
+        (``overlay.refused``): its process stops, saying it (status 1).
+        Without an answer a rank started with a bootstrap file that names
+        the wrong parent waited for ever, saying nothing.
 
         Only over CURVE (``tcp``), where the ZAP handler admitted the peer
         with the instance's key pair: a peer that only reached an ``ipc``
@@ -861,14 +942,6 @@ class Overlay:
         self._hello_refused[ident] = None
         if len(self._hello_refused) > CUT_OFF_KEPT:
             del self._hello_refused[next(iter(self._hello_refused))]
-        if 0 <= rank < self.size:
-            where = (f"its parent is rank {topology.parent_of(rank, self.fanout)}"
-                     if rank else "it has no parent")
-        else:
-            where = "it is not a rank of this instance"
-        why = (f"rank {rank} is not a child of rank {self.rank} in this instance's "
-               f"topology (size {self.size}, fanout {self.fanout}: {where}): check the "
-               "bootstrap file")
         refused = Message(MsgType.CONTROL, "overlay.refused", {"rank": self.rank, "why": why})
         self._down.try_send_to(ident, codec.encode(refused))
 
@@ -1168,6 +1241,9 @@ class Overlay:
                     again.times += 1
                     again.at = asyncio.get_running_loop().time()
                 self._joined.add(child)
+                host = hello_hostname(msg.payload)
+                if host is not None:
+                    self._child_host[child] = host
                 if process is None:
                     self._child_process.pop(child, None)
                 else:

@@ -71,6 +71,12 @@ def json_argv(text: str) -> list[str]:
     return value
 
 
+def json_hosts(text: str) -> list[str]:
+    value: list[str] = _json(text, lambda v: isinstance(v, list)
+                             and all(isinstance(h, str) for h in v), "a JSON list of strings")
+    return value
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m broker.rank")
     p.add_argument("--rank", type=int, required=True)
@@ -84,6 +90,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="JSON map rank -> overlay endpoint")
     p.add_argument("--bind", help="overlay endpoint this rank binds for its children "
                    "(default: its own entry of --endpoints)")
+    p.add_argument("--hosts", type=json_hosts, metavar="JSON",
+                   help="JSON list: each rank's host, by rank (a bootstrap file's): "
+                   "the hostlist attribute, and what a parent checks its children's "
+                   "hellos against")
     p.add_argument("--curve-keys", help="file holding the instance's CURVE key pair")
     p.add_argument("--initial-program", type=json_argv, metavar="JSON",
                    help="JSON list: the command to run once the instance is up "
@@ -147,6 +157,7 @@ async def serve(args: argparse.Namespace) -> int:
         endpoints={int(k): v for k, v in args.endpoints.items()},
         bind=args.bind,
         curve=curve,
+        hosts=args.hosts,
         rank_log=getattr(args, "rank_log", None),
     )
     signalled: list[int] = []

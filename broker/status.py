@@ -18,6 +18,14 @@ A rank that restarted (a new process said hello to its parent again, the
 old one lost, or replaced while still connected: ``overlay.rejoined`` of
 the parent's stats) shows so after its state, whatever the state: a rank
 that came back is full again, and nothing else said it had ever gone.
+
+Every line names its rank's host when it is known, whatever the state: the
+one the rank answers with (its ``hostname``), else the one its last hello
+to its parent named (``overlay.hosts`` of the parent's stats), else its
+entry of the bootstrap file (the attached rank's ``hostlist``: under
+``kvbroker start``, this host for every rank).  A torpid, lost or offline
+rank answers nothing, and its line named no host: an operator of an
+instance across hosts could not tell which machine to look at.
 """
 
 from __future__ import annotations
@@ -74,6 +82,8 @@ class ChildrenView(NamedTuple):
     """Those that restarted since it started, said as :func:`restarts` says."""
     offline: dict[int, str]
     """Those that stopped on purpose and have not joined again, with why."""
+    hosts: dict[int, str]
+    """The host each one's last hello named."""
 
 
 async def _children_view(h: Handle, rank: int, timeout: float) -> ChildrenView:
@@ -83,12 +93,12 @@ async def _children_view(h: Handle, rank: int, timeout: float) -> ChildrenView:
         async with asyncio.timeout(timeout):
             resp = await h.rpc("broker.stats-get", {}, nodeid=rank)
     except (TimeoutError, RemoteError):
-        return ChildrenView({}, {}, {})
+        return ChildrenView({}, {}, {}, {})
     overlay = resp.get("overlay", {}) if isinstance(resp, dict) else {}
     overlay = overlay if isinstance(overlay, dict) else {}
     torpid, rejoined = overlay.get("torpid", {}), overlay.get("rejoined", {})
-    stopped = overlay.get("offline", {})
-    view = ChildrenView({}, {}, {})
+    stopped, hosts = overlay.get("offline", {}), overlay.get("hosts", {})
+    view = ChildrenView({}, {}, {}, {})
     for child, secs in (torpid.items() if isinstance(torpid, dict) else ()):
         try:
             view.torpid[int(child)] = (f"rank {rank} has heard nothing from it for "
@@ -98,6 +108,12 @@ async def _children_view(h: Handle, rank: int, timeout: float) -> ChildrenView:
     for child, why in (stopped.items() if isinstance(stopped, dict) else ()):
         try:
             view.offline[int(child)] = f"stopped: {why}"
+        except (TypeError, ValueError):
+            continue
+    for child, host in (hosts.items() if isinstance(hosts, dict) else ()):
+        try:
+            if isinstance(host, str) and host:
+                view.hosts[int(child)] = host
         except (TypeError, ValueError):
             continue
     for child, seen in (rejoined.items() if isinstance(rejoined, dict) else ()):
@@ -145,6 +161,7 @@ async def gather(h: Handle, timeout: float = 2.0) -> tuple[list[RankStatus], int
         async with asyncio.timeout(timeout):
             size = int(await h.attr_get("size"))
             fanout = int(await h.attr_get("fanout"))
+            hostlist = str(await h.attr_get("hostlist"))
     except TimeoutError:
         raise TimeoutError(f"the attached rank did not answer in {timeout:g}s "
                            "(stopped or hung?)") from None
@@ -155,12 +172,28 @@ async def gather(h: Handle, timeout: float = 2.0) -> tuple[list[RankStatus], int
     marked: dict[int, str] = {}
     restarted: dict[int, str] = {}
     stopped: dict[int, str] = {}
+    reported: dict[int, str] = {}
     for view in parents_views:
         marked.update(view.torpid)
         restarted.update(view.restarts)
         stopped.update(view.offline)
+        reported.update(view.hosts)
     statuses = classify(size, fanout, answers, marked, stopped)
+    statuses = name_hosts(statuses, reported, hostlist.split(",") if hostlist else [])
     return [replace(s, restarts=restarted.get(s.rank, "")) for s in statuses], fanout
+
+
+def name_hosts(statuses: list[RankStatus], reported: dict[int, str],
+               configured: list[str]) -> list[RankStatus]:
+    """Each rank's host, where its answer did not say it: the one its
+    last hello to its parent named (``reported``), else its entry of the
+    bootstrap file (``configured``, by rank: the ``hostlist`` attribute;
+    ignored unless it has one per rank)."""
+    if len(configured) != len(statuses):
+        configured = [""] * len(statuses)
+    return [s if s.hostname else
+            replace(s, hostname=reported.get(s.rank) or configured[s.rank])
+            for s in statuses]
 
 
 def classify(size: int, fanout: int, answers: list[Answer],
@@ -200,7 +233,8 @@ def classify(size: int, fanout: int, answers: list[Answer],
 
 
 def render(statuses: list[RankStatus], fanout: int) -> list[str]:
-    """One line per rank, indented under its parent:
+    """One line per rank, indented under its parent, with its host when
+    known (:func:`name_hosts`):
     ``0 node0: partial`` / ``  1 node1: lost (rank 1 was lost ...)`` /
     ``  2 node2: full (restarted 4.1s ago)``."""
     lines: list[str] = []

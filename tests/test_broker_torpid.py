@@ -76,7 +76,8 @@ async def test_a_stopped_child_is_marked_torpid_then_responsive(
         host = socket.gethostname()
         lines = out.splitlines()
         assert lines[:2] == [f"0 {host}: partial", f"  1 {host}: partial"]
-        assert lines[2].startswith("    3: torpid (rank 1 has heard nothing from it for ")
+        assert lines[2].startswith(f"    3 {host}: torpid (rank 1 has heard nothing from it "
+                                   "for ")
     finally:
         os.kill(pid, signal.SIGCONT)
 

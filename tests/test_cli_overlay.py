@@ -110,8 +110,9 @@ async def test_a_rank_stopped_on_purpose_is_offline_not_lost(start_instance, con
         rc, out, err = await run_cli("overlay", "status", uri=uri)
         assert rc == 1, err
         assert out.splitlines() == [f"0 {host}: partial",
-                                    "  1: offline (stopped: signal SIGTERM)",
-                                    "    3: offline (stopped with rank 1)", f"  2 {host}: full"]
+                                    f"  1 {host}: offline (stopped: signal SIGTERM)",
+                                    f"    3 {host}: offline (stopped with rank 1)",
+                                    f"  2 {host}: full"]
         assert (await stats(h, 0))["overlay"]["offline"] == {"1": "signal SIGTERM"}
         rc, out, err = await run_cli("uptime", uri=uri)
         assert rc == 0 and out.rstrip().endswith("size 4,  2 offline"), (out, err)
@@ -122,7 +123,21 @@ async def test_a_rank_stopped_on_purpose_is_offline_not_lost(start_instance, con
 
         await wait_until(rank0_lost_2, "rank 0 to notice")
         rc, out, err = await run_cli("overlay", "status", uri=uri)
-        assert out.splitlines()[3] == "  2: lost (rank 2 is unreachable)", out
+        assert out.splitlines()[3] == f"  2 {host}: lost (rank 2 is unreachable)", out
+
+
+def test_a_rank_that_does_not_answer_is_named_by_its_hello_else_its_entry() -> None:
+    """A rank that answers names its host; one that does not (torpid,
+    lost, offline) is named by what its last hello to its parent said,
+    else by its bootstrap file entry (the attached rank's ``hostlist``)."""
+    statuses = [RankStatus(0, PARTIAL, "n0"), RankStatus(1, TORPID, detail="silent"),
+                RankStatus(2, LOST, detail="gone"), RankStatus(3, OFFLINE, detail="stopped")]
+    named = status.name_hosts(statuses, {1: "n1.example.org", 2: "n2"},
+                              ["n0", "n1", "x2", "n3"])
+    assert render(named, 2) == ["0 n0: partial", "  1 n1.example.org: torpid (silent)",
+                                "    3 n3: offline (stopped)", "  2 n2: lost (gone)"]
+    # a hostlist that is not one host per rank is not used
+    assert [s.hostname for s in status.name_hosts(statuses, {}, ["n0"])] == ["n0", "", "", ""]
 
 
 def test_ranks_below_an_offline_rank_are_offline_too() -> None:
@@ -154,7 +169,8 @@ async def test_overlay_status_and_shutdown(start_instance, connect) -> None:
         rc, out, err = await run_cli("overlay", "status", uri=uri)
         assert rc == 1, err
         assert out.splitlines() == [f"0 {host}: partial", f"  1 {host}: partial",
-                                    "    3: lost (rank 3 is unreachable)", f"  2 {host}: full"]
+                                    f"    3 {host}: lost (rank 3 is unreachable)",
+                                    f"  2 {host}: full"]
         # a stopped rank is still connected: torpid, not lost
         await stop_process(inst.pids()[2])
         try:
@@ -163,7 +179,7 @@ async def test_overlay_status_and_shutdown(start_instance, connect) -> None:
             os.kill(inst.pids()[2], signal.SIGCONT)
         assert rc == 1, err
         assert out.splitlines()[0] == f"0 {host}: partial"
-        assert out.splitlines()[3] == "  2: torpid (no answer in 0.5s)"
+        assert out.splitlines()[3] == f"  2 {host}: torpid (no answer in 0.5s)"
         # shutdown: rank 2 and its (empty) subtree, then the instance
         assert (await run_cli("shutdown", "--rank", "2", uri=uri))[0] == 0
         assert await inst.procs[2].wait() == 0
@@ -242,8 +258,9 @@ async def test_status_and_uptime_keep_their_timeout_when_rank_0_is_out_of_reach(
         async with asyncio.timeout(30):
             rc, out, err = await run_cli("overlay", "status", "-t", "1", uri=inst.uri(3))
             assert rc == 1, err
-            assert out.splitlines()[:2] == ["0: torpid (no answer in 1s)",
-                                            "  1: torpid (no answer in 1s)"], out
+            host = socket.gethostname()  # (every rank's, under `start`: its hostlist)
+            assert out.splitlines()[:2] == [f"0 {host}: torpid (no answer in 1s)",
+                                            f"  1 {host}: torpid (no answer in 1s)"], out
             assert re.search(r"^    3 \S+: full$", out, re.M), out
             rc, out, err = await run_cli("uptime", "-t", "1", uri=inst.uri(3))
             assert (rc, out) == (1, ""), err
@@ -294,7 +311,7 @@ async def test_overlay_disconnect_cuts_a_hung_rank_off(start_instance, connect,
             assert e.value.errnum == errno.EHOSTUNREACH
             assert (await stats(h, 1))["overlay"]["children"] == []
             rc, out, _ = await run_cli("overlay", "status", uri=inst.uri(0))
-            assert rc == 1 and "    3: lost" in out, out
+            assert rc == 1 and f"    3 {socket.gethostname()}: lost" in out, out
             rc, _, err = await run_cli("overlay", "disconnect", "3", uri=inst.uri(0))
             assert rc == 1 and "rank 3 is not a connected child of rank 1" in err, err
     finally:

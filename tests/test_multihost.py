@@ -18,27 +18,33 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_broker_support import KVBROKER, run_cli, stats, wait_until
+from test_broker_support import KVBROKER, run_cli, stats, stop_process, wait_until
 from test_cli_broker import alive, all_gone
 
 from broker import codec
-from broker.bootstrap import BootstrapError, load, parse
+from broker.bootstrap import BootstrapError, judged_by_name, load, parse, wrong_host
 from broker.errors import RemoteError
 from broker.handle import Handle
 from broker.launch import free_tcp_ports
 from broker.message import Message, MsgType
+from broker.overlay import hello_hostname
 
 START = 30.0
 
 
-def write_config(path: Path, size: int, fanout: int, cert: str, **attrs: Any) -> None:
+def write_config(path: Path, size: int, fanout: int, cert: str,
+                 hosts: list[str] | None = None, **attrs: Any) -> None:
     """A bootstrap file for ``size`` ranks on 127.0.0.1, each rank with
-    children on its own free port (``%p`` would collide with real ports)."""
-    hosts = []
+    children on its own free port (``%p`` would collide with real ports).
+    Every entry names this host (a parent refuses a hello from a host
+    that is not its rank's entry), unless ``hosts`` says otherwise (then
+    start each rank with ``-S hostname=`` its entry)."""
+    entries = []
+    names = hosts or [socket.gethostname()] * size
     for rank, port in enumerate(free_tcp_ports(size)):  # (distinct: drawn together)
-        hosts.append(f'{{ host = "h{rank}", bind = "tcp://127.0.0.1:{port}", '
-                     f'connect = "tcp://127.0.0.1:{port}" }}')
-    listed = ",\n  ".join(hosts)
+        entries.append(f'{{ host = "{names[rank]}", bind = "tcp://127.0.0.1:{port}", '
+                       f'connect = "tcp://127.0.0.1:{port}" }}')
+    listed = ",\n  ".join(entries)
     text = (f'[bootstrap]\ncurve_cert = "{cert}"\nfanout = {fanout}\n'
             f'hosts = [\n  {listed}\n]\n')
     if attrs:
@@ -46,11 +52,12 @@ def write_config(path: Path, size: int, fanout: int, cert: str, **attrs: Any) ->
     path.write_text(text)
 
 
-async def keyed_config(tmp_path: Path, size: int, fanout: int) -> Path:
+async def keyed_config(tmp_path: Path, size: int, fanout: int,
+                       hosts: list[str] | None = None) -> Path:
     """A new key pair and a bootstrap file naming it (``tmp_path/inst.toml``)."""
     assert (await run_cli("keygen", str(tmp_path / "curve.key")))[0] == 0
     config = tmp_path / "inst.toml"
-    write_config(config, size, fanout, "curve.key")
+    write_config(config, size, fanout, "curve.key", hosts)
     return config
 
 
@@ -128,9 +135,36 @@ def test_bootstrap_file_names_ranks_endpoints_and_keys() -> None:
     assert boot.rank_of("node1.example.org") == 1  # ... and the other way round
     with pytest.raises(BootstrapError, match="no hosts entry for this host"):
         boot.rank_of("elsewhere")
+    assert boot.rank_of("NODE2") == 2  # host names ignore case, as DNS does
+    assert boot.hostnames() == ["node0.example.org", "node1", "node2", "node3"]
     two = parse(GOOD.replace('"node3"', '"node2"'), "x.toml")
     with pytest.raises(BootstrapError, match="ranks 2, 3 all run on node2; give --rank"):
         two.rank_of("node2")
+
+
+def test_a_hello_s_host_is_judged_as_rank_of_finds_ranks() -> None:
+    """What a parent refuses (:func:`wrong_host`): a hello as rank R from a
+    host that rank_of would not find R on.  Entries and names that no one
+    host goes by (an address, localhost) are not judged, nor is a name
+    that matches several entries for one of them."""
+    hosts = ["node0.example.org", "node1", "10.0.0.2", "localhost", "node1", "[::1]",
+             "node6.a.org", "node6"]
+    assert not wrong_host(hosts, 0, "node0") and not wrong_host(hosts, 0, "NODE0.example.org")
+    assert not wrong_host(hosts, 1, "node1.example.org")
+    assert wrong_host(hosts, 1, "node0") and wrong_host(hosts, 0, "node1")
+    assert not wrong_host(hosts, 4, "node1")  # two ranks on one host
+    for rank in (2, 3, 5):  # an address or localhost: cannot be judged
+        assert not wrong_host(hosts, rank, "node9"), rank
+    for name in ("127.0.0.1", "::1", "localhost", "localhost.localdomain", ""):
+        assert not wrong_host(hosts, 1, name), name
+    assert not wrong_host(hosts, 9, "node0")  # (no such entry: not this check's to say)
+    # the full name first, as rank_of: node6.a.org is rank 6's, not rank 7's
+    assert wrong_host(hosts, 7, "node6.a.org") and not wrong_host(hosts, 7, "node6.b.org")
+    assert [judged_by_name(h) for h in ("node1", "10.0.0.2", "[::1]", "LocalHost")] == \
+        [True, False, False, False]
+    assert hello_hostname({"hostname": "node1.example.org"}) == "node1.example.org"
+    for bad in ({}, {"hostname": 3}, {"hostname": "a\nb"}, {"hostname": "x" * 256}, None):
+        assert hello_hostname(bad) is None, bad
 
 
 @pytest.mark.parametrize(("text", "message"), [
@@ -147,6 +181,8 @@ def test_bootstrap_file_names_ranks_endpoints_and_keys() -> None:
      "hosts\\[0\\]: unknown key\\(s\\): port"),
     ('[bootstrap]\ncurve_cert = "k"\nhots = []\n', "unknown bootstrap key\\(s\\): hots"),
     ('[bootstrap]\ncurve_cert = "k"\nhosts = [{ bind = "tcp://a:1" }]\n', "host is required"),
+    ('[bootstrap]\ncurve_cert = "k"\nhosts = [{ host = "a,b" }]\n',
+     "hosts\\[0\\]: host 'a,b' is not a host name"),
     # found here, not as "Address already in use" or a hello to the wrong rank
     ('[bootstrap]\ncurve_cert = "k"\nfanout = 1\ndefault_bind = "tcp://*:1"\n'
      'default_connect = "tcp://a"\nhosts = [{ host = "a" }, { host = "b" }]\n',
@@ -190,7 +226,7 @@ async def test_broker_refuses_a_bad_file_or_rank(tmp_path: Path) -> None:
     rc, _, err = await run_cli("broker", "--config", str(tmp_path / "none.toml"), "--rank", "0")
     assert rc == 2 and "none.toml: No such file or directory" in err
     config = tmp_path / "inst.toml"
-    write_config(config, 2, 2, "missing.key")
+    write_config(config, 2, 2, "missing.key", ["h0", "h1"])
     rc, _, err = await run_cli("broker", "--config", str(config), "--rank", "0")
     assert rc == 2 and "missing.key: No such file or directory" in err
     assert (await run_cli("keygen", str(tmp_path / "missing.key")))[0] == 0
@@ -198,6 +234,9 @@ async def test_broker_refuses_a_bad_file_or_rank(tmp_path: Path) -> None:
     assert rc == 2 and "the bootstrap file lists ranks 0-1" in err
     rc, _, err = await run_cli("broker", "--config", str(config))  # no entry names this host
     assert rc == 2 and "no hosts entry for this host" in err
+    # the host a rank goes by is -S hostname's, when given (as Flux's -Shostname)
+    rc, _, err = await run_cli("broker", "--config", str(config), "-S", "hostname=h9")
+    assert rc == 2 and "no hosts entry for this host (h9); give --rank" in err, err
     rc, _, err = await run_cli("broker", "--config", str(config), "--rank", "0",
                                "-S", "content.blob-size-limit=lots")
     assert rc == 2 and "content.blob-size-limit" in err
@@ -550,6 +589,134 @@ async def test_overlay_status_shows_a_restarted_and_a_replaced_rank(
             assert await exit_codes([second], tmp_path) == [1]  # (told it was replaced)
         finally:
             await h0.close()
+
+
+def named(host: str) -> tuple[str, str]:
+    """``-S hostname=HOST``: the rank says it runs on ``host`` (as Flux's
+    ``-Shostname``), as if each rank were on its own host."""
+    return ("-S", f"hostname={host}")
+
+
+FAST_TORPID = ("-S", "tbon.torpid_min=0.2", "-S", "tbon.torpid_max=1")
+
+
+async def test_a_rank_said_to_be_on_another_host_is_refused_and_the_running_one_stays(
+        tmp_path: Path, brokers) -> None:
+    """A rank started with the wrong ``--rank`` (here: on node0, as rank 1,
+    whose entry is node1) took the running rank 1's place: the newest
+    hello wins, as for a restarted rank.  As in Flux (flux-core#6389) its
+    hello says its host, and rank 0 refuses a hello from a host that is not
+    the rank's entry: the newcomer stops with status 1 saying why, rank 0
+    logs it, and the running rank 1 keeps serving, not counted as
+    replaced or restarted, ``overlay status`` unchanged."""
+    config = await keyed_config(tmp_path, 2, 2, hosts=["node0", "node1.example.org"])
+    rank0 = await brokers(config, 0, *named("node0"))
+    running = await brokers(config, 1, *named("node1"))  # (the short name will do)
+    await rank0.ready()
+    await running.ready()
+    endpoint = load(str(config)).endpoints()[0]
+    async with asyncio.timeout(60):
+        h = await Handle.connect(rank0.uri)
+        try:
+            rc, before, err = await run_cli("overlay", "status", uri=rank0.uri)
+            assert (rc, before) == (0, "0 node0: full\n  1 node1: full\n"), err
+            stray = await brokers(config, 1, *named("node0"))
+            assert await asyncio.wait_for(stray.proc.wait(), 30) == 1
+            said = (tmp_path / "stderr1-2").read_text()
+            assert (f"ERROR kvbroker: parent rank 0 at {endpoint} refused this rank's hello: "
+                    "node1.example.org is configured as rank 1: mismatched config? (this "
+                    "hello came from node0: a wrong --rank, a rank started on the wrong "
+                    "host, or another bootstrap file): stopping") in said, said
+            assert (await h.ping(1))["rank"] == 1
+            assert await h.attr_get("rundir", nodeid=1) == str(running.rundir)
+            overlay = (await stats(h, 0))["overlay"]
+            assert (overlay["children"], overlay["replaced"], overlay["rejoined"]) == \
+                ([1], 0, {}), overlay
+            assert overlay["hosts"] == {"1": "node1"}
+            rc, after, err = await run_cli("overlay", "status", uri=rank0.uri)
+            assert (rc, after) == (0, before), err
+            assert running.proc.returncode is None
+        finally:
+            await h.close()
+    logged = (tmp_path / "stderr0-0").read_text()
+    assert ("ERROR kvbroker.overlay: refusing overlay peer: a hello as rank 1 from node0: "
+            "node1.example.org is configured as rank 1") in logged, logged
+
+
+async def test_entries_that_name_no_one_host_are_not_judged(tmp_path: Path, brokers) -> None:
+    """An entry that is an IP address or ``localhost`` cannot be compared
+    with the name a rank says it runs on: such a rank is never refused for
+    its host (the parent cannot tell), whatever it says."""
+    config = await keyed_config(tmp_path, 3, 2, hosts=["node0", "localhost", "127.0.0.1"])
+    ranks = [await brokers(config, r, *named(f"node{r}")) for r in range(3)]
+    for r in ranks:
+        await r.ready()
+    rc, out, err = await run_cli("overlay", "status", uri=ranks[0].uri)
+    assert (rc, out) == (0, "0 node0: full\n  1 node1: full\n  2 node2: full\n"), err
+
+
+async def test_overlay_status_names_the_host_of_a_rank_in_any_state(
+        tmp_path: Path, brokers) -> None:
+    """Across hosts, an operator needs to know which machine a rank that
+    does not answer is on: a torpid, lost or offline rank's line named no
+    host (only a rank that answered said its own).  It now names the host
+    its last hello to its parent said, else its bootstrap file entry (a
+    rank never started; one below an offline rank, whose parent is gone)."""
+    hosts = [f"node{r}" for r in range(5)]  # 0 -> 1, 2; 1 -> 3, 4 (never started)
+    config = await keyed_config(tmp_path, 5, 2, hosts=hosts)
+    ranks = {r: await brokers(config, r, *named(hosts[r]), *FAST_TORPID) for r in range(4)}
+    uri = ranks[0].uri
+
+    async def status(*opts: str) -> list[str]:
+        _, out, err = await run_cli("overlay", "status", *opts, uri=uri)
+        return out.splitlines()
+
+    async with asyncio.timeout(90):
+        h = await _connect_when_listening(uri)
+        try:
+            async def joined() -> bool:
+                return ((await stats(h, 0))["overlay"]["children"] == [1, 2]
+                        and (await stats(h, 1))["overlay"]["children"] == [3])
+
+            await wait_until(joined, "ranks 1-3 to join", START)
+            lines = await status()
+            assert lines[:3] + lines[4:] == ["0 node0: partial", "  1 node1: partial",
+                                             "    3 node3: full", "  2 node2: full"]
+            assert lines[3].startswith("    4 node4: lost ("), lines
+            await stop_process(ranks[3].proc.pid)
+            try:
+                async def marked() -> bool:
+                    return "3" in (await stats(h, 1))["overlay"]["torpid"]
+
+                await wait_until(marked, "rank 1 to mark rank 3 torpid", 20)
+                lines = await status("-t", "0.5")
+            finally:
+                ranks[3].proc.send_signal(signal.SIGCONT)
+            assert lines[2].startswith("    3 node3: torpid (rank 1 has heard nothing from it "
+                                       "for "), lines
+            ranks[2].proc.kill()
+            assert await exit_codes([ranks[2]], tmp_path) == [-signal.SIGKILL]
+
+            async def lost_2() -> bool:
+                return (await stats(h, 0))["overlay"]["children"] == [1]
+
+            await wait_until(lost_2, "rank 0 to lose rank 2")
+            assert (await status())[4] == "  2 node2: lost (rank 2 is unreachable)"
+            ranks[1].proc.send_signal(signal.SIGTERM)
+            # (rank 1 stops before its start-up ended -- rank 4 never joined it
+            # -- so its status is not 0; rank 3 was told to stop)
+            assert (await exit_codes([ranks[1], ranks[3]], tmp_path))[1] == 0
+
+            async def offline_1() -> bool:
+                return (await stats(h, 0))["overlay"]["offline"] == {"1": "signal SIGTERM"}
+
+            await wait_until(offline_1, "rank 0 to see rank 1 stop")
+            assert (await status())[:4] == ["0 node0: partial",
+                                            "  1 node1: offline (stopped: signal SIGTERM)",
+                                            "    3 node3: offline (stopped with rank 1)",
+                                            "    4 node4: offline (stopped with rank 1)"]
+        finally:
+            await h.close()
 
 
 async def test_a_restarted_rank_s_clients_get_nothing_meant_for_the_old_one_s(
@@ -938,15 +1105,16 @@ async def test_a_rank_joins_a_real_parent_whose_hello_answer_was_lost_with_its_l
         '[bootstrap]\ncurve_cert = "curve.key"\nfanout = 2\nhosts = [\n'
         f'  {{ host = "h0", bind = "tcp://127.0.0.1:{port}", '
         f'connect = "tcp://127.0.0.1:{relay_port}" }},\n  {{ host = "h1" }},\n]\n')
+    # (h0, h1: each rank says it runs there, -S hostname, as on two hosts)
     relay = DropFirstAnswer(port)
     server = await relay.serve(relay_port)
     try:
-        rank0 = await brokers(config, 0)
+        rank0 = await brokers(config, 0, "-S", "hostname=h0")
         # (listening before rank 1 dials: the relay would close a connection
         # it cannot pass on, which rank 1 counts as a refused handshake)
         h = await asyncio.wait_for(_connect_when_listening(rank0.uri), START)
         try:
-            rank1 = await brokers(config, 1)
+            rank1 = await brokers(config, 1, "-S", "hostname=h1")
             await rank1.ready()
             await rank0.ready()
             assert relay.broken.is_set() and relay.connections == 2
