@@ -186,22 +186,28 @@ async def serve(args: argparse.Namespace) -> int:
                 await starting
             if args.initial_program and signalled:  # as start -- CMD says it
                 return 128 + signalled[0]
-            return b.exit_code or 1  # (3: the parent refused our CURVE key)
-        try:
-            starting.result()
-        except Exception as exc:
-            # One line, not a traceback: the launcher then reports that this
-            # rank exited during start-up.  The traceback is logged at debug.
-            log = logging.getLogger("kvbroker")
-            log.error("start-up failed: %s", describe(exc))
-            log.debug("start-up failure", exc_info=exc)
-            return 1
-        if args.initial_program:  # its output is the program's alone (as start -- CMD)
-            status = await run_initial_program(b, args.initial_program, running,
-                                               on_stop_signal)
+            if not signalled:  # a lost parent, a refusal, the launcher gone
+                return b.exit_code or 1  # (3: the parent refused our CURVE key)
+            # A stop signal while the tree comes up (its parent or a child
+            # not there yet) is a stop asked for, as one after: the status
+            # is the stop's own (0 unless it lost something), not 1 -- a
+            # supervisor would take 1 for a failure, and restart it.
         else:
-            print(f"ready {b.uri}", flush=True)
-        await running
+            try:
+                starting.result()
+            except Exception as exc:
+                # One line, not a traceback: the launcher then reports that this
+                # rank exited during start-up.  The traceback is logged at debug.
+                log = logging.getLogger("kvbroker")
+                log.error("start-up failed: %s", describe(exc))
+                log.debug("start-up failure", exc_info=exc)
+                return 1
+            if args.initial_program:  # its output is the program's alone (as start -- CMD)
+                status = await run_initial_program(b, args.initial_program, running,
+                                                   on_stop_signal)
+            else:
+                print(f"ready {b.uri}", flush=True)
+            await running
         if b.shutdown_requested and not args.initial_program:
             # Before any rank below is told: a launcher that reads this then
             # knows the ranks exiting next were shut down, not lost.

@@ -703,9 +703,9 @@ async def test_overlay_status_names_the_host_of_a_rank_in_any_state(
             await wait_until(lost_2, "rank 0 to lose rank 2")
             assert (await status())[4] == "  2 node2: lost (rank 2 is unreachable)"
             ranks[1].proc.send_signal(signal.SIGTERM)
-            # (rank 1 stops before its start-up ended -- rank 4 never joined it
-            # -- so its status is not 0; rank 3 was told to stop)
-            assert (await exit_codes([ranks[1], ranks[3]], tmp_path))[1] == 0
+            # (rank 1 stops before its start-up ended -- rank 4 never joined it;
+            # rank 3 was told to stop)
+            assert await exit_codes([ranks[1], ranks[3]], tmp_path) == [0, 0]
 
             async def offline_1() -> bool:
                 return (await stats(h, 0))["overlay"]["offline"] == {"1": "signal SIGTERM"}
@@ -852,6 +852,30 @@ async def test_a_signal_before_the_instance_is_up_stops_rank_0_as_it_names(
     rank0.proc.send_signal(sig)
     assert await exit_codes([rank0], tmp_path) == [128 + sig]
     assert not ran.exists()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGTERM])
+async def test_a_signal_before_the_subtree_is_up_stops_a_rank_with_status_0(
+        tmp_path: Path, brokers, sig: int) -> None:
+    """Ranks 0 and 1 of 4 (fanout 2) run, waiting for rank 3 (below rank 1)
+    and rank 2, which never start.  A stop signal to rank 1, then to rank
+    0, is a stop asked for: each exits 0, as after start-up.  Before, both
+    exited 1, and a supervisor took the stop for a failure."""
+    config = await keyed_config(tmp_path, 4, 2)
+    rank0 = await brokers(config, 0)
+    rank1 = await brokers(config, 1)
+    h = await _connect_when_listening(rank0.uri)
+    try:
+        async def joined() -> bool:
+            return (await stats(h, 0))["overlay"]["children"] == [1]
+
+        await wait_until(joined, "rank 1 to join rank 0", START)
+    finally:
+        await h.close()
+    rank1.proc.send_signal(sig)
+    assert await exit_codes([rank1], tmp_path) == [0]
+    rank0.proc.send_signal(sig)
+    assert await exit_codes([rank0], tmp_path) == [0]
 
 
 async def test_a_killed_rank_0_kills_the_initial_program(tmp_path: Path, brokers) -> None:
