@@ -425,3 +425,45 @@ async def test_the_async_handles_helpers_block_too(start_instance) -> None:
     assert out["level3"] == "debug"
     assert out["dmesg2"] == ["hello from a script"]
     assert out["rank3"] == 3
+
+
+async def test_a_sync_watch_left_by_a_timeout_does_not_wait_for_a_stuck_rank(
+        start_instance, connect) -> None:
+    """``with kvs.watch(k, timeout=T) as w: next(w)`` whose serving rank is
+    stopped: the TimeoutError comes out of the block at once, as it does
+    from the async ``async with watch(...)``.  The SyncWatch's exit drained
+    the cancelled stream for CANCEL_TIMEOUT whatever ended the block, so a
+    0.5 s timeout took 10.5 s (API review)."""
+    import os
+
+    from test_broker_support import stop_process
+    from test_watch_helpers import wait_watchers
+
+    from kvs.client import SyncKVS
+
+    inst = await start_instance(size=2)
+    h0 = await connect(inst, 0)
+    pid = inst.pids()[1]
+    loop = asyncio.get_running_loop()
+
+    def script() -> tuple[bytes | None, str, float]:
+        with SyncKVS(uri=inst.uri(0)) as kvs:
+            kvs.put("w.stuck", 1)
+            kvs.wait_version(kvs.version(), timeout=10)  # (rank 1 serves it too)
+            try:
+                with kvs.watch("w.stuck", timeout=0.5, nodeid=1) as w:
+                    first = next(w).value
+                    asyncio.run_coroutine_threadsafe(stop_process(pid), loop).result(10)
+                    t0 = time.monotonic()
+                    next(w)
+            except TimeoutError as exc:
+                return first, str(exc), time.monotonic() - t0
+        return None, "no timeout", 0.0
+
+    try:
+        first, error, took = await asyncio.wait_for(asyncio.to_thread(script), 60)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert (first, error) == (b"1", "no answer within 0.5 s")
+    assert took < 4, took  # (CANCEL_TIMEOUT, 10 s, is what it waited)
+    await wait_watchers(h0, 0, nodeid=1)  # the cancel reached rank 1 once it ran
