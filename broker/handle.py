@@ -340,7 +340,21 @@ class Handle(HandleCore):
 
             await ssh.reap(self._ssh)
 
+    def _wrong_loop(self) -> RuntimeError:
+        """A call from a loop other than the one the handle was connected
+        on: its answers come on that loop (closed, often: the handle of an
+        earlier ``asyncio.run()``), so the call failed with asyncio's
+        "attached to a different loop" or uvloop's "the handler is closed",
+        or waited for ever, neither naming the handle."""
+        return RuntimeError(
+            f"this Handle ({self.uri}) was connected on another event loop than the one "
+            "running now (an earlier asyncio.run()?): a handle serves the loop it was "
+            "connected on; connect() again on this one")
+
     def _writer(self) -> FrameWriter:
+        running = asyncio._get_running_loop()
+        if running is not self._loop and running is not None:
+            raise self._wrong_loop()
         proto = self._proto
         if proto is None or proto.transport is None or proto.transport.is_closing():
             if self._forked:
@@ -431,7 +445,10 @@ class Handle(HandleCore):
         them, to the one that has waited longest."""
         while not self._events:
             self._check_open()
-            waiter = asyncio.get_running_loop().create_future()
+            loop = asyncio.get_running_loop()
+            if loop is not self._loop:
+                raise self._wrong_loop()  # (the events come on that loop)
+            waiter = loop.create_future()
             self._event_waiters.append(waiter)
             try:
                 await waiter

@@ -146,3 +146,54 @@ def test_a_connect_not_awaited_says_so_when_used() -> None:
             assert not hasattr(pending, "_asyncio_future_blocking")  # probes: plain
             del pending, raised  # (the error holds it too)
             gc.collect()
+
+
+@pytest.mark.both_loops
+async def test_a_handle_used_on_another_event_loop_says_so(start_instance: Any,
+                                                          connect: Any) -> None:
+    """A handle connected on one loop and used on another -- the usual
+    case: connected in one ``asyncio.run()``, used in the next, its loop
+    closed -- raises a RuntimeError naming the handle and what to do,
+    before anything is sent.  It was asyncio's "got Future attached to a
+    different loop" (after the request went out) or uvloop's "unable to
+    perform operation on <UnixTransport ...>; the handler is closed"
+    (API review)."""
+    from broker.loops import loop_factory
+
+    inst = await start_instance(size=1)
+    h = await connect(inst, 0)
+    await KVS(h).put("x", 1)
+    name = "uvloop" if type(asyncio.get_running_loop()).__module__.startswith("uvloop") \
+        else "asyncio"
+
+    async def watch_x() -> Any:
+        async with watch(h, "x") as w:
+            return await anext(w)
+
+    def elsewhere() -> list[str]:
+        errors = []
+        with asyncio.Runner(loop_factory=loop_factory(name)) as runner:
+            # a handle of the test's loop, still running in another thread
+            for call in (lambda: KVS(h).get("x"), h.recv_event, watch_x):
+                try:
+                    runner.run(asyncio.wait_for(call(), 5))
+                except RuntimeError as exc:
+                    errors.append(str(exc))
+            # a handle of a loop that is not running: an earlier asyncio.run's
+            # (its loop kept open here, to close the handle properly)
+            old = runner.run(Handle.connect(inst.uri(0)))
+            with asyncio.Runner(loop_factory=loop_factory(name)) as again:
+                try:
+                    again.run(asyncio.wait_for(old.ping(), 5))
+                except RuntimeError as exc:
+                    errors.append(str(exc))
+            runner.run(old.close())
+        return errors
+
+    errors = await asyncio.wait_for(asyncio.to_thread(elsewhere), 60)
+    assert len(errors) == 4, errors
+    for error in errors:
+        assert "was connected on another event loop" in error, error
+        assert "connect() again on this one" in error, error
+    assert h.pending == 0  # nothing was sent
+    assert await KVS(h).get("x") == b"1"  # and the handle goes on on its own loop
