@@ -74,9 +74,12 @@ class WatchEntry:
     namespace: str
     removed: bool = False
 
-    def text(self, encoding: str = "utf-8") -> str:
-        """``value`` decoded (``""`` for a non-value)."""
-        return (self.value or b"").decode(encoding, errors="replace")
+    def text(self, encoding: str = "utf-8", errors: str = "surrogateescape") -> str:
+        """``value`` decoded (``""`` for a non-value); bytes that are not
+        text come back as surrogate escapes, as ``KVS.get_str`` gives them,
+        so the ``str`` a ``put`` stored is the one a watch shows (give
+        ``errors="replace"`` for text to display)."""
+        return (self.value or b"").decode(encoding, errors)
 
     def json(self) -> Any:
         """``value`` parsed as JSON."""

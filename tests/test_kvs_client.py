@@ -749,6 +749,12 @@ async def test_any_str_round_trips_through_put_and_get_str(start_instance, conne
         assert await kvs.get_str("m.name") == name
         await kvs.put("m.text", "h\u00e9llo")
         assert await kvs.get_str("m.text") == "h\u00e9llo"
+        # and a watch's entry.text() gives the same str as get_str (it
+        # decoded with errors="replace": U+FFFD for each such byte)
+        async with kvs.watch("m.name") as w:
+            entry = await anext(w)
+        assert entry.text() == name
+        assert entry.text(errors="replace") == "caf\ufffd-\ufffd.txt"
 
 
 async def test_sync_unlinkable(start_instance) -> None:
