@@ -1222,7 +1222,10 @@ class SyncKVS:
     Each method is its :class:`KVS` namesake's twin (the same docstring).
     Every call gives up after the handle's ``timeout`` (``TimeoutError``;
     ``SyncKVS(timeout=2.0)`` sets it on the handle it makes), except
-    :meth:`wait_version`, which waits as long as its own ``timeout`` says.
+    :meth:`wait_version`, :meth:`wait_create` and :meth:`wait_event`, which
+    wait as long as their own ``timeout`` says, the watches (``next()``
+    waits as long as the watch's own ``timeout``) and :meth:`gc`, which
+    waits as long as the collection takes.
     """
 
     def __init__(self, handle: SyncHandle | None = None, namespace: str | None = None, *,
