@@ -46,8 +46,11 @@ __all__ = [
 Entry = dict[str, Any]
 
 
-class EventlogError(ErrnoError):
-    """Malformed eventlog or entry (``EINVAL``)."""
+class EventlogError(ErrnoError, ValueError):
+    """Malformed eventlog or entry (``EINVAL``).  A ``ValueError`` too (as
+    ``json.JSONDecodeError`` is), so that one ``except`` catches a malformed
+    log whether it was read (:func:`get`) or watched (``wait_event``,
+    ``watch_eventlog``, which raise it as well)."""
 
     def __init__(self, errstr: str = "cannot decode improperly formatted eventlog") -> None:
         super().__init__(errno.EINVAL, errstr)

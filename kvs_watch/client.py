@@ -49,6 +49,7 @@ from broker.errors import RemoteError
 from broker.message import NODEID_ANY
 from broker.rpc import HandleCore, Stream
 from kvs.client import default_namespace
+from kvs.eventlog import EventlogError
 from kvs_watch import flags as F
 
 CANCEL_TIMEOUT = 10.0
@@ -624,11 +625,12 @@ BAD_EVENTLOG = "cannot decode improperly formatted eventlog"
 
 
 def parse_eventlog_entry(line: str | bytes) -> EventlogEntry:
-    """Parse one eventlog line; ``ValueError`` if it is not an RFC 18 entry."""
+    """Parse one eventlog line; :class:`kvs.eventlog.EventlogError` (a
+    ``ValueError``) if it is not an RFC 18 entry."""
     try:
         obj = json.loads(line)
     except (ValueError, UnicodeDecodeError):
-        raise ValueError(BAD_EVENTLOG) from None
+        raise EventlogError(BAD_EVENTLOG) from None
     ts = obj.get("timestamp") if isinstance(obj, dict) else None
     if (
         not isinstance(obj, dict)
@@ -639,7 +641,7 @@ def parse_eventlog_entry(line: str | bytes) -> EventlogEntry:
         or not math.isfinite(ts)
         or not isinstance(obj.get("context", {}), dict)
     ):
-        raise ValueError(BAD_EVENTLOG)
+        raise EventlogError(BAD_EVENTLOG)
     return obj
 
 
@@ -649,15 +651,16 @@ class EventlogParser:
     Each answer (an APPEND watch's chunk, a STREAM's blob) is one append and
     must be whole lines: empty, or entries each ending in ``\n``.  Flux
     decodes every answer by itself the same way (``eventlog_decode``); a
-    chunk without its final newline is ``ValueError`` at once -- buffering
-    it would wait forever for a newline that no later append supplies.
+    chunk without its final newline is ``EventlogError`` (a ``ValueError``)
+    at once -- buffering it would wait forever for a newline that no later
+    append supplies.
     """
 
     def feed(self, data: bytes) -> list[EventlogEntry]:
         if not data:
             return []
         if not data.endswith(b"\n"):
-            raise ValueError(BAD_EVENTLOG)
+            raise EventlogError(BAD_EVENTLOG)
         return [parse_eventlog_entry(line) for line in data[:-1].split(b"\n")]
 
     def close(self) -> None:
@@ -667,7 +670,7 @@ class EventlogParser:
 class EventlogWatch(_Wrapped):
     """An APPEND watch of an eventlog, yielding its entries (async iterator and
     async context manager, like :class:`Watch`).  A malformed entry raises
-    ``ValueError``."""
+    ``EventlogError`` (a ``ValueError``)."""
 
     def __init__(self, w: Watch[WatchEntry]) -> None:
         super().__init__(w)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import os
 import signal
@@ -237,7 +238,16 @@ async def test_watch_forms_refuse_an_unterminated_eventlog(start_instance, conne
                      timeout=10) == (1, "1.000000 one\n", f"kvbroker: p.log: {BAD}\n")
     assert await run(uri, "kvs", "eventlog", "wait-event", "p.log", "two", timeout=10) == (
         1, "", f"kvbroker: p.log: {BAD}\n")
-    # the API: wait_event raises ValueError instead of waiting
-    with pytest.raises(ValueError, match="improperly formatted"):
+    # the API: wait_event raises ValueError instead of waiting -- the same
+    # EventlogError (EINVAL) a read raises, so one except catches both (a
+    # read's was not a ValueError, a watch's not an EventlogError)
+    from kvs.client import KVS
+    from kvs.eventlog import EventlogError
+
+    with pytest.raises(EventlogError, match="improperly formatted") as watched:
         await wait_event(h0, "p.bad", "go", timeout=10)
+    with pytest.raises(ValueError, match="improperly formatted") as read:
+        await KVS(h0).get_eventlog("p.bad")
+    assert isinstance(read.value, EventlogError) and isinstance(watched.value, ValueError)
+    assert watched.value.errnum == errno.EINVAL
     await wait_watchers(h0, 0, nodeid=1)
