@@ -11,6 +11,7 @@ import signal
 import sys
 import textwrap
 
+from test_broker_support import stopped
 from test_watch_helpers import (
     FULL,
     NO_MERGE,
@@ -28,7 +29,9 @@ from test_watch_helpers import (
 )
 
 from broker import codec
+from broker.connector import MAX_PER_TURN
 from broker.message import Message, MsgFlags, MsgType
+from kvs_watch.module import DROP_PER_TURN
 
 
 async def _commit_all(h, n: int, in_flight: int, flags: int) -> dict[int, list[bytes]]:
@@ -198,23 +201,29 @@ async def test_a_gone_clients_watches_are_dropped_between_other_clients_requests
     are dropped a batch per loop turn, and other clients are answered in
     between.  They were all dropped in one turn: ~4-10 us each, so a ping
     waited 0.4-1 s behind a client with 100,000 watches going away (and
-    kvs-watch.max-watches-per-client allows 1,000,000)."""
+    kvs-watch.max-watches-per-client allows 1,000,000).
+
+    The other client's requests are queued at the rank before it sees the
+    client go (the rank stopped meanwhile): more than a connection's
+    requests per turn (MAX_PER_TURN), so the rank takes them over several
+    turns after the disconnect, whatever the load.  Polling instead, a
+    client descheduled for the ~0.2 s of the drop saw only 20,000 and 0."""
     n = 20_000
     inst = await start_instance(size=1)
     h0, gone = await connect(inst, 0), await connect(inst, 0)
     for i in range(n):
         watch_stream(gone, f"gone.k{i % 100}", WATCH | WAITCREATE)
     await wait_watchers(h0, n, timeout=60)
-    seen: list[int] = []
-
-    async def poll() -> None:  # (several in flight: one reaches every turn of the rank)
-        while not seen or seen[-1]:
-            seen.append((await stats(h0))["watchers"])
-
-    polls = [asyncio.create_task(poll()) for _ in range(4)]
-    await gone.close()
+    async with stopped(inst.pids()[0]):
+        await gone.close()  # (the end of its stream waits at the rank)
+        # Eight turns' worth: the rank sees the end of gone's stream in its
+        # first turn or two, and the drop takes n / DROP_PER_TURN = 79.
+        asks = [h0.rpc("kvs-watch.stats-get", {}) for _ in range(8 * MAX_PER_TURN)]
+        h0.flush()
     async with asyncio.timeout(60):
-        await asyncio.gather(*polls)
+        seen = [a["watchers"] for a in await asyncio.gather(*asks)]
+    assert n > 8 * DROP_PER_TURN  # (the drop outlasts the turns the requests take)
     assert any(0 < w < n for w in seen), "no other request was answered meanwhile"
+    await wait_watchers(h0, 0, timeout=60)
     st = await stats(h0)
     assert (st["clients"], st["namespace-count"], st["counts"]["disconnected"]) == (0, 0, n)
