@@ -9,7 +9,7 @@ import os
 import signal
 
 import pytest
-from test_broker_support import run_cli, stop_process
+from test_broker_support import run_cli, stop_process, stopped, wait_until
 from test_watch_helpers import wait_watchers
 
 from broker.errors import ErrnoError, RemoteError
@@ -381,9 +381,19 @@ async def test_get_tree_returns_every_value_below_a_key(start_instance, connect)
 
 async def test_get_tree_reads_one_version_while_others_commit(start_instance, connect) -> None:
     """Commits landing while get_tree reads (each rewrites every key with
-    its generation number) never mix: every value comes from one version."""
-    inst = await start_instance(size=2)
-    writer, reader = await kvs_on(connect, inst, 0), await kvs_on(connect, inst, 1)
+    its generation number) never mix: every value comes from one version.
+
+    The commits land during the read by construction, not by chance: the
+    reader's rank 2 hears rank 0 only through rank 1 (a chain), and has the
+    directory cached but not the values.  With rank 1 stopped, get_tree
+    takes its tree from rank 2's root (generation 0) and its value reads
+    wait; a commit lands on rank 0 meanwhile, then rank 1 goes on, and the
+    writer goes on committing while the reads finish (rank 2 hears the new
+    roots among them).  Left to chance, under load a read could end
+    before the commit in flight landed ("no commit landed while get_tree
+    read")."""
+    inst = await start_instance(size=3, fanout=1)
+    writer, reader = await kvs_on(connect, inst, 0), await kvs_on(connect, inst, 2)
     n = 300
 
     def generation(g: int) -> TxnOps:
@@ -402,21 +412,28 @@ async def test_get_tree_reads_one_version_while_others_commit(start_instance, co
             done += 1
             writing.set()
 
+    async def reading() -> bool:  # its tree taken: its value reads (READ_WINDOW) in flight
+        return reader.handle.pending > 1
+
     async with asyncio.timeout(3 * T):
         first = await writer.commit(generation(0))
         await reader.wait_version(first.rootseq)
-        task = asyncio.create_task(write())
+        await reader.dir("g")  # rank 2 caches the directory, not the values
+        task: asyncio.Task[None] | None = None
         try:
-            await writing.wait()  # (the writer going before the read starts)
-            before = done
-            tree = await reader.get_tree("g")
-            during = done - before
+            async with stopped(inst.pids()[1]):
+                read = asyncio.create_task(reader.get_tree("g"))
+                await wait_until(reading, "get_tree to read its values", T)
+                task = asyncio.create_task(write())
+                await writing.wait()  # a commit landed; the reads still wait
+            tree = await read
         finally:
             stop.set()
-            await task
+            if task is not None:
+                await task
+    assert done >= 1  # (landed while the reads waited)
     assert len(tree) == n
-    assert during >= 1, "no commit landed while get_tree read"
-    assert len({v[:6] for v in tree.values()}) == 1
+    assert {v[:6] for v in tree.values()} == {b"000000"}  # the version before the commits
 
 
 async def test_unlink_checks(start_instance, connect) -> None:
