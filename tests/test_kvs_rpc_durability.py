@@ -33,7 +33,7 @@ from test_watch_helpers import wait_until
 
 from broker.errors import RemoteError
 from broker.handle import Handle
-from broker.launch import Instance, StartError
+from broker.launch import STOP_CAP, Instance, StartError
 
 BIG = bytes(range(256)) * 1024  # 256 KiB
 # The small_disk tests fill the disk until SQLite itself fails (ENOSPC from a
@@ -851,6 +851,7 @@ async def test_a_stop_whose_writer_makes_no_progress_is_killed_after_the_timeout
     <bytes>``), and the launcher gives more time only for progress: a writer
     that does not move (a hung disk) is killed after the stop timeout, as
     before, though it keeps reporting."""
+    timeout = 2.0
     inst = Instance(1, statedir=str(tmp_path / "state"), attrs={"kvs.checkpoint-period": "0"})
     await asyncio.wait_for(inst.start(), 60)
     pid = inst.pids()[0]
@@ -860,7 +861,7 @@ async def test_a_stop_whose_writer_makes_no_progress_is_killed_after_the_timeout
             await commit_mib(h, 4)
         loop = asyncio.get_running_loop()
         began = loop.time()
-        stopping = asyncio.ensure_future(inst.stop(timeout=2))
+        stopping = asyncio.ensure_future(inst.stop(timeout=timeout))
         # (the frozen thread holds the killed process until it is thawed)
         await wait_until(lambda: _true(disk.killed(pid)), 30, "rank 0 to be killed")
         elapsed = loop.time() - began
@@ -871,7 +872,12 @@ async def test_a_stop_whose_writer_makes_no_progress_is_killed_after_the_timeout
         disk.thaw()
         await asyncio.wait_for(inst.stop(), 60)
     assert codes == [-signal.SIGKILL] and killed == [0]
-    assert 2 <= elapsed < 4, elapsed
+    # Killed at its timeout, not at the cap (STOP_CAP timeouts after the
+    # SIGTERM) that reports counted as progress would push it to: the bound
+    # tells the two apart by construction (such a kill comes STOP_CAP * 2 s
+    # after ``began`` at the least), and says nothing of how soon the
+    # launcher acts on a loaded machine (it was 4 s).
+    assert timeout <= elapsed < STOP_CAP * timeout, elapsed
     # it said so, several times, and no report was counted as progress
     assert inst.left_to_write[0] is not None and inst.left_to_write[0] >= 4 << 20
 
