@@ -820,7 +820,13 @@ async def test_a_sigkill_during_the_stop_loses_no_commit_it_acknowledged(
         if not acked_in_stop.is_set():
             disk.thaw()  # the disk catches up: checkpoint, then answers
             await asyncio.wait_for(acked_in_stop.wait(), 60)
-        os.kill(pid, signal.SIGKILL)  # the launcher's, at the first answer of the stop
+        # The launcher's SIGKILL, at the first answer of the stop.  Thawed,
+        # the disk may let rank 0 end its stop and exit before this (2 runs
+        # in 6 under load: ProcessLookupError): a clean stop, checked below.
+        proc = inst.procs[0]
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):  # (exited, reaped)
+                os.kill(pid, signal.SIGKILL)
         disk.thaw()
         await asyncio.wait_for(asyncio.gather(*writers, return_exceptions=True), 60)
     finally:
@@ -828,7 +834,7 @@ async def test_a_sigkill_during_the_stop_loses_no_commit_it_acknowledged(
         for t in writers:
             t.cancel()
         await asyncio.gather(*writers, return_exceptions=True)
-    await inst.stop()
+    assert await inst.stop() in ([-signal.SIGKILL], [0])  # killed, or had stopped cleanly
     done = list(acked)
     inst2 = await start_instance(size=1, statedir=statedir)
     h2 = await connect(inst2, 0)
