@@ -126,8 +126,9 @@ this long is logged at WARNING (once): a parent busy for a second at its
 start is no news, one silent for seconds on a live link is."""
 HELLO_UNREACHED_WARN = 30.0
 """Seconds without any connection to the parent after which a child that
-has not joined says so, once, at WARNING (it goes on waiting: ranks may
-start in any order)."""
+has not joined says so, at WARNING, once per outage: from its start, or
+from a link that closed before the parent answered (it goes on waiting:
+ranks may start in any order)."""
 DEFAULT_TORPID_MIN = 5.0
 DEFAULT_TORPID_MAX = 30.0
 
@@ -320,8 +321,11 @@ class Overlay:
         self._up_monitor: ZmqSocket | None = None
         self._up_handshaken = False
         """The link to the parent completed a handshake, and has not closed since."""
-        self._up_ever = False
-        """Some link to the parent completed a handshake (since this rank started)."""
+        self._unreached_since: float | None = None
+        """The loop time since when no link to the parent has completed a
+        handshake (the first hello, or the last link's close before the
+        parent answered), None while one is up: :meth:`_hello_due` warns
+        after :data:`HELLO_UNREACHED_WARN` seconds of it, once per outage."""
         self._hello_timer: asyncio.TimerHandle | None = None
         self._hello_retry = HELLO_RETRY_FIRST
         self._hello_started = 0.0
@@ -479,6 +483,7 @@ class Overlay:
         if self.parent is not None:
             self._open_up()
             self._hello_started = asyncio.get_running_loop().time()
+            self._unreached_since = self._hello_started
             self._say_hello()
 
     def _open_up(self) -> None:
@@ -554,12 +559,12 @@ class Overlay:
                     "(%d sent, the first %.1f s ago) over a live link: saying it again, "
                     "every %g s at most, until it does", self.parent, endpoint,
                     self._hellos, waited, HELLO_RETRY_MAX)
-        elif (not self._up_ever and waited >= HELLO_UNREACHED_WARN
-              and not self._unreached_warned):
+        elif (self._unreached_since is not None and not self._unreached_warned
+              and loop.time() - self._unreached_since >= HELLO_UNREACHED_WARN):
             self._unreached_warned = True
             log.warning("no connection to parent rank %d at %s after %.0f s (is it "
                         "running? is that its address?): still trying", self.parent,
-                        endpoint, waited)
+                        endpoint, loop.time() - self._unreached_since)
         if self._hello_timer is None:
             self._hello_timer = loop.call_later(self._hello_retry, self._hello_due)
 
@@ -770,6 +775,8 @@ class Overlay:
                 self._up.read_all()  # (its last messages first: maybe a shutdown)
             handshaken, self._up_handshaken = self._up_handshaken, False
             if handshaken and not self.parent_acked:
+                # (an outage of its own: warned about again, if it lasts)
+                self._unreached_since = asyncio.get_running_loop().time()
                 # (later: this runs inside a read of the monitor it closes)
                 asyncio.get_running_loop().call_soon(self._renew_up)
                 return
@@ -781,7 +788,8 @@ class Overlay:
             return
         if event == zl.HANDSHAKE_SUCCEEDED:
             self._refused_by_parent = 0
-            self._up_handshaken = self._up_ever = True
+            self._up_handshaken, self._unreached_since = True, None
+            self._unreached_warned = False
             return
         why = zl.refusal(event, value)
         if why is None or self.parent is None or self.parent_acked or self._stopping_refused:

@@ -27,7 +27,7 @@ from broker.errors import RemoteError
 from broker.handle import Handle
 from broker.launch import free_tcp_ports
 from broker.message import Message, MsgType
-from broker.overlay import hello_hostname
+from broker.overlay import HELLO_UNREACHED_WARN, hello_hostname
 
 START = 30.0
 
@@ -1049,6 +1049,33 @@ async def test_a_rank_whose_link_drops_before_the_answer_says_hello_on_a_new_one
         parent.close()
     assert "closed before it answered this rank's hello: saying hello again on a new " \
         "connection" in (tmp_path / "stderr1-0").read_text()
+
+
+async def test_a_rank_whose_parent_vanished_before_answering_says_so_after_30_s(
+        tmp_path: Path, brokers) -> None:
+    """The parent read the hello and went away for good before answering
+    (its host died).  The rank says hello again on a new connection, which
+    never comes: it said so only at INFO, because the "no connection for
+    30 s" WARNING was for a rank that had never had one.  Now each outage
+    of the link before the answer is warned about once it lasts
+    HELLO_UNREACHED_WARN seconds."""
+    config = await keyed_config(tmp_path, 2, 2)
+    parent = StandInParent(tmp_path, load(str(config)).endpoints()[0])
+    log = tmp_path / "stderr1-0"
+    try:
+        await brokers(config, 1)
+        parent.recv("overlay.hello")
+        parent.sock.close(0)  # the link drops, and nothing listens there again
+
+        async def warned() -> bool:
+            return "no connection to parent rank 0 at" in log.read_text()
+
+        await wait_until(warned, "the no-connection WARNING", HELLO_UNREACHED_WARN + 30)
+    finally:
+        parent.close()
+    text = log.read_text()
+    assert "closed before it answered this rank's hello" in text
+    assert text.count("no connection to parent rank 0 at") == 1
 
 
 class DropFirstAnswer:
