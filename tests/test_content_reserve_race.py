@@ -78,6 +78,11 @@ async def test_two_namespaces_admitted_at_once_count_each_other(tmp_path: Path) 
         a = commits.enqueue(one, [put("v", os.urandom(3 * MB // 2))], 0, "a")
         b = commits.enqueue(two, [put("v", os.urandom(3 * MB // 2))], 0, "b")
         await asyncio.sleep(0)  # (both queues check, then wait for the root)
+        # The refusal comes at the check, while the other batch is held
+        # before its store -- the race itself, not a check made after the
+        # other stored (which the quota refused without the fix too).
+        assert [a.done(), b.done()].count(True) == 1, (a, b)
+        assert content.admitted == 3 * MB // 2  # (the one admitted, until it stores)
         gate.set()
         done = await asyncio.wait_for(asyncio.gather(a, b, return_exceptions=True), T)
         failed = [r for r in done if isinstance(r, BaseException)]
