@@ -296,7 +296,6 @@ class CommitPipeline:
                 finally:
                     self._unadmit(ns)  # (what it did not store: it failed, or was split)
         except asyncio.CancelledError:  # stop gave up waiting for it: answer every one
-            self._unadmit(ns)
             self._fail_stopped(ns, batch)
             raise
         except Exception as exc:  # a bug outside a batch's apply (the wait for room,
@@ -341,7 +340,8 @@ class CommitPipeline:
         A transaction whose values would take the room below the reserve
         (or the data over ``content.store-quota-bytes``) is refused alone,
         in the order of the batch: its write would fill the disk.  Off the
-        reserve this costs a sum of the values' sizes and a comparison."""
+        reserve this costs a sum of the values' sizes, a comparison and the
+        admitted bytes' bookkeeping (:meth:`_admit`)."""
         if not (content.disk_reserve or content.store_quota):
             return batch
         refused = content.refusal()
@@ -380,19 +380,15 @@ class CommitPipeline:
             self._admitted[id(ns)] = size
             content.admitted += size
 
-    def _unadmit(self, ns: Namespace, stored: int | None = None) -> None:
-        """``ns``'s batch stored ``stored`` bytes of blobs, now counted as
-        stored (its values are among them): as many of its admitted bytes
-        are no longer counted as admitted (None: all, the batch is done)."""
-        size = self._admitted.get(id(ns))
-        if not size or self.content is None:
-            return
-        done = size if stored is None else min(size, stored)
-        self.content.admitted -= done
-        if done == size:
-            del self._admitted[id(ns)]
-        else:
-            self._admitted[id(ns)] = size - done
+    def _unadmit(self, ns: Namespace) -> None:
+        """``ns``'s batch stored its blobs (counted as stored from then on:
+        its values are among them), or ended without: its admitted bytes
+        are no longer counted as admitted.  (A batch split after a failed
+        lease stores in parts, and its later parts are not counted
+        meanwhile: a rare case, and a batch's bytes, small beside a reserve.)"""
+        size = self._admitted.pop(id(ns), 0)
+        if size and self.content is not None:
+            self.content.admitted -= size
 
     async def _room(self) -> ErrnoError | None:
         """Wait for room in rank 0's write-back backlog (:meth:`ContentModule.room`);
@@ -453,8 +449,8 @@ class CommitPipeline:
             if result.new_blobs:
                 if self.content is not None:
                     self.content.store_hashed(result.new_blobs)
-                    if self._admitted:  # (counted as stored now, not as admitted)
-                        self._unadmit(ns, sum(map(len, result.new_blobs.values())))
+                    if self._admitted:  # (what it adds counts as stored now)
+                        self._unadmit(ns)
                 else:
                     await self.h.rpc("content.store",
                                      {"blobs": list(result.new_blobs.values())})
