@@ -333,12 +333,17 @@ def cmd_broker(args: argparse.Namespace) -> int:
     from broker import rank as rank_main
     from broker.curve import load_keys, loose_mode
     from broker.launch import StartError, make_rundir, private_dir
+    from broker.overlay import hello_hostname
 
     try:
         boot = bootstrap.load(args.config)
         attrs = {**boot.attrs, **dict(args.setattr or []), battrs.TRANSPORT.name: "tcp"}
         # the name this rank goes by: its host's, or -S hostname=NAME (as Flux's)
         hostname = str(attrs.get("hostname") or socket.gethostname())
+        if hello_hostname({"hostname": hostname}) is None:  # (its hello would say none)
+            raise bootstrap.BootstrapError(
+                f"hostname {hostname!r} is not a host name (letters, digits, '.', '-', "
+                "'_', ':', '%', '[', ']'; at most 255): give -S hostname=NAME")
         attrs["hostname"] = hostname
         rank = boot.rank_of(hostname) if args.rank is None else args.rank
     except bootstrap.BootstrapError as exc:

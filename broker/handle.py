@@ -352,6 +352,8 @@ class Handle(HandleCore):
             "connected on; connect() again on this one")
 
     def _writer(self) -> FrameWriter:
+        # (asyncio._get_running_loop: the getter that returns None where no
+        # loop runs, instead of raising -- cheap, and on every send's path)
         running = asyncio._get_running_loop()
         if running is not self._loop and running is not None:
             raise self._wrong_loop()

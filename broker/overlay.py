@@ -914,7 +914,8 @@ class Overlay:
             return None
         return (f"{self.hosts[rank]} is configured as rank {rank}: mismatched config? "
                 f"(this hello came from {host}: a wrong --rank, a rank started on the "
-                "wrong host, or another bootstrap file)")
+                "wrong host, or another bootstrap file; an entry that is not the host's "
+                f"own name needs -S hostname={self.hosts[rank]} on that rank)")
 
     def _not_a_child(self, rank: int) -> str:
         """Why a hello as ``rank``, not one of our children, is refused."""
@@ -1252,6 +1253,8 @@ class Overlay:
                 host = hello_hostname(msg.payload)
                 if host is not None:
                     self._child_host[child] = host
+                else:  # (not the host of the process it replaced)
+                    self._child_host.pop(child, None)
                 if process is None:
                     self._child_process.pop(child, None)
                 else:

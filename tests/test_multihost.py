@@ -237,6 +237,10 @@ async def test_broker_refuses_a_bad_file_or_rank(tmp_path: Path) -> None:
     # the host a rank goes by is -S hostname's, when given (as Flux's -Shostname)
     rc, _, err = await run_cli("broker", "--config", str(config), "-S", "hostname=h9")
     assert rc == 2 and "no hosts entry for this host (h9); give --rank" in err, err
+    # a name its hello could not say (the parent would judge nothing): refused
+    rc, _, err = await run_cli("broker", "--config", str(config), "--rank", "0",
+                               "-S", "hostname=node/1")
+    assert rc == 2 and "hostname 'node/1' is not a host name" in err, err
     rc, _, err = await run_cli("broker", "--config", str(config), "--rank", "0",
                                "-S", "content.blob-size-limit=lots")
     assert rc == 2 and "content.blob-size-limit" in err
@@ -626,7 +630,9 @@ async def test_a_rank_said_to_be_on_another_host_is_refused_and_the_running_one_
             assert (f"ERROR kvbroker: parent rank 0 at {endpoint} refused this rank's hello: "
                     "node1.example.org is configured as rank 1: mismatched config? (this "
                     "hello came from node0: a wrong --rank, a rank started on the wrong "
-                    "host, or another bootstrap file): stopping") in said, said
+                    "host, or another bootstrap file; an entry that is not the host's own "
+                    "name needs -S hostname=node1.example.org on that rank): stopping") \
+                in said, said
             assert (await h.ping(1))["rank"] == 1
             assert await h.attr_get("rundir", nodeid=1) == str(running.rundir)
             overlay = (await stats(h, 0))["overlay"]
