@@ -23,6 +23,7 @@ from test_broker_support import KVBROKER, wait_until
 from test_kvs_rpc_helpers import T, commit, errnum, get, put, stats, unlink
 
 from broker.content import blobref
+from broker.content.module import SMALL_STORE_BUDGET
 from broker.content.sqlite import SqliteStore
 from broker.errors import RemoteError
 from broker.handle import Handle
@@ -303,6 +304,26 @@ async def test_a_refusal_says_which_setting_to_change(start_instance, connect, t
                                  attrs={"content.store-quota-bytes": "1"})
     h2 = await connect(inst2)
     await refused_for_space(commit(h2, put("a", "1")), "-S content.store-quota-bytes=")
+
+
+async def test_small_stores_below_the_reserve_are_bounded(start_instance, connect,
+                                                           tmp_path) -> None:
+    """Below the reserve a small ``content.store`` is still accepted (a new
+    namespace's empty root), but a client looping on small stores of new
+    blobs grew the store without bound -- the disk the reserve keeps.  Now
+    new blobs are accepted up to SMALL_STORE_BUDGET while it refuses; blobs
+    the store has (the empty root of every new namespace) cost nothing."""
+    inst = await start_instance(size=1, statedir=str(tmp_path / "state"),
+                                attrs={"content.disk-reserve-bytes": str(1 << 60)})
+    h = await connect(inst)
+    await refused_for_space(commit(h, put("a", "1")), "content.disk-reserve-bytes")
+    for i in range(SMALL_STORE_BUDGET // 1000):
+        await h.rpc("content.store", {"data": i.to_bytes(4, "big") * 250})
+    await refused_for_space(h.rpc("content.store", {"data": b"x" * 1000}),
+                            "small stores of new blobs")
+    await h.rpc("content.store", {"data": (0).to_bytes(4, "big") * 250})  # (has it)
+    for i in range(100):
+        await h.rpc("kvs.namespace-create", {"namespace": f"ns{i}", "owner": os.getuid()})
 
 
 async def test_a_compaction_without_room_is_refused_up_front(small_disk, tmp_path) -> None:

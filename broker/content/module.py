@@ -135,6 +135,11 @@ SMALL_STORE = 1024
 the reserve, which holds it as it holds an unlink's directories: the KVS
 stores a new namespace's empty root (21 bytes) that way, at start too -- a
 restart on a disk below the reserve must not fail."""
+SMALL_STORE_BUDGET = 64 << 10
+"""...up to this many bytes of blobs new to the store, while it refuses
+(from the moment it starts refusing until writes are accepted again): the
+empty root is one blob, stored again and again, but a client looping on
+small stores of new blobs filled the disk the reserve was keeping."""
 
 
 def reserve_bytes(value: Any) -> int | None:
@@ -270,6 +275,8 @@ class ContentModule(Module):
         this plus :attr:`stored_total`."""
         self.refusing: str | None = None
         """Why writes that add data are refused (below the reserve), or None."""
+        self._small_spent = 0
+        """Bytes of new blobs small stores added while refusing (:meth:`_spend_small_budget`)."""
         self.admitted = 0
         """Bytes the kvs module's commits were admitted with (:meth:`refusal`
         of their size) and have not stored yet: counted by :meth:`refusal`
@@ -514,6 +521,19 @@ class ContentModule(Module):
             f" (after {self.admitted} bytes of commits admitted, not yet stored)"
             if self.admitted else "")
 
+    def _spend_small_budget(self, blobs: list[bytes]) -> None:
+        """Below the reserve, a small store (:data:`SMALL_STORE`) is accepted
+        while the bytes of the blobs new to this rank's cache that such
+        stores added, since the refusal began, stay within
+        :data:`SMALL_STORE_BUDGET`; past it, ``ENOSPC`` as a big one."""
+        new = sum(len(b) for b in blobs
+                  if blobref.hash_blob(b, self.hash_name) not in self.cache)
+        if self._small_spent + new > SMALL_STORE_BUDGET:
+            raise ErrnoError(errno.ENOSPC, f"{self.refusing} (small stores of new blobs: "
+                             f"{self._small_spent} bytes accepted since the refusal began, "
+                             f"{SMALL_STORE_BUDGET} at most)")
+        self._small_spent += new
+
     def _note_room(self) -> None:
         """Update :attr:`refusing` from the room left, logging each change."""
         log = logging.getLogger("kvbroker.content")
@@ -531,6 +551,7 @@ class ContentModule(Module):
         else:
             if self.refusing is not None:
                 self.refusing = None
+                self._small_spent = 0
                 log.warning("writes are accepted again: about %d bytes of room for the content "
                             "store (content.disk-reserve-bytes %d), %d bytes of data "
                             "(content.store-quota-bytes %d)", left, self.disk_reserve, used,
@@ -926,6 +947,8 @@ class ContentModule(Module):
                 refused = self.refusal(size)
                 if refused is not None:
                     raise refused
+            elif blobs and self.refusal() is not None:
+                self._spend_small_budget(blobs)
             if blobs and self.stopping:  # (the last drain may have passed: not written)
                 raise ErrnoError(errno.ENOSYS, "the content module is stopping: "
                                                "the blobs were not stored")
