@@ -24,6 +24,7 @@ import zmq
 import zmq.utils.monitor
 
 from broker import codec
+from broker.errors import ErrnoError
 
 if TYPE_CHECKING:
     import zmq.auth.thread
@@ -105,9 +106,31 @@ def children_socket(ctx: zmq.Context[Any], endpoint: str, curve: tuple[bytes, by
     old_umask = os.umask(0o077)
     try:
         s.bind(endpoint)
+    except zmq.ZMQError as exc:
+        s.close(linger=0)
+        monitor.close(linger=0)
+        if auth is not None:
+            auth.stop()
+        errnum = exc.errno or errno.EINVAL
+        raise ErrnoError(errnum, bind_failure(endpoint, errnum)) from None
     finally:
         os.umask(old_umask)
     return s, monitor, auth
+
+
+def bind_failure(endpoint: str, errnum: int) -> str:
+    """Why a rank with children could not bind ``endpoint``, in one line
+    that says what to check -- not ZeroMQ's ``ZMQError: Address already in
+    use (addr=...)``: a second copy of a running rank, or a port another
+    program holds, is what an operator meets (the rank exits 1)."""
+    what = f"cannot bind {endpoint}, where this rank's children connect: {os.strerror(errnum)}"
+    if errnum == errno.EADDRINUSE:
+        return (f"{what} (another process holds it: this rank already running on this "
+                "host, or another program on that port)")
+    if errnum == errno.EADDRNOTAVAIL:
+        return (f"{what} (no interface of this host has that address: is this the host "
+                "its hosts entry names? a wrong --rank?)")
+    return what
 
 
 def parent_socket(ctx: zmq.Context[Any], rank: int, endpoint: str,

@@ -457,6 +457,26 @@ async def test_ranks_stop_when_rank_0_dies(tmp_path: Path, brokers) -> None:
     assert codes == [1, 1, 1]  # rank 3 too: told by rank 1 that it failed
 
 
+async def test_a_rank_whose_bind_address_is_taken_says_so_and_exits_1(
+        tmp_path: Path, brokers) -> None:
+    """A second copy of a running rank with children on its host (or a
+    port another program holds) cannot bind: the rank says which address
+    and what to check in one line, and exits 1 -- it said ``start-up
+    failed: ZMQError: Address already in use (addr='tcp://...')``."""
+    config = await keyed_config(tmp_path, 2, 1)
+    endpoint = load(str(config)).bind_endpoint(0)
+    assert endpoint is not None
+    host, port = endpoint[len("tcp://"):].rsplit(":", 1)
+    with socket.create_server((host, int(port))):  # (the "running" rank 0)
+        rank = await brokers(config, 0)
+        assert await exit_codes([rank], tmp_path) == [1]
+    err = (tmp_path / "stderr0-0").read_text()
+    assert (f"start-up failed: cannot bind {endpoint}, where this rank's children connect: "
+            "Address already in use (another process holds it: this rank already running "
+            "on this host, or another program on that port)") in err, err
+    assert "ZMQError" not in err, err
+
+
 async def test_exec_names_the_host_of_a_rank_it_cannot_reach(tmp_path: Path, brokers) -> None:
     """``exec -r R`` attaches to rank R's local socket, which across hosts is
     on R's host: it says so instead of "cannot connect"."""
