@@ -298,6 +298,23 @@ async def test_a_relative_statedir_is_made_absolute(tmp_path: Path, brokers) -> 
     assert (statedir / "content.sqlite").exists()
 
 
+async def test_rank_0_without_a_statedir_leaves_no_store_in_its_rundir(
+        tmp_path: Path, brokers) -> None:
+    """Without a statedir nothing is kept (docs/kvs.md), but rank 0 of
+    ``kvbroker broker --rundir DIR`` left its content store, a copy of
+    every value, in DIR when it stopped: the directory is the operator's
+    and outlives the rank, so the rank removes the file itself."""
+    config = await keyed_config(tmp_path, 1, 2)
+    rank = await brokers(config, 0)
+    uri = await rank.ready()
+    rc, _, err = await run_cli("kvs", "put", "--sync", "secret=value", uri=uri)
+    assert rc == 0, err
+    assert (rank.rundir / "content.sqlite").exists()
+    rank.proc.send_signal(signal.SIGTERM)
+    assert await exit_codes([rank], tmp_path) == [0]
+    assert sorted(p.name for p in rank.rundir.iterdir()) == []
+
+
 async def test_a_rank_without_the_instance_keys_stops_with_status_3(tmp_path: Path,
                                                                    brokers) -> None:
     """A rank started with another key file was refused and dialled again

@@ -408,6 +408,13 @@ class ContentModule(Module):
                 await self.db(self.backing.close)
             except sqlite3.Error as exc:
                 failed = failed or store_error(exc, "closing the content store")
+            if not self.persistent:
+                # Nothing is kept without a statedir: a run directory the
+                # rank was given (kvbroker broker --rundir) outlives it, and
+                # the file (a copy of every value) was left there.
+                for suffix in ("", "-wal", "-shm"):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(self.backing.path + suffix)
         if self._executor is not None:
             self._executor.shutdown(wait=True)
         if failed is not None:
