@@ -299,11 +299,16 @@ async def test_a_refusal_says_which_setting_to_change(start_instance, connect, t
     inst = await start_instance(size=1, statedir=str(tmp_path / "state"),
                                 attrs={"content.disk-reserve-bytes": str(1 << 60)})
     h = await connect(inst)
-    await refused_for_space(commit(h, put("a", "1")), "-S content.disk-reserve-bytes=")
+    # (said for kvbroker broker too: an instance across hosts has no start)
+    await refused_for_space(commit(h, put("a", "1")),
+                            "-S content.disk-reserve-bytes=BYTES, 0: none, to kvbroker "
+                            "start, or to rank 0's kvbroker broker)")
     inst2 = await start_instance(size=1, statedir=str(tmp_path / "state2"),
                                  attrs={"content.store-quota-bytes": "1"})
     h2 = await connect(inst2)
-    await refused_for_space(commit(h2, put("a", "1")), "-S content.store-quota-bytes=")
+    await refused_for_space(commit(h2, put("a", "1")),
+                            "-S content.store-quota-bytes=BYTES, 0: none, to kvbroker "
+                            "start, or to rank 0's kvbroker broker)")
 
 
 async def test_small_stores_below_the_reserve_are_bounded(start_instance, connect,

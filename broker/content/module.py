@@ -118,6 +118,10 @@ that several times over, and is nothing on a disk of a real deployment."""
 DISK_RESERVE_FRACTION = 20
 """...capped at 1/20 (5%) of the file system's size when that is smaller, so
 a small disk (a 20 MB test tmpfs keeps 1 MB) is not refused from the start."""
+WHERE_TO_SET = "to kvbroker start, or to rank 0's kvbroker broker"
+"""Where a refusal for space says the reserve and the quota are set: both
+are fixed at start, and an instance across hosts has no ``kvbroker start``
+(its bootstrap file's ``[attrs]`` take them too, but ``-S`` wins)."""
 DISK_CHECK_PERIOD = 1.0
 """Seconds between two measures of the free space (one ``statvfs``, two
 ``stat`` and a ``PRAGMA`` on the SQLite thread): between them the bytes of
@@ -580,11 +584,11 @@ class ContentModule(Module):
         assert self.backing is not None
         if disk:
             how = (f", or free space on {os.path.dirname(self.backing.path)}, or restart "
-                   f"with a lower reserve (kvbroker start -S content.disk-reserve-bytes=BYTES; "
-                   f"0: none)")
+                   f"with a lower reserve (-S content.disk-reserve-bytes=BYTES, 0: none, "
+                   f"{WHERE_TO_SET})")
         else:
-            how = (", or restart with a higher quota (kvbroker start -S "
-                   "content.store-quota-bytes=BYTES; 0: none)")
+            how = (", or restart with a higher quota (-S content.store-quota-bytes=BYTES, "
+                   f"0: none, {WHERE_TO_SET})")
         return (f"Unlink keys (kvbroker kvs unlink), then checkpoint (kvbroker kvs sync) and "
                 f"collect (kvbroker kvs gc) while the instance runs{how}")
 
