@@ -797,8 +797,11 @@ class Overlay:
         self._refused_by_parent += 1
         endpoint = self.endpoint(self.parent)
         if self._refused_by_parent == 1:
+            # (said at the first: "giving up after 5" read as given up, by a
+            # rank that then went on waiting -- its parent had gone meanwhile)
             log.warning("parent rank %d at %s refused this rank's CURVE handshake (%s); "
-                        "giving up after %d refusals in a row", self.parent, endpoint, why,
+                        "this rank stops (exit status %d) if %d in a row are refused "
+                        "before it joins", self.parent, endpoint, why, EXIT_REFUSED,
                         REFUSALS_TO_GIVE_UP)
         if self._refused_by_parent >= REFUSALS_TO_GIVE_UP:
             self._stopping_refused = True

@@ -341,6 +341,13 @@ async def test_a_rank_without_the_instance_keys_stops_with_status_3(tmp_path: Pa
                         "CURVE key 5 times in a row (EVENT_HANDSHAKE_FAILED_NO_DETAIL") in err
                 assert ("every rank needs the instance's key pair (this rank's curve_cert "
                         "must be the same key file as its parent's): stopping") in err
+                # the WARNING at the first refusal says what is to come, not
+                # "giving up", which a rank whose parent went away before the
+                # fifth refusal did not do
+                assert ("refused this rank's CURVE handshake (EVENT_HANDSHAKE_FAILED_NO_DETAIL"
+                        in err), err
+                assert ("; this rank stops (exit status 3) if 5 in a row are refused before "
+                        "it joins\n") in err, err
 
             async def refused() -> bool:
                 return (await stats(h, 0))["overlay"]["refused"] >= 10
