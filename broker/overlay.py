@@ -1248,12 +1248,15 @@ class Overlay:
                 self._stopped.pop(child, None)
                 process = hello_process(msg.payload)
                 # a new process of it (see _rejoins), not the same one on a new link
+                host = hello_hostname(msg.payload)
                 if child in self._joined and not self._same_process(child, process):
                     again = self._rejoins.setdefault(child, _Rejoins())
                     again.times += 1
                     again.at = asyncio.get_running_loop().time()
+                    # (the recovery, in the log beside the loss: dmesg --all)
+                    log.info("child rank %d%s rejoined: a new process (%d since this rank "
+                             "started)", child, f" on {host}" if host else "", again.times)
                 self._joined.add(child)
-                host = hello_hostname(msg.payload)
                 if host is not None:
                     self._child_host[child] = host
                 else:  # (not the host of the process it replaced)

@@ -598,7 +598,8 @@ async def test_overlay_status_shows_a_restarted_and_a_replaced_rank(
     (``overlay.rejoined``), how many times a new process of it joined, how
     long ago the last did, and how many took the place of an old process
     still connected (a frozen host), which ``overlay.replaced`` only
-    counted for the parent as a whole."""
+    counted for the parent as a whole.  Rank 0's log says each rejoin (it
+    said only the losses)."""
     config = await keyed_config(tmp_path, 2, 2)
     rank0, first = await brokers(config, 0), await brokers(config, 1)
     await rank0.ready()
@@ -637,6 +638,12 @@ async def test_overlay_status_shows_a_restarted_and_a_replaced_rank(
             assert await exit_codes([second], tmp_path) == [1]  # (told it was replaced)
         finally:
             await h0.close()
+    # the recoveries are in rank 0's log (dmesg), beside the losses
+    logged = (tmp_path / "stderr0-0").read_text()
+    host = socket.gethostname()
+    for times in (1, 2):
+        assert (f"INFO kvbroker.overlay: child rank 1 on {host} rejoined: a new process "
+                f"({times} since this rank started)") in logged, logged
 
 
 def named(host: str) -> tuple[str, str]:
