@@ -204,7 +204,7 @@ class Broker:
                 self.overlay.goodbye(self.stop_reason)
         for module in reversed(self.modules):
             try:
-                await module._shutdown()
+                await module._shutdown(self.stop_reason)
             except Exception as exc:
                 # e.g. the last checkpoint could not be written (a full
                 # disk): say so, and exit 1 -- a clean stop that lost

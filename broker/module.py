@@ -171,6 +171,10 @@ class Module:
         self._tasks: set[asyncio.Task[None]] = set()
         self.requests = 0
         self.events = EventCounts()
+        self.stop_reason: str | None = None
+        """Why the rank stops (``signal SIGTERM``, ``lost the connection to
+        parent rank 1 ...``), set before :meth:`stop`: what a module tells
+        the clients it ends requests for."""
 
     # -- to override
     def handlers(self) -> dict[str, Handler]:
@@ -261,7 +265,8 @@ class Module:
         task.add_done_callback(self._tasks.discard)
         return task
 
-    async def _shutdown(self) -> None:
+    async def _shutdown(self, why: str | None = None) -> None:
+        self.stop_reason = why
         try:
             await self.stop()
         finally:

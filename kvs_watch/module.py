@@ -146,12 +146,16 @@ class KvsWatchModule(Module):
         self.h.subscribe(EVENT_PREFIX)
 
     async def stop(self) -> None:
+        # ENOSYS as Flux; the text says what the user sees happen, and why
+        # (a lost parent is not an operator's stop: the client may retry)
+        why = "the watch ended: this rank is stopping"
+        if self.stop_reason:
+            why += f" ({self.stop_reason[:200]})"
         for mon in list(self.monitors.values()):
             for w in list(mon.watchers):
-                # ENOSYS as Flux; the text says what the user sees happen
-                w.fail(errno.ENOSYS, "the watch ended: this rank is stopping")
+                w.fail(errno.ENOSYS, why)
         for nw in list(self.ns.watchers):
-            nw.fail(errno.ENOSYS, "the watch ended: this rank is stopping")
+            nw.fail(errno.ENOSYS, why)
 
     # ================================================================ requests
 

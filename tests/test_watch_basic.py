@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import os
+import signal
 
 import pytest
 from test_watch_helpers import (
@@ -34,6 +36,7 @@ from test_watch_helpers import (
     watch_stream,
 )
 
+from broker.errors import RemoteError
 from broker.message import NODEID_ANY
 
 
@@ -353,3 +356,19 @@ async def test_a_watch_left_by_an_exception_while_another_task_iterates_it_ends(
     await asyncio.wait_for(reader, 10)  # its loop ended: the cancel's ENODATA
     assert seen == [b"1"]
     await wait_watchers(h0, 0)
+
+
+async def test_a_watch_ended_by_its_rank_s_stop_says_why(start_instance, connect):
+    """A watch on a rank that stops ends ENOSYS, "this rank is stopping" --
+    and now says why (a signal; a lost parent, after which a client may
+    retry elsewhere), which the operator review found missing."""
+    inst = await start_instance(size=2, fanout=2)
+    h = await connect(inst, 1)
+    await commit(h, put("k", "1"))
+    s = watch_stream(h, "k")
+    assert (await value(s)) == b"1"
+    os.kill(inst.pids()[1], signal.SIGTERM)
+    with pytest.raises(RemoteError) as ended:
+        await asyncio.wait_for(s.next_message(), 30)
+    assert (ended.value.errnum, ended.value.errstr) == (
+        errno.ENOSYS, "the watch ended: this rank is stopping (signal SIGTERM)")
