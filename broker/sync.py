@@ -275,9 +275,15 @@ class SyncHandle:
         self._let_go()
 
     def _raise_interrupt(self) -> None:
-        """End a call that a SIGINT interrupted (the loop is stopped now)."""
+        """End a call that a SIGINT interrupted (the loop is stopped now).
+
+        Raised from the call's ``finally``, usually while the
+        ``CancelledError`` of what the interrupt cancelled goes by: ``from
+        None`` keeps that out of the traceback, which is then the default
+        handler's one ``KeyboardInterrupt`` from the script's line (the
+        cancel is how the facade stops the call, not news to the user)."""
         self._interrupts = 0
-        raise KeyboardInterrupt
+        raise KeyboardInterrupt from None
 
     def _on_sigint(self, signum: int, frame: FrameType | None) -> None:
         """SIGINT during a call of the main thread (see the module's docstring)."""

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_broker_support import wait_until
 
 from broker import sync
 from broker.errors import RemoteError
@@ -249,3 +250,51 @@ async def test_a_call_while_another_thread_is_in_one_is_refused(start_instance,
         assert (await asyncio.to_thread(h.rpc, "broker.ping", {"n": 4}, timeout=10))["n"] == 4
     finally:
         await asyncio.to_thread(h.close)
+
+
+_UNCAUGHT_SCRIPT = """
+import sys
+from kvs.client import SyncKVS
+with SyncKVS(uri=sys.argv[1], event_loop=sys.argv[2]) as kvs:
+    print("ready", flush=True)
+    kvs.wait_create("never.there")       # as kvs get --waitcreate: waits for ever
+"""
+
+
+@pytest.mark.parametrize("event_loop", ["uvloop", "asyncio"])
+async def test_an_uncaught_ctrl_c_is_one_short_keyboardinterrupt_traceback(
+        start_instance, connect, tmp_path: Path, event_loop: str) -> None:
+    """A script that does not catch Ctrl-C, interrupted in a blocking call
+    (a wait_create the broker is serving), dies of SIGINT as Python's
+    default makes it, with one traceback: KeyboardInterrupt, from the
+    script's line.  Before, the facade raised it while the call's
+    CancelledError was being handled, so the traceback showed the
+    CancelledError first, from inside the loop and the watch, then
+    "During handling of the above exception, another exception occurred"."""
+    inst = await start_instance(size=1)
+    h = await connect(inst, 0)
+    before = (await h.rpc("kvs-watch.stats-get", {}))["watchers"]
+    script = tmp_path / "script.py"  # (a file: the traceback quotes its lines)
+    script.write_text(_UNCAUGHT_SCRIPT)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(script), inst.uri(0), event_loop, cwd=str(ROOT),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        assert await _line(proc, 30) == "ready"
+
+        async def watching() -> bool:  # the call is in progress: its watch is on the rank
+            stats = await h.rpc("kvs-watch.stats-get", {})
+            return bool(stats["watchers"] > before)
+
+        await wait_until(watching, "the script's wait_create watch", 20)
+        proc.send_signal(signal.SIGINT)
+        _, err_bytes = await asyncio.wait_for(proc.communicate(), 30)
+    finally:
+        await _reap(proc)
+    err = err_bytes.decode()
+    assert proc.returncode == -signal.SIGINT, err
+    assert "CancelledError" not in err, err
+    assert "During handling" not in err, err
+    assert err.count("Traceback (most recent call last):") == 1, err
+    assert err.rstrip().endswith("\nKeyboardInterrupt"), err
+    assert 'kvs.wait_create("never.there")' in err, err
