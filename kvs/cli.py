@@ -1202,8 +1202,19 @@ class _Parser(PermutingParser):
         return out
 
 
+def _namespace(text: str) -> str:
+    """argparse type of ``-N``/``-S``/``-D``/``-T`` and of ``namespace
+    create``/``remove``'s names: an empty name is a
+    usage error (it is no namespace; taken as the default, ``-N "$UNSET"``
+    wrote to ``primary``), as ``KVS(h, "")`` is a ``ValueError``."""
+    if not text:
+        raise argparse.ArgumentTypeError(
+            "must not be empty (leave the option out for the default namespace)")
+    return text
+
+
 def _ns(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-N", "--namespace", metavar="NS",
+    p.add_argument("-N", "--namespace", metavar="NS", type=_namespace,
                    help="KVS namespace (default: $KVBROKER_NAMESPACE or primary)")
 
 
@@ -1341,8 +1352,9 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=cmd_unlink)
 
     p = sub.add_parser("link", help="make LINKNAME a symlink to TARGET")
-    p.add_argument("-N", "--namespace", metavar="NS", help="the link's namespace")
-    p.add_argument("-T", "--target-namespace", metavar="NS", help="the target's namespace")
+    p.add_argument("-N", "--namespace", metavar="NS", type=_namespace, help="the link's namespace")
+    p.add_argument("-T", "--target-namespace", metavar="NS", type=_namespace,
+                   help="the target's namespace")
     _root_out(p, "the link")
     p.add_argument("target", metavar="TARGET")
     p.add_argument("linkname", metavar="LINKNAME")
@@ -1369,11 +1381,13 @@ def register(subparsers: Any) -> None:
     for name, text in (("copy", "copy SRC to DST (a directory by reference)"),
                        ("move", "move SRC to DST")):
         p = sub.add_parser(name, help=text)
-        p.add_argument("-N", "--namespace", metavar="NS",
+        p.add_argument("-N", "--namespace", metavar="NS", type=_namespace,
                        help="SRC's and DST's namespace, unless -S or -D gives it "
                             "(default: $KVBROKER_NAMESPACE or primary)")
-        p.add_argument("-S", "--src-namespace", metavar="NS", help="SRC's namespace")
-        p.add_argument("-D", "--dst-namespace", metavar="NS", help="DST's namespace")
+        p.add_argument("-S", "--src-namespace", metavar="NS", type=_namespace,
+                       help="SRC's namespace")
+        p.add_argument("-D", "--dst-namespace", metavar="NS", type=_namespace,
+                       help="DST's namespace")
         p.add_argument("src", metavar="SRC")
         p.add_argument("dst", metavar="DST")
         p.set_defaults(func=cmd_copy)
@@ -1514,9 +1528,9 @@ def register(subparsers: Any) -> None:
     c.add_argument("-r", "--rootref", metavar="ROOT",
                    help="start at this root: a blobref, or a dirref tree object "
                         "(what getroot prints)")
-    c.add_argument("names", nargs="+", metavar="NS")
+    c.add_argument("names", nargs="+", metavar="NS", type=_namespace)
     c = nsub.add_parser("remove", help="remove namespaces")
-    c.add_argument("names", nargs="+", metavar="NS")
+    c.add_argument("names", nargs="+", metavar="NS", type=_namespace)
     c = nsub.add_parser("list", help="list namespaces")
     c.add_argument("--json", action="store_true", help="print the list as JSON")
     c = nsub.add_parser("watch", help="print the namespaces that exist, then each one "

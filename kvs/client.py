@@ -17,7 +17,8 @@ as UTF-8 and anything else as compact JSON; :meth:`KVS.get` returns bytes,
 :meth:`KVS.get_str` / :meth:`KVS.get_json` decode them.
 
 Every method works in the handle's namespace given at construction
-(``namespace=None`` means ``$KVBROKER_NAMESPACE``, else ``primary``);
+(``namespace=None`` means ``$KVBROKER_NAMESPACE``, else ``primary``; an
+empty one is a ``ValueError``);
 :meth:`KVS.with_namespace` gives a sibling bound to another one.
 
 Errors: a failure reported by the kvs module raises
@@ -147,8 +148,21 @@ same default bound as :meth:`KVS.diff`)."""
 
 
 def default_namespace(namespace: str | None = None) -> str:
-    """``namespace``, else ``$KVBROKER_NAMESPACE``, else ``"primary"``."""
-    return namespace or os.environ.get(NAMESPACE_ENV) or PRIMARY
+    """``namespace``, else (None) ``$KVBROKER_NAMESPACE``, else ``"primary"``
+    (an empty ``$KVBROKER_NAMESPACE`` counts as unset, as the shell's).
+
+    An empty ``namespace`` is a ``ValueError``: it is no namespace, and
+    taking it as "the default" turned a variable that was never set
+    (``KVS(h, os.environ.get("JOBNS", ""))``) into writes to ``primary``.
+    A namespace that is not a ``str`` is a ``TypeError``."""
+    if namespace is None:
+        return os.environ.get(NAMESPACE_ENV) or PRIMARY
+    if not isinstance(namespace, str):
+        raise TypeError(f"namespace must be a str or None, not {type(namespace).__name__}")
+    if not namespace:
+        raise ValueError("namespace must not be empty (None means the default: "
+                         f"${NAMESPACE_ENV}, else {PRIMARY})")
+    return namespace
 
 
 def encode_value(value: Any) -> bytes:
@@ -611,6 +625,7 @@ class KVS:
     def connect(cls, uri: str | None = None, namespace: str | None = None) -> Connecting[Self]:
         """Attach to a rank (default ``$KVBROKER_URI``); :meth:`close` detaches.
         ``kvs = await KVS.connect()``, or ``async with KVS.connect() as kvs:``."""
+        default_namespace(namespace)  # (a bad one refused before connecting)
         return Connecting(functools.partial(cls._connect, uri, namespace))
 
     @classmethod
@@ -953,8 +968,9 @@ class KVS:
         ``dst`` may lie inside ``src``: it gets a snapshot of ``src`` as it
         was (the copy holds a reference to ``src``'s old tree, so nothing
         recurses and nothing is lost)."""
-        obj = await self._src(src_namespace).lookup(src, TREEOBJ)
-        return await self._src(dst_namespace).commit(TxnOps().put_treeobj(dst, obj))
+        s, d = self._src(src_namespace), self._src(dst_namespace)  # (both checked first)
+        obj = await s.lookup(src, TREEOBJ)
+        return await d.commit(TxnOps().put_treeobj(dst, obj))
 
     async def move(self, src: str, dst: str, *, src_namespace: str | None = None,
                    dst_namespace: str | None = None) -> CommitResult:
@@ -1249,6 +1265,7 @@ class SyncKVS:
                 raise RuntimeError("SyncKVS cannot be used inside a running event loop: "
                                    "use its async twin there, kvs.client.KVS "
                                    "(await KVS.connect(), or KVS(handle))")
+        default_namespace(namespace)  # (a bad one refused before connecting)
         self._owns_handle = handle is None
         self.sync_handle = handle if handle is not None else SyncHandle(
             uri, event_loop=event_loop, timeout=timeout)

@@ -1051,3 +1051,87 @@ async def test_sync_kvs_inside_a_running_loop_names_the_async_kvs(start_instance
         SyncKVS(uri=inst.uri(0))
     async with KVS.connect(inst.uri(0)) as kvs:  # what it points to works there
         assert (await kvs.put("k", 1)).rootseq >= 1
+
+
+async def test_an_empty_namespace_is_a_valueerror_none_the_default(
+        start_instance, connect, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``namespace=""`` is a ValueError wherever a namespace is given (KVS,
+    KVS.connect, with_namespace, copy's, SyncKVS, every watch function),
+    raised before anything is sent or connected; None still means
+    $KVBROKER_NAMESPACE, else primary (an empty $KVBROKER_NAMESPACE counts
+    as unset).  Before, "" meant the default too, so a namespace read from
+    a variable that was never set wrote to primary."""
+    from kvs_watch.client import (
+        stream,
+        wait_create,
+        wait_event,
+        watch,
+        watch_eventlog,
+        watch_keys,
+    )
+
+    inst = await start_instance(size=1)
+    h = await connect(inst)
+    monkeypatch.setenv("KVBROKER_NAMESPACE", "")
+    assert KVS(h).namespace == KVS(h, None).namespace == "primary"
+    monkeypatch.setenv("KVBROKER_NAMESPACE", "job-1")
+    assert KVS(h).namespace == "job-1" and KVS(h, "x").namespace == "x"
+    monkeypatch.delenv("KVBROKER_NAMESPACE")
+    kvs = KVS(h)
+    unset = os.environ.get("NEVER_SET_NAMESPACE", "")
+    with pytest.raises(ValueError, match="namespace must not be empty"):
+        KVS(h, unset)
+    with pytest.raises(TypeError, match="namespace must be a str"):
+        KVS(h, 5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="must not be empty"):
+        KVS.connect(inst.uri(0), namespace="")  # (refused before connecting)
+    with pytest.raises(ValueError, match="must not be empty"):
+        kvs.with_namespace("")
+    with pytest.raises(ValueError, match="must not be empty"):
+        await kvs.copy("a", "b", dst_namespace="")
+    for make in (lambda: watch(h, "a", namespace=""),
+                 lambda: watch_keys(h, "a", namespace=""),
+                 lambda: watch_eventlog(h, "a", namespace=""),
+                 lambda: stream(h, "a", namespace="")):
+        with pytest.raises(ValueError, match="must not be empty"):
+            make()
+    with pytest.raises(ValueError, match="must not be empty"):
+        await wait_create(h, "a", namespace="")
+    with pytest.raises(ValueError, match="must not be empty"):
+        await wait_event(h, "a", "x", namespace="")
+    assert h.pending == 0
+
+    def blocking() -> list[str]:
+        seen = []
+        with SyncKVS(uri=inst.uri(0)) as skvs:
+            for make in (lambda: SyncKVS(skvs.sync_handle, ""),
+                         lambda: skvs.with_namespace(""),
+                         lambda: SyncKVS(uri=inst.uri(0), namespace="")):
+                try:
+                    make()
+                except ValueError as exc:
+                    seen.append(str(exc))
+        return seen
+
+    seen = await asyncio.wait_for(asyncio.to_thread(blocking), 60)
+    assert len(seen) == 3 and all("must not be empty" in s for s in seen), seen
+    # nothing of it reached the store
+    assert await kvs.get_tree(".") == {}
+
+
+async def test_cli_an_empty_namespace_option_is_a_usage_error(start_instance) -> None:
+    """``-N ""`` (and -S, -D, -T, ``namespace create/remove ""``) is a usage
+    error, exit 2, nothing sent; before, ``kvs put -N "" a=1`` wrote to
+    primary, and ``namespace remove ""`` succeeded."""
+    inst = await start_instance(size=1)
+    uri = inst.uri(0)
+    for args in (("put", "-N", "", "a=1"), ("get", "-N", "", "a"),
+                 ("get", "-N", "", "--watch", "--count", "1", "a"),
+                 ("copy", "-S", "", "a", "b"), ("move", "-D", "", "a", "b"),
+                 ("link", "-T", "", "a", "b"), ("namespace", "create", ""),
+                 ("namespace", "remove", "")):
+        rc, out, err = await run_cli("kvs", *args, uri=uri, timeout=T)
+        assert rc == 2, (args, rc, out, err)
+        assert "must not be empty" in err, (args, err)
+    rc, out, err = await run_cli("kvs", "dir", "-R", ".", uri=uri, timeout=T)
+    assert (rc, out) == (0, ""), err
