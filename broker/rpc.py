@@ -47,14 +47,19 @@ class Stream:
         return self._waiter is not None
 
     def abandon(self) -> None:
-        """Its reader is gone (the request is being cancelled): keep no
-        answers from now on.  The final error response still ends it, so the
-        handle forgets it then."""
+        """Its reader is gone, or is to stop (the request is being
+        cancelled): keep no answers from now on but the final error
+        response, which still ends it -- the handle forgets it then -- and
+        ends it quietly, whatever its errno: a reader waiting now, or the
+        next one, finds the end of the stream (None), as it asked.  (Before,
+        the final answer was dropped too, which left a waiting reader
+        waiting for ever: :meth:`kvs_watch.client.SyncWatch.cancel` from
+        another thread abandons a stream that a next() reads.)"""
         self.abandoned = True
         self._items.clear()
 
     def _push(self, msg: Message) -> None:
-        if self.abandoned:
+        if self.abandoned and not msg.errnum:
             return
         self._items.append(msg)
         w = self._waiter
@@ -88,7 +93,7 @@ class Stream:
         if msg.errnum:
             self.done = True
             self._items.clear()
-            if msg.errnum == errno.ENODATA:
+            if msg.errnum == errno.ENODATA or self.abandoned:
                 return None
             raise RemoteError(msg.errnum, msg.errstr)
         return msg

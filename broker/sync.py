@@ -384,6 +384,21 @@ class SyncHandle:
     def __repr__(self) -> str:
         return f"<SyncHandle {self.aio.uri}{' closed' if self._closed else ''}>"
 
+    def call_soon_threadsafe(self, callback: Callable[[], object]) -> bool:
+        """Have ``callback()`` run on this handle's loop, from any thread --
+        the one way another thread may act on a handle that a call holds:
+        it runs at once if a call is waiting (the loop is woken), else in
+        the next call's first turn.  False (and it never runs) once the
+        handle is closed.  The callback runs in the handle's thread, inside
+        the loop: it may send (``h.aio.send_noresponse``), not wait."""
+        if self._closed:
+            return False
+        try:
+            self._loop.call_soon_threadsafe(callback)
+        except RuntimeError:  # (closed meanwhile: close() ran in the handle's thread)
+            return False
+        return True
+
     def _timeout(self, timeout: float | None | Default) -> float | None:
         return self.timeout if isinstance(timeout, Default) else timeout
 

@@ -38,6 +38,7 @@ import contextlib
 import errno
 import json
 import math
+import threading
 import weakref
 from collections import deque
 from collections.abc import Iterator
@@ -245,6 +246,16 @@ class Watch(Generic[ItemT]):
                     pass
         except (RemoteError, TimeoutError):
             pass
+
+
+    def _end_now(self) -> None:
+        """(On the handle's loop.)  End the watch at once for its reader:
+        cancel it on the rank and drop what it still sends, so a reader
+        waiting now, or the next one, finds the end of the stream (as when
+        it is garbage collected).  What :meth:`SyncWatch.cancel` does from
+        another thread."""
+        if self._stream is not None:
+            _abandon(self.h, self._stream, self.nodeid)
 
 
 def _abandon_soon(loop: asyncio.AbstractEventLoop, h: HandleCore, stream: Stream,
@@ -486,6 +497,13 @@ class _Wrapped:
 
     async def cancel(self) -> None:
         await self.watch.cancel()
+
+    def _end_now(self) -> None:
+        self.watch._end_now()
+
+    @property
+    def done(self) -> bool:
+        return self.watch.done
 
     def __repr__(self) -> str:
         w = self.watch
@@ -730,6 +748,11 @@ class _AsyncWatch(Protocol[ItemT_co]):
 
     async def cancel(self) -> None: ...
 
+    def _end_now(self) -> None: ...
+
+    @property
+    def done(self) -> bool: ...
+
 
 class SyncWatch(Generic[ItemT]):
     """A :class:`Watch` driven through :class:`broker.sync.SyncHandle`.
@@ -742,6 +765,8 @@ class SyncWatch(Generic[ItemT]):
     for a plain :func:`watch`).  A ``TimeoutError`` or a Ctrl-C
     (``KeyboardInterrupt``, see :mod:`broker.sync`) from ``next()`` leaves
     the watch going: the next ``next()`` catches up from where it was.
+    :meth:`cancel` may be called from another thread, to end a ``next()``
+    blocked in the thread that iterates (``StopIteration``).
     """
 
     def __init__(self, sh: Any, w: _AsyncWatch[ItemT], *,
@@ -750,13 +775,22 @@ class SyncWatch(Generic[ItemT]):
         self.watch = w
         self.timeout = timeout
         """Seconds each ``next()`` may wait (``TimeoutError``; the watch goes on)."""
+        self._reader: int | None = None
+        """The thread that entered or iterates it last (``get_ident()``)."""
+        self._stopped = False
+        """:meth:`cancel` was called from another thread."""
 
     def __repr__(self) -> str:
         return f"<SyncWatch of {self.watch!r}>"
 
     def __enter__(self) -> Self:
-        self.sh.run(self.watch.__aenter__())
+        self._reader = threading.get_ident()
+        self.sh.run(self._start())
         return self
+
+    async def _start(self) -> None:
+        if not self._stopped:  # (checked on the loop: see cancel())
+            await self.watch.__aenter__()
 
     def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
         if exc_type is None:
@@ -774,10 +808,15 @@ class SyncWatch(Generic[ItemT]):
 
     def __next__(self) -> ItemT:
         async def step() -> Any:
+            # (the check runs on the loop, after any _end_now queued before
+            # it: a watch stopped before it started is not started here)
+            if self._stopped and self.watch.done:
+                return _END
             try:
                 return await self.watch.__anext__()
             except StopAsyncIteration:
                 return _END
+        self._reader = threading.get_ident()
         item = self.sh.run(step(), self.timeout)
         if item is _END:
             raise StopIteration
@@ -786,7 +825,20 @@ class SyncWatch(Generic[ItemT]):
     def cancel(self) -> None:
         """As :meth:`Watch.cancel`: idempotent, and silent on a closed handle
         (leaving a ``with`` block, it must not replace the block's own
-        exception with the handle's)."""
+        exception with the handle's).
+
+        From a thread other than the one that iterates the watch (or
+        entered its ``with``), it only asks the handle's loop to end the
+        watch (:meth:`broker.sync.SyncHandle.call_soon_threadsafe`) and
+        returns at once: a ``next()`` blocked there wakes and raises
+        ``StopIteration`` (a ``for`` loop just ends), answers still coming
+        are dropped, and the rank is sent the cancel; a ``next()`` that
+        was not waiting yet raises it when called.  The handle stays
+        usable."""
+        if self._reader is not None and self._reader != threading.get_ident():
+            self._stopped = True  # (set before the callback is queued: see step())
+            self.sh.call_soon_threadsafe(self.watch._end_now)
+            return
         with contextlib.suppress(RemoteError):  # (the handle is closed)
             self.sh.run(self.watch.cancel())
 

@@ -473,3 +473,82 @@ async def test_a_sync_watch_left_by_a_timeout_does_not_wait_for_a_stuck_rank(
     assert (first, error) == (b"1", "no answer within 0.5 s")
     assert took < CANCEL_TIMEOUT, f"{took:.1f} s: the with block drained the stream"
     await wait_watchers(h0, 0, nodeid=1)  # the cancel reached rank 1 once it ran
+
+
+async def test_a_sync_watch_is_stopped_from_another_thread(start_instance, connect) -> None:
+    """``SyncWatch.cancel()`` from a thread other than the one iterating:
+    a ``next()`` blocked there wakes and raises StopIteration (the ``for``
+    loop ends), the watch is cancelled on the rank, and the handle goes on
+    working; called before the iterating thread waits again, its next
+    ``next()`` raises StopIteration at once, the answers already queued
+    dropped.  Before, it raised "this SyncHandle is in a call in another
+    thread" (or, between calls, raced the reader for the handle): only a
+    ``timeout=`` poll could stop a blocked watch."""
+    import threading
+
+    from test_broker_support import wait_until
+    from test_watch_helpers import wait_watchers
+
+    from kvs.client import KVS, SyncKVS
+
+    inst = await start_instance(size=1)
+    h = await connect(inst, 0)
+    await KVS(h).put("tw.k", 1)
+    box: dict[str, Any] = {}
+    first = threading.Event()
+    proceed = threading.Event()
+
+    def blocked_reader() -> tuple[list[bytes | None], str]:
+        with SyncKVS(uri=inst.uri(0)) as kvs, kvs.watch("tw.k") as w:
+            box["w"] = w
+            seen = []
+            for entry in w:  # the current value, then waits
+                seen.append(entry.value)
+                first.set()
+            return seen, kvs.get_str("tw.k")
+
+    def idle_reader() -> tuple[list[bytes | None], str]:
+        with SyncKVS(uri=inst.uri(0)) as kvs, kvs.watch("tw.k") as w:
+            box["w2"] = w
+            first.set()
+            assert proceed.wait(20)
+            return [e.value for e in w], kvs.get_str("tw.k")
+
+    loop = asyncio.get_running_loop()
+
+    def in_daemon_thread(fn: Any) -> asyncio.Future[Any]:
+        """``fn()`` in a thread of its own that a failed test leaves behind
+        (a daemon: a reader blocked for ever must not hold up the exit)."""
+        fut: asyncio.Future[Any] = loop.create_future()
+
+        def body() -> None:
+            try:
+                result = fn()
+            except BaseException as exc:
+                loop.call_soon_threadsafe(fut.set_exception, exc)
+            else:
+                loop.call_soon_threadsafe(fut.set_result, result)
+        threading.Thread(target=body, daemon=True).start()
+        return fut
+
+    reader = in_daemon_thread(blocked_reader)
+    assert await asyncio.to_thread(first.wait, 20)
+    w = box["w"]
+    # (only to be sure the reader is blocked in next() when the cancel comes)
+    async def reading() -> bool:
+        stream = w.watch._stream
+        return stream is not None and stream.reading
+
+    await wait_until(reading, "the reader thread blocked in next()", 20)
+    await asyncio.wait_for(asyncio.to_thread(w.cancel), 10)  # from a third thread
+    assert await asyncio.wait_for(reader, 20) == ([b"1"], "1")
+    await wait_watchers(h, 0)
+
+    first.clear()
+    reader = in_daemon_thread(idle_reader)
+    assert await asyncio.to_thread(first.wait, 20)
+    await wait_watchers(h, 1)  # started, its first answer on its way or queued
+    await asyncio.wait_for(asyncio.to_thread(box["w2"].cancel), 10)
+    proceed.set()
+    assert await asyncio.wait_for(reader, 20) == ([], "1")
+    await wait_watchers(h, 0)
