@@ -500,7 +500,8 @@ class KvsModule(Module):
             held = self._failure_log.reset("periodic") + self._failure_log.reset("fallback")
             if held:
                 self.log.warning("periodic checkpoint of the primary namespace written again, "
-                                 "after %d more failures that were not logged", held)
+                                 "after %d more %s not logged", held,
+                                 "failure that was" if held == 1 else "failures that were")
 
     async def _checkpoint_written_root(self) -> None:
         """The newest root's checkpoint failed (its blobs could not be
@@ -525,8 +526,12 @@ class KvsModule(Module):
             self.checkpointed, self._checkpoint_unsure = root.rootseq, False
             self._checkpoint_counts["written"] += 1
             self._checkpoint_counts["written-fallback"] += 1
-        self.log.warning("checkpointed rootseq %d (rootref %s) instead, the newest root "
-                         "whose blobs are all written%s", root.rootseq, root.rootref,
+        primary = self.namespaces.get(PRIMARY)
+        what = ("at a second try, the current root (the first failed after its blobs "
+                "were written)" if primary is not None and primary.rootseq == root.rootseq
+                else "instead, the newest root whose blobs are all written")
+        self.log.warning("checkpointed rootseq %d (rootref %s) %s%s", root.rootseq,
+                         root.rootref, what,
                          "" if synced else " (committed to SQLite's WAL, not synced to "
                          "disk: it survives a crash of this process, not of the host)")
 
