@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import functools
+import inspect
 import json
 import os
 import threading
@@ -44,6 +45,7 @@ from collections.abc import (
     AsyncGenerator,
     AsyncIterator,
     Awaitable,
+    Callable,
     Generator,
     Iterable,
     Iterator,
@@ -106,6 +108,7 @@ __all__ = [
     "TREE_LIMIT",
     "Change",
     "CommitResult",
+    "DELETE",
     "Dir",
     "KVS",
     "Lease",
@@ -117,6 +120,8 @@ __all__ = [
     "SyncTxn",
     "Txn",
     "TxnOps",
+    "UPDATE_RETRIES",
+    "Updated",
     "default_namespace",
     "encode_value",
     "kind",
@@ -145,6 +150,41 @@ TREE_LIMIT = 100_000
 up with ``EOVERFLOW``: the whole answer is held in memory, and a tree of
 millions of keys should be a clear error, not a process out of memory (the
 same default bound as :meth:`KVS.diff`)."""
+
+
+UPDATE_RETRIES = 32
+"""How many times :meth:`KVS.update` tries again after a conflict by
+default before it raises the conflict's ``ECANCELED``."""
+
+
+class _Delete:
+    """The type of :data:`DELETE`."""
+
+    _instance: _Delete | None = None
+
+    def __new__(cls) -> _Delete:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "DELETE"
+
+
+DELETE: Any = _Delete()
+"""What an :meth:`KVS.update` function returns to remove the key."""
+
+
+class Updated(NamedTuple):
+    """What :meth:`KVS.update` returns: the ``value`` the function gave
+    (None if the key is missing, removed or left missing), the
+    :class:`CommitResult` of the commit that stored it (None when nothing
+    was committed: the value was unchanged) and how many ``tries`` it took
+    (1 without a conflict)."""
+
+    value: Any
+    result: CommitResult | None
+    tries: int
 
 
 def default_namespace(namespace: str | None = None) -> str:
@@ -182,6 +222,28 @@ def encode_value(value: Any) -> bytes:
                           allow_nan=False).encode()
     except (TypeError, ValueError) as exc:
         raise TypeError(f"cannot store a {type(value).__name__} value: {exc}") from None
+
+
+def _parse_json(key: str, data: bytes) -> Any:
+    """``data`` parsed as JSON; ``ValueError`` naming ``key`` if it is not."""
+    try:
+        return json.loads(data)
+    except json.JSONDecodeError as exc:
+        raise json.JSONDecodeError(f"{key}: not JSON: {exc.msg}", exc.doc, exc.pos) \
+            from None
+    except UnicodeDecodeError as exc:
+        raise UnicodeDecodeError(exc.encoding, exc.object, exc.start, exc.end,
+                                 f"{key}: not JSON text: {exc.reason}") from None
+
+
+def _decoded(key: str, data: bytes | None, decode: str) -> Any:
+    """What :meth:`KVS.update` gives its function: None for a missing key,
+    else ``data`` as ``get`` / ``get_str`` / ``get_json`` give it."""
+    if data is None or decode == "bytes":
+        return data
+    if decode == "str":
+        return data.decode("utf-8", "surrogateescape")
+    return _parse_json(key, data)
 
 
 def check_key(key: object) -> None:
@@ -725,14 +787,7 @@ class KVS:
         data = await self.get(key, default, at=at)
         if data is default:
             return default
-        try:
-            return json.loads(data)
-        except json.JSONDecodeError as exc:
-            raise json.JSONDecodeError(f"{key}: not JSON: {exc.msg}", exc.doc, exc.pos) \
-                from None
-        except UnicodeDecodeError as exc:
-            raise UnicodeDecodeError(exc.encoding, exc.object, exc.start, exc.end,
-                                     f"{key}: not JSON text: {exc.reason}") from None
+        return _parse_json(key, data)
 
     async def get_treeobj(self, key: str, *, at: RootSpec | None = None) -> TreeObj:
         """The stored tree object of ``key``, links not followed (``"."`` gives
@@ -1000,6 +1055,92 @@ class KVS:
             return await s.commit(TxnOps().unlink(src).put_treeobj(dst, obj))
         await d.commit(TxnOps().put_treeobj(dst, obj))
         return await s.commit(TxnOps().unlink(src))
+
+    async def update(self, key: str, fn: Callable[[Any], Any], *,
+                     decode: Literal["bytes", "str", "json"] = "bytes",
+                     retries: int = UPDATE_RETRIES, sync: bool = False,
+                     lease: LeaseSpec | None = None) -> Updated:
+        """Read-modify-write ``key`` with no lost update (compare-and-swap,
+        retried: etcd's STM, Redis ``WATCH``/``MULTI``).
+
+        ``fn`` gets the current value -- None if the key is missing, else
+        its bytes, or with ``decode="str"`` / ``"json"`` what
+        :meth:`get_str` / :meth:`get_json` return -- and returns the new
+        value, stored as :meth:`put` stores it (bytes raw, str UTF-8, else
+        JSON), or :data:`DELETE` to remove the key.  ``fn`` may be a
+        coroutine function.  The new value is committed on the condition
+        that the key still holds the bytes read (or is still missing); if
+        another writer changed it meanwhile (``ECANCELED``), the key is
+        read again and ``fn`` called again, up to ``retries`` more times,
+        then that ``ECANCELED`` is raised.  So ``fn`` may run several
+        times: keep it free of side effects.
+
+        Nothing is committed (no new version, no ``lease`` attached) when
+        the new value's bytes are the stored ones, or the key is missing
+        and ``fn`` returns None or :data:`DELETE`.  Returns
+        :class:`Updated`: ``(value, result, tries)``, ``result`` the
+        :class:`CommitResult` (None if nothing was committed).
+
+        ``key`` must be a value or missing: a directory is ``EISDIR``, a
+        symlink ``EINVAL`` (the condition would never hold: update its
+        target).  ``sync`` and ``lease`` are :meth:`put`'s."""
+        check_key(key)
+        if decode not in ("bytes", "str", "json"):
+            raise ValueError(f"decode must be 'bytes', 'str' or 'json', not {decode!r}")
+        if type(retries) is not int or retries < 0:
+            raise ValueError(f"retries must be an int of at least 0 (got {retries!r})")
+        flags = SYNC if sync else 0
+        tries = 0
+        failed: list[bytes | None] = []  # the state whose condition failed last
+        while True:
+            tries += 1
+            old = await self._get_or_none(key, None)
+            if failed and old == failed[0]:
+                # Read again after a conflict, and the same state: this rank
+                # may be behind rank 0 (or the key changed and changed back).
+                # A follower learns a conflict from the namespace's error
+                # event, which rank 0 publishes after the setroots before it,
+                # so its reads already see the value the condition met; this
+                # catch-up keeps the loop from spinning on a stale read
+                # should that order ever not hold, at no cost otherwise.
+                await self.wait_version(await self._leader_version())
+                await self._check_not_symlink(key)
+                old = await self._get_or_none(key, None)
+            new = fn(_decoded(key, old, decode))
+            if inspect.isawaitable(new):
+                new = await new
+            ops = TxnOps()
+            if old is None:
+                if new is None or new is DELETE:
+                    return Updated(None, None, tries)
+                ops.expect_missing(key)
+            else:
+                ops.expect_raw(key, old)
+            if new is DELETE:
+                ops.unlink(key)
+            else:
+                data = encode_value(new)
+                if data == old:
+                    return Updated(new, None, tries)
+                ops.put_raw(key, data, lease=lease)
+            try:
+                result = await self.commit(ops, flags)
+            except RemoteError as exc:
+                if exc.errnum != errno.ECANCELED or tries > retries:
+                    raise
+                failed[:] = [old]
+                continue
+            return Updated(None if new is DELETE else new, result, tries)
+
+    async def _leader_version(self) -> int:
+        """This namespace's current version on rank 0."""
+        resp = await self.handle.rpc("kvs.getroot", {"namespace": self.namespace}, nodeid=0)
+        return int(resp["rootseq"])
+
+    async def _check_not_symlink(self, key: str) -> None:
+        if (await self.lookup(key, TREEOBJ))["type"] == "symlink":
+            raise ErrnoError(errno.EINVAL, f"{key}: a symlink: update its target instead "
+                                           "(a condition on a link never holds)")
 
     def _src(self, namespace: str | None) -> KVS:
         return self if namespace is None else self.with_namespace(namespace)
@@ -1443,6 +1584,13 @@ class SyncKVS:
 
     def unlink(self, *keys: str, recursive: bool = False, force: bool = False) -> CommitResult:
         return self.run(self.aio.unlink(*keys, recursive=recursive, force=force))
+
+    def update(self, key: str, fn: Callable[[Any], Any], *,
+               decode: Literal["bytes", "str", "json"] = "bytes",
+               retries: int = UPDATE_RETRIES, sync: bool = False,
+               lease: LeaseSpec | None = None) -> Updated:
+        return self.run(self.aio.update(key, fn, decode=decode, retries=retries, sync=sync,
+                                        lease=lease))
 
     def copy(self, src: str, dst: str, *, src_namespace: str | None = None,
              dst_namespace: str | None = None) -> CommitResult:
