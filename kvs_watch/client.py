@@ -49,7 +49,7 @@ from broker.content import blobref
 from broker.errors import RemoteError
 from broker.message import NODEID_ANY
 from broker.rpc import HandleCore, Stream
-from kvs.client import default_namespace
+from kvs.client import _parse_json, default_namespace
 from kvs.eventlog import EventlogError
 from kvs_watch import flags as F
 
@@ -84,8 +84,16 @@ class WatchEntry:
         return (self.value or b"").decode(encoding, errors)
 
     def json(self) -> Any:
-        """``value`` parsed as JSON."""
-        return json.loads(self.value or b"")
+        """``value`` parsed as JSON (``ValueError`` naming the key if it is
+        not JSON, as ``KVS.get_json`` raises; and for an entry with no
+        value: ``removed``, or a directory or symlink -- there is nothing
+        to parse, and ``json.loads(b"")``'s "Expecting value: line 1
+        column 1" said nothing of why)."""
+        if self.value is None:
+            why = (f"removed at version {self.rootseq}" if self.removed else
+                   f"a {(self.treeobj or {}).get('type', 'non-value')}, not a value")
+            raise ValueError(f"{self.key}: {why}: no value to parse as JSON")
+        return _parse_json(self.key, self.value)
 
 
 class InitialDone:
@@ -162,9 +170,15 @@ class Watch(Generic[ItemT]):
         return self._stream.matchtag if self._stream is not None else None
 
     @property
+    def started(self) -> bool:
+        """The request was sent (:meth:`start`)."""
+        return self._stream is not None
+
+    @property
     def done(self) -> bool:
-        """The stream has ended (or was never started)."""
-        return self._stream is None or self._stream.done
+        """The stream has ended (cancelled, or ended by the rank).  A watch
+        never started is not done: it has not begun."""
+        return self._stream is not None and self._stream.done
 
     def start(self) -> Self:
         """Send the request (once); needs a running event loop."""
@@ -184,8 +198,18 @@ class Watch(Generic[ItemT]):
         return "kvs-watch.lookup", {"namespace": self.namespace, "key": self.key,
                                     "flags": self.flags}
 
-    async def __aenter__(self) -> Self:
+    def _enter(self) -> Self:
+        """Start it for an ``async with`` block; ``RuntimeError`` if it has
+        ended: a watch runs once (its stream, cancelled by the end of a
+        first block or ended by the rank, is over), and a second block
+        silently yielded nothing."""
+        if self.done:
+            raise RuntimeError(f"{self!r} has ended (a watch runs once): start a new one "
+                               "for another block")
         return self.start()
+
+    async def __aenter__(self) -> Self:
+        return self._enter()
 
     async def __aexit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
         if exc_type is None:
@@ -483,7 +507,7 @@ class _Wrapped:
         self.watch = w
 
     async def __aenter__(self) -> Self:
-        self.watch.start()
+        self.watch._enter()
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
@@ -500,6 +524,10 @@ class _Wrapped:
 
     def _end_now(self) -> None:
         self.watch._end_now()
+
+    @property
+    def started(self) -> bool:
+        return self.watch.started
 
     @property
     def done(self) -> bool:
@@ -575,6 +603,8 @@ class KeyWatch(_Wrapped):
         self.watch.start()
 
     async def __aenter__(self) -> Self:
+        if self.watch.done:
+            self.watch._enter()  # (raises: a watch runs once)
         await self._prepare()
         return self
 
@@ -751,6 +781,9 @@ class _AsyncWatch(Protocol[ItemT_co]):
     def _end_now(self) -> None: ...
 
     @property
+    def started(self) -> bool: ...
+
+    @property
     def done(self) -> bool: ...
 
 
@@ -810,7 +843,7 @@ class SyncWatch(Generic[ItemT]):
         async def step() -> Any:
             # (the check runs on the loop, after any _end_now queued before
             # it: a watch stopped before it started is not started here)
-            if self._stopped and self.watch.done:
+            if self._stopped and (self.watch.done or not self.watch.started):
                 return _END
             try:
                 return await self.watch.__anext__()

@@ -197,3 +197,69 @@ async def test_a_handle_used_on_another_event_loop_says_so(start_instance: Any,
         assert "connect() again on this one" in error, error
     assert h.pending == 0  # nothing was sent
     assert await KVS(h).get("x") == b"1"  # and the handle goes on on its own loop
+
+
+async def test_a_watch_is_done_only_once_it_ended_and_runs_once(start_instance: Any,
+                                                                connect: Any) -> None:
+    """A watch never started is not done; one that ended refuses a second
+    ``async with`` (it yielded nothing, silently) -- plain, key and eventlog
+    watches, and the blocking facade's."""
+    inst = await start_instance(size=1)
+    h = await connect(inst, 0)
+    kvs = KVS(h)
+    async with asyncio.timeout(T):
+        await kvs.put("a", 1)
+        await kvs.append_event("log", "go")
+        for w in (kvs.watch("a"), kvs.watch_keys("."), kvs.watch_eventlog("log")):
+            assert not w.done  # never started: not ended either
+            assert not w.started
+            async with w:
+                assert w.started and not w.done
+                await anext(w)
+            assert w.done
+            with pytest.raises(RuntimeError, match="has ended"):
+                async with w:
+                    pass
+        w = kvs.watch("a")  # started by iterating, entered after: fine
+        assert (await anext(w)).value == b"1"
+        async with w:
+            pass
+        assert w.done
+
+    def script() -> list[Any]:
+        with SyncKVS(uri=inst.uri(0)) as skvs:
+            sw = skvs.watch("a")
+            with sw:
+                seen = [next(sw).value]
+            try:
+                with sw:
+                    pass
+            except RuntimeError as exc:
+                seen.append(str(exc))
+            return seen
+
+    seen = await asyncio.wait_for(asyncio.to_thread(script), T)
+    assert seen[0] == b"1" and "has ended" in seen[1]
+
+
+async def test_watch_entry_json_says_why_there_is_no_value(start_instance: Any,
+                                                           connect: Any) -> None:
+    inst = await start_instance(size=1)
+    kvs = KVS(await connect(inst, 0))
+    async with asyncio.timeout(T):
+        await kvs.put("j", {"x": 1})
+        await kvs.put("t", "not json")
+        await kvs.put("d.e", 1)
+        async with kvs.watch("j", deletes=True) as w:
+            assert (await anext(w)).json() == {"x": 1}
+            await kvs.unlink("j")
+            gone = await anext(w)
+        assert gone.removed
+        with pytest.raises(ValueError, match=rf"^j: removed at version {gone.rootseq}: "):
+            gone.json()
+        async with kvs.watch("d", treeobj=True) as w:
+            entry = await anext(w)
+        with pytest.raises(ValueError, match="^d: a dirref, not a value"):
+            entry.json()
+        with pytest.raises(ValueError, match="^t: not JSON"):
+            (await kvs.wait_create("t")).json()
