@@ -67,6 +67,7 @@ from typing import (
 
 from broker.errors import ErrnoError, RemoteError
 from broker.handle import Connecting
+from broker.message import NODEID_ANY
 from broker.sync import DEFAULT, Default
 from kvs import eventlog, treeobj
 from kvs.diff import Change
@@ -250,6 +251,13 @@ def check_key(key: object) -> None:
     """``TypeError`` unless ``key`` is a str (API misuse, refused before any I/O)."""
     if not isinstance(key, str):
         raise TypeError(f"key must be a str, not {type(key).__name__}")
+
+
+def _need_keys(what: str, keys: tuple[str, ...]) -> None:
+    """``ValueError`` for a call given no key (before any I/O)."""
+    if not keys:
+        raise ValueError(f"{what} needs at least one key (none was given: nothing to do, "
+                         "and an empty commit would still make a new version)")
 
 
 def kind(obj: TreeObj) -> str:
@@ -969,7 +977,10 @@ class KVS:
         return await self.commit(TxnOps().append(key, value), SYNC if sync else 0)
 
     async def mkdir(self, *keys: str) -> CommitResult:
-        """Make each key an empty directory, in one transaction."""
+        """Make each key an empty directory, in one transaction.  No key is a
+        ``ValueError`` (as ``kvbroker kvs mkdir``'s usage error): an empty
+        transaction would still make a new version."""
+        _need_keys("mkdir", keys)
         t = TxnOps()
         for key in keys:
             t.mkdir(key)
@@ -1006,9 +1017,12 @@ class KVS:
 
         Like ``flux kvs unlink``: a missing key is ``ENOENT`` unless ``force``;
         a non-empty directory is ``ENOTEMPTY`` unless ``recursive``; the root
-        (``.``) is ``EINVAL``.  Use
+        (``.``) is ``EINVAL``.  No key is a ``ValueError`` (as ``kvbroker
+        kvs unlink``'s usage error, and Flux's): an empty transaction would
+        still make a new version.  Use
         :meth:`TxnOps.unlink` for the unchecked operation.
         """
+        _need_keys("unlink", keys)
         t = TxnOps()
         for key in keys:
             if await self.unlinkable(key, recursive=recursive, force=force):
@@ -1199,18 +1213,22 @@ class KVS:
         """The namespace's current version (``rootseq``) on this rank."""
         return (await self.getroot()).rootseq
 
-    async def wait_create(self, key: str, timeout: float | None = None) -> WatchEntry:
+    async def wait_create(self, key: str, timeout: float | None = None, *,
+                          nodeid: int | None = None) -> WatchEntry:
         """The value of ``key`` once it exists (at once if it does):
         :func:`kvs_watch.client.wait_create` in this namespace, which waits
         for the namespace too.  With ``timeout`` (seconds) it gives up after
         that long, cancelling the watch, and raises ``TimeoutError`` naming
         the key and the namespace (as :func:`kvs_watch.client.wait_event`
-        does: a bare ``TimeoutError()`` says nothing in a traceback)."""
+        does: a bare ``TimeoutError()`` says nothing in a traceback).
+        ``nodeid``: the rank whose kvs-watch waits (default: this one), as
+        for :meth:`wait_event`."""
         from kvs_watch.client import wait_create
 
         try:
             async with asyncio.timeout(timeout) as bound:
-                return await wait_create(self.handle, key, namespace=self.namespace)
+                return await wait_create(self.handle, key, namespace=self.namespace,
+                                         nodeid=NODEID_ANY if nodeid is None else nodeid)
         except TimeoutError:
             if timeout is None or not bound.expired():
                 raise  # (not this timeout's)
@@ -1625,8 +1643,9 @@ class SyncKVS:
     def version(self) -> int:
         return self.run(self.aio.version())
 
-    def wait_create(self, key: str, timeout: float | None = None) -> WatchEntry:
-        return self.run(self.aio.wait_create(key, timeout), None)
+    def wait_create(self, key: str, timeout: float | None = None, *,
+                    nodeid: int | None = None) -> WatchEntry:
+        return self.run(self.aio.wait_create(key, timeout, nodeid=nodeid), None)
 
     def wait_version(self, version: int, timeout: float | None = None) -> int:
         # the rank gives up first and forgets the wait, and the async call

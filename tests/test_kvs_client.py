@@ -454,6 +454,14 @@ async def test_unlink_checks(start_instance, connect) -> None:
         assert res.rootseq == v + 1  # one transaction
         await kvs.unlink("u.full", recursive=True)
         assert list(await kvs.dir("u")) == []
+        # no key at all: a ValueError before anything is sent (as the CLI's
+        # usage error), not an empty commit that makes a new version
+        v = await kvs.version()
+        with pytest.raises(ValueError, match="^unlink needs at least one key"):
+            await kvs.unlink(force=True)
+        with pytest.raises(ValueError, match="^mkdir needs at least one key"):
+            await kvs.mkdir()
+        assert await kvs.version() == v
 
 
 async def test_copy_move_across_namespaces(start_instance, connect) -> None:
@@ -957,6 +965,26 @@ async def test_wait_create_waits_for_the_key_and_its_namespace(start_instance, c
         with SyncKVS(uri=inst.uri(1), namespace="later") as skvs:
             return skvs.wait_create("job.state", timeout=T).value
     assert await asyncio.to_thread(blocking) == b"run"
+
+
+async def test_wait_create_on_another_rank(start_instance, connect) -> None:
+    """KVS.wait_create(nodeid=N), as wait_event's: the wait is served by
+    rank N's kvs-watch, not the handle's rank."""
+    inst = await start_instance(size=2)
+    h0 = await connect(inst, 0)
+    kvs = KVS(h0)
+    async with asyncio.timeout(T):
+        waiting = asyncio.ensure_future(kvs.wait_create("job.far", nodeid=1))
+        await wait_watchers(h0, 1, nodeid=1)
+        await wait_watchers(h0, 0, nodeid=0)
+        await kvs.put("job.far", "here")
+        assert (await waiting).value == b"here"
+        await wait_watchers(h0, 0, nodeid=1)
+
+    def blocking() -> bytes | None:
+        with SyncKVS(uri=inst.uri(0)) as skvs:
+            return skvs.wait_create("job.far", timeout=T, nodeid=1).value
+    assert await asyncio.to_thread(blocking) == b"here"
 
 
 
