@@ -457,9 +457,12 @@ async def test_a_sync_watch_left_by_a_timeout_does_not_wait_for_a_stuck_rank(
             kvs.put("w.stuck", 1)
             kvs.wait_version(kvs.version(), timeout=10)  # (rank 1 serves it too)
             try:
-                with kvs.watch("w.stuck", timeout=0.5, nodeid=1) as w:
+                # (the first answer is waited for as long as it takes: a
+                # rank descheduled 0.5 s on a loaded machine is no stuck rank)
+                with kvs.watch("w.stuck", timeout=30, nodeid=1) as w:
                     first = next(w).value
                     asyncio.run_coroutine_threadsafe(stop_process(pid), loop).result(10)
+                    w.timeout = 0.5  # (each next() from here on)
                     t0 = time.monotonic()
                     next(w)
             except TimeoutError as exc:
