@@ -28,6 +28,7 @@ from broker.handle import Handle
 from broker.launch import free_tcp_ports
 from broker.message import Message, MsgType
 from broker.overlay import HELLO_UNREACHED_WARN, hello_hostname
+from kvs.client import KVS
 
 START = 30.0
 
@@ -313,6 +314,31 @@ async def test_rank_0_without_a_statedir_leaves_no_store_in_its_rundir(
     rank.proc.send_signal(signal.SIGTERM)
     assert await exit_codes([rank], tmp_path) == [0]
     assert sorted(p.name for p in rank.rundir.iterdir()) == []
+
+
+async def test_rank_0_without_a_statedir_starts_without_a_killed_one_s_store(
+        tmp_path: Path, brokers) -> None:
+    """A rank 0 killed (SIGKILL) cannot remove its store from the --rundir
+    it was given; the next rank 0 on that directory opened the file and
+    kept serving from it -- every old value's copy lived on, and grew with
+    each such restart.  Now it starts from an empty store."""
+    config = await keyed_config(tmp_path, 1, 2)
+    first = await brokers(config, 0)
+    uri = await first.ready()
+    async with await Handle.connect(uri) as h:
+        kvs = KVS(h)
+        await kvs.put("secret", "v" * 4096, sync=True)  # (a blob, not inline)
+        ref = (await kvs.get_treeobj("secret"))["data"][0]
+        assert (await h.rpc("content.load", {"blobref": ref}))["data"] == b"v" * 4096
+    first.proc.kill()
+    assert await exit_codes([first], tmp_path) == [-signal.SIGKILL]
+    assert (first.rundir / "content.sqlite").exists()  # (nothing ran to remove it)
+    second = await brokers(config, 0, "--rundir", str(first.rundir))
+    async with await Handle.connect(await second.ready()) as h:
+        with pytest.raises(RemoteError) as missing:
+            await h.rpc("content.load", {"blobref": ref})
+        assert missing.value.errnum == errno.ENOENT
+        assert await KVS(h).get("secret", None) is None
 
 
 async def test_a_rank_without_the_instance_keys_stops_with_status_3(tmp_path: Path,

@@ -366,6 +366,13 @@ class ContentModule(Module):
             path = os.path.join(directory, STORE_FILE)
             try:
                 self.backing = await self.db(SqliteStore, path)
+                if not statedir and await self.db(self.backing.max_rowid):
+                    # A rank 0 killed before its stop removed it (a --rundir
+                    # it was given): nothing is kept without a statedir, and
+                    # reused, the old copy of every value lived on and grew.
+                    await self.db(self.backing.close)
+                    _remove_store(path)
+                    self.backing = await self.db(SqliteStore, path)
                 self.rowids.note(await self.db(self.backing.max_rowid))
             except StoreLocked:
                 if not statedir:
@@ -416,9 +423,7 @@ class ContentModule(Module):
                 # Nothing is kept without a statedir: a run directory the
                 # rank was given (kvbroker broker --rundir) outlives it, and
                 # the file (a copy of every value) was left there.
-                for suffix in ("", "-wal", "-shm"):
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(self.backing.path + suffix)
+                _remove_store(self.backing.path)
         if self._executor is not None:
             self._executor.shutdown(wait=True)
         if failed is not None:
@@ -1388,6 +1393,13 @@ class ContentModule(Module):
                         # why writes that add data are refused, while they are
                         "refusing": self.refusing})
         return out
+
+
+def _remove_store(path: str) -> None:
+    """Remove the SQLite file at ``path`` and its WAL and shared-memory files."""
+    for suffix in ("", "-wal", "-shm"):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path + suffix)
 
 
 def store_error(exc: BaseException, doing: str) -> ErrnoError:
