@@ -321,3 +321,12 @@ def check_names(attrs: Mapping[str, Any], known: set[str], owned: Iterable[str])
             close = difflib.get_close_matches(name, sorted(known), n=1)
             hint = f" (did you mean {close[0]}?)" if close else ""
             raise AttrError(f"{name}: unknown attribute{hint}")
+
+
+def rank_hostname(attrs: Mapping[str, Any]) -> str:
+    """The host name a rank goes by (its entry, its hello, its ``hostname``
+    attribute): ``-S hostname=NAME`` if given (as Flux's, to try a
+    multi-host set-up on one machine), else this host's."""
+    import socket
+
+    return str(attrs.get("hostname") or socket.gethostname())

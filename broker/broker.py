@@ -7,7 +7,6 @@ import errno
 import logging
 import os
 import resource
-import socket
 import time
 from typing import Any
 
@@ -67,10 +66,7 @@ class Broker:
         # bad value is a start-up failure), then what the instance set.
         self.attrs: dict[str, Any] = {s.name: s.default for s in battrs.BROKER_ATTRS}
         self.attrs.update(attrs or {})
-        # the name this rank goes by (its hello says it): its host's, or
-        # what -S hostname=NAME says (as Flux's, to try a multi-host set-up
-        # on one machine)
-        hostname = str(self.attrs.get("hostname") or socket.gethostname())
+        hostname = battrs.rank_hostname(self.attrs)
         self.hosts = hosts
         """Each rank's host, by rank, from a bootstrap file (None: every
         rank runs on this host, ``kvbroker start``)."""

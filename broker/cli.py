@@ -326,7 +326,6 @@ def cmd_broker(args: argparse.Namespace) -> int:
     other ranks ignore it, so every host may share one command line."""
     import json
     import shutil
-    import socket
 
     from broker import attrs as battrs
     from broker import bootstrap
@@ -338,8 +337,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
     try:
         boot = bootstrap.load(args.config)
         attrs = {**boot.attrs, **dict(args.setattr or []), battrs.TRANSPORT.name: "tcp"}
-        # the name this rank goes by: its host's, or -S hostname=NAME (as Flux's)
-        hostname = str(attrs.get("hostname") or socket.gethostname())
+        hostname = battrs.rank_hostname(attrs)
         if hello_hostname({"hostname": hostname}) is None:  # (its hello would say none)
             raise bootstrap.BootstrapError(
                 f"hostname {hostname!r} is not a host name (letters, digits, '.', '-', "

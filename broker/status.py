@@ -159,9 +159,9 @@ async def gather(h: Handle, timeout: float = 2.0) -> tuple[list[RankStatus], int
     # answers, and a health check that waits for ever checks nothing)
     try:
         async with asyncio.timeout(timeout):
-            size = int(await h.attr_get("size"))
-            fanout = int(await h.attr_get("fanout"))
-            hostlist = str(await h.attr_get("hostlist"))
+            got = await asyncio.gather(*(h.attr_get(name)
+                                         for name in ("size", "fanout", "hostlist")))
+            size, fanout, hostlist = int(got[0]), int(got[1]), str(got[2])
     except TimeoutError:
         raise TimeoutError(f"the attached rank did not answer in {timeout:g}s "
                            "(stopped or hung?)") from None
