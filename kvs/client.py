@@ -159,14 +159,7 @@ default before it raises the conflict's ``ECANCELED``."""
 
 
 class _Delete:
-    """The type of :data:`DELETE`."""
-
-    _instance: _Delete | None = None
-
-    def __new__(cls) -> _Delete:
-        if cls._instance is None:
-            cls._instance = super().__new__(cls)
-        return cls._instance
+    """The type of :data:`DELETE` (one instance, made here)."""
 
     def __repr__(self) -> str:
         return "DELETE"
