@@ -160,3 +160,20 @@ async def test_sync_update(start_instance) -> None:
             return [first.value, second.value, kvs.get("c"), second.tries]
 
     assert await asyncio.wait_for(asyncio.to_thread(script), T) == [5, 10, b"10", 1]
+
+
+async def test_a_herd_of_updates_started_at_once_all_land(start_instance, connect) -> None:
+    """Updates that read together conflict together: retried at once, they
+    went in lock-step, one winning per round, so the last of W needed W
+    tries and, past ``UPDATE_RETRIES + 1`` of them, gave up with
+    ``ECANCELED``.  The random wait before a retry spreads them out."""
+    inst = await start_instance(size=1)
+    kvs = KVS(await connect(inst, 0))
+    await kvs.put("counter", 0)
+    writers = 2 * UPDATE_RETRIES
+    async with asyncio.timeout(T):
+        done = await asyncio.gather(*(kvs.update("counter", _plus_one)
+                                      for _ in range(writers)), return_exceptions=True)
+    failed = [r for r in done if isinstance(r, BaseException)]
+    assert not failed, f"{len(failed)} of {writers} updates failed: {failed[0]!r}"
+    assert await kvs.get_str("counter") == str(writers)
