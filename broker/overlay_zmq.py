@@ -123,7 +123,7 @@ def bind_failure(endpoint: str, errnum: int) -> str:
     that says what to check -- not ZeroMQ's ``ZMQError: Address already in
     use (addr=...)``: a second copy of a running rank, or a port another
     program holds, is what an operator meets (the rank exits 1)."""
-    what = f"cannot bind {endpoint}, where this rank's children connect: {os.strerror(errnum)}"
+    what = f"cannot bind {endpoint}, where this rank's children connect: {zmq.strerror(errnum)}"
     if errnum == errno.EADDRINUSE:
         return (f"{what} (another process holds it: this rank already running on this "
                 "host, or another program on that port)")

@@ -326,3 +326,14 @@ async def test_a_hello_from_the_same_process_on_a_new_connection_replaces_nothin
         assert not await first.poll(0)
     assert "said hello again on a new connection: dropping its old one" in caplog.text
     assert caplog.text.count("said hello again from a new process") == 1
+
+
+def test_a_bind_failure_names_zeromqs_own_errors() -> None:
+    """ZeroMQ's own errnos (past the system's) are named, not "Unknown
+    error 156384764": the operator reads this line and nothing else."""
+    from broker.overlay_zmq import bind_failure
+
+    line = bind_failure("tcp://10.0.0.1:8050", zmq.ENOCOMPATPROTO)
+    assert "The protocol is not compatible with the socket type" in line
+    assert "Unknown error" not in line
+    assert "Address already in use" in bind_failure("tcp://10.0.0.1:8050", errno.EADDRINUSE)
