@@ -274,9 +274,11 @@ class ContentModule(Module):
         self.store_quota = 0
         """``content.store-quota-bytes`` with a statedir (0: none)."""
         self._used_base = 0
-        """The store's data (its file less its free pages, plus the backlog)
-        at the last measure, less :attr:`stored_total` then: the data now is
-        this plus :attr:`stored_total`."""
+        """The store's data (its pages in use, WAL included, plus the
+        backlog) at the last measure, less :attr:`stored_total` then: the
+        data now is this plus :attr:`stored_total`.  (Its file less its free
+        pages, as first measured, missed the blobs still in the WAL: a store
+        at its quota took one more write after a measure.)"""
         self.refusing: str | None = None
         """Why writes that add data are refused (below the reserve), or None."""
         self._small_spent = 0
@@ -431,7 +433,7 @@ class ContentModule(Module):
 
     # ------------------------------------------------------------ disk space
 
-    def _space(self) -> tuple[int, int, int, int, int]:
+    def _space(self) -> tuple[int, int, int, int, int, int]:
         """(The SQLite thread) (bytes free on the store's file system, its
         size, :meth:`SqliteStore.space`)."""
         assert self.backing is not None
@@ -447,7 +449,7 @@ class ContentModule(Module):
         self._written_since_measure = 0
         self._measuring = True
         try:
-            free, total, used, wal, free_pages = await self.db(self._space)
+            free, total, used, wal, free_pages, in_use = await self.db(self._space)
         finally:
             self._measuring = False
         self.disk_free, self.store_bytes, self.store_free = free, used, free_pages
@@ -457,8 +459,7 @@ class ContentModule(Module):
         # accepted after this are counted twice too (room_left).
         self._room_base = (free + free_pages - wal - 2 * self.backlog_bytes
                            + 2 * self.stored_total)
-        self._used_base = (used - wal - free_pages + self.backlog_bytes
-                           - self.stored_total)
+        self._used_base = in_use + self.backlog_bytes - self.stored_total
         self._note_room()
         return int(total)
 

@@ -219,18 +219,25 @@ class SqliteStore:
         pages = int(self.db.execute("PRAGMA page_count").fetchone()[0])
         return pages * size, self.free_bytes()
 
-    def space(self) -> tuple[int, int, int]:
+    def space(self) -> tuple[int, int, int, int]:
         """(bytes the store takes on disk: its file and its WAL; of them, the
-        WAL's; bytes of the file held by free pages).  The WAL keeps its
-        largest size once grown, and what it holds not yet copied into the
-        file will need as much room again there."""
+        WAL's; bytes of the file held by free pages; bytes of the pages in
+        use).  The WAL keeps its largest size once grown, and what it holds
+        not yet copied into the file will need as much room again there.
+        The pages in use are the database's as SQLite reads it, WAL
+        included: the file alone lacks the blobs whose frames are still in
+        the WAL (until a checkpoint copies them), which is all of them
+        while the WAL is under its checkpoint size."""
         sizes = []
         for name in (self.path, self.path + "-wal"):
             try:
                 sizes.append(os.stat(name).st_blocks * 512)
             except FileNotFoundError:
                 sizes.append(0)
-        return sum(sizes), sizes[1], self.free_bytes()
+        page = int(self.db.execute("PRAGMA page_size").fetchone()[0])
+        free = int(self.db.execute("PRAGMA freelist_count").fetchone()[0])
+        pages = int(self.db.execute("PRAGMA page_count").fetchone()[0])
+        return sum(sizes), sizes[1], free * page, (pages - free) * page
 
     def count(self) -> int:
         return int(self.db.execute("SELECT COUNT(*) FROM objects").fetchone()[0])
