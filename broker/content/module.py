@@ -278,7 +278,7 @@ class ContentModule(Module):
         backlog) at the last measure, less :attr:`stored_total` then: the
         data now is this plus :attr:`stored_total`.  (Its file less its free
         pages, as first measured, missed the blobs still in the WAL: a store
-        at its quota took one more write after a measure.)"""
+        with a 2 MB quota took 3 MB of writes when measured between them.)"""
         self.refusing: str | None = None
         """Why writes that add data are refused (below the reserve), or None."""
         self._small_spent = 0
