@@ -264,13 +264,23 @@ def uid_int(text: str) -> int:
 
 
 def positive_float(text: str) -> float:
-    """argparse ``type`` for timeouts: a finite number of seconds above 0.
-    A timeout of 0 or less would expire before any answer could come: every
-    rank "lost", an event "never" received -- a mistake, not a request."""
+    """argparse ``type`` for timeouts: a finite number of seconds above 0,
+    bare or with a unit as Flux's durations (RFC 23: ``500ms``, ``2s``,
+    ``1.5m``, ``1h``, ``1d``), which its commands take where ours take
+    seconds (``flux kvs eventlog wait-event -t 5s``).  A timeout of 0 or
+    less would expire before any answer could come: every rank "lost", an
+    event "never" received -- a mistake, not a request."""
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid number of seconds: {text!r}") from None
+        from broker.attrs import duration  # (only for a unit: keeps the CLI's start light)
+
+        try:
+            value = duration(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"invalid number of seconds: {text!r} (or a duration: 500ms, 2s, 1m, 1h, "
+                "1d)") from None
     if not (value > 0 and math.isfinite(value)):
         raise argparse.ArgumentTypeError(f"must be a positive number of seconds: {text}")
     return value

@@ -1594,7 +1594,8 @@ def register(subparsers: Any) -> None:
     _ns(e)
     e.add_argument("-W", "--waitcreate", action="store_true", help="wait for KEY to exist")
     e.add_argument("-t", "--timeout", type=positive_float, metavar="SECONDS",
-                   help="give up after this many seconds (more than 0)")
+                   help="give up after this many seconds (more than 0; or a duration: "
+                        "500ms, 5s, 2m)")
     e.add_argument("-q", "--quiet", action="store_true", help="do not print the event")
     e.add_argument("-v", "--verbose", action="store_true",
                    help="print every event up to the one awaited")

@@ -646,6 +646,12 @@ async def test_usage_errors_show_the_subcommands_usage() -> None:
      "argument -t/--timeout: must be a positive number of seconds: -1"),
     (("kvs", "eventlog", "wait-event", "-t", "nan", "log", "start"),
      "argument -t/--timeout: must be a positive number of seconds: nan"),
+    # a Flux duration's unit is read (-t 2m), an unknown one is not
+    (("kvs", "eventlog", "wait-event", "-t", "5x", "log", "start"),
+     "argument -t/--timeout: invalid number of seconds: '5x' (or a duration: 500ms, 2s, "
+     "1m, 1h, 1d)"),
+    (("kvs", "eventlog", "wait-event", "-t", "0ms", "log", "start"),
+     "argument -t/--timeout: must be a positive number of seconds: 0ms"),
     (("overlay", "status", "--timeout", "-1"),
      "argument --timeout/-t: must be a positive number of seconds: -1"),
     (("overlay", "status", "--timeout", "0"),
