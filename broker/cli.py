@@ -643,8 +643,9 @@ def cmd_dmesg(args: argparse.Namespace) -> int:
     """``flux dmesg``: print the log records a rank keeps (``log.ring-size``
     of them, at ``log.ring-level``), oldest first; with ``--all`` every
     rank's, merged by time; ``--follow`` then prints new ones as they come,
-    until interrupted; ``--clear`` forgets them, ``--read-clear`` after
-    printing them (only those printed)."""
+    until interrupted (``--new``: without printing those kept first);
+    ``--clear`` forgets them, ``--read-clear`` after printing them (only
+    those printed)."""
     args.what = "dmesg"
 
     async def main() -> int:
@@ -658,16 +659,19 @@ def cmd_dmesg(args: argparse.Namespace) -> int:
                 await each_rank("dmesg", ranks, lambda r: h.rpc("log.clear", {}, nodeid=r))
                 return 1 if lost else 0
             kept = await each_rank("dmesg", ranks, lambda r: _read_log(h, r))
-            for entry in sorted((e for entries in kept for e in entries),
+            # (--new: none printed, but read all the same: a follow goes on
+            # from each rank's last record)
+            shown = [[] for _ in kept] if args.new else kept
+            for entry in sorted((e for entries in shown for e in entries),
                                 key=lambda e: (e["time"], e["rank"], e["seq"])):
                 print(logring.line(entry), flush=args.follow)
-            if args.follow:  # (from each rank's last record printed: none lost or repeated)
+            if args.follow:  # (from each rank's last record read: none lost or repeated)
                 await _follow_logs(h, {r: entries[-1]["seq"] if entries else 0
                                        for r, entries in zip(ranks, kept, strict=True)})
                 return 0
             if args.read_clear:  # (only what was printed: not what came since)
                 last = {r: entries[-1]["seq"]
-                        for r, entries in zip(ranks, kept, strict=True) if entries}
+                        for r, entries in zip(ranks, shown, strict=True) if entries}
                 await each_rank("dmesg", list(last),
                                  lambda r: h.rpc("log.clear", {"seq": last[r]}, nodeid=r))
         return 1 if lost else 0
@@ -737,14 +741,28 @@ async def _follow_logs(h: Handle, since: dict[int, int]) -> None:
             task.cancel()
 
 
+SEVERITIES = {"debug": "debug", "info": "info", "warning": "warning", "error": "error",
+              # flux logger's (syslog's) other names, at the nearest level kept here
+              "notice": "info", "err": "error", "crit": "error",
+              "alert": "error", "emerg": "error"}
+"""``logger --severity``: a rank's levels, and Flux's names for them."""
+
+
 def cmd_logger(args: argparse.Namespace) -> int:
     """``flux logger``: write MESSAGE to a rank's log (its stderr at
     ``log.level``, its ring for ``dmesg`` at ``log.ring-level``)."""
     args.what = "logger"
+    if args.message:
+        # (a note for people: a stray byte is shown as U+FFFD rather than the
+        # note lost, as Flux logs it; names, keys and topics are refused so)
+        message = " ".join(os.fsencode(word).decode("utf-8", "replace")
+                           for word in args.message)
+    else:  # (as flux logger: the message is what standard input holds)
+        message = sys.stdin.buffer.read().decode("utf-8", "replace").replace("\0", "\ufffd")
 
     async def main() -> int:
         async with await connect() as h:
-            await h.log(" ".join(args.message), args.severity, args.appname,
+            await h.log(message, SEVERITIES[args.severity], args.appname,
                         nodeid=_nodeid(args.rank))
         return 0
 
@@ -992,6 +1010,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                       help="forget the records kept (print nothing)")
     what.add_argument("--read-clear", "-c", action="store_true",
                       help="print the records kept, then forget them")
+    s.add_argument("--new", "-n", action="store_true",
+                   help="leave out the records kept: with --follow, only those logged "
+                   "from now on (as flux dmesg --new)")
     s.add_argument("-t", "--timeout", type=positive_float, dest="rank_timeout",
                    metavar="SECONDS",
                    help="leave out (naming it; exit 1) a rank that does not answer in "
@@ -999,9 +1020,13 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_dmesg)
 
     s = sub.add_parser("logger", help="write a message to a rank's log (as flux logger)")
-    s.add_argument("message", nargs="+")
-    s.add_argument("--severity", "-s", default="info", type=str.lower,
-                   choices=("debug", "info", "warning", "error"))
+    s.add_argument("message", nargs="*", metavar="MESSAGE",
+                   help="the words to log, joined by spaces (none: standard input, "
+                   "as flux logger)")
+    s.add_argument("--severity", "-s", default="info", type=str.lower, metavar="LEVEL",
+                   choices=tuple(SEVERITIES),
+                   help="debug, info (the default), warning or error; Flux's notice "
+                   "is info here, and err, crit, alert and emerg are error")
     s.add_argument("--appname", "-n", default="logger", help="the name the line carries")
     s.add_argument("--rank", "-r", type=rank_int, metavar="N",
                    help="log on rank N (default: the rank attached to)")

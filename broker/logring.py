@@ -47,9 +47,12 @@ def clip(text: str) -> str:
 
 
 def _lines(text: str) -> list[str]:
-    """``text``'s lines, its trailing line breaks dropped (as Flux's stdlog
-    drops a message's trailing ``\\r``/``\\n``): at least one, maybe empty."""
-    return text.rstrip("\r\n").splitlines() or [""]
+    """``text``'s lines but the empty ones, at least one (maybe empty): Flux
+    logs each line of a message as a record of its own and skips the empty
+    ones (its stdlog drops the line breaks at the start of what follows a
+    line), so a blank line made no line of ``flux dmesg`` but one of bare
+    prefix here.  Trailing line breaks are dropped so too."""
+    return [line for line in text.splitlines() if line] or [""]
 
 
 class PrefixedFormatter(logging.Formatter):
