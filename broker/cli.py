@@ -34,6 +34,7 @@ from broker.cliutil import (
     command_args,
     connect,
     dumps,
+    duration_arg,
     each_rank,
     errno_detail,
     json_arg,
@@ -44,6 +45,7 @@ from broker.cliutil import (
     rank_int,
     rank_set,
     run_async,
+    size_int,
     write_out,
 )
 from broker.command import STOP_SIGNALS, STOP_TIMEOUT
@@ -464,6 +466,8 @@ def cmd_ping(args: argparse.Namespace) -> int:
                 ms = (time.perf_counter() - t0) * 1000
                 print(f"rank={resp['rank']} route={'!'.join(resp['route'])} seq={i} "
                       f"time={ms:.3f} ms", flush=True)
+                if args.interval and i + 1 != args.count:
+                    await asyncio.sleep(args.interval)  # (-i: the pace asked for)
         return 0
 
     return run_async(args, main)
@@ -920,8 +924,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                    help="the rank to ping (default: the one attached to)")
     s.add_argument("--count", "-c", type=non_negative_int, default=1, metavar="N",
                    help="pings to send, one after the other (default 1; 0: until Ctrl-C)")
-    s.add_argument("--pad", "-p", type=non_negative_int, default=0, metavar="BYTES",
-                   help="payload padding per ping (default 0)")
+    s.add_argument("--pad", "-p", type=size_int, default=0, metavar="BYTES",
+                   help="payload padding per ping, in bytes or with K, M or G, as "
+                   "flux ping's (default 0; at most 1G)")
+    s.add_argument("--interval", "-i", type=duration_arg, default=0.0, metavar="SECONDS",
+                   help="wait SECONDS between pings, or with a unit: 100ms (default 0: "
+                   "back to back; flux ping waits 1s)")
     s.add_argument("--timeout", "-t", type=positive_float, dest="ping_timeout",
                    metavar="SECONDS", help="give up when a ping is not answered in SECONDS "
                    "(exit 1; default: wait as long as the rank takes)")

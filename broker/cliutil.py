@@ -9,6 +9,7 @@ import errno
 import json
 import math
 import os
+import re
 import sys
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, NoReturn, TypeVar
@@ -105,6 +106,34 @@ def non_negative_int(text: str, maximum: int = (1 << 63) - 1) -> int:
     if value > maximum:
         raise argparse.ArgumentTypeError(f"must be at most {maximum}: {value}")
     return value
+
+
+_SIZE_SCALE = {"": 1, "k": 1 << 10, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def size_int(text: str, maximum: int = 1 << 30) -> int:
+    """argparse ``type`` for a size in bytes, with Flux's binary suffixes
+    (``1024``, ``10K``, ``1M``, ``1G``; ``k`` is ``K``), at most ``maximum``
+    (default 1 GiB, the largest message a rank takes)."""
+    m = re.fullmatch(r"([0-9]+)([kKMG]?)", text.strip())
+    if m is None:
+        raise argparse.ArgumentTypeError(
+            f"invalid size: {text!r} (bytes, or with K, M or G: 10K, 1M)")
+    value = int(m.group(1)) * _SIZE_SCALE[m.group(2)]
+    if value > maximum:
+        raise argparse.ArgumentTypeError(f"must be at most {maximum}: {text}")
+    return value
+
+
+def duration_arg(text: str) -> float:
+    """argparse ``type`` for a duration of 0 or more: seconds, or with a unit
+    as Flux's (``ms``, ``s``, ``m``, ``h``, ``d``: ``0.5``, ``100ms``)."""
+    from broker.attrs import duration  # (the attributes' parser: only when asked)
+
+    try:
+        return duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 MAX_RANK = 0xFFFFFFFD
