@@ -578,9 +578,13 @@ def cmd_event(args: argparse.Namespace) -> int:
     async def main() -> int:
         async with await connect() as h:
             if args.event_cmd == "pub":
+                if args.loopback:  # (before it is published: it cannot pass unseen)
+                    await h.subscribe(args.topic)
                 seq = await h.publish(args.topic, args.payload, private=args.private)
                 if args.verbose:
-                    print(seq)
+                    print(seq, flush=True)
+                while args.loopback and (await h.recv_event()).seq != seq:
+                    pass  # (another event under the same prefix)
                 return 0
             for prefix in args.prefixes or [""]:
                 await h.subscribe(prefix)
@@ -940,9 +944,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     e = esub.add_parser("pub", help="publish one event")
     e.add_argument("topic", metavar="TOPIC")
     e.add_argument("payload", nargs="?", type=json_arg, metavar="PAYLOAD-JSON")
-    e.add_argument("--private", action="store_true",
+    e.add_argument("--private", "-p", action="store_true",
                    help="deliver it only to the instance owner and its publisher's user")
     e.add_argument("-v", "--verbose", action="store_true", help="print the sequence number")
+    e.add_argument("--loopback", "-l", action="store_true",
+                   help="exit once the event has come back to this rank, which has "
+                   "passed it to its subscribers (as flux event pub -l)")
     e = esub.add_parser("sub", help="print events whose topic starts with a PREFIX")
     e.add_argument("--count", "-c", type=non_negative_int, metavar="N",
                    help="exit after N events (default, or 0: until Ctrl-C)")
