@@ -792,15 +792,26 @@ def cmd_stats(args: argparse.Namespace) -> int:
 def cmd_content(args: argparse.Namespace) -> int:
     args.what = f"content {args.content_cmd}"
 
+    refs: list[str] = []
+    if args.content_cmd == "load":
+        # As flux content load: the blobrefs named, else one a line on stdin
+        # (what ``content store`` printed), each blob written in that order.
+        refs = args.blobref or sys.stdin.read().split()
+        if not refs:
+            raise UsageError("no blobrefs were given (as arguments or on standard input)")
+
     async def main() -> int:
         async with await connect() as h:
             if args.content_cmd == "load":
-                resp = await h.rpc("content.load", {"blobref": args.blobref})
-                write_out(resp["data"])
-            else:
+                for ref in refs:
+                    resp = await h.rpc("content.load", {"blobref": ref})
+                    write_out(resp["data"])
+            elif args.content_cmd == "store":
                 data = sys.stdin.buffer.read()
                 resp = await h.rpc("content.store", {"data": data})
                 print(resp["blobref"])
+            else:  # flush, dropcache: this rank's content module
+                await h.rpc(f"content.{args.content_cmd}", {})
         return 0
 
     return run_async(args, main)
@@ -1054,11 +1065,24 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     add_answer_timeout(s)
     s.set_defaults(func=cmd_stats)
 
-    s = sub.add_parser("content", help="load or store raw blobs")
+    s = sub.add_parser("content", help="load or store raw blobs, flush or drop the cache")
     csub = s.add_subparsers(dest="content_cmd", required=True)
-    c = csub.add_parser("load")
-    c.add_argument("blobref")
-    csub.add_parser("store")
+    c = csub.add_parser("load", help="write blobs to stdout",
+                        description="Write each blob to standard output, in order; "
+                        "without BLOBREF, read the blobrefs from standard input "
+                        "(whitespace-separated, as content store prints them).")
+    c.add_argument("blobref", nargs="*", metavar="BLOBREF")
+    c = csub.add_parser("store", help="store stdin as one blob; print its blobref")
+    c = csub.add_parser("flush", help="write every blob stored so far to the backing store",
+                        description="Return once every blob stored so far is in rank 0's "
+                        "SQLite file, on stable storage (as flux content flush); fails "
+                        "with the store's error (No space left on device...) if that "
+                        "cannot be done.")
+    c = csub.add_parser("dropcache", help="drop this rank's cached blobs",
+                        description="Drop the blobs this rank's content cache holds "
+                        "(those not yet written to the backing store stay), as flux "
+                        "content dropcache; run it with kvbroker exec -r RANK for "
+                        "another rank.")
     s.set_defaults(func=cmd_content)
 
     if command is None or command not in sub.choices:
