@@ -302,6 +302,12 @@ def describe(exc: BaseException) -> str:
     """``exc`` in one line: its message, with its type when that says more."""
     if isinstance(exc, ErrnoError):
         return exc.errstr  # a service's message (a RemoteError's str leads with its errno)
+    if isinstance(exc, OSError) and exc.strerror and exc.filename is not None:
+        # "PATH: Permission denied", as the other start-up errors name a
+        # path -- not "[Errno 13] Permission denied: 'PATH'"
+        names = [exc.filename, exc.filename2] if exc.filename2 is not None else [exc.filename]
+        shown = [os.fsdecode(n) if isinstance(n, (str, bytes)) else str(n) for n in names]
+        return f"{' -> '.join(shown)}: {exc.strerror}"
     if isinstance(exc, (LookupError, ImportError, OSError, ValueError)):
         return str(exc) or type(exc).__name__
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__

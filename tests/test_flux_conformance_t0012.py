@@ -115,3 +115,17 @@ async def test_t0012_a_damaged_store_fails_start(start_instance, tmp_path) -> No
     text = log.read_text()
     assert (f"start-up failed: {statedir}/content.sqlite: unsupported file format"
             in text), text
+
+
+def test_a_start_up_os_error_names_its_path_first() -> None:
+    """A rank that cannot open its store (as root, mode bits do not stop it:
+    Flux's #4210 needs ``chattr +i``) says ``PATH: Permission denied``, as
+    the other start-up errors name their path -- not Python's ``[Errno 13]
+    Permission denied: 'PATH'``."""
+    from broker.rank import describe
+
+    err = PermissionError(13, "Permission denied", "/state/content.sqlite")
+    assert describe(err) == "/state/content.sqlite: Permission denied"
+    assert describe(OSError(18, "Invalid cross-device link", "/a", None, "/b")) == \
+        "/a -> /b: Invalid cross-device link"
+    assert describe(OSError("no errno")) == "no errno"  # (nothing to rearrange)
