@@ -53,7 +53,7 @@ from broker.errors import ErrnoError
 from broker.execute import cmd_exec
 from broker.handle import Handle
 from broker.loops import LOOP_NAMES, loop_factory
-from broker.message import NODEID_ANY
+from broker.message import NODEID_ANY, NODEID_UPSTREAM
 from broker.status import fsd
 
 
@@ -448,8 +448,23 @@ def cmd_rpc(args: argparse.Namespace) -> int:
     return run_async(args, main)
 
 
+PING_TARGETS = {"any": NODEID_ANY, "upstream": NODEID_UPSTREAM}
+"""``ping``'s targets besides a rank, as ``flux ping``'s: the rank attached
+to, and its parent."""
+
+
+def ping_target(text: str) -> int | str:
+    """argparse ``type`` for ``ping``'s target: a rank, ``any`` or ``upstream``."""
+    if text in PING_TARGETS:
+        return text
+    if not text.lstrip("-").isdigit():
+        raise argparse.ArgumentTypeError(f"not a rank, 'any' or 'upstream': {text!r}")
+    return rank_int(text)
+
+
 def cmd_ping(args: argparse.Namespace) -> int:
-    target = NODEID_ANY if args.rank is None else args.rank
+    target = NODEID_ANY if args.rank is None else PING_TARGETS.get(args.rank, args.rank)
+    rank = args.rank if isinstance(args.rank, int) else None  # (for a timeout's message)
     args.what = "ping"
 
     async def main() -> int:
@@ -462,7 +477,7 @@ def cmd_ping(args: argparse.Namespace) -> int:
                                            nodeid=target)
                 except TimeoutError:
                     raise CLIError("ping", detail=no_answer_detail(
-                        args.rank, args.ping_timeout)) from None
+                        rank, args.ping_timeout)) from None
                 ms = (time.perf_counter() - t0) * 1000
                 print(f"rank={resp['rank']} route={'!'.join(resp['route'])} seq={i} "
                       f"time={ms:.3f} ms", flush=True)
@@ -935,8 +950,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_rpc)
 
     s = sub.add_parser("ping", help="ping a rank's broker service")
-    s.add_argument("rank", nargs="?", type=rank_int,
-                   help="the rank to ping (default: the one attached to)")
+    s.add_argument("rank", nargs="?", type=ping_target, metavar="RANK",
+                   help="the rank to ping, or 'any' (the one attached to: the default) "
+                   "or 'upstream' (its parent), as flux ping")
     s.add_argument("--count", "-c", type=non_negative_int, default=1, metavar="N",
                    help="pings to send, one after the other (default 1; 0: until Ctrl-C)")
     s.add_argument("--pad", "-p", type=size_int, default=0, metavar="BYTES",

@@ -666,8 +666,8 @@ async def test_usage_errors_show_the_subcommands_usage() -> None:
     (("exec", "-r", "-1", "true"), "argument -r/--rank: must not be negative: -1"),
     # numbers no message can carry, or that name no rank or user (were
     # msgpack tracebacks, or "any rank" answered by the local one)
-    (("ping", str(1 << 80)), f"argument rank: must be at most 4294967293: {1 << 80}"),
-    (("ping", "4294967295"), "argument rank: must be at most 4294967293: 4294967295"),
+    (("ping", str(1 << 80)), f"argument RANK: must be at most 4294967293: {1 << 80}"),
+    (("ping", "4294967295"), "argument RANK: must be at most 4294967293: 4294967295"),
     (("rpc", "broker.ping", "-r", "4294967294"),
      "argument --rank/-r: must be at most 4294967293: 4294967294"),
     (("exec", "-r", str(1 << 64), "true"),

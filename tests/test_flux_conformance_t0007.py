@@ -5,8 +5,10 @@ Flux floods the local connector with padded pings given as ``--pad 10K``
 or ``--pad 1M`` and ``--interval 0``: both were usage errors here (the pad
 took bytes only, there was no interval).  Also pinned: the line's shape
 (``time=N.NNN ms``), a rank out of the instance failing with ``No route to
-host`` (exit 1), the local rank by default.  Flux's TARGET words (``any``,
-``upstream``, a host name, a service) have no counterpart: RANK only.
+host`` (exit 1), the local rank by default, and Flux's TARGET words
+``any`` (the rank attached to) and ``upstream`` (its parent; none on rank
+0: ``No route to host``), which were usage errors.  A host name or a
+service as TARGET have no counterpart.
 """
 
 from __future__ import annotations
@@ -25,6 +27,10 @@ async def test_t0007_ping(start_instance) -> None:
         tp kvbroker ping -p 1k -c 2 -i 10ms 1
         tp on 1 kvbroker ping --count 1
         t kvbroker ping --count 1 2
+        tp on 1 kvbroker ping upstream
+        tp on 1 kvbroker ping any
+        t kvbroker ping upstream
+        t sh -c 'kvbroker ping bogus 2>&1 | tail -1'
         t sh -c 'kvbroker ping --pad 2G 0 2>&1 | tail -1'
         t sh -c 'kvbroker ping --interval=-1 0 2>&1 | tail -1'
         """)
@@ -45,6 +51,15 @@ async def test_t0007_ping(start_instance) -> None:
         $ kvbroker ping --count 1 2
         kvbroker: ping: No route to host (...)
         [rc=1]
+        $ on 1 kvbroker ping upstream
+        rank=0 route=cN!r1!r0 seq=0 time=T ms
+        $ on 1 kvbroker ping any
+        rank=1 route=cN!r1 seq=0 time=T ms
+        $ kvbroker ping upstream
+        kvbroker: ping: No route to host (...)
+        [rc=1]
+        $ sh -c kvbroker ping bogus 2>&1 | tail -1
+        kvbroker ping: error: argument RANK: not a rank, 'any' or 'upstream': 'bogus'
         $ sh -c kvbroker ping --pad 2G 0 2>&1 | tail -1
         kvbroker ping: error: argument --pad/-p: must be at most 1073741824: 2G
         $ sh -c kvbroker ping --interval=-1 0 2>&1 | tail -1
