@@ -25,6 +25,7 @@ import importlib
 import json
 import os
 import re
+import shlex
 import signal
 import sys
 import unicodedata
@@ -99,7 +100,10 @@ def isdir_hint(err: CLIError, exc: ErrnoError, hint: str) -> CLIError:
     user coming from etcd or Redis expects ``get`` of a prefix to print
     what is below it, and ``Is a directory`` alone does not say how."""
     if exc.errnum == errno.EISDIR and err.detail:
-        err.detail += f" ({hint})"
+        if err.detail.endswith(")"):  # (one aside, not two: "(the root is a directory)")
+            err.detail = f"{err.detail[:-1]}; {hint})"
+        else:
+            err.detail += f" ({hint})"
     return err
 
 
@@ -251,8 +255,10 @@ def cmd_get(args: argparse.Namespace) -> int:
             try:
                 obj = await kvs.lookup(key, flags, at=args.at)
             except ErrnoError as exc:
+                at = f"-a {shlex.quote(args.at)} " if args.at else ""  # (the same version)
                 raise isdir_hint(_fail(key, exc), exc,
-                                 f"kvbroker kvs dir {key} prints what is below it") from None
+                                 f"kvbroker kvs dir {at}{shlex.quote(key)} prints what is "
+                                 "below it") from None
             _emit(render_value(key, obj, raw=args.raw, as_treeobj=args.treeobj,
                                label=args.label), end=b"")
         return 0

@@ -1553,3 +1553,15 @@ async def test_get_of_a_directory_says_which_command_reads_one(start_instance):
                                     "(kvbroker kvs watch-keys cfg watches what is below it)\n")
     res = await kvs(inst, "get", "cfg.db.port")
     assert (res.rc, res.out) == (0, b"1\n")
+    # At an older root the hint reads that root too, and the root's own
+    # aside and the hint make one pair of brackets, not two.
+    root = (await kvs(inst, "getroot", "-b")).out.decode().strip()
+    assert (await kvs(inst, "put", "cfg.db.port=2")).rc == 0
+    res = await kvs(inst, "get", "-a", root, "cfg")
+    assert (res.rc, res.err) == (1, f"kvbroker: cfg: Is a directory (kvbroker kvs dir -a "
+                                    f"{root} cfg prints what is below it)\n")
+    res = await kvs(inst, "dir", "-a", root, "cfg")
+    assert (res.rc, res.out) == (0, b"cfg.db.\n"), res
+    res = await kvs(inst, "get", ".")
+    assert (res.rc, res.err) == (1, "kvbroker: .: Is a directory (the root is a directory; "
+                                    "kvbroker kvs dir . prints what is below it)\n")
