@@ -15,14 +15,11 @@ module: not applicable.
 from __future__ import annotations
 
 import asyncio
-import errno
-import os
 
-from test_content_backlog import LIMIT, NO_RESERVE, VALUE
+from test_content_backlog import LIMIT, NO_RESERVE, fill_the_disk
 from test_kvs_cli import KVB, client_env, kvs, run
-from test_kvs_rpc_helpers import commit, get, put
+from test_kvs_rpc_helpers import get
 
-from broker.errors import RemoteError
 from broker.handle import Handle
 from broker.launch import Instance
 
@@ -34,19 +31,8 @@ async def test_t0090_a_full_statedir_fails_writes_with_enospc_and_serves_reads(
                     attrs={"content.backlog-bytes": str(LIMIT), **NO_RESERVE})
     await asyncio.wait_for(inst.start(), 60)
     try:
-        h = await Handle.connect(inst.uri(1))
-        await commit(h, put("before", "kept"))
-        free = os.statvfs(small_disk)
-        with open(small_disk / "filler", "wb") as f:
-            f.write(b"\0" * (free.f_bavail * free.f_frsize - 200_000))
-        for i in range(100):  # 3.2 MB: the disk has 200 KB
-            try:
-                await commit(h, put(f"p{i}", os.urandom(VALUE)))
-            except RemoteError as exc:
-                assert exc.errnum == errno.ENOSPC, exc
-                break
-        else:
-            raise AssertionError("the disk never filled")
+        h = await Handle.connect(inst.uri(0))
+        await fill_the_disk(h, small_disk)  # (content.flush fails with ENOSPC there)
         await h.close()
 
         # "content flush returns error on ENOSPC", from either rank

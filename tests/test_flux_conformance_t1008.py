@@ -17,6 +17,7 @@ import os
 import pty
 import sys
 
+import test_watch_cli as watch_cli
 from test_watch_helpers import append, commit, put, wait_watchers
 
 
@@ -26,28 +27,15 @@ def ev(ts: float, name: str, **ctx: object) -> bytes:
 
 
 def _env(uri: str) -> dict[str, str]:
-    env = dict(os.environ, KVBROKER_URI=uri, TZ="UTC")  # --human prints local time
-    env.pop("KVBROKER_NAMESPACE", None)
-    return env
+    return watch_cli._env(uri, TZ="UTC")  # --human prints local time
 
 
 async def spawn(uri: str, *args: str) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "broker.cli", *args, env=_env(uri),
-        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE)
+    return await watch_cli.spawn(uri, *args, TZ="UTC")
 
 
 async def run(uri: str, *args: str, timeout: float = 20) -> tuple[int, str, str]:
-    p = await spawn(uri, *args)
-    try:
-        out, err = await asyncio.wait_for(p.communicate(), timeout)
-    except TimeoutError:
-        p.kill()
-        await p.wait()
-        raise
-    assert p.returncode is not None
-    return p.returncode, out.decode(), err.decode()
+    return await watch_cli.run(uri, *args, timeout=timeout, TZ="UTC")
 
 
 async def run_on_tty(uri: str, *args: str, timeout: float = 20) -> tuple[int, str]:

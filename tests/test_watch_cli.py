@@ -27,20 +27,22 @@ from test_watch_helpers import (
 from kvs_watch.client import wait_event
 
 
-def _env(uri: str) -> dict[str, str]:
-    env = dict(os.environ, KVBROKER_URI=uri)
+def _env(uri: str, **extra: str) -> dict[str, str]:
+    env = dict(os.environ, KVBROKER_URI=uri, **extra)
     env.pop("KVBROKER_NAMESPACE", None)
     return env
 
 
-async def spawn(uri: str, *args: str) -> asyncio.subprocess.Process:
+async def spawn(uri: str, *args: str, **env: str) -> asyncio.subprocess.Process:
+    """``kvbroker ARGS`` attached to ``uri`` (``env``: more variables)."""
     return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "broker.cli", *args, env=_env(uri),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        sys.executable, "-m", "broker.cli", *args, env=_env(uri, **env),
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE)
 
 
-async def run(uri: str, *args: str, timeout: float = 20) -> tuple[int, str, str]:
-    p = await spawn(uri, *args)
+async def run(uri: str, *args: str, timeout: float = 20, **env: str) -> tuple[int, str, str]:
+    p = await spawn(uri, *args, **env)
     try:
         out, err = await asyncio.wait_for(p.communicate(), timeout)
     except TimeoutError:
