@@ -257,6 +257,7 @@ class Broker:
                               "children": sorted(self.overlay.hello_from),
                               "rejoined": self.overlay.rejoined(),
                               "offline": self.overlay.offline(),
+                              "unjoined": self.overlay.unjoined(),
                               "hosts": self.overlay.child_hosts(),
                               "torpid": self.overlay.torpid_seconds()}
         if self.rank_log is not None:

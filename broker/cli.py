@@ -1015,7 +1015,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     s = sub.add_parser("overlay", help="the tree's health")
     osub = s.add_subparsers(dest="overlay_cmd", required=True)
     o = osub.add_parser("status", help="each rank: full, partial (something below is "
-                        "not full), lost, offline (stopped on purpose) or "
+                        "not full), lost, offline (stopped on purpose, or not joined yet) or "
                         "torpid; exit 1 unless all are up")
     o.add_argument("--timeout", "-t", type=positive_float, default=2.0, metavar="SECONDS",
                    help="seconds a rank may take to answer (default 2)")

@@ -409,6 +409,14 @@ class Overlay:
         lost or offline rank with it."""
         return {str(c): host for c, host in sorted(self._child_host.items())}
 
+    def unjoined(self) -> list[int]:
+        """The children no process of which has said hello since this rank
+        started: not started yet (ranks may start in any order), or still
+        waiting for a parent of their own, or refused.  ``kvbroker overlay
+        status`` shows them *offline*, as Flux does a child that never
+        connected; a child that joined and went is lost or offline instead."""
+        return sorted(self.children - self._joined)
+
     def offline(self) -> dict[str, str]:
         """Each child that stopped on purpose and has not joined again
         (``str(rank)``, for JSON), with why (``signal SIGTERM``): offline,

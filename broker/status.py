@@ -12,6 +12,11 @@ lost or torpid.  A rank out of reach that stopped on purpose (it told its
 parent so, ``overlay.goodbye``, or its parent told it to stop:
 ``overlay.offline`` of the parent's stats), and every rank below it, is
 *offline* instead, as Flux says: stopped for maintenance is not a crash.
+So is a rank out of reach that has not joined since its parent started
+(``overlay.unjoined``: not started yet -- ranks across hosts start in any
+order --, waiting for a parent of its own, or refused), and every rank
+below it: Flux's children start offline too, and a rank that was never
+there has not been lost.
 Pure functions build and print the tree; :func:`gather` does the asking.
 
 A rank that restarted (a new process said hello to its parent again, the
@@ -84,6 +89,8 @@ class ChildrenView(NamedTuple):
     """Those that stopped on purpose and have not joined again, with why."""
     hosts: dict[int, str]
     """The host each one's last hello named."""
+    unjoined: set[int]
+    """Those no process of which has said hello since it started."""
 
 
 async def _children_view(h: Handle, rank: int, timeout: float) -> ChildrenView:
@@ -93,12 +100,16 @@ async def _children_view(h: Handle, rank: int, timeout: float) -> ChildrenView:
         async with asyncio.timeout(timeout):
             resp = await h.rpc("broker.stats-get", {}, nodeid=rank)
     except (TimeoutError, RemoteError):
-        return ChildrenView({}, {}, {}, {})
+        return ChildrenView({}, {}, {}, {}, set())
     overlay = resp.get("overlay", {}) if isinstance(resp, dict) else {}
     overlay = overlay if isinstance(overlay, dict) else {}
     torpid, rejoined = overlay.get("torpid", {}), overlay.get("rejoined", {})
     stopped, hosts = overlay.get("offline", {}), overlay.get("hosts", {})
-    view = ChildrenView({}, {}, {}, {})
+    unjoined = overlay.get("unjoined", [])
+    view = ChildrenView({}, {}, {}, {}, set())
+    for child in (unjoined if isinstance(unjoined, list) else ()):
+        if isinstance(child, int) and not isinstance(child, bool):
+            view.unjoined.add(child)
     for child, secs in (torpid.items() if isinstance(torpid, dict) else ()):
         try:
             view.torpid[int(child)] = (f"rank {rank} has heard nothing from it for "
@@ -173,12 +184,14 @@ async def gather(h: Handle, timeout: float = 2.0) -> tuple[list[RankStatus], int
     restarted: dict[int, str] = {}
     stopped: dict[int, str] = {}
     reported: dict[int, str] = {}
+    unjoined: set[int] = set()
     for view in parents_views:
+        unjoined |= view.unjoined
         marked.update(view.torpid)
         restarted.update(view.restarts)
         stopped.update(view.offline)
         reported.update(view.hosts)
-    statuses = classify(size, fanout, answers, marked, stopped)
+    statuses = classify(size, fanout, answers, marked, stopped, unjoined)
     statuses = name_hosts(statuses, reported, hostlist.split(",") if hostlist else [])
     return [replace(s, restarts=restarted.get(s.rank, "")) for s in statuses], fanout
 
@@ -198,15 +211,20 @@ def name_hosts(statuses: list[RankStatus], reported: dict[int, str],
 
 def classify(size: int, fanout: int, answers: list[Answer],
              marked: dict[int, str] | None = None,
-             stopped: dict[int, str] | None = None) -> list[RankStatus]:
+             stopped: dict[int, str] | None = None,
+             unjoined: set[int] | None = None) -> list[RankStatus]:
     """From each rank's answer to its state: lost, offline or torpid, else
     partial if anything below is one of those.  ``marked``: ranks their
     parent marked torpid, with why -- torpid whatever they answered (the
     parent's view is what routes their subtree's requests).  ``stopped``:
     ranks their parent saw stop on purpose, with why: offline, if out of
     reach, and so is every rank out of reach below one (they stopped with
-    it)."""
+    it).  ``unjoined``: ranks that have not joined since their parent
+    started: offline too, if out of reach, and every rank out of reach
+    below one (behind it)."""
     answers = list(answers)
+    unjoined = unjoined or set()
+    behind: dict[int, int] = {}  # offline rank -> the unjoined rank it is (or is behind)
     for rank, why in (marked or {}).items():
         if 0 <= rank < size and not isinstance(answers[rank], str):
             answers[rank] = NoAnswer(why)
@@ -221,6 +239,14 @@ def classify(size: int, fanout: int, answers: list[Answer],
         parent = topology.parent_of(rank, fanout)
         if isinstance(answer, str) and rank in (stopped or {}):
             out.append(RankStatus(rank, OFFLINE, detail=(stopped or {})[rank]))
+        elif isinstance(answer, str) and rank in unjoined and parent is not None:
+            behind[rank] = rank
+            out.append(RankStatus(rank, OFFLINE,
+                                  detail=f"not joined since rank {parent} started"))
+        elif isinstance(answer, str) and parent in behind:
+            behind[rank] = behind[parent]
+            out.append(RankStatus(rank, OFFLINE,
+                                  detail=f"behind rank {behind[parent]}, not joined"))
         elif isinstance(answer, str) and parent is not None and out[parent].state == OFFLINE:
             out.append(RankStatus(rank, OFFLINE, detail=f"stopped with rank {parent}"))
         elif isinstance(answer, str):

@@ -85,6 +85,29 @@ def test_a_restarted_rank_says_so_after_its_state() -> None:
                                    "  2: lost (gone; restarted 1.0m ago)"]
 
 
+def test_a_rank_that_never_joined_is_offline_and_so_is_its_subtree() -> None:
+    """Ranks across hosts start in any order: one its parent has had no
+    hello from since it started (``overlay.unjoined``), and the ranks
+    behind it, were shown lost, as if they had crashed.  They are offline,
+    as Flux's children start; one that joined and went is still lost."""
+    # size 8, fanout 2: 0 -> 1, 2; 1 -> 3, 4; 3 -> 7
+    answers: list[Answer] = [("h", "")] * 8
+    for rank in (1, 3, 4, 7):
+        answers[rank] = "rank 1 is unreachable"
+    answers[6] = "rank 6 is unreachable"
+    statuses = classify(8, 2, answers, unjoined={1, 6, 5})
+    assert render(statuses, 2) == [
+        "0 h: partial",
+        "  1: offline (not joined since rank 0 started)",
+        "    3: offline (behind rank 1, not joined)",
+        "      7: offline (behind rank 1, not joined)",
+        "    4: offline (behind rank 1, not joined)",
+        "  2 h: partial",
+        "    5 h: full",  # (it answers: joined since)
+        "    6: offline (not joined since rank 2 started)"]
+    assert [s.state for s in classify(8, 2, answers)][1] == LOST
+
+
 def test_render_indents_children_under_parents() -> None:
     statuses = [RankStatus(0, PARTIAL, "a"), RankStatus(1, LOST, detail="gone"),
                 RankStatus(2, FULL, "c"), RankStatus(3, LOST, detail="gone")]

@@ -765,7 +765,8 @@ async def test_overlay_status_names_the_host_of_a_rank_in_any_state(
             lines = await status()
             assert lines[:3] + lines[4:] == ["0 node0: partial", "  1 node1: partial",
                                              "    3 node3: full", "  2 node2: full"]
-            assert lines[3].startswith("    4 node4: lost ("), lines
+            # (never started: offline, not lost)
+            assert lines[3] == "    4 node4: offline (not joined since rank 1 started)", lines
             await stop_process(ranks[3].proc.pid)
             try:
                 async def marked() -> bool:
