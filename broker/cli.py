@@ -496,12 +496,41 @@ def cmd_overlay(args: argparse.Namespace) -> int:
     async def main() -> int:
         async with await connect() as h:
             try:
-                ranks, fanout = await status.gather(h, timeout=args.timeout)
+                if args.wait is None:
+                    ranks, fanout = await status.gather(h, timeout=args.timeout)
+                else:
+                    ranks, fanout = await wait_for_state(h)
             except TimeoutError as exc:
                 raise CLIError("overlay status", detail=str(exc)) from None
-        for line in status.render(ranks, fanout):
-            print(line)
+        if args.summary:
+            print(ranks[0].state)
+        else:
+            for line in status.render(ranks, fanout):
+                print(line)
         return 0 if all(r.state == status.FULL for r in ranks) else 1
+
+    async def wait_for_state(h: Any) -> tuple[list[status.RankStatus], int]:
+        """Ask again (every 0.1 s) until rank 0 is in the state asked for,
+        as ``flux overlay status --wait``; ``-t`` bounds the whole wait."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + args.timeout
+        last = "no answer"
+        while True:
+            left = deadline - loop.time()
+            try:
+                if left <= 0:
+                    raise TimeoutError
+                # (each rank within the default 2 s, or what is left)
+                ranks, fanout = await status.gather(h, timeout=min(2.0, left))
+            except TimeoutError:
+                if loop.time() < deadline:
+                    raise
+                raise TimeoutError(f"{os.strerror(errno.ETIMEDOUT)} (rank 0 not {args.wait} "
+                                   f"within {args.timeout:g}s: {last})") from None
+            last = ranks[0].state
+            if last == args.wait:
+                return ranks, fanout
+            await asyncio.sleep(min(0.1, max(0.0, deadline - loop.time())))
 
     async def disconnect() -> int:
         from broker import topology
@@ -1018,7 +1047,14 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                         "not full), lost, offline (stopped on purpose, or not joined yet) or "
                         "torpid; exit 1 unless all are up")
     o.add_argument("--timeout", "-t", type=positive_float, default=2.0, metavar="SECONDS",
-                   help="seconds a rank may take to answer (default 2)")
+                   help="seconds a rank may take to answer (default 2); with --wait, "
+                   "the whole wait")
+    o.add_argument("--summary", action="store_true",
+                   help="print rank 0's state only (full, partial, torpid), as flux "
+                   "overlay status --summary")
+    o.add_argument("--wait", choices=("full", "partial"), metavar="STATE",
+                   help="ask again until rank 0 is full (every rank answers) or partial "
+                   "(something below is not), within -t; as flux overlay status --wait")
     o.set_defaults(func=cmd_overlay)
     o = osub.add_parser("disconnect", help="cut a rank and its subtree off the tree (a hung "
                         "rank: requests to it then fail at once); as flux overlay disconnect")

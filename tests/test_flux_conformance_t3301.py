@@ -29,7 +29,9 @@ async def test_ranks_not_started_yet_are_offline_and_unreachable_then_join(
     ``overlay status`` shows ranks 1 and 2 offline, not joined -- they were
     shown *lost* ("crashed, killed, cut off"), which they never were.
     Rank 2 started before its parent waits, without a socket; once rank 1
-    starts, both join and the instance is full and serves on rank 2."""
+    starts, both join (``overlay status --wait full``, as Flux's) and the
+    instance is full and serves on rank 2.  ``--summary`` prints rank 0's
+    state alone, as Flux's."""
     host = socket.gethostname()
     config = await keyed_config(tmp_path, 3, 1)
     rank0 = await brokers(config, 0)
@@ -42,6 +44,15 @@ async def test_ranks_not_started_yet_are_offline_and_unreachable_then_join(
             f"0 {host}: partial",
             f"  1 {host}: offline (not joined since rank 0 started)",
             f"    2 {host}: offline (behind rank 1, not joined)"]), err
+        rc, out, err = await run_cli("overlay", "status", "--summary", uri=uri)
+        assert (rc, out) == (1, "partial\n"), err
+        rc, out, err = await run_cli("overlay", "status", "--wait", "full", "-t", "0.5",
+                                     uri=uri)
+        assert (rc, out, err) == (1, "", "kvbroker: overlay status: Connection timed out "
+                                         "(rank 0 not full within 0.5s: partial)\n")
+        rc, out, err = await run_cli("overlay", "status", "--wait", "partial", "--summary",
+                                     uri=uri)
+        assert (rc, out) == (1, "partial\n"), err
         rc, out, err = await run_cli("uptime", uri=uri)
         assert rc == 0 and out.rstrip().endswith("size 3,  2 offline"), (out, err)
         for argv in (["ping", "1"], ["exec", "-r", "1", "--", "true"]):
@@ -58,6 +69,10 @@ async def test_ranks_not_started_yet_are_offline_and_unreachable_then_join(
         assert rc == 1 and f"  1 {host}: offline (not joined" in out, out
 
         rank1 = await brokers(config, 1)
+        # as Flux's "wait for overlay status to be full"
+        rc, out, err = await run_cli("overlay", "status", "--wait", "full", "-t", "60",
+                                     "--summary", uri=uri)
+        assert (rc, out) == (0, "full\n"), err
         for r in (rank0, rank1, rank2):  # each says ready once its subtree is up
             await r.ready()
         rc, out, err = await run_cli("overlay", "status", uri=uri)
