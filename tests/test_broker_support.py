@@ -91,6 +91,14 @@ async def stats(h: Handle, rank: int = NODEID_ANY) -> dict[str, Any]:
     return await asyncio.wait_for(h.rpc("broker.stats-get", {}, nodeid=rank), 15)
 
 
+def client_subscriptions(st: dict[str, Any]) -> int:
+    """The event subscriptions the clients of a rank hold, from its
+    ``broker.stats-get`` answer ``st``: its modules' own (``m:kvs``,
+    ``m:kvs-watch``, one each on every rank) left out, so that a test
+    waiting for a client to subscribe does not see them as its."""
+    return sum(n for peer, n in st["subscriptions"].items() if peer.startswith("c"))
+
+
 def rank0_content(rundir: object, **attrs: str) -> ContentModule:
     """Rank 0's content module in this process (not started), for tests of
     its own workings with a real SQLite file in ``rundir``; ``attrs`` are

@@ -15,7 +15,7 @@ import sys
 from collections.abc import AsyncIterator
 
 import pytest
-from test_broker_support import KVBROKER, run_cli, stats, wait_until
+from test_broker_support import KVBROKER, client_subscriptions, run_cli, stats, wait_until
 
 from broker import cli
 from broker.handle import Handle, parse_uri
@@ -887,7 +887,8 @@ async def test_event_pub_and_sub(start_instance, connect) -> None:
     inst = await start_instance(size=4, fanout=2)
     async with asyncio.timeout(60):
         watcher = await connect(inst, 3)
-        clients = (await stats(watcher))["clients"]
+        st = await stats(watcher)
+        clients, subs = st["clients"], client_subscriptions(st)
         env = dict(os.environ, KVBROKER_URI=inst.uri(3))
         sub = await asyncio.create_subprocess_exec(
             KVBROKER,
@@ -904,8 +905,8 @@ async def test_event_pub_and_sub(start_instance, connect) -> None:
         try:
 
             async def subscribed() -> bool:
-                s = await stats(watcher)
-                return s["clients"] == clients + 1 and sum(s["subscriptions"].values()) >= 2
+                s = await stats(watcher)  # (the client's own two, not rank 3's modules')
+                return s["clients"] == clients + 1 and client_subscriptions(s) >= subs + 2
 
             await wait_until(subscribed, "kvbroker event sub to subscribe", timeout=20)
             rc, out, err = await run_cli("event", "pub", "-v", "cli.other", uri=inst.uri(1))
@@ -1018,12 +1019,13 @@ async def test_a_closed_stdout_ends_every_command_quietly(start_instance, connec
             assert (proc.returncode, err_b) == (141, b""), args
 
         watcher = await connect(inst, 0)
-        clients = (await stats(watcher))["clients"]
+        st = await stats(watcher)
+        clients, subs = st["clients"], client_subscriptions(st)
         sub = await spawn_to_closed_pipe(uri, "event", "sub", "pipe.test")
 
         async def subscribed() -> bool:
-            s = await stats(watcher)
-            return s["clients"] == clients + 1 and sum(s["subscriptions"].values()) >= 1
+            s = await stats(watcher)  # (the client's own, not rank 0's modules')
+            return s["clients"] == clients + 1 and client_subscriptions(s) >= subs + 1
 
         await wait_until(subscribed, "kvbroker event sub to subscribe", timeout=20)
         rc, _, err = await run_cli("event", "pub", "pipe.test", uri=uri)
