@@ -986,7 +986,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                    help="pings to send, one after the other (default 1; 0: until Ctrl-C)")
     s.add_argument("--pad", "-p", type=size_int, default=0, metavar="BYTES",
                    help="payload padding per ping, in bytes or with K, M or G, as "
-                   "flux ping's (default 0; at most 1G)")
+                   "flux ping's (default 0; the ping must fit broker.max-message, "
+                   "1 GiB: 1G is too big)")
     s.add_argument("--interval", "-i", type=duration_arg, default=0.0, metavar="SECONDS",
                    help="wait SECONDS between pings, or with a unit: 100ms (default 0: "
                    "back to back; flux ping waits 1s)")

@@ -7,8 +7,10 @@ took bytes only, there was no interval).  Also pinned: the line's shape
 (``time=N.NNN ms``), a rank out of the instance failing with ``No route to
 host`` (exit 1), the local rank by default, and Flux's TARGET words
 ``any`` (the rank attached to) and ``upstream`` (its parent; none on rank
-0: ``No route to host``), which were usage errors.  A host name or a
-service as TARGET have no counterpart.
+0: ``No route to host``), which were usage errors; a pad too big for
+``broker.max-message`` with the ping's header (``-p 1G`` by default: the
+help and docs/cli.md said "at most 1G") is ``Message too long``, exit 1.
+A host name or a service as TARGET have no counterpart.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ async def test_t0007_ping(start_instance) -> None:
         t kvbroker ping upstream
         t sh -c 'kvbroker ping bogus 2>&1 | tail -1'
         t sh -c 'kvbroker ping --pad 2G 0 2>&1 | tail -1'
+        t kvbroker start -S broker.max-message=4096 -- kvbroker ping -p 4K 0
         t sh -c 'kvbroker ping --interval=-1 0 2>&1 | tail -1'
         """)
     assert out == expect("""
@@ -62,6 +65,9 @@ async def test_t0007_ping(start_instance) -> None:
         kvbroker ping: error: argument RANK: not a rank, 'any' or 'upstream': 'bogus'
         $ sh -c kvbroker ping --pad 2G 0 2>&1 | tail -1
         kvbroker ping: error: argument --pad/-p: must be at most 1073741824: 2G
+        $ kvbroker start -S broker.max-message=4096 -- kvbroker ping -p 4K 0
+        kvbroker: ping: Message too long (...)
+        [rc=1]
         $ sh -c kvbroker ping --interval=-1 0 2>&1 | tail -1
         kvbroker ping: error: argument --interval/-i: '-1' is not a duration (e.g. 2, 0.5s, 30m)
         """)
