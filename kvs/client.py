@@ -161,9 +161,11 @@ UPDATE_RETRIES = 32
 default before it raises the conflict's ``ECANCELED``."""
 
 UPDATE_BACKOFF = 0.0005
+"""Seconds :meth:`KVS.update` waits at most before its first retry; each
+conflict doubles it, up to :data:`UPDATE_BACKOFF_MAX`."""
 UPDATE_BACKOFF_MAX = 0.064
-"""Seconds :meth:`KVS.update` waits before a retry: a random time up to
-``UPDATE_BACKOFF * 2**(conflicts - 1)``, at most ``UPDATE_BACKOFF_MAX``
+"""The longest :meth:`KVS.update` waits before a retry.  The wait is a
+random time up to ``UPDATE_BACKOFF * 2**(conflicts - 1)``, at most this
 ("full jitter").  Writers that read together conflict together: without
 the wait, W updates started at once on one key retried in lock-step, one
 winning per round, so the last needed W tries: 40 of them made ~700 tries
