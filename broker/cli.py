@@ -12,6 +12,7 @@ import contextlib
 import errno
 import io
 import itertools
+import math
 import os
 import pwd
 import secrets
@@ -497,7 +498,7 @@ def cmd_overlay(args: argparse.Namespace) -> int:
         async with await connect() as h:
             try:
                 if args.wait is None:
-                    ranks, fanout = await status.gather(h, timeout=args.timeout)
+                    ranks, fanout = await status.gather(h, timeout=args.timeout or 2.0)
                 else:
                     ranks, fanout = await wait_for_state(h)
             except TimeoutError as exc:
@@ -513,7 +514,8 @@ def cmd_overlay(args: argparse.Namespace) -> int:
         """Ask again (every 0.1 s) until rank 0 is in the state asked for,
         as ``flux overlay status --wait``; ``-t`` bounds the whole wait."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + args.timeout
+        # (no -t: no bound, as Flux's --wait without --timeout)
+        deadline = loop.time() + (args.timeout or math.inf)
         last = "no answer"
         while True:
             left = deadline - loop.time()
@@ -1047,9 +1049,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     o = osub.add_parser("status", help="each rank: full, partial (something below is "
                         "not full), lost, offline (stopped on purpose, or not joined yet) or "
                         "torpid; exit 1 unless all are up")
-    o.add_argument("--timeout", "-t", type=positive_float, default=2.0, metavar="SECONDS",
+    o.add_argument("--timeout", "-t", type=positive_float, metavar="SECONDS",
                    help="seconds a rank may take to answer (default 2); with --wait, "
-                   "the whole wait")
+                   "the whole wait (default: none, until Ctrl-C)")
     o.add_argument("--summary", action="store_true",
                    help="print rank 0's state only (full, partial, torpid), as flux "
                    "overlay status --summary")

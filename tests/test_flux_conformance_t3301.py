@@ -62,6 +62,14 @@ async def test_ranks_not_started_yet_are_offline_and_unreachable_then_join(
         rc, out, err = await run_cli("kvs", "put", "job=one-node", uri=uri)
         assert rc == 0, err
 
+        # as Flux's "wait for overlay status to be full": without -t, --wait
+        # has no bound (it gave up after the 2 s each rank may take to
+        # answer, where a script waits for ranks that start on other hosts)
+        waiting = asyncio.ensure_future(run_cli("overlay", "status", "--wait", "full",
+                                                "--summary", uri=uri))
+        done, _ = await asyncio.wait({waiting}, timeout=3)
+        assert not done, waiting.result()
+
         rank2 = await brokers(config, 2)  # (t3302: before its parent)
         rc, out, err = await run_cli("kvs", "get", "job", uri=rank2.uri)
         assert rc == 1 and "is that rank still waiting for its parent" in err, err
@@ -69,9 +77,7 @@ async def test_ranks_not_started_yet_are_offline_and_unreachable_then_join(
         assert rc == 1 and f"  1 {host}: offline (not joined" in out, out
 
         rank1 = await brokers(config, 1)
-        # as Flux's "wait for overlay status to be full"
-        rc, out, err = await run_cli("overlay", "status", "--wait", "full", "-t", "60",
-                                     "--summary", uri=uri)
+        rc, out, err = await waiting
         assert (rc, out) == (0, "full\n"), err
         for r in (rank0, rank1, rank2):  # each says ready once its subtree is up
             await r.ready()
