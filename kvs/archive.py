@@ -131,7 +131,8 @@ class Report:
     at -- the dumped directory's own (the instance owner), else its
     namespace's root (a guest)."""
     skipped: list[str] = field(default_factory=list)
-    """Why entries of an archive were left out, one line each (a restore)."""
+    """Why entries were left out, one line each: of an archive (a restore),
+    or of a damaged tree (a checkpoint dump that ignores failed reads)."""
 
 
 # ---------------------------------------------------------------- paths
@@ -353,10 +354,17 @@ async def _snapshot(top: Dir) -> AsyncGenerator[Item, None]:
 
 
 def dump_checkpoint(statedir: str, out: str | IO[bytes], *,
-                    on_item: Callable[[Item], None] | None = None) -> Report:
+                    on_item: Callable[[Item], None] | None = None,
+                    ignore_failed_read: bool = False) -> Report:
     """Write the KVS checkpoint of the *stopped* instance whose statedir is
     ``statedir`` (the primary namespace its next start brings back) to
-    ``out``, as :func:`dump`.  Entries carry the checkpoint's time."""
+    ``out``, as :func:`dump`.  Entries carry the checkpoint's time.
+
+    A blob the tree names that the store lacks (or holds damaged) is an
+    :class:`ArchiveError`; with ``ignore_failed_read`` (Flux's ``flux dump
+    --ignore-failed-read``: salvaging what a damaged store still holds) the
+    value, or the directory's subtree, is left out and said in
+    :attr:`Report.skipped`."""
     with _open_store(statedir, create=False) as store:
         cp = _checkpoint(store)
         if cp is None:
@@ -366,30 +374,39 @@ def dump_checkpoint(statedir: str, out: str | IO[bytes], *,
         stamp = cp.get("timestamp")
         report = Report(rootref=rootref)
         writer = _Writer(out, stamp if isinstance(stamp, (int, float)) else time.time())
-        writer.write(_tree_items(BlobCache(store), rootref), report, on_item)
+        skipped = report.skipped if ignore_failed_read else None
+        writer.write(_tree_items(BlobCache(store), rootref, skipped), report, on_item)
     return report
 
 
-def _tree_items(cache: BlobCache, rootref: str) -> Iterator[Item]:
-    """The entries of the tree at ``rootref``, read from ``cache``'s store."""
+def _tree_items(cache: BlobCache, rootref: str,
+                skipped: list[str] | None = None) -> Iterator[Item]:
+    """The entries of the tree at ``rootref``, read from ``cache``'s store.
+    A missing or damaged blob raises :class:`ArchiveError`, or with
+    ``skipped`` (a list) leaves its value or subtree out and says so there."""
 
-    def entries_of(ref: str) -> list[tuple[str, TreeObj]]:
+    def entries_of(key: list[str], ref: str) -> list[tuple[str, TreeObj]] | None:
         try:
             return sorted(shards.entries(cache, cache.need_obj(ref)).items())
         except (NeedBlobs, ErrnoError) as exc:
-            raise ArchiveError(f"the tree is damaged: directory blob {ref}: {exc}") from None
+            why = (f"directory blob {ref} is missing" if isinstance(exc, NeedBlobs)
+                   else f"directory blob {ref}: {exc}")
+            if skipped is None:
+                raise ArchiveError(f"the tree is damaged: {why}") from None
+            skipped.append(f"{join(key) if key else '.'} (and what is below it): {why}")
+            return None
 
     def read(refs: list[str]) -> bytes:
         parts = []
         for ref in refs:
             data = cache.get(ref)
             if data is None:
-                raise ArchiveError(f"the tree is damaged: value blob {ref} is missing")
+                raise _Unreadable(f"value blob {ref} is missing")
             parts.append(data)
         return b"".join(parts)
 
     stack: list[tuple[list[str], Iterator[tuple[str, TreeObj]]]] = [
-        ([], iter(entries_of(rootref)))]
+        ([], iter(entries_of([], rootref) or ()))]
     while stack:
         path, it = stack[-1]
         nxt = next(it, None)
@@ -400,12 +417,25 @@ def _tree_items(cache: BlobCache, rootref: str) -> Iterator[Item]:
         key = [*path, name]
         if entry["type"] in ("dir", "dirref"):
             sub = (sorted(entry["data"].items()) if entry["type"] == "dir"
-                   else entries_of(entry["data"][0]))
+                   else entries_of(key, entry["data"][0]))
+            if sub is None:
+                continue
             if not sub:
                 yield Item(join(key), "dir")
             stack.append((key, iter(sub)))
         else:
-            yield _value(join(key), entry, read)
+            try:
+                item = _value(join(key), entry, read)
+            except _Unreadable as exc:
+                if skipped is None:
+                    raise ArchiveError(f"the tree is damaged: {exc}") from None
+                skipped.append(f"{join(key)}: {exc}")
+                continue
+            yield item
+
+
+class _Unreadable(Exception):
+    """A value blob the store lacks (:func:`_tree_items`)."""
 
 
 # ---------------------------------------------------------------- reading

@@ -826,6 +826,9 @@ def _archive_mode(args: argparse.Namespace) -> None:
                              "would name a running instance's KVS")
     elif args.statedir:
         raise UsageError("--statedir goes with --checkpoint")
+    elif getattr(args, "ignore_failed_read", False):
+        raise UsageError("--ignore-failed-read goes with --checkpoint (a running "
+                         "instance's KVS refuses a tree with missing blobs)")
 
 
 def _archive_listing(args: argparse.Namespace) -> Callable[[Item], None] | None:
@@ -886,7 +889,8 @@ def cmd_dump(args: argparse.Namespace) -> int:
 
     if args.checkpoint:
         with _archive_errors(args):
-            return done(archive.dump_checkpoint(args.statedir, args.outfile, on_item=listing))
+            return done(archive.dump_checkpoint(args.statedir, args.outfile, on_item=listing,
+                                                ignore_failed_read=args.ignore_failed_read))
 
     async def body(kvs: KVS) -> int:
         key = args.key or "."
@@ -1432,6 +1436,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--checkpoint", action="store_true",
                    help="dump the KVS checkpoint of a stopped instance (offline)")
     p.add_argument("--statedir", metavar="DIR", help="that instance's statedir")
+    p.add_argument("--ignore-failed-read", action="store_true",
+                   help="with --checkpoint: leave out (and name) a value or directory "
+                   "whose blob the store lacks, instead of failing (a damaged store's "
+                   "salvage), as flux dump --ignore-failed-read")
     _archive_chatter(p, "dumped")
     p.add_argument("outfile", metavar="OUTFILE")
     p.set_defaults(func=cmd_dump)

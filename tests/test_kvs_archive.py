@@ -591,3 +591,47 @@ async def test_a_dump_that_fails_leaves_no_archive(start_instance, connect, smal
     (tmp_path / "d.tar").mkdir()
     rc, _, err = await run_cli("kvs", "dump", str(tmp_path / "d.tar"), uri=inst.uri(0))
     assert rc == 1 and "d.tar: is a directory" in err
+
+
+async def test_checkpoint_dump_of_a_damaged_store_fails_or_salvages(start_instance, connect,
+                                                                     tmp_path) -> None:
+    """A stopped instance's store that lost a value's blob: the checkpoint
+    dump fails and names it; with ``--ignore-failed-read`` (Flux's, to
+    salvage a damaged store) it dumps everything else and names what it left
+    out, exit 0.  Online the option is a usage error: a running KVS refuses
+    such a tree."""
+    import sqlite3
+
+    from broker.content.sqlite import digest_of
+
+    statedir = tmp_path / "state"
+    inst = await start_instance(size=1, statedir=str(statedir))
+    h = await connect(inst, 0)
+    await commit(h, put("a.small", "1"), put("a.big", "x" * 300), put("b.c", "2"))
+    lost = (await lookup(h, "a.big", flags=16))["data"][0]  # a valref's one blob
+    lost_dir = (await lookup(h, "b", flags=16))["data"][0]  # a dirref's
+    await h.close()
+    assert await inst.stop() == [0]
+    db = sqlite3.connect(statedir / "content.sqlite")
+    try:
+        with db:
+            for ref in (lost, lost_dir):
+                assert db.execute("DELETE FROM objects WHERE hash = ?",
+                                  (digest_of(ref),)).rowcount == 1
+    finally:
+        db.close()
+
+    out = tmp_path / "salvage.tar"
+    rc, _, err = await run_cli("kvs", "dump", "--checkpoint", "--statedir", str(statedir),
+                               str(out))
+    assert rc == 1 and f"the tree is damaged: value blob {lost} is missing" in err, err
+    rc, _, err = await run_cli("kvs", "dump", "--checkpoint", "--statedir", str(statedir),
+                               "--ignore-failed-read", "-q", str(out))
+    assert rc == 0, err
+    assert err.splitlines() == [
+        f"kvbroker: kvs dump: skipped a.big: value blob {lost} is missing",
+        f"kvbroker: kvs dump: skipped b (and what is below it): directory blob {lost_dir} "
+        "is missing"], err
+    assert [(i.key, i.data) for i in read_items(str(out))] == [("a.small", b"1")]
+    rc, _, err = await run_cli("kvs", "dump", "--ignore-failed-read", str(out))
+    assert rc == 2 and "--ignore-failed-read goes with --checkpoint" in err, err
