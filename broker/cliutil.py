@@ -113,16 +113,16 @@ _SIZE_SCALE = {"": 1, "k": 1 << 10, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 def size_int(text: str, maximum: int = 1 << 30) -> int:
     """argparse ``type`` for a size in bytes, with Flux's binary suffixes
-    (``1024``, ``10K``, ``1M``, ``1G``; ``k`` is ``K``), at most ``maximum``
+    (``1024``, ``10K``, ``1.5M``, ``1G``; ``k`` is ``K``), at most ``maximum``
     (default 1 GiB, the largest message a rank takes)."""
-    m = re.fullmatch(r"([0-9]+)([kKMG]?)", text.strip())
+    m = re.fullmatch(r"([0-9]+(?:\.[0-9]*)?)([kKMG]?)", text.strip())
     if m is None:
         raise argparse.ArgumentTypeError(
-            f"invalid size: {text!r} (bytes, or with K, M or G: 10K, 1M)")
-    value = int(m.group(1)) * _SIZE_SCALE[m.group(2)]
-    if value > maximum:
+            f"not a size: {text!r} (bytes, or with K, M or G: 512, 64k, 1.5M)")
+    value = float(m.group(1)) * _SIZE_SCALE[m.group(2)]
+    if not value <= maximum:  # (and a number too long for a float: inf)
         raise argparse.ArgumentTypeError(f"must be at most {maximum}: {text}")
-    return value
+    return int(value)
 
 
 def duration_arg(text: str) -> float:

@@ -44,6 +44,7 @@ from broker.cliutil import (
     non_negative_int,
     positive_float,
     run_async,
+    size_int,
     uid_int,
     write_out,
 )
@@ -803,15 +804,9 @@ def describe_online(r: dict[str, Any]) -> str:
 
 
 def size_arg(text: str) -> int:
-    """A size in bytes: a number with an optional suffix k/K (1024), M, G."""
-    scale = {"k": 1 << 10, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
-    try:
-        value = float(text[:-1] if scale != 1 else text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 512, 64k, 1.5M)") from None
-    if not 0 <= value * scale < 1 << 63:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r}")
-    return int(value * scale)
+    """A size in bytes (``--size-limit``): :func:`broker.cliutil.size_int`
+    with no bound but what an int64 holds."""
+    return size_int(text, (1 << 63) - 1)
 
 
 def _archive_mode(args: argparse.Namespace) -> None:
