@@ -218,6 +218,12 @@ TORPID_MAX = AttrSpec(
     "a child rank its parent has heard nothing from for this long is marked "
     "torpid (logged, listed by kvbroker overlay status; not disconnected); 0: never")
 
+CONNECT_TIMEOUT = AttrSpec(
+    "tbon.connect_timeout", "30", duration,
+    "ipc/tcp: a rank that has had no connection to its parent for this long "
+    "says so (WARNING) and goes on trying; on tcp, also how long one connect "
+    "attempt may take before it is retried; 0: no warning, the system's connect timeout")
+
 RUNTIME_ATTRS = (LOG_LEVEL.name, LOG_RING_LEVEL.name, TORPID_MIN.name, TORPID_MAX.name)
 """The attributes ``kvbroker attr set`` may change on a running rank (as
 Flux's ``flux setattr log-stderr-level``); every other one is fixed at start."""
@@ -226,7 +232,7 @@ BROKER_ATTRS: tuple[AttrSpec, ...] = (
     ALLOW_GUEST_USER, MAX_GUEST_CONNECTIONS, MAX_GUEST_BYTES, MAX_GUEST_SUBSCRIPTIONS,
     MAX_GUEST_REQUESTS, MAX_GUEST_SERVICES, MODULES, MAX_MESSAGE, CONTENT_HASH, LOG_LEVEL,
     LOG_RING_LEVEL, LOG_RING_SIZE, LOG_TIMESTAMPS, TRANSPORT, LINK_BACKLOG, LINK_MAX_MESSAGE,
-    TORPID_MIN, TORPID_MAX)
+    TORPID_MIN, TORPID_MAX, CONNECT_TIMEOUT)
 
 
 # ---------------------------------------------------------------- checking

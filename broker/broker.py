@@ -170,6 +170,7 @@ class Broker:
                                max_message=config[battrs.LINK_MAX_MESSAGE.name],
                                torpid_min=config[battrs.TORPID_MIN.name],
                                torpid_max=config[battrs.TORPID_MAX.name],
+                               connect_timeout=config[battrs.CONNECT_TIMEOUT.name],
                                hostname=str(self.attrs["hostname"]), hosts=self.hosts,
                                on_stop=self._stop_for_overlay)
         await self.overlay.start()

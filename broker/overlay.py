@@ -124,11 +124,12 @@ HELLO_RETRY_MAX = 4.0
 """The longest wait between two hellos; the first hello sent after a wait
 this long is logged at WARNING (once): a parent busy for a second at its
 start is no news, one silent for seconds on a live link is."""
-HELLO_UNREACHED_WARN = 30.0
-"""Seconds without any connection to the parent after which a child that
-has not joined says so, at WARNING, once per outage: from its start, or
-from a link that closed before the parent answered (it goes on waiting:
-ranks may start in any order)."""
+DEFAULT_CONNECT_TIMEOUT = 30.0
+"""``tbon.connect_timeout``'s default (Flux's): seconds without any
+connection to the parent after which a child that has not joined says so,
+at WARNING, once per outage -- from its start, or from a link that closed
+before the parent answered (it goes on waiting: ranks may start in any
+order) -- and, over tcp, how long one connect attempt may take."""
 DEFAULT_TORPID_MIN = 5.0
 DEFAULT_TORPID_MAX = 30.0
 
@@ -193,6 +194,7 @@ class Overlay:
         max_message: int = codec.MAX_LINK_MESSAGE,
         torpid_min: float = DEFAULT_TORPID_MIN,
         torpid_max: float = DEFAULT_TORPID_MAX,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         hostname: str = "",
         hosts: list[str] | None = None,
     ) -> None:
@@ -204,6 +206,9 @@ class Overlay:
         self.max_backlog = max_backlog
         """``tbon.max-backlog``: a stream link whose peer leaves more than this
         unread is dropped (:class:`~broker.overlay_stream.StreamConn`)."""
+        self.connect_timeout = connect_timeout
+        """``tbon.connect_timeout`` (ZeroMQ links): see :data:`DEFAULT_CONNECT_TIMEOUT`;
+        0: no warning, and the system's own connect timeout."""
         self.max_message = max_message
         """``tbon.max-message``: the largest message sent on a link (every
         rank takes up to :data:`codec.MAX_LINK_MESSAGE`, its largest value)."""
@@ -325,7 +330,7 @@ class Overlay:
         """The loop time since when no link to the parent has completed a
         handshake (the first hello, or the last link's close before the
         parent answered), None while one is up: :meth:`_hello_due` warns
-        after :data:`HELLO_UNREACHED_WARN` seconds of it, once per outage."""
+        after :attr:`connect_timeout` seconds of it, once per outage."""
         self._hello_timer: asyncio.TimerHandle | None = None
         self._hello_retry = HELLO_RETRY_FIRST
         self._hello_started = 0.0
@@ -499,7 +504,8 @@ class Overlay:
         from broker import overlay_zmq as zl
 
         assert self.ctx is not None and self.parent is not None
-        s = zl.parent_socket(self.ctx, self.rank, self.endpoint(self.parent), self.curve)
+        s = zl.parent_socket(self.ctx, self.rank, self.endpoint(self.parent), self.curve,
+                             self.connect_timeout)
         self._up = zl.ZmqSocket(s, self._from_parent, max_backlog=self.max_backlog,
                                 on_stuck=self._parent_stuck)
         self._up_monitor = zl.ZmqSocket(s.get_monitor_socket(zl.UP_MONITORED),
@@ -547,7 +553,7 @@ class Overlay:
         (:meth:`_child_control`).  There is no join timeout: the ranks of an
         instance may start in any order, and a child waits for its parent,
         saying so (WARNING) if it has had no connection to it for
-        :data:`HELLO_UNREACHED_WARN` seconds."""
+        :attr:`connect_timeout` seconds (``tbon.connect_timeout``)."""
         self._hello_timer = None
         if (self.parent_acked or self._closing or self._parent_gone or self._stopping_refused
                 or self._up is None or self.parent is None):
@@ -568,7 +574,8 @@ class Overlay:
                     "every %g s at most, until it does", self.parent, endpoint,
                     self._hellos, waited, HELLO_RETRY_MAX)
         elif (self._unreached_since is not None and not self._unreached_warned
-              and loop.time() - self._unreached_since >= HELLO_UNREACHED_WARN):
+              and self.connect_timeout > 0
+              and loop.time() - self._unreached_since >= self.connect_timeout):
             self._unreached_warned = True
             log.warning("no connection to parent rank %d at %s after %.0f s (is it "
                         "running? is that its address?): still trying", self.parent,

@@ -134,12 +134,17 @@ def bind_failure(endpoint: str, errnum: int) -> str:
 
 
 def parent_socket(ctx: zmq.Context[Any], rank: int, endpoint: str,
-                  curve: tuple[bytes, bytes] | None) -> zmq.Socket[Any]:
+                  curve: tuple[bytes, bytes] | None,
+                  connect_timeout: float = 0.0) -> zmq.Socket[Any]:
     """The DEALER to the parent at ``endpoint``, with a new identity for
-    this process (see :mod:`broker.overlay`)."""
+    this process (see :mod:`broker.overlay`).  ``connect_timeout``
+    (``tbon.connect_timeout``, seconds; 0: the system's) bounds one TCP
+    connect attempt, which ZeroMQ then makes again."""
     s: zmq.Socket[Any] = ctx.socket(zmq.DEALER)
     s.setsockopt(zmq.IDENTITY, f"{rank}-{secrets.token_hex(6)}".encode())
     s.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
+    if connect_timeout > 0:
+        s.setsockopt(zmq.CONNECT_TIMEOUT, max(1, round(connect_timeout * 1000)))
     _link_options(s)
     if curve is not None:
         public, secret = curve
