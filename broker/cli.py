@@ -49,7 +49,7 @@ from broker.cliutil import (
     size_int,
     write_out,
 )
-from broker.command import STOP_SIGNALS, STOP_TIMEOUT
+from broker.command import STOP_CAP, STOP_SIGNALS, STOP_TIMEOUT
 from broker.errors import ErrnoError
 from broker.execute import cmd_exec
 from broker.handle import Handle
@@ -152,7 +152,7 @@ def cmd_start(args: argparse.Namespace) -> int:
     # Only `start` runs brokers: client commands do not import the broker
     # (nor ZeroMQ), ~30 ms of every `kvbroker kvs get`.
     from broker.command import Command, cannot_run_message, cannot_run_status, exit_code
-    from broker.launch import STOP_CAP, Instance, StartError, exit_status
+    from broker.launch import Instance, StartError, exit_status
 
     async def main() -> int:
         loop = asyncio.get_running_loop()
@@ -226,7 +226,8 @@ def cmd_start(args: argparse.Namespace) -> int:
             # The instance stops alongside the command, which may take its
             # time to go, or ignore SIGTERM (then it is killed after a bound).
             forget_uri()
-            await asyncio.gather(*([cmd.stop(args.stop_timeout)] if cmd else []), inst.stop())
+            await asyncio.gather(*([cmd.stop(args.stop_timeout)] if cmd else []),
+                                 inst.stop(args.rank_stop_timeout))
             return 1
 
         for sig in STOP_SIGNALS:
@@ -237,17 +238,18 @@ def cmd_start(args: argparse.Namespace) -> int:
         finally:
             forget_uri()
             try:
-                codes = await inst.stop()
+                codes = await inst.stop(args.rank_stop_timeout)
             finally:
                 for sig in STOP_SIGNALS:
                     loop.remove_signal_handler(sig)
                     signal.signal(sig, signal.SIG_IGN)
         for rank in inst.killed:  # (its log cannot say why: it was not running)
             left = inst.left_to_write[rank]
-            print_err(f"rank {rank} did not exit within {STOP_TIMEOUT:g} s of SIGTERM, "
+            limit = args.rank_stop_timeout
+            print_err(f"rank {rank} did not exit within {limit:g} s of SIGTERM, "
                       "so it was killed (a hung or stopped process)" if left is None else
-                      f"rank {rank} did not exit within {STOP_TIMEOUT:g} s of SIGTERM or of "
-                      f"its last progress (at most {STOP_CAP * STOP_TIMEOUT:g} s), so it was "
+                      f"rank {rank} did not exit within {limit:g} s of SIGTERM or of "
+                      f"its last progress (at most {STOP_CAP * limit:g} s), so it was "
                       f"killed with {left} bytes still to write to disk")
         failed = [(rank, code) for rank, code in enumerate(codes)
                   if code and rank not in inst.killed]
@@ -918,6 +920,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                    help="when the instance stops under the command (a rank failed, or "
                    "'kvbroker shutdown'), how long the command has after SIGTERM "
                    f"before it and its process group are killed (default {STOP_TIMEOUT:g})")
+    s.add_argument("--rank-stop-timeout", type=positive_float, default=STOP_TIMEOUT,
+                   metavar="SECONDS", dest="rank_stop_timeout",
+                   help="when the instance stops, how long each rank has after SIGTERM, "
+                   "or after the last progress it reports writing to disk (at most "
+                   f"{STOP_CAP} times this in all), before it is killed "
+                   f"(default {STOP_TIMEOUT:g})")
     s.add_argument("cmdline", nargs=argparse.REMAINDER, metavar="-- COMMAND",
                    help="the command to run in the instance")
     s.set_defaults(func=cmd_start)

@@ -33,6 +33,10 @@ from typing import Any
 
 STOP_TIMEOUT = 15.0
 """How long :meth:`Command.stop` waits after SIGTERM before SIGKILL."""
+STOP_CAP = 10
+"""A rank that reports progress while it stops (``stopping <bytes>``) is
+given more time by the launcher (:mod:`broker.launch`), up to this many
+stop timeouts after its SIGTERM: a stop always ends."""
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 """What ``start`` and ``exec`` pass on to the commands they run."""
 PARENT_DEATH_SIGNAL = signal.SIGKILL

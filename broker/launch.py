@@ -32,14 +32,10 @@ from typing import Any
 from broker import attrs as battrs
 from broker import plugins
 from broker.broker import local_socket_path
-from broker.command import STOP_TIMEOUT
+from broker.command import STOP_CAP, STOP_TIMEOUT
 from broker.topology import children_of, parent_of
 
 START_TIMEOUT = 60.0
-STOP_CAP = 10
-"""A rank that reports progress while it stops (``stopping <bytes>``) is
-given more time, up to this many stop timeouts after its SIGTERM: a stop
-always ends."""
 
 
 class StartError(RuntimeError):

@@ -74,15 +74,16 @@ async def test_start_reports_a_command_killed_by_a_signal() -> None:
 
 async def test_start_says_which_rank_it_had_to_kill() -> None:
     """A rank that does not exit on SIGTERM (stopped here) is killed after
-    the stop timeout: ``start`` names it and why, and exits 1 -- it used to
-    wait in silence, then blame the rank's log, which says nothing."""
+    the stop timeout (``--rank-stop-timeout``, here 2 s, not the default
+    15): ``start`` names it and why, and exits 1 -- it used to wait in
+    silence, then blame the rank's log, which says nothing."""
     stop_rank_2 = f'kill -STOP $({KVBROKER} attr get broker.pid -r 2)'
     rc, _, err = await asyncio.wait_for(run_cli(
-        "start", "--size", "3", "--fanout", "2", "--", "sh", "-c", stop_rank_2),
-        STOP_TIMEOUT + 60)
+        "start", "--size", "3", "--fanout", "2", "--rank-stop-timeout", "2",
+        "--", "sh", "-c", stop_rank_2), 60)
     assert rc == 1, err
     assert err.strip().splitlines()[-1] == (
-        f"kvbroker: rank 2 did not exit within {STOP_TIMEOUT:g} s of SIGTERM, "
+        "kvbroker: rank 2 did not exit within 2 s of SIGTERM, "
         "so it was killed (a hung or stopped process)"), err
 
 
@@ -90,7 +91,7 @@ async def test_start_stopped_by_sigterm_says_which_rank_it_had_to_kill() -> None
     """The same when ``start`` serves without a command and is stopped by
     SIGTERM, as a service is: it exited 0 (operator audit)."""
     proc = await asyncio.create_subprocess_exec(
-        KVBROKER, "start", "--size", "3", "--fanout", "2",
+        KVBROKER, "start", "--size", "3", "--fanout", "2", "--rank-stop-timeout", "2s",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     try:
         assert proc.stdout is not None
@@ -99,14 +100,14 @@ async def test_start_stopped_by_sigterm_says_which_rank_it_had_to_kill() -> None
         assert rc == 0, err
         os.kill(int(out), signal.SIGSTOP)
         proc.send_signal(signal.SIGTERM)
-        _out, err_b = await asyncio.wait_for(proc.communicate(), STOP_TIMEOUT + 60)
+        _out, err_b = await asyncio.wait_for(proc.communicate(), 60)
     finally:
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
     assert proc.returncode == 1, err_b
     assert err_b.decode().strip().splitlines()[-1] == (
-        f"kvbroker: rank 2 did not exit within {STOP_TIMEOUT:g} s of SIGTERM, "
+        "kvbroker: rank 2 did not exit within 2 s of SIGTERM, "
         "so it was killed (a hung or stopped process)"), err_b
 
 
