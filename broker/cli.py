@@ -32,6 +32,7 @@ from broker.cliutil import (
     PermutingParser,
     UsageError,
     add_answer_timeout,
+    building_only,
     command_args,
     connect,
     dumps,
@@ -868,16 +869,34 @@ def cmd_content(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------ parser
 
 
+def command_words(argv: list[str]) -> list[str]:
+    """``argv``'s words that are not options, nor the top-level option's
+    value: the command and its subcommand come first (``kvs``, ``get``)."""
+    out: list[str] = []
+    words = iter(argv)
+    for word in words:
+        if word == "--event-loop" and not out:
+            next(words, None)
+        elif word == "--":
+            out.extend(words)
+        elif not word.startswith("-") or word == "-":
+            out.append(word)
+    return out
+
+
 def command_word(argv: list[str]) -> str | None:
     """The command ``argv`` names: its first word that is not a top-level
     option or an option's value (None if there is none)."""
-    words = iter(argv)
-    for word in words:
-        if word == "--event-loop":
-            next(words, None)
-        elif not word.startswith("-"):
-            return word
-    return None
+    return next(iter(command_words(argv)), None)
+
+
+def parser_for(argv: list[str]) -> argparse.ArgumentParser:
+    """The parser of ``argv``'s command, with only that command (and
+    subcommand) built (:class:`~broker.cliutil.LazySubParsers`), or, if
+    that did not find them, the whole one."""
+    with building_only(command_words(argv)) as build:
+        parser = build_parser(command_word(argv))
+    return parser if build.complete else build_parser(command_word(argv))
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -1174,7 +1193,7 @@ def main(argv: list[str] | None = None) -> int:
     that every command reports alike."""
     argv = sys.argv[1:] if argv is None else argv
     guard_std_streams()
-    parser = build_parser(command_word(argv))
+    parser = parser_for(argv)
     args, extra = parser.parse_known_args(argv)
     if extra:
         subcommand_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")

@@ -5,13 +5,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
+import contextvars
 import errno
 import json
 import math
 import os
 import re
 import sys
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import Any, NoReturn, TypeVar
 
 import msgpack
@@ -451,6 +453,83 @@ def print_err(msg: str) -> None:
     print(f"kvbroker: {msg}", file=sys.stderr)
 
 
+class _Unbuilt:
+    """What :class:`LazySubParsers` hands back for a subcommand the command
+    line does not run: every call on it (``add_argument``,
+    ``add_subparsers``, ``set_defaults``...) does nothing and returns it
+    again, so the code that builds a parser needs no change to be skipped."""
+
+    def __getattr__(self, _name: str) -> Callable[..., _Unbuilt]:
+        return self._ignore
+
+    def _ignore(self, *_args: Any, **_kwargs: Any) -> _Unbuilt:
+        return self
+
+
+_UNBUILT = _Unbuilt()
+
+
+class LazySubParsers(argparse._SubParsersAction):  # type: ignore[type-arg]
+    """Subcommands of which, inside :func:`building_only`, only the one the
+    command line names is built.  Building ``kvbroker``'s ~60 parsers and
+    ~300 options took ~50 ms of a ~180 ms ``kvbroker kvs get`` (argparse
+    makes every parser and translates every help text as it goes), and the
+    test suite starts such commands by the thousand.
+
+    The subparsers of a parser ``depth`` words below ``kvbroker`` want the
+    command line's ``depth``-th word that is not an option: ``get`` in
+    ``kvbroker --event-loop asyncio kvs get -N ns a``.  A word that is no
+    subcommand's (it was an option's value, or a typo) builds nothing, and
+    :func:`building_only` then says the parser is not complete: the caller
+    builds it whole, which gives the usual error listing the choices.  No
+    word (``kvbroker kvs``, ``kvbroker --help``) builds them all."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.wanted: str | None = None
+        build = _building.get()
+        if build is not None:
+            depth = len(self._prog_prefix.split()) - 1
+            self.wanted = build.words[depth] if depth < len(build.words) else None
+            build.levels.append(self)
+
+    def add_parser(self, name: str, **kwargs: Any) -> Any:
+        if self.wanted is not None and self.wanted != name \
+                and self.wanted not in kwargs.get("aliases", ()):
+            return _UNBUILT
+        return super().add_parser(name, **kwargs)
+
+
+class _Build:
+    """One :func:`building_only`: the words it wants, the levels made."""
+
+    def __init__(self, words: list[str]) -> None:
+        self.words = words
+        self.levels: list[LazySubParsers] = []
+
+    @property
+    def complete(self) -> bool:
+        """Every level found the subcommand it wanted."""
+        return all(lv.wanted is None or lv.wanted in lv.choices for lv in self.levels)
+
+
+_building: contextvars.ContextVar[_Build | None] = contextvars.ContextVar(
+    "kvbroker_building", default=None)
+
+
+@contextlib.contextmanager
+def building_only(words: list[str]) -> Iterator[_Build]:
+    """Parsers built inside build only the subcommands ``words`` name
+    (:class:`LazySubParsers`): ``words`` are the command line's words that
+    are not options, the top level's first.  Check ``complete`` after."""
+    build = _Build(words)
+    token = _building.set(build)
+    try:
+        yield build
+    finally:
+        _building.reset(token)
+
+
 class PermutingParser(argparse.ArgumentParser):
     """Options may follow or sit between a command's positionals (``kvs put
     a=1 -N job b=2``, ``rpc TOPIC '{}' --rank 1``), as getopt_long lets them
@@ -464,6 +543,10 @@ class PermutingParser(argparse.ArgumentParser):
     -- -key``): the permuting parse would read what follows it as options."""
 
     _permuting = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.register("action", "parsers", LazySubParsers)
 
     def error(self, message: str) -> NoReturn:
         """A command given without its subcommand prints the subcommands
