@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import random
@@ -36,6 +37,9 @@ from broker.command import STOP_CAP, STOP_TIMEOUT
 from broker.topology import children_of, parent_of
 
 START_TIMEOUT = 60.0
+SPAWN_ENV = "KVBROKER_SPAWN"
+"""``fork`` or ``exec``: how :class:`Instance` starts ranks when not told
+(see :attr:`Instance.spawn`)."""
 
 
 class StartError(RuntimeError):
@@ -148,7 +152,7 @@ def free_tcp_ports(count: int) -> list[int]:
     return ports
 
 
-def _signal(proc: asyncio.subprocess.Process, sig: int) -> None:
+def _signal(proc: RankProcess, sig: int) -> None:
     """Send ``sig`` to a rank that asyncio has not seen exit.
 
     ``os.kill``, not ``proc.send_signal``: Popen's polls first (bpo-38630),
@@ -159,6 +163,49 @@ def _signal(proc: asyncio.subprocess.Process, sig: int) -> None:
     if proc.returncode is None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(proc.pid, sig)
+
+
+class ForkedRank:
+    """A rank forked by the instance's spawner (:mod:`broker.spawner`),
+    with what :class:`Instance` and its users take from an
+    :class:`asyncio.subprocess.Process`: ``pid``, ``returncode``,
+    ``stdout``, ``wait()``, ``send_signal()``, ``kill()``.  Its exit
+    status comes from the spawner, its parent."""
+
+    def __init__(self, pid: int, stdout: asyncio.StreamReader) -> None:
+        self.pid = pid
+        self.stdout = stdout
+        self.returncode: int | None = None
+        self._exited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+    def _ended(self, code: int) -> None:
+        if self.returncode is None:
+            self.returncode = code
+            self._exited.set_result(code)
+
+    async def wait(self) -> int:
+        return await asyncio.shield(self._exited)
+
+    def send_signal(self, sig: int) -> None:
+        _signal(self, sig)
+
+    def kill(self) -> None:
+        _signal(self, signal.SIGKILL)
+
+
+class _OutputProtocol(asyncio.StreamReaderProtocol):
+    """A forked rank's standard output, read into a StreamReader; its pipe
+    is closed at the end of file.  (The stream protocol asks to keep a
+    half-closed transport open, which uvloop honours: the pipe was left
+    open, and the loop could not close.)"""
+
+    def eof_received(self) -> bool:
+        super().eof_received()
+        return False
+
+
+RankProcess = asyncio.subprocess.Process | ForkedRank
+"""A rank's process, as :class:`Instance` holds it."""
 
 
 class Instance:
@@ -177,6 +224,7 @@ class Instance:
         attrs: dict[str, Any] | None = None,
         stderr_path: str | None = None,
         python: str = sys.executable,
+        spawn: str | None = None,
     ) -> None:
         if size < 1:
             raise ValueError("size must be at least 1")
@@ -189,11 +237,22 @@ class Instance:
         self.attrs = dict(attrs or {})
         self.stderr_path = stderr_path
         self.python = python
+        spawn = spawn or os.environ.get(SPAWN_ENV) or "auto"
+        if spawn not in ("auto", "fork", "exec"):
+            raise ValueError(f"spawn must be auto, fork or exec, not {spawn!r}")
+        if spawn == "auto":
+            spawn = "fork" if python == sys.executable and hasattr(os, "fork") else "exec"
+        self.spawn = spawn
+        """``fork``: the ranks are forked by one spawner process that
+        imported them once (:mod:`broker.spawner`); ``exec``: each is
+        ``python -m broker.rank``, as another interpreter (``python``)
+        needs.  ``auto`` (the default, or ``$KVBROKER_SPAWN``) forks."""
+        self._reapers: list[asyncio.Task[None]] = []
         self.rundir = ""
         self.endpoints: dict[int, str] = {}
         """The ``tcp://`` endpoints of ranks with children (``tbon.transport=tcp``);
         empty otherwise."""
-        self.procs: list[asyncio.subprocess.Process] = []
+        self.procs: list[RankProcess] = []
         self.failed: asyncio.Future[tuple[int, int]] | None = None
         """``(rank, exit status)`` of the first rank that exited unasked."""
         self.ended: asyncio.Future[tuple[int, int] | None] | None = None
@@ -305,57 +364,150 @@ class Instance:
         targets = (plugins.module_targets(battrs.module_names(self.attrs))
                    if self.python == sys.executable else {})
         watch_r, self._watch_w = os.pipe()
+        argvs = []
+        for rank in range(self.size):
+            argv = [
+                "--rank", str(rank), "--size", str(self.size),
+                "--fanout", str(self.fanout), "--rundir", self.rundir,
+                "--event-loop", self.event_loop,
+                "--attrs", json.dumps(self.attrs),
+                "--endpoints", json.dumps(endpoints),
+                "--module-targets", json.dumps(targets),
+                "--watch-fd", str(watch_r), "--cleanup-rundir", *curve_args,
+            ]
+            if self.statedir:
+                argv += ["--statedir", self.statedir]
+            argvs.append(argv)
+        env = dict(os.environ)
+        env.pop("KVBROKER_URI", None)
+        env.pop("KVBROKER_RANK", None)
         stderr = None
         if self.stderr_path:
             stderr = open(self.stderr_path, "ab")  # noqa: SIM115
         try:
-            for rank in range(self.size):
-                args = [
-                    self.python, "-m", "broker.rank",
-                    "--rank", str(rank), "--size", str(self.size),
-                    "--fanout", str(self.fanout), "--rundir", self.rundir,
-                    "--event-loop", self.event_loop,
-                    "--attrs", json.dumps(self.attrs),
-                    "--endpoints", json.dumps(endpoints),
-                    "--module-targets", json.dumps(targets),
-                    "--watch-fd", str(watch_r), "--cleanup-rundir", *curve_args,
-                ]
-                if self.statedir:
-                    args += ["--statedir", self.statedir]
-                env = dict(os.environ)
-                env.pop("KVBROKER_URI", None)
-                env.pop("KVBROKER_RANK", None)
-                spawn = asyncio.ensure_future(asyncio.create_subprocess_exec(
-                    *args, stdout=asyncio.subprocess.PIPE, stderr=stderr,
-                    stdin=asyncio.subprocess.DEVNULL, pass_fds=(watch_r,), env=env,
-                    start_new_session=True,
-                ))
-                try:
-                    proc = await asyncio.shield(spawn)
-                except asyncio.CancelledError:
-                    # Cancelled once the child may exist: wait for its Process
-                    # so that stop() ends it too (uvloop leaves it running),
-                    # through further cancels (creating it takes moments).
-                    while not spawn.done():
-                        with contextlib.suppress(asyncio.CancelledError):
-                            await asyncio.wait({spawn})
-                    if not spawn.cancelled() and spawn.exception() is None:
-                        self.procs.append(spawn.result())
-                    raise
-                self.procs.append(proc)
+            if self.spawn == "fork":
+                preload = sorted({t.partition(":")[0] for t in targets.values()})
+                await self._fork_ranks(argvs, preload, watch_r, env, stderr)
+            else:
+                for argv in argvs:
+                    await self._exec_rank(argv, watch_r, env, stderr)
         finally:
             os.close(watch_r)
             if stderr is not None:
                 stderr.close()
 
-    async def _await_ready(self, rank: int, proc: asyncio.subprocess.Process) -> None:
+    async def _exec_rank(self, argv: list[str], watch_r: int, env: dict[str, str],
+                         stderr: Any) -> None:
+        """Start one rank as ``python -m broker.rank ARGV``."""
+        spawn = asyncio.ensure_future(asyncio.create_subprocess_exec(
+            self.python, "-m", "broker.rank", *argv, stdout=asyncio.subprocess.PIPE,
+            stderr=stderr, stdin=asyncio.subprocess.DEVNULL, pass_fds=(watch_r,), env=env,
+            start_new_session=True,
+        ))
+        try:
+            proc = await asyncio.shield(spawn)
+        except asyncio.CancelledError:
+            # Cancelled once the child may exist: wait for its Process
+            # so that stop() ends it too (uvloop leaves it running),
+            # through further cancels (creating it takes moments).
+            while not spawn.done():
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.wait({spawn})
+            if not spawn.cancelled() and spawn.exception() is None:
+                self.procs.append(spawn.result())
+            raise
+        self.procs.append(proc)
+
+    async def _fork_ranks(self, argvs: list[list[str]], preload: list[str], watch_r: int,
+                          env: dict[str, str], stderr: Any) -> None:
+        """Start every rank from one spawner (:mod:`broker.spawner`), which
+        imports them once and forks each.  Cancelled, it still waits until
+        the ranks forked are known, through further cancels, so that
+        :meth:`stop` ends them."""
+        spawn = asyncio.ensure_future(self._spawner(argvs, preload, watch_r, env, stderr))
+        try:
+            self.procs.extend(await asyncio.shield(spawn))
+        except asyncio.CancelledError:
+            while not spawn.done():
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.wait({spawn})
+            if not spawn.cancelled() and spawn.exception() is None:
+                self.procs.extend(spawn.result())
+            raise
+
+    async def _spawner(self, argvs: list[list[str]], preload: list[str], watch_r: int,
+                       env: dict[str, str], stderr: Any) -> list[ForkedRank]:
+        loop = asyncio.get_running_loop()
+        pipes = [os.pipe() for _ in argvs]
+        try:
+            spawner = await asyncio.create_subprocess_exec(
+                self.python, "-m", "broker.spawner", self.rundir,
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=stderr,
+                pass_fds=(watch_r, *(w for _, w in pipes)), env=env, start_new_session=True)
+        except BaseException:
+            for r, w in pipes:
+                os.close(r)
+                os.close(w)
+            raise
+        for _, w in pipes:
+            os.close(w)
+        readers = []
+        for r, _ in pipes:
+            reader = asyncio.StreamReader(limit=1 << 20)
+            await loop.connect_read_pipe(functools.partial(_OutputProtocol, reader),
+                                         os.fdopen(r, "rb", 0))
+            readers.append(reader)
+        spec = {"preload": preload,
+                "ranks": [{"argv": argv, "stdout": w} for argv, (_, w) in zip(argvs, pipes,
+                                                                               strict=True)]}
+        assert spawner.stdin is not None and spawner.stdout is not None
+        spawner.stdin.write(json.dumps(spec).encode())
+        spawner.stdin.close()
+        ranks: list[ForkedRank] = []
+        while len(ranks) < len(argvs):
+            line = await spawner.stdout.readline()
+            word, _, rest = line.decode().partition(" ")
+            if word != "pid":
+                await spawner.wait()
+                raise StartError(f"the rank spawner exited {exit_status(spawner.returncode or 0)} "
+                                 f"having started {len(ranks)} of {len(argvs)} ranks")
+            ranks.append(ForkedRank(int(rest.split()[1]), readers[len(ranks)]))
+        # (not among the _waiters, which a stop cancels: the ranks it
+        # signalled are still to be reaped)
+        self._reapers = [t for t in self._reapers if not t.done()]
+        self._reapers.append(loop.create_task(self._reap(spawner, ranks)))
+        return ranks
+
+    @staticmethod
+    async def _reap(spawner: asyncio.subprocess.Process, ranks: list[ForkedRank]) -> None:
+        """The ranks' exits, as their parent the spawner reports them; the
+        last rank's once the spawner itself is gone, so that nothing of the
+        instance is left running when :meth:`stop` returns."""
+        assert spawner.stdout is not None
+        while line := await spawner.stdout.readline():
+            word, _, rest = line.decode().partition(" ")
+            if word == "exit":
+                number, code = (int(x) for x in rest.split())
+                if sum(r.returncode is None for r in ranks) == 1:
+                    await spawner.wait()
+                ranks[number]._ended(code)
+        # The spawner is gone (killed?) with ranks it did not report: they
+        # are no one's children now, and cannot be waited for.
+        for r in ranks:
+            if r.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(r.pid, signal.SIGKILL)
+                r._ended(-signal.SIGKILL)
+        await spawner.wait()
+
+    async def _await_ready(self, rank: int, proc: RankProcess) -> None:
         assert proc.stdout is not None
         line = await proc.stdout.readline()
         if not line.startswith(b"ready"):
             code = await proc.wait()
             raise StartError(f"rank {rank} exited {exit_status(code)} during start-up")
 
-    async def _read_stdout(self, rank: int, proc: asyncio.subprocess.Process) -> None:
+    async def _read_stdout(self, rank: int, proc: RankProcess) -> None:
         """A rank prints ``shutdown`` (after ``ready``) when a client shut it
         down, before it tells any rank below it to stop; and ``stopping
         <bytes>`` while it stops with bytes left to write."""
@@ -379,7 +531,7 @@ class Instance:
             now = asyncio.get_running_loop().time()
             timer.reschedule(min(now + self._stop_timeout, self._stop_cap))
 
-    async def _watch(self, rank: int, proc: asyncio.subprocess.Process) -> None:
+    async def _watch(self, rank: int, proc: RankProcess) -> None:
         code = await proc.wait()
         shut_down = await self._shut_down_above(rank) if code == 0 else None
         if self._stopping or self.ended is None or self.ended.done():
@@ -438,7 +590,7 @@ class Instance:
             self._release()
         return [p.returncode for p in self.procs]
 
-    async def _end(self, rank: int, proc: asyncio.subprocess.Process, timeout: float) -> bool:
+    async def _end(self, rank: int, proc: RankProcess, timeout: float) -> bool:
         """Wait for a rank sent SIGTERM to exit; SIGKILL it (True) once its
         deadline passes, which :meth:`_progress` may push back."""
         try:
