@@ -165,6 +165,40 @@ def _signal(proc: RankProcess, sig: int) -> None:
             os.kill(proc.pid, sig)
 
 
+async def _exited(pid: int, patience: float = 10.0) -> None:
+    """Until process ``pid``, not this one's child, has exited (a pidfd
+    becomes readable then, zombie or not), or ``patience`` seconds where
+    pidfds are missing (polled)."""
+    loop = asyncio.get_running_loop()
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    except (AttributeError, OSError):
+        deadline = loop.time() + patience
+        while loop.time() < deadline:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return
+            await asyncio.sleep(0.01)
+        return
+    try:
+        readable: asyncio.Future[None] = loop.create_future()
+
+        def ready() -> None:
+            if not readable.done():
+                readable.set_result(None)
+
+        loop.add_reader(pidfd, ready)
+        try:
+            await readable
+        finally:
+            loop.remove_reader(pidfd)
+    finally:
+        os.close(pidfd)
+
+
 class ForkedRank:
     """A rank forked by the instance's spawner (:mod:`broker.spawner`),
     with what :class:`Instance` and its users take from an
@@ -457,7 +491,7 @@ class Instance:
             await loop.connect_read_pipe(functools.partial(_OutputProtocol, reader),
                                          os.fdopen(r, "rb", 0))
             readers.append(reader)
-        spec = {"preload": preload,
+        spec = {"preload": preload, "keep": [watch_r],
                 "ranks": [{"argv": argv, "stdout": w} for argv, (_, w) in zip(argvs, pipes,
                                                                                strict=True)]}
         assert spawner.stdin is not None and spawner.stdout is not None
@@ -497,6 +531,7 @@ class Instance:
             if r.returncode is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(r.pid, signal.SIGKILL)
+                await _exited(r.pid)
                 r._ended(-signal.SIGKILL)
         await spawner.wait()
 

@@ -21,8 +21,10 @@ once every rank has.  The launcher sends the ranks their signals itself.
 Protocol: ``python -m broker.spawner RUNDIR`` (the run directory is on the
 command line so that the process, and the ranks it forks, show whose
 they are in ``ps``), and on standard input one JSON object,
-``{"preload": [module, ...], "ranks": [{"argv": [...], "stdout": fd}, ...]}``,
-whose ``stdout`` descriptors it was given (``pass_fds``).
+``{"preload": [module, ...], "ranks": [{"argv": [...], "stdout": fd}, ...],
+"keep": [fd, ...]}``, whose ``stdout`` and ``keep`` descriptors it was
+given (``pass_fds``: ``keep`` holds the launcher's watch pipe); it closes
+every other one.
 """
 
 from __future__ import annotations
@@ -77,8 +79,24 @@ def _run_rank(argv: list[str], stdout_fd: int, other_fds: list[int]) -> NoReturn
     os._exit(code & 0xFF)
 
 
+def _close_other_fds(keep: set[int]) -> None:
+    """Close every descriptor but ``keep``: what the launcher's event loop
+    left open in this process (uvloop's spawn leaves copies of the standard
+    streams' sockets) the ranks would inherit, and a rank holding a copy
+    of this process's standard output would hide its end from the
+    launcher."""
+    low = 0
+    for fd in sorted(keep) + [os.sysconf("SC_OPEN_MAX")]:
+        if fd > low:
+            os.closerange(low, fd)
+        low = max(low, fd + 1)
+
+
 def main() -> int:
     spec: dict[str, Any] = json.load(sys.stdin)
+    ranks: list[dict[str, Any]] = spec["ranks"]
+    fds = [int(r["stdout"]) for r in ranks]
+    _close_other_fds({0, 1, 2, *fds, *(int(fd) for fd in spec.get("keep", []))})
     # A rank run as a script guards its standard streams first (broker.rank).
     from broker.cli import guard_std_streams
 
@@ -87,8 +105,6 @@ def main() -> int:
 
     for module in spec.get("preload", []):
         importlib.import_module(module)
-    ranks: list[dict[str, Any]] = spec["ranks"]
-    fds = [int(r["stdout"]) for r in ranks]
     # Objects made so far are never freed: out of the collector's sight, a
     # rank's collections do not touch (and so copy) their shared pages.
     gc.freeze()
