@@ -421,6 +421,8 @@ class Instance:
         try:
             if self.spawn == "fork":
                 preload = sorted({t.partition(":")[0] for t in targets.values()})
+                if self.event_loop != "asyncio":
+                    preload.append("uvloop")  # (the loop every rank makes)
                 await self._fork_ranks(argvs, preload, watch_r, env, stderr)
             else:
                 for argv in argvs:

@@ -104,7 +104,9 @@ def main() -> int:
     from broker import rank  # noqa: F401 (imported once here, for every rank)
 
     for module in spec.get("preload", []):
-        importlib.import_module(module)
+        # (one that fails is the rank's to report, as it would have)
+        with contextlib.suppress(ImportError):
+            importlib.import_module(module)
     # Objects made so far are never freed: out of the collector's sight, a
     # rank's collections do not touch (and so copy) their shared pages.
     gc.freeze()
