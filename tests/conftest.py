@@ -60,6 +60,15 @@ def _share_bytecode(config: pytest.Config) -> None:
     config.add_cleanup(lambda: shutil.rmtree(prefix, ignore_errors=True))
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto``: three workers for every two cores.  A test spends much
+    of its time waiting on processes it started (ranks, commands), and two
+    workers on 2 cores left them ~20% idle: 456 s with three against ~510 s
+    with two, on this project's 2-core machines (docs/performance.md)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, (3 * (cores or 1) + 1) // 2)
+
+
 def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict[str, Any]:
     if item.get_closest_marker("both_loops"):
         return BOTH
