@@ -28,6 +28,7 @@ import socket
 import stat
 import sys
 import tempfile
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
 from broker import attrs as battrs
@@ -435,40 +436,34 @@ class Instance:
     async def _exec_rank(self, argv: list[str], watch_r: int, env: dict[str, str],
                          stderr: Any) -> None:
         """Start one rank as ``python -m broker.rank ARGV``."""
-        spawn = asyncio.ensure_future(asyncio.create_subprocess_exec(
-            self.python, "-m", "broker.rank", *argv, stdout=asyncio.subprocess.PIPE,
-            stderr=stderr, stdin=asyncio.subprocess.DEVNULL, pass_fds=(watch_r,), env=env,
-            start_new_session=True,
-        ))
-        try:
-            proc = await asyncio.shield(spawn)
-        except asyncio.CancelledError:
-            # Cancelled once the child may exist: wait for its Process
-            # so that stop() ends it too (uvloop leaves it running),
-            # through further cancels (creating it takes moments).
-            while not spawn.done():
-                with contextlib.suppress(asyncio.CancelledError):
-                    await asyncio.wait({spawn})
-            if not spawn.cancelled() and spawn.exception() is None:
-                self.procs.append(spawn.result())
-            raise
-        self.procs.append(proc)
+        async def start() -> list[RankProcess]:
+            return [await asyncio.create_subprocess_exec(
+                self.python, "-m", "broker.rank", *argv, stdout=asyncio.subprocess.PIPE,
+                stderr=stderr, stdin=asyncio.subprocess.DEVNULL, pass_fds=(watch_r,), env=env,
+                start_new_session=True)]
+
+        await self._keep_started(start())
 
     async def _fork_ranks(self, argvs: list[list[str]], preload: list[str], watch_r: int,
                           env: dict[str, str], stderr: Any) -> None:
         """Start every rank from one spawner (:mod:`broker.spawner`), which
-        imports them once and forks each.  Cancelled, it still waits until
-        the ranks forked are known, through further cancels, so that
-        :meth:`stop` ends them."""
-        spawn = asyncio.ensure_future(self._spawner(argvs, preload, watch_r, env, stderr))
+        imports them once and forks each."""
+        await self._keep_started(self._spawner(argvs, preload, watch_r, env, stderr))
+
+    async def _keep_started(self, starting: Awaitable[Sequence[RankProcess]]) -> None:
+        """Add the processes ``starting`` starts to :attr:`procs` -- also
+        when cancelled once they may exist: it waits for them then, through
+        further cancels (starting takes moments, and uvloop leaves a child
+        running), so that :meth:`stop` ends them too, and re-raises."""
+        task = asyncio.ensure_future(starting)
         try:
-            self.procs.extend(await asyncio.shield(spawn))
+            self.procs.extend(await asyncio.shield(task))
         except asyncio.CancelledError:
-            while not spawn.done():
+            while not task.done():
                 with contextlib.suppress(asyncio.CancelledError):
-                    await asyncio.wait({spawn})
-            if not spawn.cancelled() and spawn.exception() is None:
-                self.procs.extend(spawn.result())
+                    await asyncio.wait({task})
+            if not task.cancelled() and task.exception() is None:
+                self.procs.extend(task.result())
             raise
 
     async def _spawner(self, argvs: list[list[str]], preload: list[str], watch_r: int,
