@@ -894,9 +894,11 @@ def parser_for(argv: list[str]) -> argparse.ArgumentParser:
     """The parser of ``argv``'s command, with only that command (and
     subcommand) built (:class:`~broker.cliutil.LazySubParsers`), or, if
     that did not find them, the whole one."""
-    with building_only(command_words(argv)) as build:
-        parser = build_parser(command_word(argv))
-    return parser if build.complete else build_parser(command_word(argv))
+    words = command_words(argv)
+    command = words[0] if words else None
+    with building_only(words) as build:
+        parser = build_parser(command)
+    return parser if build.complete else build_parser(command)
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
