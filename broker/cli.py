@@ -16,7 +16,6 @@ import math
 import os
 import pwd
 import secrets
-import select
 import signal
 import stat
 import sys
@@ -48,6 +47,7 @@ from broker.cliutil import (
     rank_set,
     run_async,
     size_int,
+    stdout_is_broken,
     write_out,
 )
 from broker.command import STOP_CAP, STOP_SIGNALS, STOP_TIMEOUT
@@ -644,7 +644,7 @@ def cmd_event(args: argparse.Namespace) -> int:
                 n += 1
         return 0
 
-    return run_async(args, main)
+    return run_async(args, main, streams=args.event_cmd == "sub")
 
 
 def cmd_attr(args: argparse.Namespace) -> int:
@@ -733,7 +733,7 @@ def cmd_dmesg(args: argparse.Namespace) -> int:
                                  lambda r: h.rpc("log.clear", {"seq": last[r]}, nodeid=r))
         return 1 if lost else 0
 
-    return run_async(args, main)
+    return run_async(args, main, streams=args.follow)
 
 
 async def _reachable(h: Handle, ranks: list[int],
@@ -1297,21 +1297,6 @@ def report_local_error(args: argparse.Namespace, exc: OSError | ValueError) -> i
 SIGPIPE_STATUS = 128 + signal.SIGPIPE
 """What a shell reports for a process killed by SIGPIPE (141): what ``cmd |
 head`` has always meant for a C command such as ``flux kvs dir``."""
-
-
-def stdout_is_broken() -> bool:
-    """Whether standard output is a pipe (or socket) nobody reads any more.
-
-    Python ignores SIGPIPE, so a write there raises BrokenPipeError -- as
-    does a write to the broker's socket, which is a real error.  The kernel
-    flags the first case itself: a pipe without readers polls POLLERR."""
-    try:
-        fd = sys.stdout.fileno()
-    except (AttributeError, OSError, ValueError):
-        return False
-    poller = select.poll()
-    poller.register(fd, select.POLLOUT)
-    return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poller.poll(0))
 
 
 def stdout_closed() -> int:

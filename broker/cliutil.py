@@ -12,6 +12,8 @@ import json
 import math
 import os
 import re
+import select
+import stat
 import sys
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import Any, NoReturn, TypeVar
@@ -421,13 +423,80 @@ def no_answer_detail(rank: int | None, timeout: float) -> str:
     return f"{os.strerror(errno.ETIMEDOUT)} ({who} in {timeout:g}s: stopped or hung?)"
 
 
-def run_async(args: argparse.Namespace, coro_fn: Callable[[], Awaitable[int | None]]) -> int:
+def stdout_is_broken() -> bool:
+    """Whether standard output is a pipe (or socket) nobody reads any more.
+
+    Python ignores SIGPIPE, so a write there raises BrokenPipeError -- as
+    does a write to the broker's socket, which is a real error.  The kernel
+    flags the first case itself: a pipe without readers polls POLLERR."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return False
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poller.poll(0))
+
+
+class _StdoutReaderGone:
+    """Cancels ``task`` when the pipe on standard output loses its reader.
+
+    A command that prints as things happen (``kvs get --watch``, ``event
+    sub``) learned that its reader had gone (``... | head -1``) only from
+    its next write, which might never come: it sat there, holding a watch
+    on a rank, until the key changed again.  GNU ``tail -f`` watches for
+    the same thing.  A pipe's writing end never polls readable, so a
+    reader on it fires only for the error a closed pipe polls; anything
+    else on standard output (a terminal, a file, a socket) is left alone."""
+
+    def __init__(self, task: asyncio.Task[Any]) -> None:
+        self.task = task
+        self.fired = False
+        self.fd: int | None = None
+        try:
+            fd = sys.stdout.fileno()
+            if stat.S_ISFIFO(os.fstat(fd).st_mode):
+                asyncio.get_running_loop().add_reader(fd, self._check)
+                self.fd = fd
+        except (AttributeError, OSError, ValueError):
+            pass
+
+    def _check(self) -> None:
+        if stdout_is_broken() and not self.fired:
+            self.fired = True
+            self.close()
+            self.task.cancel()
+
+    def close(self) -> None:
+        if self.fd is not None:
+            asyncio.get_running_loop().remove_reader(self.fd)
+            self.fd = None
+
+
+def run_async(args: argparse.Namespace, coro_fn: Callable[[], Awaitable[int | None]],
+              *, streams: bool = False) -> int:
     """Run a client command on the loop the user chose (``--event-loop``),
-    within ``-t/--timeout`` if the command has it (:func:`add_answer_timeout`)."""
+    within ``-t/--timeout`` if the command has it (:func:`add_answer_timeout`).
+    A command that ``streams`` output as things happen ends as soon as the
+    pipe it prints into has no reader (``BrokenPipeError``, which the
+    dispatcher turns into exit status 141, as for a write that failed)."""
     name = getattr(args, "event_loop", None) or os.environ.get("KVBROKER_EVENT_LOOP") or "auto"
     limit: float | None = getattr(args, "answer_timeout", None)
 
     async def main() -> int | None:
+        task = asyncio.current_task()
+        gone = _StdoutReaderGone(task) if streams and task is not None else None
+        try:
+            return await bounded()
+        except asyncio.CancelledError:
+            if gone is None or not gone.fired:
+                raise
+            raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE)) from None
+        finally:
+            if gone is not None:
+                gone.close()
+
+    async def bounded() -> int | None:
         if limit is None:
             return await coro_fn()
         try:

@@ -77,7 +77,7 @@ def _run(args: argparse.Namespace, body: Callable[[Handle], Awaitable[int]]) -> 
             return await body(h)
 
     try:
-        return run_async(args, main)
+        return run_async(args, main, streams=True)
     finally:
         sys.stdout.flush()
         sys.stdout.buffer.flush()

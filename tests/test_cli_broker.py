@@ -1003,7 +1003,7 @@ async def test_a_reader_leaving_mid_value_is_a_closed_stdout(start_instance) -> 
     assert rc == 0 and out.encode() == big
 
 
-async def test_a_closed_stdout_ends_every_command_quietly(start_instance, connect) -> None:
+async def test_a_closed_stdout_ends_every_command_quietly(start_instance) -> None:
     """``cmd | head -1``: exit 141 (128 + SIGPIPE) and nothing on stderr, as a
     command killed by SIGPIPE -- was ``kvbroker: kvs dir: Broken pipe``, exit 1."""
     inst = await start_instance(size=2, fanout=2)
@@ -1019,20 +1019,60 @@ async def test_a_closed_stdout_ends_every_command_quietly(start_instance, connec
             _, err_b = await proc.communicate()
             assert (proc.returncode, err_b) == (141, b""), args
 
-        watcher = await connect(inst, 0)
-        st = await stats(watcher)
-        clients, subs = st["clients"], client_subscriptions(st)
+        # (a command that streams ends before any event or change comes:
+        # test_a_watch_ends_when_its_reader_leaves_without_waiting_for_a_change)
         sub = await spawn_to_closed_pipe(uri, "event", "sub", "pipe.test")
-
-        async def subscribed() -> bool:
-            s = await stats(watcher)  # (the client's own, not rank 0's modules')
-            return s["clients"] == clients + 1 and client_subscriptions(s) >= subs + 1
-
-        await wait_until(subscribed, "kvbroker event sub to subscribe", timeout=20)
-        rc, _, err = await run_cli("event", "pub", "pipe.test", uri=uri)
-        assert rc == 0, err
         _, err_b = await sub.communicate()
         assert (sub.returncode, err_b) == (141, b"")
+
+
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+async def test_a_watch_ends_when_its_reader_leaves_without_waiting_for_a_change(
+        start_instance, connect, loop) -> None:
+    """``kvs get --watch k | head -1``: head exits after the first value.
+    The command learned it only from its next write, so it held its watch
+    on the rank until ``k`` changed again, which may be never; it now ends
+    at once (141, nothing on stderr, as for a failed write), and the rank
+    drops the watch.  ``event sub`` and ``dmesg --follow`` alike."""
+    inst = await start_instance(size=1)
+    uri = inst.uri(0)
+    h = await connect(inst, 0)
+    async with asyncio.timeout(60):
+        rc, _, err = await run_cli("kvs", "put", "k=v", uri=uri)
+        assert rc == 0, err
+        rc, _, err = await run_cli("logger", "a record for dmesg", uri=uri)
+        assert rc == 0, err
+        for args, first in ((("kvs", "get", "--watch", "k"), b"v\n"),
+                            (("event", "sub", "reader."), b"reader.x\tnull\n"),
+                            (("dmesg", "--follow"), None)):
+            r, w = os.pipe()
+            try:
+                proc = await asyncio.create_subprocess_exec(
+                    KVBROKER, *args, stdout=w, stderr=asyncio.subprocess.PIPE,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    env=dict(os.environ, KVBROKER_URI=uri, KVBROKER_EVENT_LOOP=loop))
+            finally:
+                os.close(w)
+            with os.fdopen(r, "rb", 0) as reader:
+                if args[0] == "event":  # (once subscribed: published before, it is not seen)
+                    await wait_until(lambda: _client_subscribed(h), "event sub to subscribe")
+                    rc, _, err = await run_cli("event", "pub", "reader.x", uri=uri)
+                    assert rc == 0, err
+                line = await asyncio.to_thread(reader.readline)
+                assert first is None or line == first, (args, line)
+            # (the reader is gone; nothing more is written, committed or published)
+            _, err_b = await proc.communicate()
+            assert (proc.returncode, err_b) == (141, b""), args
+
+        async def unwatched() -> bool:
+            return int((await h.rpc("kvs-watch.stats-get", {}))["watchers"]) == 0
+
+        await wait_until(unwatched, "the rank to drop the watch")
+
+
+async def _client_subscribed(h: Handle) -> bool:
+    """Whether a client of ``h``'s rank holds an event subscription."""
+    return client_subscriptions(await stats(h)) >= 1
 
 
 @pytest.mark.parametrize("args, listed", [
