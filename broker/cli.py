@@ -1038,6 +1038,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     e.add_argument("--loopback", "-l", action="store_true",
                    help="exit once the event has come back to this rank, which has "
                    "passed it to its subscribers (as flux event pub -l)")
+    e.add_argument("--synchronous", "-s", action="store_true",
+                   help="accepted for flux event pub's scripts: pub always returns once "
+                   "the event has its sequence number")
     e = esub.add_parser("sub", help="print events whose topic starts with a PREFIX")
     e.add_argument("--count", "-c", type=non_negative_int, metavar="N",
                    help="exit after N events (default, or 0: until Ctrl-C)")

@@ -913,7 +913,9 @@ async def test_event_pub_and_sub(start_instance, connect) -> None:
             rc, out, err = await run_cli("event", "pub", "-v", "cli.other", uri=inst.uri(1))
             assert rc == 0, err
             first = int(out)
-            rc, out, err = await run_cli("event", "pub", "cli.a.x", '{"n": 1}', uri=inst.uri(1))
+            # (-s, Flux's "synchronous", is what pub always does)
+            rc, out, err = await run_cli("event", "pub", "-s", "cli.a.x", '{"n": 1}',
+                                         uri=inst.uri(1))
             assert (rc, out) == (0, ""), err
             rc, out, err = await run_cli(
                 "event", "pub", "-v", "--private", "cli.b", uri=inst.uri(0)
