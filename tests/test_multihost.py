@@ -1263,7 +1263,10 @@ async def test_a_rank_joins_a_real_parent_whose_hello_answer_was_lost_with_its_l
             rank1 = await brokers(config, 1, "-S", "hostname=h1")
             await rank1.ready()
             await rank0.ready()
-            assert relay.broken.is_set() and relay.connections == 2
+            # (2: the broken one and the next; more when a loaded machine
+            # made rank 1 dial again before its handshake through the relay
+            # was done)
+            assert relay.broken.is_set() and relay.connections >= 2
             assert (await h.ping(1))["route"][-1] == "r1"
             overlay = (await stats(h, 0))["overlay"]
             assert overlay["children"] == [1]
