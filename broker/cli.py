@@ -37,6 +37,7 @@ from broker.cliutil import (
     dumps,
     duration_arg,
     each_rank,
+    encode_ranks,
     errno_detail,
     json_arg,
     no_answer_detail,
@@ -558,10 +559,69 @@ def cmd_overlay(args: argparse.Namespace) -> int:
             await h.rpc("overlay.disconnect-subtree", {"rank": args.target}, nodeid=parent)
         return 0
 
+    async def lookup() -> int:
+        async with await connect() as h:
+            hosts = str(await h.attr_get("hostlist")).split(",")
+        print(translate_target(args.target, hosts))
+        return 0
+
+    async def parentof() -> int:
+        from broker import topology
+
+        async with await connect() as h:
+            size = int(await h.attr_get("size"))
+            fanout = int(await h.attr_get("fanout"))
+        if args.rank >= size:
+            raise CLIError("overlay parentof", detail=f"{args.rank} is not a rank of this "
+                           f"instance (size {size})")
+        parent = topology.parent_of(args.rank, fanout)
+        if parent is None:
+            raise CLIError("overlay parentof", detail="rank 0 has no parent")
+        print(parent)
+        return 0
+
     if args.overlay_cmd == "disconnect":
         args.what = "overlay disconnect"
         return run_async(args, disconnect)
+    if args.overlay_cmd == "lookup":
+        args.what = "overlay lookup"
+        return run_async(args, lookup)
+    if args.overlay_cmd == "parentof":
+        args.what = "overlay parentof"
+        return run_async(args, parentof)
     return run_async(args, main)
+
+
+def translate_target(target: str, hosts: list[str]) -> str:
+    """``overlay lookup``: a rank idset (``0-3``, ``all``) to the host list of
+    those ranks, in rank order (``node[0-3]``), or a host list to the idset
+    of the ranks on those hosts -- every rank of a host, where Flux names
+    the first (here several ranks commonly share one host).  ``hosts``: the
+    instance's host by rank (the ``hostlist`` attribute)."""
+    from broker import hostlist
+
+    try:
+        wanted = rank_set(target)
+    except argparse.ArgumentTypeError:
+        pass
+    else:
+        return hostlist.encode(hosts[r] for r in wanted.ranks(len(hosts), "overlay lookup"))
+    try:
+        names = hostlist.expand(target)
+    except ValueError as exc:
+        raise CLIError("overlay lookup", detail=f"TARGET must be a rank idset or a host "
+                       f"list: {exc}") from None
+    by_host: dict[str, list[int]] = {}
+    for rank, host in enumerate(hosts):
+        by_host.setdefault(host, []).append(rank)
+    ranks: set[int] = set()
+    for name in names:
+        found = by_host.get(name)
+        if found is None:
+            raise CLIError("overlay lookup", detail=f"no rank of this instance runs on "
+                           f"host {name!r} (its hosts: {hostlist.encode(dict.fromkeys(hosts))})")
+        ranks.update(found)
+    return encode_ranks(sorted(ranks))
 
 
 def cmd_uptime(args: argparse.Namespace) -> int:
@@ -1096,6 +1156,15 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     o.add_argument("target", type=rank_int, metavar="RANK")
     o.add_argument("--parent", "-r", type=rank_int, metavar="RANK",
                    help="the rank to ask (default: the target's parent in the tree)")
+    o.set_defaults(func=cmd_overlay)
+    o = osub.add_parser("lookup", help="translate ranks (an idset: 0-3) to the host list "
+                        "they run on, or a host list (node[0-3]) to its ranks; as flux "
+                        "overlay lookup")
+    o.add_argument("target", metavar="TARGET")
+    o.set_defaults(func=cmd_overlay)
+    o = osub.add_parser("parentof", help="the rank's parent in the tree; as flux overlay "
+                        "parentof")
+    o.add_argument("rank", type=rank_int, metavar="RANK")
     o.set_defaults(func=cmd_overlay)
 
     s = sub.add_parser("uptime", help="how long the instance has run, its owner and size "

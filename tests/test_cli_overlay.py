@@ -425,3 +425,43 @@ async def test_overlay_disconnect_refuses_what_it_cannot_do(start_instance) -> N
     assert rc == 1 and "rank 1 is not a connected child of rank 2" in err, err
     rc, _, err = await run_cli("overlay", "status", uri=inst.uri(0))
     assert rc == 0, err  # nothing was cut
+
+
+def test_lookup_translates_ranks_and_hosts_as_flux_t3303() -> None:
+    """``overlay lookup`` on flux-core's t3303 instance (ranks 0-14 on
+    fake0..fake14): ranks to hosts and back, and what it refuses."""
+    hosts = [f"fake{i}" for i in range(15)]
+    assert cli.translate_target("0", hosts) == "fake0"
+    assert cli.translate_target("0-14", hosts) == "fake[0-14]"
+    assert cli.translate_target("all", hosts) == "fake[0-14]"
+    assert cli.translate_target("1-2,5", hosts) == "fake[1-2,5]"
+    assert cli.translate_target("fake2", hosts) == "2"
+    assert cli.translate_target("fake[2-3]", hosts) == "2-3"
+    assert cli.translate_target("fake[5,2]", hosts) == "2,5"
+    for target, why in [("100", "no rank 100: the instance's ranks are 0-14"),
+                        ("fake2[", "TARGET must be a rank idset or a host list: unbalanced"),
+                        ("foo", "no rank of this instance runs on host 'foo' (its hosts: "
+                                "fake[0-14])")]:
+        with pytest.raises(cli.CLIError, match=re.escape(why)):
+            cli.translate_target(target, hosts)
+    # several ranks on one host: all of them (Flux names the first)
+    assert cli.translate_target("vm", ["vm", "vm", "other", "vm"]) == "0-1,3"
+    assert cli.translate_target("0-3", ["vm", "vm", "other", "vm"]) == "vm,vm,other,vm"
+
+
+async def test_overlay_lookup_and_parentof_on_a_running_instance(start_instance) -> None:
+    inst = await start_instance(size=4, fanout=2)
+    host = socket.gethostname()
+    uri = inst.uri(3)
+    assert await run_cli("overlay", "lookup", "0-3", uri=uri) == (
+        0, ",".join([host] * 4) + "\n", "")
+    assert await run_cli("overlay", "lookup", host, uri=uri) == (0, "0-3\n", "")
+    rc, out, err = await run_cli("overlay", "lookup", "4", uri=uri)
+    assert (rc, out) == (1, ""), err
+    assert "no rank 4: the instance's ranks are 0-3" in err, err
+    got = [await run_cli("overlay", "parentof", str(r), uri=uri) for r in (1, 2, 3)]
+    assert got == [(0, "0\n", ""), (0, "0\n", ""), (0, "1\n", "")]
+    assert await run_cli("overlay", "parentof", "0", uri=uri) == (
+        1, "", "kvbroker: overlay parentof: rank 0 has no parent\n")
+    assert await run_cli("overlay", "parentof", "4", uri=uri) == (
+        1, "", "kvbroker: overlay parentof: 4 is not a rank of this instance (size 4)\n")
