@@ -545,19 +545,34 @@ def cmd_overlay(args: argparse.Namespace) -> int:
             # (size and fanout: the attached rank's, the same as rank 0's,
             # which a torpid rank on the way might keep from answering)
             size = int(await h.attr_get("size"))
-            if args.target >= size:
-                raise CLIError("overlay disconnect", detail=f"rank {args.target} is not a "
+            target = await disconnect_target(h)
+            if target >= size:
+                raise CLIError("overlay disconnect", detail=f"rank {target} is not a "
                                f"rank of this instance (size {size})")
             parent = args.parent
             if parent is None:
                 fanout = int(await h.attr_get("fanout"))
-                parent = topology.parent_of(args.target, fanout)
+                parent = topology.parent_of(target, fanout)
                 if parent is None:
                     raise CLIError("overlay disconnect", detail="rank 0 has no parent: "
                                    "stop the instance instead (kvbroker shutdown)")
-            print(f"asking rank {parent} to disconnect child rank {args.target}", flush=True)
-            await h.rpc("overlay.disconnect-subtree", {"rank": args.target}, nodeid=parent)
+            print(f"asking rank {parent} to disconnect child rank {target}", flush=True)
+            await h.rpc("overlay.disconnect-subtree", {"rank": target}, nodeid=parent)
         return 0
+
+    async def disconnect_target(h: Handle) -> int:
+        """TARGET: a rank, or the host of exactly one rank (as Flux's)."""
+        text = args.target
+        if isinstance(text, int):
+            return text
+        hosts = str(await h.attr_get("hostlist")).split(",")
+        ranks = [rank for rank, host in enumerate(hosts) if host == text]
+        if len(ranks) != 1:
+            why = (f"ranks {encode_ranks(ranks)} run on host {text!r}: name one" if ranks
+                   else f"no rank of this instance runs on host {text!r}")
+            raise CLIError("overlay disconnect",
+                           detail=f"TARGET must be a valid rank or hostname: {why}")
+        return ranks[0]
 
     async def lookup() -> int:
         async with await connect() as h:
@@ -590,6 +605,12 @@ def cmd_overlay(args: argparse.Namespace) -> int:
         args.what = "overlay parentof"
         return run_async(args, parentof)
     return run_async(args, main)
+
+
+def rank_or_host(text: str) -> int | str:
+    """argparse ``type`` for ``overlay disconnect TARGET``: a rank (checked
+    as :func:`rank_int` checks one), else a host name, looked up later."""
+    return rank_int(text) if text.isascii() and text.isdigit() else text
 
 
 def translate_target(target: str, hosts: list[str]) -> str:
@@ -1153,7 +1174,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     o.set_defaults(func=cmd_overlay)
     o = osub.add_parser("disconnect", help="cut a rank and its subtree off the tree (a hung "
                         "rank: requests to it then fail at once); as flux overlay disconnect")
-    o.add_argument("target", type=rank_int, metavar="RANK")
+    o.add_argument("target", type=rank_or_host, metavar="TARGET",
+                   help="a rank, or the host of one rank")
     o.add_argument("--parent", "-r", type=rank_int, metavar="RANK",
                    help="the rank to ask (default: the target's parent in the tree)")
     o.set_defaults(func=cmd_overlay)

@@ -739,6 +739,30 @@ async def test_entries_that_name_no_one_host_are_not_judged(tmp_path: Path, brok
     assert (rc, out) == (0, "0 node0: full\n  1 node1: full\n  2 node2: full\n"), err
 
 
+async def test_lookup_and_disconnect_name_ranks_by_their_hosts(tmp_path: Path,
+                                                              brokers) -> None:
+    """Across hosts, ``overlay lookup`` translates the bootstrap file's
+    hosts to ranks and back, and ``overlay disconnect`` takes a host, as
+    Flux's do: the rank on it is cut off."""
+    hosts = ["node0", "node1", "node2"]  # 0 -> 1, 2
+    config = await keyed_config(tmp_path, 3, 2, hosts=hosts)
+    ranks = [await brokers(config, r, *named(hosts[r])) for r in range(3)]
+    for r in ranks:
+        await r.ready()
+    uri = ranks[0].uri
+    assert await run_cli("overlay", "lookup", "0-2", uri=uri) == (0, "node[0-2]\n", "")
+    assert await run_cli("overlay", "lookup", "node[1-2]", uri=uri) == (0, "1-2\n", "")
+    assert await run_cli("overlay", "lookup", "node2,node0", uri=uri) == (0, "0,2\n", "")
+    rc, out, err = await run_cli("overlay", "disconnect", "node3", uri=uri)
+    assert (rc, out) == (1, ""), err
+    assert "TARGET must be a valid rank or hostname: no rank of this instance runs on " \
+        "host 'node3'" in err, err
+    rc, out, err = await run_cli("overlay", "disconnect", "node2", uri=uri)
+    assert (rc, out) == (0, "asking rank 0 to disconnect child rank 2\n"), err
+    rc, out, err = await run_cli("overlay", "status", uri=uri)
+    assert rc == 1 and re.search(r"^  2 node2: lost", out, re.M), out
+
+
 async def test_overlay_status_names_the_host_of_a_rank_in_any_state(
         tmp_path: Path, brokers) -> None:
     """Across hosts, an operator needs to know which machine a rank that
