@@ -595,9 +595,19 @@ def cmd_overlay(args: argparse.Namespace) -> int:
         print(parent)
         return 0
 
+    async def list_errors() -> int:
+        async with await connect() as h:
+            ranks, _ = await status.gather(h, timeout=args.timeout or 2.0)
+        for line in status.errors(ranks):
+            print(line)
+        return 0
+
     if args.overlay_cmd == "disconnect":
         args.what = "overlay disconnect"
         return run_async(args, disconnect)
+    if args.overlay_cmd == "errors":
+        args.what = "overlay errors"
+        return run_async(args, list_errors)
     if args.overlay_cmd == "lookup":
         args.what = "overlay lookup"
         return run_async(args, lookup)
@@ -1178,6 +1188,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                    help="a rank, or the host of one rank")
     o.add_argument("--parent", "-r", type=rank_int, metavar="RANK",
                    help="the rank to ask (default: the target's parent in the tree)")
+    o.set_defaults(func=cmd_overlay)
+    o = osub.add_parser("errors", help="the ranks that are lost, offline or torpid, "
+                        "grouped by why; as flux overlay errors")
+    o.add_argument("--timeout", "-t", type=positive_float, metavar="SECONDS",
+                   help="seconds a rank may take to answer (default 2)")
     o.set_defaults(func=cmd_overlay)
     o = osub.add_parser("lookup", help="translate ranks (an idset: 0-3) to the host list "
                         "they run on, or a host list (node[0-3]) to its ranks; as flux "

@@ -40,8 +40,10 @@ from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from broker import topology
+from broker.cliutil import encode_ranks
 from broker.errors import RemoteError
 from broker.handle import Handle
+from broker.hostlist import encode
 
 FULL, PARTIAL, LOST, TORPID, OFFLINE = "full", "partial", "lost", "torpid", "offline"
 
@@ -275,4 +277,23 @@ def render(statuses: list[RankStatus], fanout: int) -> list[str]:
             walk(child, depth + 1)
 
     walk(0, 0)
+    return lines
+
+
+def errors(statuses: list[RankStatus]) -> list[str]:
+    """``overlay errors``, as ``flux overlay errors``: the ranks that are
+    lost, offline or torpid, those with the same state and reason on one
+    line, in rank order: ``3,7 node[3,7]: lost (rank 3 is unreachable)``.
+    A partial rank is left out: its line would only say that something
+    below it is one of these."""
+    groups: dict[tuple[str, str], list[RankStatus]] = {}
+    for s in statuses:
+        if s.state not in (FULL, PARTIAL):
+            groups.setdefault((s.state, s.detail), []).append(s)
+    lines = []
+    for (state, detail), members in groups.items():
+        hosts = [s.hostname for s in members]
+        where = f" {encode(hosts)}" if all(hosts) else ""
+        why = f" ({detail})" if detail else ""
+        lines.append(f"{encode_ranks(s.rank for s in members)}{where}: {state}{why}")
     return lines

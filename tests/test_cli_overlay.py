@@ -465,3 +465,31 @@ async def test_overlay_lookup_and_parentof_on_a_running_instance(start_instance)
         1, "", "kvbroker: overlay parentof: rank 0 has no parent\n")
     assert await run_cli("overlay", "parentof", "4", uri=uri) == (
         1, "", "kvbroker: overlay parentof: 4 is not a rank of this instance (size 4)\n")
+
+
+def test_errors_groups_the_ranks_that_are_down_by_why() -> None:
+    ranks = [RankStatus(0, PARTIAL, "n0"), RankStatus(1, PARTIAL, "n1"),
+             RankStatus(2, FULL, "n2"),
+             RankStatus(3, LOST, "n3", "its connection closed"),
+             RankStatus(4, TORPID, "n4", "no answer in 2s"),
+             RankStatus(5, OFFLINE, "n5", "stopped: SIGTERM"),
+             RankStatus(6, OFFLINE, "n6", "stopped: SIGTERM"),
+             RankStatus(7, LOST, "n7", "rank 3 is unreachable"),
+             RankStatus(8, LOST, "", "rank 3 is unreachable")]
+    assert status.errors(ranks) == ["3 n3: lost (its connection closed)",
+                                    "4 n4: torpid (no answer in 2s)",
+                                    "5-6 n[5-6]: offline (stopped: SIGTERM)",
+                                    "7-8: lost (rank 3 is unreachable)"]
+    assert status.errors(ranks[:3]) == []
+
+
+async def test_overlay_errors_names_a_rank_that_does_not_answer(start_instance) -> None:
+    inst = await start_instance(size=4, fanout=2)
+    assert await run_cli("overlay", "errors", uri=inst.uri(0)) == (0, "", "")
+    pid = inst.pids()[3]
+    await stop_process(pid)
+    try:
+        rc, out, err = await run_cli("overlay", "errors", "-t", "1", uri=inst.uri(0))
+        assert (rc, out) == (0, f"3 {socket.gethostname()}: torpid (no answer in 1s)\n"), err
+    finally:
+        os.kill(pid, signal.SIGCONT)
