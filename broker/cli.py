@@ -795,6 +795,11 @@ def cmd_dmesg(args: argparse.Namespace) -> int:
     ``--clear`` forgets them, ``--read-clear`` after printing them (only
     those printed)."""
     args.what = "dmesg"
+    if args.delta and not args.human:
+        raise UsageError("--delta can only be used with --human")
+    color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty()
+                                       and not os.environ.get("NO_COLOR"))
+    fmt = logring.DmesgFormat(human=args.human, delta=args.delta, color=color)
 
     async def main() -> int:
         async with await connect() as h:
@@ -812,10 +817,10 @@ def cmd_dmesg(args: argparse.Namespace) -> int:
             shown = [[] for _ in kept] if args.new else kept
             for entry in sorted((e for entries in shown for e in entries),
                                 key=lambda e: (e["time"], e["rank"], e["seq"])):
-                print(logring.line(entry), flush=args.follow)
+                print(fmt.line(entry), flush=args.follow)
             if args.follow:  # (from each rank's last record read: none lost or repeated)
                 await _follow_logs(h, {r: entries[-1]["seq"] if entries else 0
-                                       for r, entries in zip(ranks, kept, strict=True)})
+                                       for r, entries in zip(ranks, kept, strict=True)}, fmt)
                 return 0
             if args.read_clear:  # (only what was printed: not what came since)
                 last = {r: entries[-1]["seq"]
@@ -861,7 +866,7 @@ async def _read_log(h: Handle, rank: int) -> list[dict[str, Any]]:
     return [entry async for entry in h.dmesg(nodeid=rank)]
 
 
-async def _follow_logs(h: Handle, since: dict[int, int]) -> None:
+async def _follow_logs(h: Handle, since: dict[int, int], fmt: logring.DmesgFormat) -> None:
     """Print each rank's records logged after ``since[rank]`` (the last one
     printed), as they are logged, in the order they arrive."""
     ranks = list(since)
@@ -883,7 +888,7 @@ async def _follow_logs(h: Handle, since: dict[int, int]) -> None:
             item = await queue.get()
             if isinstance(item, BaseException):
                 raise item
-            print(logring.line(item), flush=True)
+            print(fmt.line(item), flush=True)
     finally:
         for task in pumps:
             task.cancel()
@@ -1236,6 +1241,15 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                    metavar="SECONDS",
                    help="leave out (naming it; exit 1) a rank that does not answer in "
                         "SECONDS: stopped or hung (default: wait as long as it takes)")
+    s.add_argument("--human", "-H", action="store_true",
+                   help="human-readable times, local: [Dec03 14:02] at each new minute, "
+                   "then seconds since it (as flux dmesg -H)")
+    s.add_argument("--delta", "-d", action="store_true",
+                   help="with --human, seconds since the record before instead")
+    s.add_argument("--color", "-L", nargs="?", const="always", default="auto",
+                   choices=("always", "never", "auto"), metavar="WHEN",
+                   help="colour the times and levels: always (WHEN left out), never, "
+                   "or auto (the default: on a terminal, unless NO_COLOR is set)")
     s.set_defaults(func=cmd_dmesg)
 
     s = sub.add_parser("logger", help="write a message to a rank's log (as flux logger)")

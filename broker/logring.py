@@ -218,6 +218,62 @@ def line(entry: Entry) -> str:
     return "\n".join(prefix + text for text in _lines(str(entry["message"])))
 
 
+ANSI = {"time": "\033[32m", "timebreak": "\033[1m\033[32m", "name": "\033[33m",
+        "error": "\033[31m", "warning": "\033[1m", "debug": "\033[34m",
+        "reset": "\033[0m"}
+"""``dmesg --color``: Flux's colours -- the time green (bold at a new
+minute), the logger's name yellow, an error red, a warning bold, debug blue."""
+
+MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov",
+          "Dec")
+
+
+class DmesgFormat:
+    """``dmesg``'s lines: :func:`line`'s by default; with ``human``, as
+    ``flux dmesg -H`` (and util-linux's ``dmesg -H``): the first record of
+    each minute says when, in the local time zone (``[Dec03 14:02]``), the
+    others their seconds since that one (``[  +0.012345]``), or since the
+    record before with ``delta``; ``color``: with Flux's ANSI colours."""
+
+    def __init__(self, human: bool = False, delta: bool = False,
+                 color: bool = False) -> None:
+        self.human = human
+        self.delta = delta
+        self.color = color
+        self._minute: tuple[int, ...] | None = None
+        self._since = 0.0
+
+    def _paint(self, kind: str, text: str) -> str:
+        return f"{ANSI[kind]}{text}{ANSI['reset']}" if self.color else text
+
+    def line(self, entry: Entry) -> str:
+        if not self.human and not self.color:
+            return line(entry)
+        t = float(entry["time"])
+        if self.human:
+            tm = time.localtime(t)
+            minute = tm[:5]
+            if minute != self._minute:
+                self._minute = minute
+                self._since = t
+                stamp = self._paint("timebreak", f"[{MONTHS[tm.tm_mon - 1]}{tm.tm_mday:02d} "
+                                                 f"{tm.tm_hour:02d}:{tm.tm_min:02d}]")
+            else:
+                stamp = self._paint("time", f"[{t - self._since:+11.6f}]")
+                if self.delta:
+                    self._since = t
+        else:
+            stamp = self._paint("time", time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t))
+                                + f".{int(t % 1 * 1000):03d}Z")
+        level = str(entry["level"]).lower()
+        level_text = level.upper()
+        if level in ("error", "critical", "warning", "debug"):
+            level_text = self._paint("error" if level == "critical" else level, level_text)
+        prefix = (f"{stamp} kvbroker[{entry['rank']}]: {level_text} "
+                  f"{self._paint('name', str(entry['name']))}: ")
+        return "\n".join(prefix + text for text in _lines(str(entry["message"])))
+
+
 class RankLog:
     """A rank's two log handlers (stderr and the ring) and their levels."""
 

@@ -545,3 +545,60 @@ async def test_dmesg_all_t_leaves_out_a_stopped_rank_and_prints_the_others(
     assert err == ("kvbroker: dmesg: rank 2: Connection timed out (did not answer in 0.5s: "
                    "stopped or hung?)\n"), err
     assert [r for _, r, _, _, msg in parse(out) if NO_STATEDIR in msg] == [0]
+
+
+@pytest.fixture
+def utc(monkeypatch: pytest.MonkeyPatch):
+    """The local time zone is UTC for the test (``dmesg -H`` prints local times)."""
+    import time
+
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+def test_human_times_say_the_minute_then_the_seconds_since(utc) -> None:
+    """``dmesg -H``, as Flux's (and util-linux's): the first record of a
+    minute says when, the others the seconds since that one; ``--delta``
+    since the record before; a new minute says when again."""
+    def entry(t: float, message: str, level: str = "info") -> dict[str, Any]:
+        return {"seq": 1, "time": t, "rank": 0, "level": level, "name": "n",
+                "message": message}
+
+    t0 = 1796157000.25  # 2026-12-01 20:30:00.25 UTC
+    entries = [entry(t0, "a"), entry(t0 + 0.5, "b\nc"), entry(t0 + 2.0, "d"),
+               entry(t0 + 61.0, "e")]
+    human = logring.DmesgFormat(human=True)
+    assert [human.line(e) for e in entries] == [
+        "[Dec01 20:30] kvbroker[0]: INFO n: a",
+        "[  +0.500000] kvbroker[0]: INFO n: b\n[  +0.500000] kvbroker[0]: INFO n: c",
+        "[  +2.000000] kvbroker[0]: INFO n: d",
+        "[Dec01 20:31] kvbroker[0]: INFO n: e"]
+    delta = logring.DmesgFormat(human=True, delta=True)
+    assert [delta.line(e).split(" ")[0:3] for e in entries[:3]] == [
+        ["[Dec01", "20:30]", "kvbroker[0]:"], ["[", "", "+0.500000]"],
+        ["[", "", "+1.500000]"]]
+    colored = logring.DmesgFormat(color=True).line(entry(t0, "x", "error"))
+    assert colored == ("\033[32m2026-12-01T20:30:00.250Z\033[0m kvbroker[0]: "
+                       "\033[31mERROR\033[0m \033[33mn\033[0m: x")
+    assert logring.DmesgFormat().line(entries[0]) == logring.line(entries[0])
+
+
+async def test_dmesg_human_and_its_options(start_instance) -> None:
+    inst = await start_instance(size=1)
+    uri = inst.uri(0)
+    assert (await run_cli("logger", "first", uri=uri))[0] == 0
+    rc, out, err = await run_cli("dmesg", "-H", uri=uri)
+    assert rc == 0, err
+    lines = out.splitlines()
+    assert re.fullmatch(r"\[[A-Z][a-z]{2}\d\d \d\d:\d\d\] kvbroker\[0\]: INFO .*", lines[0])
+    assert re.fullmatch(r"(\[[A-Z][a-z]{2}\d\d \d\d:\d\d\]|\[ *\+\d+\.\d{6}\]) kvbroker\[0\]: "
+                        r"INFO logger: first", lines[-1]), out
+    rc, out, err = await run_cli("dmesg", "--color=never", uri=uri)  # (and auto: not a tty)
+    assert rc == 0 and "\033" not in out and parse(out), err
+    rc, out, err = await run_cli("dmesg", "-L", uri=uri)
+    assert rc == 0 and out.startswith("\033[32m"), out
+    rc, out, err = await run_cli("dmesg", "--delta", uri=uri)
+    assert (rc, out) == (2, "") and "--delta can only be used with --human" in err, err
