@@ -512,13 +512,19 @@ def run_rep(settings: Settings, workload: Workload, loop: str, rep: int,
                 _running_rep = None
 
     t0 = time.perf_counter()
+    coro = main()
     try:
         with asyncio.Runner(loop_factory=loop_factory(loop)) as runner:
-            samples = runner.run(main())
+            samples = runner.run(coro)
     except asyncio.CancelledError:
         if stop_signal() is not None:
             raise KeyboardInterrupt from None
         raise
+    finally:
+        # A signal while the loop was being made (KeyboardInterrupt: no rep
+        # running yet) left the coroutine never started, and Python then
+        # warned "coroutine ... was never awaited" after the run's one line.
+        coro.close()
     return RepResult(loop, rep, samples, ctx.rss_mb, time.perf_counter() - t0, ctx.notes,
                      ctx.profiles)
 

@@ -56,7 +56,7 @@ from broker.errors import ErrnoError
 from broker.execute import cmd_exec
 from broker.handle import Handle
 from broker.loops import LOOP_NAMES, loop_factory
-from broker.message import NODEID_ANY, NODEID_UPSTREAM
+from broker.message import NODEID_ANY, NODEID_UPSTREAM, MsgType
 from broker.status import fsd
 
 
@@ -602,6 +602,21 @@ def cmd_overlay(args: argparse.Namespace) -> int:
             print(line)
         return 0
 
+    async def trace() -> int:
+        fmt = logring.DmesgFormat(human=args.human, delta=args.delta,
+                                  color=use_color(args.color))
+        payload = {"typemask": args.types, "topic_glob": args.topic_glob,
+                   "nodeid": -1 if args.peer is None else args.peer, "full": args.full}
+        async with await connect() as h:
+            async for answer in h.rpc_stream("overlay.trace", payload):
+                print(trace_line(fmt, answer), flush=True)
+        return 0
+
+    if args.overlay_cmd == "trace":
+        if args.delta and not args.human:
+            raise UsageError("--delta can only be used with --human")
+        args.what = "overlay trace"
+        return run_async(args, trace, streams=True)
     if args.overlay_cmd == "disconnect":
         args.what = "overlay disconnect"
         return run_async(args, disconnect)
@@ -615,6 +630,71 @@ def cmd_overlay(args: argparse.Namespace) -> int:
         args.what = "overlay parentof"
         return run_async(args, parentof)
     return run_async(args, main)
+
+
+TRACE_TYPES = {"request": MsgType.REQUEST, "response": MsgType.RESPONSE,
+               "event": MsgType.EVENT, "control": MsgType.CONTROL}
+TRACE_MARKS = {MsgType.REQUEST: ">", MsgType.RESPONSE: "<", MsgType.EVENT: "e",
+               MsgType.CONTROL: "c"}
+"""``overlay trace``'s mark of each message type, as Flux's."""
+
+
+def trace_types(text: str) -> int:
+    """argparse ``type`` for ``overlay trace -t request,event``: the type bits."""
+    mask = 0
+    for name in text.split(","):
+        if name not in TRACE_TYPES:
+            raise argparse.ArgumentTypeError("valid types: " + ", ".join(TRACE_TYPES))
+        mask |= TRACE_TYPES[name]
+    return mask
+
+
+def trace_line(fmt: logring.DmesgFormat, answer: dict[str, Any]) -> str:
+    """One ``overlay.trace`` answer as ``flux overlay trace`` prints it:
+    ``<time> rx 1 > kvs.commit [312B]``, a response with ``success`` or its
+    errno's name, and with ``--full`` the payload (JSON) or error text on
+    the lines below."""
+    mtype, errnum = int(answer.get("type", 0)), int(answer.get("errnum", 0))
+    line = (f"{answer.get('prefix')} {answer.get('rank')} {TRACE_MARKS.get(mtype, '?')} "
+            f"{answer.get('topic')} [{_size_text(int(answer.get('size', 0)))}]")
+    if mtype == MsgType.RESPONSE:
+        line += " success" if not errnum else f" {errno.errorcode.get(errnum, errnum)}"
+    if "errstr" in answer and answer["errstr"]:
+        line += "\n" + str(answer["errstr"])
+    elif "payload" in answer and answer["payload"] is not None:
+        line += "\n" + dumps(answer["payload"], pretty=True)
+    if mtype == MsgType.RESPONSE and errnum:
+        line = fmt.paint("error", line)
+    return f"{fmt.stamp(float(answer.get('timestamp', 0.0)))} {line}"
+
+
+def _size_text(n: int) -> str:
+    """``312B``, ``1.5K``, ``2.0M``: a message's size, as Flux's trace prints it."""
+    if n < 1024:
+        return f"{n}B"
+    if n < 1 << 20:
+        return f"{n / 1024:.1f}K"
+    return f"{n / (1 << 20):.1f}M"
+
+
+def use_color(when: str) -> bool:
+    """``--color WHEN``: ``always``, ``never``, or ``auto`` (standard output
+    is a terminal and ``NO_COLOR`` is not set)."""
+    return when == "always" or (when == "auto" and sys.stdout.isatty()
+                                and not os.environ.get("NO_COLOR"))
+
+
+def add_time_options(parser: argparse.ArgumentParser) -> None:
+    """``-H``, ``-d`` and ``-L`` of ``dmesg`` and ``overlay trace``, as Flux's."""
+    parser.add_argument("--human", "-H", action="store_true",
+                        help="human-readable times, local: [Dec03 14:02] at each new "
+                        "minute, then seconds since it (as flux dmesg -H)")
+    parser.add_argument("--delta", "-d", action="store_true",
+                        help="with --human, seconds since the line before instead")
+    parser.add_argument("--color", "-L", nargs="?", const="always", default="auto",
+                        choices=("always", "never", "auto"), metavar="WHEN",
+                        help="colour the output: always (WHEN left out), never, or auto "
+                        "(the default: on a terminal, unless NO_COLOR is set)")
 
 
 def rank_or_host(text: str) -> int | str:
@@ -797,9 +877,8 @@ def cmd_dmesg(args: argparse.Namespace) -> int:
     args.what = "dmesg"
     if args.delta and not args.human:
         raise UsageError("--delta can only be used with --human")
-    color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty()
-                                       and not os.environ.get("NO_COLOR"))
-    fmt = logring.DmesgFormat(human=args.human, delta=args.delta, color=color)
+    fmt = logring.DmesgFormat(human=args.human, delta=args.delta,
+                              color=use_color(args.color))
 
     async def main() -> int:
         async with await connect() as h:
@@ -1194,6 +1273,19 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     o.add_argument("--parent", "-r", type=rank_int, metavar="RANK",
                    help="the rank to ask (default: the target's parent in the tree)")
     o.set_defaults(func=cmd_overlay)
+    o = osub.add_parser("trace", help="print each message this rank's overlay sends (tx) "
+                        "and receives (rx), until interrupted; as flux overlay trace")
+    o.add_argument("topic_glob", nargs="?", default="*", metavar="TOPIC_GLOB",
+                   help="only topics matching this glob (default *)")
+    o.add_argument("--full", "-f", action="store_true",
+                   help="with each message's payload (JSON), or a failed answer's text")
+    o.add_argument("--rank", "-r", dest="peer", type=rank_int, metavar="RANK",
+                   help="only messages to or from this overlay peer (not the sender or "
+                   "the destination: the neighbour in the tree)")
+    o.add_argument("--type", "-t", dest="types", type=trace_types, default=0,
+                   metavar="TYPE,...", help="only these: request, response, event, control")
+    add_time_options(o)
+    o.set_defaults(func=cmd_overlay)
     o = osub.add_parser("errors", help="the ranks that are lost, offline or torpid, "
                         "grouped by why; as flux overlay errors")
     o.add_argument("--timeout", "-t", type=positive_float, metavar="SECONDS",
@@ -1241,15 +1333,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                    metavar="SECONDS",
                    help="leave out (naming it; exit 1) a rank that does not answer in "
                         "SECONDS: stopped or hung (default: wait as long as it takes)")
-    s.add_argument("--human", "-H", action="store_true",
-                   help="human-readable times, local: [Dec03 14:02] at each new minute, "
-                   "then seconds since it (as flux dmesg -H)")
-    s.add_argument("--delta", "-d", action="store_true",
-                   help="with --human, seconds since the record before instead")
-    s.add_argument("--color", "-L", nargs="?", const="always", default="auto",
-                   choices=("always", "never", "auto"), metavar="WHEN",
-                   help="colour the times and levels: always (WHEN left out), never, "
-                   "or auto (the default: on a terminal, unless NO_COLOR is set)")
+    add_time_options(s)
     s.set_defaults(func=cmd_dmesg)
 
     s = sub.add_parser("logger", help="write a message to a rank's log (as flux logger)")

@@ -243,35 +243,40 @@ class DmesgFormat:
         self._minute: tuple[int, ...] | None = None
         self._since = 0.0
 
-    def _paint(self, kind: str, text: str) -> str:
+    def paint(self, kind: str, text: str) -> str:
+        """``text`` in the colour of ``kind`` (a key of :data:`ANSI`), if colouring."""
         return f"{ANSI[kind]}{text}{ANSI['reset']}" if self.color else text
 
     def line(self, entry: Entry) -> str:
         if not self.human and not self.color:
             return line(entry)
-        t = float(entry["time"])
+        stamp = self.stamp(float(entry["time"]))
+        level = str(entry["level"]).lower()
+        level_text = level.upper()
+        if level in ("error", "critical", "warning", "debug"):
+            level_text = self.paint("error" if level == "critical" else level, level_text)
+        prefix = (f"{stamp} kvbroker[{entry['rank']}]: {level_text} "
+                  f"{self.paint('name', str(entry['name']))}: ")
+        return "\n".join(prefix + text for text in _lines(str(entry["message"])))
+
+    def stamp(self, t: float) -> str:
+        """The time ``t`` as this format prints it (``overlay trace`` too)."""
         if self.human:
             tm = time.localtime(t)
             minute = tm[:5]
             if minute != self._minute:
                 self._minute = minute
                 self._since = t
-                stamp = self._paint("timebreak", f"[{MONTHS[tm.tm_mon - 1]}{tm.tm_mday:02d} "
+                stamp = self.paint("timebreak", f"[{MONTHS[tm.tm_mon - 1]}{tm.tm_mday:02d} "
                                                  f"{tm.tm_hour:02d}:{tm.tm_min:02d}]")
             else:
-                stamp = self._paint("time", f"[{t - self._since:+11.6f}]")
+                stamp = self.paint("time", f"[{t - self._since:+11.6f}]")
                 if self.delta:
                     self._since = t
         else:
-            stamp = self._paint("time", time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t))
+            stamp = self.paint("time", time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t))
                                 + f".{int(t % 1 * 1000):03d}Z")
-        level = str(entry["level"]).lower()
-        level_text = level.upper()
-        if level in ("error", "critical", "warning", "debug"):
-            level_text = self._paint("error" if level == "critical" else level, level_text)
-        prefix = (f"{stamp} kvbroker[{entry['rank']}]: {level_text} "
-                  f"{self._paint('name', str(entry['name']))}: ")
-        return "\n".join(prefix + text for text in _lines(str(entry["message"])))
+        return stamp
 
 
 class RankLog:

@@ -363,6 +363,10 @@ class Overlay:
         """Torpid children, with ``_seen_at`` when they were marked."""
         self._checked_at = 0.0
         self._check_timer: asyncio.TimerHandle | None = None
+        self.tracer: Callable[[str, int, list[Any], Message | None], None] | None = None
+        """While someone traces this rank's overlay (``overlay.trace``,
+        :mod:`broker.trace`): called with ``tx`` or ``rx``, the peer rank,
+        each message's frames, and the message if it is decoded already."""
         router.overlay = self
 
     @property
@@ -686,12 +690,16 @@ class Overlay:
 
     def _send_parent(self, frames: list[codec.Frame]) -> None:
         self._sent_tick = self._tick  # (no keepalive due this tick)
+        if self.tracer is not None and self.parent is not None:
+            self.tracer("tx", self.parent, frames, None)
         if self._up is not None:
             self._up.send(frames)
         elif self._streams is not None and self._streams.up is not None:
             self._streams.up.send(frames)
 
     def _send_child(self, child: int, frames: list[codec.Frame]) -> bool:
+        if self.tracer is not None:
+            self.tracer("tx", child, frames, None)
         if self._down is not None:
             ident = self._child_ident.get(child)
             if ident is None:
@@ -1243,6 +1251,8 @@ class Overlay:
         msg = self._decode(frames, f"rank {child}")
         if msg is None:
             return
+        if self.tracer is not None:
+            self.tracer("rx", child, frames, msg)
         if msg.type == MsgType.CONTROL:
             self._child_control(child, msg)
         elif child not in self.hello_from:
@@ -1298,6 +1308,8 @@ class Overlay:
         msg = self._decode(parts, "parent")
         if msg is None:
             return
+        if self.tracer is not None and self.parent is not None:
+            self.tracer("rx", self.parent, parts, msg)
         if msg.type == MsgType.CONTROL:
             if msg.topic == "overlay.hello":
                 if not self.parent_acked and self._hellos > 1:

@@ -14,6 +14,7 @@ from broker.errors import ErrnoError
 from broker.logring import Entry, LogRing, clip
 from broker.message import Message, MsgFlags
 from broker.module import Handler, Module, require
+from broker.trace import OverlayTrace
 
 if TYPE_CHECKING:
     from broker.broker import Broker
@@ -56,6 +57,9 @@ class BrokerServices(Module):
         self.max_guest_subscriptions: int = battrs.MAX_GUEST_SUBSCRIPTIONS.value(broker.attrs)
         self._follows: dict[tuple[tuple[str, ...], int], Message] = {}
         """The ``log.dmesg`` follow requests being served, by (route, matchtag)."""
+        self.trace = OverlayTrace(lambda req, out: self.h.respond(req, out),
+                                  self._tracing)
+        """The ``overlay.trace`` requests being served."""
 
     def handlers(self) -> dict[str, Handler]:
         return {
@@ -79,6 +83,9 @@ class BrokerServices(Module):
             "log.disconnect": self.log_disconnect,
             "log.stats-get": self.broker_stats,
             "overlay.disconnect-subtree": self.overlay_disconnect,
+            "overlay.trace": self.overlay_trace,
+            "overlay.trace-cancel": self.overlay_trace_cancel,
+            "overlay.disconnect": self.overlay_client_gone,
             "overlay.stats-get": self.broker_stats,
         }
 
@@ -152,6 +159,30 @@ class BrokerServices(Module):
             raise ErrnoError(errno.ENOENT, f"rank {child} is not a connected child of "
                                            f"rank {self.ctx.rank}")
         self.h.respond(msg, {})
+
+    def overlay_trace(self, msg: Message) -> None:
+        """``{typemask?, topic_glob?, nodeid?, full?}``, streaming, as Flux's:
+        one answer per message this rank's overlay sends or receives that
+        matches (:mod:`broker.trace`), until the client goes or cancels.
+        The instance owner only."""
+        self.trace.add(msg)
+
+    def _tracing(self, on: bool) -> None:
+        overlay = self.broker.overlay
+        if overlay is not None:
+            overlay.tracer = self.trace.note if on else None
+
+    def overlay_trace_cancel(self, msg: Message) -> None:
+        """``{matchtag}``: end, with ``ENODATA``, that trace of the same route -> ``{}``."""
+        tag = require(msg.payload, matchtag=int)["matchtag"]
+        request = self.trace.end((tuple(msg.route), tag))
+        if request is not None:
+            self.h.respond_error(request, errno.ENODATA)
+        self.h.respond(msg, {})
+
+    def overlay_client_gone(self, msg: Message) -> None:
+        """A client went: its traces end."""
+        self.trace.end_route(tuple(msg.route))
 
     # -- log
     def _ring(self, msg: Message) -> LogRing:
