@@ -605,10 +605,10 @@ def cmd_overlay(args: argparse.Namespace) -> int:
     async def trace() -> int:
         fmt = logring.DmesgFormat(human=args.human, delta=args.delta,
                                   color=use_color(args.color))
-        payload = {"typemask": args.types, "topic_glob": args.topic_glob,
-                   "nodeid": -1 if args.peer is None else args.peer, "full": args.full}
         async with await connect() as h:
-            async for answer in h.rpc_stream("overlay.trace", payload):
+            async for answer in h.overlay_trace(
+                    args.topic_glob, types=args.types, full=args.full,
+                    peer=-1 if args.peer is None else args.peer):
                 print(trace_line(fmt, answer), flush=True)
         return 0
 

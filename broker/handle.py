@@ -502,6 +502,18 @@ class Handle(HandleCore):
         only: ``async for entry in h.dmesg(): ...``."""
         return self.rpc_stream("log.dmesg", {"follow": follow, "since": since}, nodeid=nodeid)
 
+    def overlay_trace(self, topic_glob: str = "*", *, types: int = 0, peer: int = -1,
+                      full: bool = False, nodeid: int = NODEID_ANY) -> Stream:
+        """A summary of each message rank ``nodeid``'s overlay sends or
+        receives (``kvbroker overlay trace``): a :class:`Stream` of ``{timestamp,
+        prefix, rank, type, topic, size, errnum, payload?, errstr?}``, those
+        whose topic matches ``topic_glob``, of ``types`` (``MsgType`` bits;
+        0: all), to or from neighbour ``peer`` (-1: any), with payloads if
+        ``full``; until cancelled (``overlay.trace-cancel``) or the handle
+        closed.  The instance owner only."""
+        return self.rpc_stream("overlay.trace", {"topic_glob": topic_glob, "typemask": types,
+                                                 "nodeid": peer, "full": full}, nodeid=nodeid)
+
     async def log(self, message: str, level: str = "info", name: str = "logger",
                   nodeid: int = NODEID_ANY) -> None:
         """Write ``message`` to rank ``nodeid``'s log as ``name`` at ``level``

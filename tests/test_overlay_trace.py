@@ -185,3 +185,16 @@ def test_trace_lines_as_flux_prints_them() -> None:
 
 if sys.platform != "linux":  # (the guest test drops to another uid)
     pytestmark = pytest.mark.skip("Linux only")
+
+
+async def test_the_python_api_traces_and_cancels(start_instance, connect) -> None:
+    inst = await start_instance(size=2)
+    h0, h1 = await connect(inst, 0), await connect(inst, 1)
+    stream = h1.overlay_trace("broker.ping", types=MsgType.REQUEST, full=True)
+    await h1.ping()
+    await h0.ping(1, {"n": 7})
+    got = await collect(stream, lambda a: a["topic"] == "broker.ping")
+    assert [(a["prefix"], a["rank"], a["payload"]) for a in got] == [("rx", 0, {"n": 7})]
+    h1.send_noresponse("overlay.trace-cancel", {"matchtag": stream.matchtag})
+    async with asyncio.timeout(WAIT):
+        assert await stream.next_message() is None  # (ENODATA: the end)
