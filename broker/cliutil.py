@@ -638,3 +638,23 @@ class PermutingParser(argparse.ArgumentParser):
             return self.parse_known_intermixed_args(args, namespace)
         finally:
             self._permuting = False
+
+
+def use_color(when: str) -> bool:
+    """``--color WHEN``: ``always``, ``never``, or ``auto`` (standard output
+    is a terminal and ``NO_COLOR`` is not set)."""
+    return when == "always" or (when == "auto" and sys.stdout.isatty()
+                                and not os.environ.get("NO_COLOR"))
+
+
+def add_time_options(parser: argparse.ArgumentParser) -> None:
+    """``-H``, ``-d`` and ``-L`` of ``dmesg`` and ``overlay trace``, as Flux's."""
+    parser.add_argument("--human", "-H", action="store_true",
+                        help="human-readable times, local: [Dec03 14:02] at each new "
+                        "minute, then seconds since it (as flux dmesg -H)")
+    parser.add_argument("--delta", "-d", action="store_true",
+                        help="with --human, seconds since the line before instead")
+    parser.add_argument("--color", "-L", nargs="?", const="always", default="auto",
+                        choices=("always", "never", "auto"), metavar="WHEN",
+                        help="colour the output: always (WHEN left out), never, or auto "
+                        "(the default: on a terminal, unless NO_COLOR is set)")

@@ -25,7 +25,7 @@ from test_broker_support import (
     wait_until,
 )
 
-from broker import cli, codec, status
+from broker import cli, codec, overlay_cli, status
 from broker.errors import RemoteError
 from broker.message import Message, MsgFlags, MsgType
 from broker.status import (
@@ -431,22 +431,22 @@ def test_lookup_translates_ranks_and_hosts_as_flux_t3303() -> None:
     """``overlay lookup`` on flux-core's t3303 instance (ranks 0-14 on
     fake0..fake14): ranks to hosts and back, and what it refuses."""
     hosts = [f"fake{i}" for i in range(15)]
-    assert cli.translate_target("0", hosts) == "fake0"
-    assert cli.translate_target("0-14", hosts) == "fake[0-14]"
-    assert cli.translate_target("all", hosts) == "fake[0-14]"
-    assert cli.translate_target("1-2,5", hosts) == "fake[1-2,5]"
-    assert cli.translate_target("fake2", hosts) == "2"
-    assert cli.translate_target("fake[2-3]", hosts) == "2-3"
-    assert cli.translate_target("fake[5,2]", hosts) == "2,5"
+    assert overlay_cli.translate_target("0", hosts) == "fake0"
+    assert overlay_cli.translate_target("0-14", hosts) == "fake[0-14]"
+    assert overlay_cli.translate_target("all", hosts) == "fake[0-14]"
+    assert overlay_cli.translate_target("1-2,5", hosts) == "fake[1-2,5]"
+    assert overlay_cli.translate_target("fake2", hosts) == "2"
+    assert overlay_cli.translate_target("fake[2-3]", hosts) == "2-3"
+    assert overlay_cli.translate_target("fake[5,2]", hosts) == "2,5"
     for target, why in [("100", "no rank 100: the instance's ranks are 0-14"),
                         ("fake2[", "TARGET must be a rank idset or a host list: unbalanced"),
                         ("foo", "no rank of this instance runs on host 'foo' (its hosts: "
                                 "fake[0-14])")]:
-        with pytest.raises(cli.CLIError, match=re.escape(why)):
-            cli.translate_target(target, hosts)
+        with pytest.raises(overlay_cli.CLIError, match=re.escape(why)):
+            overlay_cli.translate_target(target, hosts)
     # several ranks on one host: all of them (Flux names the first)
-    assert cli.translate_target("vm", ["vm", "vm", "other", "vm"]) == "0-1,3"
-    assert cli.translate_target("0-3", ["vm", "vm", "other", "vm"]) == "vm,vm,other,vm"
+    assert overlay_cli.translate_target("vm", ["vm", "vm", "other", "vm"]) == "0-1,3"
+    assert overlay_cli.translate_target("0-3", ["vm", "vm", "other", "vm"]) == "vm,vm,other,vm"
 
 
 async def test_overlay_lookup_and_parentof_on_a_running_instance(start_instance) -> None:

@@ -14,7 +14,7 @@ import pytest
 from test_broker_guests import ALLOW, run_guest_cli
 from test_broker_support import KVBROKER, run_cli
 
-from broker import cli, logring
+from broker import logring, overlay_cli
 from broker.errors import RemoteError
 from broker.handle import Stream
 from broker.message import MsgType
@@ -168,16 +168,16 @@ def test_trace_lines_as_flux_prints_them() -> None:
     fmt = logring.DmesgFormat()
     t = 1796157000.25  # 2026-12-01 20:30:00.25 UTC
     base = {"timestamp": t, "prefix": "rx", "rank": 1, "topic": "kvs.commit"}
-    assert cli.trace_line(fmt, {**base, "type": MsgType.REQUEST, "size": 312,
+    assert overlay_cli.trace_line(fmt, {**base, "type": MsgType.REQUEST, "size": 312,
                                 "errnum": 0}) == \
         "2026-12-01T20:30:00.250Z rx 1 > kvs.commit [312B]"
-    assert cli.trace_line(fmt, {**base, "type": MsgType.RESPONSE, "size": 1536,
+    assert overlay_cli.trace_line(fmt, {**base, "type": MsgType.RESPONSE, "size": 1536,
                                 "errnum": errno.ENOENT, "errstr": "no such key"}) == \
         "2026-12-01T20:30:00.250Z rx 1 < kvs.commit [1.5K] ENOENT\nno such key"
-    assert cli.trace_line(fmt, {**base, "type": MsgType.EVENT, "size": 3 << 20,
+    assert overlay_cli.trace_line(fmt, {**base, "type": MsgType.EVENT, "size": 3 << 20,
                                 "errnum": 0, "payload": {"a": 1}}) == \
         '2026-12-01T20:30:00.250Z rx 1 e kvs.commit [3.0M]\n{\n  "a": 1\n}'
-    assert cli.trace_line(logring.DmesgFormat(color=True), {
+    assert overlay_cli.trace_line(logring.DmesgFormat(color=True), {
         **base, "type": MsgType.RESPONSE, "size": 1, "errnum": errno.EPERM}) == (
         "\033[32m2026-12-01T20:30:00.250Z\033[0m \033[31mrx 1 < kvs.commit [1B] "
         "EPERM\033[0m")
