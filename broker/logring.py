@@ -28,6 +28,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from broker.humantime import HumanClock
+
 MAX_ENTRY_TEXT = 8192
 """Characters of a record's text the ring keeps (the rest is counted): a
 record may quote what a client sent (a malformed request's topic), and the
@@ -224,24 +226,16 @@ ANSI = {"time": "\033[32m", "timebreak": "\033[1m\033[32m", "name": "\033[33m",
 """``dmesg --color``: Flux's colours -- the time green (bold at a new
 minute), the logger's name yellow, an error red, a warning bold, debug blue."""
 
-MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov",
-          "Dec")
-
-
 class DmesgFormat:
     """``dmesg``'s lines: :func:`line`'s by default; with ``human``, as
-    ``flux dmesg -H`` (and util-linux's ``dmesg -H``): the first record of
-    each minute says when, in the local time zone (``[Dec03 14:02]``), the
-    others their seconds since that one (``[  +0.012345]``), or since the
-    record before with ``delta``; ``color``: with Flux's ANSI colours."""
+    ``flux dmesg -H`` (:class:`~broker.humantime.HumanClock`; ``delta``:
+    seconds since the record before); ``color``: with Flux's ANSI colours."""
 
     def __init__(self, human: bool = False, delta: bool = False,
                  color: bool = False) -> None:
         self.human = human
-        self.delta = delta
         self.color = color
-        self._minute: tuple[int, ...] | None = None
-        self._since = 0.0
+        self._clock = HumanClock(delta)
 
     def paint(self, kind: str, text: str) -> str:
         """``text`` in the colour of ``kind`` (a key of :data:`ANSI`), if colouring."""
@@ -262,21 +256,10 @@ class DmesgFormat:
     def stamp(self, t: float) -> str:
         """The time ``t`` as this format prints it (``overlay trace`` too)."""
         if self.human:
-            tm = time.localtime(t)
-            minute = tm[:5]
-            if minute != self._minute:
-                self._minute = minute
-                self._since = t
-                stamp = self.paint("timebreak", f"[{MONTHS[tm.tm_mon - 1]}{tm.tm_mday:02d} "
-                                                 f"{tm.tm_hour:02d}:{tm.tm_min:02d}]")
-            else:
-                stamp = self.paint("time", f"[{t - self._since:+11.6f}]")
-                if self.delta:
-                    self._since = t
-        else:
-            stamp = self.paint("time", time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t))
-                                + f".{int(t % 1 * 1000):03d}Z")
-        return stamp
+            text, new_minute = self._clock.stamp(t)
+            return self.paint("timebreak" if new_minute else "time", text)
+        return self.paint("time", time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t))
+                          + f".{int(t % 1 * 1000):03d}Z")
 
 
 class RankLog:

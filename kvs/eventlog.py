@@ -27,6 +27,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from broker.errors import ErrnoError
+from broker.humantime import HumanClock
 
 if TYPE_CHECKING:
     from kvs.client import KVS, CommitResult
@@ -143,8 +144,6 @@ def decode(data: str | bytes) -> list[Entry]:
 
 # ---------------------------------------------------------------- output
 
-_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun",
-           "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
 _GREEN, _YELLOW, _BLUE, _MAGENTA, _GRAY = (f"\x1b[{n}m" for n in (32, 33, 34, 35, 37))
 _BOLD, _RED, _RESET = "\x1b[1m", "\x1b[31m", "\x1b[0m"
 
@@ -163,8 +162,7 @@ class Formatter:
         self.unformatted = unformatted
         self.human = human
         self.color = color
-        self._last_minute: tuple[int, ...] | None = None
-        self._last_ts = 0.0
+        self._clock = HumanClock()
 
     def _c(self, code: str, text: str) -> str:
         return f"{code}{text}{_RESET}" if self.color else text
@@ -172,13 +170,8 @@ class Formatter:
     def _timestamp(self, ts: float) -> str:
         if not self.human:
             return self._c(_GREEN, f"{ts:f}")
-        tm = time.localtime(int(ts))
-        minute = tm[:5]
-        if minute == self._last_minute:
-            return self._c(_GREEN, f"[{ts - self._last_ts:+11.6f}]")
-        self._last_minute, self._last_ts = minute, ts
-        stamp = f"[{_MONTHS[tm.tm_mon - 1]}{tm.tm_mday:02d} {tm.tm_hour:02d}:{tm.tm_min:02d}]"
-        return self._c(_BOLD + _GREEN, stamp)
+        text, new_minute = self._clock.stamp(ts)
+        return self._c(_BOLD + _GREEN if new_minute else _GREEN, text)
 
     def format(self, e: Mapping[str, Any]) -> str:
         """One entry as a line of text (without the newline)."""
