@@ -30,8 +30,6 @@ from broker.message import MsgType
 def cmd_overlay(args: argparse.Namespace) -> int:
     from broker import status
 
-    args.what = "overlay status"
-
     async def main() -> int:
         async with await connect() as h:
             try:
@@ -146,24 +144,12 @@ def cmd_overlay(args: argparse.Namespace) -> int:
                 print(trace_line(fmt, answer), flush=True)
         return 0
 
-    if args.overlay_cmd == "trace":
-        if args.delta and not args.human:
-            raise UsageError("--delta can only be used with --human")
-        args.what = "overlay trace"
-        return run_async(args, trace, streams=True)
-    if args.overlay_cmd == "disconnect":
-        args.what = "overlay disconnect"
-        return run_async(args, disconnect)
-    if args.overlay_cmd == "errors":
-        args.what = "overlay errors"
-        return run_async(args, list_errors)
-    if args.overlay_cmd == "lookup":
-        args.what = "overlay lookup"
-        return run_async(args, lookup)
-    if args.overlay_cmd == "parentof":
-        args.what = "overlay parentof"
-        return run_async(args, parentof)
-    return run_async(args, main)
+    if args.overlay_cmd == "trace" and args.delta and not args.human:
+        raise UsageError("--delta can only be used with --human")
+    commands = {"status": main, "trace": trace, "disconnect": disconnect,
+                "errors": list_errors, "lookup": lookup, "parentof": parentof}
+    args.what = f"overlay {args.overlay_cmd}"
+    return run_async(args, commands[args.overlay_cmd], streams=args.overlay_cmd == "trace")
 
 
 TRACE_TYPES = {"request": MsgType.REQUEST, "response": MsgType.RESPONSE,
