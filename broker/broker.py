@@ -260,7 +260,8 @@ class Broker:
                               "offline": self.overlay.offline(),
                               "unjoined": self.overlay.unjoined(),
                               "hosts": self.overlay.child_hosts(),
-                              "torpid": self.overlay.torpid_seconds()}
+                              "torpid": self.overlay.torpid_seconds(),
+                              "traces": self.overlay.traces}
         if self.rank_log is not None:
             ring = self.rank_log.ring
             out["log"] = {"kept": len(ring.entries), "logged": ring.next_seq - 1,

@@ -167,10 +167,11 @@ class BrokerServices(Module):
         The instance owner only."""
         self.trace.add(msg)
 
-    def _tracing(self, on: bool) -> None:
+    def _tracing(self, count: int) -> None:
         overlay = self.broker.overlay
         if overlay is not None:
-            overlay.tracer = self.trace.note if on else None
+            overlay.tracer = self.trace.note if count else None
+            overlay.traces = count
 
     def overlay_trace_cancel(self, msg: Message) -> None:
         """``{matchtag}``: end, with ``ENODATA``, that trace of the same route -> ``{}``."""

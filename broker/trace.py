@@ -45,10 +45,11 @@ class OverlayTrace:
     one answer to a request (the services' handle)."""
 
     def __init__(self, respond: Callable[[Message, Any], None],
-                 on_change: Callable[[bool], None]) -> None:
+                 on_change: Callable[[int], None]) -> None:
         self._respond = respond
         self._on_change = on_change
-        """Called with whether anyone traces now (the overlay's hook on or off)."""
+        """Called with how many trace now, at each change (the overlay's
+        hook is on while any do)."""
         self._tracers: dict[Key, _Tracer] = {}
 
     def __len__(self) -> int:
@@ -75,17 +76,15 @@ class OverlayTrace:
             raise ErrnoError(errno.EPROTO, "overlay.trace is a streaming request")
         if not msg.is_owner:  # (what other users send crosses the overlay too)
             raise ErrnoError(errno.EPERM, "only the instance owner may trace the overlay")
-        was = bool(self._tracers)
         self._tracers[(tuple(msg.route), msg.matchtag)] = _Tracer(
             msg, typemask or ALL_TYPES, re.compile(fnmatch.translate(glob)), peer, bool(full))
-        if not was:
-            self._on_change(True)
+        self._on_change(len(self._tracers))
 
     def end(self, key: Key) -> Message | None:
         """Stop answering the request ``key``; it, if it was there."""
         tracer = self._tracers.pop(key, None)
-        if tracer is not None and not self._tracers:
-            self._on_change(False)
+        if tracer is not None:
+            self._on_change(len(self._tracers))
         return tracer.request if tracer is not None else None
 
     def end_route(self, route: tuple[str, ...]) -> None:

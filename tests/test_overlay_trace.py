@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from test_broker_guests import ALLOW, run_guest_cli
-from test_broker_support import KVBROKER, run_cli
+from test_broker_support import KVBROKER, run_cli, wait_until
 
 from broker import logring, overlay_cli
 from broker.errors import RemoteError
@@ -187,14 +187,33 @@ if sys.platform != "linux":  # (the guest test drops to another uid)
     pytestmark = pytest.mark.skip("Linux only")
 
 
+async def traces(h: Any) -> int:
+    """The trace streams the handle's rank serves (its stats)."""
+    return int((await h.rpc("broker.stats-get", {}))["overlay"]["traces"])
+
+
 async def test_the_python_api_traces_and_cancels(start_instance, connect) -> None:
+    """A trace ends when its client cancels it, and when its client goes:
+    the rank's stats count it until then."""
     inst = await start_instance(size=2)
     h0, h1 = await connect(inst, 0), await connect(inst, 1)
     stream = h1.overlay_trace("broker.ping", types=MsgType.REQUEST, full=True)
     await h1.ping()
+    assert await traces(h1) == 1
     await h0.ping(1, {"n": 7})
     got = await collect(stream, lambda a: a["topic"] == "broker.ping")
     assert [(a["prefix"], a["rank"], a["payload"]) for a in got] == [("rx", 0, {"n": 7})]
     h1.send_noresponse("overlay.trace-cancel", {"matchtag": stream.matchtag})
     async with asyncio.timeout(WAIT):
         assert await stream.next_message() is None  # (ENODATA: the end)
+    assert await traces(h1) == 0
+    gone = await connect(inst, 1)
+    gone.overlay_trace()
+    await gone.ping()
+    assert await traces(h1) == 1
+    await gone.close()
+
+    async def ended() -> bool:  # (the rank hears of the close after it happened)
+        return await traces(h1) == 0
+
+    await wait_until(ended, "the closed client's trace to end", WAIT)
