@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import inspect
 import math
 import os
 import platform
@@ -524,7 +525,10 @@ def run_rep(settings: Settings, workload: Workload, loop: str, rep: int,
         # A signal while the loop was being made (KeyboardInterrupt: no rep
         # running yet) left the coroutine never started, and Python then
         # warned "coroutine ... was never awaited" after the run's one line.
-        coro.close()
+        # Only then: closing one stopped at an ``await`` runs its ``finally``
+        # without a loop (RuntimeError: the run then exited 1).
+        if inspect.getcoroutinestate(coro) == inspect.CORO_CREATED:
+            coro.close()
     return RepResult(loop, rep, samples, ctx.rss_mb, time.perf_counter() - t0, ctx.notes,
                      ctx.profiles)
 

@@ -181,7 +181,7 @@ def test_an_interrupted_run_says_so_in_one_line_and_leaves_nothing(
             seen += byte
         os.killpg(proc.pid, sig)
         err = (seen + proc.stderr.read()).decode()
-        assert proc.wait(timeout=120) == 128 + sig
+        assert proc.wait(timeout=120) == 128 + sig, err
     finally:
         if proc.poll() is None:
             proc.kill()
