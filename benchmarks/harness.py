@@ -517,7 +517,11 @@ def run_rep(settings: Settings, workload: Workload, loop: str, rep: int,
     try:
         with asyncio.Runner(loop_factory=loop_factory(loop)) as runner:
             samples = runner.run(coro)
-    except asyncio.CancelledError:
+    except (asyncio.CancelledError, Exception):
+        # Stopped by a signal: whatever the cancellation made the rep's code
+        # raise (a helper's pipe closed under it, a wait that timed out as
+        # it was cancelled) is the stop, not a failure of the workload --
+        # the run says "interrupted", not "FAILED".
         if stop_signal() is not None:
             raise KeyboardInterrupt from None
         raise
