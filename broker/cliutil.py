@@ -628,6 +628,8 @@ class PermutingParser(argparse.ArgumentParser):
         super().error(message)
 
     def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        if args is not None and "--color" in self._option_string_actions:
+            args = _attach_color(list(args))
         if (self._permuting or (args is not None and "--" in args)
                 or any(a.nargs in (argparse.REMAINDER, argparse.PARSER) for a in self._actions)):
             return super().parse_known_args(args, namespace)
@@ -638,6 +640,36 @@ class PermutingParser(argparse.ArgumentParser):
             return self.parse_known_intermixed_args(args, namespace)
         finally:
             self._permuting = False
+
+
+def _attach_color(args: list[str]) -> list[str]:
+    """``--color`` and ``-L`` take their optional WHEN only attached, as
+    Flux's optparse does (``--color=never``, ``-Lnever``): argparse took the
+    next word, so ``eventlog get --color KEY`` read KEY as WHEN, and
+    ``-Lalways`` was refused.  (Up to ``--``: what follows is not options.)"""
+    out: list[str] = []
+    for i, arg in enumerate(args):
+        if arg == "--":
+            return out + args[i:]
+        if arg == "--color":
+            arg = "--color=always"
+        elif arg.startswith("-L") and len(arg) > 2:
+            arg = f"--color={arg[2:]}"
+        out.append(arg)
+    return out
+
+
+COLOR_CHOICES = ("auto", "always", "never")
+
+
+def add_color_option(parser: argparse.ArgumentParser) -> None:
+    """``--color[=WHEN]`` and ``-L[WHEN]``, as Flux's (see :func:`use_color`)."""
+    parser.add_argument("--color", nargs="?", const="always", default="auto", metavar="WHEN",
+                        choices=COLOR_CHOICES,
+                        help="colorize: always (if WHEN is omitted), never, auto (the "
+                        "default: on a terminal, unless NO_COLOR is set); write --color=WHEN")
+    parser.add_argument("-L", dest="color", action="store_const", const="always",
+                        help="same as --color=always")
 
 
 def use_color(when: str) -> bool:
@@ -654,7 +686,4 @@ def add_time_options(parser: argparse.ArgumentParser) -> None:
                         "minute, then seconds since it (as flux dmesg -H)")
     parser.add_argument("--delta", "-d", action="store_true",
                         help="with --human, seconds since the line before instead")
-    parser.add_argument("--color", "-L", nargs="?", const="always", default="auto",
-                        choices=("always", "never", "auto"), metavar="WHEN",
-                        help="colour the output: always (WHEN left out), never, or auto "
-                        "(the default: on a terminal, unless NO_COLOR is set)")
+    add_color_option(parser)

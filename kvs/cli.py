@@ -33,10 +33,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from broker.cliutil import (
+    COLOR_CHOICES,
     CONDITION_FAILED,
     CLIError,
     PermutingParser,
     UsageError,
+    add_color_option,
     command_args,
     connect,
     each_rank,
@@ -46,6 +48,7 @@ from broker.cliutil import (
     run_async,
     size_int,
     uid_int,
+    use_color,
     write_out,
 )
 from broker.errors import ErrnoError
@@ -211,9 +214,6 @@ def render_value(key: str, obj: TreeObj, *, raw: bool = False, as_treeobj: bool 
     return head + (data + b"\n" if obj["data"] or label else b"")
 
 
-COLOR_CHOICES = ("auto", "always", "never")
-
-
 def make_formatter(args: argparse.Namespace) -> eventlog.Formatter:
     """The eventlog :class:`~kvs.eventlog.Formatter` for ``-u``, ``-H``, ``-L``/``--color``."""
     when = args.color
@@ -222,8 +222,7 @@ def make_formatter(args: argparse.Namespace) -> eventlog.Formatter:
                          f"(choose from {', '.join(COLOR_CHOICES)})")
     if args.unformatted and (args.human or when == "always"):
         raise UsageError("--unformatted cannot be combined with --human or --color=always")
-    color = when == "always" or (when == "auto" and not args.unformatted
-                                 and sys.stdout.isatty())
+    color = use_color(when) and not args.unformatted
     return eventlog.Formatter(unformatted=args.unformatted, human=args.human, color=color)
 
 
@@ -1168,12 +1167,8 @@ class _Parser(PermutingParser):
     says only "-w/--width: expected one argument".  Given to ``-w`` (as
     ``-w=-1``), it is refused by the option's type, which says why: "must
     not be negative".  ``-w`` followed by a flag was an error anyway, so no
-    command line that worked changes meaning.
-
-    ``--color`` / ``-L`` take their optional WHEN only attached, as Flux's
-    optparse does (``--color=never``, ``-Lnever``): argparse took the next
-    word, so ``eventlog get --color KEY`` read KEY as WHEN, and ``-Lalways``
-    was refused."""
+    command line that worked changes meaning.  (``--color``/``-L`` are
+    :class:`~broker.cliutil.PermutingParser`'s.)"""
 
     def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
         if args is not None:
@@ -1188,14 +1183,6 @@ class _Parser(PermutingParser):
             arg = args[i]
             if arg == "--":
                 return out + args[i:]
-            if arg == "--color" and "--color" in actions:
-                out.append("--color=always")
-                i += 1
-                continue
-            if arg.startswith("-L") and len(arg) > 2 and "-L" in actions:
-                out.append(f"--color={arg[2:]}")
-                i += 1
-                continue
             action = actions.get(arg)
             nxt = args[i + 1] if i + 1 < len(args) else ""
             if action is not None and action.nargs is None and _NEGATIVE_NUMBER.fullmatch(nxt):
@@ -1244,12 +1231,7 @@ def _eventlog_format(p: argparse.ArgumentParser) -> None:
     p.add_argument("-u", "--unformatted", action="store_true",
                    help="print events in RFC 18 form (one JSON object a line)")
     p.add_argument("-H", "--human", action="store_true", help="human-readable timestamps")
-    p.add_argument("--color", nargs="?", const="always", default="auto", metavar="WHEN",
-                   choices=COLOR_CHOICES,
-                   help="colorize: always (if WHEN is omitted), never, auto (the default); "
-                        "write --color=WHEN")
-    p.add_argument("-L", dest="color", action="store_const", const="always",
-                   help="same as --color=always")
+    add_color_option(p)
 
 
 def _conditions_args(p: argparse.ArgumentParser) -> None:

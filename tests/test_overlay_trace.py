@@ -217,3 +217,18 @@ async def test_the_python_api_traces_and_cancels(start_instance, connect) -> Non
         return await traces(h1) == 0
 
     await wait_until(ended, "the closed client's trace to end", WAIT)
+
+
+@pytest.mark.parametrize("argv, color, glob", [
+    (["-L", "kvs.*"], "always", "kvs.*"),
+    (["--color", "kvs.*"], "always", "kvs.*"),
+    (["-Lnever"], "never", "*"),
+    (["--color=never", "x"], "never", "x"),
+])
+def test_color_takes_its_when_only_attached(argv: list[str], color: str, glob: str) -> None:
+    """As Flux's optparse (and ``kvs eventlog get``): ``-L kvs.*`` is colour
+    and a glob, not a colour named ``kvs.*``."""
+    from broker.cli import build_parser
+
+    args = build_parser("overlay").parse_args(["overlay", "trace", *argv])
+    assert (args.color, args.topic_glob) == (color, glob)
