@@ -86,6 +86,9 @@ class Broker:
             "security.owner": self.owner_uid,
         })
         self.modules: list[Module] = []
+        self.services: BrokerServices | None = None
+        """The broker's own services (``broker.*``, ``attr.*``, ``log.*``,
+        ``overlay.*``, ...), once started."""
         self._by_name: dict[str, Module] = {}
         self.overlay: Overlay | None = None
         self.connector: Connector | None = None
@@ -174,7 +177,8 @@ class Broker:
                                hostname=str(self.attrs["hostname"]), hosts=self.hosts,
                                on_stop=self._stop_for_overlay)
         await self.overlay.start()
-        await self.load_module(BrokerServices(self._context(), self))
+        self.services = BrokerServices(self._context(), self)
+        await self.load_module(self.services)
         for cls in classes:
             await self.load_module(cls(self._context()))
         # Only once the parent admitted this process: the connector takes
@@ -261,7 +265,8 @@ class Broker:
                               "unjoined": self.overlay.unjoined(),
                               "hosts": self.overlay.child_hosts(),
                               "torpid": self.overlay.torpid_seconds(),
-                              "traces": self.overlay.traces}
+                              "traces": (len(self.services.trace)
+                                         if self.services is not None else 0)}
         if self.rank_log is not None:
             ring = self.rank_log.ring
             out["log"] = {"kept": len(ring.entries), "logged": ring.next_seq - 1,

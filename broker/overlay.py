@@ -367,8 +367,6 @@ class Overlay:
         """While someone traces this rank's overlay (``overlay.trace``,
         :mod:`broker.trace`): called with ``tx`` or ``rx``, the peer rank,
         each message's frames, and the message if it is decoded already."""
-        self.traces = 0
-        """How many trace it (``overlay.traces`` in the rank's stats)."""
         router.overlay = self
 
     @property

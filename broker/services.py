@@ -171,7 +171,6 @@ class BrokerServices(Module):
         overlay = self.broker.overlay
         if overlay is not None:
             overlay.tracer = self.trace.note if count else None
-            overlay.traces = count
 
     def overlay_trace_cancel(self, msg: Message) -> None:
         """``{matchtag}``: end, with ``ENODATA``, that trace of the same route -> ``{}``."""
