@@ -12,14 +12,15 @@ See docs/api.md.  A synchronous facade lives in :mod:`broker.sync`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import functools
 import os
 import subprocess
 import warnings
 import weakref
-from collections import deque
-from collections.abc import AsyncIterator, Callable, Coroutine, Generator
+from collections import Counter, deque
+from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, Self, TypeVar
 
 from broker import codec
@@ -105,15 +106,68 @@ class _ClientProtocol(FramedProtocol):
         # the user closed the handle or the broker went away -- unless the
         # rank said why it closed the connection (broker.closing).
         h = self.handle
-        if h._user_closed:
-            h._fail_all(errno.ECONNRESET, "handle closed")
-        elif h._closing is not None:
-            h._fail_all(*h._closing)
-        else:
-            h._fail_all(errno.ECONNRESET, "connection to broker lost")
-        self.handle._wake_event_waiters()
+        if h._proto is self:
+            if h._user_closed:
+                h._fail_all(errno.ECONNRESET, "handle closed")
+            elif h._redial is not None:
+                h._lost()
+            elif h._closing is not None:
+                h._fail_all(*h._closing)
+            else:
+                h._fail_all(errno.ECONNRESET, "connection to broker lost")
+            h._wake_event_waiters()
         if not self.closed.done():
             self.closed.set_result(None)
+
+
+class _Parking:
+    """Where a reconnecting handle's requests wait, encoded, for the new
+    connection (a :class:`FrameWriter`'s ``send``; sent in order once
+    connected)."""
+
+    __slots__ = ("messages",)
+
+    def __init__(self) -> None:
+        self.messages: list[Sequence[codec.Frame]] = []
+
+    def send(self, frames: Sequence[codec.Frame]) -> None:
+        self.messages.append(frames)
+
+    def flush(self) -> None:
+        pass
+
+
+class _Redial:
+    """A reconnecting handle's state (see ``Handle.connect(reconnect=True)``)."""
+
+    __slots__ = ("count", "parking", "task", "_waiters")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.parking: _Parking | None = None
+        """Set while disconnected: the requests made meanwhile."""
+        self.task: asyncio.Task[None] | None = None
+        """The task dialling again, while disconnected."""
+        self._waiters: list[asyncio.Future[None]] = []
+
+    def done_future(self) -> asyncio.Future[None]:
+        """A future set when the next dial ends (connected, or the handle closed)."""
+        fut = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        return fut
+
+    def wake(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
+
+
+def _ignore(fut: asyncio.Future[Any]) -> None:
+    """Retrieve a renewed subscription's outcome (an error is the rank's:
+    a guest's limit, say); nobody waits for it."""
+    if not fut.cancelled():
+        fut.exception()
 
 
 _handles: weakref.WeakSet[Handle] = weakref.WeakSet()
@@ -215,55 +269,159 @@ class Handle(HandleCore):
         self._ssh: subprocess.Popen[bytes] | None = None
         """The ssh process of an ``ssh://`` connection."""
         self.uri = ""
+        self._path = ""
+        """What :func:`parse_uri` made of the URI: a socket path, or ``ssh://...``."""
+        self._redial: _Redial | None = None
+        """Reconnecting is on (``connect(reconnect=True)``): its state."""
+        self._subscriptions: Counter[str] = Counter()
+        """The event prefixes subscribed (as many times as net), renewed on a
+        new connection."""
         self._owner_pid = os.getpid()
         self._forked = False
         """This process is a child of a fork() made while the handle was open."""
 
     @classmethod
-    def connect(cls, uri: str | None = None) -> Connecting[Self]:
+    def connect(cls, uri: str | None = None, *, reconnect: bool = False) -> Connecting[Self]:
         """Attach to the rank at ``uri`` (default: ``$KVBROKER_URI``):
         ``h = await Handle.connect()``, or ``async with Handle.connect() as
         h:``, which closes it at the end.
 
         Raises ``OSError`` (e.g. ``ENOENT``, ``ECONNREFUSED``) if the broker
         is not there.
+
+        With ``reconnect``, a lost connection (the rank restarted) is made
+        again, as ``flux proxy --reconnect`` does: the requests in flight
+        fail with ``ECONNRESET`` (whether the rank acted on one is not
+        known), those made meanwhile wait and are sent once connected, the
+        event subscriptions are renewed (events published in between are
+        missed), and :func:`kvs_watch.client.watch` watches resume.  It
+        retries until :meth:`close`, every :attr:`REDIAL_MAX` seconds at
+        most.  The first connection must succeed.
         """
-        return Connecting(functools.partial(cls._connect, uri))
+        return Connecting(functools.partial(cls._connect, uri, reconnect))
 
     @classmethod
-    async def _connect(cls, uri: str | None) -> Self:
+    async def _connect(cls, uri: str | None, reconnect: bool = False) -> Self:
         path = parse_uri(uri)
         self = cls()
+        self._path = path
+        self.uri = path if path.startswith("ssh://") else f"local://{path}"
         loop = asyncio.get_running_loop()
-        if path.startswith("ssh://"):
-            from broker import ssh
-
-            self.uri = path
-            sock, self._ssh = await ssh.open_connection(path)
-            try:
-                _, proto = await loop.create_unix_connection(lambda: _ClientProtocol(self),
-                                                             sock=sock)
-            except BaseException:
-                sock.close()
-                await ssh.reap(self._ssh)
-                raise
-        else:
-            self.uri = f"local://{path}"
-            try:
-                _, proto = await loop.create_unix_connection(lambda: _ClientProtocol(self), path)
-            except OSError as exc:
-                if exc.filename is not None or exc.errno is None:
-                    raise
-                # uvloop's says "No such file or directory" and not where
-                raise type(exc)(exc.errno, exc.strerror, path) from None
-        self._proto = proto
+        self._proto = await self._dial(loop)
         self._loop = loop
+        if reconnect:
+            self._redial = _Redial()
         global _fork_hook
         if not _fork_hook:
             os.register_at_fork(after_in_child=_after_fork_in_child)
             _fork_hook = True
         _handles.add(self)
         return self
+
+    async def _dial(self, loop: asyncio.AbstractEventLoop) -> _ClientProtocol:
+        """A new connection to :attr:`_path`."""
+        path = self._path
+        if path.startswith("ssh://"):
+            from broker import ssh
+
+            sock, relay = await ssh.open_connection(path)
+            try:
+                _, proto = await loop.create_unix_connection(lambda: _ClientProtocol(self),
+                                                             sock=sock)
+            except BaseException:
+                sock.close()
+                await ssh.reap(relay)
+                raise
+            self._ssh = relay
+            return proto
+        try:
+            _, proto = await loop.create_unix_connection(lambda: _ClientProtocol(self), path)
+        except OSError as exc:
+            if exc.filename is not None or exc.errno is None:
+                raise
+            # uvloop's says "No such file or directory" and not where
+            raise type(exc)(exc.errno, exc.strerror, path) from None
+        return proto
+
+    # ------------------------------------------------------------ reconnecting
+
+    REDIAL_MIN = 0.05
+    """Seconds before the first try to connect again after a loss."""
+    REDIAL_MAX = 2.0
+    """The most seconds between two tries (the wait doubles up to it; Flux's
+    proxy retries every 2 s)."""
+
+    @property
+    def connected(self) -> bool:
+        """Whether the handle has a connection now (False while it reconnects,
+        and once closed)."""
+        proto = self._proto
+        return (not self._user_closed and proto is not None and proto.transport is not None
+                and not proto.transport.is_closing())
+
+    @property
+    def reconnects(self) -> int:
+        """How many times the connection was made again (``reconnect=True``)."""
+        return self._redial.count if self._redial is not None else 0
+
+    async def wait_connected(self) -> None:
+        """Return once the handle is connected (at once if it is); raises
+        ``RemoteError(ECONNRESET)`` if it is closed, or was lost without
+        ``reconnect``."""
+        while not self.connected:
+            self._check_open()
+            redial = self._redial
+            if redial is None or self._user_closed:
+                raise RemoteError(errno.ECONNRESET, "handle closed" if self._user_closed
+                                  else "connection to broker lost")
+            await asyncio.shield(redial.done_future())
+
+    def _lost(self) -> None:
+        """The connection went and ``reconnect`` is on: fail what was in
+        flight, park what comes next, and dial again in the background."""
+        redial = self._redial
+        assert redial is not None and self._loop is not None
+        why = self._closing or (errno.ECONNRESET, "connection to broker lost")
+        self._fail_all(errno.ECONNRESET, f"{why[1]} (reconnecting: the request's fate "
+                                         "is unknown)", final=False)
+        self._closing = None
+        redial.parking = _Parking()
+        redial.task = self._loop.create_task(self._redial_loop())
+
+    async def _redial_loop(self) -> None:
+        redial = self._redial
+        assert redial is not None and redial.parking is not None and self._loop is not None
+        delay = self.REDIAL_MIN
+        while True:
+            if self._ssh is not None:
+                from broker import ssh
+
+                ssh_proc, self._ssh = self._ssh, None
+                await ssh.reap(ssh_proc)
+            try:
+                proto = await self._dial(self._loop)
+                break
+            except OSError:  # (not there yet: the rank restarts)
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, self.REDIAL_MAX)
+            except Exception as exc:  # no use trying again: the handle ends
+                redial.parking = redial.task = None
+                self._fail_all(errno.ECONNRESET, f"cannot reconnect: {exc}")
+                self._wake_event_waiters()
+                redial.wake()
+                return
+        parked, redial.parking, redial.task = redial.parking, None, None
+        self._proto = proto
+        redial.count += 1
+        # the subscriptions first: the parked requests may be waiting for events
+        for prefix, times in self._subscriptions.items():
+            for _ in range(times):
+                self.rpc("event.subscribe", {"topic": prefix}).add_done_callback(_ignore)
+        writer = proto.writer
+        assert writer is not None
+        for frames in parked.messages:
+            writer.send(frames)
+        redial.wake()
 
     def _orphan(self) -> None:
         """In a child of ``fork()``: the connection is the parent's, and so
@@ -294,7 +452,7 @@ class Handle(HandleCore):
         elif self._user_closed:
             state = "closed"
         elif proto.transport is None or proto.transport.is_closing():
-            state = "disconnected"
+            state = "reconnecting" if self._redial is not None else "disconnected"
         else:
             state = f"{self.pending} pending"
         return f"<Handle {self.uri or '?'} {state}>"
@@ -327,6 +485,16 @@ class Handle(HandleCore):
         self._user_closed = True
         if self._forked:
             return  # (the parent's: see _orphan)
+        redial = self._redial
+        if redial is not None and redial.task is not None:
+            redial.task.cancel()  # (the parked requests fail below)
+            with contextlib.suppress(asyncio.CancelledError):
+                await redial.task
+            redial.task = redial.parking = None
+            self._fail_all(errno.ECONNRESET, "handle closed")
+            self._wake_event_waiters()
+        if redial is not None:
+            redial.wake()
         if proto is not None and proto.transport is not None:
             self.flush()
             proto.transport.close()
@@ -359,6 +527,9 @@ class Handle(HandleCore):
             raise self._wrong_loop()
         proto = self._proto
         if proto is None or proto.transport is None or proto.transport.is_closing():
+            redial = self._redial
+            if redial is not None and redial.parking is not None and not self._user_closed:
+                return redial.parking  # type: ignore[return-value]
             if self._forked:
                 self._check_open()
             if self._closing is not None and not self._user_closed:
@@ -398,9 +569,13 @@ class Handle(HandleCore):
     async def subscribe(self, prefix: str) -> None:
         """Receive events whose topic starts with ``prefix``."""
         await self.rpc("event.subscribe", {"topic": prefix})
+        self._subscriptions[prefix] += 1
 
     async def unsubscribe(self, prefix: str) -> None:
         await self.rpc("event.unsubscribe", {"topic": prefix})
+        left = self._subscriptions.pop(prefix, 0) - 1
+        if left > 0:
+            self._subscriptions[prefix] = left
 
     async def publish(
         self, topic: str, payload: Any = None, *, private: bool = False

@@ -298,9 +298,11 @@ class HandleCore:
         del self._pending[msg.matchtag]
         settle(waiter, msg.errnum, msg.errstr, _message_payload, msg)
 
-    def _fail_all(self, errnum: int, errstr: str) -> None:
-        """Fail every pending request (the connection is gone)."""
-        self._closed_error = RemoteError(errnum, errstr)
+    def _fail_all(self, errnum: int, errstr: str, final: bool = True) -> None:
+        """Fail every pending request (the connection is gone; ``final``: for
+        good, so calls from now on fail the same way)."""
+        if final:
+            self._closed_error = RemoteError(errnum, errstr)
         pending, self._pending = self._pending, {}
         for tag, waiter in pending.items():
             if type(waiter) is Stream:

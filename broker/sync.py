@@ -94,6 +94,16 @@ DEFAULT = Default.DEFAULT
 """A call's ``timeout`` when none is given: the handle's ``timeout``."""
 
 
+NOTICE_TURNS = 3
+"""Loop turns that take a closed connection from the socket to the handle
+(the end of file read, the transport closed, ``connection_lost``)."""
+
+
+async def _turns(n: int) -> None:
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
 def _nothing() -> None:
     pass
 
@@ -174,7 +184,7 @@ class SyncHandle:
     the handle usable (see the module's docstring)."""
 
     def __init__(self, uri: str | None = None, *, event_loop: str | None = None,
-                 timeout: float | None = None) -> None:
+                 timeout: float | None = None, reconnect: bool = False) -> None:
         try:
             asyncio.get_running_loop()
         except RuntimeError:
@@ -210,8 +220,8 @@ class SyncHandle:
         self._sigint = _claim_sigint()
         self._caller = get_ident()
         try:  # (the connect too is bounded by ``timeout``: an ssh:// one may hang)
-            self.aio: Handle = self._wait(asyncio.ensure_future(
-                asyncio.wait_for(Handle.connect(uri), timeout), loop=self._loop), None)
+            self.aio: Handle = self._wait(asyncio.ensure_future(asyncio.wait_for(
+                Handle.connect(uri, reconnect=reconnect), timeout), loop=self._loop), None)
         except BaseException:
             self._closed = True
             try:
@@ -239,6 +249,20 @@ class SyncHandle:
             self._refuse(ident)
         self._caller = ident
         self._interrupts = 0
+        if self.aio._redial is not None and self.aio.connected:
+            try:
+                self._notice_loss()
+            except BaseException:
+                self._caller = None
+                raise
+
+    def _notice_loss(self) -> None:
+        """A reconnecting handle: the loop does not run between calls, so a
+        connection the rank closed meanwhile (it restarted) still looks
+        open, and this call's request would be written to it and fail as
+        one in flight.  A few turns of the loop read the closing first, and
+        the request then waits for the new connection instead."""
+        self._wait(asyncio.ensure_future(_turns(NOTICE_TURNS), loop=self._loop), None)
 
     def _refuse(self, ident: int) -> None:
         if self._forked:
@@ -526,11 +550,14 @@ class SyncHandle:
 
 
 def connect(uri: str | None = None, *, event_loop: str | None = None,
-            timeout: float | None = None) -> SyncHandle:
+            timeout: float | None = None, reconnect: bool = False) -> SyncHandle:
     """Attach to a rank (default ``$KVBROKER_URI``) with a blocking handle
     whose calls, and the connect itself, time out after ``timeout`` seconds
-    by default (``TimeoutError``)."""
-    return SyncHandle(uri, event_loop=event_loop, timeout=timeout)
+    by default (``TimeoutError``); ``reconnect``: as
+    :meth:`broker.handle.Handle.connect`'s (the handle dials again during
+    calls: a call made while the rank is away waits for it, up to its
+    timeout)."""
+    return SyncHandle(uri, event_loop=event_loop, timeout=timeout, reconnect=reconnect)
 
 
 class SyncStream:

@@ -700,17 +700,19 @@ class KVS:
         self._owns_handle = False
 
     @classmethod
-    def connect(cls, uri: str | None = None, namespace: str | None = None) -> Connecting[Self]:
+    def connect(cls, uri: str | None = None, namespace: str | None = None, *,
+                reconnect: bool = False) -> Connecting[Self]:
         """Attach to a rank (default ``$KVBROKER_URI``); :meth:`close` detaches.
-        ``kvs = await KVS.connect()``, or ``async with KVS.connect() as kvs:``."""
+        ``kvs = await KVS.connect()``, or ``async with KVS.connect() as kvs:``.
+        ``reconnect``: as :meth:`broker.handle.Handle.connect`'s."""
         default_namespace(namespace)  # (a bad one refused before connecting)
-        return Connecting(functools.partial(cls._connect, uri, namespace))
+        return Connecting(functools.partial(cls._connect, uri, namespace, reconnect))
 
     @classmethod
-    async def _connect(cls, uri: str | None, namespace: str | None) -> Self:
+    async def _connect(cls, uri: str | None, namespace: str | None, reconnect: bool) -> Self:
         from broker.handle import Handle
 
-        self = cls(await Handle.connect(uri), namespace)
+        self = cls(await Handle.connect(uri, reconnect=reconnect), namespace)
         self._owns_handle = True
         return self
 
@@ -1416,13 +1418,13 @@ class SyncKVS:
 
     def __init__(self, handle: SyncHandle | None = None, namespace: str | None = None, *,
                  uri: str | None = None, event_loop: str | None = None,
-                 timeout: float | None = None) -> None:
+                 timeout: float | None = None, reconnect: bool = False) -> None:
         from broker.sync import SyncHandle
 
         if handle is not None and (uri is not None or event_loop is not None
-                                   or timeout is not None):
-            raise ValueError("uri, event_loop and timeout are the handle's: give them to "
-                             "broker.sync.connect(), or give no handle")
+                                   or timeout is not None or reconnect):
+            raise ValueError("uri, event_loop, timeout and reconnect are the handle's: give "
+                             "them to broker.sync.connect(), or give no handle")
         if isinstance(handle, str):
             raise TypeError(f"SyncKVS takes a SyncHandle first, not the URI {handle!r}: "
                             "give it as SyncKVS(uri=...)")
@@ -1438,7 +1440,7 @@ class SyncKVS:
         default_namespace(namespace)  # (a bad one refused before connecting)
         self._owns_handle = handle is None
         self.sync_handle = handle if handle is not None else SyncHandle(
-            uri, event_loop=event_loop, timeout=timeout)
+            uri, event_loop=event_loop, timeout=timeout, reconnect=reconnect)
         self.aio = KVS(self.sync_handle.aio, namespace)
 
     @property

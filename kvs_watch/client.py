@@ -52,6 +52,7 @@ from broker.rpc import HandleCore, Stream
 from kvs.client import _parse_json, default_namespace
 from kvs.eventlog import EventlogError
 from kvs_watch import flags as F
+from kvs_watch.resume import WatchResume
 
 CANCEL_TIMEOUT = 10.0
 """How long :meth:`Watch.cancel` waits for the broker's ``ENODATA``."""
@@ -161,6 +162,10 @@ class Watch(Generic[ItemT]):
         self.namespace = default_namespace(namespace)
         self.nodeid = nodeid
         self._stream: Stream | None = None
+        self._resume: WatchResume | None = None
+        """Set on a handle that reconnects: what was delivered (kvs_watch/resume.py)."""
+        self._ready: deque[Any] = deque()
+        """Payloads the resume filter gave beyond the one returned."""
 
     def __repr__(self) -> str:
         return f"<Watch {self.namespace}:{self.key} flags={self.flags:#x}>"
@@ -184,14 +189,30 @@ class Watch(Generic[ItemT]):
         """Send the request (once); needs a running event loop."""
         if self._stream is None:
             topic, payload = self._request()
-            self._stream = self.h.rpc_stream(topic, payload, nodeid=self.nodeid)
-            # Dropped unfinished, it is cancelled: on the handle's loop when
-            # that runs, at once when it does not (the blocking facade
-            # between calls, whose loop turns only inside one).
-            dropped = weakref.finalize(self, _abandon_soon, asyncio.get_running_loop(),
-                                       self.h, self._stream, self.nodeid)
-            dropped.atexit = False
+            if (topic == "kvs-watch.lookup" and getattr(self.h, "_redial", None) is not None
+                    and not self.flags & (F.STREAM | F.WATCH_KEYS)):
+                self._resume = WatchResume(self.key, self.flags)
+            self._send(topic, payload)
         return self
+
+    def _send(self, topic: str, payload: dict[str, Any]) -> None:
+        self._stream = self.h.rpc_stream(topic, payload, nodeid=self.nodeid)
+        # Dropped unfinished, it is cancelled: on the handle's loop when
+        # that runs, at once when it does not (the blocking facade
+        # between calls, whose loop turns only inside one).
+        dropped = weakref.finalize(self, _abandon_soon, asyncio.get_running_loop(),
+                                   self.h, self._stream, self.nodeid)
+        dropped.atexit = False
+
+    async def _restart(self, resume: WatchResume) -> Stream:
+        """The handle lost its connection and reconnects: send the request
+        again once it has (raises if the handle is closed meanwhile)."""
+        await self.h.wait_connected()  # type: ignore[attr-defined]
+        topic, payload = self._request()
+        resume.restarted()
+        self._send(topic, {**payload, "flags": resume.flags(self.flags)})
+        assert self._stream is not None
+        return self._stream
 
     def _request(self) -> tuple[str, dict[str, Any]]:
         """The streaming request :meth:`start` sends."""
@@ -244,10 +265,25 @@ class Watch(Generic[ItemT]):
         ``StopAsyncIteration`` at the end of the stream."""
         stream = self.start()._stream
         assert stream is not None
-        msg = await stream.next_message()
-        if msg is None:
-            raise StopAsyncIteration
-        return msg.payload
+        resume = self._resume
+        if resume is None:
+            msg = await stream.next_message()
+            if msg is None:
+                raise StopAsyncIteration
+            return msg.payload
+        ready = self._ready
+        while not ready:
+            try:
+                msg = await stream.next_message()
+            except RemoteError as exc:
+                if exc.errnum != errno.ECONNRESET:
+                    raise
+                stream = await self._restart(resume)
+                continue
+            if msg is None:
+                raise StopAsyncIteration
+            ready.extend(resume.take(msg.payload))
+        return ready.popleft()
 
     async def cancel(self, timeout: float | None = CANCEL_TIMEOUT) -> None:
         """Stop the watch: ``kvs-watch.cancel``, then drain to the end of the stream.
@@ -461,6 +497,8 @@ class NamespaceWatch(Watch[NamespaceEvent]):
         """Yield the broker's end-of-list answer (:data:`NS_LISTED`); else skip it."""
         self.nodeid = nodeid
         self._stream = None
+        self._resume = None
+        self._ready = deque()
 
     def __repr__(self) -> str:
         return f"<NamespaceWatch prefix={self.prefix!r}>"

@@ -1,0 +1,133 @@
+"""Taking a key watch up again after its handle reconnected.
+
+A handle connected with ``reconnect=True`` (:meth:`broker.handle.Handle.connect`)
+makes its connection again when its rank restarts, but the rank's
+kvs-watch forgot the watch with the old connection.  A :class:`Watch
+<kvs_watch.client.Watch>` on such a handle then sends its request again
+and filters the new stream's first answers by what it had delivered, so
+its reader sees neither a repeat nor a gap it could have noticed:
+
+* a plain, ``uniq`` or ``full`` watch skips the new first answer if it
+  holds the value last delivered; else it is the change made meanwhile
+  (several commits meanwhile are one change, as commits merged into one
+  version are);
+* an ``append`` watch asks for the initial sentinel, gathers the new
+  initial value, checks that it starts with the bytes delivered (a digest
+  of them is kept: ``EINVAL`` if the value was replaced or shortened
+  meanwhile, as the watch itself says), and yields only the rest;
+* a removal meanwhile ends the watch with ``ENOENT`` as it would have
+  (``deletes``: one removal entry; ``waitcreate``: the wait goes on).
+
+Events between the loss and the new connection are not replayed: what is
+compared is the state, as after a watch's first answer.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+from typing import Any
+
+from broker.errors import RemoteError
+from kvs_watch import flags as F
+
+_NOTHING = object()
+"""No value delivered yet."""
+
+
+class WatchResume:
+    """What one watch delivered, and the filter for its restarted stream.
+
+    :meth:`take` turns each answer's payload (``None``: the initial
+    sentinel) into the payloads to deliver: none, one, or two (the rest of
+    an append watch's value and the sentinel its reader still waits for).
+    """
+
+    __slots__ = ("key", "append", "sentinel_asked", "sentinel_seen", "last", "size",
+                 "digest", "catching_up")
+
+    def __init__(self, key: str, flags: int) -> None:
+        self.key = key
+        self.append = bool(flags & F.APPEND)
+        self.sentinel_asked = bool(flags & F.INITIAL_SENTINEL)
+        self.sentinel_seen = False
+        self.last: Any = _NOTHING
+        """The ``val`` last delivered (``None``: a removal); after a
+        restart, the first answer holding it is skipped (append: only a
+        removal is kept here)."""
+        self.size = 0
+        """Append: the bytes of the current value delivered..."""
+        self.digest = hashlib.blake2b()
+        """... and their digest."""
+        self.catching_up: list[dict[str, Any]] | None = None
+        """Append, after a restart: the new initial value's answers so far."""
+
+    def flags(self, flags: int) -> int:
+        """The flags of the restarted request: an append watch needs the
+        sentinel to know where the new initial value ends."""
+        return flags | F.INITIAL_SENTINEL if self.append else flags
+
+    def restarted(self) -> None:
+        if self.append:
+            self.catching_up = []
+        elif self.last is not _NOTHING:
+            self.last = _Fresh(self.last)
+
+    def take(self, payload: Any) -> list[Any]:
+        if payload is None:  # the initial sentinel
+            if self.catching_up is not None:
+                return self._caught_up()
+            if self.sentinel_asked and not self.sentinel_seen:
+                self.sentinel_seen = True
+                return [None]
+            return []  # (only asked for to catch up)
+        val = payload["val"]
+        if self.append:
+            if self.catching_up is not None and val is not None:
+                self.catching_up.append(payload)
+                return []
+            if val is None:  # a removal (deletes): the next value comes whole
+                again = self.catching_up is not None and self.last is None
+                self.catching_up, self.last = None, None
+                self.size, self.digest = 0, hashlib.blake2b()
+                return [] if again else [payload]
+            self.last = _NOTHING
+            data = val.get("data", b"")
+            self.size += len(data)
+            self.digest.update(data)
+            return [payload]
+        last = self.last
+        if type(last) is _Fresh:
+            if val == last.val:
+                self.last = last.val
+                return []
+        self.last = val
+        return [payload]
+
+    def _caught_up(self) -> list[Any]:
+        answers, self.catching_up = self.catching_up or [], None
+        data = b"".join(p["val"].get("data", b"") for p in answers)
+        if (len(data) < self.size
+                or hashlib.blake2b(data[:self.size]).digest() != self.digest.digest()):
+            raise RemoteError(errno.EINVAL, f"{self.key}: value replaced or shortened "
+                                            "while the handle reconnected")
+        out: list[Any] = []
+        rest = data[self.size:]
+        if rest:
+            last = answers[-1]
+            out.append({**last, "val": {**last["val"], "data": rest}})
+            self.size += len(rest)
+            self.digest.update(rest)
+        if self.sentinel_asked and not self.sentinel_seen:
+            self.sentinel_seen = True
+            out.append(None)
+        return out
+
+
+class _Fresh:
+    """The value last delivered, before a restarted stream's first answer."""
+
+    __slots__ = ("val",)
+
+    def __init__(self, val: Any) -> None:
+        self.val = val

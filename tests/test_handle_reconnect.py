@@ -1,0 +1,241 @@
+"""A handle that reconnects (``Handle.connect(reconnect=True)``, as ``flux
+proxy --reconnect``) when its rank restarts: requests in flight fail with
+``ECONNRESET``, requests made meanwhile wait for the new connection, event
+subscriptions are renewed, and key watches take up where they were.
+
+The rank that restarts is rank 1 of a 2-rank instance started from a
+bootstrap file (as under systemd), killed and started again on the same
+run directory, so its socket is at the same path."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import signal
+from pathlib import Path
+
+import pytest
+from test_multihost import brokers, exit_codes, keyed_config  # noqa: F401 (a fixture)
+
+from broker.errors import RemoteError
+from broker.handle import Handle
+from kvs.client import KVS, SyncKVS
+from kvs_watch import flags as F
+from kvs_watch.client import watch, watch_eventlog
+from kvs_watch.resume import WatchResume
+
+
+class Restartable:
+    """Rank 0, and rank 1 on a fixed run directory (its socket's path stays)."""
+
+    def __init__(self, tmp_path: Path, brokers) -> None:  # noqa: F811
+        self.tmp_path, self.brokers = tmp_path, brokers
+        self.rundir = tmp_path / "run1"
+        self.uri1 = f"local://{self.rundir}/local-1"
+
+    async def start(self) -> Restartable:
+        self.config = await keyed_config(self.tmp_path, 2, 2)
+        self.rank0 = await self.brokers(self.config, 0)
+        await self.start_rank1()  # (rank 0 is ready once its subtree is)
+        await self.rank0.ready()
+        return self
+
+    async def start_rank1(self) -> None:
+        self.rank1 = await self.brokers(self.config, 1, "--rundir", str(self.rundir))
+        await self.rank1.ready()
+
+    async def kill_rank1(self) -> None:
+        self.rank1.proc.kill()
+        assert await exit_codes([self.rank1], self.tmp_path) == [-signal.SIGKILL]
+
+
+@pytest.fixture
+async def inst(tmp_path: Path, brokers) -> Restartable:  # noqa: F811
+    return await Restartable(tmp_path, brokers).start()
+
+
+async def test_a_reconnecting_handle_outlives_a_restart_of_its_rank(inst: Restartable) -> None:
+    """In flight at the crash: ``ECONNRESET`` saying so (whether the rank
+    acted on it is unknown).  Made while the rank is away: sent once it is
+    back, and answered.  The event subscription is made again."""
+    async with asyncio.timeout(60), Handle.connect(inst.rank0.uri) as h0, \
+            Handle.connect(inst.uri1, reconnect=True) as h:
+        kvs = KVS(h)
+        await kvs.put("a", "1")
+        await h.subscribe("test.")
+        assert h.connected and h.reconnects == 0
+        never = h.rpc("kvs.wait-version", {"namespace": "primary", "rootseq": 10**6})
+        await inst.kill_rank1()
+        with pytest.raises(RemoteError) as lost:
+            await never
+        assert lost.value.errnum == errno.ECONNRESET
+        assert "reconnecting" in lost.value.errstr, lost.value.errstr
+        assert not h.connected and "reconnecting" in repr(h)
+        meanwhile = h.rpc("broker.ping", {}, nodeid=0)  # (parked: nobody listens there)
+        put = asyncio.ensure_future(kvs.put("b", "2"))
+        await inst.start_rank1()
+        await h.wait_connected()
+        assert h.connected and h.reconnects == 1
+        route = (await meanwhile)["route"]
+        assert route[-1] == "r0" and route[-2].startswith("r1"), route
+        await put
+        assert await kvs.get_str("b") == "2" and await kvs.get_str("a") == "1"
+        await h0.publish("test.x", {"n": 1})
+        event = await asyncio.wait_for(h.recv_event(), 10)
+        assert (event.topic, event.payload) == ("test.x", {"n": 1})
+
+
+async def test_a_handle_without_reconnect_stays_lost(inst: Restartable) -> None:
+    """The default is unchanged: a lost connection is the handle's end."""
+    async with asyncio.timeout(60), Handle.connect(inst.uri1) as h:
+        await inst.kill_rank1()
+        with pytest.raises(RemoteError) as lost:
+            await h.wait_connected()
+        assert lost.value.errnum == errno.ECONNRESET
+        with pytest.raises(RemoteError):
+            await h.ping()
+        await inst.start_rank1()
+        with pytest.raises(RemoteError):
+            await h.ping()
+        assert h.reconnects == 0
+
+
+async def test_closing_a_reconnecting_handle_fails_what_waits(inst: Restartable) -> None:
+    """Closed while the rank is away: the parked requests and the tasks
+    waiting for the connection fail, nothing is sent later."""
+    async with asyncio.timeout(60):
+        h = await Handle.connect(inst.uri1, reconnect=True)
+        await h.ping()
+        never = h.rpc("kvs.wait-version", {"namespace": "primary", "rootseq": 10**6})
+        await inst.kill_rank1()
+        with pytest.raises(RemoteError):
+            await never  # (lost: the handle dials again from now on)
+        parked = h.rpc("broker.ping", {})
+        waiting = asyncio.ensure_future(h.wait_connected())
+        await asyncio.sleep(0)
+        await h.close()
+        for fut in (parked, waiting):
+            with pytest.raises(RemoteError) as closed:
+                await fut
+            assert (closed.value.errnum, closed.value.errstr) == (errno.ECONNRESET,
+                                                                  "handle closed")
+        assert not h.connected and h.pending == 0
+
+
+async def test_watches_take_up_where_they_were_after_a_restart(inst: Restartable) -> None:
+    """Changed while the rank was away: the new value, once (not the one
+    already seen first).  Unchanged: nothing until the next change.  An
+    eventlog (an append watch): only the entries appended meanwhile."""
+    async with asyncio.timeout(60), KVS.connect(inst.rank0.uri) as kvs0, \
+            Handle.connect(inst.uri1, reconnect=True) as h:
+        await kvs0.put("k", "1")
+        await kvs0.put("same", "s")
+        await kvs0.append_event("log", "first")
+        version = (await kvs0.put("ready", "1")).rootseq
+        await KVS(h).wait_version(version)
+        async with watch(h, "k") as changed, watch(h, "same") as unchanged, \
+                watch_eventlog(h, "log") as log:
+            assert (await anext(changed)).value == b"1"
+            assert (await anext(unchanged)).value == b"s"
+            assert (await anext(log))["name"] == "first"
+            await inst.kill_rank1()
+            await kvs0.put("k", "2")
+            await kvs0.append_event("log", "second")
+            await inst.start_rank1()
+            assert (await anext(changed)).value == b"2"
+            assert (await anext(log))["name"] == "second"
+            await kvs0.put("same", "t")
+            assert (await anext(unchanged)).value == b"t"
+            await kvs0.put("k", "3")
+            await kvs0.append_event("log", "third")
+            assert (await anext(changed)).value == b"3"
+            assert (await anext(log))["name"] == "third"
+        assert h.reconnects == 1 and h.pending == 0
+
+
+async def test_an_append_watch_whose_value_was_replaced_meanwhile_fails(
+        inst: Restartable) -> None:
+    """As the watch itself says of a replaced value: ``EINVAL``."""
+    async with asyncio.timeout(60), KVS.connect(inst.rank0.uri) as kvs0, \
+            Handle.connect(inst.uri1, reconnect=True) as h:
+        version = (await kvs0.append("log", "abc\n")).rootseq
+        await KVS(h).wait_version(version)
+        async with watch(h, "log", append=True) as w:
+            assert (await anext(w)).value == b"abc\n"
+            await inst.kill_rank1()
+            await kvs0.put("log", "xyz-and-more\n")
+            await inst.start_rank1()
+            with pytest.raises(RemoteError) as replaced:
+                await anext(w)
+            assert replaced.value.errnum == errno.EINVAL
+            assert "replaced or shortened while the handle reconnected" in replaced.value.errstr
+
+
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+async def test_the_blocking_facade_reconnects_between_its_calls(inst: Restartable,
+                                                                loop: str) -> None:
+    """Its loop runs only inside a call: the first call after the rank
+    restarted notices the closed connection before it sends, waits for the
+    new one and succeeds (it does not fail as a request in flight)."""
+    kvs = await asyncio.to_thread(SyncKVS, uri=inst.uri1, reconnect=True, timeout=30,
+                                  event_loop=loop)
+    try:
+        await asyncio.to_thread(kvs.put, "a", "1")
+        await inst.kill_rank1()
+        put = asyncio.ensure_future(asyncio.to_thread(kvs.put, "a", "2"))
+        await inst.start_rank1()
+        await put
+        assert await asyncio.to_thread(kvs.get_str, "a") == "2"
+        assert kvs.sync_handle.aio.reconnects == 1
+    finally:
+        await asyncio.to_thread(kvs.close)
+
+
+# ---------------------------------------------------------------- the filter alone
+
+
+def _val(data: bytes, rootseq: int = 1) -> dict[str, object]:
+    return {"val": {"type": "val", "data": data}, "rootseq": rootseq, "namespace": "primary"}
+
+
+def test_a_plain_watch_skips_the_value_it_delivered_last() -> None:
+    r = WatchResume("k", F.WATCH)
+    assert r.take(_val(b"1")) == [_val(b"1")]
+    r.restarted()
+    assert r.take(_val(b"1", 5)) == []  # unchanged: skipped once
+    assert r.take(_val(b"1", 6)) == [_val(b"1", 6)]  # a commit naming it: reported
+    r.restarted()
+    assert r.take(_val(b"2", 7)) == [_val(b"2", 7)]
+
+
+def test_an_append_watch_yields_the_rest_and_its_pending_sentinel() -> None:
+    r = WatchResume("log", F.WATCH | F.APPEND | F.INITIAL_SENTINEL)
+    assert r.flags(F.WATCH | F.APPEND) & F.INITIAL_SENTINEL
+    assert r.take(_val(b"ab")) == [_val(b"ab")]
+    r.restarted()  # lost before the sentinel came
+    assert r.take(_val(b"abc", 4)) == []
+    assert r.take(_val(b"de", 4)) == []
+    assert r.take(None) == [_val(b"cde", 4), None]  # (None: the sentinel)
+    assert r.take(None) == []  # (a second sentinel is never the reader's)
+    r.restarted()
+    assert r.take(_val(b"abcde", 5)) == []
+    assert r.take(None) == []  # nothing new, and the sentinel was delivered
+    r.restarted()
+    assert r.take(_val(b"abXde", 6)) == []
+    with pytest.raises(RemoteError) as replaced:
+        r.take(None)
+    assert replaced.value.errnum == errno.EINVAL
+
+
+def test_a_deletes_watch_reports_a_removal_once() -> None:
+    removed = {"val": None, "rootseq": 3, "namespace": "primary"}
+    r = WatchResume("k", F.WATCH | F.DELETES)
+    assert r.take(removed) == [removed]
+    r.restarted()
+    assert r.take(removed) == []
+    a = WatchResume("log", F.WATCH | F.APPEND | F.DELETES)
+    assert a.take(_val(b"x\n")) == [_val(b"x\n")]
+    assert a.take(removed) == [removed]
+    a.restarted()
+    assert a.take(removed) == []
+    assert a.take(_val(b"y\n", 4)) == [_val(b"y\n", 4)]  # (back: whole)
