@@ -393,6 +393,8 @@ class Handle(HandleCore):
         assert redial is not None and redial.parking is not None and self._loop is not None
         delay = self.REDIAL_MIN
         while True:
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, self.REDIAL_MAX)
             if self._ssh is not None:
                 from broker import ssh
 
@@ -400,16 +402,22 @@ class Handle(HandleCore):
                 await ssh.reap(ssh_proc)
             try:
                 proto = await self._dial(self._loop)
-                break
             except OSError:  # (not there yet: the rank restarts)
-                await asyncio.sleep(delay)
-                delay = min(2 * delay, self.REDIAL_MAX)
+                continue
             except Exception as exc:  # no use trying again: the handle ends
                 redial.parking = redial.task = None
                 self._fail_all(errno.ECONNRESET, f"cannot reconnect: {exc}")
                 self._wake_event_waiters()
                 redial.wake()
                 return
+            assert proto.transport is not None
+            try:
+                if await self._answers(proto):
+                    break
+            except BaseException:  # (closed meanwhile)
+                proto.transport.abort()
+                raise
+            proto.transport.abort()
         parked, redial.parking, redial.task = redial.parking, None, None
         self._proto = proto
         redial.count += 1
@@ -422,6 +430,22 @@ class Handle(HandleCore):
         for frames in parked.messages:
             writer.send(frames)
         redial.wake()
+
+    async def _answers(self, proto: _ClientProtocol) -> bool:
+        """Whether the rank answers a ping on a new connection, before any
+        parked request goes there: a rank dying (killed) closes its clients'
+        connections before its listening socket, which meanwhile still
+        takes new ones that no process will read."""
+        assert self._loop is not None and proto.writer is not None
+        tag = self._alloc_tag()
+        answer: asyncio.Future[Any] = self._loop.create_future()
+        self._pending[tag] = answer
+        try:
+            proto.writer.send(codec.encode_request("broker.ping", {}, tag, NODEID_ANY, 0))
+            await asyncio.wait((answer, proto.closed), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self._pending.pop(tag, None)
+        return answer.done() and not answer.cancelled() and answer.exception() is None
 
     def _orphan(self) -> None:
         """In a child of ``fork()``: the connection is the parent's, and so

@@ -620,6 +620,11 @@ class KeyWatch(_Wrapped):
         self._held: dict[str, Any] | None = None
         """The first answer, kept when catching up was interrupted (a
         timeout around ``anext``): the next call catches up from it."""
+        self._last: tuple[str, int] | None = None
+        """The root (rootref, rootseq) of the last answer yielded: where a
+        watch resumed after its handle reconnected catches up from."""
+        self._resumed = False
+        """The watch was sent again: its first answer is a change, not initial."""
 
     async def _prepare(self) -> None:
         """Start the watch -- with ``since_version``, once its rank has
@@ -647,11 +652,37 @@ class KeyWatch(_Wrapped):
         return self
 
     async def __anext__(self) -> KeyChanges:
+        while True:
+            changes = await self._next()
+            if changes is not None:
+                return changes
+
+    async def _resume(self) -> None:
+        """The handle reconnected (``reconnect=True``): send the watch again,
+        catching up since the last root yielded, so no change is missed."""
+        w = self.watch
+        await w.h.wait_connected()  # type: ignore[attr-defined]
+        self.watch = Watch[Any](w.h, w.key, w.flags, namespace=w.namespace, nodeid=w.nodeid)
+        if self._last is not None:
+            self.since, self.since_version = self._last
+            self._first = self._resumed = True
+        self._ready = self.since_version is None
+
+    async def _next(self) -> KeyChanges | None:
+        """The next answer, or None for a resumed watch's first one when
+        nothing changed meanwhile."""
         if not self._ready:
             await self._prepare()
         p, self._held = self._held, None
         if p is None:
-            p = await self.watch.next_payload()
+            try:
+                p = await self.watch.next_payload()
+            except RemoteError as exc:
+                if (exc.errnum != errno.ECONNRESET
+                        or getattr(self.watch.h, "_redial", None) is None):
+                    raise
+                await self._resume()
+                return None
         keys = p["keys"]
         if self._first and self.since is not None:  # what changed since, at this root
             try:
@@ -673,6 +704,11 @@ class KeyWatch(_Wrapped):
                 await self.watch.cancel()
                 raise
         first, self._first = self._first, False
+        if self._resumed:
+            self._resumed = first = False
+            if not keys:
+                return None
+        self._last = (str(p["rootref"]), int(p["rootseq"]))
         return KeyChanges(self.watch.key, tuple(keys), int(p["rootseq"]),
                           str(p["rootref"]), str(p["namespace"]), initial=first)
 

@@ -16,12 +16,13 @@ from pathlib import Path
 
 import pytest
 from test_multihost import brokers, exit_codes, keyed_config  # noqa: F401 (a fixture)
+from test_watch_helpers import wait_watchers
 
 from broker.errors import RemoteError
 from broker.handle import Handle
 from kvs.client import KVS, SyncKVS
 from kvs_watch import flags as F
-from kvs_watch.client import watch, watch_eventlog
+from kvs_watch.client import watch, watch_eventlog, watch_keys
 from kvs_watch.resume import WatchResume
 
 
@@ -151,6 +152,33 @@ async def test_watches_take_up_where_they_were_after_a_restart(inst: Restartable
             assert (await anext(changed)).value == b"3"
             assert (await anext(log))["name"] == "third"
         assert h.reconnects == 1 and h.pending == 0
+
+
+async def test_a_key_watch_catches_up_on_what_changed_while_away(inst: Restartable) -> None:
+    """``watch_keys`` resumes from the last root it reported (its ``since``):
+    the keys two commits wrote meanwhile come in one answer, not initial;
+    a restart with no change meanwhile yields nothing extra."""
+    async with asyncio.timeout(60), KVS.connect(inst.rank0.uri) as kvs0, \
+            Handle.connect(inst.uri1, reconnect=True) as h:
+        await KVS(h).wait_version((await kvs0.put("other", "x")).rootseq)
+        async with watch_keys(h, "d") as w:
+            assert (await anext(w)).initial
+            await kvs0.put("d.a", "1")
+            assert (await anext(w)).keys == ("d.a",)
+            await inst.kill_rank1()
+            await kvs0.put("d.b", "2")
+            await kvs0.put("d.c", "3")
+            await kvs0.put("other", "y")
+            await inst.start_rank1()
+            caught_up = await anext(w)
+            assert not caught_up.initial and sorted(caught_up.keys) == ["d.b", "d.c"]
+            await inst.kill_rank1()
+            await inst.start_rank1()
+            resumed = asyncio.ensure_future(anext(w))  # (nothing changed meanwhile)
+            await wait_watchers(h, 1)
+            await kvs0.put("d.e", "4")
+            assert (await resumed).keys == ("d.e",)
+        assert h.reconnects == 2
 
 
 async def test_an_append_watch_whose_value_was_replaced_meanwhile_fails(
