@@ -52,7 +52,7 @@ from broker.rpc import HandleCore, Stream
 from kvs.client import _parse_json, default_namespace
 from kvs.eventlog import EventlogError
 from kvs_watch import flags as F
-from kvs_watch.resume import WatchResume
+from kvs_watch.resume import NamespaceResume, Resume, WatchResume
 
 CANCEL_TIMEOUT = 10.0
 """How long :meth:`Watch.cancel` waits for the broker's ``ENODATA``."""
@@ -162,7 +162,7 @@ class Watch(Generic[ItemT]):
         self.namespace = default_namespace(namespace)
         self.nodeid = nodeid
         self._stream: Stream | None = None
-        self._resume: WatchResume | None = None
+        self._resume: Resume | None = None
         """Set on a handle that reconnects: what was delivered (kvs_watch/resume.py)."""
         self._ready: deque[Any] = deque()
         """Payloads the resume filter gave beyond the one returned."""
@@ -188,12 +188,18 @@ class Watch(Generic[ItemT]):
     def start(self) -> Self:
         """Send the request (once); needs a running event loop."""
         if self._stream is None:
+            if getattr(self.h, "_redial", None) is not None:  # (a handle that reconnects)
+                self._resume = self._resumer()
             topic, payload = self._request()
-            if (topic == "kvs-watch.lookup" and getattr(self.h, "_redial", None) is not None
-                    and not self.flags & (F.STREAM | F.WATCH_KEYS)):
-                self._resume = WatchResume(self.key, self.flags)
             self._send(topic, payload)
         return self
+
+    def _resumer(self) -> Resume | None:
+        """What follows the answers so that the watch can be sent again
+        when the handle reconnects (None: it cannot, and ends)."""
+        if self.flags & (F.STREAM | F.WATCH_KEYS):
+            return None  # (a key watch resumes by its since: KeyWatch)
+        return WatchResume(self.key, self.flags)
 
     def _send(self, topic: str, payload: dict[str, Any]) -> None:
         self._stream = self.h.rpc_stream(topic, payload, nodeid=self.nodeid)
@@ -204,13 +210,13 @@ class Watch(Generic[ItemT]):
                                    self.h, self._stream, self.nodeid)
         dropped.atexit = False
 
-    async def _restart(self, resume: WatchResume) -> Stream:
+    async def _restart(self, resume: Resume) -> Stream:
         """The handle lost its connection and reconnects: send the request
         again once it has (raises if the handle is closed meanwhile)."""
         await self.h.wait_connected()  # type: ignore[attr-defined]
         topic, payload = self._request()
         resume.restarted()
-        self._send(topic, {**payload, "flags": resume.flags(self.flags)})
+        self._send(topic, {**payload, "flags": resume.flags(payload["flags"])})
         assert self._stream is not None
         return self._stream
 
@@ -504,8 +510,14 @@ class NamespaceWatch(Watch[NamespaceEvent]):
         return f"<NamespaceWatch prefix={self.prefix!r}>"
 
     def _request(self) -> tuple[str, dict[str, Any]]:
+        # (on a handle that reconnects, the list is asked for anyway: what
+        # exists must be known to resume; NamespaceResume drops it)
+        nolist = self.changes_only and self._resume is None
         return "kvs-watch.namespaces", {"prefix": self.prefix,
-                                        "flags": NS_NOLIST if self.changes_only else 0}
+                                        "flags": NS_NOLIST if nolist else 0}
+
+    def _resumer(self) -> Resume | None:
+        return NamespaceResume(self.changes_only)
 
     async def __anext__(self) -> NamespaceEvent:
         p = await self.next_payload()

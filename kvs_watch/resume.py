@@ -1,4 +1,4 @@
-"""Taking a key watch up again after its handle reconnected.
+"""Taking a watch up again after its handle reconnected.
 
 A handle connected with ``reconnect=True`` (:meth:`broker.handle.Handle.connect`)
 makes its connection again when its rank restarts, but the rank's
@@ -16,7 +16,12 @@ its reader sees neither a repeat nor a gap it could have noticed:
   of them is kept: ``EINVAL`` if the value was replaced or shortened
   meanwhile, as the watch itself says), and yields only the rest;
 * a removal meanwhile ends the watch with ``ENOENT`` as it would have
-  (``deletes``: one removal entry; ``waitcreate``: the wait goes on).
+  (``deletes``: one removal entry; ``waitcreate``: the wait goes on);
+* a namespace watch compares the new list with the namespaces it knows
+  alive (:class:`NamespaceResume`).
+
+(A key watch, ``watch_keys``, resumes by itself: it is sent again with
+``since`` its last root, and the diff says what changed.)
 
 Events between the loss and the new connection are not replayed: what is
 compared is the state, as after a watch's first answer.
@@ -26,10 +31,27 @@ from __future__ import annotations
 
 import errno
 import hashlib
-from typing import Any
+from typing import Any, Protocol
 
 from broker.errors import RemoteError
 from kvs_watch import flags as F
+
+
+class Resume(Protocol):
+    """The filter a watch on a reconnecting handle passes its answers through."""
+
+    def flags(self, flags: int) -> int:
+        """The flags of the request sent again (``flags``: the first one's)."""
+        ...
+
+    def restarted(self) -> None:
+        """The request was sent again: a new stream starts."""
+        ...
+
+    def take(self, payload: Any) -> list[Any]:
+        """The payloads to deliver for this answer's (none, one or more)."""
+        ...
+
 
 _NOTHING = object()
 """No value delivered yet."""
@@ -131,3 +153,67 @@ class _Fresh:
 
     def __init__(self, val: Any) -> None:
         self.val = val
+
+
+class NamespaceResume:
+    """What a namespace watch (``kvs-watch.namespaces``) delivered, and the
+    filter for its restarted stream.
+
+    It keeps the namespaces alive as the watch told them (name -> the
+    answer that listed or created it).  A restarted watch asks for the list
+    again; at its end (``listed``) the filter yields a ``removed`` for each
+    namespace known that is gone, or came back as another (a new epoch),
+    then a ``created`` (not ``initial``) for each one new to it: what
+    happened meanwhile, as changes.  A ``changes_only`` watch on a
+    reconnecting handle asks for the list too, to know what exists, and
+    yields none of it.
+    """
+
+    __slots__ = ("changes_only", "known", "listing", "listed")
+
+    def __init__(self, changes_only: bool) -> None:
+        self.changes_only = changes_only
+        self.known: dict[str, dict[str, Any]] = {}
+        self.listing: list[dict[str, Any]] | None = None
+        """After a restart: the new list, until its end."""
+        self.listed = False
+        """The first list has ended (its marker went to the reader)."""
+
+    def flags(self, flags: int) -> int:
+        return 0  # (the list, always)
+
+    def restarted(self) -> None:
+        self.listing = []
+
+    def take(self, payload: Any) -> list[Any]:
+        event, name = payload.get("event"), payload.get("namespace")
+        if self.listing is not None:
+            if event == "listed":
+                return self._relisted()
+            if payload.get("initial"):
+                self.listing.append(payload)
+                return []
+        if event == "listed":
+            first, self.listed = not self.listed, True
+            return [payload] if first else []
+        if event == "created":
+            self.known[name] = payload
+            return [] if payload.get("initial") and self.changes_only else [payload]
+        if event == "removed":
+            self.known.pop(name, None)
+        return [payload]
+
+    def _relisted(self) -> list[Any]:
+        listing, self.listing = self.listing or [], None
+        now = {p["namespace"]: p for p in listing}
+        out: list[Any] = []
+        for name, old in list(self.known.items()):
+            new = now.get(name)
+            if new is None or new.get("epoch") != old.get("epoch"):
+                del self.known[name]
+                out.append({**old, "event": "removed", "initial": False})
+        for name, new in now.items():
+            if name not in self.known:
+                self.known[name] = new
+                out.append({**new, "initial": False})
+        return out

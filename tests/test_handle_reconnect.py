@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import signal
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,15 @@ from broker.errors import RemoteError
 from broker.handle import Handle
 from kvs.client import KVS, SyncKVS
 from kvs_watch import flags as F
-from kvs_watch.client import watch, watch_eventlog, watch_keys
+from kvs_watch.client import (
+    NS_LISTED,
+    NamespaceEvent,
+    NamespaceWatch,
+    watch,
+    watch_eventlog,
+    watch_keys,
+    watch_namespaces,
+)
 from kvs_watch.resume import WatchResume
 
 
@@ -179,6 +188,45 @@ async def test_a_key_watch_catches_up_on_what_changed_while_away(inst: Restartab
             await kvs0.put("d.e", "4")
             assert (await resumed).keys == ("d.e",)
         assert h.reconnects == 2
+
+
+@pytest.mark.parametrize("changes_only", [False, True])
+async def test_a_namespace_watch_says_what_came_and_went_while_away(
+        inst: Restartable, changes_only: bool) -> None:
+    """Removed meanwhile: a ``removed``; removed and made again: a
+    ``removed`` of the old and a ``created`` of the new; new: a
+    ``created``, none ``initial``.  A ``changes_only`` watch too, though it
+    was never told of the namespaces that were there before it."""
+    async with asyncio.timeout(60), KVS.connect(inst.rank0.uri) as kvs0, \
+            Handle.connect(inst.uri1, reconnect=True) as h:
+        await kvs0.namespace_create("job-a")
+        async with watch_namespaces(h, "job-", changes_only=changes_only, listed=True) as w:
+            seen = [(e.event, e.namespace, e.initial) async for e in _until_listed(w)]
+            assert seen == ([] if changes_only else [("created", "job-a", True)])
+            await kvs0.namespace_create("job-b")
+            assert (await anext(w)).namespace == "job-b"
+            await inst.kill_rank1()
+            await kvs0.namespace_remove("job-a")
+            await kvs0.namespace_remove("job-b")
+            await kvs0.namespace_create("job-b")
+            await kvs0.namespace_create("job-c")
+            await inst.start_rank1()
+            meanwhile = [await anext(w) for _ in range(4)]
+            assert [(e.event, e.namespace) for e in meanwhile] == [
+                ("removed", "job-a"), ("removed", "job-b"),
+                ("created", "job-b"), ("created", "job-c")]
+            assert not any(e.initial for e in meanwhile)
+            assert meanwhile[1].epoch != meanwhile[2].epoch
+            await kvs0.namespace_create("job-d")
+            after = await anext(w)
+            assert (after.event, after.namespace, after.initial) == ("created", "job-d", False)
+
+
+async def _until_listed(w: NamespaceWatch) -> AsyncIterator[NamespaceEvent]:
+    async for event in w:
+        if event is NS_LISTED:
+            return
+        yield event
 
 
 async def test_an_append_watch_whose_value_was_replaced_meanwhile_fails(
