@@ -360,6 +360,12 @@ class Handle(HandleCore):
                 and not proto.transport.is_closing())
 
     @property
+    def reconnect(self) -> bool:
+        """It makes its connection again when lost, until closed
+        (``connect(reconnect=True)``, and not closed)."""
+        return self._redial is not None and not self._user_closed
+
+    @property
     def reconnects(self) -> int:
         """How many times the connection was made again (``reconnect=True``)."""
         return self._redial.count if self._redial is not None else 0

@@ -249,7 +249,7 @@ class SyncHandle:
             self._refuse(ident)
         self._caller = ident
         self._interrupts = 0
-        if self.aio._redial is not None and self.aio.connected:
+        if self.aio.reconnect and self.aio.connected:
             try:
                 self._notice_loss()
             except BaseException:

@@ -1755,9 +1755,11 @@ class Lease:
                     self.lost.set()
                     return
                 if exc.errnum in (errno.ECONNRESET, errno.EPIPE):
+                    if getattr(self.kvs.handle, "reconnect", False):
+                        continue  # (lost, and made again: the next tick goes out then)
                     # the handle is closed (or its connection lost, for good:
-                    # a Handle does not reconnect), as a closed handle's
-                    # calls say: nothing keeps the lease now
+                    # it does not reconnect), as a closed handle's calls
+                    # say: nothing keeps the lease now
                     return
             except TimeoutError:
                 continue
@@ -1865,8 +1867,8 @@ class SyncLease:
         from broker.sync import SyncHandle
 
         owner = self.kvs.sync_handle
-        try:
-            h = SyncHandle(uri, timeout=self.ttl / 3)
+        try:  # (reconnecting as the facade's own handle does: a restarted rank loses nothing)
+            h = SyncHandle(uri, timeout=self.ttl / 3, reconnect=owner.aio.reconnect)
         except (ErrnoError, OSError):
             return  # (the lease expires: as if this process had died)
         with h:

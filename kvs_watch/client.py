@@ -188,7 +188,7 @@ class Watch(Generic[ItemT]):
     def start(self) -> Self:
         """Send the request (once); needs a running event loop."""
         if self._stream is None:
-            if getattr(self.h, "_redial", None) is not None:  # (a handle that reconnects)
+            if getattr(self.h, "reconnect", False):  # (a Handle that reconnects)
                 self._resume = self._resumer()
             topic, payload = self._request()
             self._send(topic, payload)
@@ -690,8 +690,8 @@ class KeyWatch(_Wrapped):
             try:
                 p = await self.watch.next_payload()
             except RemoteError as exc:
-                if (exc.errnum != errno.ECONNRESET
-                        or getattr(self.watch.h, "_redial", None) is None):
+                if exc.errnum != errno.ECONNRESET or not getattr(self.watch.h, "reconnect",
+                                                                  False):
                     raise
                 await self._resume()
                 return None

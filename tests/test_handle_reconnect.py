@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from test_multihost import brokers, exit_codes, keyed_config  # noqa: F401 (a fixture)
-from test_watch_helpers import wait_watchers
+from test_watch_helpers import wait_until, wait_watchers
 
 from broker.errors import RemoteError
 from broker.handle import Handle
@@ -265,6 +265,35 @@ async def test_the_blocking_facade_reconnects_between_its_calls(inst: Restartabl
         assert kvs.sync_handle.aio.reconnects == 1
     finally:
         await asyncio.to_thread(kvs.close)
+
+
+@pytest.mark.parametrize("facade", ["async", "blocking"])
+async def test_a_lease_is_kept_alive_across_a_restart_of_its_holders_rank(
+        inst: Restartable, facade: str) -> None:
+    """The keepalives go on once the rank is back (the async lease's task,
+    or the blocking one's thread, which has a connection of its own): the
+    lease's time left goes up again, where it would have run out."""
+    async with asyncio.timeout(60), KVS.connect(inst.rank0.uri) as kvs0:
+        if facade == "async":
+            kvs = await KVS.connect(inst.uri1, reconnect=True)
+            lease_id = (await kvs.lease(3)).id
+        else:
+            sync = await asyncio.to_thread(SyncKVS, uri=inst.uri1, reconnect=True, timeout=30)
+            lease_id = (await asyncio.to_thread(sync.lease, 3)).id
+        try:
+            await inst.kill_rank1()
+            await inst.start_rank1()
+            left = (await kvs0.lease_info(lease_id))["ttl_left"]
+
+            async def kept() -> bool:
+                return (await kvs0.lease_info(lease_id))["ttl_left"] > left + 0.1
+
+            await wait_until(kept, 5, "a keepalive after the restart")
+        finally:
+            if facade == "async":
+                await kvs.close()
+            else:
+                await asyncio.to_thread(sync.close)
 
 
 # ---------------------------------------------------------------- the filter alone
