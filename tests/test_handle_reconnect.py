@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from test_multihost import brokers, exit_codes, keyed_config  # noqa: F401 (a fixture)
+from test_ssh_connector import ssh_uri, standin  # noqa: F401 (a fixture)
 from test_watch_helpers import wait_until, wait_watchers
 
 from broker.errors import RemoteError
@@ -93,6 +94,30 @@ async def test_a_reconnecting_handle_outlives_a_restart_of_its_rank(inst: Restar
         await h0.publish("test.x", {"n": 1})
         event = await asyncio.wait_for(h.recv_event(), 10)
         assert (event.topic, event.payload) == ("test.x", {"n": 1})
+
+
+async def test_a_handle_over_ssh_reconnects_through_a_new_relay(
+        inst: Restartable, standin: Path) -> None:  # noqa: F811
+    """Over ``ssh://`` the relay goes with the rank's connection; the handle
+    reaps that ssh and runs a new one (which fails while the rank is
+    away, and is run again)."""
+    async with asyncio.timeout(60), Handle.connect(ssh_uri(inst.uri1), reconnect=True) as h:
+        kvs = KVS(h)
+        await kvs.put("a", "1")
+        first = h._ssh
+        assert first is not None
+        await inst.kill_rank1()
+
+        async def lost() -> bool:  # (once the relay has gone too)
+            return not h.connected
+
+        await wait_until(lost, what="the relay's end")
+        put = asyncio.ensure_future(kvs.put("a", "2"))
+        await inst.start_rank1()
+        await put
+        assert await kvs.get_str("a") == "2" and h.reconnects == 1
+        assert first.returncode is not None  # (reaped)
+        assert h._ssh is not None and h._ssh is not first and h._ssh.returncode is None
 
 
 async def test_a_handle_without_reconnect_stays_lost(inst: Restartable) -> None:
