@@ -145,6 +145,14 @@ class Watch(Generic[ItemT]):
     when :func:`watch` is given ``initial_sentinel``.
     """
 
+    _resume: Resume | None = None
+    """Set on a handle that reconnects: what was delivered (kvs_watch/resume.py)."""
+    _ready: deque[Any]
+    """(With ``_resume``.)  Payloads the filter gave beyond the one returned."""
+    _stopped = False
+    """Cancelled or ended here: a watch waiting for its handle to reconnect
+    is not sent again."""
+
     def __init__(self, h: HandleCore, key: str, flags: int, *, namespace: str | None = None,
                  nodeid: int = NODEID_ANY) -> None:
         F.check(flags, streaming=True)  # misuse is a ValueError-like error here already
@@ -162,10 +170,6 @@ class Watch(Generic[ItemT]):
         self.namespace = default_namespace(namespace)
         self.nodeid = nodeid
         self._stream: Stream | None = None
-        self._resume: Resume | None = None
-        """Set on a handle that reconnects: what was delivered (kvs_watch/resume.py)."""
-        self._ready: deque[Any] = deque()
-        """Payloads the resume filter gave beyond the one returned."""
 
     def __repr__(self) -> str:
         return f"<Watch {self.namespace}:{self.key} flags={self.flags:#x}>"
@@ -189,7 +193,7 @@ class Watch(Generic[ItemT]):
         """Send the request (once); needs a running event loop."""
         if self._stream is None:
             if getattr(self.h, "reconnect", False):  # (a Handle that reconnects)
-                self._resume = self._resumer()
+                self._resume, self._ready = self._resumer(), deque()
             topic, payload = self._request()
             self._send(topic, payload)
         return self
@@ -214,6 +218,8 @@ class Watch(Generic[ItemT]):
         """The handle lost its connection and reconnects: send the request
         again once it has (raises if the handle is closed meanwhile)."""
         await self.h.wait_connected()  # type: ignore[attr-defined]
+        if self._stopped:
+            raise StopAsyncIteration  # (cancelled meanwhile)
         topic, payload = self._request()
         resume.restarted()
         self._send(topic, {**payload, "flags": resume.flags(payload["flags"])})
@@ -239,6 +245,7 @@ class Watch(Generic[ItemT]):
         return self._enter()
 
     async def __aexit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        self._stopped = True
         if exc_type is None:
             await self.cancel()
             return
@@ -299,6 +306,7 @@ class Watch(Generic[ItemT]):
         while another task iterates the watch, it returns once the cancel
         is sent: that task's loop ends at the end of the stream.
         """
+        self._stopped = True
         stream = self._stream
         if stream is None or stream.done:
             return
@@ -313,13 +321,13 @@ class Watch(Generic[ItemT]):
         except (RemoteError, TimeoutError):
             pass
 
-
     def _end_now(self) -> None:
         """(On the handle's loop.)  End the watch at once for its reader:
         cancel it on the rank and drop what it still sends, so a reader
         waiting now, or the next one, finds the end of the stream (as when
         it is garbage collected).  What :meth:`SyncWatch.cancel` does from
         another thread."""
+        self._stopped = True
         if self._stream is not None:
             _abandon(self.h, self._stream, self.nodeid)
 
@@ -503,8 +511,6 @@ class NamespaceWatch(Watch[NamespaceEvent]):
         """Yield the broker's end-of-list answer (:data:`NS_LISTED`); else skip it."""
         self.nodeid = nodeid
         self._stream = None
-        self._resume = None
-        self._ready = deque()
 
     def __repr__(self) -> str:
         return f"<NamespaceWatch prefix={self.prefix!r}>"

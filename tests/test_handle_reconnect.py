@@ -215,6 +215,35 @@ async def test_a_key_watch_catches_up_on_what_changed_while_away(inst: Restartab
         assert h.reconnects == 2
 
 
+async def test_a_watch_cancelled_while_its_handle_is_away_is_not_sent_again(
+        inst: Restartable) -> None:
+    """Its reader, waiting for the handle to reconnect, ends; the restarted
+    rank serves no watch for it."""
+    async with asyncio.timeout(60), KVS.connect(inst.rank0.uri) as kvs0, \
+            Handle.connect(inst.uri1, reconnect=True) as h:
+        await KVS(h).wait_version((await kvs0.put("k", "1")).rootseq)
+        w = watch(h, "k")
+        got: list[bytes | None] = []
+
+        async def read() -> None:
+            async for entry in w:
+                got.append(entry.value)
+
+        reader = asyncio.ensure_future(read())
+
+        async def first() -> bool:
+            return bool(got)
+
+        await wait_until(first, what="the first value")
+        await inst.kill_rank1()
+        await w.cancel()
+        await inst.start_rank1()
+        await reader
+        await h.wait_connected()
+        assert got == [b"1"]
+        assert (await h.rpc("kvs-watch.stats-get", {}))["watchers"] == 0
+
+
 @pytest.mark.parametrize("changes_only", [False, True])
 async def test_a_namespace_watch_says_what_came_and_went_while_away(
         inst: Restartable, changes_only: bool) -> None:
