@@ -92,8 +92,8 @@ class WatchResume:
     def restarted(self) -> None:
         if self.append:
             self.catching_up = []
-        elif self.last is not _NOTHING:
-            self.last = _Fresh(self.last)
+        elif self.last is not _NOTHING and type(self.last) is not _Fresh:
+            self.last = _Fresh(self.last)  # (lost again before the first answer: as it was)
 
     def take(self, payload: Any) -> list[Any]:
         if payload is None:  # the initial sentinel

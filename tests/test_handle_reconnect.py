@@ -365,6 +365,9 @@ def test_a_plain_watch_skips_the_value_it_delivered_last() -> None:
     assert r.take(_val(b"1", 6)) == [_val(b"1", 6)]  # a commit naming it: reported
     r.restarted()
     assert r.take(_val(b"2", 7)) == [_val(b"2", 7)]
+    r.restarted()
+    r.restarted()  # (lost again before the first answer)
+    assert r.take(_val(b"2", 8)) == []
 
 
 def test_an_append_watch_yields_the_rest_and_its_pending_sentinel() -> None:
