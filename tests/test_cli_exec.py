@@ -10,6 +10,7 @@ import contextlib
 import hashlib
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -192,6 +193,8 @@ async def test_exec_passes_a_signal_on_to_every_command(start_instance, sig: int
         stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE)
     assert proc.stdout is not None and proc.stderr is not None
+    loop = asyncio.get_running_loop()
+    started, signalled, got = loop.time(), None, []
     try:
         async with asyncio.timeout(60):
             ready = set()
@@ -200,13 +203,27 @@ async def test_exec_passes_a_signal_on_to_every_command(start_instance, sig: int
                 assert line.startswith("ready "), line
                 ready.add(line.split()[1])
             proc.send_signal(sig)
-            out, err = await proc.communicate()
+            signalled = loop.time()
+            while line := (await proc.stdout.readline()).decode():
+                got.append(line)
+            err = await proc.stderr.read()
+            await proc.wait()
+    except TimeoutError:
+        # (once in a CI run it timed out here: say where, for the next time)
+        ps = subprocess.run(["ps", "-o", "pid,ppid,pgid,stat,wchan:16,args", "-p",
+                             str(proc.pid), "--ppid", str(proc.pid)],
+                            capture_output=True, text=True).stdout
+        when = ("before every command was ready" if signalled is None else
+                f"{loop.time() - signalled:.1f}s after the signal, sent "
+                f"{signalled - started:.1f}s after the start")
+        raise AssertionError(f"exec still running {when}; the commands said {got}\n{ps}") \
+            from None
     finally:
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
     assert proc.returncode == 7, err
-    assert sorted(out.decode().splitlines()) == [f"got {r}" for r in range(4)]
+    assert sorted(line.strip() for line in got) == [f"got {r}" for r in range(4)]
     assert err.decode().splitlines() == ["kvbroker: exec: ranks 0-3: Exit 7"]
 
 
