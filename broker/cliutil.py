@@ -67,16 +67,17 @@ _CONNECT_HINTS = {
 }
 
 
-async def connect() -> Handle:
+async def connect(reconnect: bool = False) -> Handle:
     """:meth:`Handle.connect` to ``$KVBROKER_URI``, for a command: failing
-    with a :class:`ConnectError` that says which URI could not be reached."""
+    with a :class:`ConnectError` that says which URI could not be reached
+    (``reconnect``: ``--reconnect``, a watch that goes on if the rank restarts)."""
     uri = os.environ.get(URI_ENV)
     if not uri:
         raise ConnectError(f"cannot connect to broker: {URI_ENV} is not set (kvbroker start "
                            "prints it and sets it for the command it runs)")
     where = f"cannot connect to broker at {URI_ENV}={uri}"
     try:
-        return await Handle.connect(uri)
+        return await Handle.connect(uri, reconnect=reconnect)
     except ValueError as exc:  # not a URI we know
         raise ConnectError(f"{where}: {exc}") from None
     except OSError as exc:

@@ -1210,6 +1210,12 @@ def _ns(p: argparse.ArgumentParser) -> None:
                    help="KVS namespace (default: $KVBROKER_NAMESPACE or primary)")
 
 
+def _reconnect(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--reconnect", action="store_true",
+                   help="if the rank restarts, connect again and go on watching, without "
+                        "a repeat (a kvbroker extension)")
+
+
 def _archive_chatter(p: argparse.ArgumentParser, done: str) -> None:
     g = p.add_mutually_exclusive_group()
     g.add_argument("-v", "--verbose", action="store_true",
@@ -1277,6 +1283,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--timeout", type=positive_float, metavar="SECONDS",
                    help="with --watch or --waitcreate, give up after SECONDS "
                         "(Connection timed out, exit 1)")
+    _reconnect(p)
     p.add_argument("keys", nargs="+", metavar="KEY")
     p.set_defaults(func=cmd_get)
 
@@ -1452,6 +1459,7 @@ def register(subparsers: Any) -> None:
                         "namespace was not created; or the rank did not answer): exit 1")
     p.add_argument("-c", "--count", type=non_negative_int, default=0, metavar="COUNT",
                    help="stop after COUNT commits")
+    _reconnect(p)
     p.add_argument("-v", "--values", action="store_true",
                    help="print KEY=VALUE as of that version (KEY. a directory, "
                         "KEY (removed))")
@@ -1534,6 +1542,7 @@ def register(subparsers: Any) -> None:
                    help="stop after COUNT lines")
     c.add_argument("--changes-only", action="store_true",
                    help="do not print the namespaces that exist, only changes")
+    _reconnect(c)
     c.add_argument("--json", action="store_true", help="print each answer as JSON")
     c.add_argument("prefix", nargs="?", default="", metavar="PREFIX")
     p.set_defaults(func=cmd_namespace)
@@ -1579,6 +1588,7 @@ def register(subparsers: Any) -> None:
                    help="with --watch, stop after COUNT events")
     e.add_argument("-S", "--stream", action="store_true",
                    help="return a large eventlog in several answers")
+    _reconnect(e)
     _eventlog_format(e)
     e.add_argument("key", metavar="KEY")
     e = esub.add_parser("wait-event", help="wait for event NAME in KEY")
@@ -1590,6 +1600,7 @@ def register(subparsers: Any) -> None:
     e.add_argument("-q", "--quiet", action="store_true", help="do not print the event")
     e.add_argument("-v", "--verbose", action="store_true",
                    help="print every event up to the one awaited")
+    _reconnect(e)
     _eventlog_format(e)
     e.add_argument("key", metavar="KEY")
     e.add_argument("event", metavar="NAME")

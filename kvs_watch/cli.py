@@ -73,7 +73,7 @@ _BAD = errno_detail(ErrnoError(errno.EINVAL, BAD_EVENTLOG))
 
 def _run(args: argparse.Namespace, body: Callable[[Handle], Awaitable[int]]) -> int:
     async def main() -> int:
-        async with await connect() as h:
+        async with await connect(reconnect=getattr(args, "reconnect", False)) as h:
             return await body(h)
 
     try:

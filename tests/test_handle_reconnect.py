@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import os
 import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from test_broker_support import KVBROKER
 from test_multihost import brokers, exit_codes, keyed_config  # noqa: F401 (a fixture)
 from test_ssh_connector import ssh_uri, standin  # noqa: F401 (a fixture)
 from test_watch_helpers import wait_until, wait_watchers
@@ -118,6 +120,47 @@ async def test_a_handle_over_ssh_reconnects_through_a_new_relay(
         assert await kvs.get_str("a") == "2" and h.reconnects == 1
         assert first.returncode is not None  # (reaped)
         assert h._ssh is not None and h._ssh is not first and h._ssh.returncode is None
+
+
+async def test_the_cli_watches_go_on_with_reconnect(inst: Restartable) -> None:
+    """``kvs get --watch --reconnect`` and ``kvs eventlog get --watch
+    --reconnect`` print what changed while their rank restarted, once, and
+    go on (without it they fail: the other test of this file)."""
+    async with asyncio.timeout(60), KVS.connect(inst.rank0.uri) as kvs0:
+        await kvs0.put("k", "1")
+        await kvs0.append_event("log", "first")
+        version = (await kvs0.put("ready", "1")).rootseq
+        async with KVS.connect(inst.uri1) as kvs1:
+            await kvs1.wait_version(version)
+        env = dict(os.environ, KVBROKER_URI=inst.uri1)
+        watchers = [await asyncio.create_subprocess_exec(
+            KVBROKER, "kvs", *argv, "--reconnect", "--count", "3", env=env,
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE)
+            for argv in (["get", "--watch", "k"], ["eventlog", "get", "--watch", "log"])]
+        try:
+            for w, first in zip(watchers, ("1", "first"), strict=True):
+                assert w.stdout is not None
+                line = (await w.stdout.readline()).decode()
+                assert first in line, (line, await w.communicate())
+            await inst.kill_rank1()
+            await kvs0.put("k", "2")
+            await kvs0.append_event("log", "second")
+            await inst.start_rank1()
+            async with Handle.connect(inst.uri1) as h1:  # (both watching again)
+                await wait_watchers(h1, 2)
+            await kvs0.put("k", "3")
+            await kvs0.append_event("log", "third")
+            (get_out, get_err), (log_out, log_err) = [await w.communicate() for w in watchers]
+        finally:
+            for w in watchers:
+                if w.returncode is None:
+                    w.kill()
+                    await w.wait()
+        assert [w.returncode for w in watchers] == [0, 0], (get_err, log_err)
+        assert get_out.decode().splitlines() == ["2", "3"]
+        assert [line.split()[1] for line in log_out.decode().splitlines()] == [
+            "second", "third"]
 
 
 async def test_a_handle_without_reconnect_stays_lost(inst: Restartable) -> None:
