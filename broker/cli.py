@@ -818,6 +818,25 @@ def command_words(argv: list[str]) -> list[str]:
     return out
 
 
+ALIASES: dict[tuple[str, ...], tuple[str, str]] = {("content", "checkpoint"): ("kvs", "checkpoint")}
+"""Commands spelled as Flux's that live elsewhere here: Flux's ``content
+checkpoint`` lists and updates the KVS's checkpoints, which the kvs commands
+own (a plugin: the broker core does not read KVS roots)."""
+
+
+def resolve_alias(argv: list[str]) -> list[str]:
+    """``argv`` with an :data:`ALIASES` command's two words replaced."""
+    words = command_words(argv)
+    target = ALIASES.get(tuple(words[:2]))
+    if target is None:
+        return argv
+    first = argv.index(words[0])
+    second = argv.index(words[1], first + 1)
+    out = list(argv)
+    out[first], out[second] = target
+    return out
+
+
 def command_word(argv: list[str]) -> str | None:
     """The command ``argv`` names: its first word that is not a top-level
     option or an option's value (None if there is none)."""
@@ -1128,6 +1147,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                         "SQLite file, on stable storage (as flux content flush); fails "
                         "with the store's error (No space left on device...) if that "
                         "cannot be done.")
+    csub.add_parser("checkpoint", help="list the KVS checkpoints kept, or roll back to one "
+                    "(the same as kvbroker kvs checkpoint)")
     c = csub.add_parser("dropcache", help="drop this rank's cached blobs",
                         description="Drop the blobs this rank's content cache holds "
                         "(those not yet written to the backing store stay), as flux "
@@ -1159,7 +1180,7 @@ def main(argv: list[str] | None = None) -> int:
     """Parse, run the command, and turn its failure into one line on stderr
     and an exit status (docs/cli.md, Conventions) -- in this one place, so
     that every command reports alike."""
-    argv = sys.argv[1:] if argv is None else argv
+    argv = resolve_alias(sys.argv[1:] if argv is None else argv)
     guard_std_streams()
     parser = parser_for(argv)
     args, extra = parser.parse_known_args(argv)

@@ -365,7 +365,7 @@ def dump_checkpoint(statedir: str, out: str | IO[bytes], *,
     --ignore-failed-read``: salvaging what a damaged store still holds) the
     value, or the directory's subtree, is left out and said in
     :attr:`Report.skipped`."""
-    with _open_store(statedir, create=False) as store:
+    with open_stopped_store(statedir, create=False) as store:
         cp = _checkpoint(store)
         if cp is None:
             raise ArchiveError(f"statedir {statedir} has no KVS checkpoint "
@@ -879,7 +879,7 @@ def restore_checkpoint(statedir: str, source: str | IO[bytes], *,
 
 def _restore_into(statedir: str, source: str | IO[bytes], size_limit: int | None,
                   on_item: Callable[[Item], None] | None, report: Report) -> None:
-    with _open_store(statedir, create=True) as store:
+    with open_stopped_store(statedir, create=True) as store:
         old = _checkpoint(store)
         hash_name = (old["rootref"].partition("-")[0] if old is not None
                      else blobref.DEFAULT_HASH)
@@ -910,9 +910,12 @@ def _restore_into(statedir: str, source: str | IO[bytes], size_limit: int | None
 
 
 @contextmanager
-def _open_store(statedir: str, *, create: bool) -> Iterator[SqliteStore]:
+def open_stopped_store(statedir: str, *, create: bool,
+                       instead: str = "stop it first, or work online (without --checkpoint)"
+                       ) -> Iterator[SqliteStore]:
     """The statedir's ``content.sqlite``, opened while no instance runs;
-    one-line errors for everything else."""
+    one-line errors for everything else (``instead``: what to do when an
+    instance has it open)."""
     if not create and not os.path.isdir(statedir):
         what = "not a directory" if os.path.exists(statedir) else "no such directory"
         raise ArchiveError(f"statedir {statedir}: {what}")
@@ -927,8 +930,7 @@ def _open_store(statedir: str, *, create: bool) -> Iterator[SqliteStore]:
         store = SqliteStore(path)
     except StoreLocked:
         raise ArchiveError(f"statedir {statedir} is in use by a running instance (its "
-                           f"{STORE_FILE} is locked): stop it first, or work online "
-                           "(without --checkpoint)") from None
+                           f"{STORE_FILE} is locked): {instead}") from None
     except (sqlite3.Error, OSError) as exc:
         raise ArchiveError(f"{path}: {exc}") from None
     try:

@@ -779,6 +779,52 @@ def cmd_gc(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_checkpoint(args: argparse.Namespace) -> int:
+    """``kvbroker kvs checkpoint list|update`` (Flux's ``flux content
+    checkpoint``, also ``kvbroker content checkpoint``): the primary
+    namespace's checkpoints kept, and rolling a stopped instance back to one
+    of them (:mod:`kvs.checkpoints`)."""
+    from kvs import checkpoints
+
+    args.what = f"kvs checkpoint {args.checkpoint_cmd}"
+    if args.checkpoint_cmd == "update":
+        if args.statedir is None:
+            raise UsageError("checkpoint update works on a stopped instance: --statedir DIR "
+                             "(a running kvs module owns its checkpoint)")
+        with _archive_errors(args):
+            report = checkpoints.update_offline(args.statedir, args.rootref)
+        cp = report.checkpoint
+        if not report.changed:
+            print(f"{args.rootref} is the current checkpoint already (rootseq {cp.rootseq}): "
+                  "nothing changed", flush=True)
+        else:
+            was = ("" if report.previous is None else
+                   f"; the one it replaces (rootseq {report.previous.rootseq}, "
+                   f"{report.previous.rootref}) is kept as index 1")
+            blobs = f"{report.blobs:,} blob{'' if report.blobs == 1 else 's'}"
+            print(f"the next start resumes at {cp.rootref}, rootseq {cp.rootseq} "
+                  f"({blobs}, all in the store){was}", flush=True)
+        return 0
+
+    def show(found: list[checkpoints.Checkpoint]) -> int:
+        if args.json:
+            for cp in found:
+                _emit(cp.as_json())
+        else:
+            for line in checkpoints.format_table(found, header=not args.no_header):
+                _emit(line)
+        return 0
+
+    if args.statedir is not None:
+        with _archive_errors(args):
+            return show(checkpoints.list_offline(args.statedir))
+
+    async def body(kvs: KVS) -> int:
+        return show(await kvs.checkpoints())
+
+    return _run(args, body)
+
+
 def describe_online(r: dict[str, Any]) -> str:
     """``kvs.gc``'s answer as ``kvbroker kvs gc`` prints it."""
     from kvs.garbage import size_text
@@ -1385,6 +1431,34 @@ def register(subparsers: Any) -> None:
         p.add_argument("src", metavar="SRC")
         p.add_argument("dst", metavar="DST")
         p.set_defaults(func=cmd_copy)
+
+    p = sub.add_parser("checkpoint", help="list the primary namespace's checkpoints, or "
+                       "roll a stopped instance back to one, as flux content checkpoint",
+                       description="Rank 0 with a statedir keeps the primary namespace's "
+                       "checkpoint and the ones it replaced (content.max-checkpoints in all, "
+                       "default 5); kvs gc keeps their trees.  Instance owner only.")
+    csub = p.add_subparsers(dest="checkpoint_cmd", required=True, metavar="{list,update}")
+    c = csub.add_parser("list", help="list the checkpoints kept, newest (index 0) first",
+                        description="One line each: index (0: the one a restart resumes "
+                        "from), sequence (the namespace's version), time (UTC), rootref.  "
+                        "Online, or with --statedir DIR from a stopped instance.")
+    c.add_argument("-n", "--no-header", action="store_true", help="no column headers")
+    c.add_argument("-j", "--json", action="store_true",
+                   help="each checkpoint's stored value, one JSON object a line")
+    c.add_argument("--statedir", metavar="DIR", help="read a stopped instance's statedir")
+    c.set_defaults(func=cmd_checkpoint)
+    c = csub.add_parser("update", help="make ROOTREF the checkpoint a stopped instance "
+                        "resumes from",
+                        description="Make ROOTREF (a rootref checkpoint list printed, or "
+                        "any directory's blobref) the primary namespace of the next start "
+                        "of the stopped instance whose statedir is DIR, once its whole tree "
+                        "is found in the store.  A kept checkpoint's root comes back at its "
+                        "sequence, with its leases; any other at 0.  The checkpoint it "
+                        "replaces is kept as index 1, so this can be undone.")
+    c.add_argument("--statedir", metavar="DIR", help="the stopped instance's statedir "
+                   "(required)")
+    c.add_argument("rootref", metavar="ROOTREF")
+    c.set_defaults(func=cmd_checkpoint)
 
     p = sub.add_parser("gc", help="remove old versions from the content store (online, "
                        "or offline with --statedir)",

@@ -83,6 +83,7 @@ T = TypeVar("T")
 if TYPE_CHECKING:
     from broker.handle import Handle
     from broker.sync import SyncHandle
+    from kvs.checkpoints import Checkpoint
     from kvs_watch.client import (
         EventlogEntry,
         EventlogWatch,
@@ -1294,6 +1295,18 @@ class KVS:
         resp = await self.handle.rpc("kvs.gc", {"compact": bool(compact)})
         return dict(resp)
 
+    async def checkpoints(self) -> list[Checkpoint]:
+        """The checkpoints of the primary namespace rank 0 keeps, newest
+        (the one a restart resumes from) first: ``content.max-checkpoints``
+        of them at most, none without a statedir (``content.checkpoint-list``;
+        instance owner only).  A stopped instance's are rolled back with
+        ``kvbroker kvs checkpoint update`` (:mod:`kvs.checkpoints`)."""
+        from kvs.checkpoints import Checkpoint
+        from kvs.namespaces import CHECKPOINT_KEY
+
+        resp = await self.handle.rpc("content.checkpoint-list", {"key": CHECKPOINT_KEY})
+        return [Checkpoint.from_value(v) for v in resp.get("checkpoints", [])]
+
     # ------------------------------------------------------------ leases
 
     def lease(self, ttl: float, *, keepalive: bool = True) -> LeaseGrant:
@@ -1670,6 +1683,9 @@ class SyncKVS:
 
     def gc(self, compact: bool = False) -> dict[str, Any]:
         return self.run(self.aio.gc(compact), None)
+
+    def checkpoints(self) -> list[Checkpoint]:
+        return self.run(self.aio.checkpoints(), None)
 
     def lease(self, ttl: float, *, keepalive: bool = True) -> SyncLease:
         """A lease of ``ttl`` seconds (see :meth:`KVS.lease`): ``with

@@ -11,8 +11,9 @@ reads is kept, older versions go.
 in the last ``kvs.gc-grace`` seconds (10 s by default: a watcher or a
 follower a little behind still reads the root it was told about); the
 recent roots guests may name (:class:`kvs.namespaces.RecentRoots`); the
-checkpoints (the KVS's, which a restart resumes from, as a tree; any other
-as the blobrefs its value holds, as :mod:`kvs.garbage`); the root of every
+checkpoints, current and older (the KVS's, which a restart resumes from
+or a rollback goes back to, as trees; any other as the blobrefs its value
+holds, as :mod:`kvs.garbage`); the root of every
 commit between the store of its blobs and its setting
 (:attr:`kvs.commits.CommitPipeline.unpublished`); the blobs stored under a
 hold until it is released (a ``kvs restore``'s, until its commit:
@@ -182,23 +183,27 @@ async def mark(collection: Collection, live: Iterable[str], recent: Iterable[str
     return marked
 
 
-def checkpoint_roots(checkpoints: dict[str, bytes], kvs_key: str) -> tuple[list[str], list[str]]:
-    """(trees, opaque blobrefs) the checkpoints name: the KVS's own is a root
-    (``EIO`` if it is not one), any other value's blobrefs are opaque."""
+def checkpoint_roots(checkpoints: Iterable[tuple[str, bytes, int]],
+                     kvs_key: str) -> tuple[list[str], list[str]]:
+    """(trees, opaque blobrefs) the checkpoints name, current and older
+    (``(key, value, age)``, as :meth:`ContentModule.checkpoints`): the KVS's
+    are roots (its current one ``EIO`` if it is not one; an older one that
+    is not names its blobrefs), any other value's blobrefs are opaque."""
     trees: list[str] = []
     opaque: list[str] = []
-    for key, raw in checkpoints.items():
+    for key, raw, age in checkpoints:
         try:
             value = msgpack.unpackb(raw, raw=False, strict_map_key=False)
         except Exception:  # (names nothing: kept as it is, by its row)
             continue
         if key == kvs_key:
-            if not (isinstance(value, dict) and blobref.is_valid(value.get("rootref"))):
+            if isinstance(value, dict) and blobref.is_valid(value.get("rootref")):
+                trees.append(value["rootref"])
+                continue
+            if age == 0:
                 raise GcAborted(errno.EIO, f"the checkpoint {key!r} is not a KVS root; "
                                 "nothing was collected")
-            trees.append(value["rootref"])
-        else:
-            opaque += blobref.found_in(value)
+        opaque += blobref.found_in(value)
     return trees, opaque
 
 

@@ -112,8 +112,17 @@ def reachable(get: Callable[[str], bytes | None], trees: Sequence[str],
     return seen
 
 
-def _damaged(what: str) -> GcError:
-    return GcError(f"{what} (the store is damaged; nothing was deleted)")
+class TreeDamaged(GcError):
+    """A tree :func:`reachable` walks is not whole in the store."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(f"{what} (the store is damaged; nothing was deleted)")
+        self.what = what
+        """What is wrong, without what it means to a collection."""
+
+
+def _damaged(what: str) -> TreeDamaged:
+    return TreeDamaged(what)
 
 
 def _file_size(path: str) -> int:
@@ -162,25 +171,26 @@ def _collect(store: SqliteStore, statedir: str, report: GcReport) -> None:
         raise GcError(f"{STORE_FILE} is damaged ({problem}); nothing was deleted")
     trees: list[str] = []
     blobs: list[str] = []
-    for key in store.checkpoint_keys():
-        raw = store.checkpoint_get(key)
+    for key, raw, age in store.all_checkpoints():
+        name = key if age == 0 else f"{key}, older {age}"
         try:
-            value = msgpack.unpackb(raw or b"", raw=False, strict_map_key=False)
+            value = msgpack.unpackb(raw, raw=False, strict_map_key=False)
         except Exception as exc:  # msgpack raises several kinds, StackError has no text
-            if key == CHECKPOINT_KEY:
+            if key == CHECKPOINT_KEY and age == 0:
                 raise GcError(f"the checkpoint {key!r} does not decode: "
                               f"{str(exc) or type(exc).__name__}") from None
-            report.roots[key] = "not msgpack: names nothing"
+            report.roots[name] = "not msgpack: names nothing"
             continue
-        if key == CHECKPOINT_KEY:
-            if not (isinstance(value, dict) and blobref.is_valid(value.get("rootref"))):
-                raise GcError(f"the checkpoint {key!r} is not a KVS root: {value!r:.200}")
+        if key == CHECKPOINT_KEY and isinstance(value, dict) and blobref.is_valid(
+                value.get("rootref")):
             trees.append(value["rootref"])
-            report.roots[key] = f"rootseq {value.get('rootseq')}"
+            report.roots[name] = f"rootseq {value.get('rootseq')}"
+        elif key == CHECKPOINT_KEY and age == 0:
+            raise GcError(f"the checkpoint {key!r} is not a KVS root: {value!r:.200}")
         else:
             refs = blobref.found_in(value)
             blobs += refs
-            report.roots[key] = f"{len(refs)} blobref(s)"
+            report.roots[name] = f"{len(refs)} blobref(s)"
     if CHECKPOINT_KEY not in report.roots:
         raise GcError(f"statedir {statedir} has no KVS checkpoint ({CHECKPOINT_KEY!r}): "
                       "a collection would delete everything (remove the directory to "

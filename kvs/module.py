@@ -419,7 +419,10 @@ class KvsModule(Module):
             raise ErrnoError(exc.errnum, f"the checkpoint in statedir {self.statedir} names "
                                          f"root {rootref} (rootseq {rootseq}), which the "
                                          f"content store cannot give ({exc.errstr}): the "
-                                         "store is damaged") from None
+                                         "store is damaged (kvbroker content checkpoint list "
+                                         f"--statedir {self.statedir} shows the older "
+                                         "checkpoints kept; checkpoint update makes one "
+                                         "current)") from None
         stamp = value.get("timestamp")
         when = (f", written {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(stamp))}"
                 if isinstance(stamp, (int, float)) else "")

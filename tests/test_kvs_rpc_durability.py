@@ -544,6 +544,8 @@ async def test_a_checkpoint_whose_root_is_missing_stops_start_up_clearly(
     assert (f"start-up failed: the checkpoint in statedir {statedir} names root {missing} "
             "(rootseq 7), which the content store cannot give") in text, text
     assert "the store is damaged" in text and "Traceback" not in text
+    # and where to go from there: the older checkpoints kept
+    assert f"kvbroker content checkpoint list --statedir {statedir}" in text
 
 
 async def test_a_store_that_is_not_a_database_is_named_at_start_up(tmp_path) -> None:

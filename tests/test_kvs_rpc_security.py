@@ -231,6 +231,7 @@ async def test_guest_events_and_content(start_instance, connect) -> None:
                 await call(h, "content.flush", {{}}),
                 await call(h, "content.checkpoint-get", {{"key": "kvs-primary"}}),
                 await call(h, "content.checkpoint-put", {{"key": "k", "value": 1}}),
+                await call(h, "content.checkpoint-list", {{"key": "kvs-primary"}}),
             ]
             await call(h, "broker.ping", {{}}, nodeid=0)
             r["events"] = [e.topic for e in h._events]
@@ -239,7 +240,7 @@ async def test_guest_events_and_content(start_instance, connect) -> None:
     assert out["pub"][:4] == [{"errnum": errno.EPERM}] * 4, out["pub"]
     assert "ok" in out["pub-other"]
     assert "ok" in out["commit"]
-    assert out["content"] == [{"errnum": errno.EPERM}] * 5
+    assert out["content"] == [{"errnum": errno.EPERM}] * 6
     assert out["events"] == [], out["events"]
     root = await getroot(h)
     assert root["rootseq"] == 0  # the forged setroot had no effect

@@ -36,7 +36,10 @@
   space is measured once a second and every :data:`MEASURE_BYTES` written
   (:meth:`ContentModule.measure_disk`), not at every commit.
 * ``content.checkpoint-put`` / ``-get`` ``{key, value}``: small named roots
-  kept by rank 0 (KVS uses them to resume after a restart).
+  kept by rank 0 (KVS uses them to resume after a restart), with the
+  values each replaced, ``content.max-checkpoints`` in all, listed by
+  ``content.checkpoint-list`` (as Flux's content-sqlite keeps 5): older
+  roots to roll back to, which garbage collections keep too.
 * ``content.dropcache`` drops clean cache entries; ``content.stats-get``.
 
 Blobs larger than ``content.blob-size-limit`` bytes are refused with EFBIG.
@@ -67,7 +70,13 @@ from typing import Any, ClassVar
 from broker.attrs import CONTENT_HASH, LINK_MAX_MESSAGE, AttrSpec, integer
 from broker.content import blobref
 from broker.content.collection import Collection, Holds, RecentRefs, RowidMarks, busy
-from broker.content.sqlite import STORE_FILE, SqliteStore, StoreLocked, Written
+from broker.content.sqlite import (
+    DEFAULT_CHECKPOINTS_KEPT,
+    STORE_FILE,
+    SqliteStore,
+    StoreLocked,
+    Written,
+)
 from broker.errors import ErrnoError, ProtocolError
 from broker.logring import LogThrottle
 from broker.message import NODEID_UPSTREAM, Message
@@ -166,6 +175,10 @@ STORE_QUOTA = AttrSpec(
     "rank 0 with a statedir: while the store's data (its file less its free pages, "
     "plus what waits to be written) is over this many bytes, commits and stores "
     "that add data are refused with ENOSPC, as below the reserve (0: no quota)")
+MAX_CHECKPOINTS = AttrSpec(
+    "content.max-checkpoints", str(DEFAULT_CHECKPOINTS_KEPT), integer(1),
+    "rank 0: checkpoints of a key its store keeps, the current one included "
+    "(kvbroker content checkpoint list; 1: only the current)")
 FAILURE_LOG_EVERY = 60.0
 """Seconds between two ERROR lines of a write to SQLite that keeps failing
 (the overlay's refused handshakes are logged as seldom)."""
@@ -226,7 +239,7 @@ its own, so it fails alone, not the batch it came in."""
 class ContentModule(Module):
     name: ClassVar[str] = "content"
     attributes: ClassVar[tuple[AttrSpec, ...]] = (BLOB_SIZE_LIMIT, CACHE_BYTES, BACKLOG_BYTES,
-                                                  DISK_RESERVE, STORE_QUOTA)
+                                                  DISK_RESERVE, STORE_QUOTA, MAX_CHECKPOINTS)
 
     def __init__(self, ctx: Any) -> None:
         super().__init__(ctx)
@@ -356,6 +369,7 @@ class ContentModule(Module):
             "content.dropcache": self.dropcache,
             "content.checkpoint-put": self.checkpoint_put,
             "content.checkpoint-get": self.checkpoint_get,
+            "content.checkpoint-list": self.checkpoint_list,
             "content.stats-get": self.stats_get,
         }
 
@@ -376,6 +390,7 @@ class ContentModule(Module):
                     _remove_store(path)
                     self.backing = await self.db(SqliteStore, path)
                 self.rowids.note(await self.db(self.backing.max_rowid))
+                self.backing.checkpoints_kept = MAX_CHECKPOINTS.value(self.ctx.attrs)
             except StoreLocked:
                 if not statedir:
                     raise
@@ -1290,16 +1305,12 @@ class ContentModule(Module):
         """Write every blob stored so far to SQLite (``EIO`` if that fails)."""
         await self._drain()
 
-    async def checkpoints(self) -> dict[str, bytes]:
-        """Rank 0: every checkpoint, ``{key: packed value}``."""
+    async def checkpoints(self) -> list[tuple[str, bytes, int]]:
+        """Rank 0: every checkpoint kept, ``(key, packed value, age)`` (age 0:
+        the current one; :meth:`SqliteStore.all_checkpoints`)."""
         assert self.backing is not None
-        keys = await self.db(self.backing.checkpoint_keys)
-        out: dict[str, bytes] = {}
-        for key in keys:
-            value = await self.db(self.backing.checkpoint_get, key)
-            if value is not None:
-                out[key] = value
-        return out
+        found: list[tuple[str, bytes, int]] = await self.db(self.backing.all_checkpoints)
+        return found
 
     # ------------------------------------------------------------ misc
 
@@ -1354,10 +1365,24 @@ class ContentModule(Module):
                                         f"{self.backing.path}: {exc}") from None
         if value is None:
             raise ErrnoError(errno.ENOENT, f"no checkpoint {body['key']!r}")
-        import msgpack
+        self.h.respond(msg, {"value": unpack_checkpoint(value)})
 
-        # as the codec reads payloads (a checkpoint-put may carry int keys)
-        self.h.respond(msg, {"value": msgpack.unpackb(value, raw=False, strict_map_key=False)})
+    async def checkpoint_list(self, msg: Message) -> None:
+        """``{key}`` -> ``{checkpoints: [value, ...]}``: every value of
+        ``key`` kept, newest (the current one) first; empty if none."""
+        _owner_only(msg)
+        body = require(msg.payload, key=str)
+        if self.ctx.rank != 0:
+            resp = await self.h.rpc("content.checkpoint-list", body, nodeid=NODEID_UPSTREAM)
+            self.h.respond(msg, resp)
+            return
+        assert self.backing is not None
+        try:
+            values = await self.db(self.backing.checkpoint_list, body["key"])
+        except sqlite3.DatabaseError as exc:
+            raise ErrnoError(errno.EIO, f"the checkpoints of {body['key']!r} cannot be read "
+                                        f"from {self.backing.path}: {exc}") from None
+        self.h.respond(msg, {"checkpoints": [unpack_checkpoint(v) for v in values]})
 
     async def stats_get(self, msg: Message) -> None:
         if not msg.is_owner:
@@ -1473,6 +1498,14 @@ def _entry_error(entry: Any) -> ErrnoError:
 def _owner_only(msg: Message) -> None:
     if not msg.is_owner:
         raise ErrnoError(errno.EPERM, f"{msg.topic} is for the instance owner")
+
+
+def unpack_checkpoint(value: bytes) -> Any:
+    """A checkpoint's value as stored, decoded as the codec reads payloads
+    (a checkpoint-put may carry int keys)."""
+    import msgpack
+
+    return msgpack.unpackb(value, raw=False, strict_map_key=False)
 
 
 def _checkpoint_bytes(value: Any) -> bytes:

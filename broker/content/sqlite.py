@@ -25,6 +25,11 @@ STORE_FILE = "content.sqlite"
 ROWS_PER_STATEMENT = 400
 """Two parameters a row: within SQLite's historic limit of 999 parameters."""
 
+DEFAULT_CHECKPOINTS_KEPT = 5
+"""How many checkpoints of a key the store keeps, the current one included
+(Flux's content-sqlite ``max_checkpoints``): the older ones are what a
+damaged or unwanted newest root can be rolled back to."""
+
 
 def sqlite_temp_dir() -> str:
     """The directory SQLite puts its temporary files in on Unix (a
@@ -68,7 +73,9 @@ class StoreLocked(RuntimeError):
 
 
 class SqliteStore:
-    """``objects(hash -> blob)`` and ``checkpoints(key -> value)``.
+    """``objects(hash -> blob)``, ``checkpoints(key -> value)`` and the
+    values those replaced, ``checkpoint_history(id, key, value)``: the
+    newest :attr:`checkpoints_kept` - 1 of them per key.
 
     Writes are batched by the caller (:meth:`put_many` in one transaction);
     :meth:`sync` makes everything written so far durable.  Only rank 0's
@@ -92,6 +99,8 @@ class SqliteStore:
         # an instance that is exiting right now go).
         self.db = sqlite3.connect(path, timeout=1.0, isolation_level=None,
                                   check_same_thread=False)
+        self.checkpoints_kept = DEFAULT_CHECKPOINTS_KEPT
+        """Checkpoints of a key kept, the current one included (1: no history)."""
         try:
             self._open()
         except sqlite3.Error as exc:  # (not a database, locked, ...): never leave it open
@@ -115,6 +124,11 @@ class SqliteStore:
         )
         self.db.execute(
             "CREATE TABLE IF NOT EXISTS checkpoints (key TEXT PRIMARY KEY, value BLOB NOT NULL)"
+        )
+        # (a file from an older kvbroker gains it empty: its history starts now)
+        self.db.execute(
+            "CREATE TABLE IF NOT EXISTS checkpoint_history (id INTEGER PRIMARY KEY "
+            "AUTOINCREMENT, key TEXT NOT NULL, value BLOB NOT NULL)"
         )
 
     def _key(self, ref: str) -> str | bytes:
@@ -243,11 +257,12 @@ class SqliteStore:
         return int(self.db.execute("SELECT COUNT(*) FROM objects").fetchone()[0])
 
     def checkpoint_put(self, key: str, value: bytes, keep_unsynced: bool = False) -> bool:
-        """Write ``value`` under ``key``, durably; if it cannot be made
-        durable, put the old value back before raising: the caller reports
-        the failure (a SYNC commit answered EIO), and a row left in the WAL
-        could still come back at the next start, naming a root nobody
-        acknowledged.
+        """Write ``value`` under ``key``, durably, and keep the value it
+        replaces in the key's history (:meth:`checkpoint_history`); if it
+        cannot be made durable, put the old value back before raising: the
+        caller reports the failure (a SYNC commit answered EIO), and a row
+        left in the WAL could still come back at the next start, naming a
+        root nobody acknowledged.
 
         ``keep_unsynced``: a root that was acknowledged, whose blobs were
         written by earlier transactions -- if only the sync fails (a full
@@ -256,15 +271,21 @@ class SqliteStore:
         of the process finds it there with those transactions before it
         (the WAL is replayed as a prefix), which is what the caller asks."""
         old = self.checkpoint_get(key)
+        retired: int | None = None
         with self.db:
             self.db.execute("BEGIN")
             self.db.execute(
                 "INSERT OR REPLACE INTO checkpoints (key, value) VALUES (?, ?)", (key, value)
             )
+            if old is not None and old != value and self.checkpoints_kept > 1:
+                retired = self.db.execute(
+                    "INSERT INTO checkpoint_history (key, value) VALUES (?, ?)", (key, old)
+                ).lastrowid
         try:
             self.sync()
         except sqlite3.Error:
             if keep_unsynced:
+                self._prune_history(key)
                 return False
             with contextlib.suppress(sqlite3.Error), self.db:
                 self.db.execute("BEGIN")
@@ -273,15 +294,53 @@ class SqliteStore:
                 else:
                     self.db.execute("INSERT OR REPLACE INTO checkpoints (key, value) "
                                     "VALUES (?, ?)", (key, old))
+                if retired is not None:
+                    self.db.execute("DELETE FROM checkpoint_history WHERE id = ?", (retired,))
             raise
+        self._prune_history(key)
         return True
+
+    def _prune_history(self, key: str) -> None:
+        """Drop ``key``'s retired values past the newest ``checkpoints_kept``
+        - 1.  Not synced, and a failure is ignored: a row it leaves is one
+        more old checkpoint, dropped by the next put."""
+        with contextlib.suppress(sqlite3.Error), self.db:
+            self.db.execute("BEGIN")
+            self.db.execute(
+                "DELETE FROM checkpoint_history WHERE key = ? AND id NOT IN (SELECT id "
+                "FROM checkpoint_history WHERE key = ? ORDER BY id DESC LIMIT ?)",
+                (key, key, max(0, self.checkpoints_kept - 1)))
 
     def checkpoint_get(self, key: str) -> bytes | None:
         row = self.db.execute("SELECT value FROM checkpoints WHERE key = ?", (key,)).fetchone()
         return None if row is None else bytes(row[0])
 
+    def checkpoint_history(self, key: str) -> list[bytes]:
+        """The values ``key`` had before its current one, newest first."""
+        return [bytes(row[0]) for row in self.db.execute(
+            "SELECT value FROM checkpoint_history WHERE key = ? ORDER BY id DESC", (key,))]
+
+    def checkpoint_list(self, key: str) -> list[bytes]:
+        """Every value of ``key`` kept, newest (the current one) first;
+        empty if it has none."""
+        current = self.checkpoint_get(key)
+        return [] if current is None else [current, *self.checkpoint_history(key)]
+
     def checkpoint_keys(self) -> list[str]:
         return [row[0] for row in self.db.execute("SELECT key FROM checkpoints ORDER BY key")]
+
+    def all_checkpoints(self) -> list[tuple[str, bytes, int]]:
+        """Every checkpoint kept, as ``(key, value, age)``: age 0 the current
+        value of its key, 1 the one before, ...  What a garbage collection
+        keeps the blobs of: each of them can be rolled back to."""
+        out = [(key, bytes(value), 0) for key, value in self.db.execute(
+            "SELECT key, value FROM checkpoints ORDER BY key")]
+        ages: dict[str, int] = {}
+        for key, value in self.db.execute(
+                "SELECT key, value FROM checkpoint_history ORDER BY key, id DESC"):
+            ages[key] = ages.get(key, 0) + 1
+            out.append((key, bytes(value), ages[key]))
+        return out
 
     def totals(self) -> tuple[int, int]:
         """(blobs, bytes of blob data) in the store."""

@@ -1,0 +1,159 @@
+"""The KVS checkpoints an instance keeps, listed and rolled back.
+
+Rank 0's content store keeps the primary namespace's checkpoint and the
+ones it replaced, ``content.max-checkpoints`` in all (5, as Flux's
+content-sqlite), newest first.  Each names a whole tree: garbage
+collections keep them all (:mod:`kvs.collect`, :mod:`kvs.garbage`).  They
+are what a damaged or unwanted newest root is rolled back to:
+
+* :func:`list_offline` reads them from a *stopped* instance's statedir (a
+  running one answers ``content.checkpoint-list``: :meth:`KVS.checkpoints
+  <kvs.client.KVS.checkpoints>`);
+* :func:`update_offline` makes a root the checkpoint the next start
+  resumes from, as ``flux content checkpoint update``, after checking that
+  its whole tree is in the store.  The checkpoint it replaces is kept as
+  the newest older one, so the rollback can itself be undone.
+
+Offline only, because the running kvs module owns the checkpoint: Flux
+asks for its kvs module to be unloaded first, and here a module is not
+unloaded while its rank runs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+from broker.content import blobref
+from kvs import treeobj
+from kvs.archive import ArchiveError, open_stopped_store
+from kvs.garbage import TreeDamaged, reachable
+from kvs.namespaces import CHECKPOINT_KEY
+
+__all__ = ["Checkpoint", "UpdateReport", "format_table", "list_offline", "update_offline"]
+
+UNLIMITED = 1 << 30
+"""History kept by an offline update: none pruned.  The instance's own
+``content.max-checkpoints`` is not known here; its next checkpoint prunes."""
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """One checkpoint of the primary namespace, as stored."""
+
+    rootref: str | None
+    """The root directory's blobref (None: a value that is not a KVS root,
+    which the instance owner could write with ``content.checkpoint-put``)."""
+    rootseq: int | None
+    """The namespace's version at that root."""
+    timestamp: float | None
+    """When it was written (seconds since the epoch)."""
+    value: Any = field(repr=False, compare=False)
+    """The whole stored value (with its ``leases``, if any)."""
+
+    @classmethod
+    def from_value(cls, value: Any) -> Checkpoint:
+        if not isinstance(value, dict):
+            return cls(None, None, None, value)
+        ref = value.get("rootref")
+        seq = value.get("rootseq")
+        stamp = value.get("timestamp")
+        return cls(ref if blobref.is_valid(ref) else None,
+                   seq if type(seq) is int else None,
+                   float(stamp) if isinstance(stamp, (int, float))
+                   and math.isfinite(stamp) else None,
+                   value)
+
+    def as_json(self) -> str:
+        """The stored value as one line of JSON (bytes as text, if any)."""
+        return json.dumps(self.value, separators=(",", ":"), sort_keys=True,
+                          default=lambda v: v.decode("utf-8", "replace")
+                          if isinstance(v, bytes) else repr(v))
+
+
+def format_table(checkpoints: list[Checkpoint], *, header: bool = True) -> list[str]:
+    """``content checkpoint list``'s lines, as Flux prints them: index (0 the
+    current one), sequence, UTC time, rootref; ``-`` for what a value lacks."""
+    lines = [f"{'Index':<10} {'Sequence':<10} {'Time':<20} Rootref"] if header else []
+    for index, cp in enumerate(checkpoints):
+        when = ("-" if cp.timestamp is None else
+                time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(cp.timestamp)))
+        seq = "-" if cp.rootseq is None else str(cp.rootseq)
+        lines.append(f"{index:<10} {seq:<10} {when:<20} {cp.rootref or '-'}")
+    return lines
+
+
+def list_offline(statedir: str) -> list[Checkpoint]:
+    """The checkpoints of the stopped instance whose statedir is
+    ``statedir``, newest first (``ArchiveError`` if it cannot be read)."""
+    with open_stopped_store(statedir, create=False, instead="stop it first, or list "
+                            "online (without --statedir)") as store:
+        return [Checkpoint.from_value(_unpack(raw))
+                for raw in store.checkpoint_list(CHECKPOINT_KEY)]
+
+
+@dataclass(frozen=True)
+class UpdateReport:
+    """What :func:`update_offline` did."""
+
+    checkpoint: Checkpoint
+    """The new current checkpoint."""
+    previous: Checkpoint | None
+    """The one it replaced (kept as the newest older one), if any."""
+    changed: bool
+    """False: ``rootref`` was the current checkpoint already."""
+    blobs: int
+    """Blobs of its tree, all found in the store."""
+
+
+def update_offline(statedir: str, rootref: str) -> UpdateReport:
+    """Make ``rootref`` the checkpoint the stopped instance whose statedir is
+    ``statedir`` resumes from.  Refused (``ArchiveError``, nothing written)
+    unless it is a directory whose whole tree is in the store.  A root one
+    of the kept checkpoints names comes back at its version (``rootseq``),
+    with the leases kept with it; any other root at version 0, as Flux's
+    ``checkpoint update`` and ``restore --checkpoint``."""
+    if not blobref.is_valid(rootref):
+        raise ArchiveError(f"{rootref!r} is not a blobref (HASH-HEX, as checkpoint list "
+                           "prints them)")
+    with open_stopped_store(statedir, create=False, instead="stop it first (its kvs "
+                            "module owns the checkpoint)") as store:
+        kept = [Checkpoint.from_value(_unpack(raw))
+                for raw in store.checkpoint_list(CHECKPOINT_KEY)]
+        current = kept[0] if kept else None
+        if current is not None and current.rootref == rootref:
+            return UpdateReport(current, None, False, 0)
+        data = store.get(rootref)
+        if data is None:
+            raise ArchiveError(f"root {rootref} is not in the content store")
+        try:
+            kind = treeobj.typeof(treeobj.decode(data))
+        except Exception as exc:  # (ErrnoError, or what a garbled blob raises)
+            raise ArchiveError(f"root {rootref} is not a tree object: {exc}") from None
+        if kind not in ("dir", "hdir"):
+            raise ArchiveError(f"root {rootref} is a {kind} tree object, not a directory")
+        try:
+            blobs = len(reachable(store.get, [rootref], has=store.has))
+        except TreeDamaged as exc:
+            raise ArchiveError(f"root {rootref}'s tree is not whole in the content store "
+                               f"({exc.what}): a start there could not read it") from None
+        same = next((cp for cp in kept if cp.rootref == rootref), None)
+        value: dict[str, Any] = {"rootref": rootref, "rootseq": 0}
+        if same is not None and isinstance(same.value, dict):
+            value.update({k: v for k, v in same.value.items() if k in ("rootseq", "leases")})
+        value["timestamp"] = time.time()
+        store.checkpoints_kept = UNLIMITED
+        store.checkpoint_put(CHECKPOINT_KEY, msgpack.packb(value, use_bin_type=True))
+        return UpdateReport(Checkpoint.from_value(value), current, True, blobs)
+
+
+def _unpack(raw: bytes) -> Any:
+    try:
+        return msgpack.unpackb(raw, raw=False, strict_map_key=False)
+    except Exception:  # (not msgpack: shown as a value that names nothing)
+        return None

@@ -1,0 +1,294 @@
+"""Older checkpoints, kept to roll back to (``content.max-checkpoints``).
+
+Rank 0's store keeps the primary namespace's checkpoint and the ones it
+replaced (5 by default, as Flux's content-sqlite), listed by
+``content.checkpoint-list`` / ``kvbroker content checkpoint list``, kept
+whole by every garbage collection, and made current again on a stopped
+instance by ``kvbroker content checkpoint update --statedir DIR ROOTREF``.
+Unit tests on the SQLite store; the rest on real instances on a statedir
+in ``tmp_path`` and the real CLI.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_broker_support import run_cli
+from test_kvs_rpc_durability import start_refused
+from test_kvs_rpc_helpers import commit, get, getroot, put
+
+from broker.content.sqlite import SqliteStore
+from broker.launch import Instance, StartError
+from kvs import treeobj as T
+from kvs.client import KVS
+from kvs.namespaces import CHECKPOINT_KEY
+from kvs.txn import SYNC
+
+T_OUT = 10
+
+
+def _value(i: int) -> str:
+    """A value big enough to be a blob of its own (a valref): collected
+    with its version unless a checkpoint keeps it."""
+    return f"{i}:" + "x" * 2048
+
+
+# ------------------------------------------------------------ the store
+
+
+def test_the_store_keeps_the_newest_values_of_a_key_newest_first(tmp_path) -> None:
+    store = SqliteStore(str(tmp_path / "c.db"))
+    store.checkpoints_kept = 3
+    for i in range(6):
+        store.checkpoint_put("k", b"v%d" % i)
+    store.checkpoint_put("other", b"o")
+    assert store.checkpoint_get("k") == b"v5"
+    assert store.checkpoint_list("k") == [b"v5", b"v4", b"v3"]
+    assert store.checkpoint_list("other") == [b"o"] and store.checkpoint_list("none") == []
+    assert sorted(store.all_checkpoints()) == [
+        ("k", b"v3", 2), ("k", b"v4", 1), ("k", b"v5", 0), ("other", b"o", 0)]
+    store.checkpoints_kept = 1  # only the current one: the history goes at the next put
+    store.checkpoint_put("k", b"v6")
+    assert store.checkpoint_list("k") == [b"v6"]
+    store.close()
+
+
+def test_a_checkpoint_taken_back_leaves_no_older_one_behind(tmp_path) -> None:
+    """A put whose sync fails puts the old value back (the caller reports
+    the error): the history row it added goes too, or the old value would
+    be listed twice."""
+    store = SqliteStore(str(tmp_path / "c.db"))
+    store.checkpoint_put("k", b"old")
+    store.checkpoint_put("k", b"current")
+
+    def full() -> None:
+        raise sqlite3.OperationalError("database or disk is full")
+
+    store.sync = full  # type: ignore[method-assign]
+    with pytest.raises(sqlite3.OperationalError):
+        store.checkpoint_put("k", b"new")
+    assert store.checkpoint_list("k") == [b"current", b"old"]
+    # kept unsynced (an acknowledged root): it stays, and so does its history
+    assert store.checkpoint_put("k", b"new", keep_unsynced=True) is False
+    assert store.checkpoint_list("k") == [b"new", b"current", b"old"]
+    store.close()
+
+
+def test_a_store_from_an_older_kvbroker_gains_a_history(tmp_path) -> None:
+    path = str(tmp_path / "c.db")
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE objects (hash BLOB PRIMARY KEY, object BLOB NOT NULL)")
+    db.execute("CREATE TABLE checkpoints (key TEXT PRIMARY KEY, value BLOB NOT NULL)")
+    db.execute("INSERT INTO checkpoints VALUES ('k', x'01')")
+    db.commit()
+    db.close()
+    store = SqliteStore(path)
+    assert store.checkpoint_list("k") == [b"\x01"]
+    store.checkpoint_put("k", b"\x02")
+    assert store.checkpoint_list("k") == [b"\x02", b"\x01"]
+    store.close()
+
+
+# ------------------------------------------------------------ instances
+
+
+async def _versions(start_instance, connect, statedir: Path, *, n: int,
+                    attrs: dict[str, str] | None = None) -> tuple[Any, Any, list[dict[str, Any]]]:
+    """An instance of 2 ranks on ``statedir``, checkpointed only by its n
+    SYNC commits of ``v`` (and at its stop); returns it, a handle on rank
+    0 and each commit's root."""
+    inst = await start_instance(size=2, statedir=str(statedir), attrs={
+        "kvs.checkpoint-period": "0", **(attrs or {})})
+    h = await connect(inst, 0)
+    roots = [await commit(h, put("v", _value(i)), flags=SYNC) for i in range(1, n + 1)]
+    return inst, h, roots
+
+
+async def _list(statedir: Path, *extra: str) -> list[dict[str, Any]]:
+    rc, out, err = await run_cli("content", "checkpoint", "list", "-j", "--statedir",
+                                 str(statedir), *extra)
+    assert rc == 0, err
+    return [json.loads(line) for line in out.splitlines()]
+
+
+async def test_checkpoints_are_listed_newest_first_on_every_rank(start_instance, connect,
+                                                                 tmp_path) -> None:
+    statedir = tmp_path / "state"
+    inst, h, roots = await _versions(start_instance, connect, statedir, n=5,
+                                     attrs={"content.max-checkpoints": "3"})
+    want = [(r["rootref"], r["rootseq"]) for r in reversed(roots[-3:])]
+    for rank in (0, 1):  # rank 1 asks rank 0
+        hr = await connect(inst, rank)
+        resp = await asyncio.wait_for(hr.rpc("content.checkpoint-list",
+                                             {"key": CHECKPOINT_KEY}), T_OUT)
+        assert [(c["rootref"], c["rootseq"]) for c in resp["checkpoints"]] == want
+    # the Python API and the CLI (Flux's columns), online
+    found = await KVS(h).checkpoints()
+    assert [(c.rootref, c.rootseq) for c in found] == want
+    assert found[0].timestamp is not None and found[0].timestamp >= found[1].timestamp
+    rc, out, err = await run_cli("content", "checkpoint", "list", uri=inst.uri(1))
+    assert rc == 0, err
+    lines = out.splitlines()
+    assert lines[0].split() == ["Index", "Sequence", "Time", "Rootref"]
+    assert [line.split()[0:2] + line.split()[3:] for line in lines[1:]] == [
+        [str(i), str(seq), ref] for i, (ref, seq) in enumerate(want)]
+    rc, out, _ = await run_cli("kvs", "checkpoint", "list", "-n", uri=inst.uri(0))
+    assert rc == 0 and out.splitlines() == lines[1:]
+    # a key nobody checkpointed: none
+    resp = await asyncio.wait_for(h.rpc("content.checkpoint-list", {"key": "nothing"}), T_OUT)
+    assert resp == {"checkpoints": []}
+
+
+async def test_an_instance_without_a_statedir_lists_none(start_instance, connect) -> None:
+    inst = await start_instance(size=1)
+    h = await connect(inst, 0)
+    await commit(h, put("a", "1"), flags=SYNC)
+    assert await KVS(h).checkpoints() == []
+    rc, out, err = await run_cli("content", "checkpoint", "list", uri=inst.uri(0))
+    assert (rc, out.split(), err) == (0, ["Index", "Sequence", "Time", "Rootref"], "")
+
+
+@pytest.mark.parametrize("where", ["online", "offline"])
+async def test_gc_keeps_the_older_checkpoints_and_update_rolls_back_to_one(
+        start_instance, connect, tmp_path, where) -> None:
+    """Every checkpoint kept is a whole tree after a collection, online or
+    offline; one made current again comes back at its version, and the one
+    it replaced is kept in turn.  A version no checkpoint kept is gone."""
+    statedir = tmp_path / "state"
+    inst, h, roots = await _versions(start_instance, connect, statedir, n=5, attrs={
+        "content.max-checkpoints": "3", "kvs.gc-grace": "0"})
+    last = await commit(h, put("v", _value(6)))  # the stop checkpoints it
+    if where == "online":
+        resp = await asyncio.wait_for(h.rpc("kvs.gc", {}), 30)
+        assert resp["removed"] > 0
+    await h.close()
+    assert await inst.stop() == [0, 0]
+    if where == "offline":
+        rc, out, err = await run_cli("kvs", "gc", "--statedir", str(statedir))
+        assert rc == 0, err
+        assert f"{CHECKPOINT_KEY}, older 2 (rootseq {roots[3]['rootseq']})" in out, out
+    listed = await _list(statedir)
+    assert [c["rootseq"] for c in listed] == [last["rootseq"], roots[4]["rootseq"],
+                                              roots[3]["rootseq"]]
+
+    # the oldest one kept comes back, at its version
+    target = roots[3]
+    rc, out, err = await run_cli("content", "checkpoint", "update", "--statedir",
+                                 str(statedir), target["rootref"])
+    assert rc == 0, err
+    assert (f"the next start resumes at {target['rootref']}, rootseq {target['rootseq']}"
+            in out), out
+    assert (f"the one it replaces (rootseq {last['rootseq']}, {last['rootref']}) is kept as "
+            "index 1") in out
+    assert [c["rootref"] for c in await _list(statedir)][:2] == [target["rootref"],
+                                                                 last["rootref"]]
+    inst2 = await start_instance(size=2, statedir=str(statedir))
+    for rank in (0, 1):
+        h2 = await connect(inst2, rank)
+        assert await get(h2, "v") == _value(4).encode()
+        assert (await getroot(h2))["rootseq"] == target["rootseq"]
+    await commit(h2, put("after", "rollback"))  # and it goes on committing
+    await h2.close()
+    assert await inst2.stop() == [0, 0]
+
+    # a version no checkpoint kept was collected: refused, nothing written
+    rc, out, err = await run_cli("content", "checkpoint", "update", "--statedir",
+                                 str(statedir), roots[0]["rootref"])
+    assert rc == 1 and out == ""
+    assert f"root {roots[0]['rootref']} is not in the content store" in err, err
+    assert (await _list(statedir))[0]["rootseq"] == target["rootseq"] + 1
+
+
+async def test_update_refuses_what_a_start_could_not_read(start_instance, connect,
+                                                          tmp_path) -> None:
+    statedir = tmp_path / "state"
+    inst, h, roots = await _versions(start_instance, connect, statedir, n=1)
+
+    async def store(data: bytes) -> str:
+        resp = await asyncio.wait_for(h.rpc("content.store", {"data": data}), T_OUT)
+        return str(resp["blobref"])
+
+    not_a_tree = await store(b"just bytes")
+    a_value = await store(T.encode(T.val(b"a value")))
+    missing = "sha256-" + "cd" * 32
+    broken = await store(T.encode(T.dir_({"x": T.valref([missing])})))
+    await asyncio.wait_for(h.rpc("content.flush", {}), T_OUT)
+
+    async def update(*args: str) -> tuple[int, str]:
+        rc, out, err = await run_cli("content", "checkpoint", "update", *args)
+        assert out == "" or rc == 0, out
+        return rc, err
+
+    # while the instance runs: it holds the store
+    rc, err = await update("--statedir", str(statedir), roots[0]["rootref"])
+    assert rc == 1 and "is in use by a running instance" in err, err
+    rc, err = await update(roots[0]["rootref"])  # no --statedir: a usage error
+    assert rc == 2 and "works on a stopped instance: --statedir DIR" in err, err
+    await h.close()
+    assert await inst.stop() == [0, 0]
+    before = await _list(statedir)
+
+    for ref, why in [("sha256-00", "is not a blobref"),
+                     (not_a_tree, "is not a tree object"),
+                     (a_value, "is a val tree object, not a directory"),
+                     (broken, f"tree is not whole in the content store (blob {missing} "
+                              "is named but not in the store)")]:
+        rc, err = await update("--statedir", str(statedir), ref)
+        assert rc == 1 and why in err, (ref, err)
+    rc, err = await update("--statedir", str(tmp_path / "nowhere"), roots[0]["rootref"])
+    assert rc == 1 and "no such directory" in err, err
+    assert await _list(statedir) == before  # nothing was written
+
+    # the current one: nothing to do
+    rc, out, err = await run_cli("content", "checkpoint", "update", "--statedir",
+                                 str(statedir), before[0]["rootref"])
+    assert rc == 0 and "is the current checkpoint already" in out, (out, err)
+    assert await _list(statedir) == before
+
+
+async def test_a_start_refused_for_a_damaged_newest_root_recovers_by_a_rollback(
+        start_instance, connect, tmp_path) -> None:
+    """The checkpoint names a root the store lacks (the owner wrote it, or
+    the disk lost it): the start fails and says where to look; rolling back
+    to the checkpoint before it starts again, with the data of that one."""
+    statedir = tmp_path / "state"
+    inst, h, roots = await _versions(start_instance, connect, statedir, n=2)
+    missing = "sha256-" + "ab" * 32
+    await asyncio.wait_for(h.rpc("content.checkpoint-put", {"key": CHECKPOINT_KEY, "value": {
+        "rootref": missing, "rootseq": 9, "timestamp": 1.0}}), T_OUT)
+    await h.close()
+    await inst.stop()
+    log = tmp_path / "refused.log"
+    refused = await start_refused(Instance(1, statedir=str(statedir), stderr_path=str(log)))
+    assert isinstance(refused, StartError)
+    assert f"kvbroker content checkpoint list --statedir {statedir}" in log.read_text()
+
+    rc, out, err = await run_cli("content", "checkpoint", "list", "--statedir", str(statedir))
+    assert rc == 0, err
+    rows = [line.split() for line in out.splitlines()[1:]]
+    assert rows[0] == ["0", "9", "1970-01-01T00:00:01Z", missing]
+    assert [r[3] for r in rows[1:3]] == [roots[1]["rootref"], roots[0]["rootref"]]
+    rc, out, err = await run_cli("kvs", "checkpoint", "update", "--statedir", str(statedir),
+                                 roots[1]["rootref"])
+    assert rc == 0, err
+    inst2 = await start_instance(size=1, statedir=str(statedir))
+    h2 = await connect(inst2, 0)
+    assert await get(h2, "v") == _value(2).encode()
+    assert (await getroot(h2))["rootseq"] == roots[1]["rootseq"]
+
+
+def test_a_value_that_is_not_a_kvs_root_is_listed_with_dashes() -> None:
+    """The owner may write anything under the key (content.checkpoint-put):
+    the list shows what it can."""
+    from kvs.checkpoints import Checkpoint, format_table
+
+    rows = format_table([Checkpoint.from_value("junk"),
+                         Checkpoint.from_value({"rootref": "x", "rootseq": 1.5,
+                                                "timestamp": float("nan")})], header=False)
+    assert [r.split() for r in rows] == [["0", "-", "-", "-"], ["1", "-", "-", "-"]]
+    assert Checkpoint.from_value({"a": b"\xff"}).as_json() == '{"a":"\\ufffd"}'
