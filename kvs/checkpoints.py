@@ -2,9 +2,11 @@
 
 Rank 0's content store keeps the primary namespace's checkpoint and the
 ones it replaced, ``content.max-checkpoints`` in all (5, as Flux's
-content-sqlite), newest first.  Each names a whole tree: garbage
-collections keep them all (:mod:`kvs.collect`, :mod:`kvs.garbage`).  They
-are what a damaged or unwanted newest root is rolled back to:
+content-sqlite), newest first.  Each names a whole tree, until a garbage
+collection deletes it: an online one drops the older checkpoints past
+``kvs.gc-grace`` (:func:`kvs.collect.stale_checkpoints`), an offline one
+all of them (:mod:`kvs.garbage`), as Flux's keeps only the last.  They are
+what a damaged or unwanted newest root is rolled back to:
 
 * :func:`list_offline` reads them from a *stopped* instance's statedir (a
   running one answers ``content.checkpoint-list``: :meth:`KVS.checkpoints

@@ -834,11 +834,15 @@ def describe_online(r: dict[str, Any]) -> str:
     def n(count: int, what: str) -> str:
         return f"{count:,} {what}{'' if count == 1 else 's'}"
 
+    dropped = ""
+    if r.get("checkpoints-dropped"):
+        dropped = (f"dropped {n(r['checkpoints-dropped'], 'older checkpoint')} of the KVS "
+                   f"(versions older than {r['grace']:g} s, collected)\n")
     text = (f"removed {n(r['removed'], 'blob')} ({size_text(r['removed-bytes'])}) in "
             f"{r['seconds']:.2f} s\n"
             f"kept {n(r['kept'], 'blob')} reachable from {n(r['roots'], 'root')} (the current, "
             f"those of the last {r['grace']:g} s, checkpoints), and those written since\n"
-            f"content.sqlite: {size_text(r['file-bytes'])}, {free}")
+            f"{dropped}content.sqlite: {size_text(r['file-bytes'])}, {free}")
     if r.get("damaged-count"):
         text += (f"\ndamaged: {n(r['damaged-count'], 'blob')} that live trees name, missing "
                  f"or unreadable (first: {r['damaged'][0]})")
@@ -1436,7 +1440,7 @@ def register(subparsers: Any) -> None:
                        "roll a stopped instance back to one, as flux content checkpoint",
                        description="Rank 0 with a statedir keeps the primary namespace's "
                        "checkpoint and the ones it replaced (content.max-checkpoints in all, "
-                       "default 5); kvs gc keeps their trees.  Instance owner only.")
+                       "default 5), until kvs gc collects their versions.  Instance owner only.")
     csub = p.add_subparsers(dest="checkpoint_cmd", required=True, metavar="{list,update}")
     c = csub.add_parser("list", help="list the checkpoints kept, newest (index 0) first",
                         description="One line each: index (0: the one a restart resumes "

@@ -1291,7 +1291,7 @@ class KVS:
         With ``compact`` the file is also rewritten to its new size, which
         holds the store meanwhile.  Returns what was kept and removed:
         ``{removed, removed-bytes, kept, roots, damaged, damaged-count,
-        file-bytes, free-bytes, compacted, grace, seconds}``."""
+        file-bytes, free-bytes, compacted, grace, checkpoints-dropped, seconds}``."""
         resp = await self.handle.rpc("kvs.gc", {"compact": bool(compact)})
         return dict(resp)
 

@@ -11,9 +11,8 @@ reads is kept, older versions go.
 in the last ``kvs.gc-grace`` seconds (10 s by default: a watcher or a
 follower a little behind still reads the root it was told about); the
 recent roots guests may name (:class:`kvs.namespaces.RecentRoots`); the
-checkpoints, current and older (the KVS's, which a restart resumes from
-or a rollback goes back to, as trees; any other as the blobrefs its value
-holds, as :mod:`kvs.garbage`); the root of every
+checkpoints (the KVS's current one, which a restart resumes from, as a
+tree; any other as the blobrefs its value holds, as :mod:`kvs.garbage`); the root of every
 commit between the store of its blobs and its setting
 (:attr:`kvs.commits.CommitPipeline.unpublished`); the blobs stored under a
 hold until it is released (a ``kvs restore``'s, until its commit:
@@ -53,7 +52,7 @@ import errno
 import sqlite3
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable
 from typing import Any
 
 import msgpack
@@ -185,26 +184,46 @@ async def mark(collection: Collection, live: Iterable[str], recent: Iterable[str
 
 def checkpoint_roots(checkpoints: Iterable[tuple[str, bytes, int]],
                      kvs_key: str) -> tuple[list[str], list[str]]:
-    """(trees, opaque blobrefs) the checkpoints name, current and older
-    (``(key, value, age)``, as :meth:`ContentModule.checkpoints`): the KVS's
-    are roots (its current one ``EIO`` if it is not one; an older one that
-    is not names its blobrefs), any other value's blobrefs are opaque."""
+    """(trees, opaque blobrefs) the checkpoints name (``(key, value, age)``,
+    as :meth:`ContentModule.checkpoints`): the KVS's current one is a root
+    (``EIO`` if it is not one); its older ones name nothing (a collection
+    keeps those it keeps anyway and drops the rest: :func:`stale_checkpoints`);
+    any other value's blobrefs, current or older, are opaque."""
     trees: list[str] = []
     opaque: list[str] = []
     for key, raw, age in checkpoints:
+        if key == kvs_key and age > 0:
+            continue
         try:
             value = msgpack.unpackb(raw, raw=False, strict_map_key=False)
         except Exception:  # (names nothing: kept as it is, by its row)
             continue
         if key == kvs_key:
-            if isinstance(value, dict) and blobref.is_valid(value.get("rootref")):
-                trees.append(value["rootref"])
-                continue
-            if age == 0:
+            if not (isinstance(value, dict) and blobref.is_valid(value.get("rootref"))):
                 raise GcAborted(errno.EIO, f"the checkpoint {key!r} is not a KVS root; "
                                 "nothing was collected")
-        opaque += blobref.found_in(value)
+            trees.append(value["rootref"])
+        else:
+            opaque += blobref.found_in(value)
     return trees, opaque
+
+
+def stale_checkpoints(history: Iterable[tuple[int, bytes]], kept: Container[str]) -> list[int]:
+    """The row ids of the older KVS checkpoints (``(id, value)``) whose root
+    is not in ``kept``: a collection deletes their trees, so they go from
+    the list too.  Those it keeps anyway -- the current root's, and those of
+    the last ``kvs.gc-grace`` seconds, whose trees are kept whole -- stay,
+    to roll back to.  A value that is not a KVS root goes."""
+    stale: list[int] = []
+    for row_id, raw in history:
+        try:
+            value = msgpack.unpackb(raw, raw=False, strict_map_key=False)
+        except Exception:
+            value = None
+        ref = value.get("rootref") if isinstance(value, dict) else None
+        if not (isinstance(ref, str) and ref in kept):
+            stale.append(row_id)
+    return stale
 
 
 class Roots:
@@ -243,6 +262,9 @@ async def collect(content: ContentModule, roots: Callable[[], Roots],
         trees2, opaque2 = checkpoint_roots(await content.checkpoints(), kvs_key)
         marked |= await mark(collection, [r for r in trees2 if r not in marked], (),
                              [r for r in opaque2 if r not in marked], damaged)
+        # The older checkpoints as they are now (one written from here on
+        # retires a root this collection keeps: it stays)
+        history = await content.checkpoint_history_rows(kvs_key)
         if damaged:
             # As offline: a live tree names a blob the store lacks.  Commits
             # check what they name, so this is damage, and below it may be
@@ -253,6 +275,10 @@ async def collect(content: ContentModule, roots: Callable[[], Roots],
                                         "damaged; nothing was deleted")
         collection.decide(marked)  # (no await between these two)
         forget(collection.keep)
+        # (before the sweep: a crash between the two leaves no row naming a
+        # deleted tree, only one fewer version to roll back to)
+        dropped = await content.drop_checkpoint_history(
+            stale_checkpoints(history, collection.keep))
         await collection.sweep(watermark)
         assert content.backing is not None
         shortfall = None
@@ -291,9 +317,10 @@ async def collect(content: ContentModule, roots: Callable[[], Roots],
         "free-bytes": free_bytes,
         "compacted": compact,
         "grace": grace,
+        "checkpoints-dropped": dropped,
         "seconds": round(time.monotonic() - start, 6),
     }
 
 
 __all__ = ["GRACE", "PERIOD", "GcAborted", "RootHistory", "Roots", "checkpoint_roots", "collect",
-           "mark"]
+           "mark", "stale_checkpoints"]

@@ -58,6 +58,8 @@ class GcReport:
     removed_bytes: int = 0
     file_before: int = 0
     file_after: int = 0
+    checkpoints_dropped: int = 0
+    """The older KVS checkpoints dropped from the list (their trees went)."""
     dry_run: bool = False
 
 
@@ -172,21 +174,22 @@ def _collect(store: SqliteStore, statedir: str, report: GcReport) -> None:
     trees: list[str] = []
     blobs: list[str] = []
     for key, raw, age in store.all_checkpoints():
+        if key == CHECKPOINT_KEY and age > 0:
+            continue  # the older KVS checkpoints go (below): only what the next start restores
         name = key if age == 0 else f"{key}, older {age}"
         try:
             value = msgpack.unpackb(raw, raw=False, strict_map_key=False)
         except Exception as exc:  # msgpack raises several kinds, StackError has no text
-            if key == CHECKPOINT_KEY and age == 0:
+            if key == CHECKPOINT_KEY:
                 raise GcError(f"the checkpoint {key!r} does not decode: "
                               f"{str(exc) or type(exc).__name__}") from None
             report.roots[name] = "not msgpack: names nothing"
             continue
-        if key == CHECKPOINT_KEY and isinstance(value, dict) and blobref.is_valid(
-                value.get("rootref")):
+        if key == CHECKPOINT_KEY:
+            if not (isinstance(value, dict) and blobref.is_valid(value.get("rootref"))):
+                raise GcError(f"the checkpoint {key!r} is not a KVS root: {value!r:.200}")
             trees.append(value["rootref"])
             report.roots[name] = f"rootseq {value.get('rootseq')}"
-        elif key == CHECKPOINT_KEY and age == 0:
-            raise GcError(f"the checkpoint {key!r} is not a KVS root: {value!r:.200}")
         else:
             refs = blobref.found_in(value)
             blobs += refs
@@ -196,6 +199,12 @@ def _collect(store: SqliteStore, statedir: str, report: GcReport) -> None:
                       "a collection would delete everything (remove the directory to "
                       "start afresh)")
     keep = reachable(store.get, trees, blobs, has=store.has)
+    # The older KVS checkpoints' trees are collected: they go from the list
+    # too (as Flux's, whose collection restores the last one into a new store)
+    older = [row_id for row_id, _ in store.checkpoint_history_rows(CHECKPOINT_KEY)]
+    report.checkpoints_dropped = len(older)
+    if not report.dry_run:
+        store.drop_checkpoint_history(older)
     report.removed, report.removed_bytes = store.sweep(keep, dry_run=report.dry_run)
     report.kept, report.kept_bytes = store.totals()
     if report.dry_run:  # (nothing was deleted: what would be kept is the rest)
@@ -231,10 +240,15 @@ def describe(report: GcReport) -> str:
     verb = "would remove" if report.dry_run else "removed"
     file = (f"{size_text(report.file_before)} (a dry run compacts nothing)" if report.dry_run
             else f"{size_text(report.file_before)} -> {size_text(report.file_after)}")
+    dropped = ""
+    if report.checkpoints_dropped:
+        n = report.checkpoints_dropped
+        dropped = (f"{'would drop' if report.dry_run else 'dropped'} {n} older "
+                   f"checkpoint{'' if n == 1 else 's'} of the KVS (their versions collected)\n")
     return (f"kept {_blobs(report.kept)} ({size_text(report.kept_bytes)}) "
             f"reachable from {roots}\n"
             f"{verb} {_blobs(report.removed)} ({size_text(report.removed_bytes)})\n"
-            f"{STORE_FILE}: {file}")
+            f"{dropped}{STORE_FILE}: {file}")
 
 
 def _blobs(n: int) -> str:

@@ -153,31 +153,24 @@ async def test_an_instance_without_a_statedir_lists_none(start_instance, connect
     assert (rc, out.split(), err) == (0, ["Index", "Sequence", "Time", "Rootref"], "")
 
 
-@pytest.mark.parametrize("where", ["online", "offline"])
-async def test_gc_keeps_the_older_checkpoints_and_update_rolls_back_to_one(
-        start_instance, connect, tmp_path, where) -> None:
-    """Every checkpoint kept is a whole tree after a collection, online or
-    offline; one made current again comes back at its version, and the one
-    it replaced is kept in turn.  A version no checkpoint kept is gone."""
+async def test_an_update_rolls_back_to_a_checkpoint_an_online_gc_kept(start_instance, connect,
+                                                                      tmp_path) -> None:
+    """A collection keeps the roots of its grace period whole, the older
+    checkpoints among them: they stay listed.  One made current again comes
+    back at its version, and the one it replaced is kept in turn."""
     statedir = tmp_path / "state"
-    inst, h, roots = await _versions(start_instance, connect, statedir, n=5, attrs={
-        "content.max-checkpoints": "3", "kvs.gc-grace": "0"})
+    inst, h, roots = await _versions(start_instance, connect, statedir, n=5,
+                                     attrs={"content.max-checkpoints": "3"})
     last = await commit(h, put("v", _value(6)))  # the stop checkpoints it
-    if where == "online":
-        resp = await asyncio.wait_for(h.rpc("kvs.gc", {}), 30)
-        assert resp["removed"] > 0
+    resp = await asyncio.wait_for(h.rpc("kvs.gc", {}), 30)  # (grace: 10 s)
+    assert resp["checkpoints-dropped"] == 0, resp
     await h.close()
     assert await inst.stop() == [0, 0]
-    if where == "offline":
-        rc, out, err = await run_cli("kvs", "gc", "--statedir", str(statedir))
-        assert rc == 0, err
-        assert f"{CHECKPOINT_KEY}, older 2 (rootseq {roots[3]['rootseq']})" in out, out
     listed = await _list(statedir)
     assert [c["rootseq"] for c in listed] == [last["rootseq"], roots[4]["rootseq"],
                                               roots[3]["rootseq"]]
 
-    # the oldest one kept comes back, at its version
-    target = roots[3]
+    target = roots[3]  # the oldest one kept
     rc, out, err = await run_cli("content", "checkpoint", "update", "--statedir",
                                  str(statedir), target["rootref"])
     assert rc == 0, err
@@ -195,13 +188,46 @@ async def test_gc_keeps_the_older_checkpoints_and_update_rolls_back_to_one(
     await commit(h2, put("after", "rollback"))  # and it goes on committing
     await h2.close()
     assert await inst2.stop() == [0, 0]
-
-    # a version no checkpoint kept was collected: refused, nothing written
-    rc, out, err = await run_cli("content", "checkpoint", "update", "--statedir",
-                                 str(statedir), roots[0]["rootref"])
-    assert rc == 1 and out == ""
-    assert f"root {roots[0]['rootref']} is not in the content store" in err, err
     assert (await _list(statedir))[0]["rootseq"] == target["rootseq"] + 1
+
+
+@pytest.mark.parametrize("where", ["online", "offline"])
+async def test_a_gc_drops_the_older_checkpoints_whose_versions_it_collects(
+        start_instance, connect, tmp_path, where) -> None:
+    """What a collection deletes cannot be rolled back to: the older
+    checkpoints naming it go from the list first (an online collection
+    keeps the current checkpoint's; an offline one keeps only the current
+    checkpoint, as Flux's), and the version is refused by ``update``."""
+    statedir = tmp_path / "state"
+    inst, h, roots = await _versions(start_instance, connect, statedir, n=5, attrs={
+        "content.max-checkpoints": "3", "kvs.gc-grace": "0"})
+    last = await commit(h, put("v", _value(6)))  # the stop checkpoints it
+    if where == "online":
+        resp = await asyncio.wait_for(h.rpc("kvs.gc", {}), 30)
+        assert resp["checkpoints-dropped"] == 2 and resp["removed"] > 0, resp
+        rc, out, err = await run_cli("content", "checkpoint", "list", "-n", uri=inst.uri(1))
+        assert [line.split()[1] for line in out.splitlines()] == [str(roots[4]["rootseq"])]
+    await h.close()
+    assert await inst.stop() == [0, 0]
+    if where == "offline":
+        rc, out, err = await run_cli("kvs", "gc", "-n", "--statedir", str(statedir))
+        assert rc == 0 and "would drop 2 older checkpoints of the KVS" in out, (out, err)
+        assert len(await _list(statedir)) == 3
+        rc, out, err = await run_cli("kvs", "gc", "--statedir", str(statedir))
+        assert rc == 0 and "dropped 2 older checkpoints of the KVS" in out, (out, err)
+        assert [c["rootseq"] for c in await _list(statedir)] == [last["rootseq"]]
+        gone = roots[4]
+    else:
+        assert [c["rootseq"] for c in await _list(statedir)] == [last["rootseq"],
+                                                                  roots[4]["rootseq"]]
+        gone = roots[3]
+    rc, out, err = await run_cli("content", "checkpoint", "update", "--statedir",
+                                 str(statedir), gone["rootref"])
+    assert rc == 1 and out == ""
+    assert f"root {gone['rootref']} is not in the content store" in err, err
+    inst2 = await start_instance(size=1, statedir=str(statedir))  # the current one is whole
+    h2 = await connect(inst2, 0)
+    assert await get(h2, "v") == _value(6).encode()
 
 
 async def test_update_refuses_what_a_start_could_not_read(start_instance, connect,

@@ -39,7 +39,8 @@
   kept by rank 0 (KVS uses them to resume after a restart), with the
   values each replaced, ``content.max-checkpoints`` in all, listed by
   ``content.checkpoint-list`` (as Flux's content-sqlite keeps 5): older
-  roots to roll back to, which garbage collections keep too.
+  roots to roll back to, until a garbage collection deletes their trees
+  (:func:`kvs.collect.stale_checkpoints`).
 * ``content.dropcache`` drops clean cache entries; ``content.stats-get``.
 
 Blobs larger than ``content.blob-size-limit`` bytes are refused with EFBIG.
@@ -1311,6 +1312,20 @@ class ContentModule(Module):
         assert self.backing is not None
         found: list[tuple[str, bytes, int]] = await self.db(self.backing.all_checkpoints)
         return found
+
+    async def checkpoint_history_rows(self, key: str) -> list[tuple[int, bytes]]:
+        """Rank 0: ``key``'s older values, ``(row id, packed value)``."""
+        assert self.backing is not None
+        rows: list[tuple[int, bytes]] = await self.db(self.backing.checkpoint_history_rows, key)
+        return rows
+
+    async def drop_checkpoint_history(self, ids: list[int]) -> int:
+        """Rank 0: delete these older values (a collection deleted their trees)."""
+        if not ids:
+            return 0
+        assert self.backing is not None
+        n: int = await self.db(self.backing.drop_checkpoint_history, ids)
+        return n
 
     # ------------------------------------------------------------ misc
 

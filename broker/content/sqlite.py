@@ -331,8 +331,7 @@ class SqliteStore:
 
     def all_checkpoints(self) -> list[tuple[str, bytes, int]]:
         """Every checkpoint kept, as ``(key, value, age)``: age 0 the current
-        value of its key, 1 the one before, ...  What a garbage collection
-        keeps the blobs of: each of them can be rolled back to."""
+        value of its key, 1 the one before, ..."""
         out = [(key, bytes(value), 0) for key, value in self.db.execute(
             "SELECT key, value FROM checkpoints ORDER BY key")]
         ages: dict[str, int] = {}
@@ -341,6 +340,21 @@ class SqliteStore:
             ages[key] = ages.get(key, 0) + 1
             out.append((key, bytes(value), ages[key]))
         return out
+
+    def checkpoint_history_rows(self, key: str) -> list[tuple[int, bytes]]:
+        """``key``'s older values with their row ids, newest first: what
+        :meth:`drop_checkpoint_history` takes."""
+        return [(int(row_id), bytes(value)) for row_id, value in self.db.execute(
+            "SELECT id, value FROM checkpoint_history WHERE key = ? ORDER BY id DESC", (key,))]
+
+    def drop_checkpoint_history(self, ids: Iterable[int]) -> int:
+        """Delete these older values (a garbage collection that deletes
+        their trees); how many went."""
+        with self.db:
+            self.db.execute("BEGIN")
+            cur = self.db.executemany("DELETE FROM checkpoint_history WHERE id = ?",
+                                      ((i,) for i in ids))
+        return int(cur.rowcount)
 
     def totals(self) -> tuple[int, int]:
         """(blobs, bytes of blob data) in the store."""
