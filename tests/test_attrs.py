@@ -106,6 +106,12 @@ def test_every_default_parses_and_limits_keep_the_instance_usable() -> None:
     assert limit.value({limit.name: "1000"}) == 1000
     with pytest.raises(AttrError, match="below the minimum"):
         attrs.MAX_MESSAGE.value({"broker.max-message": "100"})
+    kept = all_specs()["content.max-checkpoints"]
+    with pytest.raises(AttrError, match="the current checkpoint is always kept"):
+        kept.value({kept.name: "0"})
+    with pytest.raises(AttrError, match="above the maximum of 100"):
+        kept.value({kept.name: "101"})
+    assert kept.value({}) == 5
 
 
 def test_check_instance() -> None:

@@ -73,6 +73,7 @@ from broker.content import blobref
 from broker.content.collection import Collection, Holds, RecentRefs, RowidMarks, busy
 from broker.content.sqlite import (
     DEFAULT_CHECKPOINTS_KEPT,
+    MAX_CHECKPOINTS_KEPT,
     STORE_FILE,
     SqliteStore,
     StoreLocked,
@@ -177,9 +178,12 @@ STORE_QUOTA = AttrSpec(
     "plus what waits to be written) is over this many bytes, commits and stores "
     "that add data are refused with ENOSPC, as below the reserve (0: no quota)")
 MAX_CHECKPOINTS = AttrSpec(
-    "content.max-checkpoints", str(DEFAULT_CHECKPOINTS_KEPT), integer(1),
+    "content.max-checkpoints", str(DEFAULT_CHECKPOINTS_KEPT),
+    integer(1, "the current checkpoint is always kept", MAX_CHECKPOINTS_KEPT),
     "rank 0: checkpoints of a key its store keeps, the current one included "
-    "(kvbroker content checkpoint list; 1: only the current)")
+    "(kvbroker content checkpoint list; 1: only the current; at most 100)")
+"""At most :data:`MAX_CHECKPOINTS_KEPT`: ``content.checkpoint-list`` answers
+them all in one message, and a KVS checkpoint carries its leases."""
 FAILURE_LOG_EVERY = 60.0
 """Seconds between two ERROR lines of a write to SQLite that keeps failing
 (the overlay's refused handshakes are logged as seldom)."""

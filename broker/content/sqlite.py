@@ -30,6 +30,9 @@ DEFAULT_CHECKPOINTS_KEPT = 5
 (Flux's content-sqlite ``max_checkpoints``): the older ones are what a
 damaged or unwanted newest root can be rolled back to."""
 
+MAX_CHECKPOINTS_KEPT = 100
+"""The most ``content.max-checkpoints`` may say."""
+
 
 def sqlite_temp_dir() -> str:
     """The directory SQLite puts its temporary files in on Unix (a
