@@ -58,27 +58,6 @@ def test_the_store_keeps_the_newest_values_of_a_key_newest_first(tmp_path) -> No
     store.close()
 
 
-def test_a_checkpoint_taken_back_leaves_no_older_one_behind(tmp_path) -> None:
-    """A put whose sync fails puts the old value back (the caller reports
-    the error): the history row it added goes too, or the old value would
-    be listed twice."""
-    store = SqliteStore(str(tmp_path / "c.db"))
-    store.checkpoint_put("k", b"old")
-    store.checkpoint_put("k", b"current")
-
-    def full() -> None:
-        raise sqlite3.OperationalError("database or disk is full")
-
-    store.sync = full  # type: ignore[method-assign]
-    with pytest.raises(sqlite3.OperationalError):
-        store.checkpoint_put("k", b"new")
-    assert store.checkpoint_list("k") == [b"current", b"old"]
-    # kept unsynced (an acknowledged root): it stays, and so does its history
-    assert store.checkpoint_put("k", b"new", keep_unsynced=True) is False
-    assert store.checkpoint_list("k") == [b"new", b"current", b"old"]
-    store.close()
-
-
 def test_a_store_from_an_older_kvbroker_gains_a_history(tmp_path) -> None:
     path = str(tmp_path / "c.db")
     db = sqlite3.connect(path)

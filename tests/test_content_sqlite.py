@@ -77,6 +77,11 @@ def test_a_store_with_text_keys_keeps_working(tmp_path) -> None:
     store.close()
 
 
+def disk_full() -> None:
+    """A stand-in for :meth:`SqliteStore.sync` on a full disk."""
+    raise sqlite3.OperationalError("database or disk is full")
+
+
 def test_a_checkpoint_that_could_not_be_made_durable_is_taken_back(tmp_path) -> None:
     """The row was committed before the WAL checkpoint that makes it
     durable; when that failed (a full disk), the caller failed the SYNC
@@ -85,11 +90,7 @@ def test_a_checkpoint_that_could_not_be_made_durable_is_taken_back(tmp_path) -> 
     what it is (ENOSPC, not an internal error)."""
     store = SqliteStore(str(tmp_path / "c.db"))
     store.checkpoint_put("k", b"old")
-
-    def full() -> None:
-        raise sqlite3.OperationalError("database or disk is full")
-
-    store.sync = full  # type: ignore[method-assign]
+    store.sync = disk_full  # type: ignore[method-assign]
     with pytest.raises(sqlite3.OperationalError):
         store.checkpoint_put("k", b"new")
     assert store.checkpoint_get("k") == b"old"
@@ -98,10 +99,28 @@ def test_a_checkpoint_that_could_not_be_made_durable_is_taken_back(tmp_path) -> 
     assert store.checkpoint_get("fresh") is None
     store.close()
     with pytest.raises(ErrnoError) as info, content_module._store_errors():
-        full()
+        disk_full()
     assert info.value.errnum == errno.ENOSPC
     assert str(info.value.errstr) == ("writing to the content store failed: database or "
                                       "disk is full")
+
+
+def test_a_checkpoint_taken_back_leaves_no_older_one_behind(tmp_path) -> None:
+    """A put whose sync fails puts the old value back (the caller reports
+    the error): the history row it added goes too, or the old value would
+    be listed twice."""
+    store = SqliteStore(str(tmp_path / "c.db"))
+    store.checkpoint_put("k", b"old")
+    store.checkpoint_put("k", b"current")
+
+    store.sync = disk_full  # type: ignore[method-assign]
+    with pytest.raises(sqlite3.OperationalError):
+        store.checkpoint_put("k", b"new")
+    assert store.checkpoint_list("k") == [b"current", b"old"]
+    # kept unsynced (an acknowledged root): it stays, and so does its history
+    assert store.checkpoint_put("k", b"new", keep_unsynced=True) is False
+    assert store.checkpoint_list("k") == [b"new", b"current", b"old"]
+    store.close()
 
 
 async def test_a_failed_write_back_fails_the_drain_and_is_retried(tmp_path) -> None:

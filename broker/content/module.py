@@ -66,7 +66,7 @@ import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from broker.attrs import CONTENT_HASH, LINK_MAX_MESSAGE, AttrSpec, integer
 from broker.content import blobref
@@ -239,6 +239,9 @@ LINK_SLACK = 4096
 """Bytes of an answer beside one blob (its envelope): a blob that does not
 fit ``tbon.max-message`` with them is answered as an ``EMSGSIZE`` entry of
 its own, so it fails alone, not the batch it came in."""
+
+
+_T = TypeVar("_T")
 
 
 class ContentModule(Module):
@@ -1370,38 +1373,45 @@ class ContentModule(Module):
         self.h.respond(msg, {})
 
     async def checkpoint_get(self, msg: Message) -> None:
-        _owner_only(msg)
-        body = require(msg.payload, key=str)
-        if self.ctx.rank != 0:
-            resp = await self.h.rpc("content.checkpoint-get", body, nodeid=NODEID_UPSTREAM)
-            self.h.respond(msg, resp)
-            return
-        assert self.backing is not None
-        try:
-            value = await self.db(self.backing.checkpoint_get, body["key"])
-        except sqlite3.DatabaseError as exc:  # (a damaged page: EIO, as for a blob)
-            raise ErrnoError(errno.EIO, f"checkpoint {body['key']!r} cannot be read from "
-                                        f"{self.backing.path}: {exc}") from None
-        if value is None:
-            raise ErrnoError(errno.ENOENT, f"no checkpoint {body['key']!r}")
-        self.h.respond(msg, {"value": unpack_checkpoint(value)})
+        key = await self._checkpoint_request(msg)
+        if key is not None:
+            assert self.backing is not None
+            value = await self._checkpoint_read(self.backing.checkpoint_get, key,
+                                                f"checkpoint {key!r}")
+            if value is None:
+                raise ErrnoError(errno.ENOENT, f"no checkpoint {key!r}")
+            self.h.respond(msg, {"value": unpack_checkpoint(value)})
 
     async def checkpoint_list(self, msg: Message) -> None:
         """``{key}`` -> ``{checkpoints: [value, ...]}``: every value of
         ``key`` kept, newest (the current one) first; empty if none."""
+        key = await self._checkpoint_request(msg)
+        if key is not None:
+            assert self.backing is not None
+            values = await self._checkpoint_read(self.backing.checkpoint_list, key,
+                                                 f"the checkpoints of {key!r}")
+            self.h.respond(msg, {"checkpoints": [unpack_checkpoint(v) for v in values]})
+
+    async def _checkpoint_request(self, msg: Message) -> str | None:
+        """A checkpoint read's ``key`` on rank 0; elsewhere None, once rank
+        0's answer is passed on.  Owner only."""
         _owner_only(msg)
         body = require(msg.payload, key=str)
         if self.ctx.rank != 0:
-            resp = await self.h.rpc("content.checkpoint-list", body, nodeid=NODEID_UPSTREAM)
-            self.h.respond(msg, resp)
-            return
+            self.h.respond(msg, await self.h.rpc(msg.topic, body, nodeid=NODEID_UPSTREAM))
+            return None
+        key: str = body["key"]
+        return key
+
+    async def _checkpoint_read(self, read: Callable[[str], _T], key: str, what: str) -> _T:
+        """``read(key)`` on the store's thread; a damaged page is EIO, as for a blob."""
         assert self.backing is not None
         try:
-            values = await self.db(self.backing.checkpoint_list, body["key"])
+            found: _T = await self.db(read, key)
         except sqlite3.DatabaseError as exc:
-            raise ErrnoError(errno.EIO, f"the checkpoints of {body['key']!r} cannot be read "
-                                        f"from {self.backing.path}: {exc}") from None
-        self.h.respond(msg, {"checkpoints": [unpack_checkpoint(v) for v in values]})
+            raise ErrnoError(errno.EIO, f"{what} cannot be read from "
+                                        f"{self.backing.path}: {exc}") from None
+        return found
 
     async def stats_get(self, msg: Message) -> None:
         if not msg.is_owner:
