@@ -355,10 +355,12 @@ async def _snapshot(top: Dir) -> AsyncGenerator[Item, None]:
 
 def dump_checkpoint(statedir: str, out: str | IO[bytes], *,
                     on_item: Callable[[Item], None] | None = None,
-                    ignore_failed_read: bool = False) -> Report:
+                    ignore_failed_read: bool = False, index: int = 0) -> Report:
     """Write the KVS checkpoint of the *stopped* instance whose statedir is
     ``statedir`` (the primary namespace its next start brings back) to
     ``out``, as :func:`dump`.  Entries carry the checkpoint's time.
+    ``index``: an older checkpoint the store keeps instead (1 the one
+    before, ..., as ``kvbroker content checkpoint list`` numbers them).
 
     A blob the tree names that the store lacks (or holds damaged) is an
     :class:`ArchiveError`; with ``ignore_failed_read`` (Flux's ``flux dump
@@ -366,10 +368,15 @@ def dump_checkpoint(statedir: str, out: str | IO[bytes], *,
     value, or the directory's subtree, is left out and said in
     :attr:`Report.skipped`."""
     with open_stopped_store(statedir, create=False) as store:
-        cp = _checkpoint(store)
-        if cp is None:
+        cp = _checkpoint(store, index)
+        if cp is None and index == 0:
             raise ArchiveError(f"statedir {statedir} has no KVS checkpoint "
                                f"({CHECKPOINT_KEY!r}): nothing to dump")
+        if cp is None:
+            kept = len(store.checkpoint_list(CHECKPOINT_KEY))
+            raise ArchiveError(f"statedir {statedir} keeps {kept} KVS checkpoint"
+                               f"{'' if kept == 1 else 's'}: no index {index} (kvbroker "
+                               "content checkpoint list --statedir DIR shows them)")
         rootref = cp["rootref"]
         stamp = cp.get("timestamp")
         report = Report(rootref=rootref)
@@ -941,8 +948,13 @@ def open_stopped_store(statedir: str, *, create: bool,
         store.close()
 
 
-def _checkpoint(store: SqliteStore) -> dict[str, Any] | None:
-    raw = store.checkpoint_get(CHECKPOINT_KEY)
+def _checkpoint(store: SqliteStore, index: int = 0) -> dict[str, Any] | None:
+    """The KVS checkpoint (``index`` 1: the one before, ...); None if none."""
+    if index == 0:
+        raw = store.checkpoint_get(CHECKPOINT_KEY)
+    else:
+        kept = store.checkpoint_list(CHECKPOINT_KEY)
+        raw = kept[index] if 0 <= index < len(kept) else None
     if raw is None:
         return None
     try:

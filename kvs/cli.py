@@ -873,6 +873,9 @@ def _archive_mode(args: argparse.Namespace) -> None:
     elif getattr(args, "ignore_failed_read", False):
         raise UsageError("--ignore-failed-read goes with --checkpoint (a running "
                          "instance's KVS refuses a tree with missing blobs)")
+    elif getattr(args, "index", 0):
+        raise UsageError("--index goes with --checkpoint (an older checkpoint of a "
+                         "stopped instance)")
 
 
 def _archive_listing(args: argparse.Namespace) -> Callable[[Item], None] | None:
@@ -934,7 +937,8 @@ def cmd_dump(args: argparse.Namespace) -> int:
     if args.checkpoint:
         with _archive_errors(args):
             return done(archive.dump_checkpoint(args.statedir, args.outfile, on_item=listing,
-                                                ignore_failed_read=args.ignore_failed_read))
+                                                ignore_failed_read=args.ignore_failed_read,
+                                                index=args.index))
 
     async def body(kvs: KVS) -> int:
         key = args.key or "."
@@ -1498,6 +1502,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--checkpoint", action="store_true",
                    help="dump the KVS checkpoint of a stopped instance (offline)")
     p.add_argument("--statedir", metavar="DIR", help="that instance's statedir")
+    p.add_argument("--index", type=non_negative_int, default=0, metavar="N",
+                   help="with --checkpoint: the older checkpoint N as content checkpoint "
+                   "list numbers them (default 0: the one the next start resumes from)")
     p.add_argument("--ignore-failed-read", action="store_true",
                    help="with --checkpoint: leave out (and name) a value or directory "
                    "whose blob the store lacks, instead of failing (a damaged store's "

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -148,6 +149,17 @@ async def test_an_update_rolls_back_to_a_checkpoint_an_online_gc_kept(start_inst
     listed = await _list(statedir)
     assert [c["rootseq"] for c in listed] == [last["rootseq"], roots[4]["rootseq"],
                                               roots[3]["rootseq"]]
+
+    # what the oldest one holds, seen before going back to it
+    rc, out, err = await run_cli("kvs", "dump", "--checkpoint", "--statedir", str(statedir),
+                                 "--index", "2", str(tmp_path / "old.tar"))
+    assert rc == 0, err
+    with tarfile.open(tmp_path / "old.tar") as tar:
+        member = tar.extractfile("v")
+        assert member is not None and member.read() == _value(4).encode()
+    rc, out, err = await run_cli("kvs", "dump", "--checkpoint", "--statedir", str(statedir),
+                                 "--index", "3", str(tmp_path / "none.tar"))
+    assert rc == 1 and "keeps 3 KVS checkpoints: no index 3" in err, err
 
     target = roots[3]  # the oldest one kept
     rc, out, err = await run_cli("content", "checkpoint", "update", "--statedir",
