@@ -1147,6 +1147,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                         "SQLite file, on stable storage (as flux content flush); fails "
                         "with the store's error (No space left on device...) if that "
                         "cannot be done.")
+    # (listed here for the help; main() hands it to kvs checkpoint: ALIASES)
     csub.add_parser("checkpoint", help="list the KVS checkpoints kept, or roll back to one "
                     "(the same as kvbroker kvs checkpoint)")
     c = csub.add_parser("dropcache", help="drop this rank's cached blobs",

@@ -368,15 +368,15 @@ def dump_checkpoint(statedir: str, out: str | IO[bytes], *,
     value, or the directory's subtree, is left out and said in
     :attr:`Report.skipped`."""
     with open_stopped_store(statedir, create=False) as store:
-        cp = _checkpoint(store, index)
-        if cp is None and index == 0:
+        kept = store.checkpoint_list(CHECKPOINT_KEY)
+        if not kept:
             raise ArchiveError(f"statedir {statedir} has no KVS checkpoint "
                                f"({CHECKPOINT_KEY!r}): nothing to dump")
-        if cp is None:
-            kept = len(store.checkpoint_list(CHECKPOINT_KEY))
-            raise ArchiveError(f"statedir {statedir} keeps {kept} KVS checkpoint"
-                               f"{'' if kept == 1 else 's'}: no index {index} (kvbroker "
+        if index >= len(kept):
+            raise ArchiveError(f"statedir {statedir} keeps {len(kept)} KVS checkpoint"
+                               f"{'' if len(kept) == 1 else 's'}: no index {index} (kvbroker "
                                "content checkpoint list --statedir DIR shows them)")
+        cp = _decode_checkpoint(kept[index])
         rootref = cp["rootref"]
         stamp = cp.get("timestamp")
         report = Report(rootref=rootref)
@@ -948,15 +948,13 @@ def open_stopped_store(statedir: str, *, create: bool,
         store.close()
 
 
-def _checkpoint(store: SqliteStore, index: int = 0) -> dict[str, Any] | None:
-    """The KVS checkpoint (``index`` 1: the one before, ...); None if none."""
-    if index == 0:
-        raw = store.checkpoint_get(CHECKPOINT_KEY)
-    else:
-        kept = store.checkpoint_list(CHECKPOINT_KEY)
-        raw = kept[index] if 0 <= index < len(kept) else None
-    if raw is None:
-        return None
+def _checkpoint(store: SqliteStore) -> dict[str, Any] | None:
+    raw = store.checkpoint_get(CHECKPOINT_KEY)
+    return None if raw is None else _decode_checkpoint(raw)
+
+
+def _decode_checkpoint(raw: bytes) -> dict[str, Any]:
+    """A stored KVS checkpoint, checked to name a root."""
     try:
         value = msgpack.unpackb(raw, raw=False, strict_map_key=False)
     except Exception as exc:  # msgpack raises several kinds

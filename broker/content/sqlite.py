@@ -261,7 +261,7 @@ class SqliteStore:
 
     def checkpoint_put(self, key: str, value: bytes, keep_unsynced: bool = False) -> bool:
         """Write ``value`` under ``key``, durably, and keep the value it
-        replaces in the key's history (:meth:`checkpoint_history`); if it
+        replaces in the key's history (:meth:`checkpoint_list`); if it
         cannot be made durable, put the old value back before raising: the
         caller reports the failure (a SYNC commit answered EIO), and a row
         left in the WAL could still come back at the next start, naming a
@@ -318,19 +318,13 @@ class SqliteStore:
         row = self.db.execute("SELECT value FROM checkpoints WHERE key = ?", (key,)).fetchone()
         return None if row is None else bytes(row[0])
 
-    def checkpoint_history(self, key: str) -> list[bytes]:
-        """The values ``key`` had before its current one, newest first."""
-        return [bytes(row[0]) for row in self.db.execute(
-            "SELECT value FROM checkpoint_history WHERE key = ? ORDER BY id DESC", (key,))]
-
     def checkpoint_list(self, key: str) -> list[bytes]:
         """Every value of ``key`` kept, newest (the current one) first;
         empty if it has none."""
         current = self.checkpoint_get(key)
-        return [] if current is None else [current, *self.checkpoint_history(key)]
-
-    def checkpoint_keys(self) -> list[str]:
-        return [row[0] for row in self.db.execute("SELECT key FROM checkpoints ORDER BY key")]
+        if current is None:
+            return []
+        return [current, *(value for _, value in self.checkpoint_history_rows(key))]
 
     def all_checkpoints(self) -> list[tuple[str, bytes, int]]:
         """Every checkpoint kept, as ``(key, value, age)``: age 0 the current
