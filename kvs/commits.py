@@ -129,7 +129,8 @@ class CommitPipeline:
                  refcheck: RefChecker, publish: Callable[[str, dict[str, Any]], None],
                  checkpoint: Callable[[str, int, Any], Awaitable[bool]], hash_name: str,
                  statedir: str, root_history: collector.RootHistory,
-                 prime_limit: int, event_limit: int = codec.MAX_LINK_MESSAGE) -> None:
+                 prime_limit: int, event_limit: int = codec.MAX_LINK_MESSAGE,
+                 merge: bool = True) -> None:
         self.log = log
         self.counts = counts
         self.spawn = spawn
@@ -145,6 +146,8 @@ class CommitPipeline:
         self.prime_limit = prime_limit
         """A setroot event carries the commit's new blobs up to this total
         (``kvs.setroot-blob-limit``)."""
+        self.merge = merge
+        """``kvs.transaction-merge``: false applies every commit alone."""
         self.event_limit = event_limit - EVENT_HEADER_ROOM
         """The most bytes a namespace event's topic and payload may take:
         every link carries it (``tbon.max-message``, less a header's room),
@@ -277,7 +280,7 @@ class CommitPipeline:
                     break
                 first = q.popleft()
                 batch = [first]
-                if not first.flags & txn.NO_MERGE:
+                if self.merge and not first.flags & txn.NO_MERGE:
                     while q and q[0].flags == first.flags:
                         batch.append(q.popleft())
                 if no_room is not None:

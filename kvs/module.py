@@ -46,7 +46,7 @@ from itertools import count, islice
 from typing import Any, ClassVar
 
 from broker import codec
-from broker.attrs import CONTENT_HASH, LINK_MAX_MESSAGE, AttrSpec, duration, integer
+from broker.attrs import CONTENT_HASH, LINK_MAX_MESSAGE, AttrSpec, boolean, duration, integer
 from broker.content import blobref
 from broker.content.module import BLOB_SIZE_LIMIT, FAILURE_LOG_EVERY, ContentModule
 from broker.errors import ErrnoError, ProtocolError, RemoteError
@@ -105,6 +105,13 @@ MAX_GUEST_WAITS = AttrSpec(
 """A wait holds a task on the rank until its version comes (a kilobyte or
 two): as ``kvs-watch.max-watches-per-guest`` for watches, a guest may not
 grow a rank without bound with them.  The instance owner is not capped."""
+TRANSACTION_MERGE = AttrSpec(
+    "kvs.transaction-merge", "true", boolean,
+    "rank 0 applies concurrent commits of a namespace with the same flags as one "
+    "new root (false: one root per commit, as if every commit were NO_MERGE)")
+"""Flux's kvs module option ``transaction-merge`` (t1003): off, a watcher sees
+one new value per commit, at the price of one root, one setroot event and
+one tree update per commit."""
 CHECKPOINT_PERIOD = AttrSpec(
     "kvs.checkpoint-period", "1s", duration,
     "rank 0 with a statedir checkpoints the primary root this often when it "
@@ -258,7 +265,8 @@ def _check_guest_ops(ops: list[dict[str, Any]]) -> None:
 class KvsModule(Module):
     name: ClassVar[str] = "kvs"
     attributes: ClassVar[tuple[AttrSpec, ...]] = (CACHE_BYTES, SETROOT_LIMIT, CHECKPOINT_PERIOD,
-                                                  MAX_GUEST_WAITS, collector.GRACE,
+                                                  TRANSACTION_MERGE, MAX_GUEST_WAITS,
+                                                  collector.GRACE,
                                                   collector.PERIOD, MAX_LEASES)
 
     def __init__(self, ctx: Any) -> None:
@@ -327,7 +335,8 @@ class KvsModule(Module):
             blobs=self.blobs, fetcher=self.fetcher, refcheck=self.refcheck,
             publish=self._publish, checkpoint=self._checkpoint, hash_name=self.hash_name,
             statedir=self.statedir, root_history=self.root_history,
-            prime_limit=self.prime_limit, event_limit=LINK_MAX_MESSAGE.value(ctx.attrs))
+            prime_limit=self.prime_limit, event_limit=LINK_MAX_MESSAGE.value(ctx.attrs),
+            merge=TRANSACTION_MERGE.value(ctx.attrs))
         """Rank 0: queues, merges and applies the transactions, sets the roots."""
         self.leases = LeaseTable(ctx.owner_uid, MAX_LEASES.value(ctx.attrs), self._lease_ended)
         """Rank 0: the leases (kvs/leases.py); empty and unused on a follower."""

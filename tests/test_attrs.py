@@ -144,12 +144,15 @@ def test_with_defaults_keeps_set_values() -> None:
     a: dict[str, object] = {"kvs.cache-bytes": "1000"}
     attrs.with_defaults(a, KvsModule.attributes)
     assert a == {"kvs.cache-bytes": "1000", "kvs.setroot-blob-limit": str(8 << 10),
-                 "kvs.checkpoint-period": "1s", "kvs.max-waits-per-guest": "10000",
+                 "kvs.checkpoint-period": "1s", "kvs.transaction-merge": "true",
+                 "kvs.max-waits-per-guest": "10000",
                  "kvs.max-leases-per-user": "10000", "kvs.gc-grace": "10s", "kvs.gc-period": "0"}
     with pytest.raises(AttrError):
         attrs.with_defaults({"kvs.setroot-blob-limit": "x"}, KvsModule.attributes)
     with pytest.raises(AttrError, match="above the maximum of 67108864"):
         attrs.with_defaults({"kvs.setroot-blob-limit": str(1 << 30)}, KvsModule.attributes)
+    with pytest.raises(AttrError, match="kvs.transaction-merge: 'sometimes' is not a boolean"):
+        attrs.with_defaults({"kvs.transaction-merge": "sometimes"}, KvsModule.attributes)
 
 
 def test_docs_table_matches_the_declarations() -> None:
