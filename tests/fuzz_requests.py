@@ -20,7 +20,7 @@ from broker import codec
 from broker.message import NODEID_ANY, NODEID_UPSTREAM, MsgType
 
 TOPICS = (
-    "attr.get attr.list broker.ping broker.stats-get content.checkpoint-get "
+    "attr.get attr.list broker.ping broker.stats-get content.checkpoint-get content.checkpoint-list "
     "content.checkpoint-put content.dropcache content.flush content.load content.stats-get "
     "content.store event.pub event.subscribe event.unsubscribe kvs-watch.cancel "
     "kvs-watch.disconnect kvs-watch.lookup kvs-watch.namespaces kvs-watch.stats-get "
@@ -86,6 +86,7 @@ class RequestFuzzer:
             "content.store": lambda: {"data": r.choice([b"", b"x", b"y" * 10_000])},
             "content.load": lambda: {"blobref": self.ref()},
             "content.checkpoint-get": lambda: {"key": r.choice(["kvs-primary", "x"])},
+            "content.checkpoint-list": lambda: {"key": r.choice(["kvs-primary", "x", "", 7])},
             "event.pub": lambda: {"topic": r.choice(["kvs.namespace-primary-setroot", "x.y",
                                                      "kvs.namespace-a-removed", ""]),
                                   "payload": self.payload(), "flags": r.choice([0, 8])},
