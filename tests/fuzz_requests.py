@@ -20,8 +20,9 @@ from broker import codec
 from broker.message import NODEID_ANY, NODEID_UPSTREAM, MsgType
 
 TOPICS = (
-    "attr.get attr.list broker.ping broker.stats-get content.checkpoint-get content.checkpoint-list "
-    "content.checkpoint-put content.dropcache content.flush content.load content.stats-get "
+    "attr.get attr.list broker.ping broker.stats-get content.checkpoint-get "
+    "content.checkpoint-list content.checkpoint-put content.dropcache content.flush "
+    "content.load content.stats-get "
     "content.store event.pub event.subscribe event.unsubscribe kvs-watch.cancel "
     "kvs-watch.disconnect kvs-watch.lookup kvs-watch.namespaces kvs-watch.stats-get "
     "kvs.commit kvs.diff "
