@@ -1,6 +1,6 @@
 """A script that makes blocking calls while it is sent SIGINT (Ctrl-C).
 
-    python sigint_child.py URI EVENT_LOOP N
+    python sigint_child.py URI EVENT_LOOP N [STACKS_FILE]
 
 It makes calls of every kind through one SyncHandle -- bursts of RPCs,
 SyncKVS puts and gets, ``run()`` of a coroutine, and waits that only an
@@ -10,12 +10,15 @@ k-th it prints ``int k`` (from inside the ``try``, so that an interrupt
 sent on seeing that line cannot land outside one: Python runs a signal
 handler at the next of many points, a loop's back-edge among them).  After N it
 checks that every kind of call still works and prints one JSON line:
-what it counted, and the errors calls raised.  Used by
+what it counted, and the errors calls raised.  With STACKS_FILE, SIGUSR1
+writes every thread's stack there (``faulthandler``): the test asks for it
+when an interrupt goes unanswered, to show where the script was.  Used by
 tests/test_sync_interrupts.py.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import random
@@ -31,6 +34,9 @@ from kvs_watch.flags import WAITCREATE, WATCH
 
 def main() -> None:
     uri, loop, wanted = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    if len(sys.argv) > 4:
+        stacks = open(sys.argv[4], "w")  # noqa: SIM115 (open until the process ends)
+        faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     key = f"sigint.{os.getpid()}"  # (keys of its own: several may share an instance)
     h = sync.connect(uri, event_loop=loop)
     kvs = SyncKVS(h)
