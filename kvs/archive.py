@@ -82,7 +82,7 @@ from kvs.txn import MAX_OPS
 if TYPE_CHECKING:
     from kvs.client import KVS, Dir, RootSpec
 
-__all__ = ["ArchiveError", "Item", "Report", "dump", "dump_checkpoint", "read_items",
+__all__ = ["ArchiveError", "Item", "Report", "build", "dump", "dump_checkpoint", "read_items",
            "restore", "restore_checkpoint"]
 
 

@@ -1685,7 +1685,7 @@ class SyncKVS:
         return self.run(self.aio.gc(compact), None)
 
     def checkpoints(self) -> list[Checkpoint]:
-        return self.run(self.aio.checkpoints(), None)
+        return self.run(self.aio.checkpoints())  # (a quick read: the handle's timeout)
 
     def lease(self, ttl: float, *, keepalive: bool = True) -> SyncLease:
         """A lease of ``ttl`` seconds (see :meth:`KVS.lease`): ``with

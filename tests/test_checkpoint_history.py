@@ -26,7 +26,7 @@ from test_kvs_rpc_helpers import commit, get, getroot, put
 from broker.content.sqlite import SqliteStore
 from broker.launch import Instance, StartError
 from kvs import treeobj as T
-from kvs.client import KVS
+from kvs.client import KVS, SyncKVS
 from kvs.namespaces import CHECKPOINT_KEY
 from kvs.txn import SYNC
 
@@ -111,6 +111,12 @@ async def test_checkpoints_are_listed_newest_first_on_every_rank(start_instance,
     found = await KVS(h).checkpoints()
     assert [(c.rootref, c.rootseq) for c in found] == want
     assert found[0].timestamp is not None and found[0].timestamp >= found[1].timestamp
+
+    def blocking() -> list[Any]:  # (the facade owns a loop: another thread)
+        with SyncKVS(uri=inst.uri(1), timeout=T_OUT) as kvs:
+            return kvs.checkpoints()
+
+    assert await asyncio.to_thread(blocking) == found
     rc, out, err = await run_cli("content", "checkpoint", "list", uri=inst.uri(1))
     assert rc == 0, err
     lines = out.splitlines()
