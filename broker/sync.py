@@ -247,13 +247,17 @@ class SyncHandle:
         ident = get_ident()
         if self._caller is not None or self._closed:  # (no switch point until the set)
             self._refuse(ident)
-        self._caller = ident
+        # Zeroed before the claim, not after: a SIGINT whose handler ran
+        # between the two was counted for this call, then forgotten.
         self._interrupts = 0
+        self._caller = ident
         if self.aio.reconnect and self.aio.connected:
             try:
                 self._notice_loss()
             except BaseException:
                 self._caller = None
+                if self._interrupts:  # (what the interrupt cancelled is not news)
+                    self._raise_interrupt()
                 raise
 
     def _notice_loss(self) -> None:
