@@ -324,13 +324,23 @@ _EVERY_LINE_SCRIPT = """
 import json, signal, sys
 from broker import sync
 from broker.sync import SyncHandle
+from kvs_watch.flags import WAITCREATE, WATCH
 h = sync.connect(sys.argv[1], event_loop=sys.argv[2])
 # (a reconnecting handle's _enter waits once more: those lines too)
 hr = sync.connect(sys.argv[1], event_loop=sys.argv[2], reconnect=True)
-targets = {f.__code__: f.__name__ for f in (SyncHandle._enter, SyncHandle.rpc, SyncHandle._wait)}
+def call_rpc(handle, n):
+    handle.rpc("broker.ping", {"n": n}, timeout=10)
+def call_run(handle, n):
+    handle.ping(payload={"n": n}, timeout=10)
+def call_stream(handle, n):
+    handle.rpc_stream("kvs-watch.lookup", {"namespace": "primary", "key": f"never.{n}",
+                                           "flags": WATCH | WAITCREATE}).close()
+cases = [(SyncHandle._enter, call_rpc), (SyncHandle.rpc, call_rpc), (SyncHandle._wait, call_rpc),
+         (SyncHandle.run, call_run), (SyncHandle.rpc_stream, call_stream)]
 outcomes = {}
 for handle in (h, hr):
-    for code, name in targets.items():
+    for function, call in cases:
+        code, name = function.__code__, function.__name__
         for line in sorted({ln for _, _, ln in code.co_lines() if ln is not None}):
             if line == code.co_firstlineno:
                 continue
@@ -344,7 +354,7 @@ for handle in (h, hr):
                 return local if frame.f_code is code else None
             sys.settrace(tracer)
             try:
-                handle.rpc("broker.ping", {"n": line}, timeout=10)
+                call(handle, line)
                 outcome = "answered" if not armed[0] else "not reached"
             except KeyboardInterrupt:
                 outcome = "interrupted"
@@ -354,8 +364,7 @@ for handle in (h, hr):
                 sys.settrace(None)
             if outcome != "not reached":
                 kind = "reconnecting " if handle is hr else ""
-                key = f"{kind}{name}:{line - code.co_firstlineno}"
-                outcomes[key] = outcome
+                outcomes[f"{kind}{name}:{line - code.co_firstlineno}"] = outcome
             assert handle.rpc("broker.ping", {"n": -1}, timeout=10)["n"] == -1
 h.close(); hr.close()
 print(json.dumps(outcomes), flush=True)
@@ -366,7 +375,7 @@ print(json.dumps(outcomes), flush=True)
 async def test_a_ctrl_c_before_any_line_of_a_call_is_one_keyboardinterrupt(
         start_instance, event_loop: str) -> None:
     """A SIGINT whose handler runs before each line in turn of a call's
-    entry, body and wait (a trace function raises it there, so every
+    entry, body and wait (rpc, run and rpc_stream; a trace function raises it there, so every
     position is tried, not a random few) comes out of the call as a
     KeyboardInterrupt, and the next call works.  Before, one landing just
     after the call claimed the handle, before it zeroed its interrupt
@@ -380,8 +389,8 @@ async def test_a_ctrl_c_before_any_line_of_a_call_is_one_keyboardinterrupt(
     finally:
         await _reap(proc)
     assert len(outcomes) > 20, outcomes  # (lines of all three, on both handles)
-    assert {k.partition(":")[0] for k in outcomes} == {
-        "_enter", "rpc", "_wait", "reconnecting _enter", "reconnecting rpc",
-        "reconnecting _wait"}, outcomes
+    names = {"_enter", "rpc", "_wait", "run", "rpc_stream"}
+    assert {k.partition(":")[0] for k in outcomes} == names | {f"reconnecting {n}"
+                                                               for n in names}, outcomes
     wrong = {k: v for k, v in outcomes.items() if v != "interrupted"}
     assert wrong == {}, f"{len(outcomes)} positions; wrong: {json.dumps(wrong)}"
