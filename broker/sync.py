@@ -36,7 +36,7 @@ is never replaced, and the last ``close()`` puts the default back if ours
 is still there.  Importing this module changes nothing.  Between calls the
 handler does what the default does.  During a call of the main thread it
 has the loop cancel what the call waits for, in a callback (a cancel from
-the handler itself, which runs between any two bytecodes, landed between
+the handler itself, which runs wherever a call returns, landed between
 an answer's ``done()`` check and its ``set_result``: InvalidStateError,
 and the connection closed), and wakes the loop: the call ends at once
 -- the request retired as on a timeout, its late answer dropped -- and
@@ -47,7 +47,10 @@ once is the same press; another one after it, in a call that does not end
 at once, where the program is, as Runner's second one does.)  If an
 interrupt does come out of the loop's internals (that second one, or a
 SIGINT handler of the user's own), the next call repairs what the stock
-loop left and ignores a leftover ``stop()``.
+loop left and ignores a leftover ``stop()``.  Registering a handle and
+letting it go happen with Ctrl-C held (:class:`_HoldCtrlC`), so an
+interrupt never leaves one half done; tests/bin/sigint_positions.py sends
+one at every point where Python may run the handler, one point at a time.
 
 One thread at a time: a call made while another thread is in a call on
 the same handle raises ``RuntimeError`` (two threads turning one loop, or
@@ -114,10 +117,54 @@ _sigint_users = 0
 """Open handles that count on :func:`_on_sigint` being installed."""
 
 
+class _Holds(threading.local):
+    count = 0
+    """Open :class:`_HoldCtrlC` blocks in this thread (the main thread's
+    is the one :func:`_on_sigint` reads: handlers run there)."""
+
+
+_holds = _Holds()
+_held = False
+"""A SIGINT came while held."""
+_MAIN = threading.main_thread().ident
+
+
+class _HoldCtrlC:
+    """``with HOLD_CTRL_C:`` around the few statements that register a
+    handle or let it go, which a ``KeyboardInterrupt`` must not split: a
+    handle half registered kept the facade's handler installed for good
+    (and a connected handle that ``connect()`` never returned stayed open).
+    A SIGINT meanwhile acts at the block's end, where it would have gone.
+    Only while the handler is ours (a user's own, or Python's default
+    before the first handle installs ours, raises as always).
+
+    The count is per thread and changed without a call in between
+    (CPython runs a signal handler only where a call returns, at a loop's
+    back-edge or a function's start): a ``KeyboardInterrupt`` between a
+    count and its use would leave Ctrl-C held for good."""
+
+    def __enter__(self) -> None:
+        _holds.count += 1
+
+    def __exit__(self, *exc: object) -> None:
+        global _held
+        _holds.count -= 1
+        if not _holds.count and _held and get_ident() == _MAIN:
+            _on_sigint(signal.SIGINT, None)
+
+
+HOLD_CTRL_C = _HoldCtrlC()
+
+
 def _on_sigint(signum: int, frame: FrameType | None) -> None:
     """Python's SIGINT handler while a handle made in the main thread is
     open: the default's ``KeyboardInterrupt`` where the program is, unless
     the main thread is in a handle's call (see the module's docstring)."""
+    global _held
+    if _holds.count:
+        _held = True
+        return
+    _held = False  # (this one stands for any held before it)
     me = get_ident()  # (the main thread's: Python runs signal handlers there)
     for h in _handles:
         if h._caller == me:
@@ -214,26 +261,42 @@ class SyncHandle:
         """Leftover stops still to ignore, after an interrupt left the loop's internals."""
         self._flush: Callable[[], None] = _nothing
         self._agen_hooks = sys.get_asyncgen_hooks()
-        self._runner = asyncio.Runner(loop_factory=loop_factory(event_loop))
-        self._loop = self._runner.get_loop()
-        _handles.add(self)
-        self._sigint = _claim_sigint()
-        self._caller = get_ident()
+        self._sigint = False
+        # Registered whole or not at all (a Ctrl-C meanwhile is this call's,
+        # and ends its connect at once); the loop first, which an
+        # interrupted call wakes.
+        with HOLD_CTRL_C:
+            self._sigint = _claim_sigint()
+            _handles.add(self)
+            try:
+                self._runner = asyncio.Runner(loop_factory=loop_factory(event_loop))
+                self._loop = self._runner.get_loop()
+            except BaseException:
+                self._closed = True
+                self._let_go()
+                raise
+            self._caller = get_ident()
         try:  # (the connect too is bounded by ``timeout``: an ssh:// one may hang)
             self.aio: Handle = self._wait(asyncio.ensure_future(asyncio.wait_for(
                 Handle.connect(uri, reconnect=reconnect), timeout), loop=self._loop), None)
+            self._flush = self.aio.flush
         except BaseException:
-            self._closed = True
-            try:
-                self._runner.close()
-            finally:
-                self._let_go()
+            self._abandon()
             raise
         finally:
+            if self._interrupts and not self._closed:
+                self._abandon()  # a Ctrl-C as the connect ended: not a handle left open
             self._caller = None
             if self._interrupts:
                 self._raise_interrupt()
-        self._flush = self.aio.flush
+
+    def _abandon(self) -> None:
+        """Close a handle whose connect failed or was interrupted."""
+        self._closed = True
+        try:
+            self._runner.close()
+        finally:
+            self._let_go()
 
     @property
     def closed(self) -> bool:
@@ -540,11 +603,14 @@ class SyncHandle:
                     self._raise_interrupt()
 
     def _let_go(self) -> None:
-        """This handle no longer needs the SIGINT handler."""
-        _handles.discard(self)
-        if self._sigint:
-            self._sigint = False
-            _release_sigint()
+        """This handle is done (its call, if one is in progress, ends): it
+        no longer needs the SIGINT handler."""
+        with HOLD_CTRL_C:  # (a Ctrl-C in between left the handler counted for good)
+            _handles.discard(self)
+            self._caller = None
+            if self._sigint:
+                self._sigint = False
+                _release_sigint()  # last: it may put back Python's default, which holds nothing
 
     def __enter__(self) -> Self:
         return self

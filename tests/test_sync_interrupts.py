@@ -320,77 +320,58 @@ async def test_an_uncaught_ctrl_c_is_one_short_keyboardinterrupt_traceback(
     assert 'kvs.wait_create("never.there")' in err, err
 
 
-_EVERY_LINE_SCRIPT = """
-import json, signal, sys
-from broker import sync
-from broker.sync import SyncHandle
-from kvs_watch.flags import WAITCREATE, WATCH
-h = sync.connect(sys.argv[1], event_loop=sys.argv[2])
-# (a reconnecting handle's _enter waits once more: those lines too)
-hr = sync.connect(sys.argv[1], event_loop=sys.argv[2], reconnect=True)
-def call_rpc(handle, n):
-    handle.rpc("broker.ping", {"n": n}, timeout=10)
-def call_run(handle, n):
-    handle.ping(payload={"n": n}, timeout=10)
-def call_stream(handle, n):
-    handle.rpc_stream("kvs-watch.lookup", {"namespace": "primary", "key": f"never.{n}",
-                                           "flags": WATCH | WAITCREATE}).close()
-cases = [(SyncHandle._enter, call_rpc), (SyncHandle.rpc, call_rpc), (SyncHandle._wait, call_rpc),
-         (SyncHandle.run, call_run), (SyncHandle.rpc_stream, call_stream)]
-outcomes = {}
-for handle in (h, hr):
-    for function, call in cases:
-        code, name = function.__code__, function.__name__
-        for line in sorted({ln for _, _, ln in code.co_lines() if ln is not None}):
-            if line == code.co_firstlineno:
-                continue
-            armed = [True]
-            def local(frame, event, arg, line=line):
-                if event == "line" and frame.f_lineno == line and armed[0]:
-                    armed[0] = False
-                    signal.raise_signal(signal.SIGINT)  # (its handler runs here: before the line)
-                return local
-            def tracer(frame, event, arg, code=code):
-                return local if frame.f_code is code else None
-            sys.settrace(tracer)
-            try:
-                call(handle, line)
-                outcome = "answered" if not armed[0] else "not reached"
-            except KeyboardInterrupt:
-                outcome = "interrupted"
-            except BaseException as exc:
-                outcome = type(exc).__name__
-            finally:
-                sys.settrace(None)
-            if outcome != "not reached":
-                kind = "reconnecting " if handle is hr else ""
-                outcomes[f"{kind}{name}:{line - code.co_firstlineno}"] = outcome
-            assert handle.rpc("broker.ping", {"n": -1}, timeout=10)["n"] == -1
-h.close(); hr.close()
-print(json.dumps(outcomes), flush=True)
-"""
+POSITIONS = Path(__file__).parent / "bin" / "sigint_positions.py"
 
 
-@pytest.mark.parametrize("event_loop", ["uvloop", "asyncio"])
-async def test_a_ctrl_c_before_any_line_of_a_call_is_one_keyboardinterrupt(
-        start_instance, event_loop: str) -> None:
-    """A SIGINT whose handler runs before each line in turn of a call's
-    entry, body and wait (rpc, run and rpc_stream; a trace function raises it there, so every
-    position is tried, not a random few) comes out of the call as a
-    KeyboardInterrupt, and the next call works.  Before, one landing just
-    after the call claimed the handle, before it zeroed its interrupt
-    count, was forgotten: the ping was answered and the Ctrl-C lost (the
-    random-moments test above waited for it in vain, once in CI)."""
-    inst = await start_instance(size=1)
-    proc = await _child("-c", _EVERY_LINE_SCRIPT, inst.uri(0), event_loop)
+async def _positions(uri: str, event_loop: str, mode: str) -> dict[str, str]:
+    """Run tests/bin/sigint_positions.py: ``{position: outcome}``."""
+    proc = await _child(str(POSITIONS), uri, event_loop, mode)
     try:
-        outcomes = json.loads(await _line(proc, 120))
+        outcomes: dict[str, str] = json.loads(await _line(proc, 120))
         assert await asyncio.wait_for(proc.wait(), 30) == 0
     finally:
         await _reap(proc)
-    assert len(outcomes) > 20, outcomes  # (lines of all three, on both handles)
+    return outcomes
+
+
+@pytest.mark.parametrize("event_loop", ["uvloop", "asyncio"])
+async def test_a_ctrl_c_at_any_position_of_a_call_is_one_keyboardinterrupt(
+        start_instance, event_loop: str) -> None:
+    """A SIGINT whose handler runs at each position in turn of a call's
+    entry, body and wait (rpc, run and rpc_stream, on a plain and a
+    reconnecting handle; every line's start, where a tracer such as a
+    debugger runs handlers, and every point where CPython does without
+    one) comes out of the call as a KeyboardInterrupt, and the next call
+    works.  Before: a reconnecting handle interrupted while it looked for a
+    lost connection raised CancelledError; and, under a tracer, a handler
+    run between the call's claim of the handle and its zeroing of the
+    interrupt count was forgotten (the ping answered, the Ctrl-C lost)."""
+    inst = await start_instance(size=1)
+    outcomes = await _positions(inst.uri(0), event_loop, "calls")
     names = {"_enter", "rpc", "_wait", "run", "rpc_stream"}
-    assert {k.partition(":")[0] for k in outcomes} == names | {f"reconnecting {n}"
+    assert {k.partition("@")[0] for k in outcomes} == names | {f"reconnecting {n}"
                                                                for n in names}, outcomes
+    assert len(outcomes) > 100, outcomes
+    wrong = {k: v for k, v in outcomes.items() if v != "interrupted"}
+    assert wrong == {}, f"{len(outcomes)} positions; wrong: {json.dumps(wrong)}"
+
+
+@pytest.mark.parametrize("event_loop", ["uvloop", "asyncio"])
+async def test_a_ctrl_c_while_a_handle_opens_or_closes_leaves_nothing_behind(
+        start_instance, event_loop: str) -> None:
+    """A SIGINT at each point in turn where CPython runs a handler, in
+    connect(), close() and the SIGINT bookkeeping they share, is one
+    KeyboardInterrupt, and afterwards no handle is left open out of reach
+    and Python's own handler is back once the handles are closed.  Before,
+    nine such points left the facade's handler installed for good (a handle
+    half registered, or let go half way), one of them with a connected
+    handle that connect() never returned."""
+    inst = await start_instance(size=1)
+    outcomes = await _positions(inst.uri(0), event_loop, "lifecycle")
+    assert {k.partition("@")[0] for k in outcomes} == {
+        "SyncHandle.__init__", "SyncHandle.close",
+        "SyncHandle._let_go", "_claim_sigint", "_release_sigint",
+        "_HoldCtrlC.__enter__", "_HoldCtrlC.__exit__"}, outcomes
+    assert len(outcomes) > 30, outcomes
     wrong = {k: v for k, v in outcomes.items() if v != "interrupted"}
     assert wrong == {}, f"{len(outcomes)} positions; wrong: {json.dumps(wrong)}"
