@@ -51,6 +51,8 @@ loop left and ignores a leftover ``stop()``.  Registering a handle and
 letting it go happen with Ctrl-C held (:class:`_HoldCtrlC`), so an
 interrupt never leaves one half done; tests/bin/sigint_positions.py sends
 one at every point where Python may run the handler, one point at a time.
+A ``KeyboardInterrupt`` that Python drops (raised in a finalizer) is kept
+for the next call (:func:`_on_unraisable`).
 
 One thread at a time: a call made while another thread is in a call on
 the same handle raises ``RuntimeError`` (two threads turning one loop, or
@@ -197,6 +199,7 @@ def _claim_sigint() -> bool:
             signal.signal(signal.SIGINT, _on_sigint)
         except ValueError:  # (not the main interpreter)
             return False
+        _hook_unraisable()
     elif current is not _on_sigint:
         return False
     _sigint_users += 1
@@ -212,7 +215,49 @@ def _release_sigint() -> None:
     _sigint_users -= 1
     if (_sigint_users == 0 and threading.current_thread() is threading.main_thread()
             and signal.getsignal(signal.SIGINT) is _on_sigint):
+        _unhook_unraisable()
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+_prior_unraisablehook: Callable[[Any], object] | None = None
+_dropped = False
+"""A KeyboardInterrupt that Python dropped (see :func:`_on_unraisable`)."""
+
+
+def _on_unraisable(unraisable: Any) -> None:
+    """``sys.unraisablehook`` while the facade's SIGINT handler is installed.
+
+    A Ctrl-C between two calls raises ``KeyboardInterrupt`` where the
+    program is, as Python's default does -- and where the program is may be
+    a finalizer: a weakref callback or a ``__del__`` that the collector
+    runs, such as the ``WeakSet`` callback of an asyncio task freed after
+    an interrupted call.  Python prints an exception raised there ("Exception
+    ignored in ...") and drops it: the Ctrl-C was lost.  This hook keeps
+    it instead, and the main thread's next call raises it (its wait ends at
+    once, as for a Ctrl-C during the call); any other unraisable exception
+    goes to the hook that was there before."""
+    global _dropped
+    if unraisable.exc_type is KeyboardInterrupt:
+        _dropped = True
+        return
+    (_prior_unraisablehook or sys.__unraisablehook__)(unraisable)
+
+
+def _hook_unraisable() -> None:
+    global _prior_unraisablehook
+    if sys.unraisablehook is not _on_unraisable:
+        _prior_unraisablehook = sys.unraisablehook
+        sys.unraisablehook = _on_unraisable
+
+
+def _unhook_unraisable() -> None:
+    """Put back the hook that was there (unless ours was replaced since:
+    pytest, for one, swaps its own in and out around each test)."""
+    global _prior_unraisablehook, _dropped
+    if sys.unraisablehook is _on_unraisable:
+        sys.unraisablehook = _prior_unraisablehook or sys.__unraisablehook__
+    _prior_unraisablehook = None
+    _dropped = False  # (no handle left to raise it: as lost as before)
 
 
 class SyncHandle:
@@ -314,6 +359,8 @@ class SyncHandle:
         # between the two was counted for this call, then forgotten.
         self._interrupts = 0
         self._caller = ident
+        if _dropped and ident == _MAIN:
+            self._take_dropped()
         if self.aio.reconnect and self.aio.connected:
             try:
                 self._notice_loss()
@@ -322,6 +369,14 @@ class SyncHandle:
                 if self._interrupts:  # (what the interrupt cancelled is not news)
                     self._raise_interrupt()
                 raise
+
+    def _take_dropped(self) -> None:
+        """A Ctrl-C that Python dropped (:func:`_on_unraisable`) is this
+        call's: counted as if it came now, it ends the call's wait at once
+        and the call raises it."""
+        global _dropped
+        _dropped = False
+        self._interrupts += 1
 
     def _notice_loss(self) -> None:
         """A reconnecting handle: the loop does not run between calls, so a
