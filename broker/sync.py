@@ -355,8 +355,9 @@ class SyncHandle:
         ident = get_ident()
         if self._caller is not None or self._closed:  # (no switch point until the set)
             self._refuse(ident)
-        # Zeroed before the claim, not after: a SIGINT whose handler ran
-        # between the two was counted for this call, then forgotten.
+        # Zeroed before the claim, not after: under a tracer (a debugger's),
+        # where a handler may run between any two lines, a SIGINT between
+        # the two was counted for this call, then forgotten.
         self._interrupts = 0
         self._caller = ident
         if _dropped and ident == _MAIN:
