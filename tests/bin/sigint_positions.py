@@ -1,6 +1,6 @@
 """SIGINT at every position of the blocking facade's code, one at a time.
 
-    python sigint_positions.py URI EVENT_LOOP calls|lifecycle
+    python sigint_positions.py URI EVENT_LOOP calls|lifecycle|paths
 
 A trace function raises SIGINT just before one chosen instruction of one
 of the facade's functions runs (``signal.raise_signal`` in the tracer:
@@ -14,11 +14,16 @@ is tried in turn, so no moment is left to chance.  The positions:
   (after a call returns, at a function's start, at a loop's back-edge),
   on a plain and on a reconnecting handle;
 * ``lifecycle`` -- those CPython points in ``connect()`` (``__init__``),
-  ``close()`` and the SIGINT bookkeeping they share.
+  ``close()`` and the SIGINT bookkeeping they share;
+* ``paths`` -- those CPython points in any Python code that a call passes
+  (the facade's, the kvs client's, asyncio's, the standard library's), for
+  an RPC, a ``SyncKVS.put``, and two waits that only a Ctrl-C or their
+  timeout end (``recv_event``, a watch's ``next``).
 
 It prints one JSON object: ``{"FUNCTION@OFFSET": outcome}``, the outcome
 being ``interrupted`` (a KeyboardInterrupt came out of the call), else
-``answered`` or the exception's type; for ``lifecycle`` followed by what
+``answered`` or the exception's type; for ``paths`` followed by ``then
+next call interrupted`` when the next call raised it; for ``lifecycle`` followed by what
 was left afterwards (``handler left``: the facade's SIGINT handler still
 installed with no handle open; ``users N``; ``unraisable hook left``; ``N
 open``: handles nobody can close).  Used by tests/test_sync_interrupts.py.
@@ -72,13 +77,18 @@ def interrupt_at(code: CodeType, offset: int, call: Callable[[], object]) -> str
     sys.settrace(tracer)
     try:
         call()
-        return "answered" if not armed[0] else "not reached"
+        outcome = "answered"
     except KeyboardInterrupt:
-        return "interrupted"
+        outcome = "interrupted"
     except BaseException as exc:  # noqa: BLE001 (reported: the test fails on it)
-        return type(exc).__name__ if not armed[0] else "not reached"
+        outcome = type(exc).__name__
     finally:
         sys.settrace(None)
+        reached = not armed[0]
+        # (a suspended frame keeps its tracer: disarmed, it cannot fire
+        # when it runs again under a later run's tracing)
+        armed[0] = False
+    return outcome if reached else "not reached"
 
 
 def calls(uri: str, loop: str) -> dict[str, str]:
@@ -157,6 +167,77 @@ def lifecycle(uri: str, loop: str) -> dict[str, str]:
     return outcomes
 
 
+def executed(call: Callable[[], object]) -> list[tuple[CodeType, int]]:
+    """Every point where CPython may run a handler that ``call()`` passes,
+    in any Python code on its way (the facade's, the kvs client's, asyncio's,
+    the stdlib's), in the order first reached."""
+    seen: dict[tuple[CodeType, int], None] = {}
+    cache: dict[CodeType, set[int]] = {}
+
+    def local(frame: FrameType, event: str, arg: Any) -> Any:
+        if event == "opcode":
+            code = frame.f_code
+            points = cache.get(code)
+            if points is None:
+                points = cache[code] = set(positions(code, lines=False))
+            if frame.f_lasti in points:
+                seen.setdefault((code, frame.f_lasti), None)
+        return local
+
+    def tracer(frame: FrameType, event: str, arg: Any) -> Any:
+        frame.f_trace_opcodes = True
+        return local
+
+    sys.settrace(tracer)
+    try:
+        call()
+    except TimeoutError:  # (the waits end so here)
+        pass
+    finally:
+        sys.settrace(None)
+    return list(seen)
+
+
+def paths(uri: str, loop: str) -> dict[str, str]:
+    """``path``: a SIGINT at every point a call's path passes, anywhere."""
+    from kvs.client import SyncKVS
+
+    h = sync.connect(uri, event_loop=loop)
+    kvs = SyncKVS(h)
+    h.subscribe("sigint-paths.nothing")
+    watch = kvs.watch("sigint-paths.never", waitcreate=True, timeout=0.5)
+    watch.__enter__()
+    calls: dict[str, Callable[[], object]] = {
+        "rpc": lambda: h.rpc("broker.ping", {"n": 1}, timeout=10),
+        "put": lambda: kvs.put("sigint-paths.k", 1),
+        "recv_event": lambda: h.recv_event(timeout=0.5),  # (only a Ctrl-C ends these
+        "watch": lambda: next(watch),                     # before their timeouts)
+    }
+    outcomes = {}
+    for name, call in calls.items():
+        for code, offset in executed(call):
+            outcome = interrupt_at(code, offset, call)
+            if outcome == "not reached":
+                continue
+            after = ""
+            for _ in range(3):  # (a Ctrl-C that came as the call ended: a next call's)
+                try:
+                    if h.rpc("broker.ping", {"n": 2}, timeout=10)["n"] != 2:
+                        after += " then wrong answer"
+                    break
+                except KeyboardInterrupt:
+                    after += " then next call interrupted"
+            if sync._dropped:
+                after += " then dropped pending"
+                sync._dropped = False
+            where = f"{name} {code.co_qualname} {code.co_filename.rsplit('/', 1)[-1]}@{offset}"
+            outcomes[where] = outcome + after
+    watch.cancel()
+    h.close()
+    return outcomes
+
+
 if __name__ == "__main__":
     uri, event_loop, mode = sys.argv[1:4]
-    print(json.dumps((calls if mode == "calls" else lifecycle)(uri, event_loop)), flush=True)
+    modes = {"calls": calls, "lifecycle": lifecycle, "paths": paths}
+    print(json.dumps(modes[mode](uri, event_loop)), flush=True)
