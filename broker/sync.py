@@ -128,11 +128,10 @@ class _Holds(threading.local):
 _holds = _Holds()
 _held = False
 """A SIGINT came while held."""
-_MAIN = threading.main_thread().ident
 
 
 class _HoldCtrlC:
-    """``with HOLD_CTRL_C:`` around the few statements that register a
+    """``with _HOLD_CTRL_C:`` around the few statements that register a
     handle or let it go, which a ``KeyboardInterrupt`` must not split: a
     handle half registered kept the facade's handler installed for good
     (and a connected handle that ``connect()`` never returned stayed open).
@@ -151,11 +150,11 @@ class _HoldCtrlC:
     def __exit__(self, *exc: object) -> None:
         global _held
         _holds.count -= 1
-        if not _holds.count and _held and get_ident() == _MAIN:
+        if not _holds.count and _held and get_ident() == threading.main_thread().ident:
             _on_sigint(signal.SIGINT, None)
 
 
-HOLD_CTRL_C = _HoldCtrlC()
+_HOLD_CTRL_C = _HoldCtrlC()
 
 
 def _on_sigint(signum: int, frame: FrameType | None) -> None:
@@ -310,7 +309,7 @@ class SyncHandle:
         # Registered whole or not at all (a Ctrl-C meanwhile is this call's,
         # and ends its connect at once); the loop first, which an
         # interrupted call wakes.
-        with HOLD_CTRL_C:
+        with _HOLD_CTRL_C:
             self._sigint = _claim_sigint()
             _handles.add(self)
             try:
@@ -360,7 +359,7 @@ class SyncHandle:
         # the two was counted for this call, then forgotten.
         self._interrupts = 0
         self._caller = ident
-        if _dropped and ident == _MAIN:
+        if _dropped and ident == threading.main_thread().ident:  # (main: a fork may move it)
             self._take_dropped()
         if self.aio.reconnect and self.aio.connected:
             try:
@@ -653,15 +652,14 @@ class SyncHandle:
             try:
                 self._runner.close()
             finally:
-                self._let_go()
-                self._caller = None
+                self._let_go()  # (the call ends there: _caller is None)
                 if self._interrupts:
                     self._raise_interrupt()
 
     def _let_go(self) -> None:
         """This handle is done (its call, if one is in progress, ends): it
         no longer needs the SIGINT handler."""
-        with HOLD_CTRL_C:  # (a Ctrl-C in between left the handler counted for good)
+        with _HOLD_CTRL_C:  # (a Ctrl-C in between left the handler counted for good)
             _handles.discard(self)
             self._caller = None
             if self._sigint:

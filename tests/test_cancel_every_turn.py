@@ -96,7 +96,7 @@ async def test_a_call_cancelled_after_any_number_of_turns_leaves_nothing(
             await task
         cancelled += 1
 
-        async def clean(k: int = k) -> bool:
+        async def clean() -> bool:
             now = [await _watchers(h, r) for r in (0, 1)]
             return h.pending == pending and now == watchers
 
