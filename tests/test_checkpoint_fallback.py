@@ -70,7 +70,7 @@ async def test_a_written_root_whose_rootref_came_back_is_not_vouched_for_by_that
         x = set_root(1, b"tree X")
         await asyncio.wait_for(content.drain(), T)  # root 1's blobs are written
         # the disk fills: nothing is written from now on
-        held_up = loop.run_in_executor(content._executor, gate.wait)
+        held_up = content._thread.run(gate.wait)
         set_root(2, b"tree Y")
         root = commits.newest_written_root()
         assert root is not None and root[:2] == (1, x)

@@ -74,7 +74,7 @@ async def test_two_namespaces_admitted_at_once_count_each_other(tmp_path: Path) 
         one = Namespace("one", os.getuid(), empty, 0)
         two = Namespace("two", os.getuid(), empty, 0)
         # the store's thread is busy (a write-back, a compaction...): reads wait
-        held_up = loop.run_in_executor(content._executor, gate.wait)
+        held_up = content._thread.run(gate.wait)
         a = commits.enqueue(one, [put("v", os.urandom(3 * MB // 2))], 0, "a")
         b = commits.enqueue(two, [put("v", os.urandom(3 * MB // 2))], 0, "b")
         await asyncio.sleep(0)  # (both queues check, then wait for the root)

@@ -65,7 +65,6 @@ import sqlite3
 import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar, TypeVar
 
 from broker.attrs import CONTENT_HASH, LINK_MAX_MESSAGE, AttrSpec, integer
@@ -79,6 +78,7 @@ from broker.content.sqlite import (
     StoreLocked,
     Written,
 )
+from broker.content.storethread import StoreThread
 from broker.errors import ErrnoError, ProtocolError
 from broker.logring import LogThrottle
 from broker.message import NODEID_UPSTREAM, Message
@@ -338,7 +338,7 @@ class ContentModule(Module):
         young rows count from their store, not from their write, which
         without a statedir waits for the collection itself)."""
         self._writes: set[asyncio.Future[Written]] = set()
-        self._executor: ThreadPoolExecutor | None = None
+        self._thread: StoreThread | None = None
         self.persistent = False
         """Rank 0 with a statedir: the SQLite file outlives the instance."""
         # Online garbage collection (rank 0, broker/content/collection.py)
@@ -386,7 +386,7 @@ class ContentModule(Module):
             statedir = self.ctx.attrs.get("statedir") or ""
             directory = statedir or self.ctx.attrs["rundir"]
             self.persistent = bool(statedir)
-            self._executor = ThreadPoolExecutor(1, thread_name_prefix="content-sqlite")
+            self._thread = StoreThread("content-sqlite")
             path = os.path.join(directory, STORE_FILE)
             try:
                 self.backing = await self.db(SqliteStore, path)
@@ -449,8 +449,8 @@ class ContentModule(Module):
                 # rank was given (kvbroker broker --rundir) outlives it, and
                 # the file (a copy of every value) was left there.
                 _remove_store(self.backing.path)
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
+        if self._thread is not None:
+            self._thread.shutdown()
         if failed is not None:
             raise failed
 
@@ -623,7 +623,8 @@ class ContentModule(Module):
 
     async def db(self, fn: Any, *args: Any) -> Any:
         """Run a backing-store call on the one SQLite thread (calls stay in order)."""
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+        assert self._thread is not None
+        return await self._thread.run(fn, *args)
 
     # ------------------------------------------------------------ cache
 
@@ -693,8 +694,8 @@ class ContentModule(Module):
         """Hand one transaction of :meth:`_write_back` to the SQLite thread."""
         assert self.backing is not None
         stored = self.last_stored  # (no blob of the batch is younger)
-        loop = asyncio.get_running_loop()
-        fut = loop.run_in_executor(self._executor, self.backing.put_many, list(batch.items()))
+        assert self._thread is not None
+        fut = self._thread.run(self.backing.put_many, list(batch.items()))
         self._writes.add(fut)
 
         def done(f: asyncio.Future[Written]) -> None:
@@ -1126,12 +1127,11 @@ class ContentModule(Module):
     def _read_batches(self) -> None:
         """Hand this turn's reads to the SQLite thread, :data:`READ_BATCH` at a time."""
         loads, self._reads = self._reads, []
-        loop = asyncio.get_running_loop()
+        assert self._thread is not None
         for i in range(0, len(loads), READ_BATCH):
             part = loads[i:i + READ_BATCH]
             self.counts["read-batches"] += 1
-            done = loop.run_in_executor(self._executor, self._get_many_checked,
-                                        [load.ref for load in part])
+            done = self._thread.run(self._get_many_checked, [load.ref for load in part])
             done.add_done_callback(functools.partial(self._settle_reads, part))
 
     def _settle_reads(self, part: list[_Load],
@@ -1447,6 +1447,10 @@ class ContentModule(Module):
                         "store-quota-bytes": self.store_quota,
                         # why writes that add data are refused, while they are
                         "refusing": self.refusing})
+        if self._thread is not None:
+            # jobs run on the SQLite thread, and the GIL turns the loop gave
+            # it (broker/content/storethread.py)
+            out["sqlite-thread"] = self._thread.stats()
         return out
 
 

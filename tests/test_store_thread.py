@@ -1,0 +1,118 @@
+"""broker/content/storethread.py: the SQLite thread gets turns at the GIL
+from a busy event loop, and an idle loop is left to sleep.
+
+In process, on both loops.  The job stands for a store call: it lets go of
+the GIL and needs it back many times (as a SQLite call returning to Python
+does), while the loop runs Python without end, as under a churning client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+from test_watch_helpers import wait_until
+
+from broker.content import storethread
+from broker.content.storethread import StoreThread
+
+pytestmark = pytest.mark.both_loops
+
+GIL_TRIPS = 200
+
+
+def needs_the_gil_often() -> int:
+    """Give the GIL back and take it again GIL_TRIPS times."""
+    n = 0
+    for _ in range(GIL_TRIPS):
+        time.sleep(0)  # (lets go of the GIL, then must take it again)
+        n += 1
+    return n
+
+
+async def busy_loop(stop: asyncio.Event) -> int:
+    """Run Python on the loop, with a loop turn between chunks, until ``stop``."""
+    turns = 0
+    while not stop.is_set():
+        sum(range(5_000))
+        await asyncio.sleep(0)
+        turns += 1
+    return turns
+
+
+async def turning_stopped(thread: StoreThread) -> None:
+    async def stopped() -> bool:
+        return not thread._turning
+    await wait_until(stopped, 10, "the turns to stop")
+
+
+async def test_a_job_kept_waiting_by_a_busy_loop_gets_turns_and_they_stop_after() -> None:
+    thread = StoreThread("test-store")
+    try:
+        stop = asyncio.Event()
+        busy = asyncio.create_task(busy_loop(stop))
+        try:
+            assert await asyncio.wait_for(thread.run(needs_the_gil_often), 60) == GIL_TRIPS
+        finally:
+            stop.set()
+            loop_turns = await busy
+        assert loop_turns > 0
+        stats = thread.stats()
+        assert stats["jobs"] == 1 and stats["queued"] == 0
+        assert stats["turn-runs"] == 1 and stats["turns"] >= 1, stats
+        await turning_stopped(thread)
+        given = thread.stats()["turns"]
+        # nothing on the thread: no more turns, however long the loop runs
+        for _ in range(100):
+            await asyncio.sleep(0)
+        assert thread.stats()["turns"] == given
+    finally:
+        thread.shutdown()
+
+
+async def test_an_idle_loop_gives_at_most_one_turn_a_millisecond() -> None:
+    """A long job beside an idle loop: turns every IDLE_GAP, not one after
+    another (which would keep the loop spinning for as long as the job)."""
+    thread = StoreThread("test-store")
+    gate = threading.Event()
+    try:
+        held = thread.run(gate.wait, 30)
+        t0 = time.perf_counter()
+
+        async def some_turns() -> bool:
+            return thread.stats()["turns"] >= 5
+        await wait_until(some_turns, 10, "turns beside a held job")
+        gate.set()
+        assert await asyncio.wait_for(held, 10) is True
+        elapsed_ms = (time.perf_counter() - t0) * 1000
+        turns = thread.stats()["turns"]
+        # (the first turn after TURN_AFTER, then one every IDLE_GAP; a timer
+        # that fires late looks like a busy loop and adds one soon after:
+        # at most twice as many, where turns one after another give ~10 a
+        # millisecond)
+        assert turns <= 2 * elapsed_ms / (storethread.IDLE_GAP * 1000) + 2, (turns, elapsed_ms)
+        await turning_stopped(thread)
+    finally:
+        gate.set()
+        thread.shutdown()
+
+
+async def test_jobs_run_in_order_and_errors_reach_the_caller() -> None:
+    thread = StoreThread("test-store")
+    try:
+        seen: list[int] = []
+        futs = [thread.run(seen.append, i) for i in range(50)]
+
+        def fail() -> None:
+            raise ValueError("no room")
+        bad = thread.run(fail)
+        await asyncio.wait_for(asyncio.gather(*futs), 10)
+        with pytest.raises(ValueError, match="no room"):
+            await asyncio.wait_for(bad, 10)
+        assert seen == list(range(50))
+        await turning_stopped(thread)
+        assert thread.stats()["queued"] == 0
+    finally:
+        thread.shutdown()
