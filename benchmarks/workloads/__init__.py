@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from benchmarks.harness import Workload
 
 ORDER = ("W0", "W1", "W1b", "W2", "W2s", "W2p", "W3", "W3c", "W4", "W5", "W5x", "W5r", "W6",
-         "Wgc", "Wcopy", "Wstart")
+         "Wgc", "Wcopy", "Wsync", "Wstart")
 
 
 def all_workloads() -> list[Workload]:
@@ -22,6 +22,7 @@ def all_workloads() -> list[Workload]:
         collect,
         commits,
         copies,
+        durable,
         events,
         namespaces,
         reads,
@@ -32,6 +33,6 @@ def all_workloads() -> list[Workload]:
     )
 
     found = [w for mod in (w0_raw, rpc, commits, reads, watch, namespaces, events, collect,
-                           copies, startup)
+                           copies, durable, startup)
              for w in mod.WORKLOADS]
     return sorted(found, key=lambda w: ORDER.index(w.id) if w.id in ORDER else len(ORDER))
