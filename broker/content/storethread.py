@@ -20,19 +20,20 @@ commit on rank 0 -- a few jobs of a few SQLite calls each -- took 40-100 ms
 mostly spent in ``take_gil`` after a SQLite call returned.  (asyncio's own
 loop holds the GIL across its callbacks and shows it far less: 5-7 ms.)
 
-The remedy is a turn: when a job has been on the thread longer than
-:data:`TURN_AFTER`, the loop blocks for :data:`TURN` once per loop turn
-(``time.sleep``, which lets go of the GIL) until the thread's jobs are done,
-and the thread gets the GIL at once.  A job that finishes sooner costs
-nothing, and neither does the disk work itself (SQLite runs without the
-GIL): only a thread that is kept waiting gets turns.  If the loop has
-nothing else to do between two turns, the next comes :data:`IDLE_GAP`
-later instead of at once -- an idle loop lets go of the GIL anyway, and
-turns one after another would keep it spinning.  Measured with that
-churning client, uvloop (same session): ``SYNC`` commits 6.6 ms p50 and
-8.8 p90 against 47-76 and 97-148 without turns, with as many namespaces
-churned; W2 and W2p unchanged (20 and 14 turns in a whole run).  The
-counts are in ``kvbroker stats content`` (``sqlite-thread``).
+The remedy is a turn.  When a job has been on the thread longer than
+:data:`TURN_AFTER`, the loop looks whether it is busy: a look asked for
+at once (``call_soon``) that runs late found other callbacks first.  If so it
+blocks for :data:`TURN` (``time.sleep``, which lets go of the GIL: ~85 us
+here, with the kernel's timer slack), so the thread takes the GIL at once,
+and looks again at the next turn, until the thread's jobs are done.  If the
+loop is idle it gives no turn -- waiting for events, it lets go of the GIL
+itself -- and looks again :data:`IDLE_GAP` later.  A job that finishes
+sooner costs nothing, and neither does the disk work (SQLite runs without
+the GIL).  Measured by ``benchmarks/run.py Wsync`` (uvloop, three
+alternated pairs against the code before): ``SYNC`` commits beside a
+churning client 12-13 ms p50 and 16-18 p90, against 21-23 and 68-87; alone
+2.1-2.4 ms either way; W2 and W2p unchanged (performance.md, Wsync).
+The counts are in ``kvbroker stats content`` (``sqlite-thread``).
 """
 
 from __future__ import annotations
@@ -54,9 +55,9 @@ TURN_AFTER = 0.002
 IDLE_GAP = 0.001
 """Between two turns when the loop did nothing else meanwhile (seconds)."""
 
-_BUSY_MARGIN = 100e-6
-"""More time than this between two turns, beyond what was planned, means
-the loop ran other callbacks meanwhile: it is busy."""
+BUSY_LATE = 50e-6
+"""A look at the thread this late (seconds) means the loop was running
+other callbacks meanwhile: it is busy."""
 
 
 class StoreThread:
@@ -67,8 +68,7 @@ class StoreThread:
         self._executor = ThreadPoolExecutor(1, thread_name_prefix=name)
         self._jobs = 0
         self._turning = False
-        self._last = 0.0
-        self._planned = 0.0
+        self._due = 0.0
         self.counts = {"jobs": 0, "turns": 0, "turn-runs": 0}
         """Jobs run; turns given; times a job waited long enough to start them."""
 
@@ -81,31 +81,40 @@ class StoreThread:
         fut.add_done_callback(self._done)
         if not self._turning:
             self._turning = True
-            self._last, self._planned = time.perf_counter(), TURN_AFTER
-            loop.call_later(TURN_AFTER, self._turn, loop, True)
+            loop.call_later(TURN_AFTER, self._look, loop, True)
         return fut
 
     def _done(self, _fut: asyncio.Future[Any]) -> None:
         self._jobs -= 1
 
-    def _turn(self, loop: asyncio.AbstractEventLoop, first: bool = False) -> None:
-        """Let go of the GIL for :data:`TURN` while a job is on the thread."""
+    def _look(self, loop: asyncio.AbstractEventLoop, first: bool = False) -> None:
+        """(A timer, which fires up to a millisecond late by design: it
+        cannot tell a busy loop.)  If a job is still on the thread, see at
+        the next loop turn whether the loop is busy."""
         if not self._jobs:
             self._turning = False
             return
         if first:
             self.counts["turn-runs"] += 1
-        now = time.perf_counter()
-        busy = now - self._last > self._planned + _BUSY_MARGIN
-        time.sleep(TURN)
-        self.counts["turns"] += 1
-        self._last = time.perf_counter()
-        if busy:
-            self._planned = 0.0
+        self._due = time.perf_counter()
+        loop.call_soon(self._turn, loop)
+
+    def _turn(self, loop: asyncio.AbstractEventLoop) -> None:
+        """While a job is on the thread: if this loop turn ran other
+        callbacks before this one (it came late), the loop is busy: let go
+        of the GIL for :data:`TURN` and come back at the next turn.  If not,
+        the loop is idle and lets go of the GIL itself, waiting for events:
+        only look again :data:`IDLE_GAP` later."""
+        if not self._jobs:
+            self._turning = False
+            return
+        if time.perf_counter() - self._due > BUSY_LATE:
+            time.sleep(TURN)
+            self.counts["turns"] += 1
+            self._due = time.perf_counter()
             loop.call_soon(self._turn, loop)
         else:
-            self._planned = IDLE_GAP
-            loop.call_later(IDLE_GAP, self._turn, loop)
+            loop.call_later(IDLE_GAP, self._look, loop)
 
     def stats(self) -> dict[str, int]:
         return {**self.counts, "queued": self._jobs}
