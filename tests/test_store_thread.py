@@ -1,5 +1,6 @@
-"""broker/content/storethread.py: the SQLite thread gets turns at the GIL
-from a busy event loop, and an idle loop is left to sleep.
+"""broker/content/storethread.py: a job someone waits on gets turns at the
+GIL from a busy event loop; background work does not, and an idle loop is
+left to sleep.
 
 In process, on both loops.  The job stands for a store call: it lets go of
 the GIL and needs it back many times (as a SQLite call returning to Python
@@ -9,6 +10,7 @@ does), while the loop runs Python without end, as under a churning client.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 
@@ -48,19 +50,27 @@ async def turning_stopped(thread: StoreThread) -> None:
     await wait_until(stopped, 10, "the turns to stop")
 
 
-async def test_a_job_kept_waiting_by_a_busy_loop_gets_turns_and_they_stop_after() -> None:
+async def run_beside_a_busy_loop(thread: StoreThread, urgent: bool = False,
+                                 hurry: bool = False) -> None:
+    stop = asyncio.Event()
+    busy = asyncio.create_task(busy_loop(stop))
+    try:
+        job = thread.run(needs_the_gil_often, urgent=urgent)
+        with thread.hurry() if hurry else contextlib.nullcontext():
+            assert await asyncio.wait_for(job, 60) == GIL_TRIPS
+    finally:
+        stop.set()
+        assert await busy > 0
+
+
+@pytest.mark.parametrize("how", ["urgent", "hurry"])
+async def test_a_job_waited_on_beside_a_busy_loop_gets_turns_and_they_stop_after(
+        how: str) -> None:
     thread = StoreThread("test-store")
     try:
-        stop = asyncio.Event()
-        busy = asyncio.create_task(busy_loop(stop))
-        try:
-            assert await asyncio.wait_for(thread.run(needs_the_gil_often), 60) == GIL_TRIPS
-        finally:
-            stop.set()
-            loop_turns = await busy
-        assert loop_turns > 0
+        await run_beside_a_busy_loop(thread, urgent=how == "urgent", hurry=how == "hurry")
         stats = thread.stats()
-        assert stats["jobs"] == 1 and stats["queued"] == 0
+        assert stats["jobs"] == 1 and stats["queued"] == 0 and stats["waiters"] == 0
         assert stats["turn-runs"] == 1 and stats["turns"] >= 1, stats
         await turning_stopped(thread)
         given = thread.stats()["turns"]
@@ -72,6 +82,34 @@ async def test_a_job_kept_waiting_by_a_busy_loop_gets_turns_and_they_stop_after(
         thread.shutdown()
 
 
+@pytest.mark.parametrize("urgent", [True, False], ids=["waited-on", "background"])
+async def test_only_a_job_waited_on_gets_turns(urgent: bool) -> None:
+    """A job held on the thread while the loop runs Python for 20 ms: turns
+    if someone waits on it; none for background work (a garbage
+    collection's), which waits for the GIL as it always did -- turns would
+    take the loop's time from the writers.  (Not a job that needs the GIL
+    here: without turns, each trip beside this loop took seconds.)"""
+    thread = StoreThread("test-store")
+    gate = threading.Event()
+    try:
+        held = thread.run(gate.wait, 30, urgent=urgent)
+        end = time.perf_counter() + 0.02  # (the busy loop under test, not a wait)
+        while time.perf_counter() < end:
+            sum(range(5_000))
+            await asyncio.sleep(0)
+        gate.set()
+        assert await asyncio.wait_for(held, 10) is True
+        stats = thread.stats()
+        if urgent:
+            assert stats["turn-runs"] == 1 and stats["turns"] >= 1, stats
+        else:
+            assert stats["turn-runs"] == 0 and stats["turns"] == 0, stats
+        await turning_stopped(thread)
+    finally:
+        gate.set()
+        thread.shutdown()
+
+
 async def test_an_idle_loop_gives_no_turn_one_after_another() -> None:
     """A long job beside an idle loop: the loop looks at the thread every
     IDLE_GAP, and an idle loop gives no turns (it lets go of the GIL while
@@ -80,7 +118,7 @@ async def test_an_idle_loop_gives_no_turn_one_after_another() -> None:
     thread = StoreThread("test-store")
     gate = threading.Event()
     try:
-        held = thread.run(gate.wait, 30)
+        held = thread.run(gate.wait, 30, urgent=True)
         t0 = time.perf_counter()
 
         async def looked() -> bool:

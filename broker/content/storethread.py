@@ -20,27 +20,32 @@ commit on rank 0 -- a few jobs of a few SQLite calls each -- took 40-100 ms
 mostly spent in ``take_gil`` after a SQLite call returned.  (asyncio's own
 loop holds the GIL across its callbacks and shows it far less: 5-7 ms.)
 
-The remedy is a turn.  When a job has been on the thread longer than
-:data:`TURN_AFTER`, the loop looks whether it is busy: a look asked for
-at once (``call_soon``) that runs late found other callbacks first.  If so it
+The remedy is a turn, for work someone waits on: a ``SYNC`` commit's
+checkpoint and flush, a client's read that missed the cache, a writer held
+back by the write-back backlog (:meth:`StoreThread.run` with ``urgent``,
+:meth:`StoreThread.hurry`).  When such a wait has lasted
+:data:`TURN_AFTER`, the loop looks whether it is busy: a look asked for at
+once (``call_soon``) that runs late found other callbacks first.  If so it
 blocks for :data:`TURN` (``time.sleep``, which lets go of the GIL: ~85 us
 here, with the kernel's timer slack), so the thread takes the GIL at once,
-and looks again at the next turn, until the thread's jobs are done.  If the
-loop is idle it gives no turn -- waiting for events, it lets go of the GIL
-itself -- and looks again :data:`IDLE_GAP` later.  A job that finishes
-sooner costs nothing, and neither does the disk work (SQLite runs without
-the GIL).  Measured by ``benchmarks/run.py Wsync`` (uvloop, three
-alternated pairs against the code before): ``SYNC`` commits beside a
-churning client 12-13 ms p50 and 16-18 p90, against 21-23 and 68-87; alone
-2.1-2.4 ms either way; W2 and W2p unchanged (performance.md, Wsync).
+and looks again at the next loop turn, until the wait ends.  If the loop is
+idle it gives no turn -- waiting for events, it lets go of the GIL itself --
+and looks again :data:`IDLE_GAP` later.  A wait that ends sooner costs
+nothing, and neither does the disk work (SQLite runs without the GIL).
+Background work gets no turns: with them, a garbage collection took the
+commits beside it from ~0.9x to ~0.6x of their rate alone, and finished no
+sooner.  Measured by ``benchmarks/run.py Wsync`` (uvloop, alternated runs
+against the code before; docs/performance.md): ``SYNC`` commits beside a
+churning client 12-13 ms p50 and 16-20 p90, against 19-47 and 68-116.
 The counts are in ``kvbroker stats content`` (``sqlite-thread``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -50,7 +55,7 @@ TURN = 30e-6
 """How long the loop lets go of the GIL at each turn (seconds)."""
 
 TURN_AFTER = 0.002
-"""A job on the thread this long (seconds) starts the turns."""
+"""A wait on the thread this long (seconds) starts the turns."""
 
 IDLE_GAP = 0.001
 """Between two turns when the loop did nothing else meanwhile (seconds)."""
@@ -62,62 +67,91 @@ other callbacks meanwhile: it is busy."""
 
 class StoreThread:
     """One worker thread that runs store calls in order, and the GIL turns
-    the loop gives it (module docstring).  Use from the event loop thread."""
+    the loop gives it while someone waits on it (module docstring).  Use
+    from the event loop thread."""
 
     def __init__(self, name: str) -> None:
         self._executor = ThreadPoolExecutor(1, thread_name_prefix=name)
         self._jobs = 0
+        self._waiters = 0
         self._turning = False
         self._due = 0.0
         self.counts = {"jobs": 0, "turns": 0, "turn-runs": 0}
-        """Jobs run; turns given; times a job waited long enough to start them."""
+        """Jobs run; turns given; times a wait lasted long enough to start them."""
 
-    def run(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
-        """``fn(*args)`` on the thread, after the calls before it."""
-        loop = asyncio.get_running_loop()
-        fut = loop.run_in_executor(self._executor, fn, *args)
+    def run(self, fn: Callable[..., T], *args: Any, urgent: bool = False) -> asyncio.Future[T]:
+        """``fn(*args)`` on the thread, after the calls before it; ``urgent``:
+        someone waits for it (a client, a ``SYNC`` commit), so the thread
+        gets turns until it is done -- the jobs before it too.  Background
+        work (write-back on a timer, a garbage collection) is not: given
+        turns, a collection took half of one writer's commit rate where it
+        had taken a fifth."""
+        fut = asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
         self._jobs += 1
         self.counts["jobs"] += 1
         fut.add_done_callback(self._done)
-        if not self._turning:
-            self._turning = True
-            loop.call_later(TURN_AFTER, self._look, loop, True)
+        if urgent:
+            self._wait_begins()
+            fut.add_done_callback(self._wait_ends)
+        elif self._waiters:
+            self._start()
         return fut
+
+    @contextlib.contextmanager
+    def hurry(self) -> Iterator[None]:
+        """Turns while the block runs: for a caller that waits on jobs
+        already under way (a flush waits for the write-backs)."""
+        self._wait_begins()
+        try:
+            yield
+        finally:
+            self._wait_ends()
 
     def _done(self, _fut: asyncio.Future[Any]) -> None:
         self._jobs -= 1
 
-    def _look(self, loop: asyncio.AbstractEventLoop, first: bool = False) -> None:
+    def _wait_begins(self) -> None:
+        self._waiters += 1
+        self._start()
+
+    def _start(self) -> None:
+        if not self._turning:
+            self._turning = True
+            asyncio.get_running_loop().call_later(TURN_AFTER, self._look, True)
+
+    def _wait_ends(self, _fut: object = None) -> None:
+        self._waiters -= 1
+
+    def _look(self, first: bool = False) -> None:
         """(A timer, which fires up to a millisecond late by design: it
-        cannot tell a busy loop.)  If a job is still on the thread, see at
-        the next loop turn whether the loop is busy."""
-        if not self._jobs:
+        cannot tell a busy loop.)  If someone still waits on the thread, see
+        at the next loop turn whether the loop is busy."""
+        if not (self._waiters and self._jobs):
             self._turning = False
             return
         if first:
             self.counts["turn-runs"] += 1
         self._due = time.perf_counter()
-        loop.call_soon(self._turn, loop)
+        asyncio.get_running_loop().call_soon(self._turn)
 
-    def _turn(self, loop: asyncio.AbstractEventLoop) -> None:
-        """While a job is on the thread: if this loop turn ran other
-        callbacks before this one (it came late), the loop is busy: let go
-        of the GIL for :data:`TURN` and come back at the next turn.  If not,
-        the loop is idle and lets go of the GIL itself, waiting for events:
-        only look again :data:`IDLE_GAP` later."""
-        if not self._jobs:
+    def _turn(self) -> None:
+        """If this look came late, other callbacks ran first: the loop is
+        busy, so let go of the GIL for :data:`TURN` and look again at the
+        next loop turn.  If not, the loop is idle and lets go of the GIL
+        itself, waiting for events: look again :data:`IDLE_GAP` later."""
+        if not (self._waiters and self._jobs):
             self._turning = False
             return
         if time.perf_counter() - self._due > BUSY_LATE:
             time.sleep(TURN)
             self.counts["turns"] += 1
             self._due = time.perf_counter()
-            loop.call_soon(self._turn, loop)
+            asyncio.get_running_loop().call_soon(self._turn)
         else:
-            loop.call_later(IDLE_GAP, self._look, loop)
+            asyncio.get_running_loop().call_later(IDLE_GAP, self._look)
 
     def stats(self) -> dict[str, int]:
-        return {**self.counts, "queued": self._jobs}
+        return {**self.counts, "queued": self._jobs, "waiters": self._waiters}
 
     def shutdown(self) -> None:
         """Wait for the jobs under way, then end the thread."""
