@@ -20,8 +20,8 @@ commit on rank 0 -- a few jobs of a few SQLite calls each -- took 40-100 ms
 mostly spent in ``take_gil`` after a SQLite call returned.  (asyncio's own
 loop holds the GIL across its callbacks and shows it far less: 5-7 ms.)
 
-The remedy is a turn, for work someone waits on: a ``SYNC`` commit's
-checkpoint and flush, a client's read that missed the cache, a writer held
+The remedy is a turn, for work someone waits on: a checkpoint (a ``SYNC``
+commit's, the periodic one), a flush, a client's read that missed the cache, a writer held
 back by the write-back backlog (:meth:`StoreThread.run` with ``urgent``,
 :meth:`StoreThread.hurry`).  When such a wait has lasted
 :data:`TURN_AFTER`, the loop looks whether it is busy: a look asked for at
