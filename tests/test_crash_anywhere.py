@@ -178,14 +178,14 @@ async def test_sigkill_at_random_moments_keeps_promises_and_whole_trees(
     statedir = str(tmp_path / "state")
     truth: dict[str, bytes] = {}
     previous: str | None = None
-    sync_floor = 0
+    resumes_at = 0  # the rootseq the next start must resume at
     for r in range(ROUNDS):
         where = f"seed {seed} (KVB_CRASH_SEED), size {size}, round {r}"
         inst = await start_instance(size=size, fanout=2, statedir=statedir, attrs=ATTRS)
         h0 = await connect(inst, 0)
         hn = await connect(inst, size - 1)
         root = await getroot(h0)
-        assert root["rootseq"] == sync_floor, where
+        assert root["rootseq"] == resumes_at, where
         for key, data in truth.items():
             assert await get(h0, key) == data, f"{where}: {key} of an earlier round"
 
@@ -220,7 +220,7 @@ async def test_sigkill_at_random_moments_keeps_promises_and_whole_trees(
                 else:
                     assert await errnum(lookup(h, key)) == errno.ENOENT, f"{where}: {key}"
         # the next round starts after a clean stop: its checkpoint is this root
-        sync_floor = restored
+        resumes_at = restored
         if any(key.startswith(f"r{r}.") for key in truth):
             previous = f"r{r}"
         await inst.stop()
