@@ -75,26 +75,6 @@ class Round:
             self.killed.set()
 
 
-async def write(h: Any, w: Writer, rnd: Round) -> None:
-    i = 0
-    while not rnd.killed.is_set():
-        big = rnd.rng.random() < 0.3
-        w.inflight = (i, big)
-        try:
-            resp = await commit(h, put(f"{w.prefix}.k{i}", value(w.name, i, big)),
-                                put(f"{w.prefix}.hot", str(i)), flags=w.flags)
-        except (RemoteError, OSError, TimeoutError):
-            if not rnd.killed.is_set():
-                raise  # an error of its own, not the kill's
-            return  # the kill took the answer with it
-        if rnd.killed.is_set():
-            return  # acknowledged after the kill was decided: kept as in flight
-        w.acked.append((i, resp["rootseq"], big))
-        w.inflight = None
-        rnd.acked()
-        i += 1
-
-
 @contextlib.contextmanager
 def until_killed(rnd: Round) -> Iterator[None]:
     """An error once the kill is decided is the kill's; before, the test's."""
@@ -103,6 +83,22 @@ def until_killed(rnd: Round) -> Iterator[None]:
     except (RemoteError, OSError, TimeoutError):
         if not rnd.killed.is_set():
             raise
+
+
+async def write(h: Any, w: Writer, rnd: Round) -> None:
+    i = 0
+    with until_killed(rnd):  # (the kill takes the answer in flight with it)
+        while not rnd.killed.is_set():
+            big = rnd.rng.random() < 0.3
+            w.inflight = (i, big)
+            resp = await commit(h, put(f"{w.prefix}.k{i}", value(w.name, i, big)),
+                                put(f"{w.prefix}.hot", str(i)), flags=w.flags)
+            if rnd.killed.is_set():
+                return  # acknowledged after the kill was decided: kept as in flight
+            w.acked.append((i, resp["rootseq"], big))
+            w.inflight = None
+            rnd.acked()
+            i += 1
 
 
 async def collect(h: Any, rnd: Round) -> None:

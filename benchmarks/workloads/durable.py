@@ -25,8 +25,6 @@ from benchmarks.harness import RepContext, Sample, Workload, percentile
 from benchmarks.workloads import kvsops
 from broker.handle import Handle
 
-SYNC = 4  # kvs.commit flag
-
 
 async def _sync_commits(h: Handle, n: int, tag: str) -> list[float]:
     """Seconds each of ``n`` sequential SYNC commits took."""
@@ -34,7 +32,7 @@ async def _sync_commits(h: Handle, n: int, tag: str) -> list[float]:
     for i in range(n):
         t0 = time.perf_counter()
         await kvsops.commit(h, [kvsops.put_op(f"sync.{tag}.k{i}", str(i).encode())],
-                            flags=SYNC)
+                            flags=kvsops.SYNC)
         lat.append(time.perf_counter() - t0)
     return lat
 

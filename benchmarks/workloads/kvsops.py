@@ -13,7 +13,8 @@ from typing import Any
 from broker.handle import Handle, Stream
 
 PRIMARY = "primary"
-# kvs.lookup flags / commit op flags / kvs-watch flags
+# kvs.lookup flags / commit flags and op flags / kvs-watch flags
+SYNC = 4
 APPEND = 32
 TREEOBJ = 16
 WATCH = 4
