@@ -1883,14 +1883,29 @@ class SyncLease:
         from broker.sync import SyncHandle
 
         owner = self.kvs.sync_handle
-        try:  # (reconnecting as the facade's own handle does: a restarted rank loses nothing)
-            h = SyncHandle(uri, timeout=self.ttl / 3, reconnect=owner.aio.reconnect)
-        except (ErrnoError, OSError):
+        reconnect = owner.aio.reconnect
+
+        def connect() -> SyncHandle | None:
+            # (reconnecting as the facade's own handle does: a restarted rank
+            # loses nothing -- its first connect too: one that met the rank
+            # going down is tried again at the next tick, where it ended the
+            # thread, and the lease expired with its holder alive)
+            try:
+                return SyncHandle(uri, timeout=self.ttl / 3, reconnect=reconnect)
+            except (ErrnoError, OSError):
+                return None
+
+        h = connect()
+        if h is None and not reconnect:
             return  # (the lease expires: as if this process had died)
-        with h:
+        try:
             while not self._stop.wait(self.ttl / 3):
                 if owner.closed:
                     return
+                if h is None:
+                    h = connect()
+                    if h is None:
+                        continue
                 try:
                     h.rpc("kvs.lease-keepalive", {"id": self.id})
                 except RemoteError as exc:
@@ -1899,6 +1914,9 @@ class SyncLease:
                         return
                 except (TimeoutError, ErrnoError, OSError):
                     continue
+        finally:
+            if h is not None:
+                h.close()
 
     def keepalive(self) -> float:
         """One keepalive now, on the facade's own connection."""
