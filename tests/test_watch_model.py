@@ -402,12 +402,21 @@ async def test_watchers_see_what_the_model_says(start_instance, connect, mode: s
     hist = History()
     done: list[tuple[int, list[dict[str, Any]]]] = []  # (rootseq, ops) of each commit
     rootrefs: dict[int, str] = {}
+    reads: list[tuple[int, int, str, Any]] = []  # (committed, read at, key, what the read got)
 
     async def commit_ops(ops: list[dict[str, Any]], rank: int, h: Handle) -> int:
         r = await commit(h, *ops, flags=commit_flags)
         seq = int(r["rootseq"])
         done.append((seq, ops))
         rootrefs[seq] = r["rootref"]
+        # read-your-writes: the committing rank serves this version or a newer one
+        key = ops[-1]["key"]
+        try:
+            got: Any = await asyncio.wait_for(h.rpc("kvs.lookup-plus", {
+                "namespace": "primary", "key": key, "flags": 0}), T)
+            reads.append((seq, int(got["rootseq"]), key, got["val"]))
+        except RemoteError as exc:
+            reads.append((seq, -1, key, exc.errnum))
         return seq
 
     root = await handles[0].rpc("kvs.getroot", {"namespace": "primary"})
@@ -463,6 +472,7 @@ async def test_watchers_see_what_the_model_says(start_instance, connect, mode: s
 
     failures = [f for w in watchers if (f := check(w, hist, start, final))]
     failures += await check_snapshots(handles, rng, hist, rootrefs)
+    failures += [f for read in reads if (f := check_read(hist, *read))]
     assert not failures, (
         f"{where}: {len(failures)} of {len(watchers)} watchers differ:\n" + "\n".join(failures)
         + "\nhistory (version: transaction):\n"
@@ -491,6 +501,23 @@ async def check_snapshots(handles: list[Handle], rng: random.Random, hist: Histo
     reads = [read(v, key) for v in sorted(rootrefs)
              for key in ("m.a", "m.b", "m.b.c", "m.b.d", "m.log", "m.t.c", "m.u.c")]
     return [f for f in await asyncio.gather(*reads) if f]
+
+
+def check_read(hist: History, committed: int, at: int, key: str, got: Any) -> str:
+    """A read right after a commit, on the committing rank: at that version
+    or a newer one, and the model's value there (an int: the errno)."""
+    if isinstance(got, int):  # an error: only a directory, which has no value
+        if got == errno.EISDIR and any(isinstance(find(hist.states[v], key), dict)
+                                       for v in hist.states if v >= committed):
+            return ""
+        return f"read of {key} after {committed}: errno {got}"
+    if at < committed:
+        return f"read of {key} after committing version {committed} saw version {at}"
+    want = find(hist.states[at], key)
+    data = None if got is None else bytes(got["data"])
+    if (data is None and want is None) or (isinstance(want, Val) and data == want.data):
+        return ""
+    return f"read of {key} at version {at}: {got!r}, the model has {want!r}"
 
 
 def check(w: Watcher, hist: History, start: int, final: int) -> str:
