@@ -26,9 +26,12 @@ whether and how it ends -- and the test compares them with what it got:
   from there (the first answer must be the model's value at that version).
 
 A last commit gives every watched key a new value, so each watcher still
-running answers it; then each is cancelled and must end ``ENODATA``.  Last,
-every version's root is read back (``rootdir``) from random ranks and every
-key compared with the model at that version.
+running answers it; then each is cancelled and must end ``ENODATA``.  Reads
+are checked too: right after each commit, on the rank that made it, a key
+it wrote is read (the version served must be the commit's or newer:
+read-your-writes, relayed commits included), and at the end every version's
+root is read back (``rootdir``) from random ranks, every key compared with
+the model at that version.
 
 The history is drawn from a seed (``KVB_WATCH_SEED`` to replay one); a
 failure names it and shows the watcher, its prediction and what it got, and
