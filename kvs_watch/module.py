@@ -458,9 +458,11 @@ class KvsWatchModule(Module):
                 w.push_keys(seq, ref, keys)
 
     def _removed(self, mon: Monitor) -> None:
+        """Every watcher of the namespace ends ``ENOTSUP``, after answering
+        the roots it has queued (commits made before the removal)."""
         self.counts["namespaces-removed"] += 1
         for w in list(mon.watchers):
-            w.fail(errno.ENOTSUP, f"namespace {mon.name} was removed")
+            w.fail_after_queue(errno.ENOTSUP, f"namespace {mon.name} was removed")
         self._drop_monitor(mon)
 
     # ================================================================ watcher backend

@@ -131,7 +131,7 @@ class Watcher:
     __slots__ = (
         "backend", "msg", "key", "flags", "namespace", "monitor", "seq", "queue",
         "issued", "responded", "done", "sentinel_sent", "prev", "count", "answered",
-        "absent",
+        "absent", "closing",
     )
 
     def __init__(self, backend: Backend, msg: Message, key: str, flags: int,
@@ -154,6 +154,9 @@ class Watcher:
         self.count = -1  # APPEND/STREAM: number of blobs already answered (-1: none)
         self.answered = b""  # APPEND: digest of the blobrefs answered (_refs_digest)
         self.absent = False  # DELETES: the key is missing, and that was answered
+        self.closing: tuple[int, str] | None = None
+        """The error to end with once the roots queued are answered
+        (:meth:`fail_after_queue`); no root is queued after it."""
 
     def __repr__(self) -> str:
         return (f"<Watcher {self.namespace}:{self.key} flags={self.flags:#x} "
@@ -202,7 +205,7 @@ class Watcher:
 
     def push(self, seq: int, rootref: str, initial: bool = False) -> None:
         """Answer for root ``seq`` (after every root pushed before it)."""
-        if self.done or seq <= self.seq:
+        if self.done or seq <= self.seq or self.closing is not None:
             return
         if self.keyed:  # only its first answer comes this way: where the keys start
             if initial:
@@ -241,6 +244,21 @@ class Watcher:
         self.responded = True
         self.backend.respond(self, {"keys": mine, "rootseq": seq, "rootref": rootref,
                                     "namespace": self.namespace})
+
+    def fail_after_queue(self, errnum: int, errstr: str) -> None:
+        """End with ``errnum`` once every root queued so far is answered.
+
+        The namespace was removed: the commits made before the removal came
+        before it, so their answers do too (a job's last eventlog entries,
+        then its namespace removed, reach a watcher on a far rank whose
+        lookups were still in flight).  The lookups are pinned to their
+        roots, which the removal does not take from the content store."""
+        if self.done:
+            return
+        if not self.queue:
+            self.fail(errnum, errstr)
+            return
+        self.closing = (errnum, errstr)
 
     def fail(self, errnum: int, errstr: str | None = None) -> None:
         """End the watch with an error response (``ENODATA``: normal end)."""
@@ -321,6 +339,8 @@ class Watcher:
             self._issue()
         if q is not None and not q and self.queue is q:
             self.queue = None
+            if self.closing is not None and not self.done:
+                self.fail(*self.closing)
 
     def _drop_head(self) -> None:
         """Forget the head slot, whose root was collected, without an answer:
@@ -344,6 +364,11 @@ class Watcher:
         q = self.queue
         assert q is not None
         if len(q) > 1:
+            return
+        if self.closing is not None:
+            # its namespace is gone: no newer root to read (rank 0's current
+            # one may be a new namespace of the same name)
+            self.fail(*self.closing)
             return
         mon = self.monitor
         if mon is not None and mon.rootseq > slot.seq:

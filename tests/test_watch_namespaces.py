@@ -82,6 +82,40 @@ async def test_namespace_removed_ends_every_watcher_with_enotsup(start_instance,
     assert (await stats(h3))["namespace-count"] == 0
 
 
+async def test_the_last_commits_before_a_removal_are_answered_before_enotsup(
+        start_instance, connect):
+    """A job's last eventlog entry, then its namespace removed at once: a
+    watcher on the far rank (and one on rank 0) answers the entry, then ends
+    ENOTSUP.  The removal's event used to end the watchers while their
+    lookup of the last root was in flight, and the entry was lost.  Here
+    the lookup is made slow on purpose: the setroot carries no blobs
+    (``kvs.setroot-blob-limit=0``) and the entry is big, so rank 3 loads it
+    from rank 0 while the removal's event is on its way."""
+    inst = await start_instance(size=4, fanout=2, attrs={"kvs.setroot-blob-limit": "0"})
+    h0, h3 = await connect(inst, 0), await connect(inst, 3)
+    last = b"submit\n" + b"x" * (4 << 20) + b"\nclean\n"
+    for i in range(5):
+        ns = f"job-{i}"
+        await ns_create(h0, ns)
+        far = watch_stream(h3, "eventlog", WATCH | WAITCREATE, ns=ns)
+        near = watch_stream(h0, "eventlog", WATCH | WAITCREATE, ns=ns)
+        await wait_watchers(h0, 1, nodeid=3, ns=ns)
+        await wait_watchers(h0, 1, nodeid=0, ns=ns)
+        await commit(h0, put("eventlog", "submit\n"), ns=ns)
+        await commit(h0, put("eventlog", last), ns=ns)
+        await ns_remove(h0, ns)
+        for where, s in (("rank 3", far), ("rank 0", near)):
+            got = []
+            try:
+                while (msg := await asyncio.wait_for(s.next_message(), T)) is not None:
+                    got.append(bytes(msg.payload["val"]["data"]))
+                end = 0
+            except RemoteError as exc:
+                end = exc.errnum
+            assert end == errno.ENOTSUP and got and got[-1] == last, \
+                (ns, where, [g[:8] for g in got], end)
+
+
 async def test_waitcreate_namespace_created_later_then_removed(start_instance, connect):
     inst = await start_instance(size=4, fanout=2)
     h0, h2 = await connect(inst, 0), await connect(inst, 2)
