@@ -4,8 +4,10 @@ by the instance owner and by a guest, against a model of their lives.
 A seeded random history (``KVB_NSWATCH_SEED`` replays one) creates
 namespaces of a small pool with random owners (the instance owner, the
 guest, another user), commits into them, commits into removed ones
-(``ENOTSUP``), and removes them, one request at a time from random ranks of
-a size-4 instance.  The model keeps each *incarnation* of a name: its owner,
+(``ENOTSUP``), and removes them -- sometimes together with a commit, which
+either fails ``ENOTSUP`` or counts before the removal -- from random ranks
+of a size-4 instance: one request at a time, or one task per name, all at
+once (see :data:`MODES`).  The model keeps each *incarnation* of a name: its owner,
 when it was created and removed, and its commits' versions and values.
 What each watcher must get follows from docs/protocol.md:
 
@@ -35,7 +37,9 @@ import random
 import sys
 import textwrap
 from dataclasses import dataclass, field
+from typing import Any
 
+import pytest
 from test_watch_helpers import GUEST_PRELUDE, GUEST_UID, WAITCREATE, WATCH, wait_watchers
 
 from broker.errors import RemoteError
@@ -255,10 +259,21 @@ async def start_guest(uri: str) -> asyncio.subprocess.Process:
 
 # ------------------------------------------------------------------ the test
 
-async def test_namespace_and_key_watchers_follow_namespace_lives(start_instance, connect):
+MODES = ["one at a time", "names at once"]
+"""One request at a time, in one order the model knows; or one task per
+name of the pool, all at once, each also committing and removing its
+namespace together now and then (a commit from a far rank, relayed, racing
+the removal: it fails ENOTSUP, or it counts, before the removal).  The
+order of requests on different names is then rank 0's: namespace watchers
+are checked name by name."""
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_namespace_and_key_watchers_follow_namespace_lives(start_instance, connect,
+                                                                 mode: str) -> None:
     seed = int(os.environ.get("KVB_NSWATCH_SEED", random.randrange(1 << 30)))
-    rng = random.Random(seed)
-    where = f"KVB_NSWATCH_SEED={seed}"
+    rng = random.Random(f"{seed} {mode}")
+    where = f"{mode}, KVB_NSWATCH_SEED={seed}"
     inst = await start_instance(size=SIZE, fanout=2,
                                 attrs={"access.allow-guest-user": "true"})
     handles: list[Handle] = [await connect(inst, r) for r in range(SIZE)]
@@ -268,7 +283,39 @@ async def test_namespace_and_key_watchers_follow_namespace_lives(start_instance,
     model.lives.append(primary)
     model.events.append((-1, "created", primary))
 
-    async def create(name: str, owner: int) -> None:
+    def removed(name: str) -> None:
+        life = model.alive(name)
+        if life is not None:
+            life.removed = model.now
+            model.events.append((model.now, "removed", life))
+        model.now += 1
+
+    def committed(name: str, life: Incarnation | None, r: Any, racing: bool = False) -> None:
+        """A commit into ``name`` answered ``r`` (an exception if it failed);
+        ``racing`` its removal, it may have lost."""
+        if isinstance(r, RemoteError):
+            assert (life is None or racing) and r.errnum == errno.ENOTSUP, \
+                f"{where}: commit into {name} ({life}): {r}"
+        else:
+            assert not isinstance(r, BaseException), f"{where}: commit into {name}: {r!r}"
+            assert life is not None, f"{where}: a commit into removed {name} succeeded"
+            life.commits.append((model.now, int(r["rootseq"]), r["value"]))
+        model.now += 1
+
+    def commit_rpc(rng: random.Random, name: str, value: str) -> Any:
+        async def go() -> Any:
+            r = await asyncio.wait_for(handles[rng.randrange(SIZE)].rpc("kvs.commit", {
+                "namespace": name, "flags": 0, "ops": [
+                    {"key": "k", "flags": 0,
+                     "dirent": {"ver": 1, "type": "val", "data": value.encode()}}]}), T)
+            return {**r, "value": value}
+        return go()
+
+    def remove_rpc(rng: random.Random, name: str) -> Any:
+        return asyncio.wait_for(handles[rng.randrange(SIZE)].rpc(
+            "kvs.namespace-remove", {"namespace": name}), T)
+
+    async def create(rng: random.Random, name: str, owner: int) -> None:
         await asyncio.wait_for(handles[rng.randrange(SIZE)].rpc(
             "kvs.namespace-create", {"namespace": name, "owner": owner}), T)
         life = Incarnation(name, owner, model.now)
@@ -276,42 +323,33 @@ async def test_namespace_and_key_watchers_follow_namespace_lives(start_instance,
         model.events.append((model.now, "created", life))
         model.now += 1
 
-    async def remove(name: str) -> None:
-        await asyncio.wait_for(handles[rng.randrange(SIZE)].rpc(
-            "kvs.namespace-remove", {"namespace": name}), T)
-        life = model.alive(name)
-        if life is not None:
-            life.removed = model.now
-            model.events.append((model.now, "removed", life))
-        model.now += 1
-
-    async def put(name: str, value: str) -> None:
+    async def put(rng: random.Random, name: str, value: str) -> None:
         life = model.alive(name)
         try:
-            r = await asyncio.wait_for(handles[rng.randrange(SIZE)].rpc("kvs.commit", {
-                "namespace": name, "flags": 0, "ops": [
-                    {"key": "k", "flags": 0,
-                     "dirent": {"ver": 1, "type": "val", "data": value.encode()}}]}), T)
+            r = await commit_rpc(rng, name, value)
         except RemoteError as exc:
-            assert life is None and exc.errnum == errno.ENOTSUP, \
-                f"{where}: commit into {name} ({life}): {exc}"
-        else:
-            assert life is not None, f"{where}: a commit into removed {name} succeeded"
-            life.commits.append((model.now, int(r["rootseq"]), value))
-        model.now += 1
+            r = exc
+        committed(name, life, r)
 
-    async def random_request() -> None:
-        name = rng.choice(POOL)
+    async def random_request(rng: random.Random, name: str, together: bool = False) -> None:
         roll = rng.random()
         if roll < 0.3 and model.alive(name) is None:
-            await create(name, rng.choice([me, GUEST_UID, OTHER_UID]))
+            await create(rng, name, rng.choice([me, GUEST_UID, OTHER_UID]))
         elif roll < 0.45:
-            await remove(name)  # removing a missing one succeeds, and says nothing
+            await remove_rpc(rng, name)  # a missing one: success, and no event
+            removed(name)
+        elif roll < 0.55 and together:
+            life = model.alive(name)
+            value = f"v{model.now}"
+            c, _ = await asyncio.gather(commit_rpc(rng, name, value), remove_rpc(rng, name),
+                                        return_exceptions=True)
+            committed(name, life, c, racing=True)  # if it counted: before the removal
+            removed(name)
         else:
-            await put(name, f"v{model.now}")
+            await put(rng, name, f"v{model.now}")
 
     for _ in range(BEFORE):
-        await random_request()
+        await random_request(rng, rng.choice(POOL))
 
     # The watchers that start first, counted on their ranks before the history.
     start = model.now
@@ -329,18 +367,25 @@ async def test_namespace_and_key_watchers_follow_namespace_lives(start_instance,
         await wait_watchers(handles[r], len(PREFIXES) + len(POOL)
                             + (guest_running if r == GUEST_RANK else 0), timeout=T)
 
-    late_at = set(rng.sample(range(HISTORY), LATE_WATCHERS))
-    for i in range(HISTORY):
-        if i in late_at:
-            r, prefix = rng.randrange(SIZE), rng.choice(PREFIXES)
-            nsws.append(NsWatcher(prefix, r, model.now, handles[r].rpc_stream(
-                "kvs-watch.namespaces", {"prefix": prefix})))
-        await random_request()
+    if mode == "one at a time":
+        late_at = set(rng.sample(range(HISTORY), LATE_WATCHERS))
+        for i in range(HISTORY):
+            if i in late_at:
+                r, prefix = rng.randrange(SIZE), rng.choice(PREFIXES)
+                nsws.append(NsWatcher(prefix, r, model.now, handles[r].rpc_stream(
+                    "kvs-watch.namespaces", {"prefix": prefix})))
+            await random_request(rng, rng.choice(POOL), together=True)
+    else:
+        async def one_name(name: str) -> None:
+            nrng = random.Random(f"{seed} {mode} {name}")
+            for _ in range(HISTORY // len(POOL) * 2):
+                await random_request(nrng, name, together=True)
+        await asyncio.gather(*(one_name(name) for name in POOL))
     for name in POOL:  # every name alive, with a last value
         if model.alive(name) is None:
-            await create(name, rng.choice([me, GUEST_UID, OTHER_UID]))
-        await put(name, "end")
-    await create(END_NS, GUEST_UID)
+            await create(rng, name, rng.choice([me, GUEST_UID, OTHER_UID]))
+        await put(rng, name, "end")
+    await create(rng, END_NS, GUEST_UID)
 
     await asyncio.gather(*(w.read() for w in nsws), *(w.read() for w in keyws))
     assert guest.stdout is not None
@@ -348,11 +393,21 @@ async def test_namespace_and_key_watchers_follow_namespace_lives(start_instance,
     assert guest.returncode == 0, f"{where}: the guest failed"
     g = json.loads(out.decode().strip().splitlines()[-1])
 
+    # In order when one request went at a time; name by name when they did not.
+    by_name = mode != "one at a time"
+
+    def differs(got: list[NsEvent], want: list[NsEvent]) -> bool:
+        if not by_name:
+            return got != want
+        return sorted(got, key=lambda e: e[1]) != sorted(want, key=lambda e: e[1]) or any(
+            [e for e in got if e[1] == name] != [e for e in want if e[1] == name]
+            for name in {e[1] for e in want})
+
     failures: list[str] = []
     for w in nsws:
         if w.start == start:
             want = ns_expected(model, start, w.prefix, guest=False)
-            if w.got != want:
+            if differs(w.got, want):
                 failures.append(f"{w.describe()}:\n    want {want}\n    got  {w.got}")
         elif not any(w.got == ns_expected(model, p, w.prefix, guest=False)
                      for p in range(w.start, model.now + 1)):
@@ -361,7 +416,7 @@ async def test_namespace_and_key_watchers_follow_namespace_lives(start_instance,
         if bad := epochs_consistent(w.epochs):
             failures.append(f"{w.describe()}: {bad}")
     want = ns_expected(model, start, "", guest=True)
-    if [tuple(e) for e in g["ns"]] != want:
+    if differs([tuple(e) for e in g["ns"]], want):
         failures.append(f"the guest's namespace watcher:\n    want {want}\n    got  {g['ns']}")
     if bad := epochs_consistent([tuple(e) for e in g["epochs"]]):
         failures.append(f"the guest's namespace watcher: {bad}")
