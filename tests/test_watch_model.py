@@ -31,7 +31,8 @@ are checked too: right after each commit, on the rank that made it, a key
 it wrote is read (the version served must be the commit's or newer:
 read-your-writes, relayed commits included), and at the end every version's
 root is read back (``rootdir``) from random ranks, every key compared with
-the model at that version.
+the model at that version, and ``kvs.diff`` of random pairs of versions is
+compared with the difference of the model's trees.
 
 The history is drawn from a seed (``KVB_WATCH_SEED`` to replay one); a
 failure names it and shows the watcher, its prediction and what it got, and
@@ -475,6 +476,7 @@ async def test_watchers_see_what_the_model_says(start_instance, connect, mode: s
 
     failures = [f for w in watchers if (f := check(w, hist, start, final))]
     failures += await check_snapshots(handles, rng, hist, rootrefs)
+    failures += await check_diffs(handles, rng, hist, rootrefs)
     failures += [f for read in reads if (f := check_read(hist, *read))]
     assert not failures, (
         f"{where}: {len(failures)} of {len(watchers)} watchers differ:\n" + "\n".join(failures)
@@ -504,6 +506,51 @@ async def check_snapshots(handles: list[Handle], rng: random.Random, hist: Histo
     reads = [read(v, key) for v in sorted(rootrefs)
              for key in ("m.a", "m.b", "m.b.c", "m.b.d", "m.log", "m.t.c", "m.u.c")]
     return [f for f in await asyncio.gather(*reads) if f]
+
+
+EMPTY_DIR = "(empty directory)"
+
+
+def keys_of(tree: Tree, prefix: str = "") -> dict[str, Any]:
+    """The keys of a tree as ``kvs.diff`` sees them: values, symlinks (not
+    followed) and empty directories, by path."""
+    out: dict[str, Any] = {}
+    for name, node in tree.items():
+        path = f"{prefix}{name}"
+        if isinstance(node, dict):
+            out.update(keys_of(node, path + ".") if node else {path: EMPTY_DIR})
+        else:
+            out[path] = node
+    return out
+
+
+def model_diff(old: Tree, new: Tree) -> dict[str, str]:
+    """docs/kvs.md's table: added, removed, or changed (the entries differ:
+    a value's blobs or inline bytes, a link's target, an entry's kind)."""
+    a, b = keys_of(old), keys_of(new)
+    out = {k: "removed" for k in a.keys() - b.keys()}
+    out.update({k: "added" for k in b.keys() - a.keys()})
+    out.update({k: "changed" for k in a.keys() & b.keys() if a[k] != b[k]})
+    return dict(sorted(out.items()))
+
+
+async def check_diffs(handles: list[Handle], rng: random.Random, hist: History,
+                      rootrefs: dict[int, str], pairs: int = 60) -> list[str]:
+    """``kvs.diff`` of random pairs of versions (either way round, near and
+    far apart), on random ranks, against the model's trees."""
+    versions = sorted(rootrefs)
+
+    async def diff(old: int, new: int) -> str:
+        r = await asyncio.wait_for(handles[rng.randrange(SIZE)].rpc("kvs.diff", {
+            "namespace": "primary", "old": rootrefs[old], "new": rootrefs[new]}), T)
+        got = dict(zip(r["keys"], r["changes"], strict=True))
+        want = model_diff(hist.states[old], hist.states[new])
+        return "" if got == want else f"diff {old}..{new}:\n    want {want}\n    got  {got}"
+
+    olds = [rng.choice(versions) for _ in range(pairs)]
+    news = [rng.choice(versions) if i % 2 else min(o + 1, versions[-1])
+            for i, o in enumerate(olds)]
+    return [f for f in await asyncio.gather(*map(diff, olds, news)) if f]
 
 
 def check_read(hist: History, committed: int, at: int, key: str, got: Any) -> str:
