@@ -12,8 +12,11 @@ its ``rootseq``), so the state at every version and the keys each version's
 commit named are known.
 
 Watchers of every kind the protocol defines (``WATCH`` alone and with
-``UNIQ``, ``FULL``, ``WAITCREATE``, ``WATCH_DELETES``, ``APPEND``) sit on
-every rank, some from the start, some started while the history runs.  From
+``UNIQ``, ``FULL``, ``WAITCREATE``, ``WATCH_DELETES``, ``APPEND``, and
+``WATCH_KEYS``) sit on every rank, some from the start, some started while
+the history runs -- among those, ``KVS.watch_keys(since=...)`` watches
+catching up from an earlier version, whose first answer must hold the
+model's difference between that version and the one it starts at.  From
 docs/protocol.md ("kvs-watch", *Semantics*), the model predicts the exact
 answers of each one -- the versions it answers, the value at each, and
 whether and how it ends -- and the test compares them with what it got:
@@ -68,6 +71,7 @@ from test_watch_helpers import (
 
 from broker.errors import RemoteError
 from broker.handle import Handle, Stream
+from kvs.client import KVS
 
 DELETES = 1 << 17
 T = 10.0
@@ -91,6 +95,10 @@ SPECS: list[tuple[str, int]] = [
     ("m.log", WATCH | APPEND | WAITCREATE),
     ("m.log", WATCH | WAITCREATE),
 ]
+
+KEYS = 1 << 16  # WATCH_KEYS
+KEY_WATCHED = [".", "m", "m.b"]  # WATCH_KEYS watchers of each, on every rank, from the start
+SINCE_WATCHED = [".", "m"]  # kvs.watch_keys(since=...) started during the history
 
 SHORT = [b"x", b"y", b"z"]  # few, so UNIQ and FULL meet equal values
 LONG = [bytes([65 + i]) * 100 for i in range(2)]  # stored as blobs, not inline
@@ -337,6 +345,27 @@ def predict(key: str, flags: int, hist: History, start: int, final: int,
     return out, 0
 
 
+def names_for(key: str, names: list[str]) -> list[str]:
+    """The keys of a commit a WATCH_KEYS watcher of ``key`` is told: at or
+    below it, or a directory above it (docs/protocol.md)."""
+    below = key + "."
+    return [n for n in names
+            if key == "." or n == key or n.startswith(below) or below.startswith(n + ".")]
+
+
+def keys_expected(key: str, hist: History, start: int, final: int,
+                  first: list[str]) -> list[tuple[int, list[str]]]:
+    """A key watcher's answers: ``first`` at ``start``, then each version
+    naming a key it is told of, those keys, each once (sorted: within a
+    merged version the order of its transactions is rank 0's, unknown
+    here)."""
+    out = [(start, sorted(first))]
+    for v in range(start + 1, final + 1):
+        if mine := names_for(key, hist.names[v]):
+            out.append((v, sorted(set(mine))))
+    return out
+
+
 # --- the watchers ------------------------------------------------------------
 
 @dataclass
@@ -382,6 +411,33 @@ class Watcher:
                 self.got.append((seq, data))
             if seq >= until:
                 return
+
+
+@dataclass
+class KeysWatcher:
+    """A WATCH_KEYS watcher (raw), or a ``watch_keys(since=...)`` one (the
+    client's, which catches up by a diff): the keys of each answer."""
+    key: str
+    rank: int
+    got: list[tuple[int, list[str]]] = field(default_factory=list)
+    since: int | None = None  # the version it caught up from
+
+    def add(self, seq: int, keys: Any) -> None:
+        self.got.append((seq, sorted(keys)))
+
+    def describe(self) -> str:
+        how = "WATCH_KEYS" if self.since is None else f"watch_keys(since=version {self.since})"
+        return f"{how} of {self.key!r} on rank {self.rank}"
+
+
+async def read_keys(w: KeysWatcher, stream: Stream, final: int) -> None:
+    while not w.got or w.got[-1][0] < final:
+        try:
+            msg = await asyncio.wait_for(stream.next_message(), T)
+        except TimeoutError:
+            raise AssertionError(f"{w.describe()}: no answer for {T}s; got {w.got}") from None
+        assert msg is not None, f"{w.describe()}: ended; got {w.got}"
+        w.add(int(msg.payload["rootseq"]), msg.payload["keys"])
 
 
 MODES = {
@@ -439,12 +495,18 @@ async def test_watchers_see_what_the_model_says(start_instance, connect, mode: s
     for rank, h in enumerate(handles):
         for key, flags in SPECS:
             watchers.append(Watcher(key, flags, rank, watch_stream(h, key, flags), late=False))
+    keys_watchers: list[tuple[KeysWatcher, Stream]] = [
+        (KeysWatcher(key, rank), watch_stream(h, key, WATCH | KEYS))
+        for rank, h in enumerate(handles) for key in KEY_WATCHED]
+    since_tasks: list[tuple[KeysWatcher, asyncio.Future[None]]] = []
     at_start = {(key, flags): predict(key, flags, hist, start, start) for key, flags in SPECS}
     await asyncio.gather(*(w.read(start) for w in watchers
                            if at_start[w.key, w.flags][0] or at_start[w.key, w.flags][1]))
-    waiting = sum(1 for answers, end in at_start.values() if not end)
+    waiting = sum(1 for answers, end in at_start.values() if not end) + len(KEY_WATCHED)
     for h in handles:
         await wait_watchers(h, waiting, timeout=T)
+
+    finals: asyncio.Future[int] = asyncio.get_running_loop().create_future()
 
     async def writer(index: int, areas: str, n: int) -> None:
         wrng = random.Random(f"{seed} {mode} {index}")
@@ -456,6 +518,12 @@ async def test_watchers_see_what_the_model_says(start_instance, connect, mode: s
                 key, flags = wrng.choice(SPECS)
                 watchers.append(Watcher(key, flags, rank,
                                         watch_stream(handles[rank], key, flags), late=True))
+            if index == 0 and i in late_at and rootrefs:
+                # and a key watch catching up from an earlier version
+                old = wrng.choice(sorted(rootrefs))
+                kw = KeysWatcher(wrng.choice(SINCE_WATCHED), wrng.randrange(SIZE), since=old)
+                since_tasks.append((kw, asyncio.ensure_future(
+                    since_watch(kw, handles[kw.rank], rootrefs[old], finals))))
             rank = wrng.randrange(SIZE)
             await commit_ops([random_op(wrng, areas) for _ in range(wrng.randint(1, 3))],
                              rank, own[rank])
@@ -465,10 +533,13 @@ async def test_watchers_see_what_the_model_says(start_instance, connect, mode: s
     # a new value for every watched key: each watcher still running answers it
     final = await commit_ops([put("m.a", b"end-a"), put("m.b.c", b"end-c"),
                               append("m.log", b"end-log")], 0, handles[0])
+    finals.set_result(final)
     hist.replay(done)
     assert sorted(hist.states) == list(range(min(hist.states), final + 1)), \
         f"{where}: versions are missing: {sorted(hist.states)}"
-    await asyncio.gather(*(w.read(final) for w in watchers))
+    await asyncio.gather(*(w.read(final) for w in watchers),
+                         *(read_keys(w, stream, final) for w, stream in keys_watchers),
+                         *(task for _, task in since_tasks))
     for w in watchers:
         if w.end is None:
             handles[w.rank].send_noresponse("kvs-watch.cancel", {"matchtag": w.stream.matchtag})
@@ -477,6 +548,16 @@ async def test_watchers_see_what_the_model_says(start_instance, connect, mode: s
     failures = [f for w in watchers if (f := check(w, hist, start, final))]
     failures += await check_snapshots(handles, rng, hist, rootrefs)
     failures += await check_diffs(handles, rng, hist, rootrefs)
+    for kw, _ in keys_watchers:
+        if kw.got != (want_keys := keys_expected(kw.key, hist, start, final, [])):
+            failures.append(f"{kw.describe()}:\n    want {want_keys}\n    got  {kw.got}")
+    for kw, _ in since_tasks:
+        assert kw.since is not None
+        began = kw.got[0][0] if kw.got else start
+        changed = [k for k in model_diff(hist.states[kw.since], hist.states[began])
+                   if kw.key == "." or k == kw.key or k.startswith(kw.key + ".")]
+        if kw.got != (want_keys := keys_expected(kw.key, hist, began, final, changed)):
+            failures.append(f"{kw.describe()}:\n    want {want_keys}\n    got  {kw.got}")
     failures += [f for read in reads if (f := check_read(hist, *read))]
     assert not failures, (
         f"{where}: {len(failures)} of {len(watchers)} watchers differ:\n" + "\n".join(failures)
@@ -568,6 +649,21 @@ def check_read(hist: History, committed: int, at: int, key: str, got: Any) -> st
     if (data is None and want is None) or (isinstance(want, Val) and data == want.data):
         return ""
     return f"read of {key} at version {at}: {got!r}, the model has {want!r}"
+
+
+async def since_watch(w: KeysWatcher, h: Handle, since: str,
+                      finals: asyncio.Future[int]) -> None:
+    """``KVS.watch_keys(since=...)``, started now (its answers wait in the
+    handle), read once the history is over, until its last version."""
+    async with KVS(h).watch_keys(w.key, since=since) as changes:
+        final = await finals
+        while not w.got or w.got[-1][0] < final:
+            try:
+                c = await asyncio.wait_for(anext(changes), T)
+            except TimeoutError:
+                raise AssertionError(f"{w.describe()}: no answer for {T}s; "
+                                     f"got {w.got}") from None
+            w.add(c.rootseq, c.keys)
 
 
 def check(w: Watcher, hist: History, start: int, final: int) -> str:
