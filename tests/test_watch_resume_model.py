@@ -1,0 +1,294 @@
+"""Watches on a reconnecting handle, across restarts of their rank, against
+the model of tests/test_watch_model.py.
+
+Rank 1 of a 2-rank instance (started from a bootstrap file, as under
+systemd) is killed twice during a random history of commits made on rank
+0, more commits are made while it is down, and it is started again.  The
+watches on it -- plain, ``uniq``, ``full``, ``waitcreate``, ``deletes``,
+and key watches -- are made on a handle connected with ``reconnect=True``,
+so each is sent again once the rank is back (docs/api.md, Reconnecting).
+What each must yield follows from the model, version by version:
+
+* until the kill, what the watch answers (:func:`test_watch_model.predict`);
+  the test kills the rank only once its kvs-watch has answered every
+  version so far (nothing in flight), so nothing answered is lost;
+* from the version the rank is back at (no commit is made until every
+  watch has been sent again), what a new watch answers there, except that
+  its first answer is not yielded if it holds the value yielded last (the
+  change made meanwhile comes once; no change, nothing) -- and a key
+  removed meanwhile ends a plain watch ``ENOENT``, a ``waitcreate`` one
+  waits, a ``deletes`` one yields one removal;
+* a key watch yields, after the restart, the keys changed since the last
+  root it yielded, in one answer (none if nothing changed), then follows.
+
+The history is drawn from a seed (``KVB_RESUME_SEED`` replays one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from test_handle_reconnect import Restartable, inst  # noqa: F401 (a fixture)
+from test_multihost import brokers  # noqa: F401 (a fixture)
+from test_watch_helpers import wait_until
+from test_watch_model import (
+    DELETES,
+    FULL,
+    UNIQ,
+    WAITCREATE,
+    WATCH,
+    History,
+    keys_expected,
+    model_diff,
+    predict,
+    random_op,
+)
+
+from broker.errors import RemoteError
+from broker.handle import Handle
+from kvs.client import KVS
+from kvs_watch.client import watch, watch_keys
+
+T = 10.0
+HISTORY = 60
+RESTARTS = 2
+OUTAGE_COMMITS = (1, 5)  # commits made while the rank is down
+
+VALUE_WATCHES: list[tuple[str, dict[str, bool]]] = [
+    ("m.a", {}),
+    ("m.a", {"uniq": True}),
+    ("m.a", {"full": True}),
+    ("m.a", {"waitcreate": True}),
+    ("m.a", {"deletes": True}),
+    ("m.a", {"deletes": True, "uniq": True}),
+    ("m.b.c", {"waitcreate": True}),
+    ("m.b.c", {"waitcreate": True, "full": True}),
+    ("m.b.c", {"deletes": True, "waitcreate": True}),
+    ("m.b.c", {"deletes": True}),
+]
+KEY_WATCHES = [".", "m", "m.b"]
+
+
+def flags_of(options: dict[str, bool]) -> int:
+    return WATCH | sum(bit for name, bit in (("uniq", UNIQ), ("full", FULL),
+                                              ("waitcreate", WAITCREATE),
+                                              ("deletes", DELETES)) if options.get(name))
+
+
+_NOTHING = object()
+
+
+def predict_resumed(key: str, flags: int, hist: History, start: int, final: int,
+                    outages: list[tuple[int, int]]) -> tuple[list[Any], int]:
+    """What the watch yields over ``start``..``final`` when its rank was
+    down between versions ``a`` and ``r`` of each outage (everything up to
+    ``a`` answered, the watch sent again at ``r``)."""
+    out: list[Any] = []
+    last: Any = _NOTHING
+    bounds = [start] + [r for _, r in outages]
+    ends = [a for a, _ in outages] + [final]
+    for i, (s, e) in enumerate(zip(bounds, ends, strict=True)):
+        answers, end = predict(key, flags, hist, s, e)
+        if i and answers and last is not _NOTHING and answers[0][1] == last:
+            answers = answers[1:]  # the value yielded last: not again
+        out += answers
+        if answers:
+            last = answers[-1][1]
+        if end:
+            return out, end
+    return out, 0
+
+
+def keys_resumed(key: str, hist: History, start: int, final: int,
+                 outages: list[tuple[int, int]]) -> list[tuple[int, list[str]]]:
+    """A key watch's answers: its first, each version's keys, and after each
+    outage one answer with the keys changed since the last root it yielded."""
+    out: list[tuple[int, list[str]]] = []
+    bounds = [start] + [r for _, r in outages]
+    ends = [a for a, _ in outages] + [final]
+    for i, (s, e) in enumerate(zip(bounds, ends, strict=True)):
+        seg = keys_expected(key, hist, s, e, [])
+        if i:
+            since = out[-1][0]
+            changed = sorted(k for k in model_diff(hist.states[since], hist.states[s])
+                             if key == "." or k == key or k.startswith(key + "."))
+            seg = ([(s, changed)] if changed else []) + seg[1:]
+        out += seg
+    return out
+
+
+@dataclass
+class Reader:
+    """A watch on the reconnecting handle and what it yielded."""
+    what: str
+    got: list[Any] = field(default_factory=list)
+    end: int | None = None  # errno that ended it; None: running
+    task: asyncio.Future[None] | None = None
+
+
+async def read_value_watch(r: Reader, w: Any, final: asyncio.Future[int]) -> None:
+    try:
+        async with w:
+            while (e := await next_until(r, w, final)) is not None:
+                r.got.append((e.rootseq, None if e.removed else e.value))
+        r.end = 0
+    except StopAsyncIteration:
+        r.end = 0
+    except RemoteError as exc:
+        r.end = exc.errnum
+
+
+async def read_key_watch(r: Reader, w: Any, final: asyncio.Future[int]) -> None:
+    async with w:
+        while (c := await next_until(r, w, final)) is not None:
+            r.got.append((c.rootseq, sorted(c.keys)))
+    r.end = 0
+
+
+async def next_until(r: Reader, w: Any, final: asyncio.Future[int]) -> Any:
+    """The watch's next item, or None once it has yielded the history's last
+    version; after the last commit, the next item comes within ``T``."""
+    def over() -> bool:
+        return final.done() and bool(r.got) and r.got[-1][0] >= final.result()
+    if over():
+        return None
+    nxt = asyncio.ensure_future(anext(w))
+    await asyncio.wait([nxt, final], return_when=asyncio.FIRST_COMPLETED)
+    if not nxt.done():
+        if over():  # its last item came before the last commit's answer
+            nxt.cancel()
+            return None
+        try:
+            await asyncio.wait_for(asyncio.shield(nxt), T)
+        except TimeoutError:
+            nxt.cancel()
+            raise AssertionError(f"{r.what}: nothing for {T}s after the last commit "
+                                 f"(version {final.result()}); got {r.got}") from None
+    return nxt.result()
+
+
+async def test_watches_resume_across_restarts_as_the_model_says(inst: Restartable) -> None:  # noqa: F811
+    seed = int(os.environ.get("KVB_RESUME_SEED", random.randrange(1 << 30)))
+    rng = random.Random(seed)
+    where = f"KVB_RESUME_SEED={seed}"
+    async with asyncio.timeout(90), KVS.connect(inst.rank0.uri) as kvs0, \
+            Handle.connect(inst.uri1, reconnect=True) as h1:
+        h0 = kvs0.handle
+        hist = History()
+        done: list[tuple[int, list[dict[str, Any]]]] = []
+
+        async def commit(ops: list[dict[str, Any]]) -> int:
+            r = await asyncio.wait_for(h0.rpc("kvs.commit", {
+                "namespace": "primary", "flags": 0, "ops": ops}), T)
+            done.append((int(r["rootseq"]), ops))
+            hist.replay(done)
+            return int(r["rootseq"])
+
+        async def settled(version: int, created: int | None = None) -> None:
+            """Rank 1's kvs-watch is at ``version`` with nothing in flight
+            (and has made ``created`` watches in all)."""
+            seen: dict[str, Any] = {}
+
+            async def check() -> bool:
+                st = seen["stats"] = await h0.rpc("kvs-watch.stats-get", {}, nodeid=1)
+                return (st["namespaces"].get("primary", {}).get("rootseq") == version
+                        and st["monitors-starting"] == 0 and st["lookups-in-flight"] == 0
+                        and (created is None or st["counts"]["watchers-created"] == created))
+            try:
+                await wait_until(check, T, "")
+            except AssertionError:
+                st = seen.get("stats", {})
+                raise AssertionError(
+                    f"{where}: rank 1's kvs-watch not settled at version {version} "
+                    f"({created} watches made): {st.get('namespaces')}, "
+                    f"{st.get('monitors-starting')} starting, {st.get('lookups-in-flight')} "
+                    f"in flight, {st.get('counts', {}).get('watchers-created')} made") from None
+
+        root = await h0.rpc("kvs.getroot", {"namespace": "primary"})
+        hist.record(int(root["rootseq"]), [], {})
+        start = await commit([op for op in (random_op(rng) for _ in range(4))
+                              if op["key"] != "z.other"])
+        await KVS(h1).wait_version(start, timeout=T)
+        final: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        readers: list[tuple[Reader, str, int]] = []
+        for key, options in VALUE_WATCHES:
+            r = Reader(f"watch({key!r}, {options})")
+            r.task = asyncio.ensure_future(read_value_watch(r, watch(h1, key, **options), final))
+            readers.append((r, key, flags_of(options)))
+        keyed: list[tuple[Reader, str]] = []
+        for key in KEY_WATCHES:
+            r = Reader(f"watch_keys({key!r})")
+            r.task = asyncio.ensure_future(read_key_watch(r, watch_keys(h1, key), final))
+            keyed.append((r, key))
+        created = len(VALUE_WATCHES) + len(KEY_WATCHES)
+        await settled(start, created)
+
+        outages: list[tuple[int, int]] = []
+
+        async def caught_up(version: int) -> int:
+            """Until every watch has yielded what the model says it yields up
+            to ``version`` (or ended); the number still running."""
+            def behind() -> list[str]:
+                out = []
+                for r, key, flags in readers:
+                    want, end = predict_resumed(key, flags, hist, start, version, outages)
+                    if len(r.got) < len(want) or (end and r.end is None):
+                        out.append(f"{r.what}: want {want} then {end}, got {r.got}")
+                for r, key in keyed:
+                    want_keys = keys_resumed(key, hist, start, version, outages)
+                    if len(r.got) < len(want_keys):
+                        out.append(f"{r.what}: want {want_keys}, got {r.got}")
+                return out
+
+            async def check() -> bool:
+                return not behind()
+            try:
+                await wait_until(check, T, "")
+            except AssertionError:
+                raise AssertionError(f"{where}: at version {version}, outages {outages}, "
+                                     "watches behind the model:\n" + "\n".join(behind())
+                                     ) from None
+            return sum(1 for r, *_ in readers + keyed if r.end is None)
+
+        kill_at = sorted(rng.sample(range(5, HISTORY - 5), RESTARTS))
+        version = start
+        for i in range(HISTORY):
+            if i in kill_at:
+                await settled(version)
+                running = await caught_up(version)
+                await inst.kill_rank1()
+                a = version
+                for _ in range(rng.randint(*OUTAGE_COMMITS)):
+                    version = await commit([random_op(rng) for _ in range(rng.randint(1, 3))])
+                await inst.start_rank1()
+                # every watch still running is sent again (to a new process:
+                # its counts start at 0)
+                created = running
+                await settled(version, created)
+                outages.append((a, version))
+            version = await commit([random_op(rng) for _ in range(rng.randint(1, 3))])
+        version = await commit([{"key": "m.a", "flags": 0, "dirent": {
+            "ver": 1, "type": "val", "data": b"end-a"}}, {"key": "m.b.c", "flags": 0,
+            "dirent": {"ver": 1, "type": "val", "data": b"end-c"}}])
+        final.set_result(version)
+        await asyncio.gather(*(r.task for r, *_ in readers + keyed if r.task))
+        assert h1.reconnects == RESTARTS
+
+        failures = []
+        for r, key, flags in readers:
+            want, want_end = predict_resumed(key, flags, hist, start, version, outages)
+            if (r.got, r.end) != (want, want_end):
+                failures.append(f"{r.what}:\n    want {want} then {want_end}"
+                                f"\n    got  {r.got} then {r.end}")
+        for r, key in keyed:
+            want_keys = keys_resumed(key, hist, start, version, outages)
+            if r.got != want_keys:
+                failures.append(f"{r.what}:\n    want {want_keys}\n    got  {r.got}")
+        assert not failures, (
+            f"{where}: outages (version before, version back at) {outages}; "
+            f"{len(failures)} watches differ:\n" + "\n".join(failures)
+            + "\nhistory:\n" + "\n".join(f"  {v}: {hist.ops[v]}" for v in sorted(hist.ops)))
