@@ -19,7 +19,11 @@ What each must yield follows from the model, version by version:
   removed meanwhile ends a plain watch ``ENOENT``, a ``waitcreate`` one
   waits, a ``deletes`` one yields one removal;
 * a key watch yields, after the restart, the keys changed since the last
-  root it yielded, in one answer (none if nothing changed), then follows.
+  root it yielded, in one answer (none if nothing changed), then follows;
+* a namespace watch (a second test, namespaces created and removed at
+  random) yields, after the restart, a ``removed`` for each namespace it
+  knew that is gone or came back as another, then a ``created`` for each
+  one new to it, then follows.
 
 The history is drawn from a seed (``KVB_RESUME_SEED`` replays one).
 """
@@ -47,11 +51,12 @@ from test_watch_model import (
     predict,
     random_op,
 )
+from test_watch_nsmodel import Incarnation, Model
 
 from broker.errors import RemoteError
 from broker.handle import Handle
 from kvs.client import KVS
-from kvs_watch.client import watch, watch_keys
+from kvs_watch.client import watch, watch_keys, watch_namespaces
 
 T = 10.0
 HISTORY = 60
@@ -292,3 +297,153 @@ async def test_watches_resume_across_restarts_as_the_model_says(inst: Restartabl
             f"{where}: outages (version before, version back at) {outages}; "
             f"{len(failures)} watches differ:\n" + "\n".join(failures)
             + "\nhistory:\n" + "\n".join(f"  {v}: {hist.ops[v]}" for v in sorted(hist.ops)))
+
+
+# --- namespace watches ---------------------------------------------------------
+
+NS_POOL = ["job-0", "job-1", "job-2", "ns-0", "ns-1"]
+NS_HISTORY = 40
+SYNC_NS = "job-zz-back-{}"  # made once the rank is back: where each resume batch ends
+END_NS = "job-zz-end"  # made last: every namespace watch (both prefixes) sees it
+
+
+def ns_resumed(model: Model, start: int, prefix: str,
+               outages: list[tuple[int, int]]) -> list[tuple[str, str, int, bool]]:
+    """What a namespace watch (``listed=True``) yields from request ``start``
+    when its rank was down from request ``k`` to ``b`` of each outage: the
+    list, ``listed``, the changes; after each outage, a ``removed`` for each
+    namespace it knew that is gone or came back as another, then a
+    ``created`` (not initial) for each one new to it, in creation order."""
+    def shown(life: Incarnation) -> bool:
+        return life.name.startswith(prefix)
+
+    def alive(when: int) -> list[Incarnation]:
+        return [life for _, kind, life in model.events if kind == "created"
+                and model.alive(life.name, when) is life and shown(life)]
+
+    out = [("created", life.name, life.owner, True) for life in alive(start)]
+    out.append(("listed", "", -1, False))
+    known = {life.name: life for life in alive(start)}
+    bounds = [start] + [b for _, b in outages]
+    ends = [k for k, _ in outages] + [model.now]
+    for i, (s, e) in enumerate(zip(bounds, ends, strict=True)):
+        if i:
+            now = {life.name: life for life in alive(s)}
+            for name, old in list(known.items()):
+                if now.get(name) is not old:
+                    del known[name]
+                    out.append(("removed", name, old.owner, False))
+            for name, life in now.items():
+                if name not in known:
+                    known[name] = life
+                    out.append(("created", name, life.owner, False))
+        for when, kind, life in model.events:
+            if s <= when < e and shown(life):
+                out.append((kind, life.name, life.owner, False))
+                if kind == "created":
+                    known[life.name] = life
+                else:
+                    known.pop(life.name, None)
+    return out
+
+
+async def test_namespace_watches_resume_across_restarts_as_the_model_says(
+        inst: Restartable) -> None:  # noqa: F811
+    """Namespaces created and removed at random on rank 0 while a namespace
+    watch on rank 1 (a reconnecting handle) lives through two restarts of
+    its rank, with namespaces created and removed while it is down."""
+    seed = int(os.environ.get("KVB_RESUME_SEED", random.randrange(1 << 30)))
+    rng = random.Random(f"{seed} namespaces")
+    where = f"KVB_RESUME_SEED={seed}"
+    me = os.getuid()
+    async with asyncio.timeout(90), KVS.connect(inst.rank0.uri) as kvs0, \
+            Handle.connect(inst.uri1, reconnect=True) as h1:
+        h0 = kvs0.handle
+        model = Model()
+        primary = Incarnation("primary", me, created=-1)
+        model.lives.append(primary)
+        model.events.append((-1, "created", primary))
+
+        async def create(name: str) -> None:
+            owner = rng.choice([me, 4242])
+            await asyncio.wait_for(h0.rpc("kvs.namespace-create",
+                                          {"namespace": name, "owner": owner}), T)
+            life = Incarnation(name, owner, model.now)
+            model.lives.append(life)
+            model.events.append((model.now, "created", life))
+            model.now += 1
+
+        async def remove(name: str) -> None:
+            await asyncio.wait_for(h0.rpc("kvs.namespace-remove", {"namespace": name}), T)
+            life = model.alive(name)
+            if life is not None:
+                life.removed = model.now
+                model.events.append((model.now, "removed", life))
+            model.now += 1
+
+        async def random_request() -> None:
+            name = rng.choice(NS_POOL)
+            await (create(name) if model.alive(name) is None else remove(name))
+
+        for _ in range(4):
+            await random_request()
+        start = model.now
+        watches = {prefix: Reader(f"watch_namespaces({prefix!r})") for prefix in ("", "job-")}
+        streams = {prefix: watch_namespaces(h1, prefix, listed=True) for prefix in watches}
+        outages: list[tuple[int, int]] = []
+
+        async def read(prefix: str) -> None:
+            r, w = watches[prefix], streams[prefix]
+            async with w:
+                async for e in w:
+                    r.got.append((e.event, e.namespace, e.owner, e.initial))
+                    if e.namespace == END_NS:
+                        return
+
+        tasks = [asyncio.ensure_future(read(prefix)) for prefix in watches]
+
+        async def caught_up() -> None:
+            """Until each watch has yielded what the model says so far."""
+            def behind() -> list[str]:
+                return [f"{r.what}: want {want}, got {r.got}" for prefix, r in watches.items()
+                        if len(r.got) < len(want := ns_resumed(model, start, prefix, outages))]
+
+            async def check() -> bool:
+                return not behind()
+            try:
+                await wait_until(check, T, "")
+            except AssertionError:
+                raise AssertionError(f"{where}: outages {outages}, namespace watches behind "
+                                     "the model:\n" + "\n".join(behind())) from None
+
+        await caught_up()
+        kill_at = sorted(rng.sample(range(3, NS_HISTORY - 3), RESTARTS))
+        for i in range(NS_HISTORY):
+            if i in kill_at:
+                await caught_up()
+                await inst.kill_rank1()
+                k = model.now
+                for _ in range(rng.randint(*OUTAGE_COMMITS)):
+                    await random_request()
+                await inst.start_rank1()
+                b = model.now
+                outages.append((k, b))
+                # A namespace made now is seen either in the new list or as
+                # a change after it -- the same to the reader, once the
+                # resume batch is out: it marks where the batch ends.
+                await create(SYNC_NS.format(len(outages)))
+                await caught_up()
+            await random_request()
+        await create(END_NS)
+        await asyncio.wait_for(asyncio.gather(*tasks), T)
+        assert h1.reconnects == RESTARTS
+
+        failures = []
+        for prefix, r in watches.items():
+            want = ns_resumed(model, start, prefix, outages)
+            if r.got != want:
+                failures.append(f"{r.what}:\n    want {want}\n    got  {r.got}")
+        assert not failures, (
+            f"{where}: outages (request before, request back at) {outages}:\n"
+            + "\n".join(failures) + "\nhistory:\n" + "\n".join(
+                f"  {when}: {kind} {life.name}" for when, kind, life in model.events))
