@@ -6,7 +6,8 @@ systemd) is killed twice during a random history of commits made on rank
 0, more commits are made while it is down, and it is started again.  The
 watches on it -- plain, ``uniq``, ``full``, ``waitcreate``, ``deletes``,
 and key watches -- are made on a handle connected with ``reconnect=True``,
-so each is sent again once the rank is back (docs/api.md, Reconnecting).
+so each is sent again once the rank is back (docs/api.md, Reconnecting);
+an ``append`` watch of a value the history mostly appends to, too.
 What each must yield follows from the model, version by version:
 
 * until the kill, what the watch answers (:func:`test_watch_model.predict`);
@@ -17,7 +18,9 @@ What each must yield follows from the model, version by version:
   its first answer is not yielded if it holds the value yielded last (the
   change made meanwhile comes once; no change, nothing) -- and a key
   removed meanwhile ends a plain watch ``ENOENT``, a ``waitcreate`` one
-  waits, a ``deletes`` one yields one removal;
+  waits, a ``deletes`` one yields one removal; an ``append`` watch yields
+  the bytes appended meanwhile, or ends ``EINVAL`` if the value no longer
+  starts with the bytes it yielded (missing included);
 * a key watch yields, after the restart, the keys changed since the last
   root it yielded, in one answer (none if nothing changed), then follows;
 * a namespace watch (a second test, namespaces created and removed at
@@ -31,6 +34,7 @@ The history is drawn from a seed (``KVB_RESUME_SEED`` replays one).
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import random
 from dataclasses import dataclass, field
@@ -40,12 +44,15 @@ from test_handle_reconnect import Restartable, inst  # noqa: F401 (a fixture)
 from test_multihost import brokers  # noqa: F401 (a fixture)
 from test_watch_helpers import wait_until
 from test_watch_model import (
+    APPEND,
     DELETES,
     FULL,
     UNIQ,
     WAITCREATE,
     WATCH,
     History,
+    Val,
+    find,
     keys_expected,
     model_diff,
     predict,
@@ -74,14 +81,26 @@ VALUE_WATCHES: list[tuple[str, dict[str, bool]]] = [
     ("m.b.c", {"waitcreate": True, "full": True}),
     ("m.b.c", {"deletes": True, "waitcreate": True}),
     ("m.b.c", {"deletes": True}),
+    ("m.log", {"append": True, "waitcreate": True}),
 ]
 KEY_WATCHES = [".", "m", "m.b"]
+
+
+def history_op(rng: random.Random) -> dict[str, Any]:
+    """:func:`test_watch_model.random_op`, but ``m.log`` is mostly appended
+    to, so its append watch lives through the restarts (a rewrite ends it)."""
+    op = random_op(rng)
+    if op["key"] == "m.log" and not op["flags"] & 32 and rng.random() < 0.85:
+        op = {"key": "m.log", "flags": 32,
+              "dirent": {"ver": 1, "type": "val", "data": rng.choice([b"x", b"y"])}}
+    return op
 
 
 def flags_of(options: dict[str, bool]) -> int:
     return WATCH | sum(bit for name, bit in (("uniq", UNIQ), ("full", FULL),
                                               ("waitcreate", WAITCREATE),
-                                              ("deletes", DELETES)) if options.get(name))
+                                              ("deletes", DELETES),
+                                              ("append", APPEND)) if options.get(name))
 
 
 _NOTHING = object()
@@ -92,6 +111,8 @@ def predict_resumed(key: str, flags: int, hist: History, start: int, final: int,
     """What the watch yields over ``start``..``final`` when its rank was
     down between versions ``a`` and ``r`` of each outage (everything up to
     ``a`` answered, the watch sent again at ``r``)."""
+    if flags & APPEND:
+        return append_resumed(key, flags, hist, start, final, outages)
     out: list[Any] = []
     last: Any = _NOTHING
     bounds = [start] + [r for _, r in outages]
@@ -103,6 +124,33 @@ def predict_resumed(key: str, flags: int, hist: History, start: int, final: int,
         out += answers
         if answers:
             last = answers[-1][1]
+        if end:
+            return out, end
+    return out, 0
+
+
+def append_resumed(key: str, flags: int, hist: History, start: int, final: int,
+                   outages: list[tuple[int, int]]) -> tuple[list[Any], int]:
+    """An append watch (``waitcreate``): after a restart the new watch's
+    value must start with the bytes yielded so far (else ``EINVAL``, a key
+    missing then included), and only the rest is yielded; then the new
+    watch's appends."""
+    out: list[Any] = []
+    delivered = b""
+    bounds = [start] + [r for _, r in outages]
+    ends = [a for a, _ in outages] + [final]
+    for i, (s, e) in enumerate(zip(bounds, ends, strict=True)):
+        answers, end = predict(key, flags, hist, s, e)
+        if i:
+            node = find(hist.states[s], key)
+            now = node.data if isinstance(node, Val) else b""
+            if not now.startswith(delivered):
+                return out, errno.EINVAL
+            if answers and answers[0][0] == s:  # the new watch's whole value
+                rest = now[len(delivered):]
+                answers = ([(s, rest)] if rest else []) + answers[1:]
+        out += answers
+        delivered += b"".join(data or b"" for _, data in answers)
         if end:
             return out, end
     return out, 0
@@ -135,11 +183,15 @@ class Reader:
     task: asyncio.Future[None] | None = None
 
 
-async def read_value_watch(r: Reader, w: Any, final: asyncio.Future[int]) -> None:
+async def read_value_watch(r: Reader, w: Any, final: asyncio.Future[int],
+                           appending: bool = False) -> None:
     try:
         async with w:
             while (e := await next_until(r, w, final)) is not None:
-                r.got.append((e.rootseq, None if e.removed else e.value))
+                if r.got and appending and r.got[-1][0] == e.rootseq:  # one blob of a version
+                    r.got[-1] = (e.rootseq, r.got[-1][1] + e.value)
+                else:
+                    r.got.append((e.rootseq, None if e.removed else e.value))
         r.end = 0
     except StopAsyncIteration:
         r.end = 0
@@ -222,7 +274,8 @@ async def test_watches_resume_across_restarts_as_the_model_says(inst: Restartabl
         readers: list[tuple[Reader, str, int]] = []
         for key, options in VALUE_WATCHES:
             r = Reader(f"watch({key!r}, {options})")
-            r.task = asyncio.ensure_future(read_value_watch(r, watch(h1, key, **options), final))
+            r.task = asyncio.ensure_future(read_value_watch(
+                r, watch(h1, key, **options), final, appending=bool(options.get("append"))))
             readers.append((r, key, flags_of(options)))
         keyed: list[tuple[Reader, str]] = []
         for key in KEY_WATCHES:
@@ -268,17 +321,18 @@ async def test_watches_resume_across_restarts_as_the_model_says(inst: Restartabl
                 await inst.kill_rank1()
                 a = version
                 for _ in range(rng.randint(*OUTAGE_COMMITS)):
-                    version = await commit([random_op(rng) for _ in range(rng.randint(1, 3))])
+                    version = await commit([history_op(rng) for _ in range(rng.randint(1, 3))])
                 await inst.start_rank1()
                 # every watch still running is sent again (to a new process:
                 # its counts start at 0)
                 created = running
                 await settled(version, created)
                 outages.append((a, version))
-            version = await commit([random_op(rng) for _ in range(rng.randint(1, 3))])
-        version = await commit([{"key": "m.a", "flags": 0, "dirent": {
-            "ver": 1, "type": "val", "data": b"end-a"}}, {"key": "m.b.c", "flags": 0,
-            "dirent": {"ver": 1, "type": "val", "data": b"end-c"}}])
+            version = await commit([history_op(rng) for _ in range(rng.randint(1, 3))])
+        # a new value for every watched key: each watch still running yields it
+        version = await commit([{"key": key, "flags": flags, "dirent": {
+            "ver": 1, "type": "val", "data": data}} for key, flags, data in (
+                ("m.a", 0, b"end-a"), ("m.b.c", 0, b"end-c"), ("m.log", 32, b"end-log"))])
         final.set_result(version)
         await asyncio.gather(*(r.task for r, *_ in readers + keyed if r.task))
         assert h1.reconnects == RESTARTS
