@@ -402,6 +402,9 @@ class Watcher:
         if len(q) > 1:  # a later root came meanwhile: it answers
             self._wake_soon()
             return
+        if self.closing is not None:  # its namespace went meanwhile: that root may be
+            self.fail(*self.closing)  # a new namespace's of the same name
+            return
         if seq <= slot.seq:
             self.fail(first.errnum, f"{self.key}: the current root (rootseq {slot.seq}) "
                                     f"cannot be read: {first.errstr}")

@@ -154,6 +154,20 @@ async def test_a_namespace_removed_ends_the_watch_after_the_roots_queued_before(
     w.fail_after_queue(errno.ENOTSUP, "namespace ns was removed")
     assert be.error is not None and be.error[0] == errno.ENOTSUP and w.done
 
+    # removed while rank 0's current root was asked for (its own was
+    # collected): the answer may be a new namespace's of the same name
+    be = FakeBackend()
+    w = Watcher(be, request(), "k", F.WATCH, "ns")
+    w.push(1, ref(1), initial=True)
+    be.resolve(0, errnum=errno.ENOENT)
+    await settle()
+    assert len(be.roots) == 1
+    w.fail_after_queue(errno.ENOTSUP, "namespace ns was removed")
+    be.roots[0].set_result({"rootseq": 1, "rootref": ref(9)})
+    await settle()
+    assert len(be.lookups) == 1 and be.answers == []
+    assert be.error is not None and be.error[0] == errno.ENOTSUP
+
 
 async def test_backlog_bound_ends_the_watcher_with_eoverflow() -> None:
     be = FakeBackend(max_backlog=5)
