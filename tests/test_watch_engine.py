@@ -113,16 +113,22 @@ async def test_answers_in_commit_order_when_lookups_complete_out_of_order() -> N
     assert w.queue is None  # idle watchers hold no queue
 
 
-async def test_a_namespace_removed_ends_the_watch_after_the_roots_queued_before() -> None:
-    """The removal comes after the commits it follows: their answers first,
-    then ENOTSUP -- also when a root queued then turns out unreadable (its
-    namespace is gone: no newer root is asked for), and at once when
-    nothing is queued."""
+async def watching_after_one_answer() -> tuple[FakeBackend, Watcher]:
+    """A WATCH of ``k`` in ``ns`` that has answered its first root."""
     be = FakeBackend()
     w = Watcher(be, request(), "k", F.WATCH, "ns")
     w.push(1, ref(1), initial=True)
     be.resolve(0, val(b"1"))
     await settle()
+    return be, w
+
+
+async def test_a_namespace_removed_ends_the_watch_after_the_roots_queued_before() -> None:
+    """The removal comes after the commits it follows: their answers first,
+    then ENOTSUP -- also when a root queued then turns out unreadable (its
+    namespace is gone: no newer root is asked for), and at once when
+    nothing is queued."""
+    be, w = await watching_after_one_answer()
     w.push(2, ref(2))
     w.push(3, ref(3))
     w.fail_after_queue(errno.ENOTSUP, "namespace ns was removed")
@@ -134,11 +140,7 @@ async def test_a_namespace_removed_ends_the_watch_after_the_roots_queued_before(
     assert be.values() == [b"1", b"2", b"3"]
     assert be.error is not None and be.error[0] == errno.ENOTSUP and w.done
 
-    be = FakeBackend()
-    w = Watcher(be, request(), "k", F.WATCH, "ns")
-    w.push(1, ref(1), initial=True)
-    be.resolve(0, val(b"1"))
-    await settle()
+    be, w = await watching_after_one_answer()
     w.push(2, ref(2))
     w.fail_after_queue(errno.ENOTSUP, "namespace ns was removed")
     be.resolve(1, errnum=errno.ENOENT)  # its root was collected meanwhile
@@ -146,11 +148,7 @@ async def test_a_namespace_removed_ends_the_watch_after_the_roots_queued_before(
     assert be.values() == [b"1"] and be.roots == []
     assert be.error is not None and be.error[0] == errno.ENOTSUP
 
-    be = FakeBackend()
-    w = Watcher(be, request(), "k", F.WATCH, "ns")
-    w.push(1, ref(1), initial=True)
-    be.resolve(0, val(b"1"))
-    await settle()
+    be, w = await watching_after_one_answer()
     w.fail_after_queue(errno.ENOTSUP, "namespace ns was removed")
     assert be.error is not None and be.error[0] == errno.ENOTSUP and w.done
 

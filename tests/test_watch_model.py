@@ -71,6 +71,7 @@ from test_watch_helpers import (
 
 from broker.errors import RemoteError
 from broker.handle import Handle, Stream
+from broker.message import Message
 from kvs.client import KVS
 
 DELETES = 1 << 17
@@ -368,6 +369,15 @@ def keys_expected(key: str, hist: History, start: int, final: int,
 
 # --- the watchers ------------------------------------------------------------
 
+async def next_message(stream: Stream, what: str, got: Any) -> Message | None:
+    """The stream's next message (None at its end) within ``T``; else fail,
+    naming the watcher and what it got."""
+    try:
+        return await asyncio.wait_for(stream.next_message(), T)
+    except TimeoutError:
+        raise AssertionError(f"{what}: no answer for {T}s; got {got}") from None
+
+
 @dataclass
 class Watcher:
     key: str
@@ -392,13 +402,10 @@ class Watcher:
         when read later."""
         while self.end is None:
             try:
-                msg = await asyncio.wait_for(self.stream.next_message(), T)
+                msg = await next_message(self.stream, self.describe(), self.got)
             except RemoteError as exc:
                 self.end = exc.errnum
                 return
-            except TimeoutError:
-                raise AssertionError(f"{self.describe()}: no answer for {T}s; "
-                                     f"got {self.got}") from None
             if msg is None:
                 self.end = 0
                 return

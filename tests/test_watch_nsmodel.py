@@ -41,6 +41,7 @@ from typing import Any
 
 import pytest
 from test_watch_helpers import GUEST_PRELUDE, GUEST_UID, WAITCREATE, WATCH, wait_watchers
+from test_watch_model import next_message
 
 from broker.errors import RemoteError
 from broker.handle import Handle, Stream
@@ -137,11 +138,7 @@ class NsWatcher:
     async def read(self) -> None:
         """Until the namespace made last is reported."""
         while True:
-            try:
-                msg = await asyncio.wait_for(self.stream.next_message(), T)
-            except TimeoutError:
-                raise AssertionError(f"{self.describe()}: no answer for {T}s; "
-                                     f"got {self.got}") from None
+            msg = await next_message(self.stream, self.describe(), self.got)
             assert msg is not None, f"{self.describe()}: ended; got {self.got}"
             p = msg.payload
             if p["event"] == "listed":
@@ -181,11 +178,8 @@ class KeyWatcher:
         """Until the last value, or the end of the stream."""
         try:
             while True:
-                try:
-                    msg = await asyncio.wait_for(self.stream.next_message(), T)
-                except TimeoutError:
-                    raise AssertionError(f"k in {self.name} on rank {self.rank}: no answer "
-                                         f"for {T}s; got {self.got}") from None
+                msg = await next_message(self.stream, f"k in {self.name} on rank {self.rank}",
+                                         self.got)
                 if msg is None:
                     self.end = 0
                     return

@@ -37,6 +37,7 @@ import asyncio
 import errno
 import os
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -183,6 +184,18 @@ class Reader:
     task: asyncio.Future[None] | None = None
 
 
+async def none_behind(behind: Callable[[], list[str]], where: str) -> None:
+    """Until ``behind()`` (the watches that have not yielded what the model
+    says they yield by now) is empty; else fail, naming them."""
+    async def check() -> bool:
+        return not behind()
+    try:
+        await wait_until(check, T, "")
+    except AssertionError:
+        raise AssertionError(f"{where}: watches behind the model:\n"
+                             + "\n".join(behind())) from None
+
+
 async def read_value_watch(r: Reader, w: Any, final: asyncio.Future[int],
                            appending: bool = False) -> None:
     try:
@@ -302,14 +315,7 @@ async def test_watches_resume_across_restarts_as_the_model_says(inst: Restartabl
                         out.append(f"{r.what}: want {want_keys}, got {r.got}")
                 return out
 
-            async def check() -> bool:
-                return not behind()
-            try:
-                await wait_until(check, T, "")
-            except AssertionError:
-                raise AssertionError(f"{where}: at version {version}, outages {outages}, "
-                                     "watches behind the model:\n" + "\n".join(behind())
-                                     ) from None
+            await none_behind(behind, f"{where}: at version {version}, outages {outages}")
             return sum(1 for r, *_ in readers + keyed if r.end is None)
 
         kill_at = sorted(rng.sample(range(5, HISTORY - 5), RESTARTS))
@@ -462,13 +468,7 @@ async def test_namespace_watches_resume_across_restarts_as_the_model_says(
                 return [f"{r.what}: want {want}, got {r.got}" for prefix, r in watches.items()
                         if len(r.got) < len(want := ns_resumed(model, start, prefix, outages))]
 
-            async def check() -> bool:
-                return not behind()
-            try:
-                await wait_until(check, T, "")
-            except AssertionError:
-                raise AssertionError(f"{where}: outages {outages}, namespace watches behind "
-                                     "the model:\n" + "\n".join(behind())) from None
+            await none_behind(behind, f"{where}: outages {outages}")
 
         await caught_up()
         kill_at = sorted(rng.sample(range(3, NS_HISTORY - 3), RESTARTS))
