@@ -21,7 +21,9 @@ What each watcher must get follows from docs/protocol.md:
   of the pool: it follows the incarnation alive when it started (else the
   next one created): its latest value then, each later commit, and
   ``ENOTSUP`` when that incarnation is removed; a guest's ends ``EPERM``
-  instead when the incarnation is not the guest's.
+  instead when the incarnation is not the guest's.  One started during the
+  history must match the model from a point near its start (its rank may
+  not have heard the last request yet, or may have heard the next).
 
 At the end every name of the pool is alive and gets a last value, so each
 watcher still following one answers it.
@@ -56,6 +58,7 @@ HISTORY = 70  # requests while they watch
 LATE_WATCHERS = 6
 END_NS = "job-end"  # created last, owned by the guest: every namespace watcher sees it
 GUEST_RANK = 3
+LATE_SLACK = 2  # requests around a late key watcher's start it may begin at
 
 
 @dataclass
@@ -173,6 +176,7 @@ class KeyWatcher:
     stream: Stream
     got: list[tuple[int, str]] = field(default_factory=list)
     end: int | None = None
+    start: int = 0  # requests made before it was sent
 
     async def read(self) -> None:
         """Until the last value, or the end of the stream."""
@@ -361,6 +365,7 @@ async def test_namespace_and_key_watchers_follow_namespace_lives(start_instance,
         await wait_watchers(handles[r], len(PREFIXES) + len(POOL)
                             + (guest_running if r == GUEST_RANK else 0), timeout=T)
 
+    late_keyws: list[KeyWatcher] = []
     if mode == "one at a time":
         late_at = set(rng.sample(range(HISTORY), LATE_WATCHERS))
         for i in range(HISTORY):
@@ -368,6 +373,10 @@ async def test_namespace_and_key_watchers_follow_namespace_lives(start_instance,
                 r, prefix = rng.randrange(SIZE), rng.choice(PREFIXES)
                 nsws.append(NsWatcher(prefix, r, model.now, handles[r].rpc_stream(
                     "kvs-watch.namespaces", {"prefix": prefix})))
+                r, name = rng.randrange(SIZE), rng.choice(POOL)
+                late_keyws.append(KeyWatcher(name, r, handles[r].rpc_stream(
+                    "kvs-watch.lookup", {"namespace": name, "key": "k",
+                                         "flags": WATCH | WAITCREATE}), start=model.now))
             await random_request(rng, rng.choice(POOL), together=True)
     else:
         async def one_name(name: str) -> None:
@@ -381,7 +390,7 @@ async def test_namespace_and_key_watchers_follow_namespace_lives(start_instance,
         await put(rng, name, "end")
     await create(rng, END_NS, GUEST_UID)
 
-    await asyncio.gather(*(w.read() for w in nsws), *(w.read() for w in keyws))
+    await asyncio.gather(*(w.read() for w in nsws), *(w.read() for w in keyws + late_keyws))
     assert guest.stdout is not None
     out, _ = await asyncio.wait_for(guest.communicate(), 30)
     assert guest.returncode == 0, f"{where}: the guest failed"
@@ -419,6 +428,14 @@ async def test_namespace_and_key_watchers_follow_namespace_lives(start_instance,
         if (w.got, w.end or 0) != (want_k, want_end):
             failures.append(f"k in {w.name} on rank {w.rank}:\n    want {want_k} then "
                             f"{want_end}\n    got  {w.got} then {w.end}")
+    for w in late_keyws:
+        # It began at whatever its rank had heard when it came: the history
+        # around its start (requests in flight, events on their way).
+        near = range(max(0, w.start - LATE_SLACK), min(model.now, w.start + LATE_SLACK) + 1)
+        if not any((w.got, w.end or 0) == key_expected(model, w.name, p, guest=False)
+                   for p in near):
+            failures.append(f"k in {w.name} on rank {w.rank} from request {w.start}: matches "
+                            f"the model from no point near it:\n    got  {w.got} then {w.end}")
     for name in POOL:
         want_k, want_end = key_expected(model, name, start, guest=True)
         got = ([tuple(a) for a in g["keys"][name]], g["ends"].get(name, 0))
