@@ -113,12 +113,17 @@ async def test_answers_in_commit_order_when_lookups_complete_out_of_order() -> N
     assert w.queue is None  # idle watchers hold no queue
 
 
-async def watching_after_one_answer() -> tuple[FakeBackend, Watcher]:
-    """A WATCH of ``k`` in ``ns`` that has answered its first root."""
+async def watching_after_one_answer(ns: str = "ns", errnum: int = 0,
+                                    ) -> tuple[FakeBackend, Watcher]:
+    """A WATCH of ``k`` in ``ns`` whose first root's lookup is done: it
+    answered ``1``, or failed ``errnum``."""
     be = FakeBackend()
-    w = Watcher(be, request(), "k", F.WATCH, "ns")
+    w = Watcher(be, request(), "k", F.WATCH, ns)
     w.push(1, ref(1), initial=True)
-    be.resolve(0, val(b"1"))
+    if errnum:
+        be.resolve(0, errnum=errnum)
+    else:
+        be.resolve(0, val(b"1"))
     await settle()
     return be, w
 
@@ -154,11 +159,7 @@ async def test_a_namespace_removed_ends_the_watch_after_the_roots_queued_before(
 
     # removed while rank 0's current root was asked for (its own was
     # collected): the answer may be a new namespace's of the same name
-    be = FakeBackend()
-    w = Watcher(be, request(), "k", F.WATCH, "ns")
-    w.push(1, ref(1), initial=True)
-    be.resolve(0, errnum=errno.ENOENT)
-    await settle()
+    be, w = await watching_after_one_answer(errnum=errno.ENOENT)
     assert len(be.roots) == 1
     w.fail_after_queue(errno.ENOTSUP, "namespace ns was removed")
     be.roots[0].set_result({"rootseq": 1, "rootref": ref(9)})
@@ -253,11 +254,7 @@ async def test_a_collected_last_root_is_read_again_at_rank_0s_current_root() -> 
 
 
 async def test_a_later_root_queued_while_the_current_one_is_asked_answers() -> None:
-    be = FakeBackend()
-    w = Watcher(be, request(), "k", F.WATCH, "primary")
-    w.push(1, ref(1), initial=True)
-    be.resolve(0, errnum=errno.ENOENT)
-    await settle()
+    be, w = await watching_after_one_answer("primary", errnum=errno.ENOENT)
     assert len(be.roots) == 1
     w.push(2, ref(2))
     be.resolve(1, val(b"2"))
