@@ -471,7 +471,8 @@ async def test_watchers_see_what_the_model_says(start_instance, connect, mode: s
     rootrefs: dict[int, str] = {}
     reads: list[tuple[int, int, str, Any]] = []  # (committed, read at, key, what the read got)
 
-    async def commit_ops(ops: list[dict[str, Any]], rank: int, h: Handle) -> int:
+    async def commit_ops(ops: list[dict[str, Any]], h: Handle) -> int:
+        """Commit ``ops`` through ``h`` (the rank it is attached to)."""
         r = await commit(h, *ops, flags=commit_flags)
         seq = int(r["rootseq"])
         done.append((seq, ops))
@@ -489,7 +490,7 @@ async def test_watchers_see_what_the_model_says(start_instance, connect, mode: s
     root = await handles[0].rpc("kvs.getroot", {"namespace": "primary"})
     hist.record(int(root["rootseq"]), [], {})
     first_ops = [op for op in (random_op(rng) for _ in range(4)) if op["key"] != "z.other"]
-    start = await commit_ops(first_ops, 0, handles[0])
+    start = await commit_ops(first_ops, handles[0])
     hist.replay(done)
     for h in handles:  # every rank at ``start`` before its watchers begin
         await asyncio.wait_for(h.rpc("kvs.wait-version",
@@ -533,13 +534,13 @@ async def test_watchers_see_what_the_model_says(start_instance, connect, mode: s
                     since_watch(kw, handles[kw.rank], rootrefs[old], finals))))
             rank = wrng.randrange(SIZE)
             await commit_ops([random_op(wrng, areas) for _ in range(wrng.randint(1, 3))],
-                             rank, own[rank])
+                             own[rank])
 
     await asyncio.gather(*(writer(k, areas, HISTORY // len(writer_areas))
                            for k, areas in enumerate(writer_areas)))
     # a new value for every watched key: each watcher still running answers it
     final = await commit_ops([put("m.a", b"end-a"), put("m.b.c", b"end-c"),
-                              append("m.log", b"end-log")], 0, handles[0])
+                              append("m.log", b"end-log")], handles[0])
     finals.set_result(final)
     hist.replay(done)
     assert sorted(hist.states) == list(range(min(hist.states), final + 1)), \
