@@ -4,7 +4,10 @@ A seeded random history of small transactions (puts, appends, unlinks,
 ``mkdir``, a value or a symlink replacing the directory above a watched key,
 writes through that symlink, commits that name no watched key) is committed
 to a size-4 instance from random ranks, in three ways: one writer, one
-transaction at a time; three writers at once on parts of the tree that
+transaction at a time, which also attaches puts and appends to a lease now
+and then and revokes it (its keys still attached are unlinked in a commit
+of their own; a later write of a key, above or below it detaches it: the
+model keeps the attachments); three writers at once on parts of the tree that
 commute, so rank 0 merges their transactions into shared versions; three
 writers at once over the whole tree with ``NO_MERGE``.  A plain Python model
 of the tree replays the commits in version order (each commit's answer names
@@ -254,7 +257,8 @@ def describe(op: dict[str, Any]) -> str:
         return f"symlink {op['key']} -> {dirent['data']['target']}"
     verb = "append" if op["flags"] & 32 else "put"
     data = dirent["data"]
-    return f"{verb} {op['key']}={data[:8]!r}{'...' if len(data) > 8 else ''}"
+    leased = f" (lease {op['lease'] % 1000})" if "lease" in op else ""
+    return f"{verb} {op['key']}={data[:8]!r}{'...' if len(data) > 8 else ''}{leased}"
 
 
 @dataclass
@@ -266,6 +270,8 @@ class History:
     """Each version's transactions, for a failure's report."""
     tree: Tree = field(default_factory=dict)
     applied: int = 0  # commits of ``replay``'s list applied so far
+    attached: dict[str, int] = field(default_factory=dict)
+    """Keys attached to a lease, by name as written (docs/kvs.md, Leases)."""
 
     def record(self, seq: int, names: list[str], tree: Tree, ops: str = "") -> None:
         self.states[seq] = copy_tree(tree)
@@ -279,12 +285,35 @@ class History:
         new = sorted(done[self.applied:], key=lambda c: c[0])
         self.applied = len(done)
         for seq, group in itertools.groupby(new, key=lambda c: c[0]):
-            ops = [op for _, txn in group for op in txn]
+            ops = [op for _, txn in group for op in self.expand(txn)]
             assert seq not in self.states, f"version {seq} came back after its replay"
             for op in ops:
                 apply(self.tree, op)
+                self.lease_write(op)
             self.record(seq, [op["key"] for op in ops], self.tree,
                         "; ".join(describe(op) for op in ops))
+
+    def expand(self, txn: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """A revoked lease's entry (``{"revoke": id}``) is the unlink of every
+        key still attached to it; any other op is itself."""
+        out = []
+        for op in txn:
+            if "revoke" in op:
+                out += [unlink(k) for k, lease in sorted(self.attached.items())
+                        if lease == op["revoke"]]
+            else:
+                out.append(op)
+        return out
+
+    def lease_write(self, op: dict[str, Any]) -> None:
+        """A write detaches the attached keys it touches (itself, above and
+        below it); a put or append with a lease attaches its key."""
+        key = op["key"]
+        for k in [k for k in self.attached
+                  if k == key or k.startswith(key + ".") or key.startswith(k + ".")]:
+            del self.attached[k]
+        if "lease" in op:
+            self.attached[key] = op["lease"]
 
 
 # --- what a watcher must see -------------------------------------------------
@@ -448,13 +477,15 @@ async def read_keys(w: KeysWatcher, stream: Stream, final: int) -> None:
 
 
 MODES = {
-    # one writer, one transaction at a time, each from a random rank
+    # one writer, one transaction at a time, each from a random rank; puts
+    # and appends attached to a lease now and then, and the lease revoked
     "one writer": (["a b log"], 0),
     # three writers at once, on parts of the tree that commute, merged
     "writers merged": (["a", "b", "log"], 0),
     # three writers at once over the whole tree, each commit its own version
     "writers unmerged": (["a b log"] * 3, NO_MERGE),
 }
+LEASES = "one writer"  # (a revoke's unlinks would not commute with the other writers')
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -516,10 +547,31 @@ async def test_watchers_see_what_the_model_says(start_instance, connect, mode: s
 
     finals: asyncio.Future[int] = asyncio.get_running_loop().create_future()
 
+    async def grant_or_revoke(lease: int | None, h: Handle) -> int | None:
+        """A new lease (ttl an hour: it never expires here), or the current
+        one revoked: its keys still attached are unlinked in one commit,
+        whose version the answer names -- none if no key is attached."""
+        if lease is None:
+            return int((await asyncio.wait_for(h.rpc("kvs.lease-grant", {"ttl": 3600}), T))["id"])
+        held = sorted(k for k, owner in hist.attached.items() if owner == lease)
+        r = await asyncio.wait_for(h.rpc("kvs.lease-revoke", {"id": lease}), T)
+        seq = r["rootseqs"].get("primary")
+        assert (seq is not None) == bool(held), \
+            f"{where}: revoking a lease holding {held} answered {r}"
+        if seq is not None:
+            # (the only writer: the current root is the unlinks')
+            root = await asyncio.wait_for(h.rpc("kvs.getroot", {"namespace": "primary"}), T)
+            assert root["rootseq"] == seq, f"{where}: revoke answered {seq}, root is {root}"
+            done.append((int(seq), [{"key": "(revoke)", "revoke": lease}]))
+            rootrefs[int(seq)] = root["rootref"]
+            hist.replay(done)
+        return None
+
     async def writer(index: int, areas: str, n: int) -> None:
         wrng = random.Random(f"{seed} {mode} {index}")
         own = [await connect(inst, r) for r in range(SIZE)]  # its own connection per rank
         late_at = set(wrng.sample(range(n), LATE_WATCHERS)) if index == 0 else set()
+        lease: int | None = None
         for i in range(n):
             if i in late_at:
                 rank = wrng.randrange(SIZE)
@@ -533,8 +585,18 @@ async def test_watchers_see_what_the_model_says(start_instance, connect, mode: s
                 since_tasks.append((kw, asyncio.ensure_future(
                     since_watch(kw, handles[kw.rank], rootrefs[old], finals))))
             rank = wrng.randrange(SIZE)
-            await commit_ops([random_op(wrng, areas) for _ in range(wrng.randint(1, 3))],
-                             own[rank])
+            if mode == LEASES and wrng.random() < 0.1:
+                lease = await grant_or_revoke(lease, own[rank])
+                continue
+            ops = [random_op(wrng, areas) for _ in range(wrng.randint(1, 3))]
+            if lease is not None:
+                for op in ops:  # attach some puts and appends
+                    if op["dirent"] is not None and op["dirent"]["type"] == "val" \
+                            and wrng.random() < 0.5:
+                        op["lease"] = lease
+            await commit_ops(ops, own[rank])
+            if mode == LEASES:  # (one writer: its versions come in order)
+                hist.replay(done)
 
     await asyncio.gather(*(writer(k, areas, HISTORY // len(writer_areas))
                            for k, areas in enumerate(writer_areas)))
