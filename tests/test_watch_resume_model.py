@@ -107,6 +107,14 @@ def flags_of(options: dict[str, bool]) -> int:
 _NOTHING = object()
 
 
+def up(start: int, final: int, outages: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The stretches ``(from, to)`` the rank was up, from ``start`` to
+    ``final``, around ``outages`` of ``(went down after, back at)``."""
+    froms = [start] + [back for _, back in outages]
+    tos = [down for down, _ in outages] + [final]
+    return list(zip(froms, tos, strict=True))
+
+
 def predict_resumed(key: str, flags: int, hist: History, start: int, final: int,
                     outages: list[tuple[int, int]]) -> tuple[list[Any], int]:
     """What the watch yields over ``start``..``final`` when its rank was
@@ -116,9 +124,7 @@ def predict_resumed(key: str, flags: int, hist: History, start: int, final: int,
         return append_resumed(key, flags, hist, start, final, outages)
     out: list[Any] = []
     last: Any = _NOTHING
-    bounds = [start] + [r for _, r in outages]
-    ends = [a for a, _ in outages] + [final]
-    for i, (s, e) in enumerate(zip(bounds, ends, strict=True)):
+    for i, (s, e) in enumerate(up(start, final, outages)):
         answers, end = predict(key, flags, hist, s, e)
         if i and answers and last is not _NOTHING and answers[0][1] == last:
             answers = answers[1:]  # the value yielded last: not again
@@ -138,9 +144,7 @@ def append_resumed(key: str, flags: int, hist: History, start: int, final: int,
     watch's appends."""
     out: list[Any] = []
     delivered = b""
-    bounds = [start] + [r for _, r in outages]
-    ends = [a for a, _ in outages] + [final]
-    for i, (s, e) in enumerate(zip(bounds, ends, strict=True)):
+    for i, (s, e) in enumerate(up(start, final, outages)):
         answers, end = predict(key, flags, hist, s, e)
         if i:
             node = find(hist.states[s], key)
@@ -162,9 +166,7 @@ def keys_resumed(key: str, hist: History, start: int, final: int,
     """A key watch's answers: its first, each version's keys, and after each
     outage one answer with the keys changed since the last root it yielded."""
     out: list[tuple[int, list[str]]] = []
-    bounds = [start] + [r for _, r in outages]
-    ends = [a for a, _ in outages] + [final]
-    for i, (s, e) in enumerate(zip(bounds, ends, strict=True)):
+    for i, (s, e) in enumerate(up(start, final, outages)):
         seg = keys_expected(key, hist, s, e, [])
         if i:
             since = out[-1][0]
@@ -384,9 +386,7 @@ def ns_resumed(model: Model, start: int, prefix: str,
     out = [("created", life.name, life.owner, True) for life in alive(start)]
     out.append(("listed", "", -1, False))
     known = {life.name: life for life in alive(start)}
-    bounds = [start] + [b for _, b in outages]
-    ends = [k for k, _ in outages] + [model.now]
-    for i, (s, e) in enumerate(zip(bounds, ends, strict=True)):
+    for i, (s, e) in enumerate(up(start, model.now, outages)):
         if i:
             now = {life.name: life for life in alive(s)}
             for name, old in list(known.items()):
