@@ -1,0 +1,419 @@
+"""Concurrent, conflicting transactions from every rank against a model:
+the versions they make are a serial history, and a failed one changed nothing.
+
+Six writers (two on rank 0, one on each of ranks 1 and 2, two on rank 3)
+commit at once into a handful of keys, so rank 0 merges their transactions
+into shared versions and has to split a merged batch when one of them fails.
+Their transactions are drawn from a seed (``KVB_TXN_SEED`` to replay one):
+
+* compare-and-swap increments of two counters (read the counter on the
+  writer's rank, then ``expect`` what was read and put one more: a read
+  that is stale, or a race lost, fails ``ECANCELED``);
+* a lock taken with ``expect_missing`` and given back with ``expect`` of
+  the holder's own name;
+* appends of a token unique to the transaction to a log, and now and then a
+  rewrite of it;
+* a key that is by turns a value, a directory (a key put below it) and
+  missing, appended to (``EISDIR`` while it is a directory), and a symlink
+  to it, written through and appended to (``EOPNOTSUPP``);
+* plain puts and unlinks, values big enough to be blobs of their own, and
+  transactions that mix all of these, some ``NO_MERGE``.
+
+Each commit's answer names its version (``rootseq``).  After the run every
+version's tree is read back (``rootdir``) and the test checks what a
+serializable, real-time ordered KVS promises (etcd's and Jepsen's terms):
+
+* versions are contiguous and each one is made by transactions that were
+  answered with it: nothing else changed the tree;
+* the transactions of each version, applied one after another in *some*
+  order to the previous version's tree, each succeed (every condition holds
+  at its point) and give exactly the tree read back;
+* a transaction answered before another was sent has an older version;
+* a failed transaction fails, with its errno, against one of the versions
+  that were current between its request and its answer (a merged batch that
+  fails is replayed one transaction at a time, so each is judged alone);
+* a ``NO_MERGE`` transaction has a version of its own;
+* each read a writer made (``kvs.lookup-plus``, on its own rank) returns
+  the model's value at the version it names, never older than the writer's
+  last commit (read-your-writes through that rank, relayed commits too).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import itertools
+import os
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from test_watch_helpers import NO_MERGE, append, put, unlink
+from test_watch_model import (
+    INLINE_MAX,
+    Link,
+    Tree,
+    Val,
+    _dir_at,
+    copy_tree,
+    find,
+    mkdir,
+    symlink,
+)
+
+from broker.errors import RemoteError
+from broker.handle import Handle
+
+T = 20.0
+SIZE = 4
+WRITER_RANKS = [0, 0, 1, 2, 3, 3]
+TXNS = 40  # per writer
+EXPECT = 64
+
+# What the test reads back at every version: every key a transaction names
+# (``c.s.y`` through the symlink, when ``c.s`` is one).
+OBSERVED = ["c.n0", "c.n1", "c.lock", "c.log", "c.d", "c.d.x", "c.d.y", "c.s", "c.s.y",
+            "c.k0", "c.k1", "c.k2"]
+LINK = "c.s"  # also read as itself (``TREEOBJ``): a symlink, or not
+TREEOBJ = 16
+
+MODES = {"merging": 0.0, "some unmerged": 0.3}  # the share of NO_MERGE transactions
+
+
+def expect(key: str, value: bytes | None) -> dict[str, Any]:
+    return {"key": key, "flags": EXPECT,
+            "dirent": None if value is None else {"ver": 1, "type": "val", "data": value}}
+
+
+# --- the model ---------------------------------------------------------------
+
+def _parent(tree: Tree, key: str, create: bool) -> tuple[Tree | None, str]:
+    *path, last = key.split(".")
+    return (_dir_at(tree, ".".join(path), create) if path else tree), last
+
+
+def apply_op(tree: Tree, op: dict[str, Any]) -> int:
+    """One op applied to ``tree`` as kvs applies it (docs/protocol.md,
+    commit flags; docs/kvs.md, "The model"): 0, or the errno that fails its
+    transaction.  Symlinks on the path are followed; one at the key itself
+    is what a write replaces, an append refuses, a condition never matches."""
+    key, dirent, flags = op["key"], op["dirent"], op["flags"]
+    if flags & EXPECT:
+        parent, last = _parent(tree, key, create=False)
+        node = None if parent is None else parent.get(last)
+        want = None if dirent is None else dirent["data"]
+        if want is None:
+            return 0 if node is None else errno.ECANCELED
+        return 0 if isinstance(node, Val) and node.data == want else errno.ECANCELED
+    if dirent is None:
+        parent, last = _parent(tree, key, create=False)
+        if parent is not None:
+            parent.pop(last, None)
+        return 0
+    parent, last = _parent(tree, key, create=True)
+    assert parent is not None
+    if dirent["type"] == "dir":
+        parent[last] = {}
+    elif dirent["type"] == "symlink":
+        parent[last] = Link(dirent["data"]["target"])
+    elif flags & 32:  # append
+        old = parent.get(last)
+        if isinstance(old, dict):
+            return errno.EISDIR
+        if isinstance(old, Link):
+            return errno.EOPNOTSUPP
+        parent[last] = (Val(old.chunks + (dirent["data"],), False) if old is not None
+                        else Val.of(dirent["data"]))
+    else:
+        parent[last] = Val.of(dirent["data"])
+    return 0
+
+
+def apply_txn(tree: Tree, ops: list[dict[str, Any]]) -> tuple[int, Tree]:
+    """A transaction on a copy of ``tree``: (0, the new tree) or (errno, None)."""
+    new = copy_tree(tree)
+    for op in ops:
+        if err := apply_op(new, op):
+            return err, {}
+    return 0, new
+
+
+Seen = bytes | str | None  # a key's value, "dir", or None: missing
+
+
+def observe(tree: Tree) -> dict[str, Seen]:
+    """What a lookup of each :data:`OBSERVED` key finds in ``tree``."""
+    out: dict[str, Seen] = {}
+    for key in OBSERVED:
+        node = find(tree, key)
+        out[key] = node.data if isinstance(node, Val) else "dir" if isinstance(
+            node, dict) else None
+    link = tree.get("c", {}).get("s") if isinstance(tree.get("c"), dict) else None
+    out[LINK + "@"] = f"link:{link.target}" if isinstance(link, Link) else "not a link"
+    return out
+
+
+# --- the history -------------------------------------------------------------
+
+@dataclass
+class Txn:
+    writer: int
+    index: int
+    ops: list[dict[str, Any]]
+    flags: int
+    sent: float
+    answered: float = 0.0
+    seq: int | None = None  # the version it made; None: it failed
+    rootref: str = ""
+    errnum: int = 0
+    errstr: str = ""
+
+    def describe(self) -> str:
+        def one(op: dict[str, Any]) -> str:
+            d = op["dirent"]
+            if op["flags"] & EXPECT:
+                return f"expect {op['key']}=={None if d is None else d['data'][:12]!r}"
+            if d is None:
+                return f"unlink {op['key']}"
+            if d["type"] != "val":
+                return f"{d['type']} {op['key']}"
+            verb = "append" if op["flags"] & 32 else "put"
+            return f"{verb} {op['key']}={d['data'][:12]!r}"
+        how = f"v{self.seq}" if self.seq is not None else f"errno {self.errnum} {self.errstr!r}"
+        merge = " NO_MERGE" if self.flags & NO_MERGE else ""
+        return f"w{self.writer}.{self.index}{merge} [{'; '.join(map(one, self.ops))}] -> {how}"
+
+
+@dataclass
+class Read:
+    writer: int
+    key: str
+    after: int  # the writer's last version when it read (0: none yet)
+    seq: int
+    got: Seen
+
+
+class Writer:
+    """One client on one rank making transactions one after another."""
+
+    def __init__(self, index: int, h: Handle, rng: random.Random, no_merge: float,
+                 txns: list[Txn], reads: list[Read]) -> None:
+        self.index, self.h, self.rng, self.no_merge = index, h, rng, no_merge
+        self.txns, self.reads = txns, reads
+        self.last = 0  # the version of its last successful commit
+        self.holds_lock = False
+
+    async def read(self, key: str) -> Seen:
+        try:
+            r = await asyncio.wait_for(self.h.rpc("kvs.lookup-plus", {
+                "namespace": "primary", "key": key, "flags": 0}), T)
+        except RemoteError as exc:
+            assert exc.errnum == errno.EISDIR, f"w{self.index} read {key}: {exc}"
+            return "dir"  # (no version to check it at: the model's states say)
+        got = None if r["val"] is None else bytes(r["val"]["data"])
+        self.reads.append(Read(self.index, key, self.last, int(r["rootseq"]), got))
+        return got
+
+    async def pick(self, i: int) -> list[dict[str, Any]]:
+        """The next transaction's ops (reads for a compare-and-swap first)."""
+        rng = self.rng
+        me = f"w{self.index}".encode()
+        value = (f"w{self.index}.{i}." * (rng.choice([1, 12]))).encode()  # >64: a blob
+        parts: list[list[dict[str, Any]]] = []
+        for _ in range(rng.choice([1, 1, 1, 2, 3])):
+            roll = rng.randrange(10)
+            if roll < 3:  # a compare-and-swap increment
+                key = rng.choice(["c.n0", "c.n1"])
+                old = await self.read(key)
+                n = int(old) if isinstance(old, bytes) else 0
+                parts.append([expect(key, old if isinstance(old, bytes) else None),
+                              put(key, str(n + 1).encode())])
+            elif roll == 3:  # the lock
+                if self.holds_lock:
+                    parts.append([expect("c.lock", me), unlink("c.lock")])
+                else:
+                    parts.append([expect("c.lock", None), put("c.lock", me)])
+            elif roll < 6:
+                parts.append([append("c.log", f"<{self.index}.{i}>".encode())]
+                             if rng.random() < 0.85 else [put("c.log", value)])
+            elif roll < 8:
+                parts.append([rng.choice([
+                    put("c.d", value), put("c.d.x", value), mkdir("c.d"), unlink("c.d"),
+                    append("c.d", b"+"), unlink("c.d.x"),
+                    symlink("c.s", "c.d"), put("c.s.y", value), append("c.s", b"+"),
+                    unlink("c.s"),
+                ])])
+            else:
+                key = rng.choice(["c.k0", "c.k1", "c.k2"])
+                parts.append([put(key, value) if rng.random() < 0.7 else unlink(key)])
+        return [op for part in parts for op in part]
+
+    async def run(self, n: int) -> None:
+        for i in range(n):
+            ops = await self.pick(i)
+            flags = NO_MERGE if self.rng.random() < self.no_merge else 0
+            t = Txn(self.index, i, ops, flags, time.monotonic())
+            self.txns.append(t)
+            try:
+                r = await asyncio.wait_for(self.h.rpc("kvs.commit", {
+                    "namespace": "primary", "flags": flags, "ops": ops}), T)
+            except RemoteError as exc:
+                t.errnum, t.errstr = exc.errnum, exc.errstr
+            else:
+                t.seq, t.rootref = int(r["rootseq"]), r["rootref"]
+                self.last = max(self.last, t.seq)
+                if any(op["key"] == "c.lock" for op in ops):
+                    self.holds_lock = not self.holds_lock
+            t.answered = time.monotonic()
+
+
+# --- reading the versions back -----------------------------------------------
+
+async def read_version(h: Handle, rootref: str) -> dict[str, Seen]:
+    """Each :data:`OBSERVED` key at root ``rootref`` (``rootdir``)."""
+    root = {"ver": 1, "type": "dirref", "data": [rootref]}
+
+    async def one(key: str) -> Seen:
+        try:
+            r = await asyncio.wait_for(h.rpc("kvs.lookup", {
+                "namespace": "primary", "key": key, "flags": 0, "rootdir": root}), T)
+        except RemoteError as exc:
+            if exc.errnum == errno.ENOENT:
+                return None
+            assert exc.errnum == errno.EISDIR, f"{key} at {rootref}: {exc}"
+            return "dir"
+        return bytes(r["val"]["data"])
+
+    async def link() -> Seen:
+        try:
+            r = await asyncio.wait_for(h.rpc("kvs.lookup", {
+                "namespace": "primary", "key": LINK, "flags": TREEOBJ, "rootdir": root}), T)
+        except RemoteError as exc:
+            assert exc.errnum == errno.ENOENT, f"{LINK} at {rootref}: {exc}"
+            return "not a link"
+        obj = r["val"]
+        return f"link:{obj['data']['target']}" if obj["type"] == "symlink" else "not a link"
+
+    got = dict(zip(OBSERVED, await asyncio.gather(*map(one, OBSERVED)), strict=True))
+    got[LINK + "@"] = await link()
+    return got
+
+
+# --- the checks --------------------------------------------------------------
+
+def explain(before: Tree, group: list[Txn], seen: dict[str, Seen]) -> Tree | None:
+    """The tree after ``group`` (one version's transactions) applied in an
+    order in which each succeeds and the result reads as ``seen``; None if
+    there is no such order."""
+    for order in itertools.permutations(group):
+        tree = before
+        for t in order:
+            err, tree = apply_txn(tree, t.ops)
+            if err:
+                break
+        else:
+            if observe(tree) == seen:
+                return tree
+    return None
+
+
+def check_history(txns: list[Txn], reads: list[Read], start: int, start_tree: Tree,
+                  seen: dict[int, dict[str, Seen]]) -> list[str]:
+    failures: list[str] = []
+    done = [t for t in txns if t.seq is not None]
+    by_seq: dict[int, list[Txn]] = {}
+    for t in done:
+        by_seq.setdefault(t.seq, []).append(t)  # type: ignore[arg-type]
+    final = max(by_seq, default=start)
+    if sorted(by_seq) != list(range(start + 1, final + 1)):
+        gaps = sorted(set(range(start + 1, final + 1)) - set(by_seq))
+        failures.append(f"versions made by no transaction answered with them: {gaps}")
+    for seq, group in by_seq.items():
+        if len({t.rootref for t in group}) != 1:
+            failures.append(f"v{seq} answered with several roots: {[t.describe() for t in group]}")
+        if len({t.writer for t in group}) != len(group):
+            failures.append(f"v{seq} holds two transactions of one writer")
+        if len(group) > 1 and any(t.flags & NO_MERGE for t in group):
+            failures.append(f"v{seq} merged a NO_MERGE transaction: "
+                            f"{[t.describe() for t in group]}")
+
+    # Each version from the one before, in some order of its transactions.
+    states: dict[int, Tree] = {start: start_tree}
+    for seq in range(start + 1, final + 1):
+        group = by_seq.get(seq, [])
+        tree = explain(states[seq - 1], group, seen[seq]) if group else None
+        if tree is None:
+            failures.append(
+                f"v{seq}: no order of its transactions makes what was read back\n"
+                f"    before: {observe(states[seq - 1])}\n    read:   {seen.get(seq)}\n"
+                + "\n".join(f"    {t.describe()}" for t in group))
+            return failures  # (the states after it are unknown)
+        states[seq] = tree
+
+    # Real time: answered before another was sent means an older version.
+    ordered = sorted(done, key=lambda t: t.answered)
+    for t in done:
+        earlier = [u for u in ordered if u.answered < t.sent]
+        if earlier and (late := max(earlier, key=lambda u: u.seq or 0)).seq >= t.seq:  # type: ignore[operator]
+            failures.append(f"{t.describe()} was sent after {late.describe()} was answered")
+
+    # A failure: its errno against a version current while it was in flight
+    # (the versions answered before it was sent, up to the last one whose
+    # transactions had all been sent before its answer came).
+    last_sent = {seq: max(t.sent for t in group) for seq, group in by_seq.items()}
+    for t in txns:
+        if t.seq is not None:
+            continue
+        low = max((u.seq for u in done if u.answered < t.sent), default=start)
+        high = low
+        while high + 1 <= final and last_sent[high + 1] < t.answered:
+            high += 1
+        outcomes = {v: apply_txn(states[v], t.ops)[0] for v in range(low, high + 1)}
+        if t.errnum not in outcomes.values() or t.errnum == 0:
+            failures.append(f"{t.describe()}: against v{low}..v{high} the model gives "
+                            f"{sorted(set(outcomes.values()))}")
+
+    for r in reads:
+        if r.seq < r.after:
+            failures.append(f"w{r.writer} read {r.key} at v{r.seq} after committing v{r.after}")
+        elif r.seq in states and (want := observe(states[r.seq])[r.key]) != r.got:
+            failures.append(f"w{r.writer} read {r.key} at v{r.seq}: {r.got!r}, "
+                            f"the model has {want!r}")
+    return failures
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+async def test_transactions_are_a_serial_history(start_instance, connect, mode: str) -> None:
+    base = os.environ.get("KVB_TXN_SEED")
+    seed = int(base) if base else random.randrange(1 << 30)
+    where = f"{mode}, KVB_TXN_SEED={seed}"
+    inst = await start_instance(size=SIZE, fanout=2)
+    h0 = await connect(inst, 0)
+    root = await asyncio.wait_for(h0.rpc("kvs.getroot", {"namespace": "primary"}), T)
+    start, start_tree = int(root["rootseq"]), {}
+    txns: list[Txn] = []
+    reads: list[Read] = []
+    writers = [Writer(i, await connect(inst, rank), random.Random(f"{seed} {mode} {i}"),
+                      MODES[mode], txns, reads)
+               for i, rank in enumerate(WRITER_RANKS)]
+    await asyncio.gather(*(w.run(TXNS) for w in writers))
+
+    refs = {t.seq: t.rootref for t in txns if t.seq is not None}
+    readers = [await connect(inst, r) for r in range(SIZE)]
+    seqs = sorted(refs)
+    versions = await asyncio.gather(*(read_version(readers[i % SIZE], refs[s])
+                                      for i, s in enumerate(seqs)))
+    failures = check_history(txns, reads, start, start_tree, dict(zip(seqs, versions,
+                                                                      strict=True)))
+    stats = (await asyncio.wait_for(h0.rpc("kvs.stats-get"), T))["counts"]
+    assert not failures, (
+        f"{where}: {len(failures)} problems "
+        f"(merged {stats.get('merged', 0)}, split {stats.get('merges-split', 0)}):\n"
+        + "\n".join(failures[:20]) + "\nthe transactions, by writer:\n"
+        + "\n".join(f"  {t.describe()}" for t in txns))
+    # The history did what it is for: conflicts failed, and values that are blobs.
+    assert any(t.errnum == errno.ECANCELED for t in txns), where
+    assert any(len(op["dirent"]["data"]) > INLINE_MAX for t in txns for op in t.ops
+               if op["dirent"] is not None and op["dirent"]["type"] == "val"), where
