@@ -17,21 +17,33 @@ Their transactions are drawn from a seed (``KVB_TXN_SEED`` to replay one):
   missing, appended to (``EISDIR`` while it is a directory), and a symlink
   to it, written through and appended to (``EOPNOTSUPP``);
 * plain puts and unlinks, values big enough to be blobs of their own, and
-  transactions that mix all of these, some ``NO_MERGE``.
+  transactions that mix all of these, some ``NO_MERGE``;
+* leases: each writer now and then takes one or revokes its own, and puts
+  a key or takes the lock with its lease or another writer's -- which that
+  writer may be revoking at that moment (docs/kvs.md, "Leases"); once they
+  are done, a seventh client puts a key with a new lease and revokes it.
 
-Each commit's answer names its version (``rootseq``).  After the run every
-version's tree is read back (``rootdir``) and the test checks what a
-serializable, real-time ordered KVS promises (etcd's and Jepsen's terms):
+Every version's ``setroot`` event is recorded (a subscriber on rank 3), and
+after the run every version's tree is read back (``rootdir``).  The test
+checks what a serializable, real-time ordered KVS promises (etcd's and
+Jepsen's terms):
 
-* versions are contiguous and each one is made by transactions that were
-  answered with it: nothing else changed the tree;
-* the transactions of each version, applied one after another in *some*
-  order to the previous version's tree, each succeed (every condition holds
-  at its point) and give exactly the tree read back;
+* versions are contiguous, each has one event, and a commit answered with
+  a version is answered with that version's root;
+* the transactions answered with a version, applied one after another in
+  *some* order to the previous version's tree, each succeed (every
+  condition holds at its point) and give exactly the tree read back -- or,
+  for a version no commit was answered with, it is the unlink of the keys
+  still attached to a lease that was revoked (a revoke answered with a
+  version it did not make found no key attached, in the model too);
+* a write detaches the lease of every key it touches, and a lease's keys
+  are unlinked, after its revoke, exactly as the model keeps them attached;
 * a transaction answered before another was sent has an older version;
 * a failed transaction fails, with its errno, against one of the versions
   that were current between its request and its answer (a merged batch that
-  fails is replayed one transaction at a time, so each is judged alone);
+  fails is replayed one transaction at a time, so each is judged alone); one
+  naming a lease fails ``ENOENT`` only once that lease's revoke was sent, and
+  succeeds only if that revoke was not answered before it was sent;
 * a ``NO_MERGE`` transaction has a version of its own;
 * each read a writer made (``kvs.lookup-plus``, on its own rank) returns
   the model's value at the version it names, never older than the writer's
@@ -46,7 +58,7 @@ import itertools
 import os
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -71,6 +83,7 @@ SIZE = 4
 WRITER_RANKS = [0, 0, 1, 2, 3, 3]
 TXNS = 40  # per writer
 EXPECT = 64
+SETROOT = "kvs.namespace-primary-setroot"
 
 # What the test reads back at every version: every key a transaction names
 # (``c.s.y`` through the symlink, when ``c.s`` is one).
@@ -88,6 +101,16 @@ def expect(key: str, value: bytes | None) -> dict[str, Any]:
 
 
 # --- the model ---------------------------------------------------------------
+
+@dataclass
+class State:
+    """One version: the tree, and the keys attached to each lease (by name)."""
+    tree: Tree
+    attached: dict[str, int] = field(default_factory=dict)
+
+    def keys_of(self, lease: int) -> list[str]:
+        return sorted(k for k, held in self.attached.items() if held == lease)
+
 
 def _parent(tree: Tree, key: str, create: bool) -> tuple[Tree | None, str]:
     *path, last = key.split(".")
@@ -131,13 +154,31 @@ def apply_op(tree: Tree, op: dict[str, Any]) -> int:
     return 0
 
 
-def apply_txn(tree: Tree, ops: list[dict[str, Any]]) -> tuple[int, Tree]:
-    """A transaction on a copy of ``tree``: (0, the new tree) or (errno, None)."""
-    new = copy_tree(tree)
+def apply_txn(state: State, ops: list[dict[str, Any]]) -> tuple[int, State]:
+    """A transaction applied to a copy of ``state``: (0, the new state) or
+    (errno, the old one).  Once applied, each write (not a condition), in
+    order, detaches the keys it touches (itself, above and below it) and
+    attaches its own key if it names a lease."""
+    tree = copy_tree(state.tree)
     for op in ops:
-        if err := apply_op(new, op):
-            return err, {}
-    return 0, new
+        if err := apply_op(tree, op):
+            return err, state
+    attached = dict(state.attached)
+    for op in ops:
+        if op["flags"] & EXPECT:
+            continue
+        key = op["key"]
+        for k in [k for k in attached
+                  if k == key or k.startswith(key + ".") or key.startswith(k + ".")]:
+            del attached[k]
+        if "lease" in op:
+            attached[key] = op["lease"]
+    return 0, State(tree, attached)
+
+
+def unlinks_of(state: State, lease: int) -> list[dict[str, Any]]:
+    """What an ended lease's unlink transaction does at ``state``."""
+    return [unlink(k) for k in state.keys_of(lease)]
 
 
 Seen = bytes | str | None  # a key's value, "dir", or None: missing
@@ -159,20 +200,26 @@ def observe(tree: Tree) -> dict[str, Seen]:
 
 @dataclass
 class Txn:
+    """A commit, or a lease's revoke (``revokes``: its id; no ``ops``)."""
     writer: int
     index: int
     ops: list[dict[str, Any]]
     flags: int
     sent: float
+    revokes: int | None = None
     answered: float = 0.0
-    seq: int | None = None  # the version it made; None: it failed
+    seq: int | None = None  # the version it was answered with; None: it failed
     rootref: str = ""
     errnum: int = 0
     errstr: str = ""
 
+    def leases(self) -> set[int]:
+        return {op["lease"] for op in self.ops if "lease" in op}
+
     def describe(self) -> str:
         def one(op: dict[str, Any]) -> str:
             d = op["dirent"]
+            lease = f" (lease {op['lease']})" if "lease" in op else ""
             if op["flags"] & EXPECT:
                 return f"expect {op['key']}=={None if d is None else d['data'][:12]!r}"
             if d is None:
@@ -180,8 +227,11 @@ class Txn:
             if d["type"] != "val":
                 return f"{d['type']} {op['key']}"
             verb = "append" if op["flags"] & 32 else "put"
-            return f"{verb} {op['key']}={d['data'][:12]!r}"
-        how = f"v{self.seq}" if self.seq is not None else f"errno {self.errnum} {self.errstr!r}"
+            return f"{verb} {op['key']}={d['data'][:12]!r}{lease}"
+        how = (f"errno {self.errnum} {self.errstr!r}" if self.errnum
+               else "answered with no version" if self.seq is None else f"v{self.seq}")
+        if self.revokes is not None:
+            return f"w{self.writer}.{self.index} revoke lease {self.revokes} -> {how}"
         merge = " NO_MERGE" if self.flags & NO_MERGE else ""
         return f"w{self.writer}.{self.index}{merge} [{'; '.join(map(one, self.ops))}] -> {how}"
 
@@ -199,9 +249,10 @@ class Writer:
     """One client on one rank making transactions one after another."""
 
     def __init__(self, index: int, h: Handle, rng: random.Random, no_merge: float,
-                 txns: list[Txn], reads: list[Read]) -> None:
+                 txns: list[Txn], reads: list[Read], leases: dict[int, int]) -> None:
         self.index, self.h, self.rng, self.no_merge = index, h, rng, no_merge
         self.txns, self.reads = txns, reads
+        self.leases = leases  # every writer's current lease, by writer: shared
         self.last = 0  # the version of its last successful commit
         self.holds_lock = False
 
@@ -215,6 +266,15 @@ class Writer:
         got = None if r["val"] is None else bytes(r["val"]["data"])
         self.reads.append(Read(self.index, key, self.last, int(r["rootseq"]), got))
         return got
+
+    def leased(self, op: dict[str, Any]) -> dict[str, Any]:
+        """``op`` with a lease now and then: this writer's, or another's."""
+        held = list(self.leases.values())
+        if held and self.rng.random() < 0.5:
+            mine = self.leases.get(self.index)
+            op["lease"] = mine if mine is not None and self.rng.random() < 0.6 \
+                else self.rng.choice(held)
+        return op
 
     async def pick(self, i: int) -> list[dict[str, Any]]:
         """The next transaction's ops (reads for a compare-and-swap first)."""
@@ -234,7 +294,7 @@ class Writer:
                 if self.holds_lock:
                     parts.append([expect("c.lock", me), unlink("c.lock")])
                 else:
-                    parts.append([expect("c.lock", None), put("c.lock", me)])
+                    parts.append([expect("c.lock", None), self.leased(put("c.lock", me))])
             elif roll < 6:
                 parts.append([append("c.log", f"<{self.index}.{i}>".encode())]
                              if rng.random() < 0.85 else [put("c.log", value)])
@@ -247,26 +307,62 @@ class Writer:
                 ])])
             else:
                 key = rng.choice(["c.k0", "c.k1", "c.k2"])
-                parts.append([put(key, value) if rng.random() < 0.7 else unlink(key)])
+                parts.append([self.leased(put(key, value)) if rng.random() < 0.7
+                              else unlink(key)])
         return [op for part in parts for op in part]
+
+    async def grant_or_revoke(self, i: int) -> None:
+        """A new lease (ttl an hour: none expires here), or this writer's
+        revoked: answered once its keys' unlinks are applied, with the
+        version they made (none if no key was attached)."""
+        lease = self.leases.get(self.index)
+        if lease is None:
+            r = await asyncio.wait_for(self.h.rpc("kvs.lease-grant", {"ttl": 3600}), T)
+            self.leases[self.index] = int(r["id"])
+            return
+        del self.leases[self.index]  # (others stop picking it: some have already)
+        t = Txn(self.index, i, [], NO_MERGE, time.monotonic(), revokes=lease)
+        self.txns.append(t)
+        r = await asyncio.wait_for(self.h.rpc("kvs.lease-revoke", {"id": lease}), T)
+        t.answered = time.monotonic()
+        seq = r["rootseqs"].get("primary")
+        t.seq = None if seq is None else int(seq)
+        self.last = max(self.last, t.seq or 0)
+
+    async def commit(self, i: int, ops: list[dict[str, Any]], flags: int) -> None:
+        t = Txn(self.index, i, ops, flags, time.monotonic())
+        self.txns.append(t)
+        try:
+            r = await asyncio.wait_for(self.h.rpc("kvs.commit", {
+                "namespace": "primary", "flags": flags, "ops": ops}), T)
+        except RemoteError as exc:
+            t.errnum, t.errstr = exc.errnum, exc.errstr
+            if exc.errstr.startswith("c.lock: condition failed") and self.holds_lock:
+                self.holds_lock = False  # (a revoke of its lease took it)
+        else:
+            t.seq, t.rootref = int(r["rootseq"]), r["rootref"]
+            self.last = max(self.last, t.seq)
+            if any(op["key"] == "c.lock" for op in ops):
+                self.holds_lock = not self.holds_lock
+        t.answered = time.monotonic()
 
     async def run(self, n: int) -> None:
         for i in range(n):
+            if self.rng.random() < 0.08:
+                await self.grant_or_revoke(i)
+                continue
             ops = await self.pick(i)
-            flags = NO_MERGE if self.rng.random() < self.no_merge else 0
-            t = Txn(self.index, i, ops, flags, time.monotonic())
-            self.txns.append(t)
-            try:
-                r = await asyncio.wait_for(self.h.rpc("kvs.commit", {
-                    "namespace": "primary", "flags": flags, "ops": ops}), T)
-            except RemoteError as exc:
-                t.errnum, t.errstr = exc.errnum, exc.errstr
-            else:
-                t.seq, t.rootref = int(r["rootseq"]), r["rootref"]
-                self.last = max(self.last, t.seq)
-                if any(op["key"] == "c.lock" for op in ops):
-                    self.holds_lock = not self.holds_lock
-            t.answered = time.monotonic()
+            await self.commit(i, ops, NO_MERGE if self.rng.random() < self.no_merge else 0)
+        if self.index in self.leases:  # its last: while the others still write
+            await self.grant_or_revoke(n)
+
+    async def finale(self) -> None:
+        """Alone, once the others are done: a key put with a new lease, and
+        the lease revoked -- its unlink a version of its own."""
+        await self.grant_or_revoke(0)
+        await self.commit(1, [put("c.k0", b"leased", 0) | {"lease": self.leases[self.index]}],
+                          0)
+        await self.grant_or_revoke(2)
 
 
 # --- reading the versions back -----------------------------------------------
@@ -303,82 +399,120 @@ async def read_version(h: Handle, rootref: str) -> dict[str, Seen]:
 
 # --- the checks --------------------------------------------------------------
 
-def explain(before: Tree, group: list[Txn], seen: dict[str, Seen]) -> Tree | None:
-    """The tree after ``group`` (one version's transactions) applied in an
-    order in which each succeeds and the result reads as ``seen``; None if
-    there is no such order."""
-    for order in itertools.permutations(group):
-        tree = before
-        for t in order:
-            err, tree = apply_txn(tree, t.ops)
-            if err:
-                break
-        else:
-            if observe(tree) == seen:
-                return tree
-    return None
+def explain(before: State, group: list[Txn], revoked: set[int],
+            seen: dict[str, Seen]) -> tuple[State | None, str]:
+    """The state after one version, and what made it: the commits answered
+    with it (``group``'s commits) applied in an order in which each succeeds,
+    or else (none answered with it) the unlinks of a revoked lease's keys; the
+    result must read as ``seen``, and every revoke answered with it that did
+    not make it must find its lease without keys there.  (None, "") if there
+    is no such way."""
+    commits = [t for t in group if t.revokes is None]
+    revokes = [t for t in group if t.revokes is not None]
+    ways: list[tuple[State, str]] = []
+    if commits:
+        for order in itertools.permutations(commits):
+            state = before
+            for t in order:
+                err, state = apply_txn(state, t.ops)
+                if err:
+                    break
+            else:
+                ways.append((state, "commits"))
+    else:  # a revoke's unlinks, or those of a lease attached to after its end
+        for lease in sorted(revoked):
+            if ops := unlinks_of(before, lease):
+                ways.append((apply_txn(before, ops)[1], f"the unlinks of lease {lease}"))
+    for state, how in ways:
+        if observe(state.tree) == seen and all(
+                not state.keys_of(t.revokes) for t in revokes  # type: ignore[arg-type]
+                if how != f"the unlinks of lease {t.revokes}"):
+            return state, how
+    return None, ""
 
 
-def check_history(txns: list[Txn], reads: list[Read], start: int, start_tree: Tree,
-                  seen: dict[int, dict[str, Seen]]) -> list[str]:
+def check_history(txns: list[Txn], reads: list[Read], start: int, start_state: State,
+                  events: dict[int, str], seen: dict[int, dict[str, Seen]]) -> list[str]:
     failures: list[str] = []
-    done = [t for t in txns if t.seq is not None]
+    final = max(events, default=start)
+    if sorted(events) != list(range(start + 1, final + 1)):
+        failures.append(f"setroot events, not one per version: {sorted(events)}")
+    answered = [t for t in txns if t.seq is not None]
     by_seq: dict[int, list[Txn]] = {}
-    for t in done:
+    for t in answered:
         by_seq.setdefault(t.seq, []).append(t)  # type: ignore[arg-type]
-    final = max(by_seq, default=start)
-    if sorted(by_seq) != list(range(start + 1, final + 1)):
-        gaps = sorted(set(range(start + 1, final + 1)) - set(by_seq))
-        failures.append(f"versions made by no transaction answered with them: {gaps}")
+        if t.revokes is None and t.rootref != events.get(t.seq):  # type: ignore[arg-type]
+            failures.append(f"{t.describe()}: answered root {t.rootref}, "
+                            f"the version's event has {events.get(t.seq)}")  # type: ignore[arg-type]
     for seq, group in by_seq.items():
-        if len({t.rootref for t in group}) != 1:
-            failures.append(f"v{seq} answered with several roots: {[t.describe() for t in group]}")
         if len({t.writer for t in group}) != len(group):
             failures.append(f"v{seq} holds two transactions of one writer")
-        if len(group) > 1 and any(t.flags & NO_MERGE for t in group):
+        commits = [t for t in group if t.revokes is None]
+        if len(commits) > 1 and any(t.flags & NO_MERGE for t in commits):
             failures.append(f"v{seq} merged a NO_MERGE transaction: "
                             f"{[t.describe() for t in group]}")
+    revoke_of = {t.revokes: t for t in txns if t.revokes is not None}
 
-    # Each version from the one before, in some order of its transactions.
-    states: dict[int, Tree] = {start: start_tree}
+    # Each version from the one before.
+    states: dict[int, State] = {start: start_state}
     for seq in range(start + 1, final + 1):
         group = by_seq.get(seq, [])
-        tree = explain(states[seq - 1], group, seen[seq]) if group else None
-        if tree is None:
+        revoked = {lease for lease, r in revoke_of.items()
+                   if r.sent < max((t.answered for t in group), default=float("inf"))}
+        state, _how = explain(states[seq - 1], group, revoked, seen[seq])
+        if state is None:
             failures.append(
-                f"v{seq}: no order of its transactions makes what was read back\n"
-                f"    before: {observe(states[seq - 1])}\n    read:   {seen.get(seq)}\n"
-                + "\n".join(f"    {t.describe()}" for t in group))
+                f"v{seq}: nothing explains what was read back\n"
+                f"    before: {observe(states[seq - 1].tree)} attached "
+                f"{states[seq - 1].attached}\n    read:   {seen.get(seq)}\n"
+                + ("\n".join(f"    {t.describe()}" for t in group) or "    (no commit)"))
             return failures  # (the states after it are unknown)
-        states[seq] = tree
+        states[seq] = state
 
-    # Real time: answered before another was sent means an older version.
-    ordered = sorted(done, key=lambda t: t.answered)
-    for t in done:
-        earlier = [u for u in ordered if u.answered < t.sent]
+    # Real time: answered before a commit was sent means an older version.
+    commits = [t for t in answered if t.revokes is None]
+    for t in commits:
+        earlier = [u for u in answered if u.answered < t.sent]
         if earlier and (late := max(earlier, key=lambda u: u.seq or 0)).seq >= t.seq:  # type: ignore[operator]
             failures.append(f"{t.describe()} was sent after {late.describe()} was answered")
+        for lease in t.leases():
+            if lease in revoke_of and revoke_of[lease].answered < t.sent:
+                failures.append(f"{t.describe()} was sent after the revoke of its "
+                                f"lease was answered: {revoke_of[lease].describe()}")
 
     # A failure: its errno against a version current while it was in flight
     # (the versions answered before it was sent, up to the last one whose
     # transactions had all been sent before its answer came).
     last_sent = {seq: max(t.sent for t in group) for seq, group in by_seq.items()}
+
+    def window(t: Txn) -> range:
+        low = max((u.seq for u in commits if u.answered < t.sent), default=start)
+        high = low
+        while high + 1 <= final and last_sent.get(high + 1, t.sent) < t.answered:
+            high += 1
+        return range(low, high + 1)
+
     for t in txns:
+        if t.revokes is not None:
+            if t.seq is None and all(states[v].keys_of(t.revokes) for v in window(t)):
+                failures.append(f"{t.describe()}: the model has keys attached to it "
+                                f"at every version while it was in flight")
+            continue
         if t.seq is not None:
             continue
-        low = max((u.seq for u in done if u.answered < t.sent), default=start)
-        high = low
-        while high + 1 <= final and last_sent[high + 1] < t.answered:
-            high += 1
-        outcomes = {v: apply_txn(states[v], t.ops)[0] for v in range(low, high + 1)}
+        if t.errnum == errno.ENOENT and any(
+                lease in revoke_of and revoke_of[lease].sent < t.answered
+                for lease in t.leases()):
+            continue  # its lease had ended
+        outcomes = {v: apply_txn(states[v], t.ops)[0] for v in window(t)}
         if t.errnum not in outcomes.values() or t.errnum == 0:
-            failures.append(f"{t.describe()}: against v{low}..v{high} the model gives "
-                            f"{sorted(set(outcomes.values()))}")
+            failures.append(f"{t.describe()}: against v{min(outcomes)}..v{max(outcomes)} "
+                            f"the model gives {sorted(set(outcomes.values()))}")
 
     for r in reads:
         if r.seq < r.after:
             failures.append(f"w{r.writer} read {r.key} at v{r.seq} after committing v{r.after}")
-        elif r.seq in states and (want := observe(states[r.seq])[r.key]) != r.got:
+        elif r.seq in states and (want := observe(states[r.seq].tree)[r.key]) != r.got:
             failures.append(f"w{r.writer} read {r.key} at v{r.seq}: {r.got!r}, "
                             f"the model has {want!r}")
     return failures
@@ -391,29 +525,46 @@ async def test_transactions_are_a_serial_history(start_instance, connect, mode: 
     where = f"{mode}, KVB_TXN_SEED={seed}"
     inst = await start_instance(size=SIZE, fanout=2)
     h0 = await connect(inst, 0)
+    recorder = await connect(inst, SIZE - 1)
+    await recorder.subscribe(SETROOT)
     root = await asyncio.wait_for(h0.rpc("kvs.getroot", {"namespace": "primary"}), T)
-    start, start_tree = int(root["rootseq"]), {}
+    start = int(root["rootseq"])
     txns: list[Txn] = []
     reads: list[Read] = []
+    leases: dict[int, int] = {}
     writers = [Writer(i, await connect(inst, rank), random.Random(f"{seed} {mode} {i}"),
-                      MODES[mode], txns, reads)
+                      MODES[mode], txns, reads, leases)
                for i, rank in enumerate(WRITER_RANKS)]
     await asyncio.gather(*(w.run(TXNS) for w in writers))
+    await Writer(len(writers), await connect(inst, SIZE - 1), random.Random(0), 0.0, txns,
+                 reads, leases).finale()
+    # A last commit, queued after every unlink the history set going (a
+    # lease attached to after its revoke is unlinked at once, unasked), so
+    # its event is the last one.
+    marker = await asyncio.wait_for(h0.rpc("kvs.commit", {
+        "namespace": "primary", "flags": 0, "ops": [put("end", b"1")]}), T)
+    txns.append(Txn(-1, 0, [put("end", b"1")], 0, time.monotonic(), answered=time.monotonic(),
+                    seq=int(marker["rootseq"]), rootref=marker["rootref"]))
+    events: dict[int, str] = {}
+    while max(events, default=start) < marker["rootseq"]:
+        ev = await asyncio.wait_for(recorder.recv_event(), T)
+        seq = int(ev.payload["rootseq"])
+        assert seq not in events, f"{where}: two setroot events of v{seq}"
+        events[seq] = ev.payload["rootref"]
 
-    refs = {t.seq: t.rootref for t in txns if t.seq is not None}
     readers = [await connect(inst, r) for r in range(SIZE)]
-    seqs = sorted(refs)
-    versions = await asyncio.gather(*(read_version(readers[i % SIZE], refs[s])
+    seqs = sorted(events)
+    versions = await asyncio.gather(*(read_version(readers[i % SIZE], events[s])
                                       for i, s in enumerate(seqs)))
-    failures = check_history(txns, reads, start, start_tree, dict(zip(seqs, versions,
-                                                                      strict=True)))
+    failures = check_history(txns, reads, start, State({}), events,
+                             dict(zip(seqs, versions, strict=True)))
     stats = (await asyncio.wait_for(h0.rpc("kvs.stats-get"), T))["counts"]
     assert not failures, (
         f"{where}: {len(failures)} problems "
         f"(merged {stats.get('merged', 0)}, split {stats.get('merges-split', 0)}):\n"
         + "\n".join(failures[:20]) + "\nthe transactions, by writer:\n"
         + "\n".join(f"  {t.describe()}" for t in txns))
-    # The history did what it is for: conflicts failed, and values that are blobs.
+    # The history did what it is for: conflicts failed, and values were blobs.
     assert any(t.errnum == errno.ECANCELED for t in txns), where
     assert any(len(op["dirent"]["data"]) > INLINE_MAX for t in txns for op in t.ops
                if op["dirent"] is not None and op["dirent"]["type"] == "val"), where
