@@ -249,18 +249,25 @@ class Writer:
     """One client on one rank making transactions one after another."""
 
     def __init__(self, index: int, h: Handle, rng: random.Random, no_merge: float,
-                 txns: list[Txn], reads: list[Read], leases: dict[int, int]) -> None:
+                 txns: list[Txn], reads: list[Read], leases: dict[int, int] | None,
+                 ns: str = "primary") -> None:
         self.index, self.h, self.rng, self.no_merge = index, h, rng, no_merge
         self.txns, self.reads = txns, reads
         self.leases = leases  # every writer's current lease, by writer: shared
+        """(None: no leases; and each transaction begins with an append of a
+        token of its own, so no two versions are alike)"""
+        self.ns = ns
         self.last = 0  # the version of its last successful commit
         self.holds_lock = False
+        self.answered = asyncio.Event()  # set at each answer (cleared by who waits)
 
     async def read(self, key: str) -> Seen:
         try:
             r = await asyncio.wait_for(self.h.rpc("kvs.lookup-plus", {
-                "namespace": "primary", "key": key, "flags": 0}), T)
+                "namespace": self.ns, "key": key, "flags": 0}), T)
         except RemoteError as exc:
+            if self.leases is None and exc.errnum in (errno.ENOENT, errno.ENOTSUP):
+                return None  # (the namespace is gone: a guess, its commit will say)
             assert exc.errnum == errno.EISDIR, f"w{self.index} read {key}: {exc}"
             return "dir"  # (no version to check it at: the model's states say)
         got = None if r["val"] is None else bytes(r["val"]["data"])
@@ -269,6 +276,8 @@ class Writer:
 
     def leased(self, op: dict[str, Any]) -> dict[str, Any]:
         """``op`` with a lease now and then: this writer's, or another's."""
+        if self.leases is None:
+            return op
         held = list(self.leases.values())
         if held and self.rng.random() < 0.5:
             mine = self.leases.get(self.index)
@@ -309,12 +318,15 @@ class Writer:
                 key = rng.choice(["c.k0", "c.k1", "c.k2"])
                 parts.append([self.leased(put(key, value)) if rng.random() < 0.7
                               else unlink(key)])
+        if self.leases is None:
+            parts.insert(0, [append("c.log", f"[{self.index}.{i}]".encode())])
         return [op for part in parts for op in part]
 
     async def grant_or_revoke(self, i: int) -> None:
         """A new lease (ttl an hour: none expires here), or this writer's
         revoked: answered once its keys' unlinks are applied, with the
         version they made (none if no key was attached)."""
+        assert self.leases is not None
         lease = self.leases.get(self.index)
         if lease is None:
             r = await asyncio.wait_for(self.h.rpc("kvs.lease-grant", {"ttl": 3600}), T)
@@ -334,7 +346,7 @@ class Writer:
         self.txns.append(t)
         try:
             r = await asyncio.wait_for(self.h.rpc("kvs.commit", {
-                "namespace": "primary", "flags": flags, "ops": ops}), T)
+                "namespace": self.ns, "flags": flags, "ops": ops}), T)
         except RemoteError as exc:
             t.errnum, t.errstr = exc.errnum, exc.errstr
             if exc.errstr.startswith("c.lock: condition failed") and self.holds_lock:
@@ -345,21 +357,23 @@ class Writer:
             if any(op["key"] == "c.lock" for op in ops):
                 self.holds_lock = not self.holds_lock
         t.answered = time.monotonic()
+        self.answered.set()
 
     async def run(self, n: int) -> None:
         for i in range(n):
-            if self.rng.random() < 0.08:
+            if self.leases is not None and self.rng.random() < 0.08:
                 await self.grant_or_revoke(i)
                 continue
             ops = await self.pick(i)
             await self.commit(i, ops, NO_MERGE if self.rng.random() < self.no_merge else 0)
-        if self.index in self.leases:  # its last: while the others still write
+        if self.leases and self.index in self.leases:  # its last: while others write
             await self.grant_or_revoke(n)
 
     async def finale(self) -> None:
         """Alone, once the others are done: a key put with a new lease, and
         the lease revoked -- its unlink a version of its own."""
         await self.grant_or_revoke(0)
+        assert self.leases is not None
         await self.commit(1, [put("c.k0", b"leased", 0) | {"lease": self.leases[self.index]}],
                           0)
         await self.grant_or_revoke(2)
@@ -568,3 +582,190 @@ async def test_transactions_are_a_serial_history(start_instance, connect, mode: 
     assert any(t.errnum == errno.ECANCELED for t in txns), where
     assert any(len(op["dirent"]["data"]) > INLINE_MAX for t in txns for op in t.ops
                if op["dirent"] is not None and op["dirent"]["type"] == "val"), where
+
+
+# --- a namespace removed and made again while commits race it ---------------
+
+NS = "x"
+LIVES = 10  # times the namespace is made (and removed)
+
+
+@dataclass
+class Life:
+    """One incarnation of :data:`NS`, from its events: its epoch, the
+    version it began at, and each version's root."""
+    epoch: int
+    start: int
+    roots: dict[int, str] = field(default_factory=dict)
+    created: tuple[float, float] = (0.0, 0.0)  # its create request: sent, answered
+    removed: tuple[float, float] = (float("inf"), float("inf"))  # and its remove's
+
+
+async def churn(h0: Handle, writers: list[Writer], times: list[tuple[float, float, float, float]],
+                rng: random.Random, stop: asyncio.Event) -> None:
+    """Make :data:`NS` and remove it, :data:`LIVES` times, each after a
+    random number of the writers' answers (its commits, then their failures
+    while it is gone; until ``stop``): each life's create and remove
+    requests' times (sent, answered) in ``times``."""
+    async def answers(n: int) -> None:
+        for _ in range(n):
+            for w in writers:
+                w.answered.clear()
+            if stop.is_set():
+                return
+            waits = [asyncio.ensure_future(w.answered.wait()) for w in writers]
+            waits.append(asyncio.ensure_future(stop.wait()))
+            await asyncio.wait(waits, timeout=T, return_when=asyncio.FIRST_COMPLETED)
+            for f in waits:
+                f.cancel()
+
+    for _ in range(LIVES):
+        t0 = time.monotonic()
+        await asyncio.wait_for(h0.rpc("kvs.namespace-create", {"namespace": NS}), T)
+        t1 = time.monotonic()
+        await answers(rng.randint(4, 14))
+        t2 = time.monotonic()
+        await asyncio.wait_for(h0.rpc("kvs.namespace-remove", {"namespace": NS}), T)
+        times.append((t0, t1, t2, time.monotonic()))
+        await answers(rng.randint(0, 3))
+
+
+def refused_for_namespace(t: Txn) -> bool:
+    """Failed because :data:`NS` was not there (else: by its own ops)."""
+    return t.errnum == errno.ENOTSUP and t.errstr.startswith("namespace ")
+
+
+def check_lives(txns: list[Txn], lives: list[Life],
+                seen: dict[tuple[int, int], dict[str, Seen]]) -> list[str]:
+    """Each life a serial history of the commits answered with its roots;
+    a commit answered while no life overlapped it, or refused for the
+    namespace while one was there all along, is wrong; one failed by its
+    own ops fails so against a version of a life current while it was in
+    flight."""
+    failures: list[str] = []
+    where: dict[tuple[int, str], Life] = {}
+    for life in lives:
+        if sorted(life.roots) != list(range(life.start + 1, life.start + 1 + len(life.roots))):
+            failures.append(f"epoch {life.epoch}: setroots not one per version: {life.roots}")
+        for seq, ref in life.roots.items():
+            where[seq, ref] = life
+    by_life: dict[int, dict[int, list[Txn]]] = {life.epoch: {} for life in lives}
+    gone = [(a.removed[0], b.created[1]) for a, b in itertools.pairwise(lives)]
+    gone += [(float("-inf"), lives[0].created[1]), (lives[-1].removed[0], float("inf"))]
+    for t in txns:
+        if t.seq is None:
+            if refused_for_namespace(t) and not any(
+                    begin < t.answered and t.sent < end for begin, end in gone):
+                failures.append(f"{t.describe()}, while {NS} was there all along")
+            continue
+        life = where.get((t.seq, t.rootref))
+        if life is None:
+            failures.append(f"{t.describe()}: no life of {NS} has that root at v{t.seq}")
+        elif not (life.created[0] < t.answered and t.sent < life.removed[1]):
+            failures.append(f"{t.describe()}: applied to epoch {life.epoch}, "
+                            f"which did not exist while it was in flight")
+        else:
+            by_life[life.epoch].setdefault(t.seq, []).append(t)
+
+    states: dict[tuple[int, int], State] = {}
+    for life in lives:
+        state = states[life.epoch, life.start] = State({})
+        for seq in sorted(life.roots):
+            group = by_life[life.epoch].get(seq, [])
+            if len(group) > 1 and any(t.flags & NO_MERGE for t in group):
+                failures.append(f"epoch {life.epoch} v{seq} merged a NO_MERGE transaction")
+            new, _how = explain(state, group, set(), seen[life.epoch, seq])
+            if new is None:
+                failures.append(
+                    f"epoch {life.epoch} v{seq}: no order of the commits answered with it "
+                    f"makes what was read back\n    before: {observe(state.tree)}\n"
+                    f"    read:   {seen[life.epoch, seq]}\n"
+                    + ("\n".join(f"    {t.describe()}" for t in group) or "    (none)"))
+                return failures  # (the states after it are unknown)
+            state = states[life.epoch, seq] = new
+
+    for t in txns:
+        if t.seq is not None or refused_for_namespace(t):
+            continue
+        outcomes: set[int] = set()
+        for life in lives:
+            if not (life.created[0] < t.answered and t.sent < life.removed[1]):
+                continue
+            mine = by_life[life.epoch]
+            low = max((seq for seq, group in mine.items()
+                       if any(u.answered < t.sent for u in group)), default=life.start)
+            high = low
+            while high + 1 in life.roots and all(u.sent < t.answered
+                                                 for u in mine.get(high + 1, [])):
+                high += 1
+            outcomes |= {apply_txn(states[life.epoch, v], t.ops)[0]
+                         for v in range(low, high + 1)}
+        if t.errnum not in outcomes:
+            failures.append(f"{t.describe()}: the lives current while it was in flight "
+                            f"give {sorted(outcomes)}")
+    return failures
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+async def test_commits_racing_a_namespace_made_again_land_in_one_life(
+        start_instance, connect, mode: str) -> None:
+    """Writers on every rank (four on followers: their commits are relayed
+    with the namespace's epoch) commit to :data:`NS` while it is removed and
+    made again under them.  Every commit answered with a version is in the
+    life of the namespace it was answered from, in a serial history of that
+    life's commits; a commit refused for the namespace (``ENOTSUP``) changed
+    nothing and overlapped a time it was gone; one failed by its own ops
+    fails so against a version current while it was in flight; no
+    version holds a commit that was refused (each begins with a token of its
+    own, appended to a log, so no two versions are alike)."""
+    base = os.environ.get("KVB_TXN_SEED")
+    seed = int(base) if base else random.randrange(1 << 30)
+    where = f"{mode}, KVB_TXN_SEED={seed}"
+    inst = await start_instance(size=SIZE, fanout=2)
+    h0 = await connect(inst, 0)
+    recorder = await connect(inst, SIZE - 1)
+    await recorder.subscribe(f"kvs.namespace-{NS}-")
+    txns: list[Txn] = []
+    writers = [Writer(i, await connect(inst, rank), random.Random(f"{seed} {mode} {i}"),
+                      MODES[mode], txns, [], None, ns=NS)
+               for i, rank in enumerate([0, 1, 2, 3, 3])]
+    times: list[tuple[float, float, float, float]] = []
+    stop = asyncio.Event()
+
+    async def write() -> None:
+        await asyncio.gather(*(w.run(TXNS) for w in writers))
+        stop.set()
+
+    await asyncio.gather(write(), churn(h0, writers, times, random.Random(seed), stop))
+
+    lives: list[Life] = []
+    while len(lives) < len(times) or lives[-1].removed[0] == float("inf"):
+        ev = await asyncio.wait_for(recorder.recv_event(), T)
+        kind, p = ev.topic.rsplit("-", 1)[1], ev.payload
+        if kind == "created":
+            assert not lives or lives[-1].removed[0] != float("inf"), \
+                f"{where}: created again before removed: {p}"
+            lives.append(Life(int(p["epoch"]), int(p["rootseq"])))
+        elif kind == "setroot":
+            assert lives and lives[-1].removed[0] == float("inf"), f"{where}: setroot {p}"
+            lives[-1].roots[int(p["rootseq"])] = p["rootref"]
+        elif kind == "removed":
+            assert lives and p["epoch"] == lives[-1].epoch, f"{where}: removed {p}"
+            lives[-1].removed = (0.0, 0.0)  # (the times are the churner's: below)
+    assert [life.epoch for life in lives] == sorted({life.epoch for life in lives}), where
+    for life, (t0, t1, t2, t3) in zip(lives, times, strict=True):
+        life.created, life.removed = (t0, t1), (t2, t3)
+
+    readers = [await connect(inst, r) for r in range(SIZE)]
+    keys = [(life, seq) for life in lives for seq in sorted(life.roots)]
+    versions = await asyncio.gather(*(read_version(readers[i % SIZE], life.roots[seq])
+                                      for i, (life, seq) in enumerate(keys)))
+    seen = {(life.epoch, seq): v for (life, seq), v in zip(keys, versions, strict=True)}
+    failures = check_lives(txns, lives, seen)
+    assert not failures, (
+        f"{where}: {len(failures)} problems:\n" + "\n".join(failures[:20])
+        + "\nthe lives: " + "; ".join(f"epoch {life.epoch} v{life.start}..v"
+                                       f"{max(life.roots, default=life.start)}" for life in lives)
+        + "\nthe transactions, by writer:\n" + "\n".join(f"  {t.describe()}" for t in txns))
+    # The history did what it is for: commits were refused for the namespace.
+    assert any(refused_for_namespace(t) for t in txns), where
