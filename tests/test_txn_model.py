@@ -1,7 +1,8 @@
 """Concurrent, conflicting transactions from every rank against a model:
 the versions they make are a serial history, and a failed one changed nothing.
 
-Six writers (two on rank 0, one on each of ranks 1 and 2, two on rank 3)
+Six writers (two on rank 0, one on each of ranks 1 and 2, two on rank 3;
+or at size 8, one on rank 0 and five below, two of them three links away)
 commit at once into a handful of keys, so rank 0 merges their transactions
 into shared versions and has to split a merged batch when one of them fails.
 Their transactions are drawn from a seed (``KVB_TXN_SEED`` to replay one):
@@ -80,7 +81,6 @@ from broker.handle import Handle
 
 T = 20.0
 SIZE = 4
-WRITER_RANKS = [0, 0, 1, 2, 3, 3]
 TXNS = 40  # per writer
 EXPECT = 64
 SETROOT = "kvs.namespace-primary-setroot"
@@ -92,7 +92,13 @@ OBSERVED = ["c.n0", "c.n1", "c.lock", "c.log", "c.d", "c.d.x", "c.d.y", "c.s", "
 LINK = "c.s"  # also read as itself (``TREEOBJ``): a symlink, or not
 TREEOBJ = 16
 
-MODES = {"merging": 0.0, "some unmerged": 0.3}  # the share of NO_MERGE transactions
+# mode: (the share of NO_MERGE transactions, size, each writer's rank); at
+# size 8 (fanout 2) rank 7's relays cross three links, merged on the way
+MODES = {
+    "merging": (0.0, SIZE, [0, 0, 1, 2, 3, 3]),
+    "some unmerged": (0.3, SIZE, [0, 0, 1, 2, 3, 3]),
+    "deep tree": (0.1, 8, [0, 7, 7, 4, 5, 6]),
+}
 
 
 def expect(key: str, value: bytes | None) -> dict[str, Any]:
@@ -537,9 +543,10 @@ async def test_transactions_are_a_serial_history(start_instance, connect, mode: 
     base = os.environ.get("KVB_TXN_SEED")
     seed = int(base) if base else random.randrange(1 << 30)
     where = f"{mode}, KVB_TXN_SEED={seed}"
-    inst = await start_instance(size=SIZE, fanout=2)
+    no_merge, size, ranks = MODES[mode]
+    inst = await start_instance(size=size, fanout=2)
     h0 = await connect(inst, 0)
-    recorder = await connect(inst, SIZE - 1)
+    recorder = await connect(inst, size - 1)
     await recorder.subscribe(SETROOT)
     root = await asyncio.wait_for(h0.rpc("kvs.getroot", {"namespace": "primary"}), T)
     start = int(root["rootseq"])
@@ -547,10 +554,10 @@ async def test_transactions_are_a_serial_history(start_instance, connect, mode: 
     reads: list[Read] = []
     leases: dict[int, int] = {}
     writers = [Writer(i, await connect(inst, rank), random.Random(f"{seed} {mode} {i}"),
-                      MODES[mode], txns, reads, leases)
-               for i, rank in enumerate(WRITER_RANKS)]
+                      no_merge, txns, reads, leases)
+               for i, rank in enumerate(ranks)]
     await asyncio.gather(*(w.run(TXNS) for w in writers))
-    await Writer(len(writers), await connect(inst, SIZE - 1), random.Random(0), 0.0, txns,
+    await Writer(len(writers), await connect(inst, size - 1), random.Random(0), 0.0, txns,
                  reads, leases).finale()
     # A last commit, queued after every unlink the history set going (a
     # lease attached to after its revoke is unlinked at once, unasked), so
@@ -566,9 +573,9 @@ async def test_transactions_are_a_serial_history(start_instance, connect, mode: 
         assert seq not in events, f"{where}: two setroot events of v{seq}"
         events[seq] = ev.payload["rootref"]
 
-    readers = [await connect(inst, r) for r in range(SIZE)]
+    readers = [await connect(inst, r) for r in range(size)]
     seqs = sorted(events)
-    versions = await asyncio.gather(*(read_version(readers[i % SIZE], events[s])
+    versions = await asyncio.gather(*(read_version(readers[i % size], events[s])
                                       for i, s in enumerate(seqs)))
     failures = check_history(txns, reads, start, State({}), events,
                              dict(zip(seqs, versions, strict=True)))
@@ -599,6 +606,9 @@ class Life:
     roots: dict[int, str] = field(default_factory=dict)
     created: tuple[float, float] = (0.0, 0.0)  # its create request: sent, answered
     removed: tuple[float, float] = (float("inf"), float("inf"))  # and its remove's
+    heard: dict[int, float] = field(default_factory=dict)
+    """When a client of each rank received its ``created`` event: that rank's
+    kvs had taken it by then (a rank's modules take an event as it routes it)."""
 
 
 async def churn(h0: Handle, writers: list[Writer], times: list[tuple[float, float, float, float]],
@@ -635,13 +645,29 @@ def refused_for_namespace(t: Txn) -> bool:
     return t.errnum == errno.ENOTSUP and t.errstr.startswith("namespace ")
 
 
-def check_lives(txns: list[Txn], lives: list[Life],
+def refusal_explained(t: Txn, rank: int, lives: list[Life]) -> bool:
+    """A commit refused for the namespace: some life had ended before the
+    answer (or none had begun), and the rank it was sent to had not yet
+    heard of the next one when it was sent.  (A follower knows the
+    namespace by the events it has taken, as it knows its versions: one that
+    has not taken the ``removed`` event yet relays the commit to the life
+    it knows, which rank 0 refuses -- never applies to the next life.)"""
+    inf = float("inf")
+    for j in range(-1, len(lives)):
+        ended = j < 0 or lives[j].removed[0] < t.answered
+        unheard = j + 1 == len(lives) or lives[j + 1].heard.get(rank, inf) > t.sent
+        if ended and unheard:
+            return True
+    return False
+
+
+def check_lives(txns: list[Txn], lives: list[Life], ranks: dict[int, int],
                 seen: dict[tuple[int, int], dict[str, Seen]]) -> list[str]:
     """Each life a serial history of the commits answered with its roots;
     a commit answered while no life overlapped it, or refused for the
-    namespace while one was there all along, is wrong; one failed by its
-    own ops fails so against a version of a life current while it was in
-    flight."""
+    namespace without a reason (:func:`refusal_explained`; ``ranks``: each
+    writer's), is wrong; one failed by its own ops fails so against a
+    version of a life current while it was in flight."""
     failures: list[str] = []
     where: dict[tuple[int, str], Life] = {}
     for life in lives:
@@ -650,13 +676,11 @@ def check_lives(txns: list[Txn], lives: list[Life],
         for seq, ref in life.roots.items():
             where[seq, ref] = life
     by_life: dict[int, dict[int, list[Txn]]] = {life.epoch: {} for life in lives}
-    gone = [(a.removed[0], b.created[1]) for a, b in itertools.pairwise(lives)]
-    gone += [(float("-inf"), lives[0].created[1]), (lives[-1].removed[0], float("inf"))]
     for t in txns:
         if t.seq is None:
-            if refused_for_namespace(t) and not any(
-                    begin < t.answered and t.sent < end for begin, end in gone):
-                failures.append(f"{t.describe()}, while {NS} was there all along")
+            if refused_for_namespace(t) and not refusal_explained(t, ranks[t.writer], lives):
+                failures.append(f"{t.describe()} on rank {ranks[t.writer]}, while {NS} "
+                                f"was there and that rank knew it")
             continue
         life = where.get((t.seq, t.rootref))
         if life is None:
@@ -709,26 +733,40 @@ def check_lives(txns: list[Txn], lives: list[Life],
 @pytest.mark.parametrize("mode", list(MODES))
 async def test_commits_racing_a_namespace_made_again_land_in_one_life(
         start_instance, connect, mode: str) -> None:
-    """Writers on every rank (four on followers: their commits are relayed
-    with the namespace's epoch) commit to :data:`NS` while it is removed and
+    """Writers on every rank (five, four of them on followers: their
+    commits are relayed with the namespace's epoch) commit to :data:`NS` while it is removed and
     made again under them.  Every commit answered with a version is in the
     life of the namespace it was answered from, in a serial history of that
     life's commits; a commit refused for the namespace (``ENOTSUP``) changed
-    nothing and overlapped a time it was gone; one failed by its own ops
+    nothing, and was refused only once a life had ended, by a rank that had
+    not heard of the next one when it was sent; one failed by its own ops
     fails so against a version current while it was in flight; no
     version holds a commit that was refused (each begins with a token of its
     own, appended to a log, so no two versions are alike)."""
     base = os.environ.get("KVB_TXN_SEED")
     seed = int(base) if base else random.randrange(1 << 30)
     where = f"{mode}, KVB_TXN_SEED={seed}"
-    inst = await start_instance(size=SIZE, fanout=2)
+    no_merge, size, ranks = MODES[mode]
+    inst = await start_instance(size=size, fanout=2)
     h0 = await connect(inst, 0)
-    recorder = await connect(inst, SIZE - 1)
+    recorder = await connect(inst, size - 1)
     await recorder.subscribe(f"kvs.namespace-{NS}-")
+    heard: dict[int, dict[int, float]] = {}  # epoch -> rank -> when
+    heralds = [await connect(inst, rank) for rank in range(size)]
+    for h in heralds:
+        await h.subscribe(f"kvs.namespace-{NS}-created")
+
+    async def listen(rank: int, h: Handle) -> None:
+        while True:
+            ev = await h.recv_event()
+            heard.setdefault(int(ev.payload["epoch"]), {})[rank] = time.monotonic()
+
+    listeners = [asyncio.ensure_future(listen(rank, h)) for rank, h in enumerate(heralds)]
     txns: list[Txn] = []
+    writer_ranks = dict(enumerate(ranks[1:]))
     writers = [Writer(i, await connect(inst, rank), random.Random(f"{seed} {mode} {i}"),
-                      MODES[mode], txns, [], None, ns=NS)
-               for i, rank in enumerate([0, 1, 2, 3, 3])]
+                      no_merge, txns, [], None, ns=NS)
+               for i, rank in writer_ranks.items()]
     times: list[tuple[float, float, float, float]] = []
     stop = asyncio.Event()
 
@@ -737,6 +775,8 @@ async def test_commits_racing_a_namespace_made_again_land_in_one_life(
         stop.set()
 
     await asyncio.gather(write(), churn(h0, writers, times, random.Random(seed), stop))
+    for task in listeners:
+        task.cancel()
 
     lives: list[Life] = []
     while len(lives) < len(times) or lives[-1].removed[0] == float("inf"):
@@ -755,13 +795,14 @@ async def test_commits_racing_a_namespace_made_again_land_in_one_life(
     assert [life.epoch for life in lives] == sorted({life.epoch for life in lives}), where
     for life, (t0, t1, t2, t3) in zip(lives, times, strict=True):
         life.created, life.removed = (t0, t1), (t2, t3)
+        life.heard = heard.get(life.epoch, {})
 
-    readers = [await connect(inst, r) for r in range(SIZE)]
+    readers = [await connect(inst, r) for r in range(size)]
     keys = [(life, seq) for life in lives for seq in sorted(life.roots)]
-    versions = await asyncio.gather(*(read_version(readers[i % SIZE], life.roots[seq])
+    versions = await asyncio.gather(*(read_version(readers[i % size], life.roots[seq])
                                       for i, (life, seq) in enumerate(keys)))
     seen = {(life.epoch, seq): v for (life, seq), v in zip(keys, versions, strict=True)}
-    failures = check_lives(txns, lives, seen)
+    failures = check_lives(txns, lives, writer_ranks, seen)
     assert not failures, (
         f"{where}: {len(failures)} problems:\n" + "\n".join(failures[:20])
         + "\nthe lives: " + "; ".join(f"epoch {life.epoch} v{life.start}..v"
