@@ -420,16 +420,15 @@ async def read_version(h: Handle, rootref: str) -> dict[str, Seen]:
 # --- the checks --------------------------------------------------------------
 
 def explain(before: State, group: list[Txn], revoked: set[int],
-            seen: dict[str, Seen]) -> tuple[State | None, str]:
-    """The state after one version, and what made it: the commits answered
-    with it (``group``'s commits) applied in an order in which each succeeds,
-    or else (none answered with it) the unlinks of a revoked lease's keys; the
-    result must read as ``seen``, and every revoke answered with it that did
-    not make it must find its lease without keys there.  (None, "") if there
-    is no such way."""
+            seen: dict[str, Seen]) -> State | None:
+    """The state after one version, made by the commits answered with it
+    (``group``'s commits) applied in an order in which each succeeds, or
+    else (none answered with it) by the unlinks of a revoked lease's keys;
+    it must read as ``seen``, and every revoke answered with it that did not
+    make it must find its lease without keys there.  None if no way fits."""
     commits = [t for t in group if t.revokes is None]
     revokes = [t for t in group if t.revokes is not None]
-    ways: list[tuple[State, str]] = []
+    ways: list[tuple[State, int | None]] = []  # (a state, the lease whose unlinks made it)
     if commits:
         for order in itertools.permutations(commits):
             state = before
@@ -438,17 +437,17 @@ def explain(before: State, group: list[Txn], revoked: set[int],
                 if err:
                     break
             else:
-                ways.append((state, "commits"))
+                ways.append((state, None))
     else:  # a revoke's unlinks, or those of a lease attached to after its end
         for lease in sorted(revoked):
             if ops := unlinks_of(before, lease):
-                ways.append((apply_txn(before, ops)[1], f"the unlinks of lease {lease}"))
-    for state, how in ways:
+                ways.append((apply_txn(before, ops)[1], lease))
+    for state, maker in ways:
         if observe(state.tree) == seen and all(
                 not state.keys_of(t.revokes) for t in revokes  # type: ignore[arg-type]
-                if how != f"the unlinks of lease {t.revokes}"):
-            return state, how
-    return None, ""
+                if t.revokes != maker):
+            return state
+    return None
 
 
 def check_history(txns: list[Txn], reads: list[Read], start: int, start_state: State,
@@ -477,9 +476,10 @@ def check_history(txns: list[Txn], reads: list[Read], start: int, start_state: S
     states: dict[int, State] = {start: start_state}
     for seq in range(start + 1, final + 1):
         group = by_seq.get(seq, [])
+        # (the leases whose revoke was sent before this version was answered)
         revoked = {lease for lease, r in revoke_of.items()
                    if r.sent < max((t.answered for t in group), default=float("inf"))}
-        state, _how = explain(states[seq - 1], group, revoked, seen[seq])
+        state = explain(states[seq - 1], group, revoked, seen[seq])
         if state is None:
             failures.append(
                 f"v{seq}: nothing explains what was read back\n"
@@ -698,7 +698,7 @@ def check_lives(txns: list[Txn], lives: list[Life], ranks: dict[int, int],
             group = by_life[life.epoch].get(seq, [])
             if len(group) > 1 and any(t.flags & NO_MERGE for t in group):
                 failures.append(f"epoch {life.epoch} v{seq} merged a NO_MERGE transaction")
-            new, _how = explain(state, group, set(), seen[life.epoch, seq])
+            new = explain(state, group, set(), seen[life.epoch, seq])
             if new is None:
                 failures.append(
                     f"epoch {life.epoch} v{seq}: no order of the commits answered with it "
