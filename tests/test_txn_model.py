@@ -54,10 +54,12 @@ Jepsen's terms):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import itertools
 import os
 import random
+import signal
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -83,6 +85,7 @@ T = 20.0
 SIZE = 4
 TXNS = 40  # per writer
 EXPECT = 64
+SYNC = 4
 SETROOT = "kvs.namespace-primary-setroot"
 
 # What the test reads back at every version: every key a transaction names
@@ -256,8 +259,10 @@ class Writer:
 
     def __init__(self, index: int, h: Handle, rng: random.Random, no_merge: float,
                  txns: list[Txn], reads: list[Read], leases: dict[int, int] | None,
-                 ns: str = "primary") -> None:
+                 ns: str = "primary", sync: float = 0.0, keep_lease: bool = False) -> None:
         self.index, self.h, self.rng, self.no_merge = index, h, rng, no_merge
+        self.sync = sync  # the share of SYNC transactions
+        self.keep_lease = keep_lease  # at the end (else revoked while others write)
         self.txns, self.reads = txns, reads
         self.leases = leases  # every writer's current lease, by writer: shared
         """(None: no leases; and each transaction begins with an append of a
@@ -371,18 +376,22 @@ class Writer:
                 await self.grant_or_revoke(i)
                 continue
             ops = await self.pick(i)
-            await self.commit(i, ops, NO_MERGE if self.rng.random() < self.no_merge else 0)
-        if self.leases and self.index in self.leases:  # its last: while others write
+            flags = NO_MERGE if self.rng.random() < self.no_merge else 0
+            await self.commit(i, ops, flags | (SYNC if self.rng.random() < self.sync else 0))
+        if self.leases and self.index in self.leases and not self.keep_lease:
+            # its last: while the others still write
             await self.grant_or_revoke(n)
 
-    async def finale(self) -> None:
+    async def finale(self, keep: bool) -> None:
         """Alone, once the others are done: a key put with a new lease, and
-        the lease revoked -- its unlink a version of its own."""
+        the lease revoked -- its unlink a version of its own; or (``keep``)
+        the put ``SYNC``, its lease kept."""
         await self.grant_or_revoke(0)
         assert self.leases is not None
         await self.commit(1, [put("c.k0", b"leased", 0) | {"lease": self.leases[self.index]}],
-                          0)
-        await self.grant_or_revoke(2)
+                          SYNC if keep else 0)
+        if not keep:
+            await self.grant_or_revoke(2)
 
 
 # --- reading the versions back -----------------------------------------------
@@ -451,7 +460,10 @@ def explain(before: State, group: list[Txn], revoked: set[int],
 
 
 def check_history(txns: list[Txn], reads: list[Read], start: int, start_state: State,
-                  events: dict[int, str], seen: dict[int, dict[str, Seen]]) -> list[str]:
+                  events: dict[int, str], seen: dict[int, dict[str, Seen]],
+                  ) -> tuple[list[str], dict[int, State]]:
+    """What is wrong with the history (see the module's docstring), and the
+    model's state at each version."""
     failures: list[str] = []
     final = max(events, default=start)
     if sorted(events) != list(range(start + 1, final + 1)):
@@ -486,7 +498,7 @@ def check_history(txns: list[Txn], reads: list[Read], start: int, start_state: S
                 f"    before: {observe(states[seq - 1].tree)} attached "
                 f"{states[seq - 1].attached}\n    read:   {seen.get(seq)}\n"
                 + ("\n".join(f"    {t.describe()}" for t in group) or "    (no commit)"))
-            return failures  # (the states after it are unknown)
+            return failures, states  # (the states after it are unknown)
         states[seq] = state
 
     # Real time: answered before a commit was sent means an older version.
@@ -535,16 +547,25 @@ def check_history(txns: list[Txn], reads: list[Read], start: int, start_state: S
         elif r.seq in states and (want := observe(states[r.seq].tree)[r.key]) != r.got:
             failures.append(f"w{r.writer} read {r.key} at v{r.seq}: {r.got!r}, "
                             f"the model has {want!r}")
-    return failures
+    return failures, states
 
 
-@pytest.mark.parametrize("mode", list(MODES))
-async def test_transactions_are_a_serial_history(start_instance, connect, mode: str) -> None:
-    base = os.environ.get("KVB_TXN_SEED")
-    seed = int(base) if base else random.randrange(1 << 30)
-    where = f"{mode}, KVB_TXN_SEED={seed}"
+@dataclass
+class Run:
+    """A history made by :func:`run_history`, checked."""
+    txns: list[Txn]
+    events: dict[int, str]  # version -> root, from the setroot events
+    states: dict[int, State]  # the model's, at each version
+
+
+async def run_history(inst: Any, connect: Any, where: str, seed: int, mode: str,
+                      sync: float = 0.0, keep_leases: bool = False) -> Run:
+    """The writers of ``mode`` (:data:`MODES`) make their history on
+    ``inst``; then every version is read back and checked against the model
+    (``sync``: the share of ``SYNC`` transactions; ``keep_leases``: the
+    writers keep their last leases, and the last ``SYNC`` commit puts a key
+    with a lease)."""
     no_merge, size, ranks = MODES[mode]
-    inst = await start_instance(size=size, fanout=2)
     h0 = await connect(inst, 0)
     recorder = await connect(inst, size - 1)
     await recorder.subscribe(SETROOT)
@@ -554,11 +575,11 @@ async def test_transactions_are_a_serial_history(start_instance, connect, mode: 
     reads: list[Read] = []
     leases: dict[int, int] = {}
     writers = [Writer(i, await connect(inst, rank), random.Random(f"{seed} {mode} {i}"),
-                      no_merge, txns, reads, leases)
+                      no_merge, txns, reads, leases, sync=sync, keep_lease=keep_leases)
                for i, rank in enumerate(ranks)]
     await asyncio.gather(*(w.run(TXNS) for w in writers))
     await Writer(len(writers), await connect(inst, size - 1), random.Random(0), 0.0, txns,
-                 reads, leases).finale()
+                 reads, leases).finale(keep_leases)
     # A last commit, queued after every unlink the history set going (a
     # lease attached to after its revoke is unlinked at once, unasked), so
     # its event is the last one.
@@ -577,8 +598,8 @@ async def test_transactions_are_a_serial_history(start_instance, connect, mode: 
     seqs = sorted(events)
     versions = await asyncio.gather(*(read_version(readers[i % size], events[s])
                                       for i, s in enumerate(seqs)))
-    failures = check_history(txns, reads, start, State({}), events,
-                             dict(zip(seqs, versions, strict=True)))
+    failures, states = check_history(txns, reads, start, State({}), events,
+                                     dict(zip(seqs, versions, strict=True)))
     stats = (await asyncio.wait_for(h0.rpc("kvs.stats-get"), T))["counts"]
     assert not failures, (
         f"{where}: {len(failures)} problems "
@@ -589,6 +610,71 @@ async def test_transactions_are_a_serial_history(start_instance, connect, mode: 
     assert any(t.errnum == errno.ECANCELED for t in txns), where
     assert any(len(op["dirent"]["data"]) > INLINE_MAX for t in txns for op in t.ops
                if op["dirent"] is not None and op["dirent"]["type"] == "val"), where
+    return Run(txns, events, states)
+
+
+def seed_for(mode: str) -> tuple[int, str]:
+    base = os.environ.get("KVB_TXN_SEED")
+    seed = int(base) if base else random.randrange(1 << 30)
+    return seed, f"{mode}, KVB_TXN_SEED={seed}"
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+async def test_transactions_are_a_serial_history(start_instance, connect, mode: str) -> None:
+    seed, where = seed_for(mode)
+    inst = await start_instance(size=MODES[mode][1], fanout=2)
+    await run_history(inst, connect, where, seed, mode)
+
+
+async def test_a_restart_resumes_the_last_sync_version_with_its_leases(
+        start_instance, connect, tmp_path) -> None:
+    """The same history with some ``SYNC`` transactions, on a statedir
+    checkpointed only by them (``kvs.checkpoint-period`` 0), the writers
+    keeping their last leases; then every rank is killed (SIGKILL).  The
+    restart resumes at the version of the last ``SYNC`` commit, its root
+    the one that version's event named, and takes back the leases holding
+    keys there, as the model has them attached at that version (a ``SYNC``
+    commit's checkpoint is written before its root is set, with the
+    attachments its ops will make): each such lease revoked now unlinks
+    exactly those keys, and any other is unknown (``ENOENT``)."""
+    seed, where = seed_for("SYNC, restart")
+    attrs = {"kvs.checkpoint-period": "0"}
+    statedir = str(tmp_path / "state")
+    inst = await start_instance(size=SIZE, fanout=2, statedir=statedir, attrs=attrs)
+    run = await run_history(inst, connect, where, seed, "merging", sync=0.15,
+                            keep_leases=True)
+    for pid in inst.pids():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    await inst.stop()
+
+    inst = await start_instance(size=SIZE, fanout=2, statedir=statedir, attrs=attrs)
+    h = await connect(inst, SIZE - 1)
+    root = await asyncio.wait_for(h.rpc("kvs.getroot", {"namespace": "primary"}), T)
+    resumed = int(root["rootseq"])
+    synced = max((t.seq for t in run.txns if t.flags & SYNC and t.seq is not None), default=0)
+    assert resumed == synced and root["rootref"] == run.events.get(resumed), \
+        f"{where}: resumed at v{resumed} {root['rootref']}, the last SYNC commit made v{synced}"
+    state = run.states[resumed]
+    assert await read_version(h, root["rootref"]) == observe(state.tree), where
+    ids = {op["lease"] for t in run.txns for op in t.ops if "lease" in op}
+    ids |= {t.revokes for t in run.txns if t.revokes is not None}
+    for lease in sorted(ids):  # type: ignore[type-var]
+        held = state.keys_of(lease)  # type: ignore[arg-type]
+        try:
+            r = await asyncio.wait_for(h.rpc("kvs.lease-revoke", {"id": lease}), T)
+        except RemoteError as exc:
+            assert (exc.errnum, held) == (errno.ENOENT, []), \
+                f"{where}: revoking lease {lease} after the restart: {exc}; the model " \
+                f"has {held} attached to it at v{resumed}"
+            continue
+        assert held, f"{where}: lease {lease} came back with no key attached in the model"
+        seq = r["rootseqs"].get("primary")
+        state = apply_txn(state, unlinks_of(state, lease))[1]
+        now = await asyncio.wait_for(h.rpc("kvs.getroot", {"namespace": "primary"}), T)
+        assert now["rootseq"] == seq, f"{where}: revoke answered {r}, the root is {now}"
+        assert await read_version(h, now["rootref"]) == observe(state.tree), \
+            f"{where}: revoking lease {lease} (the model: {held}) left another tree"
 
 
 # --- a namespace removed and made again while commits race it ---------------
