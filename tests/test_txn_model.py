@@ -71,7 +71,8 @@ from test_watch_model import (
     Link,
     Tree,
     Val,
-    _dir_at,
+    _parent,
+    apply,
     copy_tree,
     find,
     mkdir,
@@ -121,11 +122,6 @@ class State:
         return sorted(k for k, held in self.attached.items() if held == lease)
 
 
-def _parent(tree: Tree, key: str, create: bool) -> tuple[Tree | None, str]:
-    *path, last = key.split(".")
-    return (_dir_at(tree, ".".join(path), create) if path else tree), last
-
-
 def apply_op(tree: Tree, op: dict[str, Any]) -> int:
     """One op applied to ``tree`` as kvs applies it (docs/protocol.md,
     commit flags; docs/kvs.md, "The model"): 0, or the errno that fails its
@@ -139,27 +135,14 @@ def apply_op(tree: Tree, op: dict[str, Any]) -> int:
         if want is None:
             return 0 if node is None else errno.ECANCELED
         return 0 if isinstance(node, Val) and node.data == want else errno.ECANCELED
-    if dirent is None:
+    if dirent is not None and flags & 32:  # append: to a value or nothing
         parent, last = _parent(tree, key, create=False)
-        if parent is not None:
-            parent.pop(last, None)
-        return 0
-    parent, last = _parent(tree, key, create=True)
-    assert parent is not None
-    if dirent["type"] == "dir":
-        parent[last] = {}
-    elif dirent["type"] == "symlink":
-        parent[last] = Link(dirent["data"]["target"])
-    elif flags & 32:  # append
-        old = parent.get(last)
+        old = None if parent is None else parent.get(last)
         if isinstance(old, dict):
             return errno.EISDIR
         if isinstance(old, Link):
             return errno.EOPNOTSUPP
-        parent[last] = (Val(old.chunks + (dirent["data"],), False) if old is not None
-                        else Val.of(dirent["data"]))
-    else:
-        parent[last] = Val.of(dirent["data"])
+    apply(tree, op)
     return 0
 
 
@@ -459,6 +442,14 @@ def explain(before: State, group: list[Txn], revoked: set[int],
     return None
 
 
+def unexplained(version: str, before: State, seen: dict[str, Seen], group: list[Txn]) -> str:
+    """A failure: nothing the model knows makes ``version`` from ``before``."""
+    return (f"{version}: nothing explains what was read back\n"
+            f"    before: {observe(before.tree)} attached {before.attached}\n"
+            f"    read:   {seen}\n"
+            + ("\n".join(f"    {t.describe()}" for t in group) or "    (no commit)"))
+
+
 def check_history(txns: list[Txn], reads: list[Read], start: int, start_state: State,
                   events: dict[int, str], seen: dict[int, dict[str, Seen]],
                   ) -> tuple[list[str], dict[int, State]]:
@@ -493,11 +484,7 @@ def check_history(txns: list[Txn], reads: list[Read], start: int, start_state: S
                    if r.sent < max((t.answered for t in group), default=float("inf"))}
         state = explain(states[seq - 1], group, revoked, seen[seq])
         if state is None:
-            failures.append(
-                f"v{seq}: nothing explains what was read back\n"
-                f"    before: {observe(states[seq - 1].tree)} attached "
-                f"{states[seq - 1].attached}\n    read:   {seen.get(seq)}\n"
-                + ("\n".join(f"    {t.describe()}" for t in group) or "    (no commit)"))
+            failures.append(unexplained(f"v{seq}", states[seq - 1], seen[seq], group))
             return failures, states  # (the states after it are unknown)
         states[seq] = state
 
@@ -786,11 +773,8 @@ def check_lives(txns: list[Txn], lives: list[Life], ranks: dict[int, int],
                 failures.append(f"epoch {life.epoch} v{seq} merged a NO_MERGE transaction")
             new = explain(state, group, set(), seen[life.epoch, seq])
             if new is None:
-                failures.append(
-                    f"epoch {life.epoch} v{seq}: no order of the commits answered with it "
-                    f"makes what was read back\n    before: {observe(state.tree)}\n"
-                    f"    read:   {seen[life.epoch, seq]}\n"
-                    + ("\n".join(f"    {t.describe()}" for t in group) or "    (none)"))
+                failures.append(unexplained(f"epoch {life.epoch} v{seq}", state,
+                                            seen[life.epoch, seq], group))
                 return failures  # (the states after it are unknown)
             state = states[life.epoch, seq] = new
 
