@@ -49,6 +49,11 @@ Jepsen's terms):
 * each read a writer made (``kvs.lookup-plus``, on its own rank) returns
   the model's value at the version it names, never older than the writer's
   last commit (read-your-writes through that rank, relayed commits too).
+
+Two more tests use these writers: one with some ``SYNC`` transactions,
+then a restart after SIGKILL (the version it resumes and the leases it
+takes back), and one racing commits against a namespace removed and made
+again under them (each commit in one life of it, or refused and in none).
 """
 
 from __future__ import annotations
@@ -224,7 +229,8 @@ class Txn:
                else "answered with no version" if self.seq is None else f"v{self.seq}")
         if self.revokes is not None:
             return f"w{self.writer}.{self.index} revoke lease {self.revokes} -> {how}"
-        merge = " NO_MERGE" if self.flags & NO_MERGE else ""
+        merge = (" NO_MERGE" if self.flags & NO_MERGE else "") + (
+            " SYNC" if self.flags & SYNC else "")
         return f"w{self.writer}.{self.index}{merge} [{'; '.join(map(one, self.ops))}] -> {how}"
 
 
