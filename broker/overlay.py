@@ -508,12 +508,11 @@ class Overlay:
         from broker import overlay_zmq as zl
 
         assert self.ctx is not None and self.parent is not None
-        s = zl.parent_socket(self.ctx, self.rank, self.endpoint(self.parent), self.curve,
-                             self.connect_timeout)
+        s, monitor = zl.parent_socket(self.ctx, self.rank, self.endpoint(self.parent),
+                                      self.curve, self.connect_timeout)
         self._up = zl.ZmqSocket(s, self._from_parent, max_backlog=self.max_backlog,
                                 on_stuck=self._parent_stuck)
-        self._up_monitor = zl.ZmqSocket(s.get_monitor_socket(zl.UP_MONITORED),
-                                        self._on_up_monitor)
+        self._up_monitor = zl.ZmqSocket(monitor, self._on_up_monitor)
         self._up_handshaken = False
 
     def _close_up(self, linger_ms: int = 0) -> None:

@@ -135,11 +135,18 @@ def bind_failure(endpoint: str, errnum: int) -> str:
 
 def parent_socket(ctx: zmq.Context[Any], rank: int, endpoint: str,
                   curve: tuple[bytes, bytes] | None,
-                  connect_timeout: float = 0.0) -> zmq.Socket[Any]:
+                  connect_timeout: float = 0.0) -> tuple[zmq.Socket[Any], zmq.Socket[Any]]:
     """The DEALER to the parent at ``endpoint``, with a new identity for
-    this process (see :mod:`broker.overlay`).  ``connect_timeout``
-    (``tbon.connect_timeout``, seconds; 0: the system's) bounds one TCP
-    connect attempt, which ZeroMQ then makes again."""
+    this process (see :mod:`broker.overlay`), and its monitor
+    (:data:`UP_MONITORED`), started before the connect so that no
+    handshake's event is missed: ZeroMQ connects and shakes hands in its
+    own thread, and a monitor started after the connect by a rank whose
+    loop lost the CPU meanwhile never heard of the handshake -- the rank
+    then thought its link not live, never said its hello again, and waited
+    for ever when the parent's answer to the first was lost (seen once in
+    CI on a loaded machine).  ``connect_timeout`` (``tbon.connect_timeout``,
+    seconds; 0: the system's) bounds one TCP connect attempt, which ZeroMQ
+    then makes again."""
     s: zmq.Socket[Any] = ctx.socket(zmq.DEALER)
     s.setsockopt(zmq.IDENTITY, f"{rank}-{secrets.token_hex(6)}".encode())
     s.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
@@ -151,8 +158,9 @@ def parent_socket(ctx: zmq.Context[Any], rank: int, endpoint: str,
         s.curve_serverkey = public
         s.curve_publickey = public
         s.curve_secretkey = secret
+    monitor = s.get_monitor_socket(UP_MONITORED)
     s.connect(endpoint)
-    return s
+    return s, monitor
 
 
 def monitor_event(parts: list[bytes]) -> tuple[bool, int, int]:

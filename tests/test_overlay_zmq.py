@@ -337,3 +337,35 @@ def test_a_bind_failure_names_zeromqs_own_errors() -> None:
     assert "The protocol is not compatible with the socket type" in line
     assert "Unknown error" not in line
     assert "Address already in use" in bind_failure("tcp://10.0.0.1:8050", errno.EADDRINUSE)
+
+
+def test_the_link_to_the_parent_hears_of_a_handshake_done_before_its_loop_looked(
+        tmp_path) -> None:
+    """The monitor :func:`parent_socket` returns was started before its
+    connect: a CURVE handshake that ZeroMQ's thread completes before the
+    rank's loop reads a thing (a rank that lost the CPU right after the
+    connect) is still reported.  Started after the connect, as it was, it
+    could miss it, and the rank, thinking its link not live, never said
+    its hello again when the answer to the first was lost."""
+    from broker import overlay_zmq as zl
+
+    ctx = zmq.Context()
+    public, secret = zmq.curve_keypair()
+    endpoint = f"ipc://{tmp_path}/parent"
+    router = ctx.socket(zmq.ROUTER)
+    router.curve_server = True
+    router.curve_publickey, router.curve_secretkey = public, secret
+    router.bind(endpoint)
+    s, monitor = zl.parent_socket(ctx, 1, endpoint, (public, secret))
+    try:
+        s.send(b"hello")
+        assert router.poll(5000), "the DEALER never got through"
+        router.recv_multipart()  # a message crossed: the handshake is done
+        events = []
+        while zl.HANDSHAKE_SUCCEEDED not in events and monitor.poll(5000):
+            events.append(zmq.utils.monitor.recv_monitor_message(monitor)["event"])
+        assert zl.HANDSHAKE_SUCCEEDED in events, events
+    finally:
+        for sock in (monitor, s, router):
+            sock.close(linger=0)
+        ctx.term()
