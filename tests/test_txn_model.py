@@ -86,12 +86,12 @@ from test_watch_model import (
 
 from broker.errors import RemoteError
 from broker.handle import Handle
+from kvs.lookup import TREEOBJ
+from kvs.txn import APPEND, EXPECT, SYNC
 
 T = 20.0
 SIZE = 4
 TXNS = 40  # per writer
-EXPECT = 64
-SYNC = 4
 SETROOT = "kvs.namespace-primary-setroot"
 
 # What the test reads back at every version: every key a transaction names
@@ -99,7 +99,6 @@ SETROOT = "kvs.namespace-primary-setroot"
 OBSERVED = ["c.n0", "c.n1", "c.lock", "c.log", "c.d", "c.d.x", "c.d.y", "c.s", "c.s.y",
             "c.k0", "c.k1", "c.k2"]
 LINK = "c.s"  # also read as itself (``TREEOBJ``): a symlink, or not
-TREEOBJ = 16
 
 # mode: (the share of NO_MERGE transactions, size, each writer's rank); at
 # size 8 (fanout 2) rank 7's relays cross three links, merged on the way
@@ -140,7 +139,7 @@ def apply_op(tree: Tree, op: dict[str, Any]) -> int:
         if want is None:
             return 0 if node is None else errno.ECANCELED
         return 0 if isinstance(node, Val) and node.data == want else errno.ECANCELED
-    if dirent is not None and flags & 32:  # append: to a value or nothing
+    if dirent is not None and flags & APPEND:  # to a value or nothing
         parent, last = _parent(tree, key, create=False)
         old = None if parent is None else parent.get(last)
         if isinstance(old, dict):
@@ -188,7 +187,8 @@ def observe(tree: Tree) -> dict[str, Seen]:
         node = find(tree, key)
         out[key] = node.data if isinstance(node, Val) else "dir" if isinstance(
             node, dict) else None
-    link = tree.get("c", {}).get("s") if isinstance(tree.get("c"), dict) else None
+    parent, last = _parent(tree, LINK, create=False)
+    link = None if parent is None else parent.get(last)
     out[LINK + "@"] = f"link:{link.target}" if isinstance(link, Link) else "not a link"
     return out
 
@@ -223,7 +223,7 @@ class Txn:
                 return f"unlink {op['key']}"
             if d["type"] != "val":
                 return f"{d['type']} {op['key']}"
-            verb = "append" if op["flags"] & 32 else "put"
+            verb = "append" if op["flags"] & APPEND else "put"
             return f"{verb} {op['key']}={d['data'][:12]!r}{lease}"
         how = (f"errno {self.errnum} {self.errstr!r}" if self.errnum
                else "answered with no version" if self.seq is None else f"v{self.seq}")
