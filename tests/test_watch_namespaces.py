@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import os
+import signal
 from typing import Any
 
 import pytest
@@ -351,3 +353,66 @@ async def test_a_malformed_setroot_is_dropped_as_kvs_drops_it(start_instance, co
     assert after["dropped"]["foreign"] - before["dropped"]["foreign"] == len(forged)
     assert after["handled"] - before["handled"] == 1
     assert after["received"] == after["handled"] + sum(after["dropped"].values())
+
+
+async def test_a_watch_whose_first_root_is_on_its_way_when_the_namespace_goes(
+        start_instance, connect):
+    """kvs-watch on rank 1 asks its kvs for a namespace's root, which asks
+    rank 0 (rank 1 has not loaded it); rank 0 answers, then removes the
+    namespace, and rank 1 reads the answer and the ``removed`` event in one
+    turn.  The event is handled first (the answer's callbacks run at the
+    next turn), by a monitor with no root yet.  Its watchers have seen
+    nothing of the namespace: a ``WAITCREATE`` one waits for the next
+    namespace of the name, a plain one ends ``ENOTSUP`` (no such
+    namespace).  (The WAITCREATE one ended ``ENOTSUP`` with no answer, an
+    outcome no order of its request and the removal gives: CI, a
+    test_watch_nsmodel late watcher.)
+
+    The order is made with SIGSTOP: rank 0 stopped while rank 1 sends it
+    the root request, then the removal (in that order, on one link); rank
+    1 stopped while rank 0 handles both.  Should rank 1 still take them in
+    two turns, the watch starts from the root and answers it before
+    ``ENOTSUP``: an order the removal and the request allow, accepted."""
+    from test_broker_support import stop_process, stopped
+
+    inst = await start_instance(size=2)
+    h0, h1 = await connect(inst, 0), await connect(inst, 1)
+    ns = "job-gone"
+    await ns_create(h0, ns)
+    await commit(h0, put("k", "1"), ns=ns)
+    rank0, rank1 = inst.pids()[0], inst.pids()[1]
+
+    async def loading() -> bool:  # rank 1's kvs has asked rank 0 for the root
+        held = (await stats(h1, 1, service="kvs"))["namespaces"]
+        return ns in held and held[ns]["rootseq"] < 0
+
+    async with stopped(rank0):
+        plain = watch_stream(h1, "k", WATCH, ns=ns)  # makes the monitor: getroot from rank 0
+        waiting = watch_stream(h1, "k", WATCH | WAITCREATE, ns=ns)
+        await wait_until(loading, what="rank 1 to ask rank 0 for the root")
+        await wait_watchers(h1, 2, nodeid=1, ns=ns)
+        removal = h1.rpc("kvs.namespace-remove", {"namespace": ns}, nodeid=0)
+        await asyncio.wait_for(h1.rpc("broker.ping", {}, nodeid=1), T)  # (the removal is sent)
+        await stop_process(rank1)
+    try:
+        async def removed() -> bool:
+            return bool((await stats(h0, 0, service="kvs"))["counts"]["namespaces-removed"])
+        await wait_until(removed, what="rank 0 to remove the namespace")
+    finally:
+        os.kill(rank1, signal.SIGCONT)
+    await asyncio.wait_for(removal, T)
+
+    got: list[bytes] = []
+    try:
+        while (msg := await asyncio.wait_for(plain.next_message(), T)) is not None:
+            got.append(bytes(msg.payload["val"]["data"]))
+        end = 0
+    except RemoteError as exc:
+        end = exc.errnum
+    assert end == errno.ENOTSUP and got in ([], [b"1"]), (got, end)
+    if got == [b"1"]:  # (the monitor had its root: both watchers started before the removal)
+        assert await value(waiting) == b"1" and await end_errnum(waiting) == errno.ENOTSUP
+        return
+    await ns_create(h0, ns)  # the waiting watcher follows the next namespace of the name
+    await commit(h0, put("k", "2"), ns=ns)
+    assert await value(waiting) == b"2"
