@@ -32,6 +32,18 @@ from test_watch_helpers import (
 )
 
 from broker.errors import RemoteError
+from broker.handle import Stream
+
+
+async def values_to_the_end(s: Stream) -> tuple[list[bytes], int]:
+    """Every value a watch answers, and the errno that ends it (0: ENODATA)."""
+    got: list[bytes] = []
+    try:
+        while (msg := await asyncio.wait_for(s.next_message(), T)) is not None:
+            got.append(bytes(msg.payload["val"]["data"]))
+    except RemoteError as exc:
+        return got, exc.errnum
+    return got, 0
 
 
 async def test_job1_job10_prefix_no_cross_talk(start_instance, connect):
@@ -107,13 +119,7 @@ async def test_the_last_commits_before_a_removal_are_answered_before_enotsup(
         await commit(h0, put("eventlog", last), ns=ns)
         await ns_remove(h0, ns)
         for where, s in (("rank 3", far), ("rank 0", near)):
-            got = []
-            try:
-                while (msg := await asyncio.wait_for(s.next_message(), T)) is not None:
-                    got.append(bytes(msg.payload["val"]["data"]))
-                end = 0
-            except RemoteError as exc:
-                end = exc.errnum
+            got, end = await values_to_the_end(s)
             assert end == errno.ENOTSUP and got and got[-1] == last, \
                 (ns, where, [g[:8] for g in got], end)
 
@@ -402,13 +408,7 @@ async def test_a_watch_whose_first_root_is_on_its_way_when_the_namespace_goes(
         os.kill(rank1, signal.SIGCONT)
     await asyncio.wait_for(removal, T)
 
-    got: list[bytes] = []
-    try:
-        while (msg := await asyncio.wait_for(plain.next_message(), T)) is not None:
-            got.append(bytes(msg.payload["val"]["data"]))
-        end = 0
-    except RemoteError as exc:
-        end = exc.errnum
+    got, end = await values_to_the_end(plain)
     assert end == errno.ENOTSUP and got in ([], [b"1"]), (got, end)
     if got == [b"1"]:  # (the monitor had its root: both watchers started before the removal)
         assert await value(waiting) == b"1" and await end_errnum(waiting) == errno.ENOTSUP
