@@ -24,6 +24,9 @@ What each watcher must get follows from docs/protocol.md:
   instead when the incarnation is not the guest's.  One started during the
   history must match the model from a point near its start (its rank may
   not have heard the last request yet, or may have heard the next).
+  Late ones without ``WAITCREATE`` too: they follow the incarnation alive
+  at that point only if ``k`` has a value there, else end ``ENOTSUP`` (no
+  namespace) or ``ENOENT`` (no key).
 
 At the end every name of the pool is alive and gets a last value, so each
 watcher still following one answers it.
@@ -55,7 +58,7 @@ PREFIXES = ["", "job-"]
 OTHER_UID = 4242
 BEFORE = 12  # requests before the watchers start
 HISTORY = 70  # requests while they watch
-LATE_WATCHERS = 6
+LATE_WATCHERS = 12
 END_NS = "job-end"  # created last, owned by the guest: every namespace watcher sees it
 GUEST_RANK = 3
 LATE_SLACK = 2  # requests around a late key watcher's start it may begin at
@@ -114,15 +117,21 @@ def ns_expected(model: Model, start: int, prefix: str, guest: bool) -> list[NsEv
     return out
 
 
-def key_expected(model: Model, name: str, start: int, guest: bool,
+def key_expected(model: Model, name: str, start: int, guest: bool, waitcreate: bool = True,
                  ) -> tuple[list[tuple[int, str]], int]:
     """Answers ``(rootseq, value)`` of a watcher of ``k`` in ``name``
-    started after ``start`` requests, and its end (0: still running)."""
-    life = model.followed(name, start)
+    started after ``start`` requests, and its end (0: still running).
+    Without ``waitcreate`` it follows only the incarnation alive then
+    (none: ``ENOTSUP``), and only if ``k`` has a value there (``ENOENT``)."""
+    life = model.followed(name, start) if waitcreate else model.alive(name, start)
+    if life is None and not waitcreate:
+        return [], errno.ENOTSUP
     assert life is not None, "the end of the history creates every name of the pool"
     if not sees(life.owner, guest):
         return [], errno.EPERM
     before = [(seq, v) for when, seq, v in life.commits if when < start]
+    if not before and not waitcreate:
+        return [], errno.ENOENT
     out = before[-1:] + [(seq, v) for when, seq, v in life.commits if when >= start]
     return out, errno.ENOTSUP if life.removed is not None else 0
 
@@ -177,6 +186,7 @@ class KeyWatcher:
     got: list[tuple[int, str]] = field(default_factory=list)
     end: int | None = None
     start: int = 0  # requests made before it was sent
+    waitcreate: bool = True
 
     async def read(self) -> None:
         """Until the last value, or the end of the stream."""
@@ -373,10 +383,12 @@ async def test_namespace_and_key_watchers_follow_namespace_lives(start_instance,
                 r, prefix = rng.randrange(SIZE), rng.choice(PREFIXES)
                 nsws.append(NsWatcher(prefix, r, model.now, handles[r].rpc_stream(
                     "kvs-watch.namespaces", {"prefix": prefix})))
-                r, name = rng.randrange(SIZE), rng.choice(POOL)
-                late_keyws.append(KeyWatcher(name, r, handles[r].rpc_stream(
-                    "kvs-watch.lookup", {"namespace": name, "key": "k",
-                                         "flags": WATCH | WAITCREATE}), start=model.now))
+                for waitcreate in (True, False):
+                    r, name = rng.randrange(SIZE), rng.choice(POOL)
+                    late_keyws.append(KeyWatcher(name, r, handles[r].rpc_stream(
+                        "kvs-watch.lookup", {"namespace": name, "key": "k", "flags": WATCH | (
+                            WAITCREATE if waitcreate else 0)}), start=model.now,
+                        waitcreate=waitcreate))
             await random_request(rng, rng.choice(POOL), together=True)
     else:
         async def one_name(name: str) -> None:
@@ -432,9 +444,10 @@ async def test_namespace_and_key_watchers_follow_namespace_lives(start_instance,
         # It began at whatever its rank had heard when it came: the history
         # around its start (requests in flight, events on their way).
         near = range(max(0, w.start - LATE_SLACK), min(model.now, w.start + LATE_SLACK) + 1)
-        if not any((w.got, w.end or 0) == key_expected(model, w.name, p, guest=False)
+        if not any((w.got, w.end or 0) == key_expected(model, w.name, p, False, w.waitcreate)
                    for p in near):
-            failures.append(f"k in {w.name} on rank {w.rank} from request {w.start}: matches "
+            failures.append(f"k in {w.name} on rank {w.rank} from request {w.start}"
+                            f"{'' if w.waitcreate else ' (no WAITCREATE)'}: matches "
                             f"the model from no point near it:\n    got  {w.got} then {w.end}")
     for name in POOL:
         want_k, want_end = key_expected(model, name, start, guest=True)
