@@ -466,16 +466,17 @@ class KvsWatchModule(Module):
         or ``ENOTSUP``, but the answer's callback runs after the events
         delivered meanwhile, this one included.  They start after the
         removal, as a watch sent a moment later would: a ``WAITCREATE``
-        one waits for the next namespace of the name (it ended ``ENOTSUP``
+        one waits for the next namespace of the name, the others end
+        ``ENOTSUP``, no such namespace.  (Every one used to end ``ENOTSUP``
         with no answer, which no order of its request and the removal
-        explains), the others end ``ENOTSUP``, no such namespace."""
+        gives.)"""
         self.counts["namespaces-removed"] += 1
         if mon.state != READY:
             mon.state = MISSING  # (the answer on its way is not taken: see _getroot_done)
             for w in list(mon.watchers):
                 if not w.flags & F.WAITCREATE:
                     w.fail(errno.ENOTSUP, f"namespace {mon.name!r} does not exist")
-            return  # (its last watcher ended: the monitor was dropped)
+            return  # (none waiting: the last watcher to end dropped the monitor)
         for w in list(mon.watchers):
             w.fail_after_queue(errno.ENOTSUP, f"namespace {mon.name} was removed")
         self._drop_monitor(mon)
