@@ -44,6 +44,9 @@ from collections.abc import Sequence
 from broker import codec
 
 CHUNK = 256 << 10
+STOCK_HIGH_WATER = 2 * CHUNK
+STOCK_LOW_WATER = CHUNK
+"""The write-buffer limits of the stock loop's transports (see FrameWriter)."""
 PIECE_OVERHEAD = 256
 """What :meth:`FrameWriter.buffered` adds per queued piece for its object
 (a view, a bytearray), so a slow-consumer limit bounds memory, not just bytes."""
@@ -57,7 +60,7 @@ class FrameWriter:
     """
 
     __slots__ = ("transport", "_pending", "_pending_bytes", "_paused", "_writelines",
-                 "_loop", "_held", "_held_bytes")
+                 "_loop", "_held", "_held_bytes", "_pump_later")
 
     def __init__(self, transport: asyncio.WriteTransport) -> None:
         self.transport = transport
@@ -69,9 +72,23 @@ class FrameWriter:
         """This turn's small messages after the first (None: nothing written yet this turn)."""
         self._held_bytes = 0
         # writelines() when it applies flow control (uvloop), else write(join)
-        self._writelines = (transport.writelines
-                            if type(transport).__module__.startswith("uvloop")
-                            else self._write_joined)
+        uvloop = type(transport).__module__.startswith("uvloop")
+        self._writelines = transport.writelines if uvloop else self._write_joined
+        # The stock loop's socket transport calls resume_writing() from inside
+        # its drain step.  A write made there that finds its buffer empty
+        # sends at once, and if that send fails (the peer just went away)
+        # the transport tears the connection down twice: the second raises
+        # AttributeError into the loop's exception handler, and the protocol
+        # hears connection_lost(None), the error lost (CPython gh-156512, in
+        # 3.11 to 3.13).  So there a resume that finds the buffer empty
+        # pumps from the next loop turn, outside that step.  A turn per
+        # resume cost ~15% of a 1 MiB echo's rate on that loop, so its
+        # transports also pause later and resume sooner than by default
+        # (64 KiB / 16 KiB): fewer resumes, and W1b's echoes went no slower
+        # than before the change (docs/performance.md, "What moved").
+        self._pump_later = not uvloop
+        if not uvloop:
+            transport.set_write_buffer_limits(high=STOCK_HIGH_WATER, low=STOCK_LOW_WATER)
 
     def _write_joined(self, pieces: Sequence[codec.Frame]) -> None:
         self.transport.write(pieces[0] if len(pieces) == 1 else b"".join(pieces))
@@ -157,7 +174,10 @@ class FrameWriter:
 
     def resume(self) -> None:
         self._paused = False
-        self._pump()
+        if self._pump_later and not self.transport.get_write_buffer_size():
+            self._loop.call_soon(self._pump)
+        else:
+            self._pump()
 
     def _pump(self) -> None:
         t = self.transport

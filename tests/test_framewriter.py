@@ -4,13 +4,17 @@ pieces, intact and in order, while small ones are written whole."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import socket
+import threading
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
 from broker import codec
 from broker.framewriter import CHUNK, FramedProtocol, FrameWriter
+from broker.loops import loop_factory
 
 
 class _Sink(asyncio.Protocol):
@@ -52,9 +56,9 @@ async def test_big_message_goes_in_pieces_and_order_is_kept(wired) -> None:
     loop = asyncio.get_running_loop()
     big = bytes(range(256)) * (16 << 12)  # 16 MiB
     writer.send([b"head", big])
-    # The transport was handed at most a piece beyond what the socket took:
+    # The transport was handed at most a piece beyond its high-water mark:
     # the rest waits in the writer until the transport drains.
-    assert ta.get_write_buffer_size() <= 2 * CHUNK
+    assert ta.get_write_buffer_size() <= ta.get_write_buffer_limits()[1] + CHUNK
     assert writer.buffered() > len(big) // 2
     writer.send([b"small-1"])
     writer.send([b"small-2", b"x" * 10])
@@ -107,3 +111,71 @@ async def test_flush_hands_held_messages_over_before_a_close(wired) -> None:
     sink.want, sink.waiter = 5, asyncio.get_running_loop().create_future()
     await asyncio.wait_for(sink.waiter, 10)
     assert sink.messages == [[b"n", bytes([i])] for i in range(5)]
+
+
+class _PeerGoesAway(socket.socket):
+    """A real socket whose peer vanishes at a moment the test picks: from
+    then on a send fails as the kernel's would (``EPIPE``)."""
+
+    gone = False
+
+    def send(self, data: Any, flags: int = 0) -> int:
+        if self.gone:
+            raise BrokenPipeError(errno.EPIPE, "Broken pipe")
+        return super().send(data, flags)
+
+
+class _LosesItsPeerOnResume(FramedProtocol):
+    """Its peer goes away just as the transport asks it for more."""
+
+    def __init__(self, sock: _PeerGoesAway) -> None:
+        self.sock = sock
+        self.lost: list[BaseException | None] = []
+
+    def resume_writing(self) -> None:
+        self.sock.gone = True
+        super().resume_writing()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self.lost.append(exc)
+
+
+def test_a_write_that_fails_as_the_transport_drains_loses_the_connection_once() -> None:
+    """The stock loop's socket transport calls ``resume_writing`` from inside
+    its drain step; a write made there that fails (the peer just went away)
+    made it tear the connection down twice -- ``AttributeError: 'NoneType'
+    object has no attribute 'close'`` in the loop's exception handler, as a
+    flood from a client whose rank exited once showed (CPython gh-156512, in
+    3.11 to 3.13).  On that loop, a resume that finds the transport's buffer
+    empty pumps from the next loop turn instead."""
+
+    async def main() -> tuple[list[BaseException | None], list[dict[str, Any]]]:
+        loop = asyncio.get_running_loop()
+        errors: list[dict[str, Any]] = []
+        loop.set_exception_handler(lambda _loop, ctx: errors.append(ctx))
+        a0, b = socket.socketpair()
+        a = _PeerGoesAway(fileno=a0.detach())
+        reader = threading.Thread(target=lambda: [None for _ in iter(lambda: b.recv(1 << 16), b"")])
+        reader.start()
+        try:
+            ta, proto = await loop.create_unix_connection(lambda: _LosesItsPeerOnResume(a),
+                                                          sock=a)
+            # (resumed only once the transport's buffer is empty: the drain
+            # step that resumes is the one that found nothing left to send)
+            ta.set_write_buffer_limits(high=CHUNK, low=0)
+            assert proto.writer is not None
+            proto.writer.send([b"x" * (8 * CHUNK)])  # more than one CHUNK waits in the writer
+            async with asyncio.timeout(10):
+                while not proto.lost:
+                    await asyncio.sleep(0.01)
+                await asyncio.sleep(0)  # (a second teardown would be scheduled by now)
+        finally:
+            b.shutdown(socket.SHUT_RDWR)
+            reader.join(10)
+            b.close()
+        return proto.lost, errors
+
+    with asyncio.Runner(loop_factory=loop_factory("asyncio")) as runner:
+        lost, errors = runner.run(main())
+    assert errors == []
+    assert len(lost) == 1 and isinstance(lost[0], BrokenPipeError)
