@@ -435,15 +435,19 @@ class RepResult:
 _running_rep: tuple[asyncio.AbstractEventLoop, asyncio.Task[list[Sample]]] | None = None
 _stop_signals: list[int] = []
 _blocking = 0
+_in_runner = False
+"""A rep's event loop is being made, run or closed (see _on_stop_signal)."""
 
 
 def install_stop_handlers() -> None:
     """Let Ctrl-C (SIGINT) and SIGTERM (``timeout``, a cancelled CI job)
     take one path: the running rep's task is cancelled, so its ``finally``
     stops the instances and helpers and removes their directories, and the
-    rep then raises KeyboardInterrupt (:func:`run_rep`).  Outside a rep (or
-    in a :func:`blocking_section`), KeyboardInterrupt is raised where the
-    runner is.  A SIGINT the runner
+    rep then raises KeyboardInterrupt (:func:`run_rep`).  A signal while the
+    rep's loop is being made or closed, around its task, is kept until the
+    loop is closed (the task, if it has not begun, ends at once).  Outside
+    a rep (or in a :func:`blocking_section`), KeyboardInterrupt is raised
+    where the runner is.  A SIGINT the runner
     was started to ignore (a background job of a shell script) stays ignored.
 
     Installed instead of ``asyncio.Runner``'s own SIGINT handler (which
@@ -478,10 +482,18 @@ def blocking_section() -> Iterator[None]:
 
 def _on_stop_signal(signum: int, frame: FrameType | None) -> None:
     _stop_signals.append(signum)
-    if _running_rep is None or _blocking:
+    if _blocking:
         raise KeyboardInterrupt
-    loop, task = _running_rep
-    loop.call_soon_threadsafe(task.cancel)
+    if _running_rep is not None:
+        loop, task = _running_rep
+        loop.call_soon_threadsafe(task.cancel)
+    elif not _in_runner:
+        raise KeyboardInterrupt
+    # Else the rep's loop is being made or closed, around its task: raised
+    # there, KeyboardInterrupt broke the loop's own set-up or shutdown (the
+    # run ended "Task was destroyed but it is pending!" after its one line,
+    # and in an experiment uvloop's "Cannot close a running event loop").
+    # The rep's task looks at the start, and run_rep once the loop is closed.
 
 
 def run_rep(settings: Settings, workload: Workload, loop: str, rep: int,
@@ -496,6 +508,8 @@ def run_rep(settings: Settings, workload: Workload, loop: str, rep: int,
         assert task is not None
         _running_rep = (asyncio.get_running_loop(), task)
         try:
+            if _stop_signals:  # (came while the loop was being made)
+                raise asyncio.CancelledError
             async with asyncio.timeout(settings.timeout):
                 return await workload.run(ctx)
         except Exception as exc:
@@ -512,11 +526,16 @@ def run_rep(settings: Settings, workload: Workload, loop: str, rep: int,
                 # may be closed by the time it comes)
                 _running_rep = None
 
+    global _in_runner
     t0 = time.perf_counter()
     coro = main()
     try:
-        with asyncio.Runner(loop_factory=loop_factory(loop)) as runner:
-            samples = runner.run(coro)
+        _in_runner = True
+        try:
+            with asyncio.Runner(loop_factory=loop_factory(loop)) as runner:
+                samples = runner.run(coro)
+        finally:
+            _in_runner = False
     except (asyncio.CancelledError, Exception):
         # Stopped by a signal: whatever the cancellation made the rep's code
         # raise (a helper's pipe closed under it, a wait that timed out as
@@ -526,13 +545,15 @@ def run_rep(settings: Settings, workload: Workload, loop: str, rep: int,
             raise KeyboardInterrupt from None
         raise
     finally:
-        # A signal while the loop was being made (KeyboardInterrupt: no rep
+        # A signal just before the loop was made (KeyboardInterrupt: no rep
         # running yet) left the coroutine never started, and Python then
         # warned "coroutine ... was never awaited" after the run's one line.
         # Only then: closing one stopped at an ``await`` runs its ``finally``
         # without a loop (RuntimeError: the run then exited 1).
         if inspect.getcoroutinestate(coro) == inspect.CORO_CREATED:
             coro.close()
+    if stop_signal() is not None:  # (came as the loop was closed after the rep)
+        raise KeyboardInterrupt
     return RepResult(loop, rep, samples, ctx.rss_mb, time.perf_counter() - t0, ctx.notes,
                      ctx.profiles)
 

@@ -195,6 +195,52 @@ def test_an_interrupted_run_says_so_in_one_line_and_leaves_nothing(
     assert os.listdir(tmp) == []
 
 
+# A rep whose workload sends the runner a stop signal from inside its event
+# loop's shutdown (an async generator's finalizer runs there), or before
+# its loop exists; run in a process of its own, for its signal handlers.
+SIGNAL_IN_SHUTDOWN = """
+import asyncio, os, signal, sys, tempfile
+from pathlib import Path
+from benchmarks import harness
+
+async def ends_in_shutdown():
+    try:
+        yield 1
+        await asyncio.sleep(3600)
+    finally:
+        os.kill(os.getpid(), signal.SIGTERM)  # (handled before kill returns)
+
+async def run(ctx):
+    gen = ends_in_shutdown()
+    await gen.__anext__()  # left unfinished: the Runner's close finalizes it
+    return [harness.Sample("v", "rate", 1.0, "x")]
+
+harness.install_stop_handlers()
+w = harness.Workload("Wt", "test", "none", run)
+try:
+    harness.run_rep(harness.Settings(), w, sys.argv[1], 1, Path(tempfile.mkdtemp()))
+except KeyboardInterrupt:
+    print("interrupted", harness.stop_signal() == signal.SIGTERM)
+else:
+    print("not interrupted")
+"""
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_stop_signal_while_a_reps_loop_closes_waits_for_it(loop: str) -> None:
+    """SIGTERM while the rep's loop shuts down, after its task ended: the
+    handler raised KeyboardInterrupt right there, inside the loop's own
+    shutdown, which then never finished (asyncio: "Task was destroyed but
+    it is pending!" after the run's one line, as a loaded CI run showed;
+    uvloop in an experiment: "Cannot close a running event loop").  Now the
+    signal is kept until the loop is closed, and the rep ends interrupted."""
+    proc = subprocess.run([sys.executable, "-c", SIGNAL_IN_SHUTDOWN, loop], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.stdout.strip() == "interrupted True", proc.stdout + proc.stderr
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == "", proc.stderr
+
+
 def test_w2_blocks_are_500_commits_or_tenths_and_never_empty(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """W2's blocks: of 500 commits when the run has two or more (the last
