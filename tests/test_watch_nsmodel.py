@@ -22,8 +22,10 @@ What each watcher must get follows from docs/protocol.md:
   next one created): its latest value then, each later commit, and
   ``ENOTSUP`` when that incarnation is removed; a guest's ends ``EPERM``
   instead when the incarnation is not the guest's.  One started during the
-  history must match the model from a point near its start (its rank may
-  not have heard the last request yet, or may have heard the next).
+  history must match the model from a point near its start: no sooner
+  than the last request answered through its rank (which its rank had
+  heard; a busy rank may not have heard those made elsewhere since), no
+  later than two requests after it (:func:`start_window`).
   Late ones without ``WAITCREATE`` too: they follow the incarnation alive
   at that point only if ``k`` has a value there, else end ``ENOTSUP`` (no
   namespace) or ``ENOENT`` (no key).
@@ -61,7 +63,10 @@ HISTORY = 70  # requests while they watch
 LATE_WATCHERS = 12
 END_NS = "job-end"  # created last, owned by the guest: every namespace watcher sees it
 GUEST_RANK = 3
-LATE_SLACK = 2  # requests around a late key watcher's start it may begin at
+LATE_SLACK = 2
+"""Requests after its start a late key watcher may still begin at: its
+handle's next requests go to other services (kvs, not kvs-watch), and one
+may be handled while the watcher's first lookup is on its way."""
 
 
 @dataclass
@@ -81,6 +86,13 @@ class Model:
     events: list[tuple[int, str, Incarnation]] = field(default_factory=list)
     """(when, "created" | "removed", incarnation), in the order rank 0 made them."""
     now: int = 0  # requests made so far
+    via: list[int] = field(default_factory=list)
+    """The rank whose handle made each request."""
+
+    def count(self, rank: int) -> None:
+        """A request made through ``rank``'s handle is done."""
+        self.via.append(rank)
+        self.now += 1
 
     def alive(self, name: str, when: int | None = None) -> Incarnation | None:
         """The incarnation of ``name`` alive after ``when`` requests (default: now)."""
@@ -134,6 +146,25 @@ def key_expected(model: Model, name: str, start: int, guest: bool, waitcreate: b
         return [], errno.ENOENT
     out = before[-1:] + [(seq, v) for when, seq, v in life.commits if when >= start]
     return out, errno.ENOTSUP if life.removed is not None else 0
+
+
+def in_subtree(rank: int, top: int) -> bool:
+    """``rank`` is ``top`` or below it (fanout 2)."""
+    while rank > top:
+        rank = (rank - 1) // 2
+    return rank == top
+
+
+def start_window(model: Model, rank: int, start: int) -> range:
+    """The points a key watcher sent on ``rank``'s handle after ``start``
+    requests may begin at.  No sooner than the last request answered
+    through its rank: an answer travels behind its request's events, so
+    the rank had heard that one (a rank busy beside other work may lag
+    the others by any number of requests made elsewhere).  No later than
+    :data:`LATE_SLACK` requests after it."""
+    heard = [i for i in range(start) if in_subtree(model.via[i], rank)]
+    low = heard[-1] + 1 if heard else 0
+    return range(low, min(model.now, start + LATE_SLACK) + 1)
 
 
 # ------------------------------------------------------------------ watchers
@@ -291,14 +322,15 @@ async def test_namespace_and_key_watchers_follow_namespace_lives(start_instance,
     model.lives.append(primary)
     model.events.append((-1, "created", primary))
 
-    def removed(name: str) -> None:
+    def removed(name: str, rank: int) -> None:
         life = model.alive(name)
         if life is not None:
             life.removed = model.now
             model.events.append((model.now, "removed", life))
-        model.now += 1
+        model.count(rank)
 
-    def committed(name: str, life: Incarnation | None, r: Any, racing: bool = False) -> None:
+    def committed(name: str, life: Incarnation | None, r: Any, rank: int,
+                  racing: bool = False) -> None:
         """A commit into ``name`` answered ``r`` (an exception if it failed);
         ``racing`` its removal, it may have lost."""
         if isinstance(r, RemoteError):
@@ -308,51 +340,55 @@ async def test_namespace_and_key_watchers_follow_namespace_lives(start_instance,
             assert not isinstance(r, BaseException), f"{where}: commit into {name}: {r!r}"
             assert life is not None, f"{where}: a commit into removed {name} succeeded"
             life.commits.append((model.now, int(r["rootseq"]), r["value"]))
-        model.now += 1
+        model.count(rank)
 
-    def commit_rpc(rng: random.Random, name: str, value: str) -> Any:
+    def commit_rpc(rank: int, name: str, value: str) -> Any:
         async def go() -> Any:
-            r = await asyncio.wait_for(handles[rng.randrange(SIZE)].rpc("kvs.commit", {
+            r = await asyncio.wait_for(handles[rank].rpc("kvs.commit", {
                 "namespace": name, "flags": 0, "ops": [
                     {"key": "k", "flags": 0,
                      "dirent": {"ver": 1, "type": "val", "data": value.encode()}}]}), T)
             return {**r, "value": value}
         return go()
 
-    def remove_rpc(rng: random.Random, name: str) -> Any:
-        return asyncio.wait_for(handles[rng.randrange(SIZE)].rpc(
+    def remove_rpc(rank: int, name: str) -> Any:
+        return asyncio.wait_for(handles[rank].rpc(
             "kvs.namespace-remove", {"namespace": name}), T)
 
     async def create(rng: random.Random, name: str, owner: int) -> None:
-        await asyncio.wait_for(handles[rng.randrange(SIZE)].rpc(
+        rank = rng.randrange(SIZE)
+        await asyncio.wait_for(handles[rank].rpc(
             "kvs.namespace-create", {"namespace": name, "owner": owner}), T)
         life = Incarnation(name, owner, model.now)
         model.lives.append(life)
         model.events.append((model.now, "created", life))
-        model.now += 1
+        model.count(rank)
 
     async def put(rng: random.Random, name: str, value: str) -> None:
         life = model.alive(name)
+        rank = rng.randrange(SIZE)
         try:
-            r = await commit_rpc(rng, name, value)
+            r = await commit_rpc(rank, name, value)
         except RemoteError as exc:
             r = exc
-        committed(name, life, r)
+        committed(name, life, r, rank)
 
     async def random_request(rng: random.Random, name: str, together: bool = False) -> None:
         roll = rng.random()
         if roll < 0.3 and model.alive(name) is None:
             await create(rng, name, rng.choice([me, GUEST_UID, OTHER_UID]))
         elif roll < 0.45:
-            await remove_rpc(rng, name)  # a missing one: success, and no event
-            removed(name)
+            rank = rng.randrange(SIZE)
+            await remove_rpc(rank, name)  # a missing one: success, and no event
+            removed(name, rank)
         elif roll < 0.55 and together:
             life = model.alive(name)
             value = f"v{model.now}"
-            c, _ = await asyncio.gather(commit_rpc(rng, name, value), remove_rpc(rng, name),
+            rc, rr = rng.randrange(SIZE), rng.randrange(SIZE)
+            c, _ = await asyncio.gather(commit_rpc(rc, name, value), remove_rpc(rr, name),
                                         return_exceptions=True)
-            committed(name, life, c, racing=True)  # if it counted: before the removal
-            removed(name)
+            committed(name, life, c, rc, racing=True)  # if it counted: before the removal
+            removed(name, rr)
         else:
             await put(rng, name, f"v{model.now}")
 
@@ -441,14 +477,13 @@ async def test_namespace_and_key_watchers_follow_namespace_lives(start_instance,
             failures.append(f"k in {w.name} on rank {w.rank}:\n    want {want_k} then "
                             f"{want_end}\n    got  {w.got} then {w.end}")
     for w in late_keyws:
-        # It began at whatever its rank had heard when it came: the history
-        # around its start (requests in flight, events on their way).
-        near = range(max(0, w.start - LATE_SLACK), min(model.now, w.start + LATE_SLACK) + 1)
+        # It began at whatever its rank had heard when it came.
+        near = start_window(model, w.rank, w.start)
         if not any((w.got, w.end or 0) == key_expected(model, w.name, p, False, w.waitcreate)
                    for p in near):
             failures.append(f"k in {w.name} on rank {w.rank} from request {w.start}"
                             f"{'' if w.waitcreate else ' (no WAITCREATE)'}: matches "
-                            f"the model from no point near it:\n    got  {w.got} then {w.end}")
+                            f"the model from no point in {near}:\n    got  {w.got} then {w.end}")
     for name in POOL:
         want_k, want_end = key_expected(model, name, start, guest=True)
         got = ([tuple(a) for a in g["keys"][name]], g["ends"].get(name, 0))
