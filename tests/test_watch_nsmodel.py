@@ -47,7 +47,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from test_watch_helpers import GUEST_PRELUDE, GUEST_UID, WAITCREATE, WATCH, wait_watchers
+from test_watch_helpers import (
+    GUEST_PRELUDE,
+    GUEST_UID,
+    WAITCREATE,
+    WATCH,
+    stats,
+    wait_until,
+    wait_watchers,
+)
 from test_watch_model import next_message
 
 from broker.errors import RemoteError
@@ -167,6 +175,15 @@ def start_window(model: Model, rank: int, start: int) -> range:
     return range(low, min(model.now, start + LATE_SLACK) + 1)
 
 
+async def wait_started(h: Handle, rank: int) -> None:
+    """Until kvs-watch on ``h``'s rank has a root for every monitor and no
+    lookup in flight."""
+    async def check() -> bool:
+        st = await stats(h)
+        return bool(st["monitors-starting"] == 0 and st["lookups-in-flight"] == 0)
+    await wait_until(check, T, f"rank {rank}'s key watchers to start")
+
+
 # ------------------------------------------------------------------ watchers
 
 @dataclass
@@ -178,14 +195,16 @@ class NsWatcher:
     got: list[NsEvent] = field(default_factory=list)
     epochs: list[tuple[str, str, int]] = field(default_factory=list)
 
-    async def read(self) -> None:
-        """Until the namespace made last is reported."""
+    async def read(self, until_listed: bool = False) -> None:
+        """Until the namespace made last is reported (or its list is done)."""
         while True:
             msg = await next_message(self.stream, self.describe(), self.got)
             assert msg is not None, f"{self.describe()}: ended; got {self.got}"
             p = msg.payload
             if p["event"] == "listed":
                 self.got.append(("listed", "", -1))
+                if until_listed:
+                    return
                 continue
             self.got.append((p["event"], p["namespace"], p["owner"]))
             self.epochs.append((p["event"], p["namespace"], p["epoch"]))
@@ -410,6 +429,13 @@ async def test_namespace_and_key_watchers_follow_namespace_lives(start_instance,
     for r in range(SIZE):
         await wait_watchers(handles[r], len(PREFIXES) + len(POOL)
                             + (guest_running if r == GUEST_RANK else 0), timeout=T)
+    # Counted is not yet started: a namespace watcher starts when rank 0
+    # answers its list (a removal made before that is not in the list, and
+    # its event is dropped), a key watcher when its monitor has a root and
+    # its first lookup is answered.  The history waits for both.
+    await asyncio.gather(*(w.read(until_listed=True) for w in nsws))
+    for r in range(SIZE):
+        await wait_started(handles[r], r)
 
     late_keyws: list[KeyWatcher] = []
     if mode == "one at a time":
