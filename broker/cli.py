@@ -1163,14 +1163,20 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return p
 
 
+def subparsers(parser: argparse.ArgumentParser,
+               ) -> argparse._SubParsersAction[argparse.ArgumentParser] | None:
+    """``parser``'s subcommands (their ``choices``: name -> parser), if it has any."""
+    return next((a for a in parser._actions  # noqa: SLF001 (argparse has no public walk)
+                 if isinstance(a, argparse._SubParsersAction)), None)
+
+
 def subcommand_parser(parser: argparse.ArgumentParser,
                       args: argparse.Namespace) -> argparse.ArgumentParser:
     """The parser of the (sub)subcommand ``args`` ran (``kvbroker kvs get``),
     so that an error shows that command's usage, not the top level's."""
     p = parser
     while True:
-        action = next((a for a in p._actions  # noqa: SLF001 (argparse has no public walk)
-                       if isinstance(a, argparse._SubParsersAction)), None)
+        action = subparsers(p)
         name = getattr(args, action.dest, None) if action is not None else None
         if action is None or not isinstance(name, str) or name not in action.choices:
             return p

@@ -1103,8 +1103,9 @@ def test_the_command_word_skips_top_level_options(argv: list[str], word: str | N
     word is not a built-in command's)."""
     assert cli.command_word(argv) == word
     parser = cli.build_parser(word)
-    names = next(a for a in parser._actions  # noqa: SLF001 (argparse has no public walk)
-                 if isinstance(a, argparse._SubParsersAction)).choices
+    action = cli.subparsers(parser)
+    assert action is not None
+    names = action.choices
     assert "start" in names
     assert ("kvs" in names) == (word != "ping")
 
@@ -1113,8 +1114,7 @@ def subcommand_levels(parser: argparse.ArgumentParser, argv: list[str]) -> list[
     """The subcommand names each level of ``parser`` holds along ``argv``'s
     command words: ``[{"kvs", ...}, {"get", ...}]``."""
     levels, words = [], iter(cli.command_words(argv))
-    while (action := next((a for a in parser._actions  # noqa: SLF001 (no public walk)
-                           if isinstance(a, argparse._SubParsersAction)), None)) is not None:
+    while (action := cli.subparsers(parser)) is not None:
         levels.append(set(action.choices))
         if (word := next(words, None)) not in action.choices:
             break

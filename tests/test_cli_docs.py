@@ -15,7 +15,7 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-from broker.cli import build_parser
+from broker.cli import build_parser, subparsers
 
 CLI_MD = Path(__file__).resolve().parent.parent / "docs" / "cli.md"
 
@@ -25,11 +25,10 @@ Command = tuple[tuple[str, ...], argparse.ArgumentParser]
 
 def commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> Iterator[Command]:
     """Every (command path, its parser) below ``parser``, depth first."""
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for name, sub in action.choices.items():
-                yield (*path, name), sub
-                yield from commands(sub, (*path, name))
+    action = subparsers(parser)
+    for name, sub in action.choices.items() if action is not None else ():
+        yield (*path, name), sub
+        yield from commands(sub, (*path, name))
 
 
 def long_options(parser: argparse.ArgumentParser) -> list[str]:

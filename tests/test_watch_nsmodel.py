@@ -60,9 +60,11 @@ from test_watch_model import next_message
 
 from broker.errors import RemoteError
 from broker.handle import Handle, Stream
+from broker.topology import child_toward
 
 T = 10.0
 SIZE = 4
+FANOUT = 2
 POOL = ["job-0", "job-1", "job-2", "ns-0", "ns-1"]
 PREFIXES = ["", "job-"]
 OTHER_UID = 4242
@@ -156,13 +158,6 @@ def key_expected(model: Model, name: str, start: int, guest: bool, waitcreate: b
     return out, errno.ENOTSUP if life.removed is not None else 0
 
 
-def in_subtree(rank: int, top: int) -> bool:
-    """``rank`` is ``top`` or below it (fanout 2)."""
-    while rank > top:
-        rank = (rank - 1) // 2
-    return rank == top
-
-
 def start_window(model: Model, rank: int, start: int) -> range:
     """The points a key watcher sent on ``rank``'s handle after ``start``
     requests may begin at.  No sooner than the last request answered
@@ -170,7 +165,8 @@ def start_window(model: Model, rank: int, start: int) -> range:
     the rank had heard that one (a rank busy beside other work may lag
     the others by any number of requests made elsewhere).  No later than
     :data:`LATE_SLACK` requests after it."""
-    heard = [i for i in range(start) if in_subtree(model.via[i], rank)]
+    heard = [i for i in range(start) if model.via[i] == rank
+             or child_toward(rank, model.via[i], FANOUT) is not None]
     low = heard[-1] + 1 if heard else 0
     return range(low, min(model.now, start + LATE_SLACK) + 1)
 
@@ -332,7 +328,7 @@ async def test_namespace_and_key_watchers_follow_namespace_lives(start_instance,
     seed = int(os.environ.get("KVB_NSWATCH_SEED", random.randrange(1 << 30)))
     rng = random.Random(f"{seed} {mode}")
     where = f"{mode}, KVB_NSWATCH_SEED={seed}"
-    inst = await start_instance(size=SIZE, fanout=2,
+    inst = await start_instance(size=SIZE, fanout=FANOUT,
                                 attrs={"access.allow-guest-user": "true"})
     handles: list[Handle] = [await connect(inst, r) for r in range(SIZE)]
     me = os.getuid()
