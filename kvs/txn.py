@@ -293,6 +293,12 @@ class _Txn:
         self.cache = cache
         self.writer = writer
         self.namespace = namespace
+        # The blobref lists of the valrefs this transaction's appends made,
+        # by id (the list itself held, so an id is never reused meanwhile):
+        # a later append to the same key adds to its list in place.  Copying
+        # it each time made n appends to one key cost O(n * (n + m)) -- a
+        # guest's 100,000 appends to one key held rank 0 for 36 s.
+        self._grown: dict[int, list[str]] = {}
 
     # -- applying ops ------------------------------------------------------
 
@@ -385,13 +391,18 @@ class _Txn:
         t = "dir" if isinstance(cur, _WDir) else cur["type"]
         put = self.writer.put_raw
         if t == "valref":
-            refs = [*cur["data"], put(dirent["data"])]
+            data = cur["data"]
+            if self._grown.get(id(data)) is data:  # (made by an append here: ours)
+                data.append(put(dirent["data"]))
+                return
+            refs = [*data, put(dirent["data"])]
         elif t == "val":
             refs = [put(cur["data"]), put(dirent["data"])]
         elif t == "symlink":
             raise ErrnoError(errno.EOPNOTSUPP, f"{name}: cannot append to a symlink")
         else:
             raise ErrnoError(errno.EISDIR, f"{name}: cannot append to a directory")
+        self._grown[id(refs)] = refs
         d.set(name, {"data": refs, "type": "valref", "ver": VER})
 
     # -- unrolling ---------------------------------------------------------

@@ -332,6 +332,26 @@ def test_append_within_one_transaction(kvs: Kvs) -> None:
     assert kvs.get("big") == T.val(b"x" * 100 + b"y")
 
 
+def test_many_appends_to_one_key_in_one_transaction_leave_older_versions_alone(
+        kvs: Kvs) -> None:
+    # Appends after the first in a transaction grow the valref it made in
+    # place (n appends cost O(n), not O(n^2)); the stored version's list,
+    # shared through the cache, must stay as it was.
+    kvs.commit(put("log", b"a", APPEND), put("log", b"b", APPEND))
+    old_root, old_refs = kvs.root, list(kvs.get("log", TREEOBJ)["data"])
+    lines = [b"%d," % i for i in range(2000)]
+    kvs.commit(*(put("log", line, APPEND) for line in lines), put("other", b"x", APPEND),
+               put("log", b"!", APPEND))
+    assert kvs.get("log") == T.val(b"ab" + b"".join(lines) + b"!")
+    assert len(kvs.get("log", TREEOBJ)["data"]) == 2 + len(lines) + 1
+    assert lookup(kvs.cache, old_root, "log", TREEOBJ)["data"] == old_refs
+    assert lookup(kvs.cache, old_root, "log", 0) == T.val(b"ab")
+    # a put between appends starts a new value, which the next ones grow
+    kvs.commit(put("log", b"x", APPEND), put("log", b"new"), put("log", b"1", APPEND),
+               put("log", b"2", APPEND))
+    assert kvs.get("log") == T.val(b"new12")
+
+
 def test_append_errors(kvs: Kvs) -> None:
     kvs.commit(put("d.k", b"v"), put("ln", T.symlink("d.k")))
     assert errnum(lambda: kvs.commit(put("d", b"x", APPEND))) == errno.EISDIR
