@@ -219,12 +219,19 @@ def oversized_error(msg: Message, size: int, limit: int, what: str) -> Message:
     are over the ``limit`` of ``what`` (the attribute, or who would not take
     it): for a request, its ``EMSGSIZE`` response; for a response, an
     ``EMSGSIZE`` response to the same request, sent on along its route."""
-    errstr = f"message of {size} bytes exceeds {what} ({limit})"
+    return error_in_place(msg, errno.EMSGSIZE, f"message of {size} bytes exceeds {what} ({limit})")
+
+
+def error_in_place(msg: Message, errnum: int, errstr: str) -> Message:
+    """The error answer that takes the place of ``msg``, a request or a
+    response that cannot go on: for a request, its response; for a
+    response, the same error as the response to that request, to send on
+    along its route."""
     if msg.type == MsgType.REQUEST:
-        return msg.response(None, errno.EMSGSIZE, errstr)
+        return msg.response(None, errnum, errstr)
     return Message(MsgType.RESPONSE, msg.topic, None, matchtag=msg.matchtag,
                    nodeid=msg.nodeid, flags=msg.flags, userid=msg.userid,
-                   rolemask=msg.rolemask, route=msg.route.copy(), errnum=errno.EMSGSIZE,
+                   rolemask=msg.rolemask, route=msg.route.copy(), errnum=errnum,
                    errstr=errstr)
 
 

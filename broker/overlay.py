@@ -144,6 +144,12 @@ class _Rejoins:
     """The loop time of the last."""
 
 
+class Unencodable(Exception):
+    """A message whose payload cannot be packed (:meth:`Overlay.send`): it
+    decoded as it came, but a module re-nested it deeper than msgpack packs
+    (a follower's kvs relays a commit's ops two levels down)."""
+
+
 class Oversized(Exception):
     """A message of ``size`` bytes, over a link's ``limit`` (:meth:`Overlay.send`)."""
 
@@ -729,12 +735,12 @@ class Overlay:
         """Send to a neighbour; False if it is not (or no longer) connected.
 
         Raises :class:`Oversized` instead of sending a message bigger than
-        the neighbour takes (it would drop it, and the sender would wait)."""
+        the neighbour takes (it would drop it, and the sender would wait),
+        :class:`Unencodable` for one whose payload cannot be packed."""
         try:
             frames = codec.encode(msg)
         except TypeError as exc:
-            log.error("cannot encode %s: %s", msg, exc)
-            return False
+            raise Unencodable(str(exc)) from None
         if codec.may_exceed_link(frames):
             size = codec.frames_size(frames)
             if size > self.max_message:

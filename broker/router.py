@@ -46,7 +46,7 @@ from broker.message import (
     MsgType,
     Role,
 )
-from broker.overlay import Oversized
+from broker.overlay import Oversized, Unencodable
 from broker.tally import add_count
 
 if TYPE_CHECKING:
@@ -57,7 +57,7 @@ log = logging.getLogger("kvbroker.router")
 
 COUNTERS = ("requests", "responses", "events-sequenced", "events-delivered", "disconnects-sent",
             "unroutable", "lost-requests", "dropped-responses", "dropped-events",
-            "dropped-local", "dropped-control", "oversized")
+            "dropped-local", "dropped-control", "oversized", "unencodable")
 """The ``messages`` counters of ``broker.stats-get``."""
 
 
@@ -531,6 +531,21 @@ class Router:
             elif msg.type == MsgType.RESPONSE:  # (its route is already past this hop)
                 assert ov is not None
                 ov.send(rank, codec.oversized_error(msg, exc.size, exc.limit, LINK_LIMIT))
+            return False
+        except Unencodable as exc:
+            # A payload that decoded as it came but cannot be packed again
+            # (nested too deep once a module wrapped it): answered EPROTO
+            # here, as an oversized one -- not "unreachable", and not one
+            # log line per message, since a client chooses how many.
+            self.counts["unencodable"] += 1
+            self._rank_log.log(logging.WARNING, "unencodable", "not sending %s to rank %d: %s",
+                               msg, rank, exc)
+            errstr = f"cannot send the payload on to rank {rank}: {exc}"
+            if msg.type == MsgType.REQUEST:
+                self.respond_error(msg, errno.EPROTO, errstr)
+            elif msg.type == MsgType.RESPONSE:
+                assert ov is not None
+                ov.send(rank, codec.error_in_place(msg, errno.EPROTO, errstr))
             return False
         if not sent:
             self.counts["unroutable"] += 1

@@ -74,6 +74,22 @@ class SetRoot(NamedTuple):
     """``time.monotonic()`` then, after the root history noted it."""
 
 
+def take_batch(q: deque[Pending], merge: bool) -> list[Pending]:
+    """Take the next batch off ``q``: its first transaction and, with
+    ``merge`` (unless that one is ``NO_MERGE``), those after it with the same
+    flags, as long as their ops add up to at most :data:`kvs.txn.MAX_OPS`.
+    A batch is applied in one go on rank 0's loop: a pipeline of big commits
+    merged whole held every other client for as long as all of them took."""
+    first = q.popleft()
+    batch = [first]
+    if merge and not first.flags & txn.NO_MERGE:
+        nops = len(first.ops)
+        while q and q[0].flags == first.flags and nops + len(q[0].ops) <= txn.MAX_OPS:
+            nops += len(q[0].ops)
+            batch.append(q.popleft())
+    return batch
+
+
 def _adds_data(p: Pending) -> bool:
     """Whether transaction ``p`` writes a value or a directory (a dirent
     that is not an ``EXPECT`` condition): refused below the free-space
@@ -278,11 +294,7 @@ class CommitPipeline:
                 no_room = await self._room()
                 if not q or ns.removed:
                     break
-                first = q.popleft()
-                batch = [first]
-                if self.merge and not first.flags & txn.NO_MERGE:
-                    while q and q[0].flags == first.flags:
-                        batch.append(q.popleft())
+                batch = take_batch(q, self.merge)
                 if no_room is not None:
                     self.counts["commits-failed"] += len(batch)
                     self._fail(ns, batch, no_room)
@@ -298,6 +310,8 @@ class CommitPipeline:
                     self._fail(ns, batch, ErrnoError(errno.EIO, f"internal error: {exc}"))
                 finally:
                     self._unadmit(ns)  # (what it did not store: it failed, or was split)
+                if q:  # more than one batch's worth queued: let the loop serve
+                    await asyncio.sleep(0)  # others between them
         except asyncio.CancelledError:  # stop gave up waiting for it: answer every one
             self._fail_stopped(ns, batch)
             raise

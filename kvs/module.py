@@ -39,6 +39,7 @@ import asyncio
 import errno
 import logging
 import os
+import reprlib
 import time
 from collections import Counter
 from collections.abc import Awaitable, Iterable
@@ -130,9 +131,14 @@ COUNTERS = ("commits", "batches", "merged", "merges-split", "commits-failed", "r
 """The ``counts`` of ``kvs.stats-get`` (all shown, 0 included)."""
 
 
+_OP_FIELDS = frozenset({"key", "flags", "dirent", "lease"})
+
+
 def _check_ops(ops: Any, blob_limit: int | None = None, *,
                limits: bool = True) -> tuple[list[dict[str, Any]], bool]:
-    """A commit's ops as received: well-formed enough to queue or relay, and
+    """A commit's ops as received: well-formed enough to queue or relay
+    (with ``limits``, where the commit enters: no field but an op's own, and
+    a well-formed dirent), and
     within the limits (:func:`kvs.txn.check_limits`; ``blob_limit``:
     ``content.blob-size-limit``), refused here on the rank they enter
     rather than on rank 0 after crossing the tree; and whether any carries
@@ -154,10 +160,22 @@ def _check_ops(ops: Any, blob_limit: int | None = None, *,
         if "\0" in op["key"]:
             raise ErrnoError(errno.EINVAL, "key contains a NUL character")
         if limits:
-            txn.check_limits(op["key"], op.get("flags", 0), op.get("dirent"), blob_limit)
+            if not op.keys() <= _OP_FIELDS:
+                extra = ", ".join(sorted(reprlib.repr(k) for k in op.keys() - _OP_FIELDS)[:4])
+                raise ErrnoError(errno.EPROTO, "an op has the fields key, flags, dirent and "
+                                               f"lease only (not {extra})")
+            dirent = op.get("dirent")
+            if dirent is not None:
+                # (as rank 0 would, EINVAL: a malformed one relayed with others
+                # failed them all -- val data nested deeper than msgpack packs
+                # once wrapped in a relay made it unsendable)
+                treeobj.validate(dirent, dirent=True)
+            txn.check_limits(op["key"], op.get("flags", 0), dirent, blob_limit)
         if "lease" in op:
             _check_lease_op(op)
             leased = True
+    if limits and len(ops) > 1:  # (one key lies under at most MAX_DEPTH directories)
+        txn.check_dirs([op["key"] for op in ops])
     return ops, leased
 
 

@@ -303,3 +303,58 @@ async def test_a_nul_cannot_enter_through_a_dir_dirent_or_a_symlink(start_instan
             exc = await refusal(commit(h, op))
             assert exc.errnum == errno.EINVAL and "NUL" in exc.errstr, exc.errstr
     assert await getroot(h0) == root
+
+
+async def test_a_commit_under_too_many_directories_is_refused_where_it_enters(
+        start_instance, connect) -> None:
+    # each directory under a commit's keys is walked and rewritten on rank
+    # 0's loop: 400 paths 256 components deep (102,000 directories in a 1 MB
+    # commit) are E2BIG on the rank they enter, and nothing is relayed
+    inst = await start_instance(size=4, fanout=2)
+    h0, h3 = await connect(inst, 0), await connect(inst, 3)
+    await commit(h3, put("warm", "up"))
+    root = await getroot(h0)
+    relays = (await stats(h3))["counts"]["relays"]
+    deep = ".".join(["d"] * 255)
+    for h in (h0, h3):
+        exc = await refusal(commit(h, *(put(f"t{i}.{deep}", "v") for i in range(400))))
+        assert exc.errnum == errno.E2BIG, errname(exc.errnum)
+        assert "100000 directories" in exc.errstr
+    assert await getroot(h0) == root
+    assert (await stats(h3))["counts"]["relays"] == relays
+    # many keys under few directories are fine, however deep
+    await commit(h3, *(put(f"{deep}.k{i}", "v") for i in range(400)))
+    assert await get(h3, f"{deep}.k399") == b"v"
+
+
+async def test_a_malformed_op_is_refused_where_it_enters_and_fails_alone(
+        start_instance, connect) -> None:
+    # checked on the follower as rank 0 would check it: relayed with others,
+    # it made their relay unsendable (val data nested deeper than msgpack
+    # packs once wrapped in the relay) and failed them all, EHOSTUNREACH
+    inst = await start_instance(size=4, fanout=2)
+    h0, h3 = await connect(inst, 0), await connect(inst, 3)
+    await commit(h3, put("warm", "up"))
+    nested: Any = b"x"
+    for _ in range(1020):  # as deep as a commit can carry it: a relay cannot
+        nested = [nested]
+    relayed = (await stats(h3))["counts"]["relayed"]
+    bad_val = {"key": "bad", "flags": 0, "dirent": {"ver": 1, "type": "val", "data": nested}}
+    bad_field = {"key": "bad", "flags": 0, "dirent": val("x"), "note": nested}
+    # issued together: relayed together, the bad ones failed the good ones
+    outcomes = await asyncio.gather(
+        commit(h3, put("good1", "one")), commit(h3, bad_val), commit(h3, bad_field),
+        commit(h3, put("good2", "two")), return_exceptions=True)
+    assert not isinstance(outcomes[0], BaseException), outcomes[0]
+    assert not isinstance(outcomes[3], BaseException), outcomes[3]
+    assert isinstance(outcomes[1], RemoteError) and outcomes[1].errnum == errno.EINVAL, \
+        outcomes[1]
+    assert "val data must be bytes" in outcomes[1].errstr
+    assert isinstance(outcomes[2], RemoteError) and outcomes[2].errnum == errno.EPROTO, \
+        outcomes[2]
+    assert "'note'" in outcomes[2].errstr
+    assert await get(h3, "good1") == b"one" and await get(h3, "good2") == b"two"
+    assert (await stats(h3))["counts"]["relayed"] == relayed + 2  # the good ones only
+    messages = (await h3.rpc("broker.stats-get", {}))["messages"]
+    assert messages["unroutable"] == messages["unencodable"] == 0
+    assert (await refusal(commit(h0, bad_val))).errnum == errno.EINVAL  # rank 0 alike

@@ -12,7 +12,7 @@ from broker.content.blobref import hash_blob
 from broker.errors import ErrnoError
 from kvs import treeobj as T
 from kvs.lookup import READDIR, SYMLINK_MAX, TREEOBJ, lookup
-from kvs.txn import APPEND, EXPECT, NeedBlobs, apply, empty_root
+from kvs.txn import APPEND, EXPECT, MAX_DIRS, NeedBlobs, apply, check_dirs, empty_root
 
 
 class Kvs:
@@ -529,3 +529,19 @@ def test_expect_fetches_what_it_compares() -> None:
 ])
 def test_expect_takes_a_val_or_null_and_no_other_flag(kvs: Kvs, op: dict) -> None:
     assert errnum(lambda: kvs.commit(op)) == errno.EPROTO
+
+
+def test_check_dirs_counts_each_directory_under_the_keys_once() -> None:
+    # a commit's keys may lie under at most MAX_DIRS directories (each one
+    # is walked and rewritten on rank 0's loop); shared ones count once
+    deep = ".".join(["d"] * 255)
+    check_dirs([f"{deep}.k{i}" for i in range(MAX_DIRS // 100)])  # 255 directories
+    check_dirs([f"a{i}.b.k" for i in range(MAX_DIRS // 2)])  # exactly MAX_DIRS
+    with pytest.raises(ErrnoError) as e:
+        check_dirs([f"a{i}.b.k" for i in range(MAX_DIRS // 2)] + ["z.k"])
+    assert e.value.errnum == errno.E2BIG
+    with pytest.raises(ErrnoError) as e:  # 400 paths of 255 new directories each
+        check_dirs([f"t{i}.{deep}" for i in range(400)])
+    assert e.value.errnum == errno.E2BIG
+    check_dirs([f"..a{i}..b..k" for i in range(MAX_DIRS // 2)])  # counted normalised
+    check_dirs(["k"] * (MAX_DIRS + 1))  # (the op count has its own limit)
