@@ -448,17 +448,27 @@ class _StdoutReaderGone:
     on a rank, until the key changed again.  GNU ``tail -f`` watches for
     the same thing.  A pipe's writing end never polls readable, so a
     reader on it fires only for the error a closed pipe polls; anything
-    else on standard output (a terminal, a file, a socket) is left alone."""
+    else on standard output (a terminal, a file, a socket) is left alone.
+
+    The pipe stays in blocking mode.  uvloop's ``add_reader`` makes the
+    descriptor non-blocking, and that flag belongs to the pipe's open file,
+    shared with the shell and every other writer into it: a write bigger
+    than the room left in the pipe was cut short and the rest lost (a
+    100 KB value printed 64 KiB), and ``head`` after the command failed
+    with EAGAIN.  Watching for the error does not need it."""
 
     def __init__(self, task: asyncio.Task[Any]) -> None:
         self.task = task
         self.fired = False
         self.fd: int | None = None
+        self.blocking = True
         try:
             fd = sys.stdout.fileno()
             if stat.S_ISFIFO(os.fstat(fd).st_mode):
+                self.blocking = os.get_blocking(fd)
                 asyncio.get_running_loop().add_reader(fd, self._check)
                 self.fd = fd
+                os.set_blocking(fd, self.blocking)
         except (AttributeError, OSError, ValueError):
             pass
 
@@ -471,6 +481,10 @@ class _StdoutReaderGone:
     def close(self) -> None:
         if self.fd is not None:
             asyncio.get_running_loop().remove_reader(self.fd)
+            try:
+                os.set_blocking(self.fd, self.blocking)
+            except OSError:
+                pass
             self.fd = None
 
 

@@ -1072,6 +1072,41 @@ async def test_a_watch_ends_when_its_reader_leaves_without_waiting_for_a_change(
         await wait_until(unwatched, "the rank to drop the watch")
 
 
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+async def test_a_watching_command_writes_whole_values_into_a_pipe_and_leaves_it_blocking(
+        start_instance, loop) -> None:
+    """Watching for the pipe's reader to leave must not make the pipe
+    non-blocking (uvloop's add_reader did): a value bigger than the room
+    left in the pipe was cut to it, the rest lost and the exit status 0,
+    and a writer after the command into the same pipe failed with EAGAIN."""
+    inst = await start_instance(size=1)
+    uri = inst.uri(0)
+    value = b"a" * 100_000 + b"z"
+    async with asyncio.timeout(60):
+        rc, _, err = await run_cli("kvs", "put", "-r", "txt=-", uri=uri, input=value)
+        assert rc == 0, err
+        for args in (("kvs", "get", "--watch", "--count", "1", "txt"),
+                     ("kvs", "get", "--waitcreate", "txt")):
+            r, w = os.pipe()
+            shell_end = os.dup(w)  # (the shell's, which the writers after it share)
+            try:
+                proc = await asyncio.create_subprocess_exec(
+                    KVBROKER, *args, stdout=w, stderr=asyncio.subprocess.PIPE,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    env=dict(os.environ, KVBROKER_URI=uri, KVBROKER_EVENT_LOOP=loop))
+            finally:
+                os.close(w)
+            with os.fdopen(r, "rb") as reader:
+                read = asyncio.ensure_future(asyncio.to_thread(reader.read))
+                try:
+                    _, err_b = await proc.communicate()
+                    blocking = os.get_blocking(shell_end)
+                finally:
+                    os.close(shell_end)  # (the reader's EOF)
+                assert (proc.returncode, err_b, blocking) == (0, b"", True), args
+                assert await read == value + b"\n", args
+
+
 async def _client_subscribed(h: Handle) -> bool:
     """Whether a client of ``h``'s rank holds an event subscription."""
     return client_subscriptions(await stats(h)) >= 1
