@@ -60,7 +60,7 @@ class FrameWriter:
     """
 
     __slots__ = ("transport", "_pending", "_pending_bytes", "_paused", "_writelines",
-                 "_loop", "_held", "_held_bytes", "_pump_later")
+                 "_loop", "_held", "_held_bytes", "_pump_later", "_drain_waiters")
 
     def __init__(self, transport: asyncio.WriteTransport) -> None:
         self.transport = transport
@@ -71,6 +71,7 @@ class FrameWriter:
         self._held: list[codec.Frame] | None = None
         """This turn's small messages after the first (None: nothing written yet this turn)."""
         self._held_bytes = 0
+        self._drain_waiters: list[asyncio.Future[None]] = []
         # writelines() when it applies flow control (uvloop), else write(join)
         uvloop = type(transport).__module__.startswith("uvloop")
         self._writelines = transport.writelines if uvloop else self._write_joined
@@ -111,9 +112,12 @@ class FrameWriter:
                 return
             held = self._held
             if held is None:  # the turn's first: now, and hold the rest of the turn
-                self._writelines([prefix, *frames])
-                self._held = []
+                # (the turn's end first: if that cannot be scheduled -- the
+                # loop's debug mode refuses a call from another thread --
+                # nothing is held that no end of turn would write)
                 self._loop.call_soon(self._end_turn)
+                self._held = []
+                self._writelines([prefix, *frames])
                 return
             held.append(prefix)
             held.extend(frames)
@@ -165,6 +169,26 @@ class FrameWriter:
             if not self.transport.is_closing():
                 self.transport.write(b"".join(held))  # may call pause_writing() -> self.pause()
 
+    def drained(self) -> asyncio.Future[None]:
+        """A future set once every message given so far is the transport's
+        (what is cut into pieces waits here while the transport is paused):
+        closing the transport drops what is still here, and closes with
+        only the start of a big message sent.  Also set if the transport
+        closes first."""
+        self.flush()
+        fut = self._loop.create_future()
+        if self._pending and not self.transport.is_closing():
+            self._drain_waiters.append(fut)
+        else:
+            fut.set_result(None)
+        return fut
+
+    def _wake_drain_waiters(self) -> None:
+        waiters, self._drain_waiters = self._drain_waiters, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
+
     def _end_turn(self) -> None:
         self.flush()
         self._held = None
@@ -186,7 +210,7 @@ class FrameWriter:
             if t.is_closing():
                 pending.clear()
                 self._pending_bytes = 0
-                return
+                break
             # Up to CHUNK bytes per call: the small messages queued behind a
             # big one go out together, not one system call each.
             batch = [pending.popleft()]
@@ -197,6 +221,8 @@ class FrameWriter:
                 size += len(piece)
             self._pending_bytes -= size + PIECE_OVERHEAD * len(batch)
             self._writelines(batch)  # may call pause_writing() -> self.pause()
+        if self._drain_waiters and not pending:
+            self._wake_drain_waiters()
 
 
 class FramedProtocol(asyncio.Protocol):

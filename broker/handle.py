@@ -526,10 +526,20 @@ class Handle(HandleCore):
         if redial is not None:
             redial.wake()
         if proto is not None and proto.transport is not None:
-            self.flush()
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + self.CLOSE_FLUSH_TIMEOUT
+            if proto.writer is not None:
+                # What the writer still holds in pieces (a big message, and
+                # those behind it) goes before the transport closes: closed
+                # first, it dropped them, the rank read a cut message and
+                # EOF, and both were lost.
+                await asyncio.wait([proto.writer.drained(), proto.closed],
+                                   timeout=self.CLOSE_FLUSH_TIMEOUT,
+                                   return_when=asyncio.FIRST_COMPLETED)
             proto.transport.close()
             try:
-                await asyncio.wait_for(asyncio.shield(proto.closed), self.CLOSE_FLUSH_TIMEOUT)
+                await asyncio.wait_for(asyncio.shield(proto.closed),
+                                       max(0.0, deadline - loop.time()))
             except TimeoutError:
                 proto.transport.abort()
                 await proto.closed
@@ -549,12 +559,25 @@ class Handle(HandleCore):
             "running now (an earlier asyncio.run()?): a handle serves the loop it was "
             "connected on; connect() again on this one")
 
+    def _wrong_thread(self) -> RuntimeError:
+        """A call from a thread while the handle's loop runs in another: the
+        writer and the futures are that loop's, not thread-safe (a call
+        from ``asyncio.to_thread`` went through, and under asyncio's debug
+        mode left the writer waiting for a turn's end that never came: every
+        later call on the handle waited for ever)."""
+        return RuntimeError(
+            f"this Handle ({self.uri}) serves an event loop running in another thread: call "
+            "it from that loop (asyncio.run_coroutine_threadsafe, loop.call_soon_threadsafe)")
+
     def _writer(self) -> FrameWriter:
         # (asyncio._get_running_loop: the getter that returns None where no
         # loop runs, instead of raising -- cheap, and on every send's path)
         running = asyncio._get_running_loop()
-        if running is not self._loop and running is not None:
-            raise self._wrong_loop()
+        if running is not self._loop:
+            if running is not None:
+                raise self._wrong_loop()
+            if self._loop.is_running():  # in another thread: this is not it
+                raise self._wrong_thread()
         proto = self._proto
         if proto is None or proto.transport is None or proto.transport.is_closing():
             redial = self._redial

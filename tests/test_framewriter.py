@@ -101,6 +101,26 @@ async def test_one_turns_small_messages_go_out_together_in_order(wired) -> None:
 
 
 @pytest.mark.both_loops
+async def test_a_send_whose_turn_end_cannot_be_scheduled_holds_nothing(wired) -> None:
+    """Under asyncio's debug mode, call_soon from another thread raises: the
+    writer had marked the turn begun first, so every later message was held
+    for an end of turn that never came."""
+    ta, writer, sink = wired
+    loop = asyncio.get_running_loop()
+    loop.set_debug(True)
+
+    def from_a_thread() -> None:
+        with pytest.raises(RuntimeError):
+            writer.send([b"stray"])
+
+    await asyncio.to_thread(from_a_thread)
+    writer.send([b"after"])
+    sink.want, sink.waiter = 1, loop.create_future()
+    await asyncio.wait_for(sink.waiter, 10)
+    assert sink.messages[-1] == [b"after"]
+
+
+@pytest.mark.both_loops
 async def test_flush_hands_held_messages_over_before_a_close(wired) -> None:
     ta, writer, sink = wired
     for i in range(5):

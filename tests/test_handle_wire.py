@@ -283,6 +283,51 @@ async def test_close_sends_what_this_turn_held_back(wired) -> None:
 
 
 @pytest.mark.both_loops
+async def test_a_call_from_another_thread_is_refused_and_the_handle_goes_on(wired) -> None:
+    """While the handle's loop runs, a call from another thread (no loop of
+    its own there) went through unchecked, touching the loop's writer and
+    futures; under asyncio's debug mode it wedged the handle for good."""
+    h, peer = wired
+    asyncio.get_running_loop().set_debug(True)
+
+    def from_a_thread(call: Any) -> str:
+        try:
+            call()
+        except RuntimeError as exc:
+            return str(exc)
+        return "went through"
+
+    for call in (lambda: h.send_noresponse("svc.x", {}), lambda: h.rpc("svc.x", {}),
+                 lambda: h.publish_nowait("ev.x")):
+        said = await asyncio.to_thread(from_a_thread, call)
+        assert "serves an event loop running in another thread" in said, said
+    assert h.pending == 0
+    ok = h.rpc("svc.ok", {})  # nothing was sent before it, and it is answered
+    req = await asyncio.wait_for(peer.requests.get(), T)
+    assert req.topic == "svc.ok"
+    peer.answer(req, {})
+    await asyncio.wait_for(ok, T)
+
+
+@pytest.mark.both_loops
+async def test_close_sends_a_big_message_and_those_behind_it(wired) -> None:
+    """A message bigger than the socket takes at once waits in the writer
+    in pieces, the ones behind it too: close() used to close the transport
+    under them, so the peer read the start of the big one, then EOF, and
+    both were lost."""
+    h, peer = wired
+    big = b"x" * (8 << 20)
+    h.send_noresponse("svc.big", {"data": big})
+    h.send_noresponse("svc.small", {"n": 1})
+    async with asyncio.timeout(T):
+        await h.close()
+    await asyncio.wait_for(peer.done.wait(), T)
+    got = [peer.requests.get_nowait() for _ in range(peer.requests.qsize())]
+    assert [m.topic for m in got] == ["svc.big", "svc.small"]
+    assert got[0].payload["data"] == big
+
+
+@pytest.mark.both_loops
 async def test_close_gives_up_flushing_to_a_peer_that_does_not_read(tmp_path: Path) -> None:
     """A broker that is stopped (SIGSTOP) or stuck reads nothing: close()
     flushes for CLOSE_FLUSH_TIMEOUT, then drops what is left.  It used to
