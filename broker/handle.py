@@ -576,7 +576,7 @@ class Handle(HandleCore):
         if running is not self._loop:
             if running is not None:
                 raise self._wrong_loop()
-            if self._loop.is_running():  # in another thread: this is not it
+            if self._loop is not None and self._loop.is_running():  # in another thread
                 raise self._wrong_thread()
         proto = self._proto
         if proto is None or proto.transport is None or proto.transport.is_closing():
