@@ -295,6 +295,7 @@ def check_instance(attrs: Mapping[str, Any]) -> None:
     those of each module in ``broker.modules`` that this process can find.  A
     module it cannot find or import is left to the ranks to report (their
     environment, e.g. ``PYTHONPATH``, may differ from the launcher's)."""
+    check_not_set_by_rank(attrs)
     check(attrs, BROKER_ATTRS)
     known = {spec.name for spec in BROKER_ATTRS} | set(RANK_SET)
     owned = set(CORE_PREFIXES)
@@ -308,6 +309,37 @@ def check_instance(attrs: Mapping[str, Any]) -> None:
         known.update(spec.name for spec in specs)
         owned.add(f"{name}.")
     check_names(attrs, known, owned)
+
+
+SET_BY_RANK: dict[str, str] = {
+    "rank": "", "size": "--size N", "fanout": "--fanout K", "rundir": "--rundir DIR",
+    "statedir": "--statedir DIR", "event-loop": "--event-loop NAME", "version": "",
+    "local-uri": "", "broker.pid": "", "broker.starttime": "", "hostlist": "",
+    "security.owner": "",
+}
+"""Attributes each rank sets itself, from its options or its own state,
+whatever ``-S`` says -- with the option that sets it, if any.  ``-S
+statedir=DIR`` (Flux's spelling) was taken and ignored: the instance ran
+without a statedir and kept nothing, exit status 0."""
+
+
+def how_to_set(name: str) -> str:
+    """What to tell someone who tries to set attribute ``name`` on a running
+    rank (``attr set``) or with ``-S``: the option that sets it at start, or
+    that it is the rank's own."""
+    if name in SET_BY_RANK:
+        option = SET_BY_RANK[name]
+        return f"set it at start with {option}" if option else "each rank sets it itself"
+    return f"set it at start: -S {name}=VALUE"
+
+
+def check_not_set_by_rank(attrs: Iterable[str]) -> None:
+    """:class:`AttrError` for ``-S`` naming an attribute a rank sets itself."""
+    for name in attrs:
+        if name in SET_BY_RANK:
+            option = SET_BY_RANK[name]
+            raise AttrError(f"{name} cannot be set with -S: "
+                            + (f"use {option}" if option else "each rank sets it itself"))
 
 
 CORE_PREFIXES = ("access.", "broker.", "content.", "log.", "tbon.")

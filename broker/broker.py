@@ -230,7 +230,7 @@ class Broker:
             raise ErrnoError(errno.ENOENT, f"unknown attribute {name!r}")
         if name not in battrs.RUNTIME_ATTRS:
             raise ErrnoError(errno.EINVAL, f"{name} may not be changed on a running rank "
-                             f"(set it at start: -S {name}=VALUE)")
+                             f"({battrs.how_to_set(name)})")
         try:
             parsed = battrs.check_update(self.attrs, name, value)
         except battrs.AttrError as exc:

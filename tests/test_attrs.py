@@ -134,10 +134,20 @@ def test_unknown_names_in_owned_prefixes_are_typos() -> None:
         attrs.check_instance({"kvs.cachebytes": "1"})
     with pytest.raises(AttrError, match=r"^tbon\.whatever: unknown attribute$"):
         attrs.check_instance({"tbon.whatever": "1"})
-    # free: names outside every owned prefix, a module's prefix when it is
-    # not loaded, and what a rank sets itself
-    attrs.check_instance({"my.attr": "1", "kvsx.y": "1", "broker.pid": "1"})
+    # free: names outside every owned prefix, and a module's prefix when it
+    # is not loaded
+    attrs.check_instance({"my.attr": "1", "kvsx.y": "1"})
     attrs.check_instance({"broker.modules": "content", "kvs.anything": "1"})
+
+
+def test_what_a_rank_sets_itself_is_refused() -> None:
+    # (it was taken and ignored: -S statedir=DIR ran without one, exit 0)
+    for name in attrs.SET_BY_RANK:
+        with pytest.raises(AttrError, match=f"^{re.escape(name)} cannot be set with -S: "):
+            attrs.check_instance({name: "1"})
+    assert attrs.how_to_set("statedir") == "set it at start with --statedir DIR"
+    assert attrs.how_to_set("broker.pid") == "each rank sets it itself"
+    assert attrs.how_to_set("tbon.transport") == "set it at start: -S tbon.transport=VALUE"
 
 
 def test_with_defaults_keeps_set_values() -> None:

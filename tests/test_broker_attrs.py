@@ -52,6 +52,11 @@ def one_line(stderr: str) -> str:
     ("kvs.checkpoint_period=0",
      "kvs.checkpoint_period: unknown attribute (did you mean kvs.checkpoint-period?)"),
     ("log.levle=debug", "log.levle: unknown attribute (did you mean log.level?)"),
+    # what a rank sets itself (was: taken and ignored -- -S statedir=DIR,
+    # Flux's spelling, ran without one and kept nothing, exit status 0)
+    ("statedir=/tmp/nowhere", "statedir cannot be set with -S: use --statedir DIR"),
+    ("size=3", "size cannot be set with -S: use --size N"),
+    ("broker.starttime=5", "broker.starttime cannot be set with -S: each rank sets it itself"),
 ])
 async def test_start_refuses_a_bad_value_before_any_rank(setting: str, message: str) -> None:
     rc, out, err = await run_cli("start", "--size", "2", "-S", setting, "--",

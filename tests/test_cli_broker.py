@@ -776,6 +776,8 @@ async def test_attr_set_changes_a_ranks_log_level_at_once(start_instance, connec
 @pytest.mark.parametrize("args, errnum, says", [
     (("nosuch", "1"), errno.ENOENT, "unknown attribute 'nosuch'"),
     (("size", "3"), errno.EINVAL, "size may not be changed on a running rank"),
+    (("statedir", "x"), errno.EINVAL,
+     "statedir may not be changed on a running rank (set it at start with --statedir DIR)"),
     (("tbon.transport", "tcp"), errno.EINVAL, "tbon.transport may not be changed"),
     (("log.level", "loud"), errno.EINVAL, "log.level: unknown level 'loud'"),
     (("tbon.torpid_min", "0"), errno.EINVAL, "tbon.torpid_min: must be at least 0.1"),
