@@ -354,7 +354,8 @@ def errno_detail(exc: ErrnoError) -> str:
 
 
 def jsonable(value: Any) -> Any:
-    """Make a payload printable as JSON: bytes as UTF-8 text, else base64."""
+    """Make a payload printable as JSON: bytes as UTF-8 text, else base64;
+    a msgpack timestamp as an ISO 8601 time (UTC)."""
     if isinstance(value, dict):
         return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -365,11 +366,24 @@ def jsonable(value: Any) -> Any:
             return b.decode()
         except UnicodeDecodeError:
             return base64.b64encode(b).decode()
+    if isinstance(value, msgpack.Timestamp):
+        try:
+            return value.to_datetime().isoformat()
+        except (ValueError, OverflowError, OSError):  # past year 9999, say
+            return f"{value.seconds}.{value.nanoseconds:09d}"
     return value
 
 
 def dumps(value: Any, pretty: bool = False) -> str:
-    return json.dumps(jsonable(value), indent=2 if pretty else None, sort_keys=pretty)
+    """``value`` (a payload) as one JSON text.  Whatever a payload may hold
+    is printable: a command that prints another client's payloads (``event
+    sub``) died of a msgpack timestamp, or of one nested deeper than
+    Python's recursion limit -- that one is shown as a JSON string saying so."""
+    try:
+        return json.dumps(jsonable(value), indent=2 if pretty else None, sort_keys=pretty,
+                          default=repr)
+    except RecursionError:
+        return json.dumps("<payload nested too deep to print as JSON>")
 
 
 def json_arg(text: str) -> Any:

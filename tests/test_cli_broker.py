@@ -1109,6 +1109,35 @@ async def test_a_watching_command_writes_whole_values_into_a_pipe_and_leaves_it_
                 assert await read == value + b"\n", args
 
 
+async def test_event_sub_prints_whatever_another_client_publishes(start_instance,
+                                                                    connect) -> None:
+    """A msgpack timestamp (the one ext type besides ours a payload may
+    hold), or a payload nested deeper than Python's recursion limit,
+    published by someone else, made ``event sub`` die with a traceback."""
+    import msgpack
+
+    inst = await start_instance(size=1)
+    uri = inst.uri(0)
+    h = await connect(inst, 0)
+    deep: object = 1
+    for _ in range(1000):
+        deep = [deep]
+    async with asyncio.timeout(60):
+        proc = await asyncio.create_subprocess_exec(
+            KVBROKER, "event", "sub", "--count", "3", "odd.", stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, env=dict(os.environ, KVBROKER_URI=uri))
+        await wait_until(lambda: _client_subscribed(h), "event sub to subscribe")
+        await h.publish("odd.ts", {"t": msgpack.Timestamp(1, 500_000)})
+        await h.publish("odd.deep", {"d": deep})
+        await h.publish("odd.plain", {"n": 1})
+        out, err = await proc.communicate()
+    assert (proc.returncode, err) == (0, b"")
+    assert out.decode().splitlines() == [
+        'odd.ts\t{"t": "1970-01-01T00:00:01.000500+00:00"}',
+        'odd.deep\t"<payload nested too deep to print as JSON>"',
+        'odd.plain\t{"n": 1}']
+
+
 async def _client_subscribed(h: Handle) -> bool:
     """Whether a client of ``h``'s rank holds an event subscription."""
     return client_subscriptions(await stats(h)) >= 1
