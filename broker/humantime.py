@@ -23,7 +23,10 @@ class HumanClock:
     def stamp(self, t: float) -> tuple[str, bool]:
         """``t`` as printed, and whether it begins a new minute (Flux shows
         those in bold)."""
-        tm = time.localtime(t)
+        try:
+            tm = time.localtime(t)
+        except (OverflowError, OSError, ValueError):  # no date: 1e300, say
+            return f"[{t!r}]", False
         minute = tm[:5]
         if minute != self._minute:
             self._minute = minute

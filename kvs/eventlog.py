@@ -104,7 +104,12 @@ def encode_entry(e: Mapping[str, Any]) -> bytes:
         ordered["context"] = e["context"]
     for k, v in e.items():  # keep any extra fields, after the standard ones
         ordered.setdefault(k, v)
-    return json.dumps(ordered, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+    try:
+        text = json.dumps(ordered, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except ValueError:  # (Python's json writes NaN, Infinity: no RFC 18 reader takes them)
+        raise EventlogError("an eventlog entry may not hold NaN or Infinity: they are not "
+                            "JSON") from None
+    return text.encode() + b"\n"
 
 
 def encode(entries: Iterable[Mapping[str, Any]]) -> bytes:

@@ -1263,6 +1263,36 @@ async def test_eventlog_color_takes_when_only_attached(start_instance) -> None:
     assert "\033" not in out.splitlines()[-1] and out.splitlines()[-1].endswith("ev a=1")
 
 
+async def test_eventlog_keeps_to_json_and_shows_any_timestamp(start_instance) -> None:
+    """``NaN`` and ``Infinity`` were written into an eventlog (Python's json
+    writes them; no RFC 18 reader takes them), and ``--human`` died with a
+    traceback on a timestamp no date has."""
+    inst = await start_instance(size=1)
+    out = await sh(inst, """
+        t kvbroker kvs eventlog append test.nan a '{"x":NaN}'
+        t kvbroker kvs eventlog append test.nan a '{"x":1e400}'
+        t kvbroker kvs eventlog get test.nan
+        printf '{"timestamp":1e300,"name":"far"}\\n' | kvbroker kvs put -r test.far=-
+        t kvbroker kvs eventlog get --human test.far
+        t kvbroker kvs eventlog wait-event --human test.far far
+        """)
+    assert out == expect("""
+        $ kvbroker kvs eventlog append test.nan a {"x":NaN}
+        kvbroker: test.nan: Invalid argument (...)
+        [rc=1]
+        $ kvbroker kvs eventlog append test.nan a {"x":1e400}
+        kvbroker: test.nan: Invalid argument (...)
+        [rc=1]
+        $ kvbroker kvs eventlog get test.nan
+        kvbroker: test.nan: No such file or directory
+        [rc=1]
+        $ kvbroker kvs eventlog get --human test.far
+        [1e+300] far
+        $ kvbroker kvs eventlog wait-event --human test.far far
+        [1e+300] far
+        """)
+
+
 async def test_eventlog(start_instance) -> None:
     inst = await start_instance(size=2)
     out = await sh(inst, """
