@@ -259,6 +259,14 @@ def _unhook_unraisable() -> None:
     _dropped = False  # (no handle left to raise it: as lost as before)
 
 
+def _refuse_in_a_loop() -> None:
+    """``RuntimeError`` if an event loop runs in this thread: the facade runs
+    its own loop for each call, which cannot run inside another."""
+    if asyncio._get_running_loop() is not None:
+        raise RuntimeError("the blocking facade cannot be used inside a running event "
+                           "loop: use the async API (broker.handle.Handle) there")
+
+
 class SyncHandle:
     """A blocking handle on a private event loop (use :func:`connect`).
 
@@ -276,13 +284,7 @@ class SyncHandle:
 
     def __init__(self, uri: str | None = None, *, event_loop: str | None = None,
                  timeout: float | None = None, reconnect: bool = False) -> None:
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            pass
-        else:
-            raise RuntimeError("the blocking facade cannot be used inside a running event "
-                               "loop: use the async API (broker.handle.Handle) there")
+        _refuse_in_a_loop()
         global _fork_hook
         if not _fork_hook:
             os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -350,10 +352,15 @@ class SyncHandle:
         return self._closed
 
     def _enter(self) -> None:
-        """Start a call: refused when closed, or while another call runs."""
+        """Start a call: refused when closed, or while another call runs, or
+        inside a running event loop (it runs its own: the call failed with
+        asyncio's "Cannot run the event loop while another loop is running",
+        or a message blaming another loop; a close() so refused had marked
+        the handle closed and kept its connection open)."""
         ident = get_ident()
         if self._caller is not None or self._closed:  # (no switch point until the set)
             self._refuse(ident)
+        _refuse_in_a_loop()  # (after: inside a call, its own loop runs)
         # Zeroed before the claim, not after: under a tracer (a debugger's),
         # where a handler may run between any two lines, a SIGINT between
         # the two was counted for this call, then forgotten.

@@ -107,6 +107,49 @@ async def test_refused_inside_a_running_loop(start_instance) -> None:
         sync.connect(inst.uri(0))
 
 
+_INSIDE_A_LOOP_SCRIPT = """
+import asyncio, sys
+from broker import sync
+from kvs.client import SyncKVS
+sh = sync.connect(sys.argv[1])
+kvs = SyncKVS(sh)
+kvs.put("k", "v")
+
+async def main():
+    for name, call in (("ping", sh.ping), ("rpc", lambda: sh.rpc("broker.ping", {})),
+                       ("get", lambda: kvs.get("k")), ("close", sh.close)):
+        try:
+            call()
+            print(name, "went through")
+        except RuntimeError as exc:
+            print(name, exc)
+
+asyncio.run(main())
+print("closed", sh.closed, "ping", sh.ping()["rank"], "get", kvs.get("k"))
+sh.close()
+print("closed", sh.closed)
+"""
+
+
+async def test_an_open_blocking_handle_is_refused_inside_a_running_loop(start_instance) -> None:
+    """Used inside a running loop, a call failed with asyncio's "Cannot run
+    the event loop while another loop is running" (or blamed another
+    loop), and close() so refused marked the handle closed and leaked its
+    connection and tasks; now every call says why, and the handle goes on."""
+    inst = await start_instance(size=1)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-X", "dev", "-c", _INSIDE_A_LOOP_SCRIPT, inst.uri(0),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        cwd=str(Path(__file__).parent.parent))
+    out, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert (proc.returncode, err.decode()) == (0, "")
+    said = ("the blocking facade cannot be used inside a running event loop: use the async "
+            "API (broker.handle.Handle) there")
+    assert out.decode().splitlines() == [
+        f"ping {said}", f"rpc {said}", f"get {said}", f"close {said}",
+        "closed False ping 0 get b'v'", "closed True"]
+
+
 _INTERRUPTED_SCRIPT = """
 import sys
 from broker import sync
