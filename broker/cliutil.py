@@ -101,11 +101,13 @@ def write_out(data: bytes) -> None:
 
 def non_negative_int(text: str, maximum: int = (1 << 63) - 1) -> int:
     """argparse ``type`` for counts, sizes and versions: refuses ``-2``, and
-    more than ``maximum`` (what a message can carry: a traceback before)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    more than ``maximum`` (what a message can carry: a traceback before).
+    ASCII digits only: Python's ``int()`` also took ``1_0``, `` 3`` and
+    other scripts' digits, which no other tool reads as numbers."""
+    digits = text[1:] if text.startswith("-") else text
+    if not (digits.isascii() and digits.isdigit()):
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}")
+    value = int(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"must not be negative: {value}")
     if value > maximum:
@@ -270,8 +272,9 @@ def rank_set(text: str) -> RankSet:
     says "must not be negative", as it did before ``-r`` took a set)."""
     if text == "all":
         return RankSet((), every=True)
-    if text.lstrip("-").isdigit() and not text.startswith("--"):
-        rank = rank_int(text)
+    if text.lstrip("-").isdigit() and not text.startswith("--") and (
+            text.startswith("-") or text == "0" or not text.startswith("0")):
+        rank = rank_int(text)  # (a lone one: "must not be negative" for -1)
         return RankSet(((rank, rank),))
     body = text[1:-1] if text.startswith("[") and text.endswith("]") else text
     ranges: list[tuple[int, int]] = []

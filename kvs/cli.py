@@ -616,7 +616,10 @@ def cmd_unlink(args: argparse.Namespace) -> int:
 def cmd_mkdir(args: argparse.Namespace) -> int:
     ops = TxnOps()
     for key in args.keys:
-        ops.mkdir(key)
+        try:
+            ops.mkdir(key)
+        except ErrnoError as exc:  # (named by the key, as put's are: not "kvs:")
+            raise _fail(key, exc) from None
 
     async def body(kvs: KVS) -> int:
         what = args.keys[0] if len(args.keys) == 1 else "mkdir"

@@ -1138,6 +1138,7 @@ class KVS:
             ops = TxnOps()
             if old is None:
                 if new is None or new is DELETE:
+                    await self._check_not_symlink(key, missing_ok=True)
                     return Updated(None, None, tries)
                 ops.expect_missing(key)
             else:
@@ -1146,7 +1147,8 @@ class KVS:
                 ops.unlink(key)
             else:
                 data = encode_value(new)
-                if data == old:
+                if data == old:  # (nothing to commit: checked as a commit would be)
+                    await self._check_not_symlink(key)
                     return Updated(new, None, tries)
                 ops.put_raw(key, data, lease=lease)
             try:
@@ -1165,8 +1167,17 @@ class KVS:
         resp = await self.handle.rpc("kvs.getroot", {"namespace": self.namespace}, nodeid=0)
         return int(resp["rootseq"])
 
-    async def _check_not_symlink(self, key: str) -> None:
-        if (await self.lookup(key, TREEOBJ))["type"] == "symlink":
+    async def _check_not_symlink(self, key: str, missing_ok: bool = False) -> None:
+        """``EINVAL`` if ``key`` is a symlink: :meth:`update` reads through
+        it, but a condition on it never holds -- and where nothing was to be
+        committed, the link's target answered as if it were the key."""
+        try:
+            entry = await self.lookup(key, TREEOBJ)
+        except ErrnoError as exc:
+            if missing_ok and exc.errnum == errno.ENOENT:
+                return
+            raise
+        if entry["type"] == "symlink":
             raise ErrnoError(errno.EINVAL, f"{key}: a symlink: update its target instead "
                                            "(a condition on a link never holds)")
 

@@ -18,7 +18,7 @@ import pytest
 from test_broker_support import KVBROKER, run_cli, stopped
 from test_cli_broker import alive, all_gone
 
-from broker.cliutil import encode_ranks, rank_set
+from broker.cliutil import encode_ranks, non_negative_int, rank_set
 
 
 def rank_lines(out: str, rank: int) -> list[str]:
@@ -95,6 +95,21 @@ def test_rank_sets_read_as_flux_idsets() -> None:
     assert rank_set("4").single() == 4 and rank_set("all").single() is None
     with pytest.raises(argparse.ArgumentTypeError, match="must not be negative: -1"):
         rank_set("-1")
+    # a lone rank is held to the rule of ranks in a set, ASCII digits and no
+    # leading zero (05 and a full-width 1 were taken alone, refused in a set)
+    for text in ("05", "\uff11", "1_0", " 3"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            rank_set(text)
+
+
+def test_numbers_are_ascii_digits() -> None:
+    # Python's int() took these; no other tool reads them as numbers
+    for text in ("1_0", " 3", "3 ", "\uff13", "+3", "0x10", ""):
+        with pytest.raises(argparse.ArgumentTypeError, match="invalid int value"):
+            non_negative_int(text)
+    assert non_negative_int("007") == 7 and non_negative_int("0") == 0
+    with pytest.raises(argparse.ArgumentTypeError, match="must not be negative: -2"):
+        non_negative_int("-2")
 
 
 async def test_exec_refuses_ranks_the_instance_does_not_have(start_instance,

@@ -1263,6 +1263,14 @@ async def test_eventlog_color_takes_when_only_attached(start_instance) -> None:
     assert "\033" not in out.splitlines()[-1] and out.splitlines()[-1].endswith("ev a=1")
 
 
+async def test_mkdir_names_the_key_it_refuses(start_instance) -> None:
+    """Its refusal of an overlong name said "kvs:", not which key."""
+    inst = await start_instance(size=1)
+    key = "t" * 1025
+    res = await kvs(inst, "mkdir", "ok", key)
+    assert res.rc == 1 and res.err.startswith(f"kvbroker: {key}: File name too long"), res.err
+
+
 async def test_eventlog_keeps_to_json_and_shows_any_timestamp(start_instance) -> None:
     """``NaN`` and ``Infinity`` were written into an eventlog (Python's json
     writes them; no RFC 18 reader takes them), and ``--human`` died with a

@@ -144,6 +144,16 @@ async def test_update_values_deletes_and_no_change(start_instance, connect) -> N
         with pytest.raises(ErrnoError) as info:
             await kvs.update("link", lambda old: int(old) + 1)
         assert info.value.errnum == errno.EINVAL and await kvs.get("d.x") == b"1"
+        # ...also where nothing would be committed: it answered the target's
+        # value as the link's, or a dangling link's as missing
+        for fn in (lambda old: old, lambda old: None):
+            with pytest.raises(ErrnoError) as info:
+                await kvs.update("link", fn)
+            assert info.value.errnum == errno.EINVAL
+        await kvs.symlink("dangling", "no.such.key")
+        with pytest.raises(ErrnoError) as info:
+            await kvs.update("dangling", lambda old: None)
+        assert info.value.errnum == errno.EINVAL
         with pytest.raises(ValueError):
             await kvs.update("m", lambda old: old, decode="yaml")  # type: ignore[arg-type]
         with pytest.raises(ValueError):
