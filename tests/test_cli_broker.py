@@ -1234,6 +1234,31 @@ async def test_an_unknown_subcommand_is_refused_with_the_list_of_them() -> None:
         "'get', 'put'," in err, err
 
 
+_CTRL_C_IN_IMPORT = """
+import os, signal, sys
+
+def interrupt_its_import(event, args):
+    if event == "import" and args[0] == "broker.cli":  # a Ctrl-C as it is imported
+        os.kill(os.getpid(), signal.SIGINT)
+
+sys.addaudithook(interrupt_its_import)
+import runpy
+sys.argv = [sys.argv[1], "--version"]
+runpy.run_path(sys.argv[0], run_name="__main__")  # the console script pip made
+"""
+
+
+async def test_a_ctrl_c_while_the_command_line_is_imported_exits_130_quietly() -> None:
+    """The console script imported broker.cli before anything caught a
+    KeyboardInterrupt: a Ctrl-C in the first ~50-180 ms printed a traceback.
+    (The script run is the one pip made from pyproject.toml's entry point.)"""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _CTRL_C_IN_IMPORT, KVBROKER, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert (proc.returncode, out, err) == (130, b"", b"")
+
+
 def test_the_bundled_commands_are_the_distributions_entry_points() -> None:
     """``kvbroker kvs`` loads its registrar from plugins.BUNDLED_COMMANDS,
     without the entry-point scan: the table must say what pyproject.toml
