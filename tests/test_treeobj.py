@@ -327,3 +327,21 @@ def test_packed_dir_encodes_like_encode(n: int) -> None:
     if n:
         ents["link"] = {"type": "symlink", "ver": 1, "data": {"target": "t", "namespace": "ns"}}
     assert T.encode_packed(T.pack_dir(ents)) == T.encode(T.dir_(ents))
+
+
+def test_blobrefs_checked_before_are_not_checked_again_and_a_bad_one_still_fails() -> None:
+    # A follower decodes each new version of a directory holding an
+    # eventlog's valref: the refs it already found well-formed are looked up
+    # in a bounded set instead of matched again; a bad one is refused anyway.
+    refs = [hash_blob(b"%d" % i) for i in range(3000)]
+    good = {"data": refs, "type": "valref", "ver": 1}
+    T.validate(good)
+    assert set(refs) <= T._KNOWN_REFS
+    for bad in ("sha256-xyz", 7, ["x"], refs[0].upper()):
+        with pytest.raises(ErrnoError) as info:
+            T.validate({"data": [*refs, bad], "type": "valref", "ver": 1})
+        assert info.value.errnum == errno.EINVAL and "bad blobref" in info.value.errstr
+    assert "sha256-xyz" not in T._KNOWN_REFS
+    many = [hash_blob(b"m%d" % i) for i in range(T._KNOWN_REFS_MAX + 10)]
+    T.validate({"data": many, "type": "valref", "ver": 1})
+    assert len(T._KNOWN_REFS) <= T._KNOWN_REFS_MAX  # (bounded: forgotten at once, then refilled)
