@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_broker_support import KVBROKER, run_cli
+from test_broker_support import KVBROKER, install_plugin, run_cli
 
 from broker.launch import Instance, StartError, make_rundir
 
@@ -232,12 +232,8 @@ class Boom(Module):
 @pytest.fixture
 def boom_plugin(tmp_path: Path) -> dict[str, str]:
     """An environment whose ranks can load module ``boom``, failing in start()."""
-    (tmp_path / "boommod.py").write_text(BOOM_MODULE)
-    info = tmp_path / "boom_plugin-0.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: boom-plugin\nVersion: 0.0\n")
-    (info / "entry_points.txt").write_text("[kvbroker.modules]\nboom = boommod:Boom\n")
-    path = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p)
+    path = install_plugin(tmp_path, "boom-plugin", "[kvbroker.modules]\nboom = boommod:Boom\n",
+                          {"boommod.py": BOOM_MODULE})
     return dict(os.environ, PYTHONPATH=path)
 
 

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 import pytest
-from test_broker_support import doc_block, run_cli, stats, wait_until
+from test_broker_support import doc_block, install_plugin, run_cli, stats, wait_until
 
 from broker.errors import RemoteError
 from broker.handle import Handle
@@ -22,19 +22,13 @@ from broker.handle import Handle
 
 @pytest.fixture
 def echo_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    pkg = tmp_path / "mypkg"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    (pkg / "echo.py").write_text(doc_block("api.md", "# mypkg/echo.py"))
-    (pkg / "echo_cli.py").write_text(doc_block("api.md", "# mypkg/echo_cli.py"))
-    info = tmp_path / "echo_plugin-0.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: echo-plugin\nVersion: 0.0\n")
-    (info / "entry_points.txt").write_text(
+    path = install_plugin(
+        tmp_path, "echo-plugin",
         "[kvbroker.modules]\necho = mypkg.echo:EchoModule\n\n"
-        "[kvbroker.commands]\necho = mypkg.echo_cli:register\n"
-    )
-    path = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p)
+        "[kvbroker.commands]\necho = mypkg.echo_cli:register\n",
+        {"mypkg/__init__.py": "",
+         "mypkg/echo.py": doc_block("api.md", "# mypkg/echo.py"),
+         "mypkg/echo_cli.py": doc_block("api.md", "# mypkg/echo_cli.py")})
     monkeypatch.setenv("PYTHONPATH", path)  # inherited by the rank processes
     return str(tmp_path)
 
@@ -167,13 +161,9 @@ class BigPubModule(Module):
 
 @pytest.fixture
 def bigpub_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    (tmp_path / "bigpub_mod.py").write_text(BIGPUB)
-    info = tmp_path / "bigpub_plugin-0.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: bigpub-plugin\nVersion: 0.0\n")
-    (info / "entry_points.txt").write_text(
-        "[kvbroker.modules]\nbigpub = bigpub_mod:BigPubModule\n")
-    path = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p)
+    path = install_plugin(tmp_path, "bigpub-plugin",
+                          "[kvbroker.modules]\nbigpub = bigpub_mod:BigPubModule\n",
+                          {"bigpub_mod.py": BIGPUB})
     monkeypatch.setenv("PYTHONPATH", path)  # inherited by the rank processes
     return str(tmp_path)
 

@@ -40,6 +40,23 @@ OTHER_GUEST_UID = 65533
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 
 
+def install_plugin(where: Path, name: str, entry_points: str,
+                   files: dict[str, str]) -> str:
+    """Install plugin distribution ``name`` into directory ``where`` for the
+    rank processes to find by entry point: ``files`` (relative paths) and a
+    ``.dist-info`` whose ``entry_points.txt`` is ``entry_points``.  Returns
+    the ``PYTHONPATH`` to give them (``where`` first)."""
+    for rel, text in files.items():
+        path = where / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    info = where / f"{name.replace('-', '_')}-0.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.0\n")
+    (info / "entry_points.txt").write_text(entry_points)
+    return os.pathsep.join(p for p in (str(where), os.environ.get("PYTHONPATH")) if p)
+
+
 def doc_block(doc: str, first_line: str) -> str:
     """The fenced Python block of ``docs/<doc>`` that starts with
     ``first_line``: the tests run the docs' examples as written."""

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import os
 import textwrap
 from pathlib import Path
 
 import pytest
+from test_broker_support import install_plugin
 
 from broker.errors import RemoteError
 
@@ -53,15 +53,9 @@ WRAP_MODULE = textwrap.dedent('''
 
 @pytest.fixture
 def wrap_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    pkg = tmp_path / "wrappkg"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    (pkg / "wrap.py").write_text(WRAP_MODULE)
-    info = tmp_path / "wrap_plugin-0.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: wrap-plugin\nVersion: 0.0\n")
-    (info / "entry_points.txt").write_text("[kvbroker.modules]\nwrap = wrappkg.wrap:WrapModule\n")
-    path = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p)
+    path = install_plugin(tmp_path, "wrap-plugin",
+                          "[kvbroker.modules]\nwrap = wrappkg.wrap:WrapModule\n",
+                          {"wrappkg/__init__.py": "", "wrappkg/wrap.py": WRAP_MODULE})
     monkeypatch.setenv("PYTHONPATH", path)  # inherited by the rank processes
 
 

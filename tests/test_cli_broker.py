@@ -1030,6 +1030,19 @@ async def test_a_closed_stdout_ends_every_command_quietly(start_instance) -> Non
         assert (sub.returncode, err_b) == (141, b"")
 
 
+async def _spawn_into_pipe(w: int, args: tuple[str, ...], uri: str,
+                           loop: str) -> asyncio.subprocess.Process:
+    """``kvbroker ARGS`` on ``loop`` with its standard output the pipe end
+    ``w``, which is closed here (the command holds it now)."""
+    try:
+        return await asyncio.create_subprocess_exec(
+            KVBROKER, *args, stdout=w, stderr=asyncio.subprocess.PIPE,
+            stdin=asyncio.subprocess.DEVNULL,
+            env=dict(os.environ, KVBROKER_URI=uri, KVBROKER_EVENT_LOOP=loop))
+    finally:
+        os.close(w)
+
+
 @pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
 async def test_a_watch_ends_when_its_reader_leaves_without_waiting_for_a_change(
         start_instance, connect, loop) -> None:
@@ -1050,13 +1063,7 @@ async def test_a_watch_ends_when_its_reader_leaves_without_waiting_for_a_change(
                             (("event", "sub", "reader."), b"reader.x\tnull\n"),
                             (("dmesg", "--follow"), None)):
             r, w = os.pipe()
-            try:
-                proc = await asyncio.create_subprocess_exec(
-                    KVBROKER, *args, stdout=w, stderr=asyncio.subprocess.PIPE,
-                    stdin=asyncio.subprocess.DEVNULL,
-                    env=dict(os.environ, KVBROKER_URI=uri, KVBROKER_EVENT_LOOP=loop))
-            finally:
-                os.close(w)
+            proc = await _spawn_into_pipe(w, args, uri, loop)
             with os.fdopen(r, "rb", 0) as reader:
                 if args[0] == "event":  # (once subscribed: published before, it is not seen)
                     await wait_until(lambda: _client_subscribed(h), "event sub to subscribe")
@@ -1091,13 +1098,7 @@ async def test_a_watching_command_writes_whole_values_into_a_pipe_and_leaves_it_
                      ("kvs", "get", "--waitcreate", "txt")):
             r, w = os.pipe()
             shell_end = os.dup(w)  # (the shell's, which the writers after it share)
-            try:
-                proc = await asyncio.create_subprocess_exec(
-                    KVBROKER, *args, stdout=w, stderr=asyncio.subprocess.PIPE,
-                    stdin=asyncio.subprocess.DEVNULL,
-                    env=dict(os.environ, KVBROKER_URI=uri, KVBROKER_EVENT_LOOP=loop))
-            finally:
-                os.close(w)
+            proc = await _spawn_into_pipe(w, args, uri, loop)
             with os.fdopen(r, "rb") as reader:
                 read = asyncio.ensure_future(asyncio.to_thread(reader.read))
                 try:

@@ -12,7 +12,7 @@ import errno
 import os
 
 import pytest
-from test_broker_support import wait_until
+from test_broker_support import install_plugin, wait_until
 from test_kvs_rpc_helpers import (
     GUEST_UID,
     TREEOBJ,
@@ -504,13 +504,9 @@ async def test_guest_sees_only_the_rank_of_a_module_s_default_stats(
     """A module loaded from ``broker.modules`` that keeps the default
     ``<name>.stats-get`` shows a guest ``rank`` only: its counters are
     instance-wide like kvs's, and it has no view of a guest's own."""
-    (tmp_path / "tallymod.py").write_text(TALLY_MODULE)
-    info = tmp_path / "tally_plugin-0.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: tally-plugin\nVersion: 0.0\n")
-    (info / "entry_points.txt").write_text("[kvbroker.modules]\ntally = tallymod:Tally\n")
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
-        p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p))
+    monkeypatch.setenv("PYTHONPATH", install_plugin(
+        tmp_path, "tally-plugin", "[kvbroker.modules]\ntally = tallymod:Tally\n",
+        {"tallymod.py": TALLY_MODULE}))
     inst = await start_instance(size=1, attrs={**GUEST_ATTRS,
                                                "broker.modules": "content,kvs,kvs-watch,tally"})
     h = await connect(inst, 0)
