@@ -153,9 +153,10 @@ def check_limits(key: str, flags: int, dirent: object, blob_limit: int | None = 
     value had crossed the tree.  Unlinks and conditions (``EXPECT``) store
     nothing and pass, so keys stored before the limits stay removable.
 
-    ``dirent`` is as received, not yet validated: what is not a well-formed
-    tree object is left for :func:`apply` (``EINVAL``/``EPROTO`` on rank 0).
-    Iterative, since a ``dir`` dirent may nest deep.
+    ``dirent`` need not be a well-formed tree object: what is not is left
+    alone here (the kvs module validates a dirent where the commit enters,
+    and :func:`apply` again on rank 0, ``EINVAL``/``EPROTO``).  Iterative,
+    since a ``dir`` dirent may nest deep.
     """
     if flags & EXPECT or type(dirent) is not dict:  # (None: an unlink)
         return
