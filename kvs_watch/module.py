@@ -101,7 +101,7 @@ DROP_PER_TURN = 256
 
 COUNTERS = ("watchers-created", "lookups", "lookups-shared", "answers", "blob-loads",
             "cancelled", "disconnected", "namespaces-removed", "refused-over-cap",
-            "namespace-watchers-created")
+            "namespace-watchers-created", "roots-folded")
 """The ``counts`` of ``kvs-watch.stats-get`` (all shown, 0 included)."""
 
 
@@ -573,6 +573,9 @@ class KvsWatchModule(Module):
 
     def hash_blob(self, data: bytes) -> str:
         return blobref.hash_blob(data, self.hash_name)
+
+    def folded(self, w: Watcher) -> None:
+        self.counts["roots-folded"] += 1
 
     # ================================================================ stats
 

@@ -13,7 +13,11 @@ key -- and answers the request once per root, strictly in commit order:
   :data:`LOAD_WINDOW` in flight, answered in blobref order) before the next
   slot is considered;
 * the FIFO is bounded (``max_backlog`` roots): a watcher that falls that far
-  behind is ended with ``EOVERFLOW``;
+  behind is ended with ``EOVERFLOW``; but an APPEND watcher (without
+  DELETES) with :data:`FOLD_DEPTH` roots queued moves the last one, still
+  waiting for its lookup, on to each newer root, which holds its blobs
+  too: it answers the same blobs with fewer lookups and does not overflow
+  (*folding*, counted ``roots-folded``);
 * a root that cannot be read (``ENOENT`` from ``kvs.lookup-plus``, which
   answers a missing key as data: its blobs are gone, an online ``kvs gc``
   collected it while the watcher lagged) says nothing about the key: the
@@ -76,6 +80,10 @@ LOOKUP_WINDOW = 8
 """Lookups a watcher keeps in flight (for successive roots)."""
 LOAD_WINDOW = 16
 """Blob loads a watcher keeps in flight (APPEND / STREAM)."""
+FOLD_DEPTH = 64
+"""Roots an APPEND watcher (without DELETES) queues before it folds the
+next ones into the last (:meth:`Watcher.push`): while it keeps up, each
+version is answered on its own, and a rewrite between two of them is seen."""
 DEFAULT_MAX_BACKLOG = 1000
 """Roots a watcher may have pending before it is ended with ``EOVERFLOW``."""
 
@@ -106,6 +114,10 @@ class Backend(Protocol):
 
     def hash_blob(self, data: bytes) -> str:
         """The blobref the content store gives ``data``."""
+
+    def folded(self, w: Watcher) -> None:
+        """``w`` (APPEND) will read a queued root's blobs at a newer root
+        instead (:meth:`Watcher.push`): counted."""
 
 
 class _Slot:
@@ -214,7 +226,20 @@ class Watcher:
         q = self.queue
         if q is None:
             q = self.queue = deque()
-        if len(q) >= self.backend.max_backlog:
+        n = len(q)
+        if (n >= FOLD_DEPTH or n >= self.backend.max_backlog) and n > self.issued \
+                and self.flags & (WATCH_APPEND | WATCH_DELETES) == WATCH_APPEND:
+            # Far behind, the last root queued still waiting for its lookup:
+            # this newer root holds every blob that one would answer, and
+            # more, so that slot reads at this root instead.  A follower's
+            # watcher of an eventlog appended to faster than it can read
+            # each version keeps up, instead of ending EOVERFLOW.
+            tail = q[-1]
+            tail.seq, tail.ref = seq, rootref
+            self.seq = seq
+            self.backend.folded(self)
+            return
+        if n >= self.backend.max_backlog:
             self.fail(errno.EOVERFLOW, f"{self.key}: watcher fell more than "
                                        f"{self.backend.max_backlog} commits behind")
             return

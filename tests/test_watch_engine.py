@@ -14,7 +14,7 @@ from broker.errors import ErrnoError
 from broker.message import Message, MsgFlags, MsgType, Role
 from kvs_watch import flags as F
 from kvs_watch.monitor import Monitor
-from kvs_watch.watcher import LOOKUP_WINDOW, Watcher
+from kvs_watch.watcher import FOLD_DEPTH, LOOKUP_WINDOW, Watcher
 
 
 class FakeBackend:
@@ -26,6 +26,7 @@ class FakeBackend:
         self.error: tuple[int, str | None] | None = None
         self.ended_watchers: list[Watcher] = []
         self.roots: list[asyncio.Future[Any]] = []
+        self.folds = 0
 
     def lookup_at(self, w: Watcher, rootref: str, flags: int) -> asyncio.Future[Any]:
         fut = asyncio.get_running_loop().create_future()
@@ -53,6 +54,9 @@ class FakeBackend:
 
     def hash_blob(self, data: bytes) -> str:
         return blobref.hash_blob(data)
+
+    def folded(self, w: Watcher) -> None:
+        self.folds += 1
 
     # -- test side
     def resolve(self, i: int, obj: Any = None, errnum: int = 0) -> None:
@@ -343,6 +347,56 @@ async def test_append_loads_are_windowed_and_answered_in_order() -> None:
             be.loads[r][0].set_result({"data": r.encode()})
         await settle()
     assert be.values() == [r.encode() for r in refs]
+
+
+@pytest.mark.parametrize("max_backlog, depth", [(1000, FOLD_DEPTH), (20, 20)])
+async def test_an_append_watcher_far_behind_folds_the_roots_into_the_newest(
+        max_backlog: int, depth: int) -> None:
+    """Past FOLD_DEPTH roots queued (or the backlog bound, if less), the
+    roots pushed become the last slot, read at the newest root: every blob
+    is answered once, in order, and no EOVERFLOW however many roots came."""
+    be = FakeBackend(max_backlog=max_backlog)
+    w = Watcher(be, request(), "log", F.WATCH | F.APPEND, "primary")
+    lines = [ref(i) for i in range(1, 401)]  # value at root n: lines[:n]
+    for seq in range(1, 401):
+        w.push(seq, f"root-{seq}", initial=seq == 1)
+    assert be.error is None
+    assert [r for r, _, _ in be.lookups] == [f"root-{n}" for n in range(1, LOOKUP_WINDOW + 1)]
+    assert be.folds == 400 - depth and w.backlog == depth
+
+    async def load_until(n: int) -> None:
+        while len(be.answers) < n:
+            await settle()
+            for r, futs in be.loads.items():
+                if not futs[0].done():
+                    futs[0].set_result({"data": r.encode()})
+
+    for i in range(depth):
+        while len(be.lookups) <= i:
+            await settle()
+        n = i + 1 if i < depth - 1 else 400
+        assert be.lookups[i][0] == f"root-{n}"
+        be.resolve(i, valref(*lines[:n]))
+        await load_until(n)
+    assert len(be.lookups) == depth
+    assert all(len(futs) == 1 for futs in be.loads.values())  # each blob loaded once
+    assert be.values() == [r.encode() for r in lines]
+    assert [a["rootseq"] for a in be.answers] == [*range(1, depth), *[400] * (401 - depth)]
+    assert be.error is None and not w.done and w.backlog == 0
+
+
+@pytest.mark.parametrize("flags", [F.WATCH, F.WATCH | F.APPEND | F.WATCH_DELETES])
+async def test_watchers_that_answer_each_version_do_not_fold(flags: int) -> None:
+    """A plain watcher answers every version, and an APPEND watcher with
+    DELETES must see a removal between two versions: they queue every root
+    and end EOVERFLOW past the bound."""
+    be = FakeBackend(max_backlog=FOLD_DEPTH + 5)
+    w = Watcher(be, request(), "log", flags, "primary")
+    for seq in range(1, FOLD_DEPTH + 6):
+        w.push(seq, f"root-{seq}", initial=seq == 1)
+    assert be.error is None and be.folds == 0 and w.backlog == FOLD_DEPTH + 5
+    w.push(FOLD_DEPTH + 6, "root-x")
+    assert be.error is not None and be.error[0] == errno.EOVERFLOW
 
 
 async def test_stream_ends_after_the_value_and_one_shot_after_one_answer() -> None:

@@ -11,13 +11,17 @@ import signal
 import sys
 import textwrap
 
+import pytest
 from test_broker_support import stopped
 from test_watch_helpers import (
+    APPEND,
     FULL,
     NO_MERGE,
     WAITCREATE,
     WATCH,
     answer,
+    append,
+    cancel,
     commit,
     end_errnum,
     ns_create,
@@ -30,6 +34,7 @@ from test_watch_helpers import (
 
 from broker import codec
 from broker.connector import MAX_PER_TURN
+from broker.errors import RemoteError
 from broker.message import Message, MsgFlags, MsgType
 from kvs_watch.module import DROP_PER_TURN
 
@@ -140,6 +145,59 @@ async def test_slow_reader_is_bounded(start_instance, connect):
     assert await end_errnum(full) == errno.EOVERFLOW
     await wait_watchers(h0, 0, nodeid=0)
     assert first["rootseq"] == 1
+
+
+def _forged_setroots(ns: str, roots: list[tuple[int, str]], owner: int) -> bytes:
+    """``kvs.namespace-NS-setroot`` events naming key ``log``, one per
+    ``(rootseq, rootref)``, as one write's bytes: rank 0 sequences and
+    delivers them in one go, faster than any lookup completes."""
+    frames = []
+    for seq, ref in roots:
+        msg = Message(MsgType.REQUEST, "event.pub", {
+            "topic": f"kvs.namespace-{ns}-setroot",
+            "payload": {"namespace": ns, "rootseq": seq, "rootref": ref, "names": [],
+                        "keys": ["log"], "owner": owner}}, flags=int(MsgFlags.NORESPONSE))
+        f = codec.encode(msg)
+        frames += [codec.stream_prefix(f), *f]
+    return b"".join(bytes(x) for x in frames)
+
+
+async def test_an_append_watcher_far_behind_folds_roots_and_answers_every_blob(
+        start_instance, connect):
+    """An eventlog appended to faster than a follower's watcher can read
+    each version: the APPEND watcher reads the roots that queued behind its
+    lookups at the newest one and answers every line once, in order, where
+    a plain watcher of the same key ends EOVERFLOW.  (Before, both ended:
+    5,000 fast appends left followers' eventlog watchers ~700 lines in.)
+
+    The burst: 300 setroots in one write (as in the test above), whose
+    roots are real versions of the same log, made in namespace ``src``
+    (a lookup pinned to a root reads whatever tree it names)."""
+    inst = await start_instance(size=4, fanout=2, attrs={"kvs-watch.max-backlog": "20"})
+    h0, h3 = await connect(inst, 0), await connect(inst, 3)
+    lines = [f"line {i}\n".encode() for i in range(30)]
+    await ns_create(h0, "src")
+    refs = []
+    for line in lines:
+        refs.append((await commit(h0, append("log", line), ns="src"))["rootref"])
+    await ns_create(h0, "fold")
+    first = await commit(h0, append("log", lines[0]), ns="fold", sync=h3)
+    log = watch_stream(h3, "log", WATCH | APPEND, ns="fold")
+    plain = watch_stream(h3, "log", ns="fold")
+    assert await value(log) == lines[0] and await value(plain) == lines[0]
+    owner = (await asyncio.wait_for(h0.rpc("kvs.getroot", {"namespace": "fold"}), 10))["owner"]
+    burst = [(first["rootseq"] + i, refs[min(1 + i // 10, 29)]) for i in range(1, 301)]
+    h0._proto.transport.write(_forged_setroots("fold", burst, owner))
+    with pytest.raises(RemoteError) as exc:  # (after answering a few of the versions)
+        async with asyncio.timeout(30):
+            while await plain.next_message():
+                pass
+    assert exc.value.errnum == errno.EOVERFLOW
+    assert [await value(log) for _ in lines[1:]] == lines[1:]
+    st = await stats(h3, nodeid=3)
+    assert st["counts"]["roots-folded"] > 0 and st["watchers"] == 1
+    cancel(h3, log)  # ... and nothing after the last line: no blob answered twice
+    assert await end_errnum(log) == 0
 
 
 _CHILD = textwrap.dedent("""
