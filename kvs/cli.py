@@ -801,9 +801,12 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
             print(f"{args.rootref} is the current checkpoint already (rootseq {cp.rootseq}): "
                   "nothing changed", flush=True)
         else:
-            was = ("" if report.previous is None else
-                   f"; the one it replaces (rootseq {report.previous.rootseq}, "
-                   f"{report.previous.rootref}) is kept as index 1")
+            prev = report.previous
+            was = ("" if prev is None else
+                   "; the value it replaces (not a KVS root: it does not decode, or "
+                   "names none) is kept as index 1" if prev.rootref is None else
+                   f"; the one it replaces (rootseq {prev.rootseq}, {prev.rootref}) "
+                   "is kept as index 1")
             blobs = f"{report.blobs:,} blob{'' if report.blobs == 1 else 's'}"
             print(f"the next start resumes at {cp.rootref}, rootseq {cp.rootseq} "
                   f"({blobs}, all in the store){was}", flush=True)

@@ -440,12 +440,18 @@ class KvsModule(Module):
             raise ErrnoError(errno.EINVAL, f"the checkpoint {CHECKPOINT_KEY!r} in statedir "
                                            f"{self.statedir} is not a KVS root: {value!r:.200}")
         rootref, rootseq = value["rootref"], value["rootseq"]
-        try:  # its root directory must be there (nothing could be read or written)
-            await self.h.rpc("content.load", {"blobref": rootref})
-        except RemoteError as exc:
+        # Its root directory must be there, and be a directory: else nothing
+        # could be read or written (every request failed "not a tree object").
+        try:
+            data = (await self.h.rpc("content.load", {"blobref": rootref}))["data"]
+            kind = treeobj.typeof(treeobj.decode(data))
+            if kind not in ("dir", "hdir"):
+                raise ErrnoError(errno.EINVAL, f"a {kind} tree object, not a directory")
+        except (RemoteError, ErrnoError) as exc:
+            why = (f"which the content store cannot give ({exc.errstr})"
+                   if isinstance(exc, RemoteError) else f"which is not a directory ({exc.errstr})")
             raise ErrnoError(exc.errnum, f"the checkpoint in statedir {self.statedir} names "
-                                         f"root {rootref} (rootseq {rootseq}), which the "
-                                         f"content store cannot give ({exc.errstr}): the "
+                                         f"root {rootref} (rootseq {rootseq}), {why}: the "
                                          "store is damaged (kvbroker content checkpoint list "
                                          f"--statedir {self.statedir} shows the older "
                                          "checkpoints kept; checkpoint update makes one "

@@ -305,6 +305,72 @@ async def test_a_start_refused_for_a_damaged_newest_root_recovers_by_a_rollback(
     assert (await getroot(h2))["rootseq"] == roots[1]["rootseq"]
 
 
+def _cut(statedir: Path, table: str, where: str) -> None:
+    """Damage one checkpoint row: its last 3 bytes cut off (msgpack no longer decodes)."""
+    db = sqlite3.connect(statedir / "content.sqlite")
+    with db:
+        (rowid, value), = db.execute(f"SELECT rowid, value FROM {table} WHERE {where}")
+        db.execute(f"UPDATE {table} SET value = ? WHERE rowid = ?", (value[:-3], rowid))
+    db.close()
+
+
+async def test_damaged_checkpoint_rows_fail_the_start_in_one_line_or_list_as_dashes(
+        start_instance, connect, tmp_path) -> None:
+    """A current checkpoint row that does not decode fails the start in one
+    line naming the file (kvs.md), not with a traceback and "internal
+    error"; an older one is listed as a value naming no root, online as
+    offline, and the rest of the list is still read."""
+    statedir = tmp_path / "state"
+    inst, h, roots = await _versions(start_instance, connect, statedir, n=3)
+    await h.close()
+    await inst.stop()
+    _cut(statedir, "checkpoint_history", "id = (SELECT MIN(id) FROM checkpoint_history)")
+    want = [roots[2]["rootref"], roots[1]["rootref"], None]
+    inst2 = await start_instance(size=2, statedir=str(statedir))
+    kvs = KVS(await connect(inst2, 1))  # (rank 1 asks rank 0)
+    assert [c.rootref for c in await asyncio.wait_for(kvs.checkpoints(), T_OUT)] == want
+    await kvs.handle.close()
+    await inst2.stop()
+    assert [r.get("rootref") if isinstance(r, dict) else None
+            for r in await _list(statedir)] == want
+
+    _cut(statedir, "checkpoints", f"key = '{CHECKPOINT_KEY}'")
+    log = tmp_path / "refused.log"
+    refused = await start_refused(Instance(1, statedir=str(statedir), stderr_path=str(log)))
+    assert isinstance(refused, StartError)
+    text = log.read_text()
+    assert (f"checkpoint '{CHECKPOINT_KEY}' cannot be read from {statedir}/content.sqlite: "
+            "it does not decode") in text, text
+    assert "Traceback" not in text and "internal error" not in text, text
+    rc, out, err = await run_cli("content", "checkpoint", "update", "--statedir",
+                                 str(statedir), roots[1]["rootref"])  # the way back
+    assert rc == 0 and "; the value it replaces (not a KVS root: it does not decode, or " \
+        "names none) is kept as index 1" in out, (out, err)
+    inst3 = await start_instance(size=1, statedir=str(statedir))
+    assert await get(await connect(inst3), "v") == _value(2).encode()
+
+
+async def test_a_start_refuses_a_checkpoint_whose_root_is_not_a_directory(
+        start_instance, connect, tmp_path) -> None:
+    """The owner may checkpoint any blob (content.checkpoint-put): a root
+    that is a value, not a directory, is refused at the start, as offline
+    update refuses it, instead of a start after which every request fails."""
+    statedir = tmp_path / "state"
+    inst, h, _ = await _versions(start_instance, connect, statedir, n=1)
+    a_value = (await asyncio.wait_for(h.rpc("content.store", {
+        "data": T.encode(T.val(b"a value"))}), T_OUT))["blobref"]
+    await asyncio.wait_for(h.rpc("content.checkpoint-put", {"key": CHECKPOINT_KEY, "value": {
+        "rootref": a_value, "rootseq": 3, "timestamp": 1.0}}), T_OUT)
+    await h.close()
+    await inst.stop()
+    log = tmp_path / "refused.log"
+    refused = await start_refused(Instance(1, statedir=str(statedir), stderr_path=str(log)))
+    assert isinstance(refused, StartError)
+    text = log.read_text()
+    assert (f"names root {a_value} (rootseq 3), which is not a directory (a val tree "
+            "object, not a directory)") in text, text
+
+
 def test_a_value_that_is_not_a_kvs_root_is_listed_with_dashes() -> None:
     """The owner may write anything under the key (content.checkpoint-put):
     the list shows what it can."""

@@ -165,9 +165,14 @@ async def test_a_full_disk_stops_acknowledging_commits_whatever_the_backlog(
     try:
         h = await Handle.connect(inst.uri(0))
         filler = await fill_the_disk(h, small_disk)
-        # ...and from then on no commit is acknowledged until one succeeds
+        # ...and from then on no commit is acknowledged until one succeeds,
+        # each saying why it waited: not its backlog (far under its limit)
         for i in range(5):
-            assert await errnum(commit(h, put(f"q{i}", os.urandom(VALUE))), T) == errno.ENOSPC
+            with pytest.raises(RemoteError) as exc:
+                await asyncio.wait_for(commit(h, put(f"q{i}", os.urandom(VALUE))), T)
+            assert exc.value.errnum == errno.ENOSPC
+            assert "waited for (writes were failing: until one succeeds, every request " \
+                   "waits for the next) failed: database or disk is full" in str(exc.value)
         assert (await get(h, "before")) == b"kept"
         st = await stats(h, "content")  # (an operator sees it in the stats)
         assert st["write-failures"] >= 1 and "full" in st["failing"], st

@@ -421,3 +421,37 @@ async def test_a_blob_bigger_than_the_cache_is_read_back_at_once(
         data = b"y" * (100 << 10)
         ref = await store(h, data)
         assert await load(h, ref) == data
+
+
+async def test_stats_of_a_store_with_a_damaged_page_say_so_instead_of_failing(
+        start_instance, connect, tmp_path) -> None:
+    """``kvbroker stats content`` is where a failing store is looked into:
+    with a damaged index page its count of blobs failed the request with
+    "internal error" and a traceback.  Now the other figures come, with
+    ``backing-count`` null and ``store-unreadable`` saying why; and the
+    instance goes on serving what it can read."""
+    statedir = tmp_path / "state"
+    inst = await start_instance(size=1, statedir=str(statedir))
+    h = await connect(inst)
+    for n in range(6):  # ~3,000 blobs: the index has several leaf pages
+        await commit(h, *(put(f"d{i % 30}.k{i}", f"{i}:" + "v" * 100)
+                          for i in range(n * 500, (n + 1) * 500)))
+    await asyncio.wait_for(h.rpc("content.flush", {}), T)
+    await h.close()
+    await inst.stop()
+    path = statedir / "content.sqlite"
+    db = sqlite3.connect(path)
+    (page,), = db.execute("SELECT pageno FROM dbstat WHERE name = 'sqlite_autoindex_objects_1' "
+                          "AND pagetype = 'leaf' ORDER BY pageno LIMIT 1 OFFSET 1")
+    (size,), = db.execute("PRAGMA page_size")
+    db.close()
+    with open(path, "r+b") as f:
+        f.seek((page - 1) * size)
+        f.write(b"\xff" * 64)
+    inst2 = await start_instance(size=1, statedir=str(statedir))
+    h2 = await connect(inst2)
+    st = await stats(h2, "content")
+    assert st["backing-count"] is None, st
+    assert st["store-unreadable"] == f"{path}: database disk image is malformed", st
+    assert st["hash"] == "sha256" and st["failing"] is None
+    await commit(h2, put("still", "serving"))

@@ -184,6 +184,9 @@ MAX_CHECKPOINTS = AttrSpec(
     "(kvbroker content checkpoint list; 1: only the current; at most 100)")
 """At most :data:`MAX_CHECKPOINTS_KEPT`: ``content.checkpoint-list`` answers
 them all in one message, and a KVS checkpoint carries its leases."""
+STATS_WAIT = 2.0
+"""Seconds ``content.stats-get`` waits for the SQLite thread's figures
+before answering without them (:meth:`ContentModule._store_figures`)."""
 FAILURE_LOG_EVERY = 60.0
 """Seconds between two ERROR lines of a write to SQLite that keeps failing
 (the overlay's refused handshakes are logged as seldom)."""
@@ -873,12 +876,16 @@ class ContentModule(Module):
             if waiting:
                 self._write_for_room()
             return
+        # Why they waited: the backlog over its limit, or writes failing
+        # (then every request waits for the next write, however small the
+        # backlog: room()).
+        why = ("its backlog was over content.backlog-bytes" if self._over_limit() else
+               "writes were failing: until one succeeds, every request waits for the next")
         while waiting:
             fut = waiting.popleft()
             if not fut.done():
                 fut.set_exception(store_error(
-                    failed, "the write-back to SQLite that this request waited for (its backlog "
-                    "was over content.backlog-bytes)"))
+                    failed, f"the write-back to SQLite that this request waited for ({why})"))
 
     def release_waiters(self) -> None:
         """Admit every waiter of :meth:`room` now, whatever the backlog (the
@@ -1391,17 +1398,24 @@ class ContentModule(Module):
                                                 f"checkpoint {key!r}")
             if value is None:
                 raise ErrnoError(errno.ENOENT, f"no checkpoint {key!r}")
-            self.h.respond(msg, {"value": unpack_checkpoint(value)})
+            try:
+                decoded = unpack_checkpoint(value)
+            except ValueError as exc:  # a damaged row: as a damaged page (EIO)
+                raise ErrnoError(errno.EIO, f"checkpoint {key!r} cannot be read from "
+                                            f"{self.backing.path}: {exc}") from None
+            self.h.respond(msg, {"value": decoded})
 
     async def checkpoint_list(self, msg: Message) -> None:
         """``{key}`` -> ``{checkpoints: [value, ...]}``: every value of
-        ``key`` kept, newest (the current one) first; empty if none."""
+        ``key`` kept, newest (the current one) first; empty if none.  A row
+        that does not decode is listed as null (a value that names no root),
+        as the offline list shows it, so the others can still be read."""
         key = await self._checkpoint_request(msg)
         if key is not None:
             assert self.backing is not None
             values = await self._checkpoint_read(self.backing.checkpoint_list, key,
                                                  f"the checkpoints of {key!r}")
-            self.h.respond(msg, {"checkpoints": [unpack_checkpoint(v) for v in values]})
+            self.h.respond(msg, {"checkpoints": [_decoded_or_none(v) for v in values]})
 
     async def _checkpoint_request(self, msg: Message) -> str | None:
         """A checkpoint read's ``key`` on rank 0; elsewhere None, once rank
@@ -1428,12 +1442,39 @@ class ContentModule(Module):
         if not msg.is_owner:
             raise ErrnoError(errno.EPERM, "content.stats-get is for the instance owner: its "
                                           "counts would tell whether a guessed blob is stored")
-        if self.backing is not None:
-            await self.measure_disk()  # (the figures as of now)
+        store = await self._store_figures() if self.backing is not None else {}
         out = self.stats()
-        if self.backing is not None:
-            out["backing-count"] = await self.db(self.backing.count)
+        out.update(store)
         self.h.respond(msg, out)
+
+    async def _store_figures(self) -> dict[str, Any]:
+        """``backing-count`` (the blobs in the file), with the disk measured
+        now -- unless the SQLite thread cannot say within
+        :data:`STATS_WAIT` seconds (a write blocked on a disk that stopped
+        answering) or the file cannot be read (a damaged page): then
+        ``backing-count`` is null, the other figures are the last measure's,
+        and ``store-unreadable`` says why.  The figures are how such a store
+        is looked into: they must come, not an error or no answer."""
+        backing = self.backing
+        assert backing is not None and self._thread is not None
+
+        async def read() -> int:
+            await self.measure_disk()
+            n: int = await self.db(backing.count)
+            return n
+
+        task = asyncio.ensure_future(read())
+        task.add_done_callback(_retrieved)  # (it may end after this answer)
+        try:
+            n = await asyncio.wait_for(asyncio.shield(task), STATS_WAIT)
+            return {"backing-count": n, "store-unreadable": None}
+        except TimeoutError:
+            why = (f"the SQLite thread has not answered within {STATS_WAIT:g} s "
+                   f"({self._thread.stats()['queued']} calls under way): the other "
+                   "figures are the last measure's")
+        except sqlite3.Error as exc:
+            why = f"{backing.path}: {exc}"
+        return {"backing-count": None, "store-unreadable": why}
 
     def stats(self) -> dict[str, Any]:
         out: dict[str, Any] = dict(self.counts)
@@ -1546,10 +1587,28 @@ def _owner_only(msg: Message) -> None:
 
 def unpack_checkpoint(value: bytes) -> Any:
     """A checkpoint's value as stored, decoded as the codec reads payloads
-    (a checkpoint-put may carry int keys)."""
+    (a checkpoint-put may carry int keys); ``ValueError`` if the row does
+    not decode (a damaged file)."""
     import msgpack
 
-    return msgpack.unpackb(value, raw=False, strict_map_key=False)
+    try:
+        return msgpack.unpackb(value, raw=False, strict_map_key=False)
+    except Exception as exc:  # (whatever garbled bytes make msgpack raise)
+        raise ValueError(f"it does not decode ({type(exc).__name__}: {exc})") from None
+
+
+def _retrieved(task: asyncio.Future[Any]) -> None:
+    """Read a finished task's error, so asyncio does not log it as never
+    retrieved (its caller may have answered without it)."""
+    if not task.cancelled():
+        task.exception()
+
+
+def _decoded_or_none(value: bytes) -> Any:
+    try:
+        return unpack_checkpoint(value)
+    except ValueError:
+        return None
 
 
 def _checkpoint_bytes(value: Any) -> bytes:
