@@ -561,6 +561,22 @@ async def test_a_store_that_is_not_a_database_is_named_at_start_up(tmp_path) -> 
     assert f"start-up failed: {statedir}/content.sqlite: file is not a database" in text, text
 
 
+async def test_another_programs_sqlite_file_is_refused_at_start_up(tmp_path) -> None:
+    """A database whose ``objects`` table is not ours was taken for an empty
+    store ("no checkpoint ... starts empty"), then every write failed EIO."""
+    statedir = tmp_path / "state"
+    statedir.mkdir(mode=0o700)
+    with sqlite3.connect(statedir / "content.sqlite") as db:
+        db.execute("CREATE TABLE objects (id INTEGER PRIMARY KEY, object BLOB)")
+    db.close()
+    log = tmp_path / "rank.log"
+    refused = await start_refused(Instance(1, statedir=str(statedir), stderr_path=str(log)))
+    assert isinstance(refused, StartError)
+    text = log.read_text()
+    assert (f"start-up failed: {statedir}/content.sqlite: not a kvbroker content store: "
+            "its table objects has no column hash") in text, text
+
+
 def damage_page(path: str, page: int, data: bytes) -> None:
     """Overwrite the start of SQLite page ``page`` (1-based) of file ``path``."""
     with sqlite3.connect(path) as db:

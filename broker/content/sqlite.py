@@ -62,6 +62,11 @@ def ref_of(digest: bytes) -> str:
     return f"{'sha1' if len(digest) == 20 else 'sha256'}-{digest.hex()}"
 
 
+_COLUMNS = {"objects": ("hash", "object"), "checkpoints": ("key", "value"),
+            "checkpoint_history": ("id", "key", "value")}
+"""The columns the store reads and writes, checked when it opens."""
+
+
 class Written(NamedTuple):
     """What :meth:`SqliteStore.put_many` did."""
 
@@ -114,6 +119,14 @@ class SqliteStore:
                     or "locked" in str(exc)):
                 raise StoreLocked(f"{path}: {exc}") from None
             raise
+        for table, needed in _COLUMNS.items():
+            have = {row[1] for row in self.db.execute(f"PRAGMA table_info({table})")}
+            missing = [c for c in needed if c not in have]
+            if missing:  # (another program's file: every write would fail, EIO)
+                self.db.close()
+                raise sqlite3.DatabaseError(
+                    f"not a kvbroker content store: its table {table} has no "
+                    f"column {missing[0]}")
         columns = {row[1]: row[2] for row in self.db.execute("PRAGMA table_info(objects)")}
         self.text_keys = columns.get("hash", "").upper() == "TEXT"
         """A file from an older kvbroker: blobrefs as text keys."""
