@@ -349,6 +349,20 @@ text, e.g. the output of ``kvbroker kvs getroot`` or ``get -t``), or a
 watch's ``KeyChanges``)."""
 
 
+def _pinned(payload: dict[str, Any], at: RootSpec | None) -> dict[str, Any]:
+    """A lookup ``payload`` read at root ``at`` (None: the current root).
+    A :class:`Root` knows its namespace, and the read is made as one of
+    that namespace, whatever the KVS's: a link naming it is followed inside
+    the root, as docs/kvs.md says, and a link naming the KVS's namespace is
+    not (a root of ``ns1`` read through a ``primary`` KVS took ``ns1``'s
+    links to ``primary`` for its own, and its own for a foreign one)."""
+    if at is not None:
+        payload["rootdir"] = as_root(at)
+        if isinstance(at, Root):
+            payload["namespace"] = at.namespace
+    return payload
+
+
 def as_root(at: RootSpec) -> TreeObj:
     """The ``dirref`` tree object named by ``at`` (``EINVAL`` if it is not one)."""
     if isinstance(at, str):
@@ -742,9 +756,7 @@ class KVS:
         (:data:`READDIR`, :data:`READLINK`, :data:`TREEOBJ`), at the current
         root or at root ``at``.  Raises ``ENOENT`` if there is no such key."""
         check_key(key)
-        payload: dict[str, Any] = {"key": key, "flags": flags, "namespace": self.namespace}
-        if at is not None:
-            payload["rootdir"] = as_root(at)
+        payload = _pinned({"key": key, "flags": flags, "namespace": self.namespace}, at)
         resp = await self.handle.rpc("kvs.lookup", payload)
         found: TreeObj = resp["val"]
         return found
@@ -759,9 +771,7 @@ class KVS:
         is never confused with another ``ENOENT`` (a collected root's, which
         is raised) and needs no second, racy :meth:`exists` call."""
         check_key(key)
-        payload: dict[str, Any] = {"key": key, "flags": 0, "namespace": self.namespace}
-        if at is not None:
-            payload["rootdir"] = as_root(at)
+        payload = _pinned({"key": key, "flags": 0, "namespace": self.namespace}, at)
         val = (await self.handle.rpc("kvs.lookup-plus", payload)).get("val")
         return None if val is None else bytes(val["data"])
 
@@ -902,13 +912,13 @@ class KVS:
     async def dir(self, key: str = ".", *, at: RootSpec | None = None) -> Dir:
         """Directory ``key`` as a :class:`Dir` snapshot (``ENOTDIR`` for a value)."""
         check_key(key)
-        payload: dict[str, Any] = {"key": key, "flags": READDIR, "namespace": self.namespace}
-        if at is not None:
-            payload["rootdir"] = as_root(at)
+        payload = _pinned({"key": key, "flags": READDIR, "namespace": self.namespace}, at)
         resp = await self.handle.rpc("kvs.lookup-plus", payload)
         if resp.get("val") is None:
             raise RemoteError(errno.ENOENT, f"{key}: no such key")
-        return Dir(self, key, resp["val"]["data"], resp["rootref"])
+        space = self if payload["namespace"] == self.namespace else \
+            self.with_namespace(payload["namespace"])  # (its reads are of that root)
+        return Dir(space, key, resp["val"]["data"], resp["rootref"])
 
     async def get_tree(self, key: str = ".", *, at: RootSpec | None = None,
                        limit: int | None = TREE_LIMIT) -> dict[str, bytes]:
@@ -949,9 +959,7 @@ class KVS:
         a missing key as data: its ``ENOENT`` (a root whose blobs are gone,
         collected by ``kvs gc``) is raised, not taken for "no"."""
         check_key(key)
-        payload: dict[str, Any] = {"key": key, "flags": TREEOBJ, "namespace": self.namespace}
-        if at is not None:
-            payload["rootdir"] = as_root(at)
+        payload = _pinned({"key": key, "flags": TREEOBJ, "namespace": self.namespace}, at)
         resp = await self.handle.rpc("kvs.lookup-plus", payload)
         return resp.get("val") is not None
 

@@ -557,6 +557,35 @@ async def test_roots_versions_and_lookup_at(start_instance, connect) -> None:
         assert errnum(ei) == errno.EINVAL
 
 
+async def test_a_root_read_through_another_namespaces_kvs_follows_its_own_links(
+        start_instance, connect) -> None:
+    """A :class:`Root` names its namespace: ``at=`` it reads as that
+    namespace's root whatever namespace the KVS names, so a link naming the
+    root's own namespace is followed inside the snapshot and one naming
+    another reads that one's current root (docs/kvs.md).  Through the
+    ``primary`` KVS, an ``ns1`` root took ``primary::a`` for a key of the
+    snapshot, and ``ns1::a`` to ns1's current root."""
+    inst = await start_instance(size=2)
+    prim = await kvs_on(connect, inst, 1)
+    async with asyncio.timeout(T):
+        await prim.namespace_create("ns1")
+        ns1 = prim.with_namespace("ns1")
+        await prim.put("a", "PRIMARY_a")
+        await ns1.put("a", "ns1_a_old")
+        await ns1.symlink("plink", "a", namespace="primary")
+        await ns1.symlink("selflink", "a", namespace="ns1")
+        root = await ns1.getroot()
+        await ns1.put("a", "ns1_a_new")
+        for kvs in (ns1, prim):
+            assert await kvs.get("plink", at=root) == b"PRIMARY_a"
+            assert await kvs.get("selflink", at=root) == b"ns1_a_old"
+            assert await kvs.exists("selflink", at=root)
+            snapshot = await kvs.dir(at=root)
+            assert await snapshot.read("selflink") == b"ns1_a_old"
+            assert await snapshot.read("plink") == b"PRIMARY_a"
+            assert await kvs.get_tree(at=root) == {"a": b"ns1_a_old"}
+
+
 async def test_namespaces(start_instance, connect, monkeypatch) -> None:
     inst = await start_instance(size=4, fanout=2)
     kvs = await kvs_on(connect, inst, 1)
