@@ -271,20 +271,23 @@ def _read_stdin() -> bytes:
 
 
 def _failed_condition(exc: ErrnoError) -> str | None:
-    """The key of the ``--expect`` condition that cancelled a commit (the
-    error names it, not a key written), or None."""
-    if exc.errnum != errno.ECANCELED or not exc.errstr:
+    """The key of the ``--expect`` condition that cancelled a commit, or
+    could not be checked (``EINVAL``: through a link into another
+    namespace...): the error names it, not a key written; else None."""
+    if not exc.errstr:
         return None
-    key, sep, _ = exc.errstr.partition(": condition failed: ")
+    key, sep, _ = exc.errstr.partition(": condition failed: " if exc.errnum == errno.ECANCELED
+                                       else ": condition cannot be checked: ")
     return key if sep else None
 
 
 def _commit_error(exc: ErrnoError, label: str) -> CLIError:
     """A failed ``put``/``unlink`` commit: named by the condition that
-    cancelled it (exit :data:`CONDITION_FAILED`), else by ``label``."""
+    cancelled it (exit :data:`CONDITION_FAILED`) or that could not be
+    checked, else by ``label``."""
     cond = _failed_condition(exc)
     err = _fail(cond or label, exc)
-    if cond is not None:
+    if cond is not None and exc.errnum == errno.ECANCELED:
         err.status = CONDITION_FAILED
     return err
 
@@ -598,14 +601,16 @@ def cmd_unlink(args: argparse.Namespace) -> int:
                 if await kvs.unlinkable(key, recursive=args.recursive, force=args.force):
                     ops.unlink(key)
             except ErrnoError as exc:
-                raise CLIError(f"cannot unlink '{key}'", detail=error_detail(exc, key)) from None
+                raise CLIError(f"cannot unlink '{shown(key)}'",
+                               detail=error_detail(exc, key)) from None
         try:
             result = await kvs.commit(ops)
         except ErrnoError as exc:
             cond = _failed_condition(exc)
             if cond is None and len(args.keys) == 1:  # (as unlinkable's errors say it)
                 key = args.keys[0]
-                raise CLIError(f"cannot unlink '{key}'", detail=error_detail(exc, key)) from None
+                raise CLIError(f"cannot unlink '{shown(key)}'",
+                               detail=error_detail(exc, key)) from None
             raise _commit_error(exc, "unlink") from None
         _commit_finish(args, result)
         return 0

@@ -545,7 +545,7 @@ def apply(
     root = _WDir.load(cache, dirref(root_ref), is_root=True)
     txn = _Txn(cache, writer, namespace)
     missing: set[str] = set()
-    for _, parts, flags, dirent in checked:
+    for norm, parts, flags, dirent in checked:
         try:
             if flags & EXPECT:
                 txn.expect(root, parts, dirent)
@@ -553,9 +553,13 @@ def apply(
                 txn.link(root, parts, dirent, flags)
         except NeedBlobs as e:
             missing |= e.refs
-        except ErrnoError:
+        except ErrnoError as exc:
             if missing:  # may be an artefact of an op skipped for want of blobs
                 break
+            if flags & EXPECT and exc.errnum != errno.ECANCELED:
+                # (named by its key: not one written, which a caller would blame)
+                raise ErrnoError(exc.errnum, f"{shown(norm)}: condition cannot be checked: "
+                                             f"{exc.errstr}") from None
             raise
     if missing:
         raise NeedBlobs(missing)

@@ -155,8 +155,8 @@ async def watch_get_async(h: HandleCore, args: argparse.Namespace,
         if timeout is None or not bound.expired():
             raise  # (not --timeout's: a socket's own, say)
         doing = "watched for" if flags & F.WATCH else "not created within"
-        raise CLIError(what, detail=f"{os.strerror(errno.ETIMEDOUT)} "
-                                    f"({doing} {timeout:g} s)") from None
+        raise CLIError(shown(what), detail=f"{os.strerror(errno.ETIMEDOUT)} "
+                                           f"({doing} {timeout:g} s)") from None
     return 0
 
 
