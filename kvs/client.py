@@ -331,7 +331,12 @@ class Link(NamedTuple):
 
     @classmethod
     def from_treeobj(cls, obj: TreeObj) -> Link:
+        """The link's namespace: its own, else the ``NS::`` its target
+        starts with (the form ``kvs link NS::key L`` writes), as reads
+        resolve it (docs/kvs.md)."""
         ns, target = treeobj.symlink_target(obj)
+        if ns is None:
+            ns, target = parse_ns_target(target)
         return cls(target, ns)
 
 

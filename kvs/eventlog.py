@@ -90,6 +90,8 @@ def entry(name: str, context: Mapping[str, Any] | str | None = None,
             context = json.loads(context)
         except ValueError:
             raise EventlogError("context is not valid JSON") from None
+        if context is None:  # ("null" is text given, not no context: as Flux refuses it)
+            raise EventlogError("an eventlog entry's context must be a JSON object")
     e: Entry = {"timestamp": float(timestamp), "name": name}
     if context is not None:
         e["context"] = dict(context) if isinstance(context, Mapping) else context

@@ -117,6 +117,11 @@ def test_as_root_and_results() -> None:
 def test_link_kind_and_namespace_default(monkeypatch: pytest.MonkeyPatch) -> None:
     assert str(Link("a.b")) == "a.b" and str(Link("a.b", "ns")) == "ns::a.b"
     assert Link.from_treeobj(treeobj.symlink("x", "y")) == Link("x", "y")
+    # the NS::key form names the namespace too, as reads resolve it (it was
+    # Link("ns1::a.b", None): readlink -o printed the whole target)
+    assert Link.from_treeobj(treeobj.symlink("ns1::a.b")) == Link("a.b", "ns1")
+    assert str(Link.from_treeobj(treeobj.symlink("ns1::a.b"))) == "ns1::a.b"
+    assert Link.from_treeobj(treeobj.symlink("::a")) == Link("::a")  # (no namespace named)
     assert [kind(o) for o in (treeobj.val(b""), treeobj.valref([REF]), treeobj.dir_(),
                               treeobj.dirref(REF), treeobj.symlink("x"))] == \
         ["value", "value", "dir", "dir", "symlink"]
@@ -165,7 +170,7 @@ def test_eventlog_encode_decode() -> None:
         assert errnum(ei) == errno.EINVAL, bad
         assert "cannot decode" in str(ei.value)
     for name, ctx, ts in (("", None, 1), ("x", "not_a_object", 1), ("x", "[1]", 1),
-                          ("x", None, -1)):
+                          ("x", "null", 1), ("x", None, -1)):  # ("null": no object, as Flux)
         with pytest.raises(eventlog.EventlogError):
             eventlog.entry(name, ctx, ts)
 
