@@ -40,8 +40,10 @@ def shown_name(name: str, longest: int = SHOWN) -> str:
 
 
 def check_name(name: object) -> str:
-    """A namespace name: 1-255 characters, no spaces, slashes or colons."""
-    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
+    """A namespace name: 1-255 characters, no spaces, slashes or colons,
+    and not ``.`` or ``..`` (a file or directory named after a namespace,
+    as ``kvs dump`` makes them, must be that namespace's)."""
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name) or name in (".", ".."):
         shown = shown_name(name) if isinstance(name, str) else repr(name)
         raise ErrnoError(errno.EINVAL, f"invalid namespace name {shown}")
     return name

@@ -780,6 +780,10 @@ async def test_api_misuse_is_refused_before_sending(start_instance, connect) -> 
                      lambda: kvs.move("m.a", 5)):
             with pytest.raises(TypeError, match="key must be a str"):
                 await call()
+        for call in (lambda: kvs.put("m.\udcff", 1), lambda: kvs.get("m.\udcff"),
+                     lambda: kvs.dir("m\udcff")):
+            with pytest.raises(ValueError, match="is not UTF-8 text: it holds a lone surrogate"):
+                await call()
         for bad in (float("nan"), float("inf"), -float("inf"), {"x": [float("nan")]}):
             with pytest.raises(TypeError):
                 await kvs.put("m.nan", bad)

@@ -202,7 +202,7 @@ async def test_bad_namespace_requests(start_instance, connect) -> None:
     inst = await start_instance(size=4, fanout=2)
     for rank in (0, 2):
         h = await connect(inst, rank)
-        for name in ("", "has space", "a/b", "a::b", "x" * 300, "primary\n", "a\nb"):
+        for name in ("", "has space", "a/b", "a::b", "x" * 300, "primary\n", "a\nb", ".", ".."):
             assert await errnum(ns_create(h, name)) == errno.EINVAL, name
         assert await errnum(h.rpc("kvs.namespace-create", {"owner": -1})) == errno.EPROTO
         assert await errnum(h.rpc("kvs.namespace-create",
