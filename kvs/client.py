@@ -257,17 +257,19 @@ def _decoded(key: str, data: bytes | None, decode: str) -> Any:
 
 
 def check_key(key: object) -> None:
-    """``TypeError`` unless ``key`` is a str, ``ValueError`` if it is not
-    UTF-8 text (API misuse, refused before any I/O: it failed as a payload
-    msgpack could not pack)."""
+    """``TypeError`` unless ``key`` is a str, ``UnicodeEncodeError`` (a
+    ``ValueError``) if it is not UTF-8 text (API misuse, refused before any
+    I/O: it failed as a payload msgpack could not pack)."""
     if not isinstance(key, str):
         raise TypeError(f"key must be a str, not {type(key).__name__}")
     if not key.isascii():
         try:
             key.encode()
-        except UnicodeEncodeError:
-            raise ValueError(f"key {key!r:.80} is not UTF-8 text: it holds a lone surrogate "
-                             "(as os.fsdecode makes of bytes that are not UTF-8)") from None
+        except UnicodeEncodeError as exc:  # (a ValueError; the CLI reports it as EINVAL)
+            raise UnicodeEncodeError(
+                exc.encoding, exc.object, exc.start, exc.end,
+                "a lone surrogate (as os.fsdecode makes of bytes that are not UTF-8): "
+                "a key must be UTF-8 text") from None
 
 
 def _need_keys(what: str, keys: tuple[str, ...]) -> None:

@@ -782,7 +782,7 @@ async def test_api_misuse_is_refused_before_sending(start_instance, connect) -> 
                 await call()
         for call in (lambda: kvs.put("m.\udcff", 1), lambda: kvs.get("m.\udcff"),
                      lambda: kvs.dir("m\udcff")):
-            with pytest.raises(ValueError, match="is not UTF-8 text: it holds a lone surrogate"):
+            with pytest.raises(ValueError, match="a lone surrogate .*: a key must be UTF-8 text"):
                 await call()
         for bad in (float("nan"), float("inf"), -float("inf"), {"x": [float("nan")]}):
             with pytest.raises(TypeError):
