@@ -1365,7 +1365,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("-S", "--sync", action="store_true",
                    help="return once the change is on stable storage")
     _conditions_args(p)
-    p.add_argument("--lease", type=int, metavar="ID",
+    p.add_argument("--lease", type=non_negative_int, metavar="ID",
                    help="attach the keys to lease ID: unlinked when it ends "
                         "(see kvs lease)")
     p.add_argument("pairs", nargs="+", metavar="KEY=VALUE")
@@ -1652,7 +1652,7 @@ def register(subparsers: Any) -> None:
                        ("revoke", "end lease ID now: its keys are unlinked"),
                        ("info", "print lease ID's ttl, time left and keys as JSON")):
         c = lsub.add_parser(name, help=text)
-        c.add_argument("id", type=int, metavar="ID")
+        c.add_argument("id", type=non_negative_int, metavar="ID")
     c = lsub.add_parser(
         "run", help="run COMMAND under a lease of TTL seconds, kept alive while it runs",
         description="Grant a lease of TTL seconds, run COMMAND with its id in "

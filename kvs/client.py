@@ -1364,7 +1364,8 @@ class KVS:
 
     async def lease_revoke(self, lease: LeaseSpec) -> None:
         """``kvs.lease-revoke``: end the lease now; returns once its keys are
-        unlinked (visible on this rank).  ``ENOENT`` if it had ended."""
+        unlinked (visible on this rank), also when it had ended and they are
+        still being unlinked.  ``ENOENT`` if it had ended and they are gone."""
         await self.handle.rpc("kvs.lease-revoke", {"id": lease_id(lease)})
 
     async def lease_info(self, lease: LeaseSpec) -> dict[str, Any]:

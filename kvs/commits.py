@@ -503,7 +503,8 @@ class CommitPipeline:
                         # (with the lease attachments these ops make once
                         # applied, or a restart would find the keys unleased)
                         await self.checkpoint(result.rootref, ns.rootseq + 1,
-                                              (ops, found) if leases is not None and (
+                                              (_with_resolved(ops, result.through), found)
+                                              if leases is not None and (
                                                   found or ns.name in leases.attached)
                                               else None)
                     finally:
@@ -537,7 +538,7 @@ class CommitPipeline:
         ns.set_root(ns.rootseq + 1, result.rootref)
         setroot["rootseq"] = ns.rootseq  # (the root just set, as ever)
         if leases is not None and (found or ns.name in leases.attached):
-            leases.applied(ns.name, ops, found)
+            leases.applied(ns.name, _with_resolved(ops, result.through), found)
         self.root_history.note(result.rootref)
         if ns.name == PRIMARY and self.statedir and self.content is not None:
             self._note_primary_root(ns, self.content)
@@ -602,3 +603,22 @@ class CommitPipeline:
         finally:
             if held:
                 self.blobs.release(held)
+
+
+def _with_resolved(ops: list[dict[str, Any]],
+                   through: list[tuple[int, str]]) -> list[dict[str, Any]]:
+    """``ops`` as the leases see them: each write a symlink led to another
+    key followed by a write of that key (it detaches a key attached there
+    by name: ``put l.y`` with ``l`` -> ``a`` replaces ``a.y``, and the
+    lease of ``a.y`` must not unlink it later)."""
+    if not through:
+        return ops
+    out: list[dict[str, Any]] = []
+    extra = dict(through)
+    for i, op in enumerate(ops):
+        out.append(op)
+        key = extra.get(i)
+        if key is not None:
+            out.append({"key": key, "flags": 0, "dirent": None})
+    return out
+

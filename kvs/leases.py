@@ -100,6 +100,9 @@ class Lease:
     timer: asyncio.TimerHandle | None = None
     ended: str = ""
     """``"expired"`` or ``"revoked"`` once ended (its unlinks may still be queued)."""
+    unlink_order: dict[str, list[str]] = field(default_factory=dict)
+    """Once ended: its keys in each namespace, sorted once, last first
+    (:meth:`LeaseTable.unlink_ops`)."""
     unlink_error_logged: bool = False
     """An unexpected exception (not an errno) of its unlinks was logged with
     its traceback: once per lease, its retries every 10 s do not log it again."""
@@ -300,6 +303,7 @@ class LeaseTable:
                     att = self.attached[ns] = _Attached()
                 att.attach(key, lease)
                 lease.keys.setdefault(ns, set()).add(key)
+                lease.unlink_order.pop(ns, None)  # (sorted again with it)
                 self.counts["attached"] += 1
                 if lease.ended:
                     ended.add(lease)
@@ -324,13 +328,25 @@ class LeaseTable:
         now: at most :data:`UNLINK_BYTES` of keys (at least one), so that
         the setroot event listing them fits in any link; the caller
         commits again while some are left."""
+        keys = lease.keys.get(ns, set())
+        order = lease.unlink_order.get(ns)
+        if order is None:  # sorted once, not per transaction: O(n log n) in all
+            order = lease.unlink_order[ns] = sorted(keys, reverse=True)
         ops: list[dict[str, Any]] = []
         size = 0
-        for key in sorted(lease.keys.get(ns, ())):
+        i = len(order) - 1
+        while i >= 0:
+            key = order[i]
+            if key not in keys:  # (unlinked by the last transaction, or detached)
+                if i == len(order) - 1:
+                    order.pop()
+                i -= 1
+                continue
             size += _size(key) + 8
             if ops and size > UNLINK_BYTES:
                 break
             ops.append({"key": key, "flags": 0, "dirent": None})
+            i -= 1
         return ops
 
     def forget_namespace(self, ns: str) -> None:

@@ -357,6 +357,9 @@ class KvsModule(Module):
             merge=TRANSACTION_MERGE.value(ctx.attrs))
         """Rank 0: queues, merges and applies the transactions, sets the roots."""
         self.leases = LeaseTable(ctx.owner_uid, MAX_LEASES.value(ctx.attrs), self._lease_ended)
+        self._unlinking: dict[int, tuple[Lease, asyncio.Future[dict[str, int]]]] = {}
+        """Ended leases whose keys' unlinks are under way (their first
+        pass), by id: a revoke of one waits for them (:meth:`lease_revoke`)."""
         """Rank 0: the leases (kvs/leases.py); empty and unused on a follower."""
         if self.leader:
             self.commits.leases = self.leases
@@ -1462,6 +1465,16 @@ class KvsModule(Module):
                         break  # (removed, or this rank lags: the answer stands)
             self.h.respond(msg, resp)
             return
+        going = self._unlinking.get(p["id"]) if type(p.get("id")) is int else None
+        if going is not None and going[0].ended:
+            # It ended (expired, or another revoke) and its keys are being
+            # unlinked now: answered once they are, as a revoke of a live
+            # lease is -- not at once with ENOENT, which the client takes for
+            # "already gone", and a lock released so was still held.
+            if going[0].owner != msg.userid and not msg.is_owner:
+                raise ErrnoError(errno.EPERM, f"lease {p['id']} belongs to another user")
+            self.h.respond(msg, {"rootseqs": await asyncio.shield(going[1])})
+            return
         lease = self.leases.get(p.get("id"), msg.userid, msg.is_owner)
         self.leases.end(lease, "revoked", unlink=False)
         self.h.respond(msg, {"rootseqs": await self._unlink_leased(lease)})
@@ -1478,14 +1491,28 @@ class KvsModule(Module):
         :meth:`_retry_unlinks` tries again until they are applied: before,
         they stayed until a restart with a statedir, and only a log line
         said so."""
-        seqs, failed = await self._unlink_pass(lease)
-        if failed and lease not in self.leases.retrying:
+        fut: asyncio.Future[dict[str, int]] = asyncio.get_running_loop().create_future()
+        self._unlinking[lease.id] = (lease, fut)
+        seqs: dict[str, int] = {}
+        try:
+            seqs, failed = await self._unlink_pass(lease)
+        finally:
+            if self._unlinking.get(lease.id, (None, None))[1] is fut:
+                del self._unlinking[lease.id]
+            fut.set_result(seqs)
+        if failed and self.commits.stopping:
+            name, exc = failed[0]
+            self.log.info("lease %d ended as the kvs module stops: its keys in namespace %s "
+                          "stay (%s)%s", lease.id, name, exc.errstr,
+                          "; the checkpoint keeps the lease, and they are unlinked after "
+                          "the restart" if self.statedir and name == PRIMARY else "")
+        elif failed and lease not in self.leases.retrying:
             self.leases.retrying.add(lease)
             name, exc = failed[0]
-            left = sorted(lease.keys.get(name, ()))
+            left = min(lease.keys.get(name, ()), default=None)
             self.log.error("lease %d ended, but unlinking its %d keys in namespace %s failed "
-                           "(%s): retrying until applied (first: %s)", lease.id, len(left),
-                           name, exc.errstr, left[:1])
+                           "(%s): retrying until applied (first: %s)", lease.id,
+                           len(lease.keys.get(name, ())), name, exc.errstr, [left])
             self.spawn(self._retry_unlinks(lease))
         return seqs
 

@@ -203,6 +203,10 @@ class TxnResult:
     rootref: str
     new_blobs: dict[str, bytes] = field(default_factory=dict)
     keys: list[str] = field(default_factory=list)
+    through: list[tuple[int, str]] = field(default_factory=list)
+    """``(op index, key)`` for each write that a symlink on its path led
+    to another key: the key it wrote (a lease attached to that key by its
+    own name is detached by it, as by a write naming it)."""
 
 
 @functools.cache
@@ -335,6 +339,11 @@ class _Txn:
         # it each time made n appends to one key cost O(n * (n + m)) -- a
         # guest's 100,000 appends to one key held rank 0 for 36 s.
         self._grown: dict[int, list[str]] = {}
+        self.leased = False
+        """The op being applied attaches its key to a lease: a key attached
+        by name may not be reached through a symlink (:meth:`_through`)."""
+        self.resolved: list[str] = []
+        """The path the last op written resolved to (links followed)."""
 
     # -- applying ops ------------------------------------------------------
 
@@ -342,6 +351,7 @@ class _Txn:
         self, root: _WDir, parts: list[str], dirent: TreeObj | None, flags: int, depth: int = 0
     ) -> None:
         cache = self.cache
+        self.resolved = parts
         d = root
         for i in range(len(parts) - 1):
             name = parts[i]
@@ -357,6 +367,11 @@ class _Txn:
                 sub = _WDir.inline(e)  # a dirent not stored yet: counts as changed
                 d.adopt(name, sub)
             elif t == "symlink":
+                if self.leased:
+                    raise ErrnoError(errno.EINVAL, (
+                        f"{shown('.'.join(parts))}: a key is attached to a lease by its own "
+                        f"name, not through a symlink ({shown('.'.join(parts[:i + 1]))} is one): "
+                        "name the key it leads to"))
                 path = self._through(e, parts[i + 1:], depth, "write")
                 self.link(root, path, dirent, flags, depth + 1)
                 return
@@ -545,12 +560,16 @@ def apply(
     root = _WDir.load(cache, dirref(root_ref), is_root=True)
     txn = _Txn(cache, writer, namespace)
     missing: set[str] = set()
-    for norm, parts, flags, dirent in checked:
+    through: list[tuple[int, str]] = []
+    for i, (norm, parts, flags, dirent) in enumerate(checked):
         try:
             if flags & EXPECT:
                 txn.expect(root, parts, dirent)
             else:
+                txn.leased = ops[i].get("lease") is not None
                 txn.link(root, parts, dirent, flags)
+                if txn.resolved is not parts:
+                    through.append((i, ".".join(txn.resolved)))
         except NeedBlobs as e:
             missing |= e.refs
         except ErrnoError as exc:
@@ -566,4 +585,4 @@ def apply(
 
     entry, _ = txn.unroll_dir(root)
     cache.remember(writer.objs, writer.packed, writer.replaced, writer.blobs)
-    return TxnResult(entry["data"][0], writer.blobs, keys)
+    return TxnResult(entry["data"][0], writer.blobs, keys, through)

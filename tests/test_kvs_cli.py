@@ -1612,3 +1612,19 @@ async def test_get_of_a_directory_says_which_command_reads_one(start_instance):
     res = await kvs(inst, "get", ".")
     assert (res.rc, res.err) == (1, "kvbroker: .: Is a directory (the root is a directory; "
                                     "kvbroker kvs dir . prints what is below it)\n")
+
+
+async def test_lease_ids_out_of_range_are_refused_in_one_line(start_instance) -> None:
+    """A lease id of 2**64 or more gave a traceback ("payload is not
+    msgpack-able: Integer value out of range"); ids are bounded as the
+    other integer arguments are."""
+    inst = await start_instance(size=1)
+    huge = str(1 << 64)
+    for args in (("lease", "info", huge), ("lease", "keepalive", huge),
+                 ("lease", "revoke", huge), ("put", "--lease", huge, "k=1")):
+        res = await kvs(inst, *args)
+        assert res.rc == 2 and "Traceback" not in res.err, (args, res.err)
+        assert f"must be at most {(1 << 63) - 1}: {huge}" in res.err, (args, res.err)
+    res = await kvs(inst, "lease", "revoke", "--", "-1")
+    assert res.rc == 2 and "must not be negative: -1" in res.err, res.err
+    assert not (await kvs(inst, "get", "k")).rc == 0  # nothing was written

@@ -136,6 +136,65 @@ async def test_revoke_removes_at_once_and_a_put_without_the_lease_detaches(
         assert not await kvs.exists("scoped")
 
 
+async def test_a_key_is_leased_by_its_own_name_and_a_write_through_a_link_detaches_it(
+        start_instance) -> None:
+    """A lease ending unlinked a key written since without it, when a
+    symlink named it otherwise: attached as ``l.x`` (``l`` -> ``a``), the
+    later ``put a.x`` did not detach it; attached as ``a.y``, ``put l.y``
+    did not.  Now attaching through a link is refused (name the key it
+    leads to), and a write through a link detaches the key it wrote."""
+    inst = await start_instance(size=2)
+    async with KVS.connect(inst.uri(1)) as kvs:
+        await kvs.mkdir("a")
+        await kvs.symlink("l", "a")
+        lease = await kvs.lease(60)
+        with pytest.raises(RemoteError) as exc:
+            await kvs.put("l.x", "leased", lease=lease)
+        assert exc.value.errnum == errno.EINVAL
+        assert "attached to a lease by its own name, not through a symlink (l is one)" \
+            in exc.value.errstr
+        await kvs.commit(TxnOps().put("a.y", "leased", lease=lease)
+                         .put("a.z", "leased", lease=lease))
+        await kvs.put("l.y", "mine")       # through the link: a.y, detached
+        await kvs.unlink("l.z")            # so is an unlink
+        await kvs.put("l.z", "mine too")
+        assert (await lease.info())["key-count"] == 0
+        await lease.revoke()
+        assert await kvs.get_str("a.y") == "mine" and await kvs.get_str("a.z") == "mine too"
+        # ... in the same batch too, in op order: attached after the write, kept
+        lease = await kvs.lease(60)
+        await kvs.commit(TxnOps().put("l.y", "again").put("a.y", "leased", lease=lease))
+        assert (await lease.info())["keys"] == {"primary": ["a.y"]}
+        await lease.revoke()
+        assert not await kvs.exists("a.y")
+
+
+async def test_a_revoke_of_a_lease_whose_keys_are_being_unlinked_waits_for_them(
+        start_instance) -> None:
+    """A lease that ended (revoked, or expired) while its keys' unlinks
+    were under way answered a second revoke at once with ENOENT, which the
+    client takes for "already gone": a lock released with ``async with
+    kvs.lease()`` after its lease expired was still held when the block
+    ended.  The second revoke, sent right behind the first, now returns
+    once the keys are unlinked."""
+    inst = await start_instance(size=2)
+    async with KVS.connect(inst.uri(0)) as kvs:
+        lease = await kvs.lease(60)
+        # 20,000 keys: their unlinks take ~40 transactions, so the second
+        # revoke finds them under way (one key's could be done already)
+        await put_in_batches(kvs, [f"many.d{i // 100}.k{i}" for i in range(20_000)], 2_000,
+                             lease)
+        await kvs.put("zz.lock", "me", lease=lease)  # (unlinked last: keys go in order)
+        first = asyncio.ensure_future(kvs.lease_revoke(lease))
+        await asyncio.sleep(0)  # (sent: the second goes right behind it)
+        await asyncio.wait_for(kvs.lease_revoke(lease), 30)
+        assert not await kvs.exists("zz.lock") and not await kvs.exists("many.d0.k0")
+        await asyncio.wait_for(first, 30)
+        with pytest.raises(RemoteError) as exc:  # once they are: ENOENT, as ever
+            await kvs.lease_revoke(lease)
+        assert exc.value.errnum == errno.ENOENT
+
+
 async def test_a_commit_naming_a_dead_lease_fails_whole(start_instance) -> None:
     inst = await start_instance(size=4, fanout=2)
     async with KVS.connect(inst.uri(3)) as kvs:
@@ -584,3 +643,30 @@ async def test_unlinks_that_failed_are_retried_until_applied(small_disk, tmp_pat
     assert codes == [0, 0], text
     assert text.count(f"lease {lease.id} ended, but unlinking its 1 keys") == 1, text
     assert text.count(f"lease {lease.id}: its keys' unlinks are done after") == 1, text
+
+
+def test_an_ended_leases_unlinks_come_in_key_order_sorted_once() -> None:
+    """``unlink_ops`` hands out an ended lease's keys in sorted order, a
+    transaction's worth at a time, skipping those detached meanwhile and
+    handing out again those whose transaction failed -- from one sort of
+    the keys (it sorted all the remaining keys for every transaction: a
+    revoke of 100,000 keys took 2.5-6 s against 0.4 s for the same
+    unlinks sent by a client)."""
+    from kvs.leases import UNLINK_BYTES, Lease, LeaseTable
+
+    table = LeaseTable(0, 10, lambda lease: None)
+    keys = {f"d{i % 7}.k{i:06d}" + "x" * 40 for i in range(3000)}
+    lease = Lease(1, 0, 10.0, 0.0, keys={"ns": set(keys)}, ended="revoked")
+    detached = sorted(keys)[1500]
+    got: list[str] = []
+    failed_once = False
+    while lease.keys["ns"]:
+        batch = [op["key"] for op in table.unlink_ops("ns", lease)]
+        assert batch and sum(len(k) + 8 for k in batch) <= UNLINK_BYTES + len(batch[-1]) + 8
+        if not failed_once:  # the transaction failed: the same keys come again
+            failed_once = True
+            assert [op["key"] for op in table.unlink_ops("ns", lease)] == batch
+        got += batch
+        lease.keys["ns"] -= set(batch)
+        lease.keys["ns"].discard(detached)  # (a write detached it meanwhile)
+    assert got == sorted(keys - {detached})  # each once, in order, the detached one never
