@@ -20,11 +20,10 @@ from typing import Any
 
 import pytest
 from test_broker_support import run_cli
-from test_kvs_rpc_durability import start_refused
+from test_kvs_rpc_durability import refused_start_log
 from test_kvs_rpc_helpers import commit, get, getroot, put
 
 from broker.content.sqlite import SqliteStore
-from broker.launch import Instance, StartError
 from kvs import treeobj as T
 from kvs.client import KVS, SyncKVS
 from kvs.namespaces import CHECKPOINT_KEY
@@ -286,10 +285,8 @@ async def test_a_start_refused_for_a_damaged_newest_root_recovers_by_a_rollback(
         "rootref": missing, "rootseq": 9, "timestamp": 1.0}}), T_OUT)
     await h.close()
     await inst.stop()
-    log = tmp_path / "refused.log"
-    refused = await start_refused(Instance(1, statedir=str(statedir), stderr_path=str(log)))
-    assert isinstance(refused, StartError)
-    assert f"kvbroker content checkpoint list --statedir {statedir}" in log.read_text()
+    text = await refused_start_log(statedir, tmp_path / "refused.log")
+    assert f"kvbroker content checkpoint list --statedir {statedir}" in text
 
     rc, out, err = await run_cli("content", "checkpoint", "list", "--statedir", str(statedir))
     assert rc == 0, err
@@ -335,10 +332,7 @@ async def test_damaged_checkpoint_rows_fail_the_start_in_one_line_or_list_as_das
             for r in await _list(statedir)] == want
 
     _cut(statedir, "checkpoints", f"key = '{CHECKPOINT_KEY}'")
-    log = tmp_path / "refused.log"
-    refused = await start_refused(Instance(1, statedir=str(statedir), stderr_path=str(log)))
-    assert isinstance(refused, StartError)
-    text = log.read_text()
+    text = await refused_start_log(statedir, tmp_path / "refused.log")
     assert (f"checkpoint '{CHECKPOINT_KEY}' cannot be read from {statedir}/content.sqlite: "
             "it does not decode") in text, text
     assert "Traceback" not in text and "internal error" not in text, text
@@ -363,10 +357,7 @@ async def test_a_start_refuses_a_checkpoint_whose_root_is_not_a_directory(
         "rootref": a_value, "rootseq": 3, "timestamp": 1.0}}), T_OUT)
     await h.close()
     await inst.stop()
-    log = tmp_path / "refused.log"
-    refused = await start_refused(Instance(1, statedir=str(statedir), stderr_path=str(log)))
-    assert isinstance(refused, StartError)
-    text = log.read_text()
+    text = await refused_start_log(statedir, tmp_path / "refused.log")
     assert (f"names root {a_value} (rootseq 3), which is not a directory (a val tree "
             "object, not a directory)") in text, text
 

@@ -24,9 +24,7 @@ import os
 
 from test_broker_support import run_cli
 from test_kvs_cli import KVB, Result, client_env, run
-from test_kvs_rpc_durability import start_refused
-
-from broker.launch import Instance, StartError
+from test_kvs_rpc_durability import refused_start_log
 
 T = 30
 
@@ -109,10 +107,7 @@ async def test_t0012_a_damaged_store_fails_start(start_instance, tmp_path) -> No
     with open(statedir / "content.sqlite", "r+b") as f:
         f.seek(44)
         f.write(b"\\001\\001\\001\\001\n")
-    log = tmp_path / "rank.log"
-    refused = await start_refused(Instance(1, statedir=str(statedir), stderr_path=str(log)))
-    assert isinstance(refused, StartError)
-    text = log.read_text()
+    text = await refused_start_log(statedir, tmp_path / "rank.log")
     assert (f"start-up failed: {statedir}/content.sqlite: unsupported file format"
             in text), text
 

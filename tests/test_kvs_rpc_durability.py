@@ -14,6 +14,7 @@ import os
 import signal
 import sqlite3
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -515,12 +516,10 @@ async def test_a_checkpoint_that_is_not_a_root_stops_start_up_clearly(
                                                             "value": 5}), 10)
     await h.close()
     await inst.stop()
-    log = tmp_path / "again.log"
-    refused = await start_refused(Instance(1, statedir=statedir, stderr_path=str(log)))
-    assert isinstance(refused, StartError)
+    text = await refused_start_log(statedir, tmp_path / "again.log")
     assert (f"start-up failed: the checkpoint 'kvs-primary' in statedir {statedir} is not "
-            "a KVS root: 5") in log.read_text(), log.read_text()
-    assert "Traceback" not in log.read_text()
+            "a KVS root: 5") in text, text
+    assert "Traceback" not in text
 
 
 async def test_a_checkpoint_whose_root_is_missing_stops_start_up_clearly(
@@ -537,10 +536,7 @@ async def test_a_checkpoint_whose_root_is_missing_stops_start_up_clearly(
         "rootref": missing, "rootseq": 7}}), 10)
     await h.close()
     await inst.stop()
-    log = tmp_path / "again.log"
-    refused = await start_refused(Instance(1, statedir=statedir, stderr_path=str(log)))
-    assert isinstance(refused, StartError)
-    text = log.read_text()
+    text = await refused_start_log(statedir, tmp_path / "again.log")
     assert (f"start-up failed: the checkpoint in statedir {statedir} names root {missing} "
             "(rootseq 7), which the content store cannot give") in text, text
     assert "the store is damaged" in text and "Traceback" not in text
@@ -554,10 +550,7 @@ async def test_a_store_that_is_not_a_database_is_named_at_start_up(tmp_path) -> 
     statedir = tmp_path / "state"
     statedir.mkdir(mode=0o700)
     (statedir / "content.sqlite").write_bytes(b"not a database, " * 512)
-    log = tmp_path / "rank.log"
-    refused = await start_refused(Instance(1, statedir=str(statedir), stderr_path=str(log)))
-    assert isinstance(refused, StartError)
-    text = log.read_text()
+    text = await refused_start_log(statedir, tmp_path / "rank.log")
     assert f"start-up failed: {statedir}/content.sqlite: file is not a database" in text, text
 
 
@@ -569,10 +562,7 @@ async def test_another_programs_sqlite_file_is_refused_at_start_up(tmp_path) -> 
     with sqlite3.connect(statedir / "content.sqlite") as db:
         db.execute("CREATE TABLE objects (id INTEGER PRIMARY KEY, object BLOB)")
     db.close()
-    log = tmp_path / "rank.log"
-    refused = await start_refused(Instance(1, statedir=str(statedir), stderr_path=str(log)))
-    assert isinstance(refused, StartError)
-    text = log.read_text()
+    text = await refused_start_log(statedir, tmp_path / "rank.log")
     assert (f"start-up failed: {statedir}/content.sqlite: not a kvbroker content store: "
             "its table objects has no column hash") in text, text
 
@@ -630,10 +620,7 @@ async def test_a_damaged_page_of_the_store_is_eio_not_an_internal_error(
                            ).fetchone()[0]
     db.close()
     damage_page(path, table, b"\xff" * 4096)
-    log = tmp_path / "again.log"
-    refused = await start_refused(Instance(1, statedir=str(statedir), stderr_path=str(log)))
-    assert isinstance(refused, StartError)
-    text = log.read_text()
+    text = await refused_start_log(statedir, tmp_path / "again.log")
     assert (f"start-up failed: checkpoint 'kvs-primary' cannot be read from {path}: database "
             "disk image is malformed") in text, text
     assert "Traceback" not in text
@@ -646,6 +633,13 @@ async def start_refused(inst: Instance) -> BaseException | None:
         return exc
     await inst.stop()
     return None
+
+
+async def refused_start_log(statedir: str | Path, log: Path) -> str:
+    """Start one rank on ``statedir``, which must be refused: what it logged to ``log``."""
+    refused = await start_refused(Instance(1, statedir=str(statedir), stderr_path=str(log)))
+    assert isinstance(refused, StartError), refused
+    return log.read_text()
 
 
 async def test_content_hash_sha1(start_instance, connect) -> None:
