@@ -357,10 +357,10 @@ class KvsModule(Module):
             merge=TRANSACTION_MERGE.value(ctx.attrs))
         """Rank 0: queues, merges and applies the transactions, sets the roots."""
         self.leases = LeaseTable(ctx.owner_uid, MAX_LEASES.value(ctx.attrs), self._lease_ended)
+        """Rank 0: the leases (kvs/leases.py); empty and unused on a follower."""
         self._unlinking: dict[int, tuple[Lease, asyncio.Future[dict[str, int]]]] = {}
         """Ended leases whose keys' unlinks are under way (their first
         pass), by id: a revoke of one waits for them (:meth:`lease_revoke`)."""
-        """Rank 0: the leases (kvs/leases.py); empty and unused on a follower."""
         if self.leader:
             self.commits.leases = self.leases
 
