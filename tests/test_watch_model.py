@@ -176,6 +176,22 @@ def _parent(tree: Tree, key: str, create: bool) -> tuple[Tree | None, str]:
     return (_dir_at(tree, ".".join(path), create) if path else tree), last
 
 
+def resolved(tree: Tree, key: str, depth: int = 0) -> str:
+    """The key a write of ``key`` reaches: the symlinks on its path
+    followed (not one at its end), as kvs writes through them."""
+    assert depth < 8, "a symlink loop: the history makes none"
+    parts = key.split(".")
+    node = tree
+    for i, name in enumerate(parts[:-1]):
+        child = node.get(name)
+        if isinstance(child, Link):
+            return resolved(tree, ".".join([child.target, *parts[i + 1:]]), depth + 1)
+        if not isinstance(child, dict):
+            return key  # (made along the way: no link further on)
+        node = child
+    return key
+
+
 def apply(tree: Tree, op: dict[str, Any]) -> None:
     """One transaction op, as kvs applies it (docs/kvs.md, "The model"):
     symlinks on the way are followed, one at the key is what is written."""
@@ -307,11 +323,14 @@ class History:
 
     def lease_write(self, op: dict[str, Any]) -> None:
         """A write detaches the attached keys it touches (itself, above and
-        below it); a put or append with a lease attaches its key."""
+        below it), by its name and by the key a symlink on its path led it
+        to; a put or append with a lease attaches its key (by its own name:
+        the writer attaches none through a symlink, which kvs refuses)."""
         key = op["key"]
-        for k in [k for k in self.attached
-                  if k == key or k.startswith(key + ".") or key.startswith(k + ".")]:
-            del self.attached[k]
+        for name in {key, resolved(self.tree, key)}:
+            for k in [k for k in self.attached
+                      if k == name or k.startswith(name + ".") or name.startswith(k + ".")]:
+                del self.attached[k]
         if "lease" in op:
             self.attached[key] = op["lease"]
 
@@ -590,10 +609,12 @@ async def test_watchers_see_what_the_model_says(start_instance, connect, mode: s
                 continue
             ops = [random_op(wrng, areas) for _ in range(wrng.randint(1, 3))]
             if lease is not None:
-                for op in ops:  # attach some puts and appends
+                scratch = copy_tree(hist.tree)  # (the ops before it in the transaction too)
+                for op in ops:  # attach some puts and appends, not through a symlink
                     if op["dirent"] is not None and op["dirent"]["type"] == "val" \
-                            and wrng.random() < 0.5:
+                            and wrng.random() < 0.5 and resolved(scratch, op["key"]) == op["key"]:
                         op["lease"] = lease
+                    apply(scratch, op)
             await commit_ops(ops, own[rank])
             if mode == LEASES:  # (one writer: its versions come in order)
                 hist.replay(done)
