@@ -84,6 +84,10 @@ FOLD_DEPTH = 64
 """Roots an APPEND watcher (without DELETES) queues before it folds the
 next ones into the last (:meth:`Watcher.push`): while it keeps up, each
 version is answered on its own, and a rewrite between two of them is seen."""
+FOLDED_KEPT = 1000
+"""Roots folded into one slot that it keeps (or ``max_backlog``, if more),
+to read them one by one should the newest show the value rewritten: past
+that, every other one is forgotten, the newest kept."""
 DEFAULT_MAX_BACKLOG = 1000
 """Roots a watcher may have pending before it is ended with ``EOVERFLOW``."""
 
@@ -123,11 +127,17 @@ class Backend(Protocol):
 class _Slot:
     """One root to answer for: its lookup, then (APPEND/STREAM) its blob loads."""
 
-    __slots__ = ("seq", "ref", "initial", "fut", "refs", "next", "loads")
+    __slots__ = ("seq", "ref", "initial", "fut", "refs", "next", "loads", "folded", "pending")
 
     def __init__(self, seq: int, ref: str, initial: bool) -> None:
         self.seq = seq
         self.ref = ref
+        self.folded: list[tuple[int, str]] | None = None
+        """APPEND: the roots folded into this slot, oldest first (its own
+        ``seq``/``ref`` is the newest): read one by one if the newest shows
+        the value rewritten or removed (:meth:`Watcher._unfold`)."""
+        self.pending: list[tuple[int, str]] | None = None
+        """Unfolded: the roots still to read after this one, in order."""
         """The root to read at; "" while a newer one is asked for (its root
         could not be read, :meth:`Watcher._unreadable`)."""
         self.initial = initial
@@ -227,19 +237,29 @@ class Watcher:
         if q is None:
             q = self.queue = deque()
         n = len(q)
-        if (n >= FOLD_DEPTH or n >= self.backend.max_backlog) and n > self.issued \
-                and self.flags & (WATCH_APPEND | WATCH_DELETES) == WATCH_APPEND:
+        folds = self.flags & (WATCH_APPEND | WATCH_DELETES) == WATCH_APPEND
+        if folds and n > self.issued and n >= min(FOLD_DEPTH, self.backend.max_backlog):
             # Far behind, the last root queued still waiting for its lookup:
             # this newer root holds every blob that one would answer, and
             # more, so that slot reads at this root instead.  A follower's
             # watcher of an eventlog appended to faster than it can read
-            # each version keeps up, instead of ending EOVERFLOW.
+            # each version keeps up, instead of ending EOVERFLOW.  The roots
+            # folded are kept, to be read one by one should the newest show
+            # the value rewritten (its lines before that are still owed).
             tail = q[-1]
+            folded = tail.folded
+            if folded is None:
+                folded = tail.folded = []
+            folded.append((tail.seq, tail.ref))
+            if len(folded) > max(FOLDED_KEPT, self.backend.max_backlog):
+                del folded[-2::-2]  # (thinned, the newest kept: docs/protocol.md)
             tail.seq, tail.ref = seq, rootref
             self.seq = seq
             self.backend.folded(self)
             return
-        if n >= self.backend.max_backlog:
+        if n >= self.backend.max_backlog and not folds:
+            # (a folding watcher queues past a small bound until a root
+            # waits for its lookup: at most LOOKUP_WINDOW + 1, then folds)
             self.fail(errno.EOVERFLOW, f"{self.key}: watcher fell more than "
                                        f"{self.backend.max_backlog} commits behind")
             return
@@ -356,6 +376,11 @@ class Watcher:
                     continue
             if slot.refs is not None and not self._load_some(slot):  # stage 2: blobs
                 return
+            if slot.pending:  # unfolded: the next of its roots, in order
+                slot.seq, slot.ref = slot.pending.pop(0)
+                slot.refs = None
+                self._lookup(slot)
+                continue
             q.popleft()
             self.issued -= 1
             self._slot_done(slot)
@@ -441,9 +466,36 @@ class Watcher:
         its own are in it, so later roots up to ``seq`` are not wanted."""
         slot.seq, slot.ref = seq, ref
         self.seq = max(self.seq, seq)
-        fut = self.backend.lookup_at(self, ref, self.lookup_flags)
+        self._lookup(slot)
+
+    def _lookup(self, slot: _Slot) -> None:
+        fut = self.backend.lookup_at(self, slot.ref, self.lookup_flags)
         slot.fut = fut
         fut.add_done_callback(self._wake)
+
+    def _rewritten(self, obj: Any) -> bool:
+        """APPEND: whether value ``obj`` (None: missing) ends the watch, as
+        :meth:`_lookup_done` and :meth:`_append` would find."""
+        if obj is None:
+            return not (self.flags & WAITCREATE and not self.responded)
+        kind = obj["type"]
+        if self.count < 0:
+            return kind not in ("val", "valref")
+        if kind != "valref":
+            return True
+        refs = obj["data"]
+        return len(refs) < self.count or _refs_digest(refs[:self.count]) != self.answered
+
+    def _unfold(self, slot: _Slot) -> None:
+        """The newest root folded into ``slot`` shows its value rewritten or
+        removed: the lines of the roots folded in before it are still owed,
+        so they are read one by one, in order, that newest one last (which
+        then ends the watch where it would have without folding)."""
+        assert slot.folded is not None
+        roots = [*slot.folded, (slot.seq, slot.ref)]
+        slot.folded = None
+        (slot.seq, slot.ref), slot.pending = roots[0], roots[1:]
+        self._lookup(slot)
 
     def _slot_done(self, slot: _Slot) -> None:
         if slot.initial:
@@ -485,6 +537,9 @@ class Watcher:
             return True
         try:
             obj = fut.result()["val"]
+            if slot.folded and self._rewritten(obj):
+                self._unfold(slot)
+                return False  # (reading again, at the oldest root folded in)
             if obj is None:  # no such key at this root
                 if self.flags & WATCH_DELETES:
                     self._missing(slot)

@@ -385,6 +385,56 @@ async def test_an_append_watcher_far_behind_folds_the_roots_into_the_newest(
     assert be.error is None and not w.done and w.backlog == 0
 
 
+async def _serve(be: FakeBackend, value_at: Any, until: Any) -> None:
+    """Answer every lookup (``value_at(n)`` for ``root-n``) and blob load
+    as they come, until ``until()``."""
+    while not until():
+        await settle()
+        for ref, _, fut in be.lookups:
+            if not fut.done():
+                fut.set_result({"val": value_at(int(ref.split("-")[1]))})
+        for ref, futs in be.loads.items():
+            for fut in futs:
+                if not fut.done():
+                    fut.set_result({"data": ref.encode()})
+
+
+async def test_an_append_watcher_with_a_small_backlog_bound_folds_too() -> None:
+    """With ``max_backlog`` at most LOOKUP_WINDOW every queued root had its
+    lookup sent, none was left to fold into, and the watcher ended
+    EOVERFLOW: it now queues one more, past the bound, and folds into it."""
+    be = FakeBackend(max_backlog=5)
+    w = Watcher(be, request(), "log", F.WATCH | F.APPEND, "primary")
+    lines = [ref(i) for i in range(1, 31)]
+    for seq in range(1, 31):
+        w.push(seq, f"root-{seq}", initial=seq == 1)
+    assert be.error is None and be.folds == 30 - LOOKUP_WINDOW - 1
+    assert w.backlog == LOOKUP_WINDOW + 1
+    await _serve(be, lambda n: valref(*lines[:n]), lambda: len(be.answers) == 30)
+    assert be.values() == [r.encode() for r in lines] and be.error is None
+
+
+async def test_a_rewrite_seen_at_a_folded_root_answers_the_lines_before_it_first() -> None:
+    """The newest root folded into a slot shows the value rewritten: the
+    lines committed before the rewrite, in the roots folded in, were lost
+    (the watch ended at once).  Now those roots are read one by one, in
+    order, and the watch ends EINVAL where it would have without folding."""
+    be = FakeBackend(max_backlog=20)
+    w = Watcher(be, request(), "log", F.WATCH | F.APPEND, "primary")
+    lines = [ref(i) for i in range(1, 101)]
+
+    def value_at(n: int) -> dict[str, Any]:  # rewritten at root 90
+        return valref(*lines[:n]) if n < 90 else val(b"rewritten")
+
+    for seq in range(1, 101):
+        w.push(seq, f"root-{seq}", initial=seq == 1)
+    assert be.folds == 100 - 20
+    await _serve(be, value_at, lambda: be.error is not None)
+    assert be.values() == [r.encode() for r in lines[:89]]
+    assert be.error[0] == errno.EINVAL and "overwritten" in be.error[1]
+    assert [a["rootseq"] for a in be.answers][-3:] == [87, 88, 89]
+
+
 @pytest.mark.parametrize("flags", [F.WATCH, F.WATCH | F.APPEND | F.WATCH_DELETES])
 async def test_watchers_that_answer_each_version_do_not_fold(flags: int) -> None:
     """A plain watcher answers every version, and an APPEND watcher with
