@@ -132,14 +132,14 @@ class _Slot:
     def __init__(self, seq: int, ref: str, initial: bool) -> None:
         self.seq = seq
         self.ref = ref
+        """The root to read at; "" while a newer one is asked for (its root
+        could not be read, :meth:`Watcher._unreadable`)."""
         self.folded: list[tuple[int, str]] | None = None
         """APPEND: the roots folded into this slot, oldest first (its own
         ``seq``/``ref`` is the newest): read one by one if the newest shows
         the value rewritten or removed (:meth:`Watcher._unfold`)."""
         self.pending: list[tuple[int, str]] | None = None
         """Unfolded: the roots still to read after this one, in order."""
-        """The root to read at; "" while a newer one is asked for (its root
-        could not be read, :meth:`Watcher._unreadable`)."""
         self.initial = initial
         self.fut: asyncio.Future[Any] | None = None
         self.refs: list[str] | None = None
