@@ -9,8 +9,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import errno as _errno
 import os
+from typing import Any
 
 
 class KvbrokerError(Exception):
@@ -70,3 +72,11 @@ def error_text(exc: BaseException) -> str:
 def strerror(errnum: int) -> str:
     """``os.strerror`` for the CLI's ``kvbroker: <what>: <strerror>`` lines."""
     return os.strerror(errnum)
+
+
+def outcome_read(fut: asyncio.Future[Any]) -> None:
+    """Mark a future's failure as seen (an ``add_done_callback``), for an
+    outcome nobody awaits: asyncio would otherwise log it as never
+    retrieved."""
+    if not fut.cancelled():
+        fut.exception()

@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Seque
 from typing import TYPE_CHECKING, Any, Protocol, Self, TypeVar
 
 from broker import codec
-from broker.errors import ProtocolError, RemoteError
+from broker.errors import ProtocolError, RemoteError, outcome_read
 from broker.framewriter import FramedProtocol, FrameWriter
 from broker.message import NODEID_ANY, Message, MsgFlags, MsgType
 from broker.rpc import HandleCore, Stream, settle
@@ -161,13 +161,6 @@ class _Redial:
         for fut in waiters:
             if not fut.done():
                 fut.set_result(None)
-
-
-def _ignore(fut: asyncio.Future[Any]) -> None:
-    """Retrieve a renewed subscription's outcome (an error is the rank's:
-    a guest's limit, say); nobody waits for it."""
-    if not fut.cancelled():
-        fut.exception()
 
 
 _handles: weakref.WeakSet[Handle] = weakref.WeakSet()
@@ -430,7 +423,8 @@ class Handle(HandleCore):
         # the subscriptions first: the parked requests may be waiting for events
         for prefix, times in self._subscriptions.items():
             for _ in range(times):
-                self.rpc("event.subscribe", {"topic": prefix}).add_done_callback(_ignore)
+                # (nobody waits for it; an error is the rank's: a guest's limit)
+                self.rpc("event.subscribe", {"topic": prefix}).add_done_callback(outcome_read)
         writer = proto.writer
         assert writer is not None
         for frames in parked.messages:

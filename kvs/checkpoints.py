@@ -32,6 +32,7 @@ from typing import Any
 import msgpack
 
 from broker.content import blobref
+from broker.content.module import checkpoint_or_none
 from kvs import treeobj
 from kvs.archive import ArchiveError, open_stopped_store
 from kvs.garbage import TreeDamaged, reachable
@@ -95,7 +96,7 @@ def list_offline(statedir: str) -> list[Checkpoint]:
     ``statedir``, newest first (``ArchiveError`` if it cannot be read)."""
     with open_stopped_store(statedir, create=False, instead="stop it first, or list "
                             "online (without --statedir)") as store:
-        return [Checkpoint.from_value(_unpack(raw))
+        return [Checkpoint.from_value(checkpoint_or_none(raw))
                 for raw in store.checkpoint_list(CHECKPOINT_KEY)]
 
 
@@ -125,7 +126,7 @@ def update_offline(statedir: str, rootref: str) -> UpdateReport:
                            "prints them)")
     with open_stopped_store(statedir, create=False, instead="stop it first (its kvs "
                             "module owns the checkpoint)") as store:
-        kept = [Checkpoint.from_value(_unpack(raw))
+        kept = [Checkpoint.from_value(checkpoint_or_none(raw))
                 for raw in store.checkpoint_list(CHECKPOINT_KEY)]
         current = kept[0] if kept else None
         if current is not None and current.rootref == rootref:
@@ -154,8 +155,3 @@ def update_offline(statedir: str, rootref: str) -> UpdateReport:
         return UpdateReport(Checkpoint.from_value(value), current, True, blobs)
 
 
-def _unpack(raw: bytes) -> Any:
-    try:
-        return msgpack.unpackb(raw, raw=False, strict_map_key=False)
-    except Exception:  # (not msgpack: shown as a value that names nothing)
-        return None

@@ -50,7 +50,7 @@ from broker import codec
 from broker.attrs import CONTENT_HASH, LINK_MAX_MESSAGE, AttrSpec, boolean, duration, integer
 from broker.content import blobref
 from broker.content.module import BLOB_SIZE_LIMIT, FAILURE_LOG_EVERY, ContentModule
-from broker.errors import ErrnoError, ProtocolError, RemoteError
+from broker.errors import ErrnoError, ProtocolError, RemoteError, outcome_read
 from broker.logring import LogThrottle
 from broker.message import Message, MsgFlags, RawPayload
 from broker.module import Handler, Module, require
@@ -187,14 +187,6 @@ def _check_lease_op(op: dict[str, Any]) -> None:
     if op.get("dirent") is None or op.get("flags", 0) & EXPECT:
         raise ErrnoError(errno.EINVAL, f"{shown(op['key'])}: only a write that stores something "
                                        "may carry a lease (not an unlink or a condition)")
-
-
-def _outcome_read(fut: asyncio.Future[Any]) -> None:
-    """Mark a future's failure as seen, for outcomes nobody awaits: a
-    relayed transaction's (the setroot or error event already told the
-    follower), a namespace load whose waiter went away."""
-    if not fut.cancelled():
-        fut.exception()
 
 
 RelayedTxn = tuple[str, int, list[dict[str, Any]], int | None]
@@ -1042,7 +1034,7 @@ class KvsModule(Module):
             loading = asyncio.ensure_future(self.get_ns(_ns_name(p), msg))
             # (cancelled meanwhile, nobody reads its outcome: an ENOTSUP was
             # logged as "Task exception was never retrieved")
-            loading.add_done_callback(_outcome_read)
+            loading.add_done_callback(outcome_read)
             # The timeout counts from the request, the load included: a
             # rank whose way to rank 0 is stopped (torpid) loads for ever,
             # and ``kvs wait -t 1`` waited with it.
@@ -1242,7 +1234,7 @@ class KvsModule(Module):
             raise ErrnoError(errno.ENOTSUP, f"namespace {ns.name} was removed")
         for name, flags, ops, lease_user in txns:
             self.commits.enqueue(ns, ops, flags, name,
-                                 lease_user).add_done_callback(_outcome_read)
+                                 lease_user).add_done_callback(outcome_read)
 
     # ================================================================ namespace admin
 

@@ -478,13 +478,9 @@ class Watcher:
         :meth:`_lookup_done` and :meth:`_append` would find."""
         if obj is None:
             return not (self.flags & WAITCREATE and not self.responded)
-        kind = obj["type"]
         if self.count < 0:
-            return kind not in ("val", "valref")
-        if kind != "valref":
-            return True
-        refs = obj["data"]
-        return len(refs) < self.count or _refs_digest(refs[:self.count]) != self.answered
+            return obj["type"] not in ("val", "valref")
+        return self._not_grown(obj) is not None
 
     def _unfold(self, slot: _Slot) -> None:
         """The newest root folded into ``slot`` shows its value rewritten or
@@ -603,23 +599,32 @@ class Watcher:
                 self.fail(errnum, f"{self.key}: a {kind} cannot be {what}")
             return
         # A later commit named the key: it must have grown by appends only.
-        if kind != "valref":
-            self.fail(errno.EINVAL, f"{self.key}: value {what} was overwritten")
+        changed = self._not_grown(obj)
+        if changed is not None:
+            self.fail(errno.EINVAL, f"{self.key}: value {what} was {changed}")
             return
         refs = obj["data"]
         n = len(refs)
-        if n < self.count:
-            self.fail(errno.EINVAL, f"{self.key}: value {what} was shortened")
-        elif _refs_digest(refs[:self.count]) != self.answered:
-            # Every answered blob must still be there, in place: the last one
-            # alone is not enough (blobs are named by content, so a rewrite
-            # may end with the same one: [x, +] -> [y, +]).
-            self.fail(errno.EINVAL, f"{self.key}: value {what} was overwritten")
-        elif n > self.count:
+        if n > self.count:
             new = refs[self.count:]
             self.count = n
             self.answered = _refs_digest(refs)
             self._load(slot, new)
+
+    def _not_grown(self, obj: dict[str, Any]) -> str | None:
+        """APPEND, after the first answer: how value ``obj`` was changed
+        other than by appends (``"overwritten"``, ``"shortened"``), or None."""
+        if obj["type"] != "valref":
+            return "overwritten"
+        refs = obj["data"]
+        if len(refs) < self.count:
+            return "shortened"
+        # Every answered blob must still be there, in place: the last one
+        # alone is not enough (blobs are named by content, so a rewrite may
+        # end with the same one: [x, +] -> [y, +]).
+        if _refs_digest(refs[:self.count]) != self.answered:
+            return "overwritten"
+        return None
 
     def _load(self, slot: _Slot, refs: list[str]) -> None:
         slot.refs = refs

@@ -79,7 +79,7 @@ from broker.content.sqlite import (
     Written,
 )
 from broker.content.storethread import StoreThread
-from broker.errors import ErrnoError, ProtocolError
+from broker.errors import ErrnoError, ProtocolError, outcome_read
 from broker.logring import LogThrottle
 from broker.message import NODEID_UPSTREAM, Message
 from broker.module import Handler, Module, require
@@ -1415,7 +1415,7 @@ class ContentModule(Module):
             assert self.backing is not None
             values = await self._checkpoint_read(self.backing.checkpoint_list, key,
                                                  f"the checkpoints of {key!r}")
-            self.h.respond(msg, {"checkpoints": [_decoded_or_none(v) for v in values]})
+            self.h.respond(msg, {"checkpoints": [checkpoint_or_none(v) for v in values]})
 
     async def _checkpoint_request(self, msg: Message) -> str | None:
         """A checkpoint read's ``key`` on rank 0; elsewhere None, once rank
@@ -1464,7 +1464,7 @@ class ContentModule(Module):
             return n
 
         task = asyncio.ensure_future(read())
-        task.add_done_callback(_retrieved)  # (it may end after this answer)
+        task.add_done_callback(outcome_read)  # (it may end after this answer)
         try:
             n = await asyncio.wait_for(asyncio.shield(task), STATS_WAIT)
             return {"backing-count": n, "store-unreadable": None}
@@ -1597,14 +1597,9 @@ def unpack_checkpoint(value: bytes) -> Any:
         raise ValueError(f"it does not decode ({type(exc).__name__}: {exc})") from None
 
 
-def _retrieved(task: asyncio.Future[Any]) -> None:
-    """Read a finished task's error, so asyncio does not log it as never
-    retrieved (its caller may have answered without it)."""
-    if not task.cancelled():
-        task.exception()
-
-
-def _decoded_or_none(value: bytes) -> Any:
+def checkpoint_or_none(value: bytes) -> Any:
+    """:func:`unpack_checkpoint`, or None for a row that does not decode
+    (listed as a value that names no root, online and offline alike)."""
     try:
         return unpack_checkpoint(value)
     except ValueError:
