@@ -1158,8 +1158,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_content)
 
     if command is None or command not in sub.choices:
-        for _name, register in plugins.command_registrars(command).items():
-            register(sub)
+        for name, register in plugins.command_registrars(command).items():
+            try:
+                register(sub)
+            except Exception as exc:  # (a built-in's name, another plugin's, a bug of its
+                # own: it took --help and every other command down with it)
+                print(f"kvbroker: ignoring plugin command {name!r}: {exc}", file=sys.stderr)
     return p
 
 

@@ -441,8 +441,14 @@ class ClientConnection(FramedProtocol):
             try:
                 frames = codec.encode(msg)
             except TypeError as exc:
+                # (a module answered what cannot be packed: a set, say.
+                # Dropped, the client's RPC waited for ever; answered EPROTO
+                # in its place, as a rank does an answer it cannot send on)
                 log.error("cannot encode %s: %s", msg, exc)
-                return
+                if msg.type != MsgType.RESPONSE:
+                    return
+                frames = codec.encode(codec.error_in_place(
+                    msg, errno.EPROTO, f"the answer cannot be sent to this client: {exc}"))
             if msg.type == MsgType.EVENT:
                 msg.wire = frames
         if codec.may_exceed_link(frames):

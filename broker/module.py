@@ -200,7 +200,12 @@ class Module:
 
     # -- plumbing
     def service_names(self) -> tuple[str, ...]:
-        return self.services or (self.name,)
+        """The services the router sends this module: ``services``, and
+        always its name, whose ``<name>.stats-get`` it answers (a module
+        serving others only had stats no request could reach)."""
+        if self.name in self.services or not self.services:
+            return self.services or (self.name,)
+        return (self.name, *self.services)
 
     def _bind(self, handle: ModuleHandle) -> None:
         self.h = handle

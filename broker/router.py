@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import errno
 import logging
-from collections import Counter, defaultdict
+from collections import Counter, defaultdict, deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -224,6 +224,8 @@ class Router:
         (``access.max-guest-subscriptions`` caps them)."""
         self._used_services: dict[str, set[tuple[str, int]]] = {}
         self.seq = 0  # rank 0: last sequence number assigned
+        self._distributing: deque[Message] | None = None
+        """Events waiting while one is being delivered (see :meth:`distribute_event`)."""
         self.seq_tracker = SeqTracker(f"rank {rank}")
         # every counter from the start, at 0: stats show those that never moved
         self.counts: Counter[str] = Counter(dict.fromkeys(COUNTERS, 0))
@@ -604,7 +606,25 @@ class Router:
         return self.seq
 
     def distribute_event(self, msg: Message) -> None:
-        """Deliver to matching local subscribers, then forward to the children."""
+        """Deliver to matching local subscribers, then forward to the children.
+
+        A module's ``on_event`` runs inside its delivery, and on rank 0 an
+        event it publishes there is sequenced at once: delivered then, it
+        reached the subscribers after that module before the event being
+        delivered (seq N+1 before N, on rank 0 only).  Such events wait
+        here until the one being delivered has reached every subscriber,
+        still within this call."""
+        if self._distributing is not None:
+            self._distributing.append(msg)
+            return
+        self._distributing = waiting = deque([msg])
+        try:
+            while waiting:
+                self._deliver_event(waiting.popleft())
+        finally:
+            self._distributing = None
+
+    def _deliver_event(self, msg: Message) -> None:
         if self.overlay is not None:
             self.overlay.broadcast_down(msg)
         private = msg.flags & MsgFlags.PRIVATE

@@ -190,3 +190,90 @@ async def test_a_modules_event_too_big_for_a_link_is_refused_before_sequencing(
             ev = await h.recv_event()
             assert (ev.topic, ev.seq) == ("test.small", small)
         assert (await stats(h1, 1))["events"]["gaps"] == 0
+
+
+RELAY = '''
+from typing import ClassVar
+
+from broker.module import Handler, Module
+
+
+class RelayModule(Module):
+    """Answers each ``ping.`` event with a ``pong.`` one, published from
+    ``on_event``; serves ``relay-svc`` (not its own name), where one
+    request is answered with what msgpack cannot pack."""
+    name: ClassVar[str] = "relay"
+    services: ClassVar[tuple[str, ...]] = ("relay-svc",)
+
+    async def start(self) -> None:
+        self.h.subscribe("ping.")
+
+    def handlers(self) -> dict[str, Handler]:
+        return {"relay-svc.unpackable": self.unpackable}
+
+    def on_event(self, msg):
+        self.h.publish_nowait("pong." + msg.topic[5:], {"for": msg.seq})
+
+    def unpackable(self, msg):
+        self.h.respond(msg, {"set": {1, 2}})
+
+
+def register(sub):  # a CLI command that takes a built-in's name
+    sub.add_parser("ping")
+'''
+
+
+@pytest.fixture
+def relay_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = install_plugin(tmp_path, "relay-plugin",
+                          "[kvbroker.modules]\nrelay = relay_mod:RelayModule\n\n"
+                          "[kvbroker.commands]\nping = relay_mod:register\n",
+                          {"relay_mod.py": RELAY})
+    monkeypatch.setenv("PYTHONPATH", path)  # inherited by the rank processes
+
+
+async def test_an_event_published_from_on_event_comes_after_the_one_delivered(
+        relay_plugin, start_instance, connect) -> None:
+    """Rank 0 sequences an event a module publishes in ``on_event`` at once,
+    while the event being delivered is half-way through its subscribers:
+    those after the module got the new one (seq N+1) first, on rank 0
+    only.  Every rank now sees seq order."""
+    inst = await start_instance(size=2, fanout=2,
+                                attrs={"broker.modules": "content,relay"})
+    async with asyncio.timeout(20):
+        handles = [await connect(inst, 0), await connect(inst, 1)]
+        for h in handles:  # (subscribed after the module: delivered after it)
+            await h.subscribe("ping.")
+            await h.subscribe("pong.")
+        for i in range(3):
+            await handles[0].publish(f"ping.{i}")
+        for rank, h in enumerate(handles):
+            seen = [(ev.topic, ev.seq) for ev in  # a pong from each rank's relay
+                    [await h.recv_event() for _ in range(9)]]
+            assert [seq for _, seq in seen] == list(range(1, 10)), (rank, seen)
+            assert seen[:2] == [("ping.0", 1), ("pong.0", 2)], (rank, seen)
+
+
+async def test_a_modules_name_is_its_service_and_unpackable_answers_are_eproto(
+        relay_plugin, start_instance, connect) -> None:
+    """A module serving others than its name kept stats no request could
+    reach; an answer msgpack cannot pack was dropped by the client's own
+    rank (through a link it was EPROTO), and the RPC waited for ever."""
+    inst = await start_instance(size=2, fanout=2,
+                                attrs={"broker.modules": "content,relay"})
+    async with asyncio.timeout(20):
+        h = await connect(inst, 1)
+        modules = (await h.rpc("module.list", {}))["modules"]
+        assert {"name": "relay", "services": ["relay", "relay-svc"]} in [
+            {k: m[k] for k in ("name", "services")} for m in modules]
+        assert await h.rpc("relay.stats-get", {}) == {}  # (its stats(): the default)
+        for nodeid in (1, 0):  # its own rank, then through the link
+            with pytest.raises(RemoteError) as info:
+                await h.rpc("relay-svc.unpackable", {}, nodeid=nodeid)
+            assert info.value.errnum == errno.EPROTO, info.value.errstr
+        assert (await h.rpc("broker.ping", {}))["rank"] == 1  # and it goes on serving
+    rc, out, err = await run_cli("--help")
+    assert rc == 0 and "kvbroker start" not in err, err
+    assert "ignoring plugin command 'ping': " in err and "conflicting subparser" in err, err
+    rc, _, err = await run_cli("nosuch")
+    assert rc == 2 and "invalid choice: 'nosuch'" in err, err
