@@ -180,7 +180,8 @@ _fork_hook = False
 
 def _after_fork_in_child() -> None:
     """In a child of ``fork()``, every open handle is the parent's: see
-    :meth:`SyncHandle._orphan`."""
+    :meth:`SyncHandle._orphan` (a handle another thread was making at the
+    fork too: that thread is not in this process to finish it)."""
     for h in list(_handles):
         h._orphan()
 
@@ -259,11 +260,16 @@ def _unhook_unraisable() -> None:
     _dropped = False  # (no handle left to raise it: as lost as before)
 
 
+class _Refused(RuntimeError):
+    """A call refused before it did anything (another call is in progress,
+    or an event loop runs in this thread): a stream it was for goes on."""
+
+
 def _refuse_in_a_loop() -> None:
     """``RuntimeError`` if an event loop runs in this thread: the facade runs
     its own loop for each call, which cannot run inside another."""
     if asyncio._get_running_loop() is not None:
-        raise RuntimeError("the blocking facade cannot be used inside a running event "
+        raise _Refused("the blocking facade cannot be used inside a running event "
                            "loop: use the async API (broker.handle.Handle) there")
 
 
@@ -401,9 +407,9 @@ class SyncHandle:
         if caller is None:
             raise RemoteError(errno.ECONNRESET, "handle closed")
         if caller == ident:
-            raise RuntimeError("a SyncHandle call was made inside another call on it "
+            raise _Refused("a SyncHandle call was made inside another call on it "
                                "(from a coroutine it runs?): use the async API there (h.aio)")
-        raise RuntimeError("this SyncHandle is in a call in another thread: a handle serves "
+        raise _Refused("this SyncHandle is in a call in another thread: a handle serves "
                            "one thread at a time (give each thread its own connect())")
 
     def _orphan(self) -> None:
@@ -420,7 +426,7 @@ class SyncHandle:
         self._closed = True
         self._caller = None
         self._waiting = None
-        loop = self._loop
+        loop = getattr(self, "_loop", None)  # (None: half made, its loop not yet)
         if isinstance(loop, asyncio.BaseEventLoop) and hasattr(loop, "_selector"):
             shared = loop._selector
             loop._selector = selectors.DefaultSelector()
@@ -699,11 +705,11 @@ class SyncStream:
     (``kvs-watch.cancel {matchtag}`` on the same rank).  :meth:`close` --
     also on leaving a ``with`` block, when it is dropped (a ``for`` loop
     over ``rpc_stream(...)`` left through ``break`` or an exception), and
-    when ``next()`` raises anything but ``TimeoutError`` or
-    ``KeyboardInterrupt`` (after those it goes on: ``next()`` may wait
-    again) -- stops the waiting on this side only (``h.aio.pending`` does
-    not grow, late answers are dropped): the service keeps streaming until
-    cancelled or the handle closes.
+    when ``next()`` raises anything but ``TimeoutError``,
+    ``KeyboardInterrupt`` or a refused call's ``RuntimeError`` (after those
+    it goes on: ``next()`` may wait again) -- stops the waiting on this
+    side only (``h.aio.pending`` does not grow, late answers are dropped):
+    the service keeps streaming until cancelled or the handle closes.
     """
 
     def __init__(self, handle: SyncHandle, stream: Stream, timeout: float | None = None) -> None:
@@ -722,7 +728,7 @@ class SyncStream:
     def __next__(self) -> Any:
         try:
             msg = self._handle.run(self._stream.next_message(), self.timeout)
-        except (TimeoutError, KeyboardInterrupt):
+        except (TimeoutError, KeyboardInterrupt, _Refused):
             raise  # (the stream goes on: next() may wait again, as SyncWatch's)
         except BaseException:
             self.close()

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_broker_support import wait_until
 
 from broker import sync
 from broker.errors import RemoteError
@@ -438,6 +439,102 @@ async def test_a_forked_child_leaves_the_parents_handle_alone(start_instance, lo
     assert out.decode().splitlines() == [
         "child: ECONNRESET True", "parent: True", "parent: interrupted"], err.decode()[-2000:]
     assert proc.returncode == 0
+
+
+_HALF_MADE_FORK_SCRIPT = """
+import os, sys, threading
+from broker import sync
+from broker.errors import RemoteError
+uri, loop = sys.argv[1], sys.argv[2]
+h = sync.connect(uri, event_loop=loop, timeout=10)
+at_loop, go, made = threading.Event(), threading.Event(), []
+
+def pause(frame, event, arg):  # the other thread, inside connect(): registered, no loop yet
+    if event == "call" and frame.f_code.co_name == "get_loop":
+        at_loop.set()
+        go.wait(30)
+
+def connect():  # (as SyncKVS.lease() does, for its keepalive)
+    sys.settrace(pause)
+    try:
+        made.append(sync.connect(uri, event_loop=loop, timeout=10))
+    finally:
+        sys.settrace(None)
+
+t = threading.Thread(target=connect)
+t.start()
+assert at_loop.wait(30)
+if os.fork() == 0:
+    try:
+        h.rpc("broker.ping", {"who": "child"})
+        print("child: answered", flush=True)
+    except RemoteError as exc:
+        print("child:", exc.errname, flush=True)
+    h.close()
+    os._exit(0)
+os.wait()
+go.set()
+t.join()
+print("parent:", h.rpc("broker.ping", {"i": 1})["i"], made[0].rpc("broker.ping", {"i": 2})["i"],
+      flush=True)
+"""
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+async def test_a_fork_while_another_thread_makes_a_handle(start_instance, loop) -> None:
+    """fork() while another thread is in connect() (SyncKVS.lease() makes
+    its keepalive's handle so): the child's hook met a handle registered
+    without its loop yet and raised AttributeError ("Exception ignored in
+    _after_fork_in_child"), which stopped it, so the handles after it in
+    the set stayed the parent's in the child (its calls read the parent's
+    answers, or waited for ever).  Every handle is closed to the child now."""
+    inst = await start_instance(size=1)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _HALF_MADE_FORK_SCRIPT, inst.uri(0), loop,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        cwd=str(Path(__file__).parent.parent))
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), 40)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert out.decode().splitlines() == ["child: ECONNRESET", "parent: 1 2"], err.decode()
+    assert "Exception ignored" not in err.decode(), err.decode()
+    assert proc.returncode == 0
+
+
+async def test_a_refused_next_leaves_the_stream_going(start_instance, connect) -> None:
+    """next() on a SyncStream while another thread is in a call on the
+    handle raises RuntimeError before anything is done, as every refused
+    call; it also ended the stream (the next next() was StopIteration, a
+    for loop stopped, and the watch's answers were lost).  It goes on now,
+    as a SyncWatch does."""
+    inst = await start_instance(size=1)
+    writer = await connect(inst, 0)
+    await writer.rpc("kvs.commit", _put("s.k", b"0"))
+    h = await asyncio.to_thread(sync.connect, inst.uri(0), timeout=10)
+    try:
+        stream = await asyncio.to_thread(h.rpc_stream, "kvs-watch.lookup", {
+            "namespace": "primary", "key": "s.k", "flags": WATCH})
+        assert (await asyncio.to_thread(next, stream))["val"]["data"] == b"0"
+        seq = (await writer.rpc("kvs.getroot", {"namespace": "primary"}))["rootseq"]
+        busy = asyncio.ensure_future(asyncio.to_thread(  # (until the next commit)
+            h.rpc, "kvs.wait-version", {"namespace": "primary", "rootseq": seq + 1}))
+
+        async def in_a_call() -> bool:
+            stats = await writer.rpc("kvs.stats-get", {})
+            return bool(stats["namespaces"]["primary"]["waiters"] == 1)
+
+        await wait_until(in_a_call, "the other thread's call to wait")
+        with pytest.raises(RuntimeError, match="in a call in another thread"):
+            await asyncio.to_thread(next, stream)
+        await writer.rpc("kvs.commit", _put("s.k", b"1"))
+        await asyncio.wait_for(busy, 20)
+        answer = await asyncio.wait_for(asyncio.to_thread(next, stream, None), 20)
+        assert answer is not None and answer["val"]["data"] == b"1"  # (None: it ended)
+    finally:
+        await asyncio.to_thread(h.close)
 
 
 async def test_the_async_handles_helpers_block_too(start_instance) -> None:
