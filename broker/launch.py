@@ -38,6 +38,9 @@ from broker.command import STOP_CAP, STOP_TIMEOUT
 from broker.topology import children_of, parent_of
 
 START_TIMEOUT = 60.0
+PARENT_EXIT_WAIT = 5.0
+"""How long a rank that stopped because of its parent waits for a rank
+above it to exit, to be reported in its place (:meth:`Instance._went_with_its_parent`)."""
 SPAWN_ENV = "KVBROKER_SPAWN"
 """``fork`` or ``exec``: how :class:`Instance` starts ranks when not told
 (see :attr:`Instance.spawn`)."""
@@ -307,6 +310,9 @@ class Instance:
         self._stop_timeout = STOP_TIMEOUT
         self._stop_cap = 0.0
         self._shutdown_said: list[asyncio.Future[None]] = []
+        self._parent_gone_said: list[asyncio.Future[None]] = []
+        self._stdout_read: list[asyncio.Future[None]] = []
+        self._exited: list[asyncio.Future[None]] = []
         self._watch_w: int | None = None
         self._waiters: list[asyncio.Task[None]] = []
         self._stopping = False
@@ -361,6 +367,9 @@ class Instance:
         self.failed = loop.create_future()
         self.ended = loop.create_future()
         self._shutdown_said = [loop.create_future() for _ in range(self.size)]
+        self._parent_gone_said = [loop.create_future() for _ in range(self.size)]
+        self._stdout_read = [loop.create_future() for _ in range(self.size)]
+        self._exited = [loop.create_future() for _ in range(self.size)]
         self.rundir = make_rundir()
         try:
             await self._spawn_ranks()
@@ -541,16 +550,23 @@ class Instance:
 
     async def _read_stdout(self, rank: int, proc: RankProcess) -> None:
         """A rank prints ``shutdown`` (after ``ready``) when a client shut it
-        down, before it tells any rank below it to stop; and ``stopping
-        <bytes>`` while it stops with bytes left to write."""
+        down, before it tells any rank below it to stop; ``parent-gone``
+        when it stops because of its parent; and ``stopping <bytes>`` while
+        it stops with bytes left to write."""
         assert proc.stdout is not None
         said = self._shutdown_said[rank]
-        while line := await proc.stdout.readline():
-            word, _, arg = line.strip().partition(b" ")
-            if word == b"shutdown" and not said.done():
-                said.set_result(None)
-            elif word == b"stopping" and arg.isdigit():
-                self._progress(rank, int(arg))
+        try:
+            while line := await proc.stdout.readline():
+                word, _, arg = line.strip().partition(b" ")
+                if word == b"shutdown" and not said.done():
+                    said.set_result(None)
+                elif word == b"parent-gone" and not self._parent_gone_said[rank].done():
+                    self._parent_gone_said[rank].set_result(None)
+                elif word == b"stopping" and arg.isdigit():
+                    self._progress(rank, int(arg))
+        finally:
+            if not self._stdout_read[rank].done():
+                self._stdout_read[rank].set_result(None)
 
     def _progress(self, rank: int, left: int) -> None:
         """Rank ``rank`` still has ``left`` bytes to write: fewer than it
@@ -565,7 +581,10 @@ class Instance:
 
     async def _watch(self, rank: int, proc: RankProcess) -> None:
         code = await proc.wait()
+        self._exited[rank].set_result(None)
         shut_down = await self._shut_down_above(rank) if code == 0 else None
+        if shut_down is None and await self._went_with_its_parent(rank):
+            return  # (the rank above that went reports it)
         if self._stopping or self.ended is None or self.ended.done():
             return
         if shut_down is not None:
@@ -592,6 +611,32 @@ class Instance:
             await asyncio.wait(said, timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
         done = [r for r, f in zip(chain, said, strict=True) if f.done()]
         return min(done) if done else None
+
+    async def _went_with_its_parent(self, rank: int) -> bool:
+        """Whether ``rank``, which exited unasked, stopped because of its
+        parent (it said ``parent-gone``) and a rank above it has exited,
+        or does within :data:`PARENT_EXIT_WAIT` seconds.  That rank's own
+        exit is then the news: ``rank 3 exited unexpectedly`` named a child
+        of the rank that was killed, which stops at once when its link
+        goes, while its parent stops its modules and says goodbye first.
+
+        Its stdout is read to its end first (it has exited: that is at
+        once), so a rank that said nothing is reported without a wait."""
+        said = self._parent_gone_said[rank]
+        if not said.done():
+            await asyncio.wait([said, self._stdout_read[rank]], timeout=1.0,
+                               return_when=asyncio.FIRST_COMPLETED)
+        if not said.done():
+            return False
+        above = []
+        parent = parent_of(rank, self.fanout)
+        while parent is not None:
+            above.append(self._exited[parent])
+            parent = parent_of(parent, self.fanout)
+        if not any(f.done() for f in above):
+            await asyncio.wait(above, timeout=PARENT_EXIT_WAIT,
+                               return_when=asyncio.FIRST_COMPLETED)
+        return any(f.done() for f in above)
 
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs]

@@ -610,6 +610,12 @@ class Overlay:
         self._open_up()
         self._say_hello()
 
+    @property
+    def parent_gone(self) -> bool:
+        """This rank stops because of its parent: it was lost, told this
+        rank to stop, or refused its hello."""
+        return self._parent_gone
+
     def shutdown_children(self, failed: bool = False) -> None:
         """Tell every child to stop (it tells its own): sent once, before
         :meth:`close`, which lets it leave.  ``failed``: this rank stops

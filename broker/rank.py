@@ -212,6 +212,11 @@ async def serve(args: argparse.Namespace) -> int:
             # Before any rank below is told: a launcher that reads this then
             # knows the ranks exiting next were shut down, not lost.
             print("shutdown", flush=True)
+        elif b.overlay is not None and b.overlay.parent_gone and not args.initial_program:
+            # A launcher then blames the rank above that went, not this one
+            # (which often exits first: it stops at once, its parent only
+            # after its own modules and its goodbye).
+            print("parent-gone", flush=True)
     finally:
         running.cancel()
         # A launcher's rank says how much it still has to write while it

@@ -165,6 +165,18 @@ async def test_clean_shutdown_leaves_nothing(start_instance, connect) -> None:
         assert info.value.errnum == errno.ECONNRESET
 
 
+async def test_an_interior_rank_that_exits_is_the_one_named(start_instance) -> None:
+    """Rank 1 sent SIGTERM: its children 3 and 4 stop at once (it tells
+    them to), while it stops its modules and says goodbye first, so their
+    exits came first and ``failed`` named one of them (``rank 3 exited
+    unexpectedly, with status 0``, every time).  A rank that stops because
+    of its parent says so, and the rank above that exited is named."""
+    inst = await start_instance(size=7, fanout=2)
+    assert inst.failed is not None
+    os.kill(inst.pids()[1], signal.SIGTERM)
+    assert await asyncio.wait_for(asyncio.shield(inst.failed), 30) == (1, 0)
+
+
 async def test_a_killed_rank_resolves_failed(start_instance, connect) -> None:
     inst = await start_instance(size=4, fanout=2)
     async with asyncio.timeout(30):
