@@ -169,6 +169,13 @@ def _signal(proc: RankProcess, sig: int) -> None:
             os.kill(proc.pid, sig)
 
 
+def _kill_spawner(spawner: asyncio.subprocess.Process, ranks: Sequence[ForkedRank]) -> None:
+    """SIGKILL a start's spawner and the ranks it reported forked."""
+    for pid in (spawner.pid, *(r.pid for r in ranks)):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
 async def _exited(pid: int, patience: float = 10.0) -> None:
     """Until process ``pid``, not this one's child, has exited (a pidfd
     becomes readable then, zombie or not), or ``patience`` seconds where
@@ -372,8 +379,8 @@ class Instance:
         self._exited = [loop.create_future() for _ in range(self.size)]
         self.rundir = make_rundir()
         try:
-            await self._spawn_ranks()
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout(timeout):  # (the spawning too: a hung spawner)
+                await self._spawn_ranks()
                 await asyncio.gather(*(self._await_ready(r, p) for r, p in enumerate(self.procs)))
         except BaseException as exc:
             # (cancelled too, even while spawning: the ranks started so far
@@ -457,7 +464,17 @@ class Instance:
                           env: dict[str, str], stderr: Any) -> None:
         """Start every rank from one spawner (:mod:`broker.spawner`), which
         imports them once and forks each."""
-        await self._keep_started(self._spawner(argvs, preload, watch_r, env, stderr))
+        starting = asyncio.ensure_future(self._spawner(argvs, preload, watch_r, env, stderr))
+        try:
+            spawner, readers = await asyncio.shield(starting)
+        except asyncio.CancelledError:
+            while not starting.done():  # (as _keep_started: the process may exist)
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.wait({starting})
+            if not starting.cancelled() and starting.exception() is None:
+                _kill_spawner(starting.result()[0], [])
+            raise
+        self.procs.extend(await self._forked(spawner, readers))
 
     async def _keep_started(self, starting: Awaitable[Sequence[RankProcess]]) -> None:
         """Add the processes ``starting`` starts to :attr:`procs` -- also
@@ -476,7 +493,10 @@ class Instance:
             raise
 
     async def _spawner(self, argvs: list[list[str]], preload: list[str], watch_r: int,
-                       env: dict[str, str], stderr: Any) -> list[ForkedRank]:
+                       env: dict[str, str], stderr: Any,
+                       ) -> tuple[asyncio.subprocess.Process, list[asyncio.StreamReader]]:
+        """Start the spawner and give it the ranks to fork; its process and
+        the readers of the ranks' standard outputs."""
         loop = asyncio.get_running_loop()
         pipes = [os.pipe() for _ in argvs]
         try:
@@ -503,15 +523,32 @@ class Instance:
         assert spawner.stdin is not None and spawner.stdout is not None
         spawner.stdin.write(json.dumps(spec).encode())
         spawner.stdin.close()
+        return spawner, readers
+
+    async def _forked(self, spawner: asyncio.subprocess.Process,
+                      readers: list[asyncio.StreamReader]) -> list[ForkedRank]:
+        """The ranks as the spawner reports them forked.  Cancelled (a
+        start's timeout, a Ctrl-C), the spawner and the ranks it reported
+        are killed: a spawner that hangs (a module whose import blocks,
+        one stopped) held the start, its timeout and its signals for as
+        long as it hung; a rank not reported yet exits when the launcher's
+        watch pipe closes."""
+        loop = asyncio.get_running_loop()
+        assert spawner.stdout is not None
         ranks: list[ForkedRank] = []
-        while len(ranks) < len(argvs):
-            line = await spawner.stdout.readline()
-            word, _, rest = line.decode().partition(" ")
-            if word != "pid":
-                await spawner.wait()
-                raise StartError(f"the rank spawner exited {exit_status(spawner.returncode or 0)} "
-                                 f"having started {len(ranks)} of {len(argvs)} ranks")
-            ranks.append(ForkedRank(int(rest.split()[1]), readers[len(ranks)]))
+        try:
+            while len(ranks) < len(readers):
+                line = await spawner.stdout.readline()
+                word, _, rest = line.decode().partition(" ")
+                if word != "pid":
+                    await spawner.wait()
+                    raise StartError(f"the rank spawner exited "
+                                     f"{exit_status(spawner.returncode or 0)} having started "
+                                     f"{len(ranks)} of {len(readers)} ranks")
+                ranks.append(ForkedRank(int(rest.split()[1]), readers[len(ranks)]))
+        except asyncio.CancelledError:
+            _kill_spawner(spawner, ranks)
+            raise
         # (not among the _waiters, which a stop cancels: the ranks it
         # signalled are still to be reaped)
         self._reapers = [t for t in self._reapers if not t.done()]

@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sys
 
 import pytest
 from test_broker_lifecycle import processes_of
+from test_broker_support import install_plugin
 
 from broker.handle import Handle
 from broker.launch import Instance
@@ -92,3 +94,60 @@ def test_another_interpreter_is_exec_and_a_bad_spawn_is_refused() -> None:
     assert Instance(1, python="/usr/bin/python3-other").spawn == "exec"
     with pytest.raises(ValueError, match="spawn must be auto, fork or exec"):
         Instance(1, spawn="thread")
+
+
+HANGING_IMPORT = """
+import sys, time
+from typing import ClassVar
+
+from broker.module import Module
+
+if sys.argv[0].endswith("spawner.py"):  # (the launcher imports it too, to check it)
+    time.sleep(30)  # (a start not bounded by its timeout ends after it)
+
+
+class Hang(Module):
+    name: ClassVar[str] = "hang"
+"""
+
+
+_START_SCRIPT = """
+import asyncio, subprocess, time
+from broker.launch import Instance, StartError
+
+async def main():
+    inst = Instance(2, attrs={"broker.modules": "content,hang"})
+    t = time.monotonic()
+    try:
+        await inst.start(timeout=2)
+        print("started")
+    except StartError as exc:
+        print(exc, "in", round(time.monotonic() - t) < 30)
+    left = subprocess.run(["pgrep", "-f", inst.rundir], capture_output=True, text=True)
+    print("left:", left.stdout.split())
+
+asyncio.run(main())
+"""
+
+
+async def test_a_spawner_that_hangs_is_bounded_by_the_starts_timeout(
+        tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A module whose import blocks in the spawner (or a spawner stopped)
+    held ``start()`` for as long as it hung: its timeout bounded only the
+    wait for the ranks' ``ready``, and a Ctrl-C waited too.  The start now
+    fails at its timeout, and the spawner is killed.  (In a process of its
+    own, whose launcher sees the plugin, and so has the spawner preload it.)"""
+    monkeypatch.setenv("PYTHONPATH", install_plugin(
+        tmp_path, "hang-plugin", "[kvbroker.modules]\nhang = hangmod:Hang\n",
+        {"hangmod.py": HANGING_IMPORT}))
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _START_SCRIPT, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE)
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert out.decode().splitlines() == ["instance of size 2 did not start in 2s in True",
+                                         "left: []"], err.decode()[-2000:]
