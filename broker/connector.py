@@ -32,6 +32,7 @@ import contextlib
 import errno
 import logging
 import os
+import resource
 import socket
 import struct
 from typing import TYPE_CHECKING
@@ -73,6 +74,26 @@ COUNTERS = ("garbage", "malformed", "oversized", "slow-consumers", "accept-faile
 ACCEPT_RETRY = 0.1
 """Seconds before accepting again when the rank is out of descriptors."""
 OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+
+FD_RESERVE = 64
+"""Descriptors clients may not take (a quarter of the limit, if that is
+fewer), left to the overlay and the store: a rank whose clients took them
+all was aborted by libzmq at the next connection to its ipc:// overlay
+socket (its listener asserts on EMFILE), spun a core on a tcp:// one, and
+on the stock loop logged a growing storm of tracebacks on a unix one."""
+
+
+def _fd_ceiling() -> int | None:
+    """The lowest descriptor number a new client may not have (None: no
+    limit): descriptors are given lowest first, so a spare one numbered
+    this high means fewer than the reserve are left."""
+    try:
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ValueError, OSError):
+        return None
+    if soft == resource.RLIM_INFINITY:
+        return None
+    return soft - min(FD_RESERVE, soft // 4)
 """``accept`` errors that mean the rank is short of descriptors or memory."""
 CLOSING_TOPIC = "broker.closing"
 """Topic of the response (matchtag 0) a rank sends before it closes a client's
@@ -580,6 +601,13 @@ class Connector:
         loop = asyncio.get_running_loop()
         while True:
             try:
+                ceiling = _fd_ceiling()  # (as the limit is now: prlimit may change it)
+                if ceiling is not None:  # (keep FD_RESERVE for the overlay and the store)
+                    spare = os.dup(sock.fileno())
+                    os.close(spare)
+                    if spare >= ceiling:
+                        raise OSError(errno.EMFILE, "too many open files (the last few "
+                                      "are kept for the overlay and the store)")
                 conn, _ = await loop.sock_accept(sock)
             except OSError as exc:
                 if exc.errno not in OUT_OF_RESOURCES:  # (a client gone already)

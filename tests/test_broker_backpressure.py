@@ -177,6 +177,43 @@ async def test_out_of_descriptors_the_rank_waits_and_then_accepts(start_instance
     assert "out of system resource" not in log and "Traceback" not in log
 
 
+async def test_clients_leave_descriptors_for_the_overlay(start_instance, connect) -> None:
+    """Clients may not take a rank's last descriptors.  They took them all,
+    and the next connection to rank 0's ipc:// overlay socket (a child rank
+    starting again, any process of the owner) aborted it: libzmq's listener
+    asserts on EMFILE, and the whole instance went."""
+    inst = await start_instance(size=2, attrs={"tbon.transport": "ipc"})
+    h = await connect(inst, 0)
+    pid = inst.pids()[0]
+    _, hard = resource.prlimit(pid, resource.RLIMIT_NOFILE)
+    resource.prlimit(pid, resource.RLIMIT_NOFILE,
+                     (len(os.listdir(f"/proc/{pid}/fd")) + 40, hard))
+    socks = []
+    try:
+        for _ in range(60):  # more than it may take: the rest wait in the listen queue
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(parse_uri(inst.uri(0)))
+            socks.append(s)
+
+        async def refused() -> bool:
+            st = await h.rpc("broker.stats-get", {})
+            return st["connector"]["accept-failed"] >= 1
+
+        await wait_until(refused, "the rank to keep its last descriptors", 20)
+        assert inst.rundir is not None
+        for _ in range(3):  # each one a new accept by ZeroMQ's listener
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as overlay:
+                overlay.connect(os.path.join(inst.rundir, "tbon-0"))
+                assert (await asyncio.wait_for(h.ping(1), 10))["rank"] == 1
+    finally:
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, (hard, hard))
+        for s in socks:
+            s.close()
+    assert inst.failed is not None and not inst.failed.done()
+    async with await Handle.connect(inst.uri(0)) as late:  # accepted again
+        assert (await asyncio.wait_for(late.ping(1), 10))["rank"] == 1
+
+
 @pytest.mark.both_loops
 async def test_a_burst_from_one_client_does_not_hold_up_the_others(start_instance,
                                                                    connect) -> None:
