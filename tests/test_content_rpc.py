@@ -421,6 +421,10 @@ async def test_a_blob_bigger_than_the_cache_is_read_back_at_once(
         data = b"y" * (100 << 10)
         ref = await store(h, data)
         assert await load(h, ref) == data
+        # and none stays over the limit once written: the newest one did,
+        # however big (a follower held a 300 MB blob against 64 MiB)
+        await h.rpc("content.flush", {})
+        assert (await stats(h, "content"))["cache-bytes"] <= 64 << 10
 
 
 async def test_stats_of_a_store_with_a_damaged_page_say_so_instead_of_failing(

@@ -645,9 +645,10 @@ class ContentModule(Module):
         """Evict the least recently used blobs down to ``content.cache-bytes``,
         stopping at one rank 0 has not written back yet -- until its write
         is done, which trims again (the cache stayed over its limit while
-        idle, by 20-40 MB with a 1 MiB limit)."""
+        idle, by 20-40 MB with a 1 MiB limit).  The newest blob too: one
+        bigger than the limit stayed, a 300 MB one on a follower for good."""
         cache = self.cache
-        while self.cache_bytes > self.cache_limit and len(cache) > 1:
+        while self.cache_bytes > self.cache_limit and cache:
             old, blob = next(iter(cache.items()))
             if old in self.dirty or old in self.inflight:
                 break  # never evict what rank 0 has not written back yet
