@@ -139,6 +139,8 @@ def test_a_failed_dump_to_a_stream_reads_as_cut_short() -> None:
     ([("file", "a/b", b"2"), ("file", "a", b"1")], "a is a dir and a value"),
     ([("dir", "a", b""), ("file", "a", b"1")], "a is a dir and a value"),
     ([("link", "l", "a"), ("file", "l/b", b"1")], "l is a symlink and a directory above"),
+    ([("dir", "x", b""), ("file", "x/a", b"1"), ("file", "x/a/b/c", b"2")],
+     "x.a is a value and a directory above x.a.b.c"),
 ])
 def test_a_path_both_a_value_and_a_directory_is_refused(entries, message) -> None:
     with pytest.raises(ArchiveError, match=message):
