@@ -13,7 +13,9 @@ import asyncio
 import contextlib
 import errno
 import os
+import select
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -217,6 +219,7 @@ async def _exec_run(command: list[str], uris: dict[int, str], label_io: bool,
     for sig in STOP_SIGNALS:  # (run once spawning is over: it does not yield)
         loop.add_signal_handler(sig, on_signal, sig)
     pumps: dict[int, list[asyncio.Task[None]]] = {}
+    outputs: tuple[_Output, _Output] | None = None
     broadcast: _StdinBroadcast | None = None
     try:
         for rank, uri in uris.items():
@@ -234,9 +237,11 @@ async def _exec_run(command: list[str], uris: dict[int, str], label_io: bool,
                 continue
             cmds[rank] = cmd
             if cmd.proc.stdout is not None and cmd.proc.stderr is not None:  # label_io
+                if outputs is None:
+                    outputs = _Output(sys.stdout), _Output(sys.stderr)
                 pumps[rank] = [
-                    asyncio.ensure_future(_label_lines(rank, cmd.proc.stdout, sys.stdout)),
-                    asyncio.ensure_future(_label_lines(rank, cmd.proc.stderr, sys.stderr))]
+                    asyncio.ensure_future(_label_lines(rank, cmd.proc.stdout, outputs[0])),
+                    asyncio.ensure_future(_label_lines(rank, cmd.proc.stderr, outputs[1]))]
         every_pump = [task for tasks in pumps.values() for task in tasks]
         if not noinput:
             broadcast = _StdinBroadcast({rank: cmd.proc.stdin for rank, cmd in cmds.items()
@@ -302,7 +307,61 @@ def _report_exec_statuses(returncodes: dict[int, int]) -> None:
         print_err(f"exec: {which}: {name}")
 
 
-async def _label_lines(rank: int, pipe: Any, out: Any) -> None:
+class _Output:
+    """Our stdout or stderr, as the labelled lines of every command go to
+    it: a batch of lines at a time (never two commands' mixed in a line),
+    and without blocking the loop where it can wait instead.  Written
+    whole with a blocking write, a pipe nobody read (a paused pager, a
+    stuck consumer) held the loop, so ``-t`` never fired and the signals
+    to pass on were never passed: only SIGKILL ended exec.  A pipe, socket
+    or terminal is written PIPE_BUF bytes at a time, each once it is
+    writable (which a write that size then never blocks on, for a pipe),
+    leaving the descriptor's flags alone (it is shared with the shell); a
+    file is written as before (it cannot be waited on, nor block long)."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.lock = asyncio.Lock()
+        try:
+            self.fd: int | None = stream.fileno()
+            mode = os.fstat(self.fd).st_mode
+            if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISCHR(mode)):
+                self.fd = None
+        except (OSError, ValueError, AttributeError):
+            self.fd = None
+
+    async def write(self, data: bytes) -> None:
+        async with self.lock:
+            if self.fd is None:
+                self.stream.buffer.write(data)
+                self.stream.buffer.flush()
+                return
+            self.stream.flush()  # (what print() left there goes first)
+            view = memoryview(data)
+            while view:
+                await self._writable()
+                view = view[os.write(self.fd, view[:select.PIPE_BUF]):]
+
+    async def _writable(self) -> None:
+        assert self.fd is not None
+        loop = asyncio.get_running_loop()
+        ready: asyncio.Future[None] = loop.create_future()
+
+        def writable() -> None:
+            if not ready.done():
+                ready.set_result(None)
+
+        try:
+            loop.add_writer(self.fd, writable)
+        except (OSError, ValueError, NotImplementedError):
+            return  # (not pollable after all, e.g. /dev/null: written at once)
+        try:
+            await ready
+        finally:
+            loop.remove_writer(self.fd)
+
+
+async def _label_lines(rank: int, pipe: Any, out: _Output) -> None:
     """Copy a command's output to ``out`` (our stdout or stderr) a line at a
     time, each as ``RANK: line`` (``flux exec --label-io``); a last line
     without a newline gets one, so the next label starts a line.  A line
@@ -326,11 +385,9 @@ async def _label_lines(rank: int, pipe: Any, out: Any) -> None:
             else:
                 lines = (bytes(rest) + chunk[:end]).split(b"\n")
                 rest = bytearray(chunk[end + 1:])
-            out.buffer.write(b"".join(label + line + b"\n" for line in lines))
-            out.buffer.flush()
+            await out.write(b"".join(label + line + b"\n" for line in lines))
         if rest:
-            out.buffer.write(label + rest + b"\n")
-            out.buffer.flush()
+            await out.write(label + rest + b"\n")
     finally:
         transport.close()
 

@@ -289,6 +289,32 @@ async def test_exec_timeout_stops_the_commands(start_instance) -> None:
             os.kill(pid, 0)
 
 
+async def test_exec_label_io_keeps_its_bound_while_nobody_reads(start_instance) -> None:
+    """``exec -l`` whose stdout is a pipe nobody reads (a paused pager, a
+    stuck consumer): a labelled line was written with a blocking write in
+    the event loop, which then held it, so ``-t`` never fired and SIGTERM
+    was never passed on (only SIGKILL ended exec).  The bound holds now,
+    and every command is stopped."""
+    inst = await start_instance(size=2)
+    r, w = os.pipe()  # (read by no one: full at once)
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            KVBROKER, "exec", "-r", "all", "-l", "-t", "2", "--", "yes",
+            env=dict(os.environ, KVBROKER_URI=inst.uri(0)), stdin=asyncio.subprocess.DEVNULL,
+            stdout=w, stderr=asyncio.subprocess.PIPE)
+        os.close(w)
+        try:
+            _, err = await asyncio.wait_for(proc.communicate(), 30)
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+    finally:
+        os.close(r)
+    assert proc.returncode == 124, err
+    assert b"ranks 0-1 still running after 2s: stopped" in err, err
+
+
 async def test_exec_timeout_names_a_rank_that_does_not_answer(start_instance,
                                                               tmp_path: Path) -> None:
     """A stopped rank in the set: ``-t`` gives up on its look-up, naming it,
