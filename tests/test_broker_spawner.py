@@ -6,11 +6,10 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import sys
 
 import pytest
 from test_broker_lifecycle import processes_of
-from test_broker_support import install_plugin
+from test_broker_support import install_plugin, run_python
 
 from broker.handle import Handle
 from broker.launch import Instance
@@ -140,14 +139,6 @@ async def test_a_spawner_that_hangs_is_bounded_by_the_starts_timeout(
     monkeypatch.setenv("PYTHONPATH", install_plugin(
         tmp_path, "hang-plugin", "[kvbroker.modules]\nhang = hangmod:Hang\n",
         {"hangmod.py": HANGING_IMPORT}))
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", _START_SCRIPT, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE)
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), 60)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    assert out.decode().splitlines() == ["instance of size 2 did not start in 2s in True",
-                                         "left: []"], err.decode()[-2000:]
+    _, out, err = await run_python(_START_SCRIPT, timeout=60)
+    assert out.splitlines() == ["instance of size 2 did not start in 2s in True",
+                                "left: []"], err[-2000:]

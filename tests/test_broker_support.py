@@ -474,6 +474,23 @@ async def run_guest(
 # ---------------------------------------------------------------- the CLI
 
 
+async def run_python(script: str, *args: str, timeout: float = 40.0) -> tuple[int, str, str]:
+    """Run ``python -c SCRIPT ARGS`` from the repository's top (a script
+    that needs a process of its own: a fork, a launcher of its own); return
+    (exit status, stdout, stderr).  Killed if it outlasts ``timeout``."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", script, *args, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, cwd=str(Path(__file__).parent.parent))
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), timeout)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
 async def run_cli(
     *args: str,
     uri: str | None = None,

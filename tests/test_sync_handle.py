@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_broker_support import wait_until
+from test_broker_support import run_python, wait_until
 
 from broker import sync
 from broker.errors import RemoteError
@@ -426,19 +426,10 @@ async def test_a_forked_child_leaves_the_parents_handle_alone(start_instance, lo
     (the parent's next call timed out, its Ctrl-C waited for ever).  The
     handle is closed to the child now: ECONNRESET, saying why."""
     inst = await start_instance(size=1)
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", _FORK_SCRIPT, inst.uri(0), loop,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        cwd=str(Path(__file__).parent.parent))
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), 40)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    assert out.decode().splitlines() == [
-        "child: ECONNRESET True", "parent: True", "parent: interrupted"], err.decode()[-2000:]
-    assert proc.returncode == 0
+    rc, out, err = await run_python(_FORK_SCRIPT, inst.uri(0), loop)
+    assert out.splitlines() == [
+        "child: ECONNRESET True", "parent: True", "parent: interrupted"], err[-2000:]
+    assert rc == 0
 
 
 _HALF_MADE_FORK_SCRIPT = """
@@ -489,19 +480,10 @@ async def test_a_fork_while_another_thread_makes_a_handle(start_instance, loop) 
     the set stayed the parent's in the child (its calls read the parent's
     answers, or waited for ever).  Every handle is closed to the child now."""
     inst = await start_instance(size=1)
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", _HALF_MADE_FORK_SCRIPT, inst.uri(0), loop,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        cwd=str(Path(__file__).parent.parent))
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), 40)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    assert out.decode().splitlines() == ["child: ECONNRESET", "parent: 1 2"], err.decode()
-    assert "Exception ignored" not in err.decode(), err.decode()
-    assert proc.returncode == 0
+    rc, out, err = await run_python(_HALF_MADE_FORK_SCRIPT, inst.uri(0), loop)
+    assert out.splitlines() == ["child: ECONNRESET", "parent: 1 2"], err
+    assert "Exception ignored" not in err, err
+    assert rc == 0
 
 
 async def test_a_refused_next_leaves_the_stream_going(start_instance, connect) -> None:
