@@ -74,27 +74,13 @@ COUNTERS = ("garbage", "malformed", "oversized", "slow-consumers", "accept-faile
 ACCEPT_RETRY = 0.1
 """Seconds before accepting again when the rank is out of descriptors."""
 OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
-
+"""``accept`` errors that mean the rank is short of descriptors or memory."""
 FD_RESERVE = 64
 """Descriptors clients may not take (a quarter of the limit, if that is
 fewer), left to the overlay and the store: a rank whose clients took them
 all was aborted by libzmq at the next connection to its ipc:// overlay
 socket (its listener asserts on EMFILE), spun a core on a tcp:// one, and
 on the stock loop logged a growing storm of tracebacks on a unix one."""
-
-
-def _fd_ceiling() -> int | None:
-    """The lowest descriptor number a new client may not have (None: no
-    limit): descriptors are given lowest first, so a spare one numbered
-    this high means fewer than the reserve are left."""
-    try:
-        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    except (ValueError, OSError):
-        return None
-    if soft == resource.RLIM_INFINITY:
-        return None
-    return soft - min(FD_RESERVE, soft // 4)
-"""``accept`` errors that mean the rank is short of descriptors or memory."""
 CLOSING_TOPIC = "broker.closing"
 """Topic of the response (matchtag 0) a rank sends before it closes a client's
 connection on purpose: its errnum and errstr say why (docs/protocol.md)."""
@@ -528,6 +514,19 @@ class ClientConnection(FramedProtocol):
             self._note_output(self.guest)
         if self.writer is not None:
             self._resume_reading()
+
+
+def _fd_ceiling() -> int | None:
+    """The lowest descriptor number a new client may not have (None: no
+    limit): descriptors are given lowest first, so a spare one numbered
+    this high means fewer than the reserve are left."""
+    try:
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ValueError, OSError):
+        return None
+    if soft == resource.RLIM_INFINITY:
+        return None
+    return soft - min(FD_RESERVE, soft // 4)
 
 
 class Connector:

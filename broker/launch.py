@@ -620,7 +620,7 @@ class Instance:
         code = await proc.wait()
         self._exited[rank].set_result(None)
         shut_down = await self._shut_down_above(rank) if code == 0 else None
-        if shut_down is None and await self._went_with_its_parent(rank):
+        if shut_down is None and not self._stopping and await self._went_with_its_parent(rank):
             return  # (the rank above that went reports it)
         if self._stopping or self.ended is None or self.ended.done():
             return
