@@ -169,11 +169,18 @@ def _signal(proc: RankProcess, sig: int) -> None:
             os.kill(proc.pid, sig)
 
 
-def _kill_spawner(spawner: asyncio.subprocess.Process, ranks: Sequence[ForkedRank]) -> None:
-    """SIGKILL a start's spawner and the ranks it reported forked."""
+async def _kill_spawner(spawner: asyncio.subprocess.Process,
+                        ranks: Sequence[ForkedRank]) -> None:
+    """SIGKILL a start's spawner and the ranks it reported forked, and reap
+    the spawner, through further cancels (left running, its transport was
+    collected with a ResourceWarning)."""
     for pid in (spawner.pid, *(r.pid for r in ranks)):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+    reaped = asyncio.ensure_future(spawner.wait())
+    while not reaped.done():
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait({reaped})
 
 
 async def _exited(pid: int, patience: float = 10.0) -> None:
@@ -472,7 +479,7 @@ class Instance:
                 with contextlib.suppress(asyncio.CancelledError):
                     await asyncio.wait({starting})
             if not starting.cancelled() and starting.exception() is None:
-                _kill_spawner(starting.result()[0], [])
+                await _kill_spawner(starting.result()[0], [])
             raise
         self.procs.extend(await self._forked(spawner, readers))
 
@@ -547,7 +554,7 @@ class Instance:
                                      f"{len(ranks)} of {len(readers)} ranks")
                 ranks.append(ForkedRank(int(rest.split()[1]), readers[len(ranks)]))
         except asyncio.CancelledError:
-            _kill_spawner(spawner, ranks)
+            await _kill_spawner(spawner, ranks)
             raise
         # (not among the _waiters, which a stop cancels: the ranks it
         # signalled are still to be reaped)
