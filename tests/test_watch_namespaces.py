@@ -34,6 +34,7 @@ from test_watch_helpers import (
 
 from broker.errors import RemoteError
 from broker.handle import Stream
+from kvs_watch.monitor import READY
 
 
 async def values_to_the_end(s: Stream) -> tuple[list[bytes], int]:
@@ -142,10 +143,18 @@ async def test_waitcreate_namespace_created_later_then_removed(start_instance, c
     assert (p["val"]["data"], p["namespace"]) == (b"0", ns)
     await ns_remove(h0, ns)
     assert await end_errnum(s) == errno.ENOTSUP
-    # a WAITCREATE watcher still waiting for its namespace also gets ENOTSUP on removal
+    # a WAITCREATE watcher still waiting for its key also gets ENOTSUP on
+    # removal, once it has started at a root of the namespace (a removal
+    # before that leaves it waiting for the next namespace of the name, as
+    # if the watch had come after: kvs_watch/module.py, _removed)
     await ns_create(h0, "ns_remove")
     s2 = watch_stream(h2, "test.k", WATCH | WAITCREATE, ns="ns_remove")
     await wait_watchers(h0, 1, nodeid=2, ns="ns_remove")
+
+    async def started() -> bool:
+        return bool((await stats(h0, 2))["namespaces"]["ns_remove"]["state"] == READY)
+
+    await wait_until(started, "rank 2's monitor of ns_remove to have its root", T)
     await ns_remove(h0, "ns_remove")
     assert await end_errnum(s2) == errno.ENOTSUP
     await wait_watchers(h0, 0, nodeid=2)
