@@ -203,9 +203,9 @@ class Module:
         """The services the router sends this module: ``services``, and
         always its name, whose ``<name>.stats-get`` it answers (a module
         serving others only had stats no request could reach)."""
-        if self.name in self.services or not self.services:
-            return self.services or (self.name,)
-        return (self.name, *self.services)
+        if not self.services:
+            return (self.name,)
+        return self.services if self.name in self.services else (self.name, *self.services)
 
     def _bind(self, handle: ModuleHandle) -> None:
         self.h = handle

@@ -224,7 +224,8 @@ class Router:
         (``access.max-guest-subscriptions`` caps them)."""
         self._used_services: dict[str, set[tuple[str, int]]] = {}
         self.seq = 0  # rank 0: last sequence number assigned
-        self._distributing: deque[Message] | None = None
+        self._delivering = False
+        self._waiting_events: deque[Message] = deque()
         """Events waiting while one is being delivered (see :meth:`distribute_event`)."""
         self.seq_tracker = SeqTracker(f"rank {rank}")
         # every counter from the start, at 0: stats show those that never moved
@@ -614,15 +615,17 @@ class Router:
         delivered (seq N+1 before N, on rank 0 only).  Such events wait
         here until the one being delivered has reached every subscriber,
         still within this call."""
-        if self._distributing is not None:
-            self._distributing.append(msg)
+        waiting = self._waiting_events
+        if self._delivering:
+            waiting.append(msg)
             return
-        self._distributing = waiting = deque([msg])
+        self._delivering = True
         try:
+            self._deliver_event(msg)
             while waiting:
                 self._deliver_event(waiting.popleft())
         finally:
-            self._distributing = None
+            self._delivering = False
 
     def _deliver_event(self, msg: Message) -> None:
         if self.overlay is not None:
