@@ -332,8 +332,15 @@ async def each_rank(what: str, ranks: list[Any], call: Callable[[Any], Awaitable
     ``attr set``, ``dmesg``), their answers in rank order.  A refusal is
     raised as ``<what>: rank N: <strerror>`` naming the first rank in order
     that refused when ``named`` (default: when there are several ranks),
-    else as it came."""
-    answers = await asyncio.gather(*(call(r) for r in ranks), return_exceptions=True)
+    else as it came.  Cut off by the command's ``-t``, it leaves the ranks
+    that had not answered for the error to name (``attr set --all`` said
+    only "no answer", not which rank was stopped)."""
+    calls = [asyncio.ensure_future(call(r)) for r in ranks]
+    try:
+        answers = await asyncio.gather(*calls, return_exceptions=True)
+    except asyncio.CancelledError:  # (by ``-t``: :func:`run_async` names them)
+        _unanswered.set([r for r, c in zip(ranks, calls, strict=True) if c.cancelled()])
+        raise
     if named is None:
         named = len(ranks) > 1
     out: list[T] = []
@@ -433,11 +440,22 @@ def add_answer_timeout(parser: argparse.ArgumentParser,
                         help=help_text)
 
 
-def no_answer_detail(rank: int | None, timeout: float) -> str:
+_unanswered: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar(
+    "unanswered", default=None)
+"""The ranks :func:`each_rank` was still waiting for when ``-t`` cut it off."""
+
+
+def no_answer_detail(rank: int | list[Any] | None, timeout: float) -> str:
     """``Connection timed out (rank 3 did not answer in 0.5s)``: what a
     command given ``-t`` says when it gives up (``rank`` None: the rank
-    attached to, or whichever rank the request went to)."""
-    who = "no answer" if rank is None else f"rank {rank} did not answer"
+    attached to, or whichever rank the request went to; a list: those of
+    several asked at once that had not answered)."""
+    if isinstance(rank, list) and len(rank) > 1:
+        who = f"ranks {encode_ranks(rank)} did not answer"
+    else:
+        if isinstance(rank, list):
+            rank = rank[0] if rank else None
+        who = "no answer" if rank is None else f"rank {rank} did not answer"
     return f"{os.strerror(errno.ETIMEDOUT)} ({who} in {timeout:g}s: stopped or hung?)"
 
 
@@ -538,8 +556,8 @@ def run_async(args: argparse.Namespace, coro_fn: Callable[[], Awaitable[int | No
             if not bound.expired():
                 raise  # (not ours)
             what = getattr(args, "what", None) or args.command
-            raise CLIError(what, detail=no_answer_detail(getattr(args, "rank", None),
-                                                         limit)) from None
+            who = _unanswered.get() or getattr(args, "rank", None)
+            raise CLIError(what, detail=no_answer_detail(who, limit)) from None
 
     try:
         with asyncio.Runner(loop_factory=loop_factory(name)) as runner:

@@ -157,8 +157,8 @@ def _is_open(fd: int) -> bool:
 async def _exec_lookup(rankset: RankSet, deadline: float | None, limit: float | None,
                        exclude: RankSet | None = None, given: bool = True) -> dict[int, str]:
     """Every rank's local URI, asked of all of them at once; a rank that does
-    not answer by ``deadline`` is named (the first in order), as one rank's
-    ``exec -t`` names it.  Fails, and nothing runs, if any rank's socket is
+    not answer by ``deadline`` is named, as one rank's ``exec -t`` names
+    it (all of them when several do not).  Fails, and nothing runs, if any rank's socket is
     on another host, or if ``-x`` (``exclude``) leaves no rank of the
     instance (``-r all -x 0`` in an instance of one rank: a usage error)."""
     pending: set[int] = set()
@@ -192,8 +192,7 @@ async def _exec_lookup(rankset: RankSet, deadline: float | None, limit: float | 
         if not bound.expired():
             raise  # (not ours)
         assert limit is not None
-        raise CLIError("exec", detail=no_answer_detail(min(pending, default=None),
-                                                       limit)) from None
+        raise CLIError("exec", detail=no_answer_detail(sorted(pending), limit)) from None
 
 
 async def _exec_run(command: list[str], uris: dict[int, str], label_io: bool,

@@ -59,3 +59,25 @@ async def test_watch_keys_timeout_holds_for_a_stopped_rank_and_a_missing_namespa
         rc, out, err = await run_cli("kvs", "watch-keys", "-t", "0.5", uri=inst.uri(1),
                                      timeout=30)
     assert (rc, out, err) == (1, "", want)
+
+
+async def test_attr_set_all_names_the_ranks_that_did_not_answer(start_instance) -> None:
+    """``attr set --all -t`` with stopped ranks said only ``no answer in
+    0.5s``, leaving the operator to find which; it names them (the others
+    keep the new value), as ``exec`` on several ranks does (which named only
+    the first)."""
+    inst = await start_instance(size=4, fanout=3)
+    uri0 = inst.uri(0)
+    argv = ["attr", "set", "--all", "log.level", "info", "-t", "0.5"]
+    async with stopped(inst.pids()[2]):
+        assert await run_cli(*argv, uri=uri0, timeout=30) == (
+            1, "", no_answer("attr set", 2))
+        async with stopped(inst.pids()[3]):
+            results = await asyncio.gather(
+                run_cli(*argv, uri=uri0, timeout=30),
+                run_cli("exec", "-r", "all", "-t", "0.5", "--", "true", uri=uri0, timeout=30))
+    for what, (rc, out, err) in zip(["attr set", "exec"], results, strict=True):
+        assert (rc, out) == (1, ""), err
+        assert err == no_answer(what, None).replace("no answer", "ranks 2-3 did not answer")
+    rc, out, err = await run_cli("attr", "get", "log.level", "-r", "1", uri=uri0)
+    assert (rc, out) == (0, "info\n"), err
