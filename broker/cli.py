@@ -825,7 +825,8 @@ own (a plugin: the broker core does not read KVS roots)."""
 
 
 def resolve_alias(argv: list[str]) -> list[str]:
-    """``argv`` with an :data:`ALIASES` command's two words replaced."""
+    """``argv`` with an :data:`ALIASES` command's two words replaced (``argv``
+    itself when it names none: :func:`main` tells them apart so)."""
     words = command_words(argv)
     target = ALIASES.get(tuple(words[:2]))
     if target is None:
@@ -1191,12 +1192,15 @@ def main(argv: list[str] | None = None) -> int:
     """Parse, run the command, and turn its failure into one line on stderr
     and an exit status (docs/cli.md, Conventions) -- in this one place, so
     that every command reports alike."""
-    argv = resolve_alias(sys.argv[1:] if argv is None else argv)
+    given = sys.argv[1:] if argv is None else argv
+    argv = resolve_alias(given)
     guard_std_streams()
     parser = parser_for(argv)
     args, extra = parser.parse_known_args(argv)
     if extra:
         subcommand_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
+    if argv is not given:  # (its errors name the command as the user spelled it)
+        args.spelled = " ".join(command_words(given)[:2])
     try:
         rc = int(args.func(args) or 0)
         # Flushed here, not by the interpreter at exit, where a closed
