@@ -99,6 +99,12 @@ class Workload:
     count: int | None = None
     """The main iteration count of a standard run (what ``--n-iter``
     overrides): below it, run.py shows the targets without judging them."""
+    size: int | None = None
+    """The instance's size when the workload fixes it whatever ``--size``
+    (Wsync: one rank): what its header and records say."""
+
+    def size_in(self, settings: Settings) -> int:
+        return settings.size if self.size is None else self.size
 
     def describe_title(self, settings: Settings) -> str:
         """The title, which may depend on the settings (the rank a smaller
@@ -135,11 +141,16 @@ def loadavg() -> float:
 
 def git_commit() -> str:
     """``git rev-parse --short HEAD``, with ``+dirty`` if the measured code
-    (broker/, kvs/, kvs_watch/) differs from it."""
+    (broker/, kvs/, kvs_watch/) differs from it; ``unknown`` when this tree
+    is not a git checkout of its own (a copy inside another repository
+    recorded that one's commit)."""
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
-                              capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
+        top, head = subprocess.run(
+            ["git", "rev-parse", "--show-toplevel", "--short", "HEAD"], cwd=REPO,
+            capture_output=True, text=True, check=True).stdout.split()
+    except (OSError, ValueError, subprocess.CalledProcessError):
+        return "unknown"
+    if Path(top).resolve() != REPO:
         return "unknown"
     try:
         dirty = subprocess.run(
@@ -190,10 +201,23 @@ def proc_usage(pid: int) -> tuple[float, float, int] | None:
     return int(fields[11]) / _CLK_TCK, int(fields[12]) / _CLK_TCK, switches
 
 
+def pin_code() -> None:
+    """Put this tree first on the import path of every process the run
+    starts -- ranks, helpers, commands -- as it is the runner's own: run
+    from elsewhere, with an editable install of another tree, the ranks
+    ran that tree's code while the records named this one's commit."""
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO)] + [p for p in paths
+                                                               if p != str(REPO)])
+
+
 def child_env() -> dict[str, str]:
-    """Environment for client processes: ``benchmarks`` importable."""
+    """Environment for client processes: ``benchmarks`` importable
+    (:func:`pin_code`), and no instance of the user's own."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    if not env.get("PYTHONPATH", "").startswith(str(REPO)):
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH"))
+                                            if p)
     env.pop("KVBROKER_URI", None)
     return env
 
@@ -592,18 +616,18 @@ def fold(results: Iterable[RepResult]) -> list[Series]:
 
 
 def loop_ratios(series: list[Series]) -> list[Series]:
-    """uvloop/asyncio ratio of each figure measured on both loops (per rep pair)."""
+    """uvloop/asyncio ratio of each figure measured on both loops (per rep
+    pair).  A figure that is 0 on asyncio in some rep has no ratio at all:
+    leaving that pair out shifted the reps' columns and biased the median."""
     by_key = {(s.loop, s.variant, s.metric): s for s in series}
     out = []
     for s in series:
         if s.loop != "uvloop" or not s.better:
             continue
         other = by_key.get(("asyncio", s.variant, s.metric))
-        if other is None:
+        if other is None or not all(other.values):
             continue
-        pairs = [u / a for u, a in zip(s.values, other.values, strict=False) if a]
-        if not pairs:
-            continue
+        pairs = [u / a for u, a in zip(s.values, other.values, strict=False)]
         r = Series(s.variant, s.metric, "x", s.better, LOOP_RATIO, pairs)
         out.append(r)
     return out
@@ -617,7 +641,7 @@ def records(workload: Workload, series: list[Series], settings: Settings,
             "workload": workload.id,
             "variant": s.variant,
             "loop": s.loop,
-            "size": settings.size,
+            "size": workload.size_in(settings),
             "metric": s.metric,
             "value": s.median,
             "unit": s.unit,
@@ -638,7 +662,7 @@ def records(workload: Workload, series: list[Series], settings: Settings,
 def header(workload: Workload, settings: Settings, loop: str, commit: str, n_reps: int) -> str:
     return (
         f"\n{workload.id}  {workload.describe_title(settings)}\n"
-        f"  size={settings.size} fanout={settings.fanout} loop={loop} "
+        f"  size={workload.size_in(settings)} fanout={settings.fanout} loop={loop} "
         f"payload={workload.describe_payload(settings)} cores={cores()} load={loadavg()} "
         f"reps={n_reps}"
         f"{' quick' if settings.quick else ''} commit={commit} "

@@ -85,10 +85,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"unknown workload(s) {', '.join(unknown)}; "
                 f"choose from {', '.join(w.id for w in ALL)}")
     try:
-        args.msg_sizes = [harness.parse_size(x) for arg in args.msg_size
-                          for x in arg.split(",") if x]
-        args.loops = (["uvloop", "asyncio"] if args.event_loop == "both"
-                      else [resolve(args.event_loop)])
+        args.msg_sizes = list(dict.fromkeys(  # (a size twice was two reps of one)
+            harness.parse_size(x) for arg in args.msg_size for x in arg.split(",") if x))
+        if args.event_loop == "both":
+            args.loops = [resolve("uvloop"), resolve("asyncio")]  # (refused without uvloop)
+        else:
+            args.loops = [resolve(args.event_loop)]
     except ValueError as exc:
         p.error(str(exc))
     if args.json:
@@ -100,14 +102,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def check_json_dir(p: argparse.ArgumentParser, path: Path) -> None:
     """Refuse a --json path that cannot be written before anything runs: it
-    was found out (a traceback) after the first workload had run."""
+    was found out (a traceback) after the first workload had run.  The
+    temporary file :func:`write_records` writes is made and removed, since
+    permissions alone do not tell (root passed for ``/proc``)."""
     where = path.parent
     if path.is_dir():
         p.error(f"--json {path}: is a directory")
     if not where.is_dir():
         p.error(f"--json {path}: no directory {where}")
-    if not os.access(where, os.W_OK | os.X_OK):
-        p.error(f"--json {path}: cannot write in {where}")
+    tmp = Path(f"{path}.tmp")
+    try:
+        tmp.touch()
+        tmp.unlink()
+    except OSError as exc:
+        p.error(f"--json {path}: cannot write {tmp}: {exc.strerror}")
 
 
 def check_py_spy(p: argparse.ArgumentParser, outdir: Path) -> None:
@@ -360,6 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     harness.install_stop_handlers()
     progress = Progress()
     try:
+        harness.pin_code()
         harness.share_bytecode()
         commit = harness.git_commit()
         progress.logdir = harness.make_logdir()
@@ -383,9 +392,11 @@ def run_all(args: argparse.Namespace, settings: Settings, commit: str, logdir: P
         all_records.extend(recs)
         if not ok:
             failed.append(w.id)
-        if args.json:  # keep what we have even if a later workload hangs
-            write_records(args.json, all_records)
-        progress.finished.append(w.id)
+        if args.json and not save(args.json, all_records):  # (in case a later one hangs)
+            failed.append("--json")
+            args.json = None
+        if recs:
+            progress.finished.append(w.id)
     lines = target_lines(all_records, settings)
     if lines:
         print("\nTargets (issue 5), from this run:")
@@ -396,10 +407,23 @@ def run_all(args: argparse.Namespace, settings: Settings, commit: str, logdir: P
         print(f"rank logs kept in {logdir}")
     else:
         shutil.rmtree(logdir, ignore_errors=True)
-    if args.json:
-        write_records(args.json, all_records)
+    if args.json and save(args.json, all_records):
         print(f"records written to {args.json}")
+    elif args.json:
+        failed.append("--json")
     return 1 if failed else 0
+
+
+def save(path: str, records: list[dict[str, Any]]) -> bool:
+    """:func:`write_records`, saying on stderr why it could not (a disk that
+    filled up during the run): the run goes on, and ends failed."""
+    try:
+        write_records(path, records)
+        return True
+    except OSError as exc:
+        print(f"run.py: cannot write the records to {path}: {exc.strerror or exc}",
+              file=sys.stderr)
+        return False
 
 
 if __name__ == "__main__":

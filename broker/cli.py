@@ -55,6 +55,7 @@ from broker.command import STOP_CAP, STOP_SIGNALS, STOP_TIMEOUT
 from broker.errors import ErrnoError
 from broker.execute import cmd_exec
 from broker.handle import Handle
+from broker.loops import ENV_VAR as LOOP_ENV
 from broker.loops import LOOP_NAMES, loop_factory
 from broker.message import NODEID_ANY, NODEID_UPSTREAM
 from broker.overlay_cli import cmd_overlay, rank_or_host, trace_types
@@ -123,6 +124,14 @@ def remove_uri_file(path: str, identity: tuple[int, int]) -> None:
             os.unlink(path)
 
 
+def ranks_loop(args: argparse.Namespace) -> str:
+    """The ranks' event loop for ``start`` and ``broker``: their own
+    ``--event-loop``, else ``kvbroker --event-loop``, else
+    ``$KVBROKER_EVENT_LOOP``, else ``auto`` (the first two were one option's
+    value, and the command's default silently replaced the other)."""
+    return getattr(args, "event_loop", None) or os.environ.get(LOOP_ENV) or "auto"
+
+
 def cmd_start(args: argparse.Namespace) -> int:
     """Start an instance, run the command in it (or serve until signalled),
     stop it.
@@ -138,6 +147,7 @@ def cmd_start(args: argparse.Namespace) -> int:
     ``process_group``, which uvloop lacks.
     """
     command = command_args(args.cmdline)
+    args.event_loop = ranks_loop(args)
     attrs = dict(args.setattr or [])
     for option, value in (("--size", args.size), ("--fanout", args.fanout)):
         if value < 1:
@@ -342,6 +352,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
     from broker.launch import StartError, make_rundir, private_dir
     from broker.overlay import hello_hostname
 
+    args.event_loop = ranks_loop(args)
     try:
         boot = bootstrap.load(args.config)
         attrs = {**boot.attrs, **dict(args.setattr or []), battrs.TRANSPORT.name: "tcp"}
@@ -879,8 +890,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                    help="number of ranks (default 1)")
     s.add_argument("--fanout", "-k", type=int, default=32, metavar="K",
                    help="children per rank in the tree (default 32)")
-    s.add_argument("--event-loop", choices=LOOP_NAMES, default="auto", dest="event_loop",
-                   help="the ranks' event loop (default auto: uvloop if installed)")
+    s.add_argument("--event-loop", choices=LOOP_NAMES, default=argparse.SUPPRESS,
+                   dest="event_loop",
+                   help="the ranks' event loop (default: kvbroker's --event-loop, "
+                   "$KVBROKER_EVENT_LOOP, or auto: uvloop if installed)")
     s.add_argument("--statedir", metavar="DIR",
                    help="keep the content store and the primary namespace here, "
                    "across restarts (default: nothing survives the instance)")
@@ -916,8 +929,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                    "(default: a new private directory, removed on exit)")
     s.add_argument("--statedir", metavar="DIR",
                    help="rank 0: keep the content store and the primary namespace here")
-    s.add_argument("--event-loop", choices=LOOP_NAMES, default="auto", dest="event_loop",
-                   help="this rank's event loop (default auto: uvloop if installed)")
+    s.add_argument("--event-loop", choices=LOOP_NAMES, default=argparse.SUPPRESS,
+                   dest="event_loop",
+                   help="this rank's event loop (default: kvbroker's --event-loop, "
+                   "$KVBROKER_EVENT_LOOP, or auto: uvloop if installed)")
     s.add_argument("-S", "--setattr", action="append", type=parse_attr, metavar="ATTR=VAL",
                    help="set a broker attribute (repeatable); -S hostname=NAME: the "
                    "host name this rank goes by (its entry, its hello)")

@@ -145,6 +145,26 @@ async def test_start_event_loop_and_attributes(loop: str) -> None:
     assert out.split() == [loop, "hello"]
 
 
+async def test_start_takes_the_ranks_loop_from_kvbrokers_option_and_the_environment() -> None:
+    """``kvbroker --event-loop asyncio start`` and ``$KVBROKER_EVENT_LOOP``
+    were taken and dropped: ``start``'s own default, auto, ran uvloop ranks.
+    Its own option still comes first."""
+    script = f"{KVBROKER} exec -r all -- {KVBROKER} attr get event-loop"
+    env = {k: v for k, v in os.environ.items() if k != "KVBROKER_EVENT_LOOP"}
+    for argv, extra, want in [
+            (["--event-loop", "asyncio", "start"], {}, "asyncio"),
+            (["start"], {"KVBROKER_EVENT_LOOP": "asyncio"}, "asyncio"),
+            (["--event-loop", "asyncio", "start", "--event-loop", "uvloop"], {}, "uvloop"),
+            (["start"], {"KVBROKER_EVENT_LOOP": "bogus"}, None)]:
+        rc, out, err = await run_cli(*argv, "--size", "2", "--", "sh", "-c", script,
+                                     env={**env, **extra})
+        if want is None:
+            assert (rc, out) == (1, ""), err
+            assert "unknown event loop 'bogus'" in err, err
+        else:
+            assert (rc, out.split()) == (0, [want, want]), (argv, extra, err)
+
+
 async def test_start_rejects_bad_arguments() -> None:
     rc, _, err = await run_cli("start", "--size", "0", "--", "true")
     assert rc == 2

@@ -220,6 +220,8 @@ async def run_w2p(ctx: RepContext) -> list[Sample]:
         batches = await _batches(h0) - batches_before
         if errors:
             ctx.note(f"W2p {name}: {errors} requests failed, first: {first}")
+        # (in the records too: a rate over fewer commits is not the same figure)
+        out.append(Sample(label, "errors", float(errors), "requests", ""))
         total = rate(ops - errors, elapsed)
         if mode == "ping":
             out.append(Sample(label, "rate", total, "rpcs/s"))

@@ -19,8 +19,7 @@ from benchmarks.harness import RepContext, Sample, Workload, far_rank, rate
 
 TOPIC = "test.x"
 BURST = 256
-IDLE_TIMEOUT = 10.0
-MIN_RATE = 500  # events/s below which the run is given up as stuck
+IDLE_TIMEOUT = 10.0  # seconds without an event after which the rest are lost
 N = 10_000
 
 
@@ -65,11 +64,19 @@ async def run(ctx: RepContext) -> list[Sample]:
         for i in range(start, min(n, start + BURST)):
             publish(TOPIC, {"seq": i})
         await asyncio.sleep(0)
-    deadline = IDLE_TIMEOUT + n / MIN_RATE
-    try:
-        await asyncio.wait_for(consumer, deadline)
-    except TimeoutError:
-        ctx.note(f"subscriber still waiting after {deadline:.0f}s: {n - received} events lost")
+    # Given up only once nothing has arrived for IDLE_TIMEOUT: a slow
+    # subscriber is slow, not losing events (one overall deadline called it
+    # that below 500 events/s)
+    seen = -1
+    while not consumer.done() and received > seen:
+        seen = received
+        await asyncio.wait({consumer}, timeout=IDLE_TIMEOUT)
+    if not consumer.done():
+        consumer.cancel()
+        ctx.note(f"subscriber heard nothing for {IDLE_TIMEOUT:.0f}s: {n - received} "
+                 "events lost")
+    else:
+        consumer.result()  # (raises what ended it)
     variant = f"r0->r{sub_rank}"
     elapsed = t_last - t0
     return [

@@ -37,9 +37,17 @@ def _children_cpu() -> float:
 
 
 async def _command(argv: list[str], env: dict[str, str]) -> None:
+    """Run ``argv`` to its end; a cancelled rep (Ctrl-C, ``--timeout``)
+    kills and reaps it rather than leaving it running after the runner."""
     proc = await asyncio.create_subprocess_exec(
         *argv, env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
-    _, err = await proc.communicate()
+    try:
+        _, err = await proc.communicate()
+    except BaseException:
+        if proc.returncode is None:
+            proc.kill()
+            await asyncio.shield(proc.wait())
+        raise
     if proc.returncode != 0:
         raise RuntimeError(f"{argv} exited {proc.returncode}: {err.decode()[-500:]}")
 
@@ -85,7 +93,8 @@ async def run_wstart(ctx: RepContext) -> list[Sample]:
         out += _samples(variant, wall, cpu)
 
     inst = await ctx.instance(size=1)
-    env_attached = dict(env, KVBROKER_URI=inst.uri(0))
+    # (the command's client on the rep's loop, as the ranks)
+    env_attached = dict(env, KVBROKER_URI=inst.uri(0), KVBROKER_EVENT_LOOP=ctx.loop)
     await _command([KVBROKER, "kvs", "put", "bench.key=1"], env_attached)
     wall, cpu = await _per_command([KVBROKER, "kvs", "get", "bench.key"], env_attached, n_cmd)
     out += _samples("kvbroker kvs get", wall, cpu)
