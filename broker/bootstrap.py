@@ -8,19 +8,22 @@ them over several hosts, each host runs its own rank(s) with
     [bootstrap]
     curve_cert = "/etc/kvbroker/curve.key"   # `kvbroker keygen`, copied to every host
     fanout = 2                               # optional (default 32)
-    default_bind = "tcp://*:8050"            # optional; %h = the entry's host, %p = its rank
-    default_connect = "tcp://%h:8050"
+    default_port = 8050                      # optional: %p (without it, %p is the rank)
+    default_bind = "tcp://*:%p"              # optional; %h = the entry's host
+    default_connect = "tcp://%h:%p"
     hosts = [
         { host = "node0" },
         { host = "node1" },
         { host = "node2", bind = "tcp://eth1:9000", connect = "tcp://10.0.0.2:9000" },
+        { host = "node[3-9]" },              # a host list: one entry (rank) per name
     ]
 
     [attrs]                                  # optional instance attributes (as -S)
     "kvs.setroot-blob-limit" = 65536
 
-A rank's number is its entry's index in ``hosts``; the instance's size is the
-number of entries.  A rank with children binds ``bind`` and its children
+A rank's number is its entry's index in ``hosts`` once host lists are
+expanded (Flux's compact hosts); the instance's size is the number of
+entries.  A rank with children binds ``bind`` and its children
 connect to ``connect``; leaves need neither.  The overlay is ZeroMQ over
 ``tcp://`` with CURVE: only processes holding the key pair in ``curve_cert``
 are admitted (docs/protocol.md, CURVE on tcp://).  This module only reads and checks the
@@ -37,7 +40,7 @@ import tomllib
 from dataclasses import dataclass, field
 from typing import Any
 
-from broker import topology
+from broker import hostlist, topology
 
 DEFAULT_FANOUT = 32
 """As ``kvbroker start --fanout``."""
@@ -144,8 +147,28 @@ def _short(hostname: str) -> str:
     return hostname.split(".", 1)[0].lower()
 
 
-def _expand(template: str, host: str, rank: int) -> str:
-    return template.replace("%h", host).replace("%p", str(rank))
+def _expand(template: str, host: str, rank: int, port: int | None) -> str:
+    """An endpoint of entry ``rank``: ``%h`` its host, ``%p`` the file's
+    ``default_port`` (Flux's meaning), or without one the rank (so that
+    ranks sharing a host on one machine get ports of their own)."""
+    return template.replace("%h", host).replace("%p", str(rank if port is None else port))
+
+
+def _host_names(host: str, where: str) -> list[str]:
+    """The hosts an entry's ``host`` names: a host list as Flux's compact
+    hosts (RFC 29: ``node[1-1023]``, ``a,b``) makes one entry per name, in
+    order; an address literal in brackets (``[::1]``) is one host."""
+    if "," in host or "[" in host and judged_by_name(host):
+        try:
+            names = hostlist.expand(host)
+        except ValueError as exc:
+            raise BootstrapError(f"{where}: host {host!r} is not a host list: {exc}") from None
+    else:
+        names = [host]
+    for name in names:
+        if re.search(r"[\s\[\]]", name) and judged_by_name(name):
+            raise BootstrapError(f"{where}: host {name!r} is not a host name (no spaces)")
+    return names
 
 
 def _str(table: dict[str, Any], key: str, where: str) -> str | None:
@@ -165,7 +188,8 @@ def parse(text: str, path: str = "<bootstrap>") -> Bootstrap:
     boot = doc.get("bootstrap")
     if not isinstance(boot, dict):
         raise BootstrapError(f"{path}: no [bootstrap] table")
-    unknown = set(boot) - {"curve_cert", "fanout", "default_bind", "default_connect", "hosts"}
+    unknown = set(boot) - {"curve_cert", "fanout", "default_port", "default_bind",
+                           "default_connect", "hosts"}
     if unknown:
         raise BootstrapError(f"{path}: unknown bootstrap key(s): {', '.join(sorted(unknown))}")
     cert = _str(boot, "curve_cert", path)
@@ -176,29 +200,38 @@ def parse(text: str, path: str = "<bootstrap>") -> Bootstrap:
     fanout = boot.get("fanout", DEFAULT_FANOUT)
     if type(fanout) is not int or fanout < 1:
         raise BootstrapError(f"{path}: bootstrap.fanout must be an integer >= 1")
+    port = boot.get("default_port")
+    if port is not None and (type(port) is not int or not 0 < port < 65536):
+        raise BootstrapError(f"{path}: bootstrap.default_port must be a port number "
+                             "(1-65535)")
     default_bind = _str(boot, "default_bind", path)
     default_connect = _str(boot, "default_connect", path)
     raw_hosts = boot.get("hosts")
     if not isinstance(raw_hosts, list) or not raw_hosts:
         raise BootstrapError(f"{path}: bootstrap.hosts must list at least one host")
     entries: list[HostEntry] = []
-    for rank, raw in enumerate(raw_hosts):
-        where = f"{path}: hosts[{rank}]"
+    labels: list[str] = []  # (what an error calls each rank's entry)
+    for index, raw in enumerate(raw_hosts):
+        where = f"{path}: hosts[{index}]"
         if not isinstance(raw, dict):
             raise BootstrapError(f"{where}: expected a table like {{ host = \"node0\" }}")
         extra = set(raw) - {"host", "bind", "connect"}
         if extra:
             raise BootstrapError(f"{where}: unknown key(s): {', '.join(sorted(extra))}")
-        host = _str(raw, "host", where)
-        if host is None:
+        given = _str(raw, "host", where)
+        if given is None:
             raise BootstrapError(f"{where}: host is required")
-        if re.search(r"[\s,]", host):
-            raise BootstrapError(f"{where}: host {host!r} is not a host name (no spaces "
-                                 "or commas)")
-        bind = _str(raw, "bind", where) or (default_bind and _expand(default_bind, host, rank))
-        connect = (_str(raw, "connect", where)
-                   or (default_connect and _expand(default_connect, host, rank)))
-        entries.append(HostEntry(host, bind or None, connect or None))
+        names = _host_names(given, where)
+        bind_t = _str(raw, "bind", where) or default_bind
+        connect_t = _str(raw, "connect", where) or default_connect
+        for host in names:
+            if len(entries) >= hostlist.MAX_HOSTS:
+                raise BootstrapError(f"{where}: more than {hostlist.MAX_HOSTS:,} ranks")
+            rank = len(entries)
+            labels.append(f"hosts[{index}]" if len(names) == 1 else
+                          f"hosts[{index}] {host} (rank {rank})")
+            entries.append(HostEntry(host, bind_t and _expand(bind_t, host, rank, port),
+                                     connect_t and _expand(connect_t, host, rank, port)))
     attrs = doc.get("attrs", {})
     if not isinstance(attrs, dict):
         raise BootstrapError(f"{path}: [attrs] must be a table")
@@ -209,22 +242,23 @@ def parse(text: str, path: str = "<bootstrap>") -> Bootstrap:
     for rank, entry in enumerate(entries):
         if not result.has_children(rank):
             continue
+        label = labels[rank]
         for key in ("bind", "connect"):
             value = getattr(entry, key)
             if value is None:
-                raise BootstrapError(f"{path}: hosts[{rank}] ({entry.host}) has children "
+                raise BootstrapError(f"{path}: {label} ({entry.host}) has children "
                                      f"and needs {key} (or bootstrap.default_{key})")
             if not value.startswith("tcp://"):
-                raise BootstrapError(f"{path}: hosts[{rank}].{key} must be a tcp:// "
+                raise BootstrapError(f"{path}: {label}.{key} must be a tcp:// "
                                      f"endpoint, not {value!r}")
             if not re.fullmatch(r"tcp://.+:(\d+|\*)", value):
-                raise BootstrapError(f"{path}: hosts[{rank}].{key} {value!r} needs a port "
+                raise BootstrapError(f"{path}: {label}.{key} {value!r} needs a port "
                                      "(tcp://HOST:PORT)")
             # a bind is per host; a connect names a place for everyone
             spot = (key, entry.host if key == "bind" else "", value)
             if spot in taken:
-                raise BootstrapError(f"{path}: hosts[{rank}].{key} {value!r} is also "
-                                     f"hosts[{taken[spot]}]'s: each rank with children "
+                raise BootstrapError(f"{path}: {label}.{key} {value!r} is also "
+                                     f"{labels[taken[spot]]}'s: each rank with children "
                                      "needs its own")
             taken[spot] = rank
     return result

@@ -183,8 +183,15 @@ def test_a_hello_s_host_is_judged_as_rank_of_finds_ranks() -> None:
      "hosts\\[0\\]: unknown key\\(s\\): port"),
     ('[bootstrap]\ncurve_cert = "k"\nhots = []\n', "unknown bootstrap key\\(s\\): hots"),
     ('[bootstrap]\ncurve_cert = "k"\nhosts = [{ bind = "tcp://a:1" }]\n', "host is required"),
-    ('[bootstrap]\ncurve_cert = "k"\nhosts = [{ host = "a,b" }]\n',
-     "hosts\\[0\\]: host 'a,b' is not a host name"),
+    ('[bootstrap]\ncurve_cert = "k"\nhosts = [{ host = "a b" }]\n',
+     "hosts\\[0\\]: host 'a b' is not a host name"),
+    ('[bootstrap]\ncurve_cert = "k"\nhosts = [{ host = "n[3-1]" }]\n',
+     "hosts\\[0\\]: host 'n\\[3-1\\]' is not a host list: range '3-1' does not ascend"),
+    ('[bootstrap]\ncurve_cert = "k"\ndefault_port = 0\nhosts = [{ host = "a" }]\n',
+     "default_port must be a port number"),
+    ('[bootstrap]\ncurve_cert = "k"\nfanout = 1\ndefault_bind = "tcp://*:1"\n'
+     'default_connect = "tcp://x:1"\nhosts = [{ host = "n[0-2]" }]\n',
+     "hosts\\[0\\] n1 \\(rank 1\\).connect 'tcp://x:1' is also hosts\\[0\\] n0 \\(rank 0\\)'s"),
     # found here, not as "Address already in use" or a hello to the wrong rank
     ('[bootstrap]\ncurve_cert = "k"\nfanout = 1\ndefault_bind = "tcp://*:1"\n'
      'default_connect = "tcp://a"\nhosts = [{ host = "a" }, { host = "b" }]\n',
@@ -199,6 +206,56 @@ def test_a_hello_s_host_is_judged_as_rank_of_finds_ranks() -> None:
 def test_bootstrap_file_errors_say_where(text: str, message: str) -> None:
     with pytest.raises(BootstrapError, match=message):
         parse(text, "x.toml")
+
+
+def test_compact_hosts_and_default_port_read_as_flux_s() -> None:
+    """flux-config-bootstrap(5)'s 1,024-node example: a host list in
+    ``host`` makes one entry per name (its compact hosts, RFC 29), and
+    ``%p`` is ``default_port`` when the file gives one (else the rank, as
+    before).  A Flux file with either was refused, or read otherwise."""
+    boot = parse("""
+[bootstrap]
+curve_cert = "curve.cert"
+fanout = 2
+default_port = 8050
+default_bind = "tcp://en0:%p"
+default_connect = "tcp://e%h:%p"
+hosts = [
+  { host = "test0", bind = "tcp://en4:9001", connect = "tcp://test-mgmt:9001" },
+  { host = "test[1-1023]" },
+]
+""", "x.toml")
+    assert boot.size == 1024
+    assert boot.hostnames()[:3] == ["test0", "test1", "test2"]
+    assert boot.hostnames()[-1] == "test1023"
+    assert boot.endpoints()[0] == "tcp://test-mgmt:9001" and boot.bind_endpoint(0) == "tcp://en4:9001"
+    assert boot.endpoints()[1] == "tcp://etest1:8050" and boot.bind_endpoint(1) == "tcp://en0:8050"
+    assert boot.rank_of("test5") == 5
+    # a plain list, an address and localhost are entries of their own, in order
+    boot = parse('[bootstrap]\ncurve_cert = "k"\nfanout = 8\ndefault_bind = "tcp://*:%p"\n'
+                 'default_connect = "tcp://%h:9%p"\n'
+                 'hosts = [{ host = "[::1]" }, { host = "a,b[7-8]" }, { host = "localhost" }]\n',
+                 "x.toml")
+    assert boot.hostnames() == ["[::1]", "a", "b7", "b8", "localhost"]
+    assert boot.endpoints() == {0: "tcp://[::1]:90"}  # (no default_port: %p is the rank)
+
+
+async def test_an_instance_from_compact_hosts(tmp_path: Path, brokers) -> None:
+    """Three ranks from two entries, ``n0`` and ``n[1-2]`` (each rank
+    going by its host's name with ``-S hostname``): one instance."""
+    assert (await run_cli("keygen", str(tmp_path / "curve.key")))[0] == 0
+    port = free_tcp_ports(1)[0]
+    config = tmp_path / "inst.toml"
+    config.write_text(f'[bootstrap]\ncurve_cert = "curve.key"\nfanout = 2\nhosts = [\n'
+                      f'  {{ host = "n0", bind = "tcp://127.0.0.1:{port}", '
+                      f'connect = "tcp://127.0.0.1:{port}" }},\n  {{ host = "n[1-2]" }},\n]\n')
+    ranks = [await brokers(config, r, "-S", f"hostname=n{r}") for r in (0, 1, 2)]
+    uris = [await r.ready() for r in ranks]
+    async with asyncio.timeout(30), await Handle.connect(uris[0]) as h:
+        assert (await h.ping(2))["route"][1:] == ["r0", "r2"]
+        assert await h.attr_get("hostlist", nodeid=2) == "n0,n1,n2"
+    ranks[0].proc.send_signal(signal.SIGTERM)
+    assert await exit_codes(ranks, tmp_path) == [0, 0, 0]
 
 
 def test_bootstrap_file_missing(tmp_path: Path) -> None:
