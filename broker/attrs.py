@@ -218,6 +218,11 @@ TORPID_MAX = AttrSpec(
     "a child rank its parent has heard nothing from for this long is marked "
     "torpid (logged, listed by kvbroker overlay status; not disconnected); 0: never")
 
+IPV6 = AttrSpec(
+    "tbon.ipv6", "false", boolean,
+    "tcp: links over IPv6 as well as IPv4 (a bootstrap file's enable_ipv6, as Flux's); "
+    "an endpoint whose address is in brackets, tcp://[::1]:8050, has it anyway")
+
 CONNECT_TIMEOUT = AttrSpec(
     "tbon.connect_timeout", "30", duration,
     "ipc/tcp: a rank that has had no connection to its parent for this long "
@@ -232,7 +237,7 @@ BROKER_ATTRS: tuple[AttrSpec, ...] = (
     ALLOW_GUEST_USER, MAX_GUEST_CONNECTIONS, MAX_GUEST_BYTES, MAX_GUEST_SUBSCRIPTIONS,
     MAX_GUEST_REQUESTS, MAX_GUEST_SERVICES, MODULES, MAX_MESSAGE, CONTENT_HASH, LOG_LEVEL,
     LOG_RING_LEVEL, LOG_RING_SIZE, LOG_TIMESTAMPS, TRANSPORT, LINK_BACKLOG, LINK_MAX_MESSAGE,
-    TORPID_MIN, TORPID_MAX, CONNECT_TIMEOUT)
+    TORPID_MIN, TORPID_MAX, CONNECT_TIMEOUT, IPV6)
 
 
 # ---------------------------------------------------------------- checking

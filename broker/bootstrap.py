@@ -9,6 +9,7 @@ them over several hosts, each host runs its own rank(s) with
     curve_cert = "/etc/kvbroker/curve.key"   # `kvbroker keygen`, copied to every host
     fanout = 2                               # optional (default 32)
     default_port = 8050                      # optional: %p (without it, %p is the rank)
+    enable_ipv6 = false                      # optional: tbon.ipv6
     default_bind = "tcp://*:%p"              # optional; %h = the entry's host
     default_connect = "tcp://%h:%p"
     hosts = [
@@ -189,7 +190,7 @@ def parse(text: str, path: str = "<bootstrap>") -> Bootstrap:
     if not isinstance(boot, dict):
         raise BootstrapError(f"{path}: no [bootstrap] table")
     unknown = set(boot) - {"curve_cert", "fanout", "default_port", "default_bind",
-                           "default_connect", "hosts"}
+                           "default_connect", "hosts", "enable_ipv6"}
     if unknown:
         raise BootstrapError(f"{path}: unknown bootstrap key(s): {', '.join(sorted(unknown))}")
     cert = _str(boot, "curve_cert", path)
@@ -200,6 +201,9 @@ def parse(text: str, path: str = "<bootstrap>") -> Bootstrap:
     fanout = boot.get("fanout", DEFAULT_FANOUT)
     if type(fanout) is not int or fanout < 1:
         raise BootstrapError(f"{path}: bootstrap.fanout must be an integer >= 1")
+    ipv6 = boot.get("enable_ipv6")
+    if ipv6 is not None and type(ipv6) is not bool:
+        raise BootstrapError(f"{path}: bootstrap.enable_ipv6 must be true or false")
     port = boot.get("default_port")
     if port is not None and (type(port) is not int or not 0 < port < 65536):
         raise BootstrapError(f"{path}: bootstrap.default_port must be a port number "
@@ -235,6 +239,8 @@ def parse(text: str, path: str = "<bootstrap>") -> Bootstrap:
     attrs = doc.get("attrs", {})
     if not isinstance(attrs, dict):
         raise BootstrapError(f"{path}: [attrs] must be a table")
+    if ipv6 is not None:  # (Flux's key for it; [attrs] may still say otherwise)
+        attrs = {"tbon.ipv6": ipv6, **attrs}
     result = Bootstrap(path, cert, fanout, tuple(entries), dict(attrs))
     # Two ranks with children may not share an endpoint: found here, not as
     # "Address already in use" (or a hello to the wrong rank) at start-up.

@@ -174,6 +174,7 @@ class Broker:
                                torpid_min=config[battrs.TORPID_MIN.name],
                                torpid_max=config[battrs.TORPID_MAX.name],
                                connect_timeout=config[battrs.CONNECT_TIMEOUT.name],
+                               ipv6=config[battrs.IPV6.name],
                                hostname=str(self.attrs["hostname"]), hosts=self.hosts,
                                on_stop=self._stop_for_overlay)
         await self.overlay.start()

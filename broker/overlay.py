@@ -201,6 +201,7 @@ class Overlay:
         torpid_min: float = DEFAULT_TORPID_MIN,
         torpid_max: float = DEFAULT_TORPID_MAX,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        ipv6: bool = False,
         hostname: str = "",
         hosts: list[str] | None = None,
     ) -> None:
@@ -215,6 +216,8 @@ class Overlay:
         self.connect_timeout = connect_timeout
         """``tbon.connect_timeout`` (ZeroMQ links): see :data:`DEFAULT_CONNECT_TIMEOUT`;
         0: no warning, and the system's own connect timeout."""
+        self.ipv6 = ipv6
+        """``tbon.ipv6`` (ZeroMQ links): IPv6 too (``overlay_zmq._link_options``)."""
         self.max_message = max_message
         """``tbon.max-message``: the largest message sent on a link (every
         rank takes up to :data:`codec.MAX_LINK_MESSAGE`, its largest value)."""
@@ -499,7 +502,7 @@ class Overlay:
         ctx = self.ctx = zl.new_context()
         if self.children:
             s, monitor, self._auth = zl.children_socket(
-                ctx, self.bind or self.endpoint(self.rank), self.curve)
+                ctx, self.bind or self.endpoint(self.rank), self.curve, self.ipv6)
             self._monitor = zl.ZmqSocket(monitor, self._on_monitor)
             self._down = zl.ZmqSocket(s, self._from_child, track_fd=True,
                                       max_backlog=self.max_backlog, on_stuck=self._child_stuck)
@@ -515,7 +518,7 @@ class Overlay:
 
         assert self.ctx is not None and self.parent is not None
         s, monitor = zl.parent_socket(self.ctx, self.rank, self.endpoint(self.parent),
-                                      self.curve, self.connect_timeout)
+                                      self.curve, self.connect_timeout, self.ipv6)
         self._up = zl.ZmqSocket(s, self._from_parent, max_backlog=self.max_backlog,
                                 on_stuck=self._parent_stuck)
         self._up_monitor = zl.ZmqSocket(monitor, self._on_up_monitor)

@@ -63,7 +63,12 @@ _PROTOCOL_ERRORS = {getattr(zmq, n): n[len("PROTOCOL_ERROR_"):] for n in dir(zmq
                     if n.startswith("PROTOCOL_ERROR_")}
 
 
-def _link_options(sock: zmq.Socket[Any]) -> None:
+def _link_options(sock: zmq.Socket[Any], endpoint: str, ipv6: bool) -> None:
+    """Every link's options.  IPv6 when asked (``tbon.ipv6``), or when the
+    endpoint's address is an IPv6 one in brackets (``tcp://[::1]:8050``):
+    ZeroMQ, IPv4-only by default, refused to bind it ("No such device")."""
+    if ipv6 or endpoint.startswith("tcp://["):
+        sock.setsockopt(zmq.IPV6, 1)
     sock.setsockopt(zmq.SNDHWM, HWM)
     sock.setsockopt(zmq.RCVHWM, HWM)
     sock.setsockopt(zmq.LINGER, 0)
@@ -74,7 +79,7 @@ def _link_options(sock: zmq.Socket[Any]) -> None:
 
 
 def children_socket(ctx: zmq.Context[Any], endpoint: str, curve: tuple[bytes, bytes] | None,
-                    ) -> tuple[zmq.Socket[Any], zmq.Socket[Any],
+                    ipv6: bool = False) -> tuple[zmq.Socket[Any], zmq.Socket[Any],
                                zmq.auth.thread.ThreadAuthenticator | None]:
     """The ROUTER the children connect to, bound at ``endpoint``; its
     monitor (:data:`DOWN_MONITORED`), started before the bind so that no
@@ -83,7 +88,7 @@ def children_socket(ctx: zmq.Context[Any], endpoint: str, curve: tuple[bytes, by
     s = ctx.socket(zmq.ROUTER)
     monitor = s.get_monitor_socket(DOWN_MONITORED)
     s.setsockopt(zmq.ROUTER_MANDATORY, 1)
-    _link_options(s)
+    _link_options(s, endpoint, ipv6)
     # a connection that has not completed its handshake by then is
     # dropped (ZeroMQ's default, 30 s, let anyone reaching the port
     # hold a file descriptor per idle connection long enough to use
@@ -135,7 +140,8 @@ def bind_failure(endpoint: str, errnum: int) -> str:
 
 def parent_socket(ctx: zmq.Context[Any], rank: int, endpoint: str,
                   curve: tuple[bytes, bytes] | None,
-                  connect_timeout: float = 0.0) -> tuple[zmq.Socket[Any], zmq.Socket[Any]]:
+                  connect_timeout: float = 0.0,
+                  ipv6: bool = False) -> tuple[zmq.Socket[Any], zmq.Socket[Any]]:
     """The DEALER to the parent at ``endpoint``, with a new identity for
     this process (see :mod:`broker.overlay`), and its monitor
     (:data:`UP_MONITORED`), started before the connect so that no
@@ -152,7 +158,7 @@ def parent_socket(ctx: zmq.Context[Any], rank: int, endpoint: str,
     s.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
     if connect_timeout > 0:
         s.setsockopt(zmq.CONNECT_TIMEOUT, max(1, round(connect_timeout * 1000)))
-    _link_options(s)
+    _link_options(s, endpoint, ipv6)
     if curve is not None:
         public, secret = curve
         s.curve_serverkey = public

@@ -19,7 +19,7 @@ CLI_MD = Path(__file__).resolve().parent.parent / "docs" / "cli.md"
 
 def documented_defaults() -> dict[str, str]:
     """``{attribute: default}`` from the tunable-attributes table of docs/cli.md."""
-    rows = re.findall(r"^\| `([a-z._-]+)` \| `([^`]*)`", CLI_MD.read_text(), re.M)
+    rows = re.findall(r"^\| `([a-z0-9._-]+)` \| `([^`]*)`", CLI_MD.read_text(), re.M)
     assert len(rows) >= 10, rows
     return dict(rows)
 
@@ -179,5 +179,5 @@ def test_protocol_md_lists_every_tunable() -> None:
     text = (CLI_MD.parent / "protocol.md").read_text()
     start = text.index("Attributes: `rank`")
     listing = text[start:text.index("\n\n", start)]
-    named = set(re.findall(r"`([a-z][a-z._-]*)`", listing))
+    named = set(re.findall(r"`([a-z][a-z0-9._-]*)`", listing))
     assert set(all_specs()) - named == set()

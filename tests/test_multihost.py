@@ -189,6 +189,8 @@ def test_a_hello_s_host_is_judged_as_rank_of_finds_ranks() -> None:
      "hosts\\[0\\]: host 'n\\[3-1\\]' is not a host list: range '3-1' does not ascend"),
     ('[bootstrap]\ncurve_cert = "k"\ndefault_port = 0\nhosts = [{ host = "a" }]\n',
      "default_port must be a port number"),
+    ('[bootstrap]\ncurve_cert = "k"\nenable_ipv6 = 1\nhosts = [{ host = "a" }]\n',
+     "enable_ipv6 must be true or false"),
     ('[bootstrap]\ncurve_cert = "k"\nfanout = 1\ndefault_bind = "tcp://*:1"\n'
      'default_connect = "tcp://x:1"\nhosts = [{ host = "n[0-2]" }]\n',
      "hosts\\[0\\] n1 \\(rank 1\\).connect 'tcp://x:1' is also hosts\\[0\\] n0 \\(rank 0\\)'s"),
@@ -256,6 +258,28 @@ async def test_an_instance_from_compact_hosts(tmp_path: Path, brokers) -> None:
         assert await h.attr_get("hostlist", nodeid=2) == "n0,n1,n2"
     ranks[0].proc.send_signal(signal.SIGTERM)
     assert await exit_codes(ranks, tmp_path) == [0, 0, 0]
+
+
+async def test_links_over_ipv6(tmp_path: Path, brokers) -> None:
+    """An IPv6 address in an endpoint (``tcp://[::1]:P``) failed at once
+    ("No such device": ZeroMQ is IPv4-only unless told); and ``enable_ipv6
+    = true`` (Flux's key, ``tbon.ipv6``) lets rank 0's wildcard bind take
+    IPv6 connections too, which the child here makes."""
+    assert (await run_cli("keygen", str(tmp_path / "curve.key")))[0] == 0
+    assert parse('[bootstrap]\ncurve_cert = "k"\nenable_ipv6 = true\nhosts = [{ host = "a" }]\n',
+                 "x.toml").attrs == {"tbon.ipv6": True}
+    port = free_tcp_ports(1)[0]
+    config = tmp_path / "inst.toml"
+    config.write_text(f'[bootstrap]\ncurve_cert = "curve.key"\nenable_ipv6 = true\nhosts = [\n'
+                      f'  {{ host = "[::1]", bind = "tcp://*:{port}", '
+                      f'connect = "tcp://[::1]:{port}" }},\n  {{ host = "[::1]" }},\n]\n')
+    ranks = [await brokers(config, r) for r in (0, 1)]
+    uris = [await r.ready() for r in ranks]
+    async with asyncio.timeout(30), await Handle.connect(uris[0]) as h:
+        assert (await h.ping(1))["route"][1:] == ["r0", "r1"]
+        assert await h.attr_get("tbon.ipv6", nodeid=1) in (True, "true")
+    ranks[0].proc.send_signal(signal.SIGTERM)
+    assert await exit_codes(ranks, tmp_path) == [0, 0]
 
 
 def test_bootstrap_file_missing(tmp_path: Path) -> None:
