@@ -328,6 +328,24 @@ statedir=DIR`` (Flux's spelling) was taken and ignored: the instance ran
 without a statedir and kept nothing, exit status 0."""
 
 
+FLUX_SPELLINGS: dict[str, str] = {
+    "tbon.fanout": "fanout",
+    "tbon.topo": "fanout",
+}
+"""Flux's names for what kvbroker calls otherwise: ``-S tbon.fanout=2`` met
+only "unknown attribute (did you mean tbon.transport?)"."""
+
+
+def unknown_message(name: str) -> str:
+    """``unknown attribute 'NAME'``, saying kvbroker's name for one of
+    Flux's (:data:`FLUX_SPELLINGS`)."""
+    ours = FLUX_SPELLINGS.get(name)
+    if ours is None:
+        return f"unknown attribute {name!r}"
+    return (f"unknown attribute {name!r}: Flux's name; kvbroker's is {ours!r} "
+            f"({how_to_set(ours)})")
+
+
 def how_to_set(name: str) -> str:
     """What to tell someone who tries to set attribute ``name`` on a running
     rank (``attr set``) or with ``-S``: the option that sets it at start, or
@@ -360,6 +378,10 @@ def check_names(attrs: Mapping[str, Any], known: set[str], owned: Iterable[str])
     those prefixes (``my.attr``) stay free, as in Flux."""
     prefixes = tuple(owned)
     for name in attrs:
+        if name in FLUX_SPELLINGS:
+            ours = FLUX_SPELLINGS[name]
+            raise AttrError(f"{name} is Flux's name: kvbroker's is {ours}, "
+                            f"{how_to_set(ours)} (a bootstrap file: its {ours} key)")
         if name.startswith(prefixes) and name not in known:
             close = difflib.get_close_matches(name, sorted(known), n=1)
             hint = f" (did you mean {close[0]}?)" if close else ""

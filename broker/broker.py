@@ -228,7 +228,7 @@ class Broker:
         unknown name, ENOSYS for a log level when this rank's logging is its
         host program's, EINVAL otherwise) changes nothing."""
         if name not in self.attrs:
-            raise ErrnoError(errno.ENOENT, f"unknown attribute {name!r}")
+            raise ErrnoError(errno.ENOENT, battrs.unknown_message(name))
         if name not in battrs.RUNTIME_ATTRS:
             raise ErrnoError(errno.EINVAL, f"{name} may not be changed on a running rank "
                              f"({battrs.how_to_set(name)})")

@@ -181,3 +181,17 @@ def test_protocol_md_lists_every_tunable() -> None:
     listing = text[start:text.index("\n\n", start)]
     named = set(re.findall(r"`([a-z][a-z0-9._-]*)`", listing))
     assert set(all_specs()) - named == set()
+
+
+def test_flux_s_names_are_answered_with_kvbroker_s() -> None:
+    """``-S tbon.fanout=2`` (Flux's spelling of ``--fanout``) met "unknown
+    attribute (did you mean tbon.transport?)"; it names the option now, and
+    so does a rank asked for the attribute by Flux's name."""
+    for name in ("tbon.fanout", "tbon.topo"):
+        with pytest.raises(AttrError, match=f"^{re.escape(name)} is Flux's name: kvbroker's is "
+                                            "fanout, set it at start with --fanout K"):
+            attrs.check_instance({name: "2"})
+    assert attrs.unknown_message("tbon.fanout") == (
+        "unknown attribute 'tbon.fanout': Flux's name; kvbroker's is 'fanout' "
+        "(set it at start with --fanout K)")
+    assert attrs.unknown_message("nope") == "unknown attribute 'nope'"
