@@ -24,7 +24,8 @@ them over several hosts, each host runs its own rank(s) with
 
 A rank's number is its entry's index in ``hosts`` once host lists are
 expanded (Flux's compact hosts); the instance's size is the number of
-entries.  A rank with children binds ``bind`` and its children
+entries.  No ``hosts`` (or an empty list) is one rank on its own, as Flux's
+standalone instance: one rank has no links, so no ``curve_cert`` either.  A rank with children binds ``bind`` and its children
 connect to ``connect``; leaves need neither.  The overlay is ZeroMQ over
 ``tcp://`` with CURVE: only processes holding the key pair in ``curve_cert``
 are admitted (docs/protocol.md, CURVE on tcp://).  This module only reads and checks the
@@ -65,14 +66,17 @@ class Bootstrap:
     """A parsed, checked bootstrap file."""
 
     path: str
-    curve_cert: str
+    curve_cert: str | None
+    """None only for an instance of one rank: it has no links to secure."""
     fanout: int
     hosts: tuple[HostEntry, ...]
+    """Empty for a standalone rank (no ``hosts``, as Flux's): rank 0 alone,
+    on whatever host runs it."""
     attrs: dict[str, Any] = field(default_factory=dict)
 
     @property
     def size(self) -> int:
-        return len(self.hosts)
+        return len(self.hosts) or 1
 
     def has_children(self, rank: int) -> bool:
         return bool(topology.children_of(rank, self.fanout, self.size))
@@ -87,15 +91,18 @@ class Bootstrap:
         """What ``rank`` binds for its children (None for a leaf)."""
         return self.hosts[rank].bind if self.has_children(rank) else None
 
-    def hostnames(self) -> list[str]:
-        """Each rank's ``host``, by rank (the ``hostlist`` attribute)."""
-        return [e.host for e in self.hosts]
+    def hostnames(self, this_host: str = "") -> list[str]:
+        """Each rank's ``host``, by rank (the ``hostlist`` attribute); a
+        standalone rank's is ``this_host``."""
+        return [e.host for e in self.hosts] or [this_host]
 
     def rank_of(self, hostname: str | None = None) -> int:
         """The rank whose entry names this host (:func:`ranks_on`).  Raises
         :class:`BootstrapError` when none or several match: several ranks on
         one host need ``--rank``."""
         name = hostname or socket.gethostname()
+        if not self.hosts:
+            return 0
         ranks = ranks_on(self.hostnames(), name)
         if not ranks:
             raise BootstrapError(f"{self.path}: no hosts entry for this host ({name}); "
@@ -194,10 +201,8 @@ def parse(text: str, path: str = "<bootstrap>") -> Bootstrap:
     if unknown:
         raise BootstrapError(f"{path}: unknown bootstrap key(s): {', '.join(sorted(unknown))}")
     cert = _str(boot, "curve_cert", path)
-    if cert is None:
-        raise BootstrapError(f"{path}: bootstrap.curve_cert is required (create it with "
-                             "'kvbroker keygen FILE'; a tcp overlay is never unauthenticated)")
-    cert = os.path.join(os.path.dirname(os.path.abspath(path)), cert)
+    if cert is not None:
+        cert = os.path.join(os.path.dirname(os.path.abspath(path)), cert)
     fanout = boot.get("fanout", DEFAULT_FANOUT)
     if type(fanout) is not int or fanout < 1:
         raise BootstrapError(f"{path}: bootstrap.fanout must be an integer >= 1")
@@ -210,9 +215,10 @@ def parse(text: str, path: str = "<bootstrap>") -> Bootstrap:
                              "(1-65535)")
     default_bind = _str(boot, "default_bind", path)
     default_connect = _str(boot, "default_connect", path)
-    raw_hosts = boot.get("hosts")
-    if not isinstance(raw_hosts, list) or not raw_hosts:
-        raise BootstrapError(f"{path}: bootstrap.hosts must list at least one host")
+    raw_hosts = boot.get("hosts", [])
+    if not isinstance(raw_hosts, list):
+        raise BootstrapError(f"{path}: bootstrap.hosts must be a list of host entries "
+                             "(none, or empty: one rank on its own, as Flux's)")
     entries: list[HostEntry] = []
     labels: list[str] = []  # (what an error calls each rank's entry)
     for index, raw in enumerate(raw_hosts):
@@ -241,6 +247,10 @@ def parse(text: str, path: str = "<bootstrap>") -> Bootstrap:
         raise BootstrapError(f"{path}: [attrs] must be a table")
     if ipv6 is not None:  # (Flux's key for it; [attrs] may still say otherwise)
         attrs = {"tbon.ipv6": ipv6, **attrs}
+    if cert is None and len(entries) > 1:
+        raise BootstrapError(f"{path}: bootstrap.curve_cert is required for more than one "
+                             "rank (create it with 'kvbroker keygen FILE'; a tcp overlay "
+                             "is never unauthenticated)")
     result = Bootstrap(path, cert, fanout, tuple(entries), dict(attrs))
     # Two ranks with children may not share an endpoint: found here, not as
     # "Address already in use" (or a hello to the wrong rank) at start-up.

@@ -370,7 +370,8 @@ def cmd_broker(args: argparse.Namespace) -> int:
         raise UsageError(f"--rank {rank}: the bootstrap file lists ranks 0-{boot.size - 1}")
     try:
         battrs.check_instance(attrs)
-        load_keys(boot.curve_cert)
+        if boot.curve_cert is not None:  # (an instance of one rank needs none)
+            load_keys(boot.curve_cert)
     except battrs.AttrError as exc:
         print_err(f"broker: {exc}")
         return 2
@@ -378,7 +379,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
         detail = exc.strerror if isinstance(exc, OSError) else str(exc)
         print_err(f"broker: curve_cert {boot.curve_cert}: {detail}")
         return 2
-    if loose_mode(boot.curve_cert):
+    if boot.curve_cert is not None and loose_mode(boot.curve_cert):
         print_err(f"broker: warning: curve_cert {boot.curve_cert}: others may read it "
                   "(chmod 600: whoever holds the key pair is admitted as a rank)")
     rundir = args.rundir
@@ -402,7 +403,9 @@ def cmd_broker(args: argparse.Namespace) -> int:
     argv = ["--rank", str(rank), "--size", str(boot.size), "--fanout", str(boot.fanout),
             "--rundir", rundir, "--event-loop", args.event_loop,
             "--attrs", json.dumps(attrs), "--endpoints", json.dumps(boot.endpoints()),
-            "--curve-keys", boot.curve_cert, "--hosts", json.dumps(boot.hostnames())]
+            "--hosts", json.dumps(boot.hostnames(hostname))]
+    if boot.curve_cert is not None:
+        argv += ["--curve-keys", boot.curve_cert]
     bind = boot.bind_endpoint(rank)
     if bind:
         argv += ["--bind", bind]

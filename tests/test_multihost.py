@@ -172,8 +172,9 @@ def test_a_hello_s_host_is_judged_as_rank_of_finds_ranks() -> None:
 @pytest.mark.parametrize(("text", "message"), [
     ("[bootstrap\n", "x.toml: "),
     ("[other]\n", "no \\[bootstrap\\] table"),
-    ('[bootstrap]\nhosts = [{ host = "a" }]\n', "curve_cert is required"),
-    ('[bootstrap]\ncurve_cert = "k"\nhosts = []\n', "at least one host"),
+    ('[bootstrap]\nhosts = [{ host = "a" }, { host = "b" }]\n',
+     "curve_cert is required for more than one rank"),
+    ('[bootstrap]\ncurve_cert = "k"\nhosts = "a"\n', "hosts must be a list of host entries"),
     ('[bootstrap]\ncurve_cert = "k"\nfanout = 0\nhosts = [{ host = "a" }]\n', "fanout"),
     ('[bootstrap]\ncurve_cert = "k"\nhosts = [{ host = "a" }, { host = "b" }]\n',
      "hosts\\[0\\] \\(a\\) has children and needs bind"),
@@ -280,6 +281,22 @@ async def test_links_over_ipv6(tmp_path: Path, brokers) -> None:
         assert await h.attr_get("tbon.ipv6", nodeid=1) in (True, "true")
     ranks[0].proc.send_signal(signal.SIGTERM)
     assert await exit_codes(ranks, tmp_path) == [0, 0]
+
+
+async def test_a_file_without_hosts_runs_one_rank_on_its_own(tmp_path: Path) -> None:
+    """As Flux's: no ``hosts`` (or an empty list) is one rank, on whatever
+    host runs it, and one rank has no links, so no ``curve_cert`` either
+    (both were refused: a single-node Flux system file did not start)."""
+    for text in ("[bootstrap]\n", "[bootstrap]\nhosts = []\n"):
+        boot = parse(text, "x.toml")
+        assert (boot.size, boot.curve_cert, boot.endpoints()) == (1, None, {})
+        assert boot.rank_of("anyhost") == 0 and boot.hostnames("here") == ["here"]
+    config = tmp_path / "inst.toml"
+    config.write_text("[bootstrap]\n[attrs]\n\"my.attr\" = \"x\"\n")
+    script = "kvbroker kvs put a=1 && kvbroker kvs get a && kvbroker attr get my.attr"
+    rc, out, err = await run_cli("broker", "--config", str(config), "-S", "hostname=solo",
+                                 "--", "sh", "-c", script + " && kvbroker attr get hostlist")
+    assert (rc, out) == (0, "1\nx\nsolo\n"), err
 
 
 def test_bootstrap_file_missing(tmp_path: Path) -> None:
