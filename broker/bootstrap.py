@@ -25,8 +25,9 @@ them over several hosts, each host runs its own rank(s) with
 A rank's number is its entry's index in ``hosts`` once host lists are
 expanded (Flux's compact hosts); the instance's size is the number of
 entries.  No ``hosts`` (or an empty list) is one rank on its own, as Flux's
-standalone instance: one rank has no links, so no ``curve_cert`` either.  A rank with children binds ``bind`` and its children
-connect to ``connect``; leaves need neither.  The overlay is ZeroMQ over
+standalone instance: one rank has no links, so no ``curve_cert`` either.
+A rank with children binds ``bind`` and its children connect to
+``connect``; leaves need neither.  The overlay is ZeroMQ over
 ``tcp://`` with CURVE: only processes holding the key pair in ``curve_cert``
 are admitted (docs/protocol.md, CURVE on tcp://).  This module only reads and checks the
 file; :mod:`broker.cli` runs the rank.
