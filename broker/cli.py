@@ -124,6 +124,37 @@ def remove_uri_file(path: str, identity: tuple[int, int]) -> None:
             os.unlink(path)
 
 
+def broker_opts(given: list[str]) -> list[tuple[str, str]]:
+    """The attributes of ``start -o,-Sa=1,-Sb=2`` (Flux's ``--broker-opts``,
+    so a Flux command line runs as written): each comma-separated option
+    must be ``-SATTR=VAL``, ``-S`` ``ATTR=VAL`` or ``--setattr=ATTR=VAL``;
+    the brokers' other options are ``start``'s own here.  ``-S`` given
+    directly wins over ``-o``."""
+    out: list[tuple[str, str]] = []
+    for text in given:
+        items = [x for x in text.split(",") if x]
+        while items:
+            item = items.pop(0)
+            if item in ("-S", "--setattr") and items:
+                item = "-S" + items.pop(0)
+            for prefix in ("--setattr=", "-S"):
+                if item.startswith(prefix):
+                    try:
+                        out.append(parse_attr(item[len(prefix):]))
+                    except argparse.ArgumentTypeError as exc:
+                        raise UsageError(f"{_as_given(text)}: {exc}") from None
+                    break
+            else:
+                raise UsageError(f"{_as_given(text)}: {item!r} is not taken: only -S ATTR=VAL "
+                                 "(--setattr) is; the brokers' other options are start's "
+                                 "own (--size, --fanout, --statedir, ...)")
+    return out
+
+
+def _as_given(opts: str) -> str:
+    return f"-o{opts}" if opts.startswith(",") else f"-o {opts}"
+
+
 def ranks_loop(args: argparse.Namespace) -> str:
     """The ranks' event loop for ``start`` and ``broker``: their own
     ``--event-loop``, else ``kvbroker --event-loop``, else
@@ -148,7 +179,7 @@ def cmd_start(args: argparse.Namespace) -> int:
     """
     command = command_args(args.cmdline)
     args.event_loop = ranks_loop(args)
-    attrs = dict(args.setattr or [])
+    attrs = dict([*broker_opts(args.broker_opts), *(args.setattr or [])])
     for option, value in (("--size", args.size), ("--fanout", args.fanout)):
         if value < 1:
             raise UsageError(f"{option} must be at least 1 (got {value})")
@@ -889,8 +920,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                        "with KVBROKER_URI set, stop the instance when it exits, and exit "
                        "as it did; without one, print the URI and serve until Ctrl-C or "
                        "'kvbroker shutdown'.")
-    s.add_argument("--size", "-s", type=int, default=1, metavar="N",
-                   help="number of ranks (default 1)")
+    s.add_argument("--size", "-s", "--test-size", type=int, default=1, metavar="N",
+                   help="number of ranks (default 1; --test-size: Flux's spelling)")
     s.add_argument("--fanout", "-k", type=int, default=32, metavar="K",
                    help="children per rank in the tree (default 32)")
     s.add_argument("--event-loop", choices=LOOP_NAMES, default=argparse.SUPPRESS,
@@ -902,6 +933,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                    "across restarts (default: nothing survives the instance)")
     s.add_argument("-S", "--setattr", action="append", type=parse_attr, metavar="ATTR=VAL",
                    help="set a broker attribute (repeatable; see docs/cli.md)")
+    s.add_argument("-o", "--broker-opts", action="append", default=[], metavar="OPTS",
+                   help="Flux's way to give the brokers options, comma-separated: "
+                   "-o,-Sa=1,-Sb=2 is -S a=1 -S b=2 (only -S/--setattr is taken)")
     s.add_argument("--uri-file", metavar="FILE",
                    help="once every rank is ready, write the instance's URI to FILE "
                    "(atomically: a reader never sees part of it); removed when the "

@@ -1293,3 +1293,20 @@ def test_the_bundled_commands_are_the_distributions_entry_points() -> None:
     assert declared == plugins.BUNDLED_COMMANDS
     for name in plugins.BUNDLED_COMMANDS:
         assert list(plugins.command_registrars(name)) == [name]
+
+
+async def test_start_takes_flux_s_broker_opts_and_test_size() -> None:
+    """A Flux command line runs as written: ``flux start -o,-Sa=1 --test-size
+    2`` gives the brokers ``-S a=1``; ``-S`` given directly wins; any other
+    broker option is a usage error naming it (it was "unrecognized
+    arguments")."""
+    script = f"{KVBROKER} attr get my.a; {KVBROKER} attr get my.b; {KVBROKER} attr get size"
+    rc, out, err = await run_cli("start", "--test-size", "2", "-o,-Smy.a=1,-S,my.b=2",
+                                 "--", "sh", "-c", script)
+    assert (rc, out.split()) == (0, ["1", "2", "2"]), err
+    rc, out, err = await run_cli("start", "--broker-opts=--setattr=my.a=1", "-S", "my.a=3",
+                                 "-S", "my.b=x", "--", "sh", "-c", script)
+    assert (rc, out.split()) == (0, ["3", "x", "1"]), err
+    rc, out, err = await run_cli("start", "-o,-v", "--", "true")
+    assert (rc, out) == (2, ""), err
+    assert "error: -o,-v: '-v' is not taken: only -S ATTR=VAL" in err, err
