@@ -336,6 +336,39 @@ FLUX_SPELLINGS: dict[str, str] = {
 only "unknown attribute (did you mean tbon.transport?)"."""
 
 
+FLUX_LEVELS = ("error",) * 4 + ("warning", "info", "info", "debug")
+"""Flux's numeric (syslog) log levels 0-7, as ``log.level`` names them."""
+FLUX_LEVEL_ATTRS = {"log-stderr-level": "log.level", "log-level": "log.ring-level"}
+FLUX_RC_ATTRS = ("broker.rc1_path", "broker.rc3_path")
+
+
+def from_flux(attrs: Mapping[str, Any]) -> dict[str, Any]:
+    """``attrs`` with Flux's own attributes that have a meaning here put in
+    kvbroker's terms, so a Flux command line's ``-S`` runs as written:
+    ``log-stderr-level=N`` (syslog 0-7) is ``log.level``, ``log-level=N``
+    ``log.ring-level`` (kvbroker's own name wins when both are given), and
+    an empty ``broker.rc1_path`` / ``broker.rc3_path`` (Flux's tests' "run
+    no rc script") is dropped: kvbroker runs none.  Anything else of Flux's
+    is left to :func:`check_instance`, which names kvbroker's term where
+    there is one (:data:`FLUX_SPELLINGS`)."""
+    out = dict(attrs)
+    for flux, ours in FLUX_LEVEL_ATTRS.items():
+        if flux not in out:
+            continue
+        text = str(out.pop(flux)).strip()
+        if not (text.isdigit() and int(text) < len(FLUX_LEVELS)):
+            raise AttrError(f"{flux}={text}: Flux's level is a number 0-7 (here it sets "
+                            f"{ours}, which also takes {', '.join(LOG_LEVELS)})")
+        out.setdefault(ours, FLUX_LEVELS[int(text)])
+    for name in FLUX_RC_ATTRS:
+        if name in out:
+            if str(out[name]) != "":
+                raise AttrError(f"{name}: kvbroker runs no rc scripts; only an empty "
+                                f"value is taken (as Flux's -S{name}=)")
+            del out[name]
+    return out
+
+
 def unknown_message(name: str) -> str:
     """``unknown attribute 'NAME'``, saying kvbroker's name for one of
     Flux's (:data:`FLUX_SPELLINGS`)."""

@@ -400,6 +400,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
     if not 0 <= rank < boot.size:
         raise UsageError(f"--rank {rank}: the bootstrap file lists ranks 0-{boot.size - 1}")
     try:
+        attrs = battrs.from_flux(attrs)
         battrs.check_instance(attrs)
         if boot.curve_cert is not None:  # (an instance of one rank needs none)
             load_keys(boot.curve_cert)

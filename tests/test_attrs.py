@@ -195,3 +195,20 @@ def test_flux_s_names_are_answered_with_kvbroker_s() -> None:
         "unknown attribute 'tbon.fanout': Flux's name; kvbroker's is 'fanout' "
         "(set it at start with --fanout K)")
     assert attrs.unknown_message("nope") == "unknown attribute 'nope'"
+
+
+def test_flux_s_own_attributes_are_put_in_kvbroker_s_terms() -> None:
+    """``-Slog-stderr-level=N`` and an empty ``-Sbroker.rc1_path=`` (the
+    idiom of Flux's tests) ran into "unknown attribute"."""
+    got = attrs.from_flux({"log-stderr-level": "7", "log-level": 4, "broker.rc1_path": "",
+                           "broker.rc3_path": "", "my.attr": "x"})
+    assert got == {"log.level": "debug", "log.ring-level": "warning", "my.attr": "x"}
+    assert [attrs.from_flux({"log-stderr-level": n})["log.level"] for n in range(8)] == [
+        "error", "error", "error", "error", "warning", "info", "info", "debug"]
+    # kvbroker's own name wins; what cannot be honoured is refused
+    assert attrs.from_flux({"log-stderr-level": "7", "log.level": "error"}) == {
+        "log.level": "error"}
+    with pytest.raises(AttrError, match="^broker.rc1_path: kvbroker runs no rc scripts"):
+        attrs.from_flux({"broker.rc1_path": "/etc/flux/rc1"})
+    with pytest.raises(AttrError, match="^log-stderr-level=8: Flux's level is a number 0-7"):
+        attrs.from_flux({"log-stderr-level": "8"})

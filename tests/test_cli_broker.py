@@ -1304,6 +1304,11 @@ async def test_start_takes_flux_s_broker_opts_and_test_size() -> None:
     rc, out, err = await run_cli("start", "--test-size", "2", "-o,-Smy.a=1,-S,my.b=2",
                                  "--", "sh", "-c", script)
     assert (rc, out.split()) == (0, ["1", "2", "2"]), err
+    # Flux's tests' idiom: no rc scripts (kvbroker runs none), a stderr level
+    rc, out, err = await run_cli(
+        "start", "-o,-Sbroker.rc1_path=,-Sbroker.rc3_path=,-Slog-stderr-level=7", "--",
+        "sh", "-c", f"{KVBROKER} attr get log.level")
+    assert (rc, out) == (0, "debug\n"), err
     rc, out, err = await run_cli("start", "--broker-opts=--setattr=my.a=1", "-S", "my.a=3",
                                  "-S", "my.b=x", "--", "sh", "-c", script)
     assert (rc, out.split()) == (0, ["3", "x", "1"]), err
