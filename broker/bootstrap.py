@@ -176,7 +176,8 @@ def _host_names(host: str, where: str) -> list[str]:
         names = [host]
     for name in names:
         if re.search(r"[\s\[\]]", name) and judged_by_name(name):
-            raise BootstrapError(f"{where}: host {name!r} is not a host name (no spaces)")
+            raise BootstrapError(f"{where}: host {name!r} is not a host name (no spaces, "
+                                 "and brackets only around a host list's numbers)")
     return names
 
 
