@@ -147,7 +147,7 @@ def git_commit() -> str:
     try:
         top, head = subprocess.run(
             ["git", "rev-parse", "--show-toplevel", "--short", "HEAD"], cwd=REPO,
-            capture_output=True, text=True, check=True).stdout.split()
+            capture_output=True, text=True, check=True).stdout.splitlines()
     except (OSError, ValueError, subprocess.CalledProcessError):
         return "unknown"
     if Path(top).resolve() != REPO:
