@@ -624,7 +624,7 @@ def cmd_event(args: argparse.Namespace) -> int:
 
 
 def cmd_attr(args: argparse.Namespace) -> int:
-    args.what = f"attr {args.attr_cmd}"
+    args.what = getattr(args, "spelled", None) or f"attr {args.attr_cmd}"
 
     async def main() -> int:
         async with await connect() as h:
@@ -807,7 +807,7 @@ def cmd_logger(args: argparse.Namespace) -> int:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    args.what = f"stats {args.module}"
+    args.what = f"{getattr(args, 'spelled', 'stats')} {args.module}"
 
     async def main() -> int:
         async with await connect() as h:
@@ -864,24 +864,39 @@ def command_words(argv: list[str]) -> list[str]:
     return out
 
 
-ALIASES: dict[tuple[str, ...], tuple[str, str]] = {("content", "checkpoint"): ("kvs", "checkpoint")}
-"""Commands spelled as Flux's that live elsewhere here: Flux's ``content
-checkpoint`` lists and updates the KVS's checkpoints, which the kvs commands
-own (a plugin: the broker core does not read KVS roots)."""
+ALIASES: dict[tuple[str, ...], tuple[str, ...]] = {
+    ("content", "checkpoint"): ("kvs", "checkpoint"),
+    ("getattr",): ("attr", "get"),
+    ("setattr",): ("attr", "set"),
+    ("lsattr",): ("attr", "list"),
+    ("module", "stats"): ("stats",),
+}
+"""Commands spelled as Flux's that are spelled otherwise here: Flux's
+``content checkpoint`` lists and updates the KVS's checkpoints, which the
+kvs commands own (a plugin: the broker core does not read KVS roots);
+``flux getattr``/``setattr``/``lsattr`` are ``attr get``/``set``/``list``,
+``flux module stats`` is ``stats``."""
 
 
-def resolve_alias(argv: list[str]) -> list[str]:
-    """``argv`` with an :data:`ALIASES` command's two words replaced (``argv``
-    itself when it names none: :func:`main` tells them apart so)."""
+def resolve_alias(argv: list[str]) -> tuple[list[str], str | None]:
+    """``argv`` with an :data:`ALIASES` command's words replaced, and those
+    words as given (their errors name the command as the user spelled it);
+    ``argv`` and None when it names none."""
     words = command_words(argv)
-    target = ALIASES.get(tuple(words[:2]))
-    if target is None:
-        return argv
-    first = argv.index(words[0])
-    second = argv.index(words[1], first + 1)
-    out = list(argv)
-    out[first], out[second] = target
-    return out
+    for n in (2, 1):
+        key = tuple(words[:n])
+        target = ALIASES.get(key) if len(key) == n else None
+        if target is None:
+            continue
+        spots = [argv.index(key[0])]
+        for word in key[1:]:
+            spots.append(argv.index(word, spots[-1] + 1))
+        out = list(argv)
+        for spot in reversed(spots[1:]):  # (the first word's place takes the target)
+            del out[spot]
+        out[spots[0]:spots[0] + 1] = target
+        return out, " ".join(key)
+    return argv, None
 
 
 def command_word(argv: list[str]) -> str | None:
@@ -1062,6 +1077,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     a.add_argument("--rank", "-r", type=rank_int, metavar="N", help=ASK_RANK)
     add_answer_timeout(a)
     a = asub.add_parser("list")
+    a.add_argument("--values", "-v", action="store_true",
+                   help="(values are always shown; taken for Flux's lsattr -v)")
     a.add_argument("--rank", "-r", type=rank_int, metavar="N", help=ASK_RANK)
     add_answer_timeout(a)
     a = asub.add_parser("set", help="change log.level, log.ring-level, tbon.torpid_min or "
@@ -1245,15 +1262,14 @@ def main(argv: list[str] | None = None) -> int:
     """Parse, run the command, and turn its failure into one line on stderr
     and an exit status (docs/cli.md, Conventions) -- in this one place, so
     that every command reports alike."""
-    given = sys.argv[1:] if argv is None else argv
-    argv = resolve_alias(given)
+    argv, spelled = resolve_alias(sys.argv[1:] if argv is None else argv)
     guard_std_streams()
     parser = parser_for(argv)
     args, extra = parser.parse_known_args(argv)
     if extra:
         subcommand_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
-    if argv is not given:  # (its errors name the command as the user spelled it)
-        args.spelled = " ".join(command_words(given)[:2])
+    if spelled is not None:  # (its errors name the command as the user spelled it)
+        args.spelled = spelled
     try:
         rc = int(args.func(args) or 0)
         # Flushed here, not by the interpreter at exit, where a closed

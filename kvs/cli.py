@@ -794,7 +794,7 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
     of them (:mod:`kvs.checkpoints`)."""
     from kvs import checkpoints
 
-    args.what = f"{getattr(args, 'spelled', 'kvs checkpoint')} {args.checkpoint_cmd}"
+    args.what = f"{getattr(args, 'spelled', None) or 'kvs checkpoint'} {args.checkpoint_cmd}"
     if args.checkpoint_cmd == "update":
         if args.statedir is None:
             raise UsageError("checkpoint update works on a stopped instance: --statedir DIR "

@@ -1315,3 +1315,33 @@ async def test_start_takes_flux_s_broker_opts_and_test_size() -> None:
     rc, out, err = await run_cli("start", "-o,-v", "--", "true")
     assert (rc, out) == (2, ""), err
     assert "error: -o,-v: '-v' is not taken: only -S ATTR=VAL" in err, err
+
+
+def test_flux_s_command_spellings_resolve_to_ours() -> None:
+    """``flux getattr``/``setattr``/``lsattr`` and ``flux module stats``
+    were "invalid choice"; each is the command spelled here, options and
+    the top-level ``--event-loop`` kept in place."""
+    assert cli.resolve_alias(["getattr", "rank", "-r", "1"]) == (
+        ["attr", "get", "rank", "-r", "1"], "getattr")
+    assert cli.resolve_alias(["--event-loop", "asyncio", "lsattr", "-v"]) == (
+        ["--event-loop", "asyncio", "attr", "list", "-v"], "lsattr")
+    assert cli.resolve_alias(["module", "stats", "kvs", "-r", "1"]) == (
+        ["stats", "kvs", "-r", "1"], "module stats")
+    assert cli.resolve_alias(["content", "checkpoint", "list"]) == (
+        ["kvs", "checkpoint", "list"], "content checkpoint")
+    argv = ["attr", "get", "rank"]
+    assert cli.resolve_alias(argv) == (argv, None)
+
+
+async def test_flux_s_attribute_commands_run(start_instance) -> None:
+    inst = await start_instance(size=2)
+    uri = inst.uri(0)
+    assert await run_cli("getattr", "size", uri=uri) == (0, "2\n", "")
+    assert await run_cli("setattr", "log.level", "info", "-r", "1", uri=uri) == (0, "", "")
+    assert await run_cli("getattr", "log.level", "-r", "1", uri=uri) == (0, "info\n", "")
+    rc, out, err = await run_cli("lsattr", "-v", uri=uri)
+    assert rc == 0 and re.search(r"^size +2$", out, re.M), err
+    rc, out, err = await run_cli("module", "stats", "kvs", uri=uri)
+    assert rc == 0 and "counts" in json.loads(out), err
+    assert await run_cli("getattr", "nosuch", uri=uri) == (
+        1, "", "kvbroker: getattr: No such file or directory (unknown attribute 'nosuch')\n")
