@@ -870,12 +870,15 @@ ALIASES: dict[tuple[str, ...], tuple[str, ...]] = {
     ("setattr",): ("attr", "set"),
     ("lsattr",): ("attr", "list"),
     ("module", "stats"): ("stats",),
+    ("dump",): ("kvs", "dump"),
+    ("restore",): ("kvs", "restore"),
 }
 """Commands spelled as Flux's that are spelled otherwise here: Flux's
 ``content checkpoint`` lists and updates the KVS's checkpoints, which the
 kvs commands own (a plugin: the broker core does not read KVS roots);
 ``flux getattr``/``setattr``/``lsattr`` are ``attr get``/``set``/``list``,
-``flux module stats`` is ``stats``."""
+``flux module stats`` is ``stats``, ``flux dump``/``restore`` are ``kvs
+dump``/``restore``."""
 
 
 def resolve_alias(argv: list[str]) -> tuple[list[str], str | None]:

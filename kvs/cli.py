@@ -937,7 +937,7 @@ def cmd_dump(args: argparse.Namespace) -> int:
     (:mod:`kvs.archive`)."""
     from kvs import archive
 
-    args.what = "kvs dump"
+    args.what = getattr(args, "spelled", None) or "kvs dump"  # ("dump": as flux dump)
     _archive_mode(args)
     listing = _archive_listing(args)
 
@@ -966,7 +966,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
     ``--checkpoint``, make it the checkpoint of a stopped instance."""
     from kvs import archive
 
-    args.what = "kvs restore"
+    args.what = getattr(args, "spelled", None) or "kvs restore"
     _archive_mode(args)
     if not args.checkpoint and not args.key:
         raise UsageError("say where: --key KEY (online) or --checkpoint --statedir DIR")

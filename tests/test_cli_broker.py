@@ -1329,11 +1329,13 @@ def test_flux_s_command_spellings_resolve_to_ours() -> None:
         ["stats", "kvs", "-r", "1"], "module stats")
     assert cli.resolve_alias(["content", "checkpoint", "list"]) == (
         ["kvs", "checkpoint", "list"], "content checkpoint")
+    assert cli.resolve_alias(["dump", "--checkpoint", "out.tar"]) == (
+        ["kvs", "dump", "--checkpoint", "out.tar"], "dump")
     argv = ["attr", "get", "rank"]
     assert cli.resolve_alias(argv) == (argv, None)
 
 
-async def test_flux_s_attribute_commands_run(start_instance) -> None:
+async def test_flux_s_attribute_and_archive_commands_run(start_instance, tmp_path) -> None:
     inst = await start_instance(size=2)
     uri = inst.uri(0)
     assert await run_cli("getattr", "size", uri=uri) == (0, "2\n", "")
@@ -1345,3 +1347,11 @@ async def test_flux_s_attribute_commands_run(start_instance) -> None:
     assert rc == 0 and "counts" in json.loads(out), err
     assert await run_cli("getattr", "nosuch", uri=uri) == (
         1, "", "kvbroker: getattr: No such file or directory (unknown attribute 'nosuch')\n")
+    # flux dump / flux restore: kvs dump / restore, named as typed
+    assert (await run_cli("kvs", "put", "d.x=1", uri=uri))[0] == 0
+    tar = str(tmp_path / "d.tar")
+    rc, _, err = await run_cli("dump", "--key", "d", tar, uri=uri)
+    assert rc == 0 and err.startswith("kvbroker: dump: 1 key"), err
+    rc, _, err = await run_cli("restore", "--key", "e", tar, uri=uri)
+    assert rc == 0 and err.startswith("kvbroker: restore: 1 key"), err
+    assert await run_cli("kvs", "get", "e.x", uri=uri) == (0, "1\n", "")
