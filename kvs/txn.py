@@ -430,9 +430,15 @@ class _Txn:
                             depth + 1)
                 return
             else:  # missing, or a value: so the key is missing
-                _compare(".".join(parts), None, want, cache)
+                _compare(".".join(parts), None, want, self._blob)
                 return
-        _compare(".".join(parts), d.get(cache, parts[-1]), want, cache)
+        _compare(".".join(parts), d.get(cache, parts[-1]), want, self._blob)
+
+    def _blob(self, ref: str) -> bytes | None:
+        """Blob ``ref``: made by this transaction (an earlier append's), else
+        from the cache."""
+        data = self.writer.blobs.get(ref)
+        return data if data is not None else self.cache.get(ref)
 
     def append(self, d: _WDir, name: str, dirent: TreeObj) -> None:
         cur = d.get(self.cache, name)
@@ -502,8 +508,10 @@ class _Txn:
         return _fresh_dirref(self.writer.put_obj(obj, base, names)), True
 
 
-def _compare(key: str, cur: Any, want: TreeObj | None, cache: BlobCache) -> None:
-    """``ECANCELED`` unless entry ``cur`` is the value ``want`` (None: no entry)."""
+def _compare(key: str, cur: Any, want: TreeObj | None,
+             blob: Callable[[str], bytes | None]) -> None:
+    """``ECANCELED`` unless entry ``cur`` is the value ``want`` (None: no entry);
+    ``blob`` finds a valref's blobs."""
     if want is None:
         if cur is None:
             return
@@ -514,7 +522,7 @@ def _compare(key: str, cur: Any, want: TreeObj | None, cache: BlobCache) -> None
     if t == "val":
         data = cur["data"]
     elif t == "valref":
-        blobs = [cache.get(ref) for ref in cur["data"]]
+        blobs = [blob(ref) for ref in cur["data"]]
         missing = [ref for ref, b in zip(cur["data"], blobs, strict=True) if b is None]
         if missing:
             raise NeedBlobs(tuple(missing))

@@ -514,6 +514,20 @@ def test_expect_in_merged_transactions_sees_the_ones_before(kvs: Kvs) -> None:
     assert kvs.get("k")["data"] == b"2"
 
 
+def test_expect_after_an_append_in_the_same_transaction_reads_the_new_blobs(
+        kvs: Kvs) -> None:
+    """The appended blob is not stored yet when the condition reads it."""
+    kvs.commit(put("log", b"x"))
+    kvs.commit(put("log", b"y", APPEND), expect("log", b"xy"), put("ok", b"1"))
+    assert kvs.get("ok")["data"] == b"1"
+    before = kvs.root
+    with pytest.raises(ErrnoError) as e:
+        kvs.commit(put("log", b"z", APPEND), expect("log", b"xy"))
+    assert (e.value.errnum, e.value.errstr) == (errno.ECANCELED,
+                                               "log: condition failed: another value")
+    assert kvs.root == before
+
+
 def test_expect_fetches_what_it_compares() -> None:
     """A valref's blobs, or an hdir's shards, missing from the cache: NeedBlobs."""
     full = Kvs()
