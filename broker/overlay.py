@@ -21,15 +21,17 @@ so the socket is re-checked after every send too).
 
 Handshake (CONTROL messages):
 
-* ``overlay.hello`` child -> parent ``{rank, process, hostname}``
+* ``overlay.hello`` child -> parent ``{rank, process, size, hostname}``
   (``process``: a random name of the child's process, the same in each of
-  its hellos, on any connection: :meth:`Overlay._renew_up`; ``hostname``:
-  the child's ``hostname`` attribute); the parent admits only its
-  own children and answers ``overlay.hello`` ``{rank, size}`` -- again to
+  its hellos, on any connection: :meth:`Overlay._renew_up`; ``size``: the
+  instance size the child was started with; ``hostname``: the child's
+  ``hostname`` attribute); the parent admits only its own children, of
+  its own size, and answers ``overlay.hello`` ``{rank, size}`` -- again to
   each hello said again (ZeroMQ may lose an answer: a child says hello
   until answered, :meth:`Overlay._hello_due`).  Over
   ``tcp`` (CURVE: the peer holds the instance's keys) a hello from a rank
-  that is not a child -- mismatched bootstrap files -- or, with a
+  that is not a child or says another size -- mismatched bootstrap files
+  (:meth:`Overlay._wrong_size`) -- or, with a
   bootstrap file, from a host that is not its rank's entry (a wrong
   ``--rank``: :meth:`Overlay._wrong_host`) is answered
   ``overlay.refused`` ``{rank, why}``, and the rank stops (exit 1) saying
@@ -536,7 +538,8 @@ class Overlay:
             self._up = None
 
     def _hello_payload(self) -> dict[str, Any]:
-        payload: dict[str, Any] = {"rank": self.rank, "process": self.process_id}
+        payload: dict[str, Any] = {"rank": self.rank, "process": self.process_id,
+                                   "size": self.size}
         if self.hostname:
             payload["hostname"] = self.hostname
         return payload
@@ -911,15 +914,16 @@ class Overlay:
             if isinstance(payload, dict):
                 rank = payload.get("rank")
         if type(rank) is int and rank in self.children:  # (not True, 1.0 or a list)
-            why = self._wrong_host(rank, payload)
+            why = self._wrong_size(payload) or self._wrong_host(rank, payload)
             if why is None:
                 return rank
             self.dropped += 1
             # (as Flux: an error, but at most once a second: how many hellos a
             # peer with the keys sends is its choice)
             self._peer_log.log(logging.ERROR, "wrong-host", "refusing overlay peer: a "
-                               "hello as rank %d from %s: %s", rank,
-                               hello_hostname(payload), why)
+                               "hello as rank %d%s: %s", rank,
+                               f" from {hello_hostname(payload)}"
+                               if hello_hostname(payload) else "", why)
             if ident is not None:
                 self._refuse_hello(ident, why)
             return None
@@ -937,6 +941,19 @@ class Overlay:
                 self._peer_log.log(logging.WARNING, "not-a-hello", "refusing overlay peer: "
                                    "its first message is not a child's hello")
         return None
+
+    def _wrong_size(self, payload: Any) -> str | None:
+        """Why a child's hello is refused for the instance size it says
+        (``size``: its bootstrap file lists another number of hosts), or
+        None.  Admitted, a rank whose file is shorter has no children where
+        this instance has some -- they could never join, yet rank 0 said
+        ``ready`` -- and one whose file is longer serves a size, and hosts,
+        of its own.  A hello that says no size is not judged."""
+        size = payload.get("size")
+        if type(size) is not int or size == self.size:
+            return None
+        return (f"this instance has {self.size} ranks, this rank's bootstrap file lists "
+                f"{size} hosts: every host needs the same bootstrap file")
 
     def _wrong_host(self, rank: int, payload: Any) -> str | None:
         """Why a hello as child ``rank`` is refused for the host it came

@@ -570,6 +570,49 @@ async def test_a_rank_whose_file_names_another_parent_is_told_and_exits_1(
     assert "a hello from rank 5, which is not a child of rank 1" in warned
 
 
+async def test_a_rank_whose_file_lists_another_number_of_hosts_is_refused(
+        tmp_path: Path, brokers) -> None:
+    """Rank 1's file lists 3 hosts, or 5, where the instance has 4: its
+    parent is right (rank 0), so its hello was admitted.  With 3 it had no
+    children, so rank 3 could never join while rank 0 said ``ready``; with
+    5 it served an instance of its own size.  Its hello now says its size,
+    and rank 0 refuses another: the rank stops with status 1 saying why,
+    and rank 1 from the right file joins after."""
+    config = await keyed_config(tmp_path, 4, 2)
+    lines = config.read_text().splitlines(keepends=True)
+    last = next(i for i, line in enumerate(lines) if line.strip() == "]") - 1
+    shorter, longer = tmp_path / "shorter.toml", tmp_path / "longer.toml"
+    shorter.write_text("".join(lines[:last - 1] + [lines[last - 1].rstrip(",\n") + "\n"]
+                               + lines[last + 1:]))
+    extra = lines[last].replace("127.0.0.1:", "127.0.0.1:1").rstrip("\n")
+    longer.write_text("".join(lines[:last] + [lines[last].rstrip("\n") + ",\n", extra + "\n"]
+                              + lines[last + 1:]))
+    assert (load(str(shorter)).size, load(str(longer)).size) == (3, 5)
+    endpoint = load(str(config)).endpoints()[0]
+    rank0 = await brokers(config, 0)
+    async with asyncio.timeout(60):
+        h = await _connect_when_listening(rank0.uri)
+        try:
+            for attempt, (file, size) in enumerate(((shorter, 3), (longer, 5)), start=1):
+                stray = await brokers(file, 1)
+                assert await asyncio.wait_for(stray.proc.wait(), 30) == 1
+                err = (tmp_path / f"stderr1-{attempt}").read_text()
+                assert (f"ERROR kvbroker: parent rank 0 at {endpoint} refused this rank's "
+                        f"hello: this instance has 4 ranks, this rank's bootstrap file lists "
+                        f"{size} hosts: every host needs the same bootstrap file: stopping") \
+                    in err, err
+                assert (await stats(h, 0))["overlay"]["children"] == []
+            ranks = [await brokers(config, r) for r in (1, 2, 3)]
+            assert await rank0.ready() == rank0.uri
+            assert [(await h.ping(r))["rank"] for r in (1, 2, 3)] == [1, 2, 3]
+            del ranks
+        finally:
+            await h.close()
+    logged = (tmp_path / "stderr0-0").read_text()
+    assert ("refusing overlay peer: a hello as rank 1 from "
+            f"{socket.gethostname()}: this instance has 4 ranks") in logged, logged
+
+
 async def exit_codes(ranks: list[Rank], logs: Path, timeout: float = 30.0) -> list[int]:
     """Each rank's exit status; on a timeout, fail naming the ranks still
     running, with every rank's log (they run at log level info)."""
