@@ -9,6 +9,7 @@ them over several hosts, each host runs its own rank(s) with
     curve_cert = "/etc/kvbroker/curve.key"   # `kvbroker keygen`, copied to every host
     fanout = 2                               # optional (default 32)
     default_port = 8050                      # optional: %p (without it, %p is the rank)
+                                             # (then write it after digits: 90%p)
     enable_ipv6 = false                      # optional: tbon.ipv6
     default_bind = "tcp://*:%p"              # optional; %h = the entry's host
     default_connect = "tcp://%h:%p"
@@ -223,6 +224,7 @@ def parse(text: str, path: str = "<bootstrap>") -> Bootstrap:
                              "(none, or empty: one rank on its own, as Flux's)")
     entries: list[HostEntry] = []
     labels: list[str] = []  # (what an error calls each rank's entry)
+    templates: list[tuple[str | None, str | None]] = []  # (each one's bind and connect)
     for index, raw in enumerate(raw_hosts):
         where = f"{path}: hosts[{index}]"
         if not isinstance(raw, dict):
@@ -242,6 +244,7 @@ def parse(text: str, path: str = "<bootstrap>") -> Bootstrap:
             rank = len(entries)
             labels.append(f"hosts[{index}]" if len(names) == 1 else
                           f"hosts[{index}] {host} (rank {rank})")
+            templates.append((bind_t, connect_t))
             entries.append(HostEntry(host, bind_t and _expand(bind_t, host, rank, port),
                                      connect_t and _expand(connect_t, host, rank, port)))
     attrs = doc.get("attrs", {})
@@ -269,9 +272,8 @@ def parse(text: str, path: str = "<bootstrap>") -> Bootstrap:
             if not value.startswith("tcp://"):
                 raise BootstrapError(f"{path}: {label}.{key} must be a tcp:// "
                                      f"endpoint, not {value!r}")
-            if not re.fullmatch(r"tcp://.+:(\d+|\*)", value):
-                raise BootstrapError(f"{path}: {label}.{key} {value!r} needs a port "
-                                     "(tcp://HOST:PORT)")
+            _check_port(value, f"{path}: {label}.{key}", port is None and "%p" in (
+                templates[rank][0 if key == "bind" else 1] or ""))
             # a bind is per host; a connect names a place for everyone
             spot = (key, entry.host if key == "bind" else "", value)
             if spot in taken:
@@ -280,6 +282,25 @@ def parse(text: str, path: str = "<bootstrap>") -> Bootstrap:
                                      "needs its own")
             taken[spot] = rank
     return result
+
+
+def _check_port(endpoint: str, what: str, rank_port: bool) -> None:
+    """Refuse ``endpoint`` (a rank's bind or connect) unless it ends in a
+    port number, 1-65535: ZeroMQ takes 0 and ``*`` (a port the system
+    picks, which no child could know) and wraps a bigger number, so the
+    instance never came up, saying nothing at once.  ``rank_port``: it
+    came from ``%p`` without ``default_port``, where ``%p`` is the rank."""
+    m = re.fullmatch(r"tcp://.+:(\d+|\*)", endpoint)
+    if m is None:
+        raise BootstrapError(f"{what} {endpoint!r} needs a port (tcp://HOST:PORT)")
+    if m[1] == "*":
+        raise BootstrapError(f"{what} {endpoint!r}: a rank with children needs a fixed "
+                             "port (* lets the system pick one, which no child could know)")
+    if not 0 < int(m[1]) < 65536:
+        hint = (" (without bootstrap.default_port, %p is the rank: give default_port, "
+                "or write it after digits, as 90%p)") if rank_port else ""
+        raise BootstrapError(f"{what} {endpoint!r}: port {m[1]} is not a port number "
+                             f"(1-65535){hint}")
 
 
 def load(path: str) -> Bootstrap:

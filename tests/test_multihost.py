@@ -205,6 +205,21 @@ def test_a_hello_s_host_is_judged_as_rank_of_finds_ranks() -> None:
     ('[bootstrap]\ncurve_cert = "k"\nfanout = 1\ndefault_bind = "tcp://*:1"\n'
      'default_connect = "tcp://%h:1"\nhosts = [{ host = "a" }, { host = "a" }, { host = "c" }]\n',
      "hosts\\[1\\].bind 'tcp://\\*:1' is also hosts\\[0\\]'s"),
+    # ports ZeroMQ takes, but no instance can come up on
+    ('[bootstrap]\ncurve_cert = "k"\nfanout = 1\ndefault_bind = "tcp://*:%p"\n'
+     'default_connect = "tcp://%h:%p"\nhosts = [{ host = "a" }, { host = "b" }]\n',
+     "hosts\\[0\\].bind 'tcp://\\*:0': port 0 is not a port number \\(1-65535\\) \\(without "
+     "bootstrap.default_port, %p is the rank: give default_port, or write it after "
+     "digits, as 90%p\\)$"),
+    ('[bootstrap]\ncurve_cert = "k"\nfanout = 1\ndefault_bind = "tcp://*:99999"\n'
+     'default_connect = "tcp://%h:1"\nhosts = [{ host = "a" }, { host = "b" }]\n',
+     "hosts\\[0\\].bind 'tcp://\\*:99999': port 99999 is not a port number \\(1-65535\\)$"),
+    ('[bootstrap]\ncurve_cert = "k"\nfanout = 1\ndefault_bind = "tcp://*:1"\n'
+     'default_connect = "tcp://%h:*"\nhosts = [{ host = "a" }, { host = "b" }]\n',
+     "hosts\\[0\\].connect 'tcp://a:\\*': a rank with children needs a fixed port"),
+    ('[bootstrap]\ncurve_cert = "k"\nfanout = 1\ndefault_bind = "tcp://*:*"\n'
+     'default_connect = "tcp://%h:1"\nhosts = [{ host = "a" }, { host = "b" }]\n',
+     "hosts\\[0\\].bind 'tcp://\\*:\\*': a rank with children needs a fixed port"),
 ])
 def test_bootstrap_file_errors_say_where(text: str, message: str) -> None:
     with pytest.raises(BootstrapError, match=message):
@@ -235,7 +250,7 @@ hosts = [
     assert boot.endpoints()[1] == "tcp://etest1:8050" and boot.bind_endpoint(1) == "tcp://en0:8050"
     assert boot.rank_of("test5") == 5
     # a plain list, an address and localhost are entries of their own, in order
-    boot = parse('[bootstrap]\ncurve_cert = "k"\nfanout = 8\ndefault_bind = "tcp://*:%p"\n'
+    boot = parse('[bootstrap]\ncurve_cert = "k"\nfanout = 8\ndefault_bind = "tcp://*:9%p"\n'
                  'default_connect = "tcp://%h:9%p"\n'
                  'hosts = [{ host = "[::1]" }, { host = "a,b[7-8]" }, { host = "localhost" }]\n',
                  "x.toml")
