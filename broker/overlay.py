@@ -251,6 +251,9 @@ class Overlay:
         """Set when the parent answered our goodbye (or can no longer)."""
         self._parent_gone = False
         """The parent was lost, or told us to stop: no goodbye to say."""
+        self._parent_stays = False
+        """... and still runs: it refused our hello, or admitted a newer
+        process of this rank in our place."""
         self._leaving: dict[int, str] = {}
         """Children that said goodbye (``overlay.goodbye``), with why: their
         link's closing is a stop, logged at INFO, not a loss."""
@@ -618,9 +621,12 @@ class Overlay:
 
     @property
     def parent_gone(self) -> bool:
-        """This rank stops because of its parent: it was lost, told this
-        rank to stop, or refused its hello."""
-        return self._parent_gone
+        """This rank stops because its parent went: it was lost, or it
+        stopped and told this rank to stop.  Not when the parent, still
+        running, refused this rank's hello or admitted a newer process of
+        it (:attr:`_parent_stays`): a launcher blames the rank above for a
+        ``parent-gone``."""
+        return self._parent_gone and not self._parent_stays
 
     def shutdown_children(self, failed: bool = False) -> None:
         """Tell every child to stop (it tells its own): sent once, before
@@ -1358,7 +1364,7 @@ class Overlay:
             elif (msg.topic == "overlay.refused" and not self.parent_acked
                   and self.on_stop is not None and not self._parent_gone
                   and self.parent is not None):
-                self._parent_gone = True  # (it never admitted us: no goodbye)
+                self._parent_gone = self._parent_stays = True  # (never admitted: no goodbye)
                 why = msg.payload.get("why") if isinstance(msg.payload, dict) else None
                 self.on_stop(f"parent rank {self.parent} at {self.endpoint(self.parent)} "
                              "refused this rank's hello: "
@@ -1366,6 +1372,7 @@ class Overlay:
             elif msg.topic == "overlay.shutdown" and self.on_stop is not None:
                 self._parent_gone = True  # (it stops: it knows why we do)
                 if isinstance(msg.payload, dict) and msg.payload.get("replaced"):
+                    self._parent_stays = True
                     self.on_stop(f"rank {self.parent} admitted a newer rank {self.rank} "
                                  "process in this one's place", 1)
                     return

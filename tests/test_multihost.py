@@ -767,6 +767,8 @@ async def test_a_rank_restarted_while_its_old_link_looks_alive_takes_its_place(
             old.proc.send_signal(signal.SIGCONT)
             assert await exit_codes([old], tmp_path) == [1]
             assert "admitted a newer rank 1 process" in (tmp_path / "stderr1-1").read_text()
+            # (not "parent-gone": a launcher would blame rank 0, which runs on)
+            assert old.proc.stdout is not None and await old.proc.stdout.read() == b""
             assert await h.attr_get("rundir", nodeid=1) == str(new.rundir)
         finally:
             await h.close()
@@ -860,6 +862,7 @@ async def test_a_rank_said_to_be_on_another_host_is_refused_and_the_running_one_
             assert (rc, before) == (0, "0 node0: full\n  1 node1: full\n"), err
             stray = await brokers(config, 1, *named("node0"))
             assert await asyncio.wait_for(stray.proc.wait(), 30) == 1
+            assert stray.proc.stdout is not None and await stray.proc.stdout.read() == b""
             said = (tmp_path / "stderr1-2").read_text()
             assert (f"ERROR kvbroker: parent rank 0 at {endpoint} refused this rank's hello: "
                     "node1.example.org is configured as rank 1: mismatched config? (this "
