@@ -9,6 +9,7 @@ clients whose public key is the instance's: a ZAP handler (pyzmq's
 from __future__ import annotations
 
 import os
+import stat
 from typing import Any
 
 import zmq
@@ -17,6 +18,9 @@ import zmq.auth.thread
 ZAP_DOMAIN = "kvbroker"
 """The ZAP domain of every overlay ROUTER (pyzmq matches it exactly; ``*``
 only stands for sockets that set no domain)."""
+
+KEY_FILE_MAX = 4096
+"""Bytes of a key file read at most: `keygen`'s is 82; a longer one is not one."""
 
 
 def generate_keys(path: str) -> tuple[bytes, bytes]:
@@ -32,8 +36,13 @@ def load_keys(path: str) -> tuple[bytes, bytes]:
     """The (public, secret) pair in a ``kvbroker keygen`` file, checked:
     ValueError saying what is wrong (ZeroMQ's own "Invalid argument" at
     start-up named neither the file nor the fault)."""
-    with open(path, "rb") as f:
-        words = f.read().split()
+    # (non-blocking: a FIFO named here hung the rank, waiting for a writer)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with open(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError("not a regular file (a key pair file, as `kvbroker keygen` "
+                             "writes)")
+        words = f.read(KEY_FILE_MAX + 1).split()
     if len(words) != 2 or any(len(w) != 40 for w in words):
         raise ValueError("not a key pair file (two 40-character Z85 keys, as "
                          "`kvbroker keygen` writes)")

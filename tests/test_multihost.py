@@ -368,6 +368,11 @@ async def test_broker_refuses_a_bad_file_or_rank(tmp_path: Path) -> None:
         key.write_bytes(text)
         rc, _, err = await run_cli("broker", "--config", str(config), "--rank", "0")
         assert rc == 2 and f"curve_cert {key}: " in err and why in err, err
+    # a FIFO (or a directory) named as the key file: said, where a FIFO hung
+    key.unlink()
+    os.mkfifo(key, 0o600)
+    rc, _, err = await run_cli("broker", "--config", str(config), "--rank", "0", timeout=30)
+    assert rc == 2 and f"curve_cert {key}: not a regular file" in err, err
 
 
 async def test_four_ranks_from_one_file_make_one_instance(tmp_path: Path, brokers) -> None:
