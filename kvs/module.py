@@ -152,8 +152,9 @@ def _check_ops(ops: Any, blob_limit: int | None = None, *,
         if (
             not isinstance(op, dict)
             or not isinstance(op.get("key"), str)
-            or not isinstance(op.get("flags", 0), int)
-            or not (op.get("dirent") is None or isinstance(op.get("dirent"), dict))
+            or type(op.get("flags", 0)) is not int  # (as rank 0: not a bool)
+            or "dirent" not in op
+            or not (op["dirent"] is None or isinstance(op["dirent"], dict))
         ):
             raise ErrnoError(errno.EPROTO, "each op must be {key: str, flags: int, "
                                            "dirent: treeobj|null}")

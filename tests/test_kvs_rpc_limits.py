@@ -358,3 +358,10 @@ async def test_a_malformed_op_is_refused_where_it_enters_and_fails_alone(
     messages = (await h3.rpc("broker.stats-get", {}))["messages"]
     assert messages["unroutable"] == messages["unencodable"] == 0
     assert (await refusal(commit(h0, bad_val))).errnum == errno.EINVAL  # rank 0 alike
+    # flags that are a bool, or no dirent: rank 0 refuses them, and so does
+    # the follower now (it relayed them, to be refused there)
+    for op in ({"key": "b", "flags": True, "dirent": val("x")}, {"key": "b", "flags": 0}):
+        for h in (h3, h0):
+            exc = await refusal(commit(h, op))
+            assert exc.errnum == errno.EPROTO, (op, exc)
+    assert (await stats(h3))["counts"]["relayed"] == relayed + 2
