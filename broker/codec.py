@@ -38,6 +38,8 @@ from broker.message import Message, MsgType, RawPayload
 OOB_EXT = 1
 OOB_THRESHOLD = 4096
 MAX_FRAMES = 64
+MATCHTAG_MAX = 2**32 - 1
+"""A matchtag is a u32: a client picks 1 to this, 0 is for no answer."""
 MAX_BLOBS = MAX_FRAMES - 2
 """Blob frames one payload may use: the header and the packed map take two."""
 DEFAULT_MAX_MESSAGE = 1 << 30
@@ -289,6 +291,9 @@ def decode(frames: Sequence[Frame]) -> Message:
     for hop in route:
         if type(hop) is not str:
             raise ProtocolError("malformed header: a field has the wrong type")
+    if not 0 <= matchtag <= MATCHTAG_MAX:
+        raise ProtocolError(f"malformed header: matchtag {matchtag} is not a u32 "
+                            f"(0 to {MATCHTAG_MAX})")
     payload = RawPayload(list(frames[1:])) if len(frames) > 1 else None
     return Message.from_fields(mtype, topic, payload, matchtag, nodeid, flags, userid,
                                rolemask, route, errnum, errstr, seq)
@@ -303,7 +308,8 @@ def peek_request(header: Frame) -> tuple[int, str, int] | None:
     except Exception:
         return None
     if (type(h) is not list or len(h) < 3 or h[0] != MsgType.REQUEST
-            or type(h[1]) is not str or type(h[2]) is not int):
+            or type(h[1]) is not str or type(h[2]) is not int
+            or not 0 <= h[2] <= MATCHTAG_MAX):  # (no answer could carry it)
         return None
     flags = h[4] if len(h) > 4 and type(h[4]) is int else 0
     return h[2], h[1], flags

@@ -92,6 +92,26 @@ async def test_garbage_payload_gets_eproto_with_its_matchtag(start_instance) -> 
         await raw.close()
 
 
+async def test_a_request_whose_matchtag_is_not_a_u32_is_dropped(start_instance,
+                                                                 connect) -> None:
+    """A matchtag is a u32 (protocol.md): one outside it could be carried
+    by no answer, so the request is dropped and counted, not served."""
+    inst = await start_instance(size=1)
+    raw = await RawClient.connect(inst)
+    try:
+        async with asyncio.timeout(10):
+            for tag in (2**32, -1, 2**63):
+                h = [MsgType.REQUEST, "attr.get", tag, 0, 0, 0, 0, [], 0, None, 0]
+                raw.send_frames([msgpack.packb(h), msgpack.packb({"name": "rank"})])
+            # the next answer on this connection is the ping's, nothing before it
+            msg = await raw.rpc("broker.ping", {}, matchtag=2**32 - 1)
+            assert (msg.matchtag, msg.errnum, msg.topic) == (2**32 - 1, 0, "broker.ping")
+            h = await connect(inst)
+            assert (await stats(h))["connector"]["malformed"] == 3
+    finally:
+        await raw.close()
+
+
 async def test_malformed_noresponse_request_gets_no_answer(start_instance) -> None:
     inst = await start_instance(size=1)
     raw = await RawClient.connect(inst)

@@ -223,6 +223,8 @@ def test_garbage_headers(frames: list[bytes]) -> None:
         {"topic": None},
         {"matchtag": "7"},
         {"matchtag": 1.5},
+        {"matchtag": -1},
+        {"matchtag": 2**32},
         {"nodeid": "any"},
         {"nodeid": None},
         {"flags": [1]},
@@ -273,6 +275,7 @@ def test_peek_request_of_a_spoiled_request() -> None:
     assert codec.peek_request(msgpack.packb([1, "t", 3])) == (3, "t", 0)
     assert codec.peek_request(msgpack.packb(header(type=2, route="bad"))) is None
     assert codec.peek_request(msgpack.packb(header(matchtag="7"))) is None
+    assert codec.peek_request(msgpack.packb(header(matchtag=2**32))) is None  # not a u32
     assert codec.peek_request(b"\xc1") is None
     assert codec.peek_request(msgpack.packb({"a": 1})) is None
 
