@@ -312,6 +312,10 @@ def _conditions(args: argparse.Namespace) -> TxnOps:
 
 def cmd_put(args: argparse.Namespace) -> int:
     args.what = "kvs put"  # (before _run: reading standard input may fail first)
+    if args.treeobj and args.append:
+        # (Flux drops --append here: the tree object replaced the value)
+        raise UsageError("--append cannot be combined with --treeobj (a tree object "
+                         "replaces the entry)")
     ops = _conditions(args)
     keys = []
     for pair in args.pairs:

@@ -225,7 +225,7 @@ def _wire_size(payload: Any) -> int:
 
 def _commit_flags(p: dict[str, Any]) -> int:
     flags = p.get("flags", 0)
-    if not isinstance(flags, int):
+    if type(flags) is not int:  # (not a bool: as every other int field)
         raise ErrnoError(errno.EPROTO, "flags must be an integer")
     return flags
 
@@ -820,7 +820,7 @@ class KvsModule(Module):
     async def _lookup(self, msg: Message, plus: bool) -> None:
         p = require(msg.payload, key=str)
         flags = p.get("flags", 0)
-        if not isinstance(flags, int):
+        if type(flags) is not int:  # (not a bool: as every other int field)
             raise ErrnoError(errno.EPROTO, "flags must be an integer")
         ns: Namespace | None = None
         name = _ns_name(p)

@@ -714,6 +714,8 @@ async def test_negative_counts_ranks_and_timeouts_are_usage_errors(args, message
      "--at cannot be combined with --watch, --waitcreate or --stream"),
     ("kvs get", ("-w", "-S", "k"), "--watch and --stream cannot be combined"),
     ("kvs eventlog get", ("-w", "-S", "log"), "--watch and --stream cannot be combined"),
+    ("kvs put", ("-A", "-t", 'k={"ver":1,"type":"val","data":"eA=="}'),  # (was: replaced k)
+     "--append cannot be combined with --treeobj (a tree object replaces the entry)"),
     ("rpc", ("broker.ping", "notjson"),
      "argument PAYLOAD-JSON: not valid JSON: Expecting value: line 1 column 1 (char 0)"),
     ("event pub", ("job.x", "{not json"), "argument PAYLOAD-JSON: not valid JSON: "

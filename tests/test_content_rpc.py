@@ -92,6 +92,25 @@ async def test_bad_payloads_are_eproto(start_instance, connect, size) -> None:
 
 
 @SIZES
+async def test_a_hold_keeps_its_blobs_until_released(start_instance, connect, size) -> None:
+    """A store under a ``hold`` is held on rank 0 until a store with
+    ``{hold, release: true}`` -- no ``blobs`` needed (it was EPROTO, though
+    protocol.md documents that form), from any rank."""
+    inst = await start_instance(size=size, fanout=2)
+    h0, h = await connect(inst, 0), await connect(inst, size - 1)
+    resp = await asyncio.wait_for(h.rpc("content.store", {"blobs": [b"held"],
+                                                          "hold": "restore-1"}), T)
+    assert resp == {"blobrefs": [sha256(b"held")]}
+    assert (await stats(h0, "content"))["holds"] == 1
+    for bad in ({"hold": "restore-1"}, {"release": True}, {"hold": "restore-1", "release": 1}):
+        assert await errnum(h.rpc("content.store", bad)) == errno.EPROTO, bad
+    resp = await asyncio.wait_for(h.rpc("content.store", {"hold": "restore-1",
+                                                          "release": True}), T)
+    assert resp == {"blobrefs": []}
+    assert (await stats(h0, "content"))["holds"] == 0
+
+
+@SIZES
 async def test_blob_size_limit(start_instance, connect, size) -> None:
     inst = await start_instance(size=size, fanout=2,
                                 attrs={"content.blob-size-limit": "1000"})

@@ -65,6 +65,8 @@ async def test_malformed_payloads_are_eproto(kvs4) -> None:
     ("kvs.commit", {"namespace": "primary", "flags": 0, "ops": "put a=1"}),
     ("kvs.commit", {"namespace": "primary", "flags": 0, "ops": {"key": "a"}}),
     ("kvs.commit", {"namespace": "primary", "flags": "4", "ops": []}),
+    ("kvs.commit", {"namespace": "primary", "flags": True, "ops": []}),  # (no bool)
+    ("kvs.lookup", {"key": "a", "flags": True}),
     ("kvs.commit", {"namespace": ["primary"], "flags": 0, "ops": []}),
     ("kvs.commit", {"namespace": "primary", "flags": 0, "ops": [5]}),
     ("kvs.commit", {"namespace": "primary", "flags": 0, "ops": [{"flags": 0, "dirent": None}]}),

@@ -975,10 +975,11 @@ class ContentModule(Module):
     async def store(self, msg: Message) -> None:
         _owner_only(msg)
         p = msg.payload
-        if not isinstance(p, dict) or ("data" not in p and "blobs" not in p):
+        if not isinstance(p, dict) or ("data" not in p and "blobs" not in p
+                                       and p.get("release") is not True):
             raise ErrnoError(errno.EPROTO, "content.store needs data or blobs")
         single = "data" in p
-        raw = [p["data"]] if single else p["blobs"]
+        raw = [p["data"]] if single else p.get("blobs", [])  # (a release may store none)
         if not isinstance(raw, list):
             raise ErrnoError(errno.EPROTO, "blobs must be a list")
         blobs = [self._check_blob(d) for d in raw]
