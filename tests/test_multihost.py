@@ -314,6 +314,32 @@ async def test_a_file_without_hosts_runs_one_rank_on_its_own(tmp_path: Path) -> 
     assert (rc, out) == (0, "1\nx\nsolo\n"), err
 
 
+async def test_a_second_rank_0_on_the_same_rundir_says_it_is_in_use(tmp_path: Path) -> None:
+    """Two standalone ranks (no bind to collide on) given one ``--rundir``:
+    the second said ``StoreLocked: .../content.sqlite: database is locked``.
+    It now says the run directory is another rank 0's, and the first runs on."""
+    config = tmp_path / "one.toml"
+    config.write_text("[bootstrap]\n")
+    rundir = tmp_path / "run"
+    first = await asyncio.create_subprocess_exec(
+        KVBROKER, "broker", "--config", str(config), "--rundir", str(rundir),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+        stdin=asyncio.subprocess.DEVNULL)
+    try:
+        assert first.stdout is not None
+        line = (await asyncio.wait_for(first.stdout.readline(), START)).decode()
+        assert line.startswith("ready "), line
+        rc, _, err = await run_cli("broker", "--config", str(config), "--rundir", str(rundir),
+                                   timeout=30)
+        assert rc == 1 and (f"start-up failed: rundir {rundir} is in use by another rank 0 "
+                            "(its content.sqlite is locked)") in err, err
+        rc, out, err = await run_cli("ping", uri=f"local://{rundir}/local-0")
+        assert rc == 0 and first.returncode is None, err
+    finally:
+        first.kill()
+        await first.wait()
+
+
 def test_bootstrap_file_missing(tmp_path: Path) -> None:
     with pytest.raises(BootstrapError, match="nope.toml: No such file or directory"):
         load(str(tmp_path / "nope.toml"))

@@ -403,8 +403,10 @@ class ContentModule(Module):
                 self.rowids.note(await self.db(self.backing.max_rowid))
                 self.backing.checkpoints_kept = MAX_CHECKPOINTS.value(self.ctx.attrs)
             except StoreLocked:
-                if not statedir:
-                    raise
+                if not statedir:  # (the run directory's store: another rank 0 runs there)
+                    raise ErrnoError(errno.EBUSY, f"rundir {os.path.dirname(path)} is in use "
+                                                  "by another rank 0 (its content.sqlite is "
+                                                  "locked)") from None
                 raise ErrnoError(errno.EBUSY, f"statedir {statedir} is in use by another "
                                               "instance (its content.sqlite is locked)") from None
             except sqlite3.DatabaseError as exc:  # (not a database, damaged, ...)
