@@ -66,23 +66,34 @@ def parse(uri: str) -> SshTarget:
     return SshTarget(host=parts.hostname, path=parts.path, user=parts.username, port=port)
 
 
-def remote_command() -> str:
-    """The ``kvbroker`` to run on the remote host."""
+def _words(name: str, value: str) -> list[str]:
+    """Environment variable ``name``'s command line, split as a shell would."""
+    try:
+        return shlex.split(value)
+    except ValueError as exc:  # (unbalanced quotes: said naming the variable)
+        raise ValueError(f"${name} {value!r}: {exc}") from None
+
+
+def remote_command() -> list[str]:
+    """The ``kvbroker`` command to run on the remote host, as words:
+    ``$KVBROKER_SSH_RCMD`` may carry some (``/opt/venv/bin/python -m
+    broker.cli``), split as ``$KVBROKER_SSH`` is (as one word it named no
+    program there)."""
     rcmd = os.environ.get("KVBROKER_SSH_RCMD")
-    if rcmd:
-        return rcmd
+    if rcmd and rcmd.strip():
+        return _words("KVBROKER_SSH_RCMD", rcmd)
     here = os.path.join(os.path.dirname(sys.executable), "kvbroker")
-    return here if os.access(here, os.X_OK) else (shutil.which("kvbroker") or "kvbroker")
+    return [here if os.access(here, os.X_OK) else (shutil.which("kvbroker") or "kvbroker")]
 
 
 def ssh_argv(target: SshTarget) -> list[str]:
-    argv = shlex.split(os.environ.get("KVBROKER_SSH") or "ssh")
+    argv = _words("KVBROKER_SSH", os.environ.get("KVBROKER_SSH") or "ssh")
     if target.port is not None:
         argv += ["-p", str(target.port)]
     if target.user:
         argv += ["-l", target.user]
     # ssh hands the remote side one command line for its shell
-    return [*argv, target.host, shlex.join([remote_command(), "relay", target.path])]
+    return [*argv, target.host, shlex.join([*remote_command(), "relay", target.path])]
 
 
 async def open_connection(uri: str) -> tuple[socket.socket, subprocess.Popen[bytes]]:

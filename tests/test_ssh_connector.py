@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 import pytest
-from test_broker_support import run_cli
+from test_broker_support import KVBROKER, run_cli
 from test_kvs_rpc_helpers import commit, put
 
 from broker import ssh
@@ -57,6 +57,21 @@ async def test_the_cli_reaches_a_rank_over_ssh(start_instance, standin: Path) ->
     first = standin.read_text().splitlines()[0]
     assert first.startswith("-p 2222 -l alice node1 ")
     assert first.endswith(f"relay {inst.uri(1).removeprefix('local://')}")
+
+
+async def test_the_remote_command_may_be_several_words(start_instance, standin: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """``$KVBROKER_SSH_RCMD`` of several words (an interpreter and a
+    module, ``env`` and a path) was quoted as one word: no such program."""
+    inst = await start_instance(size=1)
+    monkeypatch.setenv("KVBROKER_SSH_RCMD", f"env {KVBROKER}")
+    rc, out, err = await run_cli("ping", "0", uri=ssh_uri(inst.uri(0)))
+    assert rc == 0 and "route=c" in out, (out, err)
+    assert standin.read_text().splitlines()[0] == \
+        f"node1 env {KVBROKER} relay {inst.uri(0).removeprefix('local://')}"
+    monkeypatch.setenv("KVBROKER_SSH_RCMD", 'kvbroker "')  # (named, not just "No closing ...")
+    rc, _, err = await run_cli("ping", "0", uri=ssh_uri(inst.uri(0)))
+    assert rc == 1 and "$KVBROKER_SSH_RCMD 'kvbroker \"': No closing quotation" in err, err
 
 
 async def test_a_handle_over_ssh_watches_and_closes_cleanly(start_instance, connect,
