@@ -163,6 +163,25 @@ def ranks_loop(args: argparse.Namespace) -> str:
     return getattr(args, "event_loop", None) or os.environ.get(LOOP_ENV) or "auto"
 
 
+def take_dir_attrs(args: argparse.Namespace, attrs: dict[str, Any],
+                   names: tuple[str, ...]) -> None:
+    """Flux's ``-S statedir=DIR`` (and, for ``broker``, ``-S rundir=DIR``):
+    its spelling of ``--statedir`` (``--rundir``), so a ``flux start``
+    line runs as written; taken out of ``attrs`` into ``args``.  Refused
+    when the option says another directory."""
+    for name in names:
+        if name not in attrs:
+            continue
+        value = str(attrs.pop(name))
+        given = getattr(args, name)
+        if not value:
+            raise UsageError(f"-S {name}= names no directory (or give --{name} DIR)")
+        if given and os.path.abspath(given) != os.path.abspath(value):
+            raise UsageError(f"-S {name}={value} and --{name} {given} name two "
+                             "directories: give one")
+        setattr(args, name, value)
+
+
 def cmd_start(args: argparse.Namespace) -> int:
     """Start an instance, run the command in it (or serve until signalled),
     stop it.
@@ -180,6 +199,10 @@ def cmd_start(args: argparse.Namespace) -> int:
     command = command_args(args.cmdline)
     args.event_loop = ranks_loop(args)
     attrs = dict([*broker_opts(args.broker_opts), *(args.setattr or [])])
+    take_dir_attrs(args, attrs, ("statedir",))
+    if "rundir" in attrs:  # (the attribute's own message names broker's --rundir)
+        raise UsageError("-S rundir: start makes a run directory of its own, removed when "
+                         "the instance stops (kvbroker broker takes --rundir DIR)")
     for option, value in (("--size", args.size), ("--fanout", args.fanout)):
         if value < 1:
             raise UsageError(f"{option} must be at least 1 (got {value})")
@@ -387,6 +410,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
     try:
         boot = bootstrap.load(args.config)
         attrs = {**boot.attrs, **dict(args.setattr or []), battrs.TRANSPORT.name: "tcp"}
+        take_dir_attrs(args, attrs, ("statedir", "rundir"))
         hostname = battrs.rank_hostname(attrs)
         if hello_hostname({"hostname": hostname}) is None:  # (its hello would say none)
             raise bootstrap.BootstrapError(

@@ -312,6 +312,13 @@ async def test_a_file_without_hosts_runs_one_rank_on_its_own(tmp_path: Path) -> 
     rc, out, err = await run_cli("broker", "--config", str(config), "-S", "hostname=solo",
                                  "--", "sh", "-c", script + " && kvbroker attr get hostlist")
     assert (rc, out) == (0, "1\nx\nsolo\n"), err
+    # Flux's -S statedir=DIR and -S rundir=DIR: its spellings of the options
+    state, run = tmp_path / "state", tmp_path / "run"
+    rc, out, err = await run_cli("broker", "--config", str(config), "-S", f"statedir={state}",
+                                 "-S", f"rundir={run}", "--", "sh", "-c",
+                                 "kvbroker attr get statedir && kvbroker attr get rundir")
+    assert (rc, out) == (0, f"{state}\n{run}\n"), err
+    assert (state / "content.sqlite").is_file() and run.is_dir()
 
 
 async def test_a_second_rank_0_on_the_same_rundir_says_it_is_in_use(tmp_path: Path) -> None:
