@@ -288,6 +288,11 @@ class KvsModule(Module):
         self.recent_roots = RecentRoots()
         self._failure_log = LogThrottle(self.log, every=FAILURE_LOG_EVERY)
         self.statedir = str(ctx.attrs.get("statedir") or "")
+        # Flux's content.restore and content.dump (kvs/dumps.py) need a
+        # checkpoint without a statedir too: the one restored, read at
+        # start; the final one, which the dump reads at stop.
+        self.loads_checkpoint = bool(self.statedir or ctx.attrs.get("content.restore"))
+        self.final_checkpoint = bool(self.statedir or ctx.attrs.get("content.dump"))
         self.blobs = BlobStore(CACHE_BYTES.value(ctx.attrs))
         # decoded objects: bounded as the blobs are (they cost a few times
         # their blob's bytes), and by count
@@ -399,7 +404,7 @@ class KvsModule(Module):
             content.restored.span = max(content.restored.span, self.root_history.grace)
         rootref, rootseq = "", 0
         saved_leases: Any = None
-        if self.statedir:
+        if self.loads_checkpoint:
             rootref, rootseq, saved_leases = await self._restore()
         else:
             self.log.info("no statedir: the primary namespace starts empty, and is not kept "
@@ -426,8 +431,9 @@ class KvsModule(Module):
         except RemoteError as exc:
             if exc.errnum != errno.ENOENT:
                 raise
-            self.log.info("no checkpoint in statedir %s: the primary namespace starts "
-                          "empty", self.statedir)
+            self.log.info("no checkpoint in %s: the primary namespace starts empty",
+                          f"statedir {self.statedir}" if self.statedir
+                          else "the restored store")
             return "", 0, None
         value = cp.get("value")
         if not (isinstance(value, dict) and blobref.is_valid(value.get("rootref"))
@@ -476,7 +482,7 @@ class KvsModule(Module):
             # the last checkpoint's drain writes their blobs
             self._content.release_waiters()
         await self.commits.drain(STOP_DRAIN_TIMEOUT)
-        if self.leader and self.statedir:
+        if self.leader and self.final_checkpoint:
             try:
                 written = await self._checkpoint()
             except Exception:

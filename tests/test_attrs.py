@@ -19,7 +19,8 @@ CLI_MD = Path(__file__).resolve().parent.parent / "docs" / "cli.md"
 
 def documented_defaults() -> dict[str, str]:
     """``{attribute: default}`` from the tunable-attributes table of docs/cli.md."""
-    rows = re.findall(r"^\| `([a-z0-9._-]+)` \| `([^`]*)`", CLI_MD.read_text(), re.M)
+    rows = re.findall(r"^\| `([a-z0-9._-]+)` \| (?:`([^`]*)`|\(none\))", CLI_MD.read_text(),
+                      re.M)  # ("(none)": an empty default)
     assert len(rows) >= 10, rows
     return dict(rows)
 

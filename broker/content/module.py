@@ -67,7 +67,7 @@ from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, ClassVar, TypeVar
 
-from broker.attrs import CONTENT_HASH, LINK_MAX_MESSAGE, AttrSpec, integer
+from broker.attrs import CONTENT_HASH, LINK_MAX_MESSAGE, AttrSpec, integer, text
 from broker.content import blobref
 from broker.content.collection import Collection, Holds, RecentRefs, RowidMarks, busy
 from broker.content.sqlite import (
@@ -184,6 +184,15 @@ MAX_CHECKPOINTS = AttrSpec(
     "(kvbroker content checkpoint list; 1: only the current; at most 100)")
 """At most :data:`MAX_CHECKPOINTS_KEPT`: ``content.checkpoint-list`` answers
 them all in one message, and a KVS checkpoint carries its leases."""
+DUMP = AttrSpec("content.dump", "", text,
+                "rank 0: at stop, dump the KVS checkpoint to this archive (auto: "
+                "STATEDIR/dump/DATE.tgz and a RESTORE link to it), as Flux's")
+RESTORE = AttrSpec("content.restore", "", text,
+                   "rank 0: at start, empty the store and restore this archive into it "
+                   "(auto: what STATEDIR/dump/RESTORE names, if it exists), as Flux's")
+"""Applied by :mod:`kvs.dumps` (the archive code is the KVS's), with the
+store closed: before :meth:`ContentModule.start` opens it, after
+:meth:`ContentModule.stop` closed it."""
 STATS_WAIT = 2.0
 """Seconds ``content.stats-get`` waits for the SQLite thread's figures
 before answering without them (:meth:`ContentModule._store_figures`)."""
@@ -250,7 +259,8 @@ _T = TypeVar("_T")
 class ContentModule(Module):
     name: ClassVar[str] = "content"
     attributes: ClassVar[tuple[AttrSpec, ...]] = (BLOB_SIZE_LIMIT, CACHE_BYTES, BACKLOG_BYTES,
-                                                  DISK_RESERVE, STORE_QUOTA, MAX_CHECKPOINTS)
+                                                  DISK_RESERVE, STORE_QUOTA, MAX_CHECKPOINTS,
+                                                  DUMP, RESTORE)
 
     def __init__(self, ctx: Any) -> None:
         super().__init__(ctx)
@@ -391,9 +401,16 @@ class ContentModule(Module):
             self.persistent = bool(statedir)
             self._thread = StoreThread("content-sqlite")
             path = os.path.join(directory, STORE_FILE)
+            restored = None
+            if self.ctx.attrs.get(RESTORE.name):
+                from kvs import dumps  # (content.restore: Flux's restore at start)
+
+                restored = await asyncio.to_thread(dumps.restore_at_start, self.ctx.attrs,
+                                                   directory, statedir)
             try:
                 self.backing = await self.db(SqliteStore, path)
-                if not statedir and await self.db(self.backing.max_rowid):
+                if (not statedir and restored is None
+                        and await self.db(self.backing.max_rowid)):
                     # A rank 0 killed before its stop removed it (a --rundir
                     # it was given): nothing is kept without a statedir, and
                     # reused, the old copy of every value lived on and grew.
@@ -449,6 +466,15 @@ class ContentModule(Module):
                 await self.db(self.backing.close)
             except sqlite3.Error as exc:
                 failed = failed or store_error(exc, "closing the content store")
+            if self.ctx.attrs.get(DUMP.name) and failed is None:
+                from kvs import dumps  # (content.dump: Flux's dump at stop)
+
+                try:
+                    await asyncio.to_thread(dumps.dump_at_stop, self.ctx.attrs,
+                                            os.path.dirname(self.backing.path),
+                                            self.ctx.attrs.get("statedir") or "")
+                except ErrnoError as exc:
+                    failed = exc
             if not self.persistent:
                 # Nothing is kept without a statedir: a run directory the
                 # rank was given (kvbroker broker --rundir) outlives it, and

@@ -1,0 +1,133 @@
+"""Flux's ``content.dump`` and ``content.restore``: rank 0 dumps the KVS
+checkpoint to an archive as it stops, and restores one into an emptied
+store as it starts -- an offline garbage collection across a restart, as
+Flux's rc3 and rc1 scripts do with ``flux dump --checkpoint`` and ``flux
+restore --checkpoint``.
+
+* ``-S content.dump=FILE`` writes the archive to FILE (a tar, compressed
+  as its name says: :mod:`kvs.archive`); ``auto`` writes
+  ``DIR/dump/YYYYmmdd_HHMMSS.tgz`` and points the symlink
+  ``DIR/dump/RESTORE`` at it, where DIR is the statedir, or without one
+  rank 0's working directory (as Flux's ``.``).
+* ``-S content.restore=FILE`` empties the store and restores FILE into
+  it before the KVS loads (a FILE that does not exist: the store is
+  emptied all the same, as Flux's truncate); ``auto`` restores what
+  ``DIR/dump/RESTORE`` names, if it exists, then removes the link (the
+  archive stays), and otherwise leaves the store as it is.
+
+The content module calls these on rank 0 with its store closed: before it
+opens the store (:func:`restore_at_start`) and after it closed it at stop
+(:func:`dump_at_stop`).  They block, so it runs them in a thread.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from broker.content.module import DUMP, RESTORE
+from broker.content.sqlite import STORE_FILE
+from broker.errors import ErrnoError
+
+RESTORE_SIZE_LIMIT = 100 * 1024 * 1024
+"""Largest value a restore at start takes (Flux's rc1: ``--size-limit=100M``)."""
+AUTO = "auto"
+LINK = "RESTORE"
+
+log = logging.getLogger("kvbroker.content")
+
+
+def _auto_dir(statedir: str) -> str:
+    """Where ``auto`` dumps go: the statedir's ``dump``, else the working
+    directory's (Flux's ``.`` for an instance whose statedir is removed)."""
+    return os.path.join(statedir or os.getcwd(), "dump")
+
+
+def restore_at_start(attrs: Mapping[str, Any], store_dir: str, statedir: str) -> str | None:
+    """Before rank 0's content store opens: apply ``content.restore`` to
+    ``store_dir/content.sqlite``.  The archive restored, if any."""
+    from kvs import archive  # (the archive code needs the kvs engines)
+
+    setting = str(attrs.get(RESTORE.name) or "")
+    if not setting:
+        return None
+    link: str | None = None
+    if setting == AUTO:
+        link = os.path.join(_auto_dir(statedir), LINK)
+        if not os.path.islink(link):
+            return None
+        path = os.path.realpath(link)
+    else:
+        path = os.path.abspath(setting)
+    store = os.path.join(store_dir, STORE_FILE)
+    if os.path.exists(store):  # (never empty a store another instance has open)
+        try:
+            with archive.open_stopped_store(store_dir, create=False,
+                                            instead="content.restore empties it: stop that "
+                                                    "one"):
+                pass
+        except archive.ArchiveError as exc:
+            raise ErrnoError(errno.EBUSY, f"content.restore: {exc}") from None
+    for p in (STORE_FILE, STORE_FILE + "-wal", STORE_FILE + "-shm"):  # (Flux's truncate)
+        try:
+            os.unlink(os.path.join(store_dir, p))
+        except FileNotFoundError:
+            pass
+    restored = None
+    if os.path.isfile(path):
+        log.info("restoring content from %s", path)
+        started = time.monotonic()
+        try:
+            report = archive.restore_checkpoint(store_dir, path,
+                                                size_limit=RESTORE_SIZE_LIMIT)
+        except (archive.ArchiveError, OSError) as exc:
+            raise ErrnoError(_errnum(exc), f"content.restore {path}: {exc}") from None
+        log.info("restored %d keys and %d empty directories (%d blobs) from %s in %.1f s",
+                 report.keys, report.dirs, report.blobs, path, time.monotonic() - started)
+        restored = path
+    else:
+        log.warning("content.restore %s: no such file: the store starts empty", path)
+    if link is not None:
+        os.unlink(link)
+    return restored
+
+
+def dump_at_stop(attrs: Mapping[str, Any], store_dir: str, statedir: str) -> str | None:
+    """After rank 0's content store closed at stop: apply ``content.dump``.
+    The archive written, if any.  Blobs the checkpoint names that the store
+    lacks are left out and logged (Flux's ``--ignore-failed-read``)."""
+    from kvs import archive
+
+    setting = str(attrs.get(DUMP.name) or "")
+    if not setting:
+        return None
+    link: str | None = None
+    if setting == AUTO:
+        where = _auto_dir(statedir)
+        os.makedirs(where, exist_ok=True)
+        path = os.path.join(where, time.strftime("%Y%m%d_%H%M%S") + ".tgz")
+        link = os.path.join(where, LINK)
+    else:
+        path = os.path.abspath(setting)
+    log.info("dumping content to %s", path)
+    try:
+        report = archive.dump_checkpoint(store_dir, path, ignore_failed_read=True)
+    except (archive.ArchiveError, OSError) as exc:
+        raise ErrnoError(_errnum(exc), f"content.dump {path}: {exc}") from None
+    for what in report.skipped:
+        log.error("content.dump: left out %s", what)
+    if link is not None:
+        try:
+            os.unlink(link)
+        except FileNotFoundError:
+            pass
+        os.symlink(os.path.basename(path), link)
+    return path
+
+
+def _errnum(exc: Exception) -> int:
+    return exc.errno if isinstance(exc, OSError) and exc.errno else errno.EIO
