@@ -26,7 +26,7 @@ import errno
 import logging
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from broker.content.module import DUMP, RESTORE
@@ -96,10 +96,12 @@ def restore_at_start(attrs: Mapping[str, Any], store_dir: str, statedir: str) ->
     return restored
 
 
-def dump_at_stop(attrs: Mapping[str, Any], store_dir: str, statedir: str) -> str | None:
+def dump_at_stop(attrs: Mapping[str, Any], store_dir: str, statedir: str,
+                 on_bytes: Callable[[int], None] | None = None) -> str | None:
     """After rank 0's content store closed at stop: apply ``content.dump``.
     The archive written, if any.  Blobs the checkpoint names that the store
-    lacks are left out and logged (Flux's ``--ignore-failed-read``)."""
+    lacks are left out and logged (Flux's ``--ignore-failed-read``).
+    ``on_bytes(n)``: each entry written, with its bytes (from this thread)."""
     from kvs import archive
 
     setting = str(attrs.get(DUMP.name) or "")
@@ -115,7 +117,9 @@ def dump_at_stop(attrs: Mapping[str, Any], store_dir: str, statedir: str) -> str
         path = os.path.abspath(setting)
     log.info("dumping content to %s", path)
     try:
-        report = archive.dump_checkpoint(store_dir, path, ignore_failed_read=True)
+        report = archive.dump_checkpoint(
+            store_dir, path, ignore_failed_read=True,
+            on_item=None if on_bytes is None else lambda item: on_bytes(len(item.data) + 1))
     except (archive.ArchiveError, OSError) as exc:
         raise ErrnoError(_errnum(exc), f"content.dump {path}: {exc}") from None
     for what in report.skipped:

@@ -266,6 +266,8 @@ class ContentModule(Module):
         super().__init__(ctx)
         attrs = ctx.attrs
         self.hash_name = CONTENT_HASH.value(attrs)
+        self._dump_left = 0
+        """While ``content.dump`` runs at stop: bytes it has left, about."""
         self.blob_limit = BLOB_SIZE_LIMIT.value(attrs)
         self.cache_limit = CACHE_BYTES.value(attrs)
         self.cache: OrderedDict[str, bytes] = OrderedDict()
@@ -469,12 +471,22 @@ class ContentModule(Module):
             if self.ctx.attrs.get(DUMP.name) and failed is None:
                 from kvs import dumps  # (content.dump: Flux's dump at stop)
 
+                # What is left falls as the dump goes (from the store's size:
+                # a bound), so a launcher waits for a long dump, not the
+                # stop timeout (:meth:`left_to_write`).
+                self._dump_left = max(1, os.path.getsize(self.backing.path))
+
+                def dumped(n: int) -> None:  # (the dump's thread: one int assigned)
+                    self._dump_left = max(1, self._dump_left - n)
+
                 try:
                     await asyncio.to_thread(dumps.dump_at_stop, self.ctx.attrs,
                                             os.path.dirname(self.backing.path),
-                                            self.ctx.attrs.get("statedir") or "")
+                                            self.ctx.attrs.get("statedir") or "", dumped)
                 except ErrnoError as exc:
                     failed = exc
+                finally:
+                    self._dump_left = 0
             if not self.persistent:
                 # Nothing is kept without a statedir: a run directory the
                 # rank was given (kvbroker broker --rundir) outlives it, and
@@ -776,8 +788,9 @@ class ContentModule(Module):
         fut.add_done_callback(done)
 
     def left_to_write(self) -> int:
-        """Rank 0 with a statedir: the backlog, which its stop writes."""
-        return self.backlog_bytes if self.persistent else 0
+        """Rank 0 with a statedir: the backlog, which its stop writes; while
+        it dumps (``content.dump``), about what the dump has left."""
+        return self._dump_left or (self.backlog_bytes if self.persistent else 0)
 
     def _note_unwritten(self, blobs: Mapping[str, bytes]) -> None:
         self.store_seq += 1
