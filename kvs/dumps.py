@@ -85,7 +85,7 @@ def restore_at_start(attrs: Mapping[str, Any], store_dir: str, statedir: str) ->
             report = archive.restore_checkpoint(store_dir, path,
                                                 size_limit=RESTORE_SIZE_LIMIT)
         except (archive.ArchiveError, OSError) as exc:
-            raise ErrnoError(_errnum(exc), f"content.restore {path}: {exc}") from None
+            raise ErrnoError(_errnum(exc), f"content.restore {path}: {_why(exc, path)}") from None
         log.info("restored %d keys and %d empty directories (%d blobs) from %s in %.1f s",
                  report.keys, report.dirs, report.blobs, path, time.monotonic() - started)
         restored = path
@@ -121,7 +121,7 @@ def dump_at_stop(attrs: Mapping[str, Any], store_dir: str, statedir: str,
             store_dir, path, ignore_failed_read=True,
             on_item=None if on_bytes is None else lambda item: on_bytes(len(item.data) + 1))
     except (archive.ArchiveError, OSError) as exc:
-        raise ErrnoError(_errnum(exc), f"content.dump {path}: {exc}") from None
+        raise ErrnoError(_errnum(exc), f"content.dump {path}: {_why(exc, path)}") from None
     for what in report.skipped:
         log.error("content.dump: left out %s", what)
     if link is not None:
@@ -135,3 +135,9 @@ def dump_at_stop(attrs: Mapping[str, Any], store_dir: str, statedir: str,
 
 def _errnum(exc: Exception) -> int:
     return exc.errno if isinstance(exc, OSError) and exc.errno else errno.EIO
+
+
+def _why(exc: Exception, path: str) -> str:
+    """The reason alone, without the path the message names already."""
+    why = (exc.strerror or str(exc)) if isinstance(exc, OSError) else str(exc)
+    return why.removeprefix(f"{path}: ")

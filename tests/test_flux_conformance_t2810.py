@@ -85,3 +85,11 @@ async def test_a_restore_that_cannot_be_read_stops_the_start(tmp_path: Path) -> 
                                  timeout=T)
     assert rc != 0 and out == "", err
     assert f"start-up failed: content.restore {bad}: " in err, err
+
+
+async def test_a_dump_that_cannot_be_written_fails_the_stop_saying_why(tmp_path: Path) -> None:
+    target = tmp_path / "nodir" / "x.tgz"
+    rc, _, err = await run_cli("start", "-S", f"content.dump={target}", "--",
+                               "kvbroker", "kvs", "put", "a=1", timeout=T)
+    assert rc == 1, err
+    assert f"content.dump {target}: No such file or directory" in err, err
