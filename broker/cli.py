@@ -165,8 +165,8 @@ def ranks_loop(args: argparse.Namespace) -> str:
 
 def take_dir_attrs(args: argparse.Namespace, attrs: dict[str, Any],
                    names: tuple[str, ...]) -> None:
-    """Flux's ``-S statedir=DIR`` (and, for ``broker``, ``-S rundir=DIR``):
-    its spelling of ``--statedir`` (``--rundir``), so a ``flux start``
+    """Flux's ``-S statedir=DIR`` and ``-S rundir=DIR``: its spellings of
+    ``--statedir`` and ``--rundir``, so a ``flux start``
     line runs as written; taken out of ``attrs`` into ``args``.  Refused
     when the option says another directory."""
     for name in names:
@@ -199,10 +199,7 @@ def cmd_start(args: argparse.Namespace) -> int:
     command = command_args(args.cmdline)
     args.event_loop = ranks_loop(args)
     attrs = dict([*broker_opts(args.broker_opts), *(args.setattr or [])])
-    take_dir_attrs(args, attrs, ("statedir",))
-    if "rundir" in attrs:  # (the attribute's own message names broker's --rundir)
-        raise UsageError("-S rundir: start makes a run directory of its own, removed when "
-                         "the instance stops (kvbroker broker takes --rundir DIR)")
+    take_dir_attrs(args, attrs, ("statedir", "rundir"))
     for option, value in (("--size", args.size), ("--fanout", args.fanout)):
         if value < 1:
             raise UsageError(f"{option} must be at least 1 (got {value})")
@@ -224,7 +221,7 @@ def cmd_start(args: argparse.Namespace) -> int:
     async def main() -> int:
         loop = asyncio.get_running_loop()
         inst = Instance(args.size, args.fanout, event_loop=args.event_loop,
-                        statedir=args.statedir, attrs=attrs)
+                        statedir=args.statedir, rundir=args.rundir, attrs=attrs)
         signalled: list[int] = []
         stop = asyncio.Event()
         cmd: Command | None = None
@@ -974,6 +971,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     s.add_argument("--statedir", metavar="DIR",
                    help="keep the content store and the primary namespace here, "
                    "across restarts (default: nothing survives the instance)")
+    s.add_argument("--rundir", "--test-rundir", metavar="DIR",
+                   help="the ranks' sockets go here (local://DIR/local-R), made if missing "
+                   "and then removed at stop (default: a new directory in $TMPDIR; "
+                   "--test-rundir: Flux's spelling)")
     s.add_argument("-S", "--setattr", action="append", type=parse_attr, metavar="ATTR=VAL",
                    help="set a broker attribute (repeatable; see docs/cli.md)")
     s.add_argument("-o", "--broker-opts", action="append", default=[], metavar="OPTS",

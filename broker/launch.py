@@ -273,6 +273,7 @@ class Instance:
         *,
         event_loop: str = "auto",
         statedir: str | None = None,
+        rundir: str | None = None,
         attrs: dict[str, Any] | None = None,
         stderr_path: str | None = None,
         python: str = sys.executable,
@@ -286,6 +287,11 @@ class Instance:
         self.fanout = fanout
         self.event_loop = event_loop
         self.statedir = os.path.abspath(statedir) if statedir else None
+        self.rundir_option = os.path.abspath(rundir) if rundir else None
+        """The run directory asked for (Flux's ``flux start --rundir``),
+        made if missing; None: a new one under ``$TMPDIR`` at each start.
+        One this instance made is removed at stop, one that was there is not."""
+        self._rundir_made = True
         self.attrs = dict(attrs or {})
         self.stderr_path = stderr_path
         self.python = python
@@ -385,7 +391,7 @@ class Instance:
         self._parent_gone_said = [loop.create_future() for _ in range(self.size)]
         self._stdout_read = [loop.create_future() for _ in range(self.size)]
         self._exited = [loop.create_future() for _ in range(self.size)]
-        self.rundir = make_rundir()
+        self.rundir = self._make_rundir()
         try:
             async with asyncio.timeout(timeout):  # (the spawning too: a hung spawner)
                 await self._spawn_ranks()
@@ -401,6 +407,33 @@ class Instance:
         for rank, proc in enumerate(self.procs):
             self._waiters.append(loop.create_task(self._watch(rank, proc)))
             self._waiters.append(loop.create_task(self._read_stdout(rank, proc)))
+
+    def _make_rundir(self) -> str:
+        """A new run directory, or the one asked for: private to this user
+        (:func:`private_dir`), short enough for the sockets, and not another
+        running instance's -- whose ranks' sockets ours would take over (a
+        rank replaces a socket left at its path: a restart)."""
+        path = self.rundir_option
+        if path is None:
+            self._rundir_made = True
+            return make_rundir()
+        self._rundir_made = not os.path.lexists(path)
+        private_dir(path, "rundir")
+        if len(local_socket_path(path, self.size - 1)) + 6 > SOCKET_PATH_MAX:
+            raise StartError(f"rundir {path}: too long a path for the ranks' sockets "
+                             f"(at most {SOCKET_PATH_MAX - 6 - len('/local-')} characters "
+                             "here)")
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(local_socket_path(path, 0))
+        except OSError:
+            pass  # (no socket there, or a stale one: nobody answers)
+        else:
+            raise StartError(f"rundir {path} is in use by a running instance (its rank 0 "
+                             "answers there)")
+        finally:
+            sock.close()
+        return path
 
     async def _spawn_ranks(self) -> None:
         """Start the rank processes (not waiting for them to be ready)."""
@@ -432,8 +465,10 @@ class Instance:
                 "--attrs", json.dumps(self.attrs),
                 "--endpoints", json.dumps(endpoints),
                 "--module-targets", json.dumps(targets),
-                "--watch-fd", str(watch_r), "--cleanup-rundir", *curve_args,
+                "--watch-fd", str(watch_r), *curve_args,
             ]
+            if self._rundir_made:  # (the last rank out removes it, if we cannot)
+                argv.append("--cleanup-rundir")
             if self.statedir:
                 argv += ["--statedir", self.statedir]
             argvs.append(argv)
@@ -732,5 +767,8 @@ class Instance:
         if self._watch_w is not None:
             os.close(self._watch_w)
             self._watch_w = None
-        if self.rundir:
+        if self.rundir and self._rundir_made:
             shutil.rmtree(self.rundir, ignore_errors=True)
+        elif self.rundir:  # (one that was there stays: what the start wrote goes)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(self.rundir, "curve.key"))

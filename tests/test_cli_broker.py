@@ -125,6 +125,46 @@ async def test_start_a_command_that_cannot_be_executed_exits_126() -> None:
         error_line(err, path, errno.EACCES)  # execve says so of a directory too
 
 
+async def test_start_in_a_run_directory_of_ones_choice(tmp_path) -> None:
+    """``start --rundir DIR`` (Flux's ``--rundir``/``--test-rundir``, and
+    ``-S rundir=DIR``): the sockets go in DIR, made if missing and then
+    removed; one that was there stays, emptied of what the start wrote.
+    One another running instance uses is refused: its ranks' sockets
+    would have been taken over (a rank replaces a socket at its path)."""
+    made = tmp_path / "made"
+    script = 'echo "$KVBROKER_URI"; kvbroker ping 1 >/dev/null && kvbroker attr get rundir'
+    rc, out, err = await run_cli("start", "--size", "2", "--rundir", str(made), "--",
+                                 "sh", "-c", script)
+    assert (rc, out) == (0, f"local://{made}/local-0\n{made}\n"), err
+    assert not made.exists()
+    kept = tmp_path / "kept"
+    kept.mkdir(mode=0o700)
+    (kept / "mine").write_text("x")
+    for option in (("--test-rundir", str(kept)), ("-S", f"rundir={kept}")):
+        rc, out, err = await run_cli("start", "--size", "2", "-S", "tbon.transport=tcp",
+                                     *option, "--", "kvbroker", "attr", "get", "rundir")
+        assert (rc, out) == (0, f"{kept}\n"), err
+        assert sorted(p.name for p in kept.iterdir()) == ["mine"]
+    running = await asyncio.create_subprocess_exec(
+        KVBROKER, "start", "--rundir", str(kept), stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL, stdin=asyncio.subprocess.DEVNULL)
+    try:
+        assert running.stdout is not None
+        uri = (await asyncio.wait_for(running.stdout.readline(), 30)).decode().strip()
+        assert uri == f"local://{kept}/local-0"
+        rc, out, err = await run_cli("start", "--rundir", str(kept), "--", "true")
+        assert (rc, out) == (2, ""), err
+        assert f"rundir {kept} is in use by a running instance" in err, err
+        rc, out, err = await run_cli("ping", uri=uri)  # (the running one is untouched)
+        assert rc == 0, err
+    finally:
+        running.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(running.wait(), 30)
+    kept.chmod(0o777)
+    rc, _, err = await run_cli("start", "--rundir", str(kept), "--", "true")
+    assert rc == 2 and f"rundir {kept}: writable by group or others" in err, err
+
+
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
 async def test_start_event_loop_and_attributes(loop: str) -> None:
     script = f"{KVBROKER} attr get event-loop; {KVBROKER} attr get my.attr --rank 1"
