@@ -609,6 +609,9 @@ def uptime_line(now: float, started: float, owner: int,
 
 def cmd_shutdown(args: argparse.Namespace) -> int:
     args.what = "shutdown"
+    # The request is not withdrawn by giving up on its answer (as Flux's).
+    args.timeout_note = ("; it may still take effect: the request waits for the rank, "
+                         "which stops once it runs again")
 
     async def main() -> int:
         async with await connect() as h:

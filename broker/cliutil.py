@@ -557,7 +557,9 @@ def run_async(args: argparse.Namespace, coro_fn: Callable[[], Awaitable[int | No
                 raise  # (not ours)
             what = getattr(args, "what", None) or args.command
             who = _unanswered.get() or getattr(args, "rank", None)
-            raise CLIError(what, detail=no_answer_detail(who, limit)) from None
+            # (a command whose request outlives it says so: shutdown)
+            note = getattr(args, "timeout_note", "")
+            raise CLIError(what, detail=no_answer_detail(who, limit) + note) from None
 
     try:
         with asyncio.Runner(loop_factory=loop_factory(name)) as runner:

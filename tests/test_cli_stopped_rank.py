@@ -81,3 +81,18 @@ async def test_attr_set_all_names_the_ranks_that_did_not_answer(start_instance) 
         assert err == no_answer(what, None).replace("no answer", "ranks 2-3 did not answer")
     rc, out, err = await run_cli("attr", "get", "log.level", "-r", "1", uri=uri0)
     assert (rc, out) == (0, "info\n"), err
+
+
+async def test_a_shutdown_that_timed_out_says_it_may_still_take_effect(start_instance) -> None:
+    """``shutdown -r 1 -t`` to a stopped rank gives up, but its request
+    waits in the tree, and the rank stops once it runs again: it said only
+    "did not answer", as if nothing would happen."""
+    inst = await start_instance(size=2)
+    async with stopped(inst.pids()[1]):
+        rc, out, err = await run_cli("shutdown", "-r", "1", "-t", "0.5", uri=inst.uri(0),
+                                     timeout=30)
+    assert (rc, out) == (1, ""), err
+    assert err == no_answer("shutdown").rstrip("\n") + (
+        "; it may still take effect: the request waits for the rank, which stops once it "
+        "runs again\n")
+    assert await asyncio.wait_for(inst.procs[1].wait(), 30) == 0  # (and it did)
