@@ -920,13 +920,15 @@ class Overlay:
             if isinstance(payload, dict):
                 rank = payload.get("rank")
         if type(rank) is int and rank in self.children:  # (not True, 1.0 or a list)
-            why = self._wrong_size(payload) or self._wrong_host(rank, payload)
+            wrong_size = self._wrong_size(payload)
+            why = wrong_size or self._wrong_host(rank, payload)
             if why is None:
                 return rank
             self.dropped += 1
             # (as Flux: an error, but at most once a second: how many hellos a
             # peer with the keys sends is its choice)
-            self._peer_log.log(logging.ERROR, "wrong-host", "refusing overlay peer: a "
+            self._peer_log.log(logging.ERROR, "wrong-size" if wrong_size else "wrong-host",
+                               "refusing overlay peer: a "
                                "hello as rank %d%s: %s", rank,
                                f" from {hello_hostname(payload)}"
                                if hello_hostname(payload) else "", why)
