@@ -182,6 +182,30 @@ def take_dir_attrs(args: argparse.Namespace, attrs: dict[str, Any],
         setattr(args, name, value)
 
 
+def take_recovery(args: argparse.Namespace, attrs: dict[str, Any]) -> None:
+    """Flux's ``start --recovery TARGET``: rank 0 alone, on a statedir
+    (TARGET a directory: what a stopped instance kept), or on what an
+    archive holds (a file from ``kvs dump``: restored into a store of its
+    own, which goes at the stop, as ``-S content.restore``) -- to look at
+    it, or mend it, with the usual commands."""
+    target = args.recovery
+    if args.size != 1:
+        raise UsageError("--recovery runs rank 0 alone: no --size")
+    if os.path.isdir(target):
+        if args.statedir and os.path.abspath(args.statedir) != os.path.abspath(target):
+            raise UsageError(f"--recovery {target} and --statedir {args.statedir} name two "
+                             "directories: give one")
+        args.statedir = target
+    elif os.path.isfile(target):
+        if args.statedir:  # (content.restore would empty that store first)
+            raise UsageError(f"--recovery {target}: an archive is restored into a store of "
+                             "its own: no --statedir")
+        attrs["content.restore"] = os.path.abspath(target)
+    else:
+        raise UsageError(f"--recovery {target}: no such directory or file (a statedir, or "
+                         "an archive from kvbroker kvs dump)")
+
+
 def cmd_start(args: argparse.Namespace) -> int:
     """Start an instance, run the command in it (or serve until signalled),
     stop it.
@@ -200,6 +224,8 @@ def cmd_start(args: argparse.Namespace) -> int:
     args.event_loop = ranks_loop(args)
     attrs = dict([*broker_opts(args.broker_opts), *(args.setattr or [])])
     take_dir_attrs(args, attrs, ("statedir", "rundir"))
+    if args.recovery is not None:
+        take_recovery(args, attrs)
     for option, value in (("--size", args.size), ("--fanout", args.fanout)):
         if value < 1:
             raise UsageError(f"{option} must be at least 1 (got {value})")
@@ -974,6 +1000,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     s.add_argument("--statedir", metavar="DIR",
                    help="keep the content store and the primary namespace here, "
                    "across restarts (default: nothing survives the instance)")
+    s.add_argument("--recovery", "-r", metavar="TARGET",
+                   help="rank 0 alone, on TARGET: a statedir (a directory) or a "
+                   "kvbroker kvs dump archive (a file, restored into a store that goes "
+                   "at the stop), as Flux's --recovery")
     s.add_argument("--rundir", "--test-rundir", metavar="DIR",
                    help="the ranks' sockets go here (local://DIR/local-R), made if missing "
                    "and then removed at stop (default: a new directory in $TMPDIR; "

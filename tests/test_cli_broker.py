@@ -165,6 +165,36 @@ async def test_start_in_a_run_directory_of_ones_choice(tmp_path) -> None:
     assert rc == 2 and f"rundir {kept}: writable by group or others" in err, err
 
 
+async def test_start_recovery_on_a_statedir_or_an_archive(tmp_path) -> None:
+    """Flux's ``start --recovery TARGET``: rank 0 alone on a statedir, or
+    on what a dump archive holds, restored into a store of its own (what
+    changes there goes at the stop)."""
+    state, archive = tmp_path / "state", tmp_path / "a.tgz"
+    rc, _, err = await run_cli("start", "--statedir", str(state), "--",
+                               "kvbroker", "kvs", "put", "a=1")
+    assert rc == 0, err
+    rc, out, err = await run_cli("start", "--recovery", str(state), "--", "sh", "-c",
+                                 "kvbroker attr get size && kvbroker kvs get a")
+    assert (rc, out) == (0, "1\n1\n"), err
+    rc, _, err = await run_cli("kvs", "dump", "--checkpoint", "--statedir", str(state),
+                               str(archive))
+    assert rc == 0, err
+    rc, out, err = await run_cli("start", "-r", str(archive), "--", "sh", "-c",
+                                 "kvbroker kvs get a && kvbroker kvs put a=2")
+    assert (rc, out) == (0, "1\n"), err
+    rc, out, err = await run_cli("start", "--recovery", str(state), "--",
+                                 "kvbroker", "kvs", "get", "a")
+    assert (rc, out) == (0, "1\n"), err  # (the archive's store was its own)
+    for args, message in (
+            (("--recovery", str(state), "--size", "2"), "--recovery runs rank 0 alone"),
+            (("--recovery", str(tmp_path / "nope")), "no such directory or file"),
+            (("--recovery", str(archive), "--statedir", str(state)),
+             "an archive is restored into a store of its own: no --statedir")):
+        rc, out, err = await run_cli("start", *args, "--", "true")
+        assert (rc, out) == (2, ""), err
+        assert message in err, err
+
+
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
 async def test_start_event_loop_and_attributes(loop: str) -> None:
     script = f"{KVBROKER} attr get event-loop; {KVBROKER} attr get my.attr --rank 1"
