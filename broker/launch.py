@@ -292,6 +292,8 @@ class Instance:
         made if missing; None: a new one under ``$TMPDIR`` at each start.
         One this instance made is removed at stop, one that was there is not."""
         self._rundir_made = True
+        self._rundir_mode: int | None = None
+        """The mode of a run directory that was there, while guests make it 0755."""
         self.attrs = dict(attrs or {})
         self.stderr_path = stderr_path
         self.python = python
@@ -438,6 +440,8 @@ class Instance:
     async def _spawn_ranks(self) -> None:
         """Start the rank processes (not waiting for them to be ready)."""
         if battrs.ALLOW_GUEST_USER.value(self.attrs):
+            if not self._rundir_made:  # (one of the user's: its mode is put back at stop)
+                self._rundir_mode = stat.S_IMODE(os.stat(self.rundir).st_mode)
             os.chmod(self.rundir, 0o755)
         endpoints: dict[int, str] = {}
         curve_args: list[str] = []
@@ -772,3 +776,7 @@ class Instance:
         elif self.rundir:  # (one that was there stays: what the start wrote goes)
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(self.rundir, "curve.key"))
+            if self._rundir_mode is not None:
+                with contextlib.suppress(OSError):
+                    os.chmod(self.rundir, self._rundir_mode)
+                self._rundir_mode = None

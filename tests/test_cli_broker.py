@@ -145,6 +145,12 @@ async def test_start_in_a_run_directory_of_ones_choice(tmp_path) -> None:
                                      *option, "--", "kvbroker", "attr", "get", "rundir")
         assert (rc, out) == (0, f"{kept}\n"), err
         assert sorted(p.name for p in kept.iterdir()) == ["mine"]
+    # guests need it 0755 while the instance runs; its own mode comes back
+    rc, out, err = await run_cli("start", "--rundir", str(kept), "-S",
+                                 "access.allow-guest-user=true", "--",
+                                 "stat", "-c", "%a", str(kept))
+    assert (rc, out) == (0, "755\n"), err
+    assert stat.S_IMODE(kept.stat().st_mode) == 0o700
     running = await asyncio.create_subprocess_exec(
         KVBROKER, "start", "--rundir", str(kept), stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.DEVNULL, stdin=asyncio.subprocess.DEVNULL)
