@@ -858,14 +858,48 @@ def cmd_logger(args: argparse.Namespace) -> int:
 
 def cmd_stats(args: argparse.Namespace) -> int:
     args.what = f"{getattr(args, 'spelled', 'stats')} {args.module}"
+    if isinstance(args.answer_timeout, str):  # (Flux's -t int|double: its --type)
+        args.type, args.answer_timeout = args.answer_timeout, None
+    if (args.type or args.scale is not None) and not args.parse:
+        raise UsageError("--type and --scale need --parse OBJNAME (a number to convert)")
 
     async def main() -> int:
         async with await connect() as h:
             resp = await h.rpc(f"{args.module}.stats-get", {}, nodeid=_nodeid(args.rank))
+        if not args.parse:
             print(dumps(resp, pretty=True))
+            return 0
+        print(stats_field(resp, args.parse, args.type, args.scale, args.what))
         return 0
 
     return run_async(args, main)
+
+
+def timeout_or_stats_type(text: str) -> float | str:
+    """``stats -t``: kvbroker's answer timeout, or Flux's ``-t int|double``
+    (``--type``), which a Flux test line gives ``module stats``."""
+    return text if text in ("int", "double") else positive_float(text)
+
+
+def stats_field(stats: Any, objname: str, kind: str | None, scale: float | None,
+                what: str = "stats") -> str:
+    """What ``stats --parse OBJNAME`` prints, as Flux's ``module stats``: the
+    value at the period-delimited path OBJNAME (JSON), or with ``kind`` a
+    number as an ``int`` or a ``double`` (``%f``), times ``scale``."""
+    value = stats
+    for i, name in enumerate(objname.split(".")):
+        if not isinstance(value, dict) or name not in value:
+            where = ".".join(objname.split(".")[:i]) or "the stats"
+            fields = ", ".join(sorted(value)) if isinstance(value, dict) else "none"
+            raise CLIError(what, detail=f"{objname}: {where} has no field {name!r} "
+                                        f"(its fields: {fields})")
+        value = value[name]
+    if kind is None and scale is None:
+        return dumps(value, pretty=isinstance(value, (dict, list)))
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise CLIError(what, detail=f"{objname}: not a number: {dumps(value)}")
+    number = value * (1.0 if scale is None else scale)
+    return str(int(number)) if kind == "int" else f"{float(number):f}"
 
 
 def cmd_content(args: argparse.Namespace) -> int:
@@ -1263,7 +1297,18 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     s = sub.add_parser("stats", help="print a module's stats (broker, content, kvs, ...)")
     s.add_argument("module")
     s.add_argument("--rank", "-r", type=rank_int, metavar="N", help=ASK_RANK)
-    add_answer_timeout(s)
+    s.add_argument("-p", "--parse", metavar="OBJNAME",
+                   help="print only this value: field names separated by periods "
+                   "(overlay.children), as Flux's module stats")
+    s.add_argument("--type", choices=("int", "double"), default=None,
+                   help="print the value as an int or a double (-t int|double too, as "
+                   "Flux's)")
+    s.add_argument("-s", "--scale", type=float, metavar="N",
+                   help="multiply the value by N (with --parse)")
+    s.add_argument("-t", "--timeout", type=timeout_or_stats_type, dest="answer_timeout",
+                   metavar="SECONDS",
+                   help="give up when no answer came in SECONDS (exit 1; default: wait as "
+                   "long as the rank takes); int or double: --type, as Flux's -t")
     s.set_defaults(func=cmd_stats)
 
     s = sub.add_parser("content", help="load or store raw blobs, flush or drop the cache")

@@ -1433,3 +1433,47 @@ async def test_flux_s_attribute_and_archive_commands_run(start_instance, tmp_pat
     rc, _, err = await run_cli("restore", "--key", "e", tar, uri=uri)
     assert rc == 0 and err.startswith("kvbroker: restore: 1 key"), err
     assert await run_cli("kvs", "get", "e.x", uri=uri) == (0, "1\n", "")
+
+
+async def test_module_stats_parse_type_and_scale_as_flux_s(start_instance) -> None:
+    """Flux's test scripts read one stats value: ``flux module stats
+    --parse watchers kvs-watch`` (t1103), ``--type int``, ``-t int`` (its
+    -t), ``--scale``.  They were "unrecognized arguments"."""
+    inst = await start_instance(size=2)
+    uri = inst.uri(0)
+    watch = await asyncio.create_subprocess_exec(
+        KVBROKER, "kvs", "get", "--watch", "--waitcreate", "noexist",
+        env={**os.environ, "KVBROKER_URI": uri}, stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL)
+    try:
+        async def watching() -> bool:
+            rc, out, _ = await run_cli("module", "stats", "--parse", "watchers", "kvs-watch",
+                                       uri=uri)
+            return rc == 0 and out == "1\n"
+
+        await wait_until(watching, "the watcher to be counted")
+    finally:
+        watch.kill()
+        await watch.wait()
+
+    async def gone() -> bool:  # (t1103: the watcher goes with its client)
+        rc, out, _ = await run_cli("module", "stats", "-t", "int", "-p", "watchers",
+                                   "kvs-watch", uri=uri)
+        return rc == 0 and out == "0\n"
+
+    await wait_until(gone, "the watcher to go with its client")
+    assert await run_cli("stats", "-p", "hash", "content", uri=uri) == (0, '"sha256"\n', "")
+    rc, out, err = await run_cli("stats", "content", "-p", "backlog-limit", "--type", "double",
+                                 "-s", "0.5", uri=uri)
+    assert (rc, out) == (0, "134217728.000000\n"), err
+    rc, out, err = await run_cli("stats", "kvs-watch", "-r", "1", "-t", "5", "-p", "rank",
+                                 uri=uri)  # (-t SECONDS is still the timeout)
+    assert (rc, out) == (0, "1\n"), err
+    rc, out, err = await run_cli("stats", "content", "-p", "sqlite-thread.nope", uri=uri)
+    assert (rc, out) == (1, ""), err
+    assert err.startswith("kvbroker: stats content: sqlite-thread.nope: sqlite-thread has no "
+                          "field 'nope' (its fields: "), err
+    rc, _, err = await run_cli("stats", "content", "-p", "hash", "--type", "int", uri=uri)
+    assert rc == 1 and 'hash: not a number: "sha256"' in err, err
+    rc, _, err = await run_cli("stats", "content", "--type", "int", uri=uri)
+    assert rc == 2 and "--type and --scale need --parse OBJNAME" in err, err
