@@ -1110,6 +1110,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                    "of exec's stdin)")
     s.add_argument("-l", "--label-io", action="store_true", dest="label_io",
                    help="write each line of the commands' output as 'RANK: line'")
+    s.add_argument("-d", "--dir", metavar="DIR",
+                   help="run the commands in DIR (default: this directory), as flux exec -d")
     add_answer_timeout(s)
     s.add_argument("cmdline", nargs=argparse.REMAINDER, metavar="COMMAND")
     s.set_defaults(func=cmd_exec)

@@ -67,6 +67,11 @@ def cmd_exec(args: argparse.Namespace) -> int:
     command = command_args(args.cmdline)
     if not command:
         raise UsageError("no command given")
+    if args.dir is not None:  # (Flux's -d: the commands' working directory; ours too)
+        try:
+            os.chdir(args.dir)
+        except OSError as exc:
+            raise CLIError("exec", detail=f"-d {args.dir}: {exc.strerror}") from None
     given = args.rank is not None
     rankset: RankSet = args.rank if given else RankSet(((0, 0),))
     if args.exclude is not None:

@@ -1291,6 +1291,15 @@ def _archive_chatter(p: argparse.ArgumentParser, done: str) -> None:
                    help=f"list the keys {done} on stderr")
     g.add_argument("-q", "--quiet", action="store_true",
                    help="do not print the summary line")
+    # Flux's tuning options, so its command lines run as written; here they
+    # change nothing (reads and writes are windowed, there is no cache to
+    # bypass, and no systemd to tell).
+    p.add_argument("--maxreqs", type=non_negative_int, metavar="N",
+                   help="accepted as flux's; no effect (requests are windowed here)")
+    p.add_argument("--no-cache", action="store_true",
+                   help="accepted as flux's; no effect")
+    p.add_argument("--sd-notify", action="store_true",
+                   help="accepted as flux's; no effect")
 
 
 def _root_out(p: argparse.ArgumentParser, what: str) -> None:

@@ -1433,6 +1433,21 @@ async def test_flux_s_attribute_and_archive_commands_run(start_instance, tmp_pat
     rc, _, err = await run_cli("restore", "--key", "e", tar, uri=uri)
     assert rc == 0 and err.startswith("kvbroker: restore: 1 key"), err
     assert await run_cli("kvs", "get", "e.x", uri=uri) == (0, "1\n", "")
+    # with Flux's tuning options, taken as written (they change nothing here)
+    rc, _, err = await run_cli("dump", "--maxreqs=1000", "--no-cache", "--key", "d", tar,
+                               uri=uri)
+    assert rc == 0, err
+    rc, _, err = await run_cli("restore", "--maxreqs=4", "--sd-notify", "--key", "f", tar,
+                               uri=uri)
+    assert rc == 0, err
+    assert await run_cli("kvs", "get", "f.x", uri=uri) == (0, "1\n", "")
+    # flux exec -d DIR: the commands' working directory
+    assert await run_cli("exec", "-d", str(tmp_path), "pwd", uri=uri) == (
+        0, f"{tmp_path}\n", "")
+    rc, out, err = await run_cli("exec", "-r", "all", "-l", "-d", str(tmp_path), "pwd", uri=uri)
+    assert (rc, sorted(out.splitlines())) == (0, [f"0: {tmp_path}", f"1: {tmp_path}"]), err
+    assert await run_cli("exec", "-d", str(tmp_path / "nope"), "pwd", uri=uri) == (
+        1, "", f"kvbroker: exec: -d {tmp_path / 'nope'}: No such file or directory\n")
 
 
 async def test_module_stats_parse_type_and_scale_as_flux_s(start_instance) -> None:
