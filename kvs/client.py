@@ -544,14 +544,17 @@ class Txn(TxnOps):
         self.kvs = kvs
         self.flags = flags
         self.result: CommitResult | None = None
+        self.tried = False
+        """:meth:`commit` was called (and maybe failed: ``result`` is then None)."""
         self.committed_ops = 0
         """How many of ``ops`` the last commit sent."""
 
     async def commit(self, flags: int | None = None) -> CommitResult:
         """Commit the ops (``flags``: :data:`SYNC`, :data:`NO_MERGE`; default
         the ones given to :meth:`KVS.txn`)."""
-        self.result = await self.kvs.commit(self, self.flags if flags is None else flags)
+        self.tried = True  # (failed or not: a block's exit does not send it again)
         self.committed_ops = len(self.ops)
+        self.result = await self.kvs.commit(self, self.flags if flags is None else flags)
         return self.result
 
     async def __aenter__(self) -> Txn:
@@ -559,7 +562,7 @@ class Txn(TxnOps):
 
     async def __aexit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
         if exc_type is None:
-            if self.result is None:
+            if not self.tried:
                 await self.commit()
             else:
                 _check_all_sent(self)
@@ -1424,12 +1427,15 @@ class SyncTxn(TxnOps):
         self.kvs = kvs
         self.flags = flags
         self.result: CommitResult | None = None
+        self.tried = False
+        """:meth:`commit` was called (and maybe failed: ``result`` is then None)."""
         self.committed_ops = 0
         """How many of ``ops`` the last commit sent."""
 
     def commit(self, flags: int | None = None) -> CommitResult:
-        self.result = self.kvs.commit(self, self.flags if flags is None else flags)
+        self.tried = True  # (failed or not: a block's exit does not send it again)
         self.committed_ops = len(self.ops)
+        self.result = self.kvs.commit(self, self.flags if flags is None else flags)
         return self.result
 
     def __enter__(self) -> SyncTxn:
@@ -1437,7 +1443,7 @@ class SyncTxn(TxnOps):
 
     def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
         if exc_type is None:
-            if self.result is None:
+            if not self.tried:
                 self.commit()
             else:
                 _check_all_sent(self)

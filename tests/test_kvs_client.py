@@ -292,6 +292,14 @@ async def test_txn_commit_and_context_manager(start_instance, connect) -> None:
                 await t5.commit()
                 t5.put("t.late", 2)
         assert await kvs.version() == v0 + 4 and not await kvs.exists("t.late")
+        # a block whose own commit failed, and which handled it, sends nothing
+        # more at its exit (it sent the failed ops again, and raised their error)
+        async with kvs.txn() as t6:
+            t6.expect_missing("t.first").put("t.first", "me")
+            with pytest.raises(RemoteError) as failed:
+                await t6.commit()
+            assert failed.value.errnum == errno.ECANCELED
+        assert t6.result is None and await kvs.version() == v0 + 4
         v0 += 1
 
         r = await kvs.commit([{"key": "t.raw", "flags": 0, "dirent": treeobj.val(b"r")}])
