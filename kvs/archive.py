@@ -532,15 +532,20 @@ def _decompressed(raw: IO[bytes]) -> Iterator[Any]:
     """``raw``'s bytes, decompressed by its magic number (gzip, bzip2, xz;
     else as they are), by readers that check the stream's checksum at its
     end (tarfile's own stream mode does not check gzip's)."""
-    buffered: Any = raw if isinstance(raw, io.BufferedReader) else io.BufferedReader(
-        raw)
-    head = buffered.peek(6)[:6]
-    for magic, reader in _MAGIC:
-        if head.startswith(magic):
-            with reader(buffered) as data:
-                yield data
-            return
-    yield buffered
+    ours = not isinstance(raw, io.BufferedReader)
+    buffered: Any = io.BufferedReader(raw) if ours else raw
+    try:
+        head = buffered.peek(6)[:6]
+        for magic, reader in _MAGIC:
+            if head.startswith(magic):
+                with reader(buffered) as data:
+                    yield data
+                return
+        yield buffered
+    finally:
+        if ours:  # (a wrapper closes what it wraps when collected: the caller's file)
+            with suppress(ValueError):
+                buffered.detach()
 
 
 def _item(tar: tarfile.TarFile, info: tarfile.TarInfo, size_limit: int | None,

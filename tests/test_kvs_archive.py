@@ -147,6 +147,26 @@ def test_a_path_both_a_value_and_a_directory_is_refused(entries, message) -> Non
         build(_items(_tar(entries)))
 
 
+@pytest.mark.parametrize("mode", ["w", "w:gz"])
+def test_reading_leaves_the_callers_file_open(mode: str, tmp_path) -> None:
+    """read_items (and so restore) wrapped a file object that is not an
+    io.BufferedReader (a BytesIO, an unbuffered file, a pipe) in one, which
+    closed the caller's file when it was collected."""
+    import gc
+
+    data = _tar([("file", "a", b"1")], mode)
+    src = io.BytesIO(data)
+    assert [i.key for i in read_items(src)] == ["a"]
+    path = tmp_path / "a.tar"
+    path.write_bytes(data)
+    with open(path, "rb", buffering=0) as raw:
+        assert [i.key for i in read_items(raw)] == ["a"]
+        gc.collect()
+        assert not src.closed and not raw.closed
+        raw.seek(0)  # (still the caller's to use)
+        assert raw.read() == data
+
+
 def test_the_same_path_twice_keeps_the_last() -> None:
     items = _items(_tar([("file", "a", b"1"), ("link", "a", "x"), ("file", "a", b"3"),
                          ("dir", "d", b""), ("file", "d/e", b"4"), ("dir", "d", b"")]))
