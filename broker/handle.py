@@ -375,6 +375,19 @@ class Handle(HandleCore):
                                   else "connection to broker lost")
             await asyncio.shield(redial.done_future())
 
+    async def wait_reconnected(self, after: int) -> None:
+        """Return once the connection has been made again since
+        :attr:`reconnects` was ``after`` (``reconnect=True``): a rank that
+        said it is stopping still holds the old connection for a moment;
+        raises ``RemoteError(ECONNRESET)`` as :meth:`wait_connected`."""
+        while self.reconnects <= after or not self.connected:
+            self._check_open()
+            redial = self._redial
+            if redial is None or self._user_closed:
+                raise RemoteError(errno.ECONNRESET, "handle closed" if self._user_closed
+                                  else "connection to broker lost")
+            await asyncio.shield(redial.done_future())
+
     def _lost(self) -> None:
         """The connection went and ``reconnect`` is on: fail what was in
         flight, park what comes next, and dial again in the background."""

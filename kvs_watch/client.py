@@ -127,6 +127,14 @@ class WatchOptions(TypedDict, total=False):
     nodeid: int
 
 
+def _rank_stopping(h: Any, exc: RemoteError) -> bool:
+    """``exc`` ended a watch because its rank stops (SIGTERM, a restart, a
+    lost parent), and ``h`` reconnects: the watch goes on with the rank's
+    next process, as after a lost connection."""
+    return (exc.errnum == errno.ENOSYS and exc.errstr.startswith(F.STOPPING)
+            and bool(getattr(h, "reconnect", False)))
+
+
 def _entry(key: str, payload: Any) -> WatchEntry:
     obj = payload["val"]
     seq, ns = int(payload.get("rootseq", -1)), str(payload.get("namespace", ""))
@@ -170,6 +178,9 @@ class Watch(Generic[ItemT]):
         self.namespace = default_namespace(namespace)
         self.nodeid = nodeid
         self._stream: Stream | None = None
+        self.sent_on = 0
+        """The handle's :attr:`~broker.handle.Handle.reconnects` when the
+        request was last sent: the connection it went on."""
 
     def __repr__(self) -> str:
         return f"<Watch {self.namespace}:{self.key} flags={self.flags:#x}>"
@@ -206,6 +217,9 @@ class Watch(Generic[ItemT]):
         return WatchResume(self.key, self.flags)
 
     def _send(self, topic: str, payload: dict[str, Any]) -> None:
+        # (which connection it went on: a rank that then says it is stopping
+        # is this connection's, and the watch goes on with the next one)
+        self.sent_on = getattr(self.h, "reconnects", 0)
         self._stream = self.h.rpc_stream(topic, payload, nodeid=self.nodeid)
         # Dropped unfinished, it is cancelled: on the handle's loop when
         # that runs, at once when it does not (the blocking facade
@@ -214,10 +228,15 @@ class Watch(Generic[ItemT]):
                                    self.h, self._stream, self.nodeid)
         dropped.atexit = False
 
-    async def _restart(self, resume: Resume) -> Stream:
+    async def _restart(self, resume: Resume, after: int | None = None) -> Stream:
         """The handle lost its connection and reconnects: send the request
-        again once it has (raises if the handle is closed meanwhile)."""
-        await self.h.wait_connected()  # type: ignore[attr-defined]
+        again once it has (raises if the handle is closed meanwhile).
+        ``after``: the rank said it is stopping, while its connection was
+        the handle's ``after``-th: wait for the next one."""
+        if after is None:
+            await self.h.wait_connected()  # type: ignore[attr-defined]
+        else:
+            await self.h.wait_reconnected(after)  # type: ignore[attr-defined]
         if self._stopped:
             raise StopAsyncIteration  # (cancelled meanwhile)
         topic, payload = self._request()
@@ -289,9 +308,12 @@ class Watch(Generic[ItemT]):
             try:
                 msg = await stream.next_message()
             except RemoteError as exc:
-                if exc.errnum != errno.ECONNRESET:
+                if exc.errnum == errno.ECONNRESET:
+                    stream = await self._restart(resume)
+                elif _rank_stopping(self.h, exc):
+                    stream = await self._restart(resume, after=self.sent_on)
+                else:
                     raise
-                stream = await self._restart(resume)
                 continue
             if msg is None:
                 raise StopAsyncIteration
@@ -675,11 +697,15 @@ class KeyWatch(_Wrapped):
             if changes is not None:
                 return changes
 
-    async def _resume(self) -> None:
+    async def _resume(self, after: int | None = None) -> None:
         """The handle reconnected (``reconnect=True``): send the watch again,
-        catching up since the last root yielded, so no change is missed."""
+        catching up since the last root yielded, so no change is missed
+        (``after``: as :meth:`Watch._restart`'s)."""
         w = self.watch
-        await w.h.wait_connected()  # type: ignore[attr-defined]
+        if after is None:
+            await w.h.wait_connected()  # type: ignore[attr-defined]
+        else:
+            await w.h.wait_reconnected(after)  # type: ignore[attr-defined]
         self.watch = Watch[Any](w.h, w.key, w.flags, namespace=w.namespace, nodeid=w.nodeid)
         if self._last is not None:
             self.since, self.since_version = self._last
@@ -696,6 +722,9 @@ class KeyWatch(_Wrapped):
             try:
                 p = await self.watch.next_payload()
             except RemoteError as exc:
+                if _rank_stopping(self.watch.h, exc):
+                    await self._resume(after=self.watch.sent_on)
+                    return None
                 if exc.errnum != errno.ECONNRESET or not getattr(self.watch.h, "reconnect",
                                                                   False):
                     raise

@@ -49,6 +49,12 @@ WATCH_ONLY = (WATCH_FULL | WATCH_UNIQ | WATCH_APPEND | WATCH_INITIAL_SENTINEL
 ALL = LOOKUP_FLAGS | WATCH | WAITCREATE | WATCH_ONLY | STREAM | WATCH_KEYS
 
 
+
+STOPPING = "the watch ended: this rank is stopping"
+"""How kvs-watch ends its watches (``ENOSYS``) as its rank stops: a client
+that reconnects (``reconnect=True``) takes the watch up again on the rank's
+next connection, as after a lost connection."""
+
 def check(flags: object, streaming: bool) -> int:
     """Validate the flags of a ``kvs-watch.lookup`` request; return them.
 

@@ -148,7 +148,7 @@ class KvsWatchModule(Module):
     async def stop(self) -> None:
         # ENOSYS as Flux; the text says what the user sees happen, and why
         # (a lost parent is not an operator's stop: the client may retry)
-        why = "the watch ended: this rank is stopping"
+        why = F.STOPPING
         if self.stop_reason:
             why += f" ({self.stop_reason[:200]})"
         for mon in list(self.monitors.values()):

@@ -61,6 +61,16 @@ class Restartable:
         self.rank1.proc.kill()
         assert await exit_codes([self.rank1], self.tmp_path) == [-signal.SIGKILL]
 
+    async def stop_rank1(self, how: str) -> None:
+        """SIGKILL, or SIGTERM (``systemctl restart``): a rank that stops
+        first ends its watches with ENOSYS, "this rank is stopping", which
+        a reconnecting handle's watch passed to its reader, ending it."""
+        if how == "kill":
+            await self.kill_rank1()
+            return
+        self.rank1.proc.send_signal(signal.SIGTERM)
+        assert await exit_codes([self.rank1], self.tmp_path) == [0]
+
 
 @pytest.fixture
 async def inst(tmp_path: Path, brokers) -> Restartable:  # noqa: F811
@@ -204,7 +214,9 @@ async def test_closing_a_reconnecting_handle_fails_what_waits(inst: Restartable)
         assert not h.connected and h.pending == 0
 
 
-async def test_watches_take_up_where_they_were_after_a_restart(inst: Restartable) -> None:
+@pytest.mark.parametrize("how", ["kill", "term"])
+async def test_watches_take_up_where_they_were_after_a_restart(inst: Restartable,
+                                                              how: str) -> None:
     """Changed while the rank was away: the new value, once (not the one
     already seen first).  Unchanged: nothing until the next change.  An
     eventlog (an append watch): only the entries appended meanwhile."""
@@ -220,7 +232,7 @@ async def test_watches_take_up_where_they_were_after_a_restart(inst: Restartable
             assert (await anext(changed)).value == b"1"
             assert (await anext(unchanged)).value == b"s"
             assert (await anext(log))["name"] == "first"
-            await inst.kill_rank1()
+            await inst.stop_rank1(how)
             await kvs0.put("k", "2")
             await kvs0.append_event("log", "second")
             await inst.start_rank1()
@@ -235,7 +247,9 @@ async def test_watches_take_up_where_they_were_after_a_restart(inst: Restartable
         assert h.reconnects == 1 and h.pending == 0
 
 
-async def test_a_key_watch_catches_up_on_what_changed_while_away(inst: Restartable) -> None:
+@pytest.mark.parametrize("how", ["kill", "term"])
+async def test_a_key_watch_catches_up_on_what_changed_while_away(inst: Restartable,
+                                                                 how: str) -> None:
     """``watch_keys`` resumes from the last root it reported (its ``since``):
     the keys two commits wrote meanwhile come in one answer, not initial;
     a restart with no change meanwhile yields nothing extra."""
@@ -246,14 +260,14 @@ async def test_a_key_watch_catches_up_on_what_changed_while_away(inst: Restartab
             assert (await anext(w)).initial
             await kvs0.put("d.a", "1")
             assert (await anext(w)).keys == ("d.a",)
-            await inst.kill_rank1()
+            await inst.stop_rank1(how)
             await kvs0.put("d.b", "2")
             await kvs0.put("d.c", "3")
             await kvs0.put("other", "y")
             await inst.start_rank1()
             caught_up = await anext(w)
             assert not caught_up.initial and sorted(caught_up.keys) == ["d.b", "d.c"]
-            await inst.kill_rank1()
+            await inst.stop_rank1(how)
             await inst.start_rank1()
             resumed = asyncio.ensure_future(anext(w))  # (nothing changed meanwhile)
             await wait_watchers(h, 1)
@@ -291,9 +305,10 @@ async def test_a_watch_cancelled_while_its_handle_is_away_is_not_sent_again(
         assert (await h.rpc("kvs-watch.stats-get", {}))["watchers"] == 0
 
 
+@pytest.mark.parametrize("how", ["kill", "term"])
 @pytest.mark.parametrize("changes_only", [False, True])
 async def test_a_namespace_watch_says_what_came_and_went_while_away(
-        inst: Restartable, changes_only: bool) -> None:
+        inst: Restartable, changes_only: bool, how: str) -> None:
     """Removed meanwhile: a ``removed``; removed and made again: a
     ``removed`` of the old and a ``created`` of the new; new: a
     ``created``, none ``initial``.  A ``changes_only`` watch too, though it
@@ -306,7 +321,7 @@ async def test_a_namespace_watch_says_what_came_and_went_while_away(
             assert seen == ([] if changes_only else [("created", "job-a", True)])
             await kvs0.namespace_create("job-b")
             assert (await anext(w)).namespace == "job-b"
-            await inst.kill_rank1()
+            await inst.stop_rank1(how)
             await kvs0.namespace_remove("job-a")
             await kvs0.namespace_remove("job-b")
             await kvs0.namespace_create("job-b")
