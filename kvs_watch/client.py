@@ -198,7 +198,8 @@ class Watch(Generic[ItemT]):
     def done(self) -> bool:
         """The stream has ended (cancelled, or ended by the rank).  A watch
         never started is not done: it has not begun."""
-        return self._stream is not None and self._stream.done
+        # (abandoned: left by an exception, its answers no longer read)
+        return self._stream is not None and (self._stream.done or self._stream.abandoned)
 
     def start(self) -> Self:
         """Send the request (once); needs a running event loop."""

@@ -220,6 +220,17 @@ async def test_a_watch_is_done_only_once_it_ended_and_runs_once(start_instance: 
             with pytest.raises(RuntimeError, match="has ended"):
                 async with w:
                     pass
+        for w in (kvs.watch("a"), kvs.watch_keys("."), kvs.watch_eventlog("log")):
+            # left by an exception: done at once too (it stayed not done,
+            # and a second block was let in, to yield nothing)
+            with pytest.raises(ValueError):
+                async with w:
+                    await anext(w)
+                    raise ValueError("leave the block")
+            assert w.done
+            with pytest.raises(RuntimeError, match="has ended"):
+                async with w:
+                    pass
         w = kvs.watch("a")  # started by iterating, entered after: fine
         assert (await anext(w)).value == b"1"
         async with w:
