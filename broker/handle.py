@@ -616,7 +616,7 @@ class Handle(HandleCore):
                 # and says why (docs/protocol.md); the calls fail with it
                 self._closing = (errnum, errstr or "")
             elif self._unanswered:
-                self._late_answer(matchtag)
+                self._late_answer(matchtag, errnum)
             return True  # nobody waits (any more): drop it
         if type(waiter) is Stream:
             return False

@@ -155,6 +155,9 @@ class HandleCore:
         """Tags of requests forgotten before their answer came (swept,
         retired): not issued again until that answer comes, as Flux's
         matchtag pool does, so a late answer never reaches a newer request."""
+        self._retired_streams: set[int] = set()
+        """Those of :attr:`_unanswered` that are streams: only their last
+        answer (an error: ``ENODATA`` at the end) frees the tag."""
         self._closed_error: RemoteError | None = None
         # The loop this handle's answers arrive on, when it is bound to one
         # (a client connection): rpc() may then be called while that loop is
@@ -193,8 +196,14 @@ class HandleCore:
             del pending[tag]
         self._unanswered.update(dead)
 
-    def _late_answer(self, tag: int) -> None:
-        """An answer nobody waits for any more: its tag may be issued again."""
+    def _late_answer(self, tag: int, errnum: int) -> None:
+        """An answer nobody waits for any more: its tag may be issued again
+        -- a stream's only at its last answer (an error), since the service
+        goes on answering it until then."""
+        if tag in self._retired_streams:
+            if not errnum:
+                return
+            self._retired_streams.discard(tag)
         self._unanswered.discard(tag)
 
     def _check_open(self) -> None:
@@ -246,6 +255,8 @@ class HandleCore:
             waiter.cancel()
         if waiter is not None:
             self._unanswered.add(tag)
+            if type(waiter) is Stream:
+                self._retired_streams.add(tag)
 
     @property
     def pending(self) -> int:
@@ -288,7 +299,7 @@ class HandleCore:
         waiter = self._pending.get(msg.matchtag)
         if waiter is None:
             if self._unanswered:
-                self._late_answer(msg.matchtag)
+                self._late_answer(msg.matchtag, msg.errnum)
             return
         if type(waiter) is Stream:
             if msg.errnum:

@@ -129,6 +129,27 @@ async def test_a_matchtag_is_not_issued_again_while_it_may_be_answered(wired) ->
     assert waited.matchtag not in h._unanswered
 
 
+async def test_a_retired_stream_s_tag_is_kept_until_its_last_answer(wired) -> None:
+    """A stream retired on this side (closed, a loop left by ``break``) goes
+    on being answered until the service ends it: its first late answer freed
+    the tag, so after a wrap a new request got it, and the stream's next
+    answer settled that request."""
+    h, peer = wired
+    stream = h.rpc_stream("svc.watch", {})
+    req = await asyncio.wait_for(peer.requests.get(), T)
+    h.retire(stream.matchtag)
+    peer.answer(req, {"n": 1})  # (late: dropped, and the stream goes on)
+    ping = h.rpc("svc.ping", {})  # (an answer after the late one: it was read)
+    peer.answer(await asyncio.wait_for(peer.requests.get(), T), {})
+    await asyncio.wait_for(ping, T)
+    assert req.matchtag in h._unanswered
+    peer.answer(req, None, errno.ENODATA)  # its last answer: the tag is free again
+    ping = h.rpc("svc.ping", {})
+    peer.answer(await asyncio.wait_for(peer.requests.get(), T), {})
+    await asyncio.wait_for(ping, T)
+    assert req.matchtag not in h._unanswered
+
+
 @pytest.mark.both_loops
 async def test_spoiled_headers_and_strangers_are_dropped(wired) -> None:
     h, peer = wired
