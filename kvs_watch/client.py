@@ -160,6 +160,14 @@ class Watch(Generic[ItemT]):
     _stopped = False
     """Cancelled or ended here: a watch waiting for its handle to reconnect
     is not sent again."""
+    sent_on = 0
+    """The handle's :attr:`~broker.handle.Handle.reconnects` when the
+    request was last sent: the connection it went on."""
+    _away: int | None = None
+    """Set while the watch waits for its rank's return (reconnecting): -1,
+    the next connection; N, one after the handle's N-th.  Kept if that wait
+    is cut short (a timeout around ``anext``), so the next ``anext`` waits
+    again instead of reading the old, ended stream."""
 
     def __init__(self, h: HandleCore, key: str, flags: int, *, namespace: str | None = None,
                  nodeid: int = NODEID_ANY) -> None:
@@ -178,9 +186,6 @@ class Watch(Generic[ItemT]):
         self.namespace = default_namespace(namespace)
         self.nodeid = nodeid
         self._stream: Stream | None = None
-        self.sent_on = 0
-        """The handle's :attr:`~broker.handle.Handle.reconnects` when the
-        request was last sent: the connection it went on."""
 
     def __repr__(self) -> str:
         return f"<Watch {self.namespace}:{self.key} flags={self.flags:#x}>"
@@ -243,6 +248,7 @@ class Watch(Generic[ItemT]):
         topic, payload = self._request()
         resume.restarted()
         self._send(topic, {**payload, "flags": resume.flags(payload["flags"])})
+        self._away = None
         assert self._stream is not None
         return self._stream
 
@@ -306,13 +312,15 @@ class Watch(Generic[ItemT]):
             return msg.payload
         ready = self._ready
         while not ready:
+            if self._away is not None:  # (also a wait for the rank cut short by a timeout)
+                stream = await self._restart(resume, None if self._away < 0 else self._away)
             try:
                 msg = await stream.next_message()
             except RemoteError as exc:
                 if exc.errnum == errno.ECONNRESET:
-                    stream = await self._restart(resume)
+                    self._away = -1
                 elif _rank_stopping(self.h, exc):
-                    stream = await self._restart(resume, after=self.sent_on)
+                    self._away = self.sent_on
                 else:
                     raise
                 continue
@@ -666,6 +674,8 @@ class KeyWatch(_Wrapped):
         watch resumed after its handle reconnected catches up from."""
         self._resumed = False
         """The watch was sent again: its first answer is a change, not initial."""
+        self._away: int | None = None
+        """As :attr:`Watch._away`: its rank's return is being waited for."""
 
     async def _prepare(self) -> None:
         """Start the watch -- with ``since_version``, once its rank has
@@ -707,6 +717,7 @@ class KeyWatch(_Wrapped):
             await w.h.wait_connected()  # type: ignore[attr-defined]
         else:
             await w.h.wait_reconnected(after)  # type: ignore[attr-defined]
+        self._away = None
         self.watch = Watch[Any](w.h, w.key, w.flags, namespace=w.namespace, nodeid=w.nodeid)
         if self._last is not None:
             self.since, self.since_version = self._last
@@ -716,6 +727,9 @@ class KeyWatch(_Wrapped):
     async def _next(self) -> KeyChanges | None:
         """The next answer, or None for a resumed watch's first one when
         nothing changed meanwhile."""
+        if self._away is not None:  # (a wait for the rank cut short by a timeout)
+            await self._resume(None if self._away < 0 else self._away)
+            return None
         if not self._ready:
             await self._prepare()
         p, self._held = self._held, None
@@ -724,12 +738,13 @@ class KeyWatch(_Wrapped):
                 p = await self.watch.next_payload()
             except RemoteError as exc:
                 if _rank_stopping(self.watch.h, exc):
-                    await self._resume(after=self.watch.sent_on)
-                    return None
-                if exc.errnum != errno.ECONNRESET or not getattr(self.watch.h, "reconnect",
-                                                                  False):
+                    self._away = self.watch.sent_on
+                elif exc.errnum == errno.ECONNRESET and getattr(self.watch.h, "reconnect",
+                                                                 False):
+                    self._away = -1
+                else:
                     raise
-                await self._resume()
+                await self._resume(None if self._away < 0 else self._away)
                 return None
         keys = p["keys"]
         if self._first and self.since is not None:  # what changed since, at this root

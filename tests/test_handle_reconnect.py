@@ -276,6 +276,28 @@ async def test_a_key_watch_catches_up_on_what_changed_while_away(inst: Restartab
         assert h.reconnects == 2
 
 
+async def test_a_timeout_around_anext_while_the_rank_is_away_ends_no_watch(
+        inst: Restartable) -> None:
+    """A bounded wait for the next item while the handle reconnects: the
+    timeout cut the wait for the rank short, the watch was left on its old,
+    ended stream, and the next ``anext`` ended it silently."""
+    async with asyncio.timeout(60), KVS.connect(inst.rank0.uri) as kvs0, \
+            Handle.connect(inst.uri1, reconnect=True) as h:
+        await KVS(h).wait_version((await kvs0.put("k", "1")).rootseq)
+        async with watch(h, "k") as w, watch_keys(h, "d") as kw:
+            assert (await anext(w)).value == b"1"
+            assert (await anext(kw)).initial
+            await inst.kill_rank1()
+            for it in (w, kw):
+                with pytest.raises(TimeoutError):
+                    await asyncio.wait_for(anext(it), 0.3)
+            await kvs0.put("k", "2")
+            await kvs0.put("d.a", "1")
+            await inst.start_rank1()
+            assert (await anext(w)).value == b"2"
+            assert (await anext(kw)).keys == ("d.a",)
+
+
 async def test_a_watch_cancelled_while_its_handle_is_away_is_not_sent_again(
         inst: Restartable) -> None:
     """Its reader, waiting for the handle to reconnect, ends; the restarted
