@@ -135,12 +135,15 @@ def _rank_stopping(h: Any, exc: RemoteError) -> bool:
             and bool(getattr(h, "reconnect", False)))
 
 
-def _entry(key: str, payload: Any) -> WatchEntry:
+def _entry(key: str, payload: Any, treeobj: bool = False) -> WatchEntry:
+    """The entry of an answer; ``treeobj`` (the watch's flag): no ``value``,
+    whatever the tree object (it was the bytes of a small value, inline,
+    and None for a bigger one's ``valref``)."""
     obj = payload["val"]
     seq, ns = int(payload.get("rootseq", -1)), str(payload.get("namespace", ""))
     if obj is None:  # (only a DELETES watch is answered so)
         return WatchEntry(key, None, None, seq, ns, removed=True)
-    value = obj["data"] if obj.get("type") == "val" else None
+    value = obj["data"] if obj.get("type") == "val" and not treeobj else None
     return WatchEntry(key, value, obj, seq, ns)
 
 
@@ -297,7 +300,8 @@ class Watch(Generic[ItemT]):
     async def __anext__(self) -> ItemT:
         payload = await self.next_payload()
         # (the sentinel comes only when the flags asked for it: see watch())
-        return cast(ItemT, INITIAL_DONE if payload is None else _entry(self.key, payload))
+        return cast(ItemT, INITIAL_DONE if payload is None
+                    else _entry(self.key, payload, bool(self.flags & F.TREEOBJ)))
 
     async def next_payload(self) -> Any:
         """The next answer as sent (``None``: the sentinel); raises

@@ -272,5 +272,13 @@ async def test_watch_entry_json_says_why_there_is_no_value(start_instance: Any,
             entry = await anext(w)
         with pytest.raises(ValueError, match="^d: a dirref, not a value"):
             entry.json()
+        # with treeobj, no value whatever the object (a small value's bytes
+        # came, inline, and a big one's valref gave None)
+        await kvs.put("big", "x" * 5000)
+        for key, kind in (("t", "val"), ("big", "valref")):
+            async with kvs.watch(key, treeobj=True) as w:
+                entry = await anext(w)
+            assert entry.treeobj is not None and entry.treeobj["type"] == kind
+            assert entry.value is None, key
         with pytest.raises(ValueError, match="^t: not JSON"):
             (await kvs.wait_create("t")).json()
