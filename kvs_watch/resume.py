@@ -195,7 +195,9 @@ class NamespaceResume:
                 return []
         if event == "listed":
             first, self.listed = not self.listed, True
-            return [payload] if first else []
+            # (a changes_only watch asked for no list, so for no end of it:
+            # this one is there only to resume, as on a plain handle it is not)
+            return [payload] if first and not self.changes_only else []
         if event == "created":
             self.known[name] = payload
             return [] if payload.get("initial") and self.changes_only else [payload]
