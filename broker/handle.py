@@ -679,14 +679,22 @@ class Handle(HandleCore):
         """The next event received (raises ``RemoteError`` once disconnected).
 
         Tasks may wait on one handle together: each event goes to one of
-        them, to the one that has waited longest."""
+        them, to the one that has waited longest.  After ``close()`` (or in
+        a child of ``fork()``) it raises at once, even with events still
+        queued: they are the closed connection's (the parent's)."""
+        self._check_open()
+        woken = False
         while not self._events:
             self._check_open()
             loop = asyncio.get_running_loop()
             if loop is not self._loop:
                 raise self._wrong_loop()  # (the events come on that loop)
             waiter = loop.create_future()
-            self._event_waiters.append(waiter)
+            if woken:  # (its event was taken by a task that did not wait: still first)
+                self._event_waiters.appendleft(waiter)
+            else:
+                self._event_waiters.append(waiter)
+            woken = True
             try:
                 await waiter
             except BaseException:

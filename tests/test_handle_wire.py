@@ -470,3 +470,51 @@ async def test_a_forked_childs_close_leaves_the_parents_handle_working(start_ins
     code = await asyncio.wait_for(status, 30)
     assert (await asyncio.wait_for(h.ping(payload={"n": 1}), 10))["n"] == 1
     assert code == 0
+
+
+async def test_the_longest_waiting_task_gets_the_next_event(wired) -> None:
+    """A waiter woken for an event that a task which did not have to wait
+    took first stays first in line: it went to the back, and the next event
+    went to a task that had waited less.  (Events handed in as the
+    connection's reader hands them, for a fixed interleaving.)"""
+    h, _ = wired
+    got: list[tuple[str, str]] = []
+
+    async def waiter(name: str) -> None:
+        got.append((name, (await h.recv_event()).topic))
+
+    a = asyncio.ensure_future(waiter("A"))
+    await asyncio.sleep(0)
+    c = asyncio.ensure_future(waiter("C"))
+    await asyncio.sleep(0)
+    b = asyncio.ensure_future(waiter("B"))  # (scheduled: its first step runs next)
+    h._on_event(Message(MsgType.EVENT, "e.1", seq=1))  # wakes A; B takes it, not waiting
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    h._on_event(Message(MsgType.EVENT, "e.2", seq=2))
+    h._on_event(Message(MsgType.EVENT, "e.3", seq=3))
+    await asyncio.wait_for(asyncio.gather(a, b, c), T)
+    assert got == [("B", "e.1"), ("A", "e.2"), ("C", "e.3")]
+
+
+async def test_recv_event_after_close_raises_though_events_are_queued(tmp_path) -> None:
+    """After close() every call raises, recv_event too: it returned the
+    events queued before (in a fork's child, the parent's, a second time)."""
+    peer = Peer()
+    path = str(tmp_path / "peer.sock")
+    server = await asyncio.start_unix_server(peer.serve, path)
+    try:
+        h = await Handle.connect(f"local://{path}")
+        peer.send_frames(codec.encode(Message(MsgType.EVENT, "e.1", seq=1)))
+        assert (await asyncio.wait_for(h.recv_event(), T)).topic == "e.1"
+        peer.send_frames(codec.encode(Message(MsgType.EVENT, "e.2", seq=2)))
+        ping = h.rpc("svc.ping", {})  # (answered after e.2: e.2 is queued by then)
+        peer.answer(await asyncio.wait_for(peer.requests.get(), T), {})
+        await asyncio.wait_for(ping, T)
+        await h.close()
+        with pytest.raises(RemoteError) as closed:
+            await h.recv_event()
+        assert closed.value.errnum == errno.ECONNRESET
+    finally:
+        server.close()
+        await server.wait_closed()
