@@ -367,19 +367,18 @@ class Handle(HandleCore):
         """Return once the handle is connected (at once if it is); raises
         ``RemoteError(ECONNRESET)`` if it is closed, or was lost without
         ``reconnect``."""
-        while not self.connected:
-            self._check_open()
-            redial = self._redial
-            if redial is None or self._user_closed:
-                raise RemoteError(errno.ECONNRESET, "handle closed" if self._user_closed
-                                  else "connection to broker lost")
-            await asyncio.shield(redial.done_future())
+        await self._wait_dialled(-1)
 
     async def wait_reconnected(self, after: int) -> None:
         """Return once the connection has been made again since
         :attr:`reconnects` was ``after`` (``reconnect=True``): a rank that
         said it is stopping still holds the old connection for a moment;
         raises ``RemoteError(ECONNRESET)`` as :meth:`wait_connected`."""
+        await self._wait_dialled(after)
+
+    async def _wait_dialled(self, after: int) -> None:
+        """Wait until connected with :attr:`reconnects` above ``after``
+        (``-1``: any connection will do)."""
         while self.reconnects <= after or not self.connected:
             self._check_open()
             redial = self._redial
