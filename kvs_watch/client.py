@@ -581,8 +581,9 @@ def watch_namespaces(h: HandleCore, prefix: str = "", *, changes_only: bool = Fa
     as it happens, with no gap and no duplicate between the two (the broker
     merges them by epoch).  A guest is told of its own namespaces only.
     ``changes_only`` skips the list.  ``listed`` yields :data:`NS_LISTED`
-    between the list and the changes, so a caller can tell the list is
-    complete (and the watch started) even when it is empty; off by default,
+    between the list and the changes (first, with ``changes_only``), so a
+    caller can tell the list is complete (and the watch started) even when
+    it is empty; off by default,
     so that loops that know only created and removed see nothing new.  As
     etcd's list-then-watch, so a job worker discovers jobs by their
     namespaces (``job-``) without coordinating through keys of ``primary``.

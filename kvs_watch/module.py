@@ -237,7 +237,8 @@ class KvsWatchModule(Module):
         w = self.ns.add(msg, prefix, flags)
         self._register(w)
         self.counts["namespace-watchers-created"] += 1
-        if w.flags & NOLIST:
+        if w.flags & NOLIST:  # (no list to end: the marker says the watch has started)
+            self.respond_ns(w, {"event": "listed"})
             return
         fut = self.h.rpc("kvs.namespace-list", {}, nodeid=0)
         fut.add_done_callback(lambda f: self._listed(w, f))

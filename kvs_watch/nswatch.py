@@ -46,7 +46,9 @@ reported iff the table changes, a removal only of what the table held (and
 the watcher was therefore told of), a creation only of what it did not.
 
 With :data:`NOLIST` the list is skipped: creations and removals from the
-request on, nothing buffered, and no ``listed`` answer (no list to end).
+request on, nothing buffered, and the ``listed`` answer at once (no list
+to end, but the watch has started: a client that waits for it knows that
+a namespace it creates next is reported, as etcd's watch-created answer).
 A guest is told of its own namespaces only (``owner``), the instance owner
 of all; ``prefix`` filters by name.
 """

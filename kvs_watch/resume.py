@@ -195,9 +195,9 @@ class NamespaceResume:
                 return []
         if event == "listed":
             first, self.listed = not self.listed, True
-            # (a changes_only watch asked for no list, so for no end of it:
-            # this one is there only to resume, as on a plain handle it is not)
-            return [payload] if first and not self.changes_only else []
+            # (for a changes_only watch: it has started, as a plain handle's
+            # NOLIST marker says; the list before it was taken only to resume)
+            return [payload] if first else []
         if event == "created":
             self.known[name] = payload
             return [] if payload.get("initial") and self.changes_only else [payload]

@@ -180,6 +180,7 @@ async def test_cancel_and_vanished_client_release_the_watcher(start_instance, co
     # changes only (NOLIST), from a client that then goes away
     other = await asyncio.wait_for(Handle.connect(inst.uri(3)), T)
     s2 = other.rpc_stream("kvs-watch.namespaces", {"prefix": "gone-", "flags": 1})
+    assert await answer(s2) == {"event": "listed"}  # (at once: the watch has started)
     await nsw_count(h0, 1, nodeid=3)
     await ns_create(h0, "gone-1")
     p = await answer(s2)
@@ -236,8 +237,9 @@ async def test_sync_kvs_watch_namespaces(start_instance) -> None:
 async def test_listed_marker_ends_the_list_even_when_empty(start_instance, connect):
     """After the list, one ``{"event": "listed"}`` answer: an empty list is
     the marker alone, a list of namespaces is them then the marker, then the
-    changes; with NOLIST (changes only) there is none.  The Python watch
-    yields it (NS_LISTED) only when asked (``listed=True``)."""
+    changes; with NOLIST (changes only) it is the first answer, at once:
+    the watch has started.  The Python watch yields it (NS_LISTED) only
+    when asked (``listed=True``)."""
     inst = await start_instance(size=4, fanout=2)
     h0, h3 = await connect(inst, 0), await connect(inst, 3)
     s = h3.rpc_stream("kvs-watch.namespaces", {"prefix": "job-"})
@@ -261,7 +263,8 @@ async def test_listed_marker_ends_the_list_even_when_empty(start_instance, conne
         await ns_remove(h0, "job-a")
         assert brief(await asyncio.wait_for(anext(w), T)) == ("removed", "job-a", False)
     async with kvs.watch_namespaces("job-", changes_only=True, listed=True) as w:
-        await nsw_count(h0, 1, nodeid=3)  # (it follows the events: no list, no marker)
+        first = await asyncio.wait_for(anext(w), T)  # (no list: the marker at once)
+        assert first == NS_LISTED
         await ns_create(h0, "job-c")
         assert brief(await asyncio.wait_for(anext(w), T)) == ("created", "job-c", False)
     await nsw_count(h0, 0, nodeid=3)
