@@ -578,7 +578,9 @@ def cmd_ping(args: argparse.Namespace) -> int:
                     raise CLIError("ping", detail=no_answer_detail(
                         rank, args.ping_timeout)) from None
                 ms = (time.perf_counter() - t0) * 1000
-                print(f"rank={resp['rank']} route={'!'.join(resp['route'])} seq={i} "
+                cred = (f" userid={resp['userid']} rolemask={resp['rolemask']:#x}"
+                        if args.userid else "")
+                print(f"rank={resp['rank']} route={'!'.join(resp['route'])} seq={i}{cred} "
                       f"time={ms:.3f} ms", flush=True)
                 if args.interval and i + 1 != args.count:
                     await asyncio.sleep(args.interval)  # (-i: the pace asked for)
@@ -1144,6 +1146,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     s.add_argument("--timeout", "-t", type=positive_float, dest="ping_timeout",
                    metavar="SECONDS", help="give up when a ping is not answered in SECONDS "
                    "(exit 1; default: wait as long as the rank takes)")
+    s.add_argument("--userid", "-u", action="store_true",
+                   help="print the userid and rolemask the answering rank saw (from "
+                   "the OS, at the rank the client is attached to), as flux ping -u")
     s.set_defaults(func=cmd_ping)
 
     s = sub.add_parser("event", help="publish or subscribe to events")

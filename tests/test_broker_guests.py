@@ -103,6 +103,22 @@ async def test_guest_module_list_names_the_modules_without_counts(start_instance
     assert rc == 0 and all(line.split()[1].isdigit() for line in out.splitlines()[1:]), out
 
 
+async def test_ping_userid_prints_the_credentials_the_rank_saw(start_instance) -> None:
+    """``ping -u`` (Flux's ``--userid``): the userid and rolemask stamped from
+    the OS by the rank the client is attached to, carried to the rank that
+    answered: the owner's ``0x1``, a guest's own uid and ``0x2``."""
+    inst = await start_instance(size=2, attrs=ALLOW)
+    rc, out, err = await run_cli("ping", "-u", "0", uri=inst.uri(1))
+    assert (rc, err) == (0, "")
+    assert f" seq=0 userid={os.getuid()} rolemask=0x1 time=" in out, out
+    rc, out, err = await run_guest_cli(inst.uri(1), "ping", "--userid", "0")
+    assert (rc, err) == (0, "")
+    assert out.startswith("rank=0 route=c"), out
+    assert f" seq=0 userid={GUEST_UID} rolemask=0x2 time=" in out, out
+    rc, out, err = await run_cli("ping", "1", uri=inst.uri(1))  # (without it: as before)
+    assert rc == 0 and "userid=" not in out and " seq=0 time=" in out, out
+
+
 @pytest.mark.both_loops
 async def test_allowed_guest_is_a_user(start_instance, connect) -> None:
     inst = await start_instance(size=4, fanout=2, attrs=ALLOW)
