@@ -858,16 +858,51 @@ def cmd_logger(args: argparse.Namespace) -> int:
     return run_async(args, main)
 
 
+RUSAGE_WHO = ("self", "children", "thread")
+
+
+class RusageAction(argparse.Action):
+    """``-R/--rusage[=WHO]``, whose WHO is optional as in Flux (``-RWHO``,
+    ``--rusage=WHO``): ``stats -R kvs`` is the module ``kvs``, not a WHO."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        if values is None or values in RUSAGE_WHO:
+            namespace.rusage = values or "self"
+            return
+        namespace.rusage = "self"
+        namespace.rusage_module = values
+
+
 def cmd_stats(args: argparse.Namespace) -> int:
+    taken = getattr(args, "rusage_module", None)  # (stats -R MODULE)
+    if taken is not None:
+        if args.module is not None:
+            raise UsageError(f"--rusage takes {', '.join(RUSAGE_WHO)}, as --rusage=WHO or "
+                             f"-RWHO: {taken!r}")
+        args.module = taken
+    if args.module is None:
+        raise UsageError("the MODULE to ask is missing (broker, content, kvs, kvs-watch...)")
     args.what = f"{getattr(args, 'spelled', 'stats')} {args.module}"
     if isinstance(args.answer_timeout, str):  # (Flux's -t int|double: its --type)
         args.type, args.answer_timeout = args.answer_timeout, None
     if (args.type or args.scale is not None) and not args.parse:
         raise UsageError("--type and --scale need --parse OBJNAME (a number to convert)")
+    if args.clear_all and args.rank is not None:
+        raise UsageError("--clear-all clears every rank: it takes no --rank")
+    if (args.clear or args.clear_all) and (args.parse or args.rusage):
+        raise UsageError("--clear and --clear-all print nothing: no --parse or --rusage")
 
     async def main() -> int:
         async with await connect() as h:
-            resp = await h.rpc(f"{args.module}.stats-get", {}, nodeid=_nodeid(args.rank))
+            if args.clear or args.clear_all:
+                await _clear_stats(h, args.module, args.rank, args.clear_all, args.what)
+                return 0
+            if args.rusage:
+                resp = await h.rpc(f"{args.module}.rusage", {"who": args.rusage},
+                                   nodeid=_nodeid(args.rank))
+            else:
+                resp = await h.rpc(f"{args.module}.stats-get", {}, nodeid=_nodeid(args.rank))
         if not args.parse:
             print(dumps(resp, pretty=True))
             return 0
@@ -875,6 +910,23 @@ def cmd_stats(args: argparse.Namespace) -> int:
         return 0
 
     return run_async(args, main)
+
+
+async def _clear_stats(h: Handle, module: str, rank: int | None, every: bool,
+                       what: str) -> None:
+    """``stats --clear`` (one rank) or ``--clear-all`` (each rank, asked in
+    turn: Flux publishes an event, but a module here subscribes only to the
+    prefixes it serves, so a request per rank does it, and says which rank
+    failed)."""
+    if not every:
+        await h.rpc(f"{module}.stats-clear", {}, nodeid=_nodeid(rank))
+        return
+    size = int((await h.rpc("attr.get", {"name": "size"}))["value"])
+    for r in range(size):
+        try:
+            await h.rpc(f"{module}.stats-clear", {}, nodeid=r)
+        except ErrnoError as exc:
+            raise CLIError(what, exc.errnum, f"rank {r}: {errno_detail(exc)}") from None
 
 
 def timeout_or_stats_type(text: str) -> float | str:
@@ -1302,7 +1354,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_logger)
 
     s = sub.add_parser("stats", help="print a module's stats (broker, content, kvs, ...)")
-    s.add_argument("module")
+    s.add_argument("module", nargs="?")
     s.add_argument("--rank", "-r", type=rank_int, metavar="N", help=ASK_RANK)
     s.add_argument("-p", "--parse", metavar="OBJNAME",
                    help="print only this value: field names separated by periods "
@@ -1316,6 +1368,15 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                    metavar="SECONDS",
                    help="give up when no answer came in SECONDS (exit 1; default: wait as "
                    "long as the rank takes); int or double: --type, as Flux's -t")
+    s.add_argument("-R", "--rusage", nargs="?", const="self", action=RusageAction,
+                   metavar="self|children|thread",
+                   help="print getrusage(2) of the rank's process instead (the modules run "
+                   "in it; default self), as Flux's module stats --rusage")
+    s.add_argument("-c", "--clear", action="store_true",
+                   help="set the module's counters back to 0 on the rank (the instance "
+                   "owner only), as Flux's")
+    s.add_argument("-C", "--clear-all", action="store_true",
+                   help="set the module's counters back to 0 on every rank")
     s.set_defaults(func=cmd_stats)
 
     s = sub.add_parser("content", help="load or store raw blobs, flush or drop the cache")

@@ -20,6 +20,7 @@ import asyncio
 import errno
 import inspect
 import logging
+import resource
 from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
@@ -57,6 +58,29 @@ class EventCounts:
         kinds = dict.fromkeys(self.DROP_KINDS, 0) | dict(self.dropped)
         return {"subscribe_calls": subscribe_calls, "received": self.received,
                 "handled": self.handled, "dropped": kinds}
+
+
+RUSAGE_WHO: dict[str, int | None] = {
+    "self": resource.RUSAGE_SELF, "children": resource.RUSAGE_CHILDREN,
+    "thread": getattr(resource, "RUSAGE_THREAD", None)}
+"""``<name>.rusage``'s ``who``, as Flux's ``--rusage=self|children|thread``."""
+
+
+def rusage_dict(ru: resource.struct_rusage) -> dict[str, float | int]:
+    """A ``struct rusage`` as Flux's ``rusage`` answer names it: the times
+    in seconds, ``maxrss`` in KiB (Linux's unit), the rest counts."""
+    return {"utime": ru.ru_utime, "stime": ru.ru_stime, "maxrss": ru.ru_maxrss,
+            "ixrss": ru.ru_ixrss, "idrss": ru.ru_idrss, "isrss": ru.ru_isrss,
+            "minflt": ru.ru_minflt, "majflt": ru.ru_majflt, "nswap": ru.ru_nswap,
+            "inblock": ru.ru_inblock, "oublock": ru.ru_oublock, "msgsnd": ru.ru_msgsnd,
+            "msgrcv": ru.ru_msgrcv, "nsignals": ru.ru_nsignals, "nvcsw": ru.ru_nvcsw,
+            "nivcsw": ru.ru_nivcsw}
+
+
+def zero_counts(counts: Counter[str]) -> None:
+    """Every counter back to 0, its name kept (stats show them all)."""
+    for name in counts:
+        counts[name] = 0
 
 
 @dataclass
@@ -192,6 +216,17 @@ class Module:
     def stats(self) -> dict[str, Any]:
         return {}
 
+    def clear_stats(self) -> None:
+        """Set the counters back to 0 (``<name>.stats-clear``, Flux's
+        ``module stats --clear``): the module's requests and events, and
+        its ``counts``.  What is now (gauges: watchers, cache sizes, peaks
+        of the backlog) stays, as do the subscriptions."""
+        self.requests = 0
+        self.events = EventCounts()
+        counts = getattr(self, "counts", None)
+        if isinstance(counts, Counter):
+            zero_counts(counts)
+
     def left_to_write(self) -> int:
         """Bytes the module still has to write to disk before it can stop
         (rank 0's content backlog): a rank reports it to its launcher while
@@ -211,6 +246,8 @@ class Module:
         self.h = handle
         self._handlers = dict(self.handlers())
         self._handlers.setdefault(f"{self.name}.stats-get", self._stats_get)
+        self._handlers.setdefault(f"{self.name}.stats-clear", self._stats_clear)
+        self._handlers.setdefault(f"{self.name}.rusage", self._rusage)
 
     def event_stats(self) -> dict[str, Any]:
         """The ``events`` section of this module's stats."""
@@ -225,6 +262,31 @@ class Module:
             self.h.respond(msg, self.stats())
         else:
             self.h.respond(msg, {"rank": self.ctx.rank})
+
+    def _stats_clear(self, msg: Message) -> None:
+        """The instance owner only: the counters are instance-wide."""
+        if not msg.is_owner:
+            raise ErrnoError(errno.EPERM, f"{self.name}.stats-clear is for the instance owner")
+        self.clear_stats()
+        self.h.respond(msg, {})
+
+    def _rusage(self, msg: Message) -> None:
+        """``getrusage(2)`` of the rank's process (Flux's ``module stats
+        --rusage``): the modules run in it, so ``self`` is the rank's,
+        ``thread`` its event loop's thread (Linux), ``children`` the
+        processes it waited for.  The instance owner only, as stats-get."""
+        if not msg.is_owner:
+            raise ErrnoError(errno.EPERM, f"{self.name}.rusage is for the instance owner")
+        p = msg.payload if msg.payload is not None else {}
+        if not isinstance(p, dict):
+            raise ErrnoError(errno.EPROTO, "the payload must be a map")
+        who = p.get("who", "self")
+        code = RUSAGE_WHO.get(who) if isinstance(who, str) else None
+        if code is None:
+            raise ErrnoError(errno.EINVAL, f"who must be one of "
+                             f"{', '.join(w for w, v in RUSAGE_WHO.items() if v is not None)}"
+                             f": {who!r}")
+        self.h.respond(msg, rusage_dict(resource.getrusage(code)))
 
     def _receive_event(self, msg: Message) -> None:
         self.events.received += 1

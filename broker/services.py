@@ -13,7 +13,7 @@ from broker import attrs as battrs
 from broker.errors import ErrnoError
 from broker.logring import Entry, LogRing, clip
 from broker.message import Message, MsgFlags
-from broker.module import Handler, Module, require
+from broker.module import Handler, Module, require, zero_counts
 from broker.trace import OverlayTrace
 
 if TYPE_CHECKING:
@@ -88,6 +88,15 @@ class BrokerServices(Module):
             "overlay.disconnect": self.overlay_client_gone,
             "overlay.stats-get": self.broker_stats,
         }
+
+    def clear_stats(self) -> None:
+        """``broker.stats-clear``: the rank's ``messages`` and ``connector``
+        counters (what is now -- clients, subscriptions, the overlay's
+        children -- stays)."""
+        super().clear_stats()
+        zero_counts(self.router.counts)
+        if self.broker.connector is not None:
+            zero_counts(self.broker.connector.counts)
 
     # -- broker
     def ping(self, msg: Message) -> None:

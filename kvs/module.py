@@ -1381,6 +1381,10 @@ class KvsModule(Module):
             "pid": os.getpid(),
         }
 
+    def clear_stats(self) -> None:
+        super().clear_stats()
+        self._checkpoint_counts.clear()
+
     def _gc_stats(self) -> dict[str, Any] | None:
         """Rank 0: the grace period, the roots it holds, whether a collection
         runs, and what the last one did."""

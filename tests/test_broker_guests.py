@@ -119,6 +119,17 @@ async def test_ping_userid_prints_the_credentials_the_rank_saw(start_instance) -
     assert rc == 0 and "userid=" not in out and " seq=0 time=" in out, out
 
 
+
+async def test_a_guest_may_not_clear_stats_nor_read_rusage(start_instance) -> None:
+    """The counters are instance-wide, and the rank's rusage moves with what
+    other users do: ``stats --clear``/``-R`` are the owner's (``EPERM``)."""
+    inst = await start_instance(size=1, attrs=ALLOW)
+    for args in (["-c", "kvs"], ["--clear-all", "kvs-watch"], ["-R", "kvs"], ["-c", "broker"]):
+        rc, out, err = await run_guest_cli(inst.uri(0), "module", "stats", *args)
+        assert rc == 1 and out == "" and "Operation not permitted" in err, (args, err)
+        assert "is for the instance owner" in err, err
+
+
 @pytest.mark.both_loops
 async def test_allowed_guest_is_a_user(start_instance, connect) -> None:
     inst = await start_instance(size=4, fanout=2, attrs=ALLOW)

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_broker_support import doc_block, install_plugin, run_cli, stats, wait_until
@@ -277,3 +279,69 @@ async def test_a_modules_name_is_its_service_and_unpackable_answers_are_eproto(
     assert "ignoring plugin command 'ping': " in err and "conflicting subparser" in err, err
     rc, _, err = await run_cli("nosuch")
     assert rc == 2 and "invalid choice: 'nosuch'" in err, err
+
+
+async def mstats(h: Handle, module: str, rank: int) -> dict[str, Any]:
+    return await asyncio.wait_for(h.rpc(f"{module}.stats-get", {}, nodeid=rank), 15)
+
+
+async def test_stats_clear_sets_the_counters_back_and_keeps_what_is_now(
+        start_instance, connect) -> None:
+    """``stats --clear`` (Flux's ``module stats --clear``): one rank's module
+    counters back to 0, every name kept; the watchers (what is now) and the
+    subscriptions stay.  ``--clear-all``: every rank's."""
+    inst = await start_instance(size=2)
+    h1 = await connect(inst, 1)
+    await h1.rpc("kvs.commit", {"namespace": "primary", "flags": 0, "ops": [
+        {"key": "a", "flags": 0, "dirent": {"ver": 1, "type": "val", "data": b"1"}}]})
+    watch = h1.rpc_stream("kvs-watch.lookup", {"namespace": "primary", "key": "a",
+                                               "flags": 4})  # (WATCH)
+    await asyncio.wait_for(watch.next_message(), 30)
+    for rank in (0, 1):
+        s = await mstats(h1, "kvs", rank)
+        assert sum(s["counts"].values()) > 0 and s["events"]["received"] > 0, s
+    before = await mstats(h1, "kvs-watch", 1)
+    assert before["counts"]["watchers-created"] == 1 and before["watchers"] == 1, before
+
+    rc, out, err = await run_cli("stats", "--clear", "kvs", uri=inst.uri(1))
+    assert (rc, out, err) == (0, "", "")
+    cleared = await mstats(h1, "kvs", 1)
+    assert set(cleared["counts"]) == set(s["counts"]) and not any(cleared["counts"].values())
+    assert cleared["events"]["received"] == cleared["events"]["handled"] == 0
+    assert cleared["events"]["subscribe_calls"] == s["events"]["subscribe_calls"] > 0
+    assert sum((await mstats(h1, "kvs", 0))["counts"].values()) > 0  # (rank 1's only)
+
+    rc, out, err = await run_cli("stats", "-C", "kvs-watch", uri=inst.uri(0))
+    assert (rc, out, err) == (0, "", "")
+    for rank in (0, 1):
+        after = await mstats(h1, "kvs-watch", rank)
+        assert not any(after["counts"].values()), after
+    assert (await mstats(h1, "kvs-watch", 1))["watchers"] == 1  # (what is now: kept)
+    rc, out, err = await run_cli("stats", "-c", "broker", uri=inst.uri(1))
+    assert rc == 0
+    messages = (await mstats(h1, "broker", 1))["messages"]
+    assert messages["requests"] <= 2, messages  # (the stats-get, and the clear's answer)
+
+    rc, _, err = await run_cli("stats", "--clear-all", "-r", "1", "kvs", uri=inst.uri(0))
+    assert rc == 2 and "--clear-all clears every rank" in err
+    rc, _, err = await run_cli("stats", "--clear", "-p", "counts", "kvs", uri=inst.uri(0))
+    assert rc == 2 and "print nothing" in err
+
+
+async def test_stats_rusage_is_the_ranks_process(start_instance) -> None:
+    """``stats -R`` (Flux's ``module stats --rusage[=WHO]``): getrusage(2) of
+    the rank's process, readable with ``--parse``; a WHO it does not know is
+    a usage error."""
+    inst = await start_instance(size=1)
+    rc, out, err = await run_cli("stats", "--rusage", "kvs", uri=inst.uri(0))
+    assert (rc, err) == (0, ""), err
+    ru = json.loads(out)
+    assert ru["utime"] > 0 and ru["maxrss"] > 1000 and {"stime", "nvcsw", "minflt"} <= set(ru)
+    for spelled in ("-Rself", "--rusage=children", "--rusage=thread"):
+        rc, out, err = await run_cli("stats", spelled, "content", uri=inst.uri(0))
+        assert (rc, err) == (0, "") and "utime" in json.loads(out), (spelled, err)
+    rc, out, err = await run_cli("stats", "-R", "kvs", "-p", "utime", "--type", "double",
+                                 uri=inst.uri(0))
+    assert rc == 0 and float(out) > 0, (out, err)
+    rc, _, err = await run_cli("stats", "--rusage=badopt", "kvs", uri=inst.uri(0))
+    assert rc == 2 and "badopt" in err
