@@ -1,0 +1,279 @@
+"""kvs-watch paths no other test drives end to end, on real multi-rank
+instances:
+
+* an APPEND watcher on a follower that falls more than ``FOLD_DEPTH`` (64)
+  versions behind real commits folds them (docs/protocol.md, kvs-watch,
+  *Folding*): every appended byte answered once, in order, and the watch
+  goes on -- or, when the value is then rewritten, the lines before the
+  rewrite first and ``EINVAL`` after;
+* FULL and UNIQ watchers whose next roots an online ``kvs gc`` collected
+  while they lagged skip those versions and answer from a newer root
+  (docs/kvs.md, *Online*, "A watcher that falls behind"); other watchers
+  are unaffected;
+* ``kvbroker kvs get --watch --reconnect`` (plain and ``--append``) across a
+  SIGKILL and a SIGTERM of its rank prints what changed meanwhile, once,
+  and goes on (docs/cli.md).
+
+The lag is made deterministic as in test_watch_gc.py: the watcher's rank is
+stopped (SIGSTOP, waited for) while rank 0 commits, and setroots carry no
+blobs (``kvs.setroot-blob-limit=0``), so after SIGCONT the rank queues the
+whole burst of setroots before any lookup (which loads from rank 0) is
+answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_broker_support import KVBROKER, stop_process, stopped
+from test_handle_reconnect import Restartable
+from test_multihost import brokers, exit_codes, keyed_config  # noqa: F401 (fixtures)
+from test_watch_helpers import (
+    APPEND,
+    FULL,
+    UNIQ,
+    WATCH,
+    answer,
+    append,
+    cancel,
+    commit,
+    end_errnum,
+    put,
+    stats,
+    value,
+    wait_until,
+    wait_watchers,
+    watch_stream,
+)
+
+from kvs.client import KVS
+from kvs_watch.watcher import FOLD_DEPTH
+
+NO_BLOBS = {"kvs.setroot-blob-limit": "0"}
+"""Prime no follower cache with a commit's blobs: its lookups go to rank 0."""
+
+LINES = 200
+"""Appends made while the watcher's rank is stopped: > FOLD_DEPTH."""
+
+
+def line(i: int) -> bytes:
+    return f"line {i:03d}\n".encode()
+
+
+async def _answers(s: Any, n: int, timeout: float = 60) -> list[dict[str, Any]]:
+    async with asyncio.timeout(timeout):
+        out = []
+        for _ in range(n):
+            p = await answer(s, timeout)
+            assert p is not None and p["val"]["type"] == "val", p
+            out.append(p)
+        return out
+
+
+# ---------------------------------------------------------------- 1. folding
+
+
+async def _append_behind(inst: Any, h0: Any, h1: Any, then: list[dict[str, Any]] | None = None
+                         ) -> tuple[Any, dict[str, Any]]:
+    """An APPEND watcher of ``log`` on rank 1 that has answered line 0; rank
+    1 stopped while rank 0 appends lines 1..LINES, each its own commit (and
+    ``then``'s ops in one more), then let go.  The stream, the last commit."""
+    await commit(h0, append("log", line(0)), sync=(h1, 1))
+    log = watch_stream(h1, "log", WATCH | APPEND)
+    assert await value(log) == line(0)
+    async with stopped(inst.pids()[1]):
+        for i in range(1, LINES + 1):
+            last = await commit(h0, append("log", line(i)))
+        if then is not None:
+            last = await commit(h0, *then)
+    return log, last
+
+
+async def test_an_append_watcher_folding_real_commits_answers_each_line_once(
+        start_instance, connect) -> None:
+    """200 appends, each its own commit, reach a follower's watcher in one
+    burst: it folds the versions past the 64th into the newest and still
+    answers every line once, in order (each append one blob, one answer),
+    with no ``EOVERFLOW``; then the watch goes on, and a plain watcher of
+    another key on the same rank is unaffected."""
+    assert LINES > FOLD_DEPTH
+    inst = await start_instance(size=2, attrs=NO_BLOBS)
+    h0, h1 = await connect(inst, 0), await connect(inst, 1)
+    await commit(h0, put("other", "0"), sync=(h1, 1))
+    other = watch_stream(h1, "other", WATCH)
+    assert await value(other) == b"0"
+    log, last = await _append_behind(inst, h0, h1)
+    got = await _answers(log, LINES)
+    assert [p["val"]["data"] for p in got] == [line(i) for i in range(1, LINES + 1)]
+    seqs = [p["rootseq"] for p in got]
+    assert seqs == sorted(seqs) and seqs[-1] == last["rootseq"], seqs
+    st = await stats(h1, 1)
+    assert st["counts"]["roots-folded"] > 0, st["counts"]  # (the path under test ran)
+    assert st["watchers"] == 2
+    # the watch goes on: the next append, alone (nothing answered twice)
+    await commit(h0, append("log", b"after\n"))
+    assert await value(log) == b"after\n"
+    await commit(h0, put("other", "1"))
+    assert await value(other) == b"1"
+    for s in (log, other):
+        cancel(h1, s)
+        assert await end_errnum(s) == 0
+    await wait_watchers(h0, 0, nodeid=1)
+
+
+async def test_a_rewrite_after_folded_appends_ends_the_watch_after_their_lines(
+        start_instance, connect) -> None:
+    """The value is rewritten right after the 200 appends: the newest root
+    folded in shows it, the folded roots are read one by one, so the 200
+    lines come first, then ``EINVAL`` (docs/protocol.md, *Folding*)."""
+    inst = await start_instance(size=2, attrs=NO_BLOBS)
+    h0, h1 = await connect(inst, 0), await connect(inst, 1)
+    log, _ = await _append_behind(inst, h0, h1, then=[put("log", "rewritten\n")])
+    got = await _answers(log, LINES)
+    assert [p["val"]["data"] for p in got] == [line(i) for i in range(1, LINES + 1)]
+    assert await end_errnum(log) == errno.EINVAL
+    assert (await stats(h1, 1))["counts"]["roots-folded"] > 0
+
+
+# ---------------------------------------------------------------- 2. kvs gc
+
+
+GC_ATTRS = {"kvs.gc-grace": "0", **NO_BLOBS}
+
+
+@pytest.mark.parametrize("mode", [FULL, UNIQ], ids=["full", "uniq"])
+async def test_a_full_or_uniq_watcher_behind_a_collection_skips_to_a_newer_root(
+        start_instance, connect, mode: int) -> None:
+    """Rank 1 is stopped while rank 0 commits ``k`` twice and another key
+    once and ``kvs gc`` collects every root but the current one: the
+    lagging FULL/UNIQ watcher on rank 1 does not end (no ``ENOENT``); it
+    answers the value at the current root, which it can read, once, and
+    goes on.  A watcher of the same key on rank 0 that kept up saw each
+    value; a watcher of another key on rank 1 goes on too."""
+    inst = await start_instance(size=2, attrs=GC_ATTRS)
+    h0, h1 = await connect(inst, 0), await connect(inst, 1)
+    await commit(h0, put("k", "v0"), put("quiet", "q0"), sync=(h1, 1))
+    lagging = watch_stream(h1, "k", WATCH | mode)
+    quiet = watch_stream(h1, "quiet", WATCH | mode)
+    keeping_up = watch_stream(h0, "k", WATCH | mode)
+    for s in (lagging, keeping_up):
+        assert await value(s) == b"v0"
+    assert await value(quiet) == b"q0"
+
+    async def idle() -> bool:
+        return bool((await stats(h1, 1))["lookups-in-flight"] == 0)
+
+    await wait_until(idle, what="rank 1's watchers to be idle")
+    rank1 = inst.pids()[1]
+    await stop_process(rank1)
+    try:
+        await commit(h0, put("k", "v1"))
+        assert await value(keeping_up) == b"v1"
+        await commit(h0, put("k", "v2"))
+        assert await value(keeping_up) == b"v2"
+        current = await commit(h0, put("unrelated", "x"))
+        r = await asyncio.wait_for(h0.rpc("kvs.gc", {}), 60)
+        assert r["removed"] > 0, r
+    finally:
+        os.kill(rank1, signal.SIGCONT)
+    p = await answer(lagging)
+    assert p is not None and p["val"]["data"] == b"v2", p
+    assert p["rootseq"] == current["rootseq"]  # read at the current root
+    # then nothing more for those versions, and it goes on
+    await commit(h0, put("k", "v3"))
+    assert await value(lagging) == b"v3"
+    assert await value(keeping_up) == b"v3"
+    await commit(h0, put("quiet", "q1"))
+    assert await value(quiet) == b"q1"
+    st = await stats(h1, 1)
+    assert st["watchers"] == 2, st
+    cancel(h1, lagging)
+    cancel(h1, quiet)
+    cancel(h0, keeping_up)
+    for s in (lagging, quiet, keeping_up):
+        assert await end_errnum(s) == 0
+
+
+# ---------------------------------------------------------------- 3. CLI --reconnect
+
+
+@pytest.fixture
+async def rinst(tmp_path: Path, brokers) -> Restartable:  # noqa: F811
+    return await Restartable(tmp_path, brokers).start()
+
+
+async def _readline(proc: asyncio.subprocess.Process, timeout: float = 30) -> str:
+    assert proc.stdout is not None
+    raw = await asyncio.wait_for(proc.stdout.readline(), timeout)
+    if not raw:
+        _, err = await proc.communicate()
+        raise AssertionError(f"the command ended (rc {proc.returncode}): {err.decode()!r}")
+    return raw.decode()
+
+
+@pytest.mark.parametrize("how", ["kill", "term"])
+async def test_kvs_get_watch_reconnect_prints_what_changed_while_its_rank_restarted(
+        rinst: Restartable, how: str) -> None:
+    """``kvs get --watch --reconnect`` (no ``--count``: it must not exit)
+    through rank 1 while rank 1 is killed (or stopped with SIGTERM, which
+    ends its watches ``ENOSYS``) and started again on its run directory:
+    the value committed meanwhile is printed once (the newest: a plain watch
+    prints a value, not each version), ``--append`` prints every line
+    appended meanwhile, once each; then both go on, and Ctrl-C ends them
+    (130) with nothing on stderr."""
+    async with asyncio.timeout(120), KVS.connect(rinst.rank0.uri) as kvs0:
+        await kvs0.put("k", "1")
+        await kvs0.put("log", "a")
+        version = (await kvs0.put("ready", "1")).rootseq
+        async with KVS.connect(rinst.uri1) as kvs1:
+            await kvs1.wait_version(version)
+        env = dict(os.environ, KVBROKER_URI=rinst.uri1)
+        env.pop("KVBROKER_NAMESPACE", None)
+        procs = [await asyncio.create_subprocess_exec(
+            KVBROKER, "kvs", "get", *argv, "--reconnect", env=env,
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE)
+            for argv in (["--watch", "k"], ["--watch", "--append", "log"])]
+        get, log = procs
+        try:
+            assert await _readline(get) == "1\n"
+            assert await _readline(log) == "a\n"
+            await rinst.stop_rank1(how)
+            await kvs0.put("k", "2")
+            await kvs0.put("k", "3")
+            for v in ("b", "c"):
+                await kvs0.append("log", v)
+            await rinst.start_rank1()
+            assert await _readline(get) == "3\n"  # (each value printed with a newline)
+            got = [await _readline(log, 5)]
+            got.append(await _readline(log, 5))
+            assert get.returncode is None and log.returncode is None
+            # a second restart of the other kind, nothing changed meanwhile:
+            # nothing printed again
+            await rinst.stop_rank1("term" if how == "kill" else "kill")
+            await rinst.start_rank1()
+            async with KVS.connect(rinst.uri1) as kvs1:
+                async def back() -> bool:
+                    st = await kvs1.handle.rpc("kvs-watch.stats-get", {})
+                    return bool(st["watchers"] == 2)
+                await wait_until(back, 30, "both watches registered again")
+            await kvs0.put("k", "4")
+            await kvs0.append("log", "d")
+            assert await _readline(get) == "4\n"
+            assert await _readline(log) == "d\n"
+            for p in procs:
+                p.send_signal(signal.SIGINT)
+            results = [await asyncio.wait_for(p.communicate(), 30) for p in procs]
+        finally:
+            for p in procs:
+                if p.returncode is None:
+                    p.kill()
+                    await p.wait()
+        assert [p.returncode for p in procs] == [130, 130], results
+        assert results == [(b"", b""), (b"", b"")], results
