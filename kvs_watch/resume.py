@@ -14,7 +14,9 @@ its reader sees neither a repeat nor a gap it could have noticed:
 * an ``append`` watch asks for the initial sentinel, gathers the new
   initial value, checks that it starts with the bytes delivered (a digest
   of them is kept: ``EINVAL`` if the value was replaced or shortened
-  meanwhile, as the watch itself says), and yields only the rest;
+  meanwhile, as the watch itself says), and yields only the rest, one
+  entry per append as while connected (so ``kvs get -w -A --reconnect``
+  prints each on its own line);
 * a removal meanwhile ends the watch with ``ENOENT`` as it would have
   (``deletes``: one removal entry; ``waitcreate``: the wait goes on);
 * a namespace watch compares the new list with the namespaces it knows
@@ -66,7 +68,7 @@ class WatchResume:
     """
 
     __slots__ = ("key", "append", "sentinel_asked", "sentinel_seen", "last", "size",
-                 "digest", "catching_up")
+                 "digest", "entries", "catching_up")
 
     def __init__(self, key: str, flags: int) -> None:
         self.key = key
@@ -81,6 +83,9 @@ class WatchResume:
         """Append: the bytes of the current value delivered..."""
         self.digest = hashlib.blake2b()
         """... and their digest."""
+        self.entries = 0
+        """Append: the answers of the current value delivered (one per blob:
+        an append's chunk), so those appended meanwhile come one by one."""
         self.catching_up: list[dict[str, Any]] | None = None
         """Append, after a restart: the new initial value's answers so far."""
 
@@ -111,12 +116,13 @@ class WatchResume:
             if val is None:  # a removal (deletes): the next value comes whole
                 again = self.catching_up is not None and self.last is None
                 self.catching_up, self.last = None, None
-                self.size, self.digest = 0, hashlib.blake2b()
+                self.size, self.digest, self.entries = 0, hashlib.blake2b(), 0
                 return [] if again else [payload]
             self.last = _NOTHING
             data = val.get("data", b"")
             self.size += len(data)
             self.digest.update(data)
+            self.entries += 1
             return [payload]
         last = self.last
         if type(last) is _Fresh:
@@ -134,12 +140,23 @@ class WatchResume:
             raise RemoteError(errno.EINVAL, f"{self.key}: value replaced or shortened "
                                             "while the handle reconnected")
         out: list[Any] = []
-        rest = data[self.size:]
-        if rest:
-            last = answers[-1]
-            out.append({**last, "val": {**last["val"], "data": rest}})
-            self.size += len(rest)
-            self.digest.update(rest)
+        n = self.entries
+        if len(answers) >= n and sum(len(p["val"].get("data", b"")) for p in answers[:n]) \
+                == self.size:
+            # The answers delivered are the new value's first ones (one per
+            # blob): the rest come as they would have, one per append (an
+            # empty one too), not joined into one.
+            new = answers[n:]
+        else:  # (the bytes delivered end inside an answer: the rest in one)
+            rest = data[self.size:]
+            last = answers[-1] if answers else None
+            new = [{**last, "val": {**last["val"], "data": rest}}] if rest and last else []
+        for p in new:
+            chunk = p["val"].get("data", b"")
+            self.size += len(chunk)
+            self.digest.update(chunk)
+            out.append(p)
+        self.entries = len(answers)
         if self.sentinel_asked and not self.sentinel_seen:
             self.sentinel_seen = True
             out.append(None)

@@ -53,6 +53,7 @@ from test_watch_helpers import (
 )
 
 from kvs.client import KVS
+from kvs_watch.resume import WatchResume
 from kvs_watch.watcher import FOLD_DEPTH
 
 NO_BLOBS = {"kvs.setroot-blob-limit": "0"}
@@ -251,8 +252,9 @@ async def test_kvs_get_watch_reconnect_prints_what_changed_while_its_rank_restar
                 await kvs0.append("log", v)
             await rinst.start_rank1()
             assert await _readline(get) == "3\n"  # (each value printed with a newline)
-            got = [await _readline(log, 5)]
-            got.append(await _readline(log, 5))
+            # each append on its own line, as while connected (they were
+            # joined: "bc")
+            assert [await _readline(log) for _ in range(2)] == ["b\n", "c\n"]
             assert get.returncode is None and log.returncode is None
             # a second restart of the other kind, nothing changed meanwhile:
             # nothing printed again
@@ -277,3 +279,24 @@ async def test_kvs_get_watch_reconnect_prints_what_changed_while_its_rank_restar
                     await p.wait()
         assert [p.returncode for p in procs] == [130, 130], results
         assert results == [(b"", b""), (b"", b"")], results
+
+
+def test_an_append_resume_yields_each_append_made_meanwhile_on_its_own() -> None:
+    """The filter of a restarted append watch (no instance: the CLI test
+    above runs it for real): the appends made meanwhile, an empty one too,
+    come one entry each, as the watch gives them while connected."""
+    def val(data: bytes, rootseq: int) -> dict[str, Any]:
+        return {"val": {"type": "val", "data": data}, "rootseq": rootseq,
+                "namespace": "primary"}
+
+    r = WatchResume("log", WATCH | APPEND)
+    assert r.take(val(b"a", 1)) == [val(b"a", 1)]
+    assert r.take(val(b"b", 2)) == [val(b"b", 2)]
+    r.restarted()
+    for data in (b"a", b"b", b"c", b"", b"d"):  # the new initial value, per blob
+        assert r.take(val(data, 5)) == []
+    assert r.take(None) == [val(b"c", 5), val(b"", 5), val(b"d", 5)]
+    r.restarted()
+    for data in (b"a", b"b", b"c", b"", b"d", b"e"):
+        assert r.take(val(data, 6)) == []
+    assert r.take(None) == [val(b"e", 6)]  # nothing twice, the empty one neither
