@@ -46,6 +46,7 @@ from test_watch_helpers import (
     end_errnum,
     put,
     stats,
+    unlink,
     value,
     wait_until,
     wait_watchers,
@@ -128,21 +129,52 @@ async def test_an_append_watcher_folding_real_commits_answers_each_line_once(
     await wait_watchers(h0, 0, nodeid=1)
 
 
+@pytest.mark.parametrize("how", ["rewritten", "removed"])
 async def test_a_rewrite_after_folded_appends_ends_the_watch_after_their_lines(
-        start_instance, connect) -> None:
-    """The value is rewritten right after the 200 appends: the newest root
-    folded in shows it, the folded roots are read one by one, so the 200
-    lines come first, then ``EINVAL`` (docs/protocol.md, *Folding*)."""
+        start_instance, connect, how: str) -> None:
+    """The value is rewritten (or removed) right after the 200 appends: the
+    newest root folded in shows it, the folded roots are read one by one,
+    so the 200 lines come first, then ``EINVAL`` (``ENOENT``), where the
+    watch would have ended without folding (docs/protocol.md, *Folding*)."""
     inst = await start_instance(size=2, attrs=NO_BLOBS)
     h0, h1 = await connect(inst, 0), await connect(inst, 1)
-    log, _ = await _append_behind(inst, h0, h1, then=[put("log", "rewritten\n")])
+    then = put("log", "rewritten\n") if how == "rewritten" else unlink("log")
+    log, _ = await _append_behind(inst, h0, h1, then=[then])
     got = await _answers(log, LINES)
     assert [p["val"]["data"] for p in got] == [line(i) for i in range(1, LINES + 1)]
-    assert await end_errnum(log) == errno.EINVAL
+    assert await end_errnum(log) == (errno.EINVAL if how == "rewritten" else errno.ENOENT)
     assert (await stats(h1, 1))["counts"]["roots-folded"] > 0
 
 
 # ---------------------------------------------------------------- 2. kvs gc
+
+
+async def test_an_append_watcher_folding_roots_a_collection_removed_answers_every_line(
+        start_instance, connect) -> None:
+    """Folding and an online collection together: the 200 versions appended
+    while rank 1 was stopped are collected (all but the current one) before
+    it reads them.  The queued roots that cannot be read are skipped and the
+    folded slot reads at the current root, which holds every line's blob:
+    each line still comes once, in order ("APPEND answers the blobs they
+    added, read at the newer root"), and the watch goes on."""
+    inst = await start_instance(size=2, attrs={"kvs.gc-grace": "0", **NO_BLOBS})
+    h0, h1 = await connect(inst, 0), await connect(inst, 1)
+    await commit(h0, append("log", line(0)), sync=(h1, 1))
+    log = watch_stream(h1, "log", WATCH | APPEND)
+    assert await value(log) == line(0)
+    async with stopped(inst.pids()[1]):
+        for i in range(1, LINES + 1):
+            last = await commit(h0, append("log", line(i)))
+        r = await asyncio.wait_for(h0.rpc("kvs.gc", {}), 60)
+        assert r["removed"] > 0, r
+    got = await _answers(log, LINES)
+    assert [p["val"]["data"] for p in got] == [line(i) for i in range(1, LINES + 1)]
+    assert {p["rootseq"] for p in got} == {last["rootseq"]}  # all read at the current root
+    assert (await stats(h1, 1))["counts"]["roots-folded"] > 0
+    await commit(h0, append("log", b"after\n"))
+    assert await value(log) == b"after\n"
+    cancel(h1, log)
+    assert await end_errnum(log) == 0
 
 
 GC_ATTRS = {"kvs.gc-grace": "0", **NO_BLOBS}
