@@ -44,6 +44,8 @@ from test_watch_helpers import (
     cancel,
     commit,
     end_errnum,
+    ns_create,
+    ns_remove,
     put,
     stats,
     unlink,
@@ -53,9 +55,11 @@ from test_watch_helpers import (
     watch_stream,
 )
 
+from broker.errors import RemoteError
 from kvs.client import KVS
+from kvs_watch.flags import DELETES
 from kvs_watch.resume import WatchResume
-from kvs_watch.watcher import FOLD_DEPTH
+from kvs_watch.watcher import FOLD_DEPTH, FOLDED_KEPT
 
 NO_BLOBS = {"kvs.setroot-blob-limit": "0"}
 """Prime no follower cache with a commit's blobs: its lookups go to rank 0."""
@@ -332,3 +336,98 @@ def test_an_append_resume_yields_each_append_made_meanwhile_on_its_own() -> None
     for data in (b"a", b"b", b"c", b"", b"d", b"e"):
         assert r.take(val(data, 6)) == []
     assert r.take(None) == [val(b"e", 6)]  # nothing twice, the empty one neither
+
+
+# ---------------------------------------------------------------- further paths
+
+
+async def test_more_folded_roots_than_kept_still_answer_every_line_before_a_rewrite(
+        start_instance, connect) -> None:
+    """Past ``FOLDED_KEPT`` (1,000) roots folded into one slot every other
+    older one is forgotten, the newest kept (docs/protocol.md, *Folding*):
+    when the newest then shows the value rewritten, the roots kept are read
+    one by one, and as each holds every blob before it, all 1,200 lines
+    still come, once each, in order, before ``EINVAL``."""
+    n = FOLDED_KEPT + 200
+    inst = await start_instance(size=2, attrs=NO_BLOBS)
+    h0, h1 = await connect(inst, 0), await connect(inst, 1)
+    await commit(h0, append("log", line(0)), sync=(h1, 1))
+    log = watch_stream(h1, "log", WATCH | APPEND)
+    assert await value(log) == line(0)
+    async with stopped(inst.pids()[1]):
+        for i in range(1, n + 1):
+            await commit(h0, append("log", line(i)))
+        await commit(h0, put("log", "rewritten\n"))
+    got = await _answers(log, n, timeout=120)
+    assert [p["val"]["data"] for p in got] == [line(i) for i in range(1, n + 1)]
+    assert await end_errnum(log) == errno.EINVAL
+    assert (await stats(h1, 1))["counts"]["roots-folded"] > FOLDED_KEPT
+
+
+async def test_an_append_deletes_watcher_does_not_fold_and_overflows(
+        start_instance, connect) -> None:
+    """``WATCH_DELETES`` turns folding off (a removal between versions must
+    be seen): such a watcher that falls more than ``kvs-watch.max-backlog``
+    behind ends ``EOVERFLOW`` (docs/protocol.md, kvs-watch errors), while a
+    plain APPEND watcher of the same key on the same rank folds and
+    answers every line."""
+    inst = await start_instance(size=2, attrs={"kvs-watch.max-backlog": "50", **NO_BLOBS})
+    h0, h1 = await connect(inst, 0), await connect(inst, 1)
+    await commit(h0, append("log", line(0)), sync=(h1, 1))
+    deletes = watch_stream(h1, "log", WATCH | APPEND | DELETES)
+    folding = watch_stream(h1, "log", WATCH | APPEND)
+    for s in (deletes, folding):
+        assert await value(s) == line(0)
+    async with stopped(inst.pids()[1]):
+        for i in range(1, LINES + 1):
+            await commit(h0, append("log", line(i)))
+    with pytest.raises(RemoteError) as overflow:
+        async with asyncio.timeout(30):
+            while True:  # (it may answer a few versions first)
+                p = await answer(deletes)
+                assert p is not None and p["val"]["data"].startswith(b"line "), p
+    assert overflow.value.errnum == errno.EOVERFLOW, overflow.value
+    got = await _answers(folding, LINES)
+    assert [p["val"]["data"] for p in got] == [line(i) for i in range(1, LINES + 1)]
+
+
+@pytest.mark.parametrize("collected", [False, True], ids=["kept", "collected"])
+async def test_a_namespace_removed_behind_a_watcher_then_made_again(
+        start_instance, connect, collected: bool) -> None:
+    """Rank 1 is stopped while rank 0 commits ``k`` in namespace ``job``,
+    removes ``job``, (collects every unkept root,) and makes a new ``job``
+    with ``k`` in it.  The watcher answers the commit made before the
+    removal if its root can still be read, and ends ``ENOTSUP`` either way:
+    a queued root that cannot be read after the removal ends the watch at
+    once, never read at rank 0's current root (the new namespace's: its
+    ``k`` is not this watch's) (docs/protocol.md, "A namespace removed")."""
+    inst = await start_instance(size=2, attrs=GC_ATTRS)
+    h0, h1 = await connect(inst, 0), await connect(inst, 1)
+    await ns_create(h0, "job")
+    await commit(h0, put("k", "v0"), ns="job", sync=(h1, 1))
+    s = watch_stream(h1, "k", WATCH, ns="job")
+    assert await value(s) == b"v0"
+    async with stopped(inst.pids()[1]):
+        removed = await commit(h0, put("k", "v1"), ns="job")
+        await ns_remove(h0, "job")
+        await ns_create(h0, "job")
+        await commit(h0, put("k", "new namespace"), ns="job")
+        if collected:  # (after the new namespace's commit: a collection with a
+            # grace of 0 still spares the blobs of the newest store)
+            r = await asyncio.wait_for(h0.rpc("kvs.gc", {}), 60)
+            assert r["removed"] > 0, r
+            with pytest.raises(RemoteError) as gone:
+                await asyncio.wait_for(h0.rpc("content.load", {"blobref": removed["rootref"]}), 10)
+            assert gone.value.errnum == errno.ENOENT
+    if not collected:
+        assert await value(s) == b"v1"
+    with pytest.raises(RemoteError) as ended:
+        await answer(s)
+    assert ended.value.errnum == errno.ENOTSUP, ended.value
+    assert "was removed" in ended.value.errstr, ended.value.errstr
+    await wait_watchers(h0, 0, nodeid=1)
+    # a new watch sees the new namespace
+    s = watch_stream(h1, "k", WATCH, ns="job")
+    assert await value(s) == b"new namespace"
+    cancel(h1, s)
+    assert await end_errnum(s) == 0
