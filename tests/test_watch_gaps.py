@@ -431,3 +431,29 @@ async def test_a_namespace_removed_behind_a_watcher_then_made_again(
     assert await value(s) == b"new namespace"
     cancel(h1, s)
     assert await end_errnum(s) == 0
+
+
+async def test_a_job_eventlog_folded_then_its_namespace_removed_answers_every_line(
+        start_instance, connect) -> None:
+    """A job's pattern on a far rank: its eventlog appended to 200 times,
+    then its namespace removed at once, while the watcher's rank was held
+    up.  The watcher folds the versions, answers every line once, in order,
+    and only then ends ``ENOTSUP`` (the removal comes after the commits
+    made before it: docs/protocol.md, "A namespace removed")."""
+    inst = await start_instance(size=2, attrs=NO_BLOBS)
+    h0, h1 = await connect(inst, 0), await connect(inst, 1)
+    await ns_create(h0, "job")
+    await commit(h0, append("log", line(0)), ns="job", sync=(h1, 1))
+    log = watch_stream(h1, "log", WATCH | APPEND, ns="job")
+    assert await value(log) == line(0)
+    async with stopped(inst.pids()[1]):
+        for i in range(1, LINES + 1):
+            await commit(h0, append("log", line(i)), ns="job")
+        await ns_remove(h0, "job")
+    got = await _answers(log, LINES)
+    assert [p["val"]["data"] for p in got] == [line(i) for i in range(1, LINES + 1)]
+    with pytest.raises(RemoteError) as ended:
+        await answer(log)
+    assert ended.value.errnum == errno.ENOTSUP, ended.value
+    assert (await stats(h1, 1))["counts"]["roots-folded"] > 0
+    await wait_watchers(h0, 0, nodeid=1)
