@@ -23,7 +23,7 @@ _CLIENT_LOG = logging.getLogger("kvbroker.logger")
 """The logger ``log.append`` writes through (each record named as the client says)."""
 _LOGGER_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
-RESTRICTED_EVENT_PREFIXES = ("kvs.", "broker.", "overlay.", "content.")
+RESTRICTED_EVENT_PREFIXES = ("kvs.", "broker.", "overlay.", "content.", "heartbeat.")
 """Topics only the instance owner may publish (guests could forge KVS events)."""
 MAX_EVENT_TOPIC = 1024
 """Longest event topic (or subscription prefix), in characters.  Every rank
