@@ -74,7 +74,7 @@ from kvs import eventlog, treeobj
 from kvs.diff import Change
 from kvs.keys import join, normalize, parse_ns_target, split
 from kvs.lookup import READDIR, READLINK, SYMLINK_MAX, TREEOBJ
-from kvs.namespaces import PRIMARY
+from kvs.namespaces import PRIMARY, gather_namespace_list
 from kvs.treeobj import TreeObj
 from kvs.txn import APPEND, EXPECT, NO_MERGE, SYNC, check_limits
 
@@ -1399,7 +1399,7 @@ class KVS:
 
     async def namespace_list(self) -> list[Root]:
         """Every namespace, with its owner, version and root."""
-        resp = await self.handle.rpc("kvs.namespace-list", {})
+        resp = await gather_namespace_list(self.handle, NODEID_ANY)  # (in parts: any count)
         return [Root.from_payload(p) for p in resp["namespaces"]]
 
     def watch_namespaces(self, prefix: str = "", *, changes_only: bool = False,

@@ -72,6 +72,7 @@ from kvs.namespaces import (
     RecentRoots,
     check_name,
     event_topic_parts,
+    list_chunks,
     shown_name,
 )
 from kvs.refcheck import RefChecker, names_a_directory
@@ -1318,14 +1319,29 @@ class KvsModule(Module):
         self.h.respond(msg, {})
 
     async def namespace_list(self, msg: Message) -> None:
+        """One answer, as Flux's; or, asked as a stream, the same list cut
+        into answers that each fit the smallest link (``list_chunks``),
+        then ``ENODATA``: one answer of every namespace did not cross a
+        link once there were more than ``tbon.max-message`` holds (~500 at
+        its 64 KiB minimum, ~8,000 at 1 MiB)."""
         self._owner_only(msg, "namespace-list")
         if not self.leader:
-            self.h.respond(msg, await self.h.rpc("kvs.namespace-list", {}, nodeid=0))
+            if not msg.streaming:
+                self.h.respond(msg, await self.h.rpc("kvs.namespace-list", {}, nodeid=0))
+                return
+            async for part in self.h.rpc_stream("kvs.namespace-list", {}, nodeid=0):
+                self.h.respond(msg, part)
+            self.h.respond_error(msg, errno.ENODATA)
             return
         # epoch: the last one given, so a reader of the created and removed
         # events can tell those the list already reflects (kvs-watch.namespaces)
-        self.h.respond(msg, {"epoch": self._last_epoch, "namespaces": [
-            ns.describe() for ns in self.namespaces.values() if ns.rootseq >= 0]})
+        entries = [ns.describe() for ns in self.namespaces.values() if ns.rootseq >= 0]
+        if not msg.streaming:
+            self.h.respond(msg, {"epoch": self._last_epoch, "namespaces": entries})
+            return
+        for part in list_chunks(entries):  # (one snapshot: every part, in this turn)
+            self.h.respond(msg, {"epoch": self._last_epoch, "namespaces": part})
+        self.h.respond_error(msg, errno.ENODATA)
 
     # ================================================================ stats
 

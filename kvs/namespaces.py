@@ -49,6 +49,44 @@ def check_name(name: object) -> str:
     return name
 
 
+LIST_CHUNK_BYTES = 16 * 1024
+"""About the most bytes of namespaces one answer of a streaming
+``kvs.namespace-list`` carries: a quarter of the smallest
+``tbon.max-message`` (64 KiB), so the list crosses any link however many
+namespaces there are (one answer of 1,500 was 198 KB)."""
+
+
+def list_chunks(entries: list[dict[str, Any]],
+                budget: int = LIST_CHUNK_BYTES) -> list[list[dict[str, Any]]]:
+    """``entries`` (namespace descriptions) cut into runs of about
+    ``budget`` bytes each, in order; one empty run for none (the answer
+    still carries the list's epoch)."""
+    chunks: list[list[dict[str, Any]]] = [[]]
+    size = 0
+    for entry in entries:
+        cost = 120 + len(entry["namespace"])  # (the fields but the name: ~110 bytes packed)
+        if chunks[-1] and size + cost > budget:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(entry)
+        size += cost
+    return chunks
+
+
+async def gather_namespace_list(h: Any, nodeid: int) -> dict[str, Any]:
+    """The whole ``kvs.namespace-list`` as one answer ``{epoch, namespaces}``,
+    asked as a stream (each part fits a link, whatever the count): rank 0
+    cuts one snapshot into the parts, so they share its epoch."""
+    epoch: Any = None
+    out: list[Any] = []
+    async for part in h.rpc_stream("kvs.namespace-list", {}, nodeid=nodeid):
+        if not isinstance(part, dict) or not isinstance(part.get("namespaces"), list):
+            raise ErrnoError(errno.EPROTO, "malformed kvs.namespace-list answer")
+        epoch = part.get("epoch")
+        out += part["namespaces"]
+    return {"epoch": epoch, "namespaces": out}
+
+
 EVENT_PREFIX = "kvs.namespace-"
 """Every namespace event's topic starts so (``kvs.namespace-<NS>-<kind>``):
 the one subscription each module makes, on every rank."""

@@ -54,7 +54,13 @@ from broker.errors import ErrnoError, ProtocolError, error_text
 from broker.message import Message
 from broker.module import Handler, Module, require
 from kvs.keys import check_key
-from kvs.namespaces import EVENT_PREFIX, PRIMARY, check_name, event_topic_parts
+from kvs.namespaces import (
+    EVENT_PREFIX,
+    PRIMARY,
+    check_name,
+    event_topic_parts,
+    gather_namespace_list,
+)
 from kvs_watch import flags as F
 from kvs_watch.monitor import INIT, MISSING, READY, Monitor
 from kvs_watch.nswatch import NOLIST, NsHub, NsWatcher
@@ -240,20 +246,20 @@ class KvsWatchModule(Module):
         if w.flags & NOLIST:  # (no list to end: the marker says the watch has started)
             self.respond_ns(w, {"event": "listed"})
             return
-        fut = self.h.rpc("kvs.namespace-list", {}, nodeid=0)
-        fut.add_done_callback(lambda f: self._listed(w, f))
+        self.spawn(self._list_for(w))
 
-    def _listed(self, w: NsWatcher, fut: Any) -> None:
-        if fut.cancelled():
+    async def _list_for(self, w: NsWatcher) -> None:
+        """Ask rank 0 for ``w``'s list, as a stream (in parts that each fit
+        a link, however many namespaces), and give it to the hub whole."""
+        try:
+            listing = await gather_namespace_list(self.h, 0)
+        except Exception as exc:
+            if not w.done:
+                errnum = exc.errnum if isinstance(exc, ErrnoError) else errno.EIO
+                w.fail(errnum, f"kvs.namespace-list: {error_text(exc)}")
             return
-        exc = fut.exception()  # (retrieved even if w ended meanwhile: asyncio logs it else)
-        if w.done:
-            return
-        if exc is not None:
-            errnum = exc.errnum if isinstance(exc, ErrnoError) else errno.EIO
-            w.fail(errnum, f"kvs.namespace-list: {error_text(exc)}")
-            return
-        self.ns.listed(w, fut.result())
+        if not w.done:
+            self.ns.listed(w, listing)
 
     def cancel(self, msg: Message) -> None:
         tag = require(msg.payload, matchtag=int)["matchtag"]

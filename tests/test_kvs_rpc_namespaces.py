@@ -28,6 +28,7 @@ from test_kvs_rpc_helpers import (
 from broker.errors import RemoteError
 from broker.handle import Handle
 from kvs import treeobj
+from kvs.client import KVS
 
 SIZES = pytest.mark.parametrize("size", [1, 4])
 
@@ -446,3 +447,39 @@ async def test_a_namespace_created_as_its_load_is_refused_is_heard(
 
 async def _exists(h, name: str) -> bool:
     return name in await ns_list(h)
+
+
+async def test_a_list_of_more_namespaces_than_a_link_carries_comes_in_parts(
+        start_instance, connect) -> None:
+    """1,500 namespaces are ~200 KB of list, over the smallest
+    ``tbon.max-message`` (64 KiB): asked as a stream, ``kvs.namespace-list``
+    comes in parts that each cross the link, one snapshot (one epoch), so
+    ``KVS.namespace_list``, ``kvs namespace list`` and a namespace watch on
+    a follower see them all; asked as one answer (Flux's way) it is
+    ``EMSGSIZE`` from the follower, as any answer too big for its link."""
+    inst = await start_instance(size=2, attrs={"tbon.max-message": "65536"})
+    h0, h1 = await connect(inst, 0), await connect(inst, 1)
+    names = [f"job-{i:04}" for i in range(1500)]
+    async with asyncio.timeout(120):
+        await asyncio.gather(*(h0.rpc("kvs.namespace-create", {
+            "namespace": n, "owner": os.getuid(), "flags": 0}) for n in names))
+        parts = [p async for p in h1.rpc_stream("kvs.namespace-list", {})]
+        assert len(parts) > 3 and len({p["epoch"] for p in parts}) == 1
+        listed = [e["namespace"] for p in parts for e in p["namespaces"]]
+        assert sorted(listed) == sorted([*names, "primary"])
+        with pytest.raises(RemoteError) as too_big:
+            await h1.rpc("kvs.namespace-list", {})
+        assert too_big.value.errnum == errno.EMSGSIZE
+        roots = await KVS(h1).namespace_list()
+        assert len(roots) == 1501
+        async with KVS(h1).watch_namespaces("job-", listed=True) as w:
+            seen = []
+            async for ev in w:
+                if ev.listed:
+                    break
+                seen.append(ev.namespace)
+            assert seen == names  # (in creation order)
+            await h0.rpc("kvs.namespace-create", {"namespace": "job-new",
+                                                  "owner": os.getuid(), "flags": 0})
+            ev = await anext(w)
+            assert (ev.namespace, ev.created, ev.initial) == ("job-new", True, False)
