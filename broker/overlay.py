@@ -75,7 +75,9 @@ hold the instance's keys are admitted.  The ZeroMQ sockets themselves are in
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
 import re
 import secrets
 from collections import deque
@@ -88,7 +90,7 @@ from broker.bootstrap import wrong_host
 from broker.errors import ProtocolError
 from broker.logring import LogThrottle
 from broker.message import Message, MsgType
-from broker.overlay_stream import StreamConn, StreamLinks
+from broker.overlay_stream import StreamConn, StreamLinks, unlink_socket_file
 
 if TYPE_CHECKING:
     import zmq
@@ -312,6 +314,8 @@ class Overlay:
         new connection of that process, not a restart (:meth:`_admit`,
         :attr:`_rejoins`)."""
         self._auth: zmq.auth.thread.ThreadAuthenticator | None = None
+        self._ipc_bound: tuple[str, int] | None = None
+        """ZeroMQ over ipc: the socket file bound for the children, and its inode."""
         self._monitor: ZmqSocket | None = None
         # ZeroMQ links: each child's current connection, by its identity, and
         # the connections the monitor reported, for its DISCONNECTED events.
@@ -506,8 +510,12 @@ class Overlay:
 
         ctx = self.ctx = zl.new_context()
         if self.children:
-            s, monitor, self._auth = zl.children_socket(
-                ctx, self.bind or self.endpoint(self.rank), self.curve, self.ipv6)
+            endpoint = self.bind or self.endpoint(self.rank)
+            s, monitor, self._auth = zl.children_socket(ctx, endpoint, self.curve, self.ipv6)
+            if endpoint.startswith("ipc://"):  # (its file: removed at close)
+                path = endpoint[len("ipc://"):]
+                with contextlib.suppress(OSError):
+                    self._ipc_bound = (path, os.stat(path).st_ino)
             self._monitor = zl.ZmqSocket(monitor, self._on_monitor)
             self._down = zl.ZmqSocket(s, self._from_child, track_fd=True,
                                       max_backlog=self.max_backlog, on_stuck=self._child_stuck)
@@ -708,6 +716,9 @@ class Overlay:
             self._auth.stop()
         if self.ctx is not None:
             self.ctx.destroy(linger=0)  # our sockets are closed; nothing left may block it
+        if self._ipc_bound is not None:
+            unlink_socket_file(*self._ipc_bound)
+            self._ipc_bound = None
 
     # ------------------------------------------------------------ links
 

@@ -134,6 +134,19 @@ class StreamConn(FramedProtocol):
         w.send(frames)
 
 
+def unlink_socket_file(path: str, inode: int) -> None:
+    """Remove the socket file this rank bound at ``path`` (neither asyncio
+    before Python 3.13, uvloop nor ZeroMQ does at close: a run directory
+    the user gave ``start --rundir`` kept ``tbon-0`` after the instance
+    stopped) -- unless it is another one now: a newer process of the rank
+    bound the path again, and its file is not ours to remove."""
+    try:
+        if os.stat(path).st_ino == inode:
+            os.unlink(path)
+    except OSError:
+        pass
+
+
 class StreamLinks:
     """A listening socket for the children, a connection to the parent."""
 
@@ -153,6 +166,8 @@ class StreamLinks:
         self.slow = 0
         """Links dropped because the peer did not read."""
         self.server: asyncio.AbstractServer | None = None
+        self.bound: tuple[str, int] | None = None
+        """The socket file listened on, and its inode: removed at close."""
         self.up: StreamConn | None = None
         self.conns: set[StreamConn] = set()
         self.closing = False
@@ -169,6 +184,7 @@ class StreamLinks:
 
         self.server = await loop.create_unix_server(factory, path)
         os.chmod(path, 0o700)
+        self.bound = (path, os.stat(path).st_ino)
 
     def _slow(self, _conn: StreamConn) -> None:
         self.slow += 1
@@ -205,6 +221,9 @@ class StreamLinks:
         self.closing = True
         if self.server is not None:
             self.server.close()
+        if self.bound is not None:
+            unlink_socket_file(*self.bound)
+            self.bound = None
         for conn in list(self.conns):
             if conn.transport is not None:
                 if flush:

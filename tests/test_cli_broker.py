@@ -145,6 +145,12 @@ async def test_start_in_a_run_directory_of_ones_choice(tmp_path) -> None:
                                      *option, "--", "kvbroker", "attr", "get", "rundir")
         assert (rc, out) == (0, f"{kept}\n"), err
         assert sorted(p.name for p in kept.iterdir()) == ["mine"]
+    for transport in ("unix", "ipc"):  # (their tbon-R socket files too: tbon-0 stayed)
+        rc, out, err = await run_cli("start", "--size", "3", "--fanout", "1", "-S",
+                                     f"tbon.transport={transport}", "--rundir", str(kept),
+                                     "--", "kvbroker", "ping", "2")
+        assert rc == 0 and "route=" in out, err
+        assert sorted(p.name for p in kept.iterdir()) == ["mine"], transport
     # guests need it 0755 while the instance runs; its own mode comes back
     rc, out, err = await run_cli("start", "--rundir", str(kept), "-S",
                                  "access.allow-guest-user=true", "--",
