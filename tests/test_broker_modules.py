@@ -336,12 +336,15 @@ async def test_stats_rusage_is_the_ranks_process(start_instance) -> None:
     rc, out, err = await run_cli("stats", "--rusage", "kvs", uri=inst.uri(0))
     assert (rc, err) == (0, ""), err
     ru = json.loads(out)
-    assert ru["utime"] > 0 and ru["maxrss"] > 1000 and {"stime", "nvcsw", "minflt"} <= set(ru)
+    # (a rank forked from the spawner may have used under a clock tick of
+    # its own CPU: utime can be 0.0; its memory cannot)
+    assert ru["maxrss"] > 1000 and ru["minflt"] > 0, ru
+    assert isinstance(ru["utime"], float) and {"stime", "nvcsw", "oublock"} <= set(ru)
     for spelled in ("-Rself", "--rusage=children", "--rusage=thread"):
         rc, out, err = await run_cli("stats", spelled, "content", uri=inst.uri(0))
         assert (rc, err) == (0, "") and "utime" in json.loads(out), (spelled, err)
-    rc, out, err = await run_cli("stats", "-R", "kvs", "-p", "utime", "--type", "double",
+    rc, out, err = await run_cli("stats", "-R", "kvs", "-p", "maxrss", "--type", "double",
                                  uri=inst.uri(0))
-    assert rc == 0 and float(out) > 0, (out, err)
+    assert rc == 0 and float(out) > 1000 and out.strip().endswith(".000000"), (out, err)
     rc, _, err = await run_cli("stats", "--rusage=badopt", "kvs", uri=inst.uri(0))
     assert rc == 2 and "badopt" in err

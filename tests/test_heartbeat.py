@@ -35,6 +35,9 @@ async def test_rank_0_beats_and_every_rank_hears_it(start_instance, connect) -> 
     assert s0["count"] >= 3 and s2["count"] >= 2, (s0, s2)
     assert s2["overdue"] is False and s2["events"]["subscribe_calls"] == 1
     assert s2["events"]["handled"] == s2["count"]
+    # (its attributes, defaults included, are readable where it is loaded)
+    assert await h2.attr_get("heartbeat.warn_thresh", nodeid=2) == "3"
+    assert await h2.attr_get("heartbeat.period", nodeid=0) == "100ms"
     rc, out, err = await run_cli("stats", "heartbeat", "-p", "period", uri=inst.uri(1))
     assert (rc, out, err) == (0, "0.1\n", "")
 
