@@ -27,6 +27,7 @@ import asyncio
 import errno
 import os
 import signal
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -85,11 +86,13 @@ async def _answers(s: Any, n: int, timeout: float = 60) -> list[dict[str, Any]]:
 # ---------------------------------------------------------------- 1. folding
 
 
-async def _append_behind(inst: Any, h0: Any, h1: Any, then: list[dict[str, Any]] | None = None
+async def _append_behind(inst: Any, h0: Any, h1: Any, then: list[dict[str, Any]] | None = None,
+                         during: Callable[[], Awaitable[None]] | None = None,
                          ) -> tuple[Any, dict[str, Any]]:
     """An APPEND watcher of ``log`` on rank 1 that has answered line 0; rank
     1 stopped while rank 0 appends lines 1..LINES, each its own commit (and
-    ``then``'s ops in one more), then let go.  The stream, the last commit."""
+    ``then``'s ops in one more; then ``during()``), then let go.  The
+    stream, the last commit."""
     await commit(h0, append("log", line(0)), sync=(h1, 1))
     log = watch_stream(h1, "log", WATCH | APPEND)
     assert await value(log) == line(0)
@@ -98,6 +101,8 @@ async def _append_behind(inst: Any, h0: Any, h1: Any, then: list[dict[str, Any]]
             last = await commit(h0, append("log", line(i)))
         if then is not None:
             last = await commit(h0, *then)
+        if during is not None:
+            await during()
     return log, last
 
 
@@ -163,14 +168,12 @@ async def test_an_append_watcher_folding_roots_a_collection_removed_answers_ever
     added, read at the newer root"), and the watch goes on."""
     inst = await start_instance(size=2, attrs={"kvs.gc-grace": "0", **NO_BLOBS})
     h0, h1 = await connect(inst, 0), await connect(inst, 1)
-    await commit(h0, append("log", line(0)), sync=(h1, 1))
-    log = watch_stream(h1, "log", WATCH | APPEND)
-    assert await value(log) == line(0)
-    async with stopped(inst.pids()[1]):
-        for i in range(1, LINES + 1):
-            last = await commit(h0, append("log", line(i)))
+
+    async def collect() -> None:
         r = await asyncio.wait_for(h0.rpc("kvs.gc", {}), 60)
         assert r["removed"] > 0, r
+
+    log, last = await _append_behind(inst, h0, h1, during=collect)
     got = await _answers(log, LINES)
     assert [p["val"]["data"] for p in got] == [line(i) for i in range(1, LINES + 1)]
     assert {p["rootseq"] for p in got} == {last["rootseq"]}  # all read at the current root
