@@ -23,6 +23,7 @@ from collections.abc import Awaitable
 from typing import Any
 
 from broker import __version__, logring, plugins
+from broker.attrs import boolean
 from broker.cliutil import (
     MAX_START_SIZE,
     CLIError,
@@ -182,6 +183,25 @@ def take_dir_attrs(args: argparse.Namespace, attrs: dict[str, Any],
         setattr(args, name, value)
 
 
+def take_cleanup_attrs(attrs: dict[str, Any]) -> bool | None:
+    """Flux's ``-S rundir-cleanup=0|1``: keep (0) or remove (1) the run
+    directory at the stop, whoever made it; None when not given (one the
+    start made goes, one that was there stays).  Flux's
+    ``statedir-cleanup`` has no counterpart and is refused with why: there
+    is no temporary statedir here to keep."""
+    if "statedir-cleanup" in attrs:
+        raise UsageError("-S statedir-cleanup: an instance here has a statedir only when "
+                         "given one (--statedir DIR, kept), and none otherwise: nothing to "
+                         "clean up or keep")
+    if "rundir-cleanup" not in attrs:
+        return None
+    value = attrs.pop("rundir-cleanup")
+    try:
+        return boolean(value)
+    except ValueError as exc:
+        raise UsageError(f"-S rundir-cleanup: {exc}") from None
+
+
 def take_recovery(args: argparse.Namespace, attrs: dict[str, Any]) -> None:
     """Flux's ``start --recovery TARGET``: rank 0 alone, on a statedir
     (TARGET a directory: what a stopped instance kept), or on what an
@@ -224,6 +244,7 @@ def cmd_start(args: argparse.Namespace) -> int:
     args.event_loop = ranks_loop(args)
     attrs = dict([*broker_opts(args.broker_opts), *(args.setattr or [])])
     take_dir_attrs(args, attrs, ("statedir", "rundir"))
+    rundir_cleanup = take_cleanup_attrs(attrs)
     if args.recovery is not None:
         take_recovery(args, attrs)
     for option, value in (("--size", args.size), ("--fanout", args.fanout)):
@@ -247,7 +268,8 @@ def cmd_start(args: argparse.Namespace) -> int:
     async def main() -> int:
         loop = asyncio.get_running_loop()
         inst = Instance(args.size, args.fanout, event_loop=args.event_loop,
-                        statedir=args.statedir, rundir=args.rundir, attrs=attrs)
+                        statedir=args.statedir, rundir=args.rundir, attrs=attrs,
+                        rundir_cleanup=rundir_cleanup)
         signalled: list[int] = []
         stop = asyncio.Event()
         cmd: Command | None = None

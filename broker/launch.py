@@ -278,6 +278,7 @@ class Instance:
         stderr_path: str | None = None,
         python: str = sys.executable,
         spawn: str | None = None,
+        rundir_cleanup: bool | None = None,
     ) -> None:
         if size < 1:
             raise ValueError("size must be at least 1")
@@ -292,6 +293,10 @@ class Instance:
         made if missing; None: a new one under ``$TMPDIR`` at each start.
         One this instance made is removed at stop, one that was there is not."""
         self._rundir_made = True
+        self.rundir_cleanup = rundir_cleanup
+        """Flux's ``rundir-cleanup``: remove the run directory at stop (True)
+        or keep it, emptied of what the start wrote (False), whoever made
+        it; None: remove it if this instance made it."""
         self._rundir_mode: int | None = None
         """The mode of a run directory that was there, while guests make it 0755."""
         self.attrs = dict(attrs or {})
@@ -471,7 +476,7 @@ class Instance:
                 "--module-targets", json.dumps(targets),
                 "--watch-fd", str(watch_r), *curve_args,
             ]
-            if self._rundir_made:  # (the last rank out removes it, if we cannot)
+            if self._removes_rundir():  # (the last rank out removes it, if we cannot)
                 argv.append("--cleanup-rundir")
             if self.statedir:
                 argv += ["--statedir", self.statedir]
@@ -763,6 +768,9 @@ class Instance:
             await proc.wait()
             return True
 
+    def _removes_rundir(self) -> bool:
+        return self._rundir_made if self.rundir_cleanup is None else self.rundir_cleanup
+
     def _release(self) -> None:
         """What :meth:`stop` must do even if cancelled: stop watching the
         ranks, close their watch pipe, remove the run directory."""
@@ -771,7 +779,7 @@ class Instance:
         if self._watch_w is not None:
             os.close(self._watch_w)
             self._watch_w = None
-        if self.rundir and self._rundir_made:
+        if self.rundir and self._removes_rundir():
             shutil.rmtree(self.rundir, ignore_errors=True)
         elif self.rundir:  # (one that was there stays: what the start wrote goes)
             with contextlib.suppress(FileNotFoundError):

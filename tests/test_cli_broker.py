@@ -13,6 +13,7 @@ import signal
 import stat
 import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 from test_broker_support import KVBROKER, client_subscriptions, run_cli, stats, wait_until
@@ -1498,3 +1499,29 @@ async def test_module_stats_parse_type_and_scale_as_flux_s(start_instance) -> No
     assert rc == 1 and 'hash: not a number: "sha256"' in err, err
     rc, _, err = await run_cli("stats", "content", "--type", "int", uri=uri)
     assert rc == 2 and "--type and --scale need --parse OBJNAME" in err, err
+
+
+async def test_rundir_cleanup_keeps_or_removes_the_run_directory(tmp_path) -> None:
+    """Flux's ``-S rundir-cleanup=0|1`` (t0036): 0 keeps a run directory the
+    start made, emptied of what it wrote; 1 removes one that was there, with
+    what it holds, as Flux's cleanup does.  ``statedir-cleanup`` is refused
+    with why."""
+    script = "kvbroker attr get rundir"
+    rc, out, err = await run_cli("start", "--size", "2", "-S", "rundir-cleanup=0", "--",
+                                 "sh", "-c", script)
+    assert rc == 0, err
+    made = Path(out.strip())
+    try:
+        assert made.is_dir() and list(made.iterdir()) == []
+    finally:
+        made.rmdir()
+    there = tmp_path / "there"
+    there.mkdir(mode=0o700)
+    (there / "mine").write_text("x")
+    rc, out, err = await run_cli("start", "--rundir", str(there), "-S", "rundir-cleanup=1",
+                                 "--", "true")
+    assert rc == 0 and not there.exists(), err
+    rc, _, err = await run_cli("start", "-S", "rundir-cleanup=maybe", "--", "true")
+    assert rc == 2 and "rundir-cleanup: 'maybe' is not a boolean" in err, err
+    rc, _, err = await run_cli("start", "-S", "statedir-cleanup=0", "--", "true")
+    assert rc == 2 and "only when given one (--statedir DIR, kept)" in err, err
