@@ -310,15 +310,15 @@ def _user() -> str:
         return ""
 
 
-def _value(key: str, entry: TreeObj, read: Callable[[list[str]], bytes]) -> Item:
+def _value(key: str, entry: TreeObj, read: Callable[[TreeObj], bytes]) -> Item:
     """The :class:`Item` of a stored non-directory entry (``read`` joins a
-    valref's blobs)."""
+    valref's or vtree's blobs)."""
     t = entry["type"]
     if t == "symlink":
         return Item(key, "symlink", target=str(Link.from_treeobj(entry)))
     if t == "val":
         return Item(key, "value", bytes(entry["data"]))
-    return Item(key, "value", read(entry["data"]))
+    return Item(key, "value", read(entry))
 
 
 # ---------------------------------------------------------------- dump
@@ -403,7 +403,13 @@ def _tree_items(cache: BlobCache, rootref: str,
             skipped.append(f"{join(key) if key else '.'} (and what is below it): {why}")
             return None
 
-    def read(refs: list[str]) -> bytes:
+    def read(entry: TreeObj) -> bytes:
+        try:
+            refs = treeobj.value_refs(entry, cache.get_obj)
+        except NeedBlobs as exc:
+            raise _Unreadable(f"value blob list {min(exc.refs)} is missing") from None
+        except ErrnoError as exc:
+            raise _Unreadable(f"value blob list: {exc}") from None
         parts = []
         for ref in refs:
             data = cache.get(ref)

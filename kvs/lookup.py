@@ -24,7 +24,8 @@ Semantics follow Flux (``t/t1000-kvs.t``):
 * ``TREEOBJ``: the entry's tree object as stored (``val``, ``valref``,
   ``dirref``, ``symlink``; ``"."`` gives ``dirref(root_ref)``).  Hashed
   directories are reached only through ``dirref`` entries, so an ``hdir``
-  is never returned.
+  is never returned; a long value stored as a ``vtree`` is shown as the
+  ``valref`` of all its blobs (so is every entry of a ``READDIR``).
 * ``READLINK``: the final entry must be a symlink (else ``EINVAL``).
 * ``READDIR``: the entry must be a directory (else ``ENOTDIR``); the result
   is a ``dir`` whose data maps every name to its stored entry (not
@@ -52,10 +53,12 @@ from kvs.treeobj import (
     NeedBlobs,
     TreeObj,
     as_cache,
+    as_valref,
     dir_,
     dirref,
     symlink_target,
     val,
+    value_refs,
 )
 
 __all__ = [
@@ -110,15 +113,35 @@ def load_dir(cache: BlobCache, ref: str, *, is_root: bool) -> TreeObj:
 def read_dir(store: BlobStore | BlobCache, ref: str) -> TreeObj:
     """The directory in blob ``ref`` as one plain ``dir`` (hdir shards merged)."""
     cache = as_cache(store)
-    return dir_(shards.entries(cache, load_dir(cache, ref, is_root=True)))
+    return listing(cache, shards.entries(cache, load_dir(cache, ref, is_root=True)))
+
+
+def listing(cache: BlobCache, entries: dict[str, TreeObj]) -> TreeObj:
+    """A ``dir`` of ``entries`` as a lookup shows them: a ``vtree`` as a
+    ``valref`` (:func:`~kvs.treeobj.as_valref`); :class:`NeedBlobs` names
+    the chunks missing for all of them."""
+    if not any(e["type"] == "vtree" for e in entries.values()):
+        return dir_(entries)
+    out: dict[str, TreeObj] = {}
+    need: set[str] = set()
+    for name, entry in entries.items():
+        try:
+            out[name] = as_valref(entry, cache.get_obj)
+        except NeedBlobs as e:
+            need |= e.refs
+    if need:
+        raise NeedBlobs(need)
+    return dir_(out)
 
 
 def read_value(store: BlobStore | BlobCache, entry: TreeObj) -> bytes:
-    """The bytes of a ``val``/``valref`` entry; :class:`NeedBlobs` lists all missing."""
+    """The bytes of a ``val``/``valref``/``vtree`` entry; :class:`NeedBlobs`
+    lists all missing (a ``vtree``'s chunks first)."""
     if entry["type"] == "val":
         data: bytes = entry["data"]
         return data
-    refs = entry["data"]
+    refs = value_refs(entry, as_cache(store).get_obj) if entry["type"] == "vtree" \
+        else entry["data"]
     chunks = [store.get(ref) for ref in refs]
     need = {ref for ref, chunk in zip(refs, chunks, strict=True) if chunk is None}
     if need:
@@ -214,7 +237,7 @@ def lookup(
             raise ErrnoError(errno.EINVAL, "the root is not a symlink")
         if not flags & READDIR:
             raise ErrnoError(errno.EISDIR, "the root is a directory")
-        return dir_(shards.entries(cache, load_dir(cache, root_ref, is_root=True)))
+        return listing(cache, shards.entries(cache, load_dir(cache, root_ref, is_root=True)))
 
     follow_final = not flags & (READLINK | TREEOBJ)
     found = _Walker(cache, ns_roots).resolve(root_ref, namespace, parts, follow_final)
@@ -222,7 +245,7 @@ def lookup(
         return None
     entry = found[0]
     if flags & TREEOBJ:
-        return entry
+        return as_valref(entry, cache.get_obj)
     t = entry["type"]
     if t == "dirref" or t == "dir":
         if flags & READLINK:
@@ -230,8 +253,8 @@ def lookup(
         if not flags & READDIR:
             raise ErrnoError(errno.EISDIR, f"{shown(key)}: is a directory")
         d = entry if t == "dir" else load_dir(cache, entry["data"][0], is_root=False)
-        return dir_(shards.entries(cache, d))
-    if t == "val" or t == "valref":
+        return listing(cache, shards.entries(cache, d))
+    if t == "val" or t == "valref" or t == "vtree":
         if flags & READLINK:
             raise ErrnoError(errno.EINVAL, f"{shown(key)}: not a symlink")
         if flags & READDIR:

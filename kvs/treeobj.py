@@ -37,6 +37,28 @@ trie instead::
   rootref) points at it through an ordinary ``dirref``.  It never appears as
   an entry inside a ``dir``, is never returned by a lookup, and is refused
   as a commit dirent -- so users only ever see ``dir``/``dirref``.
+
+``vtree`` -- a long value's blob list (never visible to users)
+---------------------------------------------------------------
+A ``valref`` lists every blob of its value in the directory that holds it,
+so each append to an eventlog of n lines stored its directory again with
+n blobrefs: O(n) bytes encoded, hashed, stored and sent per append.  A
+value of :data:`VTREE_CHUNK` blobs or more is stored instead as::
+
+    {"ver": 1, "type": "vtree", "data": {"chunks": [blobref, ...], "tail": [blobref, ...]}}
+
+* each of ``chunks`` names a *chunk*: a blob holding a ``valref`` of exactly
+  :data:`VTREE_CHUNK` blobrefs; ``tail`` holds the last 0 to
+  ``VTREE_CHUNK - 1`` blobrefs.  The value is the blobs of the chunks in
+  order, then those of the tail.
+* An append adds to the tail; when the tail fills, it becomes one more
+  chunk.  So the directory holds ~1/``VTREE_CHUNK`` of the blobrefs and an
+  append stores one small chunk now and then.
+* A ``vtree`` is a directory entry in stored blobs only: every lookup shows
+  it as the ``valref`` of all its blobs (``TREEOBJ``, ``READDIR``), and it
+  is refused in a commit (or a ``dir`` a commit names inline).  The commit
+  engine turns a ``valref`` of ``VTREE_CHUNK`` blobrefs or more into one
+  when it stores it (:func:`vtree_of`).
 """
 
 from __future__ import annotations
@@ -61,7 +83,10 @@ VER = 1
 INLINE_MAX = 64
 """Values longer than this many bytes are stored as blobs on commit ("unroll")."""
 
-TYPES = frozenset({"val", "valref", "dir", "dirref", "symlink", "hdir"})
+TYPES = frozenset({"val", "valref", "dir", "dirref", "symlink", "hdir", "vtree"})
+VTREE_CHUNK = 128
+"""Blobrefs in a ``vtree``'s chunk; a ``valref`` with this many or more is
+stored as a ``vtree`` (see the module docstring)."""
 HDIR_MAX_DEPTH = 16  # one hex digit of the 64-bit name hash per level
 _HEX = frozenset("0123456789abcdef")
 _FIELD_ORDER = ["data", "type", "ver"]
@@ -93,6 +118,12 @@ def valref(refs: Iterable[str]) -> TreeObj:
 def dir_(entries: Mapping[str, TreeObj] | None = None) -> TreeObj:
     """A directory held inline; ``entries`` is copied (not validated)."""
     return {"data": dict(entries) if entries else {}, "type": "dir", "ver": VER}
+
+
+def vtree(chunks: list[str], tail: list[str]) -> TreeObj:
+    """A long value stored as chunks of :data:`VTREE_CHUNK` blobrefs and a
+    tail (see the module docstring); the lists are taken, not copied."""
+    return {"data": {"chunks": chunks, "tail": tail}, "type": "vtree", "ver": VER}
 
 
 def dirref(ref: str) -> TreeObj:
@@ -153,9 +184,59 @@ def blobrefs(obj: TreeObj) -> Iterator[tuple[str, bool]]:
     elif t == "hdir":
         for ref in data["shards"].values():
             yield ref, True
+    elif t == "vtree":
+        for ref in data["chunks"]:
+            yield ref, True
+        for ref in data["tail"]:
+            yield ref, False
     elif t == "dir":
         for entry in data.values():
             yield from blobrefs(entry)
+
+
+def value_refs(entry: TreeObj, get_obj: Callable[[str], TreeObj | None]) -> list[str]:
+    """Every blobref of a ``valref`` or ``vtree`` entry's value, in order.
+
+    ``get_obj`` gives a chunk's decoded object, or None when its blob is not
+    here: :class:`NeedBlobs` then names every missing chunk.  A chunk that
+    is not a ``valref`` of :data:`VTREE_CHUNK` blobrefs is
+    ``ENOTRECOVERABLE`` (a damaged or hand-made tree)."""
+    if entry["type"] != "vtree":
+        refs: list[str] = entry["data"]
+        return refs
+    data = entry["data"]
+    chunks = [(ref, get_obj(ref)) for ref in data["chunks"]]
+    missing = [ref for ref, chunk in chunks if chunk is None]
+    if missing:
+        raise NeedBlobs(missing)
+    out: list[str] = []
+    for ref, chunk in chunks:
+        assert chunk is not None
+        if chunk["type"] != "valref" or len(chunk["data"]) != VTREE_CHUNK:
+            raise ErrnoError(errno.ENOTRECOVERABLE, f"vtree chunk {ref} is not a valref "
+                                                    f"of {VTREE_CHUNK} blobrefs")
+        out += chunk["data"]
+    out += data["tail"]
+    return out
+
+
+def as_valref(entry: TreeObj, get_obj: Callable[[str], TreeObj | None]) -> TreeObj:
+    """``entry`` as a lookup shows it: a ``vtree`` as the ``valref`` of all
+    its blobs (:func:`value_refs`), anything else as it is."""
+    if entry["type"] != "vtree":
+        return entry
+    return {"data": value_refs(entry, get_obj), "type": "valref", "ver": VER}
+
+
+def vtree_of(refs: list[str], put_obj: Callable[[TreeObj], str],
+             chunks: list[str] | None = None) -> TreeObj:
+    """The stored form of a value whose blobs are ``refs`` after those of
+    ``chunks`` (an existing ``vtree``'s): each whole :data:`VTREE_CHUNK` of
+    ``refs`` stored as one more chunk (``put_obj``), the rest the tail."""
+    whole = len(refs) - len(refs) % VTREE_CHUNK
+    new = [put_obj({"data": refs[i:i + VTREE_CHUNK], "type": "valref", "ver": VER})
+           for i in range(0, whole, VTREE_CHUNK)]
+    return vtree([*chunks, *new] if chunks else new, refs[whole:])
 
 
 def _inval(msg: str) -> ErrnoError:
@@ -229,6 +310,12 @@ def _validate(obj: object, dirent: bool, fix: bool, level: int = 0) -> TreeObj:
         if dirent:
             raise _inval("hdir cannot be a directory entry")
         _validate_hdir(data)
+    elif t == "vtree":
+        # kvbroker's own stored form of a long value: read from blobs only
+        # (decode), never taken from a client, who sees it as a valref.
+        if not fix:
+            raise _inval("vtree is a stored form only: write a valref")
+        _validate_vtree(data)
     else:
         raise _inval(f"unknown type {t!r}")
     return obj
@@ -281,6 +368,19 @@ def _bad_ref(refs: list[Any]) -> tuple[object] | None:
     return None
 
 
+def _validate_vtree(data: object) -> None:
+    if not isinstance(data, dict) or data.keys() != {"chunks", "tail"}:
+        raise _inval("vtree data must be a map of chunks, tail")
+    chunks, tail = data["chunks"], data["tail"]
+    if not isinstance(chunks, list) or not chunks or not isinstance(tail, list) \
+            or len(tail) >= VTREE_CHUNK:
+        raise _inval(f"vtree needs a non-empty list of chunks and a tail of fewer than "
+                     f"{VTREE_CHUNK} blobrefs")
+    bad = _bad_ref(chunks) or _bad_ref(tail)
+    if bad is not None:
+        raise _inval(f"bad blobref {reprlib.repr(bad[0])}")
+
+
 def _validate_hdir(data: object) -> None:
     if not isinstance(data, dict) or data.keys() != {"count", "depth", "shards"}:
         raise _inval("hdir data must be a map of count, depth, shards")
@@ -318,6 +418,8 @@ def _canon(obj: TreeObj) -> TreeObj:
             "depth": data["depth"],
             "shards": {k: shards[k] for k in sorted(shards)},
         }
+    elif t == "vtree":
+        data = {"chunks": data["chunks"], "tail": data["tail"]}
     return {"data": data, "type": t, "ver": obj["ver"]}
 
 
@@ -329,6 +431,8 @@ def copy(obj: TreeObj) -> TreeObj:
         data = {k: copy(v) for k, v in data.items()}
     elif t == "hdir":
         data = {"count": data["count"], "depth": data["depth"], "shards": dict(data["shards"])}
+    elif t == "vtree":
+        data = {"chunks": list(data["chunks"]), "tail": list(data["tail"])}
     elif t != "val":
         data = list(data) if isinstance(data, list) else dict(data)
     return {"data": data, "type": t, "ver": obj["ver"]}
@@ -420,6 +524,8 @@ def to_jsonable(obj: TreeObj) -> dict[str, Any]:
         data = {k: to_jsonable(v) for k, v in data.items()}
     elif t == "hdir":
         data = {"count": data["count"], "depth": data["depth"], "shards": dict(data["shards"])}
+    elif t == "vtree":
+        data = {"chunks": list(data["chunks"]), "tail": list(data["tail"])}
     elif t == "symlink":
         data = dict(data)
     else:

@@ -70,6 +70,7 @@ from kvs.lookup import SYMLINK_MAX
 from kvs.treeobj import (
     INLINE_MAX,
     VER,
+    VTREE_CHUNK,
     BlobCache,
     BlobStore,
     BlobWriter,
@@ -82,6 +83,9 @@ from kvs.treeobj import (
     nesting,
     symlink_target,
     validate,
+    value_refs,
+    vtree,
+    vtree_of,
 )
 
 __all__ = ["APPEND", "EXPECT", "MAX_DIRS", "MAX_OPS", "NO_MERGE", "SYNC", "TxnResult", "apply",
@@ -430,15 +434,21 @@ class _Txn:
                             depth + 1)
                 return
             else:  # missing, or a value: so the key is missing
-                _compare(".".join(parts), None, want, self._blob)
+                _compare(".".join(parts), None, want, self._blob, self._obj)
                 return
-        _compare(".".join(parts), d.get(cache, parts[-1]), want, self._blob)
+        _compare(".".join(parts), d.get(cache, parts[-1]), want, self._blob, self._obj)
 
     def _blob(self, ref: str) -> bytes | None:
         """Blob ``ref``: made by this transaction (an earlier append's), else
         from the cache."""
         data = self.writer.blobs.get(ref)
         return data if data is not None else self.cache.get(ref)
+
+    def _obj(self, ref: str) -> TreeObj | None:
+        """Tree object ``ref`` (a ``vtree``'s chunk): made by this
+        transaction, else from the cache."""
+        obj = self.writer.objs.get(ref)
+        return obj if obj is not None else self.cache.get_obj(ref)
 
     def append(self, d: _WDir, name: str, dirent: TreeObj) -> None:
         cur = d.get(self.cache, name)
@@ -447,6 +457,16 @@ class _Txn:
             return
         t = "dir" if isinstance(cur, _WDir) else cur["type"]
         put = self.writer.put_raw
+        if t == "vtree":  # a long value: the new blob joins its tail
+            chunks, tail = cur["data"]["chunks"], cur["data"]["tail"]
+            mine = self._grown.get(id(tail))
+            if mine is not None and mine is tail:  # (ours, as a valref's list below)
+                mine.append(put(dirent["data"]))
+                return
+            tail = [*tail, put(dirent["data"])]
+            self._grown[id(tail)] = tail
+            d.set(name, vtree(chunks, tail))  # (a full tail is stored as a chunk on unroll)
+            return
         if t == "valref":
             data: list[str] = cur["data"]
             if self._grown.get(id(data)) is data:  # (made by an append here: ours)
@@ -471,6 +491,10 @@ class _Txn:
         t = v["type"]
         if t == "val" and len(v["data"]) > INLINE_MAX:
             return {"data": [self.writer.put_raw(v["data"])], "type": "valref", "ver": VER}, True
+        if t == "valref" and len(v["data"]) >= VTREE_CHUNK:  # long: chunked (treeobj)
+            return vtree_of(v["data"], self.writer.put_obj), True
+        if t == "vtree" and len(v["data"]["tail"]) >= VTREE_CHUNK:
+            return vtree_of(v["data"]["tail"], self.writer.put_obj, v["data"]["chunks"]), True
         if t == "dir":
             return self.unroll_dir(_WDir.inline(v))
         return v, True
@@ -508,10 +532,10 @@ class _Txn:
         return _fresh_dirref(self.writer.put_obj(obj, base, names)), True
 
 
-def _compare(key: str, cur: Any, want: TreeObj | None,
-             blob: Callable[[str], bytes | None]) -> None:
+def _compare(key: str, cur: Any, want: TreeObj | None, blob: Callable[[str], bytes | None],
+             obj: Callable[[str], TreeObj | None]) -> None:
     """``ECANCELED`` unless entry ``cur`` is the value ``want`` (None: no entry);
-    ``blob`` finds a valref's blobs."""
+    ``blob`` finds a valref's blobs, ``obj`` a vtree's chunks."""
     if want is None:
         if cur is None:
             return
@@ -521,9 +545,10 @@ def _compare(key: str, cur: Any, want: TreeObj | None,
     t = "dir" if isinstance(cur, _WDir) else cur["type"]
     if t == "val":
         data = cur["data"]
-    elif t == "valref":
-        blobs = [blob(ref) for ref in cur["data"]]
-        missing = [ref for ref, b in zip(cur["data"], blobs, strict=True) if b is None]
+    elif t == "valref" or t == "vtree":
+        refs = value_refs(cur, obj)
+        blobs = [blob(ref) for ref in refs]
+        missing = [ref for ref, b in zip(refs, blobs, strict=True) if b is None]
         if missing:
             raise NeedBlobs(tuple(missing))
         data = b"".join(blobs)  # type: ignore[arg-type]

@@ -26,7 +26,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 RUN = [sys.executable, str(REPO / "benchmarks" / "run.py")]
 WORKLOADS = ("W0", "W1", "W1b", "W2", "W2s", "W2p", "W3", "W3c", "W4", "W5", "W5x", "W5r", "W6",
-             "Wgc", "Wcopy", "Wsync", "Wstart")
+             "Wgc", "Wlog", "Wcopy", "Wsync", "Wstart")
 KEYS = {
     "workload": str,
     "variant": str,

@@ -345,3 +345,62 @@ def test_blobrefs_checked_before_are_not_checked_again_and_a_bad_one_still_fails
     many = [hash_blob(b"m%d" % i) for i in range(T._KNOWN_REFS_MAX + 10)]
     T.validate({"data": many, "type": "valref", "ver": 1})
     assert len(T._KNOWN_REFS) <= T._KNOWN_REFS_MAX  # (bounded: forgotten at once, then refilled)
+
+
+# -- vtree ----------------------------------------------------------------------
+
+
+def _vtree(nchunks: int = 1, ntail: int = 2) -> dict:
+    chunks = [hash_blob(b"chunk %d" % i) for i in range(nchunks)]
+    return T.vtree(chunks, [hash_blob(b"tail %d" % i) for i in range(ntail)])
+
+
+def test_a_vtree_is_read_from_blobs_only() -> None:
+    v = _vtree()
+    assert T.decode(T.encode(v)) == v
+    assert T.decode(T.encode(T.dir_({"log": v})))["data"]["log"] == v
+    for obj in (v, T.dir_({"log": v})):  # a client's: refused
+        with pytest.raises(ErrnoError) as e:
+            T.validate(obj)
+        assert e.value.errnum == errno.EINVAL and "valref" in e.value.errstr
+
+
+@pytest.mark.parametrize("data", [
+    {"chunks": [], "tail": [REF1]},
+    {"chunks": [REF1]},
+    {"chunks": [REF1], "tail": [REF2], "extra": 1},
+    {"chunks": [REF1], "tail": [REF2] * T.VTREE_CHUNK},
+    {"chunks": ["nope"], "tail": []},
+    {"chunks": [REF1], "tail": [7]},
+    [REF1],
+])
+def test_a_malformed_vtree_blob_is_refused(data) -> None:
+    blob = msgpack.packb({"data": data, "type": "vtree", "ver": 1}, use_bin_type=True)
+    with pytest.raises(ErrnoError) as e:
+        T.decode(blob)
+    assert e.value.errnum == errno.EINVAL
+
+
+def test_a_vtree_names_its_chunks_as_trees_and_its_tail_as_data() -> None:
+    v = _vtree(2, 1)
+    assert list(T.blobrefs(v)) == [(v["data"]["chunks"][0], True),
+                                   (v["data"]["chunks"][1], True),
+                                   (v["data"]["tail"][0], False)]
+
+
+def test_value_refs_reads_the_chunks_and_says_what_is_missing() -> None:
+    refs = [hash_blob(b"%d" % i) for i in range(2 * T.VTREE_CHUNK + 1)]
+    objs: dict[str, dict] = {}
+    v = T.vtree_of(refs, lambda obj: objs.setdefault(hash_blob(T.encode(obj)), obj) and
+                   hash_blob(T.encode(obj)))
+    assert len(v["data"]["chunks"]) == 2 and v["data"]["tail"] == refs[-1:]
+    assert T.value_refs(v, objs.get) == refs
+    assert T.as_valref(v, objs.get) == T.valref(refs)
+    first = v["data"]["chunks"][0]
+    with pytest.raises(T.NeedBlobs) as need:
+        T.value_refs(v, {k: o for k, o in objs.items() if k != first}.get)
+    assert need.value.refs == {first}
+    short = dict(objs, **{first: T.valref(refs[:3])})  # not a whole chunk: damaged
+    with pytest.raises(ErrnoError) as e:
+        T.value_refs(v, short.get)
+    assert e.value.errnum == errno.ENOTRECOVERABLE

@@ -559,3 +559,82 @@ def test_check_dirs_counts_each_directory_under_the_keys_once() -> None:
     assert e.value.errnum == errno.E2BIG
     check_dirs([f"..a{i}..b..k" for i in range(MAX_DIRS // 2)])  # counted normalised
     check_dirs(["k"] * (MAX_DIRS + 1))  # (the op count has its own limit)
+
+
+# -- long values: vtree (kvs/treeobj.py) ----------------------------------------
+
+
+def stored(kvs: Kvs, directory: str, name: str) -> dict:
+    """Entry ``name`` as the blob of ``directory`` holds it (a lookup shows a
+    vtree as a valref)."""
+    return T.decode(kvs.store[kvs.ref(directory)])["data"][name]
+
+
+def test_a_long_value_is_stored_as_chunks_and_a_tail(kvs: Kvs) -> None:
+    chunk = T.VTREE_CHUNK
+    lines = [b"line %04d of a long eventlog\n" % i for i in range(3 * chunk + 5)]
+    sizes = []
+    for ln in lines:
+        kvs.commit(put("d.log", ln, APPEND), put("d.other", b"x"))
+        sizes.append(len(kvs.store[kvs.ref("d")]))
+    assert stored(kvs, "d", "other") == T.val(b"x")
+    e = stored(kvs, "d", "log")
+    refs = [hash_blob(ln) for ln in lines]
+    assert e["type"] == "vtree" and len(e["data"]["chunks"]) == 3
+    assert e["data"]["tail"] == refs[3 * chunk:]
+    for i, ref in enumerate(e["data"]["chunks"]):  # each chunk: its lines' blobs, in order
+        assert T.decode(kvs.store[ref]) == T.valref(refs[i * chunk:(i + 1) * chunk])
+    # the directory holds a chunk's worth of blobrefs at most, however long the value
+    assert max(sizes[chunk:]) <= max(sizes[:chunk]) + 3 * 80
+    # every reader sees the value whole, and a valref of all its blobs
+    assert kvs.get("d.log") == T.val(b"".join(lines))
+    assert kvs.get("d.log", TREEOBJ) == T.valref(refs)
+    assert kvs.get("d", READDIR)["data"]["log"] == T.valref(refs)
+    assert lookup(kvs.cache, kvs.root, ".", READDIR)["data"]["d"]["type"] == "dirref"
+    # conditions read it whole
+    kvs.commit(put("d.log", b"".join(lines), EXPECT))
+    assert errnum(lambda: kvs.commit(put("d.log", b"".join(lines[1:]), EXPECT))) == (
+        errno.ECANCELED)
+
+
+def test_a_tail_that_fills_becomes_one_more_chunk(kvs: Kvs) -> None:
+    chunk = T.VTREE_CHUNK
+    kvs.commit(*(put("log", b"%05d" % i, APPEND) for i in range(2 * chunk - 1)))
+    before = T.decode(kvs.store[kvs.root])["data"]["log"]
+    assert len(before["data"]["chunks"]) == 1 and len(before["data"]["tail"]) == chunk - 1
+    res = kvs.commit(put("log", b"last!", APPEND))
+    after = T.decode(kvs.store[kvs.root])["data"]["log"]
+    assert after["data"]["chunks"][0] == before["data"]["chunks"][0]  # not stored again
+    assert len(after["data"]["chunks"]) == 2 and after["data"]["tail"] == []
+    assert after["data"]["chunks"][1] in res.new_blobs
+    assert kvs.get("log") == T.val(b"".join(b"%05d" % i for i in range(2 * chunk - 1)) + b"last!")
+
+
+def test_a_long_valref_written_whole_is_stored_chunked_and_appended_to(kvs: Kvs) -> None:
+    chunk = T.VTREE_CHUNK
+    blobs = [b"blob %d" % i for i in range(chunk + 3)]
+    kvs.store.update({hash_blob(b): b for b in blobs})
+    flat = T.valref([hash_blob(b) for b in blobs])
+    kvs.commit(put("copy", flat))
+    e = T.decode(kvs.store[kvs.root])["data"]["copy"]
+    assert e["type"] == "vtree" and len(e["data"]["tail"]) == 3
+    assert kvs.get("copy", TREEOBJ) == flat
+    # a long valref an older store holds flat stays so until it is written...
+    legacy = T.dir_({"old": flat, "n": T.val(b"1")})
+    ref = hash_blob(T.encode(legacy))
+    kvs.store[ref] = T.encode(legacy)
+    kvs.commit(put("legacy", T.dirref(ref)))
+    kvs.commit(put("legacy.n", b"2"))
+    assert stored(kvs, "legacy", "old") == flat
+    # ... and an append stores it chunked
+    kvs.commit(put("legacy.old", b"more", APPEND))
+    assert stored(kvs, "legacy", "old")["type"] == "vtree"
+    assert kvs.get("legacy.old") == T.val(b"".join(blobs) + b"more")
+
+
+def test_a_vtree_is_not_a_dirent_a_commit_may_give(kvs: Kvs) -> None:
+    kvs.commit(*(put("log", b"%05d" % i, APPEND) for i in range(T.VTREE_CHUNK)))
+    e = T.decode(kvs.store[kvs.root])["data"]["log"]
+    assert e["type"] == "vtree"
+    for dirent in (e, T.dir_({"x": e})):
+        assert errnum(lambda d=dirent: kvs.commit(put("mine", d))) == errno.EINVAL

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from benchmarks.harness import Workload
 
 ORDER = ("W0", "W1", "W1b", "W2", "W2s", "W2p", "W3", "W3c", "W4", "W5", "W5x", "W5r", "W6",
-         "Wgc", "Wcopy", "Wsync", "Wstart")
+         "Wgc", "Wlog", "Wcopy", "Wsync", "Wstart")
 
 
 def all_workloads() -> list[Workload]:
@@ -23,6 +23,7 @@ def all_workloads() -> list[Workload]:
         commits,
         copies,
         durable,
+        eventlog,
         events,
         namespaces,
         reads,
@@ -33,6 +34,6 @@ def all_workloads() -> list[Workload]:
     )
 
     found = [w for mod in (w0_raw, rpc, commits, reads, watch, namespaces, events, collect,
-                           copies, durable, startup)
+                           eventlog, copies, durable, startup)
              for w in mod.WORKLOADS]
     return sorted(found, key=lambda w: ORDER.index(w.id) if w.id in ORDER else len(ORDER))

@@ -19,6 +19,7 @@ APPEND = 32
 TREEOBJ = 16
 WATCH = 4
 WAITCREATE = 8
+WATCH_APPEND = 256
 
 
 def val(data: bytes) -> dict[str, Any]:

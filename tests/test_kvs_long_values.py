@@ -1,0 +1,134 @@
+"""A value of many blobs (a long eventlog) is stored as a ``vtree``: chunks of
+:data:`~kvs.treeobj.VTREE_CHUNK` blobrefs and a tail, so an append no longer
+stores every line's blobref again in its directory (docs/protocol.md, Tree
+objects).  Every reader still sees a ``valref`` of all the blobs.  Real
+ranks; the stored form is read back from the content store."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import tarfile
+
+from test_broker_support import run_cli
+from test_kvs_rpc_helpers import READDIR, TREEOBJ, errnum, getroot
+from test_watch_append import take
+from test_watch_helpers import append, commit, put
+
+from kvs import treeobj
+from kvs.treeobj import VTREE_CHUNK
+from kvs.txn import EXPECT
+from kvs_watch.client import watch
+
+N = 2 * VTREE_CHUNK + 44  # two whole chunks and a tail
+
+
+def line(i: int) -> bytes:
+    """An eventlog-like line long enough to be a blob of its own."""
+    return b'{"timestamp":%d.5,"name":"output","context":{"data":"%06d"}}\n' % (i, i)
+
+
+async def lookup(h, key: str, flags: int = 0, nodeid: int | None = None) -> dict:
+    kw = {} if nodeid is None else {"nodeid": nodeid}
+    return (await asyncio.wait_for(h.rpc("kvs.lookup", {
+        "key": key, "flags": flags, "namespace": "primary"}, **kw), 10))["val"]
+
+
+async def stored_entry(h, directory: str, name: str) -> dict:
+    """Entry ``name`` as its directory's blob holds it (not as a lookup shows it)."""
+    ref = (await lookup(h, directory, TREEOBJ))["data"][0]
+    blob = await asyncio.wait_for(h.rpc("content.load", {"blobref": ref}), 10)
+    return treeobj.decode(blob["data"])["data"][name]
+
+
+async def append_lines(h, key: str, first: int, last: int) -> dict:
+    r: dict = {}
+    for i in range(first, last):
+        r = await commit(h, put(key, line(i)) if i == 0 else append(key, line(i)))
+    return r
+
+
+async def test_a_long_value_is_chunked_and_read_whole_on_every_rank(start_instance,
+                                                                    connect) -> None:
+    inst = await start_instance(size=2)
+    h0, h1 = await connect(inst, 0), await connect(inst, 1)
+    whole = b"".join(line(i) for i in range(N))
+    await append_lines(h0, "job.eventlog", 0, VTREE_CHUNK - 1)
+    assert (await stored_entry(h0, "job", "eventlog"))["type"] == "valref"  # still short
+    r = await append_lines(h0, "job.eventlog", VTREE_CHUNK - 1, N)
+    await asyncio.wait_for(h1.rpc("kvs.wait-version", {"namespace": "primary",
+                                                        "rootseq": r["rootseq"]}), 10)
+
+    stored = await stored_entry(h0, "job", "eventlog")
+    assert stored["type"] == "vtree"
+    assert len(stored["data"]["chunks"]) == 2 and len(stored["data"]["tail"]) == 44
+    for h in (h0, h1):  # every reader: the value, and a valref of every blob
+        assert (await lookup(h, "job.eventlog"))["data"] == whole
+        shown = await lookup(h, "job.eventlog", TREEOBJ)
+        assert shown["type"] == "valref" and len(shown["data"]) == N
+        listed = (await lookup(h, "job", READDIR))["data"]["eventlog"]
+        assert listed == shown
+    # a chunk is a valref of its lines' blobs, in order
+    chunk = await asyncio.wait_for(h1.rpc("content.load", {
+        "blobref": stored["data"]["chunks"][1]}), 10)
+    assert treeobj.decode(chunk["data"])["data"] == shown["data"][VTREE_CHUNK:2 * VTREE_CHUNK]
+
+    # conditions read the whole value; a copy is a value like any other
+    await commit(h0, {"key": "job.eventlog", "flags": EXPECT, "dirent": treeobj.val(whole)},
+                 put("job.checked", "yes"))
+    assert await errnum(commit(h0, {"key": "job.eventlog", "flags": EXPECT,
+                                    "dirent": treeobj.val(whole[:-1])})) == errno.ECANCELED
+    await commit(h0, put("copy", shown))  # a valref given back: stored chunked again
+    assert await stored_entry(h0, ".", "copy") == stored
+    assert (await lookup(h1, "copy"))["data"] == whole
+
+
+async def test_a_client_cannot_write_a_vtree(start_instance, connect) -> None:
+    inst = await start_instance(size=1)
+    h = await connect(inst, 0)
+    await append_lines(h, "log", 0, VTREE_CHUNK)
+    stored = await stored_entry(h, ".", "log")
+    assert stored["type"] == "vtree"
+    for dirent in (stored, treeobj.dir_({"inside": stored})):  # (a client sees valrefs)
+        assert await errnum(commit(h, put("mine", dirent))) == errno.EINVAL
+    await commit(h, put("after", "1"))  # and it goes on serving
+    assert (await lookup(h, "after"))["data"] == b"1"
+    assert (await lookup(h, "log"))["data"] == b"".join(line(i) for i in range(VTREE_CHUNK))
+
+
+async def test_an_append_watch_follows_a_long_value_across_its_chunks(start_instance,
+                                                                      connect) -> None:
+    inst = await start_instance(size=2)
+    h0, h1 = await connect(inst, 0), await connect(inst, 1)
+    r = await append_lines(h0, "log", 0, 100)
+    await asyncio.wait_for(h1.rpc("kvs.wait-version", {"namespace": "primary",
+                                                        "rootseq": r["rootseq"]}), 10)
+    async with watch(h1, "log", append=True) as w:
+        assert await take(w, 100) == [line(i) for i in range(100)]
+        await append_lines(h0, "log", 100, N)  # past two chunk boundaries
+        assert await take(w, N - 100) == [line(i) for i in range(100, N)]
+
+
+async def test_a_long_value_survives_a_restart_a_collection_and_an_offline_dump(
+        start_instance, connect, tmp_path) -> None:
+    statedir = tmp_path / "state"
+    inst = await start_instance(size=2, statedir=str(statedir))
+    h = await connect(inst, 1)
+    await append_lines(h, "log", 0, N)
+    await h.close()
+    assert await inst.stop() == [0, 0]
+    rc, out, err = await run_cli("kvs", "gc", "--statedir", str(statedir))
+    assert rc == 0, err
+    rc, out, err = await run_cli("kvs", "dump", "--checkpoint", "--statedir", str(statedir),
+                                 str(tmp_path / "dump.tar"))
+    assert rc == 0, err
+    with tarfile.open(tmp_path / "dump.tar") as tar:
+        f = tar.extractfile("log")
+        assert f is not None and f.read() == b"".join(line(i) for i in range(N))
+
+    inst2 = await start_instance(size=2, statedir=str(statedir))
+    h2 = await connect(inst2, 1)
+    assert (await lookup(h2, "log"))["data"] == b"".join(line(i) for i in range(N))
+    await append_lines(h2, "log", N, N + VTREE_CHUNK)  # and it grows on
+    assert (await lookup(h2, "log"))["data"] == b"".join(line(i) for i in range(N + VTREE_CHUNK))
+    assert (await getroot(h2))["rootseq"] > 0
