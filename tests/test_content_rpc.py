@@ -309,7 +309,6 @@ async def test_a_cold_read_loads_its_blobs_a_chunk_at_a_time(start_instance, con
     values made of the same blobs load each blob once."""
     from kvs.blobs import FETCH_CHUNK
     from kvs.treeobj import VTREE_CHUNK
-    from kvs.treeobj import VTREE_CHUNK
 
     inst = await start_instance(size=4, fanout=2)
     h0, h3 = await connect(inst, 0), await connect(inst, 3)
