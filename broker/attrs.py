@@ -336,6 +336,18 @@ FLUX_SPELLINGS: dict[str, str] = {
 only "unknown attribute (did you mean tbon.transport?)"."""
 
 
+FLUX_NOT_BUILT: dict[str, str] = {
+    "heartbeat.timeout": (
+        "Flux's heartbeat timeout (a rank cutting itself off its parent after "
+        "missed beats) is not built here: a silent rank is marked torpid "
+        "instead (-S tbon.torpid_max=DURATION), and a rank without a beat "
+        "logs a warning after heartbeat.warn_thresh periods"),
+}
+"""Flux's attributes for what kvbroker does not build, with what it does
+instead: ``-S heartbeat.timeout=1m`` met "did you mean heartbeat.period?",
+and following that hint would have set the beat to once a minute."""
+
+
 FLUX_LEVELS = ("error",) * 4 + ("warning", "info", "info", "debug")
 """Flux's numeric (syslog) log levels 0-7, as ``log.level`` names them."""
 FLUX_LEVEL_ATTRS = {"log-stderr-level": "log.level", "log-level": "log.ring-level"}
@@ -415,6 +427,8 @@ def check_names(attrs: Mapping[str, Any], known: set[str], owned: Iterable[str])
             ours = FLUX_SPELLINGS[name]
             raise AttrError(f"{name} is Flux's name: kvbroker's is {ours}, "
                             f"{how_to_set(ours)} (a bootstrap file: its {ours} key)")
+        if name in FLUX_NOT_BUILT:
+            raise AttrError(f"{name}: {FLUX_NOT_BUILT[name]}")
         if name.startswith(prefixes) and name not in known:
             close = difflib.get_close_matches(name, sorted(known), n=1)
             hint = f" (did you mean {close[0]}?)" if close else ""

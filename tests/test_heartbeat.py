@@ -74,6 +74,8 @@ async def test_a_rank_that_stops_hearing_the_beat_says_so(start_instance, connec
     ("heartbeat.period", "zzz", "'zzz' is not a duration"),
     ("heartbeat.period", "1ms", "under 0.01s"),
     ("heartbeat.warn_thresh", "0", "heartbeat.warn_thresh"),
+    # Flux's timeout: not built, and said so (it met "did you mean heartbeat.period?")
+    ("heartbeat.timeout", "1m", "not built here: a silent rank is marked torpid"),
 ])
 async def test_a_bad_setting_stops_the_start_with_why(tmp_path, attr: str, value: str,
                                                       why: str) -> None:
