@@ -64,7 +64,7 @@ class Checkpoint:
         if not isinstance(value, dict):
             return cls(None, None, None, value)
         ref = value.get("rootref")
-        seq = value.get("rootseq")
+        seq = value.get("rootseq", value.get("sequence"))  # (Flux's name for it)
         stamp = value.get("timestamp")
         return cls(ref if blobref.is_valid(ref) else None,
                    seq if type(seq) is int else None,

@@ -189,7 +189,8 @@ def _collect(store: SqliteStore, statedir: str, report: GcReport) -> None:
             if not (isinstance(value, dict) and blobref.is_valid(value.get("rootref"))):
                 raise GcError(f"the checkpoint {key!r} is not a KVS root: {value!r:.200}")
             trees.append(value["rootref"])
-            report.roots[name] = f"rootseq {value.get('rootseq')}"
+            seq = value.get("rootseq", value.get("sequence"))  # (Flux's name for it)
+            report.roots[name] = f"rootseq {seq}" if type(seq) is int else "rootseq unknown"
         else:
             refs = blobref.found_in(value)
             blobs += refs

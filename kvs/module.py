@@ -437,6 +437,8 @@ class KvsModule(Module):
                           else "the restored store")
             return "", 0, None
         value = cp.get("value")
+        if isinstance(value, dict) and "rootseq" not in value and "sequence" in value:
+            value = {**value, "rootseq": value["sequence"]}  # (Flux's name for it)
         if not (isinstance(value, dict) and blobref.is_valid(value.get("rootref"))
                 and type(value.get("rootseq")) is int and value["rootseq"] >= 0):
             # (content.checkpoint-put lets the owner write any value there)

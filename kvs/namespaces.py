@@ -23,7 +23,7 @@ from broker.message import Message
 from kvs.keys import MAX_NS_NAME, SHOWN
 
 PRIMARY = "primary"
-CHECKPOINT_KEY = "kvs-primary"
+CHECKPOINT_KEY = "kvs-primary"  # (broker.content.module.KVS_CHECKPOINT_KEY)
 """The content store's checkpoint of the primary namespace's root: written
 by rank 0's kvs, read at start, by ``kvs dump/restore --checkpoint`` and by
 the offline ``kvs gc``."""

@@ -83,7 +83,7 @@ async def test_bad_payloads_are_eproto(start_instance, connect, size) -> None:
         "content.load": [None, {}, {"blobref": 5}, "sha256-" + "0" * 64,
                          RawPayload([b"\xc1"])],
         "content.checkpoint-put": [None, {}, {"key": 5, "value": 1}],
-        "content.checkpoint-get": [None, {}, {"key": None}],
+        "content.checkpoint-get": [{"key": None}, [1]],  # (None, {}: Flux's form, below)
     }
     for topic, payloads in cases.items():
         for payload in payloads:
@@ -353,6 +353,35 @@ async def test_flush_and_checkpoints(start_instance, connect, size) -> None:
     await asyncio.wait_for(h.rpc("content.checkpoint-put", {"key": "mine", "value": 2}), T)
     got = await asyncio.wait_for(h.rpc("content.checkpoint-get", {"key": "mine"}), T)
     assert got["value"] == 2
+
+
+async def test_flux_checkpoint_requests_name_the_kvs_checkpoint(start_instance, connect,
+                                                                tmp_path) -> None:
+    """Flux's ``content.checkpoint-put {value}`` and ``-get`` (no payload), which
+    name no key, are the KVS's checkpoint, as in Flux: the put was refused
+    "missing field 'key'".  Flux's ``sequence`` is kept as ``rootseq`` too,
+    and a get answers every KVS checkpoint kept, newest first."""
+    from broker.content.module import KVS_CHECKPOINT_KEY
+    from kvs.namespaces import CHECKPOINT_KEY
+
+    assert KVS_CHECKPOINT_KEY == CHECKPOINT_KEY
+    inst = await start_instance(size=2, statedir=str(tmp_path / "state"),
+                                attrs={"kvs.checkpoint-period": "0"})
+    h = await connect(inst, 1)
+    await commit(h, put("a", "1"))
+    root = await asyncio.wait_for(h.rpc("kvs.getroot", {"namespace": "primary"}), T)
+    flux = {"version": 1, "rootref": root["rootref"], "sequence": root["rootseq"],
+            "timestamp": 1700000000.5}
+    await asyncio.wait_for(h.rpc("content.checkpoint-put", {"value": flux}), T)
+    kept = {**flux, "rootseq": root["rootseq"]}
+    for payload in (None, {}):
+        got = await asyncio.wait_for(h.rpc("content.checkpoint-get", payload), T)
+        assert got["value"][0] == kept
+    got = await asyncio.wait_for(h.rpc("content.checkpoint-get", {"key": CHECKPOINT_KEY}), T)
+    assert got["value"] == kept
+    assert await errnum(h.rpc("content.checkpoint-put", {})) == errno.EPROTO
+    for value in (5, {"rootref": "nope"}):  # the KVS's: it must name a root
+        assert await errnum(h.rpc("content.checkpoint-put", {"value": value})) == errno.EINVAL
 
 
 async def test_backing_store_survives_restart(start_instance, connect, tmp_path) -> None:

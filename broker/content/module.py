@@ -35,7 +35,8 @@
   it runs, and writes resume by themselves once there is room.  The free
   space is measured once a second and every :data:`MEASURE_BYTES` written
   (:meth:`ContentModule.measure_disk`), not at every commit.
-* ``content.checkpoint-put`` / ``-get`` ``{key, value}``: small named roots
+* ``content.checkpoint-put`` / ``-get`` ``{key, value}`` (Flux's ``{value}``
+  alone: the KVS's checkpoint, :func:`_flux_checkpoint`): small named roots
   kept by rank 0 (KVS uses them to resume after a restart), with the
   values each replaced, ``content.max-checkpoints`` in all, listed by
   ``content.checkpoint-list`` (as Flux's content-sqlite keeps 5): older
@@ -1414,7 +1415,9 @@ class ContentModule(Module):
         self.h.respond(msg, {})
 
     async def checkpoint_put(self, msg: Message) -> None:
-        body = require(msg.payload, key=str)
+        """``{key, value}``; or Flux's ``{value}`` alone, the KVS's checkpoint
+        (:func:`_flux_checkpoint`)."""
+        body = _flux_checkpoint(require(msg.payload))
         if not msg.is_owner:
             raise ErrnoError(errno.EPERM, "checkpoints are for the instance owner")
         value = body.get("value")
@@ -1434,8 +1437,20 @@ class ContentModule(Module):
         self.h.respond(msg, {})
 
     async def checkpoint_get(self, msg: Message) -> None:
+        """``{key}`` -> ``{value}``; without ``key`` (Flux's form) every KVS
+        checkpoint kept, as Flux answers: ``{value: [value, ...]}``, newest
+        first, ``ENOENT`` for none."""
+        flux_form = msg.payload is None or (isinstance(msg.payload, dict)
+                                            and "key" not in msg.payload)
         key = await self._checkpoint_request(msg)
-        if key is not None:
+        if key is not None and flux_form:
+            assert self.backing is not None
+            values = await self._checkpoint_read(self.backing.checkpoint_list, key,
+                                                 "the KVS checkpoints")
+            if not values:
+                raise ErrnoError(errno.ENOENT, "no KVS checkpoint")
+            self.h.respond(msg, {"value": [checkpoint_or_none(v) for v in values]})
+        elif key is not None:
             assert self.backing is not None
             value = await self._checkpoint_read(self.backing.checkpoint_get, key,
                                                 f"checkpoint {key!r}")
@@ -1464,9 +1479,14 @@ class ContentModule(Module):
         """A checkpoint read's ``key`` on rank 0; elsewhere None, once rank
         0's answer is passed on.  Owner only."""
         _owner_only(msg)
-        body = require(msg.payload, key=str)
-        if self.ctx.rank != 0:
-            self.h.respond(msg, await self.h.rpc(msg.topic, body, nodeid=NODEID_UPSTREAM))
+        flux_get = msg.topic == "content.checkpoint-get" and msg.payload is None
+        body = require({} if flux_get else msg.payload)  # (Flux's get has no payload)
+        if msg.topic == "content.checkpoint-get" and "key" not in body:
+            body = {**body, "key": KVS_CHECKPOINT_KEY}  # (Flux's form: the KVS's)
+        body = require(body, key=str)
+        if self.ctx.rank != 0:  # (as asked: rank 0 answers Flux's form as Flux's)
+            self.h.respond(msg, await self.h.rpc(msg.topic, msg.payload,
+                                                 nodeid=NODEID_UPSTREAM))
             return None
         key: str = body["key"]
         return key
@@ -1647,6 +1667,29 @@ def checkpoint_or_none(value: bytes) -> Any:
         return unpack_checkpoint(value)
     except ValueError:
         return None
+
+
+KVS_CHECKPOINT_KEY = "kvs-primary"
+"""The checkpoint of the KVS's primary root (``kvs.namespaces.CHECKPOINT_KEY``):
+what Flux's checkpoint requests, which name no key, mean."""
+
+
+def _flux_checkpoint(body: dict[str, Any]) -> dict[str, Any]:
+    """A ``content.checkpoint-put``'s ``{key, value}``.  Flux's form, ``{value}``
+    alone, is the KVS's checkpoint, and its ``sequence`` (Flux's name for the
+    root's version) is kept as ``rootseq`` too, which the kvs module resumes at."""
+    if "key" in body:
+        return require(body, key=str)
+    if "value" not in body:
+        raise ProtocolError("request is missing field 'value' (or 'key')")
+    value = body["value"]
+    if not (isinstance(value, dict) and blobref.is_valid(value.get("rootref"))):
+        raise ErrnoError(errno.EINVAL, "a checkpoint without a key is the KVS's: its value "
+                                       "must name a root ({version, rootref, sequence, "
+                                       "timestamp}, as Flux's)")
+    if "sequence" in value and "rootseq" not in value:
+        value = {**value, "rootseq": value["sequence"]}
+    return {**body, "key": KVS_CHECKPOINT_KEY, "value": value}
 
 
 def _checkpoint_bytes(value: Any) -> bytes:
