@@ -223,12 +223,24 @@ class Broker:
             self.overlay.close()
 
     def set_attr(self, name: str, value: str) -> None:
-        """Set runtime attribute ``name`` (:data:`broker.attrs.RUNTIME_ATTRS`)
+        """Set runtime attribute ``name`` (:data:`broker.attrs.RUNTIME_ATTRS`,
+        or a loaded module's :attr:`~broker.module.Module.runtime_attributes`)
         on this rank and apply it at once; :class:`ErrnoError` (ENOENT for an
         unknown name, ENOSYS for a log level when this rank's logging is its
         host program's, EINVAL otherwise) changes nothing."""
         if name not in self.attrs:
             raise ErrnoError(errno.ENOENT, battrs.unknown_message(name))
+        module = next((m for m in self.modules if name in m.runtime_attributes), None)
+        if module is not None:  # a module's (kvs.checkpoint-period)
+            spec = next(spec for spec in module.attributes if spec.name == name)
+            try:
+                parsed = battrs.check({**self.attrs, name: value}, [spec])[name]
+            except battrs.AttrError as exc:
+                raise ErrnoError(errno.EINVAL, str(exc)) from None
+            module.set_attribute(name, parsed)
+            self.attrs[name] = value
+            log.info("attribute %s set to %s", name, value)
+            return
         if name not in battrs.RUNTIME_ATTRS:
             raise ErrnoError(errno.EINVAL, f"{name} may not be changed on a running rank "
                              f"({battrs.how_to_set(name)})")

@@ -186,6 +186,10 @@ class Module:
     name: ClassVar[str] = ""
     services: ClassVar[tuple[str, ...]] = ()
     attributes: ClassVar[tuple[AttrSpec, ...]] = ()
+    runtime_attributes: ClassVar[tuple[str, ...]] = ()
+    """Names among ``attributes`` that ``attr set`` may change on a running
+    rank (as Flux's ``flux config reload`` changes a module's option); the
+    broker checks the value with its spec and calls :meth:`set_attribute`."""
 
     def __init__(self, ctx: ModuleContext, handle: ModuleHandle | None = None) -> None:
         self.ctx = ctx
@@ -324,6 +328,11 @@ class Module:
         except Exception as exc:
             self.log.exception("handler %s failed", msg.topic)
             self.h.respond_error(msg, errno.EIO, f"internal error: {exc}")
+
+    def set_attribute(self, name: str, value: Any) -> None:
+        """Apply runtime attribute ``name`` (one of :attr:`runtime_attributes`),
+        its ``value`` parsed and checked already."""
+        raise NotImplementedError(f"{self.name} declares no runtime attribute {name}")
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         """Run ``coro`` as a task owned by the module (cancelled at stop)."""

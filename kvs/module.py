@@ -280,6 +280,7 @@ class KvsModule(Module):
                                                   TRANSACTION_MERGE, MAX_GUEST_WAITS,
                                                   collector.GRACE,
                                                   collector.PERIOD, MAX_LEASES)
+    runtime_attributes: ClassVar[tuple[str, ...]] = (CHECKPOINT_PERIOD.name,)
 
     def __init__(self, ctx: Any) -> None:
         super().__init__(ctx)
@@ -506,6 +507,19 @@ class KvsModule(Module):
                 self.log.info("final checkpoint: the primary namespace at rootseq %d "
                               "(rootref %s)%s", ns.rootseq, ns.rootref,
                               "" if written else ", checkpointed already")
+
+    def set_attribute(self, name: str, value: Any) -> None:
+        """``kvs.checkpoint-period`` on a running rank (``attr set``, as Flux's
+        ``flux config reload``): rank 0 with a statedir checkpoints at the new
+        period from now on, 0 stops it.  A checkpoint being written finishes."""
+        assert name == CHECKPOINT_PERIOD.name
+        self.checkpoint_period = float(value)
+        if self._ticker is not None:
+            self._ticker.cancel()  # (shielded: a checkpoint under way completes)
+            self._ticker = None
+        if self.leader and self.statedir and PRIMARY in self.namespaces \
+                and not self.commits.stopping and self.checkpoint_period > 0:
+            self._ticker = self.spawn(self._checkpoint_periodically())
 
     async def _checkpoint_periodically(self) -> None:
         """Rank 0 with a statedir: every ``kvs.checkpoint-period``, checkpoint

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_broker_support import run_cli
+from test_broker_support import run_cli, wait_until
 from test_kvs_rpc_durability import refused_start_log
 from test_kvs_rpc_helpers import commit, get, getroot, put
 
@@ -373,3 +373,39 @@ def test_a_value_that_is_not_a_kvs_root_is_listed_with_dashes() -> None:
                                                 "timestamp": float("nan")})], header=False)
     assert [r.split() for r in rows] == [["0", "-", "-", "-"], ["1", "-", "-", "-"]]
     assert Checkpoint.from_value({"a": b"\xff"}).as_json() == '{"a":"\\ufffd"}'
+
+
+async def test_the_checkpoint_period_changes_on_a_running_rank(start_instance, connect,
+                                                               tmp_path) -> None:
+    """``attr set kvs.checkpoint-period`` (Flux's t1011 changes it with
+    ``flux config reload``): started without periodic checkpoints, rank 0
+    writes them once a period is set, and a bad value is refused with why,
+    changing nothing.  It was refused as fixed at start."""
+    inst = await start_instance(size=2, statedir=str(tmp_path / "state"),
+                                attrs={"kvs.checkpoint-period": "0"})
+    h = await connect(inst, 1)
+    done = await commit(h, put("periodic", "1"))
+
+    async def checkpointed() -> int:
+        stats = await asyncio.wait_for(h.rpc("kvs.stats-get", {}, nodeid=0), 10)
+        return int(stats["checkpoint"]["rootseq"])
+
+    assert await checkpointed() < done["rootseq"]  # none yet: no period
+    rc, out, err = await run_cli("attr", "set", "kvs.checkpoint-period", "50ms", "--all",
+                                 uri=inst.uri(1))
+    assert rc == 0, err
+    assert await h.attr_get("kvs.checkpoint-period", nodeid=0) == "50ms"
+
+    async def caught_up() -> bool:
+        return await checkpointed() >= done["rootseq"]
+
+    await wait_until(caught_up, "a periodic checkpoint of the commit")
+    stats = await asyncio.wait_for(h.rpc("kvs.stats-get", {}, nodeid=0), 10)
+    assert stats["checkpoint"]["period"] == 0.05
+    rc, out, err = await run_cli("attr", "set", "kvs.checkpoint-period", "1Z", uri=inst.uri(0))
+    assert rc == 1 and "is not a duration" in err, err
+    assert await h.attr_get("kvs.checkpoint-period", nodeid=0) == "50ms"
+    rc, out, err = await run_cli("attr", "set", "kvs.checkpoint-period", "0", uri=inst.uri(0))
+    assert rc == 0, err
+    stats = await asyncio.wait_for(h.rpc("kvs.stats-get", {}, nodeid=0), 10)
+    assert stats["checkpoint"]["period"] == 0
