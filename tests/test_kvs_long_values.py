@@ -15,6 +15,7 @@ from test_kvs_rpc_helpers import READDIR, TREEOBJ, errnum, getroot
 from test_watch_append import take
 from test_watch_helpers import append, commit, put
 
+from broker.errors import RemoteError
 from kvs import treeobj
 from kvs.treeobj import VTREE_CHUNK
 from kvs.txn import EXPECT
@@ -132,3 +133,36 @@ async def test_a_long_value_survives_a_restart_a_collection_and_an_offline_dump(
     await append_lines(h2, "log", N, N + VTREE_CHUNK)  # and it grows on
     assert (await lookup(h2, "log"))["data"] == b"".join(line(i) for i in range(N + VTREE_CHUNK))
     assert (await getroot(h2))["rootseq"] > 0
+
+
+async def test_a_damaged_vtree_is_a_clear_error_and_the_rank_serves_on(start_instance,
+                                                                       connect) -> None:
+    """A directory blob written by hand (the instance owner may store blobs)
+    whose vtree names a chunk that is not one: every read of it says so
+    (``ENOTRECOVERABLE``, naming the chunk), one that is not a tree object
+    is refused at the commit, and the rank goes on serving."""
+    inst = await start_instance(size=2)
+    h = await connect(inst, 1)
+
+    async def store(data: bytes) -> str:
+        return (await asyncio.wait_for(h.rpc("content.store", {"data": data}), 10))["blobref"]
+
+    lines = [await store(b"line %d\n" % i) for i in range(3)]
+    short = await store(treeobj.encode(treeobj.valref(lines)))  # 3 blobrefs, not 128
+    raw = await store(b"not a tree object")
+    for name, chunk in (("short", short), ("raw", raw)):
+        d = treeobj.encode(treeobj.dir_({"log": treeobj.vtree([chunk], lines[:1])}))
+        op = put(name, treeobj.dirref(await store(d)))
+        if name == "raw":
+            assert await errnum(commit(h, op)) == errno.EPROTO
+            continue
+        await commit(h, op)
+        for key, flags in (("short.log", 0), ("short.log", TREEOBJ), ("short", READDIR)):
+            try:
+                await lookup(h, key, flags)
+            except RemoteError as exc:
+                assert exc.errnum == errno.ENOTRECOVERABLE and short in exc.errstr
+            else:
+                raise AssertionError(f"{key} read")
+    await commit(h, put("after", "1"))
+    assert (await lookup(h, "after"))["data"] == b"1"
