@@ -226,6 +226,13 @@ def take_recovery(args: argparse.Namespace, attrs: dict[str, Any]) -> None:
                          "an archive from kvbroker kvs dump)")
 
 
+def print_rank_command(rank: int, argv: list[str]) -> None:
+    """``start -v``: one rank's command line, quoted for a shell."""
+    import shlex
+
+    print_err(f"start: rank {rank}: {shlex.join(argv)}")
+
+
 def cmd_start(args: argparse.Namespace) -> int:
     """Start an instance, run the command in it (or serve until signalled),
     stop it.
@@ -269,7 +276,8 @@ def cmd_start(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         inst = Instance(args.size, args.fanout, event_loop=args.event_loop,
                         statedir=args.statedir, rundir=args.rundir, attrs=attrs,
-                        rundir_cleanup=rundir_cleanup)
+                        rundir_cleanup=rundir_cleanup,
+                        on_rank_command=print_rank_command if args.verbose else None)
         signalled: list[int] = []
         stop = asyncio.Event()
         cmd: Command | None = None
@@ -1138,6 +1146,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                    "or after the last progress it reports writing to disk (at most "
                    f"{STOP_CAP} times this in all), before it is killed "
                    f"(default {STOP_TIMEOUT:g})")
+    s.add_argument("--verbose", "-v", action="count", default=0,
+                   help="print each rank's command line to stderr as it starts "
+                   "(as Flux's flux start -v)")
     s.add_argument("cmdline", nargs=argparse.REMAINDER, metavar="-- COMMAND",
                    help="the command to run in the instance")
     s.set_defaults(func=cmd_start)

@@ -28,7 +28,7 @@ import socket
 import stat
 import sys
 import tempfile
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from broker import attrs as battrs
@@ -279,6 +279,7 @@ class Instance:
         python: str = sys.executable,
         spawn: str | None = None,
         rundir_cleanup: bool | None = None,
+        on_rank_command: Callable[[int, list[str]], None] | None = None,
     ) -> None:
         if size < 1:
             raise ValueError("size must be at least 1")
@@ -297,6 +298,10 @@ class Instance:
         """Flux's ``rundir-cleanup``: remove the run directory at stop (True)
         or keep it, emptied of what the start wrote (False), whoever made
         it; None: remove it if this instance made it."""
+        self.on_rank_command = on_rank_command
+        """Called with each rank and its command line (``python -m broker.rank
+        ...``: what it runs, forked or executed) as it is started; what
+        ``kvbroker start -v`` prints, as Flux's ``flux start -v``."""
         self._rundir_mode: int | None = None
         """The mode of a run directory that was there, while guests make it 0755."""
         self.attrs = dict(attrs or {})
@@ -481,6 +486,8 @@ class Instance:
             if self.statedir:
                 argv += ["--statedir", self.statedir]
             argvs.append(argv)
+            if self.on_rank_command is not None:
+                self.on_rank_command(rank, [self.python, "-m", "broker.rank", *argv])
         env = dict(os.environ)
         env.pop("KVBROKER_URI", None)
         env.pop("KVBROKER_RANK", None)

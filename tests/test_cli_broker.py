@@ -1525,3 +1525,20 @@ async def test_rundir_cleanup_keeps_or_removes_the_run_directory(tmp_path) -> No
     assert rc == 2 and "rundir-cleanup: 'maybe' is not a boolean" in err, err
     rc, _, err = await run_cli("start", "-S", "statedir-cleanup=0", "--", "true")
     assert rc == 2 and "only when given one (--statedir DIR, kept)" in err, err
+
+
+async def test_start_verbose_prints_each_ranks_command_line() -> None:
+    """``start -v`` (Flux's ``flux start -v``): every rank's command line on
+    stderr as it starts, quoted for a shell; the command runs as without it."""
+    import shlex
+
+    rc, out, err = await run_cli("start", "-v", "--size", "2", "--", "echo", "ran")
+    assert (rc, out) == (0, "ran\n"), err
+    lines = [ln for ln in err.splitlines() if ln.startswith("kvbroker: start: rank ")]
+    assert [ln.split(":")[2].strip() for ln in lines] == ["rank 0", "rank 1"], err
+    for rank, line in enumerate(lines):
+        argv = shlex.split(line.split(": ", 3)[3])
+        assert argv[1:3] == ["-m", "broker.rank"]
+        assert argv[argv.index("--rank") + 1] == str(rank) and "--attrs" in argv
+    rc, out, err = await run_cli("start", "--size", "2", "--", "true")
+    assert rc == 0 and "rank 0:" not in err  # (not without -v)
