@@ -357,31 +357,36 @@ async def test_flush_and_checkpoints(start_instance, connect, size) -> None:
 
 async def test_flux_checkpoint_requests_name_the_kvs_checkpoint(start_instance, connect,
                                                                 tmp_path) -> None:
-    """Flux's ``content.checkpoint-put {value}`` and ``-get`` (no payload), which
-    name no key, are the KVS's checkpoint, as in Flux: the put was refused
-    "missing field 'key'".  Flux's ``sequence`` is kept as ``rootseq`` too,
-    and a get answers every KVS checkpoint kept, newest first."""
+    """Flux's ``content.checkpoint-put {value}`` and ``-get`` (no payload),
+    which name no key, are the KVS's checkpoint, as in Flux: the put was
+    refused "missing field 'key'".  Flux's ``sequence`` is kept as ``rootseq``
+    too, and a get answers every KVS checkpoint kept, newest first.  The put
+    is for an instance without the kvs module (as Flux's t0035 loads
+    content-sqlite alone): with it, it is ``EBUSY``."""
     from broker.content.module import KVS_CHECKPOINT_KEY
     from kvs.namespaces import CHECKPOINT_KEY
 
     assert KVS_CHECKPOINT_KEY == CHECKPOINT_KEY
     inst = await start_instance(size=2, statedir=str(tmp_path / "state"),
-                                attrs={"kvs.checkpoint-period": "0"})
+                                attrs={"broker.modules": "content"})
     h = await connect(inst, 1)
-    await commit(h, put("a", "1"))
-    root = await asyncio.wait_for(h.rpc("kvs.getroot", {"namespace": "primary"}), T)
-    flux = {"version": 1, "rootref": root["rootref"], "sequence": root["rootseq"],
-            "timestamp": 1700000000.5}
+    ref = await store(h, b"a root")
+    flux = {"version": 1, "rootref": ref, "sequence": 7, "timestamp": 1700000000.5}
+    assert await errnum(h.rpc("content.checkpoint-get", None)) == errno.ENOENT
     await asyncio.wait_for(h.rpc("content.checkpoint-put", {"value": flux}), T)
-    kept = {**flux, "rootseq": root["rootseq"]}
+    kept = {**flux, "rootseq": 7}
     for payload in (None, {}):
         got = await asyncio.wait_for(h.rpc("content.checkpoint-get", payload), T)
-        assert got["value"][0] == kept
+        assert got["value"] == [kept]
     got = await asyncio.wait_for(h.rpc("content.checkpoint-get", {"key": CHECKPOINT_KEY}), T)
     assert got["value"] == kept
     assert await errnum(h.rpc("content.checkpoint-put", {})) == errno.EPROTO
     for value in (5, {"rootref": "nope"}):  # the KVS's: it must name a root
         assert await errnum(h.rpc("content.checkpoint-put", {"value": value})) == errno.EINVAL
+
+    with_kvs = await start_instance(size=2)
+    h2 = await connect(with_kvs, 1)
+    assert await errnum(h2.rpc("content.checkpoint-put", {"value": flux})) == errno.EBUSY
 
 
 async def test_backing_store_survives_restart(start_instance, connect, tmp_path) -> None:

@@ -36,7 +36,8 @@
   space is measured once a second and every :data:`MEASURE_BYTES` written
   (:meth:`ContentModule.measure_disk`), not at every commit.
 * ``content.checkpoint-put`` / ``-get`` ``{key, value}`` (Flux's ``{value}``
-  alone: the KVS's checkpoint, :func:`_flux_checkpoint`): small named roots
+  alone: the KVS's checkpoint, :func:`_flux_checkpoint`, refused ``EBUSY``
+  while the kvs module runs): small named roots
   kept by rank 0 (KVS uses them to resume after a restart), with the
   values each replaced, ``content.max-checkpoints`` in all, listed by
   ``content.checkpoint-list`` (as Flux's content-sqlite keeps 5): older
@@ -1417,12 +1418,20 @@ class ContentModule(Module):
     async def checkpoint_put(self, msg: Message) -> None:
         """``{key, value}``; or Flux's ``{value}`` alone, the KVS's checkpoint
         (:func:`_flux_checkpoint`)."""
+        flux_form = isinstance(msg.payload, dict) and "key" not in msg.payload
         body = _flux_checkpoint(require(msg.payload))
         if not msg.is_owner:
             raise ErrnoError(errno.EPERM, "checkpoints are for the instance owner")
         value = body.get("value")
         if self.ctx.rank != 0:
-            await self.h.rpc("content.checkpoint-put", body, nodeid=NODEID_UPSTREAM)
+            await self.h.rpc("content.checkpoint-put", msg.payload, nodeid=NODEID_UPSTREAM)
+        elif flux_form and "kvs" in self.ctx.siblings:
+            # The kvs module would not know: its next start could resume at
+            # a root it never had, or one the store lacks.
+            raise ErrnoError(errno.EBUSY, "the KVS writes its own checkpoint while it runs "
+                                          "(as Flux's 'checkpoint update' refuses with the kvs "
+                                          "loaded): stop the instance and use kvbroker content "
+                                          "checkpoint update --statedir DIR ROOTREF")
         else:
             assert self.backing is not None
             # Every blob stored so far goes to SQLite first (EIO if that
