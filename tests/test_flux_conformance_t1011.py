@@ -39,26 +39,14 @@ which is what Flux's reloads become.  Flux's cases, in order:
 from __future__ import annotations
 
 import asyncio
-import errno
 
 from test_broker_support import run_cli, wait_until
+from test_flux_conformance_t1010 import checkpoint
 from test_kvs_cli import kvs
-
-from broker.errors import RemoteError
 
 T = 30
 IN_TIME = 5.0  # Flux's checkpoint_changed bound
 WINDOW = 1.0  # five 200 ms periods
-
-
-async def checkpoint(h) -> dict | None:
-    """The primary namespace's checkpoint (Flux's ``checkpoint_get``)."""
-    try:
-        got = await asyncio.wait_for(h.rpc("content.checkpoint-get", {"key": "kvs-primary"}), T)
-    except RemoteError as exc:
-        assert exc.errnum == errno.ENOENT, exc
-        return None
-    return got["value"]
 
 
 async def rootref(h) -> str | None:
