@@ -30,6 +30,13 @@ each put are the same:
 * "content-backing.load wrong size hash fails with EPROTO": there is no
   ``content-backing`` service (the store is rank 0's content module);
   ``content.load`` of a malformed blobref is in tests/test_content_rpc.py.
+* "run an instance to create a checkpt_v2 table" ... "new checkpoint is
+  storing multiple checkpoints" (Flux's checkpt v1 -> v2 conversion):
+  kvbroker's older store is one without the ``checkpoint_history`` table
+  (one checkpoint a key, as Flux's v1 table).  Such a store (the table
+  dropped from a stopped instance's file, as Flux drops ``checkpt_v2``) is
+  listed offline, started from (``kvs get foo``), gains the table with its
+  checkpoint kept, and after a ``kvs sync`` keeps more than one.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import json
+import sqlite3
 
 from test_broker_support import run_cli
 from test_kvs_rpc_helpers import errnum
@@ -104,3 +112,47 @@ async def test_t0035_an_invalid_max_checkpoints_is_refused_at_start() -> None:
     rc, out, err = await run_cli("start", "-S", "content.max-checkpoints=-1", "--",
                                  "echo", "ran")
     assert rc == 2 and out == "" and "content.max-checkpoints" in err, (rc, err)
+
+
+def tables(statedir) -> set[str]:
+    db = sqlite3.connect(statedir / "content.sqlite")
+    try:
+        return {name for (name,) in db.execute(
+            "SELECT tbl_name FROM sqlite_master WHERE type = 'table'")}
+    finally:
+        db.close()
+
+
+async def test_t0035_an_older_store_gains_the_checkpoint_history(tmp_path) -> None:
+    statedir = tmp_path / "state"
+    rc, _, err = await run_cli("start", "--statedir", str(statedir), "--",
+                               "kvbroker", "kvs", "put", "--sync", "foo=bar")
+    assert rc == 0, err
+
+    async def listed() -> list[str]:
+        rc, out, err = await run_cli("content", "checkpoint", "list", "--statedir",
+                                     str(statedir), "-j")
+        assert rc == 0, err
+        return [json.loads(line)["rootref"] for line in out.splitlines()]
+
+    [old] = await listed()
+    db = sqlite3.connect(statedir / "content.sqlite")
+    try:
+        db.execute("DROP TABLE checkpoint_history")
+        db.commit()
+    finally:
+        db.close()
+    assert "checkpoint_history" not in tables(statedir) and "checkpoints" in tables(statedir)
+    assert await listed() == [old]  # (read as it is, offline)
+
+    rc, out, err = await run_cli("start", "--statedir", str(statedir), "--",
+                                 "kvbroker", "kvs", "get", "foo")
+    assert (rc, out) == (0, "bar\n"), err
+    assert "checkpoint_history" in tables(statedir)
+    assert await listed() == [old]
+
+    rc, _, err = await run_cli("start", "--statedir", str(statedir), "--",
+                               "kvbroker", "kvs", "sync")
+    assert rc == 0, err
+    kept = await listed()
+    assert len(kept) > 1 and old in kept, kept
