@@ -438,8 +438,9 @@ class KvsModule(Module):
                           else "the restored store")
             return "", 0, None
         value = cp.get("value")
-        if isinstance(value, dict) and "rootseq" not in value and "sequence" in value:
-            value = {**value, "rootseq": value["sequence"]}  # (Flux's name for it)
+        if isinstance(value, dict) and "rootseq" not in value and "version" in value:
+            # Flux's form: ``sequence`` is the version, optional there (0)
+            value = {**value, "rootseq": value.get("sequence", 0)}
         if not (isinstance(value, dict) and blobref.is_valid(value.get("rootref"))
                 and type(value.get("rootseq")) is int and value["rootseq"] >= 0):
             # (content.checkpoint-put lets the owner write any value there)

@@ -56,8 +56,8 @@ Flux case -> here:
   instance is the way, and it removes the garbage and keeps the root
   (``rootseq unknown``: Flux's value has no sequence).
 * (beyond Flux's script) a start with the kvs module on that checkpoint
-  resumes at its root, version 0, as Flux's kvs does with no sequence ->
-  strict xfail: refused as "not a KVS root" (/tmp/findings-h2.md).
+  resumes at its root, version 0, as Flux's kvs does with no sequence (it
+  was refused as "not a KVS root").
 * reload content-sqlite truncate / remove the modules -> no module reload;
   a fresh statedir is the clean table.
 """
@@ -69,7 +69,6 @@ import json
 import time
 from pathlib import Path
 
-import pytest
 from test_broker_support import run_cli, wait_until
 
 from broker.content import blobref
@@ -231,10 +230,6 @@ async def test_t0043_with_kvs_not_loaded_the_offline_gc_keeps_the_checkpointed_r
     assert rc == 0 and out.split()[-1] == root_ref, (out, err)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a KVS checkpoint in Flux's form without a sequence (Flux: optional, 0) is "
-    "refused by the next start with the kvs module: 'is not a KVS root' (see "
-    "/tmp/findings-h2.md)"))
 async def test_t0043_a_start_resumes_at_a_checkpoint_put_in_fluxs_form(
         start_instance, tmp_path: Path) -> None:
     statedir = str(tmp_path / "state")
