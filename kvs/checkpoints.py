@@ -36,7 +36,7 @@ from broker.content.module import checkpoint_or_none
 from kvs import treeobj
 from kvs.archive import ArchiveError, open_stopped_store
 from kvs.garbage import TreeDamaged, reachable
-from kvs.namespaces import CHECKPOINT_KEY
+from kvs.namespaces import CHECKPOINT_KEY, rootseq_of
 
 __all__ = ["Checkpoint", "UpdateReport", "format_table", "list_offline", "update_offline"]
 
@@ -64,7 +64,7 @@ class Checkpoint:
         if not isinstance(value, dict):
             return cls(None, None, None, value)
         ref = value.get("rootref")
-        seq = value.get("rootseq", value.get("sequence"))  # (Flux's name for it)
+        seq = rootseq_of(value)
         stamp = value.get("timestamp")
         return cls(ref if blobref.is_valid(ref) else None,
                    seq if type(seq) is int else None,

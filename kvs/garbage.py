@@ -39,7 +39,7 @@ from broker.content.sqlite import STORE_FILE, SqliteStore, StoreLocked
 from broker.errors import ErrnoError
 from broker.launch import StartError, private_dir
 from kvs import treeobj
-from kvs.namespaces import CHECKPOINT_KEY
+from kvs.namespaces import CHECKPOINT_KEY, rootseq_of
 
 
 class GcError(Exception):
@@ -189,7 +189,7 @@ def _collect(store: SqliteStore, statedir: str, report: GcReport) -> None:
             if not (isinstance(value, dict) and blobref.is_valid(value.get("rootref"))):
                 raise GcError(f"the checkpoint {key!r} is not a KVS root: {value!r:.200}")
             trees.append(value["rootref"])
-            seq = value.get("rootseq", value.get("sequence"))  # (Flux's name for it)
+            seq = rootseq_of(value)
             report.roots[name] = f"rootseq {seq}" if type(seq) is int else "rootseq unknown"
         else:
             refs = blobref.found_in(value)

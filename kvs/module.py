@@ -73,6 +73,7 @@ from kvs.namespaces import (
     check_name,
     event_topic_parts,
     list_chunks,
+    rootseq_of,
     shown_name,
 )
 from kvs.refcheck import RefChecker, names_a_directory
@@ -438,9 +439,8 @@ class KvsModule(Module):
                           else "the restored store")
             return "", 0, None
         value = cp.get("value")
-        if isinstance(value, dict) and "rootseq" not in value and "version" in value:
-            # Flux's form: ``sequence`` is the version, optional there (0)
-            value = {**value, "rootseq": value.get("sequence", 0)}
+        if isinstance(value, dict):
+            value = {**value, "rootseq": rootseq_of(value)}  # (Flux's form too)
         if not (isinstance(value, dict) and blobref.is_valid(value.get("rootref"))
                 and type(value.get("rootseq")) is int and value["rootseq"] >= 0):
             # (content.checkpoint-put lets the owner write any value there)

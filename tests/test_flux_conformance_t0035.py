@@ -89,7 +89,7 @@ async def test_t0035_checkpoints_in_flux_forms_from_any_rank(start_instance, con
     await asyncio.wait_for(h1.rpc("content.checkpoint-put", put_msg(baz, 2, 2.2)), T)
     got = await asyncio.wait_for(h1.rpc("content.checkpoint-get", None), T)
     assert [cp["rootref"] for cp in got["value"]] == [baz, bar]
-    assert got["value"][0]["timestamp"] == 2.2 and got["value"][0]["rootseq"] == 2
+    assert got["value"][0]["timestamp"] == 2.2 and got["value"][0]["sequence"] == 2
     rc, out, err = await run_cli("content", "checkpoint", "list", "-n", uri=inst.uri(1))
     assert rc == 0 and [ln.split()[-1] for ln in out.splitlines()] == [baz, bar], out
 

@@ -54,7 +54,7 @@ Flux case -> here:
   ``Function not implemented`` (Flux's ``flux gc`` marks from the
   checkpoint alone); the offline ``kvs gc --statedir`` on the stopped
   instance is the way, and it removes the garbage and keeps the root
-  (``rootseq unknown``: Flux's value has no sequence).
+  (``rootseq 0``: Flux's value has no sequence, which means 0 there).
 * (beyond Flux's script) a start with the kvs module on that checkpoint
   resumes at its root, version 0, as Flux's kvs does with no sequence (it
   was refused as "not a KVS root").
@@ -217,7 +217,7 @@ async def test_t0043_with_kvs_not_loaded_the_offline_gc_keeps_the_checkpointed_r
     assert rc == 0, err
     lines = out.splitlines()
     assert lines[0] == (f"kept 1 blob ({len(root)} B) reachable from kvs-primary "
-                        "(rootseq unknown)"), out  # (Flux's value has no sequence)
+                        "(rootseq 0)"), out  # (no sequence in Flux's value: 0)
     assert lines[1].startswith("removed 2 blobs ("), out
 
     inst = await start_instance(size=1, statedir=statedir, attrs={"broker.modules": "content"})

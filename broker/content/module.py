@@ -1685,8 +1685,8 @@ what Flux's checkpoint requests, which name no key, mean."""
 
 def _flux_checkpoint(body: dict[str, Any]) -> dict[str, Any]:
     """A ``content.checkpoint-put``'s ``{key, value}``.  Flux's form, ``{value}``
-    alone, is the KVS's checkpoint, and its ``sequence`` (Flux's name for the
-    root's version) is kept as ``rootseq`` too, which the kvs module resumes at."""
+    alone, is the KVS's checkpoint, kept as sent (the kvs module reads its
+    ``sequence``: ``kvs.checkpoints.rootseq_of``)."""
     if "key" in body:
         return require(body, key=str)
     if "value" not in body:
@@ -1696,8 +1696,6 @@ def _flux_checkpoint(body: dict[str, Any]) -> dict[str, Any]:
         raise ErrnoError(errno.EINVAL, "a checkpoint without a key is the KVS's: its value "
                                        "must name a root ({version, rootref, sequence, "
                                        "timestamp}, as Flux's)")
-    if "sequence" in value and "rootseq" not in value:
-        value = {**value, "rootseq": value["sequence"]}
     return {**body, "key": KVS_CHECKPOINT_KEY, "value": value}
 
 
