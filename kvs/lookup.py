@@ -26,6 +26,10 @@ Semantics follow Flux (``t/t1000-kvs.t``):
   directories are reached only through ``dirref`` entries, so an ``hdir``
   is never returned; a long value stored as a ``vtree`` is shown as the
   ``valref`` of all its blobs (so is every entry of a ``READDIR``).
+* ``TREEOBJ`` with ``after``: what an APPEND watcher asks, the blobs of a
+  ``valref``/``vtree`` after those it has, with a mark that they are
+  still in place (:func:`~kvs.treeobj.value_after`): a long log costs it
+  O(chunks + new blobs) per version, not O(blobs).
 * ``READLINK``: the final entry must be a symlink (else ``EINVAL``).
 * ``READDIR``: the entry must be a directory (else ``ENOTDIR``); the result
   is a ``dir`` whose data maps every name to its stored entry (not
@@ -58,6 +62,7 @@ from kvs.treeobj import (
     dirref,
     symlink_target,
     val,
+    value_after,
     value_refs,
 )
 
@@ -217,6 +222,8 @@ def lookup(
     *,
     namespace: str | None = None,
     ns_roots: NsRoots | None = None,
+    after: tuple[int, bytes] | None = None,
+    chunk_ref: Callable[[list[str]], str] | None = None,
 ) -> TreeObj | None:
     """Look ``key`` up in the tree whose root directory is blob ``root_ref``.
 
@@ -225,14 +232,22 @@ def lookup(
     described in the module docstring, or ``None`` when the key does not
     exist.  Raises ``ErrnoError`` (EISDIR, ENOTDIR, EINVAL, ELOOP, ...),
     :class:`NeedBlobs` or :class:`NeedNamespace`.
+
+    ``after`` (``TREEOBJ`` only): ``(count, mark)`` of the blobs an APPEND
+    watcher has answered; the result is then
+    :func:`~kvs.treeobj.value_after`'s answer, a map holding ``val`` (the
+    new blobs only, when the value grew from those), and ``chunk_ref``
+    names the chunk a list of blobrefs is stored as.
     """
     cache = as_cache(store)
     if not blobref.is_valid(root_ref):
         raise ErrnoError(errno.EINVAL, f"invalid root blobref {shown(root_ref)!r}")
+    if after is not None and (not flags & TREEOBJ or chunk_ref is None):
+        raise ErrnoError(errno.EINVAL, "after needs the TREEOBJ flag")
     parts = split(check_key(key))
     if not parts:
         if flags & TREEOBJ:
-            return dirref(root_ref)
+            return dirref(root_ref) if after is None else {"val": dirref(root_ref)}
         if flags & READLINK:
             raise ErrnoError(errno.EINVAL, "the root is not a symlink")
         if not flags & READDIR:
@@ -244,6 +259,9 @@ def lookup(
     if found is None:
         return None
     entry = found[0]
+    if after is not None:
+        assert chunk_ref is not None
+        return value_after(entry, *after, cache.get_obj, chunk_ref)
     if flags & TREEOBJ:
         return as_valref(entry, cache.get_obj)
     t = entry["type"]

@@ -127,9 +127,9 @@ namespace changes, and nothing while it does not."""
 
 
 COUNTERS = ("commits", "batches", "merged", "merges-split", "commits-failed", "relays",
-            "relayed", "lookups", "diffs", "blob-fetches", "blob-loads", "namespaces-created",
-            "namespaces-loaded", "getroot-heard", "namespaces-removed", "collections",
-            "trees-checked")
+            "relayed", "lookups", "lookups-after", "diffs", "blob-fetches", "blob-loads",
+            "namespaces-created", "namespaces-loaded", "getroot-heard", "namespaces-removed",
+            "collections", "trees-checked")
 """The ``counts`` of ``kvs.stats-get`` (all shown, 0 included)."""
 
 
@@ -241,6 +241,21 @@ def _ns_name(p: dict[str, Any]) -> str:
     if not isinstance(name, str):
         raise ErrnoError(errno.EPROTO, "namespace must be a string")
     return name
+
+
+def _after_of(p: dict[str, Any], flags: int) -> tuple[int, bytes] | None:
+    """A lookup's ``after``/``mark`` (what an APPEND watcher has answered,
+    :func:`kvs.treeobj.value_after`), or None; given together, with
+    ``TREEOBJ`` (else ``EPROTO`` / ``EINVAL``)."""
+    after, mark = p.get("after"), p.get("mark")
+    if after is None and mark is None:
+        return None
+    if type(after) is not int or after < 0 or type(mark) is not bytes or len(mark) != 16:
+        raise ErrnoError(errno.EPROTO, "after must be a count of blobs (at least 0) and "
+                                       "mark its 16-byte mark, given together")
+    if not flags & lookup_engine.TREEOBJ:
+        raise ErrnoError(errno.EINVAL, "after needs the TREEOBJ flag")
+    return after, mark
 
 
 def _valid_name(name: str) -> bool:
@@ -846,6 +861,9 @@ class KvsModule(Module):
         flags = p.get("flags", 0)
         if type(flags) is not int:  # (not a bool: as every other int field)
             raise ErrnoError(errno.EPROTO, "flags must be an integer")
+        after = _after_of(p, flags)
+        if after is not None:
+            self.counts["lookups-after"] += 1
         ns: Namespace | None = None
         name = _ns_name(p)
         rootdir = p.get("rootdir")
@@ -866,7 +884,7 @@ class KvsModule(Module):
             ns = await self.get_ns(name, msg)
             rootref, seq = ns.rootref, ns.rootseq
         try:
-            val = await self.run_lookup(msg, rootref, p["key"], flags, name)
+            val = await self.run_lookup(msg, rootref, p["key"], flags, name, after)
         except ErrnoError as exc:
             if rootdir is None or exc.errnum != errno.ENOENT:
                 raise
@@ -879,13 +897,17 @@ class KvsModule(Module):
             raise ErrnoError(errno.ENOENT, f"cannot read {shown(p['key'])} at root {rootref}: "
                              f"{why} (kvs gc removes the roots older than "
                              "kvs.gc-grace)") from None
+        if after is not None and val is not None:
+            answer = val  # {val, length?, mark?, grown?}: treeobj.value_after
+        else:
+            answer = {"val": val}
         if plus:
-            self.h.respond(msg, {"val": val, "rootref": rootref, "rootseq": seq,
+            self.h.respond(msg, {**answer, "rootref": rootref, "rootseq": seq,
                                  "namespace": name})
             return
         if val is None:
             raise ErrnoError(errno.ENOENT, f"{shown(p['key'])}: no such key")
-        self.h.respond(msg, {"val": val})
+        self.h.respond(msg, answer)
 
     def _note_roots(self, ns: Namespace) -> None:
         """A guest's namespace notes the roots it takes (:class:`RecentRoots`)."""
@@ -922,7 +944,8 @@ class KvsModule(Module):
         return rootref == ns.rootref or self.recent_roots.known(msg.userid, rootref)
 
     async def run_lookup(
-        self, msg: Message, rootref: str, key: str, flags: int, namespace: str
+        self, msg: Message, rootref: str, key: str, flags: int, namespace: str,
+        after: tuple[int, bytes] | None = None,
     ) -> dict[str, Any] | None:
         """Run the lookup engine, fetching blobs and namespaces until it is done."""
         def ns_root(other: str) -> str | None:
@@ -938,7 +961,8 @@ class KvsModule(Module):
             while True:
                 try:
                     return lookup_engine.lookup(self.cache, rootref, key, flags,
-                                                namespace=namespace, ns_roots=ns_root)
+                                                namespace=namespace, ns_roots=ns_root,
+                                                after=after, chunk_ref=self._chunk_ref)
                 except treeobj.NeedBlobs as need:
                     await self.fetcher.fetch(need.refs, held)
                 except lookup_engine.NeedNamespace as need:
@@ -946,6 +970,11 @@ class KvsModule(Module):
         finally:
             if held:
                 self.blobs.release(held)
+
+    def _chunk_ref(self, refs: list[str]) -> str:
+        """The blobref of the ``vtree`` chunk listing ``refs`` (a mark of a
+        flat ``valref``: :func:`kvs.treeobj.refs_mark`)."""
+        return blobref.hash_blob(treeobj.encode(treeobj.valref(refs)), self.hash_name)
 
     async def lookup(self, msg: Message) -> None:
         await self._lookup(msg, plus=False)

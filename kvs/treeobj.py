@@ -66,11 +66,12 @@ from __future__ import annotations
 import base64
 import binascii
 import errno
+import hashlib
 import json
 import reprlib
 from bisect import bisect_left
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
 import msgpack
@@ -211,11 +212,7 @@ def value_refs(entry: TreeObj, get_obj: Callable[[str], TreeObj | None]) -> list
         raise NeedBlobs(missing)
     out: list[str] = []
     for ref, chunk in chunks:
-        assert chunk is not None
-        if chunk["type"] != "valref" or len(chunk["data"]) != VTREE_CHUNK:
-            raise ErrnoError(errno.ENOTRECOVERABLE, f"vtree chunk {ref} is not a valref "
-                                                    f"of {VTREE_CHUNK} blobrefs")
-        out += chunk["data"]
+        out += _chunk_refs(ref, chunk)
     out += data["tail"]
     return out
 
@@ -226,6 +223,93 @@ def as_valref(entry: TreeObj, get_obj: Callable[[str], TreeObj | None]) -> TreeO
     if entry["type"] != "vtree":
         return entry
     return {"data": value_refs(entry, get_obj), "type": "valref", "ver": VER}
+
+
+def refs_mark(chunks: Sequence[str], rest: Sequence[str]) -> bytes:
+    """The *mark* of a value's first k blobs: 16 bytes of BLAKE2b over the
+    blobrefs of the chunks holding the first ``k // VTREE_CHUNK *
+    VTREE_CHUNK`` of them (``chunks``; for a flat ``valref``, the chunks
+    it would be stored as), ``|``, and the blobrefs of the ``k %
+    VTREE_CHUNK`` after those (``rest``), each list joined by newlines.
+
+    Blobs and chunks are named by content, so two values with the same
+    mark at k have the same first k blobs, and the mark of a ``vtree`` is
+    had from its chunk list and one chunk, without reading the other
+    chunks: an APPEND watcher checks that what it answered is still there
+    at O(k / VTREE_CHUNK) cost (:func:`value_after`)."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update("\n".join(chunks).encode())
+    h.update(b"|")
+    h.update("\n".join(rest).encode())
+    return h.digest()
+
+
+def value_after(entry: TreeObj, after: int, mark: bytes,
+                get_obj: Callable[[str], TreeObj | None],
+                chunk_ref: Callable[[list[str]], str]) -> dict[str, Any]:
+    """A ``valref``/``vtree`` entry as an APPEND watcher that has answered
+    its first ``after`` blobs, whose mark was ``mark``, asks for it.
+
+    Returns ``{"val", "length", "mark", "grown"}``: ``length`` the value's
+    blobs, ``mark`` the mark of all of them (:func:`refs_mark`), ``grown``
+    whether the first ``after`` blobs are the ones marked ``mark``; if so,
+    ``val`` is a ``valref`` of the blobs after them (possibly none), else
+    of all of them.  A ``vtree``'s chunks before the one holding blob
+    ``after`` are not read, so the cost is O(chunks + new blobs), not
+    O(blobs).  Any other entry comes back as ``{"val": entry}``.
+    ``chunk_ref`` names the chunk a list of :data:`VTREE_CHUNK` blobrefs
+    would be stored as (a flat ``valref`` of that many or more, written
+    before ``vtree`` existed); :class:`NeedBlobs` names the chunks missing."""
+    t = entry["type"]
+    k = VTREE_CHUNK
+    j, r = divmod(after, k)
+    if t == "valref":
+        refs: list[str] = entry["data"]
+        n = len(refs)
+        chunks = [chunk_ref(refs[i:i + k]) for i in range(0, n - n % k, k)]
+        whole = n - n % k
+        full = refs_mark(chunks, refs[whole:])
+        if after > n or refs_mark(chunks[:j], refs[j * k:after]) != mark:
+            return {"val": entry, "length": n, "mark": full, "grown": False}
+        return {"val": _refs_obj(refs[after:]), "length": n, "mark": full, "grown": True}
+    if t != "vtree":
+        return {"val": entry}
+    data = entry["data"]
+    chunks, tail = data["chunks"], data["tail"]
+    n = len(chunks) * k + len(tail)
+    full = refs_mark(chunks, tail)
+    if after > n:
+        return {"val": as_valref(entry, get_obj), "length": n, "mark": full, "grown": False}
+    # The chunks from the one holding blob `after` on (its first blobs are
+    # in the mark; the rest, and every later chunk, are the new blobs).
+    later = chunks[j:]
+    objs = [get_obj(ref) for ref in later]
+    missing = [ref for ref, obj in zip(later, objs, strict=True) if obj is None]
+    if missing:
+        raise NeedBlobs(missing)
+    lists = [_chunk_refs(ref, obj) for ref, obj in zip(later, objs, strict=True)]
+    lists.append(tail)
+    if refs_mark(chunks[:j], lists[0][:r]) != mark:
+        return {"val": as_valref(entry, get_obj), "length": n, "mark": full, "grown": False}
+    new = lists[0][r:]
+    for more in lists[1:]:
+        new += more
+    return {"val": _refs_obj(new), "length": n, "mark": full, "grown": True}
+
+
+def _chunk_refs(ref: str, chunk: TreeObj | None) -> list[str]:
+    """The blobrefs of a ``vtree`` chunk; ``ENOTRECOVERABLE`` if it is not one."""
+    if chunk is None or chunk["type"] != "valref" or len(chunk["data"]) != VTREE_CHUNK:
+        raise ErrnoError(errno.ENOTRECOVERABLE, f"vtree chunk {ref} is not a valref "
+                                                f"of {VTREE_CHUNK} blobrefs")
+    refs: list[str] = chunk["data"]
+    return refs
+
+
+def _refs_obj(refs: list[str]) -> TreeObj:
+    """A ``valref`` of ``refs``, which may be empty (:func:`value_after`'s
+    answer: the blobs after those a watcher has)."""
+    return {"data": refs, "type": "valref", "ver": VER}
 
 
 def vtree_of(refs: list[str], put_obj: Callable[[TreeObj], str],

@@ -490,7 +490,8 @@ class KvsWatchModule(Module):
 
     # ================================================================ watcher backend
 
-    def lookup_at(self, w: Watcher, rootref: str, flags: int) -> Any:
+    def lookup_at(self, w: Watcher, rootref: str, flags: int,
+                  after: tuple[int, bytes] | None = None) -> Any:
         """One ``kvs.lookup-plus`` per key, root, flags and credentials in
         flight: the watchers of one key that a commit wakes share it
         (100,000 watches of a key cost ~2 s of rank time per commit when
@@ -501,13 +502,15 @@ class KvsWatchModule(Module):
         take for "no such key"."""
         self.counts["lookups"] += 1
         who = -1 if w.msg.is_owner else w.msg.userid  # a guest's answer may differ
-        k = (w.namespace, w.key, rootref, flags, who)
+        k = (w.namespace, w.key, rootref, flags, who, after)
         fut = self._lookups.get(k)
         if fut is not None:
             self.counts["lookups-shared"] += 1
             return fut
         payload = {"key": w.key, "flags": flags, "namespace": w.namespace,
                    "rootdir": {"ver": 1, "type": "dirref", "data": [rootref]}}
+        if after is not None:  # (an APPEND watcher: only the blobs after its own)
+            payload["after"], payload["mark"] = after
         if w.msg.is_owner:
             fut = self.h.rpc("kvs.lookup-plus", payload)
         else:

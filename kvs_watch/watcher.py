@@ -70,20 +70,22 @@ if TYPE_CHECKING:
 log = logging.getLogger("kvbroker.kvs-watch")
 
 
-def _refs_digest(refs: list[str]) -> bytes:
-    """An APPEND watcher's record of the blobs it answered: O(1) memory
-    however long the value grows (an eventlog of 10,000 lines), checked
-    against the value's first blobrefs on every later version."""
-    return hashlib.blake2b("\n".join(refs).encode(), digest_size=16).digest()
+MARK0 = treeobj.refs_mark((), ())
+"""The mark of no blobs: an APPEND watcher's before its first answer."""
 
 LOOKUP_WINDOW = 8
 """Lookups a watcher keeps in flight (for successive roots)."""
 LOAD_WINDOW = 16
 """Blob loads a watcher keeps in flight (APPEND / STREAM)."""
-FOLD_DEPTH = 64
+FOLD_DEPTH = LOOKUP_WINDOW + 1
 """Roots an APPEND watcher (without DELETES) queues before it folds the
-next ones into the last (:meth:`Watcher.push`): while it keeps up, each
-version is answered on its own, and a rewrite between two of them is seen."""
+next ones into the last (:meth:`Watcher.push`): as soon as a root must
+wait for a lookup, the roots after it are read at the newest, with one
+lookup.  While it keeps up, each version is answered on its own.  (64
+until 2026-12-05: the lookups of a follower's watcher now cost O(new
+blobs), not O(value), so it mostly keeps up, and reading each of 64
+queued versions cost it the CPU its rank 0 needed: a watcher on rank 3
+of a 10,000-line log had it all 10 ms after the last append, not 60.)"""
 FOLDED_KEPT = 1000
 """Roots folded into one slot that it keeps (or ``max_backlog``, if more),
 to read them one by one should the newest show the value rewritten: past
@@ -97,10 +99,14 @@ class Backend(Protocol):
 
     max_backlog: int
 
-    def lookup_at(self, w: Watcher, rootref: str, flags: int) -> asyncio.Future[Any]:
+    def lookup_at(self, w: Watcher, rootref: str, flags: int,
+                  after: tuple[int, bytes] | None = None) -> asyncio.Future[Any]:
         """``kvs.lookup-plus`` of ``w.key`` pinned at ``rootref`` -> ``{"val":
         treeobj}``, ``{"val": None}`` for a missing key; ``ENOENT`` only when
-        the root's blobs cannot be had."""
+        the root's blobs cannot be had.  ``after`` (APPEND): the count and
+        mark of the blobs answered, so a value that grew from them comes as
+        only the blobs after them, with ``length``, ``mark`` and ``grown``
+        (:func:`kvs.treeobj.value_after`)."""
 
     def current_root(self, w: Watcher) -> asyncio.Future[Any]:
         """``kvs.getroot`` of ``w.namespace`` on rank 0 -> ``{"rootseq",
@@ -127,7 +133,8 @@ class Backend(Protocol):
 class _Slot:
     """One root to answer for: its lookup, then (APPEND/STREAM) its blob loads."""
 
-    __slots__ = ("seq", "ref", "initial", "fut", "refs", "next", "loads", "folded", "pending")
+    __slots__ = ("seq", "ref", "initial", "fut", "after", "gen", "refs", "next", "loads",
+                 "folded", "pending")
 
     def __init__(self, seq: int, ref: str, initial: bool) -> None:
         self.seq = seq
@@ -142,6 +149,11 @@ class _Slot:
         """Unfolded: the roots still to read after this one, in order."""
         self.initial = initial
         self.fut: asyncio.Future[Any] | None = None
+        self.after = 0
+        """APPEND: the blobs the watcher had answered when it sent the lookup
+        (the lookup answers those after them)."""
+        self.gen = 0
+        """APPEND: the watcher's :attr:`Watcher.gen` then."""
         self.refs: list[str] | None = None
         self.next = 0
         self.loads: deque[asyncio.Future[Any]] | None = None
@@ -152,8 +164,8 @@ class Watcher:
 
     __slots__ = (
         "backend", "msg", "key", "flags", "namespace", "monitor", "seq", "queue",
-        "issued", "responded", "done", "sentinel_sent", "prev", "count", "answered",
-        "absent", "closing",
+        "issued", "responded", "done", "sentinel_sent", "prev", "count", "mark", "gen",
+        "recent", "absent", "closing",
     )
 
     def __init__(self, backend: Backend, msg: Message, key: str, flags: int,
@@ -174,7 +186,12 @@ class Watcher:
         self.sentinel_sent = False
         self.prev: bytes | None = None  # UNIQ/FULL: digest of the last value sent
         self.count = -1  # APPEND/STREAM: number of blobs already answered (-1: none)
-        self.answered = b""  # APPEND: digest of the blobrefs answered (_refs_digest)
+        self.mark = MARK0  # APPEND: the mark of the blobs answered (treeobj.refs_mark)
+        self.gen = 0  # APPEND: values watched (a DELETES watcher's key may come back)
+        self.recent: tuple[int, list[str]] | None = None
+        """APPEND: ``(base, refs)``, the blobrefs answered from blob ``base``
+        on, kept while a lookup sent before they were answered is in flight
+        (it answers from ``base``: :meth:`_grown`)."""
         self.absent = False  # DELETES: the key is missing, and that was answered
         self.closing: tuple[int, str] | None = None
         """The error to end with once the roots queued are answered
@@ -336,9 +353,7 @@ class Watcher:
         while self.issued < n and self.issued < LOOKUP_WINDOW:
             slot = q[self.issued]
             self.issued += 1
-            fut = self.backend.lookup_at(self, slot.ref, self.lookup_flags)
-            slot.fut = fut
-            fut.add_done_callback(self._wake)
+            self._lookup(slot)
 
     def _wake(self, fut: asyncio.Future[Any]) -> None:
         if self.done:  # its answer is not wanted: read the error, if any, so
@@ -469,18 +484,25 @@ class Watcher:
         self._lookup(slot)
 
     def _lookup(self, slot: _Slot) -> None:
-        fut = self.backend.lookup_at(self, slot.ref, self.lookup_flags)
+        after = None
+        if self.flags & WATCH_APPEND:
+            # (a lookup sent before the previous slots are answered: it
+            # answers from what was answered when it was sent)
+            slot.after, slot.gen = max(self.count, 0), self.gen
+            after = (slot.after, self.mark)
+        fut = self.backend.lookup_at(self, slot.ref, self.lookup_flags, after)
         slot.fut = fut
         fut.add_done_callback(self._wake)
 
-    def _rewritten(self, obj: Any) -> bool:
-        """APPEND: whether value ``obj`` (None: missing) ends the watch, as
-        :meth:`_lookup_done` and :meth:`_append` would find."""
+    def _rewritten(self, slot: _Slot, answer: dict[str, Any]) -> bool:
+        """APPEND: whether lookup ``answer`` (``val`` None: missing) ends
+        the watch, as :meth:`_lookup_done` and :meth:`_append` would find."""
+        obj = answer["val"]
         if obj is None:
             return not (self.flags & WAITCREATE and not self.responded)
         if self.count < 0:
             return obj["type"] not in ("val", "valref")
-        return self._not_grown(obj) is not None
+        return isinstance(self._grown(slot, answer), str)
 
     def _unfold(self, slot: _Slot) -> None:
         """The newest root folded into ``slot`` shows its value rewritten or
@@ -532,8 +554,15 @@ class Watcher:
                 self.fail(exc.errnum, exc.errstr)
             return True
         try:
-            obj = fut.result()["val"]
-            if slot.folded and self._rewritten(obj):
+            answer = fut.result()
+            obj = answer["val"]
+            if self.flags & WATCH_APPEND and (slot.gen != self.gen
+                                              or slot.after > max(self.count, 0)):
+                # sent for the value before the key was removed and made
+                # again (DELETES): ask again, from the new value's start
+                self._lookup(slot)
+                return False
+            if slot.folded and self._rewritten(slot, answer):
                 self._unfold(slot)
                 return False  # (reading again, at the oldest root folded in)
             if obj is None:  # no such key at this root
@@ -549,7 +578,7 @@ class Watcher:
         self.absent = False
         flags = self.flags
         if flags & (WATCH_APPEND | STREAM):
-            self._append(slot, obj, kind)
+            self._append(slot, answer, kind)
         elif flags & (WATCH_UNIQ | WATCH_FULL):
             digest = hashlib.blake2b(treeobj.encode(obj), digest_size=16).digest()
             if not (self.responded and digest == self.prev):
@@ -573,58 +602,91 @@ class Watcher:
         self.absent = True
         self.prev = None
         self.count = -1
-        self.answered = b""
+        self.mark = MARK0
+        self.gen += 1
+        self.recent = None
         if self.flags & WAITCREATE and not self.responded:
             return  # not created yet: waited for silently, as WAITCREATE
         self._answer(None, slot.seq)
 
-    def _append(self, slot: _Slot, obj: dict[str, Any], kind: str) -> None:
+    def _append(self, slot: _Slot, answer: dict[str, Any], kind: str) -> None:
         """APPEND / STREAM: answer with the blobs not answered yet."""
+        obj = answer["val"]
         what = "streamed" if self.flags & STREAM else "watched with APPEND"
-        if self.count < 0:  # the first value
-            if kind == "val":
-                self.count = 1
-                if self.flags & WATCH_APPEND:
-                    # An append turns a val into [blob(old bytes), blob(new)].
-                    self.answered = _refs_digest([self.backend.hash_blob(obj["data"])])
-                self._answer(obj, slot.seq)
-            elif kind == "valref":
-                refs = obj["data"]
-                self.count = len(refs)
-                if self.flags & WATCH_APPEND:
-                    self.answered = _refs_digest(refs)
-                self._load(slot, refs)
-            else:
-                errnum = errno.EISDIR if kind in ("dir", "dirref") else errno.EINVAL
-                self.fail(errnum, f"{self.key}: a {kind} cannot be {what}")
+        if self.count < 0 and kind == "val":  # the first value, inline
+            self.count = 1
+            if self.flags & WATCH_APPEND:
+                # An append turns a val into [blob(old bytes), blob(new)].
+                ref = self.backend.hash_blob(obj["data"])
+                self.mark = treeobj.refs_mark((), (ref,))
+                self._keep_recent(0, [ref])
+            self._answer(obj, slot.seq)
             return
-        # A later commit named the key: it must have grown by appends only.
-        changed = self._not_grown(obj)
-        if changed is not None:
-            self.fail(errno.EINVAL, f"{self.key}: value {what} was {changed}")
+        if self.count < 0 and kind != "valref":
+            errnum = errno.EISDIR if kind in ("dir", "dirref") else errno.EINVAL
+            self.fail(errnum, f"{self.key}: a {kind} cannot be {what}")
             return
-        refs = obj["data"]
-        n = len(refs)
-        if n > self.count:
-            new = refs[self.count:]
-            self.count = n
-            self.answered = _refs_digest(refs)
+        if not self.flags & WATCH_APPEND:  # STREAM: the value's blobs, once
+            self.count = len(obj["data"])
+            self._load(slot, obj["data"])
+            return
+        # The value grew by appends only (from nothing, the first time):
+        # the lookup answered the blobs after those answered when it was sent.
+        new = self._grown(slot, answer)
+        if isinstance(new, str):
+            self.fail(errno.EINVAL, f"{self.key}: value {what} was {new}")
+            return
+        old = max(self.count, 0)
+        self.count = answer["length"]
+        self.mark = answer["mark"]
+        self._keep_recent(old, new)
+        if new:
             self._load(slot, new)
 
-    def _not_grown(self, obj: dict[str, Any]) -> str | None:
-        """APPEND, after the first answer: how value ``obj`` was changed
-        other than by appends (``"overwritten"``, ``"shortened"``), or None."""
-        if obj["type"] != "valref":
+    def _grown(self, slot: _Slot, answer: dict[str, Any]) -> list[str] | str:
+        """APPEND: the blobrefs of lookup ``answer`` after those answered,
+        or how the value was changed other than by appends
+        (``"overwritten"``, ``"shortened"``).
+
+        The kvs checked that the first ``slot.after`` blobs are the ones
+        answered (their mark): the blobs after them come in ``val``.  A
+        lookup sent before the previous slots were answered has more blobs
+        than are new: those answered since (:attr:`recent`) must be there,
+        in place.  Blobs are named by content, so the last one alone would
+        not do: a rewrite may end with it ([x, +] -> [y, +])."""
+        obj = answer["val"]
+        if obj["type"] != "valref" or "grown" not in answer:
             return "overwritten"
-        refs = obj["data"]
-        if len(refs) < self.count:
+        if answer["length"] < self.count:
             return "shortened"
-        # Every answered blob must still be there, in place: the last one
-        # alone is not enough (blobs are named by content, so a rewrite may
-        # end with the same one: [x, +] -> [y, +]).
-        if _refs_digest(refs[:self.count]) != self.answered:
+        if not answer["grown"]:
             return "overwritten"
-        return None
+        refs: list[str] = obj["data"]
+        have = max(self.count, 0) - slot.after
+        if have:
+            recent = self.recent
+            if recent is None or slot.after < recent[0]:
+                return "overwritten"  # (never so: _keep_recent keeps them)
+            base, answered = recent
+            if refs[:have] != answered[slot.after - base:]:
+                return "overwritten"
+            return refs[have:]
+        return refs
+
+    def _keep_recent(self, old: int, new: list[str]) -> None:
+        """APPEND: ``new`` blobrefs were answered after the first ``old``:
+        keep, of those answered, the ones that lookups in flight answer
+        again (from the ``after`` of the next slot sent), else none."""
+        q = self.queue
+        start = self.count
+        if q is not None and self.issued > 1 and len(q) > 1 and q[1].gen == self.gen:
+            start = q[1].after
+        if start >= self.count:
+            self.recent = None
+            return
+        base, refs = self.recent if self.recent is not None else (old, [])
+        refs = refs + new
+        self.recent = (start, refs[start - base:])
 
     def _load(self, slot: _Slot, refs: list[str]) -> None:
         slot.refs = refs

@@ -166,3 +166,50 @@ async def test_a_damaged_vtree_is_a_clear_error_and_the_rank_serves_on(start_ins
                 raise AssertionError(f"{key} read")
     await commit(h, put("after", "1"))
     assert (await lookup(h, "after"))["data"] == b"1"
+
+
+async def test_a_lookup_after_sends_only_the_blobs_after_those_marked(start_instance,
+                                                                     connect) -> None:
+    """``after`` and ``mark`` (what an APPEND watcher asks with): a follower
+    answers the blobrefs after the first ``after`` only, with the mark of
+    all of them, when the first ``after`` are those marked; else all of
+    them, ``grown: false``.  Bad fields are refused; the rank serves on,
+    and the watch on the follower asked with ``after`` (counted)."""
+    inst = await start_instance(size=2)
+    h0, h1 = await connect(inst, 0), await connect(inst, 1)
+    r = await append_lines(h0, "log", 0, N)
+    await asyncio.wait_for(h1.rpc("kvs.wait-version", {"namespace": "primary",
+                                                        "rootseq": r["rootseq"]}), 10)
+    refs = (await lookup(h1, "log", TREEOBJ))["data"]
+    stored = await stored_entry(h1, ".", "log")
+    chunks, tail = stored["data"]["chunks"], stored["data"]["tail"]
+
+    async def after(count: int, mark: bytes, **more) -> dict:
+        return await asyncio.wait_for(h1.rpc("kvs.lookup-plus", {
+            "key": "log", "flags": TREEOBJ, "namespace": "primary", "after": count,
+            "mark": mark, **more}), 10)
+
+    for count in (0, 100, VTREE_CHUNK, 200, N):
+        k = count // VTREE_CHUNK
+        got = await after(count, treeobj.refs_mark(chunks[:k], refs[k * VTREE_CHUNK:count]))
+        assert got["val"] == {"data": refs[count:], "type": "valref", "ver": 1}
+        assert got["length"] == N and got["grown"] is True
+        assert got["mark"] == treeobj.refs_mark(chunks, tail)
+    wrong = await after(200, treeobj.refs_mark(chunks[:1], refs[129:201]))
+    assert wrong["grown"] is False and wrong["val"]["data"] == refs
+    assert (await after(N + 1, b"\0" * 16))["grown"] is False  # (more than it has)
+    assert (await after(0, treeobj.refs_mark([], []), key="."))["val"]["type"] == "dirref"
+    for bad, want in (({"after": 3}, errno.EPROTO), ({"mark": b"\0" * 16}, errno.EPROTO),
+                      ({"after": -1, "mark": b"\0" * 16}, errno.EPROTO),
+                      ({"after": 1, "mark": b"short"}, errno.EPROTO),
+                      ({"after": 1, "mark": b"\0" * 16, "flags": 0}, errno.EINVAL)):
+        assert await errnum(h1.rpc("kvs.lookup", {"key": "log", "flags": TREEOBJ,
+                                                  "namespace": "primary", **bad})) == want
+
+    before = (await h1.rpc("kvs.stats-get", {}))["counts"]["lookups-after"]
+    async with watch(h1, "log", append=True) as w:
+        assert await take(w, N) == [line(i) for i in range(N)]
+        await append_lines(h0, "log", N, N + 3)
+        assert await take(w, 3) == [line(i) for i in range(N, N + 3)]
+    assert (await h1.rpc("kvs.stats-get", {}))["counts"]["lookups-after"] > before
+    assert (await lookup(h1, "log"))["data"] == b"".join(line(i) for i in range(N + 3))

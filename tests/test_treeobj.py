@@ -404,3 +404,73 @@ def test_value_refs_reads_the_chunks_and_says_what_is_missing() -> None:
     with pytest.raises(ErrnoError) as e:
         T.value_refs(v, short.get)
     assert e.value.errnum == errno.ENOTRECOVERABLE
+
+
+def _chunked(n: int) -> tuple[list[str], dict[str, dict], dict]:
+    """``n`` blobrefs, the chunk objects by blobref, and their ``vtree``."""
+    refs = [hash_blob(b"line %d" % i) for i in range(n)]
+    objs: dict[str, dict] = {}
+
+    def put(obj: dict) -> str:
+        ref = hash_blob(T.encode(obj))
+        objs[ref] = obj
+        return ref
+    return refs, objs, T.vtree_of(refs, put)
+
+
+def _chunk_ref(refs: list[str]) -> str:
+    return hash_blob(T.encode(T.valref(refs)))
+
+
+def _mark(refs: list[str]) -> bytes:
+    """A mark computed the long way: every chunk named from its blobrefs."""
+    k = T.VTREE_CHUNK
+    whole = len(refs) - len(refs) % k
+    return T.refs_mark([_chunk_ref(refs[i:i + k]) for i in range(0, whole, k)], refs[whole:])
+
+
+@pytest.mark.parametrize("after", [0, 1, 127, 128, 129, 300, 383, 384, 400])
+def test_value_after_answers_the_blobs_after_those_marked(after: int) -> None:
+    """A watcher that has the first ``after`` blobs gets the rest, and the
+    mark of all of them; a vtree's chunks before the one holding blob
+    ``after`` are not read, and a flat valref of the same blobs (stored
+    before vtree) has the same marks."""
+    refs, objs, v = _chunked(400)
+    read: list[str] = []
+
+    def get_obj(ref: str) -> dict | None:
+        read.append(ref)
+        return objs.get(ref)
+    got = T.value_after(v, after, _mark(refs[:after]), get_obj, _chunk_ref)
+    assert got == {"val": {"data": refs[after:], "type": "valref", "ver": 1},
+                   "length": 400, "mark": _mark(refs), "grown": True}
+    assert read == v["data"]["chunks"][after // T.VTREE_CHUNK:]
+    flat = T.value_after(T.valref(refs), after, _mark(refs[:after]), objs.get, _chunk_ref)
+    assert flat == got
+
+
+def test_value_after_says_when_the_blobs_marked_are_not_there() -> None:
+    refs, objs, v = _chunked(300)
+    other = [*refs[:200], hash_blob(b"rewritten"), *refs[201:]]
+    for after, mark in [(250, _mark(other[:250])),  # one blob replaced before `after`
+                        (301, _mark([*refs, refs[0]])),  # shortened
+                        (10, b"\0" * 16)]:
+        got = T.value_after(v, after, mark, objs.get, _chunk_ref)
+        assert got["grown"] is False and got["length"] == 300
+        assert got["val"] == T.valref(refs)  # (all of it, as a plain lookup)
+    # a value that is not a list of blobs comes as it is
+    assert T.value_after(T.val(b"x"), 1, T.refs_mark([], [REF1]), objs.get, _chunk_ref) \
+        == {"val": T.val(b"x")}
+
+
+def test_value_after_names_the_chunks_it_lacks_and_refuses_a_damaged_one() -> None:
+    refs, objs, v = _chunked(3 * T.VTREE_CHUNK + 5)
+    c0, c1, c2 = v["data"]["chunks"]
+    lacking = {k: o for k, o in objs.items() if k not in (c0, c2)}
+    with pytest.raises(T.NeedBlobs) as need:
+        T.value_after(v, 130, _mark(refs[:130]), lacking.get, _chunk_ref)
+    assert need.value.refs == {c2}  # (c0 is before blob 130: not wanted)
+    damaged = dict(objs, **{c1: T.valref(refs[:3])})
+    with pytest.raises(ErrnoError) as e:
+        T.value_after(v, 130, _mark(refs[:130]), damaged.get, _chunk_ref)
+    assert e.value.errnum == errno.ENOTRECOVERABLE

@@ -12,6 +12,7 @@ import pytest
 from broker.content import blobref
 from broker.errors import ErrnoError
 from broker.message import Message, MsgFlags, MsgType, Role
+from kvs import treeobj
 from kvs_watch import flags as F
 from kvs_watch.monitor import Monitor
 from kvs_watch.watcher import FOLD_DEPTH, LOOKUP_WINDOW, Watcher
@@ -27,10 +28,14 @@ class FakeBackend:
         self.ended_watchers: list[Watcher] = []
         self.roots: list[asyncio.Future[Any]] = []
         self.folds = 0
+        self.afters: list[tuple[int, bytes] | None] = []
+        """Each lookup's ``after`` (an APPEND watcher's), answered as the kvs would."""
 
-    def lookup_at(self, w: Watcher, rootref: str, flags: int) -> asyncio.Future[Any]:
+    def lookup_at(self, w: Watcher, rootref: str, flags: int,
+                  after: tuple[int, bytes] | None = None) -> asyncio.Future[Any]:
         fut = asyncio.get_running_loop().create_future()
         self.lookups.append((rootref, flags, fut))
+        self.afters.append(after)
         return fut
 
     def current_root(self, w: Watcher) -> asyncio.Future[Any]:
@@ -64,7 +69,14 @@ class FakeBackend:
         if errnum:
             fut.set_exception(ErrnoError(errnum, f"lookup failed ({errno.errorcode[errnum]})"))
         else:
-            fut.set_result({"val": obj})
+            fut.set_result(self.answer(i, obj))
+
+    def answer(self, i: int, obj: Any) -> dict[str, Any]:
+        """What the kvs answers lookup ``i`` with, ``obj`` the key's value."""
+        after = self.afters[i]
+        if after is None or obj is None:
+            return {"val": obj}
+        return treeobj.value_after(obj, *after, lambda ref: None, lambda refs: "")
 
     def values(self) -> list[Any]:
         return [None if a is None else a["val"]["data"] for a in self.answers]
@@ -87,6 +99,19 @@ def valref(*refs: str) -> dict[str, Any]:
 async def settle() -> None:
     for _ in range(5):
         await asyncio.sleep(0)
+
+
+async def serve_loads(be: FakeBackend) -> None:
+    """Answer every blob load, as they come, until none is left waiting."""
+    while True:
+        await settle()
+        waiting = [fut for r, futs in be.loads.items() for fut in futs if not fut.done()]
+        if not waiting:
+            return
+        for r, futs in be.loads.items():
+            for fut in futs:
+                if not fut.done():
+                    fut.set_result({"data": r.encode()})
 
 
 def ref(i: int) -> str:
@@ -332,6 +357,70 @@ async def test_append_rejects_values_not_grown_by_appends(new: Any, what: str) -
     assert be.error is not None and be.error[0] == errno.EINVAL and what in be.error[1]
 
 
+async def test_append_lookups_ask_only_for_the_blobs_after_those_answered() -> None:
+    """An APPEND watcher's lookup names the blobs it has answered (count and
+    mark), so the kvs sends the new ones only; lookups sent ahead, before
+    the previous versions were answered, answer from what it had then, and
+    the blobs answered since must be in place (else EINVAL)."""
+    be = FakeBackend()
+    w = Watcher(be, request(), "log", F.WATCH | F.APPEND, "primary")
+    refs = [ref(i) for i in range(6)]
+    w.push(1, "root-1", initial=True)
+    be.resolve(0, valref(*refs[:2]))
+    await settle()
+    for r in refs[:2]:
+        be.loads[r][0].set_result({"data": r.encode()})
+    w.push(2, "root-2")
+    w.push(3, "root-3")  # both sent before root 2 is answered
+    assert be.afters[0] == (0, treeobj.refs_mark([], []))
+    assert be.afters[1] == be.afters[2] == (2, treeobj.refs_mark([], refs[:2]))
+    assert be.answer(1, valref(*refs[:4]))["val"]["data"] == refs[2:4]  # (the new only)
+    be.resolve(1, valref(*refs[:4]))
+    be.resolve(2, valref(*refs[:5]))  # from blob 2: refs 2, 3 answered meanwhile
+    await serve_loads(be)
+    assert be.values() == [r.encode() for r in refs[:5]] and be.error is None
+    assert all(len(futs) == 1 for futs in be.loads.values())  # each blob loaded once
+    # sent ahead again, and blob 5 (answered meanwhile) then rewritten
+    w.push(4, "root-4")
+    w.push(5, "root-5")
+    be.resolve(3, valref(*refs[:6]))
+    be.resolve(4, valref(*refs[:5], ref(99), ref(100)))
+    await serve_loads(be)
+    assert be.error is not None and be.error[0] == errno.EINVAL
+    assert "overwritten" in be.error[1] and ref(100) not in be.loads
+
+
+async def test_an_append_deletes_watcher_reads_a_key_made_again_from_its_start() -> None:
+    """Lookups sent for the old value, in flight when the key was removed
+    and made again, are sent again for the new one: they named the old
+    value's blobs, which the new one does not have (no false EINVAL)."""
+    be = FakeBackend()
+    w = Watcher(be, request(), "log", F.WATCH | F.APPEND | F.WATCH_DELETES, "primary")
+    old, new = [ref(i) for i in range(2)], [ref(i) for i in range(10, 14)]
+    w.push(1, "root-1", initial=True)
+    be.resolve(0, valref(*old))
+    await settle()
+    for r in old:
+        be.loads[r][0].set_result({"data": r.encode()})
+    await settle()
+    for seq in (2, 3, 4):
+        w.push(seq, f"root-{seq}")
+    be.resolve(1, None)  # removed at root 2
+    be.resolve(2, valref(*new[:3]))  # made again at 3 (asked after 2 blobs of the old)
+    be.resolve(3, valref(*new))
+    await settle()
+    assert [a[0] for a in be.afters[4:]] == [0]  # root 3 asked again, from the start
+    be.resolve(4, valref(*new[:3]))
+    await serve_loads(be)
+    # root 4 too, when it is read: after the new value's 3 blobs, not the old's 2
+    assert be.afters[5] == (3, treeobj.refs_mark([], new[:3]))
+    be.resolve(5, valref(*new))
+    await serve_loads(be)
+    assert be.error is None
+    got = [a["val"] and a["val"]["data"] for a in be.answers]
+    assert got == [*(r.encode() for r in old), None, *(r.encode() for r in new)]
+
+
 async def test_append_loads_are_windowed_and_answered_in_order() -> None:
     be = FakeBackend()
     w = Watcher(be, request(), "log", F.WATCH | F.APPEND, "primary")
@@ -349,13 +438,14 @@ async def test_append_loads_are_windowed_and_answered_in_order() -> None:
     assert be.values() == [r.encode() for r in refs]
 
 
-@pytest.mark.parametrize("max_backlog, depth", [(1000, FOLD_DEPTH), (20, 20)])
-async def test_an_append_watcher_far_behind_folds_the_roots_into_the_newest(
-        max_backlog: int, depth: int) -> None:
-    """Past FOLD_DEPTH roots queued (or the backlog bound, if less), the
-    roots pushed become the last slot, read at the newest root: every blob
-    is answered once, in order, and no EOVERFLOW however many roots came."""
-    be = FakeBackend(max_backlog=max_backlog)
+async def test_an_append_watcher_far_behind_folds_the_roots_into_the_newest() -> None:
+    """Past FOLD_DEPTH roots queued (LOOKUP_WINDOW lookups in flight, and
+    one root waiting), the roots pushed become the last slot, read at the
+    newest root: every blob is answered once, in order, and no EOVERFLOW
+    however many roots came."""
+    depth = FOLD_DEPTH
+    assert depth == LOOKUP_WINDOW + 1
+    be = FakeBackend()
     w = Watcher(be, request(), "log", F.WATCH | F.APPEND, "primary")
     lines = [ref(i) for i in range(1, 401)]  # value at root n: lines[:n]
     for seq in range(1, 401):
@@ -390,9 +480,9 @@ async def _serve(be: FakeBackend, value_at: Any, until: Any) -> None:
     as they come, until ``until()``."""
     while not until():
         await settle()
-        for ref, _, fut in be.lookups:
+        for i, (ref, _, fut) in enumerate(be.lookups):
             if not fut.done():
-                fut.set_result({"val": value_at(int(ref.split("-")[1]))})
+                fut.set_result(be.answer(i, value_at(int(ref.split("-")[1]))))
         for ref, futs in be.loads.items():
             for fut in futs:
                 if not fut.done():
@@ -428,7 +518,7 @@ async def test_a_rewrite_seen_at_a_folded_root_answers_the_lines_before_it_first
 
     for seq in range(1, 101):
         w.push(seq, f"root-{seq}", initial=seq == 1)
-    assert be.folds == 100 - 20
+    assert be.folds == 100 - FOLD_DEPTH
     await _serve(be, value_at, lambda: be.error is not None)
     assert be.values() == [r.encode() for r in lines[:89]]
     assert be.error[0] == errno.EINVAL and "overwritten" in be.error[1]
