@@ -578,12 +578,32 @@ class CommitPipeline:
         # Prime the followers' caches: a commit's new blobs are few and small
         # (O(log n) shards), so carrying them in the event saves every rank
         # that watches this namespace a content.load round trip per tree level.
-        if result.new_blobs:
-            blob_bytes = sum(map(len, result.new_blobs.values()))
-            if blob_bytes <= self.prime_limit and \
-                    size + blob_bytes + 80 * len(result.new_blobs) <= room:
-                setroot["blobs"] = result.new_blobs
+        new = result.new_blobs
+        if new:
+            blob_bytes = sum(map(len, new.values()))
+            if blob_bytes <= self.prime_limit and size + blob_bytes + 80 * len(new) <= room:
+                setroot["blobs"] = new
+            elif len(new) > 1:
+                some = self._smallest_blobs(new, room - size)
+                if some:
+                    setroot["blobs"] = some
         return setroot
+
+    def _smallest_blobs(self, new: dict[str, bytes], room: int) -> dict[str, bytes]:
+        """Of a commit's new blobs, too many bytes to prime the followers
+        with all, the smallest that fit (``kvs.setroot-blob-limit``, and
+        ``room`` left in the event): each saves a follower that reads the
+        new tree a ``content.load``.  A long eventlog's directory (27 KB at
+        40,000 lines) stays behind; the new line and the root go."""
+        some: dict[str, bytes] = {}
+        budget = self.prime_limit
+        for ref, data in sorted(new.items(), key=lambda item: len(item[1])):
+            budget -= len(data)
+            room -= len(data) + 80
+            if budget < 0 or room < 0:
+                break
+            some[ref] = data
+        return some
 
     async def _apply(self, ns: Namespace,
                      ops: list[dict[str, Any]]) -> tuple[txn.TxnResult, dict[str, bool]]:

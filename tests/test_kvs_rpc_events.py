@@ -238,6 +238,28 @@ async def test_event_payloads(start_instance, connect) -> None:
     assert all(e.userid == owner for e in got)
 
 
+async def test_a_setroot_carries_the_smallest_new_blobs_when_all_are_too_many_bytes(
+        start_instance, connect) -> None:
+    """Past ``kvs.setroot-blob-limit`` (8 KiB) of new blobs, the smallest
+    that fit still ride along (each saves a follower a ``content.load``):
+    the root directory goes, the 20 KB value stays behind, and the
+    follower reads the value all the same.  Before, none went."""
+    inst = await start_instance(size=2)
+    h0, h1 = await connect(inst, 0), await connect(inst, 1)
+    await asyncio.wait_for(h1.subscribe("kvs.namespace-primary-setroot"), T)
+    big, small = b"x" * 20_000, b"y" * 3_000
+    resp = await commit(h0, put("d.big", big), put("d.small", small))
+    async with asyncio.timeout(T):
+        setroot = (await h1.recv_event()).payload
+    assert setroot["rootref"] == resp["rootref"]
+    carried = setroot["blobs"]
+    assert resp["rootref"] in carried and small in carried.values()
+    assert big not in carried.values() and sum(map(len, carried.values())) <= 8 << 10
+    got = await asyncio.wait_for(h1.rpc("kvs.lookup", {"key": "d.big", "namespace": "primary"}),
+                                 T)
+    assert got["val"]["data"] == big
+
+
 @pytest.mark.both_loops
 async def test_relayed_commits_are_answered_by_events(start_instance, connect) -> None:
     """A follower's commits travel up as ``kvs.relaycommit`` and come back as
