@@ -223,7 +223,7 @@ def lookup(
     namespace: str | None = None,
     ns_roots: NsRoots | None = None,
     after: tuple[int, bytes] | None = None,
-    chunk_ref: Callable[[list[str]], str] | None = None,
+    obj_ref: Callable[[TreeObj], str] | None = None,
 ) -> TreeObj | None:
     """Look ``key`` up in the tree whose root directory is blob ``root_ref``.
 
@@ -236,13 +236,13 @@ def lookup(
     ``after`` (``TREEOBJ`` only): ``(count, mark)`` of the blobs an APPEND
     watcher has answered; the result is then
     :func:`~kvs.treeobj.value_after`'s answer, a map holding ``val`` (the
-    new blobs only, when the value grew from those), and ``chunk_ref``
-    names the chunk a list of blobrefs is stored as.
+    new blobs only, when the value grew from those), and ``obj_ref``
+    names the blob a tree object is stored as.
     """
     cache = as_cache(store)
     if not blobref.is_valid(root_ref):
         raise ErrnoError(errno.EINVAL, f"invalid root blobref {shown(root_ref)!r}")
-    if after is not None and (not flags & TREEOBJ or chunk_ref is None):
+    if after is not None and (not flags & TREEOBJ or obj_ref is None):
         raise ErrnoError(errno.EINVAL, "after needs the TREEOBJ flag")
     parts = split(check_key(key))
     if not parts:
@@ -260,8 +260,8 @@ def lookup(
         return None
     entry = found[0]
     if after is not None:
-        assert chunk_ref is not None
-        return value_after(entry, *after, cache.get_obj, chunk_ref)
+        assert obj_ref is not None
+        return value_after(entry, *after, cache.get_obj, obj_ref)
     if flags & TREEOBJ:
         return as_valref(entry, cache.get_obj)
     t = entry["type"]

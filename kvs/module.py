@@ -962,7 +962,7 @@ class KvsModule(Module):
                 try:
                     return lookup_engine.lookup(self.cache, rootref, key, flags,
                                                 namespace=namespace, ns_roots=ns_root,
-                                                after=after, chunk_ref=self._chunk_ref)
+                                                after=after, obj_ref=self._obj_ref)
                 except treeobj.NeedBlobs as need:
                     await self.fetcher.fetch(need.refs, held)
                 except lookup_engine.NeedNamespace as need:
@@ -971,10 +971,10 @@ class KvsModule(Module):
             if held:
                 self.blobs.release(held)
 
-    def _chunk_ref(self, refs: list[str]) -> str:
-        """The blobref of the ``vtree`` chunk listing ``refs`` (a mark of a
-        flat ``valref``: :func:`kvs.treeobj.refs_mark`)."""
-        return blobref.hash_blob(treeobj.encode(treeobj.valref(refs)), self.hash_name)
+    def _obj_ref(self, obj: treeobj.TreeObj) -> str:
+        """The blobref tree object ``obj`` would be stored at (the marks of a
+        value stored by an older version: :func:`kvs.treeobj.refs_mark`)."""
+        return blobref.hash_blob(treeobj.encode(obj), self.hash_name)
 
     async def lookup(self, msg: Message) -> None:
         await self._lookup(msg, plus=False)

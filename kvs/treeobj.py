@@ -45,15 +45,23 @@ so each append to an eventlog of n lines stored its directory again with
 n blobrefs: O(n) bytes encoded, hashed, stored and sent per append.  A
 value of :data:`VTREE_CHUNK` blobs or more is stored instead as::
 
-    {"ver": 1, "type": "vtree", "data": {"chunks": [blobref, ...], "tail": [blobref, ...]}}
+    {"ver": 1, "type": "vtree",
+     "data": {"chunks": [blobref, ...], "index": [blobref, ...], "tail": [blobref, ...]}}
 
 * each of ``chunks`` names a *chunk*: a blob holding a ``valref`` of exactly
   :data:`VTREE_CHUNK` blobrefs; ``tail`` holds the last 0 to
-  ``VTREE_CHUNK - 1`` blobrefs.  The value is the blobs of the chunks in
-  order, then those of the tail.
+  ``VTREE_CHUNK - 1`` blobrefs.  Each of ``index`` (absent when empty)
+  names a *group*: a blob holding a ``vtree`` of exactly ``VTREE_CHUNK``
+  chunks, an empty tail and no index (:data:`VTREE_GROUP` blobs); with an
+  index, ``chunks`` holds fewer than ``VTREE_CHUNK`` (and may be empty).
+  The value is the blobs of the groups, then of the chunks, in order, then
+  those of the tail.
 * An append adds to the tail; when the tail fills, it becomes one more
-  chunk.  So the directory holds ~1/``VTREE_CHUNK`` of the blobrefs and an
-  append stores one small chunk now and then.
+  chunk, and when the chunks fill, one more group.  So the directory holds
+  fewer than 2 x ``VTREE_CHUNK`` blobrefs and one per group, and an append
+  stores one small chunk or group now and then.  A ``vtree`` without an
+  index but with more chunks (stored by older versions) is read as it is
+  and grouped when next written.
 * A ``vtree`` is a directory entry in stored blobs only: every lookup shows
   it as the ``valref`` of all its blobs (``TREEOBJ``, ``READDIR``), and it
   is refused in a commit (or a ``dir`` a commit names inline).  The commit
@@ -86,8 +94,10 @@ INLINE_MAX = 64
 
 TYPES = frozenset({"val", "valref", "dir", "dirref", "symlink", "hdir", "vtree"})
 VTREE_CHUNK = 128
-"""Blobrefs in a ``vtree``'s chunk; a ``valref`` with this many or more is
-stored as a ``vtree`` (see the module docstring)."""
+"""Blobrefs in a ``vtree``'s chunk, and chunks in a group; a ``valref`` with
+this many or more is stored as a ``vtree`` (see the module docstring)."""
+VTREE_GROUP = VTREE_CHUNK * VTREE_CHUNK
+"""Blobs of a value in one group of a ``vtree``'s index (16,384)."""
 HDIR_MAX_DEPTH = 16  # one hex digit of the 64-bit name hash per level
 _HEX = frozenset("0123456789abcdef")
 _FIELD_ORDER = ["data", "type", "ver"]
@@ -121,10 +131,13 @@ def dir_(entries: Mapping[str, TreeObj] | None = None) -> TreeObj:
     return {"data": dict(entries) if entries else {}, "type": "dir", "ver": VER}
 
 
-def vtree(chunks: list[str], tail: list[str]) -> TreeObj:
-    """A long value stored as chunks of :data:`VTREE_CHUNK` blobrefs and a
-    tail (see the module docstring); the lists are taken, not copied."""
-    return {"data": {"chunks": chunks, "tail": tail}, "type": "vtree", "ver": VER}
+def vtree(chunks: list[str], tail: list[str], index: list[str] | None = None) -> TreeObj:
+    """A long value stored as chunks of :data:`VTREE_CHUNK` blobrefs, after
+    the groups of ``index`` if any, and a tail (see the module docstring);
+    the lists are taken, not copied."""
+    data = ({"chunks": chunks, "index": index, "tail": tail} if index
+            else {"chunks": chunks, "tail": tail})
+    return {"data": data, "type": "vtree", "ver": VER}
 
 
 def dirref(ref: str) -> TreeObj:
@@ -186,6 +199,8 @@ def blobrefs(obj: TreeObj) -> Iterator[tuple[str, bool]]:
         for ref in data["shards"].values():
             yield ref, True
     elif t == "vtree":
+        for ref in data.get("index", ()):
+            yield ref, True
         for ref in data["chunks"]:
             yield ref, True
         for ref in data["tail"]:
@@ -195,26 +210,52 @@ def blobrefs(obj: TreeObj) -> Iterator[tuple[str, bool]]:
             yield from blobrefs(entry)
 
 
+def vtree_parts(entry: TreeObj) -> tuple[list[str], list[str], list[str]]:
+    """A ``vtree``'s ``index``, ``chunks`` and ``tail`` (shared, not copied;
+    ``index`` empty when the entry has none)."""
+    data = entry["data"]
+    return data.get("index", []), data["chunks"], data["tail"]
+
+
 def value_refs(entry: TreeObj, get_obj: Callable[[str], TreeObj | None]) -> list[str]:
     """Every blobref of a ``valref`` or ``vtree`` entry's value, in order.
 
-    ``get_obj`` gives a chunk's decoded object, or None when its blob is not
-    here: :class:`NeedBlobs` then names every missing chunk.  A chunk that
-    is not a ``valref`` of :data:`VTREE_CHUNK` blobrefs is
-    ``ENOTRECOVERABLE`` (a damaged or hand-made tree)."""
+    ``get_obj`` gives a group's or a chunk's decoded object, or None when
+    its blob is not here: :class:`NeedBlobs` then names every missing one
+    (the groups' first, then the chunks').  A group or chunk of the wrong
+    form is ``ENOTRECOVERABLE`` (a damaged or hand-made tree)."""
     if entry["type"] != "vtree":
         refs: list[str] = entry["data"]
         return refs
-    data = entry["data"]
-    chunks = [(ref, get_obj(ref)) for ref in data["chunks"]]
-    missing = [ref for ref, chunk in chunks if chunk is None]
+    index, chunks, tail = vtree_parts(entry)
+    out: list[str] = []
+    for lines in _lines_of([*_groups_chunks(index, get_obj), *chunks], get_obj):
+        out += lines
+    out += tail
+    return out
+
+
+def _groups_chunks(groups: Sequence[str], get_obj: Callable[[str], TreeObj | None]
+                   ) -> list[str]:
+    """The chunks of ``groups`` (an index's blobrefs), in order."""
+    objs = [get_obj(ref) for ref in groups]
+    missing = [ref for ref, obj in zip(groups, objs, strict=True) if obj is None]
     if missing:
         raise NeedBlobs(missing)
     out: list[str] = []
-    for ref, chunk in chunks:
-        out += _chunk_refs(ref, chunk)
-    out += data["tail"]
+    for ref, obj in zip(groups, objs, strict=True):
+        out += _group_chunks(ref, obj)
     return out
+
+
+def _lines_of(chunks: Sequence[str], get_obj: Callable[[str], TreeObj | None]
+              ) -> list[list[str]]:
+    """The blobrefs of each of ``chunks``."""
+    objs = [get_obj(ref) for ref in chunks]
+    missing = [ref for ref, obj in zip(chunks, objs, strict=True) if obj is None]
+    if missing:
+        raise NeedBlobs(missing)
+    return [_chunk_refs(ref, obj) for ref, obj in zip(chunks, objs, strict=True)]
 
 
 def as_valref(entry: TreeObj, get_obj: Callable[[str], TreeObj | None]) -> TreeObj:
@@ -225,28 +266,94 @@ def as_valref(entry: TreeObj, get_obj: Callable[[str], TreeObj | None]) -> TreeO
     return {"data": value_refs(entry, get_obj), "type": "valref", "ver": VER}
 
 
-def refs_mark(chunks: Sequence[str], rest: Sequence[str]) -> bytes:
+def refs_mark(groups: Sequence[str], chunks: Sequence[str], rest: Sequence[str]) -> bytes:
     """The *mark* of a value's first k blobs: 16 bytes of BLAKE2b over the
-    blobrefs of the chunks holding the first ``k // VTREE_CHUNK *
-    VTREE_CHUNK`` of them (``chunks``; for a flat ``valref``, the chunks
-    it would be stored as), ``|``, and the blobrefs of the ``k %
-    VTREE_CHUNK`` after those (``rest``), each list joined by newlines.
+    blobrefs of the groups holding its first ``k // VTREE_GROUP *
+    VTREE_GROUP`` blobs (``groups``), ``|``, those of the chunks holding
+    the next whole :data:`VTREE_CHUNK` s (``chunks``), ``|``, and the
+    blobrefs of the ``k % VTREE_CHUNK`` blobs after those (``rest``), each
+    list joined by newlines; groups and chunks as a ``vtree`` stores them,
+    also for a value stored otherwise (a flat ``valref``, a ``vtree`` of
+    one level, both written by older versions).
 
-    Blobs and chunks are named by content, so two values with the same
-    mark at k have the same first k blobs, and the mark of a ``vtree`` is
-    had from its chunk list and one chunk, without reading the other
-    chunks: an APPEND watcher checks that what it answered is still there
-    at O(k / VTREE_CHUNK) cost (:func:`value_after`)."""
+    Blobs, chunks and groups are named by content, so two values with the
+    same mark at k have the same first k blobs, and the mark of a ``vtree``
+    is had from its index and chunk list, one group and one chunk, without
+    reading the others: an APPEND watcher checks that what it answered is
+    still there at O(k / VTREE_GROUP + VTREE_CHUNK) cost
+    (:func:`value_after`)."""
     h = hashlib.blake2b(digest_size=16)
+    h.update("\n".join(groups).encode())
+    h.update(b"|")
     h.update("\n".join(chunks).encode())
     h.update(b"|")
     h.update("\n".join(rest).encode())
     return h.digest()
 
 
+class _Levels:
+    """A ``valref``/``vtree`` value seen as the two-level ``vtree`` it is
+    (or would be) stored as: ``groups`` (the index), the ``chunks`` after
+    them and the ``tail``.  What a flat ``valref`` or a ``vtree`` of one
+    level (written by older versions) lacks is named with ``obj_ref`` (the
+    blobref a tree object would be stored at), not stored; the rest is read
+    with ``get_obj`` when asked for."""
+
+    def __init__(self, entry: TreeObj, get_obj: Callable[[str], TreeObj | None],
+                 obj_ref: Callable[[TreeObj], str]) -> None:
+        self.get_obj = get_obj
+        self.known: dict[str, list[str]] = {}
+        """The members of groups and chunks named here, not stored."""
+        k = VTREE_CHUNK
+        if entry["type"] == "valref":
+            refs: list[str] = entry["data"]
+            whole = len(refs) - len(refs) % k
+            chunks = []
+            for i in range(0, whole, k):
+                ref = obj_ref(_refs_obj(refs[i:i + k]))
+                self.known[ref] = refs[i:i + k]
+                chunks.append(ref)
+            groups: list[str] = []
+            tail = refs[whole:]
+        else:
+            groups, chunks, tail = vtree_parts(entry)
+        if len(chunks) >= k:  # (a one-level vtree, or a flat valref: grouped here)
+            whole = len(chunks) - len(chunks) % k
+            groups = list(groups)
+            for i in range(0, whole, k):
+                ref = obj_ref(vtree(chunks[i:i + k], []))
+                self.known[ref] = chunks[i:i + k]
+                groups.append(ref)
+            chunks = chunks[whole:]
+        self.groups, self.chunks, self.tail = groups, chunks, tail
+        self.length = len(groups) * VTREE_GROUP + len(chunks) * k + len(tail)
+
+    def groups_chunks(self, groups: Sequence[str]) -> list[list[str]]:
+        """The chunks of each of ``groups``."""
+        known = self.known
+        stored = [ref for ref in groups if ref not in known]
+        if stored:
+            objs = [self.get_obj(ref) for ref in stored]
+            missing = [ref for ref, obj in zip(stored, objs, strict=True) if obj is None]
+            if missing:
+                raise NeedBlobs(missing)
+            known = {**known, **{ref: _group_chunks(ref, obj)
+                                 for ref, obj in zip(stored, objs, strict=True)}}
+        return [known[ref] for ref in groups]
+
+    def lines(self, chunks: Sequence[str]) -> list[list[str]]:
+        """The blobrefs of each of ``chunks``."""
+        known = self.known
+        stored = [ref for ref in chunks if ref not in known]
+        if not stored:
+            return [known[ref] for ref in chunks]
+        read = dict(zip(stored, _lines_of(stored, self.get_obj), strict=True))
+        return [known[ref] if ref in known else read[ref] for ref in chunks]
+
+
 def value_after(entry: TreeObj, after: int, mark: bytes,
                 get_obj: Callable[[str], TreeObj | None],
-                chunk_ref: Callable[[list[str]], str]) -> dict[str, Any]:
+                obj_ref: Callable[[TreeObj], str]) -> dict[str, Any]:
     """A ``valref``/``vtree`` entry as an APPEND watcher that has answered
     its first ``after`` blobs, whose mark was ``mark``, asks for it.
 
@@ -254,42 +361,34 @@ def value_after(entry: TreeObj, after: int, mark: bytes,
     blobs, ``mark`` the mark of all of them (:func:`refs_mark`), ``grown``
     whether the first ``after`` blobs are the ones marked ``mark``; if so,
     ``val`` is a ``valref`` of the blobs after them (possibly none), else
-    of all of them.  A ``vtree``'s chunks before the one holding blob
-    ``after`` are not read, so the cost is O(chunks + new blobs), not
-    O(blobs).  Any other entry comes back as ``{"val": entry}``.
-    ``chunk_ref`` names the chunk a list of :data:`VTREE_CHUNK` blobrefs
-    would be stored as (a flat ``valref`` of that many or more, written
-    before ``vtree`` existed); :class:`NeedBlobs` names the chunks missing."""
-    t = entry["type"]
-    k = VTREE_CHUNK
-    j, r = divmod(after, k)
-    if t == "valref":
-        refs: list[str] = entry["data"]
-        n = len(refs)
-        chunks = [chunk_ref(refs[i:i + k]) for i in range(0, n - n % k, k)]
-        whole = n - n % k
-        full = refs_mark(chunks, refs[whole:])
-        if after > n or refs_mark(chunks[:j], refs[j * k:after]) != mark:
-            return {"val": entry, "length": n, "mark": full, "grown": False}
-        return {"val": _refs_obj(refs[after:]), "length": n, "mark": full, "grown": True}
-    if t != "vtree":
+    of all of them.  A ``vtree``'s groups and chunks before the ones
+    holding blob ``after`` are not read, so the cost is O(index + chunks +
+    new blobs), not O(blobs).  Any other entry comes back as ``{"val":
+    entry}``.  ``obj_ref`` names the blob a tree object would be stored
+    as (:class:`_Levels`); :class:`NeedBlobs` names the blobs missing."""
+    if entry["type"] not in ("valref", "vtree"):
         return {"val": entry}
-    data = entry["data"]
-    chunks, tail = data["chunks"], data["tail"]
-    n = len(chunks) * k + len(tail)
-    full = refs_mark(chunks, tail)
+    v = _Levels(entry, get_obj, obj_ref)
+    n = v.length
+    full = refs_mark(v.groups, v.chunks, v.tail)
     if after > n:
         return {"val": as_valref(entry, get_obj), "length": n, "mark": full, "grown": False}
-    # The chunks from the one holding blob `after` on (its first blobs are
-    # in the mark; the rest, and every later chunk, are the new blobs).
-    later = chunks[j:]
-    objs = [get_obj(ref) for ref in later]
-    missing = [ref for ref, obj in zip(later, objs, strict=True) if obj is None]
-    if missing:
-        raise NeedBlobs(missing)
-    lists = [_chunk_refs(ref, obj) for ref, obj in zip(later, objs, strict=True)]
-    lists.append(tail)
-    if refs_mark(chunks[:j], lists[0][:r]) != mark:
+    g, rest = divmod(after, VTREE_GROUP)
+    c, r = divmod(rest, VTREE_CHUNK)
+    # The chunks from the one holding blob `after` on: the first ones of its
+    # group (or of the entry's chunks) are in the mark, the rest are new.
+    if g < len(v.groups):
+        members = v.groups_chunks(v.groups[g:])
+        before = members[0][:c]
+        later = members[0][c:]
+        for more in members[1:]:
+            later += more
+        later += v.chunks
+    else:
+        before, later = v.chunks[:c], v.chunks[c:]
+    lists = v.lines(later)
+    lists.append(v.tail)
+    if refs_mark(v.groups[:g], before, lists[0][:r]) != mark:
         return {"val": as_valref(entry, get_obj), "length": n, "mark": full, "grown": False}
     new = lists[0][r:]
     for more in lists[1:]:
@@ -306,6 +405,16 @@ def _chunk_refs(ref: str, chunk: TreeObj | None) -> list[str]:
     return refs
 
 
+def _group_chunks(ref: str, group: TreeObj | None) -> list[str]:
+    """The chunks of a ``vtree`` group; ``ENOTRECOVERABLE`` if it is not one."""
+    if group is None or group["type"] != "vtree" or "index" in group["data"] \
+            or len(group["data"]["chunks"]) != VTREE_CHUNK or group["data"]["tail"]:
+        raise ErrnoError(errno.ENOTRECOVERABLE, f"vtree group {ref} is not a vtree of "
+                                                f"{VTREE_CHUNK} chunks")
+    chunks: list[str] = group["data"]["chunks"]
+    return chunks
+
+
 def _refs_obj(refs: list[str]) -> TreeObj:
     """A ``valref`` of ``refs``, which may be empty (:func:`value_after`'s
     answer: the blobs after those a watcher has)."""
@@ -313,14 +422,22 @@ def _refs_obj(refs: list[str]) -> TreeObj:
 
 
 def vtree_of(refs: list[str], put_obj: Callable[[TreeObj], str],
-             chunks: list[str] | None = None) -> TreeObj:
+             chunks: list[str] | None = None, index: list[str] | None = None) -> TreeObj:
     """The stored form of a value whose blobs are ``refs`` after those of
-    ``chunks`` (an existing ``vtree``'s): each whole :data:`VTREE_CHUNK` of
-    ``refs`` stored as one more chunk (``put_obj``), the rest the tail."""
-    whole = len(refs) - len(refs) % VTREE_CHUNK
-    new = [put_obj({"data": refs[i:i + VTREE_CHUNK], "type": "valref", "ver": VER})
-           for i in range(0, whole, VTREE_CHUNK)]
-    return vtree([*chunks, *new] if chunks else new, refs[whole:])
+    ``index`` and ``chunks`` (an existing ``vtree``'s): each whole
+    :data:`VTREE_CHUNK` of ``refs`` stored as one more chunk, each whole
+    :data:`VTREE_CHUNK` of chunks as one more group (``put_obj``), the rest
+    the chunks and the tail."""
+    k = VTREE_CHUNK
+    whole = len(refs) - len(refs) % k
+    new = [put_obj(_refs_obj(refs[i:i + k])) for i in range(0, whole, k)]
+    chunks = [*chunks, *new] if chunks else new
+    index = list(index) if index else []
+    if len(chunks) >= k:
+        grouped = len(chunks) - len(chunks) % k
+        index += [put_obj(vtree(chunks[i:i + k], [])) for i in range(0, grouped, k)]
+        chunks = chunks[grouped:]
+    return vtree(chunks, refs[whole:], index)
 
 
 def _inval(msg: str) -> ErrnoError:
@@ -453,14 +570,19 @@ def _bad_ref(refs: list[Any]) -> tuple[object] | None:
 
 
 def _validate_vtree(data: object) -> None:
-    if not isinstance(data, dict) or data.keys() != {"chunks", "tail"}:
-        raise _inval("vtree data must be a map of chunks, tail")
-    chunks, tail = data["chunks"], data["tail"]
-    if not isinstance(chunks, list) or not chunks or not isinstance(tail, list) \
+    if not isinstance(data, dict) or data.keys() not in ({"chunks", "tail"},
+                                                          {"chunks", "index", "tail"}):
+        raise _inval("vtree data must be a map of chunks, tail and maybe index")
+    index, chunks, tail = data.get("index"), data["chunks"], data["tail"]
+    if index is not None and (not isinstance(index, list) or not index
+                              or not isinstance(chunks, list) or len(chunks) >= VTREE_CHUNK):
+        raise _inval(f"a vtree's index must be a non-empty list, its chunks then fewer "
+                     f"than {VTREE_CHUNK}")
+    if not isinstance(chunks, list) or not (chunks or index) or not isinstance(tail, list) \
             or len(tail) >= VTREE_CHUNK:
-        raise _inval(f"vtree needs a non-empty list of chunks and a tail of fewer than "
-                     f"{VTREE_CHUNK} blobrefs")
-    bad = _bad_ref(chunks) or _bad_ref(tail)
+        raise _inval(f"vtree needs a non-empty list of chunks (or an index) and a tail of "
+                     f"fewer than {VTREE_CHUNK} blobrefs")
+    bad = _bad_ref(chunks) or _bad_ref(tail) or (_bad_ref(index) if index else None)
     if bad is not None:
         raise _inval(f"bad blobref {reprlib.repr(bad[0])}")
 
@@ -503,7 +625,7 @@ def _canon(obj: TreeObj) -> TreeObj:
             "shards": {k: shards[k] for k in sorted(shards)},
         }
     elif t == "vtree":
-        data = {"chunks": data["chunks"], "tail": data["tail"]}
+        data = vtree(data["chunks"], data["tail"], data.get("index"))["data"]
     return {"data": data, "type": t, "ver": obj["ver"]}
 
 
@@ -516,7 +638,7 @@ def copy(obj: TreeObj) -> TreeObj:
     elif t == "hdir":
         data = {"count": data["count"], "depth": data["depth"], "shards": dict(data["shards"])}
     elif t == "vtree":
-        data = {"chunks": list(data["chunks"]), "tail": list(data["tail"])}
+        data = vtree(list(data["chunks"]), list(data["tail"]), list(data.get("index", ())))["data"]
     elif t != "val":
         data = list(data) if isinstance(data, list) else dict(data)
     return {"data": data, "type": t, "ver": obj["ver"]}
@@ -609,7 +731,7 @@ def to_jsonable(obj: TreeObj) -> dict[str, Any]:
     elif t == "hdir":
         data = {"count": data["count"], "depth": data["depth"], "shards": dict(data["shards"])}
     elif t == "vtree":
-        data = {"chunks": list(data["chunks"]), "tail": list(data["tail"])}
+        data = vtree(list(data["chunks"]), list(data["tail"]), list(data.get("index", ())))["data"]
     elif t == "symlink":
         data = dict(data)
     else:

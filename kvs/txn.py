@@ -86,6 +86,7 @@ from kvs.treeobj import (
     value_refs,
     vtree,
     vtree_of,
+    vtree_parts,
 )
 
 __all__ = ["APPEND", "EXPECT", "MAX_DIRS", "MAX_OPS", "NO_MERGE", "SYNC", "TxnResult", "apply",
@@ -458,14 +459,14 @@ class _Txn:
         t = "dir" if isinstance(cur, _WDir) else cur["type"]
         put = self.writer.put_raw
         if t == "vtree":  # a long value: the new blob joins its tail
-            chunks, tail = cur["data"]["chunks"], cur["data"]["tail"]
+            index, chunks, tail = vtree_parts(cur)
             mine = self._grown.get(id(tail))
             if mine is not None and mine is tail:  # (ours, as a valref's list below)
                 mine.append(put(dirent["data"]))
                 return
             tail = [*tail, put(dirent["data"])]
             self._grown[id(tail)] = tail
-            d.set(name, vtree(chunks, tail))  # (a full tail is stored as a chunk on unroll)
+            d.set(name, vtree(chunks, tail, index))  # (a full tail: a chunk on unroll)
             return
         if t == "valref":
             data: list[str] = cur["data"]
@@ -493,8 +494,10 @@ class _Txn:
             return {"data": [self.writer.put_raw(v["data"])], "type": "valref", "ver": VER}, True
         if t == "valref" and len(v["data"]) >= VTREE_CHUNK:  # long: chunked (treeobj)
             return vtree_of(v["data"], self.writer.put_obj), True
-        if t == "vtree" and len(v["data"]["tail"]) >= VTREE_CHUNK:
-            return vtree_of(v["data"]["tail"], self.writer.put_obj, v["data"]["chunks"]), True
+        if t == "vtree":
+            index, chunks, tail = vtree_parts(v)
+            if len(tail) >= VTREE_CHUNK or len(chunks) >= VTREE_CHUNK:  # (or of one level)
+                return vtree_of(tail, self.writer.put_obj, chunks, index), True
         if t == "dir":
             return self.unroll_dir(_WDir.inline(v))
         return v, True

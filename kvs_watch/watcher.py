@@ -70,7 +70,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("kvbroker.kvs-watch")
 
 
-MARK0 = treeobj.refs_mark((), ())
+MARK0 = treeobj.refs_mark((), (), ())
 """The mark of no blobs: an APPEND watcher's before its first answer."""
 
 LOOKUP_WINDOW = 8
@@ -618,7 +618,7 @@ class Watcher:
             if self.flags & WATCH_APPEND:
                 # An append turns a val into [blob(old bytes), blob(new)].
                 ref = self.backend.hash_blob(obj["data"])
-                self.mark = treeobj.refs_mark((), (ref,))
+                self.mark = treeobj.refs_mark((), (), (ref,))
                 self._keep_recent(0, [ref])
             self._answer(obj, slot.seq)
             return

@@ -191,14 +191,14 @@ async def test_a_lookup_after_sends_only_the_blobs_after_those_marked(start_inst
 
     for count in (0, 100, VTREE_CHUNK, 200, N):
         k = count // VTREE_CHUNK
-        got = await after(count, treeobj.refs_mark(chunks[:k], refs[k * VTREE_CHUNK:count]))
+        got = await after(count, treeobj.refs_mark([], chunks[:k], refs[k * VTREE_CHUNK:count]))
         assert got["val"] == {"data": refs[count:], "type": "valref", "ver": 1}
         assert got["length"] == N and got["grown"] is True
-        assert got["mark"] == treeobj.refs_mark(chunks, tail)
-    wrong = await after(200, treeobj.refs_mark(chunks[:1], refs[129:201]))
+        assert got["mark"] == treeobj.refs_mark([], chunks, tail)
+    wrong = await after(200, treeobj.refs_mark([], chunks[:1], refs[129:201]))
     assert wrong["grown"] is False and wrong["val"]["data"] == refs
     assert (await after(N + 1, b"\0" * 16))["grown"] is False  # (more than it has)
-    assert (await after(0, treeobj.refs_mark([], []), key="."))["val"]["type"] == "dirref"
+    assert (await after(0, treeobj.refs_mark([], [], []), key="."))["val"]["type"] == "dirref"
     for bad, want in (({"after": 3}, errno.EPROTO), ({"mark": b"\0" * 16}, errno.EPROTO),
                       ({"after": -1, "mark": b"\0" * 16}, errno.EPROTO),
                       ({"after": 1, "mark": b"short"}, errno.EPROTO),
@@ -213,3 +213,46 @@ async def test_a_lookup_after_sends_only_the_blobs_after_those_marked(start_inst
         assert await take(w, 3) == [line(i) for i in range(N, N + 3)]
     assert (await h1.rpc("kvs.stats-get", {}))["counts"]["lookups-after"] > before
     assert (await lookup(h1, "log"))["data"] == b"".join(line(i) for i in range(N + 3))
+
+
+async def test_a_log_of_more_than_a_group_of_chunks_is_read_watched_and_collected(
+        start_instance, connect, tmp_path) -> None:
+    """A value of more than 16,384 blobs has an index of groups of 128
+    chunks: a follower reads it whole and watches it grow across the next
+    group's end, an online and an offline ``kvs gc`` keep every group,
+    chunk and line, and a restart reads it on."""
+    g = treeobj.VTREE_GROUP
+    statedir = tmp_path / "state"
+    inst = await start_instance(size=2, statedir=str(statedir), attrs={"kvs.gc-grace": "0"})
+    h0, h1 = await connect(inst, 0), await connect(inst, 1)
+    lines = [b"line %06d\n" % i for i in range(2 * g - 3)]
+    refs = []
+    for i in range(0, len(lines), 4096):
+        refs += (await asyncio.wait_for(h0.rpc("content.store", {"blobs": lines[i:i + 4096]}),
+                                        30))["blobrefs"]
+    r = await commit(h0, put("log", treeobj.valref(refs)))  # (a copy, a restore: written whole)
+    await asyncio.wait_for(h1.rpc("kvs.wait-version", {"namespace": "primary",
+                                                        "rootseq": r["rootseq"]}), 10)
+    stored = await stored_entry(h1, ".", "log")
+    index, chunks, tail = treeobj.vtree_parts(stored)
+    assert len(index) == 1 and len(chunks) == 127 and len(tail) == 125
+    assert (await lookup(h1, "log", TREEOBJ))["data"] == refs
+    async with watch(h1, "log", append=True) as w:
+        assert await take(w, len(lines)) == lines
+        more = [line(i) for i in range(6)]  # the second group fills at the third
+        for ln in more:
+            await commit(h0, append("log", ln))
+        assert await take(w, len(more)) == more
+    assert len(treeobj.vtree_parts(await stored_entry(h1, ".", "log"))[0]) == 2
+    whole = b"".join(lines + more)
+    await commit(h0, put("other", "x"))
+    assert (await asyncio.wait_for(h0.rpc("kvs.gc", {}), 60))["removed"] >= 1
+    assert (await lookup(h1, "log"))["data"] == whole
+    await h0.close()
+    await h1.close()
+    assert await inst.stop() == [0, 0]
+    rc, out, err = await run_cli("kvs", "gc", "--statedir", str(statedir))
+    assert rc == 0, err
+    inst2 = await start_instance(size=2, statedir=str(statedir))
+    h = await connect(inst2, 1)
+    assert (await lookup(h, "log"))["data"] == whole

@@ -407,46 +407,97 @@ def test_value_refs_reads_the_chunks_and_says_what_is_missing() -> None:
 
 
 def _chunked(n: int) -> tuple[list[str], dict[str, dict], dict]:
-    """``n`` blobrefs, the chunk objects by blobref, and their ``vtree``."""
+    """``n`` blobrefs, the chunk and group objects by blobref, and their ``vtree``."""
     refs = [hash_blob(b"line %d" % i) for i in range(n)]
     objs: dict[str, dict] = {}
 
     def put(obj: dict) -> str:
-        ref = hash_blob(T.encode(obj))
+        ref = _obj_ref(obj)
         objs[ref] = obj
         return ref
     return refs, objs, T.vtree_of(refs, put)
 
 
-def _chunk_ref(refs: list[str]) -> str:
-    return hash_blob(T.encode(T.valref(refs)))
+def _obj_ref(obj: dict) -> str:
+    return hash_blob(T.encode(obj))
 
 
 def _mark(refs: list[str]) -> bytes:
-    """A mark computed the long way: every chunk named from its blobrefs."""
+    """A mark computed the long way: every chunk and group named from its members."""
     k = T.VTREE_CHUNK
     whole = len(refs) - len(refs) % k
-    return T.refs_mark([_chunk_ref(refs[i:i + k]) for i in range(0, whole, k)], refs[whole:])
+    chunks = [_obj_ref(T.valref(refs[i:i + k])) for i in range(0, whole, k)]
+    grouped = len(chunks) - len(chunks) % k
+    groups = [_obj_ref(T.vtree(chunks[i:i + k], [])) for i in range(0, grouped, k)]
+    return T.refs_mark(groups, chunks[grouped:], refs[whole:])
 
 
-@pytest.mark.parametrize("after", [0, 1, 127, 128, 129, 300, 383, 384, 400])
-def test_value_after_answers_the_blobs_after_those_marked(after: int) -> None:
+G, K = T.VTREE_GROUP, T.VTREE_CHUNK
+LONG = 2 * G + 2 * K + 44  # two groups, two chunks and a tail
+
+
+def test_a_value_of_whole_groups_of_chunks_is_stored_with_an_index() -> None:
+    refs, objs, v = _chunked(LONG)
+    index, chunks, tail = T.vtree_parts(v)
+    assert len(index) == 2 and len(chunks) == 2 and len(tail) == 44
+    group = objs[index[1]]  # a group: a vtree of 128 chunks and no tail
+    assert group["type"] == "vtree" and len(group["data"]["chunks"]) == K
+    assert group["data"]["tail"] == [] and "index" not in group["data"]
+    assert T.value_refs(v, objs.get) == refs
+    assert T.decode(T.encode(v)) == v and T.decode(T.encode(T.dir_({"log": v})))["data"]["log"] == v
+    assert [r for r, tree in T.blobrefs(v) if tree] == [*index, *chunks]
+    # a one-level vtree written by an older version: its chunks are grouped when written
+    old = T.vtree([c for g in index for c in objs[g]["data"]["chunks"]] + chunks, tail)
+    assert T.value_refs(old, objs.get) == refs
+    assert T.vtree_of(tail, lambda obj: _obj_ref(obj), old["data"]["chunks"]) == v
+    # exactly one whole group: an index alone, no chunks, no tail
+    only_refs, only_objs, only = _chunked(G)
+    assert only == T.vtree([], [], [index[0]]) and index[0] in only_objs
+    assert T.value_refs(only, only_objs.get) == only_refs == refs[:G]
+
+
+@pytest.mark.parametrize("data", [
+    {"chunks": [REF1] * K, "index": [REF1], "tail": []},  # an index, and a whole group of chunks
+    {"chunks": [], "index": [], "tail": []},
+    {"chunks": [], "tail": [REF1]},
+    {"chunks": [REF1], "index": ["nope"], "tail": []},
+    {"chunks": [REF1], "index": REF1, "tail": []},
+])
+def test_a_malformed_vtree_index_is_refused(data) -> None:
+    blob = msgpack.packb({"data": data, "type": "vtree", "ver": 1}, use_bin_type=True)
+    with pytest.raises(ErrnoError) as e:
+        T.decode(blob)
+    assert e.value.errnum == errno.EINVAL
+
+
+@pytest.mark.parametrize("n, after", [
+    (400, 0), (400, 1), (400, 127), (400, 128), (400, 129), (400, 300), (400, 384),
+    (400, 400), (LONG, 0), (LONG, 5), (LONG, G - 1), (LONG, G), (LONG, G + K + 3),
+    (LONG, 2 * G), (LONG, 2 * G + K), (LONG, LONG - 1), (LONG, LONG)])
+def test_value_after_answers_the_blobs_after_those_marked(n: int, after: int) -> None:
     """A watcher that has the first ``after`` blobs gets the rest, and the
-    mark of all of them; a vtree's chunks before the one holding blob
-    ``after`` are not read, and a flat valref of the same blobs (stored
-    before vtree) has the same marks."""
-    refs, objs, v = _chunked(400)
+    mark of all of them; the groups and chunks before the ones holding blob
+    ``after`` are not read; a flat valref of the same blobs, and a vtree of
+    one level (both stored by older versions), have the same marks."""
+    refs, objs, v = _chunked(n)
     read: list[str] = []
 
     def get_obj(ref: str) -> dict | None:
         read.append(ref)
         return objs.get(ref)
-    got = T.value_after(v, after, _mark(refs[:after]), get_obj, _chunk_ref)
+    got = T.value_after(v, after, _mark(refs[:after]), get_obj, _obj_ref)
     assert got == {"val": {"data": refs[after:], "type": "valref", "ver": 1},
-                   "length": 400, "mark": _mark(refs), "grown": True}
-    assert read == v["data"]["chunks"][after // T.VTREE_CHUNK:]
-    flat = T.value_after(T.valref(refs), after, _mark(refs[:after]), objs.get, _chunk_ref)
-    assert flat == got
+                   "length": n, "mark": _mark(refs), "grown": True}
+    index, chunks, _ = T.vtree_parts(v)
+    g, rest = divmod(after, G)
+    members = [c for grp in index[g:] for c in objs[grp]["data"]["chunks"]]
+    want = [*index[g:], *members[rest // K:], *chunks] if g < len(index) \
+        else chunks[rest // K:]
+    assert read == want
+    for other in (T.valref(refs),
+                  T.vtree([c for grp in index for c in objs[grp]["data"]["chunks"]] + chunks,
+                          T.vtree_parts(v)[2])):
+        assert T.value_after(other, after, _mark(refs[:after]), objs.get, _obj_ref) == got
 
 
 def test_value_after_says_when_the_blobs_marked_are_not_there() -> None:
@@ -455,22 +506,31 @@ def test_value_after_says_when_the_blobs_marked_are_not_there() -> None:
     for after, mark in [(250, _mark(other[:250])),  # one blob replaced before `after`
                         (301, _mark([*refs, refs[0]])),  # shortened
                         (10, b"\0" * 16)]:
-        got = T.value_after(v, after, mark, objs.get, _chunk_ref)
+        got = T.value_after(v, after, mark, objs.get, _obj_ref)
         assert got["grown"] is False and got["length"] == 300
         assert got["val"] == T.valref(refs)  # (all of it, as a plain lookup)
     # a value that is not a list of blobs comes as it is
-    assert T.value_after(T.val(b"x"), 1, T.refs_mark([], [REF1]), objs.get, _chunk_ref) \
+    assert T.value_after(T.val(b"x"), 1, T.refs_mark([], [], [REF1]), objs.get, _obj_ref) \
         == {"val": T.val(b"x")}
 
 
-def test_value_after_names_the_chunks_it_lacks_and_refuses_a_damaged_one() -> None:
-    refs, objs, v = _chunked(3 * T.VTREE_CHUNK + 5)
-    c0, c1, c2 = v["data"]["chunks"]
-    lacking = {k: o for k, o in objs.items() if k not in (c0, c2)}
+def test_value_after_names_the_blobs_it_lacks_and_refuses_damaged_ones() -> None:
+    refs, objs, v = _chunked(LONG)
+    index, chunks, _ = T.vtree_parts(v)
+    lacking = {k: o for k, o in objs.items() if k not in (index[0], index[1])}
     with pytest.raises(T.NeedBlobs) as need:
-        T.value_after(v, 130, _mark(refs[:130]), lacking.get, _chunk_ref)
-    assert need.value.refs == {c2}  # (c0 is before blob 130: not wanted)
-    damaged = dict(objs, **{c1: T.valref(refs[:3])})
-    with pytest.raises(ErrnoError) as e:
-        T.value_after(v, 130, _mark(refs[:130]), damaged.get, _chunk_ref)
-    assert e.value.errnum == errno.ENOTRECOVERABLE
+        T.value_after(v, G + 130, _mark(refs[:G + 130]), lacking.get, _obj_ref)
+    assert need.value.refs == {index[1]}  # (group 0 is before blob G + 130: not wanted)
+    first = objs[index[1]]["data"]["chunks"][1]
+    lacking = {k: o for k, o in objs.items() if k != first}
+    with pytest.raises(T.NeedBlobs) as need:
+        T.value_refs(v, lacking.get)
+    assert need.value.refs == {first}
+    for damaged in ({index[1]: T.valref(refs[:3])}, {first: T.valref(refs[:3])},
+                    {index[1]: T.vtree(objs[index[1]]["data"]["chunks"][:5], [])}):
+        with pytest.raises(ErrnoError) as e:
+            T.value_after(v, G + 130, _mark(refs[:G + 130]), {**objs, **damaged}.get, _obj_ref)
+        assert e.value.errnum == errno.ENOTRECOVERABLE
+        with pytest.raises(ErrnoError) as e:
+            T.value_refs(v, {**objs, **damaged}.get)
+        assert e.value.errnum == errno.ENOTRECOVERABLE

@@ -632,6 +632,45 @@ def test_a_long_valref_written_whole_is_stored_chunked_and_appended_to(kvs: Kvs)
     assert kvs.get("legacy.old") == T.val(b"".join(blobs) + b"more")
 
 
+def test_whole_groups_of_chunks_go_to_the_index_and_the_entry_stays_small(kvs: Kvs) -> None:
+    """128 chunks (16,384 blobs) become one group in the vtree's index, so
+    the directory holds at most ~3 x 127 blobrefs however long the value:
+    a log written flat (a valref of 16,384 + 300 blobs: copied, restored)
+    and appended to across the next group's end stores one new group, and
+    a one-level vtree an older version stored is grouped when appended to."""
+    k, g = T.VTREE_CHUNK, T.VTREE_GROUP
+    blobs = [b"line %06d\n" % i for i in range(g + 300)]
+    kvs.store.update({hash_blob(b): b for b in blobs})
+    refs = [hash_blob(b) for b in blobs]
+    kvs.commit(put("log", T.valref(refs)))
+    index, chunks, tail = T.vtree_parts(stored(kvs, ".", "log"))
+    assert len(index) == 1 and len(chunks) == 2 and len(tail) == 300 - 2 * k
+    group = T.decode(kvs.store[index[0]])
+    assert group == T.vtree(T.decode(kvs.store[index[0]])["data"]["chunks"], [])
+    assert [T.decode(kvs.store[c])["data"] for c in group["data"]["chunks"]] == \
+        [refs[i:i + k] for i in range(0, g, k)]
+    more = [b"more %06d\n" % i for i in range(g - 300 + 5)]  # past the second group's end
+    for i in range(0, len(more), 500):
+        kvs.commit(*(put("log", ln, APPEND) for ln in more[i:i + 500]))
+    after = stored(kvs, ".", "log")
+    assert T.vtree_parts(after)[0][0] == index[0] and len(T.vtree_parts(after)[0]) == 2
+    assert T.vtree_parts(after)[1] == [] and len(T.vtree_parts(after)[2]) == 5
+    assert len(T.encode(after)) < 3 * k * 80
+    assert kvs.get("log") == T.val(b"".join(blobs + more))
+    assert kvs.get("log", TREEOBJ) == T.valref(refs + [hash_blob(b) for b in more])
+    # a vtree of one level (as an older version stored it): grouped at its next write
+    flat = T.vtree([c for grp in T.vtree_parts(after)[0]
+                    for c in T.decode(kvs.store[grp])["data"]["chunks"]], [])
+    old = T.encode(T.dir_({"log": flat}))
+    kvs.store[hash_blob(old)] = old
+    kvs.commit(put("legacy", T.dirref(hash_blob(old))))
+    assert len(stored(kvs, "legacy", "log")["data"]["chunks"]) == 2 * k  # read as it is
+    assert kvs.get("legacy.log") == T.val(b"".join((blobs + more)[:2 * g]))
+    kvs.commit(put("legacy.log", b"x", APPEND))
+    assert T.vtree_parts(stored(kvs, "legacy", "log")) == (T.vtree_parts(after)[0], [],
+                                                           [hash_blob(b"x")])
+
+
 def test_a_vtree_is_not_a_dirent_a_commit_may_give(kvs: Kvs) -> None:
     kvs.commit(*(put("log", b"%05d" % i, APPEND) for i in range(T.VTREE_CHUNK)))
     e = T.decode(kvs.store[kvs.root])["data"]["log"]

@@ -76,7 +76,8 @@ class FakeBackend:
         after = self.afters[i]
         if after is None or obj is None:
             return {"val": obj}
-        return treeobj.value_after(obj, *after, lambda ref: None, lambda refs: "")
+        return treeobj.value_after(obj, *after, lambda ref: None,
+                                   lambda obj: blobref.hash_blob(treeobj.encode(obj)))
 
     def values(self) -> list[Any]:
         return [None if a is None else a["val"]["data"] for a in self.answers]
@@ -372,8 +373,8 @@ async def test_append_lookups_ask_only_for_the_blobs_after_those_answered() -> N
         be.loads[r][0].set_result({"data": r.encode()})
     w.push(2, "root-2")
     w.push(3, "root-3")  # both sent before root 2 is answered
-    assert be.afters[0] == (0, treeobj.refs_mark([], []))
-    assert be.afters[1] == be.afters[2] == (2, treeobj.refs_mark([], refs[:2]))
+    assert be.afters[0] == (0, treeobj.refs_mark([], [], []))
+    assert be.afters[1] == be.afters[2] == (2, treeobj.refs_mark([], [], refs[:2]))
     assert be.answer(1, valref(*refs[:4]))["val"]["data"] == refs[2:4]  # (the new only)
     be.resolve(1, valref(*refs[:4]))
     be.resolve(2, valref(*refs[:5]))  # from blob 2: refs 2, 3 answered meanwhile
@@ -413,7 +414,7 @@ async def test_an_append_deletes_watcher_reads_a_key_made_again_from_its_start()
     be.resolve(4, valref(*new[:3]))
     await serve_loads(be)
     # root 4 too, when it is read: after the new value's 3 blobs, not the old's 2
-    assert be.afters[5] == (3, treeobj.refs_mark([], new[:3]))
+    assert be.afters[5] == (3, treeobj.refs_mark([], [], new[:3]))
     be.resolve(5, valref(*new))
     await serve_loads(be)
     assert be.error is None
