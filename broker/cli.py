@@ -1076,6 +1076,32 @@ def command_word(argv: list[str]) -> str | None:
     return next(iter(command_words(argv)), None)
 
 
+def respell(parser: argparse.ArgumentParser, argv: list[str], spelled: str) -> None:
+    """An aliased command's usage and help name it as the user spelled it
+    (``kvbroker content checkpoint update`` said ``kvbroker kvs checkpoint
+    update`` in its usage): the parsers of the words ``argv`` (resolved)
+    names in place of ``spelled``'s, and those below them, are renamed."""
+    words = command_words(argv)
+    target = next((t for t in ALIASES.values() if tuple(words[:len(t)]) == t), None)
+    if target is None:
+        return
+    p = parser
+    for word in target:
+        action = subparsers(p)
+        if action is None or word not in action.choices:
+            return
+        p = action.choices[word]
+    old, new = " ".join(("kvbroker", *target)), f"kvbroker {spelled}"
+    stack = [p]
+    while stack:
+        q = stack.pop()
+        if q.prog == old or q.prog.startswith(old + " "):
+            q.prog = new + q.prog[len(old):]
+        action = subparsers(q)
+        if action is not None:
+            stack.extend(action.choices.values())
+
+
 def parser_for(argv: list[str]) -> argparse.ArgumentParser:
     """The parser of ``argv``'s command, with only that command (and
     subcommand) built (:class:`~broker.cliutil.LazySubParsers`), or, if
@@ -1472,6 +1498,8 @@ def main(argv: list[str] | None = None) -> int:
     argv, spelled = resolve_alias(sys.argv[1:] if argv is None else argv)
     guard_std_streams()
     parser = parser_for(argv)
+    if spelled is not None:
+        respell(parser, argv, spelled)
     args, extra = parser.parse_known_args(argv)
     if extra:
         subcommand_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")

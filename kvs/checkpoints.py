@@ -81,14 +81,27 @@ class Checkpoint:
 
 def format_table(checkpoints: list[Checkpoint], *, header: bool = True) -> list[str]:
     """``content checkpoint list``'s lines, as Flux prints them: index (0 the
-    current one), sequence, UTC time, rootref; ``-`` for what a value lacks."""
+    current one), sequence, UTC time, rootref; ``-`` for what a value lacks.
+    A ``rootref`` that is not a blobref is shown as stored (as Flux does),
+    quoted if it holds spaces or unprintable characters, cut at 80."""
     lines = [f"{'Index':<10} {'Sequence':<10} {'Time':<20} Rootref"] if header else []
     for index, cp in enumerate(checkpoints):
         when = ("-" if cp.timestamp is None else
                 time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(cp.timestamp)))
         seq = "-" if cp.rootseq is None else str(cp.rootseq)
-        lines.append(f"{index:<10} {seq:<10} {when:<20} {cp.rootref or '-'}")
+        lines.append(f"{index:<10} {seq:<10} {when:<20} {cp.rootref or _stored_rootref(cp)}")
     return lines
+
+
+def _stored_rootref(cp: Checkpoint) -> str:
+    """What a checkpoint that names no root holds as its ``rootref``, or ``-``."""
+    ref = cp.value.get("rootref") if isinstance(cp.value, dict) else None
+    if not isinstance(ref, str) or not ref:
+        return "-"
+    if ref.isprintable() and not any(c.isspace() for c in ref) and len(ref) <= 80:
+        return ref
+    shown = repr(ref)
+    return shown if len(shown) <= 80 else f"{shown[:38]}...{shown[-39:]}"
 
 
 def list_offline(statedir: str) -> list[Checkpoint]:

@@ -365,13 +365,18 @@ async def test_a_start_refuses_a_checkpoint_whose_root_is_not_a_directory(
 
 def test_a_value_that_is_not_a_kvs_root_is_listed_with_dashes() -> None:
     """The owner may write anything under the key (content.checkpoint-put):
-    the list shows what it can."""
+    the list shows what it can, a rootref that is not a blobref as stored
+    (as Flux does; it showed ``-``), quoted if it would break the table."""
     from kvs.checkpoints import Checkpoint, format_table
 
     rows = format_table([Checkpoint.from_value("junk"),
                          Checkpoint.from_value({"rootref": "x", "rootseq": 1.5,
-                                                "timestamp": float("nan")})], header=False)
-    assert [r.split() for r in rows] == [["0", "-", "-", "-"], ["1", "-", "-", "-"]]
+                                                "timestamp": float("nan")}),
+                         Checkpoint.from_value({"rootref": "a b\n" + "c" * 100}),
+                         Checkpoint.from_value({"rootref": 7})], header=False)
+    assert [r.split(None, 3) for r in rows[:2]] == [["0", "-", "-", "-"], ["1", "-", "-", "x"]]
+    assert rows[2].split(None, 3)[3] == "'a b\\n" + "c" * 32 + "..." + "c" * 38 + "'"
+    assert rows[3].split() == ["3", "-", "-", "-"]
     assert Checkpoint.from_value({"a": b"\xff"}).as_json() == '{"a":"\\ufffd"}'
 
 

@@ -1420,6 +1420,25 @@ def test_flux_s_command_spellings_resolve_to_ours() -> None:
     assert cli.resolve_alias(argv) == (argv, None)
 
 
+def test_an_aliased_command_s_usage_names_it_as_typed(capsys) -> None:
+    """``kvbroker content checkpoint update`` printed its usage as ``kvbroker
+    kvs checkpoint update``; the command spelled here keeps its own."""
+    for argv, usage in ((["content", "checkpoint", "update"],
+                         "usage: kvbroker content checkpoint update "),
+                        (["getattr"], "usage: kvbroker getattr "),
+                        (["kvs", "checkpoint", "update"],
+                         "usage: kvbroker kvs checkpoint update ")):
+        with pytest.raises(SystemExit) as e:
+            cli.main(argv)
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert err.startswith(usage), err
+        assert f"{usage[7:].rstrip()}: error: the following arguments are required" in err, err
+    with pytest.raises(SystemExit):
+        cli.main(["content", "checkpoint", "--help"])
+    assert capsys.readouterr().out.startswith("usage: kvbroker content checkpoint ")
+
+
 async def test_flux_s_attribute_and_archive_commands_run(start_instance, tmp_path) -> None:
     inst = await start_instance(size=2)
     uri = inst.uri(0)
