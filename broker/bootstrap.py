@@ -199,6 +199,17 @@ def parse(text: str, path: str = "<bootstrap>") -> Bootstrap:
     boot = doc.get("bootstrap")
     if not isinstance(boot, dict):
         raise BootstrapError(f"{path}: no [bootstrap] table")
+    other = set(doc) - {"bootstrap", "attrs"}
+    if other:
+        # (a Flux config's [access] or [kvs] table was ignored without a word,
+        # its settings not in effect: the names go under [attrs] here)
+        first = sorted(other)[0]
+        table = doc[first]
+        example = (f" (as \"{first}.{next(iter(table))}\" = ...)"
+                   if isinstance(table, dict) and table else "")
+        raise BootstrapError(f"{path}: unknown table(s) or key(s): {', '.join(sorted(other))}: "
+                             f"a bootstrap file holds [bootstrap] and [attrs]; broker "
+                             f"attributes go in [attrs]{example}")
     unknown = set(boot) - {"curve_cert", "fanout", "default_port", "default_bind",
                            "default_connect", "hosts", "enable_ipv6"}
     if unknown:

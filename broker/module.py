@@ -147,9 +147,11 @@ class ModuleHandle(HandleCore):
         self._router.route_response(request.response(payload))
 
     def respond_error(self, request: Message, errnum: int, errstr: str | None = None) -> None:
+        """An error answer; ``errnum`` 0 is ``EINVAL``, as in Flux (it went
+        out as a success, and a stream it was to end went on)."""
         if request.flags & MsgFlags.NORESPONSE:
             return
-        self._router.route_response(request.response(None, errnum, errstr))
+        self._router.route_response(request.response(None, errnum or errno.EINVAL, errstr))
 
     # -- events: direct calls into the rank's subscription table (never block)
     def subscribe(self, prefix: str) -> None:

@@ -438,7 +438,7 @@ class Router:
     def respond_error(self, req: Message, errnum: int, errstr: str | None = None) -> None:
         if req.flags & MsgFlags.NORESPONSE:
             return
-        self.route_response(req.response(None, errnum, errstr))
+        self.route_response(req.response(None, errnum or errno.EINVAL, errstr))
 
     # ------------------------------------------------------------ responses
 

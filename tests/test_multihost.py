@@ -183,6 +183,12 @@ def test_a_hello_s_host_is_judged_as_rank_of_finds_ranks() -> None:
     ('[bootstrap]\ncurve_cert = "k"\nhosts = [{ host = "a", port = 1 }]\n',
      "hosts\\[0\\]: unknown key\\(s\\): port"),
     ('[bootstrap]\ncurve_cert = "k"\nhots = []\n', "unknown bootstrap key\\(s\\): hots"),
+    # a Flux config's tables were ignored without a word, their settings not in effect
+    ('[bootstrap]\ncurve_cert = "k"\nhosts = [{ host = "a" }]\n[access]\nallow-guest-user = true\n',
+     'unknown table\\(s\\) or key\\(s\\): access: a bootstrap file holds \\[bootstrap\\] and '
+     '\\[attrs\\]; broker attributes go in \\[attrs\\] \\(as "access.allow-guest-user" = ...\\)'),
+    ('fanout = 2\n[bootstrap]\ncurve_cert = "k"\nhosts = [{ host = "a" }]\n[kvs]\n'
+     'checkpoint-period = "5s"\n', "unknown table\\(s\\) or key\\(s\\): fanout, kvs: "),
     ('[bootstrap]\ncurve_cert = "k"\nhosts = [{ bind = "tcp://a:1" }]\n', "host is required"),
     ('[bootstrap]\ncurve_cert = "k"\nhosts = [{ host = "a b" }]\n',
      "hosts\\[0\\]: host 'a b' is not a host name"),
