@@ -304,6 +304,14 @@ class HandleCore:
         if type(waiter) is Stream:
             if msg.errnum:
                 del self._pending[msg.matchtag]
+                if msg.errnum == errno.EMSGSIZE:
+                    # A rank could not pass an answer on (over tbon.max-message,
+                    # or this connection's limit) and sent this in its place:
+                    # the service may go on answering, so the tag is not
+                    # issued again until its last answer (a watch's client
+                    # cancels it: kvs_watch.client), and those are dropped.
+                    self._unanswered.add(msg.matchtag)
+                    self._retired_streams.add(msg.matchtag)
             waiter._push(msg)
             return
         del self._pending[msg.matchtag]

@@ -310,7 +310,11 @@ class Watch(Generic[ItemT]):
         assert stream is not None
         resume = self._resume
         if resume is None:
-            msg = await stream.next_message()
+            try:
+                msg = await stream.next_message()
+            except RemoteError as exc:
+                self._cut_short(stream, exc)
+                raise
             if msg is None:
                 raise StopAsyncIteration
             return msg.payload
@@ -326,12 +330,24 @@ class Watch(Generic[ItemT]):
                 elif _rank_stopping(self.h, exc):
                     self._away = self.sent_on
                 else:
+                    self._cut_short(stream, exc)
                     raise
                 continue
             if msg is None:
                 raise StopAsyncIteration
             ready.extend(resume.take(msg.payload))
         return ready.popleft()
+
+    def _cut_short(self, stream: Stream, exc: RemoteError) -> None:
+        """The stream ended with ``exc``.  ``EMSGSIZE`` is a rank's answer in
+        place of one it could not pass on (over ``tbon.max-message``): the
+        watch is still running on its rank, which does not know, so it is
+        cancelled there (else it went on answering into nothing until this
+        connection closed)."""
+        if exc.errnum == errno.EMSGSIZE:
+            with contextlib.suppress(RemoteError, OSError):  # (the handle is closed)
+                self.h.send_noresponse("kvs-watch.cancel", {"matchtag": stream.matchtag},
+                                       nodeid=self.nodeid)
 
     async def cancel(self, timeout: float | None = CANCEL_TIMEOUT) -> None:
         """Stop the watch: ``kvs-watch.cancel``, then drain to the end of the stream.
