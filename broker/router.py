@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import errno
 import logging
-from collections import Counter, defaultdict, deque
+from collections import Counter, OrderedDict, defaultdict, deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -57,8 +57,12 @@ log = logging.getLogger("kvbroker.router")
 
 COUNTERS = ("requests", "responses", "events-sequenced", "events-delivered", "disconnects-sent",
             "unroutable", "lost-requests", "dropped-responses", "dropped-events",
-            "dropped-local", "dropped-control", "oversized", "unencodable")
+            "dropped-local", "dropped-control", "oversized", "unencodable", "streams-cut")
 """The ``messages`` counters of ``broker.stats-get``."""
+
+CUT_STREAMS_MAX = 1024
+"""Streams cut short (:meth:`Router._cut_stream`) a rank remembers, to drop
+their later answers until their last."""
 
 
 LINK_LIMIT = "tbon.max-message"
@@ -230,6 +234,10 @@ class Router:
         self.seq_tracker = SeqTracker(f"rank {rank}")
         # every counter from the start, at 0: stats show those that never moved
         self.counts: Counter[str] = Counter(dict.fromkeys(COUNTERS, 0))
+        self._cut: OrderedDict[tuple[int, tuple[str, ...], int], None] = OrderedDict()
+        """Streams whose answer this rank replaced by ``EMSGSIZE`` (the link to
+        ``rank`` could not take it), by (rank, route beyond it, matchtag):
+        their later answers are dropped, the last one too (:meth:`_cut_stream`)."""
         self._rank_log = LogThrottle(log)
         """Warnings about one message from a neighbour rank (an event sent up
         by a child): logged at most once a second per kind -- a peer admitted
@@ -453,6 +461,13 @@ class Router:
             if rank is None:  # the link it came in by is gone (module docstring)
                 self.counts["dropped-responses"] += 1
                 return
+            if self._cut and msg.flags & MsgFlags.STREAMING:
+                key = (rank, tuple(msg.route), msg.matchtag)
+                if key in self._cut:  # a stream this rank ended: nothing more
+                    if msg.errnum:
+                        del self._cut[key]
+                    self.counts["dropped-responses"] += 1
+                    return
             self._send_rank(rank, msg)
             return
         peer = self.peers.get(hop)
@@ -534,6 +549,8 @@ class Router:
             elif msg.type == MsgType.RESPONSE:  # (its route is already past this hop)
                 assert ov is not None
                 ov.send(rank, codec.oversized_error(msg, exc.size, exc.limit, LINK_LIMIT))
+                if msg.flags & MsgFlags.STREAMING and not msg.errnum:
+                    self._cut_stream(rank, msg)
             return False
         except Unencodable as exc:
             # A payload that decoded as it came but cannot be packed again
@@ -556,6 +573,31 @@ class Router:
                 self.respond_error(msg, errno.EHOSTUNREACH, f"rank {rank} is unreachable")
             return False
         return True
+
+    def _cut_stream(self, rank: int, msg: Message) -> None:
+        """``msg``, an answer of a stream on its way to ``rank``, was replaced
+        by ``EMSGSIZE``, which ends the stream for its client (RFC 6: an
+        error answer is the last).  Its later answers are dropped here, and
+        its service, when it runs on this rank (where such an answer is
+        cut: the first link on its way), is sent ``<service>.cancel
+        {matchtag}`` as its client would send it (the route it came by, the
+        client's credentials, no response), as Flux's streaming services
+        take it: a kvs watch so cut is ended (it answered every later commit
+        into nothing until its client's connection closed).  A service
+        without such a method ignores it (no response is sent)."""
+        self.counts["streams-cut"] += 1
+        cut = self._cut
+        cut[(rank, tuple(msg.route), msg.matchtag)] = None
+        if len(cut) > CUT_STREAMS_MAX:
+            cut.popitem(last=False)
+        service = msg.service
+        peer = self.services.get(service)
+        hop = self._hops.get(rank)
+        if peer is None or hop is None:
+            return
+        peer.deliver(Message(MsgType.REQUEST, f"{service}.cancel", {"matchtag": msg.matchtag},
+                             nodeid=NODEID_ANY, flags=MsgFlags.NORESPONSE, userid=msg.userid,
+                             rolemask=msg.rolemask, route=[*msg.route, hop]))
 
     # ------------------------------------------------------------ events
 

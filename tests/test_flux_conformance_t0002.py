@@ -85,12 +85,14 @@ errors the broker would answer itself (ENOSYS, EHOSTUNREACH, EPROTO) are
 not sent for a ``NORESPONSE`` request either.  Payload sizes: 1 MiB and
 10,000-key payloads echo through a link; over ``tbon.max-message`` (64 KiB
 here) or ``broker.max-message`` a request or answer is ``EMSGSIZE``,
-answered.  Two xfail tests pin a DEFECT: a *streaming* answer too big for
-a link is replaced by ``EMSGSIZE`` -- the end of the stream for the client
--- but the service is not told: its later answers still arrive on that
-matchtag (a second terminal answer among them), and a kvs watch so ended
-stays registered on the serving rank, answering every commit to no one,
-until its client disconnects (broker/router.py ``Router._send_rank``).
+answered.  Two tests pin a DEFECT this file found (fixed): a *streaming*
+answer too big for a link is replaced by ``EMSGSIZE`` -- the end of the
+stream for the client -- but the service was not told: its later answers
+still arrived on that matchtag (a second terminal answer among them), and
+a kvs watch so ended stayed registered on the serving rank, answering
+every commit to no one, until its client disconnected.  The rank that cuts
+the stream now drops its later answers and sends the service
+``<service>.cancel`` (broker/router.py ``Router._cut_stream``).
 
 From Flux's req module beyond t0002.t's list: ``req.clog``/``req.flush``
 (held requests answered in order, before the flush; one held on a rank
@@ -432,11 +434,6 @@ async def test_payload_size_limits(req_plugin, start_instance, connect) -> None:
         assert h.pending == 0
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "DEFECT: a streaming response too big for a link is replaced by an EMSGSIZE "
-    "error (which ends the stream), yet the service's later responses on the same "
-    "matchtag are still forwarded: the client gets i=2, i=3 and a second terminal "
-    "ENODATA after the EMSGSIZE (broker/router.py Router._send_rank, except Oversized)"))
 async def test_a_stream_ended_by_an_oversized_answer_gets_nothing_more(
         req_plugin, start_instance) -> None:
     """A stream (client of rank 1, ``req.big`` on rank 0) whose second
@@ -460,11 +457,6 @@ async def test_a_stream_ended_by_an_oversized_answer_gets_nothing_more(
         await c.close()
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "DEFECT: a kvs watch whose answer is replaced by EMSGSIZE on a link (the stream "
-    "ended for its client) stays registered on the serving rank (kvs-watch watchers "
-    "stays 1) and answers the next commit on the dead matchtag; only the client's "
-    "disconnect ends it (broker/router.py Router._send_rank tells no service)"))
 async def test_a_watch_ended_by_an_oversized_answer_leaves_no_watcher(
         req_plugin, start_instance, connect) -> None:
     """A client of rank 1 watches, on rank 0, a 100 KB value: the answer
