@@ -187,8 +187,15 @@ class ClientConnection(FramedProtocol):
             if not self._admit_guest(uid):
                 return
         else:
-            log.warning("refusing connection from uid %d (guests not allowed)", uid)
-            transport.close()
+            self.server.log_throttle.log(
+                logging.WARNING, "not-owner", "refusing a connection from uid %d (guests "
+                "not allowed: access.allow-guest-user)", uid)
+            # Said to the client (broker.closing), so it reads EPERM and why,
+            # as Flux's connector answers it, not a bare "connection reset".
+            self.close_with(errno.EPERM, f"this instance admits only its owner (uid "
+                                         f"{self.server.owner_uid}); to admit other users "
+                                         "as guests, start it with -S "
+                                         "access.allow-guest-user=true")
             return
         self.userid = uid
         self.router.add_peer(self)

@@ -53,7 +53,12 @@ async def test_guests_refused_by_default(start_instance, connect) -> None:
         os.chmod(rundir, 0o755)
         os.chmod(os.path.join(rundir, "local-1"), 0o777)
         guest = await run_guest(inst.uri(1), "identity")
-        assert await guest.lines() == [{"error": errno.ECONNRESET}]
+        # told why (broker.closing), as Flux's EPERM: it read "connection reset"
+        assert await guest.lines() == [{"error": errno.EPERM}]
+        rc, out, err = await run_guest_cli(inst.uri(1), "ping")
+        assert (rc, out) == (1, "") and "Operation not permitted" in err, err
+        assert f"admits only its owner (uid {os.getuid()})" in err, err
+        assert "-S access.allow-guest-user=true" in err, err
         assert (await stats(h))["clients"] == 1
         assert (await h.ping(0))["rank"] == 0
 

@@ -39,9 +39,9 @@ order, and what each becomes:
 17. simulated connector auth failure is EPERM -> a real one: a guest on an
     instance that does not allow guests cannot connect (``Permission
     denied``: the run directory is 0700); once past it (permissions
-    opened), the rank refuses it and the client reads ``Connection reset by
-    peer`` where Flux's reads ``EPERM``: a difference (protocol.md: such a
-    client "is disconnected"; tests/test_broker_guests.py pins it too).
+    opened), the rank refuses it and the client reads ``EPERM``, as Flux's,
+    with how to admit guests (it read ``Connection reset by peer`` until
+    2026-12-05, found by this test).
 18. ``ping --userid`` shows the userid -> ``ping -u`` prints the owner's
     ``userid=0 rolemask=0x1``.
 19.-20. ``FLUX_HANDLE_USERID`` / ``FLUX_HANDLE_ROLEMASK`` spoof the message ->
@@ -114,9 +114,8 @@ GUESTS = f"""
 async def test_t0017_private_policy_fixed_at_start(start_instance) -> None:
     """Cases 1-5, 8, 17: guests refused by default; the policy cannot change
     on a running instance.  Past the 0700 run directory (opened here), the
-    rank itself refuses the guest: the client reads ``ECONNRESET`` where
-    Flux's reads ``EPERM`` (a difference: protocol.md says such a client
-    "is disconnected"; tests/test_broker_guests.py pins it too)."""
+    rank itself refuses the guest: the client reads ``EPERM``, as Flux's
+    (it read ``ECONNRESET``), and how to admit guests."""
     inst = await start_instance(size=1)
     out = await sh(inst, GUESTS + """
         t kvbroker attr get access.allow-guest-user
@@ -139,7 +138,7 @@ async def test_t0017_private_policy_fixed_at_start(start_instance) -> None:
         $ kvbroker attr get access.allow-guest-user
         false
         $ G kvbroker ping
-        kvbroker: ping: Connection reset by peer (...)
+        kvbroker: ping: Operation not permitted (...)
         [rc=1]
         """)
 
