@@ -195,7 +195,7 @@ class ClientConnection(FramedProtocol):
             self.close_with(errno.EPERM, f"this instance admits only its owner (uid "
                                          f"{self.server.owner_uid}); to admit other users "
                                          "as guests, start it with -S "
-                                         "access.allow-guest-user=true")
+                                         "access.allow-guest-user=true", self.server.refused)
             return
         self.userid = uid
         self.router.add_peer(self)
@@ -553,6 +553,10 @@ class Connector:
         self.max_guest_connections = max_guest_connections
         self.max_guest_bytes = max_guest_bytes
         self.guests: dict[int, GuestUsage] = {}
+        self.refused = GuestUsage()
+        """The connections of other users refused (no guests admitted) still
+        lingering, all users together: at most :data:`MAX_LINGERING` hold a
+        descriptor while their client reads why."""
         """Guest users with connections here, by uid."""
         self.connections: dict[str, ClientConnection] = {}
         self.counts: Counter[str] = Counter(dict.fromkeys(COUNTERS, 0))
