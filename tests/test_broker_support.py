@@ -57,6 +57,16 @@ def install_plugin(where: Path, name: str, entry_points: str,
     return os.pathsep.join(p for p in (str(where), os.environ.get("PYTHONPATH")) if p)
 
 
+def use_module_plugin(where: Path, monkeypatch: Any, name: str, cls: str,
+                      source: str) -> None:
+    """A one-file module ``name`` (class ``cls`` of ``source``) installed in
+    ``where`` by entry point, on the rank processes' ``PYTHONPATH``."""
+    module = f"{name}_mod"
+    monkeypatch.setenv("PYTHONPATH", install_plugin(
+        where / "plugin", f"{name}-plugin", f"[kvbroker.modules]\n{name} = {module}:{cls}\n",
+        {f"{module}.py": source}))
+
+
 def doc_block(doc: str, first_line: str) -> str:
     """The fenced Python block of ``docs/<doc>`` that starts with
     ``first_line``: the tests run the docs' examples as written."""

@@ -112,10 +112,10 @@ import pytest
 from test_broker_support import (
     RawClient,
     doc_block,
-    install_plugin,
     run_cli,
     run_python,
     tree_path,
+    use_module_plugin,
     wait_until,
 )
 from test_watch_helpers import commit, put
@@ -215,10 +215,7 @@ T = 20.0
 
 @pytest.fixture
 def req_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    path = install_plugin(tmp_path / "plugin", "req-plugin",
-                          "[kvbroker.modules]\nreq = req_mod:ReqModule\n",
-                          {"req_mod.py": REQ})
-    monkeypatch.setenv("PYTHONPATH", path)  # inherited by the rank processes
+    use_module_plugin(tmp_path, monkeypatch, "req", "ReqModule", REQ)
 
 
 async def test_the_api_docs_request_example_runs(start_instance,

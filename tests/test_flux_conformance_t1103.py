@@ -59,7 +59,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_broker_support import GUEST_UID, GuestProc, install_plugin, run_cli, wait_until
+from test_broker_support import GUEST_UID, GuestProc, run_cli, use_module_plugin, wait_until
 
 from broker.handle import Handle
 from broker.message import NODEID_UPSTREAM, MsgFlags
@@ -225,10 +225,7 @@ async def test_a_killed_clients_watches_on_every_rank_end(start_instance, connec
 
 @pytest.fixture
 def watcher_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    path = install_plugin(tmp_path / "plugin", "watcher-plugin",
-                          "[kvbroker.modules]\nwatcher = watcher_mod:WatcherModule\n",
-                          {"watcher_mod.py": WATCHER})
-    monkeypatch.setenv("PYTHONPATH", path)  # inherited by the rank processes
+    use_module_plugin(tmp_path, monkeypatch, "watcher", "WatcherModule", WATCHER)
 
 
 async def test_a_modules_watch_ends_when_its_rank_goes(watcher_plugin, start_instance,
