@@ -326,7 +326,7 @@ def cmd_start(args: argparse.Namespace) -> int:
                     cmd = Command.spawn(command, env)
                 except OSError as exc:
                     print_err(cannot_run_message(command[0], exc))
-                    return cannot_run_status(exc)
+                    return cannot_run_status(exc, command[0])
                 for sig in signalled:  # came while it was being spawned
                     cmd.forward(sig)
                 ended_first = not await first(cmd.wait(), inst.ended)

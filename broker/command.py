@@ -24,6 +24,7 @@ import contextlib
 import errno
 import functools
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -180,17 +181,41 @@ def in_terminal_foreground() -> bool:
         os.close(fd)
 
 
-def cannot_run_status(exc: OSError) -> int:
+def cannot_run_status(exc: OSError, argv0: str | None = None) -> int:
     """The exit status for a command that could not be started, as a shell
     (and POSIX) has it: 127 when it was not found, 126 when it was found
     but cannot be executed (a directory, a file without execute permission,
-    an unknown format) -- a script can tell a typo from a bad install."""
-    return 127 if exc.errno == errno.ENOENT else 126
+    an unknown format, a script whose ``#!`` interpreter is missing: that
+    ``ENOENT`` is not the command's) -- a script can tell a typo from a bad
+    install."""
+    if exc.errno != errno.ENOENT:
+        return 126
+    return 126 if argv0 is not None and _interpreter_missing(argv0) is not None else 127
 
 
 def cannot_run_message(argv0: str, exc: OSError) -> str:
-    """``CMD: <strerror>``: what a shell says of a command it cannot run."""
-    return f"{argv0}: {os.strerror(exc.errno) if exc.errno else exc}"
+    """``CMD: <strerror>``: what a shell says of a command it cannot run
+    (``CMD: INTERP: bad interpreter: ...`` for a script whose ``#!``
+    interpreter is missing, as bash says it)."""
+    why = os.strerror(exc.errno) if exc.errno else str(exc)
+    interp = _interpreter_missing(argv0) if exc.errno == errno.ENOENT else None
+    return f"{argv0}: {interp}: bad interpreter: {why}" if interp else f"{argv0}: {why}"
+
+
+def _interpreter_missing(argv0: str) -> str | None:
+    """The ``#!`` interpreter of the file ``argv0`` names (a path, or found
+    on ``PATH``), when there is such a file: execve's ``ENOENT`` is then
+    that interpreter's, not the command's."""
+    path = argv0 if os.sep in argv0 else shutil.which(argv0)
+    if not path or not os.path.isfile(path):
+        return None
+    try:
+        with open(path, "rb") as f:
+            line = f.readline(256)
+    except OSError:
+        return None
+    words = line[2:].split() if line.startswith(b"#!") else []
+    return os.fsdecode(words[0]) if words else None
 
 
 def exit_code(returncode: int) -> int:

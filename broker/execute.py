@@ -116,7 +116,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
         os.execvpe(command[0], command, env)
     except OSError as exc:
         print_err(cannot_run_message(command[0], exc))
-        return cannot_run_status(exc)
+        return cannot_run_status(exc, command[0])
     return 0  # not reached: the command replaced this process
 
 
@@ -237,7 +237,7 @@ async def _exec_run(command: list[str], uris: dict[int, str], label_io: bool,
                 if message not in said:
                     said.add(message)
                     print_err(message)
-                returncodes[rank] = cannot_run_status(exc)
+                returncodes[rank] = cannot_run_status(exc, command[0])
                 continue
             cmds[rank] = cmd
             if cmd.proc.stdout is not None and cmd.proc.stderr is not None:  # label_io

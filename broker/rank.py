@@ -276,7 +276,7 @@ async def run_initial_program(b: Broker, argv: list[str], running: asyncio.Task[
     except OSError as exc:
         log.error("initial program %s", cannot_run_message(argv[0], exc))
         b.request_stop("the initial program could not run")
-        return cannot_run_status(exc)
+        return cannot_run_status(exc, argv[0])
     signalled: list[int] = []
 
     def forward(sig: int) -> None:

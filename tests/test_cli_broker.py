@@ -126,6 +126,19 @@ async def test_start_a_command_that_cannot_be_executed_exits_126() -> None:
         error_line(err, path, errno.EACCES)  # execve says so of a directory too
 
 
+async def test_start_a_script_whose_interpreter_is_missing_exits_126(tmp_path) -> None:
+    """Flux's t0001 "invalid shebang": the script is there, its ``#!``
+    interpreter is not: 126 and ``bad interpreter``, as bash says it (it
+    was 127, "No such file or directory", as if the script were missing)."""
+    script = tmp_path / "badi.sh"
+    script.write_text("#!/nonexistent/interp -x\necho hi\n")
+    script.chmod(0o755)
+    rc, out, err = await run_cli("start", "--", str(script))
+    assert (rc, out) == (126, ""), err
+    assert err == (f"kvbroker: {script}: /nonexistent/interp: bad interpreter: "
+                   f"{os.strerror(errno.ENOENT)}\n"), err
+
+
 async def test_start_in_a_run_directory_of_ones_choice(tmp_path) -> None:
     """``start --rundir DIR`` (Flux's ``--rundir``/``--test-rundir``, and
     ``-S rundir=DIR``): the sockets go in DIR, made if missing and then
