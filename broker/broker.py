@@ -13,7 +13,7 @@ from typing import Any
 from broker import __version__, gcpolicy, plugins
 from broker import attrs as battrs
 from broker.connector import Connector
-from broker.errors import ErrnoError
+from broker.errors import ErrnoError, KvbrokerError
 from broker.logring import RankLog
 from broker.loops import loop_name
 from broker.module import Module, ModuleContext, ModuleHandle
@@ -30,6 +30,37 @@ goodbye before it closes the link (:meth:`Overlay.goodbye_heard`)."""
 
 def local_socket_path(rundir: str, rank: int) -> str:
     return os.path.join(rundir, f"local-{rank}")
+
+
+class ModuleStartError(KvbrokerError):
+    """A module's ``start()`` failed: the rank's start-up fails, naming it."""
+
+
+def start_order(classes: list[Any]) -> list[Any]:
+    """``classes`` (the modules of ``broker.modules``, in its order), each
+    after those its ``after`` names that are among them: ``kvs,content``
+    starts content first (it was the start-up failure "no service matching
+    content.store").  A module named twice stays twice (its second start
+    is refused, naming the service); a cycle keeps the list's order."""
+    first: dict[str, int] = {}
+    for i, cls in enumerate(classes):
+        first.setdefault(cls.name, i)
+    placed: set[int] = set()
+    out: list[Any] = []
+
+    def place(i: int, seen: frozenset[int]) -> None:
+        if i in placed or i in seen:
+            return
+        for dep in getattr(classes[i], "after", ()):
+            if dep in first:
+                place(first[dep], seen | {i})
+        if i not in placed:
+            placed.add(i)
+            out.append(classes[i])
+
+    for i in range(len(classes)):
+        place(i, frozenset())
+    return out
 
 
 class Broker:
@@ -139,7 +170,21 @@ class Broker:
         self.router.add_peer(handle, module.service_names())
         self.modules.append(module)
         self._by_name[module.name] = module
-        await module.start()
+        for service in module.service_names():
+            if not service or "." in service:
+                raise ModuleStartError(f"module {module.name} asks for service {service!r}: "
+                                       "a service name is a topic's first word (no '.'), "
+                                       "and no request could reach it")
+        try:
+            await module.start()
+        except Exception as exc:  # (the start-up error names the module)
+            if isinstance(exc, ErrnoError):
+                why = exc.errstr or type(exc).__name__
+            elif isinstance(exc, (LookupError, OSError, ValueError)) and str(exc):
+                why = str(exc)
+            else:
+                why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            raise ModuleStartError(f"module {module.name} failed to start: {why}") from exc
 
     async def start(self) -> None:
         """Bring up connector, overlay and modules; return once this rank's
@@ -152,7 +197,8 @@ class Broker:
         # instance silently missing kvs-watch would only fail later.  Modules
         # are found, and their attributes checked and defaulted, before the
         # rank listens or loads any of them.
-        classes = [plugins.load_module_class(name) for name in battrs.module_names(self.attrs)]
+        classes = start_order([plugins.load_module_class(name)
+                               for name in battrs.module_names(self.attrs)])
         for cls in classes:
             battrs.with_defaults(self.attrs, getattr(cls, "attributes", ()))
         self.connector = Connector(

@@ -983,6 +983,8 @@ def stats_field(stats: Any, objname: str, kind: str | None, scale: float | None,
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise CLIError(what, detail=f"{objname}: not a number: {dumps(value)}")
     number = value * (1.0 if scale is None else scale)
+    if kind is None and isinstance(value, int) and float(number).is_integer():
+        kind = "int"  # (--scale alone: an integer field stays one, as Flux prints it)
     return str(int(number)) if kind == "int" else f"{float(number):f}"
 
 
@@ -1431,11 +1433,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                    metavar="self|children|thread",
                    help="print getrusage(2) of the rank's process instead (the modules run "
                    "in it; default self), as Flux's module stats --rusage")
-    s.add_argument("-c", "--clear", action="store_true",
-                   help="set the module's counters back to 0 on the rank (the instance "
-                   "owner only), as Flux's")
-    s.add_argument("-C", "--clear-all", action="store_true",
-                   help="set the module's counters back to 0 on every rank")
+    clear = s.add_mutually_exclusive_group()  # (both given: cleared everywhere, silently)
+    clear.add_argument("-c", "--clear", action="store_true",
+                       help="set the module's counters back to 0 on the rank (the instance "
+                       "owner only), as Flux's")
+    clear.add_argument("-C", "--clear-all", action="store_true",
+                       help="set the module's counters back to 0 on every rank")
     s.set_defaults(func=cmd_stats)
 
     s = sub.add_parser("content", help="load or store raw blobs, flush or drop the cache")

@@ -187,6 +187,10 @@ class Module:
 
     name: ClassVar[str] = ""
     services: ClassVar[tuple[str, ...]] = ()
+    after: ClassVar[tuple[str, ...]] = ()
+    """Modules this one uses as it starts: when ``broker.modules`` names them
+    too, they are started first, whatever the list's order (as Flux's rc1
+    loads content before kvs)."""
     attributes: ClassVar[tuple[AttrSpec, ...]] = ()
     runtime_attributes: ClassVar[tuple[str, ...]] = ()
     """Names among ``attributes`` that ``attr set`` may change on a running

@@ -65,13 +65,35 @@ def _load_target(target: str) -> Any:
     return obj
 
 
+class ModuleLoadError(ImportError):
+    """A module named in ``broker.modules`` was found but could not be
+    loaded: its message names the module, its entry point and why."""
+
+
 def load_module_class(name: str) -> Any:
+    """The class of module ``name`` (``broker.modules``): ``LookupError`` if
+    no installed distribution provides one, :class:`ModuleLoadError` if its
+    code fails to import or names no module class -- the start-up error
+    names the module (it said only the import's own message, which for a
+    missing package read like an unknown module)."""
     if name in _targets:
-        return _load_target(_targets[name])
-    eps = _eps(MODULES_GROUP)
-    if name not in eps:
-        raise LookupError(f"no module named {name!r} (known: {', '.join(sorted(eps))})")
-    return eps[name].load()
+        target = _targets[name]
+    else:
+        eps = _eps(MODULES_GROUP)
+        if name not in eps:
+            raise LookupError(f"no module named {name!r} (known: {', '.join(sorted(eps))})")
+        target = eps[name].value
+    try:
+        cls = _load_target(target)
+    except Exception as exc:
+        why = str(exc) or type(exc).__name__
+        if not isinstance(exc, ImportError):
+            why = f"{type(exc).__name__}: {why}"
+        raise ModuleLoadError(f"module {name!r} ({target}) cannot be loaded: {why}") from exc
+    if not isinstance(cls, type) or not getattr(cls, "name", None):
+        raise ModuleLoadError(f"module {name!r} ({target}) is not a module class with a "
+                              "name (a Module subclass setting name)")
+    return cls
 
 
 BUNDLED_COMMANDS = {"kvs": "kvs.cli:register"}

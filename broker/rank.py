@@ -39,7 +39,7 @@ from broker import attrs as battrs
 from broker import gcpolicy, malloc, plugins
 from broker.broker import Broker
 from broker.command import Command, cannot_run_message, cannot_run_status, exit_code
-from broker.errors import ErrnoError
+from broker.errors import ErrnoError, KvbrokerError
 from broker.logring import PrefixedFormatter, RankLog
 from broker.loops import loop_factory
 
@@ -313,7 +313,7 @@ def describe(exc: BaseException) -> str:
         names = [exc.filename, exc.filename2] if exc.filename2 is not None else [exc.filename]
         shown = [os.fsdecode(n) if isinstance(n, (str, bytes)) else str(n) for n in names]
         return f"{' -> '.join(shown)}: {exc.strerror}"
-    if isinstance(exc, (LookupError, ImportError, OSError, ValueError)):
+    if isinstance(exc, (LookupError, ImportError, OSError, ValueError, KvbrokerError)):
         return str(exc) or type(exc).__name__
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 

@@ -273,11 +273,37 @@ async def test_a_rank_started_directly_refuses_a_bad_value(attrs, message) -> No
 
 
 @pytest.mark.parametrize("kind, message", [
-    ("remote", "blob of 21 bytes exceeds the limit of 10"),
-    ("other", "RuntimeError: something unexpected"),
+    # named (it was not: the t0003 helper found it), the error as it was
+    ("remote", "module boom failed to start: blob of 21 bytes exceeds the limit of 10"),
+    ("other", "module boom failed to start: RuntimeError: something unexpected"),
 ])
 async def test_a_module_failing_at_start_up_is_one_line(boom_plugin, kind, message) -> None:
     rc, err = await run_rank({"broker.modules": "content,boom", "boom.kind": kind},
                              env=boom_plugin)
+    assert rc == 1
+    assert one_line(err) == f"kvbroker[0]: ERROR kvbroker: start-up failed: {message}"
+
+
+@pytest.mark.parametrize("entry, source, message", [
+    ("broken = brokenmod:Broken", "raise ImportError('broken on purpose')\n",
+     "module 'broken' (brokenmod:Broken) cannot be loaded: broken on purpose"),
+    ("broken = brokenmod:Broken", "import nosuch_pkg_xyz\n",
+     "module 'broken' (brokenmod:Broken) cannot be loaded: No module named 'nosuch_pkg_xyz'"),
+    ("broken = brokenmod:Broken", "x = 1 / 0\n",
+     "module 'broken' (brokenmod:Broken) cannot be loaded: ZeroDivisionError: division by zero"),
+    ("broken = brokenmod:Broken",
+     "from broker.module import Module\n\nclass Broken(Module):\n    pass\n",
+     "module 'broken' (brokenmod:Broken) is not a module class with a name (a Module "
+     "subclass setting name)"),
+])
+async def test_a_module_that_cannot_be_loaded_is_named(tmp_path, entry, source, message) -> None:
+    """A plugin whose code fails to import, or that names a class without a
+    ``name``, stops the start-up naming the module and its entry point (it
+    said the import's message alone, which for a missing package read like
+    an unknown module; a nameless class loaded as '' and served nothing)."""
+    path = install_plugin(tmp_path, "broken-plugin", f"[kvbroker.modules]\n{entry}\n",
+                          {"brokenmod.py": source})
+    rc, err = await run_rank({"broker.modules": "content,broken"},
+                             env=dict(os.environ, PYTHONPATH=path))
     assert rc == 1
     assert one_line(err) == f"kvbroker[0]: ERROR kvbroker: start-up failed: {message}"

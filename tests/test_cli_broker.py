@@ -1520,6 +1520,15 @@ async def test_module_stats_parse_type_and_scale_as_flux_s(start_instance) -> No
     rc, out, err = await run_cli("stats", "content", "-p", "backlog-limit", "--type", "double",
                                  "-s", "0.5", uri=uri)
     assert (rc, out) == (0, "134217728.000000\n"), err
+    # --scale alone keeps an integer field an integer (as Flux prints it; it
+    # printed 268435456.000000), and --clear / --clear-all are one or the other
+    rc, out, err = await run_cli("stats", "content", "-p", "backlog-limit", "-s", "2", uri=uri)
+    assert (rc, out) == (0, "536870912\n"), err
+    rc, out, err = await run_cli("stats", "content", "-p", "backlog-limit", "-s", "0.3",
+                                 uri=uri)
+    assert (rc, out) == (0, f"{268435456 * 0.3:f}\n"), err
+    rc, _, err = await run_cli("stats", "--clear", "--clear-all", "kvs", uri=uri)
+    assert rc == 2 and "not allowed with argument" in err, err
     rc, out, err = await run_cli("stats", "kvs-watch", "-r", "1", "-t", "5", "-p", "rank",
                                  uri=uri)  # (-t SECONDS is still the timeout)
     assert (rc, out) == (0, "1\n"), err
