@@ -177,13 +177,10 @@ class Broker:
                                        "and no request could reach it")
         try:
             await module.start()
-        except Exception as exc:  # (the start-up error names the module)
-            if isinstance(exc, ErrnoError):
-                why = exc.errstr or type(exc).__name__
-            elif isinstance(exc, (LookupError, OSError, ValueError)) and str(exc):
-                why = str(exc)
-            else:
-                why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        except (KvbrokerError, OSError):
+            raise  # (a module's own error, written for people: "statedir DIR is in use...")
+        except Exception as exc:  # a bug, or a plugin's: the start-up error names the module
+            why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             raise ModuleStartError(f"module {module.name} failed to start: {why}") from exc
 
     async def start(self) -> None:

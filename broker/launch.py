@@ -429,12 +429,14 @@ class Instance:
         if path is None:
             self._rundir_made = True
             return make_rundir()
-        self._rundir_made = not os.path.lexists(path)
-        private_dir(path, "rundir")
+        # (checked before anything is made: a refused path left its
+        # directories behind)
         if len(local_socket_path(path, self.size - 1)) + 6 > SOCKET_PATH_MAX:
             raise StartError(f"rundir {path}: too long a path for the ranks' sockets "
                              f"(at most {SOCKET_PATH_MAX - 6 - len('/local-')} characters "
                              "here)")
+        self._rundir_made = not os.path.lexists(path)
+        private_dir(path, "rundir")
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.connect(local_socket_path(path, 0))
