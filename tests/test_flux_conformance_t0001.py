@@ -296,11 +296,14 @@ async def test_t0001_stops_cleanly_with_subscribers() -> None:
 # -- attributes ---------------------------------------------------------------
 
 async def test_t0001_hostlist_on_every_rank() -> None:
-    rc, out, err = await start("-s4", "--", KVBROKER, "exec", "-r", "all", "--",
+    # (--label-io: each rank's lines whole; without it the four commands
+    # share exec's stdout, and an unbuffered Python -- PYTHONUNBUFFERED=1
+    # -- writes a line and its newline apart, so lines may interleave)
+    rc, out, err = await start("-s4", "--", KVBROKER, "exec", "-l", "-r", "all", "--",
                                KVBROKER, "getattr", "hostlist")
     assert rc == 0, err
     host = socket.gethostname()
-    assert out.splitlines() == [",".join([host] * 4)] * 4
+    assert sorted(out.splitlines()) == [f"{r}: {','.join([host] * 4)}" for r in range(4)]
 
 
 async def test_t0001_hostlist_size_1() -> None:
