@@ -235,27 +235,28 @@ def value_refs(entry: TreeObj, get_obj: Callable[[str], TreeObj | None]) -> list
     return out
 
 
+def _members(refs: Sequence[str], get_obj: Callable[[str], TreeObj | None],
+             check: Callable[[str, TreeObj | None], list[str]]) -> list[list[str]]:
+    """The members of each group or chunk of ``refs`` (``check``: of a
+    group, :func:`_group_chunks`; of a chunk, :func:`_chunk_refs`);
+    :class:`NeedBlobs` names every one missing."""
+    objs = [get_obj(ref) for ref in refs]
+    missing = [ref for ref, obj in zip(refs, objs, strict=True) if obj is None]
+    if missing:
+        raise NeedBlobs(missing)
+    return [check(ref, obj) for ref, obj in zip(refs, objs, strict=True)]
+
+
 def _groups_chunks(groups: Sequence[str], get_obj: Callable[[str], TreeObj | None]
                    ) -> list[str]:
     """The chunks of ``groups`` (an index's blobrefs), in order."""
-    objs = [get_obj(ref) for ref in groups]
-    missing = [ref for ref, obj in zip(groups, objs, strict=True) if obj is None]
-    if missing:
-        raise NeedBlobs(missing)
-    out: list[str] = []
-    for ref, obj in zip(groups, objs, strict=True):
-        out += _group_chunks(ref, obj)
-    return out
+    return [c for chunks in _members(groups, get_obj, _group_chunks) for c in chunks]
 
 
 def _lines_of(chunks: Sequence[str], get_obj: Callable[[str], TreeObj | None]
               ) -> list[list[str]]:
     """The blobrefs of each of ``chunks``."""
-    objs = [get_obj(ref) for ref in chunks]
-    missing = [ref for ref, obj in zip(chunks, objs, strict=True) if obj is None]
-    if missing:
-        raise NeedBlobs(missing)
-    return [_chunk_refs(ref, obj) for ref, obj in zip(chunks, objs, strict=True)]
+    return _members(chunks, get_obj, _chunk_refs)
 
 
 def as_valref(entry: TreeObj, get_obj: Callable[[str], TreeObj | None]) -> TreeObj:
@@ -330,25 +331,21 @@ class _Levels:
 
     def groups_chunks(self, groups: Sequence[str]) -> list[list[str]]:
         """The chunks of each of ``groups``."""
-        known = self.known
-        stored = [ref for ref in groups if ref not in known]
-        if stored:
-            objs = [self.get_obj(ref) for ref in stored]
-            missing = [ref for ref, obj in zip(stored, objs, strict=True) if obj is None]
-            if missing:
-                raise NeedBlobs(missing)
-            known = {**known, **{ref: _group_chunks(ref, obj)
-                                 for ref, obj in zip(stored, objs, strict=True)}}
-        return [known[ref] for ref in groups]
+        return self._read(groups, _group_chunks)
 
     def lines(self, chunks: Sequence[str]) -> list[list[str]]:
         """The blobrefs of each of ``chunks``."""
+        return self._read(chunks, _chunk_refs)
+
+    def _read(self, refs: Sequence[str],
+              check: Callable[[str, TreeObj | None], list[str]]) -> list[list[str]]:
+        """The members of ``refs``: named here, else read (:func:`_members`)."""
         known = self.known
-        stored = [ref for ref in chunks if ref not in known]
-        if not stored:
-            return [known[ref] for ref in chunks]
-        read = dict(zip(stored, _lines_of(stored, self.get_obj), strict=True))
-        return [known[ref] if ref in known else read[ref] for ref in chunks]
+        stored = [ref for ref in refs if ref not in known]
+        if stored:
+            known = {**known, **dict(zip(stored, _members(stored, self.get_obj, check),
+                                         strict=True))}
+        return [known[ref] for ref in refs]
 
 
 def value_after(entry: TreeObj, after: int, mark: bytes,
