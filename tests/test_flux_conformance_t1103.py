@@ -269,8 +269,10 @@ async def test_watches_closed_before_they_are_counted_leave_none(start_instance,
         watch_everywhere(h)
         await h.close()
     await wait_all(probe, before, "no watcher left by the 20 closed clients")
+    # (how many of the requests reached rank 0 before their client's end is
+    # timing: some are dropped on the way, with the client they came from)
     st = await probe.rpc("kvs-watch.stats-get", {}, nodeid=0)
-    assert st["counts"]["disconnected"] == st["counts"]["watchers-created"] == 20, st["counts"]
+    assert st["counts"]["watchers-created"] <= 20 and st["watchers"] == before[0], st
 
 
 async def test_upstream_one_shot_and_namespace_watches_end_with_their_client(
