@@ -39,11 +39,12 @@ from broker.handle import parse_uri
 EXEC_KILL_AFTER = 5.0
 """How long the commands of ``exec`` on several ranks have after SIGTERM,
 once ``-t`` has expired, before SIGKILL: Flux's kill timeout (job-exec)."""
-LABEL_LINE_MAX = 1 << 20
-"""With ``--label-io``, the most of a line without a newline held before
-it is written as a labelled piece of its own (as Flux's line-buffered
-output does once its buffer is full): binary output, or one huge line,
-was held whole until a newline or the end, in memory without bound."""
+LINE_MAX = 1 << 20
+"""The most of a line without a newline a relay holds before it writes it
+as a piece of its own (labelled, with ``--label-io``), as Flux's
+line-buffered output does once its buffer is full: binary output, or one
+huge line, was held whole until a newline or the end, in memory without
+bound."""
 EXEC_STDIN_BACKLOG = 16 << 20
 """The most of exec's standard input held for the commands of a set: how
 far the slowest command still taking input may lag behind what was read.
@@ -203,9 +204,10 @@ async def _exec_lookup(rankset: RankSet, deadline: float | None, limit: float | 
 async def _exec_run(command: list[str], uris: dict[int, str], label_io: bool,
                     noinput: bool, deadline: float | None, limit: float | None) -> int:
     """Run ``command`` once per rank, with that rank's ``KVBROKER_URI``, and
-    wait for all of them (and, with ``label_io``, for the end of their
-    output); their highest status.  Each gets all of our standard input
-    (:class:`_StdinBroadcast`), or ``/dev/null`` with ``noinput``.  SIGINT,
+    wait for all of them and for the end of their output, which is relayed
+    a whole line at a time (:func:`_relay_lines`); their highest status.
+    Each gets all of our standard input (:class:`_StdinBroadcast`), or
+    ``/dev/null`` with ``noinput``.  SIGINT,
     SIGTERM and SIGHUP are passed on to every command; past ``deadline``
     they are stopped, status 124."""
     from broker.command import Command, cannot_run_message, cannot_run_status, exit_code
@@ -219,7 +221,6 @@ async def _exec_run(command: list[str], uris: dict[int, str], label_io: bool,
         for cmd in cmds.values():
             cmd.forward(sig)
 
-    pipe = subprocess.PIPE if label_io else None
     for sig in STOP_SIGNALS:  # (run once spawning is over: it does not yield)
         loop.add_signal_handler(sig, on_signal, sig)
     pumps: dict[int, list[asyncio.Task[None]]] = {}
@@ -231,7 +232,7 @@ async def _exec_run(command: list[str], uris: dict[int, str], label_io: bool,
             try:
                 cmd = Command.spawn(command, env,
                                     stdin=subprocess.DEVNULL if noinput else subprocess.PIPE,
-                                    stdout=pipe, stderr=pipe)
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             except OSError as exc:  # (the same on every rank: said once)
                 message = cannot_run_message(command[0], exc)
                 if message not in said:
@@ -240,12 +241,13 @@ async def _exec_run(command: list[str], uris: dict[int, str], label_io: bool,
                 returncodes[rank] = cannot_run_status(exc, command[0])
                 continue
             cmds[rank] = cmd
-            if cmd.proc.stdout is not None and cmd.proc.stderr is not None:  # label_io
-                if outputs is None:
-                    outputs = _Output(sys.stdout), _Output(sys.stderr)
-                pumps[rank] = [
-                    asyncio.ensure_future(_label_lines(rank, cmd.proc.stdout, outputs[0])),
-                    asyncio.ensure_future(_label_lines(rank, cmd.proc.stderr, outputs[1]))]
+            assert cmd.proc.stdout is not None and cmd.proc.stderr is not None
+            if outputs is None:
+                outputs = _Output(sys.stdout), _Output(sys.stderr)
+            label = f"{rank}: ".encode() if label_io else None
+            pumps[rank] = [
+                asyncio.ensure_future(_relay_lines(label, cmd.proc.stdout, outputs[0])),
+                asyncio.ensure_future(_relay_lines(label, cmd.proc.stderr, outputs[1]))]
         every_pump = [task for tasks in pumps.values() for task in tasks]
         if not noinput:
             broadcast = _StdinBroadcast({rank: cmd.proc.stdin for rank, cmd in cmds.items()
@@ -312,8 +314,8 @@ def _report_exec_statuses(returncodes: dict[int, int]) -> None:
 
 
 class _Output:
-    """Our stdout or stderr, as the labelled lines of every command go to
-    it: a batch of lines at a time (never two commands' mixed in a line),
+    """Our stdout or stderr, as the lines of every command go to it: a
+    batch of whole lines at a time (never two commands' mixed in a line),
     and without blocking the loop where it can wait instead.  Written
     whole with a blocking write, a pipe nobody read (a paused pager, a
     stuck consumer) held the loop, so ``-t`` never fired and the signals
@@ -365,35 +367,51 @@ class _Output:
             loop.remove_writer(self.fd)
 
 
-async def _label_lines(rank: int, pipe: Any, out: _Output) -> None:
-    """Copy a command's output to ``out`` (our stdout or stderr) a line at a
-    time, each as ``RANK: line`` (``flux exec --label-io``); a last line
-    without a newline gets one, so the next label starts a line.  A line
-    longer than :data:`LABEL_LINE_MAX` is written in pieces, each labelled,
-    as it comes: held whole, and joined again at every read, one without
-    a newline took memory without bound and time as its square."""
+async def _relay_lines(label: bytes | None, pipe: Any, out: _Output) -> None:
+    """Copy a command's output to ``out`` (our stdout or stderr) whole lines
+    at a time, as ``flux exec`` relays its line-buffered output, so lines
+    of different ranks never mix within a line: written by the commands
+    to our stdout themselves, a command that writes a line in pieces (an
+    unbuffered Python writes ``print``'s text and its newline apart) had
+    another rank's line land in the middle of it.
+
+    With a ``label`` (``--label-io``) each line is written as ``RANK:
+    line`` and a last line without a newline gets one, so the next label
+    starts a line; without one the bytes are relayed as written, a last
+    partial line as it is.  A line longer than :data:`LINE_MAX` is written
+    in pieces (each labelled) as it comes: held whole, and joined again at
+    every read, one without a newline took memory without bound and time
+    as its square."""
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
     transport, _ = await loop.connect_read_pipe(
         lambda: asyncio.StreamReaderProtocol(reader), pipe)
-    label = f"{rank}: ".encode()
     rest = bytearray()  # (the line begun: grows in place, not copied at each read)
     try:
         while chunk := await reader.read(65536):
             end = chunk.rfind(b"\n")
-            if end < 0:
-                rest += chunk
-                if len(rest) < LABEL_LINE_MAX:
-                    continue
-                lines, rest = [bytes(rest)], bytearray()
-            else:
-                lines = (bytes(rest) + chunk[:end]).split(b"\n")
+            if end >= 0:
+                whole = bytes(rest) + chunk[:end + 1]
                 rest = bytearray(chunk[end + 1:])
-            await out.write(b"".join(label + line + b"\n" for line in lines))
+            else:
+                rest += chunk
+                if len(rest) < LINE_MAX:
+                    continue
+                whole, rest = bytes(rest), bytearray()
+            await out.write(whole if label is None else _labelled(label, whole))
         if rest:
-            await out.write(label + rest + b"\n")
+            await out.write(bytes(rest) if label is None else _labelled(label, bytes(rest)))
     finally:
         transport.close()
+
+
+def _labelled(label: bytes, data: bytes) -> bytes:
+    """``data``'s lines each as ``label`` + line + newline (one without a
+    newline at the end of ``data`` gets one)."""
+    lines = data.split(b"\n")
+    if not lines[-1]:
+        lines.pop()
+    return b"".join(label + line + b"\n" for line in lines)
 
 
 class _StdinBroadcast:

@@ -142,23 +142,52 @@ async def test_exec_label_io_prefixes_each_line_with_its_rank(start_instance) ->
     assert (rc, out, err) == (0, "2: 2\n", "")
 
 
+async def test_exec_relays_whole_lines_of_several_ranks(start_instance) -> None:
+    """Without ``--label-io`` the lines of several ranks never mix within a
+    line, as ``flux exec`` relays them: each command writes 300 lines in
+    three pieces each (the text, a tail, the newline: as an unbuffered
+    Python's ``print`` does), all four at once, and every line comes out
+    whole, on the stream it was written to, each rank's in order.  A last
+    line without a newline is relayed as written (no newline added)."""
+    inst = await start_instance(size=4, fanout=2)
+    script = ("import os, sys\n"
+              "rank = os.environ['KVBROKER_RANK'].encode()\n"
+              "fd = 2 if rank == b'1' else 1\n"
+              "for i in range(300):\n"
+              "    os.write(fd, b'rank ' + rank + b' line ' + str(i).encode())\n"
+              "    os.write(fd, b' ' + b'x' * 40)\n"
+              "    os.write(fd, b'\\n')\n")
+    rc, out, err = await run_cli("exec", "-r", "all", "--", sys.executable, "-c", script,
+                                 uri=inst.uri(0))
+    assert rc == 0, err[-500:]
+    expect = {rank: [f"rank {rank} line {i} " + "x" * 40 for i in range(300)]
+              for rank in range(4)}
+    for rank in range(4):
+        lines = [line for line in (err if rank == 1 else out).splitlines()
+                 if line.startswith(f"rank {rank} ")]
+        assert lines == expect[rank], rank
+    assert len(out.splitlines()) == 900 and len(err.splitlines()) == 300
+    rc, out, err = await run_cli("exec", "-r", "1-2", "--", "printf", "tail", uri=inst.uri(0))
+    assert (rc, out, err) == (0, "tailtail", "")
+
+
 async def test_exec_label_io_writes_a_long_line_in_pieces_as_it_comes(start_instance) -> None:
     """Output without a newline (binary, or one huge line) was held whole
     until a newline or the end, and copied again at every read: memory
     without bound (``exec -l cat /dev/zero`` printed nothing and grew) and
     time growing as its square (a 40 MB line took 26 s, 10 MB 3.3 s).  It
-    now comes out, labelled, in pieces of at most LABEL_LINE_MAX bytes
+    now comes out, labelled, in pieces of at most LINE_MAX bytes
     (plus one read) while the command still runs; nothing is lost."""
-    from broker.execute import LABEL_LINE_MAX
+    from broker.execute import LINE_MAX
 
     inst = await start_instance(size=2)
-    size = 3 * LABEL_LINE_MAX + 12345
+    size = 3 * LINE_MAX + 12345
     script = f"head -c {size} /dev/zero | tr '\\0' x; echo written >&2; exec sleep 300"
     env = dict(os.environ, KVBROKER_URI=inst.uri(0))
     proc = await asyncio.create_subprocess_exec(
         KVBROKER, "exec", "-r", "0-1", "-l", "--", "sh", "-c", script, env=env,
         stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE, limit=4 * LABEL_LINE_MAX)
+        stderr=asyncio.subprocess.PIPE, limit=4 * LINE_MAX)
     assert proc.stdout is not None and proc.stderr is not None
     pieces: dict[bytes, list[int]] = {b"0": [], b"1": []}
     try:
@@ -181,7 +210,7 @@ async def test_exec_label_io_writes_a_long_line_in_pieces_as_it_comes(start_inst
         pieces[label].append(len(data))
     for label, lengths in pieces.items():
         assert sum(lengths) == size, (label, lengths)
-        assert max(lengths) <= LABEL_LINE_MAX + 65536, (label, lengths)
+        assert max(lengths) <= LINE_MAX + 65536, (label, lengths)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
