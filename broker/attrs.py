@@ -35,6 +35,7 @@ from typing import Any
 from broker import codec, plugins
 from broker.connector import DEFAULT_MAX_GUEST_BYTES, DEFAULT_MAX_GUEST_CONNECTIONS
 from broker.content import blobref
+from broker.statsd import parse_address
 
 
 class AttrError(ValueError):
@@ -229,6 +230,44 @@ CONNECT_TIMEOUT = AttrSpec(
     "says so (WARNING) and goes on trying; on tcp, also how long one connect "
     "attempt may take before it is retried; 0: no warning, the system's connect timeout")
 
+def statsd_address(value: Any) -> str:
+    """Empty (no statsd), or a statsd server's ``HOST:PORT``."""
+    text_value = str(value).strip()
+    if text_value:
+        parse_address(text_value)
+    return text_value
+
+
+def positive_duration(value: Any) -> float:
+    seconds = duration(value)
+    if seconds <= 0:
+        raise ValueError(f"{str(value)!r} must be more than 0")
+    return seconds
+
+
+def statsd_prefix(value: Any) -> str:
+    """Dotted words; ``{rank}`` stands for the rank's number."""
+    prefix = str(value).strip()
+    words = prefix.replace("{rank}", "0").split(".")
+    if not all(re.fullmatch(r"[A-Za-z0-9_-]+", word) for word in words):
+        raise ValueError(f"{str(value)!r} is not words of letters, digits, _ and - "
+                         "joined by dots ({rank}: the rank's number)")
+    return prefix
+
+
+STATSD = AttrSpec(
+    "stats.statsd", "", statsd_address,
+    "HOST:PORT of a statsd server each rank sends its figures to (those of "
+    "kvbroker stats) once a period, as gauges; empty: FLUX_FRIPP_STATSD's, "
+    "or none")
+STATSD_PERIOD = AttrSpec(
+    "stats.statsd-period", "1", positive_duration,
+    "how often a rank sends the figures that changed to stats.statsd")
+STATSD_PREFIX = AttrSpec(
+    "stats.statsd-prefix", "kvbroker.{rank}", statsd_prefix,
+    "what each figure's name starts with; {rank} is the rank (Flux's: flux.{rank})")
+
+
 RUNTIME_ATTRS = (LOG_LEVEL.name, LOG_RING_LEVEL.name, TORPID_MIN.name, TORPID_MAX.name)
 """The attributes ``kvbroker attr set`` may change on a running rank (as
 Flux's ``flux setattr log-stderr-level``); every other one is fixed at start."""
@@ -237,7 +276,7 @@ BROKER_ATTRS: tuple[AttrSpec, ...] = (
     ALLOW_GUEST_USER, MAX_GUEST_CONNECTIONS, MAX_GUEST_BYTES, MAX_GUEST_SUBSCRIPTIONS,
     MAX_GUEST_REQUESTS, MAX_GUEST_SERVICES, MODULES, MAX_MESSAGE, CONTENT_HASH, LOG_LEVEL,
     LOG_RING_LEVEL, LOG_RING_SIZE, LOG_TIMESTAMPS, TRANSPORT, LINK_BACKLOG, LINK_MAX_MESSAGE,
-    TORPID_MIN, TORPID_MAX, CONNECT_TIMEOUT, IPV6)
+    TORPID_MIN, TORPID_MAX, CONNECT_TIMEOUT, IPV6, STATSD, STATSD_PERIOD, STATSD_PREFIX)
 
 
 # ---------------------------------------------------------------- checking

@@ -10,7 +10,7 @@ import resource
 import time
 from typing import Any
 
-from broker import __version__, gcpolicy, plugins
+from broker import __version__, gcpolicy, plugins, statsd
 from broker import attrs as battrs
 from broker.connector import Connector
 from broker.errors import ErrnoError, KvbrokerError
@@ -123,6 +123,8 @@ class Broker:
         self._by_name: dict[str, Module] = {}
         self.overlay: Overlay | None = None
         self.connector: Connector | None = None
+        self.statsd: statsd.StatsdSender | None = None
+        """What sends this rank's figures to a statsd server, if one is set."""
         self._stop = asyncio.Event()
         self.exit_code = 0
         """The rank's exit status once it stopped: 1 when it lost its parent."""
@@ -232,6 +234,40 @@ class Broker:
         await self.overlay.admitted
         await self.connector.start()
         await self.overlay.ready
+        await self._start_statsd(config)
+
+    async def _start_statsd(self, config: dict[str, Any]) -> None:
+        """Push this rank's figures to ``stats.statsd`` (or Flux's
+        ``FLUX_FRIPP_STATSD``), once every module has started: a bad
+        variable is logged, as Flux does, and the rank serves on."""
+        address: str = config[battrs.STATSD.name]
+        source = battrs.STATSD.name
+        if not address and os.environ.get(statsd.ENV, "").strip():
+            source = statsd.ENV
+            try:
+                address = battrs.statsd_address(os.environ[statsd.ENV])
+            except ValueError as exc:
+                log.error("%s parse error: %s; sending no figures", statsd.ENV, exc)
+                return
+            self.attrs[battrs.STATSD.name] = address
+        if not address:
+            return
+        prefix = config[battrs.STATSD_PREFIX.name].replace("{rank}", str(self.rank))
+        sender = statsd.StatsdSender(statsd.parse_address(address), prefix,
+                                     config[battrs.STATSD_PERIOD.name], self.metrics)
+        if await sender.start(source):
+            self.statsd = sender
+
+    def metrics(self) -> dict[str, float | int]:
+        """Every module's figures for statsd, by dotted name (``kvs.counts.
+        commits``), and the content cache's under Flux's names too."""
+        out: dict[str, float | int] = {}
+        for module in self.modules:
+            out.update(statsd.flatten(module.stats(), module.metrics_skip, f"{module.name}."))
+        for ours, flux in statsd.FLUX_CONTENT_NAMES.items():
+            if f"content.{ours}" in out:
+                out[f"content-cache.{flux}"] = out[f"content.{ours}"]
+        return out
 
     async def run(self) -> None:
         await self._stop.wait()
@@ -241,6 +277,8 @@ class Broker:
             # (one line per rank's life: with its start-up lines, the log
             # says when and why each rank went, without a debug level)
             log.info("stopping: %s", self.stop_reason)
+        if self.statsd is not None:
+            self.statsd.close()
         if self.overlay is not None:
             # they stop alongside, not after us (and fail with us)
             self.overlay.shutdown_children(failed=self.exit_code != 0)
@@ -333,6 +371,8 @@ class Broker:
         if now is not None:
             out["rss_now_mb"] = now
         out["gc"] = gcpolicy.stats()
+        if self.statsd is not None:
+            out["statsd"] = self.statsd.stats()
         return out
 
 

@@ -196,6 +196,11 @@ class Module:
     """Names among ``attributes`` that ``attr set`` may change on a running
     rank (as Flux's ``flux config reload`` changes a module's option); the
     broker checks the value with its spec and calls :meth:`set_attribute`."""
+    metrics_skip: ClassVar[tuple[str, ...]] = ("rank", "pid")
+    """Fields of :meth:`stats` (dotted: ``overlay.hosts``) a rank does not
+    send to statsd (:mod:`broker.statsd`): who it is, and every map keyed
+    by names users chose (namespaces, uids, subscriptions), which are not
+    a fixed set of figures."""
 
     def __init__(self, ctx: ModuleContext, handle: ModuleHandle | None = None) -> None:
         self.ctx = ctx

@@ -47,6 +47,9 @@ def _event_topic(topic: str, prefix: bool = False) -> str:
 
 class BrokerServices(Module):
     name: ClassVar[str] = "broker"
+    metrics_skip: ClassVar[tuple[str, ...]] = ("rank", "guests", "subscriptions", "overlay.hosts",
+                                               "overlay.offline", "overlay.rejoined",
+                                               "overlay.torpid")
     services: ClassVar[tuple[str, ...]] = ("broker", "attr", "event", "module", "log",
                                            "overlay")
 
@@ -107,6 +110,10 @@ class BrokerServices(Module):
         out["userid"] = msg.userid
         out["rolemask"] = msg.rolemask
         self.h.respond(msg, out)
+
+    def stats(self) -> dict[str, Any]:
+        """The rank's figures (:meth:`Broker.stats`), as statsd reads them."""
+        return self.broker.stats()
 
     def broker_stats(self, msg: Message) -> None:
         """``broker.stats-get`` (and ``attr.``, ``event.``, ``module.``,

@@ -292,6 +292,7 @@ def _check_guest_ops(ops: list[dict[str, Any]]) -> None:
 
 class KvsModule(Module):
     name: ClassVar[str] = "kvs"
+    metrics_skip: ClassVar[tuple[str, ...]] = ("rank", "pid", "namespaces")
     after: ClassVar[tuple[str, ...]] = ("content",)  # (its start loads the checkpoint)
     attributes: ClassVar[tuple[AttrSpec, ...]] = (CACHE_BYTES, SETROOT_LIMIT, CHECKPOINT_PERIOD,
                                                   TRANSACTION_MERGE, MAX_GUEST_WAITS,
