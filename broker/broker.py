@@ -123,6 +123,9 @@ class Broker:
         self._by_name: dict[str, Module] = {}
         self.overlay: Overlay | None = None
         self.connector: Connector | None = None
+        self.start_progress = 0
+        """Pieces of start-up work the modules said they did (rank 0's
+        restore: keys read); see :attr:`ModuleContext.progress`."""
         self.statsd: statsd.StatsdSender | None = None
         """What sends this rank's figures to a statsd server, if one is set."""
         self._stop = asyncio.Event()
@@ -164,7 +167,10 @@ class Broker:
     def _context(self) -> ModuleContext:
         return ModuleContext(rank=self.rank, size=self.size, fanout=self.fanout,
                              attrs=self.attrs, owner_uid=self.owner_uid, log=log,
-                             siblings=self._by_name)
+                             siblings=self._by_name, progress=self._progress)
+
+    def _progress(self, n: int) -> None:
+        self.start_progress += n
 
     async def load_module(self, module: Module) -> None:
         handle = ModuleHandle(self.router, module)

@@ -34,6 +34,7 @@ from typing import Any
 from broker import attrs as battrs
 from broker import plugins
 from broker.broker import local_socket_path
+from broker.cliutil import encode_ranks
 from broker.command import STOP_CAP, STOP_TIMEOUT
 from broker.topology import children_of, parent_of
 
@@ -404,16 +405,24 @@ class Instance:
         self._stdout_read = [loop.create_future() for _ in range(self.size)]
         self._exited = [loop.create_future() for _ in range(self.size)]
         self.rundir = self._make_rundir()
+        ready: set[int] = set()
         try:
-            async with asyncio.timeout(timeout):  # (the spawning too: a hung spawner)
+            # (the spawning too: a hung spawner; a rank that reports
+            # progress, ``starting <count>``, restarts the deadline)
+            async with asyncio.timeout(timeout) as bound:
                 await self._spawn_ranks()
-                await asyncio.gather(*(self._await_ready(r, p) for r, p in enumerate(self.procs)))
+                await asyncio.gather(*(self._await_ready(r, p, bound, timeout, ready)
+                                       for r, p in enumerate(self.procs)))
         except BaseException as exc:
             # (cancelled too, even while spawning: the ranks started so far
             # and the run directory must not outlive the failed start)
             await self.stop()
             if isinstance(exc, TimeoutError):
-                msg = f"instance of size {self.size} did not start in {timeout}s"
+                late = [r for r in range(self.size) if r not in ready]
+                which = (f"rank {late[0]}" if len(late) == 1
+                         else f"ranks {encode_ranks(late)}")
+                msg = (f"instance of size {self.size} did not start in {timeout:g}s "
+                       f"({which} not ready, and said no progress)")
                 raise StartError(msg) from None
             raise
         for rank, proc in enumerate(self.procs):
@@ -639,12 +648,22 @@ class Instance:
                 r._ended(-signal.SIGKILL)
         await spawner.wait()
 
-    async def _await_ready(self, rank: int, proc: RankProcess) -> None:
+    async def _await_ready(self, rank: int, proc: RankProcess, bound: asyncio.Timeout,
+                           timeout: float, ready: set[int]) -> None:
+        """Until the rank says ``ready``; each ``starting <count>`` it says
+        before (its start-up work goes on: rank 0 restoring an archive)
+        gives the whole start ``timeout`` seconds more from then."""
         assert proc.stdout is not None
-        line = await proc.stdout.readline()
+        while True:
+            line = await proc.stdout.readline()
+            if line.startswith(b"starting "):
+                bound.reschedule(asyncio.get_running_loop().time() + timeout)
+                continue
+            break
         if not line.startswith(b"ready"):
             code = await proc.wait()
             raise StartError(f"rank {rank} exited {exit_status(code)} during start-up")
+        ready.add(rank)
 
     async def _read_stdout(self, rank: int, proc: RankProcess) -> None:
         """A rank prints ``shutdown`` (after ``ready``) when a client shut it

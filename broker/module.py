@@ -98,6 +98,11 @@ class ModuleContext:
     """The modules loaded in this rank by name (filled as they load): for a
     module that may call a sibling's Python API directly instead of through
     an RPC, as the kvs module stores its new blobs into ``content``."""
+    progress: Callable[[int], None] = field(default=lambda n: None)
+    """Count ``n`` more pieces of start-up work done (rank 0's restore:
+    keys read): a launcher gives a start that makes progress more time
+    than one that is silent (:mod:`broker.rank`, ``starting <count>``).
+    Safe to call from another thread."""
 
 
 class ModuleHandle(HandleCore):

@@ -179,7 +179,13 @@ async def serve(args: argparse.Namespace) -> int:
     status: int | None = None  # the initial program's, which is ours
     try:
         starting = loop.create_task(b.start())
-        await asyncio.wait({starting, running}, return_when=asyncio.FIRST_COMPLETED)
+        progress = (loop.create_task(report_starting(b))
+                    if args.watch_fd is not None and not args.initial_program else None)
+        try:
+            await asyncio.wait({starting, running}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if progress is not None:
+                progress.cancel()
         if not starting.done():
             starting.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -245,6 +251,22 @@ async def serve(args: argparse.Namespace) -> int:
         if rundir_lock is not None and pipe_closed(args.watch_fd):
             remove_rundir_if_last(rundir_lock, args.rundir)
     return b.exit_code if status is None else status
+
+
+async def report_starting(b: Broker) -> None:
+    """While the rank starts, print ``starting <count>`` every
+    :data:`STOP_REPORT_PERIOD` seconds if its modules did more start-up
+    work since (:attr:`Broker.start_progress`: rank 0 restoring an
+    archive counts its keys).  :class:`broker.launch.Instance` restarts
+    its start deadline each time: a restore of a million keys is not a
+    hung start, and cut off, it left the store half restored."""
+    said = 0
+    with contextlib.suppress(OSError):  # (the launcher is gone: no one to tell)
+        while True:
+            await asyncio.sleep(STOP_REPORT_PERIOD)
+            if b.start_progress != said:
+                said = b.start_progress
+                print(f"starting {said}", flush=True)
 
 
 async def report_stopping(b: Broker) -> None:

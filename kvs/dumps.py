@@ -47,9 +47,12 @@ def _auto_dir(statedir: str) -> str:
     return os.path.join(statedir or os.getcwd(), "dump")
 
 
-def restore_at_start(attrs: Mapping[str, Any], store_dir: str, statedir: str) -> str | None:
+def restore_at_start(attrs: Mapping[str, Any], store_dir: str, statedir: str,
+                     progress: Callable[[int], None] | None = None) -> str | None:
     """Before rank 0's content store opens: apply ``content.restore`` to
-    ``store_dir/content.sqlite``.  The archive restored, if any."""
+    ``store_dir/content.sqlite``, counting each key and directory read with
+    ``progress`` (a start that restores a large archive is not a hung
+    one).  The archive restored, if any."""
     from kvs import archive  # (the archive code needs the kvs engines)
 
     setting = str(attrs.get(RESTORE.name) or "")
@@ -82,8 +85,9 @@ def restore_at_start(attrs: Mapping[str, Any], store_dir: str, statedir: str) ->
         log.info("restoring content from %s", path)
         started = time.monotonic()
         try:
-            report = archive.restore_checkpoint(store_dir, path,
-                                                size_limit=RESTORE_SIZE_LIMIT)
+            report = archive.restore_checkpoint(
+                store_dir, path, size_limit=RESTORE_SIZE_LIMIT,
+                on_item=None if progress is None else lambda item: progress(1))
         except (archive.ArchiveError, OSError) as exc:
             raise ErrnoError(_errnum(exc), f"content.restore {path}: {_why(exc, path)}") from None
         log.info("restored %d keys and %d empty directories (%d blobs) from %s in %.1f s",

@@ -140,5 +140,6 @@ async def test_a_spawner_that_hangs_is_bounded_by_the_starts_timeout(
         tmp_path, "hang-plugin", "[kvbroker.modules]\nhang = hangmod:Hang\n",
         {"hangmod.py": HANGING_IMPORT}))
     _, out, err = await run_python(_START_SCRIPT, timeout=60)
-    assert out.splitlines() == ["instance of size 2 did not start in 2s in True",
+    assert out.splitlines() == ["instance of size 2 did not start in 2s (ranks 0-1 not "
+                                "ready, and said no progress) in True",
                                 "left: []"], err[-2000:]

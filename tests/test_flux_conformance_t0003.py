@@ -92,7 +92,7 @@ Flux's cases, and what each becomes:
   remove; a module whose ``start()`` hangs: the start gives up at its
   timeout and the ranks stop on SIGTERM
   (:func:`test_a_module_whose_start_hangs_bounds_the_start`; the error
-  names neither the rank nor the module).
+  names the ranks not ready, not the module).
 * module runtime failure triggers broker panic; only logged with
   ``broker.module-nopanic=1`` -> kvbroker never panics: an event handler,
   request handler or ``stats()`` that raises is logged (a request answered
@@ -457,7 +457,7 @@ async def test_a_module_whose_start_hangs_bounds_the_start(testmod, tmp_path: Pa
     try:
         with pytest.raises(StartError) as info:
             await inst.start(timeout=2)
-        assert "did not start in 2s" in str(info.value), info.value
+        assert "did not start in 2s (ranks 0-1 not ready" in str(info.value), info.value
     finally:
         await asyncio.wait_for(inst.stop(), 30)
     assert inst.killed == []

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import gzip
 import io
 import os
 import shlex
@@ -32,6 +33,7 @@ from test_kvs_rpc_helpers import (
     symlink,
 )
 
+from broker.handle import Handle
 from kvs import archive, treeobj, txn
 from kvs.archive import ArchiveError, Item, build, path_to_key, read_items
 from kvs.client import KVS
@@ -657,3 +659,40 @@ async def test_checkpoint_dump_of_a_damaged_store_fails_or_salvages(start_instan
     assert [(i.key, i.data) for i in read_items(str(out))] == [("a.small", b"1")]
     rc, _, err = await run_cli("kvs", "dump", "--ignore-failed-read", str(out))
     assert rc == 2 and "--ignore-failed-read goes with --checkpoint" in err, err
+
+
+async def test_a_long_restore_at_start_is_not_cut_off_while_it_makes_progress(tmp_path) -> None:
+    """``content.restore`` of an archive that takes longer than the start's
+    deadline: rank 0 says ``starting <keys read>`` as it goes, and each
+    such line gives the start its deadline again, so the restore ends and
+    the instance serves what it restored.  With a fixed deadline (60 s for
+    ``kvbroker start``: 700,000 keys here) the start was cut off, and the
+    statedir's store left emptied and half restored.  A rank that says no
+    progress is still cut off, the message naming it."""
+    from broker.launch import Instance, StartError
+
+    n = 150_000  # (restoring them takes ~4.5 s here, unloaded; longer loaded)
+    parts = []
+    for i in range(n):  # (tarfile's addfile is 3x slower: this is the same archive)
+        info = tarfile.TarInfo(f"big/d{i // 1000}/k{i}")
+        info.size, info.mtime, info.mode = len(b"%d" % i), 1_700_000_000, 0o644
+        parts += [info.tobuf(tarfile.USTAR_FORMAT), (b"%d" % i).ljust(512, b"\0")]
+    archive_path = tmp_path / "big.tar.gz"
+    archive_path.write_bytes(gzip.compress(b"".join(parts) + b"\0" * 1024, 1))
+    deadline = 2.0
+    inst = Instance(1, statedir=str(tmp_path / "state"),
+                    attrs={"content.restore": str(archive_path)})
+    started = asyncio.get_running_loop().time()
+    await inst.start(timeout=deadline)
+    try:
+        assert asyncio.get_running_loop().time() - started > deadline  # (it did take longer)
+        async with await Handle.connect(inst.uri(0)) as h:
+            kvs = KVS(h)
+            assert await kvs.get("big.d149.k149999") == b"149999"
+            assert len(await kvs.dir("big")) == n // 1000
+    finally:
+        await inst.stop()
+    # a rank that makes no progress: the deadline holds, and names it
+    silent = Instance(2, attrs={"broker.modules": "content,kvs,kvs-watch"})
+    with pytest.raises(StartError, match=r"did not start in 0\.01s \(ranks 0-1 not ready"):
+        await silent.start(timeout=0.01)

@@ -410,7 +410,7 @@ class ContentModule(Module):
                 from kvs import dumps  # (content.restore: Flux's restore at start)
 
                 restored = await asyncio.to_thread(dumps.restore_at_start, self.ctx.attrs,
-                                                   directory, statedir)
+                                                   directory, statedir, self.ctx.progress)
             try:
                 self.backing = await self.db(SqliteStore, path)
                 if (not statedir and restored is None
