@@ -1346,8 +1346,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     o.add_argument("--rank", "-r", dest="peer", type=rank_int, metavar="RANK",
                    help="only messages to or from this overlay peer (not the sender or "
                    "the destination: the neighbour in the tree)")
-    o.add_argument("--type", "-t", dest="types", type=trace_types, default=0,
-                   metavar="TYPE,...", help="only these: request, response, event, control")
+    o.add_argument("--type", "-t", dest="types", type=trace_types, action="append",
+                   metavar="TYPE,...", help="only these: request, response, event, control "
+                   "(repeatable: -t request -t response is -t request,response)")
     add_time_options(o)
     o.set_defaults(func=cmd_overlay)
     o = osub.add_parser("errors", help="the ranks that are lost, offline or torpid, "

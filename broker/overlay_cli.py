@@ -7,7 +7,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import errno
+import functools
 import math
+import operator
 import os
 from typing import Any
 
@@ -139,8 +141,8 @@ def cmd_overlay(args: argparse.Namespace) -> int:
                                   color=use_color(args.color))
         async with await connect() as h:
             async for answer in h.overlay_trace(
-                    args.topic_glob, types=args.types, full=args.full,
-                    peer=-1 if args.peer is None else args.peer):
+                    args.topic_glob, types=functools.reduce(operator.or_, args.types or (), 0),
+                    full=args.full, peer=-1 if args.peer is None else args.peer):
                 print(trace_line(fmt, answer), flush=True)
         return 0
 
@@ -178,7 +180,7 @@ def trace_line(fmt: logring.DmesgFormat, answer: dict[str, Any]) -> str:
     line = (f"{answer.get('prefix')} {answer.get('rank')} {TRACE_MARKS.get(mtype, '?')} "
             f"{answer.get('topic')} [{_size_text(int(answer.get('size', 0)))}]")
     if mtype == MsgType.RESPONSE:
-        line += " success" if not errnum else f" {errno.errorcode.get(errnum, errnum)}"
+        line += " success" if not errnum else f" {errno.errorcode.get(errnum, f'errno {errnum}')}"
     if "errstr" in answer and answer["errstr"]:
         line += "\n" + str(answer["errstr"])
     elif "payload" in answer and answer["payload"] is not None:

@@ -53,12 +53,12 @@ Beyond Flux's cases:
 * ``-t control`` on a router whose child is shut down shows the goodbye
   it receives and the one it answers, with Flux's ``c`` mark;
 * ``-t`` given twice (``-t request -t response``): Flux's ``-t`` is an
-  auto-split option whose every occurrence adds to the type mask; here
-  argparse keeps the last one only, so the requests are silently dropped
-  -- a DEFECT, xfail below;
-* a failed answer whose errno has no name (999, from a test module): Flux
-  prints ``errno 999``, kvbroker a bare ``999`` after the size -- a
-  DEFECT (a misleading line), xfail below.
+  auto-split option whose every occurrence adds to the type mask; so is
+  kvbroker's (until 2026-12-05 argparse kept the last one only, and the
+  requests were silently dropped: found by this file);
+* a failed answer whose errno has no name (999, from a test module):
+  ``errno 999``, as Flux prints it (it was a bare ``999`` after the size
+  until 2026-12-05: found by this file).
 
 Deliberate differences (documented, not defects): the size in brackets is
 the whole message's here (docs/cli.md: "the message's size"), Flux's is the
@@ -255,9 +255,6 @@ async def test_a_trace_of_a_rank_that_goes_away_ends_with_an_error(
                                   "(connection to broker lost)\n")
 
 
-@pytest.mark.xfail(strict=True, reason="defect: 'overlay trace -t request -t response' "
-                   "keeps only the last -t (argparse type= without append): Flux's -t "
-                   "accumulates every occurrence; the requests are dropped silently")
 async def test_type_given_twice_traces_both_types(start_instance, traces) -> None:
     inst = await start_instance(size=2, fanout=2)
     uri = inst.uri(0)
@@ -313,9 +310,6 @@ class OddModule(Module):
 '''
 
 
-@pytest.mark.xfail(strict=True, reason="defect: a failed answer whose errno has no name "
-                   "is printed as a bare number ('< odd.fail [..] 999'), where Flux prints "
-                   "'errno 999' (broker/overlay_cli.py trace_line)")
 async def test_an_errno_without_a_name_is_printed_as_flux_does(
         start_instance, traces, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Flux's trace prints a failed answer's errno by name, else ``errno N``."""
