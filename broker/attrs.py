@@ -334,12 +334,14 @@ def with_defaults(attrs: MutableMapping[str, Any], specs: Iterable[AttrSpec]) ->
         attrs.setdefault(spec.name, spec.default)
 
 
-def check_instance(attrs: Mapping[str, Any]) -> None:
+def check_instance(attrs: Mapping[str, Any], bootstrap: bool = False) -> None:
     """Check an instance's attributes before any rank starts: the core's, then
     those of each module in ``broker.modules`` that this process can find.  A
     module it cannot find or import is left to the ranks to report (their
-    environment, e.g. ``PYTHONPATH``, may differ from the launcher's)."""
-    check_not_set_by_rank(attrs)
+    environment, e.g. ``PYTHONPATH``, may differ from the launcher's).
+    ``bootstrap``: for ``kvbroker broker``, whose size and fanout are its
+    bootstrap file's."""
+    check_not_set_by_rank(attrs, bootstrap)
     check(attrs, BROKER_ATTRS)
     known = {spec.name for spec in BROKER_ATTRS} | set(RANK_SET)
     owned = set(CORE_PREFIXES)
@@ -381,6 +383,34 @@ FLUX_NOT_BUILT: dict[str, str] = {
         "missed beats) is not built here: a silent rank is marked torpid "
         "instead (-S tbon.torpid_max=DURATION), and a rank without a beat "
         "logs a warning after heartbeat.warn_thresh periods"),
+    "tbon.prefertcp": (
+        "Flux's choice of tcp links on one host; kvbroker's is "
+        "-S tbon.transport=tcp (unix and ipc are the others)"),
+    "tbon.interface-hint": (
+        "Flux's choice of the network interface ranks bind; kvbroker start "
+        "binds the loopback (127.0.0.1), and across hosts a bootstrap file's "
+        "bind and connect addresses choose (docs/guide.md, Across hosts)"),
+    "broker.quorum": (
+        "kvbroker start runs its command once every rank is up (Flux's "
+        "quorum of all ranks: 0-(size-1), the size, or 0 are taken and "
+        "ignored); a smaller quorum is not built: across hosts, rank 0 serves "
+        "while ranks below it join late"),
+    "broker.quorum-warn": (
+        "there is no quorum to wait for past start-up (kvbroker start waits "
+        "for every rank, 60 s while they say no progress)"),
+    "broker.cleanup-timeout": (
+        "kvbroker runs no cleanup scripts; the command's stop is bounded by "
+        "start --stop-timeout"),
+    "broker.shutdown-warn": (
+        "a rank that does not stop is killed after start --rank-stop-timeout "
+        "(and named); nothing else is built"),
+    "broker.shutdown-timeout": (
+        "a rank that does not stop is killed after start --rank-stop-timeout "
+        "(and named)"),
+    "broker.exit-norestart": (
+        "a rank's exit status says whether to restart it (docs/guide.md, the "
+        "exit statuses: 3, refused by its parent's keys, is not worth a "
+        "restart)"),
 }
 """Flux's attributes for what kvbroker does not build, with what it does
 instead: ``-S heartbeat.timeout=1m`` met "did you mean heartbeat.period?",
@@ -393,16 +423,28 @@ FLUX_LEVEL_ATTRS = {"log-stderr-level": "log.level", "log-level": "log.ring-leve
 FLUX_RC_ATTRS = ("broker.rc1_path", "broker.rc3_path")
 
 
-def from_flux(attrs: Mapping[str, Any]) -> dict[str, Any]:
+def full_quorum(value: Any, size: int) -> bool:
+    """Whether Flux's ``broker.quorum=value`` means every rank of ``size``:
+    the size, the idset ``0-(size-1)`` (``0`` at size 1), or ``0`` (Flux's
+    compatibility value for "all")."""
+    text = str(value).strip()
+    everyone = "0" if size == 1 else f"0-{size - 1}"
+    return text in (str(size), everyone, "0")
+
+
+def from_flux(attrs: Mapping[str, Any], size: int | None = None) -> dict[str, Any]:
     """``attrs`` with Flux's own attributes that have a meaning here put in
     kvbroker's terms, so a Flux command line's ``-S`` runs as written:
     ``log-stderr-level=N`` (syslog 0-7) is ``log.level``, ``log-level=N``
     ``log.ring-level`` (kvbroker's own name wins when both are given), and
     an empty ``broker.rc1_path`` / ``broker.rc3_path`` (Flux's tests' "run
-    no rc script") is dropped: kvbroker runs none.  Anything else of Flux's
+    no rc script") is dropped: kvbroker runs none, and so is a
+    ``broker.quorum`` of every rank of ``size`` (what ``start`` waits for).  Anything else of Flux's
     is left to :func:`check_instance`, which names kvbroker's term where
     there is one (:data:`FLUX_SPELLINGS`)."""
     out = dict(attrs)
+    if size is not None and "broker.quorum" in out and full_quorum(out["broker.quorum"], size):
+        del out["broker.quorum"]  # (what kvbroker start always waits for)
     for flux, ours in FLUX_LEVEL_ATTRS.items():
         if flux not in out:
             continue
@@ -440,11 +482,24 @@ def how_to_set(name: str) -> str:
     return f"set it at start: -S {name}=VALUE"
 
 
-def check_not_set_by_rank(attrs: Iterable[str]) -> None:
-    """:class:`AttrError` for ``-S`` naming an attribute a rank sets itself."""
+SET_BY_BOOTSTRAP: dict[str, str] = {
+    "size": "the number of ranks its hosts list", "fanout": "its fanout key",
+    "hostlist": "its hosts list",
+}
+"""Attributes ``kvbroker broker`` takes from its bootstrap file, not from
+``start``'s options, which it does not have."""
+
+
+def check_not_set_by_rank(attrs: Iterable[str], bootstrap: bool = False) -> None:
+    """:class:`AttrError` for ``-S`` naming an attribute a rank sets itself,
+    saying what sets it (``start``'s option; with ``bootstrap``, for
+    ``kvbroker broker``, the bootstrap file's key)."""
     for name in attrs:
         if name in SET_BY_RANK:
             option = SET_BY_RANK[name]
+            if bootstrap and name in SET_BY_BOOTSTRAP:
+                raise AttrError(f"{name} cannot be set with -S or [attrs]: the bootstrap "
+                                f"file sets it ({SET_BY_BOOTSTRAP[name]})")
             raise AttrError(f"{name} cannot be set with -S: "
                             + (f"use {option}" if option else "each rank sets it itself"))
 
@@ -469,7 +524,9 @@ def check_names(attrs: Mapping[str, Any], known: set[str], owned: Iterable[str])
         if name in FLUX_NOT_BUILT:
             raise AttrError(f"{name}: {FLUX_NOT_BUILT[name]}")
         if name.startswith(prefixes) and name not in known:
-            close = difflib.get_close_matches(name, sorted(known), n=1)
+            # (never one a rank sets itself: -S refuses it in turn)
+            settable = sorted(k for k in known if k not in SET_BY_RANK)
+            close = difflib.get_close_matches(name, settable, n=1)
             hint = f" (did you mean {close[0]}?)" if close else ""
             raise AttrError(f"{name}: unknown attribute{hint}")
 

@@ -261,6 +261,7 @@ def parse(text: str, path: str = "<bootstrap>") -> Bootstrap:
     attrs = doc.get("attrs", {})
     if not isinstance(attrs, dict):
         raise BootstrapError(f"{path}: [attrs] must be a table")
+    attrs = _dotted(attrs)
     if ipv6 is not None:  # (Flux's key for it; [attrs] may still say otherwise)
         attrs = {"tbon.ipv6": ipv6, **attrs}
     if cert is None and len(entries) > 1:
@@ -324,3 +325,19 @@ def load(path: str) -> Bootstrap:
     except UnicodeDecodeError:
         raise BootstrapError(f"{path}: not UTF-8 text") from None
     return parse(text, path)
+
+
+def _dotted(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``[attrs]`` with its nested tables as dotted names: TOML reads an
+    unquoted dotted key (``tbon.torpid_min = 1``, as Flux's files write
+    them) as a table ``tbon`` holding ``torpid_min``, and such a table was
+    taken as one attribute named ``tbon``, unchecked and ignored: the
+    setting did not apply, and a bad value was not refused."""
+    out: dict[str, Any] = {}
+    for key, value in table.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(_dotted(value, name + "."))
+        else:
+            out[name] = value
+    return out

@@ -462,7 +462,13 @@ def cmd_broker(args: argparse.Namespace) -> int:
     args.event_loop = ranks_loop(args)
     try:
         boot = bootstrap.load(args.config)
-        attrs = {**boot.attrs, **dict(args.setattr or []), battrs.TRANSPORT.name: "tcp"}
+        attrs = {**boot.attrs, **dict(args.setattr or [])}
+        given = attrs.get(battrs.TRANSPORT.name, "tcp")
+        if str(given).strip() != "tcp":  # (was overwritten without a word)
+            raise bootstrap.BootstrapError(
+                f"{battrs.TRANSPORT.name}={given}: kvbroker broker's links are always tcp "
+                "(ZeroMQ with CURVE: its ranks may be on other hosts)")
+        attrs[battrs.TRANSPORT.name] = "tcp"
         take_dir_attrs(args, attrs, ("statedir", "rundir"))
         hostname = battrs.rank_hostname(attrs)
         if hello_hostname({"hostname": hostname}) is None:  # (its hello would say none)
@@ -477,8 +483,8 @@ def cmd_broker(args: argparse.Namespace) -> int:
     if not 0 <= rank < boot.size:
         raise UsageError(f"--rank {rank}: the bootstrap file lists ranks 0-{boot.size - 1}")
     try:
-        attrs = battrs.from_flux(attrs)
-        battrs.check_instance(attrs)
+        attrs = battrs.from_flux(attrs, boot.size)
+        battrs.check_instance(attrs, bootstrap=True)
         if boot.curve_cert is not None:  # (an instance of one rank needs none)
             load_keys(boot.curve_cert)
     except battrs.AttrError as exc:

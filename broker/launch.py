@@ -380,7 +380,7 @@ class Instance:
         statedir that is not a directory or that another user could tamper
         with (:func:`private_dir`).  :class:`StartError` says which."""
         try:
-            self.attrs = battrs.from_flux(self.attrs)
+            self.attrs = battrs.from_flux(self.attrs, self.size)
             battrs.check_instance(self.attrs)
         except battrs.AttrError as exc:
             raise StartError(str(exc)) from None

@@ -32,31 +32,29 @@ Flux case -> here:
 7.  ``tbon.prefertcp=1`` uses ``tcp://`` -> ``-S tbon.transport=tcp``:
     rank 0 listens on ``tcp://127.0.0.1:PORT`` (``Instance.endpoints``,
     found LISTENing in /proc/net/tcp), no ``tbon-0`` socket, and rank 1
-    answers.  Flux's own ``-S tbon.prefertcp=1`` is refused, exit 2 --
-    DEFECT (xfail): the message says only ``unknown attribute``, not that
-    kvbroker's name for it is ``tbon.transport=tcp`` (as it does for
-    ``tbon.fanout``).
+    answers.  Flux's own ``-S tbon.prefertcp=1`` is refused, exit 2,
+    naming kvbroker's ``tbon.transport=tcp`` (it said only ``unknown
+    attribute`` until 2026-12-05: found by this file).
 8.  ipc and tcp by a custom taskmap -> no PMI taskmap: not applicable.
 9.  ``FLUX_IPADDR_INTERFACE=lo`` -> not applicable (no such variable);
     ``start``'s tcp links are on 127.0.0.1 anyway (7).
 10.-11. ``tbon.interface-hint=lo`` / ``=127.0.0.0/8`` -> refused, exit 2
     (not applicable: ``start`` binds 127.0.0.1, a bootstrap file names its
-    addresses).  DEFECT (xfail): the refusal says ``did you mean
-    tbon.transport?``, pointing at an unrelated setting.
+    addresses), saying so (it said ``did you mean tbon.transport?``,
+    an unrelated setting, until 2026-12-05: found by this file).
 12. TOML ``tbon.interface-hint = "127.0.0.0/8"`` -> a bootstrap file
     whose ``bind``/``connect`` are on 127.0.0.1: two ``kvbroker broker``
     ranks make one instance (rank 0's initial program reaches rank 1).
 13. TOML ``tbon.interface-hint = 42`` (wrong type) fails -> wrong types in
     a bootstrap file (``fanout``, ``default_port``, ``enable_ipv6``,
     ``hosts``, ``default_bind``, ``curve_cert``, an ``[attrs]`` value)
-    exit 2 naming the key.  DEFECT (xfail): Flux's own spelling, an
-    unquoted dotted key in ``[attrs]`` (``tbon.interface-hint = 42``,
-    ``tbon.torpid_min = 1``, ``log.level = "bogus"``), is read by TOML as
-    a table ``tbon`` and silently ignored: the broker starts (exit 0) and
-    the setting is not in effect.
-    Also: ``kvbroker broker`` always uses tcp (documented), but DEFECT
-    (xfail): it takes a ``tbon.transport`` value ``start`` refuses
-    (``bogus``, from ``-S`` or the file's ``[attrs]``) without a word.
+    exit 2 naming the key.  Flux's own spelling, an unquoted dotted key
+    in ``[attrs]`` (``tbon.interface-hint = 42``, ``tbon.torpid_min = 1``,
+    ``log.level = "bogus"``), is the attribute too (TOML reads it as a
+    table ``tbon``, which was silently ignored until 2026-12-05: found by
+    this file).  ``kvbroker broker`` always uses tcp (documented) and
+    refuses another ``tbon.transport`` (``bogus``, from ``-S`` or the
+    file's ``[attrs]``: it was overwritten without a word).
 14. ``tbon.interface-hint=badiface`` fails -> a bootstrap file whose rank
     0 binds an address no interface has (192.0.2.1, TEST-NET-1): rank 0
     exits 1 with ``Cannot assign requested address`` (documented).
@@ -72,10 +70,10 @@ Flux case -> here:
     (documented): Flux's name is refused, exit 2, naming ``--fanout K``;
     ``--fanout 4`` gives ``attr get fanout`` 4.  In a bootstrap file's
     ``[attrs]`` too (naming its ``fanout`` key).
-    DEFECT (xfail): kvbroker's own name in a bootstrap file's ``[attrs]``
-    (``"fanout" = 4``) or ``kvbroker broker -S fanout=4`` is refused with
-    ``use --fanout K``, an option ``broker`` does not have (its fanout is
-    the file's ``fanout`` key); ``"size"`` likewise says ``--size N``.
+    kvbroker's own name in a bootstrap file's ``[attrs]`` (``"fanout" =
+    4``) or ``kvbroker broker -S fanout=4`` is refused naming the file's
+    ``fanout`` key (it said ``use --fanout K``, an option ``broker`` does
+    not have, until 2026-12-05); ``"size"`` likewise names its hosts.
 23. ``-Stbon.topo=kary:8`` -> the same (``--fanout 8``).
 24. ``-Stbon.topo=kary:0`` (flat) works -> DIFFERENCE: ``--fanout 0`` is a
     usage error (exit 2); a flat tree is a fanout of at least size - 1 (the
@@ -191,8 +189,6 @@ async def test_t0019_prefertcp_refused() -> None:
     assert err.startswith("kvbroker: start: tbon.prefertcp: "), err
 
 
-@pytest.mark.xfail(strict=True, reason="defect: -S tbon.prefertcp=1 (Flux's) is refused as "
-                   "'unknown attribute' without naming kvbroker's tbon.transport=tcp")
 async def test_t0019_prefertcp_refusal_names_tbon_transport() -> None:
     rc, _, err = await start("-s2", "-Stbon.prefertcp=1", "--", "true")
     assert rc == 2
@@ -210,8 +206,6 @@ async def test_t0019_interface_hint_refused(hint: str) -> None:
     assert err.startswith("kvbroker: start: tbon.interface-hint: "), err
 
 
-@pytest.mark.xfail(strict=True, reason="defect: -S tbon.interface-hint is refused with "
-                   "'did you mean tbon.transport?', an unrelated setting")
 async def test_t0019_interface_hint_refusal_does_not_point_at_transport() -> None:
     rc, _, err = await start("-Stbon.interface-hint=lo", "--", "true")
     assert rc == 2
@@ -241,7 +235,7 @@ async def test_t0019_bootstrap_file_on_loopback(tmp_path: Path, brokers) -> None
     ("default_bind = 42", "default_bind must be a non-empty string"),
     ("curve_cert = 42", "curve_cert must be a non-empty string"),
     ("hosts = [ { host = 42 } ]", "hosts[0]: host must be a non-empty string"),
-    ('[attrs]\n"tbon.interface-hint" = 42', "tbon.interface-hint: unknown attribute"),
+    ('[attrs]\n"tbon.interface-hint" = 42', "tbon.interface-hint: Flux's choice of the network"),
     ('[attrs]\n"tbon.torpid_min" = true', "tbon.torpid_min: True is not a duration"),
     ('[attrs]\n"log.level" = 42', "log.level: unknown level '42'"),
 ])
@@ -255,9 +249,6 @@ async def test_t0019_bootstrap_file_wrong_type_refused(tmp_path: Path, line: str
     assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
 
 
-@pytest.mark.xfail(strict=True, reason="defect: an unquoted dotted key in a bootstrap file's "
-                   "[attrs] (tbon.interface-hint = 42, Flux's spelling) is a TOML table and is "
-                   "silently ignored: exit 0")
 async def test_t0019_bootstrap_file_dotted_key_wrong_type_refused(tmp_path: Path) -> None:
     rc, out, err = await broker(tmp_path, "[bootstrap]\n[attrs]\ntbon.interface-hint = 42\n",
                                 "true")
@@ -265,8 +256,6 @@ async def test_t0019_bootstrap_file_dotted_key_wrong_type_refused(tmp_path: Path
     assert "tbon.interface-hint" in err, err
 
 
-@pytest.mark.xfail(strict=True, reason="defect: [attrs] tbon.torpid_min = 1 (unquoted) and "
-                   "log.level = \"bogus\" are silently ignored: the rank runs with 5 and warning")
 async def test_t0019_bootstrap_file_dotted_keys_apply_or_are_refused(tmp_path: Path) -> None:
     """Either the dotted key means the attribute (the value is in effect,
     a bad one refused), or the file is refused; never neither."""
@@ -320,8 +309,6 @@ async def test_t0019_flux_fanout_name_refused_in_bootstrap_file(tmp_path: Path) 
     assert "tbon.fanout is Flux's name" in err and "its fanout key" in err, err
 
 
-@pytest.mark.xfail(strict=True, reason="defect: kvbroker broker refuses fanout/size in -S or "
-                   "[attrs] with 'use --fanout K' / 'use --size N', options broker does not have")
 @pytest.mark.parametrize(("where", "name"), [("-S", "fanout"), ("[attrs]", "fanout"),
                                              ("[attrs]", "size")])
 async def test_t0019_broker_fanout_refusal_names_the_file(tmp_path: Path, where: str,
@@ -336,8 +323,6 @@ async def test_t0019_broker_fanout_refusal_names_the_file(tmp_path: Path, where:
     assert (await kvb("broker", "-c", str(conf), f"--{name}", "4", "--", "true"))[0] == 2
 
 
-@pytest.mark.xfail(strict=True, reason="defect: kvbroker broker takes tbon.transport=bogus "
-                   "(which start refuses) silently")
 @pytest.mark.parametrize("where", ["-S", "[attrs]"])
 async def test_t0019_broker_refuses_a_bad_transport(tmp_path: Path, where: str) -> None:
     text = "[bootstrap]\n" + ('[attrs]\n"tbon.transport" = "bogus"\n' if where == "[attrs]"

@@ -22,15 +22,15 @@ Flux's cases, in order, and what each is here:
 * ``broker.quorum`` set on the command line to the size (quorum = all),
   and the compatibility values 0 and ``0-1`` at size 2 (Flux: "assuming
   full quorum"): that is what kvbroker always does, so a Flux command line
-  saying so should run as written, as an empty ``rc1_path`` does.  It is
-  refused, "unknown attribute (did you mean broker.starttime?)": DEFECT,
-  xfail below.
+  saying so runs as written, as an empty ``rc1_path`` does: taken and
+  ignored (it was refused, "unknown attribute (did you mean
+  broker.starttime?)", until 2026-12-05: found by this file).
 * malformed (``9-10``) and too big (``99``) ``broker.quorum`` fail
-  ("Error parsing broker.quorum"): refused, exit 2, but with the hint
-  "did you mean broker.starttime?", an attribute ``-S`` itself refuses
-  (a rank sets it); the same hint meets ``broker.cleanup-timeout``,
-  ``shutdown-warn``, ``shutdown-timeout`` and ``exit-norestart``:
-  DEFECT (a misleading message), xfail below.
+  ("Error parsing broker.quorum"): refused, exit 2, saying what kvbroker
+  does instead, as are ``broker.cleanup-timeout``, ``shutdown-warn``,
+  ``shutdown-timeout`` and ``exit-norestart`` (they met the hint "did you
+  mean broker.starttime?", an attribute ``-S`` itself refuses, until
+  2026-12-05).
 * builtins-fail (a bad config for a built-in module): a module that cannot
   be loaded stops the start-up, exit 2, naming it -- tests/test_broker_modules.py
   and docs/cli.md (``broker.modules``); not repeated.
@@ -121,10 +121,6 @@ async def test_every_rank_is_up_when_the_command_runs(size: int) -> None:
         f"{r} {host}: full" for r in tree_order(size)], out
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "defect: Flux's -S broker.quorum saying 'every rank' (the size, 0-(size-1), "
-    "or the compatibility 0) is what kvbroker always does, yet refused as an "
-    "unknown attribute (did you mean broker.starttime?), exit 2"))
 @pytest.mark.parametrize(("size", "quorum"), [(3, "3"), (3, "0-2"), (1, "0"), (2, "0-1")])
 async def test_flux_s_full_quorum_runs_as_written(size: int, quorum: str) -> None:
     rc, out, err = await kvb("start", "--size", str(size), "-S", f"broker.quorum={quorum}",
@@ -132,12 +128,6 @@ async def test_flux_s_full_quorum_runs_as_written(size: int, quorum: str) -> Non
     assert (rc, out) == (0, f"{size}\n"), err
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "defect: Flux's broker.quorum (one kvbroker cannot meet), cleanup-timeout, "
-    "shutdown-warn, shutdown-timeout and exit-norestart are refused with "
-    "'did you mean broker.starttime?', an attribute -S refuses in turn "
-    "(broker/attrs.py check_names: difflib over every known name, those a rank "
-    "sets itself included)"))
 @pytest.mark.parametrize("attr", ["broker.quorum=9-10", "broker.quorum=99",
                                   "broker.cleanup-timeout=3h", "broker.shutdown-warn=1s",
                                   "broker.shutdown-timeout=1s", "broker.exit-norestart=99"])
