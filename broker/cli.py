@@ -470,6 +470,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
                 "(ZeroMQ with CURVE: its ranks may be on other hosts)")
         attrs[battrs.TRANSPORT.name] = "tcp"
         take_dir_attrs(args, attrs, ("statedir", "rundir"))
+        cleanup = take_cleanup_attrs(attrs)  # (was kept as a free attribute, and ignored)
         hostname = battrs.rank_hostname(attrs)
         if hello_hostname({"hostname": hostname}) is None:  # (its hello would say none)
             raise bootstrap.BootstrapError(
@@ -499,6 +500,10 @@ def cmd_broker(args: argparse.Namespace) -> int:
                   "(chmod 600: whoever holds the key pair is admitted as a rank)")
     rundir = args.rundir
     try:
+        if cleanup and rundir and args.statedir and _inside(args.statedir, rundir):
+            raise StartError(f"--statedir {args.statedir} is in --rundir {rundir}, which "
+                             "-S rundir-cleanup=1 removes at the stop: a statedir is never "
+                             "removed (give a statedir elsewhere)")
         if rundir:
             # absolute: the URI it prints must work from any directory
             rundir = os.path.abspath(rundir)
@@ -532,8 +537,16 @@ def cmd_broker(args: argparse.Namespace) -> int:
     try:
         return rank_main.main(argv)
     finally:
-        if not args.rundir:
+        # Flux's rundir-cleanup: 1 removes even an operator's --rundir, 0
+        # keeps even the one made here; by default a made one goes
+        if cleanup or (cleanup is None and not args.rundir):
             shutil.rmtree(rundir, ignore_errors=True)
+
+
+def _inside(path: str, directory: str) -> bool:
+    """Whether ``path`` is ``directory`` or below it (symlinks resolved)."""
+    path, directory = os.path.realpath(path), os.path.realpath(directory)
+    return os.path.commonpath([path, directory]) == directory
 
 
 # ------------------------------------------------------------------ client commands

@@ -1583,3 +1583,24 @@ async def test_start_verbose_prints_each_ranks_command_line() -> None:
         assert argv[argv.index("--rank") + 1] == str(rank) and "--attrs" in argv
     rc, out, err = await run_cli("start", "--size", "2", "--", "true")
     assert rc == 0 and "rank 0:" not in err  # (not without -v)
+
+
+async def test_broker_rundir_cleanup_never_takes_a_statedir_with_it(tmp_path: Path) -> None:
+    """``kvbroker broker -S rundir-cleanup=1`` removes its ``--rundir`` at
+    the stop, as ``start``'s does (it was taken and ignored); a
+    ``--statedir`` inside it would go too, so that is refused before
+    anything starts (exit 2), and the statedir is left as it was."""
+    conf = tmp_path / "one.toml"
+    conf.write_text("[bootstrap]\n")
+    rundir, statedir = tmp_path / "run", tmp_path / "run" / "state"
+    rc, out, err = await run_cli("broker", "-c", str(conf), "--rundir", str(rundir),
+                                 "--statedir", str(statedir), "-S", "rundir-cleanup=1",
+                                 "--", "true")
+    assert (rc, out) == (2, ""), err
+    assert "is in --rundir" in err and "never removed" in err, err
+    assert not statedir.exists()
+    rc, out, err = await run_cli("broker", "-c", str(conf), "--rundir", str(rundir),
+                                 "--statedir", str(tmp_path / "state"), "-S",
+                                 "rundir-cleanup=1", "--", "kvbroker", "kvs", "put", "a=1")
+    assert rc == 0, err
+    assert not rundir.exists() and (tmp_path / "state" / "content.sqlite").exists()
