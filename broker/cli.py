@@ -690,12 +690,38 @@ def cmd_shutdown(args: argparse.Namespace) -> int:
     args.timeout_note = ("; it may still take effect: the request waits for the rank, "
                          "which stops once it runs again")
 
+    limit: float | None = args.answer_timeout
+    args.answer_timeout = None  # (-t bounds the answer, not the wait for the end)
+
     async def main() -> int:
         async with await connect() as h:
-            await h.rpc("broker.shutdown", {}, nodeid=args.rank)
+            stops_here = False
+            try:
+                async with asyncio.timeout(limit):
+                    if not args.background:
+                        me = int(await h.attr_get("rank"))
+                        fanout = int(await h.attr_get("fanout"))
+                        stops_here = _in_subtree(me, args.rank, fanout)
+                    await h.rpc("broker.shutdown", {}, nodeid=args.rank)
+            except TimeoutError:
+                assert limit is not None
+                raise CLIError(args.what, detail=no_answer_detail(args.rank, limit)
+                               + args.timeout_note) from None
+            if stops_here:
+                # As flux shutdown, return once it is over (a dump written,
+                # the final checkpoint taken): the rank attached to, in the
+                # subtree shut down, closes this connection as it ends.
+                await h.wait_closed()
         return 0
 
     return run_async(args, main)
+
+
+def _in_subtree(rank: int, top: int, fanout: int) -> bool:
+    """Whether ``rank`` is ``top`` or below it in the tree."""
+    while rank > top:
+        rank = (rank - 1) // fanout
+    return rank == top
 
 
 def cmd_event(args: argparse.Namespace) -> int:
@@ -1394,6 +1420,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     s = sub.add_parser("shutdown", help="stop the instance (or rank R and its subtree)")
     s.add_argument("--rank", "-r", type=rank_int, default=0, metavar="N",
                    help="stop rank N and the ranks below it (default 0: all of them)")
+    s.add_argument("--background", action="store_true",
+                   help="return once the rank answers, not once it has stopped (as Flux's)")
     add_answer_timeout(s)
     s.set_defaults(func=cmd_shutdown)
 

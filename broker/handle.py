@@ -513,6 +513,16 @@ class Handle(HandleCore):
         if proto is not None and proto.writer is not None:
             proto.writer.flush()
 
+    async def wait_closed(self) -> None:
+        """Until this connection ends: the rank closed it (it stopped: the
+        last thing a stopping rank does after its modules, so a dump or a
+        final checkpoint is written by then), or the handle was closed.
+        What ``kvbroker shutdown`` waits on."""
+        proto = self._proto
+        if proto is None or self._forked:
+            return
+        await asyncio.shield(proto.closed)
+
     async def close(self) -> None:
         """Disconnect; calls still waiting fail with ``RemoteError(ECONNRESET,
         "handle closed")``.  Unsent requests are flushed first, for at most
