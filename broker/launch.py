@@ -110,14 +110,19 @@ a ZeroMQ ``ipc://`` endpoint) holds 108 bytes on Linux, 104 on macOS."""
 
 
 def make_rundir() -> str:
-    """A private, short directory for sockets (AF_UNIX paths are ~107 bytes max)."""
-    base = os.environ.get("TMPDIR") or "/tmp"
+    """A private, short directory for sockets (AF_UNIX paths are ~107 bytes max).
+
+    Its path is absolute, whatever ``$TMPDIR`` says: the ``rundir``
+    attribute and ``KVBROKER_URI`` (``local://RUNDIR/local-0``) are read by
+    programs in other directories, where a relative one named nothing."""
+    tmpdir = os.environ.get("TMPDIR") or ""
+    base = os.path.abspath(tmpdir) if tmpdir else "/tmp"
     if len(base) > 60:
         base = "/tmp"
     try:
         path = tempfile.mkdtemp(prefix="kvb-", dir=base)
     except OSError as exc:
-        where = f"$TMPDIR {base}" if os.environ.get("TMPDIR") == base else base
+        where = f"$TMPDIR {tmpdir}" if tmpdir and base != "/tmp" else base
         raise StartError(f"cannot make a run directory in {where}: {exc.strerror}") from None
     if len(local_socket_path(path, 99999)) + 6 > SOCKET_PATH_MAX:
         raise StartError(f"run directory path too long for sockets: {path}")
