@@ -109,15 +109,37 @@ SOCKET_PATH_MAX = 100
 a ZeroMQ ``ipc://`` endpoint) holds 108 bytes on Linux, 104 on macOS."""
 
 
+RUNDIR_NAME = "kvb-XXXXXXXX"
+"""The shape of a run directory's name :func:`make_rundir` makes
+(``tempfile.mkdtemp``'s eight random characters)."""
+
+
+def tmpdir_fits(base: str) -> bool:
+    """Whether a run directory made in ``base`` leaves room for every rank's
+    socket (``BASE/kvb-XXXXXXXX/local-99999``, and ZeroMQ's ``ipc://``):
+    ``base`` of at most 69 characters."""
+    path = os.path.join(base, RUNDIR_NAME)
+    return len(local_socket_path(path, 99999)) + 6 <= SOCKET_PATH_MAX
+
+
 def make_rundir() -> str:
     """A private, short directory for sockets (AF_UNIX paths are ~107 bytes max).
 
     Its path is absolute, whatever ``$TMPDIR`` says: the ``rundir``
     attribute and ``KVBROKER_URI`` (``local://RUNDIR/local-0``) are read by
-    programs in other directories, where a relative one named nothing."""
+    programs in other directories, where a relative one named nothing.
+
+    ``$TMPDIR`` is used whenever the sockets fit in it (:func:`tmpdir_fits`):
+    a fixed cut at 60 characters put a 61-69 character one (pytest's own
+    ``tmp_path`` under xdist) aside without a word.  One too long is not
+    refused (Flux's "overflow"): the run directory is made in /tmp, and a
+    warning on stderr says so, since that is not where the user asked."""
     tmpdir = os.environ.get("TMPDIR") or ""
     base = os.path.abspath(tmpdir) if tmpdir else "/tmp"
-    if len(base) > 60:
+    if not tmpdir_fits(base):
+        print(f"kvbroker: warning: $TMPDIR {tmpdir} is too long for the ranks' sockets "
+              f"({len(base)} characters, at most {SOCKET_PATH_MAX - 31} here): the run "
+              "directory is made in /tmp", file=sys.stderr, flush=True)
         base = "/tmp"
     try:
         path = tempfile.mkdtemp(prefix="kvb-", dir=base)

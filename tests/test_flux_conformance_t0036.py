@@ -57,11 +57,11 @@ after the loop
       ``KVBROKER_URI``, which a client in another directory could not
       reach); the same through ``kvbroker broker``.
   21. rundir buffer overflow (a 1024-character ``TMPDIR``) fails ->
-      DIFFERENCE, undocumented: ``start`` ignores a ``$TMPDIR`` longer than
-      60 characters and makes the rundir in /tmp (it starts, exit 0).
-      DEFECT (xfail): the cut is at 60 characters, though the sockets fit
-      below 70: a 65-character ``$TMPDIR`` (pytest's own tmp_path under
-      xdist is one) is ignored without a word.
+      DIFFERENCE (documented): a ``$TMPDIR`` too long for the ranks'
+      sockets (over 69 characters) is not used: the rundir is made in /tmp
+      (it starts, exit 0) and a warning says so.  One of 61-69 characters,
+      whose sockets fit (pytest's own tmp_path under xdist), is used (it
+      was put aside without a word at a fixed cut of 60).
   22. nonexistent ``TMPDIR`` fails -> exit 2, ``cannot make a run
       directory in $TMPDIR /noexist: No such file or directory``; also
       ``kvbroker broker``.
@@ -298,8 +298,6 @@ async def test_t0036_tmpdir_overrides(short_tmp: Path) -> None:
     assert list(short_tmp.iterdir()) == []
 
 
-@pytest.mark.xfail(strict=True, reason="defect: a $TMPDIR of 61-69 characters, whose sockets "
-                   "fit, is ignored without a word: the rundir goes to /tmp")
 async def test_t0036_tmpdir_of_65_characters_is_used(short_tmp: Path) -> None:
     tmpdir = short_tmp / ("d" * (65 - len(str(short_tmp)) - 1))
     tmpdir.mkdir()
@@ -327,9 +325,23 @@ async def test_t0036_relative_tmpdir_gives_an_absolute_rundir(short_tmp: Path,
 
 
 async def test_t0036_long_tmpdir_falls_back_to_tmp() -> None:
-    """Case 21: a difference (Flux fails, saying overflow)."""
-    attrs = await checkattrs(env={"TMPDIR": "D" * 1024})
-    assert attrs["rundir"].startswith("/tmp/kvb-"), attrs
+    """Case 21: a difference (Flux fails, saying overflow): /tmp, and a warning."""
+    rc, out, err = await start("--", KVBROKER, "attr", "get", "rundir",
+                               env={"TMPDIR": "/" + "D" * 1023})
+    assert rc == 0, err
+    assert out.startswith("/tmp/kvb-"), out
+    assert err == (f"kvbroker: warning: $TMPDIR /{'D' * 1023} is too long for the ranks' "
+                   "sockets (1024 characters, at most 69 here): the run directory is made "
+                   "in /tmp\n"), err
+
+
+async def test_t0036_tmpdir_of_70_characters_falls_back(short_tmp: Path) -> None:
+    tmpdir = short_tmp / ("d" * (70 - len(str(short_tmp)) - 1))
+    tmpdir.mkdir()
+    rc, out, err = await start("--", KVBROKER, "attr", "get", "rundir",
+                               env={"TMPDIR": str(tmpdir)})
+    assert rc == 0, err
+    assert out.startswith("/tmp/kvb-") and "too long for the ranks' sockets" in err, (out, err)
 
 
 @pytest.mark.parametrize("how", ["start", "broker"])
