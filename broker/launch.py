@@ -100,8 +100,16 @@ def private_dir(path: str, what: str) -> None:
             raise StartError(f"{what} {path}: the symlink {link_path} is owned by uid "
                              f"{owner}, not by this user (uid {uid})")
     if st.st_mode & 0o022:
-        raise StartError(f"{what} {path}: writable by group or others (mode "
-                         f"{st.st_mode & 0o777:o}); chmod go-w, or choose another directory")
+        mode = f"{stat.S_IMODE(st.st_mode):o}"
+        if st.st_mode & stat.S_ISVTX:
+            # A shared directory such as /tmp: "chmod go-w" would take it
+            # from everyone else; the way out is a directory of one's own.
+            raise StartError(f"{what} {path}: writable by group or others (mode {mode}: a "
+                             "shared, sticky directory, as /tmp); make a private directory "
+                             f"in it (mkdir -m 700 {os.path.join(path, 'NAME')}) and give "
+                             "that, or choose another directory")
+        raise StartError(f"{what} {path}: writable by group or others (mode {mode}); "
+                         "chmod go-w, or choose another directory")
 
 
 SOCKET_PATH_MAX = 100

@@ -34,10 +34,9 @@ rundir
       set`` fails (exit 1) for both.
   16.-18. ``-S rundir=DIR`` with DIR mode 1777 uses a new DIR/subdir ->
       DIFFERENCE (documented): refused, exit 2 (writable by others), and
-      nothing is made in it.  DEFECT (xfail): the refusal reads ``mode
-      777`` and advises ``chmod go-w`` -- wrong for a shared sticky
-      directory such as /tmp (Flux's case), where the way out is a
-      directory of one's own in it.
+      nothing is made in it.  The refusal says what it is (``mode 1777: a
+      shared, sticky directory, as /tmp``) and advises a private directory
+      in it, not ``chmod go-w`` (it read ``mode 777; chmod go-w``).
 statedir
   1.-3. defaults (a temporary statedir, cleaned up) -> DIFFERENCE
       (documented): no statedir unless given; the attribute is empty.
@@ -246,8 +245,6 @@ async def test_t0036_sticky_dir_refused(tmp_path: Path, attr: str) -> None:
     assert list(shared.iterdir()) == []
 
 
-@pytest.mark.xfail(strict=True, reason="defect: a sticky shared rundir (mode 1777, as /tmp) "
-                   "is refused as 'mode 777; chmod go-w', wrong advice for a shared directory")
 async def test_t0036_sticky_dir_refusal_says_what_it_is(tmp_path: Path) -> None:
     shared = tmp_path / "shared"
     shared.mkdir()
