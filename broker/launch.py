@@ -159,6 +159,21 @@ def make_rundir() -> str:
     return path
 
 
+def remove_rundir(path: str) -> None:
+    """Remove the run directory ``path`` with all it holds (``rundir-cleanup``,
+    or one the start made).  Given as a symlink (``--rundir link``, checked
+    by :func:`private_dir`: every link the owner's), the directory it names
+    goes, and then the link: the user asked for the run directory to go,
+    and ``shutil.rmtree`` refuses a symlink -- hidden by ``ignore_errors``,
+    nothing was removed, without a word."""
+    if os.path.islink(path):
+        shutil.rmtree(os.path.realpath(path), ignore_errors=True)
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+    else:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def free_tcp_ports(count: int) -> list[int]:
     """``count`` distinct free ports on 127.0.0.1 for ranks to bind later.
 
@@ -824,7 +839,7 @@ class Instance:
             os.close(self._watch_w)
             self._watch_w = None
         if self.rundir and self._removes_rundir():
-            shutil.rmtree(self.rundir, ignore_errors=True)
+            remove_rundir(self.rundir)
         elif self.rundir:  # (one that was there stays: what the start wrote goes)
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(self.rundir, "curve.key"))

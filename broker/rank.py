@@ -27,7 +27,6 @@ import logging
 import os
 import resource
 import select
-import shutil
 import signal
 import stat
 import sys
@@ -130,7 +129,9 @@ def remove_rundir_if_last(fd: int, rundir: str) -> None:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         return
-    shutil.rmtree(rundir, ignore_errors=True)
+    from broker.launch import remove_rundir  # (a symlink's directory too)
+
+    remove_rundir(rundir)
 
 
 def pipe_closed(fd: int) -> bool:
