@@ -434,7 +434,29 @@ class Instance:
         except battrs.AttrError as exc:
             raise StartError(str(exc)) from None
         if self.statedir:
+            self._check_statedir_outside_a_removed_rundir()
             private_dir(self.statedir, "statedir")
+
+    def _check_statedir_outside_a_removed_rundir(self) -> None:
+        """Refuse (:class:`StartError`) a statedir inside, or equal to, a
+        rundir ``rundir-cleanup=1`` removes at the stop: a statedir (the
+        content store and its checkpoints) is never removed, and removing
+        the rundir took it with it.  Refused rather than the rundir kept:
+        the user asked for both, and either choice made silently loses
+        what one of them expected.  (Without ``rundir-cleanup=1`` the
+        statedir, made first, makes the rundir one that was there, which
+        stays.)  Compared as real paths: a symlink does not hide it."""
+        if not (self.statedir and self.rundir_option and self.rundir_cleanup):
+            return
+        statedir = os.path.realpath(self.statedir)
+        rundir = os.path.realpath(self.rundir_option)
+        if os.path.commonpath([statedir, rundir]) != rundir:
+            return
+        where = "is the rundir" if statedir == rundir else "is inside the rundir"
+        raise StartError(f"statedir {self.statedir} {where} {self.rundir_option}, which "
+                         "-S rundir-cleanup=1 removes at the stop (a statedir is never "
+                         "removed): give a statedir outside the rundir, or drop "
+                         "rundir-cleanup=1")
 
     async def start(self, timeout: float = START_TIMEOUT) -> None:
         """Start the ranks and wait until every one answers.  After

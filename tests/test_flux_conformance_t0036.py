@@ -72,9 +72,10 @@ after the loop
       transport never writes -- instead of why the start failed.
 Also (not in Flux's test)
   * a statedir inside (or equal to) a rundir removed by ``-S
-    rundir-cleanup=1``: DEFECT (xfail): the statedir -- the content store
-    and its checkpoints -- is removed with the rundir, though "a
-    ``--statedir`` is never removed" (docs/cli.md).
+    rundir-cleanup=1``: refused before anything starts, exit 2 (the
+    statedir -- the content store and its checkpoints -- was removed with
+    the rundir, though "a ``--statedir`` is never removed"); without
+    ``rundir-cleanup=1`` the rundir holding it stays.
   * ``-S rundir-cleanup=1`` on a rundir given as a symlink to a directory:
     the directory it names is removed, and the link (neither was, without
     a word: rmtree refuses a symlink).
@@ -436,8 +437,6 @@ async def test_t0036_broker_statedir_cleanup_refused(tmp_path: Path) -> None:
 
 # -- also: a statedir in the rundir, start killed --------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="defect: -S rundir-cleanup=1 removes a statedir inside "
-                   "(or equal to) the rundir: the content store is lost")
 @pytest.mark.parametrize("inside", [True, False])
 async def test_t0036_rundir_cleanup_keeps_a_statedir_inside(tmp_path: Path,
                                                             inside: bool) -> None:
@@ -445,8 +444,23 @@ async def test_t0036_rundir_cleanup_keeps_a_statedir_inside(tmp_path: Path,
     statedir = rundir / "state" if inside else rundir
     rc, out, err = await start("--rundir", str(rundir), "--statedir", str(statedir), "-S",
                                "rundir-cleanup=1", "--", KVBROKER, "kvs", "put", "a=1")
-    # refused before anything starts, or the statedir kept
+    # refused before anything starts (the statedir kept would do too)
     assert rc == 2 or (rc == 0 and (statedir / "content.sqlite").is_file()), (rc, out, err)
+    where = "inside the rundir" if inside else "the rundir"
+    assert f"statedir {statedir} is {where} {rundir}, which -S rundir-cleanup=1" in err, err
+    assert not rundir.exists()
+
+
+async def test_t0036_statedir_inside_a_rundir_is_kept(tmp_path: Path) -> None:
+    """Without rundir-cleanup=1: the statedir, made first, makes the rundir
+    one that was there, which stays (emptied of what the start wrote)."""
+    rundir = tmp_path / "run"
+    statedir = rundir / "state"
+    rc, out, err = await start("--rundir", str(rundir), "--statedir", str(statedir), "--",
+                               KVBROKER, "kvs", "put", "a=1")
+    assert rc == 0, err
+    assert sorted(p.name for p in rundir.iterdir()) == ["state"]
+    assert (statedir / "content.sqlite").is_file()
 
 
 @pytest.mark.xfail(strict=True, reason="defect: --rundir naming a stopped instance's statedir "
