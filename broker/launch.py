@@ -112,6 +112,21 @@ def private_dir(path: str, what: str) -> None:
                          "chmod go-w, or choose another directory")
 
 
+def writable_dir(path: str, what: str) -> None:
+    """Refuse (:class:`StartError`) a directory this process cannot write in
+    (a read-only file system, ``chmod u-w``), saying why, before any rank
+    starts: a rank failed then, and its reason was one log line among the
+    launcher's own errors.  Tried by making a file and removing it (root
+    passes ``os.access`` on a read-only file system)."""
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".kvb-write-test-", dir=path)
+    except OSError as exc:
+        raise StartError(f"{what} {path}: cannot write in it: {exc.strerror}") from None
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(probe)
+
+
 SOCKET_PATH_MAX = 100
 """Longest socket path a run directory may need: an AF_UNIX address (and so
 a ZeroMQ ``ipc://`` endpoint) holds 108 bytes on Linux, 104 on macOS."""
@@ -353,6 +368,9 @@ class Instance:
         ...``: what it runs, forked or executed) as it is started; what
         ``kvbroker start -v`` prints, as Flux's ``flux start -v``."""
         self._rundir_mode: int | None = None
+        self._keyfile: str | None = None
+        """The CURVE key file this start wrote in the run directory (tcp),
+        removed at stop: never one it found there."""
         """The mode of a run directory that was there, while guests make it 0755."""
         self.attrs = dict(attrs or {})
         self.stderr_path = stderr_path
@@ -509,6 +527,7 @@ class Instance:
                              "here)")
         self._rundir_made = not os.path.lexists(path)
         private_dir(path, "rundir")
+        writable_dir(path, "rundir")
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.connect(local_socket_path(path, 0))
@@ -536,7 +555,12 @@ class Instance:
             for r, port in zip(parents, free_tcp_ports(len(parents)), strict=True):
                 endpoints[r] = f"tcp://127.0.0.1:{port}"
             keyfile = os.path.join(self.rundir, "curve.key")
-            generate_keys(keyfile)
+            try:
+                generate_keys(keyfile)
+            except OSError as exc:  # (a StartError: exit 2, naming the rundir)
+                raise StartError(f"rundir {self.rundir}: cannot write the instance's CURVE "
+                                 f"key file {keyfile}: {exc.strerror}") from None
+            self._keyfile = keyfile
             curve_args = ["--curve-keys", keyfile]
         self.endpoints = endpoints
         # Ranks of this interpreter find their modules where we did, without
@@ -860,11 +884,16 @@ class Instance:
         if self._watch_w is not None:
             os.close(self._watch_w)
             self._watch_w = None
+        keyfile, self._keyfile = self._keyfile, None
         if self.rundir and self._removes_rundir():
             remove_rundir(self.rundir)
         elif self.rundir:  # (one that was there stays: what the start wrote goes)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(self.rundir, "curve.key"))
+            # Only a key file this start wrote; and a clean-up error must not
+            # replace the start's own (an unlink on a read-only file system
+            # fails with EROFS even for a file that is not there).
+            if keyfile is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(keyfile)
             if self._rundir_mode is not None:
                 with contextlib.suppress(OSError):
                     os.chmod(self.rundir, self._rundir_mode)

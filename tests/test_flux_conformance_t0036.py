@@ -66,10 +66,11 @@ after the loop
       ``kvbroker broker``.
   23. non-directory rundir fails -> exit 2, ``not a directory``.
   24. unwritable rundir fails -> as root, a read-only file system stands in
-      for Flux's ``chmod u-w`` (root writes there anyway).  DEFECT (xfail):
-      ``start`` exits 1, not 2, and says ``[Errno 30] Read-only file
+      for Flux's ``chmod u-w`` (root writes there anyway).  Refused before
+      any rank starts, exit 2: ``rundir DIR: cannot write in it: Read-only
+      file system`` (it exited 1 saying ``[Errno 30] Read-only file
       system: '.../curve.key'`` twice -- a key file the default (unix)
-      transport never writes -- instead of why the start failed.
+      transport never writes -- from the clean-up, instead of why).
 Also (not in Flux's test)
   * a statedir inside (or equal to) a rundir removed by ``-S
     rundir-cleanup=1``: refused before anything starts, exit 2 (the
@@ -375,9 +376,6 @@ def read_only_dir(tmp_path: Path) -> Iterator[Path]:
     subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
-@pytest.mark.xfail(strict=True, reason="defect: an unwritable rundir exits 1 (not 2) saying "
-                   "'[Errno 30] Read-only file system: .../curve.key' twice, not why the "
-                   "start failed")
 @pytest.mark.parametrize(("size", "transport"), [("1", "unix"), ("2", "tcp")])
 async def test_t0036_unwritable_rundir_fails_gracefully(read_only_dir: Path, size: str,
                                                         transport: str) -> None:
@@ -388,6 +386,8 @@ async def test_t0036_unwritable_rundir_fails_gracefully(read_only_dir: Path, siz
     assert "Read-only file system" in err and "[Errno" not in err, err
     if transport == "unix":
         assert "curve.key" not in err, err
+    assert err == f"kvbroker: start: rundir {read_only_dir}: cannot write in it: " \
+        "Read-only file system\n"
 
 
 # -- kvbroker broker ----------------------------------------------------------------
