@@ -81,10 +81,10 @@ Also (not in Flux's test)
     the directory it names is removed, and the link (neither was, without
     a word: rmtree refuses a symlink).
   * ``--rundir`` naming a stopped instance's statedir (``--rundir`` typed
-    for ``--statedir``): DEFECT (xfail): rank 0 takes its
-    ``content.sqlite`` for a killed rank 0's leftover and deletes it --
-    the KVS and its checkpoints -- without a word (the instance runs, exit
-    0).  A store with checkpoints is a statedir's.
+    for ``--statedir``): refused, exit 2, naming ``--statedir``; a store
+    with checkpoints is a statedir's (rank 0 took its ``content.sqlite``
+    for a killed rank 0's leftover and deleted it -- the KVS and its
+    checkpoints -- without a word).
   * ``start`` killed (SIGKILL): its ranks exit and a made rundir goes
     (pinned); a given one stays -- DEFECT (xfail): with the tcp transport
     it keeps the instance's CURVE secret key (``curve.key``), where it
@@ -463,14 +463,13 @@ async def test_t0036_statedir_inside_a_rundir_is_kept(tmp_path: Path) -> None:
     assert (statedir / "content.sqlite").is_file()
 
 
-@pytest.mark.xfail(strict=True, reason="defect: --rundir naming a stopped instance's statedir "
-                   "deletes its content.sqlite (the KVS and its checkpoints) silently")
 async def test_t0036_rundir_on_a_statedir_keeps_its_store(tmp_path: Path) -> None:
     statedir = tmp_path / "sd"
     rc, _, err = await start("--statedir", str(statedir), "--", KVBROKER, "kvs", "put", "a=1")
     assert rc == 0 and (statedir / "content.sqlite").is_file(), err
     rc, out, err = await start("--rundir", str(statedir), "--", "true")
     assert rc == 2 or (rc == 0 and (statedir / "content.sqlite").is_file()), (rc, out, err)
+    assert f"give --statedir {statedir}" in err, err
     rc, out, err = await start("--statedir", str(statedir), "--", KVBROKER, "kvs", "get", "a")
     assert (rc, out) == (0, "1\n"), err
 
