@@ -8,7 +8,8 @@ backlog to disk (``stopping <bytes>``, fewer each time) has its wait
 restarted, up to :data:`STOP_CAP` times the stop timeout in all.  Its run
 directory is private (mode 0700 unless guests are allowed) and removed on
 stop -- or, if the launcher dies without stopping, by the last rank to exit
-(``--cleanup-rundir``).
+(``--cleanup-rundir``; of a given one that stays, the CURVE key file the
+launcher wrote: ``--cleanup-curve-keys``).
 
 The command ``kvbroker start -- CMD`` runs in the instance is a
 :class:`broker.command.Command`.
@@ -581,6 +582,8 @@ class Instance:
             ]
             if self._removes_rundir():  # (the last rank out removes it, if we cannot)
                 argv.append("--cleanup-rundir")
+            elif curve_args:  # (or, in one that stays, the key file we wrote)
+                argv.append("--cleanup-curve-keys")
             if self.statedir:
                 argv += ["--statedir", self.statedir]
             argvs.append(argv)

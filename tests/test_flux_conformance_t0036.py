@@ -85,10 +85,10 @@ Also (not in Flux's test)
     with checkpoints is a statedir's (rank 0 took its ``content.sqlite``
     for a killed rank 0's leftover and deleted it -- the KVS and its
     checkpoints -- without a word).
-  * ``start`` killed (SIGKILL): its ranks exit and a made rundir goes
-    (pinned); a given one stays -- DEFECT (xfail): with the tcp transport
-    it keeps the instance's CURVE secret key (``curve.key``), where it
-    should be "emptied of what the start wrote".
+  * ``start`` killed (SIGKILL): its ranks exit and a made rundir goes; a
+    given one stays, "emptied of what the start wrote": with the tcp
+    transport the last rank out removes the instance's CURVE secret key
+    (``curve.key``) too, which only the launcher's stop removed.
 kvbroker broker
   Also, as ``start``: ``-S rundir=DIR`` is ``--rundir``.  DEFECT (xfail):
   ``kvbroker broker -S rundir-cleanup=1`` (or the file's ``[attrs]``) is
@@ -514,8 +514,6 @@ async def test_t0036_killed_start_made_rundir_removed(tmp_path: Path) -> None:
     assert not os.path.exists(rundir)
 
 
-@pytest.mark.xfail(strict=True, reason="defect: start killed leaves the instance's CURVE "
-                   "secret key (curve.key) in a given rundir")
 async def test_t0036_killed_start_given_rundir_emptied(tmp_path: Path) -> None:
     given = tmp_path / "given"
     given.mkdir(mode=0o700)
