@@ -450,13 +450,18 @@ def cmd_broker(args: argparse.Namespace) -> int:
     Rank 0 runs the initial program, if given (:mod:`broker.rank`); the
     other ranks ignore it, so every host may share one command line."""
     import json
-    import shutil
 
     from broker import attrs as battrs
     from broker import bootstrap
     from broker import rank as rank_main
     from broker.curve import load_keys, loose_mode
-    from broker.launch import StartError, make_rundir, private_dir
+    from broker.launch import (
+        StartError,
+        check_statedir_outside,
+        make_rundir,
+        private_dir,
+        remove_rundir,
+    )
     from broker.overlay import hello_hostname
 
     args.event_loop = ranks_loop(args)
@@ -500,10 +505,8 @@ def cmd_broker(args: argparse.Namespace) -> int:
                   "(chmod 600: whoever holds the key pair is admitted as a rank)")
     rundir = args.rundir
     try:
-        if cleanup and rundir and args.statedir and _inside(args.statedir, rundir):
-            raise StartError(f"--statedir {args.statedir} is in --rundir {rundir}, which "
-                             "-S rundir-cleanup=1 removes at the stop: a statedir is never "
-                             "removed (give a statedir elsewhere)")
+        if cleanup and rundir and args.statedir:
+            check_statedir_outside(args.statedir, rundir)
         if rundir:
             # absolute: the URI it prints must work from any directory
             rundir = os.path.abspath(rundir)
@@ -540,13 +543,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
         # Flux's rundir-cleanup: 1 removes even an operator's --rundir, 0
         # keeps even the one made here; by default a made one goes
         if cleanup or (cleanup is None and not args.rundir):
-            shutil.rmtree(rundir, ignore_errors=True)
-
-
-def _inside(path: str, directory: str) -> bool:
-    """Whether ``path`` is ``directory`` or below it (symlinks resolved)."""
-    path, directory = os.path.realpath(path), os.path.realpath(directory)
-    return os.path.commonpath([path, directory]) == directory
+            remove_rundir(rundir)
 
 
 # ------------------------------------------------------------------ client commands

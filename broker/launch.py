@@ -8,7 +8,8 @@ backlog to disk (``stopping <bytes>``, fewer each time) has its wait
 restarted, up to :data:`STOP_CAP` times the stop timeout in all.  Its run
 directory is private (mode 0700 unless guests are allowed) and removed on
 stop -- or, if the launcher dies without stopping, by the last rank to exit
-(``--cleanup-rundir``).
+(``--cleanup-rundir``; of a given one that stays, the CURVE key file the
+launcher wrote: ``--cleanup-curve-keys``).
 
 The command ``kvbroker start -- CMD`` runs in the instance is a
 :class:`broker.command.Command`.
@@ -101,8 +102,31 @@ def private_dir(path: str, what: str) -> None:
             raise StartError(f"{what} {path}: the symlink {link_path} is owned by uid "
                              f"{owner}, not by this user (uid {uid})")
     if st.st_mode & 0o022:
-        raise StartError(f"{what} {path}: writable by group or others (mode "
-                         f"{st.st_mode & 0o777:o}); chmod go-w, or choose another directory")
+        mode = f"{stat.S_IMODE(st.st_mode):o}"
+        if st.st_mode & stat.S_ISVTX:
+            # A shared directory such as /tmp: "chmod go-w" would take it
+            # from everyone else; the way out is a directory of one's own.
+            raise StartError(f"{what} {path}: writable by group or others (mode {mode}: a "
+                             "shared, sticky directory, as /tmp); make a private directory "
+                             f"in it (mkdir -m 700 {os.path.join(path, 'NAME')}) and give "
+                             "that, or choose another directory")
+        raise StartError(f"{what} {path}: writable by group or others (mode {mode}); "
+                         "chmod go-w, or choose another directory")
+
+
+def writable_dir(path: str, what: str) -> None:
+    """Refuse (:class:`StartError`) a directory this process cannot write in
+    (a read-only file system, ``chmod u-w``), saying why, before any rank
+    starts: a rank failed then, and its reason was one log line among the
+    launcher's own errors.  Tried by making a file and removing it (root
+    passes ``os.access`` on a read-only file system)."""
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".kvb-write-test-", dir=path)
+    except OSError as exc:
+        raise StartError(f"{what} {path}: cannot write in it: {exc.strerror}") from None
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(probe)
 
 
 SOCKET_PATH_MAX = 100
@@ -110,19 +134,80 @@ SOCKET_PATH_MAX = 100
 a ZeroMQ ``ipc://`` endpoint) holds 108 bytes on Linux, 104 on macOS."""
 
 
+RUNDIR_NAME = "kvb-XXXXXXXX"
+"""The shape of a run directory's name :func:`make_rundir` makes
+(``tempfile.mkdtemp``'s eight random characters)."""
+
+
+def tmpdir_fits(base: str) -> bool:
+    """Whether a run directory made in ``base`` leaves room for every rank's
+    socket (``BASE/kvb-XXXXXXXX/local-99999``, and ZeroMQ's ``ipc://``):
+    ``base`` of at most 69 characters."""
+    path = os.path.join(base, RUNDIR_NAME)
+    return len(local_socket_path(path, 99999)) + 6 <= SOCKET_PATH_MAX
+
+
 def make_rundir() -> str:
-    """A private, short directory for sockets (AF_UNIX paths are ~107 bytes max)."""
-    base = os.environ.get("TMPDIR") or "/tmp"
-    if len(base) > 60:
+    """A private, short directory for sockets (AF_UNIX paths are ~107 bytes max).
+
+    Its path is absolute, whatever ``$TMPDIR`` says: the ``rundir``
+    attribute and ``KVBROKER_URI`` (``local://RUNDIR/local-0``) are read by
+    programs in other directories, where a relative one named nothing.
+
+    ``$TMPDIR`` is used whenever the sockets fit in it (:func:`tmpdir_fits`):
+    a fixed cut at 60 characters put a 61-69 character one (pytest's own
+    ``tmp_path`` under xdist) aside without a word.  One too long is not
+    refused (Flux's "overflow"): the run directory is made in /tmp, and a
+    warning on stderr says so, since that is not where the user asked."""
+    tmpdir = os.environ.get("TMPDIR") or ""
+    base = os.path.abspath(tmpdir) if tmpdir else "/tmp"
+    if not tmpdir_fits(base):
+        print(f"kvbroker: warning: $TMPDIR {tmpdir} is too long for the ranks' sockets "
+              f"({len(base)} characters, at most {SOCKET_PATH_MAX - 31} here): the run "
+              "directory is made in /tmp", file=sys.stderr, flush=True)
         base = "/tmp"
     try:
         path = tempfile.mkdtemp(prefix="kvb-", dir=base)
     except OSError as exc:
-        where = f"$TMPDIR {base}" if os.environ.get("TMPDIR") == base else base
+        where = f"$TMPDIR {tmpdir}" if tmpdir and base != "/tmp" else base
         raise StartError(f"cannot make a run directory in {where}: {exc.strerror}") from None
     if len(local_socket_path(path, 99999)) + 6 > SOCKET_PATH_MAX:
         raise StartError(f"run directory path too long for sockets: {path}")
     return path
+
+
+def check_statedir_outside(statedir: str, rundir: str) -> None:
+    """Refuse (:class:`StartError`) a statedir inside, or equal to, a
+    rundir ``rundir-cleanup=1`` removes at the stop (``start`` and
+    ``kvbroker broker``): a statedir (the content store and its
+    checkpoints) is never removed, and removing the rundir took it with it.
+    Refused rather than the rundir kept: the user asked for both, and
+    either choice made silently loses what one of them expected.
+    (Without ``rundir-cleanup=1`` the statedir, made first, makes the
+    rundir one that was there, which stays.)  Compared as real paths: a
+    symlink does not hide it."""
+    real_state, real_run = os.path.realpath(statedir), os.path.realpath(rundir)
+    if os.path.commonpath([real_state, real_run]) != real_run:
+        return
+    where = "is the rundir" if real_state == real_run else "is inside the rundir"
+    raise StartError(f"statedir {statedir} {where} {rundir}, which -S rundir-cleanup=1 "
+                     "removes at the stop (a statedir is never removed): give a statedir "
+                     "outside the rundir, or drop rundir-cleanup=1")
+
+
+def remove_rundir(path: str) -> None:
+    """Remove the run directory ``path`` with all it holds (``rundir-cleanup``,
+    or one the start made).  Given as a symlink (``--rundir link``, checked
+    by :func:`private_dir`: every link the owner's), the directory it names
+    goes, and then the link: the user asked for the run directory to go,
+    and ``shutil.rmtree`` refuses a symlink -- hidden by ``ignore_errors``,
+    nothing was removed, without a word."""
+    if os.path.islink(path):
+        shutil.rmtree(os.path.realpath(path), ignore_errors=True)
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+    else:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def free_tcp_ports(count: int) -> list[int]:
@@ -304,6 +389,9 @@ class Instance:
         ...``: what it runs, forked or executed) as it is started; what
         ``kvbroker start -v`` prints, as Flux's ``flux start -v``."""
         self._rundir_mode: int | None = None
+        self._keyfile: str | None = None
+        """The CURVE key file this start wrote in the run directory (tcp),
+        removed at stop: never one it found there."""
         """The mode of a run directory that was there, while guests make it 0755."""
         self.attrs = dict(attrs or {})
         self.stderr_path = stderr_path
@@ -385,7 +473,12 @@ class Instance:
         except battrs.AttrError as exc:
             raise StartError(str(exc)) from None
         if self.statedir:
+            self._check_statedir_outside_a_removed_rundir()
             private_dir(self.statedir, "statedir")
+
+    def _check_statedir_outside_a_removed_rundir(self) -> None:
+        if self.statedir and self.rundir_option and self.rundir_cleanup:
+            check_statedir_outside(self.statedir, self.rundir_option)
 
     async def start(self, timeout: float = START_TIMEOUT) -> None:
         """Start the ranks and wait until every one answers.  After
@@ -446,6 +539,7 @@ class Instance:
                              "here)")
         self._rundir_made = not os.path.lexists(path)
         private_dir(path, "rundir")
+        writable_dir(path, "rundir")
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.connect(local_socket_path(path, 0))
@@ -473,7 +567,12 @@ class Instance:
             for r, port in zip(parents, free_tcp_ports(len(parents)), strict=True):
                 endpoints[r] = f"tcp://127.0.0.1:{port}"
             keyfile = os.path.join(self.rundir, "curve.key")
-            generate_keys(keyfile)
+            try:
+                generate_keys(keyfile)
+            except OSError as exc:  # (a StartError: exit 2, naming the rundir)
+                raise StartError(f"rundir {self.rundir}: cannot write the instance's CURVE "
+                                 f"key file {keyfile}: {exc.strerror}") from None
+            self._keyfile = keyfile
             curve_args = ["--curve-keys", keyfile]
         self.endpoints = endpoints
         # Ranks of this interpreter find their modules where we did, without
@@ -494,6 +593,8 @@ class Instance:
             ]
             if self._removes_rundir():  # (the last rank out removes it, if we cannot)
                 argv.append("--cleanup-rundir")
+            elif curve_args:  # (or, in one that stays, the key file we wrote)
+                argv.append("--cleanup-curve-keys")
             if self.statedir:
                 argv += ["--statedir", self.statedir]
             argvs.append(argv)
@@ -807,11 +908,16 @@ class Instance:
         if self._watch_w is not None:
             os.close(self._watch_w)
             self._watch_w = None
+        keyfile, self._keyfile = self._keyfile, None
         if self.rundir and self._removes_rundir():
-            shutil.rmtree(self.rundir, ignore_errors=True)
+            remove_rundir(self.rundir)
         elif self.rundir:  # (one that was there stays: what the start wrote goes)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(self.rundir, "curve.key"))
+            # Only a key file this start wrote; and a clean-up error must not
+            # replace the start's own (an unlink on a read-only file system
+            # fails with EROFS even for a file that is not there).
+            if keyfile is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(keyfile)
             if self._rundir_mode is not None:
                 with contextlib.suppress(OSError):
                     os.chmod(self.rundir, self._rundir_mode)

@@ -13,7 +13,9 @@ while it stops with bytes left to write (:func:`report_stopping`).  With
 nothing: it runs CMD once ready, passes SIGINT/SIGTERM/SIGHUP on to it,
 stops the instance when CMD exits, and exits as CMD did.  With
 ``--cleanup-rundir`` (the launcher made the run directory), the last rank
-to exit removes it if the launcher is gone.
+to exit removes it if the launcher is gone; with ``--cleanup-curve-keys``
+(the launcher wrote ``--curve-keys`` for this start, in a run directory
+that stays), it removes that key file then.
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ import logging
 import os
 import resource
 import select
-import shutil
 import signal
 import stat
 import sys
@@ -105,6 +106,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cleanup-rundir", action="store_true",
                    help="the launcher made --rundir: if it is gone (--watch-fd closed), "
                    "the last rank to exit removes it")
+    p.add_argument("--cleanup-curve-keys", action="store_true",
+                   help="the launcher wrote --curve-keys for this start: if it is gone "
+                   "(--watch-fd closed), the last rank to exit removes that file")
     return p.parse_args(argv)
 
 
@@ -121,16 +125,38 @@ def hold_rundir(rundir: str) -> int | None:
     return fd
 
 
-def remove_rundir_if_last(fd: int, rundir: str) -> None:
-    """Remove ``rundir`` if no other rank holds it (:func:`hold_rundir`).
-    Each rank drops its shared lock before trying, so of ranks exiting
-    together one always succeeds."""
+def last_out(fd: int) -> bool:
+    """Whether no other rank holds the run directory (:func:`hold_rundir`):
+    this rank is the last one using it.  Each rank drops its shared lock
+    before trying, so of ranks exiting together one always succeeds."""
     fcntl.flock(fd, fcntl.LOCK_UN)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        return
-    shutil.rmtree(rundir, ignore_errors=True)
+        return False
+    return True
+
+
+def remove_rundir_if_last(fd: int, rundir: str) -> None:
+    """Remove ``rundir`` if no other rank holds it (:func:`last_out`)."""
+    if last_out(fd):
+        from broker.launch import remove_rundir  # (a symlink's directory too)
+
+        remove_rundir(rundir)
+
+
+def clean_up_after_launcher(args: argparse.Namespace, fd: int) -> None:
+    """The launcher died (SIGKILL) without its stop's clean-up: the last
+    rank out does it -- removes the run directory the launcher would have
+    (``--cleanup-rundir``), or else the CURVE key file it wrote in one
+    that stays (``--cleanup-curve-keys``): a given run directory is left
+    "emptied of what the start wrote", and the instance's secret key is
+    not left behind for anyone who later reads the directory."""
+    if args.cleanup_rundir:
+        remove_rundir_if_last(fd, args.rundir)
+    elif args.cleanup_curve_keys and args.curve_keys and last_out(fd):
+        with contextlib.suppress(OSError):
+            os.unlink(args.curve_keys)
 
 
 def pipe_closed(fd: int) -> bool:
@@ -142,7 +168,7 @@ def pipe_closed(fd: int) -> bool:
 async def serve(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     rundir_lock = None
-    if args.cleanup_rundir and args.watch_fd is not None:
+    if (args.cleanup_rundir or args.cleanup_curve_keys) and args.watch_fd is not None:
         rundir_lock = hold_rundir(args.rundir)
     plugins.use_targets(args.module_targets)
     curve = None
@@ -249,7 +275,7 @@ async def serve(args: argparse.Namespace) -> int:
         # every rank has exited; one that died (SIGKILL) cannot.  Checked
         # here, not when its pipe closed: it may die while we stop anyway.
         if rundir_lock is not None and pipe_closed(args.watch_fd):
-            remove_rundir_if_last(rundir_lock, args.rundir)
+            clean_up_after_launcher(args, rundir_lock)
     return b.exit_code if status is None else status
 
 

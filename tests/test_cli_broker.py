@@ -1597,7 +1597,7 @@ async def test_broker_rundir_cleanup_never_takes_a_statedir_with_it(tmp_path: Pa
                                  "--statedir", str(statedir), "-S", "rundir-cleanup=1",
                                  "--", "true")
     assert (rc, out) == (2, ""), err
-    assert "is in --rundir" in err and "never removed" in err, err
+    assert "is inside the rundir" in err and "never removed" in err, err
     assert not statedir.exists()
     rc, out, err = await run_cli("broker", "-c", str(conf), "--rundir", str(rundir),
                                  "--statedir", str(tmp_path / "state"), "-S",

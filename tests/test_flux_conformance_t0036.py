@@ -34,10 +34,9 @@ rundir
       set`` fails (exit 1) for both.
   16.-18. ``-S rundir=DIR`` with DIR mode 1777 uses a new DIR/subdir ->
       DIFFERENCE (documented): refused, exit 2 (writable by others), and
-      nothing is made in it.  DEFECT (xfail): the refusal reads ``mode
-      777`` and advises ``chmod go-w`` -- wrong for a shared sticky
-      directory such as /tmp (Flux's case), where the way out is a
-      directory of one's own in it.
+      nothing is made in it.  The refusal says what it is (``mode 1777: a
+      shared, sticky directory, as /tmp``) and advises a private directory
+      in it, not ``chmod go-w`` (it read ``mode 777; chmod go-w``).
 statedir
   1.-3. defaults (a temporary statedir, cleaned up) -> DIFFERENCE
       (documented): no statedir unless given; the attribute is empty.
@@ -52,43 +51,44 @@ statedir
 after the loop
   19. rundir in /tmp, statedir in /var/tmp -> the rundir is /tmp/kvb-*;
       no default statedir.
-  20. ``TMPDIR`` overrides -> the rundir is in ``$TMPDIR``.  DEFECT
-      (xfail): a relative ``TMPDIR`` gives a relative ``rundir`` and
-      ``KVBROKER_URI`` (``local://rel/kvb-.../local-0``), which a client
-      in another directory cannot reach (docs: the attribute is an
-      absolute path).  The same through ``kvbroker broker``.
+  20. ``TMPDIR`` overrides -> the rundir is in ``$TMPDIR``.  A relative
+      ``TMPDIR`` is made absolute (it gave a relative ``rundir`` and
+      ``KVBROKER_URI``, which a client in another directory could not
+      reach); the same through ``kvbroker broker``.
   21. rundir buffer overflow (a 1024-character ``TMPDIR``) fails ->
-      DIFFERENCE, undocumented: ``start`` ignores a ``$TMPDIR`` longer than
-      60 characters and makes the rundir in /tmp (it starts, exit 0).
-      DEFECT (xfail): the cut is at 60 characters, though the sockets fit
-      below 70: a 65-character ``$TMPDIR`` (pytest's own tmp_path under
-      xdist is one) is ignored without a word.
+      DIFFERENCE (documented): a ``$TMPDIR`` too long for the ranks'
+      sockets (over 69 characters) is not used: the rundir is made in /tmp
+      (it starts, exit 0) and a warning says so.  One of 61-69 characters,
+      whose sockets fit (pytest's own tmp_path under xdist), is used (it
+      was put aside without a word at a fixed cut of 60).
   22. nonexistent ``TMPDIR`` fails -> exit 2, ``cannot make a run
       directory in $TMPDIR /noexist: No such file or directory``; also
       ``kvbroker broker``.
   23. non-directory rundir fails -> exit 2, ``not a directory``.
   24. unwritable rundir fails -> as root, a read-only file system stands in
-      for Flux's ``chmod u-w`` (root writes there anyway).  DEFECT (xfail):
-      ``start`` exits 1, not 2, and says ``[Errno 30] Read-only file
+      for Flux's ``chmod u-w`` (root writes there anyway).  Refused before
+      any rank starts, exit 2: ``rundir DIR: cannot write in it: Read-only
+      file system`` (it exited 1 saying ``[Errno 30] Read-only file
       system: '.../curve.key'`` twice -- a key file the default (unix)
-      transport never writes -- instead of why the start failed.
+      transport never writes -- from the clean-up, instead of why).
 Also (not in Flux's test)
   * a statedir inside (or equal to) a rundir removed by ``-S
-    rundir-cleanup=1``: DEFECT (xfail): the statedir -- the content store
-    and its checkpoints -- is removed with the rundir, though "a
-    ``--statedir`` is never removed" (docs/cli.md).
+    rundir-cleanup=1``: refused before anything starts, exit 2 (the
+    statedir -- the content store and its checkpoints -- was removed with
+    the rundir, though "a ``--statedir`` is never removed"); without
+    ``rundir-cleanup=1`` the rundir holding it stays.
   * ``-S rundir-cleanup=1`` on a rundir given as a symlink to a directory:
-    DEFECT (xfail): neither is removed, without a word (exit 0; the
-    directory stays, emptied).
+    the directory it names is removed, and the link (neither was, without
+    a word: rmtree refuses a symlink).
   * ``--rundir`` naming a stopped instance's statedir (``--rundir`` typed
-    for ``--statedir``): DEFECT (xfail): rank 0 takes its
-    ``content.sqlite`` for a killed rank 0's leftover and deletes it --
-    the KVS and its checkpoints -- without a word (the instance runs, exit
-    0).  A store with checkpoints is a statedir's.
-  * ``start`` killed (SIGKILL): its ranks exit and a made rundir goes
-    (pinned); a given one stays -- DEFECT (xfail): with the tcp transport
-    it keeps the instance's CURVE secret key (``curve.key``), where it
-    should be "emptied of what the start wrote".
+    for ``--statedir``): refused, exit 2, naming ``--statedir``; a store
+    with checkpoints is a statedir's (rank 0 took its ``content.sqlite``
+    for a killed rank 0's leftover and deleted it -- the KVS and its
+    checkpoints -- without a word).
+  * ``start`` killed (SIGKILL): its ranks exit and a made rundir goes; a
+    given one stays, "emptied of what the start wrote": with the tcp
+    transport the last rank out removes the instance's CURVE secret key
+    (``curve.key``) too, which only the launcher's stop removed.
 kvbroker broker
   Also, as ``start``: ``-S rundir=DIR`` is ``--rundir``, ``-S
   rundir-cleanup=1`` (or the file's ``[attrs]``) removes it at the exit,
@@ -197,8 +197,6 @@ async def test_t0036_rundir_cleanup_1_removes_a_given_rundir(tmp_path: Path) -> 
     assert not rundir.exists()
 
 
-@pytest.mark.xfail(strict=True, reason="defect: -S rundir-cleanup=1 does not remove a rundir "
-                   "given as a symlink (rmtree refuses symlinks; ignore_errors hides it)")
 async def test_t0036_rundir_cleanup_1_removes_a_symlinked_rundir(tmp_path: Path) -> None:
     real = tmp_path / "real"
     real.mkdir(mode=0o700)
@@ -206,7 +204,7 @@ async def test_t0036_rundir_cleanup_1_removes_a_symlinked_rundir(tmp_path: Path)
     link.symlink_to(real)
     attrs = await checkattrs("-S", f"rundir={link}", "-S", "rundir-cleanup=1")
     assert attrs["rundir"] == str(link)
-    assert not real.exists()
+    assert not real.exists() and not link.is_symlink()
 
 
 @pytest.mark.parametrize(("cleanup", "stays"), [((), False), (("-S", "rundir-cleanup=0"), True)])
@@ -246,8 +244,6 @@ async def test_t0036_sticky_dir_refused(tmp_path: Path, attr: str) -> None:
     assert list(shared.iterdir()) == []
 
 
-@pytest.mark.xfail(strict=True, reason="defect: a sticky shared rundir (mode 1777, as /tmp) "
-                   "is refused as 'mode 777; chmod go-w', wrong advice for a shared directory")
 async def test_t0036_sticky_dir_refusal_says_what_it_is(tmp_path: Path) -> None:
     shared = tmp_path / "shared"
     shared.mkdir()
@@ -298,8 +294,6 @@ async def test_t0036_tmpdir_overrides(short_tmp: Path) -> None:
     assert list(short_tmp.iterdir()) == []
 
 
-@pytest.mark.xfail(strict=True, reason="defect: a $TMPDIR of 61-69 characters, whose sockets "
-                   "fit, is ignored without a word: the rundir goes to /tmp")
 async def test_t0036_tmpdir_of_65_characters_is_used(short_tmp: Path) -> None:
     tmpdir = short_tmp / ("d" * (65 - len(str(short_tmp)) - 1))
     tmpdir.mkdir()
@@ -308,28 +302,42 @@ async def test_t0036_tmpdir_of_65_characters_is_used(short_tmp: Path) -> None:
     assert Path(attrs["rundir"]).parent == tmpdir, attrs
 
 
-@pytest.mark.xfail(strict=True, reason="defect: a relative TMPDIR gives a relative rundir "
-                   "and KVBROKER_URI, unreachable from another directory")
 @pytest.mark.parametrize("how", ["start", "broker"])
-async def test_t0036_relative_tmpdir_gives_an_absolute_rundir(tmp_path: Path,
+async def test_t0036_relative_tmpdir_gives_an_absolute_rundir(short_tmp: Path,
                                                               how: str) -> None:
-    (tmp_path / "rel").mkdir()
+    # (in a short directory: made absolute, pytest's tmp_path is too long for
+    # the sockets under xdist, and the rundir would be made in /tmp)
+    (short_tmp / "rel").mkdir()
     script = "cd / && kvbroker attr get rundir"
     if how == "start":
-        rc, out, err = await start("--", "sh", "-c", script, cwd=tmp_path,
+        rc, out, err = await start("--", "sh", "-c", script, cwd=short_tmp,
                                    env={"TMPDIR": "rel"})
     else:
-        (tmp_path / "one.toml").write_text("[bootstrap]\n")
+        (short_tmp / "one.toml").write_text("[bootstrap]\n")
         rc, out, err = await kvb("broker", "-c", "one.toml", "--", "sh", "-c", script,
-                                 cwd=tmp_path, env={"TMPDIR": "rel"})
+                                 cwd=short_tmp, env={"TMPDIR": "rel"})
     assert rc == 0, err
-    assert Path(out.strip()).parent == tmp_path / "rel", out
+    assert Path(out.strip()).parent == short_tmp / "rel", out
 
 
 async def test_t0036_long_tmpdir_falls_back_to_tmp() -> None:
-    """Case 21: a difference (Flux fails, saying overflow)."""
-    attrs = await checkattrs(env={"TMPDIR": "D" * 1024})
-    assert attrs["rundir"].startswith("/tmp/kvb-"), attrs
+    """Case 21: a difference (Flux fails, saying overflow): /tmp, and a warning."""
+    rc, out, err = await start("--", KVBROKER, "attr", "get", "rundir",
+                               env={"TMPDIR": "/" + "D" * 1023})
+    assert rc == 0, err
+    assert out.startswith("/tmp/kvb-"), out
+    assert err == (f"kvbroker: warning: $TMPDIR /{'D' * 1023} is too long for the ranks' "
+                   "sockets (1024 characters, at most 69 here): the run directory is made "
+                   "in /tmp\n"), err
+
+
+async def test_t0036_tmpdir_of_70_characters_falls_back(short_tmp: Path) -> None:
+    tmpdir = short_tmp / ("d" * (70 - len(str(short_tmp)) - 1))
+    tmpdir.mkdir()
+    rc, out, err = await start("--", KVBROKER, "attr", "get", "rundir",
+                               env={"TMPDIR": str(tmpdir)})
+    assert rc == 0, err
+    assert out.startswith("/tmp/kvb-") and "too long for the ranks' sockets" in err, (out, err)
 
 
 @pytest.mark.parametrize("how", ["start", "broker"])
@@ -367,9 +375,6 @@ def read_only_dir(tmp_path: Path) -> Iterator[Path]:
     subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
-@pytest.mark.xfail(strict=True, reason="defect: an unwritable rundir exits 1 (not 2) saying "
-                   "'[Errno 30] Read-only file system: .../curve.key' twice, not why the "
-                   "start failed")
 @pytest.mark.parametrize(("size", "transport"), [("1", "unix"), ("2", "tcp")])
 async def test_t0036_unwritable_rundir_fails_gracefully(read_only_dir: Path, size: str,
                                                         transport: str) -> None:
@@ -380,6 +385,8 @@ async def test_t0036_unwritable_rundir_fails_gracefully(read_only_dir: Path, siz
     assert "Read-only file system" in err and "[Errno" not in err, err
     if transport == "unix":
         assert "curve.key" not in err, err
+    assert err == f"kvbroker: start: rundir {read_only_dir}: cannot write in it: " \
+        "Read-only file system\n"
 
 
 # -- kvbroker broker ----------------------------------------------------------------
@@ -423,8 +430,6 @@ async def test_t0036_broker_statedir_cleanup_refused(tmp_path: Path) -> None:
 
 # -- also: a statedir in the rundir, start killed --------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="defect: -S rundir-cleanup=1 removes a statedir inside "
-                   "(or equal to) the rundir: the content store is lost")
 @pytest.mark.parametrize("inside", [True, False])
 async def test_t0036_rundir_cleanup_keeps_a_statedir_inside(tmp_path: Path,
                                                             inside: bool) -> None:
@@ -432,18 +437,32 @@ async def test_t0036_rundir_cleanup_keeps_a_statedir_inside(tmp_path: Path,
     statedir = rundir / "state" if inside else rundir
     rc, out, err = await start("--rundir", str(rundir), "--statedir", str(statedir), "-S",
                                "rundir-cleanup=1", "--", KVBROKER, "kvs", "put", "a=1")
-    # refused before anything starts, or the statedir kept
+    # refused before anything starts (the statedir kept would do too)
     assert rc == 2 or (rc == 0 and (statedir / "content.sqlite").is_file()), (rc, out, err)
+    where = "inside the rundir" if inside else "the rundir"
+    assert f"statedir {statedir} is {where} {rundir}, which -S rundir-cleanup=1" in err, err
+    assert not rundir.exists()
 
 
-@pytest.mark.xfail(strict=True, reason="defect: --rundir naming a stopped instance's statedir "
-                   "deletes its content.sqlite (the KVS and its checkpoints) silently")
+async def test_t0036_statedir_inside_a_rundir_is_kept(tmp_path: Path) -> None:
+    """Without rundir-cleanup=1: the statedir, made first, makes the rundir
+    one that was there, which stays (emptied of what the start wrote)."""
+    rundir = tmp_path / "run"
+    statedir = rundir / "state"
+    rc, out, err = await start("--rundir", str(rundir), "--statedir", str(statedir), "--",
+                               KVBROKER, "kvs", "put", "a=1")
+    assert rc == 0, err
+    assert sorted(p.name for p in rundir.iterdir()) == ["state"]
+    assert (statedir / "content.sqlite").is_file()
+
+
 async def test_t0036_rundir_on_a_statedir_keeps_its_store(tmp_path: Path) -> None:
     statedir = tmp_path / "sd"
     rc, _, err = await start("--statedir", str(statedir), "--", KVBROKER, "kvs", "put", "a=1")
     assert rc == 0 and (statedir / "content.sqlite").is_file(), err
     rc, out, err = await start("--rundir", str(statedir), "--", "true")
     assert rc == 2 or (rc == 0 and (statedir / "content.sqlite").is_file()), (rc, out, err)
+    assert f"give --statedir {statedir}" in err, err
     rc, out, err = await start("--statedir", str(statedir), "--", KVBROKER, "kvs", "get", "a")
     assert (rc, out) == (0, "1\n"), err
 
@@ -488,8 +507,6 @@ async def test_t0036_killed_start_made_rundir_removed(tmp_path: Path) -> None:
     assert not os.path.exists(rundir)
 
 
-@pytest.mark.xfail(strict=True, reason="defect: start killed leaves the instance's CURVE "
-                   "secret key (curve.key) in a given rundir")
 async def test_t0036_killed_start_given_rundir_emptied(tmp_path: Path) -> None:
     given = tmp_path / "given"
     given.mkdir(mode=0o700)

@@ -405,6 +405,8 @@ class ContentModule(Module):
             self.persistent = bool(statedir)
             self._thread = StoreThread("content-sqlite")
             path = os.path.join(directory, STORE_FILE)
+            if not statedir and await asyncio.to_thread(_holds_checkpoints, path):
+                raise _a_statedirs_store(path)
             restored = None
             if self.ctx.attrs.get(RESTORE.name):
                 from kvs import dumps  # (content.restore: Flux's restore at start)
@@ -418,6 +420,11 @@ class ContentModule(Module):
                     # A rank 0 killed before its stop removed it (a --rundir
                     # it was given): nothing is kept without a statedir, and
                     # reused, the old copy of every value lived on and grew.
+                    # Never a store with checkpoints (checked above, and
+                    # here, opened): a statedir's.
+                    if await self.db(self.backing.all_checkpoints):
+                        await self.db(self.backing.close)
+                        raise _a_statedirs_store(path)
                     await self.db(self.backing.close)
                     _remove_store(path)
                     self.backing = await self.db(SqliteStore, path)
@@ -1576,6 +1583,36 @@ class ContentModule(Module):
             # it (broker/content/storethread.py)
             out["sqlite-thread"] = self._thread.stats()
         return out
+
+
+def _holds_checkpoints(path: str) -> bool:
+    """Whether the SQLite store at ``path`` holds a checkpoint (read-only;
+    False if there is none, or it cannot be read: the store's own open
+    says why then).  A store with checkpoints is a statedir's: rank 0
+    without a statedir writes none there, the KVS only checkpoints into a
+    statedir."""
+    if not os.path.exists(path):
+        return False
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            return db.execute("SELECT 1 FROM checkpoints LIMIT 1").fetchone() is not None
+        finally:
+            db.close()
+    except sqlite3.Error:
+        return False
+
+
+def _a_statedirs_store(path: str) -> ErrnoError:
+    """Rank 0 without a statedir found a store with checkpoints in its run
+    directory (``--rundir`` naming a stopped instance's statedir, typed for
+    ``--statedir``): it is refused, not removed as a killed rank 0's
+    leftover -- that deleted the KVS and its checkpoints without a word."""
+    directory = os.path.dirname(path)
+    return ErrnoError(errno.EEXIST, f"rundir {directory} holds a content store with KVS "
+                                    f"checkpoints ({path}): a statedir's, not removed; to "
+                                    f"use it give --statedir {directory}, else choose another "
+                                    "rundir")
 
 
 def _remove_store(path: str) -> None:
