@@ -326,12 +326,28 @@ def check_update(attrs: Mapping[str, Any], name: str, value: Any) -> Any:
 
 
 def with_defaults(attrs: MutableMapping[str, Any], specs: Iterable[AttrSpec]) -> None:
-    """Check ``specs``' values in ``attrs``, then add the default of each one
-    ``attrs`` lacks."""
+    """Check ``specs``' values in ``attrs`` and hold each as it is read
+    (:func:`normalize`), then add the default of each one ``attrs`` lacks."""
     specs = tuple(specs)
     check(attrs, specs)
+    normalize(attrs, specs)
     for spec in specs:
         attrs.setdefault(spec.name, spec.default)
+
+
+def normalize(attrs: MutableMapping[str, Any], specs: Iterable[AttrSpec]) -> None:
+    """Each of ``specs``' values in ``attrs`` as the rank takes it: a text
+    value the way its parser reads it (``'sha1 '`` is ``sha1``, ``DEBUG``
+    ``debug``), other text without its surrounding blanks.  The parsers
+    forgave the blanks, but the attribute kept them: ``attr get
+    content.hash`` read ``sha1 `` and ``kvs restore``, which names blobs by
+    it, failed "unsupported content hash"."""
+    for spec in specs:
+        raw = attrs.get(spec.name)
+        if not isinstance(raw, str):
+            continue
+        parsed = spec.value(attrs)
+        attrs[spec.name] = parsed if isinstance(parsed, str) else raw.strip()
 
 
 def check_instance(attrs: Mapping[str, Any], bootstrap: bool = False) -> None:

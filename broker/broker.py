@@ -198,6 +198,7 @@ class Broker:
         if self.rank_log is not None:
             self.rank_log.ring.attach(asyncio.get_running_loop())
         config = battrs.check(self.attrs, battrs.BROKER_ATTRS)  # AttrError: start-up fails
+        battrs.normalize(self.attrs, battrs.BROKER_ATTRS)
         # A module that cannot load is a start-up failure, as in Flux: an
         # instance silently missing kvs-watch would only fail later.  Modules
         # are found, and their attributes checked and defaulted, before the

@@ -36,11 +36,11 @@ Beyond the script:
   the blob go, the blobref the client was given names nothing (Flux's
   follower checks the hash its parent answered against its own and fails
   the store, ``EIO``, when they differ).
-* A defect (strict xfail): ``-S content.hash='sha1 '`` is taken (the
-  value's blanks are dropped to choose the hash) but the attribute keeps
-  them, so ``attr get content.hash`` reads ``sha1 `` -- and ``kvbroker kvs
-  restore``, which names blobs by that attribute, fails ``unsupported
-  content hash 'sha1 '``.
+* ``-S content.hash='sha1 '`` is the hash read back (``attr get
+  content.hash``: ``sha1``), so ``kvbroker kvs restore``, which names
+  blobs by that attribute, works; until 2026-12-05 the attribute kept the
+  blanks the parser forgave, and the restore failed ``unsupported content
+  hash 'sha1 '`` (found by this file).
 tests/test_content_rpc.py has the RPC forms (test_sha1,
 test_unsupported_hash_fails_start).
 """
@@ -155,10 +155,6 @@ async def test_t2008_a_statedir_read_under_the_other_hash(tmp_path) -> None:
     assert digest_sizes(tmp_path / "state") == {20, 32}
 
 
-@pytest.mark.xfail(strict=True, reason="defect: -S content.hash='sha1 ' is taken (the parser "
-                   "strips it) but the attribute keeps the blanks: attr get reads 'sha1 ' and "
-                   "kvs restore fails 'unsupported content hash' (broker/attrs.py AttrSpec.value "
-                   "/ choice: the parsed value is not what the attribute holds)")
 async def test_t2008_a_hash_given_with_blanks_is_the_hash_in_use(tmp_path) -> None:
     """A value taken with blanks is the value read back (or it is refused,
     exit 2): a client that names blobs by the attribute (``kvs restore``)
