@@ -317,8 +317,9 @@ def cmd_start(args: argparse.Namespace) -> int:
                 if await first(stop.wait(), inst.ended):
                     return 0  # signalled
                 if inst.ended.result() is None:  # kvbroker shutdown
-                    if inst.shutdown_rank:
-                        print_err(shutdown_notice(inst.shutdown_rank, command=False))
+                    if inst.shutdown_rank or inst.shutdown_why != "kvbroker shutdown":
+                        print_err(shutdown_notice(inst.shutdown_rank or 0, command=False,
+                                                  why=inst.shutdown_why))
                     return 0
             else:
                 env = dict(os.environ, KVBROKER_URI=inst.uri(0), KVBROKER_RANK="0")
@@ -331,7 +332,8 @@ def cmd_start(args: argparse.Namespace) -> int:
                     cmd.forward(sig)
                 ended_first = not await first(cmd.wait(), inst.ended)
                 if ended_first and inst.ended.result() is None:
-                    print_err(shutdown_notice(inst.shutdown_rank or 0, command=True))
+                    print_err(shutdown_notice(inst.shutdown_rank or 0, command=True,
+                                              why=inst.shutdown_why))
                     await cmd.stop(args.stop_timeout)
                 if not ended_first or inst.ended.result() is None:
                     if signalled:  # we are stopping: nothing the command ran outlives us
@@ -393,15 +395,17 @@ def cmd_start(args: argparse.Namespace) -> int:
         return runner.run(main())
 
 
-def shutdown_notice(rank: int, command: bool) -> str:
-    """What ``start`` says when ``kvbroker shutdown`` stopped ``rank`` (0:
-    the whole instance).  Not "exited unexpectedly": someone asked for it.
-    Any rank's shutdown ends the instance (an instance missing a subtree is
-    not what ``start`` was asked for); it is a stop, so ``start`` exits 0, or
-    as the command does."""
+def shutdown_notice(rank: int, command: bool, why: str = "kvbroker shutdown") -> str:
+    """What ``start`` says when ``kvbroker shutdown``, or a signal (``why``:
+    ``signal SIGTERM``), stopped ``rank`` (0: the whole instance).  Not
+    "exited unexpectedly": someone asked for it.  Any rank's stop ends the
+    instance (an instance missing a subtree is not what ``start`` was asked
+    for); it is a stop, so ``start`` exits 0, or as the command does."""
+    tail = " and the command" if command else ""
+    if why != "kvbroker shutdown":
+        return f"rank {rank} was stopped ({why}); stopping the instance{tail}"
     if rank == 0:
         return "the instance was shut down; stopping the command"
-    tail = " and the command" if command else ""
     return f"rank {rank} was shut down (kvbroker shutdown); stopping the instance{tail}"
 
 

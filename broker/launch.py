@@ -424,13 +424,17 @@ class Instance:
         self.shutdown_rank: int | None = None
         """The rank that was shut down, once :attr:`ended` is None: 0 for
         the whole instance, else the top of the subtree that stopped."""
+        self.shutdown_why = "kvbroker shutdown"
+        """How :attr:`shutdown_rank` was asked to stop: ``kvbroker
+        shutdown``, or the signal sent to it (``signal SIGTERM``, as
+        ``systemctl stop`` or ``kill`` asks a rank to stop)."""
         self.left_to_write: list[int | None] = []
         """Per rank, the fewest bytes it said it still had to write while it
         stopped (``stopping <bytes>``), None if it never said."""
         self._deadlines: dict[int, asyncio.Timeout] = {}
         self._stop_timeout = STOP_TIMEOUT
         self._stop_cap = 0.0
-        self._shutdown_said: list[asyncio.Future[None]] = []
+        self._shutdown_said: list[asyncio.Future[str]] = []
         self._parent_gone_said: list[asyncio.Future[None]] = []
         self._stdout_read: list[asyncio.Future[None]] = []
         self._exited: list[asyncio.Future[None]] = []
@@ -489,7 +493,7 @@ class Instance:
             raise RuntimeError("the instance is already started: stop() it first")
         self.check()
         self.procs, self._waiters, self._stopping, self.killed = [], [], False, []
-        self.shutdown_rank = None
+        self.shutdown_rank, self.shutdown_why = None, "kvbroker shutdown"
         self.left_to_write = [None] * self.size
         self.failed = loop.create_future()
         self.ended = loop.create_future()
@@ -768,16 +772,19 @@ class Instance:
 
     async def _read_stdout(self, rank: int, proc: RankProcess) -> None:
         """A rank prints ``shutdown`` (after ``ready``) when a client shut it
-        down, before it tells any rank below it to stop; ``parent-gone``
-        when it stops because of its parent; and ``stopping <bytes>`` while
-        it stops with bytes left to write."""
+        down, or ``stopped SIGNAL`` when a signal asked it to stop, before it
+        tells any rank below it to stop; ``parent-gone`` when it stops
+        because of its parent; and ``stopping <bytes>`` while it stops with
+        bytes left to write."""
         assert proc.stdout is not None
         said = self._shutdown_said[rank]
         try:
             while line := await proc.stdout.readline():
                 word, _, arg = line.strip().partition(b" ")
                 if word == b"shutdown" and not said.done():
-                    said.set_result(None)
+                    said.set_result("kvbroker shutdown")
+                elif word == b"stopped" and arg and not said.done():
+                    said.set_result(f"signal {arg.decode(errors='replace')}")
                 elif word == b"parent-gone" and not self._parent_gone_said[rank].done():
                     self._parent_gone_said[rank].set_result(None)
                 elif word == b"stopping" and arg.isdigit():
@@ -807,6 +814,7 @@ class Instance:
             return
         if shut_down is not None:
             self.shutdown_rank = shut_down
+            self.shutdown_why = self._shutdown_said[shut_down].result()
             self.ended.set_result(None)
             return
         assert self.failed is not None

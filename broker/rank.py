@@ -203,6 +203,7 @@ async def serve(args: argparse.Namespace) -> int:
     # a tree that may never come up, or the rank would outlive its instance.
     running = loop.create_task(b.run())
     status: int | None = None  # the initial program's, which is ours
+    said_ready = False
     try:
         starting = loop.create_task(b.start())
         progress = (loop.create_task(report_starting(b))
@@ -239,11 +240,16 @@ async def serve(args: argparse.Namespace) -> int:
                                                    on_stop_signal)
             else:
                 print(f"ready {b.uri}", flush=True)
+                said_ready = True
             await running
         if b.shutdown_requested and not args.initial_program:
             # Before any rank below is told: a launcher that reads this then
             # knows the ranks exiting next were shut down, not lost.
             print("shutdown", flush=True)
+        elif signalled and said_ready:
+            # The same for a stop a signal asked for (kill, systemctl stop):
+            # it is a stop, not a crash, and the launcher says so.
+            print(f"stopped {signal.Signals(signalled[0]).name}", flush=True)
         elif b.overlay is not None and b.overlay.parent_gone and not args.initial_program:
             # A launcher then blames the rank above that went, not this one
             # (which often exits first: it stops at once, its parent only

@@ -168,13 +168,18 @@ async def test_clean_shutdown_leaves_nothing(start_instance, connect) -> None:
 async def test_an_interior_rank_that_exits_is_the_one_named(start_instance) -> None:
     """Rank 1 sent SIGTERM: its children 3 and 4 stop at once (it tells
     them to), while it stops its modules and says goodbye first, so their
-    exits came first and ``failed`` named one of them (``rank 3 exited
-    unexpectedly, with status 0``, every time).  A rank that stops because
-    of its parent says so, and the rank above that exited is named."""
+    exits came first and were named (``rank 3 exited unexpectedly, with
+    status 0``, every time).  A rank that stops because of its parent
+    says so, and the rank above that stopped is named; a SIGTERM is a stop
+    asked for (``kill``, ``systemctl stop``), as ``kvbroker shutdown`` is,
+    so :attr:`ended` says it (None, the rank and why), and nothing failed
+    (a killed rank is a failure: the next test)."""
     inst = await start_instance(size=7, fanout=2)
-    assert inst.failed is not None
+    assert inst.failed is not None and inst.ended is not None
     os.kill(inst.pids()[1], signal.SIGTERM)
-    assert await asyncio.wait_for(asyncio.shield(inst.failed), 30) == (1, 0)
+    assert await asyncio.wait_for(asyncio.shield(inst.ended), 30) is None
+    assert (inst.shutdown_rank, inst.shutdown_why) == (1, "signal SIGTERM")
+    assert not inst.failed.done()
 
 
 async def test_a_killed_rank_resolves_failed(start_instance, connect) -> None:

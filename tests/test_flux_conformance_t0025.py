@@ -68,12 +68,11 @@ Flux's cases, in order, and what each is here:
   SIGTERM, then SIGKILL after ``--stop-timeout`` (tests/test_cli_broker.py,
   ``..._kills_a_command_ignoring_sigterm``).  What the SIGTERM to rank 0
   does is tested below: rank 0 stops cleanly (status 0, a stop asked
-  for), but ``start`` says "rank 0 exited unexpectedly, with status 0" and
-  exits 1, where ``kvbroker shutdown`` -- the same stop asked another way
-  -- is said as a stop and ``start`` exits as its command does
-  (tests/test_cli_overlay.py, which pins that "not 'exited unexpectedly,
-  with status 0' and exit 1" for shutdown): DEFECT (inconsistent, and a
-  misleading message), xfail below.
+  for), ``start`` says "rank 0 was stopped (signal SIGTERM)" and exits as
+  its command does (143), as for ``kvbroker shutdown`` -- the same stop
+  asked another way (tests/test_cli_overlay.py).  Until 2026-12-05 it
+  said "rank 0 exited unexpectedly, with status 0" and exited 1 (found by
+  this file).
 * ``broker.shutdown-warn`` / ``shutdown-timeout`` (rc3 hanging on rank >
   0, "shutdown delayed" / "shutdown timeout" logged): a rank that does not
   exit within ``--rank-stop-timeout`` of its SIGTERM is killed and named,
@@ -160,12 +159,6 @@ async def test_each_rank_says_why_it_stops_and_rank_0_that_its_child_stopped() -
     assert "WARNING" not in err and "ERROR" not in err, err
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "defect: a rank stopped by SIGTERM under start (status 0, a stop asked for, "
-    "as systemctl stop does it) is said 'exited unexpectedly, with status 0' and "
-    "start exits 1, where kvbroker shutdown of the same rank is said as a stop and "
-    "start exits as the command does (broker/launch.py Instance._watch: only a "
-    "'shutdown' line on the rank's pipe counts as a stop; broker/cli.py)"))
 @pytest.mark.parametrize("rank", [0, 1])
 async def test_a_rank_sigtermed_under_start_is_a_stop_not_a_failure(rank: int) -> None:
     """Flux's "initial program SIGTERMs the broker": the instance stops and
@@ -177,9 +170,6 @@ async def test_a_rank_sigtermed_under_start_is_a_stop_not_a_failure(rank: int) -
     assert rc == 128 + signal.SIGTERM, err
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "defect: rank 0 stopped by SIGTERM under a start without a command is said "
-    "'exited unexpectedly, with status 0' and start exits 1 (kvbroker shutdown: 0)"))
 async def test_rank_0_sigtermed_under_start_without_a_command_exits_0() -> None:
     async with start_process("--size", "2") as proc:
         assert proc.stdout is not None
