@@ -695,14 +695,40 @@ class ContentModule(Module):
         stopping at one rank 0 has not written back yet -- until its write
         is done, which trims again (the cache stayed over its limit while
         idle, by 20-40 MB with a 1 MiB limit).  The newest blob too: one
-        bigger than the limit stayed, a 300 MB one on a follower for good."""
+        bigger than the limit stayed, a 300 MB one on a follower for good.
+
+        Stopped at such a blob, rank 0 evicts the newest clean blobs instead
+        (the one just read back, most often) and, without a statedir, starts
+        the write-back that makes room (:meth:`_write_for_room`): there only
+        a store started one, and with the oldest blob dirty every blob read
+        back from the file stayed -- 4 times the limit after one read of
+        the store, for good while no store came (the cache's memory grew
+        with every read).  Only what waits for its write may keep the cache
+        over its limit now, and that briefly."""
         cache = self.cache
         while self.cache_bytes > self.cache_limit and cache:
             old, blob = next(iter(cache.items()))
             if old in self.dirty or old in self.inflight:
-                break  # never evict what rank 0 has not written back yet
+                self._trim_newest()  # never evict what rank 0 has not written back yet
+                return
             del cache[old]
             self.cache_bytes -= len(blob) + BLOB_OVERHEAD
+
+    def _trim_newest(self) -> None:
+        """Rank 0, the oldest blob waiting for its write: evict the newest
+        clean blobs down to the limit (an O(1) step each: skipping the
+        oldest to reach the clean ones behind them cost a pass over every
+        waiting blob at each put), and start the write that lets the oldest
+        go.  A blob just stored is dirty: the first step stops there."""
+        cache, dirty, inflight = self.cache, self.dirty, self.inflight
+        while self.cache_bytes > self.cache_limit and cache:
+            new, blob = next(reversed(cache.items()))
+            if new in dirty or new in inflight:
+                break
+            del cache[new]
+            self.cache_bytes -= len(blob) + BLOB_OVERHEAD
+        if not self.persistent and not self.stopping:  # (with one: within FLUSH_DELAY)
+            self._write_for_room()
 
     def _schedule_write_back(self) -> None:
         if not self.persistent:
