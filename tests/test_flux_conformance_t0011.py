@@ -74,10 +74,12 @@ test, for good) while a blob it had yet to write was the oldest entry:
 eviction stopped at that blob and a load never started the write-back that
 would let it go (fixed 2026-12-05: the newest clean blobs go instead, and
 the load starts that write).  Followers, and rank 0 with a statedir
-(written within 100 ms, then trimmed), kept to the bound.  And a minor one (strict xfail), beside case
+(written within 100 ms, then trimmed), kept to the bound.  And beside case
 27: a ``content.store`` giving both ``data`` and ``blobs`` (kvbroker's two
-forms) stores ``data`` alone and answers success, the blobs dropped; a
-``content.load`` with ``blobref`` and ``blobrefs`` answers the first alone.
+forms) is ``EPROTO``, nothing stored, as is a ``content.load`` with
+``blobref`` and ``blobrefs`` (fixed 2026-12-05: the store kept ``data``
+alone and answered success, the blobs dropped; the load answered the
+first alone).
 """
 
 from __future__ import annotations
@@ -337,10 +339,6 @@ async def test_t0011_rank_0_reads_stay_within_its_cache_bound(start_instance, co
     assert clean <= limit, {k: st[k] for k in ("count", "cache-bytes", "dirty", "written")}
 
 
-@pytest.mark.xfail(strict=True, reason="defect: content.store with both data and blobs stores "
-                   "data alone and answers success, the blobs dropped without a word "
-                   "(broker/content/module.py ContentModule.store: single = 'data' in p); "
-                   "content.load with blobref and blobrefs likewise answers blobref alone")
 @pytest.mark.parametrize("rank", [0, 1])
 async def test_t0011_a_store_or_load_of_both_forms_at_once_is_eproto(start_instance, connect,
                                                                      rank) -> None:

@@ -1,8 +1,9 @@
 """The ``content`` module: content-addressed blobs, cached on every rank.
 
 * ``content.store`` ``{data}`` -> ``{blobref}`` (or ``{blobs: [data...]}`` ->
-  ``{blobrefs}``): the blob enters this rank's cache and is written through
-  to the parent before the answer, so rank 0 always holds every blob.
+  ``{blobrefs}``; both at once is ``EPROTO``, as is a load of both forms):
+  the blob enters this rank's cache and is written through to the parent
+  before the answer, so rank 0 always holds every blob.
 * ``content.load`` ``{blobref}`` -> ``{data}``: from the cache, else from
   upstream (rank != 0) or the SQLite backing store (rank 0); ``ENOENT`` if
   no one has it.  ``{blobrefs: [...]}`` -> ``{data: [...]}`` loads many at
@@ -1055,6 +1056,8 @@ class ContentModule(Module):
                                        and p.get("release") is not True):
             raise ErrnoError(errno.EPROTO, "content.store needs data or blobs")
         single = "data" in p
+        if single and "blobs" in p:  # (it stored data alone, answered, and dropped blobs)
+            raise ErrnoError(errno.EPROTO, "content.store takes data or blobs, not both")
         raw = [p["data"]] if single else p.get("blobs", [])  # (a release may store none)
         if not isinstance(raw, list):
             raise ErrnoError(errno.EPROTO, "blobs must be a list")
@@ -1275,7 +1278,9 @@ class ContentModule(Module):
     async def load(self, msg: Message) -> None:
         _owner_only(msg)
         p = msg.payload
-        if isinstance(p, dict) and "blobrefs" in p and "blobref" not in p:
+        if isinstance(p, dict) and "blobrefs" in p:
+            if "blobref" in p:  # (as a store of both: not half served)
+                raise ErrnoError(errno.EPROTO, "content.load takes blobref or blobrefs, not both")
             await self._load_many(msg, require(p, blobrefs=list)["blobrefs"])
             return
         ref = blobref.check(require(p, blobref=str)["blobref"])
