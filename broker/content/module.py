@@ -1011,9 +1011,11 @@ class ContentModule(Module):
         if len(data) > self.blob_limit:
             raise blobref.too_big(len(data), self.blob_limit)
 
-    def store_local(self, blobs: list[bytes]) -> list[str]:
-        """Hash and cache blobs on this rank (rank 0: queue the write-back)."""
-        refs = [blobref.hash_blob(data, self.hash_name) for data in blobs]
+    def store_local(self, blobs: list[bytes], refs: list[str] | None = None) -> list[str]:
+        """Hash and cache blobs on this rank (rank 0: queue the write-back);
+        ``refs``: their blobrefs, hashed already."""
+        if refs is None:
+            refs = [blobref.hash_blob(data, self.hash_name) for data in blobs]
         self._keep(dict(zip(refs, blobs, strict=True)))
         self.counts["stored"] += len(blobs)
         return refs
@@ -1068,6 +1070,7 @@ class ContentModule(Module):
                                            "characters")
         if not isinstance(release, bool) or (release and hold is None):
             raise ErrnoError(errno.EPROTO, "release must be a boolean, and names a hold")
+        named: list[str] | None = None
         if self.backing is not None:
             try:  # (a release too: it takes its turn behind the stores that add to its hold)
                 await self.room()
@@ -1092,8 +1095,9 @@ class ContentModule(Module):
             up: dict[str, Any] = {"blobs": blobs}
             if hold is not None:
                 up.update(hold=hold, release=release)
-            await self.h.rpc("content.store", up, nodeid=NODEID_UPSTREAM)
-        refs = self.store_local(blobs)
+            answer = await self.h.rpc("content.store", up, nodeid=NODEID_UPSTREAM)
+            named = self._named_as_upstream(blobs, answer)
+        refs = self.store_local(blobs, named)
         if hold is not None and self.backing is not None:
             # (in the step that stored them: no collection can begin between)
             if release:
@@ -1101,6 +1105,24 @@ class ContentModule(Module):
             elif refs:
                 self.holds.add(hold, refs)
         self.h.respond(msg, {"blobref": refs[0]} if single else {"blobrefs": refs})
+
+    def _named_as_upstream(self, blobs: list[bytes], answer: Any) -> list[str]:
+        """A follower: the blobrefs of ``blobs``, which its parent stored and
+        answered ``answer`` for -- ``EIO``, nothing cached here, if the
+        parent named them otherwise (as Flux's follower checks its parent's
+        answer).  Its parent refuses a rank of another ``content.hash`` at
+        its hello (:meth:`broker.overlay.Overlay._wrong_hash`), so this
+        only guards that check: a rank that gave out its own name for a
+        blob rank 0 keeps under another gave a blobref that named nothing
+        once its cache let the blob go."""
+        refs = [blobref.hash_blob(data, self.hash_name) for data in blobs]
+        theirs = answer.get("blobrefs") if isinstance(answer, dict) else None
+        if isinstance(theirs, list) and theirs != refs:
+            raise ErrnoError(errno.EIO, f"this rank's content.hash ({self.hash_name}) is not "
+                                        "the instance's: rank 0 stored the blobs under other "
+                                        f"blobrefs ({str(theirs[0] if theirs else None):.80}, "
+                                        f"here {refs[0] if refs else None})")
+        return refs
 
     # ------------------------------------------------------------ load
 
