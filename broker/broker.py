@@ -228,6 +228,7 @@ class Broker:
                                connect_timeout=config[battrs.CONNECT_TIMEOUT.name],
                                ipv6=config[battrs.IPV6.name],
                                hostname=str(self.attrs["hostname"]), hosts=self.hosts,
+                               content_hash=str(config[battrs.CONTENT_HASH.name]),
                                on_stop=self._stop_for_overlay)
         await self.overlay.start()
         self.services = BrokerServices(self._context(), self)

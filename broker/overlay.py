@@ -21,17 +21,19 @@ so the socket is re-checked after every send too).
 
 Handshake (CONTROL messages):
 
-* ``overlay.hello`` child -> parent ``{rank, process, size, hostname}``
+* ``overlay.hello`` child -> parent ``{rank, process, size, hostname, hash}``
   (``process``: a random name of the child's process, the same in each of
   its hellos, on any connection: :meth:`Overlay._renew_up`; ``size``: the
   instance size the child was started with; ``hostname``: the child's
-  ``hostname`` attribute); the parent admits only its own children, of
-  its own size, and answers ``overlay.hello`` ``{rank, size}`` -- again to
-  each hello said again (ZeroMQ may lose an answer: a child says hello
-  until answered, :meth:`Overlay._hello_due`).  Over
+  ``hostname`` attribute; ``hash``: its ``content.hash``); the parent
+  admits only its own children, of its own size and hash, and answers
+  ``overlay.hello`` ``{rank, size}`` -- again to each hello said again
+  (ZeroMQ may lose an answer: a child says hello until answered,
+  :meth:`Overlay._hello_due`).  Over
   ``tcp`` (CURVE: the peer holds the instance's keys) a hello from a rank
   that is not a child or says another size -- mismatched bootstrap files
-  (:meth:`Overlay._wrong_size`) -- or, with a
+  (:meth:`Overlay._wrong_size`) -- or another ``content.hash``
+  (:meth:`Overlay._wrong_hash`), or, with a
   bootstrap file, from a host that is not its rank's entry (a wrong
   ``--rank``: :meth:`Overlay._wrong_host`) is answered
   ``overlay.refused`` ``{rank, why}``, and the rank stops (exit 1) saying
@@ -208,6 +210,7 @@ class Overlay:
         ipv6: bool = False,
         hostname: str = "",
         hosts: list[str] | None = None,
+        content_hash: str = "",
     ) -> None:
         if transport not in TRANSPORTS:
             raise ValueError(f"unknown tbon.transport {transport!r}")
@@ -232,6 +235,9 @@ class Overlay:
         self.rundir = rundir
         self.hostname = hostname
         """The host this rank says it runs on, in its hellos (its ``hostname``)."""
+        self.content_hash = content_hash
+        """This rank's ``content.hash``, in its hellos: a child's of another
+        is refused (:meth:`_wrong_hash`); empty: none said, none judged."""
         self.hosts = hosts
         """Each rank's host from the bootstrap file, by rank (None without
         one: ``kvbroker start``): a child's hello from another host is
@@ -553,6 +559,8 @@ class Overlay:
                                    "size": self.size}
         if self.hostname:
             payload["hostname"] = self.hostname
+        if self.content_hash:
+            payload["hash"] = self.content_hash
         return payload
 
     def _say_hello(self) -> None:
@@ -932,13 +940,15 @@ class Overlay:
                 rank = payload.get("rank")
         if type(rank) is int and rank in self.children:  # (not True, 1.0 or a list)
             wrong_size = self._wrong_size(payload)
-            why = wrong_size or self._wrong_host(rank, payload)
+            wrong_hash = None if wrong_size else self._wrong_hash(payload)
+            why = wrong_size or wrong_hash or self._wrong_host(rank, payload)
             if why is None:
                 return rank
             self.dropped += 1
             # (as Flux: an error, but at most once a second: how many hellos a
             # peer with the keys sends is its choice)
-            self._peer_log.log(logging.ERROR, "wrong-size" if wrong_size else "wrong-host",
+            self._peer_log.log(logging.ERROR, "wrong-size" if wrong_size else
+                               "wrong-hash" if wrong_hash else "wrong-host",
                                "refusing overlay peer: a "
                                "hello as rank %d%s: %s", rank,
                                f" from {hello_hostname(payload)}"
@@ -973,6 +983,24 @@ class Overlay:
             return None
         return (f"this instance has {self.size} ranks, this rank's bootstrap file lists "
                 f"{size} hosts: every host needs the same bootstrap file")
+
+    def _wrong_hash(self, payload: Any) -> str | None:
+        """Why a child's hello is refused for the ``content.hash`` it says
+        (``hash``: ``kvbroker broker -S`` sets it for its rank alone), or
+        None.  Every rank's content store hands out blobrefs of its own
+        hash, but only rank 0 keeps the blobs, named by rank 0's: admitted,
+        a ``sha1`` rank under a ``sha256`` rank 0 answered each store with
+        a ``sha1-`` blobref rank 0 did not know -- once that rank's cache
+        let the blob go, the client's blobref named nothing.  A rank checks
+        its children against its own hash, so every rank of the tree has
+        rank 0's.  A hello that says no hash is not judged."""
+        theirs = payload.get("hash")
+        if not isinstance(theirs, str) or not self.content_hash or theirs == self.content_hash:
+            return None
+        return (f"this rank's content.hash is {theirs[:40]!r}, its parent's (rank "
+                f"{self.rank}) is {self.content_hash!r}: every rank needs the instance's "
+                f"content.hash (-S content.hash={self.content_hash}), as only rank 0 keeps "
+                "the blobs, named by its hash")
 
     def _wrong_host(self, rank: int, payload: Any) -> str | None:
         """Why a hello as child ``rank`` is refused for the host it came

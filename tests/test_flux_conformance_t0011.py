@@ -67,16 +67,19 @@ statedir).  Flux's cases, in order, and what each becomes:
     content.badopt=1`` stops the start (exit 2, naming it); so do the
     values of ``content.blob-size-limit`` that are not a size it takes.
 
-Beyond the script, a defect (strict xfail): Flux's cache purges to its
-target; kvbroker's rank 0 without a statedir caches every blob it reads
-back from its file, past ``content.cache-bytes`` (4 times it in the test,
-for good), while a blob it has yet to write is the oldest entry: eviction
-stops at that blob and a load never starts the write-back that would let
-it go.  Followers, and rank 0 with a statedir (written within 100 ms, then
-trimmed), keep to the bound.  And a minor one (strict xfail), beside case
+Beyond the script: Flux's cache purges to its target, and so does
+kvbroker's -- rank 0 without a statedir included, which kept every blob it
+read back from its file past ``content.cache-bytes`` (4 times it in the
+test, for good) while a blob it had yet to write was the oldest entry:
+eviction stopped at that blob and a load never started the write-back that
+would let it go (fixed 2026-12-05: the newest clean blobs go instead, and
+the load starts that write).  Followers, and rank 0 with a statedir
+(written within 100 ms, then trimmed), kept to the bound.  And beside case
 27: a ``content.store`` giving both ``data`` and ``blobs`` (kvbroker's two
-forms) stores ``data`` alone and answers success, the blobs dropped; a
-``content.load`` with ``blobref`` and ``blobrefs`` answers the first alone.
+forms) is ``EPROTO``, nothing stored, as is a ``content.load`` with
+``blobref`` and ``blobrefs`` (fixed 2026-12-05: the store kept ``data``
+alone and answered success, the blobs dropped; the load answered the
+first alone).
 """
 
 from __future__ import annotations
@@ -315,16 +318,12 @@ async def test_t0011_an_unknown_or_bad_content_option_stops_the_start(attr, valu
     assert res.err.startswith(f"kvbroker: start: {why}"), res.err
 
 
-@pytest.mark.xfail(strict=True, reason="defect: rank 0 without a statedir caches every blob "
-                   "it reads from its file past content.cache-bytes while a dirty blob is the "
-                   "oldest entry: _cache_put/_trim stop at it and a load never starts the "
-                   "write-back that would make room (broker/content/module.py _trim, "
-                   "_schedule_write_back)")
 async def test_t0011_rank_0_reads_stay_within_its_cache_bound(start_instance, connect) -> None:
     """Beyond Flux's script (its cache has a purge target too): rank 0's
     cache keeps to ``content.cache-bytes`` when it reads back blobs it
     wrote to its file -- only the blobs it has yet to write may keep it
-    over (docs/protocol.md: it writes the oldest to make room)."""
+    over (docs/protocol.md: it writes the oldest to make room).  It kept
+    them all: 4 times the limit, ``dirty`` 510 (a load started no write)."""
     limit = 256 * 1024
     inst = await start_instance(size=2, fanout=2, attrs={"content.cache-bytes": str(limit)})
     h0, h1 = await connect(inst, 0), await connect(inst, 1)
@@ -340,10 +339,6 @@ async def test_t0011_rank_0_reads_stay_within_its_cache_bound(start_instance, co
     assert clean <= limit, {k: st[k] for k in ("count", "cache-bytes", "dirty", "written")}
 
 
-@pytest.mark.xfail(strict=True, reason="defect: content.store with both data and blobs stores "
-                   "data alone and answers success, the blobs dropped without a word "
-                   "(broker/content/module.py ContentModule.store: single = 'data' in p); "
-                   "content.load with blobref and blobrefs likewise answers blobref alone")
 @pytest.mark.parametrize("rank", [0, 1])
 async def test_t0011_a_store_or_load_of_both_forms_at_once_is_eproto(start_instance, connect,
                                                                      rank) -> None:

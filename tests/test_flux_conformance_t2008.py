@@ -29,13 +29,15 @@ Beyond the script:
   a statedir written under one hash and started under the other reads its
   tree, and new blobs are named by the new hash.  Flux's content cache
   refuses a blobref whose hash is not the instance's size (``EPROTO``).
-* A defect (strict xfail): a rank started alone (``kvbroker broker -S
-  content.hash=sha1``) under a rank 0 of ``sha256`` joins, and its
-  ``content store`` prints a ``sha1-`` blobref that rank 0, which stored
-  the blob under ``sha256``, does not know: once the rank's cache lets
-  the blob go, the blobref the client was given names nothing (Flux's
-  follower checks the hash its parent answered against its own and fails
-  the store, ``EIO``, when they differ).
+* A rank started alone (``kvbroker broker -S content.hash=sha1``) under
+  a rank 0 of ``sha256`` is refused at its hello, naming ``content.hash``
+  on both sides, and exits 1 (docs/protocol.md, overlay handshake).  It
+  joined until 2026-12-05, and its ``content store`` printed a ``sha1-``
+  blobref that rank 0, which stored the blob under ``sha256``, did not
+  know: once the rank's cache let the blob go, the blobref the client was
+  given named nothing.  (Behind that refusal a follower also checks its
+  parent's answer to a store, as Flux's does: ``EIO`` if the blobrefs
+  differ.)
 * ``-S content.hash='sha1 '`` is the hash read back (``attr get
   content.hash``: ``sha1``), so ``kvbroker kvs restore``, which names
   blobs by that attribute, works; until 2026-12-05 the attribute kept the
@@ -48,7 +50,10 @@ test_unsupported_hash_fails_start).
 from __future__ import annotations
 
 import asyncio
+import errno
 import hashlib
+import logging
+import os
 import sqlite3
 
 import pytest
@@ -56,6 +61,10 @@ from test_broker_support import run_cli
 from test_kvs_cli import KVB, client_env, run
 from test_multihost import brokers as brokers  # noqa: F401  (the fixture)
 from test_multihost import keyed_config
+
+from broker.content.module import ContentModule
+from broker.errors import ErrnoError
+from broker.module import ModuleContext
 
 T = 60
 
@@ -173,31 +182,49 @@ async def test_t2008_a_hash_given_with_blanks_is_the_hash_in_use(tmp_path) -> No
     assert (rc, err) == (0, "")
 
 
-@pytest.mark.xfail(strict=True, reason="defect: a follower whose content.hash differs from rank "
-                   "0's answers content.store with a blobref of its own hash, ignoring rank 0's "
-                   "answer: rank 0 has the blob under another name, and the ref loads nowhere "
-                   "once the follower's cache drops it (broker/content/module.py ContentModule."
-                   "store: the upstream rpc's blobrefs are discarded, store_local hashes again)")
 async def test_t2008_a_rank_of_another_hash_never_hands_out_a_ref_rank_0_lacks(
         tmp_path, brokers) -> None:  # noqa: F811
     """Each rank reads its own ``-S`` (``kvbroker broker``): a rank of
-    another hash than rank 0's either stays out (exits, naming
-    ``content.hash``) or gives blobrefs rank 0 loads -- never one that
-    names nothing."""
+    another hash than rank 0's stays out -- its hello is refused, naming
+    ``content.hash`` on both sides, and it exits 1 -- so it never gives a
+    blobref that names nothing (it joined, and its ``content store`` gave
+    ``sha1-a9993e...`` for a blob rank 0 kept as ``sha256-ba7816...``).
+    A rank of the instance's hash then joins, and its blobrefs load on
+    rank 0."""
     config = await keyed_config(tmp_path, 2, 2)
     r0 = await brokers(config, 0)
     r1 = await brokers(config, 1, "-S", "content.hash=sha1")
+    rc = await asyncio.wait_for(r1.proc.wait(), T)
+    err = (tmp_path / "stderr1-1").read_text()
+    assert rc == 1, err
+    assert ("refused this rank's hello: this rank's content.hash is 'sha1', its parent's "
+            "(rank 0) is 'sha256': every rank needs the instance's content.hash "
+            "(-S content.hash=sha256)") in err, err
+    logged = (tmp_path / "stderr0-0").read_text()
+    assert "refusing overlay peer: a hello as rank 1" in logged, logged
+    r1 = await brokers(config, 1)
     await r0.ready()
-    assert r1.proc.stdout is not None
-    line = (await asyncio.wait_for(r1.proc.stdout.readline(), T)).decode()
-    if not line.startswith("ready "):  # kept out: as good, if it says why
-        rc = await asyncio.wait_for(r1.proc.wait(), T)
-        err = (tmp_path / "stderr1-1").read_text()
-        assert rc != 0 and "content.hash" in err, (rc, err)
-        return
     rc, out, err = await run_cli("content", "store", uri=r1.uri, input=b"abc", timeout=T)
-    if rc != 0:  # refused: as good, if it says why
-        assert "hash" in err, err
-        return
+    assert (rc, out.strip()) == (0, "sha256-" + hashlib.sha256(b"abc").hexdigest()), err
     rc0, data, err0 = await run_cli("content", "load", out.strip(), uri=r0.uri, timeout=T)
     assert (rc0, data) == (0, "abc"), (out, err0)
+
+
+def test_t2008_a_follower_fails_a_store_its_parent_named_otherwise(tmp_path) -> None:
+    """Behind the refusal at the hello, as Flux's follower does: when the
+    parent answers a store with other blobrefs than this rank's hash gives
+    (the parent's hash differs), the store fails ``EIO``, naming
+    ``content.hash``, rather than answer a blobref rank 0 lacks."""
+    ctx = ModuleContext(rank=1, size=2, fanout=2,
+                        attrs={"rundir": str(tmp_path), "content.hash": "sha1"},
+                        owner_uid=os.getuid(), log=logging.getLogger("test"))
+    follower = ContentModule(ctx)
+    ours = "sha1-" + hashlib.sha1(b"abc").hexdigest()
+    assert follower._named_as_upstream([b"abc"], {"blobrefs": [ours]}) == [ours]
+    theirs = "sha256-" + hashlib.sha256(b"abc").hexdigest()
+    with pytest.raises(ErrnoError) as refused:
+        follower._named_as_upstream([b"abc"], {"blobrefs": [theirs]})
+    assert refused.value.errnum == errno.EIO
+    assert refused.value.errstr == (
+        f"this rank's content.hash (sha1) is not the instance's: rank 0 stored the blobs "
+        f"under other blobrefs ({theirs}, here {ours})")

@@ -1,8 +1,9 @@
 """The ``content`` module: content-addressed blobs, cached on every rank.
 
 * ``content.store`` ``{data}`` -> ``{blobref}`` (or ``{blobs: [data...]}`` ->
-  ``{blobrefs}``): the blob enters this rank's cache and is written through
-  to the parent before the answer, so rank 0 always holds every blob.
+  ``{blobrefs}``; both at once is ``EPROTO``, as is a load of both forms):
+  the blob enters this rank's cache and is written through to the parent
+  before the answer, so rank 0 always holds every blob.
 * ``content.load`` ``{blobref}`` -> ``{data}``: from the cache, else from
   upstream (rank != 0) or the SQLite backing store (rank 0); ``ENOENT`` if
   no one has it.  ``{blobrefs: [...]}`` -> ``{data: [...]}`` loads many at
@@ -695,14 +696,40 @@ class ContentModule(Module):
         stopping at one rank 0 has not written back yet -- until its write
         is done, which trims again (the cache stayed over its limit while
         idle, by 20-40 MB with a 1 MiB limit).  The newest blob too: one
-        bigger than the limit stayed, a 300 MB one on a follower for good."""
+        bigger than the limit stayed, a 300 MB one on a follower for good.
+
+        Stopped at such a blob, rank 0 evicts the newest clean blobs instead
+        (the one just read back, most often) and, without a statedir, starts
+        the write-back that makes room (:meth:`_write_for_room`): there only
+        a store started one, and with the oldest blob dirty every blob read
+        back from the file stayed -- 4 times the limit after one read of
+        the store, for good while no store came (the cache's memory grew
+        with every read).  Only what waits for its write may keep the cache
+        over its limit now, and that briefly."""
         cache = self.cache
         while self.cache_bytes > self.cache_limit and cache:
             old, blob = next(iter(cache.items()))
             if old in self.dirty or old in self.inflight:
-                break  # never evict what rank 0 has not written back yet
+                self._trim_newest()  # never evict what rank 0 has not written back yet
+                return
             del cache[old]
             self.cache_bytes -= len(blob) + BLOB_OVERHEAD
+
+    def _trim_newest(self) -> None:
+        """Rank 0, the oldest blob waiting for its write: evict the newest
+        clean blobs down to the limit (an O(1) step each: skipping the
+        oldest to reach the clean ones behind them cost a pass over every
+        waiting blob at each put), and start the write that lets the oldest
+        go.  A blob just stored is dirty: the first step stops there."""
+        cache, dirty, inflight = self.cache, self.dirty, self.inflight
+        while self.cache_bytes > self.cache_limit and cache:
+            new, blob = next(reversed(cache.items()))
+            if new in dirty or new in inflight:
+                break
+            del cache[new]
+            self.cache_bytes -= len(blob) + BLOB_OVERHEAD
+        if not self.persistent and not self.stopping:  # (with one: within FLUSH_DELAY)
+            self._write_for_room()
 
     def _schedule_write_back(self) -> None:
         if not self.persistent:
@@ -984,9 +1011,11 @@ class ContentModule(Module):
         if len(data) > self.blob_limit:
             raise blobref.too_big(len(data), self.blob_limit)
 
-    def store_local(self, blobs: list[bytes]) -> list[str]:
-        """Hash and cache blobs on this rank (rank 0: queue the write-back)."""
-        refs = [blobref.hash_blob(data, self.hash_name) for data in blobs]
+    def store_local(self, blobs: list[bytes], refs: list[str] | None = None) -> list[str]:
+        """Hash and cache blobs on this rank (rank 0: queue the write-back);
+        ``refs``: their blobrefs, hashed already."""
+        if refs is None:
+            refs = [blobref.hash_blob(data, self.hash_name) for data in blobs]
         self._keep(dict(zip(refs, blobs, strict=True)))
         self.counts["stored"] += len(blobs)
         return refs
@@ -1029,6 +1058,8 @@ class ContentModule(Module):
                                        and p.get("release") is not True):
             raise ErrnoError(errno.EPROTO, "content.store needs data or blobs")
         single = "data" in p
+        if single and "blobs" in p:  # (it stored data alone, answered, and dropped blobs)
+            raise ErrnoError(errno.EPROTO, "content.store takes data or blobs, not both")
         raw = [p["data"]] if single else p.get("blobs", [])  # (a release may store none)
         if not isinstance(raw, list):
             raise ErrnoError(errno.EPROTO, "blobs must be a list")
@@ -1039,6 +1070,7 @@ class ContentModule(Module):
                                            "characters")
         if not isinstance(release, bool) or (release and hold is None):
             raise ErrnoError(errno.EPROTO, "release must be a boolean, and names a hold")
+        named: list[str] | None = None
         if self.backing is not None:
             try:  # (a release too: it takes its turn behind the stores that add to its hold)
                 await self.room()
@@ -1063,8 +1095,9 @@ class ContentModule(Module):
             up: dict[str, Any] = {"blobs": blobs}
             if hold is not None:
                 up.update(hold=hold, release=release)
-            await self.h.rpc("content.store", up, nodeid=NODEID_UPSTREAM)
-        refs = self.store_local(blobs)
+            answer = await self.h.rpc("content.store", up, nodeid=NODEID_UPSTREAM)
+            named = self._named_as_upstream(blobs, answer)
+        refs = self.store_local(blobs, named)
         if hold is not None and self.backing is not None:
             # (in the step that stored them: no collection can begin between)
             if release:
@@ -1072,6 +1105,24 @@ class ContentModule(Module):
             elif refs:
                 self.holds.add(hold, refs)
         self.h.respond(msg, {"blobref": refs[0]} if single else {"blobrefs": refs})
+
+    def _named_as_upstream(self, blobs: list[bytes], answer: Any) -> list[str]:
+        """A follower: the blobrefs of ``blobs``, which its parent stored and
+        answered ``answer`` for -- ``EIO``, nothing cached here, if the
+        parent named them otherwise (as Flux's follower checks its parent's
+        answer).  Its parent refuses a rank of another ``content.hash`` at
+        its hello (:meth:`broker.overlay.Overlay._wrong_hash`), so this
+        only guards that check: a rank that gave out its own name for a
+        blob rank 0 keeps under another gave a blobref that named nothing
+        once its cache let the blob go."""
+        refs = [blobref.hash_blob(data, self.hash_name) for data in blobs]
+        theirs = answer.get("blobrefs") if isinstance(answer, dict) else None
+        if isinstance(theirs, list) and theirs != refs:
+            raise ErrnoError(errno.EIO, f"this rank's content.hash ({self.hash_name}) is not "
+                                        "the instance's: rank 0 stored the blobs under other "
+                                        f"blobrefs ({str(theirs[0] if theirs else None):.80}, "
+                                        f"here {refs[0] if refs else None})")
+        return refs
 
     # ------------------------------------------------------------ load
 
@@ -1249,7 +1300,9 @@ class ContentModule(Module):
     async def load(self, msg: Message) -> None:
         _owner_only(msg)
         p = msg.payload
-        if isinstance(p, dict) and "blobrefs" in p and "blobref" not in p:
+        if isinstance(p, dict) and "blobrefs" in p:
+            if "blobref" in p:  # (as a store of both: not half served)
+                raise ErrnoError(errno.EPROTO, "content.load takes blobref or blobrefs, not both")
             await self._load_many(msg, require(p, blobrefs=list)["blobrefs"])
             return
         ref = blobref.check(require(p, blobref=str)["blobref"])
