@@ -71,6 +71,7 @@ from kvs.keys import normalize, shown
 from kvs.treeobj import TreeObj
 
 if TYPE_CHECKING:
+    from broker.handle import Handle
     from kvs.archive import Item, Report
 
 __all__ = ["register", "render_value", "make_formatter"]
@@ -789,6 +790,90 @@ def cmd_gc(args: argparse.Namespace) -> int:
         raise CLIError("kvs gc", detail=str(exc)) from None
     print(describe(report), flush=True)
     return 0
+
+
+def cmd_fsck(args: argparse.Namespace) -> int:
+    """``kvbroker kvs fsck`` (Flux's ``flux fsck``): check that a tree is
+    whole in the content store -- online, a namespace's current root (or
+    ``--rootref``) through ``content.load``; with ``--statedir DIR``, the
+    checkpoint of a stopped instance, read from its file (:mod:`kvs.fsck`).
+    Keys (``-v``) and problems go to stderr, as Flux's; exit 1 on any."""
+    from kvs import fsck
+
+    def said(key: str) -> None:
+        print(key, file=sys.stderr, flush=True)
+
+    on_key = said if args.verbose else None
+
+    def finish(report: fsck.Report) -> int:
+        for problem in report.problems:
+            for line in fsck.describe(problem, args.verbose):
+                print(line, file=sys.stderr)
+        if args.verbose or report.problems:
+            print(f"Total errors: {len(report.problems)}", file=sys.stderr)
+        return 1 if report.problems else 0
+
+    if args.statedir is not None:
+        from broker.content.module import checkpoint_or_none
+        from kvs.archive import ArchiveError, open_stopped_store
+        from kvs.checkpoints import Checkpoint
+        from kvs.namespaces import CHECKPOINT_KEY
+
+        try:
+            with open_stopped_store(args.statedir, create=False, instead="stop it first, or "
+                                    "check online (without --statedir)") as store:
+                rootref = args.rootref
+                if rootref is None:
+                    raw = store.checkpoint_list(CHECKPOINT_KEY)
+                    if not raw:
+                        raise CLIError("kvs fsck", detail=f"statedir {args.statedir} has no "
+                                       "KVS checkpoint (give --rootref REF)")
+                    rootref = Checkpoint.from_value(checkpoint_or_none(raw[0])).rootref
+                    if rootref is None:
+                        raise CLIError("kvs fsck", detail=f"statedir {args.statedir}: its "
+                                       "newest KVS checkpoint names no root (damaged: see "
+                                       "kvs checkpoint list; give --rootref REF)")
+                header = f"checking {rootref} in {args.statedir}"
+                if not args.quiet:
+                    print(header, flush=True)
+                report = asyncio.run(fsck.check(fsck.from_store(store), rootref, on_key))
+        except ArchiveError as exc:
+            raise CLIError("kvs fsck", detail=str(exc)) from None
+        return finish(report)
+
+    async def body(kvs: KVS) -> int:
+        rootref = args.rootref
+        if rootref is None:
+            root = await kvs.getroot()
+            rootref = root.rootref
+            header = f"checking namespace {root.namespace} at version {root.rootseq} ({rootref})"
+        else:
+            header = f"checking {rootref}"
+        if not args.quiet:
+            print(header, flush=True)
+        return finish(await fsck.check(_content_loader(kvs.handle), rootref, on_key))
+
+    return _run(args, body)
+
+
+def _content_loader(h: Handle) -> Callable[[list[str]], Awaitable[dict[str, bytes | int]]]:
+    """``kvs fsck``'s loads through a rank's content service: ``content.load``
+    of many blobrefs (an answer may stop short: asked again for the rest),
+    each blob's bytes or errno."""
+
+    async def load(refs: list[str]) -> dict[str, bytes | int]:
+        out: dict[str, bytes | int] = {}
+        todo = list(refs)
+        while todo:
+            answer = (await h.rpc("content.load", {"blobrefs": todo}))["data"]
+            if not answer:
+                raise ErrnoError(errno.EPROTO, "content.load answered no blob")
+            for ref, got in zip(todo, answer, strict=False):
+                out[ref] = bytes(got) if isinstance(got, (bytes, bytearray)) else int(got[0])
+            todo = todo[len(answer):]
+        return out
+
+    return load
 
 
 def cmd_checkpoint(args: argparse.Namespace) -> int:
@@ -1511,6 +1596,22 @@ def register(subparsers: Any) -> None:
                    "waits meanwhile; refused with ENOSPC, before writing anything, "
                    "without room for a copy of what it keeps)")
     p.set_defaults(func=cmd_gc)
+
+    p = sub.add_parser("fsck", help="check that a tree is whole in the content store "
+                       "(online, or offline with --statedir), as flux fsck",
+                       description="Load every directory and every value's blobs of a "
+                       "namespace's current root (online: -N NS, default primary) or of "
+                       "--rootref REF, or with --statedir DIR of a stopped instance's KVS "
+                       "checkpoint, and name each key that cannot be read whole (missing or "
+                       "damaged blobs) on stderr; exit 1 if any.  Nothing is written.")
+    p.add_argument("-N", "--namespace", help="online: the namespace whose root to check")
+    p.add_argument("--rootref", metavar="REF", help="check this root instead")
+    p.add_argument("--statedir", metavar="DIR",
+                   help="check the checkpoint of the stopped instance of this statedir")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="print each key as it is checked, each failing blob, and the total")
+    p.add_argument("-q", "--quiet", action="store_true", help="print no header line")
+    p.set_defaults(func=cmd_fsck)
 
     p = sub.add_parser("dump", help="write a directory (or a stopped instance's "
                        "checkpoint) to a tar archive, as flux dump",
