@@ -813,6 +813,9 @@ def cmd_fsck(args: argparse.Namespace) -> int:
             print(f"Total errors: {len(report.problems)}", file=sys.stderr)
         return 1 if report.problems else 0
 
+    if args.repair and (args.statedir is None or args.rootref is not None):
+        raise UsageError("--repair mends a stopped instance's checkpoint: --statedir DIR, "
+                         "without --rootref (online, writers could race it)")
     if args.statedir is not None:
         from broker.content.module import checkpoint_or_none
         from kvs.archive import ArchiveError, open_stopped_store
@@ -823,12 +826,14 @@ def cmd_fsck(args: argparse.Namespace) -> int:
             with open_stopped_store(args.statedir, create=False, instead="stop it first, or "
                                     "check online (without --statedir)") as store:
                 rootref = args.rootref
+                point = None
                 if rootref is None:
                     raw = store.checkpoint_list(CHECKPOINT_KEY)
                     if not raw:
                         raise CLIError("kvs fsck", detail=f"statedir {args.statedir} has no "
                                        "KVS checkpoint (give --rootref REF)")
-                    rootref = Checkpoint.from_value(checkpoint_or_none(raw[0])).rootref
+                    point = Checkpoint.from_value(checkpoint_or_none(raw[0]))
+                    rootref = point.rootref
                     if rootref is None:
                         raise CLIError("kvs fsck", detail=f"statedir {args.statedir}: its "
                                        "newest KVS checkpoint names no root (damaged: see "
@@ -837,9 +842,25 @@ def cmd_fsck(args: argparse.Namespace) -> int:
                 if not args.quiet:
                     print(header, flush=True)
                 report = asyncio.run(fsck.check(fsck.from_store(store), rootref, on_key))
+                status = finish(report)
+                if args.repair and report.problems:
+                    assert point is not None and isinstance(point.value, dict)
+                    try:
+                        done = fsck.repair(store, point.value, report)
+                    except (ValueError, ErrnoError) as exc:
+                        why = exc.errstr if isinstance(exc, ErrnoError) else str(exc)
+                        raise CLIError("kvs fsck", detail=f"cannot repair: {why}") from None
+                    moved = ", ".join(f"{k} to {fsck.LOST_FOUND}.{k}" for k in done.moved)
+                    print(f"repaired: unlinked {', '.join(done.unlinked)}"
+                          + (f"; moved what could be read of {moved}" if moved else "")
+                          + f". The next start resumes at {done.rootref} (version "
+                          f"{done.rootseq}); the damaged root stays the checkpoint before "
+                          f"it (kvs checkpoint update --statedir {args.statedir} {rootref} "
+                          "takes it back)", flush=True)
+                    status = 0
         except ArchiveError as exc:
             raise CLIError("kvs fsck", detail=str(exc)) from None
-        return finish(report)
+        return status
 
     async def body(kvs: KVS) -> int:
         rootref = args.rootref
@@ -1611,6 +1632,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("-v", "--verbose", action="store_true",
                    help="print each key as it is checked, each failing blob, and the total")
     p.add_argument("-q", "--quiet", action="store_true", help="print no header line")
+    p.add_argument("--repair", action="store_true",
+                   help="with --statedir: unlink the damaged keys from the checkpoint, "
+                   "keeping what can be read of a value as lost+found.KEY, and make that "
+                   "the checkpoint (the damaged one kept before it)")
     p.set_defaults(func=cmd_fsck)
 
     p = sub.add_parser("dump", help="write a directory (or a stopped instance's "

@@ -47,6 +47,10 @@ class Problem:
     """The blobs at fault, each with its position in the value (None for a
     directory's, a shard's, or a long value's group or chunk)."""
     detail: str = ""
+    readable: list[str] | None = None
+    """A value's blobs that could be read, in order (what ``--repair``
+    keeps in ``lost+found``); None for a directory, or a long value whose
+    groups or chunks could not be read."""
 
 
 @dataclass
@@ -138,8 +142,10 @@ async def _check_values(load: Load, values: list[tuple[str, TreeObj]], report: R
             got = blobs[ref]
             if isinstance(got, int):
                 bad.setdefault(got, []).append((i, ref))
+        readable = [ref for ref in refs if isinstance(blobs[ref], bytes)]
         for errnum, at in sorted(bad.items()):
             _blob_problem(report, key, "blobref(s)", at, errnum)
+            report.problems[-1].readable = readable
 
 
 async def _value_refs(load: Load, key: str, entry: TreeObj,
@@ -201,6 +207,66 @@ def describe(problem: Problem, verbose: bool) -> list[str]:
             where = f" index={index}" if index is not None else ""
             lines.append(f"{problem.key}: {single}{where} {ref}")
     return lines
+
+
+LOST_FOUND = "lost+found"
+"""Where ``--repair`` keeps what could be read of a damaged value, as
+Flux's fsck does: ``lost+found.KEY``."""
+
+
+@dataclass
+class Repair:
+    rootref: str
+    rootseq: int
+    moved: list[str]
+    """Keys whose readable blobs went to ``lost+found.KEY``."""
+    unlinked: list[str]
+
+
+def repair(store: Any, checkpoint: dict[str, Any], report: Report) -> Repair:
+    """Offline, the instance stopped (its kvs cannot write meanwhile, as
+    Flux's ``fsck --repair`` asks the kvs unloaded): unlink every key
+    ``report`` names from the checkpoint's tree, keeping a damaged value's
+    readable blobs as ``lost+found.KEY``, in one transaction of the KVS
+    engine; store the new blobs and make the new root the checkpoint, at
+    the next version (the damaged one stays as the checkpoint before it:
+    ``kvs checkpoint update`` takes it back).  A damaged root cannot be
+    repaired (``ValueError``)."""
+    import time
+
+    import msgpack
+
+    from kvs import txn
+    from kvs.checkpoints import UNLIMITED
+    from kvs.namespaces import CHECKPOINT_KEY, rootseq_of
+
+    by_key: dict[str, Problem] = {}
+    for problem in report.problems:
+        if problem.key == ".":
+            raise ValueError("the root directory itself cannot be read: nothing to repair "
+                             "from (kvs checkpoint list; update to an older root)")
+        by_key.setdefault(problem.key, problem)
+    ops: list[dict[str, Any]] = []
+    moved = []
+    for key, problem in by_key.items():
+        if problem.readable:
+            ops.append({"key": f"{LOST_FOUND}.{key}", "flags": 0,
+                        "dirent": treeobj.valref(problem.readable)})
+            moved.append(key)
+        ops.append({"key": key, "flags": 0, "dirent": None})
+    rootref = str(checkpoint["rootref"])
+    result = txn.apply(store, rootref, ops, hash_name=rootref.partition("-")[0],
+                       namespace="primary")
+    store.put_many(result.new_blobs.items())
+    value = dict(checkpoint)
+    old = rootseq_of(checkpoint)
+    value.update({"rootref": result.rootref, "rootseq": (old if type(old) is int else 0) + 1,
+                  "timestamp": time.time()})
+    value.pop("sequence", None)  # (Flux's name for rootseq: rootseq says it now)
+    store.checkpoints_kept = UNLIMITED
+    store.checkpoint_put(CHECKPOINT_KEY, msgpack.packb(value, use_bin_type=True))
+    store.sync()
+    return Repair(result.rootref, value["rootseq"], moved, list(by_key))
 
 
 def from_store(store: Any) -> Load:

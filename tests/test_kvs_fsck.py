@@ -5,8 +5,9 @@ damaged -- the store damaged by hand with sqlite3, as Flux's test damages
 a tree object with jq.  Flux's cases and what each becomes:
 
 * fsck with the kvs loaded, read-only -> online fsck (the kvs runs);
-  ``--repair`` (moves damaged keys to ``lost+found``, refused while the kvs
-  runs) is not built.
+  ``--repair`` (damaged keys unlinked, what can be read kept in
+  ``lost+found``; refused while the kvs runs) -> ``--repair`` with
+  ``--statedir`` (refused online: a usage error).
 * fsck simple / verbose (every key named on stderr, ``Total errors: 0``)
   -> :func:`test_a_whole_tree_passes_and_verbose_names_every_key`;
 * a value of 2,001 appends (LONGTEST) -> a long value (a ``vtree`` of
@@ -210,3 +211,37 @@ async def test_a_sharded_directory_is_walked_and_a_lost_shard_named(
     _delete(statedir, shard)
     rc, _, err = await run_cli("kvs", "fsck", "--statedir", str(statedir))
     assert (rc, err) == (1, "big: missing hdir shard blobref\nTotal errors: 1\n")
+
+
+async def test_repair_unlinks_the_damaged_keys_and_keeps_what_can_be_read(
+        start_instance, connect, tmp_path) -> None:
+    """Flux's ``--repair``, offline (the kvs cannot write meanwhile): the
+    damaged keys go from the checkpoint's tree, a value's readable blobs
+    kept as ``lost+found.KEY``, in a new checkpoint at the next version;
+    a start resumes there with every other key, fsck passes, and the
+    damaged root is still the checkpoint before it (``checkpoint update``
+    takes it back).  Refused online and with ``--rootref`` (usage, 2)."""
+    statedir, roots, objs = await _filled(start_instance, connect, tmp_path)
+    b = objs["testdir.b"]["data"]
+    adir = objs["adir"]["data"][0]
+    _delete(statedir, b[1], adir)
+    rc, out, err = await run_cli("kvs", "fsck", "--repair", "--statedir", str(statedir))
+    assert rc == 0, err
+    assert "testdir.b: missing blobref(s)" in err and "testdir.adir: missing dirref" in err
+    assert "repaired: unlinked testdir.adir, testdir.b; moved what could be read of " \
+           "testdir.b to lost+found.testdir.b." in out or \
+           "repaired: unlinked testdir.b, testdir.adir; moved what could be read of " \
+           "testdir.b to lost+found.testdir.b." in out, out
+    rc, out, err = await run_cli("kvs", "fsck", "--statedir", str(statedir))
+    assert (rc, err) == (0, ""), err
+    rc, out, err = await run_cli("kvs", "checkpoint", "list", "--statedir", str(statedir))
+    assert rc == 0 and out.splitlines()[2].endswith(roots["all"]), out
+    inst = await start_instance(size=1, statedir=str(statedir))
+    h = await connect(inst, 0)
+    kvs = KVS(h)
+    assert await kvs.get("lost+found.testdir.b") == b"".join(
+        BIG + bytes([i]) for i in (0, 2, 3))
+    assert await kvs.get("testdir.a") == BIG + b"a"
+    assert not await kvs.exists("testdir.b") and not await kvs.exists("testdir.adir")
+    rc, _, err = await run_cli("kvs", "fsck", "--repair", uri=inst.uri(0))
+    assert rc == 2 and "--repair mends a stopped instance's checkpoint" in err, err
