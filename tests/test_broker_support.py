@@ -507,9 +507,10 @@ async def run_cli(
     timeout: float = 60.0,
     env: dict[str, str] | None = None,
     input: bytes | None = None,
+    cwd: str | Path | None = None,
 ) -> tuple[int, str, str]:
-    """Run ``kvbroker ARGS`` (with ``KVBROKER_URI=uri`` when given); return
-    (exit status, stdout, stderr)."""
+    """Run ``kvbroker ARGS`` (with ``KVBROKER_URI=uri`` when given; in
+    ``cwd``); return (exit status, stdout, stderr)."""
     e = dict(os.environ if env is None else env)
     e.pop("KVBROKER_URI", None)
     if uri is not None:
@@ -521,6 +522,7 @@ async def run_cli(
         stderr=asyncio.subprocess.PIPE,
         stdin=asyncio.subprocess.DEVNULL if input is None else asyncio.subprocess.PIPE,
         env=e,
+        cwd=cwd,
     )
     try:
         out, err = await asyncio.wait_for(proc.communicate(input), timeout)

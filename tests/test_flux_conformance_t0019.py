@@ -94,7 +94,7 @@ import stat
 from pathlib import Path
 
 import pytest
-from test_broker_support import KVBROKER
+from test_broker_support import KVBROKER, run_cli
 from test_multihost import brokers, keyed_config  # noqa: F401  (brokers: a fixture)
 
 from broker.launch import free_tcp_ports
@@ -106,19 +106,8 @@ T = 60
 async def kvb(*args: str, cwd: str | Path | None = None) -> tuple[int, str, str]:
     """``kvbroker ARGS`` outside any instance: (status, stdout, stderr)."""
     env = dict(os.environ)
-    env.pop("KVBROKER_URI", None)
     env["PATH"] = f"{Path(KVBROKER).parent}:{env.get('PATH', '/usr/bin:/bin')}"
-    proc = await asyncio.create_subprocess_exec(
-        KVBROKER, *args, cwd=cwd, env=env, stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), T)
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
-        raise
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
+    return await run_cli(*args, env=env, cwd=cwd, timeout=T)
 
 
 async def start(*args: str) -> tuple[int, str, str]:

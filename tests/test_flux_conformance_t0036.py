@@ -108,7 +108,7 @@ from pathlib import Path
 
 import pytest
 from conftest import pid_alive
-from test_broker_support import KVBROKER, wait_until
+from test_broker_support import KVBROKER, run_cli, wait_until
 
 ARGS = ("-S", "broker.rc1_path=", "-S", "broker.rc3_path=")  # Flux's, taken
 T = 60
@@ -120,21 +120,10 @@ async def kvb(*args: str, cwd: str | Path | None = None,
               env: dict[str, str] | None = None) -> tuple[int, str, str]:
     """``kvbroker ARGS`` outside any instance: (status, stdout, stderr)."""
     e = dict(os.environ)
-    e.pop("KVBROKER_URI", None)
     e.pop("TMPDIR", None)  # (Flux's test unsets it too)
     e["PATH"] = f"{Path(KVBROKER).parent}:{e.get('PATH', '/usr/bin:/bin')}"
     e.update(env or {})
-    proc = await asyncio.create_subprocess_exec(
-        KVBROKER, *args, cwd=cwd, env=e, stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), T)
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
-        raise
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
+    return await run_cli(*args, env=e, cwd=cwd, timeout=T)
 
 
 async def start(*args: str, **kw) -> tuple[int, str, str]:

@@ -37,36 +37,17 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import json
-import os
 import signal
 import socket
-import sys
 from pathlib import Path
 
 import pytest
 from test_broker_support import KVBROKER, run_cli, stats, wait_until
+from test_overlay_faults import start_rank
 
 from broker.errors import RemoteError
-from broker.launch import Instance
 
 NEVER = {"namespace": "primary", "rootseq": 10**9}  # a version wait that never ends
-
-
-async def start_rank(inst: Instance, rank: int, stderr: Path) -> asyncio.subprocess.Process:
-    """Another process for ``rank`` of ``inst``, as the launcher starts one
-    (test_overlay_faults.start_rank, with the instance's CURVE key pair on
-    tcp links: the launcher keeps it in the run directory)."""
-    keys = os.path.join(inst.rundir, "curve.key")
-    curve = ["--curve-keys", keys] if os.path.exists(keys) else []
-    with open(stderr, "wb") as err:
-        return await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "broker.rank", "--rank", str(rank),
-            "--size", str(inst.size), "--fanout", str(inst.fanout),
-            "--rundir", inst.rundir, "--event-loop", inst.event_loop,
-            "--attrs", json.dumps(inst.attrs), "--endpoints", json.dumps(inst.endpoints),
-            *curve, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-            stderr=err, start_new_session=True)
 
 
 async def stop_rank(proc: asyncio.subprocess.Process) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -15,14 +16,18 @@ from broker.launch import Instance
 
 async def start_rank(inst: Instance, rank: int, stderr: Path) -> asyncio.subprocess.Process:
     """Another process for ``rank`` of ``inst``, started as the launcher
-    starts one (by hand, as an operator restarting a rank would)."""
+    starts one (by hand, as an operator restarting a rank would), with the
+    instance's CURVE key pair on tcp links (the launcher keeps it in the
+    run directory)."""
+    keys = os.path.join(inst.rundir, "curve.key")
+    curve = ["--curve-keys", keys] if os.path.exists(keys) else []
     with open(stderr, "wb") as err:
         return await asyncio.create_subprocess_exec(
             sys.executable, "-m", "broker.rank", "--rank", str(rank),
             "--size", str(inst.size), "--fanout", str(inst.fanout),
             "--rundir", inst.rundir, "--event-loop", inst.event_loop,
             "--attrs", json.dumps(inst.attrs), "--endpoints", json.dumps(inst.endpoints),
-            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+            *curve, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
             stderr=err, start_new_session=True)
 
 
