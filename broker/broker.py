@@ -364,6 +364,7 @@ class Broker:
                               "children": sorted(self.overlay.hello_from),
                               "rejoined": self.overlay.rejoined(),
                               "offline": self.overlay.offline(),
+                              "lost": self.overlay.lost(),
                               "unjoined": self.overlay.unjoined(),
                               "hosts": self.overlay.child_hosts(),
                               "torpid": self.overlay.torpid_seconds(),

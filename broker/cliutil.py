@@ -198,10 +198,12 @@ class RankSet:
             return self.ranges[0][0]
         return None
 
-    def ranks(self, size: int, what: str) -> list[int]:
+    def ranks(self, size: int, what: str, routed: bool = True) -> list[int]:
         """The ranks in an instance of ``size``, in order; raises
-        :class:`CLIError` (``<what>: No route to host``) naming the first
-        rank it does not have -- before anything is asked of any rank."""
+        :class:`CLIError` (``<what>: No route to host``, or without
+        ``routed`` -- a translation that asks no rank, ``overlay lookup`` --
+        the reason alone) naming the first rank it does not have, before
+        anything is asked of any rank."""
         if self.every:
             ranges: tuple[tuple[int, int], ...] = ((0, size - 1),) if size else ()
         else:
@@ -209,9 +211,10 @@ class RankSet:
             last = ranges[-1][1]
             if last >= size:
                 first_out = max(size, next(lo for lo, hi in ranges if hi >= size))
-                raise CLIError(what, detail=f"{os.strerror(errno.EHOSTUNREACH)} (no rank "
-                               f"{first_out}: the instance's ranks are "
-                               f"{encode_ranks(range(size))})")
+                why = f"no rank {first_out}: the instance's ranks are {encode_ranks(range(size))}"
+                if not routed:
+                    raise CLIError(what, detail=why)
+                raise CLIError(what, detail=f"{os.strerror(errno.EHOSTUNREACH)} ({why})")
         return [r for lo, hi in _subtract(ranges, self.excluded) for r in range(lo, hi + 1)]
 
 

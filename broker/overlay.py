@@ -189,6 +189,11 @@ def ipc_endpoint(rundir: str, rank: int) -> str:
     return f"ipc://{rundir}/tbon-{rank}"
 
 
+REPLACED = "it said hello again"
+"""Why a child's old link is dropped when a new process of it says hello:
+not a loss (it is back)."""
+
+
 class Overlay:
     """This rank's links: a ROUTER for its children, a DEALER to its parent."""
 
@@ -265,6 +270,11 @@ class Overlay:
         self._leaving: dict[int, str] = {}
         """Children that said goodbye (``overlay.goodbye``), with why: their
         link's closing is a stop, logged at INFO, not a loss."""
+        self._lost: dict[int, str] = {}
+        """Children lost (a crash, a kill, a host gone, cut off by ``overlay
+        disconnect``), with why, until one says hello again: what
+        :meth:`lost` tells ``kvbroker overlay status`` (it said only "rank N
+        is unreachable", whatever this rank saw)."""
         self._stopped: dict[int, str] = {}
         """Children whose last process stopped on purpose (it said goodbye,
         or this rank told it to), with why, until one says hello again:
@@ -449,6 +459,16 @@ class Overlay:
         status`` shows them *offline*, as Flux does a child that never
         connected; a child that joined and went is lost or offline instead."""
         return sorted(self.children - self._joined)
+
+    def lost(self) -> dict[str, str]:
+        """Each child lost and not joined again (``str(rank)``, for JSON),
+        with why (``its connection closed``, ``disconnected: kvbroker
+        overlay disconnect, by uid 1000``)."""
+        return {str(c): why for c, why in sorted(self._lost.items())}
+
+    def was_lost(self, child: int) -> bool:
+        """Whether ``child`` was lost and has not joined again."""
+        return child in self._lost
 
     def offline(self) -> dict[str, str]:
         """Each child that stopped on purpose and has not joined again
@@ -1193,7 +1213,7 @@ class Overlay:
             del self._ident_child[old]
             self._send_failed.discard(old)
             self._cut(old)
-            self._lose_child(child, "it said hello again", quiet=True)
+            self._lose_child(child, REPLACED, quiet=True)
         self._child_ident[child] = ident
         self._ident_child[ident] = child
         assert self._down is not None
@@ -1225,7 +1245,8 @@ class Overlay:
             conn.ident = None  # (forgotten already: its DISCONNECTED has nothing to do)
             hang_up(conn.fd, conn.inode)
         # (later: this runs inside a send, maybe a broadcast to the children)
-        asyncio.get_running_loop().call_soon(self._lose_child, child, "", True)
+        asyncio.get_running_loop().call_soon(
+            self._lose_child, child, "it did not read its link (tbon.max-backlog)", True)
 
     def disconnect_child(self, child: int, why: str) -> bool:
         """Cut connected child ``child`` off (``kvbroker overlay disconnect``,
@@ -1256,7 +1277,7 @@ class Overlay:
                     hang_up(zconn.fd, zconn.inode)
         log.warning("disconnecting child rank %d (%s): requests to its subtree are "
                     "answered EHOSTUNREACH", child, why)
-        self._lose_child(child, why, warned=True)
+        self._lose_child(child, f"disconnected: {why}", warned=True)
         return True
 
     def _parent_stuck(self, _ident: bytes, queued: int) -> None:
@@ -1309,6 +1330,10 @@ class Overlay:
             self._stopped[child] = "this rank told it to"
         else:
             self._stopped.pop(child, None)
+        if left is None and not self._shutdown_sent and why != REPLACED:
+            self._lost[child] = why or "its link was dropped"
+        else:
+            self._lost.pop(child, None)
         if self._closing:
             return
         if left is not None:
@@ -1349,6 +1374,7 @@ class Overlay:
             if child not in self.hello_from:
                 self.router.child_joined(child)
                 self._stopped.pop(child, None)
+                self._lost.pop(child, None)
                 process = hello_process(msg.payload)
                 # a new process of it (see _rejoins), not the same one on a new link
                 host = hello_hostname(msg.payload)

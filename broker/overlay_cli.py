@@ -218,7 +218,8 @@ def translate_target(target: str, hosts: list[str]) -> str:
     except argparse.ArgumentTypeError:
         pass
     else:
-        return hostlist.encode(hosts[r] for r in wanted.ranks(len(hosts), "overlay lookup"))
+        return hostlist.encode(hosts[r] for r in wanted.ranks(len(hosts), "overlay lookup",
+                                                              routed=False))
     try:
         names = hostlist.expand(target)
     except ValueError as exc:

@@ -164,16 +164,20 @@ class BrokerServices(Module):
     def overlay_disconnect(self, msg: Message) -> None:  # (not .disconnect: the router's)
         """``{rank}`` -> ``{}``: cut this rank's child ``rank`` off, and its
         subtree with it (:meth:`broker.overlay.Overlay.disconnect_child`).
-        The instance owner only; ``ENOENT`` if ``rank`` is not a connected
-        child of this rank."""
+        The instance owner only; ``EHOSTUNREACH`` if it was lost already
+        (``rank N is already lost``, as Flux's), ``ENXIO`` if it is not a
+        connected child of this rank (ENOENT's "No such file or directory"
+        read like a missing file)."""
         child = require(msg.payload, rank=int)["rank"]
         if not msg.is_owner:
             raise ErrnoError(errno.EPERM, "only the instance owner may disconnect ranks")
         overlay = self.broker.overlay
+        if overlay is not None and overlay.was_lost(child):
+            raise ErrnoError(errno.EHOSTUNREACH, f"rank {child} is already lost")
         if overlay is None or not overlay.disconnect_child(
                 child, f"kvbroker overlay disconnect, by uid {msg.userid}"):
-            raise ErrnoError(errno.ENOENT, f"rank {child} is not a connected child of "
-                                           f"rank {self.ctx.rank}")
+            raise ErrnoError(errno.ENXIO, f"rank {child} is not a connected child of "
+                                          f"rank {self.ctx.rank}")
         self.h.respond(msg, {})
 
     def overlay_trace(self, msg: Message) -> None:

@@ -93,6 +93,8 @@ class ChildrenView(NamedTuple):
     """The host each one's last hello named."""
     unjoined: set[int]
     """Those no process of which has said hello since it started."""
+    lost: dict[int, str]
+    """Those it lost (a crash, a kill, cut off), with why."""
 
 
 async def _children_view(h: Handle, rank: int, timeout: float) -> ChildrenView:
@@ -102,13 +104,20 @@ async def _children_view(h: Handle, rank: int, timeout: float) -> ChildrenView:
         async with asyncio.timeout(timeout):
             resp = await h.rpc("broker.stats-get", {}, nodeid=rank)
     except (TimeoutError, RemoteError):
-        return ChildrenView({}, {}, {}, {}, set())
+        return ChildrenView({}, {}, {}, {}, set(), {})
     overlay = resp.get("overlay", {}) if isinstance(resp, dict) else {}
     overlay = overlay if isinstance(overlay, dict) else {}
     torpid, rejoined = overlay.get("torpid", {}), overlay.get("rejoined", {})
     stopped, hosts = overlay.get("offline", {}), overlay.get("hosts", {})
     unjoined = overlay.get("unjoined", [])
-    view = ChildrenView({}, {}, {}, {}, set())
+    view = ChildrenView({}, {}, {}, {}, set(), {})
+    lost = overlay.get("lost", {})
+    for child, why in (lost.items() if isinstance(lost, dict) else ()):
+        try:
+            if isinstance(why, str) and why:
+                view.lost[int(child)] = why
+        except (TypeError, ValueError):
+            continue
     for child in (unjoined if isinstance(unjoined, list) else ()):
         if isinstance(child, int) and not isinstance(child, bool):
             view.unjoined.add(child)
@@ -187,13 +196,15 @@ async def gather(h: Handle, timeout: float = 2.0) -> tuple[list[RankStatus], int
     stopped: dict[int, str] = {}
     reported: dict[int, str] = {}
     unjoined: set[int] = set()
+    seen_lost: dict[int, str] = {}
     for view in parents_views:
         unjoined |= view.unjoined
+        seen_lost.update(view.lost)
         marked.update(view.torpid)
         restarted.update(view.restarts)
         stopped.update(view.offline)
         reported.update(view.hosts)
-    statuses = classify(size, fanout, answers, marked, stopped, unjoined)
+    statuses = classify(size, fanout, answers, marked, stopped, unjoined, seen_lost)
     statuses = name_hosts(statuses, reported, hostlist.split(",") if hostlist else [])
     return [replace(s, restarts=restarted.get(s.rank, "")) for s in statuses], fanout
 
@@ -214,7 +225,8 @@ def name_hosts(statuses: list[RankStatus], reported: dict[int, str],
 def classify(size: int, fanout: int, answers: list[Answer],
              marked: dict[int, str] | None = None,
              stopped: dict[int, str] | None = None,
-             unjoined: set[int] | None = None) -> list[RankStatus]:
+             unjoined: set[int] | None = None,
+             lost: dict[int, str] | None = None) -> list[RankStatus]:
     """From each rank's answer to its state: lost, offline or torpid, else
     partial if anything below is one of those.  ``marked``: ranks their
     parent marked torpid, with why -- torpid whatever they answered (the
@@ -223,7 +235,9 @@ def classify(size: int, fanout: int, answers: list[Answer],
     reach, and so is every rank out of reach below one (they stopped with
     it).  ``unjoined``: ranks that have not joined since their parent
     started: offline too, if out of reach, and every rank out of reach
-    below one (behind it)."""
+    below one (behind it).  ``lost``: ranks their parent lost, with why
+    (``its connection closed``, ``disconnected: ...``): said instead of
+    the failed request's text (``rank N is unreachable``)."""
     answers = list(answers)
     unjoined = unjoined or set()
     behind: dict[int, int] = {}  # offline rank -> the unjoined rank it is (or is behind)
@@ -252,7 +266,7 @@ def classify(size: int, fanout: int, answers: list[Answer],
         elif isinstance(answer, str) and parent is not None and out[parent].state == OFFLINE:
             out.append(RankStatus(rank, OFFLINE, detail=f"stopped with rank {parent}"))
         elif isinstance(answer, str):
-            out.append(RankStatus(rank, LOST, detail=answer))
+            out.append(RankStatus(rank, LOST, detail=(lost or {}).get(rank, answer)))
         elif isinstance(answer, NoAnswer):
             out.append(RankStatus(rank, TORPID, detail=answer.reason))
         else:

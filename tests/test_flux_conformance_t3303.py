@@ -43,11 +43,10 @@ Flux's cases, in order, and what each becomes here:
 25. *ping to rank 14 fails with EHOSTUNREACH*: ``ping 6``, exit 1, ``No
    route to host (rank 6 is unreachable)``.
 26. *errors shows the lost connection*: ``6 fake6: lost (...)``.  Flux
-   says ``lost connection``; kvbroker's line says ``rank 6 is unreachable``
-   whatever happened -- killed, crashed, cut off -- though docs/cli.md
-   promises "with the reason -- it crashed, was killed, or its host went"
-   and the parent has that reason (its log says ``lost child rank 6
-   unexpectedly: its connection closed ...``): a defect, see the xfail.
+   says ``lost connection``; kvbroker's line says why the parent lost it
+   (``its connection closed``, ``... answered no heartbeat for 10 s``);
+   until 2026-12-05 it said ``rank 6 is unreachable`` whatever happened
+   (found by this file).
 27. *wait for rank 0 subtree to be degraded*: kvbroker has no *degraded*
    (a lost rank makes its parents partial: documented); ``--wait partial``
    is the nearest, covered in 13.
@@ -59,9 +58,9 @@ Flux's cases, in order, and what each becomes here:
    fake[0-8], ``-1`` and ``100`` fail, ``fake2`` -> 2, ``fake[2-3]`` ->
    2-3, ``fake2[`` and ``foo`` fail -- through the CLI on the real
    instance (tests/test_cli_overlay.py checks the translation itself).
-   ``lookup 100`` says ``No route to host (no rank 100: ...)``: the text
-   of ``exec -r``'s refusal, reused for a translation that routes nothing
-   (a defect of the message, see the xfail).
+   ``lookup 100`` says ``no rank 100: ...`` (until 2026-12-05 with ``No
+   route to host``, ``exec -r``'s text, before it: a translation routes
+   nothing; found by this file).
 41-43. *disconnect* refuses ``42`` (not a rank of this instance), ``42xxx``
    (taken as a host: "TARGET must be a valid rank or hostname") and
    ``fake2[`` (the same), all exit 1, before asking anything.
@@ -197,10 +196,6 @@ async def test_t3303_health_as_ranks_stop_die_and_freeze(tmp_path: Path,
     assert await exit_codes([ranks[r] for r in (0, 1, 2, 4, 5)], tmp_path) == [0] * 5
 
 
-@pytest.mark.xfail(strict=True, reason="defect: a lost rank's status/errors line says only "
-                   "`rank N is unreachable` (the router's EHOSTUNREACH text), never the "
-                   "reason its parent saw and logged (`its connection closed`); docs/cli.md "
-                   "promises the reason (Flux: `lost connection`)")
 async def test_t3303_a_killed_rank_s_line_says_it_lost_its_connection(
         tmp_path: Path, brokers) -> None:  # noqa: F811
     config = await keyed_config(tmp_path, 3, 2, hosts=HOSTS[:3])
@@ -225,10 +220,6 @@ async def test_t3303_a_killed_rank_s_line_says_it_lost_its_connection(
         await h.close()
 
 
-@pytest.mark.xfail(strict=True, reason="defect: `overlay lookup 100` fails `No route to "
-                   "host (no rank 100: the instance's ranks are 0-1)`: a local translation "
-                   "routes nothing; EHOSTUNREACH's text is borrowed from exec -r's refusal "
-                   "(RankSet.ranks)")
 async def test_t3303_lookup_of_a_rank_too_big_says_only_that(start_instance) -> None:
     inst = await start_instance(size=2, fanout=2)
     rc, out, err = await run_cli("overlay", "lookup", "100", uri=inst.uri(0))

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import os
 import signal
 import socket
 from pathlib import Path
@@ -85,8 +86,9 @@ async def test_a_request_up_through_a_router_cut_off_fails_at_once(
         assert (await stats(h0, 0))["sent-down"] == 0
         rc, out, _ = await run_cli("overlay", "status", uri=inst.uri(0))
         host = socket.gethostname()
-        assert (rc, out.splitlines()[1:]) == (1, [f"  1 {host}: lost (rank 1 is unreachable)",
-                                                  f"    2 {host}: lost (rank 1 is unreachable)"])
+        assert (rc, out.splitlines()[1:]) == (1, [
+            f"  1 {host}: lost (disconnected: kvbroker overlay disconnect, by uid "
+            f"{os.getuid()})", f"    2 {host}: lost (rank 1 is unreachable)"])
 
 
 async def test_a_crashed_router_and_its_leaf_restart_and_serve(

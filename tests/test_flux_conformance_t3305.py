@@ -45,13 +45,13 @@ Flux's cases, in order, and what each becomes here:
 15. *report health status*: ``overlay status`` exits 1, partial.
 16. *health status for rank 6 is lost*: Flux prints ``6 fake6: lost
     administrative disconnect``.  Here rank 2 shows lost, under host
-    fake2 -- and its reason must say it was disconnected, not only that it
-    is unreachable (a defect: see the xfail).
-17. *attempt to disconnect rank 6 again fails*: exit 1, not a connected
-    child.  Flux says ``rank 6 is already lost``; kvbroker prefixes its
-    refusals (this one and 6's) with the errno's text, ENOENT's ``No such
-    file or directory``, which names a file that is not there (a defect of
-    the message: see the xfail).
+    fake2, saying ``disconnected: kvbroker overlay disconnect, by uid N``
+    (until 2026-12-05 only ``rank 2 is unreachable``: found by this file).
+17. *attempt to disconnect rank 6 again fails*: exit 1, ``No route to
+    host (rank 6 is already lost)``, as Flux; one that is not a child of
+    the rank asked (6's) ``No such device or address (rank 6 is not a
+    connected child of rank 0)`` (both were ENOENT's ``No such file or
+    directory`` until 2026-12-05: found by this file).
 
 (tests/test_flux_conformance_t3304.py has the same request through a cut
 router on unix links at fanout 1; tests/test_cli_overlay.py the hung-rank
@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import os
 import re
 import signal
 from pathlib import Path
@@ -102,10 +103,6 @@ async def test_t3305_parentof(instance) -> None:
     assert got == [(0, f"{p}\n") for p in (0, 0, 1, 1, 2, 2)]
 
 
-@pytest.mark.xfail(strict=True, reason="defect: overlay status shows a rank cut off by "
-                   "`overlay disconnect` as `lost (rank 2 is unreachable)`, the same as a "
-                   "crash; the parent knows it disconnected it (its WARNING says so) but "
-                   "the status line does not (Flux: `lost administrative disconnect`)")
 async def test_t3305_disconnect_reason_shows_in_status(instance) -> None:
     uri = instance[0].uri
     rc, out, err = await run_cli("overlay", "disconnect", "fake2", uri=uri)
@@ -126,7 +123,7 @@ async def test_t3305_disconnect_a_router_fails_its_leaf_s_request_upward(
         rc, out, err = await run_cli("overlay", "disconnect", "--parent", "0", "6",
                                      uri=uri)  # (6)
         assert (rc, out) == (1, "asking rank 0 to disconnect child rank 6\n"), err
-        assert err == ("kvbroker: overlay disconnect: No such file or directory "
+        assert err == ("kvbroker: overlay disconnect: No such device or address "
                        "(rank 6 is not a connected child of rank 0)\n")
         rc, out, err = await run_cli("overlay", "status", "--timeout", "10", uri=uri)
         assert rc == 0, (out, err)  # nothing was cut
@@ -179,19 +176,17 @@ async def test_t3305_disconnect_a_router_fails_its_leaf_s_request_upward(
         for r in (5, 6):
             assert re.search(rf"^    {r} fake{r}: lost \(", out, re.M), out
         rc, out, err = await run_cli("overlay", "errors", "--timeout", "10", uri=uri)
-        assert rc == 0 and "2,5-6 fake[2,5-6]: lost" in out, (out, err)
+        assert (rc, err) == (0, ""), err
+        assert out.splitlines() == [  # (2 says why; 5-6 are out of reach behind it)
+            f"2 fake2: lost (disconnected: kvbroker overlay disconnect, by uid {os.getuid()})",
+            "5-6 fake[5-6]: lost (rank 2 is unreachable)"], out
 
         rc, out, err = await run_cli("overlay", "disconnect", "2", uri=uri)  # (17)
         assert (rc, out) == (1, "asking rank 0 to disconnect child rank 2\n"), err
-        assert "rank 2 is not a connected child of rank 0" in err, err
+        assert "rank 2 is already lost" in err, err
         assert (await run_cli("ping", "1", uri=uri))[0] == 0  # the rest serves
 
 
-@pytest.mark.xfail(strict=True, reason="defect: `overlay disconnect` of a rank that is not "
-                   "(or no longer) a connected child fails `No such file or directory (rank N "
-                   "is not a connected child of rank P)`: ENOENT's strerror names a file; "
-                   "and a rank cut off already is not said to be lost (Flux: `rank 6 is "
-                   "already lost`)")
 async def test_t3305_disconnect_refusals_say_what_is_wrong(instance) -> None:
     uri = instance[0].uri
     rc, _, err = await run_cli("overlay", "disconnect", "--parent", "0", "6", uri=uri)
