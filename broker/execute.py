@@ -243,7 +243,8 @@ async def _exec_run(command: list[str], uris: dict[int, str], label_io: bool,
             cmds[rank] = cmd
             assert cmd.proc.stdout is not None and cmd.proc.stderr is not None
             if outputs is None:
-                outputs = _Output(sys.stdout), _Output(sys.stderr)
+                lock = asyncio.Lock()  # (one: both may be one pipe, 2>&1)
+                outputs = _Output(sys.stdout, lock), _Output(sys.stderr, lock)
             label = f"{rank}: ".encode() if label_io else None
             pumps[rank] = [
                 asyncio.ensure_future(_relay_lines(label, cmd.proc.stdout, outputs[0])),
@@ -321,18 +322,29 @@ class _Output:
     stuck consumer) held the loop, so ``-t`` never fired and the signals
     to pass on were never passed: only SIGKILL ended exec.  A pipe, socket
     or terminal is written PIPE_BUF bytes at a time, each once it is
-    writable (which a write that size then never blocks on, for a pipe),
-    leaving the descriptor's flags alone (it is shared with the shell); a
-    file is written as before (it cannot be waited on, nor block long)."""
+    writable; a file is written as before (it cannot be waited on, nor
+    block long).
 
-    def __init__(self, stream: Any) -> None:
+    ``lock`` is shared by stdout's and stderr's: with both on one pipe or
+    terminal (``2>&1``), a batch of one went out in pieces between which
+    the other's landed, cutting a line.  The descriptor is shared with the
+    shell, so its flags are left as they were given: uvloop's
+    ``add_writer`` makes it non-blocking (a terminal then refused a write,
+    ``EAGAIN``, and exec ended "Resource temporarily unavailable" with
+    the rest of the output lost), so such a write waits again, and the
+    blocking mode is put back after each batch."""
+
+    def __init__(self, stream: Any, lock: asyncio.Lock) -> None:
         self.stream = stream
-        self.lock = asyncio.Lock()
+        self.lock = lock
+        self.blocking = True
         try:
             self.fd: int | None = stream.fileno()
             mode = os.fstat(self.fd).st_mode
             if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISCHR(mode)):
                 self.fd = None
+            else:
+                self.blocking = os.get_blocking(self.fd)
         except (OSError, ValueError, AttributeError):
             self.fd = None
 
@@ -344,9 +356,16 @@ class _Output:
                 return
             self.stream.flush()  # (what print() left there goes first)
             view = memoryview(data)
-            while view:
-                await self._writable()
-                view = view[os.write(self.fd, view[:select.PIPE_BUF]):]
+            try:
+                while view:
+                    await self._writable()
+                    try:
+                        view = view[os.write(self.fd, view[:select.PIPE_BUF]):]
+                    except BlockingIOError:  # (writable, but not for this much)
+                        continue
+            finally:
+                if self.blocking and not os.get_blocking(self.fd):
+                    os.set_blocking(self.fd, True)
 
     async def _writable(self) -> None:
         assert self.fd is not None
