@@ -61,7 +61,8 @@ class ConnectError(Exception):
 _CONNECT_HINTS = {
     errno.ENOENT: "no broker there: has the instance stopped, or is that rank still "
                   "waiting for its parent (kvbroker broker)?",
-    errno.ECONNREFUSED: "no broker listens there: has the instance stopped?",
+    errno.ECONNREFUSED: "no broker listens there: has the instance stopped, or is that "
+                        "rank, restarted, still waiting for its parent (kvbroker broker)?",
     errno.EACCES: "this instance admits other users only if started with "
                   "-S access.allow-guest-user=true",
 }

@@ -38,11 +38,11 @@ still stop when told to (SIGTERM: exit 0, as any rank stopped on purpose,
 docs/guide.md), promptly and without a traceback.  And case 3 once more
 for a leaf restarted by hand in its old run directory after a crash
 (SIGKILL left its socket behind) while its router is down too: a client
-must still be told the rank may be waiting for its parent.  It is told
-``Connection refused (no broker listens there: has the instance
-stopped?)`` -- the rank takes the old socket over only once admitted
-(broker/broker.py, deliberately), and the hint for a socket nobody
-listens on does not consider a rank that waits: a defect, see the xfail.
+must still be told the rank may be waiting for its parent: the rank
+takes the old socket over only once admitted (broker/broker.py,
+deliberately), so the socket refuses the connection, and the hint for
+that names a restarted rank waiting for its parent too (until 2026-12-05
+it said only "has the instance stopped?": found by this file).
 """
 
 from __future__ import annotations
@@ -52,7 +52,6 @@ import signal
 import socket
 from pathlib import Path
 
-import pytest
 from test_broker_support import run_cli, wait_until
 from test_multihost import _connect_when_listening, exit_codes, keyed_config
 from test_multihost import brokers as brokers  # noqa: F401  (the fixture)
@@ -129,11 +128,6 @@ async def test_t3302_a_leaf_waiting_for_its_parent_stops_on_sigterm(
     assert rank2.proc.stdout is not None and await rank2.proc.stdout.read() == b""
 
 
-@pytest.mark.xfail(strict=True, reason="defect: a leaf restarted in its rundir after a "
-                   "crash, waiting for its parent, leaves the dead process's socket in place "
-                   "until admitted; a client is told `Connection refused (no broker listens "
-                   "there: has the instance stopped?)`, not that the rank may be waiting for "
-                   "its parent")
 async def test_t3302_a_restarted_leaf_waiting_for_its_parent_says_so_over_a_stale_socket(
         tmp_path: Path, brokers) -> None:  # noqa: F811
     config = await keyed_config(tmp_path, 3, 1)
