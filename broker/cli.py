@@ -1259,7 +1259,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     s.add_argument("path", metavar="FILE")
     s.set_defaults(func=cmd_keygen)
 
-    s = sub.add_parser("exec", help="run COMMAND attached to each rank of IDSET")
+    # (no abbreviations: Flux's own --label NAME, for a background process, would
+    # be read as --label-io and NAME run as the command)
+    s = sub.add_parser("exec", help="run COMMAND attached to each rank of IDSET",
+                       allow_abbrev=False)
     s.add_argument("-r", "--rank", type=rank_set, metavar="IDSET",
                    help="the ranks to run COMMAND on, each with its rank's URI as "
                    "KVBROKER_URI: 3, 0-3,5 or all (default 0)")

@@ -555,3 +555,12 @@ async def test_exec_a_command_that_does_not_read_holds_back_the_others_only_at_t
                 if proc.returncode is None:
                     proc.kill()
                     await proc.wait()
+
+
+async def test_exec_takes_no_abbreviated_option(start_instance) -> None:
+    """Flux's ``flux exec --label NAME`` (a background process's label) is
+    not read as ``--label-io`` with NAME run as the command: a usage error."""
+    inst = await start_instance(size=1)
+    rc, out, err = await run_cli("exec", "--label", "foo", "true", uri=inst.uri(0))
+    assert (rc, out) == (2, ""), err
+    assert "unrecognized arguments: --label" in err, err
