@@ -156,14 +156,20 @@ class CountingStore(dict):
         return super().get(ref, default)
 
 
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 20 MB tmpfs (root only; skipped where mounting is not allowed)."""
-    mnt = tmp_path / "disk"
+def tmpfs(mnt: Path, options: str) -> Iterator[Path]:
+    """A tmpfs mounted at ``mnt`` (made) with ``options`` for a fixture to
+    yield, unmounted after (root only; the test is skipped where mounting
+    is not allowed)."""
     mnt.mkdir()
     if os.geteuid() != 0 or subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", "size=20m,mode=0700", "tmpfs", str(mnt)],
+            ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mnt)],
             capture_output=True).returncode != 0:
         pytest.skip("needs root and a tmpfs mount")
     yield mnt
     subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 20 MB tmpfs (root only; skipped where mounting is not allowed)."""
+    yield from tmpfs(tmp_path / "disk", "size=20m,mode=0700")

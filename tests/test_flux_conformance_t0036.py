@@ -101,14 +101,12 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import pid_alive
-from test_broker_support import KVBROKER, run_cli, wait_until
+from conftest import pid_alive, tmpfs
 
 ARGS = ("-S", "broker.rc1_path=", "-S", "broker.rc3_path=")  # Flux's, taken
 T = 60
@@ -354,14 +352,7 @@ async def test_t0036_rundir_not_a_directory(tmp_path: Path) -> None:
 @pytest.fixture
 def read_only_dir(tmp_path: Path) -> Iterator[Path]:
     """A directory nobody can write in, root included: a read-only tmpfs."""
-    mnt = tmp_path / "ro"
-    mnt.mkdir()
-    if os.geteuid() != 0 or subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", "ro,size=1m,mode=0700", "tmpfs", str(mnt)],
-            capture_output=True).returncode != 0:
-        pytest.skip("needs root and a tmpfs mount")
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+    yield from tmpfs(tmp_path / "ro", "ro,size=1m,mode=0700")
 
 
 @pytest.mark.parametrize(("size", "transport"), [("1", "unix"), ("2", "tcp")])
