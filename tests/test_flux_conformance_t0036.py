@@ -107,6 +107,7 @@ from pathlib import Path
 
 import pytest
 from conftest import pid_alive, tmpfs
+from test_broker_support import KVBROKER, run_cli, wait_until
 
 ARGS = ("-S", "broker.rc1_path=", "-S", "broker.rc3_path=")  # Flux's, taken
 T = 60
