@@ -284,8 +284,10 @@ async def test_a_follower_asks_upstream_for_many_blobs_at_once(start_instance,
     its rank's content module by a call).  Setroots carry no blobs here
     (``kvs.setroot-blob-limit`` 0): when the commit's setroot primed rank
     3 with the smallest new blobs that fit its 8 KiB -- lines 0-999's, 922
-    of them -- rank 3 asked for 1,094, and the count failed, on a loaded
-    machine (the priming does not always find the rank's cache)."""
+    of them -- rank 3 asked for 1,094, and the count failed.  That
+    happened on a loaded machine only: rank 3 drops the setroot of a
+    namespace it has not loaded, unless its ``wait_version`` loaded
+    ``primary`` before the event arrived."""
     from broker.content.module import LOAD_BATCH
 
     inst = await start_instance(size=4, fanout=2, attrs={"kvs.setroot-blob-limit": "0"})
