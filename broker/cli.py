@@ -1020,7 +1020,8 @@ def stats_field(stats: Any, objname: str, kind: str | None, scale: float | None,
     for i, name in enumerate(objname.split(".")):
         if not isinstance(value, dict) or name not in value:
             where = ".".join(objname.split(".")[:i]) or "the stats"
-            fields = ", ".join(sorted(value)) if isinstance(value, dict) else "none"
+            fields = ", ".join(sorted(value)) if isinstance(value, dict) else ""
+            fields = fields or "none"  # (a map with no field: not an empty list)
             raise CLIError(what, detail=f"{objname}: {where} has no field {name!r} "
                                         f"(its fields: {fields})")
         value = value[name]
