@@ -323,6 +323,7 @@ def cmd_start(args: argparse.Namespace) -> int:
                     return 0
             else:
                 env = dict(os.environ, KVBROKER_URI=inst.uri(0), KVBROKER_RANK="0")
+                env["PATH"] = command_path(env.get("PATH", ""))
                 try:
                     cmd = Command.spawn(command, env)
                 except OSError as exc:
@@ -393,6 +394,27 @@ def cmd_start(args: argparse.Namespace) -> int:
 
     with asyncio.Runner(loop_factory=asyncio.new_event_loop) as runner:
         return runner.run(main())
+
+
+def command_path(path: str) -> str:
+    """``PATH`` for ``start``'s command, so that its ``kvbroker`` is this
+    one, as Flux's driver does for ``flux start``: this command's
+    directory just before the first other directory holding a
+    ``kvbroker`` (a command of another venv found first ran another
+    version against this instance), first if none holds one, and
+    ``path`` as it is when this one is found first already."""
+    mine = os.path.dirname(os.path.abspath(sys.argv[0]))
+    if not os.access(os.path.join(mine, "kvbroker"), os.X_OK):
+        return path  # (not run as the kvbroker command: python -m, a test harness)
+    entries = path.split(":") if path else []
+    for i, entry in enumerate(entries):
+        here = entry or "."
+        if os.path.realpath(here) == os.path.realpath(mine):
+            return path
+        exe = os.path.join(here, "kvbroker")
+        if os.path.isfile(exe) and os.access(exe, os.X_OK):
+            return ":".join([*entries[:i], mine, *entries[i:]])
+    return ":".join([mine, *entries])
 
 
 def shutdown_notice(rank: int, command: bool, why: str = "kvbroker shutdown") -> str:
@@ -1066,19 +1088,37 @@ def cmd_content(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------ parser
 
 
+def _is_event_loop_option(word: str) -> bool:
+    """``--event-loop`` as argparse takes it, an abbreviation too
+    (``--event-l``), without its value."""
+    return len(word) > 3 and "--event-loop".startswith(word)
+
+
 def command_words(argv: list[str]) -> list[str]:
     """``argv``'s words that are not options, nor the top-level option's
     value: the command and its subcommand come first (``kvs``, ``get``)."""
     out: list[str] = []
     words = iter(argv)
     for word in words:
-        if word == "--event-loop" and not out:
+        if _is_event_loop_option(word) and not out:
             next(words, None)
         elif word == "--":
             out.extend(words)
         elif not word.startswith("-") or word == "-":
             out.append(word)
     return out
+
+
+def drop_driver_dashes(argv: list[str]) -> list[str]:
+    """``argv`` without a ``--`` that ends the driver's own options before
+    the command (``kvbroker -- getattr size``, as getopt takes Flux's):
+    argparse read it as the command."""
+    i = 0
+    while i < len(argv) and argv[i].startswith("-") and argv[i] != "--":
+        i += 2 if _is_event_loop_option(argv[i]) else 1
+    if i < len(argv) and argv[i] == "--":
+        return argv[:i] + argv[i + 1:]
+    return argv
 
 
 ALIASES: dict[tuple[str, ...], tuple[str, ...]] = {
@@ -1551,9 +1591,13 @@ def main(argv: list[str] | None = None) -> int:
     """Parse, run the command, and turn its failure into one line on stderr
     and an exit status (docs/cli.md, Conventions) -- in this one place, so
     that every command reports alike."""
-    argv, spelled = resolve_alias(sys.argv[1:] if argv is None else argv)
+    argv, spelled = resolve_alias(drop_driver_dashes(sys.argv[1:] if argv is None else argv))
     guard_std_streams()
     parser = parser_for(argv)
+    word = command_word(argv)
+    if word is not None and word in plugins.FAILED_COMMANDS:
+        print_err(f"{word}: {plugins.FAILED_COMMANDS[word]}")
+        return 1
     if spelled is not None:
         respell(parser, argv, spelled)
     args, extra = parser.parse_known_args(argv)

@@ -334,9 +334,10 @@ async def each_rank(what: str, ranks: list[Any], call: Callable[[Any], Awaitable
                     named: bool | None = None) -> list[T]:
     """``call(rank)`` for every rank at once (``--all``: ``kvs dropcache``,
     ``attr set``, ``dmesg``), their answers in rank order.  A refusal is
-    raised as ``<what>: rank N: <strerror>`` naming the first rank in order
-    that refused when ``named`` (default: when there are several ranks),
-    else as it came.  Cut off by the command's ``-t``, it leaves the ranks
+    raised as ``<what>: ranks N,M: <strerror>`` naming every rank that
+    refused, those with the same error on one line (the others' lines
+    first, on stderr), when ``named`` (default: when there are several
+    ranks), else as it came.  Cut off by the command's ``-t``, it leaves the ranks
     that had not answered for the error to name (``attr set --all`` said
     only "no answer", not which rank was stopped)."""
     calls = [asyncio.ensure_future(call(r)) for r in ranks]
@@ -348,12 +349,26 @@ async def each_rank(what: str, ranks: list[Any], call: Callable[[Any], Awaitable
     if named is None:
         named = len(ranks) > 1
     out: list[T] = []
+    refused: dict[tuple[int, str], list[Any]] = {}
     for rank, answer in zip(ranks, answers, strict=True):
         if isinstance(answer, ErrnoError) and named:
-            raise CLIError(f"{what}: rank {rank}", answer.errnum, errno_detail(answer))
-        if isinstance(answer, BaseException):
+            refused.setdefault((answer.errnum, errno_detail(answer)), []).append(rank)
+        elif isinstance(answer, BaseException):
             raise answer
-        out.append(answer)
+        else:
+            out.append(answer)
+    if refused:
+        # every rank that refused, those alike on one line: naming the first
+        # alone read as if the others had taken what was asked
+        lines = []
+        for (errnum, detail), which in refused.items():
+            listed = (encode_ranks(which) if all(type(r) is int for r in which)
+                      else ",".join(map(str, which)))
+            who = f"rank {which[0]}" if len(which) == 1 else f"ranks {listed}"
+            lines.append(CLIError(f"{what}: {who}", errnum, detail))
+        for line in lines[:-1]:
+            print_err(str(line))
+        raise lines[-1]
     return out
 
 

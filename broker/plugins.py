@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import sys
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -112,6 +113,16 @@ def command_registrars(command: str | None = None) -> dict[str, Any]:
     for name, ep in sorted(_eps(COMMANDS_GROUP).items()):
         try:
             out[name] = ep.load()
-        except ImportError:
-            continue
+        except Exception as exc:  # (any: one broken extension must not take the rest down)
+            why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            FAILED_COMMANDS[name] = f"this plugin command ({ep.value}) cannot be loaded: {why}"
+            if name != command:  # (the one named says it as its error: see cli.main)
+                print(f"kvbroker: ignoring plugin command {name!r}: {FAILED_COMMANDS[name]}",
+                      file=sys.stderr)
     return out
+
+
+FAILED_COMMANDS: dict[str, str] = {}
+"""Installed CLI extensions that could not be loaded, with why: left out
+(an import error, or any exception, took ``--help`` and every other
+command down with it, or the command was reported not installed)."""

@@ -51,7 +51,7 @@ def install_plugin(where: Path, name: str, entry_points: str,
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
     info = where / f"{name.replace('-', '_')}-0.0.dist-info"
-    info.mkdir()
+    info.mkdir(parents=True)
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.0\n")
     (info / "entry_points.txt").write_text(entry_points)
     return os.pathsep.join(p for p in (str(where), os.environ.get("PYTHONPATH")) if p)

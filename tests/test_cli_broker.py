@@ -901,7 +901,7 @@ async def test_attr_set_changes_a_ranks_log_level_at_once(start_instance, connec
     (("tbon.torpid_min", "0"), errno.EINVAL, "tbon.torpid_min: must be at least 0.1"),
     (("tbon.torpid_min", "0.0000001"), errno.EINVAL, "tbon.torpid_min: must be at least 0.1"),
     # 30 (the default torpid_max) is not more than twice 20: refused on
-    # every rank, and the error names one
+    # every rank, and the error names them all
     (("tbon.torpid_min", "20", "--all"), errno.EINVAL, "tbon.torpid_max: 30 must be 0"),
 ])
 async def test_attr_set_refuses_with_the_reason_and_changes_nothing(
@@ -913,8 +913,8 @@ async def test_attr_set_refuses_with_the_reason_and_changes_nothing(
     async with asyncio.timeout(30):
         rc, out, err = await run_cli("attr", "set", *args, uri=inst.uri(0))
     assert (rc, out) == (1, ""), err
-    # (with --all, every rank refuses; the first in rank order is named)
-    error_line(err, "attr set: rank 0" if "--all" in args else "attr set", errnum)
+    # (with --all, every rank refuses, and the error names them: ranks 0-1)
+    error_line(err, "attr set: ranks 0-1" if "--all" in args else "attr set", errnum)
     assert says in err, err
     after = [{n: await h.attr_get(n, nodeid=r) for n in ("log.level", "tbon.torpid_min")}
              for r in range(2)]
