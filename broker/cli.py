@@ -52,7 +52,7 @@ from broker.cliutil import (
     use_color,
     write_out,
 )
-from broker.command import STOP_CAP, STOP_SIGNALS, STOP_TIMEOUT
+from broker.command import STOP_CAP, STOP_SIGNALS, STOP_TIMEOUT, command_path
 from broker.errors import ErrnoError
 from broker.execute import cmd_exec
 from broker.handle import Handle
@@ -394,27 +394,6 @@ def cmd_start(args: argparse.Namespace) -> int:
 
     with asyncio.Runner(loop_factory=asyncio.new_event_loop) as runner:
         return runner.run(main())
-
-
-def command_path(path: str) -> str:
-    """``PATH`` for ``start``'s command, so that its ``kvbroker`` is this
-    one, as Flux's driver does for ``flux start``: this command's
-    directory just before the first other directory holding a
-    ``kvbroker`` (a command of another venv found first ran another
-    version against this instance), first if none holds one, and
-    ``path`` as it is when this one is found first already."""
-    mine = os.path.dirname(os.path.abspath(sys.argv[0]))
-    if not os.access(os.path.join(mine, "kvbroker"), os.X_OK):
-        return path  # (not run as the kvbroker command: python -m, a test harness)
-    entries = path.split(":") if path else []
-    for i, entry in enumerate(entries):
-        here = entry or "."
-        if os.path.realpath(here) == os.path.realpath(mine):
-            return path
-        exe = os.path.join(here, "kvbroker")
-        if os.path.isfile(exe) and os.access(exe, os.X_OK):
-            return ":".join([*entries[:i], mine, *entries[i:]])
-    return ":".join([mine, *entries])
 
 
 def shutdown_notice(rank: int, command: bool, why: str = "kvbroker shutdown") -> str:

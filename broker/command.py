@@ -323,3 +323,24 @@ class Command:
                 await self.wait()
         self.kill()
         return await self.wait()
+
+
+def command_path(path: str) -> str:
+    """``PATH`` for ``start``'s command, so that its ``kvbroker`` is this
+    one, as Flux's driver does for ``flux start``: this command's
+    directory just before the first other directory holding a
+    ``kvbroker`` (a command of another venv found first ran another
+    version against this instance), first if none holds one, and
+    ``path`` as it is when this one is found first already."""
+    mine = os.path.dirname(os.path.abspath(sys.argv[0]))
+    if not os.access(os.path.join(mine, "kvbroker"), os.X_OK):
+        return path  # (not run as the kvbroker command: python -m, a test harness)
+    entries = path.split(":") if path else []
+    for i, entry in enumerate(entries):
+        here = entry or "."
+        if os.path.realpath(here) == os.path.realpath(mine):
+            return path
+        exe = os.path.join(here, "kvbroker")
+        if os.path.isfile(exe) and os.access(exe, os.X_OK):
+            return ":".join([*entries[:i], mine, *entries[i:]])
+    return ":".join([mine, *entries])

@@ -39,7 +39,13 @@ from typing import Any
 from broker import attrs as battrs
 from broker import gcpolicy, malloc, plugins
 from broker.broker import Broker
-from broker.command import Command, cannot_run_message, cannot_run_status, exit_code
+from broker.command import (
+    Command,
+    cannot_run_message,
+    cannot_run_status,
+    command_path,
+    exit_code,
+)
 from broker.errors import ErrnoError, KvbrokerError
 from broker.logring import PrefixedFormatter, RankLog
 from broker.loops import loop_factory
@@ -326,7 +332,9 @@ async def run_initial_program(b: Broker, argv: list[str], running: asyncio.Task[
     loop = asyncio.get_running_loop()
     log = logging.getLogger("kvbroker")
     try:
-        cmd = Command.spawn(argv, dict(os.environ, KVBROKER_URI=b.uri, KVBROKER_RANK=str(b.rank)))
+        env = dict(os.environ, KVBROKER_URI=b.uri, KVBROKER_RANK=str(b.rank))
+        env["PATH"] = command_path(env.get("PATH", ""))  # (its kvbroker is this one)
+        cmd = Command.spawn(argv, env)
     except OSError as exc:
         log.error("initial program %s", cannot_run_message(argv[0], exc))
         b.request_stop("the initial program could not run")

@@ -186,6 +186,18 @@ async def test_its_directory_goes_just_before_the_other_kvbroker(tmp_path: Path)
     assert out == f"/foo:{os.path.dirname(KVBROKER)}:{other}:{SYSPATH}\n"
 
 
+async def test_broker_s_initial_program_finds_this_kvbroker_too(tmp_path: Path) -> None:
+    """``kvbroker broker -c FILE -- CMD`` (Flux's ``flux broker CMD``): its
+    command's ``kvbroker`` is this one as well, before another in PATH."""
+    conf = tmp_path / "one.toml"
+    conf.write_text("[bootstrap]\n")
+    path = f"{bogus_bin(tmp_path)}:{SYSPATH}"
+    rc, out, err = await run_cli("broker", "-c", str(conf), "--", "sh", "-c",
+                                 "command -v kvbroker", env=path_env(path))
+    assert rc == 0, err
+    assert os.path.realpath(out.strip()) == HERE
+
+
 async def test_a_path_that_finds_this_kvbroker_first_is_left_alone(tmp_path: Path) -> None:
     path = f"/foo:/bar:{os.path.dirname(KVBROKER)}:{bogus_bin(tmp_path)}:{SYSPATH}"
     rc, out, err = await kvb_start("printenv", "PATH", env=path_env(path))
