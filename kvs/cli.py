@@ -817,46 +817,20 @@ def cmd_fsck(args: argparse.Namespace) -> int:
         raise UsageError("--repair mends a stopped instance's checkpoint: --statedir DIR, "
                          "without --rootref (online, writers could race it)")
     if args.statedir is not None:
-        from broker.content.module import checkpoint_or_none
         from kvs.archive import ArchiveError, open_stopped_store
-        from kvs.checkpoints import Checkpoint
-        from kvs.namespaces import CHECKPOINT_KEY
 
         try:
             with open_stopped_store(args.statedir, create=False, instead="stop it first, or "
                                     "check online (without --statedir)") as store:
-                rootref = args.rootref
-                point = None
-                if rootref is None:
-                    raw = store.checkpoint_list(CHECKPOINT_KEY)
-                    if not raw:
-                        raise CLIError("kvs fsck", detail=f"statedir {args.statedir} has no "
-                                       "KVS checkpoint (give --rootref REF)")
-                    point = Checkpoint.from_value(checkpoint_or_none(raw[0]))
-                    rootref = point.rootref
-                    if rootref is None:
-                        raise CLIError("kvs fsck", detail=f"statedir {args.statedir}: its "
-                                       "newest KVS checkpoint names no root (damaged: see "
-                                       "kvs checkpoint list; give --rootref REF)")
-                header = f"checking {rootref} in {args.statedir}"
+                point = None if args.rootref else _newest_checkpoint(store, args.statedir)
+                rootref = args.rootref if point is None else point.rootref
                 if not args.quiet:
-                    print(header, flush=True)
+                    print(f"checking {rootref} in {args.statedir}", flush=True)
                 report = asyncio.run(fsck.check(fsck.from_store(store), rootref, on_key))
                 status = finish(report)
                 if args.repair and report.problems:
                     assert point is not None and isinstance(point.value, dict)
-                    try:
-                        done = fsck.repair(store, point.value, report)
-                    except (ValueError, ErrnoError) as exc:
-                        why = exc.errstr if isinstance(exc, ErrnoError) else str(exc)
-                        raise CLIError("kvs fsck", detail=f"cannot repair: {why}") from None
-                    moved = ", ".join(f"{k} to {fsck.LOST_FOUND}.{k}" for k in done.moved)
-                    print(f"repaired: unlinked {', '.join(done.unlinked)}"
-                          + (f"; moved what could be read of {moved}" if moved else "")
-                          + f". The next start resumes at {done.rootref} (version "
-                          f"{done.rootseq}); the damaged root stays the checkpoint before "
-                          f"it (kvs checkpoint update --statedir {args.statedir} {rootref} "
-                          "takes it back)", flush=True)
+                    _fsck_repair(store, point.value, report, args.statedir, rootref)
                     status = 0
         except ArchiveError as exc:
             raise CLIError("kvs fsck", detail=str(exc)) from None
@@ -875,6 +849,43 @@ def cmd_fsck(args: argparse.Namespace) -> int:
         return finish(await fsck.check(_content_loader(kvs.handle), rootref, on_key))
 
     return _run(args, body)
+
+
+def _newest_checkpoint(store: Any, statedir: str) -> Any:
+    """The stopped store's newest KVS checkpoint (a
+    :class:`kvs.checkpoints.Checkpoint` naming a root), or the reason there
+    is none to check (``CLIError``)."""
+    from broker.content.module import checkpoint_or_none
+    from kvs.checkpoints import Checkpoint
+    from kvs.namespaces import CHECKPOINT_KEY
+
+    raw = store.checkpoint_list(CHECKPOINT_KEY)
+    if not raw:
+        raise CLIError("kvs fsck", detail=f"statedir {statedir} has no KVS checkpoint "
+                       "(give --rootref REF)")
+    point = Checkpoint.from_value(checkpoint_or_none(raw[0]))
+    if point.rootref is None:
+        raise CLIError("kvs fsck", detail=f"statedir {statedir}: its newest KVS checkpoint "
+                       "names no root (damaged: see kvs checkpoint list; give --rootref REF)")
+    return point
+
+
+def _fsck_repair(store: Any, checkpoint: dict[str, Any], report: Any, statedir: str,
+                 rootref: str) -> None:
+    """``kvs fsck --repair`` (:func:`kvs.fsck.repair`), and what it did."""
+    from kvs import fsck
+
+    try:
+        done = fsck.repair(store, checkpoint, report)
+    except (ValueError, ErrnoError) as exc:
+        why = exc.errstr if isinstance(exc, ErrnoError) else str(exc)
+        raise CLIError("kvs fsck", detail=f"cannot repair: {why}") from None
+    moved = ", ".join(f"{k} to {fsck.LOST_FOUND}.{k}" for k in done.moved)
+    print(f"repaired: unlinked {', '.join(done.unlinked)}"
+          + (f"; moved what could be read of {moved}" if moved else "")
+          + f". The next start resumes at {done.rootref} (version {done.rootseq}); the "
+          f"damaged root stays the checkpoint before it (kvs checkpoint update --statedir "
+          f"{statedir} {rootref} takes it back)", flush=True)
 
 
 def _content_loader(h: Handle) -> Callable[[list[str]], Awaitable[dict[str, bytes | int]]]:
