@@ -508,9 +508,11 @@ async def run_cli(
     env: dict[str, str] | None = None,
     input: bytes | None = None,
     cwd: str | Path | None = None,
+    stdin: int | None = None,
 ) -> tuple[int, str, str]:
     """Run ``kvbroker ARGS`` (with ``KVBROKER_URI=uri`` when given; in
-    ``cwd``); return (exit status, stdout, stderr)."""
+    ``cwd``; ``input`` on a pipe, or the file descriptor ``stdin``, else
+    /dev/null); return (exit status, stdout, stderr)."""
     e = dict(os.environ if env is None else env)
     e.pop("KVBROKER_URI", None)
     if uri is not None:
@@ -520,7 +522,8 @@ async def run_cli(
         *args,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
-        stdin=asyncio.subprocess.DEVNULL if input is None else asyncio.subprocess.PIPE,
+        stdin=(asyncio.subprocess.PIPE if input is not None
+               else asyncio.subprocess.DEVNULL if stdin is None else stdin),
         env=e,
         cwd=cwd,
     )

@@ -129,25 +129,25 @@ from test_broker_support import KVBROKER, run_cli
 SIZE = 4
 
 
+def writer(batch: int) -> str:
+    """A command writing 20 times ``batch`` lines to stdout at once, then 50
+    lines to stderr one by one, each line naming its rank."""
+    return ("import os\n"
+            "r = os.environ['KVBROKER_RANK'].encode()\n"
+            "for j in range(20):\n"
+            "    os.write(1, b''.join(b'rank %s out %d-%d %s\\n' % (r, j, i, b'o' * 60)\n"
+            f"                         for i in range({batch})))\n"
+            "    for i in range(50):\n"
+            "        os.write(2, b'rank %s err %d-%d %s\\n' % (r, j, i, b'e' * 30))\n")
+
+
 async def run_exec(*args: str, uri: str, cwd: str | None = None, stdin: int | None = None,
                    input: bytes | None = None, env: dict[str, str] | None = None,
                    timeout: float = 60.0) -> tuple[int, str, str]:
     """``kvbroker exec ARGS`` in ``cwd``, with ``stdin`` (a file
     descriptor; default /dev/null) or ``input`` written to a pipe."""
-    e = dict(os.environ if env is None else env, KVBROKER_URI=uri)
-    proc = await asyncio.create_subprocess_exec(
-        KVBROKER, "exec", *args, cwd=cwd, env=e,
-        stdin=asyncio.subprocess.PIPE if input is not None else
-        (asyncio.subprocess.DEVNULL if stdin is None else stdin),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(input), timeout)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
+    return await run_cli("exec", *args, uri=uri, cwd=cwd, stdin=stdin, input=input,
+                         env=env, timeout=timeout)
 
 
 def rank_lines(out: str, rank: int) -> list[str]:
@@ -487,14 +487,7 @@ async def test_exec_lines_stay_whole_with_stdout_and_stderr_on_one_pipe(start_in
     batches of lines to stdout and single lines to stderr, and every line
     of the merged output is whole."""
     inst = await start_instance(size=SIZE, fanout=2)
-    script = (
-        "import os\n"
-        "r = os.environ['KVBROKER_RANK'].encode()\n"
-        "for j in range(20):\n"
-        "    os.write(1, b''.join(b'rank %s out %d-%d %s\\n' % (r, j, i, b'o' * 60)\n"
-        "                         for i in range(200)))\n"
-        "    for i in range(50):\n"
-        "        os.write(2, b'rank %s err %d-%d %s\\n' % (r, j, i, b'e' * 30))\n")
+    script = writer(200)
     proc = await asyncio.create_subprocess_exec(
         KVBROKER, "exec", "-n", "-r", "all", "--", sys.executable, "-c", script,
         env=dict(os.environ, KVBROKER_URI=inst.uri(0)), stdin=asyncio.subprocess.DEVNULL,
@@ -549,14 +542,7 @@ async def test_exec_relays_all_of_a_large_output_to_a_terminal(start_instance,
     reading it as a terminal emulator would): every command's 5,000 lines
     of stdout and 1,000 of stderr all come out, and exec exits 0."""
     inst = await start_instance(size=SIZE, fanout=2)
-    script = (
-        "import os\n"
-        "r = os.environ['KVBROKER_RANK'].encode()\n"
-        "for j in range(20):\n"
-        "    os.write(1, b''.join(b'rank %s out %d-%d %s\\n' % (r, j, i, b'o' * 60)\n"
-        "                         for i in range(250)))\n"
-        "    for i in range(50):\n"
-        "        os.write(2, b'rank %s err %d-%d %s\\n' % (r, j, i, b'e' * 30))\n")
+    script = writer(250)
     master, slave = os.openpty()
     attrs = termios.tcgetattr(slave)
     attrs[1] &= ~termios.ONLCR  # (no "\r\n" for "\n")

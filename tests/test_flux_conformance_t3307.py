@@ -41,6 +41,7 @@ import re
 import signal
 import socket
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_broker_support import KVBROKER, run_cli, stats, wait_until
@@ -49,6 +50,14 @@ from test_overlay_faults import start_rank
 from broker.errors import RemoteError
 
 NEVER = {"namespace": "primary", "rootseq": 10**9}  # a version wait that never ends
+
+
+async def rank_1_owes(h: Any) -> None:
+    """Until rank 0 has sent a request down to rank 1 (``sent-down``)."""
+    async def owed() -> bool:
+        return bool((await stats(h, 0))["sent-down"] == 1)
+
+    await wait_until(owed, "rank 0 to send the wait down to rank 1")
 
 
 async def stop_rank(proc: asyncio.subprocess.Process) -> None:
@@ -75,11 +84,7 @@ async def test_a_leaf_killed_hard_goes_through_lost_and_returns_to_service(
             waiter = asyncio.ensure_future(
                 run_cli("overlay", "status", "--wait", "partial", uri=uri))
             waiting = h.rpc("kvs.wait-version", NEVER, nodeid=1)
-
-            async def owed() -> bool:
-                return bool((await stats(h, 0))["sent-down"] == 1)
-
-            await wait_until(owed, "rank 0 to send the wait down to rank 1")
+            await rank_1_owes(h)
             inst.procs[1].kill()
             assert await inst.procs[1].wait() == -signal.SIGKILL
             with pytest.raises(RemoteError) as info:
@@ -134,11 +139,7 @@ async def test_a_leaf_restarted_before_its_parent_noticed_is_admitted(
     try:
         async with asyncio.timeout(60):
             waiting = h.rpc("kvs.wait-version", NEVER, nodeid=1)
-
-            async def owed() -> bool:
-                return bool((await stats(h, 0))["sent-down"] == 1)
-
-            await wait_until(owed, "rank 0 to send the wait down to rank 1")
+            await rank_1_owes(h)
             inst.procs[1].kill()
             assert await inst.procs[1].wait() == -signal.SIGKILL
             again = await start_rank(inst, 1, tmp_path / "rank1-again.log")
