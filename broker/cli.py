@@ -686,6 +686,65 @@ def uptime_line(now: float, started: float, owner: int,
     return ",  ".join(parts)
 
 
+def cmd_startlog(args: argparse.Namespace) -> int:
+    """``flux startlog``: the instance's runs (:mod:`broker.startlog`), from
+    rank 0 (``content.startlog``) or from a stopped instance's statedir."""
+    from broker import startlog
+
+    args.what = "startlog"
+    if args.statedir:
+        history = startlog.runs(_stopped_runs(args.statedir), live=False)
+        return _print_runs(args, history)
+
+    async def main() -> int:
+        async with await connect() as h:
+            answer = await h.rpc("content.startlog", {}, nodeid=0)
+            history = startlog.runs(answer["runs"], live=True)
+            if not history:  # (no statedir: one run, this one, recorded nowhere)
+                started = float(await h.attr_get("broker.starttime", nodeid=0))
+                history = [startlog.Run(started, version=__version__)]
+        return _print_runs(args, history)
+
+    return run_async(args, main)
+
+
+def _stopped_runs(statedir: str) -> list[Any]:
+    """The runs a stopped instance's statedir records (``startlog --statedir``)."""
+    import sqlite3
+
+    from broker.content.sqlite import STORE_FILE, SqliteStore, StoreLocked
+
+    path = os.path.join(statedir, STORE_FILE)
+    if not os.path.isfile(path):
+        why = "no such directory" if not os.path.isdir(statedir) else f"it has no {STORE_FILE}"
+        raise CLIError("startlog", detail=f"statedir {statedir}: {why}")
+    try:
+        store = SqliteStore(path)
+    except StoreLocked:
+        raise CLIError("startlog", detail=f"statedir {statedir} is in use by a running "
+                                          "instance: ask it (kvbroker startlog with its "
+                                          "KVBROKER_URI)") from None
+    except (sqlite3.Error, OSError) as exc:
+        raise CLIError("startlog", detail=f"{path}: {exc}") from None
+    try:
+        return store.runs()
+    except sqlite3.Error as exc:
+        raise CLIError("startlog", detail=f"{path}: {exc}") from None
+    finally:
+        store.close()
+
+
+def _print_runs(args: argparse.Namespace, history: list[Any]) -> int:
+    """List ``history`` (unless ``--quiet``); 1 for ``--check`` of a crash."""
+    from broker import startlog
+
+    if not args.quiet:
+        now = time.time()
+        for run in history:
+            print(startlog.line(run, now, show_version=args.show_version))
+    return 1 if args.check and startlog.crashed(history) else 0
+
+
 def cmd_shutdown(args: argparse.Namespace) -> int:
     args.what = "shutdown"
     # The request is not withdrawn by giving up on its answer (as Flux's).
@@ -1440,6 +1499,21 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     s.add_argument("--timeout", "-t", type=positive_float, default=2.0, metavar="SECONDS",
                    help="seconds a rank may take to answer (default 2)")
     s.set_defaults(func=cmd_uptime)
+
+    s = sub.add_parser("startlog", help="the instance's runs, and whether each stopped "
+                       "cleanly (as flux startlog)",
+                       description="List the runs of an instance with a statedir, oldest "
+                                   "first: when each started and stopped, 'crashed' for one "
+                                   "that did not stop cleanly, 'running' for this one.")
+    s.add_argument("--check", action="store_true",
+                   help="exit 1 if a run did not stop cleanly and no run since has")
+    s.add_argument("--quiet", "-q", action="store_true", help="print nothing (for --check)")
+    s.add_argument("--show-version", "-v", action="store_true",
+                   help="print first the kvbroker version each run started with")
+    s.add_argument("--statedir", metavar="DIR",
+                   help="read a stopped instance's statedir instead of asking rank 0")
+    add_answer_timeout(s)
+    s.set_defaults(func=cmd_startlog)
 
     s = sub.add_parser("shutdown", help="stop the instance (or rank R and its subtree)")
     s.add_argument("--rank", "-r", type=rank_int, default=0, metavar="N",

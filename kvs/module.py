@@ -46,7 +46,7 @@ from collections.abc import Awaitable, Iterable
 from itertools import count, islice
 from typing import Any, ClassVar
 
-from broker import codec
+from broker import codec, startlog
 from broker.attrs import CONTENT_HASH, LINK_MAX_MESSAGE, AttrSpec, boolean, duration, integer
 from broker.content import blobref
 from broker.content.module import BLOB_SIZE_LIMIT, FAILURE_LOG_EVERY, ContentModule
@@ -438,10 +438,26 @@ class KvsModule(Module):
                           "the checkpoint: each has its full ttl again, from now", n, nkeys)
         if self.statedir:
             self.checkpointed = rootseq
+            await self._begin_run()
             if self.checkpoint_period > 0:
                 self._ticker = self.spawn(self._checkpoint_periodically())
         if self._content is not None and self.gc_period > 0:
             self._gc_ticker = self.spawn(self._collect_periodically())
+
+    async def _begin_run(self) -> None:
+        """Rank 0 with a statedir, as it starts: record this run in the
+        store, and say so if the run before it did not stop cleanly
+        (:mod:`broker.startlog`).  A store that cannot record it (a full
+        disk) does not stop the start: the log says so."""
+        if self._content is None or not self._content.persistent:
+            return
+        try:
+            history = startlog.runs(await self._content.begin_run(), live=False)
+        except ErrnoError as exc:
+            self.log.warning("this run could not be recorded in the startlog (%s)", exc.errstr)
+            return
+        if history and history[-1].crashed:
+            self.log.warning("%s", startlog.crash_warning(history[-1], self.checkpoint_period))
 
     async def _restore(self) -> tuple[str, int, Any]:
         """The primary root checkpointed in the statedir (``("", 0)``: none),
@@ -525,6 +541,13 @@ class KvsModule(Module):
                 self.log.info("final checkpoint: the primary namespace at rootseq %d "
                               "(rootref %s)%s", ns.rootseq, ns.rootref,
                               "" if written else ", checkpointed already")
+            if self._content is not None and self.statedir:
+                try:
+                    await self._content.end_run()  # (a clean stop: nothing acknowledged lost)
+                except ErrnoError as exc:
+                    self.log.warning("this run's clean stop could not be recorded (%s): the "
+                                     "next start will say it was not shut down properly",
+                                     exc.errstr)
 
     def set_attribute(self, name: str, value: Any) -> None:
         """``kvs.checkpoint-period`` on a running rank (``attr set``, as Flux's

@@ -70,6 +70,7 @@ from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, ClassVar, TypeVar
 
+from broker import __version__
 from broker.attrs import CONTENT_HASH, LINK_MAX_MESSAGE, AttrSpec, integer, text
 from broker.content import blobref
 from broker.content.collection import Collection, Holds, RecentRefs, RowidMarks, busy
@@ -86,6 +87,7 @@ from broker.errors import ErrnoError, ProtocolError, outcome_read
 from broker.logring import LogThrottle
 from broker.message import NODEID_UPSTREAM, Message
 from broker.module import Handler, Module, require
+from broker.startlog import Row
 
 DEFAULT_BLOB_LIMIT = 512 << 20
 MIN_BLOB_LIMIT = 256
@@ -358,6 +360,9 @@ class ContentModule(Module):
         self._writes: set[asyncio.Future[Written]] = set()
         self._thread: StoreThread | None = None
         self.persistent = False
+        self._run: int | None = None
+        """Rank 0 with a statedir: this run's row in the store's runs
+        (:meth:`begin_run`), until it ends cleanly (:meth:`end_run`)."""
         """Rank 0 with a statedir: the SQLite file outlives the instance."""
         # Online garbage collection (rank 0, broker/content/collection.py)
         self.collection: Collection | None = None
@@ -396,6 +401,7 @@ class ContentModule(Module):
             "content.checkpoint-put": self.checkpoint_put,
             "content.checkpoint-get": self.checkpoint_get,
             "content.checkpoint-list": self.checkpoint_list,
+            "content.startlog": self.startlog,
             "content.stats-get": self.stats_get,
         }
 
@@ -409,9 +415,12 @@ class ContentModule(Module):
             if not statedir and await asyncio.to_thread(_holds_checkpoints, path):
                 raise _a_statedirs_store(path)
             restored = None
+            runs: list[Row] = []
             if self.ctx.attrs.get(RESTORE.name):
                 from kvs import dumps  # (content.restore: Flux's restore at start)
 
+                if statedir:  # (the store is emptied: its runs are kept)
+                    runs = await asyncio.to_thread(_runs_of, path)
                 restored = await asyncio.to_thread(dumps.restore_at_start, self.ctx.attrs,
                                                    directory, statedir, self.ctx.progress)
             try:
@@ -431,6 +440,8 @@ class ContentModule(Module):
                     self.backing = await self.db(SqliteStore, path)
                 self.rowids.note(await self.db(self.backing.max_rowid))
                 self.backing.checkpoints_kept = MAX_CHECKPOINTS.value(self.ctx.attrs)
+                if runs and restored is not None:
+                    await self.db(self.backing.runs_put, runs)
             except StoreLocked:
                 if not statedir:  # (the run directory's store: another rank 0 runs there)
                     raise ErrnoError(errno.EBUSY, f"rundir {os.path.dirname(path)} is in use "
@@ -1570,6 +1581,46 @@ class ContentModule(Module):
                                         f"{self.backing.path}: {exc}") from None
         return found
 
+    async def begin_run(self) -> list[Row]:
+        """Rank 0 with a statedir, as the instance starts (the kvs module
+        asks, :mod:`broker.startlog`): the runs recorded so far, oldest
+        first, and this one recorded after them, durably."""
+        assert self.backing is not None and self.persistent
+        with _store_errors():
+            before: list[Row] = await self.db(self.backing.runs, urgent=True)
+            self._run = await self.db(self.backing.run_begin, time.time(), __version__,
+                                      urgent=True)
+        return before
+
+    async def end_run(self) -> None:
+        """This run stopped cleanly: its final checkpoint is on disk."""
+        if self._run is None or self.backing is None:
+            return
+        run, self._run = self._run, None
+        with _store_errors():
+            await self.db(self.backing.run_end, run, time.time(), urgent=True)
+
+    async def startlog(self, msg: Message) -> None:
+        """``content.startlog`` -> ``{runs: [[started, finished|null,
+        version], ...], statedir}``, oldest first: the instance's runs
+        (``kvbroker startlog``); none without a statedir.  Owner only;
+        rank 0's (another rank passes it on)."""
+        _owner_only(msg)
+        if self.ctx.rank != 0:
+            self.h.respond(msg, await self.h.rpc(msg.topic, msg.payload,
+                                                 nodeid=NODEID_UPSTREAM))
+            return
+        rows: list[Row] = []
+        if self.persistent and self.backing is not None:
+            backing = self.backing
+            try:
+                rows = await self.db(backing.runs)
+            except sqlite3.DatabaseError as exc:
+                raise ErrnoError(errno.EIO, f"the runs cannot be read from {backing.path}: "
+                                            f"{exc}") from None
+        self.h.respond(msg, {"runs": [list(row) for row in rows],
+                             "statedir": bool(self.persistent)})
+
     async def stats_get(self, msg: Message) -> None:
         if not msg.is_owner:
             raise ErrnoError(errno.EPERM, "content.stats-get is for the instance owner: its "
@@ -1654,6 +1705,22 @@ def _holds_checkpoints(path: str) -> bool:
             db.close()
     except sqlite3.Error:
         return False
+
+
+def _runs_of(path: str) -> list[Row]:
+    """The runs the SQLite store at ``path`` records (read-only; none if it
+    has none or cannot be read: its restore says why then)."""
+    if not os.path.exists(path):
+        return []
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            return [(float(a), None if b is None else float(b), str(c)) for a, b, c in
+                    db.execute("SELECT started, finished, version FROM runs ORDER BY id")]
+        finally:
+            db.close()
+    except (sqlite3.Error, TypeError, ValueError):
+        return []
 
 
 def _a_statedirs_store(path: str) -> ErrnoError:

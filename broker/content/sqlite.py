@@ -63,8 +63,13 @@ def ref_of(digest: bytes) -> str:
 
 
 _COLUMNS = {"objects": ("hash", "object"), "checkpoints": ("key", "value"),
-            "checkpoint_history": ("id", "key", "value")}
+            "checkpoint_history": ("id", "key", "value"),
+            "runs": ("id", "started", "finished", "version")}
 """The columns the store reads and writes, checked when it opens."""
+
+
+RUNS_KEPT = 1000
+"""Runs of the instance its store remembers (:meth:`SqliteStore.run_begin`)."""
 
 
 class Written(NamedTuple):
@@ -83,7 +88,9 @@ class StoreLocked(RuntimeError):
 class SqliteStore:
     """``objects(hash -> blob)``, ``checkpoints(key -> value)`` and the
     values those replaced, ``checkpoint_history(id, key, value)``: the
-    newest :attr:`checkpoints_kept` - 1 of them per key.
+    newest :attr:`checkpoints_kept` - 1 of them per key; and the instance's
+    runs, ``runs(id, started, finished, version)`` (:mod:`broker.startlog`),
+    the newest :data:`RUNS_KEPT`.
 
     Writes are batched by the caller (:meth:`put_many` in one transaction);
     :meth:`sync` makes everything written so far durable.  Only rank 0's
@@ -145,6 +152,10 @@ class SqliteStore:
         self.db.execute(
             "CREATE TABLE IF NOT EXISTS checkpoint_history (id INTEGER PRIMARY KEY "
             "AUTOINCREMENT, key TEXT NOT NULL, value BLOB NOT NULL)"
+        )
+        self.db.execute(
+            "CREATE TABLE IF NOT EXISTS runs (id INTEGER PRIMARY KEY AUTOINCREMENT, "
+            "started REAL NOT NULL, finished REAL, version TEXT NOT NULL)"
         )
 
     def _key(self, ref: str) -> str | bytes:
@@ -365,6 +376,40 @@ class SqliteStore:
             cur = self.db.executemany("DELETE FROM checkpoint_history WHERE id = ?",
                                       ((i,) for i in ids))
         return int(cur.rowcount)
+
+    def runs(self) -> list[tuple[float, float | None, str]]:
+        """The instance's runs, oldest first: ``(started, finished or None,
+        version)`` (:mod:`broker.startlog`)."""
+        return [(float(started), None if finished is None else float(finished), str(version))
+                for started, finished, version in self.db.execute(
+                    "SELECT started, finished, version FROM runs ORDER BY id")]
+
+    def run_begin(self, started: float, version: str) -> int:
+        """Record a run begun at ``started``, durably (before the instance
+        serves: else a crash soon after would leave no trace of it); its id,
+        for :meth:`run_end`.  Only the newest :data:`RUNS_KEPT` are kept."""
+        with self.db:
+            self.db.execute("BEGIN")
+            run = int(self.db.execute("INSERT INTO runs (started, version) VALUES (?, ?)",
+                                      (started, version)).lastrowid or 0)
+            self.db.execute("DELETE FROM runs WHERE id <= ?", (run - RUNS_KEPT,))
+        self.sync()
+        return run
+
+    def run_end(self, run: int, finished: float) -> None:
+        """Run ``run`` stopped cleanly at ``finished``, durably."""
+        with self.db:
+            self.db.execute("BEGIN")
+            self.db.execute("UPDATE runs SET finished = ? WHERE id = ?", (finished, run))
+        self.sync()
+
+    def runs_put(self, rows: Iterable[tuple[float, float | None, str]]) -> None:
+        """Add runs recorded elsewhere (a store emptied by ``content.restore``
+        keeps its runs), after those here."""
+        with self.db:
+            self.db.execute("BEGIN")
+            self.db.executemany("INSERT INTO runs (started, finished, version) VALUES (?, ?, ?)",
+                                rows)
 
     def totals(self) -> tuple[int, int]:
         """(blobs, bytes of blob data) in the store."""
