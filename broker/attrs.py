@@ -399,6 +399,10 @@ FLUX_NOT_BUILT: dict[str, str] = {
         "missed beats) is not built here: a silent rank is marked torpid "
         "instead (-S tbon.torpid_max=DURATION), and a rank without a beat "
         "logs a warning after heartbeat.warn_thresh periods"),
+    "tbon.tcp_user_timeout": (
+        "Flux's bound on unacknowledged TCP data is not built: a peer that "
+        "stops answering is lost after ZeroMQ's heartbeat (10 s), and a rank "
+        "that sends nothing is marked torpid after tbon.torpid_max"),
     "tbon.prefertcp": (
         "Flux's choice of tcp links on one host; kvbroker's is "
         "-S tbon.transport=tcp (unix and ipc are the others)"),

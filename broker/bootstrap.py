@@ -242,7 +242,9 @@ def parse(text: str, path: str = "<bootstrap>") -> Bootstrap:
             raise BootstrapError(f"{where}: expected a table like {{ host = \"node0\" }}")
         extra = set(raw) - {"host", "bind", "connect"}
         if extra:
-            raise BootstrapError(f"{where}: unknown key(s): {', '.join(sorted(extra))}")
+            hint = ("; the tree is k-ary here, shaped by bootstrap.fanout (Flux's per-host "
+                    "parent is not built)" if "parent" in extra else "")
+            raise BootstrapError(f"{where}: unknown key(s): {', '.join(sorted(extra))}{hint}")
         given = _str(raw, "host", where)
         if given is None:
             raise BootstrapError(f"{where}: host is required")
@@ -261,7 +263,7 @@ def parse(text: str, path: str = "<bootstrap>") -> Bootstrap:
     attrs = doc.get("attrs", {})
     if not isinstance(attrs, dict):
         raise BootstrapError(f"{path}: [attrs] must be a table")
-    attrs = _dotted(attrs)
+    attrs = _dotted(attrs, f"{path}: [attrs]")
     if ipv6 is not None:  # (Flux's key for it; [attrs] may still say otherwise)
         attrs = {"tbon.ipv6": ipv6, **attrs}
     if cert is None and len(entries) > 1:
@@ -327,17 +329,28 @@ def load(path: str) -> Bootstrap:
     return parse(text, path)
 
 
-def _dotted(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def _dotted(table: dict[str, Any], where: str, prefix: str = "",
+            out: dict[str, Any] | None = None) -> dict[str, Any]:
     """``[attrs]`` with its nested tables as dotted names: TOML reads an
     unquoted dotted key (``tbon.torpid_min = 1``, as Flux's files write
     them) as a table ``tbon`` holding ``torpid_min``, and such a table was
     taken as one attribute named ``tbon``, unchecked and ignored: the
-    setting did not apply, and a bad value was not refused."""
-    out: dict[str, Any] = {}
+    setting did not apply, and a bad value was not refused.  A name given
+    twice (``log.level`` and ``"log.level"``: TOML lets both through) and a
+    value that is no attribute's (a date, a list) are refused, naming them
+    (``where``): one was dropped silently, the other stopped the rank with
+    a traceback."""
+    out = {} if out is None else out
     for key, value in table.items():
         name = f"{prefix}{key}"
         if isinstance(value, dict):
-            out.update(_dotted(value, name + "."))
-        else:
-            out[name] = value
+            _dotted(value, where, name + ".", out)
+            continue
+        if name in out:
+            raise BootstrapError(f"{where}: {name} is given twice (as a dotted key and a "
+                                 "quoted one?): give it once")
+        if not isinstance(value, str | int | float):  # (bool is an int)
+            raise BootstrapError(f"{where}: {name}: a {type(value).__name__} is not an "
+                                 "attribute value (a string, a number, true or false)")
+        out[name] = value
     return out

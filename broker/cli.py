@@ -472,6 +472,11 @@ def cmd_broker(args: argparse.Namespace) -> int:
     args.event_loop = ranks_loop(args)
     try:
         boot = bootstrap.load(args.config)
+        try:  # the file on its own first: one -S fixes on this host fails on the next
+            battrs.check_instance(battrs.from_flux(dict(boot.attrs), boot.size),
+                                  bootstrap=True)
+        except battrs.AttrError as exc:
+            raise bootstrap.BootstrapError(f"{args.config}: [attrs] {exc}") from None
         attrs = {**boot.attrs, **dict(args.setattr or [])}
         given = attrs.get(battrs.TRANSPORT.name, "tcp")
         if str(given).strip() != "tcp":  # (was overwritten without a word)
@@ -1306,8 +1311,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                    help="the command to run in the instance")
     s.set_defaults(func=cmd_start)
 
+    # (no abbreviations: Flux's broker option --conf read as --config, its
+    # setting dropped without a word)
     s = sub.add_parser("broker", help="run one rank of an instance spread over hosts "
-                       "(a bootstrap file, as Flux's)")
+                       "(a bootstrap file, as Flux's)", allow_abbrev=False)
     s.add_argument("--config", "-c", required=True, metavar="FILE",
                    help="the bootstrap file every rank reads (TOML)")
     s.add_argument("--rank", "-r", type=rank_int,

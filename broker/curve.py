@@ -50,7 +50,7 @@ def load_keys(path: str) -> tuple[bytes, bytes]:
     try:
         derived = zmq.curve_public(secret)
         zmq.utils.z85.decode(public)
-    except (ValueError, zmq.ZMQError):
+    except (ValueError, KeyError, zmq.ZMQError):  # (z85.decode: KeyError for a stray byte)
         raise ValueError("not a key pair file (the keys are not Z85)") from None
     if derived != public:
         raise ValueError("the public key is not the secret key's (the lines swapped, or "

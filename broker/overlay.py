@@ -78,10 +78,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import os
 import re
 import secrets
+import socket
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -366,6 +368,8 @@ class Overlay:
         parent answered), None while one is up: :meth:`_hello_due` warns
         after :attr:`connect_timeout` seconds of it, once per outage."""
         self._hello_timer: asyncio.TimerHandle | None = None
+        self._resolving: asyncio.Task[None] | None = None
+        """ZeroMQ: the look-up of the parent's host name (:meth:`_check_parent_host`)."""
         self._hello_retry = HELLO_RETRY_FIRST
         self._hello_started = 0.0
         """The loop time of the first hello."""
@@ -550,6 +554,29 @@ class Overlay:
             self._hello_started = asyncio.get_running_loop().time()
             self._unreached_since = self._hello_started
             self._say_hello()
+            self._resolving = asyncio.get_running_loop().create_task(
+                self._check_parent_host(self.endpoint(self.parent)))
+
+    async def _check_parent_host(self, endpoint: str) -> None:
+        """Say at once (WARNING) when the parent's host name does not
+        resolve: ZeroMQ retries such a name without a word, and the rank
+        said only "no connection ... is it running?" after
+        ``tbon.connect_timeout`` (Flux warns "unable to resolve upstream
+        peer").  It goes on trying: the name may resolve later."""
+        m = re.fullmatch(r"tcp://(?:[^;]*;)?\[?([^\[\]]+?)\]?:(\d+)", endpoint)
+        if m is None or m[1] == "*":
+            return
+        try:
+            ipaddress.ip_address(m[1])
+            return  # (a literal address: nothing to look up)
+        except ValueError:
+            pass
+        try:
+            await asyncio.get_running_loop().getaddrinfo(m[1], int(m[2]),
+                                                         type=socket.SOCK_STREAM)
+        except OSError as exc:  # (socket.gaierror)
+            log.warning("parent rank %s at %s: its host %s does not resolve (%s): still "
+                        "trying", self.parent, endpoint, m[1], exc.strerror or exc)
 
     def _open_up(self) -> None:
         """ZeroMQ: the DEALER to the parent, with a new identity, and its monitor."""
@@ -724,6 +751,8 @@ class Overlay:
             self._check_timer.cancel()
         if self._hello_timer is not None:
             self._hello_timer.cancel()
+        if self._resolving is not None:
+            self._resolving.cancel()
         if self._streams is not None:
             self._streams.close(flush=self._shutdown_sent, flush_up=self._goodbye_sent)
         # A monitor is stopped before the socket we read it on is closed:

@@ -47,9 +47,9 @@ Flux case -> here:
 13. element missing ``host`` -> refused, ``hosts[0]: host is required``.
 14. bad hostlist (``foo[0-254}``) -> refused, naming ``hosts[0]``.
 15.-16. unknown / impossible ``parent`` -> refused (``parent`` is an
-    unknown key: kvbroker's trees are k-ary, by ``fanout``; t0019).  The
-    refusal does not say so: DEFECT (xfail), where Flux's other
-    not-built names (``tbon.topo``, ``tbon.prefertcp``) get such a hint.
+    unknown key: kvbroker's trees are k-ary, by ``fanout``; t0019), and
+    the refusal says so, as for Flux's other not-built names
+    (``tbon.topo``, ``tbon.prefertcp``; it did not until 2026-12-05).
 17. hostname not found -> refused, ``no hosts entry for this host``.
 18.-19. hosts missing / empty -> test_multihost.
 20. create the initial program -> the script is inline (``sh -c``).
@@ -59,9 +59,10 @@ Flux case -> here:
     fake1) is ``fanout = 2`` on 4 ranks here (25).
 23.-24. warning for an upstream host that does not resolve (and its
     clean-up) -> a rank whose parent's ``connect`` is
-    ``tcp://foo.invalid:PORT`` warns only after ``tbon.connect_timeout``
-    (30 s by default), "is it running? is that its address?", never that
-    the name does not resolve: DEFECT (xfail).
+    ``tcp://foo.invalid:PORT`` warns at once that the name does not
+    resolve, and goes on trying (until 2026-12-05 it warned only after
+    ``tbon.connect_timeout``, 30 s by default, "is it running? is that
+    its address?").
 25. size=4 on ``tcp://`` (fake0, fake1 with endpoints, ``fake[2-3]``),
     whose initial program reads ``size`` and ``hostlist`` -> the same
     file (``fanout = 2``: fake3 is under fake1, Flux's custom topology of
@@ -72,15 +73,15 @@ Flux case -> here:
 27. ``curve_cert`` must exist -> refused even for one rank (which needs
     no key), naming the key file.
 28. ``curve_cert`` must hold a valid cert -> a secret key that is not
-    Z85: refused, naming the key file.  A *public* key that is not Z85
-    ends in a ``KeyError`` traceback, exit 1: DEFECT (xfail).
+    Z85: refused, naming the key file; so is a *public* key that is not
+    Z85 (a ``KeyError`` traceback, exit 1, until 2026-12-05).
 29.-30. ``curve_cert`` must not be group/other readable -> DIFFERENCE
     (documented): used, with a warning naming the file.
 31.-35. ``tbon.tcp_user_timeout`` (default, configured, ``-S`` wins, bad
     values) -> not built: refused in ``[attrs]`` or ``-S``, exit 2 (its
     dead-peer detection is the fixed ZMTP heartbeat, broker/overlay_zmq.py).
-    The refusal says ``did you mean tbon.connect_timeout?``, another
-    setting (how long a connect may take): DEFECT (xfail).  The
+    The refusal says what is done instead (it said ``did you mean
+    tbon.connect_timeout?``, another setting, until 2026-12-05).  The
     configured-vs-``-S`` cases are run on ``tbon.connect_timeout`` and the
     torpid pair instead (50, 57-61).
 36.-40. ``tbon.zmqdebug`` -> t0019 (refused).  Flux's ``[tbon]`` table
@@ -96,21 +97,21 @@ Flux case -> here:
 57.-61. ``tbon.connect_timeout``: 30 by default, configured, ``-S`` wins,
     0 from the file or ``-S`` -> the same.
 62.-69. ``--conf`` (key=value, inline TOML or JSON, a file; a bad one
-    fails) -> not applicable: ``-S`` is the way.  But ``broker`` takes
-    ``--conf`` as an abbreviation of ``--config``: ``kvbroker broker
-    --conf=tbon.zmqdebug=1 -c FILE`` runs with the setting dropped without
-    a word: DEFECT (xfail; ``exec`` already refuses abbreviations for that
-    reason).
+    fails) -> not applicable: ``-S`` is the way, and ``--conf`` is
+    refused (exit 2).  Until 2026-12-05 ``broker`` took it as an
+    abbreviation of ``--config``: ``kvbroker broker --conf=tbon.zmqdebug=1
+    -c FILE`` ran with the setting dropped without a word.
 70.-71. ``flux start --conf`` -> not applicable.
 
 Beyond Flux's cases, on the same promise (a bad file fails before
-anything starts, naming the file): a bad value in ``[attrs]`` is reported
-in the words ``-S`` gets, without the file's name (Flux: "Config file
-error"), and one that ``-S`` overrides is not reported at all, so the
-same file fails on the next host (Flux checks the file first); a TOML
-date in ``[attrs]`` ends in a traceback, exit 1; an attribute given twice
-in ``[attrs]`` (``log.level`` dotted and ``"log.level"`` quoted) is taken
-once, the other value dropped silently.  All DEFECTS (xfail).
+anything starts, naming the file): a bad value in ``[attrs]`` is refused
+naming the file, even when ``-S`` overrides it (the file is checked on
+its own first, as Flux's: else the same file fails on the next host); a
+TOML date in ``[attrs]`` is refused naming it; an attribute given twice
+in ``[attrs]`` (``log.level`` dotted and ``"log.level"`` quoted) is
+refused.  Until 2026-12-05 the first was reported in ``-S``'s words
+without the file, the second not at all, the third ended in a traceback
+(exit 1) and the fourth kept one value, dropping the other silently.
 """
 
 from __future__ import annotations
@@ -250,8 +251,6 @@ async def test_t0013_bad_key_file_refused_even_for_one_rank(tmp_path: Path, faul
     refused(tmp_path, await broker(tmp_path, conf), f"curve_cert {key}: {says}")
 
 
-@pytest.mark.xfail(strict=True, reason="DEFECT: a public key with a non-Z85 character "
-                   "ends in a KeyError traceback, exit 1")
 async def test_t0013_a_public_key_not_in_z85_is_refused(tmp_path: Path) -> None:
     """Case 28 with the fault in the public key's line."""
     conf, key = await bad_key(tmp_path, "public-not-z85")
@@ -327,7 +326,8 @@ BAD_TBON = [
     ("tbon.torpid_max", '"2s"', "2s", "tbon.torpid_max: 2 must be 0 (never) or more than "
      "twice tbon.torpid_min (5)"),
     ("tbon.torpid_min", '"0"', "0", "tbon.torpid_min: must be at least 0.1"),
-    ("tbon.tcp_user_timeout", '"30s"', "30s", "tbon.tcp_user_timeout: unknown attribute"),
+    ("tbon.tcp_user_timeout", '"30s"', "30s", "tbon.tcp_user_timeout: Flux's bound on "
+     "unacknowledged TCP data is not built"),
     ("tbon.zmq_io_threads", "4", "-1", "tbon.zmq_io_threads: unknown attribute"),
     ("tbon.child_rcvhwm", "5", "-1", "tbon.child_rcvhwm: unknown attribute"),
     ("tbon.child_rcvhwm", "1", "1", "tbon.child_rcvhwm: unknown attribute"),
@@ -350,39 +350,29 @@ async def test_t0013_bad_tbon_setting_refused(tmp_path: Path, where: str, name: 
 # -- defects ----------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="DEFECT: a bad [attrs] value is reported in -S's "
-                   "words, without the file's name")
 async def test_t0013_bad_attrs_value_names_the_file(tmp_path: Path) -> None:
     conf = conf_file(tmp_path, '[bootstrap]\n[attrs]\n"tbon.connect_timeout" = "zzz"\n')
     refused(tmp_path, await broker(tmp_path, conf), str(conf), "tbon.connect_timeout")
 
 
-@pytest.mark.xfail(strict=True, reason="DEFECT: a bad [attrs] value that -S overrides is "
-                   "never reported (the file fails on the next host)")
 async def test_t0013_bad_attrs_value_refused_though_setattr_overrides_it(tmp_path: Path) -> None:
     conf = conf_file(tmp_path, '[bootstrap]\n[attrs]\n"tbon.connect_timeout" = "zzz"\n')
     result = await broker(tmp_path, conf, "-S", "tbon.connect_timeout=1h")
     refused(tmp_path, result, "tbon.connect_timeout")
 
 
-@pytest.mark.xfail(strict=True, reason="DEFECT: a TOML date in [attrs] ends in a "
-                   "TypeError traceback, exit 1")
 @pytest.mark.parametrize("value", ["1979-05-27T07:32:00Z", "1979-05-27"])
 async def test_t0013_a_date_in_attrs_is_refused_naming_it(tmp_path: Path, value: str) -> None:
     conf = conf_file(tmp_path, f'[bootstrap]\n[attrs]\n"my.date" = {value}\n')
     refused(tmp_path, await broker(tmp_path, conf), str(conf), "my.date")
 
 
-@pytest.mark.xfail(strict=True, reason="DEFECT: an attribute given twice in [attrs] "
-                   "(dotted and quoted) is taken once, the other value dropped silently")
 async def test_t0013_an_attribute_given_twice_in_attrs_is_refused(tmp_path: Path) -> None:
     conf = conf_file(tmp_path, '[bootstrap]\n[attrs]\nlog.level = "info"\n'
                      '"log.level" = "debug"\n')
     refused(tmp_path, await broker(tmp_path, conf), str(conf), "log.level")
 
 
-@pytest.mark.xfail(strict=True, reason="DEFECT: tbon.tcp_user_timeout's refusal suggests "
-                   "tbon.connect_timeout, a different setting")
 async def test_t0013_tcp_user_timeout_refusal_does_not_point_at_connect_timeout(
         tmp_path: Path) -> None:
     conf = conf_file(tmp_path, "[bootstrap]\n")
@@ -391,15 +381,11 @@ async def test_t0013_tcp_user_timeout_refusal_does_not_point_at_connect_timeout(
     assert "tbon.connect_timeout" not in result[2], result
 
 
-@pytest.mark.xfail(strict=True, reason="DEFECT: Flux's hosts[].parent is refused as a bare "
-                   "unknown key, not saying the tree is k-ary by bootstrap.fanout")
 async def test_t0013_parent_refusal_names_fanout(tmp_path: Path) -> None:
     conf = conf_file(tmp_path, BAD_FILES["unknown-parent"][0])
     refused(tmp_path, await broker(tmp_path, conf), "hosts[0]", "parent", "fanout")
 
 
-@pytest.mark.xfail(strict=True, reason="DEFECT: broker takes Flux's --conf as an "
-                   "abbreviation of --config; with -c after it, the setting is dropped silently")
 async def test_t0013_flux_s_conf_option_is_refused(tmp_path: Path) -> None:
     conf = conf_file(tmp_path, "[bootstrap]\n")
     rc, out, err = await run_cli("broker", "--conf=tbon.zmqdebug=1", "-c", str(conf),
@@ -408,8 +394,6 @@ async def test_t0013_flux_s_conf_option_is_refused(tmp_path: Path) -> None:
     assert "--conf" in err, err
 
 
-@pytest.mark.xfail(strict=True, reason="DEFECT: a parent host that does not resolve is "
-                   "reported only as 'no connection ... is it running?', after connect_timeout")
 async def test_t0013_unresolvable_parent_host_is_said(tmp_path: Path, brokers) -> None:  # noqa: F811
     """Cases 23-24: rank 1 of a file whose rank 0 is at ``foo.invalid`` (RFC
     2606: never resolves).  Its first WARNING naming the host -- at the
