@@ -198,6 +198,10 @@ LOG_RING_SIZE = AttrSpec(
 LOG_TIMESTAMPS = AttrSpec(
     "log.timestamps", "auto", choice(("auto", "always", "never"), "choice"),
     "start each log line with the UTC time (auto: when stderr is a file)")
+RECOVERY_MODE = AttrSpec(
+    "broker.recovery-mode", "0", integer(0, "", 1),
+    "1 in an instance started by start --recovery (Flux's): rank 0 alone on a stopped "
+    "instance's statedir or a dump archive")
 TRANSPORT = AttrSpec(
     "tbon.transport", "unix", choice(TRANSPORTS, "transport"),
     "overlay links")
@@ -276,7 +280,8 @@ BROKER_ATTRS: tuple[AttrSpec, ...] = (
     ALLOW_GUEST_USER, MAX_GUEST_CONNECTIONS, MAX_GUEST_BYTES, MAX_GUEST_SUBSCRIPTIONS,
     MAX_GUEST_REQUESTS, MAX_GUEST_SERVICES, MODULES, MAX_MESSAGE, CONTENT_HASH, LOG_LEVEL,
     LOG_RING_LEVEL, LOG_RING_SIZE, LOG_TIMESTAMPS, TRANSPORT, LINK_BACKLOG, LINK_MAX_MESSAGE,
-    TORPID_MIN, TORPID_MAX, CONNECT_TIMEOUT, IPV6, STATSD, STATSD_PERIOD, STATSD_PREFIX)
+    TORPID_MIN, TORPID_MAX, CONNECT_TIMEOUT, IPV6, STATSD, STATSD_PERIOD, STATSD_PREFIX,
+    RECOVERY_MODE)
 
 
 # ---------------------------------------------------------------- checking

@@ -215,6 +215,16 @@ def take_recovery(args: argparse.Namespace, attrs: dict[str, Any]) -> None:
         if args.statedir and os.path.abspath(args.statedir) != os.path.abspath(target):
             raise UsageError(f"--recovery {target} and --statedir {args.statedir} name two "
                              "directories: give one")
+        store = os.path.join(target, "content.sqlite")
+        try:
+            os.lstat(store)
+        except FileNotFoundError:
+            # (an empty directory became a new, empty statedir: the command
+            # ran on an empty KVS, and left a store behind)
+            raise UsageError(f"--recovery {target}: it holds no content.sqlite: not a "
+                             "statedir (nothing to recover)") from None
+        except OSError as exc:  # (a directory we may not search)
+            raise UsageError(f"--recovery {target}: {store}: {exc.strerror}") from None
         args.statedir = target
     elif os.path.isfile(target):
         if args.statedir:  # (content.restore would empty that store first)
@@ -224,6 +234,42 @@ def take_recovery(args: argparse.Namespace, attrs: dict[str, Any]) -> None:
     else:
         raise UsageError(f"--recovery {target}: no such directory or file (a statedir, or "
                          "an archive from kvbroker kvs dump)")
+    attrs["broker.recovery-mode"] = "1"
+
+
+def take_recovery_mode(args: argparse.Namespace, attrs: dict[str, Any]) -> None:
+    """Flux's ``-S broker.recovery-mode=1`` (what its ``--recovery`` sets):
+    ``--recovery`` on the ``--statedir``; 0 is no recovery.  Without a
+    statedir there is nothing to recover."""
+    from broker import attrs as battrs
+
+    given = attrs.pop("broker.recovery-mode", None)
+    if given is None:
+        return
+    try:
+        on = bool(battrs.RECOVERY_MODE.value({"broker.recovery-mode": given}))
+    except battrs.AttrError as exc:
+        raise UsageError(f"-S {exc}") from None
+    if on and args.recovery is None:
+        if not args.statedir:
+            raise UsageError("-S broker.recovery-mode=1 needs the statedir to recover: "
+                             "give --recovery DIR (or an archive)")
+        args.recovery = args.statedir
+
+
+def recovery_banner(args: argparse.Namespace) -> str:
+    """What ``start --recovery`` without a command says as it serves (Flux's
+    interactive recovery banner)."""
+    target = args.recovery
+    if os.path.isdir(target):
+        kept = "what is changed is kept in it"
+        what = f"statedir {os.path.abspath(target)}"
+    else:
+        kept = ("what is changed is not kept: the store goes at the stop (kvbroker kvs dump "
+                "saves it)")
+        what = f"a store restored from {os.path.abspath(target)}"
+    return (f"start: recovery mode: rank 0 alone on {what}; {kept}. Stop it with Ctrl-C or "
+            "kvbroker shutdown.")
 
 
 def print_rank_command(rank: int, argv: list[str]) -> None:
@@ -252,6 +298,7 @@ def cmd_start(args: argparse.Namespace) -> int:
     attrs = dict([*broker_opts(args.broker_opts), *(args.setattr or [])])
     take_dir_attrs(args, attrs, ("statedir", "rundir"))
     rundir_cleanup = take_cleanup_attrs(attrs)
+    take_recovery_mode(args, attrs)
     if args.recovery is not None:
         take_recovery(args, attrs)
     for option, value in (("--size", args.size), ("--fanout", args.fanout)):
@@ -313,6 +360,8 @@ def cmd_start(args: argparse.Namespace) -> int:
                               f"{exc.strerror or exc}; stopping")
                     return 1
             if not command:
+                if args.recovery is not None:
+                    print_err(recovery_banner(args))
                 print(inst.uri(0), flush=True)
                 if await first(stop.wait(), inst.ended):
                     return 0  # signalled
@@ -484,6 +533,11 @@ def cmd_broker(args: argparse.Namespace) -> int:
                 f"{battrs.TRANSPORT.name}={given}: kvbroker broker's links are always tcp "
                 "(ZeroMQ with CURVE: its ranks may be on other hosts)")
         attrs[battrs.TRANSPORT.name] = "tcp"
+        if str(attrs.get(battrs.RECOVERY_MODE.name, "0")).strip() not in ("", "0"):
+            raise bootstrap.BootstrapError(
+                f"{battrs.RECOVERY_MODE.name}: kvbroker broker has no recovery mode (it "
+                "runs one rank of an instance): kvbroker start --recovery STATEDIR runs "
+                "rank 0 alone on a stopped instance's statedir")
         take_dir_attrs(args, attrs, ("statedir", "rundir"))
         cleanup = take_cleanup_attrs(attrs)  # (was kept as a free attribute, and ignored)
         hostname = battrs.rank_hostname(attrs)

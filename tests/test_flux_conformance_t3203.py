@@ -20,15 +20,15 @@ Flux's cases, in order, and what each becomes here:
    equivalent asserted is ``size`` 1 and ``statedir`` the target.
    ``log-stderr-level`` is Flux's name for ``log.level`` (documented); its
    value in recovery mode is a verbosity choice, not asserted.
-   ``broker.recovery-mode``: kvbroker sets no attribute at all, so a
-   command (or a script written for Flux) cannot tell it runs in recovery
-   mode, and Flux's ``-S broker.recovery-mode=1`` is refused ("unknown
-   attribute", ``broker.`` being a prefix the core owns): xfail, DEFECT.
+   ``broker.recovery-mode`` is 1, and Flux's ``-S
+   broker.recovery-mode=1`` with ``--statedir DIR`` is ``--recovery DIR``
+   (until 2026-12-05 there was no such attribute: a command could not
+   tell, and Flux's setting was refused as unknown).
 3. *banner message is printed in interactive recovery mode*: Flux's
    interactive form is a shell on a tty; kvbroker's is ``start`` without a
    command, which prints the URI on stdout and serves until signalled
-   (docs/cli.md).  It prints nothing that says the instance is in recovery
-   mode (stderr empty): xfail, DEFECT.
+   (docs/cli.md), and in recovery mode it says so on stderr first, naming
+   the statedir (it printed nothing until 2026-12-05).
 4. *--recovery is not ignored if --test-size is specified*: the same,
    ``--test-size=1 --recovery DIR`` (the instance is on DIR, rank 0 alone).
    A larger ``--test-size`` is refused (documented: "not with --size"),
@@ -52,8 +52,8 @@ Flux's cases, in order, and what each becomes here:
 9. *recovery mode also works with dump file*: the same, on the archive:
    rank 0 alone, no statedir, the keys there.
 10. *banner message warns changes are not persistent*: as case 3, on an
-    archive: no warning that what is changed goes at the stop: xfail,
-    DEFECT.  What Flux's banner states is asserted separately: changes made
+    archive, saying what is changed is not kept (fixed 2026-12-05, as
+    case 3).  What Flux's banner states is asserted separately: changes made
     in recovery on a statedir persist; on an archive they do not, and the
     archive is left as it was.
 11. *recovery mode aborts early if statedir is missing*: the same: exit 2,
@@ -63,9 +63,10 @@ Flux's cases, in order, and what each becomes here:
     (As root, these permission cases run the start with
     CAP_DAC_OVERRIDE/CAP_DAC_READ_SEARCH dropped from its bounding set, so
     file modes bind it as they bind a user.)
-13. *... if content is missing* (an empty directory): kvbroker starts a new,
-    empty store there and runs the command on an empty KVS, leaving a
-    ``content.sqlite`` in a directory that held none: xfail, DEFECT.
+13. *... if content is missing* (an empty directory): the same, exit 2
+    before anything starts (until 2026-12-05 kvbroker started a new, empty
+    store there and ran the command on an empty KVS, leaving a
+    ``content.sqlite`` in a directory that held none).
 14. *... if content unwritable* (``content.sqlite`` mode 400): the same,
     exit 2, "Permission denied".
 15. *... if content unreadable* (mode 200): the same.
@@ -170,8 +171,6 @@ async def test_t3203_recovery_on_a_statedir_is_rank_0_alone_with_its_kvs(made) -
     assert out.splitlines() == ["1", str(state), *KEYS.values()], (out, err)
 
 
-@pytest.mark.xfail(strict=True, reason="DEFECT: no broker.recovery-mode attribute: a "
-                   "command cannot tell it runs in recovery mode")
 async def test_t3203_recovery_mode_is_an_attribute(made) -> None:
     state, _ = made
     rc, out, err = await run_cli(
@@ -180,8 +179,23 @@ async def test_t3203_recovery_mode_is_an_attribute(made) -> None:
     assert (rc, out) == (0, "1\n"), err
 
 
-@pytest.mark.xfail(strict=True, reason="DEFECT: start --recovery without a command "
-                   "(serving) prints nothing saying it is in recovery mode")
+async def test_t3203_flux_s_recovery_mode_attribute_is_recovery_on_the_statedir(
+        made, tmp_path) -> None:
+    state, _ = made
+    rc, out, err = await run_cli(
+        "start", "--statedir", str(state), "-S", "broker.recovery-mode=1", "--", "sh", "-c",
+        f"{KVBROKER} attr get broker.recovery-mode && {KVBROKER} attr get size")
+    assert (rc, out) == (0, "1\n1\n"), err
+    rc, out, err = await run_cli("start", "-S", "broker.recovery-mode=1", "--",
+                                 "touch", str(tmp_path / "ran"))
+    assert (rc, out) == (2, ""), err
+    assert "broker.recovery-mode=1 needs the statedir to recover" in err, err
+    rc, out, err = await run_cli("start", "--", KVBROKER, "attr", "get",
+                                 "broker.recovery-mode")
+    assert (rc, out) == (0, "0\n"), err
+    assert not (tmp_path / "ran").exists()
+
+
 async def test_t3203_serving_in_recovery_mode_says_so(made) -> None:
     state, _ = made
     err = await serve("--recovery", str(state), *FLUX_RC_OFF)
@@ -232,8 +246,6 @@ async def test_t3203_recovery_on_a_dump_file(made) -> None:
     assert out.splitlines() == ["1", "", *KEYS.values()], (out, err)
 
 
-@pytest.mark.xfail(strict=True, reason="DEFECT: start --recovery ARCHIVE without a "
-                   "command gives no warning that changes will not be kept")
 async def test_t3203_serving_on_a_dump_file_warns_changes_are_not_kept(made) -> None:
     _, archive = made
     err = await serve("--recovery", str(archive), *FLUX_RC_OFF)
@@ -285,8 +297,6 @@ async def test_t3203_aborts_if_the_statedir_lacks_rwx(made, tmp_path) -> None:
     assert not (tmp_path / "ran").exists()
 
 
-@pytest.mark.xfail(strict=True, reason="DEFECT: --recovery on a directory with no "
-                   "content store starts a new empty one instead of refusing")
 async def test_t3203_aborts_if_the_content_is_missing(tmp_path) -> None:
     empty = tmp_path / "test2"
     empty.mkdir(mode=0o700)
@@ -324,3 +334,14 @@ async def test_t3203_recovery_on_a_running_instances_statedir_is_refused(made, t
     assert rc == 0, err
     assert out.splitlines() == ["2", "2"], (out, err)
     assert f"statedir {mine} is in use by another instance" in err, err
+
+
+async def test_t3203_broker_has_no_recovery_mode(tmp_path) -> None:
+    conf = tmp_path / "one.toml"
+    conf.write_text("[bootstrap]\n")
+    rc, out, err = await run_cli("broker", "-c", str(conf), "-S", "broker.recovery-mode=1",
+                                 "--rundir", str(tmp_path / "run"), "--",
+                                 "touch", str(tmp_path / "ran"))
+    assert (rc, out) == (2, ""), err
+    assert "kvbroker broker has no recovery mode" in err, err
+    assert not (tmp_path / "ran").exists()
