@@ -1365,17 +1365,21 @@ class Overlay:
             self._lost.pop(child, None)
         if self._closing:
             return
+        # (the host it ran on, when not this one's, as overlay status names
+        # it: across hosts, the machine an operator must look at)
+        host = self._child_host.get(child)
+        on = f" on {host}" if host and host != self.hostname else ""
         if left is not None:
-            log.info("child rank %d stopped (%s)", child, left)
+            log.info("child rank %d%s stopped (%s)", child, on, left)
         elif self._shutdown_sent:
-            log.info("child rank %d stopped (this rank told it to)", child)
+            log.info("child rank %d%s stopped (this rank told it to)", child, on)
         elif quiet:
             pass
         elif warned:
-            log.info("lost child rank %d%s", child, f": {why}" if why else "")
+            log.info("lost child rank %d%s%s", child, on, f": {why}" if why else "")
         else:
-            log.warning("lost child rank %d unexpectedly: %s (requests in flight to its "
-                        "subtree are answered EHOSTUNREACH)", child, why)
+            log.warning("lost child rank %d%s unexpectedly: %s (requests in flight to its "
+                        "subtree are answered EHOSTUNREACH)", child, on, why)
         self.router.child_lost(child)
 
     def _child_frames(self, child: int, frames: list[bytes]) -> None:

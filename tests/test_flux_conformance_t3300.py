@@ -73,7 +73,9 @@ Flux's cases, in order, and what each becomes here:
     (SIGKILL), and rejoined each time.  Across hosts those lines must say
     which host the rank ran on, as Flux's (``fake2 (rank 2) lost
     connection``) and as kvbroker's own rejoin line (``child rank 2 on fake2
-    rejoined``) do: the stop and loss lines name no host (xfail, DEFECT).
+    rejoined``) do: so the stop and loss lines do, for a child on another
+    host (``child rank 1 on fake1 stopped (signal SIGTERM)``; until
+    2026-12-05 they named no host).
 """
 
 from __future__ import annotations
@@ -86,7 +88,6 @@ import signal
 from pathlib import Path
 from typing import Any
 
-import pytest
 from test_broker_support import KVBROKER, run_cli, stats, wait_until
 from test_multihost import brokers as brokers  # noqa: F401  (the fixture)
 from test_multihost import exit_codes, keyed_config, named
@@ -277,8 +278,6 @@ async def test_t3300_a_second_copy_of_a_running_rank_takes_its_place(
     assert await exit_codes([ranks[0], ranks[1], second], tmp_path) == [0, 0, 0]
 
 
-@pytest.mark.xfail(strict=True, reason="DEFECT: rank 0's log line for a child that stopped "
-                   "or was lost names no host (Flux's does; kvbroker's rejoin line does)")
 async def test_t3300_rank_0_s_log_names_the_host_of_a_child_that_stopped_or_was_lost(
         tmp_path: Path, brokers) -> None:  # noqa: F811
     """(22, across hosts) an operator reading rank 0's ``dmesg`` after a rank
