@@ -25,6 +25,9 @@ _LOGGER_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 RESTRICTED_EVENT_PREFIXES = ("kvs.", "broker.", "overlay.", "content.", "heartbeat.")
 """Topics only the instance owner may publish (guests could forge KVS events)."""
+OVERLAY_HEALTH = ("lost", "offline", "torpid", "unjoined", "rejoined", "hosts")
+"""The parts of a rank's ``overlay`` stats a guest's ``broker.stats-get`` gets:
+the state of its children (:mod:`broker.status` reads them)."""
 MAX_EVENT_TOPIC = 1024
 """Longest event topic (or subscription prefix), in characters.  Every rank
 handles every event, and remembers the subscribers of the last topics it
@@ -118,7 +121,8 @@ class BrokerServices(Module):
     def broker_stats(self, msg: Message) -> None:
         """``broker.stats-get`` (and ``attr.``, ``event.``, ``module.``,
         ``log.``, ``overlay.stats-get``), open to guests, but a guest sees
-        only ``rank`` and its own connections and bytes (``guests``): the
+        only ``rank``, its children's health (:data:`OVERLAY_HEALTH`) and
+        its own connections and bytes (``guests``): the
         rank's message and event counts, clients, subscriptions, log and
         overlay figures move with what other users do, which a guest could
         follow around an act of its own."""
@@ -128,7 +132,12 @@ class BrokerServices(Module):
             return
         guests = out.get("guests") or {}
         mine = str(msg.userid)
-        self.h.respond(msg, {"rank": out["rank"],
+        overlay = out.get("overlay") or {}
+        # The children's health (what overlay status and uptime read) is
+        # about ranks, not users: open, as Flux's overlay.health is.  A
+        # guest's uptime counted a rank shut down on purpose as lost.
+        health = {k: overlay[k] for k in OVERLAY_HEALTH if k in overlay}
+        self.h.respond(msg, {"rank": out["rank"], "overlay": health,
                              "guests": {mine: guests[mine]} if mine in guests else {}})
 
     def shutdown(self, msg: Message) -> None:

@@ -409,7 +409,8 @@ GUEST_STATS_VIEWS = """
 
 async def test_guest_stats_show_only_its_own(start_instance, connect, tmp_path) -> None:
     """A guest's stats views hold an allow-list of fields, all about its own
-    namespaces and connections: nothing instance-wide, such as the counts
+    namespaces and connections (and the health of a rank's children, as
+    Flux's overlay.health): nothing instance-wide, such as the counts
     (``commits``, ``namespaces-created`` minus ``-removed``), the
     ``checkpoint``'s rootseq (primary's version), ``gc.last.kept`` (a
     guessing oracle like the cache counts), kvs-watch's ``watchers`` and
@@ -436,8 +437,11 @@ async def test_guest_stats_show_only_its_own(start_instance, connect, tmp_path) 
             assert set(view["namespaces"]) <= {"mine"}, (where, view)
             assert view["namespace-count"] == len(view["namespaces"]), (where, view)
         else:
-            assert sorted(view) == ["guests", "rank"], (where, view)
+            assert sorted(view) == ["guests", "overlay", "rank"], (where, view)
             assert set(view["guests"]) <= {str(GUEST_UID)}, (where, view)
+            # (its children's health only: no message or byte counts)
+            assert set(view["overlay"]) <= {"lost", "offline", "torpid", "unjoined",
+                                            "rejoined", "hosts"}, (where, view)
     assert list(views["kvs@0"]["namespaces"]) == ["mine"]
     assert views["broker@1"]["guests"][str(GUEST_UID)]["connections"] == 1
     # the owner's views are whole
