@@ -160,7 +160,8 @@ async def test_t0017_unknown_access_key_and_bad_toml_refused(tmp_path) -> None:
                     client_env("local:///nonexistent"), timeout=T)
     assert (res.rc, res.text, res.err) == (2, "", "kvbroker: start: access.foo: unknown attribute\n")
     rc, out, err = await _broker(tmp_path, '[bootstrap]\n[attrs]\n"access.foo" = 42\n', "true")
-    assert (rc, out, err) == (2, "", "kvbroker: broker: access.foo: unknown attribute\n")
+    assert (rc, out, err) == (2, "", f"kvbroker: broker: {tmp_path / 'conf.toml'}: [attrs] "
+                                     "access.foo: unknown attribute\n")
     rc, out, err = await _broker(tmp_path, "[bootstrap]\n[access]\nfoo\n", "true")
     assert (rc, out) == (2, "")
     assert err.startswith("kvbroker: broker: ") and "conf.toml: Expected '=' after a key" in err, err

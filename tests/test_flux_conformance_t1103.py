@@ -268,10 +268,22 @@ async def test_watches_closed_before_they_are_counted_leave_none(start_instance,
         h = await Handle.connect(inst.uri(3))
         watch_everywhere(h)
         await h.close()
-    await wait_all(probe, before, "no watcher left by the 20 closed clients")
+    # Every closed client gone from rank 3 (its end read after all it sent),
+    # then a request from rank 3 to each rank: it travels behind every request
+    # and disconnect those clients left on the way, so the counts it reads
+    # are final.  (Read from rank 0 alone, a count back to what it was could
+    # be a moment before a late request made a watcher and its client's
+    # disconnect took it away: seen under load.)
+    probe3 = await connect(inst, 3)
+
+    async def clients_gone() -> bool:
+        return bool((await probe3.rpc("broker.stats-get", {}, nodeid=3))["clients"] == 1)
+
+    await wait_until(clients_gone, "rank 3 to see the 20 clients go", T)
+    await wait_all(probe3, before, "no watcher left by the 20 closed clients")
     # (how many of the requests reached rank 0 before their client's end is
     # timing: some are dropped on the way, with the client they came from)
-    st = await probe.rpc("kvs-watch.stats-get", {}, nodeid=0)
+    st = await probe3.rpc("kvs-watch.stats-get", {}, nodeid=0)
     assert st["counts"]["watchers-created"] <= 20 and st["watchers"] == before[0], st
 
 

@@ -141,8 +141,8 @@ async def test_t2008_an_invalid_hash_in_a_bootstrap_file_fails_hard(tmp_path) ->
     res = await run([KVB, "broker", "-c", str(conf), "--", "touch", "ran"],
                     client_env("local:///nonexistent"), cwd=str(tmp_path), timeout=T)
     assert (res.rc, res.text) == (2, "")
-    assert res.err == ("kvbroker: broker: content.hash: unknown hash 'wronghash' "
-                       "(choose from sha1, sha256)\n"), res.err
+    assert res.err == (f"kvbroker: broker: {conf}: [attrs] content.hash: unknown hash "
+                       "'wronghash' (choose from sha1, sha256)\n"), res.err
     assert not (tmp_path / "ran").exists()
 
 
