@@ -199,17 +199,8 @@ def parse(text: str, path: str = "<bootstrap>") -> Bootstrap:
     boot = doc.get("bootstrap")
     if not isinstance(boot, dict):
         raise BootstrapError(f"{path}: no [bootstrap] table")
-    other = set(doc) - {"bootstrap", "attrs"}
-    if other:
-        # (a Flux config's [access] or [kvs] table was ignored without a word,
-        # its settings not in effect: the names go under [attrs] here)
-        first = sorted(other)[0]
-        table = doc[first]
-        example = (f" (as \"{first}.{next(iter(table))}\" = ...)"
-                   if isinstance(table, dict) and table else "")
-        raise BootstrapError(f"{path}: unknown table(s) or key(s): {', '.join(sorted(other))}: "
-                             f"a bootstrap file holds [bootstrap] and [attrs]; broker "
-                             f"attributes go in [attrs]{example}")
+    _only_tables(doc, path, ("bootstrap", "attrs"), "a bootstrap file holds [bootstrap] and "
+                 "[attrs]")
     unknown = set(boot) - {"curve_cert", "fanout", "default_port", "default_bind",
                            "default_connect", "hosts", "enable_ipv6"}
     if unknown:
@@ -260,10 +251,7 @@ def parse(text: str, path: str = "<bootstrap>") -> Bootstrap:
             templates.append((bind_t, connect_t))
             entries.append(HostEntry(host, bind_t and _expand(bind_t, host, rank, port),
                                      connect_t and _expand(connect_t, host, rank, port)))
-    attrs = doc.get("attrs", {})
-    if not isinstance(attrs, dict):
-        raise BootstrapError(f"{path}: [attrs] must be a table")
-    attrs = _dotted(attrs, f"{path}: [attrs]")
+    attrs = _attrs_table(doc, path)
     if ipv6 is not None:  # (Flux's key for it; [attrs] may still say otherwise)
         attrs = {"tbon.ipv6": ipv6, **attrs}
     if cert is None and len(entries) > 1:
@@ -317,16 +305,66 @@ def _check_port(endpoint: str, what: str, rank_port: bool) -> None:
                              f"(1-65535){hint}")
 
 
-def load(path: str) -> Bootstrap:
-    """Read and check the bootstrap file at ``path``."""
+def _only_tables(doc: dict[str, Any], path: str, allowed: tuple[str, ...],
+                 holds: str) -> None:
+    """Refuse a table or key of ``doc`` outside ``allowed``, saying where
+    attributes go: a Flux config's ``[access]`` or ``[kvs]`` table was
+    ignored without a word, its settings not in effect."""
+    other = set(doc) - set(allowed)
+    if other:
+        first = sorted(other)[0]
+        table = doc[first]
+        example = (f" (as \"{first}.{next(iter(table))}\" = ...)"
+                   if isinstance(table, dict) and table else "")
+        raise BootstrapError(f"{path}: unknown table(s) or key(s): {', '.join(sorted(other))}: "
+                             f"{holds}; broker attributes go in [attrs]{example}")
+
+
+def _attrs_table(doc: dict[str, Any], path: str) -> dict[str, Any]:
+    """The file's ``[attrs]``, as dotted names (:func:`_dotted`)."""
+    attrs = doc.get("attrs", {})
+    if not isinstance(attrs, dict):
+        raise BootstrapError(f"{path}: [attrs] must be a table")
+    return _dotted(attrs, f"{path}: [attrs]")
+
+
+def _read(path: str) -> str:
     try:
         with open(path, "rb") as f:
-            text = f.read().decode()
+            return f.read().decode()
     except OSError as exc:
         raise BootstrapError(f"{path}: {exc.strerror}") from None
     except UnicodeDecodeError:
         raise BootstrapError(f"{path}: not UTF-8 text") from None
-    return parse(text, path)
+
+
+def load(path: str) -> Bootstrap:
+    """Read and check the bootstrap file at ``path``."""
+    return parse(_read(path), path)
+
+
+def load_attrs(path: str) -> dict[str, Any]:
+    """``kvbroker start --config FILE``: the broker attributes of a TOML
+    file's ``[attrs]``, as a bootstrap file gives them (dotted names; an
+    attribute twice, or a value no attribute takes, refused naming it).
+    ``statedir`` and ``rundir`` there (Flux's spellings of the options)
+    are taken from the file's directory when relative, as ``curve_cert``
+    is.  Not checked here: :func:`broker.attrs.check_instance` does."""
+    try:
+        doc = tomllib.loads(_read(path))
+    except tomllib.TOMLDecodeError as exc:
+        raise BootstrapError(f"{path}: {exc}") from None
+    if "bootstrap" in doc:
+        raise BootstrapError(f"{path}: [bootstrap] is kvbroker broker's (one rank of an "
+                             "instance across hosts): the file of kvbroker start holds "
+                             "[attrs] only")
+    _only_tables(doc, path, ("attrs",), "the file of kvbroker start holds [attrs]")
+    attrs = _attrs_table(doc, path)
+    here = os.path.dirname(os.path.abspath(path))
+    for name in ("statedir", "rundir"):
+        if isinstance(attrs.get(name), str) and attrs[name]:
+            attrs[name] = os.path.join(here, os.path.expanduser(attrs[name]))
+    return attrs
 
 
 def _dotted(table: dict[str, Any], where: str, prefix: str = "",

@@ -183,6 +183,32 @@ def take_dir_attrs(args: argparse.Namespace, attrs: dict[str, Any],
         setattr(args, name, value)
 
 
+def take_config(args: argparse.Namespace, given: dict[str, Any]) -> dict[str, Any]:
+    """``start --config FILE``: the attributes of the file's ``[attrs]``
+    (:func:`broker.bootstrap.load_attrs`), checked on their own first (a
+    bad one is refused naming the file, even where ``-S`` overrides it:
+    the same file would fail the next start); ``-S`` and the options win
+    over them.  None without ``--config``."""
+    if not args.config:
+        return {}
+    from broker import attrs as battrs
+    from broker import bootstrap
+
+    try:
+        attrs = bootstrap.load_attrs(args.config)
+        alone = {k: v for k, v in attrs.items() if k not in ("statedir", "rundir")}
+        try:
+            battrs.check_instance(battrs.from_flux(alone, args.size))
+        except battrs.AttrError as exc:
+            raise bootstrap.BootstrapError(f"{args.config}: [attrs] {exc}") from None
+    except bootstrap.BootstrapError as exc:
+        raise CLIError("start", detail=str(exc), status=2) from None
+    for name in ("statedir", "rundir"):  # (the option, or -S, wins)
+        if name in attrs and (getattr(args, name) or name in given):
+            del attrs[name]
+    return attrs
+
+
 def take_cleanup_attrs(attrs: dict[str, Any]) -> bool | None:
     """Flux's ``-S rundir-cleanup=0|1``: keep (0) or remove (1) the run
     directory at the stop, whoever made it; None when not given (one the
@@ -295,7 +321,8 @@ def cmd_start(args: argparse.Namespace) -> int:
     """
     command = command_args(args.cmdline)
     args.event_loop = ranks_loop(args)
-    attrs = dict([*broker_opts(args.broker_opts), *(args.setattr or [])])
+    given = dict([*broker_opts(args.broker_opts), *(args.setattr or [])])
+    attrs = {**take_config(args, given), **given}
     take_dir_attrs(args, attrs, ("statedir", "rundir"))
     rundir_cleanup = take_cleanup_attrs(attrs)
     take_recovery_mode(args, attrs)
@@ -1340,6 +1367,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                    "--test-rundir: Flux's spelling)")
     s.add_argument("-S", "--setattr", action="append", type=parse_attr, metavar="ATTR=VAL",
                    help="set a broker attribute (repeatable; see docs/cli.md)")
+    s.add_argument("--config", "-c", "--config-path", metavar="FILE",
+                   help="broker attributes from the [attrs] table of this TOML file (as a "
+                   "bootstrap file's; -S and the options win; --config-path: Flux's "
+                   "spelling)")
     s.add_argument("-o", "--broker-opts", action="append", default=[], metavar="OPTS",
                    help="Flux's way to give the brokers options, comma-separated: "
                    "-o,-Sa=1,-Sb=2 is -S a=1 -S b=2 (only -S/--setattr is taken)")
