@@ -284,7 +284,9 @@ def render(statuses: list[RankStatus], fanout: int) -> list[str]:
     def walk(rank: int, depth: int) -> None:
         s = statuses[rank]
         host = f" {s.hostname}" if s.hostname else ""
-        said = "; ".join(x for x in (s.detail, s.restarts) if x)
+        # (a rank down now restarted before it went: "restarted 15s ago"
+        # beside "offline" read as if it had come back)
+        said = "; before that, ".join(x for x in (s.detail, s.restarts) if x)
         why = f" ({said})" if said else ""
         lines.append(f"{'  ' * depth}{rank}{host}: {s.state}{why}")
         for child in topology.children_of(rank, fanout, len(statuses)):

@@ -82,7 +82,7 @@ def test_a_restarted_rank_says_so_after_its_state() -> None:
                 RankStatus(1, FULL, "b", restarts="restarted 5.0s ago"),
                 RankStatus(2, LOST, detail="gone", restarts="restarted 1.0m ago")]
     assert render(statuses, 2) == ["0 a: partial", "  1 b: full (restarted 5.0s ago)",
-                                   "  2: lost (gone; restarted 1.0m ago)"]
+                                   "  2: lost (gone; before that, restarted 1.0m ago)"]
 
 
 def test_a_rank_that_never_joined_is_offline_and_so_is_its_subtree() -> None:
