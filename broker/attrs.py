@@ -404,6 +404,9 @@ FLUX_NOT_BUILT: dict[str, str] = {
         "missed beats) is not built here: a silent rank is marked torpid "
         "instead (-S tbon.torpid_max=DURATION), and a rank without a beat "
         "logs a warning after heartbeat.warn_thresh periods"),
+    "broker.rc2_none": (
+        "kvbroker start without a COMMAND runs no program: it serves until "
+        "signalled or kvbroker shutdown (so does kvbroker broker's rank 0)"),
     "tbon.tcp_user_timeout": (
         "Flux's bound on unacknowledged TCP data is not built: a peer that "
         "stops answering is lost after ZeroMQ's heartbeat (10 s), and a rank "

@@ -38,8 +38,11 @@ STOP_CAP = 10
 """A rank that reports progress while it stops (``stopping <bytes>``) is
 given more time by the launcher (:mod:`broker.launch`), up to this many
 stop timeouts after its SIGTERM: a stop always ends."""
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-"""What ``start`` and ``exec`` pass on to the commands they run."""
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGALRM)
+"""What ``start`` and ``exec`` pass on to the commands they run, and what
+stops them cleanly otherwise: Flux's broker's stop signals (SIGQUIT and
+SIGALRM killed ``start`` by their default action, 131 or 142, its ranks
+left to stop by themselves)."""
 PARENT_DEATH_SIGNAL = signal.SIGKILL
 """What the command gets from the kernel if we die while it runs (Linux).
 SIGKILL, not SIGTERM: a SIGKILLed ``kvs lease run`` leaves nobody to
@@ -197,6 +200,8 @@ def cannot_run_message(argv0: str, exc: OSError) -> str:
     """``CMD: <strerror>``: what a shell says of a command it cannot run
     (``CMD: INTERP: bad interpreter: ...`` for a script whose ``#!``
     interpreter is missing, as bash says it)."""
+    if not argv0:
+        return ": command not found"  # (as bash says it)
     why = os.strerror(exc.errno) if exc.errno else str(exc)
     interp = _interpreter_missing(argv0) if exc.errno == errno.ENOENT else None
     return f"{argv0}: {interp}: bad interpreter: {why}" if interp else f"{argv0}: {why}"
@@ -269,6 +274,9 @@ class Command:
         ``DEVNULL``): ``exec`` on several ranks reads their output to label
         it, and gives them no input to share.  Killed if we die (Linux:
         :func:`_parent_death_hook`)."""
+        if not argv or not argv[0]:  # (Popen tried each PATH directory as the
+            # program: "Permission denied", 126, where a shell says 127)
+            raise FileNotFoundError(errno.ENOENT, "command not found", "")
         own_group = not in_terminal_foreground()
         with _preexec() as preexec_fn:
             proc = subprocess.Popen(argv, env=env, close_fds=False, stdin=stdin, stdout=stdout,

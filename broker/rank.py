@@ -50,7 +50,7 @@ from broker.errors import ErrnoError, KvbrokerError
 from broker.logring import PrefixedFormatter, RankLog
 from broker.loops import loop_factory
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGALRM)
 """What stops a rank cleanly (or, while an initial program runs, goes to it)."""
 
 STOP_REPORT_PERIOD = 0.5

@@ -33,9 +33,9 @@ Flux case -> here:
     directory, a script whose ``#!`` interpreter is missing, with bash's
     ``bad interpreter``); the program's own status otherwise (0, 1, 3;
     128+N when signal N killed it) -- all documented, all tested.  An
-    empty command word (``start -- ''``) exits 126, ``: Permission
-    denied``, where a shell says ``command not found``, 127: DEFECT
-    (xfail).
+    empty command word (``start -- ''``) exits 127, ``: command not
+    found``, as a shell (until 2026-12-05: 126, ``: Permission denied``,
+    each PATH directory tried as the program).
 4.  default initial program is ``$SHELL`` (on a tty) -> DIFFERENCE
     (documented: without a COMMAND ``start`` prints the URI and serves):
     with stdin a terminal and ``$SHELL`` a script that would leave a mark,
@@ -50,16 +50,14 @@ Flux case -> here:
 7.  ``broker.rc2_none`` terminates by signal (SIGALRM) without error ->
     kvbroker's ``rc2_none`` is ``start`` without a COMMAND (4-5).  Flux's
     attribute is refused with ``unknown attribute (did you mean
-    broker.modules?)``, pointing at an unrelated setting, where the docs'
-    rule for Flux's names of what is not built here is to say what is
-    done instead: DEFECT (xfail).  (Flux's valueless ``-Sbroker.rc2_none``
-    is a usage error here, ``expected ATTR=VALUE``: ``-S`` takes
-    ``ATTR=VAL``, documented.)  SIGALRM, a stop signal of Flux's broker
-    (with SIGHUP, SIGINT, SIGQUIT, SIGTERM), kills ``start`` by its
-    default action (status 142): the ranks still exit and remove the run
-    directory (tested), but it is not the clean stop, exit 0, that
-    SIGINT/SIGTERM/SIGHUP give: DEFECT (xfail).  The documented signals do
-    stop it cleanly (4).
+    broker.modules?)`` until 2026-12-05; now it is refused saying what is
+    done instead, as the docs' rule for Flux's names of what is not built
+    here is.  (Flux's valueless ``-Sbroker.rc2_none`` is a usage error
+    here, ``expected ATTR=VALUE``: ``-S`` takes ``ATTR=VAL``,
+    documented.)  SIGALRM and SIGQUIT, stop signals of Flux's broker (with
+    SIGHUP, SIGINT, SIGTERM), stop ``start`` cleanly, exit 0 (until
+    2026-12-05 they killed it by their default action, 142 or 131: the
+    ranks still exited and removed the run directory, tested).
 8.  ``flux admin cleanup-push true`` works -> not applicable (no cleanup
     commands, no ``kvbroker admin``).  The equivalent documented here:
     SIGTERM to the instance goes to the command's whole process group (a
@@ -76,7 +74,7 @@ Flux case -> here:
     while it waits for a rank that never comes stops it with 128+N and
     the command never runs (documented).
 11.-12. cleanup-push with an empty / no command fails -> not applicable
-    (the empty command word of the initial program is case 3's xfail).
+    (the empty command word of the initial program: case 3).
 13.-14. cleanup-push from stdin, in order -> not applicable; the initial
     program's own stdin: it reads ``start``'s (``broker``'s) standard
     input, its output and errors go to their stdout and stderr, and
@@ -248,9 +246,6 @@ async def test_t0014_instance_exits_with_the_initial_program_s_status(
         assert f"ERROR kvbroker: initial program {says}\n" in err, err
 
 
-@pytest.mark.xfail(strict=True, reason="DEFECT: an empty command word exits 126 "
-                   "': Permission denied' (PATH's directories are tried as the "
-                   "program), not 127 'command not found' as a shell")
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 async def test_t0014_an_empty_command_word_is_not_found(tmp_path: Path,
                                                         launcher: str) -> None:
@@ -299,9 +294,6 @@ async def test_t0014_broker_rank_0_without_a_command_serves_until_shutdown(
 
 # -- 7: broker.rc2_none, and Flux's stop signal SIGALRM ------------------------
 
-@pytest.mark.xfail(strict=True, reason="DEFECT: -S broker.rc2_none= is refused with "
-                   "'did you mean broker.modules?', not with what kvbroker does "
-                   "instead (start without a COMMAND)")
 async def test_t0014_rc2_none_says_what_is_done_instead(tmp_path: Path) -> None:
     rc, out, err = await run("start", tmp_path, "true", extra=("-S", "broker.rc2_none=1"))
     assert "broker.modules" not in err, err
@@ -334,15 +326,13 @@ async def test_t0014_start_killed_by_sigalrm_leaves_nothing_behind(tmp_path: Pat
     await wait_until(gone, "the ranks to exit and remove the run directory", timeout=T)
 
 
-@pytest.mark.xfail(strict=True, reason="DEFECT: SIGALRM (a stop signal of Flux's "
-                   "broker) kills start by its default action, status 142, instead "
-                   "of a clean stop, exit 0")
-async def test_t0014_sigalrm_stops_start_cleanly(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGALRM, signal.SIGQUIT])
+async def test_t0014_sigalrm_stops_start_cleanly(tmp_path: Path, sig: int) -> None:
     uri_file = tmp_path / "uri"
     args = ["start", *ARGS, "--uri-file", str(uri_file)]
     async with spawned("start", tmp_path, args=args) as proc:
         await uri_file_rundir(uri_file)
-        proc.send_signal(signal.SIGALRM)
+        proc.send_signal(sig)
         rc, out, err = await finish(proc)
     assert rc == 0, (rc, err)
 
