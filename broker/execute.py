@@ -114,6 +114,8 @@ def cmd_exec(args: argparse.Namespace) -> int:
         os.dup2(null, 0)
         os.close(null)
     try:
+        if not command[0]:  # (execvpe: ValueError, exit 1; a shell says 127)
+            raise FileNotFoundError(errno.ENOENT, "command not found", "")
         os.execvpe(command[0], command, env)
     except OSError as exc:
         print_err(cannot_run_message(command[0], exc))

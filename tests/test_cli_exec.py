@@ -64,6 +64,12 @@ async def test_exec_exits_with_the_highest_status_and_names_the_ranks(start_inst
     assert rc == 127
     assert err.splitlines() == ["kvbroker: /nonexistent/cmd: No such file or directory",
                                 "kvbroker: exec: ranks 0-3: Exit 127"]
+    # an empty command word, as a shell says it (one rank: execvpe refused
+    # it, "argv first element cannot be empty", exit 1)
+    for ranks in ("0", "all"):
+        rc, _, err = await run_cli("exec", "-r", ranks, "--", "", uri=inst.uri(0))
+        assert rc == 127, err
+        assert err.splitlines()[0] == "kvbroker: : command not found", err
 
 
 @pytest.mark.parametrize("idset, message", [
