@@ -704,7 +704,7 @@ def cmd_ping(args: argparse.Namespace) -> int:
     args.what = "ping"
 
     async def main() -> int:
-        async with await connect() as h:
+        async with await connect(timeout=args.ping_timeout) as h:
             for i in itertools.count() if args.count == 0 else range(args.count):
                 t0 = time.perf_counter()
                 try:
@@ -734,7 +734,7 @@ def cmd_uptime(args: argparse.Namespace) -> int:
     args.what = "uptime"
 
     async def main() -> int:
-        async with await connect() as h:
+        async with await connect(timeout=args.timeout) as h:
             try:
                 # within the timeout: the way to rank 0 may pass a torpid rank
                 async with asyncio.timeout(args.timeout):
@@ -841,7 +841,7 @@ def cmd_shutdown(args: argparse.Namespace) -> int:
     args.answer_timeout = None  # (-t bounds the answer, not the wait for the end)
 
     async def main() -> int:
-        async with await connect() as h:
+        async with await connect(timeout=limit) as h:
             stops_here = False
             try:
                 async with asyncio.timeout(limit):

@@ -68,17 +68,24 @@ _CONNECT_HINTS = {
 }
 
 
-async def connect(reconnect: bool = False) -> Handle:
+async def connect(reconnect: bool = False, timeout: float | None = None) -> Handle:
     """:meth:`Handle.connect` to ``$KVBROKER_URI``, for a command: failing
     with a :class:`ConnectError` that says which URI could not be reached
-    (``reconnect``: ``--reconnect``, a watch that goes on if the rank restarts)."""
+    (``reconnect``: ``--reconnect``, a watch that goes on if the rank
+    restarts; ``timeout``: give up after that many seconds -- an ssh://
+    host that never answers hung a command whose ``-t`` bounded only its
+    requests)."""
     uri = os.environ.get(URI_ENV)
     if not uri:
         raise ConnectError(f"cannot connect to broker: {URI_ENV} is not set (kvbroker start "
                            "prints it and sets it for the command it runs)")
     where = f"cannot connect to broker at {URI_ENV}={uri}"
     try:
-        return await Handle.connect(uri, reconnect=reconnect)
+        async with asyncio.timeout(timeout):
+            return await Handle.connect(uri, reconnect=reconnect)
+    except TimeoutError:
+        raise ConnectError(f"{where}: {os.strerror(errno.ETIMEDOUT)} (no answer in "
+                           f"{timeout:g}s)") from None
     except ValueError as exc:  # not a URI we know
         raise ConnectError(f"{where}: {exc}") from None
     except OSError as exc:

@@ -33,7 +33,8 @@ def cmd_overlay(args: argparse.Namespace) -> int:
     from broker import status
 
     async def main() -> int:
-        async with await connect() as h:
+        limit = args.timeout or 2.0 if args.wait is None else args.timeout
+        async with await connect(timeout=limit) as h:
             try:
                 if args.wait is None:
                     ranks, fanout = await status.gather(h, timeout=args.timeout or 2.0)

@@ -133,11 +133,15 @@ async def _read_greeting(sock: socket.socket, target: SshTarget) -> None:
             raise OSError(errno.EPROTO, f"{target.host}: not a kvbroker relay")
     if not line.startswith(GREETING):
         raise OSError(errno.EPROTO, f"{target.host}: not a kvbroker relay: {line[:80]!r}")
-    word, _, rest = line[len(GREETING):].decode(errors="replace").strip().partition(" ")
-    if word == "ok":
+    said = line[len(GREETING):].decode(errors="replace").strip()
+    word, _, rest = said.partition(" ")
+    if word == "ok" and not rest:
         return
     num, _, text = rest.partition(" ")
-    raise OSError(int(num) if num.isdigit() else errno.EIO, f"{target.host}: {text or rest}")
+    if word != "error" or not num.isdigit():  # (a relay of another version, say)
+        raise OSError(errno.EPROTO, f"{target.host}: the relay's greeting is not understood: "
+                      f"{said[:80]!r} (another kvbroker version there?)")
+    raise OSError(int(num), f"{target.host}: {text or os.strerror(int(num))}")
 
 
 async def reap(proc: subprocess.Popen[bytes], timeout: float = 5.0) -> None:
