@@ -404,6 +404,10 @@ FLUX_NOT_BUILT: dict[str, str] = {
         "missed beats) is not built here: a silent rank is marked torpid "
         "instead (-S tbon.torpid_max=DURATION), and a rank without a beat "
         "logs a warning after heartbeat.warn_thresh periods"),
+    "content.backing-module": (
+        "kvbroker has one content store, SQLite, in STATEDIR/content.sqlite (or "
+        "the run directory without a statedir): Flux's content-sqlite, taken and "
+        "ignored; content-files and content-s3 are not built"),
     "broker.rc2_none": (
         "kvbroker start without a COMMAND runs no program: it serves until "
         "signalled or kvbroker shutdown (so does kvbroker broker's rank 0)"),
@@ -466,7 +470,8 @@ def from_flux(attrs: Mapping[str, Any], size: int | None = None) -> dict[str, An
     ``log-stderr-level=N`` (syslog 0-7) is ``log.level``, ``log-level=N``
     ``log.ring-level`` (kvbroker's own name wins when both are given), and
     an empty ``broker.rc1_path`` / ``broker.rc3_path`` (Flux's tests' "run
-    no rc script") is dropped: kvbroker runs none, and so is a
+    no rc script") is dropped: kvbroker runs none, as are
+    ``content.backing-module=content-sqlite`` (the one store here) and a
     ``broker.quorum`` of every rank of ``size`` (what ``start`` waits for).  Anything else of Flux's
     is left to :func:`check_instance`, which names kvbroker's term where
     there is one (:data:`FLUX_SPELLINGS`)."""
@@ -481,6 +486,8 @@ def from_flux(attrs: Mapping[str, Any], size: int | None = None) -> dict[str, An
             raise AttrError(f"{flux}={text}: Flux's level is a number 0-7 (here it sets "
                             f"{ours}, which also takes {', '.join(LOG_LEVELS)})")
         out.setdefault(ours, FLUX_LEVELS[int(text)])
+    if str(out.get("content.backing-module", "")).strip() == "content-sqlite":
+        del out["content.backing-module"]  # (Flux's default: the one store here)
     for name in FLUX_RC_ATTRS:
         if name in out:
             if str(out[name]) != "":

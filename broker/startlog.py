@@ -22,15 +22,13 @@ Everything here is pure: the rows come from
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from broker.status import fsd
 
-__all__ = ["Row", "Run", "crash_warning", "crashed", "line", "runs"]
-
-Row = tuple[float, float | None, str]
-"""A run as stored: its start, its finish (None: none), the kvbroker version."""
+__all__ = ["Run", "crash_warning", "crashed", "line", "runs"]
 
 
 @dataclass(frozen=True)
@@ -44,17 +42,23 @@ class Run:
     """It ended without a clean stop."""
     version: str = ""
     """The kvbroker version that ran it."""
+    checkpoint_period: float | None = None
+    """Its ``kvs.checkpoint-period`` last (None: not recorded): how much a
+    crash of it may have lost."""
 
 
-def runs(rows: Iterable[Row], *, live: bool) -> list[Run]:
-    """The runs ``rows`` record, oldest first.  Every run without a finish
-    crashed, but the newest one when ``live`` (the instance asked is
-    running: that run is the current one)."""
+def runs(rows: Iterable[Sequence[Any]], *, live: bool) -> list[Run]:
+    """The runs ``rows`` record (:data:`broker.content.sqlite.Row`: start,
+    finish or None, version, checkpoint period or None), oldest first.
+    Every run without a finish crashed, but the newest one when ``live``
+    (the instance asked is running: that run is the current one)."""
     rows = list(rows)
     out = []
-    for i, (started, finished, version) in enumerate(rows):
+    for i, row in enumerate(rows):
+        started, finished, version = row[:3]
+        period = row[3] if len(row) > 3 else None
         current = live and i == len(rows) - 1
-        out.append(Run(started, finished, finished is None and not current, version))
+        out.append(Run(started, finished, finished is None and not current, version, period))
     return out
 
 
@@ -86,14 +90,20 @@ def line(run: Run, now: float, *, show_version: bool = False) -> str:
     return f"{head}{_when(run.started)} - running ({fsd(max(0.0, now - run.started))})"
 
 
-def crash_warning(run: Run, period: float) -> str:
+def crash_warning(run: Run) -> str:
     """The start's WARNING when the run before it, ``run``, did not stop
-    cleanly (Flux's rc1 prints "Flux was not shut down properly.  Data may
-    have been lost.")."""
-    lost = (f"the commits of about its last {period:g} s (kvs.checkpoint-period) may "
-            "have been lost" if period > 0 else
-            "the commits since its last SYNC commit may have been lost "
-            "(kvs.checkpoint-period is 0)")
+    cleanly, saying what that run's checkpoint period may have lost (Flux's
+    rc1 prints "Flux was not shut down properly.  Data may have been
+    lost.")."""
+    period = run.checkpoint_period
+    if period is None:
+        lost = "the commits since its last checkpoint may have been lost"
+    elif period > 0:
+        lost = (f"the commits of about its last {period:g} s (its kvs.checkpoint-period) "
+                "may have been lost")
+    else:
+        lost = ("the commits since its last SYNC commit may have been lost (its "
+                "kvs.checkpoint-period was 0)")
     return (f"the instance was not shut down properly: its last run (started "
             f"{_when(run.started)}) did not stop cleanly, and {lost} (kvbroker startlog "
             "lists the runs)")

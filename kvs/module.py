@@ -452,12 +452,13 @@ class KvsModule(Module):
         if self._content is None or not self._content.persistent:
             return
         try:
-            history = startlog.runs(await self._content.begin_run(), live=False)
+            history = startlog.runs(await self._content.begin_run(self.checkpoint_period),
+                                    live=False)
         except ErrnoError as exc:
             self.log.warning("this run could not be recorded in the startlog (%s)", exc.errstr)
             return
         if history and history[-1].crashed:
-            self.log.warning("%s", startlog.crash_warning(history[-1], self.checkpoint_period))
+            self.log.warning("%s", startlog.crash_warning(history[-1]))
 
     async def _restore(self) -> tuple[str, int, Any]:
         """The primary root checkpointed in the statedir (``("", 0)``: none),
@@ -555,6 +556,9 @@ class KvsModule(Module):
         period from now on, 0 stops it.  A checkpoint being written finishes."""
         assert name == CHECKPOINT_PERIOD.name
         self.checkpoint_period = float(value)
+        if self.leader and self._content is not None and self.statedir:
+            # (what a crash of this run may lose, as the next start tells it)
+            self.spawn(self._content.note_run_period(self.checkpoint_period))
         if self._ticker is not None:
             self._ticker.cancel()  # (shielded: a checkpoint under way completes)
             self._ticker = None

@@ -85,7 +85,6 @@ import re
 import time
 from pathlib import Path
 
-import pytest
 from test_broker_support import run_cli
 
 from broker.content.sqlite import RUNS_KEPT, SqliteStore
@@ -219,9 +218,6 @@ async def test_t3200_a_crash_with_period_0_keeps_the_synced_commits_only(
     assert err.count(NOT_SHUT_DOWN) == 1 and SINCE_SYNC in err, err
 
 
-@pytest.mark.xfail(strict=True, reason="DEFECT: the crash WARNING states the new run's "
-                   "kvs.checkpoint-period, not the crashed run's (says 'about its last 1 s' "
-                   "after a period-0 run lost everything since its last --sync)")
 async def test_t3200_the_crash_warning_names_the_crashed_runs_period(tmp_path: Path) -> None:
     sd = tmp_path / "sd"
     await _crash_with_period_0(sd)
@@ -313,9 +309,6 @@ async def test_t3200_a_long_lived_statedir_lists_its_newest_runs_in_order(
     assert rc == 0 and len(out.splitlines()) == RUNS_KEPT, err  # (that run stopped cleanly)
 
 
-@pytest.mark.xfail(strict=True, reason="DEFECT: Flux's -S content.backing-module is met with "
-                   "'unknown attribute (did you mean content.backlog-bytes?)', not told the "
-                   "store is SQLite only (missing from FLUX_NOT_BUILT)")
 async def test_t3200_flux_backing_module_is_refused_saying_the_store_is_sqlite(
         tmp_path: Path) -> None:
     rc, out, err = await _start(tmp_path / "files", "true",

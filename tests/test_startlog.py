@@ -32,11 +32,13 @@ the KVS is untouched (no version, no key, no checkpoint per run).
 from __future__ import annotations
 
 import re
+import sqlite3
 from pathlib import Path
 
 from test_broker_support import run_cli
 
 from broker import startlog
+from broker.content.sqlite import SqliteStore
 
 FINISHED = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d - \d{4}-\d\d-\d\d \d\d:\d\d \(\d+\.\ds\)$")
 CRASHED = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d - crashed$")
@@ -166,3 +168,39 @@ async def test_a_statedir_that_cannot_be_read_offline_is_refused(tmp_path: Path)
     assert f"statedir {sd} is in use by a running instance" in err
     rc, _out, err = await run_cli("startlog", "--badopt")
     assert rc == 2 and "unrecognized arguments: --badopt" in err
+
+
+async def test_the_crash_warning_tells_the_period_the_crashed_run_had_last(
+        tmp_path: Path) -> None:
+    """``attr set kvs.checkpoint-period`` during a run: a crash of it is
+    told with the period it had then, not the next start's."""
+    sd = tmp_path / "sd"
+    script = ("kvbroker attr set kvs.checkpoint-period 0 && "
+              "until kvbroker rpc content.startlog | grep -q '0.0\\]\\]'; do :; done; "
+              "kill -9 $(kvbroker attr get broker.pid); sleep 60")
+    rc, _out, err = await _start(sd, script)
+    assert rc == 1 and "killed by signal 9" in err, err
+    rc, _out, err = await _start(sd, "true")
+    assert rc == 0, err
+    assert "(its kvs.checkpoint-period was 0)" in err, err
+
+
+def test_a_runs_table_of_the_first_version_gains_the_period(tmp_path: Path) -> None:
+    path = tmp_path / "content.sqlite"
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE runs (id INTEGER PRIMARY KEY AUTOINCREMENT, started REAL NOT "
+               "NULL, finished REAL, version TEXT NOT NULL)")
+    db.execute("INSERT INTO runs (started, finished, version) VALUES (1000, 1005, '0.1.0')")
+    db.commit()
+    db.close()
+    store = SqliteStore(str(path))
+    try:
+        assert store.runs() == [(1000.0, 1005.0, "0.1.0", None)]
+        run = store.run_begin(2000.0, "0.1.0", 1.0)
+        store.run_period(run, 0.0)
+        assert store.runs()[-1] == (2000.0, None, "0.1.0", 0.0)
+    finally:
+        store.close()
+    assert startlog.crash_warning(startlog.Run(1000.0, crashed=True)).endswith(
+        "the commits since its last checkpoint may have been lost (kvbroker startlog "
+        "lists the runs)")

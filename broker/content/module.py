@@ -78,16 +78,17 @@ from broker.content.sqlite import (
     DEFAULT_CHECKPOINTS_KEPT,
     MAX_CHECKPOINTS_KEPT,
     STORE_FILE,
+    Row,
     SqliteStore,
     StoreLocked,
     Written,
+    read_runs,
 )
 from broker.content.storethread import StoreThread
 from broker.errors import ErrnoError, ProtocolError, outcome_read
 from broker.logring import LogThrottle
 from broker.message import NODEID_UPSTREAM, Message
 from broker.module import Handler, Module, require
-from broker.startlog import Row
 
 DEFAULT_BLOB_LIMIT = 512 << 20
 MIN_BLOB_LIMIT = 256
@@ -1581,16 +1582,23 @@ class ContentModule(Module):
                                         f"{self.backing.path}: {exc}") from None
         return found
 
-    async def begin_run(self) -> list[Row]:
+    async def begin_run(self, period: float) -> list[Row]:
         """Rank 0 with a statedir, as the instance starts (the kvs module
         asks, :mod:`broker.startlog`): the runs recorded so far, oldest
-        first, and this one recorded after them, durably."""
+        first, and this one recorded after them, durably, with its
+        ``kvs.checkpoint-period``."""
         assert self.backing is not None and self.persistent
         with _store_errors():
             before: list[Row] = await self.db(self.backing.runs, urgent=True)
             self._run = await self.db(self.backing.run_begin, time.time(), __version__,
-                                      urgent=True)
+                                      period, urgent=True)
         return before
+
+    async def note_run_period(self, period: float) -> None:
+        """This run's ``kvs.checkpoint-period`` changed (``attr set``)."""
+        if self._run is not None and self.backing is not None:
+            with _store_errors():
+                await self.db(self.backing.run_period, self._run, period)
 
     async def end_run(self) -> None:
         """This run stopped cleanly: its final checkpoint is on disk."""
@@ -1715,8 +1723,7 @@ def _runs_of(path: str) -> list[Row]:
     try:
         db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
         try:
-            return [(float(a), None if b is None else float(b), str(c)) for a, b, c in
-                    db.execute("SELECT started, finished, version FROM runs ORDER BY id")]
+            return read_runs(db)
         finally:
             db.close()
     except (sqlite3.Error, TypeError, ValueError):

@@ -71,6 +71,22 @@ _COLUMNS = {"objects": ("hash", "object"), "checkpoints": ("key", "value"),
 RUNS_KEPT = 1000
 """Runs of the instance its store remembers (:meth:`SqliteStore.run_begin`)."""
 
+Row = tuple[float, float | None, str, float | None]
+"""A run as stored (:data:`broker.startlog.Row`)."""
+
+
+def read_runs(db: sqlite3.Connection) -> list[Row]:
+    """The runs table of ``db``, oldest first (a store of the table's first
+    version has no checkpoint period: None)."""
+    has_period = "checkpoint_period" in {row[1] for row in db.execute(
+        "PRAGMA table_info(runs)")}
+    rows = db.execute("SELECT started, finished, version"
+                      + (", checkpoint_period" if has_period else ", NULL")
+                      + " FROM runs ORDER BY id")
+    return [(float(started), None if finished is None else float(finished), str(version),
+             None if period is None else float(period))
+            for started, finished, version, period in rows]
+
 
 class Written(NamedTuple):
     """What :meth:`SqliteStore.put_many` did."""
@@ -155,8 +171,12 @@ class SqliteStore:
         )
         self.db.execute(
             "CREATE TABLE IF NOT EXISTS runs (id INTEGER PRIMARY KEY AUTOINCREMENT, "
-            "started REAL NOT NULL, finished REAL, version TEXT NOT NULL)"
+            "started REAL NOT NULL, finished REAL, version TEXT NOT NULL, "
+            "checkpoint_period REAL)"
         )
+        if "checkpoint_period" not in {row[1] for row in self.db.execute(
+                "PRAGMA table_info(runs)")}:  # (a store of the first version of runs)
+            self.db.execute("ALTER TABLE runs ADD COLUMN checkpoint_period REAL")
 
     def _key(self, ref: str) -> str | bytes:
         return ref if self.text_keys else digest_of(ref)
@@ -377,24 +397,32 @@ class SqliteStore:
                                       ((i,) for i in ids))
         return int(cur.rowcount)
 
-    def runs(self) -> list[tuple[float, float | None, str]]:
+    def runs(self) -> list[Row]:
         """The instance's runs, oldest first: ``(started, finished or None,
-        version)`` (:mod:`broker.startlog`)."""
-        return [(float(started), None if finished is None else float(finished), str(version))
-                for started, finished, version in self.db.execute(
-                    "SELECT started, finished, version FROM runs ORDER BY id")]
+        version, checkpoint period or None)`` (:mod:`broker.startlog`)."""
+        return read_runs(self.db)
 
-    def run_begin(self, started: float, version: str) -> int:
-        """Record a run begun at ``started``, durably (before the instance
-        serves: else a crash soon after would leave no trace of it); its id,
-        for :meth:`run_end`.  Only the newest :data:`RUNS_KEPT` are kept."""
+    def run_begin(self, started: float, version: str, period: float | None = None) -> int:
+        """Record a run begun at ``started`` with ``kvs.checkpoint-period``
+        ``period``, durably (before the instance serves: else a crash soon
+        after would leave no trace of it); its id, for :meth:`run_end`.
+        Only the newest :data:`RUNS_KEPT` are kept."""
         with self.db:
             self.db.execute("BEGIN")
-            run = int(self.db.execute("INSERT INTO runs (started, version) VALUES (?, ?)",
-                                      (started, version)).lastrowid or 0)
+            run = int(self.db.execute(
+                "INSERT INTO runs (started, version, checkpoint_period) VALUES (?, ?, ?)",
+                (started, version, period)).lastrowid or 0)
             self.db.execute("DELETE FROM runs WHERE id <= ?", (run - RUNS_KEPT,))
         self.sync()
         return run
+
+    def run_period(self, run: int, period: float) -> None:
+        """Run ``run``'s checkpoint period changed (``attr set``): what a
+        crash of it may have lost is told by the newest."""
+        with self.db:
+            self.db.execute("BEGIN")
+            self.db.execute("UPDATE runs SET checkpoint_period = ? WHERE id = ?",
+                            (period, run))
 
     def run_end(self, run: int, finished: float) -> None:
         """Run ``run`` stopped cleanly at ``finished``, durably."""
@@ -403,13 +431,15 @@ class SqliteStore:
             self.db.execute("UPDATE runs SET finished = ? WHERE id = ?", (finished, run))
         self.sync()
 
-    def runs_put(self, rows: Iterable[tuple[float, float | None, str]]) -> None:
+    def runs_put(self, rows: Iterable[tuple[Any, ...]]) -> None:
         """Add runs recorded elsewhere (a store emptied by ``content.restore``
-        keeps its runs), after those here."""
+        keeps its runs), after those here: ``(started, finished, version[,
+        checkpoint period])``."""
         with self.db:
             self.db.execute("BEGIN")
-            self.db.executemany("INSERT INTO runs (started, finished, version) VALUES (?, ?, ?)",
-                                rows)
+            self.db.executemany(
+                "INSERT INTO runs (started, finished, version, checkpoint_period) "
+                "VALUES (?, ?, ?, ?)", ((*r[:3], r[3] if len(r) > 3 else None) for r in rows))
 
     def totals(self) -> tuple[int, int]:
         """(blobs, bytes of blob data) in the store."""
