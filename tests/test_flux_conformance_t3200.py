@@ -51,8 +51,8 @@ Flux's cases, in order, and what each becomes here:
     naming the checkpoint restored; after a crash of a run with
     ``kvs.checkpoint-period=0`` it must say that everything since the last
     ``--sync`` commit may be lost, not "the last 1 s"
-    (:func:`test_t3200_the_crash_warning_names_the_crashed_runs_period`,
-    xfail: DEFECT).
+    (:func:`test_t3200_the_crash_warning_names_the_crashed_runs_period`;
+    until 2026-12-05 it told the next start's period).
 13-15. *the same with content-files*: kvbroker has one backend, SQLite
     (``DIR/content.sqlite``); Flux's ``-S
     content.backing-module=content-files`` must then be refused saying so,
@@ -60,7 +60,8 @@ Flux's cases, in order, and what each becomes here:
     (broker/attrs.py ``FLUX_NOT_BUILT``), not with "did you mean
     content.backlog-bytes?" ->
     :func:`test_t3200_flux_backing_module_is_refused_saying_the_store_is_sqlite`
-    (xfail: DEFECT).
+    (fixed 2026-12-05; ``content-sqlite``, Flux's default, is taken and
+    ignored).
 
 Beyond Flux's file: an instance restarted over a thousand times lists
 its newest 1,000 runs (docs/cli.md, startlog), oldest first, and a
