@@ -49,6 +49,7 @@ from typing import Any, ClassVar
 from broker import codec, startlog
 from broker.attrs import CONTENT_HASH, LINK_MAX_MESSAGE, AttrSpec, boolean, duration, integer
 from broker.content import blobref
+from broker.content.kvsroot import is_kvs_root
 from broker.content.module import BLOB_SIZE_LIMIT, FAILURE_LOG_EVERY, ContentModule
 from broker.errors import ErrnoError, ProtocolError, RemoteError, outcome_read
 from broker.logring import LogThrottle
@@ -475,8 +476,7 @@ class KvsModule(Module):
         value = cp.get("value")
         if isinstance(value, dict):
             value = {**value, "rootseq": rootseq_of(value)}  # (Flux's form too)
-        if not (isinstance(value, dict) and blobref.is_valid(value.get("rootref"))
-                and type(value.get("rootseq")) is int and value["rootseq"] >= 0):
+        if not is_kvs_root(value):
             # (content.checkpoint-put lets the owner write any value there)
             raise ErrnoError(errno.EINVAL, f"the checkpoint {CHECKPOINT_KEY!r} in statedir "
                                            f"{self.statedir} is not a KVS root: {value!r:.200}")

@@ -18,6 +18,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from broker.content.kvsroot import rootseq_of as rootseq_of  # (re-exported)
 from broker.errors import ErrnoError
 from broker.message import Message
 from kvs.keys import MAX_NS_NAME, SHOWN
@@ -27,15 +28,6 @@ CHECKPOINT_KEY = "kvs-primary"  # (broker.content.module.KVS_CHECKPOINT_KEY)
 """The content store's checkpoint of the primary namespace's root: written
 by rank 0's kvs, read at start, by ``kvs dump/restore --checkpoint`` and by
 the offline ``kvs gc``."""
-def rootseq_of(value: dict[str, Any]) -> Any:
-    """The version a KVS checkpoint's root is at: ``rootseq``, or in Flux's
-    form (``{version, rootref, sequence, timestamp}``) its ``sequence``,
-    optional there (0); None if it says none (not checked to be an int)."""
-    if "rootseq" in value:
-        return value["rootseq"]
-    return value.get("sequence", 0) if "version" in value else None
-
-
 _NAME_RE = re.compile(rf"[A-Za-z0-9_.+@=%,-]{{1,{MAX_NS_NAME}}}")
 _tiebreak = itertools.count()
 

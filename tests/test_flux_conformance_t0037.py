@@ -76,16 +76,17 @@ Beyond Flux's file:
 
 * the value's fields: Flux's form of the put must name a root the KVS can
   resume from (docs/protocol.md: else EINVAL), so that a later start reads
-  it.  Only the rootref is checked: a value with no ``version``, or a
-  ``sequence`` that is negative, a string or a fraction, is taken, and the
-  next start with the kvs module fails "not a KVS root" (xfail, DEFECT).
+  it: a value with no ``version``, or a ``sequence`` that is negative, a
+  string or a fraction, is refused EINVAL (until 2026-12-05 only the
+  rootref was checked: it was taken, and the next start with the kvs
+  module failed "not a KVS root"; one check now serves both,
+  broker/content/kvsroot.py).
 * guest access: the checkpoint RPCs are the instance owner's.  A guest's
   ``content checkpoint list``, Flux-form get and well-formed put are
   refused ``Operation not permitted`` (EPERM) and change nothing (the keyed forms:
-  tests/test_kvs_rpc_security.py).  A guest's malformed put is answered
-  ``Protocol error`` / ``Invalid argument`` instead: the payload is
-  checked before the role (the get checks the role first; Flux's
-  dispatcher refuses a non-owner before the handler runs) (xfail, DEFECT).
+  tests/test_kvs_rpc_security.py); so is a malformed put, the role
+  checked first as Flux's dispatcher does (until 2026-12-05 it was
+  answered ``Protocol error`` / ``Invalid argument``).
 """
 
 from __future__ import annotations
@@ -240,8 +241,6 @@ async def test_t0037_flux_checkpoints_one_kept_across_restarts(start_instance, c
     assert (root["rootref"], root["rootseq"]) == (empty_dir, 0), root
 
 
-@pytest.mark.xfail(strict=True, reason="DEFECT: Flux-form checkpoint-put takes a value with "
-                                       "no version or a bad sequence; the next start fails")
 async def test_t0037_a_flux_value_the_kvs_cannot_resume_from_is_einval(
         start_instance, connect, tmp_path) -> None:
     """docs/protocol.md: Flux's form of the put is the KVS's checkpoint,
@@ -317,8 +316,6 @@ async def test_t0037_guests_are_refused_the_checkpoints(start_instance, tmp_path
 
 
 @needs_root
-@pytest.mark.xfail(strict=True, reason="DEFECT: a guest's malformed checkpoint-put is "
-                                       "EPROTO/EINVAL, not EPERM (payload checked first)")
 async def test_t0037_a_guests_malformed_put_is_refused_for_the_role(start_instance,
                                                                     tmp_path) -> None:
     inst, bar = await _with_a_checkpoint(start_instance, tmp_path)

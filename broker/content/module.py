@@ -74,6 +74,7 @@ from broker import __version__
 from broker.attrs import CONTENT_HASH, LINK_MAX_MESSAGE, AttrSpec, integer, text
 from broker.content import blobref
 from broker.content.collection import Collection, Holds, RecentRefs, RowidMarks, busy
+from broker.content.kvsroot import is_kvs_root
 from broker.content.sqlite import (
     DEFAULT_CHECKPOINTS_KEPT,
     MAX_CHECKPOINTS_KEPT,
@@ -1490,10 +1491,10 @@ class ContentModule(Module):
     async def checkpoint_put(self, msg: Message) -> None:
         """``{key, value}``; or Flux's ``{value}`` alone, the KVS's checkpoint
         (:func:`_flux_checkpoint`)."""
+        if not msg.is_owner:  # (first: a guest's malformed put was EPROTO, not EPERM)
+            raise ErrnoError(errno.EPERM, "checkpoints are for the instance owner")
         flux_form = isinstance(msg.payload, dict) and "key" not in msg.payload
         body = _flux_checkpoint(require(msg.payload))
-        if not msg.is_owner:
-            raise ErrnoError(errno.EPERM, "checkpoints are for the instance owner")
         value = body.get("value")
         if self.ctx.rank != 0:
             await self.h.rpc("content.checkpoint-put", msg.payload, nodeid=NODEID_UPSTREAM)
@@ -1856,10 +1857,10 @@ def _flux_checkpoint(body: dict[str, Any]) -> dict[str, Any]:
     if "value" not in body:
         raise ProtocolError("request is missing field 'value' (or 'key')")
     value = body["value"]
-    if not (isinstance(value, dict) and blobref.is_valid(value.get("rootref"))):
+    if not is_kvs_root(value):  # (what the kvs's next start would refuse)
         raise ErrnoError(errno.EINVAL, "a checkpoint without a key is the KVS's: its value "
                                        "must name a root ({version, rootref, sequence, "
-                                       "timestamp}, as Flux's)")
+                                       "timestamp}, as Flux's, sequence an integer >= 0)")
     return {**body, "key": KVS_CHECKPOINT_KEY, "value": value}
 
 
