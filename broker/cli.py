@@ -1333,7 +1333,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     plugin command (``kvs``) is loaded alone, without that scan."""
     p = PermutingParser(prog="kvbroker", description="kvbroker: a message broker "
                                 "and key-value store in the manner of Flux")
-    p.add_argument("--version", action="version", version=f"kvbroker {__version__}")
+    p.add_argument("-V", "--version", action="version", version=f"kvbroker {__version__}")
     p.add_argument("--event-loop", choices=LOOP_NAMES, default=None,
                    help="event loop for client commands (default: $KVBROKER_EVENT_LOOP "
                         "or auto)")

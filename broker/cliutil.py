@@ -91,8 +91,29 @@ async def connect(reconnect: bool = False, timeout: float | None = None) -> Hand
     except OSError as exc:
         detail = exc.strerror or str(exc)
         # (over ssh:// the message already says what failed, and where)
+        if exc.errno == errno.ECONNREFUSED and not uri.startswith("ssh://"):
+            kind = _not_a_socket(uri)  # (Linux refuses a file or directory so too)
+            if kind:
+                raise ConnectError(f"{where}: {kind}, not a socket (a rank's is "
+                                   "RUNDIR/local-RANK: kvbroker attr get local-uri)") from None
         hint = None if uri.startswith("ssh://") else _CONNECT_HINTS.get(exc.errno or 0)
         raise ConnectError(f"{where}: {detail}" + (f" ({hint})" if hint else "")) from None
+
+
+def _not_a_socket(uri: str) -> str | None:
+    """What the local path of ``uri`` is when it is there but no socket
+    (``a directory``, ``a regular file``); None otherwise."""
+    import stat
+
+    path = uri[len("local://"):] if uri.startswith("local://") else uri
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    if stat.S_ISSOCK(mode):
+        return None
+    return (f"{path} is a directory" if stat.S_ISDIR(mode) else
+            f"{path} is a regular file" if stat.S_ISREG(mode) else f"{path} is no socket")
 
 
 def write_out(data: bytes) -> None:
@@ -437,6 +458,10 @@ def json_arg(text: str) -> Any:
             raise ValueError(f"{number} is out of range")
         return value
 
+    try:
+        text.encode()
+    except UnicodeEncodeError:  # (bytes the shell gave that are not UTF-8)
+        raise argparse.ArgumentTypeError("not valid JSON: it is not UTF-8 text") from None
     try:
         value = json.loads(text, parse_constant=no_constant, parse_float=finite)
         msgpack.packb(value)

@@ -39,8 +39,8 @@ t0010, Flux case -> here:
    and equal to the command's here; without an instance ``attr get version``
    says ``KVBROKER_URI is not set``.  ``kvbroker version`` (Flux's ``flux
    version``) is not built: a usage error naming it.  ``kvbroker -V``
-   (Flux's ``flux -V``) -> **xfail**: answered with the whole help and
-   "arguments are required: COMMAND".
+   (Flux's ``flux -V``) prints the version (until 2026-12-05: the whole
+   help and "arguments are required: COMMAND").
 7.-9. *heaptrace start/dump/stop, EPROTO on empty payloads* -> not
    applicable: no heaptrace (tcmalloc) in kvbroker; Flux accepts ENOSYS, and
    ``kvbroker rpc heaptrace.start`` gets just that: exit 1, ``Function not
@@ -76,11 +76,10 @@ What a user does instead:
 And bad ``KVBROKER_URI`` values said clearly, exit 1, nothing sent: an
 unknown scheme (``tcp://``, ``foo://``, ``LOCAL://``), empty (as unset),
 ``local://`` without a path, a malformed ``ssh://``.  A path that exists
-but is not a socket (a regular file, a directory) -> **xfail**: said as
-``Connection refused (no broker listens there: has the instance stopped
-...)``, where the path is simply not a socket.  A JSON payload that is not
-UTF-8 -> **xfail**: said as Python's ``'\\udcff' ... surrogates not
-allowed``.
+but is not a socket (a regular file, a directory) is said so (until
+2026-12-05: ``Connection refused (no broker listens there: has the
+instance stopped ...)``).  A JSON payload that is not UTF-8 is said so
+(until then: Python's ``'\\udcff' ... surrogates not allowed``).
 """
 
 from __future__ import annotations
@@ -349,8 +348,6 @@ async def test_bad_topics_payloads_and_options_refused(start_instance, connect) 
         assert ev.topic == "fence", argv  # the refused one never came
 
 
-@pytest.mark.xfail(strict=True, reason="DEFECT: a JSON payload that is not UTF-8 is "
-                   "refused with Python's \"'\\udcff' ... surrogates not allowed\"")
 async def test_payload_not_utf8_said_so() -> None:
     """JSON is UTF-8 text: a payload with a byte that is not is refused
     before anything is sent, saying so in the docs' words (``... is not
@@ -404,8 +401,6 @@ async def test_flux_version_command_not_built() -> None:
     assert "argument COMMAND: invalid choice: 'version'" in err
 
 
-@pytest.mark.xfail(strict=True, reason="DEFECT: kvbroker -V (flux -V) prints the whole help "
-                   "and 'arguments are required: COMMAND'")
 async def test_dash_V_prints_version() -> None:
     """Flux's ``flux -V``: the version, as ``--version``."""
     assert await run_cli("-V", env=without_uri()) == (0, f"kvbroker {VERSION}\n", "")
@@ -498,9 +493,6 @@ async def test_empty_uri_is_as_unset() -> None:
         assert (rc, out, err) == (1, "", f"kvbroker: {' '.join(argv[:2])}: {NO_URI_ERR}\n")
 
 
-@pytest.mark.xfail(strict=True, reason="DEFECT: a KVBROKER_URI path that is not a socket "
-                   "(a file, a directory) is said as 'no broker listens there: has the "
-                   "instance stopped...'")
 async def test_path_not_a_socket_said_so(tmp_path: Path) -> None:
     """A path that exists but is not a socket is a mistake in the URI, not
     a stopped instance: said so (``is not a socket``), exit 1."""
