@@ -72,10 +72,12 @@ sys.exit(cli.main(sys.argv[2:] or ["ping"]))
 """
 
 
-async def run_guest_cli(uri: str, *args: str) -> tuple[int, str, str]:
-    """``kvbroker ARGS`` run as the guest (``_GUEST_CLI``)."""
+async def run_guest_cli(uri: str, *args: str, preload: str = "") -> tuple[int, str, str]:
+    """``kvbroker ARGS`` run as the guest (``_GUEST_CLI``); ``preload``:
+    Python run first, as the owner (imports the interpreter's own library
+    may not let the guest read: its ``sqlite3``)."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", _GUEST_CLI, str(GUEST_UID), *args,
+        sys.executable, "-c", preload + "\n" + _GUEST_CLI, str(GUEST_UID), *args,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         env=dict(os.environ, KVBROKER_URI=uri))
     out, err = await asyncio.wait_for(proc.communicate(), 30)

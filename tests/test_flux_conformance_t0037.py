@@ -94,13 +94,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from test_broker_guests import _GUEST_CLI
-from test_broker_support import GUEST_UID, run_cli
+from test_broker_guests import run_guest_cli as guest_cli
+from test_broker_support import run_cli
 
 from broker.content.blobref import hash_blob
 from kvs import treeobj as T
@@ -275,18 +274,11 @@ async def test_t0037_a_flux_value_the_kvs_cannot_resume_from_is_einval(
 
 
 async def run_guest_cli(uri: str, *args: str) -> tuple[int, str, str]:
-    """``kvbroker ARGS`` as the guest (test_broker_guests' script), with
-    what ``content checkpoint list`` imports on its way imported first, as
-    the owner: the interpreter's own library may be unreadable to the guest
-    (its ``sqlite3`` was)."""
-    script = "import sqlite3, broker.content.module, kvs.checkpoints\n" + _GUEST_CLI
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", script, str(GUEST_UID), *args,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        env=dict(os.environ, KVBROKER_URI=uri))
-    out, err = await asyncio.wait_for(proc.communicate(), 30)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
+    """``kvbroker ARGS`` as the guest, with what ``content checkpoint list``
+    imports on its way imported first, as the owner: the interpreter's own
+    library may be unreadable to the guest (its ``sqlite3`` was)."""
+    return await guest_cli(uri, *args,
+                           preload="import sqlite3, broker.content.module, kvs.checkpoints")
 
 
 needs_root = pytest.mark.skipif(os.getuid() != 0, reason="needs root to run as another uid")
