@@ -40,6 +40,7 @@ from broker import attrs as battrs
 from broker import gcpolicy, malloc, plugins
 from broker.broker import Broker
 from broker.command import (
+    STOP_SIGNALS,
     Command,
     cannot_run_message,
     cannot_run_status,
@@ -50,8 +51,8 @@ from broker.errors import ErrnoError, KvbrokerError
 from broker.logring import PrefixedFormatter, RankLog
 from broker.loops import loop_factory
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGALRM)
-"""What stops a rank cleanly (or, while an initial program runs, goes to it)."""
+# (STOP_SIGNALS, start's: what stops a rank cleanly, or while an initial
+# program runs goes to it)
 
 STOP_REPORT_PERIOD = 0.5
 """How often a stopping rank started by a launcher says ``stopping <bytes>``."""

@@ -362,10 +362,10 @@ class ContentModule(Module):
         self._writes: set[asyncio.Future[Written]] = set()
         self._thread: StoreThread | None = None
         self.persistent = False
+        """Rank 0 with a statedir: the SQLite file outlives the instance."""
         self._run: int | None = None
         """Rank 0 with a statedir: this run's row in the store's runs
         (:meth:`begin_run`), until it ends cleanly (:meth:`end_run`)."""
-        """Rank 0 with a statedir: the SQLite file outlives the instance."""
         # Online garbage collection (rank 0, broker/content/collection.py)
         self.collection: Collection | None = None
         self.collections_begun = 0
@@ -1611,7 +1611,7 @@ class ContentModule(Module):
 
     async def startlog(self, msg: Message) -> None:
         """``content.startlog`` -> ``{runs: [[started, finished|null,
-        version], ...], statedir}``, oldest first: the instance's runs
+        version, checkpoint_period|null], ...], statedir}``, oldest first: the instance's runs
         (``kvbroker startlog``); none without a statedir.  Owner only;
         rank 0's (another rank passes it on)."""
         _owner_only(msg)
@@ -1704,31 +1704,29 @@ def _holds_checkpoints(path: str) -> bool:
     says why then).  A store with checkpoints is a statedir's: rank 0
     without a statedir writes none there, the KVS only checkpoints into a
     statedir."""
-    if not os.path.exists(path):
-        return False
-    try:
-        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-        try:
-            return db.execute("SELECT 1 FROM checkpoints LIMIT 1").fetchone() is not None
-        finally:
-            db.close()
-    except sqlite3.Error:
-        return False
+    return _read_only(path, lambda db: db.execute(
+        "SELECT 1 FROM checkpoints LIMIT 1").fetchone() is not None, False)
 
 
 def _runs_of(path: str) -> list[Row]:
     """The runs the SQLite store at ``path`` records (read-only; none if it
     has none or cannot be read: its restore says why then)."""
+    return _read_only(path, read_runs, [])
+
+
+def _read_only(path: str, read: Callable[[sqlite3.Connection], _T], default: _T) -> _T:
+    """``read`` of the SQLite file at ``path`` opened read-only, before the
+    store opens it; ``default`` if there is none or it cannot be read."""
     if not os.path.exists(path):
-        return []
+        return default
     try:
         db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
         try:
-            return read_runs(db)
+            return read(db)
         finally:
             db.close()
     except (sqlite3.Error, TypeError, ValueError):
-        return []
+        return default
 
 
 def _a_statedirs_store(path: str) -> ErrnoError:
