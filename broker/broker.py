@@ -121,6 +121,13 @@ class Broker:
         """The broker's own services (``broker.*``, ``attr.*``, ``log.*``,
         ``overlay.*``, ...), once started."""
         self._by_name: dict[str, Module] = {}
+        self._kept: dict[str, Any] = {}
+        """See :attr:`ModuleContext.kept`: what modules removed at runtime left."""
+        self._changing: set[str] = set()
+        """Modules being loaded or removed at runtime (one change at a time each)."""
+        self._stopping: dict[str, asyncio.Task[None]] = {}
+        """The stops of modules being removed, by name (``module remove
+        --cancel`` cancels one that hangs, as Flux's)."""
         self.overlay: Overlay | None = None
         self.connector: Connector | None = None
         self.start_progress = 0
@@ -167,22 +174,23 @@ class Broker:
     def _context(self) -> ModuleContext:
         return ModuleContext(rank=self.rank, size=self.size, fanout=self.fanout,
                              attrs=self.attrs, owner_uid=self.owner_uid, log=log,
-                             siblings=self._by_name, progress=self._progress)
+                             siblings=self._by_name, kept=self._kept,
+                             progress=self._progress)
 
     def _progress(self, n: int) -> None:
         self.start_progress += n
 
     async def load_module(self, module: Module) -> None:
-        handle = ModuleHandle(self.router, module)
-        module._bind(handle)
-        self.router.add_peer(handle, module.service_names())
-        self.modules.append(module)
-        self._by_name[module.name] = module
         for service in module.service_names():
             if not service or "." in service:
                 raise ModuleStartError(f"module {module.name} asks for service {service!r}: "
                                        "a service name is a topic's first word (no '.'), "
                                        "and no request could reach it")
+        handle = ModuleHandle(self.router, module)
+        module._bind(handle)
+        self.router.add_peer(handle, module.service_names())
+        self.modules.append(module)
+        self._by_name[module.name] = module
         try:
             await module.start()
         except (KvbrokerError, OSError):
@@ -190,6 +198,149 @@ class Broker:
         except Exception as exc:  # a bug, or a plugin's: the start-up error names the module
             why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             raise ModuleStartError(f"module {module.name} failed to start: {why}") from exc
+
+    async def load_at_runtime(self, name: str, settings: dict[str, str], *,
+                              replace: bool = False, force: bool = False) -> Module:
+        """``module load NAME [ATTR=VALUE ...]`` on this running rank: find
+        the module, check ``settings`` (its own attributes, ``kvs.`` or
+        not), start it; with ``replace`` (``module reload``), all that is
+        checked before the loaded one is removed (``force``: none loaded is
+        no error).  :class:`ErrnoError` -- ``EEXIST`` loaded already,
+        ``ENOENT`` no such module (or, replacing, none loaded), ``EINVAL`` a
+        bad setting, ``EBUSY`` a module it calls is not loaded or it is
+        being changed, the module's own error as it failed to start --
+        leaves the rank as it was, but for the module replaced."""
+        if name in self._changing:
+            raise ErrnoError(errno.EBUSY, f"module {name} is being loaded or removed on rank "
+                                          f"{self.rank}: wait for that first")
+        loaded = self._by_name.get(name)
+        if loaded is not None and not replace:
+            raise ErrnoError(errno.EEXIST, f"module {name} is loaded on rank {self.rank} "
+                                           "already: module reload replaces it")
+        if loaded is None and replace and not force:
+            raise ErrnoError(errno.ENOENT, f"module {name} is not loaded on rank {self.rank} "
+                                           "(module reload -f loads it all the same)")
+        try:
+            cls = plugins.load_module_class(name)
+        except LookupError as exc:
+            raise ErrnoError(errno.ENOENT, str(exc).strip('"')) from None
+        except plugins.ModuleLoadError as exc:
+            raise ErrnoError(errno.ENOEXEC, str(exc)) from None
+        missing = [m for m in getattr(cls, "calls", ()) if m not in self._by_name]
+        if missing:
+            raise ErrnoError(errno.EBUSY, f"module {name} calls module {missing[0]}, which is "
+                                          f"not loaded on rank {self.rank}: load it first")
+        specs = {spec.name: spec for spec in getattr(cls, "attributes", ())}
+        changes: dict[str, str] = {}
+        for key, value in settings.items():
+            attr = _attr_of(name, key, specs)
+            if attr in changes:
+                raise ErrnoError(errno.EINVAL, f"module argument {attr} is given twice")
+            changes[attr] = value
+        trial = {**self.attrs, **changes}
+        try:
+            battrs.with_defaults(trial, specs.values())
+        except battrs.AttrError as exc:
+            raise ErrnoError(errno.EINVAL, str(exc)) from None
+        if loaded is not None:
+            await self.remove_at_runtime(name, "module reload")
+        before = {key: self.attrs[key] for key in specs if key in self.attrs}
+        self.attrs.update({key: trial[key] for key in specs})
+        self._changing.add(name)
+        try:
+            module: Module = cls(self._context())
+            try:
+                await self.load_module(module)
+            except BaseException:
+                if module.h is not None:
+                    await self._unload(module, "it failed to start")
+                raise
+        except BaseException as exc:
+            for key in specs:
+                if key in before:
+                    self.attrs[key] = before[key]
+                else:
+                    self.attrs.pop(key, None)
+            if isinstance(exc, (ErrnoError, asyncio.CancelledError)):
+                raise
+            if isinstance(exc, KvbrokerError | OSError):
+                raise ErrnoError(getattr(exc, "errno", None) or errno.EIO, str(exc)) from None
+            raise ErrnoError(errno.EIO, f"module {name} failed to start: {exc}") from None
+        finally:
+            self._changing.discard(name)
+        log.info("module %s loaded%s", name,
+                 "".join(f", {k}={v}" for k, v in changes.items()))
+        return module
+
+    async def remove_at_runtime(self, name: str, why: str, cancel: bool = False) -> None:
+        """``module remove NAME`` on this running rank: route no more
+        requests to it, stop it (the requests it serves end ``ENOSYS``, as
+        Flux's), forget it.  With ``cancel``, its stop is cancelled rather
+        than waited for (Flux's ``--cancel``: a module whose stop hangs),
+        also one a remove before is waiting for.  :class:`ErrnoError`:
+        ``ENOENT`` not loaded, ``EINVAL`` the broker's own services,
+        ``EBUSY`` another module calls it, it is rank 0's content store,
+        or it is being loaded or removed already."""
+        stopping = self._stopping.get(name)
+        if stopping is not None:
+            if not cancel:
+                raise ErrnoError(errno.EBUSY, f"module {name} is being removed on rank "
+                                              f"{self.rank} already (module remove --cancel "
+                                              "stops waiting for its stop)")
+            stopping.cancel()
+            await asyncio.wait({stopping})
+            return
+        module = self._by_name.get(name)
+        if name in self._changing:
+            raise ErrnoError(errno.EBUSY, f"module {name} is being loaded on rank "
+                                          f"{self.rank}: wait for that first")
+        if module is None:
+            raise ErrnoError(errno.ENOENT, f"module {name} is not loaded on rank {self.rank}")
+        if module is self.services:
+            raise ErrnoError(errno.EINVAL, "the broker's own services cannot be removed")
+        users = [m.name for m in self.modules if name in getattr(m, "calls", ())]
+        if users:
+            raise ErrnoError(errno.EBUSY, f"module {users[0]} calls module {name} on rank "
+                                          f"{self.rank}: remove {users[0]} first")
+        if name == "content" and self.rank == 0:
+            raise ErrnoError(errno.EBUSY, "rank 0's content module holds the instance's "
+                                          "store: it is loaded for the instance's life")
+        self._changing.add(name)
+        try:
+            await self._unload(module, why, cancel)
+        finally:
+            self._changing.discard(name)
+        log.info("module %s removed (%s)", name, why)
+
+    async def _unload(self, module: Module, why: str, cancel: bool = False) -> None:
+        """Stop ``module`` and forget it: its services first, so that what
+        comes meanwhile goes elsewhere, its handle last (the answers to its
+        own requests reach it as it stops).  A stop that fails, or is
+        cancelled, is logged: the module is gone all the same."""
+        self.router.withdraw_services(module.h)
+        module.removing = True
+        stop = asyncio.get_running_loop().create_task(module._shutdown(why))
+        self._stopping[module.name] = stop
+        try:
+            if cancel:
+                stop.cancel()
+            # (a stop of its own: the request that asked may be cancelled)
+            await asyncio.wait({stop})
+            if stop.cancelled():
+                log.warning("module %s: its stop was cancelled (module remove --cancel)",
+                            module.name)
+            elif (exc := stop.exception()) is not None:
+                if isinstance(exc, ErrnoError):
+                    log.error("module %s failed to stop: %s", module.name, exc.errstr)
+                else:
+                    log.error("module %s failed to stop", module.name, exc_info=exc)
+        finally:
+            del self._stopping[module.name]
+            self.router.remove_peer(module.h)
+            if module in self.modules:
+                self.modules.remove(module)
+            if self._by_name.get(module.name) is module:
+                del self._by_name[module.name]
 
     async def start(self) -> None:
         """Bring up connector, overlay and modules; return once this rank's
@@ -294,6 +445,8 @@ class Broker:
                 # the parent then logs our link's closing at INFO, not as a loss
                 self.overlay.goodbye(self.stop_reason)
         for module in reversed(self.modules):
+            if module.removing:  # (module remove is stopping it: not twice)
+                continue
             try:
                 await module._shutdown(self.stop_reason)
             except Exception as exc:
@@ -383,6 +536,18 @@ class Broker:
         if self.statsd is not None:
             out["statsd"] = self.statsd.stats()
         return out
+
+
+def _attr_of(module: str, key: str, specs: dict[str, Any]) -> str:
+    """The attribute ``module load NAME KEY=VALUE`` sets: one of the module's
+    own, named whole (``kvs.transaction-merge``) or, as Flux's module
+    options, without the module's prefix (``transaction-merge``)."""
+    for name in (key, f"{module}.{key}"):
+        if name in specs:
+            return name
+    known = ", ".join(sorted(specs)) or "none"
+    raise ErrnoError(errno.EINVAL, f"module {module} has no attribute {key!r} "
+                                   f"(its attributes: {known})")
 
 
 def _rss_mb() -> tuple[float, float | None]:

@@ -936,7 +936,9 @@ async def _attr_set(h: Handle, args: argparse.Namespace) -> None:
 
 
 def cmd_module(args: argparse.Namespace) -> int:
-    args.what = "module list"
+    args.what = f"module {args.module_cmd}"
+    if args.module_cmd != "list":
+        return run_async(args, lambda: _change_modules(args))
 
     async def main() -> int:
         async with await connect() as h:
@@ -951,6 +953,38 @@ def cmd_module(args: argparse.Namespace) -> int:
         return 0
 
     return run_async(args, main)
+
+
+async def _change_modules(args: argparse.Namespace) -> int:
+    """``module load|remove|reload NAME`` on the rank attached to, or on
+    each rank of ``-r IDSET`` at once (a rank that refuses is named).
+    ``reload`` removes, then loads with the settings given, once they are
+    checked; ``-f`` takes a module that is not loaded as removed already."""
+    async with await connect() as h:
+        if args.rank is None:
+            ranks: list[int | None] = [None]
+        else:
+            ranks = list(args.rank.ranks(int(await h.attr_get("size")), args.what))
+
+        async def change(rank: int | None) -> None:
+            nodeid = _nodeid(rank)
+            if args.module_cmd == "remove":
+                try:
+                    await h.rpc("module.remove", {"name": args.name, "cancel": args.cancel},
+                                nodeid=nodeid)
+                except ErrnoError as exc:
+                    if not (args.force and exc.errnum == errno.ENOENT):
+                        raise
+            elif args.module_cmd == "reload":
+                await h.rpc("module.reload", {"name": args.name, "args": args.settings,
+                                              "force": args.force}, nodeid=nodeid)
+            else:
+                await h.rpc("module.load", {"name": args.name, "args": args.settings},
+                            nodeid=nodeid)
+
+        await each_rank(args.what, ranks, change, named=args.rank is not None
+                        and args.rank.single() is None)
+    return 0
 
 
 def cmd_dmesg(args: argparse.Namespace) -> int:
@@ -1534,12 +1568,35 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     add_answer_timeout(a)
     s.set_defaults(func=cmd_attr)
 
-    s = sub.add_parser("module", help="list loaded modules")
+    s = sub.add_parser("module", help="list, load, remove or reload a rank's modules")
     msub = s.add_subparsers(dest="module_cmd", required=True)
-    m = msub.add_parser("list")
+    m = msub.add_parser("list", help="the modules loaded on a rank and their services")
     m.add_argument("--rank", "-r", type=rank_int, metavar="N", help=ASK_RANK)
     m.add_argument("--json", action="store_true")
     add_answer_timeout(m)
+    for verb, purpose in (("load", "load module NAME (its entry point) on a running rank"),
+                       ("remove", "stop module NAME on a running rank (the requests it "
+                        "serves end ENOSYS)"),
+                       ("reload", "remove, then load module NAME")):
+        m = msub.add_parser(verb, help=purpose)
+        m.add_argument("name", metavar="NAME")
+        if verb != "remove":
+            m.add_argument("settings", nargs="*", metavar="ATTR=VALUE",
+                           help="the module's attributes for this load (kvs.transaction-"
+                           "merge=false, or as Flux's module options transaction-merge=false)")
+        else:
+            m.set_defaults(settings=[])
+        if verb != "load":
+            m.add_argument("-f", "--force", action="store_true",
+                           help="a module that is not loaded is no error")
+        if verb == "remove":
+            m.add_argument("--cancel", action="store_true",
+                           help="cancel the module's stop instead of waiting for it (one "
+                           "that hangs; also the stop a remove before is waiting for)")
+        m.add_argument("--rank", "-r", type=rank_set, metavar="IDSET",
+                       help="on these ranks at once: 3, 0-3 or all (default: the rank "
+                       "attached to)")
+        add_answer_timeout(m)
     s.set_defaults(func=cmd_module)
 
     s = sub.add_parser("overlay", help="the tree's health")

@@ -98,6 +98,11 @@ class ModuleContext:
     """The modules loaded in this rank by name (filled as they load): for a
     module that may call a sibling's Python API directly instead of through
     an RPC, as the kvs module stores its new blobs into ``content``."""
+    kept: dict[str, Any] = field(default_factory=dict)
+    """What a module removed from this rank at runtime left for its next
+    load here, by module name (``module reload kvs`` on rank 0 hands the
+    namespaces over: :meth:`Module.stop` puts, :meth:`Module.start` pops).
+    Lives as long as the rank."""
     progress: Callable[[int], None] = field(default=lambda n: None)
     """Count ``n`` more pieces of start-up work done (rank 0's restore:
     keys read): a launcher gives a start that makes progress more time
@@ -196,6 +201,11 @@ class Module:
     """Modules this one uses as it starts: when ``broker.modules`` names them
     too, they are started first, whatever the list's order (as Flux's rc1
     loads content before kvs)."""
+    calls: ClassVar[tuple[str, ...]] = ()
+    """Modules of this rank this one calls in process and keeps a reference
+    to (:attr:`ModuleContext.siblings`): while it is loaded, ``module
+    remove`` refuses them (``EBUSY``), and ``module load`` of this one
+    needs them loaded first."""
     attributes: ClassVar[tuple[AttrSpec, ...]] = ()
     runtime_attributes: ClassVar[tuple[str, ...]] = ()
     """Names among ``attributes`` that ``attr set`` may change on a running
@@ -219,6 +229,11 @@ class Module:
         """Why the rank stops (``signal SIGTERM``, ``lost the connection to
         parent rank 1 ...``), set before :meth:`stop`: what a module tells
         the clients it ends requests for."""
+        self.removing = False
+        """:meth:`stop` is for ``module remove`` (the rank goes on), not for
+        the rank's stop: what a module keeps for its next load is put in
+        :attr:`ModuleContext.kept` then, and the requests it was still
+        serving are answered ``ENOSYS`` (their clients stay connected)."""
 
     # -- to override
     def handlers(self) -> dict[str, Handler]:
@@ -363,10 +378,26 @@ class Module:
             await self.stop()
         finally:
             for task in list(self._tasks):
+                if self.removing:
+                    self._end_request(task, why)
                 _close_unstarted_handler(task)
                 task.cancel()
             if self._tasks:
                 await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def _end_request(self, task: asyncio.Task[Any], why: str | None) -> None:
+        """A request still being served as the module is removed (a handler
+        task, :meth:`_finish`) gets ``ENOSYS``, as Flux answers a request to
+        an unloaded module: its client stays connected, and would wait for
+        ever.  Read from the task's frame: nothing is noted per request."""
+        coro = task.get_coro()
+        frame = getattr(coro, "cr_frame", None)
+        if frame is None or getattr(coro, "cr_code", None) is not Module._finish.__code__:
+            return
+        msg = frame.f_locals.get("msg")
+        if isinstance(msg, Message):
+            self.h.respond_error(msg, errno.ENOSYS, f"module {self.name} was removed"
+                                 + (f" ({why})" if why else ""))
 
 
 def _close_unstarted_handler(task: asyncio.Task[Any]) -> None:

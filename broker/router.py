@@ -277,12 +277,20 @@ class Router:
                 raise ValueError(f"service {name!r} is already registered")
             self.services[name] = peer
 
+    def withdraw_services(self, peer: Peer) -> list[str]:
+        """Route no more requests to ``peer`` (a module being removed: what
+        comes is sent upstream, or answered ``ENOSYS`` on rank 0), while
+        the answers to its own requests still reach it; the names withdrawn."""
+        names = [n for n, p in self.services.items() if p is peer]
+        for name in names:
+            del self.services[name]
+        return names
+
     def remove_peer(self, peer: Peer) -> None:
         """Forget a peer; send ``<service>.disconnect`` for every service it used."""
         pid = peer.peer_id
         self.peers.pop(pid, None)
-        for name in [n for n, p in self.services.items() if p is peer]:
-            del self.services[name]
+        self.withdraw_services(peer)
         prefixes = self._peer_prefixes.pop(pid, None)
         if prefixes:
             self.subs.unsubscribe_all(pid, prefixes)

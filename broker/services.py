@@ -48,6 +48,21 @@ def _event_topic(topic: str, prefix: bool = False) -> str:
     return topic
 
 
+def _settings(args: Any) -> dict[str, str]:
+    """``module.load``'s ``args``: a list of ``ATTR=VALUE`` strings, as a map."""
+    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+        raise ErrnoError(errno.EPROTO, "args must be a list of ATTR=VALUE strings")
+    out: dict[str, str] = {}
+    for arg in args:
+        key, eq, value = arg.partition("=")
+        if not eq or not key:
+            raise ErrnoError(errno.EINVAL, f"a module argument is ATTR=VALUE: {arg!r}")
+        if key in out:
+            raise ErrnoError(errno.EINVAL, f"module argument {key} is given twice")
+        out[key] = value
+    return out
+
+
 class BrokerServices(Module):
     name: ClassVar[str] = "broker"
     metrics_skip: ClassVar[tuple[str, ...]] = ("rank", "guests", "subscriptions", "overlay.hosts",
@@ -79,6 +94,9 @@ class BrokerServices(Module):
             "event.subscribe": self.event_subscribe,
             "event.unsubscribe": self.event_unsubscribe,
             "module.list": self.module_list,
+            "module.load": self.module_load,
+            "module.remove": self.module_remove,
+            "module.reload": self.module_reload,
             "module.stats-get": self.broker_stats,
             "attr.stats-get": self.broker_stats,
             "event.stats-get": self.broker_stats,
@@ -387,6 +405,46 @@ class BrokerServices(Module):
         self.h.respond(msg, {})
 
     # -- module
+    async def module_load(self, msg: Message) -> None:
+        """``module.load {name, args?}``: load module ``name`` on this rank,
+        ``args`` its attribute settings (``["ATTR=VALUE", ...]``, Flux's
+        module arguments); the instance owner only.  Answered once it has
+        started: ``{name, services}``."""
+        if not msg.is_owner:
+            raise ErrnoError(errno.EPERM, "loading modules is for the instance owner")
+        p = require(msg.payload, name=str)
+        settings = _settings(p.get("args", []))
+        module = await self.broker.load_at_runtime(p["name"], settings)
+        self.h.respond(msg, {"name": module.name, "services": list(module.service_names())})
+
+    async def module_reload(self, msg: Message) -> None:
+        """``module.reload {name, args?, force?}``: ``module.load`` in place
+        of the loaded one, whose removal waits until the module is found
+        and ``args`` checked (a bad setting leaves the loaded one running);
+        ``force``: none loaded is no error.  The instance owner only."""
+        if not msg.is_owner:
+            raise ErrnoError(errno.EPERM, "loading modules is for the instance owner")
+        p = require(msg.payload, name=str)
+        force = p.get("force", False)
+        if not isinstance(force, bool):
+            raise ErrnoError(errno.EPROTO, "force must be a boolean")
+        module = await self.broker.load_at_runtime(p["name"], _settings(p.get("args", [])),
+                                                   replace=True, force=force)
+        self.h.respond(msg, {"name": module.name, "services": list(module.service_names())})
+
+    async def module_remove(self, msg: Message) -> None:
+        """``module.remove {name, cancel?}``: stop and forget module ``name``
+        on this rank (``cancel``: cancel its stop, Flux's ``--cancel``);
+        the instance owner only.  Answered once it has stopped."""
+        if not msg.is_owner:
+            raise ErrnoError(errno.EPERM, "removing modules is for the instance owner")
+        p = require(msg.payload, name=str)
+        cancel = p.get("cancel", False)
+        if not isinstance(cancel, bool):
+            raise ErrnoError(errno.EPROTO, "cancel must be a boolean")
+        await self.broker.remove_at_runtime(p["name"], "module remove", cancel)
+        self.h.respond(msg, {})
+
     def module_list(self, msg: Message) -> None:
         """``module.list``, open to guests (as in Flux), but a guest gets
         each module's name and services only: a module's ``requests`` count

@@ -295,6 +295,7 @@ class KvsModule(Module):
     name: ClassVar[str] = "kvs"
     metrics_skip: ClassVar[tuple[str, ...]] = ("rank", "pid", "namespaces")
     after: ClassVar[tuple[str, ...]] = ("content",)  # (its start loads the checkpoint)
+    calls: ClassVar[tuple[str, ...]] = ("content",)  # (stores and loads blobs in process)
     attributes: ClassVar[tuple[AttrSpec, ...]] = (CACHE_BYTES, SETROOT_LIMIT, CHECKPOINT_PERIOD,
                                                   TRANSACTION_MERGE, MAX_GUEST_WAITS,
                                                   collector.GRACE,
@@ -423,6 +424,10 @@ class KvsModule(Module):
             self.fetcher.content = self.refcheck.content = self.commits.content = content
             # blobs stored again are young for a collection's grace period
             content.restored.span = max(content.restored.span, self.root_history.grace)
+        handover = self.ctx.kept.pop(self.name, None)
+        if handover is not None:  # module reload: the instance goes on where it was
+            self._take_over(handover)
+            return
         rootref, rootseq = "", 0
         saved_leases: Any = None
         if self.loads_checkpoint:
@@ -442,6 +447,51 @@ class KvsModule(Module):
             await self._begin_run()
             if self.checkpoint_period > 0:
                 self._ticker = self.spawn(self._checkpoint_periodically())
+        if self._content is not None and self.gc_period > 0:
+            self._gc_ticker = self.spawn(self._collect_periodically())
+
+    def _handover(self) -> dict[str, Any]:
+        """Rank 0, removed at runtime (``module remove``/``reload``): what the
+        next kvs module of this rank takes over, so that the instance's
+        namespaces, their versions and owners, and their leases outlive a
+        reload -- with or without a statedir.  Their blobs stay in the
+        content module.  (Flux's kvs keeps only the primary namespace, in
+        its checkpoint.)"""
+        kept = []
+        for ns in self.namespaces.values():
+            if ns.removed or ns.rootseq < 0:
+                continue
+            kept.append({"name": ns.name, "owner": ns.owner, "rootref": ns.rootref,
+                         "rootseq": ns.rootseq, "flags": ns.flags, "epoch": ns.epoch,
+                         "leases": self.leases.snapshot(ns.name)})
+        return {"namespaces": kept, "epochs": self._epochs, "last_epoch": self._last_epoch,
+                "checkpointed": self.checkpointed, "root_history": self.root_history,
+                "recent_roots": self.recent_roots}
+
+    def _take_over(self, handover: dict[str, Any]) -> None:
+        """Rank 0: start where the kvs module removed before left off
+        (:meth:`_handover`), its checkpoint ticker and collector again."""
+        self._epochs = handover["epochs"]
+        self._last_epoch = handover["last_epoch"]
+        self.checkpointed = handover["checkpointed"]
+        self.root_history = self.commits.root_history = handover["root_history"]
+        self.root_history.grace = collector.GRACE.value(self.ctx.attrs)
+        self.recent_roots = handover["recent_roots"]
+        leases = 0
+        for kept in handover["namespaces"]:
+            ns = Namespace(kept["name"], kept["owner"], kept["rootref"], kept["rootseq"],
+                           kept["flags"], kept["epoch"])
+            self._note_roots(ns)
+            self.namespaces[ns.name] = ns
+            if kept["leases"] is not None:
+                leases += self.leases.restore(ns.name, kept["leases"])[0]
+        self.log.info("took over %d namespaces (the primary at rootseq %d) and %d leases from "
+                      "the kvs module removed before", len(self.namespaces),
+                      self.namespaces[PRIMARY].rootseq, leases)
+        if self._content is not None:
+            self._content.kvs_left_cleanly = False  # (its run goes on: this module ends it)
+        if self.statedir and self.checkpoint_period > 0:
+            self._ticker = self.spawn(self._checkpoint_periodically())
         if self._content is not None and self.gc_period > 0:
             self._gc_ticker = self.spawn(self._collect_periodically())
 
@@ -521,6 +571,8 @@ class KvsModule(Module):
             # the last checkpoint's drain writes their blobs
             self._content.release_waiters()
         await self.commits.drain(STOP_DRAIN_TIMEOUT)
+        if self.leader and self.removing:
+            self.ctx.kept[self.name] = self._handover()
         if self.leader and self.final_checkpoint:
             try:
                 written = await self._checkpoint()
@@ -542,7 +594,12 @@ class KvsModule(Module):
                 self.log.info("final checkpoint: the primary namespace at rootseq %d "
                               "(rootref %s)%s", ns.rootseq, ns.rootref,
                               "" if written else ", checkpointed already")
-            if self._content is not None and self.statedir:
+            if self.removing:
+                # the run goes on: the next kvs module of this rank takes
+                # over, or the content module records the clean stop
+                if self._content is not None:
+                    self._content.kvs_left_cleanly = True
+            elif self._content is not None and self.statedir:
                 try:
                     await self._content.end_run()  # (a clean stop: nothing acknowledged lost)
                 except ErrnoError as exc:

@@ -157,7 +157,9 @@ class KvsWatchModule(Module):
         # ENOSYS as Flux; the text says what the user sees happen, and why
         # (a lost parent is not an operator's stop: the client may retry)
         why = F.STOPPING
-        if self.stop_reason:
+        if self.removing:  # (module remove: the rank goes on; a client may watch again)
+            why = F.REMOVED.format(rank=self.ctx.rank)
+        elif self.stop_reason:
             why += f" ({self.stop_reason[:200]})"
         for mon in list(self.monitors.values()):
             for w in list(mon.watchers):

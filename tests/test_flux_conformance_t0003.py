@@ -3,48 +3,58 @@ kvbroker ranks.
 
 Flux loads, reloads and removes modules at run time (``flux module
 load|reload|remove``), lists them, sets their debug flags and reads their
-stats.  kvbroker loads modules only at start, by entry-point name
-(``-S broker.modules=...``, group ``kvbroker.modules``); its ``module``
-command has ``list`` only, and a module's stats are ``kvbroker stats
+stats.  kvbroker loads modules at start by entry-point name (``-S
+broker.modules=...``, group ``kvbroker.modules``) and at run time with
+``module load|remove|reload``; a module's stats are ``kvbroker stats
 MODULE`` (docs/cli.md "module", "stats").  Flux's ``testmod.so`` becomes
 ``testmod`` below, a one-file plugin installed by entry point
 (:func:`~test_broker_support.use_module_plugin`); its behaviour is chosen by
-``TESTMOD_MODE`` in the ranks' environment (Flux passes module arguments).
+its attribute ``testmod.mode`` (a module argument, as Flux's), or
+``TESTMOD_MODE`` in the ranks' environment at start.
 
 Flux's cases, and what each becomes:
 
 * load / reload test module; lsmod shows it; ``list -l`` shows its path ->
   ``testmod`` named in ``broker.modules`` is listed by ``module list`` (and
   ``--json``) on every rank, with its services
-  (:func:`test_a_plugin_module_is_listed_with_its_services_on_every_rank`).
-  Reload and the DSO path do not apply (no runtime load; entry points).
-* cannot load the same module twice -> a module named twice in
-  ``broker.modules`` stops the start, exit 2
+  (:func:`test_a_plugin_module_is_listed_with_its_services_on_every_rank`);
+  ``module load -r all testmod``, ``reload``, ``remove`` on a running
+  instance (:func:`test_load_reload_list_and_remove_at_runtime`).  The DSO
+  path does not apply (entry points).
+* cannot load the same module twice -> ``EEXIST`` (runtime test above);
+  a module named twice in ``broker.modules`` stops the start, exit 2
   (:func:`test_a_module_named_twice_is_refused_at_start`).
 * ``--name smurf``; module answers to new name; reload/remove by new name
   -> do not apply (a module's name is its class's ``name``); the module
   answers to its name: ``testmod.info`` answers ``testmod`` (first test).
-* unload test module; lsmod does not show it -> an instance started
+* unload test module; lsmod does not show it -> ``module remove``; not
+  listed, its services ``ENOSYS`` (runtime test); an instance started
   without it does not list it (first test).
-* insmod returns initialization error -> a module whose ``start()`` raises
-  stops the start, exit 2, its message logged
+* insmod returns initialization error -> ``module load`` answers the
+  module's own error and leaves the rank as it was
+  (:func:`test_insmod_returns_initialization_error`); at start, a module
+  whose ``start()`` raises stops the start, exit 2, its message logged
   (:func:`test_a_module_that_fails_to_start_stops_the_start`); but the
   broker names the module (it did not: DEFECT found here, fixed;
   :func:`test_a_module_that_fails_to_start_is_named`).
 * load / reload / remove with no arguments fail; list fails with an
-  argument -> ``module load|reload|remove|debug`` are usage errors (exit
-  2, "invalid choice"); ``module list foo`` exits 2
+  argument -> exit 2, NAME required; ``module debug`` is a usage error
+  ("invalid choice"); ``module list foo`` exits 2
   (:func:`test_module_command_usage`).
 * list shows a long service name -> ``testmod`` also serves
   ``abcdefghijklmnopqrstuvwxyz``, listed in full (first test).
 * load fails on invalid module ("module not found"); ``load "noexist"``
   -> ``-S broker.modules=nosuchmodule`` stops the start, exit 2, naming it
   and the known modules (:func:`test_an_unknown_module_is_refused_at_start`).
-* remove fails on invalid module; ``remove -f`` -> no runtime remove; the
-  nearest: ``stats nosuchmodule`` exits 1 saying no service matches; and
+* remove fails on invalid module; ``remove -f`` -> ``ENOENT``, exit 1;
+  ``-f`` exits 0; ``reload -f`` of one not loaded loads it
+  (:func:`test_remove_fails_on_invalid_module_and_f_succeeds`);
+  ``stats nosuchmodule`` exits 1 saying no service matches; and
   Flux's ``invalid_rank`` helper: ``module list``/``stats`` of rank SIZE
   exit 1, no route
   (:func:`test_stats_of_an_unknown_module`).
+* (kvbroker's own) module arguments are the module's attributes, checked
+  before anything changes (:func:`test_module_arguments_are_its_attributes`).
 * legacy module naming; versioned ``testmod.so.0.0.0`` by name
   (``FLUX_MODULE_PATH_PREPEND``) -> do not apply (entry points, no DSOs).
 * ``module debug`` get/--setbit/--set/--clearbit/--clear; ``module.debug``
@@ -88,9 +98,11 @@ Flux's cases, and what each becomes:
 * load without unload causes broker failure; module name called out -> a
   module whose ``stop()`` raises: the instance's exit status is 1 and the
   log names the module (:func:`test_a_module_that_fails_to_stop_is_named`).
-* hanging module cannot be removed; ``remove --cancel`` -> no runtime
-  remove; a module whose ``start()`` hangs: the start gives up at its
-  timeout and the ranks stop on SIGTERM
+* hanging module cannot be removed; ``remove --cancel`` -> a remove
+  waits for a stop that hangs (``-t`` gives up), ``--cancel`` cancels it
+  (:func:`test_hanging_module_remove_cancel`); a module whose ``start()``
+  hangs at start: the start gives up at its timeout and the ranks stop on
+  SIGTERM
   (:func:`test_a_module_whose_start_hangs_bounds_the_start`; the error
   names the ranks not ready, not the module).
 * module runtime failure triggers broker panic; only logged with
@@ -143,6 +155,7 @@ import asyncio
 import os
 from typing import ClassVar
 
+from broker.attrs import AttrSpec, text
 from broker.module import Module
 
 LONG = "abcdefghijklmnopqrstuvwxyz"
@@ -152,10 +165,11 @@ class TestMod(Module):
     """The counterpart of Flux's t/module/testmod.c."""
     name: ClassVar[str] = "testmod"
     services: ClassVar[tuple[str, ...]] = ("testmod", LONG)
+    attributes: ClassVar[tuple[AttrSpec, ...]] = (AttrSpec("testmod.mode", "", text),)
 
     def __init__(self, ctx):
         super().__init__(ctx)
-        self.mode = os.environ.get("TESTMOD_MODE", "")
+        self.mode = ctx.attrs.get("testmod.mode") or os.environ.get("TESTMOD_MODE", "")
         if self.mode.startswith("service="):  # (another module's service too)
             self.services = ("testmod", self.mode.removeprefix("service="))
 
@@ -188,6 +202,8 @@ class TestMod(Module):
     async def stop(self):
         if self.mode == "stop-failure":
             raise RuntimeError("testmod: stop failure asked for")
+        if self.mode == "stop-hang":
+            await asyncio.Event().wait()
 
     def info(self, msg):
         self.h.respond(msg, {"name": self.name, "rank": self.ctx.rank,
@@ -309,10 +325,12 @@ async def test_module_command_usage(start_instance) -> None:
     rc, out, err = await run_cli("module")
     assert rc == 2 and "usage:" in err and "required" in err, (rc, out, err)
     rc, out, err = await run_cli("module", "-h")
-    assert rc == 0 and "{list}" in out, (rc, out, err)
-    for sub in ("load", "reload", "remove", "debug"):
-        rc, out, err = await run_cli("module", sub, "testmod")
-        assert rc == 2 and f"invalid choice: '{sub}'" in err, (sub, rc, err)
+    assert rc == 0 and "{list,load,remove,reload}" in out, (rc, out, err)
+    rc, out, err = await run_cli("module", "debug", "testmod")
+    assert rc == 2 and "invalid choice: 'debug'" in err, (rc, err)
+    for sub in ("load", "reload", "remove"):  # (Flux's "fails with no arguments")
+        rc, out, err = await run_cli("module", sub)
+        assert rc == 2 and "the following arguments are required: NAME" in err, (sub, err)
     inst = await start_instance(size=1)
     rc, out, err = await run_cli("module", "list", "foo", uri=inst.uri(0))
     assert rc == 2 and "unrecognized arguments: foo" in err, (rc, err)
@@ -494,3 +512,131 @@ async def test_modules_start_in_the_order_named() -> None:
 async def test_the_order_of_modules_is_not_a_trap() -> None:
     rc, out, err = await run_cli(*start_args("kvs,content", "echo", "ran"))
     assert rc == 0 or ("order" in err or "before" in err or "after" in err), (rc, out, err)
+
+
+def listed(out: str) -> list[str]:
+    return [line.split()[0] for line in out.splitlines()[1:]]
+
+
+async def test_load_reload_list_and_remove_at_runtime(testmod, start_instance, connect) -> None:
+    """Flux's load / reload / lsmod shows / cannot load twice / unload /
+    lsmod does not show, on a running instance, and on every rank at once
+    (``-r all``); the module answers to its services once loaded, and
+    ``ENOSYS`` once removed."""
+    inst = await start_instance(size=2)
+    rc, out, err = await run_cli("module", "load", "-r", "all", "testmod", uri=inst.uri(0))
+    assert (rc, out, err) == (0, "", ""), (rc, out, err)
+    h = await connect(inst, 1)
+    for rank in (0, 1):
+        rc, out, err = await run_cli("module", "list", "-r", str(rank), uri=inst.uri(0))
+        assert listed(out) == ["broker", "content", "kvs", "kvs-watch", "testmod"], out
+        info = await asyncio.wait_for(h.rpc(f"{LONG}.info", {}, nodeid=rank), T)
+        assert info["rank"] == rank, info
+    rc, out, err = await run_cli("module", "load", "testmod", uri=inst.uri(1))
+    assert (rc, out) == (1, ""), (rc, out, err)
+    assert err.strip() == ("kvbroker: module load: File exists (module testmod is loaded on "
+                           "rank 1 already: module reload replaces it)"), err
+    rc, out, err = await run_cli("module", "reload", "testmod", uri=inst.uri(1))
+    assert (rc, out, err) == (0, "", ""), (rc, out, err)
+    assert (await asyncio.wait_for(h.rpc("testmod.info", {}), T))["rank"] == 1
+    rc, out, err = await run_cli("module", "remove", "-r", "0-1", "testmod", uri=inst.uri(0))
+    assert (rc, out, err) == (0, "", ""), (rc, out, err)
+    for rank in (0, 1):
+        rc, out, err = await run_cli("module", "list", "-r", str(rank), uri=inst.uri(0))
+        assert listed(out) == ["broker", "content", "kvs", "kvs-watch"], out
+        with pytest.raises(RemoteError) as info:
+            await asyncio.wait_for(h.rpc("testmod.info", {}, nodeid=rank), T)
+        assert info.value.errnum == errno.ENOSYS, info.value
+    rc, out, err = await run_cli("dmesg", uri=inst.uri(1))
+    assert "module testmod loaded" in out and "module testmod removed (module remove)" in out
+
+
+async def test_insmod_returns_initialization_error(testmod, start_instance, connect) -> None:
+    """Flux's 'insmod returns initialization error': the module's own error
+    is the answer, and the rank is as it was -- not listed, its services
+    free, its setting undone -- so a load after it works."""
+    inst = await start_instance(size=1)
+    rc, out, err = await run_cli("module", "load", "testmod", "mode=init-failure",
+                                 uri=inst.uri(0))
+    assert (rc, out) == (1, ""), (rc, out, err)
+    assert "testmod: init failure asked for" in err and "Traceback" not in err, err
+    rc, out, err = await run_cli("module", "list", uri=inst.uri(0))
+    assert "testmod" not in listed(out), out
+    rc, out, err = await run_cli("attr", "get", "testmod.mode", uri=inst.uri(0))
+    assert rc == 1 and "testmod.mode" in err, (rc, out, err)  # (undone: never loaded)
+    rc, out, err = await run_cli("module", "load", "testmod", uri=inst.uri(0))
+    assert (rc, err) == (0, ""), err
+    h = await connect(inst, 0)
+    assert (await asyncio.wait_for(h.rpc("testmod.info", {}), T))["name"] == "testmod"
+
+
+async def test_remove_fails_on_invalid_module_and_f_succeeds(start_instance) -> None:
+    """Flux's 'remove fails on invalid module', 'remove -f succeeds on
+    nonexistent module', and 'load fails on invalid module'; reload -f
+    of a module not loaded loads it."""
+    inst = await start_instance(size=1)
+    rc, out, err = await run_cli("module", "remove", "nosuchmodule", uri=inst.uri(0))
+    assert (rc, out) == (1, ""), (rc, out, err)
+    assert "No such file or directory (module nosuchmodule is not loaded on rank 0)" in err
+    rc, out, err = await run_cli("module", "remove", "-f", "nosuchmodule", uri=inst.uri(0))
+    assert (rc, out, err) == (0, "", ""), (rc, out, err)
+    rc, out, err = await run_cli("module", "load", "nosuchmodule", uri=inst.uri(0))
+    assert rc == 1 and "no module named 'nosuchmodule' (known: content, heartbeat" in err, err
+    rc, out, err = await run_cli("module", "reload", "heartbeat", uri=inst.uri(0))
+    assert rc == 1 and "module heartbeat is not loaded on rank 0 (module reload -f" in err, err
+    rc, out, err = await run_cli("module", "reload", "-f", "heartbeat", uri=inst.uri(0))
+    assert (rc, err) == (0, ""), err
+    rc, out, err = await run_cli("module", "list", uri=inst.uri(0))
+    assert listed(out)[-1] == "heartbeat", out
+
+
+async def test_hanging_module_remove_cancel(testmod, start_instance, connect) -> None:
+    """Flux's 'hanging module cannot be removed' and 'remove --cancel': a
+    remove waits for the module's stop (here for ever: ``-t`` gives up),
+    a second remove is refused while the first waits, and ``--cancel``
+    cancels the stop; the module is gone, and can be loaded again."""
+    inst = await start_instance(size=1)
+    rc, out, err = await run_cli("module", "load", "testmod", "testmod.mode=stop-hang",
+                                 uri=inst.uri(0))
+    assert (rc, err) == (0, ""), err
+    rc, out, err = await run_cli("module", "remove", "-t", "1", "testmod", uri=inst.uri(0))
+    assert rc != 0 and "module remove" in err, (rc, out, err)
+    h = await connect(inst, 0)
+    with pytest.raises(RemoteError) as info:  # (its services went at once)
+        await asyncio.wait_for(h.rpc("testmod.info", {}), T)
+    assert info.value.errnum == errno.ENOSYS
+    rc, out, err = await run_cli("module", "remove", "testmod", uri=inst.uri(0))
+    assert rc == 1 and "module testmod is being removed on rank 0 already" in err, err
+    rc, out, err = await run_cli("module", "remove", "--cancel", "testmod", uri=inst.uri(0))
+    assert (rc, out, err) == (0, "", ""), (rc, out, err)
+    rc, out, err = await run_cli("module", "list", uri=inst.uri(0))
+    assert "testmod" not in listed(out), out
+    rc, out, err = await run_cli("dmesg", uri=inst.uri(0))
+    assert "module testmod: its stop was cancelled (module remove --cancel)" in out, out
+    rc, out, err = await run_cli("module", "load", "testmod", uri=inst.uri(0))
+    assert (rc, err) == (0, ""), err
+
+
+async def test_module_arguments_are_its_attributes(testmod, start_instance) -> None:
+    """Flux passes a module arguments; here they are the module's own
+    attributes, with or without its name before them, checked before
+    anything changes: a reload with a bad one leaves the loaded module."""
+    inst = await start_instance(size=1)
+    rc, out, err = await run_cli("module", "load", "testmod", "nosuch=1", uri=inst.uri(0))
+    assert rc == 1, (rc, out, err)
+    assert ("Invalid argument (module testmod has no attribute 'nosuch' (its attributes: "
+            "testmod.mode))") in err, err
+    rc, out, err = await run_cli("module", "load", "testmod", "mode", uri=inst.uri(0))
+    assert rc == 1 and "a module argument is ATTR=VALUE: 'mode'" in err, err
+    rc, out, err = await run_cli("module", "load", "testmod", "mode=a", "testmod.mode=b",
+                                 uri=inst.uri(0))
+    assert rc == 1 and "module argument testmod.mode is given twice" in err, err
+    rc, out, err = await run_cli("module", "load", "testmod", "mode=b", uri=inst.uri(0))
+    assert (rc, err) == (0, ""), err
+    rc, out, err = await run_cli("attr", "get", "testmod.mode", uri=inst.uri(0))
+    assert out.strip() == "b", out
+    rc, out, err = await run_cli("module", "reload", "kvs", "checkpoint-period=soon",
+                                 uri=inst.uri(0))
+    assert rc == 1 and "kvs.checkpoint-period" in err, (rc, err)
+    rc, out, err = await run_cli("module", "list", uri=inst.uri(0))
+    assert "kvs" in listed(out), out

@@ -363,6 +363,10 @@ class ContentModule(Module):
         self._thread: StoreThread | None = None
         self.persistent = False
         """Rank 0 with a statedir: the SQLite file outlives the instance."""
+        self.kvs_left_cleanly = False
+        """The kvs module was removed at runtime with its last checkpoint
+        written (:mod:`kvs.module`): if none took over, this module records
+        the run's clean stop at the instance's stop."""
         self._run: int | None = None
         """Rank 0 with a statedir: this run's row in the store's runs
         (:meth:`begin_run`), until it ends cleanly (:meth:`end_run`)."""
@@ -471,6 +475,12 @@ class ContentModule(Module):
         if self._disk_watch is not None:  # (it would use the store as it closes)
             self._disk_watch.cancel()
         self.release_waiters()  # (they see stopping: ENOSYS)
+        if self.kvs_left_cleanly and "kvs" not in self.ctx.siblings and not self.removing:
+            try:
+                await self.end_run()
+            except ErrnoError as exc:
+                logging.getLogger("kvbroker.content").warning(
+                    "this run's clean stop could not be recorded (%s)", exc.errstr)
         failed: ErrnoError | None = None
         if self.backing is not None:
             if self.persistent:  # (without a statedir the file goes with the run directory)

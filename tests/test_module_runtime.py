@@ -1,0 +1,238 @@
+"""``kvbroker module load|remove|reload`` on a running instance, with the
+modules that hold state: kvs (rank 0 hands its namespaces to the next kvs
+module of the rank) and kvs-watch (its watches end ``ENOSYS``, the client
+stays connected).  The generic cases (a plugin module, load errors,
+``--cancel``) are Flux's t0003: tests/test_flux_conformance_t0003.py.
+docs/cli.md "module".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+from collections.abc import Awaitable
+from pathlib import Path
+
+import pytest
+from test_broker_guests import ALLOW, run_guest_cli
+from test_broker_support import run_cli, wait_until
+from test_watch_helpers import (
+    GUEST_UID,
+    answer,
+    commit,
+    end_errnum,
+    errnum,
+    lookup,
+    ns_create,
+    put,
+    stats,
+    val,
+    value,
+    wait_watchers,
+    watch_stream,
+)
+
+from broker.errors import RemoteError
+from kvs.client import KVS, TxnOps
+
+T = 20.0
+
+
+async def cli(uri: str, *args: str) -> str:
+    rc, out, err = await run_cli(*args, uri=uri)
+    assert (rc, err) == (0, ""), (args, rc, out, err)
+    return out
+
+
+async def test_reload_kvs_on_rank_0_keeps_every_namespace(start_instance, connect) -> None:
+    """Without a statedir (nothing checkpointed): the primary namespace, a
+    guest's namespace with its owner, a lease and its key, and the version
+    numbers go on across ``module reload kvs`` on rank 0; the setting given
+    applies on rank 0 only; a watcher on rank 3 sees the commits after it."""
+    inst = await start_instance(size=4, fanout=2)
+    h0, h3 = await connect(inst, 0), await connect(inst, 3)
+    await commit(h0, put("a", "1"))
+    await ns_create(h0, "job", owner=GUEST_UID)
+    await commit(h0, put("x", "in job"), ns="job")
+    async with KVS.connect(inst.uri(0)) as kvs:
+        lease = await kvs.lease(3600)
+        before = await kvs.commit(TxnOps().put("held", "1", lease=lease))
+    watch = watch_stream(h3, "a")
+    assert await value(watch) == b"1"
+
+    await cli(inst.uri(0), "module", "reload", "kvs", "transaction-merge=false")
+
+    assert await cli(inst.uri(0), "attr", "get", "kvs.transaction-merge") == "false\n"
+    assert await cli(inst.uri(1), "attr", "get", "kvs.transaction-merge") == "true\n"
+    assert await lookup(h3, "a") == val("1")
+    assert await lookup(h3, "x", ns="job") == val("in job")
+    listing = await asyncio.wait_for(h0.rpc("kvs.namespace-list", {}), T)
+    owners = {n["namespace"]: n["owner"] for n in listing["namespaces"]}
+    assert owners["job"] == GUEST_UID, listing
+    after = await commit(h0, put("a", "2"))
+    assert after["rootseq"] == before.rootseq + 1, (before, after)
+    assert await value(watch) == b"2"  # (kvs-watch follows the setroot events)
+    async with KVS.connect(inst.uri(0)) as kvs:
+        info = await asyncio.wait_for(kvs.lease_info(lease), T)
+        assert info["key-count"] == 1 and info["keys"] == {"primary": ["held"]}, info
+        await asyncio.wait_for(kvs.lease_revoke(lease), T)  # (its key goes with it)
+        assert not await kvs.exists("held")
+    out = await cli(inst.uri(0), "dmesg")
+    assert "took over 2 namespaces (the primary at rootseq" in out, out
+    assert "and 1 leases from the kvs module removed before" in out, out
+
+
+async def test_reload_kvs_with_a_statedir_is_one_run(start_instance, tmp_path: Path) -> None:
+    """With a statedir: a reload of rank 0's kvs writes its checkpoint and
+    the run goes on (the startlog shows one run, stopped cleanly); a kvs
+    removed and never loaded again still leaves a clean stop, with every
+    value committed before the removal kept for the next start."""
+    statedir = tmp_path / "state"
+    inst = await start_instance(size=2, statedir=str(statedir))
+    await cli(inst.uri(1), "kvs", "put", "a=1")
+    await cli(inst.uri(0), "module", "reload", "kvs")
+    await cli(inst.uri(1), "kvs", "put", "b=2")
+    await cli(inst.uri(0), "module", "remove", "-r", "all", "kvs-watch")
+    await cli(inst.uri(0), "module", "remove", "-r", "all", "kvs")
+    await inst.stop()
+    again = await start_instance(size=2, statedir=str(statedir))
+    assert await cli(again.uri(1), "kvs", "get", "a", "b") == "1\n2\n"
+    rc, out, err = await run_cli("startlog", "--check", uri=again.uri(0))
+    assert rc == 0, (rc, out, err)
+    lines = out.splitlines()
+    assert len(lines) == 2 and "crashed" not in out, out
+    log = (tmp_path / "broker-1.log").read_text()
+    assert "not shut down properly" not in log, log
+
+
+async def test_removing_kvs_watch_ends_its_watches(start_instance, connect) -> None:
+    """A watch on rank 1 ends ``ENOSYS`` saying the module was removed; the
+    client stays connected, and a watch asked again is served by rank 0's
+    kvs-watch meanwhile (the request goes up), then by rank 1's once it is
+    loaded again, which subscribes once, as at start."""
+    inst = await start_instance(size=2)
+    h1 = await connect(inst, 1)
+    await commit(h1, put("k", "1"), sync=[h1])
+    watch = watch_stream(h1, "k")
+    assert await value(watch) == b"1"
+    await cli(inst.uri(0), "module", "remove", "-r", "1", "kvs-watch")
+    with pytest.raises(RemoteError) as info:
+        await asyncio.wait_for(watch.next_message(), T)
+    assert info.value.errnum == errno.ENOSYS
+    assert info.value.errstr == ("the watch ended: module kvs-watch was removed from rank 1 "
+                                 "(module remove)")
+    upstream = watch_stream(h1, "k")
+    assert await value(upstream) == b"1"
+    await wait_watchers(h1, 1, nodeid=0)
+    await cli(inst.uri(1), "module", "load", "kvs-watch")
+    local = watch_stream(h1, "k")
+    assert await value(local) == b"1"
+    await wait_watchers(h1, 1, nodeid=1)
+    assert (await stats(h1, 1))["events"]["subscribe_calls"] == 1
+    await commit(h1, put("k", "2"))
+    assert await value(upstream) == b"2" and await value(local) == b"2"
+
+
+async def test_a_request_in_flight_to_a_removed_module_ends_enosys(
+        start_instance, connect) -> None:
+    """A ``kvs.wait-version`` waiting on rank 0 when its kvs is removed is
+    answered ``ENOSYS`` naming the removal (its client would wait for
+    ever); then rank 0 has no kvs service until it is loaded again."""
+    inst = await start_instance(size=1)
+    h = await connect(inst, 0)
+    first = await commit(h, put("a", "1"))
+
+    async def kvs_requests() -> int:
+        listing = await asyncio.wait_for(h.rpc("module.list", {}), T)
+        return int(next(m["requests"] for m in listing["modules"] if m["name"] == "kvs"))
+
+    seen = await kvs_requests()
+    waiting = h.rpc("kvs.wait-version", {"namespace": "primary",
+                                         "rootseq": first["rootseq"] + 5})
+    await wait_until(lambda: _more(kvs_requests(), seen), "the wait to reach kvs")
+    await cli(inst.uri(0), "module", "remove", "kvs-watch")
+    await cli(inst.uri(0), "module", "remove", "kvs")
+    with pytest.raises(RemoteError) as info:
+        await asyncio.wait_for(waiting, T)
+    assert info.value.errnum == errno.ENOSYS
+    assert info.value.errstr == "module kvs was removed (module remove)", info.value.errstr
+    assert await errnum(h.rpc("kvs.lookup", {"key": "a", "flags": 0})) == errno.ENOSYS
+    await cli(inst.uri(0), "module", "load", "kvs")
+    assert await lookup(h, "a") == val("1")
+    assert (await commit(h, put("a", "2")))["rootseq"] == first["rootseq"] + 1
+
+
+async def _more(count: Awaitable[int], than: int) -> bool:
+    return await count > than
+
+
+async def test_what_cannot_be_removed_says_why(start_instance) -> None:
+    """The broker's services, rank 0's content (the instance's store), and a
+    module another calls in process (content, while kvs runs) stay: each
+    refusal says why; a module that calls one not loaded is not loaded."""
+    inst = await start_instance(size=2)
+    for rank, name, why in (
+            (0, "broker", "Invalid argument (the broker's own services cannot be removed)"),
+            (1, "content", "Device or resource busy (module kvs calls module content on rank 1:"
+                           " remove kvs first)"),
+            (0, "content", "Device or resource busy (module kvs calls module content on rank 0:"
+                           " remove kvs first)")):
+        rc, out, err = await run_cli("module", "remove", "-r", str(rank), name, uri=inst.uri(0))
+        assert rc == 1 and err.strip() == f"kvbroker: module remove: {why}", err
+    await cli(inst.uri(0), "module", "remove", "-r", "all", "kvs-watch")
+    await cli(inst.uri(0), "module", "remove", "-r", "all", "kvs")
+    rc, out, err = await run_cli("module", "remove", "content", uri=inst.uri(0))
+    assert rc == 1 and "rank 0's content module holds the instance's store" in err, err
+    await cli(inst.uri(1), "module", "remove", "content")
+    rc, out, err = await run_cli("module", "load", "kvs", uri=inst.uri(1))
+    assert rc == 1 and ("module kvs calls module content, which is not loaded on rank 1: "
+                        "load it first") in err, err
+    await cli(inst.uri(1), "module", "load", "content")
+    await cli(inst.uri(0), "module", "load", "-r", "all", "kvs")
+    await cli(inst.uri(1), "kvs", "put", "a=1")
+    assert await cli(inst.uri(1), "kvs", "get", "a") == "1\n"
+
+
+async def test_several_ranks_refusing_are_named(start_instance) -> None:
+    """``-r IDSET``: the ranks that refuse are named, the others changed."""
+    inst = await start_instance(size=3)
+    await cli(inst.uri(0), "module", "remove", "-r", "2", "kvs-watch")
+    rc, out, err = await run_cli("module", "load", "-r", "all", "kvs-watch", uri=inst.uri(0))
+    assert rc == 1, (rc, out, err)
+    for rank in (0, 1):
+        assert (f"module load: rank {rank}: File exists (module kvs-watch is loaded on rank "
+                f"{rank} already") in err, err
+    out = await cli(inst.uri(0), "module", "list", "-r", "2")
+    assert "kvs-watch" in out, out
+    rc, out, err = await run_cli("module", "load", "-r", "3", "kvs-watch", uri=inst.uri(0))
+    assert rc == 1 and "No route to host" in err, err
+
+
+async def test_a_guest_may_not_load_or_remove(start_instance) -> None:
+    inst = await start_instance(size=1, attrs=ALLOW)
+    for args in (("load", "heartbeat"), ("remove", "kvs-watch"), ("reload", "kvs")):
+        rc, out, err = await run_guest_cli(inst.uri(0), "module", *args)
+        assert rc == 1 and "Operation not permitted" in err, (args, err)
+        assert "modules is for the instance owner" in err, err
+    assert "kvs-watch" in await cli(inst.uri(0), "module", "list")
+
+
+async def test_malformed_module_requests(start_instance, connect) -> None:
+    inst = await start_instance(size=1)
+    h = await connect(inst, 0)
+    for topic, payload, code in (
+            ("module.load", {}, errno.EPROTO),
+            ("module.load", {"name": "heartbeat", "args": "period=1"}, errno.EPROTO),
+            ("module.load", {"name": "heartbeat", "args": ["=1"]}, errno.EINVAL),
+            ("module.load", {"name": "heartbeat", "args": ["period=1", "period=2"]},
+             errno.EINVAL),
+            ("module.remove", {"name": 3}, errno.EPROTO),
+            ("module.remove", {"name": "kvs-watch", "cancel": "yes"}, errno.EPROTO),
+            ("module.reload", {"name": "kvs", "force": 1}, errno.EPROTO)):
+        assert await errnum(h.rpc(topic, payload)) == code, (topic, payload)
+    assert "kvs-watch" in await cli(inst.uri(0), "module", "list")
+    s = watch_stream(h, "k", flags=4 | 8)  # (WATCH|WAITCREATE: the module still serves)
+    await commit(h, put("k", "1"))
+    assert (await answer(s))["val"] == val("1")
+    h.send_noresponse("kvs-watch.cancel", {"matchtag": s.matchtag})
+    assert await end_errnum(s) == 0
