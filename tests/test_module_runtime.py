@@ -236,3 +236,46 @@ async def test_malformed_module_requests(start_instance, connect) -> None:
     assert (await answer(s))["val"] == val("1")
     h.send_noresponse("kvs-watch.cancel", {"matchtag": s.matchtag})
     assert await end_errnum(s) == 0
+
+
+async def test_commits_racing_a_reload_lose_nothing(start_instance, connect) -> None:
+    """Clients on ranks 1 and 0 commit one key after another while rank 0's
+    kvs is reloaded: each commit is acknowledged or refused (``ENOSYS``,
+    no kvs on rank 0 for a moment), and every acknowledged one is there
+    after, at the version it was given; versions only go up."""
+    inst = await start_instance(size=2)
+    hs = [await connect(inst, 0), await connect(inst, 1)]
+    done = asyncio.Event()
+    acked: dict[str, int] = {}
+    refused: list[int] = []
+
+    async def writer(w: int) -> None:
+        i = 0
+        while not done.is_set() or i < 20:
+            key = f"w{w}.k{i}"
+            try:
+                r = await commit(hs[w], put(key, str(i)))
+            except RemoteError as exc:
+                refused.append(exc.errnum)
+            else:
+                acked[key] = r["rootseq"]
+            i += 1
+
+    async def some_acked() -> bool:
+        return len(acked) > 10
+
+    writers = [asyncio.ensure_future(writer(w)) for w in (0, 1)]
+    await wait_until(some_acked, "commits before the reload")
+    await cli(inst.uri(0), "module", "reload", "kvs")
+    done.set()
+    await asyncio.wait_for(asyncio.gather(*writers), T)
+    assert set(refused) <= {errno.ENOSYS}, refused
+    for w in (0, 1):
+        seqs = [acked[k] for k in sorted(acked, key=lambda k: int(k.split("k")[-1]))
+                if k.startswith(f"w{w}.")]
+        assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs), seqs
+    last = max(acked.values())
+    await asyncio.wait_for(hs[1].rpc("kvs.wait-version", {"namespace": "primary",
+                                                         "rootseq": last}), T)
+    for key in acked:
+        assert await lookup(hs[1], key) == val(key.split("k")[-1]), key
