@@ -55,6 +55,7 @@ from broker.cliutil import (
 from broker.command import STOP_CAP, STOP_SIGNALS, STOP_TIMEOUT, command_path
 from broker.errors import ErrnoError
 from broker.execute import cmd_exec
+from broker.groups_cli import register as register_groups
 from broker.handle import Handle
 from broker.loops import ENV_VAR as LOOP_ENV
 from broker.loops import LOOP_NAMES, loop_factory
@@ -1598,6 +1599,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                        "attached to)")
         add_answer_timeout(m)
     s.set_defaults(func=cmd_module)
+
+    register_groups(sub)
 
     s = sub.add_parser("overlay", help="the tree's health")
     osub = s.add_subparsers(dest="overlay_cmd", required=True)

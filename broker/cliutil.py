@@ -15,13 +15,14 @@ import re
 import select
 import stat
 import sys
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, NoReturn, TypeVar
 
 import msgpack
 
 from broker.errors import ErrnoError
 from broker.handle import URI_ENV, Handle
+from broker.idset import encode_ranks
 from broker.loops import loop_factory
 
 
@@ -277,23 +278,6 @@ def _subtract(ranges: tuple[tuple[int, int], ...],
         if lo <= hi:
             out.append((lo, hi))
     return out
-
-
-def encode_ranks(ranks: Iterable[int]) -> str:
-    """``0-3,5`` for the ranks 0, 1, 2, 3, 5 (ascending): how Flux prints an
-    idset, and what :func:`rank_set` reads back."""
-    parts: list[str] = []
-    run: list[int] = []
-    for r in ranks:
-        if run and r == run[-1] + 1:
-            run[-1] = r
-            continue
-        if run:
-            parts.append(str(run[0]) if run[0] == run[1] else f"{run[0]}-{run[1]}")
-        run = [r, r]
-    if run:
-        parts.append(str(run[0]) if run[0] == run[1] else f"{run[0]}-{run[1]}")
-    return ",".join(parts)
 
 
 def rank_set(text: str) -> RankSet:

@@ -28,13 +28,13 @@ from broker.cliutil import (
     command_args,
     connect,
     each_rank,
-    encode_ranks,
     no_answer_detail,
     print_err,
     run_async,
 )
 from broker.command import STOP_SIGNALS
 from broker.handle import parse_uri
+from broker.idset import encode_ranks
 
 EXEC_KILL_AFTER = 5.0
 """How long the commands of ``exec`` on several ranks have after SIGTERM,

@@ -35,8 +35,8 @@ from typing import Any
 from broker import attrs as battrs
 from broker import plugins
 from broker.broker import local_socket_path
-from broker.cliutil import encode_ranks
 from broker.command import STOP_CAP, STOP_TIMEOUT
+from broker.idset import encode_ranks
 from broker.topology import children_of, parent_of
 
 START_TIMEOUT = 60.0

@@ -19,13 +19,13 @@ from broker.cliutil import (
     UsageError,
     connect,
     dumps,
-    encode_ranks,
     rank_int,
     rank_set,
     run_async,
     use_color,
 )
 from broker.handle import Handle
+from broker.idset import encode_ranks
 from broker.message import MsgType
 
 

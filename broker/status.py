@@ -40,10 +40,10 @@ from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from broker import topology
-from broker.cliutil import encode_ranks
 from broker.errors import RemoteError
 from broker.handle import Handle
 from broker.hostlist import encode
+from broker.idset import encode_ranks
 
 FULL, PARTIAL, LOST, TORPID, OFFLINE = "full", "partial", "lost", "torpid", "offline"
 

@@ -1,0 +1,308 @@
+"""The ``groups`` module (Flux's broker groups): which ranks are members of
+each named group, for the instance at rank 0.
+
+A process (a client or a module) joins a group *on its own rank*: the rank
+becomes a member until it leaves, or its connection goes.  Each rank knows
+the members of its subtree -- its own memberships and what each child last
+reported -- and, when that changes, sends its parent the new set
+(``groups.update``, at most once per turn of the loop, every changed group
+in one message).  Rank 0 thus holds every group whole, and answers
+``groups.get``: once, or, streaming, now and at every change.  Rank 0
+itself may be a member too.
+
+Every rank joins ``broker.online`` as its module starts, so that group is
+the ranks whose groups module runs: the instance's live ranks once it is
+loaded on all (``-S broker.modules=...,groups``, or ``kvbroker module load
+-r all groups``).  A child that is lost, or stops, takes its subtree's
+memberships with it: its parent's router sends ``groups.disconnect`` for
+the updates that came by that link, as for any client below it.
+
+Why: a barrier across ranks, "which ranks run the worker", "are all ranks
+up" -- answered by the broker, not by polling each rank.  Flux's
+``broker.torpid`` group is not kept (``kvbroker overlay status`` shows a
+torpid rank); groups are never removed, as in Flux (an empty one is empty).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+from typing import Any, ClassVar
+
+from broker import topology
+from broker.errors import ErrnoError, ProtocolError
+from broker.idset import decode_ranks, encode_ranks
+from broker.message import Message
+from broker.module import Handler, Module, require
+
+ONLINE = "broker.online"
+"""The group every rank's groups module joins as it starts."""
+MAX_NAME = 256
+"""Longest group name, in characters (every rank on the way holds it)."""
+MAX_GROUPS = 10_000
+"""Groups a rank keeps at most: a name is kept for ever, as in Flux."""
+RETRY_FIRST, RETRY_MAX = 0.05, 1.0
+"""Seconds before an update that failed is sent again, doubling up to the
+most (the parent's module may load long after this one)."""
+
+Route = tuple[str, ...]
+
+
+def _name(p: Any) -> str:
+    name: str = require(p, name=str)["name"]
+    if not name or len(name) > MAX_NAME:
+        raise ErrnoError(errno.EINVAL, f"a group name has 1 to {MAX_NAME} characters")
+    return name
+
+
+class GroupsModule(Module):
+    """One rank's view: its own memberships, its children's subtrees."""
+
+    name: ClassVar[str] = "groups"
+    metrics_skip: ClassVar[tuple[str, ...]] = ("rank", "pid", "subtree")
+
+    def __init__(self, ctx: Any) -> None:
+        super().__init__(ctx)
+        self.joined: dict[str, Route | None] = {}
+        """The groups this rank is a member of, each with who joined it
+        (a client's route; None: the module itself, ``broker.online``)."""
+        self.below: dict[Route, dict[str, set[int]]] = {}
+        """What each child reported of its subtree, by the route its
+        updates came by (a child that joins again comes by a new one)."""
+        self.subtree: dict[str, set[int]] = {}
+        """Each group's members in this rank's subtree (rank 0: all)."""
+        self.watchers: dict[str, list[Message]] = {}
+        """Rank 0: the streaming ``groups.get`` requests, by group."""
+        self._changed: set[str] = set()
+        self._told: dict[str, str] = {}
+        """Rank 0: what the watchers were last told of each group."""
+        self._unsent: set[str] = set()
+        """Rank > 0: groups whose members the parent has not been told yet."""
+        self._sender: asyncio.Task[None] | None = None
+        self._waiting: list[Message] = []
+        """Rank > 0: joins, leaves and children's updates to answer once
+        the changes made so far are told above (:meth:`_answer_once_told`)."""
+        self._flush_scheduled = False
+        self.parent = topology.parent_of(ctx.rank, ctx.fanout)
+        self.updates_sent = 0
+        self.updates_received = 0
+
+    def handlers(self) -> dict[str, Handler]:
+        return {
+            "groups.join": self.join,
+            "groups.leave": self.leave,
+            "groups.get": self.get,
+            "groups.update": self.update,
+            "groups.resend": self.resend,
+            "groups.disconnect": self.disconnect,
+        }
+
+    async def start(self) -> None:
+        self.joined[ONLINE] = None
+        self._recount(ONLINE)
+        # Children whose module started before this one sent their update
+        # to no service: ask them for it again (one whose module is not
+        # loaded yet sends its own as it starts).
+        for child in topology.children_of(self.ctx.rank, self.ctx.fanout, self.ctx.size):
+            self.h.send_noresponse("groups.resend", {}, nodeid=child)
+
+    def resend(self, msg: Message) -> None:
+        """``groups.resend`` (no response), from the parent's module as it
+        starts: send it this subtree's members of every group again."""
+        if not msg.is_owner or self.parent is None:
+            return
+        self._changed.update(n for n, m in self.subtree.items() if m)
+        self._schedule_flush()
+
+    async def stop(self) -> None:
+        """Take this subtree's memberships out of the parent's view (on a
+        ``module remove``; at a rank's stop its link's end does it too),
+        and end the watches of rank 0's groups."""
+        if self.parent is not None and self.subtree:
+            self.h.send_noresponse("groups.update",
+                                   {"update": {name: "" for name in self.subtree}},
+                                   nodeid=self.parent)
+        for watching in self.watchers.values():
+            for msg in watching:
+                self.h.respond_error(msg, errno.ENOSYS, "the groups module stopped on rank 0")
+        self.watchers.clear()
+        for msg in self._waiting:
+            self.h.respond_error(msg, errno.ENOSYS, f"the groups module stopped on rank "
+                                                    f"{self.ctx.rank} before its parent was "
+                                                    "told")
+        self._waiting.clear()
+
+    # ------------------------------------------------------------ requests
+
+    def _owner_only(self, msg: Message, what: str) -> None:
+        if not msg.is_owner:
+            raise ErrnoError(errno.EPERM, f"groups.{what} is for the instance owner")
+
+    def join(self, msg: Message) -> None:
+        """``groups.join {name}`` -> ``{}``: this rank is a member of
+        ``name`` until the client leaves it or goes.  The client must be
+        this rank's own (the rank that answers is the one that joins)."""
+        self._owner_only(msg, "join")
+        name = _name(msg.payload)
+        if len(msg.route) != 1:
+            raise ProtocolError("groups.join is restricted to the local broker")
+        if name in self.joined:
+            raise ErrnoError(errno.EEXIST, f"rank {self.ctx.rank} is already a member of "
+                                           f"{name}")
+        if name not in self.subtree and len(self.subtree) >= MAX_GROUPS:
+            raise ErrnoError(errno.ENOSPC, f"rank {self.ctx.rank} keeps {MAX_GROUPS} groups")
+        self.joined[name] = tuple(msg.route)
+        self._recount(name)
+        self._answer_once_told(msg)
+
+    def leave(self, msg: Message) -> None:
+        """``groups.leave {name}`` -> ``{}``: by the client that joined."""
+        self._owner_only(msg, "leave")
+        name = _name(msg.payload)
+        if len(msg.route) != 1:
+            raise ProtocolError("groups.leave is restricted to the local broker")
+        if self.joined.get(name, ()) != tuple(msg.route):
+            raise ErrnoError(errno.ENOENT, f"this client has not made rank {self.ctx.rank} "
+                                           f"a member of {name} (not a member)")
+        del self.joined[name]
+        self._recount(name)
+        self._answer_once_told(msg)
+
+    def get(self, msg: Message) -> None:
+        """``groups.get {name}`` -> ``{members: IDSET}`` (``""``: none), at
+        rank 0; streaming, now and again at every change, until cancelled
+        by the client's going."""
+        self._owner_only(msg, "get")
+        name = _name(msg.payload)
+        if self.ctx.rank != 0:
+            raise ProtocolError("groups.get is only available on rank 0")
+        self.h.respond(msg, {"members": encode_ranks(sorted(self.subtree.get(name, ())))})
+        if msg.streaming:
+            self.watchers.setdefault(name, []).append(msg)
+
+    def update(self, msg: Message) -> None:
+        """``groups.update {update: {name: IDSET}}`` -> ``{}``, from a
+        child: its subtree's members of each group named.  A malformed one
+        is dropped, as Flux does (``EPROTO`` if it asked for an answer)."""
+        self.updates_received += 1
+        p = msg.payload
+        update = p.get("update") if isinstance(p, dict) else None
+        if not msg.is_owner or len(msg.route) < 2 or not isinstance(update, dict):
+            self.log.warning("dropping a malformed groups.update")
+            raise ProtocolError("groups.update is {update: {NAME: IDSET}}, from a child rank")
+        route = tuple(msg.route)
+        reported = self.below.setdefault(route, {})
+        size = self.ctx.size
+        for name, members in update.items():
+            if not isinstance(name, str) or not isinstance(members, str) or not name:
+                continue
+            try:
+                ranks = decode_ranks(members, size)
+            except ValueError:
+                self.log.warning("dropping groups.update of %.64r: %r is not an idset",
+                                 name, members)
+                continue
+            if ranks:
+                if name not in self.subtree and len(self.subtree) >= MAX_GROUPS:
+                    continue
+                reported[name] = ranks
+            else:
+                reported.pop(name, None)
+            self._recount(name)
+        self._answer_once_told(msg)
+
+    def disconnect(self, msg: Message) -> None:
+        """A client (or a child's link, for the updates it sent) went away:
+        its memberships go with it, and its streaming gets end."""
+        route = tuple(msg.route)
+        for name in [n for n, who in self.joined.items() if who == route]:
+            del self.joined[name]
+            self._recount(name)
+        reported = self.below.pop(route, None)
+        for name in reported or ():
+            self._recount(name)
+        for name, watching in list(self.watchers.items()):
+            kept = [w for w in watching if tuple(w.route) != route]
+            if kept:
+                self.watchers[name] = kept
+            else:
+                del self.watchers[name]
+
+    def _answer_once_told(self, msg: Message) -> None:
+        """Answer a join, a leave or a child's update once rank 0 knows what
+        it changed: a ``groups.get`` made after it returns sees it (rank 0
+        knows at once; another rank once its own update, sent up, is
+        answered -- which each rank on the way does once it is told above)."""
+        if self.parent is None or not (self._changed or self._unsent
+                                       or self._flush_scheduled):
+            self.h.respond(msg, {})
+        else:
+            self._waiting.append(msg)
+
+    # ------------------------------------------------------------ the sets
+
+    def _recount(self, name: str) -> None:
+        """``name``'s members in this subtree again; if they changed, tell
+        the parent (rank 0: the watchers), once this turn of the loop is
+        over (joins and leaves of one turn go in one update)."""
+        members = {self.ctx.rank} if name in self.joined else set()
+        for reported in self.below.values():
+            members |= reported.get(name, set())
+        if members == self.subtree.get(name, set()) and name in self.subtree:
+            return
+        self.subtree[name] = members
+        self._changed.add(name)
+        self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        changed, self._changed = self._changed, set()
+        if self.parent is not None:
+            self._unsent |= changed
+            if self._sender is None or self._sender.done():
+                self._sender = self.spawn(self._send_updates())
+            return
+        for name in sorted(changed):
+            members = encode_ranks(sorted(self.subtree[name]))
+            if self._told.get(name) == members:  # (a join and a leave in one turn)
+                continue
+            self._told[name] = members
+            for msg in self.watchers.get(name, ()):
+                self.h.respond(msg, {"members": members})
+
+    async def _send_updates(self) -> None:
+        """Tell the parent this subtree's members of each group changed, one
+        update at a time, in order; one that fails (the parent's module not
+        loaded yet, the link down) is sent again, with what is current
+        then, until one gets through."""
+        assert self.parent is not None
+        delay = RETRY_FIRST
+        while self._unsent:
+            names, self._unsent = self._unsent, set()
+            waiting, self._waiting = self._waiting, []
+            told = {n: encode_ranks(sorted(self.subtree[n])) for n in sorted(names)}
+            try:
+                await self.h.rpc("groups.update", {"update": told}, nodeid=self.parent)
+            except ErrnoError:
+                self._unsent |= names
+                self._waiting[:0] = waiting
+                await asyncio.sleep(delay)  # (a retry's pace, not a wait for an event)
+                delay = min(delay * 2, RETRY_MAX)
+                continue
+            self.updates_sent += 1
+            delay = RETRY_FIRST
+            for msg in waiting:
+                self.h.respond(msg, {})
+
+    def stats(self) -> dict[str, Any]:
+        """Flux's ``subtree`` (each group's members below and at this rank)."""
+        return {"rank": self.ctx.rank,
+                "subtree": {n: encode_ranks(sorted(m)) for n, m in sorted(self.subtree.items())},
+                "joined": sorted(self.joined),
+                "watchers": sum(map(len, self.watchers.values())),
+                "updates": {"sent": self.updates_sent, "received": self.updates_received}}

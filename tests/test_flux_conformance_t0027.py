@@ -1,0 +1,208 @@
+"""flux-core t/t0027-broker-groups.t (broker groups) against real kvbroker
+ranks, with the ``groups`` module loaded on every rank.
+
+Flux always loads its groups module; kvbroker loads it on demand (``-S
+broker.modules=content,kvs,kvs-watch,groups`` or ``kvbroker module load -r
+all groups``: broker/groups.py says why).  Flux's ``t/scripts/groups.py``
+(get, join, waitfor, barrier) is ``kvbroker groups`` here (docs/cli.md
+"groups").
+
+Flux's cases, and what each becomes:
+
+* broker.online contains full instance; ``module stats groups`` agrees ->
+  ``groups get broker.online`` prints ``0-3``, and rank 0's ``subtree``
+  stats say the same (:func:`test_broker_online_is_the_whole_instance`).
+* groups.get of nonexistent group returns empty set -> an empty line
+  (same test).
+* groups.get on rank > 0 fails "only available on rank 0"; but ``module
+  stats groups`` works there -> ``EPROTO``, and rank 1's stats show its
+  subtree (:func:`test_get_is_rank_0s_and_join_is_the_local_ranks`).
+* nonlocal groups.join / groups.leave fail "restricted to the local
+  broker" -> ``EPROTO`` with that text (same test).
+* join / leave / get with a malformed payload -> ``EPROTO``; a malformed
+  ``groups.update`` (no response) is dropped and the module serves on
+  (:func:`test_malformed_requests`).
+* join group and explicitly leave works (twice); join group and disconnect
+  works (twice) -> ``groups join NAME -- CMD`` leaves as CMD ends, and a
+  membership goes with its connection
+  (:func:`test_join_leave_and_disconnect`).
+* join group twice fails "already a member"; leave twice fails "not a
+  member" -> ``EEXIST``, ``ENOENT`` (same test).
+* join on all ranks; barrier test using groups; barrier count reaches zero
+  -> ``exec -r all groups barrier barrier.1`` returns on every rank, then
+  ``groups waitfor -c 0 barrier.1`` returns
+  (:func:`test_barrier_on_every_rank`).
+* dump groups logs on rank 0 -> not tested: the module logs only what goes
+  wrong (a dropped update).
+* a non-streaming ``overlay.monitor`` fails -> does not apply: a child's
+  loss reaches the module as the router's ``groups.disconnect``.
+* (kvbroker's own) a rank lost (SIGKILL) takes its subtree out of every
+  group, and a streaming get says so
+  (:func:`test_a_lost_rank_leaves_its_groups`); ``module remove groups``
+  on rank 1 hides its subtree until the module is back; loaded on every
+  rank of a running instance at once, the groups add up whatever order
+  the ranks start their modules in
+  (:func:`test_module_load_and_remove_at_runtime`); a guest is refused
+  (:func:`test_a_guest_is_refused`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+
+import pytest
+from test_broker_guests import ALLOW, run_guest_cli
+from test_broker_support import run_cli, wait_until
+from test_watch_helpers import errnum
+
+from broker.errors import RemoteError
+
+WITH_GROUPS = {"broker.modules": "content,kvs,kvs-watch,groups"}
+T = 20.0
+
+
+async def cli(uri: str, *args: str, rc: int = 0) -> str:
+    code, out, err = await run_cli(*args, uri=uri)
+    assert code == rc and (rc != 0 or err == ""), (args, code, out, err)
+    return out if rc == 0 else err
+
+
+async def next_members(stream: object) -> str:
+    answer = await asyncio.wait_for(stream.__anext__(), T)  # type: ignore[attr-defined]
+    return str(answer["members"])
+
+
+async def until_members(stream: object, members: str) -> None:
+    """Read a streaming ``groups.get`` until the group is ``members``: the
+    ranks' updates travel up the tree one link at a time, so the sets on
+    the way (a rank, then its subtree) are answered too."""
+    seen = []
+    async with asyncio.timeout(T):
+        while (got := await next_members(stream)) != members:
+            seen.append(got)
+    assert members not in seen
+
+
+async def test_broker_online_is_the_whole_instance(start_instance, connect) -> None:
+    inst = await start_instance(size=4, attrs=WITH_GROUPS)
+    assert await cli(inst.uri(3), "groups", "waitfor", "-t", "10", "broker.online") == ""
+    assert await cli(inst.uri(3), "groups", "get", "broker.online") == "0-3\n"
+    h = await connect(inst, 0)
+    stats = await asyncio.wait_for(h.rpc("groups.stats-get", {}), T)
+    assert stats["subtree"]["broker.online"] == "0-3", stats
+    assert await cli(inst.uri(0), "groups", "get", "newgroup") == "\n"
+
+
+async def test_get_is_rank_0s_and_join_is_the_local_ranks(start_instance, connect) -> None:
+    inst = await start_instance(size=4, attrs=WITH_GROUPS)
+    h = await connect(inst, 0)
+    for topic, text in (("groups.get", "groups.get is only available on rank 0"),
+                        ("groups.join", "groups.join is restricted to the local broker"),
+                        ("groups.leave", "groups.leave is restricted to the local broker")):
+        with pytest.raises(RemoteError) as info:
+            await asyncio.wait_for(h.rpc(topic, {"name": "foo"}, nodeid=1), T)
+        assert (info.value.errnum, info.value.errstr) == (errno.EPROTO, text), topic
+    await cli(inst.uri(0), "groups", "waitfor", "-t", "10", "broker.online")
+    out = await cli(inst.uri(0), "stats", "groups", "-r", "1")
+    assert '"broker.online": "1,3"' in out, out  # (rank 1 and its child, rank 3)
+
+
+async def test_malformed_requests(start_instance, connect) -> None:
+    inst = await start_instance(size=2, attrs=WITH_GROUPS)
+    h = await connect(inst, 0)
+    for topic in ("groups.join", "groups.leave", "groups.get"):
+        assert await errnum(h.rpc(topic, None)) == errno.EPROTO, topic
+        assert await errnum(h.rpc(topic, {"name": 3})) == errno.EPROTO, topic
+        assert await errnum(h.rpc(topic, {"name": ""})) == errno.EINVAL, topic
+    h.send_noresponse("groups.update", None, nodeid=0)
+    h.send_noresponse("groups.update", {"update": {"foo": 42}}, nodeid=0)
+    h.send_noresponse("groups.update", {"update": {"foo": "not-an-idset"}}, nodeid=0)
+    assert await cli(inst.uri(0), "groups", "waitfor", "-t", "10", "broker.online") == ""
+    assert await cli(inst.uri(0), "groups", "get", "foo") == "\n"
+
+
+async def test_join_leave_and_disconnect(start_instance, connect) -> None:
+    inst = await start_instance(size=4, attrs=WITH_GROUPS)
+    for _ in range(2):  # join and explicitly leave
+        out = await cli(inst.uri(2), "groups", "join", "test1", "--", "kvbroker", "groups",
+                        "get", "test1")
+        assert out == "2\n", out
+        assert await cli(inst.uri(0), "groups", "get", "test1") == "\n"
+    h = await connect(inst, 3)
+    for _ in range(2):  # join and disconnect
+        other = await connect(inst, 3)
+        await asyncio.wait_for(other.rpc("groups.join", {"name": "test2"}), T)
+        assert await cli(inst.uri(0), "groups", "get", "test2") == "3\n"
+        watch = h.rpc_stream("groups.get", {"name": "test2"}, nodeid=0)
+        assert await next_members(watch) == "3"
+        await other.close()
+        assert await next_members(watch) == ""
+        watch.abandon()
+    # join twice; leave twice
+    await asyncio.wait_for(h.rpc("groups.join", {"name": "test3"}), T)
+    other = await connect(inst, 3)
+    with pytest.raises(RemoteError) as info:
+        await asyncio.wait_for(other.rpc("groups.join", {"name": "test3"}), T)
+    assert info.value.errnum == errno.EEXIST
+    assert info.value.errstr == "rank 3 is already a member of test3", info.value
+    assert await errnum(other.rpc("groups.leave", {"name": "test3"})) == errno.ENOENT
+    await asyncio.wait_for(h.rpc("groups.leave", {"name": "test3"}), T)
+    assert await errnum(h.rpc("groups.leave", {"name": "test3"})) == errno.ENOENT
+
+
+async def watchers(h: object, n: int) -> bool:
+    stats = await asyncio.wait_for(h.rpc("groups.stats-get", {}), T)  # type: ignore[attr-defined]
+    return bool(stats["watchers"] == n)
+
+
+async def test_barrier_on_every_rank(start_instance, connect) -> None:
+    inst = await start_instance(size=4, attrs=WITH_GROUPS)
+    h = await connect(inst, 0)
+    out = await cli(inst.uri(0), "exec", "-r", "all", "kvbroker", "groups", "barrier",
+                    "barrier.1")
+    assert out == "", out
+    assert await cli(inst.uri(0), "groups", "waitfor", "-c", "0", "-t", "10",
+                     "barrier.1") == ""
+    # waitfor sees the members come and go: a barrier of two ranks (-c)
+    waiting = asyncio.ensure_future(cli(inst.uri(1), "groups", "waitfor", "-c", "2", "w"))
+    await wait_until(lambda: watchers(h, 1), "waitfor's watch to reach rank 0")
+    out = await cli(inst.uri(0), "exec", "-r", "1-2", "kvbroker", "groups", "barrier", "-c",
+                    "2", "w")
+    assert out == "", out
+    assert await asyncio.wait_for(waiting, T) == ""
+    await wait_until(lambda: watchers(h, 0), "waitfor's watch to go")
+
+
+async def test_a_lost_rank_leaves_its_groups(start_instance, connect) -> None:
+    inst = await start_instance(size=4, attrs=WITH_GROUPS)
+    h = await connect(inst, 0)
+    watch = h.rpc_stream("groups.get", {"name": "broker.online"}, nodeid=0)
+    await until_members(watch, "0-3")  # (the instance is ready before all have told)
+    inst.procs[3].kill()
+    assert await next_members(watch) == "0-2"
+    watch.abandon()
+
+
+async def test_module_load_and_remove_at_runtime(start_instance, connect) -> None:
+    inst = await start_instance(size=4)
+    await cli(inst.uri(0), "module", "load", "-r", "all", "groups")
+    h = await connect(inst, 0)
+    watch = h.rpc_stream("groups.get", {"name": "broker.online"}, nodeid=0)
+    await until_members(watch, "0-3")
+    await cli(inst.uri(0), "module", "remove", "-r", "1", "groups")
+    assert await next_members(watch) == "0,2"  # (rank 3's reports went to rank 1's)
+    await cli(inst.uri(0), "module", "load", "-r", "1", "groups")
+    await until_members(watch, "0-3")  # (rank 3 sends its own again)
+    await cli(inst.uri(0), "module", "remove", "groups")
+    with pytest.raises(RemoteError) as info:
+        await next_members(watch)
+    assert info.value.errnum == errno.ENOSYS
+
+
+async def test_a_guest_is_refused(start_instance) -> None:
+    inst = await start_instance(size=1, attrs={**WITH_GROUPS, **ALLOW})
+    for args in (("get", "broker.online"), ("join", "x", "--", "true")):
+        rc, out, err = await run_guest_cli(inst.uri(0), "groups", *args)
+        assert rc == 1 and "Operation not permitted" in err, (args, err)
+        assert "is for the instance owner" in err, err
