@@ -135,6 +135,16 @@ def _rank_stopping(h: Any, exc: RemoteError) -> bool:
             and bool(getattr(h, "reconnect", False)))
 
 
+def _module_removed(h: Any, exc: RemoteError) -> bool:
+    """``exc`` ended a watch because ``module remove`` (or ``reload``) took
+    kvs-watch off its rank, and ``h`` reconnects: the watch is asked again
+    at once, on the same connection -- served by the module loaded again,
+    or meanwhile by the one of a rank above -- and resumes without a
+    repeat, as after a lost connection."""
+    return (exc.errnum == errno.ENOSYS and exc.errstr.startswith(F.REMOVED_PREFIX)
+            and bool(getattr(h, "reconnect", False)))
+
+
 def _entry(key: str, payload: Any, treeobj: bool = False) -> WatchEntry:
     """The entry of an answer; ``treeobj`` (the watch's flag): no ``value``,
     whatever the tree object (it was the bytes of a small value, inline,
@@ -325,7 +335,7 @@ class Watch(Generic[ItemT]):
             try:
                 msg = await stream.next_message()
             except RemoteError as exc:
-                if exc.errnum == errno.ECONNRESET:
+                if exc.errnum == errno.ECONNRESET or _module_removed(self.h, exc):
                     self._away = -1
                 elif _rank_stopping(self.h, exc):
                     self._away = self.sent_on
@@ -760,8 +770,9 @@ class KeyWatch(_Wrapped):
             except RemoteError as exc:
                 if _rank_stopping(self.watch.h, exc):
                     self._away = self.watch.sent_on
-                elif exc.errnum == errno.ECONNRESET and getattr(self.watch.h, "reconnect",
-                                                                 False):
+                elif (exc.errnum == errno.ECONNRESET and getattr(self.watch.h, "reconnect",
+                                                                  False)
+                      or _module_removed(self.watch.h, exc)):
                     self._away = -1
                 else:
                     raise

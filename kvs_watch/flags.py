@@ -54,11 +54,13 @@ STOPPING = "the watch ended: this rank is stopping"
 """How kvs-watch ends its watches (``ENOSYS``) as its rank stops: a client
 that reconnects (``reconnect=True``) takes the watch up again on the rank's
 next connection, as after a lost connection."""
-REMOVED = "the watch ended: module kvs-watch was removed from rank {rank} (module remove)"
+REMOVED_PREFIX = "the watch ended: module kvs-watch was removed from rank"
+REMOVED = REMOVED_PREFIX + " {rank} (module remove)"
 """How kvs-watch ends its watches (``ENOSYS``) as ``module remove`` (or
 ``reload``) takes it off a rank that goes on: the client stays connected,
 and a watch asked again is served once the module is loaded again (by
-rank 0's meanwhile, when ``module remove`` took only this rank's)."""
+rank 0's meanwhile, when ``module remove`` took only this rank's).  A
+client that reconnects asks again at once, and resumes."""
 
 def check(flags: object, streaming: bool) -> int:
     """Validate the flags of a ``kvs-watch.lookup`` request; return them.

@@ -33,6 +33,7 @@ from test_watch_helpers import (
 )
 
 from broker.errors import RemoteError
+from broker.handle import Handle
 from kvs.client import KVS, TxnOps
 
 T = 20.0
@@ -279,3 +280,25 @@ async def test_commits_racing_a_reload_lose_nothing(start_instance, connect) -> 
                                                          "rootseq": last}), T)
     for key in acked:
         assert await lookup(hs[1], key) == val(key.split("k")[-1]), key
+
+
+async def test_a_reconnecting_clients_watch_outlives_a_reload(start_instance) -> None:
+    """A ``reconnect=True`` handle's ``watch()`` on rank 1 goes on across
+    ``module remove`` and ``load``, or ``reload``, of kvs-watch there: it
+    asks again at once and resumes as after a lost connection -- no repeat,
+    and what changed meanwhile is one change (kvs_watch/resume.py); a plain
+    handle's watch ends ``ENOSYS`` (the other tests)."""
+    inst = await start_instance(size=2)
+    async with Handle.connect(inst.uri(1), reconnect=True) as h:
+        kvs = KVS(h)
+        await kvs.put("k", "1", sync=True)
+        async with kvs.watch("k") as w:
+            assert (await asyncio.wait_for(anext(w), T)).value == b"1"
+            await cli(inst.uri(0), "module", "remove", "-r", "1", "kvs-watch")
+            await kvs.put("k", "2")
+            await cli(inst.uri(0), "module", "load", "-r", "1", "kvs-watch")
+            await kvs.put("k", "3")
+            assert (await asyncio.wait_for(anext(w), T)).value == b"3"  # (2, 3: one change)
+            await cli(inst.uri(0), "module", "reload", "-r", "1", "kvs-watch")
+            await kvs.put("k", "4")
+            assert (await asyncio.wait_for(anext(w), T)).value == b"4"
