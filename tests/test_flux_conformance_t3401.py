@@ -157,7 +157,7 @@ async def test_module_trace_is_refused_as_a_usage_error() -> None:
         rc, out, err = await run_cli("module", "trace", *args, uri="local:///nonexistent")
         assert (rc, out) == (2, ""), (args, rc, out, err)
         assert err.startswith("usage: kvbroker module "), err
-        assert "invalid choice: 'trace' (choose from 'list')" in err, err
+        assert "invalid choice: 'trace' (choose from 'list', 'load', 'remove', 'reload')" in err, err
         assert "Traceback" not in err
 
 
