@@ -83,6 +83,7 @@ class GroupsModule(Module):
         """Rank > 0: joins, leaves and children's updates to answer once
         the changes made so far are told above (:meth:`_answer_once_told`)."""
         self._flush_scheduled = False
+        self._parent_missing = False
         self.parent = topology.parent_of(ctx.rank, ctx.fanout)
         self.updates_sent = 0
         self.updates_received = 0
@@ -288,7 +289,12 @@ class GroupsModule(Module):
             told = {n: encode_ranks(sorted(self.subtree[n])) for n in sorted(names)}
             try:
                 await self.h.rpc("groups.update", {"update": told}, nodeid=self.parent)
-            except ErrnoError:
+            except ErrnoError as exc:
+                if exc.errnum == errno.ENOSYS and not self._parent_missing:
+                    self._parent_missing = True  # (said once, until one gets through)
+                    self.log.warning("rank %d has no groups module: the groups of this "
+                                     "subtree (and the joins waiting for them) wait until "
+                                     "it is loaded", self.parent)
                 self._unsent |= names
                 self._waiting[:0] = waiting
                 await asyncio.sleep(delay)  # (a retry's pace, not a wait for an event)
@@ -296,6 +302,10 @@ class GroupsModule(Module):
                 continue
             self.updates_sent += 1
             delay = RETRY_FIRST
+            if self._parent_missing:
+                self._parent_missing = False
+                self.log.info("rank %d's groups module is told this subtree's groups",
+                              self.parent)
             for msg in waiting:
                 self.h.respond(msg, {})
 

@@ -184,6 +184,10 @@ async def test_a_lost_rank_leaves_its_groups(start_instance, connect) -> None:
     watch.abandon()
 
 
+async def logged(uri: str, text: str) -> bool:
+    return text in await cli(uri, "dmesg")
+
+
 async def test_module_load_and_remove_at_runtime(start_instance, connect) -> None:
     inst = await start_instance(size=4)
     await cli(inst.uri(0), "module", "load", "-r", "all", "groups")
@@ -192,8 +196,14 @@ async def test_module_load_and_remove_at_runtime(start_instance, connect) -> Non
     await until_members(watch, "0-3")
     await cli(inst.uri(0), "module", "remove", "-r", "1", "groups")
     assert await next_members(watch) == "0,2"  # (rank 3's reports went to rank 1's)
+    # a join on rank 3 waits for rank 1's module, and says so in rank 3's log
+    joining = asyncio.ensure_future(cli(inst.uri(3), "groups", "join", "late", "--", "true"))
+    await wait_until(lambda: logged(inst.uri(3), "rank 1 has no groups module"),
+                     "rank 3 to say its parent has no groups module")
+    assert not joining.done()
     await cli(inst.uri(0), "module", "load", "-r", "1", "groups")
     await until_members(watch, "0-3")  # (rank 3 sends its own again)
+    assert await asyncio.wait_for(joining, T) == ""
     await cli(inst.uri(0), "module", "remove", "groups")
     with pytest.raises(RemoteError) as info:
         await next_members(watch)
