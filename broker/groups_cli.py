@@ -31,7 +31,8 @@ from broker.cliutil import (
     non_negative_int,
     run_async,
 )
-from broker.handle import Handle
+from broker.groups_client import Groups
+from broker.idset import encode_ranks
 
 
 def register(sub: Any) -> None:
@@ -64,46 +65,22 @@ def cmd_groups(args: argparse.Namespace) -> int:
 
     async def main() -> int:
         async with await connect() as h:
-            if args.groups_cmd == "get":
-                return await _get(h, args)
-            target = args.count
-            if target is None:
-                target = int(await h.attr_get("size"))
-            # The watch first: it reaches rank 0 before this rank's join
-            # does (one path, in order), so it cannot miss the group full,
-            # however soon the others leave it.
-            stream = h.rpc_stream("groups.get", {"name": args.name}, nodeid=0)
-            try:
-                if args.groups_cmd == "barrier":
-                    await h.rpc("groups.join", {"name": args.name})
-                async for answer in stream:
-                    if count(answer["members"]) == target:
-                        break
-            finally:
-                stream.abandon()  # (the rank forgets it when this connection goes)
-            if args.groups_cmd == "barrier":
-                await h.rpc("groups.leave", {"name": args.name})
+            groups = Groups(h)
+            if args.groups_cmd == "get" and not args.watch:
+                print(encode_ranks(sorted(await groups.get(args.name))))
+            elif args.groups_cmd == "get":
+                async for ranks in groups.watch(args.name):
+                    print(encode_ranks(sorted(ranks)), flush=True)
+            elif args.groups_cmd == "barrier":
+                await groups.barrier(args.name, args.count)
+            else:
+                count = args.count
+                if count is None:
+                    count = int(await h.attr_get("size"))
+                await groups.wait_for(args.name, count)
         return 0
 
     return run_async(args, main, streams=args.groups_cmd == "get" and args.watch)
-
-
-async def _get(h: Handle, args: argparse.Namespace) -> int:
-    if not args.watch:
-        print((await h.rpc("groups.get", {"name": args.name}, nodeid=0))["members"])
-        return 0
-    async for answer in h.rpc_stream("groups.get", {"name": args.name}, nodeid=0):
-        print(answer["members"], flush=True)
-    return 0
-
-
-def count(members: str) -> int:
-    """The ranks an idset holds (``0-3,5``: 5)."""
-    n = 0
-    for item in filter(None, members.split(",")):
-        lo, _, hi = item.partition("-")
-        n += int(hi or lo) - int(lo) + 1
-    return n
 
 
 async def _join(args: argparse.Namespace) -> int:
@@ -120,7 +97,8 @@ async def _join(args: argparse.Namespace) -> int:
     command = command_args(args.cmdline)
     loop = asyncio.get_running_loop()
     async with await connect() as h:
-        await h.rpc("groups.join", {"name": args.name})
+        groups = Groups(h)
+        await groups.join(args.name)
         if not command:
             stop = asyncio.Event()
             for sig in STOP_SIGNALS:
@@ -130,7 +108,7 @@ async def _join(args: argparse.Namespace) -> int:
             finally:
                 for sig in STOP_SIGNALS:
                     loop.remove_signal_handler(sig)
-            await h.rpc("groups.leave", {"name": args.name})
+            await groups.leave(args.name)
             return 0
         try:
             cmd = Command.spawn(command, dict(os.environ))
@@ -146,5 +124,5 @@ async def _join(args: argparse.Namespace) -> int:
                 loop.remove_signal_handler(sig)
             if cmd.returncode is None:  # (an error of ours: the command does not outlive us)
                 cmd.kill()
-        await h.rpc("groups.leave", {"name": args.name})
+        await groups.leave(args.name)
         return exit_code(code)
