@@ -9,33 +9,41 @@ with the ``heartbeat`` module, ``-S broker.modules=...,heartbeat``):
 1. *ensure child is online* (``overlay status --timeout=0 --wait full``):
    ``kvbroker overlay status --wait full -t 10`` exits 0, both ranks full.
 2. *configure heartbeat* (``flux config load``: ``period = "0.1s"``,
-   ``timeout = "0.5s"``): kvbroker's heartbeat settings are attributes
-   fixed at start (docs/cli.md, attr: "Every other attribute is fixed at
-   start"), so the period is given with ``-S heartbeat.period=0.1s``, and
-   ``attr set heartbeat.period`` on the running rank is refused with the
-   reason (asserted).  Flux's ``timeout`` is not built (docs/guide.md "A
-   heartbeat"; docs/cli.md ``-S``): ``-S heartbeat.timeout=0.5s`` stops
-   the start saying so, before any rank runs (asserted).
-3. *stop heartbeat* (``flux module remove heartbeat`` on rank 0): kvbroker
-   has no runtime module load or remove (docs/cli.md "module": ``list``
-   only).  Two equivalents: rank 0 SIGSTOPped (its pulses stop, as rank 0
-   hung would; the way the module's own docstring and the guide describe
-   the case), and, for rank 0 running without the module while rank 1 has
-   it -- the state ``module remove`` leaves -- two ``kvbroker broker``
+   ``timeout = "0.5s"``): kvbroker has no config reload; the period is set
+   by reloading the module with it, ``module reload -r all heartbeat
+   period=0.1s`` (docs/cli.md "module";
+   :func:`test_t3310_module_removed_on_rank_0_and_loaded_again`), or given
+   at start, ``-S heartbeat.period=0.1s``
+   (:func:`test_t3310_heartbeat_stopped_and_started_again`, which also
+   asserts that ``attr set heartbeat.period`` on a running rank is refused
+   with the reason: docs/cli.md, attr).  Flux's ``timeout`` is not built
+   (docs/guide.md "A heartbeat"; docs/cli.md ``-S``): ``-S
+   heartbeat.timeout=0.5s`` stops the start saying so, before any rank runs
+   (:func:`test_t3310_flux_s_timeout_is_refused_as_not_built`).
+3. *stop heartbeat* (``flux module remove heartbeat`` on rank 0): the same,
+   ``kvbroker module remove heartbeat`` on rank 0
+   (:func:`test_t3310_module_removed_on_rank_0_and_loaded_again`).  Kept
+   from before runtime module management existed: rank 0 SIGSTOPped (its
+   pulses stop, as rank 0 hung would;
+   :func:`test_t3310_heartbeat_stopped_and_started_again`), and rank 0
+   started without the module while rank 1 has it, two ``kvbroker broker``
    ranks from one bootstrap file, each given its own ``broker.modules``
    (:func:`test_t3310_rank_0_without_the_module_leaves_rank_1_overdue`).
-   Either way rank 1 logs the WARNING ``heartbeat overdue`` (docs/guide.md)
+   Each way rank 1 logs the WARNING ``heartbeat overdue`` (docs/guide.md)
    after ``warn_thresh`` periods, and its ``stats heartbeat`` says
    ``overdue``.
 4. *wait for rank 1 to exit* (Flux's follower gives up after ``timeout``
    and exits 1): not built, deliberately (docs/guide.md "A heartbeat": a
    rank that cut itself off over a missed event would break the tree over
    a slow rank 0).  Asserted instead: past Flux's 0.5 s of silence rank 1
-   still runs and answers; what names the silent rank 0 is ``overlay
-   status`` on rank 1, *torpid*, exit 1, and ``uptime`` there exits 1,
-   ``rank 0 did not answer`` (docs/cli.md).
-5. *start heartbeat* (``flux module load heartbeat``): SIGCONT; rank 1
-   logs ``heartbeat received`` and counts pulses again.
+   still runs and answers.  With rank 0 stopped, what names the silent
+   rank 0 is ``overlay status`` on rank 1, *torpid*, exit 1, and ``uptime``
+   there exits 1, ``rank 0 did not answer`` (docs/cli.md); with the module
+   removed rank 0 still answers, and nothing is torpid.
+5. *start heartbeat* (``flux module load heartbeat``): ``kvbroker module
+   load heartbeat`` on rank 0 (no arguments: the period of the last load,
+   0.1 s, stays, docs/cli.md "module"), or SIGCONT; rank 1 logs
+   ``heartbeat received`` and counts pulses again.
 6. *wait for degraded status* (rank 0 *degraded*: its child was lost):
    kvbroker has no *degraded* (``--wait full|partial``, documented; see
    t3300 and t3303), and nothing was lost: rank 1 never left, so the
@@ -175,6 +183,67 @@ async def test_t3310_heartbeat_stopped_and_started_again(start_instance, connect
         os.kill(rank0, signal.SIGCONT)
 
     # 5: the pulses come again: rank 1 says so, and counts them
+    entry = await next_heartbeat_line(log)
+    assert (entry["level"], entry["message"]) == ("warning", "heartbeat received"), entry
+    count = (await hb_stats(h1, 1))["count"]
+
+    async def counting() -> bool:
+        st = await hb_stats(h1, 1)
+        return st["overdue"] is False and st["count"] > count
+
+    await wait_until(counting, "rank 1 to count pulses again", T)
+    # 6: nothing was lost: the instance is full
+    rc, out, err = await run_cli("overlay", "status", "--wait", "full", "-t", "10", uri=u0)
+    assert (rc, err) == (0, ""), err
+    assert re.fullmatch(rf"0 {HOST}: full\n  1 {HOST}: full\n", out), out
+    assert [p.returncode for p in inst.procs] == [None, None]
+
+
+async def test_t3310_module_removed_on_rank_0_and_loaded_again(start_instance, connect) -> None:
+    """Flux's cases 1-6 as Flux runs them: the period set by ``module
+    reload -r all heartbeat period=0.1s``, the pulses stopped by ``module
+    remove heartbeat`` on rank 0 and started again by ``module load
+    heartbeat`` there."""
+    inst = await start_instance(size=2, attrs={"broker.modules": MODULES})
+    u0 = inst.uri(0)
+    # 1: the child is online
+    rc, out, err = await run_cli("overlay", "status", "--wait", "full", "-t", "10", uri=u0)
+    assert (rc, err) == (0, ""), err
+    # 2: configure heartbeat: period 0.1s on every rank
+    rc, out, err = await run_cli("module", "reload", "-r", "all", "heartbeat",
+                                 "period=0.1s", uri=u0)
+    assert (rc, out, err) == (0, "", ""), (rc, out, err)
+    h1 = await connect(inst, 1)
+    for rank in (0, 1):
+        assert (await hb_stats(h1, rank))["period"] == 0.1
+    kept = [entry["seq"] async for entry in h1.rpc_stream("log.dmesg", {}, nodeid=1)]
+    log = h1.rpc_stream("log.dmesg", {"follow": True, "since": max(kept, default=0)},
+                        nodeid=1)
+    # 3: stop heartbeat on rank 0: rank 1 says so, once overdue
+    rc, out, err = await run_cli("module", "remove", "heartbeat", uri=u0)
+    assert (rc, out, err) == (0, "", ""), (rc, out, err)
+    rc, out, err = await run_cli("module", "list", uri=u0)
+    assert rc == 0 and "heartbeat" not in out, out
+    entry = await next_heartbeat_line(log)
+    assert entry["level"] == "warning", entry
+    assert re.fullmatch(r"heartbeat overdue: none from rank 0 for \d+\.\d s "
+                        r"\(heartbeat\.period 0\.1s, warn_thresh 3\)",
+                        entry["message"]), entry
+    assert (await hb_stats(h1, 1))["overdue"] is True
+
+    # 4: past Flux's timeout (0.5 s) rank 1 stays, and answers; rank 0
+    # answers too (only its pulses stopped): the instance is full
+    async def past_flux_timeout() -> bool:
+        return float((await hb_stats(h1, 1))["silent"]) > 0.5
+
+    await wait_until(past_flux_timeout, "0.5 s without a pulse on rank 1", T)
+    assert inst.procs[1].returncode is None
+    rc, out, err = await run_cli("ping", "1", uri=u0)
+    assert rc == 0 and out.startswith("rank=1 "), err
+    # 5: start heartbeat on rank 0 (the period of the last load stays)
+    rc, out, err = await run_cli("module", "load", "heartbeat", uri=u0)
+    assert (rc, out, err) == (0, "", ""), (rc, out, err)
+    assert (await hb_stats(h1, 0))["period"] == 0.1
     entry = await next_heartbeat_line(log)
     assert (entry["level"], entry["message"]) == ("warning", "heartbeat received"), entry
     count = (await hb_stats(h1, 1))["count"]

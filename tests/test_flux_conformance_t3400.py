@@ -1,6 +1,6 @@
 """flux-core t/t3400-overlay-trace.t (``flux overlay trace``) against real
 kvbroker ranks: a 4-rank instance, as Flux's, at fanout 2 (rank 3 is below
-rank 1), with the ``heartbeat`` module loaded at a 0.2 s period.
+rank 1), with the ``heartbeat`` module at a 0.2 s period.
 
 Flux's cases, in order, and what each becomes:
 
@@ -12,10 +12,12 @@ Flux's cases, in order, and what each becomes:
     Flux exits 1 there; kvbroker exits 2 with the usage line, its rule for
     every usage error (docs/cli.md, Conventions): documented, not a defect.
 4.  'reload heartbeat with increased heart rate' (``flux module reload
-    heartbeat period=0.2s``) -> kvbroker has no runtime module reload
-    (docs/cli.md "module": ``list`` only); the module is loaded at start
-    with the same period (``-S broker.modules=...,heartbeat -S
-    heartbeat.period=0.2s``, docs/cli.md attribute table).
+    heartbeat period=0.2s``) -> the same, ``kvbroker module reload
+    heartbeat period=0.2s`` on rank 0 (docs/cli.md "module"), the module
+    loaded at start at its default 2 s; ``stats heartbeat`` says 2, then
+    0.2 (:func:`test_trace_and_full_trace_see_pulse_ping_and_failed_request`).
+    The other tests here load it at start with that period (``-S
+    heartbeat.period=0.2s``).
 5.  'start background trace' and
 6.  'start second background trace with --full' -> two ``kvbroker overlay
     trace`` processes on rank 0, one with ``--full``
@@ -172,8 +174,17 @@ async def traces() -> Any:
 async def test_trace_and_full_trace_see_pulse_ping_and_failed_request(
         start_instance, traces) -> None:
     """Flux's cases 4-16, in order."""
-    inst = await start_instance(size=4, fanout=2, attrs=HEARTBEAT)
+    inst = await start_instance(size=4, fanout=2,
+                                attrs={"broker.modules": HEARTBEAT["broker.modules"]})
     uri = inst.uri(0)
+    # 4: reload heartbeat with increased heart rate (rank 0's: it sends the
+    # pulses), from the default 2 s
+    rc, out, err = await run_cli("stats", "heartbeat", "-p", "period", uri=uri)
+    assert (rc, err, float(out)) == (0, "", 2), (rc, out, err)
+    rc, out, err = await run_cli("module", "reload", "heartbeat", "period=0.2s", uri=uri)
+    assert (rc, out, err) == (0, "", ""), (rc, out, err)
+    rc, out, err = await run_cli("stats", "heartbeat", "-p", "period", uri=uri)
+    assert (rc, err, float(out)) == (0, "", 0.2), (rc, out, err)
     plain = await traces(uri)
     full = await traces(uri, "--full")
     # 7, 8: rank 0 sends the pulse down to its children

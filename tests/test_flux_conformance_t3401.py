@@ -2,8 +2,9 @@
 module sends and receives, printed as they pass) against real kvbroker
 ranks.
 
-kvbroker has no ``module trace``: its ``module`` command has ``list`` only
-(docs/cli.md "module"), and its modules run inside the rank's process, so no
+kvbroker has no ``module trace``: its ``module`` command has ``list``,
+``load``, ``remove`` and ``reload`` (docs/cli.md "module"), and its modules
+run inside the rank's process, so no
 message between the broker and a module crosses anything a tracer could
 attach to.  What kvbroker shows of a module's traffic is counted, not
 printed: ``module list``'s ``requests`` (every request given to the module,
@@ -21,12 +22,14 @@ Flux's cases, in order, and what each becomes:
     ``trace`` subcommand itself is refused: exit 2 (kvbroker's exit for
     every usage error, docs/cli.md Conventions; Flux's is 1), naming the one
     subcommand there is, with no traceback
-    (:func:`test_module_trace_is_refused_as_a_usage_error`).
-    tests/test_flux_conformance_t0003.py checks ``load|reload|remove|debug``
-    the same way; ``trace`` is checked here.
-3.  'reload heartbeat with increased heart rate' -> no runtime reload
-    (t0003); the heartbeat module is loaded at start at the same 0.2 s
-    period (``-S heartbeat.period=0.2s``).
+    (:func:`test_module_trace_is_refused_as_a_usage_error`: the usage error
+    lists the subcommands there are, ``list``, ``load``, ``remove``,
+    ``reload``).  tests/test_flux_conformance_t0003.py checks ``debug`` the
+    same way; ``trace`` is checked here.
+3.  'reload heartbeat with increased heart rate' -> the same, ``kvbroker
+    module reload heartbeat period=0.2s`` on rank 0 (docs/cli.md "module"),
+    the module loaded at start at its default 2 s; ``stats heartbeat``
+    says 2, then 0.2 (:func:`test_pulses_reach_the_subscribed_module_only`).
 4.  'start background trace' (kvs, job-manager),
 5.  '... second ... with --full',
 6.  '... third ... with no module name' -> not applicable: no module
@@ -68,9 +71,11 @@ Flux's cases, in order, and what each becomes:
     --type=request,response,event``),
 27. 'synchronize tracing', 28. 'reload resource module',
 29. 'kvs.lookup request was captured', 30. 'stop background trace' -> not
-    applicable: no resource module, no reload, no module trace formatting
-    options (``overlay trace`` has ``--human``/``--delta``/``--type``:
-    t3400 and tests/test_overlay_trace.py).
+    applicable: no resource module (so nothing of it to reload; the reload
+    of a module is case 3, and tests/test_module_runtime.py), no module
+    trace formatting options (``overlay trace`` has
+    ``--human``/``--delta``/``--type``: t3400 and
+    tests/test_overlay_trace.py).
 31. 'resource module trace excludes heartbeat' (flux-core issue #6944: a
     module not subscribed to ``heartbeat.pulse`` was shown receiving it) ->
     a module not subscribed to the pulse is not given it: on rank 1 the
@@ -105,7 +110,6 @@ from broker.errors import RemoteError
 
 T = 30.0
 MODULES = "content,kvs,kvs-watch,heartbeat,tracemod"
-ATTRS = {"broker.modules": MODULES, "heartbeat.period": "0.2s"}
 
 TRACEMOD = '''
 import errno
@@ -157,15 +161,21 @@ async def test_module_trace_is_refused_as_a_usage_error() -> None:
         rc, out, err = await run_cli("module", "trace", *args, uri="local:///nonexistent")
         assert (rc, out) == (2, ""), (args, rc, out, err)
         assert err.startswith("usage: kvbroker module "), err
-        assert "invalid choice: 'trace' (choose from 'list', 'load', 'remove', 'reload')" in err, err
+        assert ("invalid choice: 'trace' (choose from 'list', 'load', 'remove', 'reload')"
+                in err), err
         assert "Traceback" not in err
 
 
 async def test_pulses_reach_the_subscribed_module_only(start_instance, tracemod) -> None:
     """Cases 3, 7-9 and 31 (#6944), on rank 1, which hears the pulse from
     rank 0."""
-    inst = await start_instance(size=2, attrs=ATTRS)
+    inst = await start_instance(size=2, attrs={"broker.modules": MODULES})
     uri = inst.uri(0)
+    # 3: reload heartbeat with increased heart rate (rank 0's: it beats)
+    assert (await cli("stats", "heartbeat", "-p", "period", uri=uri)) == 2
+    rc, out, err = await run_cli("module", "reload", "heartbeat", "period=0.2s", uri=uri)
+    assert (rc, out, err) == (0, "", ""), (rc, out, err)
+    assert (await cli("stats", "heartbeat", "-p", "period", uri=uri)) == 0.2
 
     async def events(module: str) -> dict[str, Any]:
         return dict(await cli("stats", module, "-r", "1", "-p", "events", uri=uri))
