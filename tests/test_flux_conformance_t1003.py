@@ -5,14 +5,20 @@ Flux's helper programs (``t/kvs/dtree``, ``commit``, ``torture``,
 by our Python API and checked with the command line, as Flux checks it.
 Flux's cases only require the helpers to succeed; these also read back
 what was written.  ``kvs.transaction-merge=false`` is Flux's kvs module
-option ``transaction-merge=0``; Flux reloads the module with it, here the
-instance is started with it.
+option ``transaction-merge=0``.  Flux reloads the module with it
+('transaction-merge disabling works'): so does
+:func:`test_t1003_transaction_merge_disabled_by_a_module_reload`
+(``kvbroker module reload kvs transaction-merge=false`` on rank 0 of a
+running instance, then the same 64 committers, each commit seen and none
+merged); :func:`test_t1003_transaction_merge_disabled` keeps the same case
+with the instance started with the setting.
 """
 
 from __future__ import annotations
 
 import asyncio
 
+from test_broker_support import run_cli
 from test_kvs_cli import kvs
 
 from broker.handle import Handle
@@ -171,4 +177,22 @@ async def test_t1003_no_merge_commits_are_each_seen(start_instance, connect) -> 
 async def test_t1003_transaction_merge_disabled(start_instance, connect) -> None:
     """"transaction-merge disabling works": the same without NO_MERGE."""
     inst = await start_instance(size=1, attrs={"kvs.transaction-merge": "false"})
+    await merge_test(inst, connect, 64, 0)
+
+
+async def test_t1003_transaction_merge_disabled_by_a_module_reload(start_instance,
+                                                                   connect) -> None:
+    """"transaction-merge disabling works" as Flux does it: the running
+    instance's kvs is reloaded with ``transaction-merge=false`` (Flux's
+    ``transaction-merge=0``), which it then reports; 64 committers at once
+    are each seen, none merged."""
+    inst = await start_instance(size=1)
+    k = KVS(await connect(inst, 0))
+    await k.put("t1003.before-reload", "kept")
+    for args in (("module", "reload", "kvs", "transaction-merge=false"),
+                 ("attr", "get", "kvs.transaction-merge")):
+        rc, out, err = await run_cli(*args, uri=inst.uri(0), timeout=T)
+        assert (rc, err) == (0, ""), (args, rc, out, err)
+    assert out == "false\n"
+    assert await k.get("t1003.before-reload") == b"kept"
     await merge_test(inst, connect, 64, 0)
