@@ -352,6 +352,15 @@ class Router:
                             return
                         add_count(self._guest_services, peer.userid, 1)
                     used.add(pair)
+            elif not msg.topic.endswith(".disconnect"):
+                # A module's too: ``module remove`` then sends their
+                # ``.disconnect``, as for a client that goes (a watch it
+                # made was counted for good).  (A module may forward a
+                # client's disconnect: that one is not a use.)
+                used = self._used_services.get(peer.peer_id)
+                if used is None:
+                    used = self._used_services[peer.peer_id] = set()
+                used.add((msg.service, msg.nodeid))
             self.route_request(msg)
         elif t == MsgType.RESPONSE:
             self.route_response(msg)

@@ -39,14 +39,12 @@ Flux's cases, in order, and what each becomes:
     left).  The module's own rank's watchers (its kvs-watch is gone with
     it) are not counted.
 
-    DEFECT (xfail): the removed module's watch is never dropped: rank 0's
-    ``watchers`` stays one up for good (after a reload, two up).  The
-    router notes the services a *client* (``c...``) uses, for the
-    ``.disconnect`` it sends when the client goes (broker/router.py
-    ``Router.from_local``), but not those a module (``m:NAME``) uses, so
-    ``Router.remove_peer``, called by ``Broker._unload``, has none to send.
-    Flux's broker sends them for an unloaded module, which is what this
-    case checks.
+    A DEFECT found here, fixed: the removed module's watch was never
+    dropped (rank 0's ``watchers`` stayed one up for good, two after a
+    reload): the router noted the services a client used, for the
+    ``.disconnect`` it sends when the client goes, but not those of a
+    module, so ``module remove`` sent none.  Flux's broker sends them for
+    an unloaded module, which is what this case checks.
 
 Beyond Flux's cases (the same rule, other paths a watch takes):
 
@@ -296,8 +294,6 @@ def load_watcher_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
     use_module_plugin(tmp_path, monkeypatch, "watcher", "LoadWatcherModule", LOAD_WATCHER)
 
 
-@pytest.mark.xfail(strict=True, reason="DEFECT: module remove sends no .disconnect for the "
-                   "removed module's own requests: its kvs watches stay registered")
 async def test_a_modules_watch_ends_when_it_is_removed(load_watcher_plugin, start_instance,
                                                        connect) -> None:
     """Case 3 as Flux's: ``module load watcher`` into the running rank 0
