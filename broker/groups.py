@@ -59,6 +59,7 @@ class GroupsModule(Module):
     """One rank's view: its own memberships, its children's subtrees."""
 
     name: ClassVar[str] = "groups"
+    ends_its_requests: ClassVar[bool] = True  # (its stop() ends what it keeps)
     metrics_skip: ClassVar[tuple[str, ...]] = ("rank", "pid", "subtree")
 
     def __init__(self, ctx: Any) -> None:

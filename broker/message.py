@@ -85,6 +85,7 @@ class Message:
         "errstr",
         "seq",
         "wire",
+        "answered",
     )
 
     def __init__(
@@ -116,6 +117,10 @@ class Message:
         self.errstr = errstr
         self.seq = seq
         self.wire: list[Any] | None = None  # cached encoded frames (events sent to many peers)
+        self.answered = False
+        """A request a module handled has had its last answer (set by
+        :class:`~broker.module.ModuleHandle`): one its handler returned
+        without is kept, to be ended if the module is removed."""
 
     @classmethod
     def from_fields(
@@ -150,6 +155,7 @@ class Message:
         m.errstr = errstr
         m.seq = seq
         m.wire = None
+        m.answered = False
         return m
 
     @property

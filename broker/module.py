@@ -122,6 +122,9 @@ class ModuleHandle(HandleCore):
         self.rolemask = int(Role.OWNER)
         self.subscribe_calls = 0
         self._cred: tuple[int, int] | None = None
+        self.held: dict[tuple[str, ...], dict[int, Message]] = {}
+        """Requests that outlived their handler without their last answer,
+        by client route and matchtag (see :meth:`hold`)."""
 
     def _send(self, msg: Message) -> None:
         cred = self._cred
@@ -152,8 +155,13 @@ class ModuleHandle(HandleCore):
 
     # -- responding
     def respond(self, request: Message, payload: Any = None) -> None:
-        if request.flags & MsgFlags.NORESPONSE:
+        flags = request.flags
+        if flags & MsgFlags.NORESPONSE:
             return
+        if not flags & MsgFlags.STREAMING:  # (a stream's last answer is an error)
+            request.answered = True
+            if self.held:
+                self._release(request)
         self._router.route_response(request.response(payload))
 
     def respond_error(self, request: Message, errnum: int, errstr: str | None = None) -> None:
@@ -161,7 +169,34 @@ class ModuleHandle(HandleCore):
         out as a success, and a stream it was to end went on)."""
         if request.flags & MsgFlags.NORESPONSE:
             return
+        request.answered = True
+        if self.held:
+            self._release(request)
         self._router.route_response(request.response(None, errnum or errno.EINVAL, errstr))
+
+    def hold(self, request: Message) -> None:
+        """``request`` outlived its handler without its last answer (a
+        stream, a request parked to answer later): kept by client, to be
+        answered ``ENOSYS`` if the module is removed (:meth:`end_held`)."""
+        self.held.setdefault(tuple(request.route), {})[request.matchtag] = request
+
+    def _release(self, request: Message) -> None:
+        mine = self.held.get(tuple(request.route))
+        if mine is not None and mine.pop(request.matchtag, None) is not None and not mine:
+            del self.held[tuple(request.route)]
+
+    def forget_client(self, route: list[str]) -> None:
+        """The client at ``route`` went (its ``.disconnect``): what it had
+        held needs no answer."""
+        self.held.pop(tuple(route), None)
+
+    def end_held(self, why: str) -> None:
+        """Answer ``ENOSYS`` every request still held (the module is removed)."""
+        held, self.held = self.held, {}
+        for requests in held.values():
+            for request in requests.values():
+                if not request.answered:
+                    self.respond_error(request, errno.ENOSYS, why)
 
     # -- events: direct calls into the rank's subscription table (never block)
     def subscribe(self, prefix: str) -> None:
@@ -201,6 +236,12 @@ class Module:
     """Modules this one uses as it starts: when ``broker.modules`` names them
     too, they are started first, whatever the list's order (as Flux's rc1
     loads content before kvs)."""
+    ends_its_requests: ClassVar[bool] = False
+    """Its :meth:`stop` answers every request it keeps beyond its handler
+    (kvs-watch's watches): then none is noted for it.  Otherwise the broker
+    notes each (a stream, one parked to answer later) and answers those
+    left ``ENOSYS`` when the module is removed; a client's ``.disconnect``
+    forgets its own."""
     calls: ClassVar[tuple[str, ...]] = ()
     """Modules of this rank this one calls in process and keeps a reference
     to (:attr:`ModuleContext.siblings`): while it is loaded, ``module
@@ -336,6 +377,8 @@ class Module:
         if handler is None:
             if not msg.topic.endswith(".disconnect"):
                 self.h.respond_error(msg, errno.ENOSYS, f"unknown topic {msg.topic}")
+            elif self.h.held:
+                self.h.forget_client(msg.route)
             return
         try:
             result = handler(msg)
@@ -348,10 +391,24 @@ class Module:
             return
         if result is not None and inspect.isawaitable(result):
             self.spawn(self._finish(msg, result))
+        elif not msg.answered:
+            self._held(msg)
+
+    def _held(self, msg: Message) -> None:
+        """``msg``'s handler returned without its last answer: a client's
+        disconnect forgets what it held; a module that does not end its
+        requests itself at stop keeps it (:attr:`ends_its_requests`)."""
+        if msg.flags & MsgFlags.NORESPONSE:
+            if msg.topic.endswith(".disconnect") and self.h.held:
+                self.h.forget_client(msg.route)
+        elif not self.ends_its_requests:
+            self.h.hold(msg)
 
     async def _finish(self, msg: Message, aw: Awaitable[None]) -> None:
         try:
             await aw
+            if not msg.answered:
+                self._held(msg)
         except ErrnoError as exc:
             self.h.respond_error(msg, exc.errnum, exc.errstr)
         except asyncio.CancelledError:
@@ -384,6 +441,8 @@ class Module:
                 task.cancel()
             if self._tasks:
                 await asyncio.gather(*self._tasks, return_exceptions=True)
+            if self.removing:
+                self.h.end_held(f"module {self.name} was removed" + (f" ({why})" if why else ""))
 
     def _end_request(self, task: asyncio.Task[Any], why: str | None) -> None:
         """A request still being served as the module is removed (a handler

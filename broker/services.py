@@ -65,6 +65,7 @@ def _settings(args: Any) -> dict[str, str]:
 
 class BrokerServices(Module):
     name: ClassVar[str] = "broker"
+    ends_its_requests: ClassVar[bool] = True  # (never removed: a rank's own)
     metrics_skip: ClassVar[tuple[str, ...]] = ("rank", "guests", "subscriptions", "overlay.hosts",
                                                "overlay.offline", "overlay.rejoined",
                                                "overlay.torpid")
@@ -453,7 +454,8 @@ class BrokerServices(Module):
         guessed was cached already (the oracle the stats views closed)."""
         if msg.is_owner:
             self.h.respond(msg, {"modules": [
-                {"name": m.name, "services": list(m.service_names()), "requests": m.requests}
+                {"name": m.name, "services": list(m.service_names()), "requests": m.requests,
+                 "held": sum(map(len, m.h.held.values()))}
                 for m in self.broker.modules
             ]})
             return

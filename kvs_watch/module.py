@@ -113,6 +113,7 @@ COUNTERS = ("watchers-created", "lookups", "lookups-shared", "answers", "blob-lo
 
 class KvsWatchModule(Module):
     name: ClassVar[str] = "kvs-watch"
+    ends_its_requests: ClassVar[bool] = True  # (its stop() ends what it keeps)
     metrics_skip: ClassVar[tuple[str, ...]] = ("rank", "namespaces")
     after: ClassVar[tuple[str, ...]] = ("kvs",)
     attributes: ClassVar[tuple[AttrSpec, ...]] = (MAX_BACKLOG, MAX_CLIENT_WATCHES,

@@ -72,16 +72,15 @@ Flux's cases, in order, and what each becomes:
     that rank ends ``ENOSYS``, and one to any rank from a client of rank 1
     is served by rank 0's module (the request goes up) until it too is
     removed, then ends ``ENOSYS``.  Beyond the case: a request the module
-    holds unanswered (``req.clog``) when it is removed should end
-    ``ENOSYS`` (docs/cli.md "module": "The requests it was still serving
-    end ENOSYS") -- DEFECT, xfail
-    (:func:`test_a_request_held_by_a_removed_module_ends_enosys`): it is
-    never answered and its client waits for ever.  Only a request whose
-    handler is still running as the module stops is answered (broker/
-    module.py ``Module._end_request``); one a handler kept to answer later
-    is not tracked.  (Flux answers those ``EHOSTUNREACH`` "module
+    holds unanswered (``req.clog``) when it is removed ends ``ENOSYS``
+    (docs/cli.md "module": "The requests it was still serving end
+    ENOSYS"), and one whose client goes is forgotten
+    (:func:`test_a_request_held_by_a_removed_module_ends_enosys`).  A
+    DEFECT found here, fixed: it was never answered and its client waited
+    for ever -- only a request whose handler was still running as the
+    module stopped was.  (Flux answers those ``EHOSTUNREACH`` "module
     disconnect" for a module run as its own process, not for one run as a
-    thread; the docs promise ``ENOSYS`` for all.)
+    thread.)
 21. 'rpc test client works with no request payload' -> ``kvbroker rpc
     attr.list`` prints a non-empty answer.
 22. '... with request payload' -> ``kvbroker rpc attr.get '{"name":"rank"}'``.
@@ -123,6 +122,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+from collections.abc import Awaitable
 from pathlib import Path
 
 import pytest
@@ -292,8 +292,6 @@ async def test_req_module_loaded_and_removed_at_runtime(req_plugin, start_instan
                 await enosys(h, nodeid)
 
 
-@pytest.mark.xfail(strict=True, reason="DEFECT: a request a module holds unanswered when it "
-                   "is removed is never answered: its client waits for ever")
 async def test_a_request_held_by_a_removed_module_ends_enosys(req_plugin, start_instance,
                                                               connect) -> None:
     """Beyond 19: ``req.clog`` held by rank 1's module when ``module remove
@@ -314,6 +312,31 @@ async def test_a_request_held_by_a_removed_module_ends_enosys(req_plugin, start_
         await asyncio.wait_for(held, 5)
     assert info.value.errnum == errno.ENOSYS, info.value
     assert "module req was removed" in (info.value.errstr or ""), info.value
+
+
+async def test_a_held_request_whose_client_goes_is_forgotten(req_plugin, start_instance,
+                                                             connect) -> None:
+    """The broker notes a request a module's handler returned without
+    answering, to end it if the module is removed; its client's going
+    forgets it (``module list --json`` counts them: ``held``)."""
+    inst = await start_instance(size=1, attrs=MODULES)
+    h = await connect(inst, 0)
+
+    async def held() -> int:
+        listing = await asyncio.wait_for(h.rpc("module.list", {}), T)
+        return int(next(m["held"] for m in listing["modules"] if m["name"] == "req"))
+
+    other = await connect(inst, 0)
+    parked = other.rpc("req.clog", None)
+    await wait_until(lambda: _is(held(), 1), "the request held", T)
+    await other.close()
+    with pytest.raises(RemoteError):
+        await asyncio.wait_for(parked, T)  # (ECONNRESET: the handle closed)
+    await wait_until(lambda: _is(held(), 0), "the held request forgotten", T)
+
+
+async def _is(count: Awaitable[int], n: int) -> bool:
+    return await count == n
 
 
 async def test_null_requests_by_rank(req_plugin, start_instance, connect) -> None:
