@@ -581,7 +581,8 @@ async def test_remove_fails_on_invalid_module_and_f_succeeds(start_instance) -> 
     rc, out, err = await run_cli("module", "remove", "-f", "nosuchmodule", uri=inst.uri(0))
     assert (rc, out, err) == (0, "", ""), (rc, out, err)
     rc, out, err = await run_cli("module", "load", "nosuchmodule", uri=inst.uri(0))
-    assert rc == 1 and "no module named 'nosuchmodule' (known: content, groups, heartbeat" in err, err
+    assert rc == 1, (rc, err)
+    assert "no module named 'nosuchmodule' (known: content, groups, heartbeat" in err, err
     rc, out, err = await run_cli("module", "reload", "heartbeat", uri=inst.uri(0))
     assert rc == 1 and "module heartbeat is not loaded on rank 0 (module reload -f" in err, err
     rc, out, err = await run_cli("module", "reload", "-f", "heartbeat", uri=inst.uri(0))
