@@ -382,7 +382,7 @@ SET_BY_RANK: dict[str, str] = {
     "rank": "", "size": "--size N", "fanout": "--fanout K", "rundir": "--rundir DIR",
     "statedir": "--statedir DIR", "event-loop": "--event-loop NAME", "version": "",
     "local-uri": "", "broker.pid": "", "broker.starttime": "", "hostlist": "",
-    "security.owner": "",
+    "security.owner": "", "config.path": "--config FILE",
 }
 """Attributes each rank sets itself, from its options or its own state,
 whatever ``-S`` says -- with the option that sets it, if any.  ``-S

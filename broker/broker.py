@@ -10,8 +10,9 @@ import resource
 import time
 from typing import Any
 
-from broker import __version__, gcpolicy, plugins, statsd
+from broker import __version__, bootstrap, gcpolicy, plugins, statsd
 from broker import attrs as battrs
+from broker import config as bconfig
 from broker.connector import Connector
 from broker.errors import ErrnoError, KvbrokerError
 from broker.logring import RankLog
@@ -81,6 +82,7 @@ class Broker:
         curve: tuple[bytes, bytes] | None = None,
         hosts: list[str] | None = None,
         rank_log: RankLog | None = None,
+        config_file: str | None = None,
     ) -> None:
         self.rank = rank
         self.size = size
@@ -115,7 +117,12 @@ class Broker:
             # (RFC 29 allows a plain list; one host for every rank of `start`)
             "hostlist": ",".join(hosts if hosts else [hostname] * size),
             "security.owner": self.owner_uid,
+            "config.path": config_file or "",
         })
+        self.config: dict[str, Any] = {}
+        """The configuration file's object (``config get``), as last read."""
+        self._file_attrs: dict[str, Any] = {}
+        """Its ``[attrs]`` as last read: what ``config reload`` compares."""
         self.modules: list[Module] = []
         self.services: BrokerServices | None = None
         """The broker's own services (``broker.*``, ``attr.*``, ``log.*``,
@@ -342,9 +349,47 @@ class Broker:
             if self._by_name.get(module.name) is module:
                 del self._by_name[module.name]
 
+    def _read_config(self) -> None:
+        """The configuration file, as the rank starts: one it cannot read
+        now (it was read by the launcher) is said, and ``config get`` is
+        empty."""
+        path = str(self.attrs["config.path"])
+        if path:
+            try:
+                self.config, self._file_attrs = bconfig.read(path)
+            except bootstrap.BootstrapError as exc:
+                log.warning("config: %s", exc)
+
+    def reload_config(self) -> dict[str, str]:
+        """``config reload``: read the file again and set the ``[attrs]``
+        that changed (:mod:`broker.config`); what was set.  ``ErrnoError``
+        changes nothing: ``ENOENT`` no file (or an attribute taken out
+        that has no default), ``EINVAL`` a bad file or value, or one that
+        is fixed at start."""
+        path = str(self.attrs["config.path"])
+        if not path:
+            raise ErrnoError(errno.ENOENT, "this rank was started without a configuration "
+                                           "file (kvbroker start --config FILE)")
+        try:
+            doc, attrs = bconfig.read(path)
+        except bootstrap.BootstrapError as exc:
+            raise ErrnoError(errno.EINVAL, str(exc)) from None
+        specs = [*battrs.BROKER_ATTRS, *(a for m in self.modules for a in m.attributes)]
+        defaults = {spec.name: spec.default for spec in specs}
+        wanted = bconfig.changes(self._file_attrs, attrs, defaults)
+        try:
+            self.set_attrs(wanted)
+        except ErrnoError as exc:
+            raise ErrnoError(exc.errnum, f"{path}: [attrs] {exc.errstr}") from None
+        self.config, self._file_attrs = doc, attrs
+        log.info("config reloaded from %s: %s", path,
+                 ", ".join(f"{k}={v}" for k, v in wanted.items()) or "nothing changed")
+        return wanted
+
     async def start(self) -> None:
         """Bring up connector, overlay and modules; return once this rank's
         whole subtree is connected (rank 0: the whole instance)."""
+        self._read_config()
         self.attrs["event-loop"] = loop_name(asyncio.get_running_loop())
         if self.rank_log is not None:
             self.rank_log.ring.attach(asyncio.get_running_loop())
@@ -470,39 +515,53 @@ class Broker:
         on this rank and apply it at once; :class:`ErrnoError` (ENOENT for an
         unknown name, ENOSYS for a log level when this rank's logging is its
         host program's, EINVAL otherwise) changes nothing."""
-        if name not in self.attrs:
-            raise ErrnoError(errno.ENOENT, battrs.unknown_message(name))
-        module = next((m for m in self.modules if name in m.runtime_attributes), None)
-        if module is not None:  # a module's (kvs.checkpoint-period)
-            spec = next(spec for spec in module.attributes if spec.name == name)
-            try:
-                parsed = battrs.check({**self.attrs, name: value}, [spec])[name]
-            except battrs.AttrError as exc:
-                raise ErrnoError(errno.EINVAL, str(exc)) from None
-            module.set_attribute(name, parsed)
-            self.attrs[name] = value
-            log.info("attribute %s set to %s", name, value)
-            return
-        if name not in battrs.RUNTIME_ATTRS:
-            raise ErrnoError(errno.EINVAL, f"{name} may not be changed on a running rank "
-                             f"({battrs.how_to_set(name)})")
+        self.set_attrs({name: value})
+
+    def set_attrs(self, changes: dict[str, str]) -> None:
+        """:meth:`set_attr` of several at once (``config reload``): all are
+        checked together (``tbon.torpid_min`` with the new ``_max``) before
+        any is applied, so a refusal changes nothing."""
+        modules: dict[str, tuple[Module, Any]] = {}
+        core: list[str] = []
+        trial = {**self.attrs, **changes}
+        for name in changes:
+            if name not in self.attrs:
+                raise ErrnoError(errno.ENOENT, battrs.unknown_message(name))
+            module = next((m for m in self.modules if name in m.runtime_attributes), None)
+            if module is not None:  # a module's (kvs.checkpoint-period)
+                spec = next(spec for spec in module.attributes if spec.name == name)
+                try:
+                    modules[name] = (module, battrs.check(trial, [spec])[name])
+                except battrs.AttrError as exc:
+                    raise ErrnoError(errno.EINVAL, str(exc)) from None
+                continue
+            if name not in battrs.RUNTIME_ATTRS:
+                raise ErrnoError(errno.EINVAL, f"{name} may not be changed on a running rank "
+                                 f"({battrs.how_to_set(name)})")
+            levels = (battrs.LOG_LEVEL.name, battrs.LOG_RING_LEVEL.name)
+            if name in levels and self.rank_log is None:
+                raise ErrnoError(errno.ENOSYS, "this rank's logging is its host program's")
+            core.append(name)
         try:
-            parsed = battrs.check_update(self.attrs, name, value)
+            parsed = battrs.check(trial, [spec for spec in battrs.BROKER_ATTRS
+                                          if spec.name in core or spec.name in
+                                          (battrs.TORPID_MIN.name, battrs.TORPID_MAX.name)
+                                          and core])
         except battrs.AttrError as exc:
             raise ErrnoError(errno.EINVAL, str(exc)) from None
-        levels = (battrs.LOG_LEVEL.name, battrs.LOG_RING_LEVEL.name)
-        if name in levels and self.rank_log is None:
-            raise ErrnoError(errno.ENOSYS, "this rank's logging is its host program's")
-        self.attrs[name] = value
-        if self.rank_log is not None and name == battrs.LOG_LEVEL.name:
-            self.rank_log.set_levels(level=str(parsed))
-        elif self.rank_log is not None and name == battrs.LOG_RING_LEVEL.name:
-            self.rank_log.set_levels(ring_level=str(parsed))
-        elif self.overlay is not None:  # tbon.torpid_min / tbon.torpid_max
-            config = battrs.check(self.attrs, [battrs.TORPID_MIN, battrs.TORPID_MAX])
-            self.overlay.set_torpid(config[battrs.TORPID_MIN.name],
-                                    config[battrs.TORPID_MAX.name])
-        log.info("attribute %s set to %s", name, value)
+        for name, (module, value) in modules.items():
+            module.set_attribute(name, value)
+        self.attrs.update(changes)
+        if self.rank_log is not None and battrs.LOG_LEVEL.name in core:
+            self.rank_log.set_levels(level=str(parsed[battrs.LOG_LEVEL.name]))
+        if self.rank_log is not None and battrs.LOG_RING_LEVEL.name in core:
+            self.rank_log.set_levels(ring_level=str(parsed[battrs.LOG_RING_LEVEL.name]))
+        torpid = (battrs.TORPID_MIN.name, battrs.TORPID_MAX.name)
+        if self.overlay is not None and any(name in core for name in torpid):
+            self.overlay.set_torpid(parsed[battrs.TORPID_MIN.name],
+                                    parsed[battrs.TORPID_MAX.name])
+        for name, value in changes.items():
+            log.info("attribute %s set to %s", name, value)
 
     def stats(self) -> dict[str, Any]:
         out = self.router.stats()

@@ -53,6 +53,7 @@ from broker.cliutil import (
     write_out,
 )
 from broker.command import STOP_CAP, STOP_SIGNALS, STOP_TIMEOUT, command_path
+from broker.config_cli import register as register_config
 from broker.errors import ErrnoError
 from broker.execute import cmd_exec
 from broker.groups_cli import register as register_groups
@@ -362,7 +363,7 @@ def cmd_start(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         inst = Instance(args.size, args.fanout, event_loop=args.event_loop,
                         statedir=args.statedir, rundir=args.rundir, attrs=attrs,
-                        rundir_cleanup=rundir_cleanup,
+                        rundir_cleanup=rundir_cleanup, config_file=args.config,
                         on_rank_command=print_rank_command if args.verbose else None)
         signalled: list[int] = []
         stop = asyncio.Event()
@@ -628,6 +629,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
             "--hosts", json.dumps(boot.hostnames(hostname))]
     if boot.curve_cert is not None:
         argv += ["--curve-keys", boot.curve_cert]
+    argv += ["--config-file", os.path.abspath(args.config)]
     bind = boot.bind_endpoint(rank)
     if bind:
         argv += ["--bind", bind]
@@ -1601,6 +1603,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_module)
 
     register_groups(sub)
+    register_config(sub)
 
     s = sub.add_parser("overlay", help="the tree's health")
     osub = s.add_subparsers(dest="overlay_cmd", required=True)

@@ -366,6 +366,7 @@ class Instance:
         spawn: str | None = None,
         rundir_cleanup: bool | None = None,
         on_rank_command: Callable[[int, list[str]], None] | None = None,
+        config_file: str | None = None,
     ) -> None:
         if size < 1:
             raise ValueError("size must be at least 1")
@@ -375,6 +376,8 @@ class Instance:
         self.fanout = fanout
         self.event_loop = event_loop
         self.statedir = os.path.abspath(statedir) if statedir else None
+        self.config_file = os.path.abspath(config_file) if config_file else None
+        """``start --config FILE``: each rank's ``config.path``."""
         self.rundir_option = os.path.abspath(rundir) if rundir else None
         """The run directory asked for (Flux's ``flux start --rundir``),
         made if missing; None: a new one under ``$TMPDIR`` at each start.
@@ -601,6 +604,8 @@ class Instance:
                 argv.append("--cleanup-curve-keys")
             if self.statedir:
                 argv += ["--statedir", self.statedir]
+            if self.config_file:
+                argv += ["--config-file", self.config_file]
             argvs.append(argv)
             if self.on_rank_command is not None:
                 self.on_rank_command(rank, [self.python, "-m", "broker.rank", *argv])

@@ -103,6 +103,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "the hostlist attribute, and what a parent checks its children's "
                    "hellos against")
     p.add_argument("--curve-keys", help="file holding the instance's CURVE key pair")
+    p.add_argument("--config-file", help="the TOML file the rank's attributes came from "
+                   "(the config.path attribute: config get, config reload)")
     p.add_argument("--initial-program", type=json_argv, metavar="JSON",
                    help="JSON list: the command to run once the instance is up "
                    "(kvbroker broker -- CMD, rank 0)")
@@ -192,6 +194,7 @@ async def serve(args: argparse.Namespace) -> int:
         curve=curve,
         hosts=args.hosts,
         rank_log=getattr(args, "rank_log", None),
+        config_file=args.config_file,
     )
     signalled: list[int] = []
 

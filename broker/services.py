@@ -1,5 +1,5 @@
 """The broker's built-in services: ``broker``, ``attr``, ``event``, ``module``,
-``log``, ``overlay``."""
+``log``, ``overlay``, ``config``."""
 
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ class BrokerServices(Module):
                                                "overlay.offline", "overlay.rejoined",
                                                "overlay.torpid")
     services: ClassVar[tuple[str, ...]] = ("broker", "attr", "event", "module", "log",
-                                           "overlay")
+                                           "overlay", "config")
 
     def __init__(self, ctx: Any, broker: Broker) -> None:
         super().__init__(ctx)
@@ -94,6 +94,9 @@ class BrokerServices(Module):
             "event.pub": self.event_pub,
             "event.subscribe": self.event_subscribe,
             "event.unsubscribe": self.event_unsubscribe,
+            "config.get": self.config_get,
+            "config.reload": self.config_reload,
+            "config.stats-get": self.broker_stats,
             "module.list": self.module_list,
             "module.load": self.module_load,
             "module.remove": self.module_remove,
@@ -404,6 +407,22 @@ class BrokerServices(Module):
         if not self.router.unsubscribe(self._local_peer(msg), topic):
             raise ErrnoError(errno.ENOENT, f"not subscribed to {topic!r}")
         self.h.respond(msg, {})
+
+    # -- config
+    def config_get(self, msg: Message) -> None:
+        """``config.get`` -> ``{config, path}``: the rank's configuration
+        file as it read it last (``{}`` without one), open to guests as
+        Flux's (it holds attributes and host names, no keys)."""
+        self.h.respond(msg, {"config": self.broker.config,
+                             "path": self.broker.attrs["config.path"]})
+
+    def config_reload(self, msg: Message) -> None:
+        """``config.reload`` -> ``{changed: {name: value}}``: read the file
+        again and set the ``[attrs]`` that changed (broker/config.py); the
+        instance owner only."""
+        if not msg.is_owner:
+            raise ErrnoError(errno.EPERM, "config reload is for the instance owner")
+        self.h.respond(msg, {"changed": self.broker.reload_config()})
 
     # -- module
     async def module_load(self, msg: Message) -> None:

@@ -1,0 +1,69 @@
+"""A rank's configuration file: what ``kvbroker config get`` shows and
+``kvbroker config reload`` applies (Flux's ``flux config``).
+
+The file is the one the rank started from -- ``kvbroker start --config
+FILE`` (``[attrs]``) or ``kvbroker broker --config FILE`` (a bootstrap
+file: ``[bootstrap]`` and ``[attrs]``); the ``config.path`` attribute
+names it.  kvbroker's configuration is its attributes, so a reload reads
+the file again and applies the ``[attrs]`` that changed since it was read
+-- those a running rank may change (``attr set``'s); another one changed
+refuses the whole reload, naming it.  An attribute taken out of the file
+goes back to its default.
+"""
+
+from __future__ import annotations
+
+import datetime
+import errno
+import tomllib
+from typing import Any
+
+from broker import bootstrap
+from broker.errors import ErrnoError
+
+
+def _json_safe(value: Any) -> Any:
+    """TOML's dates and times as ISO 8601 text: a config answer is msgpack."""
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, (datetime.date, datetime.time)):
+        return value.isoformat()
+    return value
+
+
+def read(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The file's whole object (for ``config get``) and its ``[attrs]`` as
+    the start took them (dotted names, ``statedir``/``rundir`` from the
+    file's directory); :class:`~broker.bootstrap.BootstrapError` saying
+    what is wrong, naming the file."""
+    try:
+        doc = tomllib.loads(bootstrap._read(path))
+    except tomllib.TOMLDecodeError as exc:
+        raise bootstrap.BootstrapError(f"{path}: {exc}") from None
+    attrs = bootstrap.load(path).attrs if "bootstrap" in doc else bootstrap.load_attrs(path)
+    return _json_safe(doc), dict(attrs)
+
+
+def text(value: Any) -> str:
+    """An attribute's value from TOML as ``-S`` would give it."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def changes(old: dict[str, Any], new: dict[str, Any],
+            defaults: dict[str, str]) -> dict[str, str]:
+    """The ``[attrs]`` to set for the file read as ``new``, last read as
+    ``old``: each one whose value changed, and each one taken out (its
+    default; ``ENOENT`` for one that has none: not an attribute any more)."""
+    out = {name: text(value) for name, value in new.items()
+           if name not in old or text(old[name]) != text(value)}
+    for name in old:
+        if name not in new:
+            if name not in defaults:
+                raise ErrnoError(errno.ENOENT, f"[attrs] {name} was taken out of the file: "
+                                                 "it has no default to go back to")
+            out[name] = defaults[name]
+    return out

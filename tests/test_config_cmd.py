@@ -1,0 +1,143 @@
+"""``kvbroker config get|reload`` (Flux's ``flux config``, t2806) against real
+ranks started with ``kvbroker start --config FILE``.  docs/cli.md "config".
+
+Flux's configuration is free-form tables its modules read; kvbroker's is its
+attributes, so a file holds ``[attrs]`` (and, for ``kvbroker broker``,
+``[bootstrap]``), and a reload sets the attributes that changed -- those a
+running rank may change.  Flux's ``config load`` (a new object from stdin)
+and ``config builtin`` (compiled-in paths) have no counterpart: the file is
+the configuration, and there are no built-in paths.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+from test_broker_guests import run_guest_cli
+from test_broker_support import run_cli
+
+from broker.launch import Instance
+
+T = 30.0
+FILE = """\
+[attrs]
+log.ring-level = "info"
+"tbon.torpid_min" = "5s"
+kvs.checkpoint-period = "2s"
+access.allow-guest-user = true
+"""
+
+
+@pytest.fixture
+async def configured(tmp_path: Path):
+    path = tmp_path / "inst.toml"
+    path.write_text(FILE)
+    inst = Instance(2, 2, config_file=str(path), stderr_path=str(tmp_path / "log"),
+                    attrs={"log.ring-level": "info", "tbon.torpid_min": "5s",
+                           "kvs.checkpoint-period": "2s", "access.allow-guest-user": "true"})
+    await asyncio.wait_for(inst.start(), 60)
+    try:
+        yield inst, path
+    finally:
+        await inst.stop()
+
+
+async def cli(uri: str, *args: str, rc: int = 0) -> str:
+    code, out, err = await run_cli(*args, uri=uri)
+    assert code == rc, (args, code, out, err)
+    return out if rc == 0 else err
+
+
+async def test_start_config_is_what_config_get_shows(tmp_path: Path) -> None:
+    """``start --config``: every rank's ``config.path`` names the file and
+    ``config get`` answers it: whole (JSON), one value by dotted name (a
+    quoted dotted key or a table), typed, defaulted, or refused."""
+    path = tmp_path / "inst.toml"
+    path.write_text(FILE)
+    script = tmp_path / "get.sh"
+    script.write_text("""\
+kvbroker attr get -r 1 config.path
+kvbroker config get -r 1
+kvbroker config get attrs.log.ring-level
+kvbroker config get --type string attrs.tbon.torpid_min
+kvbroker config get --type fsd-integer attrs.tbon.torpid_min
+kvbroker config get --type fsd-real attrs.kvs.checkpoint-period
+kvbroker config get --type boolean attrs.access.allow-guest-user
+kvbroker config get --type object attrs.kvs
+kvbroker config get --default 7 attrs.nosuch
+kvbroker config get --type integer attrs.tbon.torpid_min || echo "rc=$?"
+kvbroker config get attrs.nosuch || echo "rc=$?"
+""")
+    code, out, err = await run_cli("start", "--size", "2", "--config", str(path), "--",
+                                   "sh", str(script), timeout=T)
+    assert code == 0, (out, err)
+    lines = out.splitlines()
+    assert lines[0] == str(path)
+    assert json.loads(lines[1])["attrs"]["tbon.torpid_min"] == "5s"
+    assert lines[2:10] == ['"info"', "5s", "5", "2.0", "true", '{"checkpoint-period": "2s"}',
+                           "7", "rc=1"], lines
+    assert lines[10] == "rc=1", lines
+    assert "attrs.tbon.torpid_min does not have the requested type (integer)" in err, err
+    assert "attrs.nosuch is not set in the configuration" in err, err
+
+
+async def test_reload_sets_what_changed_on_the_ranks_asked(configured) -> None:
+    inst, path = configured
+    path.write_text(FILE.replace('"5s"', '"3s"').replace('"info"', '"debug"'))
+    await cli(inst.uri(0), "config", "reload", "-r", "all")
+    for rank in (0, 1):
+        assert await cli(inst.uri(rank), "attr", "get", "tbon.torpid_min") == "3s\n"
+        assert await cli(inst.uri(rank), "attr", "get", "log.ring-level") == "debug\n"
+    assert '"3s"' in await cli(inst.uri(1), "config", "get", "attrs")
+    # a value taken out goes back to its default; a module's runtime one applies
+    path.write_text(FILE.replace('kvs.checkpoint-period = "2s"\n', ""))
+    await cli(inst.uri(0), "config", "reload")
+    assert await cli(inst.uri(0), "attr", "get", "kvs.checkpoint-period") == "1s\n"
+    assert await cli(inst.uri(0), "attr", "get", "tbon.torpid_min") == "5s\n"
+    assert await cli(inst.uri(1), "attr", "get", "tbon.torpid_min") == "3s\n"  # (not asked)
+    log = await cli(inst.uri(0), "dmesg")
+    assert "config reloaded from" in log and "kvs.checkpoint-period=1s" in log, log
+
+
+async def test_a_reload_that_cannot_apply_changes_nothing(configured) -> None:
+    """A change a running rank may not make (``fanout``), a bad value, a
+    file that is not TOML: the reload is refused naming the file and the
+    entry, and nothing of it is applied -- the runtime change beside it
+    neither; the torpid pair is checked together (min and max moved past
+    each other at once is a valid change)."""
+    inst, path = configured
+    path.write_text(FILE.replace('"5s"', '"4s"') + "fanout = 3\n")
+    err = await cli(inst.uri(0), "config", "reload", rc=1)
+    assert f"{path}: [attrs]" in err and "fanout" in err, err
+    assert await cli(inst.uri(0), "attr", "get", "tbon.torpid_min") == "5s\n"
+    path.write_text(FILE.replace('"5s"', '"soon"'))
+    err = await cli(inst.uri(0), "config", "reload", rc=1)
+    assert "Invalid argument" in err and "tbon.torpid_min" in err, err
+    path.write_text("[attrs\n")
+    err = await cli(inst.uri(0), "config", "reload", rc=1)
+    assert str(path) in err, err
+    assert await cli(inst.uri(0), "attr", "get", "tbon.torpid_min") == "5s\n"
+    path.write_text(FILE.replace('"5s"', '"40s"') + 'tbon.torpid_max = "100s"\n')
+    await cli(inst.uri(0), "config", "reload")
+    assert await cli(inst.uri(0), "attr", "get", "tbon.torpid_min") == "40s\n"
+
+
+async def test_guests_read_the_owner_reloads(configured) -> None:
+    inst, _ = configured
+    rc, out, err = await run_guest_cli(inst.uri(0), "config", "get", "attrs.log.ring-level")
+    assert (rc, out) == (0, '"info"\n'), (rc, out, err)
+    rc, out, err = await run_guest_cli(inst.uri(0), "config", "reload")
+    assert rc == 1 and "config reload is for the instance owner" in err, err
+
+
+async def test_without_a_file(start_instance) -> None:
+    inst = await start_instance(size=1)
+    assert await cli(inst.uri(0), "config", "get") == "{}\n"
+    assert await cli(inst.uri(0), "attr", "get", "config.path") == "\n"
+    err = await cli(inst.uri(0), "config", "reload", rc=1)
+    assert "started without a configuration file" in err, err
+    rc, out, err = await run_cli("start", "-S", "config.path=x", "--", "true")
+    assert rc == 2 and "--config FILE" in err, err
