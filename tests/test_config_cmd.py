@@ -141,3 +141,20 @@ async def test_without_a_file(start_instance) -> None:
     assert "started without a configuration file" in err, err
     rc, out, err = await run_cli("start", "-S", "config.path=x", "--", "true")
     assert rc == 2 and "--config FILE" in err, err
+
+
+async def test_a_bootstrap_files_config(tmp_path: Path) -> None:
+    """``kvbroker broker --config FILE``: ``config get`` shows ``[bootstrap]``
+    too, and a reload of its ``[attrs]`` applies."""
+    config = tmp_path / "inst.toml"
+    config.write_text('[bootstrap]\n[attrs]\nlog.ring-level = "info"\n')
+    script = tmp_path / "run.sh"
+    script.write_text(f"""\
+kvbroker attr get config.path
+kvbroker config get bootstrap
+printf '[bootstrap]\\n[attrs]\\nlog.ring-level = "debug"\\n' > {config}
+kvbroker config reload && kvbroker attr get log.ring-level
+""")
+    rc, out, err = await run_cli("broker", "--config", str(config), "-S", "hostname=solo",
+                                 "--", "sh", str(script), timeout=T)
+    assert (rc, out) == (0, f"{config}\n{{}}\ndebug\n"), (rc, out, err)
