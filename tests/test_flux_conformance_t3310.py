@@ -131,6 +131,22 @@ async def next_heartbeat_line(log: Any) -> dict[str, Any]:
 # ------------------------------------------------------------------ t3310
 
 
+
+async def overdue_past_flux_timeout(h1: Any, log: Any) -> None:
+    """Case 3's end: rank 1 logs ``heartbeat overdue`` and its stats say
+    so; then case 4's start: 0.5 s (Flux's timeout) pass without a pulse."""
+    entry = await next_heartbeat_line(log)
+    assert entry["level"] == "warning", entry
+    assert re.fullmatch(r"heartbeat overdue: none from rank 0 for \d+\.\d s "
+                        r"\(heartbeat\.period 0\.1s, warn_thresh 3\)",
+                        entry["message"]), entry
+    assert (await hb_stats(h1, 1))["overdue"] is True
+
+    async def past_flux_timeout() -> bool:
+        return float((await hb_stats(h1, 1))["silent"]) > 0.5
+
+    await wait_until(past_flux_timeout, "0.5 s without a pulse on rank 1", T)
+
 async def test_t3310_heartbeat_stopped_and_started_again(start_instance, connect) -> None:
     """Flux's cases 1-6, in order (3 and 5: rank 0 stopped and continued)."""
     inst = await start_instance(size=2, attrs=HEARTBEAT)
@@ -157,19 +173,9 @@ async def test_t3310_heartbeat_stopped_and_started_again(start_instance, connect
     rank0 = inst.pids()[0]
     await stop_process(rank0)
     try:
-        entry = await next_heartbeat_line(log)
-        assert entry["level"] == "warning", entry
-        assert re.fullmatch(r"heartbeat overdue: none from rank 0 for \d+\.\d s "
-                            r"\(heartbeat\.period 0\.1s, warn_thresh 3\)",
-                            entry["message"]), entry
-        assert (await hb_stats(h1, 1))["overdue"] is True
-
+        await overdue_past_flux_timeout(h1, log)
         # 4: past Flux's timeout (0.5 s) rank 1 stays; overlay status and
         # uptime on it name the silent rank 0
-        async def past_flux_timeout() -> bool:
-            return float((await hb_stats(h1, 1))["silent"]) > 0.5
-
-        await wait_until(past_flux_timeout, "0.5 s without a pulse on rank 1", T)
         assert inst.procs[1].returncode is None
         rc, out, err = await run_cli("ping", "1", uri=u1)
         assert rc == 0 and out.startswith("rank=1 "), err
@@ -224,19 +230,9 @@ async def test_t3310_module_removed_on_rank_0_and_loaded_again(start_instance, c
     assert (rc, out, err) == (0, "", ""), (rc, out, err)
     rc, out, err = await run_cli("module", "list", uri=u0)
     assert rc == 0 and "heartbeat" not in out, out
-    entry = await next_heartbeat_line(log)
-    assert entry["level"] == "warning", entry
-    assert re.fullmatch(r"heartbeat overdue: none from rank 0 for \d+\.\d s "
-                        r"\(heartbeat\.period 0\.1s, warn_thresh 3\)",
-                        entry["message"]), entry
-    assert (await hb_stats(h1, 1))["overdue"] is True
-
+    await overdue_past_flux_timeout(h1, log)
     # 4: past Flux's timeout (0.5 s) rank 1 stays, and answers; rank 0
     # answers too (only its pulses stopped): the instance is full
-    async def past_flux_timeout() -> bool:
-        return float((await hb_stats(h1, 1))["silent"]) > 0.5
-
-    await wait_until(past_flux_timeout, "0.5 s without a pulse on rank 1", T)
     assert inst.procs[1].returncode is None
     rc, out, err = await run_cli("ping", "1", uri=u0)
     assert rc == 0 and out.startswith("rank=1 "), err
