@@ -36,6 +36,11 @@ if TYPE_CHECKING:
 
 Handler = Callable[[Message], Awaitable[None] | None]
 
+MAX_HELD = 10_000
+"""Requests a module's handlers returned without answering that the broker
+notes, at most, to end them ``ENOSYS`` if the module is removed (see
+:meth:`ModuleHandle.hold`)."""
+
 
 class EventCounts:
     """What a module did with the events its subscriptions brought: the
@@ -125,6 +130,8 @@ class ModuleHandle(HandleCore):
         self.held: dict[tuple[str, ...], dict[int, Message]] = {}
         """Requests that outlived their handler without their last answer,
         by client route and matchtag (see :meth:`hold`)."""
+        self.held_count = 0
+        self._held_full = False
 
     def _send(self, msg: Message) -> None:
         cred = self._cred
@@ -177,22 +184,40 @@ class ModuleHandle(HandleCore):
     def hold(self, request: Message) -> None:
         """``request`` outlived its handler without its last answer (a
         stream, a request parked to answer later): kept by client, to be
-        answered ``ENOSYS`` if the module is removed (:meth:`end_held`)."""
-        self.held.setdefault(tuple(request.route), {})[request.matchtag] = request
+        answered ``ENOSYS`` if the module is removed (:meth:`end_held`).
+        At most :data:`MAX_HELD` (a client sending streaming requests to a
+        service that answers once would otherwise pin each of them, payload
+        and all, for as long as it stays connected): past that, one is not
+        noted -- it gets no ``ENOSYS`` at a removal -- and the log says so."""
+        if self.held_count >= MAX_HELD:
+            if not self._held_full:
+                self._held_full = True
+                logging.getLogger("kvbroker").warning(
+                    "module %s keeps %d requests unanswered: more are not noted (a removal "
+                    "of the module will not end them)", self._module.name, MAX_HELD)
+            return
+        mine = self.held.setdefault(tuple(request.route), {})
+        if request.matchtag not in mine:
+            self.held_count += 1
+        mine[request.matchtag] = request
 
     def _release(self, request: Message) -> None:
         mine = self.held.get(tuple(request.route))
-        if mine is not None and mine.pop(request.matchtag, None) is not None and not mine:
-            del self.held[tuple(request.route)]
+        if mine is not None and mine.pop(request.matchtag, None) is not None:
+            self.held_count -= 1
+            if not mine:
+                del self.held[tuple(request.route)]
 
     def forget_client(self, route: list[str]) -> None:
         """The client at ``route`` went (its ``.disconnect``): what it had
         held needs no answer."""
-        self.held.pop(tuple(route), None)
+        mine = self.held.pop(tuple(route), None)
+        if mine:
+            self.held_count -= len(mine)
 
     def end_held(self, why: str) -> None:
         """Answer ``ENOSYS`` every request still held (the module is removed)."""
-        held, self.held = self.held, {}
+        held, self.held, self.held_count = self.held, {}, 0
         for requests in held.values():
             for request in requests.values():
                 if not request.answered:

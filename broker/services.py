@@ -474,7 +474,7 @@ class BrokerServices(Module):
         if msg.is_owner:
             self.h.respond(msg, {"modules": [
                 {"name": m.name, "services": list(m.service_names()), "requests": m.requests,
-                 "held": sum(map(len, m.h.held.values()))}
+                 "held": m.h.held_count}
                 for m in self.broker.modules
             ]})
             return

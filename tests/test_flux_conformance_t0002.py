@@ -685,3 +685,27 @@ async def test_treq_cases_with_the_rpc_command(req_plugin, start_instance) -> No
                                                             for i in range(3)), "")
     assert await run_cli("rpc", "req.nsrc", '{"count": 3}', "-r", "0", uri=uri,
                          timeout=T) == (0, '{"seq": 0}\n', "")
+
+
+async def test_the_requests_noted_for_a_module_are_bounded(req_plugin, start_instance,
+                                                           connect) -> None:
+    """A client parking more requests than the broker notes (``MAX_HELD``)
+    pins no more: the count stops there, the rank's log says so once, and
+    the client's going forgets them all."""
+    from broker.module import MAX_HELD
+
+    inst = await start_instance(size=1, attrs=MODULES)
+    h = await connect(inst, 0)
+
+    async def held() -> int:
+        listing = await asyncio.wait_for(h.rpc("module.list", {}), T)
+        return int(next(m["held"] for m in listing["modules"] if m["name"] == "req"))
+
+    other = await connect(inst, 0)
+    parked = [other.rpc("req.clog", None) for _ in range(MAX_HELD + 5)]
+    await wait_until(lambda: _is(held(), MAX_HELD), "the noted requests to reach the bound", T)
+    rc, out, err = await run_cli("dmesg", uri=inst.uri(0))
+    assert out.count(f"module req keeps {MAX_HELD} requests unanswered") == 1, out[-2000:]
+    await other.close()
+    await asyncio.gather(*parked, return_exceptions=True)
+    await wait_until(lambda: _is(held(), 0), "the held requests forgotten", T)
