@@ -124,6 +124,7 @@ import errno
 import os
 from collections.abc import Awaitable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_broker_support import (
@@ -322,21 +323,23 @@ async def test_a_held_request_whose_client_goes_is_forgotten(req_plugin, start_i
     inst = await start_instance(size=1, attrs=MODULES)
     h = await connect(inst, 0)
 
-    async def held() -> int:
-        listing = await asyncio.wait_for(h.rpc("module.list", {}), T)
-        return int(next(m["held"] for m in listing["modules"] if m["name"] == "req"))
-
     other = await connect(inst, 0)
     parked = other.rpc("req.clog", None)
-    await wait_until(lambda: _is(held(), 1), "the request held", T)
+    await wait_until(lambda: _is(held(h), 1), "the request held", T)
     await other.close()
     with pytest.raises(RemoteError):
         await asyncio.wait_for(parked, T)  # (ECONNRESET: the handle closed)
-    await wait_until(lambda: _is(held(), 0), "the held request forgotten", T)
+    await wait_until(lambda: _is(held(h), 0), "the held request forgotten", T)
 
 
 async def _is(count: Awaitable[int], n: int) -> bool:
     return await count == n
+
+
+async def held(h: Any) -> int:
+    """The requests the broker notes for rank 0's ``req`` module."""
+    listing = await asyncio.wait_for(h.rpc("module.list", {}), T)
+    return int(next(m["held"] for m in listing["modules"] if m["name"] == "req"))
 
 
 async def test_null_requests_by_rank(req_plugin, start_instance, connect) -> None:
@@ -697,15 +700,11 @@ async def test_the_requests_noted_for_a_module_are_bounded(req_plugin, start_ins
     inst = await start_instance(size=1, attrs=MODULES)
     h = await connect(inst, 0)
 
-    async def held() -> int:
-        listing = await asyncio.wait_for(h.rpc("module.list", {}), T)
-        return int(next(m["held"] for m in listing["modules"] if m["name"] == "req"))
-
     other = await connect(inst, 0)
     parked = [other.rpc("req.clog", None) for _ in range(MAX_HELD + 5)]
-    await wait_until(lambda: _is(held(), MAX_HELD), "the noted requests to reach the bound", T)
+    await wait_until(lambda: _is(held(h), MAX_HELD), "the noted requests to reach the bound", T)
     rc, out, err = await run_cli("dmesg", uri=inst.uri(0))
     assert out.count(f"module req keeps {MAX_HELD} requests unanswered") == 1, out[-2000:]
     await other.close()
     await asyncio.gather(*parked, return_exceptions=True)
-    await wait_until(lambda: _is(held(), 0), "the held requests forgotten", T)
+    await wait_until(lambda: _is(held(h), 0), "the held requests forgotten", T)

@@ -132,6 +132,25 @@ async def next_heartbeat_line(log: Any) -> dict[str, Any]:
 
 
 
+
+async def received_and_full(h1: Any, log: Any, inst: Any) -> None:
+    """Cases 5-6: rank 1 logs ``heartbeat received`` and counts pulses
+    again, and nothing was lost: the instance is full, both ranks run."""
+    entry = await next_heartbeat_line(log)
+    assert (entry["level"], entry["message"]) == ("warning", "heartbeat received"), entry
+    count = (await hb_stats(h1, 1))["count"]
+
+    async def counting() -> bool:
+        st = await hb_stats(h1, 1)
+        return st["overdue"] is False and st["count"] > count
+
+    await wait_until(counting, "rank 1 to count pulses again", T)
+    rc, out, err = await run_cli("overlay", "status", "--wait", "full", "-t", "10",
+                                 uri=inst.uri(0))
+    assert (rc, err) == (0, ""), err
+    assert re.fullmatch(rf"0 {HOST}: full\n  1 {HOST}: full\n", out), out
+    assert [p.returncode for p in inst.procs] == [None, None]
+
 async def overdue_past_flux_timeout(h1: Any, log: Any) -> None:
     """Case 3's end: rank 1 logs ``heartbeat overdue`` and its stats say
     so; then case 4's start: 0.5 s (Flux's timeout) pass without a pulse."""
@@ -189,20 +208,7 @@ async def test_t3310_heartbeat_stopped_and_started_again(start_instance, connect
         os.kill(rank0, signal.SIGCONT)
 
     # 5: the pulses come again: rank 1 says so, and counts them
-    entry = await next_heartbeat_line(log)
-    assert (entry["level"], entry["message"]) == ("warning", "heartbeat received"), entry
-    count = (await hb_stats(h1, 1))["count"]
-
-    async def counting() -> bool:
-        st = await hb_stats(h1, 1)
-        return st["overdue"] is False and st["count"] > count
-
-    await wait_until(counting, "rank 1 to count pulses again", T)
-    # 6: nothing was lost: the instance is full
-    rc, out, err = await run_cli("overlay", "status", "--wait", "full", "-t", "10", uri=u0)
-    assert (rc, err) == (0, ""), err
-    assert re.fullmatch(rf"0 {HOST}: full\n  1 {HOST}: full\n", out), out
-    assert [p.returncode for p in inst.procs] == [None, None]
+    await received_and_full(h1, log, inst)
 
 
 async def test_t3310_module_removed_on_rank_0_and_loaded_again(start_instance, connect) -> None:
@@ -240,20 +246,7 @@ async def test_t3310_module_removed_on_rank_0_and_loaded_again(start_instance, c
     rc, out, err = await run_cli("module", "load", "heartbeat", uri=u0)
     assert (rc, out, err) == (0, "", ""), (rc, out, err)
     assert (await hb_stats(h1, 0))["period"] == 0.1
-    entry = await next_heartbeat_line(log)
-    assert (entry["level"], entry["message"]) == ("warning", "heartbeat received"), entry
-    count = (await hb_stats(h1, 1))["count"]
-
-    async def counting() -> bool:
-        st = await hb_stats(h1, 1)
-        return st["overdue"] is False and st["count"] > count
-
-    await wait_until(counting, "rank 1 to count pulses again", T)
-    # 6: nothing was lost: the instance is full
-    rc, out, err = await run_cli("overlay", "status", "--wait", "full", "-t", "10", uri=u0)
-    assert (rc, err) == (0, ""), err
-    assert re.fullmatch(rf"0 {HOST}: full\n  1 {HOST}: full\n", out), out
-    assert [p.returncode for p in inst.procs] == [None, None]
+    await received_and_full(h1, log, inst)
 
 
 async def test_t3310_flux_s_timeout_is_refused_as_not_built() -> None:
