@@ -358,6 +358,24 @@ def load_attrs(path: str) -> dict[str, Any]:
         raise BootstrapError(f"{path}: [bootstrap] is kvbroker broker's (one rank of an "
                              "instance across hosts): the file of kvbroker start holds "
                              "[attrs] only")
+    return _start_attrs(doc, path)
+
+
+def config_file(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A rank's configuration file, read once (``config get|reload``):
+    its whole object, and its ``[attrs]`` as the start took them -- a
+    bootstrap file's (``[bootstrap]`` in it) or ``start --config``'s."""
+    text = _read(path)
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise BootstrapError(f"{path}: {exc}") from None
+    attrs = parse(text, path).attrs if "bootstrap" in doc else _start_attrs(doc, path)
+    return doc, attrs
+
+
+def _start_attrs(doc: dict[str, Any], path: str) -> dict[str, Any]:
+    """:func:`load_attrs` of a parsed file."""
     _only_tables(doc, path, ("attrs",), "the file of kvbroker start holds [attrs]")
     attrs = _attrs_table(doc, path)
     here = os.path.dirname(os.path.abspath(path))

@@ -542,11 +542,12 @@ class Broker:
             if name in levels and self.rank_log is None:
                 raise ErrnoError(errno.ENOSYS, "this rank's logging is its host program's")
             core.append(name)
+        torpid = (battrs.TORPID_MIN.name, battrs.TORPID_MAX.name)
+        checked = set(core)
+        if checked & set(torpid):  # (the pair is valid only together)
+            checked.update(torpid)
         try:
-            parsed = battrs.check(trial, [spec for spec in battrs.BROKER_ATTRS
-                                          if spec.name in core or spec.name in
-                                          (battrs.TORPID_MIN.name, battrs.TORPID_MAX.name)
-                                          and core])
+            parsed = battrs.check(trial, [s for s in battrs.BROKER_ATTRS if s.name in checked])
         except battrs.AttrError as exc:
             raise ErrnoError(errno.EINVAL, str(exc)) from None
         for name, (module, value) in modules.items():
@@ -556,8 +557,7 @@ class Broker:
             self.rank_log.set_levels(level=str(parsed[battrs.LOG_LEVEL.name]))
         if self.rank_log is not None and battrs.LOG_RING_LEVEL.name in core:
             self.rank_log.set_levels(ring_level=str(parsed[battrs.LOG_RING_LEVEL.name]))
-        torpid = (battrs.TORPID_MIN.name, battrs.TORPID_MAX.name)
-        if self.overlay is not None and any(name in core for name in torpid):
+        if self.overlay is not None and checked & set(torpid):
             self.overlay.set_torpid(parsed[battrs.TORPID_MIN.name],
                                     parsed[battrs.TORPID_MAX.name])
         for name, value in changes.items():

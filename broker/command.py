@@ -320,6 +320,24 @@ class Command:
         """SIGKILL the command and what is left of its process group."""
         self.signal(signal.SIGKILL)
 
+    @contextlib.contextmanager
+    def forwarding_stop_signals(self) -> Iterator[None]:
+        """While in the block, our :data:`STOP_SIGNALS` are passed on to the
+        command (:meth:`forward`); leaving it with the command still
+        running (an error of ours) kills it: it does not outlive us.
+        Enter it right after :meth:`spawn`, with no await between, so that
+        no signal is missed."""
+        loop = asyncio.get_running_loop()
+        for sig in STOP_SIGNALS:
+            loop.add_signal_handler(sig, self.forward, sig)
+        try:
+            yield
+        finally:
+            for sig in STOP_SIGNALS:
+                loop.remove_signal_handler(sig)
+            if self.returncode is None:
+                self.kill()
+
     async def stop(self, timeout: float = STOP_TIMEOUT) -> int:
         """Stop the command (SIGTERM to its group; in a terminal, SIGHUP to
         it), wait up to ``timeout`` seconds, then :meth:`kill` -- so a

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import datetime
 import errno
-import tomllib
 from typing import Any
 
 from broker import bootstrap
@@ -34,15 +33,11 @@ def _json_safe(value: Any) -> Any:
 
 
 def read(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The file's whole object (for ``config get``) and its ``[attrs]`` as
-    the start took them (dotted names, ``statedir``/``rundir`` from the
-    file's directory); :class:`~broker.bootstrap.BootstrapError` saying
-    what is wrong, naming the file."""
-    try:
-        doc = tomllib.loads(bootstrap._read(path))
-    except tomllib.TOMLDecodeError as exc:
-        raise bootstrap.BootstrapError(f"{path}: {exc}") from None
-    attrs = bootstrap.load(path).attrs if "bootstrap" in doc else bootstrap.load_attrs(path)
+    """The file's whole object (for ``config get``, JSON-safe) and its
+    ``[attrs]`` as the start took them (dotted names, ``statedir``/``rundir``
+    from the file's directory); :class:`~broker.bootstrap.BootstrapError`
+    saying what is wrong, naming the file."""
+    doc, attrs = bootstrap.config_file(path)
     return _json_safe(doc), dict(attrs)
 
 

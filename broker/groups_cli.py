@@ -115,14 +115,7 @@ async def _join(args: argparse.Namespace) -> int:
         except OSError as exc:
             print(f"kvbroker: {cannot_run_message(command[0], exc)}", file=sys.stderr)
             return cannot_run_status(exc)
-        for sig in STOP_SIGNALS:
-            loop.add_signal_handler(sig, cmd.forward, sig)
-        try:
+        with cmd.forwarding_stop_signals():
             code = await cmd.wait()
-        finally:
-            for sig in STOP_SIGNALS:
-                loop.remove_signal_handler(sig)
-            if cmd.returncode is None:  # (an error of ours: the command does not outlive us)
-                cmd.kill()
         await groups.leave(args.name)
         return exit_code(code)

@@ -1226,14 +1226,12 @@ async def _run_under_lease(kvs: KVS, lease_id: int, ttl: float, command: list[st
     can no longer renew it) is said on stderr and the command is stopped:
     what it did under the lease (a lock) is no longer its own."""
     from broker.command import (
-        STOP_SIGNALS,
         Command,
         cannot_run_message,
         cannot_run_status,
         exit_code,
     )
 
-    loop = asyncio.get_running_loop()
     env = dict(os.environ, **{LEASE_ENV: str(lease_id)})
     try:
         cmd = Command.spawn(command, env)
@@ -1241,28 +1239,23 @@ async def _run_under_lease(kvs: KVS, lease_id: int, ttl: float, command: list[st
         _warn(cannot_run_message(command[0], exc))
         await _revoke_after(kvs, lease_id, ttl)
         return cannot_run_status(exc)
-    for sig in STOP_SIGNALS:  # (no await since the spawn: no signal is missed)
-        loop.add_signal_handler(sig, cmd.forward, sig)
-    keeper = asyncio.ensure_future(_keep_lease(kvs, lease_id, ttl))
-    exited = asyncio.ensure_future(cmd.wait())
     lost: str | None = None
-    try:
-        await asyncio.wait((exited, keeper), return_when=asyncio.FIRST_COMPLETED)
-        if not exited.done():
-            lost = keeper.result()
-            _warn(f"kvs lease run: lease {lease_id} {lost}: stopping {command[0]} "
-                  f"(pid {cmd.pid})")
-            # (as Command.stop begins: at a terminal an interactive shell obeys SIGHUP)
-            cmd.signal(signal.SIGTERM if cmd.own_group else signal.SIGHUP)
-        code = await exited
-    finally:
-        for sig in STOP_SIGNALS:
-            loop.remove_signal_handler(sig)
-        keeper.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await keeper
-        if cmd.returncode is None:  # (an error of ours: the command does not outlive us)
-            cmd.kill()
+    with cmd.forwarding_stop_signals():  # (no await since the spawn: no signal is missed)
+        keeper = asyncio.ensure_future(_keep_lease(kvs, lease_id, ttl))
+        exited = asyncio.ensure_future(cmd.wait())
+        try:
+            await asyncio.wait((exited, keeper), return_when=asyncio.FIRST_COMPLETED)
+            if not exited.done():
+                lost = keeper.result()
+                _warn(f"kvs lease run: lease {lease_id} {lost}: stopping {command[0]} "
+                      f"(pid {cmd.pid})")
+                # (as Command.stop begins: at a terminal an interactive shell obeys SIGHUP)
+                cmd.signal(signal.SIGTERM if cmd.own_group else signal.SIGHUP)
+            code = await exited
+        finally:
+            keeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await keeper
     if lost is None:
         await _revoke_after(kvs, lease_id, ttl)
     return exit_code(code)
