@@ -63,6 +63,7 @@ from broker.loops import LOOP_NAMES, loop_factory
 from broker.message import NODEID_ANY, NODEID_UPSTREAM
 from broker.overlay_cli import cmd_overlay, rank_or_host, trace_types
 from broker.status import fsd
+from broker.uri_cli import register as register_uri
 
 
 def parse_attr(text: str) -> tuple[str, str]:
@@ -1604,6 +1605,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
     register_groups(sub)
     register_config(sub)
+    register_uri(sub)
 
     s = sub.add_parser("overlay", help="the tree's health")
     osub = s.add_subparsers(dest="overlay_cmd", required=True)
