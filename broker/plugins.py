@@ -97,7 +97,7 @@ def load_module_class(name: str) -> Any:
     return cls
 
 
-BUNDLED_COMMANDS = {"kvs": "kvs.cli:register"}
+BUNDLED_COMMANDS = {"kvs": "kvs.cli:register", "archive": "kvs.archive_cli:register"}
 """CLI extensions this distribution ships, also declared as entry points
 (pyproject.toml; a test keeps the two in step).  ``kvbroker kvs ...`` loads
 its registrar from here: reading every installed distribution's entry

@@ -82,8 +82,8 @@ from kvs.txn import MAX_OPS
 if TYPE_CHECKING:
     from kvs.client import KVS, Dir, RootSpec
 
-__all__ = ["ArchiveError", "Item", "Report", "build", "dump", "dump_checkpoint", "read_items",
-           "restore", "restore_checkpoint"]
+__all__ = ["ArchiveError", "BlobUploader", "Item", "Report", "build", "dump", "dump_checkpoint",
+           "read_items", "restore", "restore_checkpoint"]
 
 
 SUFFIXES = {".tar": "", ".tgz": "gz", ".tar.gz": "gz", ".tar.bz2": "bz2", ".tar.xz": "xz"}
@@ -774,7 +774,7 @@ async def restore(kvs: KVS, source: str | IO[bytes], key: str, *,
                                    *tree.ops(prefix)])
         report.rootref = (await kvs.get_treeobj(key, at=result))["data"][0]
         return report
-    uploader = _Uploader(h)
+    uploader = BlobUploader(h)
     try:
         for item in items:
             _check_limits(prefix, item)
@@ -818,10 +818,12 @@ def _something_left(report: Report) -> None:
         raise ArchiveError("nothing to restore: every entry of the archive was left out")
 
 
-class _Uploader:
+class BlobUploader:
     """``content.store`` in batches (:data:`STORE_BATCH_BYTES`,
     :data:`STORE_BATCH_BLOBS`), at most :data:`STORE_WINDOW` in flight;
-    checks that the instance names each blob as we did.
+    checks that the instance names each blob as we did (``put(ref, data)``
+    with the blobref the client computed).  Used by a restore and by
+    ``kvbroker archive create`` (``purpose``: the hold's name starts so).
 
     The blobs are stored under a hold of their own, released
     (:meth:`release`) once the commit naming them is answered: a garbage
@@ -830,9 +832,9 @@ class _Uploader:
     first blobs to a collection before its commit (which then failed
     ``ENOENT``)."""
 
-    def __init__(self, h: Any) -> None:
+    def __init__(self, h: Any, purpose: str = "restore") -> None:
         self.h = h
-        self.hold = f"restore-{os.getpid()}-{secrets.token_hex(8)}"
+        self.hold = f"{purpose}-{os.getpid()}-{secrets.token_hex(8)}"
         self.batch: list[tuple[str, bytes]] = []
         self.size = 0
         self.pending: deque[tuple[list[str], asyncio.Future[Any]]] = deque()
