@@ -797,7 +797,9 @@ def cmd_fsck(args: argparse.Namespace) -> int:
     whole in the content store -- online, a namespace's current root (or
     ``--rootref``) through ``content.load``; with ``--statedir DIR``, the
     checkpoint of a stopped instance, read from its file (:mod:`kvs.fsck`).
-    Keys (``-v``) and problems go to stderr, as Flux's; exit 1 on any."""
+    Keys (``-v``), problems, repairs and totals go to stderr, as Flux's;
+    exit 1 on any problem, repaired or not."""
+    from broker.content import blobref
     from kvs import fsck
 
     def said(key: str) -> None:
@@ -816,6 +818,10 @@ def cmd_fsck(args: argparse.Namespace) -> int:
     if args.repair and (args.statedir is None or args.rootref is not None):
         raise UsageError("--repair mends a stopped instance's checkpoint: --statedir DIR, "
                          "without --rootref (online, writers could race it)")
+    if args.job_aware and not args.repair:
+        raise UsageError("--job-aware goes with --repair")
+    if args.rootref is not None and not blobref.is_valid(args.rootref):
+        raise UsageError(f"--rootref {args.rootref!r}: invalid blobref specified")
     if args.statedir is not None:
         from kvs.archive import ArchiveError, open_stopped_store
 
@@ -823,15 +829,19 @@ def cmd_fsck(args: argparse.Namespace) -> int:
             with open_stopped_store(args.statedir, create=False, instead="stop it first, or "
                                     "check online (without --statedir)") as store:
                 point = None if args.rootref else _newest_checkpoint(store, args.statedir)
-                rootref = args.rootref if point is None else point.rootref
-                if not args.quiet:
+                rootref = str(args.rootref if point is None else point.rootref)
+                if args.quiet:
+                    pass
+                elif point is None:
                     print(f"checking {rootref} in {args.statedir}", flush=True)
+                else:
+                    print(f"Checking integrity of checkpoint from {_when(point.timestamp)} "
+                          f"(version {point.rootseq}, {rootref}) in {args.statedir}",
+                          flush=True)
                 report = asyncio.run(fsck.check(fsck.from_store(store), rootref, on_key))
                 status = finish(report)
-                if args.repair and report.problems:
-                    assert point is not None and isinstance(point.value, dict)
-                    _fsck_repair(store, point.value, report, args.statedir, rootref)
-                    status = 0
+                if args.repair:
+                    _fsck_repair(args, store, point, report, rootref)
         except ArchiveError as exc:
             raise CLIError("kvs fsck", detail=str(exc)) from None
         return status
@@ -839,9 +849,24 @@ def cmd_fsck(args: argparse.Namespace) -> int:
     async def body(kvs: KVS) -> int:
         rootref = args.rootref
         if rootref is None:
-            root = await kvs.getroot()
-            rootref = root.rootref
-            header = f"checking namespace {root.namespace} at version {root.rootseq} ({rootref})"
+            try:
+                root = await kvs.getroot()
+            except ErrnoError as exc:
+                # no kvs module to ask (Flux's fsck with the kvs unloaded): the
+                # checkpoint the content service keeps, the primary namespace's
+                if exc.errnum != errno.ENOSYS or args.namespace is not None:
+                    raise
+                points = await kvs.checkpoints()
+                if not points or points[0].rootref is None:
+                    raise CLIError("kvs fsck", detail="no kvs module answers, and no KVS "
+                                   "checkpoint names a root (give --rootref REF)") from None
+                rootref = points[0].rootref
+                header = (f"Checking integrity of checkpoint from {_when(points[0].timestamp)}"
+                          f" (version {points[0].rootseq}, {rootref})")
+            else:
+                rootref = root.rootref
+                header = (f"checking namespace {root.namespace} at version {root.rootseq} "
+                          f"({rootref})")
         else:
             header = f"checking {rootref}"
         if not args.quiet:
@@ -849,6 +874,13 @@ def cmd_fsck(args: argparse.Namespace) -> int:
         return finish(await fsck.check(_content_loader(kvs.handle), rootref, on_key))
 
     return _run(args, body)
+
+
+def _when(stamp: float | None) -> str:
+    """A checkpoint's time as Flux's fsck prints it (local, to the second)."""
+    import time
+
+    return "?" if stamp is None else time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(stamp))
 
 
 def _newest_checkpoint(store: Any, statedir: str) -> Any:
@@ -870,22 +902,43 @@ def _newest_checkpoint(store: Any, statedir: str) -> Any:
     return point
 
 
-def _fsck_repair(store: Any, checkpoint: dict[str, Any], report: Any, statedir: str,
+def _fsck_repair(args: argparse.Namespace, store: Any, point: Any, report: Any,
                  rootref: str) -> None:
-    """``kvs fsck --repair`` (:func:`kvs.fsck.repair`), and what it did."""
+    """``kvs fsck --repair`` (:func:`kvs.fsck.repair`), and what it did, on
+    stderr as Flux's: each key (not with ``-q``), then the totals (those
+    that are 0 only with ``-v``).  Nothing to repair writes nothing."""
     from kvs import fsck
+    from kvs.treeobj import NeedBlobs
 
-    try:
-        done = fsck.repair(store, checkpoint, report)
-    except (ValueError, ErrnoError) as exc:
-        why = exc.errstr if isinstance(exc, ErrnoError) else str(exc)
-        raise CLIError("kvs fsck", detail=f"cannot repair: {why}") from None
-    moved = ", ".join(f"{k} to {fsck.LOST_FOUND}.{k}" for k in done.moved)
-    print(f"repaired: unlinked {', '.join(done.unlinked)}"
-          + (f"; moved what could be read of {moved}" if moved else "")
-          + f". The next start resumes at {done.rootref} (version {done.rootseq}); the "
-          f"damaged root stays the checkpoint before it (kvs checkpoint update --statedir "
-          f"{statedir} {rootref} takes it back)", flush=True)
+    def say(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    done = None
+    if report.problems:
+        try:
+            done = fsck.repair(store, point.value, report, job_aware=args.job_aware)
+        except (ValueError, ErrnoError, NeedBlobs) as exc:
+            why = (exc.errstr if isinstance(exc, ErrnoError) else
+                   f"blobs missing on the way to a damaged key: {sorted(exc.refs)[:3]}"
+                   if isinstance(exc, NeedBlobs) else str(exc))
+            raise CLIError("kvs fsck", detail=f"cannot repair: {why}") from None
+        if not args.quiet:
+            for key in done.moved:
+                say(f"{key} repaired and moved to {fsck.LOST_FOUND}")
+            for key in done.unlinked:
+                say(f"{key} unlinked due to missing blobref")
+            for job in done.jobs:
+                say(f"job {job} moved to {fsck.LOST_FOUND}")
+            say(f"Updated primary checkpoint to include {fsck.LOST_FOUND}: version "
+                f"{done.rootseq}, {done.rootref} (the damaged root stays the checkpoint "
+                f"before it: kvs checkpoint update --statedir {args.statedir} {rootref} "
+                "takes it back)")
+    moved = len(done.moved) if done else 0
+    unlinked = len(done.unlinked) if done else 0
+    if moved or args.verbose:
+        say(f"Total repairs: {moved}")
+    if unlinked or args.verbose:
+        say(f"Total unlinked directories: {unlinked}")
 
 
 def _content_loader(h: Handle) -> Callable[[list[str]], Awaitable[dict[str, bytes | int]]]:
@@ -1628,18 +1681,23 @@ def register(subparsers: Any) -> None:
                        "namespace's current root (online: -N NS, default primary) or of "
                        "--rootref REF, or with --statedir DIR of a stopped instance's KVS "
                        "checkpoint, and name each key that cannot be read whole (missing or "
-                       "damaged blobs) on stderr; exit 1 if any.  Nothing is written.")
+                       "damaged blobs) on stderr; exit 1 if any.  Nothing is written but by "
+                       "--repair.")
     p.add_argument("-N", "--namespace", help="online: the namespace whose root to check")
-    p.add_argument("--rootref", metavar="REF", help="check this root instead")
+    p.add_argument("-r", "--rootref", metavar="REF", help="check this root instead")
     p.add_argument("--statedir", metavar="DIR",
                    help="check the checkpoint of the stopped instance of this statedir")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="print each key as it is checked, each failing blob, and the total")
-    p.add_argument("-q", "--quiet", action="store_true", help="print no header line")
-    p.add_argument("--repair", action="store_true",
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="print no header line, and with --repair only the totals")
+    p.add_argument("-R", "--repair", action="store_true",
                    help="with --statedir: unlink the damaged keys from the checkpoint, "
                    "keeping what can be read of a value as lost+found.KEY, and make that "
                    "the checkpoint (the damaged one kept before it)")
+    p.add_argument("-j", "--job-aware", action="store_true",
+                   help="with --repair: move a job's whole directory "
+                   "(job.XXXX.XXXX.XXXX.XXXX) to lost+found if a key in it is damaged")
     p.set_defaults(func=cmd_fsck)
 
     p = sub.add_parser("dump", help="write a directory (or a stopped instance's "

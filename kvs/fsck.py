@@ -5,27 +5,29 @@ statedir -- that loads every tree object and every value's blob, and says
 which keys cannot be read whole, and why, instead of stopping at the first
 (as a collection does: :func:`kvs.garbage.reachable`).
 
-It never writes.  The walk goes a level of the tree at a time, asking for
-all the blobs of a level at once (:data:`Load` takes a list), so a running
-instance answers a few large ``content.load`` requests rather than one per
-blob.  A blob the store does not have is *missing*; one it holds damaged
-(bytes that do not match their hash: rank 0 answers ``EIO``) is
-*damaged*; a directory's blob that does not decode as a directory is a
-damaged directory.  Each problem names the key (``.`` the root) and, for a
-value, the position of each blob that fails (``index=1``), as Flux's
+The check never writes (:func:`repair` does).  The walk goes a level of
+the tree at a time, asking for all the blobs of a level at once
+(:data:`Load` takes a list), so a running instance answers a few large
+``content.load`` requests rather than one per blob.  A blob the store
+does not have is *missing*; one it holds damaged (bytes that do not match
+their hash: rank 0 answers ``EIO``) is *damaged*; a directory's blob that
+does not decode as a directory is a damaged directory.  Each problem names
+the key (``.`` the root) and, for a value, the position of each blob that
+fails (``index=1``), as Flux's
 ``--verbose`` does.
 """
 
 from __future__ import annotations
 
 import errno
+import re
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from broker.errors import ErrnoError
 from kvs import treeobj
-from kvs.treeobj import NeedBlobs, TreeObj
+from kvs.treeobj import TreeObj
 
 Load = Callable[[list[str]], Awaitable[dict[str, bytes | int]]]
 """Blobs by blobref: the bytes, or an errno (``ENOENT`` missing, ``EIO``
@@ -48,9 +50,12 @@ class Problem:
     directory's, a shard's, or a long value's group or chunk)."""
     detail: str = ""
     readable: list[str] | None = None
-    """A value's blobs that could be read, in order (what ``--repair``
-    keeps in ``lost+found``); None for a directory, or a long value whose
-    groups or chunks could not be read."""
+    """A value's data blobs that could be read, in order (what ``--repair``
+    keeps in ``lost+found``: of a long value, those of the groups and
+    chunks that could be read); None for a directory."""
+    dir: bool = False
+    """A directory (or a shard of one) that cannot be read: ``--repair``
+    unlinks it, keeping nothing."""
 
 
 @dataclass
@@ -84,6 +89,7 @@ async def check(load: Load, rootref: str,
             got = blobs[d.ref]
             if isinstance(got, int):
                 _blob_problem(report, d.path, f"{d.what} blobref", [(None, d.ref)], got)
+                report.problems[-1].dir = True
                 continue
             try:
                 obj = treeobj.decode(got)
@@ -92,7 +98,7 @@ async def check(load: Load, rootref: str,
                     raise ErrnoError(errno.EINVAL, f"a {kind}, not a directory")
             except ErrnoError as exc:
                 report.problems.append(Problem(d.path, "damaged directory", [(None, d.ref)],
-                                               exc.errstr or ""))
+                                               exc.errstr or "", dir=True))
                 continue
             if kind == "hdir":
                 deeper += [_Dir(d.path, ref, "hdir shard")
@@ -128,12 +134,15 @@ def _entries(path: str, obj: TreeObj, report: Report, values: list[tuple[str, Tr
 
 async def _check_values(load: Load, values: list[tuple[str, TreeObj]], report: Report) -> None:
     """Every blob of ``values`` (a level's): a long value's groups and
-    chunks first, then all the data, in batches."""
+    chunks first, then all the data, in batches.  A key's problems all
+    carry the data blobs of it that could be read (``readable``)."""
     refs_of: dict[str, list[str]] = {}
+    of_key: dict[str, list[Problem]] = {}
     for key, entry in values:
-        refs = await _value_refs(load, key, entry, report)
-        if refs is not None:
-            refs_of[key] = refs
+        before = len(report.problems)
+        refs_of[key] = await _value_refs(load, key, entry, report)
+        if len(report.problems) > before:
+            of_key[key] = report.problems[before:]
     wanted = list(dict.fromkeys(ref for refs in refs_of.values() for ref in refs))
     blobs = await _load(load, wanted, report)
     for key, refs in refs_of.items():
@@ -142,41 +151,50 @@ async def _check_values(load: Load, values: list[tuple[str, TreeObj]], report: R
             got = blobs[ref]
             if isinstance(got, int):
                 bad.setdefault(got, []).append((i, ref))
-        readable = [ref for ref in refs if isinstance(blobs[ref], bytes)]
         for errnum, at in sorted(bad.items()):
             _blob_problem(report, key, "blobref(s)", at, errnum)
-            report.problems[-1].readable = readable
+            of_key.setdefault(key, []).append(report.problems[-1])
+        readable = [ref for ref in refs if isinstance(blobs[ref], bytes)]
+        for problem in of_key.get(key, []):
+            problem.readable = readable
 
 
-async def _value_refs(load: Load, key: str, entry: TreeObj,
-                      report: Report) -> list[str] | None:
-    """The blobrefs of a value, its groups and chunks loaded (a ``vtree``);
-    None, with the problem reported, when one of those cannot be read."""
-    objs: dict[str, TreeObj] = {}
-    while True:
-        try:
-            return treeobj.value_refs(entry, objs.get)
-        except NeedBlobs as need:
-            refs = list(need.refs)
-        except ErrnoError as exc:  # a group or chunk of the wrong form
-            report.problems.append(Problem(key, "damaged value", [], exc.errstr or ""))
-            return None
+async def _value_refs(load: Load, key: str, entry: TreeObj, report: Report) -> list[str]:
+    """The blobrefs of a value's data, in order, its groups and chunks
+    loaded (a ``vtree``).  A group or chunk that cannot be read (or is not
+    of its form) is reported and left out, with the blobs it names: what
+    remains is what ``--repair`` can keep."""
+    if entry["type"] != "vtree":
+        return list(treeobj.value_refs(entry, lambda ref: None))
+    index, chunks, tail = treeobj.vtree_parts(entry)
+    failed: list[tuple[int | None, str]] = []
+    failed_errno = errno.ENOENT
+    wrong: list[str] = []
+
+    async def members(refs: list[str], of: Callable[[str, TreeObj | None], list[str]]
+                      ) -> list[str]:
+        nonlocal failed_errno
         blobs = await _load(load, refs, report)
-        failed: list[tuple[int | None, str]] = [
-            (None, ref) for ref in refs if isinstance(blobs[ref], int)]
-        if failed:
-            errnum = next(b for b in blobs.values() if isinstance(b, int))
-            _blob_problem(report, key, "blobref(s)", failed, errnum)
-            return None
+        out: list[str] = []
         for ref in refs:
             data = blobs[ref]
-            assert isinstance(data, bytes)
+            if isinstance(data, int):
+                failed.append((None, ref))
+                failed_errno = data if failed_errno == errno.ENOENT else failed_errno
+                continue
             try:
-                objs[ref] = treeobj.decode(data)
-            except ErrnoError as exc:
-                report.problems.append(Problem(key, "damaged value", [(None, ref)],
-                                               exc.errstr or ""))
-                return None
+                out += of(ref, treeobj.decode(data))
+            except ErrnoError as exc:  # a group or chunk of the wrong form
+                wrong.append(exc.errstr or ref)
+        return out
+
+    group_chunks = await members(list(index), treeobj.group_chunks)
+    refs = await members([*group_chunks, *chunks], treeobj.chunk_refs)
+    if failed:
+        _blob_problem(report, key, "blobref(s)", failed, failed_errno)
+    if wrong:
+        report.problems.append(Problem(key, "damaged value", [], "; ".join(wrong)))
+    return refs + list(tail)
 
 
 def _blob_problem(report: Report, key: str, noun: str, refs: list[tuple[int | None, str]],
@@ -214,29 +232,51 @@ LOST_FOUND = "lost+found"
 Flux's fsck does: ``lost+found.KEY``."""
 
 
+JOB_DIR = re.compile(r"job(\.[0-9a-fA-F]{4}){4}\.")
+"""A key inside a job's directory (``job.0123.4567.89ab.cdef.KEY``, Flux's
+KVS job path: ``--job-aware``)."""
+
+
+def job_dir_of(key: str) -> str | None:
+    """The job directory ``key`` is inside (``job.0123.4567.89ab.cdef``),
+    or None."""
+    found = JOB_DIR.match(key)
+    return found.group(0)[:-1] if found else None
+
+
 @dataclass
 class Repair:
     rootref: str
     rootseq: int
     moved: list[str]
-    """Keys whose readable blobs went to ``lost+found.KEY``."""
+    """Damaged values kept as ``lost+found.KEY`` (Flux's repairs): their
+    blobs that could be read, or an empty value if none could."""
     unlinked: list[str]
+    """Directories unlinked, nothing kept (they cannot be listed)."""
+    jobs: list[str] = field(default_factory=list)
+    """Job directories moved whole to ``lost+found`` (``--job-aware``)."""
 
 
-def repair(store: Any, checkpoint: dict[str, Any], report: Report) -> Repair:
+def repair(store: Any, checkpoint: dict[str, Any], report: Report, *,
+           job_aware: bool = False) -> Repair:
     """Offline, the instance stopped (its kvs cannot write meanwhile, as
     Flux's ``fsck --repair`` asks the kvs unloaded): unlink every key
-    ``report`` names from the checkpoint's tree, keeping a damaged value's
-    readable blobs as ``lost+found.KEY``, in one transaction of the KVS
-    engine; store the new blobs and make the new root the checkpoint, at
-    the next version (the damaged one stays as the checkpoint before it:
+    ``report`` names from the checkpoint's tree, keeping a damaged value
+    as ``lost+found.KEY`` (the blobs of it that could be read, in order; an
+    empty value if none could), as Flux's does; a directory that cannot be
+    read is only unlinked.  With ``job_aware`` a job directory holding a
+    damaged key moves whole to ``lost+found`` (``lost+found.job.…``, its
+    damaged values as above).  The KVS engine applies it (two transactions
+    with ``job_aware``: the job directories are moved as the first left
+    them); the new blobs are stored and the new root made the checkpoint,
+    at the next version (the damaged one stays the checkpoint before it:
     ``kvs checkpoint update`` takes it back).  A damaged root cannot be
     repaired (``ValueError``)."""
     import time
 
     import msgpack
 
-    from kvs import txn
+    from kvs import lookup, txn
     from kvs.checkpoints import UNLIMITED
     from kvs.namespaces import CHECKPOINT_KEY, rootseq_of
 
@@ -246,27 +286,45 @@ def repair(store: Any, checkpoint: dict[str, Any], report: Report) -> Repair:
             raise ValueError("the root directory itself cannot be read: nothing to repair "
                              "from (kvs checkpoint list; update to an older root)")
         by_key.setdefault(problem.key, problem)
-    ops: list[dict[str, Any]] = []
-    moved = []
-    for key, problem in by_key.items():
-        if problem.readable:
-            ops.append({"key": f"{LOST_FOUND}.{key}", "flags": 0,
-                        "dirent": treeobj.valref(problem.readable)})
-            moved.append(key)
-        ops.append({"key": key, "flags": 0, "dirent": None})
+    jobs = list(dict.fromkeys(j for j in map(job_dir_of, by_key) if j)) if job_aware else []
+
+    def kept(problem: Problem) -> dict[str, Any]:
+        return {"key": f"{LOST_FOUND}.{problem.key}", "flags": 0,
+                "dirent": treeobj.valref(problem.readable) if problem.readable
+                else treeobj.val(b"")}
+
     rootref = str(checkpoint["rootref"])
-    result = txn.apply(store, rootref, ops, hash_name=rootref.partition("-")[0],
-                       namespace="primary")
-    store.put_many(result.new_blobs.items())
+    hash_name = rootref.partition("-")[0]
+
+    def apply(root: str, ops: list[dict[str, Any]]) -> str:
+        result = txn.apply(store, root, ops, hash_name=hash_name, namespace="primary")
+        store.put_many(result.new_blobs.items())
+        return result.rootref
+
+    moved = [k for k, p in by_key.items() if not p.dir]
+    in_job = {k for k in moved if job_dir_of(k) in jobs}
+    ops: list[dict[str, Any]] = [{"key": key, "flags": 0, "dirent": None} for key in by_key]
+    ops += [kept(by_key[k]) for k in moved if k not in in_job]
+    root = apply(rootref, ops)
+    if jobs:  # each job's directory as the unlinks left it, then its values kept
+        ops = []
+        for job in jobs:
+            entry = lookup.lookup(store, root, job, lookup.TREEOBJ, namespace="primary")
+            if entry is not None:
+                ops += [{"key": f"{LOST_FOUND}.{job}", "flags": 0, "dirent": entry},
+                        {"key": job, "flags": 0, "dirent": None}]
+        ops += [kept(by_key[k]) for k in moved if k in in_job]
+        root = apply(root, ops)
     value = dict(checkpoint)
     old = rootseq_of(checkpoint)
-    value.update({"rootref": result.rootref, "rootseq": (old if type(old) is int else 0) + 1,
+    value.update({"rootref": root, "rootseq": (old if type(old) is int else 0) + 1,
                   "timestamp": time.time()})
     value.pop("sequence", None)  # (Flux's name for rootseq: rootseq says it now)
     store.checkpoints_kept = UNLIMITED
     store.checkpoint_put(CHECKPOINT_KEY, msgpack.packb(value, use_bin_type=True))
     store.sync()
-    return Repair(result.rootref, value["rootseq"], moved, list(by_key))
+    return Repair(root, value["rootseq"], moved, [k for k, p in by_key.items() if p.dir],
+                  jobs)
 
 
 def from_store(store: Any) -> Load:

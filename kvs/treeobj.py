@@ -412,6 +412,12 @@ def _group_chunks(ref: str, group: TreeObj | None) -> list[str]:
     return chunks
 
 
+chunk_refs = _chunk_refs
+group_chunks = _group_chunks
+"""(Public names of the two: ``kvs fsck`` reads a damaged ``vtree`` a group
+and a chunk at a time, keeping what it can.)"""
+
+
 def _refs_obj(refs: list[str]) -> TreeObj:
     """A ``valref`` of ``refs``, which may be empty (:func:`value_after`'s
     answer: the blobs after those a watcher has)."""

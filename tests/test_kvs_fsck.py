@@ -107,7 +107,8 @@ async def test_a_whole_tree_passes_and_verbose_names_every_key(
     statedir, _, _ = await _filled(start_instance, connect, tmp_path)
     rc, out, err = await run_cli("kvs", "fsck", "--statedir", str(statedir))
     assert (rc, err) == (0, ""), err
-    assert out.startswith("checking sha256-") and f"in {statedir}" in out
+    assert out.startswith("Checking integrity of checkpoint from ") and \
+        "(version 12, sha256-" in out and out.endswith(f" in {statedir}\n"), out
     rc, out, err = await run_cli("kvs", "fsck", "-v", "--statedir", str(statedir))
     assert rc == 0, err
     assert err.splitlines() == ["alink", "bigval", "testdir", "testdir.a", "testdir.adir",
@@ -220,18 +221,23 @@ async def test_repair_unlinks_the_damaged_keys_and_keeps_what_can_be_read(
     kept as ``lost+found.KEY``, in a new checkpoint at the next version;
     a start resumes there with every other key, fsck passes, and the
     damaged root is still the checkpoint before it (``checkpoint update``
-    takes it back).  Refused online and with ``--rootref`` (usage, 2)."""
+    takes it back).  It exits 1, as Flux's: errors were found.  Refused
+    online and with ``--rootref`` (usage, 2)."""
     statedir, roots, objs = await _filled(start_instance, connect, tmp_path)
     b = objs["testdir.b"]["data"]
     adir = objs["adir"]["data"][0]
     _delete(statedir, b[1], adir)
     rc, out, err = await run_cli("kvs", "fsck", "--repair", "--statedir", str(statedir))
-    assert rc == 0, err
-    assert "testdir.b: missing blobref(s)" in err and "testdir.adir: missing dirref" in err
-    assert "repaired: unlinked testdir.adir, testdir.b; moved what could be read of " \
-           "testdir.b to lost+found.testdir.b." in out or \
-           "repaired: unlinked testdir.b, testdir.adir; moved what could be read of " \
-           "testdir.b to lost+found.testdir.b." in out, out
+    assert rc == 1, err  # (errors were found: Flux's exit status, repaired or not)
+    lines = err.splitlines()
+    assert lines[:6] == ["testdir.b: missing blobref(s)", "testdir.adir: missing dirref blobref",
+                         "Total errors: 2", "testdir.b repaired and moved to lost+found",
+                         "testdir.adir unlinked due to missing blobref",
+                         lines[5]], err
+    assert lines[5].startswith("Updated primary checkpoint to include lost+found: version 13, ")
+    assert f"kvs checkpoint update --statedir {statedir} {roots['all']} takes it back" \
+        in lines[5]
+    assert lines[6:] == ["Total repairs: 1", "Total unlinked directories: 1"], err
     rc, out, err = await run_cli("kvs", "fsck", "--statedir", str(statedir))
     assert (rc, err) == (0, ""), err
     rc, out, err = await run_cli("kvs", "checkpoint", "list", "--statedir", str(statedir))
