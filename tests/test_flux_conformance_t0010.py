@@ -46,32 +46,17 @@ t0010, Flux case -> here:
    ``kvbroker rpc heaptrace.start`` gets just that: exit 1, ``Function not
    implemented (no service matching heaptrace.start)``.
 
-t2802, Flux case -> here.  kvbroker has no ``uri`` command (``kvbroker
-uri``: invalid choice, exit 2) and the docs promise none: **not built**.
-What a user does instead:
-
-1. *-h prints the list of resolvers* -> not built (usage error).
-2. *rejects invalid URI* (``bar``, ``bar:foo``) -> ``KVBROKER_URI=bar``
-   and ``bar:foo`` have no ``://`` and are bare socket paths here
-   (docs/api.md): refused as paths that do not exist, naming the URI, exit 1.
-3. *passes ssh and local URIs unchanged; --local / --remote* -> nothing to
-   resolve: ``kvbroker start`` gives ``local://RUNDIR/local-R``, which the
-   rank's ``local-uri`` attribute repeats; its ``--remote`` form,
-   ``ssh://HOST/RUNDIR/local-R`` (also ``ssh://user@host:port/...``: ssh gets
-   ``-p PORT -l USER HOST``), reaches the same rank through the relay.
-4.-6. *pid resolver (pid:$$, ?local, ?remote)* -> a process under an
-   instance has ``KVBROKER_URI`` in its environment (``kvbroker start --
-   CMD``, ``exec -r N``: rank N's).  ``pid:N`` as a URI is a bare path that
-   does not exist (exit 1, named).
-7.-9. *pid resolver on flux-broker (fallback, no child)* -> a rank's
-   ``broker.pid`` attribute is that rank's process, and its ``local-uri``
-   the URI to reach it; each rank says its own.
-10.-12. *nonexistent pid, ?local&remote, non-Flux pid* -> ``pid:123456`` as
-   case 4; query strings are refused in ``ssh://`` URIs (the form expected
-   is said).
-13.-29. *jobid resolver, hierarchies, relative paths, --wait, slurm and lsf
-   resolvers* -> not applicable: jobs and nested instances are outside
-   kvbroker's scope.
+t2802 (``flux uri``): ``kvbroker uri`` is built (2026-12-06) and its cases
+are mapped in tests/test_flux_conformance_t2802.py.  What stays here is the
+URIs as ``KVBROKER_URI`` takes them, which ``kvbroker uri`` prints:
+``kvbroker start`` gives ``local://RUNDIR/local-R``, which the rank's
+``local-uri`` attribute repeats; its ``--remote`` form,
+``ssh://HOST/RUNDIR/local-R`` (also ``ssh://user@host:port/...``: ssh gets
+``-p PORT -l USER HOST``), reaches the same rank through the relay; a
+rank's ``broker.pid`` attribute is that rank's process, and its
+``local-uri`` the URI to reach it; each rank says its own.  ``bar``,
+``bar:foo`` and ``pid:N`` *as* ``KVBROKER_URI`` have no ``://`` and are bare
+socket paths: refused as paths that do not exist, naming the URI, exit 1.
 
 And bad ``KVBROKER_URI`` values said clearly, exit 1, nothing sent: an
 unknown scheme (``tcp://``, ``foo://``, ``LOCAL://``), empty (as unset),
@@ -416,13 +401,7 @@ async def test_heaptrace_not_implemented(start_instance) -> None:
                    f"(no service matching {topic})\n")
 
 
-# ---------------------------------------------------------------- t2802: uri
-
-
-async def test_uri_command_not_built() -> None:
-    rc, out, err = await run_cli("uri", "--help", env=without_uri())
-    assert (rc, out) == (2, "")
-    assert "argument COMMAND: invalid choice: 'uri'" in err
+# ------------------------------------- t2802: the URIs KVBROKER_URI takes
 
 
 async def test_local_and_ssh_uris_reach_the_rank_unchanged(
