@@ -37,7 +37,7 @@ import socket
 import struct
 from typing import TYPE_CHECKING
 
-from broker import codec
+from broker import codec, ssh
 from broker.errors import ProtocolError
 from broker.framewriter import FramedProtocol
 from broker.logring import LogThrottle
@@ -586,6 +586,9 @@ class Connector:
         return ClientConnection(self, f"c{self._next}")
 
     async def start(self) -> None:
+        # the kvbroker an ssh:// client's relay runs here (before the
+        # socket: a client that finds the socket finds it too)
+        ssh.install_relay_command(os.path.dirname(self.path))
         # A socket left here is taken over: a restarted rank replaces a dead
         # (or frozen) process of the same rank, as its overlay link does.
         if os.path.exists(self.path):
@@ -654,3 +657,4 @@ class Connector:
                     os.unlink(self.path)
             except FileNotFoundError:
                 pass
+            ssh.remove_relay_command(os.path.dirname(self.path))  # (if the last)

@@ -18,8 +18,18 @@ error ...``): a host, login or socket that fails is reported by
 
 ``$KVBROKER_SSH`` names the ssh command (default ``ssh``; tests use a
 stand-in that runs the command locally), ``$KVBROKER_SSH_RCMD`` the
-``kvbroker`` command on the remote host (default: this ``kvbroker``'s
-absolute path, i.e. the same installation path there).
+``kvbroker`` command on the remote host.  By default it is ``env
+PATH=RUNDIR/bin:BINDIR:/bin:/usr/bin kvbroker``, as Flux's connector
+sets the remote ``PATH``: every rank keeps in ``RUNDIR/bin`` (beside its
+socket) a ``kvbroker`` that runs the rank's own installation
+(:func:`install_relay_command`), so the relay is found on the rank's host
+whatever this host's installation is; BINDIR (this ``kvbroker``'s
+directory) is the fallback for a run directory without one.
+
+ssh's standard error is kept while it connects: should the relay not
+answer, what ssh (or the remote shell) said is the error's message, as
+Flux's connector does; once the relay has answered it is passed on to
+ours.
 """
 
 from __future__ import annotations
@@ -41,6 +51,9 @@ from broker.command import watch_exit
 SCHEME = "ssh://"
 GREETING = b"kvbroker-relay "
 GREETING_MAX = 4096
+RELAY_BIN = "bin"
+"""The directory of the run directory a rank keeps its ``kvbroker`` in
+(Flux's ``RUNDIR/bin/flux``)."""
 
 
 @dataclass(frozen=True)
@@ -74,16 +87,32 @@ def _words(name: str, value: str) -> list[str]:
         raise ValueError(f"${name} {value!r}: {exc}") from None
 
 
-def remote_command() -> list[str]:
-    """The ``kvbroker`` command to run on the remote host, as words:
-    ``$KVBROKER_SSH_RCMD`` may carry some (``/opt/venv/bin/python -m
-    broker.cli``), split as ``$KVBROKER_SSH`` is (as one word it named no
-    program there)."""
+def local_bindir() -> str | None:
+    """The directory of this host's ``kvbroker`` (beside this Python, else
+    on ``$PATH``), None if there is none."""
+    here = os.path.join(os.path.dirname(sys.executable), "kvbroker")
+    found = here if os.access(here, os.X_OK) else shutil.which("kvbroker")
+    return os.path.dirname(os.path.abspath(found)) if found else None
+
+
+def remote_command(path: str) -> list[str]:
+    """The ``kvbroker`` command to run on the remote host for the socket
+    ``path``, as words: ``$KVBROKER_SSH_RCMD`` may carry some
+    (``/opt/venv/bin/python -m broker.cli``), split as ``$KVBROKER_SSH``
+    is (as one word it named no program there).  By default ``kvbroker``
+    found through a ``PATH`` that puts the rank's ``RUNDIR/bin`` first, then
+    this host's ``kvbroker`` directory and the system's (Flux's remote
+    ``PATH``)."""
     rcmd = os.environ.get("KVBROKER_SSH_RCMD")
     if rcmd and rcmd.strip():
         return _words("KVBROKER_SSH_RCMD", rcmd)
-    here = os.path.join(os.path.dirname(sys.executable), "kvbroker")
-    return [here if os.access(here, os.X_OK) else (shutil.which("kvbroker") or "kvbroker")]
+    dirs = [os.path.join(os.path.dirname(path), RELAY_BIN)]
+    if ":" in dirs[0]:  # (PATH cannot name it)
+        dirs = []
+    bindir = local_bindir()
+    if bindir and ":" not in bindir:
+        dirs.append(bindir)
+    return ["env", "PATH=" + ":".join([*dirs, "/bin", "/usr/bin"]), "kvbroker"]
 
 
 def ssh_argv(target: SshTarget) -> list[str]:
@@ -93,30 +122,101 @@ def ssh_argv(target: SshTarget) -> list[str]:
     if target.user:
         argv += ["-l", target.user]
     # ssh hands the remote side one command line for its shell
-    return [*argv, target.host, shlex.join([*remote_command(), "relay", target.path])]
+    return [*argv, target.host,
+            shlex.join([*remote_command(target.path), "relay", target.path])]
 
 
 async def open_connection(uri: str) -> tuple[socket.socket, subprocess.Popen[bytes]]:
     """Start the ssh relay for ``uri``; the connected socket (its greeting
-    read) and the ssh process.  Raises OSError naming what failed."""
+    read) and the ssh process.  Raises OSError naming what failed, with
+    what ssh said on its standard error meanwhile."""
     target = parse(uri)
+    argv = ssh_argv(target)
     ours, theirs = socket.socketpair()
+    said_r, said_w = os.pipe()
     try:
-        proc = subprocess.Popen(ssh_argv(target), stdin=theirs.fileno(),
-                                stdout=theirs.fileno(), close_fds=True)
+        proc = subprocess.Popen(argv, stdin=theirs.fileno(), stdout=theirs.fileno(),
+                                stderr=said_w, close_fds=True)
     except OSError as exc:
         ours.close()
-        raise OSError(exc.errno, f"cannot run {ssh_argv(target)[0]}: {exc.strerror}") from None
+        os.close(said_r)
+        raise OSError(exc.errno, f"cannot run {argv[0]}: {exc.strerror} (KVBROKER_SSH names "
+                      "the ssh command)") from None
     finally:
         theirs.close()
+        os.close(said_w)
+    said = _Said(said_r)
     try:
         await _read_greeting(ours, target)
-    except BaseException:
+    except BaseException as exc:
         ours.close()
         proc.kill()
         proc.wait()
+        text = said.close()
+        if isinstance(exc, OSError) and text:
+            raise OSError(exc.errno, f"{exc.strerror}: {text}") from None
         raise
+    said.forward()
     return ours, proc
+
+
+class _Said:
+    """ssh's standard error while it connects: kept (the loop reads it as it
+    comes), then either returned for the error (:meth:`close`) or written
+    to ours and copied there from then on (:meth:`forward`)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.data = bytearray()
+        os.set_blocking(fd, False)
+        self.loop = asyncio.get_running_loop()
+        self.loop.add_reader(fd, self._read)
+
+    def _read(self) -> None:
+        try:
+            while chunk := os.read(self.fd, 1 << 16):
+                self.data += chunk
+                if len(self.data) > 1 << 16:  # (the last of it is what matters)
+                    del self.data[:-(1 << 15)]
+            self.loop.remove_reader(self.fd)  # end of file
+        except BlockingIOError:
+            pass
+        except OSError:
+            self.loop.remove_reader(self.fd)
+
+    def close(self) -> str:
+        """ssh has ended: what it said (what is there to read), stripped."""
+        self.loop.remove_reader(self.fd)
+        self._read()
+        os.close(self.fd)
+        return self.data.decode(errors="replace").strip()
+
+    def forward(self) -> None:
+        self.loop.remove_reader(self.fd)
+        os.set_blocking(self.fd, True)
+        threading.Thread(target=_copy_to_stderr, args=(self.fd, bytes(self.data)),
+                         daemon=True).start()
+
+
+def _copy_to_stderr(fd: int, first: bytes) -> None:
+    try:
+        try:
+            out = sys.stderr.fileno()
+        except (AttributeError, ValueError, OSError):  # (no real stderr: dropped)
+            out = -1
+        data = first
+        while True:
+            if out >= 0:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(out, view):]
+            data = os.read(fd, 1 << 16)
+            if not data:
+                return
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 async def _read_greeting(sock: socket.socket, target: SshTarget) -> None:
@@ -127,12 +227,13 @@ async def _read_greeting(sock: socket.socket, target: SshTarget) -> None:
         chunk = await loop.sock_recv(sock, 1)  # byte by byte: nothing beyond it is ours
         if not chunk:  # ssh failed: unknown host, no login, no kvbroker there...
             raise OSError(errno.EHOSTUNREACH, f"ssh to {target.host} ended before the relay "
-                          "answered (ssh's own error, if any, is above)")
+                          "answered")
         line += chunk
         if len(line) > GREETING_MAX:
-            raise OSError(errno.EPROTO, f"{target.host}: not a kvbroker relay")
+            raise OSError(errno.EPROTO, f"{target.host}: not a kvbroker relay{NOISE_HINT}")
     if not line.startswith(GREETING):
-        raise OSError(errno.EPROTO, f"{target.host}: not a kvbroker relay: {line[:80]!r}")
+        raise OSError(errno.EPROTO, f"{target.host}: not a kvbroker relay: {line[:80]!r}"
+                      f"{NOISE_HINT}")
     said = line[len(GREETING):].decode(errors="replace").strip()
     word, _, rest = said.partition(" ")
     if word == "ok" and not rest:
@@ -142,6 +243,11 @@ async def _read_greeting(sock: socket.socket, target: SshTarget) -> None:
         raise OSError(errno.EPROTO, f"{target.host}: the relay's greeting is not understood: "
                       f"{said[:80]!r} (another kvbroker version there?)")
     raise OSError(int(num), f"{target.host}: {text or os.strerror(int(num))}")
+
+
+NOISE_HINT = (" (something wrote to the ssh session's standard output before the relay: "
+              "do the shell's init files on that host write to standard output when not "
+              "interactive? They must not)")
 
 
 async def reap(proc: subprocess.Popen[bytes], timeout: float = 5.0) -> None:
@@ -158,6 +264,50 @@ async def reap(proc: subprocess.Popen[bytes], timeout: float = 5.0) -> None:
 
 
 # ---------------------------------------------------------------- the relay
+
+
+def install_relay_command(rundir: str) -> None:
+    """Write ``RUNDIR/bin/kvbroker``, a script that runs this rank's own
+    installation (its Python, its ``broker`` package), for the relay an
+    ``ssh://`` client runs through the ``PATH`` it sets (Flux's
+    ``RUNDIR/bin/flux`` link).  Readable by all, as the run directory is
+    where guests are allowed; written whole or not at all (the ranks of
+    one host share it).  Failing is not fatal: a client's ``PATH`` goes on
+    to its own ``kvbroker`` directory."""
+    import broker
+
+    bindir = os.path.join(rundir, RELAY_BIN)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(broker.__file__)))
+    script = ("#!/bin/sh\n"
+              "# the relay of an ssh:// client (kvbroker relay): this rank's kvbroker\n"
+              f"PYTHONPATH={shlex.quote(root)}${{PYTHONPATH:+:$PYTHONPATH}}\n"
+              "export PYTHONPATH\n"
+              f"exec {shlex.quote(sys.executable)} -m broker.cli \"$@\"\n")
+    try:
+        os.makedirs(bindir, mode=0o755, exist_ok=True)
+        path = os.path.join(bindir, "kvbroker")
+        tmp = f"{path}.{os.getpid()}"
+        with open(tmp, "w") as f:
+            f.write(script)
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+def remove_relay_command(rundir: str) -> None:
+    """Remove ``RUNDIR/bin`` once no rank's socket is left in ``rundir``
+    (the last rank of the host to stop: the run directory is left as it
+    was found)."""
+    try:
+        if any(name.startswith("local-") for name in os.listdir(rundir)):
+            return
+        bindir = os.path.join(rundir, RELAY_BIN)
+        os.unlink(os.path.join(bindir, "kvbroker"))
+        os.rmdir(bindir)
+    except OSError:
+        pass
+
 
 
 def relay(path: str) -> int:

@@ -41,10 +41,11 @@ Flux case -> here:
    exit 1, ``node1: PATH: No such file or directory``; also a path that is
    not a listening socket (``Connection refused``).
 12. *forwards LD_LIBRARY_PATH* to the remote ``flux relay`` -> Flux needs
-   its library path there; kvbroker runs the remote ``kvbroker`` by this
-   installation's absolute path (``KVBROKER_SSH_RCMD`` to change it): the
-   ssh command line is checked.  And a remote ``kvbroker`` that cannot be
-   run is reported (ssh's error, then "ended before the relay answered").
+   its library path there; kvbroker runs the remote ``kvbroker`` through
+   the ``PATH`` Flux's connector sets, the rank's ``RUNDIR/bin`` first
+   (``KVBROKER_SSH_RCMD`` to change it; see t1106): the ssh command line
+   is checked.  And a remote ``kvbroker`` that cannot be run is reported
+   ("ended before the relay answered", then the remote shell's error).
 13.-16. *version mismatch / --force* -> not applicable: the relay copies
    bytes and the connector protocol has no version handshake
    (docs/protocol.md); ``version`` is a read-only attribute.
@@ -185,11 +186,12 @@ async def test_t1105_a_command_over_ssh_reaches_the_rank_and_leaves_nothing(
     assert rc == 0 and out.startswith("rank=0 route=c") and "!r1!r0 " in out, (out, err)
     assert relays(path) == []  # (the command waited for its ssh: none is left)
     assert sorted(os.listdir(inst.rundir)) == before
-    # the remote command is this installation's kvbroker, by absolute path
+    # the remote command is the rank's kvbroker, found through RUNDIR/bin
     words = shlex.split(standin.read_text().splitlines()[0])
     assert words[0] == "node1" and words[-2:] == ["relay", path]
-    assert os.path.isabs(words[1]) and words[1].endswith("/kvbroker")
-    assert os.access(words[1], os.X_OK)
+    assert words[1] == "env" and words[3] == "kvbroker", words
+    assert words[2].startswith(f"PATH={inst.rundir}/bin:"), words
+    assert os.access(f"{inst.rundir}/bin/kvbroker", os.X_OK)
 
 
 async def test_a_socket_path_with_a_space_and_a_quote_reaches_the_remote_shell_intact(
