@@ -268,7 +268,8 @@ class Command:
 
     @classmethod
     def spawn(cls, argv: list[str], env: dict[str, str], *, stdin: int | None = None,
-              stdout: int | None = None, stderr: int | None = None) -> Command:
+              stdout: int | None = None, stderr: int | None = None,
+              cwd: str | None = None) -> Command:
         """Start ``argv`` (raises OSError if it cannot be executed).  Its
         standard streams are ours unless given (``subprocess.PIPE``,
         ``DEVNULL``): ``exec`` on several ranks reads their output to label
@@ -281,7 +282,7 @@ class Command:
         with _preexec() as preexec_fn:
             proc = subprocess.Popen(argv, env=env, close_fds=False, stdin=stdin, stdout=stdout,
                                     stderr=stderr, process_group=0 if own_group else None,
-                                    preexec_fn=preexec_fn)
+                                    preexec_fn=preexec_fn, cwd=cwd)
         return cls(proc, own_group)
 
     @property

@@ -28,6 +28,7 @@ from broker.cliutil import (
     command_args,
     connect,
     each_rank,
+    errno_detail,
     no_answer_detail,
     print_err,
     run_async,
@@ -56,6 +57,10 @@ the others back only once they are this far ahead of it."""
 STDIN_CHUNK = 65536
 """What one read of exec's standard input asks for, and the most given to
 one command's pipe at a time (its capacity, by default)."""
+_CANNOT_EXECUTE = (errno.ENOENT, errno.EACCES, errno.ENOEXEC, errno.ENOTDIR, errno.EISDIR,
+                   errno.ELOOP, errno.ENAMETOOLONG, errno.ETXTBSY)
+"""``execve``'s errors for a command that cannot be run (said as a shell
+does: 127, 126), as a rank's ``rexec`` answers them."""
 EXEC_TIMED_OUT = 124
 """``exec``'s status when ``-t`` expired while its commands ran, as
 ``timeout(1)``'s: a script can tell it from a command's own failure."""
@@ -88,15 +93,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
 
     async def main() -> str:
         async with await connect() as h:
-            uri = str(await h.attr_get("local-uri", nodeid=rank))
-            path = parse_uri(uri)
-            if not os.path.exists(path):  # across hosts: the rank's socket is elsewhere
-                host = await h.attr_get("hostname", nodeid=rank)
-                raise CLIError("exec", detail=f"rank {rank}'s socket {path} is not on "
-                               f"this host (rank {rank} runs on {host}); exec reaches "
-                               "the ranks of this host only (from here: KVBROKER_URI="
-                               f"ssh://{host}{path})")
-            return uri
+            return str(await h.attr_get("local-uri", nodeid=rank))
 
     uri = ""
 
@@ -106,6 +103,9 @@ def cmd_exec(args: argparse.Namespace) -> int:
         return 0
 
     run_async(args, go)
+    if not os.path.exists(parse_uri(uri)):  # across hosts: the rank runs it (rexec)
+        args.rank = rankset
+        return exec_ranks(args, command)
     from broker.command import cannot_run_message, cannot_run_status
 
     env = dict(os.environ, KVBROKER_URI=uri, KVBROKER_RANK=str(rank))
@@ -166,9 +166,9 @@ async def _exec_lookup(rankset: RankSet, deadline: float | None, limit: float | 
                        exclude: RankSet | None = None, given: bool = True) -> dict[int, str]:
     """Every rank's local URI, asked of all of them at once; a rank that does
     not answer by ``deadline`` is named, as one rank's ``exec -t`` names
-    it (all of them when several do not).  Fails, and nothing runs, if any rank's socket is
-    on another host, or if ``-x`` (``exclude``) leaves no rank of the
-    instance (``-r all -x 0`` in an instance of one rank: a usage error)."""
+    it (all of them when several do not).  Fails, and nothing runs, if
+    ``-x`` (``exclude``) leaves no rank of the instance (``-r all -x 0`` in
+    an instance of one rank: a usage error)."""
     pending: set[int] = set()
     try:
         async with asyncio.timeout_at(deadline) as bound, await connect() as h:
@@ -185,17 +185,7 @@ async def _exec_lookup(rankset: RankSet, deadline: float | None, limit: float | 
                 pending.discard(rank)
                 return uri
 
-            uris = dict(zip(ranks, await each_rank("exec", ranks, lookup), strict=True))
-            away = [r for r, uri in uris.items() if not os.path.exists(parse_uri(uri))]
-            if away:
-                host = await h.attr_get("hostname", nodeid=away[0])
-                path = parse_uri(uris[away[0]])
-                which = (f"rank {away[0]} is" if len(away) == 1
-                         else f"ranks {encode_ranks(away)} are")
-                raise CLIError("exec", detail=f"{which} not on this host (rank {away[0]} runs "
-                               f"on {host}; from here: KVBROKER_URI=ssh://{host}{path}); exec "
-                               "reaches the ranks of this host only, and ran nothing")
-            return uris
+            return dict(zip(ranks, await each_rank("exec", ranks, lookup), strict=True))
     except TimeoutError:
         if not bound.expired():
             raise  # (not ours)
@@ -208,14 +198,30 @@ async def _exec_run(command: list[str], uris: dict[int, str], label_io: bool,
     """Run ``command`` once per rank, with that rank's ``KVBROKER_URI``, and
     wait for all of them and for the end of their output, which is relayed
     a whole line at a time (:func:`_relay_lines`); their highest status.
-    Each gets all of our standard input (:class:`_StdinBroadcast`), or
-    ``/dev/null`` with ``noinput``.  SIGINT,
-    SIGTERM and SIGHUP are passed on to every command; past ``deadline``
-    they are stopped, status 124."""
+    A rank whose socket is not on this host (across hosts) runs its own
+    through its ``rexec`` service (:mod:`broker.rexec_client`), with our
+    environment and working directory.  Each gets all of our standard
+    input (:class:`_StdinBroadcast`), or ``/dev/null`` with ``noinput``.
+    SIGINT, SIGTERM and SIGHUP are passed on to every command; past
+    ``deadline`` they are stopped, status 124."""
+    remote = [rank for rank, uri in uris.items() if not os.path.exists(parse_uri(uri))]
+    if not remote:
+        return await _exec_supervise(command, uris, [], None, label_io, noinput, deadline,
+                                     limit)
+    async with await connect() as h:
+        return await _exec_supervise(command, uris, remote, h, label_io, noinput, deadline,
+                                     limit)
+
+
+async def _exec_supervise(command: list[str], uris: dict[int, str], remote: list[int], h: Any,
+                          label_io: bool, noinput: bool, deadline: float | None,
+                          limit: float | None) -> int:
+    """:func:`_exec_run`'s work, with ``h`` attached for the ``remote`` ranks."""
     from broker.command import Command, cannot_run_message, cannot_run_status, exit_code
+    from broker.rexec_client import RemoteCommand
 
     loop = asyncio.get_running_loop()
-    cmds: dict[int, Command] = {}
+    cmds: dict[int, Command | RemoteCommand] = {}
     returncodes: dict[int, int] = {}  # (-N: killed by signal N)
     said: set[str] = set()
 
@@ -226,37 +232,70 @@ async def _exec_run(command: list[str], uris: dict[int, str], label_io: bool,
     for sig in STOP_SIGNALS:  # (run once spawning is over: it does not yield)
         loop.add_signal_handler(sig, on_signal, sig)
     pumps: dict[int, list[asyncio.Task[None]]] = {}
-    outputs: tuple[_Output, _Output] | None = None
     broadcast: _StdinBroadcast | None = None
+    stdins: dict[int, IO[bytes]] = {}
+
+    def cannot_run(rank: int, exc: OSError, where: str = "") -> None:
+        message = where + cannot_run_message(command[0], exc)
+        if message not in said:  # (the same on every rank: said once)
+            said.add(message)
+            print_err(message)
+        returncodes[rank] = cannot_run_status(exc, command[0])
+
     try:
         for rank, uri in uris.items():
+            if rank in remote:
+                continue
             env = dict(os.environ, KVBROKER_URI=uri, KVBROKER_RANK=str(rank))
             try:
-                cmd = Command.spawn(command, env,
-                                    stdin=subprocess.DEVNULL if noinput else subprocess.PIPE,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-            except OSError as exc:  # (the same on every rank: said once)
-                message = cannot_run_message(command[0], exc)
-                if message not in said:
-                    said.add(message)
-                    print_err(message)
-                returncodes[rank] = cannot_run_status(exc, command[0])
+                local = Command.spawn(command, env,
+                                      stdin=subprocess.DEVNULL if noinput else subprocess.PIPE,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            except OSError as exc:
+                cannot_run(rank, exc)
                 continue
-            cmds[rank] = cmd
-            assert cmd.proc.stdout is not None and cmd.proc.stderr is not None
-            if outputs is None:
-                lock = asyncio.Lock()  # (one: both may be one pipe, 2>&1)
-                outputs = _Output(sys.stdout, lock), _Output(sys.stderr, lock)
+            cmds[rank] = local
+            if local.proc.stdin is not None:
+                stdins[rank] = local.proc.stdin
+        if remote:
+            env = {k: v for k, v in os.environ.items()
+                   if k not in ("KVBROKER_URI", "KVBROKER_RANK")}
+            started = await asyncio.gather(
+                *(RemoteCommand.start(h, rank, command, env, os.getcwd(), not noinput)
+                  for rank in remote), return_exceptions=True)
+            for rank, got in zip(remote, started, strict=True):
+                if isinstance(got, OSError) and got.errno in _CANNOT_EXECUTE \
+                        and "working directory" not in (got.strerror or ""):
+                    cannot_run(rank, got)  # (as a command of this host: 127, 126)
+                elif isinstance(got, OSError):  # (its working directory, a guest...)
+                    message = f"exec: rank {rank}: {got.strerror or got}"
+                    if message not in said:
+                        said.add(message)
+                        print_err(message)
+                    returncodes[rank] = 1
+                elif isinstance(got, BaseException):
+                    raise got
+                else:
+                    cmds[rank] = got
+                    if got.stdin is not None:
+                        stdins[rank] = got.stdin
+        lock = asyncio.Lock()  # (one: both may be one pipe, 2>&1)
+        outputs = _Output(sys.stdout, lock), _Output(sys.stderr, lock)
+        for rank, cmd in cmds.items():
             label = f"{rank}: ".encode() if label_io else None
-            pumps[rank] = [
-                asyncio.ensure_future(_relay_lines(label, cmd.proc.stdout, outputs[0])),
-                asyncio.ensure_future(_relay_lines(label, cmd.proc.stderr, outputs[1]))]
+            if isinstance(cmd, RemoteCommand):
+                readers: tuple[Any, Any] = cmd.stdout, cmd.stderr
+            else:
+                assert cmd.proc.stdout is not None and cmd.proc.stderr is not None
+                readers = (await _pipe_reader(cmd.proc.stdout),
+                           await _pipe_reader(cmd.proc.stderr))
+            pumps[rank] = [asyncio.ensure_future(_relay_lines(label, readers[0], outputs[0])),
+                           asyncio.ensure_future(_relay_lines(label, readers[1], outputs[1]))]
         every_pump = [task for tasks in pumps.values() for task in tasks]
         if not noinput:
-            broadcast = _StdinBroadcast({rank: cmd.proc.stdin for rank, cmd in cmds.items()
-                                         if cmd.proc.stdin is not None})
+            broadcast = _StdinBroadcast(stdins)
 
-        async def exited(rank: int, cmd: Command) -> int:
+        async def exited(rank: int, cmd: Command | RemoteCommand) -> int:
             code = await cmd.wait()
             if broadcast is not None:  # (what it left running gets no more, as in flux)
                 broadcast.drop(rank)
@@ -294,6 +333,11 @@ async def _exec_run(command: list[str], uris: dict[int, str], label_io: bool,
         for tasks in pumps.values():
             for task in tasks:
                 task.cancel()
+        for cmd in cmds.values():
+            if isinstance(cmd, RemoteCommand):
+                if cmd.error is not None:
+                    print_err(f"exec: rank {cmd.rank}: {errno_detail(cmd.error)}")
+                cmd.close()
     _report_exec_statuses(returncodes)
     return max(exit_code(code) for code in returncodes.values())
 
@@ -388,7 +432,7 @@ class _Output:
             loop.remove_writer(self.fd)
 
 
-async def _relay_lines(label: bytes | None, pipe: Any, out: _Output) -> None:
+async def _relay_lines(label: bytes | None, reader: Any, out: _Output) -> None:
     """Copy a command's output to ``out`` (our stdout or stderr) whole lines
     at a time, as ``flux exec`` relays its line-buffered output, so lines
     of different ranks never mix within a line: written by the commands
@@ -403,10 +447,6 @@ async def _relay_lines(label: bytes | None, pipe: Any, out: _Output) -> None:
     in pieces (each labelled) as it comes: held whole, and joined again at
     every read, one without a newline took memory without bound and time
     as its square."""
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader()
-    transport, _ = await loop.connect_read_pipe(
-        lambda: asyncio.StreamReaderProtocol(reader), pipe)
     rest = bytearray()  # (the line begun: grows in place, not copied at each read)
     try:
         while chunk := await reader.read(65536):
@@ -423,7 +463,26 @@ async def _relay_lines(label: bytes | None, pipe: Any, out: _Output) -> None:
         if rest:
             await out.write(bytes(rest) if label is None else _labelled(label, bytes(rest)))
     finally:
-        transport.close()
+        close = getattr(reader, "close", None)
+        if close is not None:
+            close()
+
+
+class _PipeReader(asyncio.StreamReader):
+    """A local command's pipe, read by the loop; :meth:`close` lets it go."""
+
+    transport: asyncio.BaseTransport | None = None
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+
+async def _pipe_reader(pipe: IO[bytes]) -> _PipeReader:
+    reader = _PipeReader()
+    reader.transport, _ = await asyncio.get_running_loop().connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(reader), pipe)
+    return reader
 
 
 def _labelled(label: bytes, data: bytes) -> bytes:

@@ -1,5 +1,5 @@
 """The broker's built-in services: ``broker``, ``attr``, ``event``, ``module``,
-``log``, ``overlay``, ``config``."""
+``log``, ``overlay``, ``config``, and ``rexec`` (:mod:`broker.rexec`)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from broker.errors import ErrnoError
 from broker.logring import Entry, LogRing, clip
 from broker.message import Message, MsgFlags
 from broker.module import Handler, Module, require, zero_counts
+from broker.rexec import RexecService
 from broker.trace import OverlayTrace
 
 if TYPE_CHECKING:
@@ -70,7 +71,7 @@ class BrokerServices(Module):
                                                "overlay.offline", "overlay.rejoined",
                                                "overlay.torpid")
     services: ClassVar[tuple[str, ...]] = ("broker", "attr", "event", "module", "log",
-                                           "overlay", "config")
+                                           "overlay", "config", "rexec")
 
     def __init__(self, ctx: Any, broker: Broker) -> None:
         super().__init__(ctx)
@@ -82,6 +83,8 @@ class BrokerServices(Module):
         self.trace = OverlayTrace(lambda req, out: self.h.respond(req, out),
                                   self._tracing)
         """The ``overlay.trace`` requests being served."""
+        self.rexec = RexecService(self)
+        """The commands this rank runs for clients elsewhere (``kvbroker exec``)."""
 
     def handlers(self) -> dict[str, Handler]:
         return {
@@ -115,7 +118,12 @@ class BrokerServices(Module):
             "overlay.trace-cancel": self.overlay_trace_cancel,
             "overlay.disconnect": self.overlay_client_gone,
             "overlay.stats-get": self.broker_stats,
+            **self.rexec.handlers(),
         }
+
+    async def stop(self) -> None:
+        """The rank stops: nothing ``rexec`` started outlives it."""
+        await self.rexec.stop()
 
     def clear_stats(self) -> None:
         """``broker.stats-clear``: the rank's ``messages`` and ``connector``

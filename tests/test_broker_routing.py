@@ -174,7 +174,7 @@ async def test_module_list_and_stats_get_of_every_module(start_instance, connect
             by_name = {m["name"]: m for m in modules}
             assert {"broker", "content"} <= set(by_name)
             assert set(by_name["broker"]["services"]) == {
-                "broker", "attr", "event", "module", "log", "overlay", "config"}
+                "broker", "attr", "event", "module", "log", "overlay", "config", "rexec"}
             for m in modules:
                 assert isinstance(m["requests"], int)
                 assert isinstance(await h.rpc(f"{m['name']}.stats-get", {}, nodeid=rank), dict)

@@ -429,7 +429,7 @@ async def test_t0017_module_list_open_rusage_not(start_instance) -> None:
     assert out == expect("""
         $ G kvbroker module list
         Module            Requests  Services
-        broker                   -  broker, attr, event, module, log, overlay, config
+        broker                   -  broker, attr, event, module, log, overlay, config, rexec
         content                  -  content
         kvs                      -  kvs
         kvs-watch                -  kvs-watch

@@ -728,9 +728,12 @@ async def test_a_rank_whose_bind_address_is_taken_says_so_and_exits_1(
     assert "ZMQError" not in err, err
 
 
-async def test_exec_names_the_host_of_a_rank_it_cannot_reach(tmp_path: Path, brokers) -> None:
+async def test_exec_on_a_rank_of_another_host_runs_there(tmp_path: Path, brokers) -> None:
     """``exec -r R`` attaches to rank R's local socket, which across hosts is
-    on R's host: it says so instead of "cannot connect"."""
+    on R's host: there, R's ``rexec`` service runs the command (as Flux's
+    subprocess server does for ``flux exec``), with R's ``KVBROKER_URI``,
+    our environment and working directory, our input, its output and its
+    exit status relayed."""
     config = await keyed_config(tmp_path, 2, 2)
     ranks = {r: await brokers(config, r) for r in (1, 0)}
     uris = {r: await ranks[r].ready() for r in (1, 0)}
@@ -738,44 +741,61 @@ async def test_exec_names_the_host_of_a_rank_it_cannot_reach(tmp_path: Path, bro
                                  uri=uris[0])
     assert (rc, out.strip()) == (0, uris[1]), err
     os.unlink(ranks[1].rundir / "local-1")  # as if rank 1 ran on another host
-    rc, _, err = await run_cli("exec", "-r", "1", "--", "true", uri=uris[0])
-    assert rc == 1
-    assert err.strip() == (f"kvbroker: exec: rank 1's socket {ranks[1].rundir}/local-1 is not "
-                           f"on this host (rank 1 runs on {socket.gethostname()}); exec reaches "
-                           "the ranks of this host only (from here: KVBROKER_URI="
-                           f"ssh://{socket.gethostname()}{ranks[1].rundir}/local-1)")
+    script = 'echo "$KVBROKER_RANK $KVBROKER_URI $MARK $(pwd)"; cat; echo oops >&2; exit 3'
+    env = dict(os.environ, MARK="from-the-client")
+    rc, out, err = await run_cli("exec", "-r", "1", "--", "sh", "-c", script, uri=uris[0],
+                                 input=b"in1\nin2\n", env=env, cwd=tmp_path)
+    assert rc == 3, err
+    assert out == f"1 {uris[1]} from-the-client {tmp_path}\nin1\nin2\n"
+    assert err == "oops\nkvbroker: exec: rank 1: Exit 3\n"
+    rc, _, err = await run_cli("exec", "-r", "1", "--", "nosuchcommand", uri=uris[0])
+    assert (rc, err) == (127, "kvbroker: nosuchcommand: No such file or directory\n"
+                              "kvbroker: exec: rank 1: Exit 127\n")
+    rc, _, err = await run_cli("exec", "-r", "1", "-d", "/", "--", "sh", "-c",
+                               'test "$(pwd)" = /', uri=uris[0])
+    assert rc == 0, err
 
 
-async def test_exec_on_a_set_runs_nothing_when_a_rank_is_elsewhere(tmp_path: Path,
-                                                                   brokers) -> None:
-    """``exec -r all`` across hosts: the ranks of this host only would be a
-    partial run nobody asked for, so nothing runs; exec names the ranks that
-    are not here and how to reach the first.  With every socket here, it
-    runs on each rank."""
+async def test_exec_on_a_set_spanning_hosts_runs_on_every_rank(tmp_path: Path,
+                                                               brokers) -> None:
+    """``exec -r all`` across hosts: the ranks of this host run theirs here,
+    the others through their ``rexec``; output labelled, input copied to
+    all, the statuses of each said, ``-t`` stopping those of every host."""
     config = await keyed_config(tmp_path, 3, 2)
     ranks = {r: await brokers(config, r) for r in (1, 2, 0)}
     uris = {r: await ranks[r].ready() for r in (1, 2, 0)}
     ran = tmp_path / "ran"
     ran.mkdir()
-    touch = ["sh", "-c", f'touch {ran}/"$KVBROKER_RANK"']
-    rc, _, err = await run_cli("exec", "-r", "all", "--", *touch, uri=uris[0])
-    assert rc == 0, err
-    assert sorted(os.listdir(ran)) == ["0", "1", "2"]
-    for r in (0, 1, 2):
-        os.unlink(ran / str(r))
-    host = socket.gethostname()
+    touch = ["sh", "-c", f'touch {ran}/"$KVBROKER_RANK"; read line; echo "got $line"; '
+             'exit $KVBROKER_RANK']
     for r in (1, 2):
         os.unlink(ranks[r].rundir / f"local-{r}")  # as if they ran on other hosts
-    rc, out, err = await run_cli("exec", "-r", "all", "--", *touch, uri=uris[0])
-    assert (rc, out) == (1, ""), err
-    assert err == (f"kvbroker: exec: ranks 1-2 are not on this host (rank 1 runs on {host}; "
-                   f"from here: KVBROKER_URI=ssh://{host}{ranks[1].rundir}/local-1); exec "
-                   "reaches the ranks of this host only, and ran nothing\n")
-    rc, out, err = await run_cli("exec", "-r", "0,2", "--", *touch, uri=uris[0])
-    assert (rc, out) == (1, ""), err
-    assert err.startswith("kvbroker: exec: rank 2 is not on this host (rank 2 runs on "), err
-    assert os.listdir(ran) == []
+    rc, out, err = await run_cli("exec", "-r", "all", "-l", "--", *touch, uri=uris[0],
+                                 input=b"hello\n")
+    assert rc == 2, err
+    assert sorted(os.listdir(ran)) == ["0", "1", "2"]
+    assert sorted(out.splitlines()) == ["0: got hello", "1: got hello", "2: got hello"]
+    assert err == "kvbroker: exec: rank 1: Exit 1\nkvbroker: exec: rank 2: Exit 2\n"
+    rc, out, err = await run_cli("exec", "-r", "0-2", "-t", "0.5", "--", "sleep", "59.75",
+                                 uri=uris[0])
+    assert rc == 124, err
+    assert "ranks 0-2 still running after 0.5s: stopped" in err, err
 
+    async def none_left() -> bool:
+        return not any(p.startswith(b"sleep\x0059.75") for p in cmdlines())
+
+    await wait_until(none_left, "the remote sleeps to be stopped")
+
+
+def cmdlines() -> list[bytes]:
+    """Every process's command line (NUL-separated), as /proc has them."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    out.append(f.read())
+    return out
 
 
 async def test_a_rank_restarted_while_its_old_link_looks_alive_takes_its_place(

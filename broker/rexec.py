@@ -1,0 +1,282 @@
+"""The ``rexec`` service: run a command on a rank, for a client elsewhere.
+
+``kvbroker exec`` runs a command "attached to" a rank: with that rank's
+``KVBROKER_URI``, on that rank's host.  A rank of this host is reached by
+starting the command here; a rank of another host (``kvbroker broker``,
+one per host) needs someone *there* to start it, which is this service, as
+Flux's broker has its subprocess server (``rexec``, RFC 42) for ``flux
+exec``.  Every rank has it, built in: one of the broker's own services
+(:class:`broker.services.BrokerServices` serves it through
+:class:`RexecService`, so it is always there and cannot be removed).  It
+is the instance owner's: a command runs as the rank's user, so a guest
+may not ask.
+
+Requests (docs/protocol.md, "rexec"):
+
+* ``rexec.exec {cmd, env?, cwd?, stdin?}`` (streaming): start ``cmd`` (a
+  list of strings) with ``env`` (default: the rank's environment) plus
+  ``KVBROKER_URI`` and ``KVBROKER_RANK`` naming this rank, in ``cwd``
+  (default: the rank's), in a process group of its own, killed if the
+  rank dies.  Its standard input is ``/dev/null`` unless ``stdin``.
+  Answers ``{type: "started", pid, rank}``, then ``{type: "output",
+  stream: "stdout"|"stderr", data}`` as it writes and ``{type: "output",
+  stream, eof: true}`` at each stream's end, then ``{type: "finished",
+  status}`` (its exit status, ``-N`` for signal N) once it has exited and
+  both streams have ended, then ``ENODATA``.  A command that cannot be
+  started is an error answer with the ``errno`` of ``execve`` (``ENOENT``
+  not found, ``EACCES``...), a ``cwd`` that is not there ``ENOENT``.
+* ``rexec.write {pid, data, eof?}``: give the command bytes of input
+  (answered once they are in its pipe: a client that waits for each answer
+  never has more than one write in flight); ``eof`` closes its input.
+  ``EPIPE`` once it takes no more (it exited, or closed its input).
+* ``rexec.kill {pid, signum}``: a signal to the command's process group.
+* ``rexec.credit {pid, bytes}`` (no answer): the client has written out
+  that much of the output.  At most :data:`OUTPUT_WINDOW` bytes are sent
+  and not yet credited: past it the rank stops reading the command's
+  output, which then blocks on its full pipe, as a local command does on a
+  reader that does not keep up -- nothing is held without bound, nothing
+  is lost.
+* ``rexec.disconnect`` (the router's, for a client that went): the
+  client's commands are killed (SIGKILL to their groups), as a local
+  ``exec``'s die with it.
+
+Only the client that started a command may write to it or signal it
+(another one's ``pid`` is ``ENOENT``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import os
+import signal
+import subprocess
+from collections import Counter
+from typing import Any
+
+from broker.command import Command
+from broker.errors import ErrnoError
+from broker.message import Message
+from broker.module import Handler, Module, require
+
+OUTPUT_WINDOW = 4 << 20
+"""Bytes of a command's output sent to its client and not yet credited
+(``rexec.credit``), at most: past it the rank reads no more of it."""
+READ_CHUNK = 1 << 16
+"""The most of a command's output one answer carries."""
+MAX_ARGV_BYTES = 1 << 20
+"""A command line (with its environment) larger than this is refused
+(``E2BIG``), as ``execve`` refuses one past the system's bound."""
+
+
+class _Running:
+    """A command this rank started for a client, until it has ended."""
+
+    def __init__(self, msg: Message, cmd: Command) -> None:
+        self.msg = msg
+        self.cmd = cmd
+        self.unacked = 0
+        """Output bytes sent and not yet credited."""
+        self.room = asyncio.Event()
+        self.room.set()
+        self.stdin: asyncio.StreamWriter | None = None
+        self.task: asyncio.Task[None] | None = None
+
+    def credit(self, nbytes: int) -> None:
+        self.unacked = max(0, self.unacked - nbytes)
+        if self.unacked < OUTPUT_WINDOW:
+            self.room.set()
+
+
+class RexecService:
+    """The ``rexec.*`` requests of a rank, served by ``module`` (the
+    broker's own services: its handle answers, its tasks supervise)."""
+
+    def __init__(self, module: Module) -> None:
+        self.module = module
+        self.ctx = module.ctx
+        self.running: dict[tuple[tuple[str, ...], int], _Running] = {}
+        """The commands running, by (the client's route, pid)."""
+        self.counts: Counter[str] = Counter()
+
+    def handlers(self) -> dict[str, Handler]:
+        return {
+            "rexec.exec": self.exec_,
+            "rexec.write": self.write,
+            "rexec.kill": self.kill,
+            "rexec.credit": self.credit,
+            "rexec.disconnect": self.disconnect,
+            "rexec.stats-get": self.stats_get,
+        }
+
+    @property
+    def h(self) -> Any:
+        return self.module.h
+
+    def stats_get(self, msg: Message) -> None:
+        """``rexec.stats-get`` (``kvbroker stats rexec``): the owner's."""
+        self._owner(msg)
+        self.h.respond(msg, self.stats())
+
+    def stats(self) -> dict[str, Any]:
+        return {"rank": self.ctx.rank, "running": len(self.running),
+                "output-held": sum(r.unacked for r in self.running.values()),
+                **{k: self.counts[k] for k in ("started", "failed-to-start", "finished",
+                                               "killed-at-disconnect")}}
+
+    async def stop(self) -> None:
+        """The rank stops: nothing it started outlives it."""
+        for run in list(self.running.values()):
+            run.cmd.kill()
+            if not run.msg.answered:
+                self.h.respond_error(run.msg, errno.ENOSYS,
+                                     f"rank {self.ctx.rank} is stopping: its commands are killed")
+        self.running.clear()
+
+    # -- requests
+    @staticmethod
+    def _owner(msg: Message) -> None:
+        if not msg.is_owner:
+            raise ErrnoError(errno.EPERM, "rexec runs commands as the instance owner: "
+                             "it is the instance owner's")
+
+    def _find(self, msg: Message) -> _Running:
+        pid = require(msg.payload, pid=int)["pid"]
+        run = self.running.get((tuple(msg.route), pid))
+        if run is None:
+            raise ErrnoError(errno.ENOENT, f"no command of yours with pid {pid} runs on rank "
+                             f"{self.ctx.rank}")
+        return run
+
+    async def exec_(self, msg: Message) -> None:
+        self._owner(msg)
+        if not msg.streaming:
+            raise ErrnoError(errno.EPROTO, "rexec.exec is a streaming request")
+        p = require(msg.payload, cmd=list)
+        cmd, env, cwd, stdin = p["cmd"], p.get("env"), p.get("cwd"), p.get("stdin", False)
+        if not cmd or not all(isinstance(w, str) for w in cmd):
+            raise ErrnoError(errno.EPROTO, "cmd must be a list of strings, not empty")
+        if env is not None and not (isinstance(env, dict) and all(
+                isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
+            raise ErrnoError(errno.EPROTO, "env must be a map of strings")
+        if cwd is not None and not isinstance(cwd, str) or not isinstance(stdin, bool):
+            raise ErrnoError(errno.EPROTO, "cwd must be a string, stdin a boolean")
+        size = sum(len(w) + 1 for w in cmd) + sum(len(k) + len(v) + 2
+                                                   for k, v in (env or {}).items())
+        if size > MAX_ARGV_BYTES:
+            raise ErrnoError(errno.E2BIG, f"the command line and environment hold {size} "
+                             f"bytes (at most {MAX_ARGV_BYTES})")
+        environ = dict(os.environ if env is None else env)
+        environ["KVBROKER_URI"] = str(self.ctx.attrs.get("local-uri", ""))
+        environ["KVBROKER_RANK"] = str(self.ctx.rank)
+        if cwd is not None and not os.path.isdir(cwd):
+            raise ErrnoError(errno.ENOENT, f"working directory {cwd}: no such directory on "
+                             f"rank {self.ctx.rank}'s host ({self.ctx.attrs.get('hostname')})")
+        try:
+            command = Command.spawn(cmd, environ, cwd=cwd,
+                                    stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        except OSError as exc:
+            self.counts["failed-to-start"] += 1
+            raise ErrnoError(exc.errno or errno.ENOEXEC,
+                             f"{cmd[0]}: {exc.strerror or exc}") from None
+        self.counts["started"] += 1
+        run = _Running(msg, command)
+        self.running[(tuple(msg.route), command.pid)] = run
+        if command.proc.stdin is not None:  # (ready before the client may write)
+            loop = asyncio.get_running_loop()
+            try:
+                transport, protocol = await loop.connect_write_pipe(
+                    asyncio.streams.FlowControlMixin, command.proc.stdin)
+            except BaseException:
+                command.kill()
+                self.running.pop((tuple(msg.route), command.pid), None)
+                raise
+            run.stdin = asyncio.StreamWriter(transport, protocol, None, loop)
+        self.h.respond(msg, {"type": "started", "pid": command.pid, "rank": self.ctx.rank})
+        run.task = self.module.spawn(self._supervise(run))
+
+    async def _supervise(self, run: _Running) -> None:
+        """Relay the command's output, then its end."""
+        key = (tuple(run.msg.route), run.cmd.pid)
+        proc = run.cmd.proc
+        try:
+            assert proc.stdout is not None and proc.stderr is not None
+            await asyncio.gather(self._pump(run, "stdout", proc.stdout),
+                                 self._pump(run, "stderr", proc.stderr))
+            status = await run.cmd.wait()
+            self.counts["finished"] += 1
+            self.h.respond(run.msg, {"type": "finished", "status": status})
+            self.h.respond_error(run.msg, errno.ENODATA)
+        finally:
+            if run.stdin is not None:
+                run.stdin.close()
+            if run.cmd.returncode is None:
+                run.cmd.kill()
+            self.running.pop(key, None)
+
+    async def _pump(self, run: _Running, name: str, pipe: Any) -> None:
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader(limit=READ_CHUNK)
+        transport, _ = await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader), pipe)
+        try:
+            while True:
+                await run.room.wait()
+                chunk = await reader.read(READ_CHUNK)
+                if not chunk:
+                    self.h.respond(run.msg, {"type": "output", "stream": name, "eof": True})
+                    return
+                self.h.respond(run.msg, {"type": "output", "stream": name, "data": chunk})
+                run.unacked += len(chunk)
+                if run.unacked >= OUTPUT_WINDOW:
+                    run.room.clear()
+        finally:
+            transport.close()
+
+    async def write(self, msg: Message) -> None:
+        self._owner(msg)
+        run = self._find(msg)
+        p = require(msg.payload, data=bytes)
+        eof = p.get("eof", False)
+        if not isinstance(eof, bool):
+            raise ErrnoError(errno.EPROTO, "eof must be a boolean")
+        if run.stdin is None or run.stdin.is_closing():
+            raise ErrnoError(errno.EPIPE, f"pid {run.cmd.pid} takes no input (stdin was not "
+                             "asked for, or it was closed)")
+        try:
+            if p["data"]:
+                run.stdin.write(p["data"])
+                await run.stdin.drain()
+            if eof:
+                run.stdin.close()
+        except (BrokenPipeError, ConnectionResetError):
+            run.stdin.close()
+            raise ErrnoError(errno.EPIPE, f"pid {run.cmd.pid} takes no more input") from None
+        self.h.respond(msg, {})
+
+    def kill(self, msg: Message) -> None:
+        self._owner(msg)
+        run = self._find(msg)
+        signum = require(msg.payload, signum=int)["signum"]
+        if signum not in {int(s) for s in signal.valid_signals()} or signum == 0:
+            raise ErrnoError(errno.EINVAL, f"no signal {signum}")
+        run.cmd.signal(signum)
+        self.h.respond(msg, {})
+
+    def credit(self, msg: Message) -> None:
+        with contextlib.suppress(ErrnoError):
+            run = self._find(msg)
+            nbytes = msg.payload.get("bytes") if isinstance(msg.payload, dict) else None
+            if type(nbytes) is int and nbytes > 0:
+                run.credit(nbytes)
+
+    def disconnect(self, msg: Message) -> None:
+        route = tuple(msg.route)
+        for key in [k for k in self.running if k[0] == route]:
+            run = self.running.pop(key)
+            self.counts["killed-at-disconnect"] += 1
+            run.cmd.kill()
+            if run.task is not None:
+                run.task.cancel()
