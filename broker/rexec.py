@@ -41,7 +41,7 @@ Requests (docs/protocol.md, "rexec"):
   ``exec``'s die with it.
 
 Only the client that started a command may write to it or signal it
-(another one's ``pid`` is ``ENOENT``).
+(another one's ``pid`` is ``ESRCH``, as Flux's for a pid it does not know).
 """
 
 from __future__ import annotations
@@ -145,7 +145,7 @@ class RexecService:
         pid = require(msg.payload, pid=int)["pid"]
         run = self.running.get((tuple(msg.route), pid))
         if run is None:
-            raise ErrnoError(errno.ENOENT, f"no command of yours with pid {pid} runs on rank "
+            raise ErrnoError(errno.ESRCH, f"no command of yours with pid {pid} runs on rank "
                              f"{self.ctx.rank}")
         return run
 

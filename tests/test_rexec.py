@@ -63,7 +63,7 @@ async def test_input_signals_and_errors(start_instance, connect) -> None:
     assert output(got, "stdout") == b"abcdef" and got[-1]["status"] == 0
     with pytest.raises(RemoteError) as err:  # (it has ended)
         await h.rpc("rexec.write", {"pid": pid, "data": b"x"}, nodeid=1)
-    assert err.value.errnum == errno.ENOENT
+    assert err.value.errnum == errno.ESRCH
 
     sleeper = h.rpc_stream("rexec.exec", {"cmd": ["sleep", "58.5"]}, nodeid=1)
     pid = (await asyncio.wait_for(anext(aiter(sleeper)), T))["pid"]
@@ -90,7 +90,7 @@ async def test_input_signals_and_errors(start_instance, connect) -> None:
     assert err.value.errnum == errno.EPROTO
     with pytest.raises(RemoteError) as err:
         await h.rpc("rexec.kill", {"pid": os.getpid(), "signum": 15}, nodeid=1)
-    assert err.value.errnum == errno.ENOENT  # (not one of ours: not reachable)
+    assert err.value.errnum == errno.ESRCH  # (not one of ours: not reachable)
     stats = await h.rpc("rexec.stats-get", nodeid=1)
     assert stats["started"] == 2 and stats["running"] == 0 and stats["failed-to-start"] == 1
 
