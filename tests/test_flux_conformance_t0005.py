@@ -22,9 +22,11 @@ Flux's cases, in order, and what each becomes:
     ranks 0,1; ``-x 2-3`` alone rank 0 (the default, documented).
     More in test_cli_exec.py (test_exec_exclude_leaves_out_its_ranks).
 7.-10. allow-guest-user on/off, 'exec to rank 0 from another rank is an
-    error' / 'works' -> there is no guest access to exec (exec runs
-    commands itself, as its caller; no rexec service to refuse a guest):
-    the guest half does not apply.  The nesting does:
+    error' / 'works' -> a command for a rank of this host is exec's own
+    child, run as its caller; one for a rank elsewhere goes through that
+    rank's ``rexec`` service, which is the instance owner's (a guest is
+    refused everywhere, not only on rank 0: tests/test_rexec.py).  The
+    nesting applies:
     :func:`test_exec_from_rank_1_to_rank_0_works`.
 11. 'exec to non-existent rank is an error' -> in
     :func:`test_exec_runs_on_the_ranks_it_is_given` (exit 1, nothing run;
@@ -89,9 +91,10 @@ Flux's cases, in order, and what each becomes:
     passing the environment (:func:`test_exec_passes_the_environment`).
 49.-end. rexec ``--bg``, ``--label``, ``--waitable``, ``flux sproc``
     ps/kill/wait, zombies, ``--attach`` (RFC 42), the broker log of
-    background output -> do not apply: kvbroker's exec has no subprocess
-    server and no background processes (each command is exec's child,
-    waited for); those options are usage errors
+    background output -> do not apply: kvbroker's ``rexec`` service
+    (broker/rexec.py, since 2026-12-06; its own cases:
+    tests/test_flux_conformance_t0005_rexec.py) runs only what ``exec``
+    waits for, no background processes; those options are usage errors
     (:func:`test_exec_has_no_rexec_options`).
 
 Beyond Flux's cases (its output cases with exec's two outputs as one,
