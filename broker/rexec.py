@@ -209,6 +209,11 @@ class RexecService:
             self.counts["finished"] += 1
             self.h.respond(run.msg, {"type": "finished", "status": status})
             self.h.respond_error(run.msg, errno.ENODATA)
+        except Exception as exc:  # (ours: the client must not wait for ever)
+            self.module.log.exception("rexec: relaying pid %d failed", run.cmd.pid)
+            if not run.msg.answered:
+                self.h.respond_error(run.msg, errno.EIO, f"rank {self.ctx.rank}: relaying "
+                                     f"the command's output failed: {exc}")
         finally:
             if run.stdin is not None:
                 run.stdin.close()
