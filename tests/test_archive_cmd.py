@@ -13,17 +13,15 @@ import asyncio
 import functools
 import json
 import os
-import signal
 import socket
 import stat
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from test_broker_guests import GUEST_UID, run_guest_cli
-from test_broker_support import KVBROKER, run_cli
+from test_broker_support import KVBROKER, run_cli, started_in_background
 
 from broker.cliutil import PermutingParser
 from kvs import filearchive as fa
@@ -192,25 +190,9 @@ def test_waitcreate_takes_its_fsd_attached_only() -> None:
 @pytest.fixture(scope="module")
 def uri(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """One 4-rank instance (fanout 2: rank 3 is below rank 1) for the module."""
-    log = tmp_path_factory.mktemp("archive") / "ranks.log"
-    with open(log, "wb") as err:
-        proc = subprocess.Popen([KVBROKER, "start", "--size", "4", "--fanout", "2",
-                                 "-S", "access.allow-guest-user=true"],
-                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err)
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline().decode().strip()
-        assert line.startswith("local://"), (line, log.read_text())
+    with started_in_background(tmp_path_factory.mktemp("archive") / "ranks.log", "--size",
+                               "4", "--fanout", "2", "-S", "access.allow-guest-user=true") as line:
         yield line
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
 
 
 async def cli(uri: str, *args: str, rc: int = 0, env: dict[str, str] | None = None) -> str:

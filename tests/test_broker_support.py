@@ -19,10 +19,11 @@ import logging
 import os
 import re
 import signal
+import subprocess
 import sys
 import textwrap
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -535,3 +536,27 @@ async def run_cli(
         raise
     assert proc.returncode is not None
     return proc.returncode, out.decode(), err.decode()
+
+
+@contextlib.contextmanager
+def started_in_background(log: Path, *args: str) -> Iterator[str]:
+    """``kvbroker start ARGS`` (no command: it serves until SIGINT) for a
+    module's tests; yields the URI it prints, and stops it at the end (its
+    ranks' stderr in ``log``)."""
+    with open(log, "wb") as err:
+        proc = subprocess.Popen([KVBROKER, "start", *args], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=err)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline().decode().strip()
+        assert line.startswith("local://"), (line, log.read_text())
+        yield line
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()

@@ -58,13 +58,11 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_broker_support import KVBROKER, run_cli
+from test_broker_support import KVBROKER, run_cli, started_in_background
 
 T = 60.0
 
@@ -72,24 +70,9 @@ T = 60.0
 @pytest.fixture(scope="module")
 def uri(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A 2-rank instance for the module, as Flux's ``test_under_flux 2``."""
-    log = tmp_path_factory.mktemp("t0021") / "ranks.log"
-    with open(log, "wb") as err:
-        proc = subprocess.Popen([KVBROKER, "start", "--size", "2"], stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=err)
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline().decode().strip()
-        assert line.startswith("local://"), (line, log.read_text())
+    with started_in_background(tmp_path_factory.mktemp("t0021") / "ranks.log",
+                               "--size", "2") as line:
         yield line
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
 
 
 async def flux(uri: str, cwd: Path, *args: str, rc: int = 0,

@@ -101,14 +101,13 @@ per-blob line also names the blobref.
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 from pathlib import Path
 from typing import Any
 
 from test_broker_support import run_cli
+from test_kvs_fsck import delete_blobs
 from test_kvs_rpc_helpers import APPEND, commit, dirref, put
 
-from broker.content.sqlite import digest_of
 from kvs import treeobj
 from kvs.client import KVS
 
@@ -120,16 +119,6 @@ async def fsck(*args: str, rc: int = 0, uri: str | None = None) -> tuple[str, li
     code, out, err = await run_cli("kvs", "fsck", *args, uri=uri)
     assert code == rc, (args, code, out, err)
     return out, err.splitlines()
-
-
-def delete_blobs(statedir: Path, refs: list[str]) -> None:
-    """The blobs gone from the stopped instance's store."""
-    db = sqlite3.connect(statedir / "content.sqlite")
-    with db:
-        for ref in refs:
-            assert db.execute("DELETE FROM objects WHERE hash = ?",
-                              (digest_of(ref),)).rowcount == 1, ref
-    db.close()
 
 
 class Damage:
@@ -159,7 +148,7 @@ class Damage:
         return str((await commit(h, put(key, dirref(ref))))["rootref"])
 
     def apply(self, statedir: Path) -> None:
-        delete_blobs(statedir, self.refs)
+        delete_blobs(statedir, *self.refs)
         self.refs = []
 
 
@@ -424,7 +413,7 @@ async def test_a_long_value_keeps_what_can_be_read(start_instance, connect, tmp_
     chunk = treeobj.decode((await h.rpc("content.load", {"blobref": lost}))["data"])
     gone = {bytes((await h.rpc("content.load", {"blobref": r}))["data"]) for r in chunk["data"]}
     await stop(inst, h)
-    delete_blobs(statedir, [lost])
+    delete_blobs(statedir, lost)
     _, err = await fsck("--statedir", str(statedir), "-R", rc=1)
     assert err[:3] == ["bigval: missing blobref(s)", "Total errors: 1",
                        "bigval repaired and moved to lost+found"], err

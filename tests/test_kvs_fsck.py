@@ -64,7 +64,8 @@ async def _fill(h: Any) -> dict[str, str]:
     return roots
 
 
-def _delete(statedir: Path, *refs: str) -> None:
+def delete_blobs(statedir: Path, *refs: str) -> None:
+    """The blobs gone from the stopped instance's store."""
     db = sqlite3.connect(statedir / "content.sqlite")
     with db:
         for ref in refs:
@@ -127,7 +128,7 @@ async def test_missing_and_damaged_blobs_are_named_offline_and_online(
     assert objs["bigval"]["type"] == "vtree", objs["bigval"]
     chunk = objs["bigval"]["data"]["chunks"][0]
     adir = objs["adir"]["data"][0]
-    _delete(statedir, b[1], adir, chunk)
+    delete_blobs(statedir, b[1], adir, chunk)
     _spoil(statedir, c[2])
     _spoil(statedir, c[3])
     expect = ["bigval: missing blobref(s)", "testdir.adir: missing dirref blobref",
@@ -163,7 +164,7 @@ async def test_rootref_checks_an_older_root(start_instance, connect, tmp_path) -
     """Flux's fsck of older roots: one from before testdir.c was made is
     whole though testdir.c's blobs are gone, and names only its keys."""
     statedir, roots, objs = await _filled(start_instance, connect, tmp_path)
-    _delete(statedir, objs["testdir.c"]["data"][0])
+    delete_blobs(statedir, objs["testdir.c"]["data"][0])
     rc, _, err = await run_cli("kvs", "fsck", "--statedir", str(statedir))
     assert rc == 1 and "testdir.c: missing blobref(s)" in err, err
     rc, out, err = await run_cli("kvs", "fsck", "-v", "--statedir", str(statedir),
@@ -209,7 +210,7 @@ async def test_a_sharded_directory_is_walked_and_a_lost_shard_named(
     assert rc == 0, err[-500:]
     assert len(err.splitlines()) == 1 + 1000 + 1 and err.endswith("Total errors: 0\n")
     shard = sorted(big["data"]["shards"].values())[0]
-    _delete(statedir, shard)
+    delete_blobs(statedir, shard)
     rc, _, err = await run_cli("kvs", "fsck", "--statedir", str(statedir))
     assert (rc, err) == (1, "big: missing hdir shard blobref\nTotal errors: 1\n")
 
@@ -226,7 +227,7 @@ async def test_repair_unlinks_the_damaged_keys_and_keeps_what_can_be_read(
     statedir, roots, objs = await _filled(start_instance, connect, tmp_path)
     b = objs["testdir.b"]["data"]
     adir = objs["adir"]["data"][0]
-    _delete(statedir, b[1], adir)
+    delete_blobs(statedir, b[1], adir)
     rc, out, err = await run_cli("kvs", "fsck", "--repair", "--statedir", str(statedir))
     assert rc == 1, err  # (errors were found: Flux's exit status, repaired or not)
     lines = err.splitlines()
