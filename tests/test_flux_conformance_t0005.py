@@ -22,10 +22,11 @@ Flux's cases, in order, and what each becomes:
     ranks 0,1; ``-x 2-3`` alone rank 0 (the default, documented).
     More in test_cli_exec.py (test_exec_exclude_leaves_out_its_ranks).
 7.-10. allow-guest-user on/off, 'exec to rank 0 from another rank is an
-    error' / 'works' -> there is no guest access to exec (exec runs
-    commands itself, as its caller; no rexec service to refuse a guest):
-    the guest half does not apply.  The nesting does:
-    :func:`test_exec_from_rank_1_to_rank_0_works`.
+    error' / 'works' -> on one host exec runs commands itself, as its
+    caller (no rexec service to refuse it): the guest half does not apply
+    here.  The nesting does: :func:`test_exec_from_rank_1_to_rank_0_works`.
+    Across hosts (through rank 0's ``rexec``) a multi-user instance's rank
+    0 refuses it, as Flux's: tests/test_flux_conformance_t0005_rexec.py.
 11. 'exec to non-existent rank is an error' -> in
     :func:`test_exec_runs_on_the_ranks_it_is_given` (exit 1, nothing run;
     the set path in test_cli_exec.py, test_exec_refuses_ranks_...).
