@@ -269,16 +269,20 @@ class Command:
     @classmethod
     def spawn(cls, argv: list[str], env: dict[str, str], *, stdin: int | None = None,
               stdout: int | None = None, stderr: int | None = None,
-              cwd: str | None = None) -> Command:
+              cwd: str | None = None, own_group: bool | None = None) -> Command:
         """Start ``argv`` (raises OSError if it cannot be executed).  Its
         standard streams are ours unless given (``subprocess.PIPE``,
         ``DEVNULL``): ``exec`` on several ranks reads their output to label
         it, and gives them no input to share.  Killed if we die (Linux:
-        :func:`_parent_death_hook`)."""
+        :func:`_parent_death_hook`).  It leads a process group of its own
+        unless we are a terminal's foreground job (where it shares ours, to
+        read the terminal), or as ``own_group`` says: a rank's ``rexec``
+        commands always do, whatever terminal the rank was started at."""
         if not argv or not argv[0]:  # (Popen tried each PATH directory as the
             # program: "Permission denied", 126, where a shell says 127)
             raise FileNotFoundError(errno.ENOENT, "command not found", "")
-        own_group = not in_terminal_foreground()
+        if own_group is None:
+            own_group = not in_terminal_foreground()
         with _preexec() as preexec_fn:
             proc = subprocess.Popen(argv, env=env, close_fds=False, stdin=stdin, stdout=stdout,
                                     stderr=stderr, process_group=0 if own_group else None,

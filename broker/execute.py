@@ -224,8 +224,14 @@ async def _exec_supervise(command: list[str], uris: dict[int, str], remote: list
     cmds: dict[int, Command | RemoteCommand] = {}
     returncodes: dict[int, int] = {}  # (-N: killed by signal N)
     said: set[str] = set()
+    early: list[int] | None = []
+    """Signals that came while the remote commands were being started: each
+    is sent on to them once started (as Flux's rexec holds a signal for a
+    process not yet running), else a Ctrl-C then was lost and they ran on."""
 
     def on_signal(sig: int) -> None:
+        if early is not None:
+            early.append(sig)
         for cmd in cmds.values():
             cmd.forward(sig)
 
@@ -277,8 +283,11 @@ async def _exec_supervise(command: list[str], uris: dict[int, str], remote: list
                     raise got
                 else:
                     cmds[rank] = got
+                    for early_sig in early or ():
+                        got.forward(early_sig)
                     if got.stdin is not None:
                         stdins[rank] = got.stdin
+        early = None  # (from now on every command is in cmds)
         lock = asyncio.Lock()  # (one: both may be one pipe, 2>&1)
         outputs = _Output(sys.stdout, lock), _Output(sys.stderr, lock)
         for rank, cmd in cmds.items():

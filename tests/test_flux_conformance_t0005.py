@@ -25,8 +25,9 @@ Flux's cases, in order, and what each becomes:
     error' / 'works' -> a command for a rank of this host is exec's own
     child, run as its caller; one for a rank elsewhere goes through that
     rank's ``rexec`` service, which is the instance owner's (a guest is
-    refused everywhere, not only on rank 0: tests/test_rexec.py).  The
-    nesting applies:
+    refused everywhere: tests/test_rexec.py), and a multi-user instance's
+    rank 0 refuses it from other ranks, as Flux's
+    (tests/test_flux_conformance_t0005_rexec.py).  The nesting applies:
     :func:`test_exec_from_rank_1_to_rank_0_works`.
 11. 'exec to non-existent rank is an error' -> in
     :func:`test_exec_runs_on_the_ranks_it_is_given` (exit 1, nothing run;
