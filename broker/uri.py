@@ -34,12 +34,15 @@ kvbroker instance is not a job of another.  Reading another user's
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import re
 import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from broker.errors import ErrnoError
 from broker.handle import URI_ENV
 from broker.message import NODEID_ANY
 
@@ -64,19 +67,32 @@ class ResolveError(ValueError):
     """The target names no URI (the message says why)."""
 
 
+class NotUpYet(ResolveError):
+    """``kvbroker start`` whose ranks do not listen yet: ``--wait`` asks again."""
+
+
 def split_query(target: str) -> tuple[str, str | None]:
     """``pid:12?local`` -> ``("pid:12", "local")``; None without a query.
-    ``?local&remote`` or any other query is a :class:`ResolveError`."""
+    ``?local&remote`` or any other query is a :class:`ResolveError`
+    (``?wait``, :func:`parse_query`'s, is taken and left out)."""
+    base, form, _ = parse_query(target)
+    return base, form
+
+
+def parse_query(target: str) -> tuple[str, str | None, bool]:
+    """``pid:12?local&wait`` -> ``("pid:12", "local", True)``: the form
+    asked for (None: as resolved) and whether to wait (Flux's ``?wait``)."""
     base, sep, query = target.partition("?")
     if not sep:
-        return target, None
+        return target, None, False
     words = [w for w in query.split("&") if w]
-    if any(w not in ("local", "remote") for w in words):
-        raise ResolveError(f"{target}: unknown query {query!r} (?local or ?remote)")
-    if len(set(words)) != 1:
-        raise ResolveError(f"{target}: ?local and ?remote cannot both be asked"
-                           if len(set(words)) > 1 else f"{target}: an empty query")
-    return base, words[0]
+    if not words or any(w not in ("local", "remote", "wait") for w in words):
+        raise ResolveError(f"{target}: unknown query {query!r} (?local, ?remote, ?wait)"
+                           if words else f"{target}: an empty query")
+    forms = {w for w in words if w != "wait"}
+    if len(forms) > 1:
+        raise ResolveError(f"{target}: ?local and ?remote cannot both be asked")
+    return base, (forms.pop() if forms else None), "wait" in words
 
 
 def to_local(uri: str) -> str:
@@ -248,10 +264,10 @@ def pid_uri(pid: int, proc: str = "/proc") -> str:
                     found.append(rank)
                 else:
                     todo.append(kid)
-        if found:
+        if found and min(found)[0] == 0:
             return f"local://{min(found)[1]}"
-        raise ResolveError(f"{where}: it is kvbroker start, and none of its ranks listens "
-                           "(yet): is the instance up?")
+        raise NotUpYet(f"{where}: it is kvbroker start, and its rank 0 does not listen "
+                       "(yet): is the instance up? (--wait waits for it)")
     try:
         uri = _environ_uri(pid, proc)
     except OSError as exc:
@@ -265,25 +281,67 @@ def pid_uri(pid: int, proc: str = "/proc") -> str:
 Connect = Callable[[], Awaitable[Any]]
 
 
-async def resolve(target: str, *, form: str | None = None,
+async def resolve(target: str, *, form: str | None = None, wait: bool = False,
                   connect: Connect | None = None, env: dict[str, str] | None = None) -> str:
     """``target``'s URI (see the module's docstring).  ``form``
     (``"local"``, ``"remote"`` or None) converts it, as a ``?local`` or
-    ``?remote`` query does; ``connect`` opens a handle to the current
-    instance for ``rank:N`` (default: :meth:`Handle.connect` on
-    ``$KVBROKER_URI``).  :class:`ResolveError` names what failed."""
+    ``?remote`` query does; ``wait`` (or ``?wait``) waits, for a
+    ``pid:`` target, until the instance is up (:func:`wait_until_up`);
+    ``connect`` opens a handle to the current instance for ``rank:N``
+    (default: :meth:`Handle.connect` on ``$KVBROKER_URI``).
+    :class:`ResolveError` names what failed."""
     environ = os.environ if env is None else env
-    base, query = split_query(target)
+    base, query, asked_wait = parse_query(target)
     if form is not None and query is not None and form != query:
         raise ResolveError(f"{target}: ?{query} and --{form} cannot both be asked")
     form = form or query
     if environ.get(RESOLVE_LOCAL_ENV):
         form = "local"
-    uri = await _resolve_base(base, target, environ, connect)
+    uri = await _resolve_base(base, target, environ, connect, wait or asked_wait)
     return to_local(uri) if form == "local" else to_remote(uri) if form == "remote" else uri
 
 
-async def _resolve_base(base: str, target: str, environ: Any, connect: Connect | None) -> str:
+async def wait_until_up(pid: int, poll: float = 0.05) -> str:
+    """The URI :func:`pid_uri` gives for ``pid`` once there is one, and
+    once its instance is up: the rank it names answers and reports every
+    rank of the instance full (what ``kvbroker start`` waits for before it
+    prints the URI).  A script can so start an instance in the background
+    and attach as soon as it is ready.  :class:`ResolveError` if the process
+    exits first."""
+    from broker import status
+    from broker.handle import Handle
+
+    where = f"pid:{pid}"
+
+    def gone() -> ResolveError:
+        return ResolveError(f"{where}: it exited before its instance was up")
+
+    while True:
+        try:
+            uri = pid_uri(pid)
+            break
+        except NotUpYet:
+            pass
+        except ResolveError:
+            if not os.path.isdir(f"/proc/{pid}"):
+                raise gone() from None
+            raise
+        await asyncio.sleep(poll)
+    while True:
+        if not os.path.isdir(f"/proc/{pid}"):
+            raise gone()
+        with contextlib.suppress(OSError, TimeoutError, ErrnoError):
+            async with await asyncio.wait_for(Handle.connect(uri), 5) as h:
+                while os.path.isdir(f"/proc/{pid}"):
+                    ranks, _ = await status.gather(h)
+                    if all(r.state == status.FULL for r in ranks):
+                        return uri
+                    await asyncio.sleep(poll)
+        await asyncio.sleep(poll)
+
+
+async def _resolve_base(base: str, target: str, environ: Any, connect: Connect | None,
+                        wait: bool) -> str:
     if base.startswith(("local://", "ssh://")):
         if base.startswith("ssh://"):
             from broker.ssh import parse
@@ -304,7 +362,7 @@ async def _resolve_base(base: str, target: str, environ: Any, connect: Connect |
     if sep and scheme == "pid":
         if not rest.isdigit() or int(rest) == 0:
             raise ResolveError(f"{target}: a process id is a positive integer")
-        return pid_uri(int(rest))
+        return await wait_until_up(int(rest)) if wait else pid_uri(int(rest))
     if sep and scheme == "rank":
         if not rest.isdigit() or int(rest) > NODEID_ANY - 2:
             raise ResolveError(f"{target}: a rank is an integer from 0 to {NODEID_ANY - 2}")

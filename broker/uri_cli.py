@@ -16,7 +16,7 @@ def register(sub: Any) -> None:
     s = sub.add_parser("uri", help="print the URI of an instance: of a process in it "
                        "(pid:PID), of one of its ranks (rank:N), in local or ssh form",
                        formatter_class=argparse.RawDescriptionHelpFormatter,
-                       epilog=f"targets (each may end in ?local or ?remote):\n{targets}")
+                       epilog=f"targets (each may end in ?local, ?remote or ?wait):\n{targets}")
     s.add_argument("target", metavar="TARGET",
                    help="pid:PID, rank:N, ., or a local:// or ssh:// URI (below)")
     form = s.add_mutually_exclusive_group()
@@ -25,6 +25,9 @@ def register(sub: Any) -> None:
     form.add_argument("--remote", dest="form", action="store_const", const="remote",
                       help="the ssh:// form naming this host, for a client elsewhere "
                       "(as ?remote)")
+    s.add_argument("--wait", action="store_true",
+                   help="pid:PID: wait until its instance is up (kvbroker start still "
+                   "starting), as ?wait; others answer at once")
     s.set_defaults(func=cmd_uri, form=None)
 
 
@@ -33,7 +36,7 @@ def cmd_uri(args: argparse.Namespace) -> int:
 
     async def main() -> int:
         try:
-            uri = await resolve(args.target, form=args.form, connect=connect)
+            uri = await resolve(args.target, form=args.form, wait=args.wait, connect=connect)
         except ValueError as exc:
             raise CLIError("uri", detail=str(exc)) from None
         except ErrnoError as exc:  # (rank:N: that rank's answer)

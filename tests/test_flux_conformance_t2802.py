@@ -24,9 +24,12 @@ Flux's cases, and what each becomes:
 * fails for a nonexistent pid, with ``?local&remote``, and for a process
   with no ``FLUX_URI`` -> exit 1 each
   (:func:`test_pid_errors`).
-* the ``jobid`` resolver (nested instances, ``..``, ``--wait``), the
-  ``slurm`` and ``lsf`` resolvers -> do not apply: a kvbroker instance is
-  not a job of another.  ``.`` (the current instance) is kept.
+* the ``jobid`` resolver (nested instances, ``..``), the ``slurm`` and
+  ``lsf`` resolvers -> do not apply: a kvbroker instance is not a job of
+  another.  ``.`` (the current instance) is kept.
+* ``--wait`` (a pending job's URI, once it runs) -> ``--wait``/``?wait``
+  on ``kvbroker start``'s pid: its URI once every rank is up, or an error
+  if it exits first (:func:`test_wait_for_an_instance_starting`).
 * (kvbroker's own) ``rank:N``: rank N of the current instance, or
   ``EHOSTUNREACH`` naming the ranks there are; ``KVBROKER_URI_RESOLVE_LOCAL``
   (Flux's ``FLUX_URI_RESOLVE_LOCAL``); a ``--remote`` answer attaches
@@ -45,7 +48,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_broker_support import run_cli
+from test_broker_support import KVBROKER, run_cli
 from test_ssh_connector import STANDIN
 
 from broker import uri as urimod
@@ -63,7 +66,7 @@ async def cli(*args: str, rc: int = 0, uri: str | None = None,
 
 async def test_help_lists_the_targets() -> None:
     out = await cli("uri", "--help")
-    assert "targets (each may end in ?local or ?remote)" in out
+    assert "targets (each may end in ?local, ?remote or ?wait)" in out
     for scheme in ("pid:PID", "rank:N", "local:///PATH", "ssh://"):
         assert scheme in out
     for bad in ("bar", "bar:foo", "jobid:f1", "pid:x", "pid:0", "rank:-1", "rank:4294967294", "local://relative"):
@@ -125,7 +128,7 @@ async def test_pid_errors(tmp_path: Path) -> None:
     err = await cli("uri", "pid:4194304999", rc=1)
     assert err == "kvbroker: uri: pid:4194304999: no such process"
     assert "cannot both be asked" in await cli("uri", f"pid:{os.getpid()}?local&remote", rc=1)
-    assert "unknown query" in await cli("uri", f"pid:{os.getpid()}?wait", rc=1)
+    assert "unknown query" in await cli("uri", f"pid:{os.getpid()}?bogus", rc=1)
     env = {k: v for k, v in os.environ.items() if k != "KVBROKER_URI"}
     sleeper = subprocess.Popen(["sleep", "60"], env=env)
     try:
@@ -197,9 +200,11 @@ def test_queries_and_command_lines() -> None:
     assert urimod.split_query("pid:1?local") == ("pid:1", "local")
     assert urimod.split_query("pid:1?remote&remote") == ("pid:1", "remote")
     assert urimod.split_query("pid:1") == ("pid:1", None)
-    for bad in ("pid:1?", "pid:1?local&remote", "pid:1?x=1"):
+    for bad in ("pid:1?", "pid:1?local&remote", "pid:1?x=1", "pid:1?wait&local&remote"):
         with pytest.raises(urimod.ResolveError):
             urimod.split_query(bad)
+    assert urimod.parse_query("pid:1?wait&remote") == ("pid:1", "remote", True)
+    assert urimod.parse_query("pid:1?wait") == ("pid:1", None, True)
     py = sys.executable
     starts = [[py, "/v/bin/kvbroker", "start", "--size", "4"],
               [py, "/v/bin/kvbroker", "--event-loop", "asyncio", "start"],
@@ -219,3 +224,33 @@ async def test_resolve_local_env_and_the_api() -> None:
         "local:///tmp/s/local-2"
     with pytest.raises(ValueError, match="expected ssh://"):
         await asyncio.wait_for(urimod.resolve("ssh://node1"), 5)
+
+
+async def test_wait_for_an_instance_starting(tmp_path: Path) -> None:
+    """``uri --wait pid:START`` right after ``kvbroker start`` went to the
+    background: rank 0's URI, once every rank is up (overlay full at
+    once, and the URI is the one start printed); a start that fails (a
+    bad option) is said, exit 1, not waited on for ever."""
+    proc = await asyncio.create_subprocess_exec(
+        KVBROKER, "start", "--size", "4", "--fanout", "2", stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL, stdin=asyncio.subprocess.DEVNULL)
+    try:
+        uri = await cli("uri", "--wait", f"pid:{proc.pid}")
+        assert await cli("overlay", "status", "--summary", uri=uri) == "full"
+        assert proc.stdout is not None
+        printed = (await asyncio.wait_for(proc.stdout.readline(), T)).decode().strip()
+        assert uri == printed and uri.endswith("/local-0")
+        assert await cli("uri", f"pid:{proc.pid}?wait&remote") == \
+            f"ssh://{HOST}{uri.removeprefix('local://')}"
+    finally:
+        proc.terminate()
+        await asyncio.wait_for(proc.wait(), T)
+    bad = await asyncio.create_subprocess_exec(
+        KVBROKER, "start", "--size", "2", "--fanout", "0",
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+    try:
+        err = await cli("uri", "--wait", f"pid:{bad.pid}", rc=1)
+        assert err in (f"kvbroker: uri: pid:{bad.pid}: it exited before its instance was up",
+                       f"kvbroker: uri: pid:{bad.pid}: no such process"), err
+    finally:
+        await asyncio.wait_for(bad.wait(), T)
