@@ -472,9 +472,7 @@ async def _relay_lines(label: bytes | None, reader: Any, out: _Output) -> None:
         if rest:
             await out.write(bytes(rest) if label is None else _labelled(label, bytes(rest)))
     finally:
-        close = getattr(reader, "close", None)
-        if close is not None:
-            close()
+        reader.close()
 
 
 class _PipeReader(asyncio.StreamReader):

@@ -58,6 +58,9 @@ class RemoteOutput:
         self._credit(len(chunk))
         return chunk
 
+    def close(self) -> None:
+        """(As a local pipe's reader: nothing of ours to let go here.)"""
+
 
 class RemoteCommand:
     """``cmd`` running on rank ``rank`` (started by :meth:`start`)."""

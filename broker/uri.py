@@ -71,14 +71,6 @@ class NotUpYet(ResolveError):
     """``kvbroker start`` whose ranks do not listen yet: ``--wait`` asks again."""
 
 
-def split_query(target: str) -> tuple[str, str | None]:
-    """``pid:12?local`` -> ``("pid:12", "local")``; None without a query.
-    ``?local&remote`` or any other query is a :class:`ResolveError`
-    (``?wait``, :func:`parse_query`'s, is taken and left out)."""
-    base, form, _ = parse_query(target)
-    return base, form
-
-
 def parse_query(target: str) -> tuple[str, str | None, bool]:
     """``pid:12?local&wait`` -> ``("pid:12", "local", True)``: the form
     asked for (None: as resolved) and whether to wait (Flux's ``?wait``)."""

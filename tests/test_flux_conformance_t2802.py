@@ -197,12 +197,12 @@ def test_children_by_either_way() -> None:
 
 
 def test_queries_and_command_lines() -> None:
-    assert urimod.split_query("pid:1?local") == ("pid:1", "local")
-    assert urimod.split_query("pid:1?remote&remote") == ("pid:1", "remote")
-    assert urimod.split_query("pid:1") == ("pid:1", None)
+    assert urimod.parse_query("pid:1?local") == ("pid:1", "local", False)
+    assert urimod.parse_query("pid:1?remote&remote") == ("pid:1", "remote", False)
+    assert urimod.parse_query("pid:1") == ("pid:1", None, False)
     for bad in ("pid:1?", "pid:1?local&remote", "pid:1?x=1", "pid:1?wait&local&remote"):
         with pytest.raises(urimod.ResolveError):
-            urimod.split_query(bad)
+            urimod.parse_query(bad)
     assert urimod.parse_query("pid:1?wait&remote") == ("pid:1", "remote", True)
     assert urimod.parse_query("pid:1?wait") == ("pid:1", None, True)
     py = sys.executable
