@@ -361,7 +361,11 @@ async def test_list_and_disconnect(start_instance, connect) -> None:
         return await procs(watcher, 1) == []
 
     await wait_until(none, "the gone clients' commands to end")
-    assert not any(pid_alive(p) for p in pids)
+
+    async def dead() -> bool:  # (killed at the disconnect; reaped a moment later)
+        return not any(pid_alive(p) for p in pids)
+
+    await wait_until(dead, "the killed commands to be reaped")
     assert (await watcher.rpc("rexec.stats-get", nodeid=1))["killed-at-disconnect"] == 2
 
 
