@@ -44,6 +44,10 @@ from broker import sync
 from broker.sync import SyncHandle
 from kvs_watch.flags import WAITCREATE, WATCH
 
+WAIT = 0.1
+"""The waits' timeout in ``paths``: a position reached only on the way
+out of a wait that timed out costs the whole wait, and some hundred are."""
+
 CHECK_POINTS = {"CALL", "CALL_FUNCTION_EX", "JUMP_BACKWARD", "RESUME"}
 """Instructions after which CPython 3.11 looks for pending signals."""
 
@@ -205,12 +209,12 @@ def paths(uri: str, loop: str) -> dict[str, str]:
     h = sync.connect(uri, event_loop=loop)
     kvs = SyncKVS(h)
     h.subscribe("sigint-paths.nothing")
-    watch = kvs.watch("sigint-paths.never", waitcreate=True, timeout=0.5)
+    watch = kvs.watch("sigint-paths.never", waitcreate=True, timeout=WAIT)
     watch.__enter__()
     calls: dict[str, Callable[[], object]] = {
         "rpc": lambda: h.rpc("broker.ping", {"n": 1}, timeout=10),
         "put": lambda: kvs.put("sigint-paths.k", 1),
-        "recv_event": lambda: h.recv_event(timeout=0.5),  # (only a Ctrl-C ends these
+        "recv_event": lambda: h.recv_event(timeout=WAIT),  # (only a Ctrl-C ends these
         "watch": lambda: next(watch),                     # before their timeouts)
     }
     outcomes = {}
