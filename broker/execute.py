@@ -15,6 +15,7 @@ import errno
 import os
 import select
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -103,7 +104,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
         return 0
 
     run_async(args, go)
-    if not os.path.exists(parse_uri(uri)):  # across hosts: the rank runs it (rexec)
+    if not listening_here(parse_uri(uri)):  # across hosts: the rank runs it (rexec)
         args.rank = rankset
         return exec_ranks(args, command)
     from broker.command import cannot_run_message, cannot_run_status
@@ -151,6 +152,28 @@ def exec_ranks(args: argparse.Namespace, command: list[str]) -> int:
         return await _exec_run(command, uris, args.label_io, noinput, deadline, limit)
 
     return run_async(args, main)
+
+
+def listening_here(path: str) -> bool:
+    """Whether a rank's socket ``path`` is one a process of this host
+    listens on: the rank is of this host, and its command runs here.  Across
+    hosts the path names a file of another host, absent here -- or present
+    and stale: left by a rank of this host that died, on a run directory
+    that had the same name (the file alone once made exec run the command
+    here, attached to nothing).  A connection refused, or no socket there,
+    is a rank elsewhere, run through its ``rexec``.  (The probe is a
+    connection the rank accepts and sees closed at once; it logs nothing.)"""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.setblocking(False)
+    try:
+        probe.connect(path)
+    except BlockingIOError:
+        return True  # (listening, its backlog full: a busy rank of this host)
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return True
 
 
 def _is_open(fd: int) -> bool:
@@ -204,7 +227,7 @@ async def _exec_run(command: list[str], uris: dict[int, str], label_io: bool,
     input (:class:`_StdinBroadcast`), or ``/dev/null`` with ``noinput``.
     SIGINT, SIGTERM and SIGHUP are passed on to every command; past
     ``deadline`` they are stopped, status 124."""
-    remote = [rank for rank, uri in uris.items() if not os.path.exists(parse_uri(uri))]
+    remote = [rank for rank, uri in uris.items() if not listening_here(parse_uri(uri))]
     if not remote:
         return await _exec_supervise(command, uris, [], None, label_io, noinput, deadline,
                                      limit)

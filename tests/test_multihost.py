@@ -754,6 +754,17 @@ async def test_exec_on_a_rank_of_another_host_runs_there(tmp_path: Path, brokers
     rc, _, err = await run_cli("exec", "-r", "1", "-d", "/", "--", "sh", "-c",
                                'test "$(pwd)" = /', uri=uris[0])
     assert rc == 0, err
+    # A stale socket file of this host at the path (a rank of an earlier run
+    # that died there) is not the rank: the command still runs on rank 1's
+    # host, by its rexec (its parent is rank 1), alone or in a set.
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(str(ranks[1].rundir / "local-1"))
+    stale.close()
+    for ranks_arg in ("1", "all"):
+        rc, out, err = await run_cli("exec", "-r", ranks_arg, "--", "sh", "-c",
+                                     'echo "$KVBROKER_RANK $PPID"', uri=uris[0])
+        assert rc == 0, err
+        assert f"1 {ranks[1].proc.pid}" in out.splitlines(), (ranks_arg, out)
 
 
 async def test_exec_on_a_set_spanning_hosts_runs_on_every_rank(tmp_path: Path,
