@@ -425,7 +425,7 @@ async def _extract_in(args: argparse.Namespace, kvs: KVS, directory: str) -> int
             for obj in objs:
                 if args.verbose:
                     print(obj["path"], file=sys.stderr, flush=True)
-                await _write_one(args, ex, obj, loads)
+                await _write_one(args, ex, obj, loads, kvs)
             ex.finish()
     except fa.UnsafePath as exc:
         raise _fail(args, str(exc)) from None
@@ -438,7 +438,7 @@ async def _extract_in(args: argparse.Namespace, kvs: KVS, directory: str) -> int
 
 
 async def _write_one(args: argparse.Namespace, ex: Any, obj: dict[str, Any],
-                     loads: _Prefetch) -> None:
+                     loads: _Prefetch, kvs: KVS) -> None:
     from kvs.filearchive import write_at
 
     mode = int(obj["mode"])
@@ -453,7 +453,12 @@ async def _write_one(args: argparse.Namespace, ex: Any, obj: dict[str, Any],
         if obj.get("encoding") == "blobvec":
             for offset, size, ref in obj["data"]:
                 try:
-                    data = await loads.next()
+                    try:
+                        data = await loads.next()
+                    except ErrnoError as exc:
+                        if exc.errnum != errno.ENOENT:
+                            raise
+                        data = await _preserved_inline(kvs, args.key, ref, exc)
                 except ErrnoError as exc:
                     hint = (" (its blobs were collected? archive create --preserve keeps "
                             "them)" if exc.errnum == errno.ENOENT else "")
@@ -468,6 +473,24 @@ async def _write_one(args: argparse.Namespace, ex: Any, obj: dict[str, Any],
         ex.abandon_file(fd, obj)
         raise
     ex.finish_file(fd, obj)
+
+
+async def _preserved_inline(kvs: KVS, key: str, ref: str, missing: ErrnoError) -> bytes:
+    """Blob ``ref`` as the preserved archive keeps it in ``KEY_blobs.REF``
+    when the content store has no such blob: ``kvs dump``/``kvs restore``
+    carry that ``valref`` as its value and stores one of at most 64 bytes
+    (a file's tail just past a chunk boundary) inside its directory, so the
+    blob itself is gone while its bytes are still in the KVS.  Its hash is
+    checked; without it (an archive made without ``--preserve``), ``missing``."""
+    from broker.content.blobref import hash_blob
+
+    try:
+        data = await kvs.get(f"{key}_blobs.{ref}", None)
+    except ErrnoError:  # (there, but a valref of the missing blob itself)
+        raise missing from None
+    if data is None or hash_blob(data, ref.partition("-")[0]) != ref:
+        raise missing
+    return data
 
 
 class _Prefetch:

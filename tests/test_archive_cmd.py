@@ -24,6 +24,7 @@ from test_broker_guests import GUEST_UID, run_guest_cli
 from test_broker_support import KVBROKER, run_cli, started_in_background
 
 from broker.cliutil import PermutingParser
+from broker.content.blobref import hash_blob
 from kvs import filearchive as fa
 from kvs.archive_cli import register
 
@@ -531,3 +532,35 @@ async def test_preserve_survives_garbage_collection(start_instance, tmp_path: Pa
     await cli(u, "kvs", "gc")
     await cli(u, "archive", "extract", "-n", "kept", "-C", str(dst), "--overwrite")
     assert (dst / "kept").read_bytes() == (src / "kept").read_bytes()
+
+
+async def test_a_preserved_archive_extracts_after_dump_and_restore(start_instance,
+                                                                   tmp_path: Path) -> None:
+    """``kvs dump``/``kvs restore`` carry ``NAME_blobs``' valrefs as values,
+    and a restore stores one of at most 64 bytes inside its directory: a
+    file's tail just past a chunk boundary was then no blob at all in the
+    new instance, and its extract failed.  Extract now takes such a blob's
+    bytes from ``NAME_blobs`` (its hash checked); the same file archived
+    without --preserve still says its tail is missing."""
+    old, new = await start_instance(size=1), await start_instance(size=1)
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    src.mkdir()
+    dst.mkdir()
+    data = os.urandom(2 * 1024 + 10)  # two chunks and a 10-byte tail
+    (src / "f").write_bytes(data)
+    for name, extra in (("kept", ["--preserve"]), ("plain", [])):
+        await cli(old.uri(0), "archive", "create", "-n", name, *extra, "--chunksize", "1024",
+                  "--small-file-threshold", "0", "-C", str(src), "f")
+    tarball = str(tmp_path / "archive.tar")
+    await cli(old.uri(0), "kvs", "dump", "--key", "archive", tarball)
+    await cli(new.uri(0), "kvs", "restore", "--key", "archive", tarball)
+    hash_name = (await cli(new.uri(0), "attr", "get", "content.hash")).strip()
+    tail = hash_blob(data[2048:], hash_name)
+    assert "valref" not in await cli(new.uri(0), "kvs", "get", "--treeobj",
+                                     f"archive.kept_blobs.{tail}")
+    await cli(new.uri(0), "archive", "extract", "-n", "kept", "-C", str(dst))
+    assert (dst / "f").read_bytes() == data
+    # the same file without --preserve: its two chunks are the blobs the
+    # other's restore stored, and its tail is nowhere
+    err = await cli(new.uri(0), "archive", "extract", "-n", "plain", "-C", str(tmp_path), rc=1)
+    assert f"f: cannot load offset=2048 size=10 from {tail}: No such file" in err, err
