@@ -62,6 +62,7 @@ from broker.loops import ENV_VAR as LOOP_ENV
 from broker.loops import LOOP_NAMES, loop_factory
 from broker.message import NODEID_ANY, NODEID_UPSTREAM
 from broker.overlay_cli import cmd_overlay, rank_or_host, trace_types
+from broker.sproc_cli import register as register_sproc
 from broker.status import fsd
 from broker.uri_cli import register as register_uri
 
@@ -1475,8 +1476,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     s.add_argument("path", metavar="FILE")
     s.set_defaults(func=cmd_keygen)
 
-    # (no abbreviations: Flux's own --label NAME, for a background process, would
-    # be read as --label-io and NAME run as the command)
+    # (no abbreviations: an option of Flux's that we lack would be read as one of
+    # ours it starts, and its argument run as the command: --label NAME was
+    # --label-io until --label came)
     s = sub.add_parser("exec", help="run COMMAND attached to each rank of IDSET",
                        allow_abbrev=False)
     s.add_argument("-r", "--rank", type=rank_set, metavar="IDSET",
@@ -1492,9 +1494,21 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                    help="write each line of the commands' output as 'RANK: line'")
     s.add_argument("-d", "--dir", metavar="DIR",
                    help="run the commands in DIR (default: this directory), as flux exec -d")
+    s.add_argument("--bg", action="store_true",
+                   help="start COMMAND in the background on each rank, print 'RANK: PID' "
+                   "for each, and exit once all have started: the ranks run them (kvbroker "
+                   "sproc ps|kill|wait), as flux exec --bg")
+    s.add_argument("--waitable", action="store_true",
+                   help="with --bg: each stays on its rank, a zombie, once it has ended, "
+                   "until kvbroker sproc wait collects its status (and the last MiB of "
+                   "its output)")
+    s.add_argument("--label", metavar="LABEL",
+                   help="with --bg: name the command on each rank, for kvbroker sproc "
+                   "(unique on a rank; not a number)")
     add_answer_timeout(s)
     s.add_argument("cmdline", nargs=argparse.REMAINDER, metavar="COMMAND")
     s.set_defaults(func=cmd_exec)
+    register_sproc(sub)
 
     s = sub.add_parser("rpc", help="send one request and print the response(s)")
     s.add_argument("topic", metavar="TOPIC")

@@ -3,7 +3,9 @@
 One rank is the fast path (look its URI up, then become the command); a
 set (``-r 0-3``, ``all``, less ``-x``) runs one command per rank at once
 and supervises them to the end, copying exec's standard input to each,
-as ``flux exec`` does (docs/cli.md, exec).
+as ``flux exec`` does (docs/cli.md, exec).  ``--bg`` hands the command to
+each rank's ``rexec`` to run in the background, and exits once all have
+started it (``kvbroker sproc`` then lists, signals and waits for them).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from broker.cliutil import (
     run_async,
 )
 from broker.command import STOP_SIGNALS
+from broker.errors import ErrnoError
 from broker.handle import parse_uri
 from broker.idset import encode_ranks
 
@@ -74,6 +77,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
     command = command_args(args.cmdline)
     if not command:
         raise UsageError("no command given")
+    _check_background_options(args)
     if args.dir is not None:  # (Flux's -d: the commands' working directory; ours too)
         try:
             os.chdir(args.dir)
@@ -87,6 +91,8 @@ def cmd_exec(args: argparse.Namespace) -> int:
             raise UsageError(_nothing_left(rankset, args.exclude, given))
     args.rank = rankset
     args.rank_given = given
+    if args.bg:
+        return exec_background(args, command)
     rank = rankset.single()
     if rank is None or args.label_io:
         return exec_ranks(args, command)
@@ -122,6 +128,111 @@ def cmd_exec(args: argparse.Namespace) -> int:
         print_err(cannot_run_message(command[0], exc))
         return cannot_run_status(exc, command[0])
     return 0  # not reached: the command replaced this process
+
+
+def _check_background_options(args: argparse.Namespace) -> None:
+    """``--waitable`` and ``--label`` go with ``--bg`` (as flux exec's
+    ``--waitable``), and ``-l`` does not: a usage error, before anything
+    runs."""
+    if not args.bg:
+        if args.waitable or args.label is not None:
+            raise UsageError("--waitable and --label are for a background command: add --bg")
+        return
+    if args.label_io:
+        raise UsageError("--label-io labels output, and a background command's is not "
+                         "relayed (--bg): leave one out")
+    if args.label is not None:
+        from broker.rexec import check_label
+
+        try:
+            check_label(args.label)
+        except ErrnoError as exc:
+            raise UsageError(f"--label: {exc.errstr}") from None
+
+
+def exec_background(args: argparse.Namespace, command: list[str]) -> int:
+    """``exec --bg``: start ``command`` in the background on every rank of
+    the set, through each rank's ``rexec`` (this host's ranks too: the
+    command must be the rank's, for ``sproc`` to list, signal and wait
+    for it), print ``RANK: PID`` for each that started (rank order), as
+    ``flux exec --bg``, and exit.  A rank that could not start it is said
+    on stderr, and the status is then that of a command that cannot run
+    (127, 126) or 1; the others' commands run on (``sproc kill``).  ``-t``
+    bounds it all: what started is printed, and the ranks that had not
+    answered are named (each may still start it: the request was sent)."""
+    limit: float | None = args.answer_timeout
+    args.answer_timeout = None  # (run_async's bound would name no rank)
+    env = {k: v for k, v in os.environ.items() if k not in ("KVBROKER_URI", "KVBROKER_RANK")}
+    payload: dict[str, Any] = {"cmd": command, "env": env, "cwd": os.getcwd(), "bg": True,
+                               "waitable": args.waitable}
+    if args.label is not None:
+        payload["label"] = args.label
+
+    async def main() -> int:
+        pending: set[int] = set()
+        got: dict[int, int | ErrnoError] = {}  # (each rank's pid, or why not)
+
+        async def start(h: Any, rank: int) -> None:
+            try:
+                got[rank] = await _start_background(h, rank, payload)
+            except ErrnoError as exc:
+                got[rank] = exc
+            pending.discard(rank)
+
+        try:
+            async with asyncio.timeout(limit) as bound, await connect() as h:
+                size = int(await h.attr_get("size"))
+                ranks = args.rank.ranks(size, "exec")
+                if not ranks:
+                    assert args.exclude is not None  # (only -x empties a set the instance has)
+                    raise UsageError(_nothing_left(args.rank, args.exclude, args.rank_given)
+                                     + f" (the instance's ranks are {encode_ranks(range(size))})")
+                pending.update(ranks)
+                await asyncio.gather(*(start(h, r) for r in ranks))
+        except TimeoutError:
+            if not bound.expired():
+                raise  # (not ours)
+            assert limit is not None
+            _report_background(command, dict(sorted(got.items())))  # (what did start)
+            raise CLIError("exec", detail=no_answer_detail(sorted(pending), limit)) from None
+        return _report_background(command, dict(sorted(got.items())))
+
+    return run_async(args, main)
+
+
+async def _start_background(h: Any, rank: int, payload: dict[str, Any]) -> int:
+    """Start the background command on ``rank``: its pid (``started``, then
+    the stream ends at once)."""
+    pid: int | None = None
+    async for answer in h.rpc_stream("rexec.exec", payload, nodeid=rank):
+        if isinstance(answer, dict) and answer.get("type") == "started" and pid is None:
+            pid = int(answer["pid"])
+    if pid is None:
+        raise ErrnoError(errno.EPROTO, f"rank {rank} ended rexec.exec without starting it")
+    return pid
+
+
+def _report_background(command: list[str], got: dict[int, int | ErrnoError]) -> int:
+    """``RANK: PID`` for each rank that started the command, then each
+    failure on stderr; the exit status (0 if all started)."""
+    from broker.command import cannot_run_status
+
+    for rank, pid in got.items():
+        if isinstance(pid, int):
+            print(f"{rank}: {pid}")
+    sys.stdout.flush()
+    status = 0
+    for rank, exc in got.items():
+        if isinstance(exc, int):
+            continue
+        if exc.errnum in _CANNOT_EXECUTE and "working directory" not in (exc.errstr or ""):
+            print_err(f"exec: rank {rank}: {exc.errstr or os.strerror(exc.errnum)}")
+            error = OSError(exc.errnum, exc.errstr)
+            status = max(status, cannot_run_status(error, command[0]))
+        else:
+            print_err(f"exec: rank {rank}: {errno_detail(exc)}")
+            status = max(status, 1)
+    return status
 
 
 def _nothing_left(rankset: RankSet, exclude: RankSet, given: bool) -> str:

@@ -16,30 +16,65 @@ is on a management node that users of the other nodes may not reach.
 
 Requests (docs/protocol.md, "rexec"):
 
-* ``rexec.exec {cmd, env?, cwd?, stdin?, line-buffered?}`` (streaming):
-  start ``cmd`` (a list of strings) with ``env`` (default: the rank's
-  environment) plus ``KVBROKER_URI`` and ``KVBROKER_RANK`` naming this
-  rank, in ``cwd`` (default: the rank's), in a process group of its own
-  (always: also when the rank was started at a terminal), killed if the
-  rank dies.  Its standard input is ``/dev/null`` unless ``stdin``.
-  Answers ``{type: "started", pid, rank}``, then ``{type: "output",
-  stream: "stdout"|"stderr", data}`` as it writes -- whole lines
-  (``line-buffered``, the default, as Flux's ``LINE_BUFFER``: a line
-  without its newline is held until it comes, the stream ends, or
-  :data:`READ_CHUNK` bytes are held), else as read -- and ``{type: "output",
-  stream, eof: true}`` at each stream's end, then ``{type: "finished",
-  status}`` (its exit status, ``-N`` for signal N) once it has exited and
-  both streams have ended, then ``ENODATA``.  A command that cannot be
-  started is an error answer with the ``errno`` of ``execve`` (``ENOENT``
-  not found, ``EACCES``...), a ``cwd`` that is not there ``ENOENT``.
+* ``rexec.exec {cmd, env?, cwd?, stdin?, line-buffered?, bg?, waitable?,
+  label?}`` (streaming): start ``cmd`` (a list of strings) with ``env``
+  (default: the rank's environment) plus ``KVBROKER_URI`` and
+  ``KVBROKER_RANK`` naming this rank, in ``cwd`` (default: the rank's), in
+  a process group of its own (always: also when the rank was started at a
+  terminal), killed if the rank dies.  Its standard input is ``/dev/null``
+  unless ``stdin``.  Answers ``{type: "started", pid, rank}``, then
+  ``{type: "output", stream: "stdout"|"stderr", data}`` as it writes --
+  whole lines (``line-buffered``, the default, as Flux's ``LINE_BUFFER``:
+  a line without its newline is held until it comes, the stream ends, or
+  :data:`READ_CHUNK` bytes are held), else as read -- and ``{type:
+  "output", stream, eof: true}`` at each stream's end, then ``{type:
+  "finished", status}`` (its exit status, ``-N`` for signal N) once it has
+  exited and both streams have ended, then ``ENODATA``.  A command that
+  cannot be started is an error answer with the ``errno`` of ``execve``
+  (``ENOENT`` not found, ``EACCES``...), a ``cwd`` that is not there
+  ``ENOENT``.
+
+  ``label`` names the command on the rank (``rexec.kill``, ``rexec.wait``
+  and ``rexec.list`` take it as well as its pid; Flux's ``flux exec
+  --label``): printable, not empty, not a number (a pid), at most
+  :data:`MAX_LABEL` characters (``EINVAL``), and unique among the rank's
+  commands running or zombie (``EEXIST``).
+
+  ``bg`` (Flux's ``flux exec --bg``) starts a *background* command: it
+  belongs to the rank, not to its client -- answered ``started``, then
+  ``ENODATA`` at once (nothing more is sent), and not killed when its
+  client goes; its input is ``/dev/null`` (``stdin`` is ``EINVAL``).
+  What it writes is not sent anywhere: a plain background command's
+  standard output and error are ``/dev/null`` (redirect them yourself,
+  ``sh -c 'cmd >log 2>&1'``, to keep them); a ``waitable`` one's are read
+  by the rank, which keeps the last :data:`RETAINED_OUTPUT` bytes of each
+  for ``rexec.wait`` (what came before is dropped, and counted), so it
+  never blocks on a full pipe and the rank never holds more.  A
+  background command's end is logged on the rank (``kvbroker dmesg``).
+
+  ``waitable`` (with ``bg`` only, else ``EINVAL``): once it has ended the
+  command stays on the rank as a *zombie* (state ``Z``) until
+  ``rexec.wait`` collects its status; a command that is not waitable is
+  forgotten when it ends.
 * ``rexec.write {pid, data, eof?}``: give the command bytes of input
   (answered once they are in its pipe: a client that waits for each answer
   never has more than one write in flight); ``eof`` closes its input.
-  ``EPIPE`` once it takes no more (it exited, or closed its input).
-* ``rexec.kill {pid, signum}``: a signal to the command's process group;
-  any command of the rank (the owner's, as Flux's ``sproc kill``).
-* ``rexec.list {}``: ``{rank, procs: [{pid, cmd, mine}]}``, the commands
-  running on the rank (``mine``: started by the asking client), as Flux's
+  ``EPIPE`` once it takes no more (it exited, or closed its input, or is
+  a background command).
+* ``rexec.kill {pid | label, signum}``: a signal to the command's process
+  group; any command of the rank (the owner's, as Flux's ``sproc kill``).
+  A zombie is ``ESRCH`` (it has exited: there is nothing to signal).
+* ``rexec.wait {pid | label, output?}``: the status of a waitable command
+  once it has ended -- at once for a zombie, else when it ends --
+  ``{status}``, with ``output`` also ``{stdout, stderr, stdout-dropped,
+  stderr-dropped}`` (the bytes kept, and how many were dropped before
+  them); the command is then forgotten (a second wait is ``ESRCH``).
+  ``EINVAL`` for a command that is not waitable, ``EBUSY`` while another
+  client waits for it (one waiter at a time, as Flux's; the waiter's
+  disconnect lets another wait).
+* ``rexec.list {}``: ``{rank, procs: [{pid, cmd, mine, state, label, bg,
+  waitable}]}``, the commands of the rank (``mine``: started by the
+  asking client; ``state`` ``R`` running, ``Z`` zombie), as Flux's
   ``rexec.list`` (``flux sproc ps``).
 * ``rexec.credit {pid, bytes}`` (no answer): the client has written out
   that much of the output.  At most :data:`OUTPUT_WINDOW` bytes are sent
@@ -49,12 +84,20 @@ Requests (docs/protocol.md, "rexec"):
   is lost.
 * ``rexec.disconnect`` (the router's, for a client that went): the
   client's commands are killed (SIGKILL to their groups), as a local
-  ``exec``'s die with it.
+  ``exec``'s die with it -- not its background commands, which are the
+  rank's; a wait it had is dropped.
 
 Only the client that started a command may write to it (another one's
 ``pid`` is ``ESRCH``, as Flux's, which finds the command to write to by
-its ``exec`` request); any may list or signal the rank's commands (they
-are all the owner's; a ``pid`` that is not one of them is ``ESRCH``).
+its ``exec`` request); any may list, signal or wait for the rank's
+commands (they are all the owner's; a ``pid`` or ``label`` that is not
+one of them is ``ESRCH``).  When the rank stops, every command it runs is
+killed, background ones too, and its zombies are forgotten: nothing
+outlives the rank.
+
+A zombie's process has been reaped: its pid may be given to a new
+process.  A pid then names the running command first (``rexec.kill``),
+the waitable one first (``rexec.wait``); a label is never ambiguous.
 """
 
 from __future__ import annotations
@@ -84,17 +127,55 @@ as Flux's line buffer is once full."""
 MAX_ARGV_BYTES = 1 << 20
 """A command line (with its environment) larger than this is refused
 (``E2BIG``), as ``execve`` refuses one past the system's bound."""
+RETAINED_OUTPUT = 1 << 20
+"""The most of each stream of a waitable background command the rank
+keeps for ``rexec.wait``: its last bytes (Flux keeps 8 KiB in all, its
+newest records).  A rank with N such commands holds at most 2N MiB."""
+MAX_LABEL = 128
+"""The longest label (characters): a name to type and to show in a table."""
+
+
+class _Tail:
+    """The last :data:`RETAINED_OUTPUT` bytes of a stream, and how many
+    came before them (dropped): a daemon that writes for days costs the
+    rank no more than one that writes a line."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+        self.dropped = 0
+
+    def add(self, chunk: bytes) -> None:
+        self.data += chunk
+        over = len(self.data) - RETAINED_OUTPUT
+        if over > 0:
+            del self.data[:over]  # (from the front: no copy in CPython)
+            self.dropped += over
 
 
 class _Running:
-    """A command this rank started for a client, until it has ended."""
+    """A command this rank started for a client, until it has ended (and,
+    waitable, until its status is collected)."""
 
-    def __init__(self, msg: Message, cmd: Command, argv: list[str], lines: bool) -> None:
+    def __init__(self, msg: Message, cmd: Command, argv: list[str], lines: bool, *,
+                 bg: bool = False, waitable: bool = False, label: str = "") -> None:
         self.msg = msg
+        self.route = tuple(msg.route)
+        """The client that started it."""
         self.cmd = cmd
         self.argv = argv
         self.lines = lines
         """Output is sent a whole line at a time (``line-buffered``)."""
+        self.bg = bg
+        """A background command: the rank's, not its client's."""
+        self.waitable = waitable
+        self.label = label
+        self.kept: dict[str, _Tail] | None = (
+            {"stdout": _Tail(), "stderr": _Tail()} if waitable else None)
+        """A waitable command's output, kept for ``rexec.wait``."""
+        self.status: int | None = None
+        """A zombie's exit status (set once it has ended, if waitable)."""
+        self.waiter: Message | None = None
+        """The ``rexec.wait`` to answer when it ends."""
         self.unacked = 0
         """Output bytes sent and not yet credited."""
         self.room = asyncio.Event()
@@ -102,10 +183,33 @@ class _Running:
         self.stdin: asyncio.StreamWriter | None = None
         self.task: asyncio.Task[None] | None = None
 
+    @property
+    def key(self) -> tuple[tuple[str, ...], int]:
+        return self.route, self.cmd.pid
+
+    def name(self) -> str:
+        """``pid N``, or ``pid N (label L)``: what a message calls it."""
+        return f"pid {self.cmd.pid}" + (f" (label {self.label})" if self.label else "")
+
     def credit(self, nbytes: int) -> None:
         self.unacked = max(0, self.unacked - nbytes)
         if self.unacked < OUTPUT_WINDOW:
             self.room.set()
+
+
+def check_label(label: str) -> None:
+    """Raise ``EINVAL`` unless ``label`` can name a command: it is typed
+    (not empty, printable, short) and told from a pid (not all digits:
+    ``sproc kill 15 1234`` reads a pid)."""
+    if not label or not label.isprintable() or label.strip() != label:
+        raise ErrnoError(errno.EINVAL, f"label {label!r}: a label is printable text, not "
+                         "empty, without leading or trailing spaces")
+    if label.isdigit():
+        raise ErrnoError(errno.EINVAL, f"label {label!r}: a label must not be a number "
+                         "(it would be read as a pid)")
+    if len(label) > MAX_LABEL:
+        raise ErrnoError(errno.EINVAL, f"label of {len(label)} characters: at most "
+                         f"{MAX_LABEL}")
 
 
 class RexecService:
@@ -117,6 +221,11 @@ class RexecService:
         self.ctx = module.ctx
         self.running: dict[tuple[tuple[str, ...], int], _Running] = {}
         """The commands running, by (the client's route, pid)."""
+        self.zombies: list[_Running] = []
+        """Waitable commands that have ended, until waited for (oldest first)."""
+        self.labels: dict[str, _Running] = {}
+        """The labelled commands, running or zombie, by label."""
+        self.stopping = False
         self.counts: Counter[str] = Counter()
 
     def handlers(self) -> dict[str, Handler]:
@@ -124,6 +233,7 @@ class RexecService:
             "rexec.exec": self.exec_,
             "rexec.write": self.write,
             "rexec.kill": self.kill,
+            "rexec.wait": self.wait,
             "rexec.list": self.list_,
             "rexec.credit": self.credit,
             "rexec.disconnect": self.disconnect,
@@ -140,19 +250,32 @@ class RexecService:
         self.h.respond(msg, self.stats())
 
     def stats(self) -> dict[str, Any]:
+        kept = [t for r in (*self.running.values(), *self.zombies) for t in (r.kept or {}).values()]
         return {"rank": self.ctx.rank, "running": len(self.running),
+                "background": sum(r.bg for r in self.running.values()),
+                "zombies": len(self.zombies),
                 "output-held": sum(r.unacked for r in self.running.values()),
+                "output-kept": sum(len(t.data) for t in kept),
                 **{k: self.counts[k] for k in ("started", "failed-to-start", "finished",
-                                               "killed-at-disconnect")}}
+                                               "killed-at-disconnect", "bg-started",
+                                               "waited")}}
 
     async def stop(self) -> None:
-        """The rank stops: nothing it started outlives it."""
+        """The rank stops: nothing it started outlives it, background
+        commands included; zombies and waits are dropped."""
+        self.stopping = True
+        why = f"rank {self.ctx.rank} is stopping: its commands are killed"
         for run in list(self.running.values()):
             run.cmd.kill()
             if not run.msg.answered:
-                self.h.respond_error(run.msg, errno.ENOSYS,
-                                     f"rank {self.ctx.rank} is stopping: its commands are killed")
+                self.h.respond_error(run.msg, errno.ENOSYS, why)
+        for run in (*self.running.values(), *self.zombies):
+            if run.waiter is not None:
+                self.h.respond_error(run.waiter, errno.ENOSYS, why)
+                run.waiter = None
         self.running.clear()
+        self.zombies.clear()
+        self.labels.clear()
 
     # -- requests
     @staticmethod
@@ -179,20 +302,41 @@ class RexecService:
                              f"{self.ctx.rank}")
         return run
 
-    def _find_any(self, msg: Message) -> _Running:
-        pid = require(msg.payload, pid=int)["pid"]
-        for (_, running_pid), run in self.running.items():
-            if running_pid == pid:
-                return run
-        raise ErrnoError(errno.ESRCH, f"pid {pid} does not belong to any command of rank "
-                         f"{self.ctx.rank}")
+    def _lookup(self, msg: Message, waiting: bool = False) -> _Running:
+        """The command a ``pid`` or a ``label`` names (one of them), any
+        client's, running or zombie.  A pid a zombie had and a new command
+        has now names the running one, or with ``waiting`` the waitable."""
+        p = require(msg.payload)
+        pid, label = p.get("pid"), p.get("label")
+        if (pid is None) == (label is None):
+            raise ErrnoError(errno.EPROTO, "name the command by pid or by label (one of them)")
+        if label is not None:
+            if not isinstance(label, str):
+                raise ErrnoError(errno.EPROTO, "label must be a string")
+            run = self.labels.get(label)
+            if run is None:
+                raise ErrnoError(errno.ESRCH, f"label {label} does not belong to any command "
+                                 f"of rank {self.ctx.rank}")
+            return run
+        if type(pid) is not int:
+            raise ErrnoError(errno.EPROTO, "pid must be an integer")
+        found = [r for r in (*self.running.values(), *reversed(self.zombies))
+                 if r.cmd.pid == pid]
+        if not found:
+            raise ErrnoError(errno.ESRCH, f"pid {pid} does not belong to any command of rank "
+                             f"{self.ctx.rank}")
+        if waiting:
+            return next((r for r in found if r.waitable), found[0])
+        return found[0]
 
     def list_(self, msg: Message) -> None:
         self._allowed(msg)
         route = tuple(msg.route)
         self.h.respond(msg, {"rank": self.ctx.rank, "procs": [
-            {"pid": pid, "cmd": run.argv, "mine": client == route}
-            for (client, pid), run in self.running.items()]})
+            {"pid": run.cmd.pid, "cmd": run.argv, "mine": run.route == route,
+             "state": "R" if run.status is None else "Z", "label": run.label, "bg": run.bg,
+             "waitable": run.waitable}
+            for run in (*self.running.values(), *self.zombies)]})
 
     async def exec_(self, msg: Message) -> None:
         self._allowed(msg)
@@ -210,6 +354,7 @@ class RexecService:
                 or not isinstance(lines, bool)):
             raise ErrnoError(errno.EPROTO, "cwd must be a string, stdin and line-buffered "
                              "booleans")
+        bg, waitable, label = self._background(p, stdin)
         size = sum(len(w) + 1 for w in cmd) + sum(len(k) + len(v) + 2
                                                    for k, v in (env or {}).items())
         if size > MAX_ARGV_BYTES:
@@ -221,18 +366,22 @@ class RexecService:
         if cwd is not None and not os.path.isdir(cwd):
             raise ErrnoError(errno.ENOENT, f"working directory {cwd}: no such directory on "
                              f"rank {self.ctx.rank}'s host ({self.ctx.attrs.get('hostname')})")
+        output = subprocess.DEVNULL if bg and not waitable else subprocess.PIPE
         try:
             command = Command.spawn(cmd, environ, cwd=cwd,
                                     stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    own_group=True)
+                                    stdout=output, stderr=output, own_group=True)
         except OSError as exc:
             self.counts["failed-to-start"] += 1
             raise ErrnoError(exc.errno or errno.ENOEXEC,
                              f"{cmd[0]}: {exc.strerror or exc}") from None
         self.counts["started"] += 1
-        run = _Running(msg, command, cmd, lines)
-        self.running[(tuple(msg.route), command.pid)] = run
+        self.counts["bg-started"] += bg
+        run = _Running(msg, command, cmd, lines and not bg, bg=bg, waitable=waitable,
+                       label=label)
+        self.running[run.key] = run
+        if label:  # (checked free above, with no await between: no other took it)
+            self.labels[label] = run
         if command.proc.stdin is not None:  # (ready before the client may write)
             loop = asyncio.get_running_loop()
             try:
@@ -240,24 +389,52 @@ class RexecService:
                     asyncio.streams.FlowControlMixin, command.proc.stdin)
             except BaseException:
                 command.kill()
-                self.running.pop((tuple(msg.route), command.pid), None)
+                self.running.pop(run.key, None)
+                self._forget(run)
                 raise
             run.stdin = asyncio.StreamWriter(transport, protocol, None, loop)
         self.h.respond(msg, {"type": "started", "pid": command.pid, "rank": self.ctx.rank})
+        if bg:  # (the rank's from now on: its client has nothing more to wait for)
+            self.h.respond_error(msg, errno.ENODATA)
         run.task = self.module.spawn(self._supervise(run))
 
+    def _background(self, p: dict[str, Any], stdin: bool) -> tuple[bool, bool, str]:
+        """``rexec.exec``'s ``bg``, ``waitable`` and ``label``, checked (a
+        label free on the rank)."""
+        bg, waitable, label = p.get("bg", False), p.get("waitable", False), p.get("label")
+        if not isinstance(bg, bool) or not isinstance(waitable, bool) \
+                or not isinstance(label, (str, type(None))):
+            raise ErrnoError(errno.EPROTO, "bg and waitable must be booleans, label a string")
+        if waitable and not bg:
+            raise ErrnoError(errno.EINVAL, "waitable is for a background command (bg: true): "
+                             "a command of a client ends with it")
+        if bg and stdin:
+            raise ErrnoError(errno.EINVAL, "a background command takes no input: its stdin "
+                             "is /dev/null")
+        if label is not None:  # (given empty: refused, not taken for none)
+            check_label(label)
+            taken = self.labels.get(label)
+            if taken is not None:
+                raise ErrnoError(errno.EEXIST, f"label {label} is taken on rank "
+                                 f"{self.ctx.rank} by pid {taken.cmd.pid}"
+                                 + (" (a zombie: collect it with sproc wait)"
+                                    if taken.status is not None else ""))
+        return bg, waitable, label or ""
+
     async def _supervise(self, run: _Running) -> None:
-        """Relay the command's output, then its end."""
-        key = (tuple(run.msg.route), run.cmd.pid)
+        """Relay the command's output (a background one's: keep it, or
+        nothing), then its end."""
         proc = run.cmd.proc
+        status: int | None = None
         try:
-            assert proc.stdout is not None and proc.stderr is not None
-            await asyncio.gather(self._pump(run, "stdout", proc.stdout),
-                                 self._pump(run, "stderr", proc.stderr))
+            await asyncio.gather(*(self._pump(run, name, pipe) for name, pipe in
+                                   (("stdout", proc.stdout), ("stderr", proc.stderr))
+                                   if pipe is not None))
             status = await run.cmd.wait()
             self.counts["finished"] += 1
-            self.h.respond(run.msg, {"type": "finished", "status": status})
-            self.h.respond_error(run.msg, errno.ENODATA)
+            if not run.bg:
+                self.h.respond(run.msg, {"type": "finished", "status": status})
+                self.h.respond_error(run.msg, errno.ENODATA)
         except Exception as exc:  # (ours: the client must not wait for ever)
             self.module.log.exception("rexec: relaying pid %d failed", run.cmd.pid)
             if not run.msg.answered:
@@ -268,7 +445,51 @@ class RexecService:
                 run.stdin.close()
             if run.cmd.returncode is None:
                 run.cmd.kill()
-            self.running.pop(key, None)
+            if self.running.get(run.key) is run:
+                del self.running[run.key]
+            self._ended(run, status)
+
+    def _ended(self, run: _Running, status: int | None) -> None:
+        """``run`` is over (``status`` None: it was killed by its client's
+        going, or the relay failed): a waitable one becomes a zombie, and
+        its waiter is answered; any other is forgotten."""
+        if run.bg and status is not None:
+            self.module.log.info("rexec: %s%s[%d]: %s", f"{run.label}: " if run.label else "",
+                                 os.path.basename(run.argv[0]), run.cmd.pid,
+                                 describe_status(status))
+        if self.stopping:
+            return
+        if run.waitable and status is not None:
+            run.status = status
+            self.zombies.append(run)
+            self._answer_waiter(run)
+            return
+        self._forget(run)
+        if run.waiter is not None:
+            self.h.respond_error(run.waiter, errno.EIO, f"rank {self.ctx.rank}: the status of "
+                                 f"{run.name()} was lost (see the rank's log)")
+            run.waiter = None
+
+    def _forget(self, run: _Running) -> None:
+        if run.label and self.labels.get(run.label) is run:
+            del self.labels[run.label]
+
+    def _answer_waiter(self, run: _Running) -> None:
+        """Answer the wait for ``run`` if it is a zombie and one is waiting:
+        its status collected, it is forgotten."""
+        if run.waiter is None or run.status is None:
+            return
+        waiter, run.waiter = run.waiter, None
+        answer: dict[str, Any] = {"status": run.status}
+        want = waiter.payload.get("output", False) if isinstance(waiter.payload, dict) else False
+        if want and run.kept is not None:
+            for name, tail in run.kept.items():
+                answer[name] = bytes(tail.data)
+                answer[f"{name}-dropped"] = tail.dropped
+        self.h.respond(waiter, answer)
+        self.counts["waited"] += 1
+        self.zombies.remove(run)
+        self._forget(run)
 
     async def _pump(self, run: _Running, name: str, pipe: Any) -> None:
         loop = asyncio.get_running_loop()
@@ -277,6 +498,10 @@ class RexecService:
             lambda: asyncio.StreamReaderProtocol(reader), pipe)
         held = b""  # (line-buffered: a line's start, less than READ_CHUNK bytes)
         try:
+            if run.kept is not None:  # (a waitable background command: kept, not sent)
+                while chunk := await reader.read(READ_CHUNK):
+                    run.kept[name].add(chunk)
+                return
             while True:
                 await run.room.wait()
                 chunk = await reader.read(READ_CHUNK - len(held))
@@ -325,12 +550,34 @@ class RexecService:
 
     def kill(self, msg: Message) -> None:
         self._allowed(msg)
-        run = self._find_any(msg)
+        run = self._lookup(msg)
         signum = require(msg.payload, signum=int)["signum"]
         if signum not in {int(s) for s in signal.valid_signals()} or signum == 0:
             raise ErrnoError(errno.EINVAL, f"no signal {signum}")
+        if run.status is not None:
+            raise ErrnoError(errno.ESRCH, f"{run.name()} has exited (status "
+                             f"{describe_status(run.status)}): a zombie until its status "
+                             "is collected (kvbroker sproc wait)")
         run.cmd.signal(signum)
         self.h.respond(msg, {})
+
+    def wait(self, msg: Message) -> None:
+        """``rexec.wait``: answered now for a zombie, else when it ends."""
+        self._allowed(msg)
+        if msg.streaming:
+            raise ErrnoError(errno.EPROTO, "rexec.wait is a plain request, not a streaming one")
+        run = self._lookup(msg, waiting=True)
+        output = msg.payload.get("output", False)
+        if not isinstance(output, bool):
+            raise ErrnoError(errno.EPROTO, "output must be a boolean")
+        if not run.waitable:
+            raise ErrnoError(errno.EINVAL, f"{run.name()} is not waitable: only a background "
+                             "command started waitable is (kvbroker exec --bg --waitable)")
+        if run.waiter is not None:
+            raise ErrnoError(errno.EBUSY, f"{run.name()} is already being waited for by "
+                             "another client (one at a time)")
+        run.waiter = msg
+        self._answer_waiter(run)
 
     def credit(self, msg: Message) -> None:
         with contextlib.suppress(ErrnoError):
@@ -340,10 +587,25 @@ class RexecService:
                 run.credit(nbytes)
 
     def disconnect(self, msg: Message) -> None:
+        """The client's commands are killed, but not its background ones
+        (the rank's); a wait it had is dropped, so another may wait."""
         route = tuple(msg.route)
-        for key in [k for k in self.running if k[0] == route]:
+        for key in [k for k, run in self.running.items() if k[0] == route and not run.bg]:
             run = self.running.pop(key)
             self.counts["killed-at-disconnect"] += 1
             run.cmd.kill()
             if run.task is not None:
                 run.task.cancel()
+        for run in (*self.running.values(), *self.zombies):
+            if run.waiter is not None and tuple(run.waiter.route) == route:
+                run.waiter = None
+
+
+def describe_status(status: int) -> str:
+    """``Exit N``, or the signal's name (``Killed``), as a log line says it."""
+    if status >= 0:
+        return f"Exit {status}"
+    try:
+        return signal.strsignal(-status) or f"Signal {-status}"
+    except ValueError:
+        return f"Signal {-status}"

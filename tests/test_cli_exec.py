@@ -563,10 +563,57 @@ async def test_exec_a_command_that_does_not_read_holds_back_the_others_only_at_t
                     await proc.wait()
 
 
-async def test_exec_takes_no_abbreviated_option(start_instance) -> None:
-    """Flux's ``flux exec --label NAME`` (a background process's label) is
-    not read as ``--label-io`` with NAME run as the command: a usage error."""
+async def test_exec_takes_no_abbreviated_option(start_instance, tmp_path: Path) -> None:
+    """No option is taken abbreviated, and Flux's ``flux exec --label NAME``
+    (a foreground command's label there) is not read as ``--label-io``
+    with NAME run as the command: a usage error, nothing run."""
     inst = await start_instance(size=1)
-    rc, out, err = await run_cli("exec", "--label", "foo", "true", uri=inst.uri(0))
-    assert (rc, out) == (2, ""), err
-    assert "unrecognized arguments: --label" in err, err
+    ran = tmp_path / "ran"
+    runs = await asyncio.gather(*(
+        run_cli("exec", *opts, "touch", str(ran), uri=inst.uri(0))
+        for opts in (["--label", "foo"], ["--label-i"], ["--bg", "--wait"])))
+    assert [(rc, out) for rc, out, _ in runs] == [(2, "")] * 3, runs
+    assert "--waitable and --label are for a background command: add --bg" in runs[0][2]
+    assert "unrecognized arguments: --label-i" in runs[1][2], runs[1]
+    assert "unrecognized arguments: --wait" in runs[2][2], runs[2]
+    assert not ran.exists()
+
+
+async def test_exec_bg_says_what_started_where(start_instance, tmp_path: Path) -> None:
+    """``exec --bg``: ``RANK: PID`` per rank that started the command (in
+    rank order; a label may be on several ranks), each failure named on
+    stderr with its rank -- a taken label (exit 1), a command that cannot
+    run (127, as a shell), a rank that did not answer within ``-t`` --
+    and usage errors before anything runs."""
+    inst = await start_instance(size=2)
+    uri = inst.uri(0)
+    rc, out, err = await run_cli("exec", "-r", "all", "--bg", "--label=dup", "sleep", "54.5",
+                                 uri=uri)
+    assert rc == 0 and err == "", err
+    lines = out.splitlines()
+    assert [line.split(": ")[0] for line in lines] == ["0", "1"], out
+    pids = [int(line.split(": ")[1]) for line in lines]
+    assert all(alive(pid) for pid in pids)
+    ran = tmp_path / "ran"
+    runs = await asyncio.gather(
+        run_cli("exec", "-r", "0-1", "--bg", "--label=dup", "touch", str(ran), uri=uri),
+        run_cli("exec", "-r", "all", "-x", "0", "--bg", "nosuchcommand-z", uri=uri),
+        run_cli("exec", "--bg", "-l", "touch", str(ran), uri=uri),
+        run_cli("exec", "--bg", "--label=123", "touch", str(ran), uri=uri),
+        run_cli("exec", "--bg", "--label=", "touch", str(ran), uri=uri))
+    assert runs[0][:2] == (1, ""), runs[0]
+    assert runs[0][2].splitlines() == [
+        f"kvbroker: exec: rank {r}: File exists (label dup is taken on rank {r} by pid "
+        f"{pids[r]})" for r in (0, 1)], runs[0]
+    assert runs[1] == (127, "", "kvbroker: exec: rank 1: nosuchcommand-z: No such file or "
+                       "directory\n"), runs[1]
+    assert [rc for rc, _, _ in runs[2:]] == [2, 2, 2], runs[2:]
+    assert "--label-io labels output" in runs[2][2]
+    assert "must not be a number" in runs[3][2] and "not empty" in runs[4][2], runs[3:]
+    assert not ran.exists()
+    rc, _, err = await run_cli("sproc", "kill", "9", "dup", uri=inst.uri(1))  # (rank 1's)
+    assert rc == 0, err
+    async with stopped(inst.pids()[1]):  # -t: what started is said, and who did not answer
+        rc, out, err = await run_cli("exec", "-r", "all", "--bg", "-t", "1", "true", uri=uri)
+    assert rc == 1 and out.startswith("0: ") and out.count("\n") == 1, (rc, out, err)
+    assert "exec: Connection timed out (rank 1 did not answer in 1s" in err, err

@@ -91,11 +91,18 @@ Flux's cases, in order, and what each becomes:
     none, so setting it does not apply; not overwriting it is part of
     passing the environment (:func:`test_exec_passes_the_environment`).
 49.-end. rexec ``--bg``, ``--label``, ``--waitable``, ``flux sproc``
-    ps/kill/wait, zombies, ``--attach`` (RFC 42), the broker log of
-    background output -> do not apply: kvbroker's ``rexec`` service
-    (broker/rexec.py, since 2026-12-06; its own cases:
-    tests/test_flux_conformance_t0005_rexec.py) runs only what ``exec``
-    waits for, no background processes; those options are usage errors
+    ps/kill/wait, zombies -> NEW (2026-12-06): ``exec --bg [--waitable]
+    [--label]`` and ``kvbroker sproc``, their cases in
+    tests/test_flux_conformance_t0040.py (Flux's t0040-flux-sproc.t) and
+    the protocol's in tests/test_rexec.py (``--waitable`` without ``--bg``,
+    an empty or taken label, a failed start that leaves no zombie, a
+    second waiter, a waiter's disconnect, zombies at the rank's stop, the
+    end logged).  DIFFERENCES: ``--label`` needs ``--bg`` here (Flux
+    labels a foreground command too); a second waiter is ``EBUSY`` (Flux:
+    ``EINVAL``); a background command's output is not logged line by line
+    -- a waitable one's last MiB per stream is kept for ``sproc wait
+    --output``, a plain one's is ``/dev/null`` (its end is logged, as
+    Flux's).  ``--attach`` (RFC 42) does not apply: a usage error
     (:func:`test_exec_has_no_rexec_options`).
 
 Beyond Flux's cases (its output cases with exec's two outputs as one,
@@ -319,19 +326,19 @@ async def test_exec_passes_the_exit_status_and_names_the_ranks(start_instance) -
         "kvbroker: exec: ranks 0-3: Segmentation fault\n"]
 
 
-@pytest.mark.parametrize("opt", ["--with-imp", "--bg", "--waitable", "--label=foo",
-                                 "--attach=foo", "--setopt=stdin_BUFSIZE=4096", "-v"])
+@pytest.mark.parametrize("opt", ["--with-imp", "--attach=foo", "--setopt=stdin_BUFSIZE=4096",
+                                 "-v"])
 async def test_exec_has_no_rexec_options(opt: str, tmp_path: Path) -> None:
-    """Flux 25, 39-44 (``--setopt``), 49-end: flux exec's options for its
-    subprocess server (IMP, background processes, labels, attach, channel
-    buffer sizes) do not exist here: a usage error (exit 2), nothing run
-    (and no instance asked)."""
+    """Flux 25, 39-44 (``--setopt``), the attach cases of 49-end: flux
+    exec's options for its subprocess server (IMP, attach, channel buffer
+    sizes) do not exist here: a usage error (exit 2), nothing run (and no
+    instance asked).  (``--bg``, ``--waitable``, ``--label``: t0040.)"""
     ran = tmp_path / "ran"
     rc, out, err = await run_cli("exec", "-r", "0", opt, "--", "touch", str(ran),
                                  uri="local:///nonexistent/socket")
     assert (rc, out) == (2, ""), err
     assert err.startswith("usage: kvbroker exec "), err
-    # (``--label`` is not an abbreviation of ``--label-io``: exec takes none)
+    # (no abbreviation is taken: ``--attach`` is not ``--label-io`` or another)
     assert err.rstrip().endswith(f"kvbroker exec: error: unrecognized arguments: {opt}"), err
     assert not ran.exists()
 

@@ -8,7 +8,9 @@ speaking the RPCs (``rexec.exec`` streaming ``started``, ``output``,
 ``finished``; ``rexec.write``, ``rexec.kill``, ``rexec.list``), and, where
 a user meets it, ``kvbroker exec`` on a rank of "another host" (its socket
 file removed, so exec goes through the rank's ``rexec``, as across hosts).
-Flux's ``flux sproc ps`` / ``kill`` are ``rexec.list`` / ``rexec.kill``.
+Flux's ``flux sproc ps`` / ``kill`` are ``rexec.list`` / ``rexec.kill``
+here (``kvbroker sproc`` itself, and background commands: their cases
+are in tests/test_flux_conformance_t0040.py and tests/test_rexec.py).
 
 Flux's cases, in order, and what each becomes:
 

@@ -7,6 +7,7 @@ is in tests/test_multihost.py."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import os
 import signal
@@ -15,10 +16,10 @@ from typing import Any
 import pytest
 from conftest import pid_alive
 from test_broker_guests import ALLOW, run_guest_cli
-from test_broker_support import wait_until
+from test_broker_support import run_cli, wait_until
 
 from broker.errors import RemoteError
-from broker.rexec import OUTPUT_WINDOW, READ_CHUNK
+from broker.rexec import OUTPUT_WINDOW, READ_CHUNK, RETAINED_OUTPUT
 
 T = 20.0
 
@@ -150,7 +151,198 @@ async def test_output_is_held_to_a_window_until_credited(start_instance, connect
 
 
 async def test_a_guest_is_refused(start_instance) -> None:
+    """rexec is the owner's: a guest may not run (``exec --bg`` neither),
+    list, signal nor wait."""
     inst = await start_instance(size=1, attrs=ALLOW)
-    rc, _, err = await run_guest_cli(inst.uri(0), "rpc", "--stream", "rexec.exec",
-                                     '{"cmd": ["id"]}')
-    assert rc == 1 and "Operation not permitted" in err and "instance owner" in err, err
+    runs = await asyncio.gather(
+        run_guest_cli(inst.uri(0), "rpc", "--stream", "rexec.exec", '{"cmd": ["id"]}'),
+        run_guest_cli(inst.uri(0), "exec", "--bg", "--", "id"),
+        run_guest_cli(inst.uri(0), "sproc", "ps"),
+        run_guest_cli(inst.uri(0), "sproc", "wait", "x"))
+    for rc, _, err in runs:
+        assert rc == 1 and "Operation not permitted" in err and "instance owner" in err, err
+
+
+async def bg(h: Any, cmd: list[str], rank: int = 0, **kw: Any) -> int:
+    """Start a background command (``bg: true`` and ``kw``): its pid; the
+    stream has ended after ``started``."""
+    got = await answers(h.rpc_stream("rexec.exec", {"cmd": cmd, "bg": True, **kw},
+                                     nodeid=rank))
+    assert [a["type"] for a in got] == ["started"] and got[0]["rank"] == rank, got
+    return int(got[0]["pid"])
+
+
+async def listed(h: Any, rank: int = 0) -> dict[int, dict[str, Any]]:
+    return {p["pid"]: p for p in (await h.rpc("rexec.list", nodeid=rank))["procs"]}
+
+
+async def refused(call: Any, errnum: int, text: str = "") -> None:
+    with pytest.raises(RemoteError) as err:
+        await asyncio.wait_for(call, T)
+    assert err.value.errnum == errnum and text in (err.value.errstr or ""), err.value
+
+
+async def test_background_commands_belong_to_the_rank(start_instance, connect) -> None:
+    """A background command is answered ``started`` and ends its stream; it
+    outlives its client (whose other commands are killed as it goes);
+    ``rexec.list`` shows its state, label and kind; its input is closed;
+    its end is logged; labels are unique, typed and freed with it."""
+    inst = await start_instance(size=1)
+    h = await connect(inst, 0)
+    client = await connect(inst, 0)
+    kept = await bg(client, ["sleep", "57.75"], label="keeper")
+    fg = client.rpc_stream("rexec.exec", {"cmd": ["sleep", "57.5"]}, nodeid=0)
+    fg_pid = (await asyncio.wait_for(anext(aiter(fg)), T))["pid"]
+    procs = await listed(client, 0)
+    assert procs[kept] == {"pid": kept, "cmd": ["sleep", "57.75"], "mine": True, "state": "R",
+                           "label": "keeper", "bg": True, "waitable": False}
+    assert procs[fg_pid]["bg"] is False and procs[fg_pid]["label"] == ""
+    await refused(client.rpc("rexec.write", {"pid": kept, "data": b"x"}), errno.EPIPE)
+    await client.close()
+
+    async def fg_gone() -> bool:
+        return (await h.rpc("rexec.stats-get"))["killed-at-disconnect"] == 1 \
+            and not pid_alive(fg_pid)
+
+    await wait_until(fg_gone, "the gone client's own command to be killed")
+    assert pid_alive(kept) and (await listed(h))[kept]["mine"] is False
+
+    for payload, errnum, text in [
+            ({"label": "keeper"}, errno.EEXIST, "label keeper is taken on rank 0"),
+            ({"label": ""}, errno.EINVAL, "not empty"),  # (given: not the same as none)
+            ({"label": "123"}, errno.EINVAL, "not be a number"),
+            ({"label": "a\tb"}, errno.EINVAL, "printable"),
+            ({"label": "x" * 129}, errno.EINVAL, "at most 128"),
+            ({"label": 5}, errno.EPROTO, "label a string"),
+            ({"bg": False, "waitable": True}, errno.EINVAL, "waitable is for a background"),
+            ({"stdin": True}, errno.EINVAL, "takes no input"),
+            ({"bg": "yes"}, errno.EPROTO, "booleans")]:
+        request = {"cmd": ["true"], "bg": True, **payload}
+        await refused(answers(h.rpc_stream("rexec.exec", request, nodeid=0)), errnum, text)
+    await refused(answers(h.rpc_stream("rexec.exec", {"cmd": ["nosuchcommand-y"], "bg": True,
+                                                      "waitable": True, "label": "nope"},
+                                       nodeid=0)), errno.ENOENT)
+    assert "nope" not in {p["label"] for p in (await listed(h)).values()}  # (no zombie)
+
+    await h.rpc("rexec.kill", {"label": "keeper", "signum": 15})
+
+    async def ended() -> bool:
+        return kept not in await listed(h) and not pid_alive(kept)
+
+    await wait_until(ended, "the background command to end and be forgotten")
+    await bg(h, ["true"], label="keeper")  # (its label is free again)
+    logged = [e["message"] async for e in h.dmesg()]
+    assert any(f"keeper: sleep[{kept}]: Terminated" in m for m in logged), logged[-5:]
+    stats = await h.rpc("rexec.stats-get")
+    assert stats["bg-started"] == 2 and stats["failed-to-start"] == 1
+
+
+async def test_waitable_commands_and_rexec_wait(start_instance, connect) -> None:
+    """A waitable command ends a zombie (``Z``) until ``rexec.wait``
+    collects it (then ``ESRCH``); a wait for one still running is answered
+    at its end; one waiter at a time (``EBUSY``), and a waiter's
+    disconnect lets another wait; a zombie cannot be signalled; a command
+    that is not waitable, and malformed waits, are refused."""
+    inst = await start_instance(size=1)
+    h = await connect(inst, 0)
+    zombie = await bg(h, ["sh", "-c", "echo out; echo err >&2; exit 3"], waitable=True,
+                      label="z")
+
+    async def is_zombie() -> bool:
+        return (await listed(h)).get(zombie, {}).get("state") == "Z"
+
+    await wait_until(is_zombie, "the waitable command to be a zombie")
+    await refused(h.rpc("rexec.kill", {"pid": zombie, "signum": 15}), errno.ESRCH,
+                  "has exited")
+    assert (await h.rpc("rexec.stats-get"))["zombies"] == 1
+    assert await h.rpc("rexec.wait", {"label": "z", "output": True}) == {
+        "status": 3, "stdout": b"out\n", "stderr": b"err\n", "stdout-dropped": 0,
+        "stderr-dropped": 0}
+    await refused(h.rpc("rexec.wait", {"pid": zombie}), errno.ESRCH, "does not belong")
+    assert zombie not in await listed(h)
+
+    sleeper = await bg(h, ["sleep", "56.5"], waitable=True, label="s")
+    other = await connect(inst, 0)
+    first = other.rpc("rexec.wait", {"pid": sleeper})
+    # (a second on the same connection comes after it: the first is in)
+    await refused(other.rpc("rexec.wait", {"label": "s"}), errno.EBUSY, "already being waited")
+    await refused(h.rpc("rexec.wait", {"label": "s"}), errno.EBUSY)
+    await other.close()  # (its wait is dropped: another may wait)
+    with contextlib.suppress(Exception):
+        await first
+    waiting: list[Any] = []
+
+    async def taken() -> bool:
+        wait = h.rpc("rexec.wait", {"label": "s"})
+        await h.rpc("rexec.list")  # (answered after the wait was: one connection, in order)
+        if not wait.done():
+            waiting.append(wait)
+            return True
+        assert isinstance(wait.exception(), RemoteError) and wait.exception().errnum == errno.EBUSY
+        return False
+
+    await wait_until(taken, "the gone waiter's wait to be dropped")
+    await h.rpc("rexec.kill", {"label": "s", "signum": 9})
+    assert (await asyncio.wait_for(waiting[0], T))["status"] == -9
+
+    fg = h.rpc_stream("rexec.exec", {"cmd": ["sleep", "56.25"]}, nodeid=0)
+    fg_pid = (await asyncio.wait_for(anext(aiter(fg)), T))["pid"]
+    plain = await bg(h, ["sleep", "56"], label="plain")
+    for payload, errnum, text in [
+            ({"pid": fg_pid}, errno.EINVAL, "not waitable"),
+            ({"label": "plain"}, errno.EINVAL, "not waitable"),
+            ({}, errno.EPROTO, "pid or by label"),
+            ({"pid": plain, "label": "plain"}, errno.EPROTO, "pid or by label"),
+            ({"pid": "12"}, errno.EPROTO, "integer"),
+            ({"label": "plain", "output": 1}, errno.EPROTO, "boolean"),
+            ({"label": "nosuch"}, errno.ESRCH, "label nosuch does not belong")]:
+        await refused(h.rpc("rexec.wait", payload), errnum, text)
+    await refused(answers(h.rpc_stream("rexec.wait", {"label": "plain"})), errno.EPROTO,
+                  "plain request")
+    for pid in (fg_pid, plain):
+        await h.rpc("rexec.kill", {"pid": pid, "signum": 9})
+    assert (await answers(fg))[-1]["status"] == -9
+
+
+async def test_kept_output_is_bounded(start_instance, connect) -> None:
+    """A waitable command's output is kept to its last
+    :data:`RETAINED_OUTPUT` bytes per stream, what came before counted as
+    dropped; ``sproc wait --output`` writes what was kept and says the
+    rest was dropped."""
+    inst = await start_instance(size=1)
+    h = await connect(inst, 0)
+    total = 3 * RETAINED_OUTPUT
+    script = f"head -c {total} /dev/zero | tr '\\0' a; printf end; echo e >&2"
+    await bg(h, ["sh", "-c", script], waitable=True, label="big")
+    answer = await asyncio.wait_for(h.rpc("rexec.wait", {"label": "big", "output": True}), T)
+    assert answer["status"] == 0 and answer["stderr"] == b"e\n"
+    assert len(answer["stdout"]) == RETAINED_OUTPUT and answer["stdout"].endswith(b"aend")
+    assert answer["stdout-dropped"] == total + 3 - RETAINED_OUTPUT
+    assert (await h.rpc("rexec.stats-get"))["output-kept"] == 0  # (given with its status)
+
+    await bg(h, ["sh", "-c", script], waitable=True, label="big2")
+    rc, out, err = await run_cli("sproc", "wait", "--output", "big2", uri=inst.uri(0))
+    assert rc == 0 and len(out) == RETAINED_OUTPUT and out.endswith("aend"), (rc, len(out))
+    assert err == (f"kvbroker: sproc wait: big2's stdout truncated: its first "
+                   f"{total + 3 - RETAINED_OUTPUT} bytes were dropped (the rank keeps the "
+                   f"last {RETAINED_OUTPUT})\ne\n"), err
+
+
+async def test_a_stopping_rank_takes_its_background_commands(start_instance, connect) -> None:
+    """Nothing outlives the rank: its background commands are killed and
+    its zombies dropped when it stops (the stop is not held up by them)."""
+    inst = await start_instance(size=2)
+    h = await connect(inst, 0)
+    running = await bg(h, ["sleep", "55.5"], rank=1, waitable=True, label="r")
+    await bg(h, ["true"], rank=1, waitable=True, label="z")
+
+    async def zombie() -> bool:
+        return any(p["state"] == "Z" for p in (await listed(h, 1)).values())
+
+    await wait_until(zombie, "a zombie on rank 1")
+    await asyncio.wait_for(inst.stop(), T)
+
+    async def gone() -> bool:
+        return not pid_alive(running)
+
+    await wait_until(gone, "rank 1's background command to be killed with it")

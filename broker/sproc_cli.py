@@ -1,0 +1,214 @@
+"""``kvbroker sproc ps|kill|wait`` (Flux's ``flux sproc``; docs/cli.md
+"sproc"): the commands a rank's ``rexec`` service runs (:mod:`broker.rexec`)
+-- those of ``exec --bg`` above all, which nothing else follows once
+``exec`` has exited: list them, signal one, wait for a waitable one and
+exit as it did."""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import shlex
+import signal
+import string
+import sys
+from typing import Any
+
+from broker.cliutil import (
+    UsageError,
+    add_answer_timeout,
+    connect,
+    errno_detail,
+    print_err,
+    rank_int,
+    run_async,
+)
+from broker.command import exit_code
+from broker.errors import ErrnoError
+from broker.message import NODEID_ANY
+
+HEADINGS = {"pid": "PID", "state": "ST", "label": "LABEL", "rank": "RANK", "cmd": "COMMAND"}
+"""``sproc ps``'s fields (``--format``) and their column headings, as Flux's."""
+DEFAULT_FORMAT = "{pid:>9} {state:<2} {label:<12} {cmd}"
+"""``sproc ps``'s table without ``--format``, as Flux's."""
+_TYPE_CHARS = "bcdeEfFgGnosxX%"
+
+
+def register(sub: Any) -> None:
+    s = sub.add_parser("sproc", help="list, signal or wait for the commands a rank runs "
+                       "for clients (exec --bg), as flux sproc",
+                       description="The commands a rank's rexec service runs: those of "
+                       "kvbroker exec --bg, and of exec on another host's ranks. A "
+                       "TARGET is a pid, or the label given with exec --bg --label.")
+    ssub = s.add_subparsers(dest="sproc_cmd", required=True, metavar="COMMAND",
+                            title="supported subcommands")
+    p = ssub.add_parser("ps", help="list a rank's commands: running (R) and zombie (Z)")
+    _common(p)
+    p.add_argument("-o", "--format", metavar="FORMAT",
+                   help="each line in Python's format syntax, with fields "
+                   f"{', '.join('{' + f + '}' for f in HEADINGS)} (default "
+                   f"{DEFAULT_FORMAT!r}, as Flux's)")
+    p.add_argument("-n", "--no-header", action="store_true", help="leave out the heading line")
+    k = ssub.add_parser("kill", help="send a signal to a command (its process group)")
+    _common(k)
+    k.add_argument("-w", "--wait", action="store_true",
+                   help="then wait for it, and exit as it did (128+N for signal N): a "
+                   "waitable command only; waits also when the signal failed because it "
+                   "had exited (a zombie)")
+    k.add_argument("signal", type=signal_arg, metavar="SIGNAL",
+                   help="a number (15) or a name (TERM, SIGTERM)")
+    k.add_argument("target", metavar="TARGET", help="a pid, or a label")
+    w = ssub.add_parser("wait", help="wait for a waitable command (exec --bg --waitable) to "
+                        "end, and exit as it did (128+N for signal N)")
+    _common(w)
+    w.add_argument("-o", "--output", action="store_true",
+                   help="write what it wrote (the last MiB of each stream, kept by the "
+                   "rank) to stdout and stderr, as it wrote them")
+    w.add_argument("target", metavar="TARGET", help="a pid, or a label")
+    s.set_defaults(func=cmd_sproc)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-r", "--rank", type=rank_int, metavar="N",
+                   help="ask rank N (default: the rank attached to)")
+    p.add_argument("-s", "--service", default="rexec", metavar="NAME",
+                   help="the subprocess service to ask (default rexec, the only one), "
+                   "as Flux's")
+    add_answer_timeout(p)
+
+
+def signal_arg(text: str) -> int:
+    """argparse ``type`` for a signal: a number, or a name with or without
+    ``SIG`` (``TERM``, ``SIGTERM``, ``term``)."""
+    valid = {int(s) for s in signal.valid_signals()}
+    if text.isascii() and text.isdigit():
+        if int(text) in valid and int(text) != 0:
+            return int(text)
+        raise argparse.ArgumentTypeError(f"no signal {text}")
+    name = text.upper()
+    try:
+        return int(signal.Signals[name if name.startswith("SIG") else "SIG" + name])
+    except KeyError:
+        raise argparse.ArgumentTypeError(f"not a signal: {text!r} (a number, or a name: "
+                                         "TERM, SIGKILL)") from None
+
+
+def target(text: str) -> dict[str, Any]:
+    """A TARGET as a request names it: digits are a pid, anything else a
+    label (a label may not be a number: :func:`broker.rexec.check_label`)."""
+    if text.isascii() and text.isdigit():
+        return {"pid": int(text)}
+    return {"label": text}
+
+
+def cmd_sproc(args: argparse.Namespace) -> int:
+    args.what = f"sproc {args.sproc_cmd}"
+    nodeid = NODEID_ANY if args.rank is None else args.rank
+    if args.sproc_cmd == "ps":
+        fmt = args.format if args.format is not None else DEFAULT_FORMAT
+        fields = format_fields(fmt)
+
+        async def ps() -> int:
+            async with await connect() as h:
+                answer = await h.rpc(f"{args.service}.list", {}, nodeid=nodeid)
+            print_table(fmt, fields, answer, not args.no_header)
+            return 0
+
+        return run_async(args, ps)
+    if args.sproc_cmd == "kill":
+        return run_async(args, lambda: kill(args, nodeid))
+    return run_async(args, lambda: wait(args, nodeid))
+
+
+def format_fields(fmt: str) -> list[tuple[str, str | None, str]]:
+    """``--format`` parsed: (literal text, field, spec) pieces; a field
+    that is not one of :data:`HEADINGS`, or a malformed format, is a usage
+    error."""
+    try:
+        pieces = [(text, field, spec or "") for text, field, spec, _ in
+                  string.Formatter().parse(fmt)]
+    except ValueError as exc:
+        raise UsageError(f"--format {fmt!r}: {exc}") from None
+    for _, field, _ in pieces:
+        if field is not None and field not in HEADINGS:
+            raise UsageError(f"--format {fmt!r}: no field {{{field}}} (fields: "
+                             f"{', '.join('{' + f + '}' for f in HEADINGS)})")
+    return pieces
+
+
+def heading(fmt: str, pieces: list[tuple[str, str | None, str]]) -> str:
+    """The heading line of ``fmt``: each field's heading in its place,
+    with its width and alignment (a type such as ``d`` left out)."""
+    out = []
+    for text, field, spec in pieces:
+        out.append(text)
+        if field is None:
+            continue
+        spec = spec[:-1] if spec and spec[-1] in _TYPE_CHARS else spec
+        try:
+            out.append(format(HEADINGS[field], spec.replace("=", ">")))
+        except ValueError:
+            out.append(HEADINGS[field])
+    return "".join(out)
+
+
+def print_table(fmt: str, pieces: list[tuple[str, str | None, str]], answer: dict[str, Any],
+                header: bool) -> None:
+    """One line per command of a ``rexec.list`` answer (after the heading)."""
+    lines = [heading(fmt, pieces)] if header else []
+    for proc in answer.get("procs", []):
+        cmd = proc.get("cmd")
+        item = {"pid": proc.get("pid"), "state": proc.get("state", "R"),
+                "label": proc.get("label", ""), "rank": answer.get("rank"),
+                "cmd": shlex.join(cmd) if isinstance(cmd, list) else str(cmd)}
+        try:
+            lines.append(fmt.format(**item))
+        except (ValueError, TypeError) as exc:  # (a spec the value does not take: {label:d})
+            raise UsageError(f"--format {fmt!r}: {exc}") from None
+    for line in lines:
+        print(line.rstrip())
+
+
+async def kill(args: argparse.Namespace, nodeid: int) -> int:
+    """``sproc kill``: with ``--wait`` the wait is asked first, so that a
+    command that had already exited (a zombie: the kill is ``ESRCH``) is
+    still collected, as Flux's does."""
+    named = target(args.target)
+    async with await connect() as h:
+        waiting = h.rpc(f"{args.service}.wait", named, nodeid=nodeid) if args.wait else None
+        try:
+            await h.rpc(f"{args.service}.kill", {**named, "signum": args.signal},
+                        nodeid=nodeid)
+        except ErrnoError as exc:
+            print_err(f"sproc kill: {errno_detail(exc)}")
+            if waiting is None or exc.errnum != errno.ESRCH:
+                if waiting is not None:
+                    waiting.cancel()
+                return 1
+        if waiting is None:
+            return 0
+        try:
+            answer = await waiting
+        except ErrnoError as exc:
+            print_err(f"sproc kill: wait failed: {errno_detail(exc)}")
+            return 1
+    return exit_code(int(answer["status"]))
+
+
+async def wait(args: argparse.Namespace, nodeid: int) -> int:
+    """``sproc wait``: the command's status as the exit code, and with
+    ``--output`` what the rank kept of its output (and what it dropped)."""
+    async with await connect() as h:
+        answer = await h.rpc(f"{args.service}.wait",
+                             {**target(args.target), "output": args.output}, nodeid=nodeid)
+    if args.output:
+        for name, stream in (("stdout", sys.stdout), ("stderr", sys.stderr)):
+            dropped = answer.get(f"{name}-dropped") or 0
+            if dropped:
+                print_err(f"sproc wait: {args.target}'s {name} truncated: its first "
+                          f"{dropped} bytes were dropped (the rank keeps the last "
+                          f"{len(answer.get(name) or b'')})")
+            stream.flush()
+            stream.buffer.write(bytes(answer.get(name) or b""))
+            stream.flush()
+    return exit_code(int(answer["status"]))
