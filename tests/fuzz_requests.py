@@ -29,12 +29,14 @@ TOPICS = (
     "kvs.disconnect kvs.dropcache kvs.getroot kvs.lookup kvs.lookup-plus "
     "kvs.namespace-create kvs.namespace-list kvs.namespace-remove kvs.relaycommit "
     "kvs.stats-get kvs.wait-version module.list kvs.gc nosuch.service "
-    "kvs.lease-grant kvs.lease-keepalive kvs.lease-revoke kvs.lease-info"
+    "kvs.lease-grant kvs.lease-keepalive kvs.lease-revoke kvs.lease-info "
+    # (rexec.exec is left out: the owner's random command lines would run)
+    "rexec.list rexec.kill rexec.wait rexec.write rexec.credit rexec.stats-get"
 ).split()
 FIELDS = (
     "key namespace flags ops names name owner rootseq rootref blobref data topic payload "
     "old new limit rank txns epoch matchtag keys value dirent ver type rootdir heard "
-    "timeout compact userid id ttl lease"
+    "timeout compact userid id ttl lease pid signum label output eof bytes"
 ).split()
 KEYS = ("a", "a.b", "a.b.c", ".", "d", "d.e", "x.y.z", "", "a..b", ".a", "a.", "a/b")
 SPECIALS: tuple[Any, ...] = (
@@ -92,6 +94,15 @@ class RequestFuzzer:
                                                      "kvs.namespace-a-removed", ""]),
                                   "payload": self.payload(), "flags": r.choice([0, 8])},
             "event.subscribe": lambda: {"topic": r.choice(["kvs.", "", "x"])},
+            # (the test starts a waitable background command labelled "fz" on
+            # each rank: some of these name it, kill it or collect it)
+            "rexec.kill": lambda: {r.choice(["pid", "label"]): self.proc(),
+                                   "signum": r.choice([0, 15, 18, 99, -1, "TERM"])},
+            "rexec.wait": lambda: {r.choice(["pid", "label"]): self.proc(),
+                                   "output": r.choice([True, False, 1, None])},
+            "rexec.write": lambda: {"pid": self.proc(), "data": r.choice([b"", b"x", "x"]),
+                                    "eof": r.choice([True, False, 0])},
+            "rexec.credit": lambda: {"pid": self.proc(), "bytes": r.choice([1, -1, 2**62])},
         }
 
     # -- parts
@@ -100,6 +111,9 @@ class RequestFuzzer:
 
     def key(self) -> str:
         return self.r.choice(KEYS)
+
+    def proc(self) -> Any:
+        return self.r.choice(["fz", "", "nosuch", 1, 0, -1, 2**31, 2**63 - 1, None, 1.5])
 
     def ref(self) -> str:
         return self.r.choice(self.blobrefs)

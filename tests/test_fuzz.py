@@ -55,6 +55,11 @@ async def test_random_requests_from_the_owner_leave_every_rank_serving(
         await KVS(h, "fz1").put("a.b", "x")
         # (live leases to name: ids are random; the fuzz may revoke them)
         leases = [(await h.rpc("kvs.lease-grant", {"ttl": 3600}))["id"] for _ in range(2)]
+        for rank in range(size):  # (for rexec.kill, rexec.wait... to name)
+            async for _ in h.rpc_stream("rexec.exec", {"cmd": ["sleep", "3600"], "bg": True,
+                                                       "waitable": True, "label": "fz"},
+                                        nodeid=rank):
+                pass
         fuzz = RequestFuzzer(1, ["primary", "fz1", "fz2", "nosuch"],
                              [(await h.rpc("kvs.getroot", {"namespace": "fz1"}))["rootref"]],
                              leases)
