@@ -97,6 +97,8 @@ async def test_interval_entries(start_instance, connect, tmp_path) -> None:
     """Flux 1-12."""
     inst = await start_instance(size=2, attrs=MODULES)
     uri, h = inst.uri(0), await connect(inst, 0)
+    assert [await h.attr_get(n, nodeid=1) for n in ("cron.sync", "cron.sync_epsilon")] == [
+        "", "15ms"]  # (its attributes' defaults, where it is loaded)
     rc, out, err = await run_cli("module", "reload", "cron", "badopt=1", uri=uri)
     assert rc == 1 and "module cron has no attribute 'badopt'" in err, err
     usage = await cron(uri)
