@@ -54,6 +54,7 @@ from broker.cliutil import (
 )
 from broker.command import STOP_CAP, STOP_SIGNALS, STOP_TIMEOUT, command_path
 from broker.config_cli import register as register_config
+from broker.cron_cli import register as register_cron
 from broker.errors import ErrnoError
 from broker.execute import cmd_exec
 from broker.groups_cli import register as register_groups
@@ -1618,6 +1619,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_module)
 
     register_groups(sub)
+    register_cron(sub)
     register_config(sub)
     register_uri(sub)
 

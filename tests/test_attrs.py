@@ -11,6 +11,7 @@ import pytest
 from broker import attrs
 from broker.attrs import AttrError, AttrSpec, boolean, choice, duration, integer
 from broker.content.module import ContentModule
+from broker.cron import CronModule
 from broker.heartbeat import HeartbeatModule
 from kvs.module import CHECKPOINT_PERIOD, KvsModule
 from kvs_watch.module import KvsWatchModule
@@ -28,7 +29,7 @@ def documented_defaults() -> dict[str, str]:
 
 def all_specs() -> dict[str, AttrSpec]:
     specs = list(attrs.BROKER_ATTRS)
-    for cls in (ContentModule, KvsModule, KvsWatchModule, HeartbeatModule):
+    for cls in (ContentModule, KvsModule, KvsWatchModule, HeartbeatModule, CronModule):
         specs += cls.attributes
     out = {s.name: s for s in specs}
     assert len(out) == len(specs), "an attribute is declared twice"

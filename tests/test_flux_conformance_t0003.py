@@ -264,7 +264,7 @@ async def test_an_unknown_module_is_refused_at_start(testmod) -> None:
     rc, out, err = await run_cli(*start_args("content,nosuchmodule", "true"))
     assert (rc, out) == (2, ""), (rc, out, err)
     assert "no module named 'nosuchmodule'" in err, err
-    assert "known: content, groups, heartbeat, kvs, kvs-watch, testmod" in err, err
+    assert "known: content, cron, groups, heartbeat, kvs, kvs-watch, testmod" in err, err
     assert "Traceback" not in err
 
 
@@ -582,7 +582,7 @@ async def test_remove_fails_on_invalid_module_and_f_succeeds(start_instance) -> 
     assert (rc, out, err) == (0, "", ""), (rc, out, err)
     rc, out, err = await run_cli("module", "load", "nosuchmodule", uri=inst.uri(0))
     assert rc == 1, (rc, err)
-    assert "no module named 'nosuchmodule' (known: content, groups, heartbeat" in err, err
+    assert "no module named 'nosuchmodule' (known: content, cron, groups, heartbeat" in err, err
     rc, out, err = await run_cli("module", "reload", "heartbeat", uri=inst.uri(0))
     assert rc == 1 and "module heartbeat is not loaded on rank 0 (module reload -f" in err, err
     rc, out, err = await run_cli("module", "reload", "-f", "heartbeat", uri=inst.uri(0))

@@ -1,0 +1,99 @@
+"""Unit tests of broker.crontab (what ``kvbroker cron tab`` and ``cron at``
+read) and of the ``cron`` CLI's option parsing: no instance."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+
+import pytest
+
+from broker.cliutil import UsageError
+from broker.cron_cli import extra_options, flatten, show
+from broker.crontab import parse_at, parse_field, parse_schedule, split_line
+
+
+def test_fields_star_ranges_lists_steps_names() -> None:
+    assert parse_field("*", "hour", 0, 23) == frozenset(range(24))
+    assert parse_field("*/15", "minute", 0, 59) == {0, 15, 30, 45}
+    assert parse_field("1-10/3,20", "minute", 0, 59) == {1, 4, 7, 10, 20}
+    assert parse_field("5/20", "minute", 0, 59) == {5, 25, 45}
+    assert parse_schedule("0 0 * jan,Jul *").months == {1, 7}
+    assert parse_schedule("0 0 * * mon-fri").weekdays == {1, 2, 3, 4, 5}
+    assert parse_schedule("0 0 * * 7").weekdays == {0}  # (7 is Sunday too)
+    assert parse_schedule("@hourly").minutes == {0} and parse_schedule("@hourly").text == "@hourly"
+
+
+@pytest.mark.parametrize(("text", "why"), [
+    ("* * * *", "a schedule has 5 fields"),
+    ("60 * * * *", "minute field '60': 60 is out of range (0-59)"),
+    ("* 5-2 * * *", "the range 5-2 goes backwards"),
+    ("*/0 * * * *", "the step '0' is not a positive number"),
+    ("* * * foo *", "month field 'foo': 'foo' is not a number or a name (jan"),
+    ("* * 1,,2 * *", "an empty item"),
+    ("0 0 30 2 *", "never comes"),
+    ("@reboot", "@reboot is not supported"),
+    ("@often", "unknown shortcut"),
+])
+def test_bad_schedules_say_what_is_wrong(text: str, why: str) -> None:
+    with pytest.raises(ValueError, match=None) as info:
+        parse_schedule(text)
+    assert why in str(info.value), str(info.value)
+
+
+def test_next_after_jumps_to_the_next_match() -> None:
+    t = dt.datetime(2030, 1, 1, 12, 7, 30)  # a Tuesday
+    assert parse_schedule("*/5 * * * *").next_after(t) == dt.datetime(2030, 1, 1, 12, 10)
+    assert parse_schedule("0 9 * * mon").next_after(t) == dt.datetime(2030, 1, 7, 9, 0)
+    assert parse_schedule("0 0 1 * *").next_after(t) == dt.datetime(2030, 2, 1)
+    assert parse_schedule("30 4 29 2 *").next_after(t) == dt.datetime(2032, 2, 29, 4, 30)
+    # day-of-month and day-of-week both restricted: either one (Vixie cron's rule)
+    assert parse_schedule("0 0 15 * fri").next_after(t) == dt.datetime(2030, 1, 4)
+    # only one restricted: that one alone
+    assert parse_schedule("0 0 15 * *").next_after(t) == dt.datetime(2030, 1, 15)
+    # strictly after: the minute given does not count
+    assert parse_schedule("7 12 * * *").next_after(t) == dt.datetime(2030, 1, 2, 12, 7)
+
+
+def test_next_time_is_in_local_time() -> None:
+    now = time.mktime(dt.datetime(2030, 6, 1, 10, 0, 20).timetuple())
+    assert parse_schedule("30 10 * * *").next_time(now) == now - 20 + 30 * 60
+
+
+def test_split_line() -> None:
+    assert split_line("  # a comment") is None and split_line("   ") is None
+    assert split_line("*/5 * * * *  echo a  b") == ("*/5 * * * *", "echo a  b")
+    assert split_line("@daily  run it") == ("@daily", "run it")
+    with pytest.raises(ValueError, match="no command after the schedule"):
+        split_line("0 0 * * *")
+
+
+def test_at_times() -> None:
+    now = 1_900_000_000.0
+    assert parse_at("+90s", now) == now + 90
+    assert parse_at("+1.5h", now) == now + 5400
+    assert parse_at("2030-01-02T03:04:05+00:00") == dt.datetime(
+        2030, 1, 2, 3, 4, 5, tzinfo=dt.UTC).timestamp()
+    local = dt.datetime(2030, 1, 2, 3, 4, 5, 500000)
+    assert parse_at("2030-01-02 03:04:05.5") == time.mktime(local.timetuple()) + 0.5
+    for bad in ("tomorrow", "+soon", "+-1s"):
+        with pytest.raises(ValueError):
+            parse_at(bad, now)
+
+
+def test_flux_extra_options() -> None:
+    assert extra_options(["timeout=0.5,rank=1", "stop-on-failure=3"]) == {
+        "timeout": 0.5, "rank": 1, "stop-on-failure": 3}
+    assert extra_options(["task-history-count=1"]) == {}
+    for bad in ("badopt", "task-history-count=5", "timeout=soon", "rank=-1"):
+        with pytest.raises(UsageError):
+            extra_options([bad])
+
+
+def test_dump_flattens_as_flux() -> None:
+    entry = {"id": 1, "stopped": True, "typedata": {"topic": "t"}, "stats": {"count": 2},
+             "tasks": [{"state": "Exited"}]}
+    assert flatten(entry) == [("id", 1), ("stopped", True), ("typedata.topic", "t"),
+                              ("stats.count", 2), ("task.1.state", "Exited")]
+    assert show(True, True) == "true" and show("a\nb", True) == '"a\\nb"'
+    assert show("a", False) == "a"
