@@ -21,7 +21,8 @@ import json
 import os
 import sys
 import time
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 from broker.attrs import duration
 from broker.cliutil import (
@@ -37,9 +38,12 @@ from broker.cliutil import (
     rank_int,
     run_async,
 )
+from broker.cron_client import Cron
 from broker.crontab import parse_at, parse_schedule, split_line
 from broker.errors import ErrnoError
 from broker.status import fsd
+
+T = TypeVar("T")
 
 EXTRA_OPTIONS = ("timeout", "rank", "stop-on-failure", "task-history-count")
 """Flux's ``-o KEY=VALUE`` options."""
@@ -160,19 +164,21 @@ def extra_options(given: list[str]) -> dict[str, Any]:
     return out
 
 
-def entry_fields(args: argparse.Namespace) -> dict[str, Any]:
-    """The fields of ``cron.create`` every type takes, from the options."""
-    out: dict[str, Any] = extra_options(args.options)
-    for key, value in (("repeat", getattr(args, "count", None)), ("timeout", args.timeout),
-                       ("stop-on-failure", args.stop_on_failure), ("rank", args.rank),
+def entry_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The options of :meth:`Cron.create` every type takes, from the
+    command's options (an explicit one over its ``-o`` spelling)."""
+    extra = extra_options(args.options)
+    out: dict[str, Any] = {"timeout": extra.get("timeout"), "rank": extra.get("rank"),
+                           "stop_on_failure": extra.get("stop-on-failure")}
+    for key, value in (("count", getattr(args, "count", None)), ("timeout", args.timeout),
+                       ("stop_on_failure", args.stop_on_failure), ("rank", args.rank),
                        ("name", getattr(args, "name", None))):
         if value is not None:
             out[key] = value
     if args.working_dir is not None:
         out["cwd"] = os.path.abspath(args.working_dir)
-    if args.preserve_env:
-        out["environ"] = dict(os.environ)
-    return out
+    out["preserve_env"] = args.preserve_env
+    return {k: v for k, v in out.items() if v is not None}
 
 
 def command_line(args: argparse.Namespace) -> str:
@@ -182,20 +188,20 @@ def command_line(args: argparse.Namespace) -> str:
     return " ".join(words)
 
 
-def creations(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """The ``cron.create`` requests a create command makes (one per
-    crontab line for ``tab``), checked before any is sent."""
-    base = entry_fields(args)
+def creations(args: argparse.Namespace) -> list[tuple[str, str, dict[str, Any]]]:
+    """The entries a create command makes, as (type, command, trigger) for
+    :meth:`Cron.create` (one per crontab line for ``tab``), checked before
+    any is sent."""
     kind = args.cron_cmd
     if kind == "interval":
         iargs = {"interval": args.interval}
         if args.after is not None:
             iargs["after"] = args.after
-        return [{**base, "type": kind, "command": command_line(args), "args": iargs}]
+        return [(kind, command_line(args), iargs)]
     if kind == "event":
         eargs = {"topic": args.topic, "nth": args.nth or 0, "after": args.after or 0,
                  "min_interval": args.min_interval or 0.0}
-        return [{**base, "type": kind, "command": command_line(args), "args": eargs}]
+        return [(kind, command_line(args), eargs)]
     if kind == "at":
         try:
             when = parse_at(args.time)
@@ -203,8 +209,8 @@ def creations(args: argparse.Namespace) -> list[dict[str, Any]]:
             raise UsageError(f"cron at: {exc}") from None
         if not args.time.strip().startswith("+") and when < time.time() - 1:
             raise UsageError(f"cron at: {args.time} is in the past")
-        return [{**base, "type": kind, "command": command_line(args), "args": {"at": when}}]
-    return [{**base, "type": "tab", "command": command, "args": {"schedule": schedule}}
+        return [(kind, command_line(args), {"at": when})]
+    return [("tab", command, {"schedule": schedule})
             for schedule, command in tab_lines(args.file)]
 
 
@@ -236,48 +242,61 @@ def tab_lines(path: str | None) -> list[tuple[str, str]]:
 
 def cmd_cron(args: argparse.Namespace) -> int:
     args.what = f"cron {args.cron_cmd}"
-    requests = creations(args) if args.cron_cmd in ("interval", "event", "tab", "at") else []
-    if requests and "rank" in requests[0]:  # (-o rank=N, Flux's spelling of --rank N)
-        args.rank = requests[0]["rank"]
-    return run_async(args, lambda: _main(args, requests))
+    options: dict[str, Any] = {}
+    requests: list[tuple[str, str, dict[str, Any]]] = []
+    if args.cron_cmd in ("interval", "event", "tab", "at"):
+        options = entry_options(args)
+        requests = creations(args)
+    if "rank" in options:  # (-o rank=N, Flux's spelling of --rank N)
+        args.rank = options["rank"]
+    return run_async(args, lambda: _main(args, requests, options))
 
 
-async def _main(args: argparse.Namespace, requests: list[dict[str, Any]]) -> int:
+async def _main(args: argparse.Namespace, requests: list[tuple[str, str, dict[str, Any]]],
+                options: dict[str, Any]) -> int:
     async with await connect() as h:
+        cron = Cron(h)
         rank = args.rank
         if rank is None:
             rank = int(await h.attr_get("rank"))
 
-        async def rpc(topic: str, payload: dict[str, Any]) -> Any:
+        async def call(aw: Awaitable[T]) -> T:
             try:
-                return await h.rpc(topic, payload, nodeid=rank)
+                return await aw
             except ErrnoError as exc:
-                if exc.errnum == errno.ENOSYS:
-                    raise CLIError(args.what, detail=f"the cron module is not loaded on rank "
-                                   f"{rank} (kvbroker module load cron)") from None
+                if exc.errnum == errno.ENOSYS:  # (the module not loaded: said so)
+                    raise CLIError(args.what, detail=exc.errstr) from None
                 raise
 
         if requests:
-            for req in requests:
-                entry = await rpc("cron.create", req)
+            for kind, command, targs in requests:
+                entry = await call(cron.create(kind, command, targs, **{**options,
+                                                                        "rank": rank}))
                 where = f" on rank {rank}" if args.rank is not None else ""
                 print(f"{args.cron_cmd}: cron-{entry['id']} created{where}")
             return 0
-        if args.cron_cmd in ("list", "dump"):
-            entries = (await rpc("cron.list", {}))["entries"]
-            if args.cron_cmd == "list":
-                print_list(entries)
-                return 0
-            return dump(args, rank, entries)
+        if args.cron_cmd == "list":
+            print_list(await call(cron.list(rank)))
+            return 0
+        if args.cron_cmd == "dump":
+            try:
+                return dump(args, await call(cron.get(args.id, rank)))
+            except ErrnoError as exc:
+                if exc.errnum != errno.ENOENT:
+                    raise
+                print_err(f"cron dump: {exc.errstr}")
+                return 1
         if args.cron_cmd == "sync":
-            return await sync(args, rpc)
+            return await sync(args, cron, rank, call)
         status = 0
         for eid in args.ids:
-            payload: dict[str, Any] = {"id": eid}
-            if args.cron_cmd == "delete":
-                payload["kill"] = args.kill
             try:
-                entry = await rpc(f"cron.{args.cron_cmd}", payload)
+                if args.cron_cmd == "delete":
+                    entry = await call(cron.delete(eid, kill=args.kill, rank=rank))
+                elif args.cron_cmd == "stop":
+                    entry = await call(cron.stop(eid, rank=rank))
+                else:
+                    entry = await call(cron.start(eid, rank=rank))
             except ErrnoError as exc:
                 print_err(f"{args.what}: cron-{eid}: {errno_detail(exc)}")
                 status = 1
@@ -371,12 +390,7 @@ def show(value: Any, quoted: bool) -> str:
     return str(value)
 
 
-def dump(args: argparse.Namespace, rank: int, entries: list[dict[str, Any]]) -> int:
-    entry = next((e for e in entries if e.get("id") == args.id), None)
-    if entry is None:
-        print_err(f"cron dump: no cron entry {args.id} on rank {rank} (kvbroker cron list "
-                  "shows them)")
-        return 1
+def dump(args: argparse.Namespace, entry: dict[str, Any]) -> int:
     if args.json:
         print(json.dumps(entry, indent=2, sort_keys=True))
         return 0
@@ -394,17 +408,11 @@ def dump(args: argparse.Namespace, rank: int, entries: list[dict[str, Any]]) -> 
     return 0
 
 
-async def sync(args: argparse.Namespace, rpc: Any) -> int:
-    req: dict[str, Any] = {}
+async def sync(args: argparse.Namespace, cron: Cron, rank: int, call: Any) -> int:
     if args.disable and args.topic:
         raise UsageError("cron sync: give TOPIC or --disable, not both")
-    if args.topic:
-        req["topic"] = args.topic
-    if args.disable:
-        req["disable"] = True
-    if args.epsilon is not None:
-        req["sync_epsilon"] = args.epsilon
-    answer = await rpc("cron.sync", req)
+    answer = await call(cron.sync(args.topic or None, disable=args.disable,
+                                  epsilon=args.epsilon, rank=rank))
     eps = f"epsilon={answer.get('sync_epsilon', 0):.3f}s"
     if answer.get("sync_event"):
         print(f"sync: {answer['sync_event']} {eps}")

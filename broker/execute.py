@@ -40,6 +40,7 @@ from broker.command import STOP_SIGNALS
 from broker.errors import ErrnoError
 from broker.handle import parse_uri
 from broker.idset import encode_ranks
+from broker.sproc_client import Procs
 
 EXEC_KILL_AFTER = 5.0
 """How long the commands of ``exec`` on several ranks have after SIGTERM,
@@ -163,10 +164,7 @@ def exec_background(args: argparse.Namespace, command: list[str]) -> int:
     limit: float | None = args.answer_timeout
     args.answer_timeout = None  # (run_async's bound would name no rank)
     env = {k: v for k, v in os.environ.items() if k not in ("KVBROKER_URI", "KVBROKER_RANK")}
-    payload: dict[str, Any] = {"cmd": command, "env": env, "cwd": os.getcwd(), "bg": True,
-                               "waitable": args.waitable}
-    if args.label is not None:
-        payload["label"] = args.label
+    cwd = os.getcwd()
 
     async def main() -> int:
         pending: set[int] = set()
@@ -174,7 +172,8 @@ def exec_background(args: argparse.Namespace, command: list[str]) -> int:
 
         async def start(h: Any, rank: int) -> None:
             try:
-                got[rank] = await _start_background(h, rank, payload)
+                got[rank] = await Procs(h).start_one(command, rank=rank, waitable=args.waitable,
+                                                     label=args.label, env=env, cwd=cwd)
             except ErrnoError as exc:
                 got[rank] = exc
             pending.discard(rank)
@@ -198,18 +197,6 @@ def exec_background(args: argparse.Namespace, command: list[str]) -> int:
         return _report_background(command, dict(sorted(got.items())))
 
     return run_async(args, main)
-
-
-async def _start_background(h: Any, rank: int, payload: dict[str, Any]) -> int:
-    """Start the background command on ``rank``: its pid (``started``, then
-    the stream ends at once)."""
-    pid: int | None = None
-    async for answer in h.rpc_stream("rexec.exec", payload, nodeid=rank):
-        if isinstance(answer, dict) and answer.get("type") == "started" and pid is None:
-            pid = int(answer["pid"])
-    if pid is None:
-        raise ErrnoError(errno.EPROTO, f"rank {rank} ended rexec.exec without starting it")
-    return pid
 
 
 def _report_background(command: list[str], got: dict[int, int | ErrnoError]) -> int:

@@ -23,9 +23,8 @@ from broker.cliutil import (
     rank_int,
     run_async,
 )
-from broker.command import exit_code
 from broker.errors import ErrnoError
-from broker.message import NODEID_ANY
+from broker.sproc_client import Proc, Procs, Target
 
 HEADINGS = {"pid": "PID", "state": "ST", "label": "LABEL", "rank": "RANK", "cmd": "COMMAND"}
 """``sproc ps``'s fields (``--format``) and their column headings, as Flux's."""
@@ -93,31 +92,30 @@ def signal_arg(text: str) -> int:
                                          "TERM, SIGKILL)") from None
 
 
-def target(text: str) -> dict[str, Any]:
-    """A TARGET as a request names it: digits are a pid, anything else a
-    label (a label may not be a number: :func:`broker.rexec.check_label`)."""
+def target(text: str) -> Target:
+    """A TARGET as :class:`Procs` names it: digits are a pid, anything else
+    a label (a label may not be a number: :func:`broker.rexec.check_label`)."""
     if text.isascii() and text.isdigit():
-        return {"pid": int(text)}
-    return {"label": text}
+        return int(text)
+    return text
 
 
 def cmd_sproc(args: argparse.Namespace) -> int:
     args.what = f"sproc {args.sproc_cmd}"
-    nodeid = NODEID_ANY if args.rank is None else args.rank
     if args.sproc_cmd == "ps":
         fmt = args.format if args.format is not None else DEFAULT_FORMAT
         fields = format_fields(fmt)
 
         async def ps() -> int:
             async with await connect() as h:
-                answer = await h.rpc(f"{args.service}.list", {}, nodeid=nodeid)
-            print_table(fmt, fields, answer, not args.no_header)
+                procs = await Procs(h, args.service).list(args.rank)
+            print_table(fmt, fields, procs, not args.no_header)
             return 0
 
         return run_async(args, ps)
     if args.sproc_cmd == "kill":
-        return run_async(args, lambda: kill(args, nodeid))
-    return run_async(args, lambda: wait(args, nodeid))
+        return run_async(args, lambda: kill(args))
+    return run_async(args, lambda: wait(args))
 
 
 def format_fields(fmt: str) -> list[tuple[str, str | None, str]]:
@@ -152,15 +150,13 @@ def heading(fmt: str, pieces: list[tuple[str, str | None, str]]) -> str:
     return "".join(out)
 
 
-def print_table(fmt: str, pieces: list[tuple[str, str | None, str]], answer: dict[str, Any],
+def print_table(fmt: str, pieces: list[tuple[str, str | None, str]], procs: list[Proc],
                 header: bool) -> None:
-    """One line per command of a ``rexec.list`` answer (after the heading)."""
+    """One line per command of a rank (after the heading)."""
     lines = [heading(fmt, pieces)] if header else []
-    for proc in answer.get("procs", []):
-        cmd = proc.get("cmd")
-        item = {"pid": proc.get("pid"), "state": proc.get("state", "R"),
-                "label": proc.get("label", ""), "rank": answer.get("rank"),
-                "cmd": shlex.join(cmd) if isinstance(cmd, list) else str(cmd)}
+    for proc in procs:
+        item = {"pid": proc.pid, "state": proc.state, "label": proc.label, "rank": proc.rank,
+                "cmd": shlex.join(proc.cmd)}
         try:
             lines.append(fmt.format(**item))
         except (ValueError, TypeError) as exc:  # (a spec the value does not take: {label:d})
@@ -169,16 +165,17 @@ def print_table(fmt: str, pieces: list[tuple[str, str | None, str]], answer: dic
         print(line.rstrip())
 
 
-async def kill(args: argparse.Namespace, nodeid: int) -> int:
-    """``sproc kill``: with ``--wait`` the wait is asked first, so that a
-    command that had already exited (a zombie: the kill is ``ESRCH``) is
-    still collected, as Flux's does."""
+async def kill(args: argparse.Namespace) -> int:
+    """``sproc kill``: with ``--wait`` the wait is asked first (sent before
+    the kill: :meth:`Procs.wait`), so that a command that had already
+    exited (a zombie: the kill is ``ESRCH``) is still collected, as Flux's
+    does."""
     named = target(args.target)
     async with await connect() as h:
-        waiting = h.rpc(f"{args.service}.wait", named, nodeid=nodeid) if args.wait else None
+        procs = Procs(h, args.service)
+        waiting = procs.wait(named, rank=args.rank) if args.wait else None
         try:
-            await h.rpc(f"{args.service}.kill", {**named, "signum": args.signal},
-                        nodeid=nodeid)
+            await procs.kill(named, args.signal, rank=args.rank)
         except ErrnoError as exc:
             print_err(f"sproc kill: {errno_detail(exc)}")
             if waiting is None or exc.errnum != errno.ESRCH:
@@ -188,27 +185,28 @@ async def kill(args: argparse.Namespace, nodeid: int) -> int:
         if waiting is None:
             return 0
         try:
-            answer = await waiting
+            result = await waiting
         except ErrnoError as exc:
             print_err(f"sproc kill: wait failed: {errno_detail(exc)}")
             return 1
-    return exit_code(int(answer["status"]))
+    return result.code
 
 
-async def wait(args: argparse.Namespace, nodeid: int) -> int:
+async def wait(args: argparse.Namespace) -> int:
     """``sproc wait``: the command's status as the exit code, and with
     ``--output`` what the rank kept of its output (and what it dropped)."""
     async with await connect() as h:
-        answer = await h.rpc(f"{args.service}.wait",
-                             {**target(args.target), "output": args.output}, nodeid=nodeid)
+        result = await Procs(h, args.service).wait(target(args.target), rank=args.rank,
+                                                   output=args.output)
     if args.output:
         for name, stream in (("stdout", sys.stdout), ("stderr", sys.stderr)):
-            dropped = answer.get(f"{name}-dropped") or 0
+            data: bytes = getattr(result, name)
+            dropped: int = getattr(result, f"{name}_dropped")
             if dropped:
                 print_err(f"sproc wait: {args.target}'s {name} truncated: its first "
                           f"{dropped} bytes were dropped (the rank keeps the last "
-                          f"{len(answer.get(name) or b'')})")
+                          f"{len(data)})")
             stream.flush()
-            stream.buffer.write(bytes(answer.get(name) or b""))
+            stream.buffer.write(data)
             stream.flush()
-    return exit_code(int(answer["status"]))
+    return result.code

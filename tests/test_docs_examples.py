@@ -145,8 +145,8 @@ async def test_the_complete_examples_of_readme_and_api_md_run(start_instance,
     instance.  They run in one interpreter, one after the other, so the
     check costs one interpreter's start-up, not one per example; each
     example is bounded by BLOCK_TIMEOUT."""
-    inst = await start_instance(size=4, fanout=2,  # (groups: the Groups example)
-                                attrs={"broker.modules": "content,kvs,kvs-watch,groups"})
+    inst = await start_instance(size=4, fanout=2,  # (groups, cron: their examples)
+                                attrs={"broker.modules": "content,kvs,kvs-watch,groups,cron"})
     files: dict[str, str] = {}
     for i, (doc, line, code) in enumerate(BLOCKS):
         if not_run(doc, code) is None:

@@ -1,0 +1,165 @@
+"""The Python APIs of background commands (broker.sproc_client: Procs,
+SyncProcs) and of cron (broker.cron_client: Cron, SyncCron), end to end
+on a real 2-rank instance: what ``kvbroker exec --bg``, ``sproc`` and
+``cron`` are built on, used as a script would."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import errno
+import signal
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+from conftest import pid_alive
+from test_broker_support import wait_until
+
+from broker.cron_client import Cron, SyncCron
+from broker.errors import RemoteError
+from broker.sproc_client import Proc, Procs, StartError, SyncProcs
+from broker.sync import connect as sync_connect
+
+MODULES = {"broker.modules": "content,kvs,kvs-watch,cron"}
+
+
+async def refused(aw: Awaitable[Any], errnum: int, text: str = "") -> RemoteError:
+    with pytest.raises(RemoteError) as info:
+        await aw
+    assert info.value.errnum == errnum, info.value
+    assert text in str(info.value)
+    return info.value
+
+
+async def test_procs_start_list_kill_wait(start_instance, connect) -> None:
+    inst = await start_instance(size=2)
+    procs = Procs(await connect(inst, 0))
+    pids = await procs.start(["sleep", "59.25"], ranks="all", waitable=True, label="api-s")
+    assert sorted(pids) == [0, 1]
+    listed = await procs.list(rank=1)
+    assert listed == [Proc(rank=1, pid=pids[1], state="R", label="api-s",
+                           cmd=("sleep", "59.25"), bg=True, waitable=True, mine=True)]
+    assert [(p.rank, p.pid, p.running) for p in await procs.list()] == [(0, pids[0], True)]
+
+    # the wait is sent first: it finds the command however soon the kill ends it
+    waiting = procs.wait("api-s", rank=1)
+    await procs.kill("api-s", rank=1)
+    result = await waiting
+    assert (result.status, result.code, result.signal) == (-signal.SIGTERM, 143, 15)
+    await procs.kill(pids[0], signal.SIGKILL)  # (by pid, on the rank attached to)
+    assert (await procs.wait(pids[0])).code == 137
+    assert await procs.list(rank=1) == [] and await procs.list() == []
+
+    # its output, kept by the rank; the status of a command that exits itself
+    pid = await procs.start_one(["sh", "-c", "echo out-$KVBROKER_RANK; echo err >&2; exit 3"],
+                                rank=1, waitable=True)
+    result = await procs.wait(pid, rank=1, output=True)
+    assert (result.code, result.signal, result.stdout, result.stderr) == (
+        3, None, b"out-1\n", b"err\n")
+    assert result.stdout_dropped == result.stderr_dropped == 0
+
+    # errors are the rank's
+    await refused(procs.wait(pid, rank=1), errno.ESRCH, "does not belong")  # (collected)
+    await refused(procs.kill(2**22 + 7), errno.ESRCH)
+    await refused(procs.kill("no-such-label", rank=1), errno.ESRCH)
+    plain = await procs.start_one(["sleep", "58.5"], rank=1, label="api-plain")
+    await refused(procs.wait("api-plain", rank=1), errno.EINVAL, "not waitable")
+    with pytest.raises(StartError) as info:  # (rank 1 has the label: rank 0 starts it)
+        await procs.start(["sleep", "58.25"], ranks=[0, 1], label="api-plain")
+    assert info.value.errnum == errno.EEXIST and isinstance(info.value, RemoteError)
+    assert list(info.value.errors) == [1] and list(info.value.started) == [0]
+    await procs.kill(info.value.started[0])
+    await procs.kill(plain, rank=1)
+    with pytest.raises(StartError) as info:
+        await procs.start(["no-such-command-api"], ranks="0-1")
+    assert info.value.errnum == errno.ENOENT and sorted(info.value.errors) == [0, 1]
+    assert info.value.started == {} and "rank 0: " in str(info.value)
+    with pytest.raises(TypeError):
+        await procs.start_one("sleep 1")  # type: ignore[arg-type]  # (words, not a line)
+
+    def blocking() -> None:
+        with sync_connect(inst.uri(1), timeout=10) as sh:
+            sp = SyncProcs(sh)
+            sp.start_one(["sh", "-c", "exit 4"], waitable=True, label="api-sync")
+            assert sp.wait("api-sync", timeout=10).code == 4
+            assert sp.list() == []
+
+    await asyncio.to_thread(blocking)
+
+
+async def test_cron_entries(start_instance, connect) -> None:
+    inst = await start_instance(size=2, attrs=MODULES)
+    h = await connect(inst, 0)
+    cron = Cron(h)
+
+    async def where(eid: int, check: Callable[[dict[str, Any]], bool], what: str,
+                    rank: int | None = None) -> dict[str, Any]:
+        found: dict[str, Any] = {}
+
+        async def holds() -> bool:
+            found["e"] = await cron.get(eid, rank=rank)
+            return check(found["e"])
+
+        await wait_until(holds, what, timeout=4)
+        return found["e"]
+
+    # interval: runs `count` times on rank 1, then stops
+    tick = await cron.interval("true", 0.05, count=3, rank=1, name="tick")
+    assert (tick["type"], tick["name"], tick["rank"], tick["repeat"]) == (
+        "interval", "tick", 1, 3)
+    e = await where(tick["id"], lambda e: e["stopped"] and e["tasks"][0]["state"] == "Exited",
+                    "3 runs, then stopped", rank=1)
+    assert e["stats"]["count"] == 3
+
+    # event: every 2nd event of the topic runs it (on the rank attached to)
+    ev = await cron.event(["sh", "-c", "exit 0"], "t.api.ev", nth=2)
+    assert ev["command"] == "sh -c 'exit 0'" and ev["typedata"]["topic"] == "t.api.ev"
+    for runs in (1, 2):
+        await h.publish("t.api.ev")
+        await h.publish("t.api.ev")
+        await where(ev["id"], lambda e, n=runs: e["stats"]["count"] == n
+                    and e["tasks"][0]["state"] == "Exited", f"{runs} event runs")
+
+    # at: a datetime (local), past: runs at once, once
+    at = await cron.at("true", dt.datetime.now() - dt.timedelta(seconds=1), name="once")
+    assert abs(at["typedata"]["at"] - (dt.datetime.now().timestamp() - 1)) < 5
+    await where(at["id"], lambda e: e["stats"]["count"] == 1 and e["stopped"], "the at run")
+
+    # tab: stop, start
+    tab = await cron.tab("true", "@hourly", rank=1, timeout="2s")
+    assert tab["typedata"]["schedule"] == "@hourly" and tab["timeout"] == 2.0
+    assert (await cron.stop(tab["id"], rank=1))["state"] == "stopped"
+    await refused(cron.stop(tab["id"], rank=1), errno.EINVAL, "stopped already")
+    assert (await cron.start(tab["id"], rank=1))["state"] == "active"
+    assert [e["id"] for e in await cron.list(rank=1)] == [tick["id"], tab["id"]]
+
+    # delete --kill: the running task is terminated, then the entry goes
+    long = await cron.interval(["sleep", "57.5"], 3600, after=0, rank=1)
+    e = await where(long["id"], lambda e: bool(e["tasks"])
+                    and e["tasks"][0]["state"] == "Running", "the task running", rank=1)
+    pid = e["tasks"][0]["pid"]
+    assert (await cron.delete(long["id"], kill=True, rank=1))["id"] == long["id"]
+
+    async def gone() -> bool:
+        return not pid_alive(pid) and long["id"] not in [
+            e["id"] for e in await cron.list(rank=1)]
+
+    await wait_until(gone, "the task killed and its entry gone", timeout=4)
+
+    # errors
+    await refused(cron.get(9999), errno.ENOENT, "no cron entry 9999 on rank 0")
+    await refused(cron.delete(9999, rank=1), errno.ENOENT)
+    await refused(cron.interval("true", 0.001), errno.EINVAL, "busy loop")
+    await refused(cron.tab("true", "61 * * * *"), errno.EINVAL, "out of range")
+    with pytest.raises(ValueError):
+        await cron.interval("true", "soon")
+
+    def blocking() -> None:
+        with sync_connect(inst.uri(1), timeout=10) as sh:
+            sc = SyncCron(sh)
+            assert [e["id"] for e in sc.list()] == [tick["id"], tab["id"]]
+            assert sc.delete(tab["id"])["name"] == "true"
+            assert sc.sync()["sync_disabled"] is True
+
+    await asyncio.to_thread(blocking)
