@@ -18,9 +18,11 @@ from broker.cliutil import (
     UsageError,
     add_answer_timeout,
     connect,
+    each_rank,
     errno_detail,
     print_err,
     rank_int,
+    rank_set,
     run_async,
 )
 from broker.errors import ErrnoError
@@ -42,7 +44,7 @@ def register(sub: Any) -> None:
     ssub = s.add_subparsers(dest="sproc_cmd", required=True, metavar="COMMAND",
                             title="supported subcommands")
     p = ssub.add_parser("ps", help="list a rank's commands: running (R) and zombie (Z)")
-    _common(p)
+    _common(p, ranks=True)
     p.add_argument("-o", "--format", metavar="FORMAT",
                    help="each line in Python's format syntax, with fields "
                    f"{', '.join('{' + f + '}' for f in HEADINGS)} (default "
@@ -67,9 +69,14 @@ def register(sub: Any) -> None:
     s.set_defaults(func=cmd_sproc)
 
 
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-r", "--rank", type=rank_int, metavar="N",
-                   help="ask rank N (default: the rank attached to)")
+def _common(p: argparse.ArgumentParser, ranks: bool = False) -> None:
+    if ranks:  # (ps: kvbroker's own, Flux's takes one rank)
+        p.add_argument("-r", "--rank", type=rank_set, metavar="IDSET",
+                       help="ask rank N, or each rank of IDSET (0-3, all: a RANK column "
+                       "first; default: the rank attached to)")
+    else:
+        p.add_argument("-r", "--rank", type=rank_int, metavar="N",
+                       help="ask rank N (default: the rank attached to)")
     p.add_argument("-s", "--service", default="rexec", metavar="NAME",
                    help="the subprocess service to ask (default rexec, the only one), "
                    "as Flux's")
@@ -108,8 +115,17 @@ def cmd_sproc(args: argparse.Namespace) -> int:
 
         async def ps() -> int:
             async with await connect() as h:
-                procs = await Procs(h, args.service).list(args.rank)
-            print_table(fmt, fields, procs, not args.no_header)
+                procs = Procs(h, args.service)
+                one = args.rank.single() if args.rank is not None else None
+                if args.rank is None or one is not None:
+                    found = await procs.list(one)
+                    print_table(fmt, fields, found, not args.no_header)
+                    return 0
+                ranks = args.rank.ranks(int(await h.attr_get("size")), args.what)
+                lists = await each_rank(args.what, ranks, procs.list)
+            many = fmt if args.format is not None else "{rank:>4} " + fmt
+            print_table(many, format_fields(many), [p for found in lists for p in found],
+                        not args.no_header)
             return 0
 
         return run_async(args, ps)

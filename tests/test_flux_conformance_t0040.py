@@ -132,6 +132,13 @@ async def test_ps(start_instance, connect) -> None:
     assert formatted[1].splitlines()[0] == "PID LABEL"
     assert "custom:R" in custom[1].splitlines(), custom
     assert "rank1" in rank1[1] and "test-ps" not in rank1[1], rank1
+    # kvbroker's own: -r IDSET asks each rank, a RANK column first
+    every, labels = await asyncio.gather(
+        sproc(uri, "ps", "-r", "all"), sproc(uri, "ps", "-r", "0-1", "-n", "-o",
+                                              "{rank}:{label}"))
+    assert every[1].splitlines()[0] == "RANK       PID ST LABEL        COMMAND", every
+    assert re.search(r"^   1 +\d+ R  rank1 +sleep inf$", every[1], re.M), every
+    assert sorted(labels[1].split()) == ["0:custom", "0:format-test", "0:test-ps", "1:rank1"]
 
     killed = await asyncio.gather(
         *(sproc(uri, "kill", "--wait", "15", label)
