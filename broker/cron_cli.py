@@ -32,10 +32,12 @@ from broker.cliutil import (
     command_args,
     connect,
     duration_arg,
+    each_rank,
     errno_detail,
     non_negative_int,
     print_err,
     rank_int,
+    rank_set,
     run_async,
 )
 from broker.cron_client import Cron
@@ -88,7 +90,10 @@ def register(sub: Any) -> None:
     p.add_argument("cmdline", nargs=argparse.REMAINDER, metavar="COMMAND")
 
     p = csub.add_parser("list", help="a table of the rank's entries")
-    _common(p)
+    p.add_argument("-r", "--rank", type=rank_set, metavar="IDSET",
+                   help="rank N's cron, or each rank's of IDSET (0-3, all: a RANK column "
+                   "first; default: the rank attached to)")
+    add_answer_timeout(p)
     p = csub.add_parser("dump", help="an entry in full (key = value lines)")
     p.add_argument("-k", "--key", metavar="KEY", help="print only KEY's value (task.1.state, "
                    "stats.count, typedata.topic...)")
@@ -249,7 +254,21 @@ def cmd_cron(args: argparse.Namespace) -> int:
         requests = creations(args)
     if "rank" in options:  # (-o rank=N, Flux's spelling of --rank N)
         args.rank = options["rank"]
+    if args.cron_cmd == "list" and args.rank is not None:
+        if args.rank.single() is None:
+            return run_async(args, lambda: _list_ranks(args))
+        args.rank = args.rank.single()
     return run_async(args, lambda: _main(args, requests, options))
+
+
+async def _list_ranks(args: argparse.Namespace) -> int:
+    """``cron list -r IDSET``: each rank's entries, asked at once."""
+    async with await connect() as h:
+        cron = Cron(h)
+        ranks = args.rank.ranks(int(await h.attr_get("size")), args.what)
+        lists = await each_rank(args.what, ranks, cron.list)
+    print_list([e for entries in lists for e in entries], ranks=True)
+    return 0
 
 
 async def _main(args: argparse.Namespace, requests: list[tuple[str, str, dict[str, Any]]],
@@ -356,15 +375,19 @@ def task_status(entry: dict[str, Any]) -> tuple[str, str]:
     return lastrun, state
 
 
-def print_list(entries: list[dict[str, Any]]) -> None:
+def print_list(entries: list[dict[str, Any]], ranks: bool = False) -> None:
+    """The table of ``cron list``; with ``ranks`` (several asked), a RANK
+    column first: ids are per rank."""
     fmt = "{:>4} {:<15} {:<8} {:>7} {:>14}  {:<14} {}"
-    print(fmt.format("ID", "NAME", "STATE", "RUNS", "LAST RUN", "STATUS", "TRIGGER").rstrip())
+    first = "{:>4} " if ranks else ""
+    head = ("ID", "NAME", "STATE", "RUNS", "LAST RUN", "STATUS", "TRIGGER")
+    print((first + fmt).format(*(("RANK",) if ranks else ()), *head).rstrip())
     for e in entries:
         stats = e.get("stats", {})
         runs = f"{stats.get('count', 0)}" + (f"/{e['repeat']}" if e.get("repeat") else "")
         lastrun, status = task_status(e)
-        print(fmt.format(e["id"], e["name"], e.get("state", "?"), runs, lastrun, status,
-                         trigger(e)).rstrip())
+        row = (e["id"], e["name"], e.get("state", "?"), runs, lastrun, status, trigger(e))
+        print((first + fmt).format(*((e.get("rank", "?"),) if ranks else ()), *row).rstrip())
 
 
 def flatten(entry: dict[str, Any]) -> list[tuple[str, Any]]:

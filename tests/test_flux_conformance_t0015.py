@@ -182,6 +182,13 @@ async def test_interval_entries(start_instance, connect, tmp_path) -> None:
 
     rc, out, err = await cron(uri, "interval", "-o", "rank=99", "-c1", "0.01s", "hostname")
     assert rc == 1 and "No route to host" in err, err
+    # kvbroker's own: list -r IDSET asks each rank (ids are per rank: a RANK column)
+    rc, out, err = await cron(uri, "list", "-r", "all")
+    lines = out.splitlines()
+    assert rc == 0 and lines[0].split()[:2] == ["RANK", "ID"], out
+    assert {line.split()[0] for line in lines[1:]} == {"0", "1"}, out
+    assert [line.split()[1] for line in lines[1:] if line.split()[0] == "1"] == [
+        str(rank1), str(preserve)], out
 
 
 async def test_event_entries(start_instance, connect) -> None:
