@@ -188,7 +188,7 @@ async def test_interval_entries(start_instance, connect, tmp_path) -> None:
     assert rc == 0 and lines[0].split()[:2] == ["RANK", "ID"], out
     assert {line.split()[0] for line in lines[1:]} == {"0", "1"}, out
     assert [line.split()[1] for line in lines[1:] if line.split()[0] == "1"] == [
-        str(rank1), str(preserve)], out
+        "1", "2"], out  # (rank 1's own ids, in order)
 
 
 async def test_event_entries(start_instance, connect) -> None:
