@@ -90,7 +90,7 @@ from broker.crontab import Schedule, parse_schedule
 from broker.errors import ErrnoError
 from broker.message import Message
 from broker.module import Handler, Module, require
-from broker.rexec import describe_status
+from broker.rexec import OutputTail, describe_status
 
 TYPES = ("interval", "event", "tab", "at")
 OUTPUT_TAIL = 4096
@@ -139,8 +139,7 @@ class Task:
         self.timedout = False
         self.error: str | None = None
         self.cmd: Command | None = None
-        self.tail = bytearray()
-        self.dropped = 0
+        self.output = OutputTail(OUTPUT_TAIL)
         self.logged = 0
         self.unlogged = 0
         self.kill_timer: asyncio.TimerHandle | None = None
@@ -148,14 +147,6 @@ class Task:
     @property
     def busy(self) -> bool:
         return self.state in ("Deferred", "Running")
-
-    def keep(self, chunk: bytes) -> None:
-        """The output's last :data:`OUTPUT_TAIL` bytes, the rest counted."""
-        self.tail += chunk
-        over = len(self.tail) - OUTPUT_TAIL
-        if over > 0:
-            del self.tail[:over]
-            self.dropped += over
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"rank": self.rank, "state": self.state,
@@ -167,8 +158,8 @@ class Task:
                 out[key] = value
         if self.timedout:
             out["timedout"] = True
-        out["output"] = self.tail.decode(errors="replace")
-        out["output-dropped"] = self.dropped
+        out["output"] = self.output.data.decode(errors="replace")
+        out["output-dropped"] = self.output.dropped
         return out
 
 
@@ -711,7 +702,7 @@ class CronModule(Module):
         held = b""
         try:
             while chunk := await reader.read(READ_CHUNK):
-                task.keep(chunk)
+                task.output.add(chunk)
                 *lines, held = (held + chunk).split(b"\n")
                 for line in lines:
                     self._log_line(e, task, line)

@@ -135,18 +135,20 @@ MAX_LABEL = 128
 """The longest label (characters): a name to type and to show in a table."""
 
 
-class _Tail:
-    """The last :data:`RETAINED_OUTPUT` bytes of a stream, and how many
-    came before them (dropped): a daemon that writes for days costs the
-    rank no more than one that writes a line."""
+class OutputTail:
+    """The last ``limit`` bytes of a stream, and how many came before them
+    (dropped): a daemon that writes for days costs the rank no more than
+    one that writes a line.  (A waitable background command's streams
+    here; a cron task's output, :mod:`broker.cron`.)"""
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
         self.data = bytearray()
         self.dropped = 0
 
     def add(self, chunk: bytes) -> None:
         self.data += chunk
-        over = len(self.data) - RETAINED_OUTPUT
+        over = len(self.data) - self.limit
         if over > 0:
             del self.data[:over]  # (from the front: no copy in CPython)
             self.dropped += over
@@ -169,8 +171,9 @@ class _Running:
         """A background command: the rank's, not its client's."""
         self.waitable = waitable
         self.label = label
-        self.kept: dict[str, _Tail] | None = (
-            {"stdout": _Tail(), "stderr": _Tail()} if waitable else None)
+        self.kept: dict[str, OutputTail] | None = (
+            {name: OutputTail(RETAINED_OUTPUT) for name in ("stdout", "stderr")}
+            if waitable else None)
         """A waitable command's output, kept for ``rexec.wait``."""
         self.status: int | None = None
         """A zombie's exit status (set once it has ended, if waitable)."""
