@@ -45,6 +45,10 @@ SEARCH_YEARS = 8
 once in that long (Feb 29 on a Monday: every 28 years at worst, but Feb
 29 alone every 4 or 8) is found; one that never matches (Feb 30) is
 refused when parsed."""
+MAX_REPEATED_MINUTES = 3 * 60
+"""The most minutes a daylight-saving change repeats, with room to spare
+(an hour in most zones, two in a few): :meth:`Schedule.next_time` passes
+over that many matches that came already at most."""
 
 
 @dataclass(frozen=True)
@@ -93,18 +97,27 @@ class Schedule:
 
     def next_time(self, now: float) -> float | None:
         """:meth:`next_after` for a time in seconds since the epoch, in
-        this process's local time zone; as such a time too.  (A minute a
-        daylight-saving change skips runs at the one ``mktime`` makes of
-        it, an hour later; one it repeats runs once.)"""
-        after = dt.datetime.fromtimestamp(now)
-        for _ in range(4):  # (a minute repeated by a change back is passed over)
+        this process's local time zone; as such a time too.
+
+        Across a daylight-saving change: a minute the clock skips (02:30
+        when it jumps from 02:00 to 03:00) runs as the change pushes it,
+        at 03:30; a minute it repeats (01:30 when it goes back from 02:00
+        to 01:00) runs once, at its first pass, and the second pass is
+        passed over -- also for an entry made during it.  Each local
+        minute is turned into a time with the zone's offset on each side
+        of the change (``fold``, PEP 495), not by ``mktime``, whose choice
+        for a repeated minute followed the last time the process had
+        converted: the same entry ran at 01:00 or at 01:00 an hour later
+        depending on what the rank had computed before it."""
+        after = dt.datetime.fromtimestamp(now).replace(fold=0)
+        for _ in range(MAX_REPEATED_MINUTES + 1):
             found = self.next_after(after)
             if found is None:
                 return None
-            when = time.mktime(found.timetuple())
+            when = found.replace(fold=0).timestamp()  # (a repeated minute's first pass)
             if when > now:
                 return when
-            after = found
+            after = found  # (its first pass is over: now is in the second)
         return None
 
 
@@ -210,6 +223,4 @@ def parse_at(text: str, now: float | None = None) -> float:
         raise ValueError(f"{text!r} is not a time: +DURATION (+10m, +1.5h) or an ISO 8601 "
                          "date and time (2030-01-02T03:04, with an offset or in local "
                          "time)") from None
-    if when.tzinfo is None:
-        return time.mktime(when.timetuple()) + when.microsecond / 1e6
-    return when.timestamp()
+    return when.timestamp()  # (naive: local time; a repeated minute's first pass)

@@ -4,7 +4,9 @@ read) and of the ``cron`` CLI's option parsing: no instance."""
 from __future__ import annotations
 
 import datetime as dt
+import os
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -53,6 +55,48 @@ def test_next_after_jumps_to_the_next_match() -> None:
     assert parse_schedule("0 0 15 * *").next_after(t) == dt.datetime(2030, 1, 15)
     # strictly after: the minute given does not count
     assert parse_schedule("7 12 * * *").next_after(t) == dt.datetime(2030, 1, 2, 12, 7)
+
+
+@pytest.fixture
+def new_york() -> Iterator[None]:
+    """This process in US Eastern time (a POSIX rule: no tz database
+    needed): 2024-03-10 02:00 EST is 03:00 EDT, 2024-11-03 02:00 EDT is
+    01:00 EST (01:00-01:59 twice)."""
+    old = os.environ.get("TZ")
+    os.environ["TZ"] = "EST5EDT,M3.2.0,M11.1.0"
+    time.tzset()
+    yield
+    if old is None:
+        del os.environ["TZ"]
+    else:
+        os.environ["TZ"] = old
+    time.tzset()
+
+
+def utc(*when: int) -> float:
+    return dt.datetime(*when, tzinfo=dt.UTC).timestamp()
+
+
+def test_next_time_across_daylight_saving_changes(new_york: None) -> None:
+    every15, at0130 = parse_schedule("*/15 * * * *"), parse_schedule("30 1 * * *")
+    # the hour the clock repeats: its first pass, whatever was computed before
+    # (mktime's choice followed the last conversion: after 02:00 EST, 01:00
+    # EST, and the entry skipped an hour)
+    assert parse_schedule("0 2 * * *").next_time(utc(2024, 11, 3, 4, 50)) == utc(
+        2024, 11, 3, 7)  # (00:50 EDT -> 02:00 EST)
+    assert every15.next_time(utc(2024, 11, 3, 4, 50)) == utc(2024, 11, 3, 5)  # 01:00 EDT
+    assert every15.next_time(utc(2024, 11, 3, 5, 50)) == utc(2024, 11, 3, 7)  # 01:50 EDT
+    assert at0130.next_time(utc(2024, 11, 3, 4)) == utc(2024, 11, 3, 5, 30)  # 01:30 EDT
+    # in its second pass, a minute of it has run already: once, not twice
+    assert at0130.next_time(utc(2024, 11, 3, 5, 31)) == utc(2024, 11, 4, 6, 30)
+    assert every15.next_time(utc(2024, 11, 3, 6, 10)) == utc(2024, 11, 3, 7)  # 01:10 EST
+    assert parse_schedule("* * * * *").next_time(utc(2024, 11, 3, 6, 59)) == utc(
+        2024, 11, 3, 7)  # (01:59 EST: 59 minutes passed over)
+    # the hour the clock skips: a minute of it runs as the change pushes it
+    assert parse_schedule("30 2 * * *").next_time(utc(2024, 3, 10, 6)) == utc(
+        2024, 3, 10, 7, 30)  # (01:00 EST -> 03:30 EDT)
+    assert every15.next_time(utc(2024, 3, 10, 6, 50)) == utc(2024, 3, 10, 7)  # 03:00 EDT
+    assert parse_at("2024-11-03T01:30") == utc(2024, 11, 3, 5, 30)  # (its first pass too)
 
 
 def test_next_time_is_in_local_time() -> None:
