@@ -41,7 +41,7 @@ from broker.cliutil import (
     run_async,
 )
 from broker.cron_client import Cron
-from broker.crontab import parse_at, parse_schedule, split_line
+from broker.crontab import parse_at, parse_crontab
 from broker.errors import ErrnoError
 from broker.status import fsd
 
@@ -230,15 +230,10 @@ def tab_lines(path: str | None) -> list[tuple[str, str]]:
                 text = f.read()
     except OSError as exc:
         raise CLIError(f"cron tab: {path}", exc.errno) from None
-    out = []
-    for number, line in enumerate(text.splitlines(), 1):
-        try:
-            found = split_line(line)
-            if found is not None:
-                parse_schedule(found[0])
-                out.append(found)
-        except ValueError as exc:
-            raise UsageError(f"cron tab: line {number}: {exc}") from None
+    try:
+        out = [(line.schedule, line.command) for line in parse_crontab(text)]
+    except ValueError as exc:
+        raise UsageError(f"cron tab: {exc}") from None
     if not out:
         raise UsageError("cron tab: no crontab line (minute hour day-of-month month "
                          "day-of-week command) was given")

@@ -203,9 +203,39 @@ def split_line(line: str) -> tuple[str, str] | None:
         return None
     words = stripped.split(None, 1 if stripped.startswith("@") else 5)
     count = 1 if stripped.startswith("@") else 5
-    if len(words) <= count or not words[count].strip():
+    if len(words) < count:
+        raise ValueError(f"not a crontab line (minute hour day-of-month month day-of-week "
+                         f"command): {stripped!r}")
+    if len(words) == count or not words[count].strip():
         raise ValueError(f"no command after the schedule: {stripped!r}")
     return " ".join(words[:count]), words[count].strip()
+
+
+@dataclass(frozen=True)
+class TabLine:
+    """One entry of a crontab: where it is, its schedule and its command."""
+
+    number: int
+    """Its line number in the text (from 1)."""
+    schedule: str
+    command: str
+
+
+def parse_crontab(text: str) -> list[TabLine]:
+    """The entries of a crontab's text (``cron tab``'s input, a file of
+    ``cron.directory``), each schedule checked; blank lines and ``#``
+    comments passed over.  ``ValueError`` ``line N: why`` for the first
+    bad line: a crontab is taken whole or not at all."""
+    out = []
+    for number, line in enumerate(text.splitlines(), 1):
+        try:
+            found = split_line(line)
+            if found is not None:
+                parse_schedule(found[0])
+                out.append(TabLine(number, *found))
+        except ValueError as exc:
+            raise ValueError(f"line {number}: {exc}") from None
+    return out
 
 
 def parse_at(text: str, now: float | None = None) -> float:

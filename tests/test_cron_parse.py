@@ -4,15 +4,19 @@ read) and of the ``cron`` CLI's option parsing: no instance."""
 from __future__ import annotations
 
 import datetime as dt
+import errno
 import os
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from broker.cliutil import UsageError
 from broker.cron_cli import extra_options, flatten, show
-from broker.crontab import parse_at, parse_field, parse_schedule, split_line
+from broker.cron_directory import crontab_files, read_directory
+from broker.crontab import TabLine, parse_at, parse_crontab, parse_field, parse_schedule, split_line
+from broker.errors import ErrnoError
 
 
 def test_fields_star_ranges_lists_steps_names() -> None:
@@ -110,6 +114,37 @@ def test_split_line() -> None:
     assert split_line("@daily  run it") == ("@daily", "run it")
     with pytest.raises(ValueError, match="no command after the schedule"):
         split_line("0 0 * * *")
+    with pytest.raises(ValueError, match="not a crontab line .*: 'zzz'"):
+        split_line("zzz")  # (Flux's t3201 bad file: said as such, not "no command")
+
+
+def test_parse_crontab_takes_a_file_whole_or_not_at_all() -> None:
+    text = "# nightly\n\n30 2 * * *  ./nightly --all\n@hourly ./sweep\n"
+    assert parse_crontab(text) == [TabLine(3, "30 2 * * *", "./nightly --all"),
+                                   TabLine(4, "@hourly", "./sweep")]
+    assert parse_crontab("# nothing yet\n") == []
+    with pytest.raises(ValueError, match="^line 2: minute field '61'"):
+        parse_crontab("0 0 * * * ok\n61 * * * * no\n")
+
+
+def test_the_directory_s_regular_files_by_name(tmp_path: Path) -> None:
+    (tmp_path / "b").write_text("0 0 * * * b\n")
+    (tmp_path / "a").write_text("0 0 * * * a1\n0 1 * * * a2\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "x").write_text("zzz\n")
+    (tmp_path / "link").symlink_to(tmp_path / "b")  # (a link to a file is one, as Flux's)
+    assert crontab_files(str(tmp_path)) == [str(tmp_path / n) for n in ("a", "b", "link")]
+    assert [(d.source, d.line.command) for d in read_directory(str(tmp_path))] == [
+        (f"{tmp_path}/a:1", "a1"), (f"{tmp_path}/a:2", "a2"), (f"{tmp_path}/b:1", "b"),
+        (f"{tmp_path}/link:1", "b")]
+    assert crontab_files(str(tmp_path / "none")) == []  # (Flux's "non-existent ... works")
+    with pytest.raises(ErrnoError) as info:
+        crontab_files(str(tmp_path / "a"))
+    assert info.value.errnum == errno.ENOTDIR and info.value.errstr.startswith(
+        f"cron.directory {tmp_path}/a: "), info.value
+    (tmp_path / "c").write_bytes(b"0 0 * * * \xff\n")
+    with pytest.raises(ErrnoError, match=f"could not load crontab {tmp_path}/c: not text"):
+        read_directory(str(tmp_path))
 
 
 def test_at_times() -> None:
