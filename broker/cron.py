@@ -560,11 +560,15 @@ class CronModule(Module):
         e.stats.update(starttime=time.time(), count=0, failcount=0)
         if e.type == "event":
             e.typedata["counter"] = 0
-        elif e.type == "interval":
+        elif e.type == "interval":  # (next: here too, for the answer that started it)
+            e.next_run = time.time() + e.typedata["after"]
             e.timer = self.spawn(self._interval(e))
         elif e.type == "tab":
-            e.timer = self.spawn(self._tab(e))
+            when = self._next_tab(e)
+            if when is not None:
+                e.timer = self.spawn(self._tab(e, when))
         else:
+            e.next_run = e.typedata["at"]
             e.timer = self.spawn(self._at(e))
 
     def _stop(self, e: Entry) -> None:
@@ -616,23 +620,31 @@ class CronModule(Module):
                 e.stats["skipped"] += missed
                 self.counts["skipped"] += missed
 
-    async def _tab(self, e: Entry) -> None:
+    def _next_tab(self, e: Entry) -> float | None:
+        """When tab entry ``e`` runs next, from now (its ``next``); None,
+        and the entry stopped, if its schedule does not come again."""
         assert e.schedule is not None
+        when = e.schedule.next_time(time.time())
+        if when is None:
+            self.log.warning("%s: schedule %s does not come again: stopped", e.label(),
+                             e.schedule.text)
+            self._stop(e)
+        e.next_run = when
+        return when
+
+    async def _tab(self, e: Entry, when: float) -> None:
+        """Run ``e`` at ``when``, then at each next time of its schedule."""
         while True:
-            when = e.schedule.next_time(time.time())
-            if when is None:
-                self.log.warning("%s: schedule %s does not come again: stopped", e.label(),
-                                 e.schedule.text)
-                self._stop(e)
-                return
-            e.next_run = when
             await _sleep_until(when)
             self._trigger(e)
             if e.stopped:
                 return
+            found = self._next_tab(e)
+            if found is None:
+                return
+            when = found
 
     async def _at(self, e: Entry) -> None:
-        e.next_run = e.typedata["at"]
         await _sleep_until(e.typedata["at"])
         self._trigger(e)
 

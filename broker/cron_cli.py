@@ -49,6 +49,10 @@ T = TypeVar("T")
 
 EXTRA_OPTIONS = ("timeout", "rank", "stop-on-failure", "task-history-count")
 """Flux's ``-o KEY=VALUE`` options."""
+FLUX_KEYS = {"typedata.next_wakeup": "typedata.next"}
+"""Flux's names of ``dump --key`` keys that are named otherwise here: a
+script reading when a ``tab`` or ``at`` entry runs next (Flux's t0016)
+runs as written."""
 
 
 def register(sub: Any) -> None:
@@ -414,7 +418,8 @@ def dump(args: argparse.Namespace, entry: dict[str, Any]) -> int:
         return 0
     pairs = flatten(entry)
     if args.key is not None:
-        found = [v for k, v in pairs if k == args.key]
+        key = FLUX_KEYS.get(args.key, args.key)
+        found = [v for k, v in pairs if k == key]
         if not found:
             print_err(f"cron dump: cron-{args.id} has no key {args.key} (keys: "
                       f"{', '.join(k for k, _ in pairs)})")
