@@ -287,9 +287,23 @@ BROKER_ATTRS: tuple[AttrSpec, ...] = (
 # ---------------------------------------------------------------- checking
 
 
-def module_names(attrs: Mapping[str, Any]) -> list[str]:
-    """The modules ``broker.modules`` names, in order."""
-    return [n for n in str(MODULES.value(attrs)).split(",") if n]
+LOADED_BY_ATTR: dict[str, str] = {"cron.directory": "cron"}
+"""Attributes that, set (not empty) at the start, load a module on rank 0
+that ``broker.modules`` does not name: ``-S cron.directory=DIR`` loads
+``cron``, which makes the entries of DIR's crontabs, as Flux's rc1 loads
+cron and then them.  By name: the core imports no module."""
+
+
+def module_names(attrs: Mapping[str, Any], rank: int | None = None) -> list[str]:
+    """The modules a rank loads as it starts: those ``broker.modules``
+    names, in order, then on rank 0 those of :data:`LOADED_BY_ATTR` whose
+    attribute is set.  ``rank`` None: every module some rank loads (what a
+    launcher finds and checks)."""
+    names = [n for n in str(MODULES.value(attrs)).split(",") if n]
+    if rank in (0, None):
+        names += [module for attr, module in LOADED_BY_ATTR.items()
+                  if str(attrs.get(attr, "")).strip() and module not in names]
+    return names
 
 
 def check(attrs: Mapping[str, Any], specs: Iterable[AttrSpec]) -> dict[str, Any]:

@@ -400,7 +400,7 @@ class Broker:
         # are found, and their attributes checked and defaulted, before the
         # rank listens or loads any of them.
         classes = start_order([plugins.load_module_class(name)
-                               for name in battrs.module_names(self.attrs)])
+                               for name in battrs.module_names(self.attrs, self.rank)])
         for cls in classes:
             battrs.with_defaults(self.attrs, getattr(cls, "attributes", ()))
         self.connector = Connector(

@@ -68,7 +68,12 @@ a task runs as the owner): ``cron.create``, ``cron.list``,
 ``cron.stats-get`` as every module's.  An entry is gone when the module
 is removed or the rank stops, and every task is killed: nothing outlives
 the rank, and entries are not kept anywhere (a script that wants them
-back creates them again).
+back creates them again).  But rank 0's cron makes an entry of each line
+of the crontabs in ``cron.directory`` (:mod:`broker.cron_directory`)
+each time it loads, as Flux's rc1 does at the start: those come back
+after a ``module reload cron``, and setting the attribute at the start
+(``kvbroker start -S cron.directory=DIR``) loads the module on rank 0
+(:func:`broker.attrs.module_names`) before the initial program runs.
 """
 
 from __future__ import annotations
@@ -86,6 +91,7 @@ from typing import Any, ClassVar
 
 from broker.attrs import AttrSpec, duration, text
 from broker.command import Command, cannot_run_status, exit_code
+from broker.cron_directory import read_directory
 from broker.crontab import Schedule, parse_schedule
 from broker.errors import ErrnoError
 from broker.message import Message
@@ -120,6 +126,9 @@ SYNC = AttrSpec("cron.sync", "", text,
                 "(empty: run at once)")
 SYNC_EPSILON = AttrSpec("cron.sync_epsilon", "15ms", duration,
                         "with cron.sync: a task due this soon after the sync event runs at once")
+DIRECTORY = AttrSpec("cron.directory", "", text,
+                     "rank 0's cron makes an entry of each line of each crontab in this "
+                     "directory as it loads; set at start, it loads cron on rank 0")
 
 
 class Task:
@@ -190,6 +199,8 @@ class Entry:
         self.pause: asyncio.TimerHandle | None = None
         """An event entry's run held for its ``min_interval``."""
         self.next_run: float | None = None
+        self.source: str | None = None
+        """``FILE:LINE`` of an entry made from ``cron.directory``."""
 
     @property
     def busy(self) -> bool:
@@ -212,6 +223,8 @@ class Entry:
             out["cwd"] = self.cwd
         if self.next_run is not None and not self.stopped:
             out["typedata"]["next"] = self.next_run
+        if self.source is not None:
+            out["source"] = self.source
         return out
 
 
@@ -242,7 +255,7 @@ class CronModule(Module):
     """A rank's cron entries: triggers, tasks, and their record."""
 
     name: ClassVar[str] = "cron"
-    attributes: ClassVar[tuple[AttrSpec, ...]] = (SYNC, SYNC_EPSILON)
+    attributes: ClassVar[tuple[AttrSpec, ...]] = (SYNC, SYNC_EPSILON, DIRECTORY)
 
     def __init__(self, ctx: Any) -> None:
         super().__init__(ctx)
@@ -260,8 +273,34 @@ class CronModule(Module):
             ("created", "deleted", "runs", "failures", "timeouts", "skipped", "deferred"), 0))
 
     async def start(self) -> None:
+        if self.ctx.rank == 0:
+            self._load_directory()
         if self.sync_topic:
             self._want(self.sync_topic)
+
+    def _load_directory(self) -> None:
+        """Rank 0: an entry of each line of the crontabs of
+        ``cron.directory`` (:mod:`broker.cron_directory`), each time the
+        module loads -- at the instance's start, and again at a ``module
+        reload cron``, which would otherwise forget them.  A file that is
+        not a crontab fails the load (the start, the reload), naming it:
+        ``ErrnoError``, and no entry is made."""
+        directory = DIRECTORY.value(self.ctx.attrs)
+        if not directory:
+            return
+        lines = read_directory(directory)
+        if len(self.entries) + len(lines) > MAX_ENTRIES:
+            raise ErrnoError(errno.ENOSPC, f"cron.directory {directory}: {len(lines)} crontab "
+                             f"lines, more than the {MAX_ENTRIES} entries a rank's cron holds")
+        for found in lines:
+            try:
+                e = self._new_entry({"type": "tab", "command": found.line.command,
+                                     "args": {"schedule": found.line.schedule}})
+            except ErrnoError as exc:  # (a command over MAX_COMMAND)
+                raise ErrnoError(exc.errnum, f"could not load crontab {found.path}: line "
+                                 f"{found.line.number}: {exc.errstr}") from None
+            e.source = found.source
+        self.log.info("cron.directory %s: %d entries from its crontabs", directory, len(lines))
 
     async def stop(self) -> None:
         """Every task killed, every entry forgotten: nothing outlives the rank."""
@@ -332,6 +371,11 @@ class CronModule(Module):
         """``cron.create {type, command, args, name?, ...}``: the new entry, started."""
         self._owner(msg)
         p = require(msg.payload, type=str, command=str, args=dict)
+        self.h.respond(msg, self._new_entry(p).to_dict())
+
+    def _new_entry(self, p: dict[str, Any]) -> Entry:
+        """The entry ``p`` (``cron.create``'s payload) asks for, started;
+        ``ErrnoError`` for a bad field."""
         if len(self.entries) >= MAX_ENTRIES:
             raise ErrnoError(errno.ENOSPC, f"rank {self.ctx.rank} holds {MAX_ENTRIES} cron "
                              "entries already: delete some first")
@@ -356,7 +400,7 @@ class CronModule(Module):
             self._want(e.typedata["topic"])
         self.counts["created"] += 1
         self._start(e)
-        self.h.respond(msg, e.to_dict())
+        return e
 
     def _options(self, e: Entry, p: dict[str, Any]) -> None:
         """The options every type takes: ``rank``, ``repeat``, ``timeout``,
@@ -516,11 +560,15 @@ class CronModule(Module):
         e.stats.update(starttime=time.time(), count=0, failcount=0)
         if e.type == "event":
             e.typedata["counter"] = 0
-        elif e.type == "interval":
+        elif e.type == "interval":  # (next: here too, for the answer that started it)
+            e.next_run = time.time() + e.typedata["after"]
             e.timer = self.spawn(self._interval(e))
         elif e.type == "tab":
-            e.timer = self.spawn(self._tab(e))
+            when = self._next_tab(e)
+            if when is not None:
+                e.timer = self.spawn(self._tab(e, when))
         else:
+            e.next_run = e.typedata["at"]
             e.timer = self.spawn(self._at(e))
 
     def _stop(self, e: Entry) -> None:
@@ -572,23 +620,31 @@ class CronModule(Module):
                 e.stats["skipped"] += missed
                 self.counts["skipped"] += missed
 
-    async def _tab(self, e: Entry) -> None:
+    def _next_tab(self, e: Entry) -> float | None:
+        """When tab entry ``e`` runs next, from now (its ``next``); None,
+        and the entry stopped, if its schedule does not come again."""
         assert e.schedule is not None
+        when = e.schedule.next_time(time.time())
+        if when is None:
+            self.log.warning("%s: schedule %s does not come again: stopped", e.label(),
+                             e.schedule.text)
+            self._stop(e)
+        e.next_run = when
+        return when
+
+    async def _tab(self, e: Entry, when: float) -> None:
+        """Run ``e`` at ``when``, then at each next time of its schedule."""
         while True:
-            when = e.schedule.next_time(time.time())
-            if when is None:
-                self.log.warning("%s: schedule %s does not come again: stopped", e.label(),
-                                 e.schedule.text)
-                self._stop(e)
-                return
-            e.next_run = when
             await _sleep_until(when)
             self._trigger(e)
             if e.stopped:
                 return
+            found = self._next_tab(e)
+            if found is None:
+                return
+            when = found
 
     async def _at(self, e: Entry) -> None:
-        e.next_run = e.typedata["at"]
         await _sleep_until(e.typedata["at"])
         self._trigger(e)
 

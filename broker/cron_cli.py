@@ -41,7 +41,7 @@ from broker.cliutil import (
     run_async,
 )
 from broker.cron_client import Cron
-from broker.crontab import parse_at, parse_schedule, split_line
+from broker.crontab import parse_at, parse_crontab
 from broker.errors import ErrnoError
 from broker.status import fsd
 
@@ -49,6 +49,10 @@ T = TypeVar("T")
 
 EXTRA_OPTIONS = ("timeout", "rank", "stop-on-failure", "task-history-count")
 """Flux's ``-o KEY=VALUE`` options."""
+FLUX_KEYS = {"typedata.next_wakeup": "typedata.next"}
+"""Flux's names of ``dump --key`` keys that are named otherwise here: a
+script reading when a ``tab`` or ``at`` entry runs next (Flux's t0016)
+runs as written."""
 
 
 def register(sub: Any) -> None:
@@ -230,15 +234,10 @@ def tab_lines(path: str | None) -> list[tuple[str, str]]:
                 text = f.read()
     except OSError as exc:
         raise CLIError(f"cron tab: {path}", exc.errno) from None
-    out = []
-    for number, line in enumerate(text.splitlines(), 1):
-        try:
-            found = split_line(line)
-            if found is not None:
-                parse_schedule(found[0])
-                out.append(found)
-        except ValueError as exc:
-            raise UsageError(f"cron tab: line {number}: {exc}") from None
+    try:
+        out = [(line.schedule, line.command) for line in parse_crontab(text)]
+    except ValueError as exc:
+        raise UsageError(f"cron tab: {exc}") from None
     if not out:
         raise UsageError("cron tab: no crontab line (minute hour day-of-month month "
                          "day-of-week command) was given")
@@ -419,7 +418,8 @@ def dump(args: argparse.Namespace, entry: dict[str, Any]) -> int:
         return 0
     pairs = flatten(entry)
     if args.key is not None:
-        found = [v for k, v in pairs if k == args.key]
+        key = FLUX_KEYS.get(args.key, args.key)
+        found = [v for k, v in pairs if k == key]
         if not found:
             print_err(f"cron dump: cron-{args.id} has no key {args.key} (keys: "
                       f"{', '.join(k for k, _ in pairs)})")

@@ -17,7 +17,8 @@ dict, as the module answers (docs/protocol.md, "cron"): ``id``, ``rank``,
 ``deleted``), ``repeat``, ``typedata`` (the trigger, and ``next``: when
 it is next due), ``stats`` (``count``, ``failcount``, ``success``...)
 and ``tasks`` (the last run: ``state``, ``pid``, ``status``, ``code``,
-``output``...).  Errors are :class:`broker.errors.RemoteError`:
+``output``...), and ``source`` (``FILE:LINE``) for an entry rank 0 made
+from a crontab of ``cron.directory``.  Errors are :class:`broker.errors.RemoteError`:
 ``ENOENT`` an unknown id, ``EINVAL`` a bad trigger, ``ENOSYS`` the module
 not loaded on that rank.
 """

@@ -45,6 +45,10 @@ SEARCH_YEARS = 8
 once in that long (Feb 29 on a Monday: every 28 years at worst, but Feb
 29 alone every 4 or 8) is found; one that never matches (Feb 30) is
 refused when parsed."""
+MAX_REPEATED_MINUTES = 3 * 60
+"""The most minutes a daylight-saving change repeats, with room to spare
+(an hour in most zones, two in a few): :meth:`Schedule.next_time` passes
+over that many matches that came already at most."""
 
 
 @dataclass(frozen=True)
@@ -93,18 +97,27 @@ class Schedule:
 
     def next_time(self, now: float) -> float | None:
         """:meth:`next_after` for a time in seconds since the epoch, in
-        this process's local time zone; as such a time too.  (A minute a
-        daylight-saving change skips runs at the one ``mktime`` makes of
-        it, an hour later; one it repeats runs once.)"""
-        after = dt.datetime.fromtimestamp(now)
-        for _ in range(4):  # (a minute repeated by a change back is passed over)
+        this process's local time zone; as such a time too.
+
+        Across a daylight-saving change: a minute the clock skips (02:30
+        when it jumps from 02:00 to 03:00) runs as the change pushes it,
+        at 03:30; a minute it repeats (01:30 when it goes back from 02:00
+        to 01:00) runs once, at its first pass, and the second pass is
+        passed over -- also for an entry made during it.  Each local
+        minute is turned into a time with the zone's offset on each side
+        of the change (``fold``, PEP 495), not by ``mktime``, whose choice
+        for a repeated minute followed the last time the process had
+        converted: the same entry ran at 01:00 or at 01:00 an hour later
+        depending on what the rank had computed before it."""
+        after = dt.datetime.fromtimestamp(now).replace(fold=0)
+        for _ in range(MAX_REPEATED_MINUTES + 1):
             found = self.next_after(after)
             if found is None:
                 return None
-            when = time.mktime(found.timetuple())
+            when = found.replace(fold=0).timestamp()  # (a repeated minute's first pass)
             if when > now:
                 return when
-            after = found
+            after = found  # (its first pass is over: now is in the second)
         return None
 
 
@@ -190,9 +203,39 @@ def split_line(line: str) -> tuple[str, str] | None:
         return None
     words = stripped.split(None, 1 if stripped.startswith("@") else 5)
     count = 1 if stripped.startswith("@") else 5
-    if len(words) <= count or not words[count].strip():
+    if len(words) < count:
+        raise ValueError(f"not a crontab line (minute hour day-of-month month day-of-week "
+                         f"command): {stripped!r}")
+    if len(words) == count or not words[count].strip():
         raise ValueError(f"no command after the schedule: {stripped!r}")
     return " ".join(words[:count]), words[count].strip()
+
+
+@dataclass(frozen=True)
+class TabLine:
+    """One entry of a crontab: where it is, its schedule and its command."""
+
+    number: int
+    """Its line number in the text (from 1)."""
+    schedule: str
+    command: str
+
+
+def parse_crontab(text: str) -> list[TabLine]:
+    """The entries of a crontab's text (``cron tab``'s input, a file of
+    ``cron.directory``), each schedule checked; blank lines and ``#``
+    comments passed over.  ``ValueError`` ``line N: why`` for the first
+    bad line: a crontab is taken whole or not at all."""
+    out = []
+    for number, line in enumerate(text.splitlines(), 1):
+        try:
+            found = split_line(line)
+            if found is not None:
+                parse_schedule(found[0])
+                out.append(TabLine(number, *found))
+        except ValueError as exc:
+            raise ValueError(f"line {number}: {exc}") from None
+    return out
 
 
 def parse_at(text: str, now: float | None = None) -> float:
@@ -210,6 +253,4 @@ def parse_at(text: str, now: float | None = None) -> float:
         raise ValueError(f"{text!r} is not a time: +DURATION (+10m, +1.5h) or an ISO 8601 "
                          "date and time (2030-01-02T03:04, with an offset or in local "
                          "time)") from None
-    if when.tzinfo is None:
-        return time.mktime(when.timetuple()) + when.microsecond / 1e6
-    return when.timestamp()
+    return when.timestamp()  # (naive: local time; a repeated minute's first pass)

@@ -131,6 +131,23 @@ def test_check_instance() -> None:
     attrs.check_instance({"broker.modules": "content,not-here"})
 
 
+def test_cron_directory_loads_cron_on_rank_0() -> None:
+    """``-S cron.directory=DIR``: rank 0 loads cron (Flux's rc1), whatever
+    ``broker.modules`` says; its attributes are then checked at start."""
+    d = {"cron.directory": "/etc/kvbroker/cron.d"}
+    assert attrs.module_names(d, 0) == ["content", "kvs", "kvs-watch", "cron"]
+    assert attrs.module_names(d, 1) == ["content", "kvs", "kvs-watch"]
+    assert attrs.module_names(d) == ["content", "kvs", "kvs-watch", "cron"]  # (some rank's)
+    listed = {**d, "broker.modules": "content,cron,kvs"}
+    assert attrs.module_names(listed, 0) == attrs.module_names(listed, 1) == [
+        "content", "cron", "kvs"]
+    assert attrs.module_names({"cron.directory": " "}, 0) == ["content", "kvs", "kvs-watch"]
+    with pytest.raises(AttrError, match="^cron.sync_epsilon: "):
+        attrs.check_instance({**d, "cron.sync_epsilon": "soon"})
+    with pytest.raises(AttrError, match=r"^cron\.sync-epsilon: unknown attribute"):
+        attrs.check_instance({**d, "cron.sync-epsilon": "1s"})
+
+
 def test_unknown_names_in_owned_prefixes_are_typos() -> None:
     with pytest.raises(AttrError, match=r"^kvs\.cachebytes: unknown attribute \(did you "
                                         r"mean kvs\.cache-bytes\?\)$"):

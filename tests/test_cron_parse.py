@@ -4,13 +4,19 @@ read) and of the ``cron`` CLI's option parsing: no instance."""
 from __future__ import annotations
 
 import datetime as dt
+import errno
+import os
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from broker.cliutil import UsageError
 from broker.cron_cli import extra_options, flatten, show
-from broker.crontab import parse_at, parse_field, parse_schedule, split_line
+from broker.cron_directory import crontab_files, read_directory
+from broker.crontab import TabLine, parse_at, parse_crontab, parse_field, parse_schedule, split_line
+from broker.errors import ErrnoError
 
 
 def test_fields_star_ranges_lists_steps_names() -> None:
@@ -55,6 +61,48 @@ def test_next_after_jumps_to_the_next_match() -> None:
     assert parse_schedule("7 12 * * *").next_after(t) == dt.datetime(2030, 1, 2, 12, 7)
 
 
+@pytest.fixture
+def new_york() -> Iterator[None]:
+    """This process in US Eastern time (a POSIX rule: no tz database
+    needed): 2024-03-10 02:00 EST is 03:00 EDT, 2024-11-03 02:00 EDT is
+    01:00 EST (01:00-01:59 twice)."""
+    old = os.environ.get("TZ")
+    os.environ["TZ"] = "EST5EDT,M3.2.0,M11.1.0"
+    time.tzset()
+    yield
+    if old is None:
+        del os.environ["TZ"]
+    else:
+        os.environ["TZ"] = old
+    time.tzset()
+
+
+def utc(*when: int) -> float:
+    return dt.datetime(*when, tzinfo=dt.UTC).timestamp()
+
+
+def test_next_time_across_daylight_saving_changes(new_york: None) -> None:
+    every15, at0130 = parse_schedule("*/15 * * * *"), parse_schedule("30 1 * * *")
+    # the hour the clock repeats: its first pass, whatever was computed before
+    # (mktime's choice followed the last conversion: after 02:00 EST, 01:00
+    # EST, and the entry skipped an hour)
+    assert parse_schedule("0 2 * * *").next_time(utc(2024, 11, 3, 4, 50)) == utc(
+        2024, 11, 3, 7)  # (00:50 EDT -> 02:00 EST)
+    assert every15.next_time(utc(2024, 11, 3, 4, 50)) == utc(2024, 11, 3, 5)  # 01:00 EDT
+    assert every15.next_time(utc(2024, 11, 3, 5, 50)) == utc(2024, 11, 3, 7)  # 01:50 EDT
+    assert at0130.next_time(utc(2024, 11, 3, 4)) == utc(2024, 11, 3, 5, 30)  # 01:30 EDT
+    # in its second pass, a minute of it has run already: once, not twice
+    assert at0130.next_time(utc(2024, 11, 3, 5, 31)) == utc(2024, 11, 4, 6, 30)
+    assert every15.next_time(utc(2024, 11, 3, 6, 10)) == utc(2024, 11, 3, 7)  # 01:10 EST
+    assert parse_schedule("* * * * *").next_time(utc(2024, 11, 3, 6, 59)) == utc(
+        2024, 11, 3, 7)  # (01:59 EST: 59 minutes passed over)
+    # the hour the clock skips: a minute of it runs as the change pushes it
+    assert parse_schedule("30 2 * * *").next_time(utc(2024, 3, 10, 6)) == utc(
+        2024, 3, 10, 7, 30)  # (01:00 EST -> 03:30 EDT)
+    assert every15.next_time(utc(2024, 3, 10, 6, 50)) == utc(2024, 3, 10, 7)  # 03:00 EDT
+    assert parse_at("2024-11-03T01:30") == utc(2024, 11, 3, 5, 30)  # (its first pass too)
+
+
 def test_next_time_is_in_local_time() -> None:
     now = time.mktime(dt.datetime(2030, 6, 1, 10, 0, 20).timetuple())
     assert parse_schedule("30 10 * * *").next_time(now) == now - 20 + 30 * 60
@@ -66,6 +114,37 @@ def test_split_line() -> None:
     assert split_line("@daily  run it") == ("@daily", "run it")
     with pytest.raises(ValueError, match="no command after the schedule"):
         split_line("0 0 * * *")
+    with pytest.raises(ValueError, match="not a crontab line .*: 'zzz'"):
+        split_line("zzz")  # (Flux's t3201 bad file: said as such, not "no command")
+
+
+def test_parse_crontab_takes_a_file_whole_or_not_at_all() -> None:
+    text = "# nightly\n\n30 2 * * *  ./nightly --all\n@hourly ./sweep\n"
+    assert parse_crontab(text) == [TabLine(3, "30 2 * * *", "./nightly --all"),
+                                   TabLine(4, "@hourly", "./sweep")]
+    assert parse_crontab("# nothing yet\n") == []
+    with pytest.raises(ValueError, match="^line 2: minute field '61'"):
+        parse_crontab("0 0 * * * ok\n61 * * * * no\n")
+
+
+def test_the_directory_s_regular_files_by_name(tmp_path: Path) -> None:
+    (tmp_path / "b").write_text("0 0 * * * b\n")
+    (tmp_path / "a").write_text("0 0 * * * a1\n0 1 * * * a2\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "x").write_text("zzz\n")
+    (tmp_path / "link").symlink_to(tmp_path / "b")  # (a link to a file is one, as Flux's)
+    assert crontab_files(str(tmp_path)) == [str(tmp_path / n) for n in ("a", "b", "link")]
+    assert [(d.source, d.line.command) for d in read_directory(str(tmp_path))] == [
+        (f"{tmp_path}/a:1", "a1"), (f"{tmp_path}/a:2", "a2"), (f"{tmp_path}/b:1", "b"),
+        (f"{tmp_path}/link:1", "b")]
+    assert crontab_files(str(tmp_path / "none")) == []  # (Flux's "non-existent ... works")
+    with pytest.raises(ErrnoError) as info:
+        crontab_files(str(tmp_path / "a"))
+    assert info.value.errnum == errno.ENOTDIR and info.value.errstr.startswith(
+        f"cron.directory {tmp_path}/a: "), info.value
+    (tmp_path / "c").write_bytes(b"0 0 * * * \xff\n")
+    with pytest.raises(ErrnoError, match=f"could not load crontab {tmp_path}/c: not text"):
+        read_directory(str(tmp_path))
 
 
 def test_at_times() -> None:
