@@ -67,7 +67,7 @@ from kvs.client import (
     default_namespace,
     kind,
 )
-from kvs.keys import normalize, shown
+from kvs.keys import SHOWN, normalize, shown
 from kvs.treeobj import TreeObj
 
 if TYPE_CHECKING:
@@ -96,8 +96,13 @@ def error_detail(exc: ErrnoError, key: str | None = None) -> str:
 def _fail(what: str, exc: ErrnoError, key: str | None = None) -> CLIError:
     """``what`` (most often the key) failed with ``exc``; a key too long for
     any commit is named by its start (:func:`kvs.keys.shown`), not printed
-    whole before the message that already shows it."""
-    return CLIError(shown(what), detail=error_detail(exc, key if key is not None else what))
+    whole before the message that already shows it -- nor is one refused
+    as too long (``ENAMETOOLONG``: a component over 1,024 bytes), whose
+    message starts with the key's first :data:`~kvs.keys.SHOWN` characters."""
+    label = shown(what)
+    if exc.errnum == errno.ENAMETOOLONG and len(label) > SHOWN:
+        label = label[:SHOWN] + "..."
+    return CLIError(label, detail=error_detail(exc, key if key is not None else what))
 
 
 def isdir_hint(err: CLIError, exc: ErrnoError, hint: str) -> CLIError:
@@ -1233,7 +1238,11 @@ def cmd_lease(args: argparse.Namespace) -> int:
             elif args.lease_cmd == "keepalive":
                 _emit(f"{await kvs.lease_keepalive(args.id):g}")
             elif args.lease_cmd == "revoke":
-                await kvs.lease_revoke(args.id)
+                try:
+                    await kvs.lease_revoke(args.id)
+                except ErrnoError as exc:  # (-f: as rm -f, and as Lease.revoke)
+                    if not (args.force and exc.errnum == errno.ENOENT):
+                        raise
             else:
                 _emit(json.dumps(await kvs.lease_info(args.id)))
         except ErrnoError as exc:
@@ -1854,6 +1863,9 @@ def register(subparsers: Any) -> None:
                        ("info", "print lease ID's ttl, time left and keys as JSON")):
         c = lsub.add_parser(name, help=text)
         c.add_argument("id", type=non_negative_int, metavar="ID")
+        if name == "revoke":
+            c.add_argument("-f", "--force", action="store_true",
+                           help="a lease already gone (expired or revoked) is no error")
     c = lsub.add_parser(
         "run", help="run COMMAND under a lease of TTL seconds, kept alive while it runs",
         description="Grant a lease of TTL seconds, run COMMAND with its id in "

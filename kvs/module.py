@@ -67,6 +67,7 @@ from kvs.leases import MAX_LEASES, Lease, LeaseTable
 from kvs.namespaces import (
     CHECKPOINT_KEY,
     EVENT_PREFIX,
+    NAME_RULE,
     PRIMARY,
     Heard,
     Namespace,
@@ -759,7 +760,10 @@ class KvsModule(Module):
         if ns is None or ns.rootseq < 0 or name in self._loading:
             # (a name that cannot exist gets the same answer on every rank;
             # any name a namespace may have is shown whole)
-            if self.leader or not _valid_name(name):
+            if not _valid_name(name):  # (ENOTSUP still, as Flux's for a name not found)
+                raise ErrnoError(errno.ENOTSUP, f"namespace {shown_name(name, MAX_NS_NAME)} "
+                                                f"does not exist: {NAME_RULE}")
+            if self.leader:
                 raise ErrnoError(errno.ENOTSUP, f"namespace {shown_name(name, MAX_NS_NAME)} "
                                                 "does not exist")
             ns = await self._load_ns(name)

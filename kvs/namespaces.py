@@ -40,13 +40,18 @@ def shown_name(name: str, longest: int = SHOWN) -> str:
     return f"{name[:SHOWN]!r}..." if len(name) > longest else repr(name)
 
 
+NAME_RULE = (f"a namespace name is 1-{MAX_NS_NAME} of the letters, digits and _.+@=%,- "
+             "(not . or ..)")
+"""What a namespace name may be, for the message that refuses one."""
+
+
 def check_name(name: object) -> str:
     """A namespace name: 1-255 characters, no spaces, slashes or colons,
     and not ``.`` or ``..`` (a file or directory named after a namespace,
     as ``kvs dump`` makes them, must be that namespace's)."""
     if not isinstance(name, str) or not _NAME_RE.fullmatch(name) or name in (".", ".."):
         shown = shown_name(name) if isinstance(name, str) else repr(name)
-        raise ErrnoError(errno.EINVAL, f"invalid namespace name {shown}")
+        raise ErrnoError(errno.EINVAL, f"invalid namespace name {shown}: {NAME_RULE}")
     return name
 
 

@@ -353,7 +353,12 @@ class Watch(Generic[ItemT]):
         place of one it could not pass on (over ``tbon.max-message``): the
         watch is still running on its rank, which does not know, so it is
         cancelled there (else it went on answering into nothing until this
-        connection closed)."""
+        connection closed).  A value watch of a directory (``EISDIR``) is
+        told, in a note its traceback shows, how to watch one: the CLI says
+        it its own way, from the same message."""
+        if exc.errnum == errno.EISDIR and not self.flags & (F.READDIR | F.TREEOBJ):
+            exc.add_note("(watch a directory's entries with readdir=True, or the keys "
+                         "below it with watch_keys())")
         if exc.errnum == errno.EMSGSIZE:
             with contextlib.suppress(RemoteError, OSError):  # (the handle is closed)
                 self.h.send_noresponse("kvs-watch.cancel", {"matchtag": stream.matchtag},

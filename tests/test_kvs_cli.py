@@ -1273,11 +1273,17 @@ async def test_eventlog_color_takes_when_only_attached(start_instance) -> None:
 
 
 async def test_mkdir_names_the_key_it_refuses(start_instance) -> None:
-    """Its refusal of an overlong name said "kvs:", not which key."""
+    """Its refusal of an overlong name said "kvs:", not which key; and the
+    key is named by its start (the message says its length), not printed
+    whole twice: a 2,000-byte key made a 2,130-character line."""
     inst = await start_instance(size=1)
     key = "t" * 1025
     res = await kvs(inst, "mkdir", "ok", key)
-    assert res.rc == 1 and res.err.startswith(f"kvbroker: {key}: File name too long"), res.err
+    start = "t" * 32 + "..."
+    assert res.rc == 1 and res.err.startswith(f"kvbroker: {start}: File name too long ("
+                                              f"{start}: key component of 1025 bytes"), res.err
+    res = await kvs(inst, "put", "k" * 2000 + "=1")
+    assert res.rc == 1 and len(res.err) < 200 and "2000 bytes" in res.err, res.err
 
 
 async def test_eventlog_keeps_to_json_and_shows_any_timestamp(start_instance) -> None:
@@ -1628,3 +1634,37 @@ async def test_lease_ids_out_of_range_are_refused_in_one_line(start_instance) ->
     res = await kvs(inst, "lease", "revoke", "--", "-1")
     assert res.rc == 2 and "must not be negative: -1" in res.err, res.err
     assert not (await kvs(inst, "get", "k")).rc == 0  # nothing was written
+
+
+async def test_lease_revoke_of_a_lease_already_gone_fails_unless_forced(start_instance) -> None:
+    """``lease revoke`` of a lease that expired or was revoked says so and
+    exits 1 (as etcd's); ``-f`` makes that no error, for a shell's exit trap,
+    as ``Lease.revoke()`` takes it -- but a lease that is there is still
+    revoked with ``-f``, its keys unlinked."""
+    inst = await start_instance(size=1)
+    lease = (await kvs(inst, "lease", "grant", "30")).out.decode().strip()
+    assert (await kvs(inst, "put", "--lease", lease, "held=1")).rc == 0
+    assert (await kvs(inst, "lease", "revoke", "-f", lease)).rc == 0
+    res = await kvs(inst, "get", "held")
+    assert res.rc == 1 and "No such file or directory" in res.err, res
+    res = await kvs(inst, "lease", "revoke", lease)
+    assert res.rc == 1 and "No such file or directory" in res.err, res
+    res = await kvs(inst, "lease", "revoke", "--force", lease)
+    assert (res.rc, res.out, res.err) == (0, b"", ""), res
+
+
+async def test_a_namespace_name_no_namespace_can_have_says_so(start_instance) -> None:
+    """``-N 'bad ns'`` read as a missing namespace; it still is one
+    (``ENOTSUP``, as Flux's, the same on every rank), but the message says
+    what a name may be, so a typo in a job script is not taken for a job
+    that is gone.  A valid name that is missing keeps the plain message."""
+    inst = await start_instance(size=2)
+    for rank in (0, 1):
+        res = await kvs(inst, "get", "-N", "bad ns", "a", rank=rank)
+        assert res.rc == 1 and "namespace 'bad ns' does not exist: a namespace name is " \
+            "1-255 of the letters, digits and _.+@=%,- (not . or ..)" in res.err, (rank, res)
+        res = await kvs(inst, "get", "-N", "gone", "a", rank=rank)
+        assert res.rc == 1 and res.err.rstrip().endswith("namespace 'gone' does not exist)"), \
+            (rank, res)
+    res = await kvs(inst, "namespace", "create", "bad/ns")
+    assert res.rc == 1 and "invalid namespace name 'bad/ns': a namespace name is" in res.err, res

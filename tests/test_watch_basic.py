@@ -372,3 +372,25 @@ async def test_a_watch_ended_by_its_rank_s_stop_says_why(start_instance, connect
         await asyncio.wait_for(s.next_message(), 30)
     assert (ended.value.errnum, ended.value.errstr) == (
         errno.ENOSYS, "the watch ended: this rank is stopping (signal SIGTERM)")
+
+
+async def test_a_value_watch_of_a_directory_says_how_to_watch_one(start_instance, connect):
+    """``EISDIR`` from ``KVS.watch`` of a directory carries a note (shown in
+    its traceback, not in its message, which the CLI words its own way)
+    naming ``readdir=True`` and ``watch_keys()``; a ``readdir`` watch of it
+    works."""
+    from kvs.client import KVS
+
+    inst = await start_instance(size=1)
+    kvs = KVS(await connect(inst, 0))
+    await kvs.put("d.x", 1)
+    with pytest.raises(RemoteError) as exc:
+        async with asyncio.timeout(10):
+            async for _ in kvs.watch("d"):
+                break
+    assert exc.value.errnum == errno.EISDIR and str(exc.value) == "[EISDIR] d: is a directory"
+    assert exc.value.__notes__ == ["(watch a directory's entries with readdir=True, or the "
+                                   "keys below it with watch_keys())"]
+    async with asyncio.timeout(10), kvs.watch("d", readdir=True) as w:
+        entry = await anext(w)
+    assert entry.treeobj is not None and "x" in entry.treeobj["data"], entry
