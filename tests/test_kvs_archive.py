@@ -14,8 +14,10 @@ import errno
 import gzip
 import io
 import os
+import re
 import shlex
 import tarfile
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -581,6 +583,52 @@ async def test_a_value_over_the_blob_limit_from_elsewhere_restores_in_parts(
     assert f"skipped data/bin: {len(binary)} bytes, over the size limit of 8192" in err
     assert await kvs.get("lim.data.text") == text
     assert await errnum(get(h, "lim.data.bin")) == errno.ENOENT
+
+
+def _sh_block(doc: str, first_line: str) -> str:
+    """The fenced ``sh`` block of ``docs/<doc>`` that starts with
+    ``first_line`` (in a list item too: its indent taken off)."""
+    text = (Path(__file__).resolve().parent.parent / "docs" / doc).read_text()
+    for indent, body in re.findall(r"^( *)```sh\n(.*?)^ *```", text, re.S | re.M):
+        lines = [line.removeprefix(indent) for line in body.splitlines()]
+        if lines and lines[0] == first_line:
+            return "\n".join(lines) + "\n"
+    raise AssertionError(f"no sh block starting with {first_line!r} in {doc}")
+
+
+async def test_the_recipe_restores_a_whole_namespace_in_place(start_instance, connect,
+                                                               tmp_path) -> None:
+    """docs/kvs.md's recipe, run as written: a namespace restored whole from
+    its dump, owner kept, at the dumped tree and version 0, and the
+    temporary key gone -- the way round ``--key .``, which is refused."""
+    inst = await start_instance(size=2)
+    h = await connect(inst, 1)
+    await asyncio.wait_for(h.rpc("kvs.namespace-create", {"namespace": "job-7",
+                                                          "owner": 1234}), 10)
+    await commit(h, put("a.b", "1"), put("log", "submit\n", flags=APPEND),
+                 put("e", {"ver": 1, "type": "dir", "data": {}}), ns="job-7")
+    dumped = await getroot(h, "job-7")
+    rc, _, err = await run_cli("kvs", "dump", "-N", "job-7", str(tmp_path / "job-7.tar"),
+                               uri=inst.uri(0))
+    assert rc == 0, err
+    await commit(h, put("a.b", "changed"), put("extra", "x"), ns="job-7")
+    rc, _, err = await run_cli("kvs", "restore", "-N", "job-7", "--key", ".",
+                               str(tmp_path / "job-7.tar"), uri=inst.uri(0))
+    assert rc == 1 and "namespace create -r with the root it prints" in err
+
+    script = _sh_block("kvs.md", '# $NS.tar written by: kvbroker kvs dump -N "$NS" "$NS.tar"')
+    env = {**os.environ, "NS": "job-7", "KVBROKER_URI": inst.uri(1),
+           "PATH": f"{os.path.dirname(KVBROKER)}:{os.environ['PATH']}"}
+    proc = await asyncio.create_subprocess_exec(
+        "sh", "-ec", script, cwd=tmp_path, env=env, stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err.decode()
+    root = await getroot(h, "job-7")
+    assert (root["rootref"], root["rootseq"], root["owner"]) == (dumped["rootref"], 0, 1234)
+    assert await get(h, "a.b", ns="job-7") == b"1"
+    assert await errnum(get(h, "extra", ns="job-7")) == errno.ENOENT
+    assert await errnum(get(h, "restoring-job-7")) == errno.ENOENT
 
 
 async def test_a_dump_through_a_link_into_another_namespace_is_one_version(
