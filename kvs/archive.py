@@ -33,7 +33,11 @@ and values come out exactly as the KVS itself would store them), then:
   batched, a bounded window; each value's as soon as it is read, so the
   client holds the archive's structure, not its data) and commits one op
   putting a ``dirref`` to the new tree at the key -- atomic whatever the
-  size, and rank 0 only stores blobs;
+  size, and rank 0 only stores blobs.  A value over the instance's
+  ``content.blob-size-limit`` is read and stored a blob at a time, and
+  becomes a ``valref`` of those blobs (:mod:`kvs.valuesplit`): the shape
+  appends give a value that grew past the limit, which Flux's restore
+  cannot store;
 * online, as a guest (``content.store`` is the owner's): one transaction
   writing every key below the key -- atomic too, but bounded by the
   commit's limits;
@@ -77,7 +81,8 @@ from kvs.client import READ_WINDOW, Link, pin_dir, read_tree
 from kvs.keys import check_length, check_target_length, join, normalize, parse_ns_target, split
 from kvs.namespaces import CHECKPOINT_KEY
 from kvs.treeobj import BlobCache, NeedBlobs, TreeObj
-from kvs.txn import MAX_OPS
+from kvs.txn import APPEND, MAX_OPS
+from kvs.valuesplit import split_value
 
 if TYPE_CHECKING:
     from kvs.client import KVS, Dir, RootSpec
@@ -107,9 +112,20 @@ class Item:
     """Normalised, relative to the dumped (or restored) directory."""
     kind: Literal["value", "symlink", "dir"]
     data: bytes = b""
-    """A value's bytes."""
+    """A value's bytes (empty when it comes in :attr:`parts`)."""
     target: str = ""
     """A symlink's target, ``NS::key`` when it names a namespace."""
+    parts: Iterator[bytes] | None = field(default=None, compare=False, repr=False)
+    """A value over the blob limit a restore was given: its bytes as the
+    blobs it is to be stored in (:mod:`kvs.valuesplit`), read from the
+    archive as they are taken -- all of them, and before the next entry is
+    read (:func:`read_items` refuses them after that)."""
+    size: int = field(default=-1, compare=False)
+    """A value's length in bytes (given with :attr:`parts`, else of :attr:`data`)."""
+
+    def __post_init__(self) -> None:
+        if self.size < 0:
+            object.__setattr__(self, "size", len(self.data))  # (frozen)
 
 
 @dataclass
@@ -478,7 +494,7 @@ class _CheckedInfo(tarfile.TarInfo):
 
 
 def read_items(source: str | IO[bytes], *, size_limit: int | None = None,
-               max_value: int | None = None, report: Report | None = None
+               blob_limit: int | None = None, report: Report | None = None
                ) -> Iterator[Item]:
     """The entries of archive ``source`` (a file name, ``"-"`` for stdin, or a
     binary file object), any tar format or compression, in archive order.
@@ -486,8 +502,9 @@ def read_items(source: str | IO[bytes], *, size_limit: int | None = None,
     Regular files are values, symlinks symlinks, directories empty
     directories.  Left out, with a line in ``report.skipped``: values over
     ``size_limit`` bytes, paths with ``..``, and other kinds of entry.  A
-    value over ``max_value`` bytes (an instance's ``content.blob-size-limit``)
-    is an :class:`ArchiveError`, raised before its bytes are read."""
+    value over ``blob_limit`` bytes (an instance's ``content.blob-size-limit``)
+    comes in :attr:`Item.parts`, each at most that, read as they are taken
+    (:mod:`kvs.valuesplit`): only one blob of it is held at a time."""
     report = report if report is not None else Report()
     what = source if isinstance(source, str) else "archive"
     with contextlib.ExitStack() as stack:
@@ -510,9 +527,11 @@ def read_items(source: str | IO[bytes], *, size_limit: int | None = None,
                                f"with gzip, bzip2 or xz ({first})") from None
         try:
             for info in tar:
-                item = _item(tar, info, size_limit, max_value, report)
+                item = _item(tar, info, size_limit, blob_limit, report, what)
                 if item is not None:
                     yield item
+                    if isinstance(item.parts, _Parts):
+                        item.parts.close()  # (the archive moves past its bytes)
             # Read the compressed stream to its end: its checksum (gzip's
             # CRC and length, bzip2's, xz's) is checked only there, and tar
             # stops at its end-of-archive blocks -- damaged data restored
@@ -520,8 +539,44 @@ def read_items(source: str | IO[bytes], *, size_limit: int | None = None,
             while data.read(1 << 20):
                 pass
         except (*_DAMAGE, ValueError) as exc:
-            raise ArchiveError(f"{what}: the archive is damaged or cut short "
-                               f"({str(exc) or type(exc).__name__})") from None
+            raise _damaged(what, exc) from None
+
+
+def _damaged(what: str, exc: BaseException) -> ArchiveError:
+    return ArchiveError(f"{what}: the archive is damaged or cut short "
+                        f"({str(exc) or type(exc).__name__})")
+
+
+class _Parts(Iterator[bytes]):
+    """The blobs of a value over the blob limit, read from the archive
+    member as they are taken.  The archive is read as a stream: once
+    :func:`read_items` has moved on to the next entry (:meth:`close`), the
+    member's bytes are gone, and taking a blob is an error rather than
+    the next entry's bytes."""
+
+    def __init__(self, read: Callable[[int], bytes], limit: int, key: str, what: str) -> None:
+        self._blobs = split_value(read, limit)
+        self._key, self._what = key, what
+        self._open = True
+        self._done = False
+
+    def __next__(self) -> bytes:
+        if self._done:
+            raise StopIteration
+        if not self._open:
+            raise ArchiveError(f"{self._key}: its value was read after the archive "
+                               "moved past it")
+        try:
+            return next(self._blobs)
+        except StopIteration:
+            self._done = True
+            raise
+        except _DAMAGE as exc:  # (read here, outside read_items' own reads)
+            raise _damaged(self._what, exc) from None
+
+    def close(self) -> None:
+        self._open = False
+        self._blobs.close()
 
 
 _DAMAGE = (tarfile.TarError, EOFError, OSError, zlib.error, lzma.LZMAError)
@@ -555,7 +610,7 @@ def _decompressed(raw: IO[bytes]) -> Iterator[Any]:
 
 
 def _item(tar: tarfile.TarFile, info: tarfile.TarInfo, size_limit: int | None,
-          max_value: int | None, report: Report) -> Item | None:
+          blob_limit: int | None, report: Report, what: str) -> Item | None:
     try:
         info.name.encode()
         info.linkname.encode()
@@ -573,11 +628,11 @@ def _item(tar: tarfile.TarFile, info: tarfile.TarInfo, size_limit: int | None,
             report.skipped.append(f"{info.name}: {info.size} bytes, over the size "
                                   f"limit of {size_limit}")
             return None
-        if max_value is not None and info.size > max_value:
-            raise ArchiveError(f"{key}: {info.size} bytes, over content.blob-size-limit "
-                               f"({max_value}); leave such values out with a size limit")
         f = tar.extractfile(info)
         assert f is not None  # (a regular file always has data)
+        if blob_limit is not None and info.size > blob_limit:
+            return Item(key, "value", size=info.size,
+                        parts=_Parts(f.read, blob_limit, key, what))
         return Item(key, "value", f.read())
     if info.issym():
         if not info.linkname:
@@ -599,21 +654,28 @@ class _Tree:
     A value over :data:`~kvs.treeobj.INLINE_MAX` bytes becomes a ``valref``
     as soon as it is read -- exactly what a commit would make of it -- and
     :meth:`add` hands its blob back to be stored, so a restore holds the
-    archive's structure, not its data.  With ``inline`` (a guest's
-    restore, one transaction of values) values stay ``val`` dirents."""
+    archive's structure, not its data.  A value over the blob limit (one
+    with :attr:`Item.parts`) becomes a ``valref`` of its parts, the shape
+    appends give it.  With ``inline`` (a guest's restore, one transaction
+    of values) values stay ``val`` dirents, a value in parts a ``val`` of
+    the first and an ``APPEND`` of each other: the kvs module makes the
+    same ``valref`` of them."""
 
     def __init__(self, hash_name: str, report: Report, *, inline: bool = False) -> None:
         self.hash_name = hash_name
         self.report = report
         self.inline = inline
         self.dirs: list[tuple[str, TreeObj]] = []
-        self.rest: list[tuple[str, TreeObj]] = []
+        self.rest: list[tuple[str, TreeObj, int]] = []
+        """Values and symlinks, in archive order: key, dirent, op flags."""
         self.seen: set[str] = set()
         self.kinds: dict[str, str] = {}
         """Every path named so far: ``dir`` (an entry, or above one), or the
         kind of the value or symlink it is."""
         self.sizes: dict[str, int] = {}
         """The size of each value's last entry."""
+        self.unread = 0
+        """Values in parts whose parts :meth:`add` has not been taken all."""
 
     def _check(self, item: Item) -> None:
         """A path may not be a value (or symlink) and a directory both:
@@ -643,27 +705,50 @@ class _Tree:
                                "archive")
         kinds[item.key] = kind
 
-    def add(self, item: Item) -> tuple[str, bytes] | None:
-        """Record ``item``; return a value blob not handed back before."""
+    def add(self, item: Item) -> Iterable[tuple[str, bytes]]:
+        """Record ``item``; return its value blobs not handed back before,
+        to be stored.  A value in parts is read, and recorded, as its blobs
+        are taken: iterate what is returned to its end (:meth:`ops` refuses
+        a tree with a value not read whole)."""
         self._check(item)
         if item.kind == "dir":
             self.dirs.append((item.key, treeobj.dir_()))
-            return None
+            return ()
         if item.kind == "symlink":
             self.sizes.pop(item.key, None)
             ns, target = parse_ns_target(item.target)
-            self.rest.append((item.key, treeobj.symlink(target, ns)))
-            return None
-        self.sizes[item.key] = len(item.data)
+            self.rest.append((item.key, treeobj.symlink(target, ns), 0))
+            return ()
+        self.sizes[item.key] = item.size
+        if item.parts is not None:
+            self.unread += 1
+            return self._add_parts(item.key, item.parts)
         if self.inline or len(item.data) <= treeobj.INLINE_MAX:
-            self.rest.append((item.key, treeobj.val(item.data)))
-            return None
+            self.rest.append((item.key, treeobj.val(item.data), 0))
+            return ()
         ref = blobref.hash_blob(item.data, self.hash_name)
-        self.rest.append((item.key, treeobj.valref([ref])))
+        self.rest.append((item.key, treeobj.valref([ref]), 0))
+        return self._new(ref, item.data)
+
+    def _add_parts(self, key: str, parts: Iterator[bytes]) -> Iterator[tuple[str, bytes]]:
+        if self.inline:
+            for i, part in enumerate(parts):
+                self.rest.append((key, treeobj.val(part), APPEND if i else 0))
+        else:
+            refs = []
+            for part in parts:
+                ref = blobref.hash_blob(part, self.hash_name)
+                refs.append(ref)
+                yield from self._new(ref, part)
+            self.rest.append((key, treeobj.valref(refs), 0))
+        self.unread -= 1
+
+    def _new(self, ref: str, data: bytes) -> list[tuple[str, bytes]]:
+        """``[(ref, data)]`` for a blob not handed back before, else none."""
         if ref in self.seen:
-            return None
+            return []
         self.seen.add(ref)
-        return ref, item.data
+        return [(ref, data)]
 
     def finish(self) -> None:
         """Every entry is in: count what the tree holds into the report
@@ -690,9 +775,11 @@ class _Tree:
         first (an empty directory entry after files below it must not
         replace them), then values and symlinks in archive order, so a path
         written twice keeps its last entry, as ``tar`` would."""
-        dirs = sorted(self.dirs, key=lambda d: len(split(d[0])))
-        return [{"key": f"{prefix}.{k}" if prefix else k, "flags": 0, "dirent": dirent}
-                for k, dirent in dirs + self.rest]
+        if self.unread:
+            raise RuntimeError("a value in parts was not read whole (Tree.add)")
+        dirs = [(k, dirent, 0) for k, dirent in sorted(self.dirs, key=lambda d: len(split(d[0])))]
+        return [{"key": f"{prefix}.{k}" if prefix else k, "flags": flags, "dirent": dirent}
+                for k, dirent, flags in dirs + self.rest]
 
     def build(self) -> tuple[str, dict[str, bytes]]:
         """``(rootref, {blobref: blob})``: the tree's directory blobs (the
@@ -715,7 +802,7 @@ def build(items: Iterable[Item], hash_name: str = blobref.DEFAULT_HASH
     """The tree holding ``items``, built as a commit would build it:
     ``(rootref, {blobref: blob})`` with every blob it needs."""
     tree = _Tree(hash_name, Report())
-    values = dict(filter(None, (tree.add(it) for it in items)))
+    values = {ref: data for it in items for ref, data in tree.add(it)}
     rootref, blobs = tree.build()
     return rootref, {**values, **blobs}
 
@@ -741,10 +828,13 @@ async def restore(kvs: KVS, source: str | IO[bytes], key: str, *,
     The instance owner stores the values' blobs as it reads them, then the
     directories', and commits one ``dirref``; a guest, who may not store
     blobs, commits every key in one transaction.  A value over the
-    instance's ``content.blob-size-limit`` stops it before anything is
-    committed, as does a key or symlink target over the limits of a
-    commit (``ENAMETOOLONG``, :data:`kvs.keys.MAX_NAME`).  Raises
-    :class:`ArchiveError`, ``ErrnoError`` and ``RemoteError``."""
+    instance's ``content.blob-size-limit`` is stored as several blobs,
+    each at most the limit and ending at a line end where one falls in it
+    (:mod:`kvs.valuesplit`), as appends would have stored it: so whatever
+    an instance dumps restores into an instance of the same limit.  A key
+    or symlink target over the limits of a commit (``ENAMETOOLONG``,
+    :data:`kvs.keys.MAX_NAME`) stops it before anything is committed.
+    Raises :class:`ArchiveError`, ``ErrnoError`` and ``RemoteError``."""
     if not split(key):
         raise ArchiveError("the key to restore to cannot be the root directory (restore "
                            "to a key, then namespace create -r with the root it prints)")
@@ -761,12 +851,13 @@ async def restore(kvs: KVS, source: str | IO[bytes], key: str, *,
     report = Report()
     prefix = normalize(key)
     tree = _Tree(hash_name, report, inline=not owner)
-    items = read_items(source, size_limit=size_limit, max_value=limit, report=report)
+    items = read_items(source, size_limit=size_limit, blob_limit=limit, report=report)
     if not owner:
         budget = int(await h.attr_get("broker.max-message"))
         for item in await asyncio.to_thread(_one_transaction, items, budget):
             _check_limits(prefix, item)
-            tree.add(item)
+            for _ in tree.add(item):  # (inline: no blobs)
+                pass
             if on_item is not None:
                 on_item(item)
         tree.finish()
@@ -778,11 +869,10 @@ async def restore(kvs: KVS, source: str | IO[bytes], key: str, *,
     try:
         for item in items:
             _check_limits(prefix, item)
-            blob = tree.add(item)
+            for blob in tree.add(item):
+                await uploader.put(*blob)
             if on_item is not None:
                 on_item(item)
-            if blob is not None:
-                await uploader.put(*blob)
         tree.finish()
         report.rootref, blobs = tree.build()
         for ref, data in blobs.items():
@@ -797,17 +887,31 @@ async def restore(kvs: KVS, source: str | IO[bytes], key: str, *,
 
 
 def _one_transaction(items: Iterable[Item], budget: int) -> list[Item]:
-    """A guest's items, all read: they must fit one commit (at most
-    ``MAX_OPS`` ops with the one that empties the key, and ``budget``
-    bytes: ``broker.max-message``), which is said as soon as they do not."""
+    """A guest's items, all read (a value's parts too): they must fit one
+    commit (at most ``MAX_OPS`` ops with the one that empties the key, a
+    value in parts one per part, and ``budget`` bytes:
+    ``broker.max-message``), which is said as soon as they do not."""
     out: list[Item] = []
+    ops = 1
     size = 0
-    for it in items:
-        size += len(it.data) + len(it.key) + len(it.target) + 64
-        if len(out) + 2 > MAX_OPS or size > budget:
+
+    def check() -> None:
+        if ops + 1 > MAX_OPS or size > budget:
             raise ArchiveError(f"the archive does not fit one commit (at most {MAX_OPS - 1} "
-                               f"entries and {budget} bytes), which is how a guest restores: "
+                               f"entries, a value over content.blob-size-limit one per blob "
+                               f"of it, and {budget} bytes), which is how a guest restores: "
                                "ask the instance owner, or split it")
+
+    for it in items:
+        ops += 1
+        size += it.size + len(it.key) + len(it.target) + 64
+        check()  # (by its size, before a value in parts is read)
+        if it.parts is not None:
+            parts = list(it.parts)
+            ops += len(parts) - 1
+            size += (len(parts) - 1) * (len(it.key) + 64)
+            check()
+            it = Item(it.key, "value", size=it.size, parts=iter(parts))
         out.append(it)
     return out
 
@@ -884,18 +988,21 @@ class BlobUploader:
 
 def restore_checkpoint(statedir: str, source: str | IO[bytes], *,
                        size_limit: int | None = None,
-                       on_item: Callable[[Item], None] | None = None) -> Report:
+                       on_item: Callable[[Item], None] | None = None,
+                       blob_limit: int = DEFAULT_BLOB_LIMIT) -> Report:
     """Write archive ``source`` into the content store of the *stopped*
     instance whose statedir is ``statedir`` (made if missing) and make it
     the KVS checkpoint: the primary namespace of the next start, at
     version 0, as Flux's ``restore --checkpoint``.  What the old checkpoint
     held stays in the store until ``kvbroker kvs gc``; a run that stops
-    half way leaves the old checkpoint in place."""
+    half way leaves the old checkpoint in place.  A value over
+    ``blob_limit`` (the instance's ``content.blob-size-limit``, if known:
+    the instance is stopped) is stored in several blobs, as online."""
     report = Report()
     path = os.path.join(statedir, STORE_FILE)
     fresh = not os.path.exists(path)
     try:
-        _restore_into(statedir, source, size_limit, on_item, report)
+        _restore_into(statedir, source, size_limit, blob_limit, on_item, report)
     except BaseException:
         if fresh:  # (a store this run made, and nothing uses)
             for p in (path, path + "-wal", path + "-shm"):
@@ -906,7 +1013,8 @@ def restore_checkpoint(statedir: str, source: str | IO[bytes], *,
 
 
 def _restore_into(statedir: str, source: str | IO[bytes], size_limit: int | None,
-                  on_item: Callable[[Item], None] | None, report: Report) -> None:
+                  blob_limit: int, on_item: Callable[[Item], None] | None,
+                  report: Report) -> None:
     with open_stopped_store(statedir, create=True) as store:
         old = _checkpoint(store)
         hash_name = (old["rootref"].partition("-")[0] if old is not None
@@ -914,19 +1022,17 @@ def _restore_into(statedir: str, source: str | IO[bytes], size_limit: int | None
         tree = _Tree(hash_name, report)
         batch: list[tuple[str, bytes]] = []
         size = 0
-        # (the instance is stopped: judged by the default blob limit)
-        for item in read_items(source, size_limit=size_limit, max_value=DEFAULT_BLOB_LIMIT,
+        for item in read_items(source, size_limit=size_limit, blob_limit=blob_limit,
                                report=report):
-            blob = tree.add(item)
-            if on_item is not None:
-                on_item(item)
-            if blob is not None:
+            for blob in tree.add(item):
                 batch.append(blob)
                 size += len(blob[1])
                 report.blobs += 1
                 if size >= STORE_BATCH_BYTES or len(batch) >= STORE_BATCH_BLOBS:
                     store.put_many(batch)
                     batch, size = [], 0
+            if on_item is not None:
+                on_item(item)
         tree.finish()
         report.rootref, blobs = tree.build()
         store.put_many([*batch, *blobs.items()])

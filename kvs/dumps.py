@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from broker.content.module import DUMP, RESTORE
+from broker.content.module import BLOB_SIZE_LIMIT, DUMP, RESTORE
 from broker.content.sqlite import STORE_FILE
 from broker.errors import ErrnoError
 
@@ -87,7 +87,8 @@ def restore_at_start(attrs: Mapping[str, Any], store_dir: str, statedir: str,
         try:
             report = archive.restore_checkpoint(
                 store_dir, path, size_limit=RESTORE_SIZE_LIMIT,
-                on_item=None if progress is None else lambda item: progress(1))
+                on_item=None if progress is None else lambda item: progress(1),
+                blob_limit=BLOB_SIZE_LIMIT.value(attrs))
         except (archive.ArchiveError, OSError) as exc:
             raise ErrnoError(_errnum(exc), f"content.restore {path}: {_why(exc, path)}") from None
         log.info("restored %d keys and %d empty directories (%d blobs) from %s in %.1f s",

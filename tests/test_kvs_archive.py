@@ -14,8 +14,10 @@ import errno
 import gzip
 import io
 import os
+import re
 import shlex
 import tarfile
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -33,6 +35,7 @@ from test_kvs_rpc_helpers import (
     symlink,
 )
 
+from broker.content import blobref
 from broker.handle import Handle
 from kvs import archive, treeobj, txn
 from kvs.archive import ArchiveError, Item, build, path_to_key, read_items
@@ -220,6 +223,81 @@ def test_size_limit_leaves_big_values_out() -> None:
     assert report.skipped == [f"big: {len(BIG)} bytes, over the size limit of 100"]
 
 
+def _log(lines: int) -> bytes:
+    """An eventlog-like value of lines of varied lengths (22 to 228 bytes)."""
+    return b"".join(b'{"i":%d,"pad":"%s"}\n' % (i, b"p" * (i * 37 % 207))
+                    for i in range(lines))
+
+
+def test_a_value_over_the_blob_limit_is_read_in_parts() -> None:
+    """Over ``blob_limit`` a value comes as its blobs, each at most the
+    limit and of whole lines; under it, whole.  The parts are read from
+    the archive as they are taken, so taking them after the next entry is
+    an error, not that entry's bytes."""
+    log = _log(40)
+    data = _tar([("file", "log", log), ("file", "small", b"s" * 256), ("file", "after", b"a")])
+    items = read_items(io.BytesIO(data), blob_limit=256)
+    big = next(items)
+    assert (big.key, big.data, big.size) == ("log", b"", len(log))
+    assert big.parts is not None
+    parts = list(big.parts)
+    assert b"".join(parts) == log and len(parts) > len(log) // 256
+    assert all(len(p) <= 256 and p.endswith(b"\n") for p in parts)
+    assert next(items) == Item("small", "value", b"s" * 256)  # (at the limit: whole)
+    assert [i.key for i in read_items(io.BytesIO(data), blob_limit=256)] == [
+        "log", "small", "after"]  # (parts not taken: skipped over, as tar does)
+    gen = read_items(io.BytesIO(data), blob_limit=256)
+    unread = next(gen)
+    next(gen)
+    assert unread.parts is not None
+    with pytest.raises(ArchiveError, match="log: its value was read after the archive "
+                                           "moved past it"):
+        next(unread.parts)
+
+
+def test_a_value_in_parts_builds_the_valref_appends_make() -> None:
+    """A value over the blob limit becomes a ``valref`` of its parts (a
+    ``vtree`` from 128 of them, as the commit engine stores one), which
+    reads back whole; a guest's ops for it (a ``val``, then an ``APPEND``
+    of each other part) make the same tree in the commit engine."""
+    log = _log(300)  # (~37 kB: ~190 parts of at most 256 bytes)
+    data = _tar([("file", "d/log", log), ("file", "d/x", b"1")])
+    rootref, blobs = build(read_items(io.BytesIO(data), blob_limit=256))
+    assert _contents(blobs, rootref) == [Item("d.log", "value", log), Item("d.x", "value", b"1")]
+    top = treeobj.decode(blobs[rootref])["data"]["d"]
+    d = treeobj.decode(blobs[top["data"][0]])["data"]
+    assert d["log"]["type"] == "vtree"  # (stored as a long valref is)
+    refs = treeobj.value_refs(d["log"], lambda r: treeobj.decode(blobs[r]))
+    assert len(refs) > 128 and all(len(blobs[r]) <= 256 for r in refs)
+    assert all(blobs[r].endswith(b"\n") for r in refs)
+
+    guest = archive._Tree(blobref.DEFAULT_HASH, archive.Report(), inline=True)
+    for item in archive._one_transaction(read_items(io.BytesIO(data), blob_limit=256),
+                                         1 << 30):
+        assert list(guest.add(item)) == []  # (no blobs: values in the commit)
+    ops = guest.ops()
+    assert [op["flags"] for op in ops[:3]] == [0, txn.APPEND, txn.APPEND]
+    assert all(len(op["dirent"]["data"]) <= 256 for op in ops)
+    empty, root = txn.empty_root()
+    assert txn.apply({empty: root}, empty, ops).rootref == rootref
+    # a guest's commit counts an op (and its bytes) per part: the value
+    # alone would fit this budget, its ~190 ops do not
+    budget = len(log) + 2000
+    assert archive._one_transaction(read_items(io.BytesIO(_tar([("file", "log", log)]))),
+                                    budget)
+    with pytest.raises(ArchiveError, match="does not fit one commit"):
+        archive._one_transaction(read_items(io.BytesIO(data), blob_limit=256), budget)
+
+
+def test_a_value_in_parts_must_be_read_whole() -> None:
+    """The tree refuses to make ops of a value whose parts were not all
+    taken (it would be left out without a word)."""
+    tree = archive._Tree(blobref.DEFAULT_HASH, archive.Report())
+    tree.add(Item("v", "value", size=3, parts=iter([b"ab", b"c"])))  # (not iterated)
+    with pytest.raises(RuntimeError, match="not read whole"):
+        tree.ops()
+
+
 @pytest.mark.parametrize("damage", ["not tar", "cut short", "empty", "bad crc",
                                     "no trailer", "bad bzip2", "bad xz"])
 def test_unreadable_archives_are_one_line_errors(damage, tmp_path) -> None:
@@ -383,8 +461,6 @@ async def test_restore_input_errors_change_nothing(start_instance, connect, tmp_
         (["--key", "keep", str(bad)], "not a readable archive"),
         (["--key", "keep", str(tmp_path / "missing.tar")], "No such file or directory"),
         (["--key", ".", str(big)], "cannot be the root directory"),
-        (["--key", "keep", str(big)], "huge: 2048 bytes, over "
-                                      "content.blob-size-limit (1000)"),
         ([str(big)], "say where: --key KEY"),
         (["--statedir", str(tmp_path), "--key", "k", str(big)], "--statedir goes with"),
     ]
@@ -393,13 +469,166 @@ async def test_restore_input_errors_change_nothing(start_instance, connect, tmp_
         assert rc in (1, 2) and message in err, (args, err)
         assert "Traceback" not in err
     assert await getroot(h) == before  # nothing was committed
-    # leaving big values out is the way through
+    # --size-limit leaves out the values over it (this one is over the blob
+    # limit too: restored, it would be split, see below)
     rc, _, err = await run_cli("kvs", "restore", "--size-limit", "1k", "--key", "keep",
                                str(big), uri=inst.uri(1))
     assert rc == 0, err
     assert "skipped huge: 2048 bytes, over the size limit of 1024" in err
     assert await get(h, "keep.small") == b"s"
     assert await errnum(get(h, "keep.huge")) == errno.ENOENT
+
+
+# ---------------------------------------------------------------- values over the blob limit
+
+SMALL_LIMIT = 4096  # content.blob-size-limit of the instances below
+
+
+async def test_dump_of_appended_value_restores_into_same_instance(
+        start_instance, connect, tmp_path) -> None:
+    """(The user audit's reproducer.)  An eventlog (or any appended value)
+    may grow past the blob limit one append at a time; the instance stores
+    and serves it, and ``kvs dump`` archives it.  Restoring that archive
+    into the same instance gives the value back, as several blobs each at
+    most the limit, as the appends stored it -- it was refused before
+    (``over content.blob-size-limit``), and ``--size-limit``, the only
+    way through, left the value out."""
+    limit = 65536
+    inst = await start_instance(size=1, attrs={"content.blob-size-limit": str(limit)})
+    kvs = KVS(await connect(inst, 0))
+    chunk = b"x" * (limit // 2)
+    for _ in range(3):  # 1.5 x the limit, each append under it
+        await kvs.append("src.log", chunk)
+    assert len(await kvs.get("src.log")) == 3 * len(chunk)
+    archive_file = str(tmp_path / "src.tar")
+    code, _, err = await run_cli("kvs", "dump", "--key", "src", archive_file, uri=inst.uri(0))
+    assert code == 0, err
+    code, _, err = await run_cli("kvs", "restore", "--key", "dst", archive_file,
+                                 uri=inst.uri(0))
+    assert code == 0, err
+    assert await kvs.get("dst.log") == 3 * chunk
+    assert len((await kvs.get_treeobj("dst.log"))["data"]) == 2  # (no line ends: cut at the limit)
+
+
+async def test_an_eventlog_over_the_blob_limit_restores_and_grows(
+        start_instance, connect, tmp_path) -> None:
+    """An eventlog of 40 appends, ~3 x the blob limit, dumped and restored:
+    it comes back as a few blobs of whole lines (an APPEND watch decodes
+    each blob alone, so one cut inside a line would end it ``cannot decode
+    improperly formatted eventlog``).  ``kvs get`` and ``kvs eventlog get``
+    print it as the original; a watch on another rank reads every entry
+    of it and then an event appended to it, which ``eventlog get`` shows."""
+    inst = await start_instance(size=2, attrs={"content.blob-size-limit": str(SMALL_LIMIT)})
+    kvs = KVS(await connect(inst, 1))
+    for i in range(40):  # (lines of 60 to 500 bytes: ~11 kB; the directory
+        # lists a blobref per append: 60 of them would not fit a 4 kB blob)
+        await kvs.append_event("src.log", "ev", {"i": i, "pad": "p" * (i * 53 % 450)})
+    archive_file = str(tmp_path / "log.tar.gz")
+    for args in (["dump", "--key", "src", archive_file],
+                 ["restore", "--key", "dst", archive_file]):
+        rc, _, err = await run_cli("kvs", *args, uri=inst.uri(0))
+        assert rc == 0, err
+    refs = (await kvs.get_treeobj("dst.log"))["data"]
+    assert 2 < len(refs) < 40  # several blobs, each at most the limit (the store refuses more)
+    for cmd in (["get"], ["eventlog", "get", "-u"]):
+        rc, restored, err = await run_cli("kvs", *cmd, "dst.log", uri=inst.uri(1))
+        assert rc == 0, err
+        assert (restored, rc) == ((await run_cli("kvs", *cmd, "src.log", uri=inst.uri(1)))[1], 0)
+    assert restored.count("\n") == 40
+    async with kvs.watch_eventlog("dst.log") as log:
+        got = [await asyncio.wait_for(log.__anext__(), 10) for _ in range(40)]
+        assert [e["context"]["i"] for e in got] == list(range(40))
+        rc, _, err = await run_cli("kvs", "eventlog", "append", "dst.log", "more", '{"n":1}',
+                                   uri=inst.uri(0))
+        assert rc == 0, err
+        more = await asyncio.wait_for(log.__anext__(), 10)
+        assert (more["name"], more["context"]) == ("more", {"n": 1})
+    events = await kvs.get_eventlog("dst.log")
+    assert len(events) == 41 and events[-1]["name"] == "more"
+    assert len((await kvs.get_treeobj("dst.log"))["data"]) == len(refs) + 1  # (one append)
+
+
+async def test_a_value_over_the_blob_limit_from_elsewhere_restores_in_parts(
+        start_instance, connect, tmp_path) -> None:
+    """An archive from elsewhere (a Flux dump, an instance of a bigger
+    limit) with values over this instance's blob limit, not built by
+    appends: restored at start (``content.restore``) and online, each in
+    blobs of at most the limit, byte for byte -- the same tree both ways.
+    ``--size-limit`` still leaves out what is over the size it names."""
+    import random
+
+    binary = random.Random(1).randbytes(3 * SMALL_LIMIT + 100)  # (line ends here and there)
+    text = b"no line end at all " * 320  # 6,080 bytes: cut at the limit
+    archive_file = tmp_path / "elsewhere.tar"
+    archive_file.write_bytes(_tar([("file", "data/bin", binary), ("file", "data/text", text),
+                                   ("file", "data/small", b"s")]))
+    inst = await start_instance(size=1, attrs={"content.blob-size-limit": str(SMALL_LIMIT),
+                                               "content.restore": str(archive_file)})
+    h = await connect(inst, 0)
+    kvs = KVS(h)
+    rc, _, err = await run_cli("kvs", "restore", "--key", "copy", str(archive_file),
+                               uri=inst.uri(0))
+    assert rc == 0, err
+    assert f"3 keys ({len(binary) + len(text) + 1} bytes of values" in err, err
+    for top in ("data", "copy.data"):
+        assert await kvs.get(f"{top}.bin") == binary
+        assert await kvs.get(f"{top}.text") == text
+        assert await kvs.get(f"{top}.small") == b"s"
+        assert 4 <= len((await kvs.get_treeobj(f"{top}.bin"))["data"]) <= 8
+        assert len((await kvs.get_treeobj(f"{top}.text"))["data"]) == 2
+    assert await lookup(h, "copy.data", flags=16) == await lookup(h, "data", flags=16)
+    rc, _, err = await run_cli("kvs", "restore", "--size-limit", "8k", "--key", "lim",
+                               str(archive_file), uri=inst.uri(0))
+    assert rc == 0, err
+    assert f"skipped data/bin: {len(binary)} bytes, over the size limit of 8192" in err
+    assert await kvs.get("lim.data.text") == text
+    assert await errnum(get(h, "lim.data.bin")) == errno.ENOENT
+
+
+def _sh_block(doc: str, first_line: str) -> str:
+    """The fenced ``sh`` block of ``docs/<doc>`` that starts with
+    ``first_line`` (in a list item too: its indent taken off)."""
+    text = (Path(__file__).resolve().parent.parent / "docs" / doc).read_text()
+    for indent, body in re.findall(r"^( *)```sh\n(.*?)^ *```", text, re.S | re.M):
+        lines = [line.removeprefix(indent) for line in body.splitlines()]
+        if lines and lines[0] == first_line:
+            return "\n".join(lines) + "\n"
+    raise AssertionError(f"no sh block starting with {first_line!r} in {doc}")
+
+
+async def test_the_recipe_restores_a_whole_namespace_in_place(start_instance, connect,
+                                                               tmp_path) -> None:
+    """docs/kvs.md's recipe, run as written: a namespace restored whole from
+    its dump, owner kept, at the dumped tree and version 0, and the
+    temporary key gone -- the way round ``--key .``, which is refused."""
+    inst = await start_instance(size=2)
+    h = await connect(inst, 1)
+    await asyncio.wait_for(h.rpc("kvs.namespace-create", {"namespace": "job-7",
+                                                          "owner": 1234}), 10)
+    await commit(h, put("a.b", "1"), put("log", "submit\n", flags=APPEND),
+                 put("e", {"ver": 1, "type": "dir", "data": {}}), ns="job-7")
+    dumped = await getroot(h, "job-7")
+    rc, _, err = await run_cli("kvs", "dump", "-N", "job-7", str(tmp_path / "job-7.tar"),
+                               uri=inst.uri(0))
+    assert rc == 0, err
+    await commit(h, put("a.b", "changed"), put("extra", "x"), ns="job-7")
+    rc, _, err = await run_cli("kvs", "restore", "-N", "job-7", "--key", ".",
+                               str(tmp_path / "job-7.tar"), uri=inst.uri(0))
+    assert rc == 1 and "namespace create -r with the root it prints" in err
+
+    script = _sh_block("kvs.md", '# $NS.tar written by: kvbroker kvs dump -N "$NS" "$NS.tar"')
+    env = {**os.environ, "NS": "job-7", "KVBROKER_URI": inst.uri(1),
+           "PATH": f"{os.path.dirname(KVBROKER)}:{os.environ['PATH']}"}
+    proc = await asyncio.create_subprocess_exec(
+        "sh", "-ec", script, cwd=tmp_path, env=env, stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err.decode()
+    root = await getroot(h, "job-7")
+    assert (root["rootref"], root["rootseq"], root["owner"]) == (dumped["rootref"], 0, 1234)
+    assert await get(h, "a.b", ns="job-7") == b"1"
+    assert await errnum(get(h, "extra", ns="job-7")) == errno.ENOENT
+    assert await errnum(get(h, "restoring-job-7")) == errno.ENOENT
 
 
 async def test_a_dump_through_a_link_into_another_namespace_is_one_version(
@@ -551,8 +780,11 @@ async def test_checkpoint_dump_refuses_what_it_cannot_read(case, tmp_path) -> No
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a guest")
 async def test_guest_restores_and_dumps_its_own_namespace(start_instance, connect) -> None:
     """A guest may not store blobs, so its restore is one transaction of
-    values; it reads and writes only its own namespace."""
-    inst = await start_instance(size=2, attrs={"access.allow-guest-user": "true"})
+    values; it reads and writes only its own namespace.  A value over the
+    blob limit (BIG here) is a ``val`` of its first part and an ``APPEND``
+    of each other, which the kvs module stores as several blobs."""
+    inst = await start_instance(size=2, attrs={"access.allow-guest-user": "true",
+                                               "content.blob-size-limit": "1024"})
     h = await connect(inst, 0)
     await asyncio.wait_for(h.rpc("kvs.namespace-create", {"namespace": "mine",
                                                           "owner": 65534}), 10)
@@ -591,6 +823,7 @@ async def test_guest_restores_and_dumps_its_own_namespace(start_instance, connec
     assert out["names"] == ["top/a/b", "top/a/blob", "top/e"]
     assert out["primary"] == out["link"] == out["dump primary"] == errno.EPERM
     assert await get(h, "top.a.blob", ns="mine") == BIG
+    assert len((await lookup(h, "top.a.blob", flags=16, ns="mine"))["data"]) == 3
     assert await errnum(get(h, "x")) == errno.ENOENT
 
 
