@@ -141,7 +141,7 @@ def _module_removed(h: Any, exc: RemoteError) -> bool:
     at once, on the same connection -- served by the module loaded again,
     or meanwhile by the one of a rank above -- and resumes without a
     repeat, as after a lost connection."""
-    return (exc.errnum == errno.ENOSYS and exc.errstr.startswith(F.REMOVED_PREFIX)
+    return (exc.errnum == errno.ENOSYS and exc.errstr.startswith(F.ENDED_BY_MODULE_CHANGE)
             and bool(getattr(h, "reconnect", False)))
 
 
