@@ -304,3 +304,27 @@ async def test_a_reconnecting_clients_watch_outlives_a_reload(start_instance) ->
             await kvs.put("k", "4")
             assert (await asyncio.wait_for(anext(w), T)).value == b"4"
 
+
+async def test_a_reconnecting_watch_on_rank_0_waits_for_kvs_watch_to_come_back(
+        start_instance) -> None:
+    """On rank 0 there is no rank above to serve a watch asked again after
+    ``module remove kvs-watch``: a ``reconnect=True`` handle's value watch
+    and key watch are refused (``ENOSYS``, no service) until the module is
+    loaded again, and ask again meanwhile (10 ms, doubling up to 1 s); once
+    it is back, they resume with what changed meanwhile."""
+    inst = await start_instance(size=1)
+    async with Handle.connect(inst.uri(0), reconnect=True) as h:
+        kvs = KVS(h)
+        await kvs.put("k", "1")
+        async with kvs.watch("k") as w, kvs.watch_keys("k") as keys:
+            assert (await asyncio.wait_for(anext(w), T)).value == b"1"
+            assert (await asyncio.wait_for(anext(keys), T)).initial
+            value_next = asyncio.ensure_future(anext(w))
+            keys_next = asyncio.ensure_future(anext(keys))
+            await cli(inst.uri(0), "module", "remove", "kvs-watch")
+            await kvs.put("k", "2")
+            assert not value_next.done() and not keys_next.done()
+            await cli(inst.uri(0), "module", "load", "kvs-watch")
+            assert (await asyncio.wait_for(value_next, T)).value == b"2"
+            changed = await asyncio.wait_for(keys_next, T)
+            assert changed.keys == ("k",) and not changed.initial, changed
