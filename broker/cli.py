@@ -1038,7 +1038,13 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         m.add_argument("--rank", "-r", type=rank_set, metavar="IDSET",
                        help="on these ranks at once: 3, 0-3 or all (default: the rank "
                        "attached to)")
-        add_answer_timeout(m)
+        if verb == "reload":
+            add_answer_timeout(m, "give up when no answer came in SECONDS (exit 1), and "
+                               "let the rank hold the requests for the module no longer "
+                               "(default: wait as long as the rank takes; it holds them "
+                               "at most 60 s)")
+        else:
+            add_answer_timeout(m)
     s.set_defaults(func=cmd_module)
 
     register_groups(sub)

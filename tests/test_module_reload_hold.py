@@ -107,30 +107,40 @@ async def _reloading(h: Handle, module: str, n: int) -> None:
 async def test_held_requests_wait_for_the_new_module_or_the_deadline(
         testmod, start_instance, connect) -> None:
     """The old testmod's stop hangs, so the reload holds what comes for its
-    services: given ``timeout`` 0.5, the requests held are answered
-    ``ETIMEDOUT`` then, and later ones ``ENOSYS`` at once (nothing more is
-    held); reloaded again (its stop cancelled), the requests held go to the
-    new module, each answered, in the order they came."""
+    services: given ``-t 1``, the requests held are answered ``ETIMEDOUT``
+    then, and later ones ``ENOSYS`` at once (nothing more is held, while
+    the reload still hangs); reloaded again (its stop cancelled), the
+    requests held go to the new module, each answered, in the order they
+    came."""
     inst = await start_instance(size=1)
     h = await connect(inst, 0)
     await cli(inst.uri(0), "module", "load", "testmod", "testmod.mode=stop-hang")
 
-    reload = h.rpc("module.reload", {"name": "testmod", "args": ["testmod.mode=plain"],
-                                     "timeout": 0.5})
+    command = asyncio.ensure_future(run_cli("module", "reload", "-t", "1", "testmod",
+                                            "testmod.mode=plain", uri=inst.uri(0)))
     await _reloading(h, "testmod", 0)
     late = [h.rpc("testmod.info", {}) for _ in range(3)]
     for fut in late:
         with pytest.raises(RemoteError) as info:
             await asyncio.wait_for(fut, T)
         assert info.value.errnum == errno.ETIMEDOUT
-        assert info.value.errstr == ("module testmod did not reload on rank 0 within 0.5s: "
+        assert info.value.errstr == ("module testmod did not reload on rank 0 within 1s: "
                                      "retry"), info.value.errstr
+    rc, out, err = await asyncio.wait_for(command, T)
+    assert rc == 1 and "Connection timed out" in err, (rc, out, err)
     with pytest.raises(RemoteError) as info:  # (the reload still hangs: no hold now)
         await asyncio.wait_for(h.rpc("testmod.info", {}), T)
     assert info.value.errnum == errno.ENOSYS
     assert (await stats(h, 0))["held-for-reload"] == {}
     await cli(inst.uri(0), "module", "remove", "--cancel", "testmod")
-    assert (await asyncio.wait_for(reload, T))["name"] == "testmod"
+
+    async def served() -> bool:  # (by the new module, once the reload is over)
+        try:
+            return bool(await h.rpc("testmod.info", {}))
+        except RemoteError:
+            return False
+
+    await wait_until(served, "the new testmod to serve", T)
 
     # Again from a module whose stop hangs, now to one that starts: the
     # requests held wait for it.

@@ -229,7 +229,10 @@ async def test_malformed_module_requests(start_instance, connect) -> None:
              errno.EINVAL),
             ("module.remove", {"name": 3}, errno.EPROTO),
             ("module.remove", {"name": "kvs-watch", "cancel": "yes"}, errno.EPROTO),
-            ("module.reload", {"name": "kvs", "force": 1}, errno.EPROTO)):
+            ("module.reload", {"name": "kvs", "force": 1}, errno.EPROTO),
+            ("module.reload", {"name": "kvs", "timeout": 0}, errno.EPROTO),
+            ("module.reload", {"name": "kvs", "timeout": "5"}, errno.EPROTO),
+            ("module.reload", {"name": "kvs", "timeout": True}, errno.EPROTO)):
         assert await errnum(h.rpc(topic, payload)) == code, (topic, payload)
     assert "kvs-watch" in await cli(inst.uri(0), "module", "list")
     s = watch_stream(h, "k", flags=4 | 8)  # (WATCH|WAITCREATE: the module still serves)
