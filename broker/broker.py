@@ -17,8 +17,9 @@ from broker.connector import Connector
 from broker.errors import ErrnoError, KvbrokerError
 from broker.logring import RankLog
 from broker.loops import loop_name
-from broker.module import Module, ModuleContext, ModuleHandle
+from broker.module import RELOAD, Module, ModuleContext, ModuleHandle
 from broker.overlay import Overlay
+from broker.reloadhold import RELOAD_HOLD_TIMEOUT
 from broker.router import Router
 from broker.services import BrokerServices
 
@@ -207,7 +208,8 @@ class Broker:
             raise ModuleStartError(f"module {module.name} failed to start: {why}") from exc
 
     async def load_at_runtime(self, name: str, settings: dict[str, str], *,
-                              replace: bool = False, force: bool = False) -> Module:
+                              replace: bool = False, force: bool = False,
+                              hold_timeout: float = RELOAD_HOLD_TIMEOUT) -> Module:
         """``module load NAME [ATTR=VALUE ...]`` on this running rank: find
         the module, check ``settings`` (its own attributes, ``kvs.`` or
         not), start it; with ``replace`` (``module reload``), all that is
@@ -216,7 +218,9 @@ class Broker:
         ``ENOENT`` no such module (or, replacing, none loaded), ``EINVAL`` a
         bad setting, ``EBUSY`` a module it calls is not loaded or it is
         being changed, the module's own error as it failed to start --
-        leaves the rank as it was, but for the module replaced."""
+        leaves the rank as it was, but for the module replaced.  While a
+        loaded module is replaced, the requests for its services wait for
+        the new one, at most ``hold_timeout`` seconds (:mod:`broker.reloadhold`)."""
         if name in self._changing:
             raise ErrnoError(errno.EBUSY, f"module {name} is being loaded or removed on rank "
                                           f"{self.rank}: wait for that first")
@@ -249,8 +253,32 @@ class Broker:
             battrs.with_defaults(trial, specs.values())
         except battrs.AttrError as exc:
             raise ErrnoError(errno.EINVAL, str(exc)) from None
-        if loaded is not None:
-            await self.remove_at_runtime(name, "module reload")
+        if loaded is None:
+            return await self._load_new(name, cls, specs, changes, trial)
+        # The old module's services are held from before its removal until
+        # the new one has started (broker/reloadhold.py): a request that
+        # comes meanwhile waits for the new module instead of ENOSYS.
+        hold = self.router.hold_for_reload(name, loaded.service_names(), hold_timeout)
+        failure: str | None = None
+        try:
+            await self.remove_at_runtime(name, RELOAD)
+            return await self._load_new(name, cls, specs, changes, trial)
+        except BaseException as exc:
+            why = (exc.errstr if isinstance(exc, ErrnoError) else
+                   "the reload was cancelled" if isinstance(exc, asyncio.CancelledError)
+                   else str(exc) or type(exc).__name__)
+            failure = (f"module {name} failed to reload on rank {self.rank}: "
+                       f"{why.removeprefix(f'module {name} failed to start: ')}")
+            raise
+        finally:
+            # (to whichever module serves now: the new one, the old one if it
+            # was kept -- remove refused --, or none: answered ``failure``)
+            self.router.end_hold(hold, failure)
+
+    async def _load_new(self, name: str, cls: Any, specs: dict[str, Any],
+                        changes: dict[str, str], trial: dict[str, Any]) -> Module:
+        """:meth:`load_at_runtime`'s load, once what it is given was checked
+        (``trial``: the rank's attributes with ``changes``, defaulted)."""
         before = {key: self.attrs[key] for key in specs if key in self.attrs}
         self.attrs.update({key: trial[key] for key in specs})
         self._changing.add(name)

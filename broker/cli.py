@@ -381,7 +381,9 @@ async def _change_modules(args: argparse.Namespace) -> int:
     """``module load|remove|reload NAME`` on the rank attached to, or on
     each rank of ``-r IDSET`` at once (a rank that refuses is named).
     ``reload`` removes, then loads with the settings given, once they are
-    checked; ``-f`` takes a module that is not loaded as removed already."""
+    checked (the rank holds the requests for the module meanwhile, no
+    longer than ``-t``); ``-f`` takes a module that is not loaded as
+    removed already."""
     async with await connect() as h:
         if args.rank is None:
             ranks: list[int | None] = [None]
@@ -398,8 +400,12 @@ async def _change_modules(args: argparse.Namespace) -> int:
                     if not (args.force and exc.errnum == errno.ENOENT):
                         raise
             elif args.module_cmd == "reload":
-                await h.rpc("module.reload", {"name": args.name, "args": args.settings,
-                                              "force": args.force}, nodeid=nodeid)
+                body: dict[str, Any] = {"name": args.name, "args": args.settings,
+                                        "force": args.force}
+                if args.answer_timeout is not None:
+                    # (the requests the reload holds wait no longer than we do)
+                    body["timeout"] = args.answer_timeout
+                await h.rpc("module.reload", body, nodeid=nodeid)
             else:
                 await h.rpc("module.load", {"name": args.name, "args": args.settings},
                             nodeid=nodeid)
@@ -1012,7 +1018,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     for verb, purpose in (("load", "load module NAME (its entry point) on a running rank"),
                        ("remove", "stop module NAME on a running rank (the requests it "
                         "serves end ENOSYS)"),
-                       ("reload", "remove, then load module NAME")):
+                       ("reload", "replace module NAME by a new one (the requests "
+                        "for it meanwhile wait for the new one)")):
         m = msub.add_parser(verb, help=purpose)
         m.add_argument("name", metavar="NAME")
         if verb != "remove":
@@ -1031,7 +1038,13 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         m.add_argument("--rank", "-r", type=rank_set, metavar="IDSET",
                        help="on these ranks at once: 3, 0-3 or all (default: the rank "
                        "attached to)")
-        add_answer_timeout(m)
+        if verb == "reload":
+            add_answer_timeout(m, "give up when no answer came in SECONDS (exit 1), and "
+                               "let the rank hold the requests for the module no longer "
+                               "(default: wait as long as the rank takes; it holds them "
+                               "at most 60 s)")
+        else:
+            add_answer_timeout(m)
     s.set_defaults(func=cmd_module)
 
     register_groups(sub)

@@ -62,6 +62,18 @@ class ProtocolError(ErrnoError):
         return self.__class__, (self.errstr,)
 
 
+NO_SERVICE = "no service matching "
+"""What the router's ``ENOSYS`` answer starts with when no module of the
+rank that had to serve a request offers its service (then its topic)."""
+
+
+def no_service(exc: ErrnoError) -> bool:
+    """``exc`` is the router's answer that no module serves the request:
+    none loaded on the rank addressed, or on rank 0 for one any rank may
+    serve (``module remove``), as opposed to an ``ENOSYS`` a module gave."""
+    return exc.errnum == _errno.ENOSYS and exc.errstr.startswith(NO_SERVICE)
+
+
 def error_text(exc: BaseException) -> str:
     """``exc``'s message for a message of one's own: an errno error's
     ``errstr`` (a :class:`RemoteError`'s ``str`` leads with its errno's

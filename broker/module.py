@@ -41,6 +41,11 @@ MAX_HELD = 10_000
 notes, at most, to end them ``ENOSYS`` if the module is removed (see
 :meth:`ModuleHandle.hold`)."""
 
+RELOAD = "module reload"
+"""The reason a module's :meth:`Module.stop` is given (:attr:`Module.stop_reason`)
+when ``module reload`` removes it for a new one (``module remove``'s is
+``"module remove"``): what it tells the clients whose requests it ends."""
+
 
 class EventCounts:
     """What a module did with the events its subscriptions brought: the

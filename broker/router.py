@@ -4,6 +4,8 @@
   neighbouring rank) gets its sender pushed on its ``route`` stack, then goes
   to the local service (nodeid ANY with a local provider, or this rank), up
   to the parent, or down towards the target rank.
+* A request for a module being reloaded on this rank waits until the new
+  one has started (:mod:`broker.reloadhold`).
 * A response pops the top of its route stack and goes to that hop.
 * An event is delivered to every local subscriber whose prefix matches and
   forwarded to every child rank.
@@ -28,6 +30,7 @@ of the new process got the same ``c<N>``.
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import logging
 from collections import Counter, OrderedDict, defaultdict, deque
@@ -35,7 +38,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from broker import codec, topology
-from broker.errors import ErrnoError
+from broker.errors import NO_SERVICE, ErrnoError
 from broker.events import SeqTracker, SubscriptionTable
 from broker.logring import LogThrottle
 from broker.message import (
@@ -47,6 +50,7 @@ from broker.message import (
     Role,
 )
 from broker.overlay import Oversized, Unencodable
+from broker.reloadhold import RELOAD_HOLD_TIMEOUT, ReloadHold
 from broker.tally import add_count
 
 if TYPE_CHECKING:
@@ -57,7 +61,8 @@ log = logging.getLogger("kvbroker.router")
 
 COUNTERS = ("requests", "responses", "events-sequenced", "events-delivered", "disconnects-sent",
             "unroutable", "lost-requests", "dropped-responses", "dropped-events",
-            "dropped-local", "dropped-control", "oversized", "unencodable", "streams-cut")
+            "dropped-local", "dropped-control", "oversized", "unencodable", "streams-cut",
+            "reload-held", "reload-released", "reload-refused")
 """The ``messages`` counters of ``broker.stats-get``."""
 
 CUT_STREAMS_MAX = 1024
@@ -248,6 +253,9 @@ class Router:
         """Where :meth:`pass_on` sent requests of clients below other ranks."""
         self._hops: dict[int, str] = {}
         """The route hop of each neighbour's current link (see the module docstring)."""
+        self._holds: dict[str, ReloadHold] = {}
+        """The services of modules being reloaded on this rank, and what is
+        held for them meanwhile (:mod:`broker.reloadhold`)."""
         self._hop_ranks: dict[str, int] = {}
         self._joins: Counter[int] = Counter()
         parent = topology.parent_of(rank, fanout)
@@ -279,8 +287,9 @@ class Router:
 
     def withdraw_services(self, peer: Peer) -> list[str]:
         """Route no more requests to ``peer`` (a module being removed: what
-        comes is sent upstream, or answered ``ENOSYS`` on rank 0), while
-        the answers to its own requests still reach it; the names withdrawn."""
+        comes is sent upstream, or answered ``ENOSYS`` on rank 0 -- unless
+        a reload holds it, :meth:`hold_for_reload`), while the answers to
+        its own requests still reach it; the names withdrawn."""
         names = [n for n, p in self.services.items() if p is peer]
         for name in names:
             del self.services[name]
@@ -428,13 +437,18 @@ class Router:
 
     def route_request(self, msg: Message) -> None:
         self.counts["requests"] += 1
+        self._route(msg)
+
+    def _route(self, msg: Message) -> None:
         nodeid = msg.nodeid
         if nodeid == NODEID_ANY:
+            if self._holds and self._hold(msg):
+                return
             peer = self.services.get(msg.service)
             if peer is not None:
                 peer.deliver(msg)
             elif self.rank == 0:
-                self.respond_error(msg, errno.ENOSYS, f"no service matching {msg.topic}")
+                self.respond_error(msg, errno.ENOSYS, NO_SERVICE + msg.topic)
             else:
                 self._send_up(msg)
         elif nodeid == NODEID_UPSTREAM:
@@ -444,11 +458,13 @@ class Router:
                 msg.nodeid = NODEID_ANY
                 self._send_up(msg)
         elif nodeid == self.rank:
+            if self._holds and self._hold(msg):
+                return
             peer = self.services.get(msg.service)
             if peer is not None:
                 peer.deliver(msg)
             else:
-                self.respond_error(msg, errno.ENOSYS, f"no service matching {msg.topic}")
+                self.respond_error(msg, errno.ENOSYS, NO_SERVICE + msg.topic)
         elif not 0 <= nodeid < self.size:
             ranks = "rank 0" if self.size == 1 else f"ranks 0-{self.size - 1}"
             self.respond_error(msg, errno.EHOSTUNREACH,
@@ -464,6 +480,88 @@ class Router:
         if req.flags & MsgFlags.NORESPONSE:
             return
         self.route_response(req.response(None, errnum or errno.EINVAL, errstr))
+
+    # ------------------------------------------------------------ reloads
+
+    def hold_for_reload(self, module: str, services: tuple[str, ...],
+                        timeout: float = RELOAD_HOLD_TIMEOUT) -> ReloadHold:
+        """Module ``module`` is about to be reloaded on this rank: from now
+        on, what comes for its ``services`` (addressed to this rank, or to
+        any rank) waits, in arrival order, until :meth:`end_hold` -- at
+        most ``timeout`` seconds, after which it is answered ``ETIMEDOUT``
+        and nothing more is held (a reload that hangs)."""
+        hold = ReloadHold(module, services, self.rank)
+        for name in hold.services:
+            self._holds[name] = hold
+        hold.timer = asyncio.get_running_loop().call_later(
+            timeout, self._hold_expired, hold, timeout)
+        return hold
+
+    def _hold(self, msg: Message) -> bool:
+        """Hold ``msg`` if a reload holds its service (or answer it, past
+        the bound); False: route it as ever."""
+        hold = self._holds.get(msg.service)
+        if hold is None or not hold.holds(msg):
+            return False
+        if hold.take(msg):
+            self.counts["reload-held"] += 1
+        else:
+            self.counts["reload-refused"] += 1
+            self.respond_error(msg, *hold.full_error())
+        return True
+
+    def _forget_hold(self, hold: ReloadHold) -> bool:
+        """Hold nothing more for ``hold``'s services; False if it had ended."""
+        if hold.timer is not None:
+            hold.timer.cancel()
+            hold.timer = None
+        active = False
+        for name in hold.services:
+            if self._holds.get(name) is hold:
+                del self._holds[name]
+                active = True
+        return active
+
+    def end_hold(self, hold: ReloadHold, failure: str | None = None) -> None:
+        """The reload is over: route what was held, oldest first, to the
+        module that serves now -- the new one, or the old one if it was
+        kept.  ``failure`` (the new module did not start, and the old one
+        is gone): a request for a service no module of this rank offers
+        now is answered ``ENOSYS`` with it, unless it may be served by a
+        rank above (any rank's service, held on a rank other than 0),
+        where it goes, as it would have without the reload."""
+        if not self._forget_hold(hold):
+            return
+        for msg in hold.drain():
+            if (failure is not None and msg.service not in self.services
+                    and (self.rank == 0 or msg.nodeid == self.rank)):
+                self.counts["reload-refused"] += 1
+                self.respond_error(msg, errno.ENOSYS, failure)
+            else:
+                self.counts["reload-released"] += 1
+                self._route(msg)
+
+    def _hold_expired(self, hold: ReloadHold, timeout: float) -> None:
+        """The reload took longer than it was given: answer what was held
+        (a ``.disconnect`` is routed on: it needs no answer), hold no more."""
+        hold.timer = None
+        if not self._forget_hold(hold):
+            return
+        log.warning("module %s: its reload on rank %d took more than %gs: %d requests held "
+                    "for it answered ETIMEDOUT", hold.module, self.rank, timeout, len(hold))
+        errnum, errstr = hold.timeout_error(timeout)
+        for msg in hold.drain():
+            if msg.flags & MsgFlags.NORESPONSE:
+                self.counts["reload-released"] += 1
+                self._route(msg)
+            else:
+                self.counts["reload-refused"] += 1
+                self.respond_error(msg, errnum, errstr)
+
+    def held_for_reload(self) -> dict[str, int]:
+        """The modules being reloaded on this rank whose requests are held,
+        each with how many are held now."""
+        return {h.module: len(h) for h in self._holds.values()}
 
     # ------------------------------------------------------------ responses
 
@@ -716,5 +814,6 @@ class Router:
             "subscriptions": subs,
             "clients": sum(1 for p in self.peers if p[0] == "c"),
             "sent-down": self.sent_down(),
+            "held-for-reload": self.held_for_reload(),
             "used-below": len(self._used_below),
         }

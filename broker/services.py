@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import math
 import re
 from collections import deque
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -14,6 +15,7 @@ from broker.errors import ErrnoError
 from broker.logring import Entry, LogRing, clip
 from broker.message import Message, MsgFlags
 from broker.module import Handler, Module, require, zero_counts
+from broker.reloadhold import RELOAD_HOLD_TIMEOUT
 from broker.rexec import RexecService
 from broker.trace import OverlayTrace
 
@@ -69,7 +71,7 @@ class BrokerServices(Module):
     ends_its_requests: ClassVar[bool] = True  # (never removed: a rank's own)
     metrics_skip: ClassVar[tuple[str, ...]] = ("rank", "guests", "subscriptions", "overlay.hosts",
                                                "overlay.offline", "overlay.rejoined",
-                                               "overlay.torpid")
+                                               "overlay.torpid", "held-for-reload")
     services: ClassVar[tuple[str, ...]] = ("broker", "attr", "event", "module", "log",
                                            "overlay", "config", "rexec")
 
@@ -446,18 +448,26 @@ class BrokerServices(Module):
         self.h.respond(msg, {"name": module.name, "services": list(module.service_names())})
 
     async def module_reload(self, msg: Message) -> None:
-        """``module.reload {name, args?, force?}``: ``module.load`` in place
-        of the loaded one, whose removal waits until the module is found
-        and ``args`` checked (a bad setting leaves the loaded one running);
-        ``force``: none loaded is no error.  The instance owner only."""
+        """``module.reload {name, args?, force?, timeout?}``: ``module.load``
+        in place of the loaded one, whose removal waits until the module is
+        found and ``args`` checked (a bad setting leaves the loaded one
+        running); ``force``: none loaded is no error.  The requests for the
+        loaded one's services wait for the new one meanwhile, at most
+        ``timeout`` seconds (default ``RELOAD_HOLD_TIMEOUT``, 60; the CLI's
+        ``-t``): broker/reloadhold.py.  The instance owner only."""
         if not msg.is_owner:
             raise ErrnoError(errno.EPERM, "loading modules is for the instance owner")
         p = require(msg.payload, name=str)
         force = p.get("force", False)
         if not isinstance(force, bool):
             raise ErrnoError(errno.EPROTO, "force must be a boolean")
+        timeout = p.get("timeout", RELOAD_HOLD_TIMEOUT)
+        if (type(timeout) not in (int, float) or not math.isfinite(timeout)
+                or timeout <= 0):
+            raise ErrnoError(errno.EPROTO, "timeout must be a positive number of seconds")
         module = await self.broker.load_at_runtime(p["name"], _settings(p.get("args", [])),
-                                                   replace=True, force=force)
+                                                   replace=True, force=force,
+                                                   hold_timeout=float(timeout))
         self.h.respond(msg, {"name": module.name, "services": list(module.service_names())})
 
     async def module_remove(self, msg: Message) -> None:

@@ -79,7 +79,7 @@ from kvs.namespaces import (
     shown_name,
 )
 from kvs.refcheck import RefChecker, names_a_directory
-from kvs.relay import RelayOutbox
+from kvs.relay import RelayOutbox, from_rank_0
 from kvs.txn import EXPECT, MAX_OPS, NO_MERGE
 
 UNLINK_RETRY_MIN = 0.1
@@ -829,7 +829,7 @@ class KvsModule(Module):
             except RemoteError as exc:
                 if exc.errnum == errno.ENOTSUP and name in self.heard:
                     continue  # created after rank 0 answered
-                raise
+                raise from_rank_0(exc) from None
             if placeholder.removed:
                 if name in self.heard:
                     continue  # removed and created again meanwhile

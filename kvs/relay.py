@@ -29,12 +29,25 @@ from collections import Counter
 from functools import partial
 from typing import Any
 
-from broker.errors import ErrnoError
+from broker.errors import ErrnoError, no_service
 from broker.rpc import HandleCore
 from kvs.namespaces import Namespace
 
 RELAY_BYTES = 16 << 20
 """The transactions one relay message gathers, in bytes of their requests."""
+
+NOT_LOADED_ON_RANK_0 = "kvs is not loaded on rank 0"
+
+
+def from_rank_0(exc: ErrnoError) -> ErrnoError:
+    """``exc``, rank 0's answer to a request a follower's kvs sent it on its
+    own (a relayed commit, a ``kvs.getroot``), as its client should read
+    it: the router's ``no service matching kvs.relaycommit`` (no kvs
+    loaded on rank 0: ``module remove kvs``) named a topic the client
+    never sent."""
+    if no_service(exc):
+        return ErrnoError(exc.errnum, NOT_LOADED_ON_RANK_0)
+    return exc
 
 
 class _Relay:
@@ -115,6 +128,7 @@ class RelayOutbox:
             return
         exc = answer.exception()
         if isinstance(exc, ErrnoError):
+            exc = from_rank_0(exc)
             relay.ns.fail(relay.names(), exc.errnum, exc.errstr)
         # a success answer is not part of the protocol: the event settles it
 

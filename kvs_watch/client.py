@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, Protocol, Self, TypedDict, TypeVar, Unpack, cast, overload
 
 from broker.content import blobref
-from broker.errors import RemoteError
+from broker.errors import RemoteError, no_service
 from broker.message import NODEID_ANY
 from broker.rpc import HandleCore, Stream
 from kvs.client import _parse_json, default_namespace
@@ -141,8 +141,43 @@ def _module_removed(h: Any, exc: RemoteError) -> bool:
     at once, on the same connection -- served by the module loaded again,
     or meanwhile by the one of a rank above -- and resumes without a
     repeat, as after a lost connection."""
-    return (exc.errnum == errno.ENOSYS and exc.errstr.startswith(F.REMOVED_PREFIX)
+    return (exc.errnum == errno.ENOSYS and exc.errstr.startswith(F.ENDED_BY_MODULE_CHANGE)
             and bool(getattr(h, "reconnect", False)))
+
+
+REASK_FIRST = 0.01
+REASK_MAX = 1.0
+"""A watch asked again (above) that no kvs-watch serves -- rank 0's was
+removed, and rank 0 has no rank above to send it to -- is asked again
+after ``REASK_FIRST`` seconds, then at doubling intervals up to every
+``REASK_MAX``, until the module is back: for as long as the watch lives
+(its reader's timeout, a cancel, or the handle's close end it)."""
+
+
+class _Reask:
+    """When a watch asked again without a kvs-watch to serve it tries
+    once more (:data:`REASK_FIRST`, doubling up to :data:`REASK_MAX`)."""
+
+    __slots__ = ("pending", "delay")
+
+    def __init__(self) -> None:
+        self.pending = False
+        """Asked again, and not answered yet: an ``ENOSYS`` from the router
+        now means the module is not back yet, not an error of the watch."""
+        self.delay = REASK_FIRST
+
+    def answered(self) -> None:
+        self.pending = False
+        self.delay = REASK_FIRST
+
+    def waits(self, exc: RemoteError) -> bool:
+        """``exc`` is the answer to the watch asked again: is it the router's
+        "no service" (then wait, and ask again)?"""
+        return self.pending and no_service(exc)
+
+    async def wait(self) -> None:
+        delay, self.delay = self.delay, min(self.delay * 2, REASK_MAX)
+        await asyncio.sleep(delay)
 
 
 def _entry(key: str, payload: Any, treeobj: bool = False) -> WatchEntry:
@@ -181,6 +216,9 @@ class Watch(Generic[ItemT]):
     the next connection; N, one after the handle's N-th.  Kept if that wait
     is cut short (a timeout around ``anext``), so the next ``anext`` waits
     again instead of reading the old, ended stream."""
+    _reask: _Reask | None = None
+    """(On a handle that reconnects.)  Asked again after ``module remove``: see
+    :class:`_Reask`."""
 
     def __init__(self, h: HandleCore, key: str, flags: int, *, namespace: str | None = None,
                  nodeid: int = NODEID_ANY) -> None:
@@ -224,6 +262,7 @@ class Watch(Generic[ItemT]):
         if self._stream is None:
             if getattr(self.h, "reconnect", False):  # (a Handle that reconnects)
                 self._resume, self._ready = self._resumer(), deque()
+                self._reask = _Reask()
             topic, payload = self._request()
             self._send(topic, payload)
         return self
@@ -262,6 +301,8 @@ class Watch(Generic[ItemT]):
         resume.restarted()
         self._send(topic, {**payload, "flags": resume.flags(payload["flags"])})
         self._away = None
+        if self._reask is not None:
+            self._reask.pending = True
         assert self._stream is not None
         return self._stream
 
@@ -339,10 +380,15 @@ class Watch(Generic[ItemT]):
                     self._away = -1
                 elif _rank_stopping(self.h, exc):
                     self._away = self.sent_on
+                elif self._reask is not None and self._reask.waits(exc):
+                    self._away = -1  # (set first: a timeout cutting the wait keeps it)
+                    await self._reask.wait()
                 else:
                     self._cut_short(stream, exc)
                     raise
                 continue
+            if self._reask is not None:
+                self._reask.answered()
             if msg is None:
                 raise StopAsyncIteration
             ready.extend(resume.take(msg.payload))
@@ -712,6 +758,8 @@ class KeyWatch(_Wrapped):
         """The watch was sent again: its first answer is a change, not initial."""
         self._away: int | None = None
         """As :attr:`Watch._away`: its rank's return is being waited for."""
+        self._reask = _Reask()
+        """As :attr:`Watch._reask`."""
 
     async def _prepare(self) -> None:
         """Start the watch -- with ``since_version``, once its rank has
@@ -754,6 +802,7 @@ class KeyWatch(_Wrapped):
         else:
             await w.h.wait_reconnected(after)  # type: ignore[attr-defined]
         self._away = None
+        self._reask.pending = True
         self.watch = Watch[Any](w.h, w.key, w.flags, namespace=w.namespace, nodeid=w.nodeid)
         if self._last is not None:
             self.since, self.since_version = self._last
@@ -779,10 +828,14 @@ class KeyWatch(_Wrapped):
                                                                   False)
                       or _module_removed(self.watch.h, exc)):
                     self._away = -1
+                elif self._reask.waits(exc):
+                    self._away = -1
+                    await self._reask.wait()
                 else:
                     raise
                 await self._resume(None if self._away < 0 else self._away)
                 return None
+            self._reask.answered()
         keys = p["keys"]
         if self._first and self.since is not None:  # what changed since, at this root
             try:

@@ -56,11 +56,19 @@ that reconnects (``reconnect=True``) takes the watch up again on the rank's
 next connection, as after a lost connection."""
 REMOVED_PREFIX = "the watch ended: module kvs-watch was removed from rank"
 REMOVED = REMOVED_PREFIX + " {rank} (module remove)"
-"""How kvs-watch ends its watches (``ENOSYS``) as ``module remove`` (or
-``reload``) takes it off a rank that goes on: the client stays connected,
-and a watch asked again is served once the module is loaded again (by
-rank 0's meanwhile, when ``module remove`` took only this rank's).  A
-client that reconnects asks again at once, and resumes."""
+"""How kvs-watch ends its watches (``ENOSYS``) as ``module remove`` takes
+it off a rank that goes on: the client stays connected, and a watch asked
+again is served once the module is loaded again (by rank 0's meanwhile,
+when ``module remove`` took only this rank's).  A client that reconnects
+asks again at once, and resumes."""
+RELOADED_PREFIX = "the watch ended: module kvs-watch was reloaded on rank"
+RELOADED = RELOADED_PREFIX + " {rank} (module reload)"
+"""The same, as ``module reload`` replaces it: the new module holds none
+of the old one's watches, so they end too; a watch asked again waits for
+the new module (the broker holds it), and a client that reconnects asks
+again at once, and resumes."""
+ENDED_BY_MODULE_CHANGE = (REMOVED_PREFIX, RELOADED_PREFIX)
+"""What a watch ended by ``module remove`` or ``reload`` starts with."""
 
 def check(flags: object, streaming: bool) -> int:
     """Validate the flags of a ``kvs-watch.lookup`` request; return them.

@@ -52,7 +52,7 @@ from broker.attrs import CONTENT_HASH, AttrSpec, integer
 from broker.content import blobref
 from broker.errors import ErrnoError, ProtocolError, error_text
 from broker.message import Message
-from broker.module import Handler, Module, require
+from broker.module import RELOAD, Handler, Module, require
 from kvs.keys import check_key
 from kvs.namespaces import (
     EVENT_PREFIX,
@@ -159,7 +159,8 @@ class KvsWatchModule(Module):
         # (a lost parent is not an operator's stop: the client may retry)
         why = F.STOPPING
         if self.removing:  # (module remove: the rank goes on; a client may watch again)
-            why = F.REMOVED.format(rank=self.ctx.rank)
+            why = (F.RELOADED if self.stop_reason == RELOAD
+                   else F.REMOVED).format(rank=self.ctx.rank)
         elif self.stop_reason:
             why += f" ({self.stop_reason[:200]})"
         for mon in list(self.monitors.values()):

@@ -1,0 +1,94 @@
+"""Requests held while a module is reloaded on a rank.
+
+``module reload NAME`` removes the loaded module, then starts a new one.
+Between the two, no module serves NAME's services: the router answered
+``ENOSYS`` on rank 0 (or sent the request up, on another rank), and a
+writer committing while ``module reload kvs`` ran saw ``no service
+matching kvs.commit`` -- a reload the README sells as "a new kvs on rank 0
+while serving".  Instead the router holds what comes for those services
+(:meth:`ReloadHold.take`), in arrival order, and routes it again once the
+reload is over (:meth:`Router.end_hold <broker.router.Router.end_hold>`):
+to the new module, or to the old one if it stayed, or answered with why
+the reload failed.
+
+A hold is bounded both ways: at most :data:`MAX_RELOAD_HELD` requests
+(one more is answered ``EAGAIN`` at once), and for as long as the reload
+is given (:data:`RELOAD_HOLD_TIMEOUT`, or the ``timeout`` of the
+``module.reload`` request): a reload that hangs answers what it holds
+``ETIMEDOUT`` and holds nothing more.  ``module remove`` followed by
+``module load`` is no reload: nothing is held between them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+from collections import deque
+from collections.abc import Iterable
+
+from broker.message import Message, MsgFlags
+
+MAX_RELOAD_HELD = 10_000
+"""Requests one reload holds at most (as :data:`broker.module.MAX_HELD`,
+the requests a module keeps unanswered that the broker notes)."""
+
+RELOAD_HOLD_TIMEOUT = 60.0
+"""Seconds a reload holds requests when its ``module.reload`` gave no
+``timeout``: more than rank 0's kvs takes to drain its queued commits and
+write its last checkpoint (``kvs.module.STOP_DRAIN_TIMEOUT``, 10 s, then
+the checkpoint), far less than a client waits for ever."""
+
+
+class ReloadHold:
+    """What comes for module ``module``'s ``services`` on rank ``rank``
+    while it is reloaded, in arrival order."""
+
+    __slots__ = ("module", "services", "rank", "limit", "queue", "timer")
+
+    def __init__(self, module: str, services: Iterable[str], rank: int,
+                 limit: int = MAX_RELOAD_HELD) -> None:
+        self.module = module
+        self.services = frozenset(services)
+        self.rank = rank
+        self.limit = limit
+        self.queue: deque[Message] = deque()
+        self.timer: asyncio.TimerHandle | None = None
+        """Ends the hold at the reload's deadline (:meth:`Router.hold_for_reload`)."""
+
+    def __len__(self) -> int:
+        return len(self.queue)
+
+    def holds(self, msg: Message) -> bool:
+        """``msg`` is for one of the services held, and not the module's own
+        request (a module stopping or starting that asked its own service
+        would wait for itself: it is routed as before, without the hold)."""
+        if msg.service not in self.services:
+            return False
+        route = msg.route
+        return not (len(route) == 1 and route[0] == f"m:{self.module}")
+
+    def take(self, msg: Message) -> bool:
+        """Hold ``msg``; False if :attr:`limit` are held already (a
+        ``.disconnect``, which needs no answer and is the only way the new
+        module learns that a client whose requests it will get is gone, is
+        held all the same)."""
+        if len(self.queue) >= self.limit and not msg.flags & MsgFlags.NORESPONSE:
+            return False
+        self.queue.append(msg)
+        return True
+
+    def full_error(self) -> tuple[int, str]:
+        """The answer to a request past :attr:`limit`."""
+        return errno.EAGAIN, (f"module {self.module} is being reloaded on rank {self.rank} "
+                              f"and {self.limit} requests wait for it already: retry")
+
+    def timeout_error(self, timeout: float) -> tuple[int, str]:
+        """The answer to each request held when the reload took too long."""
+        return errno.ETIMEDOUT, (f"module {self.module} did not reload on rank {self.rank} "
+                                 f"within {timeout:g}s: retry")
+
+    def drain(self) -> list[Message]:
+        """Everything held, oldest first; the hold is then empty."""
+        out = list(self.queue)
+        self.queue.clear()
+        return out

@@ -1,0 +1,256 @@
+"""``module reload`` holds the requests for the module it replaces
+(broker/reloadhold.py, docs/cli.md "module"): a writer committing while
+rank 0's kvs is reloaded sees no ``ENOSYS``; what was held goes to the new
+module, in arrival order, or is answered with why the reload failed or
+took too long; ``remove`` then ``load`` holds nothing.  Also what a client
+reads when rank 0 has no kvs (a follower's relayed commit), and how a
+plain watch ended by a reload of kvs-watch says so.  The reconnecting
+watch that waits for kvs-watch to come back on rank 0 is in
+tests/test_module_runtime.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_broker_support import run_cli, stats, use_module_plugin, wait_until
+from test_flux_conformance_t0003 import TESTMOD
+from test_watch_helpers import commit, lookup, put, val, value, watch_stream
+
+from broker.errors import RemoteError
+from broker.handle import Handle
+from broker.message import Message, MsgFlags, MsgType
+from broker.reloadhold import ReloadHold
+
+T = 20.0
+
+
+@pytest.fixture
+def testmod(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    use_module_plugin(tmp_path, monkeypatch, "testmod", "TestMod", TESTMOD)
+    monkeypatch.delenv("TESTMOD_MODE", raising=False)
+
+
+async def cli(uri: str, *args: str) -> str:
+    rc, out, err = await run_cli(*args, uri=uri)
+    assert (rc, err) == (0, ""), (args, rc, out, err)
+    return out
+
+
+async def test_writers_on_ranks_0_and_3_see_no_error_across_a_reload(
+        start_instance, connect) -> None:
+    """Eight writers on rank 0 and eight on rank 3 (whose commits rank 3's
+    kvs relays to rank 0) commit one key after another while rank 0's kvs
+    is reloaded -- again until some commit came in the gap, which rank 0's
+    stats count: every commit is acknowledged, and every value is there
+    after, read on rank 3."""
+    inst = await start_instance(size=4, fanout=2)
+    h0, h3 = await connect(inst, 0), await connect(inst, 3)
+    done = asyncio.Event()
+    acked: dict[str, str] = {}
+    failed: list[str] = []
+
+    async def writer(h: Handle, name: str) -> None:
+        i = 0
+        while not done.is_set():
+            key, data = f"{name}.k{i}", f"{name}-{i}"
+            try:
+                await commit(h, put(key, data))
+            except RemoteError as exc:
+                failed.append(f"{key}: {exc}")
+            else:
+                acked[key] = data
+            i += 1
+
+    writers = [asyncio.ensure_future(writer(h, f"r{r}w{w}"))
+               for r, h in ((0, h0), (3, h3)) for w in range(8)]
+
+    async def some_acked() -> bool:
+        return len(acked) > 50
+
+    held = 0
+    try:
+        await wait_until(some_acked, "commits before the reload", T)
+        for _ in range(5):
+            await cli(inst.uri(0), "module", "reload", "kvs")
+            held = (await stats(h0, 0))["messages"].get("reload-held", 0)
+            if held:
+                break
+    finally:
+        done.set()
+        await asyncio.wait_for(asyncio.gather(*writers), T)
+    assert failed == [], failed[:5]
+    assert held > 0, "no commit came while kvs was being reloaded"
+    counts = (await stats(h0, 0))["messages"]
+    assert counts["reload-released"] == counts["reload-held"], counts
+    assert counts["reload-refused"] == 0, counts
+    last = await commit(h0, put("last", "1"))
+    await asyncio.wait_for(h3.rpc("kvs.wait-version", {"namespace": "primary",
+                                                       "rootseq": last["rootseq"]}), T)
+    for key, data in acked.items():
+        assert await lookup(h3, key) == val(data), key
+
+
+async def _reloading(h: Handle, module: str, n: int) -> None:
+    """Wait until rank 0 holds ``n`` requests for ``module``'s reload."""
+
+    async def holding() -> bool:
+        return (await stats(h, 0))["held-for-reload"].get(module) == n
+
+    await wait_until(holding, f"{n} requests held for {module}", T)
+
+
+async def test_held_requests_wait_for_the_new_module_or_the_deadline(
+        testmod, start_instance, connect) -> None:
+    """The old testmod's stop hangs, so the reload holds what comes for its
+    services: given ``-t 1``, the requests held are answered ``ETIMEDOUT``
+    then, and later ones ``ENOSYS`` at once (nothing more is held, while
+    the reload still hangs); reloaded again (its stop cancelled), the
+    requests held go to the new module, each answered, in the order they
+    came."""
+    inst = await start_instance(size=1)
+    h = await connect(inst, 0)
+    await cli(inst.uri(0), "module", "load", "testmod", "testmod.mode=stop-hang")
+
+    command = asyncio.ensure_future(run_cli("module", "reload", "-t", "1", "testmod",
+                                            "testmod.mode=plain", uri=inst.uri(0)))
+    await _reloading(h, "testmod", 0)
+    late = [h.rpc("testmod.info", {}) for _ in range(3)]
+    for fut in late:
+        with pytest.raises(RemoteError) as info:
+            await asyncio.wait_for(fut, T)
+        assert info.value.errnum == errno.ETIMEDOUT
+        assert info.value.errstr == ("module testmod did not reload on rank 0 within 1s: "
+                                     "retry"), info.value.errstr
+    rc, out, err = await asyncio.wait_for(command, T)
+    assert rc == 1 and "Connection timed out" in err, (rc, out, err)
+    with pytest.raises(RemoteError) as info:  # (the reload still hangs: no hold now)
+        await asyncio.wait_for(h.rpc("testmod.info", {}), T)
+    assert info.value.errnum == errno.ENOSYS
+    assert (await stats(h, 0))["held-for-reload"] == {}
+    await cli(inst.uri(0), "module", "remove", "--cancel", "testmod")
+
+    async def served() -> bool:  # (by the new module, once the reload is over)
+        try:
+            return bool(await h.rpc("testmod.info", {}))
+        except RemoteError:
+            return False
+
+    await wait_until(served, "the new testmod to serve", T)
+
+    # Again from a module whose stop hangs, now to one that starts: the
+    # requests held wait for it.
+    await cli(inst.uri(0), "module", "reload", "testmod", "testmod.mode=stop-hang")
+    reload = h.rpc("module.reload", {"name": "testmod", "args": ["testmod.mode=plain"]})
+    await _reloading(h, "testmod", 0)
+    order: list[int] = []
+    held = [h.rpc("testmod.info", {}) for _ in range(5)]
+    for i, fut in enumerate(held):
+        fut.add_done_callback(lambda _f, i=i: order.append(i))
+    await _reloading(h, "testmod", 5)
+    assert not any(fut.done() for fut in held)
+    await cli(inst.uri(0), "module", "remove", "--cancel", "testmod")
+    await asyncio.wait_for(reload, T)
+    for fut in held:
+        assert (await asyncio.wait_for(fut, T))["name"] == "testmod"
+    assert order == list(range(5))
+    counts = (await stats(h, 0))["messages"]
+    assert (counts["reload-held"], counts["reload-refused"], counts["reload-released"]) == \
+        (8, 3, 5), counts
+
+
+async def test_a_failed_reload_answers_what_it_held(testmod, start_instance, connect) -> None:
+    """The new testmod fails as it starts (``testmod.mode=init-failure``, an
+    argument only its start reads): the requests held for it are answered
+    ``ENOSYS`` saying the reload failed and why.  ``remove`` then ``load``
+    is no reload: a request between them is answered ``ENOSYS`` at once."""
+    inst = await start_instance(size=1)
+    h = await connect(inst, 0)
+    await cli(inst.uri(0), "module", "load", "testmod", "testmod.mode=stop-hang")
+    reload = h.rpc("module.reload", {"name": "testmod",
+                                     "args": ["testmod.mode=init-failure"]})
+    await _reloading(h, "testmod", 0)
+    held = [h.rpc("testmod.info", {}) for _ in range(3)]
+    await _reloading(h, "testmod", 3)
+    await cli(inst.uri(0), "module", "remove", "--cancel", "testmod")
+    with pytest.raises(RemoteError) as info:
+        await asyncio.wait_for(reload, T)
+    assert "init failure asked for" in info.value.errstr, info.value.errstr
+    for fut in held:
+        with pytest.raises(RemoteError) as info:
+            await asyncio.wait_for(fut, T)
+        assert info.value.errnum == errno.ENOSYS
+        assert info.value.errstr == ("module testmod failed to reload on rank 0: "
+                                     "RuntimeError: testmod: init failure asked for"), \
+            info.value.errstr
+
+    await cli(inst.uri(0), "module", "load", "testmod", "testmod.mode=plain")
+    await cli(inst.uri(0), "module", "remove", "testmod")
+    with pytest.raises(RemoteError) as info:
+        await asyncio.wait_for(h.rpc("testmod.info", {}), T)
+    assert (info.value.errnum, info.value.errstr) == (errno.ENOSYS,
+                                                      "no service matching testmod.info")
+    await cli(inst.uri(0), "module", "load", "testmod")
+    counts = (await stats(h, 0))["messages"]
+    assert (counts["reload-held"], counts["reload-refused"]) == (3, 3), counts
+
+
+def _request(topic: str, route: list[str], flags: int = 0) -> Message:
+    return Message(MsgType.REQUEST, topic, {}, flags=flags, route=route)
+
+
+def test_a_hold_is_bounded_and_keeps_the_order() -> None:
+    """At most ``limit`` requests (one more is refused, ``EAGAIN``, saying
+    why), but a ``.disconnect`` all the same (it needs no answer, and the
+    new module must learn its client went); the module's own requests are
+    not held (it would wait for itself); drained oldest first."""
+    hold = ReloadHold("kvs", ("kvs",), 0, limit=3)
+    assert not hold.holds(_request("kvs-watch.lookup", ["c1"]))
+    assert not hold.holds(_request("kvs.lookup", ["m:kvs"]))
+    assert hold.holds(_request("kvs.relaycommit", ["m:kvs", "r3"]))  # (rank 3's kvs)
+    taken: list[Any] = [_request("kvs.commit", [f"c{i}"]) for i in range(3)]
+    assert all(hold.take(msg) for msg in taken)
+    assert not hold.take(_request("kvs.commit", ["c9"]))
+    assert hold.full_error() == (errno.EAGAIN, "module kvs is being reloaded on rank 0 and 3 "
+                                               "requests wait for it already: retry")
+    bye = _request("kvs.disconnect", ["c1"], MsgFlags.NORESPONSE)
+    assert hold.take(bye)
+    assert len(hold) == 4
+    assert hold.drain() == [*taken, bye]
+    assert len(hold) == 0
+
+
+async def test_a_followers_commit_without_kvs_on_rank_0_names_no_internal_topic(
+        start_instance, connect) -> None:
+    """Rank 1 relays its commits to rank 0 as ``kvs.relaycommit``: with no
+    kvs on rank 0 (``module remove``), its client reads that, not the
+    internal topic."""
+    inst = await start_instance(size=2)
+    h1 = await connect(inst, 1)
+    await cli(inst.uri(0), "module", "remove", "kvs-watch")
+    await cli(inst.uri(0), "module", "remove", "kvs")
+    with pytest.raises(RemoteError) as info:
+        await commit(h1, put("a", "1"))
+    assert (info.value.errnum, info.value.errstr) == (errno.ENOSYS,
+                                                      "kvs is not loaded on rank 0")
+    await cli(inst.uri(0), "module", "load", "kvs")
+    await commit(h1, put("a", "1"))
+
+
+async def test_a_plain_watch_ended_by_a_reload_says_reload(start_instance, connect) -> None:
+    """The new kvs-watch holds none of the old one's watches, so a plain
+    watch ends; its error says the module was reloaded, not removed."""
+    inst = await start_instance(size=1)
+    h = await connect(inst, 0)
+    await commit(h, put("k", "1"))
+    watch = watch_stream(h, "k")
+    assert await value(watch) == b"1"
+    await cli(inst.uri(0), "module", "reload", "kvs-watch")
+    with pytest.raises(RemoteError) as info:
+        await asyncio.wait_for(watch.next_message(), T)
+    assert (info.value.errnum, info.value.errstr) == (
+        errno.ENOSYS, "the watch ended: module kvs-watch was reloaded on rank 0 (module reload)")
