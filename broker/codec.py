@@ -136,8 +136,50 @@ def _encode_map(payload: dict[Any, Any]) -> list[Frame]:
     return [_pack(out), *blobs]
 
 
-def decode_payload(frames: Sequence[Frame]) -> Any:
-    """Inverse of :func:`encode_payload`; raise :class:`ProtocolError` on garbage."""
+GUEST_ITEMS_PER_BYTE = 4
+"""A guest's payload may decode to at most one item (an array or map, an
+element of an array, a pair of a map) per this many of its bytes, plus
+:data:`GUEST_ITEMS_SLACK`: see :func:`decode_payload`."""
+GUEST_ITEMS_SLACK = 4096
+_TOO_MANY = ("payload decodes to too many items for its size (a guest's payload: at most "
+             f"one array, map, element or pair per {GUEST_ITEMS_PER_BYTE} bytes)")
+
+
+class _ItemBudget:
+    """Counts the arrays and maps a decode builds, and their items, and
+    stops it past ``limit`` (msgpack calls the hooks as each is built)."""
+
+    __slots__ = ("left",)
+
+    def __init__(self, limit: int) -> None:
+        self.left = limit
+
+    def spend(self, n: int) -> None:
+        self.left -= n
+        if self.left < 0:
+            raise ProtocolError(_TOO_MANY)
+
+    def list_hook(self, value: list[Any]) -> list[Any]:
+        self.spend(1 + len(value))
+        return value
+
+    def object_hook(self, value: dict[Any, Any]) -> dict[Any, Any]:
+        self.spend(1 + len(value))
+        return value
+
+
+def decode_payload(frames: Sequence[Frame], bounded: bool = False) -> Any:
+    """Inverse of :func:`encode_payload`; raise :class:`ProtocolError` on garbage.
+
+    ``bounded`` (a guest's request): the payload may decode to at most one
+    item per :data:`GUEST_ITEMS_PER_BYTE` bytes (and
+    :data:`GUEST_ITEMS_SLACK`), else ``ProtocolError`` -- checked as it is
+    built, so no more than that is ever built.  A byte of msgpack can be a
+    whole Python object (``0x90``, an empty list: ~64 bytes): 2 MiB of them
+    grew a rank by 130 MiB, 16 MiB by a GiB with a 4 s stall of its loop,
+    whatever ``access.max-guest-bytes`` allowed.  Bounded, a payload costs
+    at most ~16-20 times its bytes; real ones (ops, dirents, blobs) have
+    5-10 bytes an item or more."""
     if not frames:
         return None
     ext_hook: Callable[[int, bytes], Any] = _no_ext
@@ -159,10 +201,18 @@ def decode_payload(frames: Sequence[Frame]) -> Any:
         ext_hook = oob_hook
 
     try:
+        if bounded:
+            limit = len(frames[0]) // GUEST_ITEMS_PER_BYTE + GUEST_ITEMS_SLACK
+            budget = _ItemBudget(limit)
+            return msgpack.unpackb(frames[0], raw=False, strict_map_key=False,
+                                   ext_hook=ext_hook, max_array_len=limit, max_map_len=limit,
+                                   list_hook=budget.list_hook, object_hook=budget.object_hook)
         return msgpack.unpackb(frames[0], raw=False, strict_map_key=False, ext_hook=ext_hook)
     except ProtocolError:
         raise
     except Exception as exc:
+        if bounded and "exceeds max_" in str(exc):  # (an array or map's header, too long)
+            raise ProtocolError(f"{_TOO_MANY}: {exc}") from None
         # (msgpack's StackError, past 1024 levels of nesting, has no text)
         raise ProtocolError(f"malformed payload: {str(exc) or type(exc).__name__}") from None
 

@@ -57,8 +57,8 @@ class RawPayload:
     def __init__(self, frames: list[Any]) -> None:
         self.frames = frames
 
-    def decode(self) -> Any:
-        return _codec.decode_payload(self.frames)
+    def decode(self, bounded: bool = False) -> Any:
+        return _codec.decode_payload(self.frames, bounded)
 
 
 class Message:
@@ -163,7 +163,10 @@ class Message:
         """The decoded payload; raises ``ProtocolError`` if the wire form is garbage."""
         p = self._payload
         if type(p) is RawPayload:
-            p = self._payload = p.decode()
+            # (a guest's request decodes to at most so many items for its
+            # size: codec.decode_payload)
+            p = self._payload = p.decode(bounded=self.type == MsgType.REQUEST
+                                         and not self.rolemask & Role.OWNER)
         return p
 
     @payload.setter

@@ -65,6 +65,12 @@ COUNTERS = ("requests", "responses", "events-sequenced", "events-delivered", "di
             "reload-held", "reload-released", "reload-refused")
 """The ``messages`` counters of ``broker.stats-get``."""
 
+MAX_REQUEST_TOPIC = 1024
+"""The longest topic a client's request may have (as an event's,
+``broker.services.MAX_EVENT_TOPIC``): the service it names is noted, for
+the client's ``.disconnect``, on every rank the request passes, for as long
+as the connection lives (``access.max-guest-services`` bounds how many)."""
+
 CUT_STREAMS_MAX = 1024
 """Streams cut short (:meth:`Router._cut_stream`) a rank remembers, to drop
 their later answers until their last."""
@@ -340,6 +346,14 @@ class Router:
             # work than the append it replaces.)
             msg.route = [peer.peer_id]
             if peer.peer_id[0] == "c":
+                if len(msg.topic) > MAX_REQUEST_TOPIC:
+                    # (every rank on the way notes the service a client
+                    # addressed until it goes: a guest's made-up names of
+                    # 256 KiB held 50 MiB on its rank and on rank 0)
+                    self.counts["dropped-local"] += 1
+                    self.respond_error(msg, errno.EPROTO, "request topics are at most "
+                                       f"{MAX_REQUEST_TOPIC} characters, not {len(msg.topic)}")
+                    return
                 if msg.topic.endswith(".disconnect"):
                     # the router's notice that a client went away: a live
                     # client's own would make every rank on the way forget
@@ -656,8 +670,11 @@ class Router:
             # Answered here rather than dropped by the neighbour (a relayed
             # commit's requester would wait for ever): a request gets its
             # EMSGSIZE answer, a response becomes one, sent on in its place.
+            # (one line a second: a client chooses how many it sends, and
+            # one line each flushed the dmesg ring)
             self.counts["oversized"] += 1
-            log.warning("not sending %s to rank %d: %d bytes", msg, rank, exc.size)
+            self._rank_log.log(logging.WARNING, "oversized", "not sending %s to rank %d: "
+                               "%d bytes", msg, rank, exc.size)
             if msg.type == MsgType.REQUEST:
                 if not msg.flags & MsgFlags.NORESPONSE:
                     self.route_response(codec.oversized_error(msg, exc.size, exc.limit, LINK_LIMIT))

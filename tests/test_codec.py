@@ -450,3 +450,26 @@ def test_stream_garbage_after_a_good_message() -> None:
     d = codec.StreamDecoder()
     with pytest.raises(ProtocolError):
         d.feed(codec.to_stream([b"ok"]) + b"GARBAGE!")
+
+
+def test_a_guests_payload_decodes_to_a_bounded_number_of_items() -> None:
+    """``bounded`` (a guest's request): a real commit's ops (the smallest
+    puts, ~5.4 bytes an item) decode as ever; empty arrays (a byte each, a
+    Python list each) past one item per 4 bytes are ``ProtocolError``,
+    flat (the header says too many) or nested (counted as built); the
+    owner's decoding is not bounded."""
+    from kvs.client import TxnOps
+
+    ops = TxnOps()
+    for i in range(1000):
+        ops.put(f"k{i}", i)
+    commit = {"namespace": "mine", "flags": 0, "ops": ops.ops}
+    frames = codec.encode_payload(commit)
+    assert codec.decode_payload(frames, bounded=True) == commit
+    n = 1 << 16
+    flat = b"\xdd" + n.to_bytes(4, "big") + b"\x90" * n
+    nested = b"\xdc" + (64).to_bytes(2, "big") + (b"\xdc\x04\x00" + b"\x90" * 1024) * 64
+    for data in (flat, nested):
+        with pytest.raises(codec.ProtocolError, match="^payload decodes to too many items"):
+            codec.decode_payload([data], bounded=True)
+        assert len(codec.decode_payload([data])) in (n, 64)
