@@ -33,7 +33,7 @@ from broker import topology
 from broker.errors import ErrnoError, ProtocolError
 from broker.idset import decode_ranks, encode_ranks
 from broker.message import Message
-from broker.module import Handler, Module, require
+from broker.module import Handler, Module, require, require_notice
 
 ONLINE = "broker.online"
 """The group every rank's groups module joins as it starts."""
@@ -111,6 +111,7 @@ class GroupsModule(Module):
     def resend(self, msg: Message) -> None:
         """``groups.resend`` (no response), from the parent's module as it
         starts: send it this subtree's members of every group again."""
+        require_notice(msg)
         if not msg.is_owner or self.parent is None:
             return
         self._changed.update(n for n, m in self.subtree.items() if m)

@@ -520,4 +520,14 @@ def require(payload: Any, **fields: type | tuple[type, ...]) -> dict[str, Any]:
     return payload
 
 
+def require_notice(msg: Message) -> None:
+    """A one-way notice between ranks or from a client (``groups.resend``,
+    ``rexec.credit``), which its handler never answers: sent as an RPC
+    (expecting an answer: ``kvbroker rpc TOPIC``), it is refused ``EPROTO``
+    and not acted on, rather than left waiting for ever."""
+    if not msg.flags & MsgFlags.NORESPONSE:
+        raise ProtocolError(f"{msg.topic} is a notice, never answered: send it expecting "
+                            "no answer (send_noresponse)")
+
+
 _MISSING = object()

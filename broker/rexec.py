@@ -115,7 +115,7 @@ from broker import attrs as battrs
 from broker.command import Command
 from broker.errors import ErrnoError
 from broker.message import Message
-from broker.module import Handler, Module, require
+from broker.module import Handler, Module, require, require_notice
 
 OUTPUT_WINDOW = 4 << 20
 """Bytes of a command's output sent to its client and not yet credited
@@ -583,6 +583,9 @@ class RexecService:
         self._answer_waiter(run)
 
     def credit(self, msg: Message) -> None:
+        """``rexec.credit {pid, bytes}`` (a notice, never answered): the
+        client read that much of the command's output."""
+        require_notice(msg)
         with contextlib.suppress(ErrnoError):
             run = self._find(msg)
             nbytes = msg.payload.get("bytes") if isinstance(msg.payload, dict) else None

@@ -594,3 +594,21 @@ async def test_a_replaced_ranks_old_process_leaves_the_new_socket(tmp_path) -> N
     writer.close()
     await new.close()
     assert not os.path.exists(path)  # its own, removed
+
+
+async def test_a_notice_sent_as_an_rpc_is_refused_not_left_waiting(start_instance,
+                                                                   connect) -> None:
+    """``rexec.credit`` and ``groups.resend`` are one-way notices their
+    handlers never answer: sent expecting an answer (``kvbroker rpc``), the
+    caller waited for ever; now ``EPROTO`` saying so, at once.  Sent as a
+    notice, it is still taken (a ping after it is answered)."""
+    inst = await start_instance(size=2, attrs={"broker.modules": "content,kvs,kvs-watch,groups"})
+    h = await connect(inst, 0)
+    for topic, payload, rank in (("rexec.credit", {"pid": 1, "bytes": 1}, 0),
+                                 ("groups.resend", {}, 1)):
+        with pytest.raises(RemoteError) as exc:
+            await asyncio.wait_for(h.rpc(topic, payload, nodeid=rank), 10)
+        assert exc.value.errnum == errno.EPROTO, exc.value
+        assert f"{topic} is a notice, never answered" in exc.value.errstr
+        h.send_noresponse(topic, payload, nodeid=rank)
+        assert (await asyncio.wait_for(h.ping(rank), 10))["rank"] == rank
