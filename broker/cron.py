@@ -86,7 +86,7 @@ import os
 import signal
 import subprocess
 import time
-from collections import Counter
+from collections import Counter, deque
 from typing import Any, ClassVar
 
 from broker.attrs import AttrSpec, duration, text
@@ -99,6 +99,11 @@ from broker.module import Handler, Module, require
 from broker.rexec import OutputTail, describe_status
 
 TYPES = ("interval", "event", "tab", "at")
+MAX_TASK_HISTORY = 16
+"""The most tasks an entry keeps (``task-history-count``, Flux's option;
+default 1, the last): each keeps up to :data:`OUTPUT_TAIL` bytes of
+output, so 1,000 entries keep at most ~64 MiB of it."""
+
 OUTPUT_TAIL = 4096
 """The bytes of a task's output an entry keeps (the last ones)."""
 LOG_BYTES = 4096
@@ -195,6 +200,9 @@ class Entry:
                                       "count": 0, "failcount": 0, "total": 0, "success": 0,
                                       "failure": 0, "deferred": 0, "skipped": 0}
         self.task: Task | None = None
+        """The last task (running, or ended)."""
+        self.history: deque[Task] = deque(maxlen=0)
+        """The ones before it, newest first: ``task-history-count`` - 1 of them."""
         self.timer: asyncio.Task[None] | None = None
         self.pause: asyncio.TimerHandle | None = None
         """An event entry's run held for its ``min_interval``."""
@@ -216,7 +224,8 @@ class Entry:
             "state": "deleted" if self.deleted else "stopped" if self.stopped else "active",
             "stop-on-failure": self.stop_on_failure, "preserve-env": self.env is not None,
             "typedata": dict(self.typedata), "stats": dict(self.stats),
-            "tasks": [self.task.to_dict()] if self.task is not None else []}
+            "task-history-count": (self.history.maxlen or 0) + 1,
+            "tasks": [t.to_dict() for t in (self.task, *self.history) if t is not None]}
         if self.timeout is not None:
             out["timeout"] = self.timeout
         if self.cwd is not None:
@@ -413,6 +422,13 @@ class CronModule(Module):
                              f"cron runs its own entries (send the request to rank {rank})")
         e.repeat = _count(p, "repeat")
         e.stop_on_failure = _count(p, "stop-on-failure")
+        kept = p.get("task-history-count", 1)
+        if type(kept) is not int:
+            raise ErrnoError(errno.EPROTO, "task-history-count must be an integer")
+        if not 1 <= kept <= MAX_TASK_HISTORY:
+            raise ErrnoError(errno.EINVAL, f"task-history-count {kept}: an entry keeps 1 to "
+                             f"{MAX_TASK_HISTORY} tasks")
+        e.history = deque(maxlen=kept - 1)
         e.timeout = _number(p, "timeout")
         cwd, env = p.get("cwd"), p.get("environ")
         if cwd is not None:
@@ -686,6 +702,8 @@ class CronModule(Module):
         e.stats["total"] += 1
         if e.repeat and e.stats["count"] >= e.repeat:
             self._stop(e)
+        if e.task is not None and e.history.maxlen:
+            e.history.appendleft(e.task)
         e.task = Task(self.ctx.rank)
         if self.sync_topic and time.time() - self.last_sync >= self.sync_epsilon:
             e.stats["deferred"] += 1

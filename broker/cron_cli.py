@@ -147,7 +147,7 @@ def _create_options(p: argparse.ArgumentParser, count: bool = True) -> None:
                    help="stop the entry after N failed runs (default: never)")
     p.add_argument("-o", "--options", action="append", default=[], metavar="KEY=VALUE,...",
                    help="Flux's extra options: timeout=FSD, rank=N, stop-on-failure=N, "
-                   "task-history-count=1")
+                   "task-history-count=N (the last N tasks kept, 1 to 16; default 1)")
 
 
 def extra_options(given: list[str]) -> dict[str, Any]:
@@ -165,9 +165,8 @@ def extra_options(given: list[str]) -> dict[str, Any]:
                 out["rank"] = rank_int(value)
             elif key == "stop-on-failure":
                 out["stop-on-failure"] = non_negative_int(value)
-            elif value != "1":
-                raise UsageError("-o task-history-count: an entry keeps its last task only "
-                                 "(1)")
+            else:
+                out["task-history-count"] = non_negative_int(value)  # (1-16: the rank says)
         except (ValueError, argparse.ArgumentTypeError) as exc:
             raise UsageError(f"-o {item!r}: {exc}") from None
     return out
@@ -178,7 +177,8 @@ def entry_options(args: argparse.Namespace) -> dict[str, Any]:
     command's options (an explicit one over its ``-o`` spelling)."""
     extra = extra_options(args.options)
     out: dict[str, Any] = {"timeout": extra.get("timeout"), "rank": extra.get("rank"),
-                           "stop_on_failure": extra.get("stop-on-failure")}
+                           "stop_on_failure": extra.get("stop-on-failure"),
+                           "task_history_count": extra.get("task-history-count")}
     for key, value in (("count", getattr(args, "count", None)), ("timeout", args.timeout),
                        ("stop_on_failure", args.stop_on_failure), ("rank", args.rank),
                        ("name", getattr(args, "name", None))):

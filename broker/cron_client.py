@@ -16,9 +16,10 @@ dict, as the module answers (docs/protocol.md, "cron"): ``id``, ``rank``,
 ``name``, ``command``, ``type``, ``state`` (``active``, ``stopped``,
 ``deleted``), ``repeat``, ``typedata`` (the trigger, and ``next``: when
 it is next due), ``stats`` (``count``, ``failcount``, ``success``...)
-and ``tasks`` (the last run: ``state``, ``pid``, ``status``, ``code``,
-``output``...), and ``source`` (``FILE:LINE``) for an entry rank 0 made
-from a crontab of ``cron.directory``.  Errors are :class:`broker.errors.RemoteError`:
+and ``tasks`` (the last runs, newest first, ``task-history-count`` of
+them: ``state``, ``pid``, ``status``, ``code``, ``output``...), and
+``source`` (``FILE:LINE``) for an entry rank 0 made from a crontab of
+``cron.directory``.  Errors are :class:`broker.errors.RemoteError`:
 ``ENOENT`` an unknown id, ``EINVAL`` a bad trigger, ``ENOSYS`` the module
 not loaded on that rank.
 """
@@ -106,6 +107,7 @@ class Cron:
     async def create(self, kind: str, command: Command, args: dict[str, Any], *,
                      count: int = 0, rank: int | None = None, name: str | None = None,
                      timeout: Duration | None = None, stop_on_failure: int = 0,
+                     task_history_count: int = 1,
                      cwd: str | os.PathLike[str] | None = None,
                      env: Mapping[str, str] | None = None,
                      preserve_env: bool = False) -> Entry:
@@ -114,7 +116,8 @@ class Cron:
         type takes: ``name`` (default: the command's first word), ``count``
         (``repeat``), ``timeout`` (a task still running then is sent
         SIGTERM, SIGKILL 2 s later), ``stop_on_failure`` N (stop after N
-        failed runs), ``cwd`` (default: the rank's; a relative one is this
+        failed runs), ``task_history_count`` (the last N tasks the entry
+        keeps, 1 to 16: the entry's ``tasks``), ``cwd`` (default: the rank's; a relative one is this
         process's), ``env`` the command's whole environment, or
         ``preserve_env`` this process's (default: the rank's)."""
         if env is not None and preserve_env:
@@ -122,7 +125,9 @@ class Cron:
         payload: dict[str, Any] = {"type": kind, "command": command_text(command),
                                    "args": args}
         for key, value in (("rank", rank), ("name", name), ("repeat", count or None),
-                           ("stop-on-failure", stop_on_failure or None)):
+                           ("stop-on-failure", stop_on_failure or None),
+                           ("task-history-count",
+                            None if task_history_count == 1 else task_history_count)):
             if value is not None:
                 payload[key] = value
         if timeout is not None:

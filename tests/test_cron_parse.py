@@ -163,8 +163,8 @@ def test_at_times() -> None:
 def test_flux_extra_options() -> None:
     assert extra_options(["timeout=0.5,rank=1", "stop-on-failure=3"]) == {
         "timeout": 0.5, "rank": 1, "stop-on-failure": 3}
-    assert extra_options(["task-history-count=1"]) == {}
-    for bad in ("badopt", "task-history-count=5", "timeout=soon", "rank=-1"):
+    assert extra_options(["task-history-count=5"]) == {"task-history-count": 5}
+    for bad in ("badopt", "task-history-count=x", "timeout=soon", "rank=-1"):
         with pytest.raises(UsageError):
             extra_options([bad])
 

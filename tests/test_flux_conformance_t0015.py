@@ -321,3 +321,26 @@ async def test_sync_and_bad_requests(start_instance, connect) -> None:
         return False
 
     await wait_until(dead, "the task to be killed with the module", timeout=T)
+
+
+async def test_task_history_count(start_instance, connect) -> None:
+    """Flux's ``-o task-history-count=N``: an entry keeps its last N tasks,
+    newest first (default 1, the last); 0 or more than 16 is ``EINVAL``."""
+    inst = await start_instance(size=1, attrs=MODULES)
+    h = await connect(inst, 0)
+    uri = inst.uri(0)
+    three = created(await cron(uri, "interval", "-c4", "-o", "task-history-count=3", ".01s",
+                               "echo run"))
+    one = created(await cron(uri, "interval", "-c2", ".01s", "echo one"))
+    e = await entry_where(h, three, lambda e: e["stopped"] and ended(e), "ran 4 times")
+    assert e["task-history-count"] == 3 and len(e["tasks"]) == 3, e
+    starts = [t["start-time"] for t in e["tasks"]]
+    assert starts == sorted(starts, reverse=True) and all(
+        t["output"] == "run\n" and t["state"] == "Exited" for t in e["tasks"]), e["tasks"]
+    e = await entry_where(h, one, lambda e: e["stopped"] and ended(e), "ran twice")
+    assert (e["task-history-count"], len(e["tasks"]), e["stats"]["total"]) == (1, 1, 2), e
+    for bad in ("0", "17"):
+        rc, out, err = await cron(uri, "interval", "-o", f"task-history-count={bad}", "1s",
+                                  "true")
+        assert rc == 1 and f"task-history-count {bad}: an entry keeps 1 to 16 tasks" in err, \
+            (rc, out, err)
