@@ -760,12 +760,11 @@ class KvsModule(Module):
         if ns is None or ns.rootseq < 0 or name in self._loading:
             # (a name that cannot exist gets the same answer on every rank;
             # any name a namespace may have is shown whole)
-            if not _valid_name(name):  # (ENOTSUP still, as Flux's for a name not found)
+            valid = _valid_name(name)
+            if self.leader or not valid:  # (an invalid one: ENOTSUP still, as Flux's)
                 raise ErrnoError(errno.ENOTSUP, f"namespace {shown_name(name, MAX_NS_NAME)} "
-                                                f"does not exist: {NAME_RULE}")
-            if self.leader:
-                raise ErrnoError(errno.ENOTSUP, f"namespace {shown_name(name, MAX_NS_NAME)} "
-                                                "does not exist")
+                                                "does not exist" + ("" if valid else
+                                                                    f": {NAME_RULE}"))
             ns = await self._load_ns(name)
         if msg is not None:
             ns.check_access(msg)
