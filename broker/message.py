@@ -158,6 +158,14 @@ class Message:
         m.answered = False
         return m
 
+    def copy(self) -> Message:
+        """This message anew: its route a list of its own, not answered --
+        a request one module hands on to the next (:meth:`Module.parked
+        <broker.module.Module.parked>`), which the first must not answer."""
+        return Message.from_fields(self.type, self.topic, self._payload, self.matchtag,
+                                   self.nodeid, self.flags, self.userid, self.rolemask,
+                                   list(self.route), self.errnum, self.errstr, self.seq)
+
     @property
     def payload(self) -> Any:
         """The decoded payload; raises ``ProtocolError`` if the wire form is garbage."""

@@ -220,6 +220,25 @@ class ModuleHandle(HandleCore):
         if mine:
             self.held_count -= len(mine)
 
+    def hand_over_parked(self) -> int:
+        """``module reload`` replaces the module: what it parked
+        (:meth:`Module.parked`) goes to the front of the reload's hold, for
+        the new module, each as a copy -- the module's own is marked
+        answered, so that nothing at its stop ends it ``ENOSYS``.  Nothing
+        is asked if no reload holds the module's services (a plain ``module
+        remove``, a reload past its deadline): they are ended as ever.
+        How many were handed over."""
+        hold = self._router.reload_hold(self._module.name)
+        if hold is None:
+            return 0
+        parked = [msg for msg in self._module.parked() if not msg.answered]
+        for msg in parked:
+            msg.answered = True
+            if self.held:
+                self._release(msg)
+        self._router.hold_parked(hold, [msg.copy() for msg in parked])
+        return len(parked)
+
     def end_held(self, why: str) -> None:
         """Answer ``ENOSYS`` every request still held (the module is removed)."""
         held, self.held, self.held_count = self.held, {}, 0
@@ -272,6 +291,10 @@ class Module:
     notes each (a stream, one parked to answer later) and answers those
     left ``ENOSYS`` when the module is removed; a client's ``.disconnect``
     forgets its own."""
+    repeatable: ClassVar[frozenset[str]] = frozenset()
+    """Topics of requests whose handler (a coroutine) may wait long without
+    having acted -- ``kvs.wait-version`` -- which the new module is given
+    again when ``module reload`` replaces this one (:meth:`parked`)."""
     calls: ClassVar[tuple[str, ...]] = ()
     """Modules of this rank this one calls in process and keeps a reference
     to (:attr:`ModuleContext.siblings`): while it is loaded, ``module
@@ -293,7 +316,9 @@ class Module:
         self.log = ctx.log.getChild(self.name)
         self.h: ModuleHandle = handle  # type: ignore[assignment]
         self._handlers: dict[str, Handler] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: dict[asyncio.Task[Any], None] = {}
+        """The module's tasks, in the order they were spawned (a handler's:
+        the order its requests came, :meth:`parked`)."""
         self.requests = 0
         self.events = EventCounts()
         self.stop_reason: str | None = None
@@ -321,6 +346,29 @@ class Module:
 
     def stats(self) -> dict[str, Any]:
         return {}
+
+    def parked(self) -> list[Message]:
+        """``module reload`` is replacing this module, which is about to
+        stop: the requests it accepted and has not answered that the new
+        module may be given instead, as if they came now, oldest first --
+        only those it has not acted on in any way the new module could not
+        repeat (a wait for a version, yes; a commit it may have applied,
+        never).  From this call on the module must not answer them: the
+        broker holds them for the new module (:mod:`broker.reloadhold`).
+        Not called for a plain ``module remove``, which ends them ``ENOSYS``
+        as Flux does.  The default: the requests of :attr:`repeatable`
+        topics whose handler still runs, their tasks cancelled; none if it
+        names none."""
+        if not self.repeatable:
+            return []
+        parked = []
+        for task in list(self._tasks):
+            msg = _serving(task)
+            if msg is not None and msg.topic in self.repeatable and not msg.answered:
+                _close_unstarted_handler(task)
+                task.cancel()
+                parked.append(msg)
+        return parked
 
     def clear_stats(self) -> None:
         """Set the counters back to 0 (``<name>.stats-clear``, Flux's
@@ -455,13 +503,23 @@ class Module:
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         """Run ``coro`` as a task owned by the module (cancelled at stop)."""
         task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks[task] = None
+        task.add_done_callback(self._tasks.pop)
         return task
 
     async def _shutdown(self, why: str | None = None) -> None:
         self.stop_reason = why
         try:
+            if self.removing:
+                try:
+                    n = self.h.hand_over_parked()
+                except Exception:  # (a bug of parked(): what it kept is ended below)
+                    self.log.exception("the requests it parked could not be handed over "
+                                       "to the module reloaded")
+                else:
+                    if n:
+                        self.log.info("%d requests it parked are held for the module "
+                                      "reloaded", n)
             await self.stop()
         finally:
             for task in list(self._tasks):
@@ -478,15 +536,24 @@ class Module:
         """A request still being served as the module is removed (a handler
         task, :meth:`_finish`) gets ``ENOSYS``, as Flux answers a request to
         an unloaded module: its client stays connected, and would wait for
-        ever.  Read from the task's frame: nothing is noted per request."""
-        coro = task.get_coro()
-        frame = getattr(coro, "cr_frame", None)
-        if frame is None or getattr(coro, "cr_code", None) is not Module._finish.__code__:
-            return
-        msg = frame.f_locals.get("msg")
-        if isinstance(msg, Message):
+        ever.  One answered already (its handler went on after its answer,
+        or it was handed over to the new module, :meth:`parked`) is not."""
+        msg = _serving(task)
+        if msg is not None and not msg.answered:
             self.h.respond_error(msg, errno.ENOSYS, f"module {self.name} was removed"
                                  + (f" ({why})" if why else ""))
+
+
+def _serving(task: asyncio.Task[Any]) -> Message | None:
+    """The request a handler task (:meth:`Module._finish`) serves, if
+    ``task`` is one that has not finished: read from its frame, so that
+    nothing is noted per request."""
+    coro = task.get_coro()
+    frame = getattr(coro, "cr_frame", None)
+    if frame is None or getattr(coro, "cr_code", None) is not Module._finish.__code__:
+        return None
+    msg = frame.f_locals.get("msg")
+    return msg if isinstance(msg, Message) else None
 
 
 def _close_unstarted_handler(task: asyncio.Task[Any]) -> None:

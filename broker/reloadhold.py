@@ -17,6 +17,12 @@ is given (:data:`RELOAD_HOLD_TIMEOUT`, or the ``timeout`` of the
 ``module.reload`` request): a reload that hangs answers what it holds
 ``ETIMEDOUT`` and holds nothing more.  ``module remove`` followed by
 ``module load`` is no reload: nothing is held between them.
+
+What the old module had accepted and parked before the reload -- a
+``kvs.wait-version`` for a version not reached yet -- it hands over as it
+stops (:meth:`Module.parked <broker.module.Module.parked>`): those go to
+the front of the hold, in the order they came (:meth:`ReloadHold.take_first`),
+and on to the new module as if they had come during the reload.
 """
 
 from __future__ import annotations
@@ -76,6 +82,15 @@ class ReloadHold:
             return False
         self.queue.append(msg)
         return True
+
+    def take_first(self, parked: list[Message]) -> list[Message]:
+        """Hold ``parked`` (the old module's, oldest first) before everything
+        held: they came before it.  They count toward :attr:`limit`: those
+        past it (the newest) are returned, to be answered as a request past
+        the limit is."""
+        room = max(0, self.limit - len(self.queue))
+        self.queue.extendleft(reversed(parked[:room]))
+        return parked[room:]
 
     def full_error(self) -> tuple[int, str]:
         """The answer to a request past :attr:`limit`."""

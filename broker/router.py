@@ -524,6 +524,24 @@ class Router:
             self.respond_error(msg, *hold.full_error())
         return True
 
+    def reload_hold(self, module: str) -> ReloadHold | None:
+        """The hold of ``module``'s reload on this rank, if one holds now
+        (not a plain ``module remove``, nor a reload past its deadline)."""
+        hold = self._holds.get(module)
+        return hold if hold is not None and hold.module == module else None
+
+    def hold_parked(self, hold: ReloadHold, parked: list[Message]) -> None:
+        """Hold what module ``hold.module`` had parked before its reload
+        (:meth:`Module.parked <broker.module.Module.parked>`), oldest first,
+        ahead of what was held since: counted as held, and routed with it
+        by :meth:`end_hold`.  Past the hold's bound, the newest are
+        answered as a request past it is (``EAGAIN``, retry)."""
+        refused = hold.take_first(parked)
+        self.counts["reload-held"] += len(parked) - len(refused)
+        for msg in refused:
+            self.counts["reload-refused"] += 1
+            self.respond_error(msg, *hold.full_error())
+
     def _forget_hold(self, hold: ReloadHold) -> bool:
         """Hold nothing more for ``hold``'s services; False if it had ended."""
         if hold.timer is not None:

@@ -302,6 +302,10 @@ class KvsModule(Module):
                                                   collector.GRACE,
                                                   collector.PERIOD, MAX_LEASES)
     runtime_attributes: ClassVar[tuple[str, ...]] = (CHECKPOINT_PERIOD.name,)
+    repeatable: ClassVar[frozenset[str]] = frozenset({"kvs.wait-version"})
+    """A version wait acts on nothing: on ``module reload kvs`` the ones
+    still waiting go to the new module (docs/protocol.md, ``module.reload``),
+    which counts them again toward a guest's ``kvs.max-waits-per-guest``."""
 
     def __init__(self, ctx: Any) -> None:
         super().__init__(ctx)

@@ -45,7 +45,7 @@ import asyncio
 import errno
 import logging
 from collections import Counter
-from itertools import islice
+from itertools import count, islice
 from typing import Any, ClassVar
 
 from broker.attrs import CONTENT_HASH, AttrSpec, integer
@@ -140,6 +140,8 @@ class KvsWatchModule(Module):
         self.ns = NsHub(self)
         """``kvs-watch.namespaces`` watchers and their table of namespaces,
         fed the created and removed events."""
+        self._arrivals = count()
+        """Numbers the lookups as they come (:attr:`Watcher.arrival`)."""
 
     def handlers(self) -> dict[str, Handler]:
         return {
@@ -169,6 +171,27 @@ class KvsWatchModule(Module):
         for nw in list(self.ns.watchers):
             nw.fail(errno.ENOSYS, why)
 
+    def parked(self) -> list[Message]:
+        """``module reload kvs-watch``: the lookups that have answered
+        nothing yet -- a WAITCREATE one waiting for its key or namespace,
+        one still reading its first value -- go to the new module, oldest
+        first, as if they came now: their clients have seen nothing the new
+        module would show again.  One that has answered (a stream's first
+        value, the INITIAL_SENTINEL) must not: the new module would answer
+        its first value again; it ends ``RELOADED`` at :meth:`stop`, and a
+        reconnecting client asks again and resumes.  So do the namespace
+        watches, and a watcher whose namespace was removed (it ends once
+        its queued roots are answered; a new one could wait for the next
+        namespace of the name)."""
+        waiting = [w for tags in self.clients.values() for w in tags.values()
+                   if isinstance(w, Watcher) and not (w.done or w.responded or w.sentinel_sent)
+                   and w.closing is None]
+        waiting.sort(key=lambda w: w.arrival)
+        for w in waiting:
+            w.finish()  # (forgotten without an answer, its caps' places freed)
+            w.msg.payload = {"namespace": w.namespace, "key": w.key, "flags": w.flags}
+        return [w.msg for w in waiting]
+
     # ================================================================ requests
 
     def lookup(self, msg: Message) -> None:
@@ -186,6 +209,7 @@ class KvsWatchModule(Module):
         self._check_caps(msg)
         msg.payload = None  # parsed: keep only the envelope
         w = Watcher(self, msg, key, flags, name)
+        w.arrival = next(self._arrivals)
         self._register(w)
         mon = self.monitors.get(name)
         if mon is None:

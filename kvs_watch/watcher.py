@@ -165,7 +165,7 @@ class Watcher:
     __slots__ = (
         "backend", "msg", "key", "flags", "namespace", "monitor", "seq", "queue",
         "issued", "responded", "done", "sentinel_sent", "prev", "count", "mark", "gen",
-        "recent", "absent", "closing",
+        "recent", "absent", "closing", "arrival",
     )
 
     def __init__(self, backend: Backend, msg: Message, key: str, flags: int,
@@ -196,6 +196,10 @@ class Watcher:
         self.closing: tuple[int, str] | None = None
         """The error to end with once the roots queued are answered
         (:meth:`fail_after_queue`); no root is queued after it."""
+        self.arrival = 0
+        """The module's number for its request: the order requests came in
+        (a reload hands the watches that have answered nothing to the new
+        module in that order: ``KvsWatchModule.parked``)."""
 
     def __repr__(self) -> str:
         return (f"<Watcher {self.namespace}:{self.key} flags={self.flags:#x} "
