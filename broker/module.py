@@ -206,6 +206,16 @@ class ModuleHandle(HandleCore):
             self.held_count += 1
         mine[request.matchtag] = request
 
+    def settled_elsewhere(self, request: Message) -> None:
+        """``request`` gets no answer from here on, by design: its sender
+        learns the outcome some other way (a relayed commit's, from the
+        events naming its transactions).  So it is not held (:meth:`hold`):
+        neither kept, payload and all, for as long as its sender stays
+        connected, nor answered ``ENOSYS`` when the module is removed."""
+        request.answered = True
+        if self.held:
+            self._release(request)
+
     def _release(self, request: Message) -> None:
         mine = self.held.get(tuple(request.route))
         if mine is not None and mine.pop(request.matchtag, None) is not None:

@@ -245,18 +245,31 @@ class HandleCore:
             raise
         return tag, fut
 
-    def retire(self, tag: int) -> None:
+    def retire(self, tag: int, *, may_answer: bool = True) -> None:
         """Stop waiting for the answer to request ``tag`` (its future is
         cancelled; a late answer is dropped).  For a request whose success is
         learnt some other way: ``kvs.relaycommit`` is answered only if refused,
-        its success is the ``setroot`` event that names the transaction."""
+        its success is the ``setroot`` event that names the transaction.
+        ``may_answer`` False: its service is known never to answer it now
+        (the event that names a relayed transaction says rank 0 queued the
+        relay, which it then never answers), so the tag may be issued again
+        at once -- else it is kept out of use until an answer comes
+        (:attr:`_unanswered`), which for such a request is never: one
+        entry per relayed commit, for good."""
         waiter = self._pending.pop(tag, None)
         if waiter is not None and type(waiter) is not Stream and not waiter.done():
             waiter.cancel()
-        if waiter is not None:
+        if waiter is not None and may_answer:
             self._unanswered.add(tag)
             if type(waiter) is Stream:
                 self._retired_streams.add(tag)
+
+    @property
+    def retired(self) -> int:
+        """Requests nobody waits for whose answer may still come: their tags
+        are kept out of use until it does (a count that grows with each such
+        request shows a service that never answers what it was sent)."""
+        return len(self._unanswered)
 
     @property
     def pending(self) -> int:

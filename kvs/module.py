@@ -1366,12 +1366,15 @@ class KvsModule(Module):
         epoch = p.get("epoch")
         ns = self.namespaces.get(p["namespace"])
         if ns is None:
-            return self._relaycommit(p["namespace"], epoch, txns)
+            return self._relaycommit(msg, p["namespace"], epoch, txns)
         self._enqueue_relayed(ns, epoch, txns)
+        self.h.settled_elsewhere(msg)
         return None
 
-    async def _relaycommit(self, name: str, epoch: Any, txns: list[RelayedTxn]) -> None:
+    async def _relaycommit(self, msg: Message, name: str, epoch: Any,
+                           txns: list[RelayedTxn]) -> None:
         self._enqueue_relayed(await self.get_ns(name), epoch, txns)
+        self.h.settled_elsewhere(msg)
 
     def _enqueue_relayed(self, ns: Namespace, epoch: Any, txns: list[RelayedTxn]) -> None:
         self.commits.refuse_if_stopping()  # (all of them, or none)
@@ -1532,6 +1535,7 @@ class KvsModule(Module):
             "relays-waiting": sum(len(ns.relayed or ()) for ns in self.namespaces.values()),
             "trees-known-whole": len(self.refcheck.whole_memo() or ()),
             "rpcs-pending": self.h.pending,
+            "rpcs-retired": self.h.retired,
             "events": self.event_stats(),
             "pid": os.getpid(),
         }

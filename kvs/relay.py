@@ -9,7 +9,10 @@ does.  Two choices keep the road cheap:
   before queueing (or the broker cannot route it), so a refusal never leaves
   a client waiting, and success costs no message beside the event every rank
   receives anyway.  The follower retires the relay's matchtag itself once
-  every transaction in it has settled.
+  every transaction in it has settled, and neither side keeps anything of
+  a queued relay: rank 0 does not hold it as a request waiting for its
+  answer, and the follower issues its matchtag again (an event naming one
+  of its transactions says it was queued, so no answer will come).
 * **One message per namespace per loop turn.**  Commits that arrive in the
   same turn of the event loop for one namespace leave as one message
   (``{namespace, txns: [{name, flags, ops}, ...]}``) when the turn ends
@@ -53,7 +56,7 @@ def from_rank_0(exc: ErrnoError) -> ErrnoError:
 class _Relay:
     """One ``kvs.relaycommit`` message being filled, then in flight."""
 
-    __slots__ = ("ns", "txns", "tag", "unsettled", "size")
+    __slots__ = ("ns", "txns", "tag", "unsettled", "size", "queued")
 
     def __init__(self, ns: Namespace) -> None:
         self.ns = ns
@@ -61,6 +64,9 @@ class _Relay:
         self.tag: int | None = None
         self.unsettled = 0
         self.size = 0
+        self.queued = False
+        """An event named one of its transactions: rank 0 queued the relay
+        (all of it), and so never answers it."""
 
     def names(self) -> list[str]:
         return [t["name"] for t in self.txns]
@@ -132,8 +138,14 @@ class RelayOutbox:
             relay.ns.fail(relay.names(), exc.errnum, exc.errstr)
         # a success answer is not part of the protocol: the event settles it
 
-    def _settled(self, relay: _Relay, name: str, _outcome: asyncio.Future[Any]) -> None:
-        relay.ns.forget_relayed(name)  # (a cancelled requester leaves it there)
+    def _settled(self, relay: _Relay, name: str, outcome: asyncio.Future[Any]) -> None:
+        ns = relay.ns
+        ns.forget_relayed(name)  # (a cancelled requester leaves it there)
+        if not outcome.cancelled() and (outcome.exception() is None or not ns.removed):
+            # settled by the setroot or error event naming it (a refusal has
+            # been answered already; a removal of the namespace says nothing
+            # of whether rank 0 had queued it)
+            relay.queued = True
         relay.unsettled -= 1
         if relay.unsettled == 0 and relay.tag is not None:
-            self._h.retire(relay.tag)
+            self._h.retire(relay.tag, may_answer=not relay.queued)

@@ -285,6 +285,16 @@ async def test_relayed_commits_are_answered_by_events(start_instance, connect) -
     assert st["counts"]["relayed"] == n + 1  # one client, one at a time: one each
     assert st["counts"]["relays"] == n + 1
     assert st["relays-waiting"] == 0 and st["rpcs-pending"] == 0
+    # ... nor keeps their matchtags out of use (no answer will come), and
+    # rank 0 does not hold the relays as requests still to answer
+    assert st["rpcs-retired"] == 0
+    assert await kvs_held(h0, 0) == 0
+
+
+async def kvs_held(h, rank: int) -> int:
+    """The requests rank ``rank``'s kvs module holds unanswered (module.list)."""
+    listing = await asyncio.wait_for(h.rpc("module.list", {}, nodeid=rank), T)
+    return int(next(m["held"] for m in listing["modules"] if m["name"] == "kvs"))
 
 
 @pytest.mark.both_loops
@@ -317,6 +327,7 @@ async def test_relayed_commit_failures_carry_errno_and_message(start_instance, c
     await commit(h3, put("after", "1"))
     st = await stats(h3)
     assert st["relays-waiting"] == 0 and st["rpcs-pending"] == 0
+    assert st["rpcs-retired"] == 0 and await kvs_held(h0, 0) == 0
 
 
 @pytest.mark.both_loops
