@@ -636,12 +636,31 @@ class Handle(HandleCore):
     # ---------------------------------------------------------------- events
 
     async def subscribe(self, prefix: str) -> None:
-        """Receive events whose topic starts with ``prefix``."""
-        await self.rpc("event.subscribe", {"topic": prefix})
+        """Receive events whose topic starts with ``prefix``.
+
+        Counted as the request leaves, not when its answer comes: a call
+        cut short after sending it (a timeout, a cancelled task, Ctrl-C)
+        still subscribes on the rank, and the handle must know -- to
+        unsubscribe it, and to subscribe it again on a reconnect.  Only an
+        error answer (the rank refused it) takes it back."""
+        answer = self.rpc("event.subscribe", {"topic": prefix})  # (sent now)
         self._subscriptions[prefix] += 1
+        try:
+            await answer
+        except RemoteError:
+            self._uncount(prefix)
+            raise
 
     async def unsubscribe(self, prefix: str) -> None:
-        await self.rpc("event.unsubscribe", {"topic": prefix})
+        """Stop receiving what :meth:`subscribe` asked for with ``prefix``
+        (once per call of it).  Uncounted as the request leaves, so that a
+        call cut short after sending it is not subscribed again on a
+        reconnect, nor counted by a retry that the rank answers ``ENOENT``."""
+        answer = self.rpc("event.unsubscribe", {"topic": prefix})  # (sent now)
+        self._uncount(prefix)
+        await answer
+
+    def _uncount(self, prefix: str) -> None:
         left = self._subscriptions.pop(prefix, 0) - 1
         if left > 0:
             self._subscriptions[prefix] = left

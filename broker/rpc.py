@@ -269,6 +269,7 @@ class HandleCore:
         """Requests nobody waits for whose answer may still come: their tags
         are kept out of use until it does (a count that grows with each such
         request shows a service that never answers what it was sent)."""
+        self._sweep()
         return len(self._unanswered)
 
     @property
@@ -335,6 +336,10 @@ class HandleCore:
         good, so calls from now on fail the same way)."""
         if final:
             self._closed_error = RemoteError(errnum, errstr)
+        # no answer can come now on the connection the retired tags were
+        # sent on (a reconnecting handle's next one starts afresh)
+        self._unanswered.clear()
+        self._retired_streams.clear()
         pending, self._pending = self._pending, {}
         for tag, waiter in pending.items():
             if type(waiter) is Stream:

@@ -108,6 +108,44 @@ async def test_a_reconnecting_handle_outlives_a_restart_of_its_rank(inst: Restar
         assert (event.topic, event.payload) == ("test.x", {"n": 1})
 
 
+async def test_calls_cut_short_leave_the_handle_in_step_with_its_rank(inst: Restartable) -> None:
+    """A ``subscribe`` cut short once it was sent still subscribes on the
+    rank, and an ``unsubscribe`` so cut still unsubscribes: the handle
+    counts each as it leaves, so the reconnect subscribes again exactly
+    what the rank had.  And the tags it kept out of use for answers that
+    might still come on the lost connection are free again."""
+    async with asyncio.timeout(60), Handle.connect(inst.rank0.uri) as h0, \
+            Handle.connect(inst.uri1, reconnect=True) as h:
+        await h.subscribe("fence.")
+        await h.subscribe("gone.")
+
+        async def cut_short(call) -> None:
+            task = asyncio.ensure_future(call)
+            await asyncio.sleep(0)  # its first step: the request is sent
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+        await cut_short(h.subscribe("cut."))
+        await cut_short(h.unsubscribe("gone."))
+        with pytest.raises(TimeoutError):  # given up on: its tag kept out of use
+            await asyncio.wait_for(h.rpc("kvs.wait-version", {
+                "namespace": "primary", "rootseq": 10**6}), 0.05)
+        await h.rpc("broker.ping", {}, nodeid=1)  # (the answers to the cut calls came)
+        assert h.retired >= 1
+        await inst.kill_rank1()
+        await inst.start_rank1()
+        await h.wait_connected()
+        assert h.retired == 0
+        await h.rpc("broker.ping", {}, nodeid=1)  # (after the subscriptions made again)
+        for topic in ("gone.1", "cut.1", "fence.1"):
+            await h0.publish(topic)
+        got = []
+        while not got or got[-1] != "fence.1":
+            got.append((await asyncio.wait_for(h.recv_event(), 10)).topic)
+        assert got == ["cut.1", "fence.1"]
+
+
 async def test_a_handle_over_ssh_reconnects_through_a_new_relay(
         inst: Restartable, standin: Path) -> None:  # noqa: F811
     """Over ``ssh://`` the relay goes with the rank's connection; the handle
