@@ -7,8 +7,9 @@ the members of its subtree -- its own memberships and what each child last
 reported -- and, when that changes, sends its parent the new set
 (``groups.update``, at most once per turn of the loop, every changed group
 in one message).  Rank 0 thus holds every group whole, and answers
-``groups.get``: once, or, streaming, now and at every change.  Rank 0
-itself may be a member too.
+``groups.get``: once, or, streaming, now and at every change, until the
+client ends it (``groups.cancel``, a kvbroker extension: Flux's ends only
+with the client's connection) or goes.  Rank 0 itself may be a member too.
 
 Every rank joins ``broker.online`` as its module starts, so that group is
 the ranks whose groups module runs: the instance's live ranks once it is
@@ -46,6 +47,9 @@ RETRY_FIRST, RETRY_MAX = 0.05, 1.0
 most (the parent's module may load long after this one)."""
 
 Route = tuple[str, ...]
+Watch = tuple[Route, int]
+"""A streaming ``groups.get``: its client's route and matchtag, which is
+what a ``groups.cancel`` names (the same client, the same tag)."""
 
 
 def _name(p: Any) -> str:
@@ -72,8 +76,13 @@ class GroupsModule(Module):
         updates came by (a child that joins again comes by a new one)."""
         self.subtree: dict[str, set[int]] = {}
         """Each group's members in this rank's subtree (rank 0: all)."""
-        self.watchers: dict[str, list[Message]] = {}
-        """Rank 0: the streaming ``groups.get`` requests, by group."""
+        self.watchers: dict[str, dict[Watch, Message]] = {}
+        """Rank 0: the streaming ``groups.get`` requests, by group, then by
+        client and matchtag (in the order they came: answered in it)."""
+        self._watching: dict[Watch, str] = {}
+        """Rank 0: the group each streaming ``groups.get`` watches, so a
+        ``groups.cancel`` finds it at once (however many a client has)."""
+        self.cancelled = 0
         self._changed: set[str] = set()
         self._told: dict[str, str] = {}
         """Rank 0: what the watchers were last told of each group."""
@@ -94,6 +103,7 @@ class GroupsModule(Module):
             "groups.join": self.join,
             "groups.leave": self.leave,
             "groups.get": self.get,
+            "groups.cancel": self.cancel,
             "groups.update": self.update,
             "groups.resend": self.resend,
             "groups.disconnect": self.disconnect,
@@ -126,9 +136,10 @@ class GroupsModule(Module):
                                    {"update": {name: "" for name in self.subtree}},
                                    nodeid=self.parent)
         for watching in self.watchers.values():
-            for msg in watching:
+            for msg in watching.values():
                 self.h.respond_error(msg, errno.ENOSYS, "the groups module stopped on rank 0")
         self.watchers.clear()
+        self._watching.clear()
         for msg in self._waiting:
             self.h.respond_error(msg, errno.ENOSYS, f"the groups module stopped on rank "
                                                     f"{self.ctx.rank} before its parent was "
@@ -173,15 +184,42 @@ class GroupsModule(Module):
 
     def get(self, msg: Message) -> None:
         """``groups.get {name}`` -> ``{members: IDSET}`` (``""``: none), at
-        rank 0; streaming, now and again at every change, until cancelled
-        by the client's going."""
+        rank 0; streaming, now and again at every change, until the client
+        cancels it (:meth:`cancel`) or goes."""
         self._owner_only(msg, "get")
         name = _name(msg.payload)
         if self.ctx.rank != 0:
             raise ProtocolError("groups.get is only available on rank 0")
         self.h.respond(msg, {"members": encode_ranks(sorted(self.subtree.get(name, ())))})
         if msg.streaming:
-            self.watchers.setdefault(name, []).append(msg)
+            key = (tuple(msg.route), msg.matchtag)
+            old = self._watching.get(key)
+            if old is not None:  # (a tag reused by a client that did not end its
+                self.watchers[old].pop(key, None)  # first stream: the new one wins)
+            self._watching[key] = name
+            self.watchers.setdefault(name, {})[key] = msg
+
+    def cancel(self, msg: Message) -> None:
+        """``groups.cancel {matchtag}`` (a kvbroker extension, as
+        ``kvs-watch.cancel``): the streaming ``groups.get`` of that matchtag
+        *from the same client* (route) ends with ``ENODATA``; anything else
+        (another client's tag, one ended already) is ignored.  Usually a
+        notice; answered ``{}`` if sent expecting an answer.  Why: a
+        client that stops reading a watch (``Groups.wait_for`` satisfied, a
+        barrier passed) would otherwise leave it here, answered at every
+        change of the group, until its connection closed -- one per call
+        for a service that runs a barrier per job."""
+        tag = require(msg.payload, matchtag=int)["matchtag"]
+        key = (tuple(msg.route), tag)
+        name = self._watching.pop(key, None)
+        if name is not None:
+            watching = self.watchers[name]
+            request = watching.pop(key)
+            if not watching:
+                del self.watchers[name]
+            self.cancelled += 1
+            self.h.respond_error(request, errno.ENODATA)
+        self.h.respond(msg, {})
 
     def update(self, msg: Message) -> None:
         """``groups.update {update: {name: IDSET}}`` -> ``{}``, from a
@@ -225,10 +263,10 @@ class GroupsModule(Module):
         for name in reported or ():
             self._recount(name)
         for name, watching in list(self.watchers.items()):
-            kept = [w for w in watching if tuple(w.route) != route]
-            if kept:
-                self.watchers[name] = kept
-            else:
+            for key in [k for k in watching if k[0] == route]:
+                del watching[key]
+                del self._watching[key]
+            if not watching:
                 del self.watchers[name]
 
     def _answer_once_told(self, msg: Message) -> None:
@@ -275,7 +313,7 @@ class GroupsModule(Module):
             if self._told.get(name) == members:  # (a join and a leave in one turn)
                 continue
             self._told[name] = members
-            for msg in self.watchers.get(name, ()):
+            for msg in self.watchers.get(name, {}).values():
                 self.h.respond(msg, {"members": members})
 
     async def _send_updates(self) -> None:
@@ -316,5 +354,6 @@ class GroupsModule(Module):
         return {"rank": self.ctx.rank,
                 "subtree": {n: encode_ranks(sorted(m)) for n, m in sorted(self.subtree.items())},
                 "joined": sorted(self.joined),
-                "watchers": sum(map(len, self.watchers.values())),
+                "watchers": len(self._watching),
+                "cancelled": self.cancelled,
                 "updates": {"sent": self.updates_sent, "received": self.updates_received}}

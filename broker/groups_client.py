@@ -10,6 +10,13 @@ for a count, a barrier across ranks.  ``kvbroker groups`` is built on it.
         await groups.barrier("step-1")             # every rank, then on
 
 Members are sets of ranks; the wire carries them as idsets (``0-3``).
+
+A watch (``watch``, ``wait_for``, ``barrier``) is a streaming ``groups.get``
+at rank 0.  Whenever one stops reading it -- returned, left by ``break`` or
+``aclose()``, an error, a cancellation or a timeout -- it sends
+``groups.cancel`` for it, so nothing is left on rank 0 (answering it at
+every change of the group) nor in the handle: one per call, for as long as
+the connection lasts, for a service that runs a barrier per job.
 """
 
 from __future__ import annotations
@@ -17,8 +24,9 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 
+from broker.errors import RemoteError
 from broker.idset import decode_ranks
-from broker.rpc import HandleCore
+from broker.rpc import HandleCore, Stream
 
 ALL_RANKS = 1 << 32
 """The bound an answer's ranks are read against (rank 0 checked them)."""
@@ -26,6 +34,20 @@ ALL_RANKS = 1 << 32
 
 def members(answer: dict[str, str]) -> set[int]:
     return decode_ranks(answer["members"], ALL_RANKS)
+
+
+def _end(h: HandleCore, stream: Stream) -> None:
+    """Stop reading ``stream`` (a ``groups.get`` at rank 0): cancel it
+    there, by the path it took (the same client: its route and matchtag),
+    and retire its tag -- what it still sends is dropped, and the tag is
+    issued again once its ``ENODATA`` end comes.  Nothing to do for a
+    stream that has ended (the rank forgot it), nor once the handle is
+    closed (the connection's end did it)."""
+    if stream.done:
+        return
+    with contextlib.suppress(RemoteError, OSError):  # (the handle is closed)
+        h.send_noresponse("groups.cancel", {"matchtag": stream.matchtag}, nodeid=0)
+    h.retire(stream.matchtag)
 
 
 class Groups:
@@ -59,20 +81,24 @@ class Groups:
         return members(await self.h.rpc("groups.get", {"name": name}, nodeid=0))
 
     async def watch(self, name: str) -> AsyncIterator[set[int]]:
-        """The members now, then again at every change (cancel the
-        iteration, or close the generator, to stop)."""
+        """The members now, then again at every change.  To stop: ``break``
+        (the loop's async-generator finaliser then closes it, on its next
+        turn), ``aclose()`` it (at once: ``contextlib.aclosing``), or cancel
+        the task; either way the watch is cancelled at rank 0."""
         stream = self.h.rpc_stream("groups.get", {"name": name}, nodeid=0)
         try:
             async for answer in stream:
                 yield members(answer)
         finally:
-            stream.abandon()  # (the rank forgets it when the connection goes)
+            _end(self.h, stream)
 
     async def wait_for(self, name: str, count: int, *, join: bool = False) -> None:
         """Return once ``name`` has ``count`` members (0: once it is
         empty); with ``join``, join it first -- after the watch is asked,
         which thus reaches rank 0 before the join (one path, in order) and
-        cannot miss the group full, however soon the others leave."""
+        cannot miss the group full, however soon the others leave.  Its
+        watch is cancelled at rank 0 as it returns, or is cancelled (a
+        timeout around it), or fails."""
         stream = self.h.rpc_stream("groups.get", {"name": name}, nodeid=0)
         try:
             if join:
@@ -81,7 +107,7 @@ class Groups:
                 if len(members(answer)) == count:
                     return
         finally:
-            stream.abandon()
+            _end(self.h, stream)
 
     async def barrier(self, name: str, count: int | None = None) -> None:
         """Join ``name``, wait until it has ``count`` members (default:

@@ -44,12 +44,20 @@ Flux's cases, and what each becomes:
   the ranks start their modules in
   (:func:`test_module_load_and_remove_at_runtime`); a guest is refused
   (:func:`test_a_guest_is_refused`).
+* (kvbroker's own, Flux ends a streaming get only with the client's
+  connection) ``groups.cancel {matchtag}`` ends one: every ``Groups`` call
+  that watches sends it as it stops reading, so nothing stays on rank 0 or
+  in the handle (:func:`test_group_waits_that_returned_leave_nothing_behind`,
+  a client-API audit's reproducer); another client's cancel does not end
+  it (:func:`test_a_cancel_ends_only_the_senders_own_stream`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
+from typing import Any
 
 import pytest
 from test_broker_guests import ALLOW, run_guest_cli
@@ -57,6 +65,7 @@ from test_broker_support import run_cli, wait_until
 from test_watch_helpers import errnum
 
 from broker.errors import RemoteError
+from broker.groups_client import Groups
 
 WITH_GROUPS = {"broker.modules": "content,kvs,kvs-watch,groups"}
 T = 20.0
@@ -216,3 +225,80 @@ async def test_a_guest_is_refused(start_instance) -> None:
         rc, out, err = await run_guest_cli(inst.uri(0), "groups", *args)
         assert rc == 1 and "Operation not permitted" in err, (args, err)
         assert "is for the instance owner" in err, err
+
+
+async def rank0_groups(h: Any) -> dict[str, Any]:
+    stats: dict[str, Any] = await asyncio.wait_for(
+        h.rpc("groups.stats-get", {}, nodeid=0), T)
+    return stats
+
+
+async def test_group_waits_that_returned_leave_nothing_behind(start_instance,
+                                                              connect) -> None:
+    """Each way a ``Groups`` watch stops being read -- ``wait_for``
+    satisfied, timed out, failed; ``watch()`` left by ``break`` or
+    ``aclose()``; ``barrier`` -- cancels its ``groups.get`` at rank 0, from
+    a client of rank 1 (the cancel goes up as the get did): rank 0's
+    watchers, and the handle's pending and retired requests, come back to
+    what they were."""
+    inst = await start_instance(2, attrs=WITH_GROUPS)
+    h = await connect(inst, 1)
+    groups = Groups(h)
+    await groups.wait_for("broker.online", 2)
+    before = await rank0_groups(h)
+    base = (before["watchers"], h.pending, h.retired)
+    calls = 10
+    for _ in range(calls):
+        await groups.wait_for("broker.online", 2)  # satisfied at once
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.01):
+                await groups.wait_for("broker.online", 5)  # never: a timeout
+        await groups.join("mine")
+        with pytest.raises(RemoteError) as info:  # fails after its watch was asked
+            await groups.wait_for("mine", 1, join=True)
+        assert info.value.errnum == errno.EEXIST
+        await groups.leave("mine")
+        async for _ranks in groups.watch("broker.online"):
+            break  # (closed by the loop's async-generator finaliser)
+        async with contextlib.aclosing(groups.watch("broker.online")) as watching:
+            async for _ranks in watching:
+                break
+        await groups.barrier("b", 1)
+    ended = 6 * calls
+
+    async def settled() -> bool:
+        stats = await rank0_groups(h)
+        return bool((stats["watchers"], h.pending, h.retired) == base
+                    and stats["cancelled"] == before["cancelled"] + ended)
+
+    await h.ping(nodeid=0)  # (after what the calls sent rank 0, on the same path)
+    await wait_until(settled, f"rank 0's watchers, h.pending and h.retired back to {base} "
+                              f"after {ended} finished waits and watches", timeout=5)
+
+
+async def test_a_cancel_ends_only_the_senders_own_stream(start_instance, connect) -> None:
+    """``groups.cancel`` is matched by client and matchtag: another client
+    naming the tag (from the same rank, by the same path) changes nothing;
+    the owner's ends the stream with ``ENODATA``, answered ``{}`` when sent
+    expecting an answer; a malformed one is ``EPROTO``."""
+    inst = await start_instance(2, attrs=WITH_GROUPS)
+    owner, other = await connect(inst, 1), await connect(inst, 1)
+    await Groups(owner).wait_for("broker.online", 2)
+    stream = owner.rpc_stream("groups.get", {"name": "g"}, nodeid=0)
+    assert await next_members(stream) == ""
+    base = await rank0_groups(owner)
+    other.send_noresponse("groups.cancel", {"matchtag": stream.matchtag}, nodeid=0)
+    assert await asyncio.wait_for(
+        other.rpc("groups.cancel", {"matchtag": stream.matchtag}, nodeid=0), T) == {}
+    after = await rank0_groups(owner)
+    assert (after["watchers"], after["cancelled"]) == (base["watchers"], base["cancelled"])
+    async with Groups(owner).joined("g"):  # the stream still answers
+        assert await next_members(stream) == "1"
+    assert await next_members(stream) == ""
+    assert await errnum(owner.rpc("groups.cancel", {}, nodeid=0)) == errno.EPROTO
+    assert await asyncio.wait_for(
+        owner.rpc("groups.cancel", {"matchtag": stream.matchtag}, nodeid=0), T) == {}
+    assert await asyncio.wait_for(stream.next_message(), T) is None  # ENODATA: its end
+    after = await rank0_groups(owner)
+    assert (after["watchers"], after["cancelled"]) == (base["watchers"] - 1,
+                                                       base["cancelled"] + 1)
