@@ -20,7 +20,7 @@ import pytest
 from broker.errors import RemoteError
 from kvs.client import KVS, NO_MERGE, SyncKVS, TxnOps
 from kvs_watch.backlog import DEFAULT_MAX_BACKLOG
-from kvs_watch.client import watch, watch_keys
+from kvs_watch.client import INITIAL_DONE, WatchEntry, watch, watch_keys
 
 T = 30.0
 
@@ -141,6 +141,44 @@ async def test_an_append_reader_far_behind_reads_each_byte_once_in_order(
     seqs = [e.rootseq for e in entries]
     assert seqs == sorted(seqs) and seqs[-1] == last  # the folded one at the newest
     assert await rank_watchers(h) == 0
+
+
+async def test_folding_keeps_the_initial_sentinel_in_its_place(start_instance, connect) -> None:
+    inst = await start_instance(1)
+    h, writer = await connect(inst), await connect(inst)
+    kvs = KVS(writer)
+    initial = [b"a\n", b"b\n", b"c\n"]  # three blobs: three initial answers
+    await kvs.put("log", initial[0])
+    for chunk in initial[1:]:
+        await kvs.commit(TxnOps().append("log", chunk), NO_MERGE)
+    later = [f"{i}\n".encode() for i in range(30)] + [b"END\n"]
+    async with asyncio.timeout(T):
+        w = watch(h, "log", append=True, initial_sentinel=True, max_backlog=2).start()
+        for chunk in later:  # the reader has read nothing yet
+            await kvs.commit(TxnOps().append("log", chunk), NO_MERGE)
+        stream = w._stream
+        assert stream is not None
+
+        async def all_here() -> bool:
+            tail = stream.unread[-1].payload if stream.unread else None
+            return bool(tail and tail["val"]["data"].endswith(b"END\n"))
+
+        await until(all_here, "the last append's answer to reach the client")
+        assert len(stream.unread) <= 2 + 2  # (the sentinel, and the entry after it)
+        before, after, seen = b"", b"", False
+        async with w:
+            async for e in w:
+                if e is INITIAL_DONE:
+                    seen = True
+                    continue
+                assert isinstance(e, WatchEntry) and e.value is not None
+                if seen:
+                    after += e.value
+                else:
+                    before += e.value
+                if after.endswith(b"END\n"):
+                    break
+    assert before == b"".join(initial) and after == b"".join(later)
 
 
 async def test_a_key_watch_past_its_bound_ends_eoverflow(start_instance, connect) -> None:
