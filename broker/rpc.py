@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import sys
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any, final
@@ -25,6 +26,13 @@ class Stream:
     :class:`RemoteError`.  ``matchtag`` identifies the request (e.g. for
     ``kvs-watch.cancel``).  Final: a pending answer is told from a plain
     request's future by ``type(w) is Stream``, which a subclass would fail.
+
+    Its answers are read off the socket as they come, whether or not its
+    reader keeps up, so a service's own bound on what it has queued for a
+    slow reader never applies: a stream whose service has such a bound
+    (a kvs-watch watch) keeps the client side to it with :meth:`bound`.
+    Others keep every unread answer, as before (their services have their
+    own flow: ``rexec`` output its credits).
     """
 
     def __init__(self, core: HandleCore, matchtag: int, topic: str) -> None:
@@ -36,6 +44,12 @@ class Stream:
         self.done = False
         self.abandoned = False
         """Nobody will read it any more (:meth:`abandon`)."""
+        self.max_unread = sys.maxsize
+        """Unread answers past which :attr:`_over` decides (:meth:`bound`)."""
+        self._over: Callable[[Stream, Message], None] | None = None
+        self.ended_here = False
+        """Ended on this side (:meth:`end_here`): what its service still
+        sends is dropped."""
 
     def __repr__(self) -> str:
         state = "ended" if self.done else f"{len(self._items)} unread"
@@ -57,11 +71,55 @@ class Stream:
         another thread abandons a stream that a next() reads.)"""
         self.abandoned = True
         self._items.clear()
+        if self.ended_here:  # (its end was here already: no later answer ends it)
+            self.done = True
+            w = self._waiter
+            if w is not None and not w.done():
+                w.set_result(None)
+
+    def bound(self, max_unread: int, over: Callable[[Stream, Message], None]) -> None:
+        """Keep at most ``max_unread`` unread success answers: one that comes
+        past that is given to ``over(stream, msg)`` instead of being queued,
+        which may fold it into :attr:`unread` or :meth:`end_here`.  (One
+        length check per answer: a reader that keeps up pays nothing more.)
+        The final error answer is always queued."""
+        self.max_unread = max_unread
+        self._over = over
+
+    @property
+    def unread(self) -> deque[Message]:
+        """The answers queued for the reader: an ``over`` may fold an answer
+        into the last, or append it past the bound (no reader waits while
+        any is queued, so there is none to wake)."""
+        return self._items
+
+    def end_here(self, errnum: int, errstr: str) -> None:
+        """End the stream on this side, as if its service had sent this
+        error: its reader gets the answers queued, then ``RemoteError``.
+        Whatever the service still sends is dropped (the caller asks it to
+        stop; its last answer still frees the request's tag, in the handle)."""
+        if self.ended_here or self.done:
+            return
+        self.ended_here = True
+        self.max_unread = 0  # (every later answer takes the slow path: dropped)
+        self._items.append(Message(MsgType.RESPONSE, self.topic, matchtag=self.matchtag,
+                                   errnum=errnum, errstr=errstr))
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
 
     def _push(self, msg: Message) -> None:
         if self.abandoned and not msg.errnum:
             return
-        self._items.append(msg)
+        items = self._items
+        if len(items) >= self.max_unread:  # (sys.maxsize: unbounded)
+            if self.ended_here:
+                return
+            if not msg.errnum:
+                assert self._over is not None
+                self._over(self, msg)
+                return
+        items.append(msg)
         w = self._waiter
         if w is not None and not w.done():
             w.set_result(None)

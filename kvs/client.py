@@ -858,20 +858,22 @@ class KVS:
         """:func:`kvs_watch.client.watch` of ``key`` in this namespace: its
         value, then one entry per commit naming it (``async for``).  The
         options are :func:`~kvs_watch.client.watch`'s (``waitcreate``,
-        ``uniq``, ``append``, ``full``, ``nodeid`` ...)."""
+        ``uniq``, ``append``, ``full``, ``nodeid``, ``max_backlog`` ...)."""
         from kvs_watch.client import watch
 
         return watch(self.handle, key, namespace=self.namespace,
                      initial_sentinel=initial_sentinel, **options)
 
     def watch_keys(self, key: str = ".", *, waitcreate: bool = False,
-                   since: RootSpec | None = None, nodeid: int | None = None) -> KeyWatch:
+                   since: RootSpec | None = None, nodeid: int | None = None,
+                   max_backlog: int | None = None) -> KeyWatch:
         """:func:`kvs_watch.client.watch_keys` below ``key`` in this namespace:
         the keys each commit writes there (``async for``); with ``since`` (a
         root as ``at=`` takes it, or the last ``KeyChanges`` seen), the first
         answer holds the keys changed since that root.  Given something
         with its version too (a ``KeyChanges``, ``CommitResult`` or
-        ``Root``), the watch starts no earlier than that version."""
+        ``Root``), the watch starts no earlier than that version.
+        ``max_backlog``: as :meth:`watch`'s."""
         from kvs_watch.client import watch_keys
 
         extra = {} if nodeid is None else {"nodeid": nodeid}
@@ -879,7 +881,7 @@ class KVS:
         version = getattr(since, "rootseq", None)  # (a KeyChanges, CommitResult or Root)
         return watch_keys(self.handle, key, namespace=self.namespace, waitcreate=waitcreate,
                           since=old, since_version=version if isinstance(version, int)
-                          and version >= 0 else None, **extra)
+                          and version >= 0 else None, max_backlog=max_backlog, **extra)
 
     def watch_eventlog(self, key: str, *, waitcreate: bool = False,
                        nodeid: int | None = None) -> EventlogWatch:
@@ -1586,14 +1588,14 @@ class SyncKVS:
                          timeout=timeout)
 
     def watch_keys(self, key: str = ".", *, waitcreate: bool = False, since: RootSpec | None = None,
-                   timeout: float | None = None,
-                   nodeid: int | None = None) -> SyncWatch[KeyChanges]:
+                   timeout: float | None = None, nodeid: int | None = None,
+                   max_backlog: int | None = None) -> SyncWatch[KeyChanges]:
         """:meth:`KVS.watch_keys` as a blocking iterator of ``KeyChanges``."""
         from kvs_watch.client import SyncWatch
 
         return SyncWatch(self.sync_handle,
                          self.aio.watch_keys(key, waitcreate=waitcreate, since=since,
-                                             nodeid=nodeid),
+                                             nodeid=nodeid, max_backlog=max_backlog),
                          timeout=timeout)
 
     def watch_eventlog(self, key: str, *, waitcreate: bool = False,

@@ -52,6 +52,7 @@ from broker.rpc import HandleCore, Stream
 from kvs.client import _parse_json, default_namespace
 from kvs.eventlog import EventlogError
 from kvs_watch import flags as F
+from kvs_watch.backlog import Backlog, Folded, check_max_backlog
 from kvs_watch.resume import NamespaceResume, Resume, WatchResume
 
 CANCEL_TIMEOUT = 10.0
@@ -125,6 +126,7 @@ class WatchOptions(TypedDict, total=False):
     readlink: bool
     deletes: bool
     nodeid: int
+    max_backlog: int | None
 
 
 def _rank_stopping(h: Any, exc: RemoteError) -> bool:
@@ -219,9 +221,13 @@ class Watch(Generic[ItemT]):
     _reask: _Reask | None = None
     """(On a handle that reconnects.)  Asked again after ``module remove``: see
     :class:`_Reask`."""
+    _backlog: Backlog | None = None
+    """(A ``WATCH``.)  The bound on its unread answers (kvs_watch/backlog.py)."""
+    max_backlog: int | None = None
+    """The bound given (None: the serving rank's ``kvs-watch.max-backlog``)."""
 
     def __init__(self, h: HandleCore, key: str, flags: int, *, namespace: str | None = None,
-                 nodeid: int = NODEID_ANY) -> None:
+                 nodeid: int = NODEID_ANY, max_backlog: int | None = None) -> None:
         F.check(flags, streaming=True)  # misuse is a ValueError-like error here already
         if not isinstance(key, str):  # as KVS does: the broker would say only EPROTO
             raise TypeError(f"key must be a str, not {type(key).__name__}")
@@ -236,6 +242,9 @@ class Watch(Generic[ItemT]):
         self.flags = flags
         self.namespace = default_namespace(namespace)
         self.nodeid = nodeid
+        self.max_backlog = check_max_backlog(max_backlog)
+        if flags & F.WATCH:  # (a STREAM, or a lookup, ends by itself)
+            self._backlog = Backlog(h, key, flags, nodeid, self.max_backlog)
         self._stream: Stream | None = None
 
     def __repr__(self) -> str:
@@ -279,6 +288,8 @@ class Watch(Generic[ItemT]):
         # is this connection's, and the watch goes on with the next one)
         self.sent_on = getattr(self.h, "reconnects", 0)
         self._stream = self.h.rpc_stream(topic, payload, nodeid=self.nodeid)
+        if self._backlog is not None:
+            self._backlog.attach(self._stream)
         # Dropped unfinished, it is cancelled: on the handle's loop when
         # that runs, at once when it does not (the blocking facade
         # between calls, whose loop turns only inside one).
@@ -368,7 +379,8 @@ class Watch(Generic[ItemT]):
                 raise
             if msg is None:
                 raise StopAsyncIteration
-            return msg.payload
+            p = msg.payload
+            return p.settled() if type(p) is Folded else p
         ready = self._ready
         while not ready:
             if self._away is not None:  # (also a wait for the rank cut short by a timeout)
@@ -391,7 +403,8 @@ class Watch(Generic[ItemT]):
                 self._reask.answered()
             if msg is None:
                 raise StopAsyncIteration
-            ready.extend(resume.take(msg.payload))
+            p = msg.payload
+            ready.extend(resume.take(p.settled() if type(p) is Folded else p))
         return ready.popleft()
 
     def _cut_short(self, stream: Stream, exc: RemoteError) -> None:
@@ -423,8 +436,9 @@ class Watch(Generic[ItemT]):
         if stream is None or stream.done:
             return
         try:
-            self.h.send_noresponse("kvs-watch.cancel", {"matchtag": stream.matchtag},
-                                   nodeid=self.nodeid)
+            if not stream.ended_here:  # (else it was cancelled then: Backlog)
+                self.h.send_noresponse("kvs-watch.cancel", {"matchtag": stream.matchtag},
+                                       nodeid=self.nodeid)
             if stream.reading:
                 return
             async with asyncio.timeout(timeout):
@@ -490,6 +504,7 @@ def watch(
     readlink: bool = False,
     deletes: bool = False,
     nodeid: int = NODEID_ANY,
+    max_backlog: int | None = None,
 ) -> Watch[Any]:
     """Watch ``key``: its current value, then one entry per commit naming it.
 
@@ -514,7 +529,12 @@ def watch(
       which comes as a new value (with ``append``, all of it).  A key
       missing at the start is such an entry too (with ``waitcreate``, it is
       waited for silently).  A kvbroker extension, as etcd's DELETE event;
-    * ``nodeid``: the rank whose kvs-watch serves the watch (default: ours).
+    * ``nodeid``: the rank whose kvs-watch serves the watch (default: ours);
+    * ``max_backlog``: answers its reader may leave unread (default: the
+      serving rank's ``kvs-watch.max-backlog``); past it the watch ends
+      ``EOVERFLOW``, as if its rank had overflowed -- with ``append``
+      (without ``deletes``) it folds instead: an answer joins the unread one
+      before it, each byte once, in order (kvs_watch/backlog.py).
 
     ``namespace`` defaults to ``$KVBROKER_NAMESPACE``, then ``primary``.
     Raises ``ErrnoError(EINVAL)`` at once for an invalid combination.
@@ -526,7 +546,7 @@ def watch(
                     (deletes, F.DELETES)):
         if on:
             flags |= bit
-    return Watch(h, key, flags, namespace=namespace, nodeid=nodeid)
+    return Watch(h, key, flags, namespace=namespace, nodeid=nodeid, max_backlog=max_backlog)
 
 
 def stream(h: HandleCore, key: str, *, namespace: str | None = None,
@@ -803,7 +823,8 @@ class KeyWatch(_Wrapped):
             await w.h.wait_reconnected(after)  # type: ignore[attr-defined]
         self._away = None
         self._reask.pending = True
-        self.watch = Watch[Any](w.h, w.key, w.flags, namespace=w.namespace, nodeid=w.nodeid)
+        self.watch = Watch[Any](w.h, w.key, w.flags, namespace=w.namespace, nodeid=w.nodeid,
+                                max_backlog=w.max_backlog)
         if self._last is not None:
             self.since, self.since_version = self._last
             self._first = self._resumed = True
@@ -868,7 +889,8 @@ class KeyWatch(_Wrapped):
 
 def watch_keys(h: HandleCore, key: str = ".", *, namespace: str | None = None,
                waitcreate: bool = False, since: str | None = None,
-               since_version: int | None = None, nodeid: int = NODEID_ANY) -> KeyWatch:
+               since_version: int | None = None, nodeid: int = NODEID_ANY,
+               max_backlog: int | None = None) -> KeyWatch:
     """The keys each commit writes at or below ``key`` (``"."``: anywhere in
     the namespace), as etcd's prefix watch: a first :class:`KeyChanges`
     (``initial``) without keys naming the root it starts at, then one per
@@ -881,13 +903,14 @@ def watch_keys(h: HandleCore, key: str = ".", *, namespace: str | None = None,
     ``EOVERFLOW``), the first iteration raises it and the watch ends: start
     again without ``since`` and read the key at the first answer's root.
     Nothing is looked up, so it costs the rank a filter of each commit's
-    keys.  ``waitcreate`` waits for a missing namespace.  A kvbroker
-    extension (flag ``WATCH_KEYS``)."""
+    keys.  ``waitcreate`` waits for a missing namespace.  ``max_backlog``:
+    as :func:`watch`'s (past it, ``EOVERFLOW``).  A kvbroker extension
+    (flag ``WATCH_KEYS``)."""
     if since is not None:
         blobref.check(since)  # (EINVAL now, not at the first answer)
     flags = F.WATCH | F.WATCH_KEYS | (F.WAITCREATE if waitcreate else 0)
-    return KeyWatch(Watch[Any](h, key, flags, namespace=namespace, nodeid=nodeid), since,
-                    since_version)
+    return KeyWatch(Watch[Any](h, key, flags, namespace=namespace, nodeid=nodeid,
+                               max_backlog=max_backlog), since, since_version)
 
 
 # ---------------------------------------------------------------- eventlogs
