@@ -87,8 +87,9 @@ import signal
 import subprocess
 import time
 from collections import Counter, deque
-from typing import Any, ClassVar
+from typing import IO, Any, ClassVar
 
+from broker import pipes
 from broker.attrs import AttrSpec, duration, text
 from broker.command import Command, cannot_run_status, exit_code
 from broker.cron_directory import read_directory
@@ -153,6 +154,10 @@ class Task:
         self.timedout = False
         self.error: str | None = None
         self.cmd: Command | None = None
+        self.pipe: IO[bytes] | None = None
+        """The command's output pipe until its reader takes it (then the
+        reader's, closed with its transport); whoever ends the task
+        without a reader having taken it closes it (:meth:`release`)."""
         self.output = OutputTail(OUTPUT_TAIL)
         self.logged = 0
         self.unlogged = 0
@@ -161,6 +166,14 @@ class Task:
     @property
     def busy(self) -> bool:
         return self.state in ("Deferred", "Running")
+
+    def release(self) -> None:
+        """Close the output pipe if no reader took it (its reader, or the
+        task that supervises it, was cancelled before it ran: the module
+        stops)."""
+        if self.pipe is not None:
+            pipes.close_pipe(self.pipe)
+            self.pipe = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"rank": self.rank, "state": self.state,
@@ -317,6 +330,7 @@ class CronModule(Module):
             self._disarm(e)
             if e.task is not None and e.task.cmd is not None and e.task.state == "Running":
                 e.task.cmd.kill()
+                e.task.release()
         self.entries.clear()
         self.deferred.clear()
 
@@ -742,7 +756,7 @@ class CronModule(Module):
             self._failed(e)
             self._task_over(e)
             return
-        task.state, task.pid = "Running", task.cmd.pid
+        task.state, task.pid, task.pipe = "Running", task.cmd.pid, task.cmd.proc.stdout
         self.spawn(self._supervise(e, task))
 
     async def _supervise(self, e: Entry, task: Task) -> None:
@@ -763,16 +777,21 @@ class CronModule(Module):
                 if handle is not None:
                     handle.cancel()
             reader.cancel()
+            task.release()  # (a reader cancelled before it ran took nothing)
             if task.cmd.returncode is None:
                 task.cmd.kill()
         self._ended(e, task, status)
 
     async def _read(self, e: Entry, task: Task) -> None:
-        assert task.cmd is not None and task.cmd.proc.stdout is not None
-        loop = asyncio.get_running_loop()
+        """Read the task's output.  Its pipe is this reader's from here:
+        closed if the hand-over to the loop fails or is cancelled
+        (:mod:`broker.pipes`), else with the transport."""
+        pipe, task.pipe = task.pipe, None
+        if pipe is None:
+            return
         reader = asyncio.StreamReader(limit=READ_CHUNK)
-        transport, _ = await loop.connect_read_pipe(
-            lambda: asyncio.StreamReaderProtocol(reader), task.cmd.proc.stdout)
+        transport, _ = await pipes.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader), pipe)
         held = b""
         try:
             while chunk := await reader.read(READ_CHUNK):

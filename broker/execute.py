@@ -24,6 +24,7 @@ import sys
 import threading
 from typing import IO, Any
 
+from broker import pipes
 from broker.cliutil import (
     CLIError,
     RankSet,
@@ -608,7 +609,7 @@ class _PipeReader(asyncio.StreamReader):
 
 async def _pipe_reader(pipe: IO[bytes]) -> _PipeReader:
     reader = _PipeReader()
-    reader.transport, _ = await asyncio.get_running_loop().connect_read_pipe(
+    reader.transport, _ = await pipes.connect_read_pipe(
         lambda: asyncio.StreamReaderProtocol(reader), pipe)
     return reader
 

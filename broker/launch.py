@@ -37,6 +37,7 @@ from broker import plugins
 from broker.broker import local_socket_path
 from broker.command import STOP_CAP, STOP_TIMEOUT
 from broker.idset import encode_ranks
+from broker.pipes import connect_read_pipe
 from broker.topology import children_of, parent_of
 
 START_TIMEOUT = 60.0
@@ -677,7 +678,6 @@ class Instance:
                        ) -> tuple[asyncio.subprocess.Process, list[asyncio.StreamReader]]:
         """Start the spawner and give it the ranks to fork; its process and
         the readers of the ranks' standard outputs."""
-        loop = asyncio.get_running_loop()
         pipes = [os.pipe() for _ in argvs]
         try:
             spawner = await asyncio.create_subprocess_exec(
@@ -694,8 +694,8 @@ class Instance:
         readers = []
         for r, _ in pipes:
             reader = asyncio.StreamReader(limit=1 << 20)
-            await loop.connect_read_pipe(functools.partial(_OutputProtocol, reader),
-                                         os.fdopen(r, "rb", 0))
+            await connect_read_pipe(functools.partial(_OutputProtocol, reader),
+                                    os.fdopen(r, "rb", 0))
             readers.append(reader)
         spec = {"preload": preload, "keep": [watch_r],
                 "ranks": [{"argv": argv, "stdout": w} for argv, (_, w) in zip(argvs, pipes,

@@ -84,8 +84,9 @@ Requests (docs/protocol.md, "rexec"):
   is lost.
 * ``rexec.disconnect`` (the router's, for a client that went): the
   client's commands are killed (SIGKILL to their groups), as a local
-  ``exec``'s die with it -- not its background commands, which are the
-  rank's; a wait it had is dropped.
+  ``exec``'s die with it, and their pipes closed then and there (also
+  those no pump had taken yet: :meth:`_Running.release`) -- not its
+  background commands, which are the rank's; a wait it had is dropped.
 
 Only the client that started a command may write to it (another one's
 ``pid`` is ``ESRCH``, as Flux's, which finds the command to write to by
@@ -109,9 +110,10 @@ import os
 import signal
 import subprocess
 from collections import Counter
-from typing import Any
+from typing import IO, Any
 
 from broker import attrs as battrs
+from broker import pipes
 from broker.command import Command
 from broker.errors import ErrnoError
 from broker.message import Message
@@ -184,7 +186,15 @@ class _Running:
         self.room = asyncio.Event()
         self.room.set()
         self.stdin: asyncio.StreamWriter | None = None
+        self.pipes: dict[str, IO[bytes]] = {
+            name: pipe for name, pipe in (("stdout", cmd.proc.stdout),
+                                          ("stderr", cmd.proc.stderr)) if pipe is not None}
+        """Its output pipes that no pump has taken yet, this object's to
+        close (:meth:`release`); a pump takes its pipe out of here as it
+        hands it to the loop, and closes it from then on."""
         self.task: asyncio.Task[None] | None = None
+        self.over = False
+        """It has ended, been killed or been dropped (:meth:`RexecService._end_run`)."""
 
     @property
     def key(self) -> tuple[tuple[str, ...], int]:
@@ -198,6 +208,16 @@ class _Running:
         self.unacked = max(0, self.unacked - nbytes)
         if self.unacked < OUTPUT_WINDOW:
             self.room.set()
+
+    def release(self) -> None:
+        """Close the pipes this object still owns: the input's writer and
+        the output pipes no pump took (its task was cancelled before they
+        started: the command's client went at once, or the rank stops).
+        Without this they were left to the garbage collector."""
+        if self.stdin is not None:
+            self.stdin.close()
+        while self.pipes:
+            pipes.close_pipe(self.pipes.popitem()[1])
 
 
 def check_label(label: str) -> None:
@@ -270,6 +290,7 @@ class RexecService:
         why = f"rank {self.ctx.rank} is stopping: its commands are killed"
         for run in list(self.running.values()):
             run.cmd.kill()
+            run.release()
             if not run.msg.answered:
                 self.h.respond_error(run.msg, errno.ENOSYS, why)
         for run in (*self.running.values(), *self.zombies):
@@ -388,14 +409,18 @@ class RexecService:
         if command.proc.stdin is not None:  # (ready before the client may write)
             loop = asyncio.get_running_loop()
             try:
-                transport, protocol = await loop.connect_write_pipe(
+                transport, protocol = await pipes.connect_write_pipe(
                     asyncio.streams.FlowControlMixin, command.proc.stdin)
             except BaseException:
                 command.kill()
                 self.running.pop(run.key, None)
                 self._forget(run)
+                run.release()
                 raise
             run.stdin = asyncio.StreamWriter(transport, protocol, None, loop)
+            if run.over or self.stopping:  # (its client went meanwhile, or the rank stops)
+                run.release()
+                return
         self.h.respond(msg, {"type": "started", "pid": command.pid, "rank": self.ctx.rank})
         if bg:  # (the rank's from now on: its client has nothing more to wait for)
             self.h.respond_error(msg, errno.ENODATA)
@@ -427,12 +452,9 @@ class RexecService:
     async def _supervise(self, run: _Running) -> None:
         """Relay the command's output (a background one's: keep it, or
         nothing), then its end."""
-        proc = run.cmd.proc
         status: int | None = None
         try:
-            await asyncio.gather(*(self._pump(run, name, pipe) for name, pipe in
-                                   (("stdout", proc.stdout), ("stderr", proc.stderr))
-                                   if pipe is not None))
+            await asyncio.gather(*(self._pump(run, name) for name in list(run.pipes)))
             status = await run.cmd.wait()
             self.counts["finished"] += 1
             if not run.bg:
@@ -444,13 +466,22 @@ class RexecService:
                 self.h.respond_error(run.msg, errno.EIO, f"rank {self.ctx.rank}: relaying "
                                      f"the command's output failed: {exc}")
         finally:
-            if run.stdin is not None:
-                run.stdin.close()
-            if run.cmd.returncode is None:
-                run.cmd.kill()
-            if self.running.get(run.key) is run:
-                del self.running[run.key]
-            self._ended(run, status)
+            self._end_run(run, status)
+
+    def _end_run(self, run: _Running, status: int | None) -> None:
+        """``run`` is over (once: its task's end and its client's going
+        may both say so): what it holds of its pipes closed, its process
+        group killed if it has not exited, and it is forgotten or kept
+        (:meth:`_ended`)."""
+        if run.over:
+            return
+        run.over = True
+        run.release()
+        if run.cmd.returncode is None:
+            run.cmd.kill()
+        if self.running.get(run.key) is run:
+            del self.running[run.key]
+        self._ended(run, status)
 
     def _ended(self, run: _Running, status: int | None) -> None:
         """``run`` is over (``status`` None: it was killed by its client's
@@ -494,10 +525,15 @@ class RexecService:
         self.zombies.remove(run)
         self._forget(run)
 
-    async def _pump(self, run: _Running, name: str, pipe: Any) -> None:
-        loop = asyncio.get_running_loop()
+    async def _pump(self, run: _Running, name: str) -> None:
+        """Relay (or keep) one output stream.  Its pipe is the pump's from
+        here: closed if the hand-over to the loop fails or is cancelled
+        (:mod:`broker.pipes`), else with the transport."""
+        pipe = run.pipes.pop(name, None)
+        if pipe is None:
+            return  # (released: the command is over)
         reader = asyncio.StreamReader(limit=READ_CHUNK)
-        transport, _ = await loop.connect_read_pipe(
+        transport, _ = await pipes.connect_read_pipe(
             lambda: asyncio.StreamReaderProtocol(reader), pipe)
         held = b""  # (line-buffered: a line's start, less than READ_CHUNK bytes)
         try:
@@ -596,10 +632,11 @@ class RexecService:
         """The client's commands are killed, but not its background ones
         (the rank's); a wait it had is dropped, so another may wait."""
         route = tuple(msg.route)
-        for key in [k for k, run in self.running.items() if k[0] == route and not run.bg]:
-            run = self.running.pop(key)
+        for run in [r for r in self.running.values() if r.route == route and not r.bg]:
             self.counts["killed-at-disconnect"] += 1
-            run.cmd.kill()
+            run.cmd.kill()  # (its group: also once the command itself has exited)
+            self._end_run(run, None)  # (here: a task cancelled before its first step
+            #  never runs its finally)
             if run.task is not None:
                 run.task.cancel()
         for run in (*self.running.values(), *self.zombies):

@@ -22,6 +22,7 @@ import signal
 from collections import deque
 from typing import IO, Any
 
+from broker import pipes
 from broker.errors import ErrnoError
 
 
@@ -132,9 +133,8 @@ class RemoteCommand:
 
     async def _copy_input(self, fd: int) -> None:
         """Our pipe's contents to the command's input, a write at a time."""
-        loop = asyncio.get_running_loop()
         reader = asyncio.StreamReader()
-        transport, _ = await loop.connect_read_pipe(
+        transport, _ = await pipes.connect_read_pipe(
             lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", buffering=0))
         try:
             while True:

@@ -11,6 +11,8 @@ import contextlib
 import errno
 import os
 import signal
+import sys
+import textwrap
 from typing import Any
 
 import pytest
@@ -19,6 +21,7 @@ from test_broker_guests import ALLOW, run_guest_cli
 from test_broker_support import run_cli, wait_until
 
 from broker.errors import RemoteError
+from broker.handle import Handle
 from broker.rexec import OUTPUT_WINDOW, READ_CHUNK, RETAINED_OUTPUT
 
 T = 20.0
@@ -118,6 +121,107 @@ async def test_a_client_that_goes_takes_its_commands(start_instance, connect) ->
     assert stats["killed-at-disconnect"] == 1 and stats["running"] == 1
     await keeper.rpc("rexec.kill", {"pid": kept_pid, "signum": 9}, nodeid=1)
     assert (await answers(kept))[-1]["status"] == -9
+
+
+def fd_count(pid: int) -> int:
+    """The open file descriptors of process ``pid`` (Linux)."""
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="counts a rank's fds in /proc")
+@pytest.mark.both_loops
+@pytest.mark.parametrize("going", ["close", "reset"])
+async def test_clients_that_go_mid_exec_leave_no_fds_behind(start_instance, connect,
+                                                           going: str) -> None:
+    """200 clients of rank 1 each start ``sleep`` there and go while it
+    runs -- closing their connection, or with it reset, as a SIGKILLed
+    ``kvbroker exec``'s is -- many of them while the rank is still handing
+    the command's output pipes to its loop: their commands are killed,
+    the rank's open file descriptors come back to what they were, and
+    nothing of another client's is touched (each of the 200 got its
+    ``started``; a long-lived client's connection and command live on).
+    The soak audit's reproducer: a cancellation there left a pipe's file
+    object open after uvloop had closed its descriptor, which then closed
+    whatever reused the number (other clients' sockets; the rank aborted)."""
+    n = 200
+    inst = await start_instance(size=2)
+    keeper = await connect(inst, 1)
+    kept = keeper.rpc_stream("rexec.exec", {"cmd": ["sleep", "56.5"]}, nodeid=1)
+    kept_pid = (await asyncio.wait_for(anext(aiter(kept)), T))["pid"]
+    pid = inst.pids()[1]
+    before = fd_count(pid)
+    pids = []
+    for _ in range(n):
+        h = await asyncio.wait_for(Handle.connect(inst.uri(1)), T)  # (closed here)
+        stream = h.rpc_stream("rexec.exec", {"cmd": ["sleep", "60"]}, nodeid=1)
+        started = await asyncio.wait_for(anext(aiter(stream)), T)
+        assert started["type"] == "started"
+        pids.append(started["pid"])
+        if going == "reset":
+            h._proto.transport.abort()  # (what the rank sees of a SIGKILLed client)
+        await h.close()
+
+    async def all_killed() -> bool:  # (and reaped: their pidfds closed)
+        stats = await keeper.rpc("rexec.stats-get", nodeid=1)
+        return bool(stats["running"] == 1 and stats["killed-at-disconnect"] == n
+                    and not any(pid_alive(p) for p in pids))
+
+    await wait_until(all_killed, f"the {n} commands to be killed", timeout=T)
+    after = fd_count(pid)
+    assert after <= before + 4, (
+        f"rank 1 holds {after - before} more fds after {n} clients went mid-exec")
+    assert keeper.connected and pid_alive(kept_pid)
+    await keeper.rpc("rexec.kill", {"pid": kept_pid, "signum": 9}, nodeid=1)
+    assert (await answers(kept))[-1] == {"type": "finished", "status": -9}
+
+
+KILLED_CLIENTS = textwrap.dedent(
+    """
+    import asyncio, os, signal, sys
+    from broker.handle import Handle
+
+    async def main():
+        uri, n = sys.argv[1], int(sys.argv[2])
+        hs = [await Handle.connect(uri) for _ in range(n)]
+        streams = [h.rpc_stream("rexec.exec", {"cmd": ["sleep", "59.5"]}, nodeid=1)
+                   for h in hs]
+        for s in streams:
+            print((await anext(aiter(s)))["pid"], flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    asyncio.run(main())
+    """
+)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="counts a rank's fds in /proc")
+@pytest.mark.both_loops
+async def test_a_killed_client_process_takes_its_commands_and_their_fds(
+        start_instance, connect) -> None:
+    """A client process SIGKILLed with 30 connections to rank 1, each with
+    a command running there: all 30 are killed, their pipes closed, and
+    another client of the rank is unharmed."""
+    n = 30
+    inst = await start_instance(size=2)
+    keeper = await connect(inst, 1)
+    pid = inst.pids()[1]
+    before = fd_count(pid)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", KILLED_CLIENTS, inst.uri(1), str(n),
+        stdout=asyncio.subprocess.PIPE)
+    out, _ = await asyncio.wait_for(proc.communicate(), T)
+    assert proc.returncode == -signal.SIGKILL
+    pids = [int(line) for line in out.split()]
+    assert len(pids) == n
+
+    async def all_killed() -> bool:
+        stats = await keeper.rpc("rexec.stats-get", nodeid=1)
+        return bool(stats["running"] == 0 and stats["killed-at-disconnect"] == n
+                    and not any(pid_alive(p) for p in pids))
+
+    await wait_until(all_killed, f"the killed client's {n} commands to be killed", timeout=T)
+    assert fd_count(pid) <= before + 4
+    assert keeper.connected
 
 
 async def test_output_is_held_to_a_window_until_credited(start_instance, connect) -> None:

@@ -6,8 +6,10 @@ on a real 2-rank instance: what ``kvbroker exec --bg``, ``sproc`` and
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import errno
+import os
 import signal
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -22,6 +24,7 @@ from broker.sproc_client import Proc, Procs, StartError, SyncProcs
 from broker.sync import connect as sync_connect
 
 MODULES = {"broker.modules": "content,kvs,kvs-watch,cron"}
+T = 20.0
 
 
 async def refused(aw: Awaitable[Any], errnum: int, text: str = "") -> RemoteError:
@@ -163,3 +166,62 @@ async def test_cron_entries(start_instance, connect) -> None:
             assert sc.sync()["sync_disabled"] is True
 
     await asyncio.to_thread(blocking)
+
+
+def fd_count(pid: int) -> int:
+    """The open file descriptors of process ``pid`` (Linux)."""
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def pipe_count(pid: int) -> int:
+    """The pipes process ``pid`` holds open (Linux)."""
+    n = 0
+    for f in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            n += os.readlink(f"/proc/{pid}/fd/{f}").startswith("pipe:")
+    return n
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid``, zombies included (Linux)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rpartition(")")[2].split()[1]) == pid:
+                        found.append(int(entry))
+    return found
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="counts a rank's fds in /proc")
+@pytest.mark.both_loops
+async def test_cron_reloaded_as_its_tasks_start_leaves_no_fds(start_instance, connect) -> None:
+    """``module reload cron`` sent right behind 20 entries whose tasks start
+    at once (``at`` a time past), 8 times: the module stops as its tasks
+    have just started, most before their output pipe was handed to the
+    rank's loop, a few while it was.  By the time the reload is answered
+    every such pipe is closed -- not left to the garbage collector, and a
+    hand-over cancelled midway leaves no second owner of the descriptor
+    (tests/test_pipes.py) --, then every task is found killed, and another
+    client of the rank is unharmed."""
+    k, rounds = 20, 8
+    inst = await start_instance(size=2, attrs=MODULES)
+    h = await connect(inst, 1)
+    rank1 = inst.pids()[1]
+    before = fd_count(rank1)
+    before_pipes = pipe_count(rank1)
+    for _ in range(rounds):
+        created = [h.rpc("cron.create", {"type": "at", "command": "sleep 53.25",
+                                          "args": {"at": 0}}) for _ in range(k)]
+        reload = h.rpc("module.reload", {"name": "cron"})
+        await asyncio.wait_for(asyncio.gather(*created, reload), T)
+        assert pipe_count(rank1) == before_pipes, "the old module's tasks left pipes open"
+        assert (await h.rpc("cron.list"))["entries"] == []  # (a new module's)
+
+    async def settled() -> bool:
+        return not children(rank1) and fd_count(rank1) <= before + 4
+
+    await wait_until(settled, "rank 1's tasks killed and its fds back to what they were",
+                     timeout=T)
+    assert h.connected and (await h.ping(1))["rank"] == 1
