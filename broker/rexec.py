@@ -64,14 +64,20 @@ Requests (docs/protocol.md, "rexec"):
 * ``rexec.kill {pid | label, signum}``: a signal to the command's process
   group; any command of the rank (the owner's, as Flux's ``sproc kill``).
   A zombie is ``ESRCH`` (it has exited: there is nothing to signal).
-* ``rexec.wait {pid | label, output?}``: the status of a waitable command
+* ``rexec.wait {pid | label, output?, timeout?}``: the status of a waitable command
   once it has ended -- at once for a zombie, else when it ends --
   ``{status}``, with ``output`` also ``{stdout, stderr, stdout-dropped,
   stderr-dropped}`` (the bytes kept, and how many were dropped before
   them); the command is then forgotten (a second wait is ``ESRCH``).
   ``EINVAL`` for a command that is not waitable, ``EBUSY`` while another
   client waits for it (one waiter at a time, as Flux's; the waiter's
-  disconnect lets another wait).
+  disconnect, or its ``rexec.wait-cancel``, lets another wait).
+  ``timeout`` (seconds): ``ETIMEDOUT``
+  then, the command kept for a later wait.
+* ``rexec.wait-cancel {matchtag}`` (a notice): the sender's own wait of
+  that matchtag ends ``ECANCELED``, the command kept (what a client that
+  stops waiting sends: else the wait's answer, when the command ends,
+  reached nobody, and the command and its status were forgotten).
 * ``rexec.list {}``: ``{rank, procs: [{pid, cmd, mine, state, label, bg,
   waitable}]}``, the commands of the rank (``mine``: started by the
   asking client; ``state`` ``R`` running, ``Z`` zombie), as Flux's
@@ -135,6 +141,9 @@ keeps for ``rexec.wait``: its last bytes (Flux keeps 8 KiB in all, its
 newest records).  A rank with N such commands holds at most 2N MiB."""
 MAX_LABEL = 128
 """The longest label (characters): a name to type and to show in a table."""
+MAX_WAIT_TIMEOUT = 365 * 24 * 3600.0
+"""A ``rexec.wait`` ``timeout`` past this (a year) waits this long: the
+loop's timers take no bigger delay (uvloop's are 64-bit milliseconds)."""
 
 
 class OutputTail:
@@ -181,6 +190,8 @@ class _Running:
         """A zombie's exit status (set once it has ended, if waitable)."""
         self.waiter: Message | None = None
         """The ``rexec.wait`` to answer when it ends."""
+        self.wait_timer: asyncio.TimerHandle | None = None
+        """Ends :attr:`waiter` at its ``timeout`` (:meth:`RexecService.wait`)."""
         self.unacked = 0
         """Output bytes sent and not yet credited."""
         self.room = asyncio.Event()
@@ -257,6 +268,7 @@ class RexecService:
             "rexec.write": self.write,
             "rexec.kill": self.kill,
             "rexec.wait": self.wait,
+            "rexec.wait-cancel": self.wait_cancel,
             "rexec.list": self.list_,
             "rexec.credit": self.credit,
             "rexec.disconnect": self.disconnect,
@@ -294,9 +306,9 @@ class RexecService:
             if not run.msg.answered:
                 self.h.respond_error(run.msg, errno.ENOSYS, why)
         for run in (*self.running.values(), *self.zombies):
-            if run.waiter is not None:
-                self.h.respond_error(run.waiter, errno.ENOSYS, why)
-                run.waiter = None
+            waiter = _take_waiter(run)
+            if waiter is not None:
+                self.h.respond_error(waiter, errno.ENOSYS, why)
         self.running.clear()
         self.zombies.clear()
         self.labels.clear()
@@ -499,10 +511,10 @@ class RexecService:
             self._answer_waiter(run)
             return
         self._forget(run)
-        if run.waiter is not None:
-            self.h.respond_error(run.waiter, errno.EIO, f"rank {self.ctx.rank}: the status of "
+        waiter = _take_waiter(run)
+        if waiter is not None:
+            self.h.respond_error(waiter, errno.EIO, f"rank {self.ctx.rank}: the status of "
                                  f"{run.name()} was lost (see the rank's log)")
-            run.waiter = None
 
     def _forget(self, run: _Running) -> None:
         if run.label and self.labels.get(run.label) is run:
@@ -513,7 +525,8 @@ class RexecService:
         its status collected, it is forgotten."""
         if run.waiter is None or run.status is None:
             return
-        waiter, run.waiter = run.waiter, None
+        waiter = _take_waiter(run)
+        assert waiter is not None
         answer: dict[str, Any] = {"status": run.status}
         want = waiter.payload.get("output", False) if isinstance(waiter.payload, dict) else False
         if want and run.kept is not None:
@@ -601,7 +614,11 @@ class RexecService:
         self.h.respond(msg, {})
 
     def wait(self, msg: Message) -> None:
-        """``rexec.wait``: answered now for a zombie, else when it ends."""
+        """``rexec.wait``: answered now for a zombie, else when it ends, or
+        ``ETIMEDOUT`` at its ``timeout`` (the command kept for a later
+        wait).  One waiter at a time, as Flux's (``EBUSY``): a client that
+        gives up on its wait says so (``rexec.wait-cancel``) before it may
+        wait again."""
         self._allowed(msg)
         if msg.streaming:
             raise ErrnoError(errno.EPROTO, "rexec.wait is a plain request, not a streaming one")
@@ -609,14 +626,46 @@ class RexecService:
         output = msg.payload.get("output", False)
         if not isinstance(output, bool):
             raise ErrnoError(errno.EPROTO, "output must be a boolean")
+        timeout = msg.payload.get("timeout")
+        if timeout is not None and (type(timeout) not in (int, float) or not timeout >= 0):
+            raise ErrnoError(errno.EPROTO, "timeout must be a number of seconds, at least 0")
         if not run.waitable:
             raise ErrnoError(errno.EINVAL, f"{run.name()} is not waitable: only a background "
                              "command started waitable is (kvbroker exec --bg --waitable)")
         if run.waiter is not None:
-            raise ErrnoError(errno.EBUSY, f"{run.name()} is already being waited for by "
-                             "another client (one at a time)")
+            raise ErrnoError(errno.EBUSY, f"{run.name()} is already being waited for "
+                             "(one wait at a time)")
         run.waiter = msg
         self._answer_waiter(run)
+        if run.waiter is msg and timeout is not None:
+            run.wait_timer = asyncio.get_running_loop().call_later(
+                min(float(timeout), MAX_WAIT_TIMEOUT), self._wait_timed_out, run, msg,
+                float(timeout))
+
+    def _wait_timed_out(self, run: _Running, msg: Message, timeout: float) -> None:
+        if run.waiter is msg:
+            _take_waiter(run)
+            self.h.respond_error(msg, errno.ETIMEDOUT, f"{run.name()} has not ended within "
+                                 f"{timeout:g}s (it can be waited for again)")
+
+    def wait_cancel(self, msg: Message) -> None:
+        """``rexec.wait-cancel {matchtag}`` (a notice; ``{}`` if asked as a
+        request): the client's own wait of that matchtag ends ``ECANCELED``
+        and the command stays to be waited for.  Sent by a client that gave
+        up waiting (``Procs.wait`` cancelled): else the rank answered the
+        wait -- to nobody -- once the command ended, and forgot it and its
+        status.  Another client's wait, or one ended already, is left."""
+        self._allowed(msg)
+        tag = require(msg.payload, matchtag=int)["matchtag"]
+        route = tuple(msg.route)
+        for run in (*self.running.values(), *self.zombies):
+            w = run.waiter
+            if w is not None and w.matchtag == tag and tuple(w.route) == route:
+                _take_waiter(run)
+                self.h.respond_error(w, errno.ECANCELED, f"the wait for {run.name()} was "
+                                     "cancelled")
+                break
+        self.h.respond(msg, {})
 
     def credit(self, msg: Message) -> None:
         """``rexec.credit {pid, bytes}`` (a notice, never answered): the
@@ -641,7 +690,17 @@ class RexecService:
                 run.task.cancel()
         for run in (*self.running.values(), *self.zombies):
             if run.waiter is not None and tuple(run.waiter.route) == route:
-                run.waiter = None
+                _take_waiter(run)
+
+
+def _take_waiter(run: _Running) -> Message | None:
+    """``run``'s wait, no longer its (its timer stopped), for the caller to
+    answer or drop."""
+    waiter, run.waiter = run.waiter, None
+    if run.wait_timer is not None:
+        run.wait_timer.cancel()
+        run.wait_timer = None
+    return waiter
 
 
 def describe_status(status: int) -> str:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import contextlib
 import errno
 import os
 import signal
@@ -43,6 +44,11 @@ T = TypeVar("T")
 
 SERVICE = "rexec"
 """The subprocess service (the only one; ``sproc --service`` names it)."""
+
+WAIT_GRACE = 1.0
+"""Seconds :meth:`SyncProcs.wait` gives the rank past its ``timeout`` to
+answer that it gave up, before giving up on the rank itself (a stopped
+rank answers nothing), as :data:`kvs.client.WAIT_GRACE`."""
 
 Target = int | str
 """A command as a request names it: its pid, or its label."""
@@ -134,9 +140,11 @@ def named(target: Target) -> dict[str, Any]:
     return {"pid": target} if isinstance(target, int) else {"label": target}
 
 
-def _mapped(fut: asyncio.Future[Any], fn: Callable[[Any], T]) -> asyncio.Future[T]:
+def _mapped(fut: asyncio.Future[Any], fn: Callable[[Any], T], *,
+            timed_out: bool = False) -> asyncio.Future[T]:
     """A future of ``fn(fut's result)`` (its error, its cancel); cancelling
-    it cancels ``fut``, whose answer is then dropped."""
+    it cancels ``fut``, whose answer is then dropped.  ``timed_out``: the
+    rank's ``ETIMEDOUT`` (a ``timeout`` it was given) is ``TimeoutError``."""
     out: asyncio.Future[T] = fut.get_loop().create_future()
 
     def settled(f: asyncio.Future[Any]) -> None:
@@ -145,6 +153,9 @@ def _mapped(fut: asyncio.Future[Any], fn: Callable[[Any], T]) -> asyncio.Future[
         if f.cancelled():
             out.cancel()
         elif (error := f.exception()) is not None:
+            if (timed_out and isinstance(error, RemoteError)
+                    and error.errnum == errno.ETIMEDOUT):
+                error = TimeoutError(error.errstr)
             out.set_exception(error)
         else:
             try:
@@ -169,6 +180,10 @@ class Procs:
     def __init__(self, h: HandleCore, service: str = SERVICE) -> None:
         self.h = h
         self.service = service
+        self._waits: dict[int, tuple[asyncio.Future[WaitResult], int]] = {}
+        """The waits sent and not settled, by matchtag: one cancelled is
+        cancelled on its rank too, before the next request of this object
+        (:meth:`_tell_given_up`)."""
 
     async def start(self, cmd: builtins.list[str], *, ranks: Ranks = None,
                     waitable: bool = False, label: str | None = None,
@@ -233,20 +248,49 @@ class Procs:
         await self.h.rpc(f"{self.service}.kill", {**named(target), "signum": int(signum)},
                          nodeid=_nodeid(rank))
 
-    def wait(self, target: Target, *, rank: int | None = None,
-             output: bool = False) -> asyncio.Future[WaitResult]:
+    def wait(self, target: Target, *, rank: int | None = None, output: bool = False,
+             timeout: float | None = None) -> asyncio.Future[WaitResult]:
         """Wait for a waitable command to end (at once for a zombie) and
         collect it: the rank forgets it (a second wait is ``ESRCH``).
         ``output``: with what the rank kept of its output.  ``EINVAL`` for
         a command that is not waitable, ``EBUSY`` while another client
-        waits for it.
+        waits for it.  ``timeout`` (seconds): the rank gives up after that
+        long, keeping the command for a later wait, and the future fails
+        with ``TimeoutError``.
 
         A future, as ``h.rpc``'s, and the request is sent when this is
         called: ``w = procs.wait("job")``, then ``await procs.kill("job")``,
         reach the rank in that order, so the wait finds the command however
-        soon the signal ends it (``w.cancel()`` stops waiting here)."""
-        return _mapped(self.h.rpc(f"{self.service}.wait", {**named(target), "output": output},
-                                  nodeid=_nodeid(rank)), WaitResult.from_answer)
+        soon the signal ends it.  Cancelling it (``w.cancel()``, a
+        ``wait_for`` around it) cancels the wait on the rank too
+        (``rexec.wait-cancel``): else the rank would answer it -- to nobody
+        -- once the command ended, and forget the command and its status."""
+        payload: dict[str, Any] = {**named(target), "output": output}
+        if timeout is not None:
+            payload["timeout"] = max(float(timeout), 0.0)
+        nodeid = _nodeid(rank)
+        self._tell_given_up()
+        tag, answer = self.h.rpc_tagged(f"{self.service}.wait", payload, nodeid=nodeid)
+        out = _mapped(answer, WaitResult.from_answer, timed_out=timeout is not None)
+        self._waits[tag] = (out, nodeid)
+        out.add_done_callback(lambda _: self._tell_given_up())
+        return out
+
+    def _tell_given_up(self) -> None:
+        """Cancel on their ranks the waits cancelled here, and forget the
+        settled ones.  Run as a wait's future is done (a callback: a turn
+        later) and before each new wait is sent, so that a retry right
+        after ``w.cancel()`` reaches the rank after the cancel, not before
+        it (``EBUSY``)."""
+        for tag, (out, nodeid) in list(self._waits.items()):
+            if not out.done():
+                continue
+            del self._waits[tag]
+            if out.cancelled():
+                with contextlib.suppress(RemoteError, OSError):  # (the handle is closed)
+                    self.h.send_noresponse(f"{self.service}.wait-cancel", {"matchtag": tag},
+                                           nodeid=nodeid)
+                self.h.retire(tag)  # (the rank answers the wait ECANCELED: the tag is free)
 
     # -- helpers
     async def _ranks(self, ranks: Ranks) -> builtins.list[int]:
@@ -320,7 +364,11 @@ class SyncProcs:
 
     def wait(self, target: Target, *, rank: int | None = None, output: bool = False,
              timeout: float | None = None) -> WaitResult:
+        """:meth:`Procs.wait`; with ``timeout`` the rank gives up (keeping
+        the command) and this raises ``TimeoutError``; a rank that answers
+        nothing at all is given up on :data:`WAIT_GRACE` seconds later."""
         async def waiting() -> WaitResult:  # (sent once the call has the handle)
-            return await self.aio.wait(target, rank=rank, output=output)
+            return await self.aio.wait(target, rank=rank, output=output, timeout=timeout)
 
-        return self.sync_handle.run(waiting(), timeout)
+        return self.sync_handle.run(waiting(), None if timeout is None
+                                    else max(float(timeout), 0.0) + WAIT_GRACE)

@@ -31,7 +31,8 @@ TOPICS = (
     "kvs.stats-get kvs.wait-version module.list kvs.gc nosuch.service "
     "kvs.lease-grant kvs.lease-keepalive kvs.lease-revoke kvs.lease-info "
     # (rexec.exec is left out: the owner's random command lines would run)
-    "rexec.list rexec.kill rexec.wait rexec.write rexec.credit rexec.stats-get"
+    "rexec.list rexec.kill rexec.wait rexec.wait-cancel rexec.write rexec.credit "
+    "rexec.stats-get"
 ).split()
 FIELDS = (
     "key namespace flags ops names name owner rootseq rootref blobref data topic payload "

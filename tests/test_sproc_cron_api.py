@@ -91,6 +91,48 @@ async def test_procs_start_list_kill_wait(start_instance, connect) -> None:
     await asyncio.to_thread(blocking)
 
 
+async def test_a_wait_given_up_on_leaves_the_command_to_a_later_wait(
+        start_instance, connect) -> None:
+    """A wait given up on -- its ``timeout`` passed, its future cancelled
+    (a ``wait_for`` around it) -- is ended on the rank too, so the command
+    and its status stay for the next wait (the client-API audit: a retry
+    was ``EBUSY``, and once the command ended its status went to the
+    abandoned wait and the next was ``ESRCH``); another client cannot
+    cancel someone else's wait."""
+    inst = await start_instance(size=2)
+    h = await connect(inst, 0)
+    procs = Procs(h)
+    await procs.start_one(["sleep", "57.75"], rank=1, waitable=True, label="api-w")
+    for _ in range(2):  # (the retry finds no wait in its way)
+        with pytest.raises(TimeoutError, match="not ended within 0.05s"):
+            await procs.wait("api-w", rank=1, timeout=0.05)
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(procs.wait("api-w", rank=1), 0.05)  # (cancelled here)
+    given_up = procs.wait("api-w", rank=1)
+    given_up.cancel()
+    # (the cancels reach rank 1 before this wait: one path, in order)
+    waiting = procs.wait("api-w", rank=1)
+    other = await connect(inst, 0)
+    await refused(Procs(other).wait("api-w", rank=1), errno.EBUSY, "already being waited")
+    other.send_noresponse("rexec.wait-cancel", {"matchtag": 1}, nodeid=1)  # (not its wait)
+    await procs.kill("api-w", signal.SIGKILL, rank=1)
+    assert (await asyncio.wait_for(waiting, T)).code == 137
+    stats = await h.rpc("rexec.stats-get", nodeid=1)
+    assert stats["zombies"] == 0 and stats["waited"] == 1
+
+    def blocking() -> None:  # (the same through the blocking facade)
+        with sync_connect(inst.uri(1), timeout=10) as sh:
+            sp = SyncProcs(sh)
+            sp.start_one(["sleep", "57.5"], waitable=True, label="api-sw")
+            with pytest.raises(TimeoutError):
+                sp.wait("api-sw", timeout=0.05)
+            sp.kill("api-sw", signal.SIGKILL)
+            assert sp.wait("api-sw", timeout=10).code == 137
+
+    await asyncio.to_thread(blocking)
+    assert h.retired == 0  # (each wait given up on was answered ECANCELED or ETIMEDOUT)
+
+
 async def test_cron_entries(start_instance, connect) -> None:
     inst = await start_instance(size=2, attrs=MODULES)
     h = await connect(inst, 0)
