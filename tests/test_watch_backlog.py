@@ -154,10 +154,15 @@ async def test_folding_keeps_the_initial_sentinel_in_its_place(start_instance, c
     later = [f"{i}\n".encode() for i in range(30)] + [b"END\n"]
     async with asyncio.timeout(T):
         w = watch(h, "log", append=True, initial_sentinel=True, max_backlog=2).start()
-        for chunk in later:  # the reader has read nothing yet
-            await kvs.commit(TxnOps().append("log", chunk), NO_MERGE)
         stream = w._stream
         assert stream is not None
+
+        async def sentinel_here() -> bool:  # (else an append could be read as initial)
+            return any(m.payload is None for m in stream.unread)
+
+        await until(sentinel_here, "the initial answers and their sentinel")
+        for chunk in later:  # the reader has read nothing yet
+            await kvs.commit(TxnOps().append("log", chunk), NO_MERGE)
 
         async def all_here() -> bool:
             tail = stream.unread[-1].payload if stream.unread else None
