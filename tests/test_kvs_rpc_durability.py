@@ -332,6 +332,25 @@ async def test_rank_0_logs_what_it_restored_and_what_it_kept(tmp_path) -> None:
                        "and is not kept when the instance stops"]
 
 
+async def test_a_store_removed_while_running_fails_the_sync_commit_and_the_stop(
+        tmp_path) -> None:
+    """The store file removed under a running rank 0 (an operator's ``rm``,
+    a cleanup job; found by the crash audit): before, a ``--sync`` commit
+    after the removal was acknowledged into the unlinked file, the stop
+    was clean, and the next start found an empty store without a word.
+    Now the commit fails ``EIO`` naming the removed file, and so does the
+    stop (exit 1): nothing acknowledged durable is lost."""
+    sd = tmp_path / "sd"
+    store = sd / "content.sqlite"
+    rc, out, err = await run_cli(
+        "start", "--statedir", str(sd), "--", "sh", "-c",
+        f"kvbroker kvs put --sync a=1 && rm -f {store} {store}-wal {store}-shm && "
+        "kvbroker kvs put --sync b=2; echo put=$?", timeout=90)
+    assert out.strip().endswith("put=1"), (out, err)
+    assert f"the store file {store} was removed or replaced while the instance ran" in err
+    assert rc == 1, err
+
+
 async def test_without_statedir_nothing_persists(start_instance, connect, tmp_path) -> None:
     inst = await start_instance(size=1)
     rundir = inst.rundir

@@ -122,8 +122,11 @@ class SqliteStore:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         try:
             os.fchmod(fd, 0o600)
+            st = os.fstat(fd)
         finally:
             os.close(fd)
+        self._identity = (st.st_dev, st.st_ino)
+        """The file opened: :meth:`sync` checks that ``path`` still names it."""
         # A short busy timeout: the only contender is another instance
         # holding the file, whose exclusive lock lasts until it stops, so
         # waiting SQLite's usual 5 s only delays saying so (1 s still lets
@@ -556,7 +559,25 @@ class SqliteStore:
         self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
     def sync(self) -> None:
-        """Make every committed write durable (fsync through a WAL checkpoint)."""
+        """Make every committed write durable (fsync through a WAL checkpoint).
+
+        First, check that the store's path still names the file opened: one
+        removed or replaced under the running instance (a cleanup job, an
+        operator's ``rm``) took writes that nothing would ever read again
+        -- a SYNC commit was acknowledged into it and the next start found
+        an empty store, without a word (the crash audit).  That is a failed
+        sync, as a full disk's: the SYNC commit fails ``EIO``, the stop
+        says so and exits 1.  One ``stat`` per sync."""
+        try:
+            st = os.stat(self.path, follow_symlinks=False)
+            same = (st.st_dev, st.st_ino) == self._identity
+        except OSError:
+            same = False
+        if not same:
+            raise sqlite3.OperationalError(
+                f"the store file {self.path} was removed or replaced while the instance "
+                "ran, so nothing written is kept for the next start (the running "
+                "instance still reads it: kvbroker kvs dump saves what it holds)")
         self.db.execute("PRAGMA wal_checkpoint(FULL)")
 
     def close(self) -> None:
