@@ -214,10 +214,13 @@ def cmd_startlog(args: argparse.Namespace) -> int:
     async def main() -> int:
         async with await connect() as h:
             answer = await h.rpc("content.startlog", {}, nodeid=0)
-            history = startlog.runs(answer["runs"], live=True)
-            if not history:  # (no statedir: one run, this one, recorded nowhere)
+            recorded = answer.get("current", True) is not False
+            history = startlog.runs(answer["runs"], live=recorded)
+            if not history or not recorded:
+                # (no statedir, or a store that could not record this run
+                # (a full disk): this one is recorded nowhere)
                 started = float(await h.attr_get("broker.starttime", nodeid=0))
-                history = [startlog.Run(started, version=__version__)]
+                history.append(startlog.Run(started, version=__version__))
         return _print_runs(args, history)
 
     return run_async(args, main)

@@ -508,11 +508,14 @@ class KvsModule(Module):
         if self._content is None or not self._content.persistent:
             return
         try:
-            history = startlog.runs(await self._content.begin_run(self.checkpoint_period),
-                                    live=False)
+            rows = await self._content.begin_run(self.checkpoint_period)
         except ErrnoError as exc:
             self.log.warning("this run could not be recorded in the startlog (%s)", exc.errstr)
-            return
+            try:  # (the crash before it is still said: the runs can be read)
+                rows = await self._content.past_runs()
+            except ErrnoError:
+                return
+        history = startlog.runs(rows, live=False)
         if history and history[-1].crashed:
             self.log.warning("%s", startlog.crash_warning(history[-1]))
 

@@ -204,3 +204,30 @@ def test_a_runs_table_of_the_first_version_gains_the_period(tmp_path: Path) -> N
     assert startlog.crash_warning(startlog.Run(1000.0, crashed=True)).endswith(
         "the commits since its last checkpoint may have been lost (kvbroker startlog "
         "lists the runs)")
+
+
+async def test_a_crash_is_said_even_when_this_run_cannot_be_recorded(tmp_path: Path) -> None:
+    """Rank 0 killed (a crash), then started again on a store that cannot
+    record the new run (a full disk; here a trigger fails the row's
+    INSERT as SQLite does then; found by the crash audit on a full tmpfs).
+    Before, the start returned on that error before reading the runs, so
+    the "not shut down properly" warning was never given, and ``startlog``
+    took the crashed run for the current one (``running``; ``--check`` 0).
+    Now both are said, and this run is listed as running, recorded nowhere."""
+    sd = tmp_path / "sd"
+    rc, out, err = await _start(sd, "kvbroker kvs put a=1 && kvbroker kvs sync && "
+                                    "kill -9 $(kvbroker attr get broker.pid); sleep 60")
+    assert rc == 1 and "killed by signal 9" in err, err
+    db = sqlite3.connect(sd / "content.sqlite")
+    db.execute("CREATE TRIGGER disk_full BEFORE INSERT ON runs "
+               "BEGIN SELECT RAISE(FAIL, 'database or disk is full'); END")
+    db.commit()
+    db.close()
+    rc, out, err = await _start(sd, "kvbroker startlog; kvbroker startlog --check -q; "
+                                    "echo check=$?")
+    assert rc == 0, err
+    assert "this run could not be recorded in the startlog" in err, err
+    assert NOT_SHUT_DOWN in err, err
+    lines = out.splitlines()
+    assert lines[-1] == "check=1", out
+    assert CRASHED.match(lines[-3]) and RUNNING.match(lines[-2]), out

@@ -1605,6 +1605,15 @@ class ContentModule(Module):
                                       period, urgent=True)
         return before
 
+    async def past_runs(self) -> list[Row]:
+        """The runs recorded (:meth:`begin_run`'s answer, read only): what a
+        start whose own run could not be recorded (a full disk) still
+        reads, to say whether the run before it crashed."""
+        assert self.backing is not None and self.persistent
+        with _store_errors():
+            rows: list[Row] = await self.db(self.backing.runs, urgent=True)
+        return rows
+
     async def note_run_period(self, period: float) -> None:
         """This run's ``kvs.checkpoint-period`` changed (``attr set``)."""
         if self._run is not None and self.backing is not None:
@@ -1637,8 +1646,11 @@ class ContentModule(Module):
             except sqlite3.DatabaseError as exc:
                 raise ErrnoError(errno.EIO, f"the runs cannot be read from {backing.path}: "
                                             f"{exc}") from None
+        # current: the newest row is this run's (else it could not be
+        # recorded, and the newest is an earlier run's, maybe a crash)
         self.h.respond(msg, {"runs": [list(row) for row in rows],
-                             "statedir": bool(self.persistent)})
+                             "statedir": bool(self.persistent),
+                             "current": self._run is not None})
 
     async def stats_get(self, msg: Message) -> None:
         if not msg.is_owner:
