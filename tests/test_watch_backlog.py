@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import errno
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from typing import Any
 
 import pytest
+from test_watch_helpers import wait_until
 
 from broker.errors import RemoteError
 from kvs.client import KVS, NO_MERGE, SyncKVS, TxnOps
@@ -23,16 +24,6 @@ from kvs_watch.backlog import DEFAULT_MAX_BACKLOG
 from kvs_watch.client import INITIAL_DONE, WatchEntry, watch, watch_keys
 
 T = 30.0
-
-
-async def until(check: Callable[[], Awaitable[bool]], what: str, timeout: float = T) -> None:
-    """Poll ``check`` until it holds (time-boxed condition wait)."""
-    try:
-        async with asyncio.timeout(timeout):
-            while not await check():
-                await asyncio.sleep(0.01)
-    except TimeoutError:
-        raise AssertionError(f"timed out waiting for {what}") from None
 
 
 async def rank_watchers(h: Any) -> int:
@@ -74,7 +65,7 @@ async def test_overflow_keeps_the_answers_before_it_and_leaves_nothing_on_the_ra
         for i in range(1, 31):
             await kvs.commit(TxnOps().put("k", i), NO_MERGE)
         # The client cancelled it on the rank: the rank keeps nothing ...
-        await until(lambda: _eq(rank_watchers(h), 0), "the rank to drop the watcher")
+        await wait_until(lambda: _eq(rank_watchers(h), 0), what="the rank to drop the watcher")
         # ... and holds at most the bound (+ the error), whatever comes.
         assert w._stream is not None and len(w._stream.unread) <= 10 + 1
         got = []
@@ -127,7 +118,7 @@ async def test_an_append_reader_far_behind_reads_each_byte_once_in_order(
             tail = stream.unread[-1].payload if stream.unread else None
             return bool(tail and tail["val"]["data"].endswith(b"END\n"))
 
-        await until(all_here, "the last append's answer to reach the client")
+        await wait_until(all_here, what="the last append's answer to reach the client")
         assert len(stream.unread) <= 5  # folded: the bound held
         entries = []
         data = b""
@@ -160,7 +151,7 @@ async def test_folding_keeps_the_initial_sentinel_in_its_place(start_instance, c
         async def sentinel_here() -> bool:  # (else an append could be read as initial)
             return any(m.payload is None for m in stream.unread)
 
-        await until(sentinel_here, "the initial answers and their sentinel")
+        await wait_until(sentinel_here, what="the initial answers and their sentinel")
         for chunk in later:  # the reader has read nothing yet
             await kvs.commit(TxnOps().append("log", chunk), NO_MERGE)
 
@@ -168,7 +159,7 @@ async def test_folding_keeps_the_initial_sentinel_in_its_place(start_instance, c
             tail = stream.unread[-1].payload if stream.unread else None
             return bool(tail and tail["val"]["data"].endswith(b"END\n"))
 
-        await until(all_here, "the last append's answer to reach the client")
+        await wait_until(all_here, what="the last append's answer to reach the client")
         assert len(stream.unread) <= 2 + 2  # (the sentinel, and the entry after it)
         before, after, seen = b"", b"", False
         async with w:
@@ -196,7 +187,7 @@ async def test_a_key_watch_past_its_bound_ends_eoverflow(start_instance, connect
         assert (await anext(it)).initial
         for i in range(20):
             await kvs.commit(TxnOps().put(f"d.k{i}", i), NO_MERGE)
-        await until(lambda: _eq(rank_watchers(h), 0), "the rank to drop the key watcher")
+        await wait_until(lambda: _eq(rank_watchers(h), 0), what="the rank to drop the key watcher")
         got = []
         with pytest.raises(RemoteError) as ended:
             async for change in it:
