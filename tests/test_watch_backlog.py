@@ -203,7 +203,13 @@ async def test_the_bound_is_the_rank_max_backlog_unless_given(start_instance, co
     async with asyncio.timeout(T):
         async with watch(h, "k") as w:
             await anext(aiter(w))
-            assert w._stream is not None and w._stream.max_unread == 7
+            stream = w._stream
+            assert stream is not None
+
+            async def learnt() -> bool:  # (the attr.get sent with it is not waited for)
+                return stream.max_unread == 7
+
+            await wait_until(learnt, what="the rank's max-backlog to be learnt")
         async with watch(h, "k", max_backlog=3) as w2:  # (learnt once: no wait now)
             assert w2._stream is not None and w2._stream.max_unread == 3
         async with watch(h, "k") as w3:
