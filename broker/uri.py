@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import re
 import socket
@@ -69,6 +70,14 @@ class ResolveError(ValueError):
 
 class NotUpYet(ResolveError):
     """``kvbroker start`` whose ranks do not listen yet: ``--wait`` asks again."""
+
+
+class ProcessGone(ResolveError):
+    """No such process: none by that pid, or it exited while it was read
+    (its ``/proc`` files then fail ``ENOENT``, or ``ESRCH`` for a zombie)."""
+
+
+_GONE = (errno.ENOENT, errno.ESRCH)
 
 
 def parse_query(target: str) -> tuple[str, str | None, bool]:
@@ -234,7 +243,7 @@ def pid_uri(pid: int, proc: str = "/proc") -> str:
     docstring); :class:`ResolveError` if there is none."""
     where = f"pid:{pid}"
     if not os.path.isdir(os.path.join(proc, str(pid))):
-        raise ResolveError(f"{where}: no such process")
+        raise ProcessGone(f"{where}: no such process")
     sockets = listening_rank_sockets(proc)
     own = rank_socket(pid, proc, sockets)
     if own is not None:
@@ -242,6 +251,8 @@ def pid_uri(pid: int, proc: str = "/proc") -> str:
     try:
         argv = _cmdline(pid, proc)
     except OSError as exc:
+        if exc.errno in _GONE:
+            raise ProcessGone(f"{where}: no such process") from None
         raise ResolveError(f"{where}: {exc.strerror}") from None
     if starts_instances(argv):
         found = []
@@ -263,6 +274,8 @@ def pid_uri(pid: int, proc: str = "/proc") -> str:
     try:
         uri = _environ_uri(pid, proc)
     except OSError as exc:
+        if exc.errno in _GONE:
+            raise ProcessGone(f"{where}: no such process") from None
         raise ResolveError(f"{where}: cannot read its environment: {exc.strerror}") from None
     if uri is None:
         raise ResolveError(f"{where}: not in a kvbroker instance (no rank, no kvbroker "
@@ -314,6 +327,8 @@ async def wait_until_up(pid: int, poll: float = 0.05) -> str:
             break
         except NotUpYet:
             pass
+        except ProcessGone:
+            raise gone() from None
         except ResolveError:
             if not os.path.isdir(f"/proc/{pid}"):
                 raise gone() from None
