@@ -196,6 +196,21 @@ def test_children_by_either_way() -> None:
             k.wait()
 
 
+def test_a_process_that_exits_while_it_is_read_is_no_such_process(tmp_path: Path) -> None:
+    """``pid:PID`` of a process that exits between the check that it is
+    there and the reads of its ``/proc`` files (ENOENT; ESRCH for one
+    exiting): "no such process", as for one that was never there (the
+    fresh-clone CI once read "cannot read its environment: No such
+    process"); ``--wait`` then says it exited before its instance was up.
+    A ``/proc`` made here: its process directory is there, its files not."""
+    (tmp_path / "net").mkdir()
+    (tmp_path / "net" / "unix").write_text(
+        "Num       RefCount Protocol Flags    Type St Inode Path\n")
+    (tmp_path / "4242").mkdir()
+    with pytest.raises(urimod.ProcessGone, match="^pid:4242: no such process$"):
+        urimod.pid_uri(4242, proc=str(tmp_path))
+
+
 def test_queries_and_command_lines() -> None:
     assert urimod.parse_query("pid:1?local") == ("pid:1", "local", False)
     assert urimod.parse_query("pid:1?remote&remote") == ("pid:1", "remote", False)
