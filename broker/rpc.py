@@ -17,6 +17,11 @@ from typing import Any, final
 from broker.errors import RemoteError
 from broker.message import NODEID_ANY, Message, MsgFlags, MsgType
 
+WAIT_GRACE = 1.0
+"""Seconds a client gives a rank past a wait's own ``timeout`` (sent in the
+request: ``kvs.wait-version``, ``rexec.wait``) to say it gave up -- its
+answer says why -- before giving up on the rank itself: a stopped rank
+answers nothing, and the wait had no end."""
 
 @final
 class Stream:

@@ -35,7 +35,7 @@ from broker.command import exit_code
 from broker.errors import ErrnoError, RemoteError
 from broker.idset import decode_ranks
 from broker.message import NODEID_ANY
-from broker.rpc import HandleCore
+from broker.rpc import WAIT_GRACE, HandleCore
 
 if TYPE_CHECKING:
     from broker.sync import SyncHandle
@@ -44,11 +44,6 @@ T = TypeVar("T")
 
 SERVICE = "rexec"
 """The subprocess service (the only one; ``sproc --service`` names it)."""
-
-WAIT_GRACE = 1.0
-"""Seconds :meth:`SyncProcs.wait` gives the rank past its ``timeout`` to
-answer that it gave up, before giving up on the rank itself (a stopped
-rank answers nothing), as :data:`kvs.client.WAIT_GRACE`."""
 
 Target = int | str
 """A command as a request names it: its pid, or its label."""

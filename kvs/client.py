@@ -69,6 +69,7 @@ from typing import (
 from broker.errors import ErrnoError, RemoteError
 from broker.handle import Connecting
 from broker.message import NODEID_ANY
+from broker.rpc import WAIT_GRACE
 from broker.sync import DEFAULT, Default
 from kvs import eventlog, treeobj
 from kvs.diff import Change
@@ -137,11 +138,6 @@ NAMESPACE_ENV = "KVBROKER_NAMESPACE"
 _NO_DEFAULT: Any = object()
 """What ``get(key)`` without a ``default`` gets: a missing key is ``ENOENT``
 (None cannot mean "no default": it is a useful default)."""
-
-WAIT_GRACE = 1.0
-"""Seconds :meth:`KVS.wait_version` gives the rank past its ``timeout`` to
-say it gave up (its answer says why) before giving up on the rank itself:
-a stopped rank answers nothing, and the wait had no end."""
 
 
 READ_WINDOW = 64

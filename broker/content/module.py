@@ -1598,9 +1598,9 @@ class ContentModule(Module):
         asks, :mod:`broker.startlog`): the runs recorded so far, oldest
         first, and this one recorded after them, durably, with its
         ``kvs.checkpoint-period``."""
-        assert self.backing is not None and self.persistent
+        before = await self.past_runs()
+        assert self.backing is not None
         with _store_errors():
-            before: list[Row] = await self.db(self.backing.runs, urgent=True)
             self._run = await self.db(self.backing.run_begin, time.time(), __version__,
                                       period, urgent=True)
         return before
