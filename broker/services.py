@@ -195,9 +195,9 @@ class BrokerServices(Module):
         instance owner only, as Flux's ``attr.set``): ``{name, value}``,
         ``value`` as text, as ``-S`` gives it.  An unknown name is ENOENT,
         one fixed at start or a bad value EINVAL, with the reason."""
-        p = require(msg.payload, name=str, value=str)
-        if not msg.is_owner:
+        if not msg.is_owner:  # (before the payload: a guest learns nothing of it)
             raise ErrnoError(errno.EPERM, "only the instance owner may set attributes")
+        p = require(msg.payload, name=str, value=str)
         self.broker.set_attr(p["name"], p["value"])
         self.h.respond(msg, {})
 
@@ -209,9 +209,9 @@ class BrokerServices(Module):
         (``rank N is already lost``, as Flux's), ``ENXIO`` if it is not a
         connected child of this rank (ENOENT's "No such file or directory"
         read like a missing file)."""
-        child = require(msg.payload, rank=int)["rank"]
         if not msg.is_owner:
             raise ErrnoError(errno.EPERM, "only the instance owner may disconnect ranks")
+        child = require(msg.payload, rank=int)["rank"]
         overlay = self.broker.overlay
         if overlay is not None and overlay.was_lost(child):
             raise ErrnoError(errno.EHOSTUNREACH, f"rank {child} is already lost")
@@ -330,14 +330,14 @@ class BrokerServices(Module):
         (:func:`broker.logring.clip`) before it reaches stderr too, as
         Flux cuts a log message: a script's megabyte was written whole to
         the rank's stderr, at once, from its event loop."""
+        if not msg.is_owner:
+            raise ErrnoError(errno.EPERM, "only the instance owner may write to the log")
         p = require(msg.payload, message=str)
         level, name = p.get("level", "info"), p.get("name", "logger")
         if type(level) is not str or level.lower() not in battrs.LOG_LEVELS:
             raise ErrnoError(errno.EINVAL, f"level must be one of {', '.join(battrs.LOG_LEVELS)}")
         if type(name) is not str or not _LOGGER_NAME.fullmatch(name):
             raise ErrnoError(errno.EINVAL, "name must be 1 to 64 letters, digits, '.', '_' or '-'")
-        if not msg.is_owner:
-            raise ErrnoError(errno.EPERM, "only the instance owner may write to the log")
         levelno = logging.getLevelName(level.upper())
         if _CLIENT_LOG.isEnabledFor(levelno):
             _CLIENT_LOG.handle(_CLIENT_LOG.makeRecord(

@@ -60,6 +60,8 @@ class OverlayTrace:
         topic_glob?, nodeid?, full?}`` as Flux's (``typemask`` of
         :class:`MsgType` bits, default all; ``nodeid``: the overlay peer,
         -1 any)."""
+        if not msg.is_owner:  # (what other users send crosses the overlay too)
+            raise ErrnoError(errno.EPERM, "only the instance owner may trace the overlay")
         p = msg.payload if msg.payload is not None else {}
         if not isinstance(p, dict):
             raise ErrnoError(errno.EPROTO, "the payload must be a map")
@@ -74,8 +76,6 @@ class OverlayTrace:
                                            "a string, full a boolean")
         if not msg.flags & MsgFlags.STREAMING:
             raise ErrnoError(errno.EPROTO, "overlay.trace is a streaming request")
-        if not msg.is_owner:  # (what other users send crosses the overlay too)
-            raise ErrnoError(errno.EPERM, "only the instance owner may trace the overlay")
         self._tracers[(tuple(msg.route), msg.matchtag)] = _Tracer(
             msg, typemask or ALL_TYPES, re.compile(fnmatch.translate(glob)), peer, bool(full))
         self._on_change(len(self._tracers))

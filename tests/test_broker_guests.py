@@ -263,3 +263,22 @@ async def test_a_guests_topic_reaches_the_owners_log_escaped(start_instance) -> 
     with open(inst.stderr_path) as f:
         log = f.read()
     assert "malformed request" in log and "\x1b" not in log, repr(log[-2000:])
+
+
+async def test_a_guest_is_refused_before_its_payload_is_read(start_instance) -> None:
+    """An owner-only service answers a guest ``EPERM`` whatever it sent, as
+    Flux's dispatch refuses a role before the handler runs: a malformed
+    payload is not judged first (``EPROTO``/``EINVAL`` told a guest what
+    the owner's request looks like, and made it look allowed)."""
+    inst = await start_instance(size=2, attrs=ALLOW)
+    bad = [("attr.set", "{}"), ("overlay.disconnect-subtree", '{"rank": "x"}'),
+           ("log.append", '{"message": 5}'), ("log.append", '{"message": "m", "level": 7}'),
+           ("overlay.trace", "[]"), ("kvs.gc", "[]"), ("kvs.namespace-create", "{}"),
+           ("content.checkpoint-get", "[]"), ("module.load", "{}")]
+    for topic, payload in bad:
+        rc, out, err = await run_guest_cli(inst.uri(1), "rpc", "--rank", "1", topic, payload)
+        assert rc == 1 and out == "", (topic, out, err)
+        assert "Operation not permitted" in err, (topic, err)
+        # the owner sending the same is told what is wrong with it instead
+        rc, out, err = await run_cli("rpc", "--rank", "1", topic, payload, uri=inst.uri(1))
+        assert rc == 1 and "Operation not permitted" not in err, (topic, err)
