@@ -12,7 +12,7 @@ import tarfile
 
 from test_broker_support import run_cli
 from test_kvs_rpc_helpers import READDIR, TREEOBJ, errnum, getroot
-from test_watch_append import take
+from test_watch_append import take, take_bytes
 from test_watch_helpers import append, commit, put
 
 from broker.errors import RemoteError
@@ -238,7 +238,7 @@ async def test_a_log_of_more_than_a_group_of_chunks_is_read_watched_and_collecte
     assert len(index) == 1 and len(chunks) == 127 and len(tail) == 125
     assert (await lookup(h1, "log", TREEOBJ))["data"] == refs
     async with watch(h1, "log", append=True) as w:
-        assert await take(w, len(lines)) == lines
+        assert await take_bytes(w, len(b"".join(lines))) == b"".join(lines)
         more = [line(i) for i in range(6)]  # the second group fills at the third
         for ln in more:
             await commit(h0, append("log", ln))

@@ -51,6 +51,21 @@ async def take(w, n: int, timeout: float = 10.0) -> list:
     return out
 
 
+async def take_bytes(w, size: int, timeout: float = 30.0) -> bytes:
+    """The next ``size`` bytes an append watch reports, joined: however many
+    entries carry them.  A reader more than its bound behind (the client's
+    ``max_backlog``: a loaded machine, a long initial read) gets its unread
+    answers folded into fewer entries, each byte once, in order, so a test
+    of what is read counts bytes, not entries."""
+    out = b""
+    async with asyncio.timeout(timeout):
+        while len(out) < size:
+            e = await anext(w)
+            assert isinstance(e, WatchEntry), e
+            out += e.value
+    return out
+
+
 async def raises(w, timeout: float = 10.0) -> int:
     try:
         async with asyncio.timeout(timeout):
