@@ -14,7 +14,10 @@ Links come in two transports, chosen by the attribute ``tbon.transport``:
   it is answered as for a lost rank.  (A fixed identity would make the
   ROUTER refuse the newcomer -- losing its hello -- until heartbeats drop
   the old connection; and with ZeroMQ's identity handover a resumed old
-  process reconnecting would take the identity back.)  Sockets are plain pyzmq
+  process reconnecting would take the identity back.)  ZeroMQ's reconnect
+  is off on the DEALER: a child dials its parent itself, each time from a
+  new DEALER, until the parent answers its hello (:meth:`Overlay._dial_again`),
+  and once joined a closed link is a lost parent.  Sockets are plain pyzmq
 sockets driven by the asyncio loop's reader callback on the ZeroMQ FD: each
 wake-up drains every message that is ready (ZeroMQ's FD is edge-triggered,
 so the socket is re-checked after every send too).
@@ -23,7 +26,7 @@ Handshake (CONTROL messages):
 
 * ``overlay.hello`` child -> parent ``{rank, process, size, hostname, hash}``
   (``process``: a random name of the child's process, the same in each of
-  its hellos, on any connection: :meth:`Overlay._renew_up`; ``size``: the
+  its hellos, on any connection: :meth:`Overlay._dial_again`; ``size``: the
   instance size the child was started with; ``hostname``: the child's
   ``hostname`` attribute; ``hash``: its ``content.hash``); the parent
   admits only its own children, of its own size and hash, and answers
@@ -110,7 +113,7 @@ DEFAULT_TRANSPORT = "unix"
 REFUSALS_TO_GIVE_UP = 5
 """CURVE handshakes the parent refuses in a row before a rank that has not
 joined yet stops (:meth:`Overlay._on_up_monitor`): a fraction of a second
-at ZeroMQ's 20 ms between tries."""
+at the 20 ms to 0.2 s between dials (:meth:`Overlay._dial_again`)."""
 EXIT_REFUSED = 3
 """Exit status of a rank whose parent refused its CURVE key: not 1 (a lost
 parent, which a supervisor's restart may cure), so that a supervisor can
@@ -368,6 +371,10 @@ class Overlay:
         parent answered), None while one is up: :meth:`_hello_due` warns
         after :attr:`connect_timeout` seconds of it, once per outage."""
         self._hello_timer: asyncio.TimerHandle | None = None
+        self._dial_timer: asyncio.TimerHandle | None = None
+        """ZeroMQ, before joining: the next dial of the parent (:meth:`_dial_later`)."""
+        self._dial_wait = 0.0
+        """Seconds before the next dial (0: not set yet): see ``RECONNECT_IVL_MS``."""
         self._resolving: asyncio.Task[None] | None = None
         """ZeroMQ: the look-up of the parent's host name (:meth:`_check_parent_host`)."""
         self._hello_retry = HELLO_RETRY_FIRST
@@ -379,7 +386,7 @@ class Overlay:
         self._unreached_warned = False
         self.process_id = secrets.token_hex(8)
         """Names this process in its hellos, on every connection: a parent
-        then tells a connection renewed by this process (:meth:`_renew_up`)
+        then tells a connection renewed by this process (:meth:`_dial_again`)
         from a restart of the rank."""
         self._stopping_refused = False
         self.refused = 0
@@ -610,10 +617,12 @@ class Overlay:
             payload["hash"] = self.content_hash
         return payload
 
-    def _say_hello(self) -> None:
+    def _say_hello(self, counted: bool = True) -> None:
         """ZeroMQ: say hello to the parent, and make sure it is said again
-        until the parent answers (:meth:`_hello_due`)."""
-        self._hellos += 1
+        until the parent answers (:meth:`_hello_due`).  Not ``counted``: the
+        one queued on the last dial never left (that link never connected)."""
+        if counted:
+            self._hellos += 1
         self._control_up("overlay.hello", self._hello_payload())
         if self._hello_timer is None:
             self._hello_timer = asyncio.get_running_loop().call_later(self._hello_retry,
@@ -664,23 +673,53 @@ class Overlay:
         if self._hello_timer is None:
             self._hello_timer = loop.call_later(self._hello_retry, self._hello_due)
 
-    def _renew_up(self) -> None:
-        """ZeroMQ: the link to the parent closed after its handshake and
-        before the parent answered our hello: say hello again from a new
-        DEALER, with a new identity.  A parent that read our hello admitted
-        the old identity, lost it with its connection, and drops what that
-        identity sends from then on (it may be an old process resuming:
-        :attr:`_cut_off`), so a hello said again on the old DEALER, which
-        dials again by itself, was never answered."""
+    def _dial_later(self, handshaken: bool) -> None:
+        """ZeroMQ: the link to the parent failed or closed before the parent
+        answered our hello: dial again (:meth:`_dial_again`) after
+        ``RECONNECT_IVL_MS``, doubled for each dial in a row that completed
+        no handshake, up to ``RECONNECT_IVL_MAX_MS``.  ``handshaken``: that
+        link had completed its handshake, so the parent may have read our
+        hello -- an outage of its own, warned about again if it lasts
+        (:meth:`_hello_due`)."""
+        from broker import overlay_zmq as zl
+
+        if self._dial_timer is not None:
+            return  # (one dial at a time)
+        loop = asyncio.get_running_loop()
+        if handshaken:
+            self._unreached_since = loop.time()
+            self._dial_wait = 0.0
+        wait = self._dial_wait or zl.RECONNECT_IVL_MS / 1000
+        self._dial_wait = min(2 * wait, zl.RECONNECT_IVL_MAX_MS / 1000)
+        # (later: this runs inside a read of the monitor it closes)
+        self._dial_timer = loop.call_later(wait, self._dial_again, handshaken)
+
+    def _dial_again(self, handshaken: bool) -> None:
+        """ZeroMQ: dial the parent again, from a new DEALER with a new
+        identity, and say hello on it.
+
+        ZeroMQ's reconnect is off (:func:`~broker.overlay_zmq.parent_socket`):
+        this is how a rank started before its parent, or whose parent
+        restarts before answering, gets through.  A new DEALER rather than a
+        new connect on the old one: nothing the old socket's monitor still
+        reports can be taken for the new connection's, and after a link
+        that closed following its handshake the identity must be new -- a
+        parent that read our hello admitted the old identity, lost it with
+        its connection, and drops what that identity sends from then on (it
+        may be an old process resuming: :attr:`_cut_off`), so a hello said
+        again from it was never answered.  The hello queued on a link that
+        never connected went with it unsent, and is not counted again."""
+        self._dial_timer = None
         if (self.parent_acked or self._closing or self._parent_gone or self._stopping_refused
                 or self._up is None or self.parent is None):
             return
-        log.info("the link to parent rank %d at %s closed before it answered this rank's "
-                 "hello: saying hello again on a new connection", self.parent,
-                 self.endpoint(self.parent))
+        if handshaken:
+            log.info("the link to parent rank %d at %s closed before it answered this "
+                     "rank's hello: saying hello again on a new connection", self.parent,
+                     self.endpoint(self.parent))
         self._close_up()
         self._open_up()
-        self._say_hello()
+        self._say_hello(counted=handshaken)
 
     @property
     def parent_gone(self) -> bool:
@@ -751,6 +790,8 @@ class Overlay:
             self._check_timer.cancel()
         if self._hello_timer is not None:
             self._hello_timer.cancel()
+        if self._dial_timer is not None:
+            self._dial_timer.cancel()
         if self._resolving is not None:
             self._resolving.cancel()
         if self._streams is not None:
@@ -884,15 +925,12 @@ class Overlay:
         from broker import overlay_zmq as zl
 
         disconnected, event, value = zl.monitor_event(parts)
-        if disconnected:
+        if disconnected or event == zl.CLOSED:  # (this dial is over: see UP_MONITORED)
             if self._up is not None:
                 self._up.read_all()  # (its last messages first: maybe a shutdown)
             handshaken, self._up_handshaken = self._up_handshaken, False
-            if handshaken and not self.parent_acked:
-                # (an outage of its own: warned about again, if it lasts)
-                self._unreached_since = asyncio.get_running_loop().time()
-                # (later: this runs inside a read of the monitor it closes)
-                asyncio.get_running_loop().call_soon(self._renew_up)
+            if not self.parent_acked:
+                self._dial_later(handshaken)
                 return
             self._parent_lost(
                 "its link closed: the parent stopped, or dropped this rank -- after "
@@ -926,21 +964,6 @@ class Overlay:
                              "curve_cert must be the same key file as its parent's)",
                              EXIT_REFUSED)
             return
-        if event == zl.HANDSHAKE_FAILED_AUTH and self._up is not None:
-            # ZeroMQ never retries after the parent's ZAP handler said no
-            # (it gives up the connection): dial again, as it does after
-            # any other failure, and say hello again (the queued one went
-            # with the connection)
-            asyncio.get_running_loop().call_later(zl.RECONNECT_IVL_MS / 1000, self._redial)
-
-    def _redial(self) -> None:
-        from broker import overlay_zmq as zl
-
-        if self._closing or self._up is None or self.parent is None:
-            return
-        zl.redial(self._up.sock, self.endpoint(self.parent))
-        self._say_hello()
-
     def _on_monitor(self, parts: list[bytes]) -> None:
         """An event of the children's socket: a connection accepted or
         closed, or a failed CURVE handshake -- wrong keys (ZAP refused them,
@@ -962,7 +985,7 @@ class Overlay:
                 self._conn_closed(conn)
             return
         self.refused += 1
-        # Once, not per retry: a refused peer dials again every 20 ms (a
+        # Once, not per retry: a refused peer dials again within 0.2 s (a
         # rank gives up after a few; anything else may go on for ever).
         self._refusal_log.log(
             logging.WARNING, "refused",
@@ -1157,9 +1180,10 @@ class Overlay:
             if child is not None:  # (a replaced connection was forgotten already)
                 del self._child_ident[child]
                 # What that identity sends from now on is an old process's:
-                # one stopped past the heartbeat timeout (SIGSTOP) runs again,
-                # and its DEALER dials again before it reads that its link
-                # closed -- its keepalive was a stranger's WARNING
+                # one stopped past the heartbeat timeout (SIGSTOP) runs again
+                # -- a DEALER of an older kvbroker, whose ZeroMQ reconnect was
+                # on, dialled again before its loop read that its link closed,
+                # and its keepalive was a stranger's WARNING
                 self._cut(ident)
                 self._lose_child(child, "its connection closed, or it answered no "
                                  f"heartbeat for {zl.HEARTBEAT_TIMEOUT_MS // 1000} s")
@@ -1218,7 +1242,7 @@ class Overlay:
         told to stop, and the requests it held are answered as for a lost
         rank.  If the hello names the process the old connection's did, it
         is that process on a new connection (the answer to its hello was
-        lost with the old one: :meth:`_renew_up`), not a replacement: no
+        lost with the old one: :meth:`_dial_again`), not a replacement: no
         one to stop, nothing counted."""
         old = self._child_ident.get(child)
         if old is not None:
@@ -1489,10 +1513,9 @@ class Overlay:
     def _parent_lost(self, why: str) -> None:
         """The link to the parent broke without a shutdown: stop (see the
         module's docstring).  Before the parent answered our hello this is
-        still start-up, where a ZeroMQ link may come and go (it dials again
-        by itself, and a link that closes after its handshake is replaced:
-        :meth:`_renew_up`).  A stream link is connected once, and a parent closes
-        it before answering our hello only when it refused it (another
+        still start-up, where a ZeroMQ link may come and go (the rank dials
+        again: :meth:`_dial_again`).  A stream link is connected once, and a
+        parent closes it before answering our hello only when it refused it (another
         process of this rank still holds its link, or the hello was not a
         child's) or stopped: nothing would ever answer, and the rank waited
         for ever, silent.  It stops with status 1, saying why, as a Flux

@@ -45,15 +45,31 @@ long (a host that died without closing its sockets) is disconnected."""
 HANDSHAKE_IVL_MS = 5000
 """A peer must complete its ZeroMQ (CURVE) handshake within this."""
 RECONNECT_IVL_MS = 20
-"""A DEALER dials its parent again this long after a failure."""
+"""A rank that has not joined yet dials its parent again this long after a
+connection that failed or closed (:meth:`broker.overlay.Overlay._dial_again`);
+ZeroMQ's own reconnect is off on that link (:func:`parent_socket`).  The
+wait doubles with each dial in a row that did not complete a handshake, up
+to :data:`RECONNECT_IVL_MAX_MS`."""
+RECONNECT_IVL_MAX_MS = 200
+"""The longest wait between two dials: each dial is a new socket and its
+monitor, and a rank waiting for a parent not started yet took 3.5% of a CPU
+dialling every 20 ms (with ZeroMQ's own redial at 20 ms: 0.3%); at 0.2 s,
+under 1%, and a child started long before its parent still joins within
+0.2 s of the parent's start."""
 HANDSHAKE_SUCCEEDED = zmq.EVENT_HANDSHAKE_SUCCEEDED
-HANDSHAKE_FAILED_AUTH = zmq.EVENT_HANDSHAKE_FAILED_AUTH
+CLOSED = zmq.EVENT_CLOSED
 MONITORED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
              | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_DISCONNECTED)
 """Monitor events of a link: a failed handshake (wrong keys), a closed connection."""
-UP_MONITORED = MONITORED | zmq.EVENT_HANDSHAKE_SUCCEEDED
-"""The link to the parent also hears of handshakes that succeed: its count
-of refusals in a row starts again."""
+UP_MONITORED = MONITORED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_CLOSED
+"""The link to the parent also hears of handshakes that succeed (its count
+of refusals in a row starts again) and of connect attempts that failed
+(``CLOSED``).  With ZeroMQ's reconnect off, libzmq 4.3 ends each dial with
+exactly one of ``CLOSED`` (no connection: an ipc path not there or not
+listened on, a tcp connect refused or past ``CONNECT_TIMEOUT``) or
+``DISCONNECTED`` (a connection that closed: the peer went, a handshake
+failed, was refused or timed out, heartbeats went unanswered), then stays
+idle: either one is the rank's cue to dial again."""
 ACCEPTED = zmq.EVENT_ACCEPTED
 DOWN_MONITORED = MONITORED | ACCEPTED
 """The children's socket also hears of each connection accepted: with the
@@ -151,11 +167,21 @@ def parent_socket(ctx: zmq.Context[Any], rank: int, endpoint: str,
     then thought its link not live, never said its hello again, and waited
     for ever when the parent's answer to the first was lost (seen once in
     CI on a loaded machine).  ``connect_timeout`` (``tbon.connect_timeout``,
-    seconds; 0: the system's) bounds one TCP connect attempt, which ZeroMQ
-    then makes again."""
+    seconds; 0: the system's) bounds one TCP connect attempt.
+
+    ZeroMQ's reconnect is off (``RECONNECT_IVL`` -1): the socket dials once,
+    and the rank dials again with a new socket while it has not joined.  A
+    joined rank never uses a reconnected link (a closed link is a lost
+    parent: it exits 1), and that reconnect was harmful: a link dropped at
+    the heartbeat timeout while its input was stopped at the high-water
+    mark (a rank whose loop hung under a flood) was reconnected by libzmq
+    4.3.5, which then aborted the process once the loop read again
+    (``Assertion failed: _input_stopped``, zeromq/libzmq#3937).  libzmq
+    copies options into a connection at ``connect()``, so the option could
+    not be turned off later, once joined: it is never on."""
     s: zmq.Socket[Any] = ctx.socket(zmq.DEALER)
     s.setsockopt(zmq.IDENTITY, f"{rank}-{secrets.token_hex(6)}".encode())
-    s.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
+    s.setsockopt(zmq.RECONNECT_IVL, -1)
     if connect_timeout > 0:
         s.setsockopt(zmq.CONNECT_TIMEOUT, max(1, round(connect_timeout * 1000)))
     _link_options(s, endpoint, ipv6)
@@ -211,17 +237,6 @@ def refusal(event: int, value: int, server: bool = False) -> str | None:
                f"connection during the handshake, as a CURVE server does with a hello " \
                f"made for another key"
     return None
-
-
-def redial(sock: zmq.Socket[Any], endpoint: str) -> None:
-    """Connect ``sock`` to ``endpoint`` again: after a ZAP refusal ZeroMQ
-    gives the connection up for good, where it dials again after any
-    other failure."""
-    try:
-        sock.disconnect(endpoint)
-    except zmq.ZMQError:
-        pass  # (gone already)
-    sock.connect(endpoint)
 
 
 class Connection:

@@ -290,7 +290,7 @@ async def test_what_a_lost_child_s_process_sends_when_it_resumes_is_dropped_quie
 async def test_a_hello_from_the_same_process_on_a_new_connection_replaces_nothing(
         parent: Parent, caplog: pytest.LogCaptureFixture) -> None:
     """A child whose link closed before its hello was answered says hello
-    again from a new DEALER (``Overlay._renew_up``), whose hello names the
+    again from a new DEALER (``Overlay._dial_again``), whose hello names the
     same process; the parent may not have seen the old connection close
     yet.  That is the same process on a new connection: the old one is
     dropped, but nothing is counted as a replacement or a rejoin (``overlay
