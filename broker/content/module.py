@@ -419,7 +419,7 @@ class ContentModule(Module):
             path = os.path.join(directory, STORE_FILE)
             if not statedir and await asyncio.to_thread(_holds_checkpoints, path):
                 raise _a_statedirs_store(path)
-            await asyncio.to_thread(_remove_leftover, path, statedir)
+            await self.db(_remove_leftover, path, statedir)  # (no other thread made)
             restored = None
             if self.ctx.attrs.get(RESTORE.name):
                 from kvs import dumps  # (content.restore: Flux's restore at start)
