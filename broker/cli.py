@@ -230,14 +230,14 @@ def _stopped_runs(statedir: str) -> list[Any]:
     """The runs a stopped instance's statedir records (``startlog --statedir``)."""
     import sqlite3
 
-    from broker.content.sqlite import STORE_FILE, SqliteStore, StoreLocked
+    from broker.content.sqlite import STORE_FILE, StoreLocked, open_to_read
 
     path = os.path.join(statedir, STORE_FILE)
     if not os.path.isfile(path):
         why = "no such directory" if not os.path.isdir(statedir) else f"it has no {STORE_FILE}"
         raise CLIError("startlog", detail=f"statedir {statedir}: {why}")
     try:
-        store = SqliteStore(path)
+        store = open_to_read(path)  # (a read-only statedir too: a snapshot)
     except StoreLocked:
         raise CLIError("startlog", detail=f"statedir {statedir} is in use by a running "
                                           "instance: ask it (kvbroker startlog with its "

@@ -71,9 +71,9 @@ from typing import IO, TYPE_CHECKING, Any, Literal, Self
 
 import msgpack
 
-from broker.content import blobref
+from broker.content import blobref, locks, storefile
 from broker.content.module import DEFAULT_BLOB_LIMIT
-from broker.content.sqlite import STORE_FILE, SqliteStore, StoreLocked
+from broker.content.sqlite import STORE_FILE, SqliteStore, StoreLocked, open_to_read
 from broker.errors import ErrnoError, RemoteError
 from broker.launch import StartError, private_dir
 from kvs import shards, treeobj, txn
@@ -383,7 +383,7 @@ def dump_checkpoint(statedir: str, out: str | IO[bytes], *,
     --ignore-failed-read``: salvaging what a damaged store still holds) the
     value, or the directory's subtree, is left out and said in
     :attr:`Report.skipped`."""
-    with open_stopped_store(statedir, create=False) as store:
+    with open_stopped_store(statedir, create=False, read_only=True) as store:
         kept = store.checkpoint_list(CHECKPOINT_KEY)
         if not kept:
             raise ArchiveError(f"statedir {statedir} has no KVS checkpoint "
@@ -993,63 +993,97 @@ def restore_checkpoint(statedir: str, source: str | IO[bytes], *,
     """Write archive ``source`` into the content store of the *stopped*
     instance whose statedir is ``statedir`` (made if missing) and make it
     the KVS checkpoint: the primary namespace of the next start, at
-    version 0, as Flux's ``restore --checkpoint``.  What the old checkpoint
-    held stays in the store until ``kvbroker kvs gc``; a run that stops
-    half way leaves the old checkpoint in place.  A value over
+    version 0, as Flux's ``restore --checkpoint``.  A value over
     ``blob_limit`` (the instance's ``content.blob-size-limit``, if known:
-    the instance is stopped) is stored in several blobs, as online."""
+    the instance is stopped) is stored in several blobs, as online.
+
+    All or nothing, a kill included: into a store, the blobs go in first
+    and the checkpoint last (SQLite replays its WAL as a prefix), so a run
+    that stops half way leaves the old checkpoint in place, and what it
+    wrote as garbage for ``kvbroker kvs gc``; into a statedir without one,
+    the store is built under a temporary name (:mod:`broker.content.storefile`)
+    and renamed when whole, so a run that stops half way leaves no store."""
     report = Report()
     path = os.path.join(statedir, STORE_FILE)
-    fresh = not os.path.exists(path)
+    _check_statedir(statedir, create=True)
+    if os.path.exists(path):
+        with open_stopped_store(statedir, create=False) as store:
+            _restore_into(store, source, size_limit, blob_limit, on_item, report)
+    else:
+        replace_store(statedir, source, old=None, size_limit=size_limit, on_item=on_item,
+                      blob_limit=blob_limit, report=report)
+    return report
+
+
+def replace_store(statedir: str, source: str | IO[bytes] | None, *,
+                  old: SqliteStore | None, runs: Iterable[tuple[Any, ...]] = (),
+                  size_limit: int | None = None,
+                  on_item: Callable[[Item], None] | None = None,
+                  blob_limit: int = DEFAULT_BLOB_LIMIT,
+                  report: Report | None = None) -> Report:
+    """Replace ``statedir``'s store -- ``old``, opened by the caller (and so
+    locked) since before it read what it keeps, or None if there is none
+    -- with a new one holding ``runs`` and archive ``source`` restored as
+    the KVS checkpoint (None: empty), whole or not at all
+    (:func:`broker.content.storefile.install`).  ``old`` is closed."""
+    report = Report() if report is None else report
+    path = os.path.join(statedir, STORE_FILE)
     try:
-        _restore_into(statedir, source, size_limit, blob_limit, on_item, report)
-    except BaseException:
-        if fresh:  # (a store this run made, and nothing uses)
-            for p in (path, path + "-wal", path + "-shm"):
-                with suppress(FileNotFoundError):
-                    os.unlink(p)
+        new = storefile.create(path)
+    except StoreLocked:
+        raise ArchiveError(f"statedir {statedir} is in use: another restore is writing "
+                           f"{storefile.temp_path(STORE_FILE)} there") from None
+    except (sqlite3.Error, OSError) as exc:
+        raise ArchiveError(_cannot_open(storefile.temp_path(path), exc)) from None
+    try:
+        new.runs_put(runs)
+        if source is not None:
+            _restore_into(new, source, size_limit, blob_limit, on_item, report)
+        storefile.install(new, path, old)
+    except BaseException as exc:
+        storefile.discard(new)
+        if isinstance(exc, StoreLocked):
+            raise ArchiveError(f"statedir {statedir} is in use by another instance "
+                               f"({exc}): the old store is kept") from None
+        if isinstance(exc, sqlite3.Error):
+            raise ArchiveError(f"{path}: {exc}") from None
         raise
     return report
 
 
-def _restore_into(statedir: str, source: str | IO[bytes], size_limit: int | None,
+def _restore_into(store: SqliteStore, source: str | IO[bytes], size_limit: int | None,
                   blob_limit: int, on_item: Callable[[Item], None] | None,
                   report: Report) -> None:
-    with open_stopped_store(statedir, create=True) as store:
-        old = _checkpoint(store)
-        hash_name = (old["rootref"].partition("-")[0] if old is not None
-                     else blobref.DEFAULT_HASH)
-        tree = _Tree(hash_name, report)
-        batch: list[tuple[str, bytes]] = []
-        size = 0
-        for item in read_items(source, size_limit=size_limit, blob_limit=blob_limit,
-                               report=report):
-            for blob in tree.add(item):
-                batch.append(blob)
-                size += len(blob[1])
-                report.blobs += 1
-                if size >= STORE_BATCH_BYTES or len(batch) >= STORE_BATCH_BLOBS:
-                    store.put_many(batch)
-                    batch, size = [], 0
-            if on_item is not None:
-                on_item(item)
-        tree.finish()
-        report.rootref, blobs = tree.build()
-        store.put_many([*batch, *blobs.items()])
-        report.blobs += len(blobs)
-        store.checkpoint_put(CHECKPOINT_KEY, msgpack.packb(
-            {"rootref": report.rootref, "rootseq": 0, "timestamp": time.time()},
-            use_bin_type=True))
-        store.sync()
+    old = _checkpoint(store)
+    hash_name = (old["rootref"].partition("-")[0] if old is not None
+                 else blobref.DEFAULT_HASH)
+    tree = _Tree(hash_name, report)
+    batch: list[tuple[str, bytes]] = []
+    size = 0
+    for item in read_items(source, size_limit=size_limit, blob_limit=blob_limit,
+                           report=report):
+        for blob in tree.add(item):
+            batch.append(blob)
+            size += len(blob[1])
+            report.blobs += 1
+            if size >= STORE_BATCH_BYTES or len(batch) >= STORE_BATCH_BLOBS:
+                store.put_many(batch)
+                batch, size = [], 0
+        if on_item is not None:
+            on_item(item)
+    tree.finish()
+    report.rootref, blobs = tree.build()
+    store.put_many([*batch, *blobs.items()])
+    report.blobs += len(blobs)
+    store.checkpoint_put(CHECKPOINT_KEY, msgpack.packb(
+        {"rootref": report.rootref, "rootseq": 0, "timestamp": time.time()},
+        use_bin_type=True))
+    store.sync()
 
 
-@contextmanager
-def open_stopped_store(statedir: str, *, create: bool,
-                       instead: str = "stop it first, or work online (without --checkpoint)"
-                       ) -> Iterator[SqliteStore]:
-    """The statedir's ``content.sqlite``, opened while no instance runs;
-    one-line errors for everything else (``instead``: what to do when an
-    instance has it open)."""
+def _check_statedir(statedir: str, *, create: bool) -> None:
+    """A stopped instance's statedir: a directory, private (made if missing
+    with ``create``), as a start checks it."""
     if not create and not os.path.isdir(statedir):
         what = "not a directory" if os.path.exists(statedir) else "no such directory"
         raise ArchiveError(f"statedir {statedir}: {what}")
@@ -1057,16 +1091,42 @@ def open_stopped_store(statedir: str, *, create: bool,
         private_dir(statedir, "statedir")  # the owner's, as at start
     except StartError as exc:
         raise ArchiveError(str(exc)) from None
+
+
+def _cannot_open(path: str, exc: BaseException) -> str:
+    """One line for a store that could not be opened (or made)."""
+    why = locks.write_refused(exc)
+    if why is not None:
+        return locks.cannot_write(path, why)
+    if isinstance(exc, OSError):
+        return f"{exc.filename or path}: {exc.strerror or exc}"
+    return f"{path}: {exc}"
+
+
+@contextmanager
+def open_stopped_store(statedir: str, *, create: bool,
+                       instead: str = "stop it first, or work online (without --checkpoint)",
+                       read_only: bool = False) -> Iterator[SqliteStore]:
+    """The statedir's ``content.sqlite``, opened while no instance runs;
+    one-line errors for everything else (``instead``: what to do when an
+    instance has it open).  ``read_only``: for a tool that only reads, a
+    store it cannot write (a read-only file system) is read without writing
+    (:func:`broker.content.sqlite.open_to_read`); a tool that writes is
+    refused there with one line naming the file and the cause."""
+    _check_statedir(statedir, create=create)
     path = os.path.join(statedir, STORE_FILE)
     if not create and not os.path.exists(path):
         raise ArchiveError(f"statedir {statedir} has no {STORE_FILE}")
+    why = None if read_only else locks.unwritable(path)
+    if why is not None:
+        raise ArchiveError(locks.cannot_write(path, why))
     try:
-        store = SqliteStore(path)
+        store = open_to_read(path) if read_only else SqliteStore(path)
     except StoreLocked:
         raise ArchiveError(f"statedir {statedir} is in use by a running instance (its "
                            f"{STORE_FILE} is locked): {instead}") from None
     except (sqlite3.Error, OSError) as exc:
-        raise ArchiveError(f"{path}: {exc}") from None
+        raise ArchiveError(_cannot_open(path, exc)) from None
     try:
         yield store
     except sqlite3.Error as exc:

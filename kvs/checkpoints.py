@@ -108,7 +108,7 @@ def list_offline(statedir: str) -> list[Checkpoint]:
     """The checkpoints of the stopped instance whose statedir is
     ``statedir``, newest first (``ArchiveError`` if it cannot be read)."""
     with open_stopped_store(statedir, create=False, instead="stop it first, or list "
-                            "online (without --statedir)") as store:
+                            "online (without --statedir)", read_only=True) as store:
         return [Checkpoint.from_value(checkpoint_or_none(raw))
                 for raw in store.checkpoint_list(CHECKPOINT_KEY)]
 

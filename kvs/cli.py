@@ -832,7 +832,8 @@ def cmd_fsck(args: argparse.Namespace) -> int:
 
         try:
             with open_stopped_store(args.statedir, create=False, instead="stop it first, or "
-                                    "check online (without --statedir)") as store:
+                                    "check online (without --statedir)",
+                                    read_only=not args.repair) as store:
                 point = None if args.rootref else _newest_checkpoint(store, args.statedir)
                 rootref = str(args.rootref if point is None else point.rootref)
                 if args.quiet:

@@ -9,11 +9,14 @@ restore --checkpoint``.
   ``DIR/dump/YYYYmmdd_HHMMSS.tgz`` and points the symlink
   ``DIR/dump/RESTORE`` at it, where DIR is the statedir, or without one
   rank 0's working directory (as Flux's ``.``).
-* ``-S content.restore=FILE`` empties the store and restores FILE into
-  it before the KVS loads (a FILE that does not exist: the store is
-  emptied all the same, as Flux's truncate); ``auto`` restores what
+* ``-S content.restore=FILE`` replaces the store with one that holds
+  FILE restored, before the KVS loads (a FILE that does not exist: an
+  empty store all the same, as Flux's truncate); ``auto`` restores what
   ``DIR/dump/RESTORE`` names, if it exists, then removes the link (the
-  archive stays), and otherwise leaves the store as it is.
+  archive stays), and otherwise leaves the store as it is.  The new store
+  keeps the old one's runs (``kvbroker startlog``), and replaces it only
+  once whole (:mod:`broker.content.storefile`): a start killed during the
+  restore leaves the old store as it was.
 
 The content module calls these on rank 0 with its store closed: before it
 opens the store (:func:`restore_at_start`) and after it closed it at stop
@@ -22,9 +25,11 @@ opens the store (:func:`restore_at_start`) and after it closed it at stop
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
+import sqlite3
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -66,36 +71,41 @@ def restore_at_start(attrs: Mapping[str, Any], store_dir: str, statedir: str,
         path = os.path.realpath(link)
     else:
         path = os.path.abspath(setting)
-    store = os.path.join(store_dir, STORE_FILE)
-    if os.path.exists(store):  # (never empty a store another instance has open)
-        try:
-            with archive.open_stopped_store(store_dir, create=False,
-                                            instead="content.restore empties it: stop that "
-                                                    "one"):
-                pass
-        except archive.ArchiveError as exc:
-            raise ErrnoError(errno.EBUSY, f"content.restore: {exc}") from None
-    for p in (STORE_FILE, STORE_FILE + "-wal", STORE_FILE + "-shm"):  # (Flux's truncate)
-        try:
-            os.unlink(os.path.join(store_dir, p))
-        except FileNotFoundError:
-            pass
     restored = None
-    if os.path.isfile(path):
-        log.info("restoring content from %s", path)
+    with contextlib.ExitStack() as stack:
+        old = None
+        if os.path.exists(os.path.join(store_dir, STORE_FILE)):
+            # Open (and so locked) until the new store is in its place: never
+            # empty a store another instance has open, nor let one open it
+            # while its runs are carried over.
+            try:
+                old = stack.enter_context(archive.open_stopped_store(
+                    store_dir, create=False,
+                    instead="content.restore empties it: stop that one"))
+            except archive.ArchiveError as exc:
+                raise ErrnoError(errno.EBUSY, f"content.restore: {exc}") from None
+        try:
+            runs = old.runs() if old is not None and statedir else []  # (kept: startlog)
+        except sqlite3.Error as exc:
+            raise ErrnoError(errno.EIO, f"content.restore: {old.path if old else ''}: "
+                                        f"{exc}") from None
+        if os.path.isfile(path):
+            log.info("restoring content from %s", path)
+        else:
+            log.warning("content.restore %s: no such file: the store starts empty", path)
         started = time.monotonic()
         try:
-            report = archive.restore_checkpoint(
-                store_dir, path, size_limit=RESTORE_SIZE_LIMIT,
+            report = archive.replace_store(
+                store_dir, path if os.path.isfile(path) else None, old=old, runs=runs,
+                size_limit=RESTORE_SIZE_LIMIT,
                 on_item=None if progress is None else lambda item: progress(1),
                 blob_limit=BLOB_SIZE_LIMIT.value(attrs))
         except (archive.ArchiveError, OSError) as exc:
             raise ErrnoError(_errnum(exc), f"content.restore {path}: {_why(exc, path)}") from None
-        log.info("restored %d keys and %d empty directories (%d blobs) from %s in %.1f s",
-                 report.keys, report.dirs, report.blobs, path, time.monotonic() - started)
-        restored = path
-    else:
-        log.warning("content.restore %s: no such file: the store starts empty", path)
+        if report.rootref:
+            log.info("restored %d keys and %d empty directories (%d blobs) from %s in %.1f s",
+                     report.keys, report.dirs, report.blobs, path, time.monotonic() - started)
+            restored = path
     if link is not None:
         os.unlink(link)
     return restored

@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 
 import msgpack
 
-from broker.content import blobref
-from broker.content.sqlite import STORE_FILE, SqliteStore, StoreLocked
+from broker.content import blobref, locks
+from broker.content.sqlite import STORE_FILE, SqliteStore, StoreLocked, open_to_read
 from broker.errors import ErrnoError
 from broker.launch import StartError, private_dir
 from kvs import treeobj
@@ -150,8 +150,11 @@ def collect(statedir: str, *, dry_run: bool = False) -> GcReport:
     except StartError as exc:
         raise GcError(str(exc)) from None
     report = GcReport(dry_run=dry_run, file_before=_file_size(path))
+    why = locks.unwritable(path)
+    if why is not None and not dry_run:  # (a dry run only reads: it reads one there too)
+        raise GcError(locks.cannot_write(path, why))
     try:
-        store = SqliteStore(path)
+        store = open_to_read(path) if dry_run else SqliteStore(path)
     except StoreLocked:
         raise GcError(f"statedir {statedir} is in use by a running instance "
                       f"(its {STORE_FILE} is locked): stop it first") from None
@@ -222,6 +225,10 @@ def _collect(store: SqliteStore, statedir: str, report: GcReport) -> None:
 
 def _sqlite_error(path: str, exc: BaseException) -> GcError:
     """A clear line for what SQLite or the file system refused."""
+    why = locks.write_refused(exc)
+    if why is not None:
+        return GcError(locks.cannot_write(exc.filename if isinstance(exc, OSError) and exc.filename
+                                    else path, why))
     if isinstance(exc, OSError):
         return GcError(f"{exc.filename or path}: {exc.strerror or exc}")
     text = str(exc)

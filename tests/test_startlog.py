@@ -25,7 +25,8 @@ t3200's: restarts listed, the newest ``running``; a run that did not
 finish (Flux's test posts a second start by hand, here rank 0 is
 SIGKILLed) makes the next start say so on stderr ("was not shut down
 properly").  Beyond Flux's files: the runs survive ``content.restore``
-(which empties the store), ``--statedir`` reads a stopped instance, and
+(which replaces the store; killed part-way: tests/test_restore_atomic.py),
+``--statedir`` reads a stopped instance, and
 the KVS is untouched (no version, no key, no checkpoint per run).
 """
 
@@ -143,7 +144,7 @@ async def test_without_a_statedir_the_current_run_only(tmp_path: Path) -> None:
     assert err == ""
 
 
-async def test_the_runs_survive_a_restore_that_empties_the_store(tmp_path: Path) -> None:
+async def test_the_runs_survive_a_restore_that_replaces_the_store(tmp_path: Path) -> None:
     sd = tmp_path / "sd"
     rc, _out, err = await _start(sd, "kvbroker kvs put x=1", "-S", "content.dump=auto")
     assert rc == 0, err

@@ -72,7 +72,7 @@ from typing import Any, ClassVar, TypeVar
 
 from broker import __version__
 from broker.attrs import CONTENT_HASH, LINK_MAX_MESSAGE, AttrSpec, integer, text
-from broker.content import blobref
+from broker.content import blobref, storefile
 from broker.content.collection import Collection, Holds, RecentRefs, RowidMarks, busy
 from broker.content.kvsroot import is_kvs_root
 from broker.content.sqlite import (
@@ -83,7 +83,6 @@ from broker.content.sqlite import (
     SqliteStore,
     StoreLocked,
     Written,
-    read_runs,
 )
 from broker.content.storethread import StoreThread
 from broker.errors import ErrnoError, ProtocolError, outcome_read
@@ -420,13 +419,12 @@ class ContentModule(Module):
             path = os.path.join(directory, STORE_FILE)
             if not statedir and await asyncio.to_thread(_holds_checkpoints, path):
                 raise _a_statedirs_store(path)
+            await self.db(_remove_leftover, path, statedir)  # (no other thread made)
             restored = None
-            runs: list[Row] = []
             if self.ctx.attrs.get(RESTORE.name):
                 from kvs import dumps  # (content.restore: Flux's restore at start)
 
-                if statedir:  # (the store is emptied: its runs are kept)
-                    runs = await asyncio.to_thread(_runs_of, path)
+                # (the new store keeps the old one's runs, and replaces it whole)
                 restored = await asyncio.to_thread(dumps.restore_at_start, self.ctx.attrs,
                                                    directory, statedir, self.ctx.progress)
             try:
@@ -446,8 +444,6 @@ class ContentModule(Module):
                     self.backing = await self.db(SqliteStore, path)
                 self.rowids.note(await self.db(self.backing.max_rowid))
                 self.backing.checkpoints_kept = MAX_CHECKPOINTS.value(self.ctx.attrs)
-                if runs and restored is not None:
-                    await self.db(self.backing.runs_put, runs)
             except StoreLocked:
                 if not statedir:  # (the run directory's store: another rank 0 runs there)
                     raise ErrnoError(errno.EBUSY, f"rundir {os.path.dirname(path)} is in use "
@@ -1730,12 +1726,6 @@ def _holds_checkpoints(path: str) -> bool:
         "SELECT 1 FROM checkpoints LIMIT 1").fetchone() is not None, False)
 
 
-def _runs_of(path: str) -> list[Row]:
-    """The runs the SQLite store at ``path`` records (read-only; none if it
-    has none or cannot be read: its restore says why then)."""
-    return _read_only(path, read_runs, [])
-
-
 def _read_only(path: str, read: Callable[[sqlite3.Connection], _T], default: _T) -> _T:
     """``read`` of the SQLite file at ``path`` opened read-only, before the
     store opens it; ``default`` if there is none or it cannot be read."""
@@ -1749,6 +1739,28 @@ def _read_only(path: str, read: Callable[[sqlite3.Connection], _T], default: _T)
             db.close()
     except (sqlite3.Error, TypeError, ValueError):
         return default
+
+
+def _remove_leftover(path: str, statedir: str) -> None:
+    """Remove what a restore killed part-way left beside the store at
+    ``path`` (:mod:`broker.content.storefile`), saying so once: the store
+    is the one from before that restore.  Refused (EBUSY) while another
+    instance's restore is writing it."""
+    try:
+        removed = storefile.remove_leftover(path)
+    except StoreLocked:
+        where = f"statedir {statedir}" if statedir else f"rundir {os.path.dirname(path)}"
+        raise ErrnoError(errno.EBUSY, f"{where} is in use by another instance (a restore "
+                                      f"is writing {storefile.temp_path(STORE_FILE)} "
+                                      "there)") from None
+    except OSError as exc:
+        raise ErrnoError(exc.errno or errno.EIO,
+                         f"{storefile.temp_path(path)}: {exc.strerror or exc}") from None
+    if removed:
+        logging.getLogger("kvbroker.content").warning(
+            "a content restore was interrupted (a start with content.restore, or kvs "
+            "restore --checkpoint, killed part-way): removed its unfinished %s; the store "
+            "is as it was before it", storefile.temp_path(path))
 
 
 def _a_statedirs_store(path: str) -> ErrnoError:

@@ -15,9 +15,12 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+import urllib.parse
 from collections.abc import Iterable
 from functools import lru_cache
 from typing import Any, NamedTuple
+
+from broker.content import locks
 
 STORE_FILE = "content.sqlite"
 """The file's name in rank 0's statedir (or run directory)."""
@@ -96,6 +99,12 @@ class Written(NamedTuple):
     """Refs stored again: their row was there already."""
 
 
+_HISTORY_TABLE = ("CREATE TABLE checkpoint_history (id INTEGER PRIMARY KEY AUTOINCREMENT, "
+                  "key TEXT NOT NULL, value BLOB NOT NULL)")
+_RUNS_TABLE = ("CREATE TABLE runs (id INTEGER PRIMARY KEY AUTOINCREMENT, started REAL NOT NULL, "
+               "finished REAL, version TEXT NOT NULL, checkpoint_period REAL)")
+
+
 class StoreLocked(RuntimeError):
     """Another process holds the file (rank 0 of another instance on the
     same statedir): SQLite said ``database is locked``."""
@@ -114,8 +123,33 @@ class SqliteStore:
     shared-memory WAL index, no lock calls per transaction).
     """
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, *, read_only: bool = False) -> None:
         self.path = path
+        self.read_only = read_only
+        """Opened without writing anything (:meth:`_open_read_only`): a
+        store on a read-only file system, read by the offline tools."""
+        self._lock_fd: int | None = None
+        """Read-only: the descriptor holding this process's read lock."""
+        self.checkpoints_kept = DEFAULT_CHECKPOINTS_KEPT
+        """Checkpoints of a key kept, the current one included (1: no history)."""
+        if read_only:
+            self._open_read_only()
+        else:
+            self._open_writable()
+        for table, needed in _COLUMNS.items():
+            have = {row[1] for row in self.db.execute(f"PRAGMA table_info({table})")}
+            missing = [c for c in needed if c not in have]
+            if missing:  # (another program's file: every write would fail, EIO)
+                self.close()
+                raise sqlite3.DatabaseError(
+                    f"not a kvbroker content store: its table {table} has no "
+                    f"column {missing[0]}")
+        columns = {row[1]: row[2] for row in self.db.execute("PRAGMA table_info(objects)")}
+        self.text_keys = columns.get("hash", "").upper() == "TEXT"
+        """A file from an older kvbroker: blobrefs as text keys."""
+
+    def _open_writable(self) -> None:
+        path = self.path
         # Owner-only, whatever the umask: the run directory is world-readable
         # when guests are allowed (SQLite gives -wal/-shm the same mode).
         # O_NOFOLLOW: not through a symlink planted in the directory.
@@ -133,8 +167,6 @@ class SqliteStore:
         # an instance that is exiting right now go).
         self.db = sqlite3.connect(path, timeout=1.0, isolation_level=None,
                                   check_same_thread=False)
-        self.checkpoints_kept = DEFAULT_CHECKPOINTS_KEPT
-        """Checkpoints of a key kept, the current one included (1: no history)."""
         try:
             self._open()
         except sqlite3.Error as exc:  # (not a database, locked, ...): never leave it open
@@ -145,17 +177,68 @@ class SqliteStore:
                     or "locked" in str(exc)):
                 raise StoreLocked(f"{path}: {exc}") from None
             raise
-        for table, needed in _COLUMNS.items():
-            have = {row[1] for row in self.db.execute(f"PRAGMA table_info({table})")}
-            missing = [c for c in needed if c not in have]
-            if missing:  # (another program's file: every write would fail, EIO)
-                self.db.close()
-                raise sqlite3.DatabaseError(
-                    f"not a kvbroker content store: its table {table} has no "
-                    f"column {missing[0]}")
-        columns = {row[1]: row[2] for row in self.db.execute("PRAGMA table_info(objects)")}
-        self.text_keys = columns.get("hash", "").upper() == "TEXT"
-        """A file from an older kvbroker: blobrefs as text keys."""
+
+    def _open_read_only(self) -> None:
+        """Open a store this process cannot write, writing nothing.
+
+        SQLite's ordinary read-only open (``mode=ro``) of a WAL-mode file
+        needs its ``-shm`` file, which it cannot make there.  What works:
+
+        * no WAL (or an empty one: a clean stop) -- ``immutable=1``: the
+          main file is the whole store, read without locks or side files;
+        * a WAL with frames (a crash, or a reader racing nothing: the file
+          system is read-only) -- the ``unix-none`` VFS with exclusive
+          locking mode, which keeps the WAL index in memory instead of the
+          ``-shm`` file and reads the WAL as a writer would.  ``immutable``
+          would ignore the WAL: the last checkpoints and runs lost.
+
+        Neither takes a lock, so a read lock is taken here (:mod:`locks`):
+        an instance holding the store through a writable mount of the same
+        files is refused as for a writable statedir (:class:`StoreLocked`).
+        Tables a store from an older kvbroker lacks are added empty as
+        temporary ones (the writable open adds them to the file)."""
+        path = self.path
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        try:
+            st = os.fstat(fd)
+            locks.lock(fd, exclusive=False)
+        except locks.Held:
+            os.close(fd)
+            raise StoreLocked(f"{path}: database is locked") from None
+        except BaseException:
+            os.close(fd)
+            raise
+        self._lock_fd = fd
+        self._identity = (st.st_dev, st.st_ino)
+        wal = path + "-wal"
+        replay = os.path.exists(wal) and os.path.getsize(wal) > 0
+        uri = f"file:{urllib.parse.quote(path)}?mode=ro&" + (
+            "vfs=unix-none" if replay else "immutable=1")
+        try:
+            self.db = sqlite3.connect(uri, uri=True, isolation_level=None,
+                                      check_same_thread=False)
+        except sqlite3.Error:
+            self._release_lock()
+            raise
+        try:
+            if replay:
+                self.db.execute("PRAGMA locking_mode=EXCLUSIVE")  # (before the first read)
+            self.db.execute("PRAGMA temp_store=MEMORY")
+            tables = {row[0] for row in self.db.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table'")}
+            for table, ddl in (("checkpoint_history", _HISTORY_TABLE), ("runs", _RUNS_TABLE)):
+                if table not in tables:
+                    self.db.execute(ddl.replace("CREATE TABLE", "CREATE TEMP TABLE", 1))
+        except sqlite3.Error as exc:
+            self.close()
+            raise sqlite3.OperationalError(
+                f"{exc} (read without writing: the file"
+                f"{' and its WAL' if replay else ''} could not be read as they are)") from None
+
+    def _release_lock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
 
     def _open(self) -> None:
         self.db.execute("PRAGMA locking_mode=EXCLUSIVE")
@@ -168,15 +251,8 @@ class SqliteStore:
             "CREATE TABLE IF NOT EXISTS checkpoints (key TEXT PRIMARY KEY, value BLOB NOT NULL)"
         )
         # (a file from an older kvbroker gains it empty: its history starts now)
-        self.db.execute(
-            "CREATE TABLE IF NOT EXISTS checkpoint_history (id INTEGER PRIMARY KEY "
-            "AUTOINCREMENT, key TEXT NOT NULL, value BLOB NOT NULL)"
-        )
-        self.db.execute(
-            "CREATE TABLE IF NOT EXISTS runs (id INTEGER PRIMARY KEY AUTOINCREMENT, "
-            "started REAL NOT NULL, finished REAL, version TEXT NOT NULL, "
-            "checkpoint_period REAL)"
-        )
+        self.db.execute(_HISTORY_TABLE.replace("TABLE", "TABLE IF NOT EXISTS", 1))
+        self.db.execute(_RUNS_TABLE.replace("TABLE", "TABLE IF NOT EXISTS", 1))
         if "checkpoint_period" not in {row[1] for row in self.db.execute(
                 "PRAGMA table_info(runs)")}:  # (a store of the first version of runs)
             self.db.execute("ALTER TABLE runs ADD COLUMN checkpoint_period REAL")
@@ -582,3 +658,12 @@ class SqliteStore:
 
     def close(self) -> None:
         self.db.close()
+        self._release_lock()  # (after SQLite's descriptor: the lock is the process's)
+
+
+def open_to_read(path: str) -> SqliteStore:
+    """The store at ``path`` for a tool that only reads it: opened as rank 0
+    opens it where it can be written (locked the same way), else read-only
+    (:meth:`SqliteStore._open_read_only`: a read-only file system, a
+    snapshot), instead of failing with the raw errno of opening it to write."""
+    return SqliteStore(path, read_only=locks.unwritable(path) is not None)
