@@ -586,6 +586,64 @@ async def test_another_programs_sqlite_file_is_refused_at_start_up(tmp_path) -> 
             "its table objects has no column hash") in text, text
 
 
+async def test_a_store_of_a_newer_format_is_refused_and_left_as_it_is(tmp_path) -> None:
+    """The store records its format (``PRAGMA user_version``): a file a newer
+    kvbroker wrote is refused at start-up and by the offline tools, naming
+    both formats, and nothing is written to it -- without the mark it was
+    opened, switched to WAL and given the tables this version lacks."""
+    from broker import __version__
+    from broker.content.sqlite import STORE_FORMAT
+
+    statedir = tmp_path / "state"
+    inst = Instance(1, statedir=str(statedir))
+    await asyncio.wait_for(inst.start(), 60)
+    async with await Handle.connect(inst.uri(0)) as h:
+        await commit(h, put("kept", "yes"))
+    assert await inst.stop() == [0]
+    store = statedir / "content.sqlite"
+    with contextlib.closing(sqlite3.connect(store)) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == STORE_FORMAT
+        db.execute("PRAGMA journal_mode=DELETE")  # (the newer one's choice, say)
+        db.execute(f"PRAGMA user_version={STORE_FORMAT + 1}")
+        db.execute("DROP TABLE runs")
+    before = store.read_bytes()
+    text = await refused_start_log(statedir, tmp_path / "rank.log")
+    why = (f"written by a newer kvbroker (store format {STORE_FORMAT + 1}; this one, "
+           f"{__version__}, reads format {STORE_FORMAT} and older)")
+    assert f"start-up failed: {store}: {why}" in text, text
+    for args in (["kvs", "fsck", "--statedir"], ["startlog", "--statedir"],
+                 ["kvs", "gc", "--statedir"]):
+        rc, out, err = await run_cli(*args, str(statedir))
+        assert rc != 0 and why in err, (args, err)
+    assert store.read_bytes() == before
+    assert sorted(p.name for p in statedir.iterdir() if p.name.startswith("content")) == [
+        "content.sqlite"]
+
+
+async def test_a_store_without_a_format_is_marked_at_its_next_start(tmp_path) -> None:
+    """A store from before the format was recorded (``user_version`` 0) is
+    this format: read as it is, and marked when a start opens it."""
+    from broker.content.sqlite import STORE_FORMAT
+
+    statedir = tmp_path / "state"
+    inst = Instance(1, statedir=str(statedir))
+    await asyncio.wait_for(inst.start(), 60)
+    async with await Handle.connect(inst.uri(0)) as h:
+        await commit(h, put("kept", "yes"))
+    assert await inst.stop() == [0]
+    store = statedir / "content.sqlite"
+    with contextlib.closing(sqlite3.connect(store)) as db:
+        db.execute("PRAGMA user_version=0")
+    rc, out, err = await run_cli("kvs", "fsck", "--statedir", str(statedir))
+    assert rc == 0, err
+    await asyncio.wait_for(inst.start(), 60)
+    async with await Handle.connect(inst.uri(0)) as h:
+        assert await get(h, "kept") == b"yes"
+    assert await inst.stop() == [0]
+    with contextlib.closing(sqlite3.connect(store)) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == STORE_FORMAT
+
+
 def damage_page(path: str, page: int, data: bytes) -> None:
     """Overwrite the start of SQLite page ``page`` (1-based) of file ``path``."""
     with sqlite3.connect(path) as db:

@@ -71,6 +71,33 @@ _COLUMNS = {"objects": ("hash", "object"), "checkpoints": ("key", "value"),
 """The columns the store reads and writes, checked when it opens."""
 
 
+STORE_FORMAT = 1
+"""The store's format, in SQLite's ``user_version``: what a kvbroker that
+changes the file's layout raises, so that an older one refuses the file
+(:func:`check_format`) instead of reading it wrong or altering it.  A file
+without one (0: from before it was kept) is this format, and is marked so
+the first time it is opened for writing."""
+
+
+def check_format(version: int) -> int:
+    """``version``, a file's store format (its ``PRAGMA user_version``);
+    :class:`sqlite3.DatabaseError` naming both formats if it is newer than
+    this kvbroker's :data:`STORE_FORMAT`."""
+    if version > STORE_FORMAT:
+        raise sqlite3.DatabaseError(
+            f"written by a newer kvbroker (store format {version}; this one, "
+            f"{_version()}, reads format {STORE_FORMAT} and older): run that version, or "
+            f"save the data with its `kvbroker kvs dump --checkpoint --statedir` and "
+            f"restore the archive here")
+    return version
+
+
+def _version() -> str:
+    from broker import __version__  # (not at import: broker imports this module)
+
+    return __version__
+
+
 RUNS_KEPT = 1000
 """Runs of the instance its store remembers (:meth:`SqliteStore.run_begin`)."""
 
@@ -224,6 +251,7 @@ class SqliteStore:
             if replay:
                 self.db.execute("PRAGMA locking_mode=EXCLUSIVE")  # (before the first read)
             self.db.execute("PRAGMA temp_store=MEMORY")
+            version = self.db.execute("PRAGMA user_version").fetchone()[0]
             tables = {row[0] for row in self.db.execute(
                 "SELECT name FROM sqlite_master WHERE type = 'table'")}
             for table, ddl in (("checkpoint_history", _HISTORY_TABLE), ("runs", _RUNS_TABLE)):
@@ -234,6 +262,9 @@ class SqliteStore:
             raise sqlite3.OperationalError(
                 f"{exc} (read without writing: the file"
                 f"{' and its WAL' if replay else ''} could not be read as they are)") from None
+        if version > STORE_FORMAT:
+            self.close()
+            check_format(version)
 
     def _release_lock(self) -> None:
         if self._lock_fd is not None:
@@ -242,6 +273,8 @@ class SqliteStore:
 
     def _open(self) -> None:
         self.db.execute("PRAGMA locking_mode=EXCLUSIVE")
+        # (before anything is written: a newer kvbroker's file is not altered)
+        version = check_format(self.db.execute("PRAGMA user_version").fetchone()[0])
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.execute(
@@ -256,6 +289,8 @@ class SqliteStore:
         if "checkpoint_period" not in {row[1] for row in self.db.execute(
                 "PRAGMA table_info(runs)")}:  # (a store of the first version of runs)
             self.db.execute("ALTER TABLE runs ADD COLUMN checkpoint_period REAL")
+        if version < STORE_FORMAT:
+            self.db.execute(f"PRAGMA user_version={STORE_FORMAT}")
 
     def _key(self, ref: str) -> str | bytes:
         return ref if self.text_keys else digest_of(ref)
