@@ -251,9 +251,9 @@ class SqliteStore:
             if replay:
                 self.db.execute("PRAGMA locking_mode=EXCLUSIVE")  # (before the first read)
             self.db.execute("PRAGMA temp_store=MEMORY")
-            version = self.db.execute("PRAGMA user_version").fetchone()[0]
             tables = {row[0] for row in self.db.execute(
                 "SELECT name FROM sqlite_master WHERE type = 'table'")}
+            version = self.db.execute("PRAGMA user_version").fetchone()[0]
             for table, ddl in (("checkpoint_history", _HISTORY_TABLE), ("runs", _RUNS_TABLE)):
                 if table not in tables:
                     self.db.execute(ddl.replace("CREATE TABLE", "CREATE TEMP TABLE", 1))
@@ -273,7 +273,10 @@ class SqliteStore:
 
     def _open(self) -> None:
         self.db.execute("PRAGMA locking_mode=EXCLUSIVE")
-        # (before anything is written: a newer kvbroker's file is not altered)
+        # (before anything is written: a newer kvbroker's file is not altered;
+        # after the schema is read: a damaged header is SQLite's error, not
+        # a "format" read from its bytes)
+        self.db.execute("SELECT count(*) FROM sqlite_master").fetchone()
         version = check_format(self.db.execute("PRAGMA user_version").fetchone()[0])
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
