@@ -698,7 +698,7 @@ class Overlay:
         """ZeroMQ: dial the parent again, from a new DEALER with a new
         identity, and say hello on it.
 
-        ZeroMQ's reconnect is off (:func:`~broker.overlay_zmq.parent_socket`):
+        ZeroMQ's reconnect is put off (:func:`~broker.overlay_zmq.parent_socket`):
         this is how a rank started before its parent, or whose parent
         restarts before answering, gets through.  A new DEALER rather than a
         new connect on the old one: nothing the old socket's monitor still

@@ -47,9 +47,19 @@ HANDSHAKE_IVL_MS = 5000
 RECONNECT_IVL_MS = 20
 """A rank that has not joined yet dials its parent again this long after a
 connection that failed or closed (:meth:`broker.overlay.Overlay._dial_again`);
-ZeroMQ's own reconnect is off on that link (:func:`parent_socket`).  The
+ZeroMQ's own reconnect is put off on that link (:func:`parent_socket`).  The
 wait doubles with each dial in a row that did not complete a handshake, up
 to :data:`RECONNECT_IVL_MAX_MS`."""
+NO_RECONNECT_MS = 2**31 - 1
+"""ZeroMQ's reconnect interval on the link to the parent: 24.8 days, so
+never while the link matters (:func:`parent_socket`).  Not -1, "no
+reconnect": with -1 libzmq ends the endpoint when its connection drops,
+and ending it discards at once what the socket has received and the rank
+not yet read -- a parent's ``overlay.shutdown`` sent just before it closed
+the link was lost, and the child exited 1 at a clean stop (4 of 25 stops
+of a 3-rank chain on a loaded machine).  With a reconnect merely due, the
+connection's queue stays readable, and no new connection is ever made on
+the old one (the abort's cause)."""
 RECONNECT_IVL_MAX_MS = 200
 """The longest wait between two dials: each dial is a new socket and its
 monitor, and a rank waiting for a parent not started yet took 3.5% of a CPU
@@ -64,7 +74,7 @@ MONITORED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_P
 UP_MONITORED = MONITORED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_CLOSED
 """The link to the parent also hears of handshakes that succeed (its count
 of refusals in a row starts again) and of connect attempts that failed
-(``CLOSED``).  With ZeroMQ's reconnect off, libzmq 4.3 ends each dial with
+(``CLOSED``).  With ZeroMQ's reconnect put off, libzmq 4.3 ends each dial with
 exactly one of ``CLOSED`` (no connection: an ipc path not there or not
 listened on, a tcp connect refused or past ``CONNECT_TIMEOUT``) or
 ``DISCONNECTED`` (a connection that closed: the peer went, a handshake
@@ -169,19 +179,19 @@ def parent_socket(ctx: zmq.Context[Any], rank: int, endpoint: str,
     CI on a loaded machine).  ``connect_timeout`` (``tbon.connect_timeout``,
     seconds; 0: the system's) bounds one TCP connect attempt.
 
-    ZeroMQ's reconnect is off (``RECONNECT_IVL`` -1): the socket dials once,
-    and the rank dials again with a new socket while it has not joined.  A
-    joined rank never uses a reconnected link (a closed link is a lost
-    parent: it exits 1), and that reconnect was harmful: a link dropped at
-    the heartbeat timeout while its input was stopped at the high-water
-    mark (a rank whose loop hung under a flood) was reconnected by libzmq
-    4.3.5, which then aborted the process once the loop read again
-    (``Assertion failed: _input_stopped``, zeromq/libzmq#3937).  libzmq
-    copies options into a connection at ``connect()``, so the option could
-    not be turned off later, once joined: it is never on."""
+    ZeroMQ's reconnect is put off for good (:data:`NO_RECONNECT_MS`): the
+    socket dials once, and the rank dials again with a new socket while it
+    has not joined.  A joined rank never uses a reconnected link (a closed
+    link is a lost parent: it exits 1), and that reconnect was harmful: a
+    link dropped at the heartbeat timeout while its input was stopped at the
+    high-water mark (a rank whose loop hung under a flood) was reconnected
+    by libzmq 4.3.5, which then aborted the process once the loop read
+    again (``Assertion failed: _input_stopped``, zeromq/libzmq#3937).
+    libzmq copies options into a connection at ``connect()``, so the option
+    could not be changed later, once joined."""
     s: zmq.Socket[Any] = ctx.socket(zmq.DEALER)
     s.setsockopt(zmq.IDENTITY, f"{rank}-{secrets.token_hex(6)}".encode())
-    s.setsockopt(zmq.RECONNECT_IVL, -1)
+    s.setsockopt(zmq.RECONNECT_IVL, NO_RECONNECT_MS)
     if connect_timeout > 0:
         s.setsockopt(zmq.CONNECT_TIMEOUT, max(1, round(connect_timeout * 1000)))
     _link_options(s, endpoint, ipv6)

@@ -369,3 +369,42 @@ def test_the_link_to_the_parent_hears_of_a_handshake_done_before_its_loop_looked
         for sock in (monitor, s, router):
             sock.close(linger=0)
         ctx.term()
+
+
+def test_what_the_parent_sent_before_closing_the_link_stays_readable(tmp_path) -> None:
+    """A message the parent sent just before it closed the link -- its
+    ``overlay.shutdown`` at a clean stop -- is still there for the rank to
+    read after the link's DISCONNECTED, whenever its loop gets to it.  With
+    ZeroMQ's reconnect off (-1) libzmq ended the endpoint on the drop and
+    discarded what was unread: a child whose loop was late exited 1 at a
+    clean stop, "lost the connection to parent rank 1".  Here the rank's
+    loop is late on purpose: the socket is read only once the drop has
+    been reported and the socket has processed its commands."""
+    from broker import overlay_zmq as zl
+
+    ctx = zmq.Context()
+    endpoint = f"ipc://{tmp_path}/parent"
+    router = ctx.socket(zmq.ROUTER)
+    router.bind(endpoint)
+    s, monitor = zl.parent_socket(ctx, 1, endpoint, None)
+    try:
+        for n in range(5):
+            s.send(b"hello")
+            assert router.poll(5000), "the DEALER never got through"
+            ident, _ = router.recv_multipart()
+            router.send_multipart([ident, b"shutdown %d" % n])
+            if n < 4:
+                assert s.poll(5000) and s.recv() == b"shutdown %d" % n
+        router.close(linger=1000)
+        event = None
+        while event != zmq.EVENT_DISCONNECTED:
+            assert monitor.poll(5000), "no DISCONNECTED"
+            event = zmq.utils.monitor.recv_monitor_message(monitor)["event"]
+        deadline = time.monotonic() + 0.1
+        while time.monotonic() < deadline:  # (the socket acts on ZeroMQ's commands)
+            s.getsockopt(zmq.EVENTS)
+        assert s.recv(zmq.NOBLOCK) == b"shutdown 4"
+    finally:
+        for sock in (monitor, s, router):
+            sock.close(linger=0)
+        ctx.term()
