@@ -586,6 +586,18 @@ async def test_another_programs_sqlite_file_is_refused_at_start_up(tmp_path) -> 
             "its table objects has no column hash") in text, text
 
 
+async def stopped_with_a_key(tmp_path: Path) -> tuple[Instance, Path]:
+    """A one-rank instance on ``tmp_path/state`` that committed ``kept`` and
+    stopped cleanly, and its statedir."""
+    statedir = tmp_path / "state"
+    inst = Instance(1, statedir=str(statedir))
+    await asyncio.wait_for(inst.start(), 60)
+    async with await Handle.connect(inst.uri(0)) as h:
+        await commit(h, put("kept", "yes"))
+    assert await inst.stop() == [0]
+    return inst, statedir
+
+
 async def test_a_store_of_a_newer_format_is_refused_and_left_as_it_is(tmp_path) -> None:
     """The store records its format (``PRAGMA user_version``): a file a newer
     kvbroker wrote is refused at start-up and by the offline tools, naming
@@ -594,12 +606,7 @@ async def test_a_store_of_a_newer_format_is_refused_and_left_as_it_is(tmp_path) 
     from broker import __version__
     from broker.content.sqlite import STORE_FORMAT
 
-    statedir = tmp_path / "state"
-    inst = Instance(1, statedir=str(statedir))
-    await asyncio.wait_for(inst.start(), 60)
-    async with await Handle.connect(inst.uri(0)) as h:
-        await commit(h, put("kept", "yes"))
-    assert await inst.stop() == [0]
+    inst, statedir = await stopped_with_a_key(tmp_path)
     store = statedir / "content.sqlite"
     with contextlib.closing(sqlite3.connect(store)) as db:
         assert db.execute("PRAGMA user_version").fetchone()[0] == STORE_FORMAT
@@ -625,12 +632,7 @@ async def test_a_store_without_a_format_is_marked_at_its_next_start(tmp_path) ->
     this format: read as it is, and marked when a start opens it."""
     from broker.content.sqlite import STORE_FORMAT
 
-    statedir = tmp_path / "state"
-    inst = Instance(1, statedir=str(statedir))
-    await asyncio.wait_for(inst.start(), 60)
-    async with await Handle.connect(inst.uri(0)) as h:
-        await commit(h, put("kept", "yes"))
-    assert await inst.stop() == [0]
+    inst, statedir = await stopped_with_a_key(tmp_path)
     store = statedir / "content.sqlite"
     with contextlib.closing(sqlite3.connect(store)) as db:
         db.execute("PRAGMA user_version=0")
