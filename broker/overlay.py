@@ -667,7 +667,7 @@ class Overlay:
               and self.connect_timeout > 0
               and loop.time() - self._unreached_since >= self.connect_timeout):
             self._unreached_warned = True
-            log.warning("no connection to parent rank %d at %s after %.0f s (is it "
+            log.warning("no connection to parent rank %d at %s after %.3g s (is it "
                         "running? is that its address?): still trying", self.parent,
                         endpoint, loop.time() - self._unreached_since)
         if self._hello_timer is None:
@@ -943,7 +943,9 @@ class Overlay:
             self._up_handshaken, self._unreached_since = True, None
             self._unreached_warned = False
             return
-        why = zl.refusal(event, value)
+        # (no CURVE, no key to refuse: a parent that closes connections as
+        # it accepts them -- dying, restarting -- is dialled again for ever)
+        why = zl.refusal(event, value) if self.curve is not None else None
         if why is None or self.parent is None or self.parent_acked or self._stopping_refused:
             return  # (once joined, a link that fails is a lost parent: _parent_lost)
         self._refused_by_parent += 1

@@ -192,6 +192,9 @@ def parent_socket(ctx: zmq.Context[Any], rank: int, endpoint: str,
     s: zmq.Socket[Any] = ctx.socket(zmq.DEALER)
     s.setsockopt(zmq.IDENTITY, f"{rank}-{secrets.token_hex(6)}".encode())
     s.setsockopt(zmq.RECONNECT_IVL, NO_RECONNECT_MS)
+    # (as the parent's side: a peer that accepts and never speaks is left
+    # after 5 s and dialled again, not after ZeroMQ's default 30 s)
+    s.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_IVL_MS)
     if connect_timeout > 0:
         s.setsockopt(zmq.CONNECT_TIMEOUT, max(1, round(connect_timeout * 1000)))
     _link_options(s, endpoint, ipv6)

@@ -10,9 +10,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import hashlib
 import os
 import signal
 import sqlite3
+import subprocess
+import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -644,6 +647,34 @@ async def test_a_store_without_a_format_is_marked_at_its_next_start(tmp_path) ->
     assert await inst.stop() == [0]
     with contextlib.closing(sqlite3.connect(store)) as db:
         assert db.execute("PRAGMA user_version").fetchone()[0] == STORE_FORMAT
+
+
+async def test_a_newer_store_with_wal_frames_is_refused_without_being_written(
+        tmp_path: Path) -> None:
+    """A newer kvbroker's store killed with its last writes in the WAL (the
+    format may be set there only): refused by a tool without being written.
+    The format was checked on a connection opened to write, and closing it
+    copied the WAL into the file and removed the WAL (a review audit)."""
+    sd = tmp_path / "sd"
+    sd.mkdir(mode=0o700)
+    store = sd / "content.sqlite"
+    # a newer kvbroker's store, its last writes in the WAL (killed: no checkpoint)
+    script = ("import os, sqlite3, sys; db = sqlite3.connect(sys.argv[1], "
+              "isolation_level=None); db.execute('PRAGMA journal_mode=WAL'); "
+              "db.execute('PRAGMA wal_autocheckpoint=0'); "
+              "db.execute('CREATE TABLE newer (x)'); db.execute('PRAGMA user_version=2'); "
+              "db.execute('INSERT INTO newer VALUES (1)'); os._exit(0)")
+    subprocess.run([sys.executable, "-c", script, str(store)], check=True)
+    wal = Path(f"{store}-wal")
+    assert wal.stat().st_size > 0
+
+    def digest(p: Path) -> str:
+        return hashlib.sha256(p.read_bytes()).hexdigest() if p.exists() else "absent"
+
+    before = (digest(store), digest(wal))
+    rc, _out, err = await run_cli("content", "checkpoint", "list", "--statedir", str(sd))
+    assert rc == 1 and "written by a newer kvbroker (store format 2" in err, err
+    assert (digest(store), digest(wal)) == before, "the refused store was written"
 
 
 def damage_page(path: str, page: int, data: bytes) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -123,3 +124,65 @@ async def test_a_child_whose_parent_went_before_answering_joins_when_it_is_back(
     await rank0.ready()
     async with Handle.connect(rank0.uri) as h:
         assert (await h.ping(1))["route"][-1] == "r1"
+
+
+def fake_parent(tmp_path: Path) -> socket.socket:
+    """A listening socket at rank 0's ipc endpoint that speaks no ZeroMQ."""
+    srv = socket.socket(socket.AF_UNIX)
+    srv.bind(str(tmp_path / "run" / "tbon-0"))
+    srv.listen(16)
+    srv.setblocking(False)
+    return srv
+
+
+async def accepted(srv: socket.socket, child: asyncio.subprocess.Process,
+                   timeout: float) -> socket.socket:
+    """The next connection to ``srv``; fails if ``child`` exits first or none
+    comes within ``timeout``."""
+    loop = asyncio.get_running_loop()
+    accept = asyncio.ensure_future(loop.sock_accept(srv))
+    exited = asyncio.ensure_future(child.wait())
+    done, _ = await asyncio.wait({accept, exited}, timeout=timeout,
+                                 return_when=asyncio.FIRST_COMPLETED)
+    exited.cancel()
+    if accept not in done:
+        accept.cancel()
+        raise AssertionError(f"no dial within {timeout} s (child exit {child.returncode})")
+    return accept.result()[0]
+
+
+async def test_a_parent_that_drops_connections_is_dialled_again_not_blamed_on_keys(
+        ranks: Callable[..., Any], tmp_path: Path) -> None:
+    """A parent endpoint that accepts and closes each connection (a parent
+    dying as it accepts, or restarting in a loop), on ipc without CURVE:
+    the child dials again, for ever.  It counted each as a CURVE key
+    refusal and stopped with exit 3 after five, "curve_cert must be the
+    same key file as its parent's" -- with no keys at all (a review audit)."""
+    srv = fake_parent(tmp_path)
+    try:
+        child = await ranks(1, "ipc", {}, tmp_path / "rank1.log")
+        for _ in range(10):
+            (await accepted(srv, child, 20)).close()
+        assert child.returncode is None
+        assert "CURVE" not in (tmp_path / "rank1.log").read_text()
+    finally:
+        srv.close()
+
+
+async def test_a_parent_that_never_speaks_is_left_after_the_handshake_limit(
+        ranks: Callable[..., Any], tmp_path: Path) -> None:
+    """A peer that accepts the connection and never speaks ZeroMQ: the
+    child gives that connection up after the 5 s handshake limit (as a
+    parent does its children's) and dials again -- it waited ZeroMQ's
+    default 30 s, saying "no connection" meanwhile (a review audit)."""
+    srv = fake_parent(tmp_path)
+    held = []
+    try:
+        child = await ranks(1, "ipc", {}, tmp_path / "rank1.log")
+        held.append(await accepted(srv, child, 20))
+        held.append(await accepted(srv, child, 15))  # (5 s and a dial, not 30 s)
+        assert child.returncode is None
+    finally:
+        for conn in held:
+            conn.close()
+        srv.close()

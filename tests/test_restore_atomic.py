@@ -20,15 +20,18 @@ for a time.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import tarfile
 from pathlib import Path
 
+import pytest
 from test_broker_support import KVBROKER, run_cli, wait_until
 
 from broker.content.sqlite import STORE_FILE, SqliteStore
@@ -234,3 +237,51 @@ def test_a_leftover_held_by_a_live_restore_is_not_removed(tmp_path: Path) -> Non
     finally:
         holder.communicate("")
     assert storefile.remove_leftover(path) and not (tmp_path / TEMP).exists()
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace (syscall delay)")
+async def test_a_finished_restore_is_held_until_it_is_in_place(tmp_path: Path) -> None:
+    """A restore into a new statedir, held 5 s just before it links its
+    finished (sealed, SQLite-closed) file as the store: a second restore
+    and a start on that statedir are refused as "a restore is writing it",
+    and the first's archive is the store.  Found by a review audit: SQLite's
+    lock went with the seal, so the second restore removed the first's
+    file as a leftover and the first linked the second's half-written one,
+    reporting success; a start logged a false "restore was interrupted"."""
+    sd = tmp_path / "sd"
+    first = tmp_path / "a.tar"
+    with tarfile.open(first, "w") as tar:
+        info = tarfile.TarInfo("mine")
+        info.size = 5
+        tar.addfile(info, io.BytesIO(b"first"))
+    trace = tmp_path / "strace.log"
+    a = await asyncio.create_subprocess_exec(
+        "strace", "-f", "-qq", "-o", str(trace), "-e", "trace=link,linkat",
+        "-e", "inject=link,linkat:delay_enter=5000000",
+        KVBROKER, "kvs", "restore", "--checkpoint", "--statedir", str(sd), str(first),
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        async def a_links() -> bool:
+            assert a.returncode is None
+            return trace.exists() and "link" in trace.read_text()
+
+        await wait_until(a_links, "restore A to reach its link()", timeout=30)
+        rc, out, err = await run_cli("kvs", "restore", "--checkpoint", "--statedir",
+                                     str(sd), str(_archive(tmp_path / "b.tgz", 10)))
+        assert rc == 1 and "another restore is writing" in err, err
+        rc, out, err = await run_cli("start", "--statedir", str(sd), "--", "true")
+        assert rc != 0 and "a restore is writing" in err, err
+        assert "interrupted" not in err, err
+        _out, a_err = await asyncio.wait_for(a.communicate(), 30)
+    finally:
+        if a.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                a.kill()
+            await a.wait()
+    assert a.returncode == 0, a_err.decode()
+    rc, out, err = await run_cli("kvs", "dump", "--checkpoint", "--statedir", str(sd),
+                                 str(tmp_path / "out.tar"))
+    assert rc == 0, err
+    with tarfile.open(tmp_path / "out.tar") as tar:
+        assert tar.getnames() == ["mine"]
+    assert sorted(os.listdir(sd)) == [STORE_FILE]

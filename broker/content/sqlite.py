@@ -79,17 +79,62 @@ without one (0: from before it was kept) is this format, and is marked so
 the first time it is opened for writing."""
 
 
+class NewerFormat(sqlite3.DatabaseError):
+    """The store file is of a newer format than this kvbroker reads."""
+
+
 def check_format(version: int) -> int:
     """``version``, a file's store format (its ``PRAGMA user_version``);
     :class:`sqlite3.DatabaseError` naming both formats if it is newer than
     this kvbroker's :data:`STORE_FORMAT`."""
     if version > STORE_FORMAT:
-        raise sqlite3.DatabaseError(
+        raise NewerFormat(
             f"written by a newer kvbroker (store format {version}; this one, "
             f"{_version()}, reads format {STORE_FORMAT} and older): run that version, or "
             f"save the data with its `kvbroker kvs dump --checkpoint --statedir` and "
             f"restore the archive here")
     return version
+
+
+def header_format(path: str) -> int | None:
+    """The store format a SQLite file's header at ``path`` records (its
+    ``user_version``, bytes 60-63), read without SQLite; None if there is
+    no file, or its header is not a sound SQLite one (SQLite then says
+    why: its own schema format, bytes 44-47, must be 1 to 4).  Read before
+    the store is opened for writing: a newer kvbroker's file is refused
+    untouched -- an open to write makes the file owner-only, and closing it
+    copies a WAL into it."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(100)
+    except (FileNotFoundError, IsADirectoryError):
+        return None
+    if (len(head) < 100 or not head.startswith(b"SQLite format 3\x00")
+            or not 1 <= int.from_bytes(head[44:48], "big") <= 4):
+        return None
+    return int.from_bytes(head[60:64], "big")
+
+
+def _refuse_newer(path: str) -> None:
+    """:class:`NewerFormat` if the store file at ``path`` is a newer
+    kvbroker's, found without writing it: from its header, or, when its WAL
+    holds frames (the format may be set there only), through a read-only
+    open, which never copies the WAL in.  Anything else wrong with the file
+    is left for the open that follows to say."""
+    check_format(header_format(path) or 0)
+    wal = path + "-wal"
+    try:
+        if os.path.getsize(wal) == 0:
+            return
+    except OSError:
+        return
+    with contextlib.suppress(StoreLocked, OSError):
+        try:
+            SqliteStore(path, read_only=True).close()
+        except NewerFormat:
+            raise
+        except sqlite3.Error:
+            pass
 
 
 def _version() -> str:
@@ -162,6 +207,7 @@ class SqliteStore:
         if read_only:
             self._open_read_only()
         else:
+            _refuse_newer(path)
             self._open_writable()
         for table, needed in _COLUMNS.items():
             have = {row[1] for row in self.db.execute(f"PRAGMA table_info({table})")}

@@ -17,13 +17,23 @@ old one is checkpointed and closed by SQLite (which empties and removes
 its WAL), its side files are removed, and only then is the name moved.
 
 A start removes what a killed restore left under the temporary name
-(:func:`remove_leftover`), unless a live restore holds it.
+(:func:`remove_leftover`), unless a live restore holds it: a restore
+holds an ``flock`` on its temporary file from the moment it makes it until
+the file is renamed into place or removed (:func:`create` ..
+:func:`install` / :func:`discard`).  Not SQLite's own lock: that one is a
+POSIX lock, which SQLite drops when it closes the file to seal it, so the
+finished file sat unlocked until its rename, and a second restore (or a
+start) took it for a leftover, removed it, and the first linked the
+second's half-written file into place and said it had succeeded (a review
+audit).  An ``flock`` belongs to its own open file, whatever SQLite opens
+or closes, and SQLite's locks never meet it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import sqlite3
 
@@ -41,36 +51,86 @@ def temp_path(path: str) -> str:
     return path + TEMP_SUFFIX
 
 
+_held: dict[str, int] = {}
+"""Temporary file -> the descriptor holding its ``flock``, for each restore
+this process runs (from :func:`create` to :func:`install` or :func:`discard`)."""
+
+
 def remove_leftover(path: str) -> bool:
     """Remove what a killed restore left in place of the store ``path``
     (its temporary file and that file's side files); whether there was
-    anything.  :class:`StoreLocked` if a restore running now holds it
-    (another instance starting on the same statedir)."""
+    such a thing.  :class:`StoreLocked` if a restore running now holds it
+    (another instance starting on the same statedir).  A temporary name
+    that is a second name of the store itself (a restore into a new
+    statedir killed between its ``link`` and removing the name) is removed
+    quietly: that restore had finished."""
     temp = temp_path(path)
     if not os.path.lexists(temp):  # (and a read-only file system says EROFS, not ENOENT)
         return _unlink(temp, sides_only=True)  # (a kill between removing them and it)
-    fd = os.open(temp, os.O_RDWR | os.O_NOFOLLOW)
+    fd = os.open(temp, os.O_RDONLY | os.O_NOFOLLOW)
     try:
-        try:
-            locks.lock(fd, exclusive=True)
-        except locks.Held:
-            raise StoreLocked(f"{temp}: a restore is writing it") from None
-        return _unlink(temp)  # (held: no restore can open it meanwhile)
+        _flock(fd, temp)
+        if not _names(temp, fd):
+            raise StoreLocked(f"{temp}: made again by another restore as this one looked")
+        with contextlib.suppress(FileNotFoundError):
+            if os.path.samefile(temp, path):
+                os.unlink(temp)
+                return False
+        return _unlink(temp)  # (held: no restore can use it meanwhile)
     finally:
         os.close(fd)
 
 
 def create(path: str) -> SqliteStore:
-    """A new, empty store under ``path``'s temporary name, what an earlier
-    killed restore left there removed first."""
+    """A new, empty store under ``path``'s temporary name, held (``flock``)
+    until :func:`install` or :func:`discard`; what an earlier killed
+    restore left there removed first.  :class:`StoreLocked` if another
+    restore holds that name."""
     remove_leftover(path)
-    return SqliteStore(temp_path(path))
+    temp = temp_path(path)
+    fd = os.open(temp, os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        _flock(fd, temp)
+        if not _names(temp, fd):  # (removed by another's remove_leftover before our flock)
+            raise StoreLocked(f"{temp}: removed by another restore as this one began")
+        store = SqliteStore(temp)  # (an empty file: SQLite makes a new database of it)
+    except BaseException:
+        os.close(fd)
+        raise
+    _held[temp] = fd
+    return store
 
 
 def discard(store: SqliteStore) -> None:
     """Close and remove a temporary store that will not be installed."""
     store.close()
-    _unlink(store.path)
+    try:
+        _unlink(store.path)
+    finally:
+        _release(store.path)
+
+
+def _flock(fd: int, name: str) -> None:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise StoreLocked(f"{name}: a restore is writing it") from None
+
+
+def _names(path: str, fd: int) -> bool:
+    """Whether ``path`` still names the file open as ``fd``."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino)
+
+
+def _release(temp: str) -> None:
+    fd = _held.pop(temp, None)
+    if fd is not None:
+        os.close(fd)
 
 
 def install(new: SqliteStore, path: str, old: SqliteStore | None) -> None:
@@ -99,7 +159,10 @@ def install(new: SqliteStore, path: str, old: SqliteStore | None) -> None:
     opener is refused."""
     _seal(new)
     fd: int | None = None
+    held = _held.get(new.path)
     try:
+        if held is None or not _names(new.path, held):  # (never another's file)
+            raise StoreLocked(f"{new.path}: no longer the file this restore wrote")
         if old is not None:
             fd = _retire(old, path)
         for side in SIDE_FILES:
@@ -113,6 +176,8 @@ def install(new: SqliteStore, path: str, old: SqliteStore | None) -> None:
     finally:
         if fd is not None:
             os.close(fd)
+        if held is not None and not os.path.lexists(new.path):
+            _release(new.path)  # (installed; else discard() lets go of it)
 
 
 def _seal(store: SqliteStore) -> None:
