@@ -231,11 +231,16 @@ def _stopped_runs(statedir: str) -> list[Any]:
     import sqlite3
 
     from broker.content.sqlite import STORE_FILE, StoreLocked, open_to_read
+    from broker.launch import StartError, private_dir
 
     path = os.path.join(statedir, STORE_FILE)
     if not os.path.isfile(path):
         why = "no such directory" if not os.path.isdir(statedir) else f"it has no {STORE_FILE}"
         raise CLIError("startlog", detail=f"statedir {statedir}: {why}")
+    try:
+        private_dir(statedir, "statedir")  # (this user's, as every offline tool asks)
+    except StartError as exc:
+        raise CLIError("startlog", detail=str(exc)) from None
     try:
         store = open_to_read(path)  # (a read-only statedir too: a snapshot)
     except StoreLocked:

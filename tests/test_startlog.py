@@ -167,6 +167,12 @@ async def test_a_statedir_that_cannot_be_read_offline_is_refused(tmp_path: Path)
     rc, out, err = await _start(sd, f"kvbroker startlog --statedir {sd}; echo rc=$?")
     assert rc == 0 and out == "rc=1\n", (out, err)
     assert f"statedir {sd} is in use by a running instance" in err
+    # a statedir another user could have tampered with, as the other offline
+    # tools refuse it (startlog read it: a review audit)
+    sd.chmod(0o777)
+    rc, _out, err = await run_cli("startlog", "--statedir", str(sd))
+    assert rc == 1 and f"statedir {sd}: writable by group or others (mode 777)" in err, err
+    sd.chmod(0o700)
     rc, _out, err = await run_cli("startlog", "--badopt")
     assert rc == 2 and "unrecognized arguments: --badopt" in err
 
