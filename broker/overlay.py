@@ -713,10 +713,11 @@ class Overlay:
         if (self.parent_acked or self._closing or self._parent_gone or self._stopping_refused
                 or self._up is None or self.parent is None):
             return
-        if handshaken:
-            log.info("the link to parent rank %d at %s closed before it answered this "
-                     "rank's hello: saying hello again on a new connection", self.parent,
-                     self.endpoint(self.parent))
+        if handshaken:  # (once a second at most: a parent dropping us in a loop)
+            self._peer_log.log(logging.INFO, "redial",
+                               "the link to parent rank %d at %s closed before it answered "
+                               "this rank's hello: saying hello again on a new connection",
+                               self.parent, self.endpoint(self.parent))
         self._close_up()
         self._open_up()
         self._say_hello(counted=handshaken)

@@ -126,6 +126,32 @@ async def test_a_child_whose_parent_went_before_answering_joins_when_it_is_back(
         assert (await h.ping(1))["route"][-1] == "r1"
 
 
+async def test_a_parent_that_drops_each_hello_is_logged_once_a_second(
+        tmp_path: Path, brokers) -> None:  # noqa: F811
+    """A parent that reads each hello and drops the link before answering,
+    over and over (a parent crashing as it admits its children): the
+    child's INFO that it says hello again on a new connection comes once a
+    second at most, the ones held back counted in the next -- it was one
+    line per dial, 301 for 300 drops (a review audit)."""
+    config = await keyed_config(tmp_path, 2, 2, **{"tbon.connect_timeout": "30s"})
+    parent = StandInParent(tmp_path, load(str(config)).endpoints()[0])
+    log1 = tmp_path / "stderr1-0"
+    loop = asyncio.get_running_loop()
+    try:
+        await brokers(config, 1)
+        parent.recv("overlay.hello")
+        began = loop.time()
+        for _ in range(20):
+            parent.sock.close(0)  # (the link drops before any answer)
+            parent.sock = parent.bind()
+            parent.recv("overlay.hello")  # (the child dialled again)
+        took = loop.time() - began
+    finally:
+        parent.close()
+    lines = log1.read_text().count("closed before it answered this rank's hello")
+    assert 1 <= lines <= took + 1, (took, log1.read_text())
+
+
 def fake_parent(tmp_path: Path) -> socket.socket:
     """A listening socket at rank 0's ipc endpoint that speaks no ZeroMQ."""
     srv = socket.socket(socket.AF_UNIX)
