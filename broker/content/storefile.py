@@ -88,7 +88,10 @@ def create(path: str) -> SqliteStore:
     restore holds that name."""
     remove_leftover(path)
     temp = temp_path(path)
-    fd = os.open(temp, os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        fd = os.open(temp, os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:  # (another restore made it since the leftover went)
+        raise StoreLocked(f"{temp}: a restore is writing it") from None
     try:
         _flock(fd, temp)
         if not _names(temp, fd):  # (removed by another's remove_leftover before our flock)
