@@ -101,7 +101,14 @@ STORE_WINDOW = 4
 
 
 class ArchiveError(Exception):
-    """A dump or restore that cannot go on; the message says why (one line)."""
+    """A dump or restore that cannot go on; the message says why (one line).
+    ``errnum``: the errno a service answers it with (a start's
+    ``content.restore`` refused): ``EIO`` unless the cause says otherwise
+    (a store in use ``EBUSY``, a read-only one ``EROFS``, ...)."""
+
+    def __init__(self, message: str, errnum: int = errno.EIO) -> None:
+        super().__init__(message)
+        self.errnum = errnum
 
 
 @dataclass(frozen=True, slots=True)
@@ -1032,9 +1039,9 @@ def replace_store(statedir: str, source: str | IO[bytes] | None, *,
         new = storefile.create(path)
     except StoreLocked:
         raise ArchiveError(f"statedir {statedir} is in use: another restore is writing "
-                           f"{storefile.temp_path(STORE_FILE)} there") from None
+                           f"{storefile.temp_path(STORE_FILE)} there", errno.EBUSY) from None
     except (sqlite3.Error, OSError) as exc:
-        raise ArchiveError(_cannot_open(storefile.temp_path(path), exc)) from None
+        raise _cannot_open(storefile.temp_path(path), exc) from None
     try:
         new.runs_put(runs)
         if source is not None:
@@ -1044,7 +1051,7 @@ def replace_store(statedir: str, source: str | IO[bytes] | None, *,
         storefile.discard(new)
         if isinstance(exc, StoreLocked):
             raise ArchiveError(f"statedir {statedir} is in use by another instance "
-                               f"({exc}): the old store is kept") from None
+                               f"({exc}): the old store is kept", errno.EBUSY) from None
         if isinstance(exc, sqlite3.Error):
             raise ArchiveError(f"{path}: {exc}") from None
         raise
@@ -1086,21 +1093,29 @@ def _check_statedir(statedir: str, *, create: bool) -> None:
     with ``create``), as a start checks it."""
     if not create and not os.path.isdir(statedir):
         what = "not a directory" if os.path.exists(statedir) else "no such directory"
-        raise ArchiveError(f"statedir {statedir}: {what}")
+        raise ArchiveError(f"statedir {statedir}: {what}",
+                           errno.ENOTDIR if os.path.exists(statedir) else errno.ENOENT)
     try:
         private_dir(statedir, "statedir")  # the owner's, as at start
     except StartError as exc:
-        raise ArchiveError(str(exc)) from None
+        raise ArchiveError(str(exc), errno.EPERM) from None
 
 
-def _cannot_open(path: str, exc: BaseException) -> str:
-    """One line for a store that could not be opened (or made)."""
+def _cannot_open(path: str, exc: BaseException) -> ArchiveError:
+    """One line for a store that could not be opened (or made), with the
+    errno of its cause (SQLite's own errors: ``EIO``)."""
     why = locks.write_refused(exc)
     if why is not None:
-        return locks.cannot_write(path, why)
+        return ArchiveError(locks.cannot_write(path, why), _refused_errno(why))
     if isinstance(exc, OSError):
-        return f"{exc.filename or path}: {exc.strerror or exc}"
-    return f"{path}: {exc}"
+        return ArchiveError(f"{exc.filename or path}: {exc.strerror or exc}",
+                            exc.errno or errno.EIO)
+    return ArchiveError(f"{path}: {exc}")
+
+
+def _refused_errno(why: str) -> int:
+    """The errno of :func:`broker.content.locks.unwritable`'s reason."""
+    return errno.EROFS if why == "read-only file system" else errno.EACCES
 
 
 @contextmanager
@@ -1116,17 +1131,17 @@ def open_stopped_store(statedir: str, *, create: bool,
     _check_statedir(statedir, create=create)
     path = os.path.join(statedir, STORE_FILE)
     if not create and not os.path.exists(path):
-        raise ArchiveError(f"statedir {statedir} has no {STORE_FILE}")
+        raise ArchiveError(f"statedir {statedir} has no {STORE_FILE}", errno.ENOENT)
     why = None if read_only else locks.unwritable(path)
     if why is not None:
-        raise ArchiveError(locks.cannot_write(path, why))
+        raise ArchiveError(locks.cannot_write(path, why), _refused_errno(why))
     try:
         store = open_to_read(path) if read_only else SqliteStore(path)
     except StoreLocked:
         raise ArchiveError(f"statedir {statedir} is in use by a running instance (its "
-                           f"{STORE_FILE} is locked): {instead}") from None
+                           f"{STORE_FILE} is locked): {instead}", errno.EBUSY) from None
     except (sqlite3.Error, OSError) as exc:
-        raise ArchiveError(_cannot_open(path, exc)) from None
+        raise _cannot_open(path, exc) from None
     try:
         yield store
     except sqlite3.Error as exc:

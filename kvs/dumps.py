@@ -82,8 +82,8 @@ def restore_at_start(attrs: Mapping[str, Any], store_dir: str, statedir: str,
                 old = stack.enter_context(archive.open_stopped_store(
                     store_dir, create=False,
                     instead="content.restore empties it: stop that one"))
-            except archive.ArchiveError as exc:
-                raise ErrnoError(errno.EBUSY, f"content.restore: {exc}") from None
+            except archive.ArchiveError as exc:  # (in use: EBUSY; damaged: EIO; ...)
+                raise ErrnoError(exc.errnum, f"content.restore: {exc}") from None
         try:
             runs = old.runs() if old is not None and statedir else []  # (kept: startlog)
         except sqlite3.Error as exc:
@@ -149,7 +149,11 @@ def dump_at_stop(attrs: Mapping[str, Any], store_dir: str, statedir: str,
 
 
 def _errnum(exc: Exception) -> int:
-    return exc.errno if isinstance(exc, OSError) and exc.errno else errno.EIO
+    """An OSError's errno, an ``archive.ArchiveError``'s (imported late:
+    see :func:`restore_at_start`), else ``EIO``."""
+    if isinstance(exc, OSError):
+        return exc.errno or errno.EIO
+    return int(getattr(exc, "errnum", errno.EIO))
 
 
 def _why(exc: Exception, path: str) -> str:

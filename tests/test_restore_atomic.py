@@ -285,3 +285,38 @@ async def test_a_finished_restore_is_held_until_it_is_in_place(tmp_path: Path) -
     with tarfile.open(tmp_path / "out.tar") as tar:
         assert tar.getnames() == ["mine"]
     assert sorted(os.listdir(sd)) == [STORE_FILE]
+
+
+def test_a_restore_at_start_answers_the_errno_of_why_the_old_store_cannot_open(
+        tmp_path: Path) -> None:
+    """``content.restore`` over a store it cannot open is refused with the
+    cause's errno: ``EIO`` for a damaged file, ``EBUSY`` for one another
+    process holds (every failure was ``EBUSY``, "in use", before)."""
+    import errno
+
+    from broker.errors import ErrnoError
+    from kvs import dumps
+
+    archive = _archive(tmp_path / "a.tar", keys=3)
+    statedir = tmp_path / "state"
+    statedir.mkdir(mode=0o700)
+    attrs = {"content.restore": str(archive)}
+    (statedir / STORE_FILE).write_bytes(b"not a database " * 100)
+    with pytest.raises(ErrnoError) as damaged:
+        dumps.restore_at_start(attrs, str(statedir), str(statedir))
+    assert damaged.value.errnum == errno.EIO, damaged.value
+    assert "not a database" in str(damaged.value)
+
+    (statedir / STORE_FILE).unlink()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from broker.content.sqlite import SqliteStore; "
+         f"s = SqliteStore({str(statedir / STORE_FILE)!r}); print('ready', flush=True); "
+         "sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "ready\n"
+        with pytest.raises(ErrnoError) as held:
+            dumps.restore_at_start(attrs, str(statedir), str(statedir))
+        assert held.value.errnum == errno.EBUSY, held.value
+    finally:
+        holder.communicate("")
