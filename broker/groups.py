@@ -30,7 +30,7 @@ import asyncio
 import errno
 from typing import Any, ClassVar
 
-from broker import topology
+from broker import attrs, topology
 from broker.errors import ErrnoError, ProtocolError
 from broker.idset import decode_ranks, encode_ranks
 from broker.message import Message
@@ -94,6 +94,8 @@ class GroupsModule(Module):
         the changes made so far are told above (:meth:`_answer_once_told`)."""
         self._flush_scheduled = False
         self._parent_missing = False
+        self._parent_answered = False
+        """An update has got through to the parent's module (at least once)."""
         self.parent = topology.parent_of(ctx.rank, ctx.fanout)
         self.updates_sent = 0
         self.updates_received = 0
@@ -330,7 +332,8 @@ class GroupsModule(Module):
             try:
                 await self.h.rpc("groups.update", {"update": told}, nodeid=self.parent)
             except ErrnoError as exc:
-                if exc.errnum == errno.ENOSYS and not self._parent_missing:
+                if (exc.errnum == errno.ENOSYS and not self._parent_missing
+                        and not self._parent_still_starting()):
                     self._parent_missing = True  # (said once, until one gets through)
                     self.log.warning("rank %d has no groups module: the groups of this "
                                      "subtree (and the joins waiting for them) wait until "
@@ -341,6 +344,7 @@ class GroupsModule(Module):
                 delay = min(delay * 2, RETRY_MAX)
                 continue
             self.updates_sent += 1
+            self._parent_answered = True
             delay = RETRY_FIRST
             if self._parent_missing:
                 self._parent_missing = False
@@ -348,6 +352,18 @@ class GroupsModule(Module):
                               self.parent)
             for msg in waiting:
                 self.h.respond(msg, {})
+
+    def _parent_still_starting(self) -> bool:
+        """The parent's module has not answered yet and the instance's
+        module list loads it on the parent: a rank's modules start before
+        its parent's at an ordinary start (rank 0 starts its content store
+        and kvs first), so its first updates meet ``ENOSYS`` and the
+        parent's ``groups.resend`` asks for them as it starts -- no cause
+        for a warning.  Once one got through, an ``ENOSYS`` is a module
+        removed (``kvbroker module remove groups``), and is said."""
+        assert self.parent is not None
+        return (not self._parent_answered
+                and self.name in attrs.module_names(self.ctx.attrs, self.parent))
 
     def stats(self) -> dict[str, Any]:
         """Flux's ``subtree`` (each group's members below and at this rank)."""

@@ -134,8 +134,12 @@ def cmd_overlay(args: argparse.Namespace) -> int:
         return 0
 
     async def list_errors() -> int:
-        async with await connect() as h:
-            ranks, _ = await status.gather(h, timeout=args.timeout or 2.0)
+        limit = args.timeout or 2.0  # (connecting too, as overlay status and uptime)
+        async with await connect(timeout=limit) as h:
+            try:
+                ranks, _ = await status.gather(h, timeout=limit)
+            except TimeoutError as exc:
+                raise CLIError("overlay errors", detail=str(exc)) from None
         for line in status.errors(ranks):
             print(line)
         return 0
