@@ -437,7 +437,8 @@ def cmd_dmesg(args: argparse.Namespace) -> int:
                               color=use_color(args.color))
 
     async def main() -> int:
-        async with await connect() as h:
+        # (-t bounds connecting too: an ssh:// host that never answers)
+        async with await connect(timeout=args.rank_timeout) as h:
             ranks = (list(range(int(await h.attr_get("size")))) if args.all
                      else [_nodeid(args.rank)])
             lost: list[int] = []

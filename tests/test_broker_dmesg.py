@@ -547,6 +547,17 @@ async def test_dmesg_all_t_leaves_out_a_stopped_rank_and_prints_the_others(
     assert [r for _, r, _, _, msg in parse(out) if NO_STATEDIR in msg] == [0]
 
 
+async def test_dmesg_t_bounds_connecting_to_a_host_that_never_answers(tmp_path: Path) -> None:
+    """``-t`` bounds connecting too, as the health checks' (an ``ssh://``
+    host that never answers kept ``dmesg -t 1`` waiting for ever)."""
+    ssh = tmp_path / "ssh"
+    ssh.write_text("#!/bin/sh\nexec cat >/dev/null\n")
+    ssh.chmod(0o755)
+    rc, _, err = await run_cli("dmesg", "-t", "1", uri="ssh://nohost/tmp/kvb-x/local-0",
+                               env={**os.environ, "KVBROKER_SSH": str(ssh)}, timeout=10)
+    assert rc == 1 and "Connection timed out (no answer in 1s)" in err, err
+
+
 @pytest.fixture
 def utc(monkeypatch: pytest.MonkeyPatch):
     """The local time zone is UTC for the test (``dmesg -H`` prints local times)."""
