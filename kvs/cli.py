@@ -133,7 +133,9 @@ def _run(args: argparse.Namespace, body: Callable[[KVS], Awaitable[int | None]])
     args.what = getattr(args, "what", None) or f"kvs {args.kvs_cmd}"
 
     async def main() -> int | None:
-        async with await connect() as h:
+        # (a waiting command's -t/--timeout bounds connecting too: an ssh://
+        # host that never answers kept kvs wait -t waiting for ever)
+        async with await connect(timeout=getattr(args, "timeout", None)) as h:
             return await body(KVS(h, getattr(args, "namespace", None)))
 
     try:

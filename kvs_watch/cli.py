@@ -73,7 +73,10 @@ _BAD = errno_detail(ErrnoError(errno.EINVAL, BAD_EVENTLOG))
 
 def _run(args: argparse.Namespace, body: Callable[[Handle], Awaitable[int]]) -> int:
     async def main() -> int:
-        async with await connect(reconnect=getattr(args, "reconnect", False)) as h:
+        # (-t/--timeout bounds connecting too: an ssh:// host that never
+        # answers kept a watch with a timeout waiting for ever)
+        async with await connect(reconnect=getattr(args, "reconnect", False),
+                                 timeout=getattr(args, "timeout", None)) as h:
             return await body(h)
 
     try:

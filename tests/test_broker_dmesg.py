@@ -15,7 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_broker_support import KVBROKER, run_cli, stats, stop_process, wait_until
+from test_broker_support import (
+    KVBROKER,
+    run_cli,
+    stats,
+    stop_process,
+    unanswering_ssh,
+    wait_until,
+)
 
 from broker import logring
 from broker.broker import Broker
@@ -550,11 +557,8 @@ async def test_dmesg_all_t_leaves_out_a_stopped_rank_and_prints_the_others(
 async def test_dmesg_t_bounds_connecting_to_a_host_that_never_answers(tmp_path: Path) -> None:
     """``-t`` bounds connecting too, as the health checks' (an ``ssh://``
     host that never answers kept ``dmesg -t 1`` waiting for ever)."""
-    ssh = tmp_path / "ssh"
-    ssh.write_text("#!/bin/sh\nexec cat >/dev/null\n")
-    ssh.chmod(0o755)
     rc, _, err = await run_cli("dmesg", "-t", "1", uri="ssh://nohost/tmp/kvb-x/local-0",
-                               env={**os.environ, "KVBROKER_SSH": str(ssh)}, timeout=10)
+                               env=unanswering_ssh(tmp_path), timeout=10)
     assert rc == 1 and "Connection timed out (no answer in 1s)" in err, err
 
 

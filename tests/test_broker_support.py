@@ -502,6 +502,16 @@ async def run_python(script: str, *args: str, timeout: float = 40.0) -> tuple[in
     return proc.returncode, out.decode(), err.decode()
 
 
+def unanswering_ssh(tmp_path: Path) -> dict[str, str]:
+    """An environment whose ``ssh://`` URIs reach an ssh that never answers
+    (it reads its input until the client goes, and writes nothing): what a
+    command's ``-t`` must bound, connecting included."""
+    ssh = tmp_path / "ssh"
+    ssh.write_text("#!/bin/sh\nexec cat >/dev/null\n")
+    ssh.chmod(0o755)
+    return {**os.environ, "KVBROKER_SSH": str(ssh)}
+
+
 async def run_cli(
     *args: str,
     uri: str | None = None,

@@ -22,6 +22,7 @@ from test_broker_support import (
     run_cli,
     stats,
     stop_process,
+    unanswering_ssh,
     wait_until,
 )
 
@@ -499,20 +500,11 @@ async def test_overlay_errors_names_a_rank_that_does_not_answer(start_instance) 
         os.kill(pid, signal.SIGCONT)
 
 
-def _unanswering_ssh(tmp_path: Path) -> dict[str, str]:
-    """An environment whose ``ssh://`` URI reaches an ssh that never answers
-    (it reads its input until the client goes, and writes nothing)."""
-    ssh = tmp_path / "ssh"
-    ssh.write_text("#!/bin/sh\nexec cat >/dev/null\n")
-    ssh.chmod(0o755)
-    return {**os.environ, "KVBROKER_SSH": str(ssh)}
-
-
 async def test_overlay_status_gives_up_connecting(tmp_path: Path) -> None:
     """``-t`` bounds connecting too: a host that never answers is given up."""
     rc, _, err = await run_cli("overlay", "status", "-t", "1", timeout=10,
                                uri="ssh://nohost/tmp/kvb-x/local-0",
-                               env=_unanswering_ssh(tmp_path))
+                               env=unanswering_ssh(tmp_path))
     assert rc == 1 and "Connection timed out (no answer in 1s)" in err, err
 
 
@@ -520,5 +512,5 @@ async def test_overlay_errors_gives_up_connecting(tmp_path: Path) -> None:
     """As ``overlay status`` (it waited for ever: the docs audit)."""
     rc, _, err = await run_cli("overlay", "errors", "-t", "1", timeout=10,
                                uri="ssh://nohost/tmp/kvb-x/local-0",
-                               env=_unanswering_ssh(tmp_path))
+                               env=unanswering_ssh(tmp_path))
     assert rc == 1 and "Connection timed out (no answer in 1s)" in err, err

@@ -11,7 +11,7 @@ import signal
 import sys
 
 import pytest
-from test_broker_support import stopped
+from test_broker_support import run_cli, stopped, unanswering_ssh
 from test_watch_helpers import (
     NO_MERGE,
     WAITCREATE,
@@ -253,3 +253,18 @@ async def test_watch_forms_refuse_an_unterminated_eventlog(start_instance, conne
     assert isinstance(read.value, EventlogError) and isinstance(watched.value, ValueError)
     assert watched.value.errnum == errno.EINVAL
     await wait_watchers(h0, 0, nodeid=1)
+
+
+@pytest.mark.parametrize("command", [
+    ("kvs", "wait", "-t", "1", "5"),
+    ("kvs", "get", "--watch", "--timeout", "1", "a"),
+    ("kvs", "get", "--waitcreate", "--timeout", "1", "a"),
+    ("kvs", "eventlog", "wait-event", "-t", "1", "a", "x"),
+    ("kvs", "watch-keys", "-t", "1", "a"),
+], ids=lambda c: " ".join(c[:3]))
+async def test_a_waiting_commands_timeout_bounds_connecting(command, tmp_path) -> None:
+    """A waiting command's ``-t``/``--timeout`` bounds connecting too: over
+    an ``ssh://`` host that never answers each waited for ever."""
+    rc, _, err = await run_cli(*command, uri="ssh://nohost/tmp/kvb-x/local-0",
+                               env=unanswering_ssh(tmp_path), timeout=10)
+    assert rc == 1 and "Connection timed out (no answer in 1s)" in err, err
