@@ -65,7 +65,6 @@ async def test_archive_create_refuses_a_name_that_is_not_utf8(uri: str, tmp_path
     assert "No such file or directory" in err, err
 
 
-@pytest.mark.xfail(strict=True, reason="archive remove unlinks a directory of other archives")
 async def test_archive_remove_does_not_take_a_directory_of_other_archives(
         uri: str, tmp_path: Path) -> None:
     """``-n grp.one`` makes ``archive.grp`` a directory; ``archive remove -n
