@@ -439,6 +439,19 @@ async def _extract_in(args: argparse.Namespace, kvs: KVS, directory: str) -> int
 
 async def _write_one(args: argparse.Namespace, ex: Any, obj: dict[str, Any],
                      loads: _Prefetch, kvs: KVS) -> None:
+    """Write one file object; an error of the file system names its path
+    (a ``pwrite`` or ``ftruncate`` past a size limit said only ``File too
+    large``)."""
+    try:
+        await _write_object(args, ex, obj, loads, kvs)
+    except OSError as exc:
+        if exc.filename or not exc.errno:
+            raise
+        raise OSError(exc.errno, exc.strerror, obj["path"]) from None
+
+
+async def _write_object(args: argparse.Namespace, ex: Any, obj: dict[str, Any],
+                        loads: _Prefetch, kvs: KVS) -> None:
     from kvs.filearchive import write_at
 
     mode = int(obj["mode"])

@@ -501,7 +501,9 @@ class Extractor:
         return fd
 
     def finish_file(self, fd: int, obj: dict[str, Any]) -> None:
-        """Size (a trailing hole), permissions and time; closes ``fd``."""
+        """Size (a trailing hole), permissions and time; closes ``fd``.  A
+        file whose size cannot be set (past a file-size limit) is removed,
+        as one whose data cannot be written: it is short."""
         try:
             size = obj.get("size")
             if size is not None:
@@ -510,8 +512,10 @@ class Extractor:
             if obj.get("mtime") is not None:
                 t = int(obj["mtime"])
                 os.utime(fd, (t, t))
-        finally:
-            os.close(fd)
+        except BaseException:
+            self.abandon_file(fd, obj)
+            raise
+        os.close(fd)
 
     def abandon_file(self, fd: int, obj: dict[str, Any]) -> None:
         """Close and remove a file whose data could not all be written: a

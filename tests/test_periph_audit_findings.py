@@ -98,7 +98,6 @@ async def run_limited(uri: str, fsize: int, *args: str) -> tuple[int, str, str]:
     return proc.returncode, out.decode(), err.decode()
 
 
-@pytest.mark.xfail(strict=True, reason="extract: an unwritable file not named, sparse one left")
 @pytest.mark.parametrize("sparse", [True, False])
 async def test_archive_extract_a_file_it_cannot_write_names_it_and_leaves_nothing(
         uri: str, tmp_path: Path, sparse: bool) -> None:
