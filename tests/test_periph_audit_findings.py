@@ -125,7 +125,6 @@ async def test_archive_extract_a_file_it_cannot_write_names_it_and_leaves_nothin
 # ---------------------------------------------------------------- sproc
 
 
-@pytest.mark.xfail(strict=True, reason="sproc ps -o: a nested field or huge width is a traceback")
 @pytest.mark.parametrize("fmt", ["{pid:>{width}}", "{pid:99999999999}"])
 async def test_sproc_ps_format_a_spec_it_cannot_apply_is_a_usage_error(uri: str,
                                                                       fmt: str) -> None:
