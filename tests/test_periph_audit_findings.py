@@ -138,3 +138,24 @@ async def test_sproc_ps_format_a_spec_it_cannot_apply_is_a_usage_error(uri: str,
     finally:
         await cli(uri, "sproc", "kill", "KILL", "fmt-probe")
 
+
+
+# ---------------------------------------------------------------- config
+
+
+async def test_config_reload_of_a_fifo_refuses_it_and_the_rank_answers_on(
+        tmp_path: Path) -> None:
+    """The configuration file replaced by a FIFO: ``config reload`` opened
+    it on the rank's event loop, which blocked there until a writer came --
+    every request to the rank, ``ping`` too, waited.  A file that is not a
+    regular one is refused (``EINVAL``, naming it), the rank answers on."""
+    conf = tmp_path / "inst.toml"
+    conf.write_text('[attrs]\n"log.level" = "info"\n')
+    with started_in_background(tmp_path / "ranks.log", "--size", "2",
+                               "--config", str(conf)) as line:
+        conf.unlink()
+        os.mkfifo(conf)
+        code, out, err = await run_cli("config", "reload", "-r", "all", "-t", "10",
+                                       uri=line, timeout=T)
+        assert code == 1 and "not a regular file" in err and str(conf) in err, (code, err)
+        await cli(line, "ping", "-c", "1", "-t", "10")
