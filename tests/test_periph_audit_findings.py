@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import resource
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -159,3 +160,23 @@ async def test_config_reload_of_a_fifo_refuses_it_and_the_rank_answers_on(
                                        uri=line, timeout=T)
         assert code == 1 and "not a regular file" in err and str(conf) in err, (code, err)
         await cli(line, "ping", "-c", "1", "-t", "10")
+
+
+# ---------------------------------------------------------------- -t, unanswered
+
+
+@pytest.mark.parametrize("command", [("config", "reload"), ("dmesg",)])
+async def test_a_stopped_attached_rank_is_not_named_4294967295(uri: str,
+                                                               command: tuple[str, ...]) -> None:
+    """Without ``-r``, a command given ``-t`` whose attached rank does not
+    answer said ``rank 4294967295 did not answer`` -- the wire's "any rank",
+    not a rank -- where the others say ``no answer``."""
+    pid = int((await cli(uri, "attr", "get", "-r", "3", "broker.pid"))[0])
+    attached = uri.replace("local-0", "local-3")
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        code, _, err = await run_cli(*command, "-t", "0.5", uri=attached, timeout=T)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert code == 1 and "Connection timed out" in err, (code, err)
+    assert "4294967295" not in err, err
