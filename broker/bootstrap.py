@@ -40,6 +40,7 @@ import ipaddress
 import os
 import re
 import socket
+import stat
 import tomllib
 from dataclasses import dataclass, field
 from typing import Any
@@ -328,9 +329,24 @@ def _attrs_table(doc: dict[str, Any], path: str) -> dict[str, Any]:
     return _dotted(attrs, f"{path}: [attrs]")
 
 
-def _read(path: str) -> str:
+_KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket", stat.S_IFCHR:
+          "a character device", stat.S_IFBLK: "a block device", stat.S_IFDIR: "a directory"}
+
+
+def _read(path: str, regular_only: bool = False) -> str:
+    """The file's text.  ``regular_only``: a rank reading it on its event
+    loop (as it starts, at ``config reload``), where opening a FIFO waited
+    for a writer and the rank answered nothing meanwhile: another kind of
+    file is refused, without waiting (``O_NONBLOCK``)."""
+    flags = os.O_RDONLY | os.O_CLOEXEC | (os.O_NONBLOCK if regular_only else 0)
     try:
-        with open(path, "rb") as f:
+        fd = os.open(path, flags)
+        with open(fd, "rb") as f:
+            mode = os.fstat(fd).st_mode
+            if regular_only and not stat.S_ISREG(mode):
+                kind = _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+                raise BootstrapError(f"{path}: not a regular file ({kind}): a rank reads "
+                                     "its configuration file again, and would wait on it")
             return f.read().decode()
     except OSError as exc:
         raise BootstrapError(f"{path}: {exc.strerror}") from None
@@ -365,7 +381,7 @@ def config_file(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """A rank's configuration file, read once (``config get|reload``):
     its whole object, and its ``[attrs]`` as the start took them -- a
     bootstrap file's (``[bootstrap]`` in it) or ``start --config``'s."""
-    text = _read(path)
+    text = _read(path, regular_only=True)
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

@@ -486,11 +486,14 @@ async def _reachable(h: Handle, ranks: list[int],
     up: list[int] = []
     lost: list[int] = []
     for rank, answer in zip(ranks, answers, strict=True):
+        # (no -r: the wire's "any rank", the attached one, not "rank 4294967295")
+        who = "dmesg" if rank == NODEID_ANY else f"dmesg: rank {rank}"
         if isinstance(answer, ErrnoError) and answer.errnum == errno.EHOSTUNREACH:
-            print_err(f"dmesg: rank {rank}: {errno_detail(answer)}")
+            print_err(f"{who}: {errno_detail(answer)}")
             lost.append(rank)
         elif isinstance(answer, TimeoutError):
-            print_err(f"dmesg: rank {rank}: {os.strerror(errno.ETIMEDOUT)} (did not answer "
+            said = "no answer" if rank == NODEID_ANY else "did not answer"
+            print_err(f"{who}: {os.strerror(errno.ETIMEDOUT)} ({said} "
                       f"in {timeout:g}s: stopped or hung?)")
             lost.append(rank)
         else:

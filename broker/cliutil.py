@@ -24,6 +24,7 @@ from broker.errors import ErrnoError
 from broker.handle import URI_ENV, Handle
 from broker.idset import encode_ranks
 from broker.loops import loop_factory
+from broker.message import NODEID_ANY, NODEID_UPSTREAM
 
 
 class CLIError(Exception):
@@ -485,6 +486,10 @@ def no_answer_detail(rank: int | list[Any] | None, timeout: float) -> str:
     command given ``-t`` says when it gives up (``rank`` None: the rank
     attached to, or whichever rank the request went to; a list: those of
     several asked at once that had not answered)."""
+    if isinstance(rank, list):  # (the wire's "any rank" is the attached one: no rank)
+        rank = [r for r in rank if r not in (NODEID_ANY, NODEID_UPSTREAM)]
+    elif rank in (NODEID_ANY, NODEID_UPSTREAM):
+        rank = None
     if isinstance(rank, list) and len(rank) > 1:
         who = f"ranks {encode_ranks(rank)} did not answer"
     else:

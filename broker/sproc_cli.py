@@ -143,11 +143,26 @@ def format_fields(fmt: str) -> list[tuple[str, str | None, str]]:
                   string.Formatter().parse(fmt)]
     except ValueError as exc:
         raise UsageError(f"--format {fmt!r}: {exc}") from None
-    for _, field, _ in pieces:
-        if field is not None and field not in HEADINGS:
-            raise UsageError(f"--format {fmt!r}: no field {{{field}}} (fields: "
-                             f"{', '.join('{' + f + '}' for f in HEADINGS)})")
+    for _, field, spec in pieces:
+        # (a field nested in a spec, {pid:>{width}}, is a field too: a KeyError)
+        for name in [field] + [f for _, f, _, _ in _parse(fmt, spec)]:
+            if name is not None and name not in HEADINGS:
+                raise UsageError(f"--format {fmt!r}: no field {{{name}}} (fields: "
+                                 f"{', '.join('{' + f + '}' for f in HEADINGS)})")
+    try:  # (a width no line can have, {pid:99999999999}: a MemoryError)
+        fmt.format(pid=1, state="R", label="", rank=0, cmd="")
+    except (MemoryError, OverflowError):
+        raise UsageError(f"--format {fmt!r}: a width too large to print") from None
+    except (ValueError, TypeError):
+        pass  # (a spec the value does not take: said as the table is printed)
     return pieces
+
+
+def _parse(fmt: str, spec: str) -> list[tuple[str, str | None, str | None, str | None]]:
+    try:
+        return list(string.Formatter().parse(spec))
+    except ValueError as exc:
+        raise UsageError(f"--format {fmt!r}: {exc}") from None
 
 
 def heading(fmt: str, pieces: list[tuple[str, str | None, str]]) -> str:

@@ -439,6 +439,19 @@ async def _extract_in(args: argparse.Namespace, kvs: KVS, directory: str) -> int
 
 async def _write_one(args: argparse.Namespace, ex: Any, obj: dict[str, Any],
                      loads: _Prefetch, kvs: KVS) -> None:
+    """Write one file object; an error of the file system names its path
+    (a ``pwrite`` or ``ftruncate`` past a size limit said only ``File too
+    large``)."""
+    try:
+        await _write_object(args, ex, obj, loads, kvs)
+    except OSError as exc:
+        if exc.filename or not exc.errno:
+            raise
+        raise OSError(exc.errno, exc.strerror, obj["path"]) from None
+
+
+async def _write_object(args: argparse.Namespace, ex: Any, obj: dict[str, Any],
+                        loads: _Prefetch, kvs: KVS) -> None:
     from kvs.filearchive import write_at
 
     mode = int(obj["mode"])
@@ -561,9 +574,26 @@ def _remove(args: argparse.Namespace) -> int:
     from kvs.client import TxnOps
 
     async def body(kvs: KVS) -> int:
-        if not args.force and not await kvs.exists(args.key):
-            raise _fail(args, f"{args.key} does not exist")
+        if not args.force:
+            await _check_removable(args, kvs)
         await kvs.commit(TxnOps().unlink(args.key).unlink(f"{args.key}_blobs"))
         return 0
 
     return _kvs_call(args, body)
+
+
+async def _check_removable(args: argparse.Namespace, kvs: KVS) -> None:
+    """Refuse a remove (without ``-f``) of an archive that is not there, or
+    of ``archive.NAME`` that is a directory: the archives named
+    ``NAME.OTHER`` are below it, and unlinking it took them all, exit 0.
+    Flux's looks the key up as a value, so a directory "does not exist"."""
+    try:
+        found = await kvs.get(args.key, None)
+    except ErrnoError as exc:
+        if exc.errnum != errno.EISDIR:
+            raise _fail(args, f"{args.key}: {_detail(exc, args.key)}") from None
+        raise _fail(args, f"{args.key} is not an archive: a directory (the archives "
+                          f"named {args.name}.* are below it; -f removes them all)"
+                    ) from None
+    if found is None:
+        raise _fail(args, f"{args.key} does not exist")

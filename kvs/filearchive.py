@@ -109,10 +109,13 @@ def _source(given: str, full: str, path: str) -> Source:
     """What is at ``full`` (stored as ``path``), checked: a regular file that
     can be opened for reading, a directory or a symbolic link; anything else
     is an :class:`ArchiveInputError` naming ``given``."""
+    _check_text(given, path)
     try:
         st = os.lstat(full)
         if stat.S_ISLNK(st.st_mode):
-            return Source(path, full, st, os.readlink(full))
+            target = os.readlink(full)
+            _check_text(given, target, f"its target '{_shown(target)}'")
+            return Source(path, full, st, target)
         if stat.S_ISREG(st.st_mode):
             # (no O_NONBLOCK needed: it is no FIFO; O_NOFOLLOW: it is not a link now)
             os.close(os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC))
@@ -123,6 +126,27 @@ def _source(given: str, full: str, path: str) -> Source:
     except OSError as exc:
         raise ArchiveInputError(f"{given}: {exc.strerror}") from None
     return Source(path, full, st)
+
+
+def _check_text(given: str, text: str, what: str = "its name") -> None:
+    """:class:`ArchiveInputError` unless ``text`` (a path, a link's target)
+    is UTF-8: the archive is JSON, which holds text only (Flux's jansson
+    refuses it too).  Checked as the files are walked, before anything is
+    stored: it failed at the commit, with a traceback."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        raise ArchiveInputError(f"{_shown(given)}: {what} is not UTF-8 text (an archive "
+                                "holds names as JSON text)") from None
+
+
+def _shown(text: str) -> str:
+    """``text`` as it may be printed: bytes that are not UTF-8 escaped (``\\xff``)."""
+    try:
+        text.encode()
+        return text
+    except UnicodeEncodeError:
+        return repr(os.fsencode(text))[2:-1]
 
 
 def walk(paths: list[str], directory: str | None = None) -> Iterator[Source]:
@@ -477,7 +501,9 @@ class Extractor:
         return fd
 
     def finish_file(self, fd: int, obj: dict[str, Any]) -> None:
-        """Size (a trailing hole), permissions and time; closes ``fd``."""
+        """Size (a trailing hole), permissions and time; closes ``fd``.  A
+        file whose size cannot be set (past a file-size limit) is removed,
+        as one whose data cannot be written: it is short."""
         try:
             size = obj.get("size")
             if size is not None:
@@ -486,8 +512,10 @@ class Extractor:
             if obj.get("mtime") is not None:
                 t = int(obj["mtime"])
                 os.utime(fd, (t, t))
-        finally:
-            os.close(fd)
+        except BaseException:
+            self.abandon_file(fd, obj)
+            raise
+        os.close(fd)
 
     def abandon_file(self, fd: int, obj: dict[str, Any]) -> None:
         """Close and remove a file whose data could not all be written: a
