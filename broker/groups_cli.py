@@ -20,14 +20,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from broker.cliutil import (
+    CLIError,
     add_answer_timeout,
     command_args,
     connect,
+    no_answer_detail,
     non_negative_int,
     run_async,
 )
@@ -62,25 +66,61 @@ def cmd_groups(args: argparse.Namespace) -> int:
     args.what = f"groups {args.groups_cmd}"
     if args.groups_cmd == "join":
         return run_async(args, lambda: _join(args))
+    if args.groups_cmd in ("waitfor", "barrier"):
+        return _wait(args)
 
     async def main() -> int:
         async with await connect() as h:
             groups = Groups(h)
-            if args.groups_cmd == "get" and not args.watch:
+            if not args.watch:
                 print(encode_ranks(sorted(await groups.get(args.name))))
-            elif args.groups_cmd == "get":
-                async for ranks in groups.watch(args.name):
-                    print(encode_ranks(sorted(ranks)), flush=True)
-            elif args.groups_cmd == "barrier":
-                await groups.barrier(args.name, args.count)
-            else:
-                count = args.count
-                if count is None:
-                    count = int(await h.attr_get("size"))
-                await groups.wait_for(args.name, count)
+                return 0
+            async for ranks in groups.watch(args.name):
+                print(encode_ranks(sorted(ranks)), flush=True)
         return 0
 
-    return run_async(args, main, streams=args.groups_cmd == "get" and args.watch)
+    return run_async(args, main, streams=args.watch)
+
+
+def _wait(args: argparse.Namespace) -> int:
+    """``waitfor`` and ``barrier``: their ``-t`` bounds the whole command
+    here, not in :func:`run_async`, so a group that rank 0 reported but that
+    fell short of the count says so -- ``no answer: stopped or hung?`` sent
+    the operator after a rank that had answered at once."""
+    limit: float | None = args.answer_timeout
+    args.answer_timeout = None
+    last: list[set[int]] = []
+    count: int = args.count
+
+    async def main() -> int:
+        try:
+            async with asyncio.timeout(limit) as bound:
+                await wait(last.append)
+        except TimeoutError:
+            if bound.expired() and last:
+                raise CLIError(args.what, detail=short_of(last[-1], limit)) from None
+            if bound.expired():
+                raise CLIError(args.what, detail=no_answer_detail(None, limit or 0)) from None
+            raise
+        return 0
+
+    async def wait(seen: Callable[[set[int]], None]) -> None:
+        nonlocal count
+        async with await connect() as h:
+            groups = Groups(h)
+            if count is None:  # (every rank)
+                count = int(await h.attr_get("size"))
+            if args.groups_cmd == "barrier":
+                await groups.barrier(args.name, count, seen=seen)
+            else:
+                await groups.wait_for(args.name, count, seen=seen)
+
+    def short_of(members: set[int], limit: float | None) -> str:
+        return (f"{os.strerror(errno.ETIMEDOUT)} ({args.name} had {len(members)} of "
+                f"the {count} members waited for ({encode_ranks(sorted(members)) or 'none'}) "
+                f"after {limit:g}s)")
+
+    return run_async(args, main)
 
 
 async def _join(args: argparse.Namespace) -> int:

@@ -22,7 +22,7 @@ the connection lasts, for a service that runs a barrier per job.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from broker.errors import RemoteError
 from broker.idset import decode_ranks
@@ -92,28 +92,34 @@ class Groups:
         finally:
             _end(self.h, stream)
 
-    async def wait_for(self, name: str, count: int, *, join: bool = False) -> None:
+    async def wait_for(self, name: str, count: int, *, join: bool = False,
+                       seen: Callable[[set[int]], None] | None = None) -> None:
         """Return once ``name`` has ``count`` members (0: once it is
         empty); with ``join``, join it first -- after the watch is asked,
         which thus reaches rank 0 before the join (one path, in order) and
         cannot miss the group full, however soon the others leave.  Its
         watch is cancelled at rank 0 as it returns, or is cancelled (a
-        timeout around it), or fails."""
+        timeout around it), or fails.  ``seen``: called with the members
+        at each answer (so a timeout around it can say how far it got)."""
         stream = self.h.rpc_stream("groups.get", {"name": name}, nodeid=0)
         try:
             if join:
                 await self.join(name)
             async for answer in stream:
-                if len(members(answer)) == count:
+                now = members(answer)
+                if seen is not None:
+                    seen(now)
+                if len(now) == count:
                     return
         finally:
             _end(self.h, stream)
 
-    async def barrier(self, name: str, count: int | None = None) -> None:
+    async def barrier(self, name: str, count: int | None = None, *,
+                      seen: Callable[[set[int]], None] | None = None) -> None:
         """Join ``name``, wait until it has ``count`` members (default:
         every rank), leave: called once on each rank, every call returns
-        once all have come."""
+        once all have come (``seen``: as :meth:`wait_for`'s)."""
         if count is None:
             count = int((await self.h.rpc("attr.get", {"name": "size"}))["value"])
-        await self.wait_for(name, count, join=True)
+        await self.wait_for(name, count, join=True, seen=seen)
         await self.leave(name)

@@ -1,4 +1,4 @@
-"""Findings of an adversarial audit of the peripheral commands (archive,
+"""The peripheral commands at their edges, from an adversarial audit (archive,
 cron, sproc/exec --bg, groups, config, uri, dmesg/logger, startlog,
 uptime, shutdown, module, stats), each a reproducer against real ranks.
 
@@ -185,8 +185,6 @@ async def test_a_stopped_attached_rank_is_not_named_4294967295(uri: str,
 # ---------------------------------------------------------------- groups
 
 
-@pytest.mark.xfail(strict=True, reason="groups waitfor -t blames the rank, which answered: "
-                   "the group did not reach the count (left: needs a progress hook)")
 async def test_groups_waitfor_timeout_says_the_group_was_short_not_the_rank_silent(
         uri: str) -> None:
     """Rank 0 answers the watch at once (``0-3``), but the group never has
@@ -196,3 +194,5 @@ async def test_groups_waitfor_timeout_says_the_group_was_short_not_the_rank_sile
                                  uri=uri, timeout=T)
     assert code == 1, (code, err)
     assert "stopped or hung" not in err and "4" in err, err
+    assert err == ("kvbroker: groups waitfor: Connection timed out (broker.online had 4 of "
+                   "the 5 members waited for (0-3) after 1s)\n"), err
