@@ -72,6 +72,20 @@ async def lease_run(uri: str, ttl: float,
         await asyncio.wait_for(proc.communicate(), T)
 
 
+async def ended(proc: asyncio.subprocess.Process) -> tuple[bytes, bytes]:
+    """``proc``'s output, read to its end once it exits, its stdin left
+    open: the command must end for the reason the test gives it, not of
+    EOF on its input.  Not ``communicate()``: from Python 3.12 it closes
+    stdin even with no input (CPython gh-83925), and the holder then read
+    EOF and exited 0 before ``lease run``'s keepalive found its lease
+    revoked (or before the SIGTERM passed on reached it)."""
+    assert proc.stdout is not None and proc.stderr is not None
+    out, err = await asyncio.wait_for(
+        asyncio.gather(proc.stdout.read(), proc.stderr.read()), T)
+    await asyncio.wait_for(proc.wait(), T)
+    return out, err
+
+
 async def locked(proc: asyncio.subprocess.Process) -> tuple[int, int]:
     """The holder's ``locked ID PID`` line: its lease id and its pid."""
     assert proc.stdout is not None
@@ -152,14 +166,14 @@ async def test_sigterm_is_passed_on_and_a_lost_lease_stops_the_command(
         async with lease_run(inst.uri(1), 60) as proc:
             await locked(proc)
             proc.send_signal(signal.SIGTERM)
-            out, err = await asyncio.wait_for(proc.communicate(), T)
+            out, err = await ended(proc)
         assert (proc.returncode, out, err) == (3, f"got {signal.SIGTERM:d}\n".encode(), b"")
         assert not await kvs.exists("lock")
 
         async with lease_run(inst.uri(1), 1.5) as proc:  # (keepalives every 0.5 s)
             lease_id, _ = await locked(proc)
             await kvs.lease_revoke(lease_id)
-            out, err = await asyncio.wait_for(proc.communicate(), T)
+            out, err = await ended(proc)
         assert (proc.returncode, out) == (3, f"got {signal.SIGTERM:d}\n".encode())
         assert err.decode().startswith(
             f"kvbroker: kvs lease run: lease {lease_id} was lost (it expired or was "
