@@ -320,8 +320,11 @@ async def test_a_busy_namespace_does_not_starve_another(start_instance, connect)
             if ev.topic == "kvs.namespace-primary-setroot":
                 before = max(before, ev.payload["rootseq"])
     assert at_send < count - 50, at_send  # the flood was still going
-    # a few of the flood's commits go before it, not the rest of the flood
-    assert before - at_send < 20, (at_send, before)
+    # Some of the flood's commits go before it, not the rest of the flood
+    # (starved, it came after all of them): 1-2 on a quiet machine; 69 of
+    # the 255 left once, in a CI run that took 14 minutes beside a helper's
+    # SIGSTOPped instances, so the bound is half of what was left.
+    assert before - at_send < (count - at_send) // 2, (at_send, before)
     assert (await stats(other, "content"))["backlog-waits"] >= count
 
 
