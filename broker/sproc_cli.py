@@ -7,6 +7,7 @@ exit as it did."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import errno
 import shlex
 import signal
@@ -26,7 +27,7 @@ from broker.cliutil import (
     run_async,
 )
 from broker.errors import ErrnoError
-from broker.sproc_client import Proc, Procs, Target
+from broker.sproc_client import Proc, Procs, Target, WaitResult
 
 HEADINGS = {"pid": "PID", "state": "ST", "label": "LABEL", "rank": "RANK", "cmd": "COMMAND"}
 """``sproc ps``'s fields (``--format``) and their column headings, as Flux's."""
@@ -206,21 +207,41 @@ async def kill(args: argparse.Namespace) -> int:
         procs = Procs(h, args.service)
         waiting = procs.wait(named, rank=args.rank) if args.wait else None
         try:
-            await procs.kill(named, args.signal, rank=args.rank)
-        except ErrnoError as exc:
-            print_err(f"sproc kill: {errno_detail(exc)}")
-            if waiting is None or exc.errnum != errno.ESRCH:
-                if waiting is not None:
-                    waiting.cancel()
-                return 1
-        if waiting is None:
-            return 0
-        try:
-            result = await waiting
-        except ErrnoError as exc:
-            print_err(f"sproc kill: wait failed: {errno_detail(exc)}")
+            return await _kill_then_wait(args, procs, named, waiting)
+        finally:
+            if waiting is not None:
+                _give_up(waiting)
+
+
+async def _kill_then_wait(args: argparse.Namespace, procs: Procs, named: Target,
+                          waiting: asyncio.Future[WaitResult] | None) -> int:
+    """The kill, then the wait already sent, if any: ``sproc kill``'s status."""
+    try:
+        await procs.kill(named, args.signal, rank=args.rank)
+    except ErrnoError as exc:
+        print_err(f"sproc kill: {errno_detail(exc)}")
+        if waiting is None or exc.errnum != errno.ESRCH:
             return 1
+    if waiting is None:
+        return 0
+    try:
+        result = await waiting
+    except ErrnoError as exc:
+        print_err(f"sproc kill: wait failed: {errno_detail(exc)}")
+        return 1
     return result.code
+
+
+def _give_up(waiting: asyncio.Future[WaitResult]) -> None:
+    """Cancel a wait the command did not see to its end (the kill failed;
+    ``-t`` or Ctrl-C cut it short), and read the failure of one that ended
+    unread: left as it was, it failed as the handle closed, and Python
+    printed ``Future exception was never retrieved`` and the error after
+    the command's own message."""
+    if not waiting.done():
+        waiting.cancel()
+    elif not waiting.cancelled():
+        waiting.exception()
 
 
 async def wait(args: argparse.Namespace) -> int:

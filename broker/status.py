@@ -36,6 +36,7 @@ instance across hosts could not tell which machine to look at.
 from __future__ import annotations
 
 import asyncio
+import errno
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
@@ -77,7 +78,18 @@ async def _ask(h: Handle, rank: int, timeout: float) -> Answer:
     except TimeoutError:
         return NoAnswer(f"no answer in {timeout:g}s")
     except RemoteError as exc:
+        _raise_if_own_connection_lost(h)
         return exc.errstr or str(exc)
+
+
+def _raise_if_own_connection_lost(h: Handle) -> None:
+    """Raise ``ECONNRESET`` if a request failed because ``h``'s own
+    connection went (the attached rank exited), not for the rank asked:
+    every rank not yet answered was shown ``lost (connection to broker
+    lost)``, the dead attached rank ``full``, and ``overlay errors`` and
+    ``uptime`` exited 0."""
+    if not h.connected:
+        raise RemoteError(errno.ECONNRESET, "connection to broker lost")
 
 
 class ChildrenView(NamedTuple):
@@ -103,7 +115,10 @@ async def _children_view(h: Handle, rank: int, timeout: float) -> ChildrenView:
     try:
         async with asyncio.timeout(timeout):
             resp = await h.rpc("broker.stats-get", {}, nodeid=rank)
-    except (TimeoutError, RemoteError):
+    except TimeoutError:
+        return ChildrenView({}, {}, {}, {}, set(), {})
+    except RemoteError:
+        _raise_if_own_connection_lost(h)
         return ChildrenView({}, {}, {}, {}, set(), {})
     overlay = resp.get("overlay", {}) if isinstance(resp, dict) else {}
     overlay = overlay if isinstance(overlay, dict) else {}

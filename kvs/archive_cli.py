@@ -171,8 +171,13 @@ def cmd_archive(args: argparse.Namespace) -> int:
 def _kvs_call(args: argparse.Namespace, body: Any) -> int:
     from kvs.client import KVS
 
+    wait = getattr(args, "waitcreate", None)
+    # (extract --waitcreate=FSD bounds connecting too: an ssh:// host that
+    # never answers kept it waiting for ever, as kvs get --timeout did)
+    limit = wait if wait is not None and math.isfinite(wait) else None
+
     async def main() -> int | None:
-        async with await connect() as h:
+        async with await connect(timeout=limit) as h:
             return int(await body(KVS(h, args.namespace)) or 0)
 
     try:

@@ -19,6 +19,8 @@ from test_broker_support import KVBROKER, run_cli, stopped
 from test_cli_broker import alive, all_gone
 
 from broker.cliutil import encode_ranks, non_negative_int, rank_set
+from broker.handle import Handle
+from broker.message import MsgType
 
 
 def rank_lines(out: str, rank: int) -> list[str]:
@@ -617,3 +619,43 @@ async def test_exec_bg_says_what_started_where(start_instance, tmp_path: Path) -
         rc, out, err = await run_cli("exec", "-r", "all", "--bg", "-t", "1", "true", uri=uri)
     assert rc == 1 and out.startswith("0: ") and out.count("\n") == 1, (rc, out, err)
     assert "exec: Connection timed out (rank 1 did not answer in 1s" in err, err
+
+
+@pytest.mark.parametrize("sig", [None, signal.SIGINT])
+async def test_sproc_kill_wait_cut_short_says_one_line(start_instance, sig) -> None:
+    """The hang audit: ``sproc kill -w`` of a stopped rank, cut off by
+    ``-t`` or Ctrl-C, ended as it should, then printed ``Future exception
+    was never retrieved`` and a ``RemoteError: [ECONNRESET] handle
+    closed``: the wait it had sent before the kill was left to fail,
+    unread, as the handle closed.  Now it is given up with the command.
+    (Ctrl-C is sent once rank 0 has sent the kill on to the stopped rank
+    2: its ``overlay.trace`` sees it pass.)"""
+    inst = await start_instance(size=3, fanout=2)
+    limit = ["-t", "1"] if sig is None else []
+    h0 = await Handle.connect(inst.uri(0))
+    try:
+        trace = h0.overlay_trace("rexec.kill", types=MsgType.REQUEST, peer=2)
+        await h0.ping()  # (answered after the trace is registered)
+        async with stopped(inst.pids()[2]):
+            proc = await asyncio.create_subprocess_exec(
+                KVBROKER, "sproc", "kill", "-w", "-r", "2", *limit, "15", "x",
+                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE, env={**os.environ, "KVBROKER_URI": inst.uri(0)})
+            try:
+                async with asyncio.timeout(30):
+                    if sig is not None:
+                        await trace.next_message()
+                        proc.send_signal(sig)
+                    out, err = await proc.communicate()
+            finally:
+                if proc.returncode is None:
+                    proc.kill()
+                    await proc.wait()
+    finally:
+        await h0.close()
+    if sig is None:
+        assert (proc.returncode, out, err.decode()) == (
+            1, b"", "kvbroker: sproc kill: Connection timed out (rank 2 did not answer in "
+            "1s: stopped or hung?)\n")
+    else:
+        assert (proc.returncode, out, err) == (130, b"", b"")

@@ -514,3 +514,43 @@ async def test_overlay_errors_gives_up_connecting(tmp_path: Path) -> None:
                                uri="ssh://nohost/tmp/kvb-x/local-0",
                                env=unanswering_ssh(tmp_path))
     assert rc == 1 and "Connection timed out (no answer in 1s)" in err, err
+
+
+@pytest.mark.parametrize("command", ["overlay status", "overlay errors", "uptime"])
+async def test_a_command_whose_own_rank_exits_says_so_not_that_ranks_were_lost(
+        start_instance, connect, command: str) -> None:
+    """The hang audit: the attached rank (3) exits while the command waits
+    for the other ranks' answers (rank 2 is stopped).  The requests its
+    own connection lost were taken for the ranks asked: ``overlay status``
+    printed rank 2 (and any other not answered yet) ``lost (connection to
+    broker lost)`` and rank 3, gone, ``full``; ``overlay errors`` did so
+    with exit status 0, ``uptime`` counted them lost.  Now each says its
+    connection went, as any other command does, exit 1.  The kill waits
+    for the command's ``broker.stats-get`` to pass rank 1, rank 3's
+    parent: it is then past its attached rank's own answers (and, for
+    ``uptime``, rank 0's), and its ask of rank 2 is out."""
+    inst = await start_instance(size=4, fanout=2)
+    h1 = await connect(inst, 1)
+    trace = h1.overlay_trace("broker.stats-get", types=MsgType.REQUEST, peer=3)
+    await h1.ping()  # (answered after the trace is registered)
+    rank2 = inst.pids()[2]
+    await stop_process(rank2)
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            KVBROKER, *command.split(), "-t", "60", stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            env={**os.environ, "KVBROKER_URI": inst.uri(3)})
+        try:
+            async with asyncio.timeout(30):
+                await trace.next_message()
+                os.kill(inst.pids()[3], signal.SIGKILL)
+                out, err = await proc.communicate()
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+    finally:
+        os.kill(rank2, signal.SIGCONT)
+    assert (proc.returncode, out.decode()) == (1, ""), (out, err)
+    assert err.decode() == (f"kvbroker: {command}: Connection reset by peer "
+                            "(connection to broker lost)\n")

@@ -261,10 +261,12 @@ async def test_watch_forms_refuse_an_unterminated_eventlog(start_instance, conne
     ("kvs", "get", "--waitcreate", "--timeout", "1", "a"),
     ("kvs", "eventlog", "wait-event", "-t", "1", "a", "x"),
     ("kvs", "watch-keys", "-t", "1", "a"),
+    ("archive", "extract", "--waitcreate=1", "--list-only"),
 ], ids=lambda c: " ".join(c[:3]))
 async def test_a_waiting_commands_timeout_bounds_connecting(command, tmp_path) -> None:
     """A waiting command's ``-t``/``--timeout`` bounds connecting too: over
-    an ``ssh://`` host that never answers each waited for ever."""
+    an ``ssh://`` host that never answers each waited for ever (``archive
+    extract --waitcreate=FSD``: found by the hang audit, after the others)."""
     rc, _, err = await run_cli(*command, uri="ssh://nohost/tmp/kvb-x/local-0",
                                env=unanswering_ssh(tmp_path), timeout=10)
     assert rc == 1 and "Connection timed out (no answer in 1s)" in err, err
