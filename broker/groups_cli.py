@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import errno
 import os
 import sys
@@ -68,18 +69,43 @@ def cmd_groups(args: argparse.Namespace) -> int:
         return run_async(args, lambda: _join(args))
     if args.groups_cmd in ("waitfor", "barrier"):
         return _wait(args)
+    if args.watch:
+        return _watch(args)
 
     async def main() -> int:
         async with await connect() as h:
-            groups = Groups(h)
-            if not args.watch:
-                print(encode_ranks(sorted(await groups.get(args.name))))
-                return 0
-            async for ranks in groups.watch(args.name):
+            print(encode_ranks(sorted(await Groups(h).get(args.name))))
+        return 0
+
+    return run_async(args, main)
+
+
+def _watch(args: argparse.Namespace) -> int:
+    """``get -w``: its ``-t`` bounds connecting and the first answer only,
+    as ``rpc --stream -t``: the later ones come when the group changes, and
+    a bound on the whole watch ended a healthy one with ``no answer: stopped
+    or hung?`` after printing what rank 0 had answered."""
+    limit: float | None = args.answer_timeout
+    args.answer_timeout = None
+
+    async def main() -> int:
+        async with contextlib.AsyncExitStack() as closing:
+            try:
+                async with asyncio.timeout(limit) as bound:
+                    h = await closing.enter_async_context(await connect())
+                    changes = await closing.enter_async_context(
+                        contextlib.aclosing(Groups(h).watch(args.name)))
+                    first = await anext(changes)
+            except TimeoutError:
+                if limit is None or not bound.expired():
+                    raise
+                raise CLIError(args.what, detail=no_answer_detail(None, limit)) from None
+            print(encode_ranks(sorted(first)), flush=True)
+            async for ranks in changes:
                 print(encode_ranks(sorted(ranks)), flush=True)
         return 0
 
-    return run_async(args, main, streams=args.watch)
+    return run_async(args, main, streams=True)
 
 
 def _wait(args: argparse.Namespace) -> int:

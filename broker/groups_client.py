@@ -22,7 +22,7 @@ the connection lasts, for a service that runs a barrier per job.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 
 from broker.errors import RemoteError
 from broker.idset import decode_ranks
@@ -80,7 +80,7 @@ class Groups:
         """The members of ``name`` now (empty for a group never joined)."""
         return members(await self.h.rpc("groups.get", {"name": name}, nodeid=0))
 
-    async def watch(self, name: str) -> AsyncIterator[set[int]]:
+    async def watch(self, name: str) -> AsyncGenerator[set[int], None]:
         """The members now, then again at every change.  To stop: ``break``
         (the loop's async-generator finaliser then closes it, on its next
         turn), ``aclose()`` it (at once: ``contextlib.aclosing``), or cancel

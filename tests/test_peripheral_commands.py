@@ -196,3 +196,31 @@ async def test_groups_waitfor_timeout_says_the_group_was_short_not_the_rank_sile
     assert "stopped or hung" not in err and "4" in err, err
     assert err == ("kvbroker: groups waitfor: Connection timed out (broker.online had 4 of "
                    "the 5 members waited for (0-3) after 1s)\n"), err
+
+
+async def test_groups_get_watch_t_bounds_the_first_answer_only(uri: str) -> None:
+    """``get -w -t 1`` printed the members, then ended at 1 s with ``no
+    answer in 1s: stopped or hung?`` although rank 0 had answered: ``-t``
+    bounds connecting and the first answer (as ``rpc --stream -t``), and the
+    watch goes on to print a change made after it."""
+    watch = await asyncio.create_subprocess_exec(
+        KVBROKER, "groups", "get", "-w", "-t", "1", "late-joiners",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env=dict(os.environ, KVBROKER_URI=uri))
+    assert watch.stdout is not None and watch.stderr is not None
+    try:
+        assert await asyncio.wait_for(watch.stdout.readline(), T) == b"\n"  # (no members)
+        await asyncio.sleep(1.5)  # (past the bound: what is tested, not a wait for an event)
+        joined = await asyncio.create_subprocess_exec(
+            KVBROKER, "groups", "join", "late-joiners", "--", "sleep", "30",
+            env=dict(os.environ, KVBROKER_URI=uri))
+        try:
+            assert await asyncio.wait_for(watch.stdout.readline(), T) == b"0\n"
+        finally:
+            joined.terminate()
+            await joined.wait()
+    finally:
+        if watch.returncode is None:
+            watch.terminate()
+        _, err = await asyncio.wait_for(watch.communicate(), T)
+    assert b"timed out" not in err, err
