@@ -42,6 +42,13 @@ MAX_NAME = 256
 """Longest group name, in characters (every rank on the way holds it)."""
 MAX_GROUPS = 10_000
 """Groups a rank keeps at most: a name is kept for ever, as in Flux."""
+
+PARENT_ANSWERED = "groups.parent-answered"
+"""The key of :attr:`ModuleContext.kept` that says the parent's module has
+answered an update of this rank (once is enough: it has started).  Kept
+for the rank's life, not the module's: a ``module reload groups`` below a
+parent whose module was removed forgot it, took the ``ENOSYS`` for a start
+and said nothing of it, the join below waiting without a word."""
 RETRY_FIRST, RETRY_MAX = 0.05, 1.0
 """Seconds before an update that failed is sent again, doubling up to the
 most (the parent's module may load long after this one)."""
@@ -94,8 +101,6 @@ class GroupsModule(Module):
         the changes made so far are told above (:meth:`_answer_once_told`)."""
         self._flush_scheduled = False
         self._parent_missing = False
-        self._parent_answered = False
-        """An update has got through to the parent's module (at least once)."""
         self.parent = topology.parent_of(ctx.rank, ctx.fanout)
         self.updates_sent = 0
         self.updates_received = 0
@@ -344,7 +349,7 @@ class GroupsModule(Module):
                 delay = min(delay * 2, RETRY_MAX)
                 continue
             self.updates_sent += 1
-            self._parent_answered = True
+            self.ctx.kept[PARENT_ANSWERED] = True
             delay = RETRY_FIRST
             if self._parent_missing:
                 self._parent_missing = False
@@ -354,15 +359,16 @@ class GroupsModule(Module):
                 self.h.respond(msg, {})
 
     def _parent_still_starting(self) -> bool:
-        """The parent's module has not answered yet and the instance's
-        module list loads it on the parent: a rank's modules start before
-        its parent's at an ordinary start (rank 0 starts its content store
-        and kvs first), so its first updates meet ``ENOSYS`` and the
-        parent's ``groups.resend`` asks for them as it starts -- no cause
-        for a warning.  Once one got through, an ``ENOSYS`` is a module
-        removed (``kvbroker module remove groups``), and is said."""
+        """The parent's module has not answered this rank yet and the
+        instance's module list loads it on the parent: a rank's modules
+        start before its parent's at an ordinary start (rank 0 starts its
+        content store and kvs first), so its first updates meet ``ENOSYS``
+        and the parent's ``groups.resend`` asks for them as it starts -- no
+        cause for a warning.  Once one got through, on this rank (by any
+        load of this module: :data:`PARENT_ANSWERED`), an ``ENOSYS`` is a
+        module removed (``kvbroker module remove groups``), and is said."""
         assert self.parent is not None
-        return (not self._parent_answered
+        return (not self.ctx.kept.get(PARENT_ANSWERED, False)
                 and self.name in attrs.module_names(self.ctx.attrs, self.parent))
 
     def stats(self) -> dict[str, Any]:
