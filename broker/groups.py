@@ -101,6 +101,8 @@ class GroupsModule(Module):
         the changes made so far are told above (:meth:`_answer_once_told`)."""
         self._flush_scheduled = False
         self._parent_missing = False
+        self._parent_modules: list[str] | None = None
+        """The modules the parent loads as it starts, as it says (asked once)."""
         self.parent = topology.parent_of(ctx.rank, ctx.fanout)
         self.updates_sent = 0
         self.updates_received = 0
@@ -338,7 +340,7 @@ class GroupsModule(Module):
                 await self.h.rpc("groups.update", {"update": told}, nodeid=self.parent)
             except ErrnoError as exc:
                 if (exc.errnum == errno.ENOSYS and not self._parent_missing
-                        and not self._parent_still_starting()):
+                        and not await self._parent_still_starting()):
                     self._parent_missing = True  # (said once, until one gets through)
                     self.log.warning("rank %d has no groups module: the groups of this "
                                      "subtree (and the joins waiting for them) wait until "
@@ -358,18 +360,36 @@ class GroupsModule(Module):
             for msg in waiting:
                 self.h.respond(msg, {})
 
-    def _parent_still_starting(self) -> bool:
+    async def _parent_still_starting(self) -> bool:
         """The parent's module has not answered this rank yet and the
-        instance's module list loads it on the parent: a rank's modules
-        start before its parent's at an ordinary start (rank 0 starts its
-        content store and kvs first), so its first updates meet ``ENOSYS``
-        and the parent's ``groups.resend`` asks for them as it starts -- no
-        cause for a warning.  Once one got through, on this rank (by any
-        load of this module: :data:`PARENT_ANSWERED`), an ``ENOSYS`` is a
-        module removed (``kvbroker module remove groups``), and is said."""
+        parent's module list loads it: a rank's modules start before its
+        parent's at an ordinary start (rank 0 starts its content store and
+        kvs first), so its first updates meet ``ENOSYS`` and the parent's
+        ``groups.resend`` asks for them as it starts -- no cause for a
+        warning.  Once one got through, on this rank (by any load of this
+        module: :data:`PARENT_ANSWERED`), an ``ENOSYS`` is a module removed
+        (``kvbroker module remove groups``), and is said."""
         assert self.parent is not None
-        return (not self.ctx.kept.get(PARENT_ANSWERED, False)
-                and self.name in attrs.module_names(self.ctx.attrs, self.parent))
+        if self.ctx.kept.get(PARENT_ANSWERED, False):
+            return False
+        return self.name in await self._parent_loads()
+
+    async def _parent_loads(self) -> list[str]:
+        """The modules the parent loads as it starts, by its own
+        ``broker.modules``: a rank of a bootstrap file has its own command
+        line (``-S``), and may have a file of its own, so this rank's list
+        says nothing of its parent's.  A parent that cannot be asked is
+        judged by this rank's list (the next ``ENOSYS`` asks again)."""
+        assert self.parent is not None
+        if self._parent_modules is None:
+            try:
+                told = await self.h.rpc("attr.get", {"name": attrs.MODULES.name},
+                                        nodeid=self.parent)
+            except ErrnoError:
+                return attrs.module_names(self.ctx.attrs, self.parent)
+            self._parent_modules = attrs.module_names({attrs.MODULES.name: told["value"]},
+                                                      self.parent)
+        return self._parent_modules
 
     def stats(self) -> dict[str, Any]:
         """Flux's ``subtree`` (each group's members below and at this rank)."""
