@@ -42,6 +42,13 @@ MAX_NAME = 256
 """Longest group name, in characters (every rank on the way holds it)."""
 MAX_GROUPS = 10_000
 """Groups a rank keeps at most: a name is kept for ever, as in Flux."""
+
+PARENT_ANSWERED = "groups.parent-answered"
+"""The key of :attr:`ModuleContext.kept` that says the parent's module has
+answered an update of this rank (once is enough: it has started).  Kept
+for the rank's life, not the module's: a ``module reload groups`` below a
+parent whose module was removed forgot it, took the ``ENOSYS`` for a start
+and said nothing of it, the join below waiting without a word."""
 RETRY_FIRST, RETRY_MAX = 0.05, 1.0
 """Seconds before an update that failed is sent again, doubling up to the
 most (the parent's module may load long after this one)."""
@@ -94,8 +101,8 @@ class GroupsModule(Module):
         the changes made so far are told above (:meth:`_answer_once_told`)."""
         self._flush_scheduled = False
         self._parent_missing = False
-        self._parent_answered = False
-        """An update has got through to the parent's module (at least once)."""
+        self._parent_modules: list[str] | None = None
+        """The modules the parent loads as it starts, as it says (asked once)."""
         self.parent = topology.parent_of(ctx.rank, ctx.fanout)
         self.updates_sent = 0
         self.updates_received = 0
@@ -333,7 +340,7 @@ class GroupsModule(Module):
                 await self.h.rpc("groups.update", {"update": told}, nodeid=self.parent)
             except ErrnoError as exc:
                 if (exc.errnum == errno.ENOSYS and not self._parent_missing
-                        and not self._parent_still_starting()):
+                        and not await self._parent_still_starting()):
                     self._parent_missing = True  # (said once, until one gets through)
                     self.log.warning("rank %d has no groups module: the groups of this "
                                      "subtree (and the joins waiting for them) wait until "
@@ -344,7 +351,7 @@ class GroupsModule(Module):
                 delay = min(delay * 2, RETRY_MAX)
                 continue
             self.updates_sent += 1
-            self._parent_answered = True
+            self.ctx.kept[PARENT_ANSWERED] = True
             delay = RETRY_FIRST
             if self._parent_missing:
                 self._parent_missing = False
@@ -353,17 +360,36 @@ class GroupsModule(Module):
             for msg in waiting:
                 self.h.respond(msg, {})
 
-    def _parent_still_starting(self) -> bool:
-        """The parent's module has not answered yet and the instance's
-        module list loads it on the parent: a rank's modules start before
-        its parent's at an ordinary start (rank 0 starts its content store
-        and kvs first), so its first updates meet ``ENOSYS`` and the
-        parent's ``groups.resend`` asks for them as it starts -- no cause
-        for a warning.  Once one got through, an ``ENOSYS`` is a module
-        removed (``kvbroker module remove groups``), and is said."""
+    async def _parent_still_starting(self) -> bool:
+        """The parent's module has not answered this rank yet and the
+        parent's module list loads it: a rank's modules start before its
+        parent's at an ordinary start (rank 0 starts its content store and
+        kvs first), so its first updates meet ``ENOSYS`` and the parent's
+        ``groups.resend`` asks for them as it starts -- no cause for a
+        warning.  Once one got through, on this rank (by any load of this
+        module: :data:`PARENT_ANSWERED`), an ``ENOSYS`` is a module removed
+        (``kvbroker module remove groups``), and is said."""
         assert self.parent is not None
-        return (not self._parent_answered
-                and self.name in attrs.module_names(self.ctx.attrs, self.parent))
+        if self.ctx.kept.get(PARENT_ANSWERED, False):
+            return False
+        return self.name in await self._parent_loads()
+
+    async def _parent_loads(self) -> list[str]:
+        """The modules the parent loads as it starts, by its own
+        ``broker.modules``: a rank of a bootstrap file has its own command
+        line (``-S``), and may have a file of its own, so this rank's list
+        says nothing of its parent's.  A parent that cannot be asked is
+        judged by this rank's list (the next ``ENOSYS`` asks again)."""
+        assert self.parent is not None
+        if self._parent_modules is None:
+            try:
+                told = await self.h.rpc("attr.get", {"name": attrs.MODULES.name},
+                                        nodeid=self.parent)
+            except ErrnoError:
+                return attrs.module_names(self.ctx.attrs, self.parent)
+            self._parent_modules = attrs.module_names({attrs.MODULES.name: told["value"]},
+                                                      self.parent)
+        return self._parent_modules
 
     def stats(self) -> dict[str, Any]:
         """Flux's ``subtree`` (each group's members below and at this rank)."""

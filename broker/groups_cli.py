@@ -115,13 +115,16 @@ def _wait(args: argparse.Namespace) -> int:
     the operator after a rank that had answered at once."""
     limit: float | None = args.answer_timeout
     args.answer_timeout = None
-    last: list[set[int]] = []
+    last: list[set[int]] = []  # (the members at rank 0's latest answer, once one came)
     count: int = args.count
+
+    def seen(members: set[int]) -> None:  # (the latest only: a watch may run for days)
+        last[:] = [members]
 
     async def main() -> int:
         try:
             async with asyncio.timeout(limit) as bound:
-                await wait(last.append)
+                await wait(seen)
         except TimeoutError:
             if bound.expired() and last:
                 raise CLIError(args.what, detail=short_of(last[-1], limit)) from None

@@ -316,3 +316,24 @@ async def test_a_start_with_groups_on_every_rank_warns_nothing() -> None:
                                      "kvbroker", "groups", "get", "broker.online")
         assert (rc, out) == (0, "0-3\n"), err
         assert "has no groups module" not in err, err
+
+
+async def test_a_reloaded_module_says_its_parents_is_missing(start_instance,
+                                                            connect) -> None:
+    """The start-up silence about a parent's ``ENOSYS`` (above) lasts until
+    the parent's module first answers this rank, not this module: a
+    ``module reload groups`` below a parent whose module was removed said
+    nothing, the join below it waiting without a word (a review's find)."""
+    inst = await start_instance(size=4, attrs=WITH_GROUPS)
+    h = await connect(inst, 0)
+    watch = h.rpc_stream("groups.get", {"name": "broker.online"}, nodeid=0)
+    await until_members(watch, "0-3")
+    watch.abandon()
+    await cli(inst.uri(0), "module", "remove", "-r", "1", "groups")
+    await cli(inst.uri(0), "module", "reload", "-r", "3", "groups")
+    joining = asyncio.ensure_future(cli(inst.uri(3), "groups", "join", "late", "--", "true"))
+    await wait_until(lambda: logged(inst.uri(3), "rank 1 has no groups module"),
+                     "rank 3's reloaded module to say its parent has none")
+    assert not joining.done()
+    await cli(inst.uri(0), "module", "load", "-r", "1", "groups")
+    assert await asyncio.wait_for(joining, T) == ""

@@ -1538,3 +1538,26 @@ async def test_a_rank_joins_a_real_parent_whose_hello_answer_was_lost_with_its_l
             task.cancel()
     assert re.search(r"lost child rank 1( on \S+)? unexpectedly",
                      (tmp_path / "stderr0-0").read_text())
+
+
+async def test_a_rank_whose_parent_does_not_load_groups_says_so(tmp_path: Path,
+                                                               brokers) -> None:
+    """Each host's rank has its own command line (and may have its own
+    file): rank 1 loads ``groups``, rank 0 was not told to.  Rank 1 judged
+    its parent's module list by its own and took the ``ENOSYS`` for a
+    parent still starting it, saying nothing; its parent's own list says
+    it never will (a review's find)."""
+    config = await keyed_config(tmp_path, 2, 2)
+    ranks = [await brokers(config, 0)]
+    # (rank 1 once rank 0 listens: a request a rank sends up before its
+    # parent is there can go with the link it redials, never answered)
+    await (await asyncio.wait_for(_connect_when_listening(ranks[0].uri), START)).close()
+    ranks.append(await brokers(config, 1, "-S", "broker.modules=content,kvs,kvs-watch,groups"))
+    uris = [await r.ready() for r in ranks]
+
+    async def warned() -> bool:
+        rc, out, err = await run_cli("dmesg", uri=uris[1])
+        assert rc == 0, err
+        return "rank 0 has no groups module" in out
+
+    await wait_until(warned, "rank 1 to say rank 0 has no groups module")
