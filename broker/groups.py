@@ -49,6 +49,8 @@ answered an update of this rank (once is enough: it has started).  Kept
 for the rank's life, not the module's: a ``module reload groups`` below a
 parent whose module was removed forgot it, took the ``ENOSYS`` for a start
 and said nothing of it, the join below waiting without a word."""
+PARENT_ASK_TIMEOUT = 2.0
+"""Seconds the parent is given to say which modules it loads."""
 RETRY_FIRST, RETRY_MAX = 0.05, 1.0
 """Seconds before an update that failed is sent again, doubling up to the
 most (the parent's module may load long after this one)."""
@@ -382,10 +384,11 @@ class GroupsModule(Module):
         judged by this rank's list (the next ``ENOSYS`` asks again)."""
         assert self.parent is not None
         if self._parent_modules is None:
-            try:
-                told = await self.h.rpc("attr.get", {"name": attrs.MODULES.name},
-                                        nodeid=self.parent)
-            except ErrnoError:
+            try:  # (bounded: the updates wait behind it)
+                told = await asyncio.wait_for(self.h.rpc(
+                    "attr.get", {"name": attrs.MODULES.name}, nodeid=self.parent),
+                    PARENT_ASK_TIMEOUT)
+            except (ErrnoError, TimeoutError):
                 return attrs.module_names(self.ctx.attrs, self.parent)
             self._parent_modules = attrs.module_names({attrs.MODULES.name: told["value"]},
                                                       self.parent)
