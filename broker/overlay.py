@@ -135,6 +135,9 @@ HELLO_RETRY_MAX = 4.0
 """The longest wait between two hellos; the first hello sent after a wait
 this long is logged at WARNING (once): a parent busy for a second at its
 start is no news, one silent for seconds on a live link is."""
+MAX_HELD_UP = 10_000
+"""Messages a ZeroMQ rank holds for a parent that has not answered its hello
+yet (:meth:`Overlay._send_parent`); past it a request is refused (no route)."""
 DEFAULT_CONNECT_TIMEOUT = 30.0
 """``tbon.connect_timeout``'s default (Flux's): seconds without any
 connection to the parent after which a child that has not joined says so,
@@ -381,6 +384,9 @@ class Overlay:
         self._hello_started = 0.0
         """The loop time of the first hello."""
         self._hellos = 0
+        self._held_up: list[list[codec.Frame]] = []
+        """ZeroMQ: what this rank sent its parent before the parent answered
+        its hello, sent on once it does (:meth:`_send_parent`)."""
         """Hellos sent to the parent so far."""
         self._hello_warned = False
         self._unreached_warned = False
@@ -821,7 +827,24 @@ class Overlay:
 
     # ------------------------------------------------------------ links
 
-    def _send_parent(self, frames: list[codec.Frame]) -> None:
+    def _send_parent(self, frames: list[codec.Frame], hello: bool = False) -> bool:
+        """Send to the parent; False if it cannot be (never yet: this rank
+        has held :data:`MAX_HELD_UP` messages for a parent that has not
+        answered its hello).
+
+        ZeroMQ: what is sent before the parent answers this rank's hello is
+        held here and sent on once it does (:meth:`_parent_answered`).  A
+        rank's modules start while it still dials its parent, and what they
+        sent went into that dial's DEALER -- closed with it when the dial
+        failed (:meth:`_dial_again`), so a request a module made as it
+        started was lost without a word, its sender waiting for ever (a
+        review's find: a rank started before its parent).  Only the
+        ``hello`` goes at once, on each dial's DEALER."""
+        if self._up is not None and not (hello or self.parent_acked):
+            if len(self._held_up) >= MAX_HELD_UP:
+                return False
+            self._held_up.append(frames)
+            return True
         self._sent_tick = self._tick  # (no keepalive due this tick)
         if self.tracer is not None and self.parent is not None:
             self.tracer("tx", self.parent, frames, None)
@@ -829,6 +852,14 @@ class Overlay:
             self._up.send(frames)
         elif self._streams is not None and self._streams.up is not None:
             self._streams.up.send(frames)
+        return True
+
+    def _parent_answered(self) -> None:
+        """The parent answered this rank's hello: send on, in order, what
+        was held for it (:meth:`_send_parent`)."""
+        held, self._held_up = self._held_up, []
+        for frames in held:
+            self._send_parent(frames)
 
     def _send_child(self, child: int, frames: list[codec.Frame]) -> bool:
         if self.tracer is not None:
@@ -874,8 +905,7 @@ class Overlay:
             if size > self.max_message:
                 raise Oversized(size, self.max_message)
         if rank == self.parent:
-            self._send_parent(frames)
-            return True
+            return self._send_parent(frames)
         if rank in self.hello_from:
             return self._send_child(rank, frames)
         return False
@@ -898,7 +928,8 @@ class Overlay:
             self._send_child(child, frames)
 
     def _control_up(self, topic: str, payload: dict[str, Any]) -> None:
-        self._send_parent(codec.encode(Message(MsgType.CONTROL, topic, payload)))
+        self._send_parent(codec.encode(Message(MsgType.CONTROL, topic, payload)),
+                          hello=topic == "overlay.hello")
 
     # ------------------------------------------------------------ receiving
 
@@ -1480,6 +1511,7 @@ class Overlay:
                     log.info("parent rank %s answered this rank's hello (%d sent)",
                              self.parent, self._hellos)
                 self.parent_acked = True
+                self._parent_answered()
                 if self._hello_timer is not None:
                     self._hello_timer.cancel()
                     self._hello_timer = None

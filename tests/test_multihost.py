@@ -1561,3 +1561,31 @@ async def test_a_rank_whose_parent_does_not_load_groups_says_so(tmp_path: Path,
         return "rank 0 has no groups module" in out
 
     await wait_until(warned, "rank 1 to say rank 0 has no groups module")
+
+
+async def test_a_request_a_module_sends_up_before_its_parent_is_there_is_answered(
+        tmp_path: Path, brokers) -> None:
+    """Rank 1 started well before rank 0: its modules start while it dials
+    its parent again and again, and what ``groups`` sent up as it started
+    (``groups.update``) went into a dial's socket that was closed with it --
+    lost without a word, the module waiting for ever (so rank 1 never said
+    that rank 0 has no groups module).  Now it is held until rank 0 answers
+    the hello, then sent: rank 0's ``ENOSYS`` comes back and is said."""
+    config = await keyed_config(tmp_path, 2, 2)
+    ranks = [await brokers(config, 1, "-S", "broker.modules=content,kvs,kvs-watch,groups",
+                           "-S", "tbon.connect_timeout=1s")]
+    stderr = tmp_path / "stderr1-0"
+
+    async def dialled_for_a_second() -> bool:  # (its modules started meanwhile)
+        return "no connection to parent rank 0" in stderr.read_text()
+
+    await wait_until(dialled_for_a_second, "rank 1 to have dialled rank 0 for 1 s", START)
+    ranks.append(await brokers(config, 0))
+    uris = {r.rank: await r.ready() for r in ranks}
+
+    async def warned() -> bool:
+        rc, out, err = await run_cli("dmesg", uri=uris[1])
+        assert rc == 0, err
+        return "rank 0 has no groups module" in out
+
+    await wait_until(warned, "rank 1 to say rank 0 has no groups module", START)
