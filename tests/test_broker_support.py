@@ -502,6 +502,22 @@ async def run_python(script: str, *args: str, timeout: float = 40.0) -> tuple[in
     return proc.returncode, out.decode(), err.decode()
 
 
+@contextlib.contextmanager
+def held_in_another_process(statement: str) -> Iterator[None]:
+    """Run the Python ``statement`` (opening a store, making a restore's
+    file: it takes the locks) in a process of its own, held until the block
+    ends -- a running instance's hold, as another process sees it."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"import sys; {statement}; print('ready', flush=True); "
+         "sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "ready\n"
+        yield
+    finally:
+        holder.communicate("")
+
+
 def unanswering_ssh(tmp_path: Path) -> dict[str, str]:
     """An environment whose ``ssh://`` URIs reach an ssh that never answers
     (it reads its input until the client goes, and writes nothing): what a

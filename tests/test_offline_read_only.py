@@ -30,7 +30,7 @@ from pathlib import Path
 
 import msgpack
 import pytest
-from test_broker_support import KVBROKER, run_cli
+from test_broker_support import KVBROKER, held_in_another_process, run_cli
 
 from broker.content.sqlite import STORE_FILE, SqliteStore
 
@@ -176,20 +176,13 @@ async def test_a_store_held_by_a_running_instance_is_refused_read_only(
     """An instance holding the store through a writable path: the read-only
     reader's own lock says so, as the writable open's does."""
     sd = _statedir(tmp_path)
-    holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from broker.content.sqlite import SqliteStore; "
-         f"s = SqliteStore({str(sd / STORE_FILE)!r}); s.runs(); print('ready', flush=True); "
-         "sys.stdin.read()"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout is not None and holder.stdout.readline() == "ready\n"
+    with held_in_another_process("from broker.content.sqlite import SqliteStore; "
+                                 f"s = SqliteStore({str(sd / STORE_FILE)!r}); s.runs()"):
         with read_only_view(sd, tmp_path) as (ro, _why):
             rc, _out, err = await run_cli("startlog", "--statedir", str(ro))
             assert rc == 1 and "is in use by a running instance" in err, err
             rc, _out, err = await run_cli("kvs", "fsck", "--statedir", str(ro))
             assert rc == 1 and "is in use by a running instance" in err, err
-    finally:
-        holder.communicate("")
     with read_only_view(sd, tmp_path) as (ro, _why):  # (released: read)
         rc, _out, err = await run_cli("kvs", "fsck", "--statedir", str(ro))
         assert rc == 0, err

@@ -27,12 +27,11 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
 import pytest
-from test_broker_support import KVBROKER, run_cli, wait_until
+from test_broker_support import KVBROKER, held_in_another_process, run_cli, wait_until
 
 from broker.content.sqlite import STORE_FILE, SqliteStore
 
@@ -221,12 +220,8 @@ def test_a_leftover_held_by_a_live_restore_is_not_removed(tmp_path: Path) -> Non
     from broker.content.sqlite import StoreLocked
 
     path = str(tmp_path / STORE_FILE)
-    holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from broker.content import storefile; "
-         f"s = storefile.create({path!r}); print('ready', flush=True); sys.stdin.read()"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout is not None and holder.stdout.readline() == "ready\n"
+    with held_in_another_process(f"from broker.content import storefile; "
+                                 f"s = storefile.create({path!r})"):
         try:
             storefile.remove_leftover(path)
         except StoreLocked:
@@ -234,8 +229,6 @@ def test_a_leftover_held_by_a_live_restore_is_not_removed(tmp_path: Path) -> Non
         else:
             raise AssertionError("a live restore's file was removed")
         assert (tmp_path / TEMP).exists()
-    finally:
-        holder.communicate("")
     assert storefile.remove_leftover(path) and not (tmp_path / TEMP).exists()
 
 
@@ -308,15 +301,8 @@ def test_a_restore_at_start_answers_the_errno_of_why_the_old_store_cannot_open(
     assert "not a database" in str(damaged.value)
 
     (statedir / STORE_FILE).unlink()
-    holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from broker.content.sqlite import SqliteStore; "
-         f"s = SqliteStore({str(statedir / STORE_FILE)!r}); print('ready', flush=True); "
-         "sys.stdin.read()"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout is not None and holder.stdout.readline() == "ready\n"
+    with held_in_another_process("from broker.content.sqlite import SqliteStore; "
+                                 f"s = SqliteStore({str(statedir / STORE_FILE)!r})"):
         with pytest.raises(ErrnoError) as held:
             dumps.restore_at_start(attrs, str(statedir), str(statedir))
         assert held.value.errnum == errno.EBUSY, held.value
-    finally:
-        holder.communicate("")
