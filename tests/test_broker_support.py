@@ -536,10 +536,13 @@ async def run_cli(
     input: bytes | None = None,
     cwd: str | Path | None = None,
     stdin: int | None = None,
+    meanwhile: Callable[[asyncio.subprocess.Process], Awaitable[None]] | None = None,
 ) -> tuple[int, str, str]:
     """Run ``kvbroker ARGS`` (with ``KVBROKER_URI=uri`` when given; in
     ``cwd``; ``input`` on a pipe, or the file descriptor ``stdin``, else
-    /dev/null); return (exit status, stdout, stderr)."""
+    /dev/null); return (exit status, stdout, stderr).  ``meanwhile(proc)``:
+    awaited once the command runs, before its end is read (a fault to make
+    while it waits: a signal, a rank killed), within ``timeout`` too."""
     e = dict(os.environ if env is None else env)
     e.pop("KVBROKER_URI", None)
     if uri is not None:
@@ -555,11 +558,14 @@ async def run_cli(
         cwd=cwd,
     )
     try:
-        out, err = await asyncio.wait_for(proc.communicate(input), timeout)
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
-        raise
+        async with asyncio.timeout(timeout):
+            if meanwhile is not None:
+                await meanwhile(proc)
+            out, err = await proc.communicate(input)
+    finally:
+        if proc.returncode is None:  # (timed out, or meanwhile failed)
+            proc.kill()
+            await proc.wait()
     assert proc.returncode is not None
     return proc.returncode, out.decode(), err.decode()
 

@@ -636,26 +636,18 @@ async def test_sproc_kill_wait_cut_short_says_one_line(start_instance, sig) -> N
     try:
         trace = h0.overlay_trace("rexec.kill", types=MsgType.REQUEST, peer=2)
         await h0.ping()  # (answered after the trace is registered)
+        async def interrupt(proc: asyncio.subprocess.Process) -> None:
+            await trace.next_message()
+            proc.send_signal(sig)
+
         async with stopped(inst.pids()[2]):
-            proc = await asyncio.create_subprocess_exec(
-                KVBROKER, "sproc", "kill", "-w", "-r", "2", *limit, "15", "x",
-                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, env={**os.environ, "KVBROKER_URI": inst.uri(0)})
-            try:
-                async with asyncio.timeout(30):
-                    if sig is not None:
-                        await trace.next_message()
-                        proc.send_signal(sig)
-                    out, err = await proc.communicate()
-            finally:
-                if proc.returncode is None:
-                    proc.kill()
-                    await proc.wait()
+            result = await run_cli("sproc", "kill", "-w", "-r", "2", *limit, "15", "x",
+                                   uri=inst.uri(0), timeout=30,
+                                   meanwhile=None if sig is None else interrupt)
     finally:
         await h0.close()
     if sig is None:
-        assert (proc.returncode, out, err.decode()) == (
-            1, b"", "kvbroker: sproc kill: Connection timed out (rank 2 did not answer in "
-            "1s: stopped or hung?)\n")
+        assert result == (1, "", "kvbroker: sproc kill: Connection timed out (rank 2 did "
+                                 "not answer in 1s: stopped or hung?)\n")
     else:
-        assert (proc.returncode, out, err) == (130, b"", b"")
+        assert result == (130, "", "")

@@ -535,22 +535,16 @@ async def test_a_command_whose_own_rank_exits_says_so_not_that_ranks_were_lost(
     await h1.ping()  # (answered after the trace is registered)
     rank2 = inst.pids()[2]
     await stop_process(rank2)
+
+    async def kill_rank3(_proc: asyncio.subprocess.Process) -> None:
+        await trace.next_message()
+        os.kill(inst.pids()[3], signal.SIGKILL)
+
     try:
-        proc = await asyncio.create_subprocess_exec(
-            KVBROKER, *command.split(), "-t", "60", stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            env={**os.environ, "KVBROKER_URI": inst.uri(3)})
-        try:
-            async with asyncio.timeout(30):
-                await trace.next_message()
-                os.kill(inst.pids()[3], signal.SIGKILL)
-                out, err = await proc.communicate()
-        finally:
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
+        rc, out, err = await run_cli(*command.split(), "-t", "60", uri=inst.uri(3),
+                                     timeout=30, meanwhile=kill_rank3)
     finally:
         os.kill(rank2, signal.SIGCONT)
-    assert (proc.returncode, out.decode()) == (1, ""), (out, err)
-    assert err.decode() == (f"kvbroker: {command}: Connection reset by peer "
-                            "(connection to broker lost)\n")
+    assert (rc, out) == (1, ""), (out, err)
+    assert err == (f"kvbroker: {command}: Connection reset by peer "
+                   "(connection to broker lost)\n")
