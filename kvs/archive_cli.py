@@ -49,6 +49,7 @@ from broker.errors import ErrnoError, RemoteError
 
 if TYPE_CHECKING:
     from kvs.client import KVS
+    from kvs.treeobj import TreeObj
 
 DEFAULT_NAME = "main"
 PRIMARY = "primary"
@@ -591,11 +592,12 @@ async def _check_removable(args: argparse.Namespace, kvs: KVS) -> None:
     """Refuse a remove (without ``-f``) of an archive that is not there, or
     of ``archive.NAME`` that is a directory: the archives named
     ``NAME.OTHER`` are below it, and unlinking it took them all, exit 0.
-    Flux's looks the key up as a value, so a directory "does not exist"."""
+    Flux's looks the key up as a value, so a directory "does not exist",
+    and neither does a symlink to nothing: links are followed here too."""
     from kvs.client import kind
 
     try:  # (its tree object only: an archive's index can be megabytes)
-        found = await kvs.get_treeobj(args.key)
+        found = await _treeobj_followed(kvs, args.key)
     except ErrnoError as exc:
         if exc.errnum == errno.ENOENT:
             raise _fail(args, f"{args.key} does not exist") from None
@@ -603,3 +605,24 @@ async def _check_removable(args: argparse.Namespace, kvs: KVS) -> None:
     if kind(found) == "dir":
         raise _fail(args, f"{args.key} is not an archive: a directory (the archives "
                           f"named {args.name}.* are below it; -f removes them all)")
+
+
+async def _treeobj_followed(kvs: KVS, key: str) -> TreeObj:
+    """The tree object ``key`` names, its symlinks followed (into their
+    namespaces) as a value's lookup follows them: ``ENOENT`` for a link to
+    nothing, ``ELOOP`` past :data:`kvs.lookup.SYMLINK_MAX` links.  Asked as
+    tree objects, so a large value is never read whole."""
+    from kvs.client import Link, kind
+    from kvs.lookup import SYMLINK_MAX
+
+    found = await kvs.get_treeobj(key)
+    for _ in range(SYMLINK_MAX):
+        if kind(found) != "symlink":
+            return found
+        link = Link.from_treeobj(found)
+        if link.namespace is not None:
+            kvs = kvs.with_namespace(link.namespace)
+        found = await kvs.get_treeobj(link.target)
+    if kind(found) == "symlink":
+        raise ErrnoError(errno.ELOOP, f"more than {SYMLINK_MAX} links followed")
+    return found

@@ -84,6 +84,38 @@ async def test_archive_remove_does_not_take_a_directory_of_other_archives(
     await cli(uri, "archive", "list", "-n", "grp.one", rc=1)
 
 
+async def test_archive_remove_follows_a_link_as_flux_lookup_does(uri: str, tmp_path: Path) -> None:
+    """``archive.NAME`` a symlink: to nothing, ``does not exist`` without
+    ``-f`` (Flux's lookup follows it and finds nothing; it was unlinked,
+    exit 0); to a directory, refused as the directory is; to an archive,
+    removed (the link), the archive it named left in place."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "f").write_text("x")
+    await cli(uri, "kvs", "link", "no.such.key", "archive.gone")
+    _, err = await cli(uri, "archive", "remove", "-n", "gone", rc=1)
+    assert err.endswith("archive.gone does not exist\n"), err
+    await cli(uri, "kvs", "readlink", "archive.gone")  # still there
+    await cli(uri, "archive", "remove", "-n", "gone", "-f")
+    await cli(uri, "kvs", "readlink", "archive.gone", rc=1)
+
+    await cli(uri, "archive", "create", "-n", "grp.one", "-C", str(src), "f")
+    await cli(uri, "kvs", "link", "archive.grp", "archive.togrp")
+    _, err = await cli(uri, "archive", "remove", "-n", "togrp", rc=1)
+    assert "not an archive" in err, err
+
+    await cli(uri, "kvs", "link", "archive.grp.one", "archive.alias")
+    await cli(uri, "archive", "remove", "-n", "alias")
+    await cli(uri, "kvs", "readlink", "archive.alias", rc=1)
+    out, _ = await cli(uri, "archive", "list", "-n", "grp.one")
+    assert out == "f\n"
+
+    await cli(uri, "kvs", "link", "archive.loop2", "archive.loop1")
+    await cli(uri, "kvs", "link", "archive.loop1", "archive.loop2")
+    _, err = await cli(uri, "archive", "remove", "-n", "loop1", rc=1)
+    assert "Too many levels of symbolic links" in err, err
+
+
 async def run_limited(uri: str, fsize: int, *args: str) -> tuple[int, str, str]:
     """``kvbroker ARGS`` with ``RLIMIT_FSIZE`` at ``fsize`` bytes (a quota
     for one file: past it a write or ``ftruncate`` fails ``EFBIG``)."""
