@@ -311,6 +311,7 @@ class KvsModule(Module):
         super().__init__(ctx)
         self.rank = ctx.rank
         self.leader = ctx.rank == 0
+        self.upstream = _ranks_up(ctx.rank, ctx.fanout)
         self.hash_name = CONTENT_HASH.value(ctx.attrs)
         self.recent_roots = RecentRoots()
         self._failure_log = LogThrottle(self.log, every=FAILURE_LOG_EVERY)
@@ -1169,6 +1170,14 @@ class KvsModule(Module):
             if guest:
                 add_count(self._guest_waits, msg.userid, -1)
 
+    def _by_way_of(self) -> str:
+        """The ranks a load from rank 0 crosses, for a message about one
+        that does not come: any of them may be the one stopped."""
+        if len(self.upstream) < 2:
+            return ""
+        between = ", ".join(str(r) for r in self.upstream[:-1])
+        return f" by way of rank{'s' if len(self.upstream) > 2 else ''} {between}"
+
     async def _wait_version_of(self, msg: Message, p: dict[str, Any], key: tuple[str, ...],
                                token: asyncio.Future[None]) -> None:
         if token.cancelled():  # the client went away before this task ran
@@ -1196,7 +1205,8 @@ class KvsModule(Module):
             if timeout and not (await asyncio.wait({loading}, timeout=timeout))[0]:
                 raise ErrnoError(errno.ETIMEDOUT, f"version {p['rootseq']} not reached in "
                                                   f"{timeout:g} s; this rank is still loading "
-                                                  f"namespace {_ns_name(p)} from rank 0")
+                                                  f"namespace {_ns_name(p)} from rank 0"
+                                                  + self._by_way_of())
             ns = await asyncio.shield(loading)
             if ns.rootseq < p["rootseq"]:
                 try:
@@ -1749,3 +1759,15 @@ class KvsModule(Module):
                 delay = min(delay * 2, UNLINK_RETRY_MAX)
         finally:
             self.leases.retrying.discard(lease)
+
+
+def _ranks_up(rank: int, fanout: int) -> list[int]:
+    """The ranks between ``rank`` and rank 0, nearest first, rank 0 last."""
+    from broker.topology import parent_of
+
+    up: list[int] = []
+    parent = parent_of(rank, fanout)
+    while parent is not None:
+        up.append(parent)
+        parent = parent_of(parent, fanout)
+    return up

@@ -1551,7 +1551,8 @@ async def test_wait_timeout_holds_when_a_rank_on_the_way_is_stopped(start_instan
     rank 1 was stopped: the rank timed only the wait for the version, not
     the load of the namespace from rank 0 before it.  With rank 2 itself
     stopped, nothing answered the command's -t at all.  Each now ends in
-    about a second, saying which."""
+    about a second, saying which (naming the ranks on the way: the message
+    named rank 0 alone, which was answering)."""
     inst = await start_instance(size=3, fanout=1)
     pids = inst.pids()
     try:
@@ -1559,7 +1560,7 @@ async def test_wait_timeout_holds_when_a_rank_on_the_way_is_stopped(start_instan
         res = await asyncio.wait_for(kvs(inst, "wait", "-t", "1", "5", rank=2), 15)
         assert (res.rc, res.err) == (1, "kvbroker: kvs wait: version 5 not reached in 1 s; "
                                         "this rank is still loading namespace primary from "
-                                        "rank 0\n")
+                                        "rank 0 by way of rank 1\n")
         await stop_process(pids[2])
         res = await asyncio.wait_for(kvs(inst, "wait", "-t", "1", "5", rank=2), 15)
         assert (res.rc, res.err) == (1, "kvbroker: kvs wait: version 5 not reached in 1 s; "
