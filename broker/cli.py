@@ -48,6 +48,7 @@ from broker.cliutil import (
     run_async,
     size_int,
     stdout_is_broken,
+    timed_out,
     use_color,
     write_out,
 )
@@ -103,7 +104,7 @@ def cmd_rpc(args: argparse.Namespace) -> int:
             except TimeoutError:
                 if limit is None or not bound.expired():
                     raise
-                raise CLIError(args.what, detail=no_answer_detail(args.rank, limit)) from None
+                raise timed_out(args.what, args.rank, limit) from None
             if first is not None:
                 print(dumps(first), flush=True)
                 async for resp in stream:

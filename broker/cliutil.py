@@ -82,6 +82,23 @@ async def connect(reconnect: bool = False, timeout: float | None = None) -> Hand
         raise ConnectError(f"cannot connect to broker: {URI_ENV} is not set (kvbroker start "
                            "prints it and sets it for the command it runs)")
     where = f"cannot connect to broker at {URI_ENV}={uri}"
+    connecting = _connecting.get()  # (see timed_out)
+    if connecting is None:
+        return await _connect(uri, where, reconnect, timeout)
+    connecting.append(where)
+    try:
+        handle = await _connect(uri, where, reconnect, timeout)
+    except asyncio.CancelledError:
+        raise  # (still connecting, as the -t that cut it off says)
+    except BaseException:
+        connecting.remove(where)
+        raise
+    connecting.remove(where)
+    return handle
+
+
+async def _connect(uri: str, where: str, reconnect: bool, timeout: float | None) -> Handle:
+    """:func:`connect`'s connecting, its failures said as :class:`ConnectError`."""
     try:
         async with asyncio.timeout(timeout):
             return await Handle.connect(uri, reconnect=reconnect)
@@ -100,6 +117,26 @@ async def connect(reconnect: bool = False, timeout: float | None = None) -> Hand
                                    "RUNDIR/local-RANK: kvbroker attr get local-uri)") from None
         hint = None if uri.startswith("ssh://") else _CONNECT_HINTS.get(exc.errno or 0)
         raise ConnectError(f"{where}: {detail}" + (f" ({hint})" if hint else "")) from None
+
+
+_connecting: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar(
+    "connecting", default=None)
+"""What :func:`connect` was still connecting to when a command's ``-t``
+(:func:`run_async`) cut it off: a host that never answers is said to be
+that, not a rank that did not answer a request."""
+
+
+def timed_out(what: str, who: int | list[Any] | None, limit: float,
+              note: str = "") -> Exception:
+    """What a command cut off by its ``-t`` (``limit``) raises: the error
+    of a connect's own timeout if it was still connecting (:func:`connect`:
+    a host that never answers is not a rank that did not answer), else
+    :func:`no_answer_detail` of ``who`` (and ``note``)."""
+    connecting = _connecting.get()
+    if connecting:
+        return ConnectError(f"{connecting[0]}: {os.strerror(errno.ETIMEDOUT)} "
+                            f"(no answer in {limit:g}s)")
+    return CLIError(what, detail=no_answer_detail(who, limit) + note)
 
 
 def _not_a_socket(uri: str) -> str | None:
@@ -587,6 +624,7 @@ def run_async(args: argparse.Namespace, coro_fn: Callable[[], Awaitable[int | No
                 gone.close()
 
     async def bounded() -> int | None:
+        _connecting.set([])
         if limit is None:
             return await coro_fn()
         try:
@@ -598,8 +636,7 @@ def run_async(args: argparse.Namespace, coro_fn: Callable[[], Awaitable[int | No
             what = getattr(args, "what", None) or args.command
             who = _unanswered.get() or getattr(args, "rank", None)
             # (a command whose request outlives it says so: shutdown)
-            note = getattr(args, "timeout_note", "")
-            raise CLIError(what, detail=no_answer_detail(who, limit) + note) from None
+            raise timed_out(what, who, limit, getattr(args, "timeout_note", "")) from None
 
     try:
         with asyncio.Runner(loop_factory=loop_factory(name)) as runner:

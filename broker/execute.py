@@ -33,9 +33,9 @@ from broker.cliutil import (
     connect,
     each_rank,
     errno_detail,
-    no_answer_detail,
     print_err,
     run_async,
+    timed_out,
 )
 from broker.command import STOP_SIGNALS
 from broker.errors import ErrnoError
@@ -194,7 +194,7 @@ def exec_background(args: argparse.Namespace, command: list[str]) -> int:
                 raise  # (not ours)
             assert limit is not None
             _report_background(command, dict(sorted(got.items())))  # (what did start)
-            raise CLIError("exec", detail=no_answer_detail(sorted(pending), limit)) from None
+            raise timed_out("exec", sorted(pending), limit) from None
         return _report_background(command, dict(sorted(got.items())))
 
     return run_async(args, main)
@@ -312,7 +312,7 @@ async def _exec_lookup(rankset: RankSet, deadline: float | None, limit: float | 
         if not bound.expired():
             raise  # (not ours)
         assert limit is not None
-        raise CLIError("exec", detail=no_answer_detail(sorted(pending), limit)) from None
+        raise timed_out("exec", sorted(pending), limit) from None
 
 
 async def _exec_run(command: list[str], uris: dict[int, str], label_io: bool,

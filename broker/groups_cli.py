@@ -32,9 +32,9 @@ from broker.cliutil import (
     add_answer_timeout,
     command_args,
     connect,
-    no_answer_detail,
     non_negative_int,
     run_async,
+    timed_out,
 )
 from broker.groups_client import Groups
 from broker.idset import encode_ranks
@@ -99,7 +99,7 @@ def _watch(args: argparse.Namespace) -> int:
             except TimeoutError:
                 if limit is None or not bound.expired():
                     raise
-                raise CLIError(args.what, detail=no_answer_detail(None, limit)) from None
+                raise timed_out(args.what, None, limit) from None
             print(encode_ranks(sorted(first)), flush=True)
             async for ranks in changes:
                 print(encode_ranks(sorted(ranks)), flush=True)
@@ -129,7 +129,7 @@ def _wait(args: argparse.Namespace) -> int:
             if bound.expired() and last:
                 raise CLIError(args.what, detail=short_of(last[-1], limit)) from None
             if bound.expired():
-                raise CLIError(args.what, detail=no_answer_detail(None, limit or 0)) from None
+                raise timed_out(args.what, None, limit or 0) from None
             raise
         return 0
 

@@ -951,6 +951,28 @@ async def test_connection_errors_name_the_uri(tmp_path) -> None:
     assert err.startswith("kvbroker: ping: cannot connect to broker: KVBROKER_URI is not set")
 
 
+@pytest.mark.parametrize("command", [
+    ("attr", "get", "-t", "1", "size"),
+    ("exec", "-t", "1", "-r", "all", "true"),
+    ("exec", "--bg", "-t", "1", "true"),
+    ("groups", "waitfor", "-t", "1", "-c", "1", "g"),
+    ("groups", "get", "-w", "-t", "1", "broker.online"),
+    ("rpc", "--stream", "-t", "1", "broker.ping"),
+], ids=lambda c: " ".join(c[:2]))
+async def test_a_timeout_while_connecting_says_so(command: tuple[str, ...], tmp_path) -> None:
+    """A command whose ``-t`` bounds it whole, given up while connecting to
+    a host that never answers, says it could not connect, naming the URI,
+    as a connect's own timeout does (it said ``no answer in 1s: stopped or
+    hung?``, a rank's fault, when no rank had been reached)."""
+    from test_broker_support import unanswering_ssh
+
+    uri = "ssh://nohost/tmp/kvb-x/local-0"
+    rc, out, err = await run_cli(*command, uri=uri, env=unanswering_ssh(tmp_path), timeout=10)
+    assert (rc, out) == (1, ""), err
+    assert err.endswith(f"cannot connect to broker at KVBROKER_URI={uri}: "
+                        f"{os.strerror(errno.ETIMEDOUT)} (no answer in 1s)\n"), err
+
+
 async def test_client_commands(start_instance, connect) -> None:
     inst = await start_instance(size=4, fanout=2)
     uri = inst.uri(0)
