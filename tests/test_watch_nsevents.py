@@ -353,6 +353,10 @@ def test_watchers_share_one_table() -> None:
     wire = msgpack.packb(_list(n, *((f"job-{i:06d}", i + 1) for i in range(n))))
     hub = NsHub(_Backend(record=False))
     gc.collect()
+    # (no collection while measuring: in a test worker whose heap other
+    # tests filled, each gc.collect() took seconds; what a watcher keeps
+    # is live, found by reference counting alone)
+    gc.disable()
     tracemalloc.start()
     try:
         marks, held = [], []
@@ -360,10 +364,10 @@ def test_watchers_share_one_table() -> None:
             w = hub.add(_Msg(), "", 0)  # type: ignore[arg-type]
             held.append(w)  # (the module holds its watchers)
             hub.listed(w, msgpack.unpackb(wire))  # its own list, as from rank 0
-            gc.collect()
             marks.append(tracemalloc.get_traced_memory()[0])
     finally:
         tracemalloc.stop()
+        gc.enable()
     per_watcher = (marks[-1] - marks[1]) / (nw - 2)
     assert per_watcher < 4096, f"{per_watcher:.0f} bytes per watcher of {n} namespaces"
     assert len(held) == len(hub.watchers) == nw
