@@ -157,3 +157,31 @@ kvbroker config reload && kvbroker attr get log.ring-level
     rc, out, err = await run_cli("broker", "--config", str(config), "-S", "hostname=solo",
                                  "--", "sh", str(script), timeout=T)
     assert (rc, out) == (0, f"{config}\n{{}}\ndebug\n"), (rc, out, err)
+
+
+async def test_what_get_prints_loads_back(tmp_path: Path) -> None:
+    """``config get`` then ``config load`` of it changes nothing, on a
+    bootstrap rank (its ``[bootstrap]`` given back unchanged) and on a
+    ``start --config`` rank whose relative ``statedir`` the file's
+    directory completes (as the start did).  A changed or missing
+    ``[bootstrap]`` is refused: a running instance keeps its shape."""
+    config = tmp_path / "inst.toml"
+    config.write_text('[bootstrap]\n[attrs]\nlog.ring-level = "info"\n')
+    script = tmp_path / "run.sh"
+    script.write_text(f"""\
+kvbroker config get > {tmp_path}/got.json && kvbroker config load {tmp_path}/got.json && echo same
+kvbroker config load < /dev/null || echo "rc=$?"
+printf '[bootstrap]\\nfanout = 3\\n' | kvbroker config load || echo "rc=$?"
+""")
+    rc, out, err = await run_cli("broker", "--config", str(config), "-S", "hostname=solo",
+                                 "--", "sh", str(script), timeout=T)
+    assert (rc, out) == (0, "same\nrc=1\nrc=1\n"), (rc, out, err)
+    assert err.count("[bootstrap] may not be changed on a running rank") == 2, err
+    config.write_text('[attrs]\nstatedir = "state"\n')
+    script.write_text(f"""\
+kvbroker config get > {tmp_path}/got.json && kvbroker config load {tmp_path}/got.json && echo same
+kvbroker attr get statedir
+""")
+    rc, out, err = await run_cli("start", "--config", str(config), "--", "sh", str(script),
+                                 timeout=T)
+    assert (rc, out) == (0, f"same\n{tmp_path}/state\n"), (rc, out, err)
