@@ -252,9 +252,7 @@ def parse(text: str, path: str = "<bootstrap>") -> Bootstrap:
             templates.append((bind_t, connect_t))
             entries.append(HostEntry(host, bind_t and _expand(bind_t, host, rank, port),
                                      connect_t and _expand(connect_t, host, rank, port)))
-    attrs = _attrs_table(doc, path)
-    if ipv6 is not None:  # (Flux's key for it; [attrs] may still say otherwise)
-        attrs = {"tbon.ipv6": ipv6, **attrs}
+    attrs = _with_ipv6(boot, _attrs_table(doc, path))
     if cert is None and len(entries) > 1:
         raise BootstrapError(f"{path}: bootstrap.curve_cert is required for more than one "
                              "rank (create it with 'kvbroker keygen FILE'; a tcp overlay "
@@ -285,6 +283,39 @@ def parse(text: str, path: str = "<bootstrap>") -> Bootstrap:
                                      "needs its own")
             taken[spot] = rank
     return result
+
+
+def _with_ipv6(boot: dict[str, Any], attrs: dict[str, Any]) -> dict[str, Any]:
+    """``attrs`` with ``tbon.ipv6`` from ``bootstrap.enable_ipv6`` (Flux's
+    key for it) unless ``[attrs]`` says otherwise."""
+    ipv6 = boot.get("enable_ipv6")
+    return attrs if ipv6 is None else {"tbon.ipv6": ipv6, **attrs}
+
+
+def loaded_attrs(doc: dict[str, Any], where: str, boot: dict[str, Any] | None,
+                 base: str | None) -> dict[str, Any]:
+    """``config load``: the ``[attrs]`` of an object given to a running
+    rank in place of its file's, checked as the file is -- ``[attrs]``
+    only, or beside ``boot``, the rank's own ``[bootstrap]`` (None: it
+    started without one), which must come back unchanged: the instance's
+    shape is fixed once it runs.  ``statedir`` and ``rundir`` given
+    relative are taken from ``base``, the directory of the rank's file, as
+    in the file (so that ``config get``'s object loads back as it is)."""
+    if doc.get("bootstrap") != boot:
+        raise BootstrapError(f"{where}: [bootstrap] may not be changed on a running rank: "
+                             + ("give the rank's own, as config get shows it" if boot
+                                is not None else "this rank was not started from a "
+                                "bootstrap file"))
+    if boot is not None:
+        _only_tables(doc, where, ("bootstrap", "attrs"), "a bootstrap file holds "
+                     "[bootstrap] and [attrs]")
+        return _with_ipv6(boot, _attrs_table(doc, where))
+    _only_tables(doc, where, ("attrs",), "a rank's configuration holds [attrs]")
+    attrs = _attrs_table(doc, where)
+    for name in ("statedir", "rundir"):
+        if base is not None and isinstance(attrs.get(name), str) and attrs[name]:
+            attrs[name] = os.path.join(base, os.path.expanduser(attrs[name]))
+    return attrs
 
 
 def _check_port(endpoint: str, what: str, rank_port: bool) -> None:

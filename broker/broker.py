@@ -402,15 +402,38 @@ class Broker:
             doc, attrs = bconfig.read(path)
         except bootstrap.BootstrapError as exc:
             raise ErrnoError(errno.EINVAL, str(exc)) from None
+        return self._take_config(doc, attrs, path, f"reloaded from {path}")
+
+    def load_config(self, doc: dict[str, Any]) -> dict[str, str]:
+        """``config load``: ``doc`` in place of the object the rank read
+        from its file, checked as the file is (:func:`bootstrap.loaded_attrs`),
+        its ``[attrs]`` applied as a reload's; the file is untouched, and
+        the next ``reload`` reads it again.  ``ErrnoError`` as
+        :meth:`reload_config`'s, changing nothing."""
+        path = str(self.attrs["config.path"])
+        boot = self.config.get("bootstrap")
+        try:
+            attrs = bootstrap.loaded_attrs(doc, "the loaded object", boot if isinstance(boot, dict)
+                                           else None,
+                                           os.path.dirname(path) if path else None)
+        except bootstrap.BootstrapError as exc:
+            raise ErrnoError(errno.EINVAL, str(exc)) from None
+        return self._take_config(doc, attrs, "the loaded object", "loaded")
+
+    def _take_config(self, doc: dict[str, Any], attrs: dict[str, Any], where: str,
+                     how: str) -> dict[str, str]:
+        """Make ``doc`` (``attrs`` its ``[attrs]``) the rank's configuration:
+        set the attributes that changed since the last one (one taken out
+        goes back to its default), all checked first, or nothing."""
         specs = [*battrs.BROKER_ATTRS, *(a for m in self.modules for a in m.attributes)]
         defaults = {spec.name: spec.default for spec in specs}
         wanted = bconfig.changes(self._file_attrs, attrs, defaults)
         try:
             self.set_attrs(wanted)
         except ErrnoError as exc:
-            raise ErrnoError(exc.errnum, f"{path}: [attrs] {exc.errstr}") from None
+            raise ErrnoError(exc.errnum, f"{where}: [attrs] {exc.errstr}") from None
         self.config, self._file_attrs = doc, attrs
-        log.info("config reloaded from %s: %s", path,
+        log.info("config %s: %s", how,
                  ", ".join(f"{k}={v}" for k, v in wanted.items()) or "nothing changed")
         return wanted
 

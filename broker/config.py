@@ -15,18 +15,21 @@ from __future__ import annotations
 
 import datetime
 import errno
+import os
+import sys
+import sysconfig
 from typing import Any
 
 from broker import bootstrap
 from broker.errors import ErrnoError
 
 
-def _json_safe(value: Any) -> Any:
+def json_safe(value: Any) -> Any:
     """TOML's dates and times as ISO 8601 text: a config answer is msgpack."""
     if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
+        return {k: json_safe(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_json_safe(v) for v in value]
+        return [json_safe(v) for v in value]
     if isinstance(value, (datetime.date, datetime.time)):
         return value.isoformat()
     return value
@@ -38,7 +41,7 @@ def read(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
     from the file's directory); :class:`~broker.bootstrap.BootstrapError`
     saying what is wrong, naming the file."""
     doc, attrs = bootstrap.config_file(path)
-    return _json_safe(doc), dict(attrs)
+    return json_safe(doc), dict(attrs)
 
 
 def text(value: Any) -> str:
@@ -62,3 +65,18 @@ def changes(old: dict[str, Any], new: dict[str, Any],
                                                  "it has no default to go back to")
             out[name] = defaults[name]
     return out
+
+
+def builtin() -> dict[str, str]:
+    """``config builtin`` (``broker.conf-builtin``): where this rank's
+    kvbroker is, as Flux's compiled-in paths say where Flux is installed --
+    ``python`` the interpreter the rank runs on, ``python_path`` the
+    directory its ``broker`` package (and ``kvs``, ``kvs_watch``) is
+    imported from (what ``PYTHONPATH`` needs to import it elsewhere),
+    ``bindir`` where that interpreter's installed commands are (the
+    ``kvbroker`` command of this installation).  kvbroker has no system
+    configuration directory, rc scripts or shell, so Flux's ``confdir``,
+    ``rc1_path``, ``shell_path``... are not among them."""
+    package = os.path.dirname(os.path.abspath(__file__))
+    return {"python": sys.executable, "python_path": os.path.dirname(package),
+            "bindir": sysconfig.get_path("scripts")}

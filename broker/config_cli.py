@@ -1,14 +1,21 @@
-"""``kvbroker config get|reload`` (Flux's ``flux config``; docs/cli.md
-"config"): a rank's configuration file, as read, and reading it again."""
+"""``kvbroker config get|set|unset|load|reload|builtin`` (Flux's ``flux
+config``; docs/cli.md "config"): a rank's configuration -- the file it
+started from, as read -- and changing it."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
+import sys
+import tomllib
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from broker.cliutil import (
     CLIError,
+    UsageError,
     add_answer_timeout,
     connect,
     each_rank,
@@ -16,64 +23,223 @@ from broker.cliutil import (
     rank_set,
     run_async,
 )
+from broker.config import json_safe
 from broker.message import NODEID_ANY
 
-TYPES = ("integer", "real", "string", "boolean", "array", "object", "fsd", "fsd-integer",
-         "fsd-real")
+TYPES = ("any", "integer", "real", "string", "boolean", "array", "object", "fsd",
+         "fsd-integer", "fsd-real")
 """``config get --type``'s names, as Flux's."""
+
+SET_TYPES = ("integer", "real", "string", "boolean", "array", "object", "fsd")
+"""``config set --type``'s: a value is stored as one of these (``fsd`` a
+string that is a duration); the seconds of ``fsd-integer``/``fsd-real``
+are only a way of printing one."""
+
+SUBCOMMANDS = "get, set, unset, load, reload or builtin"
+
+
+def type_name(text: str) -> str:
+    """argparse ``type`` for ``--type``: one of :data:`TYPES`, any case
+    (Flux's message for another)."""
+    if text.lower() not in TYPES:
+        raise argparse.ArgumentTypeError(f"Unknown type: {text} (one of: {', '.join(TYPES)})")
+    return text.lower()
 
 
 def register(sub: Any) -> None:
-    s = sub.add_parser("config", help="a rank's configuration file (start --config, a "
-                       "bootstrap file): get a value, or reload it")
-    csub = s.add_subparsers(dest="config_cmd", required=True)
-    g = csub.add_parser("get", help="print the configuration (as read), or the value at NAME")
+    s = sub.add_parser("config", help="a rank's configuration (start --config, a bootstrap "
+                       "file): get or set a value, load or reload it",
+                       description="A rank's configuration: the file it started from "
+                       "(start --config FILE, or a bootstrap file), as read.")
+    csub = s.add_subparsers(dest="config_cmd", metavar="COMMAND",
+                            title="supported subcommands")
+    _register_get(csub)
+    _register_changes(csub)
+    b = csub.add_parser("builtin", help="print what the rank's installation is: KEY is "
+                        "python, python_path or bindir",
+                        description="Print a value of the rank's installation (python, "
+                        "python_path, bindir), as Flux's compiled-in paths.")
+    b.add_argument("key", metavar="KEY")
+    b.add_argument("-r", "--rank", type=rank_int, metavar="N",
+                   help="ask rank N (default: the rank attached to)")
+    add_answer_timeout(b)
+    s.set_defaults(func=cmd_config)
+
+
+def _register_get(csub: Any) -> None:
+    g = csub.add_parser("get", help="print the configuration, or the value at NAME",
+                        description="Query a rank's configuration values: the whole object "
+                        "as JSON, or the value at the dotted NAME (a string plain).")
     g.add_argument("name", nargs="?", metavar="NAME", help="a dotted path: attrs.log.level")
-    g.add_argument("--type", choices=TYPES, metavar="TYPE",
+    g.add_argument("--type", type=type_name, metavar="TYPE",
                    help=f"the value must be one of: {', '.join(TYPES)} (fsd: a duration, "
                    "30s; printed as seconds by fsd-integer and fsd-real)")
     g.add_argument("-d", "--default", metavar="VALUE",
                    help="print VALUE if NAME is not set (else it is an error)")
+    g.add_argument("-c", "--config-path", metavar="FILE",
+                   help="read FILE (TOML, or JSON if it ends .json) instead of asking a rank")
     g.add_argument("-r", "--rank", type=rank_int, metavar="N",
                    help="ask rank N (default: the rank attached to)")
     add_answer_timeout(g)
+
+
+def _register_changes(csub: Any) -> None:
+    st = csub.add_parser("set", help="set the value at NAME and load the result",
+                         description="Set the value at the dotted NAME in a rank's "
+                         "configuration, applied as config load applies an object.")
+    st.add_argument("name", metavar="NAME")
+    st.add_argument("value", metavar="VALUE")
+    st.add_argument("--type", type=type_name, metavar="TYPE",
+                    help=f"VALUE is one of: {', '.join(SET_TYPES)} (default: the type of "
+                    "the value NAME has)")
+    u = csub.add_parser("unset", help="take NAME out and load the result (not set: nothing "
+                        "to do)")
+    u.add_argument("name", metavar="NAME")
+    ld = csub.add_parser("load", help="replace the configuration with the object in PATH "
+                         "or on standard input (TOML or JSON)",
+                         description="Replace a rank's configuration with an object (TOML, "
+                         "or JSON) and set the [attrs] that changed, as reload does; the "
+                         "file is not changed, and the next reload reads it again.")
+    ld.add_argument("path", nargs="?", metavar="PATH",
+                    help="a file (JSON if it ends .json; default: standard input)")
     r = csub.add_parser("reload", help="read the file again and set the attributes that "
                         "changed in its [attrs] (those a running rank may change)")
-    r.add_argument("-r", "--rank", type=rank_set, metavar="IDSET",
-                   help="on these ranks at once: 3, 0-3 or all (default: the rank attached to)")
-    add_answer_timeout(r)
-    s.set_defaults(func=cmd_config)
+    for p in (st, u, ld, r):
+        p.add_argument("-r", "--rank", type=rank_set, metavar="IDSET",
+                       help="on these ranks at once: 3, 0-3 or all (default: the rank "
+                       "attached to)")
+        add_answer_timeout(p)
 
 
 def cmd_config(args: argparse.Namespace) -> int:
+    if args.config_cmd is None:
+        raise UsageError(f"missing subcommand ({SUBCOMMANDS})")
     args.what = f"config {args.config_cmd}"
+    if args.config_cmd == "get" and args.config_path is not None:
+        if args.rank is not None:
+            raise UsageError("--config-path reads a file: it asks no rank (-r)")
+        return print_value(read_path(args.config_path, args.what), args)
+    if args.config_cmd == "set" and args.type in ("fsd-integer", "fsd-real", "any"):
+        raise UsageError(f"--type {args.type} is not a type a value is set as (one of: "
+                         f"{', '.join(SET_TYPES)})")
+    loaded = (read_path(args.path, args.what) if args.path is not None else read_stdin(args.what)
+              ) if args.config_cmd == "load" else None
 
     async def main() -> int:
         async with await connect() as h:
-            if args.config_cmd == "reload":
+            if args.config_cmd in ("reload", "load", "set", "unset"):
                 ranks: list[int] = ([NODEID_ANY] if args.rank is None
                                     else args.rank.ranks(int(await h.attr_get("size")),
                                                          args.what))
-                await each_rank(args.what, ranks,
-                                lambda r: h.rpc("config.reload", {}, nodeid=r),
+                await each_rank(args.what, ranks, change(h, args, loaded),
                                 named=args.rank is not None and args.rank.single() is None)
                 return 0
             nodeid = NODEID_ANY if args.rank is None else args.rank
-            config = (await h.rpc("config.get", {}, nodeid=nodeid))["config"]
-            value = lookup(config, args.name)
-            if value is not _MISSING:
-                print(show(value, args.type, args.name))
-            elif args.default is not None:
-                print(args.default)
-            else:
-                raise CLIError("config get", detail=f"{args.name} is not set in the "
-                               "configuration")
-        return 0
+            if args.config_cmd == "builtin":
+                answer = await h.rpc("broker.conf-builtin", {"keys": [args.key]},
+                                     nodeid=nodeid)
+                print(answer["values"][args.key])
+                return 0
+            return print_value((await h.rpc("config.get", {}, nodeid=nodeid))["config"], args)
 
     return run_async(args, main)
 
 
+def change(h: Any, args: argparse.Namespace,
+           loaded: dict[str, Any] | None) -> Callable[[int], Awaitable[Any]]:
+    """The request(s) that make ``args``' change on one rank: ``set`` and
+    ``unset`` take that rank's object and load it changed, as Flux's."""
+    async def one(rank: int) -> Any:
+        if args.config_cmd == "reload":
+            return await h.rpc("config.reload", {}, nodeid=rank)
+        doc = loaded
+        if doc is None:
+            doc = (await h.rpc("config.get", {}, nodeid=rank))["config"]
+            if args.config_cmd == "set":
+                set_value(doc, args.name, args.value, args.type, args.what)
+            elif not unset_value(doc, args.name):
+                return {"changed": {}}
+        return await h.rpc("config.load", {"config": doc}, nodeid=rank)
+
+    return one
+
+
+def print_value(config: Any, args: argparse.Namespace) -> int:
+    """``config get``'s output for ``config``: the value at ``args.name``,
+    its ``--default``, or the error saying it is not set."""
+    value = lookup(config, args.name)
+    if value is not _MISSING:
+        print(show(value, args.type, args.name))
+    elif args.default is not None:
+        print(args.default)
+    else:
+        raise CLIError("config get", detail=f"{args.name} is not set in the configuration")
+    return 0
+
+
+def read_path(path: str, what: str) -> dict[str, Any]:
+    """The object in the file ``path``: JSON if it ends ``.json``, else
+    TOML.  A directory is refused: a rank's configuration is one file
+    (Flux's ``conf.d`` directories of ``*.toml`` are not read)."""
+    if os.path.isdir(path):
+        raise CLIError(what, detail=f"{path}: is a directory: a rank's configuration is one "
+                       "file (TOML, or JSON ending .json)")
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise CLIError(what, detail=f"{path}: {exc.strerror}") from None
+    return parse_object(data, path, what, json_only=path.endswith(".json"))
+
+
+def read_stdin(what: str) -> dict[str, Any]:
+    """The object on standard input: JSON, or else TOML (nothing: ``{}``)."""
+    return parse_object(sys.stdin.buffer.read(), "standard input", what)
+
+
+def parse_object(data: bytes, where: str, what: str,
+                 json_only: bool = False) -> dict[str, Any]:
+    """``data`` as a configuration object: a JSON object, or (unless
+    ``json_only``) a TOML document, JSON-safe (TOML dates as ISO text)."""
+    try:
+        text = data.decode()
+    except UnicodeDecodeError:
+        raise CLIError(what, detail=f"{where}: not UTF-8 text") from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        if json_only:
+            raise CLIError(what, detail=f"{where}: not JSON: {exc}") from None
+        try:
+            return dict(json_safe(tomllib.loads(text)))
+        except tomllib.TOMLDecodeError as exc:
+            raise CLIError(what, detail=f"{where}: not JSON, nor TOML: {exc}") from None
+    if not isinstance(doc, dict):
+        raise CLIError(what, detail=f"{where}: not an object (a table): {text.strip()[:40]}")
+    return doc
+
+
 _MISSING = object()
+
+
+def _place(config: Any, name: str) -> tuple[Any, str] | None:
+    """The table holding dotted ``name`` in ``config`` and its key there,
+    found as :func:`lookup` finds it; None if unset."""
+    def find(node: Any, parts: list[str]) -> tuple[Any, str] | None:
+        if not isinstance(node, dict):
+            return None
+        for i in range(len(parts), 0, -1):
+            key = ".".join(parts[:i])
+            if key not in node:
+                continue
+            if i == len(parts):
+                return node, key
+            found = find(node[key], parts[i:])
+            if found is not None:
+                return found
+        return None
+
+    return find(config, name.split("."))
 
 
 def lookup(config: Any, name: str | None) -> Any:
@@ -83,28 +249,111 @@ def lookup(config: Any, name: str | None) -> Any:
     found, the longest key first."""
     if not name:
         return config
+    place = _place(config, name)
+    return _MISSING if place is None else place[0][place[1]]
 
-    def find(node: Any, parts: list[str]) -> Any:
-        if not parts:
-            return node
+
+def set_value(config: dict[str, Any], name: str, text: str, kind: str | None,
+              what: str) -> None:
+    """``config set``: ``text`` as a ``kind`` (default: the type of the
+    value there) at dotted ``name`` -- where :func:`lookup` finds it (a
+    quoted dotted key stays one), else in tables made along the way."""
+    place = _place(config, name)
+    if kind is None:
+        if place is None:
+            raise CLIError(what, detail=f"{name} is not set: give its --type")
+        kind = _kind_of(place[0][place[1]])
+    value = parse_value(text, kind, what)
+    if place is not None:
+        place[0][place[1]] = value
+        return
+    node = config
+    parts = name.split(".")
+    for i, part in enumerate(parts[:-1]):
+        node = node.setdefault(part, {})
         if not isinstance(node, dict):
-            return _MISSING
-        for i in range(len(parts), 0, -1):
-            key = ".".join(parts[:i])
-            if key in node:
-                found = find(node[key], parts[i:])
-                if found is not _MISSING:
-                    return found
-        return _MISSING
+            raise CLIError(what, detail=f"{'.'.join(parts[:i + 1])} is not a table: "
+                           f"{name} cannot be set in it")
+    node[parts[-1]] = value
 
-    return find(config, name.split("."))
+
+def unset_value(config: dict[str, Any], name: str) -> bool:
+    """``config unset``: take dotted ``name`` out; whether it was set."""
+    place = _place(config, name)
+    if place is not None:
+        del place[0][place[1]]
+    return place is not None
+
+
+def _kind_of(value: Any) -> str:
+    """The ``--type`` name of a value there (a string stays a string)."""
+    if isinstance(value, bool):
+        return "boolean"
+    return {int: "integer", float: "real", list: "array", dict: "object"}.get(
+        type(value), "string")
+
+
+def parse_value(text: str, kind: str, what: str) -> Any:
+    """``config set``'s VALUE as a ``kind``, or :class:`CLIError` saying it
+    is not one (Flux's ``Error parsing ...``)."""
+    def bad(detail: str) -> CLIError:
+        return CLIError(what, detail=f"{text!r} is not {detail}")
+
+    if kind == "boolean":
+        if text.lower() not in ("true", "false", "1", "0"):
+            raise bad("a boolean (true, false, 1 or 0)")
+        return text.lower() in ("true", "1")
+    if kind == "integer":
+        try:
+            return int(text, 0)
+        except ValueError:
+            raise bad("an integer") from None
+    if kind == "real":
+        try:
+            real = float(text)
+        except ValueError:
+            raise bad("a real number") from None
+        if not math.isfinite(real):
+            raise bad("a finite real number")
+        return real
+    if kind in ("array", "object"):
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            value = None
+        if not isinstance(value, list if kind == "array" else dict):
+            raise bad(f"a JSON {kind}")
+        return value
+    if kind == "fsd":
+        from broker.attrs import duration
+
+        try:
+            duration(text)
+        except ValueError:
+            raise bad("a duration (30s, 5m, 1.5h)") from None
+        return text
+    if text.startswith('"'):
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            value = None
+        if not isinstance(value, str):
+            raise bad("a string (one starting with a quote is read as a JSON string)")
+        return value
+    return text
+
+
+def _dump(value: Any) -> str:
+    """JSON as Flux prints it: compact."""
+    return json.dumps(value, separators=(",", ":"))
 
 
 def show(value: Any, kind: str | None, name: str | None) -> str:
-    """``value`` as ``config get`` prints it: JSON, or with ``--type`` the
-    plain value once it is of that type."""
-    if kind is None:
-        return json.dumps(value)
+    """``value`` as ``config get`` prints it: a string plain, anything
+    else as compact JSON (as Flux's); with ``--type`` once it is of that
+    type (``fsd-*``: its seconds)."""
+    if kind in (None, "any"):
+        return value if isinstance(value, str) else _dump(value)
     ok = {"integer": type(value) is int, "real": isinstance(value, (int, float))
           and not isinstance(value, bool), "string": isinstance(value, str),
           "boolean": isinstance(value, bool), "array": isinstance(value, list),
@@ -123,10 +372,9 @@ def show(value: Any, kind: str | None, name: str | None) -> str:
             return str(float(seconds or 0))
     if not ok:
         raise CLIError("config get", detail=f"{name or 'the configuration'} does not have the "
-                       f"requested type ({kind}): {json.dumps(value)}")
+                       f"requested type ({kind}): {_dump(value)}")
     if kind in ("array", "object"):
-        return json.dumps(value)
+        return _dump(value)
     if kind == "boolean":
         return "true" if value else "false"
     return str(value)
-

@@ -11,7 +11,8 @@ from collections import deque
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from broker import attrs as battrs
-from broker.errors import ErrnoError
+from broker import config as bconfig
+from broker.errors import ErrnoError, ProtocolError
 from broker.logring import Entry, LogRing, clip
 from broker.message import Message, MsgFlags
 from broker.module import Handler, Module, require, zero_counts
@@ -93,6 +94,7 @@ class BrokerServices(Module):
             "broker.ping": self.ping,
             "broker.stats-get": self.broker_stats,
             "broker.shutdown": self.shutdown,
+            "broker.conf-builtin": self.conf_builtin,
             "attr.get": self.attr_get,
             "attr.list": self.attr_list,
             "attr.set": self.attr_set,
@@ -101,6 +103,7 @@ class BrokerServices(Module):
             "event.unsubscribe": self.event_unsubscribe,
             "config.get": self.config_get,
             "config.reload": self.config_reload,
+            "config.load": self.config_load,
             "config.stats-get": self.broker_stats,
             "module.list": self.module_list,
             "module.load": self.module_load,
@@ -433,6 +436,32 @@ class BrokerServices(Module):
         if not msg.is_owner:
             raise ErrnoError(errno.EPERM, "config reload is for the instance owner")
         self.h.respond(msg, {"changed": self.broker.reload_config()})
+
+    def config_load(self, msg: Message) -> None:
+        """``config.load {config}`` -> ``{changed: {name: value}}``:
+        ``config`` in place of what the rank read from its file, checked
+        as the file is, its ``[attrs]`` applied as a reload's (nothing on
+        a refusal); this rank only; the instance owner only."""
+        if not msg.is_owner:
+            raise ErrnoError(errno.EPERM, "config load is for the instance owner")
+        p = require(msg.payload, config=dict)
+        self.h.respond(msg, {"changed": self.broker.load_config(p["config"])})
+
+    def conf_builtin(self, msg: Message) -> None:
+        """``broker.conf-builtin {keys}`` -> ``{values: {key: value}}``: what
+        this rank's installation is (broker/config.py :func:`builtin`),
+        as Flux's compiled-in paths; open to guests, as Flux's.  A key
+        that is not one of them is refused naming it (the first such);
+        ``keys`` not a list of strings ``EPROTO``."""
+        keys = require(msg.payload, keys=list)["keys"]
+        if not all(isinstance(key, str) for key in keys):
+            raise ProtocolError("keys must be a list of strings")
+        known = bconfig.builtin()
+        for key in keys:
+            if key not in known:
+                raise ErrnoError(errno.EINVAL, f"{key}: invalid key (the keys: "
+                                 f"{', '.join(sorted(known))})")
+        self.h.respond(msg, {"values": {key: known[key] for key in keys}})
 
     # -- module
     async def module_load(self, msg: Message) -> None:

@@ -4,9 +4,8 @@ ranks started with ``kvbroker start --config FILE``.  docs/cli.md "config".
 Flux's configuration is free-form tables its modules read; kvbroker's is its
 attributes, so a file holds ``[attrs]`` (and, for ``kvbroker broker``,
 ``[bootstrap]``), and a reload sets the attributes that changed -- those a
-running rank may change.  Flux's ``config load`` (a new object from stdin)
-and ``config builtin`` (compiled-in paths) have no counterpart: the file is
-the configuration, and there are no built-in paths.
+running rank may change.  ``config load|set|unset|builtin`` are in
+tests/test_flux_conformance_t2806.py and t0041.
 """
 
 from __future__ import annotations
@@ -77,7 +76,7 @@ kvbroker config get attrs.nosuch || echo "rc=$?"
     lines = out.splitlines()
     assert lines[0] == str(path)
     assert json.loads(lines[1])["attrs"]["tbon.torpid_min"] == "5s"
-    assert lines[2:10] == ['"info"', "5s", "5", "2.0", "true", '{"checkpoint-period": "2s"}',
+    assert lines[2:10] == ["info", "5s", "5", "2.0", "true", '{"checkpoint-period":"2s"}',
                            "7", "rc=1"], lines
     assert lines[10] == "rc=1", lines
     assert "attrs.tbon.torpid_min does not have the requested type (integer)" in err, err
@@ -128,7 +127,7 @@ async def test_a_reload_that_cannot_apply_changes_nothing(configured) -> None:
 async def test_guests_read_the_owner_reloads(configured) -> None:
     inst, _ = configured
     rc, out, err = await run_guest_cli(inst.uri(0), "config", "get", "attrs.log.ring-level")
-    assert (rc, out) == (0, '"info"\n'), (rc, out, err)
+    assert (rc, out) == (0, "info\n"), (rc, out, err)
     rc, out, err = await run_guest_cli(inst.uri(0), "config", "reload")
     assert rc == 1 and "config reload is for the instance owner" in err, err
 
@@ -158,3 +157,31 @@ kvbroker config reload && kvbroker attr get log.ring-level
     rc, out, err = await run_cli("broker", "--config", str(config), "-S", "hostname=solo",
                                  "--", "sh", str(script), timeout=T)
     assert (rc, out) == (0, f"{config}\n{{}}\ndebug\n"), (rc, out, err)
+
+
+async def test_what_get_prints_loads_back(tmp_path: Path) -> None:
+    """``config get`` then ``config load`` of it changes nothing, on a
+    bootstrap rank (its ``[bootstrap]`` given back unchanged) and on a
+    ``start --config`` rank whose relative ``statedir`` the file's
+    directory completes (as the start did).  A changed or missing
+    ``[bootstrap]`` is refused: a running instance keeps its shape."""
+    config = tmp_path / "inst.toml"
+    config.write_text('[bootstrap]\n[attrs]\nlog.ring-level = "info"\n')
+    script = tmp_path / "run.sh"
+    script.write_text(f"""\
+kvbroker config get > {tmp_path}/got.json && kvbroker config load {tmp_path}/got.json && echo same
+kvbroker config load < /dev/null || echo "rc=$?"
+printf '[bootstrap]\\nfanout = 3\\n' | kvbroker config load || echo "rc=$?"
+""")
+    rc, out, err = await run_cli("broker", "--config", str(config), "-S", "hostname=solo",
+                                 "--", "sh", str(script), timeout=T)
+    assert (rc, out) == (0, "same\nrc=1\nrc=1\n"), (rc, out, err)
+    assert err.count("[bootstrap] may not be changed on a running rank") == 2, err
+    config.write_text('[attrs]\nstatedir = "state"\n')
+    script.write_text(f"""\
+kvbroker config get > {tmp_path}/got.json && kvbroker config load {tmp_path}/got.json && echo same
+kvbroker attr get statedir
+""")
+    rc, out, err = await run_cli("start", "--config", str(config), "--", "sh", str(script),
+                                 timeout=T)
+    assert (rc, out) == (0, f"same\n{tmp_path}/state\n"), (rc, out, err)
