@@ -360,6 +360,11 @@ def _attrs_table(doc: dict[str, Any], path: str) -> dict[str, Any]:
     return _dotted(attrs, f"{path}: [attrs]")
 
 
+MAX_FILE_BYTES = 16 << 20
+"""A configuration or bootstrap file is read up to this many bytes: a
+device that never ends (``--config /dev/zero``) filled the memory of
+``start`` until it was killed."""
+
 _KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket", stat.S_IFCHR:
           "a character device", stat.S_IFBLK: "a block device", stat.S_IFDIR: "a directory"}
 
@@ -368,21 +373,41 @@ def _read(path: str, regular_only: bool = False) -> str:
     """The file's text.  ``regular_only``: a rank reading it on its event
     loop (as it starts, at ``config reload``), where opening a FIFO waited
     for a writer and the rank answered nothing meanwhile: another kind of
-    file is refused, without waiting (``O_NONBLOCK``)."""
+    file is refused, without waiting (``O_NONBLOCK``) -- but for the null
+    device, read as it reads, empty (Flux's ``--config-path=/dev/null``,
+    "no configuration": each start warned of it)."""
     flags = os.O_RDONLY | os.O_CLOEXEC | (os.O_NONBLOCK if regular_only else 0)
     try:
         fd = os.open(path, flags)
         with open(fd, "rb") as f:
-            mode = os.fstat(fd).st_mode
+            st = os.fstat(fd)
+            mode = st.st_mode
+            if regular_only and _is_null_device(st):
+                return ""
             if regular_only and not stat.S_ISREG(mode):
                 kind = _KINDS.get(stat.S_IFMT(mode), "not a regular file")
                 raise BootstrapError(f"{path}: not a regular file ({kind}): a rank reads "
                                      "its configuration file again, and would wait on it")
-            return f.read().decode()
+            data = f.read(MAX_FILE_BYTES + 1)
+            if len(data) > MAX_FILE_BYTES:
+                raise BootstrapError(f"{path}: larger than {MAX_FILE_BYTES >> 20} MiB: not a "
+                                     "configuration file")
+            return data.decode()
     except OSError as exc:
         raise BootstrapError(f"{path}: {exc.strerror}") from None
     except UnicodeDecodeError:
         raise BootstrapError(f"{path}: not UTF-8 text") from None
+
+
+def _is_null_device(st: os.stat_result) -> bool:
+    """Whether ``st`` is the null device's (what ``os.devnull`` names)."""
+    if not stat.S_ISCHR(st.st_mode):
+        return False
+    try:
+        null = os.stat(os.devnull)
+    except OSError:
+        return False
+    return stat.S_ISCHR(null.st_mode) and null.st_rdev == st.st_rdev
 
 
 def load(path: str) -> Bootstrap:

@@ -186,7 +186,7 @@ def read_path(path: str, what: str) -> dict[str, Any]:
                        "file (TOML, or JSON ending .json)")
     try:
         with open(path, "rb") as f:
-            data = f.read()
+            data = _bounded(f, path, what)
     except OSError as exc:
         raise CLIError(what, detail=f"{path}: {exc.strerror}") from None
     return parse_object(data, path, what, json_only=path.endswith(".json"))
@@ -194,7 +194,20 @@ def read_path(path: str, what: str) -> dict[str, Any]:
 
 def read_stdin(what: str) -> dict[str, Any]:
     """The object on standard input: JSON, or else TOML (nothing: ``{}``)."""
-    return parse_object(sys.stdin.buffer.read(), "standard input", what)
+    return parse_object(_bounded(sys.stdin.buffer, "standard input", what),
+                        "standard input", what)
+
+
+def _bounded(f: Any, where: str, what: str) -> bytes:
+    """All of ``f``, refused past :data:`broker.bootstrap.MAX_FILE_BYTES`
+    (a rank's file is read so: ``/dev/zero`` is no configuration)."""
+    from broker.bootstrap import MAX_FILE_BYTES
+
+    data: bytes = f.read(MAX_FILE_BYTES + 1)
+    if len(data) > MAX_FILE_BYTES:
+        raise CLIError(what, detail=f"{where}: larger than {MAX_FILE_BYTES >> 20} MiB: not "
+                       "a configuration")
+    return data
 
 
 def parse_object(data: bytes, where: str, what: str,

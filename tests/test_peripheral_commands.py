@@ -194,6 +194,26 @@ async def test_config_reload_of_a_fifo_refuses_it_and_the_rank_answers_on(
         await cli(line, "ping", "-c", "1", "-t", "10")
 
 
+async def test_config_of_the_null_device_is_empty_and_a_device_without_end_is_refused(
+        tmp_path: Path) -> None:
+    """``start --config /dev/null`` (Flux's ``--config-path=/dev/null``, no
+    configuration) warned at every start that rank 0 would not read a
+    character device; it is read as it reads, empty, reloads too.
+    ``--config /dev/zero`` filled the memory of ``start`` until it was
+    killed: a file is read up to 16 MiB, and a longer one refused, as is
+    ``config load`` of one."""
+    log = tmp_path / "ranks.log"
+    with started_in_background(log, "--config", os.devnull) as line:
+        assert (await cli(line, "config", "get"))[0] == "{}\n"
+        await cli(line, "config", "reload")
+        _, err = await cli(line, "config", "load", "/dev/zero", rc=1)
+        assert err.endswith("/dev/zero: larger than 16 MiB: not a configuration\n"), err
+    assert "WARNING" not in log.read_text(), log.read_text()
+    code, _, err = await run_cli("start", "--config", "/dev/zero", "--", "true", timeout=T)
+    assert (code, err) == (2, "kvbroker: start: /dev/zero: larger than 16 MiB: not a "
+                              "configuration file\n")
+
+
 # ---------------------------------------------------------------- -t, unanswered
 
 
