@@ -9,7 +9,6 @@ import json
 import math
 import os
 import sys
-import tomllib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -23,7 +22,6 @@ from broker.cliutil import (
     rank_set,
     run_async,
 )
-from broker.config import json_safe
 from broker.message import NODEID_ANY
 
 TYPES = ("any", "integer", "real", "string", "boolean", "array", "object", "fsd",
@@ -223,6 +221,10 @@ def parse_object(data: bytes, where: str, what: str,
     except json.JSONDecodeError as exc:
         if json_only:
             raise CLIError(what, detail=f"{where}: not JSON: {exc}") from None
+        import tomllib  # (here: every kvbroker command imports this module)
+
+        from broker.config import json_safe
+
         try:
             return dict(json_safe(tomllib.loads(text)))
         except tomllib.TOMLDecodeError as exc:
