@@ -95,7 +95,6 @@ class Workload:
     title: str | Callable[[Settings], str]
     payload: str | Callable[[Settings], str]
     run: Callable[[RepContext], Awaitable[list[Sample]]]
-    needs: tuple[str, ...] = ()
     count: int | None = None
     """The main iteration count of a standard run (what ``--n-iter``
     overrides): below it, run.py shows the targets without judging them."""

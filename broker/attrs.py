@@ -334,16 +334,6 @@ def _check_torpid(tmin: float, tmax: float) -> None:
                         "that far apart")
 
 
-def check_update(attrs: Mapping[str, Any], name: str, value: Any) -> Any:
-    """The parsed value of runtime attribute ``name`` (one of
-    :data:`RUNTIME_ATTRS`) set to ``value`` on a rank whose attributes are
-    ``attrs``; :class:`AttrError` when it is invalid on its own, or with the
-    rank's other torpid attribute."""
-    new = {**attrs, name: value}
-    parsed = check(new, [spec for spec in BROKER_ATTRS if spec.name in RUNTIME_ATTRS])
-    return parsed[name]
-
-
 def with_defaults(attrs: MutableMapping[str, Any], specs: Iterable[AttrSpec]) -> None:
     """Check ``specs``' values in ``attrs`` and hold each as it is read
     (:func:`normalize`), then add the default of each one ``attrs`` lacks."""

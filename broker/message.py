@@ -192,10 +192,6 @@ class Message:
         return self.topic.partition(".")[0]
 
     @property
-    def is_request(self) -> bool:
-        return self.type == MsgType.REQUEST
-
-    @property
     def streaming(self) -> bool:
         return bool(self.flags & MsgFlags.STREAMING)
 

@@ -41,10 +41,6 @@ def _eps(group: str) -> dict[str, EntryPoint]:
     return {ep.name: ep for ep in entry_points(group=group)}
 
 
-def available_modules() -> list[str]:
-    return sorted(_eps(MODULES_GROUP))
-
-
 def module_targets(names: Iterable[str]) -> dict[str, str]:
     """``{name: "package.module:Class"}`` for the modules among ``names``
     that are installed, for a launcher to hand to its ranks."""

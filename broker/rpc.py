@@ -40,8 +40,7 @@ class Stream:
     own flow: ``rexec`` output its credits).
     """
 
-    def __init__(self, core: HandleCore, matchtag: int, topic: str) -> None:
-        self._core = core
+    def __init__(self, matchtag: int, topic: str) -> None:
         self.matchtag = matchtag
         self.topic = topic
         self._items: deque[Message] = deque()
@@ -354,7 +353,7 @@ class HandleCore:
         check_request(topic, nodeid, flags)
         self._check_open()
         tag = self._alloc_tag()
-        stream = Stream(self, tag, topic)
+        stream = Stream(tag, topic)
         self._pending[tag] = stream
         try:
             self._send_request(topic, payload, tag, nodeid, flags | MsgFlags.STREAMING)

@@ -48,7 +48,6 @@ from urllib.parse import urlsplit
 
 from broker.command import watch_exit
 
-SCHEME = "ssh://"
 GREETING = b"kvbroker-relay "
 GREETING_MAX = 4096
 RELAY_BIN = "bin"

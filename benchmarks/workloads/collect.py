@@ -69,5 +69,5 @@ async def run_wgc(ctx: RepContext) -> list[Sample]:
 
 WORKLOADS = [
     Workload("Wgc", "online kvs gc after W2-like commits; commits while it runs",
-             "one put, str(i)", run_wgc, ("kvs",)),
+             "one put, str(i)", run_wgc),
 ]

@@ -248,9 +248,9 @@ async def run_w2p(ctx: RepContext) -> list[Sample]:
 
 WORKLOADS = [
     Workload("W2", "sequential commits (one put each) into one flat directory",
-             w2_payload, run_w2, ("kvs",), count=W2_N),
+             w2_payload, run_w2, count=W2_N),
     Workload("W2s", "sequential commits, keys spread over directories of 100",
-             w2_payload, run_w2s, ("kvs",), count=W2_N),
+             w2_payload, run_w2s, count=W2_N),
     Workload("W2p", f"{W2P_CLIENTS} client processes committing concurrently",
-             "one put, str(i)", run_w2p, ("kvs",), count=W2P_N),
+             "one put, str(i)", run_w2p, count=W2P_N),
 ]

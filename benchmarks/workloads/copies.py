@@ -53,5 +53,5 @@ async def run_wcopy(ctx: RepContext) -> list[Sample]:
 
 WORKLOADS = [
     Workload("Wcopy", "copying a big directory: the first copy and the later ones",
-             "N keys of a few bytes in one directory", run_wcopy, ("kvs",)),
+             "N keys of a few bytes in one directory", run_wcopy),
 ]

@@ -74,5 +74,5 @@ async def run_wlog(ctx: RepContext) -> list[Sample]:
 
 WORKLOADS = [
     Workload("Wlog", "one eventlog growing by appends, followed by a watcher on the last rank",
-             "~80-byte lines, one append a commit", run_wlog, ("kvs", "kvs-watch")),
+             "~80-byte lines, one append a commit", run_wlog),
 ]

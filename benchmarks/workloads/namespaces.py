@@ -266,10 +266,10 @@ async def run_w5r(ctx: RepContext) -> list[Sample]:
 
 WORKLOADS = [
     Workload("W5", "job-like namespace lifecycle (create, watch, commit, cancel, remove)",
-             "jobspec + R + 1 eventlog line", run_w5, ("kvs", "kvs-watch"), count=N),
+             "jobspec + R + 1 eventlog line", run_w5, count=N),
     Workload("W5x", "W5 while 1K..64K other namespaces with idle watchers stay alive",
-             "as W5", run_w5x, ("kvs", "kvs-watch"), count=N),
+             "as W5", run_w5x, count=N),
     Workload("W5r", lambda s: f"job read: create + commit on rank 0, first lookups on rank "
                         f"{far_rank(s.size)}",
-             "as W5; lookups of jobspec and R", run_w5r, ("kvs", "kvs-watch"), count=N),
+             "as W5; lookups of jobspec and R", run_w5r, count=N),
 ]

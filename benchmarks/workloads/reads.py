@@ -99,7 +99,7 @@ async def run_cold(ctx: RepContext) -> list[Sample]:
 
 WORKLOADS = [
     Workload("W3", "sequential kvs.lookup of one small value", f"{len(VALUE)}-byte JSON",
-             run, ("kvs",)),
+             run),
     Workload("W3c", "first read of a long eventlog with no blob in memory, then again",
-             f"{len(LINE % 0)}-byte lines, one blob each", run_cold, ("kvs",)),
+             f"{len(LINE % 0)}-byte lines, one blob each", run_cold),
 ]

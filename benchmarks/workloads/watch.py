@@ -71,5 +71,5 @@ async def run(ctx: RepContext) -> list[Sample]:
 WORKLOADS = [
     Workload("W4", lambda s: f"watch latency, writer on rank 0 -> watcher on rank "
                        f"{far_rank(s.size)}",
-             "str(i) value", run, ("kvs", "kvs-watch"), count=N),
+             "str(i) value", run, count=N),
 ]

@@ -147,7 +147,8 @@ RUNS_KEPT = 1000
 """Runs of the instance its store remembers (:meth:`SqliteStore.run_begin`)."""
 
 Row = tuple[float, float | None, str, float | None]
-"""A run as stored (:data:`broker.startlog.Row`)."""
+"""A run as stored: start, finish or None, version, checkpoint period or None
+(what :func:`broker.startlog.runs` reads)."""
 
 
 def read_runs(db: sqlite3.Connection) -> list[Row]:
@@ -396,8 +397,9 @@ class SqliteStore:
         """The highest rowid in ``objects`` (0: empty).  New rows get the next
         one, so rows at or below a value read earlier were all written
         before it -- as long as the highest row is never deleted, which
-        :meth:`sweep_rows` makes sure of.  An online collection uses it to
-        spare blobs written recently (:mod:`kvs.collect`)."""
+        :meth:`scan_rows` makes sure of (it never offers it for deletion).
+        An online collection uses it to spare blobs written recently
+        (:mod:`kvs.collect`)."""
         return int(self.db.execute("SELECT COALESCE(MAX(rowid), 0) FROM objects").fetchone()[0])
 
     def missing(self, refs: Iterable[str]) -> list[str]:
