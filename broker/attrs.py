@@ -378,7 +378,7 @@ def check_instance(attrs: Mapping[str, Any], bootstrap: bool = False) -> None:
         specs = getattr(cls, "attributes", ())
         check(attrs, specs)
         known.update(spec.name for spec in specs)
-        owned.add(f"{name}.")
+        owned.update((f"{name}.", f"{cls.name}."))  # (a module file's name: its class's)
     check_names(attrs, known, owned)
 
 

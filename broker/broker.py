@@ -221,6 +221,14 @@ class Broker:
         leaves the rank as it was, but for the module replaced.  While a
         loaded module is replaced, the requests for its services wait for
         the new one, at most ``hold_timeout`` seconds (:mod:`broker.reloadhold`)."""
+        path, cls = None, None
+        if plugins.is_file_module(name):
+            path = name
+        elif replace and name in self._by_name:  # (a reload runs a file's code as it is now)
+            path = self._by_name[name].source_file
+        if path is not None:
+            cls = _module_file_class(path)
+            name = cls.name
         if name in self._changing:
             raise ErrnoError(errno.EBUSY, f"module {name} is being loaded or removed on rank "
                                           f"{self.rank}: wait for that first")
@@ -231,12 +239,13 @@ class Broker:
         if loaded is None and replace and not force:
             raise ErrnoError(errno.ENOENT, f"module {name} is not loaded on rank {self.rank} "
                                            "(module reload -f loads it all the same)")
-        try:
-            cls = plugins.load_module_class(name)
-        except LookupError as exc:
-            raise ErrnoError(errno.ENOENT, str(exc).strip('"')) from None
-        except plugins.ModuleLoadError as exc:
-            raise ErrnoError(errno.ENOEXEC, str(exc)) from None
+        if cls is None:
+            try:
+                cls = plugins.load_module_class(name)
+            except LookupError as exc:
+                raise ErrnoError(errno.ENOENT, str(exc).strip('"')) from None
+            except plugins.ModuleLoadError as exc:
+                raise ErrnoError(errno.ENOEXEC, str(exc)) from None
         missing = [m for m in getattr(cls, "calls", ()) if m not in self._by_name]
         if missing:
             raise ErrnoError(errno.EBUSY, f"module {name} calls module {missing[0]}, which is "
@@ -254,7 +263,7 @@ class Broker:
         except battrs.AttrError as exc:
             raise ErrnoError(errno.EINVAL, str(exc)) from None
         if loaded is None:
-            return await self._load_new(name, cls, specs, changes, trial)
+            return await self._load_new(name, cls, specs, changes, trial, path)
         # The old module's services are held from before its removal until
         # the new one has started (broker/reloadhold.py): a request that
         # comes meanwhile waits for the new module instead of ENOSYS.
@@ -262,7 +271,7 @@ class Broker:
         failure: str | None = None
         try:
             await self.remove_at_runtime(name, RELOAD)
-            return await self._load_new(name, cls, specs, changes, trial)
+            return await self._load_new(name, cls, specs, changes, trial, path)
         except BaseException as exc:
             why = (exc.errstr if isinstance(exc, ErrnoError) else
                    "the reload was cancelled" if isinstance(exc, asyncio.CancelledError)
@@ -276,14 +285,17 @@ class Broker:
             self.router.end_hold(hold, failure)
 
     async def _load_new(self, name: str, cls: Any, specs: dict[str, Any],
-                        changes: dict[str, str], trial: dict[str, Any]) -> Module:
+                        changes: dict[str, str], trial: dict[str, Any],
+                        path: str | None = None) -> Module:
         """:meth:`load_at_runtime`'s load, once what it is given was checked
-        (``trial``: the rank's attributes with ``changes``, defaulted)."""
+        (``trial``: the rank's attributes with ``changes``, defaulted;
+        ``path``: the file ``cls`` is from, if it is a module file)."""
         before = {key: self.attrs[key] for key in specs if key in self.attrs}
         self.attrs.update({key: trial[key] for key in specs})
         self._changing.add(name)
         try:
             module: Module = cls(self._context())
+            module.source_file = path and os.path.abspath(path)
             try:
                 await self.load_module(module)
             except BaseException:
@@ -299,7 +311,9 @@ class Broker:
             if isinstance(exc, (ErrnoError, asyncio.CancelledError)):
                 raise
             if isinstance(exc, KvbrokerError | OSError):
-                raise ErrnoError(getattr(exc, "errno", None) or errno.EIO, str(exc)) from None
+                # (an OSError's own words, not "[Errno 17] ...": the errno is said)
+                why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+                raise ErrnoError(getattr(exc, "errno", None) or errno.EIO, why) from None
             raise ErrnoError(errno.EIO, f"module {name} failed to start: {exc}") from None
         finally:
             self._changing.discard(name)
@@ -316,6 +330,8 @@ class Broker:
         ``ENOENT`` not loaded, ``EINVAL`` the broker's own services,
         ``EBUSY`` another module calls it, it is rank 0's content store,
         or it is being loaded or removed already."""
+        if plugins.is_file_module(name):  # (the module loaded from that file)
+            name = self._loaded_from(name)
         stopping = self._stopping.get(name)
         if stopping is not None:
             if not cancel:
@@ -346,6 +362,15 @@ class Broker:
         finally:
             self._changing.discard(name)
         log.info("module %s removed (%s)", name, why)
+
+    def _loaded_from(self, path: str) -> str:
+        """The name of the module loaded from the file at ``path``
+        (``module remove ./echo.py``); ``ENOENT`` if none is."""
+        path = os.path.abspath(path)
+        for module in self.modules:
+            if module.source_file == path:
+                return module.name
+        raise ErrnoError(errno.ENOENT, f"no module loaded from {path} on rank {self.rank}")
 
     async def _unload(self, module: Module, why: str, cancel: bool = False) -> None:
         """Stop ``module`` and forget it: its services first, so that what
@@ -450,8 +475,11 @@ class Broker:
         # instance silently missing kvs-watch would only fail later.  Modules
         # are found, and their attributes checked and defaulted, before the
         # rank listens or loads any of them.
-        classes = start_order([plugins.load_module_class(name)
-                               for name in battrs.module_names(self.attrs, self.rank)])
+        names = battrs.module_names(self.attrs, self.rank)
+        loaded = [plugins.load_module_class(name) for name in names]
+        files = {cls: os.path.abspath(name)  # (module files: module reload reads them again)
+                 for name, cls in zip(names, loaded, strict=True) if plugins.is_file_module(name)}
+        classes = start_order(loaded)
         for cls in classes:
             battrs.with_defaults(self.attrs, getattr(cls, "attributes", ()))
         self.connector = Connector(
@@ -481,7 +509,9 @@ class Broker:
         self.services = BrokerServices(self._context(), self)
         await self.load_module(self.services)
         for cls in classes:
-            await self.load_module(cls(self._context()))
+            module = cls(self._context())
+            module.source_file = files.get(cls)
+            await self.load_module(module)
         # Only once the parent admitted this process: the connector takes
         # over a socket left at its path, and a process the parent refuses
         # (another process of this rank still holds its link) took the
@@ -683,3 +713,15 @@ def _rss_mb() -> tuple[float, float | None]:
     if "VmHWM" in fields and "VmRSS" in fields:
         return max(fields["VmHWM"], fields["VmRSS"]) / 1024, fields["VmRSS"] / 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, None
+
+
+def _module_file_class(path: str) -> Any:
+    """:func:`broker.plugins.load_module_file`, its failures as
+    ``ErrnoError``: ``ENOENT`` no such file, ``ENOEXEC`` one that does
+    not import or define one module class."""
+    try:
+        return plugins.load_module_file(path)
+    except LookupError as exc:
+        raise ErrnoError(errno.ENOENT, str(exc).strip('"')) from None
+    except plugins.ModuleLoadError as exc:
+        raise ErrnoError(errno.ENOEXEC, str(exc)) from None

@@ -393,6 +393,8 @@ async def _change_modules(args: argparse.Namespace) -> int:
     checked (the rank holds the requests for the module meanwhile, no
     longer than ``-t``); ``-f`` takes a module that is not loaded as
     removed already."""
+    if plugins.is_file_module(args.name):  # (a module file: the rank's directory is not ours)
+        args.name = os.path.abspath(args.name)
     async with await connect() as h:
         if args.rank is None:
             ranks: list[int | None] = [None]
@@ -1028,13 +1030,17 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     m.add_argument("--rank", "-r", type=rank_int, metavar="N", help=ASK_RANK)
     m.add_argument("--json", action="store_true")
     add_answer_timeout(m)
-    for verb, purpose in (("load", "load module NAME (its entry point) on a running rank"),
+    for verb, purpose in (("load", "load module NAME (its entry point), or the module a "
+                        "Python file defines (PATH.py), on a running rank"),
                        ("remove", "stop module NAME on a running rank (the requests it "
                         "serves end ENOSYS)"),
                        ("reload", "replace module NAME by a new one (the requests "
-                        "for it meanwhile wait for the new one)")):
+                        "for it meanwhile wait for the new one; a module file's code "
+                        "is read again)")):
         m = msub.add_parser(verb, help=purpose)
-        m.add_argument("name", metavar="NAME")
+        m.add_argument("name", metavar="NAME",
+                       help="a module's name, or the path of a Python file defining one "
+                       "(it holds a / or ends .py; on the rank's host)")
         if verb != "remove":
             m.add_argument("settings", nargs="*", metavar="ATTR=VALUE",
                            help="the module's attributes for this load (kvs.transaction-"

@@ -335,6 +335,11 @@ class Module:
         """Why the rank stops (``signal SIGTERM``, ``lost the connection to
         parent rank 1 ...``), set before :meth:`stop`: what a module tells
         the clients it ends requests for."""
+        self.source_file: str | None = None
+        """The Python file the module's class was loaded from (``module load
+        ./echo.py``, or a path in ``broker.modules``), set by the broker;
+        None for an entry point's.  ``module reload NAME`` imports it
+        again: the file's code as it is then."""
         self.removing = False
         """:meth:`stop` is for ``module remove`` (the rank goes on), not for
         the rank's stop: what a module keeps for its next load is put in

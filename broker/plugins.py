@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import itertools
 import sys
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -72,7 +73,10 @@ def load_module_class(name: str) -> Any:
     no installed distribution provides one, :class:`ModuleLoadError` if its
     code fails to import or names no module class -- the start-up error
     names the module (it said only the import's own message, which for a
-    missing package read like an unknown module)."""
+    missing package read like an unknown module).  A path is a module file
+    (:func:`load_module_file`)."""
+    if is_file_module(name):
+        return load_module_file(name)
     if name in _targets:
         target = _targets[name]
     else:
@@ -91,6 +95,70 @@ def load_module_class(name: str) -> Any:
         raise ModuleLoadError(f"module {name!r} ({target}) is not a module class with a "
                               "name (a Module subclass setting name)")
     return cls
+
+
+def is_file_module(name: str) -> bool:
+    """Whether ``name`` in ``broker.modules`` or ``module load`` is the path
+    of a Python file (``./echo.py``) rather than an entry point's name:
+    module names hold no ``/`` (a service name is a topic's first word)."""
+    return "/" in name or name.endswith(".py")
+
+
+_file_loads = itertools.count(1)
+_file_modules: dict[str, str] = {}
+"""A module file's path -> the name in ``sys.modules`` of its last import."""
+
+
+def load_module_file(path: str) -> Any:
+    """The module class the Python file at ``path`` defines: its one
+    subclass of :class:`broker.module.Module` with a ``name`` (one it
+    imports from elsewhere does not count).  Imported afresh at each call,
+    under a name of its own, so that ``module reload`` runs the file's
+    code as it is now -- a module written in a file, no package or entry
+    point needed, as Flux's ``flux module load testmod.py``.
+    ``LookupError`` if there is no such file, :class:`ModuleLoadError` if
+    it fails to import or does not define exactly one module class."""
+    import os
+    import types
+
+    from broker.module import Module
+
+    path = os.path.abspath(path)
+    if not os.path.exists(path):
+        raise LookupError(f"no module file {path} (no such file)")
+    if not os.path.isfile(path):
+        raise ModuleLoadError(f"module file {path} cannot be loaded: not a regular file")
+    stem = "".join(c if c.isalnum() else "_" for c in os.path.basename(path).removesuffix(".py"))
+    modname = f"_kvbroker_file_module_{next(_file_loads)}_{stem}"
+    # Compiled from its text each time, never from a cached .pyc: an edit
+    # in the same second that kept the file's size was run as the old code
+    # (a .pyc is checked against the source's whole seconds and size).
+    code = types.ModuleType(modname)
+    code.__file__ = path
+    sys.modules[modname] = code  # (while it runs: dataclasses and typing look it up)
+    try:
+        with open(path, "rb") as f:
+            source = f.read()
+        exec(compile(source, path, "exec", dont_inherit=True), vars(code))  # noqa: S102
+    except BaseException as exc:
+        del sys.modules[modname]
+        if not isinstance(exc, Exception):
+            raise
+        why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        raise ModuleLoadError(f"module file {path} cannot be loaded: {why}") from exc
+    old = _file_modules.get(path)
+    if old is not None:  # (its classes live on in the modules loaded from it)
+        sys.modules.pop(old, None)
+    _file_modules[path] = modname
+    found = [obj for obj in vars(code).values()
+             if isinstance(obj, type) and issubclass(obj, Module) and obj.__module__ == modname
+             and obj.name]
+    if len(found) != 1:
+        what = ("no Module subclass setting name" if not found else
+                f"{len(found)} module classes ({', '.join(c.__name__ for c in found)}): "
+                "one per file")
+        raise ModuleLoadError(f"module file {path} defines {what}")
+    return found[0]
 
 
 BUNDLED_COMMANDS = {"kvs": "kvs.cli:register", "archive": "kvs.archive_cli:register"}

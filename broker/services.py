@@ -521,7 +521,7 @@ class BrokerServices(Module):
         if msg.is_owner:
             self.h.respond(msg, {"modules": [
                 {"name": m.name, "services": list(m.service_names()), "requests": m.requests,
-                 "held": m.h.held_count}
+                 "held": m.h.held_count, **({"file": m.source_file} if m.source_file else {})}
                 for m in self.broker.modules
             ]})
             return

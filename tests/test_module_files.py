@@ -1,0 +1,196 @@
+"""Modules loaded from a Python file (``kvbroker module load ./echo.py``, a
+path in ``broker.modules``), no package or entry point needed: Flux's
+``flux module load testmod.py`` (flux-core t/t0028-module-python-exec.t).
+docs/cli.md "module", docs/api.md "Writing a module".
+
+Flux's cases, and what each becomes:
+
+* ``module load testmod.py`` works; ``ping testmod``; ``module stats
+  testmod``; ``module list`` shows it; ``module remove testmod`` ->
+  :func:`test_load_call_list_stats_reload_and_remove` (a request to
+  ``testmod.hello`` for Flux's ``ping testmod``, which kvbroker's ``ping``,
+  a rank's broker service, does not do).
+* load with args works -> a module file's attributes, as any module's
+  (``testmod.greeting=hi``) (same test).
+* ``--init-failure`` fails; an ``OSError``'s errno is propagated at init ->
+  a module whose ``start()`` raises ``OSError(EEXIST)`` fails the load with
+  ``File exists``, the rank unchanged (:func:`test_failures_are_named`).
+* ``--name altmod``: the module answers to the new name -> does not apply
+  (a module's handlers name their topics in full: ``testmod.hello``); a
+  module's name is its class's ``name``.
+* handler exception / early exit reported by the broker -> as for any
+  module (tests/test_flux_conformance_t0003.py: logged, the rank serves on).
+* ``debug_test`` bits, ``set_proctitle``, ``module-python-exec`` run on its
+  own, ``modprobe`` -> do not apply (no debug flags, no separate module
+  processes, no modprobe).
+* (kvbroker's own) ``module reload NAME`` reads the file again, so the
+  module runs its new code; ``remove PATH`` removes what that file loaded;
+  a path in ``broker.modules`` at start (:func:`test_a_module_file_at_start`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from test_broker_support import run_cli
+
+from broker.launch import Instance
+
+T = 30.0
+
+TESTMOD = '''\
+import errno
+from typing import ClassVar
+
+from broker.attrs import AttrSpec
+from broker.message import Message
+from broker.module import Handler, Module
+
+GREETING = AttrSpec("testmod.greeting", "hello", str, "what testmod.hello says")
+FAIL = AttrSpec("testmod.fail", "", str, "fail to start: os or runtime")
+
+
+class TestMod(Module):
+    name: ClassVar[str] = "testmod"
+    attributes = (GREETING, FAIL)
+
+    def handlers(self) -> dict[str, Handler]:
+        return {"testmod.hello": self.hello}
+
+    async def start(self) -> None:
+        fail = FAIL.value(self.ctx.attrs)
+        if fail == "os":
+            raise OSError(errno.EEXIST, "service already registered")
+        if fail == "runtime":
+            raise RuntimeError("init failure per test request")
+
+    def hello(self, msg: Message) -> None:
+        self.h.respond(msg, {"name": self.name, "says": GREETING.value(self.ctx.attrs),
+                             "version": VERSION, "rank": self.ctx.rank})
+
+    def stats(self) -> dict:
+        return {"version": VERSION}
+
+
+VERSION = 1
+'''
+
+
+async def cli(uri: str, *args: str, rc: int = 0, cwd: Path | None = None) -> tuple[str, str]:
+    code, out, err = await run_cli(*args, uri=uri, timeout=T, cwd=cwd)
+    assert code == rc, (args, code, out, err)
+    return out, err
+
+
+async def hello(uri: str, rank: int = 0) -> dict:
+    out, _ = await cli(uri, "rpc", "testmod.hello", "--rank", str(rank))
+    return json.loads(out)
+
+
+async def test_load_call_list_stats_reload_and_remove(start_instance, tmp_path: Path) -> None:
+    inst = await start_instance(size=2)
+    uri = inst.uri(0)
+    (tmp_path / "testmod.py").write_text(TESTMOD)
+    # a relative path is the command's: the ranks run elsewhere
+    await cli(uri, "module", "load", "-r", "all", "./testmod.py", "testmod.greeting=hi",
+              cwd=tmp_path)
+    assert await hello(uri, 1) == {"name": "testmod", "says": "hi", "version": 1, "rank": 1}
+    out, _ = await cli(uri, "module", "list", "--json", "-r", "1")
+    [mine] = [m for m in json.loads(out)["modules"] if m["name"] == "testmod"]
+    assert mine["services"] == ["testmod"] and mine["file"] == str(tmp_path / "testmod.py")
+    assert json.loads((await cli(uri, "stats", "testmod"))[0])["version"] == 1
+    _, err = await cli(uri, "module", "load", str(tmp_path / "testmod.py"), rc=1)
+    assert "module testmod is loaded on rank 0 already" in err, err
+
+    # a reload by name runs the file's code as it is now, on the rank asked only
+    (tmp_path / "testmod.py").write_text(TESTMOD.replace("VERSION = 1", "VERSION = 2"))
+    await cli(uri, "module", "reload", "testmod")
+    assert (await hello(uri, 0))["version"] == 2
+    assert (await hello(uri, 1))["version"] == 1
+    await cli(uri, "module", "reload", "-r", "1", str(tmp_path / "testmod.py"))
+    assert (await hello(uri, 1)) == {"name": "testmod", "says": "hi", "version": 2,
+                                     "rank": 1}  # (the rank's attributes stay as set)
+
+    # removed by its path or its name
+    await cli(uri, "module", "remove", "testmod.py", cwd=tmp_path)
+    _, err = await cli(uri, "module", "remove", "testmod.py", cwd=tmp_path, rc=1)
+    assert f"no module loaded from {tmp_path / 'testmod.py'} on rank 0" in err, err
+    await cli(uri, "module", "remove", "-r", "1", "testmod")
+    _, err = await cli(uri, "rpc", "testmod.hello", rc=1)
+    assert "Function not implemented" in err, err
+
+
+@pytest.mark.parametrize(("source", "words"), [
+    (None, "No such file or directory (no module file {path} (no such file))"),
+    ("x = (\n", "Exec format error (module file {path} cannot be loaded: SyntaxError: "),
+    ("raise RuntimeError('boom')\n",
+     "Exec format error (module file {path} cannot be loaded: RuntimeError: boom)"),
+    ("import os\n", "Exec format error (module file {path} defines no Module subclass "
+                    "setting name)"),
+    (TESTMOD + "\nclass Other(TestMod):\n    name = 'other'\n",
+     "Exec format error (module file {path} defines 2 module classes (TestMod, Other): "
+     "one per file)"),
+    (TESTMOD.replace('"", str, "fail', '"os", str, "fail'),
+     "File exists (service already registered)"),
+    (TESTMOD.replace('"", str, "fail', '"runtime", str, "fail'),
+     "Input/output error (module testmod failed to start: RuntimeError: init failure per "
+     "test request)"),
+], ids=["missing", "syntax", "raises", "no-class", "two-classes", "oserror", "init-failure"])
+async def test_failures_are_named(start_instance, tmp_path: Path, source: str | None,
+                                  words: str) -> None:
+    """A file that is not there, does not import, or defines no module
+    class (or two) is refused naming the file and why; a module whose
+    start fails, with its own error (an ``OSError``'s errno kept); the
+    rank serves on, with nothing loaded."""
+    inst = await start_instance(size=1)
+    path = tmp_path / "testmod.py"
+    if source is not None:
+        path.write_text(source)
+    _, err = await cli(inst.uri(0), "module", "load", str(path), rc=1)
+    assert err.startswith(f"kvbroker: module load: {words.format(path=path)}"), err
+    out, _ = await cli(inst.uri(0), "module", "list")
+    assert "testmod" not in out
+    _, err = await cli(inst.uri(0), "module", "load", str(tmp_path), rc=1)
+    assert f"module file {tmp_path} cannot be loaded: not a regular file" in err, err
+
+
+async def test_a_module_file_at_start(tmp_path: Path) -> None:
+    """A path in ``broker.modules`` loads the file's module on every rank
+    as it starts (relative: to the directory the instance started in), its
+    attributes given with ``-S`` as any module's; a reload reads it again."""
+    (tmp_path / "testmod.py").write_text(TESTMOD)
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        inst = Instance(2, attrs={"broker.modules": "content,kvs,./testmod.py",
+                                  "testmod.greeting": "hey"})
+        await inst.start()
+    finally:
+        os.chdir(cwd)
+    try:
+        uri = inst.uri(0)
+        assert await hello(uri, 1) == {"name": "testmod", "says": "hey", "version": 1,
+                                       "rank": 1}
+        (tmp_path / "testmod.py").write_text(TESTMOD.replace("VERSION = 1", "VERSION = 3"))
+        await cli(uri, "module", "reload", "-r", "all", "testmod", "testmod.greeting=hey")
+        assert (await hello(uri, 1))["version"] == 3
+    finally:
+        await inst.stop()
+
+
+async def test_the_documented_module_loads_from_its_file(start_instance, tmp_path: Path) -> None:
+    """docs/api.md's ``echo.py``, loaded from the file as the docs show."""
+    from test_broker_support import doc_block
+
+    (tmp_path / "echo.py").write_text(doc_block("api.md", "# mypkg/echo.py"))
+    inst = await start_instance(size=2)
+    uri = inst.uri(0)
+    await cli(uri, "module", "load", "-r", "all", "./echo.py", cwd=tmp_path)
+    out, _ = await cli(uri, "rpc", "echo.hello", '{"name": "x"}', "--rank", "1")
+    assert json.loads(out) == {"hello": "x", "rank": 1, "from": os.getuid()}
+    await cli(uri, "module", "reload", "-r", "all", "echo")
+    out, _ = await cli(uri, "rpc", "--stream", "echo.count", '{"n": 2}')
+    assert [json.loads(line) for line in out.splitlines()] == [{"i": 0}, {"i": 1}]
