@@ -185,3 +185,31 @@ kvbroker attr get statedir
     rc, out, err = await run_cli("start", "--config", str(config), "--", "sh", str(script),
                                  timeout=T)
     assert (rc, out) == (0, f"same\n{tmp_path}/state\n"), (rc, out, err)
+
+
+async def test_an_integer_a_request_cannot_carry_is_refused(configured) -> None:
+    """``config load`` and ``set`` of an integer past 64 bits (JSON and
+    TOML read any size; a request carries msgpack's) ended in a traceback
+    from the request's encoding, and one of more digits than Python reads
+    in a bare ``ValueError``: each is refused naming where it is, exit 1,
+    nothing asked.  ``get -c`` only reads the file: it prints it."""
+    inst, path = configured
+    big = "99999999999999999999999"
+    for args, stdin, where in (
+            (("load",), f'{{"attrs": {{"log": {{"level": {big}}}}}}}', "standard input: "
+             "attrs.log.level"),
+            (("load",), f"[attrs]\nx = [1, {big}]\n", "standard input: attrs.x[1]"),
+            (("set", "--type", "integer", "attrs.tbon.torpid_min", big), "",
+             "attrs.tbon.torpid_min"),
+            (("set", "--type", "array", "attrs.x", f"[{big}]"), "", "attrs.x[0]")):
+        code, out, err = await run_cli("config", *args, uri=inst.uri(0), input=stdin.encode())
+        assert (code, out) == (1, ""), (args, code, out, err)
+        assert err == f"kvbroker: config {args[0]}: {where}: {big} is out of range (a 64-bit " \
+                      "integer)\n", err
+    for stdin in (f'{{"attrs": {{"x": {"9" * 5000}}}}}', f"[attrs]\nx = {'9' * 5000}\n"):
+        code, out, err = await run_cli("config", "load", uri=inst.uri(0), input=stdin.encode())
+        assert (code, out) == (1, ""), (code, out, err)
+        assert err.startswith("kvbroker: config load: standard input: Exceeds the limit"), err
+    assert await cli(inst.uri(0), "attr", "get", "tbon.torpid_min") == "5s\n"
+    path.write_text(f"[attrs]\nx = {big}\n")
+    assert await cli(inst.uri(0), "config", "get", "-c", str(path), "attrs.x") == f"{big}\n"
