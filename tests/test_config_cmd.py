@@ -11,12 +11,14 @@ tests/test_flux_conformance_t2806.py and t0041.
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 from pathlib import Path
 
 import pytest
 from test_broker_guests import run_guest_cli
 from test_broker_support import run_cli
+from test_watch_helpers import errnum
 
 from broker.launch import Instance
 
@@ -213,3 +215,16 @@ async def test_an_integer_a_request_cannot_carry_is_refused(configured) -> None:
     assert await cli(inst.uri(0), "attr", "get", "tbon.torpid_min") == "5s\n"
     path.write_text(f"[attrs]\nx = {big}\n")
     assert await cli(inst.uri(0), "config", "get", "-c", str(path), "attrs.x") == f"{big}\n"
+
+
+async def test_a_load_keyed_by_other_than_strings_is_a_protocol_error(configured,
+                                                                       connect) -> None:
+    """``config.load`` of a map keyed by a number or nil (msgpack's maps
+    may be; JSON's and TOML's may not) failed inside the rank's checks,
+    ``EIO`` "internal error"; it is ``EPROTO``, and nothing is changed."""
+    inst, _ = configured
+    h = await connect(inst)
+    for config in ({1: 2}, {None: 1, "attrs": {}}, {"attrs": {"log": {1: "x"}}},
+                   {"attrs": {"log.ring-level": "debug"}, 1.5: {}}):
+        assert await errnum(h.rpc("config.load", {"config": config})) == errno.EPROTO, config
+    assert await cli(inst.uri(0), "attr", "get", "log.ring-level") == "info\n"
