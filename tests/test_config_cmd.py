@@ -228,3 +228,29 @@ async def test_a_load_keyed_by_other_than_strings_is_a_protocol_error(configured
                    {"attrs": {"log.ring-level": "debug"}, 1.5: {}}):
         assert await errnum(h.rpc("config.load", {"config": config})) == errno.EPROTO, config
     assert await cli(inst.uri(0), "attr", "get", "log.ring-level") == "info\n"
+
+
+async def test_taking_out_an_attribute_without_a_default_names_the_object(
+        tmp_path: Path) -> None:
+    """An attribute of the rank's own naming (``foo.a``, given at start)
+    has no default to go back to: ``unset`` and a ``load`` without it are
+    refused naming the loaded object -- they said "taken out of the file",
+    with no file involved -- and a reload names the file, as its other
+    refusals do (it named none)."""
+    config = tmp_path / "inst.toml"
+    config.write_text("[attrs]\nfoo.a = 1\n")
+    script = tmp_path / "run.sh"
+    script.write_text(f"""\
+kvbroker config unset attrs.foo.a
+echo '{{}}' | kvbroker config load
+: > {config} && kvbroker config reload
+kvbroker config get
+""")
+    rc, out, err = await run_cli("start", "--config", str(config), "--", "sh", str(script),
+                                 timeout=T)
+    assert (rc, out) == (0, '{"attrs":{"foo":{"a":1}}}\n'), (rc, out, err)
+    taken = "[attrs] foo.a was taken out: it has no default to go back to)\n"
+    assert err.splitlines(keepends=True) == [
+        f"kvbroker: config unset: No such file or directory (the loaded object: {taken}",
+        f"kvbroker: config load: No such file or directory (the loaded object: {taken}",
+        f"kvbroker: config reload: No such file or directory ({config}: {taken}"], err
