@@ -120,6 +120,8 @@ def cmd_config(args: argparse.Namespace) -> int:
     if args.config_cmd == "set" and args.type in ("fsd-integer", "fsd-real", "any"):
         raise UsageError(f"--type {args.type} is not a type a value is set as (one of: "
                          f"{', '.join(SET_TYPES)})")
+    if args.config_cmd == "set" and args.type is not None:  # (checked before any request)
+        check_integers(parse_value(args.value, args.type, args.what), "", args.what, args.name)
     loaded = None
     if args.config_cmd == "load":
         loaded = (read_path(args.path, args.what) if args.path is not None

@@ -254,3 +254,18 @@ kvbroker config get
         f"kvbroker: config unset: No such file or directory (the loaded object: {taken}",
         f"kvbroker: config load: No such file or directory (the loaded object: {taken}",
         f"kvbroker: config reload: No such file or directory ({config}: {taken}"], err
+
+
+async def test_set_checks_a_typed_value_before_asking(tmp_path: Path) -> None:
+    """``config set --type T NAME VALUE``: a VALUE that is not a T is the
+    error, before anything is asked (docs/cli.md) -- it was parsed only
+    after each rank's object came back, so with no broker there the error
+    was the connect's, and a stopped rank held a bad value's command to
+    its ``-t``."""
+    uri = f"local://{tmp_path}/nothing-here"
+    for args, said in ((("integer", "hello"), "'hello' is not an integer"),
+                       (("fsd", "soon"), "'soon' is not a duration"),
+                       (("integer", "1" * 30), "is out of range (a 64-bit integer)")):
+        code, out, err = await run_cli("config", "set", "--type", args[0], "attrs.x", args[1],
+                                       uri=uri)
+        assert (code, out) == (1, "") and said in err, (args, code, out, err)
