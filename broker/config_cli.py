@@ -74,6 +74,8 @@ def _register_get(csub: Any) -> None:
                    "30s; printed as seconds by fsd-integer and fsd-real)")
     g.add_argument("-d", "--default", metavar="VALUE",
                    help="print VALUE if NAME is not set (else it is an error)")
+    g.add_argument("-q", "--quiet", action="store_true",
+                   help="NAME not set: exit 1 without saying so (Flux's -q)")
     g.add_argument("-c", "--config-path", metavar="FILE",
                    help="read FILE (TOML, or JSON if it ends .json) instead of asking a rank")
     g.add_argument("-r", "--rank", type=rank_int, metavar="N",
@@ -169,12 +171,15 @@ def change(h: Any, args: argparse.Namespace,
 
 def print_value(config: Any, args: argparse.Namespace) -> int:
     """``config get``'s output for ``config``: the value at ``args.name``,
-    its ``--default``, or the error saying it is not set."""
+    its ``--default``, or the error saying it is not set (exit 1 alone
+    with ``--quiet``)."""
     value = lookup(config, args.name)
     if value is not _MISSING:
         print(show(value, args.type, args.name))
     elif args.default is not None:
         print(args.default)
+    elif args.quiet:
+        return 1  # (a script's test of whether NAME is set, as Flux's -q)
     else:
         raise CLIError("config get", detail=f"{args.name} is not set in the configuration")
     return 0

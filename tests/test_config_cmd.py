@@ -269,3 +269,15 @@ async def test_set_checks_a_typed_value_before_asking(tmp_path: Path) -> None:
         code, out, err = await run_cli("config", "set", "--type", args[0], "attrs.x", args[1],
                                        uri=uri)
         assert (code, out) == (1, "") and said in err, (args, code, out, err)
+
+
+async def test_get_quiet(configured) -> None:
+    """Flux's ``config get -q``: a NAME not set exits 1 saying nothing (a
+    script's test); one that is set prints, and ``-d`` still wins.  It
+    was a usage error, exit 2."""
+    inst, path = configured
+    for args, want in ((("-q", "attrs.nosuch"), (1, "", "")),
+                       (("--quiet", "-d", "x", "attrs.nosuch"), (0, "x\n", "")),
+                       (("-q", "attrs.log.ring-level"), (0, "info\n", "")),
+                       (("-q", "-c", str(path), "attrs.nosuch"), (1, "", ""))):
+        assert await run_cli("config", "get", *args, uri=inst.uri(0)) == want, args
