@@ -452,8 +452,8 @@ class Broker:
         goes back to its default), all checked first, or nothing."""
         specs = [*battrs.BROKER_ATTRS, *(a for m in self.modules for a in m.attributes)]
         defaults = {spec.name: spec.default for spec in specs}
-        wanted = bconfig.changes(self._file_attrs, attrs, defaults)
-        try:
+        try:  # (both say which configuration: the file, or a load's object)
+            wanted = bconfig.changes(self._file_attrs, attrs, defaults)
             self.set_attrs(wanted)
         except ErrnoError as exc:
             raise ErrnoError(exc.errnum, f"{where}: [attrs] {exc.errstr}") from None

@@ -61,8 +61,8 @@ def changes(old: dict[str, Any], new: dict[str, Any],
     for name in old:
         if name not in new:
             if name not in defaults:
-                raise ErrnoError(errno.ENOENT, f"[attrs] {name} was taken out of the file: "
-                                                 "it has no default to go back to")
+                raise ErrnoError(errno.ENOENT, f"{name} was taken out: it has no default "
+                                                 "to go back to")
             out[name] = defaults[name]
     return out
 

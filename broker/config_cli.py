@@ -74,6 +74,8 @@ def _register_get(csub: Any) -> None:
                    "30s; printed as seconds by fsd-integer and fsd-real)")
     g.add_argument("-d", "--default", metavar="VALUE",
                    help="print VALUE if NAME is not set (else it is an error)")
+    g.add_argument("-q", "--quiet", action="store_true",
+                   help="NAME not set: exit 1 without saying so (Flux's -q)")
     g.add_argument("-c", "--config-path", metavar="FILE",
                    help="read FILE (TOML, or JSON if it ends .json) instead of asking a rank")
     g.add_argument("-r", "--rank", type=rank_int, metavar="N",
@@ -120,8 +122,13 @@ def cmd_config(args: argparse.Namespace) -> int:
     if args.config_cmd == "set" and args.type in ("fsd-integer", "fsd-real", "any"):
         raise UsageError(f"--type {args.type} is not a type a value is set as (one of: "
                          f"{', '.join(SET_TYPES)})")
-    loaded = (read_path(args.path, args.what) if args.path is not None else read_stdin(args.what)
-              ) if args.config_cmd == "load" else None
+    if args.config_cmd == "set" and args.type is not None:  # (checked before any request)
+        check_integers(parse_value(args.value, args.type, args.what), "", args.what, args.name)
+    loaded = None
+    if args.config_cmd == "load":
+        loaded = (read_path(args.path, args.what) if args.path is not None
+                  else read_stdin(args.what))
+        check_integers(loaded, args.path or "standard input", args.what)
 
     async def main() -> int:
         async with await connect() as h:
@@ -164,12 +171,15 @@ def change(h: Any, args: argparse.Namespace,
 
 def print_value(config: Any, args: argparse.Namespace) -> int:
     """``config get``'s output for ``config``: the value at ``args.name``,
-    its ``--default``, or the error saying it is not set."""
+    its ``--default``, or the error saying it is not set (exit 1 alone
+    with ``--quiet``)."""
     value = lookup(config, args.name)
     if value is not _MISSING:
         print(show(value, args.type, args.name))
     elif args.default is not None:
         print(args.default)
+    elif args.quiet:
+        return 1  # (a script's test of whether NAME is set, as Flux's -q)
     else:
         raise CLIError("config get", detail=f"{args.name} is not set in the configuration")
     return 0
@@ -221,17 +231,47 @@ def parse_object(data: bytes, where: str, what: str,
     except json.JSONDecodeError as exc:
         if json_only:
             raise CLIError(what, detail=f"{where}: not JSON: {exc}") from None
-        import tomllib  # (here: every kvbroker command imports this module)
-
-        from broker.config import json_safe
-
-        try:
-            return dict(json_safe(tomllib.loads(text)))
-        except tomllib.TOMLDecodeError as exc:
-            raise CLIError(what, detail=f"{where}: not JSON, nor TOML: {exc}") from None
+        doc = _toml(text, where, what)
+    except ValueError as exc:  # (an integer of more digits than int() reads)
+        raise CLIError(what, detail=f"{where}: {exc}") from None
     if not isinstance(doc, dict):
         raise CLIError(what, detail=f"{where}: not an object (a table): {text.strip()[:40]}")
     return doc
+
+
+def _toml(text: str, where: str, what: str) -> dict[str, Any]:
+    """``text`` as a TOML document, JSON-safe (its dates as ISO text)."""
+    import tomllib  # (here: every kvbroker command imports this module)
+
+    from broker.config import json_safe
+
+    try:
+        return dict(json_safe(tomllib.loads(text)))
+    except tomllib.TOMLDecodeError as exc:
+        raise CLIError(what, detail=f"{where}: not JSON, nor TOML: {exc}") from None
+    except ValueError as exc:  # (as json's: too many digits)
+        raise CLIError(what, detail=f"{where}: {exc}") from None
+
+
+INT_MIN, INT_MAX = -(1 << 63), (1 << 64) - 1
+"""The integers a request carries (msgpack's); JSON and TOML read larger."""
+
+
+def check_integers(value: Any, where: str, what: str, name: str = "") -> None:
+    """Refuse an integer in ``value`` outside :data:`INT_MIN`..:data:`INT_MAX`,
+    naming its dotted place: the request could not be encoded, and the
+    command ended in a traceback."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            check_integers(item, where, what, f"{name}.{key}" if name else str(key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            check_integers(item, where, what, f"{name}[{i}]")
+    elif isinstance(value, int) and not INT_MIN <= value <= INT_MAX:
+        digits = str(value)
+        shown = digits if len(digits) <= 24 else f"{digits[:20]}... ({len(digits)} digits)"
+        raise CLIError(what, detail=": ".join(filter(None, (where, name)))
+                       + f": {shown} is out of range (a 64-bit integer)")
 
 
 _MISSING = object()
@@ -279,6 +319,7 @@ def set_value(config: dict[str, Any], name: str, text: str, kind: str | None,
             raise CLIError(what, detail=f"{name} is not set: give its --type")
         kind = _kind_of(place[0][place[1]])
     value = parse_value(text, kind, what)
+    check_integers(value, "", what, name)
     if place is not None:
         place[0][place[1]] = value
         return
@@ -334,7 +375,7 @@ def parse_value(text: str, kind: str, what: str) -> Any:
     if kind in ("array", "object"):
         try:
             value = json.loads(text)
-        except json.JSONDecodeError:
+        except ValueError:  # (not JSON, or an integer of too many digits)
             value = None
         if not isinstance(value, list if kind == "array" else dict):
             raise bad(f"a JSON {kind}")

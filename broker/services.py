@@ -445,6 +445,8 @@ class BrokerServices(Module):
         if not msg.is_owner:
             raise ErrnoError(errno.EPERM, "config load is for the instance owner")
         p = require(msg.payload, config=dict)
+        if not _string_keys(p["config"]):
+            raise ProtocolError("config must be an object whose keys are strings, as JSON's")
         self.h.respond(msg, {"changed": self.broker.load_config(p["config"])})
 
     def conf_builtin(self, msg: Message) -> None:
@@ -529,3 +531,15 @@ class BrokerServices(Module):
             {"name": m.name, "services": list(m.service_names())}
             for m in self.broker.modules
         ]})
+
+
+def _string_keys(value: Any) -> bool:
+    """Whether every table in ``value`` is keyed by strings: a msgpack
+    map may be keyed by anything, and the checks of a configuration (as
+    a file's, whose keys TOML makes strings) failed on another key as an
+    internal error."""
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _string_keys(v) for k, v in value.items())
+    if isinstance(value, list):
+        return all(_string_keys(v) for v in value)
+    return True

@@ -11,12 +11,14 @@ tests/test_flux_conformance_t2806.py and t0041.
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 from pathlib import Path
 
 import pytest
 from test_broker_guests import run_guest_cli
 from test_broker_support import run_cli
+from test_watch_helpers import errnum
 
 from broker.launch import Instance
 
@@ -185,3 +187,97 @@ kvbroker attr get statedir
     rc, out, err = await run_cli("start", "--config", str(config), "--", "sh", str(script),
                                  timeout=T)
     assert (rc, out) == (0, f"same\n{tmp_path}/state\n"), (rc, out, err)
+
+
+async def test_an_integer_a_request_cannot_carry_is_refused(configured) -> None:
+    """``config load`` and ``set`` of an integer past 64 bits (JSON and
+    TOML read any size; a request carries msgpack's) ended in a traceback
+    from the request's encoding, and one of more digits than Python reads
+    in a bare ``ValueError``: each is refused naming where it is, exit 1,
+    nothing asked.  ``get -c`` only reads the file: it prints it."""
+    inst, path = configured
+    big = "99999999999999999999999"
+    for args, stdin, where in (
+            (("load",), f'{{"attrs": {{"log": {{"level": {big}}}}}}}', "standard input: "
+             "attrs.log.level"),
+            (("load",), f"[attrs]\nx = [1, {big}]\n", "standard input: attrs.x[1]"),
+            (("set", "--type", "integer", "attrs.tbon.torpid_min", big), "",
+             "attrs.tbon.torpid_min"),
+            (("set", "--type", "array", "attrs.x", f"[{big}]"), "", "attrs.x[0]")):
+        code, out, err = await run_cli("config", *args, uri=inst.uri(0), input=stdin.encode())
+        assert (code, out) == (1, ""), (args, code, out, err)
+        assert err == f"kvbroker: config {args[0]}: {where}: {big} is out of range (a 64-bit " \
+                      "integer)\n", err
+    for stdin in (f'{{"attrs": {{"x": {"9" * 5000}}}}}', f"[attrs]\nx = {'9' * 5000}\n"):
+        code, out, err = await run_cli("config", "load", uri=inst.uri(0), input=stdin.encode())
+        assert (code, out) == (1, ""), (code, out, err)
+        assert err.startswith("kvbroker: config load: standard input: Exceeds the limit"), err
+    assert await cli(inst.uri(0), "attr", "get", "tbon.torpid_min") == "5s\n"
+    path.write_text(f"[attrs]\nx = {big}\n")
+    assert await cli(inst.uri(0), "config", "get", "-c", str(path), "attrs.x") == f"{big}\n"
+
+
+async def test_a_load_keyed_by_other_than_strings_is_a_protocol_error(configured,
+                                                                       connect) -> None:
+    """``config.load`` of a map keyed by a number or nil (msgpack's maps
+    may be; JSON's and TOML's may not) failed inside the rank's checks,
+    ``EIO`` "internal error"; it is ``EPROTO``, and nothing is changed."""
+    inst, _ = configured
+    h = await connect(inst)
+    for config in ({1: 2}, {None: 1, "attrs": {}}, {"attrs": {"log": {1: "x"}}},
+                   {"attrs": {"log.ring-level": "debug"}, 1.5: {}}):
+        assert await errnum(h.rpc("config.load", {"config": config})) == errno.EPROTO, config
+    assert await cli(inst.uri(0), "attr", "get", "log.ring-level") == "info\n"
+
+
+async def test_taking_out_an_attribute_without_a_default_names_the_object(
+        tmp_path: Path) -> None:
+    """An attribute of the rank's own naming (``foo.a``, given at start)
+    has no default to go back to: ``unset`` and a ``load`` without it are
+    refused naming the loaded object -- they said "taken out of the file",
+    with no file involved -- and a reload names the file, as its other
+    refusals do (it named none)."""
+    config = tmp_path / "inst.toml"
+    config.write_text("[attrs]\nfoo.a = 1\n")
+    script = tmp_path / "run.sh"
+    script.write_text(f"""\
+kvbroker config unset attrs.foo.a
+echo '{{}}' | kvbroker config load
+: > {config} && kvbroker config reload
+kvbroker config get
+""")
+    rc, out, err = await run_cli("start", "--config", str(config), "--", "sh", str(script),
+                                 timeout=T)
+    assert (rc, out) == (0, '{"attrs":{"foo":{"a":1}}}\n'), (rc, out, err)
+    taken = "[attrs] foo.a was taken out: it has no default to go back to)\n"
+    assert err.splitlines(keepends=True) == [
+        f"kvbroker: config unset: No such file or directory (the loaded object: {taken}",
+        f"kvbroker: config load: No such file or directory (the loaded object: {taken}",
+        f"kvbroker: config reload: No such file or directory ({config}: {taken}"], err
+
+
+async def test_set_checks_a_typed_value_before_asking(tmp_path: Path) -> None:
+    """``config set --type T NAME VALUE``: a VALUE that is not a T is the
+    error, before anything is asked (docs/cli.md) -- it was parsed only
+    after each rank's object came back, so with no broker there the error
+    was the connect's, and a stopped rank held a bad value's command to
+    its ``-t``."""
+    uri = f"local://{tmp_path}/nothing-here"
+    for args, said in ((("integer", "hello"), "'hello' is not an integer"),
+                       (("fsd", "soon"), "'soon' is not a duration"),
+                       (("integer", "1" * 30), "is out of range (a 64-bit integer)")):
+        code, out, err = await run_cli("config", "set", "--type", args[0], "attrs.x", args[1],
+                                       uri=uri)
+        assert (code, out) == (1, "") and said in err, (args, code, out, err)
+
+
+async def test_get_quiet(configured) -> None:
+    """Flux's ``config get -q``: a NAME not set exits 1 saying nothing (a
+    script's test); one that is set prints, and ``-d`` still wins.  It
+    was a usage error, exit 2."""
+    inst, path = configured
+    for args, want in ((("-q", "attrs.nosuch"), (1, "", "")),
+                       (("--quiet", "-d", "x", "attrs.nosuch"), (0, "x\n", "")),
+                       (("-q", "attrs.log.ring-level"), (0, "info\n", "")),
+                       (("-q", "-c", str(path), "attrs.nosuch"), (1, "", ""))):
+        assert await run_cli("config", "get", *args, uri=inst.uri(0)) == want, args
