@@ -456,7 +456,11 @@ class Broker:
             wanted = bconfig.changes(self._file_attrs, attrs, defaults)
             self.set_attrs(wanted)
         except ErrnoError as exc:
-            raise ErrnoError(exc.errnum, f"{where}: [attrs] {exc.errstr}") from None
+            # (an unknown attribute, or one taken out without a default, is
+            # ENOENT to attr set; in a configuration it is a bad one: it read
+            # "No such file or directory (the loaded object: ...)")
+            errnum = errno.EINVAL if exc.errnum == errno.ENOENT else exc.errnum
+            raise ErrnoError(errnum, f"{where}: [attrs] {exc.errstr}") from None
         self.config, self._file_attrs = doc, attrs
         log.info("config %s: %s", how,
                  ", ".join(f"{k}={v}" for k, v in wanted.items()) or "nothing changed")

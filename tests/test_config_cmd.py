@@ -236,7 +236,8 @@ async def test_taking_out_an_attribute_without_a_default_names_the_object(
     has no default to go back to: ``unset`` and a ``load`` without it are
     refused naming the loaded object -- they said "taken out of the file",
     with no file involved -- and a reload names the file, as its other
-    refusals do (it named none)."""
+    refusals do (it named none); each ``EINVAL``, a bad configuration (it
+    was ``ENOENT``, "No such file or directory", attr set's errno)."""
     config = tmp_path / "inst.toml"
     config.write_text("[attrs]\nfoo.a = 1\n")
     script = tmp_path / "run.sh"
@@ -244,6 +245,7 @@ async def test_taking_out_an_attribute_without_a_default_names_the_object(
 kvbroker config unset attrs.foo.a
 echo '{{}}' | kvbroker config load
 : > {config} && kvbroker config reload
+printf '[attrs]\nfoo.a = 1\nno.such = 2\n' | kvbroker config load
 kvbroker config get
 """)
     rc, out, err = await run_cli("start", "--config", str(config), "--", "sh", str(script),
@@ -251,9 +253,11 @@ kvbroker config get
     assert (rc, out) == (0, '{"attrs":{"foo":{"a":1}}}\n'), (rc, out, err)
     taken = "[attrs] foo.a was taken out: it has no default to go back to)\n"
     assert err.splitlines(keepends=True) == [
-        f"kvbroker: config unset: No such file or directory (the loaded object: {taken}",
-        f"kvbroker: config load: No such file or directory (the loaded object: {taken}",
-        f"kvbroker: config reload: No such file or directory ({config}: {taken}"], err
+        f"kvbroker: config unset: Invalid argument (the loaded object: {taken}",
+        f"kvbroker: config load: Invalid argument (the loaded object: {taken}",
+        f"kvbroker: config reload: Invalid argument ({config}: {taken}",
+        "kvbroker: config load: Invalid argument (the loaded object: [attrs] unknown "
+        "attribute 'no.such')\n"], err
 
 
 async def test_set_checks_a_typed_value_before_asking(tmp_path: Path) -> None:
