@@ -142,7 +142,9 @@ def load_module_file(path: str) -> Any:
         exec(compile(source, path, "exec", dont_inherit=True), vars(code))  # noqa: S102
     except BaseException as exc:
         del sys.modules[modname]
-        if not isinstance(exc, Exception):
+        # (a file's ``sys.exit()`` as it is read is its failure to load: it
+        # ended the rank, or the launcher checking it, without a word)
+        if not isinstance(exc, Exception | SystemExit):
             raise
         why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         raise ModuleLoadError(f"module file {path} cannot be loaded: {why}") from exc

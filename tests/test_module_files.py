@@ -128,6 +128,8 @@ async def test_load_call_list_stats_reload_and_remove(start_instance, tmp_path: 
     ("x = (\n", "Exec format error (module file {path} cannot be loaded: SyntaxError: "),
     ("raise RuntimeError('boom')\n",
      "Exec format error (module file {path} cannot be loaded: RuntimeError: boom)"),
+    ("import sys\nsys.exit(3)\n",
+     "Exec format error (module file {path} cannot be loaded: SystemExit: 3)"),
     ("import os\n", "Exec format error (module file {path} defines no Module subclass "
                     "setting name)"),
     (TESTMOD + "\nclass Other(TestMod):\n    name = 'other'\n",
@@ -138,11 +140,13 @@ async def test_load_call_list_stats_reload_and_remove(start_instance, tmp_path: 
     (TESTMOD.replace('"", str, "fail', '"runtime", str, "fail'),
      "Input/output error (module testmod failed to start: RuntimeError: init failure per "
      "test request)"),
-], ids=["missing", "syntax", "raises", "no-class", "two-classes", "oserror", "init-failure"])
+], ids=["missing", "syntax", "raises", "exits", "no-class", "two-classes", "oserror",
+        "init-failure"])
 async def test_failures_are_named(start_instance, tmp_path: Path, source: str | None,
                                   words: str) -> None:
-    """A file that is not there, does not import, or defines no module
-    class (or two) is refused naming the file and why; a module whose
+    """A file that is not there, does not import (or exits as it is read:
+    ``sys.exit()`` took the rank down), or defines no module class (or
+    two) is refused naming the file and why; a module whose
     start fails, with its own error (an ``OSError``'s errno kept); the
     rank serves on, with nothing loaded."""
     inst = await start_instance(size=1)
@@ -194,3 +198,19 @@ async def test_the_documented_module_loads_from_its_file(start_instance, tmp_pat
     await cli(uri, "module", "reload", "-r", "all", "echo")
     out, _ = await cli(uri, "rpc", "--stream", "echo.count", '{"n": 2}')
     assert [json.loads(line) for line in out.splitlines()] == [{"i": 0}, {"i": 1}]
+
+
+async def test_a_module_file_that_exits_at_start(tmp_path: Path) -> None:
+    """A file in ``broker.modules`` that calls ``sys.exit()`` as it is read
+    is a start-up failure naming the file, as one that does not import:
+    the launcher, which reads it to check the module's attributes, exited
+    with the file's status and a traceback ("Task exception was never
+    retrieved")."""
+    (tmp_path / "exits.py").write_text("import sys\nsys.exit(3)\n")
+    rc, _, err = await run_cli("start", "--size", "1", "-S",
+                               "broker.modules=content,./exits.py", "--", "true",
+                               timeout=T, cwd=tmp_path)
+    assert rc == 2, (rc, err)  # (as for one that does not import)
+    assert (f"module file {tmp_path / 'exits.py'} cannot be loaded: SystemExit: 3"
+            in err), err
+    assert "Traceback" not in err, err
