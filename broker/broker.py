@@ -188,6 +188,20 @@ class Broker:
     def _progress(self, n: int) -> None:
         self.start_progress += n
 
+    def _make_module(self, cls: Any) -> Module:
+        """``cls(ctx)``, a failure of its ``__init__`` as one of its start
+        (:class:`ModuleStartError` naming the module): a module file's
+        ``raise ValueError`` there read "failed to start: " and no more on a
+        load, and at start-up only "start-up failed: ValueError"."""
+        try:
+            module: Module = cls(self._context())
+        except (KvbrokerError, OSError):
+            raise
+        except Exception as exc:
+            why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            raise ModuleStartError(f"module {cls.name} failed to start: {why}") from exc
+        return module
+
     async def load_module(self, module: Module) -> None:
         for service in module.service_names():
             if not service or "." in service:
@@ -294,7 +308,7 @@ class Broker:
         self.attrs.update({key: trial[key] for key in specs})
         self._changing.add(name)
         try:
-            module: Module = cls(self._context())
+            module = self._make_module(cls)
             module.source_file = path and os.path.abspath(path)
             try:
                 await self.load_module(module)
@@ -314,7 +328,8 @@ class Broker:
                 # (an OSError's own words, not "[Errno 17] ...": the errno is said)
                 why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
                 raise ErrnoError(getattr(exc, "errno", None) or errno.EIO, why) from None
-            raise ErrnoError(errno.EIO, f"module {name} failed to start: {exc}") from None
+            why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            raise ErrnoError(errno.EIO, f"module {name} failed to start: {why}") from None
         finally:
             self._changing.discard(name)
         log.info("module %s loaded%s", name,
@@ -513,7 +528,7 @@ class Broker:
         self.services = BrokerServices(self._context(), self)
         await self.load_module(self.services)
         for cls in classes:
-            module = cls(self._context())
+            module = self._make_module(cls)
             module.source_file = files.get(cls)
             await self.load_module(module)
         # Only once the parent admitted this process: the connector takes

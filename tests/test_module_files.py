@@ -140,14 +140,18 @@ async def test_load_call_list_stats_reload_and_remove(start_instance, tmp_path: 
     (TESTMOD.replace('"", str, "fail', '"runtime", str, "fail'),
      "Input/output error (module testmod failed to start: RuntimeError: init failure per "
      "test request)"),
+    (TESTMOD.replace("    def handlers", "    def __init__(self, ctx):\n"
+                                           "        raise ValueError\n\n    def handlers"),
+     "Input/output error (module testmod failed to start: ValueError)"),
 ], ids=["missing", "syntax", "raises", "exits", "no-class", "two-classes", "oserror",
-        "init-failure"])
+        "init-failure", "init-raises"])
 async def test_failures_are_named(start_instance, tmp_path: Path, source: str | None,
                                   words: str) -> None:
     """A file that is not there, does not import (or exits as it is read:
     ``sys.exit()`` took the rank down), or defines no module class (or
     two) is refused naming the file and why; a module whose
-    start fails, with its own error (an ``OSError``'s errno kept); the
+    start (or ``__init__``: it said "failed to start: " and no more) fails,
+    with its own error (an ``OSError``'s errno kept); the
     rank serves on, with nothing loaded."""
     inst = await start_instance(size=1)
     path = tmp_path / "testmod.py"
@@ -198,6 +202,20 @@ async def test_the_documented_module_loads_from_its_file(start_instance, tmp_pat
     await cli(uri, "module", "reload", "-r", "all", "echo")
     out, _ = await cli(uri, "rpc", "--stream", "echo.count", '{"n": 2}')
     assert [json.loads(line) for line in out.splitlines()] == [{"i": 0}, {"i": 1}]
+
+
+async def test_a_module_whose_init_raises_at_start(tmp_path: Path) -> None:
+    """A module in ``broker.modules`` whose ``__init__`` raises fails the
+    start-up naming the module, as one whose ``start()`` does: it said
+    only ``start-up failed: ValueError``."""
+    (tmp_path / "testmod.py").write_text(TESTMOD.replace(
+        "    def handlers", "    def __init__(self, ctx):\n        raise ValueError\n\n"
+                           "    def handlers"))
+    rc, _, err = await run_cli("start", "--size", "1", "-S",
+                               "broker.modules=content,./testmod.py", "--", "true",
+                               timeout=T, cwd=tmp_path)
+    assert rc == 2, (rc, err)
+    assert "start-up failed: module testmod failed to start: ValueError\n" in err, err
 
 
 async def test_a_module_file_that_exits_at_start(tmp_path: Path) -> None:
