@@ -242,6 +242,7 @@ class Broker:
             path = self._by_name[name].source_file
         if path is not None:
             cls = _module_file_class(path)
+            self._check_same_module(path, cls.name, replace)
             name = cls.name
         if name in self._changing:
             raise ErrnoError(errno.EBUSY, f"module {name} is being loaded or removed on rank "
@@ -377,6 +378,19 @@ class Broker:
         finally:
             self._changing.discard(name)
         log.info("module %s removed (%s)", name, why)
+
+    def _check_same_module(self, path: str, name: str, replace: bool) -> None:
+        """Refuse the module ``name`` of file ``path`` if a module of
+        another name is loaded from that file: the file was edited to
+        define another module, which a reload loaded beside the old one
+        (``EINVAL``; a load: ``EEXIST``)."""
+        path = os.path.abspath(path)
+        for module in self.modules:
+            if module.source_file == path and module.name != name:
+                raise ErrnoError(errno.EINVAL if replace else errno.EEXIST,
+                                 f"module file {path} now defines module {name}, not "
+                                 f"{module.name}, which was loaded from it: remove "
+                                 f"{module.name} first on rank {self.rank}")
 
     def _loaded_from(self, path: str) -> str:
         """The name of the module loaded from the file at ``path``

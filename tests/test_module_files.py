@@ -232,3 +232,32 @@ async def test_a_module_file_that_exits_at_start(tmp_path: Path) -> None:
     assert (f"module file {tmp_path / 'exits.py'} cannot be loaded: SystemExit: 3"
             in err), err
     assert "Traceback" not in err, err
+
+
+async def test_a_file_that_now_defines_another_module(start_instance, tmp_path: Path) -> None:
+    """A module file edited to define a module of another name is not
+    loaded beside the one loaded from it (``reload -f NAME`` did, the old
+    one kept running; ``reload NAME`` said the new name was not loaded,
+    and ``load`` loaded it too): refused naming both, the old one serving."""
+    inst = await start_instance(size=1)
+    uri = inst.uri(0)
+    path = tmp_path / "testmod.py"
+    path.write_text(TESTMOD)
+    await cli(uri, "module", "load", str(path))
+    path.write_text(TESTMOD.replace('name: ClassVar[str] = "testmod"',
+                                    'name: ClassVar[str] = "renamed"'))
+    words = (f"module file {path} now defines module renamed, not testmod, which was "
+             "loaded from it: remove testmod first")
+    for args, why in ((("reload", "testmod"), "Invalid argument"),
+                      (("reload", "-f", "testmod"), "Invalid argument"),
+                      (("reload", str(path)), "Invalid argument"),
+                      (("load", str(path)), "File exists")):
+        _, err = await cli(uri, "module", *args, rc=1)
+        assert err == f"kvbroker: module {args[0]}: {why} ({words} on rank 0)\n", err
+    out, _ = await cli(uri, "module", "list")
+    assert "testmod" in out and "renamed" not in out
+    assert (await hello(uri))["name"] == "testmod"
+    await cli(uri, "module", "remove", "testmod")
+    await cli(uri, "module", "load", str(path))
+    out, _ = await cli(uri, "module", "list", "--json")
+    assert {m["name"]: m.get("file") for m in json.loads(out)["modules"]}["renamed"] == str(path)
