@@ -130,6 +130,8 @@ async def test_load_call_list_stats_reload_and_remove(start_instance, tmp_path: 
      "Exec format error (module file {path} cannot be loaded: RuntimeError: boom)"),
     ("import sys\nsys.exit(3)\n",
      "Exec format error (module file {path} cannot be loaded: SystemExit: 3)"),
+    ("import helper\n", "Exec format error (module file {path} cannot be loaded: "
+                         "ModuleNotFoundError: No module named 'helper')"),
     ("import os\n", "Exec format error (module file {path} defines no Module subclass "
                     "setting name)"),
     (TESTMOD + "\nclass Other(TestMod):\n    name = 'other'\n",
@@ -143,7 +145,7 @@ async def test_load_call_list_stats_reload_and_remove(start_instance, tmp_path: 
     (TESTMOD.replace("    def handlers", "    def __init__(self, ctx):\n"
                                            "        raise ValueError\n\n    def handlers"),
      "Input/output error (module testmod failed to start: ValueError)"),
-], ids=["missing", "syntax", "raises", "exits", "no-class", "two-classes", "oserror",
+], ids=["missing", "syntax", "raises", "exits", "sibling", "no-class", "two-classes", "oserror",
         "init-failure", "init-raises"])
 async def test_failures_are_named(start_instance, tmp_path: Path, source: str | None,
                                   words: str) -> None:
@@ -155,6 +157,9 @@ async def test_failures_are_named(start_instance, tmp_path: Path, source: str | 
     rank serves on, with nothing loaded."""
     inst = await start_instance(size=1)
     path = tmp_path / "testmod.py"
+    # (a file beside it is not importable: its directory is not put on
+    # sys.path, as Flux's -- it would shadow modules rank-wide, for good)
+    (tmp_path / "helper.py").write_text("X = 1\n")
     if source is not None:
         path.write_text(source)
     _, err = await cli(inst.uri(0), "module", "load", str(path), rc=1)
