@@ -235,15 +235,28 @@ class Broker:
         leaves the rank as it was, but for the module replaced.  While a
         loaded module is replaced, the requests for its services wait for
         the new one, at most ``hold_timeout`` seconds (:mod:`broker.reloadhold`)."""
-        path, cls = None, None
+        path = None
         if plugins.is_file_module(name):
             path = name
         elif replace and name in self._by_name:  # (a reload runs a file's code as it is now)
             path = self._by_name[name].source_file
-        if path is not None:
-            cls = _module_file_class(path)
+        if path is None:
+            return await self._load_or_replace(name, None, settings, replace, force,
+                                               hold_timeout)
+        cls = _module_file_class(path)
+        try:
             self._check_same_module(path, cls.name, replace)
-            name = cls.name
+            return await self._load_or_replace(cls.name, cls, settings, replace, force,
+                                               hold_timeout, path)
+        except BaseException:
+            plugins.forget_module_file(cls)  # (not loaded: the file's import goes)
+            raise
+
+    async def _load_or_replace(self, name: str, cls: Any, settings: dict[str, str],
+                               replace: bool, force: bool, hold_timeout: float,
+                               path: str | None = None) -> Module:
+        """:meth:`load_at_runtime` once the module file, if any, was read
+        (``cls`` its class, else None: found by ``name``)."""
         if name in self._changing:
             raise ErrnoError(errno.EBUSY, f"module {name} is being loaded or removed on rank "
                                           f"{self.rank}: wait for that first")
@@ -425,6 +438,8 @@ class Broker:
                     log.error("module %s failed to stop", module.name, exc_info=exc)
         finally:
             del self._stopping[module.name]
+            if module.source_file:  # (no module runs that import's code now)
+                plugins.forget_module_file(type(module))
             self.router.remove_peer(module.h)
             if module in self.modules:
                 self.modules.remove(module)

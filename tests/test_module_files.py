@@ -266,3 +266,25 @@ async def test_a_file_that_now_defines_another_module(start_instance, tmp_path: 
     await cli(uri, "module", "load", str(path))
     out, _ = await cli(uri, "module", "list", "--json")
     assert {m["name"]: m.get("file") for m in json.loads(out)["modules"]}["renamed"] == str(path)
+
+
+async def test_a_refused_load_leaves_the_loaded_module_whole(start_instance,
+                                                           tmp_path: Path) -> None:
+    """A load of a file refused after it was read (its module is loaded
+    already, or it now defines two) leaves the loaded module's code where
+    Python finds it by name (``sys.modules``): its entry was dropped, and
+    what looks a class up by its module's name (pickle, typing's hints,
+    dataclasses) failed in the running module."""
+    inst = await start_instance(size=1)
+    uri = inst.uri(0)
+    path = tmp_path / "testmod.py"
+    source = TESTMOD.replace("    def stats(self) -> dict:\n        return {\"version\": VERSION}",
+                             "    def stats(self) -> dict:\n        import pickle\n"
+                             "        return {\"pickled\": len(pickle.dumps(Point()))}") + (
+        "\n\nclass Point:\n    pass\n")
+    path.write_text(source)
+    await cli(uri, "module", "load", str(path))
+    await cli(uri, "module", "load", str(path), rc=1)  # (EEXIST)
+    path.write_text(source + "\nclass Other(TestMod):\n    name = 'other'\n")
+    await cli(uri, "module", "reload", "testmod", rc=1)  # (ENOEXEC: two classes)
+    assert json.loads((await cli(uri, "stats", "testmod"))[0])["pickled"] > 0
