@@ -156,6 +156,11 @@ def load_module_file(path: str) -> Any:
                 "one per file")
         del sys.modules[modname]
         raise ModuleLoadError(f"module file {path} defines {what}")
+    if is_file_module(found[0].name):  # (a name is what reload and remove are given)
+        del sys.modules[modname]
+        raise ModuleLoadError(f"module file {path} defines module {found[0].name!r}, a name "
+                              f"that reads as a path: module remove {found[0].name} would "
+                              "look for that file")
     return found[0]
 
 

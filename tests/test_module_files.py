@@ -145,8 +145,11 @@ async def test_load_call_list_stats_reload_and_remove(start_instance, tmp_path: 
     (TESTMOD.replace("    def handlers", "    def __init__(self, ctx):\n"
                                            "        raise ValueError\n\n    def handlers"),
      "Input/output error (module testmod failed to start: ValueError)"),
-], ids=["missing", "syntax", "raises", "exits", "sibling", "no-class", "two-classes", "oserror",
-        "init-failure", "init-raises"])
+    (TESTMOD.replace('name: ClassVar[str] = "testmod"', 'name: ClassVar[str] = "test.py"'),
+     "Exec format error (module file {path} defines module 'test.py', a name that reads as "
+     "a path: module remove test.py would look for that file)"),
+], ids=["missing", "syntax", "raises", "exits", "sibling", "no-class", "two-classes",
+        "oserror", "init-failure", "init-raises", "path-name"])
 async def test_failures_are_named(start_instance, tmp_path: Path, source: str | None,
                                   words: str) -> None:
     """A file that is not there, does not import (or exits as it is read:
