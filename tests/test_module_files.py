@@ -291,3 +291,22 @@ async def test_a_refused_load_leaves_the_loaded_module_whole(start_instance,
     path.write_text(source + "\nclass Other(TestMod):\n    name = 'other'\n")
     await cli(uri, "module", "reload", "testmod", rc=1)  # (ENOEXEC: two classes)
     assert json.loads((await cli(uri, "stats", "testmod"))[0])["pickled"] > 0
+
+
+async def test_a_symlinked_file_is_kept_as_named(start_instance, tmp_path: Path) -> None:
+    """A path is kept as given (made absolute, not resolved): a reload
+    through a symlink reads what it points to then; the module is the
+    link's (``module remove`` of its target is another file)."""
+    inst = await start_instance(size=1)
+    uri = inst.uri(0)
+    (tmp_path / "v1.py").write_text(TESTMOD)
+    (tmp_path / "v2.py").write_text(TESTMOD.replace("VERSION = 1", "VERSION = 2"))
+    (tmp_path / "testmod.py").symlink_to(tmp_path / "v1.py")
+    await cli(uri, "module", "load", "./testmod.py", cwd=tmp_path)
+    (tmp_path / "testmod.py").unlink()
+    (tmp_path / "testmod.py").symlink_to(tmp_path / "v2.py")
+    await cli(uri, "module", "reload", "testmod")
+    assert (await hello(uri))["version"] == 2
+    _, err = await cli(uri, "module", "remove", str(tmp_path / "v2.py"), rc=1)
+    assert f"no module loaded from {tmp_path / 'v2.py'}" in err, err
+    await cli(uri, "module", "remove", "../" + tmp_path.name + "/testmod.py", cwd=tmp_path)
