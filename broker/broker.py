@@ -188,6 +188,20 @@ class Broker:
     def _progress(self, n: int) -> None:
         self.start_progress += n
 
+    def _make_module(self, cls: Any) -> Module:
+        """``cls(ctx)``, a failure of its ``__init__`` as one of its start
+        (:class:`ModuleStartError` naming the module): a module file's
+        ``raise ValueError`` there read "failed to start: " and no more on a
+        load, and at start-up only "start-up failed: ValueError"."""
+        try:
+            module: Module = cls(self._context())
+        except (KvbrokerError, OSError):
+            raise
+        except Exception as exc:
+            why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            raise ModuleStartError(f"module {cls.name} failed to start: {why}") from exc
+        return module
+
     async def load_module(self, module: Module) -> None:
         for service in module.service_names():
             if not service or "." in service:
@@ -221,14 +235,28 @@ class Broker:
         leaves the rank as it was, but for the module replaced.  While a
         loaded module is replaced, the requests for its services wait for
         the new one, at most ``hold_timeout`` seconds (:mod:`broker.reloadhold`)."""
-        path, cls = None, None
+        path = None
         if plugins.is_file_module(name):
             path = name
         elif replace and name in self._by_name:  # (a reload runs a file's code as it is now)
             path = self._by_name[name].source_file
-        if path is not None:
-            cls = _module_file_class(path)
-            name = cls.name
+        if path is None:
+            return await self._load_or_replace(name, None, settings, replace, force,
+                                               hold_timeout)
+        cls = _module_file_class(path)
+        try:
+            self._check_same_module(path, cls.name, replace)
+            return await self._load_or_replace(cls.name, cls, settings, replace, force,
+                                               hold_timeout, path)
+        except BaseException:
+            plugins.forget_module_file(cls)  # (not loaded: the file's import goes)
+            raise
+
+    async def _load_or_replace(self, name: str, cls: Any, settings: dict[str, str],
+                               replace: bool, force: bool, hold_timeout: float,
+                               path: str | None = None) -> Module:
+        """:meth:`load_at_runtime` once the module file, if any, was read
+        (``cls`` its class, else None: found by ``name``)."""
         if name in self._changing:
             raise ErrnoError(errno.EBUSY, f"module {name} is being loaded or removed on rank "
                                           f"{self.rank}: wait for that first")
@@ -294,7 +322,7 @@ class Broker:
         self.attrs.update({key: trial[key] for key in specs})
         self._changing.add(name)
         try:
-            module: Module = cls(self._context())
+            module = self._make_module(cls)
             module.source_file = path and os.path.abspath(path)
             try:
                 await self.load_module(module)
@@ -314,7 +342,8 @@ class Broker:
                 # (an OSError's own words, not "[Errno 17] ...": the errno is said)
                 why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
                 raise ErrnoError(getattr(exc, "errno", None) or errno.EIO, why) from None
-            raise ErrnoError(errno.EIO, f"module {name} failed to start: {exc}") from None
+            why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            raise ErrnoError(errno.EIO, f"module {name} failed to start: {why}") from None
         finally:
             self._changing.discard(name)
         log.info("module %s loaded%s", name,
@@ -363,6 +392,19 @@ class Broker:
             self._changing.discard(name)
         log.info("module %s removed (%s)", name, why)
 
+    def _check_same_module(self, path: str, name: str, replace: bool) -> None:
+        """Refuse the module ``name`` of file ``path`` if a module of
+        another name is loaded from that file: the file was edited to
+        define another module, which a reload loaded beside the old one
+        (``EINVAL``; a load: ``EEXIST``)."""
+        path = os.path.abspath(path)
+        for module in self.modules:
+            if module.source_file == path and module.name != name:
+                raise ErrnoError(errno.EINVAL if replace else errno.EEXIST,
+                                 f"module file {path} now defines module {name}, not "
+                                 f"{module.name}, which was loaded from it: remove "
+                                 f"{module.name} first on rank {self.rank}")
+
     def _loaded_from(self, path: str) -> str:
         """The name of the module loaded from the file at ``path``
         (``module remove ./echo.py``); ``ENOENT`` if none is."""
@@ -396,6 +438,8 @@ class Broker:
                     log.error("module %s failed to stop", module.name, exc_info=exc)
         finally:
             del self._stopping[module.name]
+            if module.source_file:  # (no module runs that import's code now)
+                plugins.forget_module_file(type(module))
             self.router.remove_peer(module.h)
             if module in self.modules:
                 self.modules.remove(module)
@@ -513,7 +557,7 @@ class Broker:
         self.services = BrokerServices(self._context(), self)
         await self.load_module(self.services)
         for cls in classes:
-            module = cls(self._context())
+            module = self._make_module(cls)
             module.source_file = files.get(cls)
             await self.load_module(module)
         # Only once the parent admitted this process: the connector takes

@@ -105,8 +105,7 @@ def is_file_module(name: str) -> bool:
 
 
 _file_loads = itertools.count(1)
-_file_modules: dict[str, str] = {}
-"""A module file's path -> the name in ``sys.modules`` of its last import."""
+_FILE_PREFIX = "_kvbroker_file_module_"
 
 
 def load_module_file(path: str) -> Any:
@@ -129,7 +128,7 @@ def load_module_file(path: str) -> Any:
     if not os.path.isfile(path):
         raise ModuleLoadError(f"module file {path} cannot be loaded: not a regular file")
     stem = "".join(c if c.isalnum() else "_" for c in os.path.basename(path).removesuffix(".py"))
-    modname = f"_kvbroker_file_module_{next(_file_loads)}_{stem}"
+    modname = f"{_FILE_PREFIX}{next(_file_loads)}_{stem}"
     # Compiled from its text each time, never from a cached .pyc: an edit
     # in the same second that kept the file's size was run as the old code
     # (a .pyc is checked against the source's whole seconds and size).
@@ -142,14 +141,12 @@ def load_module_file(path: str) -> Any:
         exec(compile(source, path, "exec", dont_inherit=True), vars(code))  # noqa: S102
     except BaseException as exc:
         del sys.modules[modname]
-        if not isinstance(exc, Exception):
+        # (a file's ``sys.exit()`` as it is read is its failure to load: it
+        # ended the rank, or the launcher checking it, without a word)
+        if not isinstance(exc, Exception | SystemExit):
             raise
         why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         raise ModuleLoadError(f"module file {path} cannot be loaded: {why}") from exc
-    old = _file_modules.get(path)
-    if old is not None:  # (its classes live on in the modules loaded from it)
-        sys.modules.pop(old, None)
-    _file_modules[path] = modname
     found = [obj for obj in vars(code).values()
              if isinstance(obj, type) and issubclass(obj, Module) and obj.__module__ == modname
              and obj.name]
@@ -157,8 +154,25 @@ def load_module_file(path: str) -> Any:
         what = ("no Module subclass setting name" if not found else
                 f"{len(found)} module classes ({', '.join(c.__name__ for c in found)}): "
                 "one per file")
+        del sys.modules[modname]
         raise ModuleLoadError(f"module file {path} defines {what}")
+    if is_file_module(found[0].name):  # (a name is what reload and remove are given)
+        del sys.modules[modname]
+        raise ModuleLoadError(f"module file {path} defines module {found[0].name!r}, a name "
+                              f"that reads as a path: module remove {found[0].name} would "
+                              "look for that file")
     return found[0]
+
+
+def forget_module_file(cls: Any) -> None:
+    """Drop the ``sys.modules`` entry of the file ``cls`` was loaded from
+    (:func:`load_module_file`), once no module runs its code: its module
+    was removed, or its load failed.  Kept while it runs -- pickle, typing's
+    hints and dataclasses look a class's module up by name -- and each
+    import's is its own, so 50 reloads hold one."""
+    name = getattr(cls, "__module__", "")
+    if name.startswith(_FILE_PREFIX):
+        sys.modules.pop(name, None)
 
 
 BUNDLED_COMMANDS = {"kvs": "kvs.cli:register", "archive": "kvs.archive_cli:register"}

@@ -128,6 +128,10 @@ async def test_load_call_list_stats_reload_and_remove(start_instance, tmp_path: 
     ("x = (\n", "Exec format error (module file {path} cannot be loaded: SyntaxError: "),
     ("raise RuntimeError('boom')\n",
      "Exec format error (module file {path} cannot be loaded: RuntimeError: boom)"),
+    ("import sys\nsys.exit(3)\n",
+     "Exec format error (module file {path} cannot be loaded: SystemExit: 3)"),
+    ("import helper\n", "Exec format error (module file {path} cannot be loaded: "
+                         "ModuleNotFoundError: No module named 'helper')"),
     ("import os\n", "Exec format error (module file {path} defines no Module subclass "
                     "setting name)"),
     (TESTMOD + "\nclass Other(TestMod):\n    name = 'other'\n",
@@ -138,15 +142,27 @@ async def test_load_call_list_stats_reload_and_remove(start_instance, tmp_path: 
     (TESTMOD.replace('"", str, "fail', '"runtime", str, "fail'),
      "Input/output error (module testmod failed to start: RuntimeError: init failure per "
      "test request)"),
-], ids=["missing", "syntax", "raises", "no-class", "two-classes", "oserror", "init-failure"])
+    (TESTMOD.replace("    def handlers", "    def __init__(self, ctx):\n"
+                                           "        raise ValueError\n\n    def handlers"),
+     "Input/output error (module testmod failed to start: ValueError)"),
+    (TESTMOD.replace('name: ClassVar[str] = "testmod"', 'name: ClassVar[str] = "test.py"'),
+     "Exec format error (module file {path} defines module 'test.py', a name that reads as "
+     "a path: module remove test.py would look for that file)"),
+], ids=["missing", "syntax", "raises", "exits", "sibling", "no-class", "two-classes",
+        "oserror", "init-failure", "init-raises", "path-name"])
 async def test_failures_are_named(start_instance, tmp_path: Path, source: str | None,
                                   words: str) -> None:
-    """A file that is not there, does not import, or defines no module
-    class (or two) is refused naming the file and why; a module whose
-    start fails, with its own error (an ``OSError``'s errno kept); the
+    """A file that is not there, does not import (or exits as it is read:
+    ``sys.exit()`` took the rank down), or defines no module class (or
+    two) is refused naming the file and why; a module whose
+    start (or ``__init__``: it said "failed to start: " and no more) fails,
+    with its own error (an ``OSError``'s errno kept); the
     rank serves on, with nothing loaded."""
     inst = await start_instance(size=1)
     path = tmp_path / "testmod.py"
+    # (a file beside it is not importable: its directory is not put on
+    # sys.path, as Flux's -- it would shadow modules rank-wide, for good)
+    (tmp_path / "helper.py").write_text("X = 1\n")
     if source is not None:
         path.write_text(source)
     _, err = await cli(inst.uri(0), "module", "load", str(path), rc=1)
@@ -194,3 +210,103 @@ async def test_the_documented_module_loads_from_its_file(start_instance, tmp_pat
     await cli(uri, "module", "reload", "-r", "all", "echo")
     out, _ = await cli(uri, "rpc", "--stream", "echo.count", '{"n": 2}')
     assert [json.loads(line) for line in out.splitlines()] == [{"i": 0}, {"i": 1}]
+
+
+async def test_a_module_whose_init_raises_at_start(tmp_path: Path) -> None:
+    """A module in ``broker.modules`` whose ``__init__`` raises fails the
+    start-up naming the module, as one whose ``start()`` does: it said
+    only ``start-up failed: ValueError``."""
+    (tmp_path / "testmod.py").write_text(TESTMOD.replace(
+        "    def handlers", "    def __init__(self, ctx):\n        raise ValueError\n\n"
+                           "    def handlers"))
+    rc, _, err = await run_cli("start", "--size", "1", "-S",
+                               "broker.modules=content,./testmod.py", "--", "true",
+                               timeout=T, cwd=tmp_path)
+    assert rc == 2, (rc, err)
+    assert "start-up failed: module testmod failed to start: ValueError\n" in err, err
+
+
+async def test_a_module_file_that_exits_at_start(tmp_path: Path) -> None:
+    """A file in ``broker.modules`` that calls ``sys.exit()`` as it is read
+    is a start-up failure naming the file, as one that does not import:
+    the launcher, which reads it to check the module's attributes, exited
+    with the file's status and a traceback ("Task exception was never
+    retrieved")."""
+    (tmp_path / "exits.py").write_text("import sys\nsys.exit(3)\n")
+    rc, _, err = await run_cli("start", "--size", "1", "-S",
+                               "broker.modules=content,./exits.py", "--", "true",
+                               timeout=T, cwd=tmp_path)
+    assert rc == 2, (rc, err)  # (as for one that does not import)
+    assert (f"module file {tmp_path / 'exits.py'} cannot be loaded: SystemExit: 3"
+            in err), err
+    assert "Traceback" not in err, err
+
+
+async def test_a_file_that_now_defines_another_module(start_instance, tmp_path: Path) -> None:
+    """A module file edited to define a module of another name is not
+    loaded beside the one loaded from it (``reload -f NAME`` did, the old
+    one kept running; ``reload NAME`` said the new name was not loaded,
+    and ``load`` loaded it too): refused naming both, the old one serving."""
+    inst = await start_instance(size=1)
+    uri = inst.uri(0)
+    path = tmp_path / "testmod.py"
+    path.write_text(TESTMOD)
+    await cli(uri, "module", "load", str(path))
+    path.write_text(TESTMOD.replace('name: ClassVar[str] = "testmod"',
+                                    'name: ClassVar[str] = "renamed"'))
+    words = (f"module file {path} now defines module renamed, not testmod, which was "
+             "loaded from it: remove testmod first")
+    for args, why in ((("reload", "testmod"), "Invalid argument"),
+                      (("reload", "-f", "testmod"), "Invalid argument"),
+                      (("reload", str(path)), "Invalid argument"),
+                      (("load", str(path)), "File exists")):
+        _, err = await cli(uri, "module", *args, rc=1)
+        assert err == f"kvbroker: module {args[0]}: {why} ({words} on rank 0)\n", err
+    out, _ = await cli(uri, "module", "list")
+    assert "testmod" in out and "renamed" not in out
+    assert (await hello(uri))["name"] == "testmod"
+    await cli(uri, "module", "remove", "testmod")
+    await cli(uri, "module", "load", str(path))
+    out, _ = await cli(uri, "module", "list", "--json")
+    assert {m["name"]: m.get("file") for m in json.loads(out)["modules"]}["renamed"] == str(path)
+
+
+async def test_a_refused_load_leaves_the_loaded_module_whole(start_instance,
+                                                           tmp_path: Path) -> None:
+    """A load of a file refused after it was read (its module is loaded
+    already, or it now defines two) leaves the loaded module's code where
+    Python finds it by name (``sys.modules``): its entry was dropped, and
+    what looks a class up by its module's name (pickle, typing's hints,
+    dataclasses) failed in the running module."""
+    inst = await start_instance(size=1)
+    uri = inst.uri(0)
+    path = tmp_path / "testmod.py"
+    source = TESTMOD.replace("    def stats(self) -> dict:\n        return {\"version\": VERSION}",
+                             "    def stats(self) -> dict:\n        import pickle\n"
+                             "        return {\"pickled\": len(pickle.dumps(Point()))}") + (
+        "\n\nclass Point:\n    pass\n")
+    path.write_text(source)
+    await cli(uri, "module", "load", str(path))
+    await cli(uri, "module", "load", str(path), rc=1)  # (EEXIST)
+    path.write_text(source + "\nclass Other(TestMod):\n    name = 'other'\n")
+    await cli(uri, "module", "reload", "testmod", rc=1)  # (ENOEXEC: two classes)
+    assert json.loads((await cli(uri, "stats", "testmod"))[0])["pickled"] > 0
+
+
+async def test_a_symlinked_file_is_kept_as_named(start_instance, tmp_path: Path) -> None:
+    """A path is kept as given (made absolute, not resolved): a reload
+    through a symlink reads what it points to then; the module is the
+    link's (``module remove`` of its target is another file)."""
+    inst = await start_instance(size=1)
+    uri = inst.uri(0)
+    (tmp_path / "v1.py").write_text(TESTMOD)
+    (tmp_path / "v2.py").write_text(TESTMOD.replace("VERSION = 1", "VERSION = 2"))
+    (tmp_path / "testmod.py").symlink_to(tmp_path / "v1.py")
+    await cli(uri, "module", "load", "./testmod.py", cwd=tmp_path)
+    (tmp_path / "testmod.py").unlink()
+    (tmp_path / "testmod.py").symlink_to(tmp_path / "v2.py")
+    await cli(uri, "module", "reload", "testmod")
+    assert (await hello(uri))["version"] == 2
+    _, err = await cli(uri, "module", "remove", str(tmp_path / "v2.py"), rc=1)
+    assert f"no module loaded from {tmp_path / 'v2.py'}" in err, err
+    await cli(uri, "module", "remove", "../" + tmp_path.name + "/testmod.py", cwd=tmp_path)
