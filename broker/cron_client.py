@@ -34,7 +34,6 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from broker.attrs import duration
 from broker.errors import ErrnoError, RemoteError
 from broker.message import NODEID_ANY
 from broker.rpc import HandleCore
@@ -52,6 +51,8 @@ into one (``["echo", "a b"]`` is ``echo 'a b'``)."""
 
 
 def seconds(value: Duration) -> float:
+    from broker.attrs import duration  # (here: every kvbroker command imports this module)
+
     if isinstance(value, dt.timedelta):
         value = value.total_seconds()
     return duration(value)  # (ValueError: negative, or not a duration)

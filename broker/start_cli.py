@@ -17,7 +17,6 @@ import stat
 from collections.abc import Awaitable
 from typing import Any
 
-from broker.attrs import boolean
 from broker.cliutil import (
     MAX_START_SIZE,
     CLIError,
@@ -201,6 +200,8 @@ def take_cleanup_attrs(attrs: dict[str, Any]) -> bool | None:
         return None
     value = attrs.pop("rundir-cleanup")
     try:
+        from broker.attrs import boolean  # (here: every kvbroker command imports this module)
+
         return boolean(value)
     except ValueError as exc:
         raise UsageError(f"-S rundir-cleanup: {exc}") from None
