@@ -365,6 +365,12 @@ MAX_FILE_BYTES = 16 << 20
 device that never ends (``--config /dev/zero``) filled the memory of
 ``start`` until it was killed."""
 
+def read_limited(f: Any) -> bytes | None:
+    """All of binary file ``f``, or None past :data:`MAX_FILE_BYTES`."""
+    data: bytes = f.read(MAX_FILE_BYTES + 1)
+    return None if len(data) > MAX_FILE_BYTES else data
+
+
 _KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket", stat.S_IFCHR:
           "a character device", stat.S_IFBLK: "a block device", stat.S_IFDIR: "a directory"}
 
@@ -388,8 +394,8 @@ def _read(path: str, regular_only: bool = False) -> str:
                 kind = _KINDS.get(stat.S_IFMT(mode), "not a regular file")
                 raise BootstrapError(f"{path}: not a regular file ({kind}): a rank reads "
                                      "its configuration file again, and would wait on it")
-            data = f.read(MAX_FILE_BYTES + 1)
-            if len(data) > MAX_FILE_BYTES:
+            data = read_limited(f)
+            if data is None:
                 raise BootstrapError(f"{path}: larger than {MAX_FILE_BYTES >> 20} MiB: not a "
                                      "configuration file")
             return data.decode()

@@ -243,7 +243,7 @@ class Broker:
         if path is None:
             return await self._load_or_replace(name, None, settings, replace, force,
                                                hold_timeout)
-        cls = _module_file_class(path)
+        cls = _module_class(path)
         try:
             self._check_same_module(path, cls.name, replace)
             return await self._load_or_replace(cls.name, cls, settings, replace, force,
@@ -268,12 +268,7 @@ class Broker:
             raise ErrnoError(errno.ENOENT, f"module {name} is not loaded on rank {self.rank} "
                                            "(module reload -f loads it all the same)")
         if cls is None:
-            try:
-                cls = plugins.load_module_class(name)
-            except LookupError as exc:
-                raise ErrnoError(errno.ENOENT, str(exc).strip('"')) from None
-            except plugins.ModuleLoadError as exc:
-                raise ErrnoError(errno.ENOEXEC, str(exc)) from None
+            cls = _module_class(name)
         missing = [m for m in getattr(cls, "calls", ()) if m not in self._by_name]
         if missing:
             raise ErrnoError(errno.EBUSY, f"module {name} calls module {missing[0]}, which is "
@@ -763,12 +758,13 @@ def _rss_mb() -> tuple[float, float | None]:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, None
 
 
-def _module_file_class(path: str) -> Any:
-    """:func:`broker.plugins.load_module_file`, its failures as
-    ``ErrnoError``: ``ENOENT`` no such file, ``ENOEXEC`` one that does
-    not import or define one module class."""
+def _module_class(name: str) -> Any:
+    """:func:`broker.plugins.load_module_class` of an entry point's name or
+    a module file's path, its failures as ``ErrnoError``: ``ENOENT`` no
+    such module (or file), ``ENOEXEC`` one that does not import or define
+    one module class."""
     try:
-        return plugins.load_module_file(path)
+        return plugins.load_module_class(name)
     except LookupError as exc:
         raise ErrnoError(errno.ENOENT, str(exc).strip('"')) from None
     except plugins.ModuleLoadError as exc:

@@ -209,10 +209,10 @@ def read_stdin(what: str) -> dict[str, Any]:
 def _bounded(f: Any, where: str, what: str) -> bytes:
     """All of ``f``, refused past :data:`broker.bootstrap.MAX_FILE_BYTES`
     (a rank's file is read so: ``/dev/zero`` is no configuration)."""
-    from broker.bootstrap import MAX_FILE_BYTES
+    from broker.bootstrap import MAX_FILE_BYTES, read_limited
 
-    data: bytes = f.read(MAX_FILE_BYTES + 1)
-    if len(data) > MAX_FILE_BYTES:
+    data = read_limited(f)
+    if data is None:
         raise CLIError(what, detail=f"{where}: larger than {MAX_FILE_BYTES >> 20} MiB: not "
                        "a configuration")
     return data

@@ -38,7 +38,7 @@ from broker.broker import local_socket_path
 from broker.command import STOP_CAP, STOP_TIMEOUT
 from broker.idset import encode_ranks
 from broker.pipes import connect_read_pipe
-from broker.topology import children_of, parent_of
+from broker.topology import ancestors, children_of
 
 START_TIMEOUT = 60.0
 PARENT_EXIT_WAIT = 5.0
@@ -834,9 +834,7 @@ class Instance:
         A shutdown reaches a subtree through its top rank, which printed it
         first: the line is in that rank's pipe already, maybe not read yet,
         so it is waited for, briefly."""
-        chain = [rank]
-        while (parent := parent_of(chain[-1], self.fanout)) is not None:
-            chain.append(parent)
+        chain = [rank, *ancestors(rank, self.fanout)]
         said = [self._shutdown_said[r] for r in chain]
         if not any(f.done() for f in said):
             await asyncio.wait(said, timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
@@ -859,11 +857,7 @@ class Instance:
                                return_when=asyncio.FIRST_COMPLETED)
         if not said.done():
             return False
-        above = []
-        parent = parent_of(rank, self.fanout)
-        while parent is not None:
-            above.append(self._exited[parent])
-            parent = parent_of(parent, self.fanout)
+        above = [self._exited[parent] for parent in ancestors(rank, self.fanout)]
         if not any(f.done() for f in above):
             await asyncio.wait(above, timeout=PARENT_EXIT_WAIT,
                                return_when=asyncio.FIRST_COMPLETED)

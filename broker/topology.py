@@ -7,6 +7,16 @@ def parent_of(rank: int, fanout: int) -> int | None:
     return None if rank == 0 else (rank - 1) // fanout
 
 
+def ancestors(rank: int, fanout: int) -> list[int]:
+    """The ranks above ``rank``, its parent first and rank 0 last."""
+    out: list[int] = []
+    parent = parent_of(rank, fanout)
+    while parent is not None:
+        out.append(parent)
+        parent = parent_of(parent, fanout)
+    return out
+
+
 def children_of(rank: int, fanout: int, size: int) -> list[int]:
     first = rank * fanout + 1
     return list(range(first, min(first + fanout, size)))

@@ -46,7 +46,7 @@ from collections.abc import Awaitable, Iterable
 from itertools import count, islice
 from typing import Any, ClassVar
 
-from broker import codec, startlog
+from broker import codec, startlog, topology
 from broker.attrs import CONTENT_HASH, LINK_MAX_MESSAGE, AttrSpec, boolean, duration, integer
 from broker.content import blobref
 from broker.content.kvsroot import is_kvs_root
@@ -311,7 +311,7 @@ class KvsModule(Module):
         super().__init__(ctx)
         self.rank = ctx.rank
         self.leader = ctx.rank == 0
-        self.upstream = _ranks_up(ctx.rank, ctx.fanout)
+        self.upstream = topology.ancestors(ctx.rank, ctx.fanout)
         self.hash_name = CONTENT_HASH.value(ctx.attrs)
         self.recent_roots = RecentRoots()
         self._failure_log = LogThrottle(self.log, every=FAILURE_LOG_EVERY)
@@ -1760,14 +1760,3 @@ class KvsModule(Module):
         finally:
             self.leases.retrying.discard(lease)
 
-
-def _ranks_up(rank: int, fanout: int) -> list[int]:
-    """The ranks between ``rank`` and rank 0, nearest first, rank 0 last."""
-    from broker.topology import parent_of
-
-    up: list[int] = []
-    parent = parent_of(rank, fanout)
-    while parent is not None:
-        up.append(parent)
-        parent = parent_of(parent, fanout)
-    return up
