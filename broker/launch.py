@@ -33,11 +33,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from broker import attrs as battrs
-from broker import plugins
+from broker import forkserver, plugins
 from broker.broker import local_socket_path
 from broker.command import STOP_CAP, STOP_TIMEOUT
 from broker.idset import encode_ranks
-from broker.pipes import connect_read_pipe
+from broker.pipes import OutputProtocol, connect_read_pipe
 from broker.topology import ancestors, children_of
 
 START_TIMEOUT = 60.0
@@ -256,18 +256,39 @@ def _signal(proc: RankProcess, sig: int) -> None:
             os.kill(proc.pid, sig)
 
 
-async def _kill_spawner(spawner: asyncio.subprocess.Process,
+async def _kill_spawner(spawner: SpawnerProcess,
                         ranks: Sequence[ForkedRank]) -> None:
     """SIGKILL a start's spawner and the ranks it reported forked, and reap
     the spawner, through further cancels (left running, its transport was
-    collected with a ResourceWarning)."""
+    collected with a ResourceWarning).  Ranks it reported that were not
+    read yet (a start cancelled between the spawner's fork and the
+    launcher's read of it) are killed too, and waited for: else they ran
+    on until they noticed the launcher's watch pipe close."""
     for pid in (spawner.pid, *(r.pid for r in ranks)):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-    reaped = asyncio.ensure_future(spawner.wait())
+    reaped = asyncio.ensure_future(_reap_killed(spawner))
     while not reaped.done():
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.wait({reaped})
+
+
+async def _reap_killed(spawner: SpawnerProcess) -> None:
+    await spawner.wait()
+    if spawner.stdout is None:
+        return
+    unread: list[int] = []
+    with contextlib.suppress(TimeoutError, ValueError):
+        async with asyncio.timeout(PARENT_EXIT_WAIT):  # (its end of file: it is gone)
+            while line := await spawner.stdout.readline():
+                word, _, rest = line.decode().partition(" ")
+                if word == "pid":
+                    unread.append(int(rest.split()[1]))
+    for pid in unread:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    for pid in unread:
+        await _exited(pid)
 
 
 async def _exited(pid: int, patience: float = 10.0) -> None:
@@ -332,19 +353,11 @@ class ForkedRank:
         _signal(self, signal.SIGKILL)
 
 
-class _OutputProtocol(asyncio.StreamReaderProtocol):
-    """A forked rank's standard output, read into a StreamReader; its pipe
-    is closed at the end of file.  (The stream protocol asks to keep a
-    half-closed transport open, which uvloop honours: the pipe was left
-    open, and the loop could not close.)"""
-
-    def eof_received(self) -> bool:
-        super().eof_received()
-        return False
-
-
 RankProcess = asyncio.subprocess.Process | ForkedRank
 """A rank's process, as :class:`Instance` holds it."""
+
+SpawnerProcess = asyncio.subprocess.Process | forkserver.ServedSpawner
+"""An instance's spawner: this process's child, or the fork server's."""
 
 
 class Instance:
@@ -675,15 +688,22 @@ class Instance:
 
     async def _spawner(self, argvs: list[list[str]], preload: list[str], watch_r: int,
                        env: dict[str, str], stderr: Any,
-                       ) -> tuple[asyncio.subprocess.Process, list[asyncio.StreamReader]]:
+                       ) -> tuple[SpawnerProcess, list[asyncio.StreamReader]]:
         """Start the spawner and give it the ranks to fork; its process and
-        the readers of the ranks' standard outputs."""
+        the readers of the ranks' standard outputs.  With a fork server
+        (``$KVBROKER_FORKSERVER``, :mod:`broker.forkserver`) that will
+        serve this launcher, the spawner is forked by it."""
         pipes = [os.pipe() for _ in argvs]
+        spec = {"preload": preload, "keep": [watch_r],
+                "ranks": [{"argv": argv, "stdout": w} for argv, (_, w) in zip(argvs, pipes,
+                                                                               strict=True)]}
+        spawner: SpawnerProcess | None = None
         try:
-            spawner = await asyncio.create_subprocess_exec(
-                self.python, "-m", "broker.spawner", self.rundir,
-                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=stderr,
-                pass_fds=(watch_r, *(w for _, w in pipes)), env=env, start_new_session=True)
+            if self.python == sys.executable:
+                spawner = await forkserver.start_spawner(
+                    self.rundir, spec, [watch_r, *(w for _, w in pipes)], env, stderr)
+            if spawner is None:
+                spawner = await self._exec_spawner(spec, pipes, watch_r, env, stderr)
         except BaseException:
             for r, w in pipes:
                 os.close(r)
@@ -694,18 +714,25 @@ class Instance:
         readers = []
         for r, _ in pipes:
             reader = asyncio.StreamReader(limit=1 << 20)
-            await connect_read_pipe(functools.partial(_OutputProtocol, reader),
+            await connect_read_pipe(functools.partial(OutputProtocol, reader),
                                     os.fdopen(r, "rb", 0))
             readers.append(reader)
-        spec = {"preload": preload, "keep": [watch_r],
-                "ranks": [{"argv": argv, "stdout": w} for argv, (_, w) in zip(argvs, pipes,
-                                                                               strict=True)]}
-        assert spawner.stdin is not None and spawner.stdout is not None
-        spawner.stdin.write(json.dumps(spec).encode())
-        spawner.stdin.close()
         return spawner, readers
 
-    async def _forked(self, spawner: asyncio.subprocess.Process,
+    async def _exec_spawner(self, spec: dict[str, Any], pipes: list[tuple[int, int]],
+                            watch_r: int, env: dict[str, str], stderr: Any,
+                            ) -> asyncio.subprocess.Process:
+        """``python -m broker.spawner RUNDIR``, given ``spec`` on its standard input."""
+        spawner = await asyncio.create_subprocess_exec(
+            self.python, "-m", "broker.spawner", self.rundir,
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=stderr,
+            pass_fds=(watch_r, *(w for _, w in pipes)), env=env, start_new_session=True)
+        assert spawner.stdin is not None
+        spawner.stdin.write(json.dumps(spec).encode())
+        spawner.stdin.close()
+        return spawner
+
+    async def _forked(self, spawner: SpawnerProcess,
                       readers: list[asyncio.StreamReader]) -> list[ForkedRank]:
         """The ranks as the spawner reports them forked.  Cancelled (a
         start's timeout, a Ctrl-C), the spawner and the ranks it reported
@@ -736,7 +763,7 @@ class Instance:
         return ranks
 
     @staticmethod
-    async def _reap(spawner: asyncio.subprocess.Process, ranks: list[ForkedRank]) -> None:
+    async def _reap(spawner: SpawnerProcess, ranks: list[ForkedRank]) -> None:
         """The ranks' exits, as their parent the spawner reports them; the
         last rank's once the spawner itself is gone, so that nothing of the
         instance is left running when :meth:`stop` returns."""

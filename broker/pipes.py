@@ -71,3 +71,14 @@ def close_pipe(pipe: IO[bytes]) -> None:
     (``EBADF``) is not an error."""
     with contextlib.suppress(OSError):
         pipe.close()
+
+
+class OutputProtocol(asyncio.StreamReaderProtocol):
+    """A pipe read into a StreamReader (a forked rank's standard output, a
+    spawner's), closed at the end of file.  (The stream protocol asks to keep a
+    half-closed transport open, which uvloop honours: the pipe was left
+    open, and the loop could not close.)"""
+
+    def eof_received(self) -> bool:
+        super().eof_received()
+        return False

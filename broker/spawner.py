@@ -92,8 +92,25 @@ def _close_other_fds(keep: set[int]) -> None:
         low = max(low, fd + 1)
 
 
+def preload_default_modules() -> None:
+    """Import the modules a rank of the default ``broker.modules`` loads,
+    and uvloop, as a launcher's ``preload`` would name them (the fork
+    server, :mod:`broker.forkserver`, does so once for every spawner)."""
+    from broker import attrs, plugins
+
+    targets = plugins.module_targets(attrs.module_names({}))
+    for module in sorted({t.partition(":")[0] for t in targets.values()} | {"uvloop"}):
+        with contextlib.suppress(ImportError):
+            importlib.import_module(module)
+
+
 def main() -> int:
-    spec: dict[str, Any] = json.load(sys.stdin)
+    return run(json.load(sys.stdin))
+
+
+def run(spec: dict[str, Any]) -> int:
+    """Fork and reap the ranks ``spec`` describes (above), this process's
+    standard output being the launcher's status pipe."""
     ranks: list[dict[str, Any]] = spec["ranks"]
     fds = [int(r["stdout"]) for r in ranks]
     _close_other_fds({0, 1, 2, *fds, *(int(fd) for fd in spec.get("keep", []))})

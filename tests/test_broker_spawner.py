@@ -14,7 +14,9 @@ from test_broker_support import install_plugin, run_python
 from broker.handle import Handle
 from broker.launch import Instance
 
-pytestmark = pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
+# (of the spawner kvbroker start executes; tests/test_forkserver.py has the served one)
+pytestmark = [pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc"),
+              pytest.mark.no_forkserver]
 
 
 def stat_of(pid: int) -> tuple[str, int, int]:

@@ -105,6 +105,7 @@ done
 """
 
 
+@pytest.mark.no_forkserver  # (the ranks found under kvbroker start)
 @pytest.mark.parametrize("spawn", ["fork", "exec"])
 async def test_pid_of_processes_in_an_instance(spawn: str) -> None:
     """A shell in the instance: its own pid gives its ``KVBROKER_URI``; its
@@ -241,6 +242,7 @@ async def test_resolve_local_env_and_the_api() -> None:
         await asyncio.wait_for(urimod.resolve("ssh://node1"), 5)
 
 
+@pytest.mark.no_forkserver  # (the ranks found under kvbroker start)
 async def test_wait_for_an_instance_starting(tmp_path: Path) -> None:
     """``uri --wait pid:START`` right after ``kvbroker start`` went to the
     background: rank 0's URI, once every rank is up (overlay full at

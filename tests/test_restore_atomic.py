@@ -35,6 +35,9 @@ from test_broker_support import KVBROKER, held_in_another_process, run_cli, wait
 
 from broker.content.sqlite import STORE_FILE, SqliteStore
 
+# (_kill_when kills a start "and every process under it")
+pytestmark = pytest.mark.no_forkserver
+
 TEMP = STORE_FILE + ".restoring"
 CRASHED = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d - crashed$")
 FINISHED = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d - \d{4}-\d\d-\d\d \d\d:\d\d \(\d+\.\ds\)$")

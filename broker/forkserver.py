@@ -1,0 +1,507 @@
+"""A fork server: one process that imported the broker once, and forks an
+instance's rank spawner (:mod:`broker.spawner`) whenever a launcher asks.
+
+Each :class:`broker.launch.Instance` start runs one spawner, which imports
+the broker and its modules and forks the ranks.  That import is an
+interpreter's start and ~120 ms of CPU; a program that starts instances by
+the thousand (the test suite: about a sixth of its CPU went to it) pays it
+each time.  With ``$KVBROKER_FORKSERVER`` naming this server's socket, a
+launcher asks the server instead, and the spawner it gets is a fork of a
+process that has imported everything already.
+
+The spawner must be the one a fresh ``python -m broker.spawner`` would
+have been, so the server serves only a launcher that matches the start it
+had itself: the same user (the kernel's word, ``SO_PEERCRED``, not the
+launcher's), the same interpreter, the same environment variables that
+shape an interpreter's start (``PYTHON*``, ``LANG``, ``LC_*``), and all
+else a process inherits (:func:`inherited`: groups, resource limits,
+capabilities, signals ignored, namespaces...).  The child takes the launcher's working
+directory (an open descriptor of it), umask, environment, standard error
+and descriptors, each at the number the launcher gave it, and its own
+session.  Anything else, or no server answering, and the launcher starts a
+spawner of its own, as without the server.
+
+The server is a single thread, as a process that forks must be.  It reaps
+its children and tells each launcher its spawner's exit status; it exits
+when its standard input closes (its starter is gone), leaving the spawners
+running, which still end with their ranks.
+
+Protocol, on a Unix stream socket: the launcher sends a 4-byte big-endian
+length and a JSON object, with its descriptors attached (``SCM_RIGHTS``):
+``{"fds": [number, ...], "spec": {...}, "env": {...}, "umask": int,
+"python": path, "rundir": path, "inherited": {...}}`` (:func:`inherited`),
+whose descriptors are, in order: the working directory, the spawner's
+standard output and standard error, then one for each of ``fds``, to be
+placed at that number.  ``spec`` is what :mod:`broker.spawner` reads.  The
+server answers ``pid PID\\n`` and, once the spawner has exited, ``exit
+STATUS\\n`` (a ``returncode``); or ``no REASON\\n`` when it will not serve.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import gc
+import json
+import os
+import resource
+import selectors
+import signal
+import socket
+import struct
+import sys
+import tempfile
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from broker.pipes import OutputProtocol, connect_read_pipe
+
+if TYPE_CHECKING:
+    import subprocess
+
+FORKSERVER_ENV = "KVBROKER_FORKSERVER"
+"""The path of a running fork server's socket (tests, benchmarks)."""
+
+_HEADER = struct.Struct("!I")
+_MAX_REQUEST = 16 << 20
+_MAX_FDS = 4096
+_FIRST = 4096
+"""The request's first bytes, sent with its descriptors (one ``sendmsg``:
+a stream socket may take a long one in parts)."""
+
+
+def start_shaping_env(env: dict[str, str]) -> dict[str, str]:
+    """The variables of ``env`` an interpreter reads as it starts (or that
+    set its streams' encoding): a served spawner is only right when the
+    server started with the same."""
+    return {k: v for k, v in env.items()
+            if k.startswith(("PYTHON", "LC_")) or k == "LANG"}
+
+
+def inherited() -> dict[str, Any]:
+    """What a process passes on to one it starts, beyond what the server
+    hands over itself (working directory, umask, environment, descriptors):
+    user and groups, resource limits, capabilities, ``no_new_privs``,
+    seccomp, signals ignored and blocked, namespaces, root, cgroup, nice
+    value, CPU affinity, OOM score adjustment.  A launcher's and the
+    server's must be equal for its spawner to be the server's fork."""
+    out: dict[str, Any] = {
+        "ids": [os.getuid(), os.geteuid(), os.getgid(), os.getegid(), sorted(os.getgroups())],
+        "rlimits": {name: list(resource.getrlimit(getattr(resource, name)))
+                    for name in dir(resource) if name.startswith("RLIMIT_")},
+        "nice": os.getpriority(os.PRIO_PROCESS, 0),
+        "affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [],
+    }
+    with contextlib.suppress(OSError):
+        with open("/proc/self/status") as status:
+            out["status"] = [line for line in status if line.startswith(_STATUS_KEPT)]
+    for name in ("cgroup", "oom_score_adj"):
+        with contextlib.suppress(OSError):
+            with open(f"/proc/self/{name}") as f:
+                out[name] = f.read()
+    with contextlib.suppress(OSError):
+        out["ns"] = {ns: os.readlink(f"/proc/self/ns/{ns}")
+                     for ns in sorted(os.listdir("/proc/self/ns"))}
+        out["root"] = os.readlink("/proc/self/root")
+    return out
+
+
+_STATUS_KEPT = ("Cap", "NoNewPrivs:", "Seccomp:", "SigIgn:", "SigBlk:")
+"""The lines of ``/proc/self/status`` a child inherits (capabilities,
+``no_new_privs``, seccomp mode, signals ignored and blocked)."""
+
+
+# -- the launcher's side -----------------------------------------------------
+
+class ServedSpawner:
+    """A spawner forked by the fork server, with what
+    :class:`broker.launch.Instance` takes from an
+    :class:`asyncio.subprocess.Process`: ``pid``, ``stdout``,
+    ``returncode`` and ``wait()``.  It is not this process's child: its
+    exit status comes from the server."""
+
+    def __init__(self, pid: int, stdout: asyncio.StreamReader,
+                 conn: tuple[asyncio.StreamReader, asyncio.StreamWriter]) -> None:
+        self.pid = pid
+        self.stdout: asyncio.StreamReader | None = stdout
+        self.returncode: int | None = None
+        self._exit = asyncio.ensure_future(self._read_exit(*conn))
+
+    async def _read_exit(self, reader: asyncio.StreamReader,
+                         writer: asyncio.StreamWriter) -> int:
+        try:
+            line = await reader.readline()
+        finally:
+            writer.close()
+        word, _, rest = line.decode(errors="replace").partition(" ")
+        if word == "exit":
+            return int(rest)
+        # The server is gone: the spawner is no one's to report; wait for
+        # it to go (a pidfd), and call it killed.
+        from broker.launch import _exited
+
+        await _exited(self.pid)
+        return -signal.SIGKILL
+
+    async def wait(self) -> int:
+        if self.returncode is None:
+            self.returncode = await asyncio.shield(self._exit)
+        return self.returncode
+
+
+async def start_spawner(rundir: str, spec: dict[str, Any], fds: list[int],
+                        env: dict[str, str], stderr: Any) -> ServedSpawner | None:
+    """A spawner for ``spec`` from the fork server ``$KVBROKER_FORKSERVER``
+    names, with descriptors ``fds`` at their numbers; None if there is no
+    server, or it would not serve this launcher (then start one's own)."""
+    path = os.environ.get(FORKSERVER_ENV)
+    if not path or not hasattr(socket, "send_fds"):
+        return None
+    request = json.dumps({
+        "rundir": rundir, "spec": spec, "fds": fds, "env": env, "python": sys.executable,
+        "umask": _umask(), "inherited": inherited(),
+    }).encode()
+    status_r, status_w = os.pipe()
+    try:
+        sock = _send_request(path, request, [status_w, stderr.fileno() if stderr else 2, *fds])
+    finally:
+        os.close(status_w)
+    if sock is None:
+        os.close(status_r)
+        return None
+    try:
+        reader, writer = await asyncio.open_unix_connection(sock=sock)
+    except BaseException:
+        sock.close()
+        os.close(status_r)
+        raise
+    pid = 0
+    try:
+        word, _, rest = (await reader.readline()).decode(errors="replace").partition(" ")
+        if word != "pid":  # (``no REASON``: not for this launcher)
+            writer.close()
+            os.close(status_r)
+            return None
+        pid = int(rest)
+        stdout = asyncio.StreamReader(limit=1 << 20)
+        await connect_read_pipe(functools.partial(OutputProtocol, stdout),
+                                os.fdopen(status_r, "rb", 0))
+    except BaseException:
+        if pid:  # (a spawner no one would report)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        else:
+            os.close(status_r)
+        writer.close()
+        raise
+    return ServedSpawner(pid, stdout, (reader, writer))
+
+
+def _send_request(path: str, request: bytes, fds: list[int]) -> socket.socket | None:
+    """Connect to the server at ``path`` and send ``request`` with this
+    process's working directory and ``fds``; the connection, non-blocking,
+    or None if the server is not there (or hung)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(10)  # (a server that stopped reading)
+        sock.connect(path)
+        cwd = os.open(".", os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            first = _HEADER.pack(len(request)) + request[:_FIRST]
+            sent = socket.send_fds(sock, [first], [cwd, *fds])
+        finally:
+            os.close(cwd)
+        sock.sendall(first[sent:] + request[_FIRST:])
+        sock.setblocking(False)
+        return sock
+    except OSError:
+        sock.close()
+        return None
+    except BaseException:
+        sock.close()
+        raise
+
+
+def _umask() -> int:
+    """This process's umask, read without setting it (Linux's
+    ``/proc/self/status``), else by setting and restoring it."""
+    with contextlib.suppress(OSError, ValueError):
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+# -- the server's side -------------------------------------------------------
+
+class _Refused(Exception):
+    """A request this server will not serve; the launcher is told why."""
+
+
+def _read_request(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
+    """One request and its descriptors (closed here if it is refused)."""
+    data, fds, _flags, _addr = socket.recv_fds(conn, _HEADER.size + _FIRST, _MAX_FDS)
+    try:
+        while len(data) < _HEADER.size:
+            more = conn.recv(_HEADER.size - len(data))
+            if not more:
+                raise _Refused("a request cut short")
+            data += more
+        (length,) = _HEADER.unpack_from(data)
+        if length > _MAX_REQUEST:
+            raise _Refused("a request too long")
+        body = bytearray(data[_HEADER.size:])
+        while len(body) < length:
+            more = conn.recv(min(1 << 16, length - len(body)))
+            if not more:
+                raise _Refused("a request cut short")
+            body += more
+        request = json.loads(body)
+        if not isinstance(request, dict) or len(fds) != 3 + len(request.get("fds", ())):
+            raise _Refused("a malformed request")
+        return request, fds
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+
+
+def _check_same_start(conn: socket.socket, request: dict[str, Any]) -> None:
+    """Refuse a launcher whose spawner would not be this server's fork:
+    another user, interpreter, start-shaping variables or inherited context."""
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    _pid, uid, gid = struct.unpack("3i", creds)
+    if (uid, gid) != (os.getuid(), os.getgid()):
+        raise _Refused("another user")
+    if not _same_interpreter(str(request.get("python"))):
+        raise _Refused("another interpreter")
+    theirs, mine = request.get("inherited"), inherited()
+    if theirs != mine:
+        differ = (sorted(k for k in mine if theirs.get(k) != mine[k])
+                  if isinstance(theirs, dict) else ["all"])
+        raise _Refused(f"another process context ({', '.join(differ)})")
+    env = request.get("env")
+    if not isinstance(env, dict) or start_shaping_env(env) != start_shaping_env(_START_ENV):
+        raise _Refused("another interpreter environment")
+
+
+def _same_interpreter(python: str) -> bool:
+    """``python`` is this interpreter under the same or another name in its
+    directory (a venv's ``python`` and ``python3``): the same binary and
+    the same ``sys.prefix``, which is found from the directory."""
+    if python == sys.executable:
+        return True
+    return (os.path.dirname(python) == os.path.dirname(sys.executable)
+            and os.path.realpath(python) == os.path.realpath(sys.executable))
+
+
+_START_ENV = dict(os.environ)
+"""This server's environment as it started (a child changes its own)."""
+
+
+def _become_spawner(request: dict[str, Any], fds: list[int]) -> NoReturn:
+    """In the forked child: take the launcher's place and run the spawner."""
+    code = 1
+    try:
+        os.setsid()
+        cwd, stdout, stderr, *passed = fds
+        targets = [1, 2, *(int(n) for n in request["fds"])]
+        # Out of the way of every target first, then each onto its number.
+        low = max(targets + fds) + 1
+        moved = [_dup_above(fd, low)
+                 for fd in (stdout, stderr, *passed)]
+        for fd in fds:
+            if fd != cwd:
+                os.close(fd)
+        os.fchdir(cwd)
+        os.close(cwd)
+        for fd, target in zip(moved, targets, strict=True):
+            os.dup2(fd, target)
+            os.close(fd)
+        null = os.open(os.devnull, os.O_RDONLY)
+        if null != 0:
+            os.dup2(null, 0)
+            os.close(null)
+        os.umask(int(request["umask"]))
+        os.environ.clear()
+        os.environ.update(request["env"])
+        tempfile.tempdir = None  # (found again from the launcher's $TMPDIR)
+        with contextlib.suppress(OSError):  # (a directory removed: left as it was)
+            sys.path[0] = os.getcwd()  # (as ``python -m`` puts the working directory)
+        from broker import spawner
+
+        python, rundir = str(request["python"]), str(request["rundir"])
+        sys.argv = [str(spawner.__file__), rundir]
+        sys.executable = python
+        _retitle([python, "-m", "broker.spawner", rundir])
+
+        code = spawner.run(request["spec"])
+    except BaseException:
+        with contextlib.suppress(BaseException):
+            import traceback
+
+            traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(BaseException):
+                stream.flush()
+    os._exit(code & 0xFF)
+
+
+def _retitle(argv: list[str]) -> None:
+    """Show ``argv`` as this process's command line (``ps``, ``pgrep -f``,
+    ``/proc/PID/cmdline``), as an executed spawner's, and what its ranks
+    show too: written over the server's own, in the room it was started
+    with (:func:`start_server`).  Where that cannot be done (no ``/proc``),
+    the server's command line stays."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        with open("/proc/self/stat") as f:
+            text = f.read()
+        fields = text[text.rindex(")") + 2:].split()
+        start, end = int(fields[45]), int(fields[46])  # (arg_start, arg_end)
+        title = b"\0".join(os.fsencode(a) for a in argv) + b"\0"
+        room = end - start
+        if room <= 0:
+            return
+        title = title[:room - 1] + b"\0" * max(1, room - len(title[:room - 1]))
+        import ctypes
+
+        ctypes.memmove(start, title, room)
+        with open("/proc/self/comm", "w") as comm:
+            comm.write(os.path.basename(argv[0])[:15])
+
+
+def _dup_above(fd: int, low: int) -> int:
+    import fcntl
+
+    return fcntl.fcntl(fd, fcntl.F_DUPFD, low)
+
+
+class _Server:
+    """The accept-fork-reap loop."""
+
+    def __init__(self, path: str) -> None:
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(path)
+        self.listener.listen(64)
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(self.listener, selectors.EVENT_READ, self._accept)
+        self.selector.register(sys.stdin, selectors.EVENT_READ, self._starter_gone)
+        self.running = True
+
+    def serve(self) -> None:
+        while self.running:
+            for key, _ in self.selector.select():
+                key.data(key.fileobj)
+
+    def _starter_gone(self, stdin: Any) -> None:
+        if not os.read(stdin.fileno(), 4096):
+            self.running = False
+
+    def _accept(self, listener: socket.socket) -> None:
+        try:
+            conn, _ = listener.accept()
+        except OSError:
+            return
+        try:
+            conn.settimeout(10)
+            try:
+                request, fds = _read_request(conn)
+            except (_Refused, ValueError, OSError) as exc:
+                with contextlib.suppress(OSError):
+                    conn.sendall(f"no {exc}\n".encode())
+                conn.close()
+                return
+            try:
+                _check_same_start(conn, request)
+            except _Refused as exc:
+                for fd in fds:
+                    os.close(fd)
+                with contextlib.suppress(OSError):
+                    conn.sendall(f"no {exc}\n".encode())
+                conn.close()
+                return
+            self._fork(conn, request, fds)
+        except BaseException:
+            conn.close()
+            raise
+
+    def _fork(self, conn: socket.socket, request: dict[str, Any], fds: list[int]) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            self.selector.close()
+            _become_spawner(request, fds)
+        for fd in fds:
+            os.close(fd)
+        pidfd = os.pidfd_open(pid)
+        self.selector.register(pidfd, selectors.EVENT_READ,
+                               lambda _fd: self._reap(pid, pidfd, conn))
+        try:
+            conn.sendall(f"pid {pid}\n".encode())
+        except OSError:  # (the launcher is gone before it knew: no one's spawner)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+    def _reap(self, pid: int, pidfd: int, conn: socket.socket) -> None:
+        self.selector.unregister(pidfd)
+        os.close(pidfd)
+        _, status = os.waitpid(pid, 0)
+        with contextlib.suppress(OSError):
+            conn.sendall(f"exit {os.waitstatus_to_exitcode(status)}\n".encode())
+        conn.close()
+
+
+TITLE_ROOM = 1024
+"""Bytes of command line a server is started with, for each spawner's own
+(:func:`_retitle`): an interpreter's path and a run directory's."""
+
+
+def start_server(path: str) -> subprocess.Popen[bytes]:
+    """Start a fork server on the socket ``path`` (in a directory only this
+    user can enter) and return once it serves; close its standard input
+    to stop it."""
+    import subprocess
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "broker.forkserver", path, " " * TITLE_ROOM],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
+    assert proc.stdout is not None and proc.stdin is not None
+    if proc.stdout.readline() != b"ready\n":
+        proc.stdin.close()
+        proc.stdout.close()
+        raise RuntimeError(f"the fork server exited {proc.wait()} before it served")
+    proc.stdout.close()
+    return proc
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m broker.forkserver SOCKET [ROOM]``: serve until standard
+    input closes; ``ready`` on standard output once the socket takes
+    requests.  ROOM is ignored: its length is room for spawners' command
+    lines (:data:`TITLE_ROOM`)."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) not in (1, 2):
+        print("usage: python -m broker.forkserver SOCKET [ROOM]", file=sys.stderr)
+        return 2
+    if not hasattr(os, "pidfd_open") or not hasattr(socket, "send_fds"):
+        print("forkserver: needs Linux's pidfds and SCM_RIGHTS", file=sys.stderr)
+        return 1
+    # What every spawner imports, once here.
+    from broker import rank, spawner  # noqa: F401
+    from broker.cli import guard_std_streams  # noqa: F401
+
+    spawner.preload_default_modules()
+    gc.freeze()
+    server = _Server(args[0])
+    print("ready", flush=True)
+    server.serve()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
