@@ -15,6 +15,8 @@ import argparse
 import asyncio
 import contextlib
 import errno
+import functools
+import importlib
 import io
 import itertools
 import os
@@ -22,9 +24,10 @@ import pwd
 import signal
 import sys
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-from broker import __version__, logring, plugins
+from broker import __version__, plugins
 from broker.cliutil import (
     CLIError,
     ConnectError,
@@ -53,19 +56,13 @@ from broker.cliutil import (
     write_out,
 )
 from broker.command import STOP_CAP, STOP_TIMEOUT
-from broker.config_cli import register as register_config
-from broker.cron_cli import register as register_cron
 from broker.errors import ErrnoError
-from broker.execute import cmd_exec
-from broker.groups_cli import register as register_groups
 from broker.handle import Handle
 from broker.loops import LOOP_NAMES
 from broker.message import NODEID_ANY, NODEID_UPSTREAM
-from broker.overlay_cli import cmd_overlay, rank_or_host, trace_types
-from broker.sproc_cli import register as register_sproc
-from broker.start_cli import cmd_broker, cmd_keygen, cmd_relay, cmd_start, parse_attr
-from broker.status import fsd
-from broker.uri_cli import register as register_uri
+
+if TYPE_CHECKING:
+    from broker import logring
 
 # ------------------------------------------------------------------ client commands
 
@@ -194,7 +191,7 @@ def uptime_line(now: float, started: float, owner: int,
     except KeyError:
         name = str(owner)
     parts = [f"{time.strftime('%H:%M:%S', time.localtime(now))} run "
-             f"{fsd(max(0.0, now - started))}", f"owner {name}", f"size {len(ranks)}"]
+             f"{status.fsd(max(0.0, now - started))}", f"owner {name}", f"size {len(ranks)}"]
     for state in (status.LOST, status.OFFLINE, status.TORPID):
         n = sum(r.state == state for r in ranks)
         if n:
@@ -433,6 +430,8 @@ def cmd_dmesg(args: argparse.Namespace) -> int:
     until interrupted (``--new``: without printing those kept first);
     ``--clear`` forgets them, ``--read-clear`` after printing them (only
     those printed)."""
+    from broker import logring  # (here: ~1 ms of every other command)
+
     args.what = "dmesg"
     if args.delta and not args.human:
         raise UsageError("--delta can only be used with --human")
@@ -693,6 +692,46 @@ def cmd_content(args: argparse.Namespace) -> int:
     return run_async(args, main)
 
 
+# ------------------------------------------------------------------ other modules' commands
+#
+# Modules that build or run one command only (start, exec, overlay, cron...)
+# are imported when the command line names that command: each was ~1-3 ms
+# of every kvbroker command, and the test suite starts thousands.
+
+
+@functools.cache
+def deferred(target: str) -> Callable[..., Any]:
+    """The function ``module:name`` (a command's ``func``, an option's
+    ``type``), its module imported at the first call.  It has the
+    function's name, which argparse's errors show for a ``type``."""
+    module, _, name = target.partition(":")
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return getattr(importlib.import_module(module), name)(*args, **kwargs)
+
+    call.__name__ = call.__qualname__ = name
+    return call
+
+
+def register_from(sub: Any, name: str, module: str) -> None:
+    """Add command ``name``, whose parser ``module``'s ``register(sub)``
+    builds, importing ``module`` only if this command line may run it
+    (all are, outside :func:`~broker.cliutil.building_only`)."""
+    if getattr(sub, "wanted", None) in (None, name):  # (LazySubParsers.wanted)
+        importlib.import_module(module).register(sub)
+
+
+cmd_start = deferred("broker.start_cli:cmd_start")
+cmd_broker = deferred("broker.start_cli:cmd_broker")
+cmd_relay = deferred("broker.start_cli:cmd_relay")
+cmd_keygen = deferred("broker.start_cli:cmd_keygen")
+parse_attr = deferred("broker.start_cli:parse_attr")
+cmd_exec = deferred("broker.execute:cmd_exec")
+cmd_overlay = deferred("broker.overlay_cli:cmd_overlay")
+rank_or_host = deferred("broker.overlay_cli:rank_or_host")
+trace_types = deferred("broker.overlay_cli:trace_types")
+
+
 # ------------------------------------------------------------------ parser
 
 
@@ -946,7 +985,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     add_answer_timeout(s)
     s.add_argument("cmdline", nargs=argparse.REMAINDER, metavar="COMMAND")
     s.set_defaults(func=cmd_exec)
-    register_sproc(sub)
+    register_from(sub, "sproc", "broker.sproc_cli")
 
     s = sub.add_parser("rpc", help="send one request and print the response(s)")
     s.add_argument("topic", metavar="TOPIC")
@@ -1066,10 +1105,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
             add_answer_timeout(m)
     s.set_defaults(func=cmd_module)
 
-    register_groups(sub)
-    register_cron(sub)
-    register_config(sub)
-    register_uri(sub)
+    register_from(sub, "groups", "broker.groups_cli")
+    register_from(sub, "cron", "broker.cron_cli")
+    register_from(sub, "config", "broker.config_cli")
+    register_from(sub, "uri", "broker.uri_cli")
 
     s = sub.add_parser("overlay", help="the tree's health")
     osub = s.add_subparsers(dest="overlay_cmd", required=True)

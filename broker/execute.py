@@ -41,7 +41,6 @@ from broker.command import STOP_SIGNALS
 from broker.errors import ErrnoError
 from broker.handle import parse_uri
 from broker.idset import encode_ranks
-from broker.sproc_client import Procs
 
 EXEC_KILL_AFTER = 5.0
 """How long the commands of ``exec`` on several ranks have after SIGTERM,
@@ -162,6 +161,8 @@ def exec_background(args: argparse.Namespace, command: list[str]) -> int:
     (127, 126) or 1; the others' commands run on (``sproc kill``).  ``-t``
     bounds it all: what started is printed, and the ranks that had not
     answered are named (each may still start it: the request was sent)."""
+    from broker.sproc_client import Procs  # (here: every kvbroker command imports this module)
+
     limit: float | None = args.answer_timeout
     args.answer_timeout = None  # (run_async's bound would name no rank)
     env = {k: v for k, v in os.environ.items() if k not in ("KVBROKER_URI", "KVBROKER_RANK")}

@@ -13,7 +13,7 @@ import shlex
 import signal
 import string
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from broker.cliutil import (
     UsageError,
@@ -27,7 +27,10 @@ from broker.cliutil import (
     run_async,
 )
 from broker.errors import ErrnoError
-from broker.sproc_client import Proc, Procs, Target, WaitResult
+
+if TYPE_CHECKING:
+    from broker.handle import Handle
+    from broker.sproc_client import Proc, Procs, Target, WaitResult
 
 HEADINGS = {"pid": "PID", "state": "ST", "label": "LABEL", "rank": "RANK", "cmd": "COMMAND"}
 """``sproc ps``'s fields (``--format``) and their column headings, as Flux's."""
@@ -100,6 +103,15 @@ def signal_arg(text: str) -> int:
                                          "TERM, SIGKILL)") from None
 
 
+def procs_of(h: Handle, service: str) -> Procs:
+    """:class:`broker.sproc_client.Procs`, imported here: every kvbroker
+    command imports this module to register ``sproc``'s parser, and that
+    module (its dataclasses, broker.command) was ~3 ms of each."""
+    from broker.sproc_client import Procs
+
+    return Procs(h, service)
+
+
 def target(text: str) -> Target:
     """A TARGET as :class:`Procs` names it: digits are a pid, anything else
     a label (a label may not be a number: :func:`broker.rexec.check_label`)."""
@@ -116,7 +128,7 @@ def cmd_sproc(args: argparse.Namespace) -> int:
 
         async def ps() -> int:
             async with await connect() as h:
-                procs = Procs(h, args.service)
+                procs = procs_of(h, args.service)
                 one = args.rank.single() if args.rank is not None else None
                 if args.rank is None or one is not None:
                     found = await procs.list(one)
@@ -204,7 +216,7 @@ async def kill(args: argparse.Namespace) -> int:
     does."""
     named = target(args.target)
     async with await connect() as h:
-        procs = Procs(h, args.service)
+        procs = procs_of(h, args.service)
         waiting = procs.wait(named, rank=args.rank) if args.wait else None
         try:
             return await _kill_then_wait(args, procs, named, waiting)
@@ -248,7 +260,7 @@ async def wait(args: argparse.Namespace) -> int:
     """``sproc wait``: the command's status as the exit code, and with
     ``--output`` what the rank kept of its output (and what it dropped)."""
     async with await connect() as h:
-        result = await Procs(h, args.service).wait(target(args.target), rank=args.rank,
+        result = await procs_of(h, args.service).wait(target(args.target), rank=args.rank,
                                                    output=args.output)
     if args.output:
         for name, stream in (("stdout", sys.stdout), ("stderr", sys.stderr)):

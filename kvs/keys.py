@@ -14,6 +14,8 @@ from broker.errors import ErrnoError
 
 ROOT = "."
 NS_SEP = "::"
+PRIMARY = "primary"
+"""The namespace a command uses by default (:func:`kvs.client.default_namespace`)."""
 MAX_NS_NAME = 255
 """Most characters of a namespace name (:func:`kvs.namespaces.check_name`)."""
 MAX_DEPTH = 256

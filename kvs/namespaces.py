@@ -22,8 +22,8 @@ from broker.content.kvsroot import rootseq_of as rootseq_of  # (re-exported)
 from broker.errors import ErrnoError
 from broker.message import Message
 from kvs.keys import MAX_NS_NAME, SHOWN
+from kvs.keys import PRIMARY as PRIMARY  # (re-exported: kvs.client takes it from kvs.keys)
 
-PRIMARY = "primary"
 CHECKPOINT_KEY = "kvs-primary"  # (broker.content.module.KVS_CHECKPOINT_KEY)
 """The content store's checkpoint of the primary namespace's root: written
 by rank 0's kvs, read at start, by ``kvs dump/restore --checkpoint`` and by

@@ -320,7 +320,7 @@ def test_uptime_counts_lost_and_torpid_ranks_in_flux_units() -> None:
     line = cli.uptime_line(now, now - 2.3 * 3600, os.getuid(), ranks)
     owner = pwd.getpwuid(os.getuid()).pw_name
     assert line == f"13:02:55 run 2.3h,  owner {owner},  size 4,  2 lost,  1 torpid"
-    assert [cli.fsd(s) for s in (0, 59.94, 60, 3599, 3600, 86400 * 1.5)] == [
+    assert [status.fsd(s) for s in (0, 59.94, 60, 3599, 3600, 86400 * 1.5)] == [
         "0.0s", "59.9s", "1.0m", "60.0m", "1.0h", "1.5d"]
     assert cli.uptime_line(now, now + 5, 4_000_000_000, ranks[:1]).split(",  ")[:2] == [
         "13:02:55 run 0.0s", "owner 4000000000"]  # a clock step back; a uid with no name
