@@ -15,6 +15,8 @@ import sys
 
 import pytest
 from test_broker_support import (
+    GUEST_CLI_PRELOAD,
+    GUEST_IMPORT_GUARD,
     GUEST_UID,
     OTHER_GUEST_UID,
     GuestProc,
@@ -63,11 +65,12 @@ async def test_guests_refused_by_default(start_instance, connect) -> None:
         assert (await h.ping(0))["rank"] == 0
 
 
-_GUEST_CLI = """
+_GUEST_CLI = GUEST_CLI_PRELOAD + """
 import os, sys
 import broker.cli as cli
 cli.build_parser()  # entry points read as root, as the other guest scripts do
 os.setgid(int(sys.argv[1])); os.setuid(int(sys.argv[1]))
+""" + GUEST_IMPORT_GUARD + """
 sys.exit(cli.main(sys.argv[2:] or ["ping"]))
 """
 

@@ -34,6 +34,27 @@ from broker.launch import Instance
 from broker.message import NODEID_ANY, Message, MsgType
 from broker.module import ModuleContext
 
+GUEST_IMPORT_GUARD = """
+import sys as _sys
+# After the drop to the guest's uid, importing this project's modules (or
+# its venv's) fails here as it does in CI, whose clone and venv the guest
+# cannot read: a test that passed here then failed only there.
+class _NotAfterTheDrop:
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in ("broker", "kvs", "kvs_watch", "msgpack", "zmq", "uvloop"):
+            raise ImportError(name + " imported after the drop to the guest's uid (CI's "
+                              "checkout is unreadable to it): preload it as the owner")
+        return None
+_sys.meta_path.insert(0, _NotAfterTheDrop())
+"""
+"""Python a guest's wrapper runs once it is the guest (below its setuid)."""
+
+GUEST_CLI_PRELOAD = (
+    "import broker.cli, broker.start_cli, broker.execute, broker.overlay_cli, broker.status, "
+    "broker.logring, broker.sproc_client, kvs.namespaces\n")
+"""What ``kvbroker`` commands import only where they use it: a guest's
+wrapper imports it as the owner (:data:`GUEST_IMPORT_GUARD`)."""
+
 KVBROKER = os.path.join(os.path.dirname(sys.executable), "kvbroker")
 GUEST_UID = 65534
 OTHER_GUEST_UID = 65533

@@ -22,7 +22,7 @@ import shlex
 import sys
 
 import pytest
-from test_broker_support import wait_until
+from test_broker_support import GUEST_CLI_PRELOAD, GUEST_IMPORT_GUARD, wait_until
 from test_kvs_cli import client_env, expect, run, sh
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a guest")
@@ -34,11 +34,13 @@ T = 30
 _WRAPPER = (
     "import os, sys, json, base64, time, signal, datetime, shutil, textwrap\n"
     "from broker import cli\n"
+    + GUEST_CLI_PRELOAD +
     "import kvs.cli, kvs.client, kvs.eventlog, kvs_watch.cli, kvs_watch.client\n"
     "parser = cli.build_parser()\n"
     "cli.build_parser = lambda *_: parser  # entry points are unreadable after the drop\n"
     "uid = int(os.environ.pop('GUEST_UID'))\n"
     "os.setgroups([]); os.setgid(uid); os.setuid(uid)\n"
+    + GUEST_IMPORT_GUARD +
     "sys.argv[0] = 'kvbroker'\n"
     "sys.exit(cli.main(sys.argv[1:]))\n"
 )

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from test_broker_support import stop_process
+from test_broker_support import GUEST_CLI_PRELOAD, GUEST_IMPORT_GUARD, stop_process
 
 from broker.handle import Handle
 from kvs import treeobj
@@ -1166,10 +1166,12 @@ async def test_namespaces(start_instance) -> None:
 _GUEST_WRAPPER = (
     "import os, sys, json, base64, time, signal, datetime, shutil, textwrap\n"
     "from broker import cli\n"
+    + GUEST_CLI_PRELOAD +
     "import kvs.cli, kvs.client, kvs.eventlog, kvs_watch.cli, kvs_watch.client\n"
     "parser = cli.build_parser()\n"
     "cli.build_parser = lambda *_: parser  # entry points are unreadable after the drop\n"
     "os.setgroups([]); os.setgid(65534); os.setuid(65534)\n"
+    + GUEST_IMPORT_GUARD +
     "sys.argv[0] = 'kvbroker'\n"
     "sys.exit(cli.main(sys.argv[1:]))\n"
 )

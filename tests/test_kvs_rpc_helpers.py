@@ -17,6 +17,8 @@ import textwrap
 from collections.abc import Awaitable
 from typing import Any
 
+from test_broker_support import GUEST_IMPORT_GUARD
+
 from broker.errors import RemoteError
 
 T = 10.0  # default time box for one RPC
@@ -120,6 +122,7 @@ os.setgroups([])
 os.setgid({uid})
 os.setuid({uid})
 assert os.getuid() == {uid}
+""" + GUEST_IMPORT_GUARD + """
 
 async def call(h, topic, payload, **kw):
     try:

@@ -16,6 +16,8 @@ import textwrap
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from test_broker_support import GUEST_IMPORT_GUARD
+
 from broker.errors import RemoteError
 from broker.message import MsgFlags
 from broker.rpc import Stream
@@ -166,6 +168,7 @@ os.setgroups([])
 os.setgid({uid})
 os.setuid({uid})
 assert os.getuid() == {uid}
+""" + GUEST_IMPORT_GUARD + """
 
 async def first(h, key, ns, flags=4):
     s = h.rpc_stream("kvs-watch.lookup", {{"namespace": ns, "key": key, "flags": flags}})
