@@ -260,13 +260,28 @@ def _read_request(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
                 raise _Refused("a request cut short")
             body += more
         request = json.loads(body)
-        if not isinstance(request, dict) or len(fds) != 3 + len(request.get("fds", ())):
+        if not _well_formed(request) or len(fds) != 3 + len(request["fds"]):
             raise _Refused("a malformed request")
         return request, fds
     except BaseException:
         for fd in fds:
             os.close(fd)
         raise
+
+
+def _well_formed(request: Any) -> bool:
+    """``request`` has each field, of its type: descriptors to place at
+    distinct numbers past the standard streams', an environment of strings."""
+    if not isinstance(request, dict):
+        return False
+    fds, env = request.get("fds"), request.get("env")
+    return (isinstance(fds, list) and all(type(n) is int and 2 < n < 1 << 20 for n in fds)
+            and len(set(fds)) == len(fds)
+            and isinstance(env, dict)
+            and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())
+            and isinstance(request.get("spec"), dict) and type(request.get("umask")) is int
+            and isinstance(request.get("python"), str)
+            and isinstance(request.get("rundir"), str))
 
 
 def _check_same_start(conn: socket.socket, request: dict[str, Any]) -> None:
@@ -276,15 +291,14 @@ def _check_same_start(conn: socket.socket, request: dict[str, Any]) -> None:
     _pid, uid, gid = struct.unpack("3i", creds)
     if (uid, gid) != (os.getuid(), os.getgid()):
         raise _Refused("another user")
-    if not _same_interpreter(str(request.get("python"))):
+    if not _same_interpreter(request["python"]):
         raise _Refused("another interpreter")
     theirs, mine = request.get("inherited"), inherited()
     if theirs != mine:
         differ = (sorted(k for k in mine if theirs.get(k) != mine[k])
                   if isinstance(theirs, dict) else ["all"])
         raise _Refused(f"another process context ({', '.join(differ)})")
-    env = request.get("env")
-    if not isinstance(env, dict) or start_shaping_env(env) != start_shaping_env(_START_ENV):
+    if start_shaping_env(request["env"]) != start_shaping_env(_START_ENV):
         raise _Refused("another interpreter environment")
 
 
@@ -311,8 +325,7 @@ def _become_spawner(request: dict[str, Any], fds: list[int]) -> NoReturn:
         targets = [1, 2, *(int(n) for n in request["fds"])]
         # Out of the way of every target first, then each onto its number.
         low = max(targets + fds) + 1
-        moved = [_dup_above(fd, low)
-                 for fd in (stdout, stderr, *passed)]
+        moved = [_dup_above(fd, low) for fd in (stdout, stderr, *passed)]
         for fd in fds:
             if fd != cwd:
                 os.close(fd)

@@ -186,13 +186,18 @@ def _raw_request(path: str, body: bytes, fds: list[int]) -> bytes:
     (b"not json", 3, b"no Expecting value"),
     (b"[1, 2]", 3, b"no a malformed request"),
     (json.dumps({"fds": [7, 8]}).encode(), 3, b"no a malformed request"),
-    (json.dumps({"fds": []}).encode(), 3, b"no another interpreter"),
+    (json.dumps({"fds": []}).encode(), 3, b"no a malformed request"),
+    (json.dumps({"fds": [1], "env": {}, "spec": {}, "umask": 0, "python": "p",
+                 "rundir": "r"}).encode(), 4, b"no a malformed request"),
+    (json.dumps({"fds": [], "env": {}, "spec": {}, "umask": 0, "python": "/bin/true",
+                 "rundir": "r"}).encode(), 3, b"no another interpreter"),
 ])
 async def test_a_malformed_request_is_answered_and_the_server_serves_on(
         server, body: bytes, fds: int, answer: bytes) -> None:
-    """Garbage, a request whose descriptors do not match its ``fds``, or
-    one that says nothing of the launcher: each is answered ``no REASON``
-    and its descriptors closed, nothing forked; the next launcher is served."""
+    """Garbage, a request whose descriptors do not match its ``fds``, one
+    missing a field or placing a descriptor over a standard stream, or one
+    from another interpreter: each is answered ``no REASON`` and its
+    descriptors closed, nothing forked; the next launcher is served."""
     null = os.open(os.devnull, os.O_RDONLY)
     try:
         got = await asyncio.to_thread(_raw_request, server.args[3], body, [null] * fds)
@@ -210,7 +215,8 @@ sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 os.setgroups([]); os.setgid(65534); os.setuid(65534)
 sock.settimeout(30)
 sock.connect(path)
-body = json.dumps({"fds": []}).encode()
+body = json.dumps({"fds": [], "env": {}, "spec": {}, "umask": 0, "python": sys.executable,
+                   "rundir": "/"}).encode()
 fd = os.open("/", os.O_RDONLY)
 socket.send_fds(sock, [struct.pack("!I", len(body)) + body], [fd, 1, 2])
 print(sock.recv(100).decode().strip())
