@@ -56,7 +56,7 @@ PR_SET_PDEATHSIG = 1
 
 
 @functools.cache
-def _libc_prctl() -> Any:
+def libc_prctl() -> Any:
     """libc's ``prctl``, looked up once, in the parent (the child must not
     load anything between fork and exec); None where there is none."""
     import ctypes  # (only to spawn a command: no other CLI command pays for it)
@@ -114,7 +114,7 @@ def _parent_death_hook() -> Callable[[Iterable[int]], Callable[[], None]] | None
     """
     if sys.platform != "linux" or threading.current_thread() is not threading.main_thread():
         return None
-    prctl = _libc_prctl()
+    prctl = libc_prctl()
     if prctl is None:
         return None
     parent = os.getpid()

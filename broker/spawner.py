@@ -41,11 +41,25 @@ import traceback
 from typing import Any, NoReturn
 
 
-def _run_rank(argv: list[str], stdout_fd: int, other_fds: list[int]) -> NoReturn:
-    """In the forked child: become rank ``argv`` and exit as it does."""
+def _run_rank(argv: list[str], stdout_fd: int, other_fds: list[int],
+              prctl: Any) -> NoReturn:
+    """In the forked child: become rank ``argv`` and exit as it does.
+
+    The rank dies with this process (``PR_SET_PDEATHSIG``, SIGKILL, with
+    libc's ``prctl``): this process alone can say how its ranks ended, and
+    the launcher kills them when it is gone; one forked but not yet
+    reported when it was killed (a start cancelled at once) was left
+    running until it noticed the launcher's watch pipe close."""
     code = 1
     try:
         os.setsid()  # (as start_new_session: the launcher's Ctrl-C is not ours)
+        if prctl is not None:
+            from broker.command import PR_SET_PDEATHSIG
+
+            parent = os.getppid()
+            prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+            if os.getppid() != parent:  # (gone before the prctl)
+                os._exit(128 + signal.SIGKILL)
         with contextlib.suppress(OSError, ValueError):  # (Linux: ps and top show it)
             with open("/proc/self/comm", "w") as comm:
                 comm.write(f"kvbroker-r{argv[argv.index('--rank') + 1]}"[:15])
@@ -116,6 +130,7 @@ def run(spec: dict[str, Any]) -> int:
     _close_other_fds({0, 1, 2, *fds, *(int(fd) for fd in spec.get("keep", []))})
     # A rank run as a script guards its standard streams first (broker.rank).
     from broker.cli import guard_std_streams
+    from broker.command import libc_prctl
 
     guard_std_streams()
     from broker import rank  # noqa: F401 (imported once here, for every rank)
@@ -135,12 +150,13 @@ def run(spec: dict[str, Any]) -> int:
             status.write(line + "\n")
             status.flush()
 
+    prctl = libc_prctl() if sys.platform == "linux" else None
     for number, r in enumerate(ranks):
         status.flush()
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
-            _run_rank([str(a) for a in r["argv"]], int(r["stdout"]), fds)
+            _run_rank([str(a) for a in r["argv"]], int(r["stdout"]), fds, prctl)
         by_pid[pid] = number
         os.close(int(r["stdout"]))  # (the rank's, from here)
         say(f"pid {number} {pid}")

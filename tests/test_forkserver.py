@@ -263,9 +263,13 @@ async def test_the_spawners_exit_status_comes_from_the_server(server, tmp_path: 
     assert "KeyError: 'ranks'" in err_path.read_text()
 
 
-async def test_a_killed_served_spawner_says_so(server, tmp_path: Path) -> None:
+async def test_a_killed_served_spawner_says_so_and_takes_its_rank(server, tmp_path: Path) -> None:
     """A served spawner killed is reported killed (``-9``), as an executed
-    one is by asyncio; its rank ends as the launcher's watch pipe closes."""
+    one is by asyncio; and its rank dies with it, by the kernel's
+    parent-death signal, while the launcher's watch pipe is still open (a
+    rank forked but not yet reported had been left running until then)."""
+    from broker.launch import _exited
+
     watch_r, watch_w = os.pipe()
     out_r, out_w = os.pipe()
     try:
@@ -278,12 +282,10 @@ async def test_a_killed_served_spawner_says_so(server, tmp_path: Path) -> None:
         assert (word, number) == (b"pid", b"0")
         os.kill(spawner.pid, signal.SIGKILL)
         assert await asyncio.wait_for(spawner.wait(), T) == -signal.SIGKILL
+        await asyncio.wait_for(_exited(int(rank)), T)
     finally:
         for fd in (watch_r, watch_w, out_r, out_w):
             os.close(fd)
-    from broker.launch import _exited
-
-    await asyncio.wait_for(_exited(int(rank)), T)  # (the watch pipe closed)
 
 
 async def test_spawners_outlive_a_server_whose_starter_went(server) -> None:
