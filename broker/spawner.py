@@ -42,7 +42,7 @@ from typing import Any, NoReturn
 
 
 def _run_rank(argv: list[str], stdout_fd: int, other_fds: list[int],
-              prctl: Any) -> NoReturn:
+              prctl: Any, spawner: int) -> NoReturn:
     """In the forked child: become rank ``argv`` and exit as it does.
 
     The rank dies with this process (``PR_SET_PDEATHSIG``, SIGKILL, with
@@ -56,9 +56,10 @@ def _run_rank(argv: list[str], stdout_fd: int, other_fds: list[int],
         if prctl is not None:
             from broker.command import PR_SET_PDEATHSIG
 
-            parent = os.getppid()
             prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-            if os.getppid() != parent:  # (gone before the prctl)
+            # Gone before the prctl took, the spawner has left us to a reaper:
+            # compared with its pid from before the fork, not one read here.
+            if os.getppid() != spawner:
                 os._exit(128 + signal.SIGKILL)
         with contextlib.suppress(OSError, ValueError):  # (Linux: ps and top show it)
             with open("/proc/self/comm", "w") as comm:
@@ -151,12 +152,13 @@ def run(spec: dict[str, Any]) -> int:
             status.flush()
 
     prctl = libc_prctl() if sys.platform == "linux" else None
+    me = os.getpid()
     for number, r in enumerate(ranks):
         status.flush()
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
-            _run_rank([str(a) for a in r["argv"]], int(r["stdout"]), fds, prctl)
+            _run_rank([str(a) for a in r["argv"]], int(r["stdout"]), fds, prctl, me)
         by_pid[pid] = number
         os.close(int(r["stdout"]))  # (the rank's, from here)
         say(f"pid {number} {pid}")
