@@ -284,16 +284,18 @@ def _well_formed(request: Any) -> bool:
             and isinstance(request.get("rundir"), str))
 
 
-def _check_same_start(conn: socket.socket, request: dict[str, Any]) -> None:
+def _check_same_start(conn: socket.socket, request: dict[str, Any],
+                      mine: dict[str, Any]) -> None:
     """Refuse a launcher whose spawner would not be this server's fork:
-    another user, interpreter, start-shaping variables or inherited context."""
+    another user, interpreter, start-shaping variables, or an inherited
+    context other than ``mine`` (the server's own)."""
     creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     _pid, uid, gid = struct.unpack("3i", creds)
     if (uid, gid) != (os.getuid(), os.getgid()):
         raise _Refused("another user")
     if not _same_interpreter(request["python"]):
         raise _Refused("another interpreter")
-    theirs, mine = request.get("inherited"), inherited()
+    theirs = request.get("inherited")
     if theirs != mine:
         differ = (sorted(k for k in mine if theirs.get(k) != mine[k])
                   if isinstance(theirs, dict) else ["all"])
@@ -404,6 +406,8 @@ class _Server:
         self.selector.register(self.listener, selectors.EVENT_READ, self._accept)
         self.selector.register(sys.stdin, selectors.EVENT_READ, self._starter_gone)
         self.running = True
+        self.context = inherited()
+        """This server's :func:`inherited`, read once: it does not change."""
 
     def serve(self) -> None:
         while self.running:
@@ -429,7 +433,7 @@ class _Server:
                 conn.close()
                 return
             try:
-                _check_same_start(conn, request)
+                _check_same_start(conn, request, self.context)
             except _Refused as exc:
                 for fd in fds:
                     os.close(fd)
