@@ -71,6 +71,7 @@ from kvs.namespaces import (
     PRIMARY,
     Heard,
     Namespace,
+    NamespaceRemoved,
     RecentRoots,
     check_name,
     event_topic_parts,
@@ -129,7 +130,8 @@ namespace changes, and nothing while it does not."""
 
 
 COUNTERS = ("commits", "batches", "merged", "merges-split", "commits-failed", "relays",
-            "relayed", "lookups", "lookups-after", "diffs", "blob-fetches", "blob-loads",
+            "relayed", "commits-relayed-again", "lookups", "lookups-after", "diffs",
+            "blob-fetches", "blob-loads",
             "namespaces-created", "namespaces-loaded", "getroot-heard", "namespaces-removed",
             "collections", "trees-checked")
 """The ``counts`` of ``kvs.stats-get`` (all shown, 0 included)."""
@@ -225,6 +227,22 @@ def _wire_size(payload: Any) -> int:
     """The bytes of a request's payload as it came (0 if it was not wire
     frames: a module's own request), which a relay adds up."""
     return codec.frames_size(payload.frames) if type(payload) is RawPayload else 0
+
+
+REMOVAL_HEARD_TIMEOUT = 60.0
+"""How long a follower waits to hear the removal of a namespace rank 0
+refused a relay for (``ESTALE``: rank 0 removed it), before the commit ends
+ENOTSUP.  The event is on its way; this bounds a rank cut off from it."""
+
+
+def _outran_removal(exc: BaseException | None) -> bool:
+    """Whether a relayed transaction failed only because its namespace was
+    removed before rank 0 applied it (so it was never applied): this rank
+    heard the removal first (:class:`~kvs.namespaces.NamespaceRemoved`), or
+    rank 0 refused the relay because the namespace it named was removed
+    (``ESTALE``: a newer one of its name may exist)."""
+    return isinstance(exc, NamespaceRemoved) or (
+        isinstance(exc, ErrnoError) and exc.errnum == errno.ESTALE)
 
 
 def _commit_flags(p: dict[str, Any]) -> int:
@@ -1328,15 +1346,27 @@ class KvsModule(Module):
         txn_name = self._txn_name()
         if self.leader:
             outcome = self.commits.enqueue(ns, ops, flags, txn_name, lease_user)
-        else:
-            outcome = self.relays.submit(ns, ops, flags, txn_name, _wire_size(wire),
-                                         lease_user)
-        outcome.add_done_callback(lambda f: self._answer_commit(msg, f))
+            outcome.add_done_callback(lambda f: self._answer_commit(msg, f))
+            return None
+        size = _wire_size(wire)
+        outcome = self.relays.submit(ns, ops, flags, txn_name, size, lease_user)
+
+        def relayed(f: asyncio.Future[tuple[int, str]]) -> None:
+            if not f.cancelled() and _outran_removal(f.exception()):
+                self.spawn(self._finish(msg, self._commit(msg, p, ops, flags, size,
+                                                          lease_user, stale=ns)))
+            else:
+                self._answer_commit(msg, f)
+
+        outcome.add_done_callback(relayed)
         return None
 
-    def _txn_name(self) -> str:
+    def _txn_name(self, again: bool = False) -> str:
         self._txn_counter += 1
-        self.counts["commits"] += 1
+        if again:  # (the same commit, relayed again: counted once)
+            self.counts["commits-relayed-again"] += 1
+        else:
+            self.counts["commits"] += 1
         return f"{self.rank}.{self._txn_counter}"
 
     def _answer_commit(self, msg: Message, fut: asyncio.Future[tuple[int, str]]) -> None:
@@ -1354,17 +1384,45 @@ class KvsModule(Module):
             self.h.respond_error(msg, errno.EIO, f"internal error: {exc}")
 
     async def _commit(self, msg: Message, p: dict[str, Any], ops: list[dict[str, Any]],
-                      flags: int, size: int = 0, lease_user: int | None = None) -> None:
-        """The general path: a follower relays to rank 0, or the namespace is unknown."""
-        ns = await self.get_ns(_ns_name(p), msg)
-        if not msg.is_owner:
-            _check_guest_ops(ops)
-        name = self._txn_name()
-        if self.leader:
-            rootseq, rootref = await self.commits.enqueue(ns, ops, flags, name, lease_user)
-        else:
-            rootseq, rootref = await self.relays.submit(ns, ops, flags, name, size,
-                                                        lease_user)
+                      flags: int, size: int = 0, lease_user: int | None = None,
+                      stale: Namespace | None = None) -> None:
+        """The general path: a follower relays to rank 0, or the namespace is unknown.
+
+        ``stale``: a follower relayed this commit for that namespace, and it
+        outran the namespace's removal (:func:`_outran_removal`).  This
+        rank's view lagged rank 0's: the client may have sent the commit
+        after a namespace of the same name was created again (its create
+        answered, from any rank), and must not be told it was removed.  The
+        commit was never applied, so it is made again, as if it came now:
+        once this rank has heard the removal (the events before it settled
+        what it had relayed before), the namespace is asked of rank 0 again,
+        with the access check for whoever owns it now.  If none exists then,
+        or the one found is removed before the commit lands, its ENOTSUP
+        stands: a point where the namespace was gone fell within the
+        commit's request."""
+        name = _ns_name(p)
+        while True:
+            if stale is not None:
+                try:
+                    async with asyncio.timeout(REMOVAL_HEARD_TIMEOUT):
+                        await stale.until_removed()
+                except TimeoutError:
+                    raise ErrnoError(errno.ENOTSUP, f"namespace {name} was removed") from None
+            ns = await self.get_ns(name, msg)
+            if not msg.is_owner:
+                _check_guest_ops(ops)
+            txn = self._txn_name(again=stale is not None)
+            if self.leader:
+                rootseq, rootref = await self.commits.enqueue(ns, ops, flags, txn, lease_user)
+                break
+            try:
+                rootseq, rootref = await self.relays.submit(ns, ops, flags, txn, size,
+                                                            lease_user)
+                break
+            except ErrnoError as exc:
+                if not _outran_removal(exc):
+                    raise
+            stale = ns
         self.h.respond(msg, {"rootref": rootref, "rootseq": rootseq})
 
     def relaycommit(self, msg: Message) -> Awaitable[None] | None:
@@ -1394,7 +1452,7 @@ class KvsModule(Module):
         if epoch is not None and epoch != ns.epoch:
             # relayed for a namespace of this name that was removed since:
             # its follower has already failed them (the removed event)
-            raise ErrnoError(errno.ENOTSUP, f"namespace {ns.name} was removed")
+            raise ErrnoError(errno.ESTALE, f"namespace {ns.name} was removed")
         for name, flags, ops, lease_user in txns:
             self.commits.enqueue(ns, ops, flags, name,
                                  lease_user).add_done_callback(outcome_read)

@@ -109,6 +109,21 @@ def event_topic_parts(topic: str) -> tuple[str, str] | None:
     return (name, kind) if sep and name else None
 
 
+NEVER = 1 << 62
+"""A version no namespace reaches: waiting for it waits for the removal."""
+
+
+class NamespaceRemoved(ErrnoError):
+    """ENOTSUP: the namespace was removed while this waited on this rank.
+
+    Its own type, so a follower can tell a transaction it relayed that was
+    failed by hearing the removal (never applied: one applied is named by a
+    ``setroot`` that comes first) from one rank 0 failed."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(errno.ENOTSUP, f"namespace {name} was removed")
+
+
 @dataclass(slots=True)
 class Pending:
     """A transaction waiting in the leader's queue."""
@@ -324,6 +339,17 @@ class Namespace:
                     self._waiters = w or None
             raise
 
+    async def until_removed(self) -> None:
+        """Return once this rank has heard the namespace removed: a version
+        wait for a version it never reaches (so it costs no field of its own
+        in every namespace's record, and counts among :attr:`waiters`
+        meanwhile)."""
+        try:
+            await self.wait_version(NEVER)
+        except ErrnoError:
+            if not self.removed:
+                raise
+
     def expect(self, name: str) -> asyncio.Future[tuple[int, str]]:
         """A future for the outcome of transaction ``name``, relayed to rank 0:
         resolved by :meth:`finish` or :meth:`fail` when the event naming it
@@ -377,7 +403,7 @@ class Namespace:
     def remove(self) -> None:
         """Mark removed; every waiter and queued transaction fails with ENOTSUP."""
         self.removed = True
-        err = ErrnoError(errno.ENOTSUP, f"namespace {self.name} was removed")
+        err = NamespaceRemoved(self.name)
         for _, _, fut in self._waiters or ():
             if not fut.done():
                 fut.set_exception(err)

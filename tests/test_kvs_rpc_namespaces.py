@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import json
 import os
 import signal
+import sys
 
 import pytest
-from test_broker_support import stop_process, wait_until
+from test_broker_support import stop_process, stopped, wait_until
 from test_kvs_rpc_helpers import (
+    GUEST_PRELUDE,
+    GUEST_UID,
     READDIR,
     TREEOBJ,
     T,
@@ -314,7 +318,7 @@ async def test_a_relay_for_a_removed_namespace_never_lands_in_its_successor(
     txn = {"name": "late", "flags": 0, "ops": [put("stale", "1")]}
     n = await errnum(h0.rpc("kvs.relaycommit", {"namespace": "job", "epoch": old,
                                                  "txns": [txn]}))
-    assert n == errno.ENOTSUP
+    assert n == errno.ESTALE  # (its follower makes the commit again: see below)
     root = await getroot(h0, "job")
     assert root["rootseq"] == 0
     # the current epoch is queued as ever (no response: the setroot answers)
@@ -322,6 +326,107 @@ async def test_a_relay_for_a_removed_namespace_never_lands_in_its_successor(
                                            "txns": [{**txn, "name": "fresh"}]})
     await asyncio.wait_for(h0.rpc("kvs.wait-version", {"namespace": "job", "rootseq": 1}), T)
     assert (await get(h0, "stale", ns="job")) == b"1"
+
+
+async def relays_from(h: Handle) -> int:
+    """How many relay messages ``h``'s rank has sent rank 0."""
+    return (await asyncio.wait_for(h.rpc("kvs.stats-get", {}), T))["counts"]["relays"]
+
+
+async def relayed_while_stopped(h: Handle, before: int) -> None:
+    """Wait until ``h``'s rank has relayed another message (which its
+    stopped parent holds)."""
+    async def relayed() -> bool:
+        return await relays_from(h) > before
+
+    await wait_until(relayed, "the far rank to relay the commit")
+
+
+@pytest.mark.parametrize("created_again", [True, False])
+async def test_a_commit_sent_after_a_namespace_is_made_again_lands_on_a_lagging_rank(
+        start_instance, connect, created_again) -> None:
+    """A client removes and creates a namespace again through rank 0, then
+    commits into it through rank 3, which still holds the old one: rank 1,
+    between rank 3 and rank 0, is stopped, so rank 3 has heard neither event
+    and relays the commit for the old namespace.  Rank 0 refuses it, and
+    rank 3 hears the removal; the client was told ``ENOTSUP namespace job was
+    removed`` for a commit it sent after the new namespace's create was
+    answered (fresh-clone CI, test_watch_nsmodel).  Rank 3 now makes the
+    commit again once it has heard the removal, and it lands in the new
+    namespace; with none created again, it still ends ENOTSUP."""
+    inst = await start_instance(size=4, fanout=2)
+    h0 = await connect(inst, 0)
+    h3 = await connect(inst, 3)
+    await ns_create(h0, "job")
+    await commit(h3, put("k", "old"), ns="job")  # rank 3 holds the namespace
+    before = await relays_from(h3)
+    async with stopped(inst.pids()[1]):
+        await ns_remove(h0, "job")
+        if created_again:
+            await ns_create(h0, "job")
+        late = asyncio.ensure_future(commit(h3, put("k", "new"), ns="job"))
+        await relayed_while_stopped(h3, before)
+    if created_again:
+        answer = await late
+        assert answer["rootseq"] == 1, answer
+        assert await get(h0, "k", ns="job") == b"new"
+        assert await get(h3, "k", ns="job") == b"new"  # (its writer reads it)
+    else:
+        assert await errnum(late) == errno.ENOTSUP
+        assert await errnum(getroot(h0, "job")) == errno.ENOTSUP
+    counts = (await stats(h3))["counts"]
+    # (with none created again, rank 0 may have refused it as gone: not
+    # made again)
+    assert counts["commits-relayed-again"] in ((1,) if created_again else (0, 1)), counts
+    assert counts["commits"] == 2, counts  # (the one made again counted once)
+
+
+GUEST_LATE_COMMIT = """
+async def body(h):
+    first = await commit(h, "mine", put("k", val("first")))
+    print("ready", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+    return [first, await commit(h, "mine", put("k", val("late")))]
+"""
+
+
+async def test_a_guest_commit_made_again_is_checked_against_the_new_owner(
+        start_instance, connect) -> None:
+    """A guest's commit into its own namespace, relayed by a rank that has
+    not heard the namespace removed and created again for another user, is
+    made again only with the new owner's permission: ``EPERM``, and the new
+    namespace is untouched (it was ENOTSUP before commits were made again;
+    made again without the check, it would land)."""
+    inst = await start_instance(size=4, fanout=2,
+                                attrs={"access.allow-guest-user": "true"})
+    h0 = await connect(inst, 0)
+    h3 = await connect(inst, 3)
+    await ns_create(h0, "mine", owner=GUEST_UID)
+    src = GUEST_PRELUDE.format(uid=GUEST_UID) + GUEST_LATE_COMMIT + (
+        "\nprint(json.dumps(asyncio.run(main(sys.argv[1])), default=str))\n")
+    env = {k: v for k, v in os.environ.items() if k != "KVBROKER_URI"}
+    guest = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", src, inst.uri(3), cwd="/", env=env,
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+    try:
+        assert guest.stdout is not None and guest.stdin is not None
+        assert await asyncio.wait_for(guest.stdout.readline(), 30) == b"ready\n"
+        before = await relays_from(h3)
+        async with stopped(inst.pids()[1]):
+            await ns_remove(h0, "mine")
+            await ns_create(h0, "mine", owner=4242)
+            guest.stdin.write(b"go\n")
+            await guest.stdin.drain()
+            await relayed_while_stopped(h3, before)
+        out, _ = await asyncio.wait_for(guest.communicate(), 30)
+    finally:
+        if guest.returncode is None:
+            guest.kill()
+            await guest.wait()
+    first, late = json.loads(out.decode().splitlines()[-1])
+    assert "ok" in first, first
+    assert late == {"errnum": errno.EPERM}, late
+    assert (await getroot(h0, "mine"))["rootseq"] == 0
 
 
 async def test_a_version_wait_given_up_while_its_namespace_loads_logs_nothing(tmp_path) -> None:
