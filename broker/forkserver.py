@@ -35,6 +35,15 @@ standard output and standard error, then one for each of ``fds``, to be
 placed at that number.  ``spec`` is what :mod:`broker.spawner` reads.  The
 server answers ``pid PID\\n`` and, once the spawner has exited, ``exit
 STATUS\\n`` (a ``returncode``); or ``no REASON\\n`` when it will not serve.
+
+A ``kvbroker`` command asks alike (:mod:`broker.forkclient`): ``{"kind":
+"command", "argv": [...], "orig_argv": [...], "path0": str, "env": {...},
+"umask": int, "python": path, "inherited": {...}, "start": {...}}``
+(``start``: the interpreter's flags, which must be the server's too), with
+the working directory and its standard input, output and error.  The fork
+takes the asker's place and runs the command line; it kills itself if the
+asker's connection closes first (the asker, which stands in for it, was
+killed).
 """
 
 from __future__ import annotations
@@ -45,7 +54,6 @@ import functools
 import gc
 import json
 import os
-import resource
 import selectors
 import signal
 import socket
@@ -54,61 +62,23 @@ import sys
 import tempfile
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from broker.forkclient import (
+    FIRST,
+    FORKSERVER_ENV,
+    HEADER,
+    inherited,
+    interpreter_start,
+    send_request,
+    start_shaping_env,
+    umask,
+)
 from broker.pipes import OutputProtocol, connect_read_pipe
 
 if TYPE_CHECKING:
     import subprocess
 
-FORKSERVER_ENV = "KVBROKER_FORKSERVER"
-"""The path of a running fork server's socket (tests, benchmarks)."""
-
-_HEADER = struct.Struct("!I")
 _MAX_REQUEST = 16 << 20
 _MAX_FDS = 4096
-_FIRST = 4096
-"""The request's first bytes, sent with its descriptors (one ``sendmsg``:
-a stream socket may take a long one in parts)."""
-
-
-def start_shaping_env(env: dict[str, str]) -> dict[str, str]:
-    """The variables of ``env`` an interpreter reads as it starts (or that
-    set its streams' encoding): a served spawner is only right when the
-    server started with the same."""
-    return {k: v for k, v in env.items()
-            if k.startswith(("PYTHON", "LC_")) or k == "LANG"}
-
-
-def inherited() -> dict[str, Any]:
-    """What a process passes on to one it starts, beyond what the server
-    hands over itself (working directory, umask, environment, descriptors):
-    user and groups, resource limits, capabilities, ``no_new_privs``,
-    seccomp, signals ignored and blocked, namespaces, root, cgroup, nice
-    value, CPU affinity, OOM score adjustment.  A launcher's and the
-    server's must be equal for its spawner to be the server's fork."""
-    out: dict[str, Any] = {
-        "ids": [os.getuid(), os.geteuid(), os.getgid(), os.getegid(), sorted(os.getgroups())],
-        "rlimits": {name: list(resource.getrlimit(getattr(resource, name)))
-                    for name in dir(resource) if name.startswith("RLIMIT_")},
-        "nice": os.getpriority(os.PRIO_PROCESS, 0),
-        "affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [],
-    }
-    with contextlib.suppress(OSError):
-        with open("/proc/self/status") as status:
-            out["status"] = [line for line in status if line.startswith(_STATUS_KEPT)]
-    for name in ("cgroup", "oom_score_adj"):
-        with contextlib.suppress(OSError):
-            with open(f"/proc/self/{name}") as f:
-                out[name] = f.read()
-    with contextlib.suppress(OSError):
-        out["ns"] = {ns: os.readlink(f"/proc/self/ns/{ns}")
-                     for ns in sorted(os.listdir("/proc/self/ns"))}
-        out["root"] = os.readlink("/proc/self/root")
-    return out
-
-
-_STATUS_KEPT = ("Cap", "NoNewPrivs:", "Seccomp:", "SigIgn:", "SigBlk:")
-"""The lines of ``/proc/self/status`` a child inherits (capabilities,
-``no_new_privs``, seccomp mode, signals ignored and blocked)."""
 
 
 # -- the launcher's side -----------------------------------------------------
@@ -159,16 +129,18 @@ async def start_spawner(rundir: str, spec: dict[str, Any], fds: list[int],
         return None
     request = json.dumps({
         "rundir": rundir, "spec": spec, "fds": fds, "env": env, "python": sys.executable,
-        "umask": _umask(), "inherited": inherited(),
+        "umask": umask(), "inherited": inherited(),
     }).encode()
     status_r, status_w = os.pipe()
     try:
-        sock = _send_request(path, request, [status_w, stderr.fileno() if stderr else 2, *fds])
+        fd = send_request(path, request, [status_w, stderr.fileno() if stderr else 2, *fds])
     finally:
         os.close(status_w)
-    if sock is None:
+    if fd is None:
         os.close(status_r)
         return None
+    sock = socket.socket(fileno=fd)
+    sock.setblocking(False)
     try:
         reader, writer = await asyncio.open_unix_connection(sock=sock)
     except BaseException:
@@ -197,44 +169,6 @@ async def start_spawner(rundir: str, spec: dict[str, Any], fds: list[int],
     return ServedSpawner(pid, stdout, (reader, writer))
 
 
-def _send_request(path: str, request: bytes, fds: list[int]) -> socket.socket | None:
-    """Connect to the server at ``path`` and send ``request`` with this
-    process's working directory and ``fds``; the connection, non-blocking,
-    or None if the server is not there (or hung)."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.settimeout(10)  # (a server that stopped reading)
-        sock.connect(path)
-        cwd = os.open(".", os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            first = _HEADER.pack(len(request)) + request[:_FIRST]
-            sent = socket.send_fds(sock, [first], [cwd, *fds])
-        finally:
-            os.close(cwd)
-        sock.sendall(first[sent:] + request[_FIRST:])
-        sock.setblocking(False)
-        return sock
-    except OSError:
-        sock.close()
-        return None
-    except BaseException:
-        sock.close()
-        raise
-
-
-def _umask() -> int:
-    """This process's umask, read without setting it (Linux's
-    ``/proc/self/status``), else by setting and restoring it."""
-    with contextlib.suppress(OSError, ValueError):
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
 # -- the server's side -------------------------------------------------------
 
 class _Refused(Exception):
@@ -243,24 +177,27 @@ class _Refused(Exception):
 
 def _read_request(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
     """One request and its descriptors (closed here if it is refused)."""
-    data, fds, _flags, _addr = socket.recv_fds(conn, _HEADER.size + _FIRST, _MAX_FDS)
+    data, fds, _flags, _addr = socket.recv_fds(conn, HEADER.size + FIRST, _MAX_FDS)
     try:
-        while len(data) < _HEADER.size:
-            more = conn.recv(_HEADER.size - len(data))
+        while len(data) < HEADER.size:
+            more = conn.recv(HEADER.size - len(data))
             if not more:
                 raise _Refused("a request cut short")
             data += more
-        (length,) = _HEADER.unpack_from(data)
+        (length,) = HEADER.unpack_from(data)
         if length > _MAX_REQUEST:
             raise _Refused("a request too long")
-        body = bytearray(data[_HEADER.size:])
+        body = bytearray(data[HEADER.size:])
         while len(body) < length:
             more = conn.recv(min(1 << 16, length - len(body)))
             if not more:
                 raise _Refused("a request cut short")
             body += more
         request = json.loads(body)
-        if not _well_formed(request) or len(fds) != 3 + len(request["fds"]):
+        if isinstance(request, dict) and request.get("kind") == "command":
+            if not _well_formed_command(request) or len(fds) != 4:
+                raise _Refused("a malformed request")
+        elif not _well_formed(request) or len(fds) != 3 + len(request["fds"]):
             raise _Refused("a malformed request")
         return request, fds
     except BaseException:
@@ -284,6 +221,21 @@ def _well_formed(request: Any) -> bool:
             and isinstance(request.get("rundir"), str))
 
 
+def _well_formed_command(request: dict[str, Any]) -> bool:
+    """A command's request (:func:`broker.forkclient.run_served_command`)
+    has each field, of its type."""
+    def strings(value: Any) -> bool:
+        return isinstance(value, list) and all(isinstance(a, str) for a in value)
+
+    env = request.get("env")
+    return (strings(request.get("argv")) and len(request["argv"]) > 0
+            and strings(request.get("orig_argv")) and isinstance(request.get("path0"), str)
+            and isinstance(env, dict)
+            and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())
+            and type(request.get("umask")) is int and isinstance(request.get("python"), str)
+            and isinstance(request.get("start"), dict))
+
+
 def _check_same_start(conn: socket.socket, request: dict[str, Any],
                       mine: dict[str, Any]) -> None:
     """Refuse a launcher whose spawner would not be this server's fork:
@@ -302,6 +254,8 @@ def _check_same_start(conn: socket.socket, request: dict[str, Any],
         raise _Refused(f"another process context ({', '.join(differ)})")
     if start_shaping_env(request["env"]) != start_shaping_env(_START_ENV):
         raise _Refused("another interpreter environment")
+    if request.get("kind") == "command" and request["start"] != interpreter_start():
+        raise _Refused("another interpreter start (its flags)")
 
 
 def _same_interpreter(python: str) -> bool:
@@ -366,6 +320,117 @@ def _become_spawner(request: dict[str, Any], fds: list[int]) -> NoReturn:
     os._exit(code & 0xFF)
 
 
+def _become_command(request: dict[str, Any], fds: list[int], conn: socket.socket) -> NoReturn:
+    """In the forked child: take the asker's place (its standard streams,
+    working directory, umask, environment, arguments) and run its
+    ``kvbroker`` command, dying with the asker (:func:`_die_with_asker`)."""
+    code = 1
+    try:
+        os.setsid()
+        _die_with_asker(conn)
+        cwd, *std = fds
+        low = max(*fds, 2) + 1
+        moved = [_dup_above(fd, low) for fd in std]
+        for fd in std:
+            os.close(fd)
+        os.fchdir(cwd)
+        os.close(cwd)
+        for target, fd in enumerate(moved):
+            os.dup2(fd, target)
+            os.close(fd)
+        os.umask(int(request["umask"]))
+        os.environ.clear()
+        os.environ.update(request["env"])
+        tempfile.tempdir = None  # (found again from the asker's $TMPDIR)
+        sys.argv = list(request["argv"])
+        sys.orig_argv = list(request["orig_argv"])
+        sys.executable = str(request["python"])
+        if sys.path:
+            sys.path[0] = str(request["path0"])
+        _reopen_std_streams()
+        _retitle(sys.orig_argv)
+        from broker.cli import main as run_command
+
+        try:
+            code = run_command()
+        except SystemExit as exc:
+            code = _exit_status(exc.code)
+        except KeyboardInterrupt:
+            code = 130
+        import atexit
+        import threading
+
+        with contextlib.suppress(BaseException):
+            threading._shutdown()  # type: ignore[attr-defined]  # (as the interpreter's exit)
+        with contextlib.suppress(BaseException):
+            atexit._run_exitfuncs()
+    except BaseException:
+        with contextlib.suppress(BaseException):
+            import traceback
+
+            traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(BaseException):
+                stream.flush()
+    os._exit(code & 0xFF)
+
+
+def _exit_status(code: Any) -> int:
+    """The exit status ``SystemExit(code)`` gives, as the interpreter's."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    with contextlib.suppress(BaseException):
+        print(code, file=sys.stderr)
+    return 1
+
+
+def _die_with_asker(conn: socket.socket) -> None:
+    """Kill this process (``SIGKILL``) once its asker's connection closes:
+    the asker stands in for it, and one killed (or gone) without passing
+    that on leaves no one to answer to.  A thread waits for the close."""
+    import threading
+
+    def wait() -> None:
+        while True:
+            try:
+                if not conn.recv(4096):
+                    break
+            except TimeoutError:  # (the server's timeout on the shared connection)
+                continue
+            except OSError:
+                break
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=wait, name="asker", daemon=True).start()
+
+
+def _reopen_std_streams() -> None:
+    """``sys.stdin``, ``stdout`` and ``stderr`` made again on descriptors
+    0-2 (the asker's now), as an interpreter makes them at its start: line
+    buffered on a terminal (stderr always), with the server's encoding and
+    errors (its start-shaping environment is the asker's)."""
+    import io
+
+    for fd, name in ((0, "stdin"), (1, "stdout"), (2, "stderr")):
+        old = getattr(sys, name)
+        write = fd != 0
+        raw = io.FileIO(fd, "wb" if write else "rb", closefd=False)
+        buffered: io.BufferedWriter | io.BufferedReader = (
+            io.BufferedWriter(raw) if write else io.BufferedReader(raw))
+        try:
+            tty = os.isatty(fd)
+        except OSError:
+            tty = False
+        stream = io.TextIOWrapper(buffered, encoding=old.encoding, errors=old.errors,
+                                  newline="\n", line_buffering=write and (tty or fd == 2))
+        raw.name = f"<{name}>"
+        setattr(sys, name, stream)
+        setattr(sys, f"__{name}__", stream)
+
+
 def _retitle(argv: list[str]) -> None:
     """Show ``argv`` as this process's command line (``ps``, ``pgrep -f``,
     ``/proc/PID/cmdline``), as an executed spawner's, and what its ranks
@@ -408,6 +473,8 @@ class _Server:
         self.running = True
         self.context = inherited()
         """This server's :func:`inherited`, read once: it does not change."""
+        self.conns: set[socket.socket] = set()
+        """The askers' connections, each until its child is reaped."""
 
     def serve(self) -> None:
         while self.running:
@@ -451,10 +518,13 @@ class _Server:
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
-            self.selector.close()
+            self._close_in_child(conn)
+            if request.get("kind") == "command":
+                _become_command(request, fds, conn)
             _become_spawner(request, fds)
         for fd in fds:
             os.close(fd)
+        self.conns.add(conn)
         pidfd = os.pidfd_open(pid)
         self.selector.register(pidfd, selectors.EVENT_READ,
                                lambda _fd: self._reap(pid, pidfd, conn))
@@ -464,7 +534,20 @@ class _Server:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
 
+    def _close_in_child(self, conn: socket.socket) -> None:
+        """Close what the server holds but ``conn``: the listener, its other
+        askers' connections and its children's pidfds."""
+        for key in list(self.selector.get_map().values()):
+            if key.fileobj is not sys.stdin:
+                with contextlib.suppress(OSError):
+                    os.close(key.fd)
+        self.selector.close()
+        for other in self.conns:
+            if other is not conn:
+                other.close()
+
     def _reap(self, pid: int, pidfd: int, conn: socket.socket) -> None:
+        self.conns.discard(conn)
         self.selector.unregister(pidfd)
         os.close(pidfd)
         _, status = os.waitpid(pid, 0)
@@ -510,7 +593,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     # What every spawner imports, once here.
     from broker import rank, spawner  # noqa: F401
-    from broker.cli import guard_std_streams  # noqa: F401
+    from broker.cli import parser_for
+
+    parser_for(["kvs"])  # (and what the commands served import: the KVS's)
 
     spawner.preload_default_modules()
     gc.freeze()

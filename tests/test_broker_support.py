@@ -51,7 +51,7 @@ _sys.meta_path.insert(0, _NotAfterTheDrop())
 
 GUEST_CLI_PRELOAD = (
     "import broker.cli, broker.start_cli, broker.execute, broker.overlay_cli, broker.status, "
-    "broker.logring, broker.sproc_client, kvs.namespaces\n")
+    "broker.logring, broker.sproc_client, broker.forkclient, kvs.namespaces\n")
 """What ``kvbroker`` commands import only where they use it: a guest's
 wrapper imports it as the owner (:data:`GUEST_IMPORT_GUARD`)."""
 
