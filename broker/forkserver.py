@@ -60,6 +60,7 @@ import socket
 import struct
 import sys
 import tempfile
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from broker.forkclient import (
@@ -274,30 +275,12 @@ _START_ENV = dict(os.environ)
 
 def _become_spawner(request: dict[str, Any], fds: list[int]) -> NoReturn:
     """In the forked child: take the launcher's place and run the spawner."""
-    code = 1
-    try:
-        os.setsid()
-        cwd, stdout, stderr, *passed = fds
-        targets = [1, 2, *(int(n) for n in request["fds"])]
-        # Out of the way of every target first, then each onto its number.
-        low = max(targets + fds) + 1
-        moved = [_dup_above(fd, low) for fd in (stdout, stderr, *passed)]
-        for fd in fds:
-            if fd != cwd:
-                os.close(fd)
-        os.fchdir(cwd)
-        os.close(cwd)
-        for fd, target in zip(moved, targets, strict=True):
-            os.dup2(fd, target)
-            os.close(fd)
+    def spawner_run() -> int:
+        _take_place(request, fds, [1, 2, *(int(n) for n in request["fds"])])
         null = os.open(os.devnull, os.O_RDONLY)
         if null != 0:
             os.dup2(null, 0)
             os.close(null)
-        os.umask(int(request["umask"]))
-        os.environ.clear()
-        os.environ.update(request["env"])
-        tempfile.tempdir = None  # (found again from the launcher's $TMPDIR)
         with contextlib.suppress(OSError):  # (a directory removed: left as it was)
             sys.path[0] = os.getcwd()  # (as ``python -m`` puts the working directory)
         from broker import spawner
@@ -306,42 +289,18 @@ def _become_spawner(request: dict[str, Any], fds: list[int]) -> NoReturn:
         sys.argv = [str(spawner.__file__), rundir]
         sys.executable = python
         _retitle([python, "-m", "broker.spawner", rundir])
+        return spawner.run(request["spec"])
 
-        code = spawner.run(request["spec"])
-    except BaseException:
-        with contextlib.suppress(BaseException):
-            import traceback
-
-            traceback.print_exc()
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(BaseException):
-                stream.flush()
-    os._exit(code & 0xFF)
+    _run_in_child(spawner_run)
 
 
 def _become_command(request: dict[str, Any], fds: list[int], conn: socket.socket) -> NoReturn:
     """In the forked child: take the asker's place (its standard streams,
     working directory, umask, environment, arguments) and run its
     ``kvbroker`` command, dying with the asker (:func:`_die_with_asker`)."""
-    code = 1
-    try:
-        os.setsid()
+    def command_run() -> int:
         _die_with_asker(conn)
-        cwd, *std = fds
-        low = max(*fds, 2) + 1
-        moved = [_dup_above(fd, low) for fd in std]
-        for fd in std:
-            os.close(fd)
-        os.fchdir(cwd)
-        os.close(cwd)
-        for target, fd in enumerate(moved):
-            os.dup2(fd, target)
-            os.close(fd)
-        os.umask(int(request["umask"]))
-        os.environ.clear()
-        os.environ.update(request["env"])
-        tempfile.tempdir = None  # (found again from the asker's $TMPDIR)
+        _take_place(request, fds, [0, 1, 2])
         sys.argv = list(request["argv"])
         sys.orig_argv = list(request["orig_argv"])
         sys.executable = str(request["python"])
@@ -364,6 +323,40 @@ def _become_command(request: dict[str, Any], fds: list[int], conn: socket.socket
             threading._shutdown()  # type: ignore[attr-defined]  # (as the interpreter's exit)
         with contextlib.suppress(BaseException):
             atexit._run_exitfuncs()
+        return code
+
+    _run_in_child(command_run)
+
+
+def _take_place(request: dict[str, Any], fds: list[int], targets: list[int]) -> None:
+    """The asker's place, in a forked child: a session of its own, the
+    working directory ``fds[0]``, each other descriptor of ``fds`` at its
+    number of ``targets``, the asker's umask and environment."""
+    os.setsid()
+    cwd, *given = fds
+    # Out of the way of every target first, then each onto its number.
+    low = max(*targets, *fds, 2) + 1
+    moved = [_dup_above(fd, low) for fd in given]
+    for fd in given:
+        os.close(fd)
+    os.fchdir(cwd)
+    os.close(cwd)
+    for fd, target in zip(moved, targets, strict=True):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.umask(int(request["umask"]))
+    os.environ.clear()
+    os.environ.update(request["env"])
+    tempfile.tempdir = None  # (found again from the asker's $TMPDIR)
+
+
+def _run_in_child(run: Callable[[], int]) -> NoReturn:
+    """Exit this forked child with the status ``run()`` returns (1, with
+    its traceback on standard error, if it raises), its output flushed:
+    ``os._exit``, never back into the server's loop."""
+    code = 1
+    try:
+        code = run()
     except BaseException:
         with contextlib.suppress(BaseException):
             import traceback
