@@ -311,9 +311,13 @@ async def test_a_start_with_groups_on_every_rank_warns_nothing() -> None:
     ``rank N has no groups module`` WARNING (every start logged them, the
     docs audit found; cli.md's own example prints ``0-3`` alone)."""
     for _ in range(2):  # (rank 0's module starts last: its children warn each time)
+        # (broker.online may still be filling when the command starts, as
+        # cli.md says: a served command, ~15 ms from its start to its
+        # request, found it at 0 alone -- waitfor first, as its example)
         rc, out, err = await run_cli("start", "--size", "4", "--fanout", "2", "-S",
                                      "broker.modules=content,kvs,kvs-watch,groups", "--",
-                                     "kvbroker", "groups", "get", "broker.online")
+                                     "sh", "-c", "kvbroker groups waitfor broker.online && "
+                                     "kvbroker groups get broker.online")
         assert (rc, out) == (0, "0-3\n"), err
         assert "has no groups module" not in err, err
 
