@@ -1397,9 +1397,11 @@ class KvsModule(Module):
         once this rank has heard the removal (the events before it settled
         what it had relayed before), the namespace is asked of rank 0 again,
         with the access check for whoever owns it now.  If none exists then,
-        or the one found is removed before the commit lands, its ENOTSUP
-        stands: a point where the namespace was gone fell within the
-        commit's request."""
+        its ENOTSUP stands: a point where the namespace was gone fell within
+        the commit's request.  If the one found is removed in turn before
+        the commit lands, it is made again the same way (each time after a
+        removal this rank has heard: it ends when one lands or none is
+        left)."""
         name = _ns_name(p)
         while True:
             if stale is not None:
