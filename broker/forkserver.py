@@ -207,16 +207,23 @@ def _read_request(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
         raise
 
 
+def _strings(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(a, str) for a in value)
+
+
+def _environment(value: Any) -> bool:
+    return isinstance(value, dict) and all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items())
+
+
 def _well_formed(request: Any) -> bool:
     """``request`` has each field, of its type: descriptors to place at
     distinct numbers past the standard streams', an environment of strings."""
     if not isinstance(request, dict):
         return False
-    fds, env = request.get("fds"), request.get("env")
+    fds = request.get("fds")
     return (isinstance(fds, list) and all(type(n) is int and 2 < n < 1 << 20 for n in fds)
-            and len(set(fds)) == len(fds)
-            and isinstance(env, dict)
-            and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())
+            and len(set(fds)) == len(fds) and _environment(request.get("env"))
             and isinstance(request.get("spec"), dict) and type(request.get("umask")) is int
             and isinstance(request.get("python"), str)
             and isinstance(request.get("rundir"), str))
@@ -225,37 +232,42 @@ def _well_formed(request: Any) -> bool:
 def _well_formed_command(request: dict[str, Any]) -> bool:
     """A command's request (:func:`broker.forkclient.run_served_command`)
     has each field, of its type."""
-    def strings(value: Any) -> bool:
-        return isinstance(value, list) and all(isinstance(a, str) for a in value)
-
-    env = request.get("env")
-    return (strings(request.get("argv")) and len(request["argv"]) > 0
-            and strings(request.get("orig_argv")) and isinstance(request.get("path0"), str)
-            and isinstance(env, dict)
-            and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())
+    return (_strings(request.get("argv")) and len(request["argv"]) > 0
+            and _strings(request.get("orig_argv")) and isinstance(request.get("path0"), str)
+            and _environment(request.get("env"))
             and type(request.get("umask")) is int and isinstance(request.get("python"), str)
             and isinstance(request.get("start"), dict))
 
 
-def _check_same_start(conn: socket.socket, request: dict[str, Any],
-                      mine: dict[str, Any]) -> None:
+class _Start:
+    """How this server started, read once (it does not change): what an
+    asker's start must equal for the server's fork to stand for it."""
+
+    def __init__(self) -> None:
+        self.context = inherited()
+        self.shaping = start_shaping_env(dict(os.environ))
+        self.interpreter = interpreter_start()
+
+
+def _check_same_start(conn: socket.socket, request: dict[str, Any], mine: _Start) -> None:
     """Refuse a launcher whose spawner would not be this server's fork:
-    another user, interpreter, start-shaping variables, or an inherited
-    context other than ``mine`` (the server's own)."""
+    another user, interpreter (or its flags, for a command), start-shaping
+    variables, or an inherited context other than ``mine`` (the server's
+    own)."""
     creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     _pid, uid, gid = struct.unpack("3i", creds)
     if (uid, gid) != (os.getuid(), os.getgid()):
         raise _Refused("another user")
     if not _same_interpreter(request["python"]):
         raise _Refused("another interpreter")
-    theirs = request.get("inherited")
-    if theirs != mine:
-        differ = (sorted(k for k in mine if theirs.get(k) != mine[k])
+    theirs, context = request.get("inherited"), mine.context
+    if theirs != context:
+        differ = (sorted(k for k in context if theirs.get(k) != context[k])
                   if isinstance(theirs, dict) else ["all"])
         raise _Refused(f"another process context ({', '.join(differ)})")
-    if start_shaping_env(request["env"]) != start_shaping_env(_START_ENV):
+    if start_shaping_env(request["env"]) != mine.shaping:
         raise _Refused("another interpreter environment")
-    if request.get("kind") == "command" and request["start"] != interpreter_start():
+    if request.get("kind") == "command" and request["start"] != mine.interpreter:
         raise _Refused("another interpreter start (its flags)")
 
 
@@ -267,10 +279,6 @@ def _same_interpreter(python: str) -> bool:
         return True
     return (os.path.dirname(python) == os.path.dirname(sys.executable)
             and os.path.realpath(python) == os.path.realpath(sys.executable))
-
-
-_START_ENV = dict(os.environ)
-"""This server's environment as it started (a child changes its own)."""
 
 
 def _become_spawner(request: dict[str, Any], fds: list[int]) -> NoReturn:
@@ -464,8 +472,7 @@ class _Server:
         self.selector.register(self.listener, selectors.EVENT_READ, self._accept)
         self.selector.register(sys.stdin, selectors.EVENT_READ, self._starter_gone)
         self.running = True
-        self.context = inherited()
-        """This server's :func:`inherited`, read once: it does not change."""
+        self.start = _Start()
         self.conns: set[socket.socket] = set()
         """The askers' connections, each until its child is reaped."""
 
@@ -493,7 +500,7 @@ class _Server:
                 conn.close()
                 return
             try:
-                _check_same_start(conn, request, self.context)
+                _check_same_start(conn, request, self.start)
             except _Refused as exc:
                 for fd in fds:
                     os.close(fd)
