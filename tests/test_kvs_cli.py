@@ -21,9 +21,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from test_broker_support import GUEST_CLI_PRELOAD, GUEST_IMPORT_GUARD, stop_process
+from test_broker_support import (
+    GUEST_CLI_PRELOAD,
+    GUEST_IMPORT_GUARD,
+    communicate,
+    stop_process,
+)
 
 from broker.handle import Handle
+from broker.loops import loop_name
 from kvs import treeobj
 from kvs.client import KVS
 
@@ -67,7 +73,7 @@ async def run(argv: list[str], env: dict[str, str], stdin: bytes = b"",
         *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE, env=env, cwd=cwd)
     try:
-        out, err = await asyncio.wait_for(proc.communicate(stdin), timeout)
+        out, err = await asyncio.wait_for(communicate(proc, stdin), timeout)
     except TimeoutError:
         proc.kill()
         await proc.wait()
@@ -940,6 +946,26 @@ async def test_move_into_own_subtree_is_refused(start_instance) -> None:
     assert res.rc == 0
     res = await kvs(inst, "dir", "-R", "a")
     assert res.text == "a.b = 1\na.c = hello\na.snap.b = 1\na.snap.c = hello\n"
+
+
+@pytest.mark.both_loops
+async def test_run_reads_a_command_that_ended_before_its_input_was_written() -> None:
+    """The helper every command here goes through: a command that ends
+    before its (empty) input is written still gives its status and output.
+    CI once failed ``kvs put`` this way: uvloop closes the stdin transport
+    when it sees the command go, and the stdlib's ``communicate`` then
+    raised RuntimeError writing ``b""`` to it."""
+    proc = await asyncio.create_subprocess_exec(
+        "sh", "-c", "echo done; exit 3", stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    assert proc.stdin is not None
+    await proc.wait()
+    if loop_name(asyncio.get_running_loop()) == "uvloop":
+        async with asyncio.timeout(T):  # the state CI met
+            while not proc.stdin.transport.is_closing():
+                await asyncio.sleep(0.01)
+    out, err = await asyncio.wait_for(communicate(proc, b""), T)
+    assert (proc.returncode, out, err) == (3, b"done\n", b"")
 
 
 # ================================================================ versions, roots, namespaces
