@@ -25,7 +25,8 @@ What each watcher must get follows from docs/protocol.md:
   history must match the model from a point near its start: no sooner
   than the last request answered through its rank (which its rank had
   heard; a busy rank may not have heard those made elsewhere since), no
-  later than two requests after it (:func:`start_window`).
+  later than the requests answered when its first answer came, and the
+  ones then in flight (:func:`start_window`).
   Late ones without ``WAITCREATE`` too: they follow the incarnation alive
   at that point only if ``k`` has a value there, else end ``ENOTSUP`` (no
   namespace) or ``ENOENT`` (no key).
@@ -43,6 +44,7 @@ import os
 import random
 import sys
 import textwrap
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,10 +75,9 @@ HISTORY = 70  # requests while they watch
 LATE_WATCHERS = 12
 END_NS = "job-end"  # created last, owned by the guest: every namespace watcher sees it
 GUEST_RANK = 3
-LATE_SLACK = 2
-"""Requests after its start a late key watcher may still begin at: its
-handle's next requests go to other services (kvs, not kvs-watch), and one
-may be handled while the watcher's first lookup is on its way."""
+IN_FLIGHT = 2
+"""Requests that may be in flight at once (a commit racing a removal): made
+but not yet counted in :attr:`Model.now`."""
 
 
 @dataclass
@@ -158,17 +159,20 @@ def key_expected(model: Model, name: str, start: int, guest: bool, waitcreate: b
     return out, errno.ENOTSUP if life.removed is not None else 0
 
 
-def start_window(model: Model, rank: int, start: int) -> range:
+def start_window(model: Model, rank: int, start: int, first_at: int) -> range:
     """The points a key watcher sent on ``rank``'s handle after ``start``
     requests may begin at.  No sooner than the last request answered
     through its rank: an answer travels behind its request's events, so
     the rank had heard that one (a rank busy beside other work may lag
     the others by any number of requests made elsewhere).  No later than
-    :data:`LATE_SLACK` requests after it."""
+    what was made when its first answer was read (``first_at`` requests
+    answered, and :data:`IN_FLIGHT` more): it began before it answered.
+    (A fixed two requests after its start was once the bound, and a loaded
+    run's rank 3 began a watcher after a removal three requests on.)"""
     heard = [i for i in range(start) if model.via[i] == rank
              or child_toward(rank, model.via[i], FANOUT) is not None]
     low = heard[-1] + 1 if heard else 0
-    return range(low, min(model.now, start + LATE_SLACK) + 1)
+    return range(low, min(model.now, first_at + IN_FLIGHT) + 1)
 
 
 async def wait_started(h: Handle, rank: int) -> None:
@@ -188,6 +192,10 @@ class NsWatcher:
     rank: int
     start: int
     stream: Stream
+    late: bool = False
+    """Started during the history (one started at its first request has the
+    first watchers' ``start`` too, but its list may already hold that
+    request's namespace: it was not waited for)."""
     got: list[NsEvent] = field(default_factory=list)
     epochs: list[tuple[str, str, int]] = field(default_factory=list)
 
@@ -233,13 +241,18 @@ class KeyWatcher:
     end: int | None = None
     start: int = 0  # requests made before it was sent
     waitcreate: bool = True
+    first_at: int | None = None
+    """Requests answered when its first answer (or its end) was read."""
 
-    async def read(self) -> None:
-        """Until the last value, or the end of the stream."""
+    async def read(self, now: Callable[[], int] | None = None) -> None:
+        """Until the last value, or the end of the stream; ``now()``, the
+        requests answered so far, is noted at the first answer."""
         try:
             while True:
                 msg = await next_message(self.stream, f"k in {self.name} on rank {self.rank}",
                                          self.got)
+                if self.first_at is None and now is not None:
+                    self.first_at = now()
                 if msg is None:
                     self.end = 0
                     return
@@ -248,6 +261,8 @@ class KeyWatcher:
                 if value == "end":
                     return
         except RemoteError as exc:
+            if self.first_at is None and now is not None:
+                self.first_at = now()
             self.end = exc.errnum
 
 
@@ -434,19 +449,22 @@ async def test_namespace_and_key_watchers_follow_namespace_lives(start_instance,
         await wait_started(handles[r], r)
 
     late_keyws: list[KeyWatcher] = []
+    late_reads: list[asyncio.Future[None]] = []  # (read as they go: when each first answers)
     if mode == "one at a time":
         late_at = set(rng.sample(range(HISTORY), LATE_WATCHERS))
         for i in range(HISTORY):
             if i in late_at:
                 r, prefix = rng.randrange(SIZE), rng.choice(PREFIXES)
                 nsws.append(NsWatcher(prefix, r, model.now, handles[r].rpc_stream(
-                    "kvs-watch.namespaces", {"prefix": prefix})))
+                    "kvs-watch.namespaces", {"prefix": prefix}), late=True))
                 for waitcreate in (True, False):
                     r, name = rng.randrange(SIZE), rng.choice(POOL)
-                    late_keyws.append(KeyWatcher(name, r, handles[r].rpc_stream(
+                    late = KeyWatcher(name, r, handles[r].rpc_stream(
                         "kvs-watch.lookup", {"namespace": name, "key": "k", "flags": WATCH | (
                             WAITCREATE if waitcreate else 0)}), start=model.now,
-                        waitcreate=waitcreate))
+                        waitcreate=waitcreate)
+                    late_keyws.append(late)
+                    late_reads.append(asyncio.ensure_future(late.read(lambda: model.now)))
             await random_request(rng, rng.choice(POOL), together=True)
     else:
         async def one_name(name: str) -> None:
@@ -460,7 +478,7 @@ async def test_namespace_and_key_watchers_follow_namespace_lives(start_instance,
         await put(rng, name, "end")
     await create(rng, END_NS, GUEST_UID)
 
-    await asyncio.gather(*(w.read() for w in nsws), *(w.read() for w in keyws + late_keyws))
+    await asyncio.gather(*(w.read() for w in nsws), *(w.read() for w in keyws), *late_reads)
     assert guest.stdout is not None
     out, _ = await asyncio.wait_for(guest.communicate(), 30)
     assert guest.returncode == 0, f"{where}: the guest failed"
@@ -478,7 +496,7 @@ async def test_namespace_and_key_watchers_follow_namespace_lives(start_instance,
 
     failures: list[str] = []
     for w in nsws:
-        if w.start == start:
+        if not w.late:
             want = ns_expected(model, start, w.prefix, guest=False)
             if differs(w.got, want):
                 failures.append(f"{w.describe()}:\n    want {want}\n    got  {w.got}")
@@ -500,7 +518,8 @@ async def test_namespace_and_key_watchers_follow_namespace_lives(start_instance,
                             f"{want_end}\n    got  {w.got} then {w.end}")
     for w in late_keyws:
         # It began at whatever its rank had heard when it came.
-        near = start_window(model, w.rank, w.start)
+        assert w.first_at is not None  # (its read ended: it answered)
+        near = start_window(model, w.rank, w.start, w.first_at)
         if not any((w.got, w.end or 0) == key_expected(model, w.name, p, False, w.waitcreate)
                    for p in near):
             failures.append(f"k in {w.name} on rank {w.rank} from request {w.start}"
