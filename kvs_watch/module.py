@@ -353,9 +353,11 @@ class KvsWatchModule(Module):
         fut.add_done_callback(lambda f: self._fresh_root(mon, w, f))
 
     def _fresh_root(self, mon: Monitor, w: Watcher, fut: Any) -> None:
-        if fut.cancelled() or w.done:
+        if fut.cancelled():
             return
-        exc = fut.exception()
+        exc = fut.exception()  # (read even when unwanted: else asyncio logs it "never retrieved")
+        if w.done:  # (ended meanwhile: its namespace removed, say, which fails the getroot too)
+            return
         if exc is not None:
             errnum = exc.errnum if isinstance(exc, ErrnoError) else errno.EIO
             w.fail(errnum, f"namespace {mon.name!r} does not exist" if errnum == errno.ENOTSUP

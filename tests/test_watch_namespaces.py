@@ -33,7 +33,7 @@ from test_watch_helpers import (
 )
 
 from broker.errors import RemoteError
-from broker.handle import Stream
+from broker.handle import Handle, Stream
 from kvs_watch.monitor import READY
 
 
@@ -431,3 +431,37 @@ async def test_a_watch_whose_first_root_is_on_its_way_when_the_namespace_goes(
     await ns_create(h0, ns)  # the waiting watcher follows the next namespace of the name
     await commit(h0, put("k", "2"), ns=ns)
     assert await value(waiting) == b"2"
+
+
+async def test_a_plain_watch_ended_by_a_removal_before_its_root_came_logs_nothing(
+        tmp_path) -> None:
+    """A plain watch (no ``WAITCREATE``) joins a monitor that a waiting one
+    keeps on rank 1, and asks the kvs for a fresh root; the namespace's
+    removal, sent at the same time, ends it first, and the kvs's answer is
+    ``ENOTSUP`` too.  Nobody read that answer: each such watch logged
+    "Future exception was never retrieved" at ERROR on rank 1 (a
+    test_watch_nsmodel run's rank log; 42 of 50 tries here)."""
+    from broker.launch import Instance
+
+    log = tmp_path / "ranks.log"
+    inst = Instance(2, stderr_path=str(log))
+    await asyncio.wait_for(inst.start(), 60)
+    try:
+        h0, h1 = await Handle.connect(inst.uri(0)), await Handle.connect(inst.uri(1))
+        for i in range(30):
+            ns = f"job-{i}"
+            await ns_create(h0, ns)
+            await commit(h0, put("k", "1"), ns=ns)
+            waiting = watch_stream(h1, "k", WATCH | WAITCREATE, ns=ns)
+            assert await value(waiting) == b"1"
+            removal = h0.rpc("kvs.namespace-remove", {"namespace": ns})
+            plain = watch_stream(h1, "k", WATCH, ns=ns)
+            await asyncio.wait_for(removal, T)
+            for s in (waiting, plain):  # (plain: from the root or not, it ends so)
+                assert (await values_to_the_end(s))[1] == errno.ENOTSUP
+        await h0.close()
+        await h1.close()
+    finally:
+        await asyncio.wait_for(inst.stop(), 60)
+    text = log.read_text()
+    assert "never retrieved" not in text and "Traceback" not in text, text
