@@ -29,10 +29,14 @@ class Peer:
     def __init__(self) -> None:
         self.requests: asyncio.Queue[Message] = asyncio.Queue()
         self.writer: asyncio.StreamWriter | None = None
+        self.connected = asyncio.Event()
+        """Set once the server has taken the connection: a client's connect
+        can return before (on the stock loop, the accept runs a turn later)."""
         self.done = asyncio.Event()
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.writer = writer
+        self.connected.set()
         decoder = codec.StreamDecoder()
         try:
             while data := await reader.read(1 << 16):
@@ -57,6 +61,7 @@ async def wired(tmp_path: Path):
     path = str(tmp_path / "peer.sock")
     server = await asyncio.start_unix_server(peer.serve, path)
     h = await Handle.connect(f"local://{path}")
+    await asyncio.wait_for(peer.connected.wait(), T)
     yield h, peer
     await h.close()
     await asyncio.wait_for(peer.done.wait(), T)  # the peer saw the hang-up
@@ -505,6 +510,7 @@ async def test_recv_event_after_close_raises_though_events_are_queued(tmp_path) 
     server = await asyncio.start_unix_server(peer.serve, path)
     try:
         h = await Handle.connect(f"local://{path}")
+        await asyncio.wait_for(peer.connected.wait(), T)
         peer.send_frames(codec.encode(Message(MsgType.EVENT, "e.1", seq=1)))
         assert (await asyncio.wait_for(h.recv_event(), T)).topic == "e.1"
         peer.send_frames(codec.encode(Message(MsgType.EVENT, "e.2", seq=2)))
