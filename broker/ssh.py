@@ -312,14 +312,22 @@ def remove_relay_command(rundir: str) -> None:
 def relay(path: str) -> int:
     """``kvbroker relay PATH``: connect to the local socket PATH, greet, then
     copy standard input to it and it to standard output until either ends."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        try:
+            sock.connect(path)
+        except OSError as exc:
+            out = sys.stdout.buffer
+            out.write(GREETING + f"error {exc.errno} {path}: {exc.strerror}\n".encode())
+            out.flush()
+            return 1
+        return _copy_both_ways(sock)
+
+
+def _copy_both_ways(sock: socket.socket) -> int:
+    """:func:`relay` once connected: greet, then copy until either side ends
+    (the caller closes ``sock``; the thread still reading standard input,
+    a daemon, then ends on its next write)."""
     out = sys.stdout.buffer
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.connect(path)
-    except OSError as exc:
-        out.write(GREETING + f"error {exc.errno} {path}: {exc.strerror}\n".encode())
-        out.flush()
-        return 1
     out.write(GREETING + b"ok\n")
     out.flush()
 

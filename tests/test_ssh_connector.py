@@ -127,3 +127,18 @@ def test_a_blocking_connect_that_hangs_times_out(monkeypatch: pytest.MonkeyPatch
     with pytest.raises(TimeoutError):
         sync.connect("ssh://nowhere/tmp/x/local-0", timeout=0.5)
     assert time.monotonic() - t0 < 10
+
+
+async def test_the_relay_closes_its_socket_either_way(start_instance, tmp_path: Path) -> None:
+    """``kvbroker relay`` with warnings on says nothing on stderr, whether it
+    connected and the client went, or could not connect: it left its socket
+    to the interpreter's exit, and Python warned ``ResourceWarning:
+    unclosed <socket.socket ...>`` (a suite run with
+    ``PYTHONWARNINGS=always::ResourceWarning``)."""
+    inst = await start_instance(size=1)
+    env = {**os.environ, "PYTHONWARNINGS": "always::ResourceWarning"}
+    path = inst.uri(0).removeprefix("local://")
+    rc, out, err = await run_cli("relay", path, env=env, input=b"")
+    assert (rc, out, err) == (0, "kvbroker-relay ok\n", "")
+    rc, _, err = await run_cli("relay", str(tmp_path / "nope"), env=env)
+    assert (rc, err) == (1, "")
