@@ -44,7 +44,11 @@ PROGRAM = textwrap.dedent("""
     if sys.argv[2] == "asyncio-run":
         asyncio.run(main())  # (which handles SIGINT itself)
     else:  # Python's own SIGINT handler: KeyboardInterrupt
-        asyncio.new_event_loop().run_until_complete(main())
+        loop = asyncio.new_event_loop()
+        try:
+            loop.run_until_complete(main())
+        finally:
+            loop.close()
 """)
 
 
