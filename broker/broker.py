@@ -14,10 +14,16 @@ from broker import __version__, bootstrap, gcpolicy, plugins, statsd
 from broker import attrs as battrs
 from broker import config as bconfig
 from broker.connector import Connector
-from broker.errors import ErrnoError, KvbrokerError
+from broker.errors import ErrnoError, KvbrokerError, describe_failure
 from broker.logring import RankLog
 from broker.loops import loop_name
-from broker.module import RELOAD, Module, ModuleContext, ModuleHandle
+from broker.module import (
+    MODULE_FAILURES,
+    RELOAD,
+    Module,
+    ModuleContext,
+    ModuleHandle,
+)
 from broker.overlay import Overlay
 from broker.reloadhold import RELOAD_HOLD_TIMEOUT
 from broker.router import Router
@@ -197,8 +203,8 @@ class Broker:
             module: Module = cls(self._context())
         except (KvbrokerError, OSError):
             raise
-        except Exception as exc:
-            why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        except MODULE_FAILURES as exc:
+            why = describe_failure(exc)
             raise ModuleStartError(f"module {cls.name} failed to start: {why}") from exc
         return module
 
@@ -217,8 +223,8 @@ class Broker:
             await module.start()
         except (KvbrokerError, OSError):
             raise  # (a module's own error, written for people: "statedir DIR is in use...")
-        except Exception as exc:  # a bug, or a plugin's: the start-up error names the module
-            why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        except MODULE_FAILURES as exc:  # a bug, or a plugin's: the start-up error names it
+            why = describe_failure(exc)
             raise ModuleStartError(f"module {module.name} failed to start: {why}") from exc
 
     async def load_at_runtime(self, name: str, settings: dict[str, str], *,
@@ -337,7 +343,7 @@ class Broker:
                 # (an OSError's own words, not "[Errno 17] ...": the errno is said)
                 why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
                 raise ErrnoError(getattr(exc, "errno", None) or errno.EIO, why) from None
-            why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            why = describe_failure(exc)
             raise ErrnoError(errno.EIO, f"module {name} failed to start: {why}") from None
         finally:
             self._changing.discard(name)

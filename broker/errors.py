@@ -81,6 +81,12 @@ def error_text(exc: BaseException) -> str:
     return exc.errstr if isinstance(exc, ErrnoError) else str(exc)
 
 
+def describe_failure(exc: BaseException) -> str:
+    """A failure where its kind matters (a module's start-up, a plugin's
+    load): ``Type: words``, or ``Type`` for one without words."""
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
 def strerror(errnum: int) -> str:
     """``os.strerror`` for the CLI's ``kvbroker: <what>: <strerror>`` lines."""
     return os.strerror(errnum)

@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from broker.errors import ErrnoError, ProtocolError
+from broker.errors import ErrnoError, ProtocolError, describe_failure
 from broker.message import NODEID_ANY, Message, MsgFlags, MsgType, Role
 from broker.rpc import HandleCore
 
@@ -40,6 +40,15 @@ MAX_HELD = 10_000
 """Requests a module's handlers returned without answering that the broker
 notes, at most, to end them ``ENOSYS`` if the module is removed (see
 :meth:`ModuleHandle.hold`)."""
+
+MODULE_FAILURES: tuple[type[BaseException], ...] = (Exception, SystemExit)
+"""What a module's own code may raise that is the failure of that code --
+a handler answered ``EIO``, an event handler's logged, a start-up refused
+-- never the rank's end.  ``sys.exit()`` in a module is its bug, as an
+exception is: raised from a handler coroutine or a task it stopped the
+rank's event loop (the instance went down with the status given), and
+from a plain handler it dropped the connection whose read ran it.
+``KeyboardInterrupt`` is not one: it is the rank's."""
 
 RELOAD = "module reload"
 """The reason a module's :meth:`Module.stop` is given (:attr:`Module.stop_reason`)
@@ -461,7 +470,7 @@ class Module:
         self.events.received += 1
         try:
             self.on_event(msg)
-        except Exception:
+        except MODULE_FAILURES:
             self.log.exception("event handler failed for %s", msg.topic)
 
     def _dispatch(self, msg: Message) -> None:
@@ -478,12 +487,12 @@ class Module:
         except ErrnoError as exc:
             self.h.respond_error(msg, exc.errnum, exc.errstr)
             return
-        except Exception as exc:
+        except MODULE_FAILURES as exc:
             self.log.exception("handler %s failed", msg.topic)
-            self.h.respond_error(msg, errno.EIO, f"internal error: {exc}")
+            self.h.respond_error(msg, errno.EIO, f"internal error: {failure_words(exc)}")
             return
         if result is not None and inspect.isawaitable(result):
-            self.spawn(self._finish(msg, result))
+            self.serve(msg, result)
         elif not msg.answered:
             self._held(msg)
 
@@ -506,9 +515,9 @@ class Module:
             self.h.respond_error(msg, exc.errnum, exc.errstr)
         except asyncio.CancelledError:
             raise
-        except Exception as exc:
+        except MODULE_FAILURES as exc:
             self.log.exception("handler %s failed", msg.topic)
-            self.h.respond_error(msg, errno.EIO, f"internal error: {exc}")
+            self.h.respond_error(msg, errno.EIO, f"internal error: {failure_words(exc)}")
 
     def set_attribute(self, name: str, value: Any) -> None:
         """Apply runtime attribute ``name`` (one of :attr:`runtime_attributes`),
@@ -516,7 +525,23 @@ class Module:
         raise NotImplementedError(f"{self.name} declares no runtime attribute {name}")
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
-        """Run ``coro`` as a task owned by the module (cancelled at stop)."""
+        """Run ``coro`` as a task owned by the module (cancelled at stop).
+        A ``sys.exit()`` in it fails the task with :class:`ModuleExit`, as
+        an exception would, instead of ending the rank."""
+        task = self._own(_exit_contained(self.name, coro))
+        # (a task cancelled before its first step never awaits ``coro``:
+        # closed then, or Python warns that it was never awaited)
+        task.add_done_callback(lambda _: coro.close())
+        return task
+
+    def serve(self, msg: Message, aw: Awaitable[None]) -> asyncio.Task[Any]:
+        """Serve request ``msg`` with ``aw`` in a task owned by the module:
+        what an async handler returns is run so.  Its failure, ``sys.exit()``
+        included, is answered ``EIO``; a request it leaves unanswered is
+        noted, as a plain handler's is."""
+        return self._own(self._finish(msg, aw))
+
+    def _own(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks[task] = None
         task.add_done_callback(self._tasks.pop)
@@ -535,7 +560,10 @@ class Module:
                     if n:
                         self.log.info("%d requests it parked are held for the module "
                                       "reloaded", n)
-            await self.stop()
+            try:
+                await self.stop()
+            except SystemExit as exc:  # (its failure to stop, not the rank's exit)
+                raise _module_exit(self.name, "stop()", exc) from exc
         finally:
             for task in list(self._tasks):
                 if self.removing:
@@ -581,6 +609,29 @@ def _close_unstarted_handler(task: asyncio.Task[Any]) -> None:
         aw = coro.cr_frame.f_locals.get("aw")  # type: ignore[union-attr]
         if asyncio.iscoroutine(aw):
             aw.close()
+
+
+class ModuleExit(RuntimeError):
+    """A module's task (:meth:`Module.spawn`) or :meth:`Module.stop` called
+    ``sys.exit()``: the failure of that code, not the rank's exit."""
+
+
+def _module_exit(name: str, what: str, exc: SystemExit) -> ModuleExit:
+    code = "" if exc.code is None else repr(exc.code)
+    return ModuleExit(f"module {name}'s {what} called sys.exit({code})")
+
+
+async def _exit_contained(name: str, coro: Coroutine[Any, Any, Any]) -> Any:
+    try:
+        return await coro
+    except SystemExit as exc:
+        raise _module_exit(name, "task", exc) from exc
+
+
+def failure_words(exc: BaseException) -> str:
+    """A handler's failure in its ``EIO`` answer: the exception's words,
+    but ``SystemExit: N`` for ``sys.exit(N)``, whose words are ``N`` alone."""
+    return describe_failure(exc) if isinstance(exc, SystemExit) else str(exc)
 
 
 def require(payload: Any, **fields: type | tuple[type, ...]) -> dict[str, Any]:

@@ -21,6 +21,8 @@ import sys
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from broker.errors import describe_failure
+
 if TYPE_CHECKING:
     from importlib.metadata import EntryPoint
 
@@ -145,7 +147,7 @@ def load_module_file(path: str) -> Any:
         # ended the rank, or the launcher checking it, without a word)
         if not isinstance(exc, Exception | SystemExit):
             raise
-        why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        why = describe_failure(exc)
         raise ModuleLoadError(f"module file {path} cannot be loaded: {why}") from exc
     found = [obj for obj in vars(code).values()
              if isinstance(obj, type) and issubclass(obj, Module) and obj.__module__ == modname
@@ -192,7 +194,7 @@ def command_registrars(command: str | None = None) -> dict[str, Any]:
         try:
             out[name] = ep.load()
         except Exception as exc:  # (any: one broken extension must not take the rest down)
-            why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            why = describe_failure(exc)
             FAILED_COMMANDS[name] = f"this plugin command ({ep.value}) cannot be loaded: {why}"
             if name != command:  # (the one named says it as its error: see cli.main)
                 print(f"kvbroker: ignoring plugin command {name!r}: {FAILED_COMMANDS[name]}",

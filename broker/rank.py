@@ -47,7 +47,7 @@ from broker.command import (
     command_path,
     exit_code,
 )
-from broker.errors import ErrnoError, KvbrokerError
+from broker.errors import ErrnoError, KvbrokerError, describe_failure
 from broker.logring import PrefixedFormatter, RankLog
 from broker.loops import loop_factory
 
@@ -381,7 +381,7 @@ def describe(exc: BaseException) -> str:
         return f"{' -> '.join(shown)}: {exc.strerror}"
     if isinstance(exc, (LookupError, ImportError, OSError, ValueError, KvbrokerError)):
         return str(exc) or type(exc).__name__
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return describe_failure(exc)
 
 
 def _raise_open_files_limit() -> None:

@@ -1353,8 +1353,8 @@ class KvsModule(Module):
 
         def relayed(f: asyncio.Future[tuple[int, str]]) -> None:
             if not f.cancelled() and _outran_removal(f.exception()):
-                self.spawn(self._finish(msg, self._commit(msg, p, ops, flags, size,
-                                                          lease_user, stale=ns)))
+                self.serve(msg, self._commit(msg, p, ops, flags, size, lease_user,
+                                             stale=ns))
             else:
                 self._answer_commit(msg, f)
 

@@ -310,3 +310,96 @@ async def test_a_symlinked_file_is_kept_as_named(start_instance, tmp_path: Path)
     _, err = await cli(uri, "module", "remove", str(tmp_path / "v2.py"), rc=1)
     assert f"no module loaded from {tmp_path / 'v2.py'}" in err, err
     await cli(uri, "module", "remove", "../" + tmp_path.name + "/testmod.py", cwd=tmp_path)
+
+
+EXITMOD = '''\
+import sys
+from typing import ClassVar
+
+from broker.message import Message
+from broker.module import Handler, Module
+
+
+class ExitMod(Module):
+    name: ClassVar[str] = "exitmod"
+
+    def handlers(self) -> dict[str, Handler]:
+        return {"exitmod.now": self.now, "exitmod.later": self.later,
+                "exitmod.task": self.task}
+
+    async def start(self) -> None:
+        self.h.subscribe("exitmod.")
+
+    def on_event(self, msg: Message) -> None:
+        if msg.topic == "exitmod.event":
+            sys.exit(7)
+
+    def stats(self) -> dict:
+        return {"events": self.event_stats()}
+
+    def now(self, msg: Message) -> None:
+        sys.exit(5)
+
+    async def later(self, msg: Message) -> None:
+        sys.exit(6)
+
+    async def task(self, msg: Message) -> None:
+        try:
+            await self.spawn(self._exits())
+        except RuntimeError as exc:
+            self.h.respond(msg, {"error": str(exc)})
+
+    async def _exits(self) -> None:
+        sys.exit(8)
+
+    async def stop(self) -> None:
+        sys.exit(9)
+'''
+
+
+async def test_sys_exit_in_a_module_is_its_failure_not_the_ranks(start_instance,
+                                                                  tmp_path: Path) -> None:
+    """``sys.exit()`` in a module's handler, event handler, task or
+    ``stop()`` is that code's failure, as an exception is -- answered
+    ``EIO`` or logged -- and the rank serves on.  It ended the rank (from a handler coroutine
+    or a task: the event loop stopped, the instance went down with the
+    status given) or dropped the connection whose read ran the handler
+    (a plain one: the client got ``ECONNRESET``, not an answer)."""
+    inst = await start_instance(size=2)
+    uri = inst.uri(0)
+    (tmp_path / "exitmod.py").write_text(EXITMOD)
+    await cli(uri, "module", "load", "./exitmod.py", cwd=tmp_path)
+    for topic, status in (("exitmod.now", 5), ("exitmod.later", 6)):
+        _, err = await cli(uri, "rpc", topic, rc=1)
+        assert err == (f"kvbroker: {topic}: Input/output error "
+                       f"(internal error: SystemExit: {status})\n"), err
+    out, _ = await cli(uri, "rpc", "exitmod.task")
+    assert json.loads(out) == {"error": "module exitmod's task called sys.exit(8)"}
+    await cli(uri, "event", "pub", "exitmod.event")
+    # (events come in order: had this one, it had the one before)
+    await cli(uri, "event", "pub", "-s", "exitmod.after")
+    out, _ = await cli(uri, "stats", "exitmod")
+    assert json.loads(out)["events"]["received"] == 2
+    log = (await cli(uri, "dmesg"))[0]
+    assert "event handler failed for exitmod.event" in log and "SystemExit: 7" in log, log
+    assert "SystemExit: 5" in log and "SystemExit: 6" in log, log
+    await cli(uri, "module", "remove", "exitmod")  # (removed: its stop failed)
+    log = (await cli(uri, "dmesg"))[0]
+    assert "module exitmod failed to stop" in log, log
+    assert "ModuleExit: module exitmod's stop() called sys.exit(9)" in log, log
+    _, err = await cli(uri, "rpc", "exitmod.now", rc=1)
+    assert "Function not implemented" in err, err
+    await cli(uri, "ping", "--count", "1", "0")  # (the rank serves on)
+
+
+async def test_sys_exit_in_a_modules_start_at_start_up(tmp_path: Path) -> None:
+    """A module in ``broker.modules`` whose ``start()`` calls ``sys.exit()``
+    fails the start-up naming the module, as one that raises: the rank
+    exited with the status given and no word of why."""
+    (tmp_path / "testmod.py").write_text(TESTMOD.replace(
+        "        fail = FAIL", "        import sys\n        sys.exit(4)\n        fail = FAIL"))
+    rc, _, err = await run_cli("start", "--size", "1", "-S",
+                               "broker.modules=content,./testmod.py", "--", "true",
+                               timeout=T, cwd=tmp_path)
+    assert rc == 2, (rc, err)
+    assert "start-up failed: module testmod failed to start: SystemExit: 4\n" in err, err
