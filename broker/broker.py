@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import inspect
 import logging
 import os
 import resource
@@ -220,7 +221,9 @@ class Broker:
         self.modules.append(module)
         self._by_name[module.name] = module
         try:
-            await module.start()
+            started = module.start()
+            if inspect.isawaitable(started):  # (a plain start() does its work as called)
+                await started
         except (KvbrokerError, OSError):
             raise  # (a module's own error, written for people: "statedir DIR is in use...")
         except MODULE_FAILURES as exc:  # a bug, or a plugin's: the start-up error names it

@@ -360,13 +360,18 @@ class Module:
         return {}
 
     async def start(self) -> None:
-        """Called once the module is registered with the router."""
+        """Called once the module is registered with the router (a plain
+        function may override it too)."""
 
     async def stop(self) -> None:
-        """Called at shutdown, before the router goes away."""
+        """Called at shutdown, before the router goes away (a plain
+        function may override it too)."""
 
-    def on_event(self, msg: Message) -> None:
-        """Called for each event matching one of the module's subscriptions."""
+    def on_event(self, msg: Message) -> Awaitable[None] | None:
+        """Called for each event matching one of the module's subscriptions.
+        A coroutine function may be given: each event's call then runs as a
+        task of the module, started in the order the events came."""
+        return None
 
     def stats(self) -> dict[str, Any]:
         return {}
@@ -469,7 +474,18 @@ class Module:
     def _receive_event(self, msg: Message) -> None:
         self.events.received += 1
         try:
-            self.on_event(msg)
+            result = self.on_event(msg)
+        except MODULE_FAILURES:
+            self.log.exception("event handler failed for %s", msg.topic)
+            return
+        if result is not None and inspect.isawaitable(result):
+            self._own(self._finish_event(msg, result))
+
+    async def _finish_event(self, msg: Message, aw: Awaitable[None]) -> None:
+        try:
+            await aw
+        except asyncio.CancelledError:
+            raise
         except MODULE_FAILURES:
             self.log.exception("event handler failed for %s", msg.topic)
 
@@ -561,7 +577,9 @@ class Module:
                         self.log.info("%d requests it parked are held for the module "
                                       "reloaded", n)
             try:
-                await self.stop()
+                stopped = self.stop()
+                if inspect.isawaitable(stopped):  # (a plain stop() did its work as called)
+                    await stopped
             except SystemExit as exc:  # (its failure to stop, not the rank's exit)
                 raise _module_exit(self.name, "stop()", exc) from exc
         finally:
@@ -600,8 +618,8 @@ def _serving(task: asyncio.Task[Any]) -> Message | None:
 
 
 def _close_unstarted_handler(task: asyncio.Task[Any]) -> None:
-    """A ``_finish`` task cancelled before its first step never awaits the
-    handler coroutine it was given, and Python then warns "coroutine ...
+    """A ``_finish`` (or ``_finish_event``) task cancelled before its first
+    step never awaits the handler coroutine it was given, and Python then warns "coroutine ...
     was never awaited" on the rank's stderr as it stops: close that
     coroutine here (a frame not yet run still holds its arguments)."""
     coro = task.get_coro()

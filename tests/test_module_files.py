@@ -403,3 +403,79 @@ async def test_sys_exit_in_a_modules_start_at_start_up(tmp_path: Path) -> None:
                                timeout=T, cwd=tmp_path)
     assert rc == 2, (rc, err)
     assert "start-up failed: module testmod failed to start: SystemExit: 4\n" in err, err
+
+
+ASYNCEV = '''\
+import asyncio
+from typing import ClassVar
+
+from broker.message import Message
+from broker.module import Handler, Module
+
+
+class AsyncEv(Module):
+    name: ClassVar[str] = "asyncev"
+
+    def handlers(self) -> dict[str, Handler]:
+        return {"asyncev.seen": self.seen}
+
+    async def start(self) -> None:
+        self.heard: list[str] = []
+        self.h.subscribe("asyncev.")
+
+    async def on_event(self, msg: Message) -> None:
+        await asyncio.sleep(0)
+        if msg.topic == "asyncev.fail":
+            raise ValueError("no good")
+        self.heard.append(msg.topic)
+
+    async def seen(self, msg: Message) -> None:
+        while "asyncev.last" not in self.heard:
+            await asyncio.sleep(0.01)
+        self.h.respond(msg, {"heard": self.heard})
+'''
+
+
+PLAINMOD = TESTMOD.replace("    async def start(self)", "    def start(self)").replace(
+    "    def stats(self) -> dict:", """    def stop(self) -> None:
+        with open(self.ctx.attrs["testmod.greeting"], "w") as f:
+            f.write("stopped")
+
+    def stats(self) -> dict:""")
+
+
+async def test_plain_start_and_stop(start_instance, tmp_path: Path) -> None:
+    """A module's ``start()`` and ``stop()`` may be plain functions: they
+    are called, and what they return awaited only if it is awaitable.  The
+    load failed (``TypeError: object NoneType can't be used in 'await'
+    expression``)."""
+    inst = await start_instance(size=1)
+    uri = inst.uri(0)
+    (tmp_path / "testmod.py").write_text(PLAINMOD)
+    stopped = tmp_path / "stopped"
+    await cli(uri, "module", "load", "./testmod.py", f"testmod.greeting={stopped}",
+              cwd=tmp_path)
+    assert (await hello(uri))["says"] == str(stopped)
+    with pytest.raises(FileNotFoundError):
+        stopped.read_text()
+    await cli(uri, "module", "remove", "testmod")
+    assert stopped.read_text() == "stopped"
+
+
+async def test_a_coroutine_on_event_runs(start_instance, tmp_path: Path) -> None:
+    """A module whose ``on_event`` is a coroutine function has each event's
+    run as a task, in the order the events came, its failure logged as a
+    plain one's is.  It was called and dropped: no event was handled, and
+    Python warned ``coroutine ... was never awaited`` on the rank's stderr."""
+    inst = await start_instance(size=1)
+    uri = inst.uri(0)
+    (tmp_path / "asyncev.py").write_text(ASYNCEV)
+    await cli(uri, "module", "load", "./asyncev.py", cwd=tmp_path)
+    for topic in ("asyncev.one", "asyncev.fail", "asyncev.two", "asyncev.last"):
+        await cli(uri, "event", "pub", topic)
+    out, _ = await cli(uri, "rpc", "asyncev.seen", "-t", "10")
+    assert json.loads(out) == {"heard": ["asyncev.one", "asyncev.two", "asyncev.last"]}
+    log = (await cli(uri, "dmesg"))[0]
+    assert "event handler failed for asyncev.fail" in log and "ValueError: no good" in log
+    await cli(uri, "module", "remove", "asyncev")
+    assert "never awaited" not in (tmp_path / "broker-0.log").read_text()
