@@ -298,8 +298,9 @@ def module_names(attrs: Mapping[str, Any], rank: int | None = None) -> list[str]
     """The modules a rank loads as it starts: those ``broker.modules``
     names, in order, then on rank 0 those of :data:`LOADED_BY_ATTR` whose
     attribute is set.  ``rank`` None: every module some rank loads (what a
-    launcher finds and checks)."""
-    names = [n for n in str(MODULES.value(attrs)).split(",") if n]
+    launcher finds and checks).  Blanks around a name are not part of it
+    (``content, kvs``)."""
+    names = [n for n in (item.strip() for item in str(MODULES.value(attrs)).split(",")) if n]
     if rank in (0, None):
         names += [module for attr, module in LOADED_BY_ATTR.items()
                   if str(attrs.get(attr, "")).strip() and module not in names]

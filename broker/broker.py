@@ -45,6 +45,18 @@ class ModuleStartError(KvbrokerError):
     """A module's ``start()`` failed: the rank's start-up fails, naming it."""
 
 
+def _listed_module_class(name: str) -> Any:
+    """The class of module ``name`` of ``broker.modules``; one not found
+    whose name holds a blank says how the list is written (``content
+    kvs``: one name)."""
+    try:
+        return plugins.load_module_class(name)
+    except LookupError as exc:
+        if any(c.isspace() for c in name) and not plugins.is_file_module(name):
+            raise LookupError(f"{exc}: broker.modules is a comma-separated list") from None
+        raise
+
+
 def start_order(classes: list[Any]) -> list[Any]:
     """``classes`` (the modules of ``broker.modules``, in its order), each
     after those its ``after`` names that are among them: ``kvs,content``
@@ -528,7 +540,7 @@ class Broker:
         # are found, and their attributes checked and defaulted, before the
         # rank listens or loads any of them.
         names = battrs.module_names(self.attrs, self.rank)
-        loaded = [plugins.load_module_class(name) for name in names]
+        loaded = [_listed_module_class(name) for name in names]
         files = {cls: os.path.abspath(name)  # (module files: module reload reads them again)
                  for name, cls in zip(names, loaded, strict=True) if plugins.is_file_module(name)}
         classes = start_order(loaded)

@@ -232,3 +232,12 @@ def test_flux_s_own_attributes_are_put_in_kvbroker_s_terms() -> None:
         attrs.from_flux({"broker.rc1_path": "/etc/flux/rc1"})
     with pytest.raises(AttrError, match="^log-stderr-level=8: Flux's level is a number 0-7"):
         attrs.from_flux({"log-stderr-level": "8"})
+
+
+def test_broker_modules_names_are_trimmed() -> None:
+    """``broker.modules`` is a comma-separated list: blanks around a name
+    are not part of it (``content, kvs`` stopped the start-up with ``no
+    module named ' kvs'``), and an empty item is skipped."""
+    assert attrs.module_names({"broker.modules": " content , kvs,\tkvs-watch ,, "}, 1) == [
+        "content", "kvs", "kvs-watch"]
+

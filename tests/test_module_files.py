@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -240,6 +241,21 @@ async def test_a_module_file_that_exits_at_start(tmp_path: Path) -> None:
     assert (f"module file {tmp_path / 'exits.py'} cannot be loaded: SystemExit: 3"
             in err), err
     assert "Traceback" not in err, err
+
+
+async def test_a_module_list_written_with_blanks(tmp_path: Path) -> None:
+    """``broker.modules`` is comma-separated: blanks around a name are
+    dropped (``content, kvs`` stopped the start-up, ``no module named ' kvs'``),
+    and a list written with spaces (one name, unknown) says so."""
+    rc, out, err = await run_cli("start", "--size", "1", "-S",
+                                 "broker.modules=content, kvs ,", "--", "kvbroker", "kvs",
+                                 "put", "a=1", timeout=T, cwd=tmp_path)
+    assert (rc, out, err) == (0, "", "")
+    rc, _, err = await run_cli("start", "--size", "1", "-S", "broker.modules=content kvs",
+                               "--", "true", timeout=T, cwd=tmp_path)
+    assert rc == 2, (rc, err)
+    assert re.search(r"start-up failed: no module named 'content kvs' \(known: .*\): "
+                     r"broker\.modules is a comma-separated list\n", err), err
 
 
 async def test_a_file_that_now_defines_another_module(start_instance, tmp_path: Path) -> None:
