@@ -508,7 +508,7 @@ class Module:
             self.h.respond_error(msg, errno.EIO, f"internal error: {failure_words(exc)}")
             return
         if result is not None and inspect.isawaitable(result):
-            self.serve(msg, result)
+            self._serve(msg, result)
         elif not msg.answered:
             self._held(msg)
 
@@ -550,7 +550,7 @@ class Module:
         task.add_done_callback(lambda _: coro.close())
         return task
 
-    def serve(self, msg: Message, aw: Awaitable[None]) -> asyncio.Task[Any]:
+    def _serve(self, msg: Message, aw: Awaitable[None]) -> asyncio.Task[Any]:
         """Serve request ``msg`` with ``aw`` in a task owned by the module:
         what an async handler returns is run so.  Its failure, ``sys.exit()``
         included, is answered ``EIO``; a request it leaves unanswered is
@@ -619,9 +619,10 @@ def _serving(task: asyncio.Task[Any]) -> Message | None:
 
 def _close_unstarted_handler(task: asyncio.Task[Any]) -> None:
     """A ``_finish`` (or ``_finish_event``) task cancelled before its first
-    step never awaits the handler coroutine it was given, and Python then warns "coroutine ...
-    was never awaited" on the rank's stderr as it stops: close that
-    coroutine here (a frame not yet run still holds its arguments)."""
+    step never awaits the handler coroutine it was given, and Python then
+    warns "coroutine ... was never awaited" on the rank's stderr as it
+    stops: close that coroutine here (a frame not yet run still holds its
+    arguments)."""
     coro = task.get_coro()
     if inspect.getcoroutinestate(coro) == inspect.CORO_CREATED:  # type: ignore[arg-type]
         aw = coro.cr_frame.f_locals.get("aw")  # type: ignore[union-attr]

@@ -1353,7 +1353,7 @@ class KvsModule(Module):
 
         def relayed(f: asyncio.Future[tuple[int, str]]) -> None:
             if not f.cancelled() and _outran_removal(f.exception()):
-                self.serve(msg, self._commit(msg, p, ops, flags, size, lease_user,
+                self._serve(msg, self._commit(msg, p, ops, flags, size, lease_user,
                                              stale=ns))
             else:
                 self._answer_commit(msg, f)
