@@ -1384,6 +1384,8 @@ class KVS:
         ``EEXIST`` if it exists; instance owner only."""
         payload: dict[str, Any] = {"namespace": name}
         if owner is not None:
+            if isinstance(owner, bool) or not isinstance(owner, int):
+                raise TypeError(f"a namespace's owner is a uid (an int), not {owner!r}")
             payload["owner"] = int(owner)
         if rootref is not None:
             payload["rootref"] = as_root(rootref)["data"][0]
@@ -1739,7 +1741,7 @@ class SyncKVS:
         end of the block) stops it, and so does closing this facade's
         handle (the lease then expires, unless revoked).  A process that
         dies stops it too."""
-        resp = self.run(self.aio.handle.rpc("kvs.lease-grant", {"ttl": ttl}))
+        resp = self.run(self.aio.handle.rpc("kvs.lease-grant", {"ttl": lease_ttl(ttl)}))
         return SyncLease(self, int(resp["id"]), float(resp["ttl"]), keepalive)
 
     def lease_keepalive(self, lease: LeaseSpec) -> float:
@@ -1774,8 +1776,16 @@ LeaseSpec = int | HasLeaseId
 """A lease as the API takes it: its id, or a :class:`Lease` / :class:`SyncLease`."""
 
 
+def lease_ttl(ttl: float) -> float:
+    """``ttl`` checked for a grant: a number (``TypeError`` else, before
+    anything is sent); its range is rank 0's to check (``EINVAL``)."""
+    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)):
+        raise TypeError(f"a lease's ttl is a number of seconds, not {ttl!r}")
+    return ttl
+
+
 def lease_id(lease: LeaseSpec) -> int:
-    lid = lease if isinstance(lease, int) else lease.id
+    lid = lease if isinstance(lease, int) else getattr(lease, "id", None)
     if type(lid) is not int:
         raise TypeError(f"a lease is a Lease or its id (an int), not {lease!r}")
     return lid
@@ -1867,7 +1877,7 @@ class LeaseGrant:
 
     def __init__(self, kvs: KVS, ttl: float, keepalive: bool) -> None:
         self.kvs = kvs
-        self.ttl = ttl
+        self.ttl = lease_ttl(ttl)
         self.keepalive = keepalive
         self._lease: Lease | None = None
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import math
 import secrets
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
@@ -196,9 +195,9 @@ class LeaseTable:
         return asyncio.get_running_loop().time()
 
     def grant(self, uid: int, ttl: Any) -> Lease:
-        if type(ttl) not in (int, float) or not math.isfinite(ttl):
+        if type(ttl) not in (int, float):
             raise ErrnoError(errno.EPROTO, "ttl must be a number of seconds")
-        if not MIN_TTL <= ttl <= MAX_TTL:
+        if not MIN_TTL <= ttl <= MAX_TTL:  # (nan too: a number, in no range)
             raise ErrnoError(errno.EINVAL, f"a lease's ttl must be {MIN_TTL:g} to "
                                            f"{MAX_TTL:g} seconds, not {ttl:g}")
         if self.per_user[uid] >= self.max_per_user:

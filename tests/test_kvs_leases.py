@@ -228,10 +228,17 @@ async def test_a_commit_naming_a_dead_lease_fails_whole(start_instance) -> None:
 async def test_lease_bounds(start_instance) -> None:
     inst = await start_instance(size=2, attrs={"kvs.max-leases-per-user": "2"})
     async with KVS.connect(inst.uri(1)) as kvs:
-        for ttl in (0.5, 86401, float("nan")):
-            with pytest.raises(RemoteError) as exc:
+        for ttl in (0.5, 86401, float("nan"), float("inf"), -float("inf")):
+            with pytest.raises(RemoteError) as exc:  # (a number, out of range: nan too)
                 await kvs.lease(ttl)
-            assert exc.value.errnum in (errno.EINVAL, errno.EPROTO)
+            assert exc.value.errnum == errno.EINVAL, exc.value
+            assert f"must be 1 to 86400 seconds, not {ttl:g}" in str(exc.value)
+        for ttl in ("10", True, None):
+            with pytest.raises(TypeError, match=r"^a lease's ttl is a number of seconds, not "):
+                await kvs.lease(ttl)  # type: ignore[arg-type]
+        with pytest.raises(RemoteError) as exc:  # (the RPC itself: not a number)
+            await kvs.handle.rpc("kvs.lease-grant", {"ttl": "10"})
+        assert exc.value.errnum == errno.EPROTO
         one, two = await kvs.lease(5), await kvs.lease(5)
         with pytest.raises(RemoteError) as exc:
             await kvs.lease(5)
@@ -670,3 +677,29 @@ def test_an_ended_leases_unlinks_come_in_key_order_sorted_once() -> None:
         lease.keys["ns"] -= set(batch)
         lease.keys["ns"].discard(detached)  # (a write detached it meanwhile)
     assert got == sorted(keys - {detached})  # each once, in order, the detached one never
+
+
+async def test_misused_lease_and_owner_arguments_are_type_errors(start_instance) -> None:
+    """API misuse raises ``TypeError`` before anything is sent (api.md,
+    KVS "Errors"): a ``lease=`` that is neither a ``Lease`` nor an id said
+    ``AttributeError: 'str' object has no attribute 'id'``, and a
+    namespace's ``owner`` of 1.5 was sent as uid 1 (``"root"``: a bare
+    ``int()`` ValueError)."""
+    inst = await start_instance(size=1)
+    async with KVS.connect(inst.uri(0)) as kvs:
+        for bad in ("abc", 1.5, [1], b"1", True):
+            with pytest.raises(TypeError, match=r"^a lease is a Lease or its id \(an int\)"):
+                TxnOps().put("x", 1, lease=bad)  # type: ignore[arg-type]
+            with pytest.raises(TypeError, match=r"^a lease is a Lease or its id \(an int\)"):
+                await kvs.put("x", 1, lease=bad)  # type: ignore[arg-type]
+        for owner in (1.5, "root", [0], True):
+            with pytest.raises(TypeError, match=r"^a namespace's owner is a uid \(an int\), "):
+                await kvs.namespace_create("nsq", owner=owner)  # type: ignore[arg-type]
+        assert "nsq" not in [ns.namespace for ns in await kvs.namespace_list()]
+
+    def sync_lease() -> None:
+        with SyncKVS(uri=inst.uri(0)) as skvs, pytest.raises(
+                TypeError, match=r"^a lease's ttl is a number of seconds, not '10'$"):
+            skvs.lease("10")  # type: ignore[arg-type]
+
+    await asyncio.to_thread(sync_lease)
