@@ -45,7 +45,7 @@ import tomllib
 from dataclasses import dataclass, field
 from typing import Any
 
-from broker import hostlist, topology
+from broker import hostlist, jsontoml, topology
 
 DEFAULT_FANOUT = 32
 """As ``kvbroker start --fanout``."""
@@ -194,7 +194,7 @@ def parse(text: str, path: str = "<bootstrap>") -> Bootstrap:
     """Parse and check a bootstrap file's text; relative ``curve_cert`` paths
     are taken from the file's directory."""
     try:
-        doc = tomllib.loads(text)
+        doc = jsontoml.loads_toml(text)
     except tomllib.TOMLDecodeError as exc:
         raise BootstrapError(f"{path}: {exc}") from None
     boot = doc.get("bootstrap")
@@ -429,7 +429,7 @@ def load_attrs(path: str) -> dict[str, Any]:
     are taken from the file's directory when relative, as ``curve_cert``
     is.  Not checked here: :func:`broker.attrs.check_instance` does."""
     try:
-        doc = tomllib.loads(_read(path))
+        doc = jsontoml.loads_toml(_read(path))
     except tomllib.TOMLDecodeError as exc:
         raise BootstrapError(f"{path}: {exc}") from None
     if "bootstrap" in doc:
@@ -445,7 +445,7 @@ def config_file(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
     bootstrap file's (``[bootstrap]`` in it) or ``start --config``'s."""
     text = _read(path, regular_only=True)
     try:
-        doc = tomllib.loads(text)
+        doc = jsontoml.loads_toml(text)
     except tomllib.TOMLDecodeError as exc:
         raise BootstrapError(f"{path}: {exc}") from None
     attrs = parse(text, path).attrs if "bootstrap" in doc else _start_attrs(doc, path)

@@ -20,6 +20,7 @@ from typing import Any, NoReturn, TypeVar
 
 import msgpack
 
+from broker import jsontoml
 from broker.errors import ErrnoError
 from broker.handle import URI_ENV, Handle
 from broker.idset import encode_ranks
@@ -485,7 +486,7 @@ def json_arg(text: str) -> Any:
     except UnicodeEncodeError:  # (bytes the shell gave that are not UTF-8)
         raise argparse.ArgumentTypeError("not valid JSON: it is not UTF-8 text") from None
     try:
-        value = json.loads(text, parse_constant=no_constant, parse_float=finite)
+        value = jsontoml.loads_json(text, parse_constant=no_constant, parse_float=finite)
         msgpack.packb(value)
     except (ValueError, OverflowError, TypeError) as exc:
         raise argparse.ArgumentTypeError(f"not valid JSON: {exc}") from None

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from broker import jsontoml
 from broker.cliutil import (
     CLIError,
     UsageError,
@@ -227,7 +228,7 @@ def parse_object(data: bytes, where: str, what: str,
     except UnicodeDecodeError:
         raise CLIError(what, detail=f"{where}: not UTF-8 text") from None
     try:
-        doc = json.loads(text)
+        doc = jsontoml.loads_json(text)
     except json.JSONDecodeError as exc:
         if json_only:
             raise CLIError(what, detail=f"{where}: not JSON: {exc}") from None
@@ -246,7 +247,7 @@ def _toml(text: str, where: str, what: str) -> dict[str, Any]:
     from broker.config import json_safe
 
     try:
-        return dict(json_safe(tomllib.loads(text)))
+        return dict(json_safe(jsontoml.loads_toml(text)))
     except tomllib.TOMLDecodeError as exc:
         raise CLIError(what, detail=f"{where}: not JSON, nor TOML: {exc}") from None
     except ValueError as exc:  # (as json's: too many digits)
@@ -353,7 +354,8 @@ def parse_value(text: str, kind: str, what: str) -> Any:
     """``config set``'s VALUE as a ``kind``, or :class:`CLIError` saying it
     is not one (Flux's ``Error parsing ...``)."""
     def bad(detail: str) -> CLIError:
-        return CLIError(what, detail=f"{text!r} is not {detail}")
+        shown = text if len(text) <= 80 else f"{text[:60]}...({len(text)} characters)"
+        return CLIError(what, detail=f"{shown!r} is not {detail}")
 
     if kind == "boolean":
         if text.lower() not in ("true", "false", "1", "0"):
@@ -374,8 +376,10 @@ def parse_value(text: str, kind: str, what: str) -> Any:
         return real
     if kind in ("array", "object"):
         try:
-            value = json.loads(text)
-        except ValueError:  # (not JSON, or an integer of too many digits)
+            value = jsontoml.loads_json(text)
+        except ValueError as exc:  # (not JSON, or an integer of too many digits)
+            if str(exc) == jsontoml.TOO_DEEP:
+                raise bad(f"a JSON {kind}: {jsontoml.TOO_DEEP}") from None
             value = None
         if not isinstance(value, list if kind == "array" else dict):
             raise bad(f"a JSON {kind}")
@@ -390,7 +394,7 @@ def parse_value(text: str, kind: str, what: str) -> Any:
         return text
     if text.startswith('"'):
         try:
-            value = json.loads(text)
+            value = jsontoml.loads_json(text)
         except json.JSONDecodeError:
             value = None
         if not isinstance(value, str):

@@ -24,7 +24,6 @@ import argparse
 import asyncio
 import contextlib
 import fcntl
-import json
 import logging
 import os
 import resource
@@ -37,7 +36,7 @@ from collections.abc import Callable
 from typing import Any
 
 from broker import attrs as battrs
-from broker import gcpolicy, malloc, plugins
+from broker import gcpolicy, jsontoml, malloc, plugins
 from broker.broker import Broker
 from broker.command import (
     STOP_SIGNALS,
@@ -60,7 +59,7 @@ STOP_REPORT_PERIOD = 0.5
 
 def _json(text: str, fits: Callable[[Any], bool], what: str) -> Any:
     try:
-        value = json.loads(text)
+        value = jsontoml.loads_json(text)
     except ValueError:
         value = None
     if not fits(value):

@@ -445,8 +445,9 @@ class BrokerServices(Module):
         if not msg.is_owner:
             raise ErrnoError(errno.EPERM, "config load is for the instance owner")
         p = require(msg.payload, config=dict)
-        if not _string_keys(p["config"]):
-            raise ProtocolError("config must be an object whose keys are strings, as JSON's")
+        problem = _config_problem(p["config"])
+        if problem is not None:
+            raise problem
         self.h.respond(msg, {"changed": self.broker.load_config(p["config"])})
 
     def conf_builtin(self, msg: Message) -> None:
@@ -533,13 +534,32 @@ class BrokerServices(Module):
         ]})
 
 
-def _string_keys(value: Any) -> bool:
-    """Whether every table in ``value`` is keyed by strings: a msgpack
-    map may be keyed by anything, and the checks of a configuration (as
-    a file's, whose keys TOML makes strings) failed on another key as an
-    internal error."""
-    if isinstance(value, dict):
-        return all(isinstance(k, str) and _string_keys(v) for k, v in value.items())
-    if isinstance(value, list):
-        return all(_string_keys(v) for v in value)
-    return True
+MAX_CONFIG_DEPTH = 64
+"""Tables and arrays nested in a configuration ``config.load`` takes, at
+most: no configuration is deeper, and the checks that walk one recurse
+(500 levels failed as an internal error, with a traceback in the log)."""
+
+
+def _config_problem(config: dict[str, Any]) -> ErrnoError | None:
+    """Why ``config`` cannot be a configuration, if it cannot: a table
+    keyed by other than strings (a msgpack map may be keyed by anything,
+    and the checks of a configuration -- as a file's, whose keys TOML makes
+    strings -- failed on another key as an internal error), or nesting
+    deeper than :data:`MAX_CONFIG_DEPTH`.  Walked without recursion."""
+    stack: list[tuple[Any, int]] = [(config, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict):
+            if not all(isinstance(k, str) for k in value):
+                return ProtocolError("config must be an object whose keys are strings, "
+                                     "as JSON's")
+            inner: Any = value.values()
+        elif isinstance(value, list):
+            inner = value
+        else:
+            continue
+        if depth > MAX_CONFIG_DEPTH:
+            return ErrnoError(errno.EINVAL, f"config is nested more than {MAX_CONFIG_DEPTH} "
+                                            "tables or arrays deep")
+        stack.extend((v, depth + 1) for v in inner)
+    return None

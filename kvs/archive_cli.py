@@ -34,6 +34,7 @@ import sys
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
+from broker import jsontoml
 from broker.cliutil import (
     CLIError,
     PermutingParser,
@@ -217,7 +218,7 @@ async def _read_archive(args: argparse.Namespace, kvs: KVS,
     except ErrnoError as exc:
         raise _fail(args, f"{args.key}: {_detail(exc, args.key)}") from None
     try:
-        return file_objects(json.loads(data))
+        return file_objects(jsontoml.loads_json(data))
     except (ValueError, BadArchive) as exc:
         raise _fail(args, f"{args.key}: {exc}" if isinstance(exc, BadArchive) else
                     f"{args.key}: not an RFC 37 archive (not JSON: {exc})") from None

@@ -66,6 +66,7 @@ from typing import (
     overload,
 )
 
+from broker import jsontoml
 from broker.errors import ErrnoError, RemoteError
 from broker.handle import Connecting
 from broker.message import NODEID_ANY
@@ -216,7 +217,8 @@ def encode_value(value: Any) -> bytes:
     ``bytes``-like values as they are, ``str`` as UTF-8, anything else as
     compact JSON (``42`` -> ``b"42"``, ``{"a": 1}`` -> ``b'{"a":1}'``).
     ``TypeError`` for a value JSON cannot represent, NaN and infinities
-    included (Python would write them as ``NaN``, which is not JSON).
+    included (Python would write them as ``NaN``, which is not JSON), and
+    one nested too deeply for ``json`` to write.
     """
     if isinstance(value, bytes | bytearray | memoryview):
         return bytes(value)
@@ -227,12 +229,15 @@ def encode_value(value: Any) -> bytes:
                           allow_nan=False).encode()
     except (TypeError, ValueError) as exc:
         raise TypeError(f"cannot store a {type(value).__name__} value: {exc}") from None
+    except RecursionError:
+        raise TypeError(f"cannot store a {type(value).__name__} value: "
+                        f"{jsontoml.TOO_DEEP}") from None
 
 
 def _parse_json(key: str, data: bytes) -> Any:
     """``data`` parsed as JSON; ``ValueError`` naming ``key`` if it is not."""
     try:
-        return json.loads(data)
+        return jsontoml.loads_json(data)
     except json.JSONDecodeError as exc:
         raise json.JSONDecodeError(f"{key}: not JSON: {exc.msg}", exc.doc, exc.pos) \
             from None

@@ -26,6 +26,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from broker import jsontoml
 from broker.errors import ErrnoError
 from broker.humantime import HumanClock
 
@@ -87,7 +88,7 @@ def entry(name: str, context: Mapping[str, Any] | str | None = None,
         raise EventlogError("timestamp must not be negative")
     if isinstance(context, str):
         try:
-            context = json.loads(context)
+            context = jsontoml.loads_json(context)
         except ValueError:
             raise EventlogError("context is not valid JSON") from None
         if context is None:  # ("null" is text given, not no context: as Flux refuses it)
@@ -122,7 +123,7 @@ def encode(entries: Iterable[Mapping[str, Any]]) -> bytes:
 def decode_entry(line: str | bytes) -> Entry:
     """Parse one line (without its ``\\n``); :class:`EventlogError` if malformed."""
     try:
-        obj = json.loads(line)
+        obj = jsontoml.loads_json(line)
     except (ValueError, UnicodeDecodeError):
         raise EventlogError() from None
     return _check(obj)

@@ -84,6 +84,7 @@ from typing import Any, NamedTuple, Protocol
 
 import msgpack
 
+from broker import jsontoml
 from broker.content import blobref
 from broker.errors import ErrnoError, KvbrokerError
 from kvs.keys import MAX_DEPTH
@@ -771,7 +772,7 @@ def from_json(text_or_obj: str | bytes | Mapping[str, Any]) -> TreeObj:
     obj: Any = text_or_obj
     if isinstance(text_or_obj, str | bytes):
         try:
-            obj = json.loads(text_or_obj)
+            obj = jsontoml.loads_json(text_or_obj)
         except (ValueError, UnicodeDecodeError) as e:
             raise _inval(f"not JSON: {e}") from None
     return validate(_from_jsonable(obj))

@@ -36,7 +36,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import json
 import math
 import threading
 import weakref
@@ -45,6 +44,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, Protocol, Self, TypedDict, TypeVar, Unpack, cast, overload
 
+from broker import jsontoml
 from broker.content import blobref
 from broker.errors import RemoteError, no_service
 from broker.message import NODEID_ANY
@@ -926,7 +926,7 @@ def parse_eventlog_entry(line: str | bytes) -> EventlogEntry:
     """Parse one eventlog line; :class:`kvs.eventlog.EventlogError` (a
     ``ValueError``) if it is not an RFC 18 entry."""
     try:
-        obj = json.loads(line)
+        obj = jsontoml.loads_json(line)
     except (ValueError, UnicodeDecodeError):
         raise EventlogError(BAD_EVENTLOG) from None
     ts = obj.get("timestamp") if isinstance(obj, dict) else None

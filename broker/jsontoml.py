@@ -1,0 +1,53 @@
+"""JSON and TOML text that users give or store -- arguments, files, KVS
+values, eventlog lines, configuration -- parsed with one failure for
+every way it can be bad.
+
+``json.loads`` and ``tomllib.loads`` raise ``RecursionError``, not the
+``ValueError`` of other malformed text, for text nested deeper than the
+interpreter's recursion limit allows (about a thousand ``{"a":`` or
+``[``, fewer in TOML).  Text anyone may write must not become a
+traceback for whoever reads it: an eventlog line nested 5,000 deep made
+every reader of that log fail so, a deep argument was exit status 1 and
+a traceback instead of a usage error, and a deep configuration file
+stopped ``kvbroker start`` the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+TOO_DEEP = "nested too deeply"
+
+
+class _JSONTooDeep(json.JSONDecodeError):
+    """Says :data:`TOO_DEEP` alone: no line and column (the parse gave up
+    at no one place)."""
+
+    def __str__(self) -> str:
+        return self.msg
+
+
+def loads_json(text: str | bytes, **kw: Any) -> Any:
+    """``json.loads(text, **kw)``; text nested too deeply raises
+    :class:`json.JSONDecodeError` (a ``ValueError``) saying so, as other
+    malformed text raises it."""
+    try:
+        return json.loads(text, **kw)
+    except RecursionError:
+        raise _JSONTooDeep(TOO_DEEP, "", 0) from None
+
+
+def loads_toml(text: str) -> dict[str, Any]:
+    """``tomllib.loads(text)``; text nested too deeply raises
+    ``tomllib.TOMLDecodeError`` saying so, as other malformed text raises
+    it."""
+    import tomllib  # (here: the commands that import this module mostly read JSON)
+
+    try:
+        return tomllib.loads(text)
+    except RecursionError:
+        if sys.version_info >= (3, 14):  # (its arguments are (msg, doc, pos) there)
+            raise tomllib.TOMLDecodeError(TOO_DEEP, "", 0) from None
+        raise tomllib.TOMLDecodeError(TOO_DEEP) from None
