@@ -269,6 +269,7 @@ class BrokerServices(Module):
         itself) was in neither.  What reaches it while the backlog is sent
         waits, and goes after it; a record in both (kept, its call still
         pending) is sent once, by ``seq``."""
+        ring = self._ring(msg)  # (a guest is refused before its payload is read)
         p = msg.payload if msg.payload is not None else {}
         require(p)
         follow, since = p.get("follow", False), p.get("since", 0)
@@ -276,7 +277,6 @@ class BrokerServices(Module):
             raise ErrnoError(errno.EPROTO, "follow must be a boolean and since an integer")
         if not msg.flags & MsgFlags.STREAMING:
             raise ErrnoError(errno.EPROTO, "log.dmesg is a streaming request")
-        ring = self._ring(msg)
         if not follow:
             for entry in ring.since(since):
                 self.h.respond(msg, entry)
@@ -315,12 +315,13 @@ class BrokerServices(Module):
 
     def log_clear(self, msg: Message) -> None:
         """``{seq?}``: forget the records kept (up to ``seq``) -> ``{}``."""
+        ring = self._ring(msg)  # (a guest is refused before its payload is read)
         p = msg.payload if msg.payload is not None else {}
         require(p)
         seq = p.get("seq")
         if seq is not None and type(seq) is not int:
             raise ErrnoError(errno.EPROTO, "seq must be an integer")
-        self._ring(msg).clear(seq)
+        ring.clear(seq)
         self.h.respond(msg, {})
 
     def log_append(self, msg: Message) -> None:

@@ -277,7 +277,8 @@ async def test_a_guest_is_refused_before_its_payload_is_read(start_instance) -> 
     bad = [("attr.set", "{}"), ("overlay.disconnect-subtree", '{"rank": "x"}'),
            ("log.append", '{"message": 5}'), ("log.append", '{"message": "m", "level": 7}'),
            ("overlay.trace", "[]"), ("kvs.gc", "[]"), ("kvs.namespace-create", "{}"),
-           ("content.checkpoint-get", "[]"), ("module.load", "{}")]
+           ("content.checkpoint-get", "[]"), ("module.load", "{}"),
+           ("log.dmesg", "{}"), ("log.dmesg", '{"follow": "yes"}'), ("log.clear", "[]")]
     for topic, payload in bad:
         rc, out, err = await run_guest_cli(inst.uri(1), "rpc", "--rank", "1", topic, payload)
         assert rc == 1 and out == "", (topic, out, err)
