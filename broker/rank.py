@@ -248,22 +248,22 @@ async def serve(args: argparse.Namespace) -> int:
                 status = await run_initial_program(b, args.initial_program, running,
                                                    on_stop_signal)
             else:
-                print(f"ready {b.uri}", flush=True)
+                tell_launcher(f"ready {b.uri}")
                 said_ready = True
             await running
         if b.shutdown_requested and not args.initial_program:
             # Before any rank below is told: a launcher that reads this then
             # knows the ranks exiting next were shut down, not lost.
-            print("shutdown", flush=True)
+            tell_launcher("shutdown")
         elif signalled and said_ready:
             # The same for a stop a signal asked for (kill, systemctl stop):
             # it is a stop, not a crash, and the launcher says so.
-            print(f"stopped {signal.Signals(signalled[0]).name}", flush=True)
+            tell_launcher(f"stopped {signal.Signals(signalled[0]).name}")
         elif b.overlay is not None and b.overlay.parent_gone and not args.initial_program:
             # A launcher then blames the rank above that went, not this one
             # (which often exits first: it stops at once, its parent only
             # after its own modules and its goodbye).
-            print("parent-gone", flush=True)
+            tell_launcher("parent-gone")
     finally:
         running.cancel()
         # A launcher's rank says how much it still has to write while it
@@ -302,12 +302,26 @@ async def report_starting(b: Broker) -> None:
     its start deadline each time: a restore of a million keys is not a
     hung start, and cut off, it left the store half restored."""
     said = 0
-    with contextlib.suppress(OSError):  # (the launcher is gone: no one to tell)
-        while True:
-            await asyncio.sleep(STOP_REPORT_PERIOD)
-            if b.start_progress != said:
-                said = b.start_progress
-                print(f"starting {said}", flush=True)
+    while True:
+        await asyncio.sleep(STOP_REPORT_PERIOD)
+        if b.start_progress != said:
+            said = b.start_progress
+            tell_launcher(f"starting {said}")
+
+
+def tell_launcher(line: str) -> None:
+    """Print ``line`` for the launcher, which reads this rank's stdout
+    (:class:`broker.launch.Instance`).  A launcher that is gone (killed)
+    is no one to tell: its pipe's ``BrokenPipeError`` was a traceback on
+    the stderr the rank shared with it, and the rank's exit status 1.
+    Then stdout becomes ``/dev/null``, or Python would flush what is left
+    at exit and say so on stderr."""
+    try:
+        print(line, flush=True)
+    except OSError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
 
 
 async def report_stopping(b: Broker) -> None:
@@ -317,12 +331,11 @@ async def report_stopping(b: Broker) -> None:
     the rank's stop deadline each time the number goes down, as systemd
     does for a service that sends ``EXTEND_TIMEOUT_USEC``: a slow disk
     writing a large backlog at stop is not mistaken for a hung rank."""
-    with contextlib.suppress(OSError):  # (the launcher is gone: no one to tell)
-        while True:
-            left = b.left_to_write()
-            if left:
-                print(f"stopping {left}", flush=True)
-            await asyncio.sleep(STOP_REPORT_PERIOD)
+    while True:
+        left = b.left_to_write()
+        if left:
+            tell_launcher(f"stopping {left}")
+        await asyncio.sleep(STOP_REPORT_PERIOD)
 
 
 async def run_initial_program(b: Broker, argv: list[str], running: asyncio.Task[None],
