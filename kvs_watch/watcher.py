@@ -650,7 +650,10 @@ class Watcher:
     def _grown(self, slot: _Slot, answer: dict[str, Any]) -> list[str] | str:
         """APPEND: the blobrefs of lookup ``answer`` after those answered,
         or how the value was changed other than by appends
-        (``"overwritten"``, ``"shortened"``).
+        (``"overwritten"``, ``"rewritten with fewer blobs than were
+        answered"``: blobs are what is counted, one per append, so a value
+        rewritten longer but in fewer blobs is one too -- it was called
+        "shortened").
 
         The kvs checked that the first ``slot.after`` blobs are the ones
         answered (their mark): the blobs after them come in ``val``.  A
@@ -662,7 +665,7 @@ class Watcher:
         if obj["type"] != "valref" or "grown" not in answer:
             return "overwritten"
         if answer["length"] < self.count:
-            return "shortened"
+            return "rewritten with fewer blobs than were answered"
         if not answer["grown"]:
             return "overwritten"
         refs: list[str] = obj["data"]

@@ -338,7 +338,7 @@ async def test_append_answers_new_blobs_and_detects_rewrites() -> None:
 
 
 @pytest.mark.parametrize("new, what", [
-    (lambda refs: valref(refs[0]), "shortened"),
+    (lambda refs: valref(refs[0]), "rewritten with fewer blobs than were answered"),
     (lambda refs: val(b"abc"), "overwritten"),
     (lambda refs: {"ver": 1, "type": "dirref", "data": [refs[0]]}, "overwritten"),
 ])
