@@ -18,13 +18,7 @@ from broker.connector import Connector
 from broker.errors import ErrnoError, KvbrokerError, describe_failure
 from broker.logring import RankLog
 from broker.loops import loop_name
-from broker.module import (
-    MODULE_FAILURES,
-    RELOAD,
-    Module,
-    ModuleContext,
-    ModuleHandle,
-)
+from broker.module import MODULE_FAILURES, RELOAD, Module, ModuleContext, ModuleHandle
 from broker.overlay import Overlay
 from broker.reloadhold import RELOAD_HOLD_TIMEOUT
 from broker.router import Router
