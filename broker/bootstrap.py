@@ -324,16 +324,22 @@ def _check_port(endpoint: str, what: str, rank_port: bool) -> None:
     picks, which no child could know) and wraps a bigger number, so the
     instance never came up, saying nothing at once.  ``rank_port``: it
     came from ``%p`` without ``default_port``, where ``%p`` is the rank."""
-    m = re.fullmatch(r"tcp://.+:(\d+|\*)", endpoint)
+    m = re.fullmatch(r"tcp://(.+):(\d+|\*)", endpoint)
     if m is None:
         raise BootstrapError(f"{what} {endpoint!r} needs a port (tcp://HOST:PORT)")
-    if m[1] == "*":
+    host = m[1]
+    if ":" in host and not (host.startswith("[") and host.endswith("]")):
+        # (ZeroMQ took tcp://::1:90 as the host "::1" only when it bound,
+        # failing "No such device" with the rank exiting 1)
+        raise BootstrapError(f"{what} {endpoint!r}: an IPv6 address goes in brackets "
+                             f"(tcp://[{host}]:{m[2]})")
+    if m[2] == "*":
         raise BootstrapError(f"{what} {endpoint!r}: a rank with children needs a fixed "
                              "port (* lets the system pick one, which no child could know)")
-    if not 0 < int(m[1]) < 65536:
+    if not 0 < int(m[2]) < 65536:
         hint = (" (without bootstrap.default_port, %p is the rank: give default_port, "
                 "or write it after digits, as 90%p)") if rank_port else ""
-        raise BootstrapError(f"{what} {endpoint!r}: port {m[1]} is not a port number "
+        raise BootstrapError(f"{what} {endpoint!r}: port {m[2]} is not a port number "
                              f"(1-65535){hint}")
 
 

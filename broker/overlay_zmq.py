@@ -161,6 +161,11 @@ def bind_failure(endpoint: str, errnum: int) -> str:
     if errnum == errno.EADDRNOTAVAIL:
         return (f"{what} (no interface of this host has that address: is this the host "
                 "its hosts entry names? a wrong --rank?)")
+    if errnum == errno.ENODEV:
+        # (ZeroMQ binds to an address, or an interface by name, not to a
+        # host name: one that is no interface here is "No such device")
+        return (f"{what} (ZeroMQ binds an address or an interface of this host, not a "
+                "host name: tcp://*:PORT, tcp://10.0.0.1:PORT or tcp://eth0:PORT)")
     return what
 
 

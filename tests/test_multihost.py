@@ -223,6 +223,12 @@ def test_a_hello_s_host_is_judged_as_rank_of_finds_ranks() -> None:
     ('[bootstrap]\ncurve_cert = "k"\nfanout = 1\ndefault_bind = "tcp://*:1"\n'
      'default_connect = "tcp://%h:*"\nhosts = [{ host = "a" }, { host = "b" }]\n',
      "hosts\\[0\\].connect 'tcp://a:\\*': a rank with children needs a fixed port"),
+    # an IPv6 address without brackets: ZeroMQ failed only as the rank bound it
+    ('[bootstrap]\ncurve_cert = "k"\nfanout = 1\n'
+     'hosts = [{ host = "a", bind = "tcp://::1:90", connect = "tcp://[::1]:90" }, '
+     '{ host = "b" }]\n',
+     "hosts\\[0\\].bind 'tcp://::1:90': an IPv6 address goes in brackets "
+     "\\(tcp://\\[::1\\]:90\\)$"),
     ('[bootstrap]\ncurve_cert = "k"\nfanout = 1\ndefault_bind = "tcp://*:*"\n'
      'default_connect = "tcp://%h:1"\nhosts = [{ host = "a" }, { host = "b" }]\n',
      "hosts\\[0\\].bind 'tcp://\\*:\\*': a rank with children needs a fixed port"),

@@ -337,6 +337,10 @@ def test_a_bind_failure_names_zeromqs_own_errors() -> None:
     assert "The protocol is not compatible with the socket type" in line
     assert "Unknown error" not in line
     assert "Address already in use" in bind_failure("tcp://10.0.0.1:8050", errno.EADDRINUSE)
+    # a host name where ZeroMQ wants an address or an interface
+    assert bind_failure("tcp://node1:8050", errno.ENODEV).endswith(
+        "No such device (ZeroMQ binds an address or an interface of this host, not a host "
+        "name: tcp://*:PORT, tcp://10.0.0.1:PORT or tcp://eth0:PORT)")
 
 
 def test_the_link_to_the_parent_hears_of_a_handshake_done_before_its_loop_looked(
