@@ -126,12 +126,19 @@ _DATA = (False, False)
 _OPAQUE = (False, None)  # a checkpoint's blobref: walked if it decodes
 
 
+MISSING = "is named by a live tree but not in the store"
+MISMATCHED = "does not match its hash"
+
+
 async def mark(collection: Collection, live: Iterable[str], recent: Iterable[str],
-               opaque: Iterable[str], damaged: list[str] | None = None) -> set[str]:
+               opaque: Iterable[str], damaged: dict[str, str] | None = None) -> set[str]:
     """Every blobref reachable from the roots ``live`` (which should be
     whole: a blob missing or a tree object that does not decode is added to
-    ``damaged``), from ``recent`` (kept as far as they still exist) and from
-    the blobs ``opaque`` (walked if they decode as tree objects).
+    ``damaged``, with why), from ``recent`` (kept as far as they still
+    exist) and from the blobs ``opaque`` (walked if they decode as tree
+    objects).  A blob read whose bytes do not match its hash is damage
+    wherever it is (walked, its bytes would keep what they name, not what
+    the real blob names, which would be deleted for good).
 
     A damaged live tree does not stop the marking; :func:`collect` then
     deletes nothing.
@@ -159,7 +166,11 @@ async def mark(collection: Collection, live: Iterable[str], recent: Iterable[str
             data = blobs.get(ref)
             if data is None:
                 if live_ref and damaged is not None:
-                    damaged.append(ref)
+                    damaged[ref] = MISSING
+                continue
+            if not blobref.matches(ref, data):
+                if damaged is not None:
+                    damaged[ref] = MISMATCHED
                 continue
             marked.add(ref)
             walked.add(ref)
@@ -167,7 +178,7 @@ async def mark(collection: Collection, live: Iterable[str], recent: Iterable[str
                 obj = treeobj.decode(data)
             except ErrnoError:
                 if live_ref and is_tree and damaged is not None:
-                    damaged.append(ref)
+                    damaged[ref] = MISSING
                 continue
             for child, child_is_tree in treeobj.blobrefs(obj):
                 if child in walked or (not child_is_tree and child in marked):
@@ -244,7 +255,7 @@ async def collect(content: ContentModule, roots: Callable[[], Roots],
     answers.  ``EBUSY`` if a collection runs already."""
     start = time.monotonic()
     collection = content.begin_collection()
-    damaged: list[str] = []
+    damaged: dict[str, str] = {}
     try:
         await content.drain()
         # Young rows are spared: rowids written up to grace seconds ago, and
@@ -270,9 +281,9 @@ async def collect(content: ContentModule, roots: Callable[[], Roots],
             # check what they name, so this is damage, and below it may be
             # blobs that are there but unreachable from here (a missing root
             # made every blob look like garbage): delete nothing.
-            raise ErrnoError(errno.EIO, f"blob {damaged[0]} is named by a live tree but not "
-                                        f"in the store ({len(damaged)} such): the store is "
-                                        "damaged; nothing was deleted")
+            first, why = next(iter(damaged.items()))
+            raise ErrnoError(errno.EIO, f"blob {first} {why} ({len(damaged)} such): the store "
+                                        "is damaged; nothing was deleted")
         collection.decide(marked)  # (no await between these two)
         forget(collection.keep)
         # (before the sweep: a crash between the two leaves no row naming a
@@ -311,7 +322,7 @@ async def collect(content: ContentModule, roots: Callable[[], Roots],
         "kept": len(collection.keep),
         "removed": collection.removed,
         "removed-bytes": collection.removed_bytes,
-        "damaged": damaged[:DAMAGED_SHOWN],
+        "damaged": list(damaged)[:DAMAGED_SHOWN],
         "damaged-count": len(damaged),
         "file-bytes": file_bytes,
         "free-bytes": free_bytes,

@@ -76,7 +76,8 @@ def reachable(get: Callable[[str], bytes | None], trees: Sequence[str],
     blobs ``blobs`` (kept if present, walked if they decode as tree
     objects), read with ``get(ref) -> bytes | None``; ``has(ref)`` checks a
     value's data blob without reading it.  Raises :class:`GcError` when a
-    blob the trees need is missing or a tree object does not decode.
+    blob the trees need is missing or a tree object does not decode, and
+    when a blob read does not match its hash.
 
     A blob named both as a value's data and as a directory (a client may
     put either) is walked as the directory too."""
@@ -100,6 +101,10 @@ def reachable(get: Callable[[str], bytes | None], trees: Sequence[str],
             if kind == MAYBE:
                 continue  # names nothing here: nothing to keep
             raise _damaged(f"blob {ref} is named but not in the store")
+        if not blobref.matches(ref, data):
+            # (walked as they are, its bytes would keep what they name and
+            # not what the real blob names: that was deleted for good)
+            raise _damaged(f"blob {ref} does not match its hash")
         seen.add(ref)
         walked.add(ref)
         try:

@@ -156,9 +156,13 @@ async def test_gc_refuses_a_running_instance(start_instance, connect, tmp_path) 
     await inst.stop()
 
 
-async def _damaged(start_instance, connect, tmp_path: Path, key: str) -> tuple[Path, str]:
+async def _damaged(start_instance, connect, tmp_path: Path, key: str,
+                   tamper: bool = False) -> tuple[Path, str]:
     """A stopped instance's statedir after :func:`_fill`, with the first
-    blob of ``key``'s tree object deleted from the store; and that blobref."""
+    blob of ``key``'s tree object deleted from the store (``tamper``: its
+    bytes replaced by those of an empty directory, a tree object that
+    decodes but names nothing, and does not match the blob's hash); and
+    that blobref."""
     inst, h, statedir = await _filled(start_instance, connect, tmp_path)
     obj = (await asyncio.wait_for(h.rpc("kvs.lookup", {"key": key, "flags": 16,
                                                        "namespace": "primary"}), 10))["val"]
@@ -167,7 +171,11 @@ async def _damaged(start_instance, connect, tmp_path: Path, key: str) -> tuple[P
     missing = obj["data"][0]
     db = sqlite3.connect(statedir / "content.sqlite")
     with db:
-        db.execute("DELETE FROM objects WHERE hash = ?", (digest_of(missing),))
+        if tamper:
+            db.execute("UPDATE objects SET object = ? WHERE hash = ?",
+                       (T.encode(T.dir_()), digest_of(missing)))
+        else:
+            db.execute("DELETE FROM objects WHERE hash = ?", (digest_of(missing),))
     db.close()
     return statedir, missing
 
@@ -197,6 +205,35 @@ async def test_online_gc_refuses_a_damaged_store_and_deletes_nothing(start_insta
     assert info.value.errnum == errno.EIO
     assert (f"blob {missing} is named by a live tree but not in the store (1 such): "
             "the store is damaged; nothing was deleted") == info.value.errstr
+    await h.close()
+    await inst.stop()
+    assert _count(statedir) == before
+
+
+@pytest.mark.parametrize("key", ["a", "."])
+async def test_gc_refuses_a_tree_blob_that_does_not_match_its_hash(
+        start_instance, connect, tmp_path, key: str) -> None:
+    """A directory's bytes (or the root's) replaced on disk by another tree
+    object: offline and online, gc deletes nothing and says which blob.  It
+    walked the bytes it found, so what the real directory named and the
+    replacement does not was deleted for good (a content-store probe: a
+    whole subtree from a damaged root, ``removed 9 blobs``, exit 0).  (A
+    damaged root stops the start itself: online, a directory.)"""
+    statedir, bad = await _damaged(start_instance, connect, tmp_path, key, tamper=True)
+    before = _count(statedir)
+    rc, _, err = await run_cli("kvs", "gc", "--statedir", str(statedir))
+    assert rc == 1, err
+    assert f"blob {bad} does not match its hash" in err and "nothing was deleted" in err, err
+    assert _count(statedir) == before
+    if key == ".":
+        return
+    inst = await start_instance(size=1, statedir=str(statedir), attrs={"kvs.gc-grace": "0"})
+    h = await connect(inst, 0)
+    with pytest.raises(RemoteError) as info:
+        await asyncio.wait_for(h.rpc("kvs.gc", {}), 30)
+    assert info.value.errnum == errno.EIO
+    assert (f"blob {bad} does not match its hash (1 such): the store is damaged; "
+            "nothing was deleted") == info.value.errstr
     await h.close()
     await inst.stop()
     assert _count(statedir) == before

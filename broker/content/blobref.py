@@ -26,6 +26,13 @@ def hash_blob(data: bytes | bytearray | memoryview, hash_name: str = DEFAULT_HAS
     return f"{hash_name}-{hashlib.new(hash_name, data).hexdigest()}"
 
 
+def matches(ref: str, data: bytes | bytearray | memoryview) -> bool:
+    """Whether ``data`` is what blobref ``ref`` names: bytes read from a
+    store are checked so before they are trusted (a value served, a
+    directory walked by a collection)."""
+    return hash_blob(data, ref.partition("-")[0]) == ref
+
+
 def is_valid(ref: object) -> TypeGuard[str]:
     """True when ``ref`` is a well-formed blobref string."""
     if not isinstance(ref, str):

@@ -1311,7 +1311,7 @@ class ContentModule(Module):
         hash: bytes damaged on disk are ``EIO``, not served as a value."""
         assert self.backing is not None
         data = self.backing.get(ref)
-        if data is not None and blobref.hash_blob(data, ref.partition("-")[0]) != ref:
+        if data is not None and not blobref.matches(ref, data):
             raise ErrnoError(errno.EIO, f"blob {ref} is damaged in the content store: "
                                         "its bytes do not match their hash")
         return data
