@@ -405,8 +405,25 @@ def dump_checkpoint(statedir: str, out: str | IO[bytes], *,
         report = Report(rootref=rootref)
         writer = _Writer(out, stamp if isinstance(stamp, (int, float)) else time.time())
         skipped = report.skipped if ignore_failed_read else None
-        writer.write(_tree_items(BlobCache(store), rootref, skipped), report, on_item)
+        writer.write(_tree_items(BlobCache(_CheckedStore(store)), rootref, skipped), report,
+                     on_item)
     return report
+
+
+class _CheckedStore:
+    """A stopped store read for a dump: each blob checked against its hash
+    (:func:`blobref.damaged` if it does not match), as rank 0 checks what it
+    reads from the file.  The dump wrote a value's damaged bytes into the
+    archive as the value, without a word."""
+
+    def __init__(self, store: SqliteStore) -> None:
+        self.store = store
+
+    def get(self, ref: str) -> bytes | None:
+        data = self.store.get(ref)
+        if data is not None and not blobref.matches(ref, data):
+            raise blobref.damaged(ref)
+        return data
 
 
 def _tree_items(cache: BlobCache, rootref: str,
@@ -435,7 +452,10 @@ def _tree_items(cache: BlobCache, rootref: str,
             raise _Unreadable(f"value blob list: {exc}") from None
         parts = []
         for ref in refs:
-            data = cache.get(ref)
+            try:
+                data = cache.get(ref)
+            except ErrnoError as exc:
+                raise _Unreadable(f"value blob {ref}: {exc.errstr}") from None
             if data is None:
                 raise _Unreadable(f"value blob {ref} is missing")
             parts.append(data)

@@ -929,3 +929,41 @@ async def test_a_long_restore_at_start_is_not_cut_off_while_it_makes_progress(tm
     silent = Instance(2, attrs={"broker.modules": "content,kvs,kvs-watch"})
     with pytest.raises(StartError, match=r"did not start in 0\.01s \(ranks 0-1 not ready"):
         await silent.start(timeout=0.01)
+
+
+async def test_checkpoint_dump_checks_each_blob_against_its_hash(start_instance, connect,
+                                                                 tmp_path) -> None:
+    """A value's blob whose bytes were changed on disk: the checkpoint dump
+    fails naming it (``--ignore-failed-read``: leaves it out and says so),
+    as a running rank 0 answers ``EIO`` for it.  It wrote the changed bytes
+    into the archive as the value, exit 0: a value read back other than it
+    was written, without a word."""
+    import sqlite3
+
+    from broker.content.sqlite import digest_of
+
+    statedir = tmp_path / "state"
+    inst = await start_instance(size=1, statedir=str(statedir))
+    h = await connect(inst, 0)
+    await commit(h, put("a.small", "1"), put("a.big", "x" * 300))
+    bad = (await lookup(h, "a.big", flags=16))["data"][0]
+    await h.close()
+    assert await inst.stop() == [0]
+    db = sqlite3.connect(statedir / "content.sqlite")
+    try:
+        with db:
+            assert db.execute("UPDATE objects SET object = ? WHERE hash = ?",
+                              (b"y" * 300, digest_of(bad))).rowcount == 1
+    finally:
+        db.close()
+    out = tmp_path / "out.tar"
+    rc, _, err = await run_cli("kvs", "dump", "--checkpoint", "--statedir", str(statedir),
+                               str(out))
+    assert rc == 1, err
+    assert (f"the tree is damaged: value blob {bad}: blob {bad} is damaged in the content "
+            "store: its bytes do not match their hash") in err, err
+    rc, _, err = await run_cli("kvs", "dump", "--checkpoint", "--statedir", str(statedir),
+                               "--ignore-failed-read", "-q", str(out))
+    assert rc == 0, err
+    assert err.startswith(f"kvbroker: kvs dump: skipped a.big: value blob {bad}: "), err
+    assert [(i.key, i.data) for i in read_items(str(out))] == [("a.small", b"1")]

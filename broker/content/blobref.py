@@ -33,6 +33,13 @@ def matches(ref: str, data: bytes | bytearray | memoryview) -> bool:
     return hash_blob(data, ref.partition("-")[0]) == ref
 
 
+def damaged(ref: str) -> ErrnoError:
+    """``EIO`` for blob ``ref`` read from a store with bytes that do not
+    :func:`match <matches>` it: damage on disk, never served as a value."""
+    return ErrnoError(errno.EIO, f"blob {ref} is damaged in the content store: its bytes "
+                                 "do not match their hash")
+
+
 def is_valid(ref: object) -> TypeGuard[str]:
     """True when ``ref`` is a well-formed blobref string."""
     if not isinstance(ref, str):

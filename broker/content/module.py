@@ -1312,8 +1312,7 @@ class ContentModule(Module):
         assert self.backing is not None
         data = self.backing.get(ref)
         if data is not None and not blobref.matches(ref, data):
-            raise ErrnoError(errno.EIO, f"blob {ref} is damaged in the content store: "
-                                        "its bytes do not match their hash")
+            raise blobref.damaged(ref)
         return data
 
     async def load(self, msg: Message) -> None:
