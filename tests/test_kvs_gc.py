@@ -197,14 +197,21 @@ async def test_online_gc_refuses_a_damaged_store_and_deletes_nothing(start_insta
     before it deletes anything (it went on; with the root's blob missing,
     every blob of the tree looked like garbage and was removed)."""
     statedir, missing = await _damaged(start_instance, connect, tmp_path, "a")
+    await _online_gc_refused(start_instance, connect, statedir,
+                             f"blob {missing} is named by a live tree but not in the store "
+                             "(1 such): the store is damaged; nothing was deleted")
+
+
+async def _online_gc_refused(start_instance, connect, statedir: Path, why: str) -> None:
+    """An online gc on ``statedir`` fails ``EIO`` saying ``why`` and
+    deletes nothing."""
     before = _count(statedir)
     inst = await start_instance(size=1, statedir=str(statedir), attrs={"kvs.gc-grace": "0"})
     h = await connect(inst, 0)
     with pytest.raises(RemoteError) as info:
         await asyncio.wait_for(h.rpc("kvs.gc", {}), 30)
     assert info.value.errnum == errno.EIO
-    assert (f"blob {missing} is named by a live tree but not in the store (1 such): "
-            "the store is damaged; nothing was deleted") == info.value.errstr
+    assert info.value.errstr == why
     await h.close()
     await inst.stop()
     assert _count(statedir) == before
@@ -225,18 +232,10 @@ async def test_gc_refuses_a_tree_blob_that_does_not_match_its_hash(
     assert rc == 1, err
     assert f"blob {bad} does not match its hash" in err and "nothing was deleted" in err, err
     assert _count(statedir) == before
-    if key == ".":
-        return
-    inst = await start_instance(size=1, statedir=str(statedir), attrs={"kvs.gc-grace": "0"})
-    h = await connect(inst, 0)
-    with pytest.raises(RemoteError) as info:
-        await asyncio.wait_for(h.rpc("kvs.gc", {}), 30)
-    assert info.value.errnum == errno.EIO
-    assert (f"blob {bad} does not match its hash (1 such): the store is damaged; "
-            "nothing was deleted") == info.value.errstr
-    await h.close()
-    await inst.stop()
-    assert _count(statedir) == before
+    if key != ".":
+        await _online_gc_refused(start_instance, connect, statedir,
+                                 f"blob {bad} does not match its hash (1 such): the store is "
+                                 "damaged; nothing was deleted")
 
 
 @pytest.mark.parametrize("case", ["no dir", "a file", "no store", "no checkpoint",
