@@ -20,6 +20,7 @@ import errno
 import os
 import signal
 from collections import deque
+from collections.abc import Callable
 from typing import IO, Any
 
 from broker import pipes
@@ -29,18 +30,30 @@ from broker.errors import ErrnoError
 class RemoteOutput:
     """A command's stdout or stderr as it arrives: ``await read(n)``, as an
     ``asyncio.StreamReader`` (empty at the end); each chunk read is
-    credited to the rank."""
+    credited to the rank.  :meth:`close` lets it go as a local pipe's
+    reader closes the pipe: the command's next write ends it
+    (``written_after_close``: SIGPIPE to it, as the kernel gives a local
+    one)."""
 
-    def __init__(self, credit: Any) -> None:
+    def __init__(self, credit: Any, written_after_close: Callable[[], None]) -> None:
         self._chunks: deque[bytes] = deque()
         self._eof = False
+        self._closed = False
         self._ready = asyncio.Event()
         self._credit = credit
+        self._written_after_close: Callable[[], None] | None = written_after_close
 
     def feed(self, data: bytes) -> None:
-        if data:
-            self._chunks.append(data)
-            self._ready.set()
+        if not data:
+            return
+        if self._closed:
+            self._credit(len(data))  # (dropped: the command must not wait for credit)
+            if self._written_after_close is not None:
+                self._written_after_close()
+                self._written_after_close = None  # (once)
+            return
+        self._chunks.append(data)
+        self._ready.set()
 
     def end(self) -> None:
         self._eof = True
@@ -60,7 +73,17 @@ class RemoteOutput:
         return chunk
 
     def close(self) -> None:
-        """(As a local pipe's reader: nothing of ours to let go here.)"""
+        """No more is read (exec's own output was closed: EPIPE).  What
+        waits unread is dropped and credited, so the command writes on and
+        meets its SIGPIPE: without that it waited for credit for ever, and
+        exec for its end."""
+        if self._closed:
+            return
+        self._closed = True
+        dropped = sum(map(len, self._chunks))
+        self._chunks.clear()
+        if dropped:
+            self._credit(dropped)
 
 
 class RemoteCommand:
@@ -71,8 +94,8 @@ class RemoteCommand:
         self.rank = rank
         self.pid = pid
         self._stream = stream
-        self.stdout = RemoteOutput(self._credit)
-        self.stderr = RemoteOutput(self._credit)
+        self.stdout = RemoteOutput(self._credit, self._broken_pipe)
+        self.stderr = RemoteOutput(self._credit, self._broken_pipe)
         self.error: ErrnoError | None = None
         """Why the command's stream failed (its rank was lost...), if it did."""
         self._status: asyncio.Future[int] = asyncio.get_running_loop().create_future()
@@ -153,6 +176,11 @@ class RemoteCommand:
             with contextlib.suppress(Exception):
                 self.h.send_noresponse("rexec.credit", {"pid": self.pid, "bytes": nbytes},
                                        nodeid=self.rank)
+
+    def _broken_pipe(self) -> None:
+        """The command wrote to an output we closed: SIGPIPE, as a local
+        command writing to a closed pipe gets from the kernel."""
+        self.signal(signal.SIGPIPE)
 
     def signal(self, sig: int) -> None:
         """Send ``sig`` to the command's process group on its rank."""

@@ -461,3 +461,31 @@ async def test_kill_of_an_unknown_pid(start_instance, connect) -> None:
     with pytest.raises(RemoteError) as err:
         await h.rpc("rexec.kill", {"pid": pid, "signum": 15}, nodeid=1)
     assert err.value.errnum == errno.ESRCH
+
+
+@pytest.mark.parametrize("cmd", [["yes"], ["seq", "1", "2000000"]])
+async def test_a_closed_output_ends_commands_of_another_host_as_local_ones(
+        start_instance, connect, cmd: list[str]) -> None:
+    """``kvbroker exec ... | head -2``: exec's output closed, the commands
+    of ranks on another host end as those of this host do -- at their next
+    write, by SIGPIPE -- and exec exits 141.  Through ``rexec`` it waited
+    for ever (a probe): the output it no longer read was never credited,
+    so each command stopped, waiting for credit, and never ended."""
+    inst = await start_instance(size=SIZE)
+    h = await connect(inst, 0)
+    remote(inst, 2)
+    remote(inst, 3)
+    env = dict(os.environ, KVBROKER_URI=inst.uri(0))
+    proc = await asyncio.create_subprocess_exec(
+        "bash", "-c", f'{KVBROKER} exec -r 2-3 -- "$@" | head -2; echo "${{PIPESTATUS[0]}}"',
+        "sh", *cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE)
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), T)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert out.decode().splitlines()[-1] == "141", (out, err)
+    for rank in (2, 3):
+        assert await procs(h, rank) == []
