@@ -510,9 +510,17 @@ async def run_python(script: str, *args: str, timeout: float = 40.0) -> tuple[in
     """Run ``python -c SCRIPT ARGS`` from the repository's top (a script
     that needs a process of its own: a fork, a launcher of its own); return
     (exit status, stdout, stderr).  Killed if it outlasts ``timeout``."""
+    return await run_program(sys.executable, "-c", script, *args, timeout=timeout,
+                             cwd=str(Path(__file__).parent.parent))
+
+
+async def run_program(*argv: str, timeout: float = 40.0, cwd: str | None = None,
+                      env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    """Run ``argv`` (its input /dev/null); return (exit status, stdout,
+    stderr).  Killed if it outlasts ``timeout``."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", script, *args, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE, cwd=str(Path(__file__).parent.parent))
+        *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, cwd=cwd, env=env)
     try:
         out, err = await asyncio.wait_for(proc.communicate(), timeout)
     finally:

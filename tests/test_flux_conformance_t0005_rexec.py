@@ -104,7 +104,7 @@ from typing import Any
 import pytest
 from conftest import pid_alive
 from test_broker_guests import ALLOW
-from test_broker_support import KVBROKER, run_cli, wait_until
+from test_broker_support import KVBROKER, run_cli, run_program, wait_until
 from test_cli_broker import TAKE_TERMINAL
 from test_multihost import brokers, keyed_config  # noqa: F401 (a fixture)
 from test_rexec import answers, output
@@ -475,17 +475,9 @@ async def test_a_closed_output_ends_commands_of_another_host_as_local_ones(
     h = await connect(inst, 0)
     remote(inst, 2)
     remote(inst, 3)
-    env = dict(os.environ, KVBROKER_URI=inst.uri(0))
-    proc = await asyncio.create_subprocess_exec(
+    _, out, err = await run_program(
         "bash", "-c", f'{KVBROKER} exec -r 2-3 -- "$@" | head -2; echo "${{PIPESTATUS[0]}}"',
-        "sh", *cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE)
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), T)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    assert out.decode().splitlines()[-1] == "141", (out, err)
+        "sh", *cmd, env=dict(os.environ, KVBROKER_URI=inst.uri(0)), timeout=T)
+    assert out.splitlines()[-1] == "141", (out, err)
     for rank in (2, 3):
         assert await procs(h, rank) == []
