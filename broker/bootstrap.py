@@ -197,9 +197,9 @@ def parse(text: str, path: str = "<bootstrap>") -> Bootstrap:
         doc = jsontoml.loads_toml(text)
     except tomllib.TOMLDecodeError as exc:
         raise BootstrapError(f"{path}: {exc}") from None
-    boot = doc.get("bootstrap")
+    boot = doc.get("bootstrap", {})  # (none: one rank on its own, as Flux's empty file)
     if not isinstance(boot, dict):
-        raise BootstrapError(f"{path}: no [bootstrap] table")
+        raise BootstrapError(f"{path}: bootstrap must be a table ([bootstrap])")
     _only_tables(doc, path, ("bootstrap", "attrs"), "a bootstrap file holds [bootstrap] and "
                  "[attrs]")
     unknown = set(boot) - {"curve_cert", "fanout", "default_port", "default_bind",
@@ -289,7 +289,7 @@ def _with_ipv6(boot: dict[str, Any], attrs: dict[str, Any]) -> dict[str, Any]:
     """``attrs`` with ``tbon.ipv6`` from ``bootstrap.enable_ipv6`` (Flux's
     key for it) unless ``[attrs]`` says otherwise."""
     ipv6 = boot.get("enable_ipv6")
-    return attrs if ipv6 is None else {"tbon.ipv6": ipv6, **attrs}
+    return attrs if ipv6 is None else {"tbon.ipv6": attr_text(ipv6), **attrs}
 
 
 def loaded_attrs(doc: dict[str, Any], where: str, boot: dict[str, Any] | None,
@@ -492,5 +492,14 @@ def _dotted(table: dict[str, Any], where: str, prefix: str = "",
         if not isinstance(value, str | int | float):  # (bool is an int)
             raise BootstrapError(f"{where}: {name}: a {type(value).__name__} is not an "
                                  "attribute value (a string, a number, true or false)")
-        out[name] = value
+        out[name] = attr_text(value)
     return out
+
+
+def attr_text(value: str | int | float) -> str | int | float:
+    """A file's attribute value as ``-S`` would give it where the two
+    differ: a TOML ``true``/``false`` is the text ``true``/``false`` (it
+    read back as Python's ``True`` in ``attr get`` and ``attr list``)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return value

@@ -46,9 +46,7 @@ def read(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
 
 def text(value: Any) -> str:
     """An attribute's value from TOML as ``-S`` would give it."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
+    return str(bootstrap.attr_text(value))
 
 
 def changes(old: dict[str, Any], new: dict[str, Any],

@@ -23,7 +23,8 @@ script -- has to find it.  :func:`resolve` turns a *target* into that URI:
 * ``.``: the current instance's URI, as Flux's ``.``.
 
 Any target takes ``?local`` or ``?remote`` (as Flux's): the ``local://``
-form, or the ``ssh://`` form naming this host, for a client elsewhere.
+form, or the ``ssh://`` form naming this host (for ``rank:N``, rank N's
+host), for a client elsewhere.
 ``KVBROKER_URI_RESOLVE_LOCAL`` set (to anything but empty) makes every
 answer local, as Flux's ``FLUX_URI_RESOLVE_LOCAL`` does.
 
@@ -302,7 +303,8 @@ async def resolve(target: str, *, form: str | None = None, wait: bool = False,
     form = form or query
     if environ.get(RESOLVE_LOCAL_ENV):
         form = "local"
-    uri = await _resolve_base(base, target, environ, connect, wait or asked_wait)
+    uri = await _resolve_base(base, target, environ, connect, wait or asked_wait,
+                              remote=form == "remote")
     return to_local(uri) if form == "local" else to_remote(uri) if form == "remote" else uri
 
 
@@ -348,7 +350,10 @@ async def wait_until_up(pid: int, poll: float = 0.05) -> str:
 
 
 async def _resolve_base(base: str, target: str, environ: Any, connect: Connect | None,
-                        wait: bool) -> str:
+                        wait: bool, remote: bool = False) -> str:
+    """``base``'s URI; with ``remote``, a ``rank:N`` target's in ``ssh://``
+    form naming rank N's host (its ``hostname``), where its socket is,
+    which may not be this one."""
     if base.startswith(("local://", "ssh://")):
         if base.startswith("ssh://"):
             from broker.ssh import parse
@@ -379,7 +384,10 @@ async def _resolve_base(base: str, target: str, environ: Any, connect: Connect |
             async def connect() -> Any:
                 return await Handle.connect(environ.get(URI_ENV))
         async with await connect() as h:
-            return str(await h.attr_get("local-uri", nodeid=int(rest)))
+            uri = str(await h.attr_get("local-uri", nodeid=int(rest)))
+            if remote:
+                uri = to_remote(uri, str(await h.attr_get("hostname", nodeid=int(rest))))
+            return uri
     names = ", ".join(s if s == "." else f"{s}://" if s in ("local", "ssh") else f"{s}:"
                       for s in SCHEMES)
     raise ResolveError(f"{target}: unknown target (schemes: {names})")

@@ -32,8 +32,9 @@ Flux case -> here:
     ``[bootstrap]`` (test_multihost).
 2.  empty config directory works -> DIFFERENCE: ``-c`` names one file; a
     directory is refused, exit 2, ``DIR: Is a directory``.
-3.  empty config file works -> DIFFERENCE: a bootstrap file needs its
-    ``[bootstrap]`` table; an empty one is refused naming the file, exit 2.
+3.  empty config file works -> it does: one rank on its own, as a file
+    holding only ``[attrs]`` (a ``[bootstrap]`` table was required, and an
+    empty file refused, until 2026-12-07).
 4.  empty JSON object works -> not applicable (TOML only): ``{}`` is
     refused as TOML, naming the file and the line.
 5.  ``FLUX_CONF_DIR`` -> not applicable (no such variable).
@@ -170,6 +171,18 @@ async def test_t0013_broker_needs_a_file() -> None:
     assert "--config" in err and "Traceback" not in err, err
 
 
+@pytest.mark.parametrize("text", ["", '[attrs]\n"log.level" = "debug"\n'],
+                         ids=["empty", "attrs-only"])
+async def test_t0013_a_file_without_bootstrap_is_one_rank(tmp_path: Path, text: str) -> None:
+    """Case 3: as Flux's empty config file, a file with no ``[bootstrap]``
+    runs one rank on its own, with the file's ``[attrs]``."""
+    conf = conf_file(tmp_path, text)
+    rc, out, err = await broker(tmp_path, conf, cmd=("sh", "-c", "kvbroker attr get size; "
+                                                     "kvbroker attr get log.level"))
+    level = "debug" if text else "warning"
+    assert (rc, out) == (0, f"1\n{level}\n"), err
+
+
 async def test_t0013_a_directory_is_not_a_file(tmp_path: Path) -> None:
     """Case 2."""
     (tmp_path / "empty").mkdir()
@@ -179,7 +192,7 @@ async def test_t0013_a_directory_is_not_a_file(tmp_path: Path) -> None:
 
 BAD_FILES = {
     # cases 3-4, 7-8: not a bootstrap file
-    "empty": ("", "no [bootstrap] table"),
+    "bootstrap-not-a-table": ("bootstrap = 1\n", "bootstrap must be a table"),
     "json": ("{}\n", "(at line 1"),
     "invalid-toml": ("[bootstrap]\nbad-toml\n", "(at line 2"),
     "flux-tbon-table": ('[bootstrap]\n[tbon]\ntorpid_max = "5s"\n',
@@ -291,12 +304,16 @@ connect ="tcp://127.0.0.1:{p1}"
 host = "fake[2-3]"
 """)
     ranks = [await brokers(conf, r, "-S", f"hostname=fake{r}") for r in (3, 2, 1)]
-    script = "kvbroker attr get size; kvbroker attr get hostlist; kvbroker overlay parentof 3"
+    script = ("kvbroker attr get size; kvbroker attr get hostlist; kvbroker overlay parentof 3;"
+              " kvbroker uri --remote rank:3; kvbroker uri rank:3")
     rank0 = await brokers(conf, 0, "-S", "hostname=fake0", "--", "sh", "-c", script)
     assert rank0.proc.stdout is not None
     out = await asyncio.wait_for(rank0.proc.stdout.read(), T)
     assert await exit_codes([rank0, *ranks], tmp_path) == [0, 0, 0, 0]
-    assert out.decode() == "4\nfake0,fake1,fake2,fake3\n1\n"
+    size, hosts, parent, remote, local = out.decode().splitlines()
+    assert (size, hosts, parent) == ("4", "fake0,fake1,fake2,fake3", "1")
+    # rank 3's ssh:// form names its host, where its socket is, not this one
+    assert remote == f"ssh://fake3{local.removeprefix('local://')}", remote
 
 
 # -- 31-61: tbon.* settings ----------------------------------------------------------

@@ -225,7 +225,7 @@ async def test_t0019_bootstrap_file_on_loopback(tmp_path: Path, brokers) -> None
     ("curve_cert = 42", "curve_cert must be a non-empty string"),
     ("hosts = [ { host = 42 } ]", "hosts[0]: host must be a non-empty string"),
     ('[attrs]\n"tbon.interface-hint" = 42', "tbon.interface-hint: Flux's choice of the network"),
-    ('[attrs]\n"tbon.torpid_min" = true', "tbon.torpid_min: True is not a duration"),
+    ('[attrs]\n"tbon.torpid_min" = true', "tbon.torpid_min: 'true' is not a duration"),
     ('[attrs]\n"log.level" = 42', "log.level: unknown level '42'"),
 ])
 async def test_t0019_bootstrap_file_wrong_type_refused(tmp_path: Path, line: str,

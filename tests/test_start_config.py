@@ -42,6 +42,15 @@ async def test_setattr_and_the_options_win_over_the_file(tmp_path: Path) -> None
     assert not (tmp_path / "state").exists()
 
 
+async def test_a_true_in_the_file_reads_back_as_setattr_gives_it(tmp_path: Path) -> None:
+    """TOML's ``true`` is the attribute's text ``true``, as ``-S NAME=true``
+    gives it: it read back as Python's ``True`` in ``attr get`` and ``attr list``."""
+    conf = _file(tmp_path, '[attrs]\n"access.allow-guest-user" = true\n')
+    read = "kvbroker attr get access.allow-guest-user; kvbroker attr list | grep guest-user"
+    rc, out, err = await run_cli("start", "-c", str(conf), "--", "sh", "-c", read)
+    assert (rc, out.split()) == (0, ["true", "access.allow-guest-user", "true"]), err
+
+
 @pytest.mark.parametrize(("text", "says"), [
     ('[attrs]\nkvs.checkpoint-period = "zz"\n',
      "[attrs] kvs.checkpoint-period: 'zz' is not a duration"),
