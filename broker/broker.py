@@ -563,13 +563,25 @@ class Broker:
                                hostname=str(self.attrs["hostname"]), hosts=self.hosts,
                                content_hash=str(config[battrs.CONTENT_HASH.name]),
                                on_stop=self._stop_for_overlay)
-        await self.overlay.start()
-        self.services = BrokerServices(self._context(), self)
-        await self.load_module(self.services)
-        for cls in classes:
-            module = self._make_module(cls)
-            module.source_file = files.get(cls)
-            await self.load_module(module)
+        # What comes for a module's services before it has started waits
+        # for it, as during a reload (broker/reloadhold.py): a rank 0
+        # restarted under running followers is sent their clients' requests
+        # and reconnecting watches as soon as its links are up.
+        holds = [self.router.hold_for_reload(cls.name, cls.service_names(), starting=True)
+                 for cls in (BrokerServices, *classes)]
+        try:
+            await self.overlay.start()
+            self.services = BrokerServices(self._context(), self)
+            await self.load_module(self.services)
+            self.router.end_hold(holds[0])
+            for cls, hold in zip(classes, holds[1:], strict=True):
+                module = self._make_module(cls)
+                module.source_file = files.get(cls)
+                await self.load_module(module)
+                self.router.end_hold(hold)
+        finally:
+            for hold in holds:  # (a start-up that failed: what waits is told; no-op if ended)
+                self.router.end_hold(hold, f"rank {self.rank} failed to start")
         # Only once the parent admitted this process: the connector takes
         # over a socket left at its path, and a process the parent refuses
         # (another process of this rank still holds its link) took the

@@ -417,13 +417,15 @@ class Module:
         return 0
 
     # -- plumbing
-    def service_names(self) -> tuple[str, ...]:
+    @classmethod
+    def service_names(cls) -> tuple[str, ...]:
         """The services the router sends this module: ``services``, and
         always its name, whose ``<name>.stats-get`` it answers (a module
-        serving others only had stats no request could reach)."""
-        if not self.services:
-            return (self.name,)
-        return self.services if self.name in self.services else (self.name, *self.services)
+        serving others only had stats no request could reach).  A class's
+        (the rank holds them as it starts, before any module is made)."""
+        if not cls.services:
+            return (cls.name,)
+        return cls.services if cls.name in cls.services else (cls.name, *cls.services)
 
     def _bind(self, handle: ModuleHandle) -> None:
         self.h = handle

@@ -18,6 +18,13 @@ is given (:data:`RELOAD_HOLD_TIMEOUT`, or the ``timeout`` of the
 ``ETIMEDOUT`` and holds nothing more.  ``module remove`` followed by
 ``module load`` is no reload: nothing is held between them.
 
+A rank that starts holds the same way, for each module it loads, from
+before its links are up until that module has started: a rank 0
+restarted under running followers got their clients' requests and
+reconnecting watches before its kvs had loaded, and answered them
+``ENOSYS`` (``no service matching kvs.namespace-list``, ``kvs is not
+loaded on rank 0``), which ended the watches.
+
 What the old module had accepted and parked before the reload -- a
 ``kvs.wait-version`` for a version not reached yet -- it hands over as it
 stops (:meth:`Module.parked <broker.module.Module.parked>`): those go to
@@ -49,14 +56,17 @@ class ReloadHold:
     """What comes for module ``module``'s ``services`` on rank ``rank``
     while it is reloaded, in arrival order."""
 
-    __slots__ = ("module", "services", "rank", "limit", "queue", "timer")
+    __slots__ = ("module", "services", "rank", "limit", "starting", "queue", "timer")
 
     def __init__(self, module: str, services: Iterable[str], rank: int,
-                 limit: int = MAX_RELOAD_HELD) -> None:
+                 limit: int = MAX_RELOAD_HELD, starting: bool = False) -> None:
         self.module = module
         self.services = frozenset(services)
         self.rank = rank
         self.limit = limit
+        self.starting = starting
+        """The rank is starting, and the module has not yet (the same hold,
+        worded so: :meth:`Broker.start <broker.broker.Broker.start>`)."""
         self.queue: deque[Message] = deque()
         self.timer: asyncio.TimerHandle | None = None
         """Ends the hold at the reload's deadline (:meth:`Router.hold_for_reload`)."""
@@ -94,12 +104,14 @@ class ReloadHold:
 
     def full_error(self) -> tuple[int, str]:
         """The answer to a request past :attr:`limit`."""
-        return errno.EAGAIN, (f"module {self.module} is being reloaded on rank {self.rank} "
+        being = "started" if self.starting else "reloaded"
+        return errno.EAGAIN, (f"module {self.module} is being {being} on rank {self.rank} "
                               f"and {self.limit} requests wait for it already: retry")
 
     def timeout_error(self, timeout: float) -> tuple[int, str]:
         """The answer to each request held when the reload took too long."""
-        return errno.ETIMEDOUT, (f"module {self.module} did not reload on rank {self.rank} "
+        verb = "start" if self.starting else "reload"
+        return errno.ETIMEDOUT, (f"module {self.module} did not {verb} on rank {self.rank} "
                                  f"within {timeout:g}s: retry")
 
     def drain(self) -> list[Message]:

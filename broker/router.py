@@ -498,13 +498,15 @@ class Router:
     # ------------------------------------------------------------ reloads
 
     def hold_for_reload(self, module: str, services: tuple[str, ...],
-                        timeout: float = RELOAD_HOLD_TIMEOUT) -> ReloadHold:
-        """Module ``module`` is about to be reloaded on this rank: from now
+                        timeout: float = RELOAD_HOLD_TIMEOUT,
+                        starting: bool = False) -> ReloadHold:
+        """Module ``module`` is about to be reloaded on this rank (or, with
+        ``starting``, started as the rank starts): from now
         on, what comes for its ``services`` (addressed to this rank, or to
         any rank) waits, in arrival order, until :meth:`end_hold` -- at
         most ``timeout`` seconds, after which it is answered ``ETIMEDOUT``
         and nothing more is held (a reload that hangs)."""
-        hold = ReloadHold(module, services, self.rank)
+        hold = ReloadHold(module, services, self.rank, starting=starting)
         for name in hold.services:
             self._holds[name] = hold
         hold.timer = asyncio.get_running_loop().call_later(
@@ -579,8 +581,9 @@ class Router:
         hold.timer = None
         if not self._forget_hold(hold):
             return
-        log.warning("module %s: its reload on rank %d took more than %gs: %d requests held "
-                    "for it answered ETIMEDOUT", hold.module, self.rank, timeout, len(hold))
+        log.warning("module %s: its %s on rank %d took more than %gs: %d requests held "
+                    "for it answered ETIMEDOUT", hold.module,
+                    "start" if hold.starting else "reload", self.rank, timeout, len(hold))
         errnum, errstr = hold.timeout_error(timeout)
         for msg in hold.drain():
             if msg.flags & MsgFlags.NORESPONSE:

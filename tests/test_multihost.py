@@ -815,6 +815,60 @@ def cmdlines() -> list[bytes]:
     return out
 
 
+SLOW_MODULE = '''\
+import asyncio
+import os
+
+from broker.module import Module
+
+
+class Slow(Module):
+    """Starts once the test's file {go!r} exists."""
+    name = "slow"
+
+    def handlers(self):
+        return {{"slow.hello": lambda msg: self.h.respond(msg, {{"rank": self.ctx.rank}})}}
+
+    async def start(self):
+        async with asyncio.timeout(30):
+            while not os.path.exists({go!r}):
+                await asyncio.sleep(0.01)
+'''
+
+
+async def test_a_request_that_comes_while_a_module_starts_waits_for_it(
+        tmp_path: Path, brokers) -> None:
+    """A rank's links are up before its modules have started, so a rank 0
+    restarted under running followers is sent their clients' requests and
+    reconnecting watches at once.  It answered those for a module still
+    starting ``ENOSYS`` (``kvs is not loaded on rank 0``, which ended the
+    watches); they now wait for it, as during a reload."""
+    go = tmp_path / "go"
+    (tmp_path / "slow.py").write_text(SLOW_MODULE.format(go=str(go)))
+    config = await keyed_config(tmp_path, 2, 2)
+    rank1 = await brokers(config, 1)
+    modules = "content,kvs,kvs-watch," + str(tmp_path / "slow.py")
+    rank0 = await brokers(config, 0, "-S", f"broker.modules={modules}")
+    await rank1.ready()  # (rank 0 admitted it; its slow module has not started)
+    async with asyncio.timeout(30):
+        h = await Handle.connect(rank1.uri)
+        try:
+            answer = asyncio.ensure_future(h.rpc("slow.hello", {}))
+
+            async def held() -> bool:
+                return (await stats(h, 0))["held-for-reload"] == {"slow": 1}
+
+            await wait_until(held, "rank 0 to hold the request for its slow module")
+            assert not answer.done()
+            go.touch()
+            assert await answer == {"rank": 0}
+            await rank0.ready()
+        finally:
+            await h.close()
+    rank0.proc.send_signal(signal.SIGTERM)
+    assert await exit_codes([rank0, rank1], tmp_path) == [0, 0]
+
+
 async def test_a_rank_restarted_while_its_old_link_looks_alive_takes_its_place(
         tmp_path: Path, brokers) -> None:
     """A host that froze (here: SIGSTOP) keeps its TCP connection open, so
