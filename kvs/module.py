@@ -363,8 +363,14 @@ class KvsModule(Module):
         self._max_guest_waits: int = MAX_GUEST_WAITS.value(ctx.attrs)
         self.counts: Counter[str] = Counter(dict.fromkeys(COUNTERS, 0))
         self.relays: RelayOutbox  # a follower's road to rank 0 (needs self.h: see start)
-        self._epochs = count(1)  # rank 0: Namespace.epoch of each namespace created
-        self._last_epoch = 0
+        # Rank 0: Namespace.epoch of each namespace created.  Numbered from
+        # the start's time in microseconds, not 1, so that a namespace made
+        # again after rank 0 restarts is not taken for the one before by a
+        # watcher that reconnects (namespaces other than primary do not
+        # outlive rank 0, and epochs increase across its runs).
+        first_epoch = time.time_ns() // 1000
+        self._epochs = count(first_epoch)
+        self._last_epoch = first_epoch - 1
         """Rank 0: the epoch last given (``namespace-list``'s ``epoch``: a
         watcher of namespaces merges the list and the events by it)."""
         # Rank 0's content module when it is in this process with our hash

@@ -585,8 +585,9 @@ class NamespaceEvent:
     """One answer of :func:`watch_namespaces`: namespace ``namespace``
     (owned by uid ``owner``) was ``"created"`` or ``"removed"``.  ``epoch``
     tells namespaces of the same name apart (rank 0 numbers every
-    namespace-create; ``primary`` is 0).  ``initial``: it existed when the
-    watch started (the list), rather than being created since.
+    namespace-create, increasing across its restarts; ``primary`` is 0).
+    ``initial``: it existed when the watch started (the list), rather than
+    being created since.
 
     Asked for (``listed=True``), the end of the list is one more, ``event``
     ``"listed"`` (:data:`NS_LISTED`: ``namespace`` ``""``, ``owner`` -1,

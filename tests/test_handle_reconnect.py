@@ -400,6 +400,37 @@ async def test_a_namespace_watch_says_what_came_and_went_while_away(
             assert (after.event, after.namespace, after.initial) == ("created", "job-d", False)
 
 
+async def test_a_namespace_made_again_after_rank_0_restarts_is_a_new_one(
+        inst: Restartable) -> None:
+    """Rank 0 numbered the namespaces it creates (their epoch) from 1 at
+    each start, so one made again after a restart, before a reconnecting
+    namespace watch was back, had the epoch of the one it replaced: the
+    watch reported neither the removal nor the creation."""
+    async with asyncio.timeout(60):
+        async with KVS.connect(inst.rank0.uri) as kvs0:
+            await kvs0.namespace_create("job-9")
+        async with Handle.connect(inst.uri1, reconnect=True) as h, \
+                watch_namespaces(h, "job-", listed=True) as w:
+            listed = [e async for e in _until_listed(w)]
+            assert [(e.event, e.namespace) for e in listed] == [("created", "job-9")]
+            inst.rank0.proc.send_signal(signal.SIGTERM)  # (rank 1 stops with it)
+            assert await exit_codes([inst.rank0, inst.rank1], inst.tmp_path) == [0, 0]
+            inst.rank0 = await inst.brokers(inst.config, 0)
+            socket0 = inst.rank0.uri.removeprefix("local://")
+
+            async def listening() -> bool:
+                return os.path.exists(socket0)
+
+            await wait_until(listening, what="the new rank 0's socket")
+            async with KVS.connect(inst.rank0.uri) as kvs0:
+                await kvs0.namespace_create("job-9")
+            await inst.start_rank1()
+            meanwhile = [await anext(w) for _ in range(2)]
+            assert [(e.event, e.namespace) for e in meanwhile] == [
+                ("removed", "job-9"), ("created", "job-9")]
+            assert meanwhile[0].epoch == listed[0].epoch != meanwhile[1].epoch
+
+
 async def _until_listed(w: NamespaceWatch) -> AsyncIterator[NamespaceEvent]:
     async for event in w:
         if event is NS_LISTED:
