@@ -39,6 +39,14 @@ class ErrnoError(KvbrokerError):
         return _errno.errorcode.get(self.errnum, str(self.errnum))
 
 
+class LastingFault(ErrnoError):
+    """A start-up failure that starting again would only repeat until
+    someone acts: a damaged content store, a checkpoint naming a root the
+    store lacks.  A rank exits 2 for it, as for a bad file (1 is a failure
+    a restart may cure), so that a supervisor that does not restart on 2
+    (the guide's ``RestartPreventExitStatus=2 3``) does not loop on it."""
+
+
 class RemoteError(ErrnoError):
     """An error response received from a service (client side).
 

@@ -46,7 +46,7 @@ from broker.command import (
     command_path,
     exit_code,
 )
-from broker.errors import ErrnoError, KvbrokerError, describe_failure
+from broker.errors import ErrnoError, KvbrokerError, LastingFault, describe_failure
 from broker.logring import PrefixedFormatter, RankLog
 from broker.loops import loop_factory
 
@@ -243,7 +243,7 @@ async def serve(args: argparse.Namespace) -> int:
                 log = logging.getLogger("kvbroker")
                 log.error("start-up failed: %s", describe(exc))
                 log.debug("start-up failure", exc_info=exc)
-                return 1
+                return 2 if isinstance(exc, LastingFault) else 1
             if args.initial_program:  # its output is the program's alone (as start -- CMD)
                 status = await run_initial_program(b, args.initial_program, running,
                                                    on_stop_signal)

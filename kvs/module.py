@@ -51,7 +51,7 @@ from broker.attrs import CONTENT_HASH, LINK_MAX_MESSAGE, AttrSpec, boolean, dura
 from broker.content import blobref
 from broker.content.kvsroot import is_kvs_root
 from broker.content.module import BLOB_SIZE_LIMIT, FAILURE_LOG_EVERY, ContentModule
-from broker.errors import ErrnoError, ProtocolError, RemoteError, outcome_read
+from broker.errors import ErrnoError, LastingFault, ProtocolError, RemoteError, outcome_read
 from broker.logring import LogThrottle
 from broker.message import Message, MsgFlags, RawPayload
 from broker.module import Handler, Module, require
@@ -550,6 +550,8 @@ class KvsModule(Module):
         try:
             cp = (await self.h.rpc("content.checkpoint-get", {"key": CHECKPOINT_KEY}))
         except RemoteError as exc:
+            if exc.errnum == errno.EIO:  # (a damaged checkpoint: starting again repeats it)
+                raise LastingFault(exc.errnum, exc.errstr) from None
             if exc.errnum != errno.ENOENT:
                 raise
             self.log.info("no checkpoint in %s: the primary namespace starts empty",
@@ -561,8 +563,9 @@ class KvsModule(Module):
             value = {**value, "rootseq": rootseq_of(value)}  # (Flux's form too)
         if not is_kvs_root(value):
             # (content.checkpoint-put lets the owner write any value there)
-            raise ErrnoError(errno.EINVAL, f"the checkpoint {CHECKPOINT_KEY!r} in statedir "
-                                           f"{self.statedir} is not a KVS root: {value!r:.200}")
+            raise LastingFault(errno.EINVAL, f"the checkpoint {CHECKPOINT_KEY!r} in statedir "
+                                             f"{self.statedir} is not a KVS root: "
+                                             f"{value!r:.200}")
         rootref, rootseq = value["rootref"], value["rootseq"]
         # Its root directory must be there, and be a directory: else nothing
         # could be read or written (every request failed "not a tree object").
@@ -574,12 +577,12 @@ class KvsModule(Module):
         except (RemoteError, ErrnoError) as exc:
             why = (f"which the content store cannot give ({exc.errstr})"
                    if isinstance(exc, RemoteError) else f"which is not a directory ({exc.errstr})")
-            raise ErrnoError(exc.errnum, f"the checkpoint in statedir {self.statedir} names "
-                                         f"root {rootref} (rootseq {rootseq}), {why}: the "
-                                         "store is damaged (kvbroker content checkpoint list "
-                                         f"--statedir {self.statedir} shows the older "
-                                         "checkpoints kept; checkpoint update makes one "
-                                         "current)") from None
+            raise LastingFault(exc.errnum, f"the checkpoint in statedir {self.statedir} names "
+                                           f"root {rootref} (rootseq {rootseq}), {why}: the "
+                                           "store is damaged (kvbroker content checkpoint list "
+                                           f"--statedir {self.statedir} shows the older "
+                                           "checkpoints kept; checkpoint update makes one "
+                                           "current)") from None
         stamp = value.get("timestamp")
         when = (f", written {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(stamp))}"
                 if isinstance(stamp, (int, float)) else "")

@@ -746,9 +746,17 @@ async def start_refused(inst: Instance) -> BaseException | None:
 
 
 async def refused_start_log(statedir: str | Path, log: Path) -> str:
-    """Start one rank on ``statedir``, which must be refused: what it logged to ``log``."""
+    """Start one rank on ``statedir``, which must be refused: what it logged
+    to ``log``.  Started as a service (``kvbroker broker``), the rank exits
+    2, not 1: starting it again would only repeat the failure, and a
+    supervisor restarting on failure looped on it."""
     refused = await start_refused(Instance(1, statedir=str(statedir), stderr_path=str(log)))
     assert isinstance(refused, StartError), refused
+    conf = log.with_suffix(".toml")
+    conf.write_text("")  # (one rank on its own)
+    rc, _, err = await run_cli("broker", "-c", str(conf), "--statedir", str(statedir), "--",
+                               "true")
+    assert rc == 2 and "start-up failed: " in err, (rc, err)
     return log.read_text()
 
 

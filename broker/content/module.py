@@ -85,7 +85,7 @@ from broker.content.sqlite import (
     Written,
 )
 from broker.content.storethread import StoreThread
-from broker.errors import ErrnoError, ProtocolError, outcome_read
+from broker.errors import ErrnoError, LastingFault, ProtocolError, outcome_read
 from broker.logring import LogThrottle
 from broker.message import NODEID_UPSTREAM, Message
 from broker.module import Handler, Module, require
@@ -260,6 +260,14 @@ its own, so it fails alone, not the batch it came in."""
 
 
 _T = TypeVar("_T")
+
+
+_MAY_PASS = frozenset({3, 5, 6, 7, 8, 10, 13, 14, 15})
+"""SQLite's primary result codes of a store that fails to open but may
+open at the next start (permission, busy, locked, out of memory, read-only,
+an I/O error, a full disk, cannot open, a locking protocol error); any other
+(a damaged file, not a database, a newer format, another program's) is a
+:class:`~broker.errors.LastingFault`."""
 
 
 class ContentModule(Module):
@@ -452,7 +460,9 @@ class ContentModule(Module):
                 raise ErrnoError(errno.EBUSY, f"statedir {statedir} is in use by another "
                                               "instance (its content.sqlite is locked)") from None
             except sqlite3.DatabaseError as exc:  # (not a database, damaged, ...)
-                raise ErrnoError(errno.EIO, f"{path}: {exc}") from None
+                lasting = getattr(exc, "sqlite_errorcode", 0) & 0xFF not in _MAY_PASS
+                raise (LastingFault if lasting else ErrnoError)(
+                    errno.EIO, f"{path}: {exc}") from None
             total = await self.measure_disk()
             if self.persistent:
                 setting = self.reserve_setting
