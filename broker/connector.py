@@ -438,6 +438,7 @@ class ClientConnection(FramedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._retire()
+        self.let_go_of_output()
         if self._lingering is not None:
             usage, timer = self._lingering
             timer.cancel()

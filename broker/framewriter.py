@@ -41,7 +41,7 @@ import asyncio
 from collections import deque
 from collections.abc import Sequence
 
-from broker import codec
+from broker import codec, malloc
 
 CHUNK = 256 << 10
 STOCK_HIGH_WATER = 2 * CHUNK
@@ -155,6 +155,23 @@ class FrameWriter:
                 self._pending_bytes += len(piece) + PIECE_OVERHEAD
         self._pump()
 
+    def discard(self) -> None:
+        """The connection is gone: let go of what waits to be written now.
+        The protocol and its transport hold each other, so they are freed by
+        the garbage collector's next full pass -- which an idle rank may
+        never make: a subscriber SIGSTOPped under a flood of events was
+        dropped at its 256 MiB backlog, and the rank kept the 268 MB queued
+        for it.  Drain waiters are woken (the transport is closing)."""
+        dropped = self._pending_bytes + self._held_bytes
+        self._pending.clear()
+        self._pending_bytes = 0
+        if self._held:
+            self._held.clear()
+        self._held_bytes = 0
+        self._wake_drain_waiters()
+        if dropped > malloc.TRIM_AFTER:
+            malloc.trim()
+
     def buffered(self) -> int:
         """Bytes not yet handed to the kernel (the transport's and ours)."""
         return self.transport.get_write_buffer_size() + self._pending_bytes + self._held_bytes
@@ -245,3 +262,9 @@ class FramedProtocol(asyncio.Protocol):
     def resume_writing(self) -> None:
         if self.writer is not None:
             self.writer.resume()
+
+    def let_go_of_output(self) -> None:
+        """What a subclass's ``connection_lost`` calls: the output queued
+        for the peer that went is dropped at once (:meth:`FrameWriter.discard`)."""
+        if self.writer is not None:
+            self.writer.discard()

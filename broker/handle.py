@@ -116,6 +116,7 @@ class _ClientProtocol(FramedProtocol):
             else:
                 h._fail_all(errno.ECONNRESET, "connection to broker lost")
             h._wake_event_waiters()
+        self.let_go_of_output()
         if not self.closed.done():
             self.closed.set_result(None)
 

@@ -112,6 +112,7 @@ class StreamConn(FramedProtocol):
         # message (a parent's last events, sequenced): take it first.
         for frames in self._reader.drop():
             self._deliver(frames)
+        self.let_go_of_output()
         self.on_lost(self)
 
     def send(self, frames: list[Any]) -> None:

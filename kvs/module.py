@@ -46,7 +46,7 @@ from collections.abc import Awaitable, Iterable
 from itertools import count, islice
 from typing import Any, ClassVar
 
-from broker import codec, startlog, topology
+from broker import codec, malloc, startlog, topology
 from broker.attrs import CONTENT_HASH, LINK_MAX_MESSAGE, AttrSpec, boolean, duration, integer
 from broker.content import blobref
 from broker.content.kvsroot import is_kvs_root
@@ -1267,6 +1267,7 @@ class KvsModule(Module):
     def _drop_caches(self) -> None:
         self.blobs.drop()
         self.cache.clear()
+        malloc.trim()  # (what they held is scattered through the heap: give it back)
 
     # ================================================================ garbage
 

@@ -70,7 +70,7 @@ from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, ClassVar, TypeVar
 
-from broker import __version__
+from broker import __version__, malloc
 from broker.attrs import CONTENT_HASH, LINK_MAX_MESSAGE, AttrSpec, integer, text
 from broker.content import blobref, storefile
 from broker.content.collection import Collection, Holds, RecentRefs, RowidMarks, busy
@@ -1501,6 +1501,7 @@ class ContentModule(Module):
         _owner_only(msg)
         for ref in [r for r in self.cache if r not in self.dirty]:
             self.cache_bytes -= len(self.cache.pop(ref)) + BLOB_OVERHEAD
+        malloc.trim()  # (what it held is scattered through the heap: give it back)
         self.h.respond(msg, {})
 
     async def checkpoint_put(self, msg: Message) -> None:
