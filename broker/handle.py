@@ -514,6 +514,22 @@ class Handle(HandleCore):
         if proto is not None and proto.writer is not None:
             proto.writer.flush()
 
+    async def drain(self) -> None:
+        """Until what was sent so far is the transport's: back-pressure for a
+        loop of :meth:`publish_nowait` or :meth:`send_noresponse`, which
+        never wait (as asyncio's ``StreamWriter.drain``).  Such a loop that
+        never awaited queued in this process without bound while the rank
+        was slower (2.6 GB for a flood of events); awaiting this now and
+        then bounds it to about the transport's high-water mark.  At once
+        when nothing waits; a connection that ends ends it too (a
+        reconnecting handle that is away: at once, its messages wait in
+        memory for the next connection)."""
+        proto = self._proto
+        if proto is None or proto.writer is None or self._forked:
+            return
+        await asyncio.wait([proto.writer.drained(), proto.closed],
+                           return_when=asyncio.FIRST_COMPLETED)
+
     async def wait_closed(self) -> None:
         """Until this connection ends: the rank closed it (it stopped: the
         last thing a stopping rank does after its modules, so a dump or a

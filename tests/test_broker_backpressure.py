@@ -142,6 +142,28 @@ async def test_a_dropped_subscribers_backlog_is_let_go_of_at_once(start_instance
         sock.close()
 
 
+async def test_drain_waits_until_a_flood_of_nowaits_is_the_transports(start_instance) -> None:
+    """``publish_nowait`` never waits, so a loop of it that never awaited
+    queued in the client without bound while the rank was slower (2.6 GB);
+    ``Handle.drain()`` is its back-pressure: it waits while the rank reads
+    nothing (stopped), and returns once the flood is written."""
+    inst = await start_instance(size=1)
+    rank = inst.pids()[0]
+    async with await Handle.connect(inst.uri(0)) as h:
+        await asyncio.wait_for(h.drain(), 10)  # nothing waits: at once
+        os.kill(rank, signal.SIGSTOP)
+        try:
+            for _ in range(5000):  # ~20 MB: far over what the socket and transport take
+                h.publish_nowait("test.flood", {"pad": "x" * 4000})
+            drain = asyncio.ensure_future(h.drain())
+            done, _ = await asyncio.wait([drain], timeout=0.5)
+            assert not done, "drain returned while the stopped rank read nothing"
+        finally:
+            os.kill(rank, signal.SIGCONT)
+        await asyncio.wait_for(drain, 60)
+        assert await asyncio.wait_for(h.publish("test.end"), 30) > 5000
+
+
 async def test_one_answer_over_the_backlog_limit_reaches_a_reader(start_instance) -> None:
     inst = await start_instance(size=1)
     pad = "x" * (MAX_BACKLOG + (1 << 20))
