@@ -567,7 +567,7 @@ class Broker:
         # for it, as during a reload (broker/reloadhold.py): a rank 0
         # restarted under running followers is sent their clients' requests
         # and reconnecting watches as soon as its links are up.
-        holds = [self.router.hold_for_reload(cls.name, cls.service_names(), starting=True)
+        holds = [self.router.hold_for_reload(cls.name, cls.declared_services(), starting=True)
                  for cls in (BrokerServices, *classes)]
         try:
             await self.overlay.start()

@@ -417,15 +417,18 @@ class Module:
         return 0
 
     # -- plumbing
-    @classmethod
-    def service_names(cls) -> tuple[str, ...]:
+    def service_names(self) -> tuple[str, ...]:
         """The services the router sends this module: ``services``, and
         always its name, whose ``<name>.stats-get`` it answers (a module
-        serving others only had stats no request could reach).  A class's
-        (the rank holds them as it starts, before any module is made)."""
-        if not cls.services:
-            return (cls.name,)
-        return cls.services if cls.name in cls.services else (cls.name, *cls.services)
+        serving others only had stats no request could reach)."""
+        return _service_names(self.name, self.services)
+
+    @classmethod
+    def declared_services(cls) -> tuple[str, ...]:
+        """:meth:`service_names` as the class declares them, before any
+        module is made (the rank holds them as it starts); a module that
+        sets its ``services`` as it is made is held under its name only."""
+        return _service_names(cls.name, cls.services)
 
     def _bind(self, handle: ModuleHandle) -> None:
         self.h = handle
@@ -685,3 +688,10 @@ def require_notice(msg: Message) -> None:
 
 
 _MISSING = object()
+
+
+def _service_names(name: str, services: tuple[str, ...]) -> tuple[str, ...]:
+    """``services``, with ``name`` first if it is not among them."""
+    if not services:
+        return (name,)
+    return services if name in services else (name, *services)
