@@ -657,7 +657,8 @@ class Broker:
         if self.connector is not None:
             await self.connector.close()
         if self.overlay is not None:
-            await self.overlay.goodbye_heard(GOODBYE_WAIT)
+            await asyncio.gather(self.overlay.goodbye_heard(GOODBYE_WAIT),
+                                 self.overlay.shutdown_heard(GOODBYE_WAIT))
             self.overlay.close()
 
     def set_attr(self, name: str, value: str) -> None:

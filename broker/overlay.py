@@ -267,6 +267,10 @@ class Overlay:
         shutdown, ``(why, status)`` when the parent was lost (status 1) or
         refused our CURVE key (:data:`EXIT_REFUSED`)."""
         self._shutdown_sent = False
+        self._shutdown_unanswered: set[int] = set()
+        """Children told to stop that have not answered it yet (nor gone)."""
+        self._shutdown_answered: asyncio.Future[None] | None = None
+        """Set once every child told to stop answered it (or can no longer)."""
         self._goodbye_sent = False
         self._goodbye_answered: asyncio.Future[None] | None = None
         """Set when the parent answered our goodbye (or can no longer)."""
@@ -750,8 +754,37 @@ class Overlay:
         if failed:
             payload["failed"] = True
         frames = codec.encode(Message(MsgType.CONTROL, "overlay.shutdown", payload))
+        self._shutdown_answered = asyncio.get_running_loop().create_future()
         for child in sorted(self.hello_from):
-            self._send_child(child, frames)
+            if self._send_child(child, frames):
+                self._shutdown_unanswered.add(child)
+        self._shutdown_heard_from(None)
+
+    async def shutdown_heard(self, timeout: float) -> None:
+        """Wait (at most ``timeout`` seconds) until every child told to stop
+        answered it, before :meth:`close` -- as a child waits for its
+        goodbye's answer (:meth:`goodbye_heard`), and for the same reason:
+        a child that wrote to this rank after its link closed (EPIPE) had
+        its link torn down with the shutdown still unread, and stopped as
+        if its parent were lost, exit 1 (a chain of 16 ranks stopped with
+        status 1 one time in three).  Returns at once if none was told."""
+        fut = self._shutdown_answered
+        if fut is None or fut.done():
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(fut), timeout)
+        except TimeoutError:
+            log.info("child rank(s) %s did not answer this rank's shutdown within %.1f s: "
+                     "their links are closed anyway",
+                     ",".join(map(str, sorted(self._shutdown_unanswered))), timeout)
+
+    def _shutdown_heard_from(self, child: int | None) -> None:
+        """``child`` answered the shutdown, or went (None: only check)."""
+        if child is not None:
+            self._shutdown_unanswered.discard(child)
+        fut = self._shutdown_answered
+        if fut is not None and not fut.done() and not self._shutdown_unanswered:
+            fut.set_result(None)
 
     def goodbye(self, why: str) -> None:
         """Tell the parent this rank stops on purpose (``why``: a signal,
@@ -1410,6 +1443,7 @@ class Overlay:
         self._heard.pop(child, None)
         self._seen_at.pop(child, None)
         self.torpid.pop(child, None)
+        self._shutdown_heard_from(child)  # (gone: no answer will come)
         left = self._leaving.pop(child, None)
         if left is not None:
             self._stopped[child] = left
@@ -1492,6 +1526,8 @@ class Overlay:
         elif msg.topic == "overlay.ready":
             self.ready_from.add(child)
             self._check_ready()
+        elif msg.topic == "overlay.shutdown":  # (a child's answer to ours)
+            self._shutdown_heard_from(child)
         elif msg.topic == "overlay.goodbye" and child in self.hello_from:
             why = msg.payload.get("why") if isinstance(msg.payload, dict) else None
             self._leaving[child] = why[:200] if isinstance(why, str) else "it said goodbye"
@@ -1529,6 +1565,9 @@ class Overlay:
                              "refused this rank's hello: "
                              f"{why[:300] if isinstance(why, str) else 'no reason given'}", 1)
             elif msg.topic == "overlay.shutdown" and self.on_stop is not None:
+                # answered at once: the parent closes our link once it knows
+                # we read this (:meth:`shutdown_heard`)
+                self._control_up("overlay.shutdown", {"rank": self.rank})
                 self._parent_gone = True  # (it stops: it knows why we do)
                 if isinstance(msg.payload, dict) and msg.payload.get("replaced"):
                     self._parent_stays = True

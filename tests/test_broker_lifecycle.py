@@ -214,6 +214,36 @@ async def test_shutdown_rpc_stops_a_subtree_or_the_instance(start_instance, conn
         assert [await inst.procs[r].wait() for r in (0, 2)] == [0, 0]
 
 
+async def test_a_parent_closes_a_childs_link_once_it_answered_the_shutdown(
+        start_instance, connect, tmp_path) -> None:
+    """A child that wrote to its parent just after the parent closed their
+    link got EPIPE, and the link was torn down with the parent's shutdown
+    still unread: the child stopped as if its parent were lost, status 1
+    (a chain of 16 ranks, all sent SIGTERM, stopped with status 1 one time
+    in three).  A child now answers the shutdown as it reads it, and its
+    parent closes the link once it has (as a child waits for the answer to
+    its goodbye) -- or after 1 s, for a child that cannot answer: here rank
+    1, held by SIGSTOP, which then stops as told."""
+    inst = await start_instance(size=2, attrs={"log.level": "info"})
+    async with asyncio.timeout(30):
+        h0 = await connect(inst, 0)
+        rank1 = inst.pids()[1]
+        os.kill(rank1, signal.SIGSTOP)
+        try:
+            assert await h0.rpc("broker.shutdown", {}, nodeid=0) == {"rank": 0}
+            assert await inst.procs[0].wait() == 0
+        finally:
+            os.kill(rank1, signal.SIGCONT)
+        assert await inst.procs[1].wait() == 0
+    log = (tmp_path / "broker-0.log").read_text()
+    assert ("kvbroker[0]: INFO kvbroker.overlay: child rank(s) 1 did not answer this rank's "
+            "shutdown within 1.0 s: their links are closed anyway") in log, log
+    # answered: no wait, no such line
+    inst = await start_instance(size=4, fanout=1, attrs={"log.level": "info"})
+    assert await inst.stop() == [0, 0, 0, 0]
+    assert "did not answer" not in (tmp_path / "broker-1.log").read_text()
+
+
 async def test_a_rank_whose_parent_dies_stops_with_its_subtree(start_instance, connect) -> None:
     """A subtree cut off from rank 0 does not linger: rank 1 dies, so rank 3
     (its child) stops by itself with status 1, and rank 3's client is told
