@@ -316,7 +316,9 @@ def errors(statuses: list[RankStatus]) -> list[str]:
     lost, offline or torpid, those with the same state and reason on one
     line, in rank order: ``3,7 node[3,7]: lost (rank 3 is unreachable)``.
     A partial rank is left out: its line would only say that something
-    below it is one of these."""
+    below it is one of these.  A host is named once however many of the
+    line's ranks run on it (on one machine, every rank's: a 32-rank
+    instance's line named it 14 times)."""
     groups: dict[tuple[str, str], list[RankStatus]] = {}
     for s in statuses:
         if s.state not in (FULL, PARTIAL):
@@ -324,7 +326,7 @@ def errors(statuses: list[RankStatus]) -> list[str]:
     lines = []
     for (state, detail), members in groups.items():
         hosts = [s.hostname for s in members]
-        where = f" {encode(hosts)}" if all(hosts) else ""
+        where = f" {encode(dict.fromkeys(hosts))}" if all(hosts) else ""
         why = f" ({detail})" if detail else ""
         lines.append(f"{encode_ranks(s.rank for s in members)}{where}: {state}{why}")
     return lines

@@ -486,6 +486,9 @@ def test_errors_groups_the_ranks_that_are_down_by_why() -> None:
                                     "5-6 n[5-6]: offline (stopped: SIGTERM)",
                                     "7-8: lost (rank 3 is unreachable)"]
     assert status.errors(ranks[:3]) == []
+    # one machine: its name once, not once per rank
+    same = [RankStatus(r, LOST, "vm", "rank 2 is unreachable") for r in (5, 6, 11, 12)]
+    assert status.errors(same) == ["5-6,11-12 vm: lost (rank 2 is unreachable)"]
 
 
 async def test_overlay_errors_names_a_rank_that_does_not_answer(start_instance) -> None:
