@@ -56,17 +56,21 @@ class ReloadHold:
     """What comes for module ``module``'s ``services`` on rank ``rank``
     while it is reloaded, in arrival order."""
 
-    __slots__ = ("module", "services", "rank", "limit", "starting", "queue", "timer")
+    __slots__ = ("module", "services", "rank", "limit", "starting", "timeout", "queue",
+                 "timer")
 
     def __init__(self, module: str, services: Iterable[str], rank: int,
-                 limit: int = MAX_RELOAD_HELD, starting: bool = False) -> None:
+                 limit: int = MAX_RELOAD_HELD, starting: bool = False,
+                 timeout: float = RELOAD_HOLD_TIMEOUT) -> None:
         self.module = module
         self.services = frozenset(services)
         self.rank = rank
         self.limit = limit
         self.starting = starting
         """The rank is starting, and the module has not yet (the same hold,
-        worded so: :meth:`Broker.start <broker.broker.Broker.start>`)."""
+        worded so: :meth:`Broker.start <broker.broker.Broker.start>`).  Its
+        deadline counts from the first request held, not from the hold."""
+        self.timeout = timeout
         self.queue: deque[Message] = deque()
         self.timer: asyncio.TimerHandle | None = None
         """Ends the hold at the reload's deadline (:meth:`Router.hold_for_reload`)."""

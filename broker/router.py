@@ -506,12 +506,17 @@ class Router:
         any rank) waits, in arrival order, until :meth:`end_hold` -- at
         most ``timeout`` seconds, after which it is answered ``ETIMEDOUT``
         and nothing more is held (a reload that hangs)."""
-        hold = ReloadHold(module, services, self.rank, starting=starting)
+        hold = ReloadHold(module, services, self.rank, starting=starting, timeout=timeout)
         for name in hold.services:
             self._holds[name] = hold
-        hold.timer = asyncio.get_running_loop().call_later(
-            timeout, self._hold_expired, hold, timeout)
+        if not starting:  # (starting: from the first request held -- a rank
+            # may wait for its parent for hours before its modules start)
+            self._arm(hold)
         return hold
+
+    def _arm(self, hold: ReloadHold) -> None:
+        hold.timer = asyncio.get_running_loop().call_later(
+            hold.timeout, self._hold_expired, hold, hold.timeout)
 
     def _hold(self, msg: Message) -> bool:
         """Hold ``msg`` if a reload holds its service (or answer it, past
@@ -521,6 +526,8 @@ class Router:
             return False
         if hold.take(msg):
             self.counts["reload-held"] += 1
+            if hold.timer is None:
+                self._arm(hold)
         else:
             self.counts["reload-refused"] += 1
             self.respond_error(msg, *hold.full_error())

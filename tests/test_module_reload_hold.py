@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import os
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from broker.errors import RemoteError
 from broker.handle import Handle
 from broker.message import Message, MsgFlags, MsgType
 from broker.reloadhold import ReloadHold
+from broker.router import Router
 
 T = 20.0
 
@@ -256,3 +258,23 @@ async def test_a_plain_watch_ended_by_a_reload_says_reload(start_instance, conne
         await asyncio.wait_for(watch.next_message(), T)
     assert (info.value.errnum, info.value.errstr) == (
         errno.ENOSYS, "the watch ended: module kvs-watch was reloaded on rank 0 (module reload)")
+
+
+async def test_a_start_up_holds_deadline_counts_from_its_first_request() -> None:
+    """A rank holds what comes for each module until it has started
+    (:meth:`Broker.start`), but it may wait for its parent for hours before
+    its modules start (services under systemd start in any order): counted
+    from the hold, the deadline passed with nothing held, and a WARNING
+    said a module "took more than 60s".  A start-up hold's clock starts
+    with the first request it holds; a reload's, at once, as before."""
+    router = Router(rank=1, size=2, fanout=2, owner_uid=os.getuid())
+    starting = router.hold_for_reload("kvs", ("kvs",), starting=True)
+    assert starting.timer is None  # nothing held: no deadline running
+    router.route_request(Message(MsgType.REQUEST, "kvs.lookup", {}, matchtag=1, nodeid=1,
+                                 route=["c1"]))
+    assert len(starting) == 1 and starting.timer is not None
+    reload = router.hold_for_reload("kvs-watch", ("kvs-watch",))
+    assert reload.timer is not None
+    for hold in (starting, reload):
+        router.end_hold(hold)
+    assert starting.timer is None and reload.timer is None
