@@ -756,7 +756,9 @@ class Overlay:
         frames = codec.encode(Message(MsgType.CONTROL, "overlay.shutdown", payload))
         self._shutdown_answered = asyncio.get_running_loop().create_future()
         for child in sorted(self.hello_from):
-            if self._send_child(child, frames):
+            # (one that said goodbye stops already: a link torn under it is
+            # no loss to it, and over ZeroMQ its close may be heard late)
+            if self._send_child(child, frames) and child not in self._leaving:
                 self._shutdown_unanswered.add(child)
         self._shutdown_heard_from(None)
 
@@ -1531,6 +1533,7 @@ class Overlay:
         elif msg.topic == "overlay.goodbye" and child in self.hello_from:
             why = msg.payload.get("why") if isinstance(msg.payload, dict) else None
             self._leaving[child] = why[:200] if isinstance(why, str) else "it said goodbye"
+            self._shutdown_heard_from(child)  # (it stops already: no need to wait for it)
             # answered: the child closes its link once it knows we read this
             self._send_child(child, codec.encode(Message(MsgType.CONTROL, "overlay.goodbye",
                                                          {"rank": self.rank})))
