@@ -375,7 +375,17 @@ def _kv_line(key: str, value: bytes, maxcol: int) -> str:
         head, nl, rest = line.partition("\n")
         if nl:
             line, overflow = head, overflow or bool(rest)
+        bad = _UNPRINTABLE.search(line)
+        if bad:  # (as flux: a control byte -- a tab, an escape -- reached the terminal)
+            line, overflow = line[:bad.start()], True
     return line + ("..." if overflow else "")
+
+
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\udc80-\udcff]")
+"""What ``kvs dir`` cuts a line at, as ``flux kvs dir`` at its first
+character that is not ``isprint``: a control character (C0, DEL, C1), or a
+byte that is not UTF-8.  Printable UTF-8 is kept (Flux's C locale cut it
+too: its first byte is not ``isprint`` there)."""
 
 
 def _fit_columns(text: str, cols: int) -> int:
@@ -1376,7 +1386,8 @@ def cmd_eventlog(args: argparse.Namespace) -> int:
                 entries = await eventlog.get(kvs, args.key)
             except ErrnoError as exc:
                 raise _fail(args.key, exc) from None
-            for e in entries:
+            count = getattr(args, "count", 0) or 0  # (at most N, as flux's, -w or not)
+            for e in entries[:count] if count else entries:
                 _emit(fmt.format(e))
             return 0
 
@@ -1897,7 +1908,7 @@ def register(subparsers: Any) -> None:
     e.add_argument("-W", "--waitcreate", action="store_true", help="wait for KEY to exist")
     e.add_argument("-w", "--watch", action="store_true", help="print new events as they come")
     e.add_argument("-c", "--count", type=non_negative_int, default=0, metavar="COUNT",
-                   help="with --watch, stop after COUNT events")
+                   help="print at most COUNT events (with --watch: stop after them)")
     e.add_argument("-S", "--stream", action="store_true",
                    help="return a large eventlog in several answers")
     _reconnect(e)

@@ -139,6 +139,10 @@ async def test_eventlog_get_stream_prints_what_get_prints(start_instance, connec
     assert plain == (0, "1.000000 event1\n1.000000 event2\n1.000000 event3\n", "")
     assert await run(uri, "kvs", "eventlog", "get", "--stream", "test.stream.log") == plain
     assert await run(uri, "kvs", "eventlog", "get", "-S", "-W", "test.stream.log") == plain
+    # -c N: the first N at most, without -w too (as flux's; it applied with -w only)
+    two = (0, "1.000000 event1\n1.000000 event2\n", "")
+    assert await run(uri, "kvs", "eventlog", "get", "-c", "2", "test.stream.log") == two
+    assert await run(uri, "kvs", "eventlog", "get", "-S", "-c", "2", "test.stream.log") == two
     p = await spawn(uri, "kvs", "eventlog", "get", "--stream", "--waitcreate", "test.log2")
     await wait_watchers(h0, 1, nodeid=1)
     await commit(h0, append("test.log2", ev(2, "foo")))

@@ -560,6 +560,20 @@ async def test_dir_ls_width_checks(start_instance) -> None:
     assert (await kvs(inst, "ls", "-w", "0")).text == "k\n"
 
 
+def test_dir_cuts_a_line_at_a_control_character() -> None:
+    """As ``flux kvs dir`` at its first unprintable character: a tab, an
+    escape sequence or a stray byte in a value reached the terminal whole."""
+    from kvs.cli import _kv_line
+
+    assert _kv_line("d.tab", b"ab\tcd", 80) == "d.tab = ab..."
+    assert _kv_line("d.esc", b"\x1b[31mred", 80) == "d.esc = ..."
+    assert _kv_line("d.bin", b"ab\xffcd", 80) == "d.bin = ab..."
+    assert _kv_line("d.del", b"ab\x7f", 80) == "d.del = ab..."
+    assert _kv_line("d.utf", "h\u00e9llo \u65e5\u672c".encode(), 80) == "d.utf = h\u00e9llo \u65e5\u672c"
+    assert _kv_line("d.nl", b"ab\n", 80) == "d.nl = ab"  # (a trailing newline: no ...)
+    assert _kv_line("d.tab", b"ab\tcd", 0) == "d.tab = ab\tcd"  # -w 0 cuts nothing
+
+
 async def test_ls(start_instance) -> None:
     inst = await start_instance(size=1)
     names = " ".join(f"w.{i:04d}=x" for i in range(50))
