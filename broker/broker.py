@@ -481,6 +481,13 @@ class Broker:
             doc, attrs = bconfig.read(path)
         except bootstrap.BootstrapError as exc:
             raise ErrnoError(errno.EINVAL, str(exc)) from None
+        if doc.get("bootstrap") != self.config.get("bootstrap"):
+            # (as config load refuses: the instance keeps its shape.  Not
+            # checked, a changed fanout or host list was taken, and config
+            # get showed it while the ranks ran as they started)
+            raise ErrnoError(errno.EINVAL, f"{path}: [bootstrap] may not be changed on a "
+                                           "running rank (the instance keeps the shape it "
+                                           "started with: restart its ranks to change it)")
         return self._take_config(doc, attrs, path, f"reloaded from {path}")
 
     def load_config(self, doc: dict[str, Any]) -> dict[str, str]:
