@@ -118,10 +118,26 @@ TRANSACTION_MERGE = AttrSpec(
 """Flux's kvs module option ``transaction-merge`` (t1003): off, a watcher sees
 one new value per commit, at the price of one root, one setroot event and
 one tree update per commit."""
+MIN_CHECKPOINT_PERIOD = 0.01
+"""The shortest checkpoint period but 0 (never), in seconds: rank 0 wakes
+once a period, changed or not, so a nanosecond kept it at 100% of a CPU
+while idle (as ``heartbeat.period``'s bound)."""
+
+
+def checkpoint_period(value: Any) -> float:
+    """0, or a duration of at least :data:`MIN_CHECKPOINT_PERIOD` seconds."""
+    seconds = duration(value)
+    if 0 < seconds < MIN_CHECKPOINT_PERIOD:
+        raise ValueError(f"{value!r} is under {MIN_CHECKPOINT_PERIOD:g}s (rank 0 would wake "
+                         "that often, changed or not: a busy loop); 0 checkpoints only at "
+                         "a clean stop and by SYNC commits")
+    return seconds
+
+
 CHECKPOINT_PERIOD = AttrSpec(
-    "kvs.checkpoint-period", "1s", duration,
+    "kvs.checkpoint-period", "1s", checkpoint_period,
     "rank 0 with a statedir checkpoints the primary root this often when it "
-    "changed (0: only at a clean stop and by SYNC commits)")
+    "changed (0: only at a clean stop and by SYNC commits; else at least 10ms)")
 """Flux's ``kvs.checkpoint-period`` (off there by default).  Blobs reach SQLite
 within ``content.FLUSH_DELAY``; without a checkpoint naming the new root a
 crash of rank 0 loses every commit since the last one.  1 s bounds that loss

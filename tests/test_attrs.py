@@ -78,6 +78,13 @@ def test_duration() -> None:
             duration(bad)
     with pytest.raises(AttrError, match="^kvs.checkpoint-period: '-1' is not a duration"):
         CHECKPOINT_PERIOD.value({"kvs.checkpoint-period": "-1"})
+    # 0 is never; else at least 10ms: rank 0 wakes once a period, changed or
+    # not, and a nanosecond kept it at 100% of a CPU while idle
+    assert CHECKPOINT_PERIOD.value({"kvs.checkpoint-period": "0"}) == 0
+    assert CHECKPOINT_PERIOD.value({"kvs.checkpoint-period": "10ms"}) == 0.01
+    for tiny in ("0.000000001", "1ms", 0.001):
+        with pytest.raises(AttrError, match="is under 0.01s .*a busy loop"):
+            CHECKPOINT_PERIOD.value({"kvs.checkpoint-period": tiny})
 
 
 def test_spec_value_names_the_attribute() -> None:
