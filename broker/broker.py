@@ -712,6 +712,9 @@ class Broker:
         for name, (module, value) in modules.items():
             module.set_attribute(name, value)
         self.attrs.update(changes)
+        # as the start keeps them (attrs.normalize): ``DEBUG`` is ``debug``,
+        # `` info`` ``info`` -- attr get read back what was typed
+        battrs.normalize(self.attrs, [s for s in battrs.BROKER_ATTRS if s.name in core])
         if self.rank_log is not None and battrs.LOG_LEVEL.name in core:
             self.rank_log.set_levels(level=str(parsed[battrs.LOG_LEVEL.name]))
         if self.rank_log is not None and battrs.LOG_RING_LEVEL.name in core:
@@ -719,8 +722,8 @@ class Broker:
         if self.overlay is not None and checked & set(torpid):
             self.overlay.set_torpid(parsed[battrs.TORPID_MIN.name],
                                     parsed[battrs.TORPID_MAX.name])
-        for name, value in changes.items():
-            log.info("attribute %s set to %s", name, value)
+        for name in changes:
+            log.info("attribute %s set to %s", name, self.attrs[name])
 
     def stats(self) -> dict[str, Any]:
         out = self.router.stats()
