@@ -694,6 +694,17 @@ class Broker:
                 except battrs.AttrError as exc:
                     raise ErrnoError(errno.EINVAL, str(exc)) from None
                 continue
+            spec = _unloaded_runtime_spec(name)
+            if spec is not None:
+                # A module's that is not loaded here (module remove): kept,
+                # checked, for its next load, which starts from the rank's
+                # attributes -- refused, it made a whole config reload fail
+                # on this rank, told to "set it at start"
+                try:
+                    battrs.check(trial, [spec])
+                except battrs.AttrError as exc:
+                    raise ErrnoError(errno.EINVAL, str(exc)) from None
+                continue
             if name not in battrs.RUNTIME_ATTRS:
                 raise ErrnoError(errno.EINVAL, f"{name} may not be changed on a running rank "
                                  f"({battrs.how_to_set(name)})")
@@ -794,6 +805,19 @@ def _rss_mb() -> tuple[float, float | None]:
     if "VmHWM" in fields and "VmRSS" in fields:
         return max(fields["VmHWM"], fields["VmRSS"]) / 1024, fields["VmRSS"] / 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, None
+
+
+def _unloaded_runtime_spec(name: str) -> Any:
+    """The spec of attribute ``name`` if a module its prefix names (``kvs``
+    of ``kvs.checkpoint-period``) may change it on a running rank; None
+    otherwise, or if there is no such module."""
+    try:
+        cls = _module_class(name.partition(".")[0])
+    except ErrnoError:
+        return None
+    if name not in getattr(cls, "runtime_attributes", ()):
+        return None
+    return next((s for s in getattr(cls, "attributes", ()) if s.name == name), None)
 
 
 def _module_class(name: str) -> Any:

@@ -24,6 +24,7 @@ from test_kvs_rpc_durability import refused_start_log
 from test_kvs_rpc_helpers import commit, get, getroot, put
 
 from broker.content.sqlite import SqliteStore
+from broker.handle import Handle
 from kvs import treeobj as T
 from kvs.client import KVS, SyncKVS
 from kvs.namespaces import CHECKPOINT_KEY
@@ -414,3 +415,29 @@ async def test_the_checkpoint_period_changes_on_a_running_rank(start_instance, c
     assert rc == 0, err
     stats = await asyncio.wait_for(h.rpc("kvs.stats-get", {}, nodeid=0), 10)
     assert stats["checkpoint"]["period"] == 0
+
+
+async def test_the_checkpoint_period_of_a_removed_kvs_is_kept_for_its_load(
+        start_instance, tmp_path) -> None:
+    """With kvs removed from a rank, setting its runtime attribute was
+    refused as fixed at start ("set it at start"), and so a whole config
+    reload on that rank failed.  It is checked and kept, and the next load
+    starts from it, as from any attribute the module left behind."""
+    inst = await start_instance(size=1, statedir=str(tmp_path / "state"))
+    uri = inst.uri(0)
+
+    async def cli(*args: str, rc: int = 0) -> str:
+        code, out, err = await run_cli(*args, uri=uri)
+        assert code == rc, (args, code, out, err)
+        return out + err
+
+    await cli("module", "remove", "kvs-watch")
+    await cli("module", "remove", "kvs")
+    assert "is not a duration" in await cli("attr", "set", "kvs.checkpoint-period", "1Z",
+                                            rc=1)
+    await cli("attr", "set", "kvs.checkpoint-period", "9s")
+    assert await cli("attr", "get", "kvs.checkpoint-period") == "9s\n"
+    await cli("module", "load", "kvs")
+    async with await Handle.connect(uri) as h:
+        stats = await asyncio.wait_for(h.rpc("kvs.stats-get", {}), 10)
+    assert stats["checkpoint"]["period"] == 9
