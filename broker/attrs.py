@@ -502,12 +502,16 @@ def from_flux(attrs: Mapping[str, Any], size: int | None = None) -> dict[str, An
     return out
 
 
-def unknown_message(name: str) -> str:
+def unknown_message(name: str, known: Iterable[str] = ()) -> str:
     """``unknown attribute 'NAME'``, saying kvbroker's name for one of
-    Flux's (:data:`FLUX_SPELLINGS`)."""
+    Flux's (:data:`FLUX_SPELLINGS`), or the closest of ``known`` (a running
+    rank's: ``kvs.checkpoint_period`` -> did you mean kvs.checkpoint-period?,
+    as ``-S`` says)."""
     ours = FLUX_SPELLINGS.get(name)
     if ours is None:
-        return f"unknown attribute {name!r}"
+        close = difflib.get_close_matches(name, list(known), n=1)
+        return f"unknown attribute {name!r}" + (f" (did you mean {close[0]}?)" if close
+                                                 else "")
     return (f"unknown attribute {name!r}: Flux's name; kvbroker's is {ours!r} "
             f"({how_to_set(ours)})")
 

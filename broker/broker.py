@@ -685,7 +685,7 @@ class Broker:
         trial = {**self.attrs, **changes}
         for name in changes:
             if name not in self.attrs:
-                raise ErrnoError(errno.ENOENT, battrs.unknown_message(name))
+                raise ErrnoError(errno.ENOENT, battrs.unknown_message(name, self.attrs))
             module = next((m for m in self.modules if name in m.runtime_attributes), None)
             if module is not None:  # a module's (kvs.checkpoint-period)
                 spec = next(spec for spec in module.attributes if spec.name == name)

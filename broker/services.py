@@ -190,7 +190,7 @@ class BrokerServices(Module):
         name = require(msg.payload, name=str)["name"]
         attrs = self.broker.attrs
         if name not in attrs:
-            raise ErrnoError(errno.ENOENT, battrs.unknown_message(name))
+            raise ErrnoError(errno.ENOENT, battrs.unknown_message(name, attrs))
         self.h.respond(msg, {"value": attrs[name]})
 
     def attr_set(self, msg: Message) -> None:

@@ -222,6 +222,10 @@ def test_flux_s_names_are_answered_with_kvbroker_s() -> None:
         "unknown attribute 'tbon.fanout': Flux's name; kvbroker's is 'fanout' "
         "(set it at start with --fanout K)")
     assert attrs.unknown_message("nope") == "unknown attribute 'nope'"
+    # a running rank's names: the closest, as -S says it at start
+    assert attrs.unknown_message("kvs.checkpoint_period", ["kvs.checkpoint-period", "size"]) \
+        == "unknown attribute 'kvs.checkpoint_period' (did you mean kvs.checkpoint-period?)"
+    assert attrs.unknown_message("nope", ["size", "rank"]) == "unknown attribute 'nope'"
 
 
 def test_flux_s_own_attributes_are_put_in_kvbroker_s_terms() -> None:
