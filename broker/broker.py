@@ -513,8 +513,27 @@ class Broker:
         goes back to its default), all checked first, or nothing."""
         specs = [*battrs.BROKER_ATTRS, *(a for m in self.modules for a in m.attributes)]
         defaults = {spec.name: spec.default for spec in specs}
+        by_name = {spec.name: spec for spec in specs}
+
+        def in_force(name: str, value: str) -> bool:
+            """``value`` is what the rank runs with already: no change (a
+            fixed attribute written into the file at its value -- the
+            default, or -S's -- was refused as a change, and ``1000000.0``
+            for ``1000000``)."""
+            if name not in self.attrs:
+                return False
+            spec = by_name.get(name)
+            if spec is None:
+                return bconfig.text(self.attrs[name]) == value
+            try:
+                return bool(spec.value({name: self.attrs[name]}) == spec.value({name: value}))
+            except battrs.AttrError:
+                return False
+
         try:  # (both say which configuration: the file, or a load's object)
-            wanted = bconfig.changes(self._file_attrs, attrs, defaults)
+            wanted = {name: value for name, value
+                      in bconfig.changes(self._file_attrs, attrs, defaults).items()
+                      if not in_force(name, value)}
             self.set_attrs(wanted)
         except ErrnoError as exc:
             # (an unknown attribute, or one taken out without a default, is
