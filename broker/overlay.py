@@ -770,12 +770,7 @@ class Overlay:
         its link torn down with the shutdown still unread, and stopped as
         if its parent were lost, exit 1 (a chain of 16 ranks stopped with
         status 1 one time in three).  Returns at once if none was told."""
-        fut = self._shutdown_answered
-        if fut is None or fut.done():
-            return
-        try:
-            await asyncio.wait_for(asyncio.shield(fut), timeout)
-        except TimeoutError:
+        if not await _answered(self._shutdown_answered, timeout):
             log.info("child rank(s) %s did not answer this rank's shutdown within %.1f s: "
                      "their links are closed anyway",
                      ",".join(map(str, sorted(self._shutdown_unanswered))), timeout)
@@ -811,12 +806,7 @@ class Overlay:
         the parent, stopped or stuck, may then log this rank as lost, and
         an operator at the default level saw nothing of why (it was INFO).
         The rank still exits 0: it stopped as asked."""
-        fut = self._goodbye_answered
-        if fut is None or fut.done():
-            return
-        try:
-            await asyncio.wait_for(asyncio.shield(fut), timeout)
-        except TimeoutError:
+        if not await _answered(self._goodbye_answered, timeout):
             log.warning("parent rank %s did not answer this rank's goodbye within %.1f s: "
                         "its link is closed anyway (the parent may log this rank as lost)",
                         self.parent, timeout)
@@ -1623,3 +1613,15 @@ class Overlay:
             self._control_up("overlay.ready", {"rank": self.rank})
         if not self.ready.done():
             self.ready.set_result(None)
+
+
+async def _answered(fut: asyncio.Future[None] | None, timeout: float) -> bool:
+    """Whether ``fut`` (an answer awaited: a goodbye's, a shutdown's) is set
+    within ``timeout`` seconds; True at once if there is none to wait for."""
+    if fut is None or fut.done():
+        return True
+    try:
+        await asyncio.wait_for(asyncio.shield(fut), timeout)
+    except TimeoutError:
+        return False
+    return True
