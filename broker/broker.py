@@ -725,8 +725,14 @@ class Broker:
                     raise ErrnoError(errno.EINVAL, str(exc)) from None
                 continue
             if name not in battrs.RUNTIME_ATTRS:
+                owner = next((m.name for m in self.modules
+                              if any(spec.name == name for spec in m.attributes)), None)
+                reload = ""
+                if owner is not None:  # (a loaded module's: its reload takes it)
+                    key = name.removeprefix(f"{owner}.")
+                    reload = f"; or give it to a reload: kvbroker module reload {owner} {key}=VALUE"
                 raise ErrnoError(errno.EINVAL, f"{name} may not be changed on a running rank "
-                                 f"({battrs.how_to_set(name)})")
+                                 f"({battrs.how_to_set(name)}{reload})")
             levels = (battrs.LOG_LEVEL.name, battrs.LOG_RING_LEVEL.name)
             if name in levels and self.rank_log is None:
                 raise ErrnoError(errno.ENOSYS, "this rank's logging is its host program's")

@@ -902,6 +902,11 @@ async def test_attr_set_changes_a_ranks_log_level_at_once(start_instance, connec
     (("statedir", "x"), errno.EINVAL,
      "statedir may not be changed on a running rank (set it at start with --statedir DIR)"),
     (("tbon.transport", "tcp"), errno.EINVAL, "tbon.transport may not be changed"),
+    # a loaded module's: its reload takes it, which the hint says too
+    (("kvs.cache-bytes", "1000"), errno.EINVAL,
+     "kvs.cache-bytes may not be changed on a running rank (set it at start: -S "
+     "kvs.cache-bytes=VALUE; or give it to a reload: kvbroker module reload kvs "
+     "cache-bytes=VALUE)"),
     (("log.level", "loud"), errno.EINVAL, "log.level: unknown level 'loud'"),
     (("tbon.torpid_min", "0"), errno.EINVAL, "tbon.torpid_min: must be at least 0.1"),
     (("tbon.torpid_min", "0.0000001"), errno.EINVAL, "tbon.torpid_min: must be at least 0.1"),
