@@ -760,7 +760,7 @@ class Overlay:
             # no loss to it, and over ZeroMQ its close may be heard late)
             if self._send_child(child, frames) and child not in self._leaving:
                 self._shutdown_unanswered.add(child)
-        self._shutdown_heard_from(None)
+        self._check_shutdown_answered()
 
     async def shutdown_heard(self, timeout: float) -> None:
         """Wait (at most ``timeout`` seconds) until every child told to stop
@@ -775,10 +775,12 @@ class Overlay:
                      "their links are closed anyway",
                      ",".join(map(str, sorted(self._shutdown_unanswered))), timeout)
 
-    def _shutdown_heard_from(self, child: int | None) -> None:
-        """``child`` answered the shutdown, or went (None: only check)."""
-        if child is not None:
-            self._shutdown_unanswered.discard(child)
+    def _shutdown_heard_from(self, child: int) -> None:
+        """``child`` answered the shutdown, or went."""
+        self._shutdown_unanswered.discard(child)
+        self._check_shutdown_answered()
+
+    def _check_shutdown_answered(self) -> None:
         fut = self._shutdown_answered
         if fut is not None and not fut.done() and not self._shutdown_unanswered:
             fut.set_result(None)

@@ -262,12 +262,12 @@ its own, so it fails alone, not the batch it came in."""
 _T = TypeVar("_T")
 
 
-_MAY_PASS = frozenset({3, 5, 6, 7, 8, 10, 13, 14, 15})
+_MAY_PASS = frozenset({sqlite3.SQLITE_PERM, sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED,
+                       sqlite3.SQLITE_NOMEM, sqlite3.SQLITE_READONLY, sqlite3.SQLITE_IOERR,
+                       sqlite3.SQLITE_FULL, sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_PROTOCOL})
 """SQLite's primary result codes of a store that fails to open but may
-open at the next start (permission, busy, locked, out of memory, read-only,
-an I/O error, a full disk, cannot open, a locking protocol error); any other
-(a damaged file, not a database, a newer format, another program's) is a
-:class:`~broker.errors.LastingFault`."""
+open at the next start; any other (a damaged file, not a database, a newer
+format, another program's) is a :class:`~broker.errors.LastingFault`."""
 
 
 class ContentModule(Module):
