@@ -21,6 +21,7 @@ import functools
 from collections import Counter, OrderedDict, deque
 from typing import Any
 
+from broker.agemarks import AgeMarks
 from broker.content.module import BLOB_OVERHEAD, ContentModule, LoadToken
 from broker.errors import ErrnoError
 from broker.rpc import HandleCore
@@ -45,7 +46,8 @@ chunk is asked for as soon as the oldest is in, so a long read keeps
 
 class BlobStore:
     """This rank's blobs (ref -> bytes), a byte-bounded LRU (``size``
-    counts each blob's data and its :data:`BLOB_OVERHEAD`)."""
+    counts each blob's data and its :data:`BLOB_OVERHEAD`) whose blobs
+    unused for ``kvs.cache-expire`` also go (:meth:`age`)."""
 
     def __init__(self, limit: int = BLOB_CACHE_BYTES) -> None:
         self.limit = limit
@@ -54,10 +56,14 @@ class BlobStore:
         # Blobs an operation fetched and still needs ([data, holders]), kept
         # outside the LRU: see hold()
         self._held: dict[str, list[Any]] = {}
+        self._marks = AgeMarks()
 
     def get(self, ref: str) -> bytes | None:
-        data = self._blobs.get(ref)
-        if data is None and self._held:
+        blobs = self._blobs
+        data = blobs.get(ref)
+        if data is not None:
+            blobs.move_to_end(ref)  # (used: what age() expires is in front)
+        elif self._held:
             entry = self._held.get(ref)
             if entry is not None:
                 return entry[0]  # type: ignore[no-any-return]
@@ -104,6 +110,7 @@ class BlobStore:
         filling another, for ever)."""
         if keep is None:
             self._blobs.clear()
+            self._marks.clear()
             self.size = 0
             return
         for ref in [r for r in self._blobs if r not in keep]:
@@ -111,6 +118,7 @@ class BlobStore:
 
     def put(self, ref: str, data: bytes) -> None:
         if ref in self._blobs:
+            self._blobs.move_to_end(ref)
             return
         self._blobs[ref] = data
         self.size += len(data) + BLOB_OVERHEAD
@@ -118,8 +126,31 @@ class BlobStore:
             _, old = self._blobs.popitem(last=False)
             self.size -= len(old) + BLOB_OVERHEAD
 
+    def age(self) -> int:
+        """A period of ``kvs.cache-expire`` passed (:mod:`broker.agemarks`):
+        put a mark, and forget the blobs not used since the mark now due.
+        Returns how many went; blobs an operation holds stay (:meth:`hold`)."""
+        blobs = self._blobs
+        self._marks.put(blobs, b"")
+        self.size += BLOB_OVERHEAD
+        gone = 0
+        for mark in self._marks.due(blobs):
+            while True:
+                ref, data = blobs.popitem(last=False)
+                self.size -= len(data) + BLOB_OVERHEAD
+                if ref == mark:
+                    break
+                gone += 1
+        self._marks.expired += gone
+        return gone
+
+    @property
+    def expired(self) -> int:
+        """Blobs forgotten by age since the start."""
+        return self._marks.expired
+
     def __len__(self) -> int:
-        return len(self._blobs)
+        return len(self._blobs) - self._marks.live(self._blobs)
 
 
 class BlobFetcher:

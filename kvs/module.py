@@ -47,6 +47,7 @@ from itertools import count, islice
 from typing import Any, ClassVar
 
 from broker import codec, malloc, startlog, topology
+from broker.agemarks import expire_periodically, expire_seconds
 from broker.attrs import CONTENT_HASH, LINK_MAX_MESSAGE, AttrSpec, boolean, duration, integer
 from broker.content import blobref
 from broker.content.kvsroot import is_kvs_root
@@ -101,6 +102,16 @@ and W4's watch latency did not move (docs/performance.md, item 13)."""
 CACHE_BYTES = AttrSpec(
     "kvs.cache-bytes", str(BLOB_CACHE_BYTES), integer(0),
     "per-rank kvs blob cache size (bytes); also bounds its decoded tree objects")
+CACHE_EXPIRE = AttrSpec(
+    "kvs.cache-expire", "10s", expire_seconds,
+    "kvs blobs and decoded tree objects unused this long are forgotten (a duration; "
+    "0: only when kvs.cache-bytes is reached)")
+"""Flux's kvs module expires its cache entries unused for 10 s (at each
+heartbeat): an idle follower gives back what a burst of reads brought in,
+instead of keeping its caches full for as long as it lives
+(:mod:`broker.agemarks`).  A read after that loads again from this rank's
+content cache (which keeps its most recent ``content.cache-keep-bytes``)
+or from upstream."""
 SETROOT_LIMIT = AttrSpec(
     "kvs.setroot-blob-limit", str(SETROOT_BLOB_LIMIT), integer(0, "", 64 << 20),
     "a setroot event carries the commit's new blobs up to this total (bytes)")
@@ -331,11 +342,12 @@ class KvsModule(Module):
     metrics_skip: ClassVar[tuple[str, ...]] = ("rank", "pid", "namespaces")
     after: ClassVar[tuple[str, ...]] = ("content",)  # (its start loads the checkpoint)
     calls: ClassVar[tuple[str, ...]] = ("content",)  # (stores and loads blobs in process)
-    attributes: ClassVar[tuple[AttrSpec, ...]] = (CACHE_BYTES, SETROOT_LIMIT, CHECKPOINT_PERIOD,
+    attributes: ClassVar[tuple[AttrSpec, ...]] = (CACHE_BYTES, CACHE_EXPIRE, SETROOT_LIMIT,
+                                                  CHECKPOINT_PERIOD,
                                                   TRANSACTION_MERGE, MAX_GUEST_WAITS,
                                                   collector.GRACE,
                                                   collector.PERIOD, MAX_LEASES)
-    runtime_attributes: ClassVar[tuple[str, ...]] = (CHECKPOINT_PERIOD.name,)
+    runtime_attributes: ClassVar[tuple[str, ...]] = (CHECKPOINT_PERIOD.name, CACHE_EXPIRE.name)
     repeatable: ClassVar[frozenset[str]] = frozenset({"kvs.wait-version"})
     """A version wait acts on nothing: on ``module reload kvs`` the ones
     still waiting go to the new module (docs/protocol.md, ``module.reload``),
@@ -360,6 +372,8 @@ class KvsModule(Module):
         # their blob's bytes), and by count
         self.cache = treeobj.BlobCache(self.blobs, max_objects=16384,
                                        max_bytes=self.blobs.limit)
+        self.cache_expire: float = CACHE_EXPIRE.value(ctx.attrs)
+        self._expiry: asyncio.Task[None] | None = None
         self.prime_limit = SETROOT_LIMIT.value(ctx.attrs)
         self.blob_limit: int = BLOB_SIZE_LIMIT.value(ctx.attrs)
         """``content.blob-size-limit``: a commit with a bigger value is refused
@@ -463,6 +477,7 @@ class KvsModule(Module):
         content = self.ctx.siblings.get("content")
         if isinstance(content, ContentModule) and content.hash_name == self.hash_name:
             self.fetcher.loader = content
+        self._expire_caches()
         if not self.leader:
             return
         if self.fetcher.loader is not None and self.fetcher.loader.backing is not None:
@@ -659,10 +674,29 @@ class KvsModule(Module):
                                      "next start will say it was not shut down properly",
                                      exc.errstr)
 
+    def _expire_caches(self) -> None:
+        """(Re)start the task that expires the caches' unused entries every
+        ``kvs.cache-expire`` (none for 0)."""
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
+        if self.cache_expire > 0:
+            self._expiry = self.spawn(expire_periodically(self.cache_expire, self._age_caches))
+
+    def _age_caches(self) -> None:
+        self.blobs.age()
+        self.cache.age()
+
     def set_attribute(self, name: str, value: Any) -> None:
-        """``kvs.checkpoint-period`` on a running rank (``attr set``, as Flux's
-        ``flux config reload``): rank 0 with a statedir checkpoints at the new
-        period from now on, 0 stops it.  A checkpoint being written finishes."""
+        """``kvs.checkpoint-period`` or ``kvs.cache-expire`` on a running
+        rank (``attr set``, as Flux's ``flux config reload``).  Rank 0 with a
+        statedir checkpoints at the new period from now on, 0 stops it; a
+        checkpoint being written finishes.  The caches expire at the new age
+        from now on (0: never)."""
+        if name == CACHE_EXPIRE.name:
+            self.cache_expire = float(value)
+            self._expire_caches()
+            return
         assert name == CHECKPOINT_PERIOD.name
         self.checkpoint_period = float(value)
         if self.leader and self._content is not None and self.statedir:
@@ -1626,7 +1660,10 @@ class KvsModule(Module):
             "namespaces": self._describe(self.namespaces.items()),
             "cache": {"blobs": len(self.blobs), "bytes": self.blobs.size,
                       "objects": len(self.cache), "object-bytes": self.cache.nbytes,
-                      "forgotten": self.cache.forgotten},
+                      "forgotten": self.cache.forgotten,
+                      # unused for kvs.cache-expire, since the start
+                      "blobs-expired": self.blobs.expired,
+                      "objects-expired": self.cache.expired},
             "counts": dict(self.counts),
             "checkpoint": self._checkpoint_stats(),
             "leases": self.leases.stats() if self.leader else None,

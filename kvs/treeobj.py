@@ -85,6 +85,7 @@ from typing import Any, NamedTuple, Protocol
 import msgpack
 
 from broker import jsontoml
+from broker.agemarks import AgeMarks
 from broker.content import blobref
 from broker.errors import ErrnoError, KvbrokerError
 from kvs.keys import MAX_DEPTH
@@ -840,14 +841,16 @@ class BlobCache:
         self._replaced: deque[list[str]] = deque()
         self._txns = 0
         self.forgotten = 0  # replaced versions dropped by remember()
+        self._marks = AgeMarks()  # (expiry by age: see age())
 
     def __len__(self) -> int:
         """Decoded objects held."""
-        return len(self._objs)
+        return len(self._objs) - self._marks.live(self._objs)
 
     def clear(self) -> None:
         """Forget every decoded object (``kvs dropcache``), in place."""
         self._objs.clear()
+        self._marks.clear()
         self._sizes.clear()
         self._packed.clear()
         self._probation.clear()
@@ -898,6 +901,29 @@ class BlobCache:
         objs = self._objs
         while len(objs) > 1 and (len(objs) > self.max_objects or self.nbytes > self.max_bytes):
             self._forget(objs.popitem(last=False)[0])
+
+    def age(self) -> int:
+        """A period of ``kvs.cache-expire`` passed (:mod:`broker.agemarks`):
+        put a mark, and forget the objects not used since the mark now due
+        (the blobs stay in the store).  Returns how many went."""
+        objs = self._objs
+        self._marks.put(objs, None)
+        gone = 0
+        for mark in self._marks.due(objs):
+            while True:
+                ref = objs.popitem(last=False)[0]
+                if ref == mark:
+                    break
+                self._forget(ref)
+                self._probation.pop(ref, None)
+                gone += 1
+        self._marks.expired += gone
+        return gone
+
+    @property
+    def expired(self) -> int:
+        """Objects forgotten by age since the start."""
+        return self._marks.expired
 
     def _forget(self, ref: str) -> None:
         """The bookkeeping of an object that left ``_objs``."""

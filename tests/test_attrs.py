@@ -180,7 +180,8 @@ def test_what_a_rank_sets_itself_is_refused() -> None:
 def test_with_defaults_keeps_set_values() -> None:
     a: dict[str, object] = {"kvs.cache-bytes": "1000"}
     attrs.with_defaults(a, KvsModule.attributes)
-    assert a == {"kvs.cache-bytes": "1000", "kvs.setroot-blob-limit": str(8 << 10),
+    assert a == {"kvs.cache-bytes": "1000", "kvs.cache-expire": "10s",
+                 "kvs.setroot-blob-limit": str(8 << 10),
                  "kvs.checkpoint-period": "1s", "kvs.transaction-merge": "true",
                  "kvs.max-waits-per-guest": "10000",
                  "kvs.max-leases-per-user": "10000", "kvs.gc-grace": "10s", "kvs.gc-period": "0"}

@@ -71,6 +71,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, ClassVar, TypeVar
 
 from broker import __version__, malloc
+from broker.agemarks import AgeMarks, expire_periodically, expire_seconds
 from broker.attrs import CONTENT_HASH, LINK_MAX_MESSAGE, AttrSpec, integer, text
 from broker.content import blobref, storefile
 from broker.content.collection import Collection, Holds, RecentRefs, RowidMarks, busy
@@ -117,6 +118,19 @@ blobs take 1.1-1.4 GiB."""
 CACHE_BYTES = AttrSpec(
     "content.cache-bytes", str(DEFAULT_CACHE_BYTES), integer(0),
     "per-rank content cache size (bytes)")
+CACHE_EXPIRE = AttrSpec(
+    "content.cache-expire", "10s", expire_seconds,
+    "blobs unused this long leave the content cache while it is over "
+    "content.cache-keep-bytes (a duration; 0: only when content.cache-bytes is reached)")
+CACHE_KEEP_BYTES = AttrSpec(
+    "content.cache-keep-bytes", str(16 << 20), integer(0),
+    "expiry by age leaves the content cache at least this big (bytes)")
+"""Flux's content cache purges its entries older than 10 s
+(``purge-old-entry``) while it is over 16 MiB (``purge-target-size``), at
+each heartbeat: an idle follower gives back what a burst of loads brought
+in, and keeps the most recent for its next reads and its children
+(:mod:`broker.agemarks`).  Blobs rank 0 has not written back yet never
+go."""
 BACKLOG_BYTES = AttrSpec(
     "content.backlog-bytes", str(256 << 20), integer(0),
     "rank 0: commits and stores wait while more than this many bytes of blobs "
@@ -272,9 +286,11 @@ format, another program's) is a :class:`~broker.errors.LastingFault`."""
 
 class ContentModule(Module):
     name: ClassVar[str] = "content"
-    attributes: ClassVar[tuple[AttrSpec, ...]] = (BLOB_SIZE_LIMIT, CACHE_BYTES, BACKLOG_BYTES,
+    attributes: ClassVar[tuple[AttrSpec, ...]] = (BLOB_SIZE_LIMIT, CACHE_BYTES, CACHE_EXPIRE,
+                                                  CACHE_KEEP_BYTES, BACKLOG_BYTES,
                                                   DISK_RESERVE, STORE_QUOTA, MAX_CHECKPOINTS,
                                                   DUMP, RESTORE)
+    runtime_attributes: ClassVar[tuple[str, ...]] = (CACHE_EXPIRE.name, CACHE_KEEP_BYTES.name)
 
     def __init__(self, ctx: Any) -> None:
         super().__init__(ctx)
@@ -286,6 +302,10 @@ class ContentModule(Module):
         self.cache_limit = CACHE_BYTES.value(attrs)
         self.cache: OrderedDict[str, bytes] = OrderedDict()
         self.cache_bytes = 0
+        self.cache_expire: float = CACHE_EXPIRE.value(attrs)
+        self.cache_keep: int = CACHE_KEEP_BYTES.value(attrs)
+        self._marks = AgeMarks()
+        self._expiry: asyncio.Task[None] | None = None
         self.dirty: dict[str, bytes] = {}
         self.backlog_limit = BACKLOG_BYTES.value(attrs)
         self.backlog_bytes = 0
@@ -419,6 +439,7 @@ class ContentModule(Module):
         }
 
     async def start(self) -> None:
+        self._expire_cache()
         if self.ctx.rank == 0:
             statedir = self.ctx.attrs.get("statedir") or ""
             directory = statedir or self.ctx.attrs["rundir"]
@@ -719,6 +740,46 @@ class ContentModule(Module):
         self.cache_bytes += len(data) + BLOB_OVERHEAD
         if self.cache_bytes > self.cache_limit:
             self._trim()
+
+    def _expire_cache(self) -> None:
+        """(Re)start the task that expires unused blobs every
+        ``content.cache-expire`` (none for 0)."""
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
+        if self.cache_expire > 0:
+            self._expiry = self.spawn(expire_periodically(self.cache_expire, self._age_cache))
+
+    def _age_cache(self) -> None:
+        """A period of ``content.cache-expire`` passed (:mod:`broker.agemarks`):
+        put a mark, and evict the blobs unused since the mark now due, the
+        oldest first, while the cache is over ``content.cache-keep-bytes`` --
+        stopping at one rank 0 has not written back yet (it goes at a later
+        mark, once written)."""
+        cache, dirty, inflight = self.cache, self.dirty, self.inflight
+        self._marks.put(cache, b"")
+        self.cache_bytes += BLOB_OVERHEAD
+        gone = 0
+        for mark in self._marks.due(cache):
+            while self.cache_bytes > self.cache_keep:
+                ref = next(iter(cache))
+                if ref == mark or ref in dirty or ref in inflight:
+                    break
+                self.cache_bytes -= len(cache.pop(ref)) + BLOB_OVERHEAD
+                gone += 1
+            self.cache_bytes -= len(cache.pop(mark)) + BLOB_OVERHEAD
+        self._marks.expired += gone
+
+    def set_attribute(self, name: str, value: Any) -> None:
+        """``content.cache-expire`` or ``content.cache-keep-bytes`` on a
+        running rank (``attr set``, ``config reload``): the cache expires so
+        from now on."""
+        if name == CACHE_KEEP_BYTES.name:
+            self.cache_keep = int(value)
+            return
+        assert name == CACHE_EXPIRE.name
+        self.cache_expire = float(value)
+        self._expire_cache()
 
     def _trim(self) -> None:
         """Evict the least recently used blobs down to ``content.cache-bytes``,
@@ -1185,7 +1246,9 @@ class ContentModule(Module):
             if ref in found:
                 continue
             data = cache.get(ref)
-            if data is None and (dirty or inflight):
+            if data is not None:
+                cache.move_to_end(ref)  # (used: what expires by age is in front)
+            elif dirty or inflight:
                 # rank 0: stored, not yet written back (dirty, or being written)
                 data = dirty.get(ref) or inflight.get(ref)
             if data is None:
@@ -1338,6 +1401,7 @@ class ContentModule(Module):
         if data is None:
             data = await self.load_blob(ref)
         else:
+            self.cache.move_to_end(ref)  # (used: what expires by age is in front)
             self.counts["hits"] += 1
         self.h.respond(msg, {"data": data})
 
@@ -1700,8 +1764,9 @@ class ContentModule(Module):
         out: dict[str, Any] = dict(self.counts)
         out.update({
             "hash": self.hash_name,
-            "count": len(self.cache),
+            "count": len(self.cache) - self._marks.live(self.cache),
             "cache-bytes": self.cache_bytes,
+            "expired": self._marks.expired,  # (unused for content.cache-expire)
             "dirty": len(self.dirty),
         })
         if self.backing is not None:

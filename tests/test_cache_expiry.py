@@ -1,0 +1,89 @@
+"""Caches expire by age on real ranks (broker/agemarks.py): a follower that
+read a burst of values gives its kvs and content caches back once they are
+unused for ``kvs.cache-expire`` / ``content.cache-expire``, the content
+cache down to ``content.cache-keep-bytes`` (Flux's purge-target-size), and
+reads still answer after.  The attributes change on a running rank.
+Reference: flux-core src/modules/kvs (cache_expire_entries, 10 s) and its
+content cache (purge-old-entry, purge-target-size)."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+from typing import Any
+
+import pytest
+from test_kvs_rpc_helpers import T, commit, lookup, put, stats
+
+from broker.content.module import BLOB_OVERHEAD
+from broker.errors import RemoteError
+
+VALUES = 100
+VALUE_BYTES = 10_000
+KEEP = 300_000
+
+
+async def _until(h: Any, service: str, done: Any, timeout: float = T) -> dict[str, Any]:
+    """Poll ``service``'s stats on ``h``'s rank until ``done(stats)``."""
+    async with asyncio.timeout(timeout):
+        while True:
+            st = await stats(h, service)
+            if done(st):
+                return st
+            await asyncio.sleep(0.05)
+
+
+async def test_an_idle_follower_gives_its_caches_back(start_instance, connect) -> None:
+    inst = await start_instance(size=2, attrs={
+        "kvs.cache-expire": "0.3s", "content.cache-expire": "0.3s",
+        "content.cache-keep-bytes": str(KEEP)})
+    h0, h1 = await connect(inst, 0), await connect(inst, 1)
+    values = {f"v.k{i}": os.urandom(VALUE_BYTES) for i in range(VALUES)}
+    done = await commit(h0, *(put(k, v) for k, v in values.items()))
+    await asyncio.wait_for(h1.rpc("kvs.wait-version", {"namespace": "primary",
+                                                       "rootseq": done["rootseq"]}), T)
+    for key, value in values.items():
+        assert (await lookup(h1, key))["data"] == value
+    # then nothing reads: both caches let go of what the reads brought in,
+    # the content cache down to its floor (one blob under it at most)
+    kvs1 = await _until(h1, "kvs", lambda st: st["cache"]["blobs-expired"] >= VALUES)
+    assert kvs1["cache"]["bytes"] < VALUE_BYTES
+    content1 = await _until(h1, "content",
+                            lambda st: st["expired"] > 0 and st["cache-bytes"] <= KEEP)
+    assert content1["cache-bytes"] > KEEP - 2 * (VALUE_BYTES + BLOB_OVERHEAD)
+    # the values read again are the same (from the content cache, or upstream)
+    for key, value in values.items():
+        assert (await lookup(h1, key))["data"] == value
+    # the floor changes on the running rank: 0 keeps nothing unused
+    await h1.attr_set("content.cache-keep-bytes", "0")
+    await _until(h1, "content", lambda st: st["cache-bytes"] < VALUE_BYTES)
+
+
+async def test_rank_0_expires_only_what_it_wrote_back(start_instance, connect,
+                                                      tmp_path) -> None:
+    """Rank 0 never lets go of a blob its store does not have yet: with a
+    statedir, once written, its blobs expire as a follower's do."""
+    inst = await start_instance(size=1, statedir=str(tmp_path / "state"), attrs={
+        "content.cache-expire": "0.3s", "content.cache-keep-bytes": "0"})
+    h0 = await connect(inst, 0)
+    values = {f"v.k{i}": os.urandom(VALUE_BYTES) for i in range(20)}
+    await commit(h0, *(put(k, v) for k, v in values.items()))
+    st = await _until(h0, "content", lambda st: st["expired"] >= len(values))
+    assert st["dirty"] == 0
+    for key, value in values.items():  # read back from the store
+        assert (await lookup(h0, key))["data"] == value
+
+
+@pytest.mark.parametrize("name", ["kvs.cache-expire", "content.cache-expire"])
+async def test_the_expiry_changes_on_a_running_rank(start_instance, connect, name) -> None:
+    inst = await start_instance(size=2)
+    h1 = await connect(inst, 1)
+    assert await h1.attr_get(name) == "10s"
+    await h1.attr_set(name, "0")  # never: the task stops
+    assert await h1.attr_get(name) == "0"
+    await h1.attr_set(name, "2m")
+    with pytest.raises(RemoteError) as e:
+        await h1.attr_set(name, "1ms")  # a wake-up every 125 us
+    assert e.value.errnum == errno.EINVAL and "under 0.1s" in e.value.errstr
+    assert await h1.attr_get(name) == "2m"
