@@ -41,10 +41,14 @@ an answer's ``done()`` check and its ``set_result``: InvalidStateError,
 and the connection closed), and wakes the loop: the call ends at once
 -- the request retired as on a timeout, its late answer dropped -- and
 raises ``KeyboardInterrupt`` once the loop has stopped, so the next call
-finds the handle as it was.  (A second Ctrl-C before the loop has turned
-once is the same press; another one after it, in a call that does not end
--- a coroutine that ignores the cancel, a callback that blocks -- raises
-at once, where the program is, as Runner's second one does.)  If an
+finds the handle as it was.  (Another Ctrl-C within
+:data:`SECOND_PRESS_AFTER` of the loop acting on the first is the same
+press -- a terminal's and a parent's forwarded one, or the call simply
+ending: raised inside uvloop's internals, it broke the handle for good, in
+a storm of SIGINTs every 2 ms after ~300 to ~4,000 of them.  One after
+that, in a call that does not end -- a coroutine that ignores the cancel,
+a callback that blocks -- raises at once, where the program is, as
+Runner's second one does.)  If an
 interrupt does come out of the loop's internals (that second one, or a
 SIGINT handler of the user's own), the next call repairs what the stock
 loop left and ignores a leftover ``stop()``.  Registering a handle and
@@ -74,6 +78,7 @@ import selectors
 import signal
 import sys
 import threading
+import time
 import weakref
 from collections.abc import Awaitable, Callable
 from threading import get_ident
@@ -98,6 +103,11 @@ class Default(enum.Enum):
 DEFAULT = Default.DEFAULT
 """A call's ``timeout`` when none is given: the handle's ``timeout``."""
 
+
+SECOND_PRESS_AFTER = 0.1
+"""Seconds after the loop cancelled what a call waits for (its first
+Ctrl-C) before another Ctrl-C raises at once, inside the loop: before, the
+call is taken to be ending (see the module's docstring)."""
 
 NOTICE_TURNS = 3
 """Loop turns that take a closed connection from the socket to the handle
@@ -307,8 +317,8 @@ class SyncHandle:
         self._interrupts = 0
         """SIGINTs received during the call in progress."""
         self._interrupt_token: object = None
-        self._interrupt_seen = False
-        """The loop turned since the call's first SIGINT."""
+        self._interrupt_seen: float | None = None
+        """When the loop acted on the call's first SIGINT (``time.monotonic()``)."""
         self._mending = 0
         """Leftover stops still to ignore, after an interrupt left the loop's internals."""
         self._flush: Callable[[], None] = _nothing
@@ -454,20 +464,21 @@ class SyncHandle:
             # runs between two others; call_soon_threadsafe also wakes a
             # loop that is in select() for a long while.
             token = self._interrupt_token = object()
-            self._interrupt_seen = False
+            self._interrupt_seen = None
             try:
                 self._loop.call_soon_threadsafe(self._interrupted, token)
             except RuntimeError:
                 pass  # the loop is closed: close() is ending, and raises at its end
-        elif self._interrupt_seen:
+        elif (self._interrupt_seen is not None and self._waiting is not None
+              and time.monotonic() - self._interrupt_seen >= SECOND_PRESS_AFTER):
             signal.default_int_handler(signum, frame)  # the call does not end: raise here
-        # (a second SIGINT before the loop turned is the same Ctrl-C, pressed twice)
+        # (else the same Ctrl-C, pressed twice, or the call is ending: it raises then)
 
     def _interrupted(self, token: object) -> None:
         """The loop's turn after a SIGINT: cancel what the call waits for."""
         if token is not self._interrupt_token or not self._interrupts:
             return  # (queued in a call that ended before the loop turned)
-        self._interrupt_seen = True
+        self._interrupt_seen = time.monotonic()
         fut = self._waiting
         if fut is not None:
             fut.cancel()
