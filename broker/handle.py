@@ -543,11 +543,18 @@ class Handle(HandleCore):
     async def close(self) -> None:
         """Disconnect; calls still waiting fail with ``RemoteError(ECONNRESET,
         "handle closed")``.  Unsent requests are flushed first, for at most
-        :attr:`CLOSE_FLUSH_TIMEOUT` seconds."""
+        :attr:`CLOSE_FLUSH_TIMEOUT` seconds.  From a loop other than the
+        handle's, ``RuntimeError`` saying so, and the handle stays open
+        (as any call from there): it waited 5 s for a flush that loop could
+        not see, then failed with asyncio's "future belongs to a different
+        loop" with the handle marked closed and its socket open."""
+        if self._forked:
+            self._user_closed = True
+            return  # (the parent's: see _orphan)
+        if self._loop is not None and asyncio.get_running_loop() is not self._loop:
+            raise self._wrong_loop()
         proto = self._proto
         self._user_closed = True
-        if self._forked:
-            return  # (the parent's: see _orphan)
         redial = self._redial
         if redial is not None and redial.task is not None:
             redial.task.cancel()  # (the parked requests fail below)
