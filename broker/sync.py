@@ -79,6 +79,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 import weakref
 from collections.abc import Awaitable, Callable
 from threading import get_ident
@@ -270,6 +271,24 @@ def _unhook_unraisable() -> None:
     _dropped = False  # (no handle left to raise it: as lost as before)
 
 
+def _close_dropped(loop: asyncio.AbstractEventLoop, claimed_sigint: bool) -> None:
+    """A :class:`SyncHandle` collected without ``close()`` (a finalizer:
+    it runs wherever the collector does, so it runs no loop).  uvloop keeps
+    a transport that is still open alive through its loop, so the handle's
+    connection, loop and 7 descriptors stayed for as long as the process
+    ran (300 dropped handles: 2,100 descriptors, then ``EMFILE``), and the
+    facade's SIGINT handler with them.  Closing the loop closes them (the
+    stock loop's are collected anyway, each with Python's ResourceWarning).
+    Warned as an unclosed file is."""
+    warnings.warn("a SyncHandle was not closed: close() it, or use it as a context "
+                  "manager (with connect() as h: ...)", ResourceWarning, stacklevel=2)
+    if not loop.is_closed() and not loop.is_running():
+        loop.close()
+    if claimed_sigint:
+        with _HOLD_CTRL_C:
+            _release_sigint()
+
+
 class _Refused(RuntimeError):
     """A call refused before it did anything (another call is in progress,
     or an event loop runs in this thread): a stream it was for goes on."""
@@ -337,6 +356,8 @@ class SyncHandle:
                 self._closed = True
                 self._let_go()
                 raise
+            self._finalizer = weakref.finalize(self, _close_dropped, self._loop, self._sigint)
+            self._finalizer.atexit = False  # (at exit a handle left open is no leak)
             self._caller = get_ident()
         try:  # (the connect too is bounded by ``timeout``: an ssh:// one may hang)
             self.aio: Handle = self._wait(asyncio.ensure_future(asyncio.wait_for(
@@ -686,6 +707,9 @@ class SyncHandle:
         with _HOLD_CTRL_C:  # (a Ctrl-C in between left the handler counted for good)
             _handles.discard(self)
             self._caller = None
+            finalizer = getattr(self, "_finalizer", None)  # (None: half made)
+            if finalizer is not None:
+                finalizer.detach()
             if self._sigint:
                 self._sigint = False
                 _release_sigint()  # last: it may put back Python's default, which holds nothing

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import json
 import signal
 import sys
 import time
@@ -484,6 +485,41 @@ async def test_a_fork_while_another_thread_makes_a_handle(start_instance, loop) 
     assert out.splitlines() == ["child: ECONNRESET", "parent: 1 2"], err
     assert "Exception ignored" not in err, err
     assert rc == 0
+
+
+_DROPPED_SCRIPT = """
+import gc, json, os, signal, sys, warnings
+from broker import sync
+warned = []
+warnings.simplefilter("always", ResourceWarning)
+warnings.showwarning = lambda message, *rest, **kw: warned.append(str(message))
+def descriptors():
+    return len(os.listdir("/proc/self/fd"))
+def use_and_forget():
+    h = sync.connect(sys.argv[1], event_loop=sys.argv[2], timeout=10)
+    h.rpc("broker.ping", {})
+before = descriptors()
+for _ in range(50):
+    use_and_forget()
+gc.collect()
+print(json.dumps({"grew": descriptors() - before,
+                  "warned": sum("SyncHandle was not closed" in w for w in warned),
+                  "default_sigint": signal.getsignal(signal.SIGINT) is signal.default_int_handler}))
+"""
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+async def test_a_handle_dropped_without_close_is_closed(start_instance, loop) -> None:
+    """A blocking handle collected without close() is closed, with a
+    ResourceWarning, as an unclosed file: its descriptors go, and the
+    facade's SIGINT handler once the last one has.  On uvloop its
+    connection and loop stayed alive (7 descriptors a handle, for good:
+    EMFILE in a long script), and the handler with them."""
+    inst = await start_instance(size=1)
+    rc, out, err = await run_python(_DROPPED_SCRIPT, inst.uri(0), loop)
+    assert rc == 0, err[-2000:]
+    result = json.loads(out)
+    assert result["grew"] <= 7 and result["warned"] == 50 and result["default_sigint"], result
 
 
 async def test_a_refused_next_leaves_the_stream_going(start_instance, connect) -> None:
