@@ -642,7 +642,8 @@ def _item(tar: tarfile.TarFile, info: tarfile.TarInfo, size_limit: int | None,
         info.name.encode()
         info.linkname.encode()
     except UnicodeEncodeError:  # (tarfile decoded bytes that are not UTF-8)
-        shown = info.name.encode("utf-8", "backslashreplace").decode()
+        # (tarfile kept the bytes as surrogates: shown as bytes, caf\xe9)
+        shown = info.name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
         report.skipped.append(f"{shown}: a name that is not UTF-8 names no key")
         return None
     key = path_to_key(info.name)
@@ -946,7 +947,12 @@ def _one_transaction(items: Iterable[Item], budget: int) -> list[Item]:
 def _something_left(report: Report) -> None:
     """An archive whose every entry was left out replaces nothing."""
     if not (report.keys or report.dirs) and report.skipped:
-        raise ArchiveError("nothing to restore: every entry of the archive was left out")
+        # (each named: they were said only when something was restored)
+        lines = [f"  {line}" for line in report.skipped[:20]]
+        if len(report.skipped) > 20:
+            lines.append(f"  ... and {len(report.skipped) - 20} more")
+        raise ArchiveError("nothing to restore: every entry of the archive was left "
+                           "out:\n" + "\n".join(lines))
 
 
 class BlobUploader:

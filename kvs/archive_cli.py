@@ -38,6 +38,7 @@ from broker import jsontoml
 from broker.cliutil import (
     CLIError,
     PermutingParser,
+    TermCleansUp,
     UsageError,
     connect,
     duration_arg,
@@ -81,8 +82,16 @@ class _ArchiveParser(PermutingParser):
 
 
 def _waitcreate(text: str) -> float:
-    """``--waitcreate[=FSD]``: seconds to wait (``inf``: no limit)."""
-    return math.inf if text == _WAIT_FOREVER else duration_arg(text)
+    """``--waitcreate[=FSD]``: seconds to wait (``inf``: no limit), more than
+    0 (``0`` was taken, and failed as a connect that timed out, with the
+    rank up and the archive there)."""
+    if text == _WAIT_FOREVER:
+        return math.inf
+    seconds = duration_arg(text)
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive duration (a bare "
+                                         "--waitcreate waits as long as it takes)")
+    return seconds
 
 
 def register(sub: Any) -> None:
@@ -170,7 +179,7 @@ def cmd_archive(args: argparse.Namespace) -> int:
     return run[args.archive_cmd](args)
 
 
-def _kvs_call(args: argparse.Namespace, body: Any) -> int:
+def _kvs_call(args: argparse.Namespace, body: Any, term: TermCleansUp | None = None) -> int:
     from kvs.client import KVS
 
     wait = getattr(args, "waitcreate", None)
@@ -183,7 +192,7 @@ def _kvs_call(args: argparse.Namespace, body: Any) -> int:
             return int(await body(KVS(h, args.namespace)) or 0)
 
     try:
-        return run_async(args, main)
+        return run_async(args, main, term=term)
     finally:
         sys.stdout.flush()
 
@@ -260,9 +269,16 @@ def _walk(args: argparse.Namespace) -> list[Any]:
     from kvs.filearchive import ArchiveInputError, walk
 
     try:
-        return list(walk(args.paths, args.directory))
+        sources = list(walk(args.paths, args.directory))
     except ArchiveInputError as exc:
         raise _fail(args, str(exc)) from None
+    # A path met twice (given twice, "./x" and "x", or "d d/e": d has d/e)
+    # is one file: archived twice, its second entry made every extract fail
+    # with "File exists".
+    unique: dict[str, Any] = {}
+    for src in sources:
+        unique.setdefault(src.path, src)
+    return list(unique.values())
 
 
 async def _create_in(args: argparse.Namespace, kvs: KVS, sources: list[Any]) -> int:
@@ -282,11 +298,15 @@ async def _create_in(args: argparse.Namespace, kvs: KVS, sources: list[Any]) -> 
     h = kvs.handle
     hash_name = str(await h.attr_get("content.hash"))
     limit = int(await h.attr_get("content.blob-size-limit"))
-    if args.chunksize > limit or (args.chunksize == 0 and any(
-            stat.S_ISREG(s.st.st_mode) and s.st.st_size > limit for s in sources)):
-        raise _fail(args, f"--chunksize: blobs of up to {args.chunksize or 'a whole file'} "
-                          f"bytes exceed content.blob-size-limit ({limit}): give a smaller "
-                          "--chunksize")
+    if args.chunksize > limit:
+        raise _fail(args, f"--chunksize: blobs of up to {args.chunksize} bytes exceed "
+                          f"content.blob-size-limit ({limit}): give a smaller --chunksize")
+    big = next((s for s in sources if args.chunksize == 0 and stat.S_ISREG(s.st.st_mode)
+                and s.st.st_size > limit), None)
+    if big is not None:
+        raise _fail(args, f"--chunksize 0: {big.path} ({big.st.st_size} bytes) would be one "
+                          f"blob, over content.blob-size-limit ({limit}): give a --chunksize "
+                          f"of at most {limit}")
     uploader = BlobUploader(h, purpose="archive")
     new: list[dict[str, Any]] = []
     try:
@@ -408,7 +428,8 @@ def _extract(args: argparse.Namespace) -> int:
     if not args.list_only and not os.path.isdir(directory):
         detail = "Not a directory" if os.path.exists(directory) else os.strerror(errno.ENOENT)
         raise _fail(args, f"{directory}: {detail}")
-    return _kvs_call(args, lambda kvs: _extract_in(args, kvs, directory))
+    with TermCleansUp() as term:  # (a file cut short is removed, as for Ctrl-C)
+        return _kvs_call(args, lambda kvs: _extract_in(args, kvs, directory), term)
 
 
 async def _extract_in(args: argparse.Namespace, kvs: KVS, directory: str) -> int:

@@ -37,6 +37,7 @@ from broker.cliutil import (
     CONDITION_FAILED,
     CLIError,
     PermutingParser,
+    TermCleansUp,
     UsageError,
     add_color_option,
     command_args,
@@ -128,8 +129,10 @@ def _warn(text: str) -> None:
     print(f"kvbroker: {text}", file=sys.stderr, flush=True)
 
 
-def _run(args: argparse.Namespace, body: Callable[[KVS], Awaitable[int | None]]) -> int:
-    """Connect (``$KVBROKER_URI``), run ``body(kvs)`` on the chosen loop, flush."""
+def _run(args: argparse.Namespace, body: Callable[[KVS], Awaitable[int | None]],
+         term: TermCleansUp | None = None) -> int:
+    """Connect (``$KVBROKER_URI``), run ``body(kvs)`` on the chosen loop, flush
+    (``term``: SIGTERM cancels it, :class:`~broker.cliutil.TermCleansUp`)."""
     args.what = getattr(args, "what", None) or f"kvs {args.kvs_cmd}"
 
     async def main() -> int | None:
@@ -139,7 +142,7 @@ def _run(args: argparse.Namespace, body: Callable[[KVS], Awaitable[int | None]])
             return await body(KVS(h, getattr(args, "namespace", None)))
 
     try:
-        return run_async(args, main)
+        return run_async(args, main, term=term)
     finally:
         sys.stdout.buffer.flush()
 
@@ -1137,19 +1140,20 @@ def cmd_dump(args: argparse.Namespace) -> int:
         _archive_summary(args, f"(tree {report.rootref})", report)
         return 0
 
-    if args.checkpoint:
-        with _archive_errors(args):
-            return done(archive.dump_checkpoint(args.statedir, args.outfile, on_item=listing,
-                                                ignore_failed_read=args.ignore_failed_read,
-                                                index=args.index))
+    with TermCleansUp() as term:  # (SIGTERM leaves no .part file, as Ctrl-C)
+        if args.checkpoint:
+            with _archive_errors(args):
+                return done(archive.dump_checkpoint(
+                    args.statedir, args.outfile, on_item=listing,
+                    ignore_failed_read=args.ignore_failed_read, index=args.index))
 
-    async def body(kvs: KVS) -> int:
-        key = args.key or "."
-        with _archive_errors(args, key):
-            return done(await archive.dump(kvs, args.outfile, key=key, at=args.at,
-                                           on_item=listing))
+        async def body(kvs: KVS) -> int:
+            key = args.key or "."
+            with _archive_errors(args, key):
+                return done(await archive.dump(kvs, args.outfile, key=key, at=args.at,
+                                               on_item=listing))
 
-    return _run(args, body)
+        return _run(args, body, term)
 
 
 def cmd_restore(args: argparse.Namespace) -> int:

@@ -254,11 +254,14 @@ def file_objects(archive: Any) -> list[dict[str, Any]]:
     return [check_object(o) for o in archive]
 
 
-def _int(obj: dict[str, Any], name: str, where: str, required: bool = False) -> None:
+def _int(obj: dict[str, Any], name: str, where: str, required: bool = False,
+         signed: bool = False) -> None:
     v = obj.get(name)
     if v is None and not required:
         return
-    if type(v) is not int or v < 0:
+    if type(v) is not int:
+        raise BadArchive(f"{where}: {name} must be an integer, not {v!r}")
+    if v < 0 and not signed:
         raise BadArchive(f"{where}: {name} must be an integer of 0 or more, not {v!r}")
 
 
@@ -269,8 +272,11 @@ def check_object(obj: Any) -> dict[str, Any]:
         raise BadArchive(f"not an RFC 37 file object (no path): {json.dumps(obj)[:200]}")
     where = obj["path"]
     _int(obj, "mode", where, required=True)
-    for name in ("size", "mtime", "ctime"):
-        _int(obj, name, where)
+    _int(obj, "size", where)
+    # (times are seconds since the epoch, as Flux's: a file may predate it,
+    # and one dated 1960 made its whole archive unreadable here)
+    _int(obj, "mtime", where, signed=True)
+    _int(obj, "ctime", where, signed=True)
     mode, enc, data = obj["mode"], obj.get("encoding"), obj.get("data")
     if stat.S_ISLNK(mode):
         if not isinstance(data, str) or not data:

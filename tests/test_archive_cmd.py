@@ -180,6 +180,10 @@ def test_waitcreate_takes_its_fsd_attached_only() -> None:
     assert (args.pattern, args.waitcreate) == ("pat", float("inf"))
     args = top.parse_args(["archive", "extract", "--waitcreate=1.5m"])
     assert (args.pattern, args.waitcreate) == (None, 90.0)
+    for zero in ("0", "0s"):  # (taken, it failed as a connect that timed out)
+        with pytest.raises(SystemExit) as exit_:
+            top.parse_args(["archive", "extract", f"--waitcreate={zero}"])
+        assert exit_.value.code == 2
     args = top.parse_args(["archive", "create", "--chunksize", "1.5k",
                            "--small-file-threshold=2M", "x"])
     assert (args.chunksize, args.small_file_threshold) == (1536, 2 << 20)
@@ -307,6 +311,39 @@ async def test_threshold_and_chunksize(uri: str, tmp_path: Path) -> None:
     assert (dst / "four").read_bytes() == b"y" * 4096 and (dst / "tiny").read_bytes() == b"x"
     err = await cli(uri, "archive", "create", "-n", "thr", "--chunksize", "2M3", "x", rc=2)
     assert "not a size: '2M3'" in err
+
+
+async def test_a_path_met_twice_is_archived_once_and_old_dates_kept(uri: str,
+                                                                   tmp_path: Path) -> None:
+    """A path given twice ("old" and "./old", or "d1" then "d1/d2", which d1
+    has) is one entry: twice, every extract failed on the second ("File
+    exists").  A file dated before 1970 keeps its date: its negative mtime
+    was stored, then refused by every list and extract of the archive."""
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    (src / "d1" / "d2").mkdir(parents=True)
+    (src / "d1" / "d2" / "f").write_text("f")
+    (src / "old").write_text("x")
+    os.utime(src / "old", (-315619200, -315619200))  # 1960-01-01
+    dst.mkdir()
+    await cli(uri, "archive", "create", "-n", "twice", "-C", str(src), "old", "./old", "d1",
+              "d1/d2")
+    assert (await cli(uri, "archive", "list", "-n", "twice")).split() == [
+        "old", "d1", "d1/d2", "d1/d2/f"]
+    await cli(uri, "archive", "extract", "-n", "twice", "-C", str(dst))
+    assert int(os.stat(dst / "old").st_mtime) == -315619200
+    assert (dst / "d1" / "d2" / "f").read_text() == "f"
+
+
+async def test_chunksize_0_names_the_file_too_big_for_one_blob(uri: str,
+                                                               tmp_path: Path) -> None:
+    limit = int(await cli(uri, "attr", "get", "content.blob-size-limit"))
+    with open(tmp_path / "huge", "wb") as f:
+        f.truncate(limit + 1)  # (sparse: no disk)
+    err = await cli(uri, "archive", "create", "-n", "huge", "--chunksize", "0", "-C",
+                    str(tmp_path), "huge", rc=1)
+    assert err == (f"kvbroker: archive create: --chunksize 0: huge ({limit + 1} bytes) "
+                   f"would be one blob, over content.blob-size-limit ({limit}): give a "
+                   f"--chunksize of at most {limit}\n")
 
 
 async def test_list_patterns_long_and_raw(uri: str, tmp_path: Path) -> None:
