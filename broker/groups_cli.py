@@ -168,23 +168,48 @@ async def _join(args: argparse.Namespace) -> int:
     async with await connect() as h:
         groups = Groups(h)
         await groups.join(args.name)
-        if not command:
-            stop = asyncio.Event()
-            for sig in STOP_SIGNALS:
-                loop.add_signal_handler(sig, stop.set)
-            try:
-                await stop.wait()
-            finally:
-                for sig in STOP_SIGNALS:
-                    loop.remove_signal_handler(sig)
-            await groups.leave(args.name)
-            return 0
+        # The membership is the connection's: when it is lost (the rank
+        # stopped), say so at once -- a join without COMMAND waited silently
+        # for a signal for as long as it ran, not a member any more.
+        lost = asyncio.ensure_future(h.wait_closed())
         try:
-            cmd = Command.spawn(command, dict(os.environ))
-        except OSError as exc:
-            print(f"kvbroker: {cannot_run_message(command[0], exc)}", file=sys.stderr)
-            return cannot_run_status(exc)
-        with cmd.forwarding_stop_signals():
-            code = await cmd.wait()
-        await groups.leave(args.name)
-        return exit_code(code)
+            if not command:
+                stop = asyncio.Event()
+                for sig in STOP_SIGNALS:
+                    loop.add_signal_handler(sig, stop.set)
+                try:
+                    waiting = asyncio.ensure_future(stop.wait())
+                    await asyncio.wait([waiting, lost], return_when=asyncio.FIRST_COMPLETED)
+                    waiting.cancel()
+                finally:
+                    for sig in STOP_SIGNALS:
+                        loop.remove_signal_handler(sig)
+                if not stop.is_set():
+                    raise _membership_lost(args)
+                await groups.leave(args.name)
+                return 0
+            try:
+                cmd = Command.spawn(command, dict(os.environ))
+            except OSError as exc:
+                print(f"kvbroker: {cannot_run_message(command[0], exc)}", file=sys.stderr)
+                return cannot_run_status(exc)
+            def tell(fut: asyncio.Future[None]) -> None:
+                if not fut.cancelled():
+                    print(f"kvbroker: {_membership_lost(args)}; {command[0]} goes on",
+                          file=sys.stderr, flush=True)
+
+            lost.add_done_callback(tell)
+            with cmd.forwarding_stop_signals():
+                code = await cmd.wait()
+            if lost.done():
+                raise _membership_lost(args)
+            await groups.leave(args.name)
+            return exit_code(code)
+        finally:
+            lost.cancel()
+
+
+def _membership_lost(args: argparse.Namespace) -> CLIError:
+    return CLIError(args.what, errno.ECONNRESET,
+                    f"{args.name}: the connection to the broker was lost (its rank stopped?): "
+                    "no longer a member")

@@ -57,11 +57,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import os
+import signal
 from typing import Any
 
 import pytest
 from test_broker_guests import ALLOW, run_guest_cli
-from test_broker_support import run_cli, wait_until
+from test_broker_support import KVBROKER, run_cli, wait_until
 from test_watch_helpers import errnum
 
 from broker.errors import RemoteError
@@ -195,6 +197,41 @@ async def test_a_lost_rank_leaves_its_groups(start_instance, connect) -> None:
 
 async def logged(uri: str, text: str) -> bool:
     return text in await cli(uri, "dmesg")
+
+
+async def test_a_join_whose_rank_is_lost_says_so(start_instance) -> None:
+    """The membership is the connection's: when the rank is lost, a ``join``
+    without COMMAND exits 1 at once, saying so (it waited silently for a
+    signal for as long as it ran), and one with COMMAND says so at once,
+    lets COMMAND finish, and exits 1 (it said nothing until then)."""
+    inst = await start_instance(size=2, attrs=WITH_GROUPS)
+    env = {**os.environ, "KVBROKER_URI": inst.uri(1)}
+    bare = await asyncio.create_subprocess_exec(
+        KVBROKER, "groups", "join", "bare", env=env, stderr=asyncio.subprocess.PIPE)
+    wrapped = await asyncio.create_subprocess_exec(
+        KVBROKER, "groups", "join", "wrapped", "--", "cat", env=env,
+        stdin=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    assert bare.stderr is not None and wrapped.stderr is not None
+    assert wrapped.stdin is not None
+    try:
+        for name in ("bare", "wrapped"):
+            await cli(inst.uri(0), "groups", "waitfor", "-t", "10", "-c", "1", name)
+        os.kill(inst.pids()[1], signal.SIGKILL)
+        lost = ("groups join: {}: the connection to the broker was lost (its rank "
+                "stopped?): no longer a member")
+        assert await asyncio.wait_for(bare.wait(), T) == 1
+        assert (await bare.stderr.read()).decode() == f"kvbroker: {lost.format('bare')}\n"
+        line = await asyncio.wait_for(wrapped.stderr.readline(), T)
+        assert line.decode() == f"kvbroker: {lost.format('wrapped')}; cat goes on\n"
+        assert wrapped.returncode is None  # cat still runs
+        wrapped.stdin.close()
+        assert await asyncio.wait_for(wrapped.wait(), T) == 1
+        assert (await wrapped.stderr.read()).decode() == f"kvbroker: {lost.format('wrapped')}\n"
+    finally:
+        for proc in (bare, wrapped):
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
 
 
 async def test_module_load_and_remove_at_runtime(start_instance, connect) -> None:
