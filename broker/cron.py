@@ -506,14 +506,16 @@ class CronModule(Module):
     def delete(self, msg: Message) -> None:
         """``cron.delete {id, kill?}``: the entry as it was.  A task still
         running is left to end (then the entry goes; till then it is
-        listed ``deleted``), or with ``kill`` sent SIGTERM (SIGKILL after
-        :data:`KILL_GRACE`)."""
+        listed ``deleted``, and may be deleted again, with ``kill`` to end
+        it), or with ``kill`` sent SIGTERM (SIGKILL after :data:`KILL_GRACE`)."""
         self._owner(msg)
         e = self._find(msg)
         kill = msg.payload.get("kill", False)
         if not isinstance(kill, bool):
             raise ErrnoError(errno.EPROTO, "kill must be a boolean")
         out = e.to_dict()
+        if not e.deleted:  # (deleted, its task still running: once more, -k kills it)
+            self.counts["deleted"] += 1  # (counted once: it counted every call)
         self._stop(e)
         e.deleted = True
         if e in self.deferred:  # (its task never started: it goes with the entry)
@@ -523,7 +525,6 @@ class CronModule(Module):
                 self._terminate(e.task)
         else:
             self._forget(e)
-        self.counts["deleted"] += 1
         self.h.respond(msg, out)
 
     def stop_entry(self, msg: Message) -> None:

@@ -184,6 +184,13 @@ async def test_cron_entries(start_instance, connect) -> None:
     e = await where(long["id"], lambda e: bool(e["tasks"])
                     and e["tasks"][0]["state"] == "Running", "the task running", rank=1)
     pid = e["tasks"][0]["pid"]
+    # (deleted, its task left to end, then deleted again: counted once, and
+    # the second may kill it -- every call counted, 8 for 6 entries)
+    deleted = (await h.rpc("cron.stats-get", {}, nodeid=1))["deleted"]
+    for _ in range(2):
+        assert (await cron.delete(long["id"], rank=1))["id"] == long["id"]
+    assert (await h.rpc("cron.stats-get", {}, nodeid=1))["deleted"] == deleted + 1
+    assert pid_alive(pid)
     assert (await cron.delete(long["id"], kill=True, rank=1))["id"] == long["id"]
 
     async def gone() -> bool:
