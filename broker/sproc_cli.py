@@ -227,18 +227,26 @@ async def kill(args: argparse.Namespace) -> int:
 
 async def _kill_then_wait(args: argparse.Namespace, procs: Procs, named: Target,
                           waiting: asyncio.Future[WaitResult] | None) -> int:
-    """The kill, then the wait already sent, if any: ``sproc kill``'s status."""
+    """The kill, then the wait already sent, if any: ``sproc kill``'s status.
+    A kill that finds no such command (``ESRCH``) while the wait collects
+    one says nothing: it had exited, and the wait, sent first, collected it
+    before the kill came (the kill said ``label spin does not belong to any
+    command``, then the command exited 137 as its wait said)."""
+    missed: ErrnoError | None = None
     try:
         await procs.kill(named, args.signal, rank=args.rank)
     except ErrnoError as exc:
-        print_err(f"sproc kill: {errno_detail(exc)}")
         if waiting is None or exc.errnum != errno.ESRCH:
+            print_err(f"sproc kill: {errno_detail(exc)}")
             return 1
+        missed = exc
     if waiting is None:
         return 0
     try:
         result = await waiting
     except ErrnoError as exc:
+        if missed is not None:
+            print_err(f"sproc kill: {errno_detail(missed)}")
         print_err(f"sproc kill: wait failed: {errno_detail(exc)}")
         return 1
     return result.code

@@ -224,6 +224,10 @@ async def test_kill(start_instance, connect) -> None:
     assert "wait failed" in runs[3][2], runs[3]
     assert "does not belong" in runs[4][2], runs[4]
     assert "No such process" in runs[5][2], runs[5]
+    # a zombie that -w collected as the kill came: its status, and no word
+    # about the kill finding nothing (it said "does not belong to any command")
+    assert runs[7][2] == "", runs[7]
+    assert "does not belong" in runs[3][2] and "wait failed" in runs[3][2], runs[3]
     (rc, table, _), waited = await asyncio.gather(
         sproc(uri, "ps", "-r", "1"), sproc(uri, "wait", "-r1", "already-exited"))
     assert rc == 0 and not re.search(rf"\b{pid}\b", table), table
