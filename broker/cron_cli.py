@@ -396,8 +396,10 @@ def task_status(entry: dict[str, Any]) -> tuple[str, str]:
 
 def print_list(entries: list[dict[str, Any]], ranks: bool = False) -> None:
     """The table of ``cron list``; with ``ranks`` (several asked), a RANK
-    column first: ids are per rank."""
-    fmt = "{:>4} {:<15} {:<8} {:>7} {:>14}  {:<14} {}"
+    column first: ids are per rank.  NAME is 15 wide, as Flux's, or as the
+    longest name (a longer one pushed the rest of its row out of line)."""
+    width = max([15] + [len(str(e["name"])) for e in entries])
+    fmt = "{:>4} {:<" + str(width) + "} {:<8} {:>7} {:>14}  {:<14} {}"
     first = "{:>4} " if ranks else ""
     head = ("ID", "NAME", "STATE", "RUNS", "LAST RUN", "STATUS", "TRIGGER")
     print((first + fmt).format(*(("RANK",) if ranks else ()), *head).rstrip())

@@ -176,3 +176,20 @@ def test_dump_flattens_as_flux() -> None:
                               ("stats.count", 2), ("task.1.state", "Exited")]
     assert show(True, True) == "true" and show("a\nb", True) == '"a\\nb"'
     assert show("a", False) == "a"
+
+
+def test_cron_list_keeps_its_columns_with_a_long_name(capsys: pytest.CaptureFixture[str]) -> None:
+    """NAME is 15 wide, as Flux's, or as the longest name: one of 19
+    characters pushed STATE and the rest of its row out of line."""
+    from broker.cron_cli import print_list
+
+    entries = [{"id": 1, "name": "nonexistent-cmd-xyz", "state": "active", "repeat": 0,
+                "stats": {"count": 0}, "tasks": [], "type": "interval",
+                "typedata": {"interval": 1.0}},
+               {"id": 2, "name": "short", "state": "stopped", "repeat": 0,
+                "stats": {"count": 0}, "tasks": [], "type": "interval",
+                "typedata": {"interval": 1.0}}]
+    print_list(entries)
+    head, *rows = capsys.readouterr().out.splitlines()
+    assert [row.index(state) for row, state in zip(rows, ("active", "stopped"), strict=True)] \
+        == [head.index("STATE")] * 2
