@@ -695,6 +695,10 @@ class Broker:
         host program's, EINVAL otherwise) changes nothing."""
         self.set_attrs({name: value})
 
+    def _reload_hint(self, owner: str, name: str) -> str:
+        users = [m.name for m in self.modules if owner in getattr(m, "calls", ())]
+        return _reload_hint_for(self.rank, owner, name, users)
+
     def set_attrs(self, changes: dict[str, str]) -> None:
         """:meth:`set_attr` of several at once (``config reload``): all are
         checked together (``tbon.torpid_min`` with the new ``_max``) before
@@ -727,10 +731,7 @@ class Broker:
             if name not in battrs.RUNTIME_ATTRS:
                 owner = next((m.name for m in self.modules
                               if any(spec.name == name for spec in m.attributes)), None)
-                reload = ""
-                if owner is not None:  # (a loaded module's: its reload takes it)
-                    key = name.removeprefix(f"{owner}.")
-                    reload = f"; or give it to a reload: kvbroker module reload {owner} {key}=VALUE"
+                reload = "" if owner is None else self._reload_hint(owner, name)
                 raise ErrnoError(errno.EINVAL, f"{name} may not be changed on a running rank "
                                  f"({battrs.how_to_set(name)}{reload})")
             levels = (battrs.LOG_LEVEL.name, battrs.LOG_RING_LEVEL.name)
@@ -830,6 +831,21 @@ def _rss_mb() -> tuple[float, float | None]:
     if "VmHWM" in fields and "VmRSS" in fields:
         return max(fields["VmHWM"], fields["VmRSS"]) / 1024, fields["VmRSS"] / 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, None
+
+
+def _reload_hint_for(rank: int, owner: str, name: str, users: list[str]) -> str:
+    """The tail of the refusal of ``attr set NAME`` for loaded module
+    ``owner``'s fixed attribute: the reload that takes it -- after removing
+    ``users`` (modules that call it: the reload alone is refused, EBUSY),
+    and none for rank 0's content module, loaded for the instance's life."""
+    if owner == "content" and rank == 0:
+        return ""
+    reload = f"kvbroker module reload {owner} {name.removeprefix(f'{owner}.')}=VALUE"
+    if not users:
+        return f"; or give it to a reload: {reload}"
+    return (f"; or give it to a reload, with {users[0]} removed meanwhile (it calls "
+            f"{owner}): kvbroker module remove {users[0]}; {reload}; kvbroker module "
+            f"load {users[0]}")
 
 
 def _unloaded_runtime_spec(name: str) -> Any:

@@ -1052,8 +1052,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                    help="(values are always shown; taken for Flux's lsattr -v)")
     a.add_argument("--rank", "-r", type=rank_int, metavar="N", help=ASK_RANK)
     add_answer_timeout(a)
-    a = asub.add_parser("set", help="change log.level, log.ring-level, tbon.torpid_min or "
-                        "tbon.torpid_max on a running rank (the instance owner only)")
+    a = asub.add_parser("set", help="change log.level, log.ring-level, tbon.torpid_min, "
+                        "tbon.torpid_max or a loaded module's runtime attribute "
+                        "(kvs.checkpoint-period, kvs.cache-expire, content.cache-expire, "
+                        "content.cache-keep-bytes) on a running rank (the instance owner only)")
     a.add_argument("name")
     a.add_argument("value")
     where = a.add_mutually_exclusive_group()

@@ -149,6 +149,12 @@ class BlobStore:
         """Blobs forgotten by age since the start."""
         return self._marks.expired
 
+    @property
+    def blob_bytes(self) -> int:
+        """:attr:`size` without the expiry's marks (what stats show: an
+        empty store said 2048 bytes)."""
+        return self.size - self._marks.live(self._blobs) * BLOB_OVERHEAD
+
     def __len__(self) -> int:
         return len(self._blobs) - self._marks.live(self._blobs)
 

@@ -1665,7 +1665,7 @@ class KvsModule(Module):
             "namespace-count": len(self.namespaces),
             "heard": len(self.heard),
             "namespaces": self._describe(self.namespaces.items()),
-            "cache": {"blobs": len(self.blobs), "bytes": self.blobs.size,
+            "cache": {"blobs": len(self.blobs), "bytes": self.blobs.blob_bytes,
                       "objects": len(self.cache), "object-bytes": self.cache.nbytes,
                       "forgotten": self.cache.forgotten,
                       # unused for kvs.cache-expire, since the start

@@ -307,3 +307,17 @@ async def test_a_module_that_cannot_be_loaded_is_named(tmp_path, entry, source, 
                              env=dict(os.environ, PYTHONPATH=path))
     assert rc == 1
     assert one_line(err) == f"kvbroker[0]: ERROR kvbroker: start-up failed: {message}"
+
+
+def test_a_fixed_attributes_refusal_names_the_reload_that_works() -> None:
+    """A module another calls is reloaded with that one removed meanwhile
+    (the reload alone is EBUSY), and rank 0's content module not at all."""
+    from broker.broker import _reload_hint_for
+
+    assert _reload_hint_for(1, "kvs", "kvs.cache-bytes", []) == (
+        "; or give it to a reload: kvbroker module reload kvs cache-bytes=VALUE")
+    assert _reload_hint_for(1, "content", "content.cache-bytes", ["kvs"]) == (
+        "; or give it to a reload, with kvs removed meanwhile (it calls content): "
+        "kvbroker module remove kvs; kvbroker module reload content cache-bytes=VALUE; "
+        "kvbroker module load kvs")
+    assert _reload_hint_for(0, "content", "content.cache-bytes", ["kvs"]) == ""

@@ -907,6 +907,11 @@ async def test_attr_set_changes_a_ranks_log_level_at_once(start_instance, connec
      "kvs.cache-bytes may not be changed on a running rank (set it at start: -S "
      "kvs.cache-bytes=VALUE; or give it to a reload: kvbroker module reload kvs "
      "cache-bytes=VALUE)"),
+    # rank 0's content module is loaded for the instance's life: no reload
+    # (it named one, which is refused)
+    (("content.cache-bytes", "1000"), errno.EINVAL,
+     "content.cache-bytes may not be changed on a running rank (set it at start: -S "
+     "content.cache-bytes=VALUE))\n"),
     (("log.level", "loud"), errno.EINVAL, "log.level: unknown level 'loud'"),
     (("tbon.torpid_min", "0"), errno.EINVAL, "tbon.torpid_min: must be at least 0.1"),
     (("tbon.torpid_min", "0.0000001"), errno.EINVAL, "tbon.torpid_min: must be at least 0.1"),

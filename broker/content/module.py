@@ -1769,10 +1769,11 @@ class ContentModule(Module):
 
     def stats(self) -> dict[str, Any]:
         out: dict[str, Any] = dict(self.counts)
+        marks = self._marks.live(self.cache)  # (the expiry's: not blobs, left out)
         out.update({
             "hash": self.hash_name,
-            "count": len(self.cache) - self._marks.live(self.cache),
-            "cache-bytes": self.cache_bytes,
+            "count": len(self.cache) - marks,
+            "cache-bytes": self.cache_bytes - marks * BLOB_OVERHEAD,
             "expired": self._marks.expired,  # (unused for content.cache-expire)
             "dirty": len(self.dirty),
         })
