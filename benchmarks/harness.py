@@ -70,6 +70,9 @@ class Settings:
     msg_sizes: list[int] | None = None
     timeout: float = 1800.0
     py_spy: Path | None = None
+    attrs: dict[str, str] = field(default_factory=dict)
+    """``-S NAME=VALUE``: given to every instance (a workload's own win),
+    for an A/B of a setting within one checkout."""
 
 
 @dataclass
@@ -329,6 +332,8 @@ class RepContext:
         log = self.logdir / f"{self.workload.id}-{self.loop}-rep{self.rep}-{len(self.logs)}.log"
         self.logs.append(log)
         kw.setdefault("fanout", self.fanout)
+        if self.settings.attrs:
+            kw["attrs"] = {**self.settings.attrs, **(kw.get("attrs") or {})}
         inst = Instance(size or self.size, event_loop=self.loop, stderr_path=str(log), **kw)
         await inst.start()
         self.instances.append(inst)
@@ -648,6 +653,7 @@ def records(workload: Workload, series: list[Series], settings: Settings,
             "commit": commit,
             "rss_mb": dict(s.rss_mb),
             "fanout": settings.fanout,
+            "attrs": dict(settings.attrs),
             "cores": cores(),
             "loadavg": load,
         }
@@ -662,7 +668,8 @@ def header(workload: Workload, settings: Settings, loop: str, commit: str, n_rep
     return (
         f"\n{workload.id}  {workload.describe_title(settings)}\n"
         f"  size={workload.size_in(settings)} fanout={settings.fanout} loop={loop} "
-        f"payload={workload.describe_payload(settings)} cores={cores()} load={loadavg()} "
+        + "".join(f"{name}={value} " for name, value in settings.attrs.items())
+        + f"payload={workload.describe_payload(settings)} cores={cores()} load={loadavg()} "
         f"reps={n_reps}"
         f"{' quick' if settings.quick else ''} commit={commit} "
         f"python={platform.python_version()}"

@@ -71,6 +71,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--keep-logs", action="store_true",
                    help="keep the ranks' stderr logs (kept anyway when a workload fails)")
     p.add_argument("--list", action="store_true", help="list the workloads and exit")
+    p.add_argument("-S", "--setattr", action="append", default=[], metavar="NAME=VALUE",
+                   help="a broker attribute for every instance (repeatable), e.g. -S "
+                   "kvs.cache-expire=0: an A/B of a setting within one checkout")
     args = p.parse_args(argv)
     if args.size < 1 or args.fanout < 1:
         p.error("--size and --fanout must be at least 1")
@@ -93,6 +96,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             args.loops = [resolve(args.event_loop)]
     except ValueError as exc:
         p.error(str(exc))
+    args.attrs = {}
+    for item in args.setattr:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            p.error(f"-S {item}: give NAME=VALUE")
+        args.attrs[name] = value
     if args.json:
         check_json_dir(p, Path(args.json))
     if args.py_spy is not None:  # last: it makes the directory
@@ -360,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
         size=args.size, fanout=args.fanout, loops=args.loops,
         reps=args.reps or (1 if args.quick else 3), quick=args.quick,
         n_iter=args.n_iter, msg_sizes=args.msg_sizes or None, timeout=args.timeout,
-        py_spy=args.py_spy,
+        py_spy=args.py_spy, attrs=args.attrs,
     )
     if args.list:
         print("\n".join(list_workloads(settings)))
@@ -383,7 +392,8 @@ def run_all(args: argparse.Namespace, settings: Settings, commit: str, logdir: P
     ``progress`` each workload as it finishes (its records written to --json)."""
     print(f"kvbroker benchmarks: commit {commit}, {harness.cores()} cores, "
           f"load {harness.loadavg()}, loops {'/'.join(settings.loops)}, size {settings.size}, "
-          f"fanout {settings.fanout}{', quick' if settings.quick else ''}")
+          f"fanout {settings.fanout}{', quick' if settings.quick else ''}"
+          + "".join(f", {name}={value}" for name, value in settings.attrs.items()))
     t0 = time.perf_counter()
     all_records: list[dict[str, Any]] = []
     failed = progress.failed

@@ -39,6 +39,7 @@ KEYS = {
     "commit": str,
     "rss_mb": dict,
     "fanout": int,
+    "attrs": dict,
     "cores": int,
     "loadavg": (int, float),
 }
@@ -274,6 +275,7 @@ def test_w2_blocks_are_500_commits_or_tenths_and_never_empty(
     # (root may "write" in /proc by its permissions: the file is tried)
     (["--json", "/proc/x.json"], "--json /proc/x.json: cannot write /proc/x.json.tmp"),
     (["-n", "1K,2x"], "not a size: '2x'"),
+    (["-S", "kvs.cache-expire"], "-S kvs.cache-expire: give NAME=VALUE"),
 ])
 def test_bad_options_are_refused_before_anything_runs(tmp_path: Path, args: list[str],
                                                       says: str) -> None:
@@ -328,3 +330,25 @@ def test_plot_takes_several_runs_and_says_what_is_wrong(tmp_path: Path) -> None:
     assert missing.returncode == 1
     assert "missing.json: No such file or directory" in missing.stderr
     assert "Traceback" not in missing.stderr and not (tmp_path / "out2.png").exists()
+
+
+def test_setattr_reaches_every_instance_and_the_records(tmp_path: Path) -> None:
+    """``-S NAME=VALUE`` is given to the instances (a bad value fails the
+    workload, as the rank refuses it), and said in the header and the
+    records: an A/B of a setting within one checkout."""
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, str(REPO / "benchmarks" / "run.py"), "W1", "--quick",
+             "--event-loop", "asyncio", *args],
+            cwd=tmp_path, capture_output=True, text=True, timeout=120,
+            env={**os.environ, "TMPDIR": str(tmp_path)})  # (a failed run keeps its logs)
+
+    bad = run("-S", "kvs.cache-expire=1ms")
+    assert bad.returncode == 1 and "kvs.cache-expire: '1ms' is under 0.1s" in bad.stdout, (
+        bad.stdout + bad.stderr)
+    out = tmp_path / "out.json"
+    good = run("-S", "kvs.cache-expire=0", "--json", str(out))
+    assert good.returncode == 0, good.stdout + good.stderr
+    assert "kvs.cache-expire=0" in good.stdout.splitlines()[0]
+    records = json.loads(out.read_text())
+    assert records and all(r["attrs"] == {"kvs.cache-expire": "0"} for r in records)
