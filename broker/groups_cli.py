@@ -193,6 +193,7 @@ async def _join(args: argparse.Namespace) -> int:
             except OSError as exc:
                 print(f"kvbroker: {cannot_run_message(command[0], exc)}", file=sys.stderr)
                 return cannot_run_status(exc)
+
             def tell(fut: asyncio.Future[None]) -> None:
                 if not fut.cancelled():
                     print(f"kvbroker: {_membership_lost(args)}; {command[0]} goes on",
