@@ -68,6 +68,48 @@ def _new_packer() -> Callable[[Any], bytes]:
 
 _packb = _new_packer()
 _unpackb = msgpack.unpackb
+
+HEADER_MAX = 256 << 10
+"""The largest header frame decoded: 11 fields, a route of a hop a tree
+level, an error string that may quote a key or two (8,192 characters each,
+kvs/keys.py) fit many times over.  A bigger one is malformed."""
+HEADER_PLAIN = 4 << 10
+"""Header frames up to this many bytes (all but the rarest) are unpacked
+as they are; bigger ones under :func:`_unpack_header`'s limits."""
+HEADER_ARRAYS = 2
+"""Arrays a header holds: itself and its route."""
+
+
+class _Arrays:
+    """``list_hook`` of a big header's unpack: a third array is refused as
+    it is made, before the next (``route`` given as 12 million empty arrays,
+    a byte each, was unpacked whole first: 1.7 GB and 6.6 s of a rank's
+    loop for a 12 MB header, from a guest)."""
+
+    __slots__ = ("n",)
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def __call__(self, items: list[Any]) -> list[Any]:
+        self.n += 1
+        if self.n > HEADER_ARRAYS:
+            raise ValueError("an array nested in the header's fields")
+        return items
+
+
+def _unpack_header(frame: Frame) -> Any:
+    """A header frame unpacked, within bounds: no more than
+    :data:`HEADER_MAX` bytes, and past :data:`HEADER_PLAIN` no map, bytes,
+    extension or array but the header's own and its route, so that what it
+    costs follows its size.  Raises as ``msgpack.unpackb`` does."""
+    size = len(frame)
+    if size <= HEADER_PLAIN:
+        return _unpackb(frame)
+    if size > HEADER_MAX:
+        raise ValueError(f"a header of {size} bytes (at most {HEADER_MAX})")
+    return msgpack.unpackb(frame, list_hook=_Arrays(), max_map_len=0, max_bin_len=0,
+                           max_ext_len=0)
 _BYTES = (bytes, bytearray, memoryview)
 _SCALARS = frozenset({str, int, float, bool, type(None)})
 
@@ -292,7 +334,7 @@ def peek_response(frames: Sequence[Frame]) -> tuple[int, int, str | None] | None
     header is sound in those fields, else None (decode it in full).  A
     client waiting on a future needs nothing else from the header."""
     try:
-        h = _unpackb(frames[0])
+        h = _unpack_header(frames[0])
     except Exception:
         return None
     if (type(h) is not list or len(h) != 11 or h[0] != MsgType.RESPONSE
@@ -317,7 +359,7 @@ def decode(frames: Sequence[Frame]) -> Message:
     if len(frames) > MAX_FRAMES:
         raise ProtocolError(f"too many frames ({len(frames)})")
     try:
-        h = _unpackb(frames[0])  # msgpack >= 1.0: str as str, arrays as lists
+        h = _unpack_header(frames[0])  # msgpack >= 1.0: str as str, arrays as lists
     except Exception as exc:
         raise ProtocolError(f"malformed header: {exc}") from None
     if type(h) is not list or len(h) != 11:
@@ -354,10 +396,17 @@ def peek_request(header: Frame) -> tuple[int, str, int] | None:
     decode failed, or that was too big to decode, from its header frame:
     None unless those read as a request's (flags 0 when unreadable)."""
     try:
-        h = _unpackb(header)
+        if len(header) <= HEADER_PLAIN:
+            h = _unpackb(header)
+        else:  # (the five fields it reads, scalars: nothing after them is built)
+            fields = msgpack.Unpacker(max_array_len=0, max_map_len=0, max_bin_len=0,
+                                      max_ext_len=0)
+            fields.feed(header)
+            h = [fields.unpack() for _ in range(min(fields.read_array_header(), 5))]
     except Exception:
         return None
-    if (type(h) is not list or len(h) < 3 or h[0] != MsgType.REQUEST
+    if (type(h) is not list or len(h) < 3 or type(h[0]) is not int  # (True == 1)
+            or h[0] != MsgType.REQUEST
             or type(h[1]) is not str or type(h[2]) is not int
             or not 0 <= h[2] <= MATCHTAG_MAX):  # (no answer could carry it)
         return None

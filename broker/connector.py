@@ -422,9 +422,11 @@ class ClientConnection(FramedProtocol):
         """
         peek = None if skipped.header is None else codec.peek_request(skipped.header)
         if peek is None:
+            why = ("is not a request's" if skipped.header is not None else
+                   f"was not read (over {codec.HEADER_PEEK} bytes)")
             self.server.log_throttle.log(logging.WARNING, "oversized",
                                          "%s: dropped an oversized message (%d bytes) whose "
-                                         "header is not a request's", self.peer_id, skipped.size)
+                                         "header %s", self.peer_id, skipped.size, why)
             return
         matchtag, topic, flags = peek
         errstr = (f"message of {skipped.size} bytes exceeds broker.max-message "

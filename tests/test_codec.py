@@ -278,6 +278,36 @@ def test_peek_request_of_a_spoiled_request() -> None:
     assert codec.peek_request(msgpack.packb(header(matchtag=2**32))) is None  # not a u32
     assert codec.peek_request(b"\xc1") is None
     assert codec.peek_request(msgpack.packb({"a": 1})) is None
+    assert codec.peek_request(msgpack.packb(header(type=True))) is None  # (True == 1)
+
+
+def test_a_big_header_costs_what_its_bytes_do() -> None:
+    """A header's route of 200,000 empty arrays (a byte each) was unpacked
+    whole before its type was checked, and again to answer it, ~145 bytes
+    of memory per byte sent (a guest's 12 MB header: 1.7 GB and 6.6 s of a
+    rank's loop); the third array now stops the unpack as it is made, and
+    the answer's peek reads five scalar fields.  Past HEADER_MAX the frame
+    is refused unread.  A big header that is sound still decodes."""
+    import tracemalloc
+
+    nested = b"".join([msgpack.packb(header()[:7]), b"\xdd", (200_000).to_bytes(4, "big"),
+                       b"\x90" * 200_000, msgpack.packb(header()[8:])[1:]])
+    nested = b"\x9b" + nested[1:]  # (the 11-field array's marker again)
+    tracemalloc.start()
+    try:
+        with pytest.raises(ProtocolError, match="malformed header"):
+            codec.decode([nested])
+        assert codec.peek_request(nested) == (7, "kvs.lookup", 0)  # (answered EPROTO)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2 << 20, peak  # (whole: ~12 MB)
+    too_big = msgpack.packb(header(errstr="x" * (codec.HEADER_MAX + 1)))
+    with pytest.raises(ProtocolError, match=f"at most {codec.HEADER_MAX}"):
+        codec.decode([too_big])
+    sound = header(route=[f"r{i}" for i in range(3000)], errstr="e" * 40_000)
+    msg = codec.decode([msgpack.packb(sound)])
+    assert len(msg.route) == 3000 and msg.errstr == "e" * 40_000
 
 
 # ---------------------------------------------------------------- bad payloads
