@@ -256,6 +256,23 @@ def _signal(proc: RankProcess, sig: int) -> None:
             os.kill(proc.pid, sig)
 
 
+def _pipes(n: int) -> list[tuple[int, int]]:
+    """``n`` pipes, or none: those made before one that fails (``EMFILE``:
+    a size past the descriptor limit) are closed.  Left open, every later
+    start in the process failed with ``EMFILE`` too, and the run directory
+    could not be removed."""
+    pipes: list[tuple[int, int]] = []
+    try:
+        for _ in range(n):
+            pipes.append(os.pipe())
+    except BaseException:
+        for r, w in pipes:
+            os.close(r)
+            os.close(w)
+        raise
+    return pipes
+
+
 async def _kill_spawner(spawner: SpawnerProcess,
                         ranks: Sequence[ForkedRank]) -> None:
     """SIGKILL a start's spawner and the ranks it reported forked, and reap
@@ -693,7 +710,7 @@ class Instance:
         the readers of the ranks' standard outputs.  With a fork server
         (``$KVBROKER_FORKSERVER``, :mod:`broker.forkserver`) that will
         serve this launcher, the spawner is forked by it."""
-        pipes = [os.pipe() for _ in argvs]
+        pipes = _pipes(len(argvs))
         spec = {"preload": preload, "keep": [watch_r],
                 "ranks": [{"argv": argv, "stdout": w} for argv, (_, w) in zip(argvs, pipes,
                                                                                strict=True)]}

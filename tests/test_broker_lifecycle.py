@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import json
 import os
 import shutil
 import signal
@@ -14,7 +15,7 @@ from typing import Any
 
 import pytest
 from conftest import pid_alive
-from test_broker_support import stats, stop_process, wait_until
+from test_broker_support import run_program, stats, stop_process, wait_until
 
 from broker.errors import RemoteError
 from broker.handle import Handle
@@ -774,3 +775,42 @@ def _vm_rss_mb(pid: int) -> float:
     with open(f"/proc/{pid}/status") as f:
         kb = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
     return kb / 1024
+
+
+_DESCRIPTOR_LIMIT_SCRIPT = """
+import asyncio, json, os, resource
+from broker.launch import Instance
+
+def descriptors():
+    return len(os.listdir("/proc/self/fd"))
+
+async def main():
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    before = descriptors()
+    big = Instance(size=300, fanout=16)
+    try:
+        await big.start(timeout=30)
+        failed = None
+    except OSError as exc:
+        failed = exc.errno
+    await big.stop()
+    after = descriptors()
+    small = Instance(size=1)
+    await small.start(timeout=30)
+    await small.stop()
+    print(json.dumps({"failed": failed, "leaked": after - before,
+                      "left": os.listdir(os.environ["TMPDIR"])}))
+
+asyncio.run(main())
+"""
+
+
+async def test_a_start_past_the_descriptor_limit_leaves_none_open(tmp_path) -> None:
+    """A start that fails making its ranks' pipes (EMFILE: a size past the
+    descriptor limit) closes those it made: left open, every later start in
+    the process failed with EMFILE too, and the run directory stayed."""
+    rc, out, err = await run_program(sys.executable, "-c", _DESCRIPTOR_LIMIT_SCRIPT,
+                                     cwd=os.path.dirname(os.path.dirname(__file__)),
+                                     env={**os.environ, "TMPDIR": str(tmp_path)}, timeout=90)
+    assert rc == 0, err[-3000:]
+    assert json.loads(out) == {"failed": errno.EMFILE, "leaked": 0, "left": []}
