@@ -21,12 +21,15 @@ the connection lasts, for a service that runs a barrier per job.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import errno
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from typing import Any
 
 from broker.errors import RemoteError
 from broker.idset import decode_ranks
-from broker.rpc import HandleCore, Stream
+from broker.rpc import HandleCore, Stream, check_str
 
 ALL_RANKS = 1 << 32
 """The bound an answer's ranks are read against (rank 0 checked them)."""
@@ -61,11 +64,11 @@ class Groups:
         """Make the handle's rank a member of ``name`` until :meth:`leave`
         (or the handle's connection goes); returns once rank 0 knows.
         ``EEXIST`` if the rank is a member already."""
-        await self.h.rpc("groups.join", {"name": name})
+        await self.h.rpc("groups.join", {"name": check_str(name, "a group's name")})
 
     async def leave(self, name: str) -> None:
         """End the membership this handle made (``ENOENT`` if it made none)."""
-        await self.h.rpc("groups.leave", {"name": name})
+        await self.h.rpc("groups.leave", {"name": check_str(name, "a group's name")})
 
     @contextlib.asynccontextmanager
     async def joined(self, name: str) -> AsyncIterator[None]:
@@ -78,14 +81,16 @@ class Groups:
 
     async def get(self, name: str) -> set[int]:
         """The members of ``name`` now (empty for a group never joined)."""
-        return members(await self.h.rpc("groups.get", {"name": name}, nodeid=0))
+        return members(await self.h.rpc("groups.get", {"name": check_str(name, "a group's name")},
+                                        nodeid=0))
 
     async def watch(self, name: str) -> AsyncGenerator[set[int], None]:
         """The members now, then again at every change.  To stop: ``break``
         (the loop's async-generator finaliser then closes it, on its next
         turn), ``aclose()`` it (at once: ``contextlib.aclosing``), or cancel
         the task; either way the watch is cancelled at rank 0."""
-        stream = self.h.rpc_stream("groups.get", {"name": name}, nodeid=0)
+        stream = self.h.rpc_stream("groups.get", {"name": check_str(name, "a group's name")},
+                                   nodeid=0)
         try:
             async for answer in stream:
                 yield members(answer)
@@ -100,7 +105,12 @@ class Groups:
         cannot miss the group full, however soon the others leave.  Its
         watch is cancelled at rank 0 as it returns, or is cancelled (a
         timeout around it), or fails.  ``seen``: called with the members
-        at each answer (so a timeout around it can say how far it got)."""
+        at each answer (so a timeout around it can say how far it got).
+        A ``count`` that is not an int from 0 to the instance's size is a
+        ``TypeError``/``ValueError`` before anything is asked (``"2"``,
+        ``2.5``, ``-1`` or 5 of 4 ranks waited for ever)."""
+        check_str(name, "a group's name")
+        await self._check_count(count)
         stream = self.h.rpc_stream("groups.get", {"name": name}, nodeid=0)
         try:
             if join:
@@ -120,6 +130,33 @@ class Groups:
         every rank), leave: called once on each rank, every call returns
         once all have come (``seen``: as :meth:`wait_for`'s)."""
         if count is None:
-            count = int((await self.h.rpc("attr.get", {"name": "size"}))["value"])
-        await self.wait_for(name, count, join=True, seen=seen)
+            count = await self._size()
+        try:
+            await self.wait_for(name, count, join=True, seen=seen)
+        except BaseException:
+            # (a timeout around it, a cancel, a failure: not a member after,
+            # or a second try failed EEXIST, already a member)
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._leave_if_member(name))
+            raise
         await self.leave(name)
+
+    async def _leave_if_member(self, name: str) -> None:
+        try:
+            await self.leave(name)
+        except RemoteError as exc:
+            if exc.errnum != errno.ENOENT:  # (the join had not been made)
+                raise
+
+    async def _size(self) -> int:
+        return int((await self.h.rpc("attr.get", {"name": "size"}))["value"])
+
+    async def _check_count(self, count: Any) -> None:
+        if isinstance(count, bool) or not isinstance(count, int):
+            raise TypeError(f"count must be an int, not {type(count).__name__}")
+        if count < 0:
+            raise ValueError(f"count must be at least 0, not {count}")
+        size = await self._size()
+        if count > size:
+            raise ValueError(f"count {count} is more than the instance's {size} ranks: "
+                             "it would wait for ever")

@@ -27,7 +27,7 @@ from broker import codec
 from broker.errors import ProtocolError, RemoteError, outcome_read
 from broker.framewriter import FramedProtocol, FrameWriter
 from broker.message import NODEID_ANY, Message, MsgFlags, MsgType
-from broker.rpc import HandleCore, Stream, settle
+from broker.rpc import HandleCore, Stream, check_str, settle
 
 URI_ENV = "KVBROKER_URI"
 
@@ -527,6 +527,7 @@ class Handle(HandleCore):
         proto = self._proto
         if proto is None or proto.writer is None or self._forked:
             return
+        self._check_loop()
         await asyncio.wait([proto.writer.drained(), proto.closed],
                            return_when=asyncio.FIRST_COMPLETED)
 
@@ -538,6 +539,7 @@ class Handle(HandleCore):
         proto = self._proto
         if proto is None or self._forked:
             return
+        self._check_loop()
         await asyncio.shield(proto.closed)
 
     async def close(self) -> None:
@@ -551,8 +553,7 @@ class Handle(HandleCore):
         if self._forked:
             self._user_closed = True
             return  # (the parent's: see _orphan)
-        if self._loop is not None and asyncio.get_running_loop() is not self._loop:
-            raise self._wrong_loop()
+        self._check_loop()
         proto = self._proto
         self._user_closed = True
         redial = self._redial
@@ -587,6 +588,14 @@ class Handle(HandleCore):
             from broker import ssh
 
             await ssh.reap(self._ssh)
+
+    def _check_loop(self) -> None:
+        """The wrong-loop ``RuntimeError`` in a coroutine of the handle's
+        that waits on its loop's futures (``close``, ``drain``,
+        ``wait_closed``: asyncio's "attached to a different loop", or "Event
+        loop is closed", named neither the handle nor what to do)."""
+        if self._loop is not None and asyncio.get_running_loop() is not self._loop:
+            raise self._wrong_loop()
 
     def _wrong_loop(self) -> RuntimeError:
         """A call from a loop other than the one the handle was connected
@@ -667,6 +676,7 @@ class Handle(HandleCore):
         still subscribes on the rank, and the handle must know -- to
         unsubscribe it, and to subscribe it again on a reconnect.  Only an
         error answer (the rank refused it) takes it back."""
+        check_str(prefix, "prefix")  # (a list went out, then could not be counted)
         answer = self.rpc("event.subscribe", {"topic": prefix})  # (sent now)
         self._subscriptions[prefix] += 1
         try:
@@ -680,6 +690,7 @@ class Handle(HandleCore):
         (once per call of it).  Uncounted as the request leaves, so that a
         call cut short after sending it is not subscribed again on a
         reconnect, nor counted by a retry that the rank answers ``ENOENT``."""
+        check_str(prefix, "prefix")
         answer = self.rpc("event.unsubscribe", {"topic": prefix})  # (sent now)
         self._uncount(prefix)
         await answer
@@ -693,15 +704,18 @@ class Handle(HandleCore):
         self, topic: str, payload: Any = None, *, private: bool = False
     ) -> int:
         """Publish an event (sequenced by rank 0); returns its sequence number."""
-        body: dict[str, Any] = {"topic": topic, "payload": payload}
+        body: dict[str, Any] = {"topic": check_str(topic, "topic"), "payload": payload}
         if private:
             body["flags"] = int(MsgFlags.PRIVATE)
         resp = await self.rpc("event.pub", body)
         return int(resp["seq"])
 
     def publish_nowait(self, topic: str, payload: Any = None) -> None:
-        """Publish without waiting for the sequence number (no response)."""
-        self.send_noresponse("event.pub", {"topic": topic, "payload": payload})
+        """Publish without waiting for the sequence number (no response: a
+        topic that is not a ``str`` is a ``TypeError`` here, or it went
+        nowhere, unsaid)."""
+        self.send_noresponse("event.pub", {"topic": check_str(topic, "topic"),
+                                           "payload": payload})
 
     def _on_event(self, msg: Message) -> None:
         self._events.append(msg)
@@ -780,13 +794,17 @@ class Handle(HandleCore):
         return answer
 
     async def attr_get(self, name: str, nodeid: int = NODEID_ANY) -> Any:
-        return (await self.rpc("attr.get", {"name": name}, nodeid=nodeid))["value"]
+        return (await self.rpc("attr.get", {"name": check_str(name, "name")},
+                               nodeid=nodeid))["value"]
 
     async def attr_set(self, name: str, value: str, nodeid: int = NODEID_ANY) -> None:
         """Change a runtime attribute (``log.level``, ``log.ring-level``,
-        ``tbon.torpid_min``, ``tbon.torpid_max``) on rank ``nodeid``: the
-        instance owner only."""
-        await self.rpc("attr.set", {"name": name, "value": value}, nodeid=nodeid)
+        ``tbon.torpid_min``, ``tbon.torpid_max``, or a loaded module's:
+        ``kvs.checkpoint-period``, ``kvs.cache-expire``, ...) on rank
+        ``nodeid``: the instance owner only.  ``value`` as ``-S`` gives it:
+        a ``str``."""
+        await self.rpc("attr.set", {"name": check_str(name, "name"),
+                                    "value": check_str(value, "value")}, nodeid=nodeid)
 
     def dmesg(self, *, follow: bool = False, since: int = 0,
               nodeid: int = NODEID_ANY) -> Stream:
@@ -813,5 +831,6 @@ class Handle(HandleCore):
                   nodeid: int = NODEID_ANY) -> None:
         """Write ``message`` to rank ``nodeid``'s log as ``name`` at ``level``
         (``kvbroker logger``): the instance owner only."""
-        await self.rpc("log.append", {"message": message, "level": level, "name": name},
-                       nodeid=nodeid)
+        await self.rpc("log.append", {"message": check_str(message, "message"),
+                                      "level": check_str(level, "level"),
+                                      "name": check_str(name, "name")}, nodeid=nodeid)

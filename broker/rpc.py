@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import math
 import sys
 from collections import deque
 from collections.abc import AsyncIterator, Callable
@@ -190,6 +191,36 @@ def check_request(topic: Any, nodeid: Any, flags: Any, answered: bool = True) ->
         raise TypeError(f"flags must be an int, not {type(flags).__name__}")
     if answered and flags & MsgFlags.NORESPONSE:
         raise ValueError("a NORESPONSE request is never answered: use send_noresponse()")
+
+
+def check_str(value: Any, what: str) -> str:
+    """``value`` if it is a ``str``, else a ``TypeError`` naming ``what``,
+    before anything is sent: a topic or a name of another type went out, to
+    come back ``EPROTO`` (or, sent without an answer, nowhere)."""
+    if type(value) is not str:
+        raise TypeError(f"{what} must be a str, not {type(value).__name__}")
+    return value
+
+
+def check_timeout(timeout: Any, what: str = "timeout") -> float | None:
+    """``timeout`` (seconds) as a float, or None (no limit).  API misuse is
+    a ``TypeError`` (not a number) or ``ValueError`` (negative, NaN or
+    infinite: None is no limit) here, before anything is sent or started:
+    the blocking facade sent the request, then refused the timeout, and
+    NaN made a wait give up at once saying the rank "did not answer"."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(f"{what} must be a number of seconds or None, not "
+                        f"{type(timeout).__name__}")
+    try:
+        seconds = float(timeout)
+    except OverflowError:  # (an int past a float's range)
+        seconds = math.inf
+    if not 0 <= seconds < math.inf:
+        raise ValueError(f"{what} must be a number of seconds, at least 0 (None: no "
+                         f"limit), not {timeout!r}")
+    return seconds
 
 
 def _message_payload(msg: Message) -> Any:

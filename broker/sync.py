@@ -90,7 +90,7 @@ from broker.errors import RemoteError
 from broker.handle import Handle
 from broker.loops import loop_factory
 from broker.message import NODEID_ANY, Message
-from broker.rpc import Stream
+from broker.rpc import Stream, check_timeout
 
 T = TypeVar("T")
 
@@ -320,6 +320,7 @@ class SyncHandle:
     def __init__(self, uri: str | None = None, *, event_loop: str | None = None,
                  timeout: float | None = None, reconnect: bool = False) -> None:
         _refuse_in_a_loop()
+        timeout = check_timeout(timeout)  # (before anything: it bounds the connect too)
         global _fork_hook
         if not _fork_hook:
             os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -591,19 +592,22 @@ class SyncHandle:
         return True
 
     def _timeout(self, timeout: float | None | Default) -> float | None:
-        return self.timeout if isinstance(timeout, Default) else timeout
+        """A call's ``timeout``, checked (:func:`~broker.rpc.check_timeout`)
+        before the call sends anything."""
+        return self.timeout if isinstance(timeout, Default) else check_timeout(timeout)
 
     def run(self, aw: Awaitable[T], timeout: float | None | Default = DEFAULT) -> T:
         """Run an awaitable of the async API on this handle's loop, for at
         most ``timeout`` seconds (None: no limit; omitted: the handle's)."""
         try:
+            limit = self._timeout(timeout)
             self._enter()
         except BaseException:
             if asyncio.iscoroutine(aw):
                 aw.close()  # never to be awaited: no "never awaited" warning
             raise
         try:
-            return self._wait(asyncio.ensure_future(aw, loop=self._loop), self._timeout(timeout))
+            return self._wait(asyncio.ensure_future(aw, loop=self._loop), limit)
         finally:
             self._caller = None
             if self._interrupts:
@@ -613,11 +617,12 @@ class SyncHandle:
             flags: int = 0, timeout: float | None | Default = DEFAULT) -> Any:
         """Send a request and return its answer's payload (``RemoteError``
         for an error answer, ``TimeoutError`` after ``timeout`` seconds)."""
+        limit = self._timeout(timeout)
         self._enter()
         try:
             tag, fut = self.aio.rpc_tagged(topic, payload, nodeid=nodeid, flags=flags)
             try:
-                return self._wait(fut, self._timeout(timeout))
+                return self._wait(fut, limit)
             finally:
                 if not fut.done() or fut.cancelled():
                     self.aio.retire(tag)  # a late answer is dropped, not kept waiting
@@ -632,6 +637,7 @@ class SyncHandle:
         ``ENODATA``, raises ``RemoteError`` on an error answer, and
         ``TimeoutError`` if an answer takes more than ``timeout`` seconds).
         See :class:`SyncStream` for leaving early."""
+        timeout = check_timeout(timeout)
         self._enter()
         try:  # (interrupted, the SyncStream is dropped: its __del__ retires the request)
             stream = SyncStream(self, self.aio.rpc_stream(topic, payload, nodeid=nodeid,

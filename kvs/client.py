@@ -70,7 +70,7 @@ from broker import jsontoml
 from broker.errors import ErrnoError, RemoteError
 from broker.handle import Connecting
 from broker.message import NODEID_ANY
-from broker.rpc import WAIT_GRACE
+from broker.rpc import WAIT_GRACE, check_str, check_timeout
 from broker.sync import DEFAULT, Default
 from kvs import eventlog, treeobj
 from kvs.diff import Change
@@ -209,6 +209,16 @@ def default_namespace(namespace: str | None = None) -> str:
         raise ValueError("namespace must not be empty (None means the default: "
                          f"${NAMESPACE_ENV}, else {PRIMARY})")
     return namespace
+
+
+def _namespace_named(name: Any) -> str:
+    """A namespace to create or remove, checked before anything is sent:
+    not a ``str``, ``TypeError``; empty, ``ValueError`` (``None`` and ``""``
+    went out: ``EPROTO``, and a removal of ``""`` answered success)."""
+    check_str(name, "a namespace's name")
+    if not name:
+        raise ValueError("a namespace's name must not be empty")
+    return str(name)
 
 
 def encode_value(value: Any) -> bytes:
@@ -1278,6 +1288,8 @@ class KVS:
         for :meth:`wait_event`."""
         from kvs_watch.client import wait_create
 
+        check_key(key)
+        timeout = check_timeout(timeout)
         try:
             async with asyncio.timeout(timeout) as bound:
                 return await wait_create(self.handle, key, namespace=self.namespace,
@@ -1295,9 +1307,10 @@ class KVS:
         the wait, and this raises ``TimeoutError`` saying why; a rank that
         does not answer at all (stopped) is given up on
         :data:`WAIT_GRACE` seconds later, so the timeout always holds."""
+        timeout = check_timeout(timeout)
         payload: dict[str, Any] = {"namespace": self.namespace, "rootseq": int(version)}
         if timeout is not None:
-            payload["timeout"] = float(timeout)
+            payload["timeout"] = timeout
         waiting = self.handle.rpc("kvs.wait-version", payload)
         try:
             if timeout is None:
@@ -1387,7 +1400,7 @@ class KVS:
         instance owner), empty or starting at root ``rootref`` (a blobref,
         or anything ``at=`` takes: the output of ``getroot`` too).
         ``EEXIST`` if it exists; instance owner only."""
-        payload: dict[str, Any] = {"namespace": name}
+        payload: dict[str, Any] = {"namespace": _namespace_named(name)}
         if owner is not None:
             if isinstance(owner, bool) or not isinstance(owner, int):
                 raise TypeError(f"a namespace's owner is a uid (an int), not {owner!r}")
@@ -1399,7 +1412,7 @@ class KVS:
     async def namespace_remove(self, name: str) -> None:
         """Remove namespace ``name`` (no error if it does not exist;
         ``ENOTSUP`` for ``primary``)."""
-        await self.handle.rpc("kvs.namespace-remove", {"namespace": name})
+        await self.handle.rpc("kvs.namespace-remove", {"namespace": _namespace_named(name)})
 
     async def namespace_list(self) -> list[Root]:
         """Every namespace, with its owner, version and root."""

@@ -48,7 +48,7 @@ from broker import jsontoml
 from broker.content import blobref
 from broker.errors import RemoteError, no_service
 from broker.message import NODEID_ANY
-from broker.rpc import HandleCore, Stream
+from broker.rpc import HandleCore, Stream, check_timeout
 from kvs.client import _parse_json, default_namespace
 from kvs.eventlog import EventlogError
 from kvs_watch import flags as F
@@ -1002,6 +1002,7 @@ async def wait_event(h: HandleCore, key: str, name: str, *, namespace: str | Non
     Raises ``TimeoutError`` after ``timeout`` seconds (the watch is cancelled),
     ``RemoteError`` (``ENOENT`` without ``waitcreate``...) if the watch fails.
     """
+    timeout = check_timeout(timeout)
     try:
         async with asyncio.timeout(timeout):
             async with watch_eventlog(h, key, namespace=namespace, waitcreate=waitcreate,
@@ -1057,7 +1058,7 @@ class SyncWatch(Generic[ItemT]):
                  timeout: float | None = None) -> None:
         self.sh = sh
         self.watch = w
-        self.timeout = timeout
+        self.timeout = check_timeout(timeout)
         """Seconds each ``next()`` may wait (``TimeoutError``; the watch goes on)."""
         self._reader: int | None = None
         """The thread that entered or iterates it last (``get_ident()``)."""

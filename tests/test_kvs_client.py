@@ -924,8 +924,10 @@ async def test_a_wait_version_timeout_holds_when_the_rank_is_stopped(start_insta
     finally:
         os.kill(pid, signal.SIGCONT)
     # the rank, running again, still answers, and refuses a bad timeout itself
+    # (the API refuses it before sending: test_api_misuse.py)
     with pytest.raises(RemoteError) as err:
-        await asyncio.wait_for(kvs.wait_version(5, timeout=-1), T)
+        await asyncio.wait_for(h1.rpc("kvs.wait-version", {
+            "namespace": "primary", "rootseq": 5, "timeout": -1}), T)
     assert err.value.errnum == errno.EPROTO
 
 
