@@ -19,6 +19,7 @@ import functools
 import importlib
 import io
 import itertools
+import math
 import os
 import pwd
 import signal
@@ -41,6 +42,7 @@ from broker.cliutil import (
     duration_arg,
     each_rank,
     errno_detail,
+    finite_float,
     json_arg,
     no_answer_detail,
     non_negative_int,
@@ -659,6 +661,8 @@ def stats_field(stats: Any, objname: str, kind: str | None, scale: float | None,
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise CLIError(what, detail=f"{objname}: not a number: {dumps(value)}")
     number = value * (1.0 if scale is None else scale)
+    if not math.isfinite(number):  # (a finite scale may still overflow a double)
+        raise CLIError(what, detail=f"{objname}: {value} times {scale} is not a finite number")
     if kind is None and isinstance(value, int) and float(number).is_integer():
         kind = "int"  # (--scale alone: an integer field stays one, as Flux prints it)
     return str(int(number)) if kind == "int" else f"{float(number):f}"
@@ -1238,7 +1242,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     s.add_argument("--type", choices=("int", "double"), default=None,
                    help="print the value as an int or a double (-t int|double too, as "
                    "Flux's)")
-    s.add_argument("-s", "--scale", type=float, metavar="N",
+    s.add_argument("-s", "--scale", type=finite_float, metavar="N",
                    help="multiply the value by N (with --parse)")
     s.add_argument("-t", "--timeout", type=timeout_or_stats_type, dest="answer_timeout",
                    metavar="SECONDS",

@@ -355,6 +355,18 @@ def uid_int(text: str) -> int:
     return non_negative_int(text, 0xFFFFFFFE)
 
 
+def finite_float(text: str) -> float:
+    """argparse ``type`` for a factor (``stats --scale``): a finite number
+    (``inf`` made ``--type int`` a traceback, ``nan`` printed ``nan``)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number: {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"not a finite number: {text!r}")
+    return value
+
+
 def positive_float(text: str) -> float:
     """argparse ``type`` for timeouts: a finite number of seconds above 0,
     bare or with a unit as Flux's durations (RFC 23: ``500ms``, ``2s``,

@@ -93,7 +93,7 @@ from broker import pipes
 from broker.attrs import AttrSpec, duration, text
 from broker.command import Command, cannot_run_status, exit_code
 from broker.cron_directory import read_directory
-from broker.crontab import Schedule, parse_schedule
+from broker.crontab import LAST_AT, Schedule, parse_schedule
 from broker.errors import ErrnoError
 from broker.message import Message
 from broker.module import Handler, Module, require
@@ -408,6 +408,8 @@ class CronModule(Module):
                              f"{', '.join(TYPES)})")
         if not command.strip():
             raise ErrnoError(errno.EINVAL, "the command is empty")
+        if "\0" in command:  # (no command line holds one: its task stayed "Deferred")
+            raise ErrnoError(errno.EINVAL, "the command holds a NUL byte")
         if len(command.encode(errors="replace")) > MAX_COMMAND:
             raise ErrnoError(errno.E2BIG, f"the command is longer than {MAX_COMMAND} bytes")
         name = p.get("name") or command.split()[0]
@@ -444,6 +446,8 @@ class CronModule(Module):
                              f"{MAX_TASK_HISTORY} tasks")
         e.history = deque(maxlen=kept - 1)
         e.timeout = _number(p, "timeout")
+        if e.timeout == 0:  # (every run was killed at once)
+            raise ErrnoError(errno.EINVAL, "timeout must be more than 0 (none: no limit)")
         cwd, env = p.get("cwd"), p.get("environ")
         if cwd is not None:
             if not isinstance(cwd, str):
@@ -492,6 +496,8 @@ class CronModule(Module):
             if at is None:
                 raise ErrnoError(errno.EPROTO, "an at entry needs args.at (seconds since the "
                                  "epoch)")
+            if at > LAST_AT:  # (every cron list failed on it: "timestamp out of range")
+                raise ErrnoError(errno.EINVAL, f"at {at:g} is past the end of 9999")
             e.typedata = {"at": at}
             e.repeat = 1
 

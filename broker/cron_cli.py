@@ -34,6 +34,7 @@ from broker.cliutil import (
     each_rank,
     errno_detail,
     non_negative_int,
+    positive_float,
     print_err,
     rank_int,
     rank_set,
@@ -138,7 +139,7 @@ def _create_options(p: argparse.ArgumentParser, count: bool = True) -> None:
                    help="run it in this command's environment (default: the rank's)")
     p.add_argument("-d", "--working-dir", metavar="DIR",
                    help="run it in DIR (default: the rank's working directory)")
-    p.add_argument("--timeout", type=duration_arg, metavar="FSD",
+    p.add_argument("--timeout", type=positive_float, metavar="FSD",
                    help="terminate a task still running after FSD (SIGTERM, SIGKILL 2s later)")
     p.add_argument("--stop-on-failure", type=non_negative_int, metavar="N",
                    help="stop the entry after N failed runs (default: never)")
@@ -232,13 +233,18 @@ def tab_lines(path: str | None) -> list[tuple[str, str]]:
             with open(path) as f:
                 text = f.read()
     except OSError as exc:
-        raise CLIError(f"cron tab: {path}", exc.errno) from None
+        where = "standard input" if path in (None, "-") else path  # (it said "None")
+        raise CLIError(f"cron tab: {where}", exc.errno) from None
     from broker.crontab import parse_crontab
 
     try:
-        out = [(line.schedule, line.command) for line in parse_crontab(text)]
+        lines = parse_crontab(text)
     except ValueError as exc:
         raise UsageError(f"cron tab: {exc}") from None
+    for line in lines:
+        if "\0" in line.command:  # (no command line can hold one: the task never started)
+            raise UsageError(f"cron tab: line {line.number}: its command holds a NUL byte")
+    out = [(line.schedule, line.command) for line in lines]
     if not out:
         raise UsageError("cron tab: no crontab line (minute hour day-of-month month "
                          "day-of-week command) was given")

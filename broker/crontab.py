@@ -26,6 +26,7 @@ already uses.
 from __future__ import annotations
 
 import datetime as dt
+import math
 import time
 from dataclasses import dataclass
 
@@ -238,6 +239,11 @@ def parse_crontab(text: str) -> list[TabLine]:
     return out
 
 
+LAST_AT = dt.datetime(9999, 12, 31, 23, 59, 59, tzinfo=dt.UTC).timestamp()
+"""The last time ``cron at`` takes: ``+99999999999999999999`` was taken, and
+every ``cron list`` after failed on it ("timestamp out of range")."""
+
+
 def parse_at(text: str, now: float | None = None) -> float:
     """When ``cron at TIME`` runs, in seconds since the epoch: ``+FSD``
     (``+90s``, ``+1.5h``: that long from ``now``), or an ISO 8601 date
@@ -246,11 +252,19 @@ def parse_at(text: str, now: float | None = None) -> float:
     now = time.time() if now is None else now
     stripped = text.strip()
     if stripped.startswith("+"):
-        return now + duration(stripped[1:])
-    try:
-        when = dt.datetime.fromisoformat(stripped)
-    except ValueError:
-        raise ValueError(f"{text!r} is not a time: +DURATION (+10m, +1.5h) or an ISO 8601 "
-                         "date and time (2030-01-02T03:04, with an offset or in local "
-                         "time)") from None
-    return when.timestamp()  # (naive: local time; a repeated minute's first pass)
+        at = now + duration(stripped[1:])
+    else:
+        try:
+            when = dt.datetime.fromisoformat(stripped)
+        except ValueError:
+            raise ValueError(f"{text!r} is not a time: +DURATION (+10m, +1.5h) or an ISO 8601 "
+                             "date and time (2030-01-02T03:04, with an offset or in local "
+                             "time)") from None
+        try:
+            at = when.timestamp()  # (naive: local time; a repeated minute's first pass)
+        except (OverflowError, ValueError):  # (0001-01-01 in local time: "year 0 ...")
+            at = -math.inf
+    if not LAST_AT >= at > -math.inf:
+        raise ValueError(f"{text!r} is not a time this host can tell (at most the end of "
+                         "9999)")
+    return at
