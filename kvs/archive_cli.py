@@ -171,6 +171,11 @@ def cmd_archive(args: argparse.Namespace) -> int:
     args.what = f"archive {args.archive_cmd}"
     if not args.name:
         raise UsageError("--name must not be empty")
+    if any(not part for part in args.name.split(".")):
+        # ("..": the key "archive" itself, which the next create replaced;
+        # "a..b": archive.a.b, another name's)
+        raise UsageError(f"--name {args.name}: an empty part (a leading, trailing or "
+                         "doubled '.'): the key archive.NAME would be another")
     from kvs.client import default_namespace
 
     args.namespace = default_namespace(None) if args.no_force_primary else PRIMARY

@@ -439,6 +439,9 @@ async def test_create_refuses_and_commits_nothing(uri: str, tmp_path: Path) -> N
     err = await cli(uri, "archive", "create", "--mmap", "x", rc=1)
     assert "--mmap is not built in kvbroker" in err
     await cli(uri, "archive", "create", "x", "--overwrite", "--append", rc=2)
+    for name in ("..", ".", "a..b", ".a", "a."):  # (".." wrote the key "archive" itself)
+        err = await cli(uri, "archive", "create", "-n", name, "x", rc=2)
+        assert f"--name {name}: an empty part" in err, err
     await cli(uri, "archive", "create", rc=2)
 
 
