@@ -58,7 +58,7 @@ from broker.cliutil import (
     write_out,
 )
 from broker.command import STOP_CAP, STOP_TIMEOUT
-from broker.errors import ErrnoError
+from broker.errors import ErrnoError, printable
 from broker.handle import Handle
 from broker.loops import LOOP_NAMES
 from broker.message import NODEID_ANY, NODEID_UPSTREAM
@@ -83,7 +83,7 @@ def cmd_rpc(args: argparse.Namespace) -> int:
     when the service has something to say (a watch's next change), and
     a bound on the whole stream ended a healthy watch mid-way."""
     payload = args.payload
-    args.what = args.topic
+    args.what = printable(args.topic)  # (one line: a newline in it made the error three)
     limit: float | None = args.answer_timeout
     if args.stream:
         args.answer_timeout = None  # (run_async's bound: the first answer's, below)

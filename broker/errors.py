@@ -71,6 +71,19 @@ class ProtocolError(ErrnoError):
 
 
 NO_SERVICE = "no service matching "
+
+
+def printable(text: str) -> str:
+    """``text`` as it is if every character prints, else as Python writes a
+    string (``'a\\nb'``): a topic or a name from a client put into a
+    message must keep it one line, and tell its bytes (a newline in an RPC's
+    topic made the command's one-line error three)."""
+    return text if text.isprintable() else repr(text)
+
+
+def no_service_message(topic: str) -> str:
+    """The ``ENOSYS`` message for a request no service takes."""
+    return NO_SERVICE + printable(topic)
 """What the router's ``ENOSYS`` answer starts with when no module of the
 rank that had to serve a request offers its service (then its topic)."""
 

@@ -38,7 +38,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from broker import codec, topology
-from broker.errors import NO_SERVICE, ErrnoError
+from broker.errors import ErrnoError, no_service_message
 from broker.events import SeqTracker, SubscriptionTable
 from broker.logring import LogThrottle
 from broker.message import (
@@ -462,7 +462,7 @@ class Router:
             if peer is not None:
                 peer.deliver(msg)
             elif self.rank == 0:
-                self.respond_error(msg, errno.ENOSYS, NO_SERVICE + msg.topic)
+                self.respond_error(msg, errno.ENOSYS, no_service_message(msg.topic))
             else:
                 self._send_up(msg)
         elif nodeid == NODEID_UPSTREAM:
@@ -478,7 +478,7 @@ class Router:
             if peer is not None:
                 peer.deliver(msg)
             else:
-                self.respond_error(msg, errno.ENOSYS, NO_SERVICE + msg.topic)
+                self.respond_error(msg, errno.ENOSYS, no_service_message(msg.topic))
         elif not 0 <= nodeid < self.size:
             ranks = "rank 0" if self.size == 1 else f"ranks 0-{self.size - 1}"
             self.respond_error(msg, errno.EHOSTUNREACH,

@@ -311,7 +311,7 @@ def _conditions(args: argparse.Namespace) -> TxnOps:
     try:
         for cond in args.expect:
             key, sep, value = cond.partition("=")
-            if not sep:
+            if not sep or not key:  # (=1: the root's condition, blamed on the put's key)
                 raise UsageError(f"--expect {cond}: give KEY=VALUE")
             ops.expect_raw(key, os.fsencode(value))
         for key in args.expect_missing:

@@ -83,3 +83,13 @@ async def test_cron_tab_names_standard_input(uri: str) -> None:
     _, err_b = await asyncio.wait_for(proc.communicate(), T)
     assert proc.returncode == 1
     assert err_b.decode() == "kvbroker: cron tab: standard input: Bad file descriptor\n"
+
+
+async def test_errors_stay_one_line_and_name_what_is_wrong(uri: str) -> None:
+    """A newline in an RPC's topic made the error three lines (raw, twice);
+    ``--expect =1`` was refused naming the put's key, not the condition."""
+    rc, out, err = await run(uri, "rpc", "a\nb", "{}")
+    assert rc == 1 and err.count("\n") == 1 and err.startswith("kvbroker: 'a\\nb': "), err
+    assert "no service matching 'a\\nb'" in err, err
+    rc, out, err = await run(uri, "kvs", "put", "--expect", "=1", "a.b=3")
+    assert rc == 2 and "--expect =1: give KEY=VALUE" in err, err
