@@ -1087,7 +1087,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                        help="a module's name, or the path of a Python file defining one "
                        "(it holds a / or ends .py; on the rank's host)")
         if verb != "remove":
-            m.add_argument("settings", nargs="*", metavar="ATTR=VALUE",
+            # (default=[]: without it argparse named ATTR=VALUE "required" too)
+            m.add_argument("settings", nargs="*", metavar="ATTR=VALUE", default=[],
                            help="the module's attributes for this load (kvs.transaction-"
                            "merge=false, or as Flux's module options transaction-merge=false)")
         else:

@@ -500,6 +500,9 @@ def json_arg(text: str) -> Any:
     try:
         value = jsontoml.loads_json(text, parse_constant=no_constant, parse_float=finite)
         msgpack.packb(value)
+    except UnicodeEncodeError:  # (an escape of half a surrogate pair: "\ud800")
+        raise argparse.ArgumentTypeError("not valid JSON: a \\u escape of half a "
+                                         "surrogate pair is no character") from None
     except (ValueError, OverflowError, TypeError) as exc:
         raise argparse.ArgumentTypeError(f"not valid JSON: {exc}") from None
     return value

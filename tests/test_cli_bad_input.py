@@ -93,3 +93,12 @@ async def test_errors_stay_one_line_and_name_what_is_wrong(uri: str) -> None:
     assert "no service matching 'a\\nb'" in err, err
     rc, out, err = await run(uri, "kvs", "put", "--expect", "=1", "a.b=3")
     assert rc == 2 and "--expect =1: give KEY=VALUE" in err, err
+
+
+async def test_usage_errors_say_what_is_wrong(uri: str) -> None:
+    """``module load`` alone named its optional ATTR=VALUE "required" too; a
+    JSON payload with half a surrogate pair was Python's codec error."""
+    rc, out, err = await run(uri, "module", "load")
+    assert rc == 2 and err.rstrip().endswith("the following arguments are required: NAME"), err
+    rc, out, err = await run(uri, "rpc", "t", '{"\\ud800": 1}')
+    assert rc == 2 and "half a surrogate pair" in err and "codec" not in err, err
