@@ -69,6 +69,21 @@ def _new_packer() -> Callable[[Any], bytes]:
 _packb = _new_packer()
 _unpackb = msgpack.unpackb
 
+MAX_REQUEST_TOPIC = 1024
+"""The longest topic a client's request may have (as an event's,
+``broker.services.MAX_EVENT_TOPIC``): the service it names is noted, for
+the client's ``.disconnect``, on every rank the request passes, for as long
+as the connection lives (``access.max-guest-services`` bounds how many)."""
+
+
+def echoed_topic(topic: str) -> str:
+    """A refused request's topic as its error answer carries it: at most
+    :data:`MAX_REQUEST_TOPIC` characters (an answer is matched by its
+    matchtag).  Whole, a topic past :data:`HEADER_MAX` made an answer no
+    client could read, and the request waited for ever."""
+    return topic[:MAX_REQUEST_TOPIC]
+
+
 HEADER_MAX = 256 << 10
 """The largest header frame decoded: 11 fields, a route of a hop a tree
 level, an error string that may quote a key or two (8,192 characters each,

@@ -407,7 +407,7 @@ class ClientConnection(FramedProtocol):
                                          "%s: %r: dropping malformed request: %s",
                                          self.peer_id, topic, exc)
             return
-        self.deliver(Message(MsgType.RESPONSE, topic, matchtag=matchtag,
+        self.deliver(Message(MsgType.RESPONSE, codec.echoed_topic(topic), matchtag=matchtag,
                              errnum=exc.errnum, errstr=exc.errstr))
 
     def _answer_oversized(self, skipped: codec.Oversized) -> None:
@@ -435,7 +435,7 @@ class ClientConnection(FramedProtocol):
                                      self.peer_id, topic, errstr)
         if flags & MsgFlags.NORESPONSE:
             return
-        self.deliver(Message(MsgType.RESPONSE, topic, matchtag=matchtag,
+        self.deliver(Message(MsgType.RESPONSE, codec.echoed_topic(topic), matchtag=matchtag,
                              errnum=errno.EMSGSIZE, errstr=errstr))
 
     def connection_lost(self, exc: Exception | None) -> None:

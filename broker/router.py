@@ -65,11 +65,7 @@ COUNTERS = ("requests", "responses", "events-sequenced", "events-delivered", "di
             "reload-held", "reload-released", "reload-refused")
 """The ``messages`` counters of ``broker.stats-get``."""
 
-MAX_REQUEST_TOPIC = 1024
-"""The longest topic a client's request may have (as an event's,
-``broker.services.MAX_EVENT_TOPIC``): the service it names is noted, for
-the client's ``.disconnect``, on every rank the request passes, for as long
-as the connection lives (``access.max-guest-services`` bounds how many)."""
+MAX_REQUEST_TOPIC = codec.MAX_REQUEST_TOPIC
 
 CUT_STREAMS_MAX = 1024
 """Streams cut short (:meth:`Router._cut_stream`) a rank remembers, to drop
@@ -351,8 +347,10 @@ class Router:
                     # addressed until it goes: a guest's made-up names of
                     # 256 KiB held 50 MiB on its rank and on rank 0)
                     self.counts["dropped-local"] += 1
+                    size = len(msg.topic)
+                    msg.topic = codec.echoed_topic(msg.topic)
                     self.respond_error(msg, errno.EPROTO, "request topics are at most "
-                                       f"{MAX_REQUEST_TOPIC} characters, not {len(msg.topic)}")
+                                       f"{MAX_REQUEST_TOPIC} characters, not {size}")
                     return
                 if msg.topic.endswith(".disconnect"):
                     # the router's notice that a client went away: a live

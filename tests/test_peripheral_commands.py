@@ -239,15 +239,20 @@ async def test_a_stopped_attached_rank_is_not_named_4294967295(uri: str,
 
 async def test_groups_waitfor_timeout_says_the_group_was_short_not_the_rank_silent(
         uri: str) -> None:
-    """Rank 0 answers the watch at once (``0-3``), but the group never has
-    5 members in a 4-rank instance: ``-t`` then says ``no answer in 1s:
-    stopped or hung?``, sending the operator after a rank that is fine."""
-    code, _, err = await run_cli("groups", "waitfor", "-c", "5", "-t", "1", "broker.online",
+    """Rank 0 answers the watch at once (no member), but the group never
+    has its 2 members: ``-t`` then said ``no answer in 1s: stopped or
+    hung?``, sending the operator after a rank that is fine.  A count no
+    group of the instance can reach (5 of 4 ranks) is refused at once."""
+    code, _, err = await run_cli("groups", "waitfor", "-c", "2", "-t", "1", "never-joined",
                                  uri=uri, timeout=T)
     assert code == 1, (code, err)
-    assert "stopped or hung" not in err and "4" in err, err
-    assert err == ("kvbroker: groups waitfor: Connection timed out (broker.online had 4 of "
-                   "the 5 members waited for (0-3) after 1s)\n"), err
+    assert "stopped or hung" not in err, err
+    assert err == ("kvbroker: groups waitfor: Connection timed out (never-joined had 0 of "
+                   "the 2 members waited for (none) after 1s)\n"), err
+    code, _, err = await run_cli("groups", "waitfor", "-c", "5", "-t", "1", "broker.online",
+                                 uri=uri, timeout=T)
+    assert (code, err) == (1, "kvbroker: groups waitfor: count 5 is more than the "
+                              "instance's 4 ranks: it would wait for ever\n"), err
 
 
 async def test_groups_get_watch_t_bounds_the_first_answer_only(uri: str) -> None:
