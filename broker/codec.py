@@ -281,7 +281,16 @@ def _no_ext(code: int, data: bytes) -> Any:
 # ---------------------------------------------------------------- messages
 
 
+ERRSTR_MAX = 64 << 10
+"""The longest error string a header carries (characters; longer, its head
+and a note): what every receiver's :data:`HEADER_MAX` takes, whatever a
+service put in it."""
+
+
 def encode_header(msg: Message) -> bytes:
+    errstr = msg.errstr
+    if errstr is not None and len(errstr) > ERRSTR_MAX:
+        errstr = f"{errstr[:ERRSTR_MAX]}... ({len(errstr) - ERRSTR_MAX} more characters)"
     return _packb(
         (
             msg.type,
@@ -293,7 +302,7 @@ def encode_header(msg: Message) -> bytes:
             msg.rolemask,
             msg.route,
             msg.errnum,
-            msg.errstr,
+            errstr,
             msg.seq,
         )
     )

@@ -305,6 +305,11 @@ def test_a_big_header_costs_what_its_bytes_do() -> None:
     too_big = msgpack.packb(header(errstr="x" * (codec.HEADER_MAX + 1)))
     with pytest.raises(ProtocolError, match=f"at most {codec.HEADER_MAX}"):
         codec.decode([too_big])
+    # (an error string is cut to what every receiver takes, as it is sent)
+    long = Message(MsgType.RESPONSE, "t", matchtag=1, errnum=5, errstr="é" * 200_000)
+    got = codec.decode([bytes(f) for f in codec.encode(long)]).errstr
+    assert got is not None and got.startswith("é" * codec.ERRSTR_MAX) and got.endswith(
+        f"... ({200_000 - codec.ERRSTR_MAX} more characters)")
     sound = header(route=[f"r{i}" for i in range(3000)], errstr="e" * 40_000)
     msg = codec.decode([msgpack.packb(sound)])
     assert len(msg.route) == 3000 and msg.errstr == "e" * 40_000
