@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
 MARKS = 8
@@ -81,6 +81,24 @@ class AgeMarks:
             if mark in lru:
                 yield mark
 
+    def expire(self, lru: OrderedDict[str, Any],
+               forget: Callable[[str, Any], object]) -> int:
+        """Take out of ``lru`` what is in front of each mark now due, and
+        the mark, calling ``forget(key, value)`` for each (the mark last:
+        the owner's bookkeeping).  Returns how many entries (not marks)
+        went, also added to :attr:`expired`.  For an owner that may let all
+        of them go (the content cache keeps a floor: its own loop)."""
+        gone = 0
+        for mark in self.due(lru):
+            while True:
+                key, value = lru.popitem(last=False)
+                forget(key, value)
+                if key == mark:
+                    break
+                gone += 1
+        self.expired += gone
+        return gone
+
     def live(self, lru: OrderedDict[str, Any]) -> int:
         """Marks in ``lru`` now (its entries that are not the owner's)."""
         return sum(1 for mark in self._marks if mark in lru)
@@ -95,10 +113,21 @@ def is_mark(key: str) -> bool:
     return key.startswith(MARK_PREFIX)
 
 
-async def expire_periodically(expire: float, age: Callable[[], object]) -> None:
+def restart_expiry(running: asyncio.Task[Any] | None, expire: float,
+                   age: Callable[[], object],
+                   spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[Any]],
+                   ) -> asyncio.Task[Any] | None:
+    """A module's expiry task at a new ``expire``: the ``running`` one
+    cancelled, a new one spawned (``spawn``: the module's, cancelled at its
+    stop) calling ``age`` every ``expire / MARKS`` seconds; none for 0."""
+    if running is not None:
+        running.cancel()
+    return spawn(_expire_periodically(expire, age)) if expire > 0 else None
+
+
+async def _expire_periodically(expire: float, age: Callable[[], object]) -> None:
     """Call ``age`` (the owner's caches put a mark and expire what is due)
-    every ``expire / MARKS`` seconds, until cancelled: a module's task, for
-    an ``expire`` above 0."""
+    every ``expire / MARKS`` seconds, until cancelled."""
     period = expire / MARKS
     while True:
         await asyncio.sleep(period)

@@ -130,19 +130,12 @@ class BlobStore:
         """A period of ``kvs.cache-expire`` passed (:mod:`broker.agemarks`):
         put a mark, and forget the blobs not used since the mark now due.
         Returns how many went; blobs an operation holds stay (:meth:`hold`)."""
-        blobs = self._blobs
-        self._marks.put(blobs, b"")
+        self._marks.put(self._blobs, b"")
         self.size += BLOB_OVERHEAD
-        gone = 0
-        for mark in self._marks.due(blobs):
-            while True:
-                ref, data = blobs.popitem(last=False)
-                self.size -= len(data) + BLOB_OVERHEAD
-                if ref == mark:
-                    break
-                gone += 1
-        self._marks.expired += gone
-        return gone
+        return self._marks.expire(self._blobs, self._expired)
+
+    def _expired(self, ref: str, data: bytes) -> None:
+        self.size -= len(data) + BLOB_OVERHEAD
 
     @property
     def expired(self) -> int:

@@ -47,7 +47,7 @@ from itertools import count, islice
 from typing import Any, ClassVar
 
 from broker import codec, malloc, startlog, topology
-from broker.agemarks import expire_periodically, expire_seconds
+from broker.agemarks import expire_seconds, restart_expiry
 from broker.attrs import CONTENT_HASH, LINK_MAX_MESSAGE, AttrSpec, boolean, duration, integer
 from broker.content import blobref
 from broker.content.kvsroot import is_kvs_root
@@ -679,11 +679,8 @@ class KvsModule(Module):
     def _expire_caches(self) -> None:
         """(Re)start the task that expires the caches' unused entries every
         ``kvs.cache-expire`` (none for 0)."""
-        if self._expiry is not None:
-            self._expiry.cancel()
-            self._expiry = None
-        if self.cache_expire > 0:
-            self._expiry = self.spawn(expire_periodically(self.cache_expire, self._age_caches))
+        self._expiry = restart_expiry(self._expiry, self.cache_expire, self._age_caches,
+                                      self.spawn)
 
     def _age_caches(self) -> None:
         before = self.blobs.size + self.cache.nbytes

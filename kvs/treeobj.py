@@ -906,19 +906,12 @@ class BlobCache:
         """A period of ``kvs.cache-expire`` passed (:mod:`broker.agemarks`):
         put a mark, and forget the objects not used since the mark now due
         (the blobs stay in the store).  Returns how many went."""
-        objs = self._objs
-        self._marks.put(objs, None)
-        gone = 0
-        for mark in self._marks.due(objs):
-            while True:
-                ref = objs.popitem(last=False)[0]
-                if ref == mark:
-                    break
-                self._forget(ref)
-                self._probation.pop(ref, None)
-                gone += 1
-        self._marks.expired += gone
-        return gone
+        self._marks.put(self._objs, None)
+        return self._marks.expire(self._objs, self._expired)
+
+    def _expired(self, ref: str, _obj: TreeObj | None) -> None:
+        self._forget(ref)  # (for the mark too: it has no size, no packed entries)
+        self._probation.pop(ref, None)
 
     @property
     def expired(self) -> int:

@@ -54,6 +54,21 @@ async def _stacks(proc: asyncio.subprocess.Process, path: Path) -> str:
     return path.read_text()
 
 
+async def _interrupted_as_it_waits(script: str, uri: str,
+                                   event_loop: str) -> asyncio.subprocess.Process:
+    """``script`` started; once it says ``ready`` then ``waiting`` (in its
+    call), sent SIGINT."""
+    proc = await _child("-c", script, uri, event_loop)
+    try:
+        assert await _line(proc, 30) == "ready"
+        assert await _line(proc) == "waiting"
+    except BaseException:
+        await _reap(proc)
+        raise
+    proc.send_signal(signal.SIGINT)
+    return proc
+
+
 async def _reap(proc: asyncio.subprocess.Process) -> None:
     if proc.returncode is None:
         proc.kill()
@@ -199,11 +214,8 @@ async def test_a_second_ctrl_c_ends_a_call_that_ignores_the_first(start_instance
     (where the loop is).  The handle works afterwards (the loop is
     repaired, a leftover stop ignored).  Before, the first one raised."""
     inst = await start_instance(size=1)
-    proc = await _child("-c", _STUBBORN_SCRIPT, inst.uri(0), event_loop)
+    proc = await _interrupted_as_it_waits(_STUBBORN_SCRIPT, inst.uri(0), event_loop)
     try:
-        assert await _line(proc, 30) == "ready"
-        assert await _line(proc) == "waiting"
-        proc.send_signal(signal.SIGINT)
         first = await _line(proc)
         if first == "cancelled":
             # (one sooner than this after the first is the same press: the
@@ -248,11 +260,8 @@ async def test_a_second_ctrl_c_as_the_call_ends_is_the_same_press(start_instance
     loop: on uvloop every later call failed ("left marked running"), which
     a storm of SIGINTs every 2 ms reached after 300 to 4,000 of them."""
     inst = await start_instance(size=1)
-    proc = await _child("-c", _ENDING_SCRIPT, inst.uri(0), event_loop)
+    proc = await _interrupted_as_it_waits(_ENDING_SCRIPT, inst.uri(0), event_loop)
     try:
-        assert await _line(proc, 30) == "ready"
-        assert await _line(proc) == "waiting"
-        proc.send_signal(signal.SIGINT)
         lines = [await _line(proc) for _ in range(2)]
         assert await asyncio.wait_for(proc.wait(), 30) == 0
     finally:

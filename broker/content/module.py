@@ -71,7 +71,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, ClassVar, TypeVar
 
 from broker import __version__, malloc
-from broker.agemarks import AgeMarks, expire_periodically, expire_seconds
+from broker.agemarks import AgeMarks, expire_seconds, restart_expiry
 from broker.attrs import CONTENT_HASH, LINK_MAX_MESSAGE, AttrSpec, integer, text
 from broker.content import blobref, storefile
 from broker.content.collection import Collection, Holds, RecentRefs, RowidMarks, busy
@@ -746,11 +746,8 @@ class ContentModule(Module):
     def _expire_cache(self) -> None:
         """(Re)start the task that expires unused blobs every
         ``content.cache-expire`` (none for 0)."""
-        if self._expiry is not None:
-            self._expiry.cancel()
-            self._expiry = None
-        if self.cache_expire > 0:
-            self._expiry = self.spawn(expire_periodically(self.cache_expire, self._age_cache))
+        self._expiry = restart_expiry(self._expiry, self.cache_expire, self._age_cache,
+                                      self.spawn)
 
     def _age_cache(self) -> None:
         """A period of ``content.cache-expire`` passed (:mod:`broker.agemarks`):
