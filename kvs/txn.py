@@ -391,7 +391,7 @@ class _Txn:
             if d.get(cache, name) is not None:
                 d.delete(name)
         elif flags & APPEND:
-            self.append(d, name, dirent)
+            self.append(d, name, dirent, parts)
         else:
             if d.hashed is not None:
                 d.get(cache, name)  # load the shard path now, so NeedBlobs comes early
@@ -451,7 +451,11 @@ class _Txn:
         obj = self.writer.objs.get(ref)
         return obj if obj is not None else self.cache.get_obj(ref)
 
-    def append(self, d: _WDir, name: str, dirent: TreeObj) -> None:
+    def append(self, d: _WDir, name: str, dirent: TreeObj,
+               parts: list[str] | None = None) -> None:
+        """Append ``dirent``'s data to entry ``name`` of ``d`` (key ``parts``,
+        for the errors: they named the last part alone, ``l`` for ``pl.l``)."""
+        key = shown(".".join(parts)) if parts else name
         cur = d.get(self.cache, name)
         if cur is None:
             d.set(name, dirent)
@@ -477,9 +481,9 @@ class _Txn:
         elif t == "val":
             refs = [put(cur["data"]), put(dirent["data"])]
         elif t == "symlink":
-            raise ErrnoError(errno.EOPNOTSUPP, f"{name}: cannot append to a symlink")
+            raise ErrnoError(errno.EOPNOTSUPP, f"{key}: cannot append to a symlink")
         else:
-            raise ErrnoError(errno.EISDIR, f"{name}: cannot append to a directory")
+            raise ErrnoError(errno.EISDIR, f"{key}: cannot append to a directory")
         self._grown[id(refs)] = refs
         d.set(name, {"data": refs, "type": "valref", "ver": VER})
 

@@ -361,6 +361,12 @@ def test_append_errors(kvs: Kvs) -> None:
     assert errnum(lambda: kvs.commit(put("ln", b"x", APPEND))) == errno.EOPNOTSUPP
     assert errnum(lambda: kvs.commit(put("k", T.dir_(), APPEND))) == errno.EPROTO
     assert errnum(lambda: kvs.commit(put("k", T.symlink("x"), APPEND))) == errno.EPROTO
+    # (the whole key named: "l: cannot append to a symlink" said the last part)
+    kvs.commit(put("p.l", T.symlink("d.k")), put("p.d.k", b"v"))
+    for key, says in (("p.l", "p.l: cannot append to a symlink"),
+                      ("p.d", "p.d: cannot append to a directory")):
+        with pytest.raises(ErrnoError, match=f"^{says}$"):
+            kvs.commit(put(key, b"x", APPEND))
 
 
 def test_copy_on_write_touches_only_the_path(kvs: Kvs) -> None:
