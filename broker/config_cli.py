@@ -116,6 +116,10 @@ def cmd_config(args: argparse.Namespace) -> int:
     if args.config_cmd is None:
         raise UsageError(f"missing subcommand ({SUBCOMMANDS})")
     args.what = f"config {args.config_cmd}"
+    if getattr(args, "name", None) is not None:
+        # (a name that is not UTF-8 is no name a file can hold: said so, as
+        # every command says it, not "a\udcff is not set")
+        args.name.encode()
     if args.config_cmd == "get" and args.config_path is not None:
         if args.rank is not None:
             raise UsageError("--config-path reads a file: it asks no rank (-r)")

@@ -33,6 +33,7 @@ def register(sub: Any) -> None:
 
 def cmd_uri(args: argparse.Namespace) -> int:
     args.what = "uri"
+    args.target.encode()  # (not UTF-8: said so, not "a\udcff: unknown target")
 
     async def main() -> int:
         try:

@@ -102,3 +102,19 @@ async def test_usage_errors_say_what_is_wrong(uri: str) -> None:
     assert rc == 2 and err.rstrip().endswith("the following arguments are required: NAME"), err
     rc, out, err = await run(uri, "rpc", "t", '{"\\ud800": 1}')
     assert rc == 2 and "half a surrogate pair" in err and "codec" not in err, err
+
+
+@pytest.mark.parametrize("args", [["config", "get", "a\udcff"], ["config", "set", "a\udcff", "1"],
+                                  ["uri", "a\udcff"]])
+async def test_a_word_that_is_not_utf8_is_said_so(uri: str, args: list[str]) -> None:
+    """``config get $'a\\xff'`` said ``a\\udcff is not set``; ``uri`` said
+    ``unknown target``: the word is no name at all, as other commands say."""
+    import os
+
+    argv = [os.fsencode(a) for a in args]  # (the shell's bytes)
+    proc = await asyncio.create_subprocess_exec(
+        KVBROKER, *argv, env={**os.environ, "KVBROKER_URI": uri},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    _, err = await asyncio.wait_for(proc.communicate(), T)
+    assert proc.returncode == 1
+    assert err.decode().endswith("Invalid argument ('a\\xff' is not UTF-8 text)\n"), err
