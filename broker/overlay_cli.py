@@ -209,8 +209,11 @@ def _size_text(n: int) -> str:
 
 def rank_or_host(text: str) -> int | str:
     """argparse ``type`` for ``overlay disconnect TARGET``: a rank (checked
-    as :func:`rank_int` checks one), else a host name, looked up later."""
-    return rank_int(text) if text.isascii() and text.isdigit() else text
+    as :func:`rank_int` checks one), else a host name, looked up later.
+    A negative number is a rank's, refused as one (it was looked up as a
+    host name: "no rank of this instance runs on host '-1'")."""
+    digits = text[1:] if text.startswith("-") else text
+    return rank_int(text) if digits.isascii() and digits.isdigit() else text
 
 
 def translate_target(target: str, hosts: list[str]) -> str:

@@ -118,3 +118,9 @@ async def test_a_word_that_is_not_utf8_is_said_so(uri: str, args: list[str]) -> 
     _, err = await asyncio.wait_for(proc.communicate(), T)
     assert proc.returncode == 1
     assert err.decode().endswith("Invalid argument ('a\\xff' is not UTF-8 text)\n"), err
+
+
+async def test_a_negative_rank_is_a_usage_error(uri: str) -> None:
+    """``overlay disconnect -1`` looked -1 up as a host name (exit 1)."""
+    rc, out, err = await run(uri, "overlay", "disconnect", "-1")
+    assert rc == 2 and "TARGET: must not be negative: -1" in err, err
