@@ -282,15 +282,24 @@ def _no_ext(code: int, data: bytes) -> Any:
 
 
 ERRSTR_MAX = 64 << 10
-"""The longest error string a header carries (characters; longer, its head
-and a note): what every receiver's :data:`HEADER_MAX` takes, whatever a
-service put in it."""
+"""The longest error string a header carries, in UTF-8 bytes (longer, its
+head and a note): what every receiver's :data:`HEADER_MAX` takes, whatever
+a service put in it (counted in characters, 65,536 of 4 bytes each did not
+fit)."""
+
+
+def _cut_errstr(errstr: str) -> str:
+    data = errstr.encode(errors="surrogatepass")
+    if len(data) <= ERRSTR_MAX:
+        return errstr
+    head = data[:ERRSTR_MAX].decode(errors="ignore")  # (a character cut: left out)
+    return f"{head}... ({len(data) - len(head.encode())} more bytes)"
 
 
 def encode_header(msg: Message) -> bytes:
     errstr = msg.errstr
-    if errstr is not None and len(errstr) > ERRSTR_MAX:
-        errstr = f"{errstr[:ERRSTR_MAX]}... ({len(errstr) - ERRSTR_MAX} more characters)"
+    if errstr is not None and len(errstr) > ERRSTR_MAX // 4:  # (else it fits whatever it holds)
+        errstr = _cut_errstr(errstr)
     return _packb(
         (
             msg.type,

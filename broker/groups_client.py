@@ -111,10 +111,25 @@ class Groups:
         ``2.5``, ``-1`` or 5 of 4 ranks waited for ever)."""
         check_str(name, "a group's name")
         await self._check_count(count)
+        await self._wait_for(name, count, join, seen, None)
+
+    async def _wait_for(self, name: str, count: int, join: bool,
+                        seen: Callable[[set[int]], None] | None,
+                        joined: list[bool] | None) -> None:
+        """:meth:`wait_for`, checked; ``joined`` holds True from the moment
+        its join is sent until the rank refuses it (the join may have been
+        made then, whatever comes after)."""
         stream = self.h.rpc_stream("groups.get", {"name": name}, nodeid=0)
         try:
             if join:
-                await self.join(name)
+                if joined is not None:
+                    joined.append(True)
+                try:
+                    await self.join(name)
+                except RemoteError:
+                    if joined is not None:
+                        joined.clear()  # (refused: EEXIST, a membership not ours)
+                    raise
             async for answer in stream:
                 now = members(answer)
                 if seen is not None:
@@ -129,15 +144,21 @@ class Groups:
         """Join ``name``, wait until it has ``count`` members (default:
         every rank), leave: called once on each rank, every call returns
         once all have come (``seen``: as :meth:`wait_for`'s)."""
+        check_str(name, "a group's name")
         if count is None:
             count = await self._size()
+        await self._check_count(count)
+        joined: list[bool] = []
         try:
-            await self.wait_for(name, count, join=True, seen=seen)
+            await self._wait_for(name, count, True, seen, joined)
         except BaseException:
-            # (a timeout around it, a cancel, a failure: not a member after,
-            # or a second try failed EEXIST, already a member)
-            with contextlib.suppress(Exception):
-                await asyncio.shield(self._leave_if_member(name))
+            # A timeout around it, a cancel, a failure after its join: not a
+            # member after (a second try failed EEXIST, already a member).
+            # Only its own join is undone: a membership the handle held
+            # before (the join refused EEXIST) stays.
+            if joined:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self._leave_if_member(name))
             raise
         await self.leave(name)
 
@@ -145,7 +166,7 @@ class Groups:
         try:
             await self.leave(name)
         except RemoteError as exc:
-            if exc.errnum != errno.ENOENT:  # (the join had not been made)
+            if exc.errnum != errno.ENOENT:  # (cancelled before its join was made)
                 raise
 
     async def _size(self) -> int:

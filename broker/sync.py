@@ -213,6 +213,12 @@ def _claim_sigint() -> bool:
         _hook_unraisable()
     elif current is not _on_sigint:
         return False
+    elif _sigint_users == 0:
+        # Left installed by a last release off the main thread (a dropped
+        # handle's finalizer, run by the collector in a worker), where it
+        # cannot be changed: what it kept meanwhile is no call's
+        global _dropped
+        _dropped = False
     _sigint_users += 1
     return True
 
@@ -248,8 +254,8 @@ def _on_unraisable(unraisable: Any) -> None:
     once, as for a Ctrl-C during the call); any other unraisable exception
     goes to the hook that was there before."""
     global _dropped
-    if unraisable.exc_type is KeyboardInterrupt:
-        _dropped = True
+    if unraisable.exc_type is KeyboardInterrupt and _sigint_users > 0:
+        _dropped = True  # (with no handle left to raise it: dropped, as before)
         return
     (_prior_unraisablehook or sys.__unraisablehook__)(unraisable)
 

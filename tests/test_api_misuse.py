@@ -8,12 +8,14 @@ wait for ever (a Python-API probe)."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import math
 from typing import Any
 
 import pytest
 
 from broker import sync
+from broker.errors import RemoteError
 from broker.groups_client import Groups
 from broker.rpc import check_timeout
 from kvs.client import KVS
@@ -148,6 +150,15 @@ async def test_a_barrier_cut_short_leaves_and_counts_are_checked(start_instance,
                            (-1, ValueError), (3, ValueError)):
             with pytest.raises(error, match="count"):
                 await groups.wait_for("b", bad)
+        # a membership the handle made before is not the barrier's to undo:
+        # its join refused (EEXIST), or a bad count, leaves it a member
+        await groups.join("mine")
+        with pytest.raises(RemoteError) as exc:
+            await groups.barrier("mine", 2)
+        assert exc.value.errnum == errno.EEXIST
+        with pytest.raises(TypeError):
+            await groups.barrier("mine", "2")  # type: ignore[arg-type]
+        assert await groups.get("mine") == {0}
     assert h.pending == 0
 
 

@@ -522,6 +522,48 @@ async def test_a_handle_dropped_without_close_is_closed(start_instance, loop) ->
     assert result["grew"] <= 7 and result["warned"] == 50 and result["default_sigint"], result
 
 
+_DROPPED_IN_A_THREAD_SCRIPT = """
+import gc, json, signal, sys, threading, types, warnings
+from broker import sync
+warnings.simplefilter("ignore", ResourceWarning)
+def use_and_forget():
+    h = sync.connect(sys.argv[1], event_loop=sys.argv[2], timeout=10)
+    h.rpc("broker.ping", {})
+gc.disable()  # (collected below, in a worker thread)
+use_and_forget()
+worker = threading.Thread(target=gc.collect)
+worker.start()
+worker.join()
+# a Ctrl-C Python drops in a finalizer now is no call's: not kept for one,
+# but given to the hook that was there (which prints it, as Python does)
+passed = []
+sync._prior_unraisablehook = passed.append
+sync._on_unraisable(types.SimpleNamespace(exc_type=KeyboardInterrupt, exc_value=None,
+                                          exc_traceback=None, err_msg=None, object=None))
+kept = sync._dropped
+with sync.connect(sys.argv[1], event_loop=sys.argv[2], timeout=10) as h:
+    pinged = h.rpc("broker.ping", {"n": 1})["n"]
+print(json.dumps({"users": sync._sigint_users, "kept": kept, "passed": len(passed),
+                  "pinged": pinged,
+                  "default": signal.getsignal(signal.SIGINT) is signal.default_int_handler}))
+"""
+
+
+async def test_a_handle_collected_in_another_thread_leaves_no_ctrl_c_behind(
+        start_instance) -> None:
+    """A dropped handle's finalizer run by the collector in a worker thread
+    cannot put Python's SIGINT handler back (not the main thread): a Ctrl-C
+    dropped in a finalizer after that was kept, for the next handle's call
+    to raise, maybe much later.  Now none is kept with no handle open, and
+    the next handle made in the main thread puts the default back at its
+    close."""
+    inst = await start_instance(size=1)
+    rc, out, err = await run_python(_DROPPED_IN_A_THREAD_SCRIPT, inst.uri(0), "asyncio")
+    assert rc == 0, err[-2000:]
+    assert json.loads(out) == {"users": 0, "kept": False, "passed": 1, "pinged": 1,
+                               "default": True}
+
+
 async def test_a_refused_next_leaves_the_stream_going(start_instance, connect) -> None:
     """next() on a SyncStream while another thread is in a call on the
     handle raises RuntimeError before anything is done, as every refused
