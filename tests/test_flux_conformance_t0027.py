@@ -208,9 +208,9 @@ async def test_a_join_whose_rank_is_lost_says_so(start_instance) -> None:
     env = {**os.environ, "KVBROKER_URI": inst.uri(1)}
     bare = await asyncio.create_subprocess_exec(
         KVBROKER, "groups", "join", "bare", env=env, stderr=asyncio.subprocess.PIPE)
-    wrapped = await asyncio.create_subprocess_exec(
+    wrapped = await asyncio.create_subprocess_exec(  # (a session: cat goes with it)
         KVBROKER, "groups", "join", "wrapped", "--", "cat", env=env,
-        stdin=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        stdin=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True)
     assert bare.stderr is not None and wrapped.stderr is not None
     assert wrapped.stdin is not None
     try:
@@ -230,7 +230,11 @@ async def test_a_join_whose_rank_is_lost_says_so(start_instance) -> None:
     finally:
         for proc in (bare, wrapped):
             if proc.returncode is None:
-                proc.kill()
+                with contextlib.suppress(ProcessLookupError):
+                    if proc is wrapped:
+                        os.killpg(proc.pid, signal.SIGKILL)  # (and its cat)
+                    else:
+                        proc.kill()
                 await proc.wait()
 
 

@@ -341,7 +341,8 @@ async def test_a_storm_of_ctrl_c_leaves_the_handle_working(start_instance,
         assert await asyncio.wait_for(proc.wait(), 30) == 0
     finally:
         await _reap(proc)
-    assert set(seen) == {"ok", "interrupted", "after"}, seen
+    # (no call failed otherwise; a loaded machine may let no ping through)
+    assert set(seen) <= {"ok", "interrupted", "after"}, seen
     assert seen["interrupted"] > 100 and seen["after"] == 7
 
 
