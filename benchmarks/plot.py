@@ -142,6 +142,12 @@ def main(argv: list[str]) -> int:
     *inputs, out = argv
     if out.endswith(".json"):  # (it would be overwritten with a PNG)
         raise SystemExit(f"plot.py: the last argument is the PNG to write, not {out}")
+    if not out.lower().endswith(".png"):  # (matplotlib's ValueError for another suffix)
+        raise SystemExit(f"plot.py: the last argument is the PNG to write (NAME.png), not {out}")
+    try:
+        import matplotlib  # noqa: F401  (only to say what is missing, before the work)
+    except ImportError:
+        raise SystemExit("plot.py: needs matplotlib: pip install -e '.[bench]'") from None
     plot(load(inputs), out)
     return 0
 

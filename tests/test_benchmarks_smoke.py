@@ -352,3 +352,21 @@ def test_setattr_reaches_every_instance_and_the_records(tmp_path: Path) -> None:
     assert "kvs.cache-expire=0" in good.stdout.splitlines()[0]
     records = json.loads(out.read_text())
     assert records and all(r["attrs"] == {"kvs.cache-expire": "0"} for r in records)
+
+
+def test_plot_says_what_it_needs(tmp_path: Path) -> None:
+    """Without matplotlib (not in the test extra) plot.py was an ImportError
+    traceback; an output name that is not a PNG, matplotlib's ValueError."""
+    shadow = tmp_path / "shadow" / "matplotlib"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('not installed here')\n")
+    (tmp_path / "run.json").write_text("[]")
+    plot = [sys.executable, str(REPO / "benchmarks" / "plot.py")]
+    for args, says in ((["run.json", "out.png"],
+                        "plot.py: needs matplotlib: pip install -e '.[bench]'"),
+                       (["run.json", "out.txt"],
+                        "plot.py: the last argument is the PNG to write (NAME.png), not out.txt")):
+        done = subprocess.run([*plot, *args], cwd=tmp_path, capture_output=True, text=True,
+                              timeout=60, env={**os.environ,
+                                               "PYTHONPATH": str(tmp_path / "shadow")})
+        assert (done.returncode, done.stderr) == (1, says + "\n"), done.stderr
