@@ -289,10 +289,14 @@ fit)."""
 
 
 def _cut_errstr(errstr: str) -> str:
+    """``errstr`` within :data:`ERRSTR_MAX` bytes, its note of what was cut
+    included: cut again on the next hop, it stays as it is (with the note
+    past the bound, every hop cut it anew, and the note then counted only
+    the last hop's note)."""
     data = errstr.encode(errors="surrogatepass")
     if len(data) <= ERRSTR_MAX:
         return errstr
-    head = data[:ERRSTR_MAX].decode(errors="ignore")  # (a character cut: left out)
+    head = data[:ERRSTR_MAX - 64].decode(errors="ignore")  # (a character cut: left out)
     return f"{head}... ({len(data) - len(head.encode())} more bytes)"
 
 
