@@ -169,8 +169,7 @@ class FrameWriter:
             self._held.clear()
         self._held_bytes = 0
         self._wake_drain_waiters()
-        if dropped > malloc.TRIM_AFTER:
-            malloc.trim()
+        malloc.let_go(dropped)
 
     def buffered(self) -> int:
         """Bytes not yet handed to the kernel (the transport's and ours)."""

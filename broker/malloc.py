@@ -66,6 +66,21 @@ gives the heap's free pages back (:func:`trim`): below it, the top pad
 kept anyway (``M_TRIM_THRESHOLD``) covers them."""
 
 _malloc_trim: Any = None
+_let_go = 0
+"""Bytes let go of since the last trim (:func:`let_go`)."""
+
+
+def let_go(nbytes: int) -> None:
+    """The rank let go of ``nbytes`` (a dropped backlog, expired cache
+    entries): :func:`trim` once :data:`TRIM_AFTER` have gone since the last
+    trim, in one go or a little at a time -- one count for the process, so
+    what every module lets go of adds up."""
+    global _let_go
+    _let_go += nbytes
+    if _let_go > TRIM_AFTER:
+        trim()
+
+
 
 
 def trim() -> bool:
@@ -76,7 +91,8 @@ def trim() -> bool:
     that dropped a subscriber's 268 MB backlog kept 113 MB of resident
     memory, 25 MB after a trim).  A few milliseconds for a few hundred MB;
     False where there is no glibc."""
-    global _malloc_trim
+    global _malloc_trim, _let_go
+    _let_go = 0
     if _malloc_trim is None:
         name = ctypes.util.find_library("c")
         try:

@@ -374,8 +374,6 @@ class KvsModule(Module):
                                        max_bytes=self.blobs.limit)
         self.cache_expire: float = CACHE_EXPIRE.value(ctx.attrs)
         self._expiry: asyncio.Task[None] | None = None
-        self._untrimmed = 0
-        """Bytes expired from the caches since the heap was last trimmed."""
         self.prime_limit = SETROOT_LIMIT.value(ctx.attrs)
         self.blob_limit: int = BLOB_SIZE_LIMIT.value(ctx.attrs)
         """``content.blob-size-limit``: a commit with a bigger value is refused
@@ -686,10 +684,8 @@ class KvsModule(Module):
         before = self.blobs.size + self.cache.nbytes
         self.blobs.age()
         self.cache.age()
-        self._untrimmed += before - self.blobs.size - self.cache.nbytes
-        if self._untrimmed > malloc.TRIM_AFTER:  # (else the heap kept the pages: an
-            self._untrimmed = 0                 # idle rank stayed as big)
-            malloc.trim()
+        # (untrimmed, an idle rank stayed as big)
+        malloc.let_go(before - self.blobs.size - self.cache.nbytes)
 
     def set_attribute(self, name: str, value: Any) -> None:
         """``kvs.checkpoint-period`` or ``kvs.cache-expire`` on a running

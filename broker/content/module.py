@@ -306,8 +306,6 @@ class ContentModule(Module):
         self.cache_keep: int = CACHE_KEEP_BYTES.value(attrs)
         self._marks = AgeMarks()
         self._expiry: asyncio.Task[None] | None = None
-        self._untrimmed = 0
-        """Bytes expired from the cache since the heap was last trimmed."""
         self.dirty: dict[str, bytes] = {}
         self.backlog_limit = BACKLOG_BYTES.value(attrs)
         self.backlog_bytes = 0
@@ -769,10 +767,7 @@ class ContentModule(Module):
                 gone += 1
             self.cache_bytes -= len(cache.pop(mark)) + BLOB_OVERHEAD
         self._marks.expired += gone
-        self._untrimmed += before - self.cache_bytes
-        if self._untrimmed > malloc.TRIM_AFTER:  # (else the heap kept the pages: an
-            self._untrimmed = 0                 # idle rank stayed as big)
-            malloc.trim()
+        malloc.let_go(before - self.cache_bytes)  # (untrimmed, an idle rank stayed as big)
 
     def set_attribute(self, name: str, value: Any) -> None:
         """``content.cache-expire`` or ``content.cache-keep-bytes`` on a
