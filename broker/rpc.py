@@ -183,8 +183,7 @@ def check_request(topic: Any, nodeid: Any, flags: Any, answered: bool = True) ->
     broker cannot answer a request whose topic it cannot read (it drops it),
     so such a call would wait for ever -- as would one flagged NORESPONSE
     that expects an answer (``ValueError``)."""
-    if type(topic) is not str:
-        raise TypeError(f"topic must be a str, not {type(topic).__name__}")
+    check_str(topic, "topic")
     if not isinstance(nodeid, int) or isinstance(nodeid, bool):
         raise TypeError(f"nodeid must be an int, not {type(nodeid).__name__}")
     if not isinstance(flags, int) or isinstance(flags, bool):
