@@ -232,7 +232,7 @@ def parse_object(data: bytes, where: str, what: str,
     except UnicodeDecodeError:
         raise CLIError(what, detail=f"{where}: not UTF-8 text") from None
     try:
-        doc = jsontoml.loads_json(text)
+        doc = jsontoml.loads_json(text, parse_constant=jsontoml.refuse_constant)
     except json.JSONDecodeError as exc:
         if json_only:
             raise CLIError(what, detail=f"{where}: not JSON: {exc}") from None

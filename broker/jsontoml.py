@@ -15,6 +15,7 @@ stopped ``kvbroker start`` the same way.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from typing import Any
 
@@ -40,14 +41,42 @@ def loads_json(text: str | bytes, **kw: Any) -> Any:
 
 
 def loads_toml(text: str) -> dict[str, Any]:
-    """``tomllib.loads(text)``; text nested too deeply raises
-    ``tomllib.TOMLDecodeError`` saying so, as other malformed text raises
-    it."""
+    """``tomllib.loads(text)``; text nested too deeply, or a ``nan`` or
+    ``inf`` (:func:`_finite_real`), raises ``tomllib.TOMLDecodeError``
+    saying so, as other malformed text raises it."""
     import tomllib  # (here: the commands that import this module mostly read JSON)
 
     try:
-        return tomllib.loads(text)
+        return tomllib.loads(text, parse_float=_finite_real)
     except RecursionError:
-        if sys.version_info >= (3, 14):  # (its arguments are (msg, doc, pos) there)
-            raise tomllib.TOMLDecodeError(TOO_DEEP, "", 0) from None
-        raise tomllib.TOMLDecodeError(TOO_DEEP) from None
+        raise _decode_error(TOO_DEEP) from None
+
+
+NOT_FINITE = "not a number JSON can carry (nan and inf are TOML's only)"
+
+
+def _decode_error(msg: str) -> Exception:
+    """``tomllib.TOMLDecodeError(msg)``, whose arguments are ``(msg, doc,
+    pos)`` from Python 3.14."""
+    import tomllib
+
+    if sys.version_info >= (3, 14):
+        return tomllib.TOMLDecodeError(msg, "", 0)
+    return tomllib.TOMLDecodeError(msg)
+
+
+def _finite_real(text: str) -> float:
+    """A TOML real, refused if ``nan`` or ``inf``: what TOML reads is a
+    configuration, which goes to the ranks and back as JSON's numbers.
+    Accepted, ``config get`` printed ``NaN``, which no JSON reader takes
+    (Flux, whose configuration is JSON, has no such value either)."""
+    real = float(text)
+    if not math.isfinite(real):
+        raise _decode_error(f"{text}: {NOT_FINITE}")
+    return real
+
+
+def refuse_constant(name: str) -> Any:
+    """``json.loads``'s ``parse_constant`` for a configuration:
+    ``NaN``, ``Infinity`` and ``-Infinity`` are Python's, not JSON's."""
+    raise ValueError(f"{name}: not a number JSON has")

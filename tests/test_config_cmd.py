@@ -227,6 +227,28 @@ async def test_an_integer_a_request_cannot_carry_is_refused(configured) -> None:
     assert await cli(inst.uri(0), "config", "get", "-c", str(path), "attrs.x") == f"{big}\n"
 
 
+async def test_a_real_json_cannot_carry_is_refused(configured, tmp_path: Path) -> None:
+    """TOML's ``nan`` and ``inf`` (and Python's ``NaN`` in JSON) are no
+    JSON numbers: ``config get -c`` printed ``NaN``, which no JSON reader
+    takes, and ``load`` sent it to the ranks.  Each is refused naming the
+    value, exit 1; ``start --config`` of such a file is a usage error."""
+    inst, path = configured
+    for text, shown in (("[attrs]\nx = nan\n", "nan"), ("[attrs]\nx = [1.0, -inf]\n", "-inf"),
+                        ('{"attrs": {"x": NaN}}', "NaN")):
+        path.write_text(text)
+        for args, stdin in ((("get", "-c", str(path)), ""), (("load",), text)):
+            code, out, err = await run_cli("config", *args, uri=inst.uri(0),
+                                           input=stdin.encode())
+            assert (code, out) == (1, ""), (args, code, out, err)
+            assert f": {shown}: not a number JSON " in err and "Traceback" not in err, err
+    infinite = tmp_path / "infinite.toml"
+    infinite.write_text("[attrs]\nx = inf\n")
+    code, out, err = await run_cli("start", "--config", str(infinite), "--", "true")
+    assert code == 2 and "inf: not a number JSON can carry" in err, (code, out, err)
+    infinite.write_text("[attrs]\nx = 1.5e3\n")
+    assert await cli(inst.uri(0), "config", "get", "-c", str(infinite), "attrs.x") == "1500.0\n"
+
+
 async def test_a_load_keyed_by_other_than_strings_is_a_protocol_error(configured,
                                                                        connect) -> None:
     """``config.load`` of a map keyed by a number or nil (msgpack's maps
