@@ -1247,9 +1247,11 @@ def cmd_lease(args: argparse.Namespace) -> int:
     args.what = f"kvs lease {args.lease_cmd}"
 
     async def body(kvs: KVS) -> int:
-        what = "lease" if args.lease_cmd == "grant" else str(args.id)
+        what = "lease" if args.lease_cmd in ("grant", "list") else str(args.id)
         try:
-            if args.lease_cmd == "grant":
+            if args.lease_cmd == "list":
+                _print_leases(await kvs.lease_list(), args.json)
+            elif args.lease_cmd == "grant":
                 lease = await kvs.lease(args.ttl, keepalive=False)
                 _emit(str(lease.id))
             elif args.lease_cmd == "keepalive":
@@ -1267,6 +1269,18 @@ def cmd_lease(args: argparse.Namespace) -> int:
         return 0
 
     return _run(args, body)
+
+
+def _print_leases(leases: list[dict[str, Any]], as_json: bool) -> None:
+    """``kvs lease list``: a table, id order (ttl and time left in seconds,
+    the count of keys attached), or one JSON array."""
+    if as_json:
+        _emit(json.dumps(leases))
+        return
+    _emit(f"{'ID':>16} {'OWNER':>10} {'TTL':>8} {'LEFT':>8} {'KEYS':>6}")
+    for lease in leases:
+        _emit(f"{lease['id']:>16} {lease['owner']:>10} {lease['ttl']:>8g} "
+              f"{lease['ttl_left']:>8.1f} {lease['key-count']:>6}")
 
 
 LEASE_ENV = "KVBROKER_LEASE"
@@ -1871,11 +1885,13 @@ def register(subparsers: Any) -> None:
     c.add_argument("prefix", nargs="?", default="", metavar="PREFIX")
     p.set_defaults(func=cmd_namespace)
 
-    p = sub.add_parser("lease", help="grant, keep alive, revoke or show a lease; run a "
+    p = sub.add_parser("lease", help="grant, list, keep alive, revoke or show a lease; run a "
                        "command under one")
     lsub = p.add_subparsers(dest="lease_cmd", metavar="SUBCOMMAND", required=True)
     c = lsub.add_parser("grant", help="grant a lease of TTL seconds and print its id")
     c.add_argument("ttl", type=float, metavar="TTL")
+    c = lsub.add_parser("list", help="list the live leases (yours; all for the owner)")
+    c.add_argument("--json", action="store_true", help="print them as one JSON array")
     for name, text in (("keepalive", "give lease ID its full ttl again (print it)"),
                        ("revoke", "end lease ID now: its keys are unlinked"),
                        ("info", "print lease ID's ttl, time left and keys as JSON")):

@@ -1392,6 +1392,22 @@ class KVS:
         of names in all; ``key-count`` counts them all)."""
         return dict(await self.handle.rpc("kvs.lease-info", {"id": lease_id(lease)}))
 
+    async def lease_list(self) -> list[dict[str, Any]]:
+        """``kvs.lease-list``, every page: the live leases this user holds
+        (all of them for the instance owner), in id order, each ``{id,
+        owner, ttl, ttl_left, key-count}`` (``lease_info`` lists its keys).
+        A lease granted or ended while the pages are read may be missed or
+        listed after it ended, as etcd's list."""
+        leases: list[dict[str, Any]] = []
+        after = 0
+        while True:
+            resp = await self.handle.rpc("kvs.lease-list", {"after": after})
+            page = list(resp["leases"])
+            leases += page
+            if not resp.get("more") or not page:
+                return leases
+            after = page[-1]["id"]
+
     # ------------------------------------------------------------ namespaces
 
     async def namespace_create(self, name: str, owner: int | None = None,
@@ -1770,6 +1786,9 @@ class SyncKVS:
 
     def lease_info(self, lease: LeaseSpec) -> dict[str, Any]:
         return self.run(self.aio.lease_info(lease))
+
+    def lease_list(self) -> list[dict[str, Any]]:
+        return self.run(self.aio.lease_list())
 
     def namespace_create(self, name: str, owner: int | None = None,
                          rootref: RootSpec | None = None) -> None:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import heapq
 import secrets
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
@@ -66,6 +67,10 @@ INFO_BYTES = 32 << 10
 all, so that its answer fits the smallest ``tbon.max-message`` (64 KiB):
 1,000 keys of 8 KB made an answer refused ``EMSGSIZE``, and the lease
 could not be inspected at all.  ``key-count`` counts every key."""
+LIST_MAX = 500
+"""``kvs.lease-list`` gives at most this many leases an answer (~70 bytes
+each: the answer fits the smallest ``tbon.max-message``); the next are
+asked for ``after`` the last."""
 MAX_LEASES = AttrSpec(
     "kvs.max-leases-per-user", "10000", integer(1),
     "live kvs leases one user may hold (kvs.lease-grant past it is ENOSPC)")
@@ -425,6 +430,27 @@ class LeaseTable:
                 "unlinks-pending": sum(1 for lease in self.retrying if lease.keys),
                 **self.counts}
 
+    def listing(self, after: Any, uid: int, is_owner: bool) -> dict[str, Any]:
+        """``kvs.lease-list``'s answer: the live leases ``uid`` holds (all of
+        them for the instance owner), in id order from the first past
+        ``after``, at most :data:`LIST_MAX`; ``more`` says whether others
+        follow.  (A guest learns nothing of another's leases, not even
+        their number.)"""
+        if type(after) is not int:
+            raise ErrnoError(errno.EPROTO, "after is a lease id (an integer)")
+        ids = [i for i, lease in self.live.items()
+               if i > after and (is_owner or lease.owner == uid)]
+        first = heapq.nsmallest(LIST_MAX + 1, ids)
+        now = self._now()
+        return {"leases": [self._summary(self.live[i], now) for i in first[:LIST_MAX]],
+                "more": len(first) > LIST_MAX}
+
+    @staticmethod
+    def _summary(lease: Lease, now: float) -> dict[str, Any]:
+        return {"id": lease.id, "owner": lease.owner, "ttl": lease.ttl,
+                "ttl_left": round(max(0.0, lease.deadline - now), 3),  # (ms)
+                "key-count": lease.key_count()}
+
     def describe(self, lease: Lease) -> dict[str, Any]:
         """``kvs.lease-info``'s answer."""
         listed: dict[str, list[str]] = {}
@@ -441,9 +467,7 @@ class LeaseTable:
                 listed[ns] = names
             if room < 0:
                 break
-        return {"id": lease.id, "owner": lease.owner, "ttl": lease.ttl,
-                "ttl_left": round(max(0.0, lease.deadline - self._now()), 3),  # (ms)
-                "key-count": lease.key_count(), "keys": listed}
+        return {**self._summary(lease, self._now()), "keys": listed}
 
 
 def _size(name: str) -> int:

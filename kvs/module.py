@@ -466,6 +466,7 @@ class KvsModule(Module):
             "kvs.lease-keepalive": self.lease_keepalive,
             "kvs.lease-revoke": self.lease_revoke,
             "kvs.lease-info": self.lease_info,
+            "kvs.lease-list": self.lease_list,
         }
 
     async def start(self) -> None:
@@ -1744,6 +1745,18 @@ class KvsModule(Module):
             return
         lease = self.leases.get(p.get("id"), msg.userid, msg.is_owner)
         self.h.respond(msg, self.leases.describe(lease))
+
+    async def lease_list(self, msg: Message) -> None:
+        """``kvs.lease-list {after?}`` -> ``{leases: [{id, owner, ttl,
+        ttl_left, key-count}, ...], more}``: the requester's live leases
+        (every one for the instance owner) in id order, from the first past
+        ``after`` (default 0), 500 an answer (etcd's ``lease list``: a
+        holder that lost its ids -- a crashed script -- can still find and
+        revoke them)."""
+        p = await self._lease_rpc(msg)
+        if p is None:
+            return
+        self.h.respond(msg, self.leases.listing(p.get("after", 0), msg.userid, msg.is_owner))
 
     async def lease_revoke(self, msg: Message) -> None:
         """``kvs.lease-revoke {id}`` -> ``{rootseqs: {NS: rootseq}}``: end the

@@ -29,7 +29,7 @@ TOPICS = (
     "kvs.disconnect kvs.dropcache kvs.getroot kvs.lookup kvs.lookup-plus "
     "kvs.namespace-create kvs.namespace-list kvs.namespace-remove kvs.relaycommit "
     "kvs.stats-get kvs.wait-version module.list kvs.gc nosuch.service "
-    "kvs.lease-grant kvs.lease-keepalive kvs.lease-revoke kvs.lease-info "
+    "kvs.lease-grant kvs.lease-keepalive kvs.lease-revoke kvs.lease-info kvs.lease-list "
     # (rexec.exec is left out: the owner's random command lines would run)
     "rexec.list rexec.kill rexec.wait rexec.wait-cancel rexec.write rexec.credit "
     "rexec.stats-get"
@@ -73,6 +73,7 @@ class RequestFuzzer:
             "kvs.lease-keepalive": lambda: {"id": r.choice(self.lease_ids)},
             "kvs.lease-revoke": lambda: {"id": r.choice(self.lease_ids)},
             "kvs.lease-info": lambda: {"id": r.choice(self.lease_ids)},
+            "kvs.lease-list": lambda: {"after": r.choice([0, *self.lease_ids])},
             "kvs.wait-version": lambda: {"namespace": self.ns(), "rootseq": r.randrange(50),
                                          "timeout": 0.05},
             "kvs.namespace-create": lambda: {"namespace": self.ns(), "owner": r.choice(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import json
 import os
 import signal
 import sys
@@ -19,7 +20,7 @@ import time
 from typing import Any
 
 import pytest
-from test_broker_support import wait_until
+from test_broker_support import run_cli, wait_until
 from test_kvs_rpc_helpers import GUEST_UID, run_guest
 
 from broker.errors import RemoteError
@@ -309,6 +310,7 @@ async def test_a_guest_cannot_touch_another_users_lease(start_instance) -> None:
                     "key": "k", "flags": 0, "dirent": val("1"), "lease": mine}})
                 r["info"] = await call(h, "kvs.lease-info", {{"id": mine}})
                 r["keepalive-mine"] = await call(h, "kvs.lease-keepalive", {{"id": mine}})
+                r["list"] = await call(h, "kvs.lease-list", {{}})
                 return r
         """))
         assert out["other-keepalive"] == out["other-revoke"] == out["other-info"] == {
@@ -318,6 +320,11 @@ async def test_a_guest_cannot_touch_another_users_lease(start_instance) -> None:
         mine = out["grant"]["ok"]["id"]
         assert out["info"]["ok"]["keys"] == {"mine": ["k"]}
         assert out["info"]["ok"]["owner"] == GUEST_UID
+        # a guest lists its own leases alone; the instance owner, everyone's
+        assert [(x["id"], x["owner"]) for x in out["list"]["ok"]["leases"]] == [
+            (mine, GUEST_UID)] and out["list"]["ok"]["more"] is False, out["list"]
+        assert {x["id"]: x["owner"] for x in await kvs.lease_list()} == {
+            mine: GUEST_UID, theirs.id: os.geteuid()}
         # the owner's lease is untouched; even the instance owner attaches
         # only its own leases, but may keep alive, inspect and revoke a guest's
         assert (await theirs.info())["keys"] == {"primary": ["owned"]}
@@ -539,6 +546,46 @@ async def test_lease_info_of_long_keys_fits_the_smallest_link(start_instance) ->
         assert (await small.info())["keys"] == {"primary": ["short"]}
         await lease.revoke()
         await small.revoke()
+
+
+async def test_lease_list_pages_through_every_live_lease(start_instance) -> None:
+    """``kvs.lease-list`` (etcd's ``lease list``): every live lease, in id
+    order, 500 an answer so that it crosses a 64 KiB link from a follower;
+    ``KVS.lease_list`` reads every page, and ``kvs lease list`` prints a
+    table or JSON.  Revoked and expired leases are not listed."""
+    inst = await start_instance(size=2, attrs={"tbon.max-message": "65536"})
+    async with KVS.connect(inst.uri(1)) as kvs:
+        leases = await asyncio.gather(*(kvs.lease(60, keepalive=False) for _ in range(1100)))
+        short = await kvs.lease(1, keepalive=False)
+        await kvs.put("held", 1, lease=leases[0])
+        first = await kvs.handle.rpc("kvs.lease-list", {})
+        assert len(first["leases"]) == 500 and first["more"] is True
+        listed = await kvs.lease_list()
+        ids = sorted([x.id for x in leases] + [short.id])
+        assert [x["id"] for x in listed] == ids
+        by_id = {x["id"]: x for x in listed}
+        assert by_id[leases[0].id]["key-count"] == 1 and by_id[leases[1].id]["key-count"] == 0
+        assert by_id[leases[1].id]["ttl"] == 60 and 0 < by_id[leases[1].id]["ttl_left"] <= 60
+        assert by_id[leases[1].id]["owner"] == os.geteuid()
+        await leases[0].revoke()
+
+        async def short_gone() -> bool:
+            return short.id not in {x["id"] for x in await kvs.lease_list()}
+        await wait_until(short_gone, what="the 1 s lease's expiry", timeout=10)
+        assert [x["id"] for x in await kvs.lease_list()] == sorted(x.id for x in leases[1:])
+        with pytest.raises(RemoteError) as exc:
+            await kvs.handle.rpc("kvs.lease-list", {"after": "0"})
+        assert exc.value.errnum == errno.EPROTO
+        for x in leases[3:]:
+            await x.revoke()
+    code, out, err = await run_cli("kvs", "lease", "list", uri=inst.uri(0))
+    lines = out.splitlines()
+    assert code == 0 and lines[0].split() == ["ID", "OWNER", "TTL", "LEFT", "KEYS"], (out, err)
+    assert [line.split()[0] for line in lines[1:]] == [str(x.id) for x in sorted(
+        leases[1:3], key=lambda x: x.id)]
+    assert lines[1].split()[1:3] == [str(os.geteuid()), "60"] and lines[1].split()[4] == "0"
+    code, out, err = await run_cli("kvs", "lease", "list", "--json", uri=inst.uri(1))
+    assert code == 0 and [x["id"] for x in json.loads(out)] == sorted(x.id for x in leases[1:3])
 
 
 def _keepalive_tasks() -> list[asyncio.Task[Any]]:
