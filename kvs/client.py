@@ -304,10 +304,14 @@ def kind(obj: TreeObj) -> str:
 
 @dataclass(frozen=True, slots=True)
 class CommitResult:
-    """The root a commit produced: ``rootref`` (a blobref) at version ``rootseq``."""
+    """The root a commit produced: ``rootref`` (a blobref) at version
+    ``rootseq`` of the namespace's life ``epoch`` (each creation of a name
+    is a new one): ``wait_version(result)`` on another rank waits for this
+    very namespace, never an older one of the same name."""
 
     rootref: str
     rootseq: int
+    epoch: int | None = None
 
     @property
     def treeobj(self) -> TreeObj:
@@ -1008,7 +1012,9 @@ class KVS:
         op_list = ops.ops if isinstance(ops, TxnOps) else list(ops)
         resp = await self.handle.rpc("kvs.commit", {
             "namespace": self.namespace, "flags": flags, "ops": op_list})
-        return CommitResult(resp["rootref"], int(resp["rootseq"]))
+        epoch = resp.get("epoch")
+        return CommitResult(resp["rootref"], int(resp["rootseq"]),
+                            epoch if type(epoch) is int else None)
 
     async def put(self, key: str, value: Any, *, sync: bool = False,
                   lease: LeaseSpec | None = None) -> CommitResult:
@@ -1300,15 +1306,29 @@ class KVS:
             raise TimeoutError(f"{key}: not created within {timeout:g} s "
                                f"(namespace {self.namespace})") from None
 
-    async def wait_version(self, version: int, timeout: float | None = None) -> int:
+    async def wait_version(self, version: int | CommitResult, timeout: float | None = None,
+                           *, epoch: int | None = None) -> int:
         """Return once this rank has reached ``version``; returns the version
-        it is at (``ENOTSUP`` if the namespace is removed meanwhile).  With
+        it is at (``ENOTSUP`` if the namespace is removed meanwhile).  Given
+        a :class:`CommitResult` (or an ``epoch``), the version of that very
+        namespace: a rank that still holds an older one of the same name
+        (removed and created again, the removal not heard here yet) waits
+        for the new one, where a bare number may be answered at once by the
+        old one; a namespace of the name created again since is
+        ``ENOTSUP``.  With
         ``timeout`` (seconds) the rank gives up after that long, forgetting
         the wait, and this raises ``TimeoutError`` saying why; a rank that
         does not answer at all (stopped) is given up on
         :data:`WAIT_GRACE` seconds later, so the timeout always holds."""
         timeout = check_timeout(timeout)
+        if isinstance(version, CommitResult):
+            epoch = version.epoch if epoch is None else epoch
+            version = version.rootseq
+        if epoch is not None and type(epoch) is not int:
+            raise TypeError(f"epoch must be an int (a CommitResult's), not {epoch!r}")
         payload: dict[str, Any] = {"namespace": self.namespace, "rootseq": int(version)}
+        if epoch is not None:
+            payload["epoch"] = epoch
         if timeout is not None:
             payload["timeout"] = timeout
         waiting = self.handle.rpc("kvs.wait-version", payload)
@@ -1751,10 +1771,11 @@ class SyncKVS:
                     nodeid: int | None = None) -> WatchEntry:
         return self.run(self.aio.wait_create(key, timeout, nodeid=nodeid), None)
 
-    def wait_version(self, version: int, timeout: float | None = None) -> int:
+    def wait_version(self, version: int | CommitResult, timeout: float | None = None,
+                     *, epoch: int | None = None) -> int:
         # the rank gives up first and forgets the wait, and the async call
         # bounds a rank that does not answer at all (WAIT_GRACE)
-        return self.run(self.aio.wait_version(version, timeout), None)
+        return self.run(self.aio.wait_version(version, timeout, epoch=epoch), None)
 
     def sync(self) -> CommitResult:
         return self.run(self.aio.sync())

@@ -1224,6 +1224,8 @@ class KvsModule(Module):
         timeout = p.get("timeout")
         if timeout is not None and (type(timeout) not in (int, float) or not timeout >= 0):
             raise ErrnoError(errno.EPROTO, "timeout must be a number of seconds (at least 0)")
+        if p.get("epoch") is not None and type(p["epoch"]) is not int:
+            raise ErrnoError(errno.EPROTO, "epoch must be an integer (a commit's answer's)")
         # Remember who waits at once, before any await, so that kvs.disconnect
         # (as Flux) drops the wait even while the namespace is still being
         # loaded from rank 0, or before the waiting task has run at all.
@@ -1286,6 +1288,8 @@ class KvsModule(Module):
                                                   f"namespace {_ns_name(p)} from rank 0"
                                                   + self._by_way_of())
             ns = await asyncio.shield(loading)
+            if p.get("epoch") is not None:
+                ns = await self._life_of(msg, p, ns, deadline)
             if ns.rootseq < p["rootseq"]:
                 try:
                     # (an extension: Flux's has no timeout, so a caller that
@@ -1302,6 +1306,38 @@ class KvsModule(Module):
             if not waits and self._version_waits.get(key) is waits:
                 del self._version_waits[key]
         self.h.respond(msg, {"rootseq": ns.rootseq, "rootref": ns.rootref})
+
+    async def _life_of(self, msg: Message, p: dict[str, Any], ns: Namespace,
+                       deadline: float | None) -> Namespace:
+        """The namespace of ``p``'s epoch for a ``kvs.wait-version``, once
+        this rank holds it.  A follower may still hold an older one of the
+        same name, whose removal it has not heard yet: at a version past
+        the one asked, it answered at once, and a read then found the old
+        namespace's keys.  It waits to hear that removal and loads the
+        namespace again.  A newer one than asked means the one asked for
+        was removed: ``ENOTSUP``, as for a removal during the wait."""
+        name, epoch = _ns_name(p), p["epoch"]
+        loop = asyncio.get_running_loop()
+        while ns.epoch != epoch:
+            if ns.epoch > epoch:
+                raise ErrnoError(errno.ENOTSUP, f"namespace {name} was removed (it was "
+                                                "created again since)")
+            if self.leader:  # (rank 0 holds the newest: no such epoch was given)
+                raise ErrnoError(errno.EINVAL, f"namespace {name} has no epoch {epoch} "
+                                               f"(it is at epoch {ns.epoch})")
+            left = None if deadline is None else max(0.0, deadline - loop.time())
+            try:
+                async with asyncio.timeout(left):
+                    await ns.until_removed()
+                    loading = asyncio.ensure_future(self.get_ns(name, msg))
+                    loading.add_done_callback(outcome_read)
+                    ns = await asyncio.shield(loading)
+            except TimeoutError:
+                raise ErrnoError(errno.ETIMEDOUT, f"version {p['rootseq']} not reached in "
+                                                  f"{p['timeout']:g} s; this rank still holds "
+                                                  f"an older namespace {name} (epoch "
+                                                  f"{ns.epoch}, not {epoch})") from None
+        return ns
 
     def disconnect(self, msg: Message) -> None:
         """A client went away: cancel its pending ``kvs.wait-version`` requests
@@ -1407,7 +1443,7 @@ class KvsModule(Module):
         txn_name = self._txn_name()
         if self.leader:
             outcome = self.commits.enqueue(ns, ops, flags, txn_name, lease_user)
-            outcome.add_done_callback(lambda f: self._answer_commit(msg, f))
+            outcome.add_done_callback(lambda f: self._answer_commit(msg, f, ns.epoch))
             return None
         size = _wire_size(wire)
         outcome = self.relays.submit(ns, ops, flags, txn_name, size, lease_user)
@@ -1417,7 +1453,7 @@ class KvsModule(Module):
                 self._serve(msg, self._commit(msg, p, ops, flags, size, lease_user,
                                              stale=ns))
             else:
-                self._answer_commit(msg, f)
+                self._answer_commit(msg, f, ns.epoch)
 
         outcome.add_done_callback(relayed)
         return None
@@ -1430,14 +1466,19 @@ class KvsModule(Module):
             self.counts["commits"] += 1
         return f"{self.rank}.{self._txn_counter}"
 
-    def _answer_commit(self, msg: Message, fut: asyncio.Future[tuple[int, str]]) -> None:
+    def _answer_commit(self, msg: Message, fut: asyncio.Future[tuple[int, str]],
+                       epoch: int) -> None:
+        """``kvs.commit``'s answer: the root the transaction made, and which
+        life of the namespace (``epoch``) it is of, for a ``kvs.wait-version``
+        on another rank that must not take a namespace of the same name,
+        removed since, for this one."""
         if fut.cancelled():
             self.h.respond_error(msg, errno.ECANCELED, "commit cancelled")
             return
         exc = fut.exception()
         if exc is None:
             rootseq, rootref = fut.result()
-            self.h.respond(msg, {"rootref": rootref, "rootseq": rootseq})
+            self.h.respond(msg, {"rootref": rootref, "rootseq": rootseq, "epoch": epoch})
         elif isinstance(exc, ErrnoError):
             self.h.respond_error(msg, exc.errnum, exc.errstr)
         else:
@@ -1486,7 +1527,7 @@ class KvsModule(Module):
                 if not _outran_removal(exc):
                     raise
             stale = ns
-        self.h.respond(msg, {"rootref": rootref, "rootseq": rootseq})
+        self.h.respond(msg, {"rootref": rootref, "rootseq": rootseq, "epoch": ns.epoch})
 
     def relaycommit(self, msg: Message) -> Awaitable[None] | None:
         """Rank 0: transactions relayed by a follower's kvs (already

@@ -381,6 +381,50 @@ async def test_a_commit_sent_after_a_namespace_is_made_again_lands_on_a_lagging_
     assert counts["commits"] == 2, counts  # (the one made again counted once)
 
 
+async def test_a_version_wait_with_the_commits_epoch_waits_for_the_new_namespace(
+        start_instance, connect) -> None:
+    """Read-your-writes across ranks (docs/kvs.md "Consistency"): commit on
+    rank 0, wait for its version on rank 3, read there.  Across a removal
+    and creation of the namespace that rank 3 has not heard yet (rank 1,
+    between it and rank 0, stopped), a bare version number is answered at
+    once by the old namespace, which is past it, and a read then finds the
+    old keys (a probe: 3 rounds in 300).  The commit's answer names its
+    namespace's ``epoch``, and a wait given it (``wait_version(result)``)
+    waits until rank 3 holds that very namespace; one of an epoch removed
+    since is ENOTSUP."""
+    inst = await start_instance(size=4, fanout=2)
+    k0 = KVS(await connect(inst, 0), "job")
+    k3 = KVS(await connect(inst, 3), "job")
+    await k0.namespace_create("job")
+    for i in range(5):
+        old = await k0.put("x", f"old{i}")
+    await k3.wait_version(old, timeout=T)  # rank 3 holds the namespace, at 5
+    assert await k3.get_str("x") == "old4"
+    async with stopped(inst.pids()[1]):
+        await k0.namespace_remove("job")
+        await k0.namespace_create("job")
+        new = await k0.put("x", "new")
+        assert new.rootseq == 1 and new.epoch is not None and new.epoch > old.epoch
+        # the bare number: answered by the old namespace, stale (the limit)
+        assert await k3.wait_version(new.rootseq, timeout=T) == 5
+        assert await k3.get_str("x") == "old4"
+        exact = asyncio.ensure_future(k3.wait_version(new, timeout=T))
+        done, _ = await asyncio.wait({exact}, timeout=0.5)
+        assert not done, exact.result()  # (rank 3 cannot hear the removal yet)
+    assert await asyncio.wait_for(exact, T) == 1
+    assert await k3.get_str("x") == "new"
+    with pytest.raises(RemoteError) as exc:  # (the old one's epoch: removed)
+        await k3.wait_version(old, timeout=T)
+    assert exc.value.errnum == errno.ENOTSUP
+    with pytest.raises(RemoteError) as exc:  # (rank 0 gave no such epoch)
+        await k0.wait_version(1, timeout=T, epoch=new.epoch + 1)
+    assert exc.value.errnum == errno.EINVAL
+    with pytest.raises(RemoteError) as exc:
+        await k3.handle.rpc("kvs.wait-version", {"namespace": "job", "rootseq": 1,
+                                                 "epoch": "1"})
+    assert exc.value.errnum == errno.EPROTO
+
+
 GUEST_LATE_COMMIT = """
 async def body(h):
     first = await commit(h, "mine", put("k", val("first")))
