@@ -54,6 +54,10 @@ def parse_uri(uri: str | None) -> str:
         return uri
     if "://" in uri:
         raise ValueError(f"unsupported broker URI scheme: {uri!r}")
+    if uri.startswith(("local:", "ssh:")):  # (a slash short: read as a file name)
+        scheme = uri.partition(":")[0]
+        raise ValueError(f"{uri}: not a URI: {scheme}:// takes two slashes before the path "
+                         f"({'local:///path/to/socket' if scheme == 'local' else 'ssh://host/path'})")
     return uri
 
 
@@ -331,6 +335,9 @@ class Handle(HandleCore):
         try:
             _, proto = await loop.create_unix_connection(lambda: _ClientProtocol(self), path)
         except OSError as exc:
+            if exc.errno == errno.ECONNREFUSED and os.path.isdir(path):
+                raise type(exc)(exc.errno, "a directory, not a rank's socket (local-RANK "
+                                "in an instance's run directory)", path) from None
             if exc.filename is not None or exc.errno is None:
                 raise
             # uvloop's says "No such file or directory" and not where
@@ -541,6 +548,16 @@ class Handle(HandleCore):
             return
         self._check_loop()
         await asyncio.shield(proto.closed)
+
+    def abort(self) -> None:
+        """Drop the connection now, without a flush or a wait (what is
+        unsent is lost; calls still waiting fail once the loop runs): for a
+        handle that can no longer be closed properly, as a blocking handle
+        collected unclosed, whose loop will not run again."""
+        self._user_closed = True
+        proto = self._proto
+        if proto is not None and proto.transport is not None:
+            proto.transport.abort()
 
     async def close(self) -> None:
         """Disconnect; calls still waiting fail with ``RemoteError(ECONNRESET,

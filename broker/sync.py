@@ -71,6 +71,7 @@ makes a socketpair for signals at every run in the main thread).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import errno
 import os
@@ -277,7 +278,8 @@ def _unhook_unraisable() -> None:
     _dropped = False  # (no handle left to raise it: as lost as before)
 
 
-def _close_dropped(loop: asyncio.AbstractEventLoop, claimed_sigint: bool) -> None:
+def _close_dropped(loop: asyncio.AbstractEventLoop, claimed_sigint: bool,
+                   connection: list[Handle]) -> None:
     """A :class:`SyncHandle` collected without ``close()`` (a finalizer:
     it runs wherever the collector does, so it runs no loop).  uvloop keeps
     a transport that is still open alive through its loop, so the handle's
@@ -285,26 +287,36 @@ def _close_dropped(loop: asyncio.AbstractEventLoop, claimed_sigint: bool) -> Non
     ran (300 dropped handles: 2,100 descriptors, then ``EMFILE``), and the
     facade's SIGINT handler with them.  Closing the loop closes them (the
     stock loop's are collected anyway, each with Python's ResourceWarning).
-    Warned as an unclosed file is."""
+    Warned as an unclosed file is, once: the connection is closed first
+    (and its end run, a turn of the loop, where no other loop runs), or
+    each loop warned of it too ("unclosed resource <UnixTransport>",
+    "unclosed transport", "unclosed <socket.socket>")."""
     warnings.warn("a SyncHandle was not closed: close() it, or use it as a context "
                   "manager (with connect() as h: ...)", ResourceWarning, stacklevel=2)
     if not loop.is_closed() and not loop.is_running():
+        for aio in connection:
+            aio.abort()
+        if asyncio._get_running_loop() is None:
+            with contextlib.suppress(Exception):
+                loop.run_until_complete(asyncio.sleep(0))
         loop.close()
     if claimed_sigint:
         with _HOLD_CTRL_C:
             _release_sigint()
 
 
-class _Refused(RuntimeError):
+class CallRefused(RuntimeError):
     """A call refused before it did anything (another call is in progress,
-    or an event loop runs in this thread): a stream it was for goes on."""
+    or an event loop runs in this thread): a stream it was for goes on.
+    A ``RuntimeError``, as the docs say, public so that a traceback names
+    no private class."""
 
 
 def _refuse_in_a_loop() -> None:
     """``RuntimeError`` if an event loop runs in this thread: the facade runs
     its own loop for each call, which cannot run inside another."""
     if asyncio._get_running_loop() is not None:
-        raise _Refused("the blocking facade cannot be used inside a running event "
+        raise CallRefused("the blocking facade cannot be used inside a running event "
                        "loop: use the async API (broker.handle.Handle) there")
 
 
@@ -363,13 +375,17 @@ class SyncHandle:
                 self._closed = True
                 self._let_go()
                 raise
-            self._finalizer = weakref.finalize(self, _close_dropped, self._loop, self._sigint)
+            self._connection: list[Handle] = []
+            """The connection, for :func:`_close_dropped` (filled once made)."""
+            self._finalizer = weakref.finalize(self, _close_dropped, self._loop, self._sigint,
+                                               self._connection)
             self._finalizer.atexit = False  # (at exit a handle left open is no leak)
             self._caller = get_ident()
         try:  # (the connect too is bounded by ``timeout``: an ssh:// one may hang)
             self.aio: Handle = self._wait(asyncio.ensure_future(asyncio.wait_for(
                 Handle.connect(uri, reconnect=reconnect), timeout), loop=self._loop), None)
             self._flush = self.aio.flush
+            self._connection.append(self.aio)
         except BaseException:
             self._abandon()
             raise
@@ -445,9 +461,9 @@ class SyncHandle:
         if caller is None:
             raise RemoteError(errno.ECONNRESET, "handle closed")
         if caller == ident:
-            raise _Refused("a SyncHandle call was made inside another call on it "
+            raise CallRefused("a SyncHandle call was made inside another call on it "
                            "(from a coroutine it runs?): use the async API there (h.aio)")
-        raise _Refused("this SyncHandle is in a call in another thread: a handle serves "
+        raise CallRefused("this SyncHandle is in a call in another thread: a handle serves "
                        "one thread at a time (give each thread its own connect())")
 
     def _orphan(self) -> None:
@@ -775,7 +791,7 @@ class SyncStream:
     def __next__(self) -> Any:
         try:
             msg = self._handle.run(self._stream.next_message(), self.timeout)
-        except (TimeoutError, KeyboardInterrupt, _Refused):
+        except (TimeoutError, KeyboardInterrupt, CallRefused):
             raise  # (the stream goes on: next() may wait again, as SyncWatch's)
         except BaseException:
             self.close()

@@ -238,10 +238,15 @@ def encode_value(value: Any) -> bytes:
         return json.dumps(value, separators=(",", ":"), ensure_ascii=False,
                           allow_nan=False).encode()
     except (TypeError, ValueError) as exc:
-        raise TypeError(f"cannot store a {type(value).__name__} value: {exc}") from None
+        raise TypeError(f"cannot store {_a(type(value).__name__)} value: {exc}") from None
     except RecursionError:
-        raise TypeError(f"cannot store a {type(value).__name__} value: "
+        raise TypeError(f"cannot store {_a(type(value).__name__)} value: "
                         f"{jsontoml.TOO_DEEP}") from None
+
+
+def _a(noun: str) -> str:
+    """``noun`` with its indefinite article (a type's name: ``an object``)."""
+    return f"{'an' if noun[:1].lower() in 'aeiou' else 'a'} {noun}"
 
 
 def _parse_json(key: str, data: bytes) -> Any:
@@ -1843,6 +1848,10 @@ def lease_ttl(ttl: float) -> float:
 
 
 def lease_id(lease: LeaseSpec) -> int:
+    if isinstance(lease, LeaseGrant):
+        raise TypeError("a lease is a Lease or its id (an int), not the LeaseGrant that "
+                        "kvs.lease() returns: await it (lease = await kvs.lease(ttl)), or "
+                        "use it as async with kvs.lease(ttl) as lease")
     lid = lease if isinstance(lease, int) else getattr(lease, "id", None)
     if type(lid) is not int:
         raise TypeError(f"a lease is a Lease or its id (an int), not {lease!r}")

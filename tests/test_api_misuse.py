@@ -17,6 +17,7 @@ import pytest
 from broker import sync
 from broker.errors import RemoteError
 from broker.groups_client import Groups
+from broker.handle import Handle
 from broker.rpc import check_timeout
 from kvs.client import KVS
 from kvs.treeobj import val
@@ -162,3 +163,27 @@ async def test_a_barrier_cut_short_leaves_and_counts_are_checked(start_instance,
     assert h.pending == 0
 
 
+
+
+async def test_near_misses_are_named(start_instance, tmp_path) -> None:
+    """Mistakes a newcomer makes (a newcomer probe): ``local:/path``, a
+    slash short, was taken for a file named so (``FileNotFoundError:
+    'local:/...'``); a run directory in place of a rank's socket was a bare
+    ``ConnectionRefusedError``; a lease from ``kvs.lease()`` not awaited
+    was "not <kvs.client.LeaseGrant object ...>"; an object() value was
+    "cannot store a object value"."""
+    inst = await start_instance(size=1)
+    path = inst.uri(0)[len("local://"):]
+    for uri, hint in ((f"local:{path}", "local:///path/to/socket"),
+                      ("ssh:host/run/local-0", "ssh://host/path")):
+        with pytest.raises(ValueError, match=f"^{uri}: not a URI: .*two slashes.*{hint}"):
+            await Handle.connect(uri)
+    with pytest.raises(ConnectionRefusedError, match="a directory, not a rank's socket"):
+        await Handle.connect(str(tmp_path))
+    async with KVS.connect(inst.uri(0)) as kvs:
+        grant = kvs.lease(5)
+        with pytest.raises(TypeError, match=r"not the LeaseGrant .* await it"):
+            await kvs.put("k", 1, lease=grant)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="^cannot store an object value"):
+            await kvs.put("k", object())
+        assert not await kvs.exists("k")
