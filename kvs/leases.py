@@ -184,7 +184,9 @@ class LeaseTable:
         self.live: dict[int, Lease] = {}
         self.attached: dict[str, _Attached] = {}
         """Per namespace, its attached keys (absent: none)."""
-        self.per_user: Counter[int] = Counter()
+        self.by_owner: dict[int, dict[int, Lease]] = {}
+        """The live leases of each user: a guest's ``kvs.lease-list`` looks
+        at its own alone (scanning all, its time told how many others held)."""
         self.counts: Counter[str] = Counter(dict.fromkeys(
             ("granted", "expired", "revoked", "restored", "attached", "detached",
              "unlink-failures", "unlink-errors", "unlink-retries"), 0))
@@ -205,8 +207,9 @@ class LeaseTable:
         if not MIN_TTL <= ttl <= MAX_TTL:  # (nan too: a number, in no range)
             raise ErrnoError(errno.EINVAL, f"a lease's ttl must be {MIN_TTL:g} to "
                                            f"{MAX_TTL:g} seconds, not {ttl:g}")
-        if self.per_user[uid] >= self.max_per_user:
-            raise ErrnoError(errno.ENOSPC, f"this user holds {self.per_user[uid]} leases "
+        held = len(self.by_owner.get(uid, ()))
+        if held >= self.max_per_user:
+            raise ErrnoError(errno.ENOSPC, f"this user holds {held} leases "
                                            "(kvs.max-leases-per-user): revoke some first")
         lease_id = secrets.randbelow(ID_SPACE - 1) + 1
         while lease_id in self.live:
@@ -218,7 +221,7 @@ class LeaseTable:
     def _add(self, lease_id: int, uid: int, ttl: float) -> Lease:
         lease = Lease(lease_id, uid, ttl, 0.0)
         self.live[lease_id] = lease
-        self.per_user[uid] += 1
+        self.by_owner.setdefault(uid, {})[lease_id] = lease
         self.keepalive(lease)
         return lease
 
@@ -257,11 +260,10 @@ class LeaseTable:
             lease.timer.cancel()
             lease.timer = None
         del self.live[lease.id]
-        n = self.per_user[lease.owner] - 1
-        if n:
-            self.per_user[lease.owner] = n
-        else:
-            del self.per_user[lease.owner]
+        owned = self.by_owner[lease.owner]
+        del owned[lease.id]
+        if not owned:
+            del self.by_owner[lease.owner]
         self.counts[why] += 1
         if lease.keys and unlink:
             self.on_end(lease)
@@ -438,9 +440,8 @@ class LeaseTable:
         their number.)"""
         if type(after) is not int:
             raise ErrnoError(errno.EPROTO, "after is a lease id (an integer)")
-        ids = [i for i, lease in self.live.items()
-               if i > after and (is_owner or lease.owner == uid)]
-        first = heapq.nsmallest(LIST_MAX + 1, ids)
+        seen = self.live if is_owner else self.by_owner.get(uid, {})
+        first = heapq.nsmallest(LIST_MAX + 1, (i for i in seen if i > after))
         now = self._now()
         return {"leases": [self._summary(self.live[i], now) for i in first[:LIST_MAX]],
                 "more": len(first) > LIST_MAX}

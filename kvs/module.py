@@ -43,7 +43,7 @@ import reprlib
 import time
 from collections import Counter
 from collections.abc import Awaitable, Iterable
-from itertools import count, islice
+from itertools import islice
 from typing import Any, ClassVar
 
 from broker import codec, malloc, startlog, topology
@@ -393,16 +393,10 @@ class KvsModule(Module):
         self._max_guest_waits: int = MAX_GUEST_WAITS.value(ctx.attrs)
         self.counts: Counter[str] = Counter(dict.fromkeys(COUNTERS, 0))
         self.relays: RelayOutbox  # a follower's road to rank 0 (needs self.h: see start)
-        # Rank 0: Namespace.epoch of each namespace created.  Numbered from
-        # the start's time in microseconds, not 1, so that a namespace made
-        # again after rank 0 restarts is not taken for the one before by a
-        # watcher that reconnects (namespaces other than primary do not
-        # outlive rank 0, and epochs increase across its runs).
-        first_epoch = time.time_ns() // 1000
-        self._epochs = count(first_epoch)
-        self._last_epoch = first_epoch - 1
+        self._last_epoch = time.time_ns() // 1000 - 1
         """Rank 0: the epoch last given (``namespace-list``'s ``epoch``: a
-        watcher of namespaces merges the list and the events by it)."""
+        watcher of namespaces merges the list and the events by it); see
+        :meth:`_next_epoch`."""
         # Rank 0's content module when it is in this process with our hash
         # (also given to the fetcher, the checker and the pipeline at start)
         self._content: ContentModule | None = None
@@ -512,6 +506,18 @@ class KvsModule(Module):
         if self._content is not None and self.gc_period > 0:
             self._gc_ticker = self.spawn(self._collect_periodically())
 
+    def _next_epoch(self) -> int:
+        """Rank 0: the epoch of a namespace created now -- the time in
+        microseconds, or one past the last if that is not later.  They
+        increase, across rank 0's runs too, so that a namespace made again
+        after a restart is not taken for the one before by a watcher that
+        reconnects (namespaces other than primary do not outlive rank 0).
+        A guest sees its own namespaces' epochs: numbered one by one, the
+        gap between two of them counted the namespaces anyone created
+        between (a security probe), which a guest's stats leave out."""
+        self._last_epoch = max(self._last_epoch + 1, time.time_ns() // 1000)
+        return self._last_epoch
+
     def _handover(self) -> dict[str, Any]:
         """Rank 0, removed at runtime (``module remove``/``reload``): what the
         next kvs module of this rank takes over, so that the instance's
@@ -526,14 +532,13 @@ class KvsModule(Module):
             kept.append({"name": ns.name, "owner": ns.owner, "rootref": ns.rootref,
                          "rootseq": ns.rootseq, "flags": ns.flags, "epoch": ns.epoch,
                          "leases": self.leases.snapshot(ns.name)})
-        return {"namespaces": kept, "epochs": self._epochs, "last_epoch": self._last_epoch,
+        return {"namespaces": kept, "last_epoch": self._last_epoch,
                 "checkpointed": self.checkpointed, "root_history": self.root_history,
                 "recent_roots": self.recent_roots}
 
     def _take_over(self, handover: dict[str, Any]) -> None:
         """Rank 0: start where the kvs module removed before left off
         (:meth:`_handover`), its checkpoint ticker and collector again."""
-        self._epochs = handover["epochs"]
         self._last_epoch = handover["last_epoch"]
         self.checkpointed = handover["checkpointed"]
         self.root_history = self.commits.root_history = handover["root_history"]
@@ -1605,8 +1610,7 @@ class KvsModule(Module):
             await self.refcheck.keep_whole({rootref: True}, begun)
         if name in self.namespaces:  # raced with another create while storing
             raise ErrnoError(errno.EEXIST, f"namespace {name} already exists")
-        self._last_epoch = next(self._epochs)
-        ns = Namespace(name, owner, rootref, 0, flags, self._last_epoch)
+        ns = Namespace(name, owner, rootref, 0, flags, self._next_epoch())
         self._note_roots(ns)
         self.namespaces[name] = ns
         self.counts["namespaces-created"] += 1

@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import sys
+import time
 
 import pytest
 from test_broker_support import stop_process, stopped, wait_until
@@ -423,6 +424,27 @@ async def test_a_version_wait_with_the_commits_epoch_waits_for_the_new_namespace
         await k3.handle.rpc("kvs.wait-version", {"namespace": "job", "rootseq": 1,
                                                  "epoch": "1"})
     assert exc.value.errnum == errno.EPROTO
+
+
+async def test_epochs_are_times_not_a_count_of_namespaces(start_instance, connect) -> None:
+    """A namespace's epoch (which a guest sees of its own: commit answers,
+    kvs-watch's namespace events) was the count of namespaces created
+    since rank 0 started, so the gap between two of a guest's told how many
+    others anyone had created between them (a security probe).  It is the
+    time of the creation in microseconds now, one more than the last if
+    that is not later: still increasing, and telling only when."""
+    inst = await start_instance(size=2)
+    kvs = KVS(await connect(inst, 1))
+    epochs = []
+    for i in range(6):
+        before = time.time_ns() // 1000
+        await kvs.namespace_create(f"e{i}")
+        epochs.append((await getroot(kvs.handle, f"e{i}"))["epoch"])
+        assert before <= epochs[-1] <= time.time_ns() // 1000, (before, epochs)
+    assert epochs == sorted(set(epochs)), epochs
+    await kvs.namespace_remove("e0")
+    await kvs.namespace_create("e0")
+    assert (await getroot(kvs.handle, "e0"))["epoch"] > epochs[-1]
 
 
 GUEST_LATE_COMMIT = """
