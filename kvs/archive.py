@@ -78,7 +78,15 @@ from broker.errors import ErrnoError, RemoteError
 from broker.launch import StartError, private_dir
 from kvs import shards, treeobj, txn
 from kvs.client import READ_WINDOW, Link, pin_dir, read_tree
-from kvs.keys import check_length, check_target_length, join, normalize, parse_ns_target, split
+from kvs.keys import (
+    MAX_DEPTH,
+    check_length,
+    check_target_length,
+    join,
+    normalize,
+    parse_ns_target,
+    split,
+)
 from kvs.namespaces import CHECKPOINT_KEY
 from kvs.treeobj import BlobCache, NeedBlobs, TreeObj
 from kvs.txn import APPEND, MAX_OPS
@@ -813,13 +821,25 @@ class _Tree:
         """``(rootref, {blobref: blob})``: the tree's directory blobs (the
         values' were handed back by :meth:`add`)."""
         empty, data = txn.empty_root(self.hash_name)
+        # A tree deeper than a commit writes (MAX_DEPTH) is built too: a
+        # directory copied below a deep key makes one, which reads, dumps
+        # and collections walk, and its dump was refused here ("writes more
+        # than 256 levels deep") -- an instance's own dump could not be put
+        # back.  The engine recurses about twice a level.
+        deepest = max((len(split(path)) for path in self.kinds), default=0)
+        limit = sys.getrecursionlimit()
+        if deepest > MAX_DEPTH:
+            sys.setrecursionlimit(max(limit, 2 * deepest + 1000))
         # (the valrefs name blobs this in-memory store lacks: the engine
         # checks their form only, and never reads a value it does not change)
         try:
-            result = txn.apply({empty: data}, empty, self.ops(), hash_name=self.hash_name)
+            result = txn.apply({empty: data}, empty, self.ops(), hash_name=self.hash_name,
+                               max_depth=max(deepest, MAX_DEPTH))
         except ErrnoError as exc:
             raise ArchiveError(f"the archive cannot be a KVS tree: {exc.errstr or exc}"
                                ) from None
+        finally:
+            sys.setrecursionlimit(limit)
         blobs = dict(result.new_blobs)
         blobs.setdefault(empty, data)  # (an empty archive: the root is the empty directory)
         return result.rootref, blobs

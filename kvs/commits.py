@@ -509,7 +509,18 @@ class CommitPipeline:
                                               else None)
                     finally:
                         self._checkpointing.discard(task)
-        except ErrnoError as exc:
+        except Exception as exc:
+            # An exception that is no errno (a bug: a RecursionError in the
+            # engine) is one transaction's too, found as a merged batch is
+            # split: it failed every transaction merged with the faulty one
+            # (EIO), and clients that wrote nothing wrong lost their commits
+            # (a data-model probe).  Logged with its traceback once, alone.
+            if isinstance(exc, ErrnoError):
+                err = exc
+            else:
+                if len(batch) == 1:
+                    self.log.exception("a commit in %s failed", ns.name)
+                err = ErrnoError(errno.EIO, f"internal error: {exc}")
             # Let go of the frames ``exc`` went through (they hold the ops
             # and the blobs made for them), and give a future a fresh
             # exception: the traceback made cycles (this frame -> batch ->
@@ -518,6 +529,7 @@ class CommitPipeline:
             # full collection, rare with a rank's raised thresholds (six
             # EFBIG puts of 530 MB left rank 0 at 3.2 GB).
             exc.__traceback__ = None
+            del exc
             if len(batch) > 1:
                 self.counts["merges-split"] += 1
                 for p in batch:  # replay one by one: only the faulty one fails
@@ -526,8 +538,8 @@ class CommitPipeline:
             self.counts["commits-failed"] += 1
             p = batch[0]
             if not p.future.done():
-                p.future.set_exception(ErrnoError(exc.errnum, exc.errstr))
-            self.publish_error(ns, [p.name], exc)
+                p.future.set_exception(ErrnoError(err.errnum, err.errstr))
+            self.publish_error(ns, [p.name], err)
             return
         if ns.removed:  # removed while this batch was being applied
             err = ErrnoError(errno.ENOTSUP, f"namespace {ns.name} was removed")

@@ -303,7 +303,8 @@ class _WDir:
         self.changed = True
 
 
-def _check_op(op: object) -> tuple[str, list[str], int, TreeObj | None]:
+def _check_op(op: object, max_depth: int = MAX_DEPTH) -> tuple[str, list[str], int,
+                                                               TreeObj | None]:
     if not isinstance(op, dict):
         raise ErrnoError(errno.EPROTO, "op must be a map")
     key = op.get("key")
@@ -315,14 +316,9 @@ def _check_op(op: object) -> tuple[str, list[str], int, TreeObj | None]:
         raise ErrnoError(errno.EINVAL, "cannot write or unlink the root directory")
     norm = ".".join(parts)
     dirent = op["dirent"]
-    depth = len(parts)
     if dirent is not None:
         validate(dirent, dirent=True)
-        if dirent["type"] == "dir":
-            depth += nesting(dirent)
-    if depth > MAX_DEPTH:
-        raise ErrnoError(errno.EINVAL, f"{norm[:64]}...: writes more than {MAX_DEPTH} "
-                         "levels deep (key components plus nested directories)")
+    _check_depth(norm, parts, dirent, max_depth)
     if flags & EXPECT and (flags != EXPECT or not (dirent is None or dirent["type"] == "val")):
         raise ErrnoError(errno.EPROTO, f"{shown(norm)}: an expect op takes a val dirent or null, "
                                        "and no other flag")
@@ -333,9 +329,25 @@ def _check_op(op: object) -> tuple[str, list[str], int, TreeObj | None]:
     return norm, parts, flags, dirent
 
 
+def _check_depth(key: str, path: list[str], dirent: TreeObj | None,
+                 max_depth: int = MAX_DEPTH) -> None:
+    """``EINVAL`` for a write of ``key`` at ``path`` (its own components, or
+    those a symlink on the way led to) deeper than ``max_depth``, the
+    levels of the directories ``dirent`` nests counted.  Through a link the
+    key's own depth said nothing: ``L.x`` with ``L`` 250 levels down wrote
+    deeper, and 250 levels more were a ``RecursionError`` of the engine."""
+    depth = len(path) + (nesting(dirent) if dirent is not None else 0)
+    if depth > max_depth:
+        through = "" if ".".join(path) == key else " through a symlink"
+        raise ErrnoError(errno.EINVAL, f"{key[:64]}...: writes more than {max_depth} "
+                         f"levels deep{through} (key components plus nested directories)")
+
+
 class _Txn:
-    def __init__(self, cache: BlobCache, writer: BlobWriter, namespace: str | None) -> None:
+    def __init__(self, cache: BlobCache, writer: BlobWriter, namespace: str | None,
+                 max_depth: int = MAX_DEPTH) -> None:
         self.cache = cache
+        self.max_depth = max_depth
         self.writer = writer
         self.namespace = namespace
         # The blobref lists of the valrefs this transaction's appends made,
@@ -378,6 +390,7 @@ class _Txn:
                         f"name, not through a symlink ({shown('.'.join(parts[:i + 1]))} is one): "
                         "name the key it leads to"))
                 path = self._through(e, parts[i + 1:], depth, "write")
+                _check_depth(".".join(parts), path, dirent, self.max_depth)
                 self.link(root, path, dirent, flags, depth + 1)
                 return
             else:  # missing, or a value: (re)place with a new directory
@@ -574,6 +587,7 @@ def apply(
     hash_name: str = blobref.DEFAULT_HASH,
     namespace: str | None = None,
     ns_roots: Callable[[str], str | None] | None = None,
+    max_depth: int = MAX_DEPTH,
 ) -> TxnResult:
     """Apply ``ops`` in order to the tree rooted at blob ``root_ref``.
 
@@ -584,6 +598,9 @@ def apply(
     namespaces.  Pass a long-lived :class:`~kvs.treeobj.BlobCache` as
     ``store`` so unchanged directories are not decoded again on every commit.
 
+    ``max_depth``: how deep a write may reach (:data:`MAX_DEPTH` for a
+    commit; deeper needs a recursion limit of about twice as many frames).
+
     Raises ``ErrnoError`` (EPROTO for malformed ops, EINVAL, EISDIR, ELOOP,
     EOPNOTSUPP, ...) or :class:`NeedBlobs`.  Nothing is modified on error.
     """
@@ -591,14 +608,14 @@ def apply(
     cache = as_cache(store)
     if not blobref.is_valid(root_ref):
         raise ErrnoError(errno.EINVAL, f"invalid root blobref {root_ref!r}")
-    checked = [_check_op(op) for op in ops]
+    checked = [_check_op(op, max_depth) for op in ops]
     keys = list(dict.fromkeys(norm for norm, _, flags, _ in checked if not flags & EXPECT))
     if not checked:
         return TxnResult(root_ref, {}, keys)
 
     writer = BlobWriter(hash_name, cache)
     root = _WDir.load(cache, dirref(root_ref), is_root=True)
-    txn = _Txn(cache, writer, namespace)
+    txn = _Txn(cache, writer, namespace, max_depth)
     missing: set[str] = set()
     through: list[tuple[int, str]] = []
     for i, (norm, parts, flags, dirent) in enumerate(checked):

@@ -347,10 +347,12 @@ def test_build_of_an_empty_archive_is_the_empty_directory() -> None:
     assert rootref == txn.empty_root()[0] and rootref in blobs
 
 
-def test_build_refuses_what_no_tree_can_hold() -> None:
-    deep = Item(".".join(["d"] * 300), "value", b"x")
-    with pytest.raises(ArchiveError, match="cannot be a KVS tree"):
-        build([deep])
+def test_build_makes_trees_deeper_than_a_commit_writes() -> None:
+    """1,000 levels, as copies below deep keys make (a commit writes 256 at
+    most: this was refused, "cannot be a KVS tree")."""
+    deep = Item(".".join(["d"] * 1000), "value", b"x")
+    rootref, blobs = build([deep])
+    assert _contents(blobs, rootref) == [deep] and len(blobs) == 1000 + 1  # (and the empty root)
 
 
 def test_dump_refuses_an_unknown_archive_name(tmp_path) -> None:
@@ -682,6 +684,29 @@ async def test_a_key_an_archive_cannot_hold_fails_the_dump(start_instance, conne
     assert await errnum(get(h, "copy.ok")) == errno.ENOENT
     rc, _, err = await run_cli("kvs", "dump", "--key", "nope", str(out), uri=inst.uri(0))
     assert rc == 1 and "nope" in err and "No such file or directory" in err
+
+
+async def test_a_tree_deeper_than_a_commit_writes_dumps_and_restores(start_instance,
+                                                                       connect) -> None:
+    """A commit writes at most 256 levels deep, but a directory copied below
+    a deep key makes a deeper tree (by reference, as Flux's copy), which
+    reads, dumps and collections walk.  Its dump was refused by restore
+    ("writes more than 256 levels deep"): an instance's own dump could not
+    be put back.  The owner's restore builds any depth now.  (A data-model
+    probe.)"""
+    inst = await start_instance(size=1)
+    kvs = KVS(await connect(inst, 0))
+    deep = ".".join(["a"] * 200)
+    await kvs.put(f"{deep}.v", "bottom")
+    await kvs.copy("a", ".".join(["z"] * 200))  # z x200 . a x199 . v: 400 levels
+    key = ".".join(["z"] * 200 + ["a"] * 199 + ["v"])
+    assert await kvs.get_str(key) == "bottom"
+    buf = io.BytesIO()
+    await asyncio.wait_for(archive.dump(kvs, buf, key="z"), 60)
+    report = await asyncio.wait_for(archive.restore(kvs, io.BytesIO(buf.getvalue()), "r"), 60)
+    assert report.keys == 1
+    assert await kvs.get_str("r." + key[2:]) == "bottom"
+    assert report.rootref == (await kvs.get_treeobj("z"))["data"][0]  # (the same tree)
 
 
 # ---------------------------------------------------------------- offline
