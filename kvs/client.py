@@ -317,6 +317,8 @@ class CommitResult:
     rootref: str
     rootseq: int
     epoch: int | None = None
+    namespace: str | None = None
+    """The namespace the commit wrote (a version is a namespace's own)."""
 
     @property
     def treeobj(self) -> TreeObj:
@@ -1019,7 +1021,7 @@ class KVS:
             "namespace": self.namespace, "flags": flags, "ops": op_list})
         epoch = resp.get("epoch")
         return CommitResult(resp["rootref"], int(resp["rootseq"]),
-                            epoch if type(epoch) is int else None)
+                            epoch if type(epoch) is int else None, self.namespace)
 
     async def put(self, key: str, value: Any, *, sync: bool = False,
                   lease: LeaseSpec | None = None) -> CommitResult:
@@ -1327,6 +1329,9 @@ class KVS:
         :data:`WAIT_GRACE` seconds later, so the timeout always holds."""
         timeout = check_timeout(timeout)
         if isinstance(version, CommitResult):
+            if version.namespace not in (None, self.namespace):
+                raise ValueError(f"a commit's result in namespace {version.namespace}, not "
+                                 f"{self.namespace}: wait on a KVS of its namespace")
             epoch = version.epoch if epoch is None else epoch
             version = version.rootseq
         if epoch is not None and type(epoch) is not int:

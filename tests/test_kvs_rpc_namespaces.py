@@ -417,6 +417,8 @@ async def test_a_version_wait_with_the_commits_epoch_waits_for_the_new_namespace
     with pytest.raises(RemoteError) as exc:  # (the old one's epoch: removed)
         await k3.wait_version(old, timeout=T)
     assert exc.value.errnum == errno.ENOTSUP
+    with pytest.raises(ValueError, match="in namespace job, not primary"):
+        await k3.with_namespace("primary").wait_version(new, timeout=T)
     with pytest.raises(RemoteError) as exc:  # (rank 0 gave no such epoch)
         await k0.wait_version(1, timeout=T, epoch=new.epoch + 1)
     assert exc.value.errnum == errno.EINVAL
