@@ -232,7 +232,7 @@ def parse_object(data: bytes, where: str, what: str,
     except UnicodeDecodeError:
         raise CLIError(what, detail=f"{where}: not UTF-8 text") from None
     try:
-        doc = jsontoml.loads_json(text, parse_constant=jsontoml.refuse_constant)
+        doc = jsontoml.loads_finite_json(text)
     except json.JSONDecodeError as exc:
         if json_only:
             raise CLIError(what, detail=f"{where}: not JSON: {exc}") from None
@@ -380,10 +380,10 @@ def parse_value(text: str, kind: str, what: str) -> Any:
         return real
     if kind in ("array", "object"):
         try:
-            value = jsontoml.loads_json(text)
+            value = jsontoml.loads_finite_json(text)
         except ValueError as exc:  # (not JSON, or an integer of too many digits)
-            if str(exc) == jsontoml.TOO_DEEP:
-                raise bad(f"a JSON {kind}: {jsontoml.TOO_DEEP}") from None
+            if str(exc) == jsontoml.TOO_DEEP or jsontoml.NOT_FINITE in str(exc):
+                raise bad(f"a JSON {kind}: {exc}") from None
             value = None
         if not isinstance(value, list if kind == "array" else dict):
             raise bad(f"a JSON {kind}")

@@ -52,7 +52,7 @@ def loads_toml(text: str) -> dict[str, Any]:
         raise _decode_error(TOO_DEEP) from None
 
 
-NOT_FINITE = "not a number JSON can carry (nan and inf are TOML's only)"
+NOT_FINITE = "not a finite number (JSON has no nan or infinity)"
 
 
 def _decode_error(msg: str) -> Exception:
@@ -76,7 +76,19 @@ def _finite_real(text: str) -> float:
     return real
 
 
-def refuse_constant(name: str) -> Any:
-    """``json.loads``'s ``parse_constant`` for a configuration:
-    ``NaN``, ``Infinity`` and ``-Infinity`` are Python's, not JSON's."""
-    raise ValueError(f"{name}: not a number JSON has")
+def loads_finite_json(text: str | bytes) -> Any:
+    """:func:`loads_json` of a configuration: ``NaN``, ``Infinity`` and
+    ``-Infinity`` (Python's, not JSON's) and a number past a double
+    (``1e999``, read as infinity) are a ``ValueError`` naming it."""
+    return loads_json(text, parse_constant=_refuse_constant, parse_float=_finite_json_real)
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name}: {NOT_FINITE}")
+
+
+def _finite_json_real(text: str) -> float:
+    real = float(text)
+    if not math.isfinite(real):
+        raise ValueError(f"{text}: {NOT_FINITE}")
+    return real

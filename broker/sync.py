@@ -290,12 +290,16 @@ def _close_dropped(loop: asyncio.AbstractEventLoop, claimed_sigint: bool,
     Warned as an unclosed file is, once: the connection is closed first
     (and its end run, a turn of the loop, where no other loop runs), or
     each loop warned of it too ("unclosed resource <UnixTransport>",
-    "unclosed transport", "unclosed <socket.socket>")."""
+    "unclosed transport", "unclosed <socket.socket>").  That turn runs in
+    the thread the collector runs in, with the handle's tasks cancelled
+    first: their ``finally`` clauses run there, and nothing else of theirs."""
     warnings.warn("a SyncHandle was not closed: close() it, or use it as a context "
                   "manager (with connect() as h: ...)", ResourceWarning, stacklevel=2)
     if not loop.is_closed() and not loop.is_running():
         for aio in connection:
             aio.abort()
+        for task in asyncio.all_tasks(loop):
+            task.cancel()
         if asyncio._get_running_loop() is None:
             with contextlib.suppress(Exception):
                 loop.run_until_complete(asyncio.sleep(0))

@@ -827,6 +827,8 @@ class _Tree:
         # than 256 levels deep") -- an instance's own dump could not be put
         # back.  The engine recurses about twice a level.
         deepest = max((len(split(path)) for path in self.kinds), default=0)
+        # (process-wide, put back after: a restore is its command's, or
+        # rank 0's at its start, and nothing else sets it meanwhile)
         limit = sys.getrecursionlimit()
         if deepest > MAX_DEPTH:
             sys.setrecursionlimit(max(limit, 2 * deepest + 1000))

@@ -515,6 +515,9 @@ class CommitPipeline:
             # split: it failed every transaction merged with the faulty one
             # (EIO), and clients that wrote nothing wrong lost their commits
             # (a data-model probe).  Logged with its traceback once, alone.
+            # (A fault of no transaction's -- a store that fails -- is met
+            # again by each one replayed, and logged for each: rare, and
+            # each is answered with it.)
             if isinstance(exc, ErrnoError):
                 err = exc
             else:

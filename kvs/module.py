@@ -1327,12 +1327,18 @@ class KvsModule(Module):
             if ns.epoch > epoch:
                 raise ErrnoError(errno.ENOTSUP, f"namespace {name} was removed (it was "
                                                 "created again since)")
-            if self.leader:  # (rank 0 holds the newest: no such epoch was given)
-                raise ErrnoError(errno.EINVAL, f"namespace {name} has no epoch {epoch} "
-                                               f"(it is at epoch {ns.epoch})")
             left = None if deadline is None else max(0.0, deadline - loop.time())
             try:
                 async with asyncio.timeout(left):
+                    # (rank 0 holds the newest: an epoch past its own was
+                    # never given, and a follower would wait for ever)
+                    newest = ns.epoch if self.leader else await self._epoch_at_rank_0(name)
+                    if newest < epoch:
+                        raise ErrnoError(errno.EINVAL, f"namespace {name} has no epoch "
+                                                       f"{epoch} (it is at epoch {newest})")
+                    if newest > epoch:
+                        raise ErrnoError(errno.ENOTSUP, f"namespace {name} was removed (it "
+                                                        "was created again since)")
                     await ns.until_removed()
                     loading = asyncio.ensure_future(self.get_ns(name, msg))
                     loading.add_done_callback(outcome_read)
@@ -1343,6 +1349,16 @@ class KvsModule(Module):
                                                   f"an older namespace {name} (epoch "
                                                   f"{ns.epoch}, not {epoch})") from None
         return ns
+
+    async def _epoch_at_rank_0(self, name: str) -> int:
+        """The epoch of namespace ``name`` rank 0 holds now (``ENOTSUP`` if
+        none): asked with this rank's credentials, never answered to a
+        client, only compared (:meth:`_life_of`)."""
+        try:
+            resp = await self.h.rpc("kvs.getroot", {"namespace": name}, nodeid=0)
+        except RemoteError as exc:
+            raise from_rank_0(exc) from None
+        return int(resp.get("epoch", 0))
 
     def disconnect(self, msg: Message) -> None:
         """A client went away: cancel its pending ``kvs.wait-version`` requests
