@@ -163,8 +163,6 @@ async def test_a_barrier_cut_short_leaves_and_counts_are_checked(start_instance,
     assert h.pending == 0
 
 
-
-
 async def test_near_misses_are_named(start_instance, tmp_path) -> None:
     """Mistakes a newcomer makes (a newcomer probe): ``local:/path``, a
     slash short, was taken for a file named so (``FileNotFoundError:
