@@ -409,6 +409,8 @@ async def test_a_version_wait_with_the_commits_epoch_waits_for_the_new_namespace
         # the bare number: answered by the old namespace, stale (the limit)
         assert await k3.wait_version(new.rootseq, timeout=T) == 5
         assert await k3.get_str("x") == "old4"
+        with pytest.raises(TimeoutError, match="still holds an older namespace job"):
+            await k3.wait_version(new, timeout=0.3)
         exact = asyncio.ensure_future(k3.wait_version(new, timeout=T))
         done, _ = await asyncio.wait({exact}, timeout=0.5)
         assert not done, exact.result()  # (rank 3 cannot hear the removal yet)
