@@ -819,6 +819,17 @@ class Overlay:
             fut.set_result(None)
 
     def close(self) -> None:
+        # A child told to stop that answered, or that said goodbye, and
+        # whose link has not closed yet: it stops, and is said so now.  Its
+        # link's close, after this, was no longer heard, and the line went
+        # missing whenever a child answered a shutdown and this rank
+        # closed first (t0025: one stop in a few hundred).
+        for child in sorted(self.hello_from):
+            left = self._leaving.get(child)
+            if left is not None or (self._shutdown_sent
+                                    and child not in self._shutdown_unanswered):
+                log.info("child rank %d%s stopped (%s)", child, self._host_of(child),
+                         left or "this rank told it to")
         self._closing = True
         if self._check_timer is not None:
             self._check_timer.cancel()
@@ -1424,6 +1435,13 @@ class Overlay:
                    else f"its connection failed: {conn.lost_error}")
             self._lose_child(conn.rank, why)
 
+    def _host_of(self, child: int) -> str:
+        """`` on HOST``, the host ``child`` ran on when not this one's, as
+        overlay status names it (across hosts, the machine an operator must
+        look at); else nothing."""
+        host = self._child_host.get(child)
+        return f" on {host}" if host and host != self.hostname else ""
+
     def _lose_child(self, child: int, why: str, warned: bool = False,
                     quiet: bool = False) -> None:
         """A child's link closed (``why``): its subtree is gone (it stops
@@ -1451,10 +1469,7 @@ class Overlay:
             self._lost.pop(child, None)
         if self._closing:
             return
-        # (the host it ran on, when not this one's, as overlay status names
-        # it: across hosts, the machine an operator must look at)
-        host = self._child_host.get(child)
-        on = f" on {host}" if host and host != self.hostname else ""
+        on = self._host_of(child)
         if left is not None:
             log.info("child rank %d%s stopped (%s)", child, on, left)
         elif self._shutdown_sent:
