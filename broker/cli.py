@@ -1411,7 +1411,10 @@ def report_not_utf8(args: argparse.Namespace, exc: UnicodeEncodeError) -> int:
     text = exc.object if isinstance(exc.object, str) else ""
     if len(text) > 40:  # (a whole event, as ``eventlog append`` encodes it): the bad part
         text = text[exc.start:exc.end]
-    shown = repr(os.fsencode(text))[1:] if text else "an argument"
+    try:
+        shown = repr(os.fsencode(text))[1:] if text else "an argument"
+    except UnicodeEncodeError:  # (a surrogate no file name's byte made: not ours)
+        shown = ascii(text)
     print_err(f"{what}: {os.strerror(errno.EINVAL)} ({shown} is not UTF-8 text)")
     return 1
 

@@ -121,12 +121,44 @@ def encode(entries: Iterable[Mapping[str, Any]]) -> bytes:
 
 
 def decode_entry(line: str | bytes) -> Entry:
-    """Parse one line (without its ``\\n``); :class:`EventlogError` if malformed."""
+    """Parse one line (without its ``\\n``); :class:`EventlogError` if malformed.
+
+    Strictly JSON in UTF-8, as Flux's jansson reads it, so that a read and
+    a watch of the same bytes agree (the watch's parser was ``json.loads``
+    of the bytes, which guesses UTF-16 or skips a byte-order mark): no
+    byte-order mark, no ``NaN`` or ``Infinity`` (Python's, not JSON's; the
+    writer refuses them), no lone surrogate escape (``"\\ud800"``, which
+    no UTF-8 holds: printing the name was a traceback)."""
     try:
-        obj = jsontoml.loads_json(line)
+        text = line.decode("utf-8") if isinstance(line, bytes | bytearray) else line
+        obj = jsontoml.loads_json(text, parse_constant=_not_json)
     except (ValueError, UnicodeDecodeError):
         raise EventlogError() from None
+    if ("\\ud" in text or "\\uD" in text) and not _all_utf8(obj):
+        raise EventlogError()
     return _check(obj)
+
+
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _all_utf8(value: Any) -> bool:
+    """Every string in ``value`` (keys too) can be UTF-8: no lone surrogate."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                return False
+        elif isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return True
 
 
 def decode(data: str | bytes) -> list[Entry]:

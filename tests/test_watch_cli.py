@@ -255,6 +255,44 @@ async def test_watch_forms_refuse_an_unterminated_eventlog(start_instance, conne
     await wait_watchers(h0, 0, nodeid=1)
 
 
+async def test_a_read_and_a_watch_of_the_same_lines_agree(start_instance, connect):
+    """Lines that are no JSON in UTF-8 (a Flux job-flow probe): a
+    byte-order mark before one, or one in UTF-16, was refused by a read and
+    taken by a watch (``json.loads`` of bytes guesses the encoding); NaN in
+    a context (Python's, not JSON's, which the writer refuses) was taken by
+    both; a lone surrogate escape in a name was taken by both, and
+    ``eventlog get`` then died printing it (two tracebacks).  Each is
+    refused, EINVAL, by every reader; a surrogate pair is a character and
+    reads as one."""
+    from kvs.client import KVS
+
+    inst = await start_instance(size=2)
+    h0 = await connect(inst, 0)
+    uri = inst.uri(1)
+    bad = {"bom": b"\xef\xbb\xbf" + ev(1, "b"),
+           "utf16": '{"timestamp":1.0,"name":"b"}'.encode("utf-16-le") + b"\n",
+           "nan": b'{"timestamp":1.0,"name":"b","context":{"x":NaN}}\n',
+           "lone": b'{"timestamp":1.0,"name":"b"}\n{"timestamp":2.0,"name":"\\ud800"}\n'}
+    for key, data in bad.items():
+        await commit(h0, put(f"l.{key}", data))
+    await commit(h0, put("l.pair", b'{"timestamp":1.0,"name":"\\ud83d\\ude00"}\n'),
+                 sync=(h0, 1))
+    kvs = KVS(h0)
+    for key in bad:
+        want = (1, "", f"kvbroker: l.{key}: {BAD}\n")
+        assert await run(uri, "kvs", "eventlog", "get", f"l.{key}", timeout=10) == want
+        assert await run(uri, "kvs", "eventlog", "get", "-u", f"l.{key}", timeout=10) == want
+        assert await run(uri, "kvs", "eventlog", "wait-event", f"l.{key}", "b",
+                         timeout=10) == want
+        for read in (kvs.get_eventlog(f"l.{key}"), wait_event(h0, f"l.{key}", "b", timeout=10)):
+            with pytest.raises(ValueError, match="improperly formatted"):
+                await read
+    assert await run(uri, "kvs", "eventlog", "get", "l.pair", timeout=10) == (
+        0, "1.000000 \U0001f600\n", "")
+    assert (await kvs.get_eventlog("l.pair"))[0]["name"] == "\U0001f600"
+    await wait_watchers(h0, 0, nodeid=1)
+
+
 @pytest.mark.parametrize("command", [
     ("kvs", "wait", "-t", "1", "5"),
     ("kvs", "get", "--watch", "--timeout", "1", "a"),
