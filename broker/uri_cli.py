@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from broker.cliutil import CLIError, connect, errno_detail, run_async
+from broker.cliutil import CLIError, add_answer_timeout, connect, errno_detail, run_async
 from broker.errors import ErrnoError
 from broker.uri import SCHEMES, resolve
 
@@ -27,13 +27,19 @@ def register(sub: Any) -> None:
                       "(as ?remote)")
     s.add_argument("--wait", action="store_true",
                    help="pid:PID: wait until its instance is up (kvbroker start still "
-                   "starting), as ?wait; others answer at once")
+                   "starting), as ?wait")
+    add_answer_timeout(s, help_text="give up after SECONDS (exit 1): rank:N asks rank N "
+                       "through the tree, which waits for a stopped rank on the way; "
+                       "--wait waits for the instance")
     s.set_defaults(func=cmd_uri, form=None)
 
 
 def cmd_uri(args: argparse.Namespace) -> int:
     args.what = "uri"
     args.target.encode()  # (not UTF-8: said so, not "a\udcff: unknown target")
+    rank = args.target.partition("?")[0].removeprefix("rank:")
+    if rank.isdigit():  # (named by -t's message: "rank 3 did not answer in 1s")
+        args.rank = int(rank)
 
     async def main() -> int:
         try:

@@ -48,7 +48,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_broker_support import KVBROKER, run_cli
+from test_broker_support import KVBROKER, run_cli, stopped
 from test_ssh_connector import STANDIN
 
 from broker import uri as urimod
@@ -161,6 +161,19 @@ async def test_rank_and_the_current_instance(start_instance, monkeypatch) -> Non
     # the Python API: the same resolver, awaitable
     monkeypatch.setenv("KVBROKER_URI", inst.uri(0))
     assert await urimod.resolve("rank:1") == inst.uri(1)
+
+
+async def test_rank_behind_a_stopped_rank_gives_up_at_its_timeout(start_instance) -> None:
+    """``uri rank:N`` asks rank N through the tree: with a rank on the way
+    stopped it waited for ever, with no ``-t`` to bound it (an operator
+    probe: ten minutes, then killed).  ``-t`` gives up naming the rank;
+    ranks reached another way still answer."""
+    inst = await start_instance(size=4, fanout=2)
+    async with stopped(inst.pids()[1]):  # (rank 3's parent)
+        err = await cli("uri", "-t", "0.5", "rank:3", uri=inst.uri(0), rc=1)
+        assert err == ("kvbroker: uri: Connection timed out (rank 3 did not answer in "
+                       "0.5s: stopped or hung?)"), err
+        assert await cli("uri", "-t", "5", "rank:2", uri=inst.uri(0)) == inst.uri(2)
 
 
 def test_a_listening_socket_named_like_a_ranks(tmp_path: Path) -> None:
