@@ -491,6 +491,18 @@ class Overlay:
         """Whether ``child`` was lost and has not joined again."""
         return child in self._lost
 
+    def why_unreachable(self, rank: int) -> str:
+        """What this rank knows of child ``rank``, for the error of a
+        request it cannot pass on: ``offline (stopped: WHY)`` or ``lost
+        (WHY)``, as ``overlay status`` says it (it said only "unreachable",
+        where the operator's next command knew it was shut down); else
+        ``unreachable``."""
+        if rank in self._stopped:
+            return f"offline (stopped: {self._stopped[rank]})"
+        if rank in self._lost:
+            return f"lost ({self._lost[rank]})"
+        return "unreachable"
+
     def offline(self) -> dict[str, str]:
         """Each child that stopped on purpose and has not joined again
         (``str(rank)``, for JSON), with why (``signal SIGTERM``): offline,

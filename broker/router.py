@@ -728,7 +728,8 @@ class Router:
         if not sent:
             self.counts["unroutable"] += 1
             if msg.type == MsgType.REQUEST:
-                self.respond_error(msg, errno.EHOSTUNREACH, f"rank {rank} is unreachable")
+                state = "unreachable" if ov is None else ov.why_unreachable(rank)
+                self.respond_error(msg, errno.EHOSTUNREACH, f"rank {rank} is {state}")
             return False
         return True
 
