@@ -81,9 +81,15 @@ def printable(text: str) -> str:
     return text if text.isprintable() else repr(text)
 
 
-def no_service_message(topic: str) -> str:
-    """The ``ENOSYS`` message for a request no service takes."""
-    return NO_SERVICE + printable(topic)
+def no_service_message(topic: str, module: str | None = None) -> str:
+    """The ``ENOSYS`` message for a request no service takes; ``module``:
+    an installed module of that name serves it, not loaded on the rank
+    (``groups``, ``cron`` are not by default), which the message says how
+    to load: "no service matching groups.get" read as a broken instance
+    to an operator."""
+    hint = (f": the {module} module is not loaded on this rank (kvbroker module load "
+            f"{module}; -r all for every rank)" if module else "")
+    return NO_SERVICE + printable(topic) + hint
 """What the router's ``ENOSYS`` answer starts with when no module of the
 rank that had to serve a request offers its service (then its topic)."""
 

@@ -447,6 +447,14 @@ class Router:
         else:
             self.counts["dropped-control"] += 1
 
+    def _no_service(self, msg: Message) -> None:
+        """``ENOSYS``: no module of this rank serves ``msg``; naming the
+        module to load when one installed would (:mod:`broker.plugins`)."""
+        from broker.plugins import installed_modules
+
+        module = msg.service if msg.service in installed_modules() else None
+        self.respond_error(msg, errno.ENOSYS, no_service_message(msg.topic, module))
+
     def route_request(self, msg: Message) -> None:
         self.counts["requests"] += 1
         self._route(msg)
@@ -460,7 +468,7 @@ class Router:
             if peer is not None:
                 peer.deliver(msg)
             elif self.rank == 0:
-                self.respond_error(msg, errno.ENOSYS, no_service_message(msg.topic))
+                self._no_service(msg)
             else:
                 self._send_up(msg)
         elif nodeid == NODEID_UPSTREAM:
@@ -476,7 +484,7 @@ class Router:
             if peer is not None:
                 peer.deliver(msg)
             else:
-                self.respond_error(msg, errno.ENOSYS, no_service_message(msg.topic))
+                self._no_service(msg)
         elif not 0 <= nodeid < self.size:
             ranks = "rank 0" if self.size == 1 else f"ranks 0-{self.size - 1}"
             self.respond_error(msg, errno.EHOSTUNREACH,

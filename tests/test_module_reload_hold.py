@@ -196,8 +196,9 @@ async def test_a_failed_reload_answers_what_it_held(testmod, start_instance, con
     await cli(inst.uri(0), "module", "remove", "testmod")
     with pytest.raises(RemoteError) as info:
         await asyncio.wait_for(h.rpc("testmod.info", {}), T)
-    assert (info.value.errnum, info.value.errstr) == (errno.ENOSYS,
-                                                      "no service matching testmod.info")
+    assert (info.value.errnum, info.value.errstr) == (errno.ENOSYS, (
+        "no service matching testmod.info: the testmod module is not loaded on this rank "
+        "(kvbroker module load testmod; -r all for every rank)"))
     await cli(inst.uri(0), "module", "load", "testmod")
     counts = (await stats(h, 0))["messages"]
     assert (counts["reload-held"], counts["reload-refused"]) == (3, 3), counts
