@@ -198,6 +198,11 @@ def check_str(value: Any, what: str) -> str:
     come back ``EPROTO`` (or, sent without an answer, nowhere)."""
     if type(value) is not str:
         raise TypeError(f"{what} must be a str, not {type(value).__name__}")
+    if not value.isascii():  # (O(1): CPython keeps the flag)
+        try:
+            value.encode()
+        except UnicodeEncodeError:  # (a lone surrogate: the error blamed the payload)
+            raise ValueError(f"{what} is not UTF-8 text: {value!r}") from None
     return value
 
 

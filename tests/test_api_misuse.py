@@ -111,6 +111,11 @@ async def test_names_that_are_not_str_are_refused_before_sending(start_instance,
         for empty in (kvs.namespace_create(""), kvs.namespace_remove("")):
             with pytest.raises(ValueError, match="must not be empty"):
                 await empty  # (a removal of "" answered success)
+        # a lone surrogate: "payload is not msgpack-able", of a good payload
+        for bad in (lambda: h.publish("pl.\udcff", 1), lambda: h.subscribe("pl.\ud800"),
+                    lambda: h.rpc("broker.\udcffping", {})):
+            with pytest.raises(ValueError, match="is not UTF-8 text"):
+                await bad()
     assert h.pending == 0
 
 
