@@ -327,7 +327,8 @@ def cmd_event(args: argparse.Namespace) -> int:
             n = 0
             while not args.count or n < args.count:  # (0: no limit, as Flux's)
                 ev = await h.recv_event()
-                print(f"{ev.topic}\t{dumps(ev.payload)}", flush=True)
+                # (a tab or a newline in a topic broke the line in two)
+                print(f"{printable(ev.topic)}\t{dumps(ev.payload)}", flush=True)
                 n += 1
         return 0
 

@@ -446,10 +446,16 @@ def errno_detail(exc: ErrnoError) -> str:
 
 
 def jsonable(value: Any) -> Any:
-    """Make a payload printable as JSON: bytes as UTF-8 text, else base64;
-    a msgpack timestamp as an ISO 8601 time (UTC)."""
+    """Make a payload printable as JSON: bytes as UTF-8 text, else base64
+    (a map's bytes keys too: they were printed ``"b'k'"``); a msgpack
+    timestamp as an ISO 8601 time (UTC); a NaN or an infinity as the
+    string ``"NaN"``, ``"Infinity"``, ``"-Infinity"`` (printed bare, no JSON
+    reader took the line, ``event pub`` neither)."""
     if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
+        return {(k if isinstance(k, str) else jsonable(k) if isinstance(k, bytes)
+                 else str(k)): jsonable(v) for k, v in value.items()}
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if value != value else "Infinity" if value > 0 else "-Infinity"
     if isinstance(value, (list, tuple)):
         return [jsonable(v) for v in value]
     if isinstance(value, (bytes, bytearray, memoryview)):

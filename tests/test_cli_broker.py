@@ -1269,7 +1269,9 @@ async def test_event_sub_prints_whatever_another_client_publishes(start_instance
                                                                     connect) -> None:
     """A msgpack timestamp (the one ext type besides ours a payload may
     hold), or a payload nested deeper than Python's recursion limit,
-    published by someone else, made ``event sub`` die with a traceback."""
+    published by someone else, made ``event sub`` die with a traceback.
+    A tab or a newline in a topic broke its line, a NaN was printed bare
+    (no JSON), a bytes key as ``"b'k'"`` (a pub/sub probe)."""
     import msgpack
 
     inst = await start_instance(size=1)
@@ -1280,18 +1282,22 @@ async def test_event_sub_prints_whatever_another_client_publishes(start_instance
         deep = [deep]
     async with asyncio.timeout(60):
         proc = await asyncio.create_subprocess_exec(
-            KVBROKER, "event", "sub", "--count", "3", "odd.", stdout=asyncio.subprocess.PIPE,
+            KVBROKER, "event", "sub", "--count", "5", "odd.", stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE, env=dict(os.environ, KVBROKER_URI=uri))
         await wait_until(lambda: _client_subscribed(h), "event sub to subscribe")
         await h.publish("odd.ts", {"t": msgpack.Timestamp(1, 500_000)})
         await h.publish("odd.deep", {"d": deep})
         await h.publish("odd.plain", {"n": 1})
+        await h.publish("odd.a\tb\nc", {"x": float("nan"), "y": [float("-inf")]})
+        await h.publish("odd.keys", {b"k": 1, 2: b"\x00\xff"})
         out, err = await proc.communicate()
     assert (proc.returncode, err) == (0, b"")
     assert out.decode().splitlines() == [
         'odd.ts\t{"t": "1970-01-01T00:00:01.000500+00:00"}',
         'odd.deep\t"<payload nested too deep to print as JSON>"',
-        'odd.plain\t{"n": 1}']
+        'odd.plain\t{"n": 1}',
+        "'odd.a\\tb\\nc'\t{\"x\": \"NaN\", \"y\": [\"-Infinity\"]}",
+        'odd.keys\t{"k": 1, "2": "AP8="}']
 
 
 async def _client_subscribed(h: Handle) -> bool:
