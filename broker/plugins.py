@@ -44,14 +44,19 @@ def _eps(group: str) -> dict[str, EntryPoint]:
     return {ep.name: ep for ep in entry_points(group=group)}
 
 
+@functools.cache
+def _installed() -> frozenset[str]:
+    try:
+        return frozenset(_eps(MODULES_GROUP))
+    except Exception:  # (a broken distribution's metadata: no hint, not a failure)
+        return frozenset()
+
+
 def installed_modules() -> frozenset[str]:
     """The names of the modules installed (``kvbroker.modules`` entry
-    points, and those the launcher gave), for an error that names one to
-    load; none if the entry points cannot be read."""
-    try:
-        return frozenset(_eps(MODULES_GROUP)) | frozenset(_targets)
-    except Exception:  # (a broken distribution's metadata: no hint, not a failure)
-        return frozenset(_targets)
+    points, read once -- tens of ms, the first time -- and those the
+    launcher gave), for an error that names one to load."""
+    return _installed() | frozenset(_targets)
 
 
 def module_targets(names: Iterable[str]) -> dict[str, str]:

@@ -201,8 +201,11 @@ def check_str(value: Any, what: str) -> str:
     if not value.isascii():  # (O(1): CPython keeps the flag)
         try:
             value.encode()
-        except UnicodeEncodeError:  # (a lone surrogate: the error blamed the payload)
-            raise ValueError(f"{what} is not UTF-8 text: {value!r}") from None
+        except UnicodeEncodeError as exc:  # (a lone surrogate: the error blamed the
+            # payload; still a UnicodeEncodeError, which the command line reports
+            # as "Invalid argument ('k\\xff' is not UTF-8 text)")
+            raise UnicodeEncodeError(exc.encoding, value, exc.start, exc.end,
+                                     f"{what} is not UTF-8 text") from None
     return value
 
 
