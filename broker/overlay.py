@@ -493,15 +493,15 @@ class Overlay:
 
     def why_unreachable(self, rank: int) -> str:
         """What this rank knows of child ``rank``, for the error of a
-        request it cannot pass on: ``offline (stopped: WHY)`` or ``lost
-        (WHY)``, as ``overlay status`` says it (it said only "unreachable",
-        where the operator's next command knew it was shut down); else
-        ``unreachable``."""
+        request it cannot pass on (``rank N ...``): ``is offline: it
+        stopped (WHY)`` or ``was lost: WHY``, as ``overlay status`` says it
+        (it said only "is unreachable", where the operator's next command
+        knew it was shut down); else ``is unreachable``."""
         if rank in self._stopped:
-            return f"offline (stopped: {self._stopped[rank]})"
+            return f"is offline: it stopped ({self._stopped[rank]})"
         if rank in self._lost:
-            return f"lost ({self._lost[rank]})"
-        return "unreachable"
+            return f"was lost: {self._lost[rank]}"
+        return "is unreachable"
 
     def offline(self) -> dict[str, str]:
         """Each child that stopped on purpose and has not joined again

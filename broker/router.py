@@ -736,8 +736,8 @@ class Router:
         if not sent:
             self.counts["unroutable"] += 1
             if msg.type == MsgType.REQUEST:
-                state = "unreachable" if ov is None else ov.why_unreachable(rank)
-                self.respond_error(msg, errno.EHOSTUNREACH, f"rank {rank} is {state}")
+                state = "is unreachable" if ov is None else ov.why_unreachable(rank)
+                self.respond_error(msg, errno.EHOSTUNREACH, f"rank {rank} {state}")
             return False
         return True
 

@@ -166,8 +166,8 @@ async def test_t3300_a_rank_stopped_like_systemctl_stop_rejoins_when_started_aga
             rc, out, err = await run_cli("exec", "-r", "all", "--", "true", uri=uri0)
             assert (rc, out) == (1, ""), err
             # (as overlay status says it: the operator's next question answered)
-            assert err == ("kvbroker: exec: rank 2: No route to host (rank 2 is offline "
-                           "(stopped: signal SIGTERM))\n")
+            assert err == ("kvbroker: exec: rank 2: No route to host (rank 2 is offline: "
+                           "it stopped (signal SIGTERM))\n")
 
             again = await brokers(config, 2, *named("fake2"), "--rundir",
                                   str(ranks[2].rundir))  # (10)
@@ -225,7 +225,7 @@ async def test_t3300_a_rank_killed_with_sigkill_rejoins_in_its_old_rundir(
             assert os.path.exists(ranks[2].rundir / "local-2")  # (its socket stays)
             rc, out, err = await run_cli("ping", "2", uri=uri0)  # (14)
             assert (rc, out) == (1, ""), err
-            assert err.startswith("kvbroker: ping: No route to host (rank 2 is lost ("), err
+            assert err.startswith("kvbroker: ping: No route to host (rank 2 was lost: "), err
             await _until_children(h, [1])
             assert await run_cli("kvs", "put", "made=while-lost", uri=uri0) == (0, "", "")
 

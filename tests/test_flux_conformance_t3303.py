@@ -41,7 +41,7 @@ Flux's cases, in order, and what each becomes here:
    names 3 and 7-8.
 24. *kill broker 14* (SIGKILL): rank 6 here.
 25. *ping to rank 14 fails with EHOSTUNREACH*: ``ping 6``, exit 1, ``No
-   route to host (rank 6 is lost (its connection closed, ...))``, as its
+   route to host (rank 6 was lost: its connection closed, ...)``, as its
    parent saw it (``rank 6 is unreachable`` until 2026-12-07).
 26. *errors shows the lost connection*: ``6 fake6: lost (...)``.  Flux
    says ``lost connection``; kvbroker's line says why the parent lost it
@@ -152,7 +152,7 @@ async def test_t3303_health_as_ranks_stop_die_and_freeze(tmp_path: Path,
             await wait_until(lost_6, "rank 2 to lose rank 6", 30)
             rc, out, err = await cli("ping", "6")  # (25)
             assert (rc, out) == (1, "") and err.startswith(
-                "kvbroker: ping: No route to host (rank 6 is lost ("), err
+                "kvbroker: ping: No route to host (rank 6 was lost: "), err
             rc, out, err = await cli("overlay", "errors", "-t", "10")  # (26)
             assert rc == 0 and "\n6 fake6: lost (" in out, (out, err)
             rc, out, err = await cli("overlay", "status", "--wait", "foo")  # (28)

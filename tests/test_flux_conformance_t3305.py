@@ -179,7 +179,8 @@ async def test_t3305_disconnect_a_router_fails_its_leaf_s_request_upward(
         assert (rc, err) == (0, ""), err
         assert out.splitlines() == [  # (2 says why; 5-6 are out of reach behind it)
             f"2 fake2: lost (disconnected: kvbroker overlay disconnect, by uid {os.getuid()})",
-            "5-6 fake[5-6]: lost (rank 2 is unreachable)"], out
+            "5-6 fake[5-6]: lost (rank 2 was lost: disconnected: kvbroker overlay disconnect, "
+            f"by uid {os.getuid()})"], out
 
         rc, out, err = await run_cli("overlay", "disconnect", "2", uri=uri)  # (17)
         assert (rc, out) == (1, "asking rank 0 to disconnect child rank 2\n"), err

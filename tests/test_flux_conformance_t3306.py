@@ -70,7 +70,8 @@ async def test_a_crashed_router_over_tcp_comes_back_and_so_does_its_leaf(
             rc, out, err = await run_cli("overlay", "errors", uri=uri)
             assert (rc, out.splitlines()) == (0, [  # (why rank 0 lost 1; 2 is behind it)
                 f"1 {host}: lost (its connection closed, or it answered no heartbeat for 10 s)",
-                f"2 {host}: lost (rank 1 is unreachable)"]), err
+                f"2 {host}: lost (rank 1 was lost: its connection closed, or it answered no "
+                "heartbeat for 10 s)"]), err
             with pytest.raises(RemoteError) as info:
                 await h.ping(2)
             assert info.value.errnum == errno.EHOSTUNREACH
