@@ -490,21 +490,12 @@ def json_arg(text: str) -> Any:
     parser takes beyond JSON (``NaN``, ``Infinity``, ``1e400``: echoed back,
     they are not JSON any more) and integers msgpack cannot carry (beyond
     64 bits: a traceback at send time)."""
-    def no_constant(name: str) -> Any:
-        raise ValueError(f"{name} is not JSON")
-
-    def finite(number: str) -> float:
-        value = float(number)
-        if not math.isfinite(value):
-            raise ValueError(f"{number} is out of range")
-        return value
-
     try:
         text.encode()
     except UnicodeEncodeError:  # (bytes the shell gave that are not UTF-8)
         raise argparse.ArgumentTypeError("not valid JSON: it is not UTF-8 text") from None
     try:
-        value = jsontoml.loads_json(text, parse_constant=no_constant, parse_float=finite)
+        value = jsontoml.loads_finite_json(text)
         msgpack.packb(value)
     except UnicodeEncodeError:  # (an escape of half a surrogate pair: "\ud800")
         raise argparse.ArgumentTypeError("not valid JSON: a \\u escape of half a "

@@ -144,20 +144,12 @@ def _not_json(name: str) -> Any:
 
 
 def _all_utf8(value: Any) -> bool:
-    """Every string in ``value`` (keys too) can be UTF-8: no lone surrogate."""
-    stack = [value]
-    while stack:
-        v = stack.pop()
-        if isinstance(v, str):
-            try:
-                v.encode("utf-8")
-            except UnicodeEncodeError:
-                return False
-        elif isinstance(v, dict):
-            stack.extend(v.keys())
-            stack.extend(v.values())
-        elif isinstance(v, list):
-            stack.extend(v)
+    """Every string in ``value`` (keys too) can be UTF-8: no lone surrogate
+    (written out as JSON without escapes, any one fails to encode)."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        return False
     return True
 
 

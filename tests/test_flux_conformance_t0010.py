@@ -301,7 +301,8 @@ REFUSED = [
     (["sub", "-c", "1", os.fsdecode(b"a\xff")], 1,
      "kvbroker: event sub: Invalid argument ('a\\xff' is not UTF-8 text)\n"),
     (["pub", "a.b", "{bad"], 2, "argument PAYLOAD-JSON: not valid JSON: Expecting property name"),
-    (["pub", "a.b", "NaN"], 2, "argument PAYLOAD-JSON: not valid JSON: NaN is not JSON"),
+    (["pub", "a.b", "NaN"], 2, "argument PAYLOAD-JSON: not valid JSON: NaN: not a finite "
+     "number (JSON has no nan or infinity)"),
     (["pub", "a.b", '{"a": 1} x'], 2, "argument PAYLOAD-JSON: not valid JSON: Extra data"),
     (["pub", "a.b", ""], 2, "argument PAYLOAD-JSON: not valid JSON: Expecting value"),
     (["pub", "a.b", "{}", "extra"], 2, "unrecognized arguments: extra"),
