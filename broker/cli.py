@@ -1236,7 +1236,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_logger)
 
     s = sub.add_parser("stats", help="print a module's stats (broker, content, kvs, ...)")
-    s.add_argument("module", nargs="?")
+    s.add_argument("module", nargs="?", metavar="MODULE",
+                   help="the module to ask: broker, content, kvs, kvs-watch... (required, "
+                   "unless -R WHO names it)")
     s.add_argument("--rank", "-r", type=rank_int, metavar="N", help=ASK_RANK)
     s.add_argument("-p", "--parse", metavar="OBJNAME",
                    help="print only this value: field names separated by periods "

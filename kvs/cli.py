@@ -1724,7 +1724,8 @@ def register(subparsers: Any) -> None:
                        "checkpoint, and name each key that cannot be read whole (missing or "
                        "damaged blobs) on stderr; exit 1 if any.  Nothing is written but by "
                        "--repair.")
-    p.add_argument("-N", "--namespace", help="online: the namespace whose root to check")
+    p.add_argument("-N", "--namespace", metavar="NS",
+                   help="online: the namespace whose root to check")
     p.add_argument("-r", "--rootref", metavar="REF", help="check this root instead")
     p.add_argument("--statedir", metavar="DIR",
                    help="check the checkpoint of the stopped instance of this statedir")
