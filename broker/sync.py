@@ -321,7 +321,7 @@ def _refuse_in_a_loop() -> None:
     its own loop for each call, which cannot run inside another."""
     if asyncio._get_running_loop() is not None:
         raise CallRefused("the blocking facade cannot be used inside a running event "
-                       "loop: use the async API (broker.handle.Handle) there")
+                          "loop: use the async API (broker.handle.Handle) there")
 
 
 class SyncHandle:
@@ -466,9 +466,9 @@ class SyncHandle:
             raise RemoteError(errno.ECONNRESET, "handle closed")
         if caller == ident:
             raise CallRefused("a SyncHandle call was made inside another call on it "
-                           "(from a coroutine it runs?): use the async API there (h.aio)")
+                              "(from a coroutine it runs?): use the async API there (h.aio)")
         raise CallRefused("this SyncHandle is in a call in another thread: a handle serves "
-                       "one thread at a time (give each thread its own connect())")
+                          "one thread at a time (give each thread its own connect())")
 
     def _orphan(self) -> None:
         """In a child of ``fork()``: the connection, and the stock loop's
