@@ -57,6 +57,7 @@ from broker.message import NODEID_ANY
 from kvs import eventlog, treeobj
 from kvs.client import (
     KVS,
+    NAMESPACE_ENV,
     NO_MERGE,
     READDIR,
     SYNC,
@@ -68,7 +69,7 @@ from kvs.client import (
     default_namespace,
     kind,
 )
-from kvs.keys import SHOWN, normalize, shown
+from kvs.keys import PRIMARY, SHOWN, normalize, shown
 from kvs.treeobj import TreeObj
 
 if TYPE_CHECKING:
@@ -103,7 +104,13 @@ def _fail(what: str, exc: ErrnoError, key: str | None = None) -> CLIError:
     label = shown(what)
     if exc.errnum == errno.ENAMETOOLONG and len(label) > SHOWN:
         label = label[:SHOWN] + "..."
-    return CLIError(label, detail=error_detail(exc, key if key is not None else what))
+    err = CLIError(label, detail=error_detail(exc, key if key is not None else what))
+    if (exc.errnum == errno.EPERM and err.detail and err.detail.endswith(")")
+            and f"namespace {PRIMARY} belongs to another user" in exc.errstr):
+        # (a guest that forgot -N: the default namespace is the owner's)
+        err.detail = (f"{err.detail[:-1]}: a guest works in the namespaces it owns: -N NS, "
+                      f"or ${NAMESPACE_ENV})")
+    return err
 
 
 def isdir_hint(err: CLIError, exc: ErrnoError, hint: str) -> CLIError:

@@ -1288,6 +1288,11 @@ async def test_guest(start_instance) -> None:
     assert (res.rc, res.out) == (0, b"mine\n")
     res = await run([*guest, "kvs", "get", "-N", "ownerns", "k"], client_env(inst.uri(1)))
     assert res.rc == 1 and "Operation not permitted" in res.err
+    # the default namespace is the owner's: a guest that forgot -N is told
+    res = await run([*guest, "kvs", "get", "k"], client_env(inst.uri(1)))
+    assert (res.rc, res.err) == (1, "kvbroker: k: Operation not permitted (namespace primary "
+                                    "belongs to another user: a guest works in the namespaces "
+                                    "it owns: -N NS, or $KVBROKER_NAMESPACE)\n"), res.err
 
 
 # ================================================================ eventlogs
