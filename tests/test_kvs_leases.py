@@ -20,10 +20,11 @@ import time
 from typing import Any
 
 import pytest
-from test_broker_support import run_cli, wait_until
+from test_broker_support import run_cli, stopped, wait_until
 from test_kvs_rpc_helpers import GUEST_UID, run_guest
 
 from broker.errors import RemoteError
+from broker.handle import Handle
 from kvs.client import KVS, LeaseSpec, SyncKVS, TxnOps
 
 MARGIN = 3.0
@@ -546,6 +547,36 @@ async def test_lease_info_of_long_keys_fits_the_smallest_link(start_instance) ->
         assert (await small.info())["keys"] == {"primary": ["short"]}
         await lease.revoke()
         await small.revoke()
+
+
+async def test_a_rank_0_stall_shorter_than_the_ttl_loses_no_lease_kept_alive(
+        start_instance) -> None:
+    """Rank 0 stopped for 2.4 s, under a ttl of 3 s, while the holders keep
+    their leases alive (every ttl/3) from clients attached to it: every
+    lease lives.  Their keepalives waited unread in its sockets, and the
+    overdue timers ran first when it resumed: a probe lost 3 of 6 such
+    leases.  A timer that fires late now gives its lease a second for what
+    came meanwhile (``stall-graced`` counts them)."""
+    inst = await start_instance(size=2)
+    holders = [KVS(await Handle.connect(inst.uri(r % 2))) for r in range(6)]
+    try:
+        leases = []
+        for i, kvs in enumerate(holders):  # (their keepalives fall at different times)
+            leases.append(await kvs.lease(3))
+            await kvs.put(f"held.k{i}", "1", lease=leases[-1])
+            await asyncio.sleep(0.17)
+        async with stopped(inst.pids()[0]):
+            await asyncio.sleep(2.4)  # (the stall itself, not a wait for anything)
+        await asyncio.sleep(1.5)  # (past the grace: a lease not kept alive is gone by now)
+        assert [lease.lost.is_set() for lease in leases] == [False] * 6
+        assert sorted(await holders[0].dir("held")) == [f"k{i}" for i in range(6)]
+        st = (await holders[0].handle.rpc("kvs.stats-get", {}, nodeid=0))["leases"]
+        assert st["expired"] == 0 and st["live"] == 6, st
+        for lease in leases:
+            await lease.revoke()
+    finally:
+        for kvs in holders:
+            await kvs.handle.close()
 
 
 async def test_lease_list_pages_through_every_live_lease(start_instance) -> None:
