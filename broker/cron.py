@@ -214,6 +214,9 @@ class Entry:
                                       "failure": 0, "deferred": 0, "skipped": 0}
         self.task: Task | None = None
         """The last task (running, or ended)."""
+        self.ran_at: float | None = None
+        """``time.monotonic()`` when the last task started (``stats``'s
+        ``lastrun`` is the wall clock's, to show)."""
         self.history: deque[Task] = deque(maxlen=0)
         """The ones before it, newest first: ``task-history-count`` - 1 of them."""
         self.timer: asyncio.Task[None] | None = None
@@ -289,7 +292,9 @@ class CronModule(Module):
         """Topics subscribed to, and how many entries (or the sync) need each."""
         self.sync_topic: str | None = SYNC.value(ctx.attrs) or None
         self.sync_epsilon: float = SYNC_EPSILON.value(ctx.attrs)
-        self.last_sync = 0.0
+        self.last_sync: float | None = None
+        """``time.monotonic()`` of the last sync event (the wall clock: set
+        back an hour, every task was deferred for that hour)."""
         self.deferred: list[Entry] = []
         self.counts: Counter[str] = Counter(dict.fromkeys(
             ("created", "deleted", "runs", "failures", "timeouts", "skipped", "deferred"), 0))
@@ -696,7 +701,10 @@ class CronModule(Module):
             return
         if td["nth"] and (td["counter"] - td["after"]) % td["nth"]:
             return
-        remaining = td["min_interval"] - (time.time() - e.stats["lastrun"])
+        # (by the monotonic clock: by the wall clock set back an hour, the
+        # events of that hour were counted and none run)
+        remaining = (0.0 if e.ran_at is None
+                     else td["min_interval"] - (time.monotonic() - e.ran_at))
         if td["min_interval"] > 0 and remaining > 1e-5:
             self.log.debug("%s: delaying %.3fs for its min-interval", e.label(), remaining)
             e.pause = asyncio.get_running_loop().call_later(remaining, self._unpause, e)
@@ -726,7 +734,8 @@ class CronModule(Module):
         if e.task is not None and e.history.maxlen:
             e.history.appendleft(e.task)
         e.task = Task(self.ctx.rank)
-        if self.sync_topic and time.time() - self.last_sync >= self.sync_epsilon:
+        if self.sync_topic and (self.last_sync is None
+                                or time.monotonic() - self.last_sync >= self.sync_epsilon):
             e.stats["deferred"] += 1
             self.counts["deferred"] += 1
             self.deferred.append(e)
@@ -737,7 +746,7 @@ class CronModule(Module):
     def _synced(self, stamp: bool = True) -> None:
         """The sync event came (or sync was disabled): the tasks held run."""
         if stamp:
-            self.last_sync = time.time()
+            self.last_sync = time.monotonic()
         held, self.deferred = self.deferred, []
         for e in held:
             self._run(e)
@@ -750,6 +759,7 @@ class CronModule(Module):
         env["KVBROKER_URI"] = str(self.ctx.attrs.get("local-uri", ""))
         env["KVBROKER_RANK"] = str(self.ctx.rank)
         task.started = e.stats["lastrun"] = time.time()
+        e.ran_at = time.monotonic()
         self.counts["runs"] += 1
         try:
             task.cmd = Command.spawn(["/bin/sh", "-c", e.command], env, cwd=e.cwd,
