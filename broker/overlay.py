@@ -840,8 +840,7 @@ class Overlay:
             left = self._leaving.get(child)
             if left is not None or (self._shutdown_sent
                                     and child not in self._shutdown_unanswered):
-                log.info("child rank %d%s stopped (%s)", child, self._host_of(child),
-                         left or "this rank told it to")
+                self._say_stopped(child, left or "this rank told it to")
         self._closing = True
         if self._check_timer is not None:
             self._check_timer.cancel()
@@ -1454,6 +1453,10 @@ class Overlay:
         host = self._child_host.get(child)
         return f" on {host}" if host and host != self.hostname else ""
 
+    def _say_stopped(self, child: int, why: str) -> None:
+        """INFO: ``child`` stopped on purpose (``why``), not lost."""
+        log.info("child rank %d%s stopped (%s)", child, self._host_of(child), why)
+
     def _lose_child(self, child: int, why: str, warned: bool = False,
                     quiet: bool = False) -> None:
         """A child's link closed (``why``): its subtree is gone (it stops
@@ -1482,10 +1485,8 @@ class Overlay:
         if self._closing:
             return
         on = self._host_of(child)
-        if left is not None:
-            log.info("child rank %d%s stopped (%s)", child, on, left)
-        elif self._shutdown_sent:
-            log.info("child rank %d%s stopped (this rank told it to)", child, on)
+        if left is not None or self._shutdown_sent:
+            self._say_stopped(child, left or "this rank told it to")
         elif quiet:
             pass
         elif warned:
