@@ -146,9 +146,12 @@ async def test_t0036_default_rundir_in_tmp_removed() -> None:
     assert not os.path.exists(attrs["rundir"])
 
 
-async def test_t0036_rundir_cleanup_is_not_an_attribute() -> None:
-    rc, out, err = await start("-S", "rundir-cleanup=0", "--", KVBROKER, "attr", "get",
-                               "rundir-cleanup")
+async def test_t0036_rundir_cleanup_is_not_an_attribute(tmp_path: Path) -> None:
+    # The rundir is given: rundir-cleanup=0 would keep a made one in /tmp.
+    rundir = tmp_path / "run"
+    rundir.mkdir(mode=0o700)
+    rc, out, err = await start("-S", "rundir-cleanup=0", "-S", f"rundir={rundir}", "--",
+                               KVBROKER, "attr", "get", "rundir-cleanup")
     assert (rc, out) == (1, ""), err
     assert "unknown attribute 'rundir-cleanup'" in err, err
 
