@@ -141,30 +141,37 @@ async def watch_get_async(h: HandleCore, args: argparse.Namespace,
         raise CLIError(getattr(args, "what", "kvs get"), detail=error_detail(exc, "")) from None
     timeout: float | None = getattr(args, "timeout", None)
     what = getattr(args, "what", "kvs get") if len(keys) > 1 else keys[0]
+    answered: set[str] = set()  # the keys whose watch has had an answer
     try:
         async with asyncio.timeout(timeout) as bound:
             if flags & F.WATCH and len(keys) > 1:
                 try:
                     async with asyncio.TaskGroup() as tg:
                         for key in keys:
-                            tg.create_task(_get_one(h, key, flags, args, out))
+                            tg.create_task(_get_one(h, key, flags, args, out, answered))
                 except ExceptionGroup as eg:
                     raise eg.exceptions[0] from None
             else:
                 for key in keys:
                     what = key  # (waited one after the other: this one)
-                    await _get_one(h, key, flags, args, out)
+                    await _get_one(h, key, flags, args, out, answered)
     except TimeoutError:
         if timeout is None or not bound.expired():
             raise  # (not --timeout's: a socket's own, say)
-        doing = "watched for" if flags & F.WATCH else "not created within"
-        raise CLIError(shown(what), detail=f"{os.strerror(errno.ETIMEDOUT)} "
-                                           f"({doing} {timeout:g} s)") from None
+        if flags & F.WATCH and not flags & F.WAITCREATE and not answered:
+            # A watch answers at once (the value, or ENOENT): none came, so
+            # the rank never served it (stopped, say) -- nothing was watched.
+            why = f"the rank did not answer in {timeout:g} s: stopped or hung?"
+        elif flags & F.WATCH:
+            why = f"watched for {timeout:g} s"
+        else:
+            why = f"not created within {timeout:g} s"
+        raise CLIError(shown(what), detail=f"{os.strerror(errno.ETIMEDOUT)} ({why})") from None
     return 0
 
 
 async def _get_one(h: HandleCore, key: str, flags: int, args: argparse.Namespace,
-                   out: IO[bytes] | None) -> None:
+                   out: IO[bytes] | None, answered: set[str]) -> None:
     from kvs.cli import render_value  # the caller's output format
 
     o = _out(out)
@@ -179,6 +186,7 @@ async def _get_one(h: HandleCore, key: str, flags: int, args: argparse.Namespace
     try:
         async with Watch[WatchEntry | InitialDone](h, key, flags, namespace=_ns(args)) as w:
             async for entry in w:
+                answered.add(key)
                 if not isinstance(entry, WatchEntry):
                     continue
                 if entry.treeobj is None:  # removed (--deletes): a line no tree object prints

@@ -127,6 +127,11 @@ async def test_kvs_get_timeout_gives_up_and_cancels_its_watch(start_instance, co
     rc, out, err = await run(uri, "kvs", "get", "--timeout", "1", "t.k")
     assert rc == 2 and err.endswith("error: --timeout needs --watch or --waitcreate\n"), err
     await wait_watchers(h0, 0, nodeid=1)
+    # a stopped rank never starts the watch: said so, not "watched for"
+    async with stopped(inst.pids()[1]):
+        rc, out, err = await run(uri, "kvs", "get", "-w", "--timeout", "0.5", "t.k")
+    assert (rc, out, err) == (1, "", "kvbroker: t.k: Connection timed out (the rank did "
+                                     "not answer in 0.5 s: stopped or hung?)\n")
 
 
 async def test_rpc_stream_timeout_bounds_the_first_answer_not_the_stream(start_instance,
