@@ -67,6 +67,7 @@ from kvs.keys import (
     split,
 )
 from kvs.lookup import SYMLINK_MAX
+from kvs.namespaces import NAME_RULE, check_name, shown_name
 from kvs.treeobj import (
     INLINE_MAX,
     VER,
@@ -143,6 +144,21 @@ def _check_size(data: object, blob_limit: int | None) -> None:
         raise blobref.too_big(len(data), blob_limit)
 
 
+def _check_link_namespace(target: str, ns: str | None) -> None:
+    """``EINVAL`` for a symlink into a namespace no name can be (``"a b"``,
+    ``"x/y"``, an empty ``namespace``): stored, it could only ever be read
+    as ``ENOTSUP``.  (Restoring an archive does not check this, so the links
+    such a dump holds, stored before this check, still restore.)"""
+    if ns is None:
+        ns = parse_ns_target(target)[0]
+    if ns is not None:
+        try:
+            check_name(ns)
+        except ErrnoError:
+            raise ErrnoError(errno.EINVAL, f"symlink to an invalid namespace name "
+                                           f"{shown_name(ns)}: {NAME_RULE}") from None
+
+
 def check_limits(key: str, flags: int, dirent: object, blob_limit: int | None = None) -> None:
     """Refuse an op over the key or value limits, where it enters.
 
@@ -151,7 +167,8 @@ def check_limits(key: str, flags: int, dirent: object, blob_limit: int | None = 
     target, the names in a ``dir`` dirent (their paths below ``key``
     included).  ``EINVAL`` for a NUL in such a name or target, as in a
     key (an entry stored so could be read or unlinked by no key, only
-    with its whole directory).  ``EFBIG`` (the content module's message)
+    with its whole directory), and for a symlink into a namespace whose
+    name is not one (:func:`_check_link_namespace`).  ``EFBIG`` (the content module's message)
     for a ``val`` of more than ``blob_limit`` bytes, at any depth of a
     ``dir`` dirent: it
     becomes one blob, which rank 0's content store would refuse after the
@@ -184,6 +201,7 @@ def check_limits(key: str, flags: int, dirent: object, blob_limit: int | None = 
                     if "\0" in target:
                         raise ErrnoError(errno.EINVAL, "symlink target contains a NUL character")
                     check_target_length(target, ns)
+                    _check_link_namespace(target, ns)
         elif t == "dir" and isinstance(data, dict):
             for name, entry in data.items():
                 if isinstance(name, str):
