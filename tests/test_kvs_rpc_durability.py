@@ -576,6 +576,26 @@ async def test_a_store_that_is_not_a_database_is_named_at_start_up(tmp_path) -> 
     assert f"start-up failed: {statedir}/content.sqlite: file is not a database" in text, text
 
 
+async def test_an_emptied_store_is_said_at_start_up(tmp_path) -> None:
+    """A store file of 0 bytes (left so by a host crash) was taken as a new
+    store: the KVS started empty, exit 0, not a word.  It still starts (the
+    data is gone either way), but says so, once: the next start finds the
+    store it made."""
+    statedir = tmp_path / "state"
+    statedir.mkdir(mode=0o700)
+    rc, _, err = await run_cli("start", "--statedir", str(statedir), "--", "kvbroker", "kvs",
+                               "put", "a=1")
+    assert rc == 0, err
+    os.truncate(statedir / "content.sqlite", 0)
+    rc, out, err = await run_cli("start", "--statedir", str(statedir), "--", "kvbroker", "kvs",
+                                 "ls")
+    assert (rc, out) == (0, ""), err
+    assert (f"WARNING kvbroker.content: {statedir}/content.sqlite is empty (0 bytes): the KVS "
+            "starts empty.") in err, err
+    rc, _, err = await run_cli("start", "--statedir", str(statedir), "--", "true")
+    assert rc == 0 and "is empty" not in err, err
+
+
 async def test_another_programs_sqlite_file_is_refused_at_start_up(tmp_path) -> None:
     """A database whose ``objects`` table is not ours was taken for an empty
     store ("no checkpoint ... starts empty"), then every write failed EIO."""

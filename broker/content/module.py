@@ -456,6 +456,11 @@ class ContentModule(Module):
                 # (the new store keeps the old one's runs, and replaces it whole)
                 restored = await asyncio.to_thread(dumps.restore_at_start, self.ctx.attrs,
                                                    directory, statedir, self.ctx.progress)
+            if statedir and restored is None and await asyncio.to_thread(_emptied, path):
+                logging.getLogger("kvbroker.content").warning(
+                    "%s is empty (0 bytes): the KVS starts empty.  A store is never empty "
+                    "once made, so what it held was lost (a host crash before the file "
+                    "reached the disk?); kvbroker kvs restore puts back a dump", path)
             try:
                 self.backing = await self.db(SqliteStore, path)
                 if (not statedir and restored is None
@@ -1789,6 +1794,17 @@ class ContentModule(Module):
             # it (broker/content/storethread.py)
             out["sqlite-thread"] = self._thread.stats()
         return out
+
+
+def _emptied(path: str) -> bool:
+    """Whether a store file is there at ``path`` with nothing in it, nor in
+    its WAL: SQLite would take it as a new, empty store.  Never one kvbroker
+    left: its open writes the tables at once."""
+    try:
+        return os.path.getsize(path) == 0 and (
+            not os.path.exists(path + "-wal") or os.path.getsize(path + "-wal") == 0)
+    except OSError:  # (none there, or unreadable: the store's own open says why)
+        return False
 
 
 def _holds_checkpoints(path: str) -> bool:
