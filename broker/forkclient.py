@@ -69,8 +69,12 @@ def start_shaping_env(env: dict[str, str]) -> dict[str, str]:
 
 def interpreter_start() -> dict[str, Any]:
     """How this interpreter was started beyond its environment: its flags
-    (``-I``, ``-X dev``, ``-W``...), which a served command must share."""
-    return {"flags": list(sys.flags), "warnoptions": list(sys.warnoptions),
+    (``-I``, ``-X dev``, ``-W``...), which a served command must share.
+    But ``-P`` (``safe_path``): the server runs with it, and a command's
+    first path entry is given as ``path0`` instead."""
+    flags = {name: getattr(sys.flags, name) for name in dir(sys.flags)
+             if not name.startswith(("_", "n_")) and name not in ("count", "index", "safe_path")}
+    return {"flags": flags, "warnoptions": list(sys.warnoptions),
             "xoptions": {str(k): str(v) for k, v in sys._xoptions.items()}}
 
 
@@ -188,7 +192,9 @@ def run_served_command(argv: list[str]) -> int | None:
         return None
     request = to_json({
         "kind": "command", "argv": argv, "orig_argv": getattr(sys, "orig_argv", argv),
-        "path0": sys.path[0] if sys.path else "", "env": dict(os.environ),
+        # (what a plain start put first on the path; none under -P)
+        "path0": sys.path[0] if sys.path and not sys.flags.safe_path else None,
+        "env": dict(os.environ),
         "python": sys.executable, "umask": umask(), "inherited": inherited(),
         "start": interpreter_start(),
     }).encode()

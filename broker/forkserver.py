@@ -37,7 +37,7 @@ server answers ``pid PID\\n`` and, once the spawner has exited, ``exit
 STATUS\\n`` (a ``returncode``); or ``no REASON\\n`` when it will not serve.
 
 A ``kvbroker`` command asks alike (:mod:`broker.forkclient`): ``{"kind":
-"command", "argv": [...], "orig_argv": [...], "path0": str, "env": {...},
+"command", "argv": [...], "orig_argv": [...], "path0": str|null, "env": {...},
 "umask": int, "python": path, "inherited": {...}, "start": {...}}``
 (``start``: the interpreter's flags, which must be the server's too), with
 the working directory and its standard input, output and error.  The fork
@@ -233,7 +233,8 @@ def _well_formed_command(request: dict[str, Any]) -> bool:
     """A command's request (:func:`broker.forkclient.run_served_command`)
     has each field, of its type."""
     return (_strings(request.get("argv")) and len(request["argv"]) > 0
-            and _strings(request.get("orig_argv")) and isinstance(request.get("path0"), str)
+            and _strings(request.get("orig_argv"))
+            and (request.get("path0") is None or isinstance(request.get("path0"), str))
             and _environment(request.get("env"))
             and type(request.get("umask")) is int and isinstance(request.get("python"), str)
             and isinstance(request.get("start"), dict))
@@ -289,14 +290,12 @@ def _become_spawner(request: dict[str, Any], fds: list[int]) -> NoReturn:
         if null != 0:
             os.dup2(null, 0)
             os.close(null)
-        with contextlib.suppress(OSError):  # (a directory removed: left as it was)
-            sys.path[0] = os.getcwd()  # (as ``python -m`` puts the working directory)
-        from broker import spawner
+        from broker import spawner  # (run with -P, as the server: no cwd on the path)
 
         python, rundir = str(request["python"]), str(request["rundir"])
         sys.argv = [str(spawner.__file__), rundir]
         sys.executable = python
-        _retitle([python, "-m", "broker.spawner", rundir])
+        _retitle([python, "-P", "-m", "broker.spawner", rundir])
         return spawner.run(request["spec"])
 
     _run_in_child(spawner_run)
@@ -312,8 +311,8 @@ def _become_command(request: dict[str, Any], fds: list[int], conn: socket.socket
         sys.argv = list(request["argv"])
         sys.orig_argv = list(request["orig_argv"])
         sys.executable = str(request["python"])
-        if sys.path:
-            sys.path[0] = str(request["path0"])
+        if request["path0"] is not None:  # (the server runs with -P: none of its own)
+            sys.path.insert(0, str(request["path0"]))
         _reopen_std_streams()
         _retitle(sys.orig_argv)
         from broker.cli import main as run_command
@@ -568,7 +567,7 @@ def start_server(path: str) -> subprocess.Popen[bytes]:
     import subprocess
 
     proc = subprocess.Popen(
-        [sys.executable, "-m", "broker.forkserver", path, " " * TITLE_ROOM],
+        [sys.executable, "-P", "-m", "broker.forkserver", path, " " * TITLE_ROOM],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
     assert proc.stdout is not None and proc.stdin is not None
     if proc.stdout.readline() != b"ready\n":

@@ -140,12 +140,18 @@ RUNDIR_NAME = "kvb-XXXXXXXX"
 (``tempfile.mkdtemp``'s eight random characters)."""
 
 
+def socket_room(path: str) -> int:
+    """The bytes of an AF_UNIX address ``path`` takes (the limit is in
+    bytes: ``é`` takes two), with ZeroMQ's ``ipc://``."""
+    return len(os.fsencode(path)) + 6
+
+
 def tmpdir_fits(base: str) -> bool:
     """Whether a run directory made in ``base`` leaves room for every rank's
     socket (``BASE/kvb-XXXXXXXX/local-99999``, and ZeroMQ's ``ipc://``):
-    ``base`` of at most 69 characters."""
+    ``base`` of at most 69 bytes."""
     path = os.path.join(base, RUNDIR_NAME)
-    return len(local_socket_path(path, 99999)) + 6 <= SOCKET_PATH_MAX
+    return socket_room(local_socket_path(path, 99999)) <= SOCKET_PATH_MAX
 
 
 def make_rundir() -> str:
@@ -164,7 +170,7 @@ def make_rundir() -> str:
     base = os.path.abspath(tmpdir) if tmpdir else "/tmp"
     if not tmpdir_fits(base):
         print(f"kvbroker: warning: $TMPDIR {tmpdir} is too long for the ranks' sockets "
-              f"({len(base)} characters, at most {SOCKET_PATH_MAX - 31} here): the run "
+              f"({len(os.fsencode(base))} bytes, at most {SOCKET_PATH_MAX - 31} here): the run "
               "directory is made in /tmp", file=sys.stderr, flush=True)
         base = "/tmp"
     try:
@@ -172,7 +178,7 @@ def make_rundir() -> str:
     except OSError as exc:
         where = f"$TMPDIR {tmpdir}" if tmpdir and base != "/tmp" else base
         raise StartError(f"cannot make a run directory in {where}: {exc.strerror}") from None
-    if len(local_socket_path(path, 99999)) + 6 > SOCKET_PATH_MAX:
+    if socket_room(local_socket_path(path, 99999)) > SOCKET_PATH_MAX:
         raise StartError(f"run directory path too long for sockets: {path}")
     return path
 
@@ -571,9 +577,9 @@ class Instance:
             return make_rundir()
         # (checked before anything is made: a refused path left its
         # directories behind)
-        if len(local_socket_path(path, self.size - 1)) + 6 > SOCKET_PATH_MAX:
+        if socket_room(local_socket_path(path, self.size - 1)) > SOCKET_PATH_MAX:
             raise StartError(f"rundir {path}: too long a path for the ranks' sockets "
-                             f"(at most {SOCKET_PATH_MAX - 6 - len('/local-')} characters "
+                             f"(at most {SOCKET_PATH_MAX - 6 - len('/local-')} bytes "
                              "here)")
         self._rundir_made = not os.path.lexists(path)
         private_dir(path, "rundir")
@@ -639,7 +645,7 @@ class Instance:
                 argv += ["--config-file", self.config_file]
             argvs.append(argv)
             if self.on_rank_command is not None:
-                self.on_rank_command(rank, [self.python, "-m", "broker.rank", *argv])
+                self.on_rank_command(rank, [self.python, "-P", "-m", "broker.rank", *argv])
         env = dict(os.environ)
         env.pop("KVBROKER_URI", None)
         env.pop("KVBROKER_RANK", None)
@@ -665,7 +671,7 @@ class Instance:
         """Start one rank as ``python -m broker.rank ARGV``."""
         async def start() -> list[RankProcess]:
             return [await asyncio.create_subprocess_exec(
-                self.python, "-m", "broker.rank", *argv, stdout=asyncio.subprocess.PIPE,
+                self.python, "-P", "-m", "broker.rank", *argv, stdout=asyncio.subprocess.PIPE,
                 stderr=stderr, stdin=asyncio.subprocess.DEVNULL, pass_fds=(watch_r,), env=env,
                 start_new_session=True)]
 
@@ -739,9 +745,13 @@ class Instance:
     async def _exec_spawner(self, spec: dict[str, Any], pipes: list[tuple[int, int]],
                             watch_r: int, env: dict[str, str], stderr: Any,
                             ) -> asyncio.subprocess.Process:
-        """``python -m broker.spawner RUNDIR``, given ``spec`` on its standard input."""
+        """``python -P -m broker.spawner RUNDIR``, given ``spec`` on its standard
+        input.  ``-P`` (as for every interpreter the broker starts): the
+        working directory is not put first on the import path, where a
+        ``kvs.py`` or ``sqlite3.py`` of the user's would be imported in
+        place of the broker's own modules."""
         spawner = await asyncio.create_subprocess_exec(
-            self.python, "-m", "broker.spawner", self.rundir,
+            self.python, "-P", "-m", "broker.spawner", self.rundir,
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=stderr,
             pass_fds=(watch_r, *(w for _, w in pipes)), env=env, start_new_session=True)
         assert spawner.stdin is not None

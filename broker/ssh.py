@@ -281,7 +281,7 @@ def install_relay_command(rundir: str) -> None:
               "# the relay of an ssh:// client (kvbroker relay): this rank's kvbroker\n"
               f"PYTHONPATH={shlex.quote(root)}${{PYTHONPATH:+:$PYTHONPATH}}\n"
               "export PYTHONPATH\n"
-              f"exec {shlex.quote(sys.executable)} -m broker.cli \"$@\"\n")
+              f"exec {shlex.quote(sys.executable)} -P -m broker.cli \"$@\"\n")
     try:
         os.makedirs(bindir, mode=0o755, exist_ok=True)
         path = os.path.join(bindir, "kvbroker")

@@ -1614,6 +1614,26 @@ async def test_rundir_cleanup_keeps_or_removes_the_run_directory(tmp_path) -> No
     assert rc == 2 and "only when given one (--statedir DIR, kept)" in err, err
 
 
+@pytest.mark.parametrize("spawn", ["fork", "exec", "served"])
+async def test_start_in_a_directory_of_same_named_modules_runs_the_brokers_own(
+        tmp_path: Path, spawn: str) -> None:
+    """A ``kvs.py``, ``sqlite3.py`` or ``msgpack.py`` in the directory
+    ``start`` is run in was imported by the ranks (``python -m`` puts the
+    working directory first on the import path) in place of the broker's
+    modules: the ranks failed to start.  They run with ``-P`` now (forked
+    from a spawner, executed, or served by the suite's fork server)."""
+    for name in ("kvs.py", "sqlite3.py", "msgpack.py"):
+        (tmp_path / name).write_text("raise SystemExit('the shadow was imported')\n")
+    env = dict(os.environ)
+    if spawn != "served":
+        env.pop("KVBROKER_FORKSERVER", None)
+        env["KVBROKER_SPAWN"] = spawn
+    rc, out, err = await run_cli("start", "--size", "2", "--", "kvbroker", "kvs", "get", "a",
+                                 cwd=tmp_path, env=env)
+    assert (rc, out) == (1, ""), err
+    assert err == "kvbroker: a: No such file or directory\n", err
+
+
 async def test_start_verbose_prints_each_ranks_command_line() -> None:
     """``start -v`` (Flux's ``flux start -v``): every rank's command line on
     stderr as it starts, quoted for a shell; the command runs as without it."""
@@ -1625,7 +1645,7 @@ async def test_start_verbose_prints_each_ranks_command_line() -> None:
     assert [ln.split(":")[2].strip() for ln in lines] == ["rank 0", "rank 1"], err
     for rank, line in enumerate(lines):
         argv = shlex.split(line.split(": ", 3)[3])
-        assert argv[1:3] == ["-m", "broker.rank"]
+        assert argv[1:4] == ["-P", "-m", "broker.rank"]
         assert argv[argv.index("--rank") + 1] == str(rank) and "--attrs" in argv
     rc, out, err = await run_cli("start", "--size", "2", "--", "true")
     assert rc == 0 and "rank 0:" not in err  # (not without -v)

@@ -211,7 +211,7 @@ async def test_t0001_verbose_prints_rank_command_lines() -> None:
     assert (rc, out) == (0, ""), err
     lines = [ln for ln in err.splitlines() if ln.startswith("kvbroker: start: rank ")]
     assert [ln.split(":")[2].strip() for ln in lines] == ["rank 0", "rank 1"], err
-    assert all("-m broker.rank" in ln for ln in lines), err
+    assert all("-P -m broker.rank" in ln for ln in lines), err
 
 
 # -- the command's exit status and signals ----------------------------------

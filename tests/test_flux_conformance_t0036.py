@@ -318,7 +318,7 @@ async def test_t0036_long_tmpdir_falls_back_to_tmp() -> None:
     assert rc == 0, err
     assert out.startswith("/tmp/kvb-"), out
     assert err == (f"kvbroker: warning: $TMPDIR /{'D' * 1023} is too long for the ranks' "
-                   "sockets (1024 characters, at most 69 here): the run directory is made "
+                   "sockets (1024 bytes, at most 69 here): the run directory is made "
                    "in /tmp\n"), err
 
 
@@ -329,6 +329,19 @@ async def test_t0036_tmpdir_of_70_characters_falls_back(short_tmp: Path) -> None
                                env={"TMPDIR": str(tmpdir)})
     assert rc == 0, err
     assert out.startswith("/tmp/kvb-") and "too long for the ranks' sockets" in err, (out, err)
+
+
+async def test_t0036_tmpdir_long_in_bytes_falls_back(short_tmp: Path) -> None:
+    """A socket path's limit is in bytes: a $TMPDIR of 40 ``é`` (under 69
+    characters, over 69 bytes) was taken, and rank 0 failed to start
+    ("AF_UNIX path too long")."""
+    tmpdir = short_tmp / ("é" * 40)
+    tmpdir.mkdir(mode=0o700)
+    rc, out, err = await start("--", KVBROKER, "attr", "get", "rundir",
+                               env={"TMPDIR": str(tmpdir)})
+    assert rc == 0, err
+    assert out.startswith("/tmp/kvb-") and "too long for the ranks' sockets" in err, (out, err)
+    assert f"({len(os.fsencode(str(tmpdir)))} bytes, at most 69 here)" in err, err
 
 
 @pytest.mark.parametrize("how", ["start", "broker"])

@@ -192,7 +192,7 @@ async def test_the_remote_path_puts_the_rundir_bin_first(
             [pid] = relays(sockpath(inst.uri(0)))
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 argv = f.read().split(b"\0")[:-1]
-            assert argv[1:3] == [b"-m", b"broker.cli"], argv
+            assert argv[1:4] == [b"-P", b"-m", b"broker.cli"], argv
             assert (await h.rpc("broker.ping", {}))["rank"] == 0
         finally:
             await h.close()

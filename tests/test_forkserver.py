@@ -97,7 +97,7 @@ async def test_a_served_spawner_is_the_servers_child_and_looks_executed(server) 
         assert parent_of(spawner) == server.pid
         with open(f"/proc/{spawner}/cmdline", "rb") as f:
             argv = f.read().rstrip(b"\0").split(b"\0")
-        assert argv == [os.fsencode(sys.executable), b"-m", b"broker.spawner",
+        assert argv == [os.fsencode(sys.executable), b"-P", b"-m", b"broker.spawner",
                         os.fsencode(inst.rundir)]
         assert sorted(processes_of(inst.rundir)) == sorted([spawner, *inst.pids()])
         async with Handle.connect(inst.uri(2)) as h:
@@ -168,7 +168,7 @@ async def test_a_launcher_the_server_cannot_serve_starts_its_own(
     assert all(p.returncode == 0 for p in inst.procs)
     assert server.poll() is None  # (and the server serves on)
     monkeypatch.delenv("PYTHONPATH", raising=False)
-    monkeypatch.setenv(forkserver.FORKSERVER_ENV, server.args[3])
+    monkeypatch.setenv(forkserver.FORKSERVER_ENV, server.args[4])
     async with Instance(1) as inst:
         assert parent_of(spawner_of(inst)) == server.pid
 
@@ -201,7 +201,7 @@ async def test_a_malformed_request_is_answered_and_the_server_serves_on(
     descriptors closed, nothing forked; the next launcher is served."""
     null = os.open(os.devnull, os.O_RDONLY)
     try:
-        got = await asyncio.to_thread(_raw_request, server.args[3], body, [null] * fds)
+        got = await asyncio.to_thread(_raw_request, server.args[4], body, [null] * fds)
     finally:
         os.close(null)
     assert got.startswith(answer), got
