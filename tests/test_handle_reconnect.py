@@ -230,6 +230,38 @@ async def test_a_handle_without_reconnect_stays_lost(inst: Restartable) -> None:
         assert h.reconnects == 0
 
 
+async def test_every_call_after_a_loss_says_the_connection_was_lost(inst: Restartable) -> None:
+    """Calls made every loop turn as the rank is killed: each fails with
+    ``connection to broker lost``.  For the one turn between the transport
+    closing and the loss being handled, a call said "not connected to a
+    broker" instead (a chaos probe: one call per task per kill)."""
+    seen: set[str] = set()
+    async with asyncio.timeout(60), Handle.connect(inst.uri1) as h:
+        stop = False
+
+        def note(f: asyncio.Future[object]) -> None:
+            if not f.cancelled() and isinstance(f.exception(), RemoteError):
+                seen.add(f.exception().errstr)  # type: ignore[union-attr]
+
+        async def spin() -> None:
+            while not stop:
+                try:
+                    h.rpc("broker.ping", {}).add_done_callback(note)
+                except RemoteError as exc:
+                    seen.add(exc.errstr)
+                await asyncio.sleep(0)
+
+        tasks = [asyncio.create_task(spin()) for _ in range(10)]
+        await h.ping()
+        await inst.kill_rank1()
+        with pytest.raises(RemoteError):
+            await h.wait_connected()
+        await asyncio.sleep(0)  # (a turn more of calls, made after the loss was handled)
+        stop = True
+        await asyncio.gather(*tasks)
+    assert seen == {"connection to broker lost"}
+
+
 async def test_closing_a_reconnecting_handle_fails_what_waits(inst: Restartable) -> None:
     """Closed while the rank is away: the parked requests and the tasks
     waiting for the connection fail, nothing is sent later."""
