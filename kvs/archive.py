@@ -74,6 +74,7 @@ import msgpack
 from broker.content import blobref, locks, storefile
 from broker.content.module import DEFAULT_BLOB_LIMIT
 from broker.content.sqlite import STORE_FILE, SqliteStore, StoreLocked, open_to_read
+from broker.content.sqlite import lasting as store_lasting
 from broker.errors import ErrnoError, RemoteError
 from broker.launch import StartError, private_dir
 from kvs import shards, treeobj, txn
@@ -112,11 +113,15 @@ class ArchiveError(Exception):
     """A dump or restore that cannot go on; the message says why (one line).
     ``errnum``: the errno a service answers it with (a start's
     ``content.restore`` refused): ``EIO`` unless the cause says otherwise
-    (a store in use ``EBUSY``, a read-only one ``EROFS``, ...)."""
+    (a store in use ``EBUSY``, a read-only one ``EROFS``, ...).
+    ``lasting``: a store that every start would find so (a newer format, a
+    damaged file: :func:`broker.content.sqlite.lasting`)."""
 
-    def __init__(self, message: str, errnum: int = errno.EIO) -> None:
+    def __init__(self, message: str, errnum: int = errno.EIO, *,
+                 lasting: bool = False) -> None:
         super().__init__(message)
         self.errnum = errnum
+        self.lasting = lasting
 
 
 @dataclass(frozen=True, slots=True)
@@ -1158,7 +1163,8 @@ def _cannot_open(path: str, exc: BaseException) -> ArchiveError:
     if isinstance(exc, OSError):
         return ArchiveError(f"{exc.filename or path}: {exc.strerror or exc}",
                             exc.errno or errno.EIO)
-    return ArchiveError(f"{path}: {exc}")
+    return ArchiveError(f"{path}: {exc}", lasting=isinstance(exc, sqlite3.DatabaseError)
+                        and store_lasting(exc))
 
 
 def _refused_errno(why: str) -> int:

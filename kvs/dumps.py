@@ -36,7 +36,7 @@ from typing import Any
 
 from broker.content.module import BLOB_SIZE_LIMIT, DUMP, RESTORE
 from broker.content.sqlite import STORE_FILE
-from broker.errors import ErrnoError
+from broker.errors import ErrnoError, LastingFault
 
 RESTORE_SIZE_LIMIT = 100 * 1024 * 1024
 """Largest value a restore at start takes (Flux's rc1: ``--size-limit=100M``)."""
@@ -83,7 +83,9 @@ def restore_at_start(attrs: Mapping[str, Any], store_dir: str, statedir: str,
                     store_dir, create=False,
                     instead="content.restore empties it: stop that one"))
             except archive.ArchiveError as exc:  # (in use: EBUSY; damaged: EIO; ...)
-                raise ErrnoError(exc.errnum, f"content.restore: {exc}") from None
+                # (a newer format or a damaged file: exit 2, as without the restore)
+                raise (LastingFault if exc.lasting else ErrnoError)(
+                    exc.errnum, f"content.restore: {exc}") from None
         try:
             runs = old.runs() if old is not None and statedir else []  # (kept: startlog)
         except sqlite3.Error as exc:

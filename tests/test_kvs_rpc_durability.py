@@ -645,6 +645,12 @@ async def test_a_store_of_a_newer_format_is_refused_and_left_as_it_is(tmp_path) 
                  ["kvs", "gc", "--statedir"]):
         rc, out, err = await run_cli(*args, str(statedir))
         assert rc != 0 and why in err, (args, err)
+    # a start that restores an archive over it refuses it the same way: rank
+    # 0 exits 2, a lasting fault (it was 1, which a supervisor restarts on)
+    rc, out, err = await run_cli("start", "--statedir", str(statedir), "-S",
+                                 f"content.restore={tmp_path / 'some.tar'}", "--", "true")
+    assert rc == 2 and f"content.restore: {store}: {why}" in err, (rc, err)
+    assert "rank 0 exited with status 2 during start-up" in err, err
     assert store.read_bytes() == before
     assert sorted(p.name for p in statedir.iterdir() if p.name.startswith("content")) == [
         "content.sqlite"]

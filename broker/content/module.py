@@ -84,6 +84,7 @@ from broker.content.sqlite import (
     SqliteStore,
     StoreLocked,
     Written,
+    lasting,
 )
 from broker.content.storethread import StoreThread
 from broker.errors import ErrnoError, LastingFault, ProtocolError, outcome_read
@@ -274,14 +275,6 @@ its own, so it fails alone, not the batch it came in."""
 
 
 _T = TypeVar("_T")
-
-
-_MAY_PASS = frozenset({sqlite3.SQLITE_PERM, sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED,
-                       sqlite3.SQLITE_NOMEM, sqlite3.SQLITE_READONLY, sqlite3.SQLITE_IOERR,
-                       sqlite3.SQLITE_FULL, sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_PROTOCOL})
-"""SQLite's primary result codes of a store that fails to open but may
-open at the next start; any other (a damaged file, not a database, a newer
-format, another program's) is a :class:`~broker.errors.LastingFault`."""
 
 
 class ContentModule(Module):
@@ -486,8 +479,7 @@ class ContentModule(Module):
                 raise ErrnoError(errno.EBUSY, f"statedir {statedir} is in use by another "
                                               "instance (its content.sqlite is locked)") from None
             except sqlite3.DatabaseError as exc:  # (not a database, damaged, ...)
-                lasting = getattr(exc, "sqlite_errorcode", 0) & 0xFF not in _MAY_PASS
-                raise (LastingFault if lasting else ErrnoError)(
+                raise (LastingFault if lasting(exc) else ErrnoError)(
                     errno.EIO, f"{path}: {exc}") from None
             total = await self.measure_disk()
             if self.persistent:

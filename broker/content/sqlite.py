@@ -79,6 +79,21 @@ without one (0: from before it was kept) is this format, and is marked so
 the first time it is opened for writing."""
 
 
+_MAY_PASS = frozenset({sqlite3.SQLITE_PERM, sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED,
+                       sqlite3.SQLITE_NOMEM, sqlite3.SQLITE_READONLY, sqlite3.SQLITE_IOERR,
+                       sqlite3.SQLITE_FULL, sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_PROTOCOL})
+"""SQLite's primary result codes of a store that fails to open but may
+open at the next start."""
+
+
+def lasting(exc: sqlite3.DatabaseError) -> bool:
+    """Whether a store that failed to open so will fail the same way at
+    every start until someone acts (:class:`~broker.errors.LastingFault`):
+    a damaged file, not a database, a newer format, another program's --
+    not one locked, full or unreadable for now."""
+    return getattr(exc, "sqlite_errorcode", 0) & 0xFF not in _MAY_PASS
+
+
 class NewerFormat(sqlite3.DatabaseError):
     """The store file is of a newer format than this kvbroker reads."""
 
