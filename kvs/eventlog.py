@@ -47,6 +47,9 @@ __all__ = [
 
 Entry = dict[str, Any]
 
+BAD = "cannot decode improperly formatted eventlog"
+"""Flux's words for a log that is not one, which every message about one starts with."""
+
 
 class EventlogError(ErrnoError, ValueError):
     """Malformed eventlog or entry (``EINVAL``).  A ``ValueError`` too (as
@@ -54,7 +57,7 @@ class EventlogError(ErrnoError, ValueError):
     log whether it was read (:func:`get`) or watched (``wait_event``,
     ``watch_eventlog``, which raise it as well)."""
 
-    def __init__(self, errstr: str = "cannot decode improperly formatted eventlog") -> None:
+    def __init__(self, errstr: str = BAD) -> None:
         super().__init__(errno.EINVAL, errstr)
 
     def __reduce__(self) -> tuple[type, tuple[str]]:  # (pickle, copy: one argument)
@@ -131,12 +134,27 @@ def decode_entry(line: str | bytes) -> Entry:
     no UTF-8 holds: printing the name was a traceback)."""
     try:
         text = line.decode("utf-8") if isinstance(line, bytes | bytearray) else line
+    except UnicodeDecodeError:
+        raise EventlogError("not UTF-8 text") from None
+    if text.startswith("\ufeff"):
+        raise EventlogError("a byte-order mark before it (not JSON)")
+    try:
         obj = jsontoml.loads_json(text, parse_constant=_not_json)
-    except (ValueError, UnicodeDecodeError):
-        raise EventlogError() from None
+    except json.JSONDecodeError as exc:
+        raise EventlogError(f"not JSON: {exc.msg}") from None
+    except ValueError as exc:  # (NaN, Infinity; too deep)
+        raise EventlogError(str(exc)) from None
     if ("\\ud" in text or "\\uD" in text) and not _all_utf8(obj):
-        raise EventlogError()
+        raise EventlogError("not JSON in UTF-8: a lone surrogate escape")
     return _check(obj)
+
+
+def bad_line(number: int, why: EventlogError | str) -> EventlogError:
+    """The error for a log whose line ``number`` (from 1) is not an entry:
+    Flux's message, then which line and why (a log of thousands of lines
+    is otherwise unreadable with no clue where)."""
+    reason = why.errstr if isinstance(why, EventlogError) else why
+    return EventlogError(f"{BAD}: line {number}: {reason}")
 
 
 def _not_json(name: str) -> Any:
@@ -160,18 +178,22 @@ def decode(data: str | bytes) -> list[Entry]:
     empty line, bad JSON, a missing field) raises :class:`EventlogError`.
     """
     if isinstance(data, bytes | bytearray):
+        raw = bytes(data)
         try:
-            data = bytes(data).decode("utf-8")
-        except UnicodeDecodeError:
-            raise EventlogError() from None
+            data = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise bad_line(raw.count(b"\n", 0, exc.start) + 1, "not UTF-8 text") from None
     if not data:
         return []
     if not data.endswith("\n"):
-        raise EventlogError()
-    try:
-        return [decode_entry(line) for line in data[:-1].split("\n")]
-    except EventlogError:
-        raise EventlogError() from None
+        raise bad_line(data.count("\n") + 1, "no newline at its end")
+    entries = []
+    for number, line in enumerate(data[:-1].split("\n"), 1):
+        try:
+            entries.append(decode_entry(line))
+        except EventlogError as exc:
+            raise bad_line(number, exc) from None
+    return entries
 
 
 # ---------------------------------------------------------------- output

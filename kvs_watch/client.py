@@ -919,17 +919,21 @@ EventlogEntry = dict[str, Any]
 """An RFC 18 entry ``{"timestamp": float, "name": str, "context"?: {...}}``, the
 same plain dict :func:`kvs.eventlog.get` returns."""
 
-BAD_EVENTLOG = "cannot decode improperly formatted eventlog"
+BAD_EVENTLOG = eventlog.BAD
 
 
-def parse_eventlog_entry(line: str | bytes) -> EventlogEntry:
-    """Parse one eventlog line; :class:`kvs.eventlog.EventlogError` (a
-    ``ValueError``) if it is not an RFC 18 entry: the very check a read
-    makes (:func:`kvs.eventlog.decode_entry`), so the two never disagree."""
+def parse_eventlog_entry(line: str | bytes, number: int = 0) -> EventlogEntry:
+    """Parse one eventlog line, line ``number`` of its log (0: not known);
+    :class:`kvs.eventlog.EventlogError` (a ``ValueError``) if it is not an
+    RFC 18 entry: the very check a read makes
+    (:func:`kvs.eventlog.decode_entry`), so the two never disagree, and
+    the same message, naming the line and why."""
     try:
         return eventlog.decode_entry(line)
-    except EventlogError:
-        raise EventlogError(BAD_EVENTLOG) from None
+    except EventlogError as exc:
+        if number:
+            raise eventlog.bad_line(number, exc) from None
+        raise EventlogError(f"{BAD_EVENTLOG}: {exc.errstr}") from None
 
 
 class EventlogParser:
@@ -943,12 +947,20 @@ class EventlogParser:
     append supplies.
     """
 
+    def __init__(self) -> None:
+        self.lines = 0
+        """Lines fed so far: a bad one is named by its number in the log."""
+
     def feed(self, data: bytes) -> list[EventlogEntry]:
         if not data:
             return []
         if not data.endswith(b"\n"):
-            raise EventlogError(BAD_EVENTLOG)
-        return [parse_eventlog_entry(line) for line in data[:-1].split(b"\n")]
+            raise eventlog.bad_line(self.lines + data.count(b"\n") + 1, "no newline at its end")
+        entries = []
+        for line in data[:-1].split(b"\n"):
+            self.lines += 1
+            entries.append(parse_eventlog_entry(line, self.lines))
+        return entries
 
     def close(self) -> None:
         """Nothing is ever left over (kept for callers that mark the end)."""

@@ -87,7 +87,8 @@ async def test_a_deep_eventlog_line_is_a_malformed_log(start_instance, tmp_path:
     rc, _, err = await run_cli("kvs", "put", "-r", "elog=-", uri=uri, timeout=T,
                                input=deep_eventlog_line())
     assert rc == 0, err
-    bad = "kvbroker: elog: Invalid argument (cannot decode improperly formatted eventlog)\n"
+    bad = ("kvbroker: elog: Invalid argument (cannot decode improperly formatted eventlog: "
+           "line 1: not JSON: nested too deeply)\n")
     for args in (("get",), ("get", "-u"), ("get", "-w", "-c", "1"),
                  ("wait-event", "-t", "10", "elog", "deep")):
         rc, out, err = await run_cli("kvs", "eventlog", *args,

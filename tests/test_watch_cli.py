@@ -53,7 +53,12 @@ async def run(uri: str, *args: str, timeout: float = 20, **env: str) -> tuple[in
     return p.returncode, out.decode(), err.decode()
 
 
-BAD = "Invalid argument (cannot decode improperly formatted eventlog)"
+def bad(line: int, why: str) -> str:
+    """A malformed log's message: Flux's words, then which line and why."""
+    return f"Invalid argument (cannot decode improperly formatted eventlog: line {line}: {why})"
+
+
+NO_NEWLINE = "no newline at its end"
 
 
 def ev(ts: float, name: str, **ctx) -> bytes:
@@ -199,7 +204,7 @@ async def test_eventlog_get_watch_and_wait_event(start_instance, connect):
     assert (p.returncode, out) == (0, ev(1, "foo", data="bar"))
     await commit(h0, put("test.noteventlog", "foo"), sync=(h0, 2))
     rc, out, err = await run(uri, "kvs", "eventlog", "get", "-W", "test.noteventlog")
-    assert (rc, err) == (1, f"kvbroker: test.noteventlog: {BAD}\n")
+    assert (rc, err) == (1, f"kvbroker: test.noteventlog: {bad(1, NO_NEWLINE)}\n")
     await wait_watchers(h0, 0, nodeid=2)
 
 
@@ -234,17 +239,19 @@ async def test_watch_forms_refuse_an_unterminated_eventlog(start_instance, conne
     await commit(h0, append("p.log", ev(1, "one")))
     await commit(h0, append("p.log", b"garbage"), sync=(h0, 1))
     for key in ("p.bad", "p.good"):
-        expected = (1, "", f"kvbroker: {key}: {BAD}\n")
+        expected = (1, "", f"kvbroker: {key}: {bad(1, NO_NEWLINE)}\n")
         assert await run(uri, "kvs", "eventlog", "get", key, timeout=10) == expected
         assert await run(uri, "kvs", "eventlog", "wait-event", key, "go", timeout=10) == expected
         assert await run(uri, "kvs", "eventlog", "wait-event", "-W", key, "x",
                          timeout=10) == expected
         assert await run(uri, "kvs", "eventlog", "get", "-w", key, timeout=10) == expected
-    # the good first append is printed, the bad second one ends the watch
+    # the good first append is printed, the bad second one ends the watch,
+    # named by its line in the log
+    line2 = f"kvbroker: p.log: {bad(2, NO_NEWLINE)}\n"
     assert await run(uri, "kvs", "eventlog", "get", "-w", "-c", "3", "p.log",
-                     timeout=10) == (1, "1.000000 one\n", f"kvbroker: p.log: {BAD}\n")
+                     timeout=10) == (1, "1.000000 one\n", line2)
     assert await run(uri, "kvs", "eventlog", "wait-event", "p.log", "two", timeout=10) == (
-        1, "", f"kvbroker: p.log: {BAD}\n")
+        1, "", line2)
     # the API: wait_event raises ValueError instead of waiting -- the same
     # EventlogError (EINVAL) a read raises, so one except catches both (a
     # read's was not a ValueError, a watch's not an EventlogError)
@@ -267,31 +274,37 @@ async def test_a_read_and_a_watch_of_the_same_lines_agree(start_instance, connec
     a context (Python's, not JSON's, which the writer refuses) was taken by
     both; a lone surrogate escape in a name was taken by both, and
     ``eventlog get`` then died printing it (two tracebacks).  Each is
-    refused, EINVAL, by every reader; a surrogate pair is a character and
-    reads as one."""
+    refused, EINVAL, by every reader, in the same words, naming the line
+    and why (it said only that the log was malformed); a surrogate pair is
+    a character and reads as one."""
     from kvs.client import KVS
 
     inst = await start_instance(size=2)
     h0 = await connect(inst, 0)
     uri = inst.uri(1)
-    bad = {"bom": b"\xef\xbb\xbf" + ev(1, "b"),
+    bad_data = {"bom": b"\xef\xbb\xbf" + ev(1, "b"),
            "utf16": '{"timestamp":1.0,"name":"b"}'.encode("utf-16-le") + b"\n",
            "nan": b'{"timestamp":1.0,"name":"b","context":{"x":NaN}}\n',
            "lone": b'{"timestamp":1.0,"name":"b"}\n{"timestamp":2.0,"name":"\\ud800"}\n'}
-    for key, data in bad.items():
+    for key, data in bad_data.items():
         await commit(h0, put(f"l.{key}", data))
     await commit(h0, put("l.pair", b'{"timestamp":1.0,"name":"\\ud83d\\ude00"}\n'),
                  sync=(h0, 1))
+    why = {"bom": (1, "a byte-order mark before it (not JSON)"),
+           "utf16": (1, "not JSON: Expecting property name enclosed in double quotes"),
+           "nan": (1, "NaN is not JSON"),
+           "lone": (2, "not JSON in UTF-8: a lone surrogate escape")}
     kvs = KVS(h0)
-    for key in bad:
-        want = (1, "", f"kvbroker: l.{key}: {BAD}\n")
+    for key in bad_data:
+        want = (1, "", f"kvbroker: l.{key}: {bad(*why[key])}\n")
         assert await run(uri, "kvs", "eventlog", "get", f"l.{key}", timeout=10) == want
         assert await run(uri, "kvs", "eventlog", "get", "-u", f"l.{key}", timeout=10) == want
         assert await run(uri, "kvs", "eventlog", "wait-event", f"l.{key}", "b",
                          timeout=10) == want
         for read in (kvs.get_eventlog(f"l.{key}"), wait_event(h0, f"l.{key}", "b", timeout=10)):
-            with pytest.raises(ValueError, match="improperly formatted"):
+            with pytest.raises(ValueError, match="improperly formatted") as exc:
                 await read
+            assert f"Invalid argument ({exc.value})" == bad(*why[key])
     assert await run(uri, "kvs", "eventlog", "get", "l.pair", timeout=10) == (
         0, "1.000000 \U0001f600\n", "")
     assert (await kvs.get_eventlog("l.pair"))[0]["name"] == "\U0001f600"
