@@ -40,7 +40,7 @@ async def test_forked_ranks_are_processes_of_their_own_under_one_spawner() -> No
         assert spawner != os.getpid()
         assert [sid for _, _, sid in seen] == pids  # each leads its own session
         with open(f"/proc/{spawner}/cmdline", "rb") as f:
-            assert f.read().split(b"\0")[1:3] == [b"-m", b"broker.spawner"]
+            assert f.read().split(b"\0")[1:4] == [b"-P", b"-m", b"broker.spawner"]
         async with Handle.connect(inst.uri(2)) as h:
             assert (await h.rpc("broker.ping", {}, nodeid=0))["rank"] == 0
             assert int(await h.attr_get("broker.pid")) == pids[2]
@@ -84,7 +84,7 @@ async def test_exec_starts_each_rank_as_its_own_interpreter(
         for rank, pid in enumerate(inst.pids()):
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 argv = f.read().split(b"\0")
-            assert argv[1:5] == [b"-m", b"broker.rank", b"--rank", str(rank).encode()]
+            assert argv[1:6] == [b"-P", b"-m", b"broker.rank", b"--rank", str(rank).encode()]
             assert stat_of(pid)[1] == os.getpid()
         async with Handle.connect(inst.uri(1)) as h:
             assert (await h.rpc("broker.ping", {}, nodeid=0))["rank"] == 0

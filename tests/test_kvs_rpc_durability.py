@@ -927,6 +927,16 @@ class FrozenThread:
                 os.rmdir(self.path)
 
 
+async def frozen_or_stopped(inst: Instance, pid: int) -> FrozenThread:
+    """:class:`FrozenThread` of ``pid``, or ``inst`` stopped before the
+    skip (or error) goes on: left running, its loop never closed."""
+    try:
+        return FrozenThread(pid)
+    except BaseException:
+        await asyncio.wait_for(inst.stop(), 60)
+        raise
+
+
 async def test_a_sigkill_during_the_stop_loses_no_commit_it_acknowledged(
         start_instance, connect, tmp_path) -> None:
     """A stop lets the queued transactions through, and answered them before
@@ -1019,7 +1029,7 @@ async def test_a_stop_whose_writer_makes_no_progress_is_killed_after_the_timeout
     inst = Instance(1, statedir=str(tmp_path / "state"), attrs={"kvs.checkpoint-period": "0"})
     await asyncio.wait_for(inst.start(), 60)
     pid = inst.pids()[0]
-    disk = FrozenThread(pid)
+    disk = await frozen_or_stopped(inst, pid)
     try:
         async with await Handle.connect(inst.uri(0)) as h:
             await commit_mib(h, 4)
@@ -1060,7 +1070,7 @@ async def test_a_stop_whose_writer_makes_progress_outlasts_the_timeout(tmp_path)
     statedir = str(tmp_path / "state")
     inst = Instance(1, statedir=statedir, attrs={"kvs.checkpoint-period": "0"})
     await asyncio.wait_for(inst.start(), 60)
-    disk = FrozenThread(inst.pids()[0])
+    disk = await frozen_or_stopped(inst, inst.pids()[0])
     store = os.path.join(statedir, "content.sqlite")
     try:
         async with await Handle.connect(inst.uri(0)) as h:

@@ -449,7 +449,9 @@ class ContentModule(Module):
                 # (the new store keeps the old one's runs, and replaces it whole)
                 restored = await asyncio.to_thread(dumps.restore_at_start, self.ctx.attrs,
                                                    directory, statedir, self.ctx.progress)
-            if statedir and restored is None and await asyncio.to_thread(_emptied, path):
+            # (a stat, on the loop: to_thread would start an executor's
+            # thread for the rank's whole life)
+            if statedir and restored is None and _emptied(path):
                 logging.getLogger("kvbroker.content").warning(
                     "%s is empty (0 bytes): the KVS starts empty.  A store is never empty "
                     "once made, so what it held was lost (a host crash before the file "
