@@ -9,7 +9,7 @@ each time.  With ``$KVBROKER_FORKSERVER`` naming this server's socket, a
 launcher asks the server instead, and the spawner it gets is a fork of a
 process that has imported everything already.
 
-The spawner must be the one a fresh ``python -m broker.spawner`` would
+The spawner must be the one a fresh ``python -P -m broker.spawner`` would
 have been, so the server serves only a launcher that matches the start it
 had itself: the same user (the kernel's word, ``SO_PEERCRED``, not the
 launcher's), the same interpreter, the same environment variables that
@@ -74,6 +74,7 @@ from broker.forkclient import (
     umask,
 )
 from broker.pipes import OutputProtocol, connect_read_pipe
+from broker.pypath import child_env, module_command
 
 if TYPE_CHECKING:
     import subprocess
@@ -295,7 +296,7 @@ def _become_spawner(request: dict[str, Any], fds: list[int]) -> NoReturn:
         python, rundir = str(request["python"]), str(request["rundir"])
         sys.argv = [str(spawner.__file__), rundir]
         sys.executable = python
-        _retitle([python, "-P", "-m", "broker.spawner", rundir])
+        _retitle([*module_command(python, "broker.spawner"), rundir])
         return spawner.run(request["spec"])
 
     _run_in_child(spawner_run)
@@ -567,8 +568,9 @@ def start_server(path: str) -> subprocess.Popen[bytes]:
     import subprocess
 
     proc = subprocess.Popen(
-        [sys.executable, "-P", "-m", "broker.forkserver", path, " " * TITLE_ROOM],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
+        [*module_command(sys.executable, "broker.forkserver"), path, " " * TITLE_ROOM],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True,
+        env=child_env(dict(os.environ)))
     assert proc.stdout is not None and proc.stdin is not None
     if proc.stdout.readline() != b"ready\n":
         proc.stdin.close()

@@ -653,9 +653,10 @@ class Handle(HandleCore):
                 self._check_open()
             if self._closing is not None and not self._user_closed:
                 raise RemoteError(*self._closing)  # the rank said why it closed
-            # (the transport closing before the loss is handled, for a loop
-            # turn: the same loss as after it, in the same words)
+            # (a transport closing is a loss not yet handled, for a loop
+            # turn: said in the same words as after it)
             raise RemoteError(errno.ECONNRESET, "handle closed" if self._user_closed
+                              else "not connected to a broker" if proto is None
                               else "connection to broker lost")
         return proto.writer  # type: ignore[return-value]
 

@@ -38,6 +38,7 @@ from broker.broker import local_socket_path
 from broker.command import STOP_CAP, STOP_TIMEOUT
 from broker.idset import encode_ranks
 from broker.pipes import OutputProtocol, connect_read_pipe
+from broker.pypath import child_env, module_command
 from broker.topology import ancestors, children_of
 
 START_TIMEOUT = 60.0
@@ -425,7 +426,7 @@ class Instance:
         or keep it, emptied of what the start wrote (False), whoever made
         it; None: remove it if this instance made it."""
         self.on_rank_command = on_rank_command
-        """Called with each rank and its command line (``python -m broker.rank
+        """Called with each rank and its command line (``python -P -m broker.rank
         ...``: what it runs, forked or executed) as it is started; what
         ``kvbroker start -v`` prints, as Flux's ``flux start -v``."""
         self._rundir_mode: int | None = None
@@ -444,7 +445,7 @@ class Instance:
         self.spawn = spawn
         """``fork``: the ranks are forked by one spawner process that
         imported them once (:mod:`broker.spawner`); ``exec``: each is
-        ``python -m broker.rank``, as another interpreter (``python``)
+        ``python -P -m broker.rank``, as another interpreter (``python``)
         needs.  ``auto`` (the default, or ``$KVBROKER_SPAWN``) forks."""
         self._reapers: list[asyncio.Task[None]] = []
         self.rundir = ""
@@ -645,8 +646,8 @@ class Instance:
                 argv += ["--config-file", self.config_file]
             argvs.append(argv)
             if self.on_rank_command is not None:
-                self.on_rank_command(rank, [self.python, "-P", "-m", "broker.rank", *argv])
-        env = dict(os.environ)
+                self.on_rank_command(rank, [*module_command(self.python, "broker.rank"), *argv])
+        env = child_env(dict(os.environ), self.python)
         env.pop("KVBROKER_URI", None)
         env.pop("KVBROKER_RANK", None)
         stderr = None
@@ -668,10 +669,11 @@ class Instance:
 
     async def _exec_rank(self, argv: list[str], watch_r: int, env: dict[str, str],
                          stderr: Any) -> None:
-        """Start one rank as ``python -m broker.rank ARGV``."""
+        """Start one rank as ``python -P -m broker.rank ARGV``."""
         async def start() -> list[RankProcess]:
             return [await asyncio.create_subprocess_exec(
-                self.python, "-P", "-m", "broker.rank", *argv, stdout=asyncio.subprocess.PIPE,
+                *module_command(self.python, "broker.rank"), *argv,
+                stdout=asyncio.subprocess.PIPE,
                 stderr=stderr, stdin=asyncio.subprocess.DEVNULL, pass_fds=(watch_r,), env=env,
                 start_new_session=True)]
 
@@ -745,13 +747,11 @@ class Instance:
     async def _exec_spawner(self, spec: dict[str, Any], pipes: list[tuple[int, int]],
                             watch_r: int, env: dict[str, str], stderr: Any,
                             ) -> asyncio.subprocess.Process:
-        """``python -P -m broker.spawner RUNDIR``, given ``spec`` on its standard
-        input.  ``-P`` (as for every interpreter the broker starts): the
-        working directory is not put first on the import path, where a
-        ``kvs.py`` or ``sqlite3.py`` of the user's would be imported in
-        place of the broker's own modules."""
+        """``python -P -m broker.spawner RUNDIR`` (:mod:`broker.pypath`: never
+        a module of the working directory), given ``spec`` on its standard
+        input."""
         spawner = await asyncio.create_subprocess_exec(
-            self.python, "-P", "-m", "broker.spawner", self.rundir,
+            *module_command(self.python, "broker.spawner"), self.rundir,
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=stderr,
             pass_fds=(watch_r, *(w for _, w in pipes)), env=env, start_new_session=True)
         assert spawner.stdin is not None

@@ -273,15 +273,15 @@ def install_relay_command(rundir: str) -> None:
     where guests are allowed; written whole or not at all (the ranks of
     one host share it).  Failing is not fatal: a client's ``PATH`` goes on
     to its own ``kvbroker`` directory."""
-    import broker
+    from broker.pypath import ROOT, module_command
 
     bindir = os.path.join(rundir, RELAY_BIN)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(broker.__file__)))
+    command = shlex.join(module_command(sys.executable, "broker.cli"))
     script = ("#!/bin/sh\n"
               "# the relay of an ssh:// client (kvbroker relay): this rank's kvbroker\n"
-              f"PYTHONPATH={shlex.quote(root)}${{PYTHONPATH:+:$PYTHONPATH}}\n"
+              f"PYTHONPATH={shlex.quote(ROOT)}${{PYTHONPATH:+:$PYTHONPATH}}\n"
               "export PYTHONPATH\n"
-              f"exec {shlex.quote(sys.executable)} -P -m broker.cli \"$@\"\n")
+              f"exec {command} \"$@\"\n")
     try:
         os.makedirs(bindir, mode=0o755, exist_ok=True)
         path = os.path.join(bindir, "kvbroker")

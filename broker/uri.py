@@ -214,7 +214,7 @@ def _cmdline(pid: int, proc: str) -> list[str]:
 def starts_instances(argv: list[str]) -> bool:
     """Whether a command line is ``kvbroker start`` (its global
     ``--event-loop`` allowed before ``start``) or the spawner that forks
-    its ranks (``python -m broker.spawner RUNDIR``)."""
+    its ranks (``python -P -m broker.spawner RUNDIR``)."""
     for i, word in enumerate(argv):
         if word == "-m" and argv[i + 1:i + 2] == ["broker.spawner"]:
             return True

@@ -136,6 +136,8 @@ def decode_entry(line: str | bytes) -> Entry:
         text = line.decode("utf-8") if isinstance(line, bytes | bytearray) else line
     except UnicodeDecodeError:
         raise EventlogError("not UTF-8 text") from None
+    if not text:
+        raise EventlogError("an empty line")
     if text.startswith("\ufeff"):
         raise EventlogError("a byte-order mark before it (not JSON)")
     try:
@@ -175,24 +177,22 @@ def decode(data: str | bytes) -> list[Entry]:
     """Parse an eventlog: every line must be a valid entry ending in ``\\n``.
 
     The empty log is ``[]``; anything else malformed (no final newline, an
-    empty line, bad JSON, a missing field) raises :class:`EventlogError`.
+    empty line, bad JSON, a missing field) raises :class:`EventlogError`
+    naming the first line that is not an entry (:func:`bad_line`).
     """
-    if isinstance(data, bytes | bytearray):
-        raw = bytes(data)
-        try:
-            data = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise bad_line(raw.count(b"\n", 0, exc.start) + 1, "not UTF-8 text") from None
     if not data:
         return []
-    if not data.endswith("\n"):
-        raise bad_line(data.count("\n") + 1, "no newline at its end")
+    lines: list[str | bytes] = [
+        *(bytes(data).split(b"\n") if isinstance(data, bytes | bytearray) else data.split("\n"))]
+    tail = lines.pop()  # (empty: the log ends in its newline)
     entries = []
-    for number, line in enumerate(data[:-1].split("\n"), 1):
+    for number, line in enumerate(lines, 1):
         try:
             entries.append(decode_entry(line))
         except EventlogError as exc:
             raise bad_line(number, exc) from None
+    if tail:
+        raise bad_line(len(lines) + 1, "no newline at its end")
     return entries
 
 

@@ -67,7 +67,6 @@ from kvs.keys import (
     split,
 )
 from kvs.lookup import SYMLINK_MAX
-from kvs.namespaces import NAME_RULE, check_name, shown_name
 from kvs.treeobj import (
     INLINE_MAX,
     VER,
@@ -152,6 +151,10 @@ def _check_link_namespace(target: str, ns: str | None) -> None:
     if ns is None:
         ns = parse_ns_target(target)[0]
     if ns is not None:
+        # (here, for links only: kvs.namespaces costs every kvs command
+        # ~6 ms to import, and kvs.client imports this module)
+        from kvs.namespaces import NAME_RULE, check_name, shown_name
+
         try:
             check_name(ns)
         except ErrnoError:

@@ -954,12 +954,14 @@ class EventlogParser:
     def feed(self, data: bytes) -> list[EventlogEntry]:
         if not data:
             return []
-        if not data.endswith(b"\n"):
-            raise eventlog.bad_line(self.lines + data.count(b"\n") + 1, "no newline at its end")
+        lines = data.split(b"\n")
+        tail = lines.pop()  # (empty: the append ends in its newline)
         entries = []
-        for line in data[:-1].split(b"\n"):
+        for line in lines:  # (each checked before the tail, as a read does)
             self.lines += 1
             entries.append(parse_eventlog_entry(line, self.lines))
+        if tail:
+            raise eventlog.bad_line(self.lines + 1, "no newline at its end")
         return entries
 
     def close(self) -> None:

@@ -1625,6 +1625,8 @@ async def test_start_in_a_directory_of_same_named_modules_runs_the_brokers_own(
     for name in ("kvs.py", "sqlite3.py", "msgpack.py"):
         (tmp_path / name).write_text("raise SystemExit('the shadow was imported')\n")
     env = dict(os.environ)
+    if spawn == "served" and not env.get("KVBROKER_FORKSERVER"):
+        pytest.skip("no fork server here (KVBROKER_TEST_FORKSERVER=0?)")
     if spawn != "served":
         env.pop("KVBROKER_FORKSERVER", None)
         env["KVBROKER_SPAWN"] = spawn
@@ -1632,6 +1634,34 @@ async def test_start_in_a_directory_of_same_named_modules_runs_the_brokers_own(
                                  cwd=tmp_path, env=env)
     assert (rc, out) == (1, ""), err
     assert err == "kvbroker: a: No such file or directory\n", err
+
+
+@pytest.mark.parametrize("spawn", ["fork", "exec", "served"])
+async def test_an_uninstalled_checkout_runs_its_own_broker_in_the_ranks(
+        tmp_path: Path, spawn: str) -> None:
+    """``python -m broker.cli start`` run in a copy of the packages: the
+    ranks run that copy too (``python -P`` alone would have them import the
+    installed kvbroker, or fail to find one); ``config builtin`` names where
+    each rank's ``broker`` package is."""
+    import shutil
+
+    from broker import pypath
+
+    src = tmp_path / "src"
+    for package in ("broker", "kvs", "kvs_watch"):
+        shutil.copytree(Path(pypath.ROOT) / package, src / package,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    env = dict(os.environ)
+    if spawn != "served":
+        env.pop("KVBROKER_FORKSERVER", None)
+        env["KVBROKER_SPAWN"] = spawn
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "broker.cli", "start", "--size", "2", "--", "sh", "-c",
+        "kvbroker config builtin python_path && "
+        "kvbroker exec -r 1 kvbroker config builtin python_path",
+        cwd=src, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert (proc.returncode, out.decode()) == (0, f"{src}\n{src}\n"), err.decode()
 
 
 async def test_start_verbose_prints_each_ranks_command_line() -> None:

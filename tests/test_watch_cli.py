@@ -285,7 +285,9 @@ async def test_a_read_and_a_watch_of_the_same_lines_agree(start_instance, connec
     bad_data = {"bom": b"\xef\xbb\xbf" + ev(1, "b"),
            "utf16": '{"timestamp":1.0,"name":"b"}'.encode("utf-16-le") + b"\n",
            "nan": b'{"timestamp":1.0,"name":"b","context":{"x":NaN}}\n',
-           "lone": b'{"timestamp":1.0,"name":"b"}\n{"timestamp":2.0,"name":"\\ud800"}\n'}
+           "lone": b'{"timestamp":1.0,"name":"b"}\n{"timestamp":2.0,"name":"\\ud800"}\n',
+           # the first bad line, not the unterminated last one
+           "first": b'garbage\n{"timestamp":1.0,"name":"b"}'}
     for key, data in bad_data.items():
         await commit(h0, put(f"l.{key}", data))
     await commit(h0, put("l.pair", b'{"timestamp":1.0,"name":"\\ud83d\\ude00"}\n'),
@@ -293,7 +295,8 @@ async def test_a_read_and_a_watch_of_the_same_lines_agree(start_instance, connec
     why = {"bom": (1, "a byte-order mark before it (not JSON)"),
            "utf16": (1, "not JSON: Expecting property name enclosed in double quotes"),
            "nan": (1, "NaN is not JSON"),
-           "lone": (2, "not JSON in UTF-8: a lone surrogate escape")}
+           "lone": (2, "not JSON in UTF-8: a lone surrogate escape"),
+           "first": (1, "not JSON: Expecting value")}
     kvs = KVS(h0)
     for key in bad_data:
         want = (1, "", f"kvbroker: l.{key}: {bad(*why[key])}\n")

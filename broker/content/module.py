@@ -65,6 +65,7 @@ import itertools
 import logging
 import os
 import sqlite3
+import stat
 import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -453,9 +454,10 @@ class ContentModule(Module):
             # thread for the rank's whole life)
             if statedir and restored is None and _emptied(path):
                 logging.getLogger("kvbroker.content").warning(
-                    "%s is empty (0 bytes): the KVS starts empty.  A store is never empty "
-                    "once made, so what it held was lost (a host crash before the file "
-                    "reached the disk?); kvbroker kvs restore puts back a dump", path)
+                    "%s is empty (0 bytes): the KVS starts empty.  A store is never left "
+                    "empty but by a crash, so what it held, if anything, was lost (a host "
+                    "crash before the file reached the disk?); kvbroker kvs restore puts "
+                    "back a dump", path)
             try:
                 self.backing = await self.db(SqliteStore, path)
                 if (not statedir and restored is None
@@ -1792,11 +1794,14 @@ class ContentModule(Module):
 
 def _emptied(path: str) -> bool:
     """Whether a store file is there at ``path`` with nothing in it, nor in
-    its WAL: SQLite would take it as a new, empty store.  Never one kvbroker
-    left: its open writes the tables at once."""
+    its WAL: SQLite would take it as a new, empty store.  kvbroker's open
+    writes the tables at once, so only a crash leaves one so (of the host,
+    or a rank killed in the moment between)."""
     try:
-        return os.path.getsize(path) == 0 and (
-            not os.path.exists(path + "-wal") or os.path.getsize(path + "-wal") == 0)
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode) or st.st_size:
+            return False  # (not a file: the store's own open says why)
+        return not os.path.exists(path + "-wal") or os.path.getsize(path + "-wal") == 0
     except OSError:  # (none there, or unreadable: the store's own open says why)
         return False
 

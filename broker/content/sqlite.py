@@ -91,7 +91,7 @@ def lasting(exc: sqlite3.DatabaseError) -> bool:
     every start until someone acts (:class:`~broker.errors.LastingFault`):
     a damaged file, not a database, a newer format, another program's --
     not one locked, full or unreadable for now."""
-    return getattr(exc, "sqlite_errorcode", 0) & 0xFF not in _MAY_PASS
+    return (getattr(exc, "sqlite_errorcode", 0) & 0xFF) not in _MAY_PASS
 
 
 class NewerFormat(sqlite3.DatabaseError):
