@@ -91,6 +91,13 @@ the first to the second): soon after a brief failure, and no more than a
 commit every 10 s while the cause lasts (a full disk)."""
 STOP_DRAIN_TIMEOUT = 10.0
 """Seconds rank 0's kvs waits at stop for the transactions already queued."""
+RELAY_SETTLE_TIMEOUT = 5.0
+"""Seconds a follower's kvs waits at stop (a ``module reload`` or
+``remove``, or its rank's stop) for the events that settle the
+transactions it relayed to rank 0.  Rank 0 applies a queued one whatever
+this rank does: its client was answered ``ENOSYS`` ("module kvs was
+removed"), read as not applied, retried -- and applied twice.  It is
+answered from its event instead, as without the stop."""
 EVENT_KINDS = ("setroot", "removed", "error", "created")
 SETROOT_BLOB_LIMIT = 8 << 10
 """A setroot event carries the commit's new blobs when they total at most this:
@@ -627,6 +634,29 @@ class KvsModule(Module):
                       "(rootref %s%s)", rootseq, rootref, when)
         return rootref, rootseq, value.get("leases")
 
+    async def _settle_relayed(self, timeout: float) -> None:
+        """A follower at stop: wait up to ``timeout`` seconds for the events
+        that settle the transactions it relayed (:data:`RELAY_SETTLE_TIMEOUT`);
+        their commits are answered from them meanwhile.  One still unsettled
+        then is answered ``ETIMEDOUT``, saying it may yet be applied: never
+        "not applied", which this rank cannot know."""
+        waiting = [f for ns in self.namespaces.values() for f in (ns.relayed or {}).values()
+                   if not f.done()]
+        if not waiting:
+            return
+        self.log.info("at stop: waiting up to %g s for rank 0 to settle %d relayed "
+                      "transactions", timeout, len(waiting))
+        _done, late = await asyncio.wait(waiting, timeout=timeout)
+        if late:
+            self.log.warning("%d relayed transactions not settled by rank 0 %g s into this "
+                             "kvs's stop: their commits end ETIMEDOUT (they may yet be "
+                             "applied)", len(late), timeout)
+            for fut in late:
+                if not fut.done():
+                    fut.set_exception(ErrnoError(
+                        errno.ETIMEDOUT, "this rank's kvs stopped before rank 0 settled the "
+                                         "transaction: it may yet be applied"))
+
     async def stop(self) -> None:
         """Rank 0: refuse new transactions, let the queued ones finish (they
         are, or are about to be, acknowledged), then write the last
@@ -644,6 +674,7 @@ class KvsModule(Module):
             # the last checkpoint's drain writes their blobs
             self._content.release_waiters()
         await self.commits.drain(STOP_DRAIN_TIMEOUT)
+        await self._settle_relayed(RELAY_SETTLE_TIMEOUT)
         if self.leader and self.removing:
             self.ctx.kept[self.name] = self._handover()
         if self.leader and self.final_checkpoint:

@@ -45,6 +45,7 @@ import asyncio
 import errno
 import logging
 from collections import Counter
+from collections.abc import Callable
 from itertools import count, islice
 from typing import Any, ClassVar
 
@@ -66,6 +67,14 @@ from kvs_watch.monitor import INIT, MISSING, READY, Monitor
 from kvs_watch.nswatch import NOLIST, NsHub, NsWatcher
 from kvs_watch.nswatch import check_flags as check_ns_flags
 from kvs_watch.watcher import DEFAULT_MAX_BACKLOG, Watcher
+
+KVS_RELOADED = f"module kvs was removed ({RELOAD})"
+"""How a request to kvs ends when ``module reload kvs`` replaces the module
+serving it.  Asked again at once, the rank holds it for the new module:
+a watch's lookup is asked again (:meth:`KvsWatchModule.ask_kvs`), not
+ended with it (a watch on a rank whose kvs was reloaded ended so)."""
+KVS_RELOAD_TRIES = 3
+"""Times one request to kvs is asked again across reloads of kvs."""
 
 log = logging.getLogger("kvbroker.kvs-watch")
 
@@ -336,7 +345,7 @@ class KvsWatchModule(Module):
         req: dict[str, Any] = {"namespace": name}
         if waitcreate:
             req["heard"] = True
-        fut = self.h.rpc("kvs.getroot", req)
+        fut = self.ask_kvs(lambda: self.h.rpc("kvs.getroot", req))
         fut.add_done_callback(lambda f: self._getroot_done(mon, f))
         return mon
 
@@ -349,7 +358,7 @@ class KvsWatchModule(Module):
         (a watch then ended ENOENT, or ENOTSUP, for a key a get on the same
         rank returned)."""
         mon.join(w)
-        fut = self.h.rpc("kvs.getroot", {"namespace": mon.name})
+        fut = self.ask_kvs(lambda: self.h.rpc("kvs.getroot", {"namespace": mon.name}))
         fut.add_done_callback(lambda f: self._fresh_root(mon, w, f))
 
     def _fresh_root(self, mon: Monitor, w: Watcher, fut: Any) -> None:
@@ -522,6 +531,35 @@ class KvsWatchModule(Module):
 
     # ================================================================ watcher backend
 
+    def ask_kvs(self, send: Callable[[], asyncio.Future[Any]]) -> asyncio.Future[Any]:
+        """``send()``'s answer -- a request to the kvs module -- asked again
+        (at most :data:`KVS_RELOAD_TRIES` times) while it ends
+        :data:`KVS_RELOADED`: the kvs that took it was replaced, and the
+        new one serves it."""
+        outer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        tries = 0
+
+        def answered(inner: asyncio.Future[Any]) -> None:
+            nonlocal tries
+            if outer.done():
+                return
+            if inner.cancelled():
+                outer.cancel()
+                return
+            exc = inner.exception()
+            if (isinstance(exc, ErrnoError) and exc.errnum == errno.ENOSYS
+                    and exc.errstr == KVS_RELOADED and tries < KVS_RELOAD_TRIES):
+                tries += 1
+                self.counts["asked-again-kvs-reloaded"] += 1
+                send().add_done_callback(answered)
+            elif exc is not None:
+                outer.set_exception(exc)
+            else:
+                outer.set_result(inner.result())
+
+        send().add_done_callback(answered)
+        return outer
+
     def lookup_at(self, w: Watcher, rootref: str, flags: int,
                   after: tuple[int, bytes] | None = None) -> Any:
         """One ``kvs.lookup-plus`` per key, root, flags and credentials in
@@ -543,10 +581,11 @@ class KvsWatchModule(Module):
                    "rootdir": {"ver": 1, "type": "dirref", "data": [rootref]}}
         if after is not None:  # (an APPEND watcher: only the blobs after its own)
             payload["after"], payload["mark"] = after
-        if w.msg.is_owner:
-            fut = self.h.rpc("kvs.lookup-plus", payload)
+        msg = w.msg
+        if msg.is_owner:
+            fut = self.ask_kvs(lambda: self.h.rpc("kvs.lookup-plus", payload))
         else:
-            fut = self.h.rpc_as(w.msg, "kvs.lookup-plus", payload)
+            fut = self.ask_kvs(lambda: self.h.rpc_as(msg, "kvs.lookup-plus", payload))
         self._lookups[k] = fut
         fut.add_done_callback(lambda f: self._lookups.pop(k, None)
                               if self._lookups.get(k) is f else None)
@@ -561,8 +600,8 @@ class KvsWatchModule(Module):
         name = w.namespace
         fut = self._current.get(name)
         if fut is None:
-            fut = self._current[name] = self.h.rpc("kvs.getroot", {"namespace": name},
-                                                   nodeid=0)
+            fut = self._current[name] = self.ask_kvs(
+                lambda: self.h.rpc("kvs.getroot", {"namespace": name}, nodeid=0))
             fut.add_done_callback(lambda f: self._current.pop(name, None)
                                   if self._current.get(name) is f else None)
         return fut
