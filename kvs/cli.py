@@ -1130,6 +1130,10 @@ def _archive_errors(args: argparse.Namespace, key: str | None = None) -> Iterato
     except ErrnoError as exc:
         if key is None:
             raise
+        if key == "." or exc.errnum == errno.ECONNRESET:
+            # (the whole namespace, or the connection lost: the command
+            # failed, not a key -- "kvbroker: .: Connection reset" said so)
+            raise _fail(args.what, exc, key) from None
         raise _fail(key, exc) from None
 
 

@@ -252,10 +252,10 @@ class CommitPipeline:
         self.publish(f"kvs.namespace-{ns.name}-error", {
             "namespace": ns.name, "names": names, "errnum": exc.errnum, "errstr": exc.errstr})
 
-    def refuse_if_stopping(self) -> None:
+    def refuse_if_stopping(self, nothing_done: str = "the transaction was not applied") -> None:
+        """``ENOSYS`` once the module stops, saying what was not done."""
         if self.stopping:
-            raise ErrnoError(errno.ENOSYS, "the kvs module is stopping: "
-                                           "the transaction was not applied")
+            raise ErrnoError(errno.ENOSYS, f"the kvs module is stopping: {nothing_done}")
 
     def enqueue(self, ns: Namespace, ops: list[dict[str, Any]], flags: int,
                 name: str, lease_user: int | None = None,

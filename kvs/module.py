@@ -1424,7 +1424,7 @@ class KvsModule(Module):
             return
         if self._content is None:
             raise ErrnoError(errno.ENOSYS, "rank 0's content store is not in this process")
-        self.commits.refuse_if_stopping()
+        self.commits.refuse_if_stopping("no collection was made")
         self.h.respond(msg, await self._collect(compact))
 
     async def _collect(self, compact: bool = False) -> dict[str, Any]:
@@ -1813,7 +1813,7 @@ class KvsModule(Module):
         p = await self._lease_rpc(msg)
         if p is None:
             return
-        self.commits.refuse_if_stopping()
+        self.commits.refuse_if_stopping("no lease was granted")
         lease = self.leases.grant(msg.userid, p.get("ttl"))
         self.h.respond(msg, {"id": lease.id, "ttl": lease.ttl})
 

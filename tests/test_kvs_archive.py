@@ -429,6 +429,21 @@ async def test_dump_and_restore_through_a_pipe(start_instance, connect) -> None:
     assert await errnum(get(h, "e.other")) == errno.ENOENT
 
 
+async def test_a_whole_namespace_dump_that_fails_names_the_command(start_instance,
+                                                                    tmp_path) -> None:
+    """A dump of the whole namespace (no ``--key``) that fails is the
+    command's failure: ``kvbroker: kvs dump: ...``, not ``kvbroker: .: ...``
+    (an admin probe saw ``.: Connection reset by peer`` when the instance
+    stopped under it); a ``--key`` that fails still names the key."""
+    inst = await start_instance(size=1)
+    out = str(tmp_path / "d.tar")
+    rc, _, err = await run_cli("kvs", "dump", "-N", "nope", out, uri=inst.uri(0))
+    assert (rc, err) == (1, "kvbroker: kvs dump: Operation not supported (namespace 'nope' "
+                            "does not exist)\n")
+    rc, _, err = await run_cli("kvs", "dump", "--key", "nokey", out, uri=inst.uri(0))
+    assert (rc, err) == (1, "kvbroker: nokey: No such file or directory\n")
+
+
 async def test_dump_reads_one_version(start_instance, connect, tmp_path) -> None:
     """``--at`` dumps an older root: the archive is that version, not now."""
     inst = await start_instance(size=1)
