@@ -117,10 +117,11 @@ async def test_a_start_killed_while_it_restores_keeps_the_old_store_and_its_runs
     await _crashed_run(sd, "kvbroker kvs put a=old --sync")
     big = _archive(tmp_path / "big.tar")
     store = sd / STORE_FILE
+    # (a rundir of the test's: the start SIGKILLed leaves the one it made)
     proc = await asyncio.create_subprocess_exec(
-        KVBROKER, "start", "--statedir", str(sd), "-S", f"content.restore={big}", "--",
-        "true", stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL)
+        KVBROKER, "start", "--statedir", str(sd), "--rundir", str(tmp_path / "run"), "-S",
+        f"content.restore={big}", "--", "true", stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     # (under way: its new file growing -- the temporary one, or, emptied
     # first as it was, the store itself)
     old = store.stat().st_ino
