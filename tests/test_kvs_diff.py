@@ -357,6 +357,25 @@ def test_more_keys_than_the_limit_is_eoverflow() -> None:
     assert len(diff(BlobCache(t.blobs), r1, r2, limit=20)) == 20
 
 
+def test_a_directory_past_the_limit_is_eoverflow_before_its_shards_are_read() -> None:
+    """A directory on one side only is at least as many keys as it has
+    entries (its stored count): past the limit, ``EOVERFLOW`` without its
+    shards -- a removed directory of 1M keys was read whole first (11 s,
+    775 MB of rank 0, in a data-at-scale probe)."""
+    t = Tree()
+    r1 = t.root
+    r2 = t.commit(*[_put(f"d.k{i}", "v") for i in range(2000)])
+    root = treeobj.decode(t.blobs[r2])
+    hdir = treeobj.decode(t.blobs[root["data"]["d"]["data"][0]])
+    assert hdir["type"] == "hdir"
+    unread = set(hdir["data"]["shards"].values())
+    have = {ref: blob for ref, blob in t.blobs.items() if ref not in unread}
+    for old, new in ((r1, r2), (r2, r1)):
+        with pytest.raises(ErrnoError) as exc:
+            diff(BlobCache(have), old, new, limit=100)
+        assert exc.value.errnum == errno.EOVERFLOW
+
+
 # ---------------------------------------------------------------- on real ranks
 
 
