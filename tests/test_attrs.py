@@ -184,7 +184,8 @@ def test_with_defaults_keeps_set_values() -> None:
                  "kvs.setroot-blob-limit": str(8 << 10),
                  "kvs.checkpoint-period": "1s", "kvs.transaction-merge": "true",
                  "kvs.max-waits-per-guest": "10000",
-                 "kvs.max-leases-per-user": "10000", "kvs.gc-grace": "10s", "kvs.gc-period": "0"}
+                 "kvs.max-leases-per-user": "10000", "kvs.gc-grace": "10s", "kvs.gc-period": "0",
+                 "kvs.relay-settle-timeout": "5s"}
     with pytest.raises(AttrError):
         attrs.with_defaults({"kvs.setroot-blob-limit": "x"}, KvsModule.attributes)
     with pytest.raises(AttrError, match="above the maximum of 67108864"):
