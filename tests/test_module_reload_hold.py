@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_broker_support import run_cli, stats, use_module_plugin, wait_until
+from test_broker_support import run_cli, stats, stopped, use_module_plugin, wait_until
 from test_flux_conformance_t0003 import TESTMOD
 from test_watch_helpers import commit, lookup, put, val, value, watch_stream
 from test_watch_helpers import stats as module_stats
@@ -247,6 +247,19 @@ async def test_a_followers_commit_without_kvs_on_rank_0_names_no_internal_topic(
     await commit(h1, put("a", "1"))
 
 
+async def _relayed_commit(h: Handle, key: str) -> asyncio.Future[dict[str, Any]]:
+    """A commit of ``key`` from follower ``h`` (after one commit there),
+    once its kvs has relayed it to rank 0 (stopped: it waits there)."""
+    pending = asyncio.ensure_future(commit(h, put(key, "1"), timeout=60))
+
+    async def relayed() -> bool:
+        counts = (await h.rpc("kvs.stats-get", {}))["counts"]
+        return bool(counts.get("relayed", 0) >= 2)
+
+    await wait_until(relayed, "the commit relayed to the stopped rank 0", T)
+    return pending
+
+
 async def test_a_relayed_commit_is_answered_from_its_event_across_a_reload_of_kvs(
         start_instance, connect) -> None:
     """A follower's kvs reloaded while a commit it relayed waits for rank 0
@@ -255,21 +268,13 @@ async def test_a_relayed_commit_is_answered_from_its_event_across_a_reload_of_kv
     one whatever the follower does; an admin-under-load probe saw 2 in 10
     reloads).  The stopping kvs waits for the event that settles it, and
     its client is answered from it."""
-    from test_broker_support import stopped
-
     # (a long wait: the stopped rank 0, continued, has all of it to apply)
     inst = await start_instance(size=2, attrs={"kvs.relay-settle-timeout": "60s"})
     h0, h1 = await connect(inst, 0), await connect(inst, 1)
     await commit(h1, put("warm", "1"))
     follow = h1.rpc_stream("log.dmesg", {"follow": True})
     async with stopped(inst.pids()[0]):
-        pending = asyncio.ensure_future(commit(h1, put("held", "1"), timeout=60))
-
-        async def relayed() -> bool:
-            counts = (await h1.rpc("kvs.stats-get", {}))["counts"]
-            return bool(counts.get("relayed", 0) >= 2)
-
-        await wait_until(relayed, "the commit relayed to the stopped rank 0", T)
+        pending = await _relayed_commit(h1, "held")
         reload = asyncio.ensure_future(run_cli("module", "reload", "kvs", uri=inst.uri(1)))
         async with asyncio.timeout(T):
             async for entry in follow:
@@ -287,19 +292,11 @@ async def test_a_relayed_commit_rank_0_does_not_settle_in_time_may_yet_be_applie
     still unsettled ``ETIMEDOUT``, "it may yet be applied" -- never the
     removal's ``ENOSYS``, which reads as not applied -- and rank 0, once
     it goes on, does apply it."""
-    from test_broker_support import stopped
-
     inst = await start_instance(size=2, attrs={"kvs.relay-settle-timeout": "0.2s"})
     h0, h1 = await connect(inst, 0), await connect(inst, 1)
     await commit(h1, put("warm", "1"))
     async with stopped(inst.pids()[0]):
-        pending = asyncio.ensure_future(commit(h1, put("late", "1"), timeout=60))
-
-        async def relayed() -> bool:
-            counts = (await h1.rpc("kvs.stats-get", {}))["counts"]
-            return bool(counts.get("relayed", 0) >= 2)
-
-        await wait_until(relayed, "the commit relayed to the stopped rank 0", T)
+        pending = await _relayed_commit(h1, "late")
         assert (await asyncio.wait_for(run_cli("module", "reload", "kvs", uri=inst.uri(1)),
                                        T))[0] == 0
         with pytest.raises(RemoteError) as info:
