@@ -173,12 +173,13 @@ def _all_utf8(value: Any) -> bool:
     return True
 
 
-def decode(data: str | bytes) -> list[Entry]:
+def decode(data: str | bytes, first: int = 1) -> list[Entry]:
     """Parse an eventlog: every line must be a valid entry ending in ``\\n``.
 
     The empty log is ``[]``; anything else malformed (no final newline, an
     empty line, bad JSON, a missing field) raises :class:`EventlogError`
-    naming the first line that is not an entry (:func:`bad_line`).
+    naming the first line that is not an entry (:func:`bad_line`), counted
+    from ``first`` (a watch's later append: the lines before it).
     """
     if not data:
         return []
@@ -186,13 +187,13 @@ def decode(data: str | bytes) -> list[Entry]:
         *(bytes(data).split(b"\n") if isinstance(data, bytes | bytearray) else data.split("\n"))]
     tail = lines.pop()  # (empty: the log ends in its newline)
     entries = []
-    for number, line in enumerate(lines, 1):
+    for number, line in enumerate(lines, first):
         try:
             entries.append(decode_entry(line))
         except EventlogError as exc:
             raise bad_line(number, exc) from None
     if tail:
-        raise bad_line(len(lines) + 1, "no newline at its end")
+        raise bad_line(first + len(lines), "no newline at its end")
     return entries
 
 

@@ -922,17 +922,14 @@ same plain dict :func:`kvs.eventlog.get` returns."""
 BAD_EVENTLOG = eventlog.BAD
 
 
-def parse_eventlog_entry(line: str | bytes, number: int = 0) -> EventlogEntry:
-    """Parse one eventlog line, line ``number`` of its log (0: not known);
-    :class:`kvs.eventlog.EventlogError` (a ``ValueError``) if it is not an
-    RFC 18 entry: the very check a read makes
-    (:func:`kvs.eventlog.decode_entry`), so the two never disagree, and
-    the same message, naming the line and why."""
+def parse_eventlog_entry(line: str | bytes) -> EventlogEntry:
+    """Parse one eventlog line; :class:`kvs.eventlog.EventlogError` (a
+    ``ValueError``) if it is not an RFC 18 entry: the very check a read
+    makes (:func:`kvs.eventlog.decode_entry`), so the two never disagree,
+    in the same words."""
     try:
         return eventlog.decode_entry(line)
     except EventlogError as exc:
-        if number:
-            raise eventlog.bad_line(number, exc) from None
         raise EventlogError(f"{BAD_EVENTLOG}: {exc.errstr}") from None
 
 
@@ -952,16 +949,8 @@ class EventlogParser:
         """Lines fed so far: a bad one is named by its number in the log."""
 
     def feed(self, data: bytes) -> list[EventlogEntry]:
-        if not data:
-            return []
-        lines = data.split(b"\n")
-        tail = lines.pop()  # (empty: the append ends in its newline)
-        entries = []
-        for line in lines:  # (each checked before the tail, as a read does)
-            self.lines += 1
-            entries.append(parse_eventlog_entry(line, self.lines))
-        if tail:
-            raise eventlog.bad_line(self.lines + 1, "no newline at its end")
+        entries = eventlog.decode(data, first=self.lines + 1)  # (as a read decodes it)
+        self.lines += len(entries)
         return entries
 
     def close(self) -> None:
