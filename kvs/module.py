@@ -424,6 +424,10 @@ class KvsModule(Module):
         failed, and so did putting the old row back), so the next checkpoint
         is written even if the root is not newer than :attr:`checkpointed`."""
         self._checkpoint_counts: Counter[str] = Counter()
+        self._checkpoint_failing: str | None = None
+        """Why the last checkpoint of the newest root failed, until one
+        succeeds (``checkpoint.failing`` in the stats): the count alone did
+        not say whether it still fails."""
         self._ticker: asyncio.Task[None] | None = None
         # Rank 0: online garbage collection (kvs/collect.py)
         self.root_history = collector.RootHistory(collector.GRACE.value(ctx.attrs))
@@ -848,11 +852,14 @@ class KvsModule(Module):
                 await self.h.rpc("content.checkpoint-put", {
                     "key": CHECKPOINT_KEY, "value": self._cp_value(rootref, rootseq,
                                                                    pending)})
-            except BaseException:
+            except BaseException as exc:
                 # (a SYNC commit's root, which then fails: the row may name it)
                 self._checkpoint_unsure = True
+                if not isinstance(exc, asyncio.CancelledError):
+                    self._checkpoint_failing = str(exc) or type(exc).__name__
                 raise
             self.checkpointed, self._checkpoint_unsure = rootseq, False
+            self._checkpoint_failing = None
             self._checkpoint_counts["written"] += 1
             return True
 
@@ -1800,13 +1807,15 @@ class KvsModule(Module):
         """Rank 0 with a statedir: the checkpoint period (seconds, 0: none),
         the rootseq last checkpointed, checkpoints written (and of them,
         those that fell back to an older root, :meth:`_checkpoint_written_root`)
-        and failed."""
+        and failed, and why the newest root's last checkpoint failed (None
+        once one succeeds)."""
         if not (self.leader and self.statedir):
             return None
         return {"period": self.checkpoint_period, "rootseq": self.checkpointed,
                 "written": self._checkpoint_counts["written"],
                 "written-fallback": self._checkpoint_counts["written-fallback"],
-                "failed": self._checkpoint_counts["failed"]}
+                "failed": self._checkpoint_counts["failed"],
+                "failing": self._checkpoint_failing}
 
     # ================================================================ leases
 

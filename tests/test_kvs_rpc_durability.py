@@ -423,7 +423,8 @@ async def test_periodic_checkpoint_keeps_plain_commits_across_sigkill(
     h0 = await connect(inst, 0)
     h = await connect(inst, size - 1)
     assert (await stats(h0))["checkpoint"] == {"period": 1.0, "rootseq": 0, "written": 0,
-                                               "written-fallback": 0, "failed": 0}
+                                               "written-fallback": 0, "failed": 0,
+                                               "failing": None}
     assert (await stats(h))["checkpoint"] is None or size == 1  # rank 0's business
     await asyncio.wait_for(h.rpc("kvs.namespace-create", {"namespace": "tmp"}), 10)
     kept = await commit(h, put("k", "v"), ns="tmp", flags=SYNC)
@@ -472,6 +473,50 @@ async def test_periodic_checkpoint_only_when_the_root_changed(start_instance, co
     assert cp["rootseq"] == resp["rootseq"] and cp["written"] == 5 and cp["failed"] == 0
 
 
+async def test_a_refused_checkpoint_shows_why_until_one_is_written(start_instance, connect,
+                                                                   tmp_path) -> None:
+    """A store that takes blobs but refuses the checkpoint row (here a
+    trigger, standing for a main file made read-only under the rank while
+    its WAL takes writes): the kvs and content stats say why while it
+    lasts, not just a count, and clear once a checkpoint is written again.
+    Before, ``stats content`` showed nothing wrong: its ``failing`` is
+    about blob writes.  (The trigger is made between two runs, as a
+    running rank holds the file; it lets checkpoints through again once a
+    checkpoint ``unlock`` is there, which the test then writes.)"""
+    statedir = tmp_path / "state"
+    attrs = {"kvs.checkpoint-period": "50ms"}
+    inst = await start_instance(size=1, statedir=str(statedir), attrs=attrs)
+    h = await connect(inst, 0)
+    await commit(h, put("a", "1"))
+    await h.close()
+    await inst.stop()
+    with contextlib.closing(sqlite3.connect(statedir / "content.sqlite")) as db:
+        db.execute("CREATE TRIGGER refuse BEFORE INSERT ON checkpoints WHEN NEW.key != 'unlock' "
+                   "AND NOT EXISTS (SELECT 1 FROM checkpoints WHERE key = 'unlock') "
+                   "BEGIN SELECT RAISE(ABORT, 'checkpoint refused by a test trigger'); END")
+        db.commit()
+
+    inst = await start_instance(size=1, statedir=str(statedir), attrs=attrs)
+    h = await connect(inst, 0)
+    content = await stats(h, "content")
+    assert content["checkpoint-failing"] is None and content["failing"] is None, content
+    await commit(h, put("a", "2"))  # its blobs are written; its checkpoint is not
+
+    async def failing() -> bool:
+        return (await stats(h))["checkpoint"]["failing"] is not None
+    await wait_until(failing, 15, "a failed checkpoint")
+    cp = (await stats(h))["checkpoint"]
+    assert "checkpoint refused by a test trigger" in cp["failing"] and cp["failed"] >= 1, cp
+    content = await stats(h, "content")
+    assert "checkpoint refused by a test trigger" in content["checkpoint-failing"], content
+    assert content["failing"] is None, content  # the blobs were written
+    await asyncio.wait_for(h.rpc("content.checkpoint-put", {"key": "unlock", "value": 1}), 10)
+    assert (await stats(h, "content"))["checkpoint-failing"] is None  # (that one was written)
+    last = await commit(h, put("a", "3"))
+    cp = await wait_checkpoint(h, last["rootseq"])
+    assert cp["failing"] is None, cp
+
+
 async def test_checkpoint_period_0_checkpoints_only_at_stop(start_instance, connect,
                                                             tmp_path) -> None:
     """kvs.checkpoint-period=0: the old behaviour -- a clean stop and SYNC
@@ -491,7 +536,7 @@ async def test_checkpoint_period_0_checkpoints_only_at_stop(start_instance, conn
     await commit(h, put("b", "2"))
     assert (await stats(h0))["checkpoint"] == {"period": 0.0, "rootseq": first["rootseq"],
                                                "written": 0, "written-fallback": 0,
-                                               "failed": 0}
+                                               "failed": 0, "failing": None}
     kill_rank0(inst2)
     await h.close()
     await inst2.stop()

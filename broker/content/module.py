@@ -311,6 +311,11 @@ class ContentModule(Module):
         self.failing: BaseException | None = None
         """Why the last write to SQLite failed (a full disk), until one
         succeeds: meanwhile :meth:`room` lets nothing through unwritten."""
+        self.checkpoint_failing: str | None = None
+        """Why the last checkpoint write failed, until one succeeds: a store
+        that takes blobs but refuses the checkpoint row (a file made
+        read-only under the rank, a trigger) showed nothing in ``failing``,
+        and a restart lost every commit since the last checkpoint."""
         self._failure_log = LogThrottle(logging.getLogger("kvbroker.content"),
                                         every=FAILURE_LOG_EVERY)
         """A write that fails is an ERROR at once, then at most one a minute
@@ -964,10 +969,22 @@ class ContentModule(Module):
         assert self.backing is not None
         if self.collection is not None:  # a root a collection must keep
             self.collection.touch(blobref.found_in(value))
-        with _store_errors():
+        with self._checkpoint_errors(), _store_errors():
             synced: bool = await self.db(self.backing.checkpoint_put, key,
                                          _checkpoint_bytes(value), True, urgent=True)
         return synced
+
+    @contextlib.contextmanager
+    def _checkpoint_errors(self) -> Iterator[None]:
+        """Keep :attr:`checkpoint_failing` for a checkpoint write: why it
+        failed, or None once one succeeds."""
+        try:
+            yield
+        except BaseException as exc:
+            if not isinstance(exc, asyncio.CancelledError):
+                self.checkpoint_failing = str(exc) or type(exc).__name__
+            raise
+        self.checkpoint_failing = None
 
     def _backlog(self, blobs: Mapping[str, bytes]) -> None:
         """Mark ``blobs`` dirty (waiting for their write), counting their bytes."""
@@ -1593,7 +1610,7 @@ class ContentModule(Module):
             await self._drain()
             if self.collection is not None:  # a root a collection must keep
                 self.collection.touch(blobref.found_in(value))
-            with _store_errors():
+            with self._checkpoint_errors(), _store_errors():
                 await self.db(self.backing.checkpoint_put, body["key"],
                               _checkpoint_bytes(value), urgent=True)
         self.h.respond(msg, {})
@@ -1777,6 +1794,8 @@ class ContentModule(Module):
                         "holds": len(self.holds),
                         # why the last write failed, until one succeeds
                         "failing": None if self.failing is None else str(self.failing),
+                        # why the last checkpoint write failed, until one succeeds
+                        "checkpoint-failing": self.checkpoint_failing,
                         # the store's size and the room for it (as of the last measure)
                         "store-bytes": self.store_bytes,
                         "store-free-bytes": self.store_free,
