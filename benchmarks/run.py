@@ -351,8 +351,9 @@ def interrupted(args: argparse.Namespace, progress: Progress) -> int:
             logs = f"; rank logs kept in {progress.logdir}"
         else:
             shutil.rmtree(progress.logdir, ignore_errors=True)
-    kept = (f"; records of {', '.join(progress.finished)} in {args.json}"
-            if args.json and progress.finished else "")
+    kept = ("" if not args.json
+            else f"; records of {', '.join(progress.finished)} in {args.json}"
+            if progress.finished else f"; no workload finished: {args.json} not written")
     print(f"interrupted ({signal.Signals(sig).name}){kept}{logs}", file=sys.stderr)
     return 128 + sig
 

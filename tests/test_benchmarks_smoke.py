@@ -156,22 +156,27 @@ def check_second_half(value: Callable[..., float], stdout: str) -> None:
     assert "skipped at --size 2 (they need rank 3" in targets
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("sig,first", [(signal.SIGINT, "W0"), (signal.SIGTERM, "W0"),
+                                       (signal.SIGTERM, None)],
+                         ids=["SIGINT", "SIGTERM", "SIGTERM-before-any-finished"])
 def test_an_interrupted_run_says_so_in_one_line_and_leaves_nothing(
-        tmp_path: Path, tmpdir_env: tuple[Path, dict[str, str]], sig: signal.Signals) -> None:
+        tmp_path: Path, tmpdir_env: tuple[Path, dict[str, str]], sig: signal.Signals,
+        first: str | None) -> None:
     """Ctrl-C (SIGINT to the process group, as a terminal sends it) or
     SIGTERM (``timeout``) once W2p has begun, after W0 finished: one line,
     the status of the signal, W0's records kept, the temporary directory
     empty.  (The signal lands wherever W2p is then; every point must end
-    this way.)"""
+    this way.)  Without W0 first, the line says that no file was written,
+    rather than leave the user to look for one."""
     tmp, env = tmpdir_env
     out = tmp_path / "bench.json"
+    workloads = [first, "W2p"] if first else ["W2p"]
     # SIGINT at its default, even if this test runs in a background job
     default_sigint = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
                       "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])")
     proc = subprocess.Popen(
         [sys.executable, "-c", default_sigint, *RUN[1:], "--quick", "--size", "2",
-         "W0", "W2p", "--json", str(out)],
+         *workloads, "--json", str(out)],
         cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
         start_new_session=True,
     )
@@ -193,8 +198,13 @@ def test_an_interrupted_run_says_so_in_one_line_and_leaves_nothing(
             proc.stderr.close()
     assert "Traceback" not in err, err
     last = err.strip().splitlines()[-1]
-    assert last == f"interrupted ({sig.name}); records of W0 in {out}", err
-    assert {r["workload"] for r in json.loads(out.read_text())} == {"W0"}
+    if first is None:
+        assert last == (f"interrupted ({sig.name}); no workload finished: {out} "
+                        "not written"), err
+        assert not out.exists()
+    else:
+        assert last == f"interrupted ({sig.name}); records of W0 in {out}", err
+        assert {r["workload"] for r in json.loads(out.read_text())} == {"W0"}
     assert os.listdir(tmp) == []
 
 
