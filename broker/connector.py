@@ -89,6 +89,11 @@ LINGER = 2.0
 the ``broker.closing`` message and the end of the stream, and what it still
 sends is read and dropped.  Closed at once, a client that had just written
 (a request right after connecting) got ``EPIPE`` before it read why."""
+SLOW_LINGER = 10.0
+"""Seconds a slow consumer's connection stays open after the message that
+says why it was dropped: it has the rest of what the kernel and the
+transport hold to read first (at most a few hundred KiB and the end of a
+message begun), and was slow already."""
 MAX_LINGERING = 16
 """Most connections of one guest user left lingering at a time; past it one
 is closed at once (a guest refused in a loop cannot hold descriptors)."""
@@ -222,7 +227,8 @@ class ClientConnection(FramedProtocol):
         self.guest = usage
         return True
 
-    def close_with(self, errnum: int, errstr: str, usage: GuestUsage | None = None) -> None:
+    def close_with(self, errnum: int, errstr: str, usage: GuestUsage | None = None,
+                   patient: bool = False) -> None:
         """Close the connection on purpose, first telling the client why
         (``broker.closing``): its calls then fail with ``errnum`` and
         ``errstr``, not with a bare "connection lost".
@@ -231,7 +237,9 @@ class ClientConnection(FramedProtocol):
         disconnect, its bytes stop counting for its user), then stays
         half-open for :data:`LINGER` seconds so the client reads the message
         whatever it was doing.  A client that does not read never would:
-        its connection is aborted with what it had left unread."""
+        its connection is aborted with what it had left unread -- at once,
+        or (``patient``: a slow consumer, which may yet read what the
+        transport holds before the message) after :data:`SLOW_LINGER`."""
         t = self.transport
         w = self.writer
         if t is None or t.is_closing() or w is None or self._lingering is not None:
@@ -241,16 +249,31 @@ class ClientConnection(FramedProtocol):
         w.send(codec.encode(Message(MsgType.RESPONSE, CLOSING_TOPIC, matchtag=0,
                                     errnum=errnum, errstr=errstr)))
         w.flush()
-        if w.buffered():
+        if w.buffered() and not patient:
             t.abort()  # it does not read: keep nothing more for it
             return
         if not t.can_write_eof() or (usage is not None and usage.lingering >= MAX_LINGERING):
-            t.close()
+            t.abort() if w.buffered() else t.close()
             return
-        t.write_eof()
+        if not w.paused and not w.buffered():
+            t.write_eof()
+        # (else the end of the stream would cut the message off: a write
+        # made after write_eof is refused, and what waits is written later)
         if usage is not None:
             usage.lingering += 1
-        self._lingering = (usage, asyncio.get_running_loop().call_later(LINGER, t.close))
+        self._lingering = (usage, asyncio.get_running_loop().call_later(
+            SLOW_LINGER if patient else LINGER, self._end_linger))
+
+    def _end_linger(self) -> None:
+        """:data:`LINGER` is over: closed, or aborted if the client still
+        has not read everything (a close would wait for it for ever)."""
+        t, w = self.transport, self.writer
+        if t is None or t.is_closing():
+            return
+        if w is not None and w.buffered():
+            t.abort()
+        else:
+            t.close()
 
     def _retire(self) -> None:
         """Stop serving the connection: out of the router (a disconnect for
@@ -478,10 +501,18 @@ class ClientConnection(FramedProtocol):
         # 300 MB value) still goes to a client that reads; a client that
         # has not read the last MAX_BACKLOG bytes gets nothing more.
         if w.buffered() > MAX_BACKLOG:
+            queued = w.buffered()
             log.warning("%s: slow consumer (%d bytes queued); disconnecting", self.peer_id,
-                        w.buffered())
+                        queued)
             self.server.counts["slow-consumers"] += 1
-            t.abort()
+            # What it has not begun to read goes, and the client reads why
+            # right after the rest (ENOBUFS), not a bare ECONNRESET
+            w.drop_unstarted()
+            self.close_with(errno.ENOBUFS, f"this connection was dropped as a slow consumer: "
+                                           f"the rank had queued {queued} bytes for it unread "
+                                           f"(the limit is {MAX_BACKLOG}); read what you are "
+                                           "sent (events, watch answers) as fast as it comes",
+                            patient=True)
             return
         usage = self.guest
         if usage is None:

@@ -171,6 +171,33 @@ class FrameWriter:
         self._wake_drain_waiters()
         malloc.let_go(dropped)
 
+    def drop_unstarted(self) -> int:
+        """Let go of every queued message not yet begun (the turn's held
+        ones and the pending ones from the first that starts a message),
+        keeping the rest of one already part-written, so that a message
+        sent next is read whole, right after it: how a slow consumer is
+        told why it is dropped, instead of behind 256 MiB it will never
+        read.  Returns the bytes let go of.
+
+        A pending piece starts a message unless it is a ``memoryview``:
+        small messages wait packed whole in ``bytearray`` pieces, a big one
+        as its ``bytes`` prefix and then views of its frames."""
+        dropped = self._held_bytes
+        if self._held:
+            self._held.clear()
+        self._held_bytes = 0
+        pending = self._pending
+        for i, piece in enumerate(pending):
+            if not isinstance(piece, memoryview):
+                for _ in range(len(pending) - i):
+                    dropped += len(pending.pop()) + PIECE_OVERHEAD
+                break
+        self._pending_bytes = sum(len(p) + PIECE_OVERHEAD for p in pending)
+        if not pending:
+            self._wake_drain_waiters()
+        malloc.let_go(dropped)
+        return dropped
+
     def buffered(self) -> int:
         """Bytes not yet handed to the kernel (the transport's and ours)."""
         return self.transport.get_write_buffer_size() + self._pending_bytes + self._held_bytes

@@ -104,14 +104,15 @@ async def test_a_flood_that_never_reads_is_held_back_and_then_answered_in_full(
         sock.close()
 
 
-async def test_a_dropped_subscribers_backlog_is_let_go_of_at_once(start_instance,
-                                                                   connect) -> None:
+@pytest.mark.parametrize("loop_name", ["asyncio", "uvloop"])
+async def test_a_dropped_subscribers_backlog_is_let_go_of_at_once(start_instance, connect,
+                                                                   loop_name) -> None:
     """A subscriber that stops reading is dropped past ``MAX_BACKLOG``
     queued.  What was queued for it went only at the garbage collector's
     next full pass (its connection and transport hold each other), which an
     idle rank may never make: after a 268 MB backlog it stayed at its peak.
     It is let go of at once now, and the heap's free pages given back."""
-    inst = await start_instance(size=1)
+    inst = await start_instance(size=1, event_loop=loop_name)
     h = await connect(inst)
     before = (await h.rpc("broker.stats-get", {}))["rss_now_mb"]
     loop = asyncio.get_running_loop()
@@ -138,6 +139,22 @@ async def test_a_dropped_subscribers_backlog_is_let_go_of_at_once(start_instance
         st = await h.rpc("broker.stats-get", {})
         assert st["rss_mb"] > before + 200, st  # (its backlog was there, at the peak)
         assert st["rss_now_mb"] < before + 64, (before, st["rss_now_mb"], st["rss_mb"])
+        # It reads again: what the socket held, then why it was dropped
+        # (it got only ECONNRESET before), then nothing more
+        events, last = 0, None
+        while last is None:
+            data = await asyncio.wait_for(loop.sock_recv(sock, 1 << 16), 10)
+            assert data, f"the stream ended after {events} events without saying why"
+            for frames in answer.feed(data):
+                msg = codec.decode(frames)
+                if msg.type == MsgType.EVENT:
+                    assert last is None, "an event after the closing message"
+                    events += 1
+                else:
+                    last = msg
+        assert last.topic == "broker.closing" and last.errnum == errno.ENOBUFS, last
+        assert "dropped as a slow consumer" in last.errstr, last.errstr
+        assert events < 1000, events  # (the backlog was let go of, not sent)
     finally:
         sock.close()
 

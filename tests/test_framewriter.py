@@ -70,6 +70,30 @@ async def test_big_message_goes_in_pieces_and_order_is_kept(wired) -> None:
 
 
 @pytest.mark.both_loops
+async def test_drop_unstarted_keeps_the_message_begun_and_what_follows_is_whole(wired) -> None:
+    """What a slow consumer is told why it is dropped with: every message
+    not begun goes (small ones packed together, a second big one), the big
+    one part-written is finished, and the next message is read right after
+    it, whole."""
+    ta, writer, sink = wired
+    loop = asyncio.get_running_loop()
+    big = bytes(range(256)) * (16 << 12)  # 16 MiB: begun, most of it waiting
+    writer.send([b"head", big])
+    for i in range(50):
+        writer.send([b"small", b"%d" % i])
+    writer.send([b"head-2", big])
+    before = writer.buffered()
+    dropped = writer.drop_unstarted()
+    assert dropped > len(big) and writer.buffered() == before - dropped
+    writer.send([b"why"])
+    sink.want, sink.waiter = 2, loop.create_future()
+    await asyncio.wait_for(sink.waiter, 30)
+    assert sink.messages[0] == [b"head", big]
+    assert sink.messages[1:] == [[b"why"]]
+    assert writer.buffered() == 0
+
+
+@pytest.mark.both_loops
 async def test_small_message_is_written_whole(wired) -> None:
     ta, writer, sink = wired
     writer.send([b"h", b"p" * 1000])
