@@ -1908,8 +1908,16 @@ class Lease:
                     return  # the handle is closed: nothing keeps the lease now
 
     async def keepalive(self) -> float:
-        """One keepalive now (the background task does them anyway)."""
-        return await self.kvs.lease_keepalive(self.id)
+        """One keepalive now (the background task does them anyway); one
+        that finds the lease gone (``ENOENT``) sets :attr:`lost` before it
+        raises, as the task's does (with ``keepalive=False`` these are the
+        only ones, and ``lost`` was never set)."""
+        try:
+            return await self.kvs.lease_keepalive(self.id)
+        except RemoteError as exc:
+            if exc.errnum == errno.ENOENT:
+                self.lost.set()
+            raise
 
     async def info(self) -> dict[str, Any]:
         """:meth:`KVS.lease_info` of this lease."""
@@ -2043,8 +2051,14 @@ class SyncLease:
                 h.close()
 
     def keepalive(self) -> float:
-        """One keepalive now, on the facade's own connection."""
-        return self.kvs.lease_keepalive(self.id)
+        """One keepalive now, on the facade's own connection; ``ENOENT``
+        (the lease is gone) sets :attr:`lost` before it is raised."""
+        try:
+            return self.kvs.lease_keepalive(self.id)
+        except RemoteError as exc:
+            if exc.errnum == errno.ENOENT:
+                self._lost.set()
+            raise
 
     def info(self) -> dict[str, Any]:
         return self.kvs.lease_info(self.id)

@@ -261,7 +261,11 @@ class Watch(Generic[ItemT]):
     @property
     def done(self) -> bool:
         """The stream has ended (cancelled, or ended by the rank).  A watch
-        never started is not done: it has not begun."""
+        never started is not done: it has not begun.  Nor is one waiting
+        for its rank or kvs-watch to come back (a handle that reconnects),
+        though its old stream ended: it will be sent again."""
+        if self._away is not None and not self._stopped:
+            return False
         # (abandoned: left by an exception, its answers no longer read)
         return self._stream is not None and (self._stream.done or self._stream.abandoned)
 
@@ -812,15 +816,26 @@ class KeyWatch(_Wrapped):
             if changes is not None:
                 return changes
 
+    @property
+    def done(self) -> bool:
+        """As :attr:`Watch.done`: not while waiting to be sent again."""
+        if self._away is not None and not self.watch._stopped:
+            return False
+        return self.watch.done
+
     async def _resume(self, after: int | None = None) -> None:
         """The handle reconnected (``reconnect=True``): send the watch again,
         catching up since the last root yielded, so no change is missed
         (``after``: as :meth:`Watch._restart`'s)."""
         w = self.watch
+        if w._stopped:
+            raise StopAsyncIteration  # (cancelled while it waited)
         if after is None:
             await w.h.wait_connected()  # type: ignore[attr-defined]
         else:
             await w.h.wait_reconnected(after)  # type: ignore[attr-defined]
+        if w._stopped:
+            raise StopAsyncIteration  # (cancelled meanwhile)
         self._away = None
         self._reask.pending = True
         self.watch = Watch[Any](w.h, w.key, w.flags, namespace=w.namespace, nodeid=w.nodeid,

@@ -757,6 +757,33 @@ def test_an_ended_leases_unlinks_come_in_key_order_sorted_once() -> None:
     assert got == sorted(keys - {detached})  # each once, in order, the detached one never
 
 
+async def test_a_keepalive_of_ones_own_that_finds_the_lease_gone_sets_lost(
+        start_instance) -> None:
+    """``lease.keepalive()`` called by its holder (with ``keepalive=False``
+    the only keepalives there are) that finds the lease gone raises
+    ``ENOENT`` and sets ``lost``, as the background task's does: it set
+    nothing, so a holder watching ``lost`` never learned its lock went."""
+    inst = await start_instance(size=1)
+    async with KVS.connect(inst.uri(0)) as kvs:
+        lease = await kvs.lease(60, keepalive=False)
+        assert await lease.keepalive() == 60 and not lease.lost.is_set()
+        await kvs.lease_revoke(lease.id)  # (someone else: an operator)
+        with pytest.raises(RemoteError) as exc:
+            await lease.keepalive()
+        assert exc.value.errnum == errno.ENOENT and lease.lost.is_set()
+
+    def sync_lease() -> None:
+        with SyncKVS(uri=inst.uri(0)) as skvs:
+            lease = skvs.lease(60, keepalive=False)
+            assert lease.keepalive() == 60 and not lease.lost
+            skvs.lease_revoke(lease.id)
+            with pytest.raises(RemoteError) as exc:
+                lease.keepalive()
+            assert exc.value.errnum == errno.ENOENT and lease.lost
+
+    await asyncio.to_thread(sync_lease)
+
+
 async def test_misused_lease_and_owner_arguments_are_type_errors(start_instance) -> None:
     """API misuse raises ``TypeError`` before anything is sent (api.md,
     KVS "Errors"): a ``lease=`` that is neither a ``Lease`` nor an id said

@@ -308,6 +308,44 @@ async def test_a_reconnecting_clients_watch_outlives_a_reload(start_instance) ->
             assert (await asyncio.wait_for(anext(w), T)).value == b"4"
 
 
+async def test_a_timeout_while_a_watch_waits_for_kvs_watch_does_not_end_it(
+        start_instance) -> None:
+    """A timeout around ``anext`` while a ``reconnect=True`` handle's value
+    watch or key watch waits for kvs-watch to come back only stops that
+    wait, as it does while connected: the watch is not ``done`` (it said
+    so, and the next ``anext`` silently started it again), and goes on
+    once the module is back.  A cancel then ends it for good, ``done``
+    and no answer more, not started again."""
+    inst = await start_instance(size=1)
+    async with Handle.connect(inst.uri(0), reconnect=True) as h:
+        kvs = KVS(h)
+        await kvs.put("k", "1")
+        w, keys = kvs.watch("k"), kvs.watch_keys("k")
+        assert (await asyncio.wait_for(anext(w), T)).value == b"1"
+        assert (await asyncio.wait_for(anext(keys), T)).initial
+        await cli(inst.uri(0), "module", "remove", "kvs-watch")
+        for watch in (w, keys):
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(anext(watch), 0.3)
+            assert not watch.done, watch
+        await cli(inst.uri(0), "module", "load", "kvs-watch")
+        await kvs.put("k", "2")
+        assert (await asyncio.wait_for(anext(w), T)).value == b"2"
+        assert (await asyncio.wait_for(anext(keys), T)).keys == ("k",)
+        await cli(inst.uri(0), "module", "remove", "kvs-watch")
+        for watch in (w, keys):
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(anext(watch), 0.3)
+            await watch.cancel()
+            assert watch.done, watch
+        await cli(inst.uri(0), "module", "load", "kvs-watch")
+        await kvs.put("k", "3")
+        for watch in (w, keys):
+            with pytest.raises(StopAsyncIteration):
+                await asyncio.wait_for(anext(watch), T)
+        assert (await h.rpc("kvs-watch.stats-get", {}))["watchers"] == 0
+
+
 async def test_a_reconnecting_watch_on_rank_0_waits_for_kvs_watch_to_come_back(
         start_instance) -> None:
     """On rank 0 there is no rank above to serve a watch asked again after
