@@ -499,11 +499,17 @@ class Watcher:
         fut.add_done_callback(self._wake)
 
     def _rewritten(self, slot: _Slot, answer: dict[str, Any]) -> bool:
-        """APPEND: whether lookup ``answer`` (``val`` None: missing) ends
-        the watch, as :meth:`_lookup_done` and :meth:`_append` would find."""
+        """APPEND, ``slot`` folded: whether lookup ``answer`` at its newest
+        root (``val`` None: missing) means the roots folded in are to be
+        read one by one (:meth:`_unfold`): the value rewritten, as
+        :meth:`_append` would find, or missing (removed, or never there
+        at the newest root though made and removed before it)."""
         obj = answer["val"]
         if obj is None:
-            return not (self.flags & WAITCREATE and not self.responded)
+            # (missing at the newest root: removed -- or, for a WAITCREATE
+            # watcher that has answered nothing, perhaps made and removed in
+            # the roots folded in, whose lines are owed before ENOENT)
+            return True
         if self.count < 0:
             return obj["type"] not in ("val", "valref")
         return isinstance(self._grown(slot, answer), str)

@@ -526,6 +526,46 @@ async def test_a_rewrite_seen_at_a_folded_root_answers_the_lines_before_it_first
     assert [a["rootseq"] for a in be.answers][-3:] == [87, 88, 89]
 
 
+async def test_a_key_made_and_removed_in_folded_roots_is_answered_before_waitcreate_ends(
+        ) -> None:
+    """A WAITCREATE append watcher that has answered nothing folds roots
+    in which the key was created, appended to and removed: the newest root
+    shows it missing, which it took for "not created yet" -- every line
+    was lost and the watch waited for ever.  Now the folded roots are read
+    one by one, as without folding: each line, then ``ENOENT``."""
+    be = FakeBackend(max_backlog=1000)
+    w = Watcher(be, request(), "log", F.WATCH | F.WAITCREATE | F.APPEND, "primary")
+    lines = [ref(i) for i in range(1, 7)]
+
+    def value_at(n: int) -> dict[str, Any] | None:  # made at 10, appended to 15, gone at 16
+        return valref(*lines[:n - 9]) if 10 <= n <= 15 else None
+
+    for seq in range(1, 21):
+        w.push(seq, f"root-{seq}", initial=seq == 1)
+    assert be.folds > 0
+    await asyncio.wait_for(_serve(be, value_at, lambda: be.error is not None), 10)
+    assert be.values() == [r.encode() for r in lines]
+    assert [a["rootseq"] for a in be.answers] == list(range(10, 16))
+    assert be.error[0] == errno.ENOENT, be.error
+
+
+async def test_a_waitcreate_watcher_folding_a_key_that_stays_missing_keeps_waiting() -> None:
+    """The same watcher when the key never appears in the roots folded:
+    read one by one, all missing, it goes on waiting (no answer, no
+    error), and answers the key once it is made."""
+    be = FakeBackend(max_backlog=1000)
+    w = Watcher(be, request(), "log", F.WATCH | F.WAITCREATE | F.APPEND, "primary")
+    for seq in range(1, 21):
+        w.push(seq, f"root-{seq}", initial=seq == 1)
+    assert be.folds > 0
+    await asyncio.wait_for(_serve(be, lambda n: None, lambda: w.backlog == 0), 10)
+    assert be.answers == [] and be.error is None and not w.done
+    w.push(21, "root-21")
+    await asyncio.wait_for(_serve(be, lambda n: valref(ref(1)) if n == 21 else None,
+                                  lambda: len(be.answers) == 1), 10)
+    assert be.values() == [ref(1).encode()] and be.error is None
+
+
 @pytest.mark.parametrize("flags", [F.WATCH, F.WATCH | F.APPEND | F.WATCH_DELETES])
 async def test_watchers_that_answer_each_version_do_not_fold(flags: int) -> None:
     """A plain watcher answers every version, and an APPEND watcher with
