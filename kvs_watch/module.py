@@ -174,11 +174,13 @@ class KvsWatchModule(Module):
                    else F.REMOVED).format(rank=self.ctx.rank)
         elif self.stop_reason:
             why += f" ({self.stop_reason[:200]})"
-        for mon in list(self.monitors.values()):
-            for w in list(mon.watchers):
+        # Every watch registered, not only those of a monitor: a watcher
+        # whose namespace was removed has left its monitor, and ends only
+        # once its queued roots are answered -- lookups that a stop leaves
+        # unanswered for ever (and a namespace watch is registered too)
+        for tags in list(self.clients.values()):
+            for w in list(tags.values()):
                 w.fail(errno.ENOSYS, why)
-        for nw in list(self.ns.watchers):
-            nw.fail(errno.ENOSYS, why)
 
     def parked(self) -> list[Message]:
         """``module reload kvs-watch``: the lookups that have answered

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import os
+import signal
 from collections.abc import Awaitable
 from pathlib import Path
 
@@ -306,6 +308,40 @@ async def test_a_reconnecting_clients_watch_outlives_a_reload(start_instance) ->
             await cli(inst.uri(0), "module", "reload", "-r", "1", "kvs-watch")
             await kvs.put("k", "4")
             assert (await asyncio.wait_for(anext(w), T)).value == b"4"
+
+
+async def test_module_remove_ends_a_watch_whose_namespace_went_with_lookups_pending(
+        start_instance, connect) -> None:
+    """A watcher whose namespace was removed ends once its queued roots are
+    answered, and leaves the namespace's monitor at once.  ``module remove
+    kvs-watch`` while those roots' lookups were still pending ended only
+    the watchers of monitors: that one was never answered (found by a
+    review).  Rank 1 is stopped while rank 0 commits and removes the
+    namespace, then rank 0 is stopped so that rank 1's lookups of the new
+    values wait for their blobs (which no setroot event carries)."""
+    inst = await start_instance(size=2, attrs={"kvs.setroot-blob-limit": "0"})
+    h0, h1 = await connect(inst, 0), await connect(inst, 1)
+    await ns_create(h0, "gone")
+    await commit(h0, put("k", "0" * 8000), ns="gone", sync=[(h1, 1)])
+    s = watch_stream(h1, "k", ns="gone")
+    assert (await value(s)).startswith(b"0")
+    rank0, rank1 = inst.pids()[0], inst.pids()[1]
+    os.kill(rank1, signal.SIGSTOP)
+    try:
+        for i in range(1, 6):
+            await commit(h0, put("k", str(i) * 8000), ns="gone")
+        await asyncio.wait_for(h0.rpc("kvs.namespace-remove", {"namespace": "gone"}), T)
+        os.kill(rank0, signal.SIGSTOP)
+        os.kill(rank1, signal.SIGCONT)
+
+        async def removed() -> bool:
+            return (await stats(h1))["counts"]["namespaces-removed"] == 1
+        await wait_until(removed, "rank 1 to see the namespace removed", T)
+        await cli(inst.uri(1), "module", "remove", "kvs-watch")
+        assert await end_errnum(s, T) == errno.ENOSYS
+    finally:
+        os.kill(rank1, signal.SIGCONT)
+        os.kill(rank0, signal.SIGCONT)
 
 
 async def test_a_timeout_while_a_watch_waits_for_kvs_watch_does_not_end_it(
