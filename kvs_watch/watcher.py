@@ -393,6 +393,8 @@ class Watcher:
                         return  # ended, or reading again at a newer root
                     self._drop_head()
                     continue
+                if self.done:  # (its answer ended it: a stream cut, a client dropped)
+                    return
             if slot.refs is not None and not self._load_some(slot):  # stage 2: blobs
                 return
             if slot.pending:  # unfolded: the next of its roots, in order
@@ -482,8 +484,13 @@ class Watcher:
 
     def _reaim(self, slot: _Slot, seq: int, ref: str) -> None:
         """Read ``slot`` again at the newer root ``seq``: the commits since
-        its own are in it, so later roots up to ``seq`` are not wanted."""
+        its own are in it, so later roots up to ``seq`` are not wanted --
+        nor the roots an unfolded slot had still to read (all older: read
+        after it, they went back a version, and an APPEND watch ended
+        ``EINVAL``, "fewer blobs")."""
         slot.seq, slot.ref = seq, ref
+        if slot.pending:
+            slot.pending = [root for root in slot.pending if root[0] > seq] or None
         self.seq = max(self.seq, seq)
         self._lookup(slot)
 

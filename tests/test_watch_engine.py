@@ -526,6 +526,63 @@ async def test_a_rewrite_seen_at_a_folded_root_answers_the_lines_before_it_first
     assert [a["rootseq"] for a in be.answers][-3:] == [87, 88, 89]
 
 
+async def test_a_watcher_its_own_answer_ends_answers_nothing_more() -> None:
+    """Sending an answer can end the watcher at once (a stream cut at a
+    link's message limit cancels it; a client dropped): nothing may follow
+    the error -- the initial sentinel went out after it."""
+    class Cutting(FakeBackend):
+        def respond(self, w: Watcher, payload: Any) -> None:
+            super().respond(w, payload)
+            w.fail(errno.EMSGSIZE, "cut")
+
+    be = Cutting()
+    w = Watcher(be, request(), "log", F.WATCH | F.APPEND | F.WATCH_INITIAL_SENTINEL, "primary")
+    w.push(1, ref(1), initial=True)
+    be.resolve(0, val(b"x"))
+    await settle()
+    assert be.values() == [b"x"] and be.error == (errno.EMSGSIZE, "cut") and w.done
+
+
+async def test_a_folded_root_collected_while_unfolding_reads_on_from_the_newer_root() -> None:
+    """Unfolding (the newest root folded in shows the key missing), one of
+    the roots still to read was collected: the slot is read at rank 0's
+    newer current root instead -- and then went back to the older roots
+    it had still to read, older versions after a newer one, which ended
+    the watch ``EINVAL`` ("fewer blobs") though nothing was rewritten
+    (found by a review).  The newer root holds them: they are not read."""
+    be = FakeBackend(max_backlog=1000)
+    w = Watcher(be, request(), "log", F.WATCH | F.APPEND, "primary")
+    lines = [ref(i) for i in range(1, 41)]
+
+    def value_at(n: int) -> dict[str, Any] | None:  # missing at root 30 only
+        return None if n == 30 else valref(*lines[:n])
+
+    for seq in range(1, 31):
+        w.push(seq, f"root-{seq}", initial=seq == 1)
+    assert be.folds > 0
+    for _ in range(200):
+        await settle()
+        for i, (rootref, _, fut) in enumerate(be.lookups):
+            if not fut.done():
+                if rootref == "root-12":  # collected meanwhile
+                    be.resolve(i, errnum=errno.ENOENT)
+                else:
+                    fut.set_result(be.answer(i, value_at(int(rootref.split("-")[1]))))
+        for root in be.roots:
+            if not root.done():
+                root.set_result({"rootseq": 40, "rootref": "root-40"})
+        for blob, futs in be.loads.items():
+            for fut in futs:
+                if not fut.done():
+                    fut.set_result({"data": blob.encode()})
+        if w.backlog == 0 or be.error is not None:
+            break
+    assert be.error is None, be.error
+    assert be.values() == [r.encode() for r in lines]
+    assert [a["rootseq"] for a in be.answers] == [*range(1, 12), *[40] * 29]
+    assert not w.done and w.seq == 40
+
+
 async def test_a_key_made_and_removed_in_folded_roots_is_answered_before_waitcreate_ends(
         ) -> None:
     """A WAITCREATE append watcher that has answered nothing folds roots
