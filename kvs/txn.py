@@ -346,9 +346,10 @@ def _check_op(op: object, max_depth: int = MAX_DEPTH) -> tuple[str, list[str], i
     if flags & EXPECT and (flags != EXPECT or not (dirent is None or dirent["type"] == "val")):
         raise ErrnoError(errno.EPROTO, f"{shown(norm)}: an expect op takes a val dirent or null, "
                                        "and no other flag")
+    if flags & APPEND and (dirent is None or dirent["type"] != "val"):
+        # (a null one too: link() took it for an unlink, and removed the key)
+        raise ErrnoError(errno.EPROTO, f"{shown(norm)}: append needs a val dirent")
     if dirent is not None:
-        if flags & APPEND and dirent["type"] != "val":
-            raise ErrnoError(errno.EPROTO, f"{shown(norm)}: append needs a val dirent")
         dirent = copy(dirent)  # never alias the caller's objects into stored trees
     return norm, parts, flags, dirent
 
@@ -415,6 +416,11 @@ class _Txn:
                         "name the key it leads to"))
                 path = self._through(e, parts[i + 1:], depth, "write")
                 _check_depth(".".join(parts), path, dirent, self.max_depth)
+                if dirent is not None:
+                    # (the key sent and the link's target each fit; joined
+                    # they may not: a 16 KB key was stored so, 256 KiB ones
+                    # by links in a chain)
+                    check_length(".".join(path), "key written through a symlink")
                 self.link(root, path, dirent, flags, depth + 1)
                 return
             else:  # missing, or a value: (re)place with a new directory

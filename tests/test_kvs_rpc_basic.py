@@ -232,8 +232,10 @@ async def test_append(start_instance, connect, size) -> None:
     await commit(h, put("dir.x", "1"), put("lnk", symlink("log")))
     assert await errnum(commit(h, put("dir", "z", APPEND))) == errno.EISDIR
     assert await errnum(commit(h, put("lnk", "z", APPEND))) == errno.EOPNOTSUPP
-    # append needs a val dirent
+    # append needs a val dirent: a null one too (it removed the key)
     assert await errnum(commit(h, put("log", dir_(), APPEND))) == errno.EPROTO
+    assert await errnum(commit(h, {"key": "log", "flags": APPEND, "dirent": None})) \
+        == errno.EPROTO
     reader = await connect(inst, 0)
     assert await get(reader, "log") == b"ab" + b"c" * 100
 

@@ -126,6 +126,18 @@ async def test_overlong_key_names_are_refused_where_they_enter(start_instance, c
     assert (await refusal(lookup(h3, longer))).errnum == errno.ENOENT
     await commit(h3, unlink(longer), {"key": longer, "flags": EXPECT, "dirent": None})
 
+    # through a symlink, the key it resolves to counts: the key sent and
+    # the link's target each fit, joined they did not (a 16 KB key stored)
+    target = ".".join(["d" * 999] * 8)  # 7,999 bytes
+    await commit(h3, put("dl", symlink(target)))
+    await commit(h3, put("dl.f", "fits"))  # 8,001 bytes
+    assert await get(h3, f"{target}.f") == b"fits"
+    exc = await refusal(commit(h3, put("dl." + "g" * 200, "x"), put("other", "y")))
+    assert exc.errnum == errno.ENAMETOOLONG, exc
+    assert "written through a symlink" in exc.errstr and len(exc.errstr) < 300, exc.errstr
+    assert (await refusal(lookup(h3, "other"))).errnum == errno.ENOENT  # the whole txn
+    await commit(h3, unlink("dl." + "g" * 200))  # (an unlink through it is no error)
+
 
 async def test_keys_stored_before_the_limit_stay_readable_and_removable(
         start_instance, connect, tmp_path: Path) -> None:
