@@ -90,6 +90,25 @@ def take_batch(q: deque[Pending], merge: bool) -> list[Pending]:
     return batch
 
 
+def names_within(names: list[str], room: int) -> list[list[str]]:
+    """``names`` in order, cut into runs that each take at most ``room``
+    bytes packed (bounded as msgpack's 4n + 5 for a str of n characters),
+    at least one name a run: what one event may list."""
+    runs: list[list[str]] = []
+    run: list[str] = []
+    used = 0
+    for name in names:
+        size = 4 * len(name) + 5
+        if run and used + size > room:
+            runs.append(run)
+            run, used = [], 0
+        run.append(name)
+        used += size
+    if run:
+        runs.append(run)
+    return runs
+
+
 def _adds_data(p: Pending) -> bool:
     """Whether transaction ``p`` writes a value or a directory (a dirent
     that is not an ``EXPECT`` condition): refused below the free-space
@@ -248,9 +267,17 @@ class CommitPipeline:
 
     def publish_error(self, ns: Namespace, names: list[str], exc: ErrnoError) -> None:
         """The ``error`` event: transactions ``names`` failed (a follower that
-        relayed one of them answers its client from it)."""
-        self.publish(f"kvs.namespace-{ns.name}-error", {
-            "namespace": ns.name, "names": names, "errnum": exc.errnum, "errstr": exc.errstr})
+        relayed one of them answers its client from it).  In as many events
+        as it takes for each to fit a link: a batch failed whole (no room,
+        a full disk) may hold thousands of transactions of no ops, and one
+        event naming them all was refused, its followers' clients never
+        answered."""
+        topic = f"kvs.namespace-{ns.name}-error"
+        errstr = exc.errstr or ""
+        room = self.event_limit - 256 - 4 * (len(topic) + len(ns.name) + len(errstr))
+        for run in names_within(names, max(room, 1)):
+            self.publish(topic, {"namespace": ns.name, "names": run, "errnum": exc.errnum,
+                                 "errstr": exc.errstr})
 
     def refuse_if_stopping(self, nothing_done: str = "the transaction was not applied") -> None:
         """``ENOSYS`` once the module stops, saying what was not done."""

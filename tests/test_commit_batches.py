@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from collections import deque
 
-from kvs.commits import take_batch
+import msgpack
+
+from kvs.commits import names_within, take_batch
 from kvs.namespaces import Pending
 from kvs.txn import MAX_OPS, NO_MERGE, SYNC
 
@@ -46,3 +48,18 @@ def test_a_batch_holds_at_most_max_ops() -> None:
     assert names(take_batch(q, True)) == ["full"]
     q = deque([pending("most", MAX_OPS - 1), pending("one"), pending("more")])
     assert names(take_batch(q, True)) == ["most", "one"]
+
+
+def test_an_error_events_names_are_cut_into_runs_that_fit_a_link() -> None:
+    """A batch failed whole (no room, a full disk) may hold thousands of
+    transactions of no ops: one ``error`` event naming them all could be
+    over ``tbon.max-message`` and refused, and the followers that relayed
+    them never answered their clients.  The names go in runs that each
+    fit, in order, none lost; one name over the room still goes alone."""
+    many = [f"{rank}.{i}" for rank in range(4) for i in range(20_000)]
+    room = 65_536 - 1_024
+    runs = names_within(many, room)
+    assert len(runs) > 1 and [n for run in runs for n in run] == many
+    assert all(len(msgpack.packb(run)) <= room for run in runs)
+    assert names_within([], room) == []
+    assert names_within(["x" * 100, "y"], 10) == [["x" * 100], ["y"]]
