@@ -51,9 +51,13 @@ Handshake (CONTROL messages):
   its parent nothing for ``tbon.torpid_min`` (see *Torpid children*).
 
 Torpid children (Flux's ``tbon.torpid_min`` / ``tbon.torpid_max``): a rank
-that hangs without closing its link (SIGSTOP, a deadlock, a host swapping)
-is noticed by no transport -- a stream link stays open, and ZeroMQ's
-heartbeats are answered by its I/O thread, not by the stuck rank.  So each
+that hangs without closing its link (a deadlock, a host swapping, SIGSTOP
+on a stream link) is noticed by no transport -- a stream link stays open,
+and ZeroMQ's heartbeats are answered by its I/O thread while only the
+rank's loop is stuck.  (A rank stopped whole, SIGSTOP on a ZeroMQ link, has
+its I/O thread stopped too: its link is dropped after
+``HEARTBEAT_TIMEOUT_MS``, 10 s, before the default ``torpid_max``;
+docs/guide.md, "Torpid ranks".)  So each
 rank counts *ticks* of one timer (every ``torpid_min``); every message from
 a child records the current tick (one assignment, no clock read per
 message), and every message to the parent records it too.  At each tick a
@@ -372,6 +376,11 @@ class Overlay:
         a busy child disconnected flooded stderr with thousands, and pushed
         the disconnect's own record out of the dmesg ring."""
         self._zmq_slow = 0
+        self._losing: dict[int, str] = {}
+        """ZeroMQ: children dropped as stuck (:meth:`_child_stuck`) whose loss
+        is yet to run, next loop turn, with why.  A new process of that rank
+        admitted meanwhile has it run first (:meth:`_admit`): run after,
+        it took the new link for the old and lost it for good."""
         self._up_monitor: ZmqSocket | None = None
         self._up_handshaken = False
         """The link to the parent completed a handshake, and has not closed since."""
@@ -1330,6 +1339,9 @@ class Overlay:
         is that process on a new connection (the answer to its hello was
         lost with the old one: :meth:`_dial_again`), not a replacement: no
         one to stop, nothing counted."""
+        stuck = self._losing.pop(child, None)
+        if stuck is not None:  # (the old link was dropped this turn: lose it first)
+            self._lose_child(child, stuck, True)
         old = self._child_ident.get(child)
         if old is not None:
             if self._same_process(child, process):
@@ -1347,11 +1359,15 @@ class Overlay:
                 replaced = Message(MsgType.CONTROL, "overlay.shutdown",
                                    {"rank": self.rank, "replaced": True})
                 assert self._down is not None
-                # (if that connection is gone already, there is no one to tell)
+                # (if that connection is gone already, there is no one to tell;
+                # what waited for it goes, so the notice is not held behind it)
+                self._down.drop_backlog(old)
                 self._down.send_to(old, codec.encode(replaced))
-            del self._ident_child[old]
+            # (popped: a send to it may have dropped it as stuck meanwhile)
+            self._ident_child.pop(old, None)
             self._send_failed.discard(old)
             self._cut(old)
+            self._losing.pop(child, None)  # (lost here, as replaced)
             self._lose_child(child, REPLACED, quiet=True)
         self._child_ident[child] = ident
         self._ident_child[ident] = child
@@ -1384,8 +1400,14 @@ class Overlay:
             conn.ident = None  # (forgotten already: its DISCONNECTED has nothing to do)
             hang_up(conn.fd, conn.inode)
         # (later: this runs inside a send, maybe a broadcast to the children)
-        asyncio.get_running_loop().call_soon(
-            self._lose_child, child, "it did not read its link (tbon.max-backlog)", True)
+        self._losing[child] = "it did not read its link (tbon.max-backlog)"
+        asyncio.get_running_loop().call_soon(self._lose_stuck, child)
+
+    def _lose_stuck(self, child: int) -> None:
+        """The loss :meth:`_child_stuck` put off, unless :meth:`_admit` ran it."""
+        why = self._losing.pop(child, None)
+        if why is not None:
+            self._lose_child(child, why, True)
 
     def disconnect_child(self, child: int, why: str) -> bool:
         """Cut connected child ``child`` off (``kvbroker overlay disconnect``,

@@ -19,7 +19,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 import zmq
@@ -326,6 +326,110 @@ async def test_a_hello_from_the_same_process_on_a_new_connection_replaces_nothin
         assert not await first.poll(0)
     assert "said hello again on a new connection: dropping its old one" in caplog.text
     assert caplog.text.count("said hello again from a new process") == 1
+
+
+def _hello(rank: int, process: str) -> list[bytes]:
+    return codec.encode(Message(MsgType.CONTROL, "overlay.hello",  # type: ignore[return-value]
+                                {"rank": rank, "process": process}))
+
+
+def _flood_until(overlay: Overlay, done: Callable[[], bool]) -> None:
+    """Send pings to rank 1, which does not read, until ``done()``: its
+    ZeroMQ pipe fills, then the rank's backlog for it (``tbon.max-backlog``,
+    0 here), then a send finds it over and drops the child as stuck."""
+    for tag in range(1, 20_000):
+        if done():
+            return
+        overlay.send(1, Message(MsgType.REQUEST, "broker.ping", {}, matchtag=tag, nodeid=1))
+    raise AssertionError("the flood never got there")
+
+
+async def _held_reads(overlay: Overlay) -> None:
+    """Stop the rank's reads of its children's socket (until
+    :func:`_release`), as a loop busy elsewhere leaves them."""
+    down = overlay._down
+    assert down is not None
+    down.loop.remove_reader(down.fd)
+    down._scheduled = True  # (no read scheduled either)
+
+
+def _release(overlay: Overlay) -> None:
+    down = overlay._down
+    assert down is not None
+    down._scheduled = False
+    down.loop.add_reader(down.fd, down._run)
+    down.read_all()
+
+
+async def _waiting(overlay: Overlay) -> None:
+    """Until a message waits in the children's socket, unread."""
+    down = overlay._down
+    assert down is not None
+
+    async def ready() -> bool:
+        return bool(down.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN)
+    await wait_until(ready, "a message waiting in the ROUTER", 5)
+
+
+async def test_a_stuck_childs_new_process_read_in_the_same_turn_is_not_lost(
+        parent: Parent) -> None:
+    """A send drops rank 1 as stuck (its loss put off to the next loop
+    turn), and in the same turn the rank reads a new process's hello for
+    rank 1: it was admitted as a first join, then the loss put off took it
+    for the old link -- answered, the new process never said hello again,
+    and everything it sent was dropped for good (found by a review).  The
+    old link's loss runs first now, and the new one is served."""
+    overlay = parent.overlay
+    assert overlay._down is not None
+    overlay._down.max_backlog = 0
+    async with asyncio.timeout(20):
+        old = parent.dealer(b"1-old")
+        await old.send_multipart(_hello(1, "p-old"))
+        assert codec.decode(await old.recv_multipart()).topic == "overlay.hello"
+        await _held_reads(overlay)
+        new = parent.dealer(b"1-new")
+        await new.send_multipart(_hello(1, "p-new"))
+        await _waiting(overlay)
+        _flood_until(overlay, lambda: 1 not in overlay._child_ident)  # stuck: dropped
+        _release(overlay)  # (the same turn: the new hello is read)
+        assert codec.decode(await new.recv_multipart()).topic == "overlay.hello"
+        for _ in range(5):
+            await asyncio.sleep(0)  # (the turn after, when the put-off loss ran)
+        assert overlay.hello_from == {1} and overlay._child_ident[1] == b"1-new"
+        dropped = overlay.dropped
+        assert overlay.send(1, Message(MsgType.REQUEST, "broker.ping", {}, matchtag=1,
+                                       nodeid=1))
+        got = codec.decode(await new.recv_multipart())
+        assert (got.topic, got.matchtag) == ("broker.ping", 1)
+        assert overlay.dropped == dropped
+        # (the old link lost first, then the new process joined: a rejoin)
+        assert "1" not in overlay.lost() and overlay.rejoined()["1"]["times"] == 1
+
+
+async def test_a_replaced_child_whose_backlog_is_over_the_limit_is_replaced_cleanly(
+        parent: Parent, caplog: pytest.LogCaptureFixture) -> None:
+    """Rank 1's old process does not read (its backlog over
+    ``tbon.max-backlog``) when a new one says hello: the notice that it was
+    replaced tripped the limit, dropped it as stuck inside the
+    replacement, which then raised ``KeyError`` -- the new hello was lost
+    (found by a review).  What waited for the old one is let go of first,
+    the notice goes, and the new process is admitted."""
+    overlay = parent.overlay
+    assert overlay._down is not None
+    overlay._down.max_backlog = 0
+    caplog.set_level(logging.INFO, "kvbroker.overlay")
+    async with asyncio.timeout(20):
+        old = parent.dealer(b"1-old")
+        await old.send_multipart(_hello(1, "p-old"))
+        assert codec.decode(await old.recv_multipart()).topic == "overlay.hello"
+        down = overlay._down
+        _flood_until(overlay, lambda: down.backlog_bytes.get(b"1-old", 0) > 0)
+        new = parent.dealer(b"1-new")
+        await new.send_multipart(_hello(1, "p-new"))
+        assert codec.decode(await new.recv_multipart()).topic == "overlay.hello"
+        assert overlay.hello_from == {1} and overlay._child_ident[1] == b"1-new"
+        assert overlay.replaced == 1
+    assert "error handling an overlay message" not in caplog.text, caplog.text
 
 
 def test_a_bind_failure_names_zeromqs_own_errors() -> None:
