@@ -404,6 +404,8 @@ async def test_a_stuck_childs_new_process_read_in_the_same_turn_is_not_lost(
         assert overlay.dropped == dropped
         # (the old link lost first, then the new process joined: a rejoin)
         assert "1" not in overlay.lost() and overlay.rejoined()["1"]["times"] == 1
+        old.close(0)
+        new.close(0)
 
 
 async def test_a_replaced_child_whose_backlog_is_over_the_limit_is_replaced_cleanly(
@@ -429,6 +431,8 @@ async def test_a_replaced_child_whose_backlog_is_over_the_limit_is_replaced_clea
         assert codec.decode(await new.recv_multipart()).topic == "overlay.hello"
         assert overlay.hello_from == {1} and overlay._child_ident[1] == b"1-new"
         assert overlay.replaced == 1
+        old.close(0)
+        new.close(0)
     assert "error handling an overlay message" not in caplog.text, caplog.text
 
 
