@@ -13,10 +13,9 @@ Attachment follows etcd: a put with the lease attaches the key; any later
 write of the key without it (put, append, mkdir, symlink, unlink) detaches
 it.  Keys are paths here, so writing a key also detaches the attached keys
 *below* it (their entries were replaced) and *above* it (a value that
-became a directory is no longer the value the holder wrote).  The
-attachment is by the key as written: a put through a symlink on the path
-attaches the link's path, whose unlink at expiry goes through the link as
-the put did.
+became a directory is no longer the value the holder wrote).  A leased
+put through a symlink on the path is refused (``EINVAL``): a key is
+attached by its own name, and the put names the key it leads to.
 
 The table lives in memory on rank 0.  :meth:`LeaseTable.check` and
 :meth:`LeaseTable.applied` are called by the commit pipeline
@@ -181,6 +180,18 @@ def _ancestors(key: str) -> Iterable[str]:
         i = key.find(".", i + 1)
 
 
+def _entry_fields(entry: Any) -> tuple[int, int, float] | None:
+    """``(id, owner, ttl)`` of a saved lease (:meth:`LeaseTable.snapshot`,
+    :meth:`LeaseTable.live_entries`); None for a malformed one (skipped)."""
+    if not isinstance(entry, dict):
+        return None
+    lid, owner, ttl = entry.get("id"), entry.get("owner"), entry.get("ttl")
+    if type(lid) is not int or type(owner) is not int or not isinstance(ttl, int | float) \
+            or isinstance(ttl, bool):
+        return None
+    return lid, owner, float(ttl)
+
+
 class LeaseTable:
     """Rank 0's leases (see the module docstring).  ``on_end`` is called
     with a lease that expired or was revoked and has keys attached: it
@@ -209,6 +220,9 @@ class LeaseTable:
         their attachments until applied: see ``KvsModule._retry_unlinks``)."""
         self.closed = False
         """Set at stop: no lease expires any more."""
+        self._ended_restored: dict[int, Lease] = {}
+        """Leases :meth:`restore` found ended, until :meth:`end_restored`."""
+        self._ended_why: dict[int, str] = {}
 
     # ---------------------------------------------------------------- life
 
@@ -436,8 +450,34 @@ class LeaseTable:
         for key, lease in keys.items():
             by_lease.setdefault(lease, []).append(key)
         return {"leases": [
-            {"id": lease.id, "owner": lease.owner, "ttl": lease.ttl, "keys": sorted(held)}
+            {"id": lease.id, "owner": lease.owner, "ttl": lease.ttl, "keys": sorted(held),
+             **({"ended": lease.ended} if lease.ended else {})}
             for lease, held in by_lease.items()]}
+
+    def live_entries(self) -> list[dict[str, Any]]:
+        """Every live lease, keys or not (``{id, owner, ttl}``): what a
+        ``module reload`` of kvs hands over beside each namespace's
+        :meth:`snapshot` -- those lists name only leases holding keys
+        there, and a lease granted but holding none yet (a holder about to
+        put its lock) was dropped by a reload, its holder's next keepalive
+        ``ENOENT``."""
+        return [{"id": lease.id, "owner": lease.owner, "ttl": lease.ttl}
+                for lease in self.live.values()]
+
+    def take_back(self, entries: Any) -> int:
+        """Make live again each lease of :meth:`live_entries` (a reload's),
+        with its full ttl from now; how many.  Their keys are attached by
+        the namespaces' :meth:`restore` after."""
+        n = 0
+        for entry in entries if isinstance(entries, list) else ():
+            fields = _entry_fields(entry)
+            if fields is None or fields[0] in self.live:
+                continue
+            lid, owner, ttl = fields
+            self._add(lid, owner, min(max(ttl, MIN_TTL), MAX_TTL))
+            self.counts["restored"] += 1
+            n += 1
+        return n
 
     def restore(self, ns: str, saved: Any) -> tuple[int, int]:
         """Take back the leases a checkpoint kept (:meth:`snapshot`), each
@@ -449,20 +489,48 @@ class LeaseTable:
             return 0, 0
         n = nkeys = 0
         for entry in saved.get("leases") or ():
-            if not isinstance(entry, dict):
+            fields = _entry_fields(entry)
+            keys = entry.get("keys") if fields is not None else None
+            if fields is None or not isinstance(keys, list):
                 continue
-            lid, owner, ttl, keys = (entry.get("id"), entry.get("owner"), entry.get("ttl"),
-                                     entry.get("keys"))
-            if (type(lid) is not int or type(owner) is not int or lid in self.live
-                    or not isinstance(ttl, int | float) or not isinstance(keys, list)):
-                continue
-            lease = self._add(lid, owner, min(max(float(ttl), MIN_TTL), MAX_TTL))
+            lid, owner, ttl = fields
+            ended = entry.get("ended")
+            lease = self.live.get(lid)
+            if lease is not None:
+                # its keys in another namespace, restored before, or a
+                # reload's live lease (take_back): one lease, keys in each
+                # (skipped, each namespace's keys but the first stayed for
+                # ever, the lease's expiry and revoke unlinking none)
+                if lease.owner != owner:
+                    continue
+            elif isinstance(ended, str) and ended:
+                # ended, its unlinks not applied when the checkpoint or the
+                # reload took it: not live again (its old holder kept it
+                # alive for ever), its keys unlinked once all are restored
+                lease = self._ended_restored.get(lid)
+                if lease is None:
+                    lease = self._ended_restored[lid] = Lease(lid, owner, ttl, 0.0)
+                    self._ended_why[lid] = ended
+            else:
+                lease = self._add(lid, owner, min(max(ttl, MIN_TTL), MAX_TTL))
+                self.counts["restored"] += 1
+                n += 1
+            before = lease.key_count()
             self.applied(ns, [{"key": k, "flags": 0, "lease": lid}
                               for k in keys if isinstance(k, str)], {lid: lease})
-            self.counts["restored"] += 1
-            n += 1
-            nkeys += lease.key_count()
+            nkeys += lease.key_count() - before
         return n, nkeys
+
+    def end_restored(self) -> int:
+        """After every :meth:`restore`: end the leases that had ended before
+        (their keys' unlinks go now, once each); how many."""
+        ended, self._ended_restored = self._ended_restored, {}
+        whys, self._ended_why = self._ended_why, {}
+        for lease in ended.values():
+            lease.ended = whys[lease.id]
+            if lease.keys:
+                self.on_end(lease)
+        return len(ended)
 
     def stats(self) -> dict[str, Any]:
         return {"live": len(self.live),

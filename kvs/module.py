@@ -513,8 +513,11 @@ class KvsModule(Module):
         self.namespaces[PRIMARY] = Namespace(PRIMARY, self.ctx.owner_uid, rootref, rootseq)
         if saved_leases is not None:
             n, nkeys = self.leases.restore(PRIMARY, saved_leases)
+            ended = self.leases.end_restored()
             self.log.info("restored %d leases holding %d keys of the primary namespace from "
-                          "the checkpoint: each has its full ttl again, from now", n, nkeys)
+                          "the checkpoint: each has its full ttl again, from now%s", n, nkeys,
+                          f" ({ended} that had ended: their keys are unlinked now)"
+                          if ended else "")
         if self.statedir:
             self.checkpointed = rootseq
             await self._begin_run()
@@ -551,7 +554,9 @@ class KvsModule(Module):
                          "leases": self.leases.snapshot(ns.name)})
         return {"namespaces": kept, "last_epoch": self._last_epoch,
                 "checkpointed": self.checkpointed, "root_history": self.root_history,
-                "recent_roots": self.recent_roots}
+                "recent_roots": self.recent_roots,
+                # (every live lease: those with no keys yet too)
+                "live_leases": self.leases.live_entries()}
 
     def _take_over(self, handover: dict[str, Any]) -> None:
         """Rank 0: start where the kvs module removed before left off
@@ -561,7 +566,7 @@ class KvsModule(Module):
         self.root_history = self.commits.root_history = handover["root_history"]
         self.root_history.grace = collector.GRACE.value(self.ctx.attrs)
         self.recent_roots = handover["recent_roots"]
-        leases = 0
+        leases = self.leases.take_back(handover.get("live_leases"))
         for kept in handover["namespaces"]:
             ns = Namespace(kept["name"], kept["owner"], kept["rootref"], kept["rootseq"],
                            kept["flags"], kept["epoch"])
@@ -569,6 +574,7 @@ class KvsModule(Module):
             self.namespaces[ns.name] = ns
             if kept["leases"] is not None:
                 leases += self.leases.restore(ns.name, kept["leases"])[0]
+        self.leases.end_restored()  # (ended before: their unlinks go now)
         self.log.info("took over %d namespaces (the primary at rootseq %d) and %d leases from "
                       "the kvs module removed before", len(self.namespaces),
                       self.namespaces[PRIMARY].rootseq, leases)

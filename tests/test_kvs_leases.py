@@ -808,3 +808,62 @@ async def test_misused_lease_and_owner_arguments_are_type_errors(start_instance)
             skvs.lease("10")  # type: ignore[arg-type]
 
     await asyncio.to_thread(sync_lease)
+
+
+async def test_a_reload_of_kvs_keeps_every_lease_and_all_its_keys(start_instance) -> None:
+    """``module reload kvs`` keeps the leases (cli.md): a lease with keys in
+    three namespaces kept only the first namespace's (its expiry and
+    revoke then unlinked none of the others, for ever), and a lease with
+    no keys yet was dropped (its holder's next keepalive ``ENOENT``).
+    Both found by a review."""
+    inst = await start_instance(size=2)
+    async with KVS.connect(inst.uri(1)) as kvs:
+        for ns in ("nsa", "nsb"):
+            await kvs.namespace_create(ns)
+        lease = await kvs.lease(60, keepalive=False)
+        bare = await kvs.lease(60, keepalive=False)
+        await kvs.put("k1", "v1", lease=lease)
+        for ns, key in (("nsa", "k2"), ("nsb", "k3")):
+            await kvs.with_namespace(ns).put(key, "v", lease=lease)
+        assert (await kvs.lease_info(lease))["key-count"] == 3
+        rc, _out, err = await run_cli("module", "reload", "kvs", uri=inst.uri(0))
+        assert rc == 0, err
+        info = await kvs.lease_info(lease)
+        assert info["key-count"] == 3 and info["keys"] == {
+            "primary": ["k1"], "nsa": ["k2"], "nsb": ["k3"]}, info
+        assert await bare.keepalive() == 60  # (kept, keys or not)
+        await kvs.put("lock", "me", lease=bare)
+        await kvs.lease_revoke(lease)
+        assert not await kvs.exists("k1")
+        for ns, key in (("nsa", "k2"), ("nsb", "k3")):
+            assert not await kvs.with_namespace(ns).exists(key), (ns, key)
+        assert await kvs.get_str("lock") == "me"
+
+
+async def test_a_lease_ended_before_its_unlinks_were_applied_is_not_live_again() -> None:
+    """A lease that ended (revoked, expired) as the kvs module stopped,
+    its keys' unlinks not applied, is in the checkpoint or the reload's
+    handover with its keys.  Taken back, it was live again with a full ttl
+    -- its old holder could keep a revoked lease alive for ever (found by
+    a review).  It is ended again now: not live, its keys in every
+    namespace unlinked, once."""
+    from kvs.leases import LeaseTable
+
+    ended: list[Any] = []
+    table = LeaseTable(0, 10, ended.append)
+    lease = table.grant(1000, 30)
+    table.applied("primary", [{"key": "a", "flags": 0, "lease": lease.id}], {lease.id: lease})
+    table.applied("job", [{"key": "b", "flags": 0, "lease": lease.id}], {lease.id: lease})
+    table.end(lease, "revoked", unlink=False)  # (the stop came before its unlinks)
+    saved = {ns: table.snapshot(ns) for ns in ("primary", "job")}
+    assert saved["job"]["leases"][0]["ended"] == "revoked"
+
+    again = LeaseTable(0, 10, ended.append)
+    for ns, snap in saved.items():
+        assert again.restore(ns, snap) == (0, 1)
+    assert not again.live and not ended  # (none until all are restored)
+    assert again.end_restored() == 1
+    assert len(ended) == 1 and ended[0].keys == {"primary": {"a"}, "job": {"b"}}
+    with pytest.raises(Exception) as exc:
+        again.get(lease.id, 1000, False)
+    assert getattr(exc.value, "errnum", None) == errno.ENOENT
