@@ -1912,18 +1912,33 @@ class KvsModule(Module):
 
     def _lease_ended(self, lease: Lease) -> None:
         """The lease table's ``on_end``: ``lease`` expired (or was attached
-        to after it ended) with keys attached: unlink them."""
-        self.spawn(self._unlink_leased(lease))
+        to after it ended) with keys attached: unlink them.  Marked as
+        being unlinked at once, not when the task first runs: a revoke read
+        in between was answered ``ENOENT``, "already gone", with the keys
+        still there (see :meth:`lease_revoke`)."""
+        fut: asyncio.Future[dict[str, int]] = asyncio.get_running_loop().create_future()
+        self._unlinking[lease.id] = (lease, fut)
 
-    async def _unlink_leased(self, lease: Lease) -> dict[str, int]:
+        def never_ran(_task: asyncio.Task[Any]) -> None:
+            if not fut.done():  # (cancelled before it ran: the module stops)
+                if self._unlinking.get(lease.id, (None, None))[1] is fut:
+                    del self._unlinking[lease.id]
+                fut.set_result({})
+
+        self.spawn(self._unlink_leased(lease, fut)).add_done_callback(never_ran)
+
+    async def _unlink_leased(self, lease: Lease,
+                             fut: asyncio.Future[dict[str, int]] | None = None
+                             ) -> dict[str, int]:
         """Commit the unlinks of ended ``lease``'s keys (:meth:`_unlink_pass`);
         the version each namespace reached.  If some fail (a full disk: the
         commit fails with the writer's errno), the keys stay attached and
         :meth:`_retry_unlinks` tries again until they are applied: before,
         they stayed until a restart with a statedir, and only a log line
         said so."""
-        fut: asyncio.Future[dict[str, int]] = asyncio.get_running_loop().create_future()
-        self._unlinking[lease.id] = (lease, fut)
+        if fut is None:
+            fut = asyncio.get_running_loop().create_future()
+            self._unlinking[lease.id] = (lease, fut)
         seqs: dict[str, int] = {}
         try:
             seqs, failed = await self._unlink_pass(lease)
