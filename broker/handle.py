@@ -130,10 +130,16 @@ class _Parking:
     connection (a :class:`FrameWriter`'s ``send``; sent in order once
     connected)."""
 
-    __slots__ = ("messages",)
+    __slots__ = ("messages", "subscriptions")
 
     def __init__(self) -> None:
         self.messages: list[Sequence[codec.Frame]] = []
+        self.subscriptions: Counter[str] = Counter()
+        """Per prefix, the subscribes (+1) and unsubscribes (-1) among
+        :attr:`messages`: the handle's counts already hold them, so what it
+        subscribes again once connected leaves them out -- they go after,
+        parked (each was applied twice: an unsubscribe left the rank
+        subscribed, and one made while away was ``ENOENT``)."""
 
     def send(self, frames: Sequence[codec.Frame]) -> None:
         self.messages.append(frames)
@@ -260,7 +266,9 @@ class Handle(HandleCore):
         self._events: deque[Message] = deque()
         # The tasks waiting in recv_event(), oldest first: several tasks may
         # share one handle's events, and each event wakes one of them.
-        self._event_waiters: deque[asyncio.Future[None]] = deque()
+        self._event_waiters: deque[asyncio.Future[bool]] = deque()
+        """Tasks in :meth:`recv_event`, longest waiting first; a waiter's
+        result says whether all were woken at once (the connection went)."""
         self._user_closed = False
         self._closing: tuple[int, str] | None = None
         """(errnum, errstr) of the rank's ``broker.closing``, if it sent one."""
@@ -441,8 +449,11 @@ class Handle(HandleCore):
         self._proto = proto
         redial.count += 1
         # the subscriptions first: the parked requests may be waiting for events
-        for prefix, times in self._subscriptions.items():
-            for _ in range(times):
+        # (as they were before the parked subscribes and unsubscribes, which follow)
+        parked_subs = parked.subscriptions
+        for prefix in [*self._subscriptions, *(p for p in parked_subs
+                                               if p not in self._subscriptions)]:
+            for _ in range(self._subscriptions[prefix] - parked_subs[prefix]):
                 # (nobody waits for it; an error is the rank's: a guest's limit)
                 self.rpc("event.subscribe", {"topic": prefix}).add_done_callback(outcome_read)
         writer = proto.writer
@@ -697,8 +708,11 @@ class Handle(HandleCore):
         unsubscribe it, and to subscribe it again on a reconnect.  Only an
         error answer (the rank refused it) takes it back."""
         check_str(prefix, "prefix")  # (a list went out, then could not be counted)
+        parking = self._parking_now()
         answer = self.rpc("event.subscribe", {"topic": prefix})  # (sent now)
         self._subscriptions[prefix] += 1
+        if parking is not None:
+            parking.subscriptions[prefix] += 1
         try:
             await answer
         except RemoteError:
@@ -711,9 +725,23 @@ class Handle(HandleCore):
         call cut short after sending it is not subscribed again on a
         reconnect, nor counted by a retry that the rank answers ``ENOENT``."""
         check_str(prefix, "prefix")
+        parking = self._parking_now()
         answer = self.rpc("event.unsubscribe", {"topic": prefix})  # (sent now)
         self._uncount(prefix)
+        if parking is not None:
+            parking.subscriptions[prefix] -= 1
         await answer
+
+    def _parking_now(self) -> _Parking | None:
+        """Where a request made now waits while reconnecting (None: it goes
+        out now), as :meth:`_writer` decides."""
+        proto = self._proto
+        redial = self._redial
+        if (redial is not None and redial.parking is not None and not self._user_closed
+                and (proto is None or proto.transport is None
+                     or proto.transport.is_closing())):
+            return redial.parking
+        return None
 
     def _uncount(self, prefix: str) -> None:
         left = self._subscriptions.pop(prefix, 0) - 1
@@ -750,7 +778,7 @@ class Handle(HandleCore):
         while waiters:
             w = waiters.popleft()
             if not w.done():
-                w.set_result(None)
+                w.set_result(False)
                 return
 
     def _wake_event_waiters(self) -> None:
@@ -759,7 +787,7 @@ class Handle(HandleCore):
         while waiters:
             w = waiters.popleft()
             if not w.done():
-                w.set_result(None)
+                w.set_result(True)
 
     async def recv_event(self) -> Message:
         """The next event received (raises ``RemoteError`` once disconnected).
@@ -767,8 +795,11 @@ class Handle(HandleCore):
         Tasks may wait on one handle together: each event goes to one of
         them, to the one that has waited longest.  After ``close()`` (or in
         a child of ``fork()``) it raises at once, even with events still
-        queued: they are the closed connection's (the parent's)."""
-        self._check_open()
+        queued: they are the closed connection's (the parent's).  After the
+        connection is lost, the events that came before are read first (a
+        rank's last words before it went), then it raises."""
+        if not self._events or self._user_closed or self._forked:
+            self._check_open()
         woken = False
         while not self._events:
             self._check_open()
@@ -780,9 +811,10 @@ class Handle(HandleCore):
                 self._event_waiters.appendleft(waiter)
             else:
                 self._event_waiters.append(waiter)
-            woken = True
             try:
-                await waiter
+                # (woken with all the others -- a reconnect -- each goes back
+                # in the order it had: they resume in it, so at the end)
+                woken = not await waiter
             except BaseException:
                 # Cancelled: if this task was already woken for an event,
                 # that event is still here and goes to the next one waiting.

@@ -75,8 +75,11 @@ class Stream:
         waiting for ever: :meth:`kvs_watch.client.SyncWatch.cancel` from
         another thread abandons a stream that a next() reads.)"""
         self.abandoned = True
-        self._items.clear()
-        if self.ended_here:  # (its end was here already: no later answer ends it)
+        items = self._items
+        # (its final answer here already, unread: no later one will end it)
+        ended = self.ended_here or bool(items and items[-1].errnum)
+        items.clear()
+        if ended:  # (its end was here already: no later answer ends it)
             self.done = True
             w = self._waiter
             if w is not None and not w.done():

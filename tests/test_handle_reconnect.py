@@ -588,3 +588,59 @@ def test_a_deletes_watch_reports_a_removal_once() -> None:
     a.restarted()
     assert a.take(removed) == []
     assert a.take(_val(b"y\n", 4)) == [_val(b"y\n", 4)]  # (back: whole)
+
+
+async def test_subscriptions_made_and_ended_while_away_are_applied_once(
+        inst: Restartable) -> None:
+    """A ``subscribe`` or ``unsubscribe`` made while the handle reconnects
+    waits with the other requests, and the handle's counts already hold
+    it: the subscriptions made again once connected leave it out.  It was
+    applied twice -- an unsubscribe after it left the rank subscribed, its
+    events coming still, and an unsubscribe made while away was answered
+    ``ENOENT`` (found by a review)."""
+    async with asyncio.timeout(60), Handle.connect(inst.rank0.uri) as h0, \
+            Handle.connect(inst.uri1, reconnect=True) as h:
+        await h.subscribe("keep.")
+        await h.subscribe("one.")
+        await inst.kill_rank1()
+
+        async def gone() -> bool:
+            return not h.connected
+        await wait_until(gone, 10, "the handle to see its rank gone")
+        sub = asyncio.ensure_future(h.subscribe("dup."))
+        unsub = asyncio.ensure_future(h.unsubscribe("one."))
+        await asyncio.sleep(0)  # (their first steps: both parked)
+        await inst.start_rank1()
+        await h.wait_connected()
+        await asyncio.wait_for(asyncio.gather(sub, unsub), 10)  # (no ENOENT)
+        await h.unsubscribe("dup.")
+        for topic in ("dup.1", "one.1", "keep.1"):
+            await h0.publish(topic)
+        assert (await asyncio.wait_for(h.recv_event(), 10)).topic == "keep.1"
+
+
+async def test_tasks_waiting_for_events_keep_their_order_across_a_reconnect(
+        inst: Restartable) -> None:
+    """Each event goes to the task that has waited longest: the loss woke
+    them all, and each went back first in line, so after a reconnect they
+    were served last-come first (found by a review)."""
+    async with asyncio.timeout(60), Handle.connect(inst.rank0.uri) as h0, \
+            Handle.connect(inst.uri1, reconnect=True) as h:
+        await h.subscribe("order.")
+        got: list[tuple[str, str]] = []
+
+        async def waiter(name: str) -> None:
+            got.append((name, (await h.recv_event()).topic))
+
+        tasks = []
+        for name in "ABC":
+            tasks.append(asyncio.ensure_future(waiter(name)))
+            await asyncio.sleep(0)  # (waiting, in this order)
+        await inst.kill_rank1()
+        await inst.start_rank1()
+        await h.wait_connected()
+        await h.rpc("broker.ping", {}, nodeid=1)  # (after the subscription made again)
+        for i in range(3):
+            await h0.publish(f"order.{i}")
+        await asyncio.wait_for(asyncio.gather(*tasks), 10)
+        assert got == [("A", "order.0"), ("B", "order.1"), ("C", "order.2")]
