@@ -354,6 +354,36 @@ async def test_a_store_removed_while_running_fails_the_sync_commit_and_the_stop(
     assert rc == 1, err
 
 
+async def test_a_failing_sync_shows_in_the_stats_until_one_succeeds(start_instance, connect,
+                                                                    tmp_path) -> None:
+    """Blob writes succeed while the sync that makes a ``SYNC`` commit
+    durable fails (here the store's path names nothing for a while; a disk
+    I/O error, a file size limit): every ``SYNC`` commit failed ``EIO``
+    while ``stats content`` showed nothing wrong (found by a review).  Its
+    ``sync-failing`` says why until a sync succeeds, counted in
+    ``sync-failures``; plain commits go on."""
+    statedir = tmp_path / "state"
+    inst = await start_instance(size=1, statedir=str(statedir))
+    h = await connect(inst, 0)
+    await commit(h, put("a", "1"), flags=SYNC)
+    st = await stats(h, "content")
+    assert st["sync-failing"] is None and st["sync-failures"] == 0, st
+    store = statedir / "content.sqlite"
+    store.rename(statedir / "aside.sqlite")
+    try:
+        with pytest.raises(RemoteError) as exc:
+            await commit(h, put("b", "2"), flags=SYNC)
+        assert exc.value.errnum == errno.EIO
+        await commit(h, put("c", "3"))  # (a plain one: its blobs are written)
+        st = await stats(h, "content")
+        assert "was removed or replaced" in (st["sync-failing"] or ""), st
+        assert st["sync-failures"] >= 1 and st["failing"] is None, st
+    finally:
+        (statedir / "aside.sqlite").rename(store)
+    await commit(h, put("d", "4"), flags=SYNC)
+    assert (await stats(h, "content"))["sync-failing"] is None
+
+
 async def test_without_statedir_nothing_persists(start_instance, connect, tmp_path) -> None:
     inst = await start_instance(size=1)
     rundir = inst.rundir

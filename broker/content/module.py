@@ -243,7 +243,7 @@ LoadToken = tuple[int, bool]
 """(:attr:`ContentModule.generation`, may cache) when a load started."""
 
 COUNTERS = ("hits", "misses", "stored", "written", "backlog-waits", "read-batches",
-            "load-batches", "write-failures")
+            "load-batches", "write-failures", "sync-failures")
 """The counters of ``content.stats-get`` (all shown, 0 included)."""
 
 READ_BATCH = 256
@@ -311,6 +311,11 @@ class ContentModule(Module):
         self.failing: BaseException | None = None
         """Why the last write to SQLite failed (a full disk), until one
         succeeds: meanwhile :meth:`room` lets nothing through unwritten."""
+        self.sync_failing: str | None = None
+        """Why the last sync of the store failed (what makes a ``SYNC``
+        commit durable: a disk I/O error, a file size limit), until one
+        succeeds.  Blob writes may go on meanwhile, so ``failing`` said
+        nothing while every ``SYNC`` commit failed ``EIO``."""
         self.checkpoint_failing: str | None = None
         """Why the last checkpoint write failed, until one succeeds: a store
         that takes blobs but refuses the checkpoint row (a file made
@@ -972,6 +977,8 @@ class ContentModule(Module):
         with self._checkpoint_errors(), _store_errors():
             synced: bool = await self.db(self.backing.checkpoint_put, key,
                                          _checkpoint_bytes(value), True, urgent=True)
+        if not synced:  # (kept in the WAL: survives this process's crash, not the host's)
+            self.checkpoint_failing = "the checkpoint was written but could not be synced"
         return synced
 
     @contextlib.contextmanager
@@ -1574,9 +1581,23 @@ class ContentModule(Module):
             await self.h.rpc("content.flush", {}, nodeid=NODEID_UPSTREAM)
         elif self.backing is not None:
             await self._drain()
-            with _store_errors():
+            with self._sync_errors(), _store_errors():
                 await self.db(self.backing.sync, urgent=True)
         self.h.respond(msg, {})
+
+    @contextlib.contextmanager
+    def _sync_errors(self) -> Iterator[None]:
+        """Keep :attr:`sync_failing` for a sync of the store (a ``SYNC``
+        commit's ``content.flush``): why it failed, or None once one
+        succeeds; each failure counted in ``sync-failures``."""
+        try:
+            yield
+        except BaseException as exc:
+            if not isinstance(exc, asyncio.CancelledError):
+                self.sync_failing = str(exc) or type(exc).__name__
+                self.counts["sync-failures"] += 1
+            raise
+        self.sync_failing = None
 
     def dropcache(self, msg: Message) -> None:
         _owner_only(msg)
@@ -1796,6 +1817,8 @@ class ContentModule(Module):
                         "failing": None if self.failing is None else str(self.failing),
                         # why the last checkpoint write failed, until one succeeds
                         "checkpoint-failing": self.checkpoint_failing,
+                        # why the last sync (a SYNC commit's) failed, until one succeeds
+                        "sync-failing": self.sync_failing,
                         # the store's size and the room for it (as of the last measure)
                         "store-bytes": self.store_bytes,
                         "store-free-bytes": self.store_free,
