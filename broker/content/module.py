@@ -899,7 +899,7 @@ class ContentModule(Module):
                     self._failure_log.log(logging.ERROR, "write",
                                           "writing %d blobs to SQLite failed: %s",
                                           len(batch), failed)
-                    self._backlog(batch)  # keep them; retry on the next batch
+                    self._backlog(batch, again=True)  # keep them; retry on the next batch
                 else:
                     wrote(f.result())
             finally:
@@ -993,15 +993,19 @@ class ContentModule(Module):
             raise
         self.checkpoint_failing = None
 
-    def _backlog(self, blobs: Mapping[str, bytes]) -> None:
-        """Mark ``blobs`` dirty (waiting for their write), counting their bytes."""
+    def _backlog(self, blobs: Mapping[str, bytes], again: bool = False) -> None:
+        """Mark ``blobs`` dirty (waiting for their write), counting their
+        bytes (``again``: a failed write's, whose bytes :attr:`stored_total`
+        counted when they were first stored -- counted twice, each retry
+        took them off the room left once more until the next measure)."""
         dirty = self.dirty
         self.last_stored = time.monotonic()
         for ref, data in blobs.items():
             if ref not in dirty:
                 dirty[ref] = data
                 self.backlog_bytes += len(data)
-                self.stored_total += len(data)
+                if not again:
+                    self.stored_total += len(data)
         self.backlog_peak = max(self.backlog_peak, self.backlog_bytes)
 
     async def room(self) -> None:
