@@ -187,7 +187,11 @@ class Collection:
         found: dict[str, bytes] = {}
         missing: list[str] = []
         for ref in refs:
-            data = content.cache.get(ref) or content.dirty.get(ref) or content.inflight.get(ref)
+            data = content.cache.get(ref)
+            if data is None:  # (not `or`: an empty blob is a blob)
+                data = content.dirty.get(ref)
+                if data is None:
+                    data = content.inflight.get(ref)
             if data is None:
                 missing.append(ref)
             else:

@@ -1278,7 +1278,9 @@ class ContentModule(Module):
                 cache.move_to_end(ref)  # (used: what expires by age is in front)
             elif dirty or inflight:
                 # rank 0: stored, not yet written back (dirty, or being written)
-                data = dirty.get(ref) or inflight.get(ref)
+                data = dirty.get(ref)
+                if data is None:  # (not `or`: an empty blob is a blob)
+                    data = inflight.get(ref)
             if data is None:
                 misses.append(ref)
                 found[ref] = _PENDING  # (a blob named twice is loaded once)
@@ -1605,7 +1607,8 @@ class ContentModule(Module):
 
     def dropcache(self, msg: Message) -> None:
         _owner_only(msg)
-        for ref in [r for r in self.cache if r not in self.dirty]:
+        # (clean ones: not those waiting for their write, nor being written)
+        for ref in [r for r in self.cache if r not in self.dirty and r not in self.inflight]:
             self.cache_bytes -= len(self.cache.pop(ref)) + BLOB_OVERHEAD
         malloc.trim()  # (what it held is scattered through the heap: give it back)
         self.h.respond(msg, {})
