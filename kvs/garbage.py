@@ -85,7 +85,10 @@ def reachable(get: Callable[[str], bytes | None], trees: Sequence[str],
         has = lambda ref: get(ref) is not None  # noqa: E731
     seen: set[str] = set()
     walked: set[str] = set()  # read as (possible) tree objects
-    todo = [(r, TREE) for r in trees] + [(r, MAYBE) for r in blobs]
+    # The trees first (popped from the end): a subtree they share with a
+    # blob walked as MAYBE would be walked once, as MAYBE, skipping what it
+    # lacks -- damage under the trees never said
+    todo = [(r, MAYBE) for r in blobs] + [(r, TREE) for r in trees]
     while todo:
         ref, kind = todo.pop()
         if kind == DATA:
