@@ -787,12 +787,17 @@ class CronModule(Module):
         reader = self.spawn(self._read(e, task))
         try:
             status = await task.cmd.wait()
+            if timer is not None:  # (it ended in time: a timeout while its output
+                timer.cancel()     # drains called a success "Timeout", "terminated")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(reader), EOF_GRACE)
         finally:
-            for handle in (timer, task.kill_timer):
-                if handle is not None:
-                    handle.cancel()
+            if timer is not None:
+                timer.cancel()
+            # A timeout's SIGKILL still goes, to what is left of the group (a
+            # child that ignored the SIGTERM): the shell's end dropped it
+            if task.kill_timer is not None and not task.timedout:
+                task.kill_timer.cancel()
             reader.cancel()
             task.release()  # (a reader cancelled before it ran took nothing)
             if task.cmd.returncode is None:
@@ -832,7 +837,7 @@ class CronModule(Module):
         self.log.info("%s: %s", e.label(), line.decode(errors="replace"))
 
     def _time_out(self, e: Entry, task: Task) -> None:
-        if task.state != "Running":
+        if task.state != "Running" or task.cmd is None or task.cmd.returncode is not None:
             return
         task.timedout = True
         self.counts["timeouts"] += 1

@@ -344,3 +344,44 @@ async def test_task_history_count(start_instance, connect) -> None:
                                   "true")
         assert rc == 1 and f"task-history-count {bad}: an entry keeps 1 to 16 tasks" in err, \
             (rc, out, err)
+
+
+async def test_a_task_timeout_is_a_run_still_going_and_its_kill_reaches_the_group(
+        start_instance, connect) -> None:
+    """Not in Flux's file; found by a review.  A command that ended in
+    time, while a child it left kept the output open past the timeout,
+    was recorded ``Timeout`` (exit 0), counted as a failure and logged
+    "terminated".  And a timed-out task's SIGKILL 2 s after the SIGTERM
+    was dropped once the shell exited: a child that ignored the SIGTERM
+    lived on (cli.md: "SIGKILL 2 s later")."""
+    inst = await start_instance(size=1, attrs=MODULES)
+    uri, h = inst.uri(0), await connect(inst, 0)
+    in_time = created(await cron(uri, "interval", "--timeout", "0.3s", "-a", "0.01s", "-c",
+                                 "1", "1000", "sleep 1.5 & echo started"))
+    e = await entry_where(h, in_time, ended, "ended")
+    assert task(e)["state"] == "Exited" and "timedout" not in task(e), e
+    assert e["stats"]["failure"] == 0, e
+    marker = "31.4159"
+    stubborn = created(await cron(uri, "interval", "--timeout", "0.3s", "-a", "0.01s", "-c",
+                                  "1", "1000", f'(trap "" TERM; exec sleep {marker}); true'))
+    e = await entry_where(h, stubborn, ended, "ended")
+    assert task(e)["state"] == "Timeout", e
+
+    def sleepers() -> list[int]:
+        found = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if f.read().split(b"\0")[:2] == [b"sleep", marker.encode()]:
+                        found.append(int(pid))
+            except OSError:
+                pass
+        return found
+
+    async def killed() -> bool:
+        return not sleepers()
+    try:
+        await wait_until(killed, "the child that ignored SIGTERM to be SIGKILLed", timeout=10)
+    finally:
+        for pid in sleepers():
+            os.kill(pid, 9)
