@@ -203,6 +203,10 @@ class _Running:
         """Its output pipes that no pump has taken yet, this object's to
         close (:meth:`release`); a pump takes its pipe out of here as it
         hands it to the loop, and closes it from then on."""
+        self.readers: dict[str, asyncio.BaseTransport] = {}
+        """The transport each pump reads its output pipe through."""
+        self.closed_outputs: set[str] = set()
+        """Outputs its client reads no more of (``rexec.close-output``)."""
         self.task: asyncio.Task[None] | None = None
         self.over = False
         """It has ended, been killed or been dropped (:meth:`RexecService._end_run`)."""
@@ -267,6 +271,7 @@ class RexecService:
             "rexec.exec": self.exec_,
             "rexec.write": self.write,
             "rexec.kill": self.kill,
+            "rexec.close-output": self.close_output,
             "rexec.wait": self.wait,
             "rexec.wait-cancel": self.wait_cancel,
             "rexec.list": self.list_,
@@ -548,6 +553,9 @@ class RexecService:
         reader = asyncio.StreamReader(limit=READ_CHUNK)
         transport, _ = await pipes.connect_read_pipe(
             lambda: asyncio.StreamReaderProtocol(reader), pipe)
+        run.readers[name] = transport
+        if name in run.closed_outputs:  # (closed by its client before it started)
+            transport.close()
         held = b""  # (line-buffered: a line's start, less than READ_CHUNK bytes)
         try:
             if run.kept is not None:  # (a waitable background command: kept, not sent)
@@ -555,7 +563,8 @@ class RexecService:
                     run.kept[name].add(chunk)
                 return
             while True:
-                await run.room.wait()
+                if name not in run.closed_outputs:
+                    await run.room.wait()
                 chunk = await reader.read(READ_CHUNK - len(held))
                 if not chunk:
                     if held:
@@ -611,6 +620,25 @@ class RexecService:
                              f"{describe_status(run.status)}): a zombie until its status "
                              "is collected (kvbroker sproc wait)")
         run.cmd.signal(signum)
+        self.h.respond(msg, {})
+
+    def close_output(self, msg: Message) -> None:
+        """``rexec.close-output {pid | label, stream}`` -> ``{}``: its client
+        reads no more of the command's ``stream`` (``kvbroker exec``'s own
+        output closed: EPIPE).  The rank closes its read end of the pipe, as
+        a local reader's close does: the process that writes to it next
+        gets SIGPIPE from the kernel -- that process alone, not the group.
+        What was read already goes out, then the stream's end."""
+        self._allowed(msg)
+        run = self._lookup(msg)
+        name = require(msg.payload, stream=str)["stream"]
+        if name not in ("stdout", "stderr"):
+            raise ErrnoError(errno.EINVAL, f"no output stream {name!r}: stdout or stderr")
+        if name not in run.closed_outputs:
+            run.closed_outputs.add(name)
+            transport = run.readers.get(name)
+            if transport is not None:
+                transport.close()  # (its reader then finds the end)
         self.h.respond(msg, {})
 
     def wait(self, msg: Message) -> None:

@@ -31,26 +31,23 @@ class RemoteOutput:
     """A command's stdout or stderr as it arrives: ``await read(n)``, as an
     ``asyncio.StreamReader`` (empty at the end); each chunk read is
     credited to the rank.  :meth:`close` lets it go as a local pipe's
-    reader closes the pipe: the command's next write ends it
-    (``written_after_close``: SIGPIPE to it, as the kernel gives a local
-    one)."""
+    reader closes the pipe (``closed``: the rank closes its read end, so
+    the command's next write to it gets SIGPIPE from the kernel, the
+    process that wrote alone, as a local one does)."""
 
-    def __init__(self, credit: Any, written_after_close: Callable[[], None]) -> None:
+    def __init__(self, credit: Any, closed: Callable[[], None]) -> None:
         self._chunks: deque[bytes] = deque()
         self._eof = False
         self._closed = False
         self._ready = asyncio.Event()
         self._credit = credit
-        self._written_after_close: Callable[[], None] | None = written_after_close
+        self._on_close = closed
 
     def feed(self, data: bytes) -> None:
         if not data:
             return
         if self._closed:
             self._credit(len(data))  # (dropped: the command must not wait for credit)
-            if self._written_after_close is not None:
-                self._written_after_close()
-                self._written_after_close = None  # (once)
             return
         self._chunks.append(data)
         self._ready.set()
@@ -84,6 +81,8 @@ class RemoteOutput:
         self._chunks.clear()
         if dropped:
             self._credit(dropped)
+        if not self._eof:
+            self._on_close()
 
 
 class RemoteCommand:
@@ -94,8 +93,8 @@ class RemoteCommand:
         self.rank = rank
         self.pid = pid
         self._stream = stream
-        self.stdout = RemoteOutput(self._credit, self._broken_pipe)
-        self.stderr = RemoteOutput(self._credit, self._broken_pipe)
+        self.stdout = RemoteOutput(self._credit, lambda: self._close_output("stdout"))
+        self.stderr = RemoteOutput(self._credit, lambda: self._close_output("stderr"))
         self.error: ErrnoError | None = None
         """Why the command's stream failed (its rank was lost...), if it did."""
         self._status: asyncio.Future[int] = asyncio.get_running_loop().create_future()
@@ -177,10 +176,28 @@ class RemoteCommand:
                 self.h.send_noresponse("rexec.credit", {"pid": self.pid, "bytes": nbytes},
                                        nodeid=self.rank)
 
-    def _broken_pipe(self) -> None:
-        """The command wrote to an output we closed: SIGPIPE, as a local
-        command writing to a closed pipe gets from the kernel."""
-        self.signal(signal.SIGPIPE)
+    def _close_output(self, stream: str) -> None:
+        """We read no more of ``stream``: the rank closes its read end
+        (``rexec.close-output``), so the process that writes to it next gets
+        SIGPIPE from the kernel, as with a local pipe.  (Before, SIGPIPE went
+        to the command's whole process group: a script whose writer died so
+        did not go on to its last lines, as it does locally.)  A rank that
+        does not know the request (an older kvbroker, ``ENOSYS``) gets that
+        SIGPIPE to the group, as before."""
+        if self._status.done():
+            return
+
+        async def send() -> None:
+            try:
+                await self.h.rpc("rexec.close-output", {"pid": self.pid, "stream": stream},
+                                 nodeid=self.rank)
+            except ErrnoError as exc:
+                if exc.errnum == errno.ENOSYS:
+                    self.signal(signal.SIGPIPE)
+            except OSError:
+                pass
+
+        self._tasks.append(asyncio.ensure_future(send()))
 
     def signal(self, sig: int) -> None:
         """Send ``sig`` to the command's process group on its rank."""

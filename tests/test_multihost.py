@@ -760,6 +760,18 @@ async def test_exec_on_a_rank_of_another_host_runs_there(tmp_path: Path, brokers
     rc, _, err = await run_cli("exec", "-r", "1", "-d", "/", "--", "sh", "-c",
                                'test "$(pwd)" = /', uri=uris[0])
     assert rc == 0, err
+    # exec's output closed (| head -1): the command's writer gets SIGPIPE,
+    # as a local one from the kernel, and its shell goes on -- it went to
+    # the whole process group, the shell too, "Broken pipe" (a review's find)
+    pipeline = await asyncio.create_subprocess_exec(
+        "bash", "-c", f"{KVBROKER} exec -r 1 -- sh -c 'seq 3000000; echo went-on >&2; "
+        "exit 5' | head -1; echo exec=${PIPESTATUS[0]} >&2",
+        env=dict(os.environ, KVBROKER_URI=uris[0]),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out_b, err_b = await asyncio.wait_for(pipeline.communicate(), 60)
+    assert out_b == b"1\n", (out_b, err_b)
+    # (exec's own status is its broken pipe's, 141, as when it relays local ranks)
+    assert err_b.decode().splitlines()[-2:] == ["went-on", "exec=141"], err_b
     # A stale socket file of this host at the path (a rank of an earlier run
     # that died there) is not the rank: the command still runs on rank 1's
     # host, by its rexec (its parent is rank 1), alone or in a set.
