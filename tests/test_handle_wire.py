@@ -526,31 +526,22 @@ async def test_recv_event_after_close_raises_though_events_are_queued(tmp_path) 
         await server.wait_closed()
 
 
-async def test_recv_event_after_a_loss_gives_the_events_that_came_before(tmp_path) -> None:
+async def test_recv_event_after_a_loss_gives_the_events_that_came_before(wired) -> None:
     """The rank went (not ``close()``): the events it sent before are read
     first -- a last word before it stopped -- then ``ECONNRESET``.  They
     were lost: it raised at once with them queued (found by a review)."""
-    peer = Peer()
-    path = str(tmp_path / "peer.sock")
-    server = await asyncio.start_unix_server(peer.serve, path)
-    try:
-        h = await Handle.connect(f"local://{path}")
-        await asyncio.wait_for(peer.connected.wait(), T)
-        for seq in (1, 2):
-            peer.send_frames(codec.encode(Message(MsgType.EVENT, f"e.{seq}", seq=seq)))
-        assert peer.writer is not None
-        peer.writer.close()  # (after them, on the same stream)
-        async with asyncio.timeout(T):
-            while h.connected:
-                await asyncio.sleep(0.005)
-        assert [(await h.recv_event()).topic for _ in range(2)] == ["e.1", "e.2"]
-        with pytest.raises(RemoteError) as lost:
-            await h.recv_event()
-        assert lost.value.errnum == errno.ECONNRESET
-        await h.close()
-    finally:
-        server.close()
-        await server.wait_closed()
+    h, peer = wired
+    for seq in (1, 2):
+        peer.send_frames(codec.encode(Message(MsgType.EVENT, f"e.{seq}", seq=seq)))
+    assert peer.writer is not None
+    peer.writer.close()  # (after them, on the same stream)
+    async with asyncio.timeout(T):
+        while h.connected:
+            await asyncio.sleep(0.005)
+    assert [(await h.recv_event()).topic for _ in range(2)] == ["e.1", "e.2"]
+    with pytest.raises(RemoteError) as lost:
+        await h.recv_event()
+    assert lost.value.errnum == errno.ECONNRESET
 
 
 async def test_abandoning_a_stream_whose_end_came_ends_it(wired) -> None:
