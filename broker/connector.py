@@ -255,10 +255,21 @@ class ClientConnection(FramedProtocol):
         if not t.can_write_eof() or (usage is not None and usage.lingering >= MAX_LINGERING):
             t.abort() if w.buffered() else t.close()
             return
-        if not w.paused and not w.buffered():
-            t.write_eof()
-        # (else the end of the stream would cut the message off: a write
-        # made after write_eof is refused, and what waits is written later)
+        # The end of the stream follows the message, so the client that
+        # reads it learns at once the connection is over (a slow consumer's
+        # waited SLOW_LINGER for it); once the writer's pieces are all the
+        # transport's -- a write after write_eof is refused -- which takes
+        # them before the end, whatever it still holds.
+        drained = w.drained()
+
+        def end_stream(_: object = None) -> None:
+            if not t.is_closing():
+                t.write_eof()
+
+        if drained.done():
+            end_stream()
+        else:
+            drained.add_done_callback(end_stream)
         if usage is not None:
             usage.lingering += 1
         self._lingering = (usage, asyncio.get_running_loop().call_later(

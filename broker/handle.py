@@ -727,9 +727,12 @@ class Handle(HandleCore):
         check_str(prefix, "prefix")
         parking = self._parking_now()
         answer = self.rpc("event.unsubscribe", {"topic": prefix})  # (sent now)
-        self._uncount(prefix)
-        if parking is not None:
+        if parking is not None and self._subscriptions[prefix] > 0:
+            # (one that takes nothing away -- not subscribed -- leaves the
+            # re-subscription alone: the rank answers it ENOENT, as when
+            # connected, and subscribes nothing it was never asked for)
             parking.subscriptions[prefix] -= 1
+        self._uncount(prefix)
         await answer
 
     def _parking_now(self) -> _Parking | None:

@@ -155,6 +155,9 @@ async def test_a_dropped_subscribers_backlog_is_let_go_of_at_once(start_instance
         assert last.topic == "broker.closing" and last.errnum == errno.ENOBUFS, last
         assert "dropped as a slow consumer" in last.errstr, last.errstr
         assert events < 1000, events  # (the backlog was let go of, not sent)
+        # and the stream ends right after it (not when the rank's 10 s
+        # linger is over: a client that read why waited for that)
+        assert await asyncio.wait_for(loop.sock_recv(sock, 1 << 16), 5) == b""
     finally:
         sock.close()
 

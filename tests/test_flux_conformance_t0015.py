@@ -356,13 +356,15 @@ async def test_a_task_timeout_is_a_run_still_going_and_its_kill_reaches_the_grou
     lived on (cli.md: "SIGKILL 2 s later")."""
     inst = await start_instance(size=1, attrs=MODULES)
     uri, h = inst.uri(0), await connect(inst, 0)
-    in_time = created(await cron(uri, "interval", "--timeout", "0.3s", "-a", "0.01s", "-c",
-                                 "1", "1000", "sleep 1.5 & echo started"))
+    # (a timeout under the second the task's output may take to drain, over
+    # what a shell takes to start a child and exit)
+    in_time = created(await cron(uri, "interval", "--timeout", "0.8s", "-a", "0.01s", "-c",
+                                 "1", "1000", "sleep 3 & echo started"))
     e = await entry_where(h, in_time, ended, "ended")
     assert task(e)["state"] == "Exited" and "timedout" not in task(e), e
     assert e["stats"]["failure"] == 0, e
     marker = "31.4159"
-    stubborn = created(await cron(uri, "interval", "--timeout", "0.3s", "-a", "0.01s", "-c",
+    stubborn = created(await cron(uri, "interval", "--timeout", "0.8s", "-a", "0.01s", "-c",
                                   "1", "1000", f'(trap "" TERM; exec sleep {marker}); true'))
     e = await entry_where(h, stubborn, ended, "ended")
     assert task(e)["state"] == "Timeout", e

@@ -609,10 +609,14 @@ async def test_subscriptions_made_and_ended_while_away_are_applied_once(
         await wait_until(gone, 10, "the handle to see its rank gone")
         sub = asyncio.ensure_future(h.subscribe("dup."))
         unsub = asyncio.ensure_future(h.unsubscribe("one."))
-        await asyncio.sleep(0)  # (their first steps: both parked)
+        never = asyncio.ensure_future(h.unsubscribe("never."))  # (not subscribed)
+        await asyncio.sleep(0)  # (their first steps: all parked)
         await inst.start_rank1()
         await h.wait_connected()
         await asyncio.wait_for(asyncio.gather(sub, unsub), 10)  # (no ENOENT)
+        with pytest.raises(RemoteError) as refused:  # (as when connected)
+            await asyncio.wait_for(never, 10)
+        assert refused.value.errnum == errno.ENOENT
         await h.unsubscribe("dup.")
         for topic in ("dup.1", "one.1", "keep.1"):
             await h0.publish(topic)
