@@ -442,6 +442,7 @@ class Broker:
             # (a stop of its own: the request that asked may be cancelled)
             await asyncio.wait({stop})
             if stop.cancelled():
+                module.end_serving(why)  # (a stop cancelled before it began ran none of it)
                 log.warning("module %s: its stop was cancelled (module remove --cancel)",
                             module.name)
             elif (exc := stop.exception()) is not None:

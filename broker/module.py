@@ -593,15 +593,24 @@ class Module:
             except SystemExit as exc:  # (its failure to stop, not the rank's exit)
                 raise _module_exit(self.name, "stop()", exc) from exc
         finally:
-            for task in list(self._tasks):
-                if self.removing:
-                    self._end_request(task, why)
-                _close_unstarted_handler(task)
-                task.cancel()
+            self.end_serving(why)
             if self._tasks:
                 await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def end_serving(self, why: str | None = None) -> None:
+        """What a stop leaves behind, ended: the handler tasks cancelled (a
+        removal answers their requests ``ENOSYS``), the requests held for
+        it answered ``ENOSYS``.  Again and again as needed: the stop's end
+        runs it, and so does a remove whose ``--cancel`` cancelled the
+        stop, maybe before it began -- which then never ran, and left its
+        clients waiting for ever, its handlers running on."""
+        for task in list(self._tasks):
             if self.removing:
-                self.h.end_held(f"module {self.name} was removed" + (f" ({why})" if why else ""))
+                self._end_request(task, why)
+            _close_unstarted_handler(task)
+            task.cancel()
+        if self.removing:
+            self.h.end_held(f"module {self.name} was removed" + (f" ({why})" if why else ""))
 
     def _end_request(self, task: asyncio.Task[Any], why: str | None) -> None:
         """A request still being served as the module is removed (a handler

@@ -176,7 +176,14 @@ class TestMod(Module):
     def handlers(self):
         return {"testmod.info": self.info, "testmod.panic": self.panic,
                 "testmod.break-stats": self.break_stats,
+                "testmod.hang": self.hang, "testmod.park": self.park,
                 LONG + ".info": self.info}
+
+    async def hang(self, msg):  # (a handler that never ends)
+        await asyncio.Event().wait()
+
+    def park(self, msg):  # (a request kept, never answered)
+        pass
 
     async def start(self):
         if self.mode == "init-failure":
@@ -619,6 +626,30 @@ async def test_hanging_module_remove_cancel(testmod, start_instance, connect) ->
     rc, out, err = await run_cli("module", "load", "testmod", "testmod.mode=plain",
                                  uri=inst.uri(0))
     assert (rc, err) == (0, ""), err
+
+
+async def test_a_remove_cancel_before_the_stop_began_ends_what_the_module_served(
+        testmod, start_instance, connect) -> None:
+    """``module remove --cancel`` of a module whose stop had not begun yet
+    (not hung: the first remove) cancelled the stop before its first step,
+    so nothing of its end ran: the requests it was serving, and those it
+    kept, waited for ever, its handler tasks ran on (found by a review).
+    They end ``ENOSYS``, as at a plain remove."""
+    inst = await start_instance(size=1)
+    rc, out, err = await run_cli("module", "load", "testmod", "testmod.mode=plain",
+                                 uri=inst.uri(0))
+    assert (rc, err) == (0, ""), err
+    h = await connect(inst, 0)
+    hang = h.rpc("testmod.hang", {})
+    park = h.rpc("testmod.park", {})
+    assert (await asyncio.wait_for(h.rpc("testmod.info", {}), T))["name"] == "testmod"
+    rc, out, err = await run_cli("module", "remove", "--cancel", "testmod", uri=inst.uri(0))
+    assert (rc, err) == (0, ""), err
+    for call in (hang, park):
+        with pytest.raises(RemoteError) as ended:
+            await asyncio.wait_for(call, T)
+        assert ended.value.errnum == errno.ENOSYS, ended.value
+        assert "module testmod was removed" in ended.value.errstr, ended.value
 
 
 async def test_module_arguments_are_its_attributes(testmod, start_instance) -> None:
