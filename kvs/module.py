@@ -1310,6 +1310,17 @@ class KvsModule(Module):
             if guest:
                 add_count(self._guest_waits, msg.userid, -1)
 
+    def _load_timeout(self, name: Any) -> float | None:
+        """A ``kvs.wait-version`` of timeout 0's wait for its namespace:
+        none where no load from rank 0 is needed (rank 0; a namespace this
+        rank holds: answered after one step), else 0 -- ``ETIMEDOUT`` at
+        once, not a wait for the load (an answer a stopped rank on the way
+        held back for ever)."""
+        ns = self.namespaces.get(name) if isinstance(name, str) else None
+        if self.leader or (ns is not None and ns.rootseq >= 0 and name not in self._loading):
+            return None
+        return 0.0
+
     def _by_way_of(self) -> str:
         """The ranks a load from rank 0 crosses, for a message about one
         that does not come: any of them may be the one stopped."""
@@ -1320,7 +1331,10 @@ class KvsModule(Module):
 
     async def _wait_version_of(self, msg: Message, p: dict[str, Any], key: tuple[str, ...],
                                token: asyncio.Future[None]) -> None:
-        if token.cancelled():  # the client went away before this task ran
+        if token.cancelled():  # the client went away before this task ran:
+            # no answer, by design -- not held (it was, for a client gone,
+            # until the module was removed: 537 of them after a few closes)
+            self.h.settled_elsewhere(msg)
             return
         waits = self._version_waits[key]  # (a disconnect would have cancelled token)
         task = asyncio.current_task()
@@ -1341,8 +1355,10 @@ class KvsModule(Module):
             loop = asyncio.get_running_loop()
             deadline = None if timeout is None else loop.time() + timeout
             # (0 asks "reached now?": a namespace this rank holds is there at
-            # once, but only after the loading task's first step)
-            if timeout and not (await asyncio.wait({loading}, timeout=timeout))[0]:
+            # once, but only after the loading task's first step -- one it
+            # loads from rank 0 is not, and 0 waited without end for that)
+            if timeout is not None and not (await asyncio.wait(
+                    {loading}, timeout=timeout or self._load_timeout(_ns_name(p))))[0]:
                 raise ErrnoError(errno.ETIMEDOUT, f"version {p['rootseq']} not reached in "
                                                   f"{timeout:g} s; this rank is still loading "
                                                   f"namespace {_ns_name(p)} from rank 0"

@@ -931,6 +931,33 @@ async def test_a_wait_version_timeout_holds_when_the_rank_is_stopped(start_insta
     assert err.value.errnum == errno.EPROTO
 
 
+async def test_a_wait_version_of_timeout_0_needing_a_load_is_answered_at_once(
+        start_instance, connect) -> None:
+    """``timeout: 0`` asks "reached now?".  On a rank that must load the
+    namespace from rank 0 first, with the way there stopped, it waited
+    without end for the load (the timeout counts from the request, the
+    load included; found by a review): it is ``ETIMEDOUT`` at once."""
+    inst = await start_instance(size=4, fanout=2)
+    h0, h3 = await connect(inst, 0), await connect(inst, 3)
+    await asyncio.wait_for(h0.rpc("kvs.namespace-create", {"namespace": "far"}), T)
+    await asyncio.wait_for(h3.rpc("kvs.wait-version", {  # (rank 3 holds primary)
+        "namespace": "primary", "rootseq": 0, "timeout": T}), T)
+    pid = inst.pids()[1]  # (rank 3's parent)
+    await stop_process(pid)
+    try:
+        with pytest.raises(RemoteError) as err:
+            await asyncio.wait_for(h3.rpc("kvs.wait-version", {
+                "namespace": "far", "rootseq": 0, "timeout": 0}), T)
+        assert err.value.errnum == errno.ETIMEDOUT, err.value
+        assert "still loading namespace far from rank 0 by way of rank 1" in \
+            err.value.errstr, err.value
+        # and 0 on a namespace the rank holds is answered from it, as before
+        assert (await asyncio.wait_for(h3.rpc("kvs.wait-version", {
+            "namespace": "primary", "rootseq": 0, "timeout": 0}), T))["rootseq"] >= 0
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
 async def test_a_watch_cancelled_by_another_task_ends_its_readers_loop(start_instance,
                                                                       connect) -> None:
     """``await w.cancel()`` from a controller task while another iterates the
