@@ -149,6 +149,10 @@ class Broker:
         self._stopping: dict[str, asyncio.Task[None]] = {}
         """The stops of modules being removed, by name (``module remove
         --cancel`` cancels one that hangs, as Flux's)."""
+        self._starting: dict[str, tuple[asyncio.Future[None], asyncio.Task[Any]]] = {}
+        """The starts of modules being loaded at runtime, by name: ``module
+        remove --cancel`` cancels one that hangs too (nothing else could:
+        the module served, and no remove or reload was let through)."""
         self.overlay: Overlay | None = None
         self.connector: Connector | None = None
         self.start_progress = 0
@@ -337,11 +341,22 @@ class Broker:
         try:
             module = self._make_module(cls)
             module.source_file = path and os.path.abspath(path)
+            starting = asyncio.ensure_future(self.load_module(module))
+            loader = asyncio.current_task()
+            assert loader is not None
+            self._starting[name] = (starting, loader)
             try:
-                await self.load_module(module)
-            except BaseException:
+                try:
+                    await starting
+                finally:
+                    self._starting.pop(name, None)
+            except BaseException as exc:
                 if module.h is not None:
                     await self._unload(module, "it failed to start")
+                if (isinstance(exc, asyncio.CancelledError) and starting.cancelled()
+                        and not loader.cancelling()):
+                    raise ErrnoError(errno.ECANCELED, f"module {name}'s start was cancelled "
+                                                      "(module remove --cancel)") from None
                 raise
         except BaseException as exc:
             for key in specs:
@@ -384,9 +399,16 @@ class Broker:
             await asyncio.wait({stopping})
             return
         module = self._by_name.get(name)
+        start = self._starting.get(name)
+        if start is not None and cancel:  # (a start that hangs: its load ends ECANCELED)
+            starting, loader = start
+            starting.cancel()
+            await asyncio.wait({loader})  # (it unloads what it started)
+            return
         if name in self._changing:
             raise ErrnoError(errno.EBUSY, f"module {name} is being loaded on rank "
-                                          f"{self.rank}: wait for that first")
+                                          f"{self.rank}: wait for that first (module remove "
+                                          "--cancel cancels a start that hangs)")
         if module is None:
             raise ErrnoError(errno.ENOENT, f"module {name} is not loaded on rank {self.rank}")
         if module is self.services:

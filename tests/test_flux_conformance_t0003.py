@@ -652,6 +652,34 @@ async def test_a_remove_cancel_before_the_stop_began_ends_what_the_module_served
         assert "module testmod was removed" in ended.value.errstr, ended.value
 
 
+async def test_a_start_that_hangs_at_runtime_is_cancelled_by_remove_cancel(
+        testmod, start_instance, connect) -> None:
+    """A module loaded at runtime whose start hangs served requests and
+    could be neither removed nor reloaded (``EBUSY``, with ``--cancel``
+    too) until the rank stopped (found by a review).  ``remove --cancel``
+    cancels its start: the load ends ``ECANCELED``, the module is gone,
+    and it can be loaded again."""
+    inst = await start_instance(size=1)
+    uri = inst.uri(0)
+    h = await connect(inst, 0)
+    load = asyncio.ensure_future(h.rpc("module.load", {
+        "name": "testmod", "args": ["testmod.mode=start-hang"]}))
+    async with asyncio.timeout(T):
+        rc, out, err = await run_cli("module", "remove", "testmod", uri=uri)
+        while rc == 1 and "is not loaded" in err:  # (the load's first step not run yet)
+            rc, out, err = await run_cli("module", "remove", "testmod", uri=uri)
+    assert rc == 1 and "is being loaded on rank 0" in err and "--cancel" in err, err
+    rc, out, err = await run_cli("module", "remove", "--cancel", "testmod", uri=uri)
+    assert (rc, err) == (0, ""), err
+    with pytest.raises(RemoteError) as cancelled:
+        await asyncio.wait_for(load, T)
+    assert cancelled.value.errnum == errno.ECANCELED, cancelled.value
+    rc, out, err = await run_cli("module", "list", uri=uri)
+    assert "testmod" not in listed(out), out
+    rc, out, err = await run_cli("module", "load", "testmod", "testmod.mode=plain", uri=uri)
+    assert (rc, err) == (0, ""), err
+
+
 async def test_module_arguments_are_its_attributes(testmod, start_instance) -> None:
     """Flux passes a module arguments; here they are the module's own
     attributes, with or without its name before them, checked before
