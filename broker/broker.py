@@ -348,6 +348,11 @@ class Broker:
             try:
                 try:
                     await starting
+                except asyncio.CancelledError:
+                    if not starting.done():  # (the load itself cancelled: the start with it)
+                        starting.cancel()
+                        await asyncio.wait({starting})
+                    raise
                 finally:
                     self._starting.pop(name, None)
             except BaseException as exc:
