@@ -415,6 +415,7 @@ class LeaseTable:
         if att is not None:
             for lease in set(att.keys.values()):
                 lease.keys.pop(ns, None)
+                lease.unlink_order.pop(ns, None)  # (its keys' sorted order went too)
 
     # ---------------------------------------------------------------- restart
 

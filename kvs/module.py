@@ -1712,7 +1712,7 @@ class KvsModule(Module):
         self._owner_only(msg, "namespace-remove")
         p = require(msg.payload, namespace=str)
         name = p["namespace"]
-        if name == PRIMARY:
+        if name in (PRIMARY, ""):  # ("" names primary, as in every other request)
             raise ErrnoError(errno.ENOTSUP, "the primary namespace cannot be removed")
         if not self.leader:
             self.h.respond(msg, await self.h.rpc("kvs.namespace-remove", p, nodeid=0))

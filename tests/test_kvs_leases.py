@@ -867,3 +867,19 @@ async def test_a_lease_ended_before_its_unlinks_were_applied_is_not_live_again()
     with pytest.raises(Exception) as exc:
         again.get(lease.id, 1000, False)
     assert getattr(exc.value, "errnum", None) == errno.ENOENT
+
+
+def test_a_namespace_removed_forgets_its_keys_sorted_order_too() -> None:
+    """``forget_namespace`` dropped an ended lease's keys of the namespace
+    but not their sorted order (``unlink_order``): kept for a namespace
+    gone (found by a review)."""
+    from kvs.leases import Lease, LeaseTable
+
+    table = LeaseTable(0, 10, lambda lease: None)
+    lease = Lease(1, 0, 10.0, 0.0, ended="revoked")
+    table.applied("job", [{"key": f"k{i}", "flags": 0, "lease": 1} for i in range(3)],
+                  {1: lease})
+    assert table.unlink_ops("job", lease)  # (sorted once, kept for the next batch)
+    assert "job" in lease.unlink_order
+    table.forget_namespace("job")
+    assert lease.keys == {} and lease.unlink_order == {}

@@ -83,6 +83,8 @@ async def test_create_list_remove(start_instance, connect, size) -> None:
         assert await errnum(ns_create(h, "primary")) == errno.EEXIST
         # primary cannot be removed; removing an unknown namespace succeeds
         assert await errnum(ns_remove(h, "primary")) == errno.ENOTSUP
+        # ("" names primary, as in every other request: it answered {})
+        assert await errnum(ns_remove(h, "")) == errno.ENOTSUP
         await ns_remove(h, "never-existed")
     await ns_remove(hl, "ns-a")
     assert set(await ns_list(hl)) == {"primary", "ns-b"}
