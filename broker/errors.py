@@ -10,8 +10,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno as _errno
 import os
+from collections.abc import Callable, Iterator
 from typing import Any
 
 
@@ -125,3 +127,29 @@ def outcome_read(fut: asyncio.Future[Any]) -> None:
     retrieved."""
     if not fut.cancelled():
         fut.exception()
+
+
+class LastFailure:
+    """Why the last try of an operation failed, until one succeeds (a
+    stats field: ``checkpoint-failing``, ``sync-failing``): each try runs
+    in :meth:`kept`, which sets :attr:`why` from what it raised -- a
+    cancellation is no failure -- or clears it; ``on_failure`` is called
+    at each failure (a counter)."""
+
+    __slots__ = ("why", "on_failure")
+
+    def __init__(self, on_failure: Callable[[], None] | None = None) -> None:
+        self.why: str | None = None
+        self.on_failure = on_failure
+
+    @contextlib.contextmanager
+    def kept(self) -> Iterator[None]:
+        try:
+            yield
+        except BaseException as exc:
+            if not isinstance(exc, asyncio.CancelledError):
+                self.why = str(exc) or type(exc).__name__
+                if self.on_failure is not None:
+                    self.on_failure()
+            raise
+        self.why = None

@@ -220,9 +220,8 @@ class LeaseTable:
         their attachments until applied: see ``KvsModule._retry_unlinks``)."""
         self.closed = False
         """Set at stop: no lease expires any more."""
-        self._ended_restored: dict[int, Lease] = {}
-        """Leases :meth:`restore` found ended, until :meth:`end_restored`."""
-        self._ended_why: dict[int, str] = {}
+        self._ended_restored: dict[int, tuple[Lease, str]] = {}
+        """Leases :meth:`restore` found ended, with why, until :meth:`end_restored`."""
 
     # ---------------------------------------------------------------- life
 
@@ -474,11 +473,14 @@ class LeaseTable:
             fields = _entry_fields(entry)
             if fields is None or fields[0] in self.live:
                 continue
-            lid, owner, ttl = fields
-            self._add(lid, owner, min(max(ttl, MIN_TTL), MAX_TTL))
-            self.counts["restored"] += 1
+            self._revive(*fields)
             n += 1
         return n
+
+    def _revive(self, lid: int, owner: int, ttl: float) -> Lease:
+        """A saved lease live again, with its full ttl from now."""
+        self.counts["restored"] += 1
+        return self._add(lid, owner, min(max(ttl, MIN_TTL), MAX_TTL))
 
     def restore(self, ns: str, saved: Any) -> tuple[int, int]:
         """Take back the leases a checkpoint kept (:meth:`snapshot`), each
@@ -508,13 +510,11 @@ class LeaseTable:
                 # ended, its unlinks not applied when the checkpoint or the
                 # reload took it: not live again (its old holder kept it
                 # alive for ever), its keys unlinked once all are restored
-                lease = self._ended_restored.get(lid)
-                if lease is None:
-                    lease = self._ended_restored[lid] = Lease(lid, owner, ttl, 0.0)
-                    self._ended_why[lid] = ended
+                if lid not in self._ended_restored:
+                    self._ended_restored[lid] = (Lease(lid, owner, ttl, 0.0), ended)
+                lease = self._ended_restored[lid][0]
             else:
-                lease = self._add(lid, owner, min(max(ttl, MIN_TTL), MAX_TTL))
-                self.counts["restored"] += 1
+                lease = self._revive(lid, owner, ttl)
                 n += 1
             before = lease.key_count()
             self.applied(ns, [{"key": k, "flags": 0, "lease": lid}
@@ -526,9 +526,8 @@ class LeaseTable:
         """After every :meth:`restore`: end the leases that had ended before
         (their keys' unlinks go now, once each); how many."""
         ended, self._ended_restored = self._ended_restored, {}
-        whys, self._ended_why = self._ended_why, {}
-        for lease in ended.values():
-            lease.ended = whys[lease.id]
+        for lease, why in ended.values():
+            lease.ended = why
             if lease.keys:
                 self.on_end(lease)
         return len(ended)

@@ -52,7 +52,14 @@ from broker.attrs import CONTENT_HASH, LINK_MAX_MESSAGE, AttrSpec, boolean, dura
 from broker.content import blobref
 from broker.content.kvsroot import is_kvs_root
 from broker.content.module import BLOB_SIZE_LIMIT, FAILURE_LOG_EVERY, ContentModule
-from broker.errors import ErrnoError, LastingFault, ProtocolError, RemoteError, outcome_read
+from broker.errors import (
+    ErrnoError,
+    LastFailure,
+    LastingFault,
+    ProtocolError,
+    RemoteError,
+    outcome_read,
+)
 from broker.logring import LogThrottle
 from broker.message import Message, MsgFlags, RawPayload
 from broker.module import Handler, Module, require
@@ -424,7 +431,7 @@ class KvsModule(Module):
         failed, and so did putting the old row back), so the next checkpoint
         is written even if the root is not newer than :attr:`checkpointed`."""
         self._checkpoint_counts: Counter[str] = Counter()
-        self._checkpoint_failing: str | None = None
+        self._checkpoint_failing = LastFailure()
         """Why the last checkpoint of the newest root failed, until one
         succeeds (``checkpoint.failing`` in the stats): the count alone did
         not say whether it still fails."""
@@ -855,17 +862,15 @@ class KvsModule(Module):
             if rootseq <= self.checkpointed and not self._checkpoint_unsure:
                 return False
             try:
-                await self.h.rpc("content.checkpoint-put", {
-                    "key": CHECKPOINT_KEY, "value": self._cp_value(rootref, rootseq,
-                                                                   pending)})
-            except BaseException as exc:
+                with self._checkpoint_failing.kept():
+                    await self.h.rpc("content.checkpoint-put", {
+                        "key": CHECKPOINT_KEY, "value": self._cp_value(rootref, rootseq,
+                                                                       pending)})
+            except BaseException:
                 # (a SYNC commit's root, which then fails: the row may name it)
                 self._checkpoint_unsure = True
-                if not isinstance(exc, asyncio.CancelledError):
-                    self._checkpoint_failing = str(exc) or type(exc).__name__
                 raise
             self.checkpointed, self._checkpoint_unsure = rootseq, False
-            self._checkpoint_failing = None
             self._checkpoint_counts["written"] += 1
             return True
 
@@ -1837,7 +1842,7 @@ class KvsModule(Module):
                 "written": self._checkpoint_counts["written"],
                 "written-fallback": self._checkpoint_counts["written-fallback"],
                 "failed": self._checkpoint_counts["failed"],
-                "failing": self._checkpoint_failing}
+                "failing": self._checkpoint_failing.why}
 
     # ================================================================ leases
 
@@ -1932,8 +1937,7 @@ class KvsModule(Module):
         being unlinked at once, not when the task first runs: a revoke read
         in between was answered ``ENOENT``, "already gone", with the keys
         still there (see :meth:`lease_revoke`)."""
-        fut: asyncio.Future[dict[str, int]] = asyncio.get_running_loop().create_future()
-        self._unlinking[lease.id] = (lease, fut)
+        fut = self._mark_unlinking(lease)
 
         def never_ran(_task: asyncio.Task[Any]) -> None:
             if not fut.done():  # (cancelled before it ran: the module stops)
@@ -1942,6 +1946,13 @@ class KvsModule(Module):
                 fut.set_result({})
 
         self.spawn(self._unlink_leased(lease, fut)).add_done_callback(never_ran)
+
+    def _mark_unlinking(self, lease: Lease) -> asyncio.Future[dict[str, int]]:
+        """``lease``'s keys are being unlinked: a revoke meanwhile waits
+        for the future returned (the versions reached), set once they are."""
+        fut: asyncio.Future[dict[str, int]] = asyncio.get_running_loop().create_future()
+        self._unlinking[lease.id] = (lease, fut)
+        return fut
 
     async def _unlink_leased(self, lease: Lease,
                              fut: asyncio.Future[dict[str, int]] | None = None
@@ -1953,8 +1964,7 @@ class KvsModule(Module):
         they stayed until a restart with a statedir, and only a log line
         said so."""
         if fut is None:
-            fut = asyncio.get_running_loop().create_future()
-            self._unlinking[lease.id] = (lease, fut)
+            fut = self._mark_unlinking(lease)
         seqs: dict[str, int] = {}
         try:
             seqs, failed = await self._unlink_pass(lease)

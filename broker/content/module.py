@@ -88,7 +88,7 @@ from broker.content.sqlite import (
     lasting,
 )
 from broker.content.storethread import StoreThread
-from broker.errors import ErrnoError, LastingFault, ProtocolError, outcome_read
+from broker.errors import ErrnoError, LastFailure, LastingFault, ProtocolError, outcome_read
 from broker.logring import LogThrottle
 from broker.message import NODEID_UPSTREAM, Message
 from broker.module import Handler, Module, require
@@ -311,12 +311,13 @@ class ContentModule(Module):
         self.failing: BaseException | None = None
         """Why the last write to SQLite failed (a full disk), until one
         succeeds: meanwhile :meth:`room` lets nothing through unwritten."""
-        self.sync_failing: str | None = None
+        self.sync_failing = LastFailure(
+            on_failure=lambda: self.counts.update(("sync-failures",)))
         """Why the last sync of the store failed (what makes a ``SYNC``
         commit durable: a disk I/O error, a file size limit), until one
         succeeds.  Blob writes may go on meanwhile, so ``failing`` said
         nothing while every ``SYNC`` commit failed ``EIO``."""
-        self.checkpoint_failing: str | None = None
+        self.checkpoint_failing = LastFailure()
         """Why the last checkpoint write failed, until one succeeds: a store
         that takes blobs but refuses the checkpoint row (a file made
         read-only under the rank, a trigger) showed nothing in ``failing``,
@@ -974,24 +975,12 @@ class ContentModule(Module):
         assert self.backing is not None
         if self.collection is not None:  # a root a collection must keep
             self.collection.touch(blobref.found_in(value))
-        with self._checkpoint_errors(), _store_errors():
+        with self.checkpoint_failing.kept(), _store_errors():
             synced: bool = await self.db(self.backing.checkpoint_put, key,
                                          _checkpoint_bytes(value), True, urgent=True)
         if not synced:  # (kept in the WAL: survives this process's crash, not the host's)
-            self.checkpoint_failing = "the checkpoint was written but could not be synced"
+            self.checkpoint_failing.why = "the checkpoint was written but could not be synced"
         return synced
-
-    @contextlib.contextmanager
-    def _checkpoint_errors(self) -> Iterator[None]:
-        """Keep :attr:`checkpoint_failing` for a checkpoint write: why it
-        failed, or None once one succeeds."""
-        try:
-            yield
-        except BaseException as exc:
-            if not isinstance(exc, asyncio.CancelledError):
-                self.checkpoint_failing = str(exc) or type(exc).__name__
-            raise
-        self.checkpoint_failing = None
 
     def _backlog(self, blobs: Mapping[str, bytes], again: bool = False) -> None:
         """Mark ``blobs`` dirty (waiting for their write), counting their
@@ -1587,23 +1576,9 @@ class ContentModule(Module):
             await self.h.rpc("content.flush", {}, nodeid=NODEID_UPSTREAM)
         elif self.backing is not None:
             await self._drain()
-            with self._sync_errors(), _store_errors():
+            with self.sync_failing.kept(), _store_errors():
                 await self.db(self.backing.sync, urgent=True)
         self.h.respond(msg, {})
-
-    @contextlib.contextmanager
-    def _sync_errors(self) -> Iterator[None]:
-        """Keep :attr:`sync_failing` for a sync of the store (a ``SYNC``
-        commit's ``content.flush``): why it failed, or None once one
-        succeeds; each failure counted in ``sync-failures``."""
-        try:
-            yield
-        except BaseException as exc:
-            if not isinstance(exc, asyncio.CancelledError):
-                self.sync_failing = str(exc) or type(exc).__name__
-                self.counts["sync-failures"] += 1
-            raise
-        self.sync_failing = None
 
     def dropcache(self, msg: Message) -> None:
         _owner_only(msg)
@@ -1638,7 +1613,7 @@ class ContentModule(Module):
             await self._drain()
             if self.collection is not None:  # a root a collection must keep
                 self.collection.touch(blobref.found_in(value))
-            with self._checkpoint_errors(), _store_errors():
+            with self.checkpoint_failing.kept(), _store_errors():
                 await self.db(self.backing.checkpoint_put, body["key"],
                               _checkpoint_bytes(value), urgent=True)
         self.h.respond(msg, {})
@@ -1823,9 +1798,9 @@ class ContentModule(Module):
                         # why the last write failed, until one succeeds
                         "failing": None if self.failing is None else str(self.failing),
                         # why the last checkpoint write failed, until one succeeds
-                        "checkpoint-failing": self.checkpoint_failing,
+                        "checkpoint-failing": self.checkpoint_failing.why,
                         # why the last sync (a SYNC commit's) failed, until one succeeds
-                        "sync-failing": self.sync_failing,
+                        "sync-failing": self.sync_failing.why,
                         # the store's size and the room for it (as of the last measure)
                         "store-bytes": self.store_bytes,
                         "store-free-bytes": self.store_free,
