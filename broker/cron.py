@@ -539,12 +539,21 @@ class CronModule(Module):
         self.h.respond(msg, out)
 
     def stop_entry(self, msg: Message) -> None:
-        """``cron.stop {id}``: no more runs until started (``EINVAL`` stopped already)."""
+        """``cron.stop {id}``: no more runs until started (``EINVAL`` stopped
+        already); a task held for the sync event is ``Canceled``, not run."""
         self._owner(msg)
         e = self._find(msg)
         if e.stopped:
             raise ErrnoError(errno.EINVAL, f"cron-{e.id} is stopped already")
         self._stop(e)
+        if e in self.deferred:  # (held for the sync event: it ran at the event)
+            self.deferred.remove(e)
+            assert e.task is not None
+            e.task.state, e.task.ended = "Canceled", time.time()
+            e.stats["count"] -= 1
+            e.stats["total"] -= 1
+            self.log.info("%s: stopped: its task held for %s will not run", e.label(),
+                          self.sync_topic)
         self.h.respond(msg, e.to_dict())
 
     def start_entry(self, msg: Message) -> None:

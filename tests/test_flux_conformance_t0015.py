@@ -266,6 +266,21 @@ async def test_sync_and_bad_requests(start_instance, connect) -> None:
     assert e["stats"]["deferred"] == 1
     await h.publish("cron.sync")
     await entry_where(h, eid, lambda e: task(e).get("state") == "Exited", "ran at the sync")
+    # a task held for the sync event whose entry is stopped meanwhile never
+    # runs (it ran at the event); another held beside it does
+    held = created(await cron(uri, "event", "t.cron.held", "true"))
+    await h.publish("t.cron.held")
+    await h.publish("t.cron.trigger")
+    for n in (held, eid):
+        await entry_where(h, n, lambda e: task(e).get("state") == "Deferred", "deferred")
+    rc, out, err = await cron(uri, "stop", str(held))
+    assert rc == 0, err
+    await h.publish("cron.sync")
+    await entry_where(h, eid, lambda e: task(e).get("state") == "Exited"
+                      and e["stats"]["total"] == 2, "ran at the second sync")
+    e = await entry_where(h, held, lambda e: True, "listed")
+    assert task(e)["state"] == "Canceled" and "start-time" not in task(e), e
+    assert e["stats"]["count"] == 0 and e["stats"]["deferred"] == 1, e
     assert await cron(uri, "sync", "--disable") == (0, "sync: disabled (epsilon=0.025s)\n", "")
     assert await cron(uri, "sync", "cron.sync2") == (0, "sync: cron.sync2 epsilon=0.025s\n",
                                                      "")
