@@ -114,7 +114,8 @@ class _ClientProtocol(FramedProtocol):
             if h._user_closed:
                 h._fail_all(errno.ECONNRESET, "handle closed")
             elif h._redial is not None:
-                h._lost()
+                if h._redial.parking is None:  # (else handled already: Handle._writer)
+                    h._lost()
             elif h._closing is not None:
                 h._fail_all(*h._closing)
             else:
@@ -646,6 +647,30 @@ class Handle(HandleCore):
             f"this Handle ({self.uri}) serves an event loop running in another thread: call "
             "it from that loop (asyncio.run_coroutine_threadsafe, loop.call_soon_threadsafe)")
 
+    def _check_open(self) -> None:
+        """:meth:`HandleCore._check_open`, and a reconnecting handle's loss
+        handled now if its transport closed this loop turn (see
+        :meth:`_lost_early`): before a call waits for its answer, which the
+        loss would fail."""
+        if self._closed_error is not None:
+            e = self._closed_error
+            raise RemoteError(e.errnum, e.errstr)
+        redial = self._redial
+        if redial is not None and redial.parking is None:
+            self._lost_early()
+
+    def _lost_early(self) -> None:
+        """A reconnecting handle's transport closed this loop turn and its
+        loss is handled at the next (``connection_lost`` comes a turn
+        later): handled now, so a call made meanwhile waits for the next
+        connection as one made a turn later does (it failed "connection to
+        broker lost")."""
+        proto = self._proto
+        if (proto is not None and proto.transport is not None and proto.transport.is_closing()
+                and not self._user_closed and not self._forked):
+            self._lost()
+            self._wake_event_waiters()
+
     def _writer(self) -> FrameWriter:
         # (asyncio._get_running_loop: the getter that returns None where no
         # loop runs, instead of raising -- cheap, and on every send's path)
@@ -658,8 +683,11 @@ class Handle(HandleCore):
         proto = self._proto
         if proto is None or proto.transport is None or proto.transport.is_closing():
             redial = self._redial
-            if redial is not None and redial.parking is not None and not self._user_closed:
-                return redial.parking  # type: ignore[return-value]
+            if redial is not None and not self._user_closed:
+                if redial.parking is None:
+                    self._lost_early()
+                if redial.parking is not None:
+                    return redial.parking  # type: ignore[return-value]
             if self._forked:
                 self._check_open()
             if self._closing is not None and not self._user_closed:

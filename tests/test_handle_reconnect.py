@@ -648,3 +648,45 @@ async def test_tasks_waiting_for_events_keep_their_order_across_a_reconnect(
             await h0.publish(f"order.{i}")
         await asyncio.wait_for(asyncio.gather(*tasks), 10)
         assert got == [("A", "order.0"), ("B", "order.1"), ("C", "order.2")]
+
+
+async def test_a_call_in_the_turn_the_connection_closes_waits_for_the_next(
+        inst: Restartable) -> None:
+    """Calls made every loop turn as the rank is killed: each made once the
+    connection is closing waits for the next connection and is answered
+    there; none raises.  For the one turn between the transport closing
+    and the loss being handled, a call raised ``connection to broker lost``
+    (a chaos probe, as the one without ``reconnect`` above)."""
+    raised: list[str] = []
+    parked: list[asyncio.Future[object]] = []
+    async with asyncio.timeout(60), Handle.connect(inst.uri1, reconnect=True) as h:
+        stop = False
+
+        async def spin() -> None:
+            while not stop:
+                closing = not h.connected
+                try:
+                    f = h.rpc("broker.ping", {})
+                except RemoteError as exc:
+                    raised.append(exc.errstr)
+                else:
+                    if closing:
+                        parked.append(f)
+                    else:
+                        f.add_done_callback(lambda f: f.cancelled() or f.exception())
+                await asyncio.sleep(0)
+
+        tasks = [asyncio.create_task(spin()) for _ in range(10)]
+        await h.ping()
+        await inst.kill_rank1()
+
+        async def gone() -> bool:
+            return not h.connected
+        await wait_until(gone, 10, "the handle to see its rank gone")
+        await asyncio.sleep(0)
+        stop = True
+        await asyncio.gather(*tasks)
+        await inst.start_rank1()
+        await h.wait_connected()
+        answers = await asyncio.wait_for(asyncio.gather(*parked), 10)
+    assert raised == [] and parked and all("route" in a for a in answers)  # type: ignore[operator]
