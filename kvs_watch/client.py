@@ -159,21 +159,30 @@ class _Reask:
     """When a watch asked again without a kvs-watch to serve it tries
     once more (:data:`REASK_FIRST`, doubling up to :data:`REASK_MAX`)."""
 
-    __slots__ = ("pending", "delay")
+    __slots__ = ("pending", "delay", "heard")
 
     def __init__(self) -> None:
         self.pending = False
         """Asked again, and not answered yet: an ``ENOSYS`` from the router
         now means the module is not back yet, not an error of the watch."""
         self.delay = REASK_FIRST
+        self.heard = False
+        """The watch was answered once: it was running."""
 
     def answered(self) -> None:
         self.pending = False
         self.delay = REASK_FIRST
+        self.heard = True
 
     def waits(self, exc: RemoteError) -> bool:
-        """``exc`` is the answer to the watch asked again: is it the router's
-        "no service" (then wait, and ask again)?"""
+        """``exc`` ended the watch: wait, and ask again?  The router's "no
+        service" to the watch asked again (the module is not back yet), or
+        ``EHOSTUNREACH`` -- the rank serving a ``nodeid`` watch went away
+        while it ran, or is not back yet: it is asked again until it is, as
+        the handle dials its own rank again (a watch that was never
+        answered, sent to a rank that is not there, raises it)."""
+        if exc.errnum == errno.EHOSTUNREACH:
+            return self.pending or self.heard
         return self.pending and no_service(exc)
 
     async def wait(self) -> None:
@@ -209,6 +218,9 @@ class Watch(Generic[ItemT]):
     _stopped = False
     """Cancelled or ended here: a watch waiting for its handle to reconnect
     is not sent again."""
+    _stop_wake: asyncio.Future[None] | None = None
+    """Set while a reader waits for the rank's return (:meth:`_wait_back`):
+    :meth:`_stop` wakes it, so a cancel meanwhile ends its loop."""
     sent_on = 0
     """The handle's :attr:`~broker.handle.Handle.reconnects` when the
     request was last sent: the connection it went on."""
@@ -300,17 +312,44 @@ class Watch(Generic[ItemT]):
                                    self.h, self._stream, self.nodeid)
         dropped.atexit = False
 
+    async def _wait_back(self, after: int | None) -> None:
+        """Until the handle is connected (``after``: again, after its
+        ``after``-th connection); ``StopAsyncIteration`` if the watch is
+        cancelled first or meanwhile (:meth:`cancel`, :meth:`_end_now`:
+        the reader waiting here was left waiting for the rank, for ever
+        if it never came back), ``RemoteError`` if the handle is closed."""
+        if self._stopped:
+            raise StopAsyncIteration
+        h: Any = self.h
+        back = asyncio.ensure_future(h.wait_connected() if after is None
+                                     else h.wait_reconnected(after))
+        wake = self._stop_wake = asyncio.get_running_loop().create_future()
+        try:
+            await asyncio.wait((back, wake), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self._stop_wake = None
+            if not back.done():
+                back.cancel()
+        if self._stopped:
+            if back.done() and not back.cancelled():
+                back.exception()  # (read: the watch ends anyway)
+            raise StopAsyncIteration  # (cancelled meanwhile)
+        back.result()
+
+    def _stop(self) -> None:
+        """Cancelled, or ended here: not sent again, and a reader waiting
+        for the rank's return ends (:meth:`_wait_back`)."""
+        self._stopped = True
+        wake = self._stop_wake
+        if wake is not None and not wake.done():
+            wake.set_result(None)
+
     async def _restart(self, resume: Resume, after: int | None = None) -> Stream:
         """The handle lost its connection and reconnects: send the request
         again once it has (raises if the handle is closed meanwhile).
         ``after``: the rank said it is stopping, while its connection was
         the handle's ``after``-th: wait for the next one."""
-        if after is None:
-            await self.h.wait_connected()  # type: ignore[attr-defined]
-        else:
-            await self.h.wait_reconnected(after)  # type: ignore[attr-defined]
-        if self._stopped:
-            raise StopAsyncIteration  # (cancelled meanwhile)
+        await self._wait_back(after)
         topic, payload = self._request()
         resume.restarted()
         self._send(topic, {**payload, "flags": resume.flags(payload["flags"])})
@@ -339,7 +378,7 @@ class Watch(Generic[ItemT]):
         return self._enter()
 
     async def __aexit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
-        self._stopped = True
+        self._stop()
         if exc_type is None:
             await self.cancel()
             return
@@ -393,9 +432,13 @@ class Watch(Generic[ItemT]):
             except RemoteError as exc:
                 if exc.errnum == errno.ECONNRESET or _module_removed(self.h, exc):
                     self._away = -1
-                elif _rank_stopping(self.h, exc):
+                elif _rank_stopping(self.h, exc) and self.nodeid == NODEID_ANY:
                     self._away = self.sent_on
-                elif self._reask is not None and self._reask.waits(exc):
+                elif self._reask is not None and (self._reask.waits(exc)
+                                                  or _rank_stopping(self.h, exc)):
+                    # (another rank's: the handle's connection stays, and the
+                    # watch is asked again until that rank is back; this
+                    # handle's own rank named, the lost connection follows)
                     self._away = -1  # (set first: a timeout cutting the wait keeps it)
                     await self._reask.wait()
                 else:
@@ -434,7 +477,7 @@ class Watch(Generic[ItemT]):
         while another task iterates the watch, it returns once the cancel
         is sent: that task's loop ends at the end of the stream.
         """
-        self._stopped = True
+        self._stop()
         stream = self._stream
         if stream is None or stream.done:
             return
@@ -456,7 +499,7 @@ class Watch(Generic[ItemT]):
         waiting now, or the next one, finds the end of the stream (as when
         it is garbage collected).  What :meth:`SyncWatch.cancel` does from
         another thread."""
-        self._stopped = True
+        self._stop()
         if self._stream is not None:
             _abandon(self.h, self._stream, self.nodeid)
 
@@ -828,14 +871,7 @@ class KeyWatch(_Wrapped):
         catching up since the last root yielded, so no change is missed
         (``after``: as :meth:`Watch._restart`'s)."""
         w = self.watch
-        if w._stopped:
-            raise StopAsyncIteration  # (cancelled while it waited)
-        if after is None:
-            await w.h.wait_connected()  # type: ignore[attr-defined]
-        else:
-            await w.h.wait_reconnected(after)  # type: ignore[attr-defined]
-        if w._stopped:
-            raise StopAsyncIteration  # (cancelled meanwhile)
+        await w._wait_back(after)
         self._away = None
         self._reask.pending = True
         self.watch = Watch[Any](w.h, w.key, w.flags, namespace=w.namespace, nodeid=w.nodeid,
@@ -858,14 +894,14 @@ class KeyWatch(_Wrapped):
             try:
                 p = await self.watch.next_payload()
             except RemoteError as exc:
-                if _rank_stopping(self.watch.h, exc):
+                if _rank_stopping(self.watch.h, exc) and self.watch.nodeid == NODEID_ANY:
                     self._away = self.watch.sent_on
                 elif (exc.errnum == errno.ECONNRESET and getattr(self.watch.h, "reconnect",
                                                                   False)
                       or _module_removed(self.watch.h, exc)):
                     self._away = -1
-                elif self._reask.waits(exc):
-                    self._away = -1
+                elif self._reask.waits(exc) or _rank_stopping(self.watch.h, exc):
+                    self._away = -1  # (another rank's stop: as Watch.next_payload)
                     await self._reask.wait()
                 else:
                     raise

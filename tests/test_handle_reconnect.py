@@ -690,3 +690,86 @@ async def test_a_call_in_the_turn_the_connection_closes_waits_for_the_next(
         await h.wait_connected()
         answers = await asyncio.wait_for(asyncio.gather(*parked), 10)
     assert raised == [] and parked and all("route" in a for a in answers)  # type: ignore[operator]
+
+
+async def test_a_watch_cancelled_while_its_rank_is_away_ends_its_reader_at_once(
+        inst: Restartable) -> None:
+    """A reader waiting for the rank's return, and the watch cancelled by
+    another task: the reader's loop ends then, as api.md says, not when
+    (if ever) the rank comes back (found by a review: it waited)."""
+    async with asyncio.timeout(60), KVS.connect(inst.rank0.uri) as kvs0, \
+            Handle.connect(inst.uri1, reconnect=True) as h:
+        await KVS(h).wait_version((await kvs0.put("k", "1")).rootseq)
+        w, kw = watch(h, "k"), watch_keys(h, "d")
+        got: list[object] = []
+
+        async def read(it: AsyncIterator[object]) -> None:
+            async for item in it:
+                got.append(item)
+
+        readers = [asyncio.ensure_future(read(it)) for it in (w, kw)]
+
+        async def both() -> bool:
+            return len(got) == 2
+        await wait_until(both, what="the first answers")
+        await inst.kill_rank1()
+
+        async def gone() -> bool:
+            return not h.connected
+        await wait_until(gone, 10, "the handle to see its rank gone")
+        await w.cancel()
+        await kw.cancel()
+        await asyncio.wait_for(asyncio.gather(*readers), 10)
+        assert w.done and kw.done and len(got) == 2
+
+
+async def test_a_blocking_watch_cancelled_from_another_thread_while_away_ends(
+        inst: Restartable) -> None:
+    """The blocking facade's ``for`` loop over a watch, the rank gone, and
+    :meth:`SyncWatch.cancel` from another thread: the loop ends."""
+    kvs = await asyncio.to_thread(SyncKVS, uri=inst.uri1, reconnect=True, timeout=30)
+    try:
+        await asyncio.to_thread(kvs.put, "k", "1")
+        w = kvs.watch("k")
+        first = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+
+        def read() -> list[bytes | None]:
+            values = []
+            with w:
+                for entry in w:
+                    values.append(entry.value)
+                    loop.call_soon_threadsafe(first.set_result, None)
+            return values
+
+        reader = asyncio.ensure_future(asyncio.to_thread(read))
+        await asyncio.wait_for(first, 10)
+        await inst.kill_rank1()
+
+        async def gone() -> bool:  # (read from here: the reader's thread runs its loop)
+            return not kvs.sync_handle.aio.connected
+        await wait_until(gone, 10, "the reader's handle to see its rank gone")
+        w.cancel()
+        assert await asyncio.wait_for(reader, 10) == [b"1"]
+    finally:
+        await asyncio.to_thread(kvs.close)
+
+
+@pytest.mark.parametrize("how", ["kill", "term"])
+async def test_a_watch_of_another_rank_goes_on_after_that_rank_restarts(
+        inst: Restartable, how: str) -> None:
+    """A ``nodeid`` watch on a reconnecting handle, its serving rank (not
+    the handle's) stopped and started again: asked again until that rank
+    is back, then the next value.  Stopped by SIGTERM, it waited for the
+    handle's own connection to be made again, which never happened: for
+    ever; killed, it raised ``EHOSTUNREACH`` (found by a review)."""
+    async with asyncio.timeout(60), Handle.connect(inst.rank0.uri, reconnect=True) as h:
+        kvs = KVS(h)
+        await kvs.put("k", "1")
+        async with watch(h, "k", nodeid=1) as w:
+            assert (await anext(w)).value == b"1"
+            await inst.stop_rank1(how)
+            await inst.start_rank1()
+            await kvs.put("k", "2")
+            assert (await asyncio.wait_for(anext(w), 20)).value == b"2"
+        assert h.reconnects == 0
