@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import functools
 import json
 import os
@@ -201,6 +202,33 @@ def check_statedir_outside(statedir: str, rundir: str) -> None:
     raise StartError(f"statedir {statedir} {where} {rundir}, which -S rundir-cleanup=1 "
                      "removes at the stop (a statedir is never removed): give a statedir "
                      "outside the rundir, or drop rundir-cleanup=1")
+
+
+def claim_rundir(path: str) -> int:
+    """``path`` open, and locked shared for this instance's life: refused
+    (:class:`StartError`) while another instance's processes hold it --
+    its ranks each hold a shared lock on it until they exit
+    (:func:`broker.rank.hold_rundir`), well after their rank 0 stops
+    answering, and the last one out removes a run directory its launcher
+    made and could not (killed).  A new start on it passed the old check
+    (rank 0 answers) in that window, and the old instance's last rank then
+    removed the directory with the new one's sockets in it (found by a
+    review).  The exclusive try is the check; the lock kept is shared,
+    as the new ranks' are, so two starts at once on one directory cannot
+    both pass it."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise StartError(f"rundir {path} is in use: processes of another instance still "
+                         "hold it (its ranks stopping?); try again once they have exited"
+                         ) from None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def remove_rundir(path: str) -> None:
@@ -421,6 +449,9 @@ class Instance:
         made if missing; None: a new one under ``$TMPDIR`` at each start.
         One this instance made is removed at stop, one that was there is not."""
         self._rundir_made = True
+        self._rundir_fd: int | None = None
+        """The run directory, open and locked shared while this instance
+        runs (:func:`claim_rundir`)."""
         self.rundir_cleanup = rundir_cleanup
         """Flux's ``rundir-cleanup``: remove the run directory at stop (True)
         or keep it, emptied of what the start wrote (False), whoever made
@@ -567,6 +598,9 @@ class Instance:
             self._waiters.append(loop.create_task(self._watch(rank, proc)))
             self._waiters.append(loop.create_task(self._read_stdout(rank, proc)))
 
+    def _claim_rundir(self, path: str) -> None:
+        self._rundir_fd = claim_rundir(path)
+
     def _make_rundir(self) -> str:
         """A new run directory, or the one asked for: private to this user
         (:func:`private_dir`), short enough for the sockets, and not another
@@ -575,7 +609,9 @@ class Instance:
         path = self.rundir_option
         if path is None:
             self._rundir_made = True
-            return make_rundir()
+            path = make_rundir()
+            self._claim_rundir(path)
+            return path
         # (checked before anything is made: a refused path left its
         # directories behind)
         if socket_room(local_socket_path(path, self.size - 1)) > SOCKET_PATH_MAX:
@@ -595,6 +631,7 @@ class Instance:
                              "answers there)")
         finally:
             sock.close()
+        self._claim_rundir(path)
         return path
 
     async def _spawn_ranks(self) -> None:
@@ -972,7 +1009,11 @@ class Instance:
         keyfile, self._keyfile = self._keyfile, None
         if self.rundir and self._removes_rundir():
             remove_rundir(self.rundir)
-        elif self.rundir:  # (one that was there stays: what the start wrote goes)
+        fd, self._rundir_fd = self._rundir_fd, None
+        if fd is not None:
+            os.close(fd)  # (after the removal: no other start took it meanwhile)
+        if self.rundir and not self._removes_rundir():
+            # (one that was there stays: what the start wrote goes)
             # Only a key file this start wrote; and a clean-up error must not
             # replace the start's own (an unlink on a read-only file system
             # fails with EROFS even for a file that is not there).

@@ -123,8 +123,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def hold_rundir(rundir: str) -> int | None:
     """A shared lock on ``rundir`` for as long as this rank lives (the
     kernel drops it when the process dies, even by SIGKILL): the rank
-    that can then take it exclusively is the last one using the directory.
-    ``None`` if the directory is gone already."""
+    that can then take it exclusively is the last one using the directory,
+    and a new start on it is refused while any rank holds it
+    (:func:`broker.launch.claim_rundir`: else the old instance's last rank
+    out removed the directory under the new one).  ``None`` if the
+    directory is gone already."""
     try:
         fd = os.open(rundir, os.O_RDONLY | os.O_DIRECTORY)
     except OSError:
@@ -176,8 +179,8 @@ def pipe_closed(fd: int) -> bool:
 async def serve(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     rundir_lock = None
-    if (args.cleanup_rundir or args.cleanup_curve_keys) and args.watch_fd is not None:
-        rundir_lock = hold_rundir(args.rundir)
+    if args.watch_fd is not None:  # (a launcher's: held whatever the clean-up, so a
+        rundir_lock = hold_rundir(args.rundir)  # start on it waits until every rank is out)
     plugins.use_targets(args.module_targets)
     curve = None
     if args.curve_keys:

@@ -528,6 +528,33 @@ async def test_a_killed_start_leaves_no_run_directory(tmp_path) -> None:
         assert b"Traceback" not in err and b"Error" not in err, err
 
 
+async def test_a_killed_starts_rundir_is_not_reused_until_its_ranks_are_out(tmp_path) -> None:
+    """start SIGKILLed with a rank slow to exit (stopped here): a new start
+    on the same run directory is refused while that rank holds it -- its
+    rank 0, gone, no longer answers, which was the only check: the new
+    start ran, and the old instance's last rank out then removed the
+    directory, the new one's sockets with it (found by a review).  Once
+    that rank is out, the directory is free again."""
+    rundir = tmp_path / "run"
+    async with start_process("--size", "4", "--fanout", "2", "--rundir", str(rundir)) as proc:
+        uri = await read_line(proc.stdout)
+        pids = await rank_pids(uri, 4)
+        os.kill(pids[3], signal.SIGSTOP)
+        try:
+            proc.kill()
+            await proc.wait()
+            await all_gone(pids[:3], "the other ranks to exit")
+            rc, out, err = await run_cli("start", "--rundir", str(rundir), "--", "true")
+            assert (rc, out) == (2, ""), err
+            assert "processes of another instance still hold it" in err, err
+        finally:
+            os.kill(pids[3], signal.SIGCONT)
+        await all_gone(pids[3:], "the stopped rank to exit")
+    assert not rundir.exists()  # (its last rank out removed it, as the launcher could not)
+    rc, out, err = await run_cli("start", "--rundir", str(rundir), "--", "true")
+    assert rc == 0, err
+
+
 async def test_a_killed_start_kills_its_command() -> None:
     """start SIGKILLed: nothing of it runs to stop its command, so the
     kernel kills the command (its parent-death signal, Linux), as the ranks
