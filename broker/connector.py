@@ -69,8 +69,11 @@ _UCRED = struct.Struct("iII")  # struct ucred: pid_t, uid_t, gid_t (uids past 2*
 
 
 COUNTERS = ("garbage", "malformed", "oversized", "slow-consumers", "accept-failed",
-            "guests-refused", "guests-over-budget")
+            "guests-refused", "guests-over-budget", "guests-held-for-links")
 """The ``connector`` counters of ``broker.stats-get`` (all shown, 0 included)."""
+LINKS_POLL = 0.01
+"""Seconds between looks at the links while guests' connections are held
+for them (:meth:`Connector.hold_for_links`)."""
 ACCEPT_RETRY = 0.1
 """Seconds before accepting again when the rank is out of descriptors."""
 OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
@@ -173,6 +176,9 @@ class ClientConnection(FramedProtocol):
         self._reader = TurnReader(self._take, self._grant, self._pause_reading,
                                   self._resume_reading)
         """Requests taken at most :data:`MAX_PER_TURN` per loop turn, the rest held."""
+        self.held_for_links = False
+        """A guest's connection not read while a link to another rank is
+        congested (:meth:`Connector.hold_for_links`)."""
 
     # -- asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -388,6 +394,8 @@ class ClientConnection(FramedProtocol):
         for skipped in self.decoder.take_oversized():
             self._answer_oversized(skipped)
         self._reader.feed(messages)
+        if usage is not None and self.server.links_congested():
+            self.server.hold_for_links(self)
 
     def _grant(self, wanted: int) -> int:
         """How many of ``wanted`` requests to take in this turn: at most
@@ -403,7 +411,8 @@ class ClientConnection(FramedProtocol):
         (:meth:`pause_writing`) or requests held (:data:`MAX_PER_TURN`)."""
         t = self.transport
         if t is not None and not t.is_closing() and not self._reader.holding \
-                and (self.writer is None or not self.writer.paused):
+                and (self.writer is None or not self.writer.paused) \
+                and not self.held_for_links:
             t.resume_reading()
 
     def _take(self, messages: list[list[bytes]]) -> None:
@@ -475,6 +484,7 @@ class ClientConnection(FramedProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._retire()
         self.let_go_of_output()
+        self.server._held_for_links.discard(self)
         if self._lingering is not None:
             usage, timer = self._lingering
             timer.cancel()
@@ -612,6 +622,44 @@ class Connector:
         self._accepting: asyncio.Task[None] | None = None
         self._bound: tuple[int, int] | None = None
         """(device, inode) of the socket this rank made at ``path``."""
+        self._held_for_links: set[ClientConnection] = set()
+        self._links_poll: asyncio.TimerHandle | None = None
+
+    def links_congested(self) -> bool:
+        """Whether a link to another rank is congested
+        (:meth:`broker.overlay.Overlay.congested`)."""
+        overlay = self.router.overlay
+        return overlay is not None and overlay.congested()
+
+    def hold_for_links(self, conn: ClientConnection) -> None:
+        """Stop reading guest connection ``conn`` until no link to another
+        rank is congested (looked at every :data:`LINKS_POLL` seconds): a
+        guest's big messages, sent on as fast as they came, queued faster
+        than a neighbour read them, and past ``tbon.max-backlog`` that
+        neighbour was dropped as stuck -- a guest stopped ranks with a few
+        300 MiB requests (found by a review).  The owner's connections are
+        read on: the owner's traffic is the instance's own."""
+        if conn.held_for_links:
+            return
+        conn.held_for_links = True
+        self.counts["guests-held-for-links"] += 1
+        if conn.transport is not None and not conn.transport.is_closing():
+            conn.transport.pause_reading()
+        self._held_for_links.add(conn)
+        if self._links_poll is None:
+            self._links_poll = asyncio.get_running_loop().call_later(
+                LINKS_POLL, self._poll_links)
+
+    def _poll_links(self) -> None:
+        self._links_poll = None
+        if self.links_congested():
+            self._links_poll = asyncio.get_running_loop().call_later(
+                LINKS_POLL, self._poll_links)
+            return
+        held, self._held_for_links = self._held_for_links, set()
+        for conn in held:
+            conn.held_for_links = False
+            conn._resume_reading()
 
     def guest_stats(self) -> dict[str, dict[str, int]]:
         """Each guest user's connections and bytes held here, by uid (as text)."""
@@ -684,6 +732,9 @@ class Connector:
                 conn.close()
 
     async def close(self) -> None:
+        if self._links_poll is not None:
+            self._links_poll.cancel()
+            self._links_poll = None
         if self._accepting is not None:
             self._accepting.cancel()
             with contextlib.suppress(asyncio.CancelledError):

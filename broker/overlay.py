@@ -99,6 +99,7 @@ from typing import TYPE_CHECKING, Any
 from broker import codec, topology
 from broker.bootstrap import wrong_host
 from broker.errors import ProtocolError
+from broker.linkstall import CONGESTED_DIVISOR
 from broker.logring import LogThrottle
 from broker.message import Message, MsgType
 from broker.overlay_stream import StreamConn, StreamLinks, unlink_socket_file
@@ -435,6 +436,21 @@ class Overlay:
         :mod:`broker.trace`): called with ``tx`` or ``rx``, the peer rank,
         each message's frames, and the message if it is decoded already."""
         router.overlay = self
+
+    def congested(self) -> bool:
+        """Whether a link has more than ``tbon.max-backlog`` / 4 bytes
+        waiting for its peer (:mod:`broker.linkstall`): the connector reads
+        no guest's connection meanwhile, so a guest's big messages cannot
+        push a link to the mark (they could, and a neighbour that read was
+        dropped as stuck)."""
+        mark = self.max_backlog // CONGESTED_DIVISOR
+        links = self._streams
+        if links is not None:
+            up = links.up
+            if up is not None and up.queued > mark:
+                return True
+            return any(conn.queued > mark for conn in links.conns)
+        return any(z is not None and z.most_queued() > mark for z in (self._up, self._down))
 
     @property
     def slow(self) -> int:

@@ -27,6 +27,7 @@ from broker import codec
 from broker.connector import peer_uid
 from broker.errors import ProtocolError
 from broker.framewriter import FramedProtocol
+from broker.linkstall import StallJudge
 from broker.turns import TurnReader
 
 log = logging.getLogger("kvbroker.overlay")
@@ -53,6 +54,8 @@ class StreamConn(FramedProtocol):
         self.owner_uid = owner_uid
         self.max_backlog = max_backlog
         self.on_slow = on_slow
+        self._stall = StallJudge(max_backlog)
+        """Whether the peer still reads when the queue is over ``max_backlog``."""
         self.decoder = codec.StreamDecoder()
         self.rank: int | None = None  # set by the overlay once the peer said hello
         self.lost_error: Exception | None = None
@@ -106,6 +109,16 @@ class StreamConn(FramedProtocol):
         except Exception:
             log.exception("error handling an overlay message")
 
+    def resume_writing(self) -> None:
+        self._stall.progressed()  # (the peer read: the kernel took some of the queue)
+        super().resume_writing()
+
+    @property
+    def queued(self) -> int:
+        """Bytes waiting for the peer to read them."""
+        w = self.writer
+        return w.buffered() if w is not None and self.transport is not None else 0
+
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost_error = exc
         # What an admitted peer sent before the link went is still its
@@ -123,11 +136,14 @@ class StreamConn(FramedProtocol):
         assert w is not None
         # A peer that does not read (a SIGSTOPped rank) made this rank queue
         # without bound, ~15 MB/s under commits and events.  Judged before
-        # the message, as for a client: one big message still goes.
-        if w.buffered() > self.max_backlog:
+        # the message, as for a client: one big message still goes; and
+        # over the mark, dropped only once the peer has stopped reading
+        # (broker.linkstall).
+        queued = w.buffered()
+        if queued > self.max_backlog and self._stall.stuck(queued):
             who = "the parent" if self.rank is None else f"child rank {self.rank}"
             log.warning("%s does not read its link (%d bytes queued, tbon.max-backlog): "
-                        "dropping it", who, w.buffered())
+                        "dropping it", who, queued)
             if self.on_slow is not None:
                 self.on_slow(self)
             t.abort()

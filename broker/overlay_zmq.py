@@ -25,6 +25,7 @@ import zmq.utils.monitor
 
 from broker import codec
 from broker.errors import ErrnoError
+from broker.linkstall import StallJudge
 
 if TYPE_CHECKING:
     import zmq.auth.thread
@@ -344,6 +345,9 @@ class ZmqSocket:
         """What waits for room in each peer's pipe, by identity (``b""``:
         a DEALER's one peer); a key only while its queue is not empty."""
         self.backlog_bytes: dict[bytes, int] = {}
+        self._stalls: dict[bytes, StallJudge] = {}
+        """Per backlog over ``max_backlog``: whether its peer still reads
+        (:mod:`broker.linkstall`); forgotten with the backlog."""
         self.received = 0
         """Messages read so far (:meth:`broker.overlay.Overlay._reap`)."""
         self.max_backlog = max_backlog
@@ -399,7 +403,8 @@ class ZmqSocket:
                 self.backlog_bytes[ident] = 0
         # Judged before the message, as a stream link does: one big one still goes.
         queued = self.backlog_bytes[ident]
-        if self.max_backlog is not None and queued > self.max_backlog:
+        if self.max_backlog is not None and queued > self.max_backlog and self._stuck(ident,
+                                                                                    queued):
             self.drop_backlog(ident)
             if self.on_stuck is not None:
                 self.on_stuck(ident, queued)
@@ -408,8 +413,18 @@ class ZmqSocket:
         self.backlog_bytes[ident] = queued + codec.frames_size(frames)
         self._schedule()
 
+    def _stuck(self, ident: bytes, queued: int) -> bool:
+        """Whether peer ``ident``, ``queued`` bytes behind, has stopped
+        reading (:class:`broker.linkstall.StallJudge`)."""
+        judge = self._stalls.get(ident)
+        if judge is None:
+            assert self.max_backlog is not None
+            judge = self._stalls[ident] = StallJudge(self.max_backlog)
+        return judge.stuck(queued)
+
     def drop_backlog(self, ident: bytes) -> int:
         """Forget what waits for peer ``ident``; how many messages that was."""
+        self._stalls.pop(ident, None)
         self.backlog_bytes.pop(ident, None)
         queue = self.backlogs.pop(ident, None)
         return len(queue) if queue is not None else 0
@@ -482,6 +497,7 @@ class ZmqSocket:
     def _flush(self) -> None:
         """Send what each backlog holds, until its peer's pipe is full."""
         for ident, queue in list(self.backlogs.items()):
+            judge = self._stalls.get(ident)
             while queue:
                 try:
                     self.sock.send_multipart(queue[0], zmq.NOBLOCK, copy=False)
@@ -492,8 +508,14 @@ class ZmqSocket:
                                 exc, self.drop_backlog(ident))
                     break
                 self.backlog_bytes[ident] -= codec.frames_size(queue.popleft())
+                if judge is not None:
+                    judge.progressed()
             else:
                 self.drop_backlog(ident)
+
+    def most_queued(self) -> int:
+        """The most bytes waiting for one peer (0: nothing waits)."""
+        return max(self.backlog_bytes.values(), default=0)
 
     def close(self, linger_ms: int = 0) -> None:
         self.loop.remove_reader(self.fd)

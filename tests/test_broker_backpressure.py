@@ -219,6 +219,30 @@ async def test_a_child_that_does_not_read_is_dropped_not_buffered(start_instance
         os.kill(child, signal.SIGCONT)
 
 
+async def test_a_parent_busy_for_a_moment_behind_big_messages_is_not_dropped(
+        start_instance, connect) -> None:
+    """Rank 1 sends its parent 2 MiB of requests (4 of 512 KiB) while the
+    parent does not read (stopped, as a rank busy for a moment): over
+    ``tbon.max-backlog`` (1 MiB), but the parent read until just now, so
+    the link waits (``broker.linkstall``) and every request is answered
+    once it reads again.  Judged by bytes alone, the link was dropped and
+    rank 1, its parent lost, stopped (found by a review: a guest's few big
+    requests did it)."""
+    inst = await start_instance(size=2, attrs={"tbon.max-backlog": str(1 << 20)})
+    h1 = await connect(inst, 1)
+    pad = b"x" * (512 << 10)
+    rank0 = inst.pids()[0]
+    await stop_process(rank0)
+    try:
+        calls = [h1.rpc("broker.ping", {"pad": pad}, nodeid=0) for _ in range(4)]
+        await asyncio.wait_for(h1.ping(1), 10)  # (after rank 1 sent the four on)
+    finally:
+        os.kill(rank0, signal.SIGCONT)
+    for answer in await asyncio.wait_for(asyncio.gather(*calls), 30):
+        assert answer["rank"] == 0 and len(answer["pad"]) == len(pad)
+    assert (await h1.rpc("broker.stats-get", {}))["overlay"]["slow"] == 0
+
+
 @pytest.mark.parametrize("loop_name", ["asyncio", "uvloop"])
 async def test_out_of_descriptors_the_rank_waits_and_then_accepts(start_instance, connect,
                                                                    tmp_path, loop_name) -> None:

@@ -687,3 +687,45 @@ async def test_a_watcher_closed_mid_answer_loads_and_answers_nothing_more(start_
     assert (await stats(h0))["messages"]["dropped-responses"] == dropped
     assert (st["watchers"], st["clients"], st["guest-users"], st["lookups-in-flight"],
             st["namespace-count"]) == (0, 0, 0, 0, 0), st
+
+
+async def test_a_guests_big_requests_wait_while_a_link_is_congested(start_instance,
+                                                                     connect) -> None:
+    """A guest on rank 1 sends 6 MiB of requests to rank 0 while rank 0
+    does not read (stopped): once rank 1's link to it holds over a quarter
+    of ``tbon.max-backlog`` (1 MiB), the guest's connection is not read
+    (counted), so the link never reaches 4 times the mark, where it is
+    dropped whatever the peer does; once rank 0 reads again, every request
+    is answered.  A guest stopped ranks this way with a few 300 MiB
+    requests (found by a review); the owner's connection is read on."""
+    inst = await start_instance(size=2, attrs={**ALLOW, "tbon.max-backlog": str(1 << 20)})
+    h1 = await connect(inst, 1)
+    rank0 = inst.pids()[0]
+    guest = await GuestProc.start(inst.uri(1), """
+        async def main():
+            h = await Handle.connect(uri)
+            await h.ping(0)
+            out(ready=True)
+            await step()
+            pad = b"x" * (512 << 10)
+            calls = [h.rpc("broker.ping", {"pad": pad}, nodeid=0) for _ in range(12)]
+            out(results=[await outcome(c) for c in calls])
+    """)
+    try:
+        assert (await guest.line())["ready"]
+        await stop_process(rank0)
+        try:
+            guest.go()
+
+            async def held() -> bool:
+                st = await stats(h1, 1)
+                return bool(st["connector"]["guests-held-for-links"] >= 1)
+            await wait_until(held, "the guest's connection held for the link")
+            assert (await asyncio.wait_for(h1.ping(1), 10))["rank"] == 1  # (the owner's is read)
+        finally:
+            os.kill(rank0, signal.SIGCONT)
+        assert (await guest.line())["results"] == ["ok"] * 12
+        await guest.finish()
+        assert (await stats(h1, 1))["overlay"]["slow"] == 0
+    finally:
+        guest.kill()
