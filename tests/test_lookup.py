@@ -284,3 +284,24 @@ def test_hashed_directory_is_invisible(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def top_ref(kvs: Kvs) -> str:
     return kvs.get("big", TREEOBJ)["data"][0]
+
+
+def test_an_inner_shard_is_refused_as_a_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Read at a root (``--at``, ``kvs diff``), an inner shard of a big
+    directory listed the few keys under it and missed the rest, as if the
+    directory held only those: ``EINVAL``, as a namespace's new root or a
+    ``dirref`` put refuse it.  The whole directory's top shard is a root."""
+    monkeypatch.setattr(shards, "SHARD_THRESHOLD", 4)
+    writer = T.BlobWriter()
+    ents = {f"e{i}": T.val(b"%d" % i) for i in range(40)}
+    top = shards.make_dir(ents, writer)
+    store = dict(writer.blobs)
+    cache = T.BlobCache(store)
+    inner = [ref for ref in store if (o := cache.get_obj(ref)) is not None
+             and o["type"] == "hdir" and o["data"]["depth"] >= 1]
+    assert inner, "no inner shard at this threshold"
+    assert errnum(lambda: read_dir(store, inner[0])) == errno.EINVAL
+    assert errnum(lambda: lookup(cache, inner[0], "e1", 0)) == errno.EINVAL
+    top_ref = hash_blob(T.encode(top))
+    store[top_ref] = T.encode(top)
+    assert set(read_dir(store, top_ref)["data"]) == set(ents)
