@@ -394,7 +394,8 @@ T = TypeVar("T")
 
 
 async def each_rank(what: str, ranks: list[Any], call: Callable[[Any], Awaitable[T]],
-                    named: bool | None = None) -> list[T]:
+                    named: bool | None = None,
+                    answered: Callable[[list[T]], None] | None = None) -> list[T]:
     """``call(rank)`` for every rank at once (``--all``: ``kvs dropcache``,
     ``attr set``, ``dmesg``), their answers in rank order.  A refusal is
     raised as ``<what>: ranks N,M: <strerror>`` naming every rank that
@@ -402,7 +403,10 @@ async def each_rank(what: str, ranks: list[Any], call: Callable[[Any], Awaitable
     first, on stderr), when ``named`` (default: when there are several
     ranks), else as it came.  Cut off by the command's ``-t``, it leaves the ranks
     that had not answered for the error to name (``attr set --all`` said
-    only "no answer", not which rank was stopped)."""
+    only "no answer", not which rank was stopped).  ``answered``, given
+    the answers of the ranks that gave one before a refusal is raised,
+    shows them first (``cron list -r all`` printed nothing of the ranks
+    that had entries when one rank lacked the module)."""
     calls = [asyncio.ensure_future(call(r)) for r in ranks]
     try:
         answers = await asyncio.gather(*calls, return_exceptions=True)
@@ -421,6 +425,8 @@ async def each_rank(what: str, ranks: list[Any], call: Callable[[Any], Awaitable
         else:
             out.append(answer)
     if refused:
+        if answered is not None:
+            answered(out)
         # every rank that refused, those alike on one line: naming the first
         # alone read as if the others had taken what was asked
         lines = []

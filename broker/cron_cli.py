@@ -272,8 +272,11 @@ async def _list_ranks(args: argparse.Namespace) -> int:
     async with await connect() as h:
         cron = Cron(h)
         ranks = args.rank.ranks(int(await h.attr_get("size")), args.what)
-        lists = await each_rank(args.what, ranks, cron.list)
-    print_list([e for entries in lists for e in entries], ranks=True)
+
+        def show(lists: list[list[dict[str, Any]]]) -> None:
+            print_list([e for entries in lists for e in entries], ranks=True)
+            sys.stdout.flush()  # (before the refusals, on stderr)
+        show(await each_rank(args.what, ranks, cron.list, answered=show))
     return 0
 
 

@@ -189,6 +189,15 @@ async def test_interval_entries(start_instance, connect, tmp_path) -> None:
     assert {line.split()[0] for line in lines[1:]} == {"0", "1"}, out
     assert [line.split()[1] for line in lines[1:] if line.split()[0] == "1"] == [
         "1", "2"], out  # (rank 1's own ids, in order)
+    # a rank without the module is named, exit 1, and the others' entries
+    # are listed still (nothing was printed)
+    rc, _, err = await run_cli("module", "remove", "--rank", "1", "cron", uri=uri)
+    assert rc == 0, err
+    rc, out, err = await cron(uri, "list", "-r", "all")
+    lines = out.splitlines()
+    assert rc == 1 and "rank 1" in err and "not loaded" in err, err
+    assert lines[0].split()[:2] == ["RANK", "ID"], out
+    assert {line.split()[0] for line in lines[1:]} == {"0"}, out
 
 
 async def test_event_entries(start_instance, connect) -> None:
