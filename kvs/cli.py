@@ -42,6 +42,7 @@ from broker.cliutil import (
     add_color_option,
     command_args,
     connect,
+    duration_arg,
     each_rank,
     errno_detail,
     non_negative_int,
@@ -1322,6 +1323,21 @@ def cmd_lease_run(args: argparse.Namespace) -> int:
     return _run(args, body)
 
 
+def ttl_arg(text: str) -> float:
+    """argparse ``type`` for a lease's TTL: a duration (``30``, ``10s``,
+    ``2m``, as every other timeout here), from :data:`kvs.leases.MIN_TTL`
+    to :data:`~kvs.leases.MAX_TTL` -- checked here, a usage error (exit 2,
+    nothing sent), as the other bad numbers are: ``10s`` was "invalid float
+    value" and ``0`` the rank's ``EINVAL`` (exit 1)."""
+    from kvs.leases import MAX_TTL, MIN_TTL
+
+    ttl = duration_arg(text)
+    if not MIN_TTL <= ttl <= MAX_TTL:
+        raise argparse.ArgumentTypeError(
+            f"a lease's ttl must be {MIN_TTL:g} to {MAX_TTL:g} seconds, not {ttl:g}")
+    return ttl
+
+
 async def _run_under_lease(kvs: KVS, lease_id: int, ttl: float, command: list[str]) -> int:
     """Run ``command`` with ``$KVBROKER_LEASE``, keeping the lease alive
     until it exits, then revoke it (its keys go at once, not a ttl later);
@@ -1901,7 +1917,7 @@ def register(subparsers: Any) -> None:
                        "command under one")
     lsub = p.add_subparsers(dest="lease_cmd", metavar="SUBCOMMAND", required=True)
     c = lsub.add_parser("grant", help="grant a lease of TTL seconds and print its id")
-    c.add_argument("ttl", type=float, metavar="TTL")
+    c.add_argument("ttl", type=ttl_arg, metavar="TTL")
     c = lsub.add_parser("list", help="list the live leases (yours; all for the owner)")
     c.add_argument("--json", action="store_true", help="print them as one JSON array")
     for name, text in (("keepalive", "give lease ID its full ttl again (print it)"),
@@ -1919,7 +1935,7 @@ def register(subparsers: Any) -> None:
         "COMMAND exits; exit with COMMAND's status.  If this process is killed, the "
         "lease expires within TTL and COMMAND is killed (Linux); if the lease is "
         "lost, COMMAND is sent SIGTERM.")
-    c.add_argument("ttl", type=float, metavar="TTL")
+    c.add_argument("ttl", type=ttl_arg, metavar="TTL")
     c.add_argument("cmdline", nargs=argparse.REMAINDER, metavar="COMMAND")
     c.set_defaults(func=cmd_lease_run)
     p.set_defaults(func=cmd_lease)

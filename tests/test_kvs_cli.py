@@ -1684,6 +1684,24 @@ async def test_lease_ids_out_of_range_are_refused_in_one_line(start_instance) ->
     assert not (await kvs(inst, "get", "k")).rc == 0  # nothing was written
 
 
+async def test_lease_ttl_is_a_duration_checked_before_anything_is_sent(start_instance) -> None:
+    """``lease grant 2m`` as every other timeout takes it (it was "invalid
+    float value"); a ttl out of range is a usage error, exit 2, as a bad
+    number elsewhere (it was the rank's ``EINVAL``, exit 1)."""
+    inst = await start_instance(size=1)
+    lease = (await kvs(inst, "lease", "grant", "2m")).out.decode().strip()
+    info = json.loads((await kvs(inst, "lease", "info", lease)).out)
+    assert info["ttl"] == 120, info
+    for bad, says in (("0", "must be 1 to 86400 seconds, not 0"),
+                      ("2d", "must be 1 to 86400 seconds, not 172800"),
+                      ("10x", "is not a duration")):
+        for cmd in (["grant", bad], ["run", bad, "true"]):
+            res = await kvs(inst, "lease", *cmd)
+            assert res.rc == 2 and says in res.err, (cmd, res)
+    listed = json.loads((await kvs(inst, "lease", "list", "--json")).out)
+    assert [entry["id"] for entry in listed] == [int(lease)]  # (nothing more granted)
+
+
 async def test_lease_revoke_of_a_lease_already_gone_fails_unless_forced(start_instance) -> None:
     """``lease revoke`` of a lease that expired or was revoked says so and
     exits 1 (as etcd's); ``-f`` makes that no error, for a shell's exit trap,
