@@ -2,8 +2,9 @@
 
 * The user guide's job workflow (docs/guide.md, "A job workflow, in
   Python"), under ``kvbroker start --size 4``.
-* Every complete program among the fenced ``python`` blocks of README.md
-  and docs/api.md, as ``python3 example.py`` runs it, one after the other
+* Every complete program among the fenced ``python`` blocks of README.md,
+  docs/api.md, docs/kvs.md and docs/protocol.md (the last two not run
+  until 2026-12-07), as ``python3 example.py`` runs it, one after the other
   (in the order a reader meets them) in one interpreter, against one
   4-rank instance (``$KVBROKER_URI``), each bounded by
   :data:`BLOCK_TIMEOUT`.
@@ -33,7 +34,8 @@ from pathlib import Path
 from test_broker_support import doc_block, run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
-EXAMPLE_DOCS = ("README.md", "docs/api.md")
+EXAMPLE_DOCS = ("README.md", "docs/api.md", "docs/kvs.md", "docs/protocol.md")
+"""(docs/guide.md's program runs in a test of its own, on a fresh instance.)"""
 BLOCK_TIMEOUT = 30.0
 """Seconds one example may take (they take well under one; the one that
 starts its own 8-rank instance, a couple)."""
@@ -114,6 +116,7 @@ def test_every_not_run_entry_names_a_complete_block() -> None:
         assert len(named) == 1, (line, named)
     # README and api.md do have complete programs, and more than a few
     assert sum(doc == "README.md" for doc, _, _ in BLOCKS) >= 1
+    assert {"docs/kvs.md", "docs/protocol.md"} <= {doc for doc, _, _ in BLOCKS}
     assert sum(doc == "docs/api.md" for doc, _, _ in BLOCKS) >= 10
 
 
