@@ -93,6 +93,10 @@ def error_detail(exc: ErrnoError, key: str | None = None) -> str:
         msg = msg[len(key) + 2:]
     if msg.lower() in _TRIVIAL or msg.lower() == os.strerror(exc.errnum).lower():
         msg = ""
+    if exc.errnum == errno.EPERM and GUEST_IN_PRIMARY in msg and GUEST_HINT not in msg:
+        # (a guest that forgot -N: the default namespace is the owner's;
+        # get said so, ls, dir, put... only whose namespace it was)
+        msg = f"{msg}: {GUEST_HINT}"
     return errno_detail(ErrnoError(exc.errnum, msg or None))
 
 
@@ -106,12 +110,12 @@ def _fail(what: str, exc: ErrnoError, key: str | None = None) -> CLIError:
     if exc.errnum == errno.ENAMETOOLONG and len(label) > SHOWN:
         label = label[:SHOWN] + "..."
     err = CLIError(label, detail=error_detail(exc, key if key is not None else what))
-    if (exc.errnum == errno.EPERM and err.detail and err.detail.endswith(")")
-            and f"namespace {PRIMARY} belongs to another user" in exc.errstr):
-        # (a guest that forgot -N: the default namespace is the owner's)
-        err.detail = (f"{err.detail[:-1]}: a guest works in the namespaces it owns: -N NS, "
-                      f"or ${NAMESPACE_ENV})")
     return err
+
+
+GUEST_IN_PRIMARY = f"namespace {PRIMARY} belongs to another user"
+"""What a guest's request to the owner's default namespace is refused with."""
+GUEST_HINT = f"a guest works in the namespaces it owns: -N NS, or ${NAMESPACE_ENV}"
 
 
 def isdir_hint(err: CLIError, exc: ErrnoError, hint: str) -> CLIError:
@@ -147,7 +151,14 @@ def _run(args: argparse.Namespace, body: Callable[[KVS], Awaitable[int | None]],
         # (a waiting command's -t/--timeout bounds connecting too: an ssh://
         # host that never answers kept kvs wait -t waiting for ever)
         async with await connect(timeout=getattr(args, "timeout", None)) as h:
-            return await body(KVS(h, getattr(args, "namespace", None)))
+            try:
+                return await body(KVS(h, getattr(args, "namespace", None)))
+            except ErrnoError as exc:
+                if exc.errnum == errno.EPERM and GUEST_IN_PRIMARY in (exc.errstr or ""):
+                    # (as error_detail says it: a command whose refusal
+                    # comes out raw)
+                    raise ErrnoError(exc.errnum, f"{exc.errstr}: {GUEST_HINT}") from None
+                raise
 
     try:
         return run_async(args, main, term=term)

@@ -1293,6 +1293,10 @@ async def test_guest(start_instance) -> None:
     assert (res.rc, res.err) == (1, "kvbroker: k: Operation not permitted (namespace primary "
                                     "belongs to another user: a guest works in the namespaces "
                                     "it owns: -N NS, or $KVBROKER_NAMESPACE)\n"), res.err
+    for cmd in (["ls"], ["dir"], ["put", "a=1"]):  # (only get's said so)
+        res = await run([*guest, "kvs", *cmd], client_env(inst.uri(1)))
+        assert res.rc == 1 and "a guest works in the namespaces it owns: -N NS" in res.err, (
+            cmd, res.err)
 
 
 # ================================================================ eventlogs
