@@ -58,7 +58,7 @@ from broker.cliutil import (
     write_out,
 )
 from broker.command import STOP_CAP, STOP_TIMEOUT
-from broker.errors import ErrnoError, printable
+from broker.errors import ErrnoError, no_service, printable
 from broker.handle import Handle
 from broker.loops import LOOP_NAMES
 from broker.message import NODEID_ANY, NODEID_UPSTREAM
@@ -610,7 +610,16 @@ def cmd_stats(args: argparse.Namespace) -> int:
                 resp = await h.rpc(f"{args.module}.rusage", {"who": args.rusage},
                                    nodeid=_nodeid(args.rank))
             else:
-                resp = await h.rpc(f"{args.module}.stats-get", {}, nodeid=_nodeid(args.rank))
+                try:
+                    resp = await h.rpc(f"{args.module}.stats-get", {},
+                                       nodeid=_nodeid(args.rank))
+                except ErrnoError as exc:
+                    if no_service(exc) and exc.errstr.endswith(".stats-get"):
+                        # (a name no installed module has: say where to look)
+                        raise CLIError(args.what, exc.errnum, f"{errno_detail(exc)[:-1]}: "
+                                       "is a module of that name loaded? kvbroker module "
+                                       "list)") from None
+                    raise
         if not args.parse:
             print(dumps(resp, pretty=True))
             return 0

@@ -350,6 +350,7 @@ async def test_stats_of_an_unknown_module(start_instance) -> None:
     rc, out, err = await run_cli("stats", "nosuchmodule", uri=inst.uri(0))
     assert (rc, out) == (1, ""), (rc, out, err)
     assert "no service matching nosuchmodule.stats-get" in err, err
+    assert err.endswith("is a module of that name loaded? kvbroker module list)\n"), err
     rc, out, err = await run_cli("stats", uri=inst.uri(0))
     assert rc == 2 and "usage:" in err and "MODULE" in err, (rc, err)
     for cmd in (("module", "list"), ("stats", "kvs")):  # (Flux's invalid_rank)
