@@ -20,6 +20,7 @@ cannot push a link that far.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 STALL_GRACE = 5.0
 """Seconds a link over ``tbon.max-backlog`` may go without its peer reading
@@ -33,30 +34,43 @@ CONGESTED_DIVISOR = 4
 guests' connections are not read meanwhile."""
 
 
+def _loop_time() -> float:
+    return asyncio.get_running_loop().time()
+
+
 class StallJudge:
     """One link's verdict: :meth:`stuck` before each message queued behind
     others, :meth:`progressed` whenever the peer takes some of the queue."""
 
-    __slots__ = ("max_backlog", "_read_at", "_over_since")
+    __slots__ = ("max_backlog", "_clock", "_read_at", "_over_since")
 
-    def __init__(self, max_backlog: int) -> None:
+    def __init__(self, max_backlog: int, clock: Callable[[], float] | None = None) -> None:
         self.max_backlog = max_backlog
+        self._clock = clock if clock is not None else _loop_time
+        """Seconds, monotonic: the running loop's time (a test's own clock)."""
         self._read_at = 0.0
         """``loop.time()`` the peer last took some of the queue."""
         self._over_since: float | None = None
         """When the queue was first seen over the mark (None: it is not)."""
 
     def progressed(self) -> None:
-        self._read_at = asyncio.get_running_loop().time()
+        self._read_at = self._clock()
+
+    def clear(self) -> None:
+        """The queue is under the mark again: the next time over is a new
+        episode (else it was judged from the first one's start, and a link
+        whose peer had not needed to read for a while -- everything fitting
+        in the kernel's buffer -- was dropped the moment it went over)."""
+        self._over_since = None
 
     def stuck(self, queued: int) -> bool:
         """Whether a link with ``queued`` bytes waiting is to be dropped."""
         if queued <= self.max_backlog:
-            self._over_since = None
+            self.clear()
             return False
         if queued > HARD_FACTOR * self.max_backlog:
             return True
-        now = asyncio.get_running_loop().time()
+        now = self._clock()
         if self._over_since is None:
             self._over_since = now
         return now - max(self._read_at, self._over_since) > STALL_GRACE

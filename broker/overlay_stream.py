@@ -112,6 +112,8 @@ class StreamConn(FramedProtocol):
     def resume_writing(self) -> None:
         self._stall.progressed()  # (the peer read: the kernel took some of the queue)
         super().resume_writing()
+        if self.queued <= self.max_backlog:  # (judged afresh next time over)
+            self._stall.clear()
 
     @property
     def queued(self) -> int:

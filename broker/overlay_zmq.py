@@ -512,6 +512,10 @@ class ZmqSocket:
                     judge.progressed()
             else:
                 self.drop_backlog(ident)
+                continue
+            left = self.backlog_bytes.get(ident)  # (None: dropped, the peer gone)
+            if judge is not None and left is not None and left <= judge.max_backlog:
+                judge.clear()  # (judged afresh next time over)
 
     def most_queued(self) -> int:
         """The most bytes waiting for one peer (0: nothing waits)."""
