@@ -96,8 +96,8 @@ from kvs.valuesplit import split_value
 if TYPE_CHECKING:
     from kvs.client import KVS, Dir, RootSpec
 
-__all__ = ["ArchiveError", "BlobUploader", "Item", "Report", "build", "dump", "dump_checkpoint",
-           "read_items", "restore", "restore_checkpoint"]
+__all__ = ["ArchiveError", "BlobUploader", "CheckedStore", "Item", "Report", "build", "dump",
+           "dump_checkpoint", "read_items", "restore", "restore_checkpoint"]
 
 
 SUFFIXES = {".tar": "", ".tgz": "gz", ".tar.gz": "gz", ".tar.bz2": "bz2", ".tar.xz": "xz"}
@@ -402,7 +402,8 @@ def dump_checkpoint(statedir: str, out: str | IO[bytes], *,
     :class:`ArchiveError`; with ``ignore_failed_read`` (Flux's ``flux dump
     --ignore-failed-read``: salvaging what a damaged store still holds) the
     value, or the directory's subtree, is left out and said in
-    :attr:`Report.skipped`."""
+    :attr:`Report.skipped`; of a big (sharded) directory, only the entries
+    of the shards that cannot be read (:func:`kvs.shards.salvage`)."""
     with open_stopped_store(statedir, create=False, read_only=True) as store:
         kept = store.checkpoint_list(CHECKPOINT_KEY)
         if not kept:
@@ -418,13 +419,14 @@ def dump_checkpoint(statedir: str, out: str | IO[bytes], *,
         report = Report(rootref=rootref)
         writer = _Writer(out, stamp if isinstance(stamp, (int, float)) else time.time())
         skipped = report.skipped if ignore_failed_read else None
-        writer.write(_tree_items(BlobCache(_CheckedStore(store)), rootref, skipped), report,
+        writer.write(_tree_items(BlobCache(CheckedStore(store)), rootref, skipped), report,
                      on_item)
     return report
 
 
-class _CheckedStore:
-    """A stopped store read for a dump: each blob checked against its hash
+class CheckedStore:
+    """A stopped store read for a dump (or ``kvs fsck --repair``'s salvage of
+    a big directory): each blob checked against its hash
     (:func:`blobref.damaged` if it does not match), as rank 0 checks what it
     reads from the file.  The dump wrote a value's damaged bytes into the
     archive as the value, without a word."""
@@ -446,15 +448,23 @@ def _tree_items(cache: BlobCache, rootref: str,
     ``skipped`` (a list) leaves its value or subtree out and says so there."""
 
     def entries_of(key: list[str], ref: str) -> list[tuple[str, TreeObj]] | None:
+        name = join(key) if key else "."
         try:
-            return sorted(shards.entries(cache, cache.need_obj(ref)).items())
+            ents, lost = shards.salvage(cache, cache.need_obj(ref))
         except (NeedBlobs, ErrnoError) as exc:
             why = (f"directory blob {ref} is missing" if isinstance(exc, NeedBlobs)
                    else f"directory blob {ref}: {exc}")
             if skipped is None:
                 raise ArchiveError(f"the tree is damaged: {why}") from None
-            skipped.append(f"{join(key) if key else '.'} (and what is below it): {why}")
+            skipped.append(f"{name} (and what is below it): {why}")
             return None
+        for part in lost:
+            why = "; ".join(_shard_why(shard, err) for shard, err in part.refs)
+            if skipped is None:
+                raise ArchiveError(f"the tree is damaged: {why} (of directory {name})")
+            skipped.append(f"{part.count} entr{'y' if part.count == 1 else 'ies'} of {name}: "
+                           f"{why}")
+        return sorted(ents.items())
 
     def read(entry: TreeObj) -> bytes:
         try:
@@ -505,6 +515,12 @@ def _tree_items(cache: BlobCache, rootref: str,
 
 class _Unreadable(Exception):
     """A value blob the store lacks (:func:`_tree_items`)."""
+
+
+def _shard_why(ref: str, err: str | None) -> str:
+    """Why a big directory's shard cannot be read, in the words
+    :func:`_tree_items` uses for a directory's blob."""
+    return f"shard blob {ref} is missing" if err is None else f"shard blob {ref}: {err}"
 
 
 # ---------------------------------------------------------------- reading

@@ -967,6 +967,10 @@ def _fsck_repair(args: argparse.Namespace, store: Any, point: Any, report: Any,
                 say(f"{key} repaired and moved to {fsck.LOST_FOUND}")
             for key in done.unlinked:
                 say(f"{key} unlinked due to missing blobref")
+            for part in done.rebuilt:
+                shards = f"{part.shards} unreadable hdir shard{'' if part.shards == 1 else 's'}"
+                say(f"{part.key} rebuilt without its {shards}: {part.lost} "
+                    f"entr{'y' if part.lost == 1 else 'ies'} lost")
             for job in done.jobs:
                 say(f"job {job} moved to {fsck.LOST_FOUND}")
             say(f"Updated primary checkpoint to include {fsck.LOST_FOUND}: version "
@@ -979,6 +983,8 @@ def _fsck_repair(args: argparse.Namespace, store: Any, point: Any, report: Any,
         say(f"Total repairs: {moved}")
     if unlinked or args.verbose:
         say(f"Total unlinked directories: {unlinked}")
+    if done and done.rebuilt:  # (not with -v at 0: Flux's totals are the two above)
+        say(f"Total rebuilt directories: {len(done.rebuilt)}")
 
 
 def _content_loader(h: Handle) -> Callable[[list[str]], Awaitable[dict[str, bytes | int]]]:
@@ -1773,8 +1779,9 @@ def register(subparsers: Any) -> None:
                    help="print no header line, and with --repair only the totals")
     p.add_argument("-R", "--repair", action="store_true",
                    help="with --statedir: unlink the damaged keys from the checkpoint, "
-                   "keeping what can be read of a value as lost+found.KEY, and make that "
-                   "the checkpoint (the damaged one kept before it)")
+                   "keeping what can be read of a value as lost+found.KEY (a big directory "
+                   "that lost shards: rebuilt from the others), and make that the "
+                   "checkpoint (the damaged one kept before it)")
     p.add_argument("-j", "--job-aware", action="store_true",
                    help="with --repair: move a job's whole directory "
                    "(job.XXXX.XXXX.XXXX.XXXX) to lost+found if a key in it is damaged")
@@ -1799,8 +1806,8 @@ def register(subparsers: Any) -> None:
                    "list numbers them (default 0: the one the next start resumes from)")
     p.add_argument("--ignore-failed-read", action="store_true",
                    help="with --checkpoint: leave out (and name) a value or directory "
-                   "whose blob the store lacks, instead of failing (a damaged store's "
-                   "salvage), as flux dump --ignore-failed-read")
+                   "whose blob the store lacks, or a big directory's shard, instead of "
+                   "failing (a damaged store's salvage), as flux dump --ignore-failed-read")
     _archive_chatter(p, "dumped")
     p.add_argument("outfile", metavar="OUTFILE")
     p.set_defaults(func=cmd_dump)

@@ -54,8 +54,12 @@ class Problem:
     keeps in ``lost+found``: of a long value, those of the groups and
     chunks that could be read); None for a directory."""
     dir: bool = False
-    """A directory (or a shard of one) that cannot be read: ``--repair``
-    unlinks it, keeping nothing."""
+    """A directory that cannot be read: ``--repair`` unlinks it, keeping
+    nothing."""
+    shard: bool = False
+    """A shard of the big directory ``key`` (an ``hdir``'s) that cannot be
+    read: ``--repair`` rebuilds the directory from its readable shards
+    (:func:`kvs.shards.salvage`), rather than lose every entry with it."""
 
 
 @dataclass
@@ -87,9 +91,11 @@ async def check(load: Load, rootref: str,
         deeper: list[_Dir] = []
         for d in level:
             got = blobs[d.ref]
+            shard = d.what == "hdir shard"
             if isinstance(got, int):
                 _blob_problem(report, d.path, f"{d.what} blobref", [(None, d.ref)], got)
-                report.problems[-1].dir = True
+                report.problems[-1].dir = not shard
+                report.problems[-1].shard = shard
                 continue
             try:
                 obj = treeobj.decode(got)
@@ -98,7 +104,7 @@ async def check(load: Load, rootref: str,
                     raise ErrnoError(errno.EINVAL, f"a {kind}, not a directory")
             except ErrnoError as exc:
                 report.problems.append(Problem(d.path, "damaged directory", [(None, d.ref)],
-                                               exc.errstr or "", dir=True))
+                                               exc.errstr or "", dir=not shard, shard=shard))
                 continue
             if kind == "hdir":
                 deeper += [_Dir(d.path, ref, "hdir shard")
@@ -245,6 +251,17 @@ def job_dir_of(key: str) -> str | None:
 
 
 @dataclass
+class Rebuilt:
+    """A big directory :func:`repair` rebuilt without its unreadable shards."""
+
+    key: str
+    lost: int
+    """Entries lost with them (counted: their names were in the lost blobs)."""
+    shards: int
+    """Shards that could not be read."""
+
+
+@dataclass
 class Repair:
     rootref: str
     rootseq: int
@@ -255,6 +272,8 @@ class Repair:
     """Directories unlinked, nothing kept (they cannot be listed)."""
     jobs: list[str] = field(default_factory=list)
     """Job directories moved whole to ``lost+found`` (``--job-aware``)."""
+    rebuilt: list[Rebuilt] = field(default_factory=list)
+    """Big directories rebuilt from the shards of them that could be read."""
 
 
 def repair(store: Any, checkpoint: dict[str, Any], report: Report, *,
@@ -266,12 +285,16 @@ def repair(store: Any, checkpoint: dict[str, Any], report: Report, *,
     empty value if none could), as Flux's does; a directory that cannot be
     read is only unlinked.  With ``job_aware`` a job directory holding a
     damaged key moves whole to ``lost+found`` (``lost+found.job.…``, its
-    damaged values as above).  The KVS engine applies it (two transactions
+    damaged values as above).  A big directory (an ``hdir``) with shards
+    that cannot be read is not unlinked but rebuilt from the entries of the
+    shards that can (:func:`_rebuild`): one lost shard loses ~1/16 of its
+    entries, not all of them.  The KVS engine applies it (two transactions
     with ``job_aware``: the job directories are moved as the first left
     them); the new blobs are stored and the new root made the checkpoint,
     at the next version (the damaged one stays the checkpoint before it:
-    ``kvs checkpoint update`` takes it back).  A damaged root cannot be
-    repaired (``ValueError``)."""
+    ``kvs checkpoint update`` takes it back).  A root that cannot be read
+    cannot be repaired (``ValueError``); a big root that lost shards is
+    rebuilt as any big directory."""
     import time
 
     import msgpack
@@ -282,11 +305,14 @@ def repair(store: Any, checkpoint: dict[str, Any], report: Report, *,
 
     by_key: dict[str, Problem] = {}
     for problem in report.problems:
-        if problem.key == ".":
+        if problem.key == "." and not problem.shard:
             raise ValueError("the root directory itself cannot be read: nothing to repair "
                              "from (kvs checkpoint list; update to an older root)")
-        by_key.setdefault(problem.key, problem)
-    jobs = list(dict.fromkeys(j for j in map(job_dir_of, by_key) if j)) if job_aware else []
+        if not problem.shard:
+            by_key.setdefault(problem.key, problem)
+    sharded = list(dict.fromkeys(p.key for p in report.problems if p.shard))
+    jobs = (list(dict.fromkeys(j for j in map(job_dir_of, [*by_key, *sharded]) if j))
+            if job_aware else [])
 
     def kept(problem: Problem) -> dict[str, Any]:
         return {"key": f"{LOST_FOUND}.{problem.key}", "flags": 0,
@@ -303,9 +329,10 @@ def repair(store: Any, checkpoint: dict[str, Any], report: Report, *,
 
     moved = [k for k, p in by_key.items() if not p.dir]
     in_job = {k for k in moved if job_dir_of(k) in jobs}
-    ops: list[dict[str, Any]] = [{"key": key, "flags": 0, "dirent": None} for key in by_key]
+    root, ops, rebuilt = _rebuild(store, rootref, sharded, hash_name)
+    ops += [{"key": key, "flags": 0, "dirent": None} for key in by_key]
     ops += [kept(by_key[k]) for k in moved if k not in in_job]
-    root = apply(rootref, ops)
+    root = apply(root, ops)
     if jobs:  # each job's directory as the unlinks left it, then its values kept
         ops = []
         for job in jobs:
@@ -324,7 +351,45 @@ def repair(store: Any, checkpoint: dict[str, Any], report: Report, *,
     store.checkpoint_put(CHECKPOINT_KEY, msgpack.packb(value, use_bin_type=True))
     store.sync()
     return Repair(root, value["rootseq"], moved, [k for k, p in by_key.items() if p.dir],
-                  jobs)
+                  jobs, rebuilt)
+
+
+def _rebuild(store: Any, rootref: str, keys: list[str], hash_name: str
+             ) -> tuple[str, list[dict[str, Any]], list[Rebuilt]]:
+    """The big directories ``keys`` (``.`` the root) rebuilt from the
+    entries of their readable shards, their blobs stored: the root to apply
+    the repair to (a new one if it was rebuilt), the operations that put
+    the others in place (parents first, so a rebuilt directory inside a
+    rebuilt one lands in the new one), and what each lost.  Each is read
+    at ``rootref``, as the check found it; a blob stored damaged is as
+    unreadable as a missing one (the check named both)."""
+    from kvs import lookup, shards
+    from kvs.archive import CheckedStore
+    from kvs.treeobj import BlobCache, BlobWriter
+
+    cache = BlobCache(CheckedStore(store))
+    writer = BlobWriter(hash_name)
+    root = rootref
+    ops: list[dict[str, Any]] = []
+    rebuilt: list[Rebuilt] = []
+    for key in sorted(keys, key=lambda k: (k != ".", k.count("."), k)):
+        if key == ".":
+            top = cache.need_obj(rootref)
+        else:
+            entry = lookup.lookup(cache, rootref, key, lookup.TREEOBJ, namespace="primary")
+            if entry is None:
+                raise ValueError(f"{key}: not found again to rebuild")
+            top = cache.need_obj(entry["data"][0]) if entry["type"] == "dirref" else entry
+        ents, lost = shards.salvage(cache, top)
+        ref = writer.put_obj(shards.make_dir(ents, writer))
+        if key == ".":
+            root = ref
+        else:
+            ops.append({"key": key, "flags": 0, "dirent": treeobj.dirref(ref)})
+        rebuilt.append(Rebuilt(key, sum(part.count for part in lost),
+                               sum(len(part.refs) for part in lost)))
+    store.put_many(writer.blobs.items())
+    return root, ops, rebuilt
 
 
 def from_store(store: Any) -> Load:

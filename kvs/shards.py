@@ -27,6 +27,7 @@ from __future__ import annotations
 import errno
 import hashlib
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from broker.errors import ErrnoError
 from kvs.treeobj import (
@@ -132,6 +133,61 @@ def entries(cache: BlobCache, obj: TreeObj, writer: BlobWriter | None = None) ->
     if missing:
         raise NeedBlobs(missing)
     return out
+
+
+@dataclass
+class LostShards:
+    """Shards of one node that cannot be read (:func:`salvage`)."""
+
+    refs: list[tuple[str, str | None]]
+    """Each shard's blobref, and why it cannot be read (``None``: the store
+    lacks it; else the error, e.g. its bytes do not match their hash)."""
+    count: int
+    """The entries in them, by their node's count less its readable shards'
+    (their own counts are in the blobs that are gone)."""
+
+
+def salvage(cache: BlobCache, obj: TreeObj) -> tuple[dict[str, TreeObj], list[LostShards]]:
+    """The entries of directory ``obj`` that can be read, and the shards that
+    cannot, grouped by node.
+
+    :func:`entries` fails on the first level with a missing shard, which is
+    right for the engines (they fetch it and try again) but loses the whole
+    directory for a salvage: ``kvs dump --ignore-failed-read`` and
+    ``kvs fsck --repair`` keep every entry of the readable shards instead.
+    A shard's names are only known from its blob, so what is lost is
+    counted, not named.  ``cache`` must raise (``ErrnoError``) for a blob
+    it holds damaged; such a shard, or one of the wrong form, is lost too.
+    """
+    if obj["type"] == "dir":
+        return dict(obj["data"]), []
+    if obj["type"] != "hdir":
+        raise ErrnoError(errno.EINVAL, f"a {obj['type']}, not a directory")
+    out: dict[str, TreeObj] = {}
+    lost: list[LostShards] = []
+    stack = [obj]
+    while stack:
+        node = stack.pop()
+        data = node["data"]
+        gone: list[tuple[str, str | None]] = []
+        held = 0
+        for _, ref in sorted(data["shards"].items()):
+            try:
+                child = _child(cache, None, ref, data["depth"])
+            except ErrnoError as exc:
+                gone.append((ref, exc.errstr))
+                continue
+            if child is None:
+                gone.append((ref, None))
+                continue
+            held += count(child)
+            if child["type"] == "dir":
+                out.update(child["data"])
+            else:
+                stack.append(child)
+        if gone:
+            lost.append(LostShards(gone, max(data["count"] - held, 0)))
+    return out, lost
 
 
 def missing(cache: BlobCache, obj: TreeObj, names: list[str]) -> set[str]:

@@ -942,6 +942,56 @@ async def test_checkpoint_dump_of_a_damaged_store_fails_or_salvages(start_instan
     assert rc == 2 and "--ignore-failed-read goes with --checkpoint" in err, err
 
 
+async def test_checkpoint_dump_salvages_the_readable_shards_of_a_big_directory(
+        start_instance, connect, tmp_path) -> None:
+    """A big directory (an ``hdir`` of 300 keys, ~16 shards) that lost one
+    shard: ``--ignore-failed-read`` dumps the entries of every other shard
+    and names the shard (and how many entries went with it), not the
+    directory's blob, which is there.  It left the whole directory out,
+    naming that blob as missing; without the option the dump fails naming
+    the shard."""
+    import sqlite3
+
+    from broker.content.sqlite import digest_of
+    from kvs import shards
+
+    statedir = tmp_path / "state"
+    inst = await start_instance(size=1, statedir=str(statedir))
+    h = await connect(inst, 0)
+    await commit(h, *(put(f"big.k{i}", b"%d" % i) for i in range(300)), put("small.a", "1"))
+    top_ref = (await lookup(h, "big", flags=16))["data"][0]
+    top = treeobj.decode((await h.rpc("content.load", {"blobref": top_ref}))["data"])
+    assert shards.is_hdir(top) and top["data"]["depth"] == 0
+    lost = sorted(top["data"]["shards"].values())[0]
+    leaf = treeobj.decode((await h.rpc("content.load", {"blobref": lost}))["data"])
+    assert leaf["type"] == "dir"
+    gone = set(leaf["data"])
+    await h.close()
+    assert await inst.stop() == [0]
+    db = sqlite3.connect(statedir / "content.sqlite")
+    try:
+        with db:
+            assert db.execute("DELETE FROM objects WHERE hash = ?",
+                              (digest_of(lost),)).rowcount == 1
+    finally:
+        db.close()
+
+    out = tmp_path / "salvage.tar"
+    rc, _, err = await run_cli("kvs", "dump", "--checkpoint", "--statedir", str(statedir),
+                               str(out))
+    assert rc == 1 and (f"the tree is damaged: shard blob {lost} is missing (of directory "
+                        "big)") in err, err
+    rc, _, err = await run_cli("kvs", "dump", "--checkpoint", "--statedir", str(statedir),
+                               "--ignore-failed-read", "-q", str(out))
+    assert rc == 0, err
+    assert err.splitlines() == [
+        f"kvbroker: kvs dump: skipped {len(gone)} entries of big: shard blob {lost} is "
+        "missing"], err
+    want = sorted([(f"big.{k}", k[1:].encode()) for k in
+                   (f"k{i}" for i in range(300)) if k not in gone] + [("small.a", b"1")])
+    assert sorted((i.key, i.data) for i in read_items(str(out))) == want
+
+
 async def test_a_long_restore_at_start_is_not_cut_off_while_it_makes_progress(tmp_path) -> None:
     """``content.restore`` of an archive that takes longer than the start's
     deadline: rank 0 says ``starting <keys read>`` as it goes, and each

@@ -215,6 +215,92 @@ async def test_a_sharded_directory_is_walked_and_a_lost_shard_named(
     assert (rc, err) == (1, "big: missing hdir shard blobref\nTotal errors: 1\n")
 
 
+async def _load_obj(h: Any, ref: str) -> dict[str, Any]:
+    """The tree object in blob ``ref``."""
+    answer = await asyncio.wait_for(h.rpc("content.load", {"blobref": ref}), 10)
+    return treeobj.decode(answer["data"])
+
+
+async def test_repair_rebuilds_a_big_directory_from_its_readable_shards(
+        start_instance, connect, tmp_path) -> None:
+    """A big directory (an ``hdir`` of 300 keys) that lost one shard, and
+    a damaged value in another: ``--repair`` rebuilds the directory from
+    the entries of its readable shards, says how many were lost with the
+    shard (their names were in it), and mends the value as any other.  It
+    unlinked the whole directory, every readable key with it."""
+    statedir = tmp_path / "state"
+    inst = await start_instance(size=1, statedir=str(statedir))
+    h = await connect(inst, 0)
+    await commit(h, *(put(f"big.k{i}", b"%d" % i) for i in range(300)), put("small.a", "1"))
+    top = await _load_obj(h, (await _lookup_obj(h, "big"))["data"][0])
+    assert top["type"] == "hdir" and top["data"]["depth"] == 0
+    refs = sorted(top["data"]["shards"].values())
+    leaf = await _load_obj(h, refs[0])
+    assert leaf["type"] == "dir"
+    gone = set(leaf["data"])
+    victim = sorted(set((await _load_obj(h, refs[1]))["data"]) - gone)[0]
+    await commit(h, put(f"big.{victim}", BIG))  # a valref, in a shard that stays
+    value_ref = (await _lookup_obj(h, f"big.{victim}"))["data"][0]
+    await h.close()
+    await inst.stop()
+    delete_blobs(statedir, refs[0], value_ref)
+
+    rc, _, err = await run_cli("kvs", "fsck", "--repair", "-q", "--statedir", str(statedir))
+    assert rc == 1, err
+    lines = err.splitlines()
+    assert lines[:3] == ["big: missing hdir shard blobref", f"big.{victim}: missing blobref(s)",
+                         "Total errors: 2"], err
+    assert lines[3:] == ["Total repairs: 1", "Total rebuilt directories: 1"], err
+    rc, _, err = await run_cli("kvs", "fsck", "--statedir", str(statedir))
+    assert (rc, err) == (0, ""), err
+
+    inst = await start_instance(size=1, statedir=str(statedir))
+    h = await connect(inst, 0)
+    kvs = KVS(h)
+    names = set(await kvs.dir("big"))
+    assert names == {f"k{i}" for i in range(300)} - gone - {victim}
+    for k in sorted(names):
+        assert await kvs.get(f"big.{k}") == k[1:].encode(), k
+    assert await kvs.get("small.a") == b"1"
+    assert await kvs.get(f"lost+found.big.{victim}") == b""
+    await h.close()
+
+
+async def test_repair_says_what_each_rebuilt_directory_lost_and_rebuilds_a_big_root(
+        start_instance, connect, tmp_path) -> None:
+    """The root is a big directory too (200 top-level keys): a lost shard
+    of it is rebuilt around, not ``cannot repair``; each rebuilt directory
+    is named with the shards and entries it lost."""
+    statedir = tmp_path / "state"
+    inst = await start_instance(size=1, statedir=str(statedir))
+    h = await connect(inst, 0)
+    await commit(h, *(put(f"r{i}", b"%d" % i) for i in range(200)))
+    root = await _load_obj(h, (await KVS(h).getroot()).rootref)
+    assert root["type"] == "hdir"
+    lost = sorted(root["data"]["shards"].values())[:2]
+    gone = set()
+    for ref in lost:
+        gone |= set((await _load_obj(h, ref))["data"])
+    await h.close()
+    await inst.stop()
+    delete_blobs(statedir, *lost)
+    rc, _, err = await run_cli("kvs", "fsck", "--repair", "--statedir", str(statedir))
+    assert rc == 1, err
+    lines = err.splitlines()
+    assert lines[:4] == [".: missing hdir shard blobref", ".: missing hdir shard blobref",
+                         "Total errors: 2",
+                         f". rebuilt without its 2 unreadable hdir shards: {len(gone)} "
+                         "entries lost"], err
+    assert lines[4].startswith("Updated primary checkpoint") and lines[5:] == [
+        "Total rebuilt directories: 1"], err
+    rc, _, err = await run_cli("kvs", "fsck", "--statedir", str(statedir))
+    assert (rc, err) == (0, ""), err
+    inst = await start_instance(size=1, statedir=str(statedir))
+    h = await connect(inst, 0)
+    assert set(await KVS(h).dir(".")) == {f"r{i}" for i in range(200)} - gone
+    await h.close()
+
+
 async def test_repair_unlinks_the_damaged_keys_and_keeps_what_can_be_read(
         start_instance, connect, tmp_path) -> None:
     """Flux's ``--repair``, offline (the kvs cannot write meanwhile): the

@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from broker.errors import ErrnoError
 from kvs import shards
 from kvs import treeobj as T
 from kvs.lookup import READDIR, TREEOBJ, lookup
@@ -218,3 +219,48 @@ def test_module_functions_on_plain_and_hashed(monkeypatch: pytest.MonkeyPatch) -
     assert shards.get(cache, new_top, "e5") == T.val(b"new")
     assert len(w3.blobs) <= 4
     assert shards.update(cache, plain, {"x": T.val(b"x")}, T.BlobWriter())["type"] == "dir"
+
+
+def test_salvage_keeps_the_readable_shards_and_counts_what_is_lost(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """:func:`shards.salvage` (``kvs dump --ignore-failed-read``, ``kvs fsck
+    --repair``): a lost leaf loses its entries only, a lost interior node
+    all those below it, a shard of the wrong form is lost as one missing,
+    and each loss is counted from its node's count; :func:`shards.entries`
+    would give up on the whole directory."""
+    monkeypatch.setattr(shards, "SHARD_THRESHOLD", 4)
+    writer = T.BlobWriter()
+    ents = {f"e{i}": T.val(b"%d" % i) for i in range(200)}
+    top = shards.make_dir(ents, writer)
+    store = dict(writer.blobs)
+    assert shards.salvage(T.BlobCache(store), top) == (ents, [])
+    assert shards.salvage(T.BlobCache({}), T.dir_({"a": T.val(b"1")})) == (
+        {"a": T.val(b"1")}, [])
+    with pytest.raises(ErrnoError):
+        shards.salvage(T.BlobCache({}), T.val(b"1"))
+
+    def below(ref: str) -> dict[str, dict]:
+        return shards.entries(T.BlobCache(store), T.decode(store[ref]))
+
+    interior = next(r for r in top["data"]["shards"].values()
+                    if T.decode(store[r])["type"] == "hdir")
+    leaf = next(r for r in T.decode(store[interior])["data"]["shards"].values()
+                if T.decode(store[r])["type"] == "dir")
+    other = next(r for r in top["data"]["shards"].values() if r != interior)
+    # a lost leaf inside an interior node
+    damaged = {k: v for k, v in store.items() if k != leaf}
+    kept, lost = shards.salvage(T.BlobCache(damaged), top)
+    assert kept == {k: v for k, v in ents.items() if k not in below(leaf)}
+    assert lost == [shards.LostShards([(leaf, None)], len(below(leaf)))]
+    with pytest.raises(T.NeedBlobs):
+        shards.entries(T.BlobCache(damaged), top)
+    # a lost interior node, and a top shard that is not a directory
+    damaged = {k: v for k, v in store.items() if k != interior}
+    damaged[other] = T.encode(T.val(b"x"))
+    kept, lost = shards.salvage(T.BlobCache(damaged), top)
+    gone = {**below(interior), **below(other)}
+    assert kept == {k: v for k, v in ents.items() if k not in gone}
+    assert len(lost) == 1 and lost[0].count == len(gone)
+    assert sorted(ref for ref, _ in lost[0].refs) == sorted([interior, other])
+    assert dict(lost[0].refs)[interior] is None
+    assert "is a val" in str(dict(lost[0].refs)[other])
