@@ -74,9 +74,21 @@ class Checkpoint:
 
     def as_json(self) -> str:
         """The stored value as one line of JSON (bytes as text, if any)."""
-        return json.dumps(self.value, separators=(",", ":"), sort_keys=True,
-                          default=lambda v: v.decode("utf-8", "replace")
+        return json.dumps(_finite(self.value), separators=(",", ":"), sort_keys=True,
+                          allow_nan=False, default=lambda v: v.decode("utf-8", "replace")
                           if isinstance(v, bytes) else repr(v))
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every NaN or infinity as ``None`` (JSON has neither:
+    ``-j`` printed ``NaN``, which no JSON reader takes)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def format_table(checkpoints: list[Checkpoint], *, header: bool = True) -> list[str]:
@@ -86,11 +98,19 @@ def format_table(checkpoints: list[Checkpoint], *, header: bool = True) -> list[
     quoted if it holds spaces or unprintable characters, cut at 80."""
     lines = [f"{'Index':<10} {'Sequence':<10} {'Time':<20} Rootref"] if header else []
     for index, cp in enumerate(checkpoints):
-        when = ("-" if cp.timestamp is None else
-                time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(cp.timestamp)))
+        when = "-" if cp.timestamp is None else _utc(cp.timestamp)
         seq = "-" if cp.rootseq is None else str(cp.rootseq)
         lines.append(f"{index:<10} {seq:<10} {when:<20} {cp.rootref or _stored_rootref(cp)}")
     return lines
+
+
+def _utc(stamp: float) -> str:
+    """``stamp`` as UTC time, or ``-`` for one no calendar holds (a damaged
+    or hand-written value, ``1e300``: the listing failed with a traceback)."""
+    try:
+        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(stamp))
+    except (OverflowError, OSError, ValueError):
+        return "-"
 
 
 def _stored_rootref(cp: Checkpoint) -> str:

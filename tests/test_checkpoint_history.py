@@ -441,3 +441,18 @@ async def test_the_checkpoint_period_of_a_removed_kvs_is_kept_for_its_load(
     async with await Handle.connect(uri) as h:
         stats = await asyncio.wait_for(h.rpc("kvs.stats-get", {}), 10)
     assert stats["checkpoint"]["period"] == 9
+
+
+def test_a_damaged_checkpoints_time_and_numbers_are_listed_not_fatal() -> None:
+    """A checkpoint value written by hand or damaged: a timestamp no
+    calendar holds listed as ``-`` (the listing failed with an
+    OverflowError traceback), and ``-j`` printing JSON (it printed ``NaN``)."""
+    from kvs.checkpoints import Checkpoint, format_table
+
+    far = Checkpoint.from_value({"rootref": "sha256-zz", "timestamp": 1e300})
+    nan = Checkpoint.from_value({"rootref": "sha256-zz", "rootseq": "x",
+                                 "timestamp": float("nan"), "n": [float("inf")]})
+    lines = format_table([far, nan])
+    assert lines[1].split()[:3] == ["0", "-", "-"], lines
+    assert json.loads(nan.as_json()) == {"rootref": "sha256-zz", "rootseq": "x",
+                                         "timestamp": None, "n": [None]}
