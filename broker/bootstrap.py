@@ -158,6 +158,17 @@ def _short(hostname: str) -> str:
     return hostname.split(".", 1)[0].lower()
 
 
+def _same_host(host: str) -> str:
+    """``host`` as one machine's name, for the check that two ranks with
+    children do not bind one endpoint there: as :func:`ranks_on` takes
+    names, ``a``, ``A`` and ``a.example.org`` are one (it compared the
+    text, and let them through to fail at bind); an address is itself."""
+    try:
+        return str(ipaddress.ip_address(host.strip("[]")))
+    except ValueError:
+        return _short(host)
+
+
 def _expand(template: str, host: str, rank: int, port: int | None) -> str:
     """An endpoint of entry ``rank``: ``%h`` its host, ``%p`` the file's
     ``default_port`` (Flux's meaning), or without one the rank (so that
@@ -276,7 +287,7 @@ def parse(text: str, path: str = "<bootstrap>") -> Bootstrap:
             _check_port(value, f"{path}: {label}.{key}", port is None and "%p" in (
                 templates[rank][0 if key == "bind" else 1] or ""))
             # a bind is per host; a connect names a place for everyone
-            spot = (key, entry.host if key == "bind" else "", value)
+            spot = (key, _same_host(entry.host) if key == "bind" else "", value)
             if spot in taken:
                 raise BootstrapError(f"{path}: {label}.{key} {value!r} is also "
                                      f"{labels[taken[spot]]}'s: each rank with children "
@@ -463,9 +474,17 @@ def _start_attrs(doc: dict[str, Any], path: str) -> dict[str, Any]:
     _only_tables(doc, path, ("attrs",), "the file of kvbroker start holds [attrs]")
     attrs = _attrs_table(doc, path)
     here = os.path.dirname(os.path.abspath(path))
+    table = doc.get("attrs")
     for name in ("statedir", "rundir"):
-        if isinstance(attrs.get(name), str) and attrs[name]:
-            attrs[name] = os.path.join(here, os.path.expanduser(attrs[name]))
+        if name not in attrs:
+            continue
+        given = table.get(name) if isinstance(table, dict) else None
+        if not isinstance(given, str) or not given:
+            # (a number or true was taken as a path, relative to the current
+            # directory or as the text "true": refused, as a path it is not)
+            raise BootstrapError(f"{path}: attrs.{name} must be a directory's path (a "
+                                 f"non-empty string), not {given!r}")
+        attrs[name] = os.path.join(here, os.path.expanduser(given))
     return attrs
 
 
@@ -490,10 +509,18 @@ def _dotted(table: dict[str, Any], where: str, prefix: str = "",
             raise BootstrapError(f"{where}: {name} is given twice (as a dotted key and a "
                                  "quoted one?): give it once")
         if not isinstance(value, str | int | float):  # (bool is an int)
-            raise BootstrapError(f"{where}: {name}: a {type(value).__name__} is not an "
+            kind = "a null" if value is None else _FILE_TYPES.get(
+                type(value).__name__, f"a {type(value).__name__}")
+            raise BootstrapError(f"{where}: {name}: {kind} is not an "
                                  "attribute value (a string, a number, true or false)")
         out[name] = attr_text(value)
     return out
+
+
+_FILE_TYPES = {"list": "an array", "datetime": "a date-time", "date": "a date",
+               "time": "a time"}
+"""The TOML/JSON names of what a value that is no attribute's was read as
+(a NoneType was named to the user)."""
 
 
 def attr_text(value: str | int | float) -> str | int | float:

@@ -352,7 +352,7 @@ async def test_set_unset(changing: tuple[Instance, Path]) -> None:
                     "false", rc=1)
     assert "access.allow-guest-user may not be changed on a running rank" in err, err
     err = await cli(uri, "config", "set", "--type=array", "attrs.a.b.array", "[1,2,3]", rc=1)
-    assert "a.b.array: a list is not an attribute value" in err, err
+    assert "a.b.array: an array is not an attribute value" in err, err
     # unset
     await cli(uri, "config", "unset", "attrs.not.a.key")
     await cli(uri, "config", "unset", "attrs.log.ring-level")

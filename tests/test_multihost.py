@@ -211,6 +211,11 @@ def test_a_hello_s_host_is_judged_as_rank_of_finds_ranks() -> None:
     ('[bootstrap]\ncurve_cert = "k"\nfanout = 1\ndefault_bind = "tcp://*:1"\n'
      'default_connect = "tcp://%h:1"\nhosts = [{ host = "a" }, { host = "a" }, { host = "c" }]\n',
      "hosts\\[1\\].bind 'tcp://\\*:1' is also hosts\\[0\\]'s"),
+    # one host by two names, as ranks_on takes them (the text was compared)
+    ('[bootstrap]\ncurve_cert = "k"\nfanout = 1\ndefault_bind = "tcp://*:1"\n'
+     'default_connect = "tcp://%h:1"\nhosts = [{ host = "a" }, { host = "A.example.org" }, '
+     '{ host = "c" }]\n',
+     "hosts\\[1\\].bind 'tcp://\\*:1' is also hosts\\[0\\]'s"),
     # ports ZeroMQ takes, but no instance can come up on
     ('[bootstrap]\ncurve_cert = "k"\nfanout = 1\ndefault_bind = "tcp://*:%p"\n'
      'default_connect = "tcp://%h:%p"\nhosts = [{ host = "a" }, { host = "b" }]\n',
@@ -236,6 +241,15 @@ def test_a_hello_s_host_is_judged_as_rank_of_finds_ranks() -> None:
 def test_bootstrap_file_errors_say_where(text: str, message: str) -> None:
     with pytest.raises(BootstrapError, match=message):
         parse(text, "x.toml")
+
+
+def test_two_addresses_are_two_hosts_for_the_bind_check() -> None:
+    """Addresses are not cut at their first dot as names are: 127.0.0.1
+    and 127.0.0.2 bind the same port each on its own."""
+    text = ('[bootstrap]\ncurve_cert = "k"\nfanout = 1\ndefault_bind = "tcp://%h:1"\n'
+            'default_connect = "tcp://%h:1"\nhosts = [{ host = "127.0.0.1" }, '
+            '{ host = "127.0.0.2" }, { host = "127.0.0.3" }]\n')
+    assert len(parse(text, "x.toml").hosts) == 3
 
 
 def test_compact_hosts_and_default_port_read_as_flux_s() -> None:

@@ -64,7 +64,11 @@ async def test_a_true_in_the_file_reads_back_as_setattr_gives_it(tmp_path: Path)
      'attributes go in [attrs] (as "kvs.checkpoint-period" = ...)'),
     ("[attrs\n", "Expected ']'"),
     ('[attrs]\nsize = 4\n', "size cannot be set with -S: use --size N"),
-], ids=["bad-value", "typo", "twice", "date", "bootstrap", "flux-table", "not-toml", "size"])
+    # (a number was a path under the current directory, true one named "true")
+    ('[attrs]\nstatedir = 5\n', "attrs.statedir must be a directory's path"),
+    ('[attrs]\nrundir = true\n', "attrs.rundir must be a directory's path"),
+], ids=["bad-value", "typo", "twice", "date", "bootstrap", "flux-table", "not-toml", "size",
+        "statedir-number", "rundir-bool"])
 async def test_a_bad_file_stops_the_start_naming_it(tmp_path: Path, text: str,
                                                     says: str) -> None:
     conf = _file(tmp_path, text)
