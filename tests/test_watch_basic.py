@@ -394,3 +394,33 @@ async def test_a_value_watch_of_a_directory_says_how_to_watch_one(start_instance
     async with asyncio.timeout(10), kvs.watch("d", readdir=True) as w:
         entry = await anext(w)
     assert entry.treeobj is not None and "x" in entry.treeobj["data"], entry
+
+
+async def test_wait_create_after_a_removal_never_answers_from_the_removed_namespace(
+        start_instance, connect):
+    """A namespace removed (its namespace-remove answered), made again and
+    written, while rank 3 has not heard the removal yet (its parent, rank
+    1, stopped): ``wait_create`` on rank 3, called after the removal, got
+    the removed namespace's value (a review's chaos probe: 7-37% of tries
+    with no rank stopped).  It first pings rank 0, whose answer comes down
+    the tree behind the removal's event, so it waits for the new one."""
+    from test_broker_support import stop_process
+
+    from kvs.client import KVS
+
+    inst = await start_instance(size=4, fanout=2)
+    h0, h3 = await connect(inst, 0), await connect(inst, 3)
+    k0, k3 = KVS(h0, "reused"), KVS(h3, "reused")
+    await k0.namespace_create("reused")
+    await k3.wait_version(await k0.put("job.state", "old"))
+    rank1 = inst.pids()[1]
+    await stop_process(rank1)
+    try:
+        await k0.namespace_remove("reused")  # (answered: rank 0 waits for no rank)
+        waiting = asyncio.ensure_future(k3.wait_create("job.state"))
+        await k0.namespace_create("reused")
+        await k0.put("job.state", "new")
+    finally:
+        os.kill(rank1, signal.SIGCONT)
+    entry = await asyncio.wait_for(waiting, 20)
+    assert entry.value == b"new", entry
