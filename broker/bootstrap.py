@@ -173,7 +173,10 @@ def _expand(template: str, host: str, rank: int, port: int | None) -> str:
     """An endpoint of entry ``rank``: ``%h`` its host, ``%p`` the file's
     ``default_port`` (Flux's meaning), or without one the rank (so that
     ranks sharing a host on one machine get ports of their own)."""
-    return template.replace("%h", host).replace("%p", str(rank if port is None else port))
+    # (one pass: a %p or %h inside the host's own name is left as it is --
+    # substituted in turn, host a%p connected to tcp://a0:900)
+    value = str(rank if port is None else port)
+    return re.sub(r"%[hp]", lambda m: host if m.group(0) == "%h" else value, template)
 
 
 def _host_names(host: str, where: str) -> list[str]:

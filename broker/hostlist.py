@@ -33,6 +33,8 @@ def expand(text: str) -> list[str]:
             continue
         prefix, _, rest = item.partition("[")
         ranges, close, suffix = rest.partition("]")
+        if close and "[" not in ranges and "[" in suffix and suffix.count("[") == suffix.count("]"):
+            raise ValueError(f"only one bracketed range per name: {item!r}")
         if not close or "[" in ranges or "[" in suffix or "]" in suffix:
             raise ValueError(f"unbalanced brackets in {item!r}")
         for part in ranges.split(","):

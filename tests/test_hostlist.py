@@ -41,6 +41,7 @@ def test_expand_reads_brackets_lists_and_suffixes() -> None:
     ("a[x]", "not a number or range"),
     ("a[1-2", "unbalanced brackets"),
     ("a[[1]]", "unbalanced brackets"),
+    ("n[1-2]x[1-2]", "only one bracketed range per name"),  # (balanced: it said unbalanced)
     (f"n[0-{MAX_HOSTS}]", "names more than"),
 ])
 def test_a_malformed_list_says_what_is_wrong(bad: str, why: str) -> None:

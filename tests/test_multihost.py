@@ -243,6 +243,14 @@ def test_bootstrap_file_errors_say_where(text: str, message: str) -> None:
         parse(text, "x.toml")
 
 
+def test_a_percent_in_a_host_name_is_not_expanded_again() -> None:
+    """``%h`` then ``%p`` in turn expanded a ``%p`` inside the host's name."""
+    from broker.bootstrap import _expand
+
+    assert _expand("tcp://%h:%p", "a%p", 0, 900) == "tcp://a%p:900"
+    assert _expand("tcp://%h:90%p", "n1", 3, None) == "tcp://n1:903"
+
+
 def test_two_addresses_are_two_hosts_for_the_bind_check() -> None:
     """Addresses are not cut at their first dot as names are: 127.0.0.1
     and 127.0.0.2 bind the same port each on its own."""
