@@ -36,6 +36,7 @@ file; :mod:`broker.cli` runs the rank.
 
 from __future__ import annotations
 
+import decimal
 import ipaddress
 import os
 import re
@@ -532,4 +533,8 @@ def attr_text(value: str | int | float) -> str | int | float:
     read back as Python's ``True`` in ``attr get`` and ``attr list``)."""
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, float) and "e" in repr(value):
+        # (as written, not as Python prints it: 0.0000001 is 1e-07, which no
+        # attribute parser takes, and the error showed a value nobody wrote)
+        return format(decimal.Decimal(repr(value)), "f")
     return value

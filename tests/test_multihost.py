@@ -251,6 +251,17 @@ def test_a_percent_in_a_host_name_is_not_expanded_again() -> None:
     assert _expand("tcp://%h:90%p", "n1", 3, None) == "tcp://n1:903"
 
 
+def test_a_small_or_big_float_in_a_file_is_the_number_written() -> None:
+    """TOML's ``0.0000001`` was the text ``1e-07``, which no duration takes:
+    refused, naming a value nobody wrote."""
+    from broker.attrs import duration
+    from broker.bootstrap import attr_text
+
+    assert attr_text(0.0000001) == "0.0000001" and duration(attr_text(0.0000001)) == 1e-07
+    assert attr_text(1e20) == "100000000000000000000"
+    assert attr_text(2.5) == 2.5 and attr_text(True) == "true"
+
+
 def test_two_addresses_are_two_hosts_for_the_bind_check() -> None:
     """Addresses are not cut at their first dot as names are: 127.0.0.1
     and 127.0.0.2 bind the same port each on its own."""
