@@ -910,7 +910,10 @@ class KeyWatch(_Wrapped):
                                                                   False)
                       or _module_removed(self.watch.h, exc)):
                     self._away = -1
-                elif self._reask.waits(exc) or _rank_stopping(self.watch.h, exc):
+                elif getattr(self.watch.h, "reconnect", False) and (
+                        self._reask.waits(exc) or _rank_stopping(self.watch.h, exc)):
+                    # (a plain handle's watch ends with the error: EHOSTUNREACH
+                    # of a lost serving rank is raised, not waited out)
                     self._away = -1  # (another rank's stop: as Watch.next_payload)
                     await self._reask.wait()
                 else:

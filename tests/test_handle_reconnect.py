@@ -773,3 +773,20 @@ async def test_a_watch_of_another_rank_goes_on_after_that_rank_restarts(
             await kvs.put("k", "2")
             assert (await asyncio.wait_for(anext(w), 20)).value == b"2"
         assert h.reconnects == 0
+
+
+async def test_a_plain_handles_watch_of_a_lost_rank_ends(inst: Restartable) -> None:
+    """Without ``reconnect``, a ``nodeid`` watch (a value watch, a key
+    watch) whose serving rank is killed ends with ``EHOSTUNREACH``: it is
+    not asked again (a guard: the key watch's re-ask, made for reconnecting
+    handles, is kept to them)."""
+    async with asyncio.timeout(60), Handle.connect(inst.rank0.uri) as h:
+        await KVS(h).put("k", "1")
+        async with watch(h, "k", nodeid=1) as w, watch_keys(h, "d", nodeid=1) as kw:
+            assert (await anext(w)).value == b"1"
+            assert (await anext(kw)).initial
+            await inst.kill_rank1()
+            for it in (w, kw):
+                with pytest.raises(RemoteError) as lost:
+                    await asyncio.wait_for(anext(it), 20)
+                assert lost.value.errnum == errno.EHOSTUNREACH, it
