@@ -667,7 +667,8 @@ class Handle(HandleCore):
         broker lost")."""
         proto = self._proto
         if (proto is not None and proto.transport is not None and proto.transport.is_closing()
-                and not self._user_closed and not self._forked):
+                and not self._user_closed and not self._forked
+                and asyncio._get_running_loop() is self._loop):  # (else _writer says why)
             self._lost()
             self._wake_event_waiters()
 
