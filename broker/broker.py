@@ -220,7 +220,24 @@ class Broker:
         except MODULE_FAILURES as exc:
             why = describe_failure(exc)
             raise ModuleStartError(f"module {cls.name} failed to start: {why}") from exc
+        if not hasattr(module, "_tasks"):
+            # (loaded, it failed every request with an AttributeError --
+            # a local client's connection dropped, one from another rank
+            # never answered -- and module list with it)
+            raise ModuleStartError(f"module {cls.name} failed to start: its __init__ does "
+                                   "not call super().__init__(ctx)")
         return module
+
+    def _check_free(self, name: str, services: tuple[str, ...]) -> None:
+        """``EEXIST`` if another module provides one of ``services`` here
+        (it was ``EIO`` "already registered", the module's other services
+        left registered)."""
+        for service in services:
+            taken = self.router.services.get(service)
+            if taken is not None:
+                raise ErrnoError(errno.EEXIST, f"module {name} asks for service {service!r}, "
+                                 f"which {taken.peer_id.removeprefix('m:')} provides on this "
+                                 "rank")
 
     async def load_module(self, module: Module) -> None:
         for service in module.service_names():
@@ -228,6 +245,7 @@ class Broker:
                 raise ModuleStartError(f"module {module.name} asks for service {service!r}: "
                                        "a service name is a topic's first word (no '.'), "
                                        "and no request could reach it")
+        self._check_free(module.name, module.service_names())
         handle = ModuleHandle(self.router, module)
         module._bind(handle)
         self.router.add_peer(handle, module.service_names())
@@ -308,7 +326,23 @@ class Broker:
         except battrs.AttrError as exc:
             raise ErrnoError(errno.EINVAL, str(exc)) from None
         if loaded is None:
-            return await self._load_new(name, cls, specs, changes, trial, path)
+            # What comes for its services before it has started waits for
+            # it, as at the rank's start and in a reload: it reached the
+            # handlers before start() had set up what they use (a probe).
+            services = cls.declared_services()
+            self._check_free(name, services)  # (a hold on another's would take its requests)
+            new_hold = self.router.hold_for_reload(name, services, hold_timeout)
+            refused: str | None = None
+            try:
+                return await self._load_new(name, cls, specs, changes, trial, path)
+            except BaseException as exc:
+                why = (exc.errstr if isinstance(exc, ErrnoError) else
+                       "the load was cancelled" if isinstance(exc, asyncio.CancelledError)
+                       else str(exc) or type(exc).__name__)
+                refused = f"module {name} failed to load on rank {self.rank}: {why}"
+                raise
+            finally:
+                self.router.end_hold(new_hold, refused)
         # The old module's services are held from before its removal until
         # the new one has started (broker/reloadhold.py): a request that
         # comes meanwhile waits for the new module instead of ENOSYS.

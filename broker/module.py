@@ -512,15 +512,24 @@ class Module:
             result = handler(msg)
         except ErrnoError as exc:
             self.h.respond_error(msg, exc.errnum, exc.errstr)
+            self._gone_anyway(msg)
             return
         except MODULE_FAILURES as exc:
             self.log.exception("handler %s failed", msg.topic)
             self.h.respond_error(msg, errno.EIO, f"internal error: {failure_words(exc)}")
+            self._gone_anyway(msg)
             return
         if result is not None and inspect.isawaitable(result):
             self._serve(msg, result)
         elif not msg.answered:
             self._held(msg)
+
+    def _gone_anyway(self, msg: Message) -> None:
+        """A ``.disconnect`` whose handler failed: the client is gone all
+        the same, and what the broker held for it is forgotten (its
+        requests stayed held, payloads and all, until the module went)."""
+        if msg.topic.endswith(".disconnect") and self.h.held:
+            self.h.forget_client(msg.route)
 
     def _held(self, msg: Message) -> None:
         """``msg``'s handler returned without its last answer: a client's
@@ -539,11 +548,13 @@ class Module:
                 self._held(msg)
         except ErrnoError as exc:
             self.h.respond_error(msg, exc.errnum, exc.errstr)
+            self._gone_anyway(msg)
         except asyncio.CancelledError:
             raise
         except MODULE_FAILURES as exc:
             self.log.exception("handler %s failed", msg.topic)
             self.h.respond_error(msg, errno.EIO, f"internal error: {failure_words(exc)}")
+            self._gone_anyway(msg)
 
     def set_attribute(self, name: str, value: Any) -> None:
         """Apply runtime attribute ``name`` (one of :attr:`runtime_attributes`),
@@ -558,7 +569,17 @@ class Module:
         # (a task cancelled before its first step never awaits ``coro``:
         # closed then, or Python warns that it was never awaited)
         task.add_done_callback(lambda _: coro.close())
+        task.add_done_callback(self._log_exit)
         return task
+
+    def _log_exit(self, task: asyncio.Task[Any]) -> None:
+        """A spawned task that called ``sys.exit()`` is logged as it ends,
+        as api.md says: kept by the module (``self.t = self.spawn(...)``,
+        the usual way), it was said by nobody -- asyncio reports an
+        exception never retrieved only when the task is collected.  Other
+        failures are the module's to read (it may await the task)."""
+        if not task.cancelled() and isinstance(task.exception(), ModuleExit):
+            self.log.error("%s", task.exception())
 
     def _serve(self, msg: Message, aw: Awaitable[None]) -> asyncio.Task[Any]:
         """Serve request ``msg`` with ``aw`` in a task owned by the module:

@@ -30,13 +30,14 @@ Flux's cases, and what each becomes:
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
 from pathlib import Path
 
 import pytest
-from test_broker_support import run_cli
+from test_broker_support import run_cli, wait_until
 
 from broker.launch import Instance
 
@@ -149,8 +150,17 @@ async def test_load_call_list_stats_reload_and_remove(start_instance, tmp_path: 
     (TESTMOD.replace('name: ClassVar[str] = "testmod"', 'name: ClassVar[str] = "test.py"'),
      "Exec format error (module file {path} defines module 'test.py', a name that reads as "
      "a path: module remove test.py would look for that file)"),
+    # (loaded, it failed every request it was sent, and module list)
+    (TESTMOD.replace("    def handlers", "    def __init__(self, ctx):\n"
+                                           "        self.ctx = ctx\n\n    def handlers"),
+     "Input/output error (module testmod failed to start: its __init__ does not call "
+     "super().__init__(ctx))"),
+    # (EIO "already registered", the module's other services left registered)
+    (TESTMOD.replace('    attributes = (GREETING, FAIL)',
+                     '    attributes = (GREETING, FAIL)\n    services = ("kvs",)'),
+     "File exists (module testmod asks for service 'kvs', which kvs provides on this rank)"),
 ], ids=["missing", "syntax", "raises", "exits", "sibling", "no-class", "two-classes",
-        "oserror", "init-failure", "init-raises", "path-name"])
+        "oserror", "init-failure", "init-raises", "path-name", "no-super", "service-taken"])
 async def test_failures_are_named(start_instance, tmp_path: Path, source: str | None,
                                   words: str) -> None:
     """A file that is not there, does not import (or exits as it is read:
@@ -495,3 +505,117 @@ async def test_a_coroutine_on_event_runs(start_instance, tmp_path: Path) -> None
     assert "event handler failed for asyncev.fail" in log and "ValueError: no good" in log
     await cli(uri, "module", "remove", "asyncev")
     assert "never awaited" not in (tmp_path / "broker-0.log").read_text()
+
+
+LEAKYMOD = '''\
+import sys
+from typing import ClassVar
+
+from broker.message import Message
+from broker.module import Handler, Module
+
+
+class LeakyMod(Module):
+    name: ClassVar[str] = "leakymod"
+
+    def handlers(self) -> dict[str, Handler]:
+        return {"leakymod.hold": self.hold, "leakymod.disconnect": self.gone,
+                "leakymod.exit": self.exit}
+
+    def hold(self, msg: Message) -> None:
+        pass  # (never answered: the broker holds it)
+
+    def gone(self, msg: Message) -> None:
+        raise KeyError(tuple(msg.route))  # (a client it never knew)
+
+    def exit(self, msg: Message) -> None:
+        self.kept = self.spawn(self._exits())  # (kept, as modules keep their tasks)
+        self.h.respond(msg, {})
+
+    async def _exits(self) -> None:
+        sys.exit(4)
+'''
+
+
+async def test_a_failing_disconnect_handler_still_frees_what_its_client_held(
+        start_instance, tmp_path: Path) -> None:
+    """A ``.disconnect`` handler that raises: the client is gone all the
+    same, and the requests the broker held for it are forgotten (they
+    stayed, payloads and all, until the module went: a probe).  And a
+    spawned task the module keeps that calls ``sys.exit()`` is logged as
+    it ends (api.md: it was said only if the task was collected)."""
+    from broker.errors import RemoteError
+    from broker.handle import Handle
+
+    inst = await start_instance(size=1)
+    uri = inst.uri(0)
+    (tmp_path / "leakymod.py").write_text(LEAKYMOD)
+    await cli(uri, "module", "load", "./leakymod.py", cwd=tmp_path)
+
+    async def held() -> int:
+        out, _ = await cli(uri, "module", "list", "--json")
+        return next(m["held"] for m in json.loads(out)["modules"] if m["name"] == "leakymod")
+
+    async with asyncio.timeout(T):
+        h = await Handle.connect(uri)
+        calls = [h.rpc("leakymod.hold", {"pad": "x" * 1000}) for _ in range(3)]
+
+        async def all_held() -> bool:
+            return await held() == 3
+        await wait_until(all_held, "the three requests held")
+        await h.close()
+        for c in calls:
+            with pytest.raises(RemoteError):
+                await c
+
+        async def none_held() -> bool:
+            return await held() == 0
+        await wait_until(none_held, "the gone client's requests forgotten")
+        await cli(uri, "rpc", "leakymod.exit")
+
+        async def logged() -> bool:
+            return "module leakymod's task called sys.exit(4)" in (await cli(uri, "dmesg"))[0]
+        await wait_until(logged, "the task's sys.exit logged")
+
+
+SLOWSTART = '''\
+import asyncio
+from typing import ClassVar
+
+from broker.message import Message
+from broker.module import Handler, Module
+
+
+class SlowStart(Module):
+    name: ClassVar[str] = "slowstart"
+    ready = False
+
+    def handlers(self) -> dict[str, Handler]:
+        return {"slowstart.ready": self.answer}
+
+    async def start(self) -> None:
+        await asyncio.sleep(1.0)  # (what a start sets up takes a while)
+        self.ready = True
+
+    def answer(self, msg: Message) -> None:
+        self.h.respond(msg, {"ready": self.ready})
+'''
+
+
+async def test_a_module_loaded_at_runtime_is_sent_nothing_before_it_has_started(
+        start_instance, tmp_path: Path) -> None:
+    """``module load`` of a module whose ``start()`` takes a while: a
+    request that comes meanwhile waits for the start to end, as at a rank's
+    start and in a reload (it reached the handler before ``start()`` had
+    set up what it uses: a probe)."""
+    inst = await start_instance(size=1)
+    uri = inst.uri(0)
+    (tmp_path / "slowstart.py").write_text(SLOWSTART)
+    load = asyncio.ensure_future(cli(uri, "module", "load", "./slowstart.py", cwd=tmp_path))
+
+    async def listed() -> bool:  # (listed as it starts)
+        return "slowstart" in (await cli(uri, "module", "list"))[0]
+    await wait_until(listed, "the module listed, starting")
+    out, _ = await cli(uri, "rpc", "slowstart.ready")
+    assert json.loads(out) == {"ready": True}
+    await load
