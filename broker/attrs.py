@@ -264,9 +264,23 @@ STATSD = AttrSpec(
     "HOST:PORT of a statsd server each rank sends its figures to (those of "
     "kvbroker stats) once a period, as gauges; empty: FLUX_FRIPP_STATSD's, "
     "or none")
+MIN_STATSD_PERIOD = 0.01
+"""The shortest ``stats.statsd-period``: each send gathers every module's
+stats, and ``0.0001ms`` made a rank send ~6,700 datagrams a second."""
+
+
+def statsd_period(value: Any) -> float:
+    """A duration of at least :data:`MIN_STATSD_PERIOD` seconds."""
+    seconds = duration(value)
+    if seconds < MIN_STATSD_PERIOD:
+        raise ValueError(f"{str(value)!r} is under {MIN_STATSD_PERIOD:g}s: a rank would "
+                         "gather and send its figures in a busy loop")
+    return seconds
+
+
 STATSD_PERIOD = AttrSpec(
-    "stats.statsd-period", "1", positive_duration,
-    "how often a rank sends the figures that changed to stats.statsd")
+    "stats.statsd-period", "1", statsd_period,
+    "how often a rank sends the figures that changed to stats.statsd (at least 10ms)")
 STATSD_PREFIX = AttrSpec(
     "stats.statsd-prefix", "kvbroker.{rank}", statsd_prefix,
     "what each figure's name starts with; {rank} is the rank (Flux's: flux.{rank})")

@@ -116,8 +116,16 @@ def target(text: str) -> Target:
     """A TARGET as :class:`Procs` names it: digits are a pid, anything else
     a label (a label may not be a number: :func:`broker.rexec.check_label`)."""
     if text.isascii() and text.isdigit():
-        return int(text)
+        pid = int(text)
+        if pid > MAX_PID:  # (msgpack's limit: a traceback, "not msgpack-able")
+            raise UsageError(f"{text}: not a pid (at most {MAX_PID})")
+        return pid
     return text
+
+
+MAX_PID = (1 << 63) - 1
+"""The largest number a TARGET may be: a pid is far smaller, and the
+request's payload (msgpack) takes no integer past 2**64."""
 
 
 def cmd_sproc(args: argparse.Namespace) -> int:
@@ -203,8 +211,10 @@ def print_table(fmt: str, pieces: list[tuple[str, str | None, str]], procs: list
                 "cmd": shlex.join(proc.cmd)}
         try:
             lines.append(fmt.format(**item))
-        except (ValueError, TypeError) as exc:  # (a spec the value does not take: {label:d})
-            raise UsageError(f"--format {fmt!r}: {exc}") from None
+        except (ValueError, TypeError, OverflowError, MemoryError) as exc:
+            # (a spec the value does not take, {label:d}; a width nested from
+            # a value, {pid:{pid}{pid}}, too large to print)
+            raise UsageError(f"--format {fmt!r}: {exc or type(exc).__name__}") from None
     for line in lines:
         print(line.rstrip())
 

@@ -61,7 +61,7 @@ def parse_address(value: str) -> tuple[str, int]:
         host = host[1:-1]
     if not host:
         raise ValueError(f"{value!r} has no host: HOST:PORT")
-    if not port.isdigit() or not 0 < int(port) < 65536:
+    if not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
         raise ValueError(f"{value!r}: the port must be a number from 1 to 65535")
     return host, int(port)
 

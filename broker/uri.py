@@ -372,11 +372,11 @@ async def _resolve_base(base: str, target: str, environ: Any, connect: Connect |
         return uri if "://" in uri else to_local(uri)
     scheme, sep, rest = base.partition(":")
     if sep and scheme == "pid":
-        if not rest.isdigit() or int(rest) == 0:
+        if not (rest.isascii() and rest.isdigit()) or int(rest) == 0:
             raise ResolveError(f"{target}: a process id is a positive integer")
         return await wait_until_up(int(rest)) if wait else pid_uri(int(rest))
     if sep and scheme == "rank":
-        if not rest.isdigit() or int(rest) > NODEID_ANY - 2:
+        if not (rest.isascii() and rest.isdigit()) or int(rest) > NODEID_ANY - 2:
             raise ResolveError(f"{target}: a rank is an integer from 0 to {NODEID_ANY - 2}")
         if connect is None:
             from broker.handle import Handle

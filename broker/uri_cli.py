@@ -38,7 +38,7 @@ def cmd_uri(args: argparse.Namespace) -> int:
     args.what = "uri"
     args.target.encode()  # (not UTF-8: said so, not "a\udcff: unknown target")
     rank = args.target.partition("?")[0].removeprefix("rank:")
-    if rank.isdigit():  # (named by -t's message: "rank 3 did not answer in 1s")
+    if rank.isascii() and rank.isdigit():  # (named by -t's message: "rank 3 did not answer in 1s")
         args.rank = int(rank)
 
     async def main() -> int:

@@ -146,6 +146,11 @@ async def test_rank_and_the_current_instance(start_instance, monkeypatch) -> Non
     assert await cli("uri", "rank:3", uri=inst.uri(0)) == inst.uri(3)
     assert await cli("uri", "rank:0", uri=inst.uri(2)) == inst.uri(0)
     assert await cli("uri", ".", uri=inst.uri(1)) == inst.uri(1)
+    # (a digit of another script is no rank: it was taken as 3, or said in
+    # Python's words, "invalid literal for int()")
+    for odd in ("rank:\u0663", "rank:\u00b2"):
+        err = await cli("uri", odd, uri=inst.uri(0), rc=1)
+        assert "a rank is an integer from 0 to" in err, err
     err = await cli("uri", "rank:9", uri=inst.uri(0), rc=1)
     assert err == ("kvbroker: uri: rank:9: No route to host (no route to rank 9: the "
                    "instance has ranks 0-3)")

@@ -274,3 +274,13 @@ async def test_cron_reloaded_as_its_tasks_start_leaves_no_fds(start_instance, co
     await wait_until(settled, "rank 1's tasks killed and its fds back to what they were",
                      timeout=T)
     assert h.connected and (await h.ping(1))["rank"] == 1
+
+
+def test_a_sproc_target_past_any_pid_is_a_usage_error() -> None:
+    """A number msgpack cannot carry was a traceback ("not msgpack-able")."""
+    from broker.cliutil import UsageError
+    from broker.sproc_cli import MAX_PID, target
+
+    assert target(str(MAX_PID)) == MAX_PID and target("job-1") == "job-1"
+    with pytest.raises(UsageError, match="not a pid"):
+        target("99999999999999999999999")

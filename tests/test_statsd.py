@@ -64,7 +64,10 @@ def test_lines_are_gauges_and_packets_end_on_whole_lines() -> None:
 
 def test_the_attributes_are_checked() -> None:
     for name, value, why in (("stats.statsd", "nocolon", "missing colon"),
-                             ("stats.statsd-period", "0", "more than 0"),
+                             ("stats.statsd-period", "0", "under 0.01s"),
+                             # (each send gathers every module's stats: a busy loop)
+                             ("stats.statsd-period", "0.0001ms", "under 0.01s"),
+                             ("stats.statsd", "h:\u0668\u0660", "port"),  # (Arabic-Indic 80)
                              ("stats.statsd-prefix", "a b", "words"),
                              ("stats.statsd-prefix", "a..b", "words")):
         with pytest.raises(battrs.AttrError, match=why):
