@@ -331,7 +331,8 @@ class Broker:
             # handlers before start() had set up what they use (a probe).
             services = cls.declared_services()
             self._check_free(name, services)  # (a hold on another's would take its requests)
-            new_hold = self.router.hold_for_reload(name, services, hold_timeout)
+            new_hold = self.router.hold_for_reload(name, services, hold_timeout,
+                                                   starting=True)  # (its words: "start")
             refused: str | None = None
             try:
                 return await self._load_new(name, cls, specs, changes, trial, path)

@@ -425,7 +425,7 @@ async def each_rank(what: str, ranks: list[Any], call: Callable[[Any], Awaitable
         else:
             out.append(answer)
     if refused:
-        if answered is not None:
+        if answered is not None and out:  # (none answered: no empty table)
             answered(out)
         # every rank that refused, those alike on one line: naming the first
         # alone read as if the others had taken what was asked

@@ -632,23 +632,31 @@ class Connector:
         return overlay is not None and overlay.congested()
 
     def hold_for_links(self, conn: ClientConnection) -> None:
-        """Stop reading guest connection ``conn`` until no link to another
-        rank is congested (looked at every :data:`LINKS_POLL` seconds): a
-        guest's big messages, sent on as fast as they came, queued faster
-        than a neighbour read them, and past ``tbon.max-backlog`` that
-        neighbour was dropped as stuck -- a guest stopped ranks with a few
-        300 MiB requests (found by a review).  The owner's connections are
-        read on: the owner's traffic is the instance's own."""
+        """Stop reading every guest's connection (``conn``'s read found a
+        link congested) until no link to another rank is (looked at every
+        :data:`LINKS_POLL` seconds): a guest's big messages, sent on as
+        fast as they came, queued faster than a neighbour read them, and
+        past ``tbon.max-backlog`` that neighbour was dropped as stuck -- a
+        guest stopped ranks with a few 300 MiB requests (found by a
+        review).  All guests', not only the one that read: each could
+        finish a message more.  The owner's connections are read on: the
+        owner's traffic is the instance's own."""
+        if self._links_poll is None:  # (a new time congested: every guest held)
+            self.counts["guests-held-for-links"] += 1
+            for usage in self.guests.values():
+                for other in usage.conns:
+                    self._hold_for_links(other)
+            self._links_poll = asyncio.get_running_loop().call_later(
+                LINKS_POLL, self._poll_links)
+        self._hold_for_links(conn)  # (one that came since, too)
+
+    def _hold_for_links(self, conn: ClientConnection) -> None:
         if conn.held_for_links:
             return
         conn.held_for_links = True
-        self.counts["guests-held-for-links"] += 1
         if conn.transport is not None and not conn.transport.is_closing():
             conn.transport.pause_reading()
         self._held_for_links.add(conn)
-        if self._links_poll is None:
-            self._links_poll = asyncio.get_running_loop().call_later(
-                LINKS_POLL, self._poll_links)
 
     def _poll_links(self) -> None:
         self._links_poll = None

@@ -1007,20 +1007,23 @@ class Instance:
             os.close(self._watch_w)
             self._watch_w = None
         keyfile, self._keyfile = self._keyfile, None
-        if self.rundir and self._removes_rundir():
-            remove_rundir(self.rundir)
-        fd, self._rundir_fd = self._rundir_fd, None
-        if fd is not None:
-            os.close(fd)  # (after the removal: no other start took it meanwhile)
-        if self.rundir and not self._removes_rundir():
-            # (one that was there stays: what the start wrote goes)
-            # Only a key file this start wrote; and a clean-up error must not
-            # replace the start's own (an unlink on a read-only file system
-            # fails with EROFS even for a file that is not there).
-            if keyfile is not None:
-                with contextlib.suppress(OSError):
-                    os.unlink(keyfile)
-            if self._rundir_mode is not None:
-                with contextlib.suppress(OSError):
-                    os.chmod(self.rundir, self._rundir_mode)
-                self._rundir_mode = None
+        try:
+            if self.rundir and self._removes_rundir():
+                remove_rundir(self.rundir)
+            elif self.rundir:  # (one that was there stays: what the start wrote goes)
+                # Only a key file this start wrote; and a clean-up error must not
+                # replace the start's own (an unlink on a read-only file system
+                # fails with EROFS even for a file that is not there).
+                if keyfile is not None:
+                    with contextlib.suppress(OSError):
+                        os.unlink(keyfile)
+                if self._rundir_mode is not None:
+                    with contextlib.suppress(OSError):
+                        os.chmod(self.rundir, self._rundir_mode)
+                    self._rundir_mode = None
+        finally:
+            # (last: a start that takes the directory next finds it as this
+            # one leaves it, its key file and mode not undone under it)
+            fd, self._rundir_fd = self._rundir_fd, None
+            if fd is not None:
+                os.close(fd)

@@ -498,6 +498,7 @@ class ZmqSocket:
         """Send what each backlog holds, until its peer's pipe is full."""
         for ident, queue in list(self.backlogs.items()):
             judge = self._stalls.get(ident)
+            before = len(queue)
             while queue:
                 try:
                     self.sock.send_multipart(queue[0], zmq.NOBLOCK, copy=False)
@@ -508,14 +509,15 @@ class ZmqSocket:
                                 exc, self.drop_backlog(ident))
                     break
                 self.backlog_bytes[ident] -= codec.frames_size(queue.popleft())
-                if judge is not None:
-                    judge.progressed()
             else:
                 self.drop_backlog(ident)
                 continue
             left = self.backlog_bytes.get(ident)  # (None: dropped, the peer gone)
-            if judge is not None and left is not None and left <= judge.max_backlog:
-                judge.clear()  # (judged afresh next time over)
+            if judge is not None and left is not None:
+                if len(queue) < before:
+                    judge.progressed()  # (the peer took some: once a flush)
+                if left <= judge.max_backlog:
+                    judge.clear()  # (judged afresh next time over)
 
     def most_queued(self) -> int:
         """The most bytes waiting for one peer (0: nothing waits)."""

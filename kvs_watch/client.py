@@ -218,9 +218,10 @@ class Watch(Generic[ItemT]):
     _stopped = False
     """Cancelled or ended here: a watch waiting for its handle to reconnect
     is not sent again."""
-    _stop_wake: asyncio.Future[None] | None = None
-    """Set while a reader waits for the rank's return (:meth:`_wait_back`):
-    :meth:`_stop` wakes it, so a cancel meanwhile ends its loop."""
+    _stop_wakes: tuple[asyncio.Future[None], ...] = ()
+    """While readers wait for the rank's return (:meth:`_wait_back`), one
+    future each: :meth:`_stop` wakes them, so a cancel meanwhile ends
+    their loops."""
     sent_on = 0
     """The handle's :attr:`~broker.handle.Handle.reconnects` when the
     request was last sent: the connection it went on."""
@@ -323,11 +324,12 @@ class Watch(Generic[ItemT]):
         h: Any = self.h
         back = asyncio.ensure_future(h.wait_connected() if after is None
                                      else h.wait_reconnected(after))
-        wake = self._stop_wake = asyncio.get_running_loop().create_future()
+        wake: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._stop_wakes = (*self._stop_wakes, wake)
         try:
             await asyncio.wait((back, wake), return_when=asyncio.FIRST_COMPLETED)
         finally:
-            self._stop_wake = None
+            self._stop_wakes = tuple(w for w in self._stop_wakes if w is not wake)
             if not back.done():
                 back.cancel()
         if self._stopped:
@@ -340,9 +342,9 @@ class Watch(Generic[ItemT]):
         """Cancelled, or ended here: not sent again, and a reader waiting
         for the rank's return ends (:meth:`_wait_back`)."""
         self._stopped = True
-        wake = self._stop_wake
-        if wake is not None and not wake.done():
-            wake.set_result(None)
+        for wake in self._stop_wakes:
+            if not wake.done():
+                wake.set_result(None)
 
     async def _restart(self, resume: Resume, after: int | None = None) -> Stream:
         """The handle lost its connection and reconnects: send the request
@@ -613,7 +615,8 @@ async def wait_create(h: HandleCore, key: str, *, namespace: str | None = None,
 
     Time-box it with ``asyncio.timeout``: cancelling it cancels the watch.
 
-    Served by the handle's rank (``nodeid`` not given), it first pings
+    Served by the handle's rank (``nodeid`` not given: an explicit one,
+    even that rank's, goes without), it first pings
     rank 0: the answer comes down the tree behind every event rank 0 sent
     before it, so a namespace removed before this call (its
     ``namespace_remove`` answered, anywhere) is known removed here by then,
@@ -855,6 +858,8 @@ class KeyWatch(_Wrapped):
                 if exc.errnum not in (errno.ENOTSUP, errno.ETIMEDOUT):
                     raise
             self._ready = True
+        if self.watch._stopped:  # (cancelled during that wait: not sent, the loop ends)
+            raise StopAsyncIteration
         self.watch.start()
 
     async def __aenter__(self) -> Self:
