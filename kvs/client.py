@@ -138,6 +138,9 @@ NAMESPACE_ENV = "KVBROKER_NAMESPACE"
 _NO_DEFAULT: Any = object()
 """What ``get(key)`` without a ``default`` gets: a missing key is ``ENOENT``
 (None cannot mean "no default": it is a useful default)."""
+_MISSING_VALUE: Any = object()
+"""What :meth:`KVS.get_str` and :meth:`KVS.get_json` ask :meth:`KVS.get` for
+in place of a missing key's value: never a value a key holds."""
 
 
 READ_WINDOW = 64
@@ -233,7 +236,10 @@ def encode_value(value: Any) -> bytes:
     if isinstance(value, bytes | bytearray | memoryview):
         return bytes(value)
     if isinstance(value, str):
-        return value.encode("utf-8", "surrogateescape")
+        try:
+            return value.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError as exc:  # (a lone surrogate no escape stands for)
+            raise TypeError(f"cannot store a str value: {exc}") from None
     try:
         return json.dumps(value, separators=(",", ":"), ensure_ascii=False,
                           allow_nan=False).encode()
@@ -686,6 +692,10 @@ async def pin_dir(kvs: KVS, key: str, at: RootSpec | None) -> Dir:
     root of its namespace."""
     top = await kvs.dir(key, at=at)  # (its errors name the key: ENOENT, ENOTDIR, EPERM)
     space, obj = kvs, await kvs.get_treeobj(key, at=at)
+    if isinstance(at, Root) and at.namespace != kvs.namespace:
+        # (a Root is read in its own namespace: a link there into another
+        # was taken to be in the KVS's, and read at the Root's tree)
+        space = kvs.with_namespace(at.namespace)
     for _ in range(SYMLINK_MAX):
         if obj["type"] != "symlink":
             break
@@ -843,8 +853,10 @@ class KVS:
         given); bytes that are not UTF-8 come
         back as surrogate escapes, as :meth:`put` stores such a ``str``, so
         ``put(k, s)`` then ``get_str(k)`` gives ``s`` back for any ``s``."""
-        data = await self.get(key, default, at=at)
-        return default if data is default else data.decode("utf-8", "surrogateescape")
+        data = await self.get(key, default if default is _NO_DEFAULT else _MISSING_VALUE, at=at)
+        if data is _MISSING_VALUE:  # (not `is default`: b"" and b"x" are shared
+            return default          # objects, and a stored one read as missing)
+        return data.decode("utf-8", "surrogateescape")
 
     async def get_json(self, key: str, default: Any = _NO_DEFAULT, *,
                        at: RootSpec | None = None) -> Any:
@@ -852,8 +864,8 @@ class KVS:
         missing, when given; ``ValueError`` naming the key if
         it is not JSON: ``json.JSONDecodeError``, or ``UnicodeDecodeError``
         for bytes that are not text)."""
-        data = await self.get(key, default, at=at)
-        if data is default:
+        data = await self.get(key, default if default is _NO_DEFAULT else _MISSING_VALUE, at=at)
+        if data is _MISSING_VALUE:  # (as get_str's)
             return default
         return _parse_json(key, data)
 
@@ -1181,7 +1193,9 @@ class KVS:
                 # catch-up keeps the loop from spinning on a stale read
                 # should that order ever not hold, at no cost otherwise.
                 await self.wait_version(await self._leader_version())
-                await self._check_not_symlink(key)
+                # (missing_ok: another writer may have removed it since --
+                # an ENOENT escaped update(), where it reads as missing)
+                await self._check_not_symlink(key, missing_ok=True)
                 old = await self._get_or_none(key, None)
             new = fn(_decoded(key, old, decode))
             if inspect.isawaitable(new):
@@ -1199,13 +1213,19 @@ class KVS:
             else:
                 data = encode_value(new)
                 if data == old:  # (nothing to commit: checked as a commit would be)
-                    await self._check_not_symlink(key)
+                    await self._check_not_symlink(key, missing_ok=True)
                     return Updated(new, None, tries)
                 ops.put_raw(key, data, lease=lease)
             try:
                 result = await self.commit(ops, flags)
             except RemoteError as exc:
-                if exc.errnum != errno.ECANCELED or tries > retries:
+                if exc.errnum != errno.ECANCELED:
+                    raise
+                # (a symlink's condition never holds: EINVAL whatever the
+                # retries -- with none, or its target changing at each
+                # try, it was ECANCELED)
+                await self._check_not_symlink(key, missing_ok=True)
+                if tries > retries:
                     raise
                 failed[:] = [old]
                 await asyncio.sleep(random.uniform(

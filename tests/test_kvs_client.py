@@ -1238,3 +1238,59 @@ async def test_cli_an_empty_namespace_option_is_a_usage_error(start_instance) ->
         assert "must not be empty" in err, (args, err)
     rc, out, err = await run_cli("kvs", "dir", "-R", ".", uri=uri, timeout=T)
     assert (rc, out) == (0, ""), err
+
+
+def test_a_lone_surrogate_is_an_unencodable_value() -> None:
+    """``"\\ud800"`` (no surrogate escape: UTF-8 cannot hold it) is a
+    ``TypeError`` as api.md says of an unencodable value (it was
+    ``UnicodeEncodeError``); a surrogate escape is stored as its byte."""
+    with pytest.raises(TypeError, match="cannot store a str value"):
+        encode_value("\ud800")
+    assert encode_value("\udcff") == b"\xff"
+
+
+async def test_update_and_reads_found_by_a_review(start_instance, connect) -> None:
+    """* ``update()`` whose key another writer removes while ``fn`` runs: it
+      reads as missing and goes on (an ``ENOENT`` escaped, from the check
+      that the key is no symlink).
+    * ``update()`` of a symlink with ``retries=0``: ``EINVAL``, as with
+      retries (it was the ``ECANCELED``).
+    * ``get_str``/``get_json`` with a bytes default equal to the value:
+      the value, decoded (``b""`` and one-byte bytes are shared objects,
+      and the value read as missing).
+    * ``get_tree(key, at=Root)`` of another namespace through a link into a
+      third: read in the Root's namespace (the link was taken to be in the
+      KVS's, and its target read at the Root's tree)."""
+    inst = await start_instance(size=1)
+    k, other = await kvs_on(connect, inst), await kvs_on(connect, inst)
+
+    await k.put("u.k", "v")
+
+    async def removed_meanwhile(old: bytes | None) -> bytes | None:
+        await other.unlink("u.k")
+        return old  # (unchanged: nothing to commit)
+    got = await asyncio.wait_for(k.update("u.k", removed_meanwhile), T)
+    assert (got.value, got.result) == (b"v", None) and await k.get("u.k", None) is None
+
+    await k.put("u.target", "1")
+    await k.symlink("u.link", "u.target")
+    with pytest.raises(ErrnoError) as refused:
+        await k.update("u.link", lambda old: b"2", retries=0)
+    assert errnum(refused) == errno.EINVAL, refused.value
+
+    await k.put("u.empty", b"")
+    await k.put("u.x", "x")
+    assert await k.get_str("u.empty", b"") == ""
+    assert await k.get_str("u.x", b"x") == "x"
+    assert await k.get_json("u.one", b"1") == b"1"  # (missing: the default, as given)
+    await k.put("u.one", b"1")
+    assert await k.get_json("u.one", b"1") == 1
+
+    await k.put("pdir.in_primary", "1")
+    await k.namespace_create("treens")
+    n = KVS(k.handle, "treens")
+    await n.put("pdir.in_treens", "2")
+    await n.symlink("L", "pdir", "primary")
+    root = await n.getroot()
+    assert set(await k.get_tree("L", at=root)) == {"in_primary"}
+    assert set(await n.get_tree("L", at=root)) == {"in_primary"}
