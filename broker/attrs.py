@@ -269,17 +269,22 @@ MIN_STATSD_PERIOD = 0.01
 stats, and ``0.0001ms`` made a rank send ~6,700 datagrams a second."""
 
 
-def statsd_period(value: Any) -> float:
-    """A duration of at least :data:`MIN_STATSD_PERIOD` seconds."""
-    seconds = duration(value)
-    if seconds < MIN_STATSD_PERIOD:
-        raise ValueError(f"{str(value)!r} is under {MIN_STATSD_PERIOD:g}s: a rank would "
-                         "gather and send its figures in a busy loop")
-    return seconds
+def duration_at_least(minimum: float, why: str) -> Callable[[Any], float]:
+    """A parser of durations of at least ``minimum`` seconds: a period a
+    rank wakes at, of which a tiny one is a busy loop (``why`` says what
+    it would do)."""
+    def parse(value: Any) -> float:
+        seconds = duration(value)
+        if seconds < minimum:
+            raise ValueError(f"{value!r} is under {minimum:g}s ({why})")
+        return seconds
+    return parse
 
 
 STATSD_PERIOD = AttrSpec(
-    "stats.statsd-period", "1", statsd_period,
+    "stats.statsd-period", "1",
+    duration_at_least(MIN_STATSD_PERIOD, "a rank would gather and send its figures in a "
+                      "busy loop"),
     "how often a rank sends the figures that changed to stats.statsd (at least 10ms)")
 STATSD_PREFIX = AttrSpec(
     "stats.statsd-prefix", "kvbroker.{rank}", statsd_prefix,

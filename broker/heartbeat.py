@@ -23,7 +23,7 @@ import asyncio
 import time
 from typing import Any, ClassVar
 
-from broker.attrs import AttrSpec, duration, integer
+from broker.attrs import AttrSpec, duration_at_least, integer
 from broker.message import Message
 from broker.module import Module
 
@@ -35,13 +35,8 @@ MIN_PERIOD = 0.01
 and an event storm on every rank."""
 
 
-def period(value: Any) -> float:
-    """A duration of at least :data:`MIN_PERIOD` seconds."""
-    seconds = duration(value)
-    if seconds < MIN_PERIOD:
-        raise ValueError(f"{value!r} is under {MIN_PERIOD:g}s (a pulse that fast is a busy "
-                         "loop)")
-    return seconds
+period = duration_at_least(MIN_PERIOD, "a pulse that fast is a busy loop")
+"""A duration of at least :data:`MIN_PERIOD` seconds."""
 
 
 PERIOD = AttrSpec("heartbeat.period", "2", period,

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 from test_broker_support import KVBROKER, run_cli
+from test_kvs_fsck import delete_blobs
 from test_kvs_rpc_helpers import (
     APPEND,
     commit,
@@ -905,9 +906,7 @@ async def test_checkpoint_dump_of_a_damaged_store_fails_or_salvages(start_instan
     salvage a damaged store) it dumps everything else and names what it left
     out, exit 0.  Online the option is a usage error: a running KVS refuses
     such a tree."""
-    import sqlite3
 
-    from broker.content.sqlite import digest_of
 
     statedir = tmp_path / "state"
     inst = await start_instance(size=1, statedir=str(statedir))
@@ -917,14 +916,7 @@ async def test_checkpoint_dump_of_a_damaged_store_fails_or_salvages(start_instan
     lost_dir = (await lookup(h, "b", flags=16))["data"][0]  # a dirref's
     await h.close()
     assert await inst.stop() == [0]
-    db = sqlite3.connect(statedir / "content.sqlite")
-    try:
-        with db:
-            for ref in (lost, lost_dir):
-                assert db.execute("DELETE FROM objects WHERE hash = ?",
-                                  (digest_of(ref),)).rowcount == 1
-    finally:
-        db.close()
+    delete_blobs(statedir, lost, lost_dir)
 
     out = tmp_path / "salvage.tar"
     rc, _, err = await run_cli("kvs", "dump", "--checkpoint", "--statedir", str(statedir),
@@ -950,9 +942,7 @@ async def test_checkpoint_dump_salvages_the_readable_shards_of_a_big_directory(
     directory's blob, which is there.  It left the whole directory out,
     naming that blob as missing; without the option the dump fails naming
     the shard."""
-    import sqlite3
 
-    from broker.content.sqlite import digest_of
     from kvs import shards
 
     statedir = tmp_path / "state"
@@ -968,13 +958,7 @@ async def test_checkpoint_dump_salvages_the_readable_shards_of_a_big_directory(
     gone = set(leaf["data"])
     await h.close()
     assert await inst.stop() == [0]
-    db = sqlite3.connect(statedir / "content.sqlite")
-    try:
-        with db:
-            assert db.execute("DELETE FROM objects WHERE hash = ?",
-                              (digest_of(lost),)).rowcount == 1
-    finally:
-        db.close()
+    delete_blobs(statedir, lost)
 
     out = tmp_path / "salvage.tar"
     rc, _, err = await run_cli("kvs", "dump", "--checkpoint", "--statedir", str(statedir),
