@@ -344,6 +344,8 @@ class Module:
         """The module's tasks, in the order they were spawned (a handler's:
         the order its requests came, :meth:`parked`)."""
         self.requests = 0
+        self._warned_returns: set[str] = set()
+        """Topics whose handler returned a value unanswered, said once (:meth:`_returned`)."""
         self.events = EventCounts()
         self.stop_reason: str | None = None
         """Why the rank stops (``signal SIGTERM``, ``lost the connection to
@@ -522,7 +524,19 @@ class Module:
         if result is not None and inspect.isawaitable(result):
             self._serve(msg, result)
         elif not msg.answered:
+            if result is not None:
+                self._returned(msg, result)
             self._held(msg)
+
+    def _returned(self, msg: Message, result: object) -> None:
+        """A handler returned a value without answering: said once per
+        topic (its client waited with no hint: a handler answers with
+        ``self.h.respond``, whatever it returns)."""
+        if msg.topic not in self._warned_returns:
+            self._warned_returns.add(msg.topic)
+            self.log.warning("handler %s returned a %s without answering its request: "
+                             "answer with self.h.respond(msg, payload) (what a handler "
+                             "returns is not sent)", msg.topic, type(result).__name__)
 
     def _gone_anyway(self, msg: Message) -> None:
         """A ``.disconnect`` whose handler failed: the client is gone all
@@ -541,10 +555,12 @@ class Module:
         elif not self.ends_its_requests:
             self.h.hold(msg)
 
-    async def _finish(self, msg: Message, aw: Awaitable[None]) -> None:
+    async def _finish(self, msg: Message, aw: Awaitable[object]) -> None:
         try:
-            await aw
+            result = await aw
             if not msg.answered:
+                if result is not None:
+                    self._returned(msg, result)
                 self._held(msg)
         except ErrnoError as exc:
             self.h.respond_error(msg, exc.errnum, exc.errstr)

@@ -520,10 +520,13 @@ class LeakyMod(Module):
 
     def handlers(self) -> dict[str, Handler]:
         return {"leakymod.hold": self.hold, "leakymod.disconnect": self.gone,
-                "leakymod.exit": self.exit}
+                "leakymod.exit": self.exit, "leakymod.returns": self.returns}
 
     def hold(self, msg: Message) -> None:
         pass  # (never answered: the broker holds it)
+
+    async def returns(self, msg: Message) -> dict:
+        return {"value": 1}  # (not sent: respond() answers)
 
     def gone(self, msg: Message) -> None:
         raise KeyError(tuple(msg.route))  # (a client it never knew)
@@ -576,6 +579,18 @@ async def test_a_failing_disconnect_handler_still_frees_what_its_client_held(
         async def logged() -> bool:
             return "module leakymod's task called sys.exit(4)" in (await cli(uri, "dmesg"))[0]
         await wait_until(logged, "the task's sys.exit logged")
+        # a handler that returns its answer: held, and said (once a topic)
+        h2 = await Handle.connect(uri)
+        returned = h2.rpc("leakymod.returns", {})
+
+        async def warned() -> bool:
+            log = (await cli(uri, "dmesg"))[0]
+            return "handler leakymod.returns returned a dict without answering" in log
+        await wait_until(warned, "the returned answer said")
+        assert not returned.done()
+        await h2.close()
+        with pytest.raises(RemoteError):
+            await returned
 
 
 SLOWSTART = '''\
