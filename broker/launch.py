@@ -513,12 +513,18 @@ class Instance:
         self._watch_w: int | None = None
         self._waiters: list[asyncio.Task[None]] = []
         self._stopping = False
+        self._starting = False
+        """:meth:`start` runs."""
+        self._stops = 0
+        """:meth:`stop` calls running (a start's own, when it fails, too)."""
 
     def uri(self, rank: int = 0) -> str:
         """The URI of rank ``rank``'s local socket (``RuntimeError`` before
         :meth:`start` has made the run directory)."""
         if not self.rundir:
             raise RuntimeError("the instance is not started: no URI yet")
+        if type(rank) is not int or not 0 <= rank < self.size:  # (a path nothing listens at)
+            raise ValueError(f"rank {rank!r} is not one of this instance's (0-{self.size - 1})")
         return f"local://{local_socket_path(self.rundir, rank)}"
 
     def __repr__(self) -> str:
@@ -559,10 +565,24 @@ class Instance:
     async def start(self, timeout: float = START_TIMEOUT) -> None:
         """Start the ranks and wait until every one answers.  After
         :meth:`stop` it may be called again: with a ``statedir`` the new
-        ranks resume from what the old ones saved."""
-        loop = asyncio.get_running_loop()
+        ranks resume from what the old ones saved.  ``RuntimeError`` while
+        it is started, being started or being stopped (a start beside
+        either took over the other's run directory and pipe, and one was
+        left behind)."""
+        if self._starting:
+            raise RuntimeError("the instance is being started already")
+        if self._stops:
+            raise RuntimeError("the instance is being stopped: await its stop() first")
         if self.procs and not self._stopping:
             raise RuntimeError("the instance is already started: stop() it first")
+        self._starting = True
+        try:
+            await self._start(timeout)
+        finally:
+            self._starting = False
+
+    async def _start(self, timeout: float) -> None:
+        loop = asyncio.get_running_loop()
         self.check()
         self.procs, self._waiters, self._stopping, self.killed = [], [], False, []
         self.shutdown_rank, self.shutdown_why = None, "kvbroker shutdown"
@@ -662,6 +682,14 @@ class Instance:
         targets = (plugins.module_targets(battrs.module_names(self.attrs))
                    if self.python == sys.executable else {})
         watch_r, self._watch_w = os.pipe()
+        try:
+            await self._spawn_with(watch_r, endpoints, curve_args, targets)
+        finally:
+            os.close(watch_r)  # (the ranks have theirs; failing before, it leaked)
+
+    async def _spawn_with(self, watch_r: int, endpoints: dict[int, str],
+                          curve_args: list[str], targets: dict[str, str]) -> None:
+        """:meth:`_spawn_ranks` with the watch pipe's read end made."""
         argvs = []
         for rank in range(self.size):
             argv = [
@@ -689,7 +717,11 @@ class Instance:
         env.pop("KVBROKER_RANK", None)
         stderr = None
         if self.stderr_path:
-            stderr = open(self.stderr_path, "ab")  # noqa: SIM115
+            try:
+                stderr = open(self.stderr_path, "ab")  # noqa: SIM115
+            except OSError as exc:
+                raise StartError(f"stderr_path {self.stderr_path}: "
+                                 f"{exc.strerror or exc}") from None
         try:
             if self.spawn == "fork":
                 preload = sorted({t.partition(":")[0] for t in targets.values()})
@@ -700,7 +732,6 @@ class Instance:
                 for argv in argvs:
                     await self._exec_rank(argv, watch_r, env, stderr)
         finally:
-            os.close(watch_r)
             if stderr is not None:
                 stderr.close()
 
@@ -970,6 +1001,7 @@ class Instance:
         directory once they are gone.
         """
         self._stopping = True
+        self._stops += 1
         try:
             for proc in self.procs:
                 _signal(proc, signal.SIGTERM)
@@ -979,6 +1011,7 @@ class Instance:
                                             for r, p in enumerate(self.procs)))
             self.killed = [r for r, k in enumerate(killed) if k]
         finally:
+            self._stops -= 1
             self._deadlines.clear()
             self._release()
         return [p.returncode for p in self.procs]

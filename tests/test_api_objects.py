@@ -127,6 +127,44 @@ async def test_an_instance_starts_again_from_its_statedir(tmp_path: Path) -> Non
         await inst.stop()
 
 
+async def test_an_instance_refuses_a_start_beside_its_start_or_stop(tmp_path: Path) -> None:
+    """Two ``start()`` at once, or one while ``stop()`` runs: the second is a
+    ``RuntimeError`` saying so (each took over the other's run directory
+    and pipe: a directory and ranks were left behind, the errors said
+    nothing of why -- found by a review); ``uri()`` of a rank the instance
+    does not have is a ``ValueError`` (a path nothing listens at); a bad
+    ``stderr_path`` is a ``StartError`` naming it, and no descriptor leaks."""
+    import os
+
+    from broker.launch import StartError
+
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    inst = Instance(2, 2, rundir=str(runs / "r"), stderr_path=str(tmp_path / "broker.log"))
+    try:
+        first, second = await asyncio.wait_for(asyncio.gather(
+            inst.start(), inst.start(), return_exceptions=True), 60)
+        assert first is None and isinstance(second, RuntimeError), (first, second)
+        assert "being started already" in str(second)
+        assert len(inst.pids()) == 2
+        with pytest.raises(ValueError, match="not one of this instance's"):
+            inst.uri(2)
+        stopping = asyncio.ensure_future(inst.stop())
+        await asyncio.sleep(0)  # (its first step: the ranks told to stop)
+        with pytest.raises(RuntimeError, match="being stopped"):
+            await inst.start()
+        await asyncio.wait_for(stopping, 60)
+    finally:
+        await inst.stop()
+    assert os.listdir(runs) == []  # (the run directory it made, removed)
+
+    fds = len(os.listdir("/proc/self/fd"))
+    for _ in range(3):
+        with pytest.raises(StartError, match="stderr_path /nonexistent/x.log: No such file"):
+            await Instance(2, stderr_path="/nonexistent/x.log").start()
+    assert len(os.listdir("/proc/self/fd")) == fds
+
+
 async def _connect(inst: Instance, rank: int = 0) -> Any:
     from broker.handle import Handle
 
