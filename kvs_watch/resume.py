@@ -206,7 +206,7 @@ class NamespaceResume:
         event, name = payload.get("event"), payload.get("namespace")
         if self.listing is not None:
             if event == "listed":
-                return self._relisted()
+                return self._relisted(payload)
             if payload.get("initial"):
                 self.listing.append(payload)
                 return []
@@ -222,7 +222,14 @@ class NamespaceResume:
             self.known.pop(name, None)
         return [payload]
 
-    def _relisted(self) -> list[Any]:
+    def _relisted(self, marker: dict[str, Any]) -> list[Any]:
+        """The restarted stream's list has ended (``marker``).  If the first
+        list never had (the stream was lost before it was served, or part
+        way), this one is the first: what it adds is ``initial`` (none for
+        ``changes_only``), then the marker -- it was taken for changes, and
+        the marker swallowed, so a reader waiting for ``NS_LISTED`` waited
+        for ever (a review: a kvs-watch reload as the watch started)."""
+        first = not self.listed
         listing, self.listing = self.listing or [], None
         now = {p["namespace"]: p for p in listing}
         out: list[Any] = []
@@ -234,5 +241,11 @@ class NamespaceResume:
         for name, new in now.items():
             if name not in self.known:
                 self.known[name] = new
-                out.append({**new, "initial": False})
+                if not first:
+                    out.append({**new, "initial": False})
+                elif not self.changes_only:
+                    out.append({**new, "initial": True})
+        if first:
+            self.listed = True
+            out.append(marker)
         return out

@@ -590,6 +590,32 @@ def test_a_deletes_watch_reports_a_removal_once() -> None:
     assert a.take(_val(b"y\n", 4)) == [_val(b"y\n", 4)]  # (back: whole)
 
 
+def test_a_namespace_watch_lost_before_its_first_list_ended_lists_then() -> None:
+    """The stream lost before its first list was served (a kvs-watch
+    reload as the watch started): the list asked again is the first --
+    ``initial`` entries (none for ``changes_only``), then the ``listed``
+    marker.  They were taken for changes, and the marker swallowed: a
+    reader waiting for ``NS_LISTED`` waited for ever (found by a review)."""
+    from kvs_watch.resume import NamespaceResume
+
+    def ns(name: str, epoch: int) -> dict:
+        return {"namespace": name, "owner": 0, "event": "created", "epoch": epoch,
+                "initial": True}
+    listed = {"namespace": "", "owner": -1, "event": "listed"}
+    for changes_only in (False, True):
+        r = NamespaceResume(changes_only)
+        seen = r.take(ns("a", 1))  # (the first list, cut short after one entry)
+        r.restarted()
+        assert r.take(ns("a", 1)) == [] and r.take(ns("b", 2)) == []
+        seen += r.take(listed)
+        expected = [listed] if changes_only else [ns("a", 1), ns("b", 2), listed]
+        assert seen == expected, (changes_only, seen)
+        # and a later restart is a catch-up, as ever
+        r.restarted()
+        r.take(ns("b", 2))
+        assert r.take(listed) == [{**ns("a", 1), "event": "removed", "initial": False}]
+
+
 async def test_subscriptions_made_and_ended_while_away_are_applied_once(
         inst: Restartable) -> None:
     """A ``subscribe`` or ``unsubscribe`` made while the handle reconnects
