@@ -162,7 +162,7 @@ async def watch_get_async(h: HandleCore, args: argparse.Namespace,
             # A watch answers at once (the value, or ENOENT): none came, so
             # the rank never served it (stopped, say) -- nothing was watched.
             why = f"the rank did not answer in {timeout:g} s: stopped or hung?"
-        elif flags & F.WATCH:
+        elif flags & F.WATCH and answered:
             why = f"watched for {timeout:g} s"
         else:
             why = f"not created within {timeout:g} s"
@@ -422,6 +422,10 @@ def eventlog_wait_event(args: argparse.Namespace) -> int:
     from kvs.cli import make_formatter
 
     fmt = make_formatter(args)
+    # (never sent, only compared with each event's name: one that is not
+    # UTF-8 matched nothing, and the command waited for ever -- refused
+    # before anything is sent, as a key is)
+    args.event.encode("utf-8")
     return _run(args, lambda h: eventlog_wait_event_async(
         h, args.key, args.event, fmt, namespace=_ns(args),
         timeout=getattr(args, "timeout", None), waitcreate=args.waitcreate,

@@ -105,7 +105,9 @@ async def test_usage_errors_say_what_is_wrong(uri: str) -> None:
 
 
 @pytest.mark.parametrize("args", [["config", "get", "a\udcff"], ["config", "set", "a\udcff", "1"],
-                                  ["uri", "a\udcff"]])
+                                  ["uri", "a\udcff"],
+                                  # (never sent, only compared: it waited for ever)
+                                  ["kvs", "eventlog", "wait-event", "log", "a\udcff"]])
 async def test_a_word_that_is_not_utf8_is_said_so(uri: str, args: list[str]) -> None:
     """``config get $'a\\xff'`` said ``a\\udcff is not set``; ``uri`` said
     ``unknown target``: the word is no name at all, as other commands say."""

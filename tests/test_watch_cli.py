@@ -120,6 +120,10 @@ async def test_kvs_get_timeout_gives_up_and_cancels_its_watch(start_instance, co
     rc, out, err = await run(uri, "kvs", "get", "-W", "--timeout", "0.3", "t.nokey")
     assert (rc, out, err) == (1, "", "kvbroker: t.nokey: Connection timed out "
                                      "(not created within 0.3 s)\n")
+    # -w -W of a key never made: nothing was watched yet (it said "watched for")
+    rc, out, err = await run(uri, "kvs", "get", "-w", "-W", "--timeout", "0.3", "t.nokey")
+    assert (rc, out, err) == (1, "", "kvbroker: t.nokey: Connection timed out "
+                                     "(not created within 0.3 s)\n")
     await commit(h0, put("t.k", "1"), sync=(h0, 1))
     rc, out, err = await run(uri, "kvs", "get", "-w", "--timeout", "2", "t.k")
     assert (rc, out, err) == (1, "1\n", "kvbroker: t.k: Connection timed out "
