@@ -434,10 +434,18 @@ class Instance:
         on_rank_command: Callable[[int, list[str]], None] | None = None,
         config_file: str | None = None,
     ) -> None:
-        if size < 1:
-            raise ValueError("size must be at least 1")
-        if fanout < 1:
-            raise ValueError("fanout must be at least 1")
+        for name, number in (("size", size), ("fanout", fanout)):
+            # (a str or float failed later with Python's words; True was
+            # taken as 1 and refused by each rank's parser)
+            if type(number) is not int:
+                raise TypeError(f"{name} must be an int, not {type(number).__name__}")
+            if number < 1:
+                raise ValueError(f"{name} must be at least 1")
+        from broker.loops import LOOP_NAMES
+
+        if event_loop not in LOOP_NAMES:  # (else each rank failed with a traceback)
+            raise ValueError(f"event_loop must be one of {', '.join(LOOP_NAMES)}, "
+                             f"not {event_loop!r}")
         self.size = size
         self.fanout = fanout
         self.event_loop = event_loop

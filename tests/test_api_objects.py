@@ -165,6 +165,19 @@ async def test_an_instance_refuses_a_start_beside_its_start_or_stop(tmp_path: Pa
     assert len(os.listdir("/proc/self/fd")) == fds
 
 
+def test_an_instance_refuses_bad_arguments_as_it_is_made() -> None:
+    """A bad ``event_loop`` failed in every rank (a traceback each, then
+    ``StartError: rank 1 exited``); ``size="2"`` and ``2.5`` with Python's
+    words later, ``True`` in the ranks' parser (found by a review)."""
+    with pytest.raises(ValueError, match="event_loop must be one of auto, uvloop, asyncio"):
+        Instance(2, event_loop="bogus")
+    for bad in ("2", 2.5, True):
+        with pytest.raises(TypeError, match="size must be an int"):
+            Instance(bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="fanout must be at least 1"):
+        Instance(2, 0)
+
+
 async def _connect(inst: Instance, rank: int = 0) -> Any:
     from broker.handle import Handle
 
