@@ -242,13 +242,6 @@ def statsd_address(value: Any) -> str:
     return text_value
 
 
-def positive_duration(value: Any) -> float:
-    seconds = duration(value)
-    if seconds <= 0:
-        raise ValueError(f"{str(value)!r} must be more than 0")
-    return seconds
-
-
 def statsd_prefix(value: Any) -> str:
     """Dotted words; ``{rank}`` stands for the rank's number."""
     prefix = str(value).strip()

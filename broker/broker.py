@@ -325,38 +325,28 @@ class Broker:
             battrs.with_defaults(trial, specs.values())
         except battrs.AttrError as exc:
             raise ErrnoError(errno.EINVAL, str(exc)) from None
+        # What comes for its services waits until it has started (a reload:
+        # from before the old one's removal; broker/reloadhold.py): it got
+        # ENOSYS in a reload, and reached a new module's handlers before
+        # its start() had set up what they use.
         if loaded is None:
-            # What comes for its services before it has started waits for
-            # it, as at the rank's start and in a reload: it reached the
-            # handlers before start() had set up what they use (a probe).
             services = cls.declared_services()
             self._check_free(name, services)  # (a hold on another's would take its requests)
-            new_hold = self.router.hold_for_reload(name, services, hold_timeout,
-                                                   starting=True)  # (its words: "start")
-            refused: str | None = None
-            try:
-                return await self._load_new(name, cls, specs, changes, trial, path)
-            except BaseException as exc:
-                why = (exc.errstr if isinstance(exc, ErrnoError) else
-                       "the load was cancelled" if isinstance(exc, asyncio.CancelledError)
-                       else str(exc) or type(exc).__name__)
-                refused = f"module {name} failed to load on rank {self.rank}: {why}"
-                raise
-            finally:
-                self.router.end_hold(new_hold, refused)
-        # The old module's services are held from before its removal until
-        # the new one has started (broker/reloadhold.py): a request that
-        # comes meanwhile waits for the new module instead of ENOSYS.
-        hold = self.router.hold_for_reload(name, loaded.service_names(), hold_timeout)
+        else:
+            services = loaded.service_names()
+        action = "load" if loaded is None else "reload"
+        hold = self.router.hold_for_reload(name, services, hold_timeout,
+                                           starting=loaded is None)  # (its words: "start")
         failure: str | None = None
         try:
-            await self.remove_at_runtime(name, RELOAD)
+            if loaded is not None:
+                await self.remove_at_runtime(name, RELOAD)
             return await self._load_new(name, cls, specs, changes, trial, path)
         except BaseException as exc:
             why = (exc.errstr if isinstance(exc, ErrnoError) else
-                   "the reload was cancelled" if isinstance(exc, asyncio.CancelledError)
+                   f"the {action} was cancelled" if isinstance(exc, asyncio.CancelledError)
                    else str(exc) or type(exc).__name__)
-            failure = (f"module {name} failed to reload on rank {self.rank}: "
+            failure = (f"module {name} failed to {action} on rank {self.rank}: "
                        f"{why.removeprefix(f'module {name} failed to start: ')}")
             raise
         finally:

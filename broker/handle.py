@@ -652,9 +652,7 @@ class Handle(HandleCore):
         handled now if its transport closed this loop turn (see
         :meth:`_lost_early`): before a call waits for its answer, which the
         loss would fail."""
-        if self._closed_error is not None:
-            e = self._closed_error
-            raise RemoteError(e.errnum, e.errstr)
+        super()._check_open()
         redial = self._redial
         if redial is not None and redial.parking is None:
             self._lost_early()

@@ -12,9 +12,10 @@ guest could do it with a few requests: found by a review).
 So a link over the mark is stuck only once its peer has read nothing for
 :data:`STALL_GRACE` seconds, or once the queue passes :data:`HARD_FACTOR`
 times the mark whatever the peer does (memory stays bounded).  The
-connector also stops reading guests' connections while any link is over a
-quarter of the mark (:meth:`broker.overlay.Overlay.congested`), so a guest
-cannot push a link that far.
+connector also stops reading guests' connections while any of the rank's
+links is over a quarter of the mark (:meth:`broker.overlay.Overlay.congested`),
+so guests' big requests do not pile up there (a message each that guests
+were finishing still goes: docs/cli.md, ``tbon.max-backlog``).
 """
 
 from __future__ import annotations

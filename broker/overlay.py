@@ -440,9 +440,9 @@ class Overlay:
     def congested(self) -> bool:
         """Whether a link has more than ``tbon.max-backlog`` / 4 bytes
         waiting for its peer (:mod:`broker.linkstall`): the connector reads
-        no guest's connection meanwhile, so a guest's big messages cannot
-        push a link to the mark (they could, and a neighbour that read was
-        dropped as stuck)."""
+        no guest's connection meanwhile, so guests' big messages do not
+        pile up there (they did, and a neighbour that read was dropped as
+        stuck)."""
         mark = self.max_backlog // CONGESTED_DIVISOR
         links = self._streams
         if links is not None:

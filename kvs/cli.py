@@ -93,11 +93,7 @@ def error_detail(exc: ErrnoError, key: str | None = None) -> str:
         msg = msg[len(key) + 2:]
     if msg.lower() in _TRIVIAL or msg.lower() == os.strerror(exc.errnum).lower():
         msg = ""
-    if exc.errnum == errno.EPERM and GUEST_IN_PRIMARY in msg and GUEST_HINT not in msg:
-        # (a guest that forgot -N: the default namespace is the owner's;
-        # get said so, ls, dir, put... only whose namespace it was)
-        msg = f"{msg}: {GUEST_HINT}"
-    return errno_detail(ErrnoError(exc.errnum, msg or None))
+    return errno_detail(ErrnoError(exc.errnum, _guest_hinted(exc.errnum, msg) or None))
 
 
 def _fail(what: str, exc: ErrnoError, key: str | None = None) -> CLIError:
@@ -116,6 +112,15 @@ def _fail(what: str, exc: ErrnoError, key: str | None = None) -> CLIError:
 GUEST_IN_PRIMARY = f"namespace {PRIMARY} belongs to another user"
 """What a guest's request to the owner's default namespace is refused with."""
 GUEST_HINT = f"a guest works in the namespaces it owns: -N NS, or ${NAMESPACE_ENV}"
+
+
+def _guest_hinted(errnum: int, msg: str) -> str:
+    """``msg`` saying how a guest names its own namespace, if it is the
+    refusal of the owner's default one (a guest that forgot ``-N``: get
+    said so, ls, dir, put... only whose namespace it was)."""
+    if errnum == errno.EPERM and GUEST_IN_PRIMARY in msg and GUEST_HINT not in msg:
+        return f"{msg}: {GUEST_HINT}"
+    return msg
 
 
 def isdir_hint(err: CLIError, exc: ErrnoError, hint: str) -> CLIError:
@@ -154,10 +159,9 @@ def _run(args: argparse.Namespace, body: Callable[[KVS], Awaitable[int | None]],
             try:
                 return await body(KVS(h, getattr(args, "namespace", None)))
             except ErrnoError as exc:
-                if exc.errnum == errno.EPERM and GUEST_IN_PRIMARY in (exc.errstr or ""):
-                    # (as error_detail says it: a command whose refusal
-                    # comes out raw)
-                    raise ErrnoError(exc.errnum, f"{exc.errstr}: {GUEST_HINT}") from None
+                hinted = _guest_hinted(exc.errnum, exc.errstr or "")
+                if hinted != exc.errstr:  # (a refusal that comes out raw, as error_detail's)
+                    raise ErrnoError(exc.errnum, hinted) from None
                 raise
 
     try:

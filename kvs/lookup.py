@@ -112,10 +112,10 @@ def load_dir(cache: BlobCache, ref: str, *, is_root: bool) -> TreeObj:
         raise NeedBlobs((ref,))
     if obj["type"] not in ("dir", "hdir"):
         raise ErrnoError(errnum, f"{ref} is not a directory")
-    if is_root and obj["type"] == "hdir" and obj["data"]["depth"]:
+    if is_root and not shards.names_a_directory(obj):
         # (an inner shard holds part of a big directory: read as a root it
         # listed a few of its keys and missed the rest -- refused, as a
-        # namespace's new root or a dirref put are: refcheck.names_a_directory)
+        # namespace's new root or a dirref put are)
         raise ErrnoError(errnum, f"{ref} is an inner shard of a directory, not a whole one")
     return obj
 

@@ -87,8 +87,9 @@ from kvs.namespaces import (
     rootseq_of,
     shown_name,
 )
-from kvs.refcheck import RefChecker, names_a_directory
+from kvs.refcheck import RefChecker
 from kvs.relay import RelayOutbox, from_rank_0
+from kvs.shards import names_a_directory
 from kvs.txn import EXPECT, MAX_OPS, NO_MERGE
 
 UNLINK_RETRY_MIN = 0.1

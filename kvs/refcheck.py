@@ -24,19 +24,13 @@ from broker.content.module import ContentModule
 from broker.errors import ErrnoError
 from kvs import treeobj
 from kvs.blobs import BlobFetcher
+from kvs.shards import names_a_directory
 
 WHOLE_MEMO = 16_384
 """Tree objects rank 0 remembers having checked whole (:meth:`RefChecker.check_whole`):
 a commit naming a directory by reference (``kvs copy``) checks only what
 it has not checked since the last garbage collection began, so copying a
 directory of 100,000 keys again costs one blob, not its ~1,600 shards."""
-
-
-def names_a_directory(obj: Any) -> bool:
-    """Whether a loaded blob is a whole directory: a ``dir``, or the top
-    shard (depth 0) of a big one -- an inner shard holds only part of it."""
-    return obj is not None and (obj["type"] == "dir" or (
-        obj["type"] == "hdir" and obj["data"]["depth"] == 0))
 
 
 class RefChecker:

@@ -61,6 +61,13 @@ def is_hdir(obj: TreeObj) -> bool:
     return hdir
 
 
+def names_a_directory(obj: TreeObj | None) -> bool:
+    """Whether a loaded blob is a whole directory: a ``dir``, or the top
+    shard (depth 0) of a big one -- an inner shard holds only part of it."""
+    return obj is not None and (obj["type"] == "dir" or (
+        obj["type"] == "hdir" and obj["data"]["depth"] == 0))
+
+
 def count(obj: TreeObj) -> int:
     """Number of entries of a ``dir`` or ``hdir``, without loading any shard."""
     data = obj["data"]

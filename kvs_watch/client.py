@@ -146,6 +146,28 @@ def _module_removed(h: Any, exc: RemoteError) -> bool:
             and bool(getattr(h, "reconnect", False)))
 
 
+def _going_on(h: Any, exc: RemoteError, nodeid: int, sent_on: int,
+              reask: _Reask) -> tuple[int, bool] | None:
+    """How a watch that ``exc`` ended goes on, on a handle that reconnects:
+    ``(away, wait)`` -- ``away`` -1 to be sent again on the next connection
+    (the current one, if still up), N on one after the handle's N-th (its
+    own rank stopping: the connection it went on will close); ``wait``:
+    after ``reask``'s pause (a module or rank not back yet) -- or None:
+    ``exc`` ends it (always, on a plain handle)."""
+    if not getattr(h, "reconnect", False):
+        return None
+    if _rank_stopping(h, exc):
+        # (another rank's, nodeid: the handle's connection stays, and the
+        # watch is asked again until that rank is back; this handle's own
+        # rank named by nodeid, the lost connection follows)
+        return (sent_on, False) if nodeid == NODEID_ANY else (-1, True)
+    if exc.errnum == errno.ECONNRESET or _module_removed(h, exc):
+        return -1, False
+    if reask.waits(exc):
+        return -1, True
+    return None
+
+
 REASK_FIRST = 0.01
 REASK_MAX = 1.0
 """A watch asked again (above) that no kvs-watch serves -- rank 0's was
@@ -432,20 +454,14 @@ class Watch(Generic[ItemT]):
             try:
                 msg = await stream.next_message()
             except RemoteError as exc:
-                if exc.errnum == errno.ECONNRESET or _module_removed(self.h, exc):
-                    self._away = -1
-                elif _rank_stopping(self.h, exc) and self.nodeid == NODEID_ANY:
-                    self._away = self.sent_on
-                elif self._reask is not None and (self._reask.waits(exc)
-                                                  or _rank_stopping(self.h, exc)):
-                    # (another rank's: the handle's connection stays, and the
-                    # watch is asked again until that rank is back; this
-                    # handle's own rank named, the lost connection follows)
-                    self._away = -1  # (set first: a timeout cutting the wait keeps it)
-                    await self._reask.wait()
-                else:
+                assert self._reask is not None  # (a reconnecting handle's, as _resume)
+                away = _going_on(self.h, exc, self.nodeid, self.sent_on, self._reask)
+                if away is None:
                     self._cut_short(stream, exc)
                     raise
+                self._away, reask = away  # (set first: a timeout cutting the wait keeps it)
+                if reask:
+                    await self._reask.wait()
                 continue
             if self._reask is not None:
                 self._reask.answered()
@@ -909,20 +925,13 @@ class KeyWatch(_Wrapped):
             try:
                 p = await self.watch.next_payload()
             except RemoteError as exc:
-                if _rank_stopping(self.watch.h, exc) and self.watch.nodeid == NODEID_ANY:
-                    self._away = self.watch.sent_on
-                elif (exc.errnum == errno.ECONNRESET and getattr(self.watch.h, "reconnect",
-                                                                  False)
-                      or _module_removed(self.watch.h, exc)):
-                    self._away = -1
-                elif getattr(self.watch.h, "reconnect", False) and (
-                        self._reask.waits(exc) or _rank_stopping(self.watch.h, exc)):
-                    # (a plain handle's watch ends with the error: EHOSTUNREACH
-                    # of a lost serving rank is raised, not waited out)
-                    self._away = -1  # (another rank's stop: as Watch.next_payload)
-                    await self._reask.wait()
-                else:
+                w = self.watch
+                away = _going_on(w.h, exc, w.nodeid, w.sent_on, self._reask)
+                if away is None:
                     raise
+                self._away, reask = away
+                if reask:
+                    await self._reask.wait()
                 await self._resume(None if self._away < 0 else self._away)
                 return None
             self._reask.answered()
