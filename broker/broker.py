@@ -78,6 +78,21 @@ def start_order(classes: list[Any]) -> list[Any]:
     return out
 
 
+def _check_handlers_reachable(module: Module) -> None:
+    """A handler whose topic is under none of the module's services is
+    never called: the router sends a request to a module by its topic's
+    first word.  Refused at load, naming them, rather than left for its
+    callers to meet as ``ENOSYS``."""
+    served = set(module.service_names())
+    stray = sorted(t for t in module._handlers if t.partition(".")[0] not in served)
+    if stray:
+        raise ModuleStartError(
+            f"module {module.name} has handlers no request could reach: "
+            f"{', '.join(map(repr, stray))} (its services are "
+            f"{', '.join(module.service_names())}; a request goes to the service "
+            "named by its topic's first word)")
+
+
 class Broker:
     """A broker rank.  ``await run()`` serves until :meth:`request_stop`."""
 
@@ -248,6 +263,7 @@ class Broker:
         self._check_free(module.name, module.service_names())
         handle = ModuleHandle(self.router, module)
         module._bind(handle)
+        _check_handlers_reachable(module)
         self.router.add_peer(handle, module.service_names())
         self.modules.append(module)
         self._by_name[module.name] = module

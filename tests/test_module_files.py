@@ -159,8 +159,15 @@ async def test_load_call_list_stats_reload_and_remove(start_instance, tmp_path: 
     (TESTMOD.replace('    attributes = (GREETING, FAIL)',
                      '    attributes = (GREETING, FAIL)\n    services = ("kvs",)'),
      "File exists (module testmod asks for service 'kvs', which kvs provides on this rank)"),
+    # (a handler under no service of the module: loaded, it was never called)
+    (TESTMOD.replace('return {"testmod.hello": self.hello}',
+                     'return {"testmod.hello": self.hello, "testmods.hi": self.hello}'),
+     "Input/output error (module testmod has handlers no request could reach: "
+     "'testmods.hi' (its services are testmod; a request goes to the service named by "
+     "its topic's first word))"),
 ], ids=["missing", "syntax", "raises", "exits", "sibling", "no-class", "two-classes",
-        "oserror", "init-failure", "init-raises", "path-name", "no-super", "service-taken"])
+        "oserror", "init-failure", "init-raises", "path-name", "no-super", "service-taken",
+        "stray-handler"])
 async def test_failures_are_named(start_instance, tmp_path: Path, source: str | None,
                                   words: str) -> None:
     """A file that is not there, does not import (or exits as it is read:
