@@ -168,6 +168,13 @@ class Broker:
         """The starts of modules being loaded at runtime, by name: ``module
         remove --cancel`` cancels one that hangs too (nothing else could:
         the module served, and no remove or reload was let through)."""
+        self._next_tags: dict[str, int] = {}
+        """Where the matchtags of each removed module's handle had got to:
+        a module's route hop is its name, the same for every load, so its
+        next load numbers its requests on from there -- an answer to the
+        removed one's request, still on its way, found no request of the
+        new one's with its tag and is dropped (it was taken as the answer
+        to the new one's request with the same number)."""
         self.overlay: Overlay | None = None
         self.connector: Connector | None = None
         self.start_progress = 0
@@ -261,9 +268,13 @@ class Broker:
                                        "a service name is a topic's first word (no '.'), "
                                        "and no request could reach it")
         self._check_free(module.name, module.service_names())
-        handle = ModuleHandle(self.router, module)
+        handle = ModuleHandle(self.router, module, self._next_tags.get(module.name, 1))
         module._bind(handle)
-        _check_handlers_reachable(module)
+        try:
+            _check_handlers_reachable(module)
+        except ModuleStartError:
+            module.h = None  # type: ignore[assignment]  # (never served: no stop to run)
+            raise
         self.router.add_peer(handle, module.service_names())
         self.modules.append(module)
         self._by_name[module.name] = module
@@ -523,6 +534,7 @@ class Broker:
             if module.source_file:  # (no module runs that import's code now)
                 plugins.forget_module_file(type(module))
             self.router.remove_peer(module.h)
+            self._next_tags[module.name] = module.h.next_tag
             if module in self.modules:
                 self.modules.remove(module)
             if self._by_name.get(module.name) is module:

@@ -137,8 +137,9 @@ class ModuleContext:
 class ModuleHandle(HandleCore):
     """A module's connection to its rank's router (no serialisation)."""
 
-    def __init__(self, router: Router, module: Module) -> None:
+    def __init__(self, router: Router, module: Module, first_tag: int = 1) -> None:
         super().__init__()
+        self._next_tag = first_tag  # (see Broker._next_tags)
         self._router = router
         self._module = module
         self.peer_id = f"m:{module.name}"
@@ -151,6 +152,11 @@ class ModuleHandle(HandleCore):
         by client route and matchtag (see :meth:`hold`)."""
         self.held_count = 0
         self._held_full = False
+
+    @property
+    def next_tag(self) -> int:
+        """The matchtag this handle's next request would take."""
+        return self._next_tag
 
     def _send(self, msg: Message) -> None:
         cred = self._cred
@@ -742,7 +748,9 @@ _MISSING = object()
 
 
 def _service_names(name: str, services: tuple[str, ...]) -> tuple[str, ...]:
-    """``services``, with ``name`` first if it is not among them."""
+    """``services``, with ``name`` first if it is not among them, each
+    once (one named twice failed the load as "already registered", by
+    itself)."""
     if not services:
         return (name,)
-    return services if name in services else (name, *services)
+    return tuple(dict.fromkeys(services if name in services else (name, *services)))

@@ -39,6 +39,7 @@ from pathlib import Path
 import pytest
 from test_broker_support import run_cli, wait_until
 
+from broker.errors import RemoteError
 from broker.launch import Instance
 
 T = 30.0
@@ -286,7 +287,8 @@ async def test_a_file_that_now_defines_another_module(start_instance, tmp_path: 
     path.write_text(TESTMOD)
     await cli(uri, "module", "load", str(path))
     path.write_text(TESTMOD.replace('name: ClassVar[str] = "testmod"',
-                                    'name: ClassVar[str] = "renamed"'))
+                                    'name: ClassVar[str] = "renamed"')
+                    .replace('"testmod.hello"', '"renamed.hello"'))
     words = (f"module file {path} now defines module renamed, not testmod, which was "
              "loaded from it: remove testmod first")
     for args, why in ((("reload", "testmod"), "Invalid argument"),
@@ -641,3 +643,98 @@ async def test_a_module_loaded_at_runtime_is_sent_nothing_before_it_has_started(
     out, _ = await cli(uri, "rpc", "slowstart.ready")
     assert json.loads(out) == {"ready": True}
     await load
+
+
+PARKER = '''\
+from typing import ClassVar
+
+from broker.module import Handler, Module
+
+
+class Parker(Module):
+    """Holds each ``parker.wait`` until ``parker.release`` names its id."""
+    name: ClassVar[str] = "parker"
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self.parked = {}
+
+    def handlers(self) -> dict[str, Handler]:
+        return {"parker.wait": self.wait, "parker.release": self.release,
+                "parker.count": self.count}
+
+    def wait(self, msg):
+        self.parked[msg.payload["id"]] = msg
+        self.h.hold(msg)
+
+    def release(self, msg):
+        self.h.respond(self.parked.pop(msg.payload["id"]), {"id": msg.payload["id"]})
+        self.h.respond(msg, {})
+
+    def count(self, msg):
+        self.h.respond(msg, {"n": len(self.parked)})
+'''
+
+ASKER = '''\
+from typing import ClassVar
+
+from broker.module import Handler, Module
+
+
+class Asker(Module):
+    """``asker.go {id}`` asks rank 0's parker and says what came back."""
+    name: ClassVar[str] = "asker"
+
+    def handlers(self) -> dict[str, Handler]:
+        return {"asker.go": self.go}
+
+    async def go(self, msg):
+        got = await self.h.rpc("parker.wait", {"id": msg.payload["id"]}, nodeid=0)
+        self.h.respond(msg, {"asked": msg.payload["id"], "got": got["id"]})
+'''
+
+
+async def test_an_answer_to_a_removed_module_does_not_reach_its_next_load(
+        start_instance, connect, tmp_path: Path) -> None:
+    """A module's route hop is its name, the same for every load: an
+    answer to a request the removed module made, still on its way when
+    the module was loaded again, was taken by the new one as the answer
+    to its own request with the same matchtag ("asked NEW, got OLD").
+    It is dropped: the new load numbers its requests on from the old."""
+    inst = await start_instance(size=2)
+    (tmp_path / "parker.py").write_text(PARKER)
+    (tmp_path / "asker.py").write_text(ASKER)
+    h = await connect(inst)
+    await h.rpc("module.load", {"name": str(tmp_path / "parker.py")}, nodeid=0)
+    await h.rpc("module.load", {"name": str(tmp_path / "asker.py")}, nodeid=1)
+
+    async def parked(n: int) -> None:
+        async def check() -> bool:
+            return (await h.rpc("parker.count", {}, nodeid=0))["n"] == n
+        await wait_until(check, f"{n} parked")
+
+    old = asyncio.ensure_future(h.rpc("asker.go", {"id": "OLD"}, nodeid=1))
+    await parked(1)
+    await h.rpc("module.reload", {"name": str(tmp_path / "asker.py")}, nodeid=1)
+    with pytest.raises(RemoteError, match="module asker was removed"):
+        await asyncio.wait_for(old, T)
+    new = asyncio.ensure_future(h.rpc("asker.go", {"id": "NEW"}, nodeid=1))
+    await parked(2)
+    await h.rpc("parker.release", {"id": "OLD"}, nodeid=0)
+    await h.rpc("parker.release", {"id": "NEW"}, nodeid=0)
+    assert await asyncio.wait_for(new, T) == {"asked": "NEW", "got": "NEW"}
+
+
+async def test_a_service_named_twice_is_served_once(start_instance, connect,
+                                                    tmp_path: Path) -> None:
+    """``services = ("twice", "x", "x")`` failed the load with "service 'x'
+    is already registered" (by itself); it is served once."""
+    source = TESTMOD.replace("    attributes = (GREETING, FAIL)",
+                             '    attributes = (GREETING, FAIL)\n'
+                             '    services = ("testmod", "x", "x")')
+    (tmp_path / "testmod.py").write_text(source)
+    inst = await start_instance(size=1)
+    await cli(inst.uri(0), "module", "load", str(tmp_path / "testmod.py"))
+    out, _ = await cli(inst.uri(0), "module", "list", "--json")
+    [mine] = [m for m in json.loads(out)["modules"] if m["name"] == "testmod"]
+    assert mine["services"] == ["testmod", "x"]
