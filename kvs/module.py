@@ -40,6 +40,7 @@ import errno
 import logging
 import os
 import reprlib
+import secrets
 import time
 from collections import Counter
 from collections.abc import Awaitable, Iterable
@@ -407,6 +408,12 @@ class KvsModule(Module):
         self.heard = Heard()
         """A follower's namespaces heard created and not loaded (``getroot`` with ``heard``)."""
         self._txn_counter = 0
+        self._txn_prefix = f"{self.rank}.{secrets.token_hex(4)}."
+        """Each load's own: a follower learns how its relayed transactions
+        went only from the names in rank 0's events, and a reload (or a
+        restarted rank) counting from ``<rank>.1`` again had the old load's
+        transactions, still queued on rank 0, settle the new one's of the
+        same name -- answered applied at another's version, or failed."""
         # kvs.wait-version requests still waiting, by request route (the client)
         self._version_waits: dict[tuple[str, ...], set[asyncio.Future[Any]]] = {}
         self._guest_waits: Counter[int] = Counter()
@@ -1563,7 +1570,7 @@ class KvsModule(Module):
             self.counts["commits-relayed-again"] += 1
         else:
             self.counts["commits"] += 1
-        return f"{self.rank}.{self._txn_counter}"
+        return f"{self._txn_prefix}{self._txn_counter}"
 
     def _answer_commit(self, msg: Message, fut: asyncio.Future[tuple[int, str]],
                        epoch: int) -> None:

@@ -542,3 +542,29 @@ async def test_a_malformed_namespace_event_is_dropped_not_raised(
     assert (await getroot(h1))["rootseq"] == (await getroot(h0))["rootseq"]
     assert "Traceback" not in (tmp_path / "broker-0.log").read_text()
 
+
+
+async def test_a_reloaded_followers_transactions_are_named_anew(start_instance,
+                                                                connect) -> None:
+    """A follower learns how a relayed transaction went only from the names
+    in rank 0's events.  Its kvs reloaded (or its rank restarted) named its
+    transactions from ``<rank>.1`` again, so the old load's, still queued
+    on rank 0 when it went, were taken for the new one's of the same names:
+    commits answered applied at another's version that rank 0 failed.  Each
+    load's names are its own."""
+    inst = await start_instance(size=2)
+    h0, h1 = await connect(inst, 0), await connect(inst, 1)
+    await asyncio.wait_for(h0.subscribe("kvs.namespace-primary-setroot"), T)
+
+    async def name_of_next_commit() -> str:
+        await commit(h1, put("k", "v"))
+        async with asyncio.timeout(T):
+            [name] = (await h0.recv_event()).payload["names"]
+        return name
+
+    first = await name_of_next_commit()
+    assert first.startswith("1.")
+    await asyncio.wait_for(h0.rpc("module.reload", {"name": "kvs"}, nodeid=1), T)
+    h1 = await connect(inst, 1)
+    second = await name_of_next_commit()
+    assert second.startswith("1.") and second != first, (first, second)
