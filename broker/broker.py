@@ -517,11 +517,17 @@ class Broker:
         self._stopping[module.name] = stop
         try:
             if cancel:
+                # Begun first, cancelled at its first wait: what a stop does
+                # before it waits runs -- kvs-watch ending its watches, rank
+                # 0's kvs keeping the instance's state for its next load.
+                # Cancelled before it began, a stop ran none of it: the
+                # watches waited for ever, and the next kvs started empty.
+                await asyncio.sleep(0)
                 stop.cancel()
             # (a stop of its own: the request that asked may be cancelled)
             await asyncio.wait({stop})
             if stop.cancelled():
-                module.end_serving(why)  # (a stop cancelled before it began ran none of it)
+                module.end_serving(why)  # (again: what its stop's end did not reach)
                 log.warning("module %s: its stop was cancelled (module remove --cancel)",
                             module.name)
             elif (exc := stop.exception()) is not None:

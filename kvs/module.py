@@ -674,6 +674,11 @@ class KvsModule(Module):
         waiting = [f for ns in self.namespaces.values() for f in (ns.relayed or {}).values()
                    if not f.done()]
         if not waiting:
+            # A turn of the loop all the same: the event handled in this one
+            # settled the last of them, and their commits are answered by
+            # callbacks still queued -- before them, the module's removal
+            # answered those commits ENOSYS "removed", though applied.
+            await asyncio.sleep(0)
             return
         if self.ctx.upstream_lost():  # (no event will come: said at once)
             timeout = 0.0
@@ -709,10 +714,15 @@ class KvsModule(Module):
             # queued commits stop waiting for room in the write-back backlog:
             # the last checkpoint's drain writes their blobs
             self._content.release_waiters()
-        await self.commits.drain(STOP_DRAIN_TIMEOUT)
-        await self._settle_relayed(RELAY_SETTLE_TIMEOUT.value(self.ctx.attrs))
-        if self.leader and self.removing:
-            self.ctx.kept[self.name] = self._handover()
+        try:
+            await self.commits.drain(STOP_DRAIN_TIMEOUT)
+            await self._settle_relayed(RELAY_SETTLE_TIMEOUT.value(self.ctx.attrs))
+        finally:
+            # (a stop cancelled here, module remove --cancel, keeps the
+            # state too: the next load started empty, at rootseq 0, and the
+            # followers followed it back)
+            if self.leader and self.removing:
+                self.ctx.kept[self.name] = self._handover()
         if self.leader and self.final_checkpoint:
             try:
                 written = await self._checkpoint()

@@ -20,6 +20,9 @@ from test_broker_guests import ALLOW, run_guest_cli
 from test_broker_support import run_cli, wait_until
 from test_watch_helpers import (
     GUEST_UID,
+    OP_APPEND,
+    WAITCREATE,
+    WATCH,
     answer,
     commit,
     end_errnum,
@@ -405,3 +408,107 @@ async def test_a_reconnecting_watch_on_rank_0_waits_for_kvs_watch_to_come_back(
             assert (await asyncio.wait_for(value_next, T)).value == b"2"
             changed = await asyncio.wait_for(keys_next, T)
             assert changed.keys == ("k",) and not changed.initial, changed
+
+
+async def test_remove_cancel_of_rank_0s_kvs_keeps_the_instances_state(
+        start_instance, connect) -> None:
+    """``module remove --cancel kvs`` on rank 0 cancelled the stop before it
+    began, so it never left its namespaces for the next load: that one
+    started empty, at version 0, every namespace gone, and the followers
+    followed it back (found by a chaos probe).  The stop begins and is
+    cancelled at its first wait; the state is kept as at a plain remove."""
+    inst = await start_instance(size=2)
+    h0, h1 = await connect(inst, 0), await connect(inst, 1)
+    for i in range(5):
+        await commit(h0, put(f"k{i}", str(i)))
+    await ns_create(h0, "keepme")
+    await commit(h0, put("x", "kept"), ns="keepme")
+    before = await asyncio.wait_for(h0.rpc("kvs.getroot", {"namespace": "primary"}), T)
+    await cli(inst.uri(0), "module", "remove", "--cancel", "kvs")
+    await cli(inst.uri(0), "module", "load", "kvs")
+    after = await asyncio.wait_for(h0.rpc("kvs.getroot", {"namespace": "primary"}), T)
+    assert (after["rootseq"], after["rootref"]) == (before["rootseq"], before["rootref"])
+    assert await lookup(h1, "k4") == val("4")
+    assert await lookup(h1, "x", ns="keepme") == val("kept")
+    assert (await commit(h1, put("k5", "5")))["rootseq"] == before["rootseq"] + 1
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+async def test_remove_cancel_of_kvs_watch_ends_its_watches(start_instance, connect,
+                                                           rank: int) -> None:
+    """``module remove --cancel kvs-watch`` cancelled the stop before it
+    began, and kvs-watch ends its watches in its stop: a watch that had
+    answered and a waitcreate one waited for ever -- on a follower, the
+    removed module's watch was even sent a value after (found by a chaos
+    probe).  They end ``ENOSYS``, as at a plain remove."""
+    inst = await start_instance(size=2)
+    h = await connect(inst, rank)
+    await commit(h, put("k", "1"), sync=[h])
+    answered = watch_stream(h, "k")
+    assert await value(answered) == b"1"
+    waiting = watch_stream(h, "nokey", flags=WATCH | WAITCREATE)
+    await wait_watchers(h, 2, nodeid=rank)
+    await cli(inst.uri(0), "module", "remove", "--cancel", "-r", str(rank), "kvs-watch")
+    for watch in (answered, waiting):
+        with pytest.raises(RemoteError) as info:
+            await asyncio.wait_for(watch.next_message(), T)
+        assert info.value.errnum == errno.ENOSYS
+        assert info.value.errstr == ("the watch ended: module kvs-watch was removed from "
+                                     f"rank {rank} (module remove)")
+
+
+async def test_a_followers_commit_answered_failed_across_its_reloads_left_nothing(
+        start_instance, connect) -> None:
+    """Writers on every rank commit while rank 2's kvs is reloaded again
+    and again.  A commit answered with an error must have left nothing:
+    one whose setroot came in the loop turn that let the stop go on was
+    answered ``ENOSYS`` "module kvs was removed" though applied (its answer
+    was a callback still queued when the removal ended what was left), and
+    a client retrying it applied it twice (found by a chaos probe; here in
+    four runs of six before the fix).  An acknowledged one is there."""
+    inst = await start_instance(size=4, fanout=2)
+    hs = [await connect(inst, r) for r in range(4)]
+    done = asyncio.Event()
+    outcome: dict[str, tuple[int, bool]] = {}  # key -> (rank, acknowledged)
+
+    async def writer(rank: int, w: int) -> None:
+        i = 0
+        while not done.is_set():
+            key = f"r{rank}.w{w}.k{i}"
+            try:
+                await commit(hs[rank], put(key, "x"), put(f"log.r{rank}.w{w}", key + ";",
+                                                          flags=OP_APPEND))
+            except RemoteError as exc:
+                assert exc.errnum in (errno.ENOSYS, errno.ETIMEDOUT), exc
+                outcome[key] = (rank, False)
+            else:
+                outcome[key] = (rank, True)
+            i += 1
+
+    async def more_answered(than: int) -> None:
+        async def check() -> bool:
+            return len(outcome) >= than + 40
+        await wait_until(check, "more commits answered", T)
+
+    writers = [asyncio.ensure_future(writer(r, w)) for r in range(4) for w in range(3)]
+    for _ in range(40):  # (each while the writers are in full flow)
+        await more_answered(len(outcome))
+        await asyncio.wait_for(hs[0].rpc("module.reload", {"name": "kvs"}, nodeid=2), T)
+    done.set()
+    await asyncio.wait_for(asyncio.gather(*writers), T)
+    top = (await asyncio.wait_for(hs[0].rpc("kvs.getroot", {"namespace": "primary"}), T))
+    await asyncio.wait_for(hs[2].rpc("kvs.wait-version", {"namespace": "primary",
+                                                          "rootseq": top["rootseq"]}), T)
+    applied_anyway = []
+    for key, (_rank, ok) in outcome.items():
+        try:
+            await lookup(hs[0], key)
+        except RemoteError as exc:
+            assert exc.errnum == errno.ENOENT, exc
+            assert not ok, key
+        else:
+            if not ok:
+                applied_anyway.append(key)
+    # (ETIMEDOUT says "it may yet be applied": none is expected with rank 0
+    # this lightly loaded, but it would not be wrong)
+    assert applied_anyway == [], applied_anyway
