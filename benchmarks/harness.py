@@ -156,7 +156,7 @@ def git_commit() -> str:
         return "unknown"
     try:
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--", "broker", "kvs", "kvs_watch"],
+            ["git", "status", "--porcelain", "--", "broker", "kvs", "kvs_watch", "benchmarks"],
             cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         dirty = ""
@@ -598,10 +598,18 @@ class Series:
     loop: str
     values: list[float] = field(default_factory=list)
     rss_mb: dict[str, float] = field(default_factory=dict)
+    reps: list[int] = field(default_factory=list)
+    """The rep (from 0) each of ``values`` is of: a figure a rep did not give
+    (W5x's level that failed there) left the values after it under the
+    wrong rep's column, and paired with the other loop's wrong rep."""
 
     @property
     def median(self) -> float:
         return statistics.median(self.values)
+
+    def by_rep(self) -> dict[int, float]:
+        """``values`` by rep (by position, where no rep was recorded)."""
+        return dict(zip(self.reps or range(len(self.values)), self.values, strict=True))
 
 
 def fold(results: Iterable[RepResult]) -> list[Series]:
@@ -614,6 +622,7 @@ def fold(results: Iterable[RepResult]) -> list[Series]:
             if ser is None:
                 ser = series[key] = Series(s.variant, s.metric, s.unit, s.better, res.loop)
             ser.values.append(s.value)
+            ser.reps.append(res.rep)
             for rank, mb in (s.rss_mb if s.rss_mb is not None else res.rss_mb).items():
                 ser.rss_mb[rank] = max(mb, ser.rss_mb.get(rank, 0.0))
     return list(series.values())
@@ -631,9 +640,11 @@ def loop_ratios(series: list[Series]) -> list[Series]:
         other = by_key.get(("asyncio", s.variant, s.metric))
         if other is None or not all(other.values):
             continue
-        pairs = [u / a for u, a in zip(s.values, other.values, strict=False)]
-        r = Series(s.variant, s.metric, "x", s.better, LOOP_RATIO, pairs)
-        out.append(r)
+        theirs = other.by_rep()
+        pairs = {rep: u / theirs[rep] for rep, u in s.by_rep().items() if rep in theirs}
+        if pairs:
+            out.append(Series(s.variant, s.metric, "x", s.better, LOOP_RATIO,
+                              list(pairs.values()), reps=list(pairs)))
     return out
 
 
@@ -713,12 +724,13 @@ def _main_rows(series: list[Series]) -> Iterator[str]:
     vw = max(12, *(len(s.variant) for s in series)) + 1
     mw = max(6, *(len(s.metric) for s in series)) + 1
     uw = max(5, *(len(s.unit) for s in series)) + 1
-    nreps = max(len(s.values) for s in series)
-    reps_hdr = " ".join(f"{'rep' + str(i + 1):>10}" for i in range(nreps))
+    cols = sorted({rep for s in series for rep in s.by_rep()})
+    reps_hdr = " ".join(f"{'rep' + str(i + 1):>10}" for i in cols)
     yield (f"  {'variant':<{vw}}{'metric':<{mw}}{'unit':<{uw}}"
            f"{'median':>11}{'min':>11}{'max':>11}   {reps_hdr}")
     for s in series:
-        reps = " ".join(f"{fmt_value(v):>10}" for v in s.values)
+        got = s.by_rep()
+        reps = " ".join(f"{fmt_value(got[i]) if i in got else '-':>10}" for i in cols)
         yield (f"  {s.variant:<{vw}}{s.metric:<{mw}}{s.unit:<{uw}}"
                f"{fmt_value(s.median):>11}{fmt_value(min(s.values)):>11}"
                f"{fmt_value(max(s.values)):>11}   {reps}")

@@ -231,7 +231,8 @@ async def run(ctx):
 harness.install_stop_handlers()
 w = harness.Workload("Wt", "test", "none", run)
 try:
-    harness.run_rep(harness.Settings(), w, sys.argv[1], 1, Path(tempfile.mkdtemp()))
+    with tempfile.TemporaryDirectory() as tmp:
+        harness.run_rep(harness.Settings(), w, sys.argv[1], 1, Path(tmp))
 except KeyboardInterrupt:
     print("interrupted", harness.stop_signal() == signal.SIGTERM)
 else:
@@ -317,6 +318,29 @@ def test_ratios_and_sizes_keep_one_value_per_rep(monkeypatch: pytest.MonkeyPatch
               harness.Series("v", "sys", "us", "lower", "asyncio", [1.0, 0.0])]
     ratios = harness.loop_ratios(series)
     assert [(r.metric, r.values) for r in ratios] == [("rate", [2.0, 2.0])]
+
+
+def test_a_figure_missing_from_a_rep_keeps_the_other_reps_in_their_columns(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """W5x leaves out a level that failed in one rep: its later reps were
+    shown under the wrong rep's column and paired with the other loop's
+    wrong rep.  Each value keeps its rep: the table shows ``-`` for the
+    missing one, and the ratio pairs rep with rep."""
+    monkeypatch.syspath_prepend(str(REPO))
+    from benchmarks import harness
+
+    def rep(loop: str, n: int, value: float | None) -> harness.RepResult:
+        samples = [] if value is None else [harness.Sample("v", "rate", value, "x/s")]
+        return harness.RepResult(loop, n, samples, {}, 1.0, [])
+
+    series = harness.fold([rep("uvloop", 0, 10.0), rep("asyncio", 0, 5.0),
+                           rep("uvloop", 1, None), rep("asyncio", 1, 4.0),
+                           rep("uvloop", 2, 30.0), rep("asyncio", 2, 10.0)])
+    [ratio] = harness.loop_ratios(series)
+    assert (ratio.reps, ratio.values) == ([0, 2], [2.0, 3.0])
+    header, uv_row, _asyncio_row = harness._main_rows(series)
+    assert header.split()[-3:] == ["rep1", "rep2", "rep3"], header
+    assert uv_row.split()[-3:] == ["10.00", "-", "30.00"], uv_row
 
 
 def test_plot_takes_several_runs_and_says_what_is_wrong(tmp_path: Path) -> None:
