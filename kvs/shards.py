@@ -237,7 +237,8 @@ def _leaf(ents: dict[str, TreeObj]) -> TreeObj:
 def _build(items: list[_Item], depth: int, writer: BlobWriter) -> TreeObj:
     """An hdir node of ``depth`` holding ``items`` (all with entries)."""
     shards: dict[str, str] = {}
-    for digit, group in _group(items, depth).items():
+    # (digits in order: the node then packs as it is, see encode_built)
+    for digit, group in sorted(_group(items, depth).items()):
         if len(group) > SHARD_THRESHOLD and depth + 1 < HDIR_MAX_DEPTH:
             child = _build(group, depth + 1, writer)
         else:
@@ -299,8 +300,10 @@ def _update_node(
     depth = data["depth"]
     total = data["count"]
     shards = dict(data["shards"])
+    added = False
     for digit, group in _group(items, depth).items():
         ref = shards.get(digit)
+        added = added or ref is None
         child = None
         if ref is not None:
             child = _child(cache, writer, ref, depth)
@@ -339,4 +342,6 @@ def _update_node(
             shards[digit] = writer.put_obj(new, base, [name for name, _, _ in group])
     if total == 0:
         return None
+    if added:  # a new digit went last: back in order, so the node packs as it is
+        shards = {digit: shards[digit] for digit in sorted(shards)}
     return hdir(depth, total, shards)

@@ -651,8 +651,9 @@ def copy(obj: TreeObj) -> TreeObj:
 
 def encode(obj: TreeObj) -> bytes:
     """Canonical msgpack of a (valid) tree object: equal objects, equal bytes."""
-    packed: bytes = msgpack.packb(_canon(obj), use_bin_type=True)
-    return packed
+    # (the shared packer: ``msgpack.packb`` makes a Packer per call, ~1.5 us
+    # of an hdir node's ~6)
+    return _pack(_canon(obj))
 
 
 def encode_built(obj: TreeObj) -> bytes:
@@ -662,16 +663,31 @@ def encode_built(obj: TreeObj) -> bytes:
     :func:`decode` / :func:`validate` and the engines make (the fields are
     always written ``data``, ``type``, ``ver``); not of a dict written by
     hand, which needs :func:`encode`.  Saves rebuilding every entry of a
-    directory (see :func:`pack_entry`)."""
-    if obj["type"] == "dir":
+    directory (see :func:`pack_entry`).
+
+    An ``hdir`` node whose fields and shard digits are already in canonical
+    order (what :func:`hdir` and the engines make while no shard is added:
+    checked here, not trusted) is packed as it is, without :func:`_canon`'s
+    copy: ~3 us instead of ~6, and rank 0 writes one or two per commit into
+    a big directory."""
+    t = obj["type"]
+    if t == "dir":
         return encode_packed(pack_dir(obj["data"]), obj["ver"])
+    if t == "hdir":
+        data = obj["data"]
+        if [*obj] == _FIELD_ORDER and [*data] == _HDIR_FIELDS:
+            digits = [*data["shards"]]
+            if digits == sorted(digits):
+                return _pack(obj)
     return encode(obj)
 
 
-# One packer for the per-entry encodings: ``pack`` runs in C with the GIL
-# held and calls back into no Python code here, so sharing it is safe.
+# One packer for every encoding here: ``pack`` runs in C with the GIL held
+# and calls back into no Python code (no ``default``), so sharing it is
+# safe; a failed pack (a TypeError) empties its buffer before it raises.
 _packer = msgpack.Packer(use_bin_type=True)
 _pack: Callable[[Any], bytes] = _packer.pack
+_HDIR_FIELDS = ["count", "depth", "shards"]
 _DIR_HEAD = b"\x83" + _pack("data")  # a 3-field map, its "data" key first
 _DIR_TYPE = _pack("type") + _pack("dir") + _pack("ver")
 

@@ -78,7 +78,6 @@ from kvs.treeobj import (
     TreeObj,
     as_cache,
     copy,
-    dirref,
     encode,
     nesting,
     symlink_target,
@@ -246,7 +245,8 @@ def empty_root(hash_name: str = blobref.DEFAULT_HASH) -> tuple[str, bytes]:
 
 def _fresh_dirref(ref: str) -> TreeObj:
     """:func:`~kvs.treeobj.dirref` for a ref the writer has just computed
-    (well-formed by construction: no need to check it again)."""
+    (well-formed by construction), or :func:`apply` has just checked: no
+    need to check it again (a regex, twice per batch on rank 0)."""
     return {"data": [ref], "type": "dirref", "ver": VER}
 
 
@@ -644,7 +644,7 @@ def apply(
         return TxnResult(root_ref, {}, keys)
 
     writer = BlobWriter(hash_name, cache)
-    root = _WDir.load(cache, dirref(root_ref), is_root=True)
+    root = _WDir.load(cache, _fresh_dirref(root_ref), is_root=True)  # (checked above)
     txn = _Txn(cache, writer, namespace, max_depth)
     missing: set[str] = set()
     through: list[tuple[int, str]] = []

@@ -58,6 +58,9 @@ def check_trie(cache: T.BlobCache, ref: str) -> tuple[dict[str, dict], int]:
         max_depth = max(max_depth, depth + 1)
         total = 0
         assert node["data"]["shards"], "no empty nodes"
+        # (the memoized node as the engine made it: its digits in order, so
+        # encode_built packed it without a canonical copy)
+        assert list(node["data"]["shards"]) == sorted(node["data"]["shards"])
         for digit, child_ref in node["data"]["shards"].items():
             child = cache.get_obj(child_ref)
             path = prefix + digit

@@ -90,6 +90,26 @@ def test_encode_built_matches_encode_for_built_objects() -> None:
     assert T.encode_built(d) != T.encode(d)
 
 
+def test_encode_built_packs_an_hdir_in_order_as_it_is_and_canonicalizes_any_other() -> None:
+    # encode_built packs an hdir node without copying it only when its
+    # fields and shard digits are in canonical order: checked, not trusted,
+    # so a node in any other order (a blob stored by hand and decoded, a
+    # dict written by hand) still gets the canonical bytes.
+    want = T.encode(T.hdir(1, 3, {"0": REF2, "f": REF1}))
+    assert msgpack.unpackb(want)["data"]["shards"] == {"0": REF2, "f": REF1}
+    for node in (
+        T.hdir(1, 3, {"0": REF2, "f": REF1}),
+        T.hdir(1, 3, {"f": REF1, "0": REF2}),
+        {"ver": 1, "type": "hdir", "data": {"count": 3, "depth": 1, "shards": {"0": REF2,
+                                                                              "f": REF1}}},
+        {"data": {"shards": {"0": REF2, "f": REF1}, "depth": 1, "count": 3}, "type": "hdir",
+         "ver": 1},
+        T.decode(msgpack.packb({"ver": 1, "type": "hdir", "data": {
+            "depth": 1, "shards": {"f": REF1, "0": REF2}, "count": 3}})),
+    ):
+        assert T.encode_built(node) == want, node
+
+
 def test_copy_is_deep() -> None:
     orig = T.dir_({"v": T.valref([REF1]), "d": T.dir_({"s": T.symlink("x")})})
     cp = T.copy(orig)
