@@ -373,6 +373,21 @@ class BrokerServices(Module):
         self.h.respond(msg, {"names": sorted(self.broker.attrs)})
 
     # -- event
+    def publish_owned(self, topic: str, payload: Any) -> int:
+        """What an ``event.pub`` request of the instance owner flagged
+        ``PRIVATE`` does on rank 0, for a module of rank 0 calling in
+        process (:attr:`ModuleContext.siblings`): the same topic check, the same
+        sequencing, at once -- that request too was routed and served
+        within the call that sent it -- without building, routing and
+        dispatching a request.  Rank 0's kvs publishes a setroot per batch
+        of commits so; raises ``ErrnoError`` where the request would have
+        been answered with it (an event too big for a link: ``EMSGSIZE``).
+        Returns the event's sequence number."""
+        if self.ctx.rank != 0:
+            raise RuntimeError("publish_owned is for rank 0, which sequences every event")
+        return self.router.sequence_event(_event_topic(topic), payload, MsgFlags.PRIVATE,
+                                          self.router.owner_uid)
+
     def event_pub(self, msg: Message) -> None:
         body = require(msg.payload, topic=str)
         topic = _event_topic(body["topic"])

@@ -64,6 +64,7 @@ from broker.errors import (
 from broker.logring import LogThrottle
 from broker.message import Message, MsgFlags, RawPayload
 from broker.module import Handler, Module, require
+from broker.services import BrokerServices
 from broker.tally import add_count
 from kvs import collect as collector
 from kvs import diff as diff_engine
@@ -390,6 +391,8 @@ class KvsModule(Module):
         self.loads_checkpoint = bool(self.statedir or ctx.attrs.get("content.restore"))
         self.final_checkpoint = bool(self.statedir or ctx.attrs.get("content.dump"))
         self.blobs = BlobStore(CACHE_BYTES.value(ctx.attrs))
+        self._services: BrokerServices | None = None
+        """Rank 0: the rank's own services, which publish its events (:meth:`_publish`)."""
         # decoded objects: bounded as the blobs are (they cost a few times
         # their blob's bytes), and by count
         self.cache = treeobj.BlobCache(self.blobs, max_objects=16384,
@@ -507,6 +510,9 @@ class KvsModule(Module):
         self._expire_caches()
         if not self.leader:
             return
+        services = self.ctx.siblings.get("broker")
+        if isinstance(services, BrokerServices):
+            self._services = services
         if self.fetcher.loader is not None and self.fetcher.loader.backing is not None:
             self._content = content = self.fetcher.loader
             self.fetcher.content = self.refcheck.content = self.commits.content = content
@@ -1021,9 +1027,26 @@ class KvsModule(Module):
     def _publish(self, topic: str, payload: dict[str, Any]) -> None:
         """Publish a namespace event (rank 0), private to the instance owner
         as in Flux: guests must not learn other namespaces' roots, keys or
-        transaction names.  Modules (kvs-watch) are owners and receive them."""
-        self.h.send_noresponse("event.pub", {"topic": topic, "payload": payload,
-                                             "flags": int(MsgFlags.PRIVATE)})
+        transaction names.  Modules (kvs-watch) are owners and receive them.
+
+        By a direct call to the broker's own services, as the new blobs go
+        to ``content``: the ``event.pub`` request this sent
+        (without asking for an answer) was served within the send, so the
+        event is sequenced and delivered at the same point as before, and
+        rank 0 no longer builds, routes and dispatches a request per batch
+        of commits.  An error is logged: the request's was dropped unseen
+        (the setroot's size was checked before its root was set)."""
+        services = self._services
+        if services is None:  # (a module run without its rank's services: tests)
+            self.h.send_noresponse("event.pub", {"topic": topic, "payload": payload,
+                                                 "flags": int(MsgFlags.PRIVATE)})
+            return
+        try:
+            services.publish_owned(topic, payload)
+        except ErrnoError as exc:
+            self.log.error("cannot publish %s: %s", topic, exc.errstr)
+        except Exception:  # (as the request's handler failing was: logged, not raised)
+            self.log.exception("publishing %s failed", topic)
 
     def on_event(self, msg: Message) -> None:
         """One namespace event: the topic names the namespace and the kind, so
