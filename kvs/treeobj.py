@@ -813,9 +813,20 @@ class BlobStore(Protocol):
     def get(self, ref: str, /) -> bytes | None: ...
 
 
-PROBATION = 16
+PROBATION = 64
 """Transactions a replaced tree version stays memoized unless read again
-(:meth:`BlobCache.remember`)."""
+(:meth:`BlobCache.remember`).
+
+Long enough for a version that is still another directory's current one
+(identical content, one blob) to be used again before it goes: a big
+directory is 16 shards, so one writer comes back to the same leaf about
+every 16th of its own commits -- with 8 writers in batches of ~4 (W2p's
+clients write identical trees), ~32 transactions later.  At 16, rank 0
+decoded that leaf again and, with no packed entries memoized for it,
+packed every entry of its next version (~0.4 per batch; the W2p-like
+engine with the clients drifting apart, in process: ~50 -> ~40 us per
+commit).  It costs a W2 rank 0 ~0.4 MB more memo (~370 -> ~660 objects
+at 5,000 keys)."""
 
 
 class BlobCache:
