@@ -21,7 +21,11 @@ the updates that came by that link, as for any client below it.
 Why: a barrier across ranks, "which ranks run the worker", "are all ranks
 up" -- answered by the broker, not by polling each rank.  Flux's
 ``broker.torpid`` group is not kept (``kvbroker overlay status`` shows a
-torpid rank); groups are never removed, as in Flux (an empty one is empty).
+torpid rank).  A group with no member is forgotten (Flux keeps every name
+for ever): a rank keeps at most :data:`MAX_GROUPS` groups with members, and
+an instance that makes a barrier group per job would otherwise reach it
+with groups long empty -- every join refused ``ENOSPC`` from then on, and
+a sibling's membership dropped unsaid on the way to rank 0.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ ONLINE = "broker.online"
 MAX_NAME = 256
 """Longest group name, in characters (every rank on the way holds it)."""
 MAX_GROUPS = 10_000
-"""Groups a rank keeps at most: a name is kept for ever, as in Flux."""
+"""Groups with members a rank keeps at most (an empty one is forgotten)."""
 
 PARENT_ANSWERED = "groups.parent-answered"
 """The key of :attr:`ModuleContext.kept` that says the parent's module has
@@ -84,7 +88,8 @@ class GroupsModule(Module):
         """What each child reported of its subtree, by the route its
         updates came by (a child that joins again comes by a new one)."""
         self.subtree: dict[str, set[int]] = {}
-        """Each group's members in this rank's subtree (rank 0: all)."""
+        """Each group's members in this rank's subtree (rank 0: all); a
+        group with none is not here."""
         self.watchers: dict[str, dict[Watch, Message]] = {}
         """Rank 0: the streaming ``groups.get`` requests, by group, then by
         client and matchtag (in the order they came: answered in it)."""
@@ -94,7 +99,8 @@ class GroupsModule(Module):
         self.cancelled = 0
         self._changed: set[str] = set()
         self._told: dict[str, str] = {}
-        """Rank 0: what the watchers were last told of each group."""
+        """Rank 0: what the watchers were last told of each group with
+        members (of one without: ``""``)."""
         self._unsent: set[str] = set()
         """Rank > 0: groups whose members the parent has not been told yet."""
         self._sender: asyncio.Task[None] | None = None
@@ -175,7 +181,8 @@ class GroupsModule(Module):
             raise ErrnoError(errno.EEXIST, f"rank {self.ctx.rank} is already a member of "
                                            f"{name}")
         if name not in self.subtree and len(self.subtree) >= MAX_GROUPS:
-            raise ErrnoError(errno.ENOSPC, f"rank {self.ctx.rank} keeps {MAX_GROUPS} groups")
+            raise ErrnoError(errno.ENOSPC, f"rank {self.ctx.rank} keeps {MAX_GROUPS} groups "
+                                           "with members")
         self.joined[name] = tuple(msg.route)
         self._recount(name)
         self._answer_once_told(msg)
@@ -243,6 +250,14 @@ class GroupsModule(Module):
             self.log.warning("dropping a malformed groups.update")
             raise ProtocolError("groups.update is {update: {NAME: IDSET}}, from a child rank")
         route = tuple(msg.route)
+        new = {n for n, m in update.items() if isinstance(n, str) and n and m
+               and isinstance(m, str) and n not in self.subtree}
+        if new and len(self.subtree) + len(new) > MAX_GROUPS:
+            # (refused whole, before any of it applies: the child sends it
+            # again until there is room, its joins waiting -- a membership
+            # dropped here went unsaid, rank 0 reading the group empty)
+            raise ErrnoError(errno.ENOSPC, f"rank {self.ctx.rank} keeps {MAX_GROUPS} groups "
+                                           "with members")
         reported = self.below.setdefault(route, {})
         size = self.ctx.size
         for name, members in update.items():
@@ -255,8 +270,6 @@ class GroupsModule(Module):
                                  name, members)
                 continue
             if ranks:
-                if name not in self.subtree and len(self.subtree) >= MAX_GROUPS:
-                    continue
                 reported[name] = ranks
             else:
                 reported.pop(name, None)
@@ -300,9 +313,12 @@ class GroupsModule(Module):
         members = {self.ctx.rank} if name in self.joined else set()
         for reported in self.below.values():
             members |= reported.get(name, set())
-        if members == self.subtree.get(name, set()) and name in self.subtree:
-            return
-        self.subtree[name] = members
+        if members:
+            if members == self.subtree.get(name):
+                return
+            self.subtree[name] = members
+        elif self.subtree.pop(name, None) is None:
+            return  # (none before either: the parent was never told of it)
         self._changed.add(name)
         self._schedule_flush()
 
@@ -320,10 +336,13 @@ class GroupsModule(Module):
                 self._sender = self.spawn(self._send_updates())
             return
         for name in sorted(changed):
-            members = encode_ranks(sorted(self.subtree[name]))
-            if self._told.get(name) == members:  # (a join and a leave in one turn)
+            members = encode_ranks(sorted(self.subtree.get(name, ())))
+            if self._told.get(name, "") == members:  # (a join and a leave in one turn)
                 continue
-            self._told[name] = members
+            if members:
+                self._told[name] = members
+            else:
+                del self._told[name]
             for msg in self.watchers.get(name, {}).values():
                 self.h.respond(msg, {"members": members})
 
@@ -337,7 +356,7 @@ class GroupsModule(Module):
         while self._unsent:
             names, self._unsent = self._unsent, set()
             waiting, self._waiting = self._waiting, []
-            told = {n: encode_ranks(sorted(self.subtree[n])) for n in sorted(names)}
+            told = {n: encode_ranks(sorted(self.subtree.get(n, ()))) for n in sorted(names)}
             try:
                 await self.h.rpc("groups.update", {"update": told}, nodeid=self.parent)
             except ErrnoError as exc:

@@ -382,3 +382,39 @@ async def test_a_reloaded_module_says_its_parents_is_missing(start_instance,
     assert not joining.done()
     await cli(inst.uri(0), "module", "load", "-r", "1", "groups")
     assert await asyncio.wait_for(joining, T) == ""
+
+
+async def test_a_group_with_no_member_is_forgotten(start_instance, connect) -> None:
+    """Every name ever joined was kept on each rank up to rank 0, empty,
+    and counted towards the 10,000 groups a rank keeps: an instance making
+    a barrier group per job had every join refused ``ENOSPC`` from then
+    on, and a sibling's membership dropped unsaid on the way (rank 0 read
+    its group empty; found by a probe of vanishing clients).  A group with
+    no member is forgotten on every rank, and watching it still works."""
+    inst = await start_instance(size=4, attrs=WITH_GROUPS)
+    h0, h3 = await connect(inst, 0), await connect(inst, 3)
+    await cli(inst.uri(0), "groups", "waitfor", "-t", "10", "broker.online")
+    watch = h0.rpc_stream("groups.get", {"name": "job"}, nodeid=0)
+    assert await next_members(watch) == ""
+    await asyncio.wait_for(h3.rpc("groups.join", {"name": "job"}), T)
+    await until_members(watch, "3")
+    await asyncio.wait_for(h3.rpc("groups.leave", {"name": "job"}), T)
+    await until_members(watch, "")
+    for rank in (3, 1, 0):
+        stats = await asyncio.wait_for(h0.rpc("groups.stats-get", {}, nodeid=rank), T)
+        assert "job" not in stats["subtree"], (rank, stats["subtree"])
+    await asyncio.wait_for(h3.rpc("groups.join", {"name": "job"}), T)
+    await until_members(watch, "3")
+
+    # (the count that refused joins: 10,000 names, each joined and left)
+    async def join_and_leave(name: str) -> None:
+        await h3.rpc("groups.join", {"name": name})
+        await h3.rpc("groups.leave", {"name": name})
+
+    for first in range(0, 10_000, 1_000):
+        await asyncio.wait_for(asyncio.gather(
+            *(join_and_leave(f"barrier-{i}") for i in range(first, first + 1_000))), T)
+    h2 = await connect(inst, 2)
+    await asyncio.wait_for(h2.rpc("groups.join", {"name": "fresh"}), T)
+    await asyncio.wait_for(h3.rpc("groups.join", {"name": "fresh"}), T)
+    assert await cli(inst.uri(0), "groups", "get", "fresh") == "2-3\n"
