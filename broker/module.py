@@ -508,6 +508,14 @@ class Module:
             self.log.exception("event handler failed for %s", msg.topic)
 
     def _dispatch(self, msg: Message) -> None:
+        if self._tasks and msg.topic.endswith(".disconnect") and self._unstarted_from(msg):
+            # A request of this client's came in the same turn, and its
+            # handler's task has not begun: the disconnect waits for it
+            # (a turn), so the handler sees the order the client sent.  It
+            # found nothing to end, and the handler then started what the
+            # client would never end: a rexec.exec's command ran on for good.
+            asyncio.get_running_loop().call_soon(self._dispatch, msg)
+            return
         self.requests += 1
         handler = self._handlers.get(msg.topic)
         if handler is None:
@@ -533,6 +541,22 @@ class Module:
             if result is not None:
                 self._returned(msg, result)
             self._held(msg)
+
+    def _unstarted_from(self, disconnect: Message) -> bool:
+        """Whether a handler task of a request from the client that
+        ``disconnect`` names has not begun yet.  Only the newest tasks can
+        be such (a task's first step runs in the order tasks were made),
+        so the walk stops at the first one that has begun: nothing is
+        noted per request."""
+        for task in reversed(self._tasks):
+            coro = task.get_coro()
+            if (getattr(coro, "cr_frame", None) is None or getattr(coro, "cr_suspended", True)
+                    or getattr(coro, "cr_running", True)):
+                return False  # (begun, or over: so have all made before it)
+            served = _serving(task)
+            if served is not None and served.route == disconnect.route:
+                return True
+        return False
 
     def _returned(self, msg: Message, result: object) -> None:
         """A handler returned a value without answering: said once per

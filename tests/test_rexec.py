@@ -231,6 +231,47 @@ async def test_a_killed_client_process_takes_its_commands_and_their_fds(
     assert keeper.connected
 
 
+SENT_AND_KILLED = textwrap.dedent(
+    """
+    import asyncio, os, signal, sys
+    from broker.handle import Handle
+
+    async def main():
+        uri, n = sys.argv[1], int(sys.argv[2])
+        hs = [await Handle.connect(uri) for _ in range(n)]
+        for h in hs:
+            h.rpc_stream("rexec.exec", {"cmd": ["sleep", "59.5"]}, nodeid=1)
+            h.flush()
+        os.kill(os.getpid(), signal.SIGKILL)  # (before any answer)
+
+    asyncio.run(main())
+    """
+)
+
+
+async def test_a_client_killed_as_its_exec_leaves_takes_the_command(
+        start_instance, connect) -> None:
+    """A client on rank 0 killed right after sending ``rexec.exec`` to rank
+    1: the request and its disconnect reached rank 1 in one turn, the
+    disconnect ran before the exec handler's task had begun and found
+    nothing, and the command then ran on for good, its output held (found
+    by a probe of vanishing clients: 2 of 12).  Every command is started
+    and killed."""
+    n = 24
+    inst = await start_instance(size=2)
+    keeper = await connect(inst, 1)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", SENT_AND_KILLED, inst.uri(0), str(n))
+    assert await asyncio.wait_for(proc.wait(), T) == -signal.SIGKILL
+
+    async def all_killed() -> bool:
+        stats = await keeper.rpc("rexec.stats-get", nodeid=1)
+        return bool(stats["started"] == n and stats["running"] == 0)
+
+    await wait_until(all_killed, f"the killed client's {n} commands to be killed", timeout=T)
+    assert (await keeper.rpc("rexec.list", {}, nodeid=1))["procs"] == []
+
+
 async def test_output_is_held_to_a_window_until_credited(start_instance, connect) -> None:
     """A client that reads nothing (sends no credit) holds the command back
     at :data:`OUTPUT_WINDOW` bytes sent: the rank reads no more of it, the
