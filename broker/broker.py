@@ -540,7 +540,8 @@ class Broker:
             if module.source_file:  # (no module runs that import's code now)
                 plugins.forget_module_file(type(module))
             self.router.remove_peer(module.h)
-            self._next_tags[module.name] = module.h.next_tag
+            self._next_tags[module.name] = module.h.close_as_removed(
+                f"module {module.name} was removed")
             if module in self.modules:
                 self.modules.remove(module)
             if self._by_name.get(module.name) is module:

@@ -65,6 +65,10 @@ Watch = tuple[Route, int]
 what a ``groups.cancel`` names (the same client, the same tag)."""
 
 
+def _full(rank: int) -> ErrnoError:
+    return ErrnoError(errno.ENOSPC, f"rank {rank} keeps {MAX_GROUPS} groups with members")
+
+
 def _name(p: Any) -> str:
     name: str = require(p, name=str)["name"]
     if not name or len(name) > MAX_NAME:
@@ -181,8 +185,7 @@ class GroupsModule(Module):
             raise ErrnoError(errno.EEXIST, f"rank {self.ctx.rank} is already a member of "
                                            f"{name}")
         if name not in self.subtree and len(self.subtree) >= MAX_GROUPS:
-            raise ErrnoError(errno.ENOSPC, f"rank {self.ctx.rank} keeps {MAX_GROUPS} groups "
-                                           "with members")
+            raise _full(self.ctx.rank)
         self.joined[name] = tuple(msg.route)
         self._recount(name)
         self._answer_once_told(msg)
@@ -250,17 +253,12 @@ class GroupsModule(Module):
             self.log.warning("dropping a malformed groups.update")
             raise ProtocolError("groups.update is {update: {NAME: IDSET}}, from a child rank")
         route = tuple(msg.route)
-        new = {n for n, m in update.items() if isinstance(n, str) and n and m
-               and isinstance(m, str) and n not in self.subtree}
-        if new and len(self.subtree) + len(new) > MAX_GROUPS:
-            # (refused whole, before any of it applies: the child sends it
-            # again until there is room, its joins waiting -- a membership
-            # dropped here went unsaid, rank 0 reading the group empty)
-            raise ErrnoError(errno.ENOSPC, f"rank {self.ctx.rank} keeps {MAX_GROUPS} groups "
-                                           "with members")
         reported = self.below.setdefault(route, {})
         size = self.ctx.size
-        for name, members in update.items():
+        left_out = 0
+        # (the groups it empties first: what they free makes room for the
+        # ones it adds, in this update too)
+        for name, members in sorted(update.items(), key=lambda item: bool(item[1])):
             if not isinstance(name, str) or not isinstance(members, str) or not name:
                 continue
             try:
@@ -270,10 +268,18 @@ class GroupsModule(Module):
                                  name, members)
                 continue
             if ranks:
+                if name not in self.subtree and len(self.subtree) >= MAX_GROUPS:
+                    left_out += 1
+                    continue
                 reported[name] = ranks
             else:
                 reported.pop(name, None)
             self._recount(name)
+        if left_out:
+            # (the rest applied; the child sends it again until there is
+            # room, its joins waiting: a membership dropped here unsaid
+            # left rank 0 reading the group empty)
+            raise _full(self.ctx.rank)
         self._answer_once_told(msg)
 
     def disconnect(self, msg: Message) -> None:
@@ -354,6 +360,10 @@ class GroupsModule(Module):
         assert self.parent is not None
         delay = RETRY_FIRST
         while self._unsent:
+            # (what changed this turn, not flushed yet, goes too: a join
+            # waiting below is answered by this update, which must carry it)
+            self._unsent |= self._changed
+            self._changed = set()
             names, self._unsent = self._unsent, set()
             waiting, self._waiting = self._waiting, []
             told = {n: encode_ranks(sorted(self.subtree.get(n, ()))) for n in sorted(names)}

@@ -153,9 +153,13 @@ class ModuleHandle(HandleCore):
         self.held_count = 0
         self._held_full = False
 
-    @property
-    def next_tag(self) -> int:
-        """The matchtag this handle's next request would take."""
+    def close_as_removed(self, why: str) -> int:
+        """The module is gone: its requests still waiting fail ``ENOSYS``
+        ``why``, and so does any it would make from now on (a task of a
+        stop that ``module remove --cancel`` cut short may run on), so
+        that none takes a matchtag its next load numbers from -- which
+        this returns."""
+        self._fail_all(errno.ENOSYS, why)
         return self._next_tag
 
     def _send(self, msg: Message) -> None:

@@ -418,3 +418,47 @@ async def test_a_group_with_no_member_is_forgotten(start_instance, connect) -> N
     await asyncio.wait_for(h2.rpc("groups.join", {"name": "fresh"}), T)
     await asyncio.wait_for(h3.rpc("groups.join", {"name": "fresh"}), T)
     assert await cli(inst.uri(0), "groups", "get", "fresh") == "2-3\n"
+
+
+async def test_a_full_rank_takes_what_an_update_frees_and_holds_what_does_not_fit(
+        start_instance, connect) -> None:
+    """Rank 0 at its 10,000 groups with members.  An update from rank 1
+    that leaves one group and joins another in the same turn fits (what
+    it empties makes room: the whole update was refused, and sent again
+    for ever).  A join that does not fit waits -- its update refused
+    ``ENOSPC`` and sent again -- until a group is emptied, then is
+    answered, rank 0 knowing it (a membership was dropped unsaid)."""
+    from broker.groups import MAX_GROUPS
+
+    inst = await start_instance(size=2, attrs=WITH_GROUPS)
+    await cli(inst.uri(0), "groups", "waitfor", "-t", "10", "broker.online")
+    h0, h1 = await connect(inst, 0), await connect(inst, 1)
+
+    async def groups(rank: int) -> dict[str, str]:
+        stats = await asyncio.wait_for(h0.rpc("groups.stats-get", {}, nodeid=rank), T)
+        return dict(stats["subtree"])
+
+    fill = MAX_GROUPS - len(await groups(0)) - 1
+    for first in range(0, fill, 1_000):
+        await asyncio.wait_for(asyncio.gather(*(
+            h0.rpc("groups.join", {"name": f"g{i}"})
+            for i in range(first, min(fill, first + 1_000)))), T)
+    await asyncio.wait_for(h1.rpc("groups.join", {"name": "job1"}), T)
+    assert len(await groups(0)) == MAX_GROUPS
+    # (one turn: an existing group, a group left, a group joined)
+    calls = [h1.rpc("groups.join", {"name": "g0"}), h1.rpc("groups.leave", {"name": "job1"}),
+             h1.rpc("groups.join", {"name": "job2"})]
+    await asyncio.wait_for(asyncio.gather(*calls), T)
+    now = await groups(0)
+    assert "job1" not in now and now["job2"] == "1" and now["g0"] == "0-1", now
+    assert len(now) == MAX_GROUPS
+
+    waiting = asyncio.ensure_future(h1.rpc("groups.join", {"name": "job3"}))
+    with pytest.raises(RemoteError) as info:
+        await asyncio.wait_for(h0.rpc("groups.join", {"name": "job4"}), T)
+    assert info.value.errnum == errno.ENOSPC
+    assert info.value.errstr == f"rank 0 keeps {MAX_GROUPS} groups with members"
+    assert not waiting.done()
+    await asyncio.wait_for(h0.rpc("groups.leave", {"name": "g1"}), T)
+    await asyncio.wait_for(waiting, T)
+    assert (await groups(0))["job3"] == "1"
