@@ -553,9 +553,7 @@ class Module:
         so the walk stops at the first one that has begun: nothing is
         noted per request."""
         for task in reversed(self._tasks):
-            coro = task.get_coro()
-            if (getattr(coro, "cr_frame", None) is None or getattr(coro, "cr_suspended", True)
-                    or getattr(coro, "cr_running", True)):
+            if not _unstarted(task):
                 return False  # (begun, or over: so have all made before it)
             served = _serving(task)
             if served is not None and served.route == disconnect.route:
@@ -713,11 +711,16 @@ def _close_unstarted_handler(task: asyncio.Task[Any]) -> None:
     warns "coroutine ... was never awaited" on the rank's stderr as it
     stops: close that coroutine here (a frame not yet run still holds its
     arguments)."""
-    coro = task.get_coro()
-    if inspect.getcoroutinestate(coro) == inspect.CORO_CREATED:  # type: ignore[arg-type]
-        aw = coro.cr_frame.f_locals.get("aw")  # type: ignore[union-attr]
+    if _unstarted(task):
+        aw = task.get_coro().cr_frame.f_locals.get("aw")  # type: ignore[union-attr]
         if asyncio.iscoroutine(aw):
             aw.close()
+
+
+def _unstarted(task: asyncio.Task[Any]) -> bool:
+    """Whether ``task``'s coroutine has not begun (its first step to come)."""
+    coro = task.get_coro()
+    return inspect.getcoroutinestate(coro) == inspect.CORO_CREATED  # type: ignore[arg-type]
 
 
 class ModuleExit(RuntimeError):

@@ -21,7 +21,7 @@ _BLOBREF_RE = re.compile(r"(sha1|sha256)-([0-9a-f]+)")
 # The constructors themselves, not ``hashlib.new(name)``: that goes through
 # a Python-level wrapper, ~0.35 us of the ~1-2.5 us a tree object's hash
 # takes, and rank 0 hashes ~3 new tree objects per commit.
-_CONSTRUCTORS = {"sha1": hashlib.sha1, "sha256": hashlib.sha256}
+_CONSTRUCTORS = {name: getattr(hashlib, name) for name in HASHES}
 
 
 def hash_blob(data: bytes | bytearray | memoryview, hash_name: str = DEFAULT_HASH) -> str:
