@@ -442,6 +442,20 @@ def load(path: str) -> Bootstrap:
     return parse(_read(path), path)
 
 
+def check_file_attrs(path: str, attrs: dict[str, Any], size: int,
+                     bootstrap: bool = False) -> None:
+    """A file's ``[attrs]`` (``start --config``, ``Instance(config_file=)``,
+    a bootstrap file) checked on their own, before ``-S`` joins them: a bad
+    one that ``-S`` fixes on this host fails on the next.
+    :class:`BootstrapError` naming the file."""
+    from broker import attrs as battrs
+
+    try:
+        battrs.check_instance(battrs.from_flux(dict(attrs), size), bootstrap=bootstrap)
+    except battrs.AttrError as exc:
+        raise BootstrapError(f"{path}: [attrs] {exc}") from None
+
+
 def load_attrs(path: str) -> dict[str, Any]:
     """``kvbroker start --config FILE``: the broker attributes of a TOML
     file's ``[attrs]``, as a bootstrap file gives them (dotted names; an

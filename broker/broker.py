@@ -602,9 +602,23 @@ class Broker:
         """Make ``doc`` (``attrs`` its ``[attrs]``) the rank's configuration:
         set the attributes that changed since the last one (one taken out
         goes back to its default), all checked first, or nothing."""
+        try:  # (checked as a start checks a file: rank, size, hostlist... are refused,
+            # which a load let in, and then no load could take out again)
+            bootstrap.check_file_attrs(where, {k: v for k, v in attrs.items()
+                                               if k not in ("statedir", "rundir")},
+                                       self.size, bootstrap="bootstrap" in doc)
+        except bootstrap.BootstrapError as exc:
+            raise ErrnoError(errno.EINVAL, str(exc)) from None
         specs = [*battrs.BROKER_ATTRS, *(a for m in self.modules for a in m.attributes)]
-        defaults = {spec.name: spec.default for spec in specs}
         by_name = {spec.name: spec for spec in specs}
+        for name in {*self._file_attrs, *attrs} - by_name.keys():
+            # (a removed module's runtime attribute: set, it is kept for the
+            # module's next load; taken out, it goes back to its default --
+            # it was refused, "no default to go back to", with all the rest)
+            unloaded = _unloaded_runtime_spec(name)
+            if unloaded is not None:
+                by_name[name] = unloaded
+        defaults = {name: spec.default for name, spec in by_name.items()}
 
         def in_force(name: str, value: str) -> bool:
             """``value`` is what the rank runs with already: no change (a

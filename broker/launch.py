@@ -412,6 +412,18 @@ SpawnerProcess = asyncio.subprocess.Process | forkserver.ServedSpawner
 """An instance's spawner: this process's child, or the fork server's."""
 
 
+def _config_file_attrs(path: str, size: int) -> dict[str, Any]:
+    """The ``[attrs]`` of ``Instance(config_file=path)``, checked as ``start
+    --config`` checks them; :class:`~broker.bootstrap.BootstrapError` (a
+    ``ValueError``) naming the file."""
+    from broker import bootstrap
+
+    attrs = bootstrap.load_attrs(path)
+    bootstrap.check_file_attrs(path, {k: v for k, v in attrs.items()
+                                      if k not in ("statedir", "rundir")}, size)
+    return attrs
+
+
 class Instance:
     """An instance of ``size`` ranks on this host.
 
@@ -449,9 +461,16 @@ class Instance:
         self.size = size
         self.fanout = fanout
         self.event_loop = event_loop
-        self.statedir = os.path.abspath(statedir) if statedir else None
         self.config_file = os.path.abspath(config_file) if config_file else None
-        """``start --config FILE``: each rank's ``config.path``."""
+        """``start --config FILE``: each rank's ``config.path``, and the
+        attributes of its ``[attrs]`` under ``attrs`` (they were not
+        applied: only ``kvbroker start`` read them)."""
+        file_attrs = _config_file_attrs(self.config_file, size) if self.config_file else {}
+        statedir = statedir or file_attrs.pop("statedir", None)
+        rundir = rundir or file_attrs.pop("rundir", None)
+        file_attrs.pop("statedir", None)
+        file_attrs.pop("rundir", None)
+        self.statedir = os.path.abspath(statedir) if statedir else None
         self.rundir_option = os.path.abspath(rundir) if rundir else None
         """The run directory asked for (Flux's ``flux start --rundir``),
         made if missing; None: a new one under ``$TMPDIR`` at each start.
@@ -473,7 +492,7 @@ class Instance:
         """The CURVE key file this start wrote in the run directory (tcp),
         removed at stop: never one it found there."""
         """The mode of a run directory that was there, while guests make it 0755."""
-        self.attrs = dict(attrs or {})
+        self.attrs = {**file_attrs, **(attrs or {})}
         self.stderr_path = stderr_path
         self.python = python
         spawn = spawn or os.environ.get(SPAWN_ENV) or "auto"

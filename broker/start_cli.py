@@ -162,29 +162,15 @@ def take_config(args: argparse.Namespace, given: dict[str, Any]) -> dict[str, An
 
     try:
         attrs = bootstrap.load_attrs(args.config)
-        check_file_attrs(args.config, {k: v for k, v in attrs.items()
-                                       if k not in ("statedir", "rundir")}, args.size)
+        bootstrap.check_file_attrs(args.config, {k: v for k, v in attrs.items()
+                                                 if k not in ("statedir", "rundir")},
+                                   args.size)
     except bootstrap.BootstrapError as exc:
         raise CLIError("start", detail=str(exc), status=2) from None
     for name in ("statedir", "rundir"):  # (the option, or -S, wins)
         if name in attrs and (getattr(args, name) or name in given):
             del attrs[name]
     return attrs
-
-
-def check_file_attrs(path: str, attrs: dict[str, Any], size: int,
-                     bootstrap: bool = False) -> None:
-    """A file's ``[attrs]`` (``start --config``, a bootstrap file) checked on
-    their own, before ``-S`` joins them: a bad one that ``-S`` fixes on this
-    host fails on the next.  :class:`~broker.bootstrap.BootstrapError`
-    naming the file."""
-    from broker import attrs as battrs
-    from broker.bootstrap import BootstrapError
-
-    try:
-        battrs.check_instance(battrs.from_flux(dict(attrs), size), bootstrap=bootstrap)
-    except battrs.AttrError as exc:
-        raise BootstrapError(f"{path}: [attrs] {exc}") from None
 
 
 def take_cleanup_attrs(attrs: dict[str, Any]) -> bool | None:
@@ -528,7 +514,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
     args.event_loop = ranks_loop(args)
     try:
         boot = bootstrap.load(args.config)
-        check_file_attrs(args.config, boot.attrs, boot.size, bootstrap=True)
+        bootstrap.check_file_attrs(args.config, boot.attrs, boot.size, bootstrap=True)
         attrs = {**boot.attrs, **dict(args.setattr or [])}
         given = attrs.get(battrs.TRANSPORT.name, "tcp")
         if str(given).strip() != "tcp":  # (was overwritten without a word)

@@ -20,6 +20,8 @@ from test_broker_guests import run_guest_cli
 from test_broker_support import run_cli
 from test_watch_helpers import errnum
 
+from broker.errors import RemoteError
+from broker.handle import Handle
 from broker.launch import Instance
 
 T = 30.0
@@ -321,3 +323,62 @@ async def test_get_quiet(configured) -> None:
                        (("-q", "attrs.log.ring-level"), (0, "info\n", "")),
                        (("-q", "-c", str(path), "attrs.nosuch"), (1, "", ""))):
         assert await run_cli("config", "get", *args, uri=inst.uri(0)) == want, args
+
+
+async def test_an_instance_from_a_config_file_takes_its_attrs(tmp_path: Path) -> None:
+    """``Instance(config_file=FILE)`` gives the ranks the file's ``[attrs]``,
+    as ``start --config FILE`` does (only ``config.path`` was set: the
+    ranks kept their defaults, and took the file's values as in force, so
+    a ``config reload`` changed nothing either); ``attrs`` win over it, and
+    a bad value is refused as the instance is made, naming the file."""
+    path = tmp_path / "inst.toml"
+    path.write_text(FILE)
+    inst = Instance(2, 2, config_file=str(path), stderr_path=str(tmp_path / "log"),
+                    attrs={"kvs.checkpoint-period": "3s"})
+    await asyncio.wait_for(inst.start(), 60)
+    try:
+        for rank in (0, 1):
+            assert await cli(inst.uri(rank), "attr", "get", "log.ring-level") == "info\n"
+            assert await cli(inst.uri(rank), "attr", "get", "tbon.torpid_min") == "5s\n"
+        assert await cli(inst.uri(0), "attr", "get", "kvs.checkpoint-period") == "3s\n"
+    finally:
+        await inst.stop()
+    path.write_text('[attrs]\nlog.ring-level = "loud"\n')
+    with pytest.raises(ValueError, match=f"{path}: \\[attrs\\] log.ring-level"):
+        Instance(1, config_file=str(path))
+
+
+async def test_a_removed_modules_attribute_taken_out_goes_back_to_its_default(
+        configured) -> None:
+    """``kvs.checkpoint-period`` taken out of the file on a rank whose kvs
+    was removed: the reload was refused whole, "it has no default to go
+    back to" (the defaults came from the loaded modules only), the other
+    changes with it.  It goes back to its default, kept for the module's
+    next load, and the rest applies."""
+    inst, path = configured
+    await cli(inst.uri(0), "module", "remove", "-r", "1", "kvs-watch")
+    await cli(inst.uri(0), "module", "remove", "-r", "1", "kvs")
+    path.write_text(FILE.replace('kvs.checkpoint-period = "2s"\n', "")
+                    .replace('"info"', '"debug"'))
+    await cli(inst.uri(0), "config", "reload", "-r", "1")
+    assert await cli(inst.uri(1), "attr", "get", "log.ring-level") == "debug\n"
+    await cli(inst.uri(0), "module", "load", "-r", "1", "kvs")
+    assert await cli(inst.uri(1), "attr", "get", "kvs.checkpoint-period") == "1s\n"
+
+
+async def test_a_load_refuses_what_a_start_refuses(start_instance) -> None:
+    """``config load`` of ``rank`` or ``hostlist`` (set by each rank itself,
+    refused in a ``start --config`` file) was let in as "no change", and
+    then no load, reload or unset could take it out again ("no default to
+    go back to"): refused ``EINVAL``, as the file would be."""
+    inst = await start_instance(size=1)
+    h = await Handle.connect(inst.uri(0))
+    try:
+        for attrs in ({"rank": 0}, {"hostlist": "vm"}):
+            with pytest.raises(RemoteError) as info:
+                await asyncio.wait_for(h.rpc("config.load", {"config": {"attrs": attrs}}), T)
+            assert info.value.errnum == errno.EINVAL, info.value
+            assert "cannot be set" in info.value.errstr, info.value
+        await asyncio.wait_for(h.rpc("config.load", {"config": {}}), T)  # (nothing stuck)
+    finally:
+        await h.close()
