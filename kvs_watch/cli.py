@@ -46,6 +46,7 @@ from kvs_watch.client import (
     InitialDone,
     Watch,
     WatchEntry,
+    behind_removals,
     watch_eventlog,
 )
 from kvs_watch.client import watch_keys as kvs_watch_keys
@@ -184,6 +185,7 @@ async def _get_one(h: HandleCore, key: str, flags: int, args: argparse.Namespace
     wrote = False  # (a streamed value's line is ended once it is all there)
     cut = False  # a streamed value's first NUL byte was printed up to
     try:
+        await behind_removals(h)
         async with Watch[WatchEntry | InitialDone](h, key, flags, namespace=_ns(args)) as w:
             async for entry in w:
                 answered.add(key)
@@ -395,6 +397,7 @@ async def eventlog_get_async(h: HandleCore, args: argparse.Namespace, fmt: Any,
     parser = EventlogParser()
     seen = 0
     try:
+        await behind_removals(h)
         async with Watch[WatchEntry | InitialDone](h, key, flags, namespace=_ns(args)) as w:
             async for entry in w:
                 if entry is INITIAL_DONE or not isinstance(entry, WatchEntry):
@@ -445,6 +448,7 @@ async def eventlog_wait_event_async(
     o = _out(out)
     try:
         async with asyncio.timeout(timeout):
+            await behind_removals(h)
             async with watch_eventlog(h, key, namespace=namespace, waitcreate=waitcreate) as log:
                 async for e in log:
                     if e["name"] == name:

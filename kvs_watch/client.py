@@ -640,8 +640,7 @@ async def wait_create(h: HandleCore, key: str, *, namespace: str | None = None,
     not heard the removal yet answered from it (a chaos probe: 7-37% of
     tries, a name reused at once).  One round trip to rank 0 more.
     """
-    if nodeid == NODEID_ANY:
-        await h.rpc("broker.ping", {}, nodeid=0)
+    await behind_removals(h, nodeid)
     flags = F.WAITCREATE
     for on, bit in ((treeobj, F.TREEOBJ), (readdir, F.READDIR), (readlink, F.READLINK)):
         if on:
@@ -650,6 +649,22 @@ async def wait_create(h: HandleCore, key: str, *, namespace: str | None = None,
         async for entry in w:
             return entry
     raise RemoteError(errno.ENODATA, f"{key}: watch ended without a value")
+
+
+async def behind_removals(h: HandleCore, nodeid: int = NODEID_ANY) -> None:
+    """A barrier before a watch whose namespace may just have been removed
+    and created again (a job's name reused): a ``broker.ping`` to rank 0,
+    whose answer comes down the tree behind every event rank 0 sent before
+    it, so the handle's rank has heard of every removal answered before
+    this call -- it served a watch from the incarnation it still held (a
+    waitcreate watch then ended ``ENOTSUP`` without ever following the new
+    one; :func:`wait_event` returned the old job's event: a probe, 1-12%
+    of tries).  Nothing for a watch sent to a rank of the caller's choice
+    (``nodeid``): its own path is not the handle's.  One round trip to
+    rank 0; :func:`wait_create`, :func:`wait_event` and the kvs-watch
+    commands make it, a :func:`watch` does not (await this first)."""
+    if nodeid == NODEID_ANY:
+        await h.rpc("broker.ping", {}, nodeid=0)
 
 
 # ---------------------------------------------------------------- namespaces
@@ -1074,6 +1089,7 @@ async def wait_event(h: HandleCore, key: str, name: str, *, namespace: str | Non
     timeout = check_timeout(timeout)
     try:
         async with asyncio.timeout(timeout):
+            await behind_removals(h, nodeid)
             async with watch_eventlog(h, key, namespace=namespace, waitcreate=waitcreate,
                                       nodeid=nodeid) as log:
                 async for entry in log:

@@ -33,6 +33,7 @@ from kvs.client import (
     encode_value,
     kind,
 )
+from kvs_watch.client import behind_removals
 
 T = 20  # seconds: bound on every await against a broker
 REF = "sha256-" + "a" * 64
@@ -1294,3 +1295,33 @@ async def test_update_and_reads_found_by_a_review(start_instance, connect) -> No
     root = await n.getroot()
     assert set(await k.get_tree("L", at=root)) == {"in_primary"}
     assert set(await n.get_tree("L", at=root)) == {"in_primary"}
+
+
+async def test_wait_event_never_answers_from_a_job_name_used_before(start_instance,
+                                                                   connect) -> None:
+    """Jobs' names reused at once: rank 3's kvs-watch still followed the old
+    namespace (a watch held it) when the new one was made, and a
+    ``wait_event`` on rank 3 answered the old job's event until rank 3
+    heard the removal (a probe: 7 in 120 tries).  It pings rank 0 first,
+    whose answer comes down behind the removal: the event is always the
+    new job's."""
+    inst = await start_instance(size=4, fanout=1)  # (rank 3 three hops down)
+    h0, h3 = await connect(inst, 0), await connect(inst, 3)
+    kvs0 = KVS(h0)
+
+    async def one(name: str, i: int) -> None:
+        job0, job3 = kvs0.with_namespace(name), KVS(h3, name)
+        await kvs0.namespace_create(name, owner=os.getuid())
+        await job0.append_event("eventlog", "start", {"run": -i})
+        await behind_removals(h3)  # (a plain watch makes no barrier: the last run's name)
+        async with job3.watch_eventlog("eventlog", waitcreate=True) as holder:
+            assert (await asyncio.wait_for(anext(holder), T))["context"] == {"run": -i}
+            await kvs0.namespace_remove(name)
+            await kvs0.namespace_create(name, owner=os.getuid())
+            await job0.append_event("eventlog", "start", {"run": i})
+            got = await job3.wait_event("eventlog", "start", waitcreate=True, timeout=T)
+            assert got["context"] == {"run": i}, (name, i, got)
+        await kvs0.namespace_remove(name)
+
+    for i in range(1, 31):
+        await asyncio.gather(*(one(f"job-{k}", i) for k in range(4)))
