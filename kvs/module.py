@@ -335,6 +335,14 @@ def _valid_name(name: str) -> bool:
     return True
 
 
+def _older_epoch(name: str, epoch: int, now: int) -> ErrnoError:
+    """``kvs.wait-version`` for an epoch older than the namespace's: the one
+    asked for was removed -- or never given (0, -1: it said "removed" of
+    a namespace never removed)."""
+    return ErrnoError(errno.ENOTSUP, f"namespace {name} is at epoch {now}, not {epoch} "
+                                     "(that one was removed, or never given)")
+
+
 def _well_formed(kind: str, payload: dict[str, Any], names: object) -> bool:
     """A ``setroot`` or ``error`` event's fields have the types rank 0's kvs
     gives them (``removed`` needs only its namespace)."""
@@ -1442,8 +1450,7 @@ class KvsModule(Module):
         loop = asyncio.get_running_loop()
         while ns.epoch != epoch:
             if ns.epoch > epoch:
-                raise ErrnoError(errno.ENOTSUP, f"namespace {name} was removed (it was "
-                                                "created again since)")
+                raise _older_epoch(name, epoch, ns.epoch)
             left = None if deadline is None else max(0.0, deadline - loop.time())
             try:
                 async with asyncio.timeout(left):
@@ -1454,8 +1461,7 @@ class KvsModule(Module):
                         raise ErrnoError(errno.EINVAL, f"namespace {name} has no epoch "
                                                        f"{epoch} (it is at epoch {newest})")
                     if newest > epoch:
-                        raise ErrnoError(errno.ENOTSUP, f"namespace {name} was removed (it "
-                                                        "was created again since)")
+                        raise _older_epoch(name, epoch, newest)
                     await ns.until_removed()
                     loading = asyncio.ensure_future(self.get_ns(name, msg))
                     loading.add_done_callback(outcome_read)

@@ -421,6 +421,12 @@ async def test_a_version_wait_with_the_commits_epoch_waits_for_the_new_namespace
     with pytest.raises(RemoteError) as exc:  # (the old one's epoch: removed)
         await k3.wait_version(old, timeout=T)
     assert exc.value.errnum == errno.ENOTSUP
+    assert exc.value.errstr == (f"namespace job is at epoch {new.epoch}, not {old.epoch} "
+                                "(that one was removed, or never given)")
+    with pytest.raises(RemoteError) as exc:  # (never given: it said "was removed")
+        await k0.wait_version(1, epoch=0, timeout=T)
+    assert exc.value.errnum == errno.ENOTSUP
+    assert "not 0 (that one was removed, or never given)" in exc.value.errstr
     with pytest.raises(ValueError, match="in namespace job, not primary"):
         await k3.with_namespace("primary").wait_version(new, timeout=T)
     for kvs, ns in ((k0, "job"), (k3, "job"), (k3, "primary")):
