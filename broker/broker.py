@@ -602,13 +602,15 @@ class Broker:
         """Make ``doc`` (``attrs`` its ``[attrs]``) the rank's configuration:
         set the attributes that changed since the last one (one taken out
         goes back to its default), all checked first, or nothing."""
-        try:  # (checked as a start checks a file: rank, size, hostlist... are refused,
-            # which a load let in, and then no load could take out again)
-            bootstrap.check_file_attrs(where, {k: v for k, v in attrs.items()
-                                               if k not in ("statedir", "rundir")},
-                                       self.size, bootstrap="bootstrap" in doc)
-        except bootstrap.BootstrapError as exc:
-            raise ErrnoError(errno.EINVAL, str(exc)) from None
+        try:  # (what a rank sets itself -- rank, size, hostlist... -- refused as in a
+            # start's file: a load let it in, and then no load could take it out;
+            # the values are checked as they are set, below, and no module is
+            # imported to check them, as a start's check does)
+            battrs.check_not_set_by_rank(
+                [k for k in battrs.from_flux(dict(attrs), self.size)
+                 if k not in ("statedir", "rundir")], bootstrap="bootstrap" in doc)
+        except battrs.AttrError as exc:
+            raise ErrnoError(errno.EINVAL, f"{where}: [attrs] {exc}") from None
         specs = [*battrs.BROKER_ATTRS, *(a for m in self.modules for a in m.attributes)]
         by_name = {spec.name: spec for spec in specs}
         for name in {*self._file_attrs, *attrs} - by_name.keys():
@@ -957,8 +959,11 @@ def _unloaded_runtime_spec(name: str) -> Any:
     """The spec of attribute ``name`` if a module its prefix names (``kvs``
     of ``kvs.checkpoint-period``) may change it on a running rank; None
     otherwise, or if there is no such module."""
+    prefix = name.partition(".")[0]
+    if plugins.is_file_module(prefix):  # (a name shaped like a path: never run as a file)
+        return None
     try:
-        cls = _module_class(name.partition(".")[0])
+        cls = _module_class(prefix)
     except ErrnoError:
         return None
     if name not in getattr(cls, "runtime_attributes", ()):

@@ -466,10 +466,15 @@ class Instance:
         attributes of its ``[attrs]`` under ``attrs`` (they were not
         applied: only ``kvbroker start`` read them)."""
         file_attrs = _config_file_attrs(self.config_file, size) if self.config_file else {}
+        # (start's options, not the ranks' attributes: the arguments win;
+        # kvbroker start gives them all, having read the file itself)
         statedir = statedir or file_attrs.pop("statedir", None)
         rundir = rundir or file_attrs.pop("rundir", None)
-        file_attrs.pop("statedir", None)
-        file_attrs.pop("rundir", None)
+        cleanup = file_attrs.pop("rundir-cleanup", None)
+        if rundir_cleanup is None and cleanup is not None:
+            rundir_cleanup = battrs.boolean(cleanup)
+        for name in ("statedir", "rundir", "broker.recovery-mode"):
+            file_attrs.pop(name, None)
         self.statedir = os.path.abspath(statedir) if statedir else None
         self.rundir_option = os.path.abspath(rundir) if rundir else None
         """The run directory asked for (Flux's ``flux start --rundir``),

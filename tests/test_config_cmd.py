@@ -332,14 +332,16 @@ async def test_an_instance_from_a_config_file_takes_its_attrs(tmp_path: Path) ->
     a ``config reload`` changed nothing either); ``attrs`` win over it, and
     a bad value is refused as the instance is made, naming the file."""
     path = tmp_path / "inst.toml"
-    path.write_text(FILE)
+    path.write_text('[attrs]\nlog.ring-level = "debug"\nkvs.checkpoint-period = "2s"\n'
+                    '"broker.recovery-mode" = 1\n')
     inst = Instance(2, 2, config_file=str(path), stderr_path=str(tmp_path / "log"),
                     attrs={"kvs.checkpoint-period": "3s"})
     await asyncio.wait_for(inst.start(), 60)
     try:
         for rank in (0, 1):
-            assert await cli(inst.uri(rank), "attr", "get", "log.ring-level") == "info\n"
-            assert await cli(inst.uri(rank), "attr", "get", "tbon.torpid_min") == "5s\n"
+            assert await cli(inst.uri(rank), "attr", "get", "log.ring-level") == "debug\n"
+            # (start's --recovery, not a rank's attribute: not taken from the file)
+            assert await cli(inst.uri(rank), "attr", "get", "broker.recovery-mode") == "0\n"
         assert await cli(inst.uri(0), "attr", "get", "kvs.checkpoint-period") == "3s\n"
     finally:
         await inst.stop()
@@ -382,3 +384,47 @@ async def test_a_load_refuses_what_a_start_refuses(start_instance) -> None:
         await asyncio.wait_for(h.rpc("config.load", {"config": {}}), T)  # (nothing stuck)
     finally:
         await h.close()
+
+
+async def test_a_load_runs_no_module_file(tmp_path: Path) -> None:
+    """A reload or load ran the module files its ``broker.modules`` names
+    again, in the running rank (to check their attributes; each left a
+    module behind), and an attribute named like a path was run as a module
+    file (to find its defaults): neither is imported now."""
+    marker = tmp_path / "ran"
+    (tmp_path / "mod.py").write_text(TESTMOD_MARKING.format(marker=str(marker)))
+    config = tmp_path / "inst.toml"
+    config.write_text(f'[attrs]\n"broker.modules" = "content,kvs,{tmp_path}/mod.py"\n')
+    evil = tmp_path / "evil"
+    evil.with_suffix(".py").write_text(f"open({str(marker)!r}, 'a').write('evil\\n')\n")
+    script = tmp_path / "run.sh"
+    before = tmp_path / "before"
+    script.write_text(f"""\
+cp {marker} {before}
+kvbroker config reload
+kvbroker config reload
+printf '[attrs]\\n"{evil}" = 1\\n' | kvbroker config load
+exit 0
+""")
+    rc, out, err = await run_cli("start", "--config", str(config), "--", "sh", str(script),
+                                 timeout=T)
+    assert rc == 0, (rc, out, err)
+    assert "unknown attribute" in err, err
+    assert before.read_text().startswith("mod\n")  # (loaded and checked as the rank started)
+    assert marker.read_text() == before.read_text()
+
+
+TESTMOD_MARKING = """\
+from typing import ClassVar
+
+from broker.module import Module
+
+open({marker!r}, "a").write("mod\\n")
+
+
+class Marking(Module):
+    name: ClassVar[str] = "marking"
+
+    def handlers(self):
+        return {{}}
+"""
