@@ -986,7 +986,7 @@ async def test_a_long_restore_at_start_is_not_cut_off_while_it_makes_progress(tm
     progress is still cut off, the message naming it."""
     from broker.launch import Instance, StartError
 
-    n = 150_000  # (restoring them takes ~4.5 s here, unloaded; longer loaded)
+    n = 200_000  # (restoring them takes ~6 s here, unloaded; longer loaded)
     parts = []
     for i in range(n):  # (tarfile's addfile is 3x slower: this is the same archive)
         info = tarfile.TarInfo(f"big/d{i // 1000}/k{i}")
@@ -994,7 +994,9 @@ async def test_a_long_restore_at_start_is_not_cut_off_while_it_makes_progress(tm
         parts += [info.tobuf(tarfile.USTAR_FORMAT), (b"%d" % i).ljust(512, b"\0")]
     archive_path = tmp_path / "big.tar.gz"
     archive_path.write_bytes(gzip.compress(b"".join(parts) + b"\0" * 1024, 1))
-    deadline = 2.0
+    # (before its first progress line, the rank must be up and reading: a
+    # 2 s deadline was once too short for that, late in a loaded CI run)
+    deadline = 3.0
     inst = Instance(1, statedir=str(tmp_path / "state"),
                     attrs={"content.restore": str(archive_path)})
     started = asyncio.get_running_loop().time()
@@ -1003,7 +1005,7 @@ async def test_a_long_restore_at_start_is_not_cut_off_while_it_makes_progress(tm
         assert asyncio.get_running_loop().time() - started > deadline  # (it did take longer)
         async with await Handle.connect(inst.uri(0)) as h:
             kvs = KVS(h)
-            assert await kvs.get("big.d149.k149999") == b"149999"
+            assert await kvs.get("big.d199.k199999") == b"199999"
             assert len(await kvs.dir("big")) == n // 1000
     finally:
         await inst.stop()
