@@ -456,6 +456,17 @@ def check_file_attrs(path: str, attrs: dict[str, Any], size: int,
         raise BootstrapError(f"{path}: [attrs] {exc}") from None
 
 
+def load_start_attrs(path: str, size: int) -> dict[str, Any]:
+    """``start --config FILE`` (and ``Instance(config_file=)``): the file's
+    ``[attrs]`` (:func:`load_attrs`), checked on their own
+    (:func:`check_file_attrs`) but for ``statedir`` and ``rundir``, which
+    are start's options."""
+    attrs = load_attrs(path)
+    check_file_attrs(path, {k: v for k, v in attrs.items() if k not in ("statedir", "rundir")},
+                     size)
+    return attrs
+
+
 def load_attrs(path: str) -> dict[str, Any]:
     """``kvbroker start --config FILE``: the broker attributes of a TOML
     file's ``[attrs]``, as a bootstrap file gives them (dotted names; an

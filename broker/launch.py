@@ -412,18 +412,6 @@ SpawnerProcess = asyncio.subprocess.Process | forkserver.ServedSpawner
 """An instance's spawner: this process's child, or the fork server's."""
 
 
-def _config_file_attrs(path: str, size: int) -> dict[str, Any]:
-    """The ``[attrs]`` of ``Instance(config_file=path)``, checked as ``start
-    --config`` checks them; :class:`~broker.bootstrap.BootstrapError` (a
-    ``ValueError``) naming the file."""
-    from broker import bootstrap
-
-    attrs = bootstrap.load_attrs(path)
-    bootstrap.check_file_attrs(path, {k: v for k, v in attrs.items()
-                                      if k not in ("statedir", "rundir")}, size)
-    return attrs
-
-
 class Instance:
     """An instance of ``size`` ranks on this host.
 
@@ -465,16 +453,21 @@ class Instance:
         """``start --config FILE``: each rank's ``config.path``, and the
         attributes of its ``[attrs]`` under ``attrs`` (they were not
         applied: only ``kvbroker start`` read them)."""
-        file_attrs = _config_file_attrs(self.config_file, size) if self.config_file else {}
-        # (start's options, not the ranks' attributes: the arguments win;
-        # kvbroker start gives them all, having read the file itself)
-        statedir = statedir or file_attrs.pop("statedir", None)
-        rundir = rundir or file_attrs.pop("rundir", None)
+        file_attrs: dict[str, Any] = {}
+        if self.config_file:  # (BootstrapError, a ValueError, naming the file)
+            from broker import bootstrap
+
+            file_attrs = bootstrap.load_start_attrs(self.config_file, size)
+        # (start's options, not the ranks' attributes -- the arguments win,
+        # kvbroker start giving them all, having read the file itself;
+        # broker.recovery-mode is start --recovery's)
+        statedir = file_attrs.pop("statedir", None) if statedir is None else statedir
+        rundir = file_attrs.pop("rundir", None) if rundir is None else rundir
         cleanup = file_attrs.pop("rundir-cleanup", None)
         if rundir_cleanup is None and cleanup is not None:
             rundir_cleanup = battrs.boolean(cleanup)
         for name in ("statedir", "rundir", "broker.recovery-mode"):
-            file_attrs.pop(name, None)
+            file_attrs.pop(name, None)  # (those the arguments gave)
         self.statedir = os.path.abspath(statedir) if statedir else None
         self.rundir_option = os.path.abspath(rundir) if rundir else None
         """The run directory asked for (Flux's ``flux start --rundir``),

@@ -161,10 +161,7 @@ def take_config(args: argparse.Namespace, given: dict[str, Any]) -> dict[str, An
     from broker import bootstrap
 
     try:
-        attrs = bootstrap.load_attrs(args.config)
-        bootstrap.check_file_attrs(args.config, {k: v for k, v in attrs.items()
-                                                 if k not in ("statedir", "rundir")},
-                                   args.size)
+        attrs = bootstrap.load_start_attrs(args.config, args.size)
     except bootstrap.BootstrapError as exc:
         raise CLIError("start", detail=str(exc), status=2) from None
     for name in ("statedir", "rundir"):  # (the option, or -S, wins)

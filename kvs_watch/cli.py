@@ -145,6 +145,7 @@ async def watch_get_async(h: HandleCore, args: argparse.Namespace,
     answered: set[str] = set()  # the keys whose watch has had an answer
     try:
         async with asyncio.timeout(timeout) as bound:
+            await behind_removals(h)  # (once, for every key)
             if flags & F.WATCH and len(keys) > 1:
                 try:
                     async with asyncio.TaskGroup() as tg:
@@ -185,7 +186,6 @@ async def _get_one(h: HandleCore, key: str, flags: int, args: argparse.Namespace
     wrote = False  # (a streamed value's line is ended once it is all there)
     cut = False  # a streamed value's first NUL byte was printed up to
     try:
-        await behind_removals(h)
         async with Watch[WatchEntry | InitialDone](h, key, flags, namespace=_ns(args)) as w:
             async for entry in w:
                 answered.add(key)
